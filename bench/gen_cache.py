@@ -1,0 +1,54 @@
+"""Generate a synthetic hidet-style cache of N operator entries, shaped like real hidet 0.6.1 entries
+(task.txt named by its sha256, lib.so, source, compile.sh, compiler output, meta/version files,
+func_types.pickle). Usage: python bench/gen_cache.py ROOT N [--seed-layout]"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import random
+
+OPS = ["matmul", "conv2d", "softmax", "add", "relu", "fused", "reduce_sum", "batch_matmul", "layer_norm",
+       "attention", "gelu", "transpose", "concat", "pool2d", "embedding", "rms_norm"]
+SPACES = ["cuda_space_0", "cuda_space_2", "cpu_space_0", "cuda_space_1"]
+
+
+def task_text(op: str, i: int) -> bytes:
+    return (f"Task(\n  name: {op}\n  parameters: \n    a: tensor(float32, [{i}, 8])\n"
+            f"    b: tensor(float32, [8, {i % 97 + 1}])\n  inputs: [a]\n  outputs: [b]\n"
+            f"  computations: \n    b: float32[8] where b[v] = a[v]\n  attributes: {{}}\n)").encode()
+
+
+def generate(root: str, n: int, seed_layout: bool = False, lib_size: int = 4096) -> None:
+    rng = random.Random(n)
+    blob = os.urandom(lib_size)
+    for i in range(n):
+        op = OPS[i % len(OPS)]
+        space = SPACES[(i // len(OPS)) % len(SPACES)]
+        task = task_text(op, i)
+        h = hashlib.sha256(task).hexdigest()[:16]
+        d = os.path.join(root, "ops", space, op, h)
+        os.makedirs(d, exist_ok=True)
+        ext = "cc" if space.startswith("cpu") else "cu"
+        files = {"task.txt": task, f"source.{ext}": b"// kernel %d\n" % i * 20,
+                 "lib.so": blob[: rng.randint(lib_size // 2, lib_size)]}
+        if seed_layout:
+            files["nvcc_log.txt"] = b"nvcc -shared -O3 source.cu -o lib.so\nelapsed time: 1.0 seconds\n"
+        else:
+            files.update({"compile.sh": b"#!/bin/bash\nnvcc -shared source.cu -o lib.so\n",
+                          "nvcc_output.txt": b"elapsed time: 1.0 seconds", "version.txt": b"0.6.1",
+                          "meta.json": b'{"name": "%s"}' % op.encode(), "func_types.pickle": b"\x80\x04N.",
+                          ".lock": b""})
+        for name, data in files.items():
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(data)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("root")
+    ap.add_argument("n", type=int)
+    ap.add_argument("--seed-layout", action="store_true", help="kcache/seed files instead of real hidet's")
+    args = ap.parse_args()
+    generate(args.root, args.n, args.seed_layout)

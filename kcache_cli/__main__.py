@@ -1,0 +1,3 @@
+from kcache_cli.cli.app import main
+
+main()

@@ -1,0 +1,84 @@
+"""Deep checks shared by the layouts: file listings, checksums against a manifest."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kcache_cli.model import FileInfo
+
+
+def list_files(path: str) -> tuple[FileInfo, ...]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        for n in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+            full = os.path.join(dirpath, n)
+            rel = os.path.relpath(full, path)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue
+            link = os.readlink(full) if os.path.islink(full) else None
+            out.append(FileInfo(rel, st.st_size, link))
+    return tuple(out)
+
+
+def sha256_file(path: str) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_manifest(path: str, manifest: str, files: dict) -> list[str]:
+    """Problems found comparing files under `path` with a {name: {size, sha256}} map."""
+    problems = []
+    for name, rec in sorted(files.items()):
+        full = os.path.normpath(os.path.join(path, name))
+        if not isinstance(rec, dict) or os.path.isabs(name) or ".." in Path(name).parts:
+            problems.append(f"{manifest}: bad record for {name!r}")
+            continue
+        try:
+            size = os.lstat(full).st_size
+        except OSError:
+            problems.append(f"{name} is missing ({manifest} lists it)")
+            continue
+        if rec.get("size") is not None and size != rec["size"]:
+            problems.append(f"{name} is {size} bytes, {manifest} says {rec['size']}")
+        elif rec.get("sha256"):
+            try:
+                digest = sha256_file(full)
+            except OSError as exc:
+                problems.append(f"cannot read {name}: {exc.strerror}")
+                continue
+            if digest != rec["sha256"]:
+                problems.append(f"{name} sha256 {digest[:16]}... differs from {manifest}")
+    return problems
+
+
+def read_text(path: str, limit: int = 1 << 20) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def size_mismatch(manifest: str, listed: object, names: dict[str, int]) -> str | None:
+    """The first top-level file whose size disagrees with a {name: {size, ...}} manifest map."""
+    if not isinstance(listed, dict):
+        return f"{manifest} is malformed"
+    for name, rec in sorted(listed.items()):
+        if not isinstance(rec, dict):
+            return f"{manifest} is malformed"
+        if "/" in name:
+            continue  # nested files are checked by inspect/verify
+        if name not in names:
+            return f"{name} is missing ({manifest} lists it)"
+        if rec.get("size") is not None and names[name] != rec["size"]:
+            return f"{name} is {names[name]} bytes, {manifest} says {rec['size']}"
+    return None

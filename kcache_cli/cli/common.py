@@ -1,0 +1,190 @@
+"""What every command shares: global options, the cache root, filters, and output helpers.
+
+Rich and humanize are imported inside the helpers that need them, to keep start-up fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+from kcache_cli.errors import UsageError
+from kcache_cli.model import KINDS, LAYOUT_NAMES, STATUSES, ScanFilter
+
+
+@dataclass
+class GlobalOptions:
+    cache_dir: Optional[str] = None
+    json: bool = False
+    quiet: bool = False
+    debug: bool = False
+
+
+def settings(ctx: typer.Context) -> GlobalOptions:
+    root_ctx = ctx.find_root()
+    if not isinstance(root_ctx.obj, GlobalOptions):
+        root_ctx.obj = GlobalOptions()
+    return root_ctx.obj
+
+
+# Options accepted both before and after the subcommand (`kcache --json ls` == `kcache ls --json`).
+CacheDirOpt = Annotated[Optional[str], typer.Option("--cache-dir", metavar="PATH", envvar=None,
+                                                    help="Cache root (default: KCACHE_DIR, then hidet's rule).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+
+def use(ctx: typer.Context, cache_dir: Optional[str] = None, as_json: bool = False) -> GlobalOptions:
+    """Merge a command's own --cache-dir/--json into the global options."""
+    opts = settings(ctx)
+    if cache_dir:
+        opts.cache_dir = cache_dir
+    if as_json:
+        opts.json = True
+    return opts
+
+
+def cache_location(opts: GlobalOptions):
+    from kcache_cli.locate import resolve_cache_dir
+
+    return resolve_cache_dir(opts.cache_dir)
+
+
+def cache_root(opts: GlobalOptions) -> Path:
+    return cache_location(opts).path
+
+
+# ---- filters -------------------------------------------------------------------------------------
+OpOpt = Annotated[Optional[List[str]], typer.Option("--op", metavar="NAME", help="Only this op (repeatable).")]
+SpaceOpt = Annotated[Optional[List[str]], typer.Option(
+    "--space", metavar="SPACE", help="Only this space, e.g. cuda_space_2 or 0.1.15/linux-x86_64 (repeatable).")]
+TargetOpt = Annotated[Optional[List[str]], typer.Option("--target", metavar="TARGET",
+                                                        help="Only this target: cuda, cpu, hip (repeatable).")]
+LayoutOpt = Annotated[Optional[List[str]], typer.Option("--layout", metavar="LAYOUT",
+                                                        help="Only this layout: hidet, tilus, tilelang (repeatable).")]
+StatusOpt = Annotated[Optional[List[str]], typer.Option(
+    "--status", metavar="STATUS", help="Only this status: complete, partial, failed, corrupt, building (repeatable).")]
+KindOpt = Annotated[Optional[List[str]], typer.Option(
+    "--kind", metavar="KIND", help="Only this kind: op, graph, ir_module, program, script, kernel, binary.")]
+HashesArg = Annotated[Optional[List[str]], typer.Argument(metavar="[HASH]...", help="Hash prefixes to keep.",
+                                                          show_default=False)]
+
+_SPACE = re.compile(r"^[a-z0-9]+_space_\d+$|^[\w.+\-]+/[\w.+\-]+$|^[\w.+\-]+$")
+
+
+def _checked(values: Optional[List[str]], allowed: tuple[str, ...] | None, what: str) -> tuple[str, ...]:
+    out = []
+    for v in values or ():
+        for part in v.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if allowed is not None and part not in allowed:
+                raise UsageError(f"unknown {what} '{part}' (choose from {', '.join(allowed)})")
+            out.append(part)
+    return tuple(out)
+
+
+def make_filter(op=None, space=None, target=None, layout=None, status=None, kind=None, hashes=None) -> ScanFilter:
+    spaces = _checked(space, None, "space")
+    for s in spaces:
+        if not _SPACE.match(s):
+            raise UsageError(f"bad space '{s}' (expected e.g. cuda_space_0, cpu_space_2 or 0.1.15/linux-x86_64)")
+    prefixes = _checked(hashes, None, "hash")
+    for p in prefixes:
+        if not re.fullmatch(r"[0-9a-zA-Z_\-]+", p):
+            raise UsageError(f"bad hash prefix '{p}'")
+    return ScanFilter(
+        ops=_checked(op, None, "op"),
+        spaces=spaces,
+        targets=_checked(target, None, "target"),
+        layouts=_checked(layout, LAYOUT_NAMES, "layout"),
+        statuses=_checked(status, STATUSES, "status"),
+        kinds=_checked(kind, KINDS, "kind"),
+        hash_prefixes=prefixes,
+    )
+
+
+# ---- output --------------------------------------------------------------------------------------
+def emit_json(data) -> None:
+    """JSON on stdout, never through Rich; indented for people, compact for pipes."""
+    indent = 2 if sys.stdout.isatty() else None
+    sys.stdout.write(json.dumps(data, indent=indent) + "\n")
+
+
+def stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def stdout_console():
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=not sys.stdout.isatty())
+
+
+def warn(opts: GlobalOptions, message: str) -> None:
+    if not opts.quiet:
+        sys.stderr.write(f"warning: {message}\n")
+
+
+def info(opts: GlobalOptions, message: str) -> None:
+    """A line for people on stderr (stdout stays data)."""
+    if not opts.quiet:
+        sys.stderr.write(message + "\n")
+
+
+def human_size(n: int) -> str:
+    import humanize
+
+    return humanize.naturalsize(n)
+
+
+def human_age(ts: float) -> str:
+    import time
+
+    import humanize
+
+    return humanize.naturaltime(time.time() - ts) if ts else "-"
+
+
+STATUS_STYLE = {"complete": "green", "partial": "yellow", "failed": "red", "corrupt": "bold red",
+                "building": "cyan"}
+
+
+def print_table(columns: list[str], rows: list[list[str]], styles: dict[int, dict[str, str]] | None = None,
+                right: tuple[int, ...] = ()) -> None:
+    """A Rich table on a terminal; plain aligned columns (grep- and awk-friendly) otherwise."""
+    if sys.stdout.isatty():
+        from rich import box
+        from rich.table import Table
+
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for i, c in enumerate(columns):
+            table.add_column(c, justify="right" if i in right else "left", no_wrap=True)
+        for row in rows:
+            cells = []
+            for i, cell in enumerate(row):
+                style = (styles or {}).get(i, {}).get(cell)
+                cells.append(f"[{style}]{_escape(cell)}[/]" if style else _escape(cell))
+            table.add_row(*cells)
+        stdout_console().print(table)
+        return
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    out = []
+    for row in [columns] + rows:
+        cells = [(row[i].rjust(w) if i in right else row[i].ljust(w)) for i, w in enumerate(widths)]
+        out.append("  ".join(cells).rstrip())
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

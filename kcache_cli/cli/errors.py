@@ -1,0 +1,20 @@
+"""Turning an exception that escaped a command into one line and an exit status."""
+
+from __future__ import annotations
+
+
+def describe_exception(exc: BaseException) -> tuple[str, int]:
+    from typer._click import exceptions as click_exc  # Typer vendors Click; never `import click`
+
+    if isinstance(exc, click_exc.UsageError):
+        ctx = exc.ctx
+        where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        return exc.format_message() + where, exc.exit_code
+    if isinstance(exc, click_exc.ClickException):
+        return exc.format_message(), exc.exit_code
+    if isinstance(exc, PermissionError):
+        return f"permission denied: {exc.filename or exc}", 1
+    if isinstance(exc, OSError):
+        target = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror or exc}{target}", 1
+    return f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)", 1

@@ -1,0 +1,184 @@
+"""The data kcache's core hands out: frozen dataclasses of raw values (bytes, epoch seconds)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Iterable
+
+COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING = "complete", "partial", "failed", "corrupt", "building"
+STATUSES = (COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING)
+LAYOUT_NAMES = ("hidet", "tilus", "tilelang")
+KINDS = ("op", "graph", "ir_module", "program", "script", "kernel", "binary")
+
+# Keys of `ls --json`, in order; documented in the README and kept stable.
+JSON_KEYS = ("layout", "kind", "target", "space", "op", "hash", "path", "size", "files",
+             "status", "reason", "modified", "last_used")
+
+Warn = Callable[[str], None]
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cache entry: an operator, graph, program, script, kernel or binary directory."""
+
+    layout: str
+    kind: str
+    target: str | None
+    space: str | None
+    op: str | None
+    hash: str
+    path: str  # absolute
+    relpath: str  # relative to the cache root, '/'-separated
+    size: int
+    files: int
+    status: str
+    reason: str | None
+    modified: float
+    last_used: float
+
+    def to_json(self) -> dict:
+        d = {k: getattr(self, k) for k in JSON_KEYS}
+        d["modified"] = iso(self.modified)
+        d["last_used"] = iso(self.last_used)
+        return d
+
+
+@dataclass(frozen=True)
+class ScanFilter:
+    """What to keep. Empty tuples mean "all". Layouts use ops/spaces/targets to skip directories."""
+
+    ops: tuple[str, ...] = ()
+    spaces: tuple[str, ...] = ()
+    targets: tuple[str, ...] = ()
+    layouts: tuple[str, ...] = ()
+    statuses: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+    hash_prefixes: tuple[str, ...] = ()
+
+    def wants_op(self, op: str | None) -> bool:
+        return not self.ops or op in self.ops
+
+    def wants_space(self, space: str | None) -> bool:
+        return not self.spaces or space in self.spaces
+
+    def wants_target(self, target: str | None) -> bool:
+        return not self.targets or target in self.targets
+
+    def matches(self, e: Entry) -> bool:
+        return (
+            self.wants_op(e.op)
+            and self.wants_space(e.space)
+            and self.wants_target(e.target)
+            and (not self.layouts or e.layout in self.layouts)
+            and (not self.statuses or e.status in self.statuses)
+            and (not self.kinds or e.kind in self.kinds)
+            and (not self.hash_prefixes or any(e.hash.startswith(p) for p in self.hash_prefixes))
+        )
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    root: str
+    exists: bool
+    layouts: tuple[str, ...]
+    entries: tuple[Entry, ...]
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.entries)
+
+
+@dataclass(frozen=True)
+class TreeUsage:
+    size: int  # apparent bytes of regular files and links (like du -sb without directories)
+    files: int
+    mtime: float  # newest mtime of the directory and anything in it
+
+
+def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
+    """Size, file count and newest mtime of a directory tree; never follows symlinks.
+
+    An unreadable directory is a warning and counts as empty, not an exception."""
+    size = files = 0
+    try:
+        newest = os.lstat(path).st_mtime
+    except OSError as exc:
+        warn(f"cannot stat {path}: {exc.strerror}")
+        return TreeUsage(0, 0, 0.0)
+    stack = [path]
+    while stack:
+        d = stack.pop()
+        try:
+            it = os.scandir(d)
+        except OSError as exc:
+            warn(f"cannot read {d}: {exc.strerror}")
+            continue
+        with it:
+            for de in it:
+                try:
+                    st = de.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if de.is_dir(follow_symlinks=False):
+                    stack.append(de.path)
+                else:
+                    size += st.st_size
+                    files += 1
+                if st.st_mtime > newest:
+                    newest = st.st_mtime
+    return TreeUsage(size, files, newest)
+
+
+def sort_entries(entries: Iterable[Entry], key: str) -> list[Entry]:
+    if key == "size":
+        return sorted(entries, key=lambda e: (-e.size, e.relpath))
+    if key == "age":  # least recently used first: the order prune evicts in
+        return sorted(entries, key=lambda e: (e.last_used, e.relpath))
+    return sorted(entries, key=lambda e: (e.layout, e.op or "", e.space or "", e.relpath))
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    name: str  # relative to the entry directory
+    size: int
+    link: str | None = None  # symlink target (or the text of a flattened link)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str | None
+    dtype: str
+    shape: tuple
+
+
+@dataclass(frozen=True)
+class Details:
+    """Everything about one entry, after the deep checks that read every byte (inspect, verify)."""
+
+    entry: Entry
+    status: str  # the scan's status, or corrupt when a deep check failed
+    reason: str | None
+    problems: tuple[str, ...]  # every deep-check failure, first one is also `reason`
+    files: tuple[FileInfo, ...]
+    task_op: str | None = None
+    inputs: tuple[TensorInfo, ...] = ()
+    outputs: tuple[TensorInfo, ...] = ()
+    compile_command: str | None = None
+    compiler_output: str | None = None
+    binaries: tuple[str, ...] = ()  # absolute paths of the compiled binaries, for the ELF reader
+    facts: tuple[tuple[str, str], ...] = ()  # layout-specific lines: versions, links, arch recorded...
+
+
+@dataclass(frozen=True)
+class LogFile:
+    label: str  # "compile.sh", "nvcc_output.txt"...
+    path: str

@@ -1,0 +1,125 @@
+"""Scan a cache root into entries, across every layout found in it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kcache_cli import state
+from kcache_cli.errors import UsageError
+from kcache_cli.model import Entry, ScanFilter, ScanResult, TreeUsage, Warn, measure_tree
+
+
+@dataclass
+class ScanContext:
+    """What a layout's scan needs: the root, where warnings go, and last-used stamps."""
+
+    root: Path
+    warn: Warn
+    last_used: dict[str, float] = field(default_factory=dict)
+
+    def rel(self, path: str) -> str:
+        return os.path.relpath(path, self.root).replace(os.sep, "/")
+
+    def entry(self, *, path: str, usage: TreeUsage, **fields) -> Entry:
+        rel = self.rel(path)
+        return Entry(
+            path=path,
+            relpath=rel,
+            size=usage.size,
+            files=usage.files,
+            modified=usage.mtime,
+            last_used=max(self.last_used.get(rel, 0.0), usage.mtime),
+            **fields,
+        )
+
+    def listdir(self, path: str | Path) -> list[os.DirEntry]:
+        """Directory entries, sorted by name; an unreadable directory is a warning and []."""
+        try:
+            with os.scandir(path) as it:
+                return sorted(it, key=lambda d: d.name)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            self.warn(f"cannot read {path}: {exc.strerror}")
+            return []
+
+
+    def read_dir(self, path: str) -> tuple[dict[str, int], TreeUsage]:
+        """Top-level file sizes by name, and the usage of the whole entry (subdirectories included)."""
+        names: dict[str, int] = {}
+        size = files = 0
+        try:
+            newest = os.lstat(path).st_mtime
+        except OSError:
+            newest = 0.0
+        for de in self.listdir(path):
+            try:
+                if de.is_dir(follow_symlinks=False):
+                    sub = measure_tree(de.path, self.warn)
+                    size += sub.size
+                    files += sub.files
+                    newest = max(newest, sub.mtime)
+                    continue
+                st = de.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            names[de.name] = st.st_size
+            size += st.st_size
+            files += 1
+            newest = max(newest, st.st_mtime)
+        return names, TreeUsage(size, files, newest)
+
+
+def _layouts():
+    from kcache_cli.layouts import LAYOUTS
+
+    return LAYOUTS
+
+
+def detect_layouts(root: Path) -> tuple[str, ...]:
+    return tuple(name for name, mod in _layouts().items() if mod.detect(Path(root)))
+
+
+def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None) -> ScanResult:
+    """Every entry under `root` that `flt` keeps. Damaged entries come back with a status;
+    unreadable directories come back as warnings. A missing root is an empty result."""
+    root = Path(root)
+    warnings: list[str] = []
+
+    def collect(msg: str) -> None:
+        warnings.append(msg)
+        if warn is not None:
+            warn(msg)
+
+    if not root.is_dir():
+        return ScanResult(str(root), False, (), (), ())
+    layouts = detect_layouts(root)
+    ctx = ScanContext(root, collect, state.load_last_used(root))
+    entries: list[Entry] = []
+    for name in layouts:
+        if flt.layouts and name not in flt.layouts:
+            continue
+        entries.extend(e for e in _layouts()[name].scan(ctx, flt) if flt.matches(e))
+    return ScanResult(str(root), True, layouts, tuple(entries), tuple(warnings))
+
+
+def resolve_entry(root: Path, prefix: str, warn: Warn | None = None) -> Entry:
+    """The one entry whose hash starts with `prefix` (or whose relative path is `prefix`)."""
+    prefix = prefix.strip().rstrip("/")
+    if not prefix:
+        raise UsageError("empty hash prefix")
+    result = scan_cache(root, ScanFilter(), warn)
+    found = [e for e in result.entries if e.hash.startswith(prefix) or e.relpath == prefix]
+    exact = [e for e in found if e.hash == prefix or e.relpath == prefix]
+    if len(exact) == 1:
+        found = exact
+    if not found:
+        where = "" if result.exists else f" ({root} does not exist)"
+        raise UsageError(f"no entry matches '{prefix}' in {root}{where}")
+    if len(found) > 1:
+        names = ", ".join(f"{e.hash} ({e.layout} {e.kind} {e.op or '-'} in {e.space or '-'})" for e in found[:8])
+        more = f" and {len(found) - 8} more" if len(found) > 8 else ""
+        raise UsageError(f"'{prefix}' is ambiguous: {len(found)} entries match: {names}{more}")
+    return found[0]

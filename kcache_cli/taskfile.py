@@ -1,0 +1,74 @@
+"""hidet's task.txt: the task string whose sha256 names an operator entry (DESIGN.md §2.1)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from kcache_cli.errors import KcacheError
+
+HASH_LEN = 16
+_TENSOR = re.compile(r"^\s+(\w+): tensor\((\w+), \[([^\]]*)\]\)\s*$")
+_FIELD = re.compile(r"^  (\w+):\s?(.*)$")
+
+
+class TaskFormatError(KcacheError):
+    pass
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[str, ...]  # strings: symbolic dims such as `n` stay as they are
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    attributes: str | None
+
+
+def task_hash(data: bytes) -> str:
+    """hidet's entry name: the first 16 hex digits of sha256 over the exact bytes of task.txt."""
+    return hashlib.sha256(data).hexdigest()[:HASH_LEN]
+
+
+def _names(value: str) -> list[str]:
+    value = value.strip()
+    if value.startswith("[") and value.endswith("]"):
+        value = value[1:-1]
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def parse_task(data: bytes, source: str = "task.txt") -> TaskInfo:
+    """Parse a task string; a task without a `name:` field is a TaskFormatError."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TaskFormatError(f"{source} is not UTF-8 text") from None
+    fields: dict[str, str] = {}
+    tensors: dict[str, TensorSpec] = {}
+    section = None
+    for line in text.splitlines():
+        m = _FIELD.match(line)
+        if m:
+            section = m.group(1)
+            fields.setdefault(section, m.group(2).strip())
+            continue
+        if section == "parameters":
+            t = _TENSOR.match(line)
+            if t:
+                shape = tuple(s.strip() for s in t.group(3).split(",") if s.strip())
+                tensors[t.group(1)] = TensorSpec(t.group(1), t.group(2), shape)
+    name = fields.get("name", "")
+    if not name or not re.fullmatch(r"[\w.\-]+", name):
+        raise TaskFormatError(f"{source} has no valid `name:` field (is it a hidet task string?)")
+
+    def specs(key: str) -> tuple[TensorSpec, ...]:
+        return tuple(tensors.get(n, TensorSpec(n, "?", ())) for n in _names(fields.get(key, "")))
+
+    return TaskInfo(name, specs("inputs"), specs("outputs"), fields.get("attributes"))
