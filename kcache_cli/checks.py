@@ -82,3 +82,32 @@ def size_mismatch(manifest: str, listed: object, names: dict[str, int]) -> str |
         if rec.get("size") is not None and names[name] != rec["size"]:
             return f"{name} is {names[name]} bytes, {manifest} says {rec['size']}"
     return None
+
+
+def elf_truncated(path: str, size: int) -> str | None:
+    """A cheap check on a compiled binary: its ELF header (64 bytes) says how long the file must at
+    least be (the section header table comes last). Returns a reason, or None when it looks whole."""
+    import struct
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            head = os.read(fd, 64)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return f"cannot read {os.path.basename(path)}: {exc.strerror}"
+    name = os.path.basename(path)
+    if head[:4] != b"\x7fELF" or len(head) < 52:
+        return f"{name} is not an ELF file"
+    endian = "<" if head[5] == 1 else ">"
+    if head[4] == 2 and len(head) >= 64:
+        shoff, = struct.unpack_from(endian + "Q", head, 0x28)
+        shentsize, shnum = struct.unpack_from(endian + "HH", head, 0x3A)
+    else:
+        shoff, = struct.unpack_from(endian + "I", head, 0x20)
+        shentsize, shnum = struct.unpack_from(endian + "HH", head, 0x2E)
+    need = shoff + shentsize * shnum
+    if need > size:
+        return f"{name} is truncated: {size} bytes, its ELF header needs {need}"
+    return None

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+import time
 from typing import Callable, Iterable
 
 COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING = "complete", "partial", "failed", "corrupt", "building"
 STATUSES = (COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING)
 LAYOUT_NAMES = ("hidet", "tilus", "tilelang")
+UNREADABLE_REASON = "unreadable directory (permission denied?)"
 KINDS = ("op", "graph", "ir_module", "program", "script", "kernel", "binary")
 
 # Keys of `ls --json`, in order; documented in the README and kept stable.
@@ -22,7 +23,7 @@ Warn = Callable[[str], None]
 def iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
+    return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(ts))
 
 
 @dataclass(frozen=True)

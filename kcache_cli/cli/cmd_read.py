@@ -130,7 +130,8 @@ def _details(opts: c.GlobalOptions, prefix: str):
     return root, entry, LAYOUTS[entry.layout]
 
 
-HashArg = Annotated[str, typer.Argument(metavar="HASH", help="A unique hash prefix (or the entry's path in the cache).")]
+HashArg = Annotated[str, typer.Argument(metavar="HASH", help="A unique hash prefix (or the entry's path in the cache).",
+                                        autocompletion=c.complete.complete_hash)]
 
 
 def inspect_command(

@@ -14,6 +14,7 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from kcache_cli.cli import complete  # light: the TAB path imports nothing heavy
 from kcache_cli.errors import UsageError
 from kcache_cli.model import KINDS, LAYOUT_NAMES, STATUSES, ScanFilter
 
@@ -60,19 +61,25 @@ def cache_root(opts: GlobalOptions) -> Path:
 
 
 # ---- filters -------------------------------------------------------------------------------------
-OpOpt = Annotated[Optional[List[str]], typer.Option("--op", metavar="NAME", help="Only this op (repeatable).")]
+OpOpt = Annotated[Optional[List[str]], typer.Option("--op", metavar="NAME", help="Only this op (repeatable).",
+                                                    autocompletion=complete.complete_op)]
 SpaceOpt = Annotated[Optional[List[str]], typer.Option(
-    "--space", metavar="SPACE", help="Only this space, e.g. cuda_space_2 or 0.1.15/linux-x86_64 (repeatable).")]
+    "--space", metavar="SPACE", help="Only this space, e.g. cuda_space_2 or 0.1.15/linux-x86_64 (repeatable).",
+    autocompletion=complete.complete_space)]
 TargetOpt = Annotated[Optional[List[str]], typer.Option("--target", metavar="TARGET",
-                                                        help="Only this target: cuda, cpu, hip (repeatable).")]
+                                                        help="Only this target: cuda, cpu, hip (repeatable).",
+                                                        autocompletion=complete.complete_target)]
 LayoutOpt = Annotated[Optional[List[str]], typer.Option("--layout", metavar="LAYOUT",
-                                                        help="Only this layout: hidet, tilus, tilelang (repeatable).")]
+                                                        help="Only this layout: hidet, tilus, tilelang (repeatable).",
+                                                        autocompletion=complete.complete_layout)]
 StatusOpt = Annotated[Optional[List[str]], typer.Option(
-    "--status", metavar="STATUS", help="Only this status: complete, partial, failed, corrupt, building (repeatable).")]
+    "--status", metavar="STATUS", help="Only this status: complete, partial, failed, corrupt, building (repeatable).",
+    autocompletion=complete.complete_status)]
 KindOpt = Annotated[Optional[List[str]], typer.Option(
-    "--kind", metavar="KIND", help="Only this kind: op, graph, ir_module, program, script, kernel, binary.")]
+    "--kind", metavar="KIND", help="Only this kind: op, graph, ir_module, program, script, kernel, binary.",
+    autocompletion=complete.complete_kind)]
 HashesArg = Annotated[Optional[List[str]], typer.Argument(metavar="[HASH]...", help="Hash prefixes to keep.",
-                                                          show_default=False)]
+                                                          show_default=False, autocompletion=complete.complete_hash)]
 
 _SPACE = re.compile(r"^[a-z0-9]+_space_\d+$|^[\w.+\-]+/[\w.+\-]+$|^[\w.+\-]+$")
 
@@ -111,6 +118,16 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
 
 
 # ---- output --------------------------------------------------------------------------------------
+def no_color() -> bool:
+    """NO_COLOR (https://no-color.org, any non-empty value) or a dumb terminal: no ANSI escapes at all."""
+    return bool(os.environ.get("NO_COLOR")) or os.environ.get("TERM") == "dumb"
+
+
+def plain_output() -> bool:
+    """Plain text on stdout (no colour, no box drawing): when it is not a terminal, or colour is off."""
+    return no_color() or not sys.stdout.isatty()
+
+
 def emit_json(data) -> None:
     """JSON on stdout, never through Rich; indented for people, compact for pipes."""
     indent = 2 if sys.stdout.isatty() else None
@@ -120,13 +137,13 @@ def emit_json(data) -> None:
 def stderr_console():
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, color_system=None if no_color() else "auto")
 
 
 def stdout_console():
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=not sys.stdout.isatty())
+    return Console(highlight=False, soft_wrap=not sys.stdout.isatty(), color_system=None if no_color() else "auto")
 
 
 def warn(opts: GlobalOptions, message: str) -> None:
@@ -160,8 +177,8 @@ STATUS_STYLE = {"complete": "green", "partial": "yellow", "failed": "red", "corr
 
 def print_table(columns: list[str], rows: list[list[str]], styles: dict[int, dict[str, str]] | None = None,
                 right: tuple[int, ...] = ()) -> None:
-    """A Rich table on a terminal; plain aligned columns (grep- and awk-friendly) otherwise."""
-    if sys.stdout.isatty():
+    """A Rich table on a terminal; plain aligned columns (grep- and awk-friendly) otherwise or under NO_COLOR."""
+    if not plain_output():
         from rich import box
         from rich.table import Table
 

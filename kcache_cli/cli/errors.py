@@ -18,3 +18,20 @@ def describe_exception(exc: BaseException) -> tuple[str, int]:
         target = f": {exc.filename}" if exc.filename else ""
         return f"{exc.strerror or exc}{target}", 1
     return f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)", 1
+
+
+def is_usage_error(exc: BaseException) -> bool:
+    """A mistake on the command line (bad option, missing argument...): one line even under --debug."""
+    from typer._click import exceptions as click_exc
+
+    return isinstance(exc, click_exc.UsageError)
+
+
+def no_args_help(exc: BaseException) -> str | None:
+    """For a bare `kcache`: the help text still to print ('' when Rich has printed it), else None."""
+    from typer._click import exceptions as click_exc
+
+    if not isinstance(exc, click_exc.NoArgsIsHelpError):
+        return None
+    text = exc.format_message()
+    return text if not text or text.endswith("\n") else text + "\n"

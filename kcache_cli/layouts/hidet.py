@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli import state
-from kcache_cli.checks import check_manifest, list_files, read_text, size_mismatch
+from kcache_cli.checks import check_manifest, elf_truncated, list_files, read_text, size_mismatch
 from kcache_cli.locking import entry_build_locked, probe_locked
-from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, Details, Entry, FileInfo, LogFile,
-                              ScanFilter, TensorInfo, measure_tree)
+from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE_REASON, Details, Entry,
+                              LogFile, ScanFilter, TensorInfo, measure_tree)
 
 NAME = "hidet"
 SPACE_RE = re.compile(r"^([a-z0-9]+)_space_(\d+)$")
@@ -52,6 +52,9 @@ def op_status(path: str, names: dict[str, int]) -> tuple[str, str | None]:
         return PARTIAL, f"no {BINARY}: the build was interrupted or is still running"
     if lib == 0:
         return PARTIAL, f"{BINARY} is empty"
+    truncated = elf_truncated(os.path.join(path, BINARY), lib)
+    if truncated:
+        return CORRUPT, truncated
     if any(m in names for m in HIDET_MARKERS) and "func_types.pickle" not in names:
         return PARTIAL, "no func_types.pickle: hidet did not finish writing the entry"
     if MANIFEST in names:
@@ -99,7 +102,9 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
 def _op_entry(ctx, de: os.DirEntry, target: str, space: str, op: str) -> Entry:
     names, usage = ctx.read_dir(de.path)
     building = state.temp_hash(de.name)
-    if building is not None:
+    if names is None:
+        status, reason, key = CORRUPT, UNREADABLE_REASON, de.name
+    elif building is not None:
         final = f"{ctx.rel(os.path.dirname(de.path))}/{building}"
         if entry_build_locked(ctx.root, final):
             status, reason = BUILDING, "kcache build in progress"

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli.checks import check_manifest, list_files, read_text, size_mismatch
-from kcache_cli.model import COMPLETE, CORRUPT, PARTIAL, Details, Entry, LogFile, ScanFilter, TreeUsage
+from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE_REASON, Details, Entry, LogFile, ScanFilter,
+                              measure_tree)
 
 NAME = "tilelang"
 TARGET = "cuda"
@@ -19,6 +20,7 @@ VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([.+\-\w]*)$")
 KERNEL_BINARIES = ("executable.so", "kernel_lib.so", "kernel.cubin")
 CUBIN_BINARIES = ("kernel.cubin", "kernel.fatbin")
 STAGING = ".staging"
+UNREADABLE = (CORRUPT, UNREADABLE_REASON)
 BINARIES_DIR = "cuda-binaries"
 
 
@@ -74,8 +76,7 @@ def binary_status(path: str, names: dict[str, int]) -> tuple[str, str | None]:
 
 def _staging(ctx, path: str, kind: str, space: str) -> Iterator[Entry]:
     for de in ctx.listdir(path):
-        usage = ctx.read_dir(de.path)[1] if de.is_dir(follow_symlinks=False) else \
-            TreeUsage(de.stat(follow_symlinks=False).st_size, 1, de.stat(follow_symlinks=False).st_mtime)
+        usage = measure_tree(de.path, ctx.warn)  # a file gives its own size
         yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind=kind, target=TARGET, space=space, op=None,
                         hash=de.name, status=PARTIAL, reason="tilelang staging directory (a write in flight, "
                         "stale after an hour)")
@@ -98,7 +99,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 for de in ctx.listdir(sub.path):
                     if de.is_dir(follow_symlinks=False):
                         names, usage = ctx.read_dir(de.path)
-                        status, reason = binary_status(de.path, names)
+                        status, reason = binary_status(de.path, names) if names is not None else UNREADABLE
                         yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind="binary", target=TARGET,
                                         space=space, op=None, hash=de.name, status=status, reason=reason)
             elif sub.name == STAGING:
@@ -112,7 +113,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 for de in ctx.listdir(os.path.join(sub.path, "kernels")):
                     if de.is_dir(follow_symlinks=False):
                         names, usage = ctx.read_dir(de.path)
-                        status, reason = kernel_status(de.path, names)
+                        status, reason = kernel_status(de.path, names) if names is not None else UNREADABLE
                         yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind="kernel", target=TARGET,
                                         space=space, op=None, hash=de.name, status=status, reason=reason)
 

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli.checks import list_files, read_text
+from kcache_cli.checks import elf_truncated, list_files, read_text
 from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, Details, Entry, LogFile, ScanFilter, TensorInfo,
                               measure_tree)
 
@@ -83,6 +83,9 @@ def program_status(path: str) -> tuple[str, str | None]:
         return PARTIAL, "no module/lib.so: the build was interrupted or is still running"
     if lib == 0:
         return PARTIAL, "module/lib.so is empty"
+    truncated = elf_truncated(os.path.join(module, "lib.so"), lib)
+    if truncated:
+        return CORRUPT, "module/" + truncated
     for name in ("program.txt", "options.txt"):
         if not os.path.isfile(os.path.join(path, name)):
             return PARTIAL, f"no {name}"

@@ -1,0 +1,1 @@
+complete --command kcache --no-files --arguments "(env _KCACHE_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) kcache)" --condition "env _KCACHE_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) kcache"

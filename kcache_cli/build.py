@@ -1,0 +1,819 @@
+"""`kcache build` (DESIGN.md §4): compile a task's source into the hashed tree, atomically.
+
+A task is hidet's task.txt plus its source.cu/source.cc. Its entry is
+`<root>/ops/<target>_space_<n>/<op>/<sha256(task.txt)[:16]>/`. A build takes the entry's lock
+(`.kcache/locks/`, outside the entry), checks again, compiles in `<op dir>/.kcache-tmp-<hash>-<rand>/`
+and publishes with one rename, so a reader sees either no entry or a complete one, and a killed
+build leaves only a temp directory (`ls --status partial`, removed by `prune`).
+
+The hit path (a complete entry exists) is kept cheap: no filelock, subprocess or layout imports
+unless they are needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from kcache_cli import state
+from kcache_cli.errors import KcacheError, LockTimeout, UsageError
+
+BUILT, HIT, FAILED = "built", "hit", "failed"
+TARGETS = ("cuda", "cpu")
+TARGET_OF_SUFFIX = {".cu": "cuda", ".cc": "cpu", ".cpp": "cpu", ".cxx": "cpu"}
+SOURCE_NAME = {"cuda": "source.cu", "cpu": "source.cc"}
+SOURCE_CANDIDATES = ("source.cu", "source.cc", "source.cpp")
+TASK = "task.txt"
+BINARY = "lib.so"
+LOG = "nvcc_log.txt"
+MANIFEST = "kcache.json"
+# What kcache writes; an entry holding only these is judged by kcache's own rule (fast path).
+OWN_FILES = frozenset({"source.cu", "source.cc", TASK, BINARY, LOG, MANIFEST})
+ARCH_RE = re.compile(r"^(sm|compute)_\d+[af]?$")
+# Flags that would make the recorded arch a lie: the arch is given with --arch only.
+ARCH_FLAGS = ("-arch", "--gpu-architecture", "-gencode", "--generate-code", "-code", "--gpu-code")
+COMPILER_MEMO = "compilers.json"  # in .kcache/: version and default arch per compiler binary
+
+
+class BuildError(KcacheError):
+    """A task that cannot be built as given (missing file, no name, unknown suffix...)."""
+
+
+class CompilerNotFound(KcacheError):
+    pass
+
+
+class ArchMismatch(KcacheError):
+    """A complete entry exists, built for another arch than the one requested."""
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    space: int = 0
+    target: str | None = None  # default: from the source's suffix
+    arch: str | None = None  # default: the local GPU's (nvidia-smi), else nvcc's own default
+    nvcc: str | None = None  # default: KCACHE_NVCC, then PATH
+    cxx: str | None = None  # default: CXX, then g++ on PATH
+    include_dirs: tuple[str, ...] = ()
+    extra_flags: tuple[str, ...] = ()
+    force: bool = False
+    timeout: float | None = None  # seconds to wait for another build's lock; None: for ever
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task resolved against the options: where its entry lives and what to compile."""
+
+    task_path: str
+    task_bytes: bytes
+    op: str
+    hash: str
+    source_path: str
+    target: str
+    space: str  # cuda_space_0
+    relpath: str  # ops/cuda_space_0/<op>/<hash>
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    task: str  # the task file as given
+    status: str  # built, hit, failed
+    op: str | None = None
+    hash: str | None = None
+    target: str | None = None
+    space: str | None = None
+    relpath: str | None = None
+    path: str | None = None  # absolute path of the entry (also for failures, where it would be)
+    arch: str | None = None
+    arch_source: str | None = None  # --arch, nvidia-smi, nvcc default, host, recorded
+    elapsed: float | None = None  # compiler seconds (built, failed compiles)
+    command: str | None = None  # shell-quoted compile command
+    output: str | None = None  # compiler output
+    error: str | None = None  # one line, for failures
+    exit_code: int = 0  # the error's exit code (3: lock timeout)
+    replaced: str | None = None  # why an existing entry at the path was replaced
+    waited: bool = False  # another build held the lock
+    notes: tuple[str, ...] = ()  # things worth telling people (source differs, arch unknown...)
+
+    def to_json(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+class BuildListener:
+    """Callbacks a caller (the CLI's progress bar) gets; they run in the building thread."""
+
+    def waiting(self, spec: TaskSpec, holder: str) -> None:
+        pass
+
+    def compiling(self, spec: TaskSpec) -> None:
+        pass
+
+    def done(self, result: BuildResult) -> None:
+        pass
+
+
+# ---- tasks ---------------------------------------------------------------------------------------
+
+def find_tasks(paths: Iterable[str | os.PathLike]) -> list[str]:
+    """Task files from the command line: a task.txt, a task directory, or a directory of them."""
+    out: list[str] = []
+    for p in paths:
+        p = os.fspath(p)
+        if not os.path.isdir(p):
+            out.append(p)  # a file, or missing: load_task says what is wrong with it
+            continue
+        if os.path.isfile(os.path.join(p, TASK)):
+            out.append(os.path.join(p, TASK))
+            continue
+        found = []
+        for dirpath, dirnames, filenames in os.walk(p):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            if TASK in filenames and dirpath != p:
+                found.append(os.path.join(dirpath, TASK))
+                dirnames[:] = []  # a task directory's subdirectories are not tasks
+        if not found:
+            raise UsageError(f"no {TASK} in {p} or in the directories under it")
+        out.extend(found)
+    seen: set[str] = set()
+    unique = []
+    for t in out:
+        key = os.path.realpath(t)
+        if key not in seen:
+            seen.add(key)
+            unique.append(t)
+    return unique
+
+
+def load_task(task_path: str | os.PathLike, options: BuildOptions = BuildOptions(),
+              source: str | os.PathLike | None = None) -> TaskSpec:
+    """Read a task file and find its source; every problem is a one-line BuildError."""
+    from kcache_cli.taskfile import parse_task, task_hash
+
+    task_path = os.fspath(task_path)
+    if os.path.isdir(task_path):
+        task_path = os.path.join(task_path, TASK)
+    try:
+        with open(task_path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise BuildError(f"task file not found: {task_path}") from None
+    except OSError as exc:
+        raise BuildError(f"cannot read task file {task_path}: {exc.strerror}") from None
+    op = parse_task(data, task_path).name
+    if op.startswith("."):  # '..' would climb out of the space directory; dot-names are not entries
+        raise BuildError(f"{task_path}: op name '{op}' is not a usable directory name")
+    if options.target is not None and options.target not in TARGETS:
+        raise UsageError(f"unknown target '{options.target}' (choose from {', '.join(TARGETS)})")
+    src = _find_source(task_path, options.target, source)
+    target = options.target
+    if target is None:
+        target = TARGET_OF_SUFFIX.get(os.path.splitext(src)[1].lower())
+        if target is None:
+            raise BuildError(f"cannot tell the target of {src} from its suffix (.cu: cuda, .cc/.cpp: cpu); "
+                             "pass --target")
+    if not isinstance(options.space, int) or options.space < 0:
+        raise UsageError(f"bad space level {options.space!r} (0, 1 or 2)")
+    h = task_hash(data)
+    space = f"{target}_space_{options.space}"
+    return TaskSpec(task_path, data, op, h, src, target, space, f"ops/{space}/{op}/{h}")
+
+
+def _find_source(task_path: str, target: str | None, source) -> str:
+    if source is not None:
+        src = os.fspath(source)
+        if not os.path.isfile(src):
+            raise BuildError(f"source file not found: {src}")
+        return src
+    here = os.path.dirname(task_path) or "."
+    found = [os.path.join(here, n) for n in SOURCE_CANDIDATES if os.path.isfile(os.path.join(here, n))]
+    if target is not None and len(found) > 1:
+        found = [s for s in found if TARGET_OF_SUFFIX[os.path.splitext(s)[1]] == target] or found
+    if not found:
+        raise BuildError(f"no source.cu or source.cc next to {task_path} (pass --source)")
+    if len(found) > 1:
+        raise BuildError(f"both {' and '.join(os.path.basename(s) for s in found)} next to {task_path}: "
+                         "pass --source or --target")
+    return found[0]
+
+
+# ---- compilers and arch --------------------------------------------------------------------------
+
+_memo_lock = threading.Lock()
+_memo: dict[str, dict] = {}  # per process: compiler key -> {"version", "default_arch"}
+
+
+def find_compiler(target: str, options: BuildOptions) -> tuple[str, ...]:
+    """The compiler command (absolute program path, then any flags the variable carried)."""
+    import shutil
+
+    if target == "cuda":
+        given, var = options.nvcc or os.environ.get("KCACHE_NVCC"), "--nvcc or KCACHE_NVCC"
+        default = ["nvcc"]
+        for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+            if home:
+                default.append(os.path.join(home, "bin", "nvcc"))
+    else:
+        given, var = options.cxx or os.environ.get("CXX"), "--cxx or CXX"
+        default = ["g++"]
+    if given:
+        argv = _split_command(given)
+        path = shutil.which(argv[0])
+        if path is None:
+            raise CompilerNotFound(f"compiler not found: {argv[0]} (from {var})")
+        return (os.path.abspath(path), *argv[1:])
+    for name in default:
+        path = shutil.which(name)
+        if path:
+            return (os.path.abspath(path),)
+    raise CompilerNotFound(f"{default[0]} not found on PATH (set {var})")
+
+
+def _split_command(value: str) -> list[str]:
+    """A compiler from a variable: a path, or a command with flags as in CXX='g++ -m64'."""
+    if os.path.exists(value) or not value.strip() or " " not in value.strip():
+        return [value]
+    import shlex
+
+    return shlex.split(value)
+
+
+def _memo_path(root: Path) -> Path:
+    return state.state_dir(root) / COMPILER_MEMO
+
+
+def _compiler_key(program: str) -> str | None:
+    try:
+        real = os.path.realpath(program)
+        st = os.stat(real)
+    except OSError:
+        return None
+    return f"{real}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _memo_get(root: Path, key: str | None, name: str):
+    if key is None:
+        return None
+    with _memo_lock:
+        if key in _memo and name in _memo[key]:
+            return _memo[key][name]
+    try:
+        with open(_memo_path(root), "rb") as f:
+            rec = json.load(f).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(rec, dict) and isinstance(rec.get(name), str):
+        with _memo_lock:
+            _memo.setdefault(key, {})[name] = rec[name]
+        return rec[name]
+    return None
+
+
+def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
+    """Remember a compiler fact in .kcache/ (atomically; losing a race only costs a re-probe)."""
+    if key is None:
+        return
+    with _memo_lock:
+        _memo.setdefault(key, {})[name] = value
+        path = _memo_path(root)
+        try:
+            try:
+                with open(path, "rb") as f:
+                    data = json.load(f)
+                if not isinstance(data, dict):
+                    data = {}
+            except (OSError, ValueError):
+                data = {}
+            data.setdefault(key, {})
+            if not isinstance(data[key], dict):
+                data[key] = {}
+            data[key][name] = value
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only cache: probe again next time
+
+
+def compiler_version(root: Path, compiler: Sequence[str]) -> str | None:
+    """The compiler's `--version` line that names its release (memoised per binary)."""
+    key = _compiler_key(compiler[0])
+    got = _memo_get(root, key, "version")
+    if got is not None:
+        return got
+    import subprocess
+
+    try:
+        proc = subprocess.run([*compiler, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [l.strip() for l in proc.stdout.decode("utf-8", "replace").splitlines() if l.strip()]
+    if proc.returncode != 0 or not lines:
+        return None
+    version = next((l for l in lines if "release" in l), lines[0])
+    _memo_put(root, key, "version", version)
+    return version
+
+
+_PTXAS_ARCH = re.compile(r"\bptxas\b[^\n]*?-arch[= ](sm_\w+)")
+_CICC_ARCH = re.compile(r"\bcicc\b[^\n]*?-arch[= ]compute_(\w+)")
+
+
+def nvcc_default_arch(root: Path, nvcc: Sequence[str]) -> str:
+    """What nvcc compiles for without -arch, read from its own `--dryrun` plan (nvcc 13: sm_75).
+
+    Memoised per nvcc binary in .kcache/compilers.json so that a cache hit costs no subprocess."""
+    key = _compiler_key(nvcc[0])
+    got = _memo_get(root, key, "default_arch")
+    if got is not None:
+        return got
+    import subprocess
+
+    try:
+        proc = subprocess.run([*nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=60)
+        text = proc.stdout.decode("utf-8", "replace")
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise KcacheError(f"cannot ask {nvcc[0]} for its default arch ({exc}); pass --arch") from None
+    m = _PTXAS_ARCH.search(text)
+    arch = m.group(1) if m else (f"sm_{_CICC_ARCH.search(text).group(1)}" if _CICC_ARCH.search(text) else None)
+    if arch is None or not ARCH_RE.match(arch):
+        raise KcacheError(f"cannot tell {nvcc[0]}'s default arch from its --dryrun output; pass --arch")
+    _memo_put(root, key, "default_arch", arch)
+    return arch
+
+
+def local_gpu_arch() -> str | None:
+    """The first local GPU's arch from nvidia-smi (`9.0` -> `sm_90`), or None without a GPU."""
+    import shutil
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    import subprocess
+
+    try:
+        proc = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in proc.stdout.decode("ascii", "replace").splitlines():
+        m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", line)
+        if proc.returncode == 0 and m:
+            return f"sm_{m.group(1)}{m.group(2)}"
+    return None
+
+
+@dataclass(frozen=True)
+class Arch:
+    value: str
+    source: str  # --arch, nvidia-smi, nvcc default, host
+
+
+def check_arch(arch: str) -> str:
+    if not ARCH_RE.match(arch):
+        raise UsageError(f"bad arch '{arch}' (expected e.g. sm_90, sm_90a, sm_100f or compute_90)")
+    return arch
+
+
+def resolve_arch(root: Path, target: str, options: BuildOptions, compiler: Sequence[str] | None = None) -> Arch:
+    """The arch a build of `target` is for: --arch, else the local GPU's, else nvcc's default.
+
+    A CPU build is for the host machine."""
+    if target != "cuda":
+        return Arch(os.uname().machine, "host")
+    if options.arch:
+        return Arch(check_arch(options.arch), "--arch")
+    gpu = local_gpu_arch()
+    if gpu:
+        return Arch(gpu, "nvidia-smi")
+    return Arch(nvcc_default_arch(root, compiler or find_compiler("cuda", options)), "nvcc default")
+
+
+def compile_command(target: str, compiler: Sequence[str], arch: Arch, options: BuildOptions) -> list[str]:
+    """The exact compile command; it runs inside the entry's directory, on relative names."""
+    includes = [f"-I{os.path.abspath(d)}" for d in options.include_dirs]
+    if target == "cuda":
+        base = ["-shared", "-Xcompiler", "-fPIC", "-O3", f"-arch={arch.value}"]
+    else:
+        base = ["-shared", "-fPIC", "-O3"]
+    return [*compiler, *base, *includes, *options.extra_flags, "-o", BINARY, SOURCE_NAME[target]]
+
+
+def check_extra_flags(flags: Sequence[str]) -> None:
+    for f in flags:
+        name = f.split("=", 1)[0]
+        if name in ARCH_FLAGS or (name.startswith("-arch") and name != "-arch"):
+            raise UsageError(f"'{f}' after --: give the arch with --arch so that it is recorded")
+
+
+# ---- the entry on disk ---------------------------------------------------------------------------
+
+def _read_manifest(path: str) -> dict | None:
+    try:
+        with open(os.path.join(path, MANIFEST), "rb") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def entry_status(path: str) -> tuple[str | None, str | None, dict | None]:
+    """(status, reason, kcache.json) of the entry at `path`; status None when there is none.
+
+    Same verdict as `kcache ls`. An entry holding only kcache's own files is judged here
+    without importing the layouts (the hit path); anything else by the hidet layout."""
+    from kcache_cli.model import COMPLETE, CORRUPT, PARTIAL
+
+    names: dict[str, int] = {}
+    if os.path.islink(path):
+        return CORRUPT, "a symlink, not an entry directory", None
+    try:
+        with os.scandir(path) as it:
+            for de in it:
+                try:
+                    if not de.is_dir(follow_symlinks=False):
+                        names[de.name] = de.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+    except FileNotFoundError:
+        return None, None, None
+    except NotADirectoryError:
+        return CORRUPT, "not a directory", None
+    except OSError as exc:
+        return PARTIAL, f"cannot read the entry: {exc.strerror}", None
+    manifest = _read_manifest(path) if MANIFEST in names else None
+    if names.keys() <= OWN_FILES and names.get(BINARY) and manifest is not None:
+        from kcache_cli.checks import size_mismatch
+
+        bad = size_mismatch(MANIFEST, manifest.get("files"), names)
+        return (CORRUPT, bad, manifest) if bad else (COMPLETE, None, manifest)
+    from kcache_cli.layouts.hidet import op_status
+
+    status, reason = op_status(path, names)
+    return status, reason, manifest
+
+
+def _entry_archs(path: str, manifest: dict | None) -> tuple[tuple[str, ...], str]:
+    """The archs an entry is for, and where that came from (kcache.json, the binary, or nowhere)."""
+    if manifest is not None and isinstance(manifest.get("arch"), str):
+        return (manifest["arch"],), MANIFEST
+    from kcache_cli.binary import read_binary
+
+    info = read_binary(os.path.join(path, BINARY))
+    return tuple(info.archs) + tuple(info.ptx_archs), BINARY
+
+
+def _source_differs(spec: TaskSpec, manifest: dict | None) -> bool:
+    rec = ((manifest or {}).get("files") or {}).get(SOURCE_NAME[spec.target])
+    if not isinstance(rec, dict) or not rec.get("sha256"):
+        return False
+    from kcache_cli.checks import sha256_file
+
+    try:
+        return sha256_file(spec.source_path) != rec["sha256"]
+    except OSError:
+        return False
+
+
+# ---- building ------------------------------------------------------------------------------------
+
+def build_task(root: str | os.PathLike, task: str | os.PathLike | TaskSpec, options: BuildOptions = BuildOptions(),
+               *, source: str | os.PathLike | None = None, listener: BuildListener | None = None) -> BuildResult:
+    """Build one task into the cache at `root`, or find it there.
+
+    Returns a BuildResult (built, hit, or failed for a compile error). Raises a KcacheError for a
+    task that cannot be built as given, a missing compiler, an entry built for another arch
+    (ArchMismatch) and a lock that did not come free within options.timeout (LockTimeout)."""
+    root = Path(root).absolute()
+    listener = listener or BuildListener()
+    spec = task if isinstance(task, TaskSpec) else load_task(task, options, source)
+    check_extra_flags(options.extra_flags)
+    arch_cache: list[Arch] = []
+
+    def arch() -> Arch:
+        if not arch_cache:
+            arch_cache.append(resolve_arch(root, spec.target, options))
+        return arch_cache[0]
+
+    final = root / spec.relpath
+    if not options.force:
+        found = _hit(root, spec, final, arch, waited=False)
+        if found is not None:
+            return found
+    compiler = find_compiler(spec.target, options)
+    lock, waited = _acquire(root, spec, options.timeout, listener)
+    try:
+        if not options.force:  # another build may have published while we waited for the lock
+            found = _hit(root, spec, final, arch, waited)
+            if found is not None:
+                return found
+        replaced = _wait_for_hidet(spec, final, options.timeout, listener)
+        listener.compiling(spec)
+        return _compile_and_publish(root, spec, final, arch(), compiler, options, replaced, waited)
+    finally:
+        lock.release()
+
+
+def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], waited: bool) -> BuildResult | None:
+    from kcache_cli.model import COMPLETE
+
+    status, _reason, manifest = entry_status(str(final))
+    if status != COMPLETE:
+        return None
+    want = arch()
+    notes = []
+    have, where = (), ""
+    if spec.target == "cuda" or manifest is not None:
+        have, where = _entry_archs(str(final), manifest)
+        if not have:
+            notes.append(f"no arch recorded for {spec.relpath}; reusing it as built")
+        elif want.value not in have:
+            why = {"nvcc default": " (nvcc's default: no GPU found)", "nvidia-smi": " (the local GPU's)"}
+            raise ArchMismatch(f"{spec.relpath} was built for {', '.join(have)}, not {want.value}"
+                               f"{why.get(want.source, '')}: pass --arch {have[0]} to use it, or --force to "
+                               f"rebuild it for {want.value}")
+    if _source_differs(spec, manifest):
+        notes.append(f"{spec.relpath} was built from another {SOURCE_NAME[spec.target]} than {spec.source_path} "
+                     "(the task is the same); --force rebuilds it")
+    state.mark_used(root, spec.relpath)
+    return BuildResult(spec.task_path, HIT, spec.op, spec.hash, spec.target, spec.space, spec.relpath, str(final),
+                       arch=", ".join(have) if have else want.value, arch_source=where if have else want.source,
+                       waited=waited, notes=tuple(notes))
+
+
+def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: BuildListener):
+    """The entry's lock; says so (listener.waiting) when another build holds it. -> (lock, waited)."""
+    from filelock import Timeout
+
+    from kcache_cli.locking import entry_lock
+
+    lock = entry_lock(root, spec.relpath)
+    try:
+        lock.acquire(timeout=0)
+        return lock, False
+    except Timeout:
+        pass
+    listener.waiting(spec, "another kcache build")
+    try:
+        lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout))
+    except Timeout:
+        raise LockTimeout(f"another build of {spec.relpath} still holds its lock "
+                          f"({state.lock_path(root, spec.relpath)}) after {timeout:g}s") from None
+    return lock, True
+
+
+def _wait_for_hidet(spec: TaskSpec, final: Path, timeout: float | None, listener: BuildListener) -> str | None:
+    """Wait while hidet itself compiles this entry (it holds <entry>/.lock); then say what a build
+    would replace: None, or the reason the existing entry is not usable as it is."""
+    from kcache_cli.locking import probe_locked
+
+    status, reason, _ = entry_status(str(final))
+    if status is None:
+        return None
+    hidet_lock = final / ".lock"
+    if probe_locked(hidet_lock):
+        listener.waiting(spec, "hidet")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while probe_locked(hidet_lock):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise LockTimeout(f"hidet still holds {hidet_lock} after {timeout:g}s")
+            time.sleep(0.1)
+        status, reason, _ = entry_status(str(final))
+        if status is None:
+            return None
+    return f"{status} entry" + (f" ({reason})" if reason else "")
+
+
+def _check_inside(root: Path, path: Path) -> None:
+    real_root, real = os.path.realpath(root), os.path.realpath(path)
+    if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
+        raise KcacheError(f"refusing to build: {path} leads outside the cache ({real})")
+
+
+def _make_temp(op_dir: Path, h: str) -> Path:
+    for _ in range(100):
+        tmp = op_dir / f"{state.TEMP_PREFIX}{h}-{os.urandom(4).hex()}"
+        try:
+            os.mkdir(tmp, 0o777)  # the umask applies, as for any directory the user makes
+            return tmp
+        except FileExistsError:
+            continue
+    raise KcacheError(f"cannot create a temp directory in {op_dir}")
+
+
+def _write(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, compiler: Sequence[str],
+                         options: BuildOptions, replaced: str | None, waited: bool) -> BuildResult:
+    import shlex
+    import shutil
+    import subprocess
+
+    from kcache_cli.checks import sha256_file
+
+    try:
+        with open(spec.source_path, "rb") as f:
+            source_bytes = f.read()
+    except OSError as exc:
+        raise BuildError(f"cannot read source {spec.source_path}: {exc.strerror}") from None
+    op_dir = final.parent
+    existing = op_dir
+    while not existing.exists() and existing != root:
+        existing = existing.parent
+    _check_inside(root, existing)  # before mkdir: a symlinked space or op directory must not lead out
+    try:
+        op_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
+    _check_inside(root, op_dir)
+    argv = compile_command(spec.target, compiler, arch, options)
+    command = shlex.join(argv)
+    result = dict(task=spec.task_path, op=spec.op, hash=spec.hash, target=spec.target, space=spec.space,
+                  relpath=spec.relpath, path=str(final), arch=arch.value, arch_source=arch.source, command=command,
+                  waited=waited)
+    tmp = _make_temp(op_dir, spec.hash)
+    published = False
+    try:
+        src_name = SOURCE_NAME[spec.target]
+        _write(tmp / src_name, source_bytes)
+        _write(tmp / TASK, spec.task_bytes)
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(argv, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            raise CompilerNotFound(f"cannot run {argv[0]}: {exc.strerror}") from None
+        elapsed = time.perf_counter() - start
+        output = proc.stdout.decode("utf-8", "replace")
+        lib = tmp / BINARY
+        lib_size = lib.stat().st_size if lib.is_file() else 0
+        if proc.returncode != 0 or lib_size == 0:
+            why = f"exit status {proc.returncode}" if proc.returncode != 0 else f"it wrote no {BINARY}"
+            return BuildResult(status=FAILED, elapsed=elapsed, output=output, exit_code=1,
+                               error=f"compile failed ({why}): {spec.op} {spec.hash} from {spec.source_path}; "
+                                     "nothing was published", **result)
+        if output and not output.endswith("\n"):
+            output += "\n"
+        _write(tmp / LOG, f"{command}\n{output}elapsed time: {elapsed:.3f} seconds\n".encode())
+        _fsync(lib)
+        files = {}
+        for name in (src_name, TASK, BINARY, LOG):
+            p = tmp / name
+            files[name] = {"size": p.stat().st_size, "sha256": sha256_file(str(p))}
+        _write(tmp / MANIFEST, (json.dumps(_manifest(root, spec, arch, compiler, argv, command, options,
+                                                     elapsed, files), indent=2) + "\n").encode())
+        _fsync(tmp)
+        _publish(root, tmp, final, spec)
+        published = True
+    finally:
+        if not published:
+            shutil.rmtree(tmp, ignore_errors=True)
+    _fsync(op_dir)
+    state.mark_used(root, spec.relpath)
+    return BuildResult(status=BUILT, elapsed=elapsed, output=output, replaced=replaced, **result)
+
+
+def _publish(root: Path, tmp: Path, final: Path, spec: TaskSpec) -> None:
+    """One rename makes the entry visible. An entry already there (--force, or a broken one) is
+    first renamed into .kcache/trash/, so readers see the old entry, none, or the new one."""
+    import shutil
+
+    old = None
+    if os.path.lexists(final):
+        trash = state.trash_dir(root)
+        trash.mkdir(parents=True, exist_ok=True)
+        old = trash / f"build-{spec.hash}-{os.urandom(4).hex()}"
+        os.rename(final, old)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if old is not None:  # put the old entry back rather than leave nothing
+            try:
+                os.rename(old, final)
+            except OSError:
+                pass
+        raise
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            try:
+                old.unlink()
+            except OSError:
+                pass
+
+
+def _manifest(root: Path, spec: TaskSpec, arch: Arch, compiler: Sequence[str], argv: list[str], command: str,
+              options: BuildOptions, elapsed: float, files: dict) -> dict:
+    import platform
+    from datetime import datetime, timezone
+
+    from kcache_cli import __version__
+
+    version = compiler_version(root, compiler)
+    return {
+        "kcache_version": __version__,
+        "op": spec.op,
+        "hash": spec.hash,
+        "target": spec.target,
+        "space": spec.space,
+        "arch": arch.value,
+        "arch_source": arch.source,
+        "compiler": f"{compiler[0]} ({version})" if version else compiler[0],
+        "compiler_path": compiler[0],
+        "compiler_version": version,
+        "command": command,
+        "argv": argv,
+        "include_dirs": [os.path.abspath(d) for d in options.include_dirs],
+        "extra_flags": list(options.extra_flags),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "built": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "elapsed": round(elapsed, 3),
+        "files": files,
+    }
+
+
+# ---- many tasks ----------------------------------------------------------------------------------
+
+def failure(task: str, exc: KcacheError, spec: TaskSpec | None = None) -> BuildResult:
+    extra = {}
+    if spec is not None:
+        extra = dict(op=spec.op, hash=spec.hash, target=spec.target, space=spec.space, relpath=spec.relpath)
+    return BuildResult(task, FAILED, error=str(exc), exit_code=exc.exit_code, **extra)
+
+
+def build_tasks(root: str | os.PathLike, tasks: Sequence[str | os.PathLike], options: BuildOptions = BuildOptions(),
+                *, jobs: int = 1, listener: BuildListener | None = None) -> list[BuildResult]:
+    """Build several tasks, `jobs` at a time; every task gets a result, in the order given.
+
+    A task that cannot be built (bad file, compile error, arch mismatch, lock timeout) is a failed
+    result, not an exception."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    listener = listener or BuildListener()
+    check_extra_flags(options.extra_flags)
+
+    def one(task) -> BuildResult:
+        spec = None
+        try:
+            spec = load_task(task, options)
+            result = build_task(root, spec, options, listener=listener)
+        except KcacheError as exc:
+            result = failure(os.fspath(task), exc, spec)
+        except OSError as exc:
+            result = failure(os.fspath(task), KcacheError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")),
+                             spec)
+        listener.done(result)
+        return result
+
+    jobs = max(1, jobs)
+    if jobs == 1 or len(tasks) <= 1:
+        return [one(t) for t in tasks]
+    with ThreadPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+        return list(pool.map(one, tasks))
+
+
+@dataclass(frozen=True)
+class BuildSummary:
+    results: tuple[BuildResult, ...] = field(default=())
+
+    def count(self, status: str) -> int:
+        return sum(1 for r in self.results if r.status == status)
+
+    @property
+    def exit_code(self) -> int:
+        failed = [r for r in self.results if r.status == FAILED]
+        if not failed:
+            return 0
+        codes = {r.exit_code or 1 for r in failed}
+        return codes.pop() if len(codes) == 1 else 1
+
+    def to_json(self) -> dict:
+        return {"built": self.count(BUILT), "hits": self.count(HIT), "failed": self.count(FAILED),
+                "results": [r.to_json() for r in self.results]}

@@ -1,0 +1,253 @@
+"""`kcache build`: compile tasks into the cache ahead of time (DESIGN.md §4)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Annotated, List, Optional
+
+import typer
+from typer.core import TyperCommand
+
+from kcache_cli.cli import common as c
+
+EXTRA_KEY = "kcache.extra_flags"
+
+
+class _BuildCommand(TyperCommand):
+    """Everything after `--` is compiler flags, not task files."""
+
+    def parse_args(self, ctx, args):
+        if "--" in args:
+            i = args.index("--")
+            ctx.meta[EXTRA_KEY] = list(args[i + 1:])
+            args = args[:i]
+        return super().parse_args(ctx, args)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("build", cls=_BuildCommand)(build_command)
+
+
+def build_command(
+    ctx: typer.Context,
+    tasks: Annotated[List[str], typer.Argument(
+        metavar="TASK...", show_default=False,
+        help="task.txt files (hidet's task string), task directories, or directories of task directories.")],
+    source: Annotated[Optional[str], typer.Option(
+        "--source", metavar="PATH", help="The source to compile (one task only). Default: source.cu or "
+        "source.cc next to the task file.")] = None,
+    target: Annotated[Optional[str], typer.Option(
+        "--target", metavar="TARGET", help="cuda or cpu. Default: from the source's suffix "
+        "(.cu: cuda, .cc/.cpp: cpu).")] = None,
+    space: Annotated[int, typer.Option(
+        "--space", min=0, max=2, help="hidet's search-space level: the entry goes to ops/<target>_space_<N>/.")] = 0,
+    arch: Annotated[Optional[str], typer.Option(
+        "--arch", metavar="ARCH", help="CUDA arch, e.g. sm_90. Default: the local GPU's (nvidia-smi), else "
+        "nvcc's own default (sm_75 for nvcc 13). Always recorded in the entry's kcache.json.")] = None,
+    nvcc: Annotated[Optional[str], typer.Option(
+        "--nvcc", metavar="PATH", envvar="KCACHE_NVCC", help="The nvcc to use. Default: nvcc on PATH.")] = None,
+    cxx: Annotated[Optional[str], typer.Option(
+        "--cxx", metavar="PATH", envvar="CXX", help="The C++ compiler for cpu tasks. Default: g++ on PATH.")] = None,
+    include: Annotated[Optional[List[str]], typer.Option(
+        "-I", "--include", metavar="DIR", help="Include directory for the compiler (repeatable).")] = None,
+    jobs: Annotated[int, typer.Option("-j", "--jobs", min=0, help="Build N tasks at a time (0: one per core).")] = 1,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Rebuild even when a complete entry exists (replaced atomically).")] = False,
+    timeout: Annotated[Optional[float], typer.Option(
+        "--timeout", metavar="SECONDS", min=0, help="Wait at most this long for another build of the same entry "
+        "(then exit 3). Default: wait as long as it takes.")] = None,
+    cache_dir: c.CacheDirOpt = None,
+    as_json: c.JsonOpt = False,
+) -> None:
+    """Compile task.txt + source.cu/.cc into ops/<target>_space_<N>/<op>/<hash>/, or find it there.
+
+    The hash is sha256 of task.txt's exact bytes (first 16 hex digits), the op its `name:` field.
+    A complete entry is a hit: its path is printed and nothing changes. Otherwise the build
+    compiles in a temp directory and publishes the entry with one rename: nvcc -shared
+    -Xcompiler -fPIC -O3 -arch=ARCH, or g++ -shared -fPIC -O3, plus -I directories and the
+    flags after `--` (they run inside the entry's directory: give paths in them absolute).
+    An entry built for another arch is an error (--force rebuilds it). Several tasks: -j N,
+    a progress bar on stderr, one row each and a summary on stdout; exit 1 if any failed.
+
+    Example: kcache build task.txt --arch sm_90 -- -lineinfo
+    """
+    from kcache_cli import build as b
+    from kcache_cli.errors import KcacheError, UsageError
+
+    opts = c.use(ctx, cache_dir, as_json)
+    extra = tuple(ctx.meta.get(EXTRA_KEY) or ())
+    if arch:
+        b.check_arch(arch)
+    if target is not None and target not in b.TARGETS:
+        raise UsageError(f"unknown target '{target}' (choose from {', '.join(b.TARGETS)})")
+    b.check_extra_flags(extra)
+    options = b.BuildOptions(space=space, target=target, arch=arch, nvcc=nvcc, cxx=cxx,
+                             include_dirs=tuple(include or ()), extra_flags=extra, force=force, timeout=timeout)
+    paths = b.find_tasks(tasks)
+    if source is not None and len(paths) != 1:
+        raise UsageError(f"--source needs exactly one task ({len(paths)} given)")
+    root = c.cache_root(opts)
+    show = sys.stderr.isatty() and not opts.quiet
+    listener = _Listener(opts, len(paths), show)
+
+    if len(paths) == 1 and not opts.json:
+        # One task: errors are one line (main() prints them); stdout is the entry's path.
+        try:
+            result = b.build_task(root, paths[0], options, source=source, listener=listener)
+        finally:
+            listener.stop()
+        if result.status == b.FAILED:
+            _show_failure(result)
+            raise KcacheError(result.error)
+        _notes(opts, result)
+        if result.status == b.BUILT:
+            c.info(opts, f"built {result.relpath} for {result.arch} in {result.elapsed:.1f}s"
+                   + (f" (replaced a {result.replaced})" if result.replaced else ""))
+        sys.stdout.write(f"{result.path}\n")
+        return
+
+    if source is not None:
+        paths_or_specs = [b.load_task(paths[0], options, source)]
+    else:
+        paths_or_specs = paths
+    try:
+        results = _build_many(b, root, paths_or_specs, options, jobs or os.cpu_count() or 1, listener)
+    finally:
+        listener.stop()
+    summary = b.BuildSummary(tuple(results))
+    for r in results:
+        if r.status == b.FAILED:
+            _show_failure(r)
+        _notes(opts, r)
+    if opts.json:
+        c.emit_json(summary.to_json())
+    else:
+        rows = [[r.status, r.space or "-", r.op or "-", r.hash or "-", r.path if r.status != b.FAILED else r.task]
+                for r in results]
+        c.print_table(["status", "space", "op", "hash", "path"], rows,
+                      styles={0: {"built": "green", "hit": "cyan", "failed": "bold red"}})
+        sys.stdout.write(f"{summary.count(b.BUILT)} built, {summary.count(b.HIT)} hits, "
+                         f"{summary.count(b.FAILED)} failed\n")
+    if summary.exit_code:
+        raise typer.Exit(summary.exit_code)
+
+
+def _build_many(b, root, tasks, options, jobs, listener):
+    if tasks and not isinstance(tasks[0], str):  # one task with --source, already loaded
+        spec = tasks[0]
+        try:
+            result = b.build_task(root, spec, options, listener=listener)
+        except b.KcacheError as exc:
+            result = b.failure(spec.task_path, exc, spec)
+        listener.done(result)
+        return [result]
+    return b.build_tasks(root, tasks, options, jobs=jobs, listener=listener)
+
+
+def _notes(opts: c.GlobalOptions, result) -> None:
+    for note in result.notes:
+        c.warn(opts, note)
+
+
+class _Listener:
+    """Progress on stderr: a Rich bar on a terminal (started on the first compile, so that a hit
+    never imports Rich), plain lines otherwise. Called from the building threads."""
+
+    def __init__(self, opts: c.GlobalOptions, total: int, show: bool) -> None:
+        self.opts, self.total, self.show = opts, total, show
+        self.lock = threading.Lock()
+        self.progress = None
+        self.bar = None
+        self.active: dict[str, str] = {}
+        self.finished = 0
+
+    def _start(self) -> None:
+        if self.progress is not None or not self.show:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), console=c.stderr_console(),
+                                 transient=True)
+        self.progress.start()
+        self.bar = self.progress.add_task("building", total=self.total, completed=self.finished)
+
+    def _say(self, message: str) -> None:
+        if self.opts.quiet:
+            return
+        if self.progress is not None:
+            self.progress.console.print(message, markup=False, highlight=False, soft_wrap=True)
+        else:
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+
+    def _describe(self) -> None:
+        if self.progress is not None:
+            names = ", ".join(sorted(set(self.active.values())))
+            self.progress.update(self.bar, description=f"compiling {names}" if names else "building")
+
+    def waiting(self, spec, holder: str) -> None:
+        with self.lock:
+            self._start()
+            self._say(f"waiting: {holder} is building {spec.relpath} (its lock is held)")
+
+    def compiling(self, spec) -> None:
+        with self.lock:
+            self._start()
+            self.active[spec.relpath] = spec.op
+            self._describe()
+
+    def done(self, result) -> None:
+        with self.lock:
+            self.finished += 1
+            if result.relpath:
+                self.active.pop(result.relpath, None)
+            if self.progress is not None:
+                self.progress.advance(self.bar)
+                self._describe()
+
+    def stop(self) -> None:
+        with self.lock:
+            if self.progress is not None:
+                self.progress.stop()
+                self.progress = None
+
+
+def _show_failure(result) -> None:
+    """The failure on stderr: the error, the command, and the compiler output with the failing
+    lines (and the source lines the compiler quotes under them) highlighted."""
+    from rich.markup import escape
+
+    con = c.stderr_console()
+    con.print(f"[bold red]failed:[/] {escape(result.task)}: {escape(result.error or '')}", soft_wrap=True)
+    if not result.output and not result.command:
+        return
+    if result.command:
+        con.print(f"[dim]$ {escape(result.command)}[/]", soft_wrap=True)
+    quoting = False
+    for line in (result.output or "").splitlines():
+        kind = _line_kind(line)
+        if kind == "error":
+            con.print(f"[bold red]{escape(line)}[/]", soft_wrap=True)
+            quoting = True
+        elif kind == "warning":
+            con.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
+            quoting = False
+        elif quoting and (line.startswith((" ", "\t")) or line.strip() == "^"):
+            con.print(f"[red]{escape(line)}[/]", soft_wrap=True)  # the quoted source line and its caret
+        else:
+            con.print(escape(line), soft_wrap=True)
+            quoting = False
+
+
+def _line_kind(line: str) -> str | None:
+    low = line.lower()
+    if "error" in low and ("error:" in low or low.startswith("error") or " error " in low or "error(s)" in low):
+        return "error"
+    if "fatal" in low:
+        return "error"
+    if "warning" in low:
+        return "warning"
+    return None

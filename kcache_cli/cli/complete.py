@@ -1,0 +1,210 @@
+"""Shell completion: the values `--op`, `--space`, `--layout`, `--status`, `--target`, `--kind` and HASH
+arguments complete to, read from the cache the command line points at (`--cache-dir` before or after the
+subcommand, else KCACHE_DIR, else hidet's rule).
+
+The callbacks run on every TAB in a fresh process, so they read directory names only (kcache_cli.names)
+and import nothing heavy. The shells' scripts are Typer's own (`kcache --show-completion SHELL`); the
+copies shipped in completions/ are regenerated with `python -m kcache_cli.cli.complete`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Iterable
+
+import typer
+
+SHELLS = ("bash", "zsh", "fish")
+COMPLETIONS_DIR = Path(__file__).resolve().parents[2] / "completions"
+
+TARGETS = (("cuda", "NVIDIA GPU"), ("cpu", "host CPU"), ("hip", "AMD GPU"))
+LAYOUTS = (("hidet", "ops/<space>/<op>/<hash>, graphs/, ir_modules/"), ("tilus", "programs/, scripts/"),
+           ("tilelang", "<version>/<platform>/kernels/, cuda-binaries/"))
+STATUSES = (("complete", "usable"), ("partial", "interrupted or unfinished"), ("failed", "compile log, no binary"),
+            ("corrupt", "disagrees with its manifest or a link dangles"), ("building", "a build holds its lock"))
+KINDS = (("op", "hidet operator"), ("graph", "hidet compiled graph"), ("ir_module", "hidet IR module"),
+         ("program", "tilus program"), ("script", "tilus script"), ("kernel", "tilelang kernel"),
+         ("binary", "tilelang cuda binary"))
+
+
+# ---- what the command line says -------------------------------------------------------------------
+def _param_values(ctx: typer.Context, name: str) -> list[str]:
+    """The values given so far for option `name`, on this command and its parents, commas split."""
+    out: list[str] = []
+    c = ctx
+    while c is not None:
+        value = (c.params or {}).get(name)
+        if isinstance(value, str):
+            value = [value]
+        for v in value or ():
+            if isinstance(v, str):
+                out.extend(p.strip() for p in v.split(",") if p.strip())
+        c = c.parent
+    return out
+
+
+def completion_root(ctx: typer.Context) -> Path | None:
+    """The cache root the command being completed would use, or None if it cannot be resolved."""
+    given = _param_values(ctx, "cache_dir")
+    obj = ctx.find_root().obj
+    explicit = given[0] if given else getattr(obj, "cache_dir", None)
+    try:
+        from kcache_cli.locate import resolve_cache_dir
+
+        return resolve_cache_dir(explicit).path
+    except Exception:  # noqa: BLE001 - a TAB must never print a traceback into the command line
+        return None
+
+
+def _split_list(incomplete: str) -> tuple[str, str]:
+    """`--status complete,par` completes the last comma-separated part: ("complete,", "par")."""
+    head, sep, tail = incomplete.rpartition(",")
+    return (head + sep, tail) if sep else ("", incomplete)
+
+
+def _matching(choices: Iterable[tuple[str, str]], incomplete: str, taken: Iterable[str] = ()) -> list[tuple[str, str]]:
+    head, tail = _split_list(incomplete)
+    skip = set(taken) | {p for p in head.split(",") if p}
+    return [(head + value, help) for value, help in choices if value.startswith(tail) and value not in skip]
+
+
+# ---- dynamic: read from the cache -----------------------------------------------------------------
+def complete_op(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    """Op names present in the cache (within the --space/--layout already given)."""
+    from kcache_cli import names
+
+    root = completion_root(ctx)
+    if root is None:
+        return []
+    places = names.op_places(root, spaces=_param_values(ctx, "space"), layouts=_param_values(ctx, "layout"))
+    return _matching(((op, ", ".join(where)) for op, where in places.items()), incomplete,
+                     _param_values(ctx, "op"))
+
+
+def complete_space(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    """Spaces present in the cache (holding the --op already given, if any)."""
+    from kcache_cli import names
+
+    root = completion_root(ctx)
+    if root is None:
+        return []
+    found = names.space_layouts(root, ops=_param_values(ctx, "op"), layouts=_param_values(ctx, "layout"))
+    return _matching(found.items(), incomplete, _param_values(ctx, "space"))
+
+
+def complete_hash(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    """Hash prefixes of the entries present (within the --op/--space/--layout already given), with the
+    op (or kind) and space as description."""
+    from kcache_cli import names
+
+    root = completion_root(ctx)
+    if root is None or "/" in incomplete:
+        return []
+    taken = set(_param_values(ctx, "hashes"))
+    described: dict[str, list[str]] = {}
+    for e in names.entries(root, incomplete, ops=_param_values(ctx, "op"), spaces=_param_values(ctx, "space"),
+                           layouts=_param_values(ctx, "layout")):
+        if e.hash in taken:
+            continue
+        what = e.op or f"{e.layout} {e.kind}"
+        described.setdefault(e.hash, []).append(f"{what} ({e.space})" if e.space else what)
+    return [(h, ", ".join(sorted(set(d)))) for h, d in sorted(described.items())]
+
+
+# ---- static choices -------------------------------------------------------------------------------
+def complete_layout(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    return _matching(LAYOUTS, incomplete, _param_values(ctx, "layout"))
+
+
+def complete_status(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    return _matching(STATUSES, incomplete, _param_values(ctx, "status"))
+
+
+def complete_target(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    return _matching(TARGETS, incomplete, _param_values(ctx, "target"))
+
+
+def complete_kind(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    return _matching(KINDS, incomplete, _param_values(ctx, "kind"))
+
+
+# ---- the shells' scripts --------------------------------------------------------------------------
+_ZSH_REGISTER = "compdef %(complete_func)s %(prog_name)s"
+_ZSH_AUTOLOAD_AWARE = """if [[ $zsh_eval_context[-1] == loadautofunc ]]; then
+  # autoloaded from fpath as _%(prog_name)s: complete this TAB too
+  %(complete_func)s "$@"
+else
+  # sourced: register the function for later TABs
+  compdef %(complete_func)s %(prog_name)s
+fi"""
+
+
+def fix_zsh_script() -> None:
+    """Typer 0.28's zsh script only registers its function with compdef, so autoloaded from fpath (where
+    `--install-completion zsh` puts it) the first TAB of every shell completes nothing. Make it complete
+    at once when autoloaded, as Click's own zsh script does. Leaves a Typer whose script differs alone."""
+    from typer import _completion_classes, _completion_shared
+
+    script = _completion_shared.COMPLETION_SCRIPT_ZSH
+    if "loadautofunc" in script or script.count(_ZSH_REGISTER) != 1:
+        return
+    fixed = script.replace(_ZSH_REGISTER, _ZSH_AUTOLOAD_AWARE)
+    _completion_shared._completion_scripts["zsh"] = fixed
+    _completion_classes.ZshComplete.source_template = fixed
+
+
+fix_zsh_script()
+
+
+def completion_script(shell: str) -> str:
+    """The completion script for `shell`, from the app itself: what `kcache --show-completion` prints in
+    that shell and `kcache --install-completion` writes."""
+    import subprocess
+
+    # Typer's own switch that makes --show-completion take the shell's name instead of detecting it.
+    env = dict(os.environ, _TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION="1")
+    env.pop("_KCACHE_COMPLETE", None)
+    proc = subprocess.run([sys.executable, "-m", "kcache_cli", "--show-completion", shell], env=env,
+                          capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise RuntimeError(f"kcache printed no {shell} completion script: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def script_path(shell: str) -> Path:
+    return COMPLETIONS_DIR / f"kcache.{shell}"
+
+
+def regenerate(check: bool = False) -> list[Path]:
+    """Write completions/kcache.{bash,zsh,fish}; with `check`, write nothing and return the stale ones."""
+    stale = []
+    for shell in SHELLS:
+        path, text = script_path(shell), completion_script(shell)
+        try:
+            current = path.read_text(encoding="utf-8")
+        except OSError:
+            current = None
+        if current != text:
+            stale.append(path)
+            if not check:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+    return stale
+
+
+def _main(argv: list[str]) -> int:
+    check = "--check" in argv
+    if set(argv) - {"--check"}:
+        sys.stderr.write("usage: python -m kcache_cli.cli.complete [--check]\n")
+        return 2
+    stale = regenerate(check=check)
+    for path in stale:
+        rel = os.path.relpath(path)
+        sys.stdout.write(f"{'out of date' if check else 'wrote'}: {rel}\n")
+    return 1 if check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

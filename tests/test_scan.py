@@ -1,0 +1,378 @@
+"""The core scan on the real hidet, tilus and tilelang caches, intact and damaged."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from kcache_cli import state
+from kcache_cli.layouts import LAYOUTS
+from kcache_cli.locking import entry_lock
+from kcache_cli.model import JSON_KEYS, ScanFilter
+from kcache_cli.scan import resolve_entry, scan_cache
+from kcache_cli.errors import UsageError
+
+HIDET = {
+    ("cpu_space_0", "fused", "af3046266c6abdd1"),
+    ("cpu_space_0", "matmul", "064b4a6c035246e8"),
+    ("cpu_space_0", "relu", "31857fe085635b31"),
+    ("cuda_space_0", "add", "8d1f7691cdf75e90"),
+    ("cuda_space_0", "softmax", "ad252b064b266eea"),
+}
+SOFTMAX = "ops/cuda_space_0/softmax/ad252b064b266eea"
+MATMUL = "ops/cpu_space_0/matmul/064b4a6c035246e8"
+TILELANG_KERNEL = "0.1.15/linux-x86_64/kernels/cb68ca6910905a22415eeff34244c6b161f51a79389abd03689b1d0f2155a46e"
+TILELANG_BINARY = "0.1.15/cuda-binaries/4bc9129df33af894bfd1791f214310dc6766749861079ac4b7eafa97e565e687"
+
+
+def by_rel(result):
+    return {e.relpath: e for e in result.entries}
+
+
+def test_hidet_fixture_entries(fixture_copy):
+    root = fixture_copy("hidet")
+    res = scan_cache(root)
+    assert res.layouts == ("hidet",)
+    assert {(e.space, e.op, e.hash) for e in res.entries} == HIDET
+    for e in res.entries:
+        assert e.status == "complete" and e.reason is None, e
+        assert e.kind == "op" and e.layout == "hidet"
+        assert e.target == e.space.split("_")[0]
+        assert e.path == str(root / e.relpath)
+        assert e.files >= 12 and e.size > 20_000
+        assert set(e.to_json()) == set(JSON_KEYS)
+
+
+def test_entry_size_counts_every_file(fixture_copy):
+    root = fixture_copy("hidet")
+    e = by_rel(scan_cache(root))[SOFTMAX]
+    on_disk = [os.lstat(os.path.join(d, f)).st_size for d, _, fs in os.walk(root / SOFTMAX) for f in fs]
+    assert e.size == sum(on_disk) and e.files == len(on_disk)
+
+
+def test_op_filter_reads_only_that_op(fixture_copy, monkeypatch):
+    root = fixture_copy("hidet")
+    seen = []
+    real_scandir = os.scandir
+
+    def spy(path="."):
+        seen.append(os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", spy)
+    res = scan_cache(root, ScanFilter(ops=("matmul",)))
+    assert [(e.op, e.hash) for e in res.entries] == [("matmul", "064b4a6c035246e8")]
+    ops = str(root / "ops")
+    for p in seen:
+        if p.startswith(ops + "/"):
+            rel = p[len(ops) + 1:].split("/")
+            assert len(rel) == 1 or rel[1] == "matmul", f"ls --op matmul read {p}"
+
+
+def test_space_and_target_filters(fixture_copy):
+    root = fixture_copy("hidet")
+    cuda = scan_cache(root, ScanFilter(spaces=("cuda_space_0",)))
+    assert {e.op for e in cuda.entries} == {"add", "softmax"}
+    cpu = scan_cache(root, ScanFilter(targets=("cpu",)))
+    assert {e.op for e in cpu.entries} == {"fused", "matmul", "relu"}
+    assert scan_cache(root, ScanFilter(spaces=("cuda_space_2",))).entries == ()
+    assert [e.hash for e in scan_cache(root, ScanFilter(hash_prefixes=("8d1f",))).entries] == ["8d1f7691cdf75e90"]
+
+
+def test_tilus_fixture_entries(fixture_copy):
+    root = fixture_copy("tilus")
+    res = scan_cache(root)
+    assert res.layouts == ("tilus",)
+    got = {(e.kind, e.op, e.hash, e.status) for e in res.entries}
+    assert got == {("program", "add_one", "f006237ca7a5", "complete"),
+                   ("script", "add_one", "1-845a0ed6", "complete")}
+    assert os.path.islink(root / "scripts/add_one/1-845a0ed6/programs/0")
+
+
+def test_tilus_flattened_links_as_shared(fixture_copy):
+    """The samples as shared hold each link as a small file with the link text: still links to kcache."""
+    root = fixture_copy("tilus", shared=True)
+    link = root / "scripts/add_one/1-845a0ed6/programs/0"
+    if link.is_symlink():
+        pytest.skip("shared fixture keeps real symlinks")
+    statuses = {e.kind: e.status for e in scan_cache(root).entries}
+    assert statuses == {"program": "complete", "script": "complete"}
+    shutil.rmtree(root / "programs/f006237ca7a5")
+    script = [e for e in scan_cache(root).entries if e.kind == "script"][0]
+    assert script.status == "corrupt" and "dangling link programs/0" in script.reason
+
+
+def test_tilus_op_filter_follows_script_links(fixture_copy):
+    root = fixture_copy("tilus")
+    got = {(e.kind, e.hash) for e in scan_cache(root, ScanFilter(ops=("add_one",))).entries}
+    assert got == {("script", "1-845a0ed6"), ("program", "f006237ca7a5")}
+    assert scan_cache(root, ScanFilter(ops=("matmul",))).entries == ()
+
+
+def test_tilelang_fixture_entries(fixture_copy):
+    root = fixture_copy("tilelang")
+    res = by_rel(scan_cache(root))
+    assert set(res) == {TILELANG_KERNEL, TILELANG_BINARY}
+    assert res[TILELANG_KERNEL].kind == "kernel" and res[TILELANG_KERNEL].space == "0.1.15/linux-x86_64"
+    assert res[TILELANG_BINARY].kind == "binary" and res[TILELANG_BINARY].space == "0.1.15/cuda-binaries"
+    assert all(e.status == "complete" for e in res.values())
+
+
+# ---- damage ----------------------------------------------------------------------------------------
+
+def test_truncated_lib_so_is_corrupt(fixture_copy):
+    root = fixture_copy("hidet")
+    lib = root / SOFTMAX / "lib.so"
+    data = lib.read_bytes()
+    lib.write_bytes(data[: len(data) // 2])
+    e = by_rel(scan_cache(root))[SOFTMAX]
+    assert e.status == "corrupt" and "truncated" in e.reason
+
+
+def test_empty_lib_so_is_partial(fixture_copy):
+    root = fixture_copy("hidet")
+    (root / SOFTMAX / "lib.so").write_bytes(b"")
+    e = by_rel(scan_cache(root))[SOFTMAX]
+    assert (e.status, e.reason) == ("partial", "lib.so is empty")
+
+
+def test_missing_func_types_is_partial(fixture_copy):
+    root = fixture_copy("hidet")
+    (root / MATMUL / "func_types.pickle").unlink()
+    e = by_rel(scan_cache(root))[MATMUL]
+    assert e.status == "partial" and "func_types.pickle" in e.reason
+    others = [x for x in scan_cache(root).entries if x.relpath != MATMUL]
+    assert all(x.status == "complete" for x in others)
+
+
+def test_log_without_binary_is_failed(fixture_copy):
+    root = fixture_copy("hidet")
+    (root / MATMUL / "lib.so").unlink()
+    e = by_rel(scan_cache(root))[MATMUL]
+    assert e.status == "failed" and "gcc_output.txt" in e.reason
+
+
+def test_tilelang_manifest_mismatch_is_corrupt(fixture_copy):
+    root = fixture_copy("tilelang")
+    with open(root / TILELANG_KERNEL / "host_kernel.cu", "ab") as f:
+        f.write(b"// edited\n")
+    e = by_rel(scan_cache(root))[TILELANG_KERNEL]
+    assert e.status == "corrupt" and "host_kernel.cu" in e.reason and "manifest.json" in e.reason
+
+
+def test_tilelang_cubin_size_disagrees_with_metadata(fixture_copy):
+    root = fixture_copy("tilelang")
+    with open(root / TILELANG_BINARY / "kernel.cubin", "ab") as f:
+        f.write(b"\0")
+    e = by_rel(scan_cache(root))[TILELANG_BINARY]
+    assert e.status == "corrupt" and "metadata.json" in e.reason
+
+
+def test_tilelang_same_size_edit_found_by_deep_check_only(fixture_copy):
+    root = fixture_copy("tilelang")
+    p = root / TILELANG_KERNEL / "device_kernel.cu"
+    data = bytearray(p.read_bytes())
+    data[-2] ^= 0x20
+    p.write_bytes(bytes(data))
+    e = by_rel(scan_cache(root))[TILELANG_KERNEL]
+    assert e.status == "complete"  # ls stays cheap: sizes only
+    d = LAYOUTS["tilelang"].describe(root, e)
+    assert d.status == "corrupt" and "device_kernel.cu sha256" in d.reason
+
+
+def test_dangling_tilus_link_is_corrupt(fixture_copy):
+    root = fixture_copy("tilus")
+    shutil.rmtree(root / "programs/f006237ca7a5")
+    (script,) = scan_cache(root).entries
+    assert script.kind == "script" and script.status == "corrupt"
+    assert script.reason == "dangling link programs/0 -> ../../../../programs/f006237ca7a5"
+
+
+def test_unreadable_directory_is_warning_not_exception(fixture_copy, monkeypatch):
+    root = fixture_copy("hidet")
+    target = str(root / SOFTMAX)
+    real_scandir = os.scandir
+
+    def deny(path="."):
+        if os.fspath(path) == target:
+            raise PermissionError(13, "Permission denied", target)
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", deny)
+    warnings = []
+    res = scan_cache(root, warn=warnings.append)
+    e = by_rel(res)[SOFTMAX]
+    assert e.status == "corrupt" and "unreadable" in e.reason
+    assert any(target in w and "Permission denied" in w for w in warnings)
+    assert len(res.entries) == 5
+
+
+def _nobody_can_run() -> bool:
+    return os.geteuid() == 0 and shutil.which("setpriv") is not None
+
+
+@pytest.mark.skipif(not _nobody_can_run(), reason="needs root and setpriv to test mode 000 as another user")
+def test_mode_000_directory_as_unprivileged_user(tmp_path):
+    """Root reads mode 000 directories anyway: run kcache as `nobody` to see what a user sees."""
+    import tempfile
+
+    from conftest import FIXTURES, copy_tree
+
+    shared_tmp = tempfile.mkdtemp(prefix="kcache-nobody-", dir="/tmp")  # pytest's tmp_path is 0700
+    os.chmod(shared_tmp, 0o755)
+    root = copy_tree(FIXTURES / "hidet", __import__("pathlib").Path(shared_tmp) / "cache")
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, 0o755)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), 0o644)
+    os.chmod(root / SOFTMAX, 0)
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
+        from kcache_cli.cli.app import main
+        main(["--cache-dir", {str(root)!r}, "ls", "--json"])
+    """)
+    proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c",
+                           code], capture_output=True, text=True, env={**os.environ, "HOME": shared_tmp},
+                          cwd=shared_tmp)
+    if proc.returncode != 0 and not proc.stderr.startswith(("Error:", "warning:")):
+        # Python or the package is not readable by `nobody` here (e.g. a venv under /root).
+        pytest.skip(f"nobody cannot run kcache from here: {proc.stderr.strip()[-200:]}")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    import json
+
+    rows = {r["hash"]: r for r in json.loads(proc.stdout)}
+    assert rows["ad252b064b266eea"]["status"] == "corrupt"
+    assert "unreadable" in rows["ad252b064b266eea"]["reason"]
+    assert rows["8d1f7691cdf75e90"]["status"] == "complete"
+    assert "cannot read" in proc.stderr
+    os.chmod(root / SOFTMAX, 0o755)
+    shutil.rmtree(shared_tmp)
+
+
+def test_kcache_temp_dir_is_partial_or_building(fixture_copy):
+    root = fixture_copy("hidet")
+    tmp = root / "ops/cuda_space_0/add" / f"{state.TEMP_PREFIX}0123456789abcdef-x1y2"
+    tmp.mkdir()
+    (tmp / "source.cu").write_text("// half written")
+    e = by_rel(scan_cache(root))[os.path.relpath(tmp, root)]
+    assert e.status == "partial" and "interrupted kcache build" in e.reason
+    assert e.op == "add" and e.space == "cuda_space_0"
+    with entry_lock(root, "ops/cuda_space_0/add/0123456789abcdef"):
+        assert by_rel(scan_cache(root))[os.path.relpath(tmp, root)].status == "building"
+
+
+def test_hidet_lock_held_marks_partial_entry_building(fixture_copy):
+    root = fixture_copy("hidet")
+    (root / MATMUL / "func_types.pickle").unlink()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, sys, time
+        f = open({str(root / MATMUL / '.lock')!r}, 'r+')
+        fcntl.flock(f, fcntl.LOCK_EX)
+        print('locked', flush=True)
+        time.sleep(30)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert by_rel(scan_cache(root))[MATMUL].status == "building"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert by_rel(scan_cache(root))[MATMUL].status == "partial"
+
+
+def test_seed_layout_entries(tmp_path):
+    """The layout of the seed documentation, which `kcache build` writes: nvcc_log.txt, no hidet markers."""
+    root = tmp_path / "seed"
+    good = root / "ops/cuda_space_2/batch_matmul/2e4ce0f773c8d25c"
+    bad = root / "ops/cuda_space_2/batch_matmul/3b8442fa440916f7"
+    for d in (good, bad):
+        d.mkdir(parents=True)
+        (d / "source.cu").write_text("__global__ void k() {}\n")
+        (d / "nvcc_log.txt").write_text("nvcc -shared ...\n")
+    shutil.copy(os.path.join(os.path.dirname(__file__), "fixtures/real/hidet", SOFTMAX, "lib.so"), good / "lib.so")
+    (good / "summary.txt").write_text("summary")
+    res = by_rel(scan_cache(root))
+    assert res[os.path.relpath(good, root)].status == "complete"
+    assert res[os.path.relpath(bad, root)].status == "failed"
+    assert res[os.path.relpath(good, root)].space == "cuda_space_2"
+
+
+def test_graphs_and_ir_modules_are_their_own_kinds(fixture_copy):
+    root = fixture_copy("hidet")
+    (root / "graphs/0f0f0f0f/kernels/0").mkdir(parents=True)
+    (root / "graphs/0f0f0f0f/kernels/0/lib.so").write_bytes(b"x" * 100)
+    (root / "ir_modules/abcd").mkdir(parents=True)
+    (root / "ir_modules/abcd/module.txt").write_text("ir")
+    res = scan_cache(root)
+    kinds = {e.hash: e.kind for e in res.entries}
+    assert kinds["0f0f0f0f"] == "graph" and kinds["abcd"] == "ir_module"
+    assert sum(1 for e in res.entries if e.kind == "op") == 5
+    assert by_rel(res)["graphs/0f0f0f0f"].size == 100
+    assert all(e.kind == "op" for e in scan_cache(root, ScanFilter(ops=("add",))).entries)
+
+
+def test_missing_root_is_empty(tmp_path):
+    res = scan_cache(tmp_path / "nope")
+    assert res.exists is False and res.entries == ()
+
+
+def test_stray_files_and_unknown_dirs_are_ignored(fixture_copy):
+    root = fixture_copy("hidet")
+    (root / "ops/README").write_text("x")
+    (root / "ops/not-a-space").mkdir()
+    (root / "ops/cuda_space_0/add/stray.txt").write_text("x")
+    assert {(e.space, e.op, e.hash) for e in scan_cache(root).entries} == HIDET
+
+
+# ---- resolving and deep checks ---------------------------------------------------------------------
+
+def test_resolve_unique_ambiguous_unknown(fixture_copy):
+    root = fixture_copy("hidet")
+    assert resolve_entry(root, "ad25").relpath == SOFTMAX
+    assert resolve_entry(root, SOFTMAX).relpath == SOFTMAX
+    # The same task in two spaces shares a hash: the prefix is ambiguous, the path is not.
+    shutil.copytree(root / SOFTMAX, root / "ops/cuda_space_2/softmax/ad252b064b266eea")
+    with pytest.raises(UsageError) as exc:
+        resolve_entry(root, "ad25")
+    msg = str(exc.value)
+    assert "ambiguous" in msg and "cuda_space_0" in msg and "cuda_space_2" in msg and "\n" not in msg
+    with pytest.raises(UsageError, match="no entry matches 'ffff'"):
+        resolve_entry(root, "ffff")
+
+
+def test_edited_task_no_longer_matches(fixture_copy):
+    root = fixture_copy("hidet")
+    task = root / MATMUL / "task.txt"
+    task.write_bytes(task.read_bytes().replace(b"[4, 8]", b"[4, 9]"))
+    e = resolve_entry(root, "064b")
+    assert e.status == "complete"  # ls does not hash
+    d = LAYOUTS["hidet"].describe(root, e)
+    assert d.status == "corrupt" and "no longer matches" in d.reason
+
+
+def test_describe_hidet_task_summary(fixture_copy):
+    root = fixture_copy("hidet")
+    d = LAYOUTS["hidet"].describe(root, resolve_entry(root, "064b"))
+    assert d.problems == () and d.status == "complete"
+    assert d.task_op == "matmul"
+    assert [(t.name, t.dtype, tuple(t.shape)) for t in d.inputs][0] == ("a", "float32", (4, 8))
+    assert d.compile_command.startswith("/usr/bin/g++") and "-shared" in d.compile_command
+    assert "elapsed time" in d.compiler_output
+
+
+def test_describe_tilus_program_hash_and_users(fixture_copy):
+    root = fixture_copy("tilus")
+    d = LAYOUTS["tilus"].describe(root, resolve_entry(root, "f006"))
+    assert d.problems == ()
+    facts = dict(d.facts)
+    assert facts["used by scripts"] == "scripts/add_one/1-845a0ed6"
+    assert facts["options arch"] == "sm90a"
+    (root / "programs/f006237ca7a5/program.txt").write_text("def edited(): pass\n")
+    d = LAYOUTS["tilus"].describe(root, resolve_entry(root, "f006"))
+    assert d.status == "corrupt" and "tilus will never load" in d.reason
