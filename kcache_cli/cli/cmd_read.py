@@ -147,11 +147,11 @@ def inspect_command(
 
     Example: kcache inspect ad252b06
     """
-    from kcache_cli.binary import read_binary
-
     opts = c.use(ctx, cache_dir, as_json)
     root, entry, layout = _details(opts, hash_prefix)
     d = layout.describe(root, entry)
+    from kcache_cli.binary import read_binary
+
     bins = [read_binary(p) for p in d.binaries]
     archs = sorted({a for b in bins for a in b.archs})
     if opts.json:
@@ -201,7 +201,9 @@ def inspect_command(
         ptx = f"; PTX {', '.join(b.ptx_archs)}" if b.ptx_archs else ""
         line(name, f"{b.format} {b.machine or ''}, CUDA arch {arch}{ptx}")
         if b.symbols:
-            shown = ", ".join(b.symbols[:12]) + (f" and {len(b.symbols) - 12} more" if len(b.symbols) > 12 else "")
+            # extern "C" entry points (hidet's launch functions, tvm_ffi's) first, C++ runtime noise last
+            symbols = sorted(b.symbols, key=lambda s: (s.startswith("_Z"), s))
+            shown = ", ".join(symbols[:12]) + (f" and {len(symbols) - 12} more" if len(symbols) > 12 else "")
             line("  symbols", shown)
     line("files", "")
     for f in d.files:

@@ -1,0 +1,237 @@
+"""The read-only commands through the real entry point: ls, inspect, log, stats, dir, --version."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from kcache_cli import __version__
+from kcache_cli.model import JSON_KEYS
+
+SOFTMAX = "ops/cuda_space_0/softmax/ad252b064b266eea"
+
+
+def test_version(kcache):
+    r = kcache("--version")
+    assert r.exit_code == 0 and r.stdout.strip() == f"kcache {__version__}"
+
+
+def test_python_m_entry_point(fixture_copy):
+    root = fixture_copy("hidet")
+    out = subprocess.run([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "ls", "--op", "matmul"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "064b4a6c035246e8" in out and "matmul" in out and "softmax" not in out
+
+
+def test_ls_hidet_lists_the_five_entries(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    rows = kcache("--cache-dir", root, "ls", "--json").json()
+    assert len(rows) == 5
+    assert all(list(r) == list(JSON_KEYS) for r in rows)
+    assert {(r["space"], r["op"], r["hash"]) for r in rows} == {
+        ("cpu_space_0", "fused", "af3046266c6abdd1"), ("cpu_space_0", "matmul", "064b4a6c035246e8"),
+        ("cpu_space_0", "relu", "31857fe085635b31"), ("cuda_space_0", "add", "8d1f7691cdf75e90"),
+        ("cuda_space_0", "softmax", "ad252b064b266eea")}
+    assert all(isinstance(r["size"], int) and r["modified"].endswith("+00:00") for r in rows)
+
+
+def test_ls_table_for_people(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    r = kcache("ls", "--cache-dir", root)  # global option after the command
+    assert r.exit_code == 0
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:5] == ["layout", "kind", "space", "op", "hash"]
+    assert len(lines) == 6 and "\x1b[" not in r.stdout
+    assert "5 entries" in r.stderr  # the summary is for people: stderr
+
+
+def test_ls_op_filter_and_json_flag_before_command(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    rows = kcache("--cache-dir", root, "--json", "ls", "--op", "matmul").json()
+    assert [(r["op"], r["hash"]) for r in rows] == [("matmul", "064b4a6c035246e8")]
+
+
+def test_ls_sort_limit_status_hash(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    rows = kcache("--cache-dir", root, "ls", "--sort", "size", "--json").json()
+    sizes = [r["size"] for r in rows]
+    assert sizes == sorted(sizes, reverse=True)
+    assert len(kcache("--cache-dir", root, "ls", "--limit", "2", "--json").json()) == 2
+    assert kcache("--cache-dir", root, "ls", "--status", "partial", "--json").json() == []
+    assert [r["hash"] for r in kcache("--cache-dir", root, "ls", "ad25", "31857", "--json").json()] == \
+        ["31857fe085635b31", "ad252b064b266eea"]
+    (root / SOFTMAX / "func_types.pickle").unlink()
+    rows = kcache("--cache-dir", root, "ls", "--status", "partial", "--json").json()
+    assert [(r["hash"], r["status"]) for r in rows] == [("ad252b064b266eea", "partial")]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ls", "--status", "broken"], "unknown status 'broken'"),
+    (["ls", "--sort", "color"], "unknown sort key 'color'"),
+    (["ls", "--space", "cuda space"], "bad space"),
+    (["ls", "--layout", "triton"], "unknown layout 'triton'"),
+    (["ls", "--limit", "-1"], "--limit"),
+    (["inspect"], "Missing argument"),
+    (["frobnicate"], "No such command"),
+])
+def test_usage_errors_are_one_line(kcache, fixture_copy, args, message):
+    root = fixture_copy("hidet")
+    r = kcache("--cache-dir", root, *args)
+    assert r.exit_code == 2
+    assert r.stderr.startswith("Error: ") and message in r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.stdout == ""
+
+
+def test_ls_damaged_cache_exits_zero(kcache, fixture_copy):
+    hidet = fixture_copy("hidet")
+    lib = hidet / SOFTMAX / "lib.so"
+    lib.write_bytes(lib.read_bytes()[:1000])
+    (hidet / "ops/cpu_space_0/matmul/064b4a6c035246e8/func_types.pickle").unlink()
+    r = kcache("--cache-dir", hidet, "ls", "--json")
+    assert r.exit_code == 0 and "Traceback" not in r.stderr
+    status = {x["hash"]: (x["status"], x["reason"]) for x in r.json()}
+    assert status["ad252b064b266eea"][0] == "corrupt" and "truncated" in status["ad252b064b266eea"][1]
+    assert status["064b4a6c035246e8"][0] == "partial"
+    tilus = fixture_copy("tilus")
+    shutil.rmtree(tilus / "programs/f006237ca7a5")
+    r = kcache("--cache-dir", tilus, "ls")
+    assert r.exit_code == 0 and "corrupt" in r.stdout and "dangling link" in r.stdout
+
+
+def test_missing_cache_is_empty_not_error(kcache, tmp_path):
+    assert kcache("--cache-dir", tmp_path / "none", "ls", "--json").stdout.strip() == "[]"
+    r = kcache("--cache-dir", tmp_path / "none", "ls")
+    assert r.exit_code == 0 and "no cache at" in r.stderr
+    data = kcache("--cache-dir", tmp_path / "none", "stats", "--json").json()
+    assert data["entries"] == 0 and data["exists"] is False
+
+
+def test_inspect_cuda_softmax_reports_sm90a(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    r = kcache("--cache-dir", root, "inspect", "ad25")
+    assert r.exit_code == 0, r.stderr
+    assert "sm_90a" in r.stdout and "softmax" in r.stdout and "x: float32[8, 128]" in r.stdout
+    assert "hidet_launch_0" in r.stdout and "nvcc" in r.stdout
+    data = kcache("--cache-dir", root, "inspect", "ad25", "--json").json()
+    assert data["archs"] == ["sm_90a"] and data["status"] == "complete" and data["problems"] == []
+    assert data["inputs"] == [{"name": "x", "dtype": "float32", "shape": [8, 128]}]
+    assert {f["name"] for f in data["files"]} >= {"lib.so", "task.txt", "func_types.pickle"}
+    assert "hidet_launch_0" in data["binaries"][0]["symbols"]
+
+
+def test_inspect_cpu_entry_has_no_cuda_arch(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    data = kcache("--cache-dir", root, "inspect", "064b", "--json").json()
+    assert data["archs"] == [] and data["binaries"][0]["machine"] == "x86-64"
+    assert data["compile_command"].startswith("/usr/bin/g++")
+
+
+@pytest.mark.parametrize("layout, prefix", [("tilus", "f006"), ("tilelang", "cb68"), ("tilelang", "4bc9")])
+def test_inspect_tilus_and_tilelang_arch(kcache, fixture_copy, layout, prefix):
+    root = fixture_copy(layout)
+    data = kcache("--cache-dir", root, "inspect", prefix, "--json").json()
+    assert data["status"] == "complete" and data["archs"] == ["sm_90a"]
+
+
+def test_inspect_edited_task_says_hash_no_longer_matches(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    task = root / SOFTMAX / "task.txt"
+    task.write_bytes(task.read_bytes() + b" ")
+    r = kcache("--cache-dir", root, "inspect", "ad25")
+    assert r.exit_code == 0
+    assert "corrupt" in r.stdout and "no longer matches" in r.stdout
+
+
+def test_inspect_unknown_and_ambiguous(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    r = kcache("--cache-dir", root, "inspect", "ffff")
+    assert r.exit_code == 2 and r.stderr.startswith("Error: no entry matches 'ffff'")
+    shutil.copytree(root / SOFTMAX, root / "ops/cuda_space_1/softmax/ad252b064b266eea")
+    r = kcache("--cache-dir", root, "inspect", "ad2")
+    assert r.exit_code == 2 and "ambiguous" in r.stderr and "cuda_space_1" in r.stderr
+    assert r.stderr.count("\n") == 1
+    assert kcache("--cache-dir", root, "inspect", "ops/cuda_space_1/softmax/ad252b064b266eea").exit_code == 0
+
+
+def test_log_shows_compile_sh_command_and_ptxas(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    r = kcache("--cache-dir", root, "log", "ad25")
+    assert r.exit_code == 0
+    assert "==> compile.sh <==" in r.stdout and "==> nvcc_output.txt <==" in r.stdout
+    assert "/usr/local/bin/nvcc" in r.stdout and "-gencode arch=compute_90a,code=sm_90a" in r.stdout
+    assert "ptxas info    : Used 18 registers" in r.stdout
+    raw = kcache("--cache-dir", root, "log", "ad25", "--raw").stdout
+    assert "==>" not in raw and raw.startswith("#!/bin/bash")
+    assert raw.rstrip().endswith("elapsed time: 1.849 seconds")
+
+
+def test_log_cpu_entry_and_tilus(kcache, fixture_copy):
+    hidet = fixture_copy("hidet")
+    assert "==> gcc_output.txt <==" in kcache("--cache-dir", hidet, "log", "064b").stdout
+    tilus = fixture_copy("tilus")
+    out = kcache("--cache-dir", tilus, "log", "f006").stdout
+    assert "module/compile.sh" in out and "tilus_add_one_kernel" in out
+    out = kcache("--cache-dir", tilus, "log", "1-845").stdout  # a script shows its programs' logs
+    assert "f006237ca7a5/module/nvcc_output.txt" in out
+
+
+def test_log_seed_layout_and_highlighting(kcache, tmp_path, monkeypatch):
+    d = tmp_path / "c/ops/cuda_space_0/bad/0123456789abcdef"
+    d.mkdir(parents=True)
+    (d / "nvcc_log.txt").write_text("nvcc -shared -arch=sm_90 source.cu -o lib.so\n"
+                                    "source.cu(3): error: identifier \"x\" is undefined\n"
+                                    "source.cu(1): warning #177-D: unused\nelapsed time: 0.5 seconds\n")
+    monkeypatch.setenv("KCACHE_DIR", str(tmp_path / "c"))
+    raw = kcache("log", "0123", "--raw").stdout
+    assert raw.splitlines()[0] == "nvcc -shared -arch=sm_90 source.cu -o lib.so"
+    rows = kcache("ls", "--json").json()
+    assert rows[0]["status"] == "failed"
+    from kcache_cli.cli.cmd_read import _log_line
+    from rich.markup import escape
+
+    assert _log_line('source.cu(3): error: identifier "x" is undefined', escape).startswith("[bold red]")
+    assert _log_line("source.cu(1): warning #177-D: unused", escape).startswith("[yellow]")
+    assert _log_line("elapsed time: 0.5 seconds", escape) == "elapsed time: 0.5 seconds"
+
+
+def test_log_of_tilelang_kernel_is_a_clear_error(kcache, fixture_copy):
+    root = fixture_copy("tilelang")
+    r = kcache("--cache-dir", root, "log", "cb68")
+    assert r.exit_code == 1 and r.stderr.startswith("Error: no compile log recorded")
+
+
+def test_stats_totals(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    rows = kcache("--cache-dir", root, "ls", "--json").json()
+    (root / SOFTMAX / "func_types.pickle").unlink()
+    data = kcache("--cache-dir", root, "stats", "--json").json()
+    assert data["root"] == str(root) and data["layout"] == "hidet" and data["entries"] == 5
+    assert data["size"] == sum(r["size"] for r in rows) - 1111  # func_types.pickle was 1111 bytes
+    assert data["by_space"]["cuda_space_0"]["entries"] == 2 and data["by_space"]["cpu_space_0"]["entries"] == 3
+    assert data["by_status"] == {"complete": {"entries": 4, "size": data["size"] - data["by_op"]["softmax"]["size"]},
+                                 "partial": {"entries": 1, "size": data["by_op"]["softmax"]["size"]}}
+    biggest = [b["size"] for b in data["biggest"]]
+    assert len(biggest) == 5 and biggest == sorted(biggest, reverse=True)
+    assert biggest[0] == max(b["size"] for b in data["biggest"])
+    text = kcache("--cache-dir", root, "stats").stdout
+    assert "5 entries" in text and "cuda_space_0" in text and "partial" in text
+
+
+def test_stats_all_layouts(kcache, fixture_copy):
+    for name, count in (("tilus", 2), ("tilelang", 2)):
+        data = kcache("--cache-dir", fixture_copy(name), "stats", "--json").json()
+        assert data["layout"] == name and data["entries"] == count
+        assert data["by_status"]["complete"]["entries"] == count
+
+
+def test_no_rich_or_humanize_at_startup():
+    code = ("import sys; from kcache_cli.cli import app; "
+            "bad = [m for m in ('rich', 'humanize', 'tarfile', 'zstandard', 'filelock') if m in sys.modules]; "
+            "print(','.join(bad))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "", f"imported at start-up: {out}"
