@@ -84,24 +84,17 @@ def size_mismatch(manifest: str, listed: object, names: dict[str, int]) -> str |
     return None
 
 
-def elf_truncated(path: str, size: int) -> str | None:
-    """A cheap check on a compiled binary: its ELF header (64 bytes) says how long the file must at
-    least be (the section header table comes last). Returns a reason, or None when it looks whole."""
+def elf_truncated(name: str, head: bytes, size: int) -> str | None:
+    """A cheap check on a compiled binary: its ELF header (the first 64 bytes) says how long the file
+    must at least be (the section header table comes last). Returns a reason, or None if it looks whole."""
     import struct
 
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            head = os.read(fd, 64)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        return f"cannot read {os.path.basename(path)}: {exc.strerror}"
-    name = os.path.basename(path)
     if head[:4] != b"\x7fELF" or len(head) < 52:
-        return f"{name} is not an ELF file"
+        return f"{name} is not an ELF file" if len(head) >= 4 or size >= 4 else f"{name} is truncated: {size} bytes"
     endian = "<" if head[5] == 1 else ">"
-    if head[4] == 2 and len(head) >= 64:
+    if head[4] == 2:
+        if len(head) < 64:
+            return f"{name} is truncated: {size} bytes"
         shoff, = struct.unpack_from(endian + "Q", head, 0x28)
         shentsize, shnum = struct.unpack_from(endian + "HH", head, 0x3A)
     else:
@@ -111,3 +104,11 @@ def elf_truncated(path: str, size: int) -> str | None:
     if need > size:
         return f"{name} is truncated: {size} bytes, its ELF header needs {need}"
     return None
+
+
+def read_head(path: str, n: int = 64) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""

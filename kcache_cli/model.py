@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING = "complete", "partial", "failed", "corrupt", "building"
-STATUSES = (COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING)
-LAYOUT_NAMES = ("hidet", "tilus", "tilelang")
+from kcache_cli.terms import (BUILDING, COMPLETE, CORRUPT, FAILED, KINDS, LAYOUT_NAMES,  # noqa: F401
+                              PARTIAL, STATUSES)
+
 UNREADABLE_REASON = "unreadable directory (permission denied?)"
-KINDS = ("op", "graph", "ir_module", "program", "script", "kernel", "binary")
 
 # Keys of `ls --json`, in order; documented in the README and kept stable.
 JSON_KEYS = ("layout", "kind", "target", "space", "op", "hash", "path", "size", "files",

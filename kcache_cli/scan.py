@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from kcache_cli import state
 from kcache_cli.errors import UsageError
@@ -51,39 +52,104 @@ class ScanContext:
             self.warn(f"cannot read {path}: {exc.strerror}")
             return []
 
-    def read_dir(self, path: str) -> tuple[dict[str, int] | None, TreeUsage]:
-        """Top-level file sizes by name, and the usage of the whole entry (subdirectories included).
+    def map_entries(self, func, jobs: list) -> Iterator[Entry]:
+        """`func(self, job)` for every job, in order. Big caches are read by one forked worker per
+        core: the per-file stat calls are what a scan costs, and they scale with cores."""
+        workers = min(os.cpu_count() or 1, 8)
+        if len(jobs) < PARALLEL_MIN_JOBS or workers < 2:
+            for job in jobs:
+                yield func(self, job)
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
 
-        Names are None when the directory cannot be read (a warning says why)."""
+        global _FORKED
+        # Workers are forked and inherit the jobs; only the chunk number and the results travel.
+        _FORKED = (self.root, self.last_used, func, [jobs[i::workers] for i in range(workers)])
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                results = list(pool.map(_run_chunk, range(workers)))
+        except (OSError, RuntimeError, ImportError):  # no fork, no semaphores: read them here instead
+            for job in jobs:
+                yield func(self, job)
+            return
+        finally:
+            _FORKED = None
+        for _, warnings in results:
+            for w in warnings:
+                self.warn(w)
+        for i in range(len(jobs)):
+            yield results[i % workers][0][i // workers]
+
+    def read_dir(self, path: str, peek: str | None = None) -> tuple[dict[str, int] | None, TreeUsage, bytes]:
+        """Top-level file sizes by name, the usage of the whole entry (subdirectories included), and
+        the first 64 bytes of the file named `peek` (b"" if absent).
+
+        Names are None when the directory cannot be read (a warning says why). Works relative to an
+        open directory descriptor (fstatat, like du) rather than re-walking the full path per file."""
         names: dict[str, int] = {}
         size = files = 0
+        head = b""
         try:
-            newest = os.lstat(path).st_mtime
-        except OSError:
-            newest = 0.0
-        try:
-            it = os.scandir(path)
+            fd = os.open(path, _DIR_FLAGS)
         except OSError as exc:
             self.warn(f"cannot read {path}: {exc.strerror}")
-            return None, TreeUsage(0, 0, newest)
-        with it:
-            for de in it:
-                try:
-                    if de.is_dir(follow_symlinks=False):
-                        sub = measure_tree(de.path, self.warn)
-                        size += sub.size
-                        files += sub.files
-                        newest = max(newest, sub.mtime)
+            try:
+                newest = os.lstat(path).st_mtime
+            except OSError:
+                newest = 0.0
+            return None, TreeUsage(0, 0, newest), head
+        try:
+            newest = os.fstat(fd).st_mtime
+            with os.scandir(fd) as it:
+                for de in it:
+                    try:
+                        if de.is_dir(follow_symlinks=False):
+                            sub = measure_tree(os.path.join(path, de.name), self.warn)
+                            size += sub.size
+                            files += sub.files
+                            if sub.mtime > newest:
+                                newest = sub.mtime
+                            continue
+                        st = de.stat(follow_symlinks=False)
+                    except OSError:
                         continue
-                    st = de.stat(follow_symlinks=False)
+                    names[de.name] = st.st_size
+                    size += st.st_size
+                    files += 1
+                    if st.st_mtime > newest:
+                        newest = st.st_mtime
+            if peek is not None and names.get(peek):
+                try:
+                    pfd = os.open(peek, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+                    try:
+                        head = os.read(pfd, 64)
+                    finally:
+                        os.close(pfd)
                 except OSError:
-                    continue
-                names[de.name] = st.st_size
-                size += st.st_size
-                files += 1
-                if st.st_mtime > newest:
-                    newest = st.st_mtime
-        return names, TreeUsage(size, files, newest)
+                    pass
+        except OSError as exc:
+            self.warn(f"cannot read {path}: {exc.strerror}")
+            return None, TreeUsage(size, files, 0.0), head
+        finally:
+            os.close(fd)
+        return names, TreeUsage(size, files, newest), head
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
+PARALLEL_MIN_JOBS = 4000
+
+
+_FORKED = None
+
+
+def _run_chunk(i: int) -> tuple[list[Entry], list[str]]:
+    root, last_used, func, chunks = _FORKED
+    warnings: list[str] = []
+    local = ScanContext(root, warnings.append, last_used)
+    return [func(local, job) for job in chunks[i]], warnings
 
 
 def _layouts():

@@ -60,11 +60,20 @@ def test_op_filter_reads_only_that_op(fixture_copy, monkeypatch):
     seen = []
     real_scandir = os.scandir
 
+    real_open = os.open
+
     def spy(path="."):
-        seen.append(os.fspath(path))
+        if not isinstance(path, int):
+            seen.append(os.fspath(path))
         return real_scandir(path)
 
+    def spy_open(path, *args, **kwargs):
+        if not isinstance(path, int) and kwargs.get("dir_fd") is None:
+            seen.append(os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
     monkeypatch.setattr(os, "scandir", spy)
+    monkeypatch.setattr(os, "open", spy_open)
     res = scan_cache(root, ScanFilter(ops=("matmul",)))
     assert [(e.op, e.hash) for e in res.entries] == [("matmul", "064b4a6c035246e8")]
     ops = str(root / "ops")
@@ -196,14 +205,15 @@ def test_dangling_tilus_link_is_corrupt(fixture_copy):
 def test_unreadable_directory_is_warning_not_exception(fixture_copy, monkeypatch):
     root = fixture_copy("hidet")
     target = str(root / SOFTMAX)
-    real_scandir = os.scandir
+    real_open, real_scandir = os.open, os.scandir
 
-    def deny(path="."):
-        if os.fspath(path) == target:
+    def deny(path, *args, **kwargs):
+        if not isinstance(path, int) and os.fspath(path) == target:
             raise PermissionError(13, "Permission denied", target)
-        return real_scandir(path)
+        return (real_scandir if not args and not kwargs else real_open)(path, *args, **kwargs)
 
-    monkeypatch.setattr(os, "scandir", deny)
+    monkeypatch.setattr(os, "open", deny)
+    monkeypatch.setattr(os, "scandir", lambda path=".": deny(path))
     warnings = []
     res = scan_cache(root, warn=warnings.append)
     e = by_rel(res)[SOFTMAX]
@@ -376,3 +386,19 @@ def test_describe_tilus_program_hash_and_users(fixture_copy):
     (root / "programs/f006237ca7a5/program.txt").write_text("def edited(): pass\n")
     d = LAYOUTS["tilus"].describe(root, resolve_entry(root, "f006"))
     assert d.status == "corrupt" and "tilus will never load" in d.reason
+
+
+def test_parallel_scan_matches_serial(fixture_copy, monkeypatch):
+    """Big caches are read by forked workers; the result must be the same, in the same order."""
+    import kcache_cli.scan as scan_mod
+
+    root = fixture_copy("hidet")
+    for i in range(40):
+        shutil.copytree(root / SOFTMAX, root / f"ops/cuda_space_1/softmax/{i:016x}")
+    (root / "ops/cuda_space_1/softmax/0000000000000007/func_types.pickle").unlink()
+    serial = scan_cache(root)
+    monkeypatch.setattr(scan_mod, "PARALLEL_MIN_JOBS", 2)
+    warnings = []
+    parallel = scan_cache(root, warn=warnings.append)
+    assert parallel.entries == serial.entries and len(parallel.entries) == 45
+    assert {e.status for e in parallel.entries} == {"complete", "partial"}

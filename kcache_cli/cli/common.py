@@ -4,11 +4,9 @@ Rich and humanize are imported inside the helpers that need them, to keep start-
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -16,15 +14,16 @@ import typer
 
 from kcache_cli.cli import complete  # light: the TAB path imports nothing heavy
 from kcache_cli.errors import UsageError
-from kcache_cli.model import KINDS, LAYOUT_NAMES, STATUSES, ScanFilter
+from kcache_cli.terms import KINDS, LAYOUT_NAMES, STATUSES
 
 
-@dataclass
 class GlobalOptions:
-    cache_dir: Optional[str] = None
-    json: bool = False
-    quiet: bool = False
-    debug: bool = False
+    """The global options, merged with a command's own --cache-dir/--json (a plain class: no
+    dataclass machinery on the start-up path)."""
+
+    def __init__(self, cache_dir: Optional[str] = None, json: bool = False, quiet: bool = False,
+                 debug: bool = False) -> None:
+        self.cache_dir, self.json, self.quiet, self.debug = cache_dir, json, quiet, debug
 
 
 def settings(ctx: typer.Context) -> GlobalOptions:
@@ -97,7 +96,9 @@ def _checked(values: Optional[List[str]], allowed: tuple[str, ...] | None, what:
     return tuple(out)
 
 
-def make_filter(op=None, space=None, target=None, layout=None, status=None, kind=None, hashes=None) -> ScanFilter:
+def make_filter(op=None, space=None, target=None, layout=None, status=None, kind=None, hashes=None):
+    from kcache_cli.model import ScanFilter
+
     spaces = _checked(space, None, "space")
     for s in spaces:
         if not _SPACE.match(s):
@@ -130,6 +131,8 @@ def plain_output() -> bool:
 
 def emit_json(data) -> None:
     """JSON on stdout, never through Rich; indented for people, compact for pipes."""
+    import json
+
     indent = 2 if sys.stdout.isatty() else None
     sys.stdout.write(json.dumps(data, indent=indent) + "\n")
 

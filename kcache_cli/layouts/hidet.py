@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli import state
-from kcache_cli.checks import check_manifest, elf_truncated, list_files, read_text, size_mismatch
+from kcache_cli.checks import check_manifest, elf_truncated, list_files, read_head, read_text, size_mismatch
 from kcache_cli.locking import entry_build_locked, probe_locked
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE_REASON, Details, Entry,
                               LogFile, ScanFilter, TensorInfo, measure_tree)
@@ -43,7 +43,7 @@ def _manifest_mismatch(path: str, names: dict[str, int]) -> str | None:
     return size_mismatch(MANIFEST, listed, names)
 
 
-def op_status(path: str, names: dict[str, int]) -> tuple[str, str | None]:
+def op_status(path: str, names: dict[str, int], head: bytes | None = None) -> tuple[str, str | None]:
     lib = names.get(BINARY)
     log = next((n for n in LOGS if n in names), None)
     if lib is None:
@@ -52,7 +52,9 @@ def op_status(path: str, names: dict[str, int]) -> tuple[str, str | None]:
         return PARTIAL, f"no {BINARY}: the build was interrupted or is still running"
     if lib == 0:
         return PARTIAL, f"{BINARY} is empty"
-    truncated = elf_truncated(os.path.join(path, BINARY), lib)
+    if head is None:
+        head = read_head(os.path.join(path, BINARY))
+    truncated = elf_truncated(BINARY, head, lib)
     if truncated:
         return CORRUPT, truncated
     if any(m in names for m in HIDET_MARKERS) and "func_types.pickle" not in names:
@@ -77,6 +79,7 @@ def _space_dirs(ctx, ops: Path, flt: ScanFilter) -> Iterator[tuple[str, str, str
 
 def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     ops = ctx.root / "ops"
+    jobs = []  # listing the entry directories is cheap; reading them is the work, done in parallel
     for space, target, space_path in _space_dirs(ctx, ops, flt):
         if flt.ops:
             op_dirs = [(o, os.path.join(space_path, o)) for o in flt.ops if os.path.isdir(os.path.join(space_path, o))]
@@ -89,7 +92,8 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 if flt.hash_prefixes and not any(de.name.startswith(p) or de.name.startswith(state.TEMP_PREFIX)
                                                  for p in flt.hash_prefixes):
                     continue
-                yield _op_entry(ctx, de, target, space, op)
+                jobs.append((de.path, de.name, target, space, op))
+    yield from ctx.map_entries(_op_entry, jobs)
     if flt.ops or flt.spaces or flt.targets:
         return  # graphs and ir_modules have no op, space or target
     for dirname, kind in OTHER_KINDS:
@@ -99,26 +103,27 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                                 target=None, space=None, op=None, hash=de.name, status=COMPLETE, reason=None)
 
 
-def _op_entry(ctx, de: os.DirEntry, target: str, space: str, op: str) -> Entry:
-    names, usage = ctx.read_dir(de.path)
-    building = state.temp_hash(de.name)
+def _op_entry(ctx, job: tuple[str, str, str, str, str]) -> Entry:
+    path, name, target, space, op = job
+    names, usage, head = ctx.read_dir(path, BINARY)
+    building = state.temp_hash(name)
     if names is None:
-        status, reason, key = CORRUPT, UNREADABLE_REASON, de.name
+        status, reason, key = CORRUPT, UNREADABLE_REASON, name
     elif building is not None:
-        final = f"{ctx.rel(os.path.dirname(de.path))}/{building}"
+        final = f"{ctx.rel(os.path.dirname(path))}/{building}"
         if entry_build_locked(ctx.root, final):
             status, reason = BUILDING, "kcache build in progress"
         else:
             status, reason = PARTIAL, "temp directory left by an interrupted kcache build"
-        key = de.name[len(state.TEMP_PREFIX):]
-    elif de.name.startswith("."):
-        status, reason, key = PARTIAL, "hidden directory (not a hidet entry)", de.name
+        key = name[len(state.TEMP_PREFIX):]
+    elif name.startswith("."):
+        status, reason, key = PARTIAL, "hidden directory (not a hidet entry)", name
     else:
-        status, reason = op_status(de.path, names)
-        key = de.name
-        if status == PARTIAL and ".lock" in names and probe_locked(os.path.join(de.path, ".lock")):
+        status, reason = op_status(path, names, head)
+        key = name
+        if status == PARTIAL and ".lock" in names and probe_locked(os.path.join(path, ".lock")):
             status, reason = BUILDING, "hidet holds the entry's lock (compiling)"
-    return ctx.entry(path=de.path, usage=usage, layout=NAME, kind="op", target=target, space=space, op=op,
+    return ctx.entry(path=path, usage=usage, layout=NAME, kind="op", target=target, space=space, op=op,
                      hash=key, status=status, reason=reason)
 
 
@@ -228,3 +233,55 @@ def log_files(entry: Entry) -> list[LogFile]:
         return [LogFile("nvcc_log.txt", os.path.join(p, "nvcc_log.txt"))]
     return [LogFile(n, os.path.join(p, n)) for n in ("compile.sh", "nvcc_output.txt", "gcc_output.txt")
             if os.path.isfile(os.path.join(p, n))]
+
+
+# ---- for prune/clear -----------------------------------------------------------------------------
+
+def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
+    """Symlinks where ops/, a space, an op or an entry belongs: the scan never follows them (it skips
+    them); prune --broken and clear remove them as links, leaving their targets alone."""
+    from kcache_cli.model import TreeUsage
+
+    def link(path: str, kind: str, target, space, op, h: str) -> Entry:
+        st = os.lstat(path)
+        try:
+            text = os.readlink(path)
+        except OSError:
+            text = "?"
+        return ctx.entry(path=path, usage=TreeUsage(st.st_size, 1, st.st_mtime), layout=NAME, kind=kind,
+                         target=target, space=space, op=op, hash=h, status=CORRUPT,
+                         reason=f"symlink to {text} inside the cache (never followed)")
+
+    plain = not (flt.ops or flt.spaces or flt.targets)
+    for top, kind in (("ops", "op"), *OTHER_KINDS):
+        path = ctx.root / top
+        if path.is_symlink():
+            if plain:
+                yield link(str(path), kind, None, None, None, "")
+        elif kind != "op" and plain:
+            for de in ctx.listdir(path):
+                if de.is_symlink():
+                    yield link(de.path, kind, None, None, None, de.name)
+    ops = ctx.root / "ops"
+    if ops.is_symlink():
+        return
+    for sd in ctx.listdir(ops):
+        m = SPACE_RE.match(sd.name)
+        target = m.group(1) if m else None
+        if not (flt.wants_space(sd.name) and flt.wants_target(target)):
+            continue
+        if sd.is_symlink():
+            if not flt.ops:
+                yield link(sd.path, "op", target, sd.name, None, "")
+            continue
+        if not sd.is_dir(follow_symlinks=False):
+            continue
+        for od in ctx.listdir(sd.path):
+            if not flt.wants_op(od.name):
+                continue
+            if od.is_symlink():
+                yield link(od.path, "op", target, sd.name, od.name, "")
+            elif od.is_dir(follow_symlinks=False):
+                for de in ctx.listdir(od.path):
+                    if de.is_symlink():
+                        yield link(de.path, "op", target, sd.name, od.name, de.name)

@@ -98,7 +98,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                     continue
                 for de in ctx.listdir(sub.path):
                     if de.is_dir(follow_symlinks=False):
-                        names, usage = ctx.read_dir(de.path)
+                        names, usage, _ = ctx.read_dir(de.path)
                         status, reason = binary_status(de.path, names) if names is not None else UNREADABLE
                         yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind="binary", target=TARGET,
                                         space=space, op=None, hash=de.name, status=status, reason=reason)
@@ -112,7 +112,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 yield from _staging(ctx, os.path.join(sub.path, STAGING), "kernel", space)
                 for de in ctx.listdir(os.path.join(sub.path, "kernels")):
                     if de.is_dir(follow_symlinks=False):
-                        names, usage = ctx.read_dir(de.path)
+                        names, usage, _ = ctx.read_dir(de.path)
                         status, reason = kernel_status(de.path, names) if names is not None else UNREADABLE
                         yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind="kernel", target=TARGET,
                                         space=space, op=None, hash=de.name, status=status, reason=reason)
@@ -150,3 +150,115 @@ def describe(root: Path, entry: Entry) -> Details:
 
 def log_files(entry: Entry) -> list[LogFile]:
     return []  # tilelang keeps no compile log on disk
+
+
+# ---- for prune/clear -----------------------------------------------------------------------------
+# Which kernels use a cuda-binary? tilelang keys cuda-binaries/<key>/ by
+# sha256(json of {code_hash, target arch and code, compile format, nvcc options with absolute include
+# paths, tilelang version, ...}) (tilelang/cache/cuda_binary_cache.py, make_key): a one-way hash of
+# inputs the cache does not keep, so it cannot be recomputed from a kernel entry. What the cache does
+# keep is the bytes: the tvm_ffi backend embeds the cubin/fatbin verbatim in the kernel's
+# executable.so (and the cubin backends copy it to kernel.cubin). A kernel uses a binary when the
+# binary's bytes appear, whole, in one of the kernel's compiled files.
+_FINGERPRINT = 64  # bytes of a binary's start used to find candidate positions
+
+
+def _binary_file(path: str) -> str | None:
+    return next((os.path.join(path, b) for b in CUBIN_BINARIES if os.path.isfile(os.path.join(path, b))), None)
+
+
+def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
+    """binary dir -> kernel dirs (of the same tilelang version) that embed that binary byte for byte.
+
+    Reads every kernel's compiled files once; binaries that cannot be read have no known users."""
+    out: dict[str, list[str]] = {b: [] for b in binaries}
+    by_version: dict[str, list[str]] = {}
+    for b in binaries:
+        by_version.setdefault(os.path.dirname(os.path.dirname(b)), []).append(b)
+    for vdir, bins in by_version.items():
+        index: dict[bytes, list[tuple[str, bytes]]] = {}
+        for b in bins:
+            f = _binary_file(b)
+            try:
+                with open(f, "rb") as fh:  # type: ignore[arg-type]
+                    data = fh.read()
+            except (OSError, TypeError):
+                continue
+            if len(data) >= _FINGERPRINT:
+                index.setdefault(data[:_FINGERPRINT], []).append((b, data))
+        if not index:
+            continue
+        magics = {k[:4] for k in index}
+        try:
+            platforms = [d for d in os.scandir(vdir) if d.is_dir(follow_symlinks=False)
+                         and d.name not in (BINARIES_DIR, STAGING)]
+        except OSError:
+            continue
+        for plat in platforms:
+            try:
+                kernels = [d.path for d in os.scandir(os.path.join(plat.path, "kernels"))
+                           if d.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            for k in sorted(kernels):
+                for name in KERNEL_BINARIES:
+                    try:
+                        with open(os.path.join(k, name), "rb") as fh:
+                            data = fh.read()
+                    except OSError:
+                        continue
+                    for magic in magics:
+                        pos = data.find(magic)
+                        while pos >= 0:
+                            for b, blob in index.get(data[pos:pos + _FINGERPRINT], ()):
+                                if data[pos:pos + len(blob)] == blob and k not in out[b]:
+                                    out[b].append(k)
+                            pos = data.find(magic, pos + 1)
+    return out
+
+
+def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
+    """Symlinks where a version, platform, kernels/ or an entry belongs: never followed; prune --broken
+    and clear remove them as links."""
+    if flt.ops or not flt.wants_target(TARGET):
+        return
+
+    def link(de: os.DirEntry, kind: str, space: str | None, h: str) -> Entry:
+        st = de.stat(follow_symlinks=False)
+        try:
+            text = os.readlink(de.path)
+        except OSError:
+            text = "?"
+        return ctx.entry(path=de.path, usage=TreeUsage(st.st_size, 1, st.st_mtime), layout=NAME, kind=kind,
+                         target=TARGET, space=space, op=None, hash=h, status=CORRUPT,
+                         reason=f"symlink to {text} inside the cache (never followed)")
+
+    for vdir in ctx.listdir(ctx.root):
+        if not VERSION_RE.match(vdir.name):
+            continue
+        if vdir.is_symlink():
+            if not flt.spaces:
+                yield link(vdir, "kernel", None, "")
+            continue
+        if not vdir.is_dir(follow_symlinks=False):
+            continue
+        for sub in ctx.listdir(vdir.path):
+            kind = "binary" if sub.name == BINARIES_DIR else "kernel"
+            space = f"{vdir.name}/{sub.name}"
+            if sub.name == STAGING or not flt.wants_space(space):
+                continue
+            if sub.is_symlink():
+                yield link(sub, kind, space, "")
+                continue
+            if not sub.is_dir(follow_symlinks=False):
+                continue
+            entries_dir = sub.path if kind == "binary" else os.path.join(sub.path, "kernels")
+            if kind == "kernel" and os.path.islink(entries_dir):
+                st = os.lstat(entries_dir)
+                yield ctx.entry(path=entries_dir, usage=TreeUsage(st.st_size, 1, st.st_mtime), layout=NAME,
+                                kind=kind, target=TARGET, space=space, op=None, hash="", status=CORRUPT,
+                                reason=f"symlink to {os.readlink(entries_dir)} inside the cache (never followed)")
+                continue
+            for de in ctx.listdir(entries_dir):
+                if de.is_symlink():
+                    yield link(de, kind, space, de.name)

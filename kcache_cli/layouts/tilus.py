@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli.checks import elf_truncated, list_files, read_text
+from kcache_cli.checks import elf_truncated, list_files, read_head, read_text
 from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, Details, Entry, LogFile, ScanFilter, TensorInfo,
                               measure_tree)
 
@@ -83,7 +83,7 @@ def program_status(path: str) -> tuple[str, str | None]:
         return PARTIAL, "no module/lib.so: the build was interrupted or is still running"
     if lib == 0:
         return PARTIAL, "module/lib.so is empty"
-    truncated = elf_truncated(os.path.join(module, "lib.so"), lib)
+    truncated = elf_truncated("lib.so", read_head(os.path.join(module, "lib.so")), lib)
     if truncated:
         return CORRUPT, "module/" + truncated
     for name in ("program.txt", "options.txt"):
@@ -217,3 +217,78 @@ def log_files(entry: Entry) -> list[LogFile]:
                 label = f"module/{n}" if entry.kind == "program" else f"{os.path.basename(d)}/module/{n}"
                 out.append(LogFile(label, full))
     return out
+
+
+# ---- for prune/clear -----------------------------------------------------------------------------
+
+def link_map(root: Path) -> dict[str, list[str]]:
+    """Every program dir (normalized path) -> the script dirs that link to it, over all scripts.
+
+    One walk of scripts/ (links are read, never followed out of the cache)."""
+    out: dict[str, list[str]] = {}
+    scripts = os.path.join(root, "scripts")
+    try:
+        names = sorted(os.scandir(scripts), key=lambda d: d.name)
+    except OSError:
+        return out
+    for sdir in names:
+        if not sdir.is_dir(follow_symlinks=False):
+            continue
+        try:
+            jdirs = sorted(os.scandir(sdir.path), key=lambda d: d.name)
+        except OSError:
+            continue
+        for jdir in jdirs:
+            if not jdir.is_dir(follow_symlinks=False):
+                continue
+            for _, _, target in script_links(jdir.path):
+                if target:
+                    users = out.setdefault(os.path.normpath(target), [])
+                    if jdir.path not in users:
+                        users.append(jdir.path)
+    return out
+
+
+def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
+    """Symlinks where a program, a script or a script's op directory belongs: never followed
+    (scan skips them); prune --broken and clear remove them as links."""
+    from kcache_cli.model import TreeUsage
+
+    if not flt.wants_target(TARGET) or flt.spaces:
+        return
+
+    def link(de: os.DirEntry, kind: str, op: str | None, h: str) -> Entry:
+        st = de.stat(follow_symlinks=False)
+        try:
+            text = os.readlink(de.path)
+        except OSError:
+            text = "?"
+        return ctx.entry(path=de.path, usage=TreeUsage(st.st_size, 1, st.st_mtime), layout=NAME, kind=kind,
+                         target=TARGET, space=None, op=op, hash=h, status=CORRUPT,
+                         reason=f"symlink to {text} where a {kind} belongs (never followed)")
+
+    linked_tops = set()
+    for top, kind in (("programs", "program"), ("scripts", "script")):
+        path = ctx.root / top
+        if path.is_symlink():
+            linked_tops.add(top)
+            if not flt.ops:
+                st = path.lstat()
+                yield ctx.entry(path=str(path), usage=TreeUsage(st.st_size, 1, st.st_mtime), layout=NAME,
+                                kind=kind, target=TARGET, space=None, op=None, hash="", status=CORRUPT,
+                                reason=f"symlink to {os.readlink(path)} where {top}/ belongs (never followed)")
+    if "programs" not in linked_tops:
+        for de in ctx.listdir(ctx.root / "programs"):
+            if de.is_symlink() and not flt.ops:
+                yield link(de, "program", None, de.name)
+    if "scripts" in linked_tops:
+        return
+    for sdir in ctx.listdir(ctx.root / "scripts"):
+        if flt.ops and sdir.name not in flt.ops:
+            continue
+        if sdir.is_symlink():
+            yield link(sdir, "script", sdir.name, "")
+        elif sdir.is_dir(follow_symlinks=False):
+            for de in ctx.listdir(sdir.path):
+                if de.is_symlink():
+                    yield link(de, "script", sdir.name, de.name)

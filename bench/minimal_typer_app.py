@@ -1,0 +1,15 @@
+"""The start-up baseline of DESIGN.md §8: a Typer app that does nothing."""
+
+import typer
+
+app = typer.Typer()
+
+
+@app.command()
+def main(version: bool = typer.Option(False, "--version")) -> None:
+    if version:
+        print("minimal 0")
+
+
+if __name__ == "__main__":
+    app()
