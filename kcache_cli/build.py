@@ -17,9 +17,9 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 from kcache_cli import state
 from kcache_cli.errors import KcacheError, LockTimeout, UsageError
@@ -91,7 +91,7 @@ class BuildResult:
     relpath: str | None = None
     path: str | None = None  # absolute path of the entry (also for failures, where it would be)
     arch: str | None = None
-    arch_source: str | None = None  # --arch, nvidia-smi, nvcc default, host, recorded
+    arch_source: str | None = None  # built: --arch, nvidia-smi, nvcc default, host; hit: kcache.json, lib.so
     elapsed: float | None = None  # compiler seconds (built, failed compiles)
     command: str | None = None  # shell-quoted compile command
     output: str | None = None  # compiler output
@@ -206,6 +206,7 @@ def _find_source(task_path: str, target: str | None, source) -> str:
 
 _memo_lock = threading.Lock()
 _memo: dict[str, dict] = {}  # per process: compiler key -> {"version", "default_arch"}
+_asked: set[str] = set()  # compilers whose default arch this process asked itself
 
 
 def find_compiler(target: str, options: BuildOptions) -> tuple[str, ...]:
@@ -295,18 +296,23 @@ def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
             data[key][name] = value
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-            os.replace(tmp, path)
+            try:
+                tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+                os.replace(tmp, path)
+            finally:
+                if tmp.exists():
+                    tmp.unlink()
         except OSError:
             pass  # a read-only cache: probe again next time
 
 
-def compiler_version(root: Path, compiler: Sequence[str]) -> str | None:
-    """The compiler's `--version` line that names its release (memoised per binary)."""
-    key = _compiler_key(compiler[0])
-    got = _memo_get(root, key, "version")
-    if got is not None:
-        return got
+def compiler_version(compiler: Sequence[str]) -> str | None:
+    """The compiler's `--version` line that names its release. Asked on every build (a few ms
+    next to seconds of compiling), because a wrapper script can point at another toolkit."""
+    key = "version:" + "\0".join(compiler)
+    with _memo_lock:
+        if key in _memo:
+            return _memo[key].get("version")
     import subprocess
 
     try:
@@ -318,7 +324,8 @@ def compiler_version(root: Path, compiler: Sequence[str]) -> str | None:
     if proc.returncode != 0 or not lines:
         return None
     version = next((l for l in lines if "release" in l), lines[0])
-    _memo_put(root, key, "version", version)
+    with _memo_lock:
+        _memo[key] = {"version": version}
     return version
 
 
@@ -326,13 +333,16 @@ _PTXAS_ARCH = re.compile(r"\bptxas\b[^\n]*?-arch[= ](sm_\w+)")
 _CICC_ARCH = re.compile(r"\bcicc\b[^\n]*?-arch[= ]compute_(\w+)")
 
 
-def nvcc_default_arch(root: Path, nvcc: Sequence[str]) -> str:
+def nvcc_default_arch(root: Path, nvcc: Sequence[str], fresh: bool = True) -> str:
     """What nvcc compiles for without -arch, read from its own `--dryrun` plan (nvcc 13: sm_75).
 
-    Memoised per nvcc binary in .kcache/compilers.json so that a cache hit costs no subprocess."""
+    Remembered per nvcc binary in .kcache/compilers.json: a cache hit (fresh=False) uses that and
+    costs no subprocess; a build asks nvcc again (a wrapper script may point at another toolkit)."""
     key = _compiler_key(nvcc[0])
-    got = _memo_get(root, key, "default_arch")
-    if got is not None:
+    with _memo_lock:
+        asked = key in _asked  # asked in this process already: as fresh as it gets
+    got = _memo_get(root, key, "default_arch") if asked or not fresh else None
+    if got is not None and ARCH_RE.match(got):
         return got
     import subprocess
 
@@ -347,6 +357,8 @@ def nvcc_default_arch(root: Path, nvcc: Sequence[str]) -> str:
     if arch is None or not ARCH_RE.match(arch):
         raise KcacheError(f"cannot tell {nvcc[0]}'s default arch from its --dryrun output; pass --arch")
     _memo_put(root, key, "default_arch", arch)
+    with _memo_lock:
+        _asked.add(key)
     return arch
 
 
@@ -371,8 +383,7 @@ def local_gpu_arch() -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Arch:
+class Arch(NamedTuple):
     value: str
     source: str  # --arch, nvidia-smi, nvcc default, host
 
@@ -383,10 +394,9 @@ def check_arch(arch: str) -> str:
     return arch
 
 
-def resolve_arch(root: Path, target: str, options: BuildOptions, compiler: Sequence[str] | None = None) -> Arch:
-    """The arch a build of `target` is for: --arch, else the local GPU's, else nvcc's default.
-
-    A CPU build is for the host machine."""
+def resolve_arch(root: Path, target: str, options: BuildOptions, fresh: bool = True) -> Arch:
+    """The arch a build of `target` is for: --arch, else the local GPU's, else nvcc's default
+    (fresh=False: as remembered, for the hit check). A CPU build is for the host machine."""
     if target != "cuda":
         return Arch(os.uname().machine, "host")
     if options.arch:
@@ -394,7 +404,7 @@ def resolve_arch(root: Path, target: str, options: BuildOptions, compiler: Seque
     gpu = local_gpu_arch()
     if gpu:
         return Arch(gpu, "nvidia-smi")
-    return Arch(nvcc_default_arch(root, compiler or find_compiler("cuda", options)), "nvcc default")
+    return Arch(nvcc_default_arch(root, find_compiler("cuda", options), fresh), "nvcc default")
 
 
 def compile_command(target: str, compiler: Sequence[str], arch: Arch, options: BuildOptions) -> list[str]:
@@ -475,10 +485,11 @@ def _source_differs(spec: TaskSpec, manifest: dict | None) -> bool:
     rec = ((manifest or {}).get("files") or {}).get(SOURCE_NAME[spec.target])
     if not isinstance(rec, dict) or not rec.get("sha256"):
         return False
-    from kcache_cli.checks import sha256_file
+    from kcache_cli.taskfile import sha256_hex
 
     try:
-        return sha256_file(spec.source_path) != rec["sha256"]
+        with open(spec.source_path, "rb") as f:
+            return sha256_hex(f.read()) != rec["sha256"]
     except OSError:
         return False
 
@@ -496,12 +507,12 @@ def build_task(root: str | os.PathLike, task: str | os.PathLike | TaskSpec, opti
     listener = listener or BuildListener()
     spec = task if isinstance(task, TaskSpec) else load_task(task, options, source)
     check_extra_flags(options.extra_flags)
-    arch_cache: list[Arch] = []
+    arch_cache: dict[bool, Arch] = {}
 
-    def arch() -> Arch:
-        if not arch_cache:
-            arch_cache.append(resolve_arch(root, spec.target, options))
-        return arch_cache[0]
+    def arch(fresh: bool = False) -> Arch:
+        if fresh not in arch_cache:
+            arch_cache[fresh] = resolve_arch(root, spec.target, options, fresh)
+        return arch_cache[fresh]
 
     final = root / spec.relpath
     if not options.force:
@@ -517,7 +528,7 @@ def build_task(root: str | os.PathLike, task: str | os.PathLike | TaskSpec, opti
                 return found
         replaced = _wait_for_hidet(spec, final, options.timeout, listener)
         listener.compiling(spec)
-        return _compile_and_publish(root, spec, final, arch(), compiler, options, replaced, waited)
+        return _compile_and_publish(root, spec, final, arch(fresh=True), compiler, options, replaced, waited)
     finally:
         lock.release()
 
@@ -735,7 +746,7 @@ def _manifest(root: Path, spec: TaskSpec, arch: Arch, compiler: Sequence[str], a
 
     from kcache_cli import __version__
 
-    version = compiler_version(root, compiler)
+    version = compiler_version(compiler)
     return {
         "kcache_version": __version__,
         "op": spec.op,
@@ -795,25 +806,28 @@ def build_tasks(root: str | os.PathLike, tasks: Sequence[str | os.PathLike], opt
     jobs = max(1, jobs)
     if jobs == 1 or len(tasks) <= 1:
         return [one(t) for t in tasks]
-    with ThreadPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+    pool = ThreadPoolExecutor(max_workers=min(jobs, len(tasks)))
+    try:
         return list(pool.map(one, tasks))
+    except BaseException:  # Ctrl-C: start nothing new; the builds running clean up after themselves
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
-@dataclass(frozen=True)
-class BuildSummary:
-    results: tuple[BuildResult, ...] = field(default=())
+def count(results: Sequence[BuildResult], status: str) -> int:
+    return sum(1 for r in results if r.status == status)
 
-    def count(self, status: str) -> int:
-        return sum(1 for r in self.results if r.status == status)
 
-    @property
-    def exit_code(self) -> int:
-        failed = [r for r in self.results if r.status == FAILED]
-        if not failed:
-            return 0
-        codes = {r.exit_code or 1 for r in failed}
-        return codes.pop() if len(codes) == 1 else 1
+def exit_code(results: Sequence[BuildResult]) -> int:
+    """0 when nothing failed; 3 when every failure was a lock timeout; else the failures' code (1)."""
+    codes = {r.exit_code or 1 for r in results if r.status == FAILED}
+    if not codes:
+        return 0
+    return codes.pop() if len(codes) == 1 else 1
 
-    def to_json(self) -> dict:
-        return {"built": self.count(BUILT), "hits": self.count(HIT), "failed": self.count(FAILED),
-                "results": [r.to_json() for r in self.results]}
+
+def summary_json(results: Sequence[BuildResult]) -> dict:
+    return {"built": count(results, BUILT), "hits": count(results, HIT), "failed": count(results, FAILED),
+            "results": [r.to_json() for r in results]}

@@ -30,11 +30,13 @@ class EntryName:
     hash: str
 
 
-def _dirs(path: str) -> list[str]:
-    """Names of the visible subdirectories of `path` (symlinks not followed); [] if unreadable."""
+def _dirs(path: str, prefix: str = "") -> list[str]:
+    """Names of the visible subdirectories of `path` starting with `prefix` (symlinks not followed; the
+    type comes from the directory listing); [] if unreadable."""
     try:
         with os.scandir(path) as it:
-            return [d.name for d in it if not d.name.startswith(".") and d.is_dir(follow_symlinks=False)]
+            return [d.name for d in it if d.name.startswith(prefix) and not d.name.startswith(".")
+                    and d.is_dir(follow_symlinks=False)]
     except OSError:
         return []
 
@@ -101,8 +103,8 @@ def space_layouts(root: str | os.PathLike, ops: Iterable[str] = (), layouts: Ite
             if not ops or ops & set(_dirs(os.path.join(root, "ops", s))):
                 out[s] = "hidet"
     if "tilelang" in present and not ops:  # tilelang kernels carry no op name
-        for s, kind, _ in _tilelang_spaces(root, ()):
-            out.setdefault(s, f"tilelang {kind}s")
+        for s, _, _ in _tilelang_spaces(root, ()):
+            out.setdefault(s, "tilelang")
     return dict(sorted(out.items()))
 
 
@@ -132,26 +134,21 @@ def entries(root: str | os.PathLike, prefix: str = "", ops: Iterable[str] = (), 
         for s in _hidet_spaces(root, spaces):
             space_dir = os.path.join(root, "ops", s)
             for op in _present(_dirs(space_dir), ops):
-                for h in _dirs(os.path.join(space_dir, op)):
-                    if h.startswith(prefix):
-                        yield EntryName("hidet", "op", s, op, h)
+                for h in _dirs(os.path.join(space_dir, op), prefix):
+                    yield EntryName("hidet", "op", s, op, h)
         if not ops and not spaces:  # graphs and ir_modules have no op or space
             for dirname, kind in _HIDET_OTHER:
-                for h in _dirs(os.path.join(root, dirname)):
-                    if h.startswith(prefix):
-                        yield EntryName("hidet", kind, None, None, h)
+                for h in _dirs(os.path.join(root, dirname), prefix):
+                    yield EntryName("hidet", kind, None, None, h)
     if "tilus" in present and not spaces:
         scripts = os.path.join(root, "scripts")
         for op in _present(_dirs(scripts), ops):
-            for h in _dirs(os.path.join(scripts, op)):
-                if h.startswith(prefix):
-                    yield EntryName("tilus", "script", None, op, h)
+            for h in _dirs(os.path.join(scripts, op), prefix):
+                yield EntryName("tilus", "script", None, op, h)
         if not ops:  # a program's op name is inside program.txt: not read here
-            for h in _dirs(os.path.join(root, "programs")):
-                if h.startswith(prefix):
-                    yield EntryName("tilus", "program", None, None, h)
+            for h in _dirs(os.path.join(root, "programs"), prefix):
+                yield EntryName("tilus", "program", None, None, h)
     if "tilelang" in present and not ops:
         for space, kind, hdir in _tilelang_spaces(root, spaces):
-            for h in _dirs(hdir):
-                if h.startswith(prefix):
-                    yield EntryName("tilelang", kind, space, None, h)
+            for h in _dirs(hdir, prefix):
+                yield EntryName("tilelang", kind, space, None, h)

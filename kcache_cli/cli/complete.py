@@ -103,14 +103,16 @@ def complete_hash(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     if root is None or "/" in incomplete:
         return []
     taken = set(_param_values(ctx, "hashes"))
-    described: dict[str, list[str]] = {}
+    described: dict[str, str] = {}
     for e in names.entries(root, incomplete, ops=_param_values(ctx, "op"), spaces=_param_values(ctx, "space"),
                            layouts=_param_values(ctx, "layout")):
         if e.hash in taken:
             continue
         what = e.op or f"{e.layout} {e.kind}"
-        described.setdefault(e.hash, []).append(f"{what} ({e.space})" if e.space else what)
-    return [(h, ", ".join(sorted(set(d)))) for h, d in sorted(described.items())]
+        text = f"{what} ({e.space})" if e.space else what
+        seen = described.get(e.hash)  # the same task hash in two spaces is one value
+        described[e.hash] = text if seen is None else ", ".join(sorted({*seen.split(", "), text}))
+    return sorted(described.items())
 
 
 # ---- static choices -------------------------------------------------------------------------------
@@ -132,19 +134,18 @@ def complete_kind(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
 
 # ---- the shells' scripts --------------------------------------------------------------------------
 _ZSH_REGISTER = "compdef %(complete_func)s %(prog_name)s"
-_ZSH_AUTOLOAD_AWARE = """if [[ $zsh_eval_context[-1] == loadautofunc ]]; then
-  # autoloaded from fpath as _%(prog_name)s: complete this TAB too
+_ZSH_AUTOLOAD_AWARE = """compdef %(complete_func)s %(prog_name)s
+if [[ $zsh_eval_context[-1] == loadautofunc ]]; then
+  # autoloaded from fpath as _%(prog_name)s on the first TAB of a shell: complete this TAB too
   %(complete_func)s "$@"
-else
-  # sourced: register the function for later TABs
-  compdef %(complete_func)s %(prog_name)s
 fi"""
 
 
 def fix_zsh_script() -> None:
     """Typer 0.28's zsh script only registers its function with compdef, so autoloaded from fpath (where
     `--install-completion zsh` puts it) the first TAB of every shell completes nothing. Make it complete
-    at once when autoloaded, as Click's own zsh script does. Leaves a Typer whose script differs alone."""
+    at once when autoloaded (and register the function for the TABs after). Leaves a Typer whose script
+    differs alone."""
     from typer import _completion_classes, _completion_shared
 
     script = _completion_shared.COMPLETION_SCRIPT_ZSH

@@ -1,0 +1,1643 @@
+"""Export and import of cache entries as one verified archive (DESIGN.md §6).
+
+An archive is a tar stream (plain, gzip or zstd). Its first member is `manifest.json`: the kcache
+version and, per entry, its layout, kind, key fields (space, op, hash, path in the cache), each
+file's size and sha256, each symlink's target, the empty lock files it had, and the compiler, arch
+and platform where known. Then come the entries' directories, files and symlinks, named by their
+path relative to the cache root (so `tar -tzf` shows where each lands).
+
+Import is all or nothing for the archive: every member is checked against the manifest and its
+sha256 while it is extracted into a staging directory inside the root (`.kcache/import-*`); only
+when the whole archive has been read and found valid is anything published, entry by entry, each
+with one rename under the entry's lock. A rejected archive leaves the cache as it was.
+
+Links: a symlink must stay inside its own entry, except that a tilus script's `programs/<i>` and
+`latency/<key>/<i>` links may point at `programs/<h12>` when that program is in the archive or
+already in the cache. Lock files (`.lock`, `*.lock`, `*.t_lock`) are machine-local: they travel
+as names in the manifest and come back as new empty files; a lock-file member is rejected.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Protocol
+
+from kcache_cli import __version__, state
+from kcache_cli.errors import KcacheError, UsageError
+from kcache_cli.model import BUILDING, COMPLETE, LAYOUT_NAMES, Entry, ScanFilter, Warn, iso, measure_tree
+
+FORMAT = "kcache-archive"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+COMPRESSION_BY_SUFFIX = ((".tar.gz", "gz"), (".tgz", "gz"), (".tar.zst", "zst"), (".tzst", "zst"),
+                         (".tar.zstd", "zst"), (".tar", "tar"))
+BINARY_SUFFIXES = (".so", ".cubin", ".fatbin", ".o", ".a", ".hsaco", ".dylib", ".dll")
+BIG_FILE = 32 << 20  # files above this are streamed instead of read whole
+META_FILES = ("kcache.json", "compile.sh", "module/compile.sh", "nvcc_log.txt", "options.txt")
+_LOCK_NAME = re.compile(r"(^|/)(\.lock|[^/]*\.(t_)?lock)$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_ARCH = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
+_HIDET_SPACE = re.compile(r"^[a-z0-9]+_space_\d+$")
+_TILELANG_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?([.+\-\w]*)$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class ArchiveRejected(KcacheError):
+    """The archive breaks a rule: nothing of it is published (exit 1)."""
+
+
+class Progress(Protocol):
+    def start(self, total: int) -> None: ...
+
+    def advance(self, n: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class ImportLimits:
+    """Bounds on what an archive may make kcache write (tar-bomb defences)."""
+
+    max_member: int = 4 << 30  # one file
+    max_total: int = 64 << 30  # all files together
+    max_members: int = 5_000_000  # files, links and directories
+    max_manifest: int = 256 << 20  # the manifest itself, held in memory
+
+
+@dataclass(frozen=True)
+class ExportedEntry:
+    layout: str
+    kind: str
+    target: str | None
+    space: str | None
+    op: str | None
+    hash: str
+    relpath: str
+    status: str
+    files: int
+    size: int
+    compiler: str | None
+    arch: str | None
+    platform: str | None
+    omitted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    archive: str
+    compression: str
+    entries: tuple[ExportedEntry, ...]
+    left_out: tuple[tuple[Entry, str], ...]
+    files: int
+    size: int
+    archive_size: int
+    sources_only: bool
+
+
+@dataclass(frozen=True)
+class ImportedEntry:
+    layout: str
+    kind: str
+    target: str | None
+    space: str | None
+    op: str | None
+    hash: str
+    relpath: str
+    action: str  # "import", "replace" or "skip"
+    done: bool  # published (False for skips and in a dry run)
+    reason: str | None
+    files: int
+    size: int
+    arch: str | None
+    compiler: str | None
+    platform: str | None
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    archive: str
+    root: str
+    dry_run: bool
+    kcache_version: str | None
+    entries: tuple[ImportedEntry, ...]
+    files: int  # files read and verified
+    size: int  # bytes read and verified
+
+    @property
+    def published(self) -> tuple[ImportedEntry, ...]:
+        return tuple(e for e in self.entries if e.done)
+
+
+# ---- shared rules ------------------------------------------------------------------------------
+
+def compression_for(path: str) -> str:
+    """'tar', 'gz' or 'zst' from an archive's name."""
+    low = path.lower()
+    for suffix, kind in COMPRESSION_BY_SUFFIX:
+        if low.endswith(suffix):
+            return kind
+    raise UsageError(f"cannot tell the archive format from '{os.path.basename(path)}': "
+                     "name it .tar, .tar.gz (.tgz) or .tar.zst")
+
+
+def is_lock_name(name: str) -> bool:
+    return bool(_LOCK_NAME.search(name))
+
+
+def is_binary_name(name: str) -> bool:
+    return name.lower().endswith(BINARY_SUFFIXES)
+
+
+def path_problem(name: object, what: str = "path") -> str | None:
+    """Why `name` is not a safe relative path ('a/b/c'), or None."""
+    if not isinstance(name, str) or not name:
+        return f"empty or non-text {what}"
+    if _CONTROL.search(name):
+        return f"{what} {name!r} holds control characters"
+    if name.startswith("/"):
+        return f"absolute {what} {name!r}"
+    if len(name.encode("utf-8", "surrogatepass")) > 4096:
+        return f"{what} longer than 4096 bytes"
+    for part in name.split("/"):
+        if part in ("", ".", ".."):
+            return f"{what} {name!r} has an empty, '.' or '..' component" if part != ".." else \
+                f"{what} {name!r} goes up with '..'"
+        if part == state.STATE_DIR:
+            return f"{what} {name!r} lands in kcache's own {state.STATE_DIR}/"
+        if len(part.encode("utf-8", "surrogatepass")) > 255:
+            return f"{what} {name!r} has a component longer than 255 bytes"
+    return None
+
+
+def entry_path_problem(layout: str, kind: str, relpath: str) -> str | None:
+    """Why `relpath` is not where an entry of this layout and kind lives, or None."""
+    bad = path_problem(relpath, "entry path")
+    if bad:
+        return bad
+    parts = relpath.split("/")
+    if any(p.startswith(".") for p in parts):
+        return f"entry path {relpath!r} has a hidden component (temp, staging or state directory)"
+    shapes = {
+        ("hidet", "op"): len(parts) == 4 and parts[0] == "ops" and bool(_HIDET_SPACE.match(parts[1])),
+        ("hidet", "graph"): len(parts) == 2 and parts[0] == "graphs",
+        ("hidet", "ir_module"): len(parts) == 2 and parts[0] == "ir_modules",
+        ("tilus", "program"): len(parts) == 2 and parts[0] == "programs",
+        ("tilus", "script"): len(parts) == 3 and parts[0] == "scripts",
+        ("tilelang", "kernel"): len(parts) == 4 and bool(_TILELANG_VERSION.match(parts[0]))
+        and parts[1] != "cuda-binaries" and parts[2] == "kernels",
+        ("tilelang", "binary"): len(parts) == 3 and bool(_TILELANG_VERSION.match(parts[0]))
+        and parts[1] == "cuda-binaries",
+    }
+    if not shapes.get((layout, kind), False):
+        return f"{relpath!r} is not where a {layout} {kind} entry lives"
+    return None
+
+
+def link_problem(layout: str, kind: str, relpath: str, name: str, target: object,
+                 program_ok: Callable[[str], bool]) -> str | None:
+    """Why the symlink `name` (inside the entry at `relpath`) -> `target` is not allowed, or None.
+
+    Allowed: a relative target of the form ../../a/b that stays inside the entry; for a tilus
+    script, also exactly `programs/<h>` at the root when `program_ok(h)`."""
+    where = f"symlink {relpath}/{name} -> {target!r}"
+    if not isinstance(target, str) or not target or "\0" in target or _CONTROL.search(target):
+        return f"{where} has an empty or malformed target"
+    if target.startswith("/"):
+        return f"{where} is absolute"
+    parts = target.split("/")
+    ups = 0
+    while ups < len(parts) and parts[ups] == "..":
+        ups += 1
+    rest = parts[ups:]
+    if not rest or any(p in ("", ".", "..") for p in rest):
+        return f"{where} is not a plain relative path"
+    base = (relpath + "/" + name).split("/")[:-1]
+    if ups > len(base):
+        return f"{where} points outside the cache"
+    resolved = base[:len(base) - ups] + rest
+    mine = relpath.split("/")
+    if len(resolved) > len(mine) and resolved[:len(mine)] == mine:
+        return None
+    if (layout, kind) == ("tilus", "script") and len(resolved) == 2 and resolved[0] == "programs" \
+            and not resolved[1].startswith(".") and program_ok(resolved[1]):
+        return None
+    if (layout, kind) == ("tilus", "script") and len(resolved) == 2 and resolved[0] == "programs":
+        return f"{where} points to a tilus program that is neither in the archive nor in the cache"
+    return f"{where} points outside its entry"
+
+
+def archs_from_command(command: str) -> str | None:
+    """CUDA archs from an nvcc command line: -gencode code=..., else -arch/--gpu-architecture."""
+    found: list[str] = []
+    for codes in re.findall(r"code=\[?([\w,]+)\]?", command):
+        found.extend(c for c in codes.split(",") if _ARCH.match(c))
+    if not found:
+        for a in re.findall(r"(?:-arch|--gpu-architecture)[= ]+((?:sm|compute)_\d+[af]?)\b", command):
+            found.append(a)
+            if a.startswith("sm_"):  # nvcc -arch=sm_XY also embeds compute_XY PTX
+                found.append("compute_" + a[3:])
+    out = list(dict.fromkeys(found))
+    return ",".join(out) or None
+
+
+def cuda_archs(arch: str) -> list[tuple[str, tuple[int, int], str]]:
+    """("sm" | "compute", (major, minor), "" | "a" | "f") for each CUDA arch named in "sm_90a,compute_90"."""
+    parsed = []
+    for item in arch.split(","):
+        m = _ARCH.match(item.strip())
+        if m:
+            n = int(m.group(2))
+            parsed.append((m.group(1), (n // 10, n % 10), m.group(3)))
+    return parsed
+
+
+def arch_runs_on(arch: str, caps: Iterable[tuple[int, int]]) -> bool | None:
+    """Whether code built for `arch` ("sm_90a", "sm_80,compute_80") runs on any GPU of compute
+    capability in `caps`; None when `arch` names no CUDA arch."""
+    parsed = cuda_archs(arch)
+    if not parsed:
+        return None
+    for cap in caps:
+        for kind, cc, suffix in parsed:
+            if suffix == "a":
+                ok = cc == cap
+            elif kind == "sm":  # SASS runs on the same major, same or newer minor
+                ok = cc[0] == cap[0] and cc[1] <= cap[1]
+            else:  # PTX is compiled by the driver for any newer GPU
+                ok = cc <= cap
+            if ok:
+                return True
+    return False
+
+
+def local_compute_caps(timeout: float = 10.0) -> tuple[tuple[int, int], ...] | None:
+    """Compute capabilities of this machine's GPUs from nvidia-smi; None when there is no GPU
+    (or no nvidia-smi) to ask."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    caps = []
+    for line in out.stdout.splitlines():
+        m = re.match(r"^\s*(\d+)\.(\d+)\s*$", line)
+        if m:
+            caps.append((int(m.group(1)), int(m.group(2))))
+    return tuple(caps) if out.returncode == 0 and caps else None
+
+
+# ---- export --------------------------------------------------------------------------------------
+
+PARALLEL_MIN_ENTRIES = 1000  # below this, forking workers costs more than it saves
+ENTRIES_PER_PART = 500
+MAX_PARTS = 16
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass
+class ExportPlan:
+    """What to export. Most of a big cache is hidet op directories: those are jobs
+    (path, name, target, space, op) whose status is decided while they are read, in one pass;
+    everything else was scanned already and comes as an Entry."""
+
+    root: Path
+    flt: ScanFilter
+    sources_only: bool
+    jobs: list  # tuple job or Entry, sorted by path
+    left: list[tuple[Entry, str]]
+    last_used: dict[str, float] = field(default_factory=dict)
+
+
+def _leave_out(e: Entry, flt: ScanFilter, sources_only: bool) -> str | None:
+    """Why a selected entry stays out of an archive, or None."""
+    if entry_path_problem(e.layout, e.kind, e.relpath):
+        return "a temp, staging or stray directory, not an entry"
+    if e.status == BUILDING:
+        return f"being built ({e.reason})"
+    if not flt.statuses and e.status != COMPLETE:
+        return f"{e.status}: {e.reason} (select it with --status {e.status})"
+    if sources_only and e.layout == "tilelang" and e.kind == "binary":
+        return "holds only a binary (--sources-only)"
+    return None
+
+
+def plan_export(root: Path, flt: ScanFilter, warn: Warn | None = None, sources_only: bool = False) -> ExportPlan:
+    """The entries `flt` selects for export. Without a --status filter only complete entries go;
+    entries in flight never do. Programs that selected tilus scripts link to come along."""
+    from kcache_cli.layouts import hidet
+    from kcache_cli.scan import ScanContext, detect_layouts, scan_cache
+
+    root = Path(root)
+    if not root.is_dir():
+        raise KcacheError(f"no cache at {root}")
+    warn = warn or (lambda m: None)
+    layouts = [n for n in detect_layouts(root) if not flt.layouts or n in flt.layouts]
+    jobs: list = []
+    left: list[tuple[Entry, str]] = []
+    ctx = ScanContext(root, warn, state.load_last_used(root))
+    if "hidet" in layouts:
+        if not flt.kinds or "op" in flt.kinds:
+            jobs.extend(_hidet_op_jobs(ctx, flt))
+        if not (flt.ops or flt.spaces or flt.targets):  # graphs and ir_modules have none of these
+            for dirname, kind in hidet.OTHER_KINDS:
+                if flt.kinds and kind not in flt.kinds:
+                    continue
+                for de in ctx.listdir(root / dirname):
+                    if de.is_dir(follow_symlinks=False):
+                        e = ctx.entry(path=de.path, usage=measure_tree(de.path, warn), layout="hidet", kind=kind,
+                                      target=None, space=None, op=None, hash=de.name, status=COMPLETE, reason=None)
+                        if flt.matches(e):
+                            jobs.append(e)
+    others = tuple(n for n in layouts if n != "hidet")
+    if others:
+        from dataclasses import replace
+
+        scanned = scan_cache(root, replace(flt, layouts=others), warn).entries
+        chosen = []
+        for e in scanned:
+            why = _leave_out(e, flt, sources_only)
+            (left.append((e, why)) if why else chosen.append(e))
+        chosen += _linked_programs(root, chosen, left, warn)
+        jobs.extend(chosen)
+    jobs.sort(key=lambda j: j.relpath if isinstance(j, Entry) else ctx.rel(j[0]))
+    return ExportPlan(root, flt, sources_only, jobs, left, ctx.last_used)
+
+
+def _hidet_op_jobs(ctx, flt: ScanFilter) -> list[tuple[str, str, str, str, str]]:
+    """(path, name, target, space, op) of every op directory the filter's names allow (cheap: listings)."""
+    from kcache_cli.layouts import hidet
+
+    ops = ctx.root / "ops"
+    spaces = flt.spaces or [d.name for d in ctx.listdir(ops) if d.is_dir(follow_symlinks=False)]
+    jobs = []
+    for space in spaces:
+        m = hidet.SPACE_RE.match(space)
+        space_path = os.path.join(ops, space)
+        if not m or not flt.wants_target(m.group(1)) or not os.path.isdir(space_path):
+            continue
+        op_names = flt.ops or [d.name for d in ctx.listdir(space_path) if d.is_dir(follow_symlinks=False)]
+        for op in op_names:
+            for de in ctx.listdir(os.path.join(space_path, op)):
+                if not de.is_dir(follow_symlinks=False):
+                    continue
+                if flt.hash_prefixes and not any(de.name.startswith(p) for p in flt.hash_prefixes):
+                    continue
+                jobs.append((de.path, de.name, m.group(1), space, op))
+    return jobs
+
+
+def _linked_programs(root: Path, chosen: list[Entry], left: list, warn: Warn) -> list[Entry]:
+    """tilus programs that chosen scripts link to and that are not chosen themselves."""
+    scripts = [e for e in chosen if (e.layout, e.kind) == ("tilus", "script")]
+    if not scripts:
+        return []
+    from kcache_cli.layouts import tilus
+    from kcache_cli.scan import scan_cache
+
+    have = {e.relpath for e in chosen}
+    need = set()
+    for s in scripts:
+        for _, _, target in tilus.script_links(s.path):
+            if target:
+                rel = os.path.relpath(target, root).replace(os.sep, "/")
+                if rel not in have:
+                    need.add(rel)
+    out = []
+    if need:
+        for e in scan_cache(root, ScanFilter(layouts=("tilus",), kinds=("program",)), warn).entries:
+            if e.relpath in need:
+                if e.status == BUILDING:
+                    left.append((e, f"being built ({e.reason})"))
+                else:
+                    out.append(e)
+    return out
+
+
+class _Skip(Exception):
+    """This entry cannot be exported as it is (a warning, not an error)."""
+
+
+def _list_tree(dfd: int, prefix: str, out: list) -> None:
+    """(name, kind, size, mode, mtime, link target) of everything under an open directory, sorted,
+    depth first; kind is 'file', 'dir', 'link' or 'other'. One lstat per item, relative to `dfd`."""
+    with os.scandir(dfd) as it:
+        items = sorted(it, key=_by_name)
+    for de in items:
+        st = de.stat(follow_symlinks=False)
+        mode = st.st_mode
+        name = prefix + de.name
+        if stat.S_ISREG(mode):
+            out.append((name, "file", st.st_size, mode, st.st_mtime, None))
+        elif stat.S_ISDIR(mode):
+            out.append((name, "dir", 0, mode, st.st_mtime, None))
+            sub = os.open(de.name, _DIR_FLAGS, dir_fd=dfd)
+            try:
+                _list_tree(sub, name + "/", out)
+            finally:
+                os.close(sub)
+        elif stat.S_ISLNK(mode):
+            out.append((name, "link", st.st_size, mode, st.st_mtime, os.readlink(de.name, dir_fd=dfd)))
+        else:
+            out.append((name, "other", 0, mode, st.st_mtime, None))
+
+
+def _by_name(de: os.DirEntry) -> str:
+    return de.name
+
+
+def _read_file(dfd: int, name: str, size: int) -> bytes:
+    fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
+    try:
+        data = os.read(fd, size) if size else b""
+        while len(data) < size:  # short reads happen on some filesystems
+            more = os.read(fd, size - len(data))
+            if not more:
+                break
+            data += more
+        return data
+    finally:
+        os.close(fd)
+
+
+class _PartWriter:
+    """Turns entries into tar members and manifest records (one worker, one or more parts)."""
+
+    def __init__(self, plan: ExportPlan, writer, programs: set[str], advance: Callable[[int], None]) -> None:
+        import hashlib
+
+        from kcache_cli.scan import ScanContext
+
+        self.plan = plan
+        self.writer = writer
+        self.programs = programs
+        self.advance = advance
+        self.sha256 = hashlib.sha256
+        self.warnings: list[str] = []
+        self.ctx = ScanContext(plan.root, self.warnings.append, plan.last_used)
+        self.records: list[dict] = []
+        self.done: list[ExportedEntry] = []
+        self.left: list[tuple[Entry, str]] = []
+        self.files = self.size = 0
+
+    def job(self, job) -> None:
+        try:
+            if isinstance(job, Entry):
+                self._entry(job)
+            else:
+                self._hidet_op(job)
+        except _Skip as exc:
+            entry, why = exc.args
+            self.left.append((entry, why))
+            self.warnings.append(f"skipping {entry.relpath}: {why}")
+        self.advance(1)
+
+    def _hidet_op(self, job) -> None:
+        from kcache_cli.layouts import hidet
+        from kcache_cli.locking import probe_locked
+        from kcache_cli.model import PARTIAL, TreeUsage
+
+        path, name, target, space, op = job
+        flt = self.plan.flt
+        if name.startswith("."):  # temp and hidden directories: let the scan say exactly what they are
+            e = hidet._op_entry(self.ctx, job)
+            if flt.matches(e):
+                self.left.append((e, _leave_out(e, flt, self.plan.sources_only) or "not an entry"))
+            return
+        try:
+            dfd = os.open(path, _DIR_FLAGS)
+        except OSError as exc:
+            return self._unreadable(job, exc)
+        try:
+            items: list = []
+            try:
+                newest = os.fstat(dfd).st_mtime
+                _list_tree(dfd, "", items)
+                lib = next((it for it in items if it[0] == hidet.BINARY and it[1] == "file"), None)
+                lib_data = _read_file(dfd, hidet.BINARY, lib[2]) if lib and lib[2] else None
+            except OSError as exc:
+                return self._unreadable(job, exc)
+            names = {it[0]: it[2] for it in items if it[1] != "dir" and "/" not in it[0]}
+            size = files = 0
+            for it in items:
+                if it[1] != "dir":
+                    size += it[2]
+                    files += 1
+                if it[4] > newest:
+                    newest = it[4]
+            status, reason = hidet.op_status(path, names, lib_data[:64] if lib_data is not None else None)
+            if status == PARTIAL and ".lock" in names and probe_locked(os.path.join(path, ".lock")):
+                status, reason = BUILDING, "hidet holds the entry's lock (compiling)"
+            e = self.ctx.entry(path=path, usage=TreeUsage(size, files, newest), layout="hidet", kind="op",
+                               target=target, space=space, op=op, hash=name, status=status, reason=reason)
+            if not flt.matches(e):
+                return
+            why = _leave_out(e, flt, self.plan.sources_only)
+            if why:
+                self.left.append((e, why))
+                return
+            self._emit(e, dfd, items, newest, {hidet.BINARY: lib_data} if lib_data is not None else {})
+        finally:
+            os.close(dfd)
+
+    def _unreadable(self, job, exc: OSError) -> None:
+        path, name, target, space, op = job
+        from kcache_cli.model import CORRUPT, TreeUsage
+
+        e = self.ctx.entry(path=path, usage=TreeUsage(0, 0, 0.0), layout="hidet", kind="op", target=target,
+                           space=space, op=op, hash=name, status=CORRUPT, reason=f"unreadable: {exc.strerror}")
+        if self.plan.flt.matches(e):
+            self.left.append((e, e.reason))
+            self.warnings.append(f"skipping {e.relpath}: {e.reason}")
+
+    def _entry(self, e: Entry) -> None:
+        try:
+            dfd = os.open(e.path, _DIR_FLAGS)
+        except OSError as exc:
+            raise _Skip(e, f"unreadable: {exc.strerror}") from None
+        try:
+            items: list = []
+            try:
+                mtime = os.fstat(dfd).st_mtime
+                _list_tree(dfd, "", items)
+            except OSError as exc:
+                raise _Skip(e, f"unreadable: {exc.strerror}") from None
+            self._emit(e, dfd, items, mtime, {})
+        finally:
+            os.close(dfd)
+
+    def _emit(self, e: Entry, dfd: int, items: list, mtime: float, preread: dict[str, bytes]) -> None:
+        """Check the listing, then read and append the entry. Its members are collected first, so
+        that an entry that changes under us is skipped whole (entries above BIG_FILE stream)."""
+        from kcache_cli import tarstream as ts
+
+        rel = e.relpath
+        for name, kind, _, _, _, target in items:
+            if kind == "other":
+                raise _Skip(e, f"{name} is a device, fifo or socket")
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _Skip(e, f"{name!r} is not a UTF-8 file name") from None
+            if kind == "link":
+                bad = link_problem(e.layout, e.kind, rel, name, target, self.programs.__contains__)
+                if bad:
+                    raise _Skip(e, bad)
+        sources_only = self.plan.sources_only
+        sha256 = self.sha256
+        pieces = [ts.dir_header(rel, mtime)]
+        put = pieces.append
+        files: dict[str, dict] = {}
+        links: dict[str, str] = {}
+        dirs: list[str] = []
+        locks: list[str] = []
+        omitted: list[str] = []
+        small: dict[str, bytes] = {}
+        binaries: list[str] = []
+        size = 0
+        streamed = False
+        for name, kind, fsize, mode, ftime, target in items:
+            member = f"{rel}/{name}"
+            if kind == "dir":
+                dirs.append(name)
+                put(ts.dir_header(member, ftime))
+            elif kind == "link":
+                links[name] = target
+                put(ts.symlink_header(member, target, ftime))
+            elif is_lock_name(name):
+                locks.append(name)
+            elif sources_only and is_binary_name(name):
+                omitted.append(name)
+                binaries.append(os.path.join(e.path, name))
+            elif fsize > BIG_FILE:
+                if not streamed:  # from here on, members go straight to the writer
+                    self.writer.write(b"".join(pieces))
+                    pieces.clear()
+                    streamed = True
+                files[name] = self._stream(dfd, name, member, fsize, mode, ftime)
+                size += fsize
+            else:
+                data = preread.get(name)
+                try:
+                    if data is None:
+                        data = _read_file(dfd, name, fsize)
+                except OSError as exc:
+                    if streamed:
+                        raise KcacheError(f"cannot read {e.path}/{name}: {exc.strerror} (the entry changed "
+                                          "during the export)") from None
+                    raise _Skip(e, f"cannot read {name}: {exc.strerror} (changed during the export?)") from None
+                n = len(data)
+                put(ts.file_header(member, n, mode, ftime))
+                put(data)
+                put(ts.padding(n))
+                files[name] = {"size": n, "sha256": sha256(data).hexdigest()}
+                size += n
+                if name in META_FILES:
+                    small[name] = data
+                if data[:4] == b"\x7fELF" or data[:4] == b"\x50\xed\x55\xba":
+                    binaries.append(os.path.join(e.path, name))
+        if pieces:
+            self.writer.write(b"".join(pieces))
+        compiler, arch, platform = _entry_facts(e, small, binaries)
+        record = {"layout": e.layout, "kind": e.kind, "target": e.target, "space": e.space, "op": e.op,
+                  "hash": e.hash, "relpath": rel, "status": e.status, "compiler": compiler, "arch": arch,
+                  "platform": platform, "files": files, "links": links, "dirs": dirs, "locks": locks}
+        if sources_only:
+            record["omitted"] = omitted
+        self.records.append(record)
+        self.done.append(ExportedEntry(e.layout, e.kind, e.target, e.space, e.op, e.hash, rel, e.status,
+                                       len(files), size, compiler, arch, platform, tuple(omitted)))
+        self.files += len(files)
+        self.size += size
+
+    def _stream(self, dfd: int, name: str, member: str, size: int, mode: int, mtime: float) -> dict:
+        from kcache_cli import tarstream as ts
+
+        write = self.writer.write
+        write(ts.file_header(member, size, mode, mtime))
+        h = self.sha256()
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
+        try:
+            left = size
+            while left:
+                chunk = os.read(fd, min(ts.CHUNK, left))
+                if not chunk:
+                    raise KcacheError(f"{member} shrank while it was being exported")
+                h.update(chunk)
+                write(chunk)
+                left -= len(chunk)
+        finally:
+            os.close(fd)
+        write(ts.padding(size))
+        return {"size": size, "sha256": h.hexdigest()}
+
+
+def _entry_facts(entry: Entry, small: dict[str, bytes], binaries: list[str]) -> tuple[str | None, str | None,
+                                                                                         str | None]:
+    """(compiler, arch, platform) of an entry: what it recorded (kcache.json), else its compile
+    command, else tilus's options, else (no command at all) the archs inside its binaries."""
+    compiler = arch = platform = None
+    record = small.get("kcache.json")
+    if record:
+        try:
+            data = json.loads(record)
+            compiler, arch, platform = (str(data[k]) if data.get(k) else None
+                                        for k in ("compiler", "arch", "platform"))
+        except (ValueError, AttributeError, TypeError):
+            pass
+    command = None
+    script = small.get("compile.sh") or small.get("module/compile.sh")
+    if script is not None:
+        from kcache_cli.layouts.hidet import command_from_script
+
+        command = command_from_script(script.decode("utf-8", "replace"))
+    elif small.get("nvcc_log.txt"):
+        command = (small["nvcc_log.txt"].decode("utf-8", "replace").splitlines() or [""])[0]
+    if command:
+        words = command.split()
+        if compiler is None and words:
+            compiler = os.path.basename(words[0])
+        arch = arch or archs_from_command(command)
+    options = small.get("options.txt")
+    if arch is None and options:
+        m = re.search(rb"arch='sm_?(\d+)([af]?)'", options)
+        if m:
+            arch = f"sm_{m.group(1).decode()}{m.group(2).decode()}"
+    if entry.layout == "tilelang" and entry.kind == "kernel" and entry.space and "/" in entry.space:
+        platform = platform or entry.space.split("/", 1)[1]
+    if arch is None and not command and entry.target != "cpu" and binaries:
+        try:
+            from kcache_cli.binary import read_binary
+        except ImportError:  # the ELF reader is optional here
+            return compiler, arch, platform
+        found: list[str] = []
+        for b in binaries:
+            info = read_binary(b)
+            found.extend(info.archs)
+            found.extend(info.ptx_archs)
+        arch = ",".join(dict.fromkeys(found)) or None
+    return compiler, arch, platform
+
+
+def _split(items: list, n: int) -> list[list]:
+    """`items` in `n` contiguous chunks of nearly equal length."""
+    k, r = divmod(len(items), n)
+    out, i = [], 0
+    for c in range(n):
+        j = i + k + (1 if c < r else 0)
+        out.append(items[i:j])
+        i = j
+    return out
+
+
+def _export_worker(plan: ExportPlan, parts: list[list], path: str, compression: str, programs: set[str],
+                   advance: Callable[[int], None], abort: Callable[[], bool]) -> dict:
+    """Write `parts` (lists of jobs) into the file at `path`, one compressed part after the other."""
+    from kcache_cli import tarstream as ts
+
+    with open(path, "wb") as out:
+        writer = ts.FrameWriter(out, compression)
+        pw = _PartWriter(plan, writer, programs, advance)
+        sizes, counts = [], []
+        try:
+            start = 0
+            for jobs in parts:
+                before = len(pw.records)
+                for job in jobs:
+                    if abort():
+                        raise KcacheError("export aborted")
+                    pw.job(job)
+                end = writer.end_part()
+                sizes.append(end - start)
+                counts.append(len(pw.records) - before)
+                start = end
+        finally:
+            writer.close()
+    return {"records": pw.records, "done": pw.done, "left": pw.left, "files": pw.files, "size": pw.size,
+            "sizes": sizes, "counts": counts, "warnings": pw.warnings}
+
+
+def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
+                   progress: Progress | None = None) -> ExportResult:
+    """Write the planned entries into `archive` (compression from its name) through a temp file
+    renamed at the end: a failed export leaves no half archive behind.
+
+    The tar stream is `manifest.json`, then the entries in parts (independent gzip members or zstd
+    frames, listed in the manifest with their sizes) written by forked workers on big caches."""
+    import tempfile
+
+    from kcache_cli import tarstream as ts
+
+    compression = compression_for(archive)
+    archive = os.path.abspath(archive)
+    out_dir = os.path.dirname(archive)
+    if not os.path.isdir(out_dir):
+        raise KcacheError(f"cannot write {archive}: {out_dir} is not a directory")
+    warn = warn or (lambda m: None)
+    jobs = plan.jobs
+    programs = {j.relpath.split("/", 1)[1] for j in jobs
+                if isinstance(j, Entry) and (j.layout, j.kind) == ("tilus", "program")}
+    n_parts = max(1, min(MAX_PARTS, len(jobs) // ENTRIES_PER_PART))
+    workers = min(_cpus(), n_parts) if len(jobs) >= PARALLEL_MIN_ENTRIES else 1
+    if workers == 1:
+        n_parts = 1
+    part_jobs = _split(jobs, n_parts)
+    per_worker = _split(part_jobs, workers)
+    if progress:
+        progress.start(len(jobs))
+    temps: list[str] = []
+    try:
+        for _ in range(workers + 1):
+            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(archive)}.", suffix=".kcache-tmp", dir=out_dir)
+            os.close(fd)
+            temps.append(tmp)
+    except OSError as exc:
+        _unlink_all(temps)
+        raise KcacheError(f"cannot write in {out_dir}: {exc.strerror}") from None
+    final_tmp, bodies = temps[0], temps[1:]
+    try:
+        def run(w: int, advance, abort):
+            return _export_worker(plan, per_worker[w], bodies[w], compression, programs, advance, abort)
+
+        results = _fork_map(run, workers, progress)
+        records, done, left = [], [], list(plan.left)
+        sizes, counts = [], []
+        n_files = total = 0
+        for r in results:
+            records += r["records"]
+            done += r["done"]
+            left += r["left"]
+            sizes += r["sizes"]
+            counts += r["counts"]
+            n_files += r["files"]
+            total += r["size"]
+            for w in r["warnings"]:
+                warn(w)
+        # The end-of-archive blocks close the last part; no part is empty (import checks that).
+        with open(bodies[-1], "ab") as last:
+            tail = ts.FrameWriter(last, compression)
+            tail.write(ts.END_OF_ARCHIVE)
+            sizes[-1] += tail.close()
+        parts = [{"size": s, "entries": c} for s, c in zip(sizes, counts)]
+        manifest = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "kcache_version": __version__,
+            "created": iso(time.time()), "platform": _platform(), "sources_only": plan.sources_only,
+            "totals": {"entries": len(records), "files": n_files, "size": total},
+            "parts": parts, "entries": records,
+        }
+        data = json.dumps(manifest, separators=(",", ":")).encode()
+        with open(final_tmp, "wb") as final:
+            head = ts.FrameWriter(final, compression)
+            head.write(ts.file_header(MANIFEST_NAME, len(data), 0o644, time.time()))
+            head.write(data)
+            head.write(ts.padding(len(data)))
+            head.close()
+            for body in bodies:
+                _append_file(final, body)
+        os.replace(final_tmp, archive)
+    finally:
+        _unlink_all(temps)
+    return ExportResult(archive, compression, tuple(done), tuple(left), n_files, total, os.path.getsize(archive),
+                        plan.sources_only)
+
+
+def _append_file(out, path: str) -> None:
+    out.flush()
+    with open(path, "rb") as src:
+        size = os.fstat(src.fileno()).st_size
+        copied = 0
+        try:
+            while copied < size:
+                n = os.copy_file_range(src.fileno(), out.fileno(), size - copied)
+                if n == 0:
+                    break
+                copied += n
+        except (AttributeError, OSError):
+            src.seek(copied)
+            out.seek(0, os.SEEK_END)
+            import shutil
+
+            shutil.copyfileobj(src, out, 1 << 20)
+
+
+def _unlink_all(paths: list[str]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+def _cpus() -> int:
+    try:
+        return max(1, min(len(os.sched_getaffinity(0)), 8))
+    except (AttributeError, OSError):
+        return max(1, min(os.cpu_count() or 1, 8))
+
+
+_FORKED = None
+
+
+def _fork_map(func: Callable, n: int, progress: Progress | None) -> list:
+    """[func(i, advance, abort) for i in range(n)], in forked workers when n > 1. Workers count
+    progress in shared memory (the parent moves the bar); the first failure aborts the others and
+    is raised here."""
+    if n == 1:
+        return [func(0, progress.advance if progress else _ignore, _never)]
+    import multiprocessing
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    global _FORKED
+    ctx = multiprocessing.get_context("fork")
+    counters = ctx.RawArray("q", n)
+    stop = ctx.RawValue("b", 0)
+    _FORKED = (func, counters, stop)
+    try:
+        with ProcessPoolExecutor(n, mp_context=ctx) as pool:
+            futures = [pool.submit(_forked_run, i) for i in range(n)]
+            seen = 0
+            while True:
+                finished, pending = wait(futures, timeout=0.1, return_when=FIRST_EXCEPTION)
+                now = sum(counters)
+                if progress and now > seen:
+                    progress.advance(now - seen)
+                seen = now
+                if any(f.exception() is not None for f in finished):
+                    stop.value = 1
+                    break
+                if not pending:
+                    break
+            return [f.result() for f in futures]
+    finally:
+        _FORKED = None
+
+
+def _forked_run(i: int):
+    func, counters, stop = _FORKED
+
+    def advance(k: int) -> None:
+        counters[i] += k
+
+    return func(i, advance, lambda: bool(stop.value))
+
+
+def _ignore(n: int) -> None:
+    pass
+
+
+def _never() -> bool:
+    return False
+
+
+def _platform() -> str:
+    import platform
+
+    return f"{sys.platform}-{platform.machine()}"
+
+
+# ---- import: the plan ---------------------------------------------------------------------------
+
+@dataclass
+class _Planned:
+    index: int
+    record: dict
+    layout: str
+    kind: str
+    relpath: str
+    files: dict  # name -> (size, sha256)
+    links: dict  # name -> target
+    dirs: list
+    locks: list
+    action: str = "import"
+    reason: str | None = None
+    write: bool = True  # extract into staging (False: verify only)
+    size: int = 0
+
+
+@dataclass
+class _Expect:
+    entry: _Planned
+    kind: str  # "root", "dir", "file", "link"
+    name: str  # inside the entry
+    size: int = 0
+    sha256: str = ""
+    target: str = ""
+
+
+def _reject(msg: str) -> ArchiveRejected:
+    return ArchiveRejected(f"archive rejected: {msg}")
+
+
+def _parse_manifest(data: bytes, limits: ImportLimits) -> tuple[dict, list[_Planned]]:
+    try:
+        manifest = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise _reject("manifest.json is not valid JSON") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise _reject("manifest.json is not a kcache archive manifest")
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise _reject("manifest.json has no valid format_version")
+    if version > FORMAT_VERSION:
+        raise _reject(f"made by a newer kcache (archive format {version}, this kcache reads {FORMAT_VERSION})")
+    entries = manifest.get("entries")
+    if not isinstance(entries, list):
+        raise _reject("manifest.json has no entry list")
+    planned: list[_Planned] = []
+    members = total = 0
+    for i, rec in enumerate(entries):
+        if not isinstance(rec, dict):
+            raise _reject(f"manifest entry {i} is not an object")
+        layout, kind, relpath = rec.get("layout"), rec.get("kind"), rec.get("relpath")
+        if layout not in LAYOUT_NAMES or not isinstance(kind, str) or not isinstance(relpath, str):
+            raise _reject(f"manifest entry {i} has no valid layout, kind or path")
+        bad = entry_path_problem(layout, kind, relpath)
+        if bad:
+            raise _reject(f"manifest entry {i}: {bad}")
+        parts = relpath.split("/")
+        if rec.get("hash") != parts[-1] or (layout == "hidet" and kind == "op" and
+                                            (rec.get("space"), rec.get("op")) != (parts[1], parts[2])) \
+                or ((layout, kind) == ("tilus", "script") and rec.get("op") != parts[1]):
+            raise _reject(f"manifest entry {relpath}: its hash, space or op disagree with its path")
+        files, links, dirs, locks = rec.get("files"), rec.get("links", {}), rec.get("dirs", []), rec.get("locks", [])
+        if not isinstance(files, dict) or not isinstance(links, dict) or not isinstance(dirs, list) \
+                or not isinstance(locks, list):
+            raise _reject(f"manifest entry {relpath}: malformed files, links, dirs or locks")
+        p = _Planned(i, rec, layout, kind, relpath, {}, dict(links), list(dirs), list(locks))
+        names: set[str] = set()
+        for name, info in files.items():
+            bad = path_problem(name, "file name")
+            if bad:
+                raise _reject(f"{relpath}: {bad}")
+            if is_lock_name(name):
+                raise _reject(f"{relpath}/{name} is named like a lock file (lock files are never shipped)")
+            if not isinstance(info, dict):
+                raise _reject(f"{relpath}/{name}: malformed file record")
+            size, digest = info.get("size"), info.get("sha256")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(digest, str) \
+                    or not _HEX64.match(digest):
+                raise _reject(f"{relpath}/{name}: the manifest gives no valid size and sha256")
+            if size > limits.max_member:
+                raise _reject(f"{relpath}/{name} is {size} bytes, over the limit of {limits.max_member} per file")
+            p.files[name] = (size, digest)
+            p.size += size
+            names.add(name)
+        for name, target in links.items():
+            bad = path_problem(name, "link name")
+            if bad:
+                raise _reject(f"{relpath}: {bad}")
+            if not isinstance(target, str):
+                raise _reject(f"{relpath}/{name}: malformed link record")
+        for group, what in ((links, "link"), (dirs, "directory"), (locks, "lock file")):
+            for name in group:
+                bad = path_problem(name, f"{what} name")
+                if bad:
+                    raise _reject(f"{relpath}: {bad}")
+                if name in names:
+                    raise _reject(f"{relpath}/{name} is listed twice in the manifest")
+                names.add(name)
+        for name in locks:
+            if not is_lock_name(name):
+                raise _reject(f"{relpath}/{name} is listed as a lock file but is not named like one")
+        not_dirs = names - set(dirs)
+        for name in names:
+            parts_ = name.split("/")
+            for k in range(1, len(parts_)):
+                if "/".join(parts_[:k]) in not_dirs:
+                    raise _reject(f"{relpath}/{name} lies under a file or link of the same entry")
+        members += len(names) + 1
+        total += p.size
+        planned.append(p)
+    if members > limits.max_members:
+        raise _reject(f"{members} members, over the limit of {limits.max_members}")
+    if total > limits.max_total:
+        raise _reject(f"it would expand to {total} bytes, over the limit of {limits.max_total}")
+    rels = sorted(p.relpath for p in planned)
+    for a, b in zip(rels, rels[1:]):
+        if a == b:
+            raise _reject(f"entry {a} is listed twice in the manifest")
+        if b.startswith(a + "/"):
+            raise _reject(f"entry {b} lies inside entry {a}")
+    return manifest, planned
+
+
+def _real_dir_chain(root: Path, relpath: str, cache: dict | None = None) -> str | None:
+    """Why the parents of `relpath` under `root` cannot be written without following a link, or None."""
+    cache = {} if cache is None else cache
+    cur = str(root)
+    for part in relpath.split("/")[:-1]:
+        cur = os.path.join(cur, part)
+        if cur in cache:
+            problem = cache[cur]
+        else:
+            try:
+                st = os.lstat(cur)
+                problem = (f"{cur} is a symlink (kcache never writes through one)" if stat.S_ISLNK(st.st_mode)
+                           else None if stat.S_ISDIR(st.st_mode) else f"{cur} is not a directory")
+            except FileNotFoundError:
+                problem = ""  # missing: made at publish time
+            except OSError as exc:
+                problem = f"cannot check {cur}: {exc.strerror}"
+            cache[cur] = problem
+        if problem is not None:
+            return problem or None
+    return None
+
+
+def _plan(root: Path, planned: list[_Planned], warn: Warn) -> None:
+    """Decide each entry's action from the destination, and check every link against it."""
+    from kcache_cli.scan import scan_cache
+
+    existing = {p.relpath for p in planned if os.path.lexists(os.path.join(root, p.relpath))}
+    found: dict[str, Entry] = {}
+    if existing:
+        layouts = tuple(sorted({p.layout for p in planned if p.relpath in existing}))
+        found = {e.relpath: e for e in scan_cache(root, ScanFilter(layouts=layouts)).entries}
+    archive_programs = {p.relpath.split("/")[1] for p in planned if (p.layout, p.kind) == ("tilus", "program")}
+    chains: dict = {}
+
+    def program_ok(h: str) -> bool:
+        if h in archive_programs:
+            return True
+        return _real_dir_chain(root, f"programs/{h}/x", chains) is None and \
+            os.path.isdir(os.path.join(root, "programs", h))
+
+    for p in planned:
+        for name, target in p.links.items():
+            bad = link_problem(p.layout, p.kind, p.relpath, name, target, program_ok)
+            if bad:
+                raise _reject(bad)
+        blocked = _real_dir_chain(root, p.relpath, chains)
+        if blocked:
+            p.action, p.reason, p.write = "skip", blocked, False
+            continue
+        if p.relpath in existing:
+            there = found.get(p.relpath)
+            if there is None:
+                p.action, p.reason = "skip", "something that is not an entry is in the way"
+            elif there.status == COMPLETE:
+                p.action, p.reason = "skip", "already present (complete)"
+            elif there.status == BUILDING:
+                p.action, p.reason = "skip", f"being built ({there.reason})"
+            elif p.record.get("status") != COMPLETE:
+                p.action, p.reason = "skip", f"already present ({there.status})"
+            else:
+                p.action, p.reason = "replace", f"replaces a {there.status} entry ({there.reason})"
+            p.write = p.action != "skip"
+
+
+# ---- import: reading the archive ----------------------------------------------------------------
+
+class _Staging:
+    """Where an import extracts before publishing: <root>/.kcache/import-<pid>-<random>/, made by
+    this process, removed (with any directory it had to create) when the import ends."""
+
+    def __init__(self, root: Path) -> None:
+        import secrets
+
+        self.created: list[str] = []
+        cur = str(root)
+        missing = []
+        while not os.path.lexists(cur):
+            missing.append(cur)
+            parent = os.path.dirname(cur)
+            if parent == cur:
+                break
+            cur = parent
+        for d in reversed(missing):
+            os.mkdir(d)
+            self.created.append(d)
+        sdir = os.path.join(root, state.STATE_DIR)
+        try:
+            st = os.lstat(sdir)
+            if not stat.S_ISDIR(st.st_mode):
+                raise KcacheError(f"{sdir} is not a directory")
+        except FileNotFoundError:
+            os.mkdir(sdir)
+            self.created.append(sdir)
+        self.path = os.path.join(sdir, f"import-{os.getpid()}-{secrets.token_hex(4)}")
+        os.mkdir(self.path, 0o700)
+        self.dirs: set[str] = {""}
+
+    def ensure_dir(self, rel: str) -> None:
+        if rel in self.dirs:
+            return
+        self.ensure_dir(os.path.dirname(rel))
+        full = os.path.join(self.path, rel)
+        try:
+            os.mkdir(full)
+        except FileExistsError:  # another worker made it, or a member made it a file: check
+            st = os.lstat(full)
+            if not stat.S_ISDIR(st.st_mode):
+                raise
+        self.dirs.add(rel)
+
+    def cleanup(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.path, ignore_errors=True)
+        for d in reversed(self.created):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+
+
+def _expectations(planned: list[_Planned]) -> dict[str, _Expect]:
+    expect: dict[str, _Expect] = {}
+    for p in planned:
+        expect[p.relpath] = _Expect(p, "root", "")
+        for name in p.dirs:
+            expect[f"{p.relpath}/{name}"] = _Expect(p, "dir", name)
+        for name, (size, digest) in p.files.items():
+            expect[f"{p.relpath}/{name}"] = _Expect(p, "file", name, size, digest)
+        for name, target in p.links.items():
+            expect[f"{p.relpath}/{name}"] = _Expect(p, "link", name, target=target)
+    return expect
+
+
+def _unexpected(name: str, seen: set) -> ArchiveRejected:
+    if name == MANIFEST_NAME or name in seen:
+        return _reject(f"duplicate member {name!r}")
+    bad = path_problem(name, "member name")
+    if bad:
+        return _reject(bad)
+    if is_lock_name(name):
+        return _reject(f"member {name!r} is named like a lock file (lock files are never shipped)")
+    return _reject(f"member {name!r} is not listed in the manifest (or not in its part)")
+
+
+def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: ImportLimits,
+             abort: Callable[[], bool] = lambda: False) -> tuple[int, int]:
+    """Read members until the end of `reader`: each one must be listed for `planned` (once), of the
+    listed type, size and sha256. Files of entries to publish go into `staging`; the others are
+    only hashed. Returns (files, bytes) read."""
+    import hashlib
+
+    from kcache_cli import tarstream as ts
+
+    expect = _expectations(planned)
+    seen: set[str] = set()
+    files = size = 0
+    sha256 = hashlib.sha256
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    base = staging.path + "/" if staging is not None else ""
+    count = 0
+    while True:
+        m = reader.next()
+        if m is None:
+            break
+        count += 1
+        if count & 255 == 0 and abort():
+            raise KcacheError("import aborted")
+        name = m.name
+        x = expect.get(name)
+        if x is None or name in seen:
+            raise _unexpected(name, seen)
+        seen.add(name)
+        out = staging is not None and x.entry.write
+        kind = m.type
+        if kind == ts.REGULAR and x.kind == "file":
+            if m.size != x.size:
+                raise _reject(f"member {name!r} is {m.size} bytes, the manifest says {x.size}")
+            if m.size > limits.max_member:  # the manifest's sizes were checked; this is a second net
+                raise _reject(f"member {name!r} is over the limit of {limits.max_member} bytes per file")
+            h = sha256()
+            if out:
+                parent = name.rpartition("/")[0]
+                if parent not in staging.dirs:
+                    staging.ensure_dir(parent)
+                fd = os.open(base + name, flags, 0o755 if m.mode & 0o111 else 0o644)
+                try:
+                    for chunk in reader.data(m):
+                        h.update(chunk)
+                        _write_all(fd, chunk)
+                finally:
+                    os.close(fd)
+            else:
+                for chunk in reader.data(m):
+                    h.update(chunk)
+            if h.hexdigest() != x.sha256:
+                raise _reject(f"{name}: its sha256 differs from the manifest's (damaged or tampered with)")
+            files += 1
+            size += m.size
+            continue
+        if kind not in (ts.REGULAR, ts.DIRECTORY, ts.SYMLINK, ts.HARDLINK):
+            raise _reject(f"member {name!r} is a {kind}")
+        if kind == ts.HARDLINK:
+            _hardlink(m, x, expect, seen, staging if out else None)
+            files += 1
+            size += x.size
+            continue
+        want = {"root": ts.DIRECTORY, "dir": ts.DIRECTORY, "file": ts.REGULAR, "link": ts.SYMLINK}[x.kind]
+        if kind != want:
+            raise _reject(f"member {name!r} is a {kind}, the manifest says {want}")
+        if m.size:
+            raise _reject(f"{kind} member {name!r} carries data")
+        if kind == ts.DIRECTORY:
+            if out:
+                staging.ensure_dir(name)
+        else:  # a symlink: its target was checked against the rules with the manifest
+            if m.linkname != x.target:
+                raise _reject(f"symlink {name!r} -> {m.linkname!r}, the manifest says -> {x.target!r}")
+            if out:
+                staging.ensure_dir(name.rpartition("/")[0])
+                os.symlink(m.linkname, base + name)
+    for key, x in expect.items():
+        if x.kind in ("file", "link") and key not in seen:
+            raise _reject(f"{key} is listed in the manifest but missing from the archive (truncated?)")
+    return files, size
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    n = os.write(fd, data)
+    if n < len(data):
+        view = memoryview(data)[n:]
+        while view:
+            view = view[os.write(fd, view):]
+
+
+def _hardlink(m, x: _Expect, expect: dict, seen: set, staging: _Staging | None) -> None:
+    """A hard link inside its own entry, to a file already read, becomes a copy of that file."""
+    target = m.linkname.rstrip("/")
+    t = expect.get(target)
+    if t is None or t.entry is not x.entry:
+        raise _reject(f"hard link {m.name!r} -> {m.linkname!r} points outside its entry")
+    if x.kind != "file" or t.kind != "file" or target not in seen:
+        raise _reject(f"hard link {m.name!r} -> {m.linkname!r} is not to a file read before it")
+    if (t.size, t.sha256) != (x.size, x.sha256):
+        raise _reject(f"hard link {m.name!r}: the manifest gives it another size or sha256 than its target")
+    if staging is not None:
+        import shutil
+
+        staging.ensure_dir(m.name.rpartition("/")[0])
+        shutil.copyfile(os.path.join(staging.path, target), os.path.join(staging.path, m.name),
+                        follow_symlinks=False)
+
+
+@dataclass(frozen=True)
+class _Region:
+    start: int
+    length: int
+    lo: int  # entries[lo:hi] live in this part
+    hi: int
+    last: bool
+
+
+def _regions(manifest: dict, n_entries: int, file_size: int) -> list[_Region] | None:
+    """Where each part of the body is, from the manifest's part sizes (the parts end the file).
+    None when the manifest lists no parts: the body is then read as one stream."""
+    parts = manifest.get("parts")
+    if parts is None:
+        return None
+    if not isinstance(parts, list) or not parts or len(parts) > 4096:
+        raise _reject("manifest.json has a malformed part list")
+    sizes, counts = [], []
+    for p in parts:
+        size, count = (p.get("size"), p.get("entries")) if isinstance(p, dict) else (None, None)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (size, count)):
+            raise _reject("manifest.json has a malformed part list")
+        sizes.append(size)
+        counts.append(count)
+    if sum(counts) != n_entries or sum(sizes) >= file_size:
+        raise _reject("the manifest's parts do not add up to the archive")
+    out, pos, lo = [], file_size - sum(sizes), 0
+    for i, (size, count) in enumerate(zip(sizes, counts)):
+        out.append(_Region(pos, size, lo, lo + count, i == len(sizes) - 1))
+        pos += size
+        lo += count
+    return out
+
+
+def _region_reader(fd: int, kind: str, start: int, length: int, counted, threaded: bool):
+    from kcache_cli import tarstream as ts
+
+    return ts.TarReader(ts.region_source(fd, kind, start, length, counted, threaded))
+
+
+def _check_head(fd: int, kind: str, end: int, digest: str) -> None:
+    """The bytes before the first part hold the manifest and nothing else."""
+    import hashlib
+
+    from kcache_cli import tarstream as ts
+
+    reader = _region_reader(fd, kind, 0, end, _ignore, False)
+    try:
+        m = reader.next()
+        if m is None or m.name != MANIFEST_NAME or m.type != ts.REGULAR:
+            raise _reject("the manifest's part sizes do not match the archive")
+        h = hashlib.sha256()
+        for chunk in reader.data(m):
+            h.update(chunk)
+        if h.hexdigest() != digest or reader.next() is not None or reader.end_marker:
+            raise _reject("the manifest's part sizes do not match the archive")
+    finally:
+        reader.close()
+
+
+def _extract_regions(fd: int, kind: str, regions: list[_Region], planned: list[_Planned],
+                     staging: _Staging | None, limits: ImportLimits, advance, abort, threaded: bool
+                     ) -> tuple[int, int]:
+    files = size = 0
+    for r in regions:
+        reader = _region_reader(fd, kind, r.start, r.length, advance, threaded)
+        try:
+            f, s = _extract(reader, planned[r.lo:r.hi], staging, limits, abort)
+            if reader.end_marker and not r.last:
+                raise _reject("an end-of-archive marker before the last part")
+        finally:
+            reader.close()
+        files += f
+        size += s
+    return files, size
+
+
+# ---- import: publishing --------------------------------------------------------------------------
+
+_RENAMEAT2 = None
+
+
+def rename_noreplace(src: str, dst: str) -> None:
+    """Rename `src` to `dst`, failing with FileExistsError if `dst` exists (even an empty directory,
+    which a plain rename would silently replace)."""
+    global _RENAMEAT2
+    if _RENAMEAT2 is None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            fn = libc.renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            _RENAMEAT2 = (fn, ctypes)
+        except (OSError, AttributeError):
+            _RENAMEAT2 = False
+    if _RENAMEAT2:
+        fn, ctypes = _RENAMEAT2
+        if fn(-100, os.fsencode(src), -100, os.fsencode(dst), 1) == 0:  # AT_FDCWD, RENAME_NOREPLACE
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), dst)
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
+    os.rename(src, dst)
+
+
+def _make_parents(root: Path, relpath: str) -> None:
+    cur = str(root)
+    for part in relpath.split("/")[:-1]:
+        cur = os.path.join(cur, part)
+        try:
+            os.mkdir(cur)
+        except FileExistsError:
+            st = os.lstat(cur)
+            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+                raise KcacheError(f"{cur} is not a directory (kcache never writes through a symlink)") from None
+
+
+def _dest_status(root: Path, p: _Planned) -> str | None:
+    from kcache_cli.scan import scan_cache
+
+    parts = p.relpath.split("/")
+    flt = ScanFilter(layouts=(p.layout,), kinds=(p.kind,), hash_prefixes=(parts[-1],),
+                     spaces=(parts[1],) if p.layout == "hidet" and p.kind == "op" else (),
+                     ops=(parts[2],) if p.layout == "hidet" and p.kind == "op" else ())
+    for e in scan_cache(root, flt).entries:
+        if e.relpath == p.relpath:
+            return e.status
+    return None
+
+
+def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, warn: Warn) -> tuple[bool, str | None]:
+    """Move one staged entry into place with one rename, under its lock. (published, reason)."""
+    import shutil
+
+    from filelock import Timeout
+
+    from kcache_cli.locking import entry_lock, probe_locked
+
+    src = os.path.join(staging.path, p.relpath)
+    dest = os.path.join(root, p.relpath)
+    try:
+        lock = entry_lock(root, p.relpath, timeout=lock_timeout)
+        lock.acquire()
+    except Timeout:
+        return False, f"its lock is held (a build in progress?) for more than {lock_timeout:g}s"
+    trashed = None
+    try:
+        if os.path.lexists(dest):
+            if p.action != "replace":
+                return False, "already present (appeared during the import)"
+            if probe_locked(os.path.join(dest, ".lock")):
+                return False, "being built (its .lock is held)"
+            if _dest_status(root, p) == COMPLETE:
+                return False, "already present (completed during the import)"
+            import secrets
+
+            trash = state.trash_dir(root)
+            trash.mkdir(parents=True, exist_ok=True)
+            trashed = os.path.join(trash, f"{p.relpath.replace('/', '%2F')}-{secrets.token_hex(4)}")
+            os.rename(dest, trashed)
+        _make_parents(root, p.relpath)
+        try:
+            rename_noreplace(src, dest)
+        except FileExistsError:
+            return False, "already present (appeared during the import)"
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            # The entry's directory is on another filesystem: copy next to it, then rename.
+            import secrets
+
+            tmp = os.path.join(os.path.dirname(dest), f"{state.TEMP_PREFIX}{p.relpath.rsplit('/', 1)[1]}-"
+                                                      f"{secrets.token_hex(4)}")
+            shutil.copytree(src, tmp, symlinks=True)
+            try:
+                rename_noreplace(tmp, dest)
+            except FileExistsError:
+                shutil.rmtree(tmp, ignore_errors=True)
+                return False, "already present (appeared during the import)"
+        return True, p.reason
+    finally:
+        lock.release()
+        if trashed:
+            shutil.rmtree(trashed, ignore_errors=True)
+
+
+def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: ImportLimits = ImportLimits(),
+                   lock_timeout: float = 60.0, warn: Warn | None = None, progress: Progress | None = None
+                   ) -> ImportResult:
+    """Verify `archive` completely, then publish its entries into `root` (see the module doc).
+
+    Staged then published: every member is checked while it is extracted into a staging directory
+    inside the root; nothing is published unless the whole archive is valid. The parts of a big
+    archive are read by forked workers, each from its own offset."""
+    import hashlib
+
+    from kcache_cli import tarstream as ts
+
+    warn = warn or (lambda m: None)
+    root = Path(os.path.realpath(root))
+    archive = os.path.abspath(archive)
+    if os.path.lexists(root) and not root.is_dir():
+        raise KcacheError(f"{root} is not a directory")
+    try:
+        raw = open(archive, "rb")
+    except OSError as exc:
+        raise KcacheError(f"cannot read {archive}: {exc.strerror}") from None
+    staging: _Staging | None = None
+    with raw:
+        try:
+            file_size = os.fstat(raw.fileno()).st_size
+            if progress:
+                progress.start(file_size)
+            advance = progress.advance if progress else _ignore
+            try:
+                source, kind = ts.open_source(raw, advance)
+            except ts.TarFormatError as exc:
+                raise _reject(str(exc)) from None
+            reader = ts.TarReader(source)
+            try:
+                first = reader.next()
+                if first is None or first.name != MANIFEST_NAME or first.type != ts.REGULAR:
+                    raise _reject("its first member is not manifest.json (not a kcache archive?)")
+                if first.size > limits.max_manifest:
+                    raise _reject(f"manifest.json is {first.size} bytes, over the limit of {limits.max_manifest}")
+                data = b"".join(reader.data(first))
+                manifest, planned = _parse_manifest(data, limits)
+                regions = _regions(manifest, len(planned), file_size)
+                if regions is not None:
+                    reader.close()  # the parts are read from their own offsets
+                _plan(root, planned, warn)
+                if not dry_run and any(p.write for p in planned):
+                    _check_space(root, sum(p.size for p in planned if p.write))
+                    staging = _Staging(root)
+                if regions is None:
+                    n_files, n_bytes = _extract(reader, planned, staging, limits)
+                else:
+                    _check_head(raw.fileno(), kind, regions[0].start, hashlib.sha256(data).hexdigest())
+                    n_files, n_bytes = _read_parts(raw.fileno(), kind, regions, planned, staging, limits, progress)
+            except ts.TarFormatError as exc:
+                raise _reject(str(exc)) from None
+            finally:
+                reader.close()
+            if staging is not None:
+                _finish_staging(staging, planned)
+            results = []
+            order = sorted(planned, key=lambda p: ((p.layout, p.kind) != ("tilus", "program"), p.relpath))
+            for p in order:
+                done, reason = False, p.reason
+                if not dry_run and p.write:
+                    done, reason = _publish(root, p, staging, lock_timeout, warn)
+                    if not done:
+                        p.action = "skip"
+                rec = p.record
+                results.append(ImportedEntry(p.layout, p.kind, _str(rec.get("target")), _str(rec.get("space")),
+                                             _str(rec.get("op")), p.relpath.rsplit("/", 1)[1], p.relpath, p.action,
+                                             done, reason, len(p.files), p.size, _str(rec.get("arch")),
+                                             _str(rec.get("compiler")), _str(rec.get("platform"))))
+        except OSError as exc:
+            where = f": {exc.filename}" if exc.filename else ""
+            raise KcacheError(f"import failed: {exc.strerror or exc}{where}") from None
+        finally:
+            if staging is not None:
+                staging.cleanup()
+    results.sort(key=lambda r: r.relpath)
+    return ImportResult(archive, str(root), dry_run, _str(manifest.get("kcache_version")), tuple(results),
+                        n_files, n_bytes)
+
+
+def _read_parts(fd: int, kind: str, regions: list[_Region], planned: list[_Planned], staging: _Staging | None,
+                limits: ImportLimits, progress: Progress | None) -> tuple[int, int]:
+    workers = min(_cpus(), len(regions)) if len(planned) >= PARALLEL_MIN_ENTRIES else 1
+    groups = _split(regions, workers)
+
+    def run(w: int, advance, abort):
+        return _extract_regions(fd, kind, groups[w], planned, staging, limits, advance, abort, True)
+
+    results = _fork_map(run, workers, progress)
+    return sum(r[0] for r in results), sum(r[1] for r in results)
+
+
+def _finish_staging(staging: _Staging, planned: list[_Planned]) -> None:
+    """Directories that came without a member, and the lock files, as new empty files."""
+    from kcache_cli import tarstream as ts
+
+    for p in planned:
+        if not p.write:
+            continue
+        staging.ensure_dir(p.relpath)
+        for name in p.dirs:
+            staging.ensure_dir(f"{p.relpath}/{name}")
+        for name in p.locks:
+            staging.ensure_dir(f"{p.relpath}/{name}".rpartition("/")[0])
+            os.close(ts.sink_file(os.path.join(staging.path, p.relpath, name)))
+
+
+def _str(value) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _check_space(root: Path, need: int) -> None:
+    cur = str(root)
+    while not os.path.exists(cur) and os.path.dirname(cur) != cur:
+        cur = os.path.dirname(cur)
+    try:
+        st = os.statvfs(cur)
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise KcacheError(f"not enough space in {root}: the archive needs {need} bytes, {free} are free")

@@ -1,0 +1,257 @@
+"""Moving entries between machines and checking them: export, import, verify."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from typing import Annotated, List, Optional
+
+import typer
+
+from kcache_cli.cli import common as c
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export_command)
+    app.command("import")(import_command)
+    app.command("verify")(verify_command)
+
+
+class _Bar:
+    """A Rich progress bar on stderr (only on a terminal, never with -q); cheap to advance often."""
+
+    def __init__(self, opts: c.GlobalOptions, description: str, unit: str = "bytes") -> None:
+        self.enabled = sys.stderr.isatty() and not opts.quiet
+        self.description = description
+        self.unit = unit
+        self._pending = 0
+        self._step = 1
+        self._progress = None
+        self._task = None
+
+    def __enter__(self) -> "_Bar":
+        if self.enabled:
+            from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeRemainingColumn, TransferSpeedColumn)
+
+            cols = [TextColumn("{task.description}"), BarColumn()]
+            cols += [DownloadColumn(), TransferSpeedColumn()] if self.unit == "bytes" else [MofNCompleteColumn()]
+            cols.append(TimeRemainingColumn())
+            self._progress = Progress(*cols, console=c.stderr_console(), transient=True)
+            self._progress.start()
+            self._task = self._progress.add_task(self.description, total=None)
+        return self
+
+    def start(self, total: int) -> None:
+        self._step = max(1, total // 500)
+        if self._progress is not None:
+            self._progress.update(self._task, total=total)
+
+    def advance(self, n: int) -> None:
+        self._pending += n
+        if self._pending >= self._step and self._progress is not None:
+            self._progress.advance(self._task, self._pending)
+            self._pending = 0
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "kib": 2 ** 10, "m": 10 ** 6, "mb": 10 ** 6, "mib": 2 ** 20,
+          "g": 10 ** 9, "gb": 10 ** 9, "gib": 2 ** 30, "t": 10 ** 12, "tb": 10 ** 12, "tib": 2 ** 40}
+
+
+def _size(text: Optional[str], option: str, default: int) -> int:
+    from kcache_cli.errors import UsageError
+
+    if text is None:
+        return default
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise UsageError(f"bad size '{text}' for {option} (e.g. 4GiB, 500MB, 1024)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+ArchiveArg = Annotated[str, typer.Argument(metavar="ARCHIVE", help="The archive: .tar, .tar.gz (.tgz) or .tar.zst.")]
+
+
+def export_command(
+    ctx: typer.Context,
+    archive: ArchiveArg,
+    hashes: c.HashesArg = None,
+    op: c.OpOpt = None,
+    space: c.SpaceOpt = None,
+    target: c.TargetOpt = None,
+    layout: c.LayoutOpt = None,
+    status: Annotated[Optional[List[str]], typer.Option(
+        "--status", metavar="STATUS", help="Only entries with this status (repeatable). Default: complete entries "
+        "only; entries being built are never exported.")] = None,
+    kind: c.KindOpt = None,
+    sources_only: Annotated[bool, typer.Option("--sources-only", help="Leave the compiled binaries (*.so, *.cubin, "
+                                               "*.fatbin...) out, to rebuild elsewhere.")] = False,
+    cache_dir: c.CacheDirOpt = None,
+    as_json: c.JsonOpt = False,
+) -> None:
+    """Write the selected entries into one archive, with a manifest of every file's size and sha256.
+
+    Selectors are those of `ls`. The compression follows the name (.tar, .tar.gz, .tar.zst). Programs
+    that selected tilus scripts link to come along. The archive appears only when complete.
+
+    Example: kcache export --space cuda_space_0 --op matmul kernels.tar.zst
+    """
+    from kcache_cli.archive import compression_for, export_archive, plan_export
+
+    opts = c.use(ctx, cache_dir, as_json)
+    compression_for(archive)  # a bad name is a usage error before any work
+    flt = c.make_filter(op, space, target, layout, status, kind, hashes)
+    root = c.cache_root(opts)
+    plan = plan_export(root, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
+    with _Bar(opts, "exporting", unit="entries") as bar:
+        result = export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
+    if opts.json:
+        c.emit_json({"archive": result.archive, "root": str(root), "compression": result.compression,
+                     "sources_only": result.sources_only, "entries": len(result.entries), "files": result.files,
+                     "size": result.size, "archive_size": result.archive_size,
+                     "exported": [{"layout": e.layout, "kind": e.kind, "target": e.target, "space": e.space,
+                                   "op": e.op, "hash": e.hash, "relpath": e.relpath, "files": e.files,
+                                   "size": e.size, "compiler": e.compiler, "arch": e.arch,
+                                   "platform": e.platform, "omitted": list(e.omitted)} for e in result.entries],
+                     "left_out": [{"relpath": e.relpath, "status": e.status, "reason": why}
+                                  for e, why in result.left_out]})
+        return
+    if result.left_out:
+        shown = result.left_out[:5]
+        for e, why in shown:
+            c.info(opts, f"left out {e.relpath}: {why}")
+        if len(result.left_out) > len(shown):
+            c.info(opts, f"left out {len(result.left_out) - len(shown)} more entries (see --json)")
+    sys.stdout.write(f"exported {len(result.entries)} entries ({result.files} files, {c.human_size(result.size)}) "
+                     f"to {result.archive} ({c.human_size(result.archive_size)})\n")
+
+
+def import_command(
+    ctx: typer.Context,
+    archive: ArchiveArg,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Verify the whole archive and list what would come "
+                                          "in; write nothing.")] = False,
+    max_file_size: Annotated[Optional[str], typer.Option(
+        "--max-file-size", metavar="SIZE", help="Reject archives with a file larger than this (default 4GiB).")] = None,
+    max_total_size: Annotated[Optional[str], typer.Option(
+        "--max-total-size", metavar="SIZE", help="Reject archives that expand to more than this (default 64GiB).")] = None,
+    lock_timeout: Annotated[float, typer.Option(
+        "--lock-timeout", metavar="SECONDS", min=0, help="How long to wait for an entry's lock before skipping "
+        "it.")] = 60.0,
+    cache_dir: c.CacheDirOpt = None,
+    as_json: c.JsonOpt = False,
+) -> None:
+    """Verify an archive made by `kcache export` and publish its entries into the cache.
+
+    Every member is checked against the manifest (names, types, sizes, sha256) before anything is
+    published; a rejected archive leaves the cache unchanged. Each entry appears with one rename.
+    Complete entries already present are skipped. Warns when a kernel's arch does not suit this
+    machine's GPU.
+
+    Example: kcache import kernels.tar.zst --dry-run
+    """
+    from kcache_cli.archive import ImportLimits, arch_runs_on, cuda_archs, import_archive, local_compute_caps
+
+    opts = c.use(ctx, cache_dir, as_json)
+    defaults = ImportLimits()
+    limits = ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
+                          max_total=_size(max_total_size, "--max-total-size", defaults.max_total))
+    root = c.cache_root(opts)
+    with _Bar(opts, "verifying" if dry_run else "importing") as bar:
+        result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout,
+                                warn=lambda m: c.warn(opts, m), progress=bar)
+    incoming = [e for e in result.entries if e.action != "skip"]
+    checked = [e for e in incoming if e.arch and cuda_archs(e.arch)]
+    caps = local_compute_caps() if checked else None
+    fits = {e.relpath: (arch_runs_on(e.arch, caps) if caps and e in checked else None) for e in result.entries}
+    if checked and caps is None:
+        c.warn(opts, "no NVIDIA GPU found (nvidia-smi): cannot check that the imported kernels' archs suit this "
+                     "machine")
+    bad = [e for e in checked if fits[e.relpath] is False]
+    if bad:
+        local = ", ".join(f"{a}.{b}" for a, b in caps)
+        for e in bad[:10]:
+            c.warn(opts, f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU "
+                         f"(compute capability {local})")
+        if len(bad) > 10:
+            c.warn(opts, f"{len(bad) - 10} more entries are built for archs this GPU cannot run")
+    counts = {a: sum(1 for e in result.entries if e.action == a) for a in ("import", "replace", "skip")}
+    if opts.json:
+        c.emit_json({"archive": result.archive, "root": result.root, "dry_run": result.dry_run,
+                     "archive_kcache_version": result.kcache_version, "imported": counts["import"],
+                     "replaced": counts["replace"], "skipped": counts["skip"], "files": result.files,
+                     "size": result.size, "gpu": [f"{a}.{b}" for a, b in caps] if caps else None,
+                     "entries": [{"layout": e.layout, "kind": e.kind, "target": e.target, "space": e.space,
+                                  "op": e.op, "hash": e.hash, "relpath": e.relpath, "action": e.action,
+                                  "done": e.done, "reason": e.reason, "files": e.files, "size": e.size,
+                                  "arch": e.arch, "arch_ok": fits.get(e.relpath), "compiler": e.compiler,
+                                  "platform": e.platform} for e in result.entries]})
+        return
+    if result.entries:
+        rows = [[e.action, e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
+                 c.human_size(e.size), e.arch or "-", e.reason or ""] for e in result.entries]
+        c.print_table(["action", "layout", "kind", "space", "op", "hash", "files", "size", "arch", "note"], rows,
+                      right=(6, 7))
+    verb = "would import" if dry_run else "imported"
+    c.info(opts, f"{verb} {counts['import'] + counts['replace']} entries ({counts['replace']} replacing incomplete "
+                 f"ones), skipped {counts['skip']}; {result.files} files ({c.human_size(result.size)}) verified "
+                 f"{'' if dry_run else 'into ' + result.root}".rstrip())
+
+
+def verify_command(
+    ctx: typer.Context,
+    hashes: c.HashesArg = None,
+    op: c.OpOpt = None,
+    space: c.SpaceOpt = None,
+    target: c.TargetOpt = None,
+    layout: c.LayoutOpt = None,
+    status: c.StatusOpt = None,
+    kind: c.KindOpt = None,
+    cache_dir: c.CacheDirOpt = None,
+    as_json: c.JsonOpt = False,
+) -> None:
+    """Check every entry against its layout's rules and recorded checksums; exit 1 on any problem.
+
+    Reads every byte: task.txt against the hash, files against kcache.json or tilelang's manifests,
+    tilus links, binaries. Entries that are not complete are problems; entries being built are skipped.
+
+    Example: kcache verify --layout tilelang --json
+    """
+    from kcache_cli.verify import verify_cache
+
+    opts = c.use(ctx, cache_dir, as_json)
+    flt = c.make_filter(op, space, target, layout, status, kind, hashes)
+    root = c.cache_root(opts)
+    started = time.monotonic()
+    with _Bar(opts, "verifying", unit="entries") as bar:
+        result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar)
+    failed = result.failed
+    if opts.json:
+        c.emit_json({"root": result.root, "exists": result.exists, "checked": len(result.checked),
+                     "ok": len(result.checked) - len(failed), "failed": len(failed),
+                     "skipped_building": len(result.skipped),
+                     "problems": [{**ch.entry.to_json(), "status": ch.status, "reason": ch.problems[0],
+                                   "problems": list(ch.problems)} for ch in failed]})
+    else:
+        if failed:
+            rows = []
+            for ch in failed:
+                for i, p in enumerate(ch.problems):
+                    e = ch.entry
+                    rows.append([e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, ch.status, p]
+                                if i == 0 else ["", "", "", "", "", "", p])
+            c.print_table(["layout", "kind", "space", "op", "hash", "status", "problem"], rows,
+                          styles={5: c.STATUS_STYLE})
+        if not result.exists:
+            c.info(opts, f"no cache at {root}: nothing to verify")
+        else:
+            building = f", skipped {len(result.skipped)} being built" if result.skipped else ""
+            c.info(opts, f"checked {len(result.checked)} entries in {time.monotonic() - started:.1f}s: "
+                         f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}")
+    if failed:
+        raise typer.Exit(1)

@@ -1,0 +1,263 @@
+"""The commands that free space: prune (what is safe and useful to remove) and clear (what you select).
+
+Both are thin: scan -> plan (kcache_cli.delete) -> show -> confirm (clear) -> execute -> report."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from kcache_cli.cli import common as c
+
+
+def register(app: typer.Typer) -> None:
+    app.command("prune")(prune_command)
+    app.command("clear")(clear_command)
+
+
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Show what would be removed; change nothing.")]
+_TABLE_ROWS_RICH = 300  # above this, plain columns even on a terminal (Rich tables get slow)
+
+
+def prune_command(
+    ctx: typer.Context,
+    max_size: Annotated[Optional[str], typer.Option(
+        "--max-size", metavar="SIZE", help="Remove least recently used entries until the cache fits in SIZE "
+        "(10GB, 500M, 2GiB; K/M/G/T are powers of 1000, Ki/Mi/Gi/Ti of 1024).")] = None,
+    older_than: Annotated[Optional[str], typer.Option(
+        "--older-than", metavar="AGE", help="Remove entries not used for AGE (30d, 12h, 90m, 2w, 1d12h).")] = None,
+    broken: Annotated[bool, typer.Option(
+        "--broken", help="Remove partial, failed and corrupt entries (and symlinks where entries belong).")] = False,
+    dry_run: DryRunOpt = False,
+    cache_dir: c.CacheDirOpt = None,
+    as_json: c.JsonOpt = False,
+) -> None:
+    """Free space safely: least recently used entries beyond --max-size, entries unused for --older-than,
+    broken entries with --broken; always stale temp/staging directories (untouched for an hour) and
+    hidet's leftover candidates/ directories. Builds in progress are skipped; nothing outside the cache
+    is touched.
+
+    Example: kcache prune --max-size 10GB --older-than 30d --dry-run
+    """
+    from kcache_cli.delete import parse_age, parse_size, plan_prune
+
+    opts = c.use(ctx, cache_dir, as_json)
+    limit = parse_size(max_size) if max_size is not None else None
+    age = parse_age(older_than) if older_than is not None else None
+    loc = c.cache_location(opts)
+    with _busy(opts, f"scanning {loc.path}"):
+        plan = plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, warn=lambda m: c.warn(opts, m))
+    extra = {"max_size": limit, "older_than": age}
+    if not plan.exists:
+        return _missing(opts, loc, dry_run, extra)
+    if dry_run:
+        return _report_plan(opts, plan, extra)
+    result = _execute(opts, plan)
+    _report_result(opts, plan, result, extra)
+
+
+def clear_command(
+    ctx: typer.Context,
+    hashes: Annotated[Optional[list[str]], typer.Argument(
+        metavar="[HASH]...", help="Hash prefixes of entries to remove.", show_default=False)] = None,
+    op: c.OpOpt = None,
+    space: c.SpaceOpt = None,
+    target: c.TargetOpt = None,
+    layout: c.LayoutOpt = None,
+    everything: Annotated[bool, typer.Option("--all", help="Everything in the cache.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (needed without a "
+                                                         "terminal).")] = False,
+    dry_run: DryRunOpt = False,
+    cache_dir: c.CacheDirOpt = None,
+    as_json: c.JsonOpt = False,
+) -> None:
+    """Remove the entries you select (--space, --op, --target, --layout, hash prefixes, or --all) after
+    showing what goes and asking. Builds in progress are skipped; tilus programs a kept script links to
+    and tilelang binaries a kept kernel embeds are kept.
+
+    Example: kcache clear --space cuda_space_2 --dry-run
+    """
+    from kcache_cli.delete import plan_clear
+    from kcache_cli.errors import KcacheError, UsageError
+
+    opts = c.use(ctx, cache_dir, as_json)
+    flt = c.make_filter(op, space, target, layout, None, None, hashes)
+    if not everything and flt == type(flt)():
+        raise UsageError("clear needs a selection: --space, --op, --target, --layout, hash prefixes, or --all "
+                         "(see 'kcache clear --help')")
+    loc = c.cache_location(opts)
+    with _busy(opts, f"scanning {loc.path}"):
+        plan = plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m))
+    if not plan.exists:
+        return _missing(opts, loc, dry_run, {})
+    if dry_run:
+        return _report_plan(opts, plan, {})
+    if not plan.removals:
+        return _report_result(opts, plan, None, {})
+    if not yes:
+        summary = (f"{plan.entries} entr{'y' if plan.entries == 1 else 'ies'}, "
+                   f"{c.human_size(plan.expected_freed_size)} ({plan.expected_freed_size} bytes) from {plan.root}")
+        if not _stdin_is_terminal():
+            raise UsageError(f"not removing {summary} without confirmation: stdin is not a terminal (pass --yes)")
+        _preview(plan)
+        for s in plan.skipped:
+            c.warn(opts, f"kept {s.entry.relpath}: {s.why}")
+        if not typer.confirm(f"Remove {summary}?", default=False, err=True):
+            raise KcacheError("aborted: nothing was removed")
+    result = _execute(opts, plan)
+    _report_result(opts, plan, result, {})
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+def _stdin_is_terminal() -> bool:
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _progress_wanted(opts: c.GlobalOptions) -> bool:
+    return not opts.quiet and sys.stderr.isatty()
+
+
+class _busy:
+    """A spinner on stderr while planning (terminal only, not with -q)."""
+
+    def __init__(self, opts: c.GlobalOptions, text: str):
+        self.status = c.stderr_console().status(text) if _progress_wanted(opts) else None
+
+    def __enter__(self):
+        if self.status is not None:
+            self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.status is not None:
+            self.status.__exit__(*exc)
+        return False
+
+
+def _execute(opts: c.GlobalOptions, plan):
+    def waiting() -> None:
+        c.info(opts, f"waiting for another prune or clear of {plan.root} to finish...")
+
+    if not _progress_wanted(opts) or len(plan.removals) < 2:
+        return plan.execute(on_wait=waiting)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("removing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=c.stderr_console(), transient=True) as bar:
+        task = bar.add_task("removing", total=len(plan.removals))
+        return plan.execute(progress=lambda r: bar.advance(task), on_wait=waiting)
+
+
+def _missing(opts: c.GlobalOptions, loc, dry_run: bool, extra: dict) -> None:
+    if opts.json:
+        c.emit_json({"root": str(loc.path), "exists": False, "dry_run": dry_run, "removed": [], "skipped": [],
+                     "errors": [], "entries": 0, "freed": 0, "size_before": 0, "size_after": 0, **extra,
+                     "warnings": []})
+        return
+    c.info(opts, f"no cache at {loc.path} ({loc.reason}): nothing to remove")
+
+
+def _rows(removals) -> list[list[str]]:
+    return [[r.what, r.entry.layout, r.entry.kind, r.entry.space or r.entry.target or "-", r.entry.op or "-",
+             r.entry.hash or "-", c.human_size(r.size), c.human_age(r.entry.last_used), r.why] for r in removals]
+
+
+_COLUMNS = ["what", "layout", "kind", "space", "op", "hash", "size", "last used", "why"]
+
+
+def _table(removals, to_stderr: bool = False, limit: int | None = None) -> None:
+    shown = list(removals)[:limit] if limit else list(removals)
+    rows = _rows(shown)
+    if not rows:
+        return
+    if to_stderr or len(rows) > _TABLE_ROWS_RICH or not sys.stdout.isatty():
+        widths = [max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(_COLUMNS)]
+        lines = ["  ".join((row[i].rjust(w) if i == 6 else row[i].ljust(w)) for i, w in enumerate(widths)).rstrip()
+                 for row in [_COLUMNS] + rows]
+        out = sys.stderr if to_stderr else sys.stdout
+        out.write("\n".join(lines) + "\n")
+        if limit and len(removals) > limit:
+            out.write(f"... and {len(removals) - limit} more\n")
+        return
+    c.print_table(_COLUMNS, rows, right=(6,))
+
+
+def _preview(plan) -> None:
+    _table(plan.removals, to_stderr=True, limit=20)
+
+
+def _skipped_json(skipped) -> list[dict]:
+    return [s.to_json() for s in skipped]
+
+
+def _report_plan(opts: c.GlobalOptions, plan, extra: dict) -> None:
+    if opts.json:
+        c.emit_json({"root": plan.root, "exists": True, "dry_run": True,
+                     "removed": [r.to_json() for r in plan.removals], "skipped": _skipped_json(plan.skipped),
+                     "errors": [], "entries": plan.entries, "freed": plan.expected_freed_size,
+                     "size_before": plan.scanned_size, "size_after": plan.size_after, **extra,
+                     "warnings": list(plan.warnings)})
+        return
+    for s in plan.skipped:
+        c.warn(opts, f"would keep {s.entry.relpath}: {s.why}")
+    if not plan.removals:
+        sys.stdout.write(f"Nothing to remove in {plan.root} ({c.human_size(plan.scanned_size)} scanned).\n")
+        return
+    _table(plan.removals)
+    sys.stdout.write(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
+                     f"({plan.expected_freed_size} bytes) from {plan.root}"
+                     f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).\n")
+
+
+def _report_result(opts: c.GlobalOptions, plan, result, extra: dict) -> None:
+    from kcache_cli.errors import KcacheError
+
+    removed = result.removed if result else ()
+    skipped = result.skipped if result else plan.skipped
+    errors = result.errors if result else ()
+    freed = result.freed if result else 0
+    warnings = result.warnings if result else plan.warnings
+    if opts.json:
+        c.emit_json({"root": plan.root, "exists": True, "dry_run": False, "removed": [r.to_json() for r in removed],
+                     "skipped": _skipped_json(skipped), "errors": [m for _, m in errors],
+                     "entries": sum(1 for r in removed if r.what != "candidates"), "freed": freed,
+                     "size_before": plan.scanned_size, "size_after": plan.scanned_size - freed, **extra,
+                     "removed_dirs": list(result.removed_dirs if result else ()), "warnings": list(warnings)})
+    else:
+        for s in skipped:
+            c.warn(opts, f"kept {s.entry.relpath}: {s.why}")
+        for w in (result.warnings if result else ())[len(plan.warnings):]:
+            c.warn(opts, w)
+        if removed:
+            _table(removed)
+            sys.stdout.write(f"Removed {_count(removed)}, freed {c.human_size(freed)} ({freed} bytes) from "
+                             f"{plan.root}{_sizes(plan, extra, freed)}.\n")
+        else:
+            sys.stdout.write(f"Nothing removed from {plan.root}.\n")
+    if errors:
+        for _, m in errors:
+            sys.stderr.write(f"error: {m}\n")
+        raise KcacheError(f"{len(errors)} item(s) could not be removed (see above)")
+
+
+def _count(removals) -> str:
+    kinds: dict[str, int] = {}
+    for r in removals:
+        kinds[r.what] = kinds.get(r.what, 0) + 1
+    names = {"entry": ("entry", "entries"), "candidates": ("candidates/ directory", "candidates/ directories"),
+             "temp": ("stale temp directory", "stale temp directories"),
+             "staging": ("stale staging directory", "stale staging directories"), "link": ("symlink", "symlinks")}
+    return ", ".join(f"{n} {names[k][0] if n == 1 else names[k][1]}" for k, n in kinds.items())
+
+
+def _sizes(plan, extra: dict, freed: int | None = None) -> str:
+    if extra.get("max_size") is None:
+        return ""
+    after = plan.scanned_size - (plan.expected_freed_size if freed is None else freed)
+    return (f"; cache {c.human_size(plan.scanned_size)} -> {c.human_size(after)} "
+            f"(limit {c.human_size(extra['max_size'])})")

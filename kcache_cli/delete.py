@@ -1,0 +1,816 @@
+"""Deleting safely (DESIGN.md §5): selection -> a frozen `DeletePlan` (what goes, why, the bytes it
+frees: that *is* the dry run) -> `DeletePlan.execute()`.
+
+Executing a plan, for each removal: hold kcache's entry lock (`.kcache/locks/`, non-blocking: a build
+in progress means skip) and the entry's own `.lock` (hidet, tilus), reach the parent directory from the
+root without following a symlink, rename the entry into `.kcache/trash/` (same filesystem: a reader
+sees the whole entry or nothing), then empty the trash. Symlinks are renamed and unlinked as links,
+never followed. A later run empties trash that an interrupted run left behind."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterable
+
+from kcache_cli import state
+from kcache_cli.errors import KcacheError, UsageError
+from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, Entry, ScanFilter, Warn, iso,
+                              measure_tree)
+
+STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer
+BROKEN = (PARTIAL, FAILED, CORRUPT)
+# What a removal takes away.
+ENTRY, CANDIDATES, TEMP, STAGING, LINK = "entry", "candidates", "temp", "staging", "link"
+GC_LOCK = ".gc.lock"  # in .kcache/locks/: one prune or clear acts on a root at a time
+# Parent directories that become empty are removed, up to this many levels above an entry: hidet's op
+# and space directories, a tilus script's op directory. Containers other tools recreate between their
+# own mkdir and rename (tilelang's kernels/, cuda-binaries/, .staging/) stay.
+_EMPTY_PARENTS = {("hidet", "op"): 2, ("tilus", "script"): 1}
+# Removed after what depends on them: a script before its programs, a kernel before its binary.
+_LAST_KINDS = ("program", "binary")
+
+
+# ---- parsing sizes and ages ----------------------------------------------------------------------
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+               "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_AGE_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400, "day": 86400,
+              "days": 86400, "w": 7 * 86400, "week": 7 * 86400, "weeks": 7 * 86400}
+
+
+def parse_size(text: str) -> int:
+    """'10GB', '500M', '1.5GiB', '4096' -> bytes. K/M/G/T are decimal (as humanize prints them),
+    Ki/Mi/Gi/Ti binary; a trailing 'B' is optional."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", text or "")
+    unit = (m.group(2).lower() if m else "")
+    if unit.endswith("b") and unit != "b":
+        unit = unit[:-1]
+    if not m or unit not in _SIZE_UNITS:
+        raise UsageError(f"bad size '{text}' (expected e.g. 10GB, 500M, 2GiB or a number of bytes)")
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+def parse_age(text: str) -> float:
+    """'30d', '12h', '90m', '1w', '1d12h' -> seconds."""
+    parts = re.findall(r"(\d+(?:\.\d*)?)\s*([a-zA-Z]+)", text or "")
+    rebuilt = "".join(n + u for n, u in parts)
+    if not parts or rebuilt != re.sub(r"\s+", "", text) or any(u.lower() not in _AGE_UNITS for _, u in parts):
+        raise UsageError(f"bad age '{text}' (expected e.g. 30d, 12h, 90m, 2w or 1d12h)")
+    return sum(float(n) * _AGE_UNITS[u.lower()] for n, u in parts)
+
+
+# ---- the plan ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Removal:
+    """One thing a plan removes: a whole entry, an entry's leftover candidates/, a stale temp or
+    staging directory, or a symlink."""
+
+    entry: Entry  # the entry as scanned (for candidates/: the entry that keeps living)
+    path: str  # absolute path of what goes
+    relpath: str
+    size: int
+    what: str  # ENTRY, CANDIDATES, TEMP, STAGING or LINK
+    why: str
+    lock: str | None = None  # relpath whose kcache entry lock is held while renaming
+    requires: tuple[str, ...] = ()  # relpaths that must be gone first (a program's scripts, a binary's kernels)
+    recheck: bool = False  # chosen for being broken: skipped if it is complete by the time it is removed
+
+    def to_json(self) -> dict:
+        d = self.entry.to_json()
+        d.update(removed_path=self.path, size=self.size, what=self.what, why=self.why)
+        return d
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Something the selection chose that stays, and why (a build holds its lock, a kept script links to it...)."""
+
+    entry: Entry
+    why: str
+
+    def to_json(self) -> dict:
+        d = self.entry.to_json()
+        d["why"] = self.why
+        return d
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    root: str
+    removed: tuple[Removal, ...]
+    skipped: tuple[Skip, ...]
+    errors: tuple[tuple[str, str], ...]  # (path, message)
+    freed: int
+    removed_dirs: tuple[str, ...] = ()  # parent directories left empty and removed
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def entries(self) -> int:
+        return sum(1 for r in self.removed if r.what != CANDIDATES)
+
+
+@dataclass(frozen=True)
+class DeletePlan:
+    """What a prune or clear will remove. Building it changes nothing: it is the dry run."""
+
+    root: str
+    exists: bool
+    removals: tuple[Removal, ...] = ()
+    skipped: tuple[Skip, ...] = ()
+    scanned_size: int = 0  # bytes in the entries scanned (the whole cache for prune)
+    warnings: tuple[str, ...] = ()
+    tidy_state: bool = False  # also drop last-used stamps and idle lock files of entries that are gone
+
+    @property
+    def expected_freed_size(self) -> int:
+        return sum(r.size for r in self.removals)
+
+    @property
+    def size_after(self) -> int:
+        return self.scanned_size - self.expected_freed_size
+
+    @property
+    def entries(self) -> int:
+        return sum(1 for r in self.removals if r.what != CANDIDATES)
+
+    def execute(self, progress: Callable[[Removal], None] | None = None,
+                on_wait: Callable[[], None] | None = None) -> DeleteResult:
+        if not self.exists:
+            return DeleteResult(self.root, (), self.skipped, (), 0, (), self.warnings)
+        return _Executor(self, progress, on_wait).run()
+
+
+# ---- selection -----------------------------------------------------------------------------------
+def _is_temp(e: Entry) -> bool:
+    return e.layout == "hidet" and os.path.basename(e.path).startswith(state.TEMP_PREFIX)
+
+
+def _is_staging(e: Entry) -> bool:
+    return e.layout == "tilelang" and "/.staging/" in f"/{e.relpath}"
+
+
+class _Planner:
+    """Collects removals and skips; applies the rules that tie entries together."""
+
+    def __init__(self, root: Path, warn: Warn, now: float, everything: dict[str, Entry] | None = None):
+        self.root = Path(root)
+        self.warn = warn
+        self.now = now
+        self.removals: dict[str, Removal] = {}  # path -> removal, in selection order
+        self.skipped: dict[str, Skip] = {}
+        self.known: dict[str, Entry] = dict(everything or {})  # path -> entry, for entries outside the selection
+        self._links: dict[str, list[str]] | None = None
+        self._users: dict[str, list[str]] = {}
+        self._dirs_ok: dict[str, str | None] = {}
+
+    # -- relationships
+    def links(self) -> dict[str, list[str]]:
+        """tilus: program dir -> scripts linking to it."""
+        if self._links is None:
+            from kcache_cli.layouts import tilus
+
+            self._links = tilus.link_map(self.root)
+        return self._links
+
+    def users(self, binaries: list[str]) -> None:
+        """tilelang: learn which kernels embed each of `binaries`."""
+        todo = [b for b in binaries if b not in self._users]
+        if todo:
+            from kcache_cli.layouts import tilelang
+
+            self._users.update(tilelang.binary_users(self.root, todo))
+
+    def dependants(self, e: Entry) -> list[str]:
+        """Paths of the entries that use `e` (scripts of a tilus program, kernels of a tilelang binary)."""
+        if e.layout == "tilus" and e.kind == "program":
+            return self.links().get(os.path.normpath(e.path), [])
+        if e.layout == "tilelang" and e.kind == "binary":
+            self.users([e.path])
+            return self._users.get(e.path, [])
+        return []
+
+    def entry_at(self, path: str, layout: str) -> Entry:
+        e = self.known.get(path)
+        if e is None:
+            from kcache_cli.scan import scan_cache
+
+            for x in scan_cache(self.root, ScanFilter(layouts=(layout,))).entries:
+                self.known.setdefault(x.path, x)
+            e = self.known.get(path)
+        if e is None:  # vanished since: a stand-in that still names it
+            e = Entry(layout, "script", None, None, None, os.path.basename(path), path, self.rel(path), 0, 0,
+                      PARTIAL, "vanished", 0.0, 0.0)
+        return e
+
+    def rel(self, path: str) -> str:
+        return os.path.relpath(path, self.root).replace(os.sep, "/")
+
+    def link_in_path(self, relpath: str) -> str | None:
+        """The first directory above `relpath` that is a symlink (or not a directory), or None."""
+        parts = relpath.split("/")[:-1]
+        cur = ""
+        for p in parts:
+            cur = f"{cur}/{p}" if cur else p
+            if cur not in self._dirs_ok:
+                try:
+                    ok = stat.S_ISDIR(os.lstat(self.root / cur).st_mode)
+                except OSError:
+                    ok = False
+                self._dirs_ok[cur] = None if ok else cur
+            if self._dirs_ok[cur]:
+                return cur
+        return None
+
+    # -- choosing
+    def skip(self, e: Entry, why: str) -> None:
+        self.skipped.setdefault(e.path, Skip(e, why))
+
+    def select(self, e: Entry, why: str, recheck: bool = False, link: bool = False) -> list[Removal]:
+        """Plan to remove `e` (or skip it, with the reason). Returns what was added."""
+        if e.path in self.removals:
+            return []
+        via = self.link_in_path(e.relpath)
+        if via is not None:
+            if not any(r.what == LINK and (via == r.relpath or via.startswith(r.relpath + "/"))
+                       for r in self.removals.values()):
+                self.skip(e, f"reached through the symlink {via}: never followed out of the cache")
+            return []
+        if e.status == BUILDING:
+            self.skip(e, "a build holds its lock (in progress)")
+            return []
+        if _is_temp(e) or _is_staging(e):
+            return self._select_leftover(e)
+        if link:
+            r = Removal(e, e.path, e.relpath, e.size, LINK, why)
+        else:
+            r = Removal(e, e.path, e.relpath, e.size, ENTRY, why, lock=e.relpath, recheck=recheck)
+        self.removals[e.path] = r
+        self.skipped.pop(e.path, None)
+        return [r]
+
+    def _select_leftover(self, e: Entry) -> list[Removal]:
+        what = TEMP if _is_temp(e) else STAGING
+        items = [e]
+        if what == STAGING and os.path.basename(e.path) == "cuda-binaries" and os.path.isdir(e.path):
+            # tilelang's .staging/cuda-binaries/ holds one directory per write: judge each one
+            items = []
+            for de in _listdir(e.path, self.warn):
+                u = measure_tree(de.path, self.warn)
+                items.append(replace(e, path=de.path, relpath=self.rel(de.path), hash=de.name, size=u.size,
+                                     files=u.files, modified=u.mtime, last_used=u.mtime))
+        added = []
+        for x in items:
+            if self.now - x.modified < STALE_AFTER:
+                self.skip(x, "in flight: written to less than an hour ago")
+                continue
+            lock = None
+            if what == TEMP:
+                lock = f"{os.path.dirname(x.relpath)}/{state.temp_hash(os.path.basename(x.path))}"
+            why = ("temp directory of an interrupted kcache build" if what == TEMP
+                   else "tilelang staging left by an interrupted write")
+            r = Removal(x, x.path, x.relpath, x.size, what, why, lock=lock)
+            self.removals[x.path] = r
+            added.append(r)
+        return added
+
+    def drop(self, path: str) -> None:
+        self.removals.pop(path, None)
+
+    # -- the rules that tie entries together
+    def settle(self) -> None:
+        """tilus: a broken program that goes takes the scripts linking to it along; a complete program
+        still linked from a script that stays, stays. tilelang: a binary embedded in a kernel that
+        stays, stays."""
+        for r in list(self.removals.values()):
+            e = r.entry
+            if r.what == ENTRY and e.layout == "tilus" and e.kind == "program" and e.status != COMPLETE:
+                for s in self.dependants(e):
+                    if s not in self.removals:
+                        self.select(self.entry_at(s, "tilus"), f"links to the removed program {e.hash}")
+        binaries = [r.path for r in self.removals.values()
+                    if r.what == ENTRY and r.entry.layout == "tilelang" and r.entry.kind == "binary"]
+        self.users(binaries)
+        for r in list(self.removals.values()):
+            if r.what != ENTRY or r.entry.kind not in _LAST_KINDS:
+                continue
+            deps = self.dependants(r.entry)
+            kept = [d for d in deps if d not in self.removals]
+            if kept and r.entry.status == COMPLETE:
+                self.drop(r.path)
+                noun = "linked from the kept script" if r.entry.kind == "program" else "embedded in the kept kernel"
+                self.skip(r.entry, f"{noun} {self.rel(kept[0])}" + (f" and {len(kept) - 1} more" if len(kept) > 1 else ""))
+            elif deps:
+                self.removals[r.path] = replace(r, requires=tuple(self.rel(d) for d in deps if d in self.removals))
+
+    def effective_last_used(self, e: Entry, by_path: dict[str, Entry]) -> float:
+        """An entry used through another one (a tilus program through its scripts, a tilelang binary
+        through its kernels) was last used when they were."""
+        t = e.last_used
+        for d in self.dependants(e):
+            o = by_path.get(d)
+            if o is not None:
+                t = max(t, o.last_used)
+        return t
+
+    def plan(self, exists: bool, scanned: int, warnings: Iterable[str], tidy: bool = False) -> DeletePlan:
+        order = sorted(self.removals.values(), key=lambda r: r.entry.kind in _LAST_KINDS)
+        return DeletePlan(str(self.root), exists, tuple(order), tuple(self.skipped.values()), scanned,
+                          tuple(warnings), tidy)
+
+
+def _listdir(path: str, warn: Warn) -> list[os.DirEntry]:
+    try:
+        with os.scandir(path) as it:
+            return sorted(it, key=lambda d: d.name)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        warn(f"cannot read {path}: {exc.strerror}")
+        return []
+
+
+def _strays(root: Path, flt: ScanFilter, warn: Warn, layouts: Iterable[str]) -> list[Entry]:
+    from kcache_cli.layouts import LAYOUTS
+    from kcache_cli.scan import ScanContext
+
+    ctx = ScanContext(Path(root), warn, {})
+    out = []
+    for name in layouts:
+        if flt.layouts and name not in flt.layouts:
+            continue
+        finder = getattr(LAYOUTS[name], "stray_links", None)
+        if finder is not None:
+            out.extend(e for e in finder(ctx, flt) if flt.matches(e))
+    return out
+
+
+def _collector(warn: Warn | None) -> tuple[list[str], Warn]:
+    msgs: list[str] = []
+
+    def collect(m: str) -> None:
+        msgs.append(m)
+        if warn is not None:
+            warn(m)
+
+    return msgs, collect
+
+
+def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn | None = None,
+               now: float | None = None) -> DeletePlan:
+    """Remove the entries `flt` selects (everything with `everything`), within the rules: skip builds in
+    progress, keep tilus programs and tilelang binaries that kept entries use."""
+    from kcache_cli.scan import scan_cache
+
+    if not everything and flt == ScanFilter():
+        raise UsageError("clear needs a selection: --space, --op, --target, --layout, hash prefixes, or --all")
+    root = Path(root)
+    msgs, collect = _collector(warn)
+    result = scan_cache(root, flt, collect)
+    if not result.exists:
+        return DeletePlan(str(root), False, warnings=tuple(msgs))
+    p = _Planner(root, collect, time.time() if now is None else now)
+    for s in _strays(root, flt, collect, result.layouts):
+        p.select(s, "selected (a symlink: removed as a link)", link=True)
+    for e in result.entries:
+        p.select(e, "selected")
+    p.settle()
+    return p.plan(True, result.size, msgs)
+
+
+def plan_prune(root: Path, max_size: int | None = None, older_than: float | None = None, broken: bool = False,
+               warn: Warn | None = None, now: float | None = None) -> DeletePlan:
+    """What is safe and useful to remove: always stale temp/staging directories and hidet's leftover
+    candidates/; with `broken`, partial, failed and corrupt entries; with `older_than` (seconds), entries
+    unused for that long; with `max_size` (bytes), least recently used entries until the cache fits."""
+    from kcache_cli.scan import scan_cache
+
+    root = Path(root)
+    now = time.time() if now is None else now
+    msgs, collect = _collector(warn)
+    result = scan_cache(root, ScanFilter(), collect)
+    if not result.exists:
+        return DeletePlan(str(root), False, warnings=tuple(msgs))
+    entries = result.entries
+    by_path = {e.path: e for e in entries}
+    p = _Planner(root, collect, now, by_path)
+
+    # 1. always: what interrupted writers left behind
+    for e in entries:
+        if _is_temp(e) or _is_staging(e):
+            if e.status == BUILDING:
+                p.skip(e, "a build holds its lock (in progress)")
+            else:
+                p.select(e, "stale")
+    # 2. broken entries (and symlinks where entries belong)
+    if broken:
+        for s in _strays(root, ScanFilter(), collect, result.layouts):
+            p.select(s, "a symlink where an entry belongs: removed as a link", link=True)
+        for e in entries:
+            if e.status in BROKEN and not (_is_temp(e) or _is_staging(e)):
+                p.select(e, f"broken: {e.reason or e.status}", recheck=True)
+    # 3. unused for too long
+    regular = [e for e in entries if not (_is_temp(e) or _is_staging(e))]
+    if any(e.kind == "binary" for e in regular):
+        p.users([e.path for e in regular if e.kind == "binary"])
+    last = {e.path: p.effective_last_used(e, by_path) for e in regular}
+    if older_than is not None:
+        for e in regular:
+            if now - last[e.path] > older_than and e.path not in p.removals:
+                p.select(e, f"unused for {_age_text(now - last[e.path])}")
+    p.settle()
+    # 4. hidet's auto-tuning leftovers in entries that stay
+    candidates: dict[str, Removal] = {}
+    for e in regular:
+        if e.layout == "hidet" and e.kind == "op" and e.path not in p.removals:
+            c = os.path.join(e.path, "candidates")
+            if os.path.isdir(c) and not os.path.islink(c):
+                if e.status == BUILDING:
+                    p.skip(e, "candidates/ kept: hidet holds the entry's lock (tuning)")
+                    continue
+                u = measure_tree(c, collect)
+                r = Removal(e, c, f"{e.relpath}/candidates", u.size, CANDIDATES,
+                            "auto-tuning leftovers (candidates/)", lock=e.relpath)
+                p.removals[c] = r
+                candidates[e.path] = r
+    # 5. least recently used first, until the cache fits
+    if max_size is not None:
+        freed = sum(r.size for r in p.removals.values())
+        remaining = result.size - freed
+        rank = {"script": 0, "kernel": 0, "program": 1, "binary": 1}
+        for e in sorted(regular, key=lambda e: (last[e.path], rank.get(e.kind, 0), e.relpath)):
+            if remaining <= max_size:
+                break
+            if e.path in p.removals:
+                continue
+            if e.kind in _LAST_KINDS and e.status == COMPLETE:
+                kept = [d for d in p.dependants(e) if d not in p.removals]
+                if kept:
+                    p.skip(e, f"used by {p.rel(kept[0])}, which stays")
+                    continue
+            added = p.select(e, f"least recently used (last used {iso(last[e.path])})")
+            if e.layout == "tilus" and e.kind == "program" and added and e.status != COMPLETE:
+                for s in p.dependants(e):
+                    if s not in p.removals:
+                        added += p.select(p.entry_at(s, "tilus"), f"links to the removed program {e.hash}")
+            for r in added:
+                remaining -= r.size
+                cand = candidates.pop(r.path, None)
+                if cand is not None:  # the entry's size already counts its candidates/
+                    p.drop(cand.path)
+                    remaining += cand.size
+            if added and e.kind in _LAST_KINDS:
+                deps = [d for d in p.dependants(e) if d in p.removals]
+                if deps:
+                    p.removals[e.path] = replace(p.removals[e.path], requires=tuple(p.rel(d) for d in deps))
+    return p.plan(True, result.size, msgs, tidy=True)
+
+
+def _age_text(seconds: float) -> str:
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= n:
+            return f"{seconds / n:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+# ---- acting --------------------------------------------------------------------------------------
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _flock(fd: int) -> bool:
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+class _Executor:
+    def __init__(self, plan: DeletePlan, progress, on_wait):
+        self.plan = plan
+        self.root = Path(plan.root)
+        self.progress = progress
+        self.on_wait = on_wait
+        self.removed: list[Removal] = []
+        self.skipped: list[Skip] = list(plan.skipped)
+        self.errors: list[tuple[str, str]] = []
+        self.warnings: list[str] = list(plan.warnings)
+        self.gone: set[str] = set()  # relpaths removed by this run
+        self.dir_fds: dict[str, int] = {}
+        self.pinned: dict[str, int] = {}  # root and .kcache/*: open for the whole run
+        self.used_fd: int | None = None
+
+    # -- directories reached without following symlinks
+    def _dir_fd(self, relpath: str) -> int:
+        """An fd for the directory `relpath` under the root, opened component by component with
+        O_NOFOLLOW: a symlink anywhere on the way raises instead of being followed. Valid until the
+        next call (the cache of open directories is bounded)."""
+        fd = self.pinned.get(relpath, self.dir_fds.get(relpath))
+        if fd is not None:
+            return fd
+        head, _, name = relpath.rpartition("/")
+        fd = os.open(name, _DIR_FLAGS, dir_fd=self._dir_fd(head))
+        if len(self.dir_fds) >= 256:
+            self._close_dirs()
+        self.dir_fds[relpath] = fd
+        return fd
+
+    def _close_dirs(self) -> None:
+        for fd in self.dir_fds.values():
+            os.close(fd)
+        self.dir_fds.clear()
+
+    def _pin(self, relpath: str, create: bool) -> int:
+        """.kcache/ and its subdirectories: created if asked, never through a symlink, open for the run."""
+        head, _, name = relpath.rpartition("/")
+        parent = self.pinned[head]
+        if create:
+            try:
+                os.mkdir(name, 0o755, dir_fd=parent)
+            except FileExistsError:
+                pass
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        self.pinned[relpath] = fd
+        return fd
+
+    def run(self) -> DeleteResult:
+        sd = state.STATE_DIR
+        if not self.plan.removals and not os.path.isdir(self.root / sd):
+            return DeleteResult(self.plan.root, (), tuple(self.skipped), (), 0, (), tuple(self.warnings))
+        try:
+            self.pinned[""] = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._pin(sd, create=True)
+            locks_fd = self._pin(f"{sd}/locks", create=True)
+            trash_fd = self._pin(f"{sd}/trash", create=True)
+            gc = os.open(GC_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=locks_fd)
+        except OSError as exc:
+            self._close_all()
+            raise KcacheError(f"cannot write to {self.root / sd}: {exc.strerror or exc}; nothing was removed")
+        try:
+            self.used_fd = self._pin(f"{sd}/used", create=False)
+        except OSError:
+            self.used_fd = None
+        removed_dirs: list[str] = []
+        try:
+            if not _flock(gc):
+                if self.on_wait:
+                    self.on_wait()
+                import fcntl
+
+                fcntl.flock(gc, fcntl.LOCK_EX)
+            self._empty_trash()  # what an interrupted run left behind
+            batch = f"{os.getpid()}-{time.time_ns()}"
+            os.mkdir(batch, 0o700, dir_fd=trash_fd)
+            batch_fd = os.open(batch, _DIR_FLAGS, dir_fd=trash_fd)
+            try:
+                for i, r in enumerate(self.plan.removals):
+                    moved = self._remove(r, i, locks_fd, batch_fd)
+                    if moved is not None and not _delete_tree(self.root / sd / "trash" / batch / moved):
+                        self.warnings.append(f"could not delete all of {r.path} (moved to the trash; "
+                                             "the next prune retries)")
+                    if self.progress:
+                        self.progress(r)
+            finally:
+                os.close(batch_fd)
+            self._empty_trash()
+            removed_dirs = self._remove_empty_parents()
+            if self.plan.tidy_state:
+                self._tidy_state(locks_fd)
+        finally:
+            os.close(gc)
+            self._close_all()
+        freed = sum(r.size for r in self.removed)
+        return DeleteResult(self.plan.root, tuple(self.removed), tuple(self.skipped), tuple(self.errors), freed,
+                            tuple(removed_dirs), tuple(self.warnings))
+
+    def _close_all(self) -> None:
+        self._close_dirs()
+        for fd in self.pinned.values():
+            os.close(fd)
+        self.pinned.clear()
+
+    def _skip(self, r: Removal, why: str) -> None:
+        self.skipped.append(Skip(r.entry, why))
+
+    def _remove(self, r: Removal, i: int, locks_fd: int, batch_fd: int) -> str | None:
+        """Rename one thing into the trash, holding its locks; the name in the trash, or None."""
+        missing = [q for q in r.requires if q not in self.gone and os.path.lexists(self.root / q)]
+        if missing:
+            return self._skip(r, f"still used by {missing[0]}, which was not removed")
+        head, _, name = r.relpath.rpartition("/")
+        try:
+            parent = self._dir_fd(head)
+        except FileNotFoundError:
+            return self._skip(r, "already gone")
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                return self._skip(r, "reached through a symlink: never followed out of the cache")
+            return self._fail(r, exc)
+        held: list[int] = []
+        try:
+            if r.lock is not None:
+                fd = os.open(state.lock_path(self.root, r.lock).name,
+                             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=locks_fd)
+                held.append(fd)
+                if not _flock(fd):
+                    return self._skip(r, "a kcache build holds its lock (in progress)")
+            if r.what in (ENTRY, CANDIDATES):
+                try:  # the entry's own directory (for candidates/: the parent already open)
+                    efd = os.open(name, _DIR_FLAGS, dir_fd=parent) if r.what == ENTRY else os.dup(parent)
+                except FileNotFoundError:
+                    return self._skip(r, "already gone")
+                except OSError as exc:
+                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):  # a link since the scan: renamed as one
+                        return self._fail(r, exc)
+                    efd = None
+                if efd is not None:
+                    held.append(efd)
+                    if r.what == ENTRY and os.fstat(efd).st_mtime > r.entry.modified:
+                        return self._skip(r, "changed since the scan (in use, or rebuilt)")
+                    for own in (".lock", "dispatch_table.txt.lock"):
+                        try:
+                            fd = os.open(own, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=efd)
+                        except OSError:
+                            continue
+                        held.append(fd)
+                        if not _flock(fd):
+                            return self._skip(r, f"{r.entry.layout} holds the entry's {own} (in use)")
+                    if r.recheck and _status_now(r.entry) == COMPLETE:
+                        return self._skip(r, "complete by now (finished after the scan)")
+            elif r.what in (TEMP, STAGING):
+                if time.time() - measure_tree(r.path, lambda m: None).mtime < STALE_AFTER:
+                    return self._skip(r, "in flight: written to less than an hour ago")
+            moved = f"{i}-{name}"
+            try:
+                os.rename(name, moved, src_dir_fd=parent, dst_dir_fd=batch_fd)
+            except FileNotFoundError:
+                return self._skip(r, "already gone")
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    return self._fail(r, exc)
+                # the trash is on another filesystem (a mount inside the cache): remove in place
+                if not _delete_tree(r.path):
+                    return self._fail(r, exc)
+                moved = None
+            self.removed.append(r)
+            self.gone.add(r.relpath)
+            if r.what == ENTRY:
+                self._drop_stamp(r.relpath)
+            return moved
+        except OSError as exc:
+            return self._fail(r, exc)
+        finally:
+            for fd in held:
+                os.close(fd)
+
+    def _fail(self, r: Removal, exc: OSError) -> None:
+        self.errors.append((r.path, f"cannot remove {r.path}: {exc.strerror or exc}"))
+
+    def _drop_stamp(self, relpath: str) -> None:
+        if self.used_fd is not None:
+            try:
+                os.unlink(state._stamp_name(relpath), dir_fd=self.used_fd)
+            except OSError:
+                pass
+
+    def _empty_trash(self) -> None:
+        """Everything in the trash but a build's own (`build-*`, there for the instant a rebuilt entry
+        replaces the old one) unless an hour old: holding the gc lock, no other prune or clear is running."""
+        trash = self.root / state.STATE_DIR / "trash"
+        now = time.time()
+        for de in _listdir(str(trash), lambda m: None):
+            try:
+                if de.name.startswith("build-") and now - de.stat(follow_symlinks=False).st_ctime < STALE_AFTER:
+                    continue
+            except OSError:
+                continue
+            if not _delete_tree(de.path):
+                self.warnings.append(f"could not empty {de.path} (the next prune retries)")
+
+    def _remove_empty_parents(self) -> list[str]:
+        """hidet op and space directories, tilus script op directories, left empty by this run. A
+        top-level directory (ops/, scripts/) stays: it is what tells the layout."""
+        candidates: set[str] = set()
+        for r in self.removed:
+            if r.what not in (ENTRY, TEMP, LINK):
+                continue
+            rel = r.relpath
+            for _ in range(_EMPTY_PARENTS.get((r.entry.layout, r.entry.kind), 0)):
+                rel = rel.rpartition("/")[0]
+                if "/" not in rel:
+                    break
+                candidates.add(rel)
+        done: list[str] = []
+        for rel in sorted(candidates, key=lambda x: (-x.count("/"), x)):  # deepest first
+            head, _, name = rel.rpartition("/")
+            try:
+                os.rmdir(name, dir_fd=self._dir_fd(head))
+            except OSError:
+                continue  # not empty (or not ours to remove)
+            fd = self.dir_fds.pop(rel, None)
+            if fd is not None:
+                os.close(fd)
+            done.append(str(self.root / rel))
+        return done
+
+    def _tidy_state(self, locks_fd: int) -> None:
+        """Last-used stamps of entries that are gone; lock files of entries that are gone and that no
+        one took for an hour (unlinked while we hold them)."""
+        for rel in state.load_last_used(self.root):
+            if not os.path.lexists(self.root / rel):
+                self._drop_stamp(rel)
+        now = time.time()
+        for de in _listdir(str(state.locks_dir(self.root)), lambda m: None):
+            if not de.name.endswith(".lock") or de.name.startswith("."):
+                continue
+            rel = state._relpath_of_stamp(de.name[:-5])
+            try:
+                if now - de.stat(follow_symlinks=False).st_mtime < STALE_AFTER or os.path.lexists(self.root / rel):
+                    continue
+                fd = os.open(de.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=locks_fd)
+            except OSError:
+                continue
+            try:
+                if _flock(fd) and not os.path.lexists(self.root / rel):
+                    os.unlink(de.name, dir_fd=locks_fd)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+
+def _delete_tree(path) -> bool:
+    """rm -rf of something in the trash: links are unlinked, never followed; a directory we cannot
+    write to is made writable (it is ours, in the trash) and retried."""
+    import shutil
+
+    failed: list[str] = []
+
+    def retry(func, p, exc) -> None:
+        err = exc if isinstance(exc, BaseException) else exc[1]
+        if isinstance(err, FileNotFoundError):
+            return
+        if isinstance(err, PermissionError):
+            try:
+                parent = os.path.dirname(p)
+                os.chmod(parent, stat.S_IRWXU)
+                if func in (os.rmdir, os.unlink) or getattr(func, "__name__", "") in ("rmdir", "unlink"):
+                    func(p)
+                    return
+                if os.path.isdir(p) and not os.path.islink(p):
+                    os.chmod(p, stat.S_IRWXU)
+                    shutil.rmtree(p)
+                    return
+            except OSError:
+                pass
+        failed.append(p)
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        return True
+    import sys
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=retry)
+    else:
+        shutil.rmtree(path, onerror=retry)
+    return not failed and not os.path.lexists(path)
+
+
+def _status_now(e: Entry) -> str:
+    """The entry's status by the layout's cheap checks, read again now."""
+    from kcache_cli.layouts import hidet, tilelang, tilus
+
+    names: dict[str, int] = {}
+    for de in _listdir(e.path, lambda m: None):
+        try:
+            if not de.is_dir(follow_symlinks=False):
+                names[de.name] = de.stat(follow_symlinks=False).st_size
+        except OSError:
+            pass
+    if e.layout == "hidet" and e.kind == "op":
+        return hidet.op_status(e.path, names)[0]
+    if e.layout == "tilus":
+        return (tilus.program_status(e.path) if e.kind == "program" else tilus.script_status(e.path))[0]
+    if e.layout == "tilelang":
+        return (tilelang.kernel_status(e.path, names) if e.kind == "kernel" else tilelang.binary_status(e.path, names))[0]
+    return e.status

@@ -1,0 +1,497 @@
+"""`kcache build`: real compiles (nvcc for sm_90, g++) into the hashed tree, hits, failures, locks.
+
+Concurrency and SIGKILL stress tests are in test_build_stress.py."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import CXX, NVCC
+from kcache_cli import build as b
+from kcache_cli import state
+from kcache_cli.errors import LockTimeout
+from kcache_cli.locking import entry_lock
+
+needs_cxx = pytest.mark.skipif(CXX is None, reason="g++ not found")
+
+TASK = """Task(
+  name: {name}
+  parameters: 
+    a: tensor(float32, [{n}])
+    b: tensor(float32, [{n}])
+    c: tensor(float32, [{n}])
+  inputs: [a, b]
+  outputs: [c]
+  computations: 
+    c: float32[{n}] where c[v] = (a[v] + b[v])
+  attributes: {{}}
+)"""  # hidet writes task.txt without a trailing newline
+
+CUDA_SOURCE = """#include <cuda_runtime.h>
+__global__ void vector_add(const float* a, const float* b, float* c, int n) {{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}}
+extern "C" int launch_{name}(const float* a, const float* b, float* c, int n) {{
+    vector_add<<<(n + {n} - 1) / {n}, {n}>>>(a, b, c, n);
+    return (int)cudaGetLastError();
+}}
+"""
+
+CPU_SOURCE = """extern "C" int {name}_sum(int a, int b) {{ return a + b + {n} - {n}; }}
+"""
+
+
+def write_task(where: Path, name: str = "vadd", n: int = 256, kind: str = "cu", source: str | None = None) -> Path:
+    """A task directory: task.txt plus source.cu (kind "cu") or source.cc (kind "cc")."""
+    d = where / f"{name}-{n}-{kind}"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "task.txt").write_bytes(TASK.format(name=name, n=n).encode())
+    text = source if source is not None else (CUDA_SOURCE if kind == "cu" else CPU_SOURCE).format(name=name, n=n)
+    (d / f"source.{kind}").write_text(text)
+    return d
+
+
+def task_hash_of(task_dir: Path) -> str:
+    return hashlib.sha256((task_dir / "task.txt").read_bytes()).hexdigest()[:16]
+
+
+def snapshot(path: Path) -> dict:
+    """Everything that a no-op must not change: names, inodes, sizes, mtimes."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(path):
+        for n in dirnames + filenames:
+            st = os.lstat(os.path.join(dirpath, n))
+            out[os.path.relpath(os.path.join(dirpath, n), path)] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return out
+
+
+def temp_dirs(root: Path) -> list[Path]:
+    return sorted(root.glob(f"ops/*/*/{state.TEMP_PREFIX}*"))
+
+
+# ---- CUDA --------------------------------------------------------------------------------------
+
+@pytest.mark.nvcc
+def test_cuda_entry_lands_in_the_hashed_tree(tmp_path, kcache):
+    task = write_task(tmp_path / "tasks", "vadd")
+    root = tmp_path / "cache"
+    r = kcache("--cache-dir", root, "build", task / "task.txt", "--arch", "sm_90", "--nvcc", NVCC)
+    assert r.exit_code == 0, r.stderr
+    h = task_hash_of(task)
+    entry = root / "ops" / "cuda_space_0" / "vadd" / h
+    assert r.stdout.strip() == str(entry)
+    assert sorted(p.name for p in entry.iterdir()) == ["kcache.json", "lib.so", "nvcc_log.txt", "source.cu",
+                                                       "task.txt"]
+    assert (entry / "task.txt").read_bytes() == (task / "task.txt").read_bytes()
+    assert (entry / "source.cu").read_bytes() == (task / "source.cu").read_bytes()
+    assert temp_dirs(root) == []
+
+    manifest = json.loads((entry / "kcache.json").read_text())
+    assert manifest["arch"] == "sm_90" and manifest["arch_source"] == "--arch"
+    assert manifest["compiler_path"] == os.path.abspath(shutil.which(NVCC))
+    assert "release" in manifest["compiler_version"]
+    assert manifest["kcache_version"] and manifest["platform"] and manifest["elapsed"] > 0
+    for name, rec in manifest["files"].items():
+        data = (entry / name).read_bytes()
+        assert rec == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}, name
+    assert set(manifest["files"]) == {"source.cu", "task.txt", "lib.so", "nvcc_log.txt"}
+
+    log = (entry / "nvcc_log.txt").read_text().splitlines()
+    argv = shlex.split(log[0])
+    assert log[0] == manifest["command"]
+    assert argv[1:] == ["-shared", "-Xcompiler", "-fPIC", "-O3", "-arch=sm_90", "-o", "lib.so", "source.cu"]
+    assert re.fullmatch(r"elapsed time: \d+\.\d+ seconds", log[-1])
+
+    ls = kcache("--cache-dir", root, "ls", "--json").json()
+    assert [(e["hash"], e["status"], e["space"], e["op"]) for e in ls] == [(h, "complete", "cuda_space_0", "vadd")]
+    info = kcache("--cache-dir", root, "inspect", h, "--json").json()
+    assert info["status"] == "complete"
+    assert info["facts"]["recorded arch"] == "sm_90"
+    assert "sm_90" in info["archs"]  # read from the fatbin inside lib.so
+    assert "launch_vadd" in info["binaries"][0]["symbols"]
+    raw = kcache("--cache-dir", root, "log", h, "--raw")
+    assert raw.stdout.splitlines()[0] == log[0]
+
+
+@pytest.mark.nvcc
+def test_arch_mismatch_is_reported_and_force_rebuilds(tmp_path, kcache):
+    task = write_task(tmp_path / "tasks", "vadd", 128)
+    root = tmp_path / "cache"
+    assert kcache("--cache-dir", root, "build", task, "--arch", "sm_90", "--nvcc", NVCC).exit_code == 0
+    entry = root / "ops" / "cuda_space_0" / "vadd" / task_hash_of(task)
+    before = snapshot(entry)
+
+    r = kcache("--cache-dir", root, "build", task, "--arch", "sm_80", "--nvcc", NVCC)
+    assert r.exit_code == 1
+    assert "built for sm_90, not sm_80" in r.stderr and "--force" in r.stderr
+    assert r.stderr.count("\n") == 1 and r.stdout == ""
+    assert snapshot(entry) == before  # reported, not reused, not replaced
+
+    r = kcache("--cache-dir", root, "build", task, "--arch", "sm_80", "--nvcc", NVCC, "--force")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads((entry / "kcache.json").read_text())["arch"] == "sm_80"
+    assert kcache("--cache-dir", root, "inspect", entry.name, "--json").json()["archs"] == ["sm_80"]
+    assert not any(state.trash_dir(root).iterdir())  # the old entry went through the trash and is gone
+    assert kcache("--cache-dir", root, "build", task, "--arch", "sm_80", "--nvcc", NVCC).exit_code == 0
+
+
+def nvcc_own_default_arch() -> str:
+    out = subprocess.run([NVCC, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                         capture_output=True, text=True).stderr
+    return re.search(r"ptxas .*?-arch=(sm_\w+)", out).group(1)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU is present: its arch is the default")
+def test_default_arch_is_nvccs_own_and_recorded(tmp_path, kcache):
+    task = write_task(tmp_path / "tasks", "vadd", 64)
+    root = tmp_path / "cache"
+    r = kcache("--cache-dir", root, "build", task, "--nvcc", NVCC, "--json")
+    assert r.exit_code == 0, r.stderr
+    res = r.json()["results"][0]
+    default = nvcc_own_default_arch()
+    if "release 13." in subprocess.run([NVCC, "--version"], capture_output=True, text=True).stdout:
+        assert default == "sm_75"  # nvcc 13 dropped everything below Turing
+    assert (res["arch"], res["arch_source"]) == (default, "nvcc default")
+    assert f"-arch={default}" in shlex.split(res["command"])  # always explicit in the command
+    manifest = json.loads((Path(res["path"]) / "kcache.json").read_text())
+    assert (manifest["arch"], manifest["arch_source"]) == (default, "nvcc default")
+    # the hit check uses the remembered default: no compiler needed, no change
+    before = snapshot(Path(res["path"]))
+    hit = kcache("--cache-dir", root, "build", task, "--nvcc", NVCC, "--json").json()["results"][0]
+    assert hit["status"] == "hit" and hit["arch"] == default
+    assert snapshot(Path(res["path"])) == before
+
+
+@pytest.mark.nvcc
+def test_cuda_compile_error_publishes_nothing(tmp_path, kcache):
+    task = write_task(tmp_path / "tasks", "broken", source="__global__ void k(float* a) {\n    a[0] = nope;\n}\n")
+    root = tmp_path / "cache"
+    r = kcache("--cache-dir", root, "build", task, "--arch", "sm_90", "--nvcc", NVCC)
+    assert r.exit_code == 1
+    assert 'identifier "nope" is undefined' in r.stderr and "a[0] = nope;" in r.stderr
+    assert r.stderr.rstrip().splitlines()[-1].startswith("Error: compile failed")
+    assert r.stdout == ""
+    assert not (root / "ops" / "cuda_space_0" / "broken" / task_hash_of(task)).exists()
+    assert temp_dirs(root) == []
+    assert kcache("--cache-dir", root, "ls", "--json").json() == []
+
+
+# ---- CPU ---------------------------------------------------------------------------------------
+
+@needs_cxx
+def test_cpu_entry_is_a_working_library(tmp_path, kcache):
+    task = write_task(tmp_path / "tasks", "plus", 7, kind="cc")
+    root = tmp_path / "cache"
+    r = kcache("--cache-dir", root, "build", task / "task.txt", "--cxx", CXX)
+    assert r.exit_code == 0, r.stderr
+    entry = root / "ops" / "cpu_space_0" / "plus" / task_hash_of(task)
+    assert r.stdout.strip() == str(entry)
+    assert sorted(p.name for p in entry.iterdir()) == ["kcache.json", "lib.so", "nvcc_log.txt", "source.cc",
+                                                       "task.txt"]
+    lib = ctypes.CDLL(str(entry / "lib.so"))
+    assert lib.plus_sum(2, 3) == 5
+    manifest = json.loads((entry / "kcache.json").read_text())
+    assert manifest["arch"] == os.uname().machine and manifest["target"] == "cpu"
+    assert shlex.split(manifest["command"])[1:] == ["-shared", "-fPIC", "-O3", "-o", "lib.so", "source.cc"]
+    ls = kcache("--cache-dir", root, "ls", "--json").json()
+    assert [(e["space"], e["status"]) for e in ls] == [("cpu_space_0", "complete")]
+
+
+@needs_cxx
+def test_hit_prints_the_path_and_changes_nothing(tmp_path, kcache):
+    task = write_task(tmp_path / "tasks", "plus", 8, kind="cc")
+    root = tmp_path / "cache"
+    first = kcache("--cache-dir", root, "build", task, "--cxx", CXX)
+    assert first.exit_code == 0
+    entry = Path(first.stdout.strip())
+    before = snapshot(root / "ops")
+    # a compiler that cannot run proves that a hit never compiles
+    r = kcache("--cache-dir", root, "build", task / "task.txt", "--cxx", "/bin/false")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == f"{entry}\n"
+    assert snapshot(root / "ops") == before
+    assert (state.used_dir(root) / "ops%2Fcpu_space_0%2Fplus%2F" f"{entry.name}").exists()
+    # a different source for the same task is still the same entry, but people are told
+    (task / "source.cc").write_text(CPU_SOURCE.format(name="plus", n=9))
+    r = kcache("--cache-dir", root, "build", task, "--cxx", "/bin/false")
+    assert r.exit_code == 0 and "built from another source.cc" in r.stderr
+    assert snapshot(root / "ops") == before
+
+
+@needs_cxx
+def test_force_replaces_the_entry_atomically(tmp_path, kcache):
+    task = write_task(tmp_path / "tasks", "plus", 9, kind="cc")
+    root = tmp_path / "cache"
+    entry = Path(kcache("--cache-dir", root, "build", task, "--cxx", CXX).stdout.strip())
+    ino = (entry / "lib.so").stat().st_ino
+    r = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--force", "--json")
+    assert r.exit_code == 0
+    res = r.json()["results"][0]
+    assert res["status"] == "built" and res["replaced"] == "complete entry"
+    assert (entry / "lib.so").stat().st_ino != ino
+    assert kcache("--cache-dir", root, "ls", "--json").json()[0]["status"] == "complete"
+    assert temp_dirs(root) == [] and not any(state.trash_dir(root).iterdir())
+
+
+@needs_cxx
+def test_a_broken_entry_at_the_path_is_replaced(tmp_path, kcache):
+    task = write_task(tmp_path / "tasks", "plus", 10, kind="cc")
+    root = tmp_path / "cache"
+    entry = root / "ops" / "cpu_space_0" / "plus" / task_hash_of(task)
+    entry.mkdir(parents=True)
+    (entry / "task.txt").write_bytes((task / "task.txt").read_bytes())  # a build killed before lib.so
+    assert kcache("--cache-dir", root, "ls", "--json").json()[0]["status"] == "partial"
+    r = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--json")
+    res = r.json()["results"][0]
+    assert r.exit_code == 0 and res["status"] == "built" and res["replaced"].startswith("partial entry")
+    assert kcache("--cache-dir", root, "ls", "--json").json()[0]["status"] == "complete"
+
+
+@needs_cxx
+def test_include_dirs_extra_flags_space_and_target(tmp_path, kcache):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "scale.h").write_text("#define BASE 100\n")
+    source = '#include "scale.h"\nextern "C" int value() { return BASE * SCALE; }\n'
+    task = write_task(tmp_path / "tasks", "scaled", 3, kind="cc", source=source)
+    os.rename(task / "source.cc", task / "kernel.cpp")
+    root = tmp_path / "cache"
+    r = kcache("--cache-dir", root, "build", task / "task.txt", "--source", task / "kernel.cpp", "--space", "2",
+               "--cxx", CXX, "-I", inc, "--", "-DSCALE=3", "-Wall")
+    assert r.exit_code == 0, r.stderr
+    entry = Path(r.stdout.strip())
+    assert entry.parent.parent.name == "cpu_space_2"
+    assert (entry / "source.cc").read_text() == source  # stored under the layout's name
+    assert ctypes.CDLL(str(entry / "lib.so")).value() == 300
+    argv = shlex.split((entry / "nvcc_log.txt").read_text().splitlines()[0])
+    assert f"-I{inc}" in argv and argv[-4:] == ["-Wall", "-o", "lib.so", "source.cc"] and "-DSCALE=3" in argv
+
+    r = kcache("--cache-dir", root, "build", task, "--source", task / "kernel.cpp", "--", "-arch=sm_80")
+    assert r.exit_code == 2 and "--arch" in r.stderr
+
+
+@needs_cxx
+def test_cpu_compile_error_highlights_the_failing_lines(tmp_path, kcache, monkeypatch):
+    task = write_task(tmp_path / "tasks", "oops", kind="cc", source='extern "C" int f() {\n  return missing + 1;\n}\n')
+    root = tmp_path / "cache"
+    r = kcache("--cache-dir", root, "build", task, "--cxx", CXX)
+    assert r.exit_code == 1
+    assert re.search(r"missing.{1,3} was not declared", r.stderr) and "return missing + 1;" in r.stderr
+    assert temp_dirs(root) == [] and not (root / "ops" / "cpu_space_0" / "oops" / task_hash_of(task)).exists()
+
+    # the same failure on a colour terminal: error lines and the quoted source in red, the rest plain
+    from rich.console import Console
+
+    from kcache_cli.cli import cmd_build
+    from kcache_cli.cli import common as c
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    buf = io.StringIO()
+    monkeypatch.setattr(c, "stderr_console", lambda: Console(file=buf, force_terminal=True, color_system="standard",
+                                                             highlight=False, width=200))
+    result = b.build_task(root, task, b.BuildOptions(cxx=CXX))
+    cmd_build._show_failure(result)
+    lines = {re.sub(r"\x1b\[[0-9;]*m", "", l): l for l in buf.getvalue().splitlines()}
+    error = next(k for k in lines if "error:" in k and "missing" in k)
+    quoted = next(k for k in lines if "return missing + 1;" in k and "error" not in k)
+    assert "\x1b[1;31m" in lines[error]  # bold red
+    assert "\x1b[31m" in lines[quoted]  # red
+    plain = next(k for k in lines if k.startswith("$ "))
+    assert "\x1b[31m" not in lines[plain] and "\x1b[1;31m" not in lines[plain]
+
+
+# ---- errors that stop before compiling -----------------------------------------------------------
+
+def _no_name_task(d: Path) -> Path:
+    d.mkdir(parents=True)
+    (d / "task.txt").write_text("just some text\n")
+    (d / "source.cc").write_text("int x;\n")
+    return d / "task.txt"
+
+
+@pytest.mark.parametrize("case", ["missing-task", "no-name", "missing-source", "unknown-suffix", "no-compiler",
+                                  "dotdot-op", "bad-arch", "bad-target"])
+def test_setup_errors_are_one_line(tmp_path, kcache, case):
+    root = tmp_path / "cache"
+    tasks = tmp_path / "tasks"
+    args: list = []
+    if case == "missing-task":
+        args = [tasks / "nope" / "task.txt"]
+        want = "task file not found"
+    elif case == "no-name":
+        args = [_no_name_task(tasks / "t")]
+        want = "no valid `name:` field"
+    elif case == "missing-source":
+        t = write_task(tasks, "lonely", kind="cc")
+        (t / "source.cc").unlink()
+        args = [t / "task.txt"]
+        want = "no source.cu or source.cc next to"
+    elif case == "unknown-suffix":
+        t = write_task(tasks, "odd", kind="cc")
+        (t / "kernel.txt").write_text("int x;\n")
+        args = [t / "task.txt", "--source", t / "kernel.txt"]
+        want = "cannot tell the target"
+    elif case == "no-compiler":
+        t = write_task(tasks, "plus", kind="cc")
+        args = [t, "--cxx", tmp_path / "no" / "such" / "g++"]
+        want = "compiler not found"
+    elif case == "dotdot-op":
+        t = write_task(tasks, "x", kind="cc")
+        (t / "task.txt").write_text((t / "task.txt").read_text().replace("name: x", "name: .."))
+        args = [t]
+        want = "not a usable directory name"
+    elif case == "bad-arch":
+        t = write_task(tasks, "plus", kind="cc")
+        args = [t, "--arch", "sm90; rm -rf /"]
+        want = "bad arch"
+    else:
+        t = write_task(tasks, "plus", kind="cc")
+        args = [t, "--target", "tpu"]
+        want = "unknown target"
+    r = kcache("--cache-dir", root, "build", *args)
+    assert r.exit_code in (1, 2), r.stderr
+    assert r.stderr.startswith("Error: ") and want in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.stdout == ""
+    assert not (root / "ops").exists()  # nothing compiled, nothing published
+    assert not (tmp_path / "cache" / "..").resolve().joinpath("x").exists()
+
+
+@needs_cxx
+def test_symlinked_op_directory_leading_out_is_refused(tmp_path, kcache):
+    task = write_task(tmp_path / "tasks", "plus", 11, kind="cc")
+    root = tmp_path / "cache"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "ops" / "cpu_space_0").mkdir(parents=True)
+    os.symlink(outside, root / "ops" / "cpu_space_0" / "plus")
+    r = kcache("--cache-dir", root, "build", task, "--cxx", CXX)
+    assert r.exit_code == 1 and "leads outside the cache" in r.stderr
+    assert list(outside.iterdir()) == []
+
+
+# ---- many tasks ------------------------------------------------------------------------------------
+
+@needs_cxx
+def test_directory_of_tasks_in_parallel_with_a_summary(tmp_path, kcache):
+    tasks = tmp_path / "tasks"
+    for i in range(4):
+        write_task(tasks, f"op{i}", i, kind="cc")
+    bad = write_task(tasks, "bad", kind="cc", source="this is not C++\n")
+    root = tmp_path / "cache"
+    r = kcache("--cache-dir", root, "build", tasks, "-j", "2", "--cxx", CXX, "--json")
+    assert r.exit_code == 1
+    out = r.json()
+    assert (out["built"], out["hits"], out["failed"]) == (4, 0, 1)
+    failed = [x for x in out["results"] if x["status"] == "failed"]
+    assert [x["op"] for x in failed] == ["bad"] and "this is not C++" in failed[0]["output"]
+    assert "failed:" in r.stderr and "this is not C++" in r.stderr  # each failure's compiler errors shown
+    assert sorted(e["op"] for e in kcache("--cache-dir", root, "ls", "--json").json()) == [f"op{i}" for i in range(4)]
+
+    r = kcache("--cache-dir", root, "build", tasks, "-j", "2", "--cxx", CXX)
+    assert r.exit_code == 1
+    assert r.stdout.splitlines()[-1] == "0 built, 4 hits, 1 failed"
+    rows = r.stdout.splitlines()[1:-1]
+    assert sorted(row.split()[0] for row in rows) == ["failed"] + ["hit"] * 4
+
+    bad_dir = tasks / bad.name
+    shutil.rmtree(bad_dir)
+    r = kcache("--cache-dir", root, "build", *[tasks / f"op{i}-{i}-cc" / "task.txt" for i in range(4)], "--json")
+    assert r.exit_code == 0 and r.json()["hits"] == 4
+
+
+@needs_cxx
+def test_core_api_for_other_commands(tmp_path):
+    root = tmp_path / "cache"
+    tasks = tmp_path / "tasks"
+    dirs = [write_task(tasks, f"k{i}", i, kind="cc") for i in range(3)]
+    opts = b.BuildOptions(cxx=CXX)
+    found = b.find_tasks([tasks])
+    assert found == [str(d / "task.txt") for d in dirs]
+    first = b.build_task(root, found[0], opts)
+    assert (first.status, first.relpath) == (b.BUILT, f"ops/cpu_space_0/k0/{task_hash_of(dirs[0])}")
+    results = b.build_tasks(root, found, opts, jobs=2)
+    assert [r.status for r in results] == [b.HIT, b.BUILT, b.BUILT]
+    assert b.exit_code(results) == 0 and b.summary_json(results)["built"] == 2
+    status, reason, manifest = b.entry_status(results[1].path)
+    assert (status, reason, manifest["op"]) == ("complete", None, "k1")
+
+
+@needs_cxx
+def test_waits_for_the_lock_then_builds(tmp_path):
+    root = tmp_path / "cache"
+    task = write_task(tmp_path / "tasks", "plus", 12, kind="cc")
+    spec = b.load_task(task)
+    events: list = []
+    asked = threading.Event()
+
+    class Listener(b.BuildListener):
+        def waiting(self, s, holder):
+            events.append(("waiting", holder))
+            asked.set()
+
+    held = entry_lock(root, spec.relpath)
+    held.acquire()
+    t = threading.Thread(target=lambda: events.append(b.build_task(root, spec, b.BuildOptions(cxx=CXX),
+                                                                   listener=Listener())), daemon=True)
+    t.start()
+    assert asked.wait(60)
+    assert not (root / spec.relpath).exists()  # nothing happens while the other build holds the lock
+    held.release()
+    t.join(60)
+    assert events[0] == ("waiting", "another kcache build")
+    result = events[-1]
+    assert result.status == b.BUILT and result.waited
+
+
+@needs_cxx
+def test_lock_timeout_exits_3(tmp_path, kcache):
+    root = tmp_path / "cache"
+    task = write_task(tmp_path / "tasks", "plus", 13, kind="cc")
+    spec = b.load_task(task)
+    with entry_lock(root, spec.relpath):
+        r = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--timeout", "0.2")
+        assert r.exit_code == 3
+        assert "waiting: another kcache build is building" in r.stderr
+        assert r.stderr.rstrip().splitlines()[-1].startswith("Error: another build of")
+        with pytest.raises(LockTimeout):
+            b.build_task(root, spec, b.BuildOptions(cxx=CXX, timeout=0))
+        r = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--timeout", "0", "--json")
+        assert r.exit_code == 3 and r.json()["results"][0]["exit_code"] == 3
+    assert not (root / spec.relpath).exists() and temp_dirs(root) == []
+    assert kcache("--cache-dir", root, "build", task, "--cxx", CXX).exit_code == 0
+
+
+@needs_cxx
+def test_compiler_from_environment(tmp_path, kcache, monkeypatch):
+    wrapper = tmp_path / "my-cxx"
+    log = tmp_path / "calls"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {CXX} "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("CXX", f"{wrapper} -DFROM_ENV=1")
+    task = write_task(tmp_path / "tasks", "envy", kind="cc", source='extern "C" int f() { return FROM_ENV; }\n')
+    r = kcache("--cache-dir", tmp_path / "cache", "build", task)
+    assert r.exit_code == 0, r.stderr
+    assert "-DFROM_ENV=1" in log.read_text()
+    manifest = json.loads((Path(r.stdout.strip()) / "kcache.json").read_text())
+    assert manifest["compiler_path"] == str(wrapper)
+
+
+def test_build_help_has_an_example(kcache):
+    r = kcache("build", "--help")
+    assert r.exit_code == 0 and "Example:" in r.stdout and "--arch" in r.stdout

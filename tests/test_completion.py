@@ -1,0 +1,389 @@
+"""Shell completion: the shipped scripts, the values completed from the cache, and real bash, zsh and fish
+running the shipped scripts against this environment's kcache."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, REPO, copy_tree
+from kcache_cli import names
+from kcache_cli.cli import complete
+from kcache_cli.scan import scan_cache
+
+SCRIPTS = REPO / "completions"
+HIDET = FIXTURES / "hidet"
+TILUS = FIXTURES / "tilus"
+TILELANG = FIXTURES / "tilelang"
+HIDET_OPS = ["add", "fused", "matmul", "relu", "softmax"]
+HIDET_HASHES = {"064b4a6c035246e8": "matmul (cpu_space_0)", "31857fe085635b31": "relu (cpu_space_0)",
+                "8d1f7691cdf75e90": "add (cuda_space_0)", "ad252b064b266eea": "softmax (cuda_space_0)",
+                "af3046266c6abdd1": "fused (cpu_space_0)"}
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+def _complete(kcache, line: str, env: dict | None = None) -> list[tuple[str, str]]:
+    """Complete `line` (the text before the cursor) through the real entry point, in-process, as fish
+    asks for it (values with descriptions)."""
+    run = kcache(env={"_KCACHE_COMPLETE": "complete_fish", "_TYPER_COMPLETE_FISH_ACTION": "get-args",
+                      "_TYPER_COMPLETE_ARGS": line, **(env or {})})
+    assert run.exit_code == 0, run.stderr
+    assert run.stderr == ""
+    out = []
+    for ln in run.stdout.splitlines():
+        if ln:
+            value, _, help = ln.partition("\t")
+            out.append((value, help))
+    return out
+
+
+def _values(kcache, line: str, env: dict | None = None) -> list[str]:
+    return [v for v, _ in _complete(kcache, line, env)]
+
+
+@pytest.fixture
+def shim(tmp_path) -> Path:
+    """A bin directory whose `kcache` runs this environment's kcache (CI's fresh venv is not on PATH)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    exe = bindir / "kcache"
+    exe.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m kcache_cli \"$@\"\n")
+    exe.chmod(0o755)
+    return bindir
+
+
+def _shell_env(shim: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("_KCACHE", "_TYPER", "COMP_", "KCACHE_"))}
+    env.update(PATH=f"{shim}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}", NO_COLOR="1", **extra)
+    return env
+
+
+def _need(shell: str) -> str:
+    path = shutil.which(shell)
+    if path is None:
+        pytest.skip(f"!!! {shell} is NOT INSTALLED: the shipped {shell} completion script was NOT tested in a real "
+                    f"{shell} (apt-get install {shell}; .ci/run installs it)")
+    return path
+
+
+@pytest.fixture
+def mixed(tmp_path) -> Path:
+    """One root holding all three layouts, plus hidden, temp and stray entries that completion must skip."""
+    root = tmp_path / "mixed"
+    root.mkdir()
+    for src in (HIDET, TILUS, TILELANG):
+        for child in src.iterdir():
+            copy_tree(child, root / child.name)
+    (root / "graphs" / "9f86d081884c7d65").mkdir(parents=True)
+    (root / "ir_modules" / "2c26b46b68ffc68f").mkdir(parents=True)
+    (root / "ops" / "cuda_space_0" / "add" / ".kcache-tmp-8d1f7691cdf75e90-x1").mkdir()
+    (root / "ops" / "cuda_space_0" / "add" / "stray.lock").write_text("")
+    (root / ".kcache" / "locks").mkdir(parents=True)
+    return root
+
+
+# ---- the shipped scripts -------------------------------------------------------------------------
+def test_shipped_scripts_are_up_to_date():
+    stale = complete.regenerate(check=True)
+    assert stale == [], (f"out of date: {[p.name for p in stale]}; "
+                         "regenerate with: python -m kcache_cli.cli.complete")
+
+
+def test_regenerate_check_reports_a_stale_script(tmp_path, monkeypatch):
+    monkeypatch.setattr(complete, "COMPLETIONS_DIR", tmp_path / "completions")
+    assert complete.regenerate(check=True) == [tmp_path / "completions" / f"kcache.{s}" for s in complete.SHELLS]
+    assert not (tmp_path / "completions").exists()  # --check writes nothing
+    assert len(complete.regenerate()) == 3
+    assert complete.regenerate(check=True) == []
+    (tmp_path / "completions" / "kcache.fish").write_text("# edited by hand\n")
+    assert complete.regenerate(check=True) == [tmp_path / "completions" / "kcache.fish"]
+
+
+def test_zsh_script_completes_on_the_first_tab_when_autoloaded():
+    text = (SCRIPTS / "kcache.zsh").read_text()
+    assert text.startswith("#compdef kcache\n")  # compinit only picks up files whose first line says so
+    assert "loadautofunc" in text and "compdef _kcache_completion kcache" in text
+
+
+@pytest.mark.parametrize("shell,installed", [
+    ("bash", ".bash_completions/kcache.sh"), ("zsh", ".zfunc/_kcache"), ("fish", ".config/fish/completions/kcache.fish"),
+])
+def test_install_completion_writes_the_shipped_script(tmp_path, shell, installed):
+    home = tmp_path / "home"
+    env = dict(os.environ, HOME=str(home), _TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION="1")
+    proc = subprocess.run([sys.executable, "-m", "kcache_cli", "--install-completion", shell], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{shell} completion installed in" in proc.stdout
+    assert (home / installed).read_text().strip() == (SCRIPTS / f"kcache.{shell}").read_text().strip()
+    if shell == "bash":
+        assert f"source '{home / installed}'" in (home / ".bashrc").read_text()
+
+
+def test_show_completion_prints_the_shipped_script():
+    env = dict(os.environ, _TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION="1")
+    proc = subprocess.run([sys.executable, "-m", "kcache_cli", "--show-completion", "bash"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == (SCRIPTS / "kcache.bash").read_text()
+
+
+# ---- the core: names only --------------------------------------------------------------------------
+def test_names_agree_with_the_scan(mixed):
+    scanned = [e for e in scan_cache(mixed).entries if not os.path.basename(e.path).startswith(".")]
+    listed = list(names.entries(mixed))
+    assert sorted((e.layout, e.kind, e.hash) for e in listed) == sorted((e.layout, e.kind, e.hash) for e in scanned)
+    assert set(names.op_places(mixed)) == {e.op for e in scanned if e.op and e.kind in ("op", "script")}
+    assert set(names.space_layouts(mixed)) == {e.space for e in scanned if e.space}
+    assert names.layouts_of(mixed) == ("hidet", "tilus", "tilelang")
+
+
+def test_names_filters(mixed):
+    assert names.op_places(mixed, spaces=["cuda_space_0"]) == {"add": ("cuda_space_0",),
+                                                               "softmax": ("cuda_space_0",)}
+    assert names.op_places(mixed)["add_one"] == ("tilus",)
+    assert list(names.space_layouts(mixed, ops=["matmul"])) == ["cpu_space_0"]
+    assert [e.hash for e in names.entries(mixed, ops=["softmax"])] == ["ad252b064b266eea"]
+    assert {e.layout for e in names.entries(mixed, spaces=["0.1.15/linux-x86_64"])} == {"tilelang"}
+    assert [e.hash for e in names.entries(mixed, prefix="8d")] == ["8d1f7691cdf75e90"]
+    assert all(e.layout == "tilus" for e in names.entries(mixed, layouts=["tilus"]))
+    # a typed name that is not in the cache never takes a listing outside it
+    assert list(names.entries(mixed, ops=["../../.."])) == []
+    assert names.op_places(mixed, spaces=["../.."]) == {}
+
+
+def test_names_read_directory_names_only(mixed, monkeypatch):
+    """No stat of files, no file contents: os.stat/lstat and open are off limits."""
+
+    def forbidden(*a, **k):
+        raise AssertionError(f"names touched a file: {a}")
+
+    for name in ("stat", "lstat"):
+        monkeypatch.setattr(os, name, forbidden)
+    monkeypatch.setattr("builtins.open", forbidden)
+    assert len(list(names.entries(mixed))) == 11
+    assert names.op_places(mixed) and names.space_layouts(mixed)
+
+
+def test_names_of_a_missing_or_unreadable_root(tmp_path):
+    assert list(names.entries(tmp_path / "nope")) == [] and names.op_places(tmp_path / "nope") == {}
+    (tmp_path / "file").write_text("x")
+    assert list(names.entries(tmp_path / "file")) == [] and names.space_layouts(tmp_path / "file") == {}
+
+
+# ---- the callbacks, through the real entry point ------------------------------------------------------
+def test_op_completes_the_ops_present(kcache):
+    assert _values(kcache, f"kcache --cache-dir {HIDET} ls --op ") == HIDET_OPS
+    assert _complete(kcache, f"kcache --cache-dir {HIDET} ls --op ma") == [("matmul", "cpu_space_0")]
+
+
+def test_cache_dir_after_the_subcommand_and_kcache_dir(kcache, tmp_path):
+    assert _values(kcache, f"kcache ls --cache-dir {HIDET} --op ") == HIDET_OPS
+    assert _values(kcache, "kcache ls --op ", env={"KCACHE_DIR": str(TILUS)}) == ["add_one"]
+    # --cache-dir wins over KCACHE_DIR, before or after the subcommand
+    assert _values(kcache, f"kcache ls --cache-dir {HIDET} --op ", env={"KCACHE_DIR": str(TILUS)}) == HIDET_OPS
+    assert _values(kcache, f"kcache --cache-dir {HIDET} ls --op ", env={"KCACHE_DIR": str(TILUS)}) == HIDET_OPS
+    # a root that does not exist completes nothing, quietly
+    assert _complete(kcache, f"kcache --cache-dir {tmp_path / 'nope'} ls --op ") == []
+
+
+def test_cache_dir_after_a_command_that_does_not_declare_it(kcache):
+    """log has no --cache-dir of its own: the hidden global copy is honoured when completing too."""
+    assert _values(kcache, f"kcache log --cache-dir {HIDET} a") == ["ad252b064b266eea", "af3046266c6abdd1"]
+
+
+def test_space_completes_the_spaces_present(kcache, mixed):
+    assert _complete(kcache, f"kcache --cache-dir {mixed} ls --space ") == [
+        ("0.1.15/cuda-binaries", "tilelang"), ("0.1.15/linux-x86_64", "tilelang"), ("cpu_space_0", "hidet"),
+        ("cuda_space_0", "hidet")]
+    assert _values(kcache, f"kcache --cache-dir {mixed} ls --space cu") == ["cuda_space_0"]
+    assert _values(kcache, f"kcache --cache-dir {mixed} ls --op add --space ") == ["cuda_space_0"]
+
+
+def test_completion_narrows_by_what_is_already_given(kcache, mixed):
+    assert _values(kcache, f"kcache --cache-dir {mixed} ls --space cpu_space_0 --op ") == ["fused", "matmul", "relu"]
+    assert _values(kcache, f"kcache --cache-dir {mixed} ls --op matmul --op ") == [
+        "add", "add_one", "fused", "relu", "softmax"]
+    assert _values(kcache, f"kcache --cache-dir {mixed} ls --op add ") == ["8d1f7691cdf75e90"]
+    assert _values(kcache, f"kcache --cache-dir {mixed} ls --layout tilus ") == ["1-845a0ed6", "f006237ca7a5"]
+
+
+def test_hashes_complete_with_the_op_as_description(kcache, mixed):
+    got = dict(_complete(kcache, f"kcache --cache-dir {HIDET} inspect "))
+    assert got == HIDET_HASHES
+    got = dict(_complete(kcache, f"kcache --cache-dir {mixed} ls "))
+    assert got["1-845a0ed6"] == "add_one" and got["f006237ca7a5"] == "tilus program"
+    assert got["9f86d081884c7d65"] == "hidet graph" and got["2c26b46b68ffc68f"] == "hidet ir_module"
+    assert got["cb68ca6910905a22415eeff34244c6b161f51a79389abd03689b1d0f2155a46e"] == \
+        "tilelang kernel (0.1.15/linux-x86_64)"
+    assert not any(h.startswith(".") for h in got) and "stray.lock" not in got
+    assert _values(kcache, f"kcache --cache-dir {mixed} log 8") == ["8d1f7691cdf75e90"]
+    # hashes already on the line are not offered again
+    assert "8d1f7691cdf75e90" not in _values(kcache, f"kcache --cache-dir {mixed} ls 8d1f7691cdf75e90 ")
+
+
+def test_the_same_hash_in_two_spaces_is_one_value(kcache, tmp_path):
+    root = copy_tree(HIDET, tmp_path / "c")
+    shutil.copytree(root / "ops" / "cuda_space_0" / "add", root / "ops" / "cuda_space_2" / "add")
+    assert _complete(kcache, f"kcache --cache-dir {root} inspect 8d") == [
+        ("8d1f7691cdf75e90", "add (cuda_space_0), add (cuda_space_2)")]
+
+
+def test_static_values(kcache):
+    assert _values(kcache, "kcache ls --status ") == ["complete", "partial", "failed", "corrupt", "building"]
+    assert _values(kcache, "kcache ls --status complete,p") == ["complete,partial"]
+    assert _values(kcache, "kcache ls --layout ti") == ["tilus", "tilelang"]
+    assert _values(kcache, "kcache ls --target c") == ["cuda", "cpu"]
+    assert _values(kcache, "kcache ls --kind ") == ["op", "graph", "ir_module", "program", "script", "kernel",
+                                                    "binary"]
+
+
+def test_commands_and_options_complete(kcache):
+    values = _values(kcache, "kcache ")
+    assert {"dir", "ls", "inspect", "log", "stats"} <= set(values)
+    opts = _values(kcache, "kcache ls --")
+    assert {"--op", "--space", "--status", "--json", "--cache-dir"} <= set(opts)
+    assert "--debug" not in opts  # the hidden global copies stay out of the way
+
+
+def test_version_flag_does_not_leak_into_completions(kcache):
+    assert _values(kcache, f"kcache --version --cache-dir {HIDET} ls --op ma") == ["matmul"]
+
+
+# ---- real shells ---------------------------------------------------------------------------------------
+def test_bash_sources_the_shipped_script_and_completes(shim, mixed):
+    bash = _need("bash")
+    script = SCRIPTS / "kcache.bash"
+    cases = [
+        (["kcache", "--cache-dir", str(mixed), "ls", "--op", "ma"], ["matmul"]),
+        (["kcache", "ls", "--cache-dir", str(mixed), "--space", "cu"], ["cuda_space_0"]),
+        (["kcache", "ls", "--op", ""], ["add", "add_one", "fused", "matmul", "relu", "softmax"]),  # KCACHE_DIR
+        (["kcache", "inspect", "8"], ["8d1f7691cdf75e90"]),
+        (["kcache", "--cache-dir", str(mixed), "log", "f0"], ["f006237ca7a5"]),
+        (["kcache", "ls", "--status", "co"], ["complete", "corrupt"]),
+        (["kcache", "st"], ["stats"]),
+    ]
+    lines = [f"source {shlex.quote(str(script))}", "complete -p kcache"]
+    for words, _ in cases:
+        lines += [f"COMP_WORDS=({' '.join(shlex.quote(w) for w in words)}); COMP_CWORD={len(words) - 1}",
+                  "COMPREPLY=(); _kcache_completion kcache", 'echo "reply:${COMPREPLY[*]}"']
+    proc = subprocess.run([bash, "--norc", "--noprofile", "-c", "\n".join(lines)],
+                          env=_shell_env(shim, KCACHE_DIR=str(mixed)), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.splitlines()
+    assert out[0] == "complete -o default -F _kcache_completion kcache"
+    replies = [ln[len("reply:"):].split() for ln in out if ln.startswith("reply:")]
+    assert replies == [expected for _, expected in cases]
+    assert proc.stderr == ""
+
+
+def test_fish_runs_the_shipped_script(shim, mixed):
+    fish = _need("fish")
+    script = SCRIPTS / "kcache.fish"
+    cmd = (f"source {shlex.quote(str(script))}; "
+           f"complete -C {shlex.quote(f'kcache --cache-dir {mixed} ls --op ma')}; echo ---; "
+           f"complete -C {shlex.quote(f'kcache --cache-dir {mixed} inspect 8d')}; echo ---; "
+           f"complete -C {shlex.quote('kcache ls --space 0.')}")
+    proc = subprocess.run([fish, "--no-config", "-c", cmd], env=_shell_env(shim, KCACHE_DIR=str(mixed)),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    ops, hashes, spaces = proc.stdout.split("---\n")
+    assert ops.splitlines() == ["matmul\tcpu_space_0"]
+    assert hashes.splitlines() == ["8d1f7691cdf75e90\tadd (cuda_space_0)"]
+    assert [ln.split("\t")[0] for ln in spaces.splitlines()] == ["0.1.15/cuda-binaries", "0.1.15/linux-x86_64"]
+
+
+def _zsh_run(zsh: str, shim: Path, body: str, root: Path) -> list[str]:
+    # _arguments is stubbed to print what the script hands it: the completion system proper needs a terminal.
+    prog = ("_arguments() { print -r -- \"ARGS:$*\" }\n"
+            "_files() { print -r -- FILES }\n" + body)
+    proc = subprocess.run([zsh, "-f", "-c", prog], env=_shell_env(shim, KCACHE_DIR=str(root)), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.splitlines()
+
+
+def test_zsh_sourced_script_completes(shim, mixed, tmp_path):
+    zsh = _need("zsh")
+    body = (f"autoload -Uz compinit; compinit -u -d {tmp_path}/zcd\n"
+            f"source {shlex.quote(str(SCRIPTS / 'kcache.zsh'))}\n"
+            "print -r -- \"registered:$_comps[kcache]\"\n"
+            "words=(kcache ls --op ma); CURRENT=4; _kcache_completion\n"
+            "words=(kcache inspect 8d); CURRENT=3; _kcache_completion\n")
+    out = _zsh_run(zsh, shim, body, mixed)
+    assert out[0] == "registered:_kcache_completion"
+    assert out[1] == "ARGS:*: :((\"matmul\":\"cpu_space_0\"))"
+    assert out[2] == "ARGS:*: :((\"8d1f7691cdf75e90\":\"add (cuda_space_0)\"))"
+
+
+def test_zsh_autoloaded_script_completes_on_the_first_call(shim, mixed, tmp_path):
+    """Installed in fpath (as --install-completion does), the first TAB of a shell must complete too."""
+    zsh = _need("zsh")
+    fdir = tmp_path / "zfunc"
+    fdir.mkdir()
+    shutil.copy(SCRIPTS / "kcache.zsh", fdir / "_kcache")
+    body = (f"fpath=({fdir} $fpath); autoload -Uz compinit; compinit -u -d {tmp_path}/zcd\n"
+            "print -r -- \"registered:$_comps[kcache]\"\n"
+            "words=(kcache ls --op ma); CURRENT=4\n"
+            "$_comps[kcache]\n"  # what the first TAB calls: the autoloaded _kcache
+            "words=(kcache ls --status co); CURRENT=4\n"
+            "$_comps[kcache]\n")  # the second TAB
+    out = _zsh_run(zsh, shim, body, mixed)
+    assert out[0] == "registered:_kcache"
+    assert out[1] == "ARGS:*: :((\"matmul\":\"cpu_space_0\"))"
+    assert out[2].startswith("ARGS:*: :((\"complete\":") and "\"corrupt\":" in out[2]
+
+
+# ---- a real TAB in a real terminal (tmux) ------------------------------------------------------------------
+def _tmux_tab(shell_cmd: list[str], env: dict, typed: str, expect: str, tmp_path: Path) -> str:
+    """Type `typed` into an interactive shell in tmux, press TAB, and return the screen once `expect` shows
+    (or after 30 s without it)."""
+    tmux = _need("tmux")
+    base = [tmux, "-S", str(tmp_path / "tmux.sock")]
+
+    def screen_once(cond: str) -> str:
+        deadline = time.monotonic() + 30
+        while True:  # waiting for the screen, not a timed assertion
+            text = subprocess.run(base + ["capture-pane", "-p"], capture_output=True, text=True, timeout=30).stdout
+            if cond in text or time.monotonic() > deadline:
+                return text
+            time.sleep(0.2)
+
+    subprocess.run(base + ["new-session", "-d", "-x", "200", "-y", "40", *shell_cmd], env=env, check=True,
+                   timeout=30)
+    try:
+        screen_once("$" if "bash" in shell_cmd[0] else "%")
+        subprocess.run(base + ["send-keys", "-l", typed], check=True, timeout=30)
+        screen_once(typed)
+        subprocess.run(base + ["send-keys", "Tab"], check=True, timeout=30)
+        return screen_once(expect)
+    finally:
+        subprocess.run(base + ["kill-server"], capture_output=True, timeout=30)
+
+
+def test_a_real_tab_in_interactive_bash(shim, mixed, tmp_path):
+    bash = _need("bash")
+    rc = tmp_path / "bashrc"
+    rc.write_text(f"PS1='$ '\nsource {shlex.quote(str(SCRIPTS / 'kcache.bash'))}\n")
+    env = _shell_env(shim, KCACHE_DIR=str(mixed), HOME=str(tmp_path))
+    screen = _tmux_tab([bash, "--noprofile", "--rcfile", str(rc), "-i"], env, "kcache ls --op matm",
+                       "--op matmul", tmp_path)
+    assert "kcache ls --op matmul" in screen, screen
+
+
+def test_a_real_tab_in_interactive_zsh_with_fpath(shim, mixed, tmp_path):
+    zsh = _need("zsh")
+    fdir = tmp_path / "zfunc"
+    fdir.mkdir()
+    shutil.copy(SCRIPTS / "kcache.zsh", fdir / "_kcache")
+    (tmp_path / ".zshrc").write_text(f"PS1='%% '\nfpath=({fdir} $fpath)\nautoload -Uz compinit\n"
+                                     f"compinit -u -d {tmp_path}/zcd\n")
+    env = _shell_env(shim, KCACHE_DIR=str(mixed), ZDOTDIR=str(tmp_path), HOME=str(tmp_path))
+    screen = _tmux_tab([zsh, "-i"], env, "kcache inspect 8d", "8d1f7691cdf75e90", tmp_path)
+    assert "kcache inspect 8d1f7691cdf75e90" in screen, screen
