@@ -9,7 +9,8 @@
 * parallel: 8 new CUDA tasks with `-j 2` vs `-j 1` (target: at most 0.6x).
 
 Runs are interleaved (baseline, kcache, baseline, ...) and medians compared, so that load on the
-machine hits both sides alike. Python writes bytecode for these runs (as an installed kcache has
+machine hits both sides alike. CPU time (user + system of the process and its children) is printed
+too: on a busy machine it moves much less than wall-clock time. Python writes bytecode for these runs (as an installed kcache has
 it), even when PYTHONDONTWRITEBYTECODE is set in the calling shell.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -76,17 +78,35 @@ def kcache_cmd() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "kcache_cli"]
 
 
-def timed(cmd: list[str], cwd: Path | None = None, env: dict | None = None) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr.decode(errors='replace')}")
-    return elapsed
+class Sample:
+    """Wall-clock and CPU (user + system, the process and everything it waited for) seconds."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def run(self, cmd: list[str], cwd: Path | None = None, env: dict | None = None) -> None:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.wall.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        if proc.returncode != 0:
+            sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr.decode(errors='replace')}")
 
 
 def ms(x: float) -> str:
     return f"{x * 1000:.1f} ms"
+
+
+def compare(label: str, base_name: str, base: Sample, name: str, ours: Sample, target: float) -> float:
+    """Print wall and CPU medians and their ratios; the wall ratio is the one judged."""
+    bw, kw = statistics.median(base.wall), statistics.median(ours.wall)
+    bc, kc = statistics.median(base.cpu), statistics.median(ours.cpu)
+    print(f"{label:9} {base_name} {ms(bw)}, {name} {ms(kw)}: ratio {kw / bw:.3f} (target <= {target}); "
+          f"CPU {ms(bc)} vs {ms(kc)}: ratio {kc / bc:.3f}  [medians of {len(base.wall)}]")
+    return kw / bw
 
 
 def main() -> None:
@@ -94,6 +114,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="interleaved runs for the miss comparison")
     ap.add_argument("--hit-runs", type=int, default=30, help="interleaved runs for the hit comparison")
     ap.add_argument("--tasks", type=int, default=8, help="tasks for the -j comparison")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the -j comparison")
     ap.add_argument("--arch", default="sm_90")
     args = ap.parse_args()
 
@@ -111,48 +132,46 @@ def main() -> None:
         typer_app.write_text(MINIMAL_TYPER)
         # warm-up: bytecode, the nvcc binary in the page cache, kcache's compiler memo
         warm = make_task(tasks, "warm", 1)
-        timed(kc + ["--cache-dir", str(root), "build", str(warm / "task.txt")], env=env)
-        timed([sys.executable, str(typer_app)], env=env)
+        Sample().run(kc + ["--cache-dir", str(root), "build", str(warm / "task.txt")], env=env)
+        Sample().run([sys.executable, str(typer_app)], env=env)
 
         # -- miss: kcache build of a new task vs the same bare nvcc command
-        bare, built = [], []
+        bare, built = Sample(), Sample()
         for i in range(args.runs):
             t = make_task(tasks, "miss", 100 + i)
             scratch = work / f"bare{i}"
             scratch.mkdir()
             shutil.copy(t / "source.cu", scratch / "source.cu")
-            bare.append(timed([nvcc, "-shared", "-Xcompiler", "-fPIC", "-O3", f"-arch={args.arch}", "-o", "lib.so",
-                               "source.cu"], cwd=scratch, env=env))
-            built.append(timed(kc + ["--cache-dir", str(root), "build", str(t / "task.txt"), "--arch", args.arch],
-                               env=env))
-        b, k = statistics.median(bare), statistics.median(built)
-        results["miss"] = k / b
-        print(f"miss:     bare nvcc {ms(b)}, kcache build {ms(k)} (medians of {args.runs}): "
-              f"ratio {k / b:.3f} (target <= 1.05)")
+            bare.run([nvcc, "-shared", "-Xcompiler", "-fPIC", "-O3", f"-arch={args.arch}", "-o", "lib.so",
+                      "source.cu"], cwd=scratch, env=env)
+            built.run(kc + ["--cache-dir", str(root), "build", str(t / "task.txt"), "--arch", args.arch], env=env)
+        results["miss"] = compare("miss:", "bare nvcc", bare, "kcache build", built, 1.05)
+        overhead = statistics.median(built.wall) - statistics.median(bare.wall)
+        print(f"{'':9} kcache's fixed cost on a miss (start-up, lock, files, fsync, publish): {ms(overhead)}")
 
         # -- hit: an entry already built (default arch) vs a minimal Typer app
-        base, hit = [], []
+        base, hit = Sample(), Sample()
         hit_cmd = kc + ["--cache-dir", str(root), "build", str(warm / "task.txt")]
         for _ in range(args.hit_runs):
-            base.append(timed([sys.executable, str(typer_app)], env=env))
-            hit.append(timed(hit_cmd, env=env))
-        b, k = statistics.median(base), statistics.median(hit)
-        results["hit"] = k / b
-        print(f"hit:      minimal Typer app {ms(b)}, kcache build (hit) {ms(k)} (medians of {args.hit_runs}): "
-              f"ratio {k / b:.3f} (target <= 1.3)")
+            base.run([sys.executable, str(typer_app)], env=env)
+            hit.run(hit_cmd, env=env)
+        results["hit"] = compare("hit:", "minimal Typer app", base, "kcache build (hit)", hit, 1.3)
 
         # -- parallel: N new tasks with -j 2 vs -j 1
-        batch1, batch2 = work / "j1", work / "j2"
-        for i in range(args.tasks):
-            make_task(batch1, "par", 1000 + i)
-            make_task(batch2, "par", 2000 + i)
-        j1 = timed(kc + ["--cache-dir", str(work / "cache-j1"), "build", str(batch1), "-j", "1",
+        j1, j2 = Sample(), Sample()
+        for r in range(args.rounds):
+            batch1, batch2 = work / f"j1-{r}", work / f"j2-{r}"
+            for i in range(args.tasks):
+                make_task(batch1, "par", 1000 + 100 * r + i)
+                make_task(batch2, "par", 5000 + 100 * r + i)
+            j1.run(kc + ["--cache-dir", str(work / f"cache-j1-{r}"), "build", str(batch1), "-j", "1",
                          "--arch", args.arch], env=env)
-        j2 = timed(kc + ["--cache-dir", str(work / "cache-j2"), "build", str(batch2), "-j", "2",
+            j2.run(kc + ["--cache-dir", str(work / f"cache-j2-{r}"), "build", str(batch2), "-j", "2",
                          "--arch", args.arch], env=env)
-        results["parallel"] = j2 / j1
-        print(f"parallel: {args.tasks} tasks -j 1 {j1:.2f} s, -j 2 {j2:.2f} s: ratio {j2 / j1:.3f} "
-              f"(target <= 0.6; {os.cpu_count()} cores)")
+        w1, w2 = statistics.median(j1.wall), statistics.median(j2.wall)
+        results["parallel"] = w2 / w1
+        print(f"parallel: {args.tasks} tasks -j 1 {w1:.2f} s, -j 2 {w2:.2f} s: ratio {w2 / w1:.3f} "
+              f"(target <= 0.6; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f})")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ok = results["miss"] <= 1.05 and results["hit"] <= 1.3 and results["parallel"] <= 0.6

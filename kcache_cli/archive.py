@@ -42,12 +42,20 @@ COMPRESSION_BY_SUFFIX = ((".tar.gz", "gz"), (".tgz", "gz"), (".tar.zst", "zst"),
 BINARY_SUFFIXES = (".so", ".cubin", ".fatbin", ".o", ".a", ".hsaco", ".dylib", ".dll")
 BIG_FILE = 32 << 20  # files above this are streamed instead of read whole
 META_FILES = ("kcache.json", "compile.sh", "module/compile.sh", "nvcc_log.txt", "options.txt")
+_META = frozenset(META_FILES)
 _LOCK_NAME = re.compile(r"(^|/)(\.lock|[^/]*\.(t_)?lock)$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _ARCH = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
 _HIDET_SPACE = re.compile(r"^[a-z0-9]+_space_\d+$")
 _TILELANG_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?([.+\-\w]*)$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# File names that need no closer look: ASCII, no component starting with '.', components of 1-255
+# bytes, at most 16 deep; matched for all names of a manifest at once, one per line.
+_SIMPLE = r"[\w+\-=,@%~][\w.+\-=,@%~]{0,254}(?:/[\w+\-=,@%~][\w.+\-=,@%~]{0,254}){0,15}"
+_SIMPLE_NAMES = re.compile(rf"(?:{_SIMPLE}(?:\n{_SIMPLE})*)?", re.ASCII)
+_SIMPLE_PATH = re.compile(_SIMPLE, re.ASCII)
+_LOCK_LINE = re.compile(r"(?:^|/)(?:\.lock|[^/\n]*\.(?:t_)?lock)$", re.MULTILINE)
+_HEX = re.compile(r"[0-9a-f]*")
 
 
 class ArchiveRejected(KcacheError):
@@ -147,7 +155,7 @@ def compression_for(path: str) -> str:
 
 
 def is_lock_name(name: str) -> bool:
-    return bool(_LOCK_NAME.search(name))
+    return name.endswith("lock") and bool(_LOCK_NAME.search(name))
 
 
 def is_binary_name(name: str) -> bool:
@@ -177,26 +185,28 @@ def path_problem(name: object, what: str = "path") -> str | None:
 
 def entry_path_problem(layout: str, kind: str, relpath: str) -> str | None:
     """Why `relpath` is not where an entry of this layout and kind lives, or None."""
-    bad = path_problem(relpath, "entry path")
-    if bad:
-        return bad
+    if _SIMPLE_PATH.fullmatch(relpath) is None:
+        bad = path_problem(relpath, "entry path")
+        if bad:
+            return bad
+        if any(p.startswith(".") for p in relpath.split("/")):
+            return f"entry path {relpath!r} has a hidden component (temp, staging or state directory)"
     parts = relpath.split("/")
-    if any(p.startswith(".") for p in parts):
-        return f"entry path {relpath!r} has a hidden component (temp, staging or state directory)"
-    shapes = {
-        ("hidet", "op"): len(parts) == 4 and parts[0] == "ops" and bool(_HIDET_SPACE.match(parts[1])),
-        ("hidet", "graph"): len(parts) == 2 and parts[0] == "graphs",
-        ("hidet", "ir_module"): len(parts) == 2 and parts[0] == "ir_modules",
-        ("tilus", "program"): len(parts) == 2 and parts[0] == "programs",
-        ("tilus", "script"): len(parts) == 3 and parts[0] == "scripts",
-        ("tilelang", "kernel"): len(parts) == 4 and bool(_TILELANG_VERSION.match(parts[0]))
-        and parts[1] != "cuda-binaries" and parts[2] == "kernels",
-        ("tilelang", "binary"): len(parts) == 3 and bool(_TILELANG_VERSION.match(parts[0]))
-        and parts[1] == "cuda-binaries",
-    }
-    if not shapes.get((layout, kind), False):
-        return f"{relpath!r} is not where a {layout} {kind} entry lives"
-    return None
+    n = len(parts)
+    if layout == "hidet":
+        ok = (kind == "op" and n == 4 and parts[0] == "ops" and _HIDET_SPACE.match(parts[1]) is not None) or \
+             (kind == "graph" and n == 2 and parts[0] == "graphs") or \
+             (kind == "ir_module" and n == 2 and parts[0] == "ir_modules")
+    elif layout == "tilus":
+        ok = (kind == "program" and n == 2 and parts[0] == "programs") or \
+             (kind == "script" and n == 3 and parts[0] == "scripts")
+    elif layout == "tilelang":
+        ok = _TILELANG_VERSION.match(parts[0]) is not None and (
+            (kind == "kernel" and n == 4 and parts[1] != "cuda-binaries" and parts[2] == "kernels") or
+            (kind == "binary" and n == 3 and parts[1] == "cuda-binaries"))
+    else:
+        ok = False
+    return None if ok else f"{relpath!r} is not where a {layout} {kind} entry lives"
 
 
 def link_problem(layout: str, kind: str, relpath: str, name: str, target: object,
@@ -304,7 +314,7 @@ PARALLEL_MIN_ENTRIES = 1000  # below this, forking workers costs more than it sa
 ENTRIES_PER_PART = 500
 MAX_PARTS = 16
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # O_NONBLOCK: a fifo never blocks
 
 
 @dataclass
@@ -430,28 +440,52 @@ class _Skip(Exception):
     """This entry cannot be exported as it is (a warning, not an error)."""
 
 
-def _list_tree(dfd: int, prefix: str, out: list) -> None:
-    """(name, kind, size, mode, mtime, link target) of everything under an open directory, sorted,
-    depth first; kind is 'file', 'dir', 'link' or 'other'. One lstat per item, relative to `dfd`."""
+def _read_tree(dfd: int, prefix: str, out: list, budget: list[int]) -> None:
+    """Everything under an open directory, sorted, depth first, as (name, kind, size, mode, mtime,
+    extra): kind 'file' (extra: its bytes, or None past BIG_FILE or the memory budget), 'dir',
+    'link' (extra: its target) or 'other'. Types come from the directory listing; each file is
+    opened once (relative to `dfd`, never following a link), fstat'ed and read whole."""
     with os.scandir(dfd) as it:
         items = sorted(it, key=_by_name)
     for de in items:
-        st = de.stat(follow_symlinks=False)
-        mode = st.st_mode
         name = prefix + de.name
-        if stat.S_ISREG(mode):
-            out.append((name, "file", st.st_size, mode, st.st_mtime, None))
-        elif stat.S_ISDIR(mode):
-            out.append((name, "dir", 0, mode, st.st_mtime, None))
+        if de.is_file(follow_symlinks=False):
+            fd = os.open(de.name, _FILE_FLAGS, dir_fd=dfd)
+            try:
+                st = os.fstat(fd)
+                mode = st.st_mode
+                if not stat.S_ISREG(mode):  # replaced since the listing
+                    out.append((name, "other", 0, mode, st.st_mtime, None))
+                    continue
+                size = st.st_size
+                data = None
+                if size <= BIG_FILE and size <= budget[0]:
+                    data = os.read(fd, size) if size else b""
+                    while len(data) < size:  # short reads happen on some filesystems
+                        more = os.read(fd, size - len(data))
+                        if not more:
+                            break
+                        data += more
+                    budget[0] -= len(data)
+                    size = len(data)
+                out.append((name, "file", size, mode, st.st_mtime, data))
+            finally:
+                os.close(fd)
+        elif de.is_dir(follow_symlinks=False):
             sub = os.open(de.name, _DIR_FLAGS, dir_fd=dfd)
             try:
-                _list_tree(sub, name + "/", out)
+                out.append((name, "dir", 0, 0o755, os.fstat(sub).st_mtime, None))
+                _read_tree(sub, name + "/", out, budget)
             finally:
                 os.close(sub)
-        elif stat.S_ISLNK(mode):
-            out.append((name, "link", st.st_size, mode, st.st_mtime, os.readlink(de.name, dir_fd=dfd)))
+        elif de.is_symlink():
+            st = de.stat(follow_symlinks=False)
+            out.append((name, "link", st.st_size, st.st_mode, st.st_mtime, os.readlink(de.name, dir_fd=dfd)))
         else:
-            out.append((name, "other", 0, mode, st.st_mtime, None))
+            out.append((name, "other", 0, 0, 0.0, None))
+
+
+ENTRY_BUDGET = 256 << 20  # bytes of one entry held in memory; the rest is read again when written
 
 
 def _by_name(de: os.DirEntry) -> str:
@@ -524,20 +558,23 @@ class _PartWriter:
             items: list = []
             try:
                 newest = os.fstat(dfd).st_mtime
-                _list_tree(dfd, "", items)
-                lib = next((it for it in items if it[0] == hidet.BINARY and it[1] == "file"), None)
-                lib_data = _read_file(dfd, hidet.BINARY, lib[2]) if lib and lib[2] else None
+                _read_tree(dfd, "", items, [ENTRY_BUDGET])
             except OSError as exc:
                 return self._unreadable(job, exc)
-            names = {it[0]: it[2] for it in items if it[1] != "dir" and "/" not in it[0]}
+            names = {}
             size = files = 0
+            lib_head = None
             for it in items:
                 if it[1] != "dir":
                     size += it[2]
                     files += 1
+                    if "/" not in it[0]:
+                        names[it[0]] = it[2]
                 if it[4] > newest:
                     newest = it[4]
-            status, reason = hidet.op_status(path, names, lib_data[:64] if lib_data is not None else None)
+                if it[0] == hidet.BINARY and it[1] == "file":
+                    lib_head = it[5][:64] if it[5] is not None else None
+            status, reason = hidet.op_status(path, names, lib_head)
             if status == PARTIAL and ".lock" in names and probe_locked(os.path.join(path, ".lock")):
                 status, reason = BUILDING, "hidet holds the entry's lock (compiling)"
             e = self.ctx.entry(path=path, usage=TreeUsage(size, files, newest), layout="hidet", kind="op",
@@ -548,7 +585,7 @@ class _PartWriter:
             if why:
                 self.left.append((e, why))
                 return
-            self._emit(e, dfd, items, newest, {hidet.BINARY: lib_data} if lib_data is not None else {})
+            self._emit(e, dfd, items, newest)
         finally:
             os.close(dfd)
 
@@ -571,20 +608,27 @@ class _PartWriter:
             items: list = []
             try:
                 mtime = os.fstat(dfd).st_mtime
-                _list_tree(dfd, "", items)
+                _read_tree(dfd, "", items, [ENTRY_BUDGET])
             except OSError as exc:
                 raise _Skip(e, f"unreadable: {exc.strerror}") from None
-            self._emit(e, dfd, items, mtime, {})
+            self._emit(e, dfd, items, mtime)
         finally:
             os.close(dfd)
 
-    def _emit(self, e: Entry, dfd: int, items: list, mtime: float, preread: dict[str, bytes]) -> None:
+    def _emit(self, e: Entry, dfd: int, items: list, mtime: float) -> None:
         """Check the listing, then read and append the entry. Its members are collected first, so
         that an entry that changes under us is skipped whole (entries above BIG_FILE stream)."""
         from kcache_cli import tarstream as ts
 
         rel = e.relpath
-        for name, kind, _, _, _, target in items:
+        for name, kind, _, _, _, extra in items:
+            if kind == "file":
+                if not name.isascii():
+                    try:
+                        name.encode("utf-8")
+                    except UnicodeEncodeError:
+                        raise _Skip(e, f"{name!r} is not a UTF-8 file name") from None
+                continue
             if kind == "other":
                 raise _Skip(e, f"{name} is a device, fifo or socket")
             try:
@@ -592,11 +636,12 @@ class _PartWriter:
             except UnicodeEncodeError:
                 raise _Skip(e, f"{name!r} is not a UTF-8 file name") from None
             if kind == "link":
-                bad = link_problem(e.layout, e.kind, rel, name, target, self.programs.__contains__)
+                bad = link_problem(e.layout, e.kind, rel, name, extra, self.programs.__contains__)
                 if bad:
                     raise _Skip(e, bad)
         sources_only = self.plan.sources_only
         sha256 = self.sha256
+        file_header, padding = ts.file_header, ts.padding
         pieces = [ts.dir_header(rel, mtime)]
         put = pieces.append
         files: dict[str, dict] = {}
@@ -605,51 +650,51 @@ class _PartWriter:
         locks: list[str] = []
         omitted: list[str] = []
         small: dict[str, bytes] = {}
-        binaries: list[str] = []
         size = 0
         streamed = False
-        for name, kind, fsize, mode, ftime, target in items:
-            member = f"{rel}/{name}"
-            if kind == "dir":
-                dirs.append(name)
-                put(ts.dir_header(member, ftime))
-            elif kind == "link":
-                links[name] = target
-                put(ts.symlink_header(member, target, ftime))
-            elif is_lock_name(name):
-                locks.append(name)
-            elif sources_only and is_binary_name(name):
-                omitted.append(name)
-                binaries.append(os.path.join(e.path, name))
-            elif fsize > BIG_FILE:
-                if not streamed:  # from here on, members go straight to the writer
-                    self.writer.write(b"".join(pieces))
-                    pieces.clear()
-                    streamed = True
-                files[name] = self._stream(dfd, name, member, fsize, mode, ftime)
-                size += fsize
-            else:
-                data = preread.get(name)
-                try:
-                    if data is None:
+        prefix = rel + "/"
+        for name, kind, fsize, mode, ftime, extra in items:
+            if kind == "file":
+                if name.endswith("lock") and is_lock_name(name):
+                    locks.append(name)
+                    continue
+                if sources_only and is_binary_name(name):
+                    omitted.append(name)
+                    continue
+                if fsize > BIG_FILE:
+                    if not streamed:  # from here on, members go straight to the writer
+                        self.writer.write(b"".join(pieces))
+                        pieces.clear()
+                        streamed = True
+                    files[name] = self._stream(dfd, name, prefix + name, fsize, mode, ftime)
+                    size += fsize
+                    continue
+                data = extra
+                if data is None:
+                    try:
                         data = _read_file(dfd, name, fsize)
-                except OSError as exc:
-                    if streamed:
-                        raise KcacheError(f"cannot read {e.path}/{name}: {exc.strerror} (the entry changed "
-                                          "during the export)") from None
-                    raise _Skip(e, f"cannot read {name}: {exc.strerror} (changed during the export?)") from None
+                    except OSError as exc:
+                        if streamed:
+                            raise KcacheError(f"cannot read {e.path}/{name}: {exc.strerror} (the entry changed "
+                                              "during the export)") from None
+                        raise _Skip(e, f"cannot read {name}: {exc.strerror} (changed during the export?)") from None
                 n = len(data)
-                put(ts.file_header(member, n, mode, ftime))
+                put(file_header(prefix + name, n, mode, ftime))
                 put(data)
-                put(ts.padding(n))
-                files[name] = {"size": n, "sha256": sha256(data).hexdigest()}
+                put(padding(n))
+                files[name] = [n, sha256(data).hexdigest()]
                 size += n
-                if name in META_FILES:
+                if name in _META:
                     small[name] = data
-                if data[:4] == b"\x7fELF" or data[:4] == b"\x50\xed\x55\xba":
-                    binaries.append(os.path.join(e.path, name))
+            elif kind == "dir":
+                dirs.append(name)
+                put(ts.dir_header(prefix + name, ftime))
+            else:
+                links[name] = extra
+                put(ts.symlink_header(prefix + name, extra, ftime))
         if pieces:
             self.writer.write(b"".join(pieces))
+        binaries = [os.path.join(e.path, n) for n in (*files, *omitted) if is_binary_name(n)]
         compiler, arch, platform = _entry_facts(e, small, binaries)
         record = {"layout": e.layout, "kind": e.kind, "target": e.target, "space": e.space, "op": e.op,
                   "hash": e.hash, "relpath": rel, "status": e.status, "compiler": compiler, "arch": arch,
@@ -681,7 +726,7 @@ class _PartWriter:
         finally:
             os.close(fd)
         write(ts.padding(size))
-        return {"size": size, "sha256": h.hexdigest()}
+        return [size, h.hexdigest()]
 
 
 def _entry_facts(entry: Entry, small: dict[str, bytes], binaries: list[str]) -> tuple[str | None, str | None,
@@ -757,7 +802,7 @@ def _export_worker(plan: ExportPlan, parts: list[list], path: str, compression: 
                 before = len(pw.records)
                 for job in jobs:
                     if abort():
-                        raise KcacheError("export aborted")
+                        raise _Aborted("export aborted")
                     pw.job(job)
                 end = writer.end_part()
                 sizes.append(end - start)
@@ -765,7 +810,10 @@ def _export_worker(plan: ExportPlan, parts: list[list], path: str, compression: 
                 start = end
         finally:
             writer.close()
-    return {"records": pw.records, "done": pw.done, "left": pw.left, "files": pw.files, "size": pw.size,
+    # The records travel back as JSON text: encoding them here is done in parallel, and a string
+    # pickles much faster than the dicts.
+    text = json.dumps(pw.records, separators=(",", ":"))[1:-1]
+    return {"records": text, "done": pw.done, "left": pw.left, "files": pw.files, "size": pw.size,
             "sizes": sizes, "counts": counts, "warnings": pw.warnings}
 
 
@@ -811,12 +859,13 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         def run(w: int, advance, abort):
             return _export_worker(plan, per_worker[w], bodies[w], compression, programs, advance, abort)
 
-        results = _fork_map(run, workers, progress)
+        results, _ = _run_workers(workers, run, progress)
         records, done, left = [], [], list(plan.left)
         sizes, counts = [], []
         n_files = total = 0
         for r in results:
-            records += r["records"]
+            if r["records"]:
+                records.append(r["records"])
             done += r["done"]
             left += r["left"]
             sizes += r["sizes"]
@@ -834,10 +883,11 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "kcache_version": __version__,
             "created": iso(time.time()), "platform": _platform(), "sources_only": plan.sources_only,
-            "totals": {"entries": len(records), "files": n_files, "size": total},
-            "parts": parts, "entries": records,
+            "totals": {"entries": len(done), "files": n_files, "size": total},
+            "parts": parts,
         }
-        data = json.dumps(manifest, separators=(",", ":")).encode()
+        head_json = json.dumps(manifest, separators=(",", ":"))
+        data = (head_json[:-1] + ',"entries":[' + ",".join(records) + "]}").encode()
         with open(final_tmp, "wb") as final:
             head = ts.FrameWriter(final, compression)
             head.write(ts.file_header(MANIFEST_NAME, len(data), 0o644, time.time()))
@@ -890,47 +940,137 @@ def _cpus() -> int:
 _FORKED = None
 
 
-def _fork_map(func: Callable, n: int, progress: Progress | None) -> list:
-    """[func(i, advance, abort) for i in range(n)], in forked workers when n > 1. Workers count
-    progress in shared memory (the parent moves the bar); the first failure aborts the others and
-    is raised here."""
+def _run_workers(n: int, first: Callable, progress: Progress | None = None,
+                 between: Callable[[list], None] | None = None, second: Callable[[int], object] | None = None
+                 ) -> tuple[list, list]:
+    """Run `first(i, advance, abort)` for i in range(n) in forked workers (in this process when
+    n == 1), then `between(results)` here, then `second(i)` in the same workers, which keep what
+    phase one left them. Workers count progress in shared memory and this process moves the bar;
+    the first failure stops the others (they see abort()) and is raised here; nothing runs
+    phase two unless every worker finished phase one."""
     if n == 1:
-        return [func(0, progress.advance if progress else _ignore, _never)]
+        r1 = [first(0, progress.advance if progress else _ignore, _never)]
+        if between is not None:
+            between(r1)
+        return r1, ([second(0)] if second is not None else [])
     import multiprocessing
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+    from multiprocessing.connection import wait
 
     global _FORKED
     ctx = multiprocessing.get_context("fork")
     counters = ctx.RawArray("q", n)
     stop = ctx.RawValue("b", 0)
-    _FORKED = (func, counters, stop)
+    _FORKED = (first, second, counters, stop)
+    procs, conns = [], []
     try:
-        with ProcessPoolExecutor(n, mp_context=ctx) as pool:
-            futures = [pool.submit(_forked_run, i) for i in range(n)]
-            seen = 0
-            while True:
-                finished, pending = wait(futures, timeout=0.1, return_when=FIRST_EXCEPTION)
+        for i in range(n):
+            parent_end, child_end = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(i, child_end), daemon=True)
+            proc.start()
+            child_end.close()
+            procs.append(proc)
+            conns.append(parent_end)
+        seen = 0
+
+        def collect() -> list:
+            nonlocal seen
+            results: list = [None] * n
+            waiting = dict(zip(conns, range(n)))
+            error = None
+            while waiting:
+                for conn in wait(list(waiting), timeout=0.1):
+                    i = waiting.pop(conn)
+                    try:
+                        status, value = conn.recv()
+                    except EOFError:
+                        status, value = "err", KcacheError(f"worker {i} died")
+                    if status == "err":
+                        stop.value = 1
+                        if error is None or (isinstance(error, _Aborted) and not isinstance(value, _Aborted)):
+                            error = value
+                    results[i] = value
                 now = sum(counters)
                 if progress and now > seen:
                     progress.advance(now - seen)
                 seen = now
-                if any(f.exception() is not None for f in finished):
-                    stop.value = 1
-                    break
-                if not pending:
-                    break
-            return [f.result() for f in futures]
+            if error is not None:
+                raise error
+            return results
+
+        try:
+            r1 = collect()
+            if between is not None:
+                between(r1)
+        except BaseException:
+            stop.value = 1
+            for conn in conns:
+                _send(conn, "stop")
+            raise
+        if second is None:
+            for conn in conns:
+                _send(conn, "stop")
+            return r1, []
+        for conn in conns:
+            _send(conn, "go")
+        return r1, collect()
     finally:
         _FORKED = None
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+        for conn in conns:
+            conn.close()
 
 
-def _forked_run(i: int):
-    func, counters, stop = _FORKED
+class _Aborted(KcacheError):
+    """A worker stopped because another one failed."""
+
+
+def _send(conn, message: str) -> None:
+    try:
+        conn.send(message)
+    except (OSError, ValueError):
+        pass  # the worker is gone already
+
+
+def _worker_main(i: int, conn) -> None:
+    first, second, counters, stop = _FORKED
 
     def advance(k: int) -> None:
         counters[i] += k
 
-    return func(i, advance, lambda: bool(stop.value))
+    def abort() -> bool:
+        return bool(stop.value)
+
+    def report(func, *args) -> bool:
+        try:
+            value = func(*args)
+        except BaseException as exc:  # noqa: BLE001 - every failure travels back to the parent
+            conn.send(("err", _portable(exc)))
+            return False
+        conn.send(("ok", value))
+        return True
+
+    if report(first, i, advance, abort) and second is not None:
+        try:
+            command = conn.recv()
+        except EOFError:
+            return
+        if command == "go":
+            report(second, i)
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """`exc`, or a KcacheError saying what it was when it cannot travel between processes."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001
+        return KcacheError(f"{type(exc).__name__}: {exc}")
 
 
 def _ignore(n: int) -> None:
@@ -966,21 +1106,14 @@ class _Planned:
     size: int = 0
 
 
-@dataclass
-class _Expect:
-    entry: _Planned
-    kind: str  # "root", "dir", "file", "link"
-    name: str  # inside the entry
-    size: int = 0
-    sha256: str = ""
-    target: str = ""
-
-
 def _reject(msg: str) -> ArchiveRejected:
     return ArchiveRejected(f"archive rejected: {msg}")
 
 
 def _parse_manifest(data: bytes, limits: ImportLimits) -> tuple[dict, list[_Planned]]:
+    """The manifest, checked against every rule that needs no member: shapes of paths and names,
+    records, link targets' form, limits. File names and digests are checked in bulk (one regex over
+    all of them); only when that fails is each looked at, to say which one is wrong."""
     try:
         manifest = json.loads(data)
     except (ValueError, UnicodeDecodeError):
@@ -988,7 +1121,7 @@ def _parse_manifest(data: bytes, limits: ImportLimits) -> tuple[dict, list[_Plan
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise _reject("manifest.json is not a kcache archive manifest")
     version = manifest.get("format_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+    if type(version) is not int or version < 1:
         raise _reject("manifest.json has no valid format_version")
     if version > FORMAT_VERSION:
         raise _reject(f"made by a newer kcache (archive format {version}, this kcache reads {FORMAT_VERSION})")
@@ -996,7 +1129,10 @@ def _parse_manifest(data: bytes, limits: ImportLimits) -> tuple[dict, list[_Plan
     if not isinstance(entries, list):
         raise _reject("manifest.json has no entry list")
     planned: list[_Planned] = []
-    members = total = 0
+    all_names: list[str] = []
+    all_sizes: list = []
+    all_digests: list = []
+    members = 0
     for i, rec in enumerate(entries):
         if not isinstance(rec, dict):
             raise _reject(f"manifest entry {i} is not an object")
@@ -1015,33 +1151,25 @@ def _parse_manifest(data: bytes, limits: ImportLimits) -> tuple[dict, list[_Plan
         if not isinstance(files, dict) or not isinstance(links, dict) or not isinstance(dirs, list) \
                 or not isinstance(locks, list):
             raise _reject(f"manifest entry {relpath}: malformed files, links, dirs or locks")
-        p = _Planned(i, rec, layout, kind, relpath, {}, dict(links), list(dirs), list(locks))
-        names: set[str] = set()
-        for name, info in files.items():
-            bad = path_problem(name, "file name")
-            if bad:
-                raise _reject(f"{relpath}: {bad}")
-            if is_lock_name(name):
-                raise _reject(f"{relpath}/{name} is named like a lock file (lock files are never shipped)")
-            if not isinstance(info, dict):
-                raise _reject(f"{relpath}/{name}: malformed file record")
-            size, digest = info.get("size"), info.get("sha256")
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(digest, str) \
-                    or not _HEX64.match(digest):
-                raise _reject(f"{relpath}/{name}: the manifest gives no valid size and sha256")
-            if size > limits.max_member:
-                raise _reject(f"{relpath}/{name} is {size} bytes, over the limit of {limits.max_member} per file")
-            p.files[name] = (size, digest)
-            p.size += size
-            names.add(name)
+        try:
+            sizes = [info[0] for info in files.values()]
+            digests = [info[1] for info in files.values()]
+            if any(len(info) != 2 for info in files.values()):
+                raise TypeError
+        except (TypeError, KeyError, IndexError):
+            _check_files(relpath, files, limits)  # says which record is malformed
+            raise
+        p = _Planned(i, rec, layout, kind, relpath, dict(zip(files, zip(sizes, digests))), dict(links), list(dirs),
+                     list(locks))
+        all_names.extend(files)
+        all_sizes.extend(sizes)
+        all_digests.extend(digests)
+        names = set(files)
         for name, target in links.items():
-            bad = path_problem(name, "link name")
-            if bad:
-                raise _reject(f"{relpath}: {bad}")
             if not isinstance(target, str):
                 raise _reject(f"{relpath}/{name}: malformed link record")
         for group, what in ((links, "link"), (dirs, "directory"), (locks, "lock file")):
-            for name in group:
+            for name in group or ():
                 bad = path_problem(name, f"{what} name")
                 if bad:
                     raise _reject(f"{relpath}: {bad}")
@@ -1051,19 +1179,35 @@ def _parse_manifest(data: bytes, limits: ImportLimits) -> tuple[dict, list[_Plan
         for name in locks:
             if not is_lock_name(name):
                 raise _reject(f"{relpath}/{name} is listed as a lock file but is not named like one")
-        not_dirs = names - set(dirs)
-        for name in names:
-            parts_ = name.split("/")
-            for k in range(1, len(parts_)):
-                if "/".join(parts_[:k]) in not_dirs:
-                    raise _reject(f"{relpath}/{name} lies under a file or link of the same entry")
+        nested = [n for n in names if "/" in n]
+        if nested:
+            not_dirs = names - set(dirs)
+            for name in nested:
+                parts_ = name.split("/")
+                for k in range(1, len(parts_)):
+                    if "/".join(parts_[:k]) in not_dirs:
+                        raise _reject(f"{relpath}/{name} lies under a file or link of the same entry")
         members += len(names) + 1
-        total += p.size
         planned.append(p)
+    # In bulk: every file name simple and no lock, every size a non-negative int, every digest hex64.
+    joined = "\n".join(all_names)
+    ok = _SIMPLE_NAMES.fullmatch(joined) is not None and not _LOCK_LINE.search(joined) \
+        and all(type(x) is int and x >= 0 for x in all_sizes) \
+        and all(type(d) is str for d in all_digests) and set(map(len, all_digests)) <= {64} \
+        and _HEX.fullmatch("".join(all_digests)) is not None
+    if not ok:
+        for p in planned:
+            _check_files(p.relpath, p.record["files"], limits)
+    if all_sizes and max(all_sizes) > limits.max_member:
+        for p in planned:
+            _check_files(p.relpath, p.record["files"], limits)
     if members > limits.max_members:
         raise _reject(f"{members} members, over the limit of {limits.max_members}")
+    total = sum(all_sizes)
     if total > limits.max_total:
         raise _reject(f"it would expand to {total} bytes, over the limit of {limits.max_total}")
+    for p in planned:
+        p.size = sum(size for size, _ in p.files.values())
     rels = sorted(p.relpath for p in planned)
     for a, b in zip(rels, rels[1:]):
         if a == b:
@@ -1071,6 +1215,23 @@ def _parse_manifest(data: bytes, limits: ImportLimits) -> tuple[dict, list[_Plan
         if b.startswith(a + "/"):
             raise _reject(f"entry {b} lies inside entry {a}")
     return manifest, planned
+
+
+def _check_files(relpath: str, files: dict, limits: ImportLimits) -> None:
+    """The file records of one entry, one by one (the slow path that names what is wrong)."""
+    for name, info in files.items():
+        bad = path_problem(name, "file name")
+        if bad:
+            raise _reject(f"{relpath}: {bad}")
+        if is_lock_name(name):
+            raise _reject(f"{relpath}/{name} is named like a lock file (lock files are never shipped)")
+        if not isinstance(info, list) or len(info) != 2:
+            raise _reject(f"{relpath}/{name}: malformed file record (want [size, sha256])")
+        size, digest = info
+        if type(size) is not int or size < 0 or type(digest) is not str or not _HEX64.fullmatch(digest):
+            raise _reject(f"{relpath}/{name}: the manifest gives no valid size and sha256")
+        if size > limits.max_member:
+            raise _reject(f"{relpath}/{name} is {size} bytes, over the limit of {limits.max_member} per file")
 
 
 def _real_dir_chain(root: Path, relpath: str, cache: dict | None = None) -> str | None:
@@ -1195,16 +1356,21 @@ class _Staging:
                 pass
 
 
-def _expectations(planned: list[_Planned]) -> dict[str, _Expect]:
-    expect: dict[str, _Expect] = {}
+_ROOT, _DIR, _FILE, _LINK = 0, 1, 2, 3
+
+
+def _expectations(planned: list[_Planned]) -> dict[str, tuple]:
+    """member name -> (entry, kind, size, sha256 or link target)."""
+    expect: dict[str, tuple] = {}
     for p in planned:
-        expect[p.relpath] = _Expect(p, "root", "")
+        rel = p.relpath + "/"
+        expect[p.relpath] = (p, _ROOT, 0, "")
         for name in p.dirs:
-            expect[f"{p.relpath}/{name}"] = _Expect(p, "dir", name)
+            expect[rel + name] = (p, _DIR, 0, "")
         for name, (size, digest) in p.files.items():
-            expect[f"{p.relpath}/{name}"] = _Expect(p, "file", name, size, digest)
+            expect[rel + name] = (p, _FILE, size, digest)
         for name, target in p.links.items():
-            expect[f"{p.relpath}/{name}"] = _Expect(p, "link", name, target=target)
+            expect[rel + name] = (p, _LINK, 0, target)
     return expect
 
 
@@ -1241,17 +1407,18 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
             break
         count += 1
         if count & 255 == 0 and abort():
-            raise KcacheError("import aborted")
+            raise _Aborted("import aborted")
         name = m.name
         x = expect.get(name)
         if x is None or name in seen:
             raise _unexpected(name, seen)
         seen.add(name)
-        out = staging is not None and x.entry.write
+        entry, want, wsize, wdigest = x
+        out = staging is not None and entry.write
         kind = m.type
-        if kind == ts.REGULAR and x.kind == "file":
-            if m.size != x.size:
-                raise _reject(f"member {name!r} is {m.size} bytes, the manifest says {x.size}")
+        if kind == ts.REGULAR and want == _FILE:
+            if m.size != wsize:
+                raise _reject(f"member {name!r} is {m.size} bytes, the manifest says {wsize}")
             if m.size > limits.max_member:  # the manifest's sizes were checked; this is a second net
                 raise _reject(f"member {name!r} is over the limit of {limits.max_member} bytes per file")
             h = sha256()
@@ -1269,7 +1436,7 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
             else:
                 for chunk in reader.data(m):
                     h.update(chunk)
-            if h.hexdigest() != x.sha256:
+            if h.hexdigest() != wdigest:
                 raise _reject(f"{name}: its sha256 differs from the manifest's (damaged or tampered with)")
             files += 1
             size += m.size
@@ -1279,24 +1446,24 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
         if kind == ts.HARDLINK:
             _hardlink(m, x, expect, seen, staging if out else None)
             files += 1
-            size += x.size
+            size += wsize
             continue
-        want = {"root": ts.DIRECTORY, "dir": ts.DIRECTORY, "file": ts.REGULAR, "link": ts.SYMLINK}[x.kind]
-        if kind != want:
-            raise _reject(f"member {name!r} is a {kind}, the manifest says {want}")
+        expected = {_ROOT: ts.DIRECTORY, _DIR: ts.DIRECTORY, _FILE: ts.REGULAR, _LINK: ts.SYMLINK}[want]
+        if kind != expected:
+            raise _reject(f"member {name!r} is a {kind}, the manifest says {expected}")
         if m.size:
             raise _reject(f"{kind} member {name!r} carries data")
         if kind == ts.DIRECTORY:
             if out:
                 staging.ensure_dir(name)
         else:  # a symlink: its target was checked against the rules with the manifest
-            if m.linkname != x.target:
-                raise _reject(f"symlink {name!r} -> {m.linkname!r}, the manifest says -> {x.target!r}")
+            if m.linkname != wdigest:
+                raise _reject(f"symlink {name!r} -> {m.linkname!r}, the manifest says -> {wdigest!r}")
             if out:
                 staging.ensure_dir(name.rpartition("/")[0])
                 os.symlink(m.linkname, base + name)
     for key, x in expect.items():
-        if x.kind in ("file", "link") and key not in seen:
+        if x[1] in (_FILE, _LINK) and key not in seen:
             raise _reject(f"{key} is listed in the manifest but missing from the archive (truncated?)")
     return files, size
 
@@ -1309,15 +1476,15 @@ def _write_all(fd: int, data: bytes) -> None:
             view = view[os.write(fd, view):]
 
 
-def _hardlink(m, x: _Expect, expect: dict, seen: set, staging: _Staging | None) -> None:
+def _hardlink(m, x: tuple, expect: dict, seen: set, staging: _Staging | None) -> None:
     """A hard link inside its own entry, to a file already read, becomes a copy of that file."""
     target = m.linkname.rstrip("/")
     t = expect.get(target)
-    if t is None or t.entry is not x.entry:
+    if t is None or t[0] is not x[0]:
         raise _reject(f"hard link {m.name!r} -> {m.linkname!r} points outside its entry")
-    if x.kind != "file" or t.kind != "file" or target not in seen:
+    if x[1] != _FILE or t[1] != _FILE or target not in seen:
         raise _reject(f"hard link {m.name!r} -> {m.linkname!r} is not to a file read before it")
-    if (t.size, t.sha256) != (x.size, x.sha256):
+    if t[2:] != x[2:]:
         raise _reject(f"hard link {m.name!r}: the manifest gives it another size or sha256 than its target")
     if staging is not None:
         import shutil
@@ -1399,6 +1566,8 @@ def _extract_regions(fd: int, kind: str, regions: list[_Region], planned: list[_
                 raise _reject("an end-of-archive marker before the last part")
         finally:
             reader.close()
+        if staging is not None:
+            _finish_staging(staging, planned[r.lo:r.hi])
         files += f
         size += s
     return files, size
@@ -1435,16 +1604,20 @@ def rename_noreplace(src: str, dst: str) -> None:
     os.rename(src, dst)
 
 
-def _make_parents(root: Path, relpath: str) -> None:
+def _make_parents(root: Path, relpath: str, made: set[str]) -> None:
+    """Create the missing parents of an entry, as real directories (`made` remembers them)."""
     cur = str(root)
     for part in relpath.split("/")[:-1]:
         cur = os.path.join(cur, part)
+        if cur in made:
+            continue
         try:
             os.mkdir(cur)
         except FileExistsError:
             st = os.lstat(cur)
             if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
                 raise KcacheError(f"{cur} is not a directory (kcache never writes through a symlink)") from None
+        made.add(cur)
 
 
 def _dest_status(root: Path, p: _Planned) -> str | None:
@@ -1460,21 +1633,20 @@ def _dest_status(root: Path, p: _Planned) -> str | None:
     return None
 
 
-def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, warn: Warn) -> tuple[bool, str | None]:
+def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, warn: Warn,
+             made: set[str]) -> tuple[bool, str | None]:
     """Move one staged entry into place with one rename, under its lock. (published, reason)."""
     import shutil
 
-    from filelock import Timeout
-
-    from kcache_cli.locking import entry_lock, probe_locked
+    from kcache_cli.locking import EntryFlock, probe_locked
 
     src = os.path.join(staging.path, p.relpath)
     dest = os.path.join(root, p.relpath)
-    try:
-        lock = entry_lock(root, p.relpath, timeout=lock_timeout)
-        lock.acquire()
-    except Timeout:
-        return False, f"its lock is held (a build in progress?) for more than {lock_timeout:g}s"
+    lock = EntryFlock(root, p.relpath)
+    if not lock.acquire(0):
+        warn(f"waiting for the lock of {p.relpath} (a build in progress?)")
+        if not lock.acquire(lock_timeout):
+            return False, f"its lock was held (a build in progress?) for more than {lock_timeout:g}s"
     trashed = None
     try:
         if os.path.lexists(dest):
@@ -1490,7 +1662,7 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
             trash.mkdir(parents=True, exist_ok=True)
             trashed = os.path.join(trash, f"{p.relpath.replace('/', '%2F')}-{secrets.token_hex(4)}")
             os.rename(dest, trashed)
-        _make_parents(root, p.relpath)
+        _make_parents(root, p.relpath, made)
         try:
             rename_noreplace(src, dest)
         except FileExistsError:
@@ -1550,12 +1722,12 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
                 raise _reject(str(exc)) from None
             reader = ts.TarReader(source)
             try:
-                first = reader.next()
-                if first is None or first.name != MANIFEST_NAME or first.type != ts.REGULAR:
+                head = reader.next()
+                if head is None or head.name != MANIFEST_NAME or head.type != ts.REGULAR:
                     raise _reject("its first member is not manifest.json (not a kcache archive?)")
-                if first.size > limits.max_manifest:
-                    raise _reject(f"manifest.json is {first.size} bytes, over the limit of {limits.max_manifest}")
-                data = b"".join(reader.data(first))
+                if head.size > limits.max_manifest:
+                    raise _reject(f"manifest.json is {head.size} bytes, over the limit of {limits.max_manifest}")
+                data = b"".join(reader.data(head))
                 manifest, planned = _parse_manifest(data, limits)
                 regions = _regions(manifest, len(planned), file_size)
                 if regions is not None:
@@ -1564,25 +1736,52 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
                 if not dry_run and any(p.write for p in planned):
                     _check_space(root, sum(p.size for p in planned if p.write))
                     staging = _Staging(root)
-                if regions is None:
-                    n_files, n_bytes = _extract(reader, planned, staging, limits)
+                if regions is None:  # one stream: read on from the manifest, here
+                    groups = [planned]
+
+                    def first(w: int, advance, abort) -> tuple[int, int]:
+                        counts = _extract(reader, planned, staging, limits, abort)
+                        if staging is not None:
+                            _finish_staging(staging, planned)
+                        return counts
                 else:
                     _check_head(raw.fileno(), kind, regions[0].start, hashlib.sha256(data).hexdigest())
-                    n_files, n_bytes = _read_parts(raw.fileno(), kind, regions, planned, staging, limits, progress)
+                    n = min(_cpus(), len(regions)) if len(planned) >= PARALLEL_MIN_ENTRIES else 1
+                    region_groups = _split(regions, n)
+                    groups = [[p for r in rg for p in planned[r.lo:r.hi]] for rg in region_groups]
+
+                    def first(w: int, advance, abort) -> tuple[int, int]:
+                        return _extract_regions(raw.fileno(), kind, region_groups[w], planned, staging, limits,
+                                                advance, abort, True)
+
+                outcome: dict[str, tuple[bool, str | None]] = {}
+                made: set[str] = set()
+
+                def publish(ps: list[_Planned]) -> list:
+                    return [(p.relpath, *_publish(root, p, staging, lock_timeout, warn, made)) for p in ps]
+
+                def between(_results) -> None:  # tilus programs first: scripts link to them
+                    outcome.update((r, (d, why)) for r, d, why in publish(
+                        [p for p in planned if p.write and (p.layout, p.kind) == ("tilus", "program")]))
+
+                def second(w: int) -> list:
+                    return publish([p for p in groups[w] if p.write and (p.layout, p.kind) != ("tilus", "program")])
+
+                writing = staging is not None and not dry_run
+                counts, published = _run_workers(len(groups), first, progress, between if writing else None,
+                                                 second if writing else None)
+                n_files, n_bytes = sum(c[0] for c in counts), sum(c[1] for c in counts)
+                for batch in published:
+                    outcome.update((r, (d, why)) for r, d, why in batch)
             except ts.TarFormatError as exc:
                 raise _reject(str(exc)) from None
             finally:
                 reader.close()
-            if staging is not None:
-                _finish_staging(staging, planned)
             results = []
-            order = sorted(planned, key=lambda p: ((p.layout, p.kind) != ("tilus", "program"), p.relpath))
-            for p in order:
-                done, reason = False, p.reason
-                if not dry_run and p.write:
-                    done, reason = _publish(root, p, staging, lock_timeout, warn)
-                    if not done:
-                        p.action = "skip"
+            for p in planned:
+                done, reason = outcome.get(p.relpath, (False, p.reason))
+                if p.write and not dry_run and not done:
+                    p.action = "skip"
                 rec = p.record
                 results.append(ImportedEntry(p.layout, p.kind, _str(rec.get("target")), _str(rec.get("space")),
                                              _str(rec.get("op")), p.relpath.rsplit("/", 1)[1], p.relpath, p.action,
@@ -1597,18 +1796,6 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
     results.sort(key=lambda r: r.relpath)
     return ImportResult(archive, str(root), dry_run, _str(manifest.get("kcache_version")), tuple(results),
                         n_files, n_bytes)
-
-
-def _read_parts(fd: int, kind: str, regions: list[_Region], planned: list[_Planned], staging: _Staging | None,
-                limits: ImportLimits, progress: Progress | None) -> tuple[int, int]:
-    workers = min(_cpus(), len(regions)) if len(planned) >= PARALLEL_MIN_ENTRIES else 1
-    groups = _split(regions, workers)
-
-    def run(w: int, advance, abort):
-        return _extract_regions(fd, kind, groups[w], planned, staging, limits, advance, abort, True)
-
-    results = _fork_map(run, workers, progress)
-    return sum(r[0] for r in results), sum(r[1] for r in results)
 
 
 def _finish_staging(staging: _Staging, planned: list[_Planned]) -> None:

@@ -7,7 +7,8 @@ and publishes with one rename, so a reader sees either no entry or a complete on
 build leaves only a temp directory (`ls --status partial`, removed by `prune`).
 
 The hit path (a complete entry exists) is kept cheap: no filelock, subprocess or layout imports
-unless they are needed.
+unless they are needed, and the records are immutable NamedTuples rather than frozen dataclasses
+(a frozen dataclass costs about 1 ms to create at import; these are a quarter of that).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Sequence
 
@@ -38,7 +38,7 @@ OWN_FILES = frozenset({"source.cu", "source.cc", TASK, BINARY, LOG, MANIFEST})
 ARCH_RE = re.compile(r"^(sm|compute)_\d+[af]?$")
 # Flags that would make the recorded arch a lie: the arch is given with --arch only.
 ARCH_FLAGS = ("-arch", "--gpu-architecture", "-gencode", "--generate-code", "-code", "--gpu-code")
-COMPILER_MEMO = "compilers.json"  # in .kcache/: version and default arch per compiler binary
+COMPILER_MEMO = "compilers.json"  # in .kcache/: nvcc's default arch, per nvcc binary
 
 
 class BuildError(KcacheError):
@@ -53,8 +53,9 @@ class ArchMismatch(KcacheError):
     """A complete entry exists, built for another arch than the one requested."""
 
 
-@dataclass(frozen=True)
-class BuildOptions:
+class BuildOptions(NamedTuple):
+    """How to build: every field has the default the CLI has."""
+
     space: int = 0
     target: str | None = None  # default: from the source's suffix
     arch: str | None = None  # default: the local GPU's (nvidia-smi), else nvcc's own default
@@ -66,8 +67,7 @@ class BuildOptions:
     timeout: float | None = None  # seconds to wait for another build's lock; None: for ever
 
 
-@dataclass(frozen=True)
-class TaskSpec:
+class TaskSpec(NamedTuple):
     """A task resolved against the options: where its entry lives and what to compile."""
 
     task_path: str
@@ -80,8 +80,9 @@ class TaskSpec:
     relpath: str  # ops/cuda_space_0/<op>/<hash>
 
 
-@dataclass(frozen=True)
-class BuildResult:
+class BuildResult(NamedTuple):
+    """What one task came to: built, hit or failed, and where its entry is."""
+
     task: str  # the task file as given
     status: str  # built, hit, failed
     op: str | None = None
@@ -102,7 +103,7 @@ class BuildResult:
     notes: tuple[str, ...] = ()  # things worth telling people (source differs, arch unknown...)
 
     def to_json(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self._asdict().items()}
 
 
 class BuildListener:
@@ -205,7 +206,7 @@ def _find_source(task_path: str, target: str | None, source) -> str:
 # ---- compilers and arch --------------------------------------------------------------------------
 
 _memo_lock = threading.Lock()
-_memo: dict[str, dict] = {}  # per process: compiler key -> {"version", "default_arch"}
+_memo: dict[str, dict] = {}  # per process: compiler key -> {"default_arch"} or {"version"}
 _asked: set[str] = set()  # compilers whose default arch this process asked itself
 
 
@@ -306,31 +307,52 @@ def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
             pass  # a read-only cache: probe again next time
 
 
-def compiler_version(compiler: Sequence[str]) -> str | None:
-    """The compiler's `--version` line that names its release. Asked on every build (a few ms
-    next to seconds of compiling), because a wrapper script can point at another toolkit."""
-    key = "version:" + "\0".join(compiler)
-    with _memo_lock:
-        if key in _memo:
-            return _memo[key].get("version")
-    import subprocess
+class CompilerVersion:
+    """The compiler's `--version` line that names its release, asked while the compile runs.
 
-    try:
-        proc = subprocess.run([*compiler, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = [l.strip() for l in proc.stdout.decode("utf-8", "replace").splitlines() if l.strip()]
-    if proc.returncode != 0 or not lines:
-        return None
-    version = next((l for l in lines if "release" in l), lines[0])
-    with _memo_lock:
-        _memo[key] = {"version": version}
-    return version
+    Asked on every build rather than remembered across runs (a wrapper script can point at
+    another toolkit tomorrow); once per compiler within a process."""
+
+    def __init__(self, compiler: Sequence[str]) -> None:
+        import subprocess
+
+        self.key = "version:" + "\0".join(compiler)
+        self.proc = None
+        with _memo_lock:
+            if self.key in _memo:
+                return
+        try:
+            self.proc = subprocess.Popen([*compiler, "--version"], stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        except OSError:
+            pass
+
+    def result(self) -> str | None:
+        import subprocess
+
+        with _memo_lock:
+            if self.key in _memo:
+                return _memo[self.key]["version"]
+        if self.proc is None:
+            return None
+        try:
+            out, _ = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            return None
+        lines = [l.strip() for l in out.decode("utf-8", "replace").splitlines() if l.strip()]
+        version = next((l for l in lines if "release" in l), lines[0]) if self.proc.returncode == 0 and lines else None
+        with _memo_lock:
+            _memo[self.key] = {"version": version}
+        return version
+
+    def cancel(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
 
 
-_PTXAS_ARCH = re.compile(r"\bptxas\b[^\n]*?-arch[= ](sm_\w+)")
-_CICC_ARCH = re.compile(r"\bcicc\b[^\n]*?-arch[= ]compute_(\w+)")
 
 
 def nvcc_default_arch(root: Path, nvcc: Sequence[str], fresh: bool = True) -> str:
@@ -352,8 +374,9 @@ def nvcc_default_arch(root: Path, nvcc: Sequence[str], fresh: bool = True) -> st
         text = proc.stdout.decode("utf-8", "replace")
     except (OSError, subprocess.SubprocessError) as exc:
         raise KcacheError(f"cannot ask {nvcc[0]} for its default arch ({exc}); pass --arch") from None
-    m = _PTXAS_ARCH.search(text)
-    arch = m.group(1) if m else (f"sm_{_CICC_ARCH.search(text).group(1)}" if _CICC_ARCH.search(text) else None)
+    m = re.search(r"\bptxas\b[^\n]*?-arch[= ](sm_\w+)", text)  # the SASS arch it assembles for
+    cicc = re.search(r"\bcicc\b[^\n]*?-arch[= ]compute_(\w+)", text)  # else the PTX it generates
+    arch = m.group(1) if m else (f"sm_{cicc.group(1)}" if cicc else None)
     if arch is None or not ARCH_RE.match(arch):
         raise KcacheError(f"cannot tell {nvcc[0]}'s default arch from its --dryrun output; pass --arch")
     _memo_put(root, key, "default_arch", arch)
@@ -440,7 +463,7 @@ def entry_status(path: str) -> tuple[str | None, str | None, dict | None]:
 
     Same verdict as `kcache ls`. An entry holding only kcache's own files is judged here
     without importing the layouts (the hit path); anything else by the hidet layout."""
-    from kcache_cli.model import COMPLETE, CORRUPT, PARTIAL
+    from kcache_cli.terms import COMPLETE, CORRUPT, PARTIAL
 
     names: dict[str, int] = {}
     if os.path.islink(path):
@@ -461,14 +484,37 @@ def entry_status(path: str) -> tuple[str | None, str | None, dict | None]:
         return PARTIAL, f"cannot read the entry: {exc.strerror}", None
     manifest = _read_manifest(path) if MANIFEST in names else None
     if names.keys() <= OWN_FILES and names.get(BINARY) and manifest is not None:
-        from kcache_cli.checks import size_mismatch
-
-        bad = size_mismatch(MANIFEST, manifest.get("files"), names)
+        bad = _size_mismatch(manifest.get("files"), names)
         return (CORRUPT, bad, manifest) if bad else (COMPLETE, None, manifest)
     from kcache_cli.layouts.hidet import op_status
 
     status, reason = op_status(path, names)
     return status, reason, manifest
+
+
+def _size_mismatch(listed: object, names: dict[str, int]) -> str | None:
+    """checks.size_mismatch's rule for kcache.json, without importing the model's dataclasses
+    (about 7 ms) on the hit path."""
+    if not isinstance(listed, dict) or not all(isinstance(r, dict) for r in listed.values()):
+        return f"{MANIFEST} is malformed"
+    for name, rec in sorted(listed.items()):
+        if "/" in name:
+            continue
+        if name not in names:
+            return f"{name} is missing ({MANIFEST} lists it)"
+        if rec.get("size") is not None and names[name] != rec["size"]:
+            return f"{name} is {names[name]} bytes, {MANIFEST} says {rec['size']}"
+    return None
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _entry_archs(path: str, manifest: dict | None) -> tuple[tuple[str, ...], str]:
@@ -534,7 +580,7 @@ def build_task(root: str | os.PathLike, task: str | os.PathLike | TaskSpec, opti
 
 
 def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], waited: bool) -> BuildResult | None:
-    from kcache_cli.model import COMPLETE
+    from kcache_cli.terms import COMPLETE
 
     status, _reason, manifest = entry_status(str(final))
     if status != COMPLETE:
@@ -561,24 +607,22 @@ def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], wait
 
 
 def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: BuildListener):
-    """The entry's lock; says so (listener.waiting) when another build holds it. -> (lock, waited)."""
-    from filelock import Timeout
+    """The entry's lock; says so (listener.waiting) when another build holds it. -> (lock, waited).
 
-    from kcache_cli.locking import entry_lock
+    `locking.EntryFlock`: the file and kind of lock that `entry_lock` (filelock) takes, without
+    importing filelock (about 35 ms, most of the 5% a build may add to a one-second compile)."""
+    from kcache_cli.locking import EntryFlock
 
-    lock = entry_lock(root, spec.relpath)
+    lock = EntryFlock(root, spec.relpath)
     try:
-        lock.acquire(timeout=0)
-        return lock, False
-    except Timeout:
-        pass
-    listener.waiting(spec, "another kcache build")
-    try:
-        lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout))
-    except Timeout:
-        raise LockTimeout(f"another build of {spec.relpath} still holds its lock "
-                          f"({state.lock_path(root, spec.relpath)}) after {timeout:g}s") from None
-    return lock, True
+        if lock.acquire(timeout=0):
+            return lock, False
+        listener.waiting(spec, "another kcache build")
+        if lock.acquire(timeout=-1 if timeout is None else timeout):
+            return lock, True
+    except OSError as exc:
+        raise KcacheError(f"cannot lock {lock.path}: {exc.strerror}") from None
+    raise LockTimeout(f"another build of {spec.relpath} still holds its lock ({lock.path}) after {timeout:g}s")
 
 
 def _wait_for_hidet(spec: TaskSpec, final: Path, timeout: float | None, listener: BuildListener) -> str | None:
@@ -620,15 +664,27 @@ def _make_temp(op_dir: Path, h: str) -> Path:
     raise KcacheError(f"cannot create a temp directory in {op_dir}")
 
 
-def _write(path: Path, data: bytes) -> None:
+def _write(path: Path, data: bytes, sync: bool = True) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _prepare(*written: Path) -> None:
+    """Runs beside the compiler: make the inputs durable and load hashlib for the checksums."""
+    import hashlib  # noqa: F401 - imported for its side effect: _file_sha256 finds it loaded
+
+    for path in written:
+        try:
+            _fsync(path)
+        except OSError:
+            pass  # the publish step fsyncs the directory; a failure here shows up there
 
 
 def _fsync(path: Path) -> None:
@@ -644,8 +700,6 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
     import shlex
     import shutil
     import subprocess
-
-    from kcache_cli.checks import sha256_file
 
     try:
         with open(spec.source_path, "rb") as f:
@@ -669,16 +723,24 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
                   waited=waited)
     tmp = _make_temp(op_dir, spec.hash)
     published = False
+    version = None
     try:
         src_name = SOURCE_NAME[spec.target]
-        _write(tmp / src_name, source_bytes)
-        _write(tmp / TASK, spec.task_bytes)
+        _write(tmp / src_name, source_bytes, sync=False)
+        _write(tmp / TASK, spec.task_bytes, sync=False)
+        version = CompilerVersion(compiler)
+        # While the compiler runs (a child process), this process is idle: sync the inputs and
+        # import hashlib then, rather than after the compile, where every millisecond shows.
+        prep = threading.Thread(target=_prepare, args=(tmp / src_name, tmp / TASK), daemon=True)
+        prep.start()
         start = time.perf_counter()
         try:
             proc = subprocess.run(argv, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL)
         except OSError as exc:
             raise CompilerNotFound(f"cannot run {argv[0]}: {exc.strerror}") from None
+        finally:
+            prep.join()
         elapsed = time.perf_counter() - start
         output = proc.stdout.decode("utf-8", "replace")
         lib = tmp / BINARY
@@ -695,14 +757,16 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
         files = {}
         for name in (src_name, TASK, BINARY, LOG):
             p = tmp / name
-            files[name] = {"size": p.stat().st_size, "sha256": sha256_file(str(p))}
-        _write(tmp / MANIFEST, (json.dumps(_manifest(root, spec, arch, compiler, argv, command, options,
-                                                     elapsed, files), indent=2) + "\n").encode())
+            files[name] = {"size": p.stat().st_size, "sha256": _file_sha256(p)}
+        _write(tmp / MANIFEST, (json.dumps(_manifest(spec, arch, compiler, version.result(), argv, command,
+                                                     options, elapsed, files), indent=2) + "\n").encode())
         _fsync(tmp)
         _publish(root, tmp, final, spec)
         published = True
     finally:
         if not published:
+            if version is not None:
+                version.cancel()
             shutil.rmtree(tmp, ignore_errors=True)
     _fsync(op_dir)
     state.mark_used(root, spec.relpath)
@@ -739,14 +803,15 @@ def _publish(root: Path, tmp: Path, final: Path, spec: TaskSpec) -> None:
                 pass
 
 
-def _manifest(root: Path, spec: TaskSpec, arch: Arch, compiler: Sequence[str], argv: list[str], command: str,
-              options: BuildOptions, elapsed: float, files: dict) -> dict:
-    import platform
-    from datetime import datetime, timezone
-
+def _manifest(spec: TaskSpec, arch: Arch, compiler: Sequence[str], version: str | None, argv: list[str],
+              command: str, options: BuildOptions, elapsed: float, files: dict) -> dict:
     from kcache_cli import __version__
 
-    version = compiler_version(compiler)
+    uname = os.uname()
+    try:
+        libc = os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError):
+        libc = None
     return {
         "kcache_version": __version__,
         "op": spec.op,
@@ -762,9 +827,9 @@ def _manifest(root: Path, spec: TaskSpec, arch: Arch, compiler: Sequence[str], a
         "argv": argv,
         "include_dirs": [os.path.abspath(d) for d in options.include_dirs],
         "extra_flags": list(options.extra_flags),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "built": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "platform": "-".join(p for p in (uname.sysname, uname.release, uname.machine, libc) if p),
+        "machine": uname.machine,
+        "built": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
         "elapsed": round(elapsed, 3),
         "files": files,
     }
@@ -779,27 +844,27 @@ def failure(task: str, exc: KcacheError, spec: TaskSpec | None = None) -> BuildR
     return BuildResult(task, FAILED, error=str(exc), exit_code=exc.exit_code, **extra)
 
 
-def build_tasks(root: str | os.PathLike, tasks: Sequence[str | os.PathLike], options: BuildOptions = BuildOptions(),
-                *, jobs: int = 1, listener: BuildListener | None = None) -> list[BuildResult]:
-    """Build several tasks, `jobs` at a time; every task gets a result, in the order given.
-
-    A task that cannot be built (bad file, compile error, arch mismatch, lock timeout) is a failed
-    result, not an exception."""
+def build_tasks(root: str | os.PathLike, tasks: Sequence[str | os.PathLike | TaskSpec],
+                options: BuildOptions = BuildOptions(), *, jobs: int = 1,
+                listener: BuildListener | None = None) -> list[BuildResult]:
+    """Build several tasks (task files or loaded TaskSpecs), `jobs` at a time; every task gets a
+    result, in the order given. A task that cannot be built (bad file, compile error, arch
+    mismatch, lock timeout) is a failed result, not an exception."""
     from concurrent.futures import ThreadPoolExecutor
 
     listener = listener or BuildListener()
     check_extra_flags(options.extra_flags)
 
     def one(task) -> BuildResult:
-        spec = None
+        spec = task if isinstance(task, TaskSpec) else None
+        name = spec.task_path if spec is not None else os.fspath(task)
         try:
-            spec = load_task(task, options)
+            spec = spec or load_task(task, options)
             result = build_task(root, spec, options, listener=listener)
         except KcacheError as exc:
-            result = failure(os.fspath(task), exc, spec)
+            result = failure(name, exc, spec)
         except OSError as exc:
-            result = failure(os.fspath(task), KcacheError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")),
-                             spec)
+            result = failure(name, KcacheError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")), spec)
         listener.done(result)
         return result
 

@@ -709,17 +709,43 @@ class _Executor:
                     break
                 candidates.add(rel)
         done: list[str] = []
+        lock_names: list[str] | None = None
         for rel in sorted(candidates, key=lambda x: (-x.count("/"), x)):  # deepest first
             head, _, name = rel.rpartition("/")
             try:
+                if os.listdir(self._dir_fd(rel)):
+                    continue
+            except OSError:
+                continue
+            # A kcache build takes its entry's lock before it makes the op directory and its temp dir in
+            # it: holding every lock below this directory keeps a build from finding it gone in between.
+            if lock_names is None:
+                lock_names = sorted(os.listdir(self.pinned[f"{state.STATE_DIR}/locks"]))
+            prefix = state._stamp_name(rel + "/")
+            held: list[int] = []
+            try:
+                if not all(self._hold(n, held) for n in lock_names if n.startswith(prefix)):
+                    continue
+                fd = self.dir_fds.pop(rel, None)
+                if fd is not None:
+                    os.close(fd)
                 os.rmdir(name, dir_fd=self._dir_fd(head))
             except OSError:
-                continue  # not empty (or not ours to remove)
-            fd = self.dir_fds.pop(rel, None)
-            if fd is not None:
-                os.close(fd)
+                continue  # not empty after all (or not ours to remove)
+            finally:
+                for fd in held:
+                    os.close(fd)
             done.append(str(self.root / rel))
         return done
+
+    def _hold(self, lock_name: str, held: list[int]) -> bool:
+        try:
+            fd = os.open(lock_name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=self.pinned[f"{state.STATE_DIR}/locks"])
+        except FileNotFoundError:
+            return True
+        held.append(fd)
+        return _flock(fd)
 
     def _tidy_state(self, locks_fd: int) -> None:
         """Last-used stamps of entries that are gone; lock files of entries that are gone and that no

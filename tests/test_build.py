@@ -495,3 +495,55 @@ def test_compiler_from_environment(tmp_path, kcache, monkeypatch):
 def test_build_help_has_an_example(kcache):
     r = kcache("build", "--help")
     assert r.exit_code == 0 and "Example:" in r.stdout and "--arch" in r.stdout
+
+
+# ---- entries that real hidet made ----------------------------------------------------------------
+
+def test_real_hidet_entries_are_hits_checked_against_their_binary(fixture_copy, kcache, tmp_path):
+    root = fixture_copy("hidet")
+    before = snapshot(root / "ops")
+    # every entry holds its own task.txt and source: building the tree from itself finds all of them
+    r = kcache("--cache-dir", root, "build", root / "ops", "--arch", "sm_90a", "--nvcc", "/bin/false",
+               "--cxx", "/bin/false", "--json")
+    assert r.exit_code == 0, r.stderr
+    out = r.json()
+    assert (out["built"], out["hits"], out["failed"]) == (0, 5, 0)
+    cuda = [x for x in out["results"] if x["target"] == "cuda"]
+    assert {(x["arch"], x["arch_source"]) for x in cuda} == {("sm_90a", "lib.so")}  # read from the fatbin
+    assert snapshot(root / "ops") == before
+
+    entry = root / "ops" / "cuda_space_0" / "add" / "8d1f7691cdf75e90"
+    r = kcache("--cache-dir", root, "build", entry, "--arch", "sm_90", "--nvcc", "/bin/false")
+    assert r.exit_code == 1 and "built for sm_90a, not sm_90" in r.stderr
+    assert snapshot(root / "ops") == before
+
+
+@needs_cxx
+def test_waits_while_hidet_compiles_the_entry(tmp_path, kcache):
+    import fcntl
+
+    task = write_task(tmp_path / "tasks", "plus", 14, kind="cc")
+    root = tmp_path / "cache"
+    entry = root / "ops" / "cpu_space_0" / "plus" / task_hash_of(task)
+    entry.mkdir(parents=True)
+    (entry / "task.txt").write_bytes((task / "task.txt").read_bytes())
+    fd = os.open(entry / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # what hidet's FileLock does while it compiles in place
+    try:
+        assert kcache("--cache-dir", root, "ls", "--json").json()[0]["status"] == "building"
+        r = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--timeout", "0.3")
+        assert r.exit_code == 3 and "waiting: hidet is building" in r.stderr
+        assert sorted(os.listdir(entry)) == [".lock", "task.txt"]  # left alone
+    finally:
+        os.close(fd)
+    r = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--json")
+    assert r.exit_code == 0 and r.json()["results"][0]["replaced"].startswith("partial entry")
+
+
+def test_two_sources_need_a_choice(tmp_path, kcache):
+    t = write_task(tmp_path / "tasks", "both", kind="cc")
+    (t / "source.cu").write_text("int y;\n")
+    r = kcache("--cache-dir", tmp_path / "cache", "build", t)
+    assert r.exit_code == 1 and "both source.cu and source.cc" in r.stderr
+    spec = b.load_task(t / "task.txt", b.BuildOptions(target="cpu"))
+    assert spec.source_path.endswith("source.cc") and spec.space == "cpu_space_0"

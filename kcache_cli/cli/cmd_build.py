@@ -109,12 +109,9 @@ def build_command(
         sys.stdout.write(f"{result.path}\n")
         return
 
-    if source is not None:
-        paths_or_specs = [b.load_task(paths[0], options, source)]
-    else:
-        paths_or_specs = paths
+    tasks_to_build = [b.load_task(paths[0], options, source)] if source is not None else paths
     try:
-        results = _build_many(b, root, paths_or_specs, options, jobs or os.cpu_count() or 1, listener)
+        results = b.build_tasks(root, tasks_to_build, options, jobs=jobs or os.cpu_count() or 1, listener=listener)
     finally:
         listener.stop()
     for r in results:
@@ -124,27 +121,15 @@ def build_command(
     if opts.json:
         c.emit_json(b.summary_json(results))
     else:
-        rows = [[r.status, r.space or "-", r.op or "-", r.hash or "-", r.path if r.status != b.FAILED else r.task]
-                for r in results]
-        c.print_table(["status", "space", "op", "hash", "path"], rows,
+        # the entry inside the cache (ops/<space>/<op>/<hash>), or the task file that failed
+        rows = [[r.status, r.relpath if r.status != b.FAILED else r.task] for r in results]
+        c.print_table(["status", "entry or task"], rows,
                       styles={0: {"built": "green", "hit": "cyan", "failed": "bold red"}})
         sys.stdout.write(f"{b.count(results, b.BUILT)} built, {b.count(results, b.HIT)} hits, "
                          f"{b.count(results, b.FAILED)} failed\n")
     code = b.exit_code(results)
     if code:
         raise typer.Exit(code)
-
-
-def _build_many(b, root, tasks, options, jobs, listener):
-    if tasks and not isinstance(tasks[0], str):  # one task with --source, already loaded
-        spec = tasks[0]
-        try:
-            result = b.build_task(root, spec, options, listener=listener)
-        except b.KcacheError as exc:
-            result = b.failure(spec.task_path, exc, spec)
-        listener.done(result)
-        return [result]
-    return b.build_tasks(root, tasks, options, jobs=jobs, listener=listener)
 
 
 def _notes(opts: c.GlobalOptions, result) -> None:

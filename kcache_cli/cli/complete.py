@@ -30,26 +30,29 @@ KINDS = (("op", "hidet operator"), ("graph", "hidet compiled graph"), ("ir_modul
 
 
 # ---- what the command line says -------------------------------------------------------------------
-def _param_values(ctx: typer.Context, name: str) -> list[str]:
-    """The values given so far for option `name`, on this command and its parents, commas split."""
-    out: list[str] = []
+def _given(ctx: typer.Context, name: str) -> list:
+    """The values of parameter `name` parsed so far, on this command first, then on its parents."""
+    out = []
     c = ctx
     while c is not None:
         value = (c.params or {}).get(name)
-        if isinstance(value, str):
-            value = [value]
-        for v in value or ():
-            if isinstance(v, str):
-                out.extend(p.strip() for p in v.split(",") if p.strip())
+        if value is not None:
+            out.extend([value] if isinstance(value, str) else value)
         c = c.parent
-    return out
+    return [v for v in out if isinstance(v, str)]
+
+
+def _param_values(ctx: typer.Context, name: str) -> list[str]:
+    """The values given so far for a list option, commas split (`--status complete,partial`)."""
+    return [p.strip() for v in _given(ctx, name) for p in v.split(",") if p.strip()]
 
 
 def completion_root(ctx: typer.Context) -> Path | None:
     """The cache root the command being completed would use, or None if it cannot be resolved."""
-    given = _param_values(ctx, "cache_dir")
-    obj = ctx.find_root().obj
-    explicit = given[0] if given else getattr(obj, "cache_dir", None)
+    own = (ctx.params or {}).get("cache_dir")  # the command's own --cache-dir
+    after = getattr(ctx.find_root().obj, "cache_dir", None)  # a hidden global copy after the command
+    before = _given(ctx.find_root(), "cache_dir")  # the global option before the command
+    explicit = own or after or (before[0] if before else None)
     try:
         from kcache_cli.locate import resolve_cache_dir
 

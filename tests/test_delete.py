@@ -1,0 +1,756 @@
+"""prune and clear: the exact entries each selector removes, on copies of the real caches and on
+generated trees; dry runs that change nothing; links, locks, read-only parts and interrupted runs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kcache_cli import state
+from kcache_cli.delete import parse_age, parse_size, plan_clear, plan_prune
+from kcache_cli.errors import UsageError
+from kcache_cli.model import ScanFilter
+from kcache_cli.scan import scan_cache
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from gen_cache import generate  # noqa: E402
+
+HIDET = {
+    "softmax": "ops/cuda_space_0/softmax/ad252b064b266eea",
+    "add": "ops/cuda_space_0/add/8d1f7691cdf75e90",
+    "fused": "ops/cpu_space_0/fused/af3046266c6abdd1",
+    "matmul": "ops/cpu_space_0/matmul/064b4a6c035246e8",
+    "relu": "ops/cpu_space_0/relu/31857fe085635b31",
+}
+PROGRAM = "programs/f006237ca7a5"
+SCRIPT = "scripts/add_one/1-845a0ed6"
+KERNEL = "0.1.15/linux-x86_64/kernels/cb68ca6910905a22415eeff34244c6b161f51a79389abd03689b1d0f2155a46e"
+BINARY = "0.1.15/cuda-binaries/4bc9129df33af894bfd1791f214310dc6766749861079ac4b7eafa97e565e687"
+HOUR = 3600.0
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+def listing(root: Path) -> dict:
+    """Everything under root: type, size, mtime (ns), mode and link target. What a dry run must not change."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in dirnames + filenames:
+            p = os.path.join(dirpath, n)
+            st = os.lstat(p)
+            out[os.path.relpath(p, root)] = (stat.S_IFMT(st.st_mode), st.st_size, st.st_mtime_ns, st.st_mode,
+                                            os.readlink(p) if stat.S_ISLNK(st.st_mode) else None)
+    return out
+
+
+def entries(root: Path) -> set[str]:
+    return {e.relpath for e in scan_cache(root).entries}
+
+
+def removed_paths(run) -> set[str]:
+    data = run.json()
+    return {os.path.relpath(r["removed_path"], data["root"]) for r in data["removed"]}
+
+
+def set_mtime(path: Path, ts: float) -> None:
+    """Age a whole entry: every file, link and directory in it."""
+    for dirpath, dirnames, filenames in os.walk(path, topdown=False):
+        for n in filenames + dirnames:
+            os.utime(os.path.join(dirpath, n), (ts, ts), follow_symlinks=False)
+        os.utime(dirpath, (ts, ts))
+
+
+ELF_HEAD = b"\x7fELF\x02\x01\x01" + b"\0" * 57  # a 64-bit ELF header with no section table: looks whole
+
+
+def gen(tmp_path: Path, n: int, name: str = "gen") -> Path:
+    """n generated hidet entries (bench/gen_cache.py), each complete (lib.so starts like an ELF file)."""
+    root = tmp_path / name
+    generate(str(root), n)
+    for lib in root.glob("ops/*/*/*/lib.so"):
+        data = lib.read_bytes()
+        if not data.startswith(b"\x7fELF"):
+            lib.write_bytes(ELF_HEAD + data[len(ELF_HEAD):])
+    return root
+
+
+@contextlib.contextmanager
+def held_by_other_process(code: str, *args: str):
+    """Run `code` (which takes a lock) in another process; it holds it until the block ends."""
+    script = code + "\nprint('held', flush=True)\nsys.stdin.read()\n"
+    p = subprocess.Popen([sys.executable, "-c", "import sys\n" + script, *args], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, cwd=str(REPO))
+    try:
+        assert p.stdout.readline().strip() == "held"
+        yield p
+    finally:
+        p.stdin.close()
+        p.wait(20)
+
+
+def hold_kcache_lock(root: Path, relpath: str):
+    return held_by_other_process("from kcache_cli.locking import entry_lock\n"
+                                 "lock = entry_lock(sys.argv[1], sys.argv[2]); lock.acquire()", str(root), relpath)
+
+
+def hold_flock(path: Path):
+    return held_by_other_process("import fcntl, os\nfd = os.open(sys.argv[1], os.O_RDWR)\n"
+                                 "fcntl.flock(fd, fcntl.LOCK_EX)", str(path))
+
+
+@contextlib.contextmanager
+def read_only(path: Path):
+    """A directory nothing can be renamed out of: chmod for users, the immutable flag for root."""
+    if os.geteuid() == 0:
+        if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)]).returncode != 0:
+            pytest.skip("running as root without chattr +i: cannot make a directory read-only")
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(path)])
+    else:
+        mode = path.stat().st_mode
+        path.chmod(0o555)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+
+
+# ---- parsing -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text,value", [("10GB", 10 * 10**9), ("500M", 500 * 10**6), ("2GiB", 2 * 2**30),
+                                        ("1.5k", 1500), ("4096", 4096), ("0", 0), ("7 mb", 7 * 10**6),
+                                        ("3Ti", 3 * 2**40), ("12b", 12)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "ten", "10XB", "-5G", "1e9", "10 G B"])
+def test_parse_size_rejects(text):
+    with pytest.raises(UsageError):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text,value", [("30d", 30 * 86400), ("12h", 12 * 3600), ("90m", 5400), ("45s", 45),
+                                        ("2w", 14 * 86400), ("1d12h", 36 * 3600), ("0s", 0)])
+def test_parse_age(text, value):
+    assert parse_age(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "30", "d", "3y", "1d-2h", "soon"])
+def test_parse_age_rejects(text):
+    with pytest.raises(UsageError):
+        parse_age(text)
+
+
+def test_bad_sizes_and_ages_are_usage_errors(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    for args in (["--max-size", "lots"], ["--older-than", "a while"]):
+        r = kcache("--cache-dir", root, "prune", *args)
+        assert r.exit_code == 2 and r.stderr.startswith("Error: bad ") and "Traceback" not in r.stderr
+
+
+# ---- clear on the real hidet cache ---------------------------------------------------------------
+@pytest.mark.parametrize("args,gone", [
+    (["--op", "softmax"], {"softmax"}),
+    (["--op", "matmul", "--op", "relu"], {"matmul", "relu"}),
+    (["--space", "cpu_space_0"], {"fused", "matmul", "relu"}),
+    (["--target", "cuda"], {"softmax", "add"}),
+    (["8d1f", "af30"], {"add", "fused"}),
+    (["--space", "cuda_space_0", "--op", "add"], {"add"}),
+    (["--layout", "hidet"], set(HIDET)),
+    (["--all"], set(HIDET)),
+    (["--layout", "tilus"], set()),
+    (["--op", "nosuchop"], set()),
+])
+def test_clear_removes_exactly_the_selection(kcache, fixture_copy, args, gone):
+    root = fixture_copy("hidet")
+    r = kcache("--cache-dir", root, "clear", *args, "--yes", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert removed_paths(r) == {HIDET[o] for o in gone}
+    assert entries(root) == {HIDET[o] for o in set(HIDET) - gone}
+    data = r.json()
+    assert data["entries"] == len(gone) and data["dry_run"] is False
+    assert data["freed"] == sum(x["size"] for x in data["removed"]) > 0 or not gone
+    for o in gone:  # empty op directories go; a space keeps its other ops
+        assert not (root / HIDET[o]).parent.exists()
+    spaces = {HIDET[o].split("/")[1] for o in set(HIDET) - gone}
+    assert {p.name for p in (root / "ops").iterdir()} == spaces
+    assert not list((root / ".kcache" / "trash").iterdir()) if (root / ".kcache").exists() else True
+
+
+def test_clear_needs_a_selection(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    before = listing(root)
+    r = kcache("--cache-dir", root, "clear", "--yes")
+    assert r.exit_code == 2 and "--all" in r.stderr
+    assert listing(root) == before
+    with pytest.raises(UsageError):
+        plan_clear(root, ScanFilter())
+
+
+def test_clear_without_a_terminal_refuses_unless_yes(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    before = listing(root)
+    r = kcache("--cache-dir", root, "clear", "--op", "softmax", input="y\n")  # stdin is a pipe, not a terminal
+    assert r.exit_code == 2 and "--yes" in r.stderr and "48.2 kB" in r.stderr
+    assert listing(root) == before
+
+
+def test_clear_asks_on_a_terminal(kcache, fixture_copy, monkeypatch):
+    from kcache_cli.cli import cmd_delete
+
+    root = fixture_copy("hidet")
+    monkeypatch.setattr(cmd_delete, "_stdin_is_terminal", lambda: True)
+    before = listing(root)
+    r = kcache("--cache-dir", root, "clear", "--space", "cuda_space_0", input="n\n")
+    assert r.exit_code == 1 and "nothing was removed" in r.stderr
+    assert "ad252b064b266eea" in r.stderr and "2 entries" in r.stderr  # what would go is shown first
+    assert listing(root) == before
+    r = kcache("--cache-dir", root, "clear", "--space", "cuda_space_0", input="y\n")
+    assert r.exit_code == 0, r.stderr
+    assert entries(root) == {HIDET["fused"], HIDET["matmul"], HIDET["relu"]}
+    assert "Removed 2 entries" in r.stdout and "bytes" in r.stdout
+
+
+@pytest.mark.parametrize("layout", ["hidet", "tilus", "tilelang"])
+@pytest.mark.parametrize("command", [["clear", "--all"], ["prune", "--max-size", "0", "--older-than", "0s",
+                                                          "--broken"]])
+def test_dry_run_changes_nothing(kcache, fixture_copy, layout, command):
+    root = fixture_copy(layout)
+    # something for every rule: a stale temp dir, candidates/, a stale staging dir, a stamp
+    if layout == "hidet":
+        tmp = root / "ops/cuda_space_0/add/.kcache-tmp-8d1f7691cdf75e90-dead"
+        tmp.mkdir()
+        (tmp / "lib.so").write_bytes(b"x")
+        (root / HIDET["relu"] / "candidates" / "0").mkdir(parents=True)
+        (root / HIDET["relu"] / "candidates" / "0" / "lib.so").write_bytes(b"y" * 100)
+        set_mtime(tmp, time.time() - 2 * HOUR)
+    elif layout == "tilelang":
+        st = root / "0.1.15/.staging/cuda-binaries/abc.1.ff"
+        st.mkdir(parents=True)
+        (st / "kernel.cubin").write_bytes(b"z")
+        set_mtime(st, time.time() - 2 * HOUR)
+    before = listing(root)
+    r = kcache("--cache-dir", root, *command, "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    data = r.json()
+    assert data["dry_run"] is True and data["removed"] and data["freed"] > 0
+    assert listing(root) == before  # not a byte, not an mtime; no .kcache/ either
+    r = kcache("--cache-dir", root, *command, "--dry-run")
+    assert r.exit_code == 0 and "Would remove" in r.stdout and "Nothing was changed" in r.stdout
+    assert listing(root) == before
+
+
+# ---- tilus: programs and the scripts that link to them ------------------------------------------
+def test_tilus_program_linked_from_a_kept_script_is_kept(kcache, fixture_copy):
+    root = fixture_copy("tilus")
+    r = kcache("--cache-dir", root, "clear", "f006", "--yes", "--json")
+    assert r.exit_code == 0
+    assert removed_paths(r) == set()
+    assert [s["relpath"] if "relpath" in s else os.path.relpath(s["path"], root) for s in r.json()["skipped"]] \
+        == [PROGRAM]
+    assert "kept script scripts/add_one/1-845a0ed6" in r.json()["skipped"][0]["why"]
+    assert entries(root) == {PROGRAM, SCRIPT}
+
+
+def test_tilus_script_and_its_programs_go_together(kcache, fixture_copy):
+    root = fixture_copy("tilus")
+    r = kcache("--cache-dir", root, "clear", "--op", "add_one", "--yes", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert removed_paths(r) == {PROGRAM, SCRIPT}
+    order = [os.path.relpath(x["removed_path"], root) for x in r.json()["removed"]]
+    assert order.index(SCRIPT) < order.index(PROGRAM)  # no moment where a script links to nothing
+    assert entries(root) == set()
+    assert not (root / "scripts" / "add_one").exists() and (root / "scripts").is_dir()
+
+
+def test_tilus_script_alone_leaves_its_program(kcache, fixture_copy):
+    root = fixture_copy("tilus")
+    r = kcache("--cache-dir", root, "clear", "1-845a", "--yes", "--json")
+    assert removed_paths(r) == {SCRIPT}
+    assert entries(root) == {PROGRAM}
+    # the program, used by nothing now, can go on its own
+    r = kcache("--cache-dir", root, "clear", "f006", "--yes", "--json")
+    assert removed_paths(r) == {PROGRAM}
+
+
+def test_tilus_broken_program_takes_its_scripts_along(kcache, fixture_copy):
+    root = fixture_copy("tilus")
+    (root / PROGRAM / "module" / "lib.so").unlink()
+    r = kcache("--cache-dir", root, "prune", "--broken", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert removed_paths(r) == {PROGRAM, SCRIPT}
+    whys = {os.path.relpath(x["removed_path"], root): x["why"] for x in r.json()["removed"]}
+    assert whys[SCRIPT] == "links to the removed program f006237ca7a5"
+
+
+def test_tilus_program_lives_as_long_as_its_script_is_used(kcache, fixture_copy):
+    root = fixture_copy("tilus")
+    now = time.time()
+    set_mtime(root / PROGRAM, now - 60 * 86400)
+    set_mtime(root / SCRIPT, now - 3600)
+    r = kcache("--cache-dir", root, "prune", "--older-than", "30d", "--json")
+    assert removed_paths(r) == set()
+    set_mtime(root / SCRIPT, now - 40 * 86400)
+    r = kcache("--cache-dir", root, "prune", "--older-than", "30d", "--json")
+    assert removed_paths(r) == {PROGRAM, SCRIPT}
+
+
+def test_tilus_links_are_removed_as_links(kcache, fixture_copy, tmp_path):
+    root = fixture_copy("tilus")
+    outside = tmp_path / "outside-program"
+    shutil.copytree(root / PROGRAM, outside)
+    before = listing(outside)
+    link = root / SCRIPT / "programs" / "1"
+    os.symlink(outside, link)
+    r = kcache("--cache-dir", root, "clear", "--all", "--yes", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert entries(root) == set() and not os.path.lexists(link)
+    assert listing(outside) == before
+
+
+# ---- tilelang: binaries the kernels embed --------------------------------------------------------
+def test_tilelang_binary_embedded_in_a_kept_kernel_is_kept(kcache, fixture_copy):
+    root = fixture_copy("tilelang")
+    r = kcache("--cache-dir", root, "clear", "--space", "0.1.15/cuda-binaries", "--yes", "--json")
+    assert r.exit_code == 0
+    assert removed_paths(r) == set()
+    assert "embedded in the kept kernel" in r.json()["skipped"][0]["why"]
+    assert entries(root) == {KERNEL, BINARY}
+    # the kernel goes first; then nothing holds the binary
+    r = kcache("--cache-dir", root, "clear", "--space", "0.1.15/linux-x86_64", "--yes", "--json")
+    assert removed_paths(r) == {KERNEL}
+    r = kcache("--cache-dir", root, "clear", "--space", "0.1.15/cuda-binaries", "--yes", "--json")
+    assert removed_paths(r) == {BINARY}
+    assert (root / "0.1.15" / "cuda-binaries").is_dir()  # tilelang's own container stays
+
+
+def test_tilelang_clear_all_removes_kernel_before_binary(kcache, fixture_copy):
+    root = fixture_copy("tilelang")
+    r = kcache("--cache-dir", root, "clear", "--all", "--yes", "--json")
+    order = [os.path.relpath(x["removed_path"], root) for x in r.json()["removed"]]
+    assert order == [KERNEL, BINARY]
+    assert entries(root) == set()
+
+
+def test_tilelang_binary_no_kernel_embeds_can_go(kcache, fixture_copy):
+    from kcache_cli.layouts.tilelang import binary_users
+
+    root = fixture_copy("tilelang")
+    other = root / "0.1.15/cuda-binaries" / ("ab" * 32)
+    other.mkdir()
+    cubin = bytearray((root / BINARY / "kernel.cubin").read_bytes())
+    cubin[200] ^= 0xFF  # same ELF header, different body: not the kernel's
+    (other / "kernel.cubin").write_bytes(bytes(cubin))
+    meta = json.loads((root / BINARY / "metadata.json").read_text())
+    import hashlib
+
+    meta.update(size=len(cubin), sha256=hashlib.sha256(cubin).hexdigest())
+    (other / "metadata.json").write_text(json.dumps(meta))
+    users = binary_users(root, [str(root / BINARY), str(other)])
+    assert users == {str(root / BINARY): [str(root / KERNEL)], str(other): []}
+    r = kcache("--cache-dir", root, "clear", "--space", "0.1.15/cuda-binaries", "--yes", "--json")
+    assert removed_paths(r) == {str(other.relative_to(root))}
+
+
+def test_tilelang_stale_staging_goes_fresh_stays(kcache, fixture_copy):
+    root = fixture_copy("tilelang")
+    staging = root / "0.1.15/.staging/cuda-binaries"
+    old, new = staging / "k1.100.aa", staging / "k2.200.bb"
+    for d in (old, new):
+        d.mkdir(parents=True)
+        (d / "kernel.cubin").write_bytes(b"\x7fELF" + b"0" * 100)
+    set_mtime(old, time.time() - 2 * HOUR)
+    kstage = root / "0.1.15/linux-x86_64/.staging/tmpkernel"
+    kstage.mkdir(parents=True)
+    (kstage / "executable.so").write_bytes(b"1" * 10)
+    set_mtime(kstage, time.time() - 3 * HOUR)
+    r = kcache("--cache-dir", root, "prune", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert removed_paths(r) == {str(old.relative_to(root)), str(kstage.relative_to(root))}
+    assert new.is_dir() and staging.is_dir()  # a write in flight, and tilelang's container
+    assert {x["what"] for x in r.json()["removed"]} == {"staging"}
+    assert entries(root) >= {KERNEL, BINARY}
+
+
+# ---- hidet: temp dirs, candidates/, broken entries -----------------------------------------------
+def test_prune_always_removes_stale_temp_dirs_and_candidates(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    op_dir = root / "ops/cuda_space_0/add"
+    stale = op_dir / ".kcache-tmp-8d1f7691cdf75e90-0001"
+    fresh = op_dir / ".kcache-tmp-8d1f7691cdf75e90-0002"
+    for d in (stale, fresh):
+        d.mkdir()
+        (d / "source.cu").write_text("// half a build")
+    set_mtime(stale, time.time() - 2 * HOUR)
+    cand = root / HIDET["relu"] / "candidates"
+    (cand / "0").mkdir(parents=True)
+    (cand / "0" / "lib.so").write_bytes(b"\0" * 5000)
+    (cand / "1").mkdir()
+    (cand / "1" / "lib.so").write_bytes(b"\0" * 3000)
+    before_relu = scan_cache(root, ScanFilter(ops=("relu",))).entries[0]
+    r = kcache("--cache-dir", root, "prune", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert removed_paths(r) == {str(stale.relative_to(root)), HIDET["relu"] + "/candidates"}
+    data = r.json()
+    assert {x["what"] for x in data["removed"]} == {"temp", "candidates"}
+    assert data["freed"] == 8000 + len("// half a build") and data["entries"] == 1
+    assert fresh.is_dir() and not cand.exists()
+    after_relu = scan_cache(root, ScanFilter(ops=("relu",))).entries[0]
+    assert after_relu.status == "complete" and after_relu.size == before_relu.size - 8000
+    assert entries(root) - {str(fresh.relative_to(root))} == set(HIDET.values())
+
+
+def test_prune_skips_a_temp_dir_whose_build_holds_the_lock(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    tmp = root / "ops/cuda_space_0/add/.kcache-tmp-1111222233334444-abcd"
+    tmp.mkdir()
+    (tmp / "source.cu").write_text("//")
+    set_mtime(tmp, time.time() - 5 * HOUR)  # old, but a build is still on it
+    with hold_kcache_lock(root, "ops/cuda_space_0/add/1111222233334444"):
+        r = kcache("--cache-dir", root, "prune", "--json")
+        assert r.exit_code == 0
+        assert removed_paths(r) == set() and tmp.is_dir()
+        assert "lock" in r.json()["skipped"][0]["why"]
+    r = kcache("--cache-dir", root, "prune", "--json")
+    assert removed_paths(r) == {str(tmp.relative_to(root))}
+
+
+def test_prune_broken_removes_partial_failed_and_corrupt(kcache, tmp_path):
+    root = gen(tmp_path, 40)
+    rels = sorted(entries(root))
+    partial, failed, corrupt, empty = (root / rels[i] for i in (3, 7, 11, 15))
+    (partial / "lib.so").unlink()
+    (partial / "nvcc_output.txt").unlink()
+    (failed / "lib.so").unlink()  # compiler output but no lib.so: a failed compile
+    (corrupt / "kcache.json").write_text(json.dumps({"files": {"lib.so": {"size": 1, "sha256": "0" * 64}}}))
+    (empty / "lib.so").write_bytes(b"")
+    statuses = {e.relpath: e.status for e in scan_cache(root).entries}
+    assert [statuses[str(p.relative_to(root))] for p in (partial, failed, corrupt, empty)] == \
+        ["partial", "failed", "corrupt", "partial"]
+    r = kcache("--cache-dir", root, "prune", "--broken", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert removed_paths(r) == {str(p.relative_to(root)) for p in (partial, failed, corrupt, empty)}
+    assert all(x["why"].startswith("broken: ") for x in r.json()["removed"])
+    assert {e.status for e in scan_cache(root).entries} == {"complete"}
+    assert len(entries(root)) == 36
+
+
+# ---- prune by age and by size on generated trees -------------------------------------------------
+def test_prune_older_than_uses_last_used_stamps(kcache, tmp_path):
+    root = gen(tmp_path, 24)
+    now = time.time()
+    rels = sorted(entries(root))
+    old = set(rels[:10])
+    for rel in rels:
+        set_mtime(root / rel, now - (40 * 86400 if rel in old else 86400))
+    stamped = rels[0]  # built long ago, but kcache resolved it an hour ago
+    state.mark_used(root, stamped, now - HOUR)
+    r = kcache("--cache-dir", root, "prune", "--older-than", "30d", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert removed_paths(r) == old - {stamped}
+    assert all(x["why"].startswith("unused for 40d") for x in r.json()["removed"])
+    assert entries(root) == set(rels) - old | {stamped}
+    # the stamps of removed entries go with them
+    assert set(state.load_last_used(root)) == {stamped}
+
+
+def test_prune_max_size_removes_least_recently_used_first(kcache, tmp_path):
+    root = gen(tmp_path, 30)
+    now = time.time()
+    res = scan_cache(root)
+    rels = sorted(e.relpath for e in res.entries)
+    import random
+
+    random.Random(7).shuffle(rels)
+    for i, rel in enumerate(rels):  # rels[0] is the least recently used
+        set_mtime(root / rel, now - (100 - i) * HOUR)
+    state.mark_used(root, rels[1], now)  # used just now: it goes last
+    sizes = {e.relpath: e.size for e in scan_cache(root).entries}
+    total = sum(sizes.values())
+    limit = total // 2
+    order = [rels[0]] + rels[2:] + [rels[1]]
+    expected, left = [], total
+    for rel in order:
+        if left <= limit:
+            break
+        expected.append(rel)
+        left -= sizes[rel]
+    r = kcache("--cache-dir", root, "prune", "--max-size", str(limit), "--json")
+    assert r.exit_code == 0, r.stderr
+    data = r.json()
+    assert [os.path.relpath(x["removed_path"], root) for x in data["removed"]] == expected
+    assert data["size_after"] == left <= limit < left + sizes[expected[-1]]
+    assert data["size_before"] == total and data["max_size"] == limit
+    assert sum(e.size for e in scan_cache(root).entries) == left
+    assert rels[1] not in expected
+
+
+def test_prune_max_size_zero_empties_the_cache_but_not_builds(kcache, tmp_path):
+    root = gen(tmp_path, 12)
+    busy = sorted(entries(root))[5]
+    with hold_kcache_lock(root, busy):
+        r = kcache("--cache-dir", root, "prune", "--max-size", "0", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert entries(root) == {busy}
+    assert [s["why"] for s in r.json()["skipped"]] == ["a kcache build holds its lock (in progress)"]
+    r = kcache("--cache-dir", root, "prune", "--max-size", "0", "--json")
+    assert entries(root) == set() and {p.name for p in root.iterdir()} == {"ops", ".kcache"}
+    assert list((root / "ops").iterdir()) == []  # empty op and space directories went too
+
+
+def test_prune_prints_what_it_removed(kcache, tmp_path):
+    root = gen(tmp_path, 6)
+    r = kcache("--cache-dir", root, "prune", "--max-size", "0")
+    assert r.exit_code == 0
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:3] == ["what", "layout", "kind"]
+    assert len(lines) == 1 + 6 + 1
+    assert lines[-1].startswith("Removed 6 entries, freed ") and "bytes" in lines[-1] and "limit 0 Bytes" in lines[-1]
+
+
+# ---- locks ---------------------------------------------------------------------------------------
+def test_entry_whose_kcache_lock_is_held_is_not_removed(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    with hold_kcache_lock(root, HIDET["add"]):
+        r = kcache("--cache-dir", root, "clear", "--all", "--yes", "--json")
+    assert r.exit_code == 0
+    assert removed_paths(r) == set(HIDET.values()) - {HIDET["add"]}
+    assert entries(root) == {HIDET["add"]}
+    assert r.json()["skipped"][0]["path"].endswith(HIDET["add"])
+
+
+def test_entry_whose_hidet_lock_is_held_is_not_removed(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    with hold_flock(root / HIDET["matmul"] / ".lock"):
+        r = kcache("--cache-dir", root, "clear", "--space", "cpu_space_0", "--yes", "--json")
+    assert removed_paths(r) == {HIDET["fused"], HIDET["relu"]}
+    assert "hidet holds the entry's .lock" in r.json()["skipped"][0]["why"]
+    assert (root / HIDET["matmul"] / "lib.so").is_file()
+
+
+def test_tilus_lock_held_keeps_script_and_so_its_program(kcache, fixture_copy):
+    root = fixture_copy("tilus")
+    with hold_flock(root / SCRIPT / ".lock"):
+        r = kcache("--cache-dir", root, "clear", "--all", "--yes", "--json")
+    assert removed_paths(r) == set()
+    whys = sorted(s["why"] for s in r.json()["skipped"])
+    assert whys == ["still used by scripts/add_one/1-845a0ed6, which was not removed",
+                    "tilus holds the entry's .lock (in use)"]
+    assert entries(root) == {PROGRAM, SCRIPT}
+
+
+def test_held_lock_files_are_never_deleted(kcache, tmp_path):
+    root = gen(tmp_path, 3)
+    locks = state.locks_dir(root)
+    locks.mkdir(parents=True)
+    old = time.time() - 2 * HOUR
+    held, idle, fresh = (locks / f"ops%2Fcpu_space_0%2Fgone{i}%2F00{i}.lock" for i in range(3))
+    for p in (held, idle, fresh):
+        p.touch()
+    for p in (held, idle):
+        os.utime(p, (old, old))
+    with hold_flock(held):
+        r = kcache("--cache-dir", root, "prune")
+        assert r.exit_code == 0
+        assert held.exists() and fresh.exists() and not idle.exists()
+
+
+# ---- links and the edges of the cache ------------------------------------------------------------
+def test_symlinks_inside_entries_are_removed_as_links(kcache, fixture_copy, tmp_path):
+    root = fixture_copy("hidet")
+    outside = tmp_path / "precious"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "data.bin").write_bytes(b"keep me" * 100)
+    (outside / "sub" / "more.txt").write_text("and me")
+    before = listing(outside)
+    entry = root / HIDET["softmax"]
+    os.symlink(outside, entry / "linked_dir")
+    os.symlink(outside / "data.bin", entry / "linked_file")
+    os.symlink(outside, entry / "candidates")  # not a real candidates/ dir: never followed, never pruned alone
+    r = kcache("--cache-dir", root, "prune", "--json")
+    assert removed_paths(r) == set()
+    r = kcache("--cache-dir", root, "clear", "--op", "softmax", "--yes")
+    assert r.exit_code == 0, r.stderr
+    assert not entry.exists()
+    assert listing(outside) == before
+
+
+def test_stray_symlinks_where_entries_belong(kcache, fixture_copy, tmp_path):
+    root = fixture_copy("hidet")
+    outside = tmp_path / "elsewhere"
+    gen(tmp_path, 4, "elsewhere")  # a whole cache outside, reachable only through links
+    before = listing(outside)
+    os.symlink(outside / "ops" / "cuda_space_1", root / "ops" / "cuda_space_1")  # a space that is a link
+    some = next((outside / "ops" / "cuda_space_0").iterdir())
+    os.symlink(some, root / "ops" / "cuda_space_0" / "linked_op")  # an op that is a link
+    os.symlink(next(some.iterdir()), root / HIDET["add"].rsplit("/", 1)[0] / "0123456789abcdef")  # an entry
+    # clear by space: the linked space is a link to remove, not a directory to empty
+    r = kcache("--cache-dir", root, "clear", "--space", "cuda_space_1", "--yes", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert removed_paths(r) == {"ops/cuda_space_1"}
+    assert [x["what"] for x in r.json()["removed"]] == ["link"]
+    assert not os.path.lexists(root / "ops" / "cuda_space_1")
+    assert listing(outside) == before
+    # prune --broken removes the other links as links
+    r = kcache("--cache-dir", root, "prune", "--broken", "--json")
+    assert removed_paths(r) == {"ops/cuda_space_0/linked_op", "ops/cuda_space_0/add/0123456789abcdef"}
+    assert listing(outside) == before
+    assert entries(root) == set(HIDET.values())
+
+
+def test_entries_reached_through_a_link_are_never_followed(tmp_path, fixture_copy):
+    """A plan made against entries reached through a symlinked directory refuses to act on them."""
+    root = fixture_copy("hidet")
+    outside = gen(tmp_path, 3, "elsewhere")
+    before = listing(outside)
+    os.symlink(outside / "ops" / "cuda_space_0", root / "ops" / "cuda_space_7")
+    plan = plan_clear(root, ScanFilter(spaces=("cuda_space_7",)))
+    links = [r for r in plan.removals if r.what == "link"]
+    assert [r.relpath for r in links] == ["ops/cuda_space_7"] and len(plan.removals) == 1
+    # even a plan that names them (built by hand) never reaches through the link
+    from dataclasses import replace
+
+    res = scan_cache(root, ScanFilter(spaces=("cuda_space_7",)))
+    assert len(res.entries) == 3
+    forged = replace(plan, removals=tuple(
+        __import__("kcache_cli.delete", fromlist=["Removal"]).Removal(e, e.path, e.relpath, e.size, "entry", "x",
+                                                                      lock=e.relpath) for e in res.entries))
+    result = forged.execute()
+    assert result.removed == () and len(result.skipped) == 3
+    assert all("symlink" in s.why for s in result.skipped)
+    assert listing(outside) == before
+
+
+def test_missing_cache_is_success(kcache, tmp_path):
+    missing = tmp_path / "nope"
+    for args in (["prune", "--max-size", "1G"], ["clear", "--all", "--yes"], ["prune", "--dry-run"]):
+        r = kcache("--cache-dir", missing, *args, "--json")
+        assert r.exit_code == 0, r.stderr
+        assert r.json()["exists"] is False and r.json()["removed"] == []
+    r = kcache("--cache-dir", missing, "prune")
+    assert r.exit_code == 0 and "nothing to remove" in r.stderr
+    assert not missing.exists()
+
+
+def test_read_only_parts_are_reported_not_raised(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    op_dir = root / "ops/cpu_space_0/matmul"
+    with read_only(op_dir):
+        r = kcache("--cache-dir", root, "clear", "--all", "--yes", "--json")
+        assert r.exit_code == 1
+        assert "Traceback" not in r.stderr and "cannot remove" in r.stderr
+        assert r.stderr.strip().splitlines()[-1].startswith("Error: 1 item(s) could not be removed")
+        assert removed_paths(r) == set(HIDET.values()) - {HIDET["matmul"]}
+        assert r.json()["errors"] and HIDET["matmul"] in r.json()["errors"][0]
+    assert entries(root) == {HIDET["matmul"]}
+
+
+def test_read_only_cache_is_one_error_line(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    with read_only(root):
+        r = kcache("--cache-dir", root, "clear", "--all", "--yes")
+        assert r.exit_code == 1 and "Traceback" not in r.stderr
+        assert r.stderr.startswith("Error: cannot write to ") and len(r.stderr.strip().splitlines()) == 1
+        r = kcache("--cache-dir", root, "prune")  # nothing to do: no need to write
+        assert r.exit_code == 0, r.stderr
+    assert entries(root) == set(HIDET.values())
+
+
+def test_unreadable_parts_are_warnings(kcache, fixture_copy):
+    if os.geteuid() == 0:
+        pytest.skip("root reads every directory")
+    root = fixture_copy("hidet")
+    (root / "ops/cpu_space_0").chmod(0)
+    try:
+        r = kcache("--cache-dir", root, "prune", "--max-size", "0", "--json")
+    finally:
+        (root / "ops/cpu_space_0").chmod(0o755)
+    assert r.exit_code == 0 and "cannot read" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- interrupted runs ----------------------------------------------------------------------------
+def test_leftover_trash_is_emptied_by_the_next_prune(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    trash = state.trash_dir(root)
+    left = trash / "4242-1" / "0-deadbeefdeadbeef"
+    (left / "sub").mkdir(parents=True)
+    (left / "lib.so").write_bytes(b"x" * 1000)
+    os.symlink("/etc/passwd", left / "sub" / "link")
+    build_fresh = trash / "build-0123-abcd"  # a rebuild replacing an entry right now
+    build_fresh.mkdir()
+    r = kcache("--cache-dir", root, "prune")
+    assert r.exit_code == 0
+    assert [p.name for p in trash.iterdir()] == ["build-0123-abcd"]
+    assert os.path.exists("/etc/passwd")
+
+
+def test_killed_prune_leaves_whole_entries_and_the_next_one_finishes(tmp_path):
+    root = gen(tmp_path, 150)
+    cmd = [sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "prune", "--max-size", "0", "-q"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=str(tmp_path))
+    deadline = time.time() + 60
+    trash = state.trash_dir(root)
+    while time.time() < deadline and p.poll() is None:  # kill it once it has started removing
+        if trash.is_dir() and any(trash.iterdir()):
+            break
+        time.sleep(0.005)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    required = {"task.txt", "lib.so", "compile.sh", "func_types.pickle", "meta.json", "version.txt"}
+    for e in scan_cache(root).entries:  # what is still in the cache is whole
+        assert required <= set(os.listdir(e.path)), e.path
+        assert e.status == "complete"
+    r = subprocess.run(cmd[:-1] + ["--json"], capture_output=True, text=True, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert entries(root) == set()
+    assert list(trash.iterdir()) == []
+
+
+# ---- the core without the CLI --------------------------------------------------------------------
+def test_plan_is_frozen_and_is_the_dry_run(fixture_copy):
+    root = fixture_copy("hidet")
+    before = listing(root)
+    plan = plan_prune(root, max_size=0)
+    assert listing(root) == before
+    assert plan.expected_freed_size == plan.scanned_size == sum(e.size for e in scan_cache(root).entries)
+    assert plan.size_after == 0 and plan.entries == 5
+    with pytest.raises(Exception):
+        plan.removals = ()  # frozen
+    result = plan.execute()
+    assert result.freed == plan.expected_freed_size and result.entries == 5 and not result.errors
+    assert entries(root) == set()
+
+
+def test_clear_json_shape(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    r = kcache("--cache-dir", root, "clear", "--op", "add", "--yes", "--json")
+    data = r.json()
+    assert set(data) >= {"root", "exists", "dry_run", "removed", "skipped", "errors", "entries", "freed",
+                         "size_before", "size_after", "warnings"}
+    item = data["removed"][0]
+    assert set(item) >= {"layout", "kind", "space", "op", "hash", "path", "removed_path", "size", "what", "why",
+                         "status", "last_used"}
+    assert item["what"] == "entry" and item["op"] == "add" and isinstance(item["size"], int)
+
+
+def test_emptied_op_dir_stays_while_a_build_in_it_holds_its_lock(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    starting = "ops/cpu_space_0/relu/ffffffffffffffff"  # a build that has its lock and is about to mkdir
+    with hold_kcache_lock(root, starting):
+        r = kcache("--cache-dir", root, "clear", "--op", "relu", "--op", "softmax", "--yes", "--json")
+    assert removed_paths(r) == {HIDET["relu"], HIDET["softmax"]}
+    assert (root / "ops/cpu_space_0/relu").is_dir()
+    assert not (root / "ops/cuda_space_0/softmax").exists()
+    assert r.json()["removed_dirs"] == [str(root / "ops/cuda_space_0/softmax")]
