@@ -694,8 +694,7 @@ class _PartWriter:
                 put(ts.symlink_header(prefix + name, extra, ftime))
         if pieces:
             self.writer.write(b"".join(pieces))
-        binaries = [os.path.join(e.path, n) for n in (*files, *omitted) if is_binary_name(n)]
-        compiler, arch, platform = _entry_facts(e, small, binaries)
+        compiler, arch, platform = _entry_facts(e, small, (*files, *omitted))
         record = {"layout": e.layout, "kind": e.kind, "target": e.target, "space": e.space, "op": e.op,
                   "hash": e.hash, "relpath": rel, "status": e.status, "compiler": compiler, "arch": arch,
                   "platform": platform, "files": files, "links": links, "dirs": dirs, "locks": locks}
@@ -729,8 +728,8 @@ class _PartWriter:
         return [size, h.hexdigest()]
 
 
-def _entry_facts(entry: Entry, small: dict[str, bytes], binaries: list[str]) -> tuple[str | None, str | None,
-                                                                                         str | None]:
+def _entry_facts(entry: Entry, small: dict[str, bytes], names: Iterable[str]) -> tuple[str | None, str | None,
+                                                                                       str | None]:
     """(compiler, arch, platform) of an entry: what it recorded (kcache.json), else its compile
     command, else tilus's options, else (no command at all) the archs inside its binaries."""
     compiler = arch = platform = None
@@ -762,7 +761,9 @@ def _entry_facts(entry: Entry, small: dict[str, bytes], binaries: list[str]) -> 
             arch = f"sm_{m.group(1).decode()}{m.group(2).decode()}"
     if entry.layout == "tilelang" and entry.kind == "kernel" and entry.space and "/" in entry.space:
         platform = platform or entry.space.split("/", 1)[1]
-    if arch is None and not command and entry.target != "cpu" and binaries:
+    binaries = [os.path.join(entry.path, n) for n in names if is_binary_name(n)] \
+        if arch is None and not command and entry.target != "cpu" else []
+    if binaries:
         try:
             from kcache_cli.binary import read_binary
         except ImportError:  # the ELF reader is optional here

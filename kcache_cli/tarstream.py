@@ -107,31 +107,27 @@ def header(name: str, typeflag: bytes, size: int = 0, mode: int = 0o644, mtime: 
 
 _TAIL = _NUL * 100 + _MAGIC + _NAMES_DEVS + _NUL * 155 + _NUL * 12  # no link, no prefix
 _FIXED_SUM = 256 + sum(_IDS) + sum(_TAIL)  # the checksum field counts as 8 spaces
-_field_cache: dict[tuple[int, int], tuple[bytes, int]] = {}
-
-
-def _cached_field(value: int, width: int) -> tuple[bytes, int]:
-    key = (value, width)
-    hit = _field_cache.get(key)
-    if hit is None:
-        if len(_field_cache) > 4096:
-            _field_cache.clear()
-        raw = _octal(value, width)
-        hit = _field_cache[key] = (raw, sum(raw))
-    return hit
+_fields_cache: dict[tuple[int, int], tuple[bytes, bytes, int]] = {}
 
 
 def file_header(name: str, size: int, mode: int, mtime: float) -> bytes:
     """A regular file's header. The common case (a short ASCII name) is built in one step, with the
-    checksum summed from its parts; anything else goes through `header`."""
+    checksum summed from its parts (mode and mtime fields cached: files of an entry share them);
+    anything else goes through `header`."""
     nb = name.encode("utf-8")
-    if len(nb) > 100 or not nb.isascii() or size > _MAX_OCTAL[12]:
+    if len(nb) > 100 or size > 0o77777777777 or not nb.isascii():
         return header(name, b"0", size, mode, int(mtime))
-    m, m_sum = _cached_field(mode & 0o7777, 8)
-    t, t_sum = _cached_field(min(max(int(mtime), 0), _MAX_OCTAL[12]), 12)
+    key = (mode, int(mtime))
+    cached = _fields_cache.get(key)
+    if cached is None:
+        if len(_fields_cache) > 4096:
+            _fields_cache.clear()
+        head = _octal(mode & 0o7777, 8) + _IDS
+        t = _octal(min(max(key[1], 0), _MAX_OCTAL[12]), 12)
+        cached = _fields_cache[key] = (head, t, _FIXED_SUM - sum(_IDS) + sum(head) + sum(t) + 48)  # 48: b"0"
+    head, t, fixed = cached
     z = b"%011o\0" % size
-    chk = _FIXED_SUM + sum(nb) + m_sum + sum(z) + t_sum + 48  # 48: typeflag b"0"
-    return b"%s%s%s%s%s%06o\0 0%s" % (nb.ljust(100, _NUL), m, _IDS, z, t, chk, _TAIL)
+    return b"%s%s%s%s%06o\0 0%s" % (nb.ljust(100, _NUL), head, z, t, fixed + sum(nb) + sum(z), _TAIL)
 
 
 def dir_header(name: str, mtime: float = 0) -> bytes:
