@@ -27,6 +27,7 @@ import stat
 import sys
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
@@ -488,8 +489,7 @@ def _read_tree(dfd: int, prefix: str, out: list, budget: list[int]) -> None:
 ENTRY_BUDGET = 256 << 20  # bytes of one entry held in memory; the rest is read again when written
 
 
-def _by_name(de: os.DirEntry) -> str:
-    return de.name
+_by_name = attrgetter("name")
 
 
 def _read_file(dfd: int, name: str, size: int) -> bytes:
@@ -1375,8 +1375,8 @@ def _expectations(planned: list[_Planned]) -> dict[str, tuple]:
     return expect
 
 
-def _unexpected(name: str, seen: set) -> ArchiveRejected:
-    if name == MANIFEST_NAME or name in seen:
+def _unexpected(name: str, listed: dict) -> ArchiveRejected:
+    if name == MANIFEST_NAME or name in listed:
         return _reject(f"duplicate member {name!r}")
     bad = path_problem(name, "member name")
     if bad:
@@ -1395,12 +1395,14 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
 
     from kcache_cli import tarstream as ts
 
-    expect = _expectations(planned)
-    seen: set[str] = set()
+    listed = _expectations(planned)
+    expect = dict(listed)  # what has not come yet: each member takes itself out
     files = size = 0
     sha256 = hashlib.sha256
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     base = staging.path + "/" if staging is not None else ""
+    dirs = staging.dirs if staging is not None else set()
+    regular, max_member = ts.REGULAR, limits.max_member
     count = 0
     while True:
         m = reader.next()
@@ -1410,42 +1412,51 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
         if count & 255 == 0 and abort():
             raise _Aborted("import aborted")
         name = m.name
-        x = expect.get(name)
-        if x is None or name in seen:
-            raise _unexpected(name, seen)
-        seen.add(name)
+        x = expect.pop(name, None)
+        if x is None:
+            raise _unexpected(name, listed)
         entry, want, wsize, wdigest = x
         out = staging is not None and entry.write
         kind = m.type
-        if kind == ts.REGULAR and want == _FILE:
+        if kind == regular and want == _FILE:
             if m.size != wsize:
                 raise _reject(f"member {name!r} is {m.size} bytes, the manifest says {wsize}")
-            if m.size > limits.max_member:  # the manifest's sizes were checked; this is a second net
-                raise _reject(f"member {name!r} is over the limit of {limits.max_member} bytes per file")
-            h = sha256()
+            if m.size > max_member:  # the manifest's sizes were checked; this is a second net
+                raise _reject(f"member {name!r} is over the limit of {max_member} bytes per file")
+            data = reader.small_data(m)
+            if data is not None:
+                digest = sha256(data).hexdigest()
             if out:
                 parent = name.rpartition("/")[0]
-                if parent not in staging.dirs:
+                if parent not in dirs:
                     staging.ensure_dir(parent)
                 fd = os.open(base + name, flags, 0o755 if m.mode & 0o111 else 0o644)
                 try:
-                    for chunk in reader.data(m):
-                        h.update(chunk)
-                        _write_all(fd, chunk)
+                    if data is not None:
+                        if os.write(fd, data) != len(data):
+                            _write_all(fd, data)
+                    else:
+                        h = sha256()
+                        for chunk in reader.data(m):
+                            h.update(chunk)
+                            _write_all(fd, chunk)
+                        digest = h.hexdigest()
                 finally:
                     os.close(fd)
-            else:
+            elif data is None:
+                h = sha256()
                 for chunk in reader.data(m):
                     h.update(chunk)
-            if h.hexdigest() != wdigest:
+                digest = h.hexdigest()
+            if digest != wdigest:
                 raise _reject(f"{name}: its sha256 differs from the manifest's (damaged or tampered with)")
             files += 1
-            size += m.size
+            size += wsize
             continue
         if kind not in (ts.REGULAR, ts.DIRECTORY, ts.SYMLINK, ts.HARDLINK):
             raise _reject(f"member {name!r} is a {kind}")
         if kind == ts.HARDLINK:
-            _hardlink(m, x, expect, seen, staging if out else None)
+            _hardlink(m, x, listed, expect, staging if out else None)
             files += 1
             size += wsize
             continue
@@ -1464,26 +1475,24 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
                 staging.ensure_dir(name.rpartition("/")[0])
                 os.symlink(m.linkname, base + name)
     for key, x in expect.items():
-        if x[1] in (_FILE, _LINK) and key not in seen:
+        if x[1] in (_FILE, _LINK):
             raise _reject(f"{key} is listed in the manifest but missing from the archive (truncated?)")
     return files, size
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    n = os.write(fd, data)
-    if n < len(data):
-        view = memoryview(data)[n:]
-        while view:
-            view = view[os.write(fd, view):]
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
-def _hardlink(m, x: tuple, expect: dict, seen: set, staging: _Staging | None) -> None:
+def _hardlink(m, x: tuple, listed: dict, expect: dict, staging: _Staging | None) -> None:
     """A hard link inside its own entry, to a file already read, becomes a copy of that file."""
     target = m.linkname.rstrip("/")
-    t = expect.get(target)
+    t = listed.get(target)
     if t is None or t[0] is not x[0]:
         raise _reject(f"hard link {m.name!r} -> {m.linkname!r} points outside its entry")
-    if x[1] != _FILE or t[1] != _FILE or target not in seen:
+    if x[1] != _FILE or t[1] != _FILE or target in expect:
         raise _reject(f"hard link {m.name!r} -> {m.linkname!r} is not to a file read before it")
     if t[2:] != x[2:]:
         raise _reject(f"hard link {m.name!r}: the manifest gives it another size or sha256 than its target")
@@ -1794,9 +1803,42 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
         finally:
             if staging is not None:
                 staging.cleanup()
+    if not dry_run and any(r.done for r in results):
+        _remove_stale_staging(root)
     results.sort(key=lambda r: r.relpath)
     return ImportResult(archive, str(root), dry_run, _str(manifest.get("kcache_version")), tuple(results),
                         n_files, n_bytes)
+
+
+STALE_STAGING = 24 * 3600.0
+_STAGING_NAME = re.compile(r"^import-(\d+)-[0-9a-f]+$")
+
+
+def _remove_stale_staging(root: Path) -> None:
+    """Staging directories of imports that were killed: a day old, and no live process of that pid here."""
+    import shutil
+
+    sdir = os.path.join(root, state.STATE_DIR)
+    try:
+        names = os.listdir(sdir)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        m = _STAGING_NAME.match(name)
+        if not m:
+            continue
+        path = os.path.join(sdir, name)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or now - st.st_mtime < STALE_STAGING:
+                continue
+            os.kill(int(m.group(1)), 0)
+            continue  # that process is alive (or the pid was reused): leave it
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (OSError, ValueError, OverflowError):
+            continue
 
 
 def _finish_staging(staging: _Staging, planned: list[_Planned]) -> None:

@@ -42,6 +42,10 @@ class TarFormatError(Exception):
     """The bytes are not a tar stream this reader accepts (one line, for the user)."""
 
 
+class _Truncated(TarFormatError):
+    """The stream ended in the middle of something."""
+
+
 def padding(size: int) -> bytes:
     return _NUL * (-size % BLOCK)
 
@@ -478,7 +482,7 @@ class TarReader:
             chunk = self._src.read(max(CHUNK, n - have))
             if not chunk:
                 self._buf, self._off = b"".join(parts), 0
-                raise TarFormatError("the archive is truncated")
+                raise _Truncated("the archive is truncated")
             parts.append(chunk)
             have += len(chunk)
         data = b"".join(parts)
@@ -521,7 +525,7 @@ class TarReader:
         while True:
             try:
                 block = self._read(BLOCK)
-            except TarFormatError:
+            except _Truncated:
                 if not self._buf[self._off:] and not pax and longname is None and longlink is None:
                     return None  # no end-of-archive blocks: tolerated, like GNU tar
                 raise
@@ -614,6 +618,17 @@ class TarReader:
             name = name[:-1]
         self._left = size + (-size % BLOCK)
         return Member(name, _TYPES[typeflag], size, mode, mtime, "")
+
+    def small_data(self, member: Member) -> bytes | None:
+        """The member's data in one piece when it is in the buffer already (the common case for
+        small files), consuming it and its padding; None otherwise (use `data`)."""
+        left = self._left
+        off = self._off
+        if len(self._buf) - off < left:
+            return None
+        self._left = 0
+        self._off = off + left
+        return self._buf[off:off + member.size]
 
     def data(self, member: Member) -> Iterator[bytes]:
         """The member's data, in chunks; consumes it (and its padding)."""

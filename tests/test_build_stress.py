@@ -16,7 +16,6 @@ import pytest
 
 from conftest import CXX, NVCC
 from kcache_cli import build as b
-from kcache_cli import state
 from test_build import task_hash_of, temp_dirs, write_task
 
 

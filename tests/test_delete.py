@@ -754,3 +754,43 @@ def test_emptied_op_dir_stays_while_a_build_in_it_holds_its_lock(kcache, fixture
     assert (root / "ops/cpu_space_0/relu").is_dir()
     assert not (root / "ops/cuda_space_0/softmax").exists()
     assert r.json()["removed_dirs"] == [str(root / "ops/cuda_space_0/softmax")]
+
+
+def test_entry_changed_since_the_scan_is_kept(fixture_copy):
+    root = fixture_copy("hidet")
+    plan = plan_clear(root, ScanFilter(ops=("add", "relu")))
+    (root / HIDET["add"] / "dispatch_table.txt").write_text("used just now")  # hidet using the entry
+    result = plan.execute()
+    assert [r.relpath for r in result.removed] == [HIDET["relu"]]
+    assert [(s.entry.relpath, s.why) for s in result.skipped] == \
+        [(HIDET["add"], "changed since the scan (in use, or rebuilt)")]
+
+
+def test_broken_is_checked_again_before_removing(tmp_path):
+    root = gen(tmp_path, 4)
+    victim = root / sorted(entries(root))[0]
+    lib = (victim / "lib.so").read_bytes()
+    (victim / "lib.so").unlink()
+    plan = plan_prune(root, broken=True)
+    assert [r.relpath for r in plan.removals] == [str(victim.relative_to(root))]
+    (victim / "lib.so").write_bytes(lib)  # the build finished after the scan
+    os.utime(victim, (0, 0))  # (and did not touch the directory's own mtime)
+    result = plan.execute()
+    assert result.removed == () and [s.why for s in result.skipped] == ["complete by now (finished after the scan)"]
+    assert victim.is_dir()
+
+
+def test_a_second_prune_waits_for_the_first(fixture_copy, tmp_path):
+    root = fixture_copy("hidet")
+    locks = state.locks_dir(root)
+    locks.mkdir(parents=True)
+    (locks / ".gc.lock").touch()
+    with hold_flock(locks / ".gc.lock"):
+        p = subprocess.Popen([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "clear", "--op", "add",
+                              "--yes"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
+        line = p.stderr.readline()
+        assert "waiting for another prune or clear" in line
+        assert p.poll() is None and (root / HIDET["add"]).is_dir()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert not (root / HIDET["add"]).exists() and "Removed 1 entry" in out

@@ -95,6 +95,8 @@ def clear_command(
     if dry_run:
         return _report_plan(opts, plan, {})
     if not plan.removals:
+        if not plan.skipped:
+            c.info(opts, f"no entries in {plan.root} match the selection")
         return _report_result(opts, plan, None, {})
     if not yes:
         summary = (f"{plan.entries} entr{'y' if plan.entries == 1 else 'ies'}, "

@@ -1,0 +1,428 @@
+"""kcache export / import: round trips of the real caches, selection, skips, replacement, dry runs,
+the parallel (multi-part) path, GNU tar compatibility and the arch check."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kcache_cli import archive
+
+LAYOUTS = ("hidet", "tilus", "tilelang")
+FORMATS = (".tar", ".tar.gz", ".tar.zst")
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    """Everything under `root` except kcache's own .kcache/: path -> (type, sha256 or link target)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        if rel_dir.split(os.sep)[0] == ".kcache":
+            continue
+        for n in dirnames + filenames:
+            full = os.path.join(dirpath, n)
+            rel = os.path.normpath(os.path.join(rel_dir, n))
+            if rel.split(os.sep)[0] == ".kcache":
+                continue
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = ("link", os.readlink(full))
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = ("dir",)
+            else:
+                out[rel] = ("file", hashlib.sha256(Path(full).read_bytes()).hexdigest())
+    return out
+
+
+def ls_json(kcache, root: Path) -> list[dict]:
+    r = kcache("--cache-dir", root, "ls", "--json")
+    assert r.exit_code == 0, r.stderr
+    rows = r.json()
+    for row in rows:
+        row.pop("modified")
+        row.pop("last_used")
+        row["path"] = os.path.relpath(row["path"], root)
+    return sorted(rows, key=lambda d: d["path"])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("suffix", FORMATS)
+def test_round_trip_real_caches(kcache, fixture_copy, tmp_path, layout, suffix):
+    src = fixture_copy(layout)
+    dst = tmp_path / "imported" / layout
+    arc = tmp_path / f"{layout}{suffix}"
+    r = kcache("--cache-dir", src, "export", arc)
+    assert r.exit_code == 0, r.stderr
+    assert arc.is_file() and not [p for p in arc.parent.iterdir() if "kcache-tmp" in p.name]
+    r = kcache("--cache-dir", dst, "import", arc, "--json")
+    assert r.exit_code == 0, r.stderr
+    summary = r.json()
+    assert summary["skipped"] == 0 and summary["imported"] == len(summary["entries"]) > 0
+    assert all(e["done"] and e["action"] == "import" for e in summary["entries"])
+    assert ls_json(kcache, dst) == ls_json(kcache, src)
+    assert tree(dst) == tree(src)  # every file's sha256, every link's target, every directory
+    if layout == "tilus":
+        links = [p for p in dst.rglob("*") if p.is_symlink()]
+        assert len(links) == 4
+        for link in links:
+            assert os.readlink(link).startswith("../") and link.resolve().is_dir()
+            assert link.resolve().parent == (dst / "programs").resolve()
+    r = kcache("--cache-dir", dst, "verify")
+    assert r.exit_code == 0, r.stdout + r.stderr
+
+
+def test_manifest_describes_entries(kcache, fixture_copy, tmp_path):
+    import tarfile
+
+    src = fixture_copy("hidet")
+    arc = tmp_path / "h.tar.gz"
+    assert kcache("--cache-dir", src, "export", arc).exit_code == 0
+    with tarfile.open(arc) as tf:
+        names = tf.getnames()
+        assert names[0] == "manifest.json"
+        manifest = json.load(tf.extractfile("manifest.json"))
+    assert manifest["format"] == "kcache-archive" and manifest["kcache_version"]
+    by_hash = {e["hash"]: e for e in manifest["entries"]}
+    add = by_hash["8d1f7691cdf75e90"]
+    assert (add["layout"], add["kind"], add["space"], add["op"]) == ("hidet", "op", "cuda_space_0", "add")
+    assert add["relpath"] == "ops/cuda_space_0/add/8d1f7691cdf75e90"
+    assert add["compiler"] == "nvcc" and add["arch"] == "sm_90a"
+    lib = (src / add["relpath"] / "lib.so").read_bytes()
+    assert add["files"]["lib.so"] == [len(lib), hashlib.sha256(lib).hexdigest()]
+    assert add["locks"] == [".lock"] and ".lock" not in add["files"]  # lock files travel as names only
+    assert not [n for n in names if n.endswith(".lock")]
+    assert by_hash["064b4a6c035246e8"]["compiler"] == "g++"
+    assert sum(p["entries"] for p in manifest["parts"]) == len(manifest["entries"]) == 5
+
+
+def test_gnu_tar_reads_our_archives(kcache, fixture_copy, tmp_path):
+    tar = shutil.which("tar")
+    if tar is None:
+        pytest.skip("no tar")
+    src = fixture_copy("tilus")
+    for suffix, flags in ((".tar.gz", ["-xzf"]), (".tar", ["-xf"])):
+        arc = tmp_path / f"t{suffix}"
+        assert kcache("--cache-dir", src, "export", arc).exit_code == 0
+        out = tmp_path / f"x{suffix}"
+        out.mkdir()
+        subprocess.run([tar, *flags, str(arc), "-C", str(out)], check=True)
+        assert (out / "manifest.json").is_file()
+        (out / "manifest.json").unlink()
+        expected = {k: v for k, v in tree(src).items() if not k.endswith(".lock")}
+        assert tree(out) == expected
+
+
+def test_selectors_and_statuses(kcache, fixture_copy, tmp_path):
+    src = fixture_copy("hidet")
+    # a partial entry: exported only when asked for by status
+    partial = src / "ops/cpu_space_0/relu/31857fe085635b31/func_types.pickle"
+    partial.unlink()
+    arc = tmp_path / "a.tar.zst"
+    r = kcache("--cache-dir", src, "export", arc, "--op", "relu", "--op", "add", "--json")
+    assert r.exit_code == 0, r.stderr
+    data = r.json()
+    assert [e["op"] for e in data["exported"]] == ["add"]
+    assert [e["relpath"] for e in data["left_out"]] == ["ops/cpu_space_0/relu/31857fe085635b31"]
+    r = kcache("--cache-dir", src, "export", arc, "--status", "partial", "--json")
+    assert [e["op"] for e in r.json()["exported"]] == ["relu"]
+    r = kcache("--cache-dir", src, "export", arc, "--space", "cpu_space_0", "--json")
+    assert sorted(e["op"] for e in r.json()["exported"]) == ["fused", "matmul"]
+    r = kcache("--cache-dir", src, "export", arc, "ad252b", "--json")
+    assert [e["hash"] for e in r.json()["exported"]] == ["ad252b064b266eea"]
+
+
+def test_export_status_matches_ls(kcache, fixture_copy, tmp_path):
+    """export decides hidet statuses while reading (one pass); they must be ls's."""
+    src = fixture_copy("hidet")
+    (src / "ops/cpu_space_0/relu/31857fe085635b31/func_types.pickle").unlink()
+    lib = src / "ops/cuda_space_0/add/8d1f7691cdf75e90/lib.so"
+    lib.write_bytes(lib.read_bytes()[:100])  # truncated ELF: corrupt
+    (src / "ops/cuda_space_0/softmax/ad252b064b266eea/lib.so").unlink()  # failed (a log, no lib.so)
+    for status in ("complete", "partial", "corrupt", "failed"):
+        listed = sorted(e["hash"] for e in kcache("--cache-dir", src, "ls", "--status", status, "--json").json())
+        r = kcache("--cache-dir", src, "export", tmp_path / "s.tar", "--status", status, "--json")
+        assert r.exit_code == 0, r.stderr
+        assert sorted(e["hash"] for e in r.json()["exported"]) == listed, status
+        assert listed
+
+
+def test_sources_only(kcache, fixture_copy, tmp_path):
+    src = fixture_copy("hidet")
+    arc = tmp_path / "s.tgz"
+    r = kcache("--cache-dir", src, "export", arc, "--sources-only", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert all(e["omitted"] == ["lib.so"] for e in r.json()["exported"])
+    dst = tmp_path / "dst"
+    assert kcache("--cache-dir", dst, "import", arc).exit_code == 0
+    assert not list(dst.rglob("*.so"))
+    assert len(list(dst.rglob("source.c*"))) == 5
+    statuses = {e["status"] for e in kcache("--cache-dir", dst, "ls", "--json").json()}
+    assert "complete" not in statuses  # to be rebuilt
+
+
+def test_dry_run_writes_nothing(kcache, fixture_copy, tmp_path):
+    src = fixture_copy("tilelang")
+    arc = tmp_path / "t.tar.zst"
+    assert kcache("--cache-dir", src, "export", arc).exit_code == 0
+    dst = tmp_path / "dst"
+    r = kcache("--cache-dir", dst, "import", arc, "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    data = r.json()
+    assert data["dry_run"] and data["imported"] == 2 and not any(e["done"] for e in data["entries"])
+    assert not dst.exists()
+    r = kcache("--cache-dir", dst, "import", arc, "--dry-run")
+    assert "import" in r.stdout and "would import 2 entries" in r.stderr
+
+
+def test_skips_present_and_replaces_incomplete(kcache, fixture_copy, tmp_path):
+    src = fixture_copy("hidet")
+    arc = tmp_path / "h.tar.gz"
+    assert kcache("--cache-dir", src, "export", arc).exit_code == 0
+    dst = fixture_copy("hidet", dest="dst")
+    broken = dst / "ops/cpu_space_0/matmul/064b4a6c035246e8"
+    (broken / "func_types.pickle").unlink()  # partial: the archive's complete copy replaces it
+    marker = broken / "stale-marker"
+    marker.write_text("x")
+    r = kcache("--cache-dir", dst, "import", arc, "--json")
+    assert r.exit_code == 0, r.stderr
+    actions = {e["hash"]: (e["action"], e["done"], e["reason"]) for e in r.json()["entries"]}
+    assert actions["064b4a6c035246e8"][:2] == ("replace", True)
+    assert sum(1 for a in actions.values() if a[0] == "skip" and "already present" in a[2]) == 4
+    assert not marker.exists() and (broken / "func_types.pickle").is_file()
+    assert tree(dst) == tree(src)
+    assert not list((dst / ".kcache" / "trash").iterdir()) if (dst / ".kcache" / "trash").exists() else True
+    r = kcache("--cache-dir", dst, "import", arc)  # a second time: everything is there
+    assert r.exit_code == 0 and "skipped 5" in r.stderr
+
+
+def test_tilus_scripts_bring_their_programs(kcache, fixture_copy, tmp_path):
+    src = fixture_copy("tilus")
+    arc = tmp_path / "s.tar"
+    r = kcache("--cache-dir", src, "export", arc, "--kind", "script", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(e["kind"] for e in r.json()["exported"]) == ["program", "script"]
+    # a script alone may come into a cache that has its program already
+    dst = fixture_copy("tilus", dest="dst")
+    shutil.rmtree(dst / "scripts")
+    manifest_only_script = tmp_path / "script-only.tar"
+    from archive_helpers import build_archive, entry_from_dir
+
+    entry = entry_from_dir(src, "scripts/add_one/1-845a0ed6", "tilus", "script", op="add_one")
+    build_archive(manifest_only_script, [entry])
+    r = kcache("--cache-dir", dst, "import", manifest_only_script)
+    assert r.exit_code == 0, r.stderr
+    assert (dst / "scripts/add_one/1-845a0ed6/programs/0/module/lib.so").is_file()
+
+
+def test_export_failure_leaves_nothing(kcache, fixture_copy, tmp_path):
+    src = fixture_copy("hidet")
+    r = kcache("--cache-dir", src, "export", tmp_path / "nodir" / "a.tar")
+    assert r.exit_code == 1 and r.stderr.startswith("Error:") and len(r.stderr.splitlines()) == 1
+    r = kcache("--cache-dir", src, "export", tmp_path / "a.zip")
+    assert r.exit_code == 2 and "tar.zst" in r.stderr
+    r = kcache("--cache-dir", tmp_path / "missing", "export", tmp_path / "a.tar")
+    assert r.exit_code == 1 and "no cache" in r.stderr
+    assert not list(tmp_path.glob("*.tar*")) and not list(tmp_path.glob(".*kcache-tmp*"))
+
+
+def test_export_interrupted_leaves_no_archive(fixture_copy, tmp_path, monkeypatch):
+    from kcache_cli.model import ScanFilter
+
+    src = fixture_copy("hidet")
+    plan = archive.plan_export(src, ScanFilter())
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(archive, "_entry_facts", boom)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        archive.export_archive(plan, str(out / "a.tar.gz"))
+    assert list(out.iterdir()) == []
+
+
+def _fake_nvidia_smi(tmp_path: Path, output: str | None) -> dict:
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir(exist_ok=True)
+    if output is not None:
+        script = bin_dir / "nvidia-smi"
+        script.write_text(f"#!/bin/sh\necho '{output}'\n")
+        script.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+def test_arch_warnings(kcache, fixture_copy, tmp_path):
+    src = fixture_copy("tilelang")
+    arc = tmp_path / "t.tar.gz"
+    assert kcache("--cache-dir", src, "export", arc).exit_code == 0
+    r = kcache("--cache-dir", tmp_path / "a", "import", arc, env=_fake_nvidia_smi(tmp_path, "8.0"))
+    assert r.exit_code == 0
+    assert r.stderr.count("does not run on this machine's GPU") == 2 and "sm_90a" in r.stderr
+    r = kcache("--cache-dir", tmp_path / "b", "import", arc, "--json", env=_fake_nvidia_smi(tmp_path, "9.0"))
+    assert "does not run" not in r.stderr and r.json()["gpu"] == ["9.0"]
+    assert all(e["arch_ok"] for e in r.json()["entries"])
+    shutil.rmtree(tmp_path / "fakebin")
+    r = kcache("--cache-dir", tmp_path / "c", "import", arc, env=_fake_nvidia_smi(tmp_path, None))
+    assert r.stderr.count("cannot check") == 1
+
+
+def test_arch_rules():
+    assert archive.arch_runs_on("sm_90a", [(9, 0)]) is True
+    assert archive.arch_runs_on("sm_90a", [(10, 0)]) is False
+    assert archive.arch_runs_on("sm_80", [(8, 6)]) is True
+    assert archive.arch_runs_on("sm_86", [(8, 0)]) is False
+    assert archive.arch_runs_on("sm_80,compute_80", [(9, 0)]) is True  # PTX JIT
+    assert archive.arch_runs_on("x86-64", [(9, 0)]) is None
+    assert archive.archs_from_command("nvcc -gencode arch=compute_90a,code=sm_90a x.cu") == "sm_90a"
+    assert archive.archs_from_command("nvcc -arch=sm_80 x.cu") == "sm_80,compute_80"
+    assert archive.archs_from_command("g++ -O3 x.cc") is None
+
+
+@pytest.fixture
+def many_parts(monkeypatch):
+    """Make the multi-part, forked-worker path run on a small cache."""
+    monkeypatch.setattr(archive, "PARALLEL_MIN_ENTRIES", 4)
+    monkeypatch.setattr(archive, "ENTRIES_PER_PART", 3)
+    monkeypatch.setattr(archive, "_cpus", lambda: 2)
+
+
+def _generated(tmp_path: Path, n: int) -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from bench_archive import make_elf
+    from gen_cache import generate
+
+    root = tmp_path / "gen"
+    generate(str(root), n)
+    make_elf(root)
+    return root
+
+
+@pytest.mark.parametrize("suffix", FORMATS)
+def test_parallel_parts_round_trip(kcache, tmp_path, many_parts, suffix):
+    src = _generated(tmp_path, 40)
+    arc = tmp_path / f"g{suffix}"
+    r = kcache("--cache-dir", src, "export", arc, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["entries"] == 40
+    import tarfile
+
+    mode = "r:*" if suffix != ".tar.zst" else None
+    if mode:
+        with tarfile.open(arc, mode) as tf:
+            manifest = json.load(tf.extractfile("manifest.json"))
+        assert len(manifest["parts"]) > 2
+    dst = tmp_path / "dst"
+    r = kcache("--cache-dir", dst, "import", arc, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["imported"] == 40
+    assert tree(dst) == tree(src)
+    assert ls_json(kcache, dst) == ls_json(kcache, src)
+
+
+def test_parallel_rejection_leaves_cache_unchanged(kcache, tmp_path, many_parts):
+    """A damaged byte in a late part: workers abort, nothing is published."""
+    src = _generated(tmp_path, 40)
+    arc = tmp_path / "g.tar"
+    assert kcache("--cache-dir", src, "export", arc).exit_code == 0
+    data = bytearray(arc.read_bytes())
+    i = data.rfind(b"elapsed time: 1.0 seconds")  # a file in the last part
+    data[i] ^= 1
+    arc.write_bytes(bytes(data))
+    dst = tmp_path / "dst"
+    r = kcache("--cache-dir", dst, "import", arc)
+    assert r.exit_code == 1 and "sha256" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert not dst.exists()
+
+
+def test_import_into_mixed_root(kcache, fixture_copy, tmp_path):
+    """All three layouts into one root: each arrives whole."""
+    dst = tmp_path / "all"
+    for layout in LAYOUTS:
+        arc = tmp_path / f"{layout}.tar.zst"
+        assert kcache("--cache-dir", fixture_copy(layout), "export", arc).exit_code == 0
+        assert kcache("--cache-dir", dst, "import", arc).exit_code == 0
+    rows = kcache("--cache-dir", dst, "ls", "--json").json()
+    assert {r["layout"] for r in rows} == set(LAYOUTS) and all(r["status"] == "complete" for r in rows)
+    assert kcache("--cache-dir", dst, "verify").exit_code == 0
+
+
+def test_export_skips_entry_with_outward_link(kcache, fixture_copy, tmp_path):
+    src = fixture_copy("hidet")
+    entry = src / "ops/cpu_space_0/fused/af3046266c6abdd1"
+    os.symlink("/etc/hostname", entry / "escape")
+    r = kcache("--cache-dir", src, "export", tmp_path / "a.tar", "--json")
+    assert r.exit_code == 0
+    data = r.json()
+    assert "af3046266c6abdd1" not in {e["hash"] for e in data["exported"]}
+    assert any("escape" in e["reason"] and "absolute" in e["reason"] for e in data["left_out"])
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kcache_cli", *args]
+
+
+def test_concurrent_imports_of_one_archive(tmp_path):
+    src = _generated(tmp_path, 60)
+    arc = tmp_path / "g.tar.zst"
+    subprocess.run(_cli("-q", "--cache-dir", str(src), "export", str(arc)), check=True, capture_output=True)
+    dst = tmp_path / "dst"
+    procs = [subprocess.Popen(_cli("--cache-dir", str(dst), "import", str(arc), "--json"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate() for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    done = [sum(e["done"] for e in json.loads(o[0])["entries"]) for o in outs]
+    assert sum(done) == 60  # each entry published exactly once, the others skipped it
+    assert tree(dst) == tree(src)
+    assert not [p for p in (dst / ".kcache").iterdir() if p.name.startswith("import-")]
+
+
+def test_killed_import_leaves_only_whole_entries(tmp_path):
+    """Killed at whatever moment: each entry is there whole or not at all; only the staging
+    directory (under .kcache/, invisible to ls) is left behind."""
+    import signal
+    import time
+
+    src = _generated(tmp_path, 1500)
+    arc = tmp_path / "g.tar"
+    subprocess.run(_cli("-q", "--cache-dir", str(src), "export", str(arc)), check=True, capture_output=True)
+    dst = tmp_path / "dst"
+    proc = subprocess.Popen(_cli("-q", "--cache-dir", str(dst), "import", str(arc)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 30  # kill it once it has started publishing (or at the latest moment)
+    while time.monotonic() < deadline and proc.poll() is None and not (dst / "ops").exists():
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    want = tree(src)
+    got = tree(dst) if dst.exists() else {}
+    entries = {os.path.dirname(k) for k, v in got.items() if v[0] == "file"}
+    for e in entries:
+        mine = {k: v for k, v in got.items() if k.startswith(e + os.sep)}
+        assert mine == {k: v for k, v in want.items() if k.startswith(e + os.sep)}, e
+    if dst.exists():
+        rows = subprocess.run(_cli("--cache-dir", str(dst), "ls", "--json"), capture_output=True, text=True).stdout
+        assert all(r["status"] == "complete" for r in json.loads(rows))
+
+
+def test_stale_staging_is_removed_after_a_good_import(kcache, fixture_copy, tmp_path):
+    src = fixture_copy("tilus")
+    arc = tmp_path / "t.tar"
+    assert kcache("--cache-dir", src, "export", arc).exit_code == 0
+    dst = tmp_path / "dst"
+    stale = dst / ".kcache" / "import-999999999-abcd"
+    (stale / "programs").mkdir(parents=True)
+    fresh = dst / ".kcache" / "import-999999998-abcd"
+    fresh.mkdir()
+    old = 1_000_000_000
+    os.utime(stale, (old, old))
+    assert kcache("--cache-dir", dst, "import", arc).exit_code == 0
+    assert not stale.exists() and fresh.exists()  # a young one may belong to an import in progress

@@ -1,0 +1,171 @@
+"""kcache verify: the real caches pass; each kind of damage is listed and makes the exit status 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kcache_cli.model import ScanFilter
+from kcache_cli.verify import verify_cache
+
+
+@pytest.mark.parametrize("layout", ["hidet", "tilus", "tilelang"])
+def test_real_caches_verify_clean(kcache, fixture_copy, layout):
+    root = fixture_copy(layout)
+    r = kcache("--cache-dir", root, "verify", "--json")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    data = r.json()
+    assert data["checked"] > 0 and data["failed"] == 0 and data["problems"] == []
+    r = kcache("--cache-dir", root, "verify")
+    assert r.exit_code == 0 and r.stdout == "" and "0 with problems" in r.stderr
+
+
+def _problems(kcache, root: Path, *args) -> dict[str, list[str]]:
+    r = kcache("--cache-dir", root, "verify", "--json", *args)
+    assert r.exit_code == (1 if r.json()["failed"] else 0), r.stderr
+    return {p["hash"]: p["problems"] for p in r.json()["problems"]}
+
+
+def test_hidet_damage(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    ops = root / "ops"
+    task = ops / "cpu_space_0/matmul/064b4a6c035246e8/task.txt"
+    task.write_bytes(task.read_bytes() + b" ")  # edited task: its hash no longer matches
+    lib = ops / "cuda_space_0/add/8d1f7691cdf75e90/lib.so"
+    lib.write_bytes(lib.read_bytes()[:200])  # truncated binary
+    (ops / "cpu_space_0/relu/31857fe085635b31/func_types.pickle").unlink()  # partial
+    found = _problems(kcache, root)
+    assert set(found) == {"064b4a6c035246e8", "8d1f7691cdf75e90", "31857fe085635b31"}
+    assert any("no longer matches" in p for p in found["064b4a6c035246e8"])
+    assert any("truncated" in p or "lib.so" in p for p in found["8d1f7691cdf75e90"])
+    assert any("func_types.pickle" in p for p in found["31857fe085635b31"])
+    r = kcache("--cache-dir", root, "verify")
+    assert r.exit_code == 1
+    assert "064b4a6c035246e8" in r.stdout and "no longer matches" in r.stdout and "3 with problems" in r.stderr
+
+
+def test_kcache_json_checksums(kcache, fixture_copy):
+    """An entry kcache built records sha256s in kcache.json: a same-size change is caught."""
+    root = fixture_copy("hidet")
+    entry = root / "ops/cuda_space_0/softmax/ad252b064b266eea"
+    from hashlib import sha256
+
+    files = {n: {"size": (entry / n).stat().st_size, "sha256": sha256((entry / n).read_bytes()).hexdigest()}
+             for n in ("source.cu", "task.txt")}
+    (entry / "kcache.json").write_text(json.dumps({"files": files, "arch": "sm_90a", "compiler": "nvcc"}))
+    assert _problems(kcache, root) == {}
+    src = entry / "source.cu"
+    src.write_bytes(src.read_bytes().replace(b"float", b"FLOAT", 1))
+    found = _problems(kcache, root)
+    assert list(found) == ["ad252b064b266eea"] and "source.cu sha256" in found["ad252b064b266eea"][0]
+
+
+def test_tilelang_manifest_checksums(kcache, fixture_copy):
+    root = fixture_copy("tilelang")
+    kernel = next((root / "0.1.15/linux-x86_64/kernels").iterdir())
+    params = kernel / "params.json"
+    params.write_bytes(params.read_bytes().replace(b"a", b"b", 1))  # same size, other bytes
+    cubin = next((root / "0.1.15/cuda-binaries").iterdir()) / "kernel.cubin"
+    data = bytearray(cubin.read_bytes())
+    data[-1] ^= 0xFF
+    cubin.write_bytes(bytes(data))
+    found = _problems(kcache, root, "--layout", "tilelang")
+    assert set(found) == {kernel.name, cubin.parent.name}
+    assert any("params.json" in p for p in found[kernel.name])
+    assert any("kernel.cubin" in p for p in found[cubin.parent.name])
+
+
+def test_tilus_dangling_link(kcache, fixture_copy):
+    root = fixture_copy("tilus")
+    shutil.rmtree(root / "programs/f006237ca7a5")
+    found = _problems(kcache, root)
+    assert any("dangling" in p for p in found["1-845a0ed6"])
+
+
+def test_selectors(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    lib = root / "ops/cuda_space_0/add/8d1f7691cdf75e90/lib.so"
+    lib.write_bytes(lib.read_bytes()[:200])
+    assert _problems(kcache, root, "--space", "cpu_space_0") == {}
+    assert list(_problems(kcache, root, "--op", "add")) == ["8d1f7691cdf75e90"]
+    r = kcache("--cache-dir", root, "verify", "--op", "softmax", "--json")
+    assert r.exit_code == 0 and r.json()["checked"] == 1
+
+
+def test_building_entries_are_skipped(fixture_copy):
+    from kcache_cli import state
+    from kcache_cli.locking import entry_lock
+
+    root = fixture_copy("hidet")
+    op_dir = root / "ops/cuda_space_0/add"
+    tmp = op_dir / f"{state.TEMP_PREFIX}feedfacefeedface-1234"
+    tmp.mkdir()
+    (tmp / "source.cu").write_text("x")
+    with entry_lock(root, "ops/cuda_space_0/add/feedfacefeedface"):
+        result = verify_cache(root, ScanFilter())
+    assert [e.hash for e in result.skipped] == ["feedfacefeedface-1234"]
+    assert result.failed == ()
+    result = verify_cache(root, ScanFilter())  # the lock is gone: a left-over temp directory
+    assert [c.entry.hash for c in result.failed] == ["feedfacefeedface-1234"]
+
+
+def test_missing_cache_is_not_an_error(kcache, tmp_path):
+    r = kcache("--cache-dir", tmp_path / "nothing", "verify")
+    assert r.exit_code == 0 and "nothing to verify" in r.stderr
+    r = kcache("--cache-dir", tmp_path / "nothing", "verify", "--json")
+    assert r.exit_code == 0 and r.json()["checked"] == 0
+
+
+def test_unreadable_binary_is_a_problem(kcache, fixture_copy):
+    root = fixture_copy("tilelang")
+    kernel = next((root / "0.1.15/linux-x86_64/kernels").iterdir())
+    exe = kernel / "executable.so"
+    exe.write_bytes(b"#!/bin/sh\n" + bytes(exe.stat().st_size - 10))  # same size: only the bytes tell
+    manifest = json.loads((kernel / "manifest.json").read_text())
+    from hashlib import sha256
+
+    manifest["files"]["executable.so"]["sha256"] = sha256(exe.read_bytes()).hexdigest()
+    (kernel / "manifest.json").write_text(json.dumps(manifest))
+    found = _problems(kcache, root)
+    assert any("executable.so" in p for p in found[kernel.name])
+
+
+def test_verify_core_reports_progress(fixture_copy):
+    root = fixture_copy("hidet")
+    seen = []
+
+    class P:
+        def start(self, total):
+            seen.append(("start", total))
+
+        def advance(self, n):
+            seen.append(("advance", n))
+
+    verify_cache(root, ScanFilter(), progress=P())
+    assert seen[0] == ("start", 5) and seen.count(("advance", 1)) == 5
+
+
+def test_verify_help_has_example(kcache):
+    for cmd in ("export", "import", "verify"):
+        r = kcache(cmd, "--help")
+        assert r.exit_code == 0 and "Example: kcache" in r.stdout, cmd
+
+
+def test_verify_after_import_of_damaged_archive_source(kcache, fixture_copy, tmp_path):
+    """Corruption that a size check cannot see travels through export (it is the entry's content)
+    and verify on the other side finds it."""
+    src = fixture_copy("tilelang")
+    kernel = next((src / "0.1.15/linux-x86_64/kernels").iterdir())
+    p = kernel / "host_kernel.cu"
+    p.write_bytes(p.read_bytes().replace(b"int", b"INT", 1))
+    arc = tmp_path / "t.tar.gz"
+    assert kcache("--cache-dir", src, "export", arc).exit_code == 0
+    dst = tmp_path / "dst"
+    assert kcache("--cache-dir", dst, "import", arc).exit_code == 0
+    r = kcache("--cache-dir", dst, "verify")
+    assert r.exit_code == 1 and "host_kernel.cu" in r.stdout
+    assert os.path.isdir(dst)
