@@ -1111,10 +1111,10 @@ def _reject(msg: str) -> ArchiveRejected:
     return ArchiveRejected(f"archive rejected: {msg}")
 
 
-def _parse_manifest(data: bytes, limits: ImportLimits) -> tuple[dict, list[_Planned]]:
-    """The manifest, checked against every rule that needs no member: shapes of paths and names,
-    records, link targets' form, limits. File names and digests are checked in bulk (one regex over
-    all of them); only when that fails is each looked at, to say which one is wrong."""
+def _parse_manifest(data: bytes, limits: ImportLimits) -> tuple[dict, list[dict], list[int]]:
+    """The manifest's header and the rules that span all entries: unique, non-nested entry paths
+    and the limits on sizes and member counts (checked in bulk). Returns the manifest, its entry
+    records and each entry's size. Each record's own rules are `_check_records`' (the workers')."""
     try:
         manifest = json.loads(data)
     except (ValueError, UnicodeDecodeError):
@@ -1126,15 +1126,45 @@ def _parse_manifest(data: bytes, limits: ImportLimits) -> tuple[dict, list[_Plan
         raise _reject("manifest.json has no valid format_version")
     if version > FORMAT_VERSION:
         raise _reject(f"made by a newer kcache (archive format {version}, this kcache reads {FORMAT_VERSION})")
-    entries = manifest.get("entries")
-    if not isinstance(entries, list):
+    records = manifest.get("entries")
+    if not isinstance(records, list):
         raise _reject("manifest.json has no entry list")
+    try:
+        rels = [rec["relpath"] + "" for rec in records]
+        sizes = [[info[0] + 0 for info in rec["files"].values()] for rec in records]
+        members = sum(len(rec["files"]) + len(rec.get("links") or ()) + len(rec.get("dirs") or ())
+                      + len(rec.get("locks") or ()) + 1 for rec in records)
+        if any(type(x) is not int or x < 0 for ss in sizes for x in ss):
+            raise TypeError
+    except (TypeError, KeyError, IndexError, AttributeError):
+        _check_records(records, 0, limits)  # names the malformed record
+        raise _reject("manifest.json has malformed entries") from None
+    totals = [sum(ss) for ss in sizes]
+    largest = max((max(ss) for ss in sizes if ss), default=0)
+    if largest > limits.max_member:
+        _check_records(records, 0, limits)  # names the file
+    if members > limits.max_members:
+        raise _reject(f"{members} members, over the limit of {limits.max_members}")
+    if sum(totals) > limits.max_total:
+        raise _reject(f"it would expand to {sum(totals)} bytes, over the limit of {limits.max_total}")
+    ordered = sorted(rels)
+    for a, b in zip(ordered, ordered[1:]):
+        if a == b:
+            raise _reject(f"entry {a} is listed twice in the manifest")
+        if b.startswith(a + "/"):
+            raise _reject(f"entry {b} lies inside entry {a}")
+    return manifest, records, totals
+
+
+def _check_records(records: list, offset: int, limits: ImportLimits) -> list[_Planned]:
+    """Each entry record against the rules that need no member: the shape of its path, its key
+    fields, its names and records. File names and digests are checked in bulk (one regex over all
+    of them); only when that fails is each looked at, to say which one is wrong."""
     planned: list[_Planned] = []
     all_names: list[str] = []
     all_sizes: list = []
     all_digests: list = []
-    members = 0
-    for i, rec in enumerate(entries):
+    for i, rec in enumerate(records, offset):
         if not isinstance(rec, dict):
             raise _reject(f"manifest entry {i} is not an object")
         layout, kind, relpath = rec.get("layout"), rec.get("kind"), rec.get("relpath")
@@ -1159,7 +1189,7 @@ def _parse_manifest(data: bytes, limits: ImportLimits) -> tuple[dict, list[_Plan
                 raise TypeError
         except (TypeError, KeyError, IndexError):
             _check_files(relpath, files, limits)  # says which record is malformed
-            raise
+            raise _reject(f"manifest entry {relpath}: malformed file records") from None
         p = _Planned(i, rec, layout, kind, relpath, dict(zip(files, zip(sizes, digests))), dict(links), list(dirs),
                      list(locks))
         all_names.extend(files)
@@ -1188,34 +1218,20 @@ def _parse_manifest(data: bytes, limits: ImportLimits) -> tuple[dict, list[_Plan
                 for k in range(1, len(parts_)):
                     if "/".join(parts_[:k]) in not_dirs:
                         raise _reject(f"{relpath}/{name} lies under a file or link of the same entry")
-        members += len(names) + 1
         planned.append(p)
     # In bulk: every file name simple and no lock, every size a non-negative int, every digest hex64.
     joined = "\n".join(all_names)
-    ok = _SIMPLE_NAMES.fullmatch(joined) is not None and not _LOCK_LINE.search(joined) \
-        and all(type(x) is int and x >= 0 for x in all_sizes) \
+    ok = joined.count("\n") == len(all_names) - 1 if all_names else True  # no name holds a newline itself
+    ok = ok and _SIMPLE_NAMES.fullmatch(joined) is not None and not _LOCK_LINE.search(joined) \
+        and all(type(x) is int and 0 <= x <= limits.max_member for x in all_sizes) \
         and all(type(d) is str for d in all_digests) and set(map(len, all_digests)) <= {64} \
         and _HEX.fullmatch("".join(all_digests)) is not None
     if not ok:
         for p in planned:
             _check_files(p.relpath, p.record["files"], limits)
-    if all_sizes and max(all_sizes) > limits.max_member:
-        for p in planned:
-            _check_files(p.relpath, p.record["files"], limits)
-    if members > limits.max_members:
-        raise _reject(f"{members} members, over the limit of {limits.max_members}")
-    total = sum(all_sizes)
-    if total > limits.max_total:
-        raise _reject(f"it would expand to {total} bytes, over the limit of {limits.max_total}")
     for p in planned:
         p.size = sum(size for size, _ in p.files.values())
-    rels = sorted(p.relpath for p in planned)
-    for a, b in zip(rels, rels[1:]):
-        if a == b:
-            raise _reject(f"entry {a} is listed twice in the manifest")
-        if b.startswith(a + "/"):
-            raise _reject(f"entry {b} lies inside entry {a}")
-    return manifest, planned
+    return planned
 
 
 def _check_files(relpath: str, files: dict, limits: ImportLimits) -> None:
@@ -1258,7 +1274,7 @@ def _real_dir_chain(root: Path, relpath: str, cache: dict | None = None) -> str 
     return None
 
 
-def _plan(root: Path, planned: list[_Planned], warn: Warn) -> None:
+def _plan(root: Path, planned: list[_Planned], archive_programs: set[str]) -> None:
     """Decide each entry's action from the destination, and check every link against it."""
     from kcache_cli.scan import scan_cache
 
@@ -1267,7 +1283,6 @@ def _plan(root: Path, planned: list[_Planned], warn: Warn) -> None:
     if existing:
         layouts = tuple(sorted({p.layout for p in planned if p.relpath in existing}))
         found = {e.relpath: e for e in scan_cache(root, ScanFilter(layouts=layouts)).entries}
-    archive_programs = {p.relpath.split("/")[1] for p in planned if (p.layout, p.kind) == ("tilus", "program")}
     chains: dict = {}
 
     def program_ok(h: str) -> bool:
@@ -1329,6 +1344,9 @@ class _Staging:
         except FileNotFoundError:
             os.mkdir(sdir)
             self.created.append(sdir)
+        for sub in (state.locks_dir(root), state.trash_dir(root)):  # where publishing writes
+            if os.path.islink(sub) or (os.path.lexists(sub) and not os.path.isdir(sub)):
+                raise KcacheError(f"{sub} is not a directory (kcache never writes through a symlink)")
         self.path = os.path.join(sdir, f"import-{os.getpid()}-{secrets.token_hex(4)}")
         os.mkdir(self.path, 0o700)
         self.dirs: set[str] = {""}
@@ -1564,23 +1582,29 @@ def _check_head(fd: int, kind: str, end: int, digest: str) -> None:
         reader.close()
 
 
-def _extract_regions(fd: int, kind: str, regions: list[_Region], planned: list[_Planned],
-                     staging: _Staging | None, limits: ImportLimits, advance, abort, threaded: bool
-                     ) -> tuple[int, int]:
-    files = size = 0
+def _extract_regions(fd: int, kind: str, regions: list[_Region], records: list, staging: _Staging | None,
+                     root: Path, programs: set[str], limits: ImportLimits, advance, abort, threaded: bool
+                     ) -> tuple[int, int, list[_Planned]]:
+    """One worker's share: check its entries' records, plan them, then read its parts."""
+    planned_by_region = []
     for r in regions:
+        planned = _check_records(records[r.lo:r.hi], r.lo, limits)
+        _plan(root, planned, programs)
+        planned_by_region.append(planned)
+    files = size = 0
+    for r, planned in zip(regions, planned_by_region):
         reader = _region_reader(fd, kind, r.start, r.length, advance, threaded)
         try:
-            f, s = _extract(reader, planned[r.lo:r.hi], staging, limits, abort)
+            f, s = _extract(reader, planned, staging, limits, abort)
             if reader.end_marker and not r.last:
                 raise _reject("an end-of-archive marker before the last part")
         finally:
             reader.close()
         if staging is not None:
-            _finish_staging(staging, planned[r.lo:r.hi])
+            _finish_staging(staging, planned)
         files += f
         size += s
-    return files, size
+    return files, size, [p for planned in planned_by_region for p in planned]
 
 
 # ---- import: publishing --------------------------------------------------------------------------
@@ -1738,65 +1762,85 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
                 if head.size > limits.max_manifest:
                     raise _reject(f"manifest.json is {head.size} bytes, over the limit of {limits.max_manifest}")
                 data = b"".join(reader.data(head))
-                manifest, planned = _parse_manifest(data, limits)
-                regions = _regions(manifest, len(planned), file_size)
+                manifest, records, totals = _parse_manifest(data, limits)
+                regions = _regions(manifest, len(records), file_size)
                 if regions is not None:
                     reader.close()  # the parts are read from their own offsets
-                _plan(root, planned, warn)
-                if not dry_run and any(p.write for p in planned):
-                    _check_space(root, sum(p.size for p in planned if p.write))
+                    _check_head(raw.fileno(), kind, regions[0].start, hashlib.sha256(data).hexdigest())
+                programs = {rec["relpath"].split("/", 1)[-1] for rec in records
+                            if (rec.get("layout"), rec.get("kind")) == ("tilus", "program")}
+                if not dry_run and records:
+                    absent = [t for rec, t in zip(records, totals) if not os.path.lexists(root / rec["relpath"])]
+                    _check_space(root, sum(absent))
                     staging = _Staging(root)
-                if regions is None:  # one stream: read on from the manifest, here
-                    groups = [planned]
+                mine: dict[int, list[_Planned]] = {}  # what each worker planned, for its phase two
 
-                    def first(w: int, advance, abort) -> tuple[int, int]:
-                        counts = _extract(reader, planned, staging, limits, abort)
+                if regions is None:  # one stream: read on from the manifest, here
+                    n = 1
+
+                    def first(w: int, advance, abort) -> tuple:
+                        planned = _check_records(records, 0, limits)
+                        _plan(root, planned, programs)
+                        files, size = _extract(reader, planned, staging, limits, abort)
                         if staging is not None:
                             _finish_staging(staging, planned)
-                        return counts
+                        mine[w] = planned
+                        return files, size, _decisions(planned)
                 else:
-                    _check_head(raw.fileno(), kind, regions[0].start, hashlib.sha256(data).hexdigest())
-                    n = min(_cpus(), len(regions)) if len(planned) >= PARALLEL_MIN_ENTRIES else 1
+                    n = min(_cpus(), len(regions)) if len(records) >= PARALLEL_MIN_ENTRIES else 1
                     region_groups = _split(regions, n)
-                    groups = [[p for r in rg for p in planned[r.lo:r.hi]] for rg in region_groups]
 
-                    def first(w: int, advance, abort) -> tuple[int, int]:
-                        return _extract_regions(raw.fileno(), kind, region_groups[w], planned, staging, limits,
-                                                advance, abort, True)
+                    def first(w: int, advance, abort) -> tuple:
+                        files, size, planned = _extract_regions(raw.fileno(), kind, region_groups[w], records,
+                                                                staging, root, programs, limits, advance, abort, True)
+                        mine[w] = planned
+                        return files, size, _decisions(planned)
 
-                outcome: dict[str, tuple[bool, str | None]] = {}
                 made: set[str] = set()
+                outcome: dict[int, tuple[bool, str | None]] = {}
 
                 def publish(ps: list[_Planned]) -> list:
-                    return [(p.relpath, *_publish(root, p, staging, lock_timeout, warn, made)) for p in ps]
+                    return [(p.index, *_publish(root, p, staging, lock_timeout, warn, made)) for p in ps]
 
-                def between(_results) -> None:  # tilus programs first: scripts link to them
-                    outcome.update((r, (d, why)) for r, d, why in publish(
-                        [p for p in planned if p.write and (p.layout, p.kind) == ("tilus", "program")]))
+                def is_program(p: _Planned) -> bool:
+                    return (p.layout, p.kind) == ("tilus", "program")
+
+                def between(results: list) -> None:  # tilus programs first: scripts link to them
+                    decided = {i: d for r in results for i, *d in r[2]}
+                    todo = []
+                    for i, rec in enumerate(records):
+                        if (rec.get("layout"), rec.get("kind")) == ("tilus", "program") and decided[i][2]:
+                            p = _check_records([rec], i, limits)[0]
+                            p.action, p.reason, p.write = decided[i]
+                            todo.append(p)
+                    outcome.update((i, (d, why)) for i, d, why in publish(todo))
 
                 def second(w: int) -> list:
-                    return publish([p for p in groups[w] if p.write and (p.layout, p.kind) != ("tilus", "program")])
+                    return publish([p for p in mine.get(w, ()) if p.write and not is_program(p)])
 
                 writing = staging is not None and not dry_run
-                counts, published = _run_workers(len(groups), first, progress, between if writing else None,
+                counts, published = _run_workers(n, first, progress, between if writing else None,
                                                  second if writing else None)
                 n_files, n_bytes = sum(c[0] for c in counts), sum(c[1] for c in counts)
+                decisions = {i: d for c in counts for i, *d in c[2]}
                 for batch in published:
-                    outcome.update((r, (d, why)) for r, d, why in batch)
+                    outcome.update((i, (d, why)) for i, d, why in batch)
             except ts.TarFormatError as exc:
                 raise _reject(str(exc)) from None
             finally:
                 reader.close()
             results = []
-            for p in planned:
-                done, reason = outcome.get(p.relpath, (False, p.reason))
-                if p.write and not dry_run and not done:
-                    p.action = "skip"
-                rec = p.record
-                results.append(ImportedEntry(p.layout, p.kind, _str(rec.get("target")), _str(rec.get("space")),
-                                             _str(rec.get("op")), p.relpath.rsplit("/", 1)[1], p.relpath, p.action,
-                                             done, reason, len(p.files), p.size, _str(rec.get("arch")),
-                                             _str(rec.get("compiler")), _str(rec.get("platform"))))
+            for i, rec in enumerate(records):
+                action, reason, write = decisions[i]
+                done, reason = outcome.get(i, (False, reason))
+                if write and not dry_run and not done:
+                    action = "skip"
+                relpath = rec["relpath"]
+                results.append(ImportedEntry(rec["layout"], rec["kind"], _str(rec.get("target")),
+                                             _str(rec.get("space")), _str(rec.get("op")), relpath.rsplit("/", 1)[1],
+                                             relpath, action, done, reason, len(rec["files"]), totals[i],
+                                             _str(rec.get("arch")), _str(rec.get("compiler")),
+                                             _str(rec.get("platform"))))
         except OSError as exc:
             where = f": {exc.filename}" if exc.filename else ""
             raise KcacheError(f"import failed: {exc.strerror or exc}{where}") from None
@@ -1808,6 +1852,11 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
     results.sort(key=lambda r: r.relpath)
     return ImportResult(archive, str(root), dry_run, _str(manifest.get("kcache_version")), tuple(results),
                         n_files, n_bytes)
+
+
+def _decisions(planned: list[_Planned]) -> list[tuple]:
+    """What a worker decided for each of its entries, small enough to send back."""
+    return [(p.index, p.action, p.reason, p.write) for p in planned]
 
 
 STALE_STAGING = 24 * 3600.0

@@ -661,6 +661,8 @@ def _make_temp(op_dir: Path, h: str) -> Path:
             return tmp
         except FileExistsError:
             continue
+        except FileNotFoundError:  # a prune removed the empty op directory just now: make it again
+            op_dir.mkdir(parents=True, exist_ok=True)
     raise KcacheError(f"cannot create a temp directory in {op_dir}")
 
 

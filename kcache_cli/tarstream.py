@@ -16,7 +16,6 @@ import os
 import queue
 import threading
 import zlib
-from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterator
 
 BLOCK = 512
@@ -163,7 +162,7 @@ class FrameWriter:
 
     def _new(self):
         if self._compression == "gz":
-            return zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31, 9)
+            return zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31, 8)  # gzip -6: level 6, memLevel 8
         if self._compression == "zst":
             import zstandard
 

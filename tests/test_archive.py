@@ -426,3 +426,37 @@ def test_stale_staging_is_removed_after_a_good_import(kcache, fixture_copy, tmp_
     os.utime(stale, (old, old))
     assert kcache("--cache-dir", dst, "import", arc).exit_code == 0
     assert not stale.exists() and fresh.exists()  # a young one may belong to an import in progress
+
+
+def test_rename_noreplace_never_replaces(tmp_path):
+    src, dst = tmp_path / "a", tmp_path / "b"
+    src.mkdir()
+    dst.mkdir()  # a plain rename would silently replace this empty directory
+    with pytest.raises(FileExistsError):
+        archive.rename_noreplace(str(src), str(dst))
+    dst.rmdir()
+    archive.rename_noreplace(str(src), str(dst))
+    assert dst.is_dir() and not src.exists()
+
+
+def test_publish_across_filesystems_copies_then_renames(kcache, fixture_copy, tmp_path, monkeypatch):
+    """When the staging directory and the entry's place are on different filesystems (a mount inside
+    the cache), the entry is copied next to its place and renamed there."""
+    import errno
+
+    real = archive.rename_noreplace
+
+    def cross_device(src, dst):
+        if "/.kcache/import-" in src:
+            raise OSError(errno.EXDEV, "Invalid cross-device link", dst)
+        return real(src, dst)
+
+    monkeypatch.setattr(archive, "rename_noreplace", cross_device)
+    src = fixture_copy("tilus")
+    arc = tmp_path / "t.tar"
+    assert kcache("--cache-dir", src, "export", arc).exit_code == 0
+    dst = tmp_path / "dst"
+    r = kcache("--cache-dir", dst, "import", arc)
+    assert r.exit_code == 0, r.stderr
+    assert tree(dst) == tree(src)
+    assert not list(dst.rglob(".kcache-tmp-*"))

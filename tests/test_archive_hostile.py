@@ -214,7 +214,7 @@ def hidden_entry(tmp):
 def nested_entries(tmp):
     a = entry("programs/abc", {"program.txt": b"x"}, layout="tilus", kind="program")
     b = entry("programs/abc/module", {"lib.so": b"x"}, layout="tilus", kind="program")
-    return build_archive(tmp / "a.tar", [a, b]), [], "not where"
+    return build_archive(tmp / "a.tar", [a, b]), [], "inside entry"
 
 
 def missing_listed_file(tmp):
@@ -380,3 +380,11 @@ def test_tilus_link_to_present_program_is_accepted(kcache, fixture_copy, tmp_pat
     r = kcache("--cache-dir", root, "import", build_archive(tmp_path / "s.tar", [e]))
     assert r.exit_code == 0, r.stderr
     assert (root / "scripts/add_one/1-845a0ed6/programs/0/program.txt").is_file()
+
+
+def test_control_characters_in_names(kcache, victim, tmp_path):
+    root, _ = victim
+    for i, name in enumerate(["a\nb", "tab\there", "esc\x1b[31m"]):
+        rec, members = entry(H, {name: b"x", "lib.so": b"y"})
+        r = kcache("--cache-dir", root, "import", build_archive(tmp_path / f"c{i}.tar", [(rec, members)]))
+        assert r.exit_code == 1 and "control characters" in r.stderr, (name, r.stderr)

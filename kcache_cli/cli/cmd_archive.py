@@ -74,6 +74,8 @@ def _size(text: Optional[str], option: str, default: int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+TTY_ROWS = 100  # rows of the import table on a terminal; pipes get every row
+
 ArchiveArg = Annotated[str, typer.Argument(metavar="ARCHIVE", help="The archive: .tar, .tar.gz (.tgz) or .tar.zst.")]
 
 
@@ -192,11 +194,16 @@ def import_command(
                                   "arch": e.arch, "arch_ok": fits.get(e.relpath), "compiler": e.compiler,
                                   "platform": e.platform} for e in result.entries]})
         return
-    if result.entries:
+    shown = list(result.entries)
+    if sys.stdout.isatty() and len(shown) > TTY_ROWS:  # a terminal gets the skips first, then a sample
+        shown = sorted(shown, key=lambda e: e.action != "skip")[:TTY_ROWS]
+    if shown:
         rows = [[e.action, e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
-                 c.human_size(e.size), e.arch or "-", e.reason or ""] for e in result.entries]
+                 c.human_size(e.size), e.arch or "-", e.reason or ""] for e in shown]
         c.print_table(["action", "layout", "kind", "space", "op", "hash", "files", "size", "arch", "note"], rows,
                       right=(6, 7))
+    if len(shown) < len(result.entries):
+        c.info(opts, f"({len(result.entries) - len(shown)} more entries not shown: see --json)")
     verb = "would import" if dry_run else "imported"
     c.info(opts, f"{verb} {counts['import'] + counts['replace']} entries ({counts['replace']} replacing incomplete "
                  f"ones), skipped {counts['skip']}; {result.files} files ({c.human_size(result.size)}) verified "
