@@ -1,8 +1,6 @@
 """The `kcache` command: global options, command registration, and the one place where errors
 become `Error: ...` and an exit status."""
 
-from __future__ import annotations
-
 import sys
 from typing import Annotated, Optional
 

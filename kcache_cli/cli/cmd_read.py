@@ -1,7 +1,5 @@
 """The read-only commands: dir, ls, inspect, log, stats."""
 
-from __future__ import annotations
-
 import os
 import sys
 from typing import Annotated, Optional
