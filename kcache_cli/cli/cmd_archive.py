@@ -1,7 +1,5 @@
 """Moving entries between machines and checking them: export, import, verify."""
 
-from __future__ import annotations
-
 import re
 import sys
 import time
