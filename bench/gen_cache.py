@@ -8,6 +8,7 @@ import argparse
 import hashlib
 import os
 import random
+import struct
 
 OPS = ["matmul", "conv2d", "softmax", "add", "relu", "fused", "reduce_sum", "batch_matmul", "layer_norm",
        "attention", "gelu", "transpose", "concat", "pool2d", "embedding", "rms_norm"]
@@ -20,9 +21,13 @@ def task_text(op: str, i: int) -> bytes:
             f"  computations: \n    b: float32[8] where b[v] = a[v]\n  attributes: {{}}\n)").encode()
 
 
+# A whole ELF64 header (no section table) so that the scan's cheap truncation check passes.
+ELF_HEAD = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, 0, 0, 64, 0, 0, 64, 0, 0)
+
+
 def generate(root: str, n: int, seed_layout: bool = False, lib_size: int = 4096) -> None:
     rng = random.Random(n)
-    blob = os.urandom(lib_size)
+    blob = ELF_HEAD + os.urandom(lib_size - len(ELF_HEAD))
     for i in range(n):
         op = OPS[i % len(OPS)]
         space = SPACES[(i // len(OPS)) % len(SPACES)]

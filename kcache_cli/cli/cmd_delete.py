@@ -61,7 +61,8 @@ def prune_command(
 def clear_command(
     ctx: typer.Context,
     hashes: Annotated[Optional[list[str]], typer.Argument(
-        metavar="[HASH]...", help="Hash prefixes of entries to remove.", show_default=False)] = None,
+        metavar="[HASH]...", help="Hash prefixes of entries to remove.", show_default=False,
+        autocompletion=c.complete.complete_hash)] = None,
     op: c.OpOpt = None,
     space: c.SpaceOpt = None,
     target: c.TargetOpt = None,
