@@ -14,7 +14,7 @@ import os
 import re
 import stat
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -462,7 +462,8 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
                 if kept:
                     p.skip(e, f"used by {p.rel(kept[0])}, which stays")
                     continue
-            added = p.select(e, f"least recently used (last used {iso(last[e.path])})")
+            via = "" if last[e.path] == e.last_used else f" (its users last used it {iso(last[e.path])})"
+            added = p.select(e, f"least recently used{via}")
             if e.layout == "tilus" and e.kind == "program" and added and e.status != COMPLETE:
                 for s in p.dependants(e):
                     if s not in p.removals:

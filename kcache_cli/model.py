@@ -22,7 +22,14 @@ Warn = Callable[[str], None]
 def iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(ts))
+    second = int(ts)
+    text = _ISO_SEEN.get(second)
+    if text is None:  # entries written together share their second: format each second once
+        text = _ISO_SEEN[second] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(second))
+    return text
+
+
+_ISO_SEEN: dict[int, str] = {}
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class Entry:
     last_used: float
 
     def to_json(self) -> dict:
-        d = {k: getattr(self, k) for k in JSON_KEYS}
+        d = {k: self.__dict__[k] for k in JSON_KEYS}
         d["modified"] = iso(self.modified)
         d["last_used"] = iso(self.last_used)
         return d

@@ -515,7 +515,8 @@ def test_prune_prints_what_it_removed(kcache, tmp_path):
     r = kcache("--cache-dir", root, "prune", "--max-size", "0")
     assert r.exit_code == 0
     lines = r.stdout.splitlines()
-    assert lines[0].split()[:3] == ["what", "layout", "kind"]
+    assert lines[0].split() == ["what", "layout", "space", "op", "hash", "size", "last", "used", "why"]
+    assert all(line.split()[:2] == ["op", "hidet"] for line in lines[1:-1])
     assert len(lines) == 1 + 6 + 1
     assert lines[-1].startswith("Removed 6 entries, freed ") and "bytes" in lines[-1] and "limit 0 Bytes" in lines[-1]
 

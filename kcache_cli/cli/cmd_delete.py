@@ -2,8 +2,6 @@
 
 Both are thin: scan -> plan (kcache_cli.delete) -> show -> confirm (clear) -> execute -> report."""
 
-from __future__ import annotations
-
 import sys
 from typing import Annotated, Optional
 
@@ -166,28 +164,45 @@ def _missing(opts: c.GlobalOptions, loc, dry_run: bool, extra: dict) -> None:
 
 
 def _rows(removals) -> list[list[str]]:
-    return [[r.what, r.entry.layout, r.entry.kind, r.entry.space or r.entry.target or "-", r.entry.op or "-",
-             r.entry.hash or "-", c.human_size(r.size), c.human_age(r.entry.last_used), r.why] for r in removals]
+    """One row per removal; `what` is the entry's kind (op, program, kernel...) or what else goes
+    (candidates, temp, staging, link)."""
+    return [[r.entry.kind if r.what == "entry" else r.what, r.entry.layout, r.entry.space or r.entry.target or "-",
+             r.entry.op or "-", r.entry.hash or "-", c.human_size(r.size), c.human_age(r.entry.last_used), r.why]
+            for r in removals]
 
 
-_COLUMNS = ["what", "layout", "kind", "space", "op", "hash", "size", "last used", "why"]
+_COLUMNS = ["what", "layout", "space", "op", "hash", "size", "last used", "why"]
+_SIZE_COLUMN = 5
 
 
 def _table(removals, to_stderr: bool = False, limit: int | None = None) -> None:
+    """A Rich table on a terminal it fits in; plain aligned columns otherwise (pipes, long lists,
+    narrow terminals: nothing is cut short)."""
     shown = list(removals)[:limit] if limit else list(removals)
     rows = _rows(shown)
     if not rows:
         return
-    if to_stderr or len(rows) > _TABLE_ROWS_RICH or not sys.stdout.isatty():
-        widths = [max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(_COLUMNS)]
-        lines = ["  ".join((row[i].rjust(w) if i == 6 else row[i].ljust(w)) for i, w in enumerate(widths)).rstrip()
-                 for row in [_COLUMNS] + rows]
-        out = sys.stderr if to_stderr else sys.stdout
+    widths = [max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(_COLUMNS)]
+    out = sys.stderr if to_stderr else sys.stdout
+    rich = not to_stderr and sys.stdout.isatty() and len(rows) <= _TABLE_ROWS_RICH
+    console = c.stdout_console() if rich else None
+    if console is None or sum(widths) + 2 * (len(widths) - 1) > console.width:
+        lines = ["  ".join((row[i].rjust(w) if i == _SIZE_COLUMN else row[i].ljust(w))
+                           for i, w in enumerate(widths)).rstrip() for row in [_COLUMNS] + rows]
         out.write("\n".join(lines) + "\n")
         if limit and len(removals) > limit:
             out.write(f"... and {len(removals) - limit} more\n")
         return
-    c.print_table(_COLUMNS, rows, right=(6,))
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, col in enumerate(_COLUMNS):
+        table.add_column(col, justify="right" if i == _SIZE_COLUMN else "left", no_wrap=True)
+    for row in rows:
+        table.add_row(*(escape(x) for x in row))
+    console.print(table)
 
 
 def _preview(plan) -> None:
