@@ -757,11 +757,15 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
         _write(tmp / LOG, f"{command}\n{output}elapsed time: {elapsed:.3f} seconds\n".encode())
         _fsync(lib)
         files = {}
+        newest = 0
         for name in (src_name, TASK, BINARY, LOG):
             p = tmp / name
-            files[name] = {"size": p.stat().st_size, "sha256": _file_sha256(p)}
+            st = p.stat()
+            newest = max(newest, st.st_mtime_ns)
+            files[name] = {"size": st.st_size, "sha256": _file_sha256(p)}
         _write(tmp / MANIFEST, (json.dumps(_manifest(spec, arch, compiler, version.result(), argv, command,
                                                      options, elapsed, files), indent=2) + "\n").encode())
+        _stamp_after(tmp / MANIFEST, newest)
         _fsync(tmp)
         _publish(root, tmp, final, spec)
         published = True
@@ -773,6 +777,15 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
     _fsync(op_dir)
     state.mark_used(root, spec.relpath)
     return BuildResult(status=BUILT, elapsed=elapsed, output=output, replaced=replaced, **result)
+
+
+def _stamp_after(manifest: Path, newest_ns: int) -> None:
+    """kcache.json is the entry's completion marker: make its mtime strictly later than every file it
+    lists (a coarse clock can give them all one tick), so that `ls` can tell an entry untouched since
+    its build from one changed afterwards without reading it (checks.changed_since)."""
+    st = manifest.stat()
+    if st.st_mtime_ns <= newest_ns:
+        os.utime(manifest, ns=(st.st_atime_ns, newest_ns + 1_000_000))
 
 
 def _publish(root: Path, tmp: Path, final: Path, spec: TaskSpec) -> None:

@@ -112,3 +112,16 @@ def read_head(path: str, n: int = 64) -> bytes:
             return f.read(n)
     except OSError:
         return b""
+
+
+def changed_since(mtimes: dict[str, float] | None, marker: str, names=None) -> bool:
+    """Whether any of `names` (default: every file) was modified at or after `marker` was written.
+
+    `ls` reads a file's contents (an ELF header, a manifest) only for entries where this is true:
+    an entry untouched since its completion marker (hidet's func_types.pickle, a manifest) cannot have
+    been truncated or edited since, and reading one block per entry of a cold 100,000-entry cache
+    costs more than the whole scan. Unknown times, or no marker, mean "changed"."""
+    if mtimes is None or marker not in mtimes:
+        return True
+    limit = mtimes[marker]
+    return any(mtimes.get(n, limit) >= limit for n in (names if names is not None else mtimes) if n != marker)

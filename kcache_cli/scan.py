@@ -81,15 +81,15 @@ class ScanContext:
         for i in range(len(jobs)):
             yield results[i % workers][0][i // workers]
 
-    def read_dir(self, path: str, peek: str | None = None) -> tuple[dict[str, int] | None, TreeUsage, bytes]:
+    def read_dir(self, path: str) -> tuple[dict[str, int] | None, TreeUsage, dict[str, float]]:
         """Top-level file sizes by name, the usage of the whole entry (subdirectories included), and
-        the first 64 bytes of the file named `peek` (b"" if absent).
+        the top-level files' mtimes.
 
-        Names are None when the directory cannot be read (a warning says why). Works relative to an
+        Sizes are None when the directory cannot be read (a warning says why). Works relative to an
         open directory descriptor (fstatat, like du) rather than re-walking the full path per file."""
         names: dict[str, int] = {}
+        mtimes: dict[str, float] = {}
         size = files = 0
-        head = b""
         try:
             fd = os.open(path, _DIR_FLAGS)
         except OSError as exc:
@@ -98,7 +98,7 @@ class ScanContext:
                 newest = os.lstat(path).st_mtime
             except OSError:
                 newest = 0.0
-            return None, TreeUsage(0, 0, newest), head
+            return None, TreeUsage(0, 0, newest), mtimes
         try:
             newest = os.fstat(fd).st_mtime
             with os.scandir(fd) as it:
@@ -115,25 +115,17 @@ class ScanContext:
                     except OSError:
                         continue
                     names[de.name] = st.st_size
+                    mtime = mtimes[de.name] = st.st_mtime
                     size += st.st_size
                     files += 1
-                    if st.st_mtime > newest:
-                        newest = st.st_mtime
-            if peek is not None and names.get(peek):
-                try:
-                    pfd = os.open(peek, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
-                    try:
-                        head = os.read(pfd, 64)
-                    finally:
-                        os.close(pfd)
-                except OSError:
-                    pass
+                    if mtime > newest:
+                        newest = mtime
         except OSError as exc:
             self.warn(f"cannot read {path}: {exc.strerror}")
-            return None, TreeUsage(size, files, 0.0), head
+            return None, TreeUsage(size, files, 0.0), mtimes
         finally:
             os.close(fd)
-        return names, TreeUsage(size, files, newest), head
+        return names, TreeUsage(size, files, newest), mtimes
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW

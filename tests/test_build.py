@@ -547,3 +547,26 @@ def test_two_sources_need_a_choice(tmp_path, kcache):
     assert r.exit_code == 1 and "both source.cu and source.cc" in r.stderr
     spec = b.load_task(t / "task.txt", b.BuildOptions(target="cpu"))
     assert spec.source_path.endswith("source.cc") and spec.space == "cpu_space_0"
+
+
+@needs_cxx
+def test_manifest_is_the_completion_marker(tmp_path, kcache, monkeypatch):
+    """kcache.json is stamped after every file it lists, so `ls` trusts an untouched entry without
+    reading it, and reads it (and finds the damage) once a file changed after the build."""
+    import kcache_cli.layouts.hidet as hidet_mod
+
+    task = write_task(tmp_path / "tasks", "marker", 3, kind="cc")
+    root = tmp_path / "cache"
+    assert kcache("--cache-dir", root, "build", task / "task.txt", "--cxx", CXX).exit_code == 0
+    entry = root / "ops" / "cpu_space_0" / "marker" / task_hash_of(task)
+    marker = (entry / "kcache.json").stat().st_mtime_ns
+    assert all(p.stat().st_mtime_ns < marker for p in entry.iterdir() if p.name != "kcache.json")
+    reads = []
+    real = hidet_mod._manifest_mismatch
+    monkeypatch.setattr(hidet_mod, "_manifest_mismatch", lambda p, n: reads.append(p) or real(p, n))
+    assert kcache("--cache-dir", root, "ls", "--json").json()[0]["status"] == "complete"
+    assert reads == []
+    with open(entry / "nvcc_log.txt", "ab") as f:
+        f.write(b"appended later\n")
+    (row,) = kcache("--cache-dir", root, "ls", "--json").json()
+    assert row["status"] == "corrupt" and "nvcc_log.txt" in row["reason"] and reads == [str(entry)]

@@ -402,3 +402,28 @@ def test_parallel_scan_matches_serial(fixture_copy, monkeypatch):
     parallel = scan_cache(root, warn=warnings.append)
     assert parallel.entries == serial.entries and len(parallel.entries) == 45
     assert {e.status for e in parallel.entries} == {"complete", "partial"}
+
+
+def test_ls_reads_contents_only_of_entries_changed_after_completion(fixture_copy, monkeypatch):
+    """A cold cache costs one disk read per entry whose contents ls opens: entries untouched since
+    their completion marker (func_types.pickle, a manifest) are judged by metadata alone."""
+    import kcache_cli.layouts.hidet as hidet_mod
+
+    root = fixture_copy("hidet")
+    for e in scan_cache(root).entries:  # as hidet writes them: lib.so first, func_types.pickle last
+        os.utime(os.path.join(e.path, "lib.so"), (1_000_000, 1_000_000))
+        os.utime(os.path.join(e.path, "func_types.pickle"), (1_000_100, 1_000_100))
+    opened = []
+    real = hidet_mod.read_head
+    monkeypatch.setattr(hidet_mod, "read_head", lambda p, n=64: opened.append(p) or real(p, n))
+    assert all(e.status == "complete" for e in scan_cache(root).entries)
+    assert opened == []
+    lib = root / SOFTMAX / "lib.so"
+    data = lib.read_bytes()
+    lib.write_bytes(data[:4096])  # truncated now: newer than its marker
+    e = by_rel(scan_cache(root))[SOFTMAX]
+    assert e.status == "corrupt" and "truncated" in e.reason
+    assert opened == [str(root / SOFTMAX / "lib.so")]
+    # Same timestamp as the marker (a coarse clock, a copy and a truncate in one tick): still read.
+    os.utime(lib, (1_000_100, 1_000_100))
+    assert by_rel(scan_cache(root))[SOFTMAX].status == "corrupt"

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli import state
-from kcache_cli.checks import check_manifest, elf_truncated, list_files, read_head, read_text, size_mismatch
+from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, read_head, read_text,
+                              size_mismatch)
 from kcache_cli.locking import entry_build_locked, probe_locked
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE_REASON, Details, Entry,
                               LogFile, ScanFilter, TensorInfo, measure_tree)
@@ -43,7 +44,10 @@ def _manifest_mismatch(path: str, names: dict[str, int]) -> str | None:
     return size_mismatch(MANIFEST, listed, names)
 
 
-def op_status(path: str, names: dict[str, int], head: bytes | None = None) -> tuple[str, str | None]:
+def op_status(path: str, names: dict[str, int], head: bytes | None = None,
+              mtimes: dict[str, float] | None = None) -> tuple[str, str | None]:
+    """The cheap checks. With the files' `mtimes`, contents (lib.so's ELF header, kcache.json) are
+    read only if something changed after the entry was completed (checks.changed_since)."""
     lib = names.get(BINARY)
     log = next((n for n in LOGS if n in names), None)
     if lib is None:
@@ -52,14 +56,16 @@ def op_status(path: str, names: dict[str, int], head: bytes | None = None) -> tu
         return PARTIAL, f"no {BINARY}: the build was interrupted or is still running"
     if lib == 0:
         return PARTIAL, f"{BINARY} is empty"
-    if head is None:
-        head = read_head(os.path.join(path, BINARY))
-    truncated = elf_truncated(BINARY, head, lib)
-    if truncated:
-        return CORRUPT, truncated
     if any(m in names for m in HIDET_MARKERS) and "func_types.pickle" not in names:
         return PARTIAL, "no func_types.pickle: hidet did not finish writing the entry"
-    if MANIFEST in names:
+    marker = MANIFEST if MANIFEST in names else "func_types.pickle"
+    if changed_since(mtimes, marker, (BINARY,)):
+        if head is None:
+            head = read_head(os.path.join(path, BINARY))
+        truncated = elf_truncated(BINARY, head, lib)
+        if truncated:
+            return CORRUPT, truncated
+    if MANIFEST in names and changed_since(mtimes, MANIFEST):
         bad = _manifest_mismatch(path, names)
         if bad:
             return CORRUPT, bad
@@ -105,7 +111,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
 
 def _op_entry(ctx, job: tuple[str, str, str, str, str]) -> Entry:
     path, name, target, space, op = job
-    names, usage, head = ctx.read_dir(path, BINARY)
+    names, usage, mtimes = ctx.read_dir(path)
     building = state.temp_hash(name)
     if names is None:
         status, reason, key = CORRUPT, UNREADABLE_REASON, name
@@ -119,7 +125,7 @@ def _op_entry(ctx, job: tuple[str, str, str, str, str]) -> Entry:
     elif name.startswith("."):
         status, reason, key = PARTIAL, "hidden directory (not a hidet entry)", name
     else:
-        status, reason = op_status(path, names, head)
+        status, reason = op_status(path, names, mtimes=mtimes)
         key = name
         if status == PARTIAL and ".lock" in names and probe_locked(os.path.join(path, ".lock")):
             status, reason = BUILDING, "hidet holds the entry's lock (compiling)"

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli.checks import check_manifest, list_files, read_text, size_mismatch
+from kcache_cli.checks import changed_since, check_manifest, list_files, read_text, size_mismatch
 from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE_REASON, Details, Entry, LogFile, ScanFilter,
                               measure_tree)
 
@@ -40,9 +40,10 @@ def _load_json(path: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def kernel_status(path: str, names: dict[str, int]) -> tuple[str, str | None]:
+def kernel_status(path: str, names: dict[str, int], mtimes: dict[str, float] | None = None
+                  ) -> tuple[str, str | None]:
     binary = next((b for b in KERNEL_BINARIES if b in names), None)
-    if "manifest.json" in names:
+    if "manifest.json" in names and changed_since(mtimes, "manifest.json"):
         manifest = _load_json(os.path.join(path, "manifest.json"))
         if manifest is None or not isinstance(manifest.get("files"), dict):
             return CORRUPT, "manifest.json is unreadable"
@@ -60,12 +61,15 @@ def kernel_status(path: str, names: dict[str, int]) -> tuple[str, str | None]:
     return COMPLETE, None
 
 
-def binary_status(path: str, names: dict[str, int]) -> tuple[str, str | None]:
+def binary_status(path: str, names: dict[str, int], mtimes: dict[str, float] | None = None
+                  ) -> tuple[str, str | None]:
     binary = next((b for b in CUBIN_BINARIES if b in names), None)
     if binary is None:
         return PARTIAL, "no kernel.cubin or kernel.fatbin"
     if "metadata.json" not in names:
         return PARTIAL, "no metadata.json"
+    if not changed_since(mtimes, "metadata.json", (binary,)):
+        return COMPLETE, None
     meta = _load_json(os.path.join(path, "metadata.json"))
     if meta is None:
         return CORRUPT, "metadata.json is unreadable"
@@ -98,8 +102,8 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                     continue
                 for de in ctx.listdir(sub.path):
                     if de.is_dir(follow_symlinks=False):
-                        names, usage, _ = ctx.read_dir(de.path)
-                        status, reason = binary_status(de.path, names) if names is not None else UNREADABLE
+                        names, usage, mtimes = ctx.read_dir(de.path)
+                        status, reason = binary_status(de.path, names, mtimes) if names is not None else UNREADABLE
                         yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind="binary", target=TARGET,
                                         space=space, op=None, hash=de.name, status=status, reason=reason)
             elif sub.name == STAGING:
@@ -112,8 +116,8 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 yield from _staging(ctx, os.path.join(sub.path, STAGING), "kernel", space)
                 for de in ctx.listdir(os.path.join(sub.path, "kernels")):
                     if de.is_dir(follow_symlinks=False):
-                        names, usage, _ = ctx.read_dir(de.path)
-                        status, reason = kernel_status(de.path, names) if names is not None else UNREADABLE
+                        names, usage, mtimes = ctx.read_dir(de.path)
+                        status, reason = kernel_status(de.path, names, mtimes) if names is not None else UNREADABLE
                         yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind="kernel", target=TARGET,
                                         space=space, op=None, hash=de.name, status=status, reason=reason)
 

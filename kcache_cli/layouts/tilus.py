@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli.checks import elf_truncated, list_files, read_head, read_text
+from kcache_cli.checks import changed_since, elf_truncated, list_files, read_head, read_text
 from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, Details, Entry, LogFile, ScanFilter, TensorInfo,
                               measure_tree)
 
@@ -73,9 +73,16 @@ def _program_name(path: str) -> str | None:
 
 def program_status(path: str) -> tuple[str, str | None]:
     module = os.path.join(path, "module")
-    try:
-        lib = os.stat(os.path.join(module, "lib.so")).st_size
-    except OSError:
+    mtimes = {}
+    for name in ("lib.so", "func_types.pickle"):
+        try:
+            st = os.stat(os.path.join(module, name))
+        except OSError:
+            continue
+        mtimes[name] = st.st_mtime
+        if name == "lib.so":
+            lib = st.st_size
+    if "lib.so" not in mtimes:
         lib = None
     if lib is None:
         if os.path.exists(os.path.join(module, "nvcc_output.txt")):
@@ -83,9 +90,10 @@ def program_status(path: str) -> tuple[str, str | None]:
         return PARTIAL, "no module/lib.so: the build was interrupted or is still running"
     if lib == 0:
         return PARTIAL, "module/lib.so is empty"
-    truncated = elf_truncated("lib.so", read_head(os.path.join(module, "lib.so")), lib)
-    if truncated:
-        return CORRUPT, "module/" + truncated
+    if changed_since(mtimes, "func_types.pickle"):  # written after lib.so: tilus's completion marker
+        truncated = elf_truncated("lib.so", read_head(os.path.join(module, "lib.so")), lib)
+        if truncated:
+            return CORRUPT, "module/" + truncated
     for name in ("program.txt", "options.txt"):
         if not os.path.isfile(os.path.join(path, name)):
             return PARTIAL, f"no {name}"
