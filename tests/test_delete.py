@@ -435,6 +435,7 @@ def test_prune_broken_removes_partial_failed_and_corrupt(kcache, tmp_path):
     (partial / "nvcc_output.txt").unlink()
     (failed / "lib.so").unlink()  # compiler output but no lib.so: a failed compile
     (corrupt / "kcache.json").write_text(json.dumps({"files": {"lib.so": {"size": 1, "sha256": "0" * 64}}}))
+    os.utime(corrupt / "kcache.json", (1_000_000, 1_000_000))  # lib.so changed after its manifest
     (empty / "lib.so").write_bytes(b"")
     statuses = {e.relpath: e.status for e in scan_cache(root).entries}
     assert [statuses[str(p.relative_to(root))] for p in (partial, failed, corrupt, empty)] == \
