@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from kcache_cli import state
+from kcache_cli.checks import sha256_file, size_mismatch
 from kcache_cli.errors import KcacheError, LockTimeout, UsageError
 
 BUILT, HIT, FAILED = "built", "hit", "failed"
@@ -484,37 +485,12 @@ def entry_status(path: str) -> tuple[str | None, str | None, dict | None]:
         return PARTIAL, f"cannot read the entry: {exc.strerror}", None
     manifest = _read_manifest(path) if MANIFEST in names else None
     if names.keys() <= OWN_FILES and names.get(BINARY) and manifest is not None:
-        bad = _size_mismatch(manifest.get("files"), names)
+        bad = size_mismatch(MANIFEST, manifest.get("files"), names)
         return (CORRUPT, bad, manifest) if bad else (COMPLETE, None, manifest)
     from kcache_cli.layouts.hidet import op_status
 
     status, reason = op_status(path, names)
     return status, reason, manifest
-
-
-def _size_mismatch(listed: object, names: dict[str, int]) -> str | None:
-    """checks.size_mismatch's rule for kcache.json, without importing the model's dataclasses
-    (about 7 ms) on the hit path."""
-    if not isinstance(listed, dict) or not all(isinstance(r, dict) for r in listed.values()):
-        return f"{MANIFEST} is malformed"
-    for name, rec in sorted(listed.items()):
-        if "/" in name:
-            continue
-        if name not in names:
-            return f"{name} is missing ({MANIFEST} lists it)"
-        if rec.get("size") is not None and names[name] != rec["size"]:
-            return f"{name} is {names[name]} bytes, {MANIFEST} says {rec['size']}"
-    return None
-
-
-def _file_sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _entry_archs(path: str, manifest: dict | None) -> tuple[tuple[str, ...], str]:
@@ -680,7 +656,7 @@ def _write(path: Path, data: bytes, sync: bool = True) -> None:
 
 def _prepare(*written: Path) -> None:
     """Runs beside the compiler: make the inputs durable and load hashlib for the checksums."""
-    import hashlib  # noqa: F401 - imported for its side effect: _file_sha256 finds it loaded
+    import hashlib  # noqa: F401 - imported while the compiler runs: sha256_file finds it loaded
 
     for path in written:
         try:
@@ -762,7 +738,7 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
             p = tmp / name
             st = p.stat()
             newest = max(newest, st.st_mtime_ns)
-            files[name] = {"size": st.st_size, "sha256": _file_sha256(p)}
+            files[name] = {"size": st.st_size, "sha256": sha256_file(p)}
         _write(tmp / MANIFEST, (json.dumps(_manifest(spec, arch, compiler, version.result(), argv, command,
                                                      options, elapsed, files), indent=2) + "\n").encode())
         _stamp_after(tmp / MANIFEST, newest)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kcache_cli.model import FileInfo
 
+def list_files(path: str) -> tuple:
+    """Every file and symlink under `path` as FileInfo (name relative to `path`, size, link target)."""
+    from kcache_cli.model import FileInfo
 
-def list_files(path: str) -> tuple[FileInfo, ...]:
     out = []
     for dirpath, dirnames, filenames in os.walk(path):
         dirnames.sort()
