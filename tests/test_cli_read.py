@@ -73,6 +73,7 @@ def test_ls_sort_limit_status_hash(kcache, fixture_copy):
     (["ls", "--status", "broken"], "unknown status 'broken'"),
     (["ls", "--sort", "color"], "unknown sort key 'color'"),
     (["ls", "--space", "cuda space"], "bad space"),
+    (["ls", "--space", "../etc"], "bad space"),
     (["ls", "--layout", "triton"], "unknown layout 'triton'"),
     (["ls", "--limit", "-1"], "--limit"),
     (["inspect"], "Missing argument"),

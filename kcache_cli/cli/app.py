@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     from kcache_cli.errors import KcacheError
 
     args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args
+    debug = "--debug" in (args[:args.index("--")] if "--" in args else args)  # not a compiler flag
     # Help text without box drawing or colour when stdout is not a terminal or NO_COLOR is set.
     app.rich_markup_mode = None if plain_output() else _RICH_MARKUP
     try:

@@ -101,7 +101,7 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
 
     spaces = _checked(space, None, "space")
     for s in spaces:
-        if not _SPACE.match(s):
+        if not _SPACE.match(s) or any(part in (".", "..") for part in s.split("/")):
             raise UsageError(f"bad space '{s}' (expected e.g. cuda_space_0, cpu_space_2 or 0.1.15/linux-x86_64)")
     prefixes = _checked(hashes, None, "hash")
     for p in prefixes:
