@@ -41,6 +41,18 @@ class ScanContext:
             **fields,
         )
 
+    def link_entry(self, path: str, where: str = "inside the cache", **fields) -> Entry:
+        """A symlink where a directory of the cache belongs: listed as a corrupt entry, never followed."""
+        from kcache_cli.terms import CORRUPT
+
+        st = os.lstat(path)
+        try:
+            text = os.readlink(path)
+        except OSError:
+            text = "?"
+        return self.entry(path=path, usage=TreeUsage(st.st_size, 1, st.st_mtime), status=CORRUPT,
+                          reason=f"symlink to {text} {where} (never followed)", **fields)
+
     def listdir(self, path: str | Path) -> list[os.DirEntry]:
         """Directory entries, sorted by name; an unreadable directory is a warning and []."""
         try:

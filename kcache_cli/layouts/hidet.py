@@ -246,17 +246,8 @@ def log_files(entry: Entry) -> list[LogFile]:
 def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
     """Symlinks where ops/, a space, an op or an entry belongs: the scan never follows them (it skips
     them); prune --broken and clear remove them as links, leaving their targets alone."""
-    from kcache_cli.model import TreeUsage
-
     def link(path: str, kind: str, target, space, op, h: str) -> Entry:
-        st = os.lstat(path)
-        try:
-            text = os.readlink(path)
-        except OSError:
-            text = "?"
-        return ctx.entry(path=path, usage=TreeUsage(st.st_size, 1, st.st_mtime), layout=NAME, kind=kind,
-                         target=target, space=space, op=op, hash=h, status=CORRUPT,
-                         reason=f"symlink to {text} inside the cache (never followed)")
+        return ctx.link_entry(path, layout=NAME, kind=kind, target=target, space=space, op=op, hash=h)
 
     plain = not (flt.ops or flt.spaces or flt.targets)
     for top, kind in (("ops", "op"), *OTHER_KINDS):

@@ -228,14 +228,7 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
         return
 
     def link(de: os.DirEntry, kind: str, space: str | None, h: str) -> Entry:
-        st = de.stat(follow_symlinks=False)
-        try:
-            text = os.readlink(de.path)
-        except OSError:
-            text = "?"
-        return ctx.entry(path=de.path, usage=TreeUsage(st.st_size, 1, st.st_mtime), layout=NAME, kind=kind,
-                         target=TARGET, space=space, op=None, hash=h, status=CORRUPT,
-                         reason=f"symlink to {text} inside the cache (never followed)")
+        return ctx.link_entry(de.path, layout=NAME, kind=kind, target=TARGET, space=space, op=None, hash=h)
 
     for vdir in ctx.listdir(ctx.root):
         if not VERSION_RE.match(vdir.name):
@@ -258,10 +251,8 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 continue
             entries_dir = sub.path if kind == "binary" else os.path.join(sub.path, "kernels")
             if kind == "kernel" and os.path.islink(entries_dir):
-                st = os.lstat(entries_dir)
-                yield ctx.entry(path=entries_dir, usage=TreeUsage(st.st_size, 1, st.st_mtime), layout=NAME,
-                                kind=kind, target=TARGET, space=space, op=None, hash="", status=CORRUPT,
-                                reason=f"symlink to {os.readlink(entries_dir)} inside the cache (never followed)")
+                yield ctx.link_entry(entries_dir, layout=NAME, kind=kind, target=TARGET, space=space, op=None,
+                                     hash="")
                 continue
             for de in ctx.listdir(entries_dir):
                 if de.is_symlink():

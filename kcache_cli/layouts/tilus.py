@@ -144,16 +144,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
 
 def referrers(root: Path, program_path: str) -> list[str]:
     """Script directories with a link to the program at `program_path`."""
-    out = []
-    program_path = os.path.normpath(program_path)
-    scripts = Path(root) / "scripts"
-    if not scripts.is_dir():
-        return out
-    for sdir in sorted(scripts.iterdir()):
-        for jdir in sorted(sdir.iterdir()) if sdir.is_dir() else ():
-            if any(t == program_path for _, _, t in script_links(str(jdir))):
-                out.append(str(jdir))
-    return out
+    return sorted(link_map(root).get(os.path.normpath(program_path), []))
 
 
 def describe(root: Path, entry: Entry) -> Details:
@@ -260,20 +251,12 @@ def link_map(root: Path) -> dict[str, list[str]]:
 def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
     """Symlinks where a program, a script or a script's op directory belongs: never followed
     (scan skips them); prune --broken and clear remove them as links."""
-    from kcache_cli.model import TreeUsage
-
     if not flt.wants_target(TARGET) or flt.spaces:
         return
 
     def link(de: os.DirEntry, kind: str, op: str | None, h: str) -> Entry:
-        st = de.stat(follow_symlinks=False)
-        try:
-            text = os.readlink(de.path)
-        except OSError:
-            text = "?"
-        return ctx.entry(path=de.path, usage=TreeUsage(st.st_size, 1, st.st_mtime), layout=NAME, kind=kind,
-                         target=TARGET, space=None, op=op, hash=h, status=CORRUPT,
-                         reason=f"symlink to {text} where a {kind} belongs (never followed)")
+        return ctx.link_entry(de.path, f"where a {kind} belongs", layout=NAME, kind=kind, target=TARGET,
+                              space=None, op=op, hash=h)
 
     linked_tops = set()
     for top, kind in (("programs", "program"), ("scripts", "script")):
@@ -281,10 +264,8 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
         if path.is_symlink():
             linked_tops.add(top)
             if not flt.ops:
-                st = path.lstat()
-                yield ctx.entry(path=str(path), usage=TreeUsage(st.st_size, 1, st.st_mtime), layout=NAME,
-                                kind=kind, target=TARGET, space=None, op=None, hash="", status=CORRUPT,
-                                reason=f"symlink to {os.readlink(path)} where {top}/ belongs (never followed)")
+                yield ctx.link_entry(str(path), f"where {top}/ belongs", layout=NAME, kind=kind, target=TARGET,
+                                     space=None, op=None, hash="")
     if "programs" not in linked_tops:
         for de in ctx.listdir(ctx.root / "programs"):
             if de.is_symlink() and not flt.ops:
