@@ -236,3 +236,24 @@ def test_no_rich_or_humanize_at_startup():
             "print(','.join(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "", f"imported at start-up: {out}"
+
+
+def test_a_line_naming_one_command_builds_only_that_command():
+    """Start-up: Typer inspects every registered command; a line naming one gets an app of one."""
+    from kcache_cli.cli.app import app, app_for
+
+    one = app_for(["--cache-dir", "/x", "-q", "build", "t.txt", "--", "--debug"])
+    assert [c.callback.__name__ for c in one.registered_commands] == ["build_command"]
+    assert one.registered_callback is app.registered_callback and one.info is app.info
+    for args in (["--help"], ["--version"], [], ["frobnicate"], ["--cache-dir", "ls"], ["--show-completion"]):
+        assert app_for(args) is app, args
+    assert app_for(["--cache-dir", "ls", "stats"]).registered_commands[0].name == "stats"
+
+
+def test_one_command_app_behaves_like_the_full_one(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    r = kcache("ls", "--op", "matmul", "--cache-dir", root, "-q", "--json")
+    assert r.exit_code == 0 and [x["hash"] for x in r.json()] == ["064b4a6c035246e8"] and r.stderr == ""
+    r = kcache("ls", "--bogus")
+    assert r.exit_code == 2 and r.stderr.startswith("Error: No such option: --bogus")
+    assert "Example:" in kcache("inspect", "--help").stdout

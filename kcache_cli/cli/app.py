@@ -100,6 +100,41 @@ def _register() -> None:
 _register()
 
 
+def _subcommand(args: list[str]) -> str | None:
+    """The command named on the line (skipping global options and --cache-dir's value), or None."""
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--cache-dir":
+            skip = True
+        elif a == "--" or not a.startswith("-"):
+            return None if a == "--" else a
+        elif a in ("-h", "--help", "--version") or a.startswith("--install-completion") \
+                or a.startswith("--show-completion"):
+            return None
+    return None
+
+
+def app_for(args: list[str]) -> typer.Typer:
+    """The app to run `args` with. Typer inspects the signature of every registered command at each
+    start (about 10 ms for kcache's eleven); a line that names one command gets an app holding just
+    that one, which parses and behaves the same. Help, completion and unknown names get the full app."""
+    import os
+
+    name = _subcommand(args)
+    if name is None or any(k.startswith("_KCACHE_COMPLETE") for k in os.environ):
+        return app
+    chosen = [ci for ci in app.registered_commands if (ci.name or ci.callback.__name__) == name]
+    if len(chosen) != 1:
+        return app
+    one = typer.Typer()
+    for key, value in vars(app).items():
+        setattr(one, key, value)
+    one.registered_commands = chosen
+    return one
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turn errors into one line and an exit status."""
     from kcache_cli.errors import KcacheError
@@ -109,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     # Help text without box drawing or colour when stdout is not a terminal or NO_COLOR is set.
     app.rich_markup_mode = None if plain_output() else _RICH_MARKUP
     try:
-        rc = app(args=args, prog_name="kcache", standalone_mode=False)
+        rc = app_for(args)(args=args, prog_name="kcache", standalone_mode=False)
     except KcacheError as exc:
         if debug:
             raise
