@@ -199,6 +199,9 @@ def resolve_entry(root: Path, prefix: str, warn: Warn | None = None) -> Entry:
     exact = [e for e in found if e.hash == prefix or e.relpath == prefix]
     if len(exact) == 1:
         found = exact
+    real = [e for e in found if not os.path.basename(e.relpath).startswith(".")]
+    if len(real) == 1 and len(found) > 1:  # an entry and the temp dir of its rebuild: the entry
+        found = real
     if not found:
         where = "" if result.exists else f" ({root} does not exist)"
         raise UsageError(f"no entry matches '{prefix}' in {root}{where}")

@@ -427,3 +427,11 @@ def test_ls_reads_contents_only_of_entries_changed_after_completion(fixture_copy
     # Same timestamp as the marker (a coarse clock, a copy and a truncate in one tick): still read.
     os.utime(lib, (1_000_100, 1_000_100))
     assert by_rel(scan_cache(root))[SOFTMAX].status == "corrupt"
+
+
+def test_prefix_prefers_the_entry_over_its_temp_dir(fixture_copy):
+    root = fixture_copy("hidet")
+    tmp = root / "ops/cuda_space_0/softmax" / f"{state.TEMP_PREFIX}ad252b064b266eea-0a1b2c3d"
+    tmp.mkdir()
+    assert resolve_entry(root, "ad25").relpath == SOFTMAX
+    assert resolve_entry(root, "ad252b064b266eea-0a1b").relpath == os.path.relpath(tmp, root)
