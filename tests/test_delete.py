@@ -682,6 +682,41 @@ def test_unreadable_parts_are_warnings(kcache, fixture_copy):
     assert r.exit_code == 0 and "cannot read" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_unreadable_parts_are_warnings_for_a_user():
+    """As root, run prune as `nobody` on a cache `nobody` owns, with one space directory mode 000."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from conftest import FIXTURES, REPO, copy_tree
+
+    base = Path(tempfile.mkdtemp(prefix="kcache-nobody-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        root = copy_tree(FIXTURES / "hidet", base / "cache")
+        subprocess.run(["chown", "-R", "nobody:nogroup", str(root)], check=True)
+        (root / "ops/cpu_space_0").chmod(0)
+        code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from kcache_cli.cli.app import main; "
+                f"main(['--cache-dir', {str(root)!r}, 'prune', '--max-size', '0', '--json'])")
+        proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
+                               "-c", code], capture_output=True, text=True, cwd=base,
+                              env={**os.environ, "HOME": str(base)})
+        if proc.returncode != 0 and not proc.stderr.startswith(("Error:", "warning:")):
+            pytest.skip(f"nobody cannot run kcache from here: {proc.stderr.strip()[-200:]}")
+        assert proc.returncode == 0, proc.stderr
+        assert "cannot read" in proc.stderr and "Traceback" not in proc.stderr
+        removed = {x["hash"] for x in json.loads(proc.stdout)["removed"]}
+        assert removed == {"8d1f7691cdf75e90", "ad252b064b266eea"}  # the readable cuda space only
+        (root / "ops/cpu_space_0").chmod(0o755)
+        assert len(list((root / "ops/cpu_space_0").iterdir())) == 3
+    finally:
+        for dirpath, _, _ in os.walk(base):
+            os.chmod(dirpath, 0o755)
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # ---- interrupted runs ----------------------------------------------------------------------------
 def test_leftover_trash_is_emptied_by_the_next_prune(kcache, fixture_copy):
     root = fixture_copy("hidet")
