@@ -22,6 +22,7 @@ from kcache_cli import state
 from kcache_cli.errors import KcacheError, UsageError
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, Entry, ScanFilter, Warn, iso,
                               measure_tree)
+from kcache_cli.scan import listdir
 
 STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer
 BROKEN = (PARTIAL, FAILED, CORRUPT)
@@ -269,7 +270,7 @@ class _Planner:
         if what == STAGING and os.path.basename(e.path) == "cuda-binaries" and os.path.isdir(e.path):
             # tilelang's .staging/cuda-binaries/ holds one directory per write: judge each one
             items = []
-            for de in _listdir(e.path, self.warn):
+            for de in listdir(e.path, self.warn):
                 u = measure_tree(de.path, self.warn)
                 items.append(replace(e, path=de.path, relpath=self.rel(de.path), hash=de.name, size=u.size,
                                      files=u.files, modified=u.mtime, last_used=u.mtime))
@@ -332,16 +333,6 @@ class _Planner:
         return DeletePlan(str(self.root), exists, tuple(order), tuple(self.skipped.values()), scanned,
                           tuple(warnings), tidy)
 
-
-def _listdir(path: str, warn: Warn) -> list[os.DirEntry]:
-    try:
-        with os.scandir(path) as it:
-            return sorted(it, key=lambda d: d.name)
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        warn(f"cannot read {path}: {exc.strerror}")
-        return []
 
 
 def _strays(root: Path, flt: ScanFilter, warn: Warn, layouts: Iterable[str]) -> list[Entry]:
@@ -705,7 +696,7 @@ class _Executor:
         replaces the old one) unless an hour old: holding the gc lock, no other prune or clear is running."""
         trash = self.root / state.STATE_DIR / "trash"
         now = time.time()
-        for de in _listdir(str(trash), lambda m: None):
+        for de in listdir(str(trash), lambda m: None):
             try:
                 if de.name.startswith("build-") and now - de.stat(follow_symlinks=False).st_ctime < STALE_AFTER:
                     continue
@@ -773,7 +764,7 @@ class _Executor:
             if not os.path.lexists(self.root / rel):
                 self._drop_stamp(rel)
         now = time.time()
-        for de in _listdir(str(state.locks_dir(self.root)), lambda m: None):
+        for de in listdir(str(state.locks_dir(self.root)), lambda m: None):
             if not de.name.endswith(".lock") or de.name.startswith("."):
                 continue
             rel = state._relpath_of_stamp(de.name[:-5])
@@ -885,7 +876,7 @@ def _status_now(e: Entry) -> str:
     from kcache_cli.layouts import hidet, tilelang, tilus
 
     names: dict[str, int] = {}
-    for de in _listdir(e.path, lambda m: None):
+    for de in listdir(e.path, lambda m: None):
         try:
             if not de.is_dir(follow_symlinks=False):
                 names[de.name] = de.stat(follow_symlinks=False).st_size

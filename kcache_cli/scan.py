@@ -54,15 +54,7 @@ class ScanContext:
                           reason=f"symlink to {text} {where} (never followed)", **fields)
 
     def listdir(self, path: str | Path) -> list[os.DirEntry]:
-        """Directory entries, sorted by name; an unreadable directory is a warning and []."""
-        try:
-            with os.scandir(path) as it:
-                return sorted(it, key=lambda d: d.name)
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            self.warn(f"cannot read {path}: {exc.strerror}")
-            return []
+        return listdir(path, self.warn)
 
     def map_entries(self, func, jobs: list) -> Iterator[Entry]:
         """`func(self, job)` for every job, in order. Big caches are read by one forked worker per
@@ -141,6 +133,18 @@ class ScanContext:
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
+def listdir(path: str | Path, warn: Warn) -> list[os.DirEntry]:
+    """Directory entries, sorted by name; an unreadable directory is a warning and []."""
+    try:
+        with os.scandir(path) as it:
+            return sorted(it, key=lambda d: d.name)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        warn(f"cannot read {path}: {exc.strerror}")
+        return []
 
 
 PARALLEL_MIN_JOBS = 4000
