@@ -10,28 +10,23 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli import state
+from kcache_cli.layouts.base import TEMP, InnerLeftover, Job, Layout, Leftover, Verdict
+from kcache_cli.layouts.shapes import HIDET
 from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, read_head, read_text,
                               size_mismatch)
 from kcache_cli.locking import entry_build_locked, probe_locked
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE_REASON, Details, Entry,
-                              LogFile, ScanFilter, TensorInfo, measure_tree)
+                              LogFile, ScanFilter, TensorInfo, TreeUsage, measure_tree)
 
-NAME = "hidet"
-SPACE_RE = re.compile(r"^([a-z0-9]+)_space_(\d+)$")
+NAME = HIDET.name
+_OP_SHAPE = HIDET.kinds[0]
+SPACE_RE = _OP_SHAPE.segments[1]  # <target>_space_<level>: use fullmatch; groups "target" and "level"
 BINARY = "lib.so"
 LOGS = ("nvcc_log.txt", "nvcc_output.txt", "gcc_output.txt")  # kcache/seed, real hidet cuda, real hidet cpu
 MANIFEST = "kcache.json"  # kcache's own record: per-file size and sha256, arch, compiler, command
 # Files only real hidet writes; their presence means hidet's completion rules apply.
 HIDET_MARKERS = ("version.txt", "compile.sh", "meta.json", "task.pickle", "func_types.pickle")
-OTHER_KINDS = (("graphs", "graph"), ("ir_modules", "ir_module"))
-
-
-def detect(root: Path) -> bool:
-    return any((root / d).is_dir() for d in ("ops", "graphs", "ir_modules"))
-
-
-def space_name(target: str, level: int | str) -> str:
-    return f"{target}_space_{level}"
+OTHER_KINDS = tuple((k.template.split("/")[0], k.kind) for k in HIDET.kinds[1:])  # (("graphs", "graph"), ...)
 
 
 def _manifest_mismatch(path: str, names: dict[str, int]) -> str | None:
@@ -78,12 +73,13 @@ def _space_dirs(ctx, ops: Path, flt: ScanFilter) -> Iterator[tuple[str, str, str
     else:
         candidates = [(d.name, d.path) for d in ctx.listdir(ops) if d.is_dir(follow_symlinks=False)]
     for name, path in candidates:
-        m = SPACE_RE.match(name)
-        if m and flt.wants_target(m.group(1)):
-            yield name, m.group(1), path
+        m = SPACE_RE.fullmatch(name)
+        if m and flt.wants_target(m.group("target")):
+            yield name, m.group("target"), path
 
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def op_jobs(ctx, flt: ScanFilter) -> list[Job]:
+    """Every op directory the filter's names allow, temp and hidden ones included (cheap: listings)."""
     ops = ctx.root / "ops"
     jobs = []  # listing the entry directories is cheap; reading them is the work, done in parallel
     for space, target, space_path in _space_dirs(ctx, ops, flt):
@@ -98,8 +94,12 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 if flt.hash_prefixes and not any(de.name.startswith(p) or de.name.startswith(state.TEMP_PREFIX)
                                                  for p in flt.hash_prefixes):
                     continue
-                jobs.append((de.path, de.name, target, space, op))
-    yield from ctx.map_entries(_op_entry, jobs)
+                jobs.append(Job(NAME, de.path, de.name, "op", target, space, op))
+    return jobs
+
+
+def other_entries(ctx, flt: ScanFilter) -> Iterator[Entry]:
+    """graphs/ and ir_modules/ entries."""
     if flt.ops or flt.spaces or flt.targets:
         return  # graphs and ir_modules have no op, space or target
     for dirname, kind in OTHER_KINDS:
@@ -109,9 +109,10 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                                 target=None, space=None, op=None, hash=de.name, status=COMPLETE, reason=None)
 
 
-def _op_entry(ctx, job: tuple[str, str, str, str, str]) -> Entry:
-    path, name, target, space, op = job
-    names, usage, mtimes = ctx.read_dir(path)
+def judge_op(ctx, job: Job, names: dict[str, int] | None, usage: TreeUsage, mtimes: dict[str, float] | None = None,
+             head: bytes | None = None) -> Entry:
+    """An op entry judged from its listing (temp directories of kcache builds included)."""
+    path, name = job.path, job.name
     building = state.temp_hash(name)
     if names is None:
         status, reason, key = CORRUPT, UNREADABLE_REASON, name
@@ -125,11 +126,11 @@ def _op_entry(ctx, job: tuple[str, str, str, str, str]) -> Entry:
     elif name.startswith("."):
         status, reason, key = PARTIAL, "hidden directory (not a hidet entry)", name
     else:
-        status, reason = op_status(path, names, mtimes=mtimes)
+        status, reason = op_status(path, names, head, mtimes)
         key = name
         if status == PARTIAL and ".lock" in names and probe_locked(os.path.join(path, ".lock")):
             status, reason = BUILDING, "hidet holds the entry's lock (compiling)"
-    return ctx.entry(path=path, usage=usage, layout=NAME, kind="op", target=target, space=space, op=op,
+    return ctx.entry(path=path, usage=usage, layout=NAME, kind="op", target=job.target, space=job.space, op=job.op,
                      hash=key, status=status, reason=reason)
 
 
@@ -263,8 +264,8 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
     if ops.is_symlink():
         return
     for sd in ctx.listdir(ops):
-        m = SPACE_RE.match(sd.name)
-        target = m.group(1) if m else None
+        m = SPACE_RE.fullmatch(sd.name)
+        target = m.group("target") if m else None
         if not (flt.wants_space(sd.name) and flt.wants_target(target)):
             continue
         if sd.is_symlink():
@@ -282,3 +283,83 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 for de in ctx.listdir(od.path):
                     if de.is_symlink():
                         yield link(de.path, "op", target, sd.name, od.name, de.name)
+
+
+# ---- the layout ----------------------------------------------------------------------------------
+
+_TEMP_MARK = "/" + state.TEMP_PREFIX
+
+
+class HidetLayout(Layout):
+    """hidet's operator cache; also where `kcache build` publishes (kcache's temp dirs are its leftovers)."""
+
+    shape = HIDET
+    writer_locks = (".lock", "dispatch_table.txt.lock")
+    fact_files = (MANIFEST, "compile.sh", "nvcc_log.txt")
+    head_file = BINARY
+
+    def jobs(self, ctx, flt: ScanFilter) -> list[Job]:
+        return op_jobs(ctx, flt) if not flt.kinds or "op" in flt.kinds else []
+
+    def judge_listing(self, ctx, job: Job, names, usage, mtimes=None, head=None) -> Entry:
+        return judge_op(ctx, job, names, usage, mtimes, head)
+
+    def scan_rest(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
+        return other_entries(ctx, flt)
+
+    def stray_links(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
+        return stray_links(ctx, flt)
+
+    def judge_now(self, root: Path, entry: Entry) -> Verdict:
+        if entry.kind != "op":
+            return Verdict(entry.status, entry.reason)
+        names: dict[str, int] = {}
+        try:
+            with os.scandir(entry.path) as it:
+                for de in it:
+                    try:
+                        if not de.is_dir(follow_symlinks=False):
+                            names[de.name] = de.stat(follow_symlinks=False).st_size
+                    except OSError:
+                        pass
+        except OSError:
+            return Verdict(CORRUPT, UNREADABLE_REASON)
+        return Verdict(*op_status(entry.path, names))
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def log_files(self, entry: Entry) -> list[LogFile]:
+        return log_files(entry)
+
+    def leftover(self, entry: Entry) -> Leftover | None:
+        name = os.path.basename(entry.path)
+        if _TEMP_MARK not in entry.relpath or not name.startswith(state.TEMP_PREFIX):
+            return None
+        return Leftover(TEMP, "temp directory of an interrupted kcache build",
+                        f"{os.path.dirname(entry.relpath)}/{state.temp_hash(name)}")
+
+    def inner_leftovers(self, entry: Entry) -> list[InnerLeftover]:
+        if entry.kind != "op":
+            return []
+        return [InnerLeftover("candidates", "auto-tuning leftovers (candidates/)",
+                              "candidates/ kept: hidet holds the entry's lock (tuning)")]
+
+    def empty_parent_levels(self, kind: str) -> int:
+        return 2 if kind == "op" else 0  # the op and space directories; ops/ itself tells the layout
+
+    def compile_command(self, small) -> str | None:
+        if small.get("compile.sh") is not None:
+            return command_from_script(small["compile.sh"].decode("utf-8", "replace"))
+        if small.get("nvcc_log.txt"):
+            return (small["nvcc_log.txt"].decode("utf-8", "replace").splitlines() or [""])[0]
+        return None
+
+
+LAYOUT = HidetLayout()
+
+
+def _op_entry(ctx, job: tuple[str, str, str, str, str]) -> Entry:
+    """Transitional: archive.py's (path, name, target, space, op) jobs; goes when archive uses Job."""
+    path, name, target, space, op = job
+    return LAYOUT.job_entry(ctx, Job(NAME, path, name, "op", target, space, op))
