@@ -4,7 +4,15 @@ The registry is `shapes.SHAPES` (each layout's name and path shapes, light enoug
 the code of the layout named N is `kcache_cli/layouts/N.py`, whose `LAYOUT` is its `Layout` instance,
 imported the first time it is needed. Nothing outside this package names a layout: it asks here.
 
-A new layout is one new module plus its shape in `shapes.SHAPES`.
+Adding a layout (say `triton`):
+1. `shapes.py`: a `LayoutShape("triton", (KindShape("kernel", "{hash}", target=None, patterns=(("hash",
+   r"[A-Z2-7]{52}"),)),), "<key>/")` appended to `SHAPES` (names.py, completion, `--layout` and
+   `--kind` choices, archive path checks and detection all follow from it).
+2. `triton.py`: `class TritonLayout(base.Layout)` with `shape = shapes.TRITON`, implementing `scan`,
+   `judge`, `describe`, `log_files`, and what differs from the defaults: `leftover` (tmp.pid_* dirs),
+   `writer_locks`, `relocate` (rewrite the group files' absolute paths on import), `facts`...;
+   then `LAYOUT = TritonLayout()`.
+3. Tests, and the README's layout table. Nothing else names a layout.
 """
 
 from __future__ import annotations

@@ -22,32 +22,12 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, NamedTuple
 from kcache_cli.layouts.shapes import KindShape, LayoutShape
 
 if TYPE_CHECKING:
-    from kcache_cli.model import Details, Entry, LogFile, ScanFilter, TreeUsage, Warn
+    from kcache_cli.model import Details, Entry, Judgement, LogFile, ScanFilter, Warn
     from kcache_cli.scan import ScanContext
 
 # What a leftover is (`Leftover.what`): a kcache build's temp dir, or a compiler's staging write.
 TEMP, STAGING = "temp", "staging"
 STALE_AFTER = 3600.0  # leftovers untouched for an hour belong to no live writer
-
-
-class Job(NamedTuple):
-    """An entry directory found by listing alone: the cheap first half of a split scan. Plain
-    values only (it crosses into worker processes)."""
-
-    layout: str
-    path: str  # absolute
-    name: str  # the directory's name (an entry's hash, or a temp/hidden name)
-    kind: str
-    target: str | None
-    space: str | None
-    op: str | None
-
-
-class Verdict(NamedTuple):
-    """A judgement of one entry: a status of kcache_cli.terms and why (None when complete)."""
-
-    status: str
-    reason: str | None
 
 
 class Leftover(NamedTuple):
@@ -89,9 +69,6 @@ class Layout:
     fact_files: tuple[str, ...] = ("kcache.json",)
     # Kinds whose entries hold nothing but compiled binaries: `export --sources-only` leaves them out.
     binary_kinds: frozenset[str] = frozenset()
-    # The file whose first bytes `judge_listing` may check (an ELF header), so that export, which reads
-    # the whole entry anyway, can hand them over instead of having them read again.
-    head_file: str | None = None
 
     # ---- name, kinds, paths -------------------------------------------------------------------
 
@@ -141,35 +118,12 @@ class Layout:
 
     def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         """Every entry of this layout under `ctx.root` that the names in `flt` allow (ops, spaces,
-        targets, hash prefixes: skip whole directories), judged cheaply (names, sizes, links; contents
-        only where something changed since the entry was completed). Leftovers (temp, staging) are
-        entries too, with their status. Unreadable directories are `ctx.warn`ings, never exceptions.
-
-        The default runs the split scan: `jobs` (listing) then `job_entry` for each (in worker
-        processes on big caches), then `scan_rest`."""
-        yield from ctx.map_entries(_JobEntry(self), self.jobs(ctx, flt))
-        yield from self.scan_rest(ctx, flt)
-
-    def jobs(self, ctx: ScanContext, flt: ScanFilter) -> list[Job]:
-        """The entry directories whose judgement needs only their own listing, found by listing their
-        parents (cheap). Export reads these entries' trees once and judges them with `judge_listing`
-        from that read. Default: none."""
-        return []
-
-    def job_entry(self, ctx: ScanContext, job: Job) -> Entry:
-        """The scanned entry of one job: reads its directory (`ctx.read_dir`) and judges it."""
-        names, usage, mtimes = ctx.read_dir(job.path)
-        return self.judge_listing(ctx, job, names, usage, mtimes)
-
-    def judge_listing(self, ctx: ScanContext, job: Job, names: dict[str, int] | None, usage: TreeUsage,
-                      mtimes: dict[str, float] | None = None, head: bytes | None = None) -> Entry:
-        """The entry of `job` judged from its top-level file sizes `names` (None: unreadable) and, when
-        the caller has them, the files' `mtimes` and the first bytes of its binary (`head`)."""
-        raise NotImplementedError(f"{self.name} has no split scan")
-
-    def scan_rest(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        """The entries `jobs` does not cover (the default `scan` yields them after the jobs)."""
-        return iter(())
+        targets, hash prefixes: skip whole directories rather than filter afterwards), judged cheaply
+        (names, sizes, links; contents only where something changed since the entry was completed).
+        Leftovers (temp, staging) are entries too, with their status. Unreadable directories are
+        `ctx.warn`ings, never exceptions. Build entries with `ctx.entry(...)`; big fan-outs of entry
+        directories can be read in worker processes with `ctx.map_entries`."""
+        raise NotImplementedError
 
     def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         """Symlinks where a directory of this layout belongs (a space, an op, an entry): the scan never
@@ -178,18 +132,13 @@ class Layout:
 
     # ---- judging one entry -------------------------------------------------------------------------
 
-    def judge(self, root: Path, entry: Entry, deep: bool = False) -> Verdict:
-        """The entry's status now, read again from disk: cheap (as the scan judges) or `deep` (every
-        byte, as verify and inspect judge). Delete re-judges an entry chosen for being broken with the
-        cheap form just before removing it."""
-        if deep:
-            d = self.describe(root, entry)
-            return Verdict(d.status, d.reason)
-        return self.judge_now(root, entry)
-
-    def judge_now(self, root: Path, entry: Entry) -> Verdict:
-        """The cheap judgement of one entry read again now (default: the status the scan gave)."""
-        return Verdict(entry.status, entry.reason)
+    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
+              ) -> Judgement:
+        """The one judgement of the entry of `kind` at `path`, read from disk now: cheap (names, sizes,
+        links: what ls shows) or `deep` (every byte: what verify, inspect, prune --broken and import's
+        "already present" go by). The scan, delete's re-check before removing a broken entry and the
+        archive all call this, so they cannot disagree on the same files."""
+        raise NotImplementedError
 
     def describe(self, root: Path, entry: Entry) -> Details:
         """Everything about one entry after the deep checks that read every byte (inspect, verify):
@@ -282,12 +231,17 @@ class Layout:
         files hold absolute paths (Triton's group files) rewrites them here to point under `final`.
         Must write atomically (temp file + rename) and never outside `staged`. Default: nothing."""
 
-
-class _JobEntry:
-    """`layout.job_entry` as a plain callable that worker processes can run (fork inherits it)."""
-
-    def __init__(self, layout: Layout) -> None:
-        self.layout = layout
-
-    def __call__(self, ctx: ScanContext, job: Job) -> Entry:
-        return self.layout.job_entry(ctx, job)
+def top_sizes(path: str) -> dict[str, int] | None:
+    """Sizes of the files directly in `path` by name (None when it cannot be listed)."""
+    names: dict[str, int] = {}
+    try:
+        with os.scandir(path) as it:
+            for de in it:
+                try:
+                    if not de.is_dir(follow_symlinks=False):
+                        names[de.name] = de.stat(follow_symlinks=False).st_size
+                except OSError:
+                    pass
+    except OSError:
+        return None
+    return names

@@ -10,17 +10,17 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli import state
-from kcache_cli.layouts.base import TEMP, InnerLeftover, Job, Layout, Leftover, Verdict
+from kcache_cli.layouts.base import TEMP, InnerLeftover, Layout, Leftover, top_sizes as _top_sizes
+from kcache_cli.model import Judgement
 from kcache_cli.layouts.shapes import HIDET
 from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, read_head, read_text,
                               size_mismatch)
 from kcache_cli.locking import entry_build_locked, probe_locked
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE_REASON, Details, Entry,
-                              LogFile, ScanFilter, TensorInfo, TreeUsage, measure_tree)
+                              LogFile, ScanFilter, TensorInfo, measure_tree)
 
 NAME = HIDET.name
-_OP_SHAPE = HIDET.kinds[0]
-SPACE_RE = _OP_SHAPE.segments[1]  # <target>_space_<level>: use fullmatch; groups "target" and "level"
+SPACE_RE = HIDET.kinds[0].segments[1]  # <target>_space_<level>: groups 1 (target) and 2 (level)
 BINARY = "lib.so"
 LOGS = ("nvcc_log.txt", "nvcc_output.txt", "gcc_output.txt")  # kcache/seed, real hidet cuda, real hidet cpu
 MANIFEST = "kcache.json"  # kcache's own record: per-file size and sha256, arch, compiler, command
@@ -73,13 +73,12 @@ def _space_dirs(ctx, ops: Path, flt: ScanFilter) -> Iterator[tuple[str, str, str
     else:
         candidates = [(d.name, d.path) for d in ctx.listdir(ops) if d.is_dir(follow_symlinks=False)]
     for name, path in candidates:
-        m = SPACE_RE.fullmatch(name)
-        if m and flt.wants_target(m.group("target")):
-            yield name, m.group("target"), path
+        m = SPACE_RE.match(name)
+        if m and flt.wants_target(m.group(1)):
+            yield name, m.group(1), path
 
 
-def op_jobs(ctx, flt: ScanFilter) -> list[Job]:
-    """Every op directory the filter's names allow, temp and hidden ones included (cheap: listings)."""
+def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     ops = ctx.root / "ops"
     jobs = []  # listing the entry directories is cheap; reading them is the work, done in parallel
     for space, target, space_path in _space_dirs(ctx, ops, flt):
@@ -94,12 +93,8 @@ def op_jobs(ctx, flt: ScanFilter) -> list[Job]:
                 if flt.hash_prefixes and not any(de.name.startswith(p) or de.name.startswith(state.TEMP_PREFIX)
                                                  for p in flt.hash_prefixes):
                     continue
-                jobs.append(Job(NAME, de.path, de.name, "op", target, space, op))
-    return jobs
-
-
-def other_entries(ctx, flt: ScanFilter) -> Iterator[Entry]:
-    """graphs/ and ir_modules/ entries."""
+                jobs.append((de.path, de.name, target, space, op))
+    yield from ctx.map_entries(_op_entry, jobs)
     if flt.ops or flt.spaces or flt.targets:
         return  # graphs and ir_modules have no op, space or target
     for dirname, kind in OTHER_KINDS:
@@ -109,10 +104,9 @@ def other_entries(ctx, flt: ScanFilter) -> Iterator[Entry]:
                                 target=None, space=None, op=None, hash=de.name, status=COMPLETE, reason=None)
 
 
-def judge_op(ctx, job: Job, names: dict[str, int] | None, usage: TreeUsage, mtimes: dict[str, float] | None = None,
-             head: bytes | None = None) -> Entry:
-    """An op entry judged from its listing (temp directories of kcache builds included)."""
-    path, name = job.path, job.name
+def _op_entry(ctx, job: tuple[str, str, str, str, str]) -> Entry:
+    path, name, target, space, op = job
+    names, usage, mtimes = ctx.read_dir(path)
     building = state.temp_hash(name)
     if names is None:
         status, reason, key = CORRUPT, UNREADABLE_REASON, name
@@ -126,11 +120,11 @@ def judge_op(ctx, job: Job, names: dict[str, int] | None, usage: TreeUsage, mtim
     elif name.startswith("."):
         status, reason, key = PARTIAL, "hidden directory (not a hidet entry)", name
     else:
-        status, reason = op_status(path, names, head, mtimes)
+        status, reason = op_status(path, names, mtimes=mtimes)
         key = name
         if status == PARTIAL and ".lock" in names and probe_locked(os.path.join(path, ".lock")):
             status, reason = BUILDING, "hidet holds the entry's lock (compiling)"
-    return ctx.entry(path=path, usage=usage, layout=NAME, kind="op", target=job.target, space=job.space, op=job.op,
+    return ctx.entry(path=path, usage=usage, layout=NAME, kind="op", target=target, space=space, op=op,
                      hash=key, status=status, reason=reason)
 
 
@@ -264,8 +258,8 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
     if ops.is_symlink():
         return
     for sd in ctx.listdir(ops):
-        m = SPACE_RE.fullmatch(sd.name)
-        target = m.group("target") if m else None
+        m = SPACE_RE.match(sd.name)
+        target = m.group(1) if m else None
         if not (flt.wants_space(sd.name) and flt.wants_target(target)):
             continue
         if sd.is_symlink():
@@ -296,35 +290,20 @@ class HidetLayout(Layout):
     shape = HIDET
     writer_locks = (".lock", "dispatch_table.txt.lock")
     fact_files = (MANIFEST, "compile.sh", "nvcc_log.txt")
-    head_file = BINARY
 
-    def jobs(self, ctx, flt: ScanFilter) -> list[Job]:
-        return op_jobs(ctx, flt) if not flt.kinds or "op" in flt.kinds else []
-
-    def judge_listing(self, ctx, job: Job, names, usage, mtimes=None, head=None) -> Entry:
-        return judge_op(ctx, job, names, usage, mtimes, head)
-
-    def scan_rest(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
-        return other_entries(ctx, flt)
+    def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
 
     def stray_links(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
         return stray_links(ctx, flt)
 
-    def judge_now(self, root: Path, entry: Entry) -> Verdict:
-        if entry.kind != "op":
-            return Verdict(entry.status, entry.reason)
-        names: dict[str, int] = {}
-        try:
-            with os.scandir(entry.path) as it:
-                for de in it:
-                    try:
-                        if not de.is_dir(follow_symlinks=False):
-                            names[de.name] = de.stat(follow_symlinks=False).st_size
-                    except OSError:
-                        pass
-        except OSError:
-            return Verdict(CORRUPT, UNREADABLE_REASON)
-        return Verdict(*op_status(entry.path, names))
+    def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
+        if kind != "op":
+            return Judgement(COMPLETE)
+        names = _top_sizes(path)
+        if names is None:
+            return Judgement.of(CORRUPT, UNREADABLE_REASON)
+        return Judgement.of(*op_status(path, names))
 
     def describe(self, root: Path, entry: Entry) -> Details:
         return describe(root, entry)
@@ -357,9 +336,3 @@ class HidetLayout(Layout):
 
 
 LAYOUT = HidetLayout()
-
-
-def _op_entry(ctx, job: tuple[str, str, str, str, str]) -> Entry:
-    """Transitional: archive.py's (path, name, target, space, op) jobs; goes when archive uses Job."""
-    path, name, target, space, op = job
-    return LAYOUT.job_entry(ctx, Job(NAME, path, name, "op", target, space, op))

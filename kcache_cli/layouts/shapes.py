@@ -29,7 +29,7 @@ def _segment_regex(segment: str, patterns: dict[str, str]) -> re.Pattern[str]:
         out.append(f"(?P<{m.group(1)}>{patterns.get(m.group(1), VISIBLE)})")
         pos = m.end()
     out.append(re.escape(segment[pos:]))
-    return re.compile("".join(out))
+    return re.compile("^" + "".join(out) + "$")  # anchored: .match() takes whole names only
 
 
 class KindShape:

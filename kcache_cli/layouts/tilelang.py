@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
-from kcache_cli.layouts.base import Layout, Leftover, Verdict
+from kcache_cli.layouts.base import Layout, Leftover, top_sizes
+from kcache_cli.model import Judgement
 from kcache_cli.layouts.shapes import TILELANG
 from kcache_cli.checks import changed_since, check_manifest, list_files, read_text, size_mismatch
 from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE_REASON, Details, Entry, LogFile, ScanFilter,
@@ -19,7 +20,7 @@ from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE_REASON, Det
 
 NAME = TILELANG.name
 TARGET = TILELANG.kinds[0].target
-VERSION_RE = TILELANG.kinds[0].segments[0]  # use fullmatch
+VERSION_RE = TILELANG.kinds[0].segments[0]  # anchored
 KERNEL_BINARIES = ("executable.so", "kernel_lib.so", "kernel.cubin")
 CUBIN_BINARIES = ("kernel.cubin", "kernel.fatbin")
 STAGING = ".staging"
@@ -86,7 +87,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     if flt.ops or not flt.wants_target(TARGET):
         return  # tilelang kernels carry no op name
     for vdir in ctx.listdir(ctx.root):
-        if not VERSION_RE.fullmatch(vdir.name) or not vdir.is_dir(follow_symlinks=False):
+        if not VERSION_RE.match(vdir.name) or not vdir.is_dir(follow_symlinks=False):
             continue
         version = vdir.name
         for sub in ctx.listdir(vdir.path):
@@ -227,7 +228,7 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
         return ctx.link_entry(de.path, layout=NAME, kind=kind, target=TARGET, space=space, op=None, hash=h)
 
     for vdir in ctx.listdir(ctx.root):
-        if not VERSION_RE.fullmatch(vdir.name):
+        if not VERSION_RE.match(vdir.name):
             continue
         if vdir.is_symlink():
             if not flt.spaces:
@@ -264,26 +265,17 @@ class TilelangLayout(Layout):
     provider_kinds = frozenset({"binary"})
     binary_kinds = frozenset({"binary"})
 
-    def scan_rest(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
+    def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)
 
     def stray_links(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
         return stray_links(ctx, flt)
 
-    def judge_now(self, root: Path, entry: Entry) -> Verdict:
-        names: dict[str, int] = {}
-        try:
-            with os.scandir(entry.path) as it:
-                for de in it:
-                    try:
-                        if not de.is_dir(follow_symlinks=False):
-                            names[de.name] = de.stat(follow_symlinks=False).st_size
-                    except OSError:
-                        pass
-        except OSError:
-            return Verdict(*UNREADABLE)
-        judge = kernel_status if entry.kind == "kernel" else binary_status
-        return Verdict(*judge(entry.path, names))
+    def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
+        names = top_sizes(path)
+        if names is None:
+            return Judgement.of(*UNREADABLE)
+        return Judgement.of(*(kernel_status if kind == "kernel" else binary_status)(path, names))
 
     def describe(self, root: Path, entry: Entry) -> Details:
         return describe(root, entry)

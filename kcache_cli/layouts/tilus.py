@@ -12,10 +12,10 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli.layouts.base import Layout, Verdict
+from kcache_cli.layouts.base import Layout
+from kcache_cli.model import Judgement
 from kcache_cli.layouts.shapes import TILUS
 from kcache_cli.checks import changed_since, elf_truncated, list_files, read_head, read_text
-from kcache_cli.layouts.hidet import command_from_script
 from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, Details, Entry, LogFile, ScanFilter, TensorInfo,
                               measure_tree)
 
@@ -168,6 +168,8 @@ def describe(root: Path, entry: Entry) -> Details:
                 facts.append(("options arch", m.group(1)))
         script = read_text(os.path.join(p, "module", "compile.sh"))
         if script is not None:
+            from kcache_cli.layouts.hidet import command_from_script
+
             command = command_from_script(script)
         output = read_text(os.path.join(p, "module", "nvcc_output.txt"))
         lib = os.path.join(p, "module", "lib.so")
@@ -293,14 +295,14 @@ class TilusLayout(Layout):
     provider_kinds = frozenset({"program"})
     fact_files = ("kcache.json", "module/compile.sh", "options.txt")
 
-    def scan_rest(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
+    def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)
 
     def stray_links(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
         return stray_links(ctx, flt)
 
-    def judge_now(self, root: Path, entry: Entry) -> Verdict:
-        return Verdict(*(program_status(entry.path) if entry.kind == "program" else script_status(entry.path)))
+    def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
+        return Judgement.of(*(program_status(path) if kind == "program" else script_status(path)))
 
     def describe(self, root: Path, entry: Entry) -> Details:
         return describe(root, entry)
@@ -329,6 +331,8 @@ class TilusLayout(Layout):
         return 1 if kind == "script" else 0  # the script's op directory
 
     def compile_command(self, small) -> str | None:
+        from kcache_cli.layouts.hidet import command_from_script
+
         script = small.get("module/compile.sh")
         return command_from_script(script.decode("utf-8", "replace")) if script is not None else None
 
