@@ -35,10 +35,10 @@ class VerifyResult:
 
 
 def check_entry(root: Path, entry: Entry) -> EntryCheck:
-    from kcache_cli.layouts import LAYOUTS
+    from kcache_cli.layouts import get
 
     try:
-        details = LAYOUTS[entry.layout].describe(Path(root), entry)
+        details = get(entry.layout).describe(Path(root), entry)
     except OSError as exc:
         return EntryCheck(entry, CORRUPT, (f"cannot read the entry: {exc.strerror}",))
     problems = list(details.problems)
