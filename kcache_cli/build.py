@@ -1,4 +1,4 @@
-"""`kcache build` (DESIGN.md §4): compile a task's source into the hashed tree, atomically.
+"""`kcache build`: compile a task's source into the hashed tree, atomically.
 
 A task is hidet's task.txt plus its source.cu/source.cc. Its entry is
 `<root>/ops/<target>_space_<n>/<op>/<sha256(task.txt)[:16]>/`. A build takes the entry's lock

@@ -1,6 +1,5 @@
 """Moving entries between machines and checking them: export, import, verify."""
 
-import re
 import sys
 import time
 from typing import Annotated, List, Optional
@@ -57,19 +56,10 @@ class _Bar:
             self._progress.stop()
 
 
-_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "kib": 2 ** 10, "m": 10 ** 6, "mb": 10 ** 6, "mib": 2 ** 20,
-          "g": 10 ** 9, "gb": 10 ** 9, "gib": 2 ** 30, "t": 10 ** 12, "tb": 10 ** 12, "tib": 2 ** 40}
-
-
 def _size(text: Optional[str], option: str, default: int) -> int:
-    from kcache_cli.errors import UsageError
+    from kcache_cli.units import parse_size
 
-    if text is None:
-        return default
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise UsageError(f"bad size '{text}' for {option} (e.g. 4GiB, 500MB, 1024)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return default if text is None else parse_size(text, option)
 
 
 TTY_ROWS = 100  # rows of the import table on a terminal; pipes get every row
