@@ -24,6 +24,7 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 from kcache_cli import state
 from kcache_cli.checks import sha256_file
 from kcache_cli.errors import KcacheError, LockTimeout, UsageError
+from kcache_cli.gpu import ARCH_RE
 
 BUILT, HIT, FAILED = "built", "hit", "failed"
 TARGETS = ("cuda", "cpu")
@@ -34,7 +35,6 @@ TASK = "task.txt"
 BINARY = "lib.so"
 LOG = "nvcc_log.txt"
 MANIFEST = "kcache.json"
-ARCH_RE = re.compile(r"^(sm|compute)_\d+[af]?$")
 # Flags that would make the recorded arch a lie: the arch is given with --arch only.
 ARCH_FLAGS = ("-arch", "--gpu-architecture", "-gencode", "--generate-code", "-code", "--gpu-code")
 COMPILER_MEMO = "compilers.json"  # in .kcache/: nvcc's default arch, per nvcc binary
@@ -386,24 +386,10 @@ def nvcc_default_arch(root: Path, nvcc: Sequence[str], fresh: bool = True) -> st
 
 
 def local_gpu_arch() -> str | None:
-    """The first local GPU's arch from nvidia-smi (`9.0` -> `sm_90`), or None without a GPU."""
-    import shutil
+    """The first local GPU's arch (`9.0` -> `sm_90`), or None without a GPU."""
+    from kcache_cli.gpu import local_gpu_arch as first_gpu_arch
 
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    import subprocess
-
-    try:
-        proc = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in proc.stdout.decode("ascii", "replace").splitlines():
-        m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", line)
-        if proc.returncode == 0 and m:
-            return f"sm_{m.group(1)}{m.group(2)}"
-    return None
+    return first_gpu_arch()
 
 
 class Arch(NamedTuple):

@@ -145,7 +145,8 @@ def import_command(
 
     Example: kcache import kernels.tar.zst --dry-run
     """
-    from kcache_cli.archive import ImportLimits, arch_runs_on, cuda_archs, import_archive, local_compute_caps
+    from kcache_cli.archive import ImportLimits, import_archive
+    from kcache_cli.gpu import arch_fit
 
     opts = c.use(ctx, cache_dir, as_json)
     defaults = ImportLimits()
@@ -155,15 +156,13 @@ def import_command(
     with _Bar(opts, "verifying" if dry_run else "importing") as bar:
         result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout,
                                 warn=lambda m: c.warn(opts, m), progress=bar)
-    incoming = [e for e in result.entries if e.action != "skip"]
-    checked = [e for e in incoming if e.arch and cuda_archs(e.arch)]
-    caps = local_compute_caps() if checked else None
-    fits = {e.relpath: (arch_runs_on(e.arch, caps) if caps and e in checked else None) for e in result.entries}
-    if checked and caps is None:
+    fit = arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
+    caps, fits = fit.gpus, fit.fits
+    if fit.checked and caps is None:
         c.warn(opts, "no NVIDIA GPU found (nvidia-smi): cannot check that the imported kernels' archs suit this "
                      "machine")
-    bad = [e for e in checked if fits[e.relpath] is False]
-    if bad:
+    bad = [e for e in result.entries if e.relpath in fit.misfits]
+    if bad and caps:
         local = ", ".join(f"{a}.{b}" for a, b in caps)
         for e in bad[:10]:
             c.warn(opts, f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU "
