@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from kcache_cli import state
-from kcache_cli.checks import sha256_file
+from kcache_cli.checks import read_json, sha256_file
 from kcache_cli.errors import KcacheError, LockTimeout, UsageError
 from kcache_cli.gpu import ARCH_RE
 
@@ -264,11 +264,7 @@ def _memo_get(root: Path, key: str | None, name: str):
     with _memo_lock:
         if key in _memo and name in _memo[key]:
             return _memo[key][name]
-    try:
-        with open(_memo_path(root), "rb") as f:
-            rec = json.load(f).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None
+    rec = (read_json(_memo_path(root)) or {}).get(key)
     if isinstance(rec, dict) and isinstance(rec.get(name), str):
         with _memo_lock:
             _memo.setdefault(key, {})[name] = rec[name]
@@ -284,13 +280,7 @@ def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
         _memo.setdefault(key, {})[name] = value
         path = _memo_path(root)
         try:
-            try:
-                with open(path, "rb") as f:
-                    data = json.load(f)
-                if not isinstance(data, dict):
-                    data = {}
-            except (OSError, ValueError):
-                data = {}
+            data = read_json(path) or {}
             data.setdefault(key, {})
             if not isinstance(data[key], dict):
                 data[key] = {}
@@ -341,8 +331,9 @@ class CompilerVersion:
             self.proc.kill()
             self.proc.communicate()
             return None
-        lines = [l.strip() for l in out.decode("utf-8", "replace").splitlines() if l.strip()]
-        version = next((l for l in lines if "release" in l), lines[0]) if self.proc.returncode == 0 and lines else None
+        lines = [line.strip() for line in out.decode("utf-8", "replace").splitlines() if line.strip()]
+        version = (next((line for line in lines if "release" in line), lines[0])
+                   if self.proc.returncode == 0 and lines else None)
         with _memo_lock:
             _memo[self.key] = {"version": version}
         return version
@@ -436,12 +427,7 @@ def check_extra_flags(flags: Sequence[str]) -> None:
 # ---- the entry on disk ---------------------------------------------------------------------------
 
 def _read_manifest(path: str) -> dict | None:
-    try:
-        with open(os.path.join(path, MANIFEST), "rb") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json(os.path.join(path, MANIFEST))
 
 
 def _entry_shape():
