@@ -7,53 +7,13 @@ from typing import Annotated, List, Optional
 import typer
 
 from kcache_cli.cli import common as c
+from kcache_cli.cli.progress import Bar as _Bar
 
 
 def register(app: typer.Typer) -> None:
     app.command("export")(export_command)
     app.command("import")(import_command)
     app.command("verify")(verify_command)
-
-
-class _Bar:
-    """A Rich progress bar on stderr (only on a terminal, never with -q); cheap to advance often."""
-
-    def __init__(self, opts: c.GlobalOptions, description: str, unit: str = "bytes") -> None:
-        self.enabled = sys.stderr.isatty() and not opts.quiet
-        self.description = description
-        self.unit = unit
-        self._pending = 0
-        self._step = 1
-        self._progress = None
-        self._task = None
-
-    def __enter__(self) -> "_Bar":
-        if self.enabled:
-            from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeRemainingColumn, TransferSpeedColumn)
-
-            cols = [TextColumn("{task.description}"), BarColumn()]
-            cols += [DownloadColumn(), TransferSpeedColumn()] if self.unit == "bytes" else [MofNCompleteColumn()]
-            cols.append(TimeRemainingColumn())
-            self._progress = Progress(*cols, console=c.stderr_console(), transient=True)
-            self._progress.start()
-            self._task = self._progress.add_task(self.description, total=None)
-        return self
-
-    def start(self, total: int) -> None:
-        self._step = max(1, total // 500)
-        if self._progress is not None:
-            self._progress.update(self._task, total=total)
-
-    def advance(self, n: int) -> None:
-        self._pending += n
-        if self._pending >= self._step and self._progress is not None:
-            self._progress.advance(self._task, self._pending)
-            self._pending = 0
-
-    def __exit__(self, *exc) -> None:
-        if self._progress is not None:
-            self._progress.stop()
 
 
 def _size(text: Optional[str], option: str, default: int) -> int:
@@ -98,7 +58,7 @@ def export_command(
     flt = c.make_filter(op, space, target, layout, status, kind, hashes)
     root = c.cache_root(opts)
     plan = plan_export(root, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
-    with _Bar(opts, "exporting", unit="entries") as bar:
+    with _Bar(opts, "exporting") as bar:
         result = export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
     if opts.json:
         c.emit_json({"archive": result.archive, "root": str(root), "compression": result.compression,
@@ -153,7 +113,7 @@ def import_command(
     limits = ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
                           max_total=_size(max_total_size, "--max-total-size", defaults.max_total))
     root = c.cache_root(opts)
-    with _Bar(opts, "verifying" if dry_run else "importing") as bar:
+    with _Bar(opts, "verifying" if dry_run else "importing", unit="bytes") as bar:
         result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout,
                                 warn=lambda m: c.warn(opts, m), progress=bar)
     fit = arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
@@ -222,7 +182,7 @@ def verify_command(
     flt = c.make_filter(op, space, target, layout, status, kind, hashes)
     root = c.cache_root(opts)
     started = time.monotonic()
-    with _Bar(opts, "verifying", unit="entries") as bar:
+    with _Bar(opts, "verifying") as bar:
         result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar)
     failed = result.failed
     if opts.json:

@@ -6,7 +6,7 @@ string with get_type_hints on each start of kcache, about 3 ms for this command'
 import os
 import sys
 import threading
-from typing import Annotated, List, Optional
+from typing import Any, Annotated, List, Optional
 
 import typer
 from typer.core import TyperCommand
@@ -138,41 +138,38 @@ def _notes(opts: c.GlobalOptions, result) -> None:
 
 
 class _Listener:
-    """Progress on stderr: a Rich bar on a terminal (started on the first compile, so that a hit
-    never imports Rich), plain lines otherwise. Called from the building threads."""
+    """Build events on stderr: a bar on a terminal (kcache_cli.cli.progress, started on the first
+    compile, so that a hit never imports Rich), plain lines otherwise. Called from the building threads."""
 
     def __init__(self, opts: c.GlobalOptions, total: int, show: bool) -> None:
         self.opts, self.total, self.show = opts, total, show
         self.lock = threading.Lock()
-        self.progress = None
-        self.bar = None
+        self.bar: Any = None
         self.active: dict[str, str] = {}
         self.finished = 0
 
     def _start(self) -> None:
-        if self.progress is not None or not self.show:
+        if self.bar is not None or not self.show:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from kcache_cli.cli.progress import Bar
 
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), console=c.stderr_console(),
-                                 transient=True)
-        self.progress.start()
-        self.bar = self.progress.add_task("building", total=self.total, completed=self.finished)
+        self.bar = Bar(self.opts, "building", animate=True).__enter__()
+        self.bar.start(self.total)
+        self.bar.advance(self.finished)
 
     def _say(self, message: str) -> None:
         if self.opts.quiet:
             return
-        if self.progress is not None:
-            self.progress.console.print(message, markup=False, highlight=False, soft_wrap=True)
+        if self.bar is not None:
+            self.bar.print(message)
         else:
             sys.stderr.write(message + "\n")
             sys.stderr.flush()
 
     def _describe(self) -> None:
-        if self.progress is not None:
+        if self.bar is not None:
             names = ", ".join(sorted(set(self.active.values())))
-            self.progress.update(self.bar, description=f"compiling {names}" if names else "building")
+            self.bar.status(f"compiling {names}" if names else "building")
 
     def waiting(self, spec, holder: str) -> None:
         with self.lock:
@@ -190,15 +187,14 @@ class _Listener:
             self.finished += 1
             if result.relpath:
                 self.active.pop(result.relpath, None)
-            if self.progress is not None:
-                self.progress.advance(self.bar)
+            if self.bar is not None:
+                self.bar.advance(1)
                 self._describe()
 
     def stop(self) -> None:
         with self.lock:
-            if self.progress is not None:
-                self.progress.stop()
-                self.progress = None
+            if self.bar is not None:
+                self.bar.__exit__(None, None, None)
 
 
 def _show_failure(result, header: bool = True) -> None:

@@ -2,6 +2,7 @@
 
 Both are thin: scan -> plan (kcache_cli.delete) -> show -> confirm (clear) -> execute -> report."""
 
+import contextlib
 import sys
 from typing import Annotated, Optional
 
@@ -124,21 +125,11 @@ def _progress_wanted(opts: c.GlobalOptions) -> bool:
     return not opts.quiet and sys.stderr.isatty()
 
 
-class _busy:
-    """A spinner on stderr while planning (terminal only, not with -q)."""
+def _busy(opts: c.GlobalOptions, text: str):
+    """What is going on while planning (a bar without a count: the scan reports no progress)."""
+    from kcache_cli.cli.progress import Bar
 
-    def __init__(self, opts: c.GlobalOptions, text: str):
-        self.status = c.stderr_console().status(text) if _progress_wanted(opts) else None
-
-    def __enter__(self):
-        if self.status is not None:
-            self.status.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.status is not None:
-            self.status.__exit__(*exc)
-        return False
+    return Bar(opts, text) if _progress_wanted(opts) else contextlib.nullcontext()
 
 
 def _execute(opts: c.GlobalOptions, plan):
@@ -147,12 +138,11 @@ def _execute(opts: c.GlobalOptions, plan):
 
     if not _progress_wanted(opts) or len(plan.removals) < 2:
         return plan.execute(on_wait=waiting)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from kcache_cli.cli.progress import Bar
 
-    with Progress(TextColumn("removing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=c.stderr_console(), transient=True) as bar:
-        task = bar.add_task("removing", total=len(plan.removals))
-        return plan.execute(progress=lambda r: bar.advance(task), on_wait=waiting)
+    with Bar(opts, "removing") as bar:
+        bar.start(len(plan.removals))
+        return plan.execute(progress=lambda r: bar.advance(1), on_wait=waiting)
 
 
 def _missing(opts: c.GlobalOptions, loc, dry_run: bool, extra: dict) -> None:
