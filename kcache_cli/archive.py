@@ -404,7 +404,7 @@ def _hidet_op_jobs(ctx, flt: ScanFilter) -> list[tuple[str, str, str, str, str]]
             for de in ctx.listdir(os.path.join(space_path, op)):
                 if not de.is_dir(follow_symlinks=False):
                     continue
-                if flt.hash_prefixes and not any(de.name.startswith(p) for p in flt.hash_prefixes):
+                if flt.name_prefixes() and not any(de.name.startswith(p) for p in flt.name_prefixes()):
                     continue
                 jobs.append((de.path, de.name, m.group(1), space, op))
     return jobs

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from fnmatch import fnmatchcase
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -152,3 +153,73 @@ def entries(root: str | os.PathLike, prefix: str = "", ops: Iterable[str] = (), 
         for space, kind, hdir in _tilelang_spaces(root, spaces):
             for h in _dirs(hdir, prefix):
                 yield EntryName("tilelang", kind, space, None, h)
+
+
+def targets_present(root: str | os.PathLike) -> tuple[str, ...]:
+    """The targets of the entries present: hidet spaces' `<target>_`, and cuda for tilus and tilelang."""
+    root = os.fspath(root)
+    present = layouts_of(root)
+    found = {s.rsplit("_space_", 1)[0] for s in _hidet_spaces(root, ())} if "hidet" in present else set()
+    if "tilus" in present or "tilelang" in present:
+        found.add("cuda")  # both compile for NVIDIA GPUs only
+    return tuple(sorted(found))
+
+
+def expand_filter(root: str | os.PathLike, flt):
+    """`flt` with its op globs (`mat*`) and spaces given as a level (`2`) or a glob replaced by the names
+    present, so that layouts read only those directories. A pattern matching nothing stays as it is
+    (it then matches nothing)."""
+    from dataclasses import replace
+
+    from kcache_cli.model import is_glob, space_matches
+
+    ops, spaces = flt.ops, flt.spaces
+    if any(is_glob(o) for o in ops):
+        present = op_places(root, layouts=flt.layouts)
+        ops = _expanded(ops, is_glob, lambda o: [n for n in present if fnmatchcase(n, o)])
+    if any(s.isdigit() or is_glob(s) for s in spaces):
+        present_spaces = space_layouts(root, layouts=flt.layouts)
+        spaces = _expanded(spaces, lambda s: s.isdigit() or is_glob(s),
+                           lambda s: [n for n in present_spaces if space_matches(n, s)])
+    if ops == flt.ops and spaces == flt.spaces:
+        return flt
+    return replace(flt, ops=ops, spaces=spaces)
+
+
+def _expanded(values: tuple[str, ...], is_pattern, names_for) -> tuple[str, ...]:
+    out: list[str] = []
+    for v in values:
+        found = names_for(v) if is_pattern(v) else [v]
+        out.extend(n for n in (found or [v]) if n not in out)
+    return tuple(out)
+
+
+def unknown_values(root: str | os.PathLike, flt) -> list[str]:
+    """One line for each --op, --space or --target value that names nothing present in `root`, with the
+    closest names ("did you mean matmul?") and the names there are."""
+    from kcache_cli.model import is_glob, space_matches
+
+    out = []
+    checks = (("op", flt.ops, lambda: list(op_places(root, layouts=flt.layouts)),
+               lambda v, n: n == v or (is_glob(v) and fnmatchcase(n, v))),
+              ("space", flt.spaces, lambda: list(space_layouts(root, layouts=flt.layouts)), space_matches),
+              ("target", flt.targets, lambda: list(targets_present(root)), lambda v, n: n == v))
+    for what, values, present_names, match in checks:
+        if not values:
+            continue
+        present = present_names()
+        for v in values:
+            if any(match(n, v) if what == "space" else match(v, n) for n in present):
+                continue
+            out.append(_did_you_mean(what, v, present, os.fspath(root)))
+    return out
+
+
+def _did_you_mean(what: str, value: str, present: list[str], root: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(value, present, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    shown = ", ".join(present[:12]) + (f" and {len(present) - 12} more" if len(present) > 12 else "")
+    there = f" ({what}s present: {shown})" if present else f" (no {what}s present)"
+    return f"no {what} '{value}' in {root}{hint}{there}"

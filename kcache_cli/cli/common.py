@@ -161,9 +161,22 @@ def info(opts: GlobalOptions, message: str) -> None:
 
 
 def human_size(n: int) -> str:
-    import humanize
+    """The one size format of the CLI: powers of 1000, as `--max-size` reads them ("0 B", "1 B", "41.3 MB")."""
+    if n < 1000:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("kB", "MB", "GB", "TB", "PB"):
+        value /= 1000
+        if value < 999.95 or unit == "PB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
 
-    return humanize.naturalsize(n)
+
+def plural(n: int, singular: str, many: str | None = None) -> str:
+    """`1 entry`, `2 entries`, `0 files`: the one way the CLI counts things."""
+    if many is None:
+        many = singular[:-1] + "ies" if singular.endswith("y") and singular[-2:-1] not in "aeiou" else singular + "s"
+    return f"{n} {singular if n == 1 else many}"
 
 
 def human_age(ts: float) -> str:
@@ -175,33 +188,42 @@ def human_age(ts: float) -> str:
 
 
 STATUS_STYLE = {"complete": "green", "partial": "yellow", "failed": "red", "corrupt": "bold red",
-                "building": "cyan"}
+                "building": "cyan", "stale": "magenta", "unreadable": "red"}
 
 
-def print_table(columns: list[str], rows: list[list[str]], styles: dict[int, dict[str, str]] | None = None,
+def output_width() -> int | None:
+    """The width tables and text are fitted to: COLUMNS when set (so a pipe can ask for a width), else the
+    terminal's, else None (a pipe: whole rows, one per line, for grep and awk)."""
+    value = os.environ.get("COLUMNS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    if sys.stdout.isatty():
+        import shutil
+
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def print_lines(lines: list[str]) -> None:
+    sys.stdout.write("".join(line + "\n" for line in lines))
+
+
+def print_text(text: str, indent: int = 0) -> None:
+    """A line for stdout, folded to the terminal's width."""
+    from kcache_cli.cli.table import fold
+
+    print_lines(fold(text, output_width(), indent))
+
+
+def print_table(columns, rows: list[list[str]], styles: dict[int, dict[str, str]] | None = None,
                 right: tuple[int, ...] = ()) -> None:
-    """A Rich table on a terminal; plain aligned columns (grep- and awk-friendly) otherwise or under NO_COLOR."""
-    if not plain_output():
-        from rich import box
-        from rich.table import Table
+    """A table fitted to the terminal (kcache_cli.cli.table): coloured on a terminal, plain aligned columns
+    (grep- and awk-friendly) in a pipe or under NO_COLOR. `columns` are names or table.Column."""
+    from kcache_cli.cli.table import Column, render
 
-        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        for i, c in enumerate(columns):
-            table.add_column(c, justify="right" if i in right else "left", no_wrap=True)
-        for row in rows:
-            cells = []
-            for i, cell in enumerate(row):
-                style = (styles or {}).get(i, {}).get(cell)
-                cells.append(f"[{style}]{_escape(cell)}[/]" if style else _escape(cell))
-            table.add_row(*cells)
-        stdout_console().print(table)
-        return
-    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
-    out = []
-    for row in [columns] + rows:
-        cells = [(row[i].rjust(w) if i in right else row[i].ljust(w)) for i, w in enumerate(widths)]
-        out.append("  ".join(cells).rstrip())
-    sys.stdout.write("\n".join(out) + "\n")
+    cols = [col if isinstance(col, Column) else Column(col, right=i in right, styles=(styles or {}).get(i, {}))
+            for i, col in enumerate(columns)]
+    print_lines(render(cols, rows, output_width(), colour=not plain_output()))
 
 
 def _escape(text: str) -> str:

@@ -1,0 +1,128 @@
+"""Tables that fit the terminal: whole hashes and status words always, the least useful columns
+dropped first, a long free-text column (reason, why, problem) wrapped or moved to its own line.
+
+One renderer for terminals and pipes, so what a test sees at COLUMNS=80 is what a user sees in an
+80-column terminal. Colour is plain ANSI (no Rich import: a 100,000-row `ls` prints in one write)."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+
+# Below this width a wrapped free-text column reads as a column of fragments: give it its own line.
+WRAP_MIN = 28
+# Columns a wrapped free-text column may push out of a row (layout, kind, files); beyond these the
+# text goes to its own line instead, so it never squeezes out what identifies or judges an entry.
+MINOR = 3
+INDENT = "    "  # before a free-text value on its own line
+
+_ANSI = {"green": "32", "yellow": "33", "red": "31", "bold red": "1;31", "cyan": "36", "bold": "1",
+         "magenta": "35", "dim": "2"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column. `drop`: the lower, the sooner it goes when the row is too wide (None: never dropped).
+    `wrap`: the free-text column (last in the row): wrapped, or printed on its own line."""
+
+    name: str
+    right: bool = False
+    drop: int | None = None
+    wrap: bool = False
+    styles: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Layout:
+    kept: tuple[int, ...]  # indices of the columns shown in the row, in order
+    widths: dict[int, int]  # each kept column's width (the wrapped column's is its wrap width)
+    below: int | None  # index of the free-text column printed on its own line, if any
+
+
+def _natural(columns: list[Column], rows: list[list[str]]) -> list[int]:
+    return [max([len(col.name)] + [len(r[i]) for r in rows]) for i, col in enumerate(columns)]
+
+
+def _span(widths: list[int], kept: list[int]) -> int:
+    return sum(widths[i] for i in kept) + 2 * max(0, len(kept) - 1)
+
+
+def _fit(columns: list[Column], widths: list[int], kept: list[int], budget: int, most: int | None) -> list[int]:
+    """Drop droppable columns (priority <= `most`, if given), lowest priority first, until `kept` fits `budget`."""
+    kept = list(kept)
+    order = sorted((columns[i].drop, i) for i in kept if columns[i].drop is not None
+                   and (most is None or columns[i].drop <= most))
+    for _, i in order:
+        if _span(widths, kept) <= budget:
+            break
+        kept.remove(i)
+    return kept
+
+
+def plan(columns: list[Column], rows: list[list[str]], width: int | None) -> Layout:
+    """Which columns show, how wide, and where the free text goes, for a terminal `width` wide (None: no limit)."""
+    widths = _natural(columns, rows)
+    every = list(range(len(columns)))
+    text = next((i for i in every if columns[i].wrap), None)
+    if width is None or _span(widths, every) <= width:
+        return Layout(tuple(every), dict(enumerate(widths)), None)
+    others = [i for i in every if i != text]
+    if text is not None:
+        room = min(WRAP_MIN, widths[text])
+        inline = _fit(columns, widths, others, width - 2 - room, MINOR)
+        if _span(widths, inline) + 2 + room <= width:
+            sized = {i: widths[i] for i in inline}
+            sized[text] = width - 2 - _span(widths, inline)
+            return Layout(tuple(inline + [text]), sized, None)
+    kept = _fit(columns, widths, others, width, None)
+    return Layout(tuple(kept), {i: widths[i] for i in kept}, text)
+
+
+def _paint(text: str, style: str | None, colour: bool) -> str:
+    code = _ANSI.get(style or "") if colour else None
+    return f"\x1b[{code}m{text}\x1b[0m" if code else text
+
+
+def _chunks(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, max(width, 8), break_on_hyphens=False) or [""]
+
+
+def render(columns: list[Column], rows: list[list[str]], width: int | None, colour: bool = False) -> list[str]:
+    """The table's lines: header, (a rule on a colour terminal), rows. No line is wider than `width`
+    unless the columns that are never dropped (hash, status) alone are."""
+    layout = plan(columns, rows, width)
+    kept, sized = layout.kept, layout.widths
+    last = kept[-1] if kept else None
+
+    def cell(i: int, value: str, style: str | None = None) -> str:
+        w = sized[i]
+        padded = value.rjust(w) if columns[i].right else (value if i == last else value.ljust(w))
+        return _paint(padded, style, colour) if style else padded
+
+    lines = ["  ".join(cell(i, columns[i].name, "bold") for i in kept).rstrip()]
+    if colour:
+        lines.append("\u2500" * _span([sized.get(i, 0) for i in range(len(columns))], list(kept)))
+    for row in rows:
+        cells = []
+        extra: list[str] = []
+        for i in kept:
+            value = row[i]
+            if columns[i].wrap and len(value) > sized[i]:
+                parts = _chunks(value, sized[i])
+                value, extra = parts[0], parts[1:]
+            cells.append(cell(i, value, columns[i].styles.get(row[i])))
+        lines.append("  ".join(cells).rstrip())
+        if extra:
+            lead = " " * (_span([sized.get(i, 0) for i in range(len(columns))], list(kept)) - sized[last])
+            lines.extend(lead + part for part in extra)
+        if layout.below is not None and row[layout.below]:
+            lines.extend(INDENT + part for part in _chunks(row[layout.below], (width or 80) - len(INDENT)))
+    return lines
+
+
+def fold(text: str, width: int | None, indent: int = 0) -> list[str]:
+    """`text` as lines no wider than `width` (None: one line), later lines indented by `indent`."""
+    if width is None or len(text) <= width:
+        return [text]
+    return textwrap.wrap(text, max(width, indent + 8), subsequent_indent=" " * indent, break_on_hyphens=False,
+                         drop_whitespace=True) or [text]
