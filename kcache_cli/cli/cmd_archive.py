@@ -105,8 +105,9 @@ def export_command(
 
     opts = c.use(ctx, cache_dir, as_json)
     compression_for(archive)  # a bad name is a usage error before any work
-    flt = c.make_filter(op, space, target, layout, status, kind, hashes)
-    root = c.cache_root(opts)
+    root = c.cache_root(opts, existing=True)
+    flt = c.make_filter(op, space, target, layout, status, kind, hashes, root=root)
+    c.hint_unknown(opts, root, flt)
     plan = plan_export(root, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
     with _Bar(opts, "exporting", unit="entries") as bar:
         result = export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
@@ -134,7 +135,7 @@ def export_command(
 def import_command(
     ctx: typer.Context,
     archive: ArchiveArg,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Verify the whole archive and list what would come "
+    dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Verify the whole archive and list what would come "
                                           "in; write nothing.")] = False,
     max_file_size: Annotated[Optional[str], typer.Option(
         "--max-file-size", metavar="SIZE", help="Reject archives with a file larger than this (default 4GiB).")] = None,
@@ -230,8 +231,9 @@ def verify_command(
     from kcache_cli.verify import verify_cache
 
     opts = c.use(ctx, cache_dir, as_json)
-    flt = c.make_filter(op, space, target, layout, status, kind, hashes)
-    root = c.cache_root(opts)
+    root = c.cache_root(opts, existing=True)
+    flt = c.make_filter(op, space, target, layout, status, kind, hashes, root=root)
+    c.hint_unknown(opts, root, flt)
     started = time.monotonic()
     with _Bar(opts, "verifying", unit="entries") as bar:
         result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar)

@@ -49,38 +49,63 @@ def use(ctx: typer.Context, cache_dir: Optional[str] = None, as_json: bool = Fal
     return opts
 
 
-def cache_location(opts: GlobalOptions):
+def cache_location(opts: GlobalOptions, existing: bool = False):
+    """The cache root. With `existing`, an explicit --cache-dir that is missing or not a directory is a usage
+    error (exit 2): a typo must not read as an empty cache. The default root missing stays "nothing there"."""
     from kcache_cli.locate import resolve_cache_dir
 
-    return resolve_cache_dir(opts.cache_dir)
+    loc = resolve_cache_dir(opts.cache_dir)
+    if existing and opts.cache_dir and not loc.path.is_dir():
+        what = "is not a directory" if loc.path.exists() else "does not exist"
+        raise UsageError(f"--cache-dir {loc.path} {what}")
+    return loc
 
 
-def cache_root(opts: GlobalOptions) -> Path:
-    return cache_location(opts).path
+def cache_root(opts: GlobalOptions, existing: bool = False) -> Path:
+    return cache_location(opts, existing).path
+
+
+def cache_locations(opts: GlobalOptions, all_caches: bool) -> list:
+    """The roots a command works on: the one cache, or with --all-caches every cache `dir --all` finds
+    that exists (with the root shown by the caller)."""
+    if not all_caches:
+        return [cache_location(opts, existing=True)]
+    if opts.cache_dir:
+        raise UsageError("--all-caches and --cache-dir do not go together")
+    from kcache_cli.locate import CacheLocation, known_caches
+
+    return [CacheLocation(path, f"{owner} cache (dir --all)") for owner, path in known_caches() if path.is_dir()]
+
+
+AllCachesOpt = Annotated[bool, typer.Option("--all-caches", help="Every cache `kcache dir --all` finds (hidet, tilus, "
+                                                                  "tilelang), one after the other, each with its root.")]
 
 
 # ---- filters -------------------------------------------------------------------------------------
-OpOpt = Annotated[Optional[List[str]], typer.Option("--op", metavar="NAME", help="Only this op (repeatable).",
-                                                    autocompletion=complete.complete_op)]
+_LIST = "Repeatable, or comma-separated (a,b)."
+OpOpt = Annotated[Optional[List[str]], typer.Option(
+    "--op", metavar="NAME", help=f"Only this op; a glob works (--op 'mat*'). {_LIST}",
+    autocompletion=complete.complete_op)]
 SpaceOpt = Annotated[Optional[List[str]], typer.Option(
-    "--space", metavar="SPACE", help="Only this space, e.g. cuda_space_2 or 0.1.15/linux-x86_64 (repeatable).",
-    autocompletion=complete.complete_space)]
+    "--space", metavar="SPACE", help=f"Only this space: cuda_space_2, or 2 for every target's level 2, or a tilelang "
+    f"0.1.15/linux-x86_64; a glob works. {_LIST}", autocompletion=complete.complete_space)]
 TargetOpt = Annotated[Optional[List[str]], typer.Option("--target", metavar="TARGET",
-                                                        help="Only this target: cuda, cpu, hip (repeatable).",
+                                                        help=f"Only this target: cuda, cpu, hip. {_LIST}",
                                                         autocompletion=complete.complete_target)]
 LayoutOpt = Annotated[Optional[List[str]], typer.Option("--layout", metavar="LAYOUT",
-                                                        help="Only this layout: hidet, tilus, tilelang (repeatable).",
+                                                        help=f"Only this layout: {', '.join(LAYOUT_NAMES)}. {_LIST}",
                                                         autocompletion=complete.complete_layout)]
 StatusOpt = Annotated[Optional[List[str]], typer.Option(
-    "--status", metavar="STATUS", help="Only this status: complete, partial, failed, corrupt, building (repeatable).",
+    "--status", metavar="STATUS", help=f"Only this status: {', '.join(STATUSES)}. {_LIST}",
     autocompletion=complete.complete_status)]
 KindOpt = Annotated[Optional[List[str]], typer.Option(
-    "--kind", metavar="KIND", help="Only this kind: op, graph, ir_module, program, script, kernel, binary.",
+    "--kind", metavar="KIND", help=f"Only this kind: {', '.join(KINDS)}. {_LIST}",
     autocompletion=complete.complete_kind)]
-HashesArg = Annotated[Optional[List[str]], typer.Argument(metavar="[HASH]...", help="Hash prefixes to keep.",
+ENTRY_HELP = "hash prefix, path in the cache (ops/cuda_space_0/add/8d1f7691cdf75e90) or absolute path"
+HashesArg = Annotated[Optional[List[str]], typer.Argument(metavar="[ENTRY]...", help=f"Entries to keep: {ENTRY_HELP}.",
                                                           show_default=False, autocompletion=complete.complete_hash)]
 
-_SPACE = re.compile(r"^[a-z0-9]+_space_\d+$|^[\w.+\-]+/[\w.+\-]+$|^[\w.+\-]+$")
+_SPACE = re.compile(r"^[a-z0-9*?\[\]]+_space_[\d*?\[\]]+$|^[\w.+\-*?\[\]]+/[\w.+\-*?\[\]]+$|^[\w.+\-*?\[\]]+$")
 
 
 def _checked(values: Optional[List[str]], allowed: tuple[str, ...] | None, what: str) -> tuple[str, ...]:
@@ -96,26 +121,41 @@ def _checked(values: Optional[List[str]], allowed: tuple[str, ...] | None, what:
     return tuple(out)
 
 
-def make_filter(op=None, space=None, target=None, layout=None, status=None, kind=None, hashes=None):
+def make_filter(op=None, space=None, target=None, layout=None, status=None, kind=None, hashes=None,
+                root: Path | None = None):
+    """The selection as typed, checked. Entries given by path need `root`."""
     from kcache_cli.model import ScanFilter
+    from kcache_cli.scan import split_refs
 
     spaces = _checked(space, None, "space")
     for s in spaces:
         if not _SPACE.match(s) or any(part in (".", "..") for part in s.split("/")):
-            raise UsageError(f"bad space '{s}' (expected e.g. cuda_space_0, cpu_space_2 or 0.1.15/linux-x86_64)")
-    prefixes = _checked(hashes, None, "hash")
-    for p in prefixes:
-        if not re.fullmatch(r"[0-9a-zA-Z_\-]+", p):
-            raise UsageError(f"bad hash prefix '{p}'")
+            raise UsageError(f"bad space '{s}' (expected e.g. cuda_space_0, 2, cpu_space_* or 0.1.15/linux-x86_64)")
+    ops = _checked(op, None, "op")
+    for o in ops:
+        if "/" in o or o in (".", ".."):
+            raise UsageError(f"bad op name '{o}'")
+    prefixes, paths = split_refs(root if root is not None else Path("."), _checked(hashes, None, "entry"))
     return ScanFilter(
-        ops=_checked(op, None, "op"),
+        ops=ops,
         spaces=spaces,
         targets=_checked(target, None, "target"),
         layouts=_checked(layout, LAYOUT_NAMES, "layout"),
         statuses=_checked(status, STATUSES, "status"),
         kinds=_checked(kind, KINDS, "kind"),
         hash_prefixes=prefixes,
+        paths=paths,
     )
+
+
+def hint_unknown(opts: GlobalOptions, root: Path, flt) -> None:
+    """On stderr, each --op/--space/--target value that names nothing in `root`, with what there is."""
+    if not (flt.ops or flt.spaces or flt.targets) or not root.is_dir():
+        return
+    from kcache_cli.names import unknown_values
+
+    for line in unknown_values(root, flt):
+        warn(opts, line)
 
 
 # ---- output --------------------------------------------------------------------------------------
@@ -224,9 +264,3 @@ def print_table(columns, rows: list[list[str]], styles: dict[int, dict[str, str]
     cols = [col if isinstance(col, Column) else Column(col, right=i in right, styles=(styles or {}).get(i, {}))
             for i, col in enumerate(columns)]
     print_lines(render(cols, rows, output_width(), colour=not plain_output()))
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)

@@ -78,7 +78,7 @@ def plan(columns: list[Column], rows: list[list[str]], width: int | None) -> Lay
     return Layout(tuple(kept), {i: widths[i] for i in kept}, text)
 
 
-def _paint(text: str, style: str | None, colour: bool) -> str:
+def paint(text: str, style: str | None, colour: bool) -> str:
     code = _ANSI.get(style or "") if colour else None
     return f"\x1b[{code}m{text}\x1b[0m" if code else text
 
@@ -97,7 +97,7 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None, colo
     def cell(i: int, value: str, style: str | None = None) -> str:
         w = sized[i]
         padded = value.rjust(w) if columns[i].right else (value if i == last else value.ljust(w))
-        return _paint(padded, style, colour) if style else padded
+        return paint(padded, style, colour) if style else padded
 
     lines = ["  ".join(cell(i, columns[i].name, "bold") for i in kept).rstrip()]
     if colour:
