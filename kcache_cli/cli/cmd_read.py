@@ -245,8 +245,13 @@ def _inspect_text(entry, d, bins) -> None:
     lines: list[str] = []
 
     def line(key: str, value: str, style: str = "") -> None:
-        parts = fold(value, None if width is None else max(width - 17, 20)) if value else [""]
         head = f"\x1b[1m{key:<16}\x1b[0m" if colour and key else f"{key:<16}"
+        if width is not None and len(value) > width - 17 and " " not in value and len(value) <= width - 2:
+            # one word too long beside its key (a 64-digit hash, a path): whole, on its own line
+            lines.append(head.rstrip())
+            lines.append("  " + (paint(value, style, colour) if style else value))
+            return
+        parts = fold(value, None if width is None else max(width - 17, 20)) if value else [""]
         for i, part in enumerate(parts):
             shown = paint(part, style, colour) if style else part
             lines.append(f"{head if i == 0 else ' ' * 16} {shown}".rstrip())

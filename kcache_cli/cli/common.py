@@ -136,7 +136,7 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
         if "/" in o or o in (".", ".."):
             raise UsageError(f"bad op name '{o}'")
     prefixes, paths = split_refs(root if root is not None else Path("."), _checked(hashes, None, "entry"))
-    return ScanFilter(
+    flt = ScanFilter(
         ops=ops,
         spaces=spaces,
         targets=_checked(target, None, "target"),
@@ -146,6 +146,11 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
         hash_prefixes=prefixes,
         paths=paths,
     )
+    if root is None:
+        return flt
+    from kcache_cli.names import expand_filter
+
+    return expand_filter(root, flt)  # `--space 2`, `--op 'mat*'`: the names present, for every command
 
 
 def hint_unknown(opts: GlobalOptions, root: Path, flt) -> None:
