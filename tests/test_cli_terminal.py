@@ -122,6 +122,15 @@ def test_wide_terminal_keeps_every_column(kcache, tmp_path):
     assert {"space", "op", "hash", "status"} <= set(narrow)
 
 
+def test_a_few_long_hashes_get_their_own_line(kcache, tmp_path):
+    root = mixed(tmp_path / "c")
+    lines = kcache("--cache-dir", root, "ls", env={"COLUMNS": "80"}).stdout.splitlines()
+    # the same hash in two spaces stays two tellable rows; tilelang's 64 digits sit whole below their row
+    assert {"cuda_space_0", "cuda_space_2"} <= {ln.split()[1] for ln in lines if "ad252b064b266eea" in ln}
+    long = [ln.strip() for ln in lines if re.fullmatch(r"\s+[0-9a-f]{64}", ln)]
+    assert len(long) == 2
+
+
 def test_a_pipe_without_columns_gets_whole_rows(kcache, tmp_path):
     root = damaged_hidet(tmp_path / "c")
     lines = kcache("--cache-dir", root, "ls").stdout.splitlines()

@@ -203,8 +203,8 @@ def import_command(
                  c.human_size(e.size), e.arch or "-", e.reason or ""] for e in shown]
         from kcache_cli.cli.table import Column
 
-        c.print_table([Column("action"), Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=5),
-                       Column("op", drop=4), Column("hash"), Column("files", right=True, drop=3),
+        c.print_table([Column("action"), Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
+                       Column("op", drop=7), Column("hash", spill=True), Column("files", right=True, drop=3),
                        Column("size", right=True, drop=6), Column("arch", drop=7), Column("note", wrap=True)], rows)
     if len(shown) < len(result.entries):
         c.info(opts, f"({c.plural(len(result.entries) - len(shown), 'more entry', 'more entries')} not shown: see --json)")
@@ -259,8 +259,8 @@ def verify_command(
                                 if i == 0 else ["", "", "", "", "", "", p])
             from kcache_cli.cli.table import Column
 
-            c.print_table([Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=4),
-                           Column("op", drop=3), Column("hash"), Column("status", styles=c.STATUS_STYLE),
+            c.print_table([Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
+                           Column("op", drop=7), Column("hash", spill=True), Column("status", styles=c.STATUS_STYLE),
                            Column("problem", wrap=True)], rows)
         if not result.exists:
             c.info(opts, f"no cache at {root}: nothing to verify")

@@ -138,7 +138,7 @@ def _ls_table(opts: c.GlobalOptions, loc, flt, result, entries) -> None:
         return
     one_layout = len({e.layout for e in entries}) == 1
     cols = [Column("layout", drop=1 if one_layout else 6), Column("kind", drop=2), Column("space", drop=8),
-            Column("op", drop=7), Column("hash"), Column("size", right=True, drop=5),
+            Column("op", drop=7), Column("hash", spill=True), Column("size", right=True, drop=5),
             Column("files", right=True, drop=3), Column("status", styles=c.STATUS_STYLE),
             Column("last used", drop=4)]
     show_reason = any(e.reason for e in entries)
@@ -422,7 +422,7 @@ def _stats_text(opts: c.GlobalOptions, report: dict) -> None:
                       [[k, str(v["entries"]), c.human_size(v["size"])] for k, v in rows])
     if report["biggest"]:
         sys.stdout.write("\n")
-        c.print_table([Column("biggest"), Column("space", drop=2), Column("op", drop=1),
+        c.print_table([Column("biggest", spill=True), Column("space", drop=8), Column("op", drop=7),
                        Column("size", right=True, drop=3), Column("status", styles=c.STATUS_STYLE)],
                       [[e["hash"], e["space"] or "-", e["op"] or "-", c.human_size(e["size"]), e["status"]]
                        for e in report["biggest"]])

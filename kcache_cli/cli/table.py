@@ -15,6 +15,7 @@ WRAP_MIN = 28
 # text goes to its own line instead, so it never squeezes out what identifies or judges an entry.
 MINOR = 3
 INDENT = "    "  # before a free-text value on its own line
+SPILL_SHORT = 32  # hidet's hashes have 16 digits, tilus's 12; tilelang's 64 spill
 
 _ANSI = {"green": "32", "yellow": "33", "red": "31", "bold red": "1;31", "cyan": "36", "bold": "1",
          "magenta": "35", "dim": "2"}
@@ -30,6 +31,7 @@ class Column:
     drop: int | None = None
     wrap: bool = False
     styles: dict[str, str] = field(default_factory=dict)
+    spill: bool = False  # never cut (a hash): a value too wide for the column goes whole on its own line
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Layout:
     kept: tuple[int, ...]  # indices of the columns shown in the row, in order
     widths: dict[int, int]  # each kept column's width (the wrapped column's is its wrap width)
     below: int | None  # index of the free-text column printed on its own line, if any
+    spill: int | None = None  # index of the column whose wider values go on their own line
 
 
 def _natural(columns: list[Column], rows: list[list[str]]) -> list[int]:
@@ -67,15 +70,24 @@ def plan(columns: list[Column], rows: list[list[str]], width: int | None) -> Lay
     if width is None or _span(widths, every) <= width:
         return Layout(tuple(every), dict(enumerate(widths)), None)
     others = [i for i in every if i != text]
+    spill = next((i for i in every if columns[i].spill), None)
+    if spill is not None:
+        # A few long values (tilelang's 64-digit hashes among hidet's 16) go on lines of their own rather
+        # than pushing out what tells the other rows apart; when most are long, columns go instead.
+        short = [len(r[spill]) for r in rows if len(r[spill]) <= SPILL_SHORT]
+        if len(short) < len(rows) and 2 * len(short) > len(rows):
+            widths[spill] = max(short + [len(columns[spill].name)])
+        else:
+            spill = None
     if text is not None:
         room = min(WRAP_MIN, widths[text])
         inline = _fit(columns, widths, others, width - 2 - room, MINOR)
         if _span(widths, inline) + 2 + room <= width:
             sized = {i: widths[i] for i in inline}
             sized[text] = width - 2 - _span(widths, inline)
-            return Layout(tuple(inline + [text]), sized, None)
+            return Layout(tuple(inline + [text]), sized, None, spill)
     kept = _fit(columns, widths, others, width, None)
-    return Layout(tuple(kept), {i: widths[i] for i in kept}, text)
+    return Layout(tuple(kept), {i: widths[i] for i in kept}, text, spill)
 
 
 def paint(text: str, style: str | None, colour: bool) -> str:
@@ -105,8 +117,11 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None, colo
     for row in rows:
         cells = []
         extra: list[str] = []
+        spilled = ""
         for i in kept:
             value = row[i]
+            if i == layout.spill and len(value) > sized[i]:
+                spilled, value = value, ""
             if columns[i].wrap and len(value) > sized[i]:
                 parts = _chunks(value, sized[i])
                 value, extra = parts[0], parts[1:]
@@ -115,6 +130,8 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None, colo
         if extra:
             lead = " " * (_span([sized.get(i, 0) for i in range(len(columns))], list(kept)) - sized[last])
             lines.extend(lead + part for part in extra)
+        if spilled:
+            lines.extend(INDENT + part for part in _chunks(spilled, (width or 80) - len(INDENT)))
         if layout.below is not None and row[layout.below]:
             lines.extend(INDENT + part for part in _chunks(row[layout.below], (width or 80) - len(INDENT)))
     return lines
