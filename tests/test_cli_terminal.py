@@ -19,8 +19,8 @@ import termios
 from pathlib import Path
 
 import pytest
-
 from conftest import CXX, FIXTURES, copy_tree
+
 from kcache_cli.terms import STATUSES
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

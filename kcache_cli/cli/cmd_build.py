@@ -127,7 +127,7 @@ def build_command(
         rows = [[r.status, r.relpath if r.status != b.FAILED else r.task] for r in results]
         c.print_table(["status", "entry or task"], rows,
                       styles={0: {"built": "green", "hit": "cyan", "failed": "bold red"}})
-        sys.stdout.write(f"{b.count(results, b.BUILT)} built, {b.count(results, b.HIT)} hits, "
+        sys.stdout.write(f"{b.count(results, b.BUILT)} built, {c.plural(b.count(results, b.HIT), 'hit')}, "
                          f"{b.count(results, b.FAILED)} failed\n")
     code = b.exit_code(results)
     if code:

@@ -372,7 +372,10 @@ def stats_command(
     from kcache_cli.model import ScanFilter
 
     opts = c.use(ctx, cache_dir, as_json)
-    reports = [_stats(*_scan(opts, ScanFilter(), loc), top) for loc in c.cache_locations(opts, all_caches)]
+    reports = []
+    for loc in c.cache_locations(opts, all_caches):
+        _, result = _scan(opts, ScanFilter(), loc)
+        reports.append(_stats(loc, result, top))
     if opts.json:
         c.emit_json(reports if all_caches else reports[0])
         return

@@ -7,6 +7,7 @@ One renderer for terminals and pipes, so what a test sees at COLUMNS=80 is what 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Below this width a wrapped free-text column reads as a column of fragments: give it its own line.
@@ -53,8 +54,8 @@ def _span(widths: list[int], kept: list[int]) -> int:
 def _fit(columns: list[Column], widths: list[int], kept: list[int], budget: int, most: int | None) -> list[int]:
     """Drop droppable columns (priority <= `most`, if given), lowest priority first, until `kept` fits `budget`."""
     kept = list(kept)
-    order = sorted((columns[i].drop, i) for i in kept if columns[i].drop is not None
-                   and (most is None or columns[i].drop <= most))
+    limit = most if most is not None else float("inf")
+    order = sorted((drop, i) for i in kept if (drop := columns[i].drop) is not None and drop <= limit)
     for _, i in order:
         if _span(widths, kept) <= budget:
             break
@@ -99,9 +100,13 @@ def _chunks(text: str, width: int) -> list[str]:
     return textwrap.wrap(text, max(width, 8), break_on_hyphens=False) or [""]
 
 
-def render(columns: list[Column], rows: list[list[str]], width: int | None, colour: bool = False) -> list[str]:
+def render(columns: list[Column], rows: list[list[str]], width: int | None, colour: bool = False,
+           clean: Callable[[str], str] | None = None) -> list[str]:
     """The table's lines: header, (a rule on a colour terminal), rows. No line is wider than `width`
-    unless the columns that are never dropped (hash, status) alone are."""
+    unless the columns that are never dropped (hash, status) alone are. `clean` makes each cell safe
+    to print (the terminal-escaping of names and reasons), before widths are measured."""
+    if clean is not None:
+        rows = [[clean(cell) for cell in row] for row in rows]
     layout = plan(columns, rows, width)
     kept, sized = layout.kept, layout.widths
     last = kept[-1] if kept else None
@@ -128,7 +133,7 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None, colo
             cells.append(cell(i, value, columns[i].styles.get(row[i])))
         lines.append("  ".join(cells).rstrip())
         if extra:
-            lead = " " * (_span([sized.get(i, 0) for i in range(len(columns))], list(kept)) - sized[last])
+            lead = " " * (_span([sized.get(i, 0) for i in range(len(columns))], list(kept)) - sized[kept[-1]])
             lines.extend(lead + part for part in extra)
         if spilled:
             lines.extend(INDENT + part for part in _chunks(spilled, (width or 80) - len(INDENT)))
