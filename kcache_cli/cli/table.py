@@ -109,36 +109,42 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None, colo
         rows = [[clean(cell) for cell in row] for row in rows]
     layout = plan(columns, rows, width)
     kept, sized = layout.kept, layout.widths
-    last = kept[-1] if kept else None
+    if not kept:
+        return []
+    last = kept[-1]
+    # One format string for the row (a 100,000-row ls formats in one pass); a styled cell comes padded
+    # and painted, the last column unpadded (no trailing blanks).
+    styled = [i for i in kept if colour and columns[i].styles]
+    fmt = "  ".join("{}" if i in styled or i == last else f"{{:{'>' if columns[i].right else '<'}{sized[i]}}}"
+                    for i in kept)
+    special = [i for i in kept if columns[i].wrap or i == layout.spill]
+    lead = " " * (_span([sized.get(i, 0) for i in range(len(columns))], list(kept)) - sized[last])
+    room = (width or 80) - len(INDENT)
 
-    def cell(i: int, value: str, style: str | None = None) -> str:
-        w = sized[i]
-        padded = value.rjust(w) if columns[i].right else (value if i == last else value.ljust(w))
-        return paint(padded, style, colour) if style else padded
+    def pad(i: int, value: str) -> str:
+        return value.rjust(sized[i]) if columns[i].right else (value if i == last else value.ljust(sized[i]))
 
-    lines = ["  ".join(cell(i, columns[i].name, "bold") for i in kept).rstrip()]
+    lines = ["  ".join(paint(pad(i, columns[i].name), "bold", colour) for i in kept).rstrip()]
     if colour:
-        lines.append("\u2500" * _span([sized.get(i, 0) for i in range(len(columns))], list(kept)))
+        lines.append("\u2500" * len(lead + "x" * sized[last]))
     for row in rows:
-        cells = []
+        values = {i: row[i] for i in special}
         extra: list[str] = []
         spilled = ""
-        for i in kept:
-            value = row[i]
-            if i == layout.spill and len(value) > sized[i]:
-                spilled, value = value, ""
-            if columns[i].wrap and len(value) > sized[i]:
-                parts = _chunks(value, sized[i])
-                value, extra = parts[0], parts[1:]
-            cells.append(cell(i, value, columns[i].styles.get(row[i])))
-        lines.append("  ".join(cells).rstrip())
-        if extra:
-            lead = " " * (_span([sized.get(i, 0) for i in range(len(columns))], list(kept)) - sized[kept[-1]])
-            lines.extend(lead + part for part in extra)
+        for i in special:
+            if i == layout.spill and len(row[i]) > sized[i]:
+                spilled, values[i] = row[i], ""
+            elif columns[i].wrap and len(row[i]) > sized[i]:
+                parts = _chunks(row[i], sized[i])
+                values[i], extra = parts[0], parts[1:]
+        for i in styled:
+            values[i] = paint(pad(i, values.get(i, row[i])), columns[i].styles.get(row[i]), True)
+        lines.append(fmt.format(*[values[i] if i in values else row[i] for i in kept]).rstrip())
+        lines.extend(lead + part for part in extra)
         if spilled:
-            lines.extend(INDENT + part for part in _chunks(spilled, (width or 80) - len(INDENT)))
+            lines.extend(INDENT + part for part in _chunks(spilled, room))
         if layout.below is not None and row[layout.below]:
-            lines.extend(INDENT + part for part in _chunks(row[layout.below], (width or 80) - len(INDENT)))
+            lines.extend(INDENT + part for part in _chunks(row[layout.below], room))
     return lines
 
 
