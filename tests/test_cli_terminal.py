@@ -403,6 +403,12 @@ def test_all_caches(kcache, tmp_path):
     cleared = kcache("clear", "--all-caches", "--op", "softmax", "--yes", "--json").json()
     assert [len(p["removed"]) for p in cleared] == [1, 0, 0]
     assert not (roots["hidet"] / SOFTMAX).exists() and (roots["hidet"] / ADD).is_dir()
+    # an absolute path names an entry of one cache: the others are left alone, never "everything"
+    add_one = next(r["path"] for r in rows if r["layout"] == "tilus" and r["kind"] == "script")
+    assert [r["path"] for r in kcache("ls", "--all-caches", add_one, "--json").json()] == [add_one]
+    plans = kcache("clear", "--all-caches", add_one, "--dry-run", "--json").json()
+    assert [p["root"] for p in plans] == [str(roots["tilus"])]
+    assert plans[0]["removed"] and all(r["layout"] == "tilus" for r in plans[0]["removed"])
     r = kcache("ls", "--all-caches", "--cache-dir", roots["tilus"])
     assert r.exit_code == 2 and "do not go together" in r.stderr
 

@@ -102,8 +102,11 @@ def clear_command(
                          "(see 'kcache clear --help')")
     out = _Out(opts, all_caches)
     for loc in c.cache_locations(opts, all_caches):
+        refs = c.refs_in(loc.path, hashes) if all_caches else hashes
+        if hashes and not refs:
+            continue  # the entries named are in other caches: nothing of this one is selected
         out.section(loc)
-        flt = c.make_filter(op, space, target, layout, None, None, hashes, root=loc.path)
+        flt = c.make_filter(op, space, target, layout, None, None, refs, root=loc.path)
         c.hint_unknown(opts, loc.path, flt)
         _clear_one(opts, out, loc, flt, everything, yes, dry_run)
     out.done()

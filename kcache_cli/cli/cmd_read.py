@@ -102,7 +102,10 @@ def ls_command(
     locs = c.cache_locations(opts, all_caches)
     listed = []
     for loc in locs:
-        flt = c.make_filter(op, space, target, layout, status, kind, hashes, root=loc.path)
+        refs = c.refs_in(loc.path, hashes) if all_caches else hashes
+        if hashes and not refs:
+            continue  # the entries named are in other caches
+        flt = c.make_filter(op, space, target, layout, status, kind, refs, root=loc.path)
         listed.append((loc, flt, *_ls_entries(opts, loc, flt, sort, limit)))
     if opts.json:
         c.emit_json([dict(e.to_json(), root=str(loc.path)) if all_caches else e.to_json()

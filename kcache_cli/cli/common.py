@@ -77,6 +77,25 @@ def cache_locations(opts: GlobalOptions, all_caches: bool) -> list:
     return [CacheLocation(path, f"{owner} cache (dir --all)") for owner, path in known_caches() if path.is_dir()]
 
 
+def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
+    """With --all-caches, the entry references that can name an entry of `root`: hash prefixes and
+    relative paths, and the absolute paths inside it. A caller that gets [] for a non-empty `refs` must
+    skip the root (no reference left is not "everything")."""
+    if not refs:
+        return []
+    from kcache_cli.scan import split_refs
+
+    out = []
+    for ref in refs:
+        if os.path.isabs(ref):
+            try:
+                split_refs(root, [ref])
+            except UsageError:
+                continue
+        out.append(ref)
+    return out
+
+
 AllCachesOpt = Annotated[bool, typer.Option("--all-caches", help="Every cache `kcache dir --all` finds (hidet, tilus, "
                                                                   "tilelang), one after the other, each with its root.")]
 
