@@ -703,16 +703,7 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
     except OSError as exc:
         raise BuildError(f"cannot read source {spec.source_path}: {exc.strerror}") from None
     op_dir = final.parent
-    existing = op_dir
-    while not existing.exists() and existing != root:
-        existing = existing.parent
-    _check_inside(root, existing)  # before mkdir: a symlinked space or op directory must not lead out
-    made = [d for d in (op_dir, op_dir.parent) if not d.exists()]  # removed again if nothing is published
-    try:
-        op_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
-    _check_inside(root, op_dir)
+    made = _make_op_dir(root, op_dir)
     argv = compile_command(spec.target, compiler, arch, options)
     command = shlex.join(argv)
     result = dict(task=spec.task_path, op=spec.op, hash=spec.hash, target=spec.target, space=spec.space,
@@ -773,6 +764,22 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
     _fsync(op_dir)
     state.mark_used(root, spec.relpath)
     return BuildResult(status=BUILT, elapsed=elapsed, output=output, replaced=replaced, **result)
+
+
+def _make_op_dir(root: Path, op_dir: Path) -> list[Path]:
+    """Make the entry's op directory (and space directory); return those it made, to be removed again
+    if nothing is published."""
+    existing = op_dir
+    while not existing.exists() and existing != root:
+        existing = existing.parent
+    _check_inside(root, existing)  # before mkdir: a symlinked space or op directory must not lead out
+    made = [d for d in (op_dir, op_dir.parent) if not d.exists()]
+    try:
+        op_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
+    _check_inside(root, op_dir)
+    return made
 
 
 def _remove_empty(dirs: list[Path]) -> None:

@@ -207,11 +207,12 @@ def import_command(
                        Column("op", drop=7), Column("hash", spill=True), Column("files", right=True, drop=3),
                        Column("size", right=True, drop=6), Column("arch", drop=7), Column("note", wrap=True)], rows)
     if len(shown) < len(result.entries):
-        c.info(opts, f"({c.plural(len(result.entries) - len(shown), 'more entry', 'more entries')} not shown: see --json)")
+        more = c.plural(len(result.entries) - len(shown), "more entry", "more entries")
+        c.info(opts, f"({more} not shown: see --json)")
     verb = "would import" if dry_run else "imported"
     c.info(opts, f"{verb} {c.plural(counts['import'] + counts['replace'], 'entry')} ({counts['replace']} replacing "
-                 f"incomplete ones), skipped {counts['skip']}; {c.plural(result.files, 'file')} ({c.human_size(result.size)}) verified "
-                 f"{'' if dry_run else 'into ' + result.root}".rstrip())
+                 f"incomplete ones), skipped {counts['skip']}; {c.plural(result.files, 'file')} "
+                 f"({c.human_size(result.size)}) verified {'' if dry_run else 'into ' + result.root}".rstrip())
 
 
 def verify_command(

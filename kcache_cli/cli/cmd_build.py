@@ -54,7 +54,8 @@ def build_command(
         "--cxx", metavar="PATH", envvar="CXX", help="The C++ compiler for cpu tasks. Default: g++ on PATH.")] = None,
     include: Annotated[Optional[List[str]], typer.Option(
         "-I", "--include", metavar="DIR", help="Include directory for the compiler (repeatable).")] = None,
-    jobs: Annotated[int, typer.Option("-j", "--jobs", metavar="N", min=0, help="Build N tasks at a time (0: one per core).")] = 1,
+    jobs: Annotated[int, typer.Option("-j", "--jobs", metavar="N", min=0,
+                                      help="Build N tasks at a time (0: one per core).")] = 1,
     force: Annotated[bool, typer.Option(
         "--force", help="Rebuild even when a complete entry exists (replaced atomically).")] = False,
     timeout: Annotated[Optional[float], typer.Option(
@@ -76,7 +77,7 @@ def build_command(
     Example: kcache build task.txt --arch sm_90 -- -lineinfo
     """
     from kcache_cli import build as b
-    from kcache_cli.errors import KcacheError, UsageError
+    from kcache_cli.errors import UsageError
 
     opts = c.use(ctx, cache_dir, as_json)
     extra = tuple(ctx.meta.get(EXTRA_KEY) or ())
@@ -96,21 +97,7 @@ def build_command(
     listener = _Listener(opts, len(paths), show)
 
     if len(paths) == 1 and not opts.json:
-        # One task: errors are one line (main() prints them); stdout is the entry's path.
-        try:
-            result = b.build_task(root, paths[0], options, source=source, listener=listener)
-        finally:
-            listener.stop()
-        _notes(opts, result)
-        if result.status == b.FAILED:
-            _show_failure(result, header=False)  # main() prints the error line itself
-            raise KcacheError(result.error)
-        if result.status == b.BUILT:
-            c.info(opts, f"built {result.relpath} for {result.arch} in {result.elapsed:.1f}s"
-                   + (f" (replaced a {result.replaced})" if result.replaced else ""))
-        sys.stdout.write(f"{result.path}\n")
-        return
-
+        return _build_one(opts, root, paths[0], options, source, listener)
     tasks_to_build = [b.load_task(paths[0], options, source)] if source is not None else paths
     try:
         results = b.build_tasks(root, tasks_to_build, options, jobs=jobs or os.cpu_count() or 1, listener=listener)
@@ -132,6 +119,25 @@ def build_command(
     code = b.exit_code(results)
     if code:
         raise typer.Exit(code)
+
+
+def _build_one(opts: c.GlobalOptions, root, path: str, options, source: Optional[str], listener) -> None:
+    """One task: errors are one line (main() prints them); stdout is the entry's path."""
+    from kcache_cli import build as b
+    from kcache_cli.errors import KcacheError
+
+    try:
+        result = b.build_task(root, path, options, source=source, listener=listener)
+    finally:
+        listener.stop()
+    _notes(opts, result)
+    if result.status == b.FAILED:
+        _show_failure(result, header=False)  # main() prints the error line itself
+        raise KcacheError(result.error)
+    if result.status == b.BUILT:
+        c.info(opts, f"built {result.relpath} for {result.arch} in {result.elapsed:.1f}s"
+               + (f" (replaced a {result.replaced})" if result.replaced else ""))
+    sys.stdout.write(f"{result.path}\n")
 
 
 def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]:

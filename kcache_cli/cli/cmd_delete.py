@@ -237,7 +237,8 @@ def _table(removals, to_stderr: bool = False, limit: int | None = None) -> None:
     if not rows:
         return
     cols = [Column("what", drop=2), Column("layout", drop=1), Column("space", drop=8), Column("op", drop=7),
-            Column("hash", spill=True), Column("size", right=True, drop=4), Column("last used", drop=3), Column("why", wrap=True)]
+            Column("hash", spill=True), Column("size", right=True, drop=4), Column("last used", drop=3),
+            Column("why", wrap=True)]
     if to_stderr:
         import shutil
 

@@ -180,8 +180,8 @@ PickOpOpt = Annotated[Optional[List[str]], typer.Option("--op", metavar="NAME", 
                                                         autocompletion=c.complete.complete_op)]
 PickLayoutOpt = Annotated[Optional[List[str]], typer.Option(
     "--layout", metavar="LAYOUT", help=_PICK + "the one of this layout.", autocompletion=c.complete.complete_layout)]
-PickKindOpt = Annotated[Optional[List[str]], typer.Option("--kind", metavar="KIND", help=_PICK + "the one of this kind.",
-                                                          autocompletion=c.complete.complete_kind)]
+PickKindOpt = Annotated[Optional[List[str]], typer.Option(
+    "--kind", metavar="KIND", help=_PICK + "the one of this kind.", autocompletion=c.complete.complete_kind)]
 
 
 def inspect_command(
@@ -363,7 +363,8 @@ def _log_line(ln: str, escape) -> str:
 
 def stats_command(
     ctx: typer.Context,
-    top: Annotated[int, typer.Option("--top", metavar="N", min=0, help="How many of the biggest entries to show.")] = 10,
+    top: Annotated[int, typer.Option("--top", metavar="N", min=0,
+                                     help="How many of the biggest entries to show.")] = 10,
     all_caches: c.AllCachesOpt = False,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,

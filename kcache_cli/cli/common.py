@@ -96,8 +96,9 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
     return out
 
 
-AllCachesOpt = Annotated[bool, typer.Option("--all-caches", help="Every cache `kcache dir --all` finds (hidet, tilus, "
-                                                                  "tilelang), one after the other, each with its root.")]
+AllCachesOpt = Annotated[bool, typer.Option(
+    "--all-caches", help="Every cache `kcache dir --all` finds (hidet, tilus, tilelang), one after the other, each "
+    "with its root.")]
 
 
 # ---- filters -------------------------------------------------------------------------------------
