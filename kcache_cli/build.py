@@ -489,9 +489,27 @@ def build_task(root: str | os.PathLike, task: str | os.PathLike | TaskSpec, opti
     Returns a BuildResult (built, hit, or failed for a compile error). Raises a KcacheError for a
     task that cannot be built as given, a missing compiler, an entry built for another arch
     (ArchMismatch) and a lock that did not come free within options.timeout (LockTimeout)."""
-    root = Path(root).absolute()
-    listener = listener or BuildListener()
     spec = task if isinstance(task, TaskSpec) else load_task(task, options, source)
+    result = _build_task(Path(root).absolute(), spec, options, listener or BuildListener())
+    notes = task_notes(spec)
+    return result._replace(notes=notes + result.notes) if notes else result
+
+
+def task_notes(spec: TaskSpec) -> tuple[str, ...]:
+    """What to say about the task file itself: a final newline (an editor's) makes it another task than
+    the one hidet would look up, since hidet writes its task strings without one."""
+    from kcache_cli.taskfile import task_hash
+
+    bare = spec.task_bytes.rstrip(b"\r\n")
+    if bare == spec.task_bytes:
+        return ()
+    theirs = task_hash(bare)
+    return (f"{spec.task_path} ends with a newline; hidet's own task strings have none, so hidet looks this task "
+            f"up as {theirs} (ops/{spec.space}/{spec.op}/{theirs}), while the file's exact bytes hash to "
+            f"{spec.hash}, the entry built; remove the final newline to build the entry hidet uses",)
+
+
+def _build_task(root: Path, spec: TaskSpec, options: BuildOptions, listener: BuildListener) -> BuildResult:
     check_extra_flags(options.extra_flags)
     arch_cache: dict[bool, Arch] = {}
 
@@ -652,15 +670,7 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
     except OSError as exc:
         raise BuildError(f"cannot read source {spec.source_path}: {exc.strerror}") from None
     op_dir = final.parent
-    existing = op_dir
-    while not existing.exists() and existing != root:
-        existing = existing.parent
-    _check_inside(root, existing)  # before mkdir: a symlinked space or op directory must not lead out
-    try:
-        op_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
-    _check_inside(root, op_dir)
+    made = _make_op_dir(root, op_dir)
     argv = compile_command(spec.target, compiler, arch, options)
     command = shlex.join(argv)
     result = dict(task=spec.task_path, op=spec.op, hash=spec.hash, target=spec.target, space=spec.space,
@@ -717,9 +727,37 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
             if version is not None:
                 version.cancel()
             shutil.rmtree(tmp, ignore_errors=True)
+            _remove_empty(made)
     _fsync(op_dir)
     state.mark_used(root, spec.relpath)
     return BuildResult(status=BUILT, elapsed=elapsed, output=output, replaced=replaced, **result)
+
+
+def _make_op_dir(root: Path, op_dir: Path) -> list[Path]:
+    """Make the entry's op directory (and space directory); return those it made, to be removed again
+    if nothing is published."""
+    existing = op_dir
+    while not existing.exists() and existing != root:
+        existing = existing.parent
+    _check_inside(root, existing)  # before mkdir: a symlinked space or op directory must not lead out
+    made = [d for d in (op_dir, op_dir.parent) if not d.exists()]
+    try:
+        op_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
+    _check_inside(root, op_dir)
+    return made
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    """The op and space directories a failed build made, if still empty (rmdir removes nothing else), so
+    that no op shows up in completion for an entry that never was. A build starting there meanwhile
+    makes them again (_make_temp)."""
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except OSError:
+            return  # not empty (another build, or an entry): leave it and its parents
 
 
 def _stamp_after(manifest: Path, newest_ns: int) -> None:

@@ -55,8 +55,9 @@ def export_command(
 
     opts = c.use(ctx, cache_dir, as_json)
     compression_for(archive)  # a bad name is a usage error before any work
-    flt = c.make_filter(op, space, target, layout, status, kind, hashes)
-    root = c.cache_root(opts)
+    root = c.cache_root(opts, existing=True)
+    flt = c.make_filter(op, space, target, layout, status, kind, hashes, root=root)
+    c.hint_unknown(opts, root, flt)
     plan = plan_export(root, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
     with _Bar(opts, "exporting") as bar:
         result = export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
@@ -76,15 +77,17 @@ def export_command(
         for e, why in shown:
             c.info(opts, f"left out {e.relpath}: {why}")
         if len(result.left_out) > len(shown):
-            c.info(opts, f"left out {len(result.left_out) - len(shown)} more entries (see --json)")
-    sys.stdout.write(f"exported {len(result.entries)} entries ({result.files} files, {c.human_size(result.size)}) "
+            c.info(opts, f"left out {c.plural(len(result.left_out) - len(shown), 'more entry', 'more entries')} "
+                         "(see --json)")
+    sys.stdout.write(f"exported {c.plural(len(result.entries), 'entry')} ({c.plural(result.files, 'file')}, "
+                     f"{c.human_size(result.size)}) "
                      f"to {result.archive} ({c.human_size(result.archive_size)})\n")
 
 
 def import_command(
     ctx: typer.Context,
     archive: ArchiveArg,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Verify the whole archive and list what would come "
+    dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Verify the whole archive and list what would come "
                                           "in; write nothing.")] = False,
     max_file_size: Annotated[Optional[str], typer.Option(
         "--max-file-size", metavar="SIZE", help="Reject archives with a file larger than this (default 4GiB).")] = None,
@@ -128,7 +131,7 @@ def import_command(
             c.warn(opts, f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU "
                          f"(compute capability {local})")
         if len(bad) > 10:
-            c.warn(opts, f"{len(bad) - 10} more entries are built for archs this GPU cannot run")
+            c.warn(opts, f"{c.plural(len(bad) - 10, 'more entry', 'more entries')} built for archs this GPU cannot run")
     counts = {a: sum(1 for e in result.entries if e.action == a) for a in ("import", "replace", "skip")}
     if opts.json:
         c.emit_json({"archive": result.archive, "root": result.root, "dry_run": result.dry_run,
@@ -147,14 +150,18 @@ def import_command(
     if shown:
         rows = [[e.action, e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
                  c.human_size(e.size), e.arch or "-", e.reason or ""] for e in shown]
-        c.print_table(["action", "layout", "kind", "space", "op", "hash", "files", "size", "arch", "note"], rows,
-                      right=(6, 7))
+        from kcache_cli.cli.table import Column
+
+        c.print_table([Column("action"), Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
+                       Column("op", drop=7), Column("hash", spill=True), Column("files", right=True, drop=3),
+                       Column("size", right=True, drop=6), Column("arch", drop=7), Column("note", wrap=True)], rows)
     if len(shown) < len(result.entries):
-        c.info(opts, f"({len(result.entries) - len(shown)} more entries not shown: see --json)")
+        more = c.plural(len(result.entries) - len(shown), "more entry", "more entries")
+        c.info(opts, f"({more} not shown: see --json)")
     verb = "would import" if dry_run else "imported"
-    c.info(opts, f"{verb} {counts['import'] + counts['replace']} entries ({counts['replace']} replacing incomplete "
-                 f"ones), skipped {counts['skip']}; {result.files} files ({c.human_size(result.size)}) verified "
-                 f"{'' if dry_run else 'into ' + result.root}".rstrip())
+    c.info(opts, f"{verb} {c.plural(counts['import'] + counts['replace'], 'entry')} ({counts['replace']} replacing "
+                 f"incomplete ones), skipped {counts['skip']}; {c.plural(result.files, 'file')} "
+                 f"({c.human_size(result.size)}) verified {'' if dry_run else 'into ' + result.root}".rstrip())
 
 
 def verify_command(
@@ -179,8 +186,9 @@ def verify_command(
     from kcache_cli.verify import verify_cache
 
     opts = c.use(ctx, cache_dir, as_json)
-    flt = c.make_filter(op, space, target, layout, status, kind, hashes)
-    root = c.cache_root(opts)
+    root = c.cache_root(opts, existing=True)
+    flt = c.make_filter(op, space, target, layout, status, kind, hashes, root=root)
+    c.hint_unknown(opts, root, flt)
     started = time.monotonic()
     with _Bar(opts, "verifying") as bar:
         result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar)
@@ -199,13 +207,16 @@ def verify_command(
                     e = ch.entry
                     rows.append([e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, ch.status, p]
                                 if i == 0 else ["", "", "", "", "", "", p])
-            c.print_table(["layout", "kind", "space", "op", "hash", "status", "problem"], rows,
-                          styles={5: c.STATUS_STYLE})
+            from kcache_cli.cli.table import Column
+
+            c.print_table([Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
+                           Column("op", drop=7), Column("hash", spill=True), Column("status", styles=c.STATUS_STYLE),
+                           Column("problem", wrap=True)], rows)
         if not result.exists:
             c.info(opts, f"no cache at {root}: nothing to verify")
         else:
             building = f", skipped {len(result.skipped)} being built" if result.skipped else ""
-            c.info(opts, f"checked {len(result.checked)} entries in {time.monotonic() - started:.1f}s: "
+            c.info(opts, f"checked {c.plural(len(result.checked), 'entry')} in {time.monotonic() - started:.1f}s: "
                          f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}")
     if failed:
         raise typer.Exit(1)

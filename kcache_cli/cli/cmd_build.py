@@ -42,8 +42,9 @@ def build_command(
     target: Annotated[Optional[str], typer.Option(
         "--target", metavar="TARGET", help="cuda or cpu. Default: from the source's suffix "
         "(.cu: cuda, .cc/.cpp: cpu).")] = None,
-    space: Annotated[int, typer.Option(
-        "--space", min=0, max=2, help="hidet's search-space level: the entry goes to ops/<target>_space_<N>/.")] = 0,
+    space: Annotated[str, typer.Option(
+        "--space", metavar="SPACE", help="hidet's search-space level, 0, 1 or 2, or the space's name "
+        "(cuda_space_2): the entry goes to ops/<target>_space_<N>/.", autocompletion=c.complete.complete_space)] = "0",
     arch: Annotated[Optional[str], typer.Option(
         "--arch", metavar="ARCH", help="CUDA arch, e.g. sm_90. Default: the local GPU's (nvidia-smi), else "
         "nvcc's own default (sm_75 for nvcc 13). Always recorded in the entry's kcache.json.")] = None,
@@ -53,7 +54,8 @@ def build_command(
         "--cxx", metavar="PATH", envvar="CXX", help="The C++ compiler for cpu tasks. Default: g++ on PATH.")] = None,
     include: Annotated[Optional[List[str]], typer.Option(
         "-I", "--include", metavar="DIR", help="Include directory for the compiler (repeatable).")] = None,
-    jobs: Annotated[int, typer.Option("-j", "--jobs", min=0, help="Build N tasks at a time (0: one per core).")] = 1,
+    jobs: Annotated[int, typer.Option("-j", "--jobs", metavar="N", min=0,
+                                      help="Build N tasks at a time (0: one per core).")] = 1,
     force: Annotated[bool, typer.Option(
         "--force", help="Rebuild even when a complete entry exists (replaced atomically).")] = False,
     timeout: Annotated[Optional[float], typer.Option(
@@ -75,16 +77,17 @@ def build_command(
     Example: kcache build task.txt --arch sm_90 -- -lineinfo
     """
     from kcache_cli import build as b
-    from kcache_cli.errors import KcacheError, UsageError
+    from kcache_cli.errors import UsageError
 
     opts = c.use(ctx, cache_dir, as_json)
     extra = tuple(ctx.meta.get(EXTRA_KEY) or ())
     if arch:
         b.check_arch(arch)
+    level, target = _space_level(space, target)
     if target is not None and target not in b.TARGETS:
         raise UsageError(f"unknown target '{target}' (choose from {', '.join(b.TARGETS)})")
     b.check_extra_flags(extra)
-    options = b.BuildOptions(space=space, target=target, arch=arch, nvcc=nvcc, cxx=cxx,
+    options = b.BuildOptions(space=level, target=target, arch=arch, nvcc=nvcc, cxx=cxx,
                              include_dirs=tuple(include or ()), extra_flags=extra, force=force, timeout=timeout)
     paths = b.find_tasks(tasks)
     if source is not None and len(paths) != 1:
@@ -94,21 +97,7 @@ def build_command(
     listener = _Listener(opts, len(paths), show)
 
     if len(paths) == 1 and not opts.json:
-        # One task: errors are one line (main() prints them); stdout is the entry's path.
-        try:
-            result = b.build_task(root, paths[0], options, source=source, listener=listener)
-        finally:
-            listener.stop()
-        if result.status == b.FAILED:
-            _show_failure(result, header=False)  # main() prints the error line itself
-            raise KcacheError(result.error)
-        _notes(opts, result)
-        if result.status == b.BUILT:
-            c.info(opts, f"built {result.relpath} for {result.arch} in {result.elapsed:.1f}s"
-                   + (f" (replaced a {result.replaced})" if result.replaced else ""))
-        sys.stdout.write(f"{result.path}\n")
-        return
-
+        return _build_one(opts, root, paths[0], options, source, listener)
     tasks_to_build = [b.load_task(paths[0], options, source)] if source is not None else paths
     try:
         results = b.build_tasks(root, tasks_to_build, options, jobs=jobs or os.cpu_count() or 1, listener=listener)
@@ -125,11 +114,45 @@ def build_command(
         rows = [[r.status, r.relpath if r.status != b.FAILED else r.task] for r in results]
         c.print_table(["status", "entry or task"], rows,
                       styles={0: {"built": "green", "hit": "cyan", "failed": "bold red"}})
-        sys.stdout.write(f"{b.count(results, b.BUILT)} built, {b.count(results, b.HIT)} hits, "
+        sys.stdout.write(f"{b.count(results, b.BUILT)} built, {c.plural(b.count(results, b.HIT), 'hit')}, "
                          f"{b.count(results, b.FAILED)} failed\n")
     code = b.exit_code(results)
     if code:
         raise typer.Exit(code)
+
+
+def _build_one(opts: c.GlobalOptions, root, path: str, options, source: Optional[str], listener) -> None:
+    """One task: errors are one line (main() prints them); stdout is the entry's path."""
+    from kcache_cli import build as b
+    from kcache_cli.errors import KcacheError
+
+    try:
+        result = b.build_task(root, path, options, source=source, listener=listener)
+    finally:
+        listener.stop()
+    _notes(opts, result)
+    if result.status == b.FAILED:
+        _show_failure(result, header=False)  # main() prints the error line itself
+        raise KcacheError(result.error)
+    if result.status == b.BUILT:
+        c.info(opts, f"built {result.relpath} for {result.arch} in {result.elapsed:.1f}s"
+               + (f" (replaced a {result.replaced})" if result.replaced else ""))
+    sys.stdout.write(f"{result.path}\n")
+
+
+def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]:
+    """`--space 2` or `--space cuda_space_2` (which also says the target) -> (2, target)."""
+    import re
+
+    from kcache_cli.errors import UsageError
+
+    m = re.fullmatch(r"(?:([a-z0-9]+)_space_)?(\d+)", space.strip())
+    if not m or int(m.group(2)) > 2:
+        raise UsageError(f"bad space '{space}' for build (0, 1 or 2, or a name such as cuda_space_2)")
+    named = m.group(1)
+    if named and target is not None and named != target:
+        raise UsageError(f"--space {space} is a {named} space but --target is {target}")
+    return int(m.group(2)), named or target
 
 
 def _notes(opts: c.GlobalOptions, result) -> None:
