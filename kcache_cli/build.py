@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from kcache_cli import state
 from kcache_cli.checks import read_json, sha256_file
@@ -105,8 +105,18 @@ class BuildResult(NamedTuple):
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self._asdict().items()}
 
 
+class Listener(Protocol):
+    """What a caller (the CLI's progress bar) hears of builds; called in the building threads."""
+
+    def waiting(self, spec: TaskSpec, holder: str) -> None: ...
+
+    def compiling(self, spec: TaskSpec) -> None: ...
+
+    def done(self, result: BuildResult) -> None: ...
+
+
 class BuildListener:
-    """Callbacks a caller (the CLI's progress bar) gets; they run in the building thread."""
+    """A Listener that ignores everything."""
 
     def waiting(self, spec: TaskSpec, holder: str) -> None:
         pass
@@ -372,7 +382,8 @@ def nvcc_default_arch(root: Path, nvcc: Sequence[str], fresh: bool = True) -> st
         raise KcacheError(f"cannot tell {nvcc[0]}'s default arch from its --dryrun output; pass --arch")
     _memo_put(root, key, "default_arch", arch)
     with _memo_lock:
-        _asked.add(key)
+        if key is not None:
+            _asked.add(key)
     return arch
 
 
@@ -483,7 +494,7 @@ def _source_differs(spec: TaskSpec, manifest: dict | None) -> bool:
 # ---- building ------------------------------------------------------------------------------------
 
 def build_task(root: str | os.PathLike, task: str | os.PathLike | TaskSpec, options: BuildOptions = BuildOptions(),
-               *, source: str | os.PathLike | None = None, listener: BuildListener | None = None) -> BuildResult:
+               *, source: str | os.PathLike | None = None, listener: Listener | None = None) -> BuildResult:
     """Build one task into the cache at `root`, or find it there.
 
     Returns a BuildResult (built, hit, or failed for a compile error). Raises a KcacheError for a
@@ -509,7 +520,7 @@ def task_notes(spec: TaskSpec) -> tuple[str, ...]:
             f"{spec.hash}, the entry built; remove the final newline to build the entry hidet uses",)
 
 
-def _build_task(root: Path, spec: TaskSpec, options: BuildOptions, listener: BuildListener) -> BuildResult:
+def _build_task(root: Path, spec: TaskSpec, options: BuildOptions, listener: Listener) -> BuildResult:
     check_extra_flags(options.extra_flags)
     arch_cache: dict[bool, Arch] = {}
 
@@ -545,7 +556,8 @@ def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], wait
         return None
     want = arch()
     notes = []
-    have, where = (), ""
+    have: tuple[str, ...] = ()
+    where = ""
     if spec.target == "cuda" or manifest is not None:
         have, where = _entry_archs(str(final), manifest)
         if not have:
@@ -564,7 +576,7 @@ def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], wait
                        waited=waited, notes=tuple(notes))
 
 
-def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: BuildListener):
+def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: Listener):
     """The entry's lock; says so (listener.waiting) when another build holds it. -> (lock, waited).
 
     `locking.EntryFlock`: the file and kind of lock that `entry_lock` (filelock) takes, without
@@ -583,7 +595,7 @@ def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: BuildL
     raise LockTimeout(f"another build of {spec.relpath} still holds its lock ({lock.path}) after {timeout:g}s")
 
 
-def _wait_for_compiler(spec: TaskSpec, final: Path, timeout: float | None, listener: BuildListener) -> str | None:
+def _wait_for_compiler(spec: TaskSpec, final: Path, timeout: float | None, listener: Listener) -> str | None:
     """Wait while the build layout's own compiler works on this entry (it holds one of the entry's
     writer locks, e.g. hidet's <entry>/.lock); then say what a build would replace: None, or the reason
     the existing entry is not usable as it is."""
@@ -673,7 +685,7 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
     made = _make_op_dir(root, op_dir)
     argv = compile_command(spec.target, compiler, arch, options)
     command = shlex.join(argv)
-    result = dict(task=spec.task_path, op=spec.op, hash=spec.hash, target=spec.target, space=spec.space,
+    result: dict[str, Any] = dict(task=spec.task_path, op=spec.op, hash=spec.hash, target=spec.target, space=spec.space,
                   relpath=spec.relpath, path=str(final), arch=arch.value, arch_source=arch.source, command=command,
                   waited=waited)
     tmp = _make_temp(op_dir, spec.hash)
@@ -715,7 +727,7 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
             p = tmp / name
             st = p.stat()
             newest = max(newest, st.st_mtime_ns)
-            files[name] = {"size": st.st_size, "sha256": sha256_file(p)}
+            files[name] = {"size": st.st_size, "sha256": sha256_file(str(p))}
         _write(tmp / MANIFEST, (json.dumps(_manifest(spec, arch, compiler, version.result(), argv, command,
                                                      options, elapsed, files), indent=2) + "\n").encode())
         _stamp_after(tmp / MANIFEST, newest)
@@ -834,7 +846,7 @@ def _manifest(spec: TaskSpec, arch: Arch, compiler: Sequence[str], version: str 
 # ---- many tasks ----------------------------------------------------------------------------------
 
 def failure(task: str, exc: KcacheError, spec: TaskSpec | None = None) -> BuildResult:
-    extra = {}
+    extra: dict[str, Any] = {}
     if spec is not None:
         extra = dict(op=spec.op, hash=spec.hash, target=spec.target, space=spec.space, relpath=spec.relpath)
     return BuildResult(task, FAILED, error=str(exc), exit_code=exc.exit_code, **extra)
@@ -842,7 +854,7 @@ def failure(task: str, exc: KcacheError, spec: TaskSpec | None = None) -> BuildR
 
 def build_tasks(root: str | os.PathLike, tasks: Sequence[str | os.PathLike | TaskSpec],
                 options: BuildOptions = BuildOptions(), *, jobs: int = 1,
-                listener: BuildListener | None = None) -> list[BuildResult]:
+                listener: Listener | None = None) -> list[BuildResult]:
     """Build several tasks (task files or loaded TaskSpecs), `jobs` at a time; every task gets a
     result, in the order given. A task that cannot be built (bad file, compile error, arch
     mismatch, lock timeout) is a failed result, not an exception."""

@@ -139,7 +139,7 @@ def app_for(args: list[str]) -> typer.Typer:
     name = _subcommand(args)
     if name is None or any(k.startswith("_KCACHE_COMPLETE") for k in os.environ):
         return app
-    chosen = [ci for ci in app.registered_commands if (ci.name or ci.callback.__name__) == name]
+    chosen = [ci for ci in app.registered_commands if (ci.name or getattr(ci.callback, "__name__", None)) == name]
     if len(chosen) != 1:
         return app
     one = typer.Typer()

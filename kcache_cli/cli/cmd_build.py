@@ -111,7 +111,7 @@ def build_command(
         c.emit_json(b.summary_json(results))
     else:
         # the entry inside the cache (ops/<space>/<op>/<hash>), or the task file that failed
-        rows = [[r.status, r.relpath if r.status != b.FAILED else r.task] for r in results]
+        rows = [[r.status, (r.relpath if r.status != b.FAILED else r.task) or ""] for r in results]
         c.print_table(["status", "entry or task"], rows,
                       styles={0: {"built": "green", "hit": "cyan", "failed": "bold red"}})
         sys.stdout.write(f"{b.count(results, b.BUILT)} built, {c.plural(b.count(results, b.HIT), 'hit')}, "

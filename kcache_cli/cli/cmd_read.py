@@ -52,7 +52,7 @@ def dir_command(
         return
     from kcache_cli.locate import known_caches
 
-    rows = []
+    rows: list[dict] = []
     for owner, path in known_caches():
         res = scan_cache(path, warn=lambda m: c.warn(opts, m))
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
