@@ -31,36 +31,49 @@ def register(app: typer.Typer) -> None:
     app.command("build", cls=_BuildCommand)(build_command)
 
 
+TasksArg = Annotated[List[str], typer.Argument(
+    metavar="TASK...", show_default=False,
+    help="task.txt files (hidet's task string), task directories, or directories of task directories.")]
+SourceOpt = Annotated[Optional[str], typer.Option(
+    "--source", metavar="PATH", help="The source to compile (one task only). Default: source.cu or "
+    "source.cc next to the task file.")]
+TargetOpt = Annotated[Optional[str], typer.Option(
+    "--target", metavar="TARGET", help="cuda or cpu. Default: from the source's suffix "
+    "(.cu: cuda, .cc/.cpp: cpu).")]
+SpaceOpt = Annotated[str, typer.Option(
+    "--space", metavar="SPACE", help="hidet's search-space level, 0, 1 or 2, or the space's name "
+    "(cuda_space_2): the entry goes to ops/<target>_space_<N>/.", autocompletion=c.complete.complete_space)]
+ArchOpt = Annotated[Optional[str], typer.Option(
+    "--arch", metavar="ARCH", help="CUDA arch, e.g. sm_90. Default: the local GPU's (nvidia-smi), else "
+    "nvcc's own default (sm_75 for nvcc 13). Always recorded in the entry's kcache.json.")]
+NvccOpt = Annotated[Optional[str], typer.Option(
+    "--nvcc", metavar="PATH", envvar="KCACHE_NVCC", help="The nvcc to use. Default: nvcc on PATH.")]
+CxxOpt = Annotated[Optional[str], typer.Option(
+    "--cxx", metavar="PATH", envvar="CXX", help="The C++ compiler for cpu tasks. Default: g++ on PATH.")]
+IncludeOpt = Annotated[Optional[List[str]], typer.Option(
+    "-I", "--include", metavar="DIR", help="Include directory for the compiler (repeatable).")]
+JobsOpt = Annotated[int, typer.Option("-j", "--jobs", metavar="N", min=0,
+                                      help="Build N tasks at a time (0: one per core).")]
+ForceOpt = Annotated[bool, typer.Option(
+    "--force", help="Rebuild even when a complete entry exists (replaced atomically).")]
+TimeoutOpt = Annotated[Optional[float], typer.Option(
+    "--timeout", metavar="SECONDS", min=0, help="Wait at most this long for another build of the same entry "
+    "(then exit 3). Default: wait as long as it takes.")]
+
+
 def build_command(
     ctx: typer.Context,
-    tasks: Annotated[List[str], typer.Argument(
-        metavar="TASK...", show_default=False,
-        help="task.txt files (hidet's task string), task directories, or directories of task directories.")],
-    source: Annotated[Optional[str], typer.Option(
-        "--source", metavar="PATH", help="The source to compile (one task only). Default: source.cu or "
-        "source.cc next to the task file.")] = None,
-    target: Annotated[Optional[str], typer.Option(
-        "--target", metavar="TARGET", help="cuda or cpu. Default: from the source's suffix "
-        "(.cu: cuda, .cc/.cpp: cpu).")] = None,
-    space: Annotated[str, typer.Option(
-        "--space", metavar="SPACE", help="hidet's search-space level, 0, 1 or 2, or the space's name "
-        "(cuda_space_2): the entry goes to ops/<target>_space_<N>/.", autocompletion=c.complete.complete_space)] = "0",
-    arch: Annotated[Optional[str], typer.Option(
-        "--arch", metavar="ARCH", help="CUDA arch, e.g. sm_90. Default: the local GPU's (nvidia-smi), else "
-        "nvcc's own default (sm_75 for nvcc 13). Always recorded in the entry's kcache.json.")] = None,
-    nvcc: Annotated[Optional[str], typer.Option(
-        "--nvcc", metavar="PATH", envvar="KCACHE_NVCC", help="The nvcc to use. Default: nvcc on PATH.")] = None,
-    cxx: Annotated[Optional[str], typer.Option(
-        "--cxx", metavar="PATH", envvar="CXX", help="The C++ compiler for cpu tasks. Default: g++ on PATH.")] = None,
-    include: Annotated[Optional[List[str]], typer.Option(
-        "-I", "--include", metavar="DIR", help="Include directory for the compiler (repeatable).")] = None,
-    jobs: Annotated[int, typer.Option("-j", "--jobs", metavar="N", min=0,
-                                      help="Build N tasks at a time (0: one per core).")] = 1,
-    force: Annotated[bool, typer.Option(
-        "--force", help="Rebuild even when a complete entry exists (replaced atomically).")] = False,
-    timeout: Annotated[Optional[float], typer.Option(
-        "--timeout", metavar="SECONDS", min=0, help="Wait at most this long for another build of the same entry "
-        "(then exit 3). Default: wait as long as it takes.")] = None,
+    tasks: TasksArg,
+    source: SourceOpt = None,
+    target: TargetOpt = None,
+    space: SpaceOpt = "0",
+    arch: ArchOpt = None,
+    nvcc: NvccOpt = None,
+    cxx: CxxOpt = None,
+    include: IncludeOpt = None,
+    jobs: JobsOpt = 1,
+    force: ForceOpt = False,
+    timeout: TimeoutOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -103,6 +116,13 @@ def build_command(
         results = b.build_tasks(root, tasks_to_build, options, jobs=jobs or os.cpu_count() or 1, listener=listener)
     finally:
         listener.stop()
+    _show_results(opts, results)
+
+
+def _show_results(opts: c.GlobalOptions, results) -> None:
+    """Failures and notes on stderr; a row per task and a summary (or the JSON) on stdout; the exit code."""
+    from kcache_cli import build as b
+
     for r in results:
         if r.status == b.FAILED:
             _show_failure(r)
