@@ -155,6 +155,27 @@ class ScanResult:
     def size(self) -> int:
         return sum(e.size for e in self.entries)
 
+    def to_json(self, top: int = 10) -> dict:
+        """`stats --json`: totals, breakdowns by layout, space, op, status and kind (entries and bytes
+        each), the `top` biggest entries (as `ls --json` rows) and the scan's warnings."""
+        import heapq
+
+        groups: dict[str, dict[str, dict[str, int]]] = {k: {} for k in
+                                                         ("by_layout", "by_space", "by_op", "by_status", "by_kind")}
+        for e in self.entries:
+            for key, value in (("by_layout", e.layout), ("by_space", e.space or "-"), ("by_op", e.op or "-"),
+                               ("by_status", e.status), ("by_kind", e.kind)):
+                g = groups[key].setdefault(value, {"entries": 0, "size": 0})
+                g["entries"] += 1
+                g["size"] += e.size
+        biggest = heapq.nlargest(top, self.entries, key=lambda e: (e.size, e.relpath))
+        layouts = list(self.layouts)
+        return {"root": self.root, "exists": self.exists,
+                "layout": layouts[0] if len(layouts) == 1 else ("mixed" if layouts else None),
+                "layouts": layouts, "entries": len(self.entries), "size": self.size,
+                **{k: dict(sorted(v.items())) for k, v in groups.items()},
+                "biggest": [e.to_json() for e in biggest], "warnings": list(self.warnings)}
+
 
 @dataclass(frozen=True)
 class TreeUsage:

@@ -20,6 +20,11 @@ class EntryCheck:
     status: str  # after the deep checks (a complete entry that fails one is corrupt)
     problems: tuple[str, ...]
 
+    def to_json(self) -> dict:
+        """An `ls --json` row with the deep check's status, first problem as reason, and every problem."""
+        return {**self.entry.to_json(), "status": self.status, "reason": self.problems[0] if self.problems else None,
+                "problems": list(self.problems)}
+
 
 @dataclass(frozen=True)
 class VerifyResult:
@@ -32,6 +37,13 @@ class VerifyResult:
     @property
     def failed(self) -> tuple[EntryCheck, ...]:
         return tuple(c for c in self.checked if c.problems)
+
+    def to_json(self) -> dict:
+        """`verify --json`: counts, and the entries with problems."""
+        failed = self.failed
+        return {"root": self.root, "exists": self.exists, "checked": len(self.checked),
+                "ok": len(self.checked) - len(failed), "failed": len(failed), "skipped_building": len(self.skipped),
+                "problems": [ch.to_json() for ch in failed]}
 
 
 def check_entry(root: Path, entry: Entry) -> EntryCheck:

@@ -170,3 +170,23 @@ def test_verify_after_import_of_damaged_archive_source(kcache, fixture_copy, tmp
     r = kcache("--cache-dir", dst, "verify")
     assert r.exit_code == 1 and "host_kernel.cu" in r.stdout
     assert os.path.isdir(dst)
+
+
+def test_results_serialize_at_the_core(fixture_copy):
+    """`verify --json` and `stats --json` come from the results' own to_json (the stable keys)."""
+    from kcache_cli.model import JSON_KEYS
+    from kcache_cli.scan import scan_cache
+    from kcache_cli.verify import verify_cache
+
+    root = fixture_copy("hidet")
+    lib = next(root.glob("ops/cuda_space_0/*/*/lib.so"))
+    lib.write_bytes(lib.read_bytes()[:100])
+    v = verify_cache(root).to_json()
+    assert set(v) == {"root", "exists", "checked", "ok", "failed", "skipped_building", "problems"}
+    assert v["failed"] == len(v["problems"]) >= 1 and v["ok"] + v["failed"] == v["checked"]
+    row = v["problems"][0]
+    assert set(JSON_KEYS) <= set(row) and row["status"] == "corrupt" and row["reason"] == row["problems"][0]
+    s = scan_cache(root).to_json(top=2)
+    assert s["entries"] == sum(g["entries"] for g in s["by_status"].values())
+    assert s["size"] == sum(g["size"] for g in s["by_layout"].values()) and len(s["biggest"]) == 2
+    assert s["layout"] == "hidet" and set(JSON_KEYS) <= set(s["biggest"][0])

@@ -194,11 +194,7 @@ def verify_command(
         result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar)
     failed = result.failed
     if opts.json:
-        c.emit_json({"root": result.root, "exists": result.exists, "checked": len(result.checked),
-                     "ok": len(result.checked) - len(failed), "failed": len(failed),
-                     "skipped_building": len(result.skipped),
-                     "problems": [{**ch.entry.to_json(), "status": ch.status, "reason": ch.problems[0],
-                                   "problems": list(ch.problems)} for ch in failed]})
+        c.emit_json(result.to_json())
     else:
         if failed:
             rows = []
