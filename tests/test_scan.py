@@ -236,7 +236,7 @@ def test_mode_000_directory_as_unprivileged_user(tmp_path):
     shared_tmp = tempfile.mkdtemp(prefix="kcache-nobody-", dir="/tmp")  # pytest's tmp_path is 0700
     os.chmod(shared_tmp, 0o755)
     root = copy_tree(FIXTURES / "hidet", __import__("pathlib").Path(shared_tmp) / "cache")
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         os.chmod(dirpath, 0o755)
         for f in filenames:
             os.chmod(os.path.join(dirpath, f), 0o644)

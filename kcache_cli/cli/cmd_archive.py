@@ -92,7 +92,8 @@ def import_command(
     max_file_size: Annotated[Optional[str], typer.Option(
         "--max-file-size", metavar="SIZE", help="Reject archives with a file larger than this (default 4GiB).")] = None,
     max_total_size: Annotated[Optional[str], typer.Option(
-        "--max-total-size", metavar="SIZE", help="Reject archives that expand to more than this (default 64GiB).")] = None,
+        "--max-total-size", metavar="SIZE",
+        help="Reject archives that expand to more than this (default 64GiB).")] = None,
     lock_timeout: Annotated[float, typer.Option(
         "--lock-timeout", metavar="SECONDS", min=0, help="How long to wait for an entry's lock before skipping "
         "it.")] = 60.0,

@@ -74,8 +74,9 @@ def ls_command(
     layout: c.LayoutOpt = None,
     status: c.StatusOpt = None,
     kind: c.KindOpt = None,
-    sort: Annotated[str, typer.Option("--sort", metavar="KEY",
-                                      help="Order: op (default), size (biggest first), age (least recently used first).")] = "op",
+    sort: Annotated[str, typer.Option(
+        "--sort", metavar="KEY", help="Order: op (default), size (biggest first), age (least recently used first).")
+    ] = "op",
     limit: Annotated[Optional[int], typer.Option("--limit", metavar="N", min=0, help="Show at most N entries.")] = None,
     paths_only: Annotated[bool, typer.Option("-q", "--quiet", help="Print the entries' paths only, one per line "
                                              "(like docker ps -q); nothing on stderr. With --json: the JSON.")] = False,
