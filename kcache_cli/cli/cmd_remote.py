@@ -17,8 +17,17 @@ TimeoutOpt = Annotated[float, typer.Option(
     "--connect-timeout", metavar="SECONDS", min=0.1, help="Give up on a remote that does not answer this fast.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Say what would move; change nothing.")]
 
-remote_app = typer.Typer(name="remote", help="What a shared cache holds, without downloading it: ls, stats, prune.",
-                         no_args_is_help=True)
+remote_app = typer.Typer(name="remote", no_args_is_help=True)
+
+
+@remote_app.callback()
+def remote_group() -> None:
+    """What a shared cache holds, without downloading it: ls, stats, prune.
+
+    The remote is --remote URL on each subcommand, else KCACHE_REMOTE.
+
+    Example: kcache remote ls --remote redis://cache-host:6379/0
+    """
 
 
 def register(app: typer.Typer) -> None:

@@ -39,7 +39,10 @@ def build_with_remote(root: Path, task, options, url: str, *, source=None, liste
     store = _open(url, connect_timeout, warn)
     pulled = False
     if store is not None and not options.force:
-        pulled = _try_pull(root, store, spec, options, warn)
+        pulled, reachable = _try_pull(root, store, spec, options, warn)
+        if not reachable:  # one warning per build: the push would only fail the same way
+            store.close()
+            store = None
     result = b.build_task(root, spec, options, listener=listener)
     if pulled and result.status == b.HIT:
         result = result._replace(notes=(*result.notes, f"pulled {spec.relpath} from {store.url}"))
@@ -60,7 +63,8 @@ def _open(url: str, connect_timeout: float, warn: Warn):
         return None
 
 
-def _try_pull(root: Path, store, spec, options, warn: Warn) -> bool:
+def _try_pull(root: Path, store, spec, options, warn: Warn) -> tuple[bool, bool]:
+    """(pulled, the remote answered)."""
     from kcache_cli import build as b
     from kcache_cli.remote.pull import pull
 
@@ -70,11 +74,11 @@ def _try_pull(root: Path, store, spec, options, warn: Warn) -> bool:
                       warn=warn)
     except KcacheError as exc:
         warn(f"remote not used, building locally: {exc}")
-        return False
+        return False, False
     for e in result.entries:
         if e.action in ("refuse", "skip") and e.reason:
             warn(f"remote entry {e.relpath} not used: {e.reason}")
-    return any(e.done for e in result.entries)
+    return any(e.done for e in result.entries), True
 
 
 def _try_push(root: Path, store, spec, warn: Warn) -> None:
