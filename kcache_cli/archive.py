@@ -1982,8 +1982,8 @@ def publish_staged(root: Path, planned: _Planned, staging: _Staging, lock_timeou
                    warn: Warn | None = None, made: set[str] | None = None) -> tuple[bool, str | None]:
     """Publish one entry whose files are under `staging.path/<relpath>/` exactly as import does: its
     directories and empty lock files added, then one rename (no-replace) under the entry's lock.
-    Returns (published, reason)."""
-    root = Path(os.path.realpath(root))
+    Returns (published, reason). `root` must be a real path (no symlink on the way), as
+    ImportStaging's root is."""
     _finish_staging(staging, [planned])
     return _publish(root, planned, staging, lock_timeout, warn or (lambda m: None),
                     made if made is not None else set())

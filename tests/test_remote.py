@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import CXX, FIXTURES, copy_tree
+
 from kcache_cli.remote import formats as f
 
 LAYOUTS = ("hidet", "tilus", "tilelang")
@@ -126,8 +126,8 @@ def test_a_value_altered_in_redis_is_refused_and_the_others_arrive(kcache, tmp_p
     run = kcache("pull", "--cache-dir", dest, "--remote", server.url)
     assert run.exit_code == 1
     refused = [line for line in run.stderr.splitlines() if line.startswith("warning: refused")]
-    assert refused == [f"warning: refused {victim}: lib.so: its sha256 differs from the pushed record "
-                       "(damaged or tampered with)"]
+    assert refused == [(f"warning: refused {victim}: lib.so: its sha256 differs from the pushed record "
+                        "(damaged or tampered with)")]
     assert not (dest / victim).exists()
     arrived = {str(p.relative_to(dest)) for p in dest.glob("ops/*/*/*")}
     assert arrived == {e for e in (str(p.relative_to(root)) for p in root.glob("ops/*/*/*")) if e != victim}

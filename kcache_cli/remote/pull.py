@@ -196,27 +196,40 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
     return PullResult(store.url, str(root), dry_run, tuple(sorted(out, key=lambda e: e.relpath)))
 
 
+def _fetch(store: Store, batch: list, foreign: dict) -> tuple[dict, dict]:
+    """The data of a batch of entries, in one round trip: ({relpath: {name: keys}}, {key: value})."""
+    keys = {p.relpath: f.format_for(p.layout).data_keys(p.record) for p in batch}
+    wanted = [k for p in batch if p.relpath not in foreign for ks in keys[p.relpath].values() for k in ks]
+    values = dict(zip(wanted, store.get(wanted)))
+    for p in batch:
+        if p.relpath in foreign:  # fetched already, with its group file
+            values.update({ks[0]: foreign[p.relpath].get(n) for n, ks in keys[p.relpath].items()})
+    return keys, values
+
+
 def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock_timeout: float, warn: Warn,
                        advance: Callable[[int], None] | None) -> list[PulledEntry]:
+    """Verify, stage and publish batch after batch; the next batch's data is on its way meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from kcache_cli.archive import ImportStaging, publish_staged, remove_stale_staging
 
     out: list[PulledEntry] = []
     staging = ImportStaging(root)
     made: set[str] = set()
+    batches = list(_batches(todo))
+    pool = ThreadPoolExecutor(max_workers=1)
     try:
-        for batch in _batches(todo):
-            keys = {p.relpath: f.format_for(p.layout).data_keys(p.record) for p in batch}
-            wanted = [k for p in batch if p.relpath not in foreign for ks in keys[p.relpath].values() for k in ks]
-            values = dict(zip(wanted, store.get(wanted)))
+        coming = pool.submit(_fetch, store, batches[0], foreign) if batches else None
+        for i, batch in enumerate(batches):
+            keys, values = coming.result()  # type: ignore[union-attr]
+            coming = pool.submit(_fetch, store, batches[i + 1], foreign) if i + 1 < len(batches) else None
             pulled = {}
             for p in batch:
                 rec = p.record
-                if p.relpath in foreign:  # already fetched with its group file
-                    values.update({ks[0]: foreign[p.relpath].get(n) for n, ks in keys[p.relpath].items()})
                 files, why = verify_files(rec, keys[p.relpath], values)
                 if why is None:
-                    fmt = f.format_for(p.layout)
-                    _stage(staging, rec, files, fmt.local_files(rec, os.path.join(root, p.relpath)))
+                    _stage(staging, rec, files, f.format_for(p.layout).local_files(rec, os.path.join(root, p.relpath)))
                     done, why = publish_staged(root, p, staging, lock_timeout, warn, made)
                     if done:
                         pulled[f.entry_id(p.layout, p.relpath)] = str(time.time()).encode()
@@ -226,8 +239,9 @@ def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock
                     out.append(_entry(rec, REFUSE, False, why))
                 if advance:
                     advance(1)
-            store.hash_set(f.PULLED, pulled)
+            store.hash_set(f.PULLED, pulled)  # stores are thread-safe: Redis takes a second connection
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         staging.cleanup()
     remove_stale_staging(root)
     return out
