@@ -472,3 +472,18 @@ def test_kernels_triton_pushed_itself_are_found(redis_server):
     assert [(rec["relpath"], sorted(rec["files"]), rec["groups"]) for rec, _ in found] == \
         [("ABC", ["k.cubin", "k.json"], ["__grp__k.json"])]
     assert found[0][1]["k.cubin"] == b"\x7fELF cubin"
+
+
+@needs_cxx
+def test_kcache_remote_in_the_environment_is_the_default_and_no_remote_ignores_it(kcache, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    env = {"KCACHE_REMOTE": f"file://{shared}"}
+    task = cpu_task(tmp_path / "tasks")
+    off = kcache("build", str(task), "--cache-dir", tmp_path / "a", "--no-remote", env=env)
+    assert off.exit_code == 0 and os.listdir(shared) == []
+    on = kcache("build", str(task), "--cache-dir", tmp_path / "b", env=env)
+    assert on.exit_code == 0, on.stderr
+    listed = kcache("remote", "ls", "--json", env=env).json()
+    assert [e["op"] for e in listed] == ["vadd"] and listed[0]["relpath"] == str(
+        Path(on.stdout.strip()).relative_to(tmp_path / "b"))
