@@ -487,3 +487,31 @@ def test_kcache_remote_in_the_environment_is_the_default_and_no_remote_ignores_i
     listed = kcache("remote", "ls", "--json", env=env).json()
     assert [e["op"] for e in listed] == ["vadd"] and listed[0]["relpath"] == str(
         Path(on.stdout.strip()).relative_to(tmp_path / "b"))
+
+
+@needs_redis
+@needs_cxx
+def test_build_with_a_stalled_redis_gives_up_on_it_and_builds_locally(kcache, tmp_path, redis_server):
+    import signal
+
+    server = redis_server()
+    task = cpu_task(tmp_path / "tasks")
+    os.kill(server.proc.pid, signal.SIGSTOP)  # accepts connections (the kernel does), answers nothing
+    try:
+        run = kcache("build", str(task), "--cache-dir", tmp_path / "node", "--remote", server.url,
+                     "--remote-timeout", "0.2")
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    assert run.exit_code == 0, run.stderr
+    warnings = [line for line in run.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "remote not used" in warnings[0] and "imeout" in warnings[0], warnings
+    assert Path(run.stdout.strip(), "lib.so").is_file()
+
+
+def test_a_layouts_local_files_are_held_to_imports_rules(tmp_path):
+    from kcache_cli.remote.pull import _extra_problem
+
+    rec = {"files": {"k.cubin": [1, "0" * 64]}, "links": {}}
+    assert _extra_problem(rec, {"__grp__k.json": b"{}"}) is None
+    for bad in ("../../escape", "sub/file", "k.cubin", ".lock", ""):
+        assert _extra_problem(rec, {bad: b"x"}) is not None, bad

@@ -66,7 +66,8 @@ def build_command(
         "that is down or slow is a warning, never a failed build.")] = None,
     no_remote: Annotated[bool, typer.Option("--no-remote", help="Ignore KCACHE_REMOTE.")] = False,
     remote_timeout: Annotated[float, typer.Option(
-        "--remote-timeout", metavar="SECONDS", min=0.1, help="Connect timeout for --remote.")] = 2.0,
+        "--remote-timeout", metavar="SECONDS", min=0.1, help="Connect timeout for --remote; one remote command may "
+        "take 5 times as long before the build goes on without the remote.")] = 2.0,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:

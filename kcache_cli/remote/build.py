@@ -11,7 +11,7 @@ from kcache_cli.errors import KcacheError
 from kcache_cli.model import ScanFilter, Warn
 from kcache_cli.remote.store import CONNECT_TIMEOUT
 
-REMOTE_IO_TIMEOUT = 10.0  # a build waits at most this long for one remote command
+IO_TIMEOUTS_PER_CONNECT = 5  # a build waits for one remote command 5 connect timeouts (10 s by default)
 
 
 def _arch_refusal(want: str, target: str):
@@ -57,7 +57,7 @@ def _open(url: str, connect_timeout: float, warn: Warn):
     from kcache_cli.remote.store import open_store
 
     try:
-        return open_store(url, connect_timeout=connect_timeout, io_timeout=max(connect_timeout, REMOTE_IO_TIMEOUT))
+        return open_store(url, connect_timeout=connect_timeout, io_timeout=connect_timeout * IO_TIMEOUTS_PER_CONNECT)
     except KcacheError as exc:
         warn(f"remote not used: {exc}")
         return None

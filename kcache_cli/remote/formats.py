@@ -106,6 +106,7 @@ class TritonFormat(RemoteFormat):
     path}}`: it is set last when pushing and rewritten for the local root when pulling."""
 
     layout: str = "triton"
+    kind: str = "kernel"  # the kind triton.py gives a kernel directory
     key_format: str = ""
     name = "triton"
     content_addressed = False
@@ -164,7 +165,7 @@ class TritonFormat(RemoteFormat):
             if any(v is None for v in values):
                 continue  # Triton misses on it too
             data = dict(zip(children, values))
-            record = {"layout": self.layout, "kind": "kernel", "target": None, "space": None, "op": None,
+            record = {"layout": self.layout, "kind": self.kind, "target": None, "space": None, "op": None,
                       "hash": key, "relpath": key, "status": "complete", "compiler": "triton", "arch": None,
                       "platform": None, "files": {n: [len(v), hashlib.sha256(v).hexdigest()] for n, v in data.items()},
                       "links": {}, "dirs": [], "locks": [], "groups": [gname], "pushed_by": "triton"}

@@ -122,6 +122,18 @@ def verify_files(rec: dict, keys: dict[str, list[str]], values: dict[str, bytes 
     return out, None
 
 
+def _extra_problem(rec: dict, extra: dict[str, bytes]) -> str | None:
+    """Files a layout makes for this machine (Triton's group file) are named by the record too: the
+    same rules as its files, at the top of the entry, and no clash with them."""
+    from kcache_cli.archive import is_lock_name, path_problem
+
+    for name in extra:
+        bad = path_problem(name, "file name")
+        if bad or "/" in name or name in rec["files"] or name in rec.get("links", {}) or is_lock_name(name):
+            return bad or f"{name!r} cannot be written at the top of the entry"
+    return None
+
+
 def _stage(staging, rec: dict, files: dict[str, bytes], extra: dict[str, bytes]) -> None:
     """Write one verified entry under the staging directory (never following a link)."""
     rel = rec["relpath"]
@@ -228,8 +240,10 @@ def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock
             for p in batch:
                 rec = p.record
                 files, why = verify_files(rec, keys[p.relpath], values)
+                extra = f.format_for(p.layout).local_files(rec, os.path.join(root, p.relpath)) if why is None else {}
+                why = why or _extra_problem(rec, extra)
                 if why is None:
-                    _stage(staging, rec, files, f.format_for(p.layout).local_files(rec, os.path.join(root, p.relpath)))
+                    _stage(staging, rec, files, extra)
                     done, why = publish_staged(root, p, staging, lock_timeout, warn, made)
                     if done:
                         pulled[f.entry_id(p.layout, p.relpath)] = str(time.time()).encode()
