@@ -8,7 +8,8 @@ compile it saves; one run, one machine.
    Then `kcache pull` into an empty root against `kcache import` of the .tar.zst into an empty root,
    each a subprocess, alternating, best of --repeat. Target: pull within 1.5x of import.
 2. `kcache build TASK --remote` on a second node where the remote has the entry (a pull, no compile)
-   against the g++ compile that the first node ran (the bare compiler command).
+   against the compile that the first node ran (the bare compiler command): nvcc for sm_90 where
+   nvcc is installed (hidet's kernels are CUDA), else g++.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from common import kcache_cmd  # noqa: E402
-from gen_cache import generate  # noqa: E402
+from common import kcache_cmd
+from gen_cache import generate
 
 TARGET = 1.5
 CPU_TASK = """Task(
@@ -41,6 +42,16 @@ CPU_TASK = """Task(
     a: float32[512] where a[v] = a[v]
   attributes: {}
 )"""
+CUDA_SOURCE = """#include <cuda_runtime.h>
+__global__ void bench_add(const float* a, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] * 2.0f + 1.0f;
+}
+extern "C" int launch_bench_add(const float* a, float* c, int n) {
+    bench_add<<<(n + 255) / 256, 256>>>(a, c, n);
+    return (int)cudaGetLastError();
+}
+"""
 CPU_SOURCE = """#include <vector>
 #include <algorithm>
 #include <numeric>
@@ -96,21 +107,30 @@ def hit_vs_compile(work: Path, url: str, repeat: int) -> float:
     task = work / "task"
     task.mkdir()
     (task / "task.txt").write_text(CPU_TASK)
-    (task / "source.cc").write_text(CPU_SOURCE)
-    cxx = shutil.which("g++") or "g++"
+    nvcc = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.access("/usr/local/bin/nvcc", os.X_OK) else None)
+    out = work / "bare.so"
+    if nvcc:
+        (task / "source.cu").write_text(CUDA_SOURCE)
+        extra = ["--arch", "sm_90", "--nvcc", nvcc]
+        compile_cmd = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-O3", "-arch=sm_90", str(task / "source.cu"),
+                       "-o", str(out)]
+    else:
+        (task / "source.cc").write_text(CPU_SOURCE)
+        extra = []
+        compile_cmd = [shutil.which("g++") or "g++", "-shared", "-fPIC", "-O3", str(task / "source.cc"), "-o", str(out)]
     node_a = work / "node-a"
     t = time.perf_counter()
-    subprocess.run(kcache_cmd("build", str(task), "--cache-dir", str(node_a), "--remote", url), check=True,
+    subprocess.run(kcache_cmd("build", str(task), "--cache-dir", str(node_a), "--remote", url, *extra), check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = time.perf_counter() - t
-    out = work / "bare.so"
-    compile_cmd = [cxx, "-shared", "-fPIC", "-O3", str(task / "source.cc"), "-o", str(out)]
     t_compile = best(compile_cmd, lambda: None, repeat)
     node_b = work / "node-b"
-    t_hit = best(kcache_cmd("build", str(task), "--cache-dir", str(node_b), "--remote", url), fresh(node_b), repeat)
+    t_hit = best(kcache_cmd("build", str(task), "--cache-dir", str(node_b), "--remote", url, *extra), fresh(node_b),
+                 repeat)
     ratio = t_hit / t_compile
+    name = os.path.basename(compile_cmd[0])
     print(f"build --remote: first node (compile + push) {first * 1000:.1f} ms", flush=True)
-    print(f"build --remote hit (pull)        kcache {t_hit * 1000:8.1f} ms  bare g++ {t_compile * 1000:8.1f} ms  "
+    print(f"build --remote hit (pull)        kcache {t_hit * 1000:8.1f} ms  bare {name} {t_compile * 1000:8.1f} ms  "
           f"ratio {ratio:5.2f}x (lower is better: the compile it saves)", flush=True)
     return ratio
 
