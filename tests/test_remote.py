@@ -515,3 +515,18 @@ def test_a_layouts_local_files_are_held_to_imports_rules(tmp_path):
     assert _extra_problem(rec, {"__grp__k.json": b"{}"}) is None
     for bad in ("../../escape", "sub/file", "k.cubin", ".lock", ""):
         assert _extra_problem(rec, {bad: b"x"}) is not None, bad
+
+
+@pytest.mark.parametrize("sub", ["ls", "stats", "prune"])
+def test_remote_subcommands_have_help_with_an_example_and_take_global_options(kcache, tmp_path, sub):
+    from typer.main import get_command
+
+    from kcache_cli.cli.app import app
+
+    cmd = get_command(app).commands["remote"].commands[sub]
+    assert cmd.callback.__doc__.strip().splitlines()[-1].strip().startswith(f"Example: kcache remote {sub}")
+    assert all(p.help for p in cmd.params if not getattr(p, "hidden", False))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    run = kcache("remote", sub, "-q", "--debug", "--json", "--remote", f"file://{shared}")
+    assert run.exit_code == 0 and run.stderr == "" and json.loads(run.stdout) is not None

@@ -36,6 +36,7 @@ def register(app: typer.Typer) -> None:
     remote_app.command("ls")(remote_ls)
     remote_app.command("stats")(remote_stats_command)
     remote_app.command("prune")(remote_prune)
+    remote_app.info.cls = app.info.cls  # global options after `remote ls` too (KcacheGroup)
     app.add_typer(remote_app, name="remote")
 
 
