@@ -530,3 +530,18 @@ def test_remote_subcommands_have_help_with_an_example_and_take_global_options(kc
     shared.mkdir()
     run = kcache("remote", sub, "-q", "--debug", "--json", "--remote", f"file://{shared}")
     assert run.exit_code == 0 and run.stderr == "" and json.loads(run.stdout) is not None
+
+
+def test_entries_of_a_layout_this_kcache_does_not_know_are_skipped_not_refused(kcache, tmp_path):
+    from kcache_cli.remote.push import publish_entry
+    from kcache_cli.remote.store import open_store
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    record, data = triton_record(triton_entry(tmp_path / "triton-cache"))
+    record = {**record, "layout": "newtool"}
+    assert publish_entry(open_store(f"file://{shared}"), record, data)
+    run = kcache("pull", "--cache-dir", tmp_path / "dest", "--remote", f"file://{shared}", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert [(e["action"], e["reason"]) for e in run.json()["entries"]] == [
+        ("skip", "this kcache does not know the newtool layout")]

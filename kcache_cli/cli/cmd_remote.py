@@ -142,6 +142,7 @@ def pull_command(
     finally:
         store.close()
     pulled, refused = result.count("pull", "replace"), result.count("refuse")
+    _check_archs(opts, [e for e in result.entries if e.done])
     if opts.json:
         c.emit_json({"remote": result.remote, "root": result.root, "dry_run": dry_run, "pulled": pulled,
                      "skipped": result.count("skip"), "refused": refused, "size": result.size,
@@ -156,6 +157,24 @@ def pull_command(
                      f"skipped {result.count('skip')}; refused {refused}")
     if refused:
         raise typer.Exit(1)
+
+
+def _check_archs(opts: c.GlobalOptions, entries) -> None:
+    """As import does: warn about pulled kernels this machine's GPU cannot run."""
+    from kcache_cli.archive import arch_runs_on, cuda_archs, local_compute_caps
+
+    checked = [e for e in entries if e.arch and cuda_archs(e.arch)]
+    if not checked:
+        return
+    caps = local_compute_caps()
+    if caps is None:
+        c.warn(opts, "no NVIDIA GPU found (nvidia-smi): cannot check that the pulled kernels' archs suit this machine")
+        return
+    bad = [e for e in checked if arch_runs_on(e.arch, caps) is False]
+    for e in bad[:10]:
+        c.warn(opts, f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU")
+    if len(bad) > 10:
+        c.warn(opts, f"{len(bad) - 10} more entries are built for archs this GPU cannot run")
 
 
 def remote_ls(

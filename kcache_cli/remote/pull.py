@@ -21,6 +21,7 @@ from pathlib import Path
 from kcache_cli.model import ScanFilter, Warn
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.store import Store
+from kcache_cli.terms import LAYOUT_NAMES
 
 PULL, REPLACE, SKIP, REFUSE = "pull", "replace", "skip", "refuse"
 BATCH_BYTES = 64 << 20  # data fetched in one round trip
@@ -188,6 +189,9 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
                     records.append(rec)
                     foreign[rec["relpath"]] = data
     out = [PulledEntry("?", "?", rel, 0, 0, REFUSE, False, why) for rel, why in unreadable]
+    unknown = [r for r in records if r.get("layout") not in LAYOUT_NAMES]
+    out += [_entry(r, SKIP, False, f"this kcache does not know the {r.get('layout')} layout") for r in unknown]
+    records = [r for r in records if r.get("layout") in LAYOUT_NAMES]
     if accept is not None:
         kept = []
         for rec in records:
