@@ -545,3 +545,13 @@ def test_entries_of_a_layout_this_kcache_does_not_know_are_skipped_not_refused(k
     assert run.exit_code == 0, run.stderr
     assert [(e["action"], e["reason"]) for e in run.json()["entries"]] == [
         ("skip", "this kcache does not know the newtool layout")]
+
+
+def test_a_shared_directory_takes_keys_longer_than_a_file_name(tmp_path):
+    from kcache_cli.remote.store import open_store
+
+    (tmp_path / "shared").mkdir()
+    store = open_store(f"file://{tmp_path / 'shared'}")
+    long_a, long_b = "kcache:v1:hidet:" + "x" * 300 + ":a", "kcache:v1:hidet:" + "x" * 300 + ":b"
+    store.put({long_a: b"A", long_b: b"B"})
+    assert store.get([long_a, long_b]) == [b"A", b"B"]
