@@ -1989,6 +1989,13 @@ def publish_staged(root: Path, planned: _Planned, staging: _Staging, lock_timeou
                     made if made is not None else set())
 
 
+def check_total(root: Path, need: int, limits: ImportLimits = ImportLimits()) -> None:
+    """Import's bounds on what a whole import writes: the total limit, then the free space."""
+    if need > limits.max_total:
+        raise KcacheError(f"the selected entries would expand to {need} bytes, over the limit of {limits.max_total}")
+    _check_space(Path(os.path.realpath(root)), need)
+
+
 def remove_stale_staging(root: Path) -> None:
     """Staging directories that killed imports (or pulls) left behind a day ago."""
     _remove_stale_staging(Path(os.path.realpath(root)))

@@ -555,3 +555,14 @@ def test_a_shared_directory_takes_keys_longer_than_a_file_name(tmp_path):
     long_a, long_b = "kcache:v1:hidet:" + "x" * 300 + ":a", "kcache:v1:hidet:" + "x" * 300 + ":b"
     store.put({long_a: b"A", long_b: b"B"})
     assert store.get([long_a, long_b]) == [b"A", b"B"]
+
+
+def test_a_pull_is_bounded_like_an_import(tmp_path):
+    from kcache_cli.archive import ImportLimits, check_total
+    from kcache_cli.errors import KcacheError
+
+    check_total(tmp_path, 10, ImportLimits(max_total=10))
+    with pytest.raises(KcacheError, match="over the limit of 10"):
+        check_total(tmp_path, 11, ImportLimits(max_total=10))
+    with pytest.raises(KcacheError, match="not enough space"):
+        check_total(tmp_path, 1 << 60, ImportLimits(max_total=1 << 62))

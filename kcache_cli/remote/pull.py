@@ -174,7 +174,7 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
          advance: Callable[[int], None] | None = None) -> PullResult:
     """Pull the remote entries `flt` selects (or exactly `ids`, (layout, relpath) pairs, read by key
     without the index). `accept(record)` may turn an entry down with a reason (build: another arch)."""
-    from kcache_cli.archive import ImportLimits, plan_records
+    from kcache_cli.archive import ImportLimits, check_total, plan_records
 
     warn = warn or (lambda m: None)
     flt = flt or ScanFilter()
@@ -205,6 +205,8 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
     todo = sorted((p for p in planned if p.write), key=lambda p: (p.layout, p.kind) != ("tilus", "program"))
     if start:
         start(len(todo))
+    if todo and not dry_run:
+        check_total(root, sum(p.size for p in todo))
     if dry_run or not todo:
         out += [_entry(p.record, PULL if p.action == "import" else REPLACE, False, p.reason) for p in todo]
         return PullResult(store.url, str(root), dry_run, tuple(sorted(out, key=lambda e: e.relpath)))
