@@ -248,10 +248,12 @@ def _complete_on_the_remote(client) -> dict[str, dict]:
 @needs_redis
 def test_redis_killed_in_the_middle_of_a_push_leaves_no_partial_entry(kcache, tmp_path, redis_server,
                                                                      monkeypatch):
+    from kcache_cli.remote import push as push_mod
     from kcache_cli.remote.store import RedisStore
 
     server = redis_server(persistent=True)
     root = fixtures(tmp_path)["hidet"]
+    monkeypatch.setattr(push_mod, "BATCH_ENTRIES", 1)  # one entry per round trip: the crash falls between two
     calls = []
     real_put = RedisStore.put
 

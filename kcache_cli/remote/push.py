@@ -75,8 +75,18 @@ def _summary(record: dict, size: int, pushed: str) -> bytes:
                        "pushed": pushed}, separators=(",", ":")).encode()
 
 
-def publish_entry(store: Store, record: dict, data: dict[str, bytes], executable: tuple[str, ...] = ()) -> bool:
-    """Upload one entry and publish it. False when another pusher published it first."""
+@dataclass
+class _Outgoing:
+    """One entry on its way: its record as stored, its data keys and values, and its publish."""
+
+    record: dict
+    items: dict[str, bytes]
+    publish: Publish
+    content_addressed: bool
+    ttl: int | None
+
+
+def _prepare(record: dict, data: dict[str, bytes], executable: tuple[str, ...]) -> _Outgoing:
     from kcache_cli import __version__
 
     fmt = f.format_for(record["layout"])
@@ -87,24 +97,43 @@ def publish_entry(store: Store, record: dict, data: dict[str, bytes], executable
     items: dict[str, bytes] = {}
     for name, keys in fmt.data_keys(rec).items():
         items.update(zip(keys, f.split_pieces(files[name])))
-    # Content-addressed data can expire until published; a tool's own keys (Triton's) cannot carry a
-    # time to live, which could outlast their publish.
+    # Content-addressed data may expire until published; a tool's own keys (Triton's) get no time to
+    # live, which a second pusher could put back on keys already published.
     ttl = PENDING_TTL if fmt.content_addressed else None
-    store.put(items, ttl=ttl, only_new=fmt.content_addressed)
-    key = f.record_key(rec["layout"], rec["relpath"])
     size = sum(s for s, _ in rec["files"].values())
-    won = store.publish(Publish(key, json.dumps(rec, separators=(",", ":")).encode(), f.INDEX,
-                                f.entry_id(rec["layout"], rec["relpath"]), _summary(rec, size, pushed),
-                                persist=tuple(items) if ttl else (), last=fmt.last(rec)))
-    if not won and fmt.content_addressed:
-        winner = store.get([key])[0]
-        keep: set[str] = set()
-        try:
-            keep = {k for ks in fmt.data_keys(json.loads(winner or b"")).values() for k in ks}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return False  # unreadable: leave everything; our data expires anyway
-        store.delete([k for k in items if k not in keep])
+    publish = Publish(f.record_key(rec["layout"], rec["relpath"]), json.dumps(rec, separators=(",", ":")).encode(),
+                      f.INDEX, f.entry_id(rec["layout"], rec["relpath"]), _summary(rec, size, pushed),
+                      persist=tuple(items) if ttl else (), last=fmt.last(rec))
+    return _Outgoing(rec, items, publish, fmt.content_addressed, ttl)
+
+
+def publish_entries(store: Store, batch: list[_Outgoing]) -> list[bool]:
+    """Upload a batch of entries (data first, in one round trip per kind), then publish each; for each,
+    False when another pusher published it first (its data that the winner does not use is removed)."""
+    for ttl, only_new in {(o.ttl, o.content_addressed) for o in batch}:
+        group = [o for o in batch if (o.ttl, o.content_addressed) == (ttl, only_new)]
+        store.put({k: v for o in group for k, v in o.items.items()}, ttl=ttl, only_new=only_new)
+    won = store.publish_many([o.publish for o in batch])
+    lost = [o for o, w in zip(batch, won) if not w and o.content_addressed]
+    if lost:
+        winners = store.get([o.publish.key for o in lost])
+        for o, raw in zip(lost, winners):
+            try:
+                keep = {k for ks in f.format_for(o.record["layout"]).data_keys(json.loads(raw or b"")).values()
+                        for k in ks}
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue  # unreadable: leave everything; our data expires anyway
+            store.delete([k for k in o.items if k not in keep])
     return won
+
+
+def publish_entry(store: Store, record: dict, data: dict[str, bytes], executable: tuple[str, ...] = ()) -> bool:
+    """Upload one entry and publish it. False when another pusher published it first."""
+    return publish_entries(store, [_prepare(record, data, executable)])[0]
+
+
+BATCH_ENTRIES = 64  # entries uploaded and published per round trip
+BATCH_BYTES = 32 << 20
 
 
 def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bool = False,
@@ -120,10 +149,19 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
         start(len(plan.jobs))
     out: list[PushedEntry] = []
     left_seen = len(plan.left)
+    batch: list[tuple[_Outgoing, tuple[str, str, str, int, int]]] = []
+
+    def flush() -> None:
+        for (o, args), won in zip(batch, publish_entries(store, [o for o, _ in batch])):
+            out.append(PushedEntry(*args, PUSH if won else SKIP, won, None if won else "pushed meanwhile by another node",
+                                   o.record.get("arch")))
+        batch.clear()
+
     for record, data, executable in entry_records(plan):
         size = sum(s for s, _ in record["files"].values())
         eid = f.entry_id(record["layout"], record["relpath"])
-        args = (record["layout"], record["kind"], record["relpath"], len(record["files"]), size)
+        args: tuple[str, str, str, int, int] = (record["layout"], record["kind"], record["relpath"],
+                                                 len(record["files"]), size)
         problem = own_manifest_problem(record, data)
         if problem:
             out.append(PushedEntry(*args, LEFT, False, problem, record.get("arch")))
@@ -132,12 +170,14 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
         elif dry_run:
             out.append(PushedEntry(*args, PUSH, False, None, record.get("arch")))
         else:
-            won = publish_entry(store, record, data, executable)
-            out.append(PushedEntry(*args, PUSH if won else SKIP, won,
-                                   None if won else "pushed meanwhile by another node", record.get("arch")))
+            batch.append((_prepare(record, data, executable), args))
+            if len(batch) >= BATCH_ENTRIES or sum(len(v) for o, _ in batch for v in o.items.values()) > BATCH_BYTES:
+                flush()
         if advance:
             advance(1 + len(plan.left) - left_seen)
             left_seen = len(plan.left)
+    if batch:
+        flush()
     for e, why in plan.left:
         out.append(PushedEntry(e.layout, e.kind, e.relpath, e.files, e.size, LEFT, False, why))
     out.sort(key=lambda e: e.relpath)

@@ -51,6 +51,8 @@ class Store(Protocol):
 
     def publish(self, p: Publish) -> bool: ...
 
+    def publish_many(self, ps: Sequence[Publish]) -> list[bool]: ...
+
     def delete(self, keys: Sequence[str]) -> None: ...
 
     def hash_get(self, name: str) -> dict[str, bytes]: ...
@@ -137,12 +139,19 @@ class RedisStore:
             raise self._fail(exc) from None
 
     def publish(self, p: Publish) -> bool:
+        return self.publish_many([p])[0]
+
+    def publish_many(self, ps: Sequence[Publish]) -> list[bool]:
+        """Each publish atomic (one script run), all of them in one round trip."""
         try:
             if self._script is None:
                 self._script = self._r.register_script(_PUBLISH)
-            keys = [p.key, p.index, *p.persist, *(k for k, _ in p.last)]
-            args = [p.value, p.index_field, p.index_value, len(p.persist), *(v for _, v in p.last)]
-            return bool(self._script(keys=keys, args=args))
+            pipe = self._r.pipeline(transaction=False)
+            for p in ps:
+                keys = [p.key, p.index, *p.persist, *(k for k, _ in p.last)]
+                args = [p.value, p.index_field, p.index_value, len(p.persist), *(v for _, v in p.last)]
+                self._script(keys=keys, args=args, client=pipe)
+            return [bool(r) for r in pipe.execute()]
         except self._errors as exc:
             raise self._fail(exc) from None
 
@@ -258,6 +267,9 @@ class FileStore:
             if only_new and os.path.exists(os.path.join(self.path, name)):
                 continue
             self._write(os.path.join(self.path, (_PENDING if ttl else "") + name), v)
+
+    def publish_many(self, ps: Sequence[Publish]) -> list[bool]:
+        return [self.publish(p) for p in ps]
 
     def publish(self, p: Publish) -> bool:
         # The data first: a reader who sees the record must find it. Data keys hold their bytes'
