@@ -568,3 +568,18 @@ def test_a_pull_is_bounded_like_an_import(tmp_path):
         check_total(tmp_path, 11, ImportLimits(max_total=10))
     with pytest.raises(KcacheError, match="not enough space"):
         check_total(tmp_path, 1 << 60, ImportLimits(max_total=1 << 62))
+
+
+def test_prune_of_a_shared_directory_removes_data_of_pushes_that_never_published(kcache, tmp_path):
+    import time
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    old, fresh = shared / ".pending-kcache:v1:hidet:x:data:ab:0", shared / ".pending-kcache:v1:hidet:y:data:cd:0"
+    old.write_bytes(b"orphan")
+    fresh.write_bytes(b"a push in progress")
+    then = time.time() - 2 * 24 * 3600
+    os.utime(old, (then, then))
+    run = kcache("remote", "prune", "--remote", f"file://{shared}", "--older-than", "30d")
+    assert run.exit_code == 0, run.stderr
+    assert not old.exists() and fresh.exists()
