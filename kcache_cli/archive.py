@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Iterator, Protocol
 
 from kcache_cli import __version__, state
 from kcache_cli.errors import KcacheError, UsageError
@@ -1935,3 +1935,125 @@ def _check_space(root: Path, need: int) -> None:
     free = st.f_bavail * st.f_frsize
     if need > free:
         raise KcacheError(f"not enough space in {root}: the archive needs {need} bytes, {free} are free")
+
+
+# ---- entry by entry: the same rules for importers other than the archive reader (kcache pull) ----
+
+PlannedEntry = _Planned
+ImportStaging = _Staging  # <root>/.kcache/import-<pid>-<random>/: where entries are written before publishing
+
+
+def rejection_reason(exc: ArchiveRejected) -> str:
+    """The rule a record broke, without the 'archive rejected: ' that import puts first."""
+    return str(exc).removeprefix("archive rejected: ")
+
+
+def plan_records(root: Path, records: list[dict], limits: ImportLimits = ImportLimits(),
+                 programs: Iterable[str] = ()) -> tuple[list[_Planned], list[tuple[int, str]]]:
+    """Every rule import applies to a manifest entry — its path and key fields, file names, sizes and
+    digests, links (a tilus script's may point at one of `programs` or a program in the cache) — then
+    import's plan against `root` (a complete entry present is skipped, an incomplete one replaced).
+
+    Unlike an archive, records are judged one by one: a record that breaks a rule is refused alone,
+    as (its index, one-line reason), and the others are planned."""
+    root = Path(os.path.realpath(root))
+    good: list[_Planned] = []
+    refused: list[tuple[int, str]] = []
+    for i, rec in enumerate(records):
+        try:
+            good.append(_check_records([rec], i, limits)[0])
+        except ArchiveRejected as exc:
+            refused.append((i, rejection_reason(exc)))
+    seen: dict[str, _Planned] = {}
+    for p in sorted(good, key=lambda p: p.relpath):
+        clash = seen.get(p.relpath) or next((seen[a] for a in _ancestors(p.relpath) if a in seen), None)
+        if clash is not None:
+            refused.append((p.index, f"entry {p.relpath} clashes with entry {clash.relpath}"))
+        else:
+            seen[p.relpath] = p
+    wanted = set(programs)
+    chains: dict = {}
+
+    def program_ok(h: str) -> bool:
+        return h in wanted or (_real_dir_chain(root, f"programs/{h}/x", chains) is None
+                               and os.path.isdir(os.path.join(root, "programs", h)))
+
+    ok = []
+    for p in seen.values():
+        bad = next(filter(None, (link_problem(p.layout, p.kind, p.relpath, n, t, program_ok)
+                                 for n, t in p.links.items())), None)
+        (refused.append((p.index, bad)) if bad else ok.append(p))
+    _plan(root, ok, wanted)
+    ok.sort(key=lambda p: p.index)
+    return ok, sorted(refused)
+
+
+def _ancestors(relpath: str) -> list[str]:
+    parts = relpath.split("/")
+    return ["/".join(parts[:k]) for k in range(1, len(parts))]
+
+
+def publish_staged(root: Path, planned: _Planned, staging: _Staging, lock_timeout: float = 60.0,
+                   warn: Warn | None = None, made: set[str] | None = None) -> tuple[bool, str | None]:
+    """Publish one entry whose files are under `staging.path/<relpath>/` exactly as import does: its
+    directories and empty lock files added, then one rename (no-replace) under the entry's lock.
+    Returns (published, reason). `root` must be a real path (no symlink on the way), as
+    ImportStaging's root is."""
+    _finish_staging(staging, [planned])
+    return _publish(root, planned, staging, lock_timeout, warn or (lambda m: None),
+                    made if made is not None else set())
+
+
+def check_total(root: Path, need: int, limits: ImportLimits = ImportLimits()) -> None:
+    """Import's bounds on what a whole import writes: the total limit, then the free space."""
+    if need > limits.max_total:
+        raise KcacheError(f"the selected entries would expand to {need} bytes, over the limit of {limits.max_total}")
+    _check_space(Path(os.path.realpath(root)), need)
+
+
+def remove_stale_staging(root: Path) -> None:
+    """Staging directories that killed imports (or pulls) left behind a day ago."""
+    _remove_stale_staging(Path(os.path.realpath(root)))
+
+
+class _Capture:
+    """A writer that keeps the tar bytes of one entry, for `entry_records`."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+
+def entry_records(plan: ExportPlan) -> Iterator[tuple[dict, dict[str, bytes], tuple[str, ...]]]:
+    """Each planned entry as export writes it: (its manifest record, {file name: bytes}, the names of
+    its executable files), judged and read exactly as by `export_archive`. Entries export would
+    leave out (incomplete, changed while read...) are in `plan.left` afterwards."""
+    import io
+
+    from kcache_cli import tarstream as ts
+
+    programs = {j.relpath.split("/", 1)[1] for j in plan.jobs
+                if isinstance(j, Entry) and (j.layout, j.kind) == ("tilus", "program")}
+    capture = _Capture()
+    pw = _PartWriter(plan, capture, programs, _ignore)
+    for job in plan.jobs:
+        capture.chunks.clear()
+        before, left = len(pw.records), len(pw.left)
+        pw.job(job)
+        plan.left.extend(pw.left[left:])
+        if len(pw.records) == before:
+            continue
+        record = pw.records[-1]
+        reader = ts.TarReader(io.BytesIO(b"".join(capture.chunks)))
+        prefix = record["relpath"] + "/"
+        data: dict[str, bytes] = {}
+        executable = []
+        while (m := reader.next()) is not None:
+            if m.type == ts.REGULAR:
+                name = m.name[len(prefix):]
+                data[name] = reader.small_data(m) or b"".join(reader.data(m))
+                if m.mode & 0o111:
+                    executable.append(name)
+        yield record, data, tuple(executable)

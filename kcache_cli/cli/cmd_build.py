@@ -61,6 +61,15 @@ def build_command(
     timeout: Annotated[Optional[float], typer.Option(
         "--timeout", metavar="SECONDS", min=0, help="Wait at most this long for another build of the same entry "
         "(then exit 3). Default: wait as long as it takes.")] = None,
+    remote: Annotated[Optional[str], typer.Option(
+        "--remote", metavar="URL", envvar="KCACHE_REMOTE", show_envvar=False,
+        help="Share builds through this remote (redis://host:port/db, rediss://..., file:///dir; default: "
+        "KCACHE_REMOTE): a local hit is done, a remote hit is pulled, a miss is compiled and pushed. A remote "
+        "that is down or slow is a warning, never a failed build.")] = None,
+    no_remote: Annotated[bool, typer.Option("--no-remote", help="Ignore KCACHE_REMOTE.")] = False,
+    remote_timeout: Annotated[float, typer.Option(
+        "--remote-timeout", metavar="SECONDS", min=0.1, help="Connect timeout for --remote; one remote command may "
+        "take 5 times as long before the build goes on without the remote.")] = 2.0,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -95,12 +104,14 @@ def build_command(
     root = c.cache_root(opts)
     show = sys.stderr.isatty() and not opts.quiet
     listener = _Listener(opts, len(paths), show)
+    builder = _remote_builder(opts, remote, remote_timeout) if remote and not no_remote else b.build_task
 
     if len(paths) == 1 and not opts.json:
-        return _build_one(opts, root, paths[0], options, source, listener)
+        return _build_one(opts, root, paths[0], options, source, listener, builder)
     tasks_to_build = [b.load_task(paths[0], options, source)] if source is not None else paths
     try:
-        results = b.build_tasks(root, tasks_to_build, options, jobs=jobs or os.cpu_count() or 1, listener=listener)
+        results = b.build_tasks(root, tasks_to_build, options, jobs=jobs or os.cpu_count() or 1, listener=listener,
+                                builder=builder)
     finally:
         listener.stop()
     for r in results:
@@ -121,13 +132,13 @@ def build_command(
         raise typer.Exit(code)
 
 
-def _build_one(opts: c.GlobalOptions, root, path: str, options, source: Optional[str], listener) -> None:
+def _build_one(opts: c.GlobalOptions, root, path: str, options, source: Optional[str], listener, builder) -> None:
     """One task: errors are one line (main() prints them); stdout is the entry's path."""
     from kcache_cli import build as b
     from kcache_cli.errors import KcacheError
 
     try:
-        result = b.build_task(root, path, options, source=source, listener=listener)
+        result = builder(root, path, options, source=source, listener=listener)
     finally:
         listener.stop()
     _notes(opts, result)
@@ -153,6 +164,17 @@ def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]
     if named and target is not None and named != target:
         raise UsageError(f"--space {space} is a {named} space but --target is {target}")
     return int(m.group(2)), named or target
+
+
+def _remote_builder(opts: c.GlobalOptions, url: str, timeout: float):
+    """build_task that consults the remote first and pushes what it compiles (kcache_cli.remote.build)."""
+    from kcache_cli.remote.build import build_with_remote
+
+    def builder(root, task, options, *, source=None, listener=None):
+        return build_with_remote(root, task, options, url, source=source, listener=listener,
+                                 warn=lambda m: c.warn(opts, m), connect_timeout=timeout)
+
+    return builder
 
 
 def _notes(opts: c.GlobalOptions, result) -> None:
