@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from kcache_cli.terms import (BUILDING, COMPLETE, CORRUPT, FAILED, KINDS, LAYOUT_NAMES,  # noqa: F401
-                              PARTIAL, STATUSES)
+                              PARTIAL, STALE, STATUSES, UNREADABLE)
 
 UNREADABLE_REASON = "unreadable directory (permission denied?)"
 
@@ -56,6 +56,20 @@ class Entry:
         d["modified"] = iso(self.modified)
         d["last_used"] = iso(self.last_used)
         return d
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A layout's verdict on one entry's files: the same function gives it to ls (cheap) and to
+    verify, inspect, prune --broken and import (deep), so they cannot disagree on the same files."""
+
+    status: str
+    reason: str | None = None
+    problems: tuple[str, ...] = ()  # every problem found; the first is `reason`
+
+    @staticmethod
+    def of(status: str, reason: str | None = None) -> "Judgement":
+        return Judgement(status, reason, (reason,) if reason else ())
 
 
 @dataclass(frozen=True)
