@@ -398,105 +398,124 @@ def command_from_script(text: str) -> str:
     return "\n".join(l for l in text.splitlines() if l.strip() and not l.startswith("#!")).strip()
 
 
-def describe(root: Path, entry: Entry) -> Details:
-    from kcache_cli.taskfile import TaskFormatError, parse_task, task_hash
+def _dim(d):
+    """A shape dimension as JSON wants it: an integer when it is one (task.txt gives strings)."""
+    if isinstance(d, str) and re.fullmatch(r"-?\d+", d.strip()):
+        return int(d)
+    return d
 
+
+def _tensors(items, given: tuple[TensorInfo, ...] = ()) -> tuple[TensorInfo, ...]:
+    got = []
+    for i, t in enumerate(items or []):
+        if not isinstance(t, dict):
+            continue
+        name = given[i].name if i < len(given) else t.get("name")
+        got.append(TensorInfo(name, str(t.get("dtype")), tuple(_dim(d) for d in t.get("shape") or ())))
+    return tuple(got) or given
+
+
+def _deep_judgement(root: Path, entry: Entry) -> Judgement:
+    if entry.status in (BUILDING,) or not entry.hash or os.path.basename(entry.path).startswith("."):
+        return Judgement.of(entry.status, entry.reason)  # temp dirs, hidden dirs, unlistable dirs
+    return judge(entry.path, entry.kind, True, root=root)
+
+
+def _module_dirs(entry: Entry) -> list[str]:
+    """The directories holding compiled modules: the entry itself, or a graph's module and kernels."""
+    if entry.kind != "graph":
+        return [entry.path]
+    return [os.path.join(entry.path, "graph_module"),
+            *(os.path.join(entry.path, "kernels", k) for k in _graph_kernels(entry.path))]
+
+
+def describe(root: Path, entry: Entry) -> Details:
     p = entry.path
-    problems: list[str] = []
     facts: list[tuple[str, str]] = []
     files = list_files(p)
-    task_op = entry.op
-    inputs: tuple[TensorInfo, ...] = ()
-    outputs: tuple[TensorInfo, ...] = ()
-    if entry.kind != "op":
-        return Details(entry, entry.status, entry.reason, (), files)
-
-    task_path = os.path.join(p, "task.txt")
-    try:
-        with open(task_path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        data = None
-        facts.append(("task", "no task.txt in this entry"))
-    except OSError as exc:
-        data = None
-        problems.append(f"cannot read task.txt: {exc.strerror}")
-    if data is not None:
-        actual = task_hash(data)
-        if not entry.relpath.rsplit("/", 1)[-1].startswith(state.TEMP_PREFIX) and actual != entry.hash:
-            problems.append(f"task.txt hashes to {actual}, not {entry.hash}: its hash no longer matches "
-                            "(edited after the build?), so hidet will never load this entry")
-        try:
-            task = parse_task(data)
-            task_op = task.name
-            inputs = tuple(TensorInfo(t.name, t.dtype, t.shape) for t in task.inputs)
-            outputs = tuple(TensorInfo(t.name, t.dtype, t.shape) for t in task.outputs)
-            if task.name != entry.op:
-                problems.append(f"task.txt names op '{task.name}' but the entry sits under '{entry.op}'")
-        except TaskFormatError as exc:
-            problems.append(str(exc))
-
-    meta_text = read_text(os.path.join(p, "meta.json"))
-    if meta_text:
-        try:
-            meta = json.loads(meta_text)
-            facts.append(("hidet version", str(meta.get("hidet_version"))))
-            if meta.get("target"):
-                facts.append(("meta target", str(meta["target"])))
-
-            def tensors(key, given):
-                got = []
-                for i, t in enumerate(meta.get(key) or []):
-                    name = given[i].name if i < len(given) else None
-                    got.append(TensorInfo(name, str(t.get("dtype")), tuple(t.get("shape") or ())))
-                return tuple(got) or given
-
-            inputs, outputs = tensors("inputs", inputs), tensors("outputs", outputs)
-        except (ValueError, AttributeError, TypeError):
-            problems.append("meta.json is not valid JSON")
+    verdict = _deep_judgement(root, entry)
+    problems = list(verdict.problems)
+    task_op, inputs, outputs = _describe_task(entry, problems, facts) if entry.kind == "op" else (None, (), ())
+    meta = _json(os.path.join(p, "meta.json"))
+    if meta is None and os.path.isfile(os.path.join(p, "meta.json")):
+        problems.append("meta.json is not valid JSON")
+    if meta:
+        facts.append(("hidet version", str(meta.get("hidet_version"))))
+        if meta.get("target"):
+            facts.append(("meta target", str(meta["target"])))
+        inputs, outputs = _tensors(meta.get("inputs"), inputs), _tensors(meta.get("outputs"), outputs)
+        if entry.kind == "graph" and meta.get("num_kernels") is not None:
+            facts.append(("kernels", str(meta["num_kernels"])))
     version = read_text(os.path.join(p, "version.txt"))
     if version is not None:
         facts.append(("version.txt", version.strip()))
-
-    manifest_text = read_text(os.path.join(p, MANIFEST))
-    if manifest_text is not None:
-        try:
-            manifest = json.loads(manifest_text)
-            problems.extend(check_manifest(p, MANIFEST, manifest.get("files") or {}))
-            for key in ("arch", "compiler", "kcache_version"):
-                if manifest.get(key):
-                    facts.append((f"recorded {key}", str(manifest[key])))
-        except (ValueError, AttributeError):
-            problems.append(f"{MANIFEST} is not valid JSON")
-
+    facts.append(("hidet in use", version_in_use(root) or "unknown (not installed, no version.txt)"))
+    manifest = _json(os.path.join(p, MANIFEST))
+    if manifest:
+        for key in ("arch", "compiler", "kcache_version"):
+            if manifest.get(key):
+                facts.append((f"recorded {key}", str(manifest[key])))
+    main = _module_dirs(entry)[0]
     command = output = None
-    log = read_text(os.path.join(p, "nvcc_log.txt"))
-    script = read_text(os.path.join(p, "compile.sh"))
+    log = read_text(os.path.join(main, "nvcc_log.txt"))
+    script = read_text(os.path.join(main, "compile.sh"))
     if script is not None:
         command = command_from_script(script)
     elif log:
         command = log.splitlines()[0].strip() if log.strip() else None
     for name in ("nvcc_output.txt", "gcc_output.txt"):
-        output = output or read_text(os.path.join(p, name))
+        output = output or read_text(os.path.join(main, name))
     if output is None and log:
         output = "\n".join(log.splitlines()[1:])
     if os.path.isdir(os.path.join(p, "candidates")):
         facts.append(("candidates/", "auto-tuning leftovers (prune removes them)"))
-
-    binaries = tuple(os.path.join(p, BINARY) for _ in [0] if os.path.isfile(os.path.join(p, BINARY)))
-    status, reason = entry.status, entry.reason
+    binaries = tuple(os.path.join(d, BINARY) for d in _module_dirs(entry) if os.path.isfile(os.path.join(d, BINARY)))
+    status, reason = verdict.status, verdict.reason
     if problems and status == COMPLETE:
         status, reason = CORRUPT, problems[0]
     return Details(entry, status, reason, tuple(problems), files, task_op, inputs, outputs, command, output,
                    binaries, tuple(facts))
 
 
+def _describe_task(entry: Entry, problems: list[str], facts: list[tuple[str, str]]
+                   ) -> tuple[str | None, tuple[TensorInfo, ...], tuple[TensorInfo, ...]]:
+    """The op's name and tensors from task.txt (its hash is part of the judgement)."""
+    from kcache_cli.taskfile import TaskFormatError, parse_task
+
+    try:
+        with open(os.path.join(entry.path, "task.txt"), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        facts.append(("task", "no task.txt in this entry"))
+        return entry.op, (), ()
+    except OSError:
+        return entry.op, (), ()  # the judgement says why
+    try:
+        task = parse_task(data)
+    except TaskFormatError as exc:
+        problems.append(str(exc))
+        return entry.op, (), ()
+    if task.name != entry.op:
+        problems.append(f"task.txt names op '{task.name}' but the entry sits under '{entry.op}'")
+
+    def info(t) -> TensorInfo:
+        return TensorInfo(t.name, t.dtype, tuple(_dim(d) for d in t.shape))
+
+    return task.name, tuple(info(t) for t in task.inputs), tuple(info(t) for t in task.outputs)
+
+
 def log_files(entry: Entry) -> list[LogFile]:
-    p = entry.path
-    if os.path.isfile(os.path.join(p, "nvcc_log.txt")):
-        return [LogFile("nvcc_log.txt", os.path.join(p, "nvcc_log.txt"))]
-    return [LogFile(n, os.path.join(p, n)) for n in ("compile.sh", "nvcc_output.txt", "gcc_output.txt")
-            if os.path.isfile(os.path.join(p, n))]
+    """kcache's nvcc_log.txt, or hidet's compile.sh then the compiler's output (for a graph: its
+    graph module's, then each kernel's)."""
+    out = []
+    for d in _module_dirs(entry):
+        label = "" if d == entry.path else os.path.relpath(d, entry.path) + "/"
+        if os.path.isfile(os.path.join(d, "nvcc_log.txt")):
+            out.append(LogFile(label + "nvcc_log.txt", os.path.join(d, "nvcc_log.txt")))
+            continue
+        out.extend(LogFile(label + n, os.path.join(d, n)) for n in ("compile.sh", "nvcc_output.txt", "gcc_output.txt")
+                   if os.path.isfile(os.path.join(d, n)))
+    return out
 
 
 # ---- for prune/clear -----------------------------------------------------------------------------
