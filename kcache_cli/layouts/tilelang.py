@@ -79,7 +79,7 @@ def binary_status(path: str, names: dict[str, int], mtimes: dict[str, float] | N
 
 
 def judge(path: str, kind: str, deep: bool = False, *, names: dict[str, int] | None = None,
-          mtimes: dict[str, float] | None = None) -> Judgement:
+          mtimes: dict[str, float] | None = None, root: object = None) -> Judgement:
     """The one judgement of a tilelang kernel or binary: cheap for ls, `deep` checks every byte against
     manifest.json / metadata.json."""
     if names is None:
@@ -102,13 +102,25 @@ def judge(path: str, kind: str, deep: bool = False, *, names: dict[str, int] | N
         binary = next((b for b in CUBIN_BINARIES if b in names), None)
         problems = check_manifest(path, "metadata.json", {binary: {"size": meta.get("size"), "sha256": meta["sha256"]}}
                                   ) if binary and meta.get("sha256") else []
-    bad = read_every_byte(path)
+    bad = read_every_byte(path) or _not_a_binary(path, names)
     if bad and not problems:
         problems = [bad]
     if problems:
         status = UNREADABLE if all("unreadable" in p or "Permission denied" in p for p in problems) else CORRUPT
         return Judgement(status, problems[0], tuple(problems))
     return Judgement(COMPLETE)
+
+
+def _not_a_binary(path: str, names: dict[str, int]) -> str | None:
+    """A compiled file whose bytes are no kernel binary (an ELF .so or cubin, or a fatbin)."""
+    from kcache_cli.checks import read_head
+
+    for b in (*KERNEL_BINARIES, *CUBIN_BINARIES):
+        if b in names:
+            head = read_head(os.path.join(path, b), 4)
+            if head != b"\x7fELF" and head != b"\x50\xed\x55\xba":
+                return f"{b} is not a readable kernel binary (neither ELF nor fatbin)"
+    return None
 
 
 def _staging(ctx, path: str, kind: str, space: str) -> Iterator[Entry]:
