@@ -72,7 +72,7 @@ LayoutOpt = Annotated[Optional[List[str]], typer.Option("--layout", metavar="LAY
                                                         help="Only this layout: hidet, tilus, tilelang (repeatable).",
                                                         autocompletion=complete.complete_layout)]
 StatusOpt = Annotated[Optional[List[str]], typer.Option(
-    "--status", metavar="STATUS", help="Only this status: complete, partial, failed, corrupt, building (repeatable).",
+    "--status", metavar="STATUS", help="Only this status: complete, partial, failed, corrupt, building, stale, unreadable (repeatable).",
     autocompletion=complete.complete_status)]
 KindOpt = Annotated[Optional[List[str]], typer.Option(
     "--kind", metavar="KIND", help="Only this kind: op, graph, ir_module, program, script, kernel, binary.",
@@ -175,7 +175,7 @@ def human_age(ts: float) -> str:
 
 
 STATUS_STYLE = {"complete": "green", "partial": "yellow", "failed": "red", "corrupt": "bold red",
-                "building": "cyan"}
+                "building": "cyan", "stale": "magenta", "unreadable": "bold yellow"}
 
 
 def print_table(columns: list[str], rows: list[list[str]], styles: dict[int, dict[str, str]] | None = None,
