@@ -425,9 +425,12 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
         for e in regular:
             # the one deep judgement (as verify's): never the cheap scan alone, never unreadable entries
             j = judge_entry(root, e, deep=True) if e.status not in BROKEN else None
-            status, reason = (j.status, j.reason) if j else (e.status, e.reason)
-            if status in BROKEN:
-                p.select(e, f"broken: {reason or status}", recheck=True)
+            if j is not None and j.status != e.status:
+                from dataclasses import replace
+
+                e = replace(e, status=j.status, reason=j.reason)
+            if e.status in BROKEN:
+                p.select(e, f"broken: {e.reason or e.status}", recheck=True)
     # 3. unused for too long
     if any(e.kind == "binary" for e in regular):
         p.users([e.path for e in regular if e.kind == "binary"])

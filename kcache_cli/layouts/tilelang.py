@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli.checks import changed_since, check_manifest, list_files, read_every_byte, read_text, size_mismatch
+from kcache_cli.checks import (changed_since, check_manifest, list_files, read_every_byte, read_text, size_mismatch,
+                              unreadable)
 from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE, UNREADABLE_REASON, Details, Entry, Judgement,
                               LogFile, ScanFilter, measure_tree)
 
@@ -54,6 +55,9 @@ def kernel_status(path: str, names: dict[str, int], mtimes: dict[str, float] | N
         return PARTIAL, "no executable.so, kernel_lib.so or kernel.cubin"
     if names[binary] == 0:
         return PARTIAL, f"{binary} is empty"
+    why = unreadable(os.path.join(path, binary))
+    if why:
+        return UNREADABLE, why
     if binary == "kernel.cubin" and "kernel.py" not in names:
         return PARTIAL, "kernel.cubin without kernel.py"
     if "params.json" not in names and "params.pkl" not in names:
@@ -68,6 +72,9 @@ def binary_status(path: str, names: dict[str, int], mtimes: dict[str, float] | N
         return PARTIAL, "no kernel.cubin or kernel.fatbin"
     if "metadata.json" not in names:
         return PARTIAL, "no metadata.json"
+    why = unreadable(os.path.join(path, binary))
+    if why:
+        return UNREADABLE, why
     if not changed_since(mtimes, "metadata.json", (binary,)):
         return COMPLETE, None
     meta = _load_json(os.path.join(path, "metadata.json"))
