@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
-from kcache_cli.terms import (BUILDING, COMPLETE, CORRUPT, FAILED, KINDS, LAYOUT_NAMES,  # noqa: F401
-                              PARTIAL, STALE, STATUSES, UNREADABLE)
+from kcache_cli.terms import (  # noqa: F401
+    BUILDING,
+    COMPLETE,
+    CORRUPT,
+    FAILED,
+    KINDS,
+    LAYOUT_NAMES,
+    PARTIAL,
+    STALE,
+    STATUSES,
+    UNREADABLE,
+)
 
 UNREADABLE_REASON = "unreadable directory (permission denied?)"
 
@@ -68,7 +78,7 @@ class Judgement:
     problems: tuple[str, ...] = ()  # every problem found; the first is `reason`
 
     @staticmethod
-    def of(status: str, reason: str | None = None) -> "Judgement":
+    def of(status: str, reason: str | None = None) -> Judgement:
         return Judgement(status, reason, (reason,) if reason else ())
 
 
@@ -154,8 +164,7 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                 else:
                     size += st.st_size
                     files += 1
-                if st.st_mtime > newest:
-                    newest = st.st_mtime
+                newest = max(newest, st.st_mtime)
     return TreeUsage(size, files, newest)
 
 

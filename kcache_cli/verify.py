@@ -12,7 +12,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kcache_cli.model import BUILDING, COMPLETE, CORRUPT, UNREADABLE, Entry, Judgement, ScanFilter, Warn
+from kcache_cli.model import (
+    BUILDING,
+    COMPLETE,
+    CORRUPT,
+    UNREADABLE,
+    Entry,
+    Judgement,
+    ScanFilter,
+    Warn,
+)
 
 
 @dataclass(frozen=True)

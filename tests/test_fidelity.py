@@ -9,9 +9,9 @@ import os
 import shutil
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from conftest import FIXTURES, copy_tree, run_kcache
@@ -361,8 +361,8 @@ def test_unreadable_op_directory_is_counted_and_never_pruned():
                 main(['--cache-dir', {str(root)!r}, *{list(args)!r}])
             """)
             return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
-                                   "-c", code], capture_output=True, text=True, cwd=base,
-                                  env={**os.environ, "HOME": str(base)})
+                                   "-c", code], check=False, capture_output=True, text=True, cwd=base,
+                                  env={**os.environ, "HOME": str(base)}, check=False)
 
         proc = run("ls", "--json")
         if proc.returncode != 0 and not proc.stderr.startswith(("Error:", "warning:")):

@@ -358,16 +358,17 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     for dirname, kind in OTHER_KINDS:
         for de in ctx.listdir(ctx.root / dirname):
             if de.is_dir(follow_symlinks=False):
-                target = other_target(de.path, kind)
-                if not flt.wants_target(target):
+                built_for = other_target(de.path, kind)
+                if not flt.wants_target(built_for):
                     continue
                 j = judge(de.path, kind, False, version=version, root=ctx.root)
                 yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind=kind,
-                                target=target, space=None, op=None, hash=de.name, status=j.status, reason=j.reason)
+                                target=built_for, space=None, op=None, hash=de.name, status=j.status, reason=j.reason)
 
 
 def _op_entry(ctx, job: tuple[str, str, str, str, str, str]) -> Entry:
     path, name, target, space, op, version = job
+    reason: str | None
     names, usage, mtimes = ctx.read_dir(path)
     building = state.temp_hash(name)
     if names is None:
