@@ -165,3 +165,26 @@ def read_every_byte(path: str) -> str | None:
             except OSError as exc:
                 return f"cannot read {os.path.relpath(full, path)}: {exc.strerror}"
     return None
+
+
+def listing_or_unreadable(ctx, path: str, out: list, **fields) -> list[os.DirEntry]:
+    """A directory's entries, sorted. One that cannot be read becomes one `unreadable` entry in `out`
+    (with `fields`: layout, kind, target, space, op): the entries in it cannot be counted one by one,
+    but they are not dropped from the counts either. Nothing deletes such an entry."""
+    from kcache_cli.model import UNREADABLE, TreeUsage
+
+    try:
+        with os.scandir(path) as it:
+            return sorted(it, key=lambda d: d.name)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        ctx.warn(f"cannot read {path}: {exc.strerror}")
+        try:
+            mtime = os.lstat(path).st_mtime
+        except OSError:
+            mtime = 0.0
+        out.append(ctx.entry(path=path, usage=TreeUsage(0, 0, mtime), hash="", status=UNREADABLE,
+                             reason=f"cannot read the directory {ctx.rel(path)}: {exc.strerror}; its entries "
+                                    "are not counted one by one", **fields))
+        return []

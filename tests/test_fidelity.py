@@ -362,7 +362,7 @@ def test_unreadable_op_directory_is_counted_and_never_pruned():
             """)
             return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
                                    "-c", code], check=False, capture_output=True, text=True, cwd=base,
-                                  env={**os.environ, "HOME": str(base)}, check=False)
+                                  env={**os.environ, "HOME": str(base)})
 
         proc = run("ls", "--json")
         if proc.returncode != 0 and not proc.stderr.startswith(("Error:", "warning:")):

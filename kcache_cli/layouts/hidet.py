@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli import state
-from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, read_every_byte, read_head,
-                              read_text, size_mismatch, unreadable)
+from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, listing_or_unreadable,
+                              read_every_byte, read_head, read_text, size_mismatch, unreadable)
 from kcache_cli.locking import entry_build_locked, probe_locked
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, UNREADABLE_REASON, Details, Entry,
                               Judgement, LogFile, ScanFilter, TensorInfo, measure_tree)
@@ -53,11 +53,14 @@ def _version_key(v: str) -> tuple:
 _VERSIONS: dict[str, str] = {}
 
 
-def version_in_use(root: str | os.PathLike, ops: tuple[str, ...] = ()) -> str:
+def version_in_use(root: str | os.PathLike, ops: tuple[str, ...] = (), fresh: bool = False) -> str:
     """The hidet version whose loader decides: the installed hidet's (its metadata, without importing
     it), else the newest version.txt in the cache, else "" (unknown: no entry is judged stale).
     `ops` limits that search to those ops' directories (`ls --op X` reads only X's directories)."""
     key = f"{root}\0{','.join(ops)}"
+    if fresh:  # every scan looks again; the judgements that follow it in one command reuse its answer
+        _VERSIONS.pop(key, None)
+        _VERSIONS.pop(f"{root}\0", None)
     if key in _VERSIONS:
         return _VERSIONS[key]
     import importlib.metadata
@@ -309,34 +312,15 @@ def _space_dirs(ctx, ops: Path, flt: ScanFilter) -> Iterator[tuple[str, str, str
 
 
 def _listing(ctx, path: str, job: tuple, out: list[Entry]) -> list[os.DirEntry]:
-    """List a space or op directory; one that cannot be read is one `unreadable` entry (its entries
-    cannot be counted, but they are not dropped from the counts either)."""
-    try:
-        with os.scandir(path) as it:
-            return sorted(it, key=lambda d: d.name)
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        ctx.warn(f"cannot read {path}: {exc.strerror}")
-        target, space, op = job
-        try:
-            mtime = os.lstat(path).st_mtime
-        except OSError:
-            mtime = 0.0
-        from kcache_cli.model import TreeUsage
-
-        out.append(ctx.entry(path=path, usage=TreeUsage(0, 0, mtime), layout=NAME, kind="op", target=target,
-                             space=space, op=op, hash="", status=UNREADABLE,
-                             reason=f"cannot read the directory {ctx.rel(path)}: {exc.strerror}; its entries "
-                                    "are not counted one by one"))
-        return []
+    target, space, op = job
+    return listing_or_unreadable(ctx, path, out, layout=NAME, kind="op", target=target, space=space, op=op)
 
 
 def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     ops = ctx.root / "ops"
     jobs = []  # listing the entry directories is cheap; reading them is the work, done in parallel
     blocked: list[Entry] = []
-    version = version_in_use(ctx.root, flt.ops)
+    version = version_in_use(ctx.root, flt.ops, fresh=True)
     for space, target, space_path in _space_dirs(ctx, ops, flt):
         if flt.ops:
             op_dirs = [(o, os.path.join(space_path, o)) for o in flt.ops if os.path.isdir(os.path.join(space_path, o))]

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli.checks import (changed_since, elf_truncated, list_files, read_every_byte, read_head, read_text,
-                              unreadable)
+from kcache_cli.checks import (changed_since, elf_truncated, list_files, listing_or_unreadable, read_every_byte,
+                              read_head, read_text, unreadable)
 from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, Details, Entry, Judgement, LogFile,
                               ScanFilter, TensorInfo, measure_tree)
 
@@ -233,8 +233,10 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     else:
         script_dirs = [(d.name, d.path) for d in ctx.listdir(scripts) if d.is_dir(follow_symlinks=False)]
     linked: dict[str, str] = {}  # program dir -> op of a script that links to it
+    blocked: list[Entry] = []
     for op, sdir in script_dirs:
-        for de in ctx.listdir(sdir):
+        for de in listing_or_unreadable(ctx, sdir, blocked, layout=NAME, kind="script", target=TARGET, space=None,
+                                        op=op):
             if not de.is_dir(follow_symlinks=False):
                 continue
             j = judge(de.path, "script", root=ctx.root)
@@ -248,8 +250,10 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     if flt.ops:  # only the programs the selected scripts use: no need to read every program
         programs = [(os.path.basename(p), p, op) for p, op in sorted(linked.items())]
     else:
-        programs = [(d.name, d.path, None) for d in ctx.listdir(ctx.root / "programs")
+        programs = [(d.name, d.path, None) for d in listing_or_unreadable(
+            ctx, str(ctx.root / "programs"), blocked, layout=NAME, kind="program", target=TARGET, space=None, op=None)
                     if d.is_dir(follow_symlinks=False)]
+    yield from blocked
     failures = failures_by_program(ctx.root)
     for h, path, op in programs:
         j = judge(path, "program", root=ctx.root, failures=failures)
