@@ -51,6 +51,45 @@ def _version_key(v: str) -> tuple:
 
 
 _VERSIONS: dict[str, str] = {}
+_BUILT: dict[str, str] = {}  # version.txt path -> its text, read once by the search for the newest
+
+
+_INSTALLED: list[str] = []
+
+
+def installed_version() -> str:
+    """The installed hidet's version from its package metadata (hidet is not imported), or ""."""
+    if not _INSTALLED:
+        import importlib.metadata
+
+        try:
+            _INSTALLED.append(importlib.metadata.version("hidet"))
+        except (importlib.metadata.PackageNotFoundError, ValueError):
+            _INSTALLED.append("")
+    return _INSTALLED[0]
+
+
+def _newest_then_stale(root: Path, pairs: list[tuple[Entry, str | None]]) -> tuple[str, list[Entry]]:
+    """A full scan without an installed hidet: the newest version.txt among every entry's (read once,
+    by the scan's workers) is the version in use; complete entries of another version are stale."""
+    from dataclasses import replace
+
+    built = {e.path: v for e, v in pairs if v is not None}
+    entries = [e for e, _ in pairs]
+    import glob
+
+    for pattern in ("ir_modules/*/version.txt", "graphs/*/kernels/*/version.txt"):
+        for f in glob.glob(os.path.join(glob.escape(str(root)), pattern)):
+            text = read_text(f, 256)
+            if text is not None:
+                built[f] = text.strip()
+    version = max({v for v in built.values() if v}, key=_version_key, default="")
+    _VERSIONS[f"{root}\0"] = version
+    if not version:
+        return version, entries
+    return version, [replace(e, status=STALE, reason=_stale_reason(built[e.path], version))
+                     if e.status == COMPLETE and e.path in built and built[e.path] != version else e
+                     for e in entries]
 
 
 def version_in_use(root: str | os.PathLike, ops: tuple[str, ...] = (), fresh: bool = False) -> str:
@@ -61,23 +100,23 @@ def version_in_use(root: str | os.PathLike, ops: tuple[str, ...] = (), fresh: bo
     if fresh:  # every scan looks again; the judgements that follow it in one command reuse its answer
         _VERSIONS.pop(key, None)
         _VERSIONS.pop(f"{root}\0", None)
+        _BUILT.clear()
     if key in _VERSIONS:
         return _VERSIONS[key]
-    import importlib.metadata
-
-    try:
-        found = importlib.metadata.version("hidet")
-    except (importlib.metadata.PackageNotFoundError, ValueError):
-        found = ""
+    found = installed_version()
     if not found:
+        import glob
+
         seen = set()
-        patterns = [f"ops/*/{op}/*/version.txt" for op in ops] if ops else [
+        patterns = [f"ops/*/{glob.escape(op)}/*/version.txt" for op in ops] if ops else [
             "ops/*/*/*/version.txt", "ir_modules/*/version.txt", "graphs/*/kernels/*/version.txt"]
         for pattern in patterns:
-            for f in Path(root).glob(pattern):
-                text = read_text(str(f), 64)
-                if text and text.strip():
-                    seen.add(text.strip())
+            for f in glob.glob(os.path.join(glob.escape(str(root)), pattern)):
+                text = read_text(f, 256)
+                if text is not None:
+                    _BUILT[f] = text  # the judgement of this entry needs it too: read once
+                    if text.strip():
+                        seen.add(text.strip())
         found = max(seen, key=_version_key, default="")
     _VERSIONS[key] = found
     return found
@@ -142,14 +181,23 @@ def _stale(path: str, prefix: str, names: dict[str, int], version: str, required
         if required:
             return Judgement.of(CORRUPT, f"no {prefix}version.txt: hidet will not load this entry and rebuilds it")
         return None
-    text = read_text(os.path.join(path, "version.txt"), 256)
+    if not version:
+        return None  # unknown yet (a full scan decides it after reading every entry's version.txt)
+    vpath = os.path.join(path, "version.txt")
+    text = _BUILT.get(vpath)
+    if text is None:
+        text = read_text(vpath, 256)
     if text is None:
         why = unreadable(os.path.join(path, "version.txt")) or "version.txt cannot be read"
         return Judgement.of(UNREADABLE, prefix + why)
     built = text.strip()
-    if version and built != version:
-        return Judgement.of(STALE, f"built by hidet {built or '(empty version.txt)'}; hidet {version} will rebuild it")
+    if built != version:
+        return Judgement.of(STALE, _stale_reason(built, version))
     return None
+
+
+def _stale_reason(built: str, version: str) -> str:
+    return f"built by hidet {built or '(empty version.txt)'}; hidet {version} will rebuild it"
 
 
 def _task(path: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool) -> Judgement | None:
@@ -200,8 +248,8 @@ def judge(path: str, kind: str = "op", deep: bool = False, *, names: dict[str, i
     if kind == "op" and MANIFEST in names and not hidet_made:
         return _judge_kcache_built(path, names, mtimes, deep)
     found = (_module(path, "", names, mtimes, deep, marker=hidet_made or kind != "op")
-             or (_stale(path, "", names, version, required=hidet_made and kind == "op") if hidet_made else None)
-             or (_task(path, names, mtimes, deep) if kind == "op" else None))
+             or (_task(path, names, mtimes, deep) if kind == "op" else None)
+             or (_stale(path, "", names, version, required=hidet_made and kind == "op") if hidet_made else None))
     if found is None and deep:
         bad = read_every_byte(path)
         if bad:
@@ -320,7 +368,12 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     ops = ctx.root / "ops"
     jobs = []  # listing the entry directories is cheap; reading them is the work, done in parallel
     blocked: list[Entry] = []
-    version = version_in_use(ctx.root, flt.ops, fresh=True)
+    # Without an installed hidet, a full scan learns the version in use from the entries it reads.
+    later = not installed_version() and not (flt.ops or flt.spaces or flt.targets or flt.hash_prefixes)
+    version = "" if later else version_in_use(ctx.root, flt.ops, fresh=True)
+    if later:
+        _VERSIONS.pop(f"{ctx.root}\0", None)
+        _BUILT.clear()
     for space, target, space_path in _space_dirs(ctx, ops, flt):
         if flt.ops:
             op_dirs = [(o, os.path.join(space_path, o)) for o in flt.ops if os.path.isdir(os.path.join(space_path, o))]
@@ -336,7 +389,11 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                     continue
                 jobs.append((de.path, de.name, target, space, op, version))
     yield from blocked
-    yield from ctx.map_entries(_op_entry, jobs)
+    if later:
+        version, found = _newest_then_stale(ctx.root, list(ctx.map_entries(_op_entry_and_version, jobs)))
+        yield from found
+    else:
+        yield from ctx.map_entries(_op_entry, jobs)
     if flt.ops or flt.spaces:
         return  # graphs and ir_modules have no op or space
     for dirname, kind in OTHER_KINDS:
@@ -348,6 +405,15 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 j = judge(de.path, kind, False, version=version, root=ctx.root)
                 yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind=kind,
                                 target=built_for, space=None, op=None, hash=de.name, status=j.status, reason=j.reason)
+
+
+def _op_entry_and_version(ctx, job: tuple[str, str, str, str, str, str]) -> tuple[Entry, str | None]:
+    """The entry (judged without a version yet) and its version.txt, read in the same worker."""
+    e = _op_entry(ctx, job)
+    if e.status != UNREADABLE and not job[1].startswith("."):
+        text = read_text(os.path.join(e.path, "version.txt"), 256)
+        return e, text.strip() if text is not None else None
+    return e, None
 
 
 def _op_entry(ctx, job: tuple[str, str, str, str, str, str]) -> Entry:
