@@ -158,6 +158,19 @@ def _is_staging(e: Entry) -> bool:
     return e.layout == "tilelang" and (e.relpath.startswith(".staging/") or "/.staging/" in e.relpath)
 
 
+def _judged(root: Path, e: Entry) -> Entry:
+    """`e` with the one deep judgement (verify's), which reads every byte: what ls's cheap checks call
+    broken stays broken; what they call complete may not be."""
+    if e.status in BROKEN:
+        return e
+    from dataclasses import replace
+
+    from kcache_cli.verify import judge_entry
+
+    j = judge_entry(root, e, deep=True)
+    return e if j.status == e.status else replace(e, status=j.status, reason=j.reason)
+
+
 def _unlisted(e: Entry) -> bool:
     """A directory the scan could not list, standing for the entries in it: never removed."""
     return e.status == UNREADABLE and not e.hash
@@ -420,15 +433,8 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     if broken:
         for s in _strays(root, ScanFilter(), collect, result.layouts):
             p.select(s, "a symlink where an entry belongs: removed as a link", link=True)
-        from kcache_cli.verify import judge_entry
-
         for e in regular:
-            # the one deep judgement (as verify's): never the cheap scan alone, never unreadable entries
-            j = judge_entry(root, e, deep=True) if e.status not in BROKEN else None
-            if j is not None and j.status != e.status:
-                from dataclasses import replace
-
-                e = replace(e, status=j.status, reason=j.reason)
+            e = _judged(root, e)
             if e.status in BROKEN:
                 p.select(e, f"broken: {e.reason or e.status}", recheck=True)
     # 3. unused for too long
