@@ -368,17 +368,25 @@ def plan_export(root: Path, flt: ScanFilter, warn: Warn | None = None, sources_o
                     continue
                 for de in ctx.listdir(root / dirname):
                     if de.is_dir(follow_symlinks=False):
+                        verdict = hidet.judge(de.path, kind, True, root=root)
                         e = ctx.entry(path=de.path, usage=measure_tree(de.path, warn), layout="hidet", kind=kind,
-                                      target=None, space=None, op=None, hash=de.name, status=COMPLETE, reason=None)
+                                      target=hidet.other_target(de.path, kind), space=None, op=None, hash=de.name,
+                                      status=verdict.status, reason=verdict.reason)
                         if flt.matches(e):
                             jobs.append(e)
     others = tuple(n for n in layouts if n != "hidet")
     if others:
         from dataclasses import replace
 
-        scanned = scan_cache(root, replace(flt, layouts=others), warn).entries
+        scanned = scan_cache(root, replace(flt, layouts=others, statuses=()), warn).entries
         chosen = []
+        from kcache_cli.verify import judge_entry
+
         for e in scanned:
+            verdict = judge_entry(root, e, deep=True)  # the one judgement, as verify's
+            e = replace(e, status=verdict.status, reason=verdict.reason)
+            if not flt.matches(e):
+                continue
             why = _leave_out(e, flt, sources_only)
             (left.append((e, why)) if why else chosen.append(e))
         chosen += _linked_programs(root, chosen, left, warn)
@@ -563,7 +571,6 @@ class _PartWriter:
                 return self._unreadable(job, exc)
             names = {}
             size = files = 0
-            lib_head = None
             for it in items:
                 if it[1] != "dir":
                     size += it[2]
@@ -572,9 +579,8 @@ class _PartWriter:
                         names[it[0]] = it[2]
                 if it[4] > newest:
                     newest = it[4]
-                if it[0] == hidet.BINARY and it[1] == "file":
-                    lib_head = it[5][:64] if it[5] is not None else None
-            status, reason = hidet.op_status(path, names, lib_head)
+            verdict = hidet.judge(path, "op", True, root=self.ctx.root)  # the one judgement, as verify's
+            status, reason = verdict.status, verdict.reason
             if status == PARTIAL and ".lock" in names and probe_locked(os.path.join(path, ".lock")):
                 status, reason = BUILDING, "hidet holds the entry's lock (compiling)"
             e = self.ctx.entry(path=path, usage=TreeUsage(size, files, newest), layout="hidet", kind="op",
@@ -591,10 +597,10 @@ class _PartWriter:
 
     def _unreadable(self, job, exc: OSError) -> None:
         path, name, target, space, op = job
-        from kcache_cli.model import CORRUPT, TreeUsage
+        from kcache_cli.model import UNREADABLE, TreeUsage
 
         e = self.ctx.entry(path=path, usage=TreeUsage(0, 0, 0.0), layout="hidet", kind="op", target=target,
-                           space=space, op=op, hash=name, status=CORRUPT, reason=f"unreadable: {exc.strerror}")
+                           space=space, op=op, hash=name, status=UNREADABLE, reason=f"unreadable: {exc.strerror}")
         if self.plan.flt.matches(e):
             self.left.append((e, e.reason))
             self.warnings.append(f"skipping {e.relpath}: {e.reason}")
@@ -1317,6 +1323,13 @@ def _plan(root: Path, planned: list[_Planned], archive_programs: set[str]) -> No
             continue
         if p.relpath in existing:
             there = found.get(p.relpath)
+            if there is not None and there.status != BUILDING:  # the one judgement, as verify's
+                from dataclasses import replace as _with
+
+                from kcache_cli.verify import judge_entry
+
+                verdict = judge_entry(root, there, deep=True)
+                there = _with(there, status=verdict.status, reason=verdict.reason)
             if there is None:
                 p.action, p.reason = "skip", "something that is not an entry is in the way"
             elif there.status == COMPLETE:
@@ -1676,9 +1689,11 @@ def _dest_status(root: Path, p: _Planned) -> str | None:
     flt = ScanFilter(layouts=(p.layout,), kinds=(p.kind,), hash_prefixes=(parts[-1],),
                      spaces=(parts[1],) if p.layout == "hidet" and p.kind == "op" else (),
                      ops=(parts[2],) if p.layout == "hidet" and p.kind == "op" else ())
+    from kcache_cli.verify import judge_entry
+
     for e in scan_cache(root, flt).entries:
         if e.relpath == p.relpath:
-            return e.status
+            return e.status if e.status == BUILDING else judge_entry(root, e, deep=True).status
     return None
 
 
@@ -1737,6 +1752,24 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
             shutil.rmtree(trashed, ignore_errors=True)
 
 
+def _refuse_other_layout(root: Path, records: list[dict]) -> None:
+    """An archive of one layout never goes into a root of another: that compiler would never look
+    there (tilus programs/ inside a hidet cache). An empty or new root takes the archive's layout."""
+    from kcache_cli.scan import detect_layouts
+
+    have = detect_layouts(root) if root.is_dir() else ()
+    brought = sorted({str(rec.get("layout")) for rec in records} - set(have))
+    if not have or not brought:
+        return
+    from kcache_cli.locate import known_caches
+
+    where = dict(known_caches())
+    homes = "; ".join(f"{name}'s cache is {where[name]}" for name in brought if name in where)
+    raise KcacheError(f"the archive holds {' and '.join(brought)} entries but {root} is a {'/'.join(have)} cache, "
+                      f"where {' and '.join(brought)} never looks; import it into the {' and '.join(brought)} "
+                      f"cache with --cache-dir ({homes or 'see'}; `kcache dir --all` lists them)")
+
+
 def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: ImportLimits = ImportLimits(),
                    lock_timeout: float = 60.0, warn: Warn | None = None, progress: Progress | None = None
                    ) -> ImportResult:
@@ -1778,6 +1811,7 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
                     raise _reject(f"manifest.json is {head.size} bytes, over the limit of {limits.max_manifest}")
                 data = b"".join(reader.data(head))
                 manifest, records, totals = _parse_manifest(data, limits)
+                _refuse_other_layout(root, records)
                 regions = _regions(manifest, len(records), file_size)
                 if regions is not None:
                     reader.close()  # the parts are read from their own offsets

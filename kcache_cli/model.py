@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Callable, Iterable
 
-from kcache_cli.terms import (BUILDING, COMPLETE, CORRUPT, FAILED, KINDS, LAYOUT_NAMES,  # noqa: F401
-                              PARTIAL, STATUSES)
+from kcache_cli.terms import (  # noqa: F401
+    BUILDING,
+    COMPLETE,
+    CORRUPT,
+    FAILED,
+    KINDS,
+    LAYOUT_NAMES,
+    PARTIAL,
+    STALE,
+    STATUSES,
+    UNREADABLE,
+)
 
 UNREADABLE_REASON = "unreadable directory (permission denied?)"
 
@@ -79,6 +89,20 @@ def space_matches(space: str | None, wanted: str) -> bool:
     if wanted.isdigit():
         return space.endswith(f"_space_{wanted}") and space[:-len(f"_space_{wanted}")].isalnum()
     return space == wanted or (is_glob(wanted) and fnmatchcase(space, wanted))
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A layout's verdict on one entry's files: the same function gives it to ls (cheap) and to
+    verify, inspect, prune --broken and import (deep), so they cannot disagree on the same files."""
+
+    status: str
+    reason: str | None = None
+    problems: tuple[str, ...] = ()  # every problem found; the first is `reason`
+
+    @staticmethod
+    def of(status: str, reason: str | None = None) -> Judgement:
+        return Judgement(status, reason, (reason,) if reason else ())
 
 
 @dataclass(frozen=True)
@@ -178,8 +202,7 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                 else:
                     size += st.st_size
                     files += 1
-                if st.st_mtime > newest:
-                    newest = st.st_mtime
+                newest = max(newest, st.st_mtime)
     return TreeUsage(size, files, newest)
 
 

@@ -22,8 +22,9 @@ COMPLETIONS_DIR = Path(__file__).resolve().parents[2] / "completions"
 TARGETS = (("cuda", "NVIDIA GPU"), ("cpu", "host CPU"), ("hip", "AMD GPU"))
 LAYOUTS = (("hidet", "ops/<space>/<op>/<hash>, graphs/, ir_modules/"), ("tilus", "programs/, scripts/"),
            ("tilelang", "<version>/<platform>/kernels/, cuda-binaries/"))
-STATUSES = (("complete", "usable"), ("partial", "interrupted or unfinished"), ("failed", "compile log, no binary"),
-            ("corrupt", "disagrees with its manifest or a link dangles"), ("building", "a build holds its lock"))
+STATUSES = (("complete", "usable"), ("partial", "interrupted or unfinished"), ("failed", "the compiler failed"),
+            ("corrupt", "damaged: the compiler will not load it"), ("building", "a build holds its lock"),
+            ("stale", "built by another compiler version"), ("unreadable", "permission denied"))
 KINDS = (("op", "hidet operator"), ("graph", "hidet compiled graph"), ("ir_module", "hidet IR module"),
          ("program", "tilus program"), ("script", "tilus script"), ("kernel", "tilelang kernel"),
          ("binary", "tilelang cuda binary"))
