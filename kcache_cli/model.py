@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Callable, Iterable
 
-from kcache_cli.terms import (BUILDING, COMPLETE, CORRUPT, FAILED, KINDS, LAYOUT_NAMES,  # noqa: F401
-                              PARTIAL, STATUSES)
+from kcache_cli.terms import (  # noqa: F401
+    BUILDING,
+    COMPLETE,
+    CORRUPT,
+    FAILED,
+    KINDS,
+    LAYOUT_NAMES,
+    PARTIAL,
+    STALE,
+    STATUSES,
+    UNREADABLE,
+)
 
 UNREADABLE_REASON = "unreadable directory (permission denied?)"
 
@@ -91,7 +101,7 @@ class Judgement:
     problems: tuple[str, ...] = ()  # every problem found; the first is `reason`
 
     @staticmethod
-    def of(status: str, reason: str | None = None) -> "Judgement":
+    def of(status: str, reason: str | None = None) -> Judgement:
         return Judgement(status, reason, (reason,) if reason else ())
 
 
@@ -213,8 +223,7 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                 else:
                     size += st.st_size
                     files += 1
-                if st.st_mtime > newest:
-                    newest = st.st_mtime
+                newest = max(newest, st.st_mtime)
     return TreeUsage(size, files, newest)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -291,8 +292,13 @@ CASES = [absolute_member, absolute_entry_path, dotdot_member, dotdot_in_manifest
 
 @pytest.fixture
 def victim(fixture_copy, tmp_path):
-    """A real cache to import into, and an empty sentinel directory next to it."""
+    """A real cache to import into (hidet and tilus in one root, so that archives of either layout get
+    as far as their own checks: import refuses a layout the root does not hold), and an empty sentinel
+    directory next to it."""
     root = fixture_copy("hidet", dest="cache")
+    tilus = fixture_copy("tilus")
+    for top in ("programs", "scripts"):
+        shutil.copytree(tilus / top, root / top, symlinks=True)
     sentinel = tmp_path / "sentinel"
     sentinel.mkdir()
     return root, sentinel

@@ -249,18 +249,3 @@ class Layout:
         """Why the paths the entry records about itself point elsewhere than where it lies (a cache moved
         or copied by hand), or None. `verify` reports it as a problem. Default: entries record none."""
         return None
-
-def top_sizes(path: str) -> dict[str, int] | None:
-    """Sizes of the files directly in `path` by name (None when it cannot be listed)."""
-    names: dict[str, int] = {}
-    try:
-        with os.scandir(path) as it:
-            for de in it:
-                try:
-                    if not de.is_dir(follow_symlinks=False):
-                        names[de.name] = de.stat(follow_symlinks=False).st_size
-                except OSError:
-                    pass
-    except OSError:
-        return None
-    return names
