@@ -23,6 +23,7 @@ from kcache_cli.layouts.shapes import KindShape, LayoutShape
 
 if TYPE_CHECKING:
     from kcache_cli.model import Details, Entry, Judgement, LogFile, ScanFilter, Warn
+    from kcache_cli.remote.formats import RemoteFormat
     from kcache_cli.scan import ScanContext
 
 # What a leftover is (`Leftover.what`): a kcache build's temp dir, or a compiler's staging write.
@@ -244,6 +245,12 @@ class Layout:
         Must write atomically (temp file + rename) and never outside `staged`. `verify --fix` calls it
         with `staged == final == entry.path` for an entry that `relocation_problem` reports. Default:
         nothing."""
+
+    def remote_format(self) -> RemoteFormat | None:
+        """How this layout's entries are stored on a remote (kcache_cli/remote/formats.py): None for
+        kcache's own keys; a layout whose compiler has its own remote cache (Triton's Redis backend)
+        returns a format that keeps the files under that tool's keys, so both share one store."""
+        return None
 
     def relocation_problem(self, entry: Entry) -> str | None:
         """Why the paths the entry records about itself point elsewhere than where it lies (a cache moved

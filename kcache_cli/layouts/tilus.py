@@ -145,7 +145,8 @@ def _judge_program(path: str, deep: bool, failure: BuildFailure | None) -> Judge
     lib = sizes.get("lib.so")
     if lib is None:
         if failure is not None:
-            return Judgement.of(FAILED, f"build failed ({os.path.relpath(failure.record, os.path.dirname(os.path.dirname(path)))}): {failure.error}")
+            where = os.path.relpath(failure.record, os.path.dirname(os.path.dirname(path)))
+            return Judgement.of(FAILED, f"build failed ({where}): {failure.error}")
         if "nvcc_output.txt" in sizes:  # written only after nvcc exits 0
             return Judgement.of(CORRUPT, "module/lib.so is missing although the compile succeeded "
                                          "(module/nvcc_output.txt is written only after nvcc exits 0)")

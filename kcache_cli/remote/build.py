@@ -66,11 +66,12 @@ def _open(url: str, connect_timeout: float, warn: Warn):
 def _try_pull(root: Path, store, spec, options, warn: Warn) -> tuple[bool, bool]:
     """(pulled, the remote answered)."""
     from kcache_cli import build as b
+    from kcache_cli.layouts import builder
     from kcache_cli.remote.pull import pull
 
     try:
         want = b.resolve_arch(root, spec.target, options, fresh=False).value
-        result = pull(root, store, ids=[("hidet", spec.relpath)], accept=_arch_refusal(want, spec.target),
+        result = pull(root, store, ids=[(builder().name, spec.relpath)], accept=_arch_refusal(want, spec.target),
                       warn=warn)
     except KcacheError as exc:
         warn(f"remote not used, building locally: {exc}")
@@ -84,8 +85,12 @@ def _try_pull(root: Path, store, spec, options, warn: Warn) -> tuple[bool, bool]
 def _try_push(root: Path, store, spec, warn: Warn) -> None:
     from kcache_cli.remote.push import push
 
+    from kcache_cli.layouts import builder
+
     name = os.path.basename(spec.relpath)
-    flt = ScanFilter(layouts=("hidet",), kinds=("op",), spaces=(spec.space,), ops=(spec.op,), hash_prefixes=(name,))
+    layout = builder()  # where kcache build publishes
+    flt = ScanFilter(layouts=(layout.name,), kinds=(layout.shape.build_kind or "",), spaces=(spec.space,),
+                     ops=(spec.op,), hash_prefixes=(name,))
     try:
         result = push(root, store, flt, warn=warn)
     except KcacheError as exc:

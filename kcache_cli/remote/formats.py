@@ -8,7 +8,7 @@ kcache's own format (every layout unless its module says otherwise):
     kcache:v1:index                                hash: "<layout>:<relpath>" -> a summary (remote ls)
     kcache:v1:pulled                               hash: "<layout>:<relpath>" -> when last pulled (prune)
 
-A layout module may define `remote_format() -> RemoteFormat` to keep its files under its own tool's
+A layout may override `Layout.remote_format()` to keep its files under its own tool's
 keys (Triton: `TritonFormat` below); the record and the index stay kcache's, so that pulls are
 verified the same way whatever the format.
 """
@@ -77,17 +77,17 @@ KCACHE_FORMAT = RemoteFormat()
 
 
 def format_for(layout: str) -> RemoteFormat:
-    """The layout's own remote format if its module provides `remote_format`, else kcache's."""
-    from kcache_cli.layouts import LAYOUTS
+    """The layout's own remote format (Layout.remote_format), else kcache's."""
+    from kcache_cli import layouts
 
-    hook = getattr(LAYOUTS.get(layout), "remote_format", None)
-    return hook() if hook is not None else KCACHE_FORMAT
+    own = layouts.get(layout).remote_format() if layout in layouts.NAMES else None
+    return own if own is not None else KCACHE_FORMAT
 
 
 def foreign_formats() -> list[RemoteFormat]:
-    from kcache_cli.layouts import LAYOUTS
+    from kcache_cli import layouts
 
-    return [f for f in (format_for(name) for name in LAYOUTS) if f is not KCACHE_FORMAT]
+    return [f for f in (format_for(name) for name in layouts.NAMES) if f is not KCACHE_FORMAT]
 
 
 # ---- Triton ------------------------------------------------------------------------------------

@@ -198,11 +198,12 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
             why = accept(rec)
             (out.append(_entry(rec, SKIP, False, why)) if why else kept.append(rec))
         records = kept
-    programs = [r["relpath"].split("/", 1)[-1] for r in records if (r.get("layout"), r.get("kind")) == ("tilus", "program")]
+    programs = [r["relpath"].split("/", 1)[-1] for r in records if _provides(r.get("layout"), r.get("kind"))]
     planned, refused = plan_records(root, records, ImportLimits(), programs)
     out += [_entry(records[i], REFUSE, False, why) for i, why in refused]
     out += [_entry(p.record, SKIP, False, p.reason) for p in planned if not p.write]
-    todo = sorted((p for p in planned if p.write), key=lambda p: (p.layout, p.kind) != ("tilus", "program"))
+    # entries others use first (a tilus program before the scripts that link to it)
+    todo = sorted((p for p in planned if p.write), key=lambda p: not _provides(p.layout, p.kind))
     if start:
         start(len(todo))
     if todo and not dry_run:
@@ -265,3 +266,10 @@ def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock
         staging.cleanup()
     remove_stale_staging(root)
     return out
+
+
+def _provides(layout: object, kind: object) -> bool:
+    """Whether entries of this kind are used by other entries of their layout (Layout.provider_kinds)."""
+    from kcache_cli import layouts
+
+    return layout in layouts.NAMES and kind in layouts.get(str(layout)).provider_kinds

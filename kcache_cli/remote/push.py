@@ -153,8 +153,8 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
 
     def flush() -> None:
         for (o, args), won in zip(batch, publish_entries(store, [o for o, _ in batch])):
-            out.append(PushedEntry(*args, PUSH if won else SKIP, won, None if won else "pushed meanwhile by another node",
-                                   o.record.get("arch")))
+            why = None if won else "pushed meanwhile by another node"
+            out.append(PushedEntry(*args, PUSH if won else SKIP, won, why, o.record.get("arch")))
         batch.clear()
 
     for record, data, executable in entry_records(plan):
