@@ -213,8 +213,12 @@ class Layout:
 
     def default_root(self) -> tuple[Path, str] | None:
         """Where this layout's compiler keeps its cache on this machine when nothing says otherwise
-        (`kcache dir --all`), with the rule that chose it; None when there is no such place."""
-        return None
+        (`kcache dir --all`), with the rule that chose it; None when there is no such place. The rules
+        live in the light module layouts/homes.py (kcache's own default root is one of them)."""
+        from kcache_cli.layouts import homes
+
+        home = homes.default_root(self.name)
+        return (home.path, home.reason) if home is not None else None
 
     # ---- export and import -------------------------------------------------------------------------
 
