@@ -181,6 +181,11 @@ class Layout:
         it (tilus scripts link to their programs; tilelang kernels embed their binaries and do not)."""
         return False
 
+    def use_words(self, kind: str) -> tuple[str, str]:
+        """How an entry uses a provider of `kind`, both ways, for prune's and clear's reasons: (what a
+        user does to it, what is done to it by its users): tilus ("links to", "linked from")."""
+        return "uses", "used by"
+
     def link_target(self, kind: str, resolved: list[str]) -> str | None:
         """For a symlink inside an entry of `kind` whose target, resolved from the root, is `resolved`
         (path components) and lies outside the entry: the relpath of the entry it may point to (then it

@@ -363,6 +363,9 @@ class TilelangLayout(Layout):
     def users(self, root: Path, providers: list[str]) -> dict[str, list[str]]:
         return binary_users(root, providers)
 
+    def use_words(self, kind: str) -> tuple[str, str]:
+        return "embeds", "embedded in"
+
     def leftover(self, entry: Entry) -> Leftover | None:
         rel = entry.relpath
         if rel.startswith(STAGING + "/") or f"/{STAGING}/" in rel:
