@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli import state
+from kcache_cli import fsread, state
 from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, read_head, read_text,
                               size_mismatch)
 from kcache_cli.locking import entry_build_locked, probe_locked
@@ -36,11 +36,10 @@ def space_name(target: str, level: int | str) -> str:
 
 def _manifest_mismatch(path: str, names: dict[str, int]) -> str | None:
     """Compare sizes with kcache.json (cheap: sizes only; checksums are for inspect/verify)."""
-    try:
-        with open(os.path.join(path, MANIFEST), "rb") as f:
-            listed = json.load(f).get("files", {})
-    except (OSError, ValueError, AttributeError):
-        return f"{MANIFEST} is unreadable"
+    record, problem = fsread.json_problem(os.path.join(path, MANIFEST))
+    if problem is not None:
+        return problem if "deep" in problem else f"{MANIFEST} is unreadable"
+    listed = record.get("files", {}) if isinstance(record, dict) else None
     return size_mismatch(MANIFEST, listed, names)
 
 
@@ -62,6 +61,9 @@ def op_status(path: str, names: dict[str, int], head: bytes | None = None,
     if changed_since(mtimes, marker, (BINARY,)):
         if head is None:
             head = read_head(os.path.join(path, BINARY))
+            why = fsread.why_unreadable(os.path.join(path, BINARY)) if not head else None
+            if why:  # a FIFO, a device or a link where lib.so belongs: said, never read
+                return CORRUPT, f"cannot read {BINARY}: {why}"
         truncated = elf_truncated(BINARY, head, lib)
         if truncated:
             return CORRUPT, truncated
@@ -141,12 +143,12 @@ def command_from_script(text: str) -> str:
 
 
 def describe(root: Path, entry: Entry) -> Details:
-    from kcache_cli.taskfile import TaskFormatError, parse_task, task_hash
+    from kcache_cli.taskfile import TaskFormatError, parse_task, read_task_file, task_hash
 
     p = entry.path
     problems: list[str] = []
     facts: list[tuple[str, str]] = []
-    files = list_files(p)
+    files = list_files(p, problems.append)
     task_op = entry.op
     inputs: tuple[TensorInfo, ...] = ()
     outputs: tuple[TensorInfo, ...] = ()
@@ -154,9 +156,9 @@ def describe(root: Path, entry: Entry) -> Details:
         return Details(entry, entry.status, entry.reason, (), files)
 
     task_path = os.path.join(p, "task.txt")
+    data: bytes | None
     try:
-        with open(task_path, "rb") as f:
-            data = f.read()
+        data = read_task_file(task_path, base=p)
     except FileNotFoundError:
         data = None
         facts.append(("task", "no task.txt in this entry"))
@@ -178,10 +180,11 @@ def describe(root: Path, entry: Entry) -> Details:
         except TaskFormatError as exc:
             problems.append(str(exc))
 
-    meta_text = read_text(os.path.join(p, "meta.json"))
-    if meta_text:
+    meta, bad = fsread.json_problem(os.path.join(p, "meta.json"), base=p)
+    if bad and not bad.endswith("missing"):
+        problems.append(bad)
+    elif meta is not None:
         try:
-            meta = json.loads(meta_text)
             facts.append(("hidet version", str(meta.get("hidet_version"))))
             if meta.get("target"):
                 facts.append(("meta target", str(meta["target"])))
@@ -195,21 +198,22 @@ def describe(root: Path, entry: Entry) -> Details:
 
             inputs, outputs = tensors("inputs", inputs), tensors("outputs", outputs)
         except (ValueError, AttributeError, TypeError):
-            problems.append("meta.json is not valid JSON")
+            problems.append("meta.json does not hold hidet's record")
     version = read_text(os.path.join(p, "version.txt"))
     if version is not None:
         facts.append(("version.txt", version.strip()))
 
-    manifest_text = read_text(os.path.join(p, MANIFEST))
-    if manifest_text is not None:
+    manifest, bad = fsread.json_problem(os.path.join(p, MANIFEST), base=p)
+    if bad and not bad.endswith("missing"):
+        problems.append(bad)
+    elif manifest is not None:
         try:
-            manifest = json.loads(manifest_text)
             problems.extend(check_manifest(p, MANIFEST, manifest.get("files") or {}))
             for key in ("arch", "compiler", "kcache_version"):
                 if manifest.get(key):
                     facts.append((f"recorded {key}", str(manifest[key])))
         except (ValueError, AttributeError):
-            problems.append(f"{MANIFEST} is not valid JSON")
+            problems.append(f"{MANIFEST} does not hold kcache's record")
 
     command = output = None
     log = read_text(os.path.join(p, "nvcc_log.txt"))
@@ -225,7 +229,8 @@ def describe(root: Path, entry: Entry) -> Details:
     if os.path.isdir(os.path.join(p, "candidates")):
         facts.append(("candidates/", "auto-tuning leftovers (prune removes them)"))
 
-    binaries = tuple(os.path.join(p, BINARY) for _ in [0] if os.path.isfile(os.path.join(p, BINARY)))
+    # lexists, not isfile: a lib.so that is a FIFO or a link is reported by the ELF reader, not skipped
+    binaries = tuple(os.path.join(p, BINARY) for _ in [0] if os.path.lexists(os.path.join(p, BINARY)))
     status, reason = entry.status, entry.reason
     if problems and status == COMPLETE:
         status, reason = CORRUPT, problems[0]
@@ -235,10 +240,11 @@ def describe(root: Path, entry: Entry) -> Details:
 
 def log_files(entry: Entry) -> list[LogFile]:
     p = entry.path
-    if os.path.isfile(os.path.join(p, "nvcc_log.txt")):
+    # lexists: a log that is a FIFO or a link is listed, and `log` says why it does not read it
+    if os.path.lexists(os.path.join(p, "nvcc_log.txt")):
         return [LogFile("nvcc_log.txt", os.path.join(p, "nvcc_log.txt"))]
     return [LogFile(n, os.path.join(p, n)) for n in ("compile.sh", "nvcc_output.txt", "gcc_output.txt")
-            if os.path.isfile(os.path.join(p, n))]
+            if os.path.lexists(os.path.join(p, n))]
 
 
 # ---- for prune/clear -----------------------------------------------------------------------------
