@@ -53,13 +53,15 @@ def _refuse(path: str, what: str) -> NotRegularFile:
     return exc
 
 
-def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = None) -> tuple[int, os.stat_result]:
+def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = None,
+                 follow: bool = False) -> tuple[int, os.stat_result]:
     """(fd, fstat) of the regular file at `path`; NotRegularFile for anything else.
 
     The last component is never followed (O_NOFOLLOW) and a FIFO does not block the open
     (O_NONBLOCK, which has no effect on a regular file). With `base`, `path` must lie below that
     directory and no component below it is followed either (a `module/` that is a symlink out of
-    the cache is refused like a symlinked file)."""
+    the cache is refused like a symlinked file). `follow` is for a path the user named (a task
+    file given to `build`): a link is followed, the file must still be regular."""
     if base is not None and dir_fd is None:
         rel = os.path.relpath(path, base)
         if rel.startswith(".."):
@@ -72,7 +74,7 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
             finally:
                 os.close(dfd)
     try:
-        fd = os.open(path, FILE_FLAGS, dir_fd=dir_fd)
+        fd = os.open(path, FILE_FLAGS & ~os.O_NOFOLLOW if follow else FILE_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
             raise _refuse(path, "a symlink") from None
@@ -124,10 +126,10 @@ def _read_fd(fd: int, limit: int) -> bytes:
 
 
 def read_bytes(path: str, limit: int, *, base: str | None = None, dir_fd: int | None = None,
-               strict: bool = True) -> bytes:
+               strict: bool = True, follow: bool = False) -> bytes:
     """The bytes of a regular file, at most `limit`. With `strict`, a longer file is TooLarge
     (its contents would be judged wrongly if cut); otherwise the first `limit` bytes."""
-    fd, st = open_regular(path, base=base, dir_fd=dir_fd)
+    fd, st = open_regular(path, base=base, dir_fd=dir_fd, follow=follow)
     try:
         if strict and st.st_size > limit:
             raise TooLarge(errno.EFBIG, f"over {limit} bytes ({st.st_size}), not read", path)

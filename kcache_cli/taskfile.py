@@ -90,8 +90,9 @@ MAX_TASK_BYTES = 1 << 20  # hidet's task strings are a few KB
 
 
 def read_task_file(path: str, base: str | None = None) -> bytes:
-    """The exact bytes of a task file: a regular file of at most MAX_TASK_BYTES (fsread: a FIFO,
-    a device such as /dev/zero or a symlink is refused). OSError says why it cannot be read."""
+    """The exact bytes of a task file: a regular file of at most MAX_TASK_BYTES (fsread: a FIFO or
+    a device such as /dev/zero is refused). Inside a cache entry (`base`) a symlink is refused too;
+    a task file the user names may be a link. OSError says why it cannot be read."""
     from kcache_cli.fsread import read_bytes
 
-    return read_bytes(path, MAX_TASK_BYTES, base=base)
+    return read_bytes(path, MAX_TASK_BYTES, base=base, follow=base is None)

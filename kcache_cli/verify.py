@@ -41,6 +41,8 @@ def check_entry(root: Path, entry: Entry) -> EntryCheck:
         details = LAYOUTS[entry.layout].describe(Path(root), entry)
     except OSError as exc:
         return EntryCheck(entry, CORRUPT, (f"cannot read the entry: {exc.strerror}",))
+    except RecursionError:  # a second net: the walks and JSON reads are bounded (fsread)
+        return EntryCheck(entry, CORRUPT, ("nested too deeply to check",))
     problems = list(details.problems)
     if entry.status != COMPLETE and entry.reason and entry.reason not in problems:
         problems.insert(0, entry.reason)

@@ -148,7 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     except KcacheError as exc:
         if debug:
             raise
-        sys.stderr.write(f"Error: {exc}\n")
+        from kcache_cli.textsafe import printable_line  # a name in a message cannot act on the terminal
+
+        sys.stderr.write(f"Error: {printable_line(str(exc))}\n")
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.stderr.write("Error: aborted\n")
@@ -167,7 +169,9 @@ def main(argv: list[str] | None = None) -> None:
         if help_text is not None:  # bare `kcache`: the help, on stdout, and the usage-error status
             sys.stdout.write(help_text)
             sys.exit(2)
+        from kcache_cli.textsafe import printable_line
+
         message, code = describe_exception(exc)
-        sys.stderr.write(f"Error: {message}\n")
+        sys.stderr.write(f"Error: {printable_line(message)}\n")
         sys.exit(code)
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -128,7 +128,7 @@ def export_command(
         if len(result.left_out) > len(shown):
             c.info(opts, f"left out {len(result.left_out) - len(shown)} more entries (see --json)")
     sys.stdout.write(f"exported {len(result.entries)} entries ({result.files} files, {c.human_size(result.size)}) "
-                     f"to {result.archive} ({c.human_size(result.archive_size)})\n")
+                     f"to {c.printable_line(result.archive)} ({c.human_size(result.archive_size)})\n")
 
 
 def import_command(

@@ -179,7 +179,7 @@ def _table(removals, to_stderr: bool = False, limit: int | None = None) -> None:
     """A Rich table on a terminal it fits in; plain aligned columns otherwise (pipes, long lists,
     narrow terminals: nothing is cut short)."""
     shown = list(removals)[:limit] if limit else list(removals)
-    rows = _rows(shown)
+    rows = [[c.printable_line(cell) for cell in row] for row in _rows(shown)]  # names stay inert
     if not rows:
         return
     widths = [max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(_COLUMNS)]
@@ -224,11 +224,12 @@ def _report_plan(opts: c.GlobalOptions, plan, extra: dict) -> None:
     for s in plan.skipped:
         c.warn(opts, f"would keep {s.entry.relpath}: {s.why}")
     if not plan.removals:
-        sys.stdout.write(f"Nothing to remove in {plan.root} ({c.human_size(plan.scanned_size)} scanned).\n")
+        sys.stdout.write(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} "
+                         "scanned).\n")
         return
     _table(plan.removals)
     sys.stdout.write(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
-                     f"({plan.expected_freed_size} bytes) from {plan.root}"
+                     f"({plan.expected_freed_size} bytes) from {c.printable_line(plan.root)}"
                      f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).\n")
 
 
@@ -254,12 +255,12 @@ def _report_result(opts: c.GlobalOptions, plan, result, extra: dict) -> None:
         if removed:
             _table(removed)
             sys.stdout.write(f"Removed {_count(removed)}, freed {c.human_size(freed)} ({freed} bytes) from "
-                             f"{plan.root}{_sizes(plan, extra, freed)}.\n")
+                             f"{c.printable_line(plan.root)}{_sizes(plan, extra, freed)}.\n")
         else:
-            sys.stdout.write(f"Nothing removed from {plan.root}.\n")
+            sys.stdout.write(f"Nothing removed from {c.printable_line(plan.root)}.\n")
     if errors:
         for _, m in errors:
-            sys.stderr.write(f"error: {m}\n")
+            sys.stderr.write(f"error: {c.printable_line(m)}\n")
         raise KcacheError(f"{len(errors)} item(s) could not be removed (see above)")
 
 

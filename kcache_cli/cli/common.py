@@ -15,6 +15,7 @@ import typer
 from kcache_cli.cli import complete  # light: the TAB path imports nothing heavy
 from kcache_cli.errors import UsageError
 from kcache_cli.terms import KINDS, LAYOUT_NAMES, STATUSES
+from kcache_cli.textsafe import printable, printable_line  # noqa: F401 - the commands' one escaper
 
 
 class GlobalOptions:
@@ -150,14 +151,20 @@ def stdout_console():
 
 
 def warn(opts: GlobalOptions, message: str) -> None:
+    """A warning on stderr; names and paths in it cannot act on the terminal (textsafe)."""
     if not opts.quiet:
-        sys.stderr.write(f"warning: {message}\n")
+        sys.stderr.write(f"warning: {printable_line(message)}\n")
 
 
 def info(opts: GlobalOptions, message: str) -> None:
-    """A line for people on stderr (stdout stays data)."""
+    """A line for people on stderr (stdout stays data), escaped like a warning."""
     if not opts.quiet:
-        sys.stderr.write(message + "\n")
+        sys.stderr.write(printable(message) + "\n")
+
+
+def tty_safe(text: str) -> str:
+    """`text` escaped when stdout is a terminal (a path printed as data stays byte-exact in a pipe)."""
+    return printable(text) if sys.stdout.isatty() else text
 
 
 def human_size(n: int) -> str:
@@ -181,6 +188,7 @@ STATUS_STYLE = {"complete": "green", "partial": "yellow", "failed": "red", "corr
 def print_table(columns: list[str], rows: list[list[str]], styles: dict[int, dict[str, str]] | None = None,
                 right: tuple[int, ...] = ()) -> None:
     """A Rich table on a terminal; plain aligned columns (grep- and awk-friendly) otherwise or under NO_COLOR."""
+    rows = [[printable_line(cell) for cell in row] for row in rows]  # names from the cache stay inert
     if not plain_output():
         from rich import box
         from rich.table import Table
