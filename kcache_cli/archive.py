@@ -86,7 +86,8 @@ class ImportLimits:
     manifest_floor: int = 16 << 20  # bytes of manifest any archive may have
     manifest_per_byte: int = 32  # manifest bytes per archive byte above that
     values_floor: int = 1_000_000  # JSON values any manifest may have
-    values_per_byte: int = 2  # values per archive byte above that
+    values_per_byte: int = 1  # values per archive byte above that
+    objects_floor: int = 10_000  # JSON objects (two per entry record) any manifest may have
     min_entry_bytes: int = 16  # archive bytes per entry record, at least
 
 
@@ -776,8 +777,10 @@ def _entry_facts(entry: Entry, small: dict[str, bytes], names: Iterable[str]) ->
     compiler = arch = platform = None
     record = small.get("kcache.json")
     if record:
+        from kcache_cli.fsread import parse_json
+
         try:
-            data = json.loads(record)
+            data = parse_json(record, "kcache.json")  # nesting-limited: the entry may hold anything
             compiler, arch, platform = (str(data[k]) if data.get(k) else None
                                         for k in ("compiler", "arch", "platform"))
         except (ValueError, AttributeError, TypeError):
@@ -1163,9 +1166,12 @@ def _check_proportion(manifest_size: int, archive_size: int | None, limits: Impo
     if manifest_size > limits.manifest_floor + limits.manifest_per_byte * archive_size:
         raise _reject(f"manifest.json is {manifest_size} bytes, {what}")
     if data is not None:
-        values = data.count(b",") + data.count(b"[") + data.count(b"{") + 1  # at least every value
+        objects = data.count(b"{")  # at least every object: a record and its file map
+        values = data.count(b",") + data.count(b"[") + objects + 1  # at least every value
         if values > limits.values_floor + limits.values_per_byte * archive_size:
             raise _reject(f"manifest.json holds up to {values} values, {what}")
+        if objects > limits.objects_floor + 2 * archive_size // limits.min_entry_bytes:
+            raise _reject(f"manifest.json holds up to {objects} objects, {what}")
     if entries is not None and entries * limits.min_entry_bytes > archive_size:
         raise _reject(f"manifest.json lists {entries} entries, {what}")
 
