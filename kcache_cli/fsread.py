@@ -13,7 +13,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Iterator
+from collections.abc import Iterator
+from typing import Any
 
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -228,7 +229,7 @@ def json_depth(data: bytes, limit: int = MAX_JSON_DEPTH) -> int:
     return depth
 
 
-def parse_json(data: bytes | str, what: str = "JSON", max_depth: int = MAX_JSON_DEPTH) -> object:
+def parse_json(data: bytes | str, what: str = "JSON", max_depth: int = MAX_JSON_DEPTH) -> Any:
     """json.loads under a nesting limit: too deep is a ValueError that says so, never a RecursionError."""
     import json
 
@@ -242,13 +243,13 @@ def parse_json(data: bytes | str, what: str = "JSON", max_depth: int = MAX_JSON_
 
 
 def load_json(path: str, limit: int = MAX_JSON, *, base: str | None = None,
-              max_depth: int = MAX_JSON_DEPTH) -> object:
+              max_depth: int = MAX_JSON_DEPTH) -> Any:
     """A JSON file under a size and nesting limit. OSError (NotRegularFile, TooLarge...) when it
     cannot be read, ValueError when it is not JSON (JsonTooDeep when nested too deep)."""
     return parse_json(read_bytes(path, limit, base=base), os.path.basename(path), max_depth)
 
 
-def json_problem(path: str, limit: int = MAX_JSON, *, base: str | None = None) -> tuple[object, str | None]:
+def json_problem(path: str, limit: int = MAX_JSON, *, base: str | None = None) -> tuple[Any, str | None]:
     """(value, None) or (None, a one-line reason naming the file) for a JSON record of an entry."""
     name = os.path.basename(path)
     try:

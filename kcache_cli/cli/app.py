@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     except KcacheError as exc:
         if debug:
             raise
-        from kcache_cli.textsafe import printable_line  # a name in a message cannot act on the terminal
+        from kcache_cli.textsafe import printable_line  # names in messages stay inert
 
         sys.stderr.write(f"Error: {printable_line(str(exc))}\n")
         sys.exit(exc.exit_code)
@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, no traceback
         from kcache_cli.cli.errors import describe_exception, is_usage_error, no_args_help
+        from kcache_cli.textsafe import printable_line
 
         if debug and not is_usage_error(exc):
             raise
@@ -169,8 +170,6 @@ def main(argv: list[str] | None = None) -> None:
         if help_text is not None:  # bare `kcache`: the help, on stdout, and the usage-error status
             sys.stdout.write(help_text)
             sys.exit(2)
-        from kcache_cli.textsafe import printable_line
-
         message, code = describe_exception(exc)
         sys.stderr.write(f"Error: {printable_line(message)}\n")
         sys.exit(code)

@@ -294,7 +294,7 @@ def _log_lines(lf):
         pending += decoder.decode(chunk)
         *lines, pending = pending.split("\n")
         for ln in lines:
-            yield ln[:-1] if ln.endswith("\r") else ln  # CRLF logs: the \r is not shown as \x0d
+            yield ln.removesuffix("\r")  # CRLF logs: the \r is not shown as \x0d
         while len(pending) > LOG_LINE_MAX:
             yield pending[:LOG_LINE_MAX]
             pending = pending[LOG_LINE_MAX:]

@@ -15,7 +15,7 @@ import typer
 from kcache_cli.cli import complete  # light: the TAB path imports nothing heavy
 from kcache_cli.errors import UsageError
 from kcache_cli.terms import KINDS, LAYOUT_NAMES, STATUSES
-from kcache_cli.textsafe import printable, printable_line  # noqa: F401 - the commands' one escaper
+from kcache_cli.textsafe import printable, printable_line
 
 
 class GlobalOptions:

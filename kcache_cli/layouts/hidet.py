@@ -3,7 +3,6 @@ layout): <root>/ops/<target>_space_<level>/<op>/<hash>/, plus graphs/ and ir_mod
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path

@@ -192,7 +192,7 @@ def describe(root: Path, entry: Entry) -> Details:
             problems.append(bad)
         elif meta is not None:
             try:
-                params = meta.get("params", {})  # type: ignore[union-attr]
+                params = meta.get("params", {})
                 inputs = tuple(TensorInfo(n, str(t), ()) for n, t in zip(params.get("names", []),
                                                                            params.get("types", [])))
             except (ValueError, AttributeError, TypeError):
