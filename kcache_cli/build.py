@@ -265,8 +265,9 @@ def _memo_get(root: Path, key: str | None, name: str):
         if key in _memo and name in _memo[key]:
             return _memo[key][name]
     try:
-        with open(_memo_path(root), "rb") as f:
-            rec = json.load(f).get(key)
+        from kcache_cli.fsread import load_json
+
+        rec = load_json(str(_memo_path(root)), 1 << 20).get(key)  # bounded: .kcache/ is writable by others
     except (OSError, ValueError, AttributeError):
         return None
     if isinstance(rec, dict) and isinstance(rec.get(name), str):
@@ -285,8 +286,9 @@ def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
         path = _memo_path(root)
         try:
             try:
-                with open(path, "rb") as f:
-                    data = json.load(f)
+                from kcache_cli.fsread import load_json
+
+                data = load_json(str(path), 1 << 20)
                 if not isinstance(data, dict):
                     data = {}
             except (OSError, ValueError):

@@ -151,8 +151,10 @@ def describe(root: Path, entry: Entry) -> Details:
     task_op = entry.op
     inputs: tuple[TensorInfo, ...] = ()
     outputs: tuple[TensorInfo, ...] = ()
-    if entry.kind != "op":
-        return Details(entry, entry.status, entry.reason, (), files)
+    if entry.kind != "op":  # a graph or ir_module: its files (and a tree too deep to list) only
+        status, reason = (CORRUPT, problems[0]) if problems and entry.status == COMPLETE else (entry.status,
+                                                                                                 entry.reason)
+        return Details(entry, status, reason, tuple(problems), files)
 
     task_path = os.path.join(p, "task.txt")
     data: bytes | None
