@@ -1448,7 +1448,10 @@ class _Staging:
         missing = []  # a loop, not recursion: names are at most MAX_NAME_DEPTH deep, but never trust that
         while rel not in self.dirs:
             missing.append(rel)
-            rel = os.path.dirname(rel)
+            parent = os.path.dirname(rel)
+            if parent == rel:  # "/": names were checked to be relative; never loop on one that is not
+                raise KcacheError(f"bad staging path {rel!r}")
+            rel = parent
         for rel in reversed(missing):
             full = os.path.join(self.path, rel)
             try:

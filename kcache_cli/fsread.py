@@ -65,7 +65,7 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
     file given to `build`): a link is followed, the file must still be regular."""
     if base is not None and dir_fd is None:
         rel = os.path.relpath(path, base)
-        if rel.startswith(".."):
+        if rel == ".." or rel.startswith("../"):
             raise _refuse(path, "outside its entry")
         head, name = os.path.split(rel)
         if head:
@@ -75,7 +75,14 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
             finally:
                 os.close(dfd)
     try:
+        # A device is not even opened (opening one can act: a tape rewinds, a watchdog arms); the
+        # fstat below catches what is swapped in between.
+        pre = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
+        if not stat.S_ISREG(pre.st_mode):
+            raise _refuse(path, kind_of(pre.st_mode))
         fd = os.open(path, FILE_FLAGS & ~os.O_NOFOLLOW if follow else FILE_FLAGS, dir_fd=dir_fd)
+    except NotRegularFile:
+        raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
             raise _refuse(path, "a symlink") from None
