@@ -664,6 +664,8 @@ class _PartWriter:
 
         rel = e.relpath
         for name, kind, _, _, _, extra in items:
+            if not name.isprintable() and _CONTROL.search(name):  # import would refuse the archive
+                raise _Skip(e, f"{name!r} holds control characters")
             if kind == "file":
                 if not name.isascii():
                     try:

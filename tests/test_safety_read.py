@@ -266,6 +266,17 @@ def test_warnings_and_completion_are_escaped(fixture_copy, kcache):
     assert run.exit_code == 0 and not _unsafe_chars(run.stdout + run.stderr)
 
 
+def test_export_leaves_out_what_import_would_refuse(fixture_copy, tmp_path, kcache):
+    root = fixture_copy("hidet")
+    (root / SOFTMAX / "notes\u202etxt.sh").write_bytes(b"x")
+    run = kcache("--cache-dir", str(root), "export", str(tmp_path / "a.tar"))
+    assert run.exit_code == 0 and "holds control characters" in run.stderr
+    assert "\\u202e" in run.stderr and not _unsafe_chars(run.stderr)
+    back = kcache("--cache-dir", str(tmp_path / "other"), "import", str(tmp_path / "a.tar"))
+    assert back.exit_code == 0, back.stderr
+    assert (tmp_path / "other" / ADD).is_dir() and not (tmp_path / "other" / SOFTMAX).exists()
+
+
 def test_import_rejects_c1_and_bidi_names(tmp_path, kcache):
     root = tmp_path / "cache"
     for name in ("lib\u202e.so", "lib\u009b.so", "x\u2066y"):
