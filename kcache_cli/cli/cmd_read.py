@@ -168,8 +168,10 @@ def inspect_command(
     from rich.markup import escape
 
     def line(key: str, value: str, style: str = "") -> None:
-        key, value = c.printable_line(key), escape(c.printable_line(value))  # names and logs stay inert
-        con.print(f"[bold]{key:<16}[/] " + (f"[{style}]{value}[/]" if style else value))
+        key = c.printable_line(key)  # names, paths and logs stay inert; a multi-line value stays aligned
+        for i, part in enumerate(c.printable(value).split("\n")):
+            part = escape(part)
+            con.print(f"[bold]{key if i == 0 else '':<16}[/] " + (f"[{style}]{part}[/]" if style else part))
 
     line("path", entry.path)
     line("layout", f"{entry.layout} {entry.kind}")
