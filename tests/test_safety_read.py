@@ -175,6 +175,30 @@ def test_fifo_lock_file_does_not_hang_ls(fixture_copy):
     assert _ls(root)[SOFTMAX]["status"] == "partial"
 
 
+def test_fifo_in_tilus_and_tilelang_entries(fixture_copy, tmp_path):
+    """A FIFO among a tilus script's links (read as a flattened link before) and a tilelang kernel's
+    executable.so (read whole to find the binaries it embeds, before a clear of cuda-binaries)."""
+    tilus = fixture_copy("tilus")
+    os.mkfifo(tilus / "scripts/add_one/1-845a0ed6/programs/1")
+    tilelang = fixture_copy("tilelang")
+    kernel = next(tilelang.glob("0.1.15/linux-x86_64/kernels/*"))
+    (kernel / "executable.so").unlink()
+    os.mkfifo(kernel / "executable.so")
+    before = (_cache_state(tilus), _cache_state(tilelang))
+    for root in (tilus, tilelang):
+        for args in (["ls"], ["stats"], ["-q", "verify"], ["prune", "--dry-run"],
+                     ["export", tmp_path / f"{root.name}.tar", "--status", "complete,partial,corrupt"]):
+            run = kc("--cache-dir", root, *args)
+            assert run.returncode in (0, 1), (args, run.stderr)
+    assert kc("--cache-dir", tilus, "inspect", "1-845a0ed6").returncode == 0
+    assert kc("--cache-dir", tilus, "log", "1-845a0ed6").returncode == 0
+    clear = kc("--cache-dir", tilelang, "clear", "--space", "0.1.15/cuda-binaries", "--dry-run")
+    assert clear.returncode == 0, clear.stderr
+    ver = kc("--cache-dir", tilelang, "verify", "--json")
+    assert any("executable.so" in p and "FIFO" in p for e in json.loads(ver.stdout)["problems"] for p in e["problems"])
+    assert (_cache_state(tilus), _cache_state(tilelang)) == before
+
+
 # ---- nothing raw reaches a terminal -----------------------------------------------------------------
 
 NASTY = ("\x1b]0;pwned-title\x07\x1b[2J\x1b[?1049h\x1b]52;c;cHduZWQ=\x07"  # title, clear, alt screen, clipboard
