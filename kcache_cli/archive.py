@@ -535,7 +535,9 @@ _by_name = attrgetter("name")
 
 
 def _read_file(dfd: int, name: str, size: int) -> bytes:
-    fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
+    from kcache_cli.fsread import open_regular
+
+    fd, _ = open_regular(name, dir_fd=dfd)  # read again: it must still be a regular file, not followed
     try:
         data = os.read(fd, size) if size else b""
         while len(data) < size:  # short reads happen on some filesystems
@@ -710,7 +712,11 @@ class _PartWriter:
                         self.writer.write(b"".join(pieces))
                         pieces.clear()
                         streamed = True
-                    files[name] = self._stream(dfd, name, prefix + name, fsize, mode, ftime)
+                    try:
+                        files[name] = self._stream(dfd, name, prefix + name, fsize, mode, ftime)
+                    except OSError as exc:  # members of the entry are already written: the export stops
+                        raise KcacheError(f"cannot read {e.path}/{name}: {exc.strerror} (the entry changed "
+                                          "during the export)") from None
                     size += fsize
                     continue
                 data = extra
@@ -752,12 +758,13 @@ class _PartWriter:
 
     def _stream(self, dfd: int, name: str, member: str, size: int, mode: int, mtime: float) -> dict:
         from kcache_cli import tarstream as ts
+        from kcache_cli.fsread import open_regular
 
+        fd, _ = open_regular(name, dir_fd=dfd)  # read again: it must still be a regular file, not followed
         write = self.writer.write
-        write(ts.file_header(member, size, mode, mtime))
         h = self.sha256()
-        fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
         try:
+            write(ts.file_header(member, size, mode, mtime))
             left = size
             while left:
                 chunk = os.read(fd, min(ts.CHUNK, left))
