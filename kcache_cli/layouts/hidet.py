@@ -52,8 +52,9 @@ def op_status(path: str, names: dict[str, int], head: bytes | None = None,
         if log:
             return FAILED, f"compile failed: {log} but no {BINARY}"
         return PARTIAL, f"no {BINARY}: the build was interrupted or is still running"
-    if lib == 0:
-        return PARTIAL, f"{BINARY} is empty"
+    if lib == 0:  # also what a FIFO or device looks like in a listing: say which (never read)
+        why = fsread.why_unreadable(os.path.join(path, BINARY))
+        return (CORRUPT, f"cannot read {BINARY}: {why}") if why else (PARTIAL, f"{BINARY} is empty")
     if any(m in names for m in HIDET_MARKERS) and "func_types.pickle" not in names:
         return PARTIAL, "no func_types.pickle: hidet did not finish writing the entry"
     marker = MANIFEST if MANIFEST in names else "func_types.pickle"
