@@ -143,7 +143,7 @@ def command_from_script(text: str) -> str:
 
 
 def describe(root: Path, entry: Entry) -> Details:
-    from kcache_cli.taskfile import TaskFormatError, parse_task, read_task_file, task_hash
+    from kcache_cli import taskfile as tf
 
     p = entry.path
     problems: list[str] = []
@@ -160,7 +160,7 @@ def describe(root: Path, entry: Entry) -> Details:
     task_path = os.path.join(p, "task.txt")
     data: bytes | None
     try:
-        data = read_task_file(task_path, base=p)
+        data = tf.read_task_file(task_path, base=p)
     except FileNotFoundError:
         data = None
         facts.append(("task", "no task.txt in this entry"))
@@ -168,18 +168,18 @@ def describe(root: Path, entry: Entry) -> Details:
         data = None
         problems.append(f"cannot read task.txt: {exc.strerror}")
     if data is not None:
-        actual = task_hash(data)
+        actual = tf.task_hash(data)
         if not entry.relpath.rsplit("/", 1)[-1].startswith(state.TEMP_PREFIX) and actual != entry.hash:
             problems.append(f"task.txt hashes to {actual}, not {entry.hash}: its hash no longer matches "
                             "(edited after the build?), so hidet will never load this entry")
         try:
-            task = parse_task(data)
+            task = tf.parse_task(data)
             task_op = task.name
             inputs = tuple(TensorInfo(t.name, t.dtype, t.shape) for t in task.inputs)
             outputs = tuple(TensorInfo(t.name, t.dtype, t.shape) for t in task.outputs)
             if task.name != entry.op:
                 problems.append(f"task.txt names op '{task.name}' but the entry sits under '{entry.op}'")
-        except TaskFormatError as exc:
+        except tf.TaskFormatError as exc:
             problems.append(str(exc))
 
     meta, bad = fsread.json_problem(os.path.join(p, "meta.json"), base=p)
