@@ -155,14 +155,13 @@ def find_tasks(paths: Iterable[str | os.PathLike]) -> list[str]:
 def load_task(task_path: str | os.PathLike, options: BuildOptions = BuildOptions(),
               source: str | os.PathLike | None = None) -> TaskSpec:
     """Read a task file and find its source; every problem is a one-line BuildError."""
-    from kcache_cli.taskfile import parse_task, task_hash
+    from kcache_cli.taskfile import parse_task, read_task_file, task_hash
 
     task_path = os.fspath(task_path)
     if os.path.isdir(task_path):
         task_path = os.path.join(task_path, TASK)
     try:
-        with open(task_path, "rb") as f:
-            data = f.read()
+        data = read_task_file(task_path)  # bounded, and never a FIFO or device (fsread)
     except FileNotFoundError:
         raise BuildError(f"task file not found: {task_path}") from None
     except OSError as exc:
@@ -266,8 +265,9 @@ def _memo_get(root: Path, key: str | None, name: str):
         if key in _memo and name in _memo[key]:
             return _memo[key][name]
     try:
-        with open(_memo_path(root), "rb") as f:
-            rec = json.load(f).get(key)
+        from kcache_cli.fsread import load_json
+
+        rec = load_json(str(_memo_path(root)), 1 << 20).get(key)  # bounded: .kcache/ is writable by others
     except (OSError, ValueError, AttributeError):
         return None
     if isinstance(rec, dict) and isinstance(rec.get(name), str):
@@ -286,8 +286,9 @@ def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
         path = _memo_path(root)
         try:
             try:
-                with open(path, "rb") as f:
-                    data = json.load(f)
+                from kcache_cli.fsread import load_json
+
+                data = load_json(str(path), 1 << 20)
                 if not isinstance(data, dict):
                     data = {}
             except (OSError, ValueError):
@@ -451,9 +452,10 @@ def check_extra_flags(flags: Sequence[str]) -> None:
 # ---- the entry on disk ---------------------------------------------------------------------------
 
 def _read_manifest(path: str) -> dict | None:
-    try:
-        with open(os.path.join(path, MANIFEST), "rb") as f:
-            data = json.load(f)
+    from kcache_cli.fsread import load_json
+
+    try:  # size- and depth-limited, no link or FIFO followed: the entry may hold anything
+        data = load_json(os.path.join(path, MANIFEST))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -20,8 +20,20 @@ from typing import Callable, Iterable
 
 from kcache_cli import state
 from kcache_cli.errors import KcacheError, UsageError
-from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, Entry, ScanFilter, Warn, iso,
-                              measure_tree)
+from kcache_cli.model import (
+    BUILDING,
+    COMPLETE,
+    CORRUPT,
+    FAILED,
+    PARTIAL,
+    STALE,
+    UNREADABLE,
+    Entry,
+    ScanFilter,
+    Warn,
+    iso,
+    measure_tree,
+)
 from kcache_cli.scan import listdir
 
 STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer

@@ -76,7 +76,8 @@ def probe_locked(path: str | os.PathLike) -> bool:
     import fcntl
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: a `.lock` that is a FIFO must not hang `ls` (flock on it still answers)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
     try:

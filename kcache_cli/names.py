@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-from fnmatch import fnmatchcase
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Iterable, Iterator
 
 _HIDET_SPACE = re.compile(r"^[a-z0-9]+_space_\d+$")  # as layouts/hidet.py SPACE_RE

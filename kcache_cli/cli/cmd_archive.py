@@ -30,8 +30,15 @@ class _Bar:
 
     def __enter__(self) -> "_Bar":
         if self.enabled:
-            from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeRemainingColumn, TransferSpeedColumn)
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
 
             cols = [TextColumn("{task.description}"), BarColumn()]
             cols += [DownloadColumn(), TransferSpeedColumn()] if self.unit == "bytes" else [MofNCompleteColumn()]
@@ -131,7 +138,7 @@ def export_command(
                          "(see --json)")
     sys.stdout.write(f"exported {c.plural(len(result.entries), 'entry')} ({c.plural(result.files, 'file')}, "
                      f"{c.human_size(result.size)}) "
-                     f"to {result.archive} ({c.human_size(result.archive_size)})\n")
+                     f"to {c.printable_line(result.archive)} ({c.human_size(result.archive_size)})\n")
 
 
 def import_command(
@@ -158,7 +165,13 @@ def import_command(
 
     Example: kcache import kernels.tar.zst --dry-run
     """
-    from kcache_cli.archive import ImportLimits, arch_runs_on, cuda_archs, import_archive, local_compute_caps
+    from kcache_cli.archive import (
+        ImportLimits,
+        arch_runs_on,
+        cuda_archs,
+        import_archive,
+        local_compute_caps,
+    )
 
     opts = c.use(ctx, cache_dir, as_json)
     defaults = ImportLimits()

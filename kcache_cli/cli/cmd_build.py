@@ -148,7 +148,7 @@ def _build_one(opts: c.GlobalOptions, root, path: str, options, source: Optional
     if result.status == b.BUILT:
         c.info(opts, f"built {result.relpath} for {result.arch} in {result.elapsed:.1f}s"
                + (f" (replaced a {result.replaced})" if result.replaced else ""))
-    sys.stdout.write(f"{result.path}\n")
+    sys.stdout.write(f"{c.tty_safe(result.path)}\n")
 
 
 def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]:
@@ -197,7 +197,14 @@ class _Listener:
     def _start(self) -> None:
         if self.progress is not None or not self.show:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), TimeElapsedColumn(), console=c.stderr_console(),
@@ -209,14 +216,14 @@ class _Listener:
         if self.opts.quiet:
             return
         if self.progress is not None:
-            self.progress.console.print(message, markup=False, highlight=False, soft_wrap=True)
+            self.progress.console.print(c.printable(message), markup=False, highlight=False, soft_wrap=True)
         else:
-            sys.stderr.write(message + "\n")
+            sys.stderr.write(c.printable(message) + "\n")
             sys.stderr.flush()
 
     def _describe(self) -> None:
         if self.progress is not None:
-            names = ", ".join(sorted(set(self.active.values())))
+            names = c.printable_line(", ".join(sorted(set(self.active.values()))))
             self.progress.update(self.bar, description=f"compiling {names}" if names else "building")
 
     def waiting(self, spec, holder: str) -> None:
@@ -253,13 +260,14 @@ def _show_failure(result, header: bool = True) -> None:
 
     con = c.stderr_console()
     if header:
-        con.print(f"[bold red]failed:[/] {escape(result.task)}: {escape(result.error or '')}", soft_wrap=True)
+        con.print(f"[bold red]failed:[/] {escape(c.printable_line(result.task))}: "
+                  f"{escape(c.printable_line(result.error or ''))}", soft_wrap=True)
     if not result.output and not result.command:
         return
     if result.command:
-        con.print(f"[dim]$ {escape(result.command)}[/]", soft_wrap=True)
+        con.print(f"[dim]$ {escape(c.printable(result.command))}[/]", soft_wrap=True)
     quoting = False
-    for line in (result.output or "").splitlines():
+    for line in c.printable(result.output or "").splitlines():  # a source line may quote an ESC
         kind = _line_kind(line)
         if kind == "error":
             con.print(f"[bold red]{escape(line)}[/]", soft_wrap=True)
