@@ -33,7 +33,16 @@ from typing import Callable, Iterable, Iterator, Protocol
 
 from kcache_cli import __version__, state
 from kcache_cli.errors import KcacheError, UsageError
-from kcache_cli.model import BUILDING, COMPLETE, LAYOUT_NAMES, Entry, ScanFilter, Warn, iso, measure_tree
+from kcache_cli.model import (
+    BUILDING,
+    COMPLETE,
+    LAYOUT_NAMES,
+    Entry,
+    ScanFilter,
+    Warn,
+    iso,
+    measure_tree,
+)
 
 FORMAT = "kcache-archive"
 FORMAT_VERSION = 1
@@ -49,7 +58,10 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _ARCH = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
 _HIDET_SPACE = re.compile(r"^[a-z0-9]+_space_\d+$")
 _TILELANG_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?([.+\-\w]*)$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0, DEL, C1 and the bidi controls that make a name read differently from what it is (textsafe).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+MAX_NAME_DEPTH = 64  # components of a name inside an entry (export walks at most fsread.MAX_TREE_DEPTH)
+PATH_MAX = 4096
 # File names that need no closer look: ASCII, no component starting with '.', components of 1-255
 # bytes, at most 16 deep; matched for all names of a manifest at once, one per line.
 _SIMPLE = r"[\w+\-=,@%~][\w.+\-=,@%~]{0,254}(?:/[\w+\-=,@%~][\w.+\-=,@%~]{0,254}){0,15}"
@@ -77,6 +89,15 @@ class ImportLimits:
     max_total: int = 64 << 30  # all files together
     max_members: int = 5_000_000  # files, links and directories
     max_manifest: int = 256 << 20  # the manifest itself, held in memory
+    # In proportion to the archive (a regular file), so that a small archive cannot make the manifest
+    # cost gigabytes: its bytes, its JSON values (counted at C speed before parsing) and its
+    # entries. kcache's own archives hold about 90 bytes per entry and 0.3 values per byte at least.
+    manifest_floor: int = 16 << 20  # bytes of manifest any archive may have
+    manifest_per_byte: int = 32  # manifest bytes per archive byte above that
+    values_floor: int = 1_000_000  # JSON values any manifest may have
+    values_per_byte: int = 1  # values per archive byte above that
+    objects_floor: int = 10_000  # JSON objects (two per entry record) any manifest may have
+    min_entry_bytes: int = 16  # archive bytes per entry record, at least
 
 
 @dataclass(frozen=True)
@@ -173,6 +194,8 @@ def path_problem(name: object, what: str = "path") -> str | None:
         return f"absolute {what} {name!r}"
     if len(name.encode("utf-8", "surrogatepass")) > 4096:
         return f"{what} longer than 4096 bytes"
+    if name.count("/") >= MAX_NAME_DEPTH:  # a directory 1,000 deep would fail at publish, not at the check
+        return f"{what} {name[:60]!r}... is nested more than {MAX_NAME_DEPTH} directories deep"
     for part in name.split("/"):
         if part in ("", ".", ".."):
             return f"{what} {name!r} has an empty, '.' or '..' component" if part != ".." else \
@@ -453,45 +476,73 @@ def _read_tree(dfd: int, prefix: str, out: list, budget: list[int]) -> None:
     """Everything under an open directory, sorted, depth first, as (name, kind, size, mode, mtime,
     extra): kind 'file' (extra: its bytes, or None past BIG_FILE or the memory budget), 'dir',
     'link' (extra: its target) or 'other'. Types come from the directory listing; each file is
-    opened once (relative to `dfd`, never following a link), fstat'ed and read whole."""
-    with os.scandir(dfd) as it:
-        items = sorted(it, key=_by_name)
-    for de in items:
-        name = prefix + de.name
-        if de.is_file(follow_symlinks=False):
-            fd = os.open(de.name, _FILE_FLAGS, dir_fd=dfd)
-            try:
-                st = os.fstat(fd)
-                mode = st.st_mode
-                if not stat.S_ISREG(mode):  # replaced since the listing
-                    out.append((name, "other", 0, mode, st.st_mtime, None))
-                    continue
-                size = st.st_size
-                data = None
-                if size <= BIG_FILE and size <= budget[0]:
-                    data = os.read(fd, size) if size else b""
-                    while len(data) < size:  # short reads happen on some filesystems
-                        more = os.read(fd, size - len(data))
-                        if not more:
-                            break
-                        data += more
-                    budget[0] -= len(data)
-                    size = len(data)
-                out.append((name, "file", size, mode, st.st_mtime, data))
-            finally:
+    opened once (relative to its directory's fd, never following a link), fstat'ed and read whole.
+    Iterative, at most MAX_NAME_DEPTH deep (deeper: fsread.TreeTooDeep, an OSError)."""
+    from kcache_cli.fsread import TreeTooDeep
+
+    stack: list[tuple[int, str, list]] = [(dfd, prefix, _listing(dfd))]
+    try:
+        while stack:
+            fd, pre, items = stack[-1]
+            if not items:
+                stack.pop()
+                if fd != dfd:
+                    os.close(fd)
+                continue
+            de = items.pop()
+            name = pre + de.name
+            if de.is_file(follow_symlinks=False):
+                out.append(_read_member(fd, de.name, name, budget))
+            elif de.is_dir(follow_symlinks=False):
+                if len(stack) >= MAX_NAME_DEPTH:  # import refuses deeper names: do not ship them
+                    raise TreeTooDeep(errno.ELOOP, f"directories nested more than {MAX_NAME_DEPTH} deep")
+                sub = os.open(de.name, _DIR_FLAGS, dir_fd=fd)
+                try:
+                    out.append((name, "dir", 0, 0o755, os.fstat(sub).st_mtime, None))
+                    stack.append((sub, name + "/", _listing(sub)))
+                except BaseException:
+                    os.close(sub)
+                    raise
+            elif de.is_symlink():
+                st = de.stat(follow_symlinks=False)
+                out.append((name, "link", st.st_size, st.st_mode, st.st_mtime, os.readlink(de.name, dir_fd=fd)))
+            else:
+                out.append((name, "other", 0, 0, 0.0, None))
+    finally:
+        for fd, _, _ in stack:
+            if fd != dfd:
                 os.close(fd)
-        elif de.is_dir(follow_symlinks=False):
-            sub = os.open(de.name, _DIR_FLAGS, dir_fd=dfd)
-            try:
-                out.append((name, "dir", 0, 0o755, os.fstat(sub).st_mtime, None))
-                _read_tree(sub, name + "/", out, budget)
-            finally:
-                os.close(sub)
-        elif de.is_symlink():
-            st = de.stat(follow_symlinks=False)
-            out.append((name, "link", st.st_size, st.st_mode, st.st_mtime, os.readlink(de.name, dir_fd=dfd)))
-        else:
-            out.append((name, "other", 0, 0, 0.0, None))
+
+
+def _listing(dfd: int) -> list:
+    """A directory's entries, sorted by name and reversed (popped from the end in order)."""
+    with os.scandir(dfd) as it:
+        return sorted(it, key=_by_name, reverse=True)
+
+
+def _read_member(dfd: int, base: str, name: str, budget: list[int]) -> tuple:
+    """One regular file of _read_tree: (name, "file", size, mode, mtime, bytes or None), or
+    "other" when it is no longer a regular file."""
+    fd = os.open(base, _FILE_FLAGS, dir_fd=dfd)
+    try:
+        st = os.fstat(fd)
+        mode = st.st_mode
+        if not stat.S_ISREG(mode):  # replaced since the listing
+            return (name, "other", 0, mode, st.st_mtime, None)
+        size = st.st_size
+        data = None
+        if size <= BIG_FILE and size <= budget[0]:
+            data = os.read(fd, size) if size else b""
+            while len(data) < size:  # short reads happen on some filesystems
+                more = os.read(fd, size - len(data))
+                if not more:
+                    break
+                data += more
+            budget[0] -= len(data)
+            size = len(data)
+        return (name, "file", size, mode, st.st_mtime, data)
+    finally:
+        os.close(fd)
 
 
 ENTRY_BUDGET = 256 << 20  # bytes of one entry held in memory; the rest is read again when written
@@ -501,7 +552,9 @@ _by_name = attrgetter("name")
 
 
 def _read_file(dfd: int, name: str, size: int) -> bytes:
-    fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
+    from kcache_cli.fsread import open_regular
+
+    fd, _ = open_regular(name, dir_fd=dfd)  # read again: it must still be a regular file, not followed
     try:
         data = os.read(fd, size) if size else b""
         while len(data) < size:  # short reads happen on some filesystems
@@ -628,6 +681,8 @@ class _PartWriter:
 
         rel = e.relpath
         for name, kind, _, _, _, extra in items:
+            if not name.isprintable() and _CONTROL.search(name):  # import would refuse the archive
+                raise _Skip(e, f"{name!r} holds control characters")
             if kind == "file":
                 if not name.isascii():
                     try:
@@ -672,7 +727,11 @@ class _PartWriter:
                         self.writer.write(b"".join(pieces))
                         pieces.clear()
                         streamed = True
-                    files[name] = self._stream(dfd, name, prefix + name, fsize, mode, ftime)
+                    try:
+                        files[name] = self._stream(dfd, name, prefix + name, fsize, mode, ftime)
+                    except OSError as exc:  # members of the entry are already written: the export stops
+                        raise KcacheError(f"cannot read {e.path}/{name}: {exc.strerror} (the entry changed "
+                                          "during the export)") from None
                     size += fsize
                     continue
                 data = extra
@@ -714,12 +773,13 @@ class _PartWriter:
 
     def _stream(self, dfd: int, name: str, member: str, size: int, mode: int, mtime: float) -> dict:
         from kcache_cli import tarstream as ts
+        from kcache_cli.fsread import open_regular
 
+        fd, _ = open_regular(name, dir_fd=dfd)  # read again: it must still be a regular file, not followed
         write = self.writer.write
-        write(ts.file_header(member, size, mode, mtime))
         h = self.sha256()
-        fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
         try:
+            write(ts.file_header(member, size, mode, mtime))
             left = size
             while left:
                 chunk = os.read(fd, min(ts.CHUNK, left))
@@ -741,8 +801,10 @@ def _entry_facts(entry: Entry, small: dict[str, bytes], names: Iterable[str]) ->
     compiler = arch = platform = None
     record = small.get("kcache.json")
     if record:
+        from kcache_cli.fsread import parse_json
+
         try:
-            data = json.loads(record)
+            data = parse_json(record, "kcache.json")  # nesting-limited: the entry may hold anything
             compiler, arch, platform = (str(data[k]) if data.get(k) else None
                                         for k in ("compiler", "arch", "platform"))
         except (ValueError, AttributeError, TypeError):
@@ -1006,12 +1068,40 @@ def _reject(msg: str) -> ArchiveRejected:
     return ArchiveRejected(f"archive rejected: {msg}")
 
 
-def _parse_manifest(data: bytes, limits: ImportLimits) -> tuple[dict, list[dict], list[int]]:
+def _check_proportion(manifest_size: int, archive_size: int | None, limits: ImportLimits,
+                      data: bytes | None = None, entries: int | None = None) -> None:
+    """Refuse a manifest out of proportion to its archive (millions of records in a small archive):
+    its size, then (with `data`) its JSON values counted at C speed before json.loads builds them,
+    then (with `entries`) its entry count. Nothing when the archive's size is unknown (a pipe)."""
+    if archive_size is None:
+        return
+    what = f"out of proportion to a {archive_size}-byte archive (a manifest bomb?)"
+    if manifest_size > limits.manifest_floor + limits.manifest_per_byte * archive_size:
+        raise _reject(f"manifest.json is {manifest_size} bytes, {what}")
+    if data is not None:
+        objects = data.count(b"{")  # at least every object: a record and its file map
+        values = data.count(b",") + data.count(b"[") + objects + 1  # at least every value
+        if values > limits.values_floor + limits.values_per_byte * archive_size:
+            raise _reject(f"manifest.json holds up to {values} values, {what}")
+        if objects > limits.objects_floor + 2 * archive_size // limits.min_entry_bytes:
+            raise _reject(f"manifest.json holds up to {objects} objects, {what}")
+    if entries is not None and entries * limits.min_entry_bytes > archive_size:
+        raise _reject(f"manifest.json lists {entries} entries, {what}")
+
+
+def _parse_manifest(data: bytes, limits: ImportLimits, archive_size: int | None = None
+                    ) -> tuple[dict, list[dict], list[int]]:
     """The manifest's header and the rules that span all entries: unique, non-nested entry paths
     and the limits on sizes and member counts (checked in bulk). Returns the manifest, its entry
-    records and each entry's size. Each record's own rules are `_check_records`' (the workers')."""
+    records and each entry's size. Each record's own rules are `_check_records`' (the workers').
+    Its size and nesting are bounded before it is parsed (fsread.parse_json)."""
+    from kcache_cli.fsread import JsonTooDeep, parse_json
+
+    _check_proportion(len(data), archive_size, limits, data)
     try:
-        manifest = json.loads(data)
+        manifest = parse_json(data, "manifest.json")
+    except JsonTooDeep as exc:
+        raise _reject(str(exc)) from None
     except (ValueError, UnicodeDecodeError):
         raise _reject("manifest.json is not valid JSON") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -1024,6 +1114,7 @@ def _parse_manifest(data: bytes, limits: ImportLimits) -> tuple[dict, list[dict]
     records = manifest.get("entries")
     if not isinstance(records, list):
         raise _reject("manifest.json has no entry list")
+    _check_proportion(len(data), archive_size, limits, entries=len(records))
     try:
         rels = [rec["relpath"] + "" for rec in records]
         sizes = [[info[0] + 0 for info in rec["files"].values()] for rec in records]
@@ -1169,6 +1260,22 @@ def _real_dir_chain(root: Path, relpath: str, cache: dict | None = None) -> str 
     return None
 
 
+_STAGING_NAME_ROOM = len("/.kcache/import-4194304-01234567/")  # the longest staging prefix below the root
+
+
+def _too_long(p: _Planned, room: int) -> str | None:
+    """The first path of entry `p` longer than `room` bytes (relative to the root), or None."""
+    names = (*p.files, *p.links, *p.dirs, *p.locks)
+    longest = max(map(len, names), default=0) + len(p.relpath) + 1
+    if 4 * longest <= room:  # even in 4-byte UTF-8 characters it fits
+        return None
+    for name in names:
+        full = f"{p.relpath}/{name}"
+        if len(full.encode("utf-8", "surrogatepass")) > room:
+            return f"{full[:60]!r}..."
+    return None
+
+
 def _plan(root: Path, planned: list[_Planned], archive_programs: set[str]) -> None:
     """Decide each entry's action from the destination, and check every link against it."""
     from kcache_cli.scan import scan_cache
@@ -1186,11 +1293,15 @@ def _plan(root: Path, planned: list[_Planned], archive_programs: set[str]) -> No
         return _real_dir_chain(root, f"programs/{h}/x", chains) is None and \
             os.path.isdir(os.path.join(root, "programs", h))
 
+    room = PATH_MAX - 1 - len(os.fsencode(str(root))) - _STAGING_NAME_ROOM
     for p in planned:
         for name, target in p.links.items():
             bad = link_problem(p.layout, p.kind, p.relpath, name, target, program_ok)
             if bad:
                 raise _reject(bad)
+        too_long = _too_long(p, room)
+        if too_long:  # decided here, in a dry run too: a real import would fail to write it
+            raise _reject(f"{too_long} would be longer than the system's path limit ({PATH_MAX} bytes) in {root}")
         blocked = _real_dir_chain(root, p.relpath, chains)
         if blocked:
             p.action, p.reason, p.write = "skip", blocked, False
@@ -1254,17 +1365,22 @@ class _Staging:
         self.dirs: set[str] = {""}
 
     def ensure_dir(self, rel: str) -> None:
-        if rel in self.dirs:
-            return
-        self.ensure_dir(os.path.dirname(rel))
-        full = os.path.join(self.path, rel)
-        try:
-            os.mkdir(full)
-        except FileExistsError:  # another worker made it, or a member made it a file: check
-            st = os.lstat(full)
-            if not stat.S_ISDIR(st.st_mode):
-                raise
-        self.dirs.add(rel)
+        missing = []  # a loop, not recursion: names are at most MAX_NAME_DEPTH deep, but never trust that
+        while rel not in self.dirs:
+            missing.append(rel)
+            parent = os.path.dirname(rel)
+            if parent == rel:  # "/": names were checked to be relative; never loop on one that is not
+                raise KcacheError(f"bad staging path {rel!r}")
+            rel = parent
+        for rel in reversed(missing):
+            full = os.path.join(self.path, rel)
+            try:
+                os.mkdir(full)
+            except FileExistsError:  # another worker made it, or a member made it a file: check
+                st = os.lstat(full)
+                if not stat.S_ISDIR(st.st_mode):
+                    raise
+            self.dirs.add(rel)
 
     def cleanup(self) -> None:
         import shutil
@@ -1683,8 +1799,10 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
                     raise _reject("its first member is not manifest.json (not a kcache archive?)")
                 if head.size > limits.max_manifest:
                     raise _reject(f"manifest.json is {head.size} bytes, over the limit of {limits.max_manifest}")
+                scale = file_size if stat.S_ISREG(os.fstat(raw.fileno()).st_mode) else None
+                _check_proportion(head.size, scale, limits)
                 data = b"".join(reader.data(head))
-                manifest, records, totals = _parse_manifest(data, limits)
+                manifest, records, totals = _parse_manifest(data, limits, scale)
                 _refuse_other_layout(root, records)
                 regions = _regions(manifest, len(records), file_size)
                 if regions is not None:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from kcache_cli import state
-from kcache_cli.checks import read_json, sha256_file
+from kcache_cli.checks import sha256_file
+from kcache_cli.fsread import json_object
 from kcache_cli.errors import KcacheError, LockTimeout, UsageError
 from kcache_cli.gpu import ARCH_RE
 
@@ -163,14 +164,13 @@ def find_tasks(paths: Iterable[str | os.PathLike]) -> list[str]:
 def load_task(task_path: str | os.PathLike, options: BuildOptions = BuildOptions(),
               source: str | os.PathLike | None = None) -> TaskSpec:
     """Read a task file and find its source; every problem is a one-line BuildError."""
-    from kcache_cli.taskfile import parse_task, task_hash
+    from kcache_cli.taskfile import parse_task, read_task_file, task_hash
 
     task_path = os.fspath(task_path)
     if os.path.isdir(task_path):
         task_path = os.path.join(task_path, TASK)
     try:
-        with open(task_path, "rb") as f:
-            data = f.read()
+        data = read_task_file(task_path)  # bounded, and never a FIFO or device (fsread)
     except FileNotFoundError:
         raise BuildError(f"task file not found: {task_path}") from None
     except OSError as exc:
@@ -274,7 +274,7 @@ def _memo_get(root: Path, key: str | None, name: str):
     with _memo_lock:
         if key in _memo and name in _memo[key]:
             return _memo[key][name]
-    rec = (read_json(_memo_path(root)) or {}).get(key)
+    rec = (json_object(_memo_path(root), 1 << 20) or {}).get(key)  # bounded: .kcache/ is writable by others
     if isinstance(rec, dict) and isinstance(rec.get(name), str):
         with _memo_lock:
             _memo.setdefault(key, {})[name] = rec[name]
@@ -290,7 +290,7 @@ def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
         _memo.setdefault(key, {})[name] = value
         path = _memo_path(root)
         try:
-            data = read_json(path) or {}
+            data = json_object(path, 1 << 20) or {}
             data.setdefault(key, {})
             if not isinstance(data[key], dict):
                 data[key] = {}
@@ -438,7 +438,8 @@ def check_extra_flags(flags: Sequence[str]) -> None:
 # ---- the entry on disk ---------------------------------------------------------------------------
 
 def _read_manifest(path: str) -> dict | None:
-    return read_json(os.path.join(path, MANIFEST))
+    # size- and depth-limited, no link or FIFO followed: the entry may hold anything
+    return json_object(os.path.join(path, MANIFEST))
 
 
 def _entry_shape():

@@ -10,7 +10,14 @@ from typing import Iterator
 
 from kcache_cli import state
 from kcache_cli.errors import UsageError
-from kcache_cli.model import Entry, ScanFilter, ScanResult, TreeUsage, Warn, measure_tree
+from kcache_cli.model import (
+    Entry,
+    ScanFilter,
+    ScanResult,
+    TreeUsage,
+    Warn,
+    measure_tree,
+)
 
 
 @dataclass

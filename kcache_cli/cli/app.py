@@ -164,7 +164,9 @@ def main(argv: list[str] | None = None) -> None:
             import traceback
 
             traceback.print_exc()
-        sys.stderr.write(f"Error: {exc}\n")
+        from kcache_cli.textsafe import printable_line  # names in messages stay inert
+
+        sys.stderr.write(f"Error: {printable_line(str(exc))}\n")
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.stderr.write("Error: aborted\n")
@@ -175,7 +177,12 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         sys.exit(1)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, no traceback
-        from kcache_cli.cli.errors import describe_exception, is_usage_error, no_args_help
+        from kcache_cli.cli.errors import (
+            describe_exception,
+            is_usage_error,
+            no_args_help,
+        )
+        from kcache_cli.textsafe import printable_line
 
         if debug and not is_usage_error(exc):
             import traceback
@@ -186,6 +193,6 @@ def main(argv: list[str] | None = None) -> None:
             sys.stdout.write(help_text)
             sys.exit(2)
         message, code = describe_exception(exc)
-        sys.stderr.write(f"Error: {message}\n")
+        sys.stderr.write(f"Error: {printable_line(message)}\n")
         sys.exit(code)
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -81,7 +81,7 @@ def export_command(
                          "(see --json)")
     sys.stdout.write(f"exported {c.plural(len(result.entries), 'entry')} ({c.plural(result.files, 'file')}, "
                      f"{c.human_size(result.size)}) "
-                     f"to {result.archive} ({c.human_size(result.archive_size)})\n")
+                     f"to {c.printable_line(result.archive)} ({c.human_size(result.archive_size)})\n")
 
 
 def import_command(

@@ -3,13 +3,12 @@ layout): <root>/ops/<target>_space_<level>/<op>/<hash>/, plus graphs/ and ir_mod
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli import state
+from kcache_cli import fsread, state
 from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, listing_or_unreadable,
                               read_every_byte, read_head, read_text, size_mismatch, unreadable)
 from kcache_cli.layouts.base import TEMP, InnerLeftover, Layout, Leftover
@@ -30,11 +29,10 @@ OTHER_KINDS = tuple((k.template.split("/")[0], k.kind) for k in HIDET.kinds[1:])
 
 def _manifest_mismatch(path: str, names: dict[str, int]) -> str | None:
     """Compare sizes with kcache.json (cheap: sizes only; checksums are for inspect/verify)."""
-    try:
-        with open(os.path.join(path, MANIFEST), "rb") as f:
-            listed = json.load(f).get("files", {})
-    except (OSError, ValueError, AttributeError):
-        return f"{MANIFEST} is unreadable"
+    record, problem = fsread.json_problem(os.path.join(path, MANIFEST))
+    if problem is not None:
+        return problem if "deep" in problem else f"{MANIFEST} is unreadable"
+    listed = record.get("files", {}) if isinstance(record, dict) else None
     return size_mismatch(MANIFEST, listed, names)
 
 
@@ -153,6 +151,9 @@ def _module(path: str, prefix: str, names: dict[str, int], mtimes: dict[str, flo
             return Judgement.of(FAILED, f"compile failed: {prefix}nvcc_log.txt but no {BINARY}")
         return Judgement.of(PARTIAL, f"no {prefix}{BINARY}: the build was interrupted or is still running")
     if lib == 0:
+        why = fsread.why_unreadable(os.path.join(path, BINARY))
+        if why:  # a FIFO, a device or a link where lib.so belongs: said, never read
+            return Judgement.of(CORRUPT, f"cannot read {prefix}{BINARY}: {why}")
         if "func_types.pickle" in names:
             return Judgement.of(CORRUPT, f"{prefix}{BINARY} is empty (emptied after hidet finished the entry)")
         return Judgement.of(PARTIAL, f"{prefix}{BINARY} is empty: the compile was interrupted")
@@ -163,7 +164,11 @@ def _module(path: str, prefix: str, names: dict[str, int], mtimes: dict[str, flo
         return Judgement.of(UNREADABLE, prefix + why)
     done = MANIFEST if MANIFEST in names else "func_types.pickle"
     if deep or changed_since(mtimes, done, (BINARY,)):
-        truncated = elf_truncated(BINARY, read_head(os.path.join(path, BINARY)), lib)
+        head = read_head(os.path.join(path, BINARY))
+        why = fsread.why_unreadable(os.path.join(path, BINARY)) if not head else None
+        if why:  # a FIFO, a device or a link where lib.so belongs: said, never read
+            return Judgement.of(CORRUPT, f"cannot read {prefix}{BINARY}: {why}")
+        truncated = elf_truncated(BINARY, head, lib)
         if truncated:
             return Judgement.of(CORRUPT, prefix + truncated)
     return None
@@ -202,11 +207,10 @@ def _task(path: str, names: dict[str, int], mtimes: dict[str, float] | None, dee
     done = MANIFEST if MANIFEST in names and not any(m in names for m in HIDET_MARKERS) else "func_types.pickle"
     if not deep and not changed_since(mtimes, done, ("task.txt",)):
         return None
-    from kcache_cli.taskfile import task_hash
+    from kcache_cli.taskfile import read_task_file, task_hash
 
-    try:
-        with open(os.path.join(path, "task.txt"), "rb") as f:
-            data = f.read()
+    try:  # bounded, and never a FIFO, a device or a link (fsread)
+        data = read_task_file(os.path.join(path, "task.txt"), base=path)
     except PermissionError:
         return Judgement.of(UNREADABLE, "task.txt is unreadable (permission denied)")
     except OSError as exc:
@@ -259,7 +263,7 @@ def _judge_kcache_built(path: str, names: dict[str, int], mtimes: dict[str, floa
     if deep:
         text = read_text(os.path.join(path, MANIFEST))
         try:
-            listed = json.loads(text or "").get("files") or {}
+            listed = fsread.parse_json(text or "").get("files") or {}
         except (ValueError, AttributeError):
             return Judgement.of(CORRUPT, f"{MANIFEST} is not valid JSON")
         problems = check_manifest(path, MANIFEST, listed)
@@ -313,12 +317,7 @@ def _judge_graph(path: str, deep: bool, version: str) -> Judgement:
 
 
 def _json(path: str) -> dict | None:
-    text = read_text(path)
-    try:
-        data = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+    return fsread.json_object(path)
 
 
 def op_status(path: str, names: dict[str, int], head: bytes | None = None,
@@ -478,13 +477,13 @@ def _module_dirs(entry: Entry) -> list[str]:
 def describe(root: Path, entry: Entry) -> Details:
     p = entry.path
     facts: list[tuple[str, str]] = []
-    files = list_files(p)
     verdict = _deep_judgement(root, entry)
     problems = list(verdict.problems)
+    files = list_files(p, problems.append)
     task_op, inputs, outputs = _describe_task(entry, problems, facts) if entry.kind == "op" else (None, (), ())
-    meta = _json(os.path.join(p, "meta.json"))
-    if meta is None and os.path.isfile(os.path.join(p, "meta.json")):
-        problems.append("meta.json is not valid JSON")
+    meta, bad = fsread.json_problem(os.path.join(p, "meta.json"), base=p)
+    if bad and not bad.endswith("missing"):
+        problems.append(bad)
     if meta:
         facts.append(("hidet version", str(meta.get("hidet_version"))))
         if meta.get("target"):
@@ -496,8 +495,10 @@ def describe(root: Path, entry: Entry) -> Details:
     if version is not None:
         facts.append(("version.txt", version.strip()))
     facts.append(("hidet in use", version_in_use(root) or "unknown (not installed, no version.txt)"))
-    manifest = _json(os.path.join(p, MANIFEST))
-    if manifest:
+    manifest, bad = fsread.json_problem(os.path.join(p, MANIFEST), base=p)
+    if bad and not bad.endswith("missing"):
+        problems.append(bad)
+    if isinstance(manifest, dict):
         for key in ("arch", "compiler", "kcache_version"):
             if manifest.get(key):
                 facts.append((f"recorded {key}", str(manifest[key])))
@@ -515,7 +516,7 @@ def describe(root: Path, entry: Entry) -> Details:
         output = "\n".join(log.splitlines()[1:])
     if os.path.isdir(os.path.join(p, "candidates")):
         facts.append(("candidates/", "auto-tuning leftovers (prune removes them)"))
-    binaries = tuple(os.path.join(d, BINARY) for d in _module_dirs(entry) if os.path.isfile(os.path.join(d, BINARY)))
+    binaries = tuple(os.path.join(d, BINARY) for d in _module_dirs(entry) if os.path.lexists(os.path.join(d, BINARY)))
     status, reason = verdict.status, verdict.reason
     if problems and status == COMPLETE:
         status, reason = CORRUPT, problems[0]
@@ -526,16 +527,16 @@ def describe(root: Path, entry: Entry) -> Details:
 def _describe_task(entry: Entry, problems: list[str], facts: list[tuple[str, str]]
                    ) -> tuple[str | None, tuple[TensorInfo, ...], tuple[TensorInfo, ...]]:
     """The op's name and tensors from task.txt (its hash is part of the judgement)."""
-    from kcache_cli.taskfile import TaskFormatError, parse_task
+    from kcache_cli.taskfile import TaskFormatError, parse_task, read_task_file
 
     try:
-        with open(os.path.join(entry.path, "task.txt"), "rb") as f:
-            data = f.read()
+        data = read_task_file(os.path.join(entry.path, "task.txt"), base=entry.path)
     except FileNotFoundError:
         facts.append(("task", "no task.txt in this entry"))
         return entry.op, (), ()
-    except OSError:
-        return entry.op, (), ()  # the judgement says why
+    except OSError as exc:
+        problems.append(f"cannot read task.txt: {exc.strerror or exc}")
+        return entry.op, (), ()
     try:
         task = parse_task(data)
     except TaskFormatError as exc:
@@ -556,11 +557,11 @@ def log_files(entry: Entry) -> list[LogFile]:
     out = []
     for d in _module_dirs(entry):
         label = "" if d == entry.path else os.path.relpath(d, entry.path) + "/"
-        if os.path.isfile(os.path.join(d, "nvcc_log.txt")):
+        if os.path.lexists(os.path.join(d, "nvcc_log.txt")):
             out.append(LogFile(label + "nvcc_log.txt", os.path.join(d, "nvcc_log.txt")))
             continue
         out.extend(LogFile(label + n, os.path.join(d, n)) for n in ("compile.sh", "nvcc_output.txt", "gcc_output.txt")
-                   if os.path.isfile(os.path.join(d, n)))
+                   if os.path.lexists(os.path.join(d, n)))
     return out
 
 

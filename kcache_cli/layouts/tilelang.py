@@ -8,8 +8,9 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli.checks import (changed_since, check_manifest, list_files, read_every_byte, read_json, read_text,
-                              size_mismatch, unreadable)
+from kcache_cli import fsread
+from kcache_cli.checks import (changed_since, check_manifest, list_files, read_every_byte, size_mismatch,
+                              unreadable)
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
 from kcache_cli.layouts.base import Layout, Leftover
 from kcache_cli.layouts.shapes import TILELANG
@@ -27,16 +28,17 @@ BINARIES_DIR = "cuda-binaries"
 
 
 def _load_json(path: str) -> dict | None:
-    return read_json(path)
+    """A JSON object under fsread's size and nesting limits, or None."""
+    return fsread.json_object(path)
 
 
 def kernel_status(path: str, names: dict[str, int], mtimes: dict[str, float] | None = None
                   ) -> tuple[str, str | None]:
     binary = next((b for b in KERNEL_BINARIES if b in names), None)
     if "manifest.json" in names and changed_since(mtimes, "manifest.json"):
-        manifest = _load_json(os.path.join(path, "manifest.json"))
-        if manifest is None or not isinstance(manifest.get("files"), dict):
-            return CORRUPT, "manifest.json is unreadable"
+        manifest, bad = fsread.json_problem(os.path.join(path, "manifest.json"))
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            return CORRUPT, bad if bad and "deep" in bad else "manifest.json is unreadable"
         bad = size_mismatch("manifest.json", manifest["files"], names)
         if bad:
             return CORRUPT, bad
@@ -167,20 +169,25 @@ def describe(root: Path, entry: Entry) -> Details:
     p = entry.path
     problems: list[str] = []
     facts: list[tuple[str, str]] = []
-    files = list_files(p) if os.path.isdir(p) else ()
+    files = list_files(p, problems.append) if os.path.isdir(p) else ()
     if entry.kind == "kernel":
-        manifest = _load_json(os.path.join(p, "manifest.json"))
-        if manifest is None:
+        manifest, bad = fsread.json_problem(os.path.join(p, "manifest.json"), base=p)
+        if bad and not bad.endswith("missing"):
+            problems.append(bad)
+        elif not isinstance(manifest, dict):
             facts.append(("manifest", "none (nothing to check checksums against)"))
         else:
             problems.extend(check_manifest(p, "manifest.json", manifest.get("files") or {}))
-        host = read_text(os.path.join(p, "host_kernel.cu"), 4096)
+        host = fsread.read_text(os.path.join(p, "host_kernel.cu"), 4096, base=p)
         if host and host.startswith("// tilelang target:"):
             facts.append(("host target", host.splitlines()[0].split(":", 1)[1].strip()))
-        binaries = tuple(os.path.join(p, b) for b in KERNEL_BINARIES if os.path.isfile(os.path.join(p, b)))
+        binaries = tuple(os.path.join(p, b) for b in KERNEL_BINARIES if os.path.lexists(os.path.join(p, b)))
     else:
-        meta = _load_json(os.path.join(p, "metadata.json")) or {}
-        binary = next((b for b in CUBIN_BINARIES if os.path.isfile(os.path.join(p, b))), None)
+        record, bad = fsread.json_problem(os.path.join(p, "metadata.json"), base=p)
+        if bad and not bad.endswith("missing"):
+            problems.append(bad)
+        meta = record if isinstance(record, dict) else {}
+        binary = next((b for b in CUBIN_BINARIES if os.path.lexists(os.path.join(p, b))), None)
         if binary and meta.get("sha256"):
             problems.extend(check_manifest(p, "metadata.json", {binary: {"size": meta.get("size"),
                                                                          "sha256": meta["sha256"]}}))
@@ -245,7 +252,18 @@ _FINGERPRINT = 64  # bytes of a binary's start used to find candidate positions
 
 
 def _binary_file(path: str) -> str | None:
-    return next((os.path.join(path, b) for b in CUBIN_BINARIES if os.path.isfile(os.path.join(path, b))), None)
+    return next((os.path.join(path, b) for b in CUBIN_BINARIES if os.path.lexists(os.path.join(path, b))), None)
+
+
+def _read_binary_bytes(path: str) -> bytes | None:
+    """A compiled file's bytes for the byte search (fsread: regular files only, under the ELF
+    reader's size bound), or None."""
+    from kcache_cli.binary import MAX_FILE_BYTES
+
+    try:
+        return fsread.read_bytes(path, MAX_FILE_BYTES)
+    except OSError:
+        return None
 
 
 def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
@@ -260,12 +278,8 @@ def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
         index: dict[bytes, list[tuple[str, bytes]]] = {}
         for b in bins:
             f = _binary_file(b)
-            try:
-                with open(f, "rb") as fh:  # type: ignore[arg-type]
-                    data = fh.read()
-            except (OSError, TypeError):
-                continue
-            if len(data) >= _FINGERPRINT:
+            data = _read_binary_bytes(f) if f else None
+            if data is not None and len(data) >= _FINGERPRINT:
                 index.setdefault(data[:_FINGERPRINT], []).append((b, data))
         if not index:
             continue
@@ -283,10 +297,8 @@ def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
                 continue
             for k in sorted(kernels):
                 for name in KERNEL_BINARIES:
-                    try:
-                        with open(os.path.join(k, name), "rb") as fh:
-                            data = fh.read()
-                    except OSError:
+                    data = _read_binary_bytes(os.path.join(k, name))
+                    if data is None:
                         continue
                     for magic in magics:
                         pos = data.find(magic)

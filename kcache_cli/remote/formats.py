@@ -22,6 +22,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from kcache_cli.fsread import parse_json
+
 NAMESPACE = "kcache:v1"
 INDEX = f"{NAMESPACE}:index"
 PULLED = f"{NAMESPACE}:pulled"
@@ -156,7 +158,7 @@ class TritonFormat(RemoteFormat):
             key, gname = m.group("key"), m.group("filename")
             raw = store.get([gkey])[0]
             try:
-                children = json.loads(raw or b"")["child_paths"]
+                children = parse_json(raw or b"")["child_paths"]
                 if not isinstance(children, list) or not all(isinstance(c, str) for c in children):
                     raise TypeError
             except (ValueError, KeyError, TypeError):
