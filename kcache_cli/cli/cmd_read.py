@@ -21,7 +21,8 @@ def _scan(opts: c.GlobalOptions, flt):
     from kcache_cli.scan import scan_cache
 
     loc = c.cache_location(opts)
-    result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m))
+    # ls and stats also show what killed imports and exports left (layout "kcache"; prune removes it)
+    result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True)
     return loc, result
 
 
