@@ -323,3 +323,33 @@ def _unescape(text: str) -> str:
     import re
 
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def open_under(root: str | os.PathLike, relpath: str) -> int:
+    """A descriptor for the directory `relpath` under `root`, opened one component at a time without
+    following a symlink (ELOOP/ENOTDIR when one is on the way). The root itself may be a link."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in [p for p in relpath.split("/") if p]:
+            nxt = os.open(part, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove_under(root: str | os.PathLike, relpath: str, writable: bool = True) -> TreeRemoval:
+    """Remove `relpath` (a file, link or tree) under `root`, reached without following links."""
+    head, _, name = relpath.rpartition("/")
+    try:
+        fd = open_under(root, head)
+    except FileNotFoundError:
+        return TreeRemoval()
+    except OSError as exc:
+        return TreeRemoval(False, [], [f"{head or root}: {exc.strerror or exc}"])
+    try:
+        return remove_tree(fd, name, label=relpath, writable=writable)
+    finally:
+        os.close(fd)
