@@ -846,16 +846,23 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
     per_worker = _split(part_jobs, workers)
     if progress:
         progress.start(len(jobs))
+    import fcntl
+
+    _collect_stale_temps(out_dir)
     temps: list[str] = []
+    held: list[int] = []  # flocks on our temp files, held to the end: prune and later exports leave them be
     try:
         for _ in range(workers + 1):
             fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(archive)}.", suffix=".kcache-tmp", dir=out_dir)
-            os.close(fd)
+            held.append(fd)
             temps.append(tmp)
+            fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError as exc:
         _unlink_all(temps)
+        _close_all(held)
         raise KcacheError(f"cannot write in {out_dir}: {exc.strerror}") from None
     final_tmp, bodies = temps[0], temps[1:]
+    restore = _signals_raise()
     try:
         def run(w: int, advance, abort):
             return _export_worker(plan, per_worker[w], bodies[w], compression, programs, advance, abort)
@@ -900,6 +907,8 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         os.replace(final_tmp, archive)
     finally:
         _unlink_all(temps)
+        _close_all(held)
+        restore()
     return ExportResult(archive, compression, tuple(done), tuple(left), n_files, total, os.path.getsize(archive),
                         plan.sources_only)
 
@@ -921,6 +930,68 @@ def _append_file(out, path: str) -> None:
             import shutil
 
             shutil.copyfileobj(src, out, 1 << 20)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _signals_raise() -> Callable[[], None]:
+    """While an export runs, SIGTERM and SIGHUP unwind it like Ctrl-C (its temp files are removed);
+    returns what puts the old handlers back. Only the main thread can install handlers."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    return lambda: [signal.signal(sig, h) for sig, h in old.items()] and None
+
+
+def _collect_stale_temps(out_dir: str) -> None:
+    """Temp files of killed exports in `out_dir` (`.<archive>.*.kcache-tmp`, regular, not flocked by a
+    running export): removed relative to the directory's descriptor."""
+    try:
+        fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for name in os.listdir(fd):
+            if not state.EXPORT_TEMP.match(name):
+                continue
+            try:
+                tfd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                if state.leftover_live(fd, name) is False and _try_flock(tfd):
+                    os.unlink(name, dir_fd=fd)  # while holding its lock: no export can be using it
+            except OSError:
+                pass
+            finally:
+                os.close(tfd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _try_flock(fd: int) -> bool:
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
 
 
 def _unlink_all(paths: list[str]) -> None:
@@ -1347,8 +1418,17 @@ class _Staging:
         for sub in (state.locks_dir(root), state.trash_dir(root)):  # where publishing writes
             if os.path.islink(sub) or (os.path.lexists(sub) and not os.path.isdir(sub)):
                 raise KcacheError(f"{sub} is not a directory (kcache never writes through a symlink)")
-        self.path = os.path.join(sdir, f"import-{os.getpid()}-{secrets.token_hex(4)}")
+        if str(root) in self.created:
+            state.write_cachedir_tag(root)  # a root kcache makes is tagged: evidence that it is a cache
+        self.root = root
+        self.name = f"import-{os.getpid()}-{secrets.token_hex(4)}"
+        self.path = os.path.join(sdir, self.name)
         os.mkdir(self.path, 0o700)
+        # Held until cleanup: a prune sees a live import and leaves its staging alone (state.leftover_live).
+        import fcntl
+
+        self.lock_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
         self.dirs: set[str] = {""}
 
     def ensure_dir(self, rel: str) -> None:
@@ -1365,14 +1445,19 @@ class _Staging:
         self.dirs.add(rel)
 
     def cleanup(self) -> None:
-        import shutil
+        from kcache_cli import fsdelete
 
-        shutil.rmtree(self.path, ignore_errors=True)
+        fsdelete.remove_under(self.root, f"{state.STATE_DIR}/{self.name}")
+        os.close(self.lock_fd)
         for d in reversed(self.created):
+            tagged = d == str(self.root)
             try:
+                if tagged:  # a root that stayed empty goes, tag and all
+                    os.unlink(os.path.join(d, state.CACHEDIR_TAG))
                 os.rmdir(d)
             except OSError:
-                pass
+                if tagged:
+                    state.write_cachedir_tag(self.root)
 
 
 _ROOT, _DIR, _FILE, _LINK = 0, 1, 2, 3
@@ -1672,6 +1757,7 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
     """Move one staged entry into place with one rename, under its lock. (published, reason)."""
     import shutil
 
+    from kcache_cli import fsdelete
     from kcache_cli.locking import EntryFlock, probe_locked
 
     src = os.path.join(staging.path, p.relpath)
@@ -1713,13 +1799,13 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
             try:
                 rename_noreplace(tmp, dest)
             except FileExistsError:
-                shutil.rmtree(tmp, ignore_errors=True)
+                fsdelete.remove_under(root, f"{os.path.dirname(p.relpath)}/{os.path.basename(tmp)}")
                 return False, "already present (appeared during the import)"
         return True, p.reason
     finally:
         lock.release()
         if trashed:
-            shutil.rmtree(trashed, ignore_errors=True)
+            fsdelete.remove_under(root, f"{state.STATE_DIR}/trash/{os.path.basename(trashed)}")
 
 
 def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: ImportLimits = ImportLimits(),
@@ -1864,30 +1950,22 @@ _STAGING_NAME = re.compile(r"^import-(\d+)-[0-9a-f]+$")
 
 
 def _remove_stale_staging(root: Path) -> None:
-    """Staging directories of imports that were killed: a day old, and no live process of that pid here."""
-    import shutil
+    """Staging directories of imports that were killed: no import holds their flock, and (made by an
+    older kcache without one) no live process of that pid here for a day. Removed fd-relative."""
+    from kcache_cli import fsdelete
 
-    sdir = os.path.join(root, state.STATE_DIR)
     try:
-        names = os.listdir(sdir)
+        fd = fsdelete.open_under(root, state.STATE_DIR)
     except OSError:
         return
-    now = time.time()
-    for name in names:
-        m = _STAGING_NAME.match(name)
-        if not m:
-            continue
-        path = os.path.join(sdir, name)
-        try:
-            st = os.lstat(path)
-            if not stat.S_ISDIR(st.st_mode) or now - st.st_mtime < STALE_STAGING:
-                continue
-            os.kill(int(m.group(1)), 0)
-            continue  # that process is alive (or the pid was reused): leave it
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except (OSError, ValueError, OverflowError):
-            continue
+    try:
+        for name in os.listdir(fd):
+            if _STAGING_NAME.match(name) and state.leftover_live(fd, name) is False:
+                fsdelete.remove_tree(fd, name, label=f"{state.STATE_DIR}/{name}")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _finish_staging(staging: _Staging, planned: list[_Planned]) -> None:

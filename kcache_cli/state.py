@@ -191,8 +191,8 @@ def leftover_live_held(name: str, st: os.stat_result, now: float | None = None) 
     now = time.time() if now is None else now
     staging = IMPORT_STAGING.match(name)
     if staging is not None:
-        pid = int(staging.group(1))
-        if pid_alive(pid) and now - st.st_mtime < STALE_STAGING:
+        pid, age = int(staging.group(1)), now - st.st_mtime
+        if pid_alive(pid) and age < STALE_STAGING:
             return f"its import (pid {pid}) may still be running"
         return None
     if now - st.st_mtime < EXPORT_GRACE:
