@@ -851,19 +851,19 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
     _collect_stale_temps(out_dir)
     temps: list[str] = []
     held: list[int] = []  # flocks on our temp files, held to the end: prune and later exports leave them be
-    try:
-        for _ in range(workers + 1):
-            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(archive)}.", suffix=".kcache-tmp", dir=out_dir)
-            held.append(fd)
-            temps.append(tmp)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError as exc:
-        _unlink_all(temps)
-        _close_all(held)
-        raise KcacheError(f"cannot write in {out_dir}: {exc.strerror}") from None
-    final_tmp, bodies = temps[0], temps[1:]
     restore = _signals_raise()
     try:
+        try:
+            for _ in range(workers + 1):
+                fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(archive)}.", suffix=".kcache-tmp",
+                                           dir=out_dir)
+                held.append(fd)
+                temps.append(tmp)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            raise KcacheError(f"cannot write in {out_dir}: {exc.strerror}") from None
+        final_tmp, bodies = temps[0], temps[1:]
+
         def run(w: int, advance, abort):
             return _export_worker(plan, per_worker[w], bodies[w], compression, programs, advance, abort)
 

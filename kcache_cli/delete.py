@@ -676,7 +676,7 @@ class _Executor:
         try:
             self._check_pins()
             try:
-                self.used_fd = self._pin(f"{sd}/used", create=False)
+                self.used_fd = self._pin(f"{sd}/used", create=False) if sd in self.pinned else None
             except OSError:
                 self.used_fd = None
             batch_fd = self._trash()

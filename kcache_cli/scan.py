@@ -223,7 +223,11 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
                 rel = f"{where}/{name}" if where else name
                 path = os.path.join(str(root), rel)
                 kind = "import" if where else "export"
-                usage = measure_tree(path, warn)
+                if where:
+                    usage = measure_tree(path, warn)
+                else:  # a file: its own size
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    usage = TreeUsage(st.st_size, 1, st.st_mtime)
                 reason = (f"{'staging of an import' if where else 'temp file of an export'} "
                           + ("in progress" if live else "that was interrupted (prune removes it)"))
                 out.append(Entry("kcache", kind, None, None, None, name, path, rel, usage.size, usage.files,

@@ -143,7 +143,9 @@ def linked_state_dir(root: Path, subdirs: tuple[str, ...] = ("locks", "used")) -
         try:
             st = os.lstat(os.path.join(root, rel))
         except FileNotFoundError:
-            return None
+            if rel == STATE_DIR:
+                return None
+            continue
         except OSError:
             return rel
         if not stat.S_ISDIR(st.st_mode):

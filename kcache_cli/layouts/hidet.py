@@ -65,26 +65,45 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
 
 
 def detect(root: Path) -> bool:
-    """Evidence, not names alone: a CACHEDIR.TAG, or ops/<target>_space_<N>/, or a graphs/ or
-    ir_modules/ directory holding a hash-named directory with hidet's files."""
+    """Evidence, not names alone: a CACHEDIR.TAG, or one directory shaped like an entry and holding
+    hidet's or kcache's files (ops/<target>_space_<N>/<op>/<16 hex>/, graphs|ir_modules/<hex>/)."""
     tops = [d for d in ("ops", "graphs", "ir_modules") if (root / d).is_dir() and not (root / d).is_symlink()]
     if not tops:
         return False
     if state.has_cachedir_tag(root):
         return True
-    for top in tops:
+    return any(_has_an_entry(root, top) for top in tops)
+
+
+def _has_an_entry(root: Path, top: str, budget: int = 512) -> bool:
+    """Is there an entry-shaped directory under `top`? Reads at most `budget` directory entries."""
+    depth = 3 if top == "ops" else 1
+    stack = [(str(root / top), top, 0)]
+    while stack and budget > 0:
+        path, rel, level = stack.pop()
         try:
-            with os.scandir(root / top) as it:
-                for i, de in enumerate(it):
-                    if i >= 256:
-                        break
-                    if top == "ops" and SPACE_RE.match(de.name) and de.is_dir(follow_symlinks=False):
-                        return True
-                    if top != "ops" and OTHER_NAME.match(de.name) and de.is_dir(follow_symlinks=False) \
-                            and set(os.listdir(de.path)) & OTHER_FILES:
-                        return True
+            with os.scandir(path) as it:
+                subdirs = []
+                for de in it:
+                    budget -= 1
+                    if budget < 0:
+                        return False
+                    if de.is_dir(follow_symlinks=False):
+                        subdirs.append(de)
         except OSError:
             continue
+        for de in subdirs:
+            sub = f"{rel}/{de.name}"
+            if level + 1 < depth:
+                stack.append((de.path, sub, level + 1))
+                continue
+            try:
+                names = frozenset(os.listdir(de.path))
+            except OSError:
+                continue
+            kind = "op" if top == "ops" else top[:-1]
+            if shape_problem(sub, kind, names) is None and (names or not TEMP_NAME.match(de.name)):
+                return True
     return False
 
 
