@@ -552,6 +552,7 @@ class _Executor:
         self.used_fd: int | None = None
         self.locks_fd: int | None = None
         self.mounts: list[str] = []  # mount points inside the root: never crossed
+        self._ident: tuple[int, int] | None = None
 
     # -- directories reached without following symlinks
     def _dir_fd(self, relpath: str) -> int:
@@ -741,6 +742,7 @@ class _Executor:
         if r.what == LEFTOVER:
             return self._remove_leftover(r, parent, name)
         held: list[int] = []
+        self._ident = None  # what is renamed must be what was locked and checked
         try:
             why = self._hold_locks(r, parent, name, held)
             if why is not None:
@@ -778,7 +780,9 @@ class _Executor:
                 efd = None
             if efd is not None:
                 held.append(efd)
-                if r.what == ENTRY and os.fstat(efd).st_mtime > r.entry.modified:
+                est = os.fstat(efd)
+                self._ident = (est.st_dev, est.st_ino)
+                if r.what == ENTRY and est.st_mtime > r.entry.modified:
                     return "changed since the scan (in use, or rebuilt)"
                 for own in (".lock", "dispatch_table.txt.lock"):
                     try:
@@ -800,9 +804,20 @@ class _Executor:
         (the entry sits on a mount inside the cache) or the disk is too full to rename."""
         moved: str | None = f"{i}-{name}"
         try:
+            before = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if r.what == LINK and not stat.S_ISLNK(before.st_mode):
+                return self._skip(r, "no longer a symlink (replaced since the scan)")
+            if r.what == ENTRY and self._ident not in (None, (before.st_dev, before.st_ino)):
+                return self._skip(r, "replaced since it was locked")
             if batch_fd is None:
                 raise OSError(errno.ENOSPC, "no trash")
             os.rename(name, moved, src_dir_fd=parent, dst_dir_fd=batch_fd)
+            after = os.stat(moved, dir_fd=batch_fd, follow_symlinks=False)
+            if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):  # swapped in between: put back
+                from kcache_cli import fsdelete
+
+                fsdelete.rename_noreplace_at(batch_fd, moved, parent, name)
+                return self._skip(r, "replaced while being removed")
         except FileNotFoundError:
             return self._skip(r, "already gone")
         except OSError as exc:
