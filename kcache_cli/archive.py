@@ -825,8 +825,6 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
 
     The tar stream is `manifest.json`, then the entries in parts (independent gzip members or zstd
     frames, listed in the manifest with their sizes) written by forked workers on big caches."""
-    import tempfile
-
     from kcache_cli import tarstream as ts
 
     compression = compression_for(archive)
@@ -846,22 +844,12 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
     per_worker = _split(part_jobs, workers)
     if progress:
         progress.start(len(jobs))
-    import fcntl
-
     _collect_stale_temps(out_dir)
     temps: list[str] = []
     held: list[int] = []  # flocks on our temp files, held to the end: prune and later exports leave them be
     restore = _signals_raise()
     try:
-        try:
-            for _ in range(workers + 1):
-                fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(archive)}.", suffix=".kcache-tmp",
-                                           dir=out_dir)
-                held.append(fd)
-                temps.append(tmp)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as exc:
-            raise KcacheError(f"cannot write in {out_dir}: {exc.strerror}") from None
+        _make_temps(archive, workers + 1, temps, held)
         final_tmp, bodies = temps[0], temps[1:]
 
         def run(w: int, advance, abort):
@@ -930,6 +918,23 @@ def _append_file(out, path: str) -> None:
             import shutil
 
             shutil.copyfileobj(src, out, 1 << 20)
+
+
+def _make_temps(archive: str, n: int, temps: list[str], held: list[int]) -> None:
+    """`n` temp files beside `archive`, each flocked (the fds kept in `held`) so that a prune or a later
+    export sees a live export (state.leftover_live)."""
+    import fcntl
+    import tempfile
+
+    out_dir = os.path.dirname(archive)
+    try:
+        for _ in range(n):
+            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(archive)}.", suffix=".kcache-tmp", dir=out_dir)
+            held.append(fd)
+            temps.append(tmp)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        raise KcacheError(f"cannot write in {out_dir}: {exc.strerror}") from None
 
 
 def _close_all(fds: list[int]) -> None:

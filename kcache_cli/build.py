@@ -654,6 +654,23 @@ def _check_no_links(root: Path, relpath: str) -> None:
             raise KcacheError(f"refusing to build: {cur} is not a directory")
 
 
+def _make_op_dir(root: Path, spec: TaskSpec, final: Path) -> Path:
+    """The entry's op directory, made if missing, never through a symlink or out of the cache."""
+    op_dir = final.parent
+    existing = op_dir
+    while not existing.exists() and existing != root:
+        existing = existing.parent
+    _check_inside(root, existing)  # before mkdir: a symlinked space or op directory must not lead out
+    _check_no_links(root, spec.relpath)
+    try:
+        op_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
+    _check_inside(root, op_dir)
+    _check_no_links(root, spec.relpath)
+    return op_dir
+
+
 def _discard(root: Path, relpath: str) -> None:
     """Remove what a build leaves (its temp dir, the old entry in the trash), relative to directory
     descriptors (kcache_cli.fsdelete): never through a link, never onto another mount."""
@@ -716,18 +733,7 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
             source_bytes = f.read()
     except OSError as exc:
         raise BuildError(f"cannot read source {spec.source_path}: {exc.strerror}") from None
-    op_dir = final.parent
-    existing = op_dir
-    while not existing.exists() and existing != root:
-        existing = existing.parent
-    _check_inside(root, existing)  # before mkdir: a symlinked space or op directory must not lead out
-    _check_no_links(root, spec.relpath)
-    try:
-        op_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
-    _check_inside(root, op_dir)
-    _check_no_links(root, spec.relpath)
+    op_dir = _make_op_dir(root, spec, final)
     argv = compile_command(spec.target, compiler, arch, options)
     command = shlex.join(argv)
     result = dict(task=spec.task_path, op=spec.op, hash=spec.hash, target=spec.target, space=spec.space,

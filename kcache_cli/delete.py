@@ -436,15 +436,7 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
             p.skip(e, "a build holds its lock (in progress)")
         else:
             p.select(e, "stale")
-    # 1b. what killed imports and exports left in the root, once their writer is gone
-    from kcache_cli.scan import leftover_entries
-
-    for e in leftover_entries(root, collect):
-        if e.status == BUILDING:
-            p.skip(e, f"a running {e.kind} holds it")
-        else:
-            why = "staging of an interrupted import" if e.kind == "import" else "temp file of an interrupted export"
-            p.removals[e.path] = Removal(e, e.path, e.relpath, e.size, LEFTOVER, why)
+    _select_kcache_leftovers(p, root, collect)
     # 2. broken entries (and symlinks where entries belong)
     if broken:
         for s in _strays(root, ScanFilter(), collect, result.layouts):
@@ -461,22 +453,7 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
             if now - last[e.path] > older_than and e.path not in p.removals:
                 p.select(e, f"unused for {_age_text(now - last[e.path])}")
     p.settle()
-    # 4. hidet's auto-tuning leftovers in entries that stay
-    candidates: dict[str, Removal] = {}
-    for e in regular:
-        if e.layout == "hidet" and e.kind == "op" and e.path not in p.removals:
-            c = os.path.join(e.path, "candidates")
-            if os.path.isdir(c) and not os.path.islink(c) and p.link_in_path(e.relpath + "/x") is None:
-                if p.shape_problem(e) is not None:
-                    continue
-                if e.status == BUILDING:
-                    p.skip(e, "candidates/ kept: hidet holds the entry's lock (tuning)")
-                    continue
-                u = measure_tree(c, collect)
-                r = Removal(e, c, f"{e.relpath}/candidates", u.size, CANDIDATES,
-                            "auto-tuning leftovers (candidates/)", lock=e.relpath)
-                p.removals[c] = r
-                candidates[e.path] = r
+    candidates = _select_candidates(p, regular, collect)
     # 5. least recently used first, until the cache fits
     if max_size is not None:
         freed = sum(r.size for r in p.removals.values())
@@ -509,6 +486,38 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
                 if deps:
                     p.removals[e.path] = replace(p.removals[e.path], requires=tuple(p.rel(d) for d in deps))
     return p.plan(True, result.size, msgs, tidy=True)
+
+
+def _select_kcache_leftovers(p: _Planner, root: Path, warn: Warn) -> None:
+    """What killed imports and exports left in the root, once their writer is gone."""
+    from kcache_cli.scan import leftover_entries
+
+    for e in leftover_entries(root, warn):
+        if e.status == BUILDING:
+            p.skip(e, f"a running {e.kind} holds it")
+        else:
+            why = "staging of an interrupted import" if e.kind == "import" else "temp file of an interrupted export"
+            p.removals[e.path] = Removal(e, e.path, e.relpath, e.size, LEFTOVER, why)
+
+
+def _select_candidates(p: _Planner, regular: list[Entry], warn: Warn) -> dict[str, Removal]:
+    """hidet's auto-tuning leftovers (candidates/) in entries that stay: entry path -> removal."""
+    candidates: dict[str, Removal] = {}
+    for e in regular:
+        if e.layout == "hidet" and e.kind == "op" and e.path not in p.removals:
+            c = os.path.join(e.path, "candidates")
+            if os.path.isdir(c) and not os.path.islink(c) and p.link_in_path(e.relpath + "/x") is None:
+                if p.shape_problem(e) is not None:
+                    continue
+                if e.status == BUILDING:
+                    p.skip(e, "candidates/ kept: hidet holds the entry's lock (tuning)")
+                    continue
+                u = measure_tree(c, warn)
+                r = Removal(e, c, f"{e.relpath}/candidates", u.size, CANDIDATES,
+                            "auto-tuning leftovers (candidates/)", lock=e.relpath)
+                p.removals[c] = r
+                candidates[e.path] = r
+    return candidates
 
 
 def _age_text(seconds: float) -> str:
@@ -802,7 +811,7 @@ class _Executor:
     def _move(self, r: Removal, i: int, parent: int, name: str, batch_fd: int | None) -> str | None:
         """Rename into the batch; in place when there is no trash, the trash is on another filesystem
         (the entry sits on a mount inside the cache) or the disk is too full to rename."""
-        moved: str | None = f"{i}-{name}"
+        moved = f"{i}-{name}"
         try:
             before = os.stat(name, dir_fd=parent, follow_symlinks=False)
             if r.what == LINK and not stat.S_ISLNK(before.st_mode):
@@ -828,12 +837,12 @@ class _Executor:
             done = fsdelete.remove_tree(parent, name, label=r.relpath)
             if not done.gone:
                 return self._fail_text(r, "; ".join(done.problems[:3]))
-            moved = None
+            moved = ""
         self.removed.append(r)
         self.gone.add(r.relpath)
         if r.what == ENTRY:
             self._drop_stamp(r.relpath)
-        return moved
+        return moved or None
 
     def _remove_leftover(self, r: Removal, parent: int, name: str) -> None:
         """An import's staging dir or an export's temp file: removed while this run holds the flock its

@@ -21,12 +21,13 @@ import errno
 import os
 import stat
 from dataclasses import dataclass, field
+from typing import Any
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_WINDOW = 48  # directory descriptors kept open below the top of one removal
 _RESOLVE_NO_XDEV, _RESOLVE_NO_SYMLINKS = 0x01, 0x04
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "ppc64le": 437, "s390x": 437, "riscv64": 437}
-_openat2 = None  # the ctypes call, once known to work; False when the kernel has none
+_openat2: Any = None  # the ctypes call, once known to work; False when the kernel has none
 
 
 @dataclass
@@ -42,7 +43,7 @@ class TreeRemoval:
         return [f"{m}: another filesystem (a mount point), never crossed" for m in self.mounts] + self.errors
 
 
-def _load_openat2():
+def _load_openat2() -> Any:
     global _openat2
     if _openat2 is not None:
         return _openat2
@@ -80,7 +81,7 @@ def _load_openat2():
 def open_dir(dir_fd: int, name: str, same_mount: bool = True) -> int:
     """`name` inside `dir_fd` as a directory descriptor, never through a symlink (ELOOP/ENOTDIR) and,
     with `same_mount`, never onto another mount (EXDEV)."""
-    call = _load_openat2() if same_mount else False
+    call: Any = _load_openat2() if same_mount else None
     if call:
         try:
             return call(dir_fd, name)
@@ -257,7 +258,7 @@ class _Walk:
             if p.fd is None and not self._reopen(f, p):
                 os.close(f.fd)
                 return False
-            parent_fd = p.fd
+            parent_fd: int = p.fd  # type: ignore[assignment]  # reopened above when it was closed
         else:
             parent_fd = self.parent_fd
         os.close(f.fd)
@@ -303,7 +304,7 @@ class _Walk:
 def mount_points_under(path: str) -> list[str]:
     """Mount points at or below `path` (a real path), from /proc/self/mountinfo; [] if unknown."""
     base = os.path.join(path, "")
-    out = []
+    out: list[str] = []
     try:
         with open("/proc/self/mountinfo", "rb") as f:
             data = f.read(4 << 20)
@@ -355,7 +356,7 @@ def remove_under(root: str | os.PathLike, relpath: str, writable: bool = True) -
         os.close(fd)
 
 
-_renameat2 = None
+_renameat2: Any = None
 
 
 def rename_noreplace_at(src_fd: int, src: str, dst_fd: int, dst: str) -> None:

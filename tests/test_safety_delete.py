@@ -309,8 +309,8 @@ def test_entry_on_another_filesystem_is_removed_in_place(fixture_copy, tmp_path)
 # ---- 3. positive evidence ------------------------------------------------------------------------
 def make_fake_home(home: Path) -> None:
     for rel in ("scripts/backup", "programs/editor/bin", "graphs/2024", "ops/notes/old", "1.2/notes",
-                "3.10.4/linux-x86_64/.staging/draft", "0.1/.staging/work", "ops/cuda_space_0/add/0123456789abcdef",
-                "programs/abcdefabcdef"):
+                "3.10.4/linux-x86_64/.staging/draft", "0.1/.staging/work", "ops/cuda_space/add/0123456789abcdef",
+                "programs/abcdefabcdef", "scripts/tool/v1-0123abcd", "graphs/0123456789abcdef"):
         (home / rel).mkdir(parents=True)
         (home / rel / "file.txt").write_text("mine")
     (home / "scripts/deploy.sh").write_text("#!/bin/sh\n")

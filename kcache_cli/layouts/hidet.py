@@ -31,6 +31,7 @@ ENTRY_NAME = re.compile(r"^[0-9a-f]{16}$")  # sha256(task.txt)[:16]
 OTHER_NAME = re.compile(r"^[0-9a-f]{8,64}$")  # graphs/<hash>/, ir_modules/<hash>/
 TEMP_NAME = re.compile(r"^" + re.escape(state.TEMP_PREFIX) + r"[0-9a-f]{16}-[0-9a-f]+$")  # a kcache build's
 OP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+TARGETS = ("cuda", "cpu", "hip")
 # Files real hidet 0.6.1 or kcache write in an op entry (and hidet in graphs/ and ir_modules/).
 ENTRY_FILES = frozenset({"task.txt", "task.pickle", "version.txt", "meta.json", "candidates.txt", "candidates.json",
                          "candidates", "source.cu", "source.cc", "compile.sh", "lib.so", "nvcc_output.txt",
@@ -65,45 +66,35 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
 
 
 def detect(root: Path) -> bool:
-    """Evidence, not names alone: a CACHEDIR.TAG, or one directory shaped like an entry and holding
-    hidet's or kcache's files (ops/<target>_space_<N>/<op>/<16 hex>/, graphs|ir_modules/<hex>/)."""
+    """Evidence, not top-level names alone: a CACHEDIR.TAG, or ops/<cuda|cpu|hip>_space_<N>/<op>/ (read
+    from directory names only: `ls --op X` reads no other op's directory), or a graphs/ or ir_modules/
+    directory holding a hash-named directory with hidet's files."""
     tops = [d for d in ("ops", "graphs", "ir_modules") if (root / d).is_dir() and not (root / d).is_symlink()]
     if not tops:
         return False
     if state.has_cachedir_tag(root):
         return True
-    return any(_has_an_entry(root, top) for top in tops)
+    return any(_has_evidence(root, top) for top in tops)
 
 
-def _has_an_entry(root: Path, top: str, budget: int = 512) -> bool:
-    """Is there an entry-shaped directory under `top`? Reads at most `budget` directory entries."""
-    depth = 3 if top == "ops" else 1
-    stack = [(str(root / top), top, 0)]
-    while stack and budget > 0:
-        path, rel, level = stack.pop()
+def _has_evidence(root: Path, top: str, budget: int = 256) -> bool:
+    try:
+        with os.scandir(root / top) as it:
+            dirs = [de for _, de in zip(range(budget), it) if de.is_dir(follow_symlinks=False)]
+    except OSError:
+        return False
+    for de in dirs:
+        m = SPACE_RE.match(de.name)
         try:
-            with os.scandir(path) as it:
-                subdirs = []
-                for de in it:
-                    budget -= 1
-                    if budget < 0:
-                        return False
-                    if de.is_dir(follow_symlinks=False):
-                        subdirs.append(de)
+            if top == "ops":
+                if m and m.group(1) in TARGETS:
+                    with os.scandir(de.path) as it:
+                        if any(OP_NAME.match(o.name) and o.is_dir(follow_symlinks=False) for _, o in zip(range(budget), it)):
+                            return True
+            elif OTHER_NAME.match(de.name) and set(os.listdir(de.path)) & OTHER_FILES:
+                return True
         except OSError:
             continue
-        for de in subdirs:
-            sub = f"{rel}/{de.name}"
-            if level + 1 < depth:
-                stack.append((de.path, sub, level + 1))
-                continue
-            try:
-                names = frozenset(os.listdir(de.path))
-            except OSError:
-                continue
-            kind = "op" if top == "ops" else top[:-1]
-            if shape_problem(sub, kind, names) is None and (names or not TEMP_NAME.match(de.name)):
-                return True
     return False
 
 
