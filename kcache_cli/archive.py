@@ -1000,11 +1000,21 @@ def _try_flock(fd: int) -> bool:
 
 
 def _unlink_all(paths: list[str]) -> None:
-    for p in paths:
-        try:
-            os.unlink(p)
-        except OSError:
-            pass
+    """Our temp files (all in one directory), unlinked relative to that directory's descriptor."""
+    if not paths:
+        return
+    try:
+        fd = os.open(os.path.dirname(paths[0]) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for p in paths:
+            try:
+                os.unlink(os.path.basename(p), dir_fd=fd)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
 
 
 def _cpus() -> int:
