@@ -130,7 +130,8 @@ def remove_tree(parent_fd: int, name: str, label: str | None = None, writable: b
         if exc.errno == errno.ENOENT:
             return out
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            _unlink(parent_fd, name, label, writable, out)
+            if _unlink(parent_fd, name, label, writable, out) is None:
+                out.errors.append(f"{label}: replaced by a directory during the removal")
         elif exc.errno == errno.EXDEV:
             out.mounts.append(label)
         else:
@@ -151,7 +152,15 @@ def _open_child(dir_fd: int, name: str, writable: bool) -> int:
         return open_dir(dir_fd, name)
 
 
-def _unlink(dir_fd: int, name: str, label: str, writable: bool, out: TreeRemoval) -> bool:
+def _is_dir(de: os.DirEntry) -> bool | None:
+    try:
+        return de.is_dir(follow_symlinks=False)
+    except OSError:
+        return None
+
+
+def _unlink(dir_fd: int, name: str, label: str, writable: bool, out: TreeRemoval) -> bool | None:
+    """True when `name` is gone, False on failure (recorded), None when it is a directory."""
     for attempt in (0, 1):
         try:
             os.unlink(name, dir_fd=dir_fd)
@@ -159,9 +168,8 @@ def _unlink(dir_fd: int, name: str, label: str, writable: bool, out: TreeRemoval
         except FileNotFoundError:
             return True
         except OSError as exc:
-            if exc.errno == errno.EISDIR:  # a directory since we looked: the caller walks it next time
-                out.errors.append(f"{label}: replaced by a directory during the removal")
-                return False
+            if exc.errno == errno.EISDIR:  # a directory after all (or since the listing): walk it
+                return None
             if attempt == 0 and writable and exc.errno in (errno.EACCES, errno.EPERM) and make_writable(dir_fd):
                 continue
             out.errors.append(f"{label}: {exc.strerror or exc}")
@@ -193,28 +201,30 @@ class _Walk:
                     os.close(f.fd)
 
     def _clear_files(self, f: _Frame) -> list[str]:
-        """Unlink everything in `f` that is not a directory; its subdirectories' names."""
+        """Unlink everything in `f` that is not a directory; its subdirectories' names. The type comes
+        from the directory listing (d_type, no stat per name), like rm; a name that turns out to be a
+        directory when unlinked is walked instead."""
         assert f.fd is not None
         try:
-            names = os.listdir(f.fd)
+            with os.scandir(f.fd) as it:
+                listed = [(de.name, _is_dir(de)) for de in it]
         except OSError as exc:
             f.blocked = True
             self.out.errors.append(f"{f.label}: {exc.strerror or exc}")
             return []
         subdirs = []
-        for n in names:
-            try:
-                st = os.stat(n, dir_fd=f.fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
+        for n, is_dir in listed:
+            if is_dir is None:
                 f.blocked = True
-                self.out.errors.append(f"{f.label}/{n}: {exc.strerror or exc}")
-                continue
-            if stat.S_ISDIR(st.st_mode):
+                self.out.errors.append(f"{f.label}/{n}: cannot tell its type")
+            elif is_dir:
                 subdirs.append(n)
-            elif not _unlink(f.fd, n, f"{f.label}/{n}", self.writable, self.out):
-                f.blocked = True
+            else:
+                done = _unlink(f.fd, n, f"{f.label}/{n}", self.writable, self.out)
+                if done is None:
+                    subdirs.append(n)
+                elif not done:
+                    f.blocked = True
         subdirs.reverse()
         return subdirs
 
@@ -228,7 +238,7 @@ class _Walk:
                 return
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # replaced by a link or a file: unlink that
                 if not _unlink(f.fd, name, label, self.writable, self.out):
-                    f.blocked = True
+                    f.blocked = True  # (None: a directory again; its parent's rmdir reports it)
                 return
             f.blocked = True
             if exc.errno == errno.EXDEV:

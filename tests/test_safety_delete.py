@@ -81,8 +81,13 @@ def removed(p: subprocess.CompletedProcess) -> set[str]:
     return {os.path.relpath(r["removed_path"], data["root"]) for r in data["removed"]}
 
 
+_DEEP: list[Path] = []  # deep trees made by a test: removed at teardown whatever happened (pytest's own
+# cleanup of old temp dirs recurses, and a 10,000-deep tree left behind would break later runs)
+
+
 def deep_tree(parent: Path, name: str, depth: int) -> None:
     """A chain of `depth` directories, made fd-relative (paths that deep exceed PATH_MAX)."""
+    _DEEP.append(parent / name)
     (parent / name).mkdir()
     fd = os.open(parent / name, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -120,6 +125,21 @@ def mounted(*args: str):
         yield
     finally:
         subprocess.run(["umount", "-l", target], capture_output=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_mounts(tmp_path):
+    """Whatever a test mounted under tmp_path is unmounted, even where it was moved (into a trash)."""
+    yield
+    if _DEEP:
+        _DEEP.clear()
+        for trash in tmp_path.glob("*/.kcache/trash"):  # where a failed clear may have moved one
+            fsdelete.remove_under(trash.parent, "trash")
+        for top in tmp_path.iterdir():
+            fsdelete.remove_under(tmp_path, top.name)
+    if os.geteuid() == 0:
+        for m in sorted(fsdelete.mount_points_under(os.path.realpath(tmp_path)), key=len, reverse=True):
+            subprocess.run(["umount", "-l", m], capture_output=True)
 
 
 need_mount = pytest.mark.skipif(_can_mount() is not None,
