@@ -238,9 +238,10 @@ class _Planner:
             self._dirs_ok[rel] = bad
         return self._dirs_ok[rel]
 
-    def shape_problem(self, e: Entry, path: str | None = None, relpath: str | None = None) -> str | None:
-        """Why `e` (or its leftover at `path`) is left alone: it does not have the exact shape of an entry
-        of its layout (positive evidence, checked by the layout itself); None when it does."""
+    def shape_problem(self, e: Entry, relpath: str | None = None) -> str | None:
+        """Why `e` is left alone: it does not have the exact shape of an entry of its layout (positive
+        evidence, checked by the layout itself); None when it does. With `relpath` (a temp or staging
+        leftover) the path alone is judged."""
         from kcache_cli.layouts import LAYOUTS
 
         check = getattr(LAYOUTS.get(e.layout), "shape_problem", None)
