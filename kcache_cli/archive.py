@@ -1793,10 +1793,8 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
                 return False, "already present (completed during the import)"
             import secrets
 
-            trash = state.trash_dir(root)
-            trash.mkdir(parents=True, exist_ok=True)
-            trashed = os.path.join(trash, f"{p.relpath.replace('/', '%2F')}-{secrets.token_hex(4)}")
-            os.rename(dest, trashed)
+            trashed = f"{p.relpath.replace('/', '%2F')}-{secrets.token_hex(4)}"
+            _to_trash(root, p.relpath, trashed)
         _make_parents(root, p.relpath, made)
         try:
             rename_noreplace(src, dest)
@@ -1820,7 +1818,31 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
     finally:
         lock.release()
         if trashed:
-            fsdelete.remove_under(root, f"{state.STATE_DIR}/trash/{os.path.basename(trashed)}")
+            fsdelete.remove_under(root, f"{state.STATE_DIR}/trash/{trashed}")
+
+
+def _to_trash(root: Path, relpath: str, name: str) -> None:
+    """Rename the entry at `relpath` to .kcache/trash/`name`, both reached from the root without
+    following a link (a trash swapped for a symlink never receives an entry)."""
+    from kcache_cli import fsdelete
+
+    sd = fsdelete.open_under(root, state.STATE_DIR)
+    try:
+        try:
+            os.mkdir("trash", 0o755, dir_fd=sd)
+        except FileExistsError:
+            pass
+        trash = os.open("trash", _DIR_FLAGS, dir_fd=sd)
+    finally:
+        os.close(sd)
+    try:
+        parent = fsdelete.open_under(root, relpath.rpartition("/")[0])
+        try:
+            os.rename(relpath.rpartition("/")[2], name, src_dir_fd=parent, dst_dir_fd=trash)
+        finally:
+            os.close(parent)
+    finally:
+        os.close(trash)
 
 
 def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: ImportLimits = ImportLimits(),
@@ -1960,7 +1982,6 @@ def _decisions(planned: list[_Planned]) -> list[tuple]:
     return [(p.index, p.action, p.reason, p.write) for p in planned]
 
 
-STALE_STAGING = 24 * 3600.0
 _STAGING_NAME = re.compile(r"^import-(\d+)-[0-9a-f]+$")
 
 
