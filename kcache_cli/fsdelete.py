@@ -111,7 +111,7 @@ def make_writable(dir_fd: int, name: str | None = None) -> bool:
 
 
 class _Frame:
-    __slots__ = ("fd", "name", "ino", "label", "todo", "blocked")
+    __slots__ = ("blocked", "fd", "ino", "label", "name", "todo")
 
     def __init__(self, fd: int, name: str, ino: int, label: str) -> None:
         self.fd: int | None = fd

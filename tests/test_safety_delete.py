@@ -24,12 +24,15 @@ TIMEOUT = 120
 ADD = "ops/cuda_space_0/add/8d1f7691cdf75e90"
 SOFTMAX = "ops/cuda_space_0/softmax/ad252b064b266eea"
 HOUR = 3600.0
+# Another process holding a flock on argv[1] until its stdin closes (a build, an export, a prune).
+HOLD_FLOCK = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+              "print('held', flush=True)\nsys.stdin.read()")
 
 
 # ---- helpers -------------------------------------------------------------------------------------
 def cli(*args, check_clean: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     """`kcache ARGS` in its own process, under a timeout; never a traceback."""
-    p = subprocess.run([sys.executable, "-m", "kcache_cli", *map(str, args)], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "kcache_cli", *map(str, args)], capture_output=True, text=True, check=False,
                        timeout=TIMEOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     if check_clean:
         assert "Traceback" not in p.stderr, p.stderr
@@ -112,7 +115,7 @@ def _can_mount() -> str | None:
 
 
 def _mount(*args: str) -> None:
-    r = subprocess.run(["mount", *args], capture_output=True, text=True)
+    r = subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
     if r.returncode != 0:
         pytest.skip(f"MOUNT FAILED, TEST NOT RUN: mount {' '.join(args)}: {r.stderr.strip()}")
 
@@ -124,7 +127,7 @@ def mounted(*args: str):
     try:
         yield
     finally:
-        subprocess.run(["umount", "-l", target], capture_output=True)
+        subprocess.run(["umount", "-l", target], capture_output=True, check=False)
 
 
 @pytest.fixture(autouse=True)
@@ -139,7 +142,7 @@ def _no_leaked_mounts(tmp_path):
             fsdelete.remove_under(tmp_path, top.name)
     if os.geteuid() == 0:
         for m in sorted(fsdelete.mount_points_under(os.path.realpath(tmp_path)), key=len, reverse=True):
-            subprocess.run(["umount", "-l", m], capture_output=True)
+            subprocess.run(["umount", "-l", m], capture_output=True, check=False)
 
 
 need_mount = pytest.mark.skipif(_can_mount() is not None,
@@ -224,9 +227,8 @@ def test_trash_swapped_while_waiting_for_the_gc_lock(fixture_copy, tmp_path):
     (root / ".kcache/trash/leftover").mkdir(parents=True)
     gc = locks / ".gc.lock"
     gc.touch()
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\n"
-                               "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.read()", str(gc)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_FLOCK, str(gc)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         prune = subprocess.Popen([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "clear", "--all",
@@ -238,7 +240,7 @@ def test_trash_swapped_while_waiting_for_the_gc_lock(fixture_copy, tmp_path):
     finally:
         holder.stdin.close()
         holder.wait(TIMEOUT)
-    out, err = prune.communicate(timeout=TIMEOUT)
+    _, err = prune.communicate(timeout=TIMEOUT)
     assert "Traceback" not in err
     assert prune.returncode == 1 and "symlink" in err.strip().splitlines()[-1], err
     assert snapshot(victim) == before
@@ -253,9 +255,8 @@ def test_locks_swapped_while_waiting_is_refused(fixture_copy, tmp_path):
     locks.mkdir(parents=True)
     gc = locks / ".gc.lock"
     gc.touch()
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\n"
-                               "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.read()", str(gc)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_FLOCK, str(gc)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         prune = subprocess.Popen([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "prune",
@@ -267,7 +268,7 @@ def test_locks_swapped_while_waiting_is_refused(fixture_copy, tmp_path):
     finally:
         holder.stdin.close()
         holder.wait(TIMEOUT)
-    out, err = prune.communicate(timeout=TIMEOUT)
+    _, err = prune.communicate(timeout=TIMEOUT)
     assert "Traceback" not in err and prune.returncode == 1, err
     assert err.strip().splitlines()[-1].startswith("Error: ") and "nothing was removed" in err
     assert snapshot(victim) == before
@@ -420,7 +421,8 @@ def test_full_disk_prune_and_clear_free_space_in_place(fixture_copy, tmp_path, s
     mnt.mkdir()
     with open(img, "wb") as f:
         f.truncate(8 << 20)
-    r = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-N", "256", str(img)], capture_output=True, text=True)
+    r = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-N", "256", str(img)], capture_output=True, text=True,
+                       check=False)
     if r.returncode != 0:
         pytest.skip(f"SKIPPED LOUDLY: mkfs.ext4 failed: {r.stderr.strip()}")
     with mounted("-o", "loop", str(img), str(mnt)):
@@ -518,7 +520,8 @@ def test_deep_removal_keeps_few_descriptors_open(tmp_path):
             "resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\n"
             "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
             "r = fsdelete.remove_tree(fd, 'deep')\nprint(r.gone, r.problems)\n")
-    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=TIMEOUT)
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                       timeout=TIMEOUT, check=False)
     assert p.returncode == 0 and p.stdout.startswith("True []"), p.stderr
     assert not (tmp_path / "deep").exists()
 
@@ -545,9 +548,8 @@ def test_fsdelete_unlinks_links_and_makes_its_own_dirs_writable(tmp_path):
 # ---- 7. leftovers of killed imports and exports ----------------------------------------------------
 @contextlib.contextmanager
 def flock_held(path: Path):
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\n"
-                               "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.read()",
-                               str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_FLOCK, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         yield
