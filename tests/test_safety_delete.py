@@ -614,3 +614,32 @@ def test_export_killed_by_sigterm_removes_its_temp_files(tmp_path):
     _, err = proc.communicate(timeout=TIMEOUT)
     assert "Traceback" not in err
     assert not list(out.glob(".*.kcache-tmp"))
+
+
+def test_a_reopened_directory_must_be_the_one_entered(tmp_path, monkeypatch):
+    """With few descriptors kept, going back up reopens `..`; when the subtree was moved meanwhile
+    (here: out of the tree, next to the victim's files), `..` is another directory: the removal stops
+    there and deletes nothing of it."""
+    monkeypatch.setattr(fsdelete, "_OPEN_WINDOW", 2)
+    top = tmp_path / "t"
+    (top / "b/c/d/e").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious").write_text("x")
+    real_rmdir = os.rmdir
+    moved = []
+
+    def rmdir(name, *, dir_fd=None):
+        if name == "e" and not moved:  # the walk is at the bottom: move its branch away first
+            os.rename(top / "b/c/d", elsewhere / "d")
+            moved.append(True)
+        return real_rmdir(name, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "rmdir", rmdir)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        r = fsdelete.remove_tree(fd, "t")
+    finally:
+        os.close(fd)
+    assert moved and not r.gone and any("moved during the removal" in e for e in r.errors)
+    assert (elsewhere / "precious").read_text() == "x" and (elsewhere / "d").is_dir()
