@@ -167,7 +167,10 @@ class Swapper(threading.Thread):
                     self._swap(rel)
 
     def _swap(self, rel: str) -> None:
-        p, aside = self.root / rel, self.root / (rel + ".aside")
+        # set aside under a hidden name: `add.aside` would itself be an op directory (whose entry, judged
+        # corrupt for sitting under the wrong op, prune --broken would rightly remove)
+        p = self.root / rel
+        aside = p.parent / f".{p.name}.aside"
         try:
             os.rename(p, aside)
         except OSError:
