@@ -893,8 +893,6 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
 
     The tar stream is `manifest.json`, then the entries in parts (independent gzip members or zstd
     frames, listed in the manifest with their sizes) written by forked workers on big caches."""
-    import tempfile
-
     from kcache_cli import tarstream as ts
 
     compression = compression_for(archive)
@@ -914,17 +912,14 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
     per_worker = _split(part_jobs, workers)
     if progress:
         progress.start(len(jobs))
+    _collect_stale_temps(out_dir)
     temps: list[str] = []
+    held: list[int] = []  # flocks on our temp files, held to the end: prune and later exports leave them be
+    restore = _signals_raise()
     try:
-        for _ in range(workers + 1):
-            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(archive)}.", suffix=".kcache-tmp", dir=out_dir)
-            os.close(fd)
-            temps.append(tmp)
-    except OSError as exc:
-        _unlink_all(temps)
-        raise KcacheError(f"cannot write in {out_dir}: {exc.strerror}") from None
-    final_tmp, bodies = temps[0], temps[1:]
-    try:
+        _make_temps(archive, workers + 1, temps, held)
+        final_tmp, bodies = temps[0], temps[1:]
+
         def run(w: int, advance, abort):
             return _export_worker(plan, per_worker[w], bodies[w], compression, programs, advance, abort)
 
@@ -969,6 +964,8 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         os.replace(final_tmp, archive)
     finally:
         _unlink_all(temps)
+        _close_all(held)
+        restore()
     return ExportResult(archive, compression, tuple(done), tuple(left), n_files, total, os.path.getsize(archive),
                         plan.sources_only)
 
@@ -1006,12 +1003,101 @@ def _append_file(out, path: str) -> None:
             shutil.copyfileobj(src, out, 1 << 20)
 
 
-def _unlink_all(paths: list[str]) -> None:
-    for p in paths:
+def _make_temps(archive: str, n: int, temps: list[str], held: list[int]) -> None:
+    """`n` temp files beside `archive`, each flocked (the fds kept in `held`) so that a prune or a later
+    export sees a live export (state.leftover_live)."""
+    import fcntl
+    import tempfile
+
+    out_dir = os.path.dirname(archive)
+    try:
+        for _ in range(n):
+            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(archive)}.", suffix=".kcache-tmp", dir=out_dir)
+            held.append(fd)
+            temps.append(tmp)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        raise KcacheError(f"cannot write in {out_dir}: {exc.strerror}") from None
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
         try:
-            os.unlink(p)
+            os.close(fd)
         except OSError:
             pass
+
+
+def _signals_raise() -> Callable[[], None]:
+    """While an export runs, SIGTERM and SIGHUP unwind it like Ctrl-C (its temp files are removed);
+    returns what puts the old handlers back. Only the main thread can install handlers."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    return lambda: [signal.signal(sig, h) for sig, h in old.items()] and None
+
+
+def _collect_stale_temps(out_dir: str) -> None:
+    """Temp files of killed exports in `out_dir` (`.<archive>.*.kcache-tmp`, regular, not flocked by a
+    running export): removed relative to the directory's descriptor."""
+    try:
+        fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for name in os.listdir(fd):
+            if not state.EXPORT_TEMP.match(name):
+                continue
+            try:
+                tfd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                if state.leftover_live(fd, name) is False and _try_flock(tfd):
+                    os.unlink(name, dir_fd=fd)  # while holding its lock: no export can be using it
+            except OSError:
+                pass
+            finally:
+                os.close(tfd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _try_flock(fd: int) -> bool:
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
+def _unlink_all(paths: list[str]) -> None:
+    """Our temp files (all in one directory), unlinked relative to that directory's descriptor."""
+    if not paths:
+        return
+    try:
+        fd = os.open(os.path.dirname(paths[0]) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for p in paths:
+            try:
+                os.unlink(os.path.basename(p), dir_fd=fd)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
 
 
 def _cpus() -> int:
@@ -1360,8 +1446,17 @@ class _Staging:
         for sub in (state.locks_dir(root), state.trash_dir(root)):  # where publishing writes
             if os.path.islink(sub) or (os.path.lexists(sub) and not os.path.isdir(sub)):
                 raise KcacheError(f"{sub} is not a directory (kcache never writes through a symlink)")
-        self.path = os.path.join(sdir, f"import-{os.getpid()}-{secrets.token_hex(4)}")
+        if str(root) in self.created:
+            state.write_cachedir_tag(root)  # a root kcache makes is tagged: evidence that it is a cache
+        self.root = root
+        self.name = f"import-{os.getpid()}-{secrets.token_hex(4)}"
+        self.path = os.path.join(sdir, self.name)
         os.mkdir(self.path, 0o700)
+        # Held until cleanup: a prune sees a live import and leaves its staging alone (state.leftover_live).
+        import fcntl
+
+        self.lock_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
         self.dirs: set[str] = {""}
 
     def ensure_dir(self, rel: str) -> None:
@@ -1383,14 +1478,19 @@ class _Staging:
             self.dirs.add(rel)
 
     def cleanup(self) -> None:
-        import shutil
+        from kcache_cli import fsdelete
 
-        shutil.rmtree(self.path, ignore_errors=True)
+        fsdelete.remove_under(self.root, f"{state.STATE_DIR}/{self.name}")
+        os.close(self.lock_fd)
         for d in reversed(self.created):
+            tagged = d == str(self.root)
             try:
+                if tagged:  # a root that stayed empty goes, tag and all
+                    os.unlink(os.path.join(d, state.CACHEDIR_TAG))
                 os.rmdir(d)
             except OSError:
-                pass
+                if tagged:
+                    state.write_cachedir_tag(self.root)
 
 
 _ROOT, _DIR, _FILE, _LINK = 0, 1, 2, 3
@@ -1692,6 +1792,7 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
     """Move one staged entry into place with one rename, under its lock. (published, reason)."""
     import shutil
 
+    from kcache_cli import fsdelete
     from kcache_cli.locking import EntryFlock, probe_locked
 
     src = os.path.join(staging.path, p.relpath)
@@ -1712,10 +1813,8 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
                 return False, "already present (completed during the import)"
             import secrets
 
-            trash = state.trash_dir(root)
-            trash.mkdir(parents=True, exist_ok=True)
-            trashed = os.path.join(trash, f"{p.relpath.replace('/', '%2F')}-{secrets.token_hex(4)}")
-            os.rename(dest, trashed)
+            trashed = f"{p.relpath.replace('/', '%2F')}-{secrets.token_hex(4)}"
+            _to_trash(root, p.relpath, trashed)
         _make_parents(root, p.relpath, made)
         try:
             rename_noreplace(src, dest)
@@ -1733,13 +1832,37 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
             try:
                 rename_noreplace(tmp, dest)
             except FileExistsError:
-                shutil.rmtree(tmp, ignore_errors=True)
+                fsdelete.remove_under(root, f"{os.path.dirname(p.relpath)}/{os.path.basename(tmp)}")
                 return False, "already present (appeared during the import)"
         return True, p.reason
     finally:
         lock.release()
         if trashed:
-            shutil.rmtree(trashed, ignore_errors=True)
+            fsdelete.remove_under(root, f"{state.STATE_DIR}/trash/{trashed}")
+
+
+def _to_trash(root: Path, relpath: str, name: str) -> None:
+    """Rename the entry at `relpath` to .kcache/trash/`name`, both reached from the root without
+    following a link (a trash swapped for a symlink never receives an entry)."""
+    from kcache_cli import fsdelete
+
+    sd = fsdelete.open_under(root, state.STATE_DIR)
+    try:
+        try:
+            os.mkdir("trash", 0o755, dir_fd=sd)
+        except FileExistsError:
+            pass
+        trash = os.open("trash", _DIR_FLAGS, dir_fd=sd)
+    finally:
+        os.close(sd)
+    try:
+        parent = fsdelete.open_under(root, relpath.rpartition("/")[0])
+        try:
+            os.rename(relpath.rpartition("/")[2], name, src_dir_fd=parent, dst_dir_fd=trash)
+        finally:
+            os.close(parent)
+    finally:
+        os.close(trash)
 
 
 def _refuse_other_layout(root: Path, records: list[dict]) -> None:
@@ -1900,35 +2023,26 @@ def _decisions(planned: list[_Planned]) -> list[tuple]:
     return [(p.index, p.action, p.reason, p.write) for p in planned]
 
 
-STALE_STAGING = 24 * 3600.0
 _STAGING_NAME = re.compile(r"^import-(\d+)-[0-9a-f]+$")
 
 
 def _remove_stale_staging(root: Path) -> None:
-    """Staging directories of imports that were killed: a day old, and no live process of that pid here."""
-    import shutil
+    """Staging directories of imports that were killed: no import holds their flock, and (made by an
+    older kcache without one) no live process of that pid here for a day. Removed fd-relative."""
+    from kcache_cli import fsdelete
 
-    sdir = os.path.join(root, state.STATE_DIR)
     try:
-        names = os.listdir(sdir)
+        fd = fsdelete.open_under(root, state.STATE_DIR)
     except OSError:
         return
-    now = time.time()
-    for name in names:
-        m = _STAGING_NAME.match(name)
-        if not m:
-            continue
-        path = os.path.join(sdir, name)
-        try:
-            st = os.lstat(path)
-            if not stat.S_ISDIR(st.st_mode) or now - st.st_mtime < STALE_STAGING:
-                continue
-            os.kill(int(m.group(1)), 0)
-            continue  # that process is alive (or the pid was reused): leave it
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except (OSError, ValueError, OverflowError):
-            continue
+    try:
+        for name in os.listdir(fd):
+            if _STAGING_NAME.match(name) and state.leftover_live(fd, name) is False:
+                fsdelete.remove_tree(fd, name, label=f"{state.STATE_DIR}/{name}")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _finish_staging(staging: _Staging, planned: list[_Planned]) -> None:

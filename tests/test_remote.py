@@ -20,13 +20,15 @@ needs_cxx = pytest.mark.skipif(CXX is None, reason="g++ not found")
 
 
 def tree(root: Path) -> dict[str, object]:
-    """Every file (bytes) and symlink (target) under root, kcache's own .kcache/ aside."""
+    """Every file (bytes) and symlink (target) under root, kcache's own .kcache/ and CACHEDIR.TAG aside."""
     out: dict[str, object] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if not (Path(dirpath) == root and d == ".kcache")]
         for n in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
             p = Path(dirpath) / n
             rel = str(p.relative_to(root))
+            if rel == "CACHEDIR.TAG":
+                continue
             out[rel] = ("link", os.readlink(p)) if p.is_symlink() else p.read_bytes()
     return out
 

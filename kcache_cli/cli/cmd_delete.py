@@ -307,7 +307,8 @@ def _count(removals) -> str:
         kinds[r.what] = kinds.get(r.what, 0) + 1
     names = {"entry": ("entry", "entries"), "candidates": ("candidates/ directory", "candidates/ directories"),
              "temp": ("stale temp directory", "stale temp directories"),
-             "staging": ("stale staging directory", "stale staging directories"), "link": ("symlink", "symlinks")}
+             "staging": ("stale staging directory", "stale staging directories"), "link": ("symlink", "symlinks"),
+             "leftover": ("leftover of an interrupted import or export", "leftovers of interrupted imports or exports")}
     return ", ".join(f"{n} {names[k][0] if n == 1 else names[k][1]}" for k, n in kinds.items())
 
 

@@ -22,7 +22,8 @@ def _scan(opts: c.GlobalOptions, flt, loc=None):
 
     loc = loc or c.cache_location(opts, existing=True)
     c.hint_unknown(opts, loc.path, flt)
-    result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m))
+    # ls and stats also show what killed imports and exports left (layout "kcache"; prune removes it)
+    result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True)
     return loc, result
 
 

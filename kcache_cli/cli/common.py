@@ -43,7 +43,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on 
 def use(ctx: typer.Context, cache_dir: Optional[str] = None, as_json: bool = False) -> GlobalOptions:
     """Merge a command's own --cache-dir/--json into the global options."""
     opts = settings(ctx)
-    if cache_dir:
+    if cache_dir is not None:  # "" too: refused by resolve_cache_dir, never the default cache
         opts.cache_dir = cache_dir
     if as_json:
         opts.json = True

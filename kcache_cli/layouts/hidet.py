@@ -27,6 +27,83 @@ HIDET_MARKERS = ("version.txt", "compile.sh", "meta.json", "task.pickle", "func_
 OTHER_KINDS = tuple((k.template.split("/")[0], k.kind) for k in HIDET.kinds[1:])  # (("graphs", "graph"), ...)
 
 
+# ---- evidence: what makes a directory hidet's ----------------------------------------------------
+ENTRY_NAME = re.compile(r"^[0-9a-f]{16}$")  # sha256(task.txt)[:16]
+OTHER_NAME = re.compile(r"^[0-9a-f]{8,64}$")  # graphs/<hash>/, ir_modules/<hash>/
+TEMP_NAME = re.compile(r"^" + re.escape(state.TEMP_PREFIX) + r"[0-9a-f]{16}-[0-9a-f]+$")  # a kcache build's
+OP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+TARGETS = ("cuda", "cpu", "hip")
+# Files real hidet 0.6.1 or kcache write in an op entry (and hidet in graphs/ and ir_modules/).
+ENTRY_FILES = frozenset({"task.txt", "task.pickle", "version.txt", "meta.json", "candidates.txt", "candidates.json",
+                         "candidates", "source.cu", "source.cc", "compile.sh", "lib.so", "nvcc_output.txt",
+                         "gcc_output.txt", "func_types.pickle", ".lock", "dispatch_table.txt",
+                         "dispatch_table.txt.lock", "dispatch_table.txt.t_lock", "summary.txt", "nvcc_log.txt",
+                         MANIFEST})
+OTHER_FILES = ENTRY_FILES | {"graph_string.txt", "graph_module", "kernels", "weights.npz", "graph_execution.json"}
+
+
+def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
+    """None when `relpath` has the exact shape of a hidet entry of `kind` (ops/<target>_space_<N>/<op>/
+    <16 hex>/ holding hidet's or kcache's files; a kcache build's temp dir; graphs|ir_modules/<hex>/);
+    else why it is not one. `names` (the files in it) is None when only the path is judged."""
+    parts = relpath.split("/")
+    if kind == "op":
+        if len(parts) != 4 or parts[0] != "ops" or not SPACE_RE.match(parts[1]) or not OP_NAME.match(parts[2]):
+            return "not at ops/<target>_space_<N>/<op>/<hash>/"
+        if TEMP_NAME.match(parts[3]):
+            return None
+        if not ENTRY_NAME.match(parts[3]):
+            return "its name is not 16 hex digits (hidet's task hash)"
+        known = ENTRY_FILES
+    elif kind in ("graph", "ir_module"):
+        if len(parts) != 2 or parts[0] != kind + "s" or not OTHER_NAME.match(parts[1]):
+            return f"not at {kind}s/<hex hash>/"
+        known = OTHER_FILES
+    else:
+        return f"hidet has no {kind} entries"
+    if names is not None and not names & known:
+        return "it holds none of the files hidet or kcache write"
+    return None
+
+
+def detect(root: Path) -> bool:
+    """Evidence, not top-level names alone: a CACHEDIR.TAG, or ops/<cuda|cpu|hip>_space_<N>/<op>/ (read
+    from directory names only: `ls --op X` reads no other op's directory), or a graphs/ or ir_modules/
+    directory holding a hash-named directory with hidet's files."""
+    tops = [d for d in ("ops", "graphs", "ir_modules") if (root / d).is_dir() and not (root / d).is_symlink()]
+    if not tops:
+        return False
+    if state.has_cachedir_tag(root):
+        return True
+    return any(_has_evidence(root, top) for top in tops)
+
+
+def _has_evidence(root: Path, top: str, budget: int = 256) -> bool:
+    try:
+        with os.scandir(root / top) as it:
+            dirs = [de for _, de in zip(range(budget), it) if de.is_dir(follow_symlinks=False)]
+    except OSError:
+        return False
+    for de in dirs:
+        m = SPACE_RE.match(de.name)
+        try:
+            if top == "ops":
+                if m and m.group(1) in TARGETS:
+                    with os.scandir(de.path) as it:
+                        if any(OP_NAME.match(o.name) and o.is_dir(follow_symlinks=False)
+                               for _, o in zip(range(budget), it)):
+                            return True
+            elif OTHER_NAME.match(de.name) and set(os.listdir(de.path)) & OTHER_FILES:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def space_name(target: str, level: int | str) -> str:
+    return f"{target}_space_{level}"
+
+
 def _manifest_mismatch(path: str, names: dict[str, int]) -> str | None:
     """Compare sizes with kcache.json (cheap: sizes only; checksums are for inspect/verify)."""
     record, problem = fsread.json_problem(os.path.join(path, MANIFEST))
@@ -619,6 +696,13 @@ class HidetLayout(Layout):
     shape = HIDET
     writer_locks = (".lock", "dispatch_table.txt.lock")
     fact_files = (MANIFEST, "compile.sh", "nvcc_log.txt")
+
+    def detect(self, root: Path) -> bool:
+        return detect(root)
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
 
     def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)

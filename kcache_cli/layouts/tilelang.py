@@ -5,6 +5,7 @@ metadata.json), and `.staging/` directories for writes in flight."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -25,6 +26,75 @@ CUBIN_BINARIES = ("kernel.cubin", "kernel.fatbin")
 STAGING = ".staging"
 UNREADABLE_DIR = (UNREADABLE, UNREADABLE_REASON)
 BINARIES_DIR = "cuda-binaries"
+
+
+# ---- evidence: what makes a directory tilelang's -------------------------------------------------
+KEY_NAME = re.compile(r"^[0-9a-f]{64}$")  # sha256 hex
+PLATFORM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+KERNEL_FILES = frozenset({"device_kernel.cu", "host_kernel.cu", "params.json", "params.pkl", "manifest.json",
+                          "kernel.py", *KERNEL_BINARIES})
+BINARY_FILES = frozenset({"metadata.json", *CUBIN_BINARIES})
+
+
+def real_version_dir(path: str) -> bool:
+    """A `<version>/` tilelang made: it holds cuda-binaries/ or a <platform>/kernels/ (not a link)."""
+    try:
+        with os.scandir(path) as it:
+            for de in it:
+                if not de.is_dir(follow_symlinks=False) or de.name == STAGING:
+                    continue
+                if de.name == BINARIES_DIR:
+                    return True
+                k = os.path.join(de.path, "kernels")
+                if os.path.isdir(k) and not os.path.islink(k):
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
+    """None when `relpath` has the exact shape of a tilelang entry: <version>/<platform>/kernels/<64 hex>/,
+    <version>/cuda-binaries/<64 hex>/ with tilelang's files, or a write in .staging/ under a real version
+    directory (checked when `root` is given); else why it is not one."""
+    parts = relpath.split("/")
+    if not parts or not VERSION_RE.match(parts[0]):
+        return "not under a <version>/ directory"
+    if STAGING in parts:
+        i = parts.index(STAGING)
+        if i not in (1, 2) or len(parts) < i + 2 or (i == 2 and not PLATFORM_NAME.match(parts[1])):
+            return "not at <version>/[<platform>/].staging/<name>"
+        if root is not None and not real_version_dir(os.path.join(root, parts[0])):
+            return f"{parts[0]}/ holds no tilelang kernels or cuda-binaries (not a tilelang version directory)"
+        return None
+    if kind == "kernel":
+        if len(parts) != 4 or not PLATFORM_NAME.match(parts[1]) or parts[1] == BINARIES_DIR \
+                or parts[2] != "kernels" or not KEY_NAME.match(parts[3]):
+            return "not at <version>/<platform>/kernels/<64 hex>/"
+        known = KERNEL_FILES
+    elif kind == "binary":
+        if len(parts) != 3 or parts[1] != BINARIES_DIR or not KEY_NAME.match(parts[2]):
+            return f"not at <version>/{BINARIES_DIR}/<64 hex>/"
+        known = BINARY_FILES
+    else:
+        return f"tilelang has no {kind} entries"
+    if names is not None and not names & known:
+        return "it holds none of the files tilelang writes"
+    return None
+
+
+def detect(root: Path) -> bool:
+    """Evidence, not names alone: a `<version>/` holding cuda-binaries/ or <platform>/kernels/, or
+    version directories in a root with a CACHEDIR.TAG."""
+    from kcache_cli import state
+
+    try:
+        versions = [d for d in os.scandir(root) if VERSION_RE.match(d.name) and d.is_dir(follow_symlinks=False)]
+    except OSError:
+        return False
+    if versions and state.has_cachedir_tag(root):
+        return True
+    return any(real_version_dir(d.path) for d in versions[:64])
 
 
 def _load_json(path: str) -> dict | None:
@@ -356,6 +426,13 @@ class TilelangLayout(Layout):
     shape = TILELANG
     provider_kinds = frozenset({"binary"})
     binary_kinds = frozenset({"binary"})
+
+    def detect(self, root: Path) -> bool:
+        return detect(root)
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
 
     def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)

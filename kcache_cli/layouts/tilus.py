@@ -29,6 +29,67 @@ _FLAT_LINK = re.compile(r"^(\.\./)+programs/[0-9a-f]+/?$")
 LINK_DIRS = ("programs", "latency")
 
 
+# ---- evidence: what makes a directory tilus's ----------------------------------------------------
+PROGRAM_NAME = re.compile(r"^[0-9a-f]{12}$")  # sha256(options + program)[:12]
+SCRIPT_NAME = re.compile(r"^[^/]+-[0-9a-f]{8}$")  # <jit key>-<h8>
+SCRIPT_OP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+PROGRAM_FILES = frozenset({"program.txt", "options.txt", ".lock", "module"})
+SCRIPT_FILES = frozenset({"source.txt", "meta.json", "build_options.txt", "schedule.txt", "dispatch_table.txt",
+                          "dispatch_table.pickle", "programs", "latency", "failed", ".lock"})
+
+
+def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
+    """None when `relpath` has the exact shape of a tilus entry: programs/<12 hex>/ with tilus's program
+    files, scripts/<op>/<jit key>-<8 hex>/ with a script's files; else why it is not one."""
+    parts = relpath.split("/")
+    if kind == "program":
+        if len(parts) != 2 or parts[0] != "programs" or not PROGRAM_NAME.match(parts[1]):
+            return "not at programs/<12 hex>/"
+        known = PROGRAM_FILES
+    elif kind == "script":
+        if len(parts) != 3 or parts[0] != "scripts" or not SCRIPT_OP.match(parts[1]) \
+                or not SCRIPT_NAME.match(parts[2]):
+            return "not at scripts/<name>/<jit key>-<8 hex>/"
+        known = SCRIPT_FILES
+    else:
+        return f"tilus has no {kind} entries"
+    if names is not None and not names & known:
+        return "it holds none of the files tilus writes"
+    return None
+
+
+def detect(root: Path) -> bool:
+    """Evidence, not names alone: a CACHEDIR.TAG, or programs/<12 hex>/ or scripts/<name>/<key>-<8 hex>/
+    holding tilus's files."""
+    from kcache_cli import state
+
+    tops = [d for d in ("programs", "scripts") if (root / d).is_dir() and not (root / d).is_symlink()]
+    if not tops:
+        return False
+    if state.has_cachedir_tag(root):
+        return True
+    try:
+        with os.scandir(root / "programs") as it:
+            for i, de in enumerate(it):
+                if i < 256 and PROGRAM_NAME.match(de.name) and de.is_dir(follow_symlinks=False) \
+                        and set(os.listdir(de.path)) & PROGRAM_FILES:
+                    return True
+    except OSError:
+        pass
+    try:
+        with os.scandir(root / "scripts") as it:
+            for i, sd in enumerate(it):
+                if i >= 64 or not sd.is_dir(follow_symlinks=False):
+                    continue
+                for de in os.scandir(sd.path):
+                    if SCRIPT_NAME.match(de.name) and de.is_dir(follow_symlinks=False) \
+                            and set(os.listdir(de.path)) & SCRIPT_FILES:
+                        return True
+    except OSError:
+        pass
+    return False
+
+
 def read_link(path: str) -> str | None:
     """The target of a symlink, or of a flattened link (a tiny file holding `../../programs/<h>`)."""
     try:
@@ -438,6 +499,13 @@ class TilusLayout(Layout):
     writer_locks = (".lock", "dispatch_table.txt.lock")
     provider_kinds = frozenset({"program"})
     fact_files = ("kcache.json", "module/compile.sh", "options.txt")
+
+    def detect(self, root: Path) -> bool:
+        return detect(root)
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
 
     def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)
