@@ -41,7 +41,6 @@ from kcache_cli.model import (
     ScanFilter,
     Warn,
     iso,
-    measure_tree,
 )
 
 FORMAT = "kcache-archive"
@@ -51,13 +50,9 @@ COMPRESSION_BY_SUFFIX = ((".tar.gz", "gz"), (".tgz", "gz"), (".tar.zst", "zst"),
                          (".tar.zstd", "zst"), (".tar", "tar"))
 BINARY_SUFFIXES = (".so", ".cubin", ".fatbin", ".o", ".a", ".hsaco", ".dylib", ".dll")
 BIG_FILE = 32 << 20  # files above this are streamed instead of read whole
-META_FILES = ("kcache.json", "compile.sh", "module/compile.sh", "nvcc_log.txt", "options.txt")
-_META = frozenset(META_FILES)
 _LOCK_NAME = re.compile(r"(^|/)(\.lock|[^/]*\.(t_)?lock)$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _ARCH = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
-_HIDET_SPACE = re.compile(r"^[a-z0-9]+_space_\d+$")
-_TILELANG_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?([.+\-\w]*)$")
 # C0, DEL, C1 and the bidi controls that make a name read differently from what it is (textsafe).
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 MAX_NAME_DEPTH = 64  # components of a name inside an entry (export walks at most fsread.MAX_TREE_DEPTH)
@@ -215,30 +210,29 @@ def entry_path_problem(layout: str, kind: str, relpath: str) -> str | None:
             return bad
         if any(p.startswith(".") for p in relpath.split("/")):
             return f"entry path {relpath!r} has a hidden component (temp, staging or state directory)"
-    parts = relpath.split("/")
-    n = len(parts)
-    if layout == "hidet":
-        ok = (kind == "op" and n == 4 and parts[0] == "ops" and _HIDET_SPACE.match(parts[1]) is not None) or \
-             (kind == "graph" and n == 2 and parts[0] == "graphs") or \
-             (kind == "ir_module" and n == 2 and parts[0] == "ir_modules")
-    elif layout == "tilus":
-        ok = (kind == "program" and n == 2 and parts[0] == "programs") or \
-             (kind == "script" and n == 3 and parts[0] == "scripts")
-    elif layout == "tilelang":
-        ok = _TILELANG_VERSION.match(parts[0]) is not None and (
-            (kind == "kernel" and n == 4 and parts[1] != "cuda-binaries" and parts[2] == "kernels") or
-            (kind == "binary" and n == 3 and parts[1] == "cuda-binaries"))
-    else:
-        ok = False
-    return None if ok else f"{relpath!r} is not where a {layout} {kind} entry lives"
+    return _layout_of(layout).entry_path_problem(kind, relpath) if layout in _names() else \
+        f"{relpath!r} is not where a {layout} {kind} entry lives"
+
+
+def _names() -> tuple[str, ...]:
+    from kcache_cli.layouts import NAMES
+
+    return NAMES
+
+
+def _layout_of(name: str):
+    from kcache_cli.layouts import get
+
+    return get(name)
 
 
 def link_problem(layout: str, kind: str, relpath: str, name: str, target: object,
-                 program_ok: Callable[[str], bool]) -> str | None:
+                 target_ok: Callable[[str], bool]) -> str | None:
     """Why the symlink `name` (inside the entry at `relpath`) -> `target` is not allowed, or None.
 
-    Allowed: a relative target of the form ../../a/b that stays inside the entry; for a tilus
-    script, also exactly `programs/<h>` at the root when `program_ok(h)`."""
+    Allowed: a relative target of the form ../../a/b that stays inside the entry; also the entry the
+    layout lets it point at (Layout.link_target: a tilus script's `programs/<h>`) when `target_ok`
+    says that entry is in the archive or in the cache."""
     where = f"symlink {relpath}/{name} -> {target!r}"
     if not isinstance(target, str) or not target or "\0" in target or _CONTROL.search(target):
         return f"{where} has an empty or malformed target"
@@ -258,11 +252,13 @@ def link_problem(layout: str, kind: str, relpath: str, name: str, target: object
     mine = relpath.split("/")
     if len(resolved) > len(mine) and resolved[:len(mine)] == mine:
         return None
-    if (layout, kind) == ("tilus", "script") and len(resolved) == 2 and resolved[0] == "programs" \
-            and not resolved[1].startswith(".") and program_ok(resolved[1]):
-        return None
-    if (layout, kind) == ("tilus", "script") and len(resolved) == 2 and resolved[0] == "programs":
-        return f"{where} points to a tilus program that is neither in the archive nor in the cache"
+    allowed = _layout_of(layout).link_target(kind, resolved) if layout in _names() else None
+    if allowed is not None:  # an entry the layout lets it point at (a tilus script's program)
+        if target_ok(allowed):
+            return None
+        located = _layout_of(layout).shape.locate(allowed)
+        return (f"{where} points to a {layout} {located[0] if located else 'entry'} that is neither in the "
+                "archive nor in the cache")
     return f"{where} points outside its entry"
 
 
@@ -343,16 +339,18 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # O_NO
 
 @dataclass
 class ExportPlan:
-    """What to export. Most of a big cache is hidet op directories: those are jobs
-    (path, name, target, space, op) whose status is decided while they are read, in one pass;
-    everything else was scanned already and comes as an Entry."""
+    """What to export: the entries the filter's names select, as the cheap scan found them, sorted by
+    path. The export's workers judge each one deeply (the one judgement, as verify's) and leave out
+    what is not fit to ship; entries brought along because selected ones use them (`along`: a tilus
+    script's programs) go unless they are being built."""
 
     root: Path
     flt: ScanFilter
     sources_only: bool
-    jobs: list  # tuple job or Entry, sorted by path
+    jobs: list[Entry]
     left: list[tuple[Entry, str]]
     last_used: dict[str, float] = field(default_factory=dict)
+    along: frozenset[str] = frozenset()  # relpaths of the entries brought along
 
 
 def _leave_out(e: Entry, flt: ScanFilter, sources_only: bool) -> str | None:
@@ -363,104 +361,46 @@ def _leave_out(e: Entry, flt: ScanFilter, sources_only: bool) -> str | None:
         return f"being built ({e.reason})"
     if not flt.statuses and e.status != COMPLETE:
         return f"{e.status}: {e.reason} (select it with --status {e.status})"
-    if sources_only and e.layout == "tilelang" and e.kind == "binary":
+    if sources_only and e.kind in _layout_of(e.layout).binary_kinds:
         return "holds only a binary (--sources-only)"
     return None
 
 
 def plan_export(root: Path, flt: ScanFilter, warn: Warn | None = None, sources_only: bool = False) -> ExportPlan:
     """The entries `flt` selects for export. Without a --status filter only complete entries go;
-    entries in flight never do. Programs that selected tilus scripts link to come along."""
-    from kcache_cli.layouts import hidet
-    from kcache_cli.scan import ScanContext, detect_layouts, scan_cache
+    entries in flight never do. Entries that selected ones use come along (Layout.uses: the programs
+    tilus scripts link to)."""
+    from dataclasses import replace
+
+    from kcache_cli.scan import scan_cache
 
     root = Path(root)
     if not root.is_dir():
         raise KcacheError(f"no cache at {root}")
     warn = warn or (lambda m: None)
-    layouts = [n for n in detect_layouts(root) if not flt.layouts or n in flt.layouts]
-    jobs: list = []
+    jobs = list(scan_cache(root, replace(flt, statuses=()), warn).entries)  # statuses: judged deeply later
     left: list[tuple[Entry, str]] = []
-    ctx = ScanContext(root, warn, state.load_last_used(root))
-    if "hidet" in layouts:
-        if not flt.kinds or "op" in flt.kinds:
-            jobs.extend(_hidet_op_jobs(ctx, flt))
-        if not (flt.ops or flt.spaces or flt.targets):  # graphs and ir_modules have none of these
-            for dirname, kind in hidet.OTHER_KINDS:
-                if flt.kinds and kind not in flt.kinds:
-                    continue
-                for de in ctx.listdir(root / dirname):
-                    if de.is_dir(follow_symlinks=False):
-                        verdict = hidet.judge(de.path, kind, True, root=root)
-                        e = ctx.entry(path=de.path, usage=measure_tree(de.path, warn), layout="hidet", kind=kind,
-                                      target=hidet.other_target(de.path, kind), space=None, op=None, hash=de.name,
-                                      status=verdict.status, reason=verdict.reason)
-                        if flt.matches(e):
-                            jobs.append(e)
-    others = tuple(n for n in layouts if n != "hidet")
-    if others:
-        from dataclasses import replace
-
-        scanned = scan_cache(root, replace(flt, layouts=others, statuses=()), warn).entries
-        chosen = []
-        from kcache_cli.verify import judge_entry
-
-        for e in scanned:
-            verdict = judge_entry(root, e, deep=True)  # the one judgement, as verify's
-            e = replace(e, status=verdict.status, reason=verdict.reason)
-            if not flt.matches(e):
-                continue
-            why = _leave_out(e, flt, sources_only)
-            (left.append((e, why)) if why else chosen.append(e))
-        chosen += _linked_programs(root, chosen, left, warn)
-        jobs.extend(chosen)
-    jobs.sort(key=lambda j: j.relpath if isinstance(j, Entry) else ctx.rel(j[0]))
-    return ExportPlan(root, flt, sources_only, jobs, left, ctx.last_used)
+    along = _brought_along(root, jobs, left, warn)
+    jobs += along
+    jobs.sort(key=lambda e: e.relpath)
+    return ExportPlan(root, flt, sources_only, jobs, left, state.load_last_used(root),
+                      frozenset(e.relpath for e in along))
 
 
-def _hidet_op_jobs(ctx, flt: ScanFilter) -> list[tuple[str, str, str, str, str]]:
-    """(path, name, target, space, op) of every op directory the filter's names allow (cheap: listings)."""
-    from kcache_cli.layouts import hidet
-
-    ops = ctx.root / "ops"
-    spaces = flt.spaces or [d.name for d in ctx.listdir(ops) if d.is_dir(follow_symlinks=False)]
-    jobs = []
-    for space in spaces:
-        m = hidet.SPACE_RE.match(space)
-        space_path = os.path.join(ops, space)
-        if not m or not flt.wants_target(m.group(1)) or not os.path.isdir(space_path):
-            continue
-        op_names = flt.ops or [d.name for d in ctx.listdir(space_path) if d.is_dir(follow_symlinks=False)]
-        for op in op_names:
-            for de in ctx.listdir(os.path.join(space_path, op)):
-                if not de.is_dir(follow_symlinks=False):
-                    continue
-                if flt.name_prefixes() and not any(de.name.startswith(p) for p in flt.name_prefixes()):
-                    continue
-                jobs.append((de.path, de.name, m.group(1), space, op))
-    return jobs
-
-
-def _linked_programs(root: Path, chosen: list[Entry], left: list, warn: Warn) -> list[Entry]:
-    """tilus programs that chosen scripts link to and that are not chosen themselves."""
-    scripts = [e for e in chosen if (e.layout, e.kind) == ("tilus", "script")]
-    if not scripts:
-        return []
-    from kcache_cli.layouts import tilus
+def _brought_along(root: Path, chosen: list[Entry], left: list, warn: Warn) -> list[Entry]:
+    """The entries chosen ones use (Layout.uses) that are not chosen themselves."""
     from kcache_cli.scan import scan_cache
 
     have = {e.relpath for e in chosen}
-    need = set()
-    for s in scripts:
-        for _, _, target in tilus.script_links(s.path):
-            if target:
-                rel = os.path.relpath(target, root).replace(os.sep, "/")
-                if rel not in have:
-                    need.add(rel)
+    need: dict[str, set[str]] = {}  # layout -> relpaths
+    for e in chosen:
+        for rel in _layout_of(e.layout).uses(root, e):
+            if rel not in have:
+                need.setdefault(e.layout, set()).add(rel)
     out = []
-    if need:
-        for e in scan_cache(root, ScanFilter(layouts=("tilus",), kinds=("program",)), warn).entries:
-            if e.relpath in need:
+    for layout, rels in sorted(need.items()):
+        for e in scan_cache(root, ScanFilter(layouts=(layout,)), warn).entries:
+            if e.relpath in rels:
                 if e.status == BUILDING:
                     left.append((e, f"being built ({e.reason})"))
                 else:
@@ -570,14 +510,14 @@ def _read_file(dfd: int, name: str, size: int) -> bytes:
 class _PartWriter:
     """Turns entries into tar members and manifest records (one worker, one or more parts)."""
 
-    def __init__(self, plan: ExportPlan, writer, programs: set[str], advance: Callable[[int], None]) -> None:
+    def __init__(self, plan: ExportPlan, writer, targets: set[str], advance: Callable[[int], None]) -> None:
         import hashlib
 
         from kcache_cli.scan import ScanContext
 
         self.plan = plan
         self.writer = writer
-        self.programs = programs
+        self.targets = targets  # relpaths of the entries in the archive (links may point at them)
         self.advance = advance
         self.sha256 = hashlib.sha256
         self.warnings: list[str] = []
@@ -587,76 +527,37 @@ class _PartWriter:
         self.left: list[tuple[Entry, str]] = []
         self.files = self.size = 0
 
-    def job(self, job) -> None:
+    def job(self, e: Entry) -> None:
         try:
-            if isinstance(job, Entry):
-                self._entry(job)
-            else:
-                self._hidet_op(job)
+            chosen = self._chosen(e)
+            if chosen is not None:
+                self._entry(chosen)
         except _Skip as exc:
             entry, why = exc.args
             self.left.append((entry, why))
             self.warnings.append(f"skipping {entry.relpath}: {why}")
         self.advance(1)
 
-    def _hidet_op(self, job) -> None:
-        from kcache_cli.layouts import hidet
-        from kcache_cli.locking import probe_locked
-        from kcache_cli.model import PARTIAL, TreeUsage
+    def _chosen(self, e: Entry) -> Entry | None:
+        """`e` judged deeply (the one judgement, as verify's), or None when it stays out."""
+        from dataclasses import replace
 
-        path, name, target, space, op = job
-        flt = self.plan.flt
-        if name.startswith("."):  # temp and hidden directories: let the scan say exactly what they are
-            e = hidet._op_entry(self.ctx, job)
-            if flt.matches(e):
-                self.left.append((e, _leave_out(e, flt, self.plan.sources_only) or "not an entry"))
-            return
-        try:
-            dfd = os.open(path, _DIR_FLAGS)
-        except OSError as exc:
-            return self._unreadable(job, exc)
-        try:
-            items: list = []
-            try:
-                newest = os.fstat(dfd).st_mtime
-                _read_tree(dfd, "", items, [ENTRY_BUDGET])
-            except OSError as exc:
-                return self._unreadable(job, exc)
-            names = {}
-            size = files = 0
-            for it in items:
-                if it[1] != "dir":
-                    size += it[2]
-                    files += 1
-                    if "/" not in it[0]:
-                        names[it[0]] = it[2]
-                if it[4] > newest:
-                    newest = it[4]
-            verdict = hidet.judge(path, "op", True, root=self.ctx.root)  # the one judgement, as verify's
-            status, reason = verdict.status, verdict.reason
-            if status == PARTIAL and ".lock" in names and probe_locked(os.path.join(path, ".lock")):
-                status, reason = BUILDING, "hidet holds the entry's lock (compiling)"
-            e = self.ctx.entry(path=path, usage=TreeUsage(size, files, newest), layout="hidet", kind="op",
-                               target=target, space=space, op=op, hash=name, status=status, reason=reason)
-            if not flt.matches(e):
-                return
-            why = _leave_out(e, flt, self.plan.sources_only)
-            if why:
-                self.left.append((e, why))
-                return
-            self._emit(e, dfd, items, newest)
-        finally:
-            os.close(dfd)
+        from kcache_cli.verify import judge_entry
 
-    def _unreadable(self, job, exc: OSError) -> None:
-        path, name, target, space, op = job
-        from kcache_cli.model import UNREADABLE, TreeUsage
-
-        e = self.ctx.entry(path=path, usage=TreeUsage(0, 0, 0.0), layout="hidet", kind="op", target=target,
-                           space=space, op=op, hash=name, status=UNREADABLE, reason=f"unreadable: {exc.strerror}")
-        if self.plan.flt.matches(e):
-            self.left.append((e, e.reason))
-            self.warnings.append(f"skipping {e.relpath}: {e.reason}")
+        if e.relpath in self.plan.along:  # used by a chosen entry: it goes unless it is being built
+            if e.status == BUILDING:
+                self.left.append((e, f"being built ({e.reason})"))
+                return None
+            return e
+        verdict = judge_entry(self.plan.root, e, deep=True)
+        e = replace(e, status=verdict.status, reason=verdict.reason)
+        if not self.plan.flt.matches(e):
+            return None
+        why = _leave_out(e, self.plan.flt, self.plan.sources_only)
+        if why:
+            self.left.append((e, why))
+            return None
+        return e
 
     def _entry(self, e: Entry) -> None:
         try:
@@ -680,6 +581,7 @@ class _PartWriter:
         from kcache_cli import tarstream as ts
 
         rel = e.relpath
+        fact_files = frozenset(_layout_of(e.layout).fact_files)  # read for the compiler, arch, platform
         for name, kind, _, _, _, extra in items:
             if not name.isprintable() and _CONTROL.search(name):  # import would refuse the archive
                 raise _Skip(e, f"{name!r} holds control characters")
@@ -697,7 +599,7 @@ class _PartWriter:
             except UnicodeEncodeError:
                 raise _Skip(e, f"{name!r} is not a UTF-8 file name") from None
             if kind == "link":
-                bad = link_problem(e.layout, e.kind, rel, name, extra, self.programs.__contains__)
+                bad = link_problem(e.layout, e.kind, rel, name, extra, self.targets.__contains__)
                 if bad:
                     raise _Skip(e, bad)
         sources_only = self.plan.sources_only
@@ -749,7 +651,7 @@ class _PartWriter:
                 put(padding(n))
                 files[name] = [n, sha256(data).hexdigest()]
                 size += n
-                if name in _META:
+                if name in fact_files:
                     small[name] = data
             elif kind == "dir":
                 dirs.append(name)
@@ -796,53 +698,8 @@ class _PartWriter:
 
 def _entry_facts(entry: Entry, small: dict[str, bytes], names: Iterable[str]) -> tuple[str | None, str | None,
                                                                                        str | None]:
-    """(compiler, arch, platform) of an entry: what it recorded (kcache.json), else its compile
-    command, else tilus's options, else (no command at all) the archs inside its binaries."""
-    compiler = arch = platform = None
-    record = small.get("kcache.json")
-    if record:
-        from kcache_cli.fsread import parse_json
-
-        try:
-            data = parse_json(record, "kcache.json")  # nesting-limited: the entry may hold anything
-            compiler, arch, platform = (str(data[k]) if data.get(k) else None
-                                        for k in ("compiler", "arch", "platform"))
-        except (ValueError, AttributeError, TypeError):
-            pass
-    command = None
-    script = small.get("compile.sh") or small.get("module/compile.sh")
-    if script is not None:
-        from kcache_cli.layouts.hidet import command_from_script
-
-        command = command_from_script(script.decode("utf-8", "replace"))
-    elif small.get("nvcc_log.txt"):
-        command = (small["nvcc_log.txt"].decode("utf-8", "replace").splitlines() or [""])[0]
-    if command:
-        words = command.split()
-        if compiler is None and words:
-            compiler = os.path.basename(words[0])
-        arch = arch or archs_from_command(command)
-    options = small.get("options.txt")
-    if arch is None and options:
-        m = re.search(rb"arch='sm_?(\d+)([af]?)'", options)
-        if m:
-            arch = f"sm_{m.group(1).decode()}{m.group(2).decode()}"
-    if entry.layout == "tilelang" and entry.kind == "kernel" and entry.space and "/" in entry.space:
-        platform = platform or entry.space.split("/", 1)[1]
-    binaries = [os.path.join(entry.path, n) for n in names if is_binary_name(n)] \
-        if arch is None and not command and entry.target != "cpu" else []
-    if binaries:
-        try:
-            from kcache_cli.binary import read_binary
-        except ImportError:  # the ELF reader is optional here
-            return compiler, arch, platform
-        found: list[str] = []
-        for b in binaries:
-            info = read_binary(b)
-            found.extend(info.archs)
-            found.extend(info.ptx_archs)
-        arch = ",".join(dict.fromkeys(found)) or None
-    return compiler, arch, platform
+    """(compiler, arch, platform) of an entry, as its layout finds them (Layout.facts)."""
+    return tuple(_layout_of(entry.layout).facts(entry, small, names))  # type: ignore[return-value]
 
 
 def _split(items: list, n: int) -> list[list]:
@@ -856,14 +713,14 @@ def _split(items: list, n: int) -> list[list]:
     return out
 
 
-def _export_worker(plan: ExportPlan, parts: list[list], path: str, compression: str, programs: set[str],
+def _export_worker(plan: ExportPlan, parts: list[list], path: str, compression: str, targets: set[str],
                    advance: Callable[[int], None], abort: Callable[[], bool]) -> dict:
     """Write `parts` (lists of jobs) into the file at `path`, one compressed part after the other."""
     from kcache_cli import tarstream as ts
 
     with open(path, "wb") as out:
         writer = ts.FrameWriter(out, compression)
-        pw = _PartWriter(plan, writer, programs, advance)
+        pw = _PartWriter(plan, writer, targets, advance)
         sizes, counts = [], []
         try:
             start = 0
@@ -902,8 +759,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         raise KcacheError(f"cannot write {archive}: {out_dir} is not a directory")
     warn = warn or (lambda m: None)
     jobs = plan.jobs
-    programs = {j.relpath.split("/", 1)[1] for j in jobs
-                if isinstance(j, Entry) and (j.layout, j.kind) == ("tilus", "program")}
+    targets = {j.relpath for j in jobs}  # what links may point at, besides their own entry
     n_parts = max(1, min(MAX_PARTS, len(jobs) // ENTRIES_PER_PART))
     workers = min(_cpus(), n_parts) if len(jobs) >= PARALLEL_MIN_ENTRIES else 1
     if workers == 1:
@@ -921,7 +777,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         final_tmp, bodies = temps[0], temps[1:]
 
         def run(w: int, advance, abort):
-            return _export_worker(plan, per_worker[w], bodies[w], compression, programs, advance, abort)
+            return _export_worker(plan, per_worker[w], bodies[w], compression, targets, advance, abort)
 
         results, _ = _run_workers(workers, run, progress)
         records, done, left = [], [], list(plan.left)
@@ -1245,10 +1101,7 @@ def _check_records(records: list, offset: int, limits: ImportLimits) -> list[_Pl
         bad = entry_path_problem(layout, kind, relpath)
         if bad:
             raise _reject(f"manifest entry {i}: {bad}")
-        parts = relpath.split("/")
-        if rec.get("hash") != parts[-1] or (layout == "hidet" and kind == "op" and
-                                            (rec.get("space"), rec.get("op")) != (parts[1], parts[2])) \
-                or ((layout, kind) == ("tilus", "script") and rec.get("op") != parts[1]):
+        if rec.get("hash") != relpath.split("/")[-1] or _layout_of(layout).key_problem(kind, relpath, rec):
             raise _reject(f"manifest entry {relpath}: its hash, space or op disagree with its path")
         files, links, dirs, locks = rec.get("files"), rec.get("links", {}), rec.get("dirs", []), rec.get("locks", [])
         if not isinstance(files, dict) or not isinstance(links, dict) or not isinstance(dirs, list) \
@@ -1362,7 +1215,12 @@ def _too_long(p: _Planned, room: int) -> str | None:
     return None
 
 
-def _plan(root: Path, planned: list[_Planned], archive_programs: set[str]) -> None:
+def _present_entry(root: Path, rel: str, chains: dict) -> bool:
+    """An entry directory at `rel` in the cache, reached without a symlink."""
+    return _real_dir_chain(root, f"{rel}/x", chains) is None and os.path.isdir(os.path.join(root, rel))
+
+
+def _plan(root: Path, planned: list[_Planned], archive_relpaths: set[str]) -> None:
     """Decide each entry's action from the destination, and check every link against it."""
     from kcache_cli.scan import scan_cache
 
@@ -1373,16 +1231,13 @@ def _plan(root: Path, planned: list[_Planned], archive_programs: set[str]) -> No
         found = {e.relpath: e for e in scan_cache(root, ScanFilter(layouts=layouts)).entries}
     chains: dict = {}
 
-    def program_ok(h: str) -> bool:
-        if h in archive_programs:
-            return True
-        return _real_dir_chain(root, f"programs/{h}/x", chains) is None and \
-            os.path.isdir(os.path.join(root, "programs", h))
+    def target_ok(rel: str) -> bool:  # a link's target entry is in the archive, or a real one in the cache
+        return rel in archive_relpaths or _present_entry(root, rel, chains)
 
     room = PATH_MAX - 1 - len(os.fsencode(str(root))) - _STAGING_NAME_ROOM
     for p in planned:
         for name, target in p.links.items():
-            bad = link_problem(p.layout, p.kind, p.relpath, name, target, program_ok)
+            bad = link_problem(p.layout, p.kind, p.relpath, name, target, target_ok)
             if bad:
                 raise _reject(bad)
         too_long = _too_long(p, room)
@@ -1775,10 +1630,11 @@ def _make_parents(root: Path, relpath: str, made: set[str]) -> None:
 def _dest_status(root: Path, p: _Planned) -> str | None:
     from kcache_cli.scan import scan_cache
 
-    parts = p.relpath.split("/")
-    flt = ScanFilter(layouts=(p.layout,), kinds=(p.kind,), hash_prefixes=(parts[-1],),
-                     spaces=(parts[1],) if p.layout == "hidet" and p.kind == "op" else (),
-                     ops=(parts[2],) if p.layout == "hidet" and p.kind == "op" else ())
+    shape = _layout_of(p.layout).kind_shape(p.kind)
+    key = (shape.match(p.relpath) if shape else None) or {}
+    space, op = key.get("space"), key.get("op")  # so that the scan reads only this entry's directories
+    flt = ScanFilter(layouts=(p.layout,), kinds=(p.kind,), hash_prefixes=(p.relpath.split("/")[-1],),
+                     spaces=(space,) if space else (), ops=(op,) if op else ())
     from kcache_cli.verify import judge_entry
 
     for e in scan_cache(root, flt).entries:
@@ -1865,6 +1721,12 @@ def _to_trash(root: Path, relpath: str, name: str) -> None:
         os.close(trash)
 
 
+def _provides(rec: dict) -> bool:
+    """A record of an entry that others use (Layout.provider_kinds): published before its users."""
+    layout = rec.get("layout")
+    return layout in _names() and rec.get("kind") in _layout_of(str(layout)).provider_kinds
+
+
 def _refuse_other_layout(root: Path, records: list[dict]) -> None:
     """An archive of one layout never goes into a root of another: that compiler would never look
     there (tilus programs/ inside a hidet cache). An empty or new root takes the archive's layout."""
@@ -1931,8 +1793,7 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
                 if regions is not None:
                     reader.close()  # the parts are read from their own offsets
                     _check_head(raw.fileno(), kind, regions[0].start, hashlib.sha256(data).hexdigest())
-                programs = {rec["relpath"].split("/", 1)[-1] for rec in records
-                            if (rec.get("layout"), rec.get("kind")) == ("tilus", "program")}
+                programs = {rec["relpath"] for rec in records if _provides(rec)}  # links may point at them
                 if not dry_run and records:
                     absent = [t for rec, t in zip(records, totals) if not os.path.lexists(root / rec["relpath"])]
                     _check_space(root, sum(absent))
@@ -1967,13 +1828,13 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
                     return [(p.index, *_publish(root, p, staging, lock_timeout, warn, made)) for p in ps]
 
                 def is_program(p: _Planned) -> bool:
-                    return (p.layout, p.kind) == ("tilus", "program")
+                    return _provides(p.record)
 
-                def between(results: list) -> None:  # tilus programs first: scripts link to them
+                def between(results: list) -> None:  # entries others use first (tilus programs: scripts link)
                     decided = {i: d for r in results for i, *d in r[2]}
                     todo = []
                     for i, rec in enumerate(records):
-                        if (rec.get("layout"), rec.get("kind")) == ("tilus", "program") and decided[i][2]:
+                        if _provides(rec) and decided[i][2]:
                             p = _check_records([rec], i, limits)[0]
                             p.action, p.reason, p.write = decided[i]
                             todo.append(p)
@@ -2089,9 +1950,10 @@ def rejection_reason(exc: ArchiveRejected) -> str:
 
 
 def plan_records(root: Path, records: list[dict], limits: ImportLimits = ImportLimits(),
-                 programs: Iterable[str] = ()) -> tuple[list[_Planned], list[tuple[int, str]]]:
+                 targets: Iterable[str] = ()) -> tuple[list[_Planned], list[tuple[int, str]]]:
     """Every rule import applies to a manifest entry — its path and key fields, file names, sizes and
-    digests, links (a tilus script's may point at one of `programs` or a program in the cache) — then
+    digests, links (where its layout allows one out of the entry, to one of `targets` (relpaths) or
+    an entry in the cache: a tilus script's program) — then
     import's plan against `root` (a complete entry present is skipped, an incomplete one replaced).
 
     Unlike an archive, records are judged one by one: a record that breaks a rule is refused alone,
@@ -2111,16 +1973,15 @@ def plan_records(root: Path, records: list[dict], limits: ImportLimits = ImportL
             refused.append((p.index, f"entry {p.relpath} clashes with entry {clash.relpath}"))
         else:
             seen[p.relpath] = p
-    wanted = set(programs)
+    wanted = set(targets)
     chains: dict = {}
 
-    def program_ok(h: str) -> bool:
-        return h in wanted or (_real_dir_chain(root, f"programs/{h}/x", chains) is None
-                               and os.path.isdir(os.path.join(root, "programs", h)))
+    def target_ok(rel: str) -> bool:
+        return rel in wanted or _present_entry(root, rel, chains)
 
     ok = []
     for p in seen.values():
-        bad = next(filter(None, (link_problem(p.layout, p.kind, p.relpath, n, t, program_ok)
+        bad = next(filter(None, (link_problem(p.layout, p.kind, p.relpath, n, t, target_ok)
                                  for n, t in p.links.items())), None)
         (refused.append((p.index, bad)) if bad else ok.append(p))
     _plan(root, ok, wanted)
@@ -2174,10 +2035,8 @@ def entry_records(plan: ExportPlan) -> Iterator[tuple[dict, dict[str, bytes], tu
 
     from kcache_cli import tarstream as ts
 
-    programs = {j.relpath.split("/", 1)[1] for j in plan.jobs
-                if isinstance(j, Entry) and (j.layout, j.kind) == ("tilus", "program")}
     capture = _Capture()
-    pw = _PartWriter(plan, capture, programs, _ignore)
+    pw = _PartWriter(plan, capture, {j.relpath for j in plan.jobs}, _ignore)
     for job in plan.jobs:
         capture.chunks.clear()
         before, left = len(pw.records), len(pw.left)

@@ -198,8 +198,8 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
             why = accept(rec)
             (out.append(_entry(rec, SKIP, False, why)) if why else kept.append(rec))
         records = kept
-    programs = [r["relpath"].split("/", 1)[-1] for r in records if _provides(r.get("layout"), r.get("kind"))]
-    planned, refused = plan_records(root, records, ImportLimits(), programs)
+    targets = [r["relpath"] for r in records if _provides(r.get("layout"), r.get("kind"))]
+    planned, refused = plan_records(root, records, ImportLimits(), targets)
     out += [_entry(records[i], REFUSE, False, why) for i, why in refused]
     out += [_entry(p.record, SKIP, False, p.reason) for p in planned if not p.write]
     # entries others use first (a tilus program before the scripts that link to it)
