@@ -1649,7 +1649,7 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
     import shutil
 
     from kcache_cli import fsdelete
-    from kcache_cli.locking import EntryFlock, probe_locked
+    from kcache_cli.locking import EntryFlock
 
     src = os.path.join(staging.path, p.relpath)
     dest = os.path.join(root, p.relpath)
@@ -1663,14 +1663,16 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
         if os.path.lexists(dest):
             if p.action != "replace":
                 return False, "already present (appeared during the import)"
-            if probe_locked(os.path.join(dest, ".lock")):
-                return False, "being built (its .lock is held)"
+            busy = _layout_of(p.layout).busy(dest)
+            if busy:
+                return False, f"being built ({busy})"
             if _dest_status(root, p) == COMPLETE:
                 return False, "already present (completed during the import)"
             import secrets
 
             trashed = f"{p.relpath.replace('/', '%2F')}-{secrets.token_hex(4)}"
             _to_trash(root, p.relpath, trashed)
+        _layout_of(p.layout).relocate(src, dest, root)  # paths the entry records about itself (Triton's)
         _make_parents(root, p.relpath, made)
         try:
             rename_noreplace(src, dest)
@@ -1682,7 +1684,7 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
             # The entry's directory is on another filesystem: copy next to it, then rename.
             import secrets
 
-            tmp = os.path.join(os.path.dirname(dest), f"{state.TEMP_PREFIX}{p.relpath.rsplit('/', 1)[1]}-"
+            tmp = os.path.join(os.path.dirname(dest), f"{state.TEMP_PREFIX}{p.relpath.rsplit('/', 1)[-1]}-"
                                                       f"{secrets.token_hex(4)}")
             shutil.copytree(src, tmp, symlinks=True)
             try:
@@ -1753,11 +1755,6 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
     Staged then published: every member is checked while it is extracted into a staging directory
     inside the root; nothing is published unless the whole archive is valid. The parts of a big
     archive are read by forked workers, each from its own offset."""
-    import hashlib
-
-    from kcache_cli import tarstream as ts
-
-    warn = warn or (lambda m: None)
     root = Path(os.path.realpath(root))
     archive = os.path.abspath(archive)
     if os.path.lexists(root) and not root.is_dir():
@@ -1766,117 +1763,149 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
         raw = open(archive, "rb")
     except OSError as exc:
         raise KcacheError(f"cannot read {archive}: {exc.strerror}") from None
-    staging: _Staging | None = None
+    importer = Importer(root, raw, dry_run, limits, lock_timeout, warn or (lambda m: None), progress)
     with raw:
         try:
-            file_size = os.fstat(raw.fileno()).st_size
-            if progress:
-                progress.start(file_size)
-            advance = progress.advance if progress else _ignore
-            try:
-                source, kind = ts.open_source(raw, advance)
-            except ts.TarFormatError as exc:
-                raise _reject(str(exc)) from None
-            reader = ts.TarReader(source)
-            try:
-                head = reader.next()
-                if head is None or head.name != MANIFEST_NAME or head.type != ts.REGULAR:
-                    raise _reject("its first member is not manifest.json (not a kcache archive?)")
-                if head.size > limits.max_manifest:
-                    raise _reject(f"manifest.json is {head.size} bytes, over the limit of {limits.max_manifest}")
-                scale = file_size if stat.S_ISREG(os.fstat(raw.fileno()).st_mode) else None
-                _check_proportion(head.size, scale, limits)
-                data = b"".join(reader.data(head))
-                manifest, records, totals = _parse_manifest(data, limits, scale)
-                _refuse_other_layout(root, records)
-                regions = _regions(manifest, len(records), file_size)
-                if regions is not None:
-                    reader.close()  # the parts are read from their own offsets
-                    _check_head(raw.fileno(), kind, regions[0].start, hashlib.sha256(data).hexdigest())
-                programs = {rec["relpath"] for rec in records if _provides(rec)}  # links may point at them
-                if not dry_run and records:
-                    absent = [t for rec, t in zip(records, totals) if not os.path.lexists(root / rec["relpath"])]
-                    _check_space(root, sum(absent))
-                    staging = _Staging(root)
-                mine: dict[int, list[_Planned]] = {}  # what each worker planned, for its phase two
-
-                if regions is None:  # one stream: read on from the manifest, here
-                    n = 1
-
-                    def first(w: int, advance, abort) -> tuple:
-                        planned = _check_records(records, 0, limits)
-                        _plan(root, planned, programs)
-                        files, size = _extract(reader, planned, staging, limits, abort)
-                        if staging is not None:
-                            _finish_staging(staging, planned)
-                        mine[w] = planned
-                        return files, size, _decisions(planned)
-                else:
-                    n = min(_cpus(), len(regions)) if len(records) >= PARALLEL_MIN_ENTRIES else 1
-                    region_groups = _split(regions, n)
-
-                    def first(w: int, advance, abort) -> tuple:
-                        files, size, planned = _extract_regions(raw.fileno(), kind, region_groups[w], records,
-                                                                staging, root, programs, limits, advance, abort, True)
-                        mine[w] = planned
-                        return files, size, _decisions(planned)
-
-                made: set[str] = set()
-                outcome: dict[int, tuple[bool, str | None]] = {}
-
-                def publish(ps: list[_Planned]) -> list:
-                    return [(p.index, *_publish(root, p, staging, lock_timeout, warn, made)) for p in ps]
-
-                def is_program(p: _Planned) -> bool:
-                    return _provides(p.record)
-
-                def between(results: list) -> None:  # entries others use first (tilus programs: scripts link)
-                    decided = {i: d for r in results for i, *d in r[2]}
-                    todo = []
-                    for i, rec in enumerate(records):
-                        if _provides(rec) and decided[i][2]:
-                            p = _check_records([rec], i, limits)[0]
-                            p.action, p.reason, p.write = decided[i]
-                            todo.append(p)
-                    outcome.update((i, (d, why)) for i, d, why in publish(todo))
-
-                def second(w: int) -> list:
-                    return publish([p for p in mine.get(w, ()) if p.write and not is_program(p)])
-
-                writing = staging is not None and not dry_run
-                counts, published = _run_workers(n, first, progress, between if writing else None,
-                                                 second if writing else None)
-                n_files, n_bytes = sum(c[0] for c in counts), sum(c[1] for c in counts)
-                decisions = {i: d for c in counts for i, *d in c[2]}
-                for batch in published:
-                    outcome.update((i, (d, why)) for i, d, why in batch)
-            except ts.TarFormatError as exc:
-                raise _reject(str(exc)) from None
-            finally:
-                reader.close()
-            results = []
-            for i, rec in enumerate(records):
-                action, reason, write = decisions[i]
-                done, reason = outcome.get(i, (False, reason))
-                if write and not dry_run and not done:
-                    action = "skip"
-                relpath = rec["relpath"]
-                results.append(ImportedEntry(rec["layout"], rec["kind"], _str(rec.get("target")),
-                                             _str(rec.get("space")), _str(rec.get("op")), relpath.rsplit("/", 1)[1],
-                                             relpath, action, done, reason, len(rec["files"]), totals[i],
-                                             _str(rec.get("arch")), _str(rec.get("compiler")),
-                                             _str(rec.get("platform"))))
+            importer.run()
         except OSError as exc:
             where = f": {exc.filename}" if exc.filename else ""
             raise KcacheError(f"import failed: {exc.strerror or exc}{where}") from None
         finally:
-            if staging is not None:
-                staging.cleanup()
+            if importer.staging is not None:
+                importer.staging.cleanup()
+    results = importer.results()
     if not dry_run and any(r.done for r in results):
         _remove_stale_staging(root)
-    results.sort(key=lambda r: r.relpath)
-    return ImportResult(archive, str(root), dry_run, _str(manifest.get("kcache_version")), tuple(results),
-                        n_files, n_bytes)
+    return ImportResult(archive, str(root), dry_run, _str(importer.manifest.get("kcache_version")), tuple(results),
+                        importer.files, importer.size)
+
+
+class Importer:
+    """One import: reads the manifest, plans and extracts every entry (phase one, in workers), publishes
+    the entries others use (here, between the phases), then the rest (phase two, in the same workers)."""
+
+    def __init__(self, root: Path, raw, dry_run: bool, limits: ImportLimits, lock_timeout: float, warn: Warn,
+                 progress: Progress | None) -> None:
+        self.root, self.raw, self.dry_run, self.limits = root, raw, dry_run, limits
+        self.lock_timeout, self.warn, self.progress = lock_timeout, warn, progress
+        self.staging: _Staging | None = None
+        self.manifest: dict = {}
+        self.records: list[dict] = []
+        self.totals: list[int] = []
+        self.providers: set[str] = set()  # relpaths of the entries others use: links may point at them
+        self.mine: dict[int, list[_Planned]] = {}  # what each worker planned, for its phase two
+        self.made: set[str] = set()
+        self.outcome: dict[int, tuple[bool, str | None]] = {}
+        self.decisions: dict[int, tuple] = {}
+        self.files = self.size = 0
+        self.reader = None
+        self.kind = ""
+        self.region_groups: list = []
+
+    def run(self) -> None:
+        from kcache_cli import tarstream as ts
+
+        file_size = os.fstat(self.raw.fileno()).st_size
+        if self.progress:
+            self.progress.start(file_size)
+        try:
+            source, self.kind = ts.open_source(self.raw, self.progress.advance if self.progress else _ignore)
+            self.reader = ts.TarReader(source)
+            n, first = self._read_manifest(file_size)
+            writing = self.staging is not None and not self.dry_run
+            counts, published = _run_workers(n, first, self.progress, self._between if writing else None,
+                                             self._second if writing else None)
+        except ts.TarFormatError as exc:
+            raise _reject(str(exc)) from None
+        finally:
+            if self.reader is not None:
+                self.reader.close()
+        self.files, self.size = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        self.decisions = {i: d for c in counts for i, *d in c[2]}
+        for batch in published:
+            self.outcome.update((i, (d, why)) for i, d, why in batch)
+
+    def _read_manifest(self, file_size: int) -> tuple[int, Callable]:
+        """Read and check the manifest; make the staging directory; (workers, phase one)."""
+        import hashlib
+
+        from kcache_cli import tarstream as ts
+
+        reader, limits = self.reader, self.limits
+        assert reader is not None
+        head = reader.next()
+        if head is None or head.name != MANIFEST_NAME or head.type != ts.REGULAR:
+            raise _reject("its first member is not manifest.json (not a kcache archive?)")
+        if head.size > limits.max_manifest:
+            raise _reject(f"manifest.json is {head.size} bytes, over the limit of {limits.max_manifest}")
+        scale = file_size if stat.S_ISREG(os.fstat(self.raw.fileno()).st_mode) else None
+        _check_proportion(head.size, scale, limits)
+        data = b"".join(reader.data(head))
+        self.manifest, self.records, self.totals = _parse_manifest(data, limits, scale)
+        _refuse_other_layout(self.root, self.records)
+        regions = _regions(self.manifest, len(self.records), file_size)
+        if regions is not None:
+            reader.close()  # the parts are read from their own offsets
+            _check_head(self.raw.fileno(), self.kind, regions[0].start, hashlib.sha256(data).hexdigest())
+        self.providers = {rec["relpath"] for rec in self.records if _provides(rec)}
+        if not self.dry_run and self.records:
+            absent = [t for rec, t in zip(self.records, self.totals) if not os.path.lexists(self.root / rec["relpath"])]
+            _check_space(self.root, sum(absent))
+            self.staging = _Staging(self.root)
+        if regions is None:  # one stream: read on from the manifest, here
+            return 1, self._first_stream
+        n = min(_cpus(), len(regions)) if len(self.records) >= PARALLEL_MIN_ENTRIES else 1
+        self.region_groups = _split(regions, n)
+        return n, self._first_regions
+
+    def _first_stream(self, w: int, advance, abort) -> tuple:
+        planned = _check_records(self.records, 0, self.limits)
+        _plan(self.root, planned, self.providers)
+        files, size = _extract(self.reader, planned, self.staging, self.limits, abort)
+        if self.staging is not None:
+            _finish_staging(self.staging, planned)
+        self.mine[w] = planned
+        return files, size, _decisions(planned)
+
+    def _first_regions(self, w: int, advance, abort) -> tuple:
+        files, size, planned = _extract_regions(self.raw.fileno(), self.kind, self.region_groups[w], self.records,
+                                                self.staging, self.root, self.providers, self.limits, advance, abort,
+                                                True)
+        self.mine[w] = planned
+        return files, size, _decisions(planned)
+
+    def _publish(self, ps: list[_Planned]) -> list:
+        assert self.staging is not None
+        return [(p.index, *_publish(self.root, p, self.staging, self.lock_timeout, self.warn, self.made))
+                for p in ps]
+
+    def _between(self, results: list) -> None:
+        """The entries others use first (a tilus script links to its programs)."""
+        decided = {i: d for r in results for i, *d in r[2]}
+        todo = []
+        for i, rec in enumerate(self.records):
+            if _provides(rec) and decided[i][2]:
+                p = _check_records([rec], i, self.limits)[0]
+                p.action, p.reason, p.write = decided[i]
+                todo.append(p)
+        self.outcome.update((i, (d, why)) for i, d, why in self._publish(todo))
+
+    def _second(self, w: int) -> list:
+        return self._publish([p for p in self.mine.get(w, ()) if p.write and not _provides(p.record)])
+
+    def results(self) -> list[ImportedEntry]:
+        out = []
+        for i, rec in enumerate(self.records):
+            action, reason, write = self.decisions[i]
+            done, reason = self.outcome.get(i, (False, reason))
+            if write and not self.dry_run and not done:
+                action = "skip"
+            relpath = rec["relpath"]
+            out.append(ImportedEntry(rec["layout"], rec["kind"], _str(rec.get("target")), _str(rec.get("space")),
+                                     _str(rec.get("op")), relpath.rsplit("/", 1)[-1], relpath, action, done, reason,
+                                     len(rec["files"]), self.totals[i], _str(rec.get("arch")),
+                                     _str(rec.get("compiler")), _str(rec.get("platform"))))
+        return sorted(out, key=lambda r: r.relpath)
 
 
 def _decisions(planned: list[_Planned]) -> list[tuple]:
