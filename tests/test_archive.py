@@ -244,7 +244,7 @@ def test_export_interrupted_leaves_no_archive(fixture_copy, tmp_path, monkeypatc
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(archive, "_entry_facts", boom)
+    monkeypatch.setattr(archive.export, "_entry_facts", boom)
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(KeyboardInterrupt):
@@ -292,9 +292,10 @@ def test_arch_rules():
 @pytest.fixture
 def many_parts(monkeypatch):
     """Make the multi-part, forked-worker path run on a small cache."""
-    monkeypatch.setattr(archive, "PARALLEL_MIN_ENTRIES", 4)
-    monkeypatch.setattr(archive, "ENTRIES_PER_PART", 3)
-    monkeypatch.setattr(archive, "_cpus", lambda: 2)
+    for module in (archive.export, archive.importer):
+        monkeypatch.setattr(module, "PARALLEL_MIN_ENTRIES", 4)
+        monkeypatch.setattr(module, "_cpus", lambda: 2)
+    monkeypatch.setattr(archive.export, "ENTRIES_PER_PART", 3)
 
 
 def _generated(tmp_path: Path, n: int) -> Path:
@@ -465,7 +466,7 @@ def test_publish_across_filesystems_copies_then_renames(kcache, fixture_copy, tm
             raise OSError(errno.EXDEV, "Invalid cross-device link", dst)
         return real(src, dst)
 
-    monkeypatch.setattr(archive, "rename_noreplace", cross_device)
+    monkeypatch.setattr(archive.importer, "rename_noreplace", cross_device)
     src = fixture_copy("tilus")
     arc = tmp_path / "t.tar"
     assert kcache("--cache-dir", src, "export", arc).exit_code == 0
