@@ -325,26 +325,7 @@ class _PartWriter:
 
         rel = e.relpath
         fact_files = frozenset(_layout_of(e.layout).fact_files)  # read for the compiler, arch, platform
-        for name, kind, _, _, _, extra in items:
-            if not name.isprintable() and _CONTROL.search(name):  # import would refuse the archive
-                raise _Skip(e, f"{name!r} holds control characters")
-            if kind == "file":
-                if not name.isascii():
-                    try:
-                        name.encode("utf-8")
-                    except UnicodeEncodeError:
-                        raise _Skip(e, f"{name!r} is not a UTF-8 file name") from None
-                continue
-            if kind == "other":
-                raise _Skip(e, f"{name} is a device, fifo or socket")
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:
-                raise _Skip(e, f"{name!r} is not a UTF-8 file name") from None
-            if kind == "link":
-                bad = link_problem(e.layout, e.kind, rel, name, extra, self.targets.__contains__)
-                if bad:
-                    raise _Skip(e, bad)
+        self._check_listing(e, items)
         sources_only = self.plan.sources_only
         sha256 = self.sha256
         file_header, padding = ts.file_header, ts.padding
@@ -404,6 +385,37 @@ class _PartWriter:
                 put(ts.symlink_header(prefix + name, extra, ftime))
         if pieces:
             self.writer.write(b"".join(pieces))
+        self._record(e, small, files, links, dirs, locks, omitted, size)
+
+    def _check_listing(self, e: Entry, items: list) -> None:
+        """Names the import would refuse and members that cannot be shipped skip the entry (_Skip)."""
+        rel = e.relpath
+        for name, kind, _, _, _, extra in items:
+            if not name.isprintable() and _CONTROL.search(name):  # import would refuse the archive
+                raise _Skip(e, f"{name!r} holds control characters")
+            if kind == "file":
+                if not name.isascii():
+                    try:
+                        name.encode("utf-8")
+                    except UnicodeEncodeError:
+                        raise _Skip(e, f"{name!r} is not a UTF-8 file name") from None
+                continue
+            if kind == "other":
+                raise _Skip(e, f"{name} is a device, fifo or socket")
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _Skip(e, f"{name!r} is not a UTF-8 file name") from None
+            if kind == "link":
+                bad = link_problem(e.layout, e.kind, rel, name, extra, self.targets.__contains__)
+                if bad:
+                    raise _Skip(e, bad)
+
+    def _record(self, e: Entry, small: dict[str, bytes], files: dict, links: dict[str, str], dirs: list[str],
+                locks: list[str], omitted: list[str], size: int) -> None:
+        """The entry's manifest record and its line in the result."""
+        rel = e.relpath
+        sources_only = self.plan.sources_only
         compiler, arch, platform = _entry_facts(e, small, (*files, *omitted))
         record = {"layout": e.layout, "kind": e.kind, "target": e.target, "space": e.space, "op": e.op,
                   "hash": e.hash, "relpath": rel, "status": e.status, "compiler": compiler, "arch": arch,
@@ -549,17 +561,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
             "totals": {"entries": len(done), "files": n_files, "size": total},
             "parts": parts,
         }
-        head_json = json.dumps(manifest, separators=(",", ":"))
-        data = (head_json[:-1] + ',"entries":[' + ",".join(records) + "]}").encode()
-        with open(final_tmp, "wb") as final:
-            head = ts.FrameWriter(final, compression)
-            head.write(ts.file_header(MANIFEST_NAME, len(data), 0o644, time.time()))
-            head.write(data)
-            head.write(ts.padding(len(data)))
-            head.close()
-            for body in bodies:
-                _append_file(final, body)
-            os.fchmod(final.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; an archive is a file the user makes
+        _write_final(final_tmp, bodies, compression, manifest, records)
         os.replace(final_tmp, archive)
     finally:
         _unlink_all(temps)
@@ -567,6 +569,23 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         restore()
     return ExportResult(archive, compression, tuple(done), tuple(left), n_files, total, os.path.getsize(archive),
                         plan.sources_only)
+
+
+def _write_final(final_tmp: str, bodies: list[str], compression: str, manifest: dict, records: list[str]) -> None:
+    """The archive: the manifest (its entry records already JSON text, joined), then every part."""
+    from kcache_cli import tarstream as ts
+
+    head_json = json.dumps(manifest, separators=(",", ":"))
+    data = (head_json[:-1] + ',"entries":[' + ",".join(records) + "]}").encode()
+    with open(final_tmp, "wb") as final:
+        head = ts.FrameWriter(final, compression)
+        head.write(ts.file_header(MANIFEST_NAME, len(data), 0o644, time.time()))
+        head.write(data)
+        head.write(ts.padding(len(data)))
+        head.close()
+        for body in bodies:
+            _append_file(final, body)
+        os.fchmod(final.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; an archive is a file the user makes
 
 
 def _umask() -> int:

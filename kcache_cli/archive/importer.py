@@ -275,7 +275,6 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
     expect = dict(listed)  # what has not come yet: each member takes itself out
     files = size = 0
     sha256 = hashlib.sha256
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     base = staging.path + "/" if staging is not None else ""
     dirs = staging.dirs if staging is not None else set()
     regular, max_member = ts.REGULAR, limits.max_member
@@ -299,32 +298,9 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
                 raise _reject(f"member {name!r} is {m.size} bytes, the manifest says {wsize}")
             if m.size > max_member:  # the manifest's sizes were checked; this is a second net
                 raise _reject(f"member {name!r} is over the limit of {max_member} bytes per file")
-            data = reader.small_data(m)
-            if data is not None:
-                digest = sha256(data).hexdigest()
-            if out:
-                parent = name.rpartition("/")[0]
-                if parent not in dirs:
-                    staging.ensure_dir(parent)
-                fd = os.open(base + name, flags, 0o755 if m.mode & 0o111 else 0o644)
-                try:
-                    if data is not None:
-                        if os.write(fd, data) != len(data):
-                            _write_all(fd, data)
-                    else:
-                        h = sha256()
-                        for chunk in reader.data(m):
-                            h.update(chunk)
-                            _write_all(fd, chunk)
-                        digest = h.hexdigest()
-                finally:
-                    os.close(fd)
-            elif data is None:
-                h = sha256()
-                for chunk in reader.data(m):
-                    h.update(chunk)
-                digest = h.hexdigest()
-            if digest != wdigest:
+            if out and name.rpartition("/")[0] not in dirs:
+                staging.ensure_dir(name.rpartition("/")[0])  # type: ignore[union-attr]
+            if _read_member(reader, m, base + name if out else None, sha256) != wdigest:
                 raise _reject(f"{name}: its sha256 differs from the manifest's (damaged or tampered with)")
             files += 1
             size += wsize
@@ -354,6 +330,34 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
         if x[1] in (_FILE, _LINK):
             raise _reject(f"{key} is listed in the manifest but missing from the archive (truncated?)")
     return files, size
+
+
+_SINK_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _read_member(reader, m, dest: str | None, sha256) -> str:
+    """A file member's sha256, its bytes written to a new file at `dest` on the way (None: only hashed)."""
+    data = reader.small_data(m)
+    if dest is None:
+        if data is not None:
+            return sha256(data).hexdigest()
+        h = sha256()
+        for chunk in reader.data(m):
+            h.update(chunk)
+        return h.hexdigest()
+    fd = os.open(dest, _SINK_FLAGS, 0o755 if m.mode & 0o111 else 0o644)
+    try:
+        if data is not None:
+            if os.write(fd, data) != len(data):
+                _write_all(fd, data)
+            return sha256(data).hexdigest()
+        h = sha256()
+        for chunk in reader.data(m):
+            h.update(chunk)
+            _write_all(fd, chunk)
+        return h.hexdigest()
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:
