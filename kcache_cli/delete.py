@@ -351,7 +351,7 @@ def _strays(root: Path, flt: ScanFilter, warn: Warn, layouts: Iterable[str]) -> 
     from kcache_cli.scan import ScanContext
 
     ctx = ScanContext(Path(root), warn, {})
-    out = []
+    out: list[Entry] = []
     for name in layouts:
         if not flt.layouts or name in flt.layouts:
             out.extend(e for e in get(name).stray_links(ctx, flt) if flt.matches(e))

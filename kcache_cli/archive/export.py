@@ -331,7 +331,7 @@ class _PartWriter:
         file_header, padding = ts.file_header, ts.padding
         pieces = [ts.dir_header(rel, mtime)]
         put = pieces.append
-        files: dict[str, dict] = {}
+        files: dict[str, list] = {}
         links: dict[str, str] = {}
         dirs: list[str] = []
         locks: list[str] = []
@@ -428,7 +428,7 @@ class _PartWriter:
         self.files += len(files)
         self.size += size
 
-    def _stream(self, dfd: int, name: str, member: str, size: int, mode: int, mtime: float) -> dict:
+    def _stream(self, dfd: int, name: str, member: str, size: int, mode: int, mtime: float) -> list:
         from kcache_cli import tarstream as ts
         from kcache_cli.fsread import open_regular
 
@@ -454,7 +454,8 @@ class _PartWriter:
 def _entry_facts(entry: Entry, small: dict[str, bytes], names: Iterable[str]) -> tuple[str | None, str | None,
                                                                                        str | None]:
     """(compiler, arch, platform) of an entry, as its layout finds them (Layout.facts)."""
-    return tuple(_layout_of(entry.layout).facts(entry, small, names))  # type: ignore[return-value]
+    facts = _layout_of(entry.layout).facts(entry, small, names)
+    return facts.compiler, facts.arch, facts.platform
 
 
 def _split(items: list, n: int) -> list[list]:
@@ -659,7 +660,11 @@ def _signals_raise() -> Callable[[], None]:
         raise KeyboardInterrupt(f"signal {signum}")
 
     old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    return lambda: [signal.signal(sig, h) for sig, h in old.items()] and None
+    def restore() -> None:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+    return restore
 
 
 def _collect_stale_temps(out_dir: str) -> None:

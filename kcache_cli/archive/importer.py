@@ -9,7 +9,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from kcache_cli import state
 from kcache_cli.archive.export import _DIR_FLAGS, PARALLEL_MIN_ENTRIES, _aborted, _cpus, _ignore, _run_workers, _split
@@ -319,12 +319,12 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
             raise _reject(f"{kind} member {name!r} carries data")
         if kind == ts.DIRECTORY:
             if out:
-                staging.ensure_dir(name)
+                staging.ensure_dir(name)  # type: ignore[union-attr]  # out: staging is there
         else:  # a symlink: its target was checked against the rules with the manifest
             if m.linkname != wdigest:
                 raise _reject(f"symlink {name!r} -> {m.linkname!r}, the manifest says -> {wdigest!r}")
             if out:
-                staging.ensure_dir(name.rpartition("/")[0])
+                staging.ensure_dir(name.rpartition("/")[0])  # type: ignore[union-attr]
                 os.symlink(m.linkname, base + name)
     for key, x in expect.items():
         if x[1] in (_FILE, _LINK):
@@ -401,10 +401,12 @@ def _regions(manifest: dict, n_entries: int, file_size: int) -> list[_Region] | 
         return None
     if not isinstance(parts, list) or not parts or len(parts) > 4096:
         raise _reject("manifest.json has a malformed part list")
-    sizes, counts = [], []
+    sizes: list[int] = []
+    counts: list[int] = []
     for p in parts:
         size, count = (p.get("size"), p.get("entries")) if isinstance(p, dict) else (None, None)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (size, count)):
+        if not (isinstance(size, int) and isinstance(count, int)) or isinstance(size, bool) \
+                or isinstance(count, bool) or size < 0 or count < 0:
             raise _reject("manifest.json has a malformed part list")
         sizes.append(size)
         counts.append(count)
@@ -471,7 +473,7 @@ def _extract_regions(fd: int, kind: str, regions: list[_Region], records: list, 
 
 # ---- import: publishing --------------------------------------------------------------------------
 
-_RENAMEAT2 = None
+_RENAMEAT2: Any = None  # (renameat2, ctypes) once looked up, False where libc has none
 
 
 def rename_noreplace(src: str, dst: str) -> None:
@@ -687,7 +689,7 @@ class Importer:
         self.outcome: dict[int, tuple[bool, str | None]] = {}
         self.decisions: dict[int, tuple] = {}
         self.files = self.size = 0
-        self.reader = None
+        self.reader: Any = None
         self.kind = ""
         self.region_groups: list = []
 
