@@ -19,6 +19,9 @@ class ScanContext:
     root: Path
     warn: Warn
     last_used: dict[str, float] = field(default_factory=dict)
+    # When a dict, read_dir puts each directory's own stat and its files' (name, stat) in it, taken
+    # before anything is judged: the index (kcache_cli/index.py) keys its records with them.
+    recording: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._prefix = os.path.join(str(self.root), "")
@@ -37,9 +40,13 @@ class ScanContext:
             size=usage.size,
             files=usage.files,
             modified=usage.mtime,
-            last_used=max(self.last_used.get(rel, 0.0), usage.mtime),
+            last_used=self.last_used_of(rel, usage.mtime),
             **fields,
         )
+
+    def last_used_of(self, relpath: str, modified: float) -> float:
+        """The newer of kcache's last-used stamp and the entry's newest mtime."""
+        return max(self.last_used.get(relpath, 0.0), modified)
 
     def link_entry(self, path: str, where: str = "inside the cache", **fields) -> Entry:
         """A symlink where a directory of the cache belongs: listed as a corrupt entry, never followed."""
@@ -103,12 +110,18 @@ class ScanContext:
             except OSError:
                 newest = 0.0
             return None, TreeUsage(0, 0, newest), mtimes
+        recording = self.recording
+        stats: list | None = None
         try:
-            newest = os.fstat(fd).st_mtime
+            dir_stat = os.fstat(fd)
+            newest = dir_stat.st_mtime
+            if recording is not None:
+                stats = []
             with os.scandir(fd) as it:
                 for de in it:
                     try:
                         if de.is_dir(follow_symlinks=False):
+                            stats = None  # subdirectories are not recorded: such an entry is not indexed
                             sub = measure_tree(os.path.join(path, de.name), self.warn)
                             size += sub.size
                             files += sub.files
@@ -118,6 +131,8 @@ class ScanContext:
                         st = de.stat(follow_symlinks=False)
                     except OSError:
                         continue
+                    if stats is not None:
+                        stats.append((de.name, st))
                     names[de.name] = st.st_size
                     mtime = mtimes[de.name] = st.st_mtime
                     size += st.st_size
@@ -129,6 +144,8 @@ class ScanContext:
             return None, TreeUsage(size, files, 0.0), mtimes
         finally:
             os.close(fd)
+        if recording is not None:
+            recording[path] = (dir_stat, stats) if stats is not None else None
         return names, TreeUsage(size, files, newest), mtimes
 
 
@@ -170,9 +187,13 @@ def detect_layouts(root: Path) -> tuple[str, ...]:
     return tuple(name for name, mod in _layouts().items() if mod.detect(Path(root)))
 
 
-def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None) -> ScanResult:
+def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None,
+               use_index: bool = False) -> ScanResult:
     """Every entry under `root` that `flt` keeps. Damaged entries come back with a status;
-    unreadable directories come back as warnings. A missing root is an empty result."""
+    unreadable directories come back as warnings. A missing root is an empty result.
+
+    With `use_index`, entries whose files are provably unchanged since the last scan come from
+    `<root>/.kcache/index/` (kcache_cli/index.py) instead of being judged again; the answer is the same."""
     root = Path(root)
     warnings: list[str] = []
 
@@ -184,12 +205,19 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     if not root.is_dir():
         return ScanResult(str(root), False, (), (), ())
     layouts = detect_layouts(root)
-    ctx = ScanContext(root, collect, state.load_last_used(root))
+    if use_index:
+        from kcache_cli.index import IndexedContext
+
+        ctx: ScanContext = IndexedContext(root, collect, state.load_last_used(root))
+    else:
+        ctx = ScanContext(root, collect, state.load_last_used(root))
     entries: list[Entry] = []
     for name in layouts:
         if flt.layouts and name not in flt.layouts:
             continue
         entries.extend(e for e in _layouts()[name].scan(ctx, flt) if flt.matches(e))
+    if use_index:
+        ctx.save(complete=flt == ScanFilter())  # type: ignore[attr-defined]
     return ScanResult(str(root), True, layouts, tuple(entries), tuple(warnings))
 
 

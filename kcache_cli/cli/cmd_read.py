@@ -17,12 +17,17 @@ def register(app: typer.Typer) -> None:
     app.command("stats")(stats_command)
 
 
-def _scan(opts: c.GlobalOptions, flt):
+def _scan(opts: c.GlobalOptions, flt, use_index: bool = False):
     from kcache_cli.scan import scan_cache
 
     loc = c.cache_location(opts)
-    result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m))
+    result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), use_index=use_index)
     return loc, result
+
+
+NoIndexOpt = Annotated[bool, typer.Option(
+    "--no-index", help="Judge every entry again instead of answering from the index of unchanged entries "
+                       "(.kcache/index/; the answer is the same).")]
 
 
 def dir_command(
@@ -76,6 +81,7 @@ def ls_command(
     sort: Annotated[str, typer.Option("--sort", metavar="KEY",
                                       help="Order: op (default), size (biggest first), age (least recently used first).")] = "op",
     limit: Annotated[Optional[int], typer.Option("--limit", min=0, help="Show at most N entries.")] = None,
+    no_index: NoIndexOpt = False,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -90,7 +96,7 @@ def ls_command(
     if sort not in ("op", "size", "age"):
         raise UsageError(f"unknown sort key '{sort}' (choose from op, size, age)")
     flt = c.make_filter(op, space, target, layout, status, kind, hashes)
-    loc, result = _scan(opts, flt)
+    loc, result = _scan(opts, flt, use_index=not no_index)
     entries = sort_entries(result.entries, sort)
     if limit is not None:
         entries = entries[:limit]
@@ -267,6 +273,7 @@ def _log_line(ln: str, escape) -> str:
 def stats_command(
     ctx: typer.Context,
     top: Annotated[int, typer.Option("--top", min=0, help="How many of the biggest entries to show.")] = 10,
+    no_index: NoIndexOpt = False,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -277,7 +284,7 @@ def stats_command(
     from kcache_cli.model import ScanFilter
 
     opts = c.use(ctx, cache_dir, as_json)
-    loc, result = _scan(opts, ScanFilter())
+    loc, result = _scan(opts, ScanFilter(), use_index=not no_index)
     groups: dict[str, dict[str, dict[str, int]]] = {"by_layout": {}, "by_space": {}, "by_op": {}, "by_status": {},
                                                      "by_kind": {}}
     for e in result.entries:
