@@ -43,7 +43,7 @@ import struct
 import sys
 import zlib
 from dataclasses import fields
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from kcache_cli.model import COMPLETE, CORRUPT, FAILED, Entry
 from kcache_cli.scan import ScanContext
@@ -53,6 +53,8 @@ MAGIC = b"KCACHE-SCAN-INDEX\n"
 FORMAT = 1
 _HEADER = struct.Struct("<QI")  # payload length, CRC-32 of the payload
 RACY_SECONDS = 2.0
+# Below this many entries a scan takes milliseconds: no index is written (nothing appears in small caches).
+MIN_ENTRIES = 1000
 STORABLE = frozenset({COMPLETE, FAILED, CORRUPT})
 FIELDS = tuple(f.name for f in fields(Entry))
 _LAST_USED = FIELDS.index("last_used")
@@ -107,8 +109,7 @@ def _record(entry: Entry, path: str, seen, warned: list, racy_ns: int) -> Record
     newest = dir_stat.st_ctime_ns
     for _, st in stats:
         ints += (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if st.st_ctime_ns > newest:
-            newest = st.st_ctime_ns
+        newest = max(newest, st.st_ctime_ns)
     if newest >= racy_ns:
         return None
     names = tuple(n for n, _ in stats)
@@ -232,7 +233,8 @@ def load(root: str, context: tuple) -> dict:
         return {}
     try:
         obj = _NoGlobals(io.BytesIO(payload)).load()
-    except Exception:  # a file that passed its CRC but is not ours: any failure means no index
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
+            MemoryError, RecursionError, OverflowError, ImportError):  # passed its CRC, yet not ours: no index
         return {}
     if type(obj) is not dict or obj.get("context") != context or type(obj.get("records")) is not dict:
         return {}
@@ -255,15 +257,13 @@ class IndexedContext(ScanContext):
         except OSError:
             return
         self._stored = load(root, self._context)
-        self._writer = _start_write(root)
-
-    @property
-    def _racy_ns(self) -> int:
-        return self._writer[2] if self._writer else -1  # no writer: nothing will be stored anyway
 
     def map_entries(self, func, jobs: list) -> Iterator[Entry]:
         stored = self._stored
-        results = super().map_entries(_wrap(func, stored, self._racy_ns), jobs)
+        if self._writer is None and hasattr(self, "_context") and (len(jobs) >= MIN_ENTRIES or stored):
+            self._writer = _start_write(str(self.root))  # before any entry is stat'ed: see the module doc
+        racy_ns = self._writer[2] if self._writer else -1  # no writer: nothing will be stored anyway
+        results = super().map_entries(_wrap(func, stored, racy_ns), jobs)
         for job, out in zip(jobs, results):
             path = job[0]
             self._visited.add(path)
