@@ -42,8 +42,8 @@ import pickle
 import struct
 import sys
 import zlib
-from dataclasses import fields
 from collections.abc import Callable, Iterator
+from dataclasses import fields
 
 from kcache_cli.model import COMPLETE, CORRUPT, FAILED, Entry
 from kcache_cli.scan import ScanContext
