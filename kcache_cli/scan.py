@@ -226,7 +226,7 @@ def resolve_entry(root: Path, prefix: str, warn: Warn | None = None) -> Entry:
     prefix = prefix.strip().rstrip("/")
     if not prefix:
         raise UsageError("empty hash prefix")
-    result = scan_cache(root, ScanFilter(), warn)
+    result = _candidates(root, prefix, warn)
     found = [e for e in result.entries if e.hash.startswith(prefix) or e.relpath == prefix]
     exact = [e for e in found if e.hash == prefix or e.relpath == prefix]
     if len(exact) == 1:
@@ -242,3 +242,25 @@ def resolve_entry(root: Path, prefix: str, warn: Warn | None = None) -> Entry:
         more = f" and {len(found) - 8} more" if len(found) > 8 else ""
         raise UsageError(f"'{prefix}' is ambiguous: {len(found)} entries match: {names}{more}")
     return found[0]
+
+
+def _candidates(root: Path, prefix: str, warn: Warn | None) -> ScanResult:
+    """The entries that could match `prefix`, judged: directory names alone (kcache_cli/names.py) say
+    where they are, so that only their layout, space and op directories are scanned, and only the entries
+    whose names match are read. A path, or a prefix no visible directory has (a temp directory's name),
+    takes the full scan."""
+    from kcache_cli import names
+
+    hits = list(names.entries(root, prefix)) if "/" not in prefix else []
+    if not hits:
+        return scan_cache(root, ScanFilter(), warn)
+    entries: list[Entry] = []
+    found = None
+    for layout in sorted({h.layout for h in hits}):
+        mine = [h for h in hits if h.layout == layout]
+        spaces = tuple(sorted({h.space for h in mine})) if all(h.space for h in mine) else ()
+        ops = tuple(sorted({h.op for h in mine})) if all(h.op for h in mine) else ()
+        found = scan_cache(root, ScanFilter(layouts=(layout,), spaces=spaces, ops=ops, hash_prefixes=(prefix,)), warn)
+        entries.extend(found.entries)
+    assert found is not None
+    return ScanResult(found.root, found.exists, found.layouts, tuple(entries), ())
