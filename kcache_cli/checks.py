@@ -108,11 +108,18 @@ def elf_truncated(name: str, head: bytes, size: int) -> str | None:
 
 
 def read_head(path: str, n: int = 64) -> bytes:
+    """The first `n` bytes of a file (b"" if unreadable). Three system calls, no file object: a cold scan
+    reads one header per entry on caches whose mtimes cannot tell that an entry is untouched."""
     try:
-        with open(path, "rb") as f:
-            return f.read(n)
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY)
     except OSError:
         return b""
+    try:
+        return os.read(fd, n)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 def changed_since(mtimes: dict[str, float] | None, marker: str, names=None) -> bool:
