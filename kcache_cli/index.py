@@ -88,7 +88,7 @@ def _fresh(path: str, names: tuple[str, ...], digest: bytes) -> bool:
     try:
         st = lstat(path)
         ints = [st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
-        prefix = os.path.join(path, "")
+        prefix = path + os.sep
         for name in names:
             st = lstat(prefix + name)
             ints += (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -117,11 +117,6 @@ def _record(entry: Entry, path: str, seen, warned: list, racy_ns: int) -> Record
     return names, _digest(ints), tuple(getattr(entry, f) for f in FIELDS)
 
 
-def _valid(rec) -> bool:
-    """The shape of a record (its types are checked where used: _fresh fails on anything odd)."""
-    return type(rec) is tuple and len(rec) == 3 and type(rec[2]) is tuple and len(rec[2]) == _NFIELDS
-
-
 def _wrap(func: Callable, stored: dict, racy_ns: int) -> Callable:
     """`func(ctx, job)` behind the index: None when the stored record of job's entry is fresh, else
     (Entry or None, Record or None) from the real scan (the Entry only when there is no record to
@@ -129,7 +124,8 @@ def _wrap(func: Callable, stored: dict, racy_ns: int) -> Callable:
     def run(ctx: ScanContext, job):
         path = job[0]
         rec = stored.get(path)
-        if rec is not None and _valid(rec) and _fresh(path, rec[0], rec[1]):
+        if (rec is not None and type(rec) is tuple and len(rec) == 3 and type(rec[2]) is tuple
+                and len(rec[2]) == _NFIELDS and _fresh(path, rec[0], rec[1])):  # _fresh fails on odd names
             return None
         warned: list[str] = []
         warn = ctx.warn

@@ -170,11 +170,35 @@ PARALLEL_MIN_JOBS = 4000
 _FORKED = None
 
 
+# Threads per forked worker. A cache not read for a while is on disk, not in the page cache (and
+# reclaim evicts it): each worker then waits on directory, inode and header reads, which release the GIL,
+# so a few threads keep several reads in flight where one would wait for each in turn.
+THREADS_PER_WORKER = 4
+
+
 def _run_chunk(i: int) -> tuple[list[Entry], list[str]]:
+    import threading
+
     root, last_used, func, chunks = _FORKED
-    warnings: list[str] = []
-    local = ScanContext(root, warnings.append, last_used)
-    return [func(local, job) for job in chunks[i]], warnings
+    chunk = chunks[i]
+    n = max(1, min(THREADS_PER_WORKER, len(chunk) // 500))
+    parts = [chunk[t::n] for t in range(n)]
+    out: list[list[Entry]] = [[] for _ in range(n)]
+    warned: list[list[str]] = [[] for _ in range(n)]
+
+    def work(t: int) -> None:
+        local = ScanContext(root, warned[t].append, last_used)  # one each: the index records per context
+        out[t] = [func(local, job) for job in parts[t]]
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(1, n)]
+    for th in threads:
+        th.start()
+    work(0)
+    for th in threads:
+        th.join()
+    if any(len(out[t]) != len(parts[t]) for t in range(n)):
+        raise RuntimeError("a scan thread failed")
+    return [out[j % n][j // n] for j in range(len(chunk))], [w for ws in warned for w in ws]
 
 
 def _layouts():
