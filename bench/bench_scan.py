@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCH, compare, ensure_cache, kcache_cmd, load  # noqa: E402
+from common import BENCH, compare, ensure_cache, kcache_cmd, load
 
 SHAPES = {"seed": {"seed_layout": True}, "equal": {"equal_mtimes": True}}
 
