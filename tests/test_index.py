@@ -400,3 +400,18 @@ def test_an_index_made_for_root_is_not_used_by_another_user(judged):
         assert json.loads(proc.stdout)[SOFTMAX] == "corrupt"
     finally:
         shutil.rmtree(shared_tmp, ignore_errors=True)
+
+
+def test_prefix_resolution_judges_only_the_entries_its_names_match(cache, judged, kcache):
+    """inspect/log <prefix> find the entry by directory names (kcache_cli/names.py), then read only it."""
+    from kcache_cli.scan import resolve_entry
+
+    assert resolve_entry(cache, "ad25").relpath == SOFTMAX
+    assert judged == [str(cache / SOFTMAX)]
+    judged.clear()
+    run = kcache("--cache-dir", cache, "log", "8d1f", "--raw")
+    assert run.exit_code == 0 and run.stdout
+    assert judged == [str(cache / ADD)]
+    judged.clear()
+    assert resolve_entry(cache, SOFTMAX).relpath == SOFTMAX  # a path in the cache: the full scan
+    assert len(judged) == 5
