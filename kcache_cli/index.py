@@ -44,6 +44,7 @@ import sys
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import fields
+from typing import Any
 
 from kcache_cli.model import COMPLETE, CORRUPT, FAILED, Entry
 from kcache_cli.scan import ScanContext
@@ -156,7 +157,7 @@ def _context(root: str) -> tuple:
     import kcache_cli
     from kcache_cli.layouts import LAYOUTS
 
-    code = []
+    code: list[tuple] = []
     for mod in [sys.modules.get(m) for m in _JUDGES] + list(LAYOUTS.values()):
         try:
             st = os.stat(mod.__file__)  # type: ignore[union-attr, arg-type]
@@ -259,7 +260,7 @@ class IndexedContext(ScanContext):
         if self._writer is None and hasattr(self, "_context") and (len(jobs) >= MIN_ENTRIES or stored):
             self._writer = _start_write(str(self.root))  # before any entry is stat'ed: see the module doc
         racy_ns = self._writer[2] if self._writer else -1  # no writer: nothing will be stored anyway
-        results = super().map_entries(_wrap(func, stored, racy_ns), jobs)
+        results: Iterator[Any] = super().map_entries(_wrap(func, stored, racy_ns), jobs)  # run()'s answers
         for job, out in zip(jobs, results):
             path = job[0]
             self._visited.add(path)

@@ -282,8 +282,8 @@ def _candidates(root: Path, prefix: str, warn: Warn | None) -> ScanResult:
     found = None
     for layout in sorted({h.layout for h in hits}):
         mine = [h for h in hits if h.layout == layout]
-        spaces = tuple(sorted({h.space for h in mine})) if all(h.space for h in mine) else ()
-        ops = tuple(sorted({h.op for h in mine})) if all(h.op for h in mine) else ()
+        spaces = tuple(sorted({h.space for h in mine if h.space})) if all(h.space for h in mine) else ()
+        ops = tuple(sorted({h.op for h in mine if h.op})) if all(h.op for h in mine) else ()
         found = scan_cache(root, ScanFilter(layouts=(layout,), spaces=spaces, ops=ops, hash_prefixes=(prefix,)), warn)
         entries.extend(found.entries)
     assert found is not None
