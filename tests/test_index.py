@@ -415,3 +415,21 @@ def test_prefix_resolution_judges_only_the_entries_its_names_match(cache, judged
     judged.clear()
     assert resolve_entry(cache, SOFTMAX).relpath == SOFTMAX  # a path in the cache: the full scan
     assert len(judged) == 5
+
+
+def test_a_killed_writer_leaves_nothing_that_matters(cache, judged):
+    """A writer killed mid-write leaves its temp file (removed once an hour old) and never a half index:
+    the index is renamed into place whole."""
+    primed(cache, judged)
+    idx = cache / ".kcache" / "index"
+    old, fresh = idx / ".tmp-1-dead", idx / ".tmp-2-live"
+    old.write_bytes(b"half an index")
+    fresh.write_bytes(b"another writer, still running")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    with open(cache / ADD / "source.cu", "ab") as f:
+        f.write(b"//\n")  # something to write about
+    settle()
+    got, real = both(cache, judged)
+    assert got == real and judged == [str(cache / ADD)]
+    assert not old.exists() and fresh.exists()
+    assert sorted(p.name for p in idx.iterdir()) == sorted([fresh.name, index.index_name()])
