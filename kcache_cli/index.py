@@ -20,8 +20,8 @@ Never stale, by construction:
   ctime of the temp file this scan will write the index into) is not stored: a later change within the
   same timestamp tick could otherwise keep its ctime;
 - only statuses that are a function of the entry's own files are stored (STORABLE): `building` and
-  `partial` depend on locks, which no stat shows; an entry whose scan warned, or that has subdirectories,
-  is not stored either. A judgement that comes to depend on anything outside the entry's files must
+  `partial` depend on locks, which no stat shows; an entry whose scan warned, that has subdirectories, or
+  that holds a symlink (the judgement may read through it) is not stored either. A judgement that comes to depend on anything outside the entry's files must
   add it to `_context()` or leave STORABLE;
 - the whole index is used only if it was written for the same root, user, groups, Python, kcache code
   (the judging modules' files) and Entry fields; it must be owned by the user and not writable by others;
@@ -44,6 +44,7 @@ import sys
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import fields
+from stat import S_ISLNK
 from typing import Any
 
 from kcache_cli.model import COMPLETE, CORRUPT, FAILED, Entry
@@ -109,6 +110,8 @@ def _record(entry: Entry, path: str, seen, warned: list, racy_ns: int) -> Record
     ints = [dir_stat.st_ino, dir_stat.st_mtime_ns, dir_stat.st_ctime_ns]
     newest = dir_stat.st_ctime_ns
     for _, st in stats:
+        if S_ISLNK(st.st_mode):  # the judgement may read through it: its target is not in the key
+            return None
         ints += (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         newest = max(newest, st.st_ctime_ns)
     if newest >= racy_ns:

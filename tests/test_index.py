@@ -433,3 +433,20 @@ def test_a_killed_writer_leaves_nothing_that_matters(cache, judged):
     assert got == real and judged == [str(cache / ADD)]
     assert not old.exists() and fresh.exists()
     assert sorted(p.name for p in idx.iterdir()) == sorted([fresh.name, index.index_name()])
+
+
+def test_a_symlinked_binary_is_judged_every_time(cache, judged, tmp_path):
+    """ls reads lib.so's header through a symlink: its target's changes show in no stat of the entry."""
+    entry = cache / SOFTMAX
+    outside = tmp_path / "lib.so"
+    shutil.copy(entry / "lib.so", outside)
+    (entry / "lib.so").unlink()
+    (entry / "lib.so").symlink_to(outside)
+    t = os.stat(entry / "func_types.pickle").st_mtime_ns
+    for f in entry.iterdir():
+        os.utime(f, ns=(t, t), follow_symlinks=False)
+    settle()
+    scan_cache(cache, use_index=True)
+    os.truncate(outside, 100)
+    got, real = both(cache, judged)
+    assert got == real and {e.relpath: e.status for e in got}[SOFTMAX] == "corrupt"
