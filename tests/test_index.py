@@ -435,18 +435,20 @@ def test_a_killed_writer_leaves_nothing_that_matters(cache, judged):
     assert sorted(p.name for p in idx.iterdir()) == sorted([fresh.name, index.index_name()])
 
 
-def test_a_symlinked_binary_is_judged_every_time(cache, judged, tmp_path):
-    """ls reads lib.so's header through a symlink: its target's changes show in no stat of the entry."""
+def test_a_symlinked_manifest_is_judged_every_time(cache, judged, tmp_path):
+    """ls reads kcache.json through a symlink: changes to its target show in no stat of the entry."""
+    import json
+
     entry = cache / SOFTMAX
-    outside = tmp_path / "lib.so"
-    shutil.copy(entry / "lib.so", outside)
-    (entry / "lib.so").unlink()
-    (entry / "lib.so").symlink_to(outside)
+    size = os.path.getsize(entry / "source.cu")
+    outside = tmp_path / "kcache.json"
+    outside.write_text(json.dumps({"files": {"source.cu": {"size": size}}}))
+    (entry / "kcache.json").symlink_to(outside)
     t = os.stat(entry / "func_types.pickle").st_mtime_ns
-    for f in entry.iterdir():
+    for f in entry.iterdir():  # one mtime: ls compares sizes with the manifest
         os.utime(f, ns=(t, t), follow_symlinks=False)
     settle()
-    scan_cache(cache, use_index=True)
-    os.truncate(outside, 100)
+    assert {e.relpath: e.status for e in scan_cache(cache, use_index=True).entries}[SOFTMAX] == "complete"
+    outside.write_text(json.dumps({"files": {"source.cu": {"size": size + 1}}}))
     got, real = both(cache, judged)
     assert got == real and {e.relpath: e.status for e in got}[SOFTMAX] == "corrupt"
