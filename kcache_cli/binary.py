@@ -37,7 +37,6 @@ is read for the suffix when its SM number agrees with ``e_flags``.
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from dataclasses import dataclass
 
@@ -168,14 +167,14 @@ def read_binary(path: str | os.PathLike) -> BinaryInfo:
     def fail(msg: str) -> BinaryInfo:
         return BinaryInfo(spath, FORMAT_UNKNOWN, None, (), (), (), msg)
 
-    try:
-        st = os.stat(spath)
-        if not stat.S_ISREG(st.st_mode):
-            return fail("not a regular file")
-        if st.st_size > MAX_FILE_BYTES:
-            return fail(f"file too large to inspect ({st.st_size} bytes > {MAX_FILE_BYTES})")
-        with open(spath, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+    from kcache_cli.fsread import NotRegularFile, TooLarge, read_bytes
+
+    try:  # a regular file, opened without following a link or blocking on a FIFO, read up to the bound
+        data = read_bytes(spath, MAX_FILE_BYTES)
+    except TooLarge:
+        return fail(f"file too large to inspect (> {MAX_FILE_BYTES} bytes)")
+    except NotRegularFile as exc:
+        return fail(f"not a regular file: {exc.kind}, never read")
     except OSError as exc:
         return fail(f"cannot read file: {exc.strerror or exc}")
     except Exception as exc:  # e.g. ValueError for an embedded NUL in the path
@@ -345,7 +344,7 @@ class _Elf:
                 name_off, info, other, shndx = fields[0], fields[1], fields[2], fields[3]
             else:
                 name_off, info, other, shndx = fields[0], fields[3], fields[4], fields[5]
-            name = ""
+            name: str | None = ""
             if strtab is not None and 0 < name_off < strtab[1] - strtab[0]:
                 name = cache.get(name_off)
                 if name is None:
@@ -355,7 +354,7 @@ class _Elf:
                         self.problem("symbol names exceed the size budget; list cut short")
                         return
                     cache[name_off] = name
-            yield name, info >> 4, info & 0xF, other & 0x3, other, shndx
+            yield name or "", info >> 4, info & 0xF, other & 0x3, other, shndx
 
 
 def _read_elf_file(data: bytes, acc: _Acc) -> None:

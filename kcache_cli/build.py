@@ -1,4 +1,4 @@
-"""`kcache build` (DESIGN.md §4): compile a task's source into the hashed tree, atomically.
+"""`kcache build`: compile a task's source into the hashed tree, atomically.
 
 A task is hidet's task.txt plus its source.cu/source.cc. Its entry is
 `<root>/ops/<target>_space_<n>/<op>/<sha256(task.txt)[:16]>/`. A build takes the entry's lock
@@ -16,14 +16,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from kcache_cli import state
-from kcache_cli.checks import sha256_file, size_mismatch
+from kcache_cli.checks import sha256_file
+from kcache_cli.fsread import json_object
 from kcache_cli.errors import KcacheError, LockTimeout, UsageError
+from kcache_cli.gpu import ARCH_RE
 
 BUILT, HIT, FAILED = "built", "hit", "failed"
 TARGETS = ("cuda", "cpu")
@@ -34,9 +37,6 @@ TASK = "task.txt"
 BINARY = "lib.so"
 LOG = "nvcc_log.txt"
 MANIFEST = "kcache.json"
-# What kcache writes; an entry holding only these is judged by kcache's own rule (fast path).
-OWN_FILES = frozenset({"source.cu", "source.cc", TASK, BINARY, LOG, MANIFEST})
-ARCH_RE = re.compile(r"^(sm|compute)_\d+[af]?$")
 # Flags that would make the recorded arch a lie: the arch is given with --arch only.
 ARCH_FLAGS = ("-arch", "--gpu-architecture", "-gencode", "--generate-code", "-code", "--gpu-code")
 COMPILER_MEMO = "compilers.json"  # in .kcache/: nvcc's default arch, per nvcc binary
@@ -107,8 +107,18 @@ class BuildResult(NamedTuple):
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self._asdict().items()}
 
 
+class Listener(Protocol):
+    """What a caller (the CLI's progress bar) hears of builds; called in the building threads."""
+
+    def waiting(self, spec: TaskSpec, holder: str) -> None: ...
+
+    def compiling(self, spec: TaskSpec) -> None: ...
+
+    def done(self, result: BuildResult) -> None: ...
+
+
 class BuildListener:
-    """Callbacks a caller (the CLI's progress bar) gets; they run in the building thread."""
+    """A Listener that ignores everything."""
 
     def waiting(self, spec: TaskSpec, holder: str) -> None:
         pass
@@ -155,14 +165,13 @@ def find_tasks(paths: Iterable[str | os.PathLike]) -> list[str]:
 def load_task(task_path: str | os.PathLike, options: BuildOptions = BuildOptions(),
               source: str | os.PathLike | None = None) -> TaskSpec:
     """Read a task file and find its source; every problem is a one-line BuildError."""
-    from kcache_cli.taskfile import parse_task, task_hash
+    from kcache_cli.taskfile import parse_task, read_task_file, task_hash
 
     task_path = os.fspath(task_path)
     if os.path.isdir(task_path):
         task_path = os.path.join(task_path, TASK)
     try:
-        with open(task_path, "rb") as f:
-            data = f.read()
+        data = read_task_file(task_path)  # bounded, and never a FIFO or device (fsread)
     except FileNotFoundError:
         raise BuildError(f"task file not found: {task_path}") from None
     except OSError as exc:
@@ -182,8 +191,9 @@ def load_task(task_path: str | os.PathLike, options: BuildOptions = BuildOptions
     if not isinstance(options.space, int) or options.space < 0:
         raise UsageError(f"bad space level {options.space!r} (0, 1 or 2)")
     h = task_hash(data)
-    space = f"{target}_space_{options.space}"
-    return TaskSpec(task_path, data, op, h, src, target, space, f"ops/{space}/{op}/{h}")
+    shape = _entry_shape()
+    fields = {"target": target, "level": str(options.space), "op": op, "hash": h}
+    return TaskSpec(task_path, data, op, h, src, target, shape.space_of(fields) or "", shape.relpath(**fields))
 
 
 def _find_source(task_path: str, target: str | None, source) -> str:
@@ -265,11 +275,7 @@ def _memo_get(root: Path, key: str | None, name: str):
     with _memo_lock:
         if key in _memo and name in _memo[key]:
             return _memo[key][name]
-    try:
-        with open(_memo_path(root), "rb") as f:
-            rec = json.load(f).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None
+    rec = (json_object(_memo_path(root), 1 << 20) or {}).get(key)  # bounded: .kcache/ is writable by others
     if isinstance(rec, dict) and isinstance(rec.get(name), str):
         with _memo_lock:
             _memo.setdefault(key, {})[name] = rec[name]
@@ -279,19 +285,13 @@ def _memo_get(root: Path, key: str | None, name: str):
 
 def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
     """Remember a compiler fact in .kcache/ (atomically; losing a race only costs a re-probe)."""
-    if key is None:
+    if key is None or state.linked_state_dir(root, ()) is not None:  # never write through a linked .kcache
         return
     with _memo_lock:
         _memo.setdefault(key, {})[name] = value
         path = _memo_path(root)
         try:
-            try:
-                with open(path, "rb") as f:
-                    data = json.load(f)
-                if not isinstance(data, dict):
-                    data = {}
-            except (OSError, ValueError):
-                data = {}
+            data = json_object(path, 1 << 20) or {}
             data.setdefault(key, {})
             if not isinstance(data[key], dict):
                 data[key] = {}
@@ -342,8 +342,9 @@ class CompilerVersion:
             self.proc.kill()
             self.proc.communicate()
             return None
-        lines = [l.strip() for l in out.decode("utf-8", "replace").splitlines() if l.strip()]
-        version = next((l for l in lines if "release" in l), lines[0]) if self.proc.returncode == 0 and lines else None
+        lines = [line.strip() for line in out.decode("utf-8", "replace").splitlines() if line.strip()]
+        version = (next((line for line in lines if "release" in line), lines[0])
+                   if self.proc.returncode == 0 and lines else None)
         with _memo_lock:
             _memo[self.key] = {"version": version}
         return version
@@ -382,29 +383,16 @@ def nvcc_default_arch(root: Path, nvcc: Sequence[str], fresh: bool = True) -> st
         raise KcacheError(f"cannot tell {nvcc[0]}'s default arch from its --dryrun output; pass --arch")
     _memo_put(root, key, "default_arch", arch)
     with _memo_lock:
-        _asked.add(key)
+        if key is not None:
+            _asked.add(key)
     return arch
 
 
 def local_gpu_arch() -> str | None:
-    """The first local GPU's arch from nvidia-smi (`9.0` -> `sm_90`), or None without a GPU."""
-    import shutil
+    """The first local GPU's arch (`9.0` -> `sm_90`), or None without a GPU."""
+    from kcache_cli.gpu import local_gpu_arch as first_gpu_arch
 
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    import subprocess
-
-    try:
-        proc = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in proc.stdout.decode("ascii", "replace").splitlines():
-        m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", line)
-        if proc.returncode == 0 and m:
-            return f"sm_{m.group(1)}{m.group(2)}"
-    return None
+    return first_gpu_arch()
 
 
 class Arch(NamedTuple):
@@ -451,46 +439,35 @@ def check_extra_flags(flags: Sequence[str]) -> None:
 # ---- the entry on disk ---------------------------------------------------------------------------
 
 def _read_manifest(path: str) -> dict | None:
-    try:
-        with open(os.path.join(path, MANIFEST), "rb") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    # size- and depth-limited, no link or FIFO followed: the entry may hold anything
+    return json_object(os.path.join(path, MANIFEST))
+
+
+def _entry_shape():
+    """The path shape of the entries `kcache build` writes (the build layout's, from the light registry)."""
+    from kcache_cli.layouts.shapes import BUILD_SHAPE
+
+    shape = BUILD_SHAPE.kind(BUILD_SHAPE.build_kind or "")
+    assert shape is not None, "the build layout declares its build kind"
+    return shape
 
 
 def entry_status(path: str) -> tuple[str | None, str | None, dict | None]:
     """(status, reason, kcache.json) of the entry at `path`; status None when there is none.
 
-    Same verdict as `kcache ls`. An entry holding only kcache's own files is judged here
-    without importing the layouts (the hit path); anything else by the hidet layout."""
-    from kcache_cli.terms import COMPLETE, CORRUPT, PARTIAL
+    The build layout's own judgement (the one `kcache ls` shows)."""
+    from kcache_cli.layouts import builder
+    from kcache_cli.terms import CORRUPT
 
-    names: dict[str, int] = {}
     if os.path.islink(path):
         return CORRUPT, "a symlink, not an entry directory", None
-    try:
-        with os.scandir(path) as it:
-            for de in it:
-                try:
-                    if not de.is_dir(follow_symlinks=False):
-                        names[de.name] = de.stat(follow_symlinks=False).st_size
-                except OSError:
-                    continue
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None, None, None
-    except NotADirectoryError:
+    if not os.path.isdir(path):
         return CORRUPT, "not a directory", None
-    except OSError as exc:
-        return PARTIAL, f"cannot read the entry: {exc.strerror}", None
-    manifest = _read_manifest(path) if MANIFEST in names else None
-    if names.keys() <= OWN_FILES and names.get(BINARY) and manifest is not None:
-        bad = size_mismatch(MANIFEST, manifest.get("files"), names)
-        return (CORRUPT, bad, manifest) if bad else (COMPLETE, None, manifest)
-    from kcache_cli.layouts.hidet import op_status
-
-    status, reason = op_status(path, names)
-    return status, reason, manifest
+    layout = builder()
+    verdict = layout.judge(path, layout.shape.build_kind or "")
+    return verdict.status, verdict.reason, _read_manifest(path)
 
 
 def _entry_archs(path: str, manifest: dict | None) -> tuple[tuple[str, ...], str]:
@@ -519,15 +496,33 @@ def _source_differs(spec: TaskSpec, manifest: dict | None) -> bool:
 # ---- building ------------------------------------------------------------------------------------
 
 def build_task(root: str | os.PathLike, task: str | os.PathLike | TaskSpec, options: BuildOptions = BuildOptions(),
-               *, source: str | os.PathLike | None = None, listener: BuildListener | None = None) -> BuildResult:
+               *, source: str | os.PathLike | None = None, listener: Listener | None = None) -> BuildResult:
     """Build one task into the cache at `root`, or find it there.
 
     Returns a BuildResult (built, hit, or failed for a compile error). Raises a KcacheError for a
     task that cannot be built as given, a missing compiler, an entry built for another arch
     (ArchMismatch) and a lock that did not come free within options.timeout (LockTimeout)."""
-    root = Path(root).absolute()
-    listener = listener or BuildListener()
     spec = task if isinstance(task, TaskSpec) else load_task(task, options, source)
+    result = _build_task(Path(root).absolute(), spec, options, listener or BuildListener())
+    notes = task_notes(spec)
+    return result._replace(notes=notes + result.notes) if notes else result
+
+
+def task_notes(spec: TaskSpec) -> tuple[str, ...]:
+    """What to say about the task file itself: a final newline (an editor's) makes it another task than
+    the one hidet would look up, since hidet writes its task strings without one."""
+    from kcache_cli.taskfile import task_hash
+
+    bare = spec.task_bytes.rstrip(b"\r\n")
+    if bare == spec.task_bytes:
+        return ()
+    theirs = task_hash(bare)
+    return (f"{spec.task_path} ends with a newline; hidet's own task strings have none, so hidet looks this task "
+            f"up as {theirs} (ops/{spec.space}/{spec.op}/{theirs}), while the file's exact bytes hash to "
+            f"{spec.hash}, the entry built; remove the final newline to build the entry hidet uses",)
+
+
+def _build_task(root: Path, spec: TaskSpec, options: BuildOptions, listener: Listener) -> BuildResult:
     check_extra_flags(options.extra_flags)
     arch_cache: dict[bool, Arch] = {}
 
@@ -542,13 +537,18 @@ def build_task(root: str | os.PathLike, task: str | os.PathLike | TaskSpec, opti
         if found is not None:
             return found
     compiler = find_compiler(spec.target, options)
+    linked = state.linked_state_dir(root, ("locks", "used", "trash"))
+    if linked is not None:
+        raise KcacheError(f"refusing to build: {root / linked} is a symlink or not a directory (kcache never "
+                          "writes through a link)")
+    state.make_root(root)  # a root kcache makes is tagged (CACHEDIR.TAG): evidence that it is a cache
     lock, waited = _acquire(root, spec, options.timeout, listener)
     try:
         if not options.force:  # another build may have published while we waited for the lock
             found = _hit(root, spec, final, arch, waited)
             if found is not None:
                 return found
-        replaced = _wait_for_hidet(spec, final, options.timeout, listener)
+        replaced = _wait_for_compiler(spec, final, options.timeout, listener)
         listener.compiling(spec)
         return _compile_and_publish(root, spec, final, arch(fresh=True), compiler, options, replaced, waited)
     finally:
@@ -563,7 +563,8 @@ def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], wait
         return None
     want = arch()
     notes = []
-    have, where = (), ""
+    have: tuple[str, ...] = ()
+    where = ""
     if spec.target == "cuda" or manifest is not None:
         have, where = _entry_archs(str(final), manifest)
         if not have:
@@ -582,7 +583,7 @@ def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], wait
                        waited=waited, notes=tuple(notes))
 
 
-def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: BuildListener):
+def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: Listener):
     """The entry's lock; says so (listener.waiting) when another build holds it. -> (lock, waited).
 
     `locking.EntryFlock`: the file and kind of lock that `entry_lock` (filelock) takes, without
@@ -601,22 +602,25 @@ def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: BuildL
     raise LockTimeout(f"another build of {spec.relpath} still holds its lock ({lock.path}) after {timeout:g}s")
 
 
-def _wait_for_hidet(spec: TaskSpec, final: Path, timeout: float | None, listener: BuildListener) -> str | None:
-    """Wait while hidet itself compiles this entry (it holds <entry>/.lock); then say what a build
-    would replace: None, or the reason the existing entry is not usable as it is."""
-    from kcache_cli.locking import probe_locked
+def _wait_for_compiler(spec: TaskSpec, final: Path, timeout: float | None, listener: Listener) -> str | None:
+    """Wait while the build layout's own compiler works on this entry (it holds one of the entry's
+    writer locks, e.g. hidet's <entry>/.lock); then say what a build would replace: None, or the reason
+    the existing entry is not usable as it is."""
+    from kcache_cli.layouts import builder
 
     status, reason, _ = entry_status(str(final))
     if status is None:
         return None
-    hidet_lock = final / ".lock"
-    if probe_locked(hidet_lock):
-        listener.waiting(spec, "hidet")
+    layout = builder()
+    busy = layout.busy(str(final))
+    if busy:
+        listener.waiting(spec, layout.name)
         deadline = None if timeout is None else time.monotonic() + timeout
-        while probe_locked(hidet_lock):
+        while busy:
             if deadline is not None and time.monotonic() >= deadline:
-                raise LockTimeout(f"hidet still holds {hidet_lock} after {timeout:g}s")
+                raise LockTimeout(f"{busy} ({final}) after {timeout:g}s")
             time.sleep(0.1)
+            busy = layout.busy(str(final))
         status, reason, _ = entry_status(str(final))
         if status is None:
             return None
@@ -627,6 +631,51 @@ def _check_inside(root: Path, path: Path) -> None:
     real_root, real = os.path.realpath(root), os.path.realpath(path)
     if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
         raise KcacheError(f"refusing to build: {path} leads outside the cache ({real})")
+
+
+def _check_no_links(root: Path, relpath: str) -> None:
+    """Every existing directory above `relpath` (.kcache/, locks/, used/, ops/, the space, the op) must be
+    a real directory: kcache never writes through a symlink, even one that points inside the cache
+    (prune and clear refuse the same links)."""
+    cur = str(root)
+    for part in relpath.split("/")[:-1]:
+        cur = os.path.join(cur, part)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise KcacheError(f"refusing to build: cannot check {cur}: {exc.strerror}") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise KcacheError(f"refusing to build: {cur} is a symlink (kcache never writes through a link)")
+        if not stat.S_ISDIR(st.st_mode):
+            raise KcacheError(f"refusing to build: {cur} is not a directory")
+
+
+def _make_op_dir(root: Path, spec: TaskSpec, op_dir: Path) -> list[Path]:
+    """Make the entry's op directory (and space directory), never through a symlink or out of the
+    cache; return those it made, to be removed again if nothing is published."""
+    existing = op_dir
+    while not existing.exists() and existing != root:
+        existing = existing.parent
+    _check_inside(root, existing)  # before mkdir: a symlinked space or op directory must not lead out
+    _check_no_links(root, spec.relpath)
+    made = [d for d in (op_dir, op_dir.parent) if not d.exists()]
+    try:
+        op_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
+    _check_inside(root, op_dir)
+    _check_no_links(root, spec.relpath)
+    return made
+
+
+def _discard(root: Path, relpath: str) -> None:
+    """Remove what a build leaves (its temp dir, the old entry in the trash), relative to directory
+    descriptors (kcache_cli.fsdelete): never through a link, never onto another mount."""
+    from kcache_cli import fsdelete
+
+    fsdelete.remove_under(root, relpath)
 
 
 def _make_temp(op_dir: Path, h: str) -> Path:
@@ -676,7 +725,6 @@ def _fsync(path: Path) -> None:
 def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, compiler: Sequence[str],
                          options: BuildOptions, replaced: str | None, waited: bool) -> BuildResult:
     import shlex
-    import shutil
     import subprocess
 
     try:
@@ -685,18 +733,10 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
     except OSError as exc:
         raise BuildError(f"cannot read source {spec.source_path}: {exc.strerror}") from None
     op_dir = final.parent
-    existing = op_dir
-    while not existing.exists() and existing != root:
-        existing = existing.parent
-    _check_inside(root, existing)  # before mkdir: a symlinked space or op directory must not lead out
-    try:
-        op_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
-    _check_inside(root, op_dir)
+    made = _make_op_dir(root, spec, op_dir)
     argv = compile_command(spec.target, compiler, arch, options)
     command = shlex.join(argv)
-    result = dict(task=spec.task_path, op=spec.op, hash=spec.hash, target=spec.target, space=spec.space,
+    result: dict[str, Any] = dict(task=spec.task_path, op=spec.op, hash=spec.hash, target=spec.target, space=spec.space,
                   relpath=spec.relpath, path=str(final), arch=arch.value, arch_source=arch.source, command=command,
                   waited=waited)
     tmp = _make_temp(op_dir, spec.hash)
@@ -738,21 +778,34 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
             p = tmp / name
             st = p.stat()
             newest = max(newest, st.st_mtime_ns)
-            files[name] = {"size": st.st_size, "sha256": sha256_file(p)}
+            files[name] = {"size": st.st_size, "sha256": sha256_file(str(p))}
         _write(tmp / MANIFEST, (json.dumps(_manifest(spec, arch, compiler, version.result(), argv, command,
                                                      options, elapsed, files), indent=2) + "\n").encode())
         _stamp_after(tmp / MANIFEST, newest)
         _fsync(tmp)
+        _check_no_links(root, spec.relpath)  # again: the op directory may have been swapped meanwhile
         _publish(root, tmp, final, spec)
         published = True
     finally:
         if not published:
             if version is not None:
                 version.cancel()
-            shutil.rmtree(tmp, ignore_errors=True)
+            _discard(root, f"{os.path.dirname(spec.relpath)}/{tmp.name}")
+            _remove_empty(made)
     _fsync(op_dir)
     state.mark_used(root, spec.relpath)
     return BuildResult(status=BUILT, elapsed=elapsed, output=output, replaced=replaced, **result)
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    """The op and space directories a failed build made, if still empty (rmdir removes nothing else), so
+    that no op shows up in completion for an entry that never was. A build starting there meanwhile
+    makes them again (_make_temp)."""
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except OSError:
+            return  # not empty (another build, or an entry): leave it and its parents
 
 
 def _stamp_after(manifest: Path, newest_ns: int) -> None:
@@ -767,8 +820,6 @@ def _stamp_after(manifest: Path, newest_ns: int) -> None:
 def _publish(root: Path, tmp: Path, final: Path, spec: TaskSpec) -> None:
     """One rename makes the entry visible. An entry already there (--force, or a broken one) is
     first renamed into .kcache/trash/, so readers see the old entry, none, or the new one."""
-    import shutil
-
     old = None
     if os.path.lexists(final):
         trash = state.trash_dir(root)
@@ -785,13 +836,7 @@ def _publish(root: Path, tmp: Path, final: Path, spec: TaskSpec) -> None:
                 pass
         raise
     if old is not None:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            try:
-                old.unlink()
-            except OSError:
-                pass
+        _discard(root, f"{state.STATE_DIR}/trash/{old.name}")
 
 
 def _manifest(spec: TaskSpec, arch: Arch, compiler: Sequence[str], version: str | None, argv: list[str],
@@ -829,7 +874,7 @@ def _manifest(spec: TaskSpec, arch: Arch, compiler: Sequence[str], version: str 
 # ---- many tasks ----------------------------------------------------------------------------------
 
 def failure(task: str, exc: KcacheError, spec: TaskSpec | None = None) -> BuildResult:
-    extra = {}
+    extra: dict[str, Any] = {}
     if spec is not None:
         extra = dict(op=spec.op, hash=spec.hash, target=spec.target, space=spec.space, relpath=spec.relpath)
     return BuildResult(task, FAILED, error=str(exc), exit_code=exc.exit_code, **extra)
@@ -837,12 +882,14 @@ def failure(task: str, exc: KcacheError, spec: TaskSpec | None = None) -> BuildR
 
 def build_tasks(root: str | os.PathLike, tasks: Sequence[str | os.PathLike | TaskSpec],
                 options: BuildOptions = BuildOptions(), *, jobs: int = 1,
-                listener: BuildListener | None = None) -> list[BuildResult]:
+                listener: Listener | None = None, builder: Callable | None = None) -> list[BuildResult]:
     """Build several tasks (task files or loaded TaskSpecs), `jobs` at a time; every task gets a
     result, in the order given. A task that cannot be built (bad file, compile error, arch
-    mismatch, lock timeout) is a failed result, not an exception."""
+    mismatch, lock timeout) is a failed result, not an exception. `builder` replaces build_task
+    (build --remote)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    build_one = builder or build_task
     listener = listener or BuildListener()
     check_extra_flags(options.extra_flags)
 
@@ -851,7 +898,7 @@ def build_tasks(root: str | os.PathLike, tasks: Sequence[str | os.PathLike | Tas
         name = spec.task_path if spec is not None else os.fspath(task)
         try:
             spec = spec or load_task(task, options)
-            result = build_task(root, spec, options, listener=listener)
+            result = build_one(root, spec, options, listener=listener)
         except KcacheError as exc:
             result = failure(name, exc, spec)
         except OSError as exc:

@@ -2,37 +2,36 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
+from kcache_cli import fsread
 
-def list_files(path: str) -> tuple:
-    """Every file and symlink under `path` as FileInfo (name relative to `path`, size, link target)."""
+
+def list_files(path: str, warn=None) -> tuple:
+    """Every file and symlink under `path` as FileInfo (name relative to `path`, size, link target).
+
+    Iterative, never following links, at most fsread.MAX_TREE_DEPTH directories deep: a deeper
+    tree lists what came before and, with `warn`, says so."""
     from kcache_cli.model import FileInfo
 
     out = []
-    for dirpath, dirnames, filenames in os.walk(path):
-        dirnames.sort()
-        for n in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
-            full = os.path.join(dirpath, n)
-            rel = os.path.relpath(full, path)
-            try:
-                st = os.lstat(full)
-            except OSError:
-                continue
-            link = os.readlink(full) if os.path.islink(full) else None
-            out.append(FileInfo(rel, st.st_size, link))
+    try:
+        for name, st, link in fsread.walk_files(path):
+            out.append(FileInfo(name, st.st_size, link))
+    except fsread.TreeTooDeep as exc:
+        if warn is not None:
+            warn(f"{exc.strerror}: the files below are not listed")
+    except OSError as exc:
+        if warn is not None and exc.errno != errno.ENOENT:
+            warn(f"cannot list {exc.filename or path}: {exc.strerror}")
     return tuple(out)
 
 
 def sha256_file(path: str) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """sha256 of a regular file, streamed (fsread: no link, FIFO or device is read)."""
+    return fsread.sha256_file(path)
 
 
 def check_manifest(path: str, manifest: str, files: dict) -> list[str]:
@@ -52,7 +51,7 @@ def check_manifest(path: str, manifest: str, files: dict) -> list[str]:
             problems.append(f"{name} is {size} bytes, {manifest} says {rec['size']}")
         elif rec.get("sha256"):
             try:
-                digest = sha256_file(full)
+                digest = fsread.sha256_file(full, base=path)
             except OSError as exc:
                 problems.append(f"cannot read {name}: {exc.strerror}")
                 continue
@@ -62,11 +61,8 @@ def check_manifest(path: str, manifest: str, files: dict) -> list[str]:
 
 
 def read_text(path: str, limit: int = 1 << 20) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read(limit).decode("utf-8", "replace")
-    except OSError:
-        return None
+    """A text file, cut at `limit` bytes, or None (missing, or not a regular file: fsread)."""
+    return fsread.read_text(path, limit)
 
 
 def size_mismatch(manifest: str, listed: object, names: dict[str, int]) -> str | None:
@@ -108,18 +104,8 @@ def elf_truncated(name: str, head: bytes, size: int) -> str | None:
 
 
 def read_head(path: str, n: int = 64) -> bytes:
-    """The first `n` bytes of a file (b"" if unreadable). Three system calls, no file object: a cold scan
-    reads one header per entry on caches whose mtimes cannot tell that an entry is untouched."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY)
-    except OSError:
-        return b""
-    try:
-        return os.read(fd, n)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
+    """The first `n` bytes of a regular file, b"" when it cannot be read (fsread)."""
+    return fsread.read_head(path, n)
 
 
 def changed_since(mtimes: dict[str, float] | None, marker: str, names=None) -> bool:
@@ -133,3 +119,66 @@ def changed_since(mtimes: dict[str, float] | None, marker: str, names=None) -> b
         return True
     limit = mtimes[marker]
     return any(mtimes.get(n, limit) >= limit for n in (names if names is not None else mtimes) if n != marker)
+
+
+def unreadable(path: str) -> str | None:
+    """Why a file cannot be read by the people using the cache, or None. Root reads mode 000 files
+    anyway, so a file nobody may read counts as unreadable whoever runs kcache."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # missing: the caller's rules say what that means
+    if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o444:
+        return f"{os.path.basename(path)} is unreadable (mode {stat.S_IMODE(st.st_mode):03o}: permission denied)"
+    if not os.access(path, os.R_OK):
+        return f"{os.path.basename(path)} is unreadable (permission denied)"
+    return None
+
+
+def read_every_byte(path: str) -> str | None:
+    """Read every file under `path` to the end (links are not followed, FIFOs and devices are never
+    opened: fsread). Returns why one could not be read: a permission problem says 'unreadable', any
+    other error is the caller's corruption."""
+    try:
+        for rel, _st, link in fsread.walk_files(path):
+            if link is not None:
+                continue
+            full = os.path.join(path, rel)
+            why = unreadable(full)
+            if why:
+                return why.replace(os.path.basename(full), rel, 1)
+            try:
+                for _ in fsread.iter_chunks(full, base=path):
+                    pass
+            except PermissionError:
+                return f"{rel} is unreadable (permission denied)"
+            except OSError as exc:
+                return f"cannot read {rel}: {exc.strerror or exc}"
+    except fsread.TreeTooDeep as exc:
+        return f"{os.path.basename(path)}: {exc.strerror}"
+    return None
+
+
+def listing_or_unreadable(ctx, path: str, out: list, **fields) -> list[os.DirEntry]:
+    """A directory's entries, sorted. One that cannot be read becomes one `unreadable` entry in `out`
+    (with `fields`: layout, kind, target, space, op): the entries in it cannot be counted one by one,
+    but they are not dropped from the counts either. Nothing deletes such an entry."""
+    from kcache_cli.model import UNREADABLE, TreeUsage
+
+    try:
+        with os.scandir(path) as it:
+            return sorted(it, key=lambda d: d.name)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        ctx.warn(f"cannot read {path}: {exc.strerror}")
+        try:
+            mtime = os.lstat(path).st_mtime
+        except OSError:
+            mtime = 0.0
+        out.append(ctx.entry(path=path, usage=TreeUsage(0, 0, mtime), hash="", status=UNREADABLE,
+                             reason=f"cannot read the directory {ctx.rel(path)}: {exc.strerror}; its entries "
+                                    "are not counted one by one", **fields))
+        return []

@@ -1,8 +1,9 @@
-"""Deleting safely (DESIGN.md §5): selection -> a frozen `DeletePlan` (what goes, why, the bytes it
+"""Deleting safely: selection -> a frozen `DeletePlan` (what goes, why, the bytes it
 frees: that *is* the dry run) -> `DeletePlan.execute()`.
 
 Executing a plan, for each removal: hold kcache's entry lock (`.kcache/locks/`, non-blocking: a build
-in progress means skip) and the entry's own `.lock` (hidet, tilus), reach the parent directory from the
+in progress means skip) and the lock files the entry's own writer holds (Layout.writer_locks: hidet's
+`.lock`), reach the parent directory from the
 root without following a symlink, rename the entry into `.kcache/trash/` (same filesystem: a reader
 sees the whole entry or nothing), then empty the trash. Symlinks are renamed and unlinked as links,
 never followed. A later run empties trash that an interrupted run left behind."""
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 import time
 from dataclasses import dataclass, replace
@@ -20,49 +20,19 @@ from typing import Callable, Iterable
 
 from kcache_cli import state
 from kcache_cli.errors import KcacheError, UsageError
-from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, Entry, ScanFilter, Warn, iso,
-                              measure_tree)
-from kcache_cli.scan import listdir
+from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, Entry, ScanFilter, Warn,
+                              iso, measure_tree)
 
 STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer
-BROKEN = (PARTIAL, FAILED, CORRUPT)
+BROKEN = (PARTIAL, FAILED, CORRUPT, STALE)  # never UNREADABLE: a permission problem is not damage
 # What a removal takes away.
 ENTRY, CANDIDATES, TEMP, STAGING, LINK = "entry", "candidates", "temp", "staging", "link"
+LEFTOVER = "leftover"  # a killed import's staging dir or export's temp file (kcache_cli.state)
 GC_LOCK = ".gc.lock"  # in .kcache/locks/: one prune or clear acts on a root at a time
-# Parent directories that become empty are removed, up to this many levels above an entry: hidet's op
-# and space directories, a tilus script's op directory. Containers other tools recreate between their
-# own mkdir and rename (tilelang's kernels/, cuda-binaries/, .staging/) stay.
-_EMPTY_PARENTS = {("hidet", "op"): 2, ("tilus", "script"): 1}
-# Removed after what depends on them: a script before its programs, a kernel before its binary.
-_LAST_KINDS = ("program", "binary")
 
 
-# ---- parsing sizes and ages ----------------------------------------------------------------------
-_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-               "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-_AGE_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400, "day": 86400,
-              "days": 86400, "w": 7 * 86400, "week": 7 * 86400, "weeks": 7 * 86400}
 
-
-def parse_size(text: str) -> int:
-    """'10GB', '500M', '1.5GiB', '4096' -> bytes. K/M/G/T are decimal (as humanize prints them),
-    Ki/Mi/Gi/Ti binary; a trailing 'B' is optional."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", text or "")
-    unit = (m.group(2).lower() if m else "")
-    if unit.endswith("b") and unit != "b":
-        unit = unit[:-1]
-    if not m or unit not in _SIZE_UNITS:
-        raise UsageError(f"bad size '{text}' (expected e.g. 10GB, 500M, 2GiB or a number of bytes)")
-    return int(float(m.group(1)) * _SIZE_UNITS[unit])
-
-
-def parse_age(text: str) -> float:
-    """'30d', '12h', '90m', '1w', '1d12h' -> seconds."""
-    parts = re.findall(r"(\d+(?:\.\d*)?)\s*([a-zA-Z]+)", text or "")
-    rebuilt = "".join(n + u for n, u in parts)
-    if not parts or rebuilt != re.sub(r"\s+", "", text) or any(u.lower() not in _AGE_UNITS for _, u in parts):
-        raise UsageError(f"bad age '{text}' (expected e.g. 30d, 12h, 90m, 2w or 1d12h)")
-    return sum(float(n) * _AGE_UNITS[u.lower()] for n, u in parts)
+from kcache_cli.units import format_age, parse_age, parse_size  # noqa: E402,F401 - the one grammar (units.py)
 
 
 # ---- the plan ------------------------------------------------------------------------------------
@@ -75,7 +45,7 @@ class Removal:
     path: str  # absolute path of what goes
     relpath: str
     size: int
-    what: str  # ENTRY, CANDIDATES, TEMP, STAGING or LINK
+    what: str  # ENTRY, CANDIDATES, TEMP, STAGING, LINK or LEFTOVER
     why: str
     lock: str | None = None  # relpath whose kcache entry lock is held while renaming
     requires: tuple[str, ...] = ()  # relpaths that must be gone first (a program's scripts, a binary's kernels)
@@ -147,20 +117,40 @@ class DeletePlan:
 
 
 # ---- selection -----------------------------------------------------------------------------------
-_TEMP_MARK = "/" + state.TEMP_PREFIX
+def _layout(e: Entry):
+    """The layout of `e` (kcache's own leftovers, "kcache" import/export temp files, have none)."""
+    from kcache_cli import layouts
+
+    return layouts.get(e.layout) if e.layout in layouts.NAMES else _NO_LAYOUT
 
 
-def _is_temp(e: Entry) -> bool:
-    return e.layout == "hidet" and _TEMP_MARK in e.relpath and os.path.basename(e.path).startswith(state.TEMP_PREFIX)
+def _provides(e: Entry) -> bool:
+    """An entry others use (a tilus program, a tilelang binary): removed after its users, kept while a
+    user stays (Layout.provider_kinds)."""
+    return e.kind in _layout(e).provider_kinds
 
 
-def _is_staging(e: Entry) -> bool:
-    return e.layout == "tilelang" and (e.relpath.startswith(".staging/") or "/.staging/" in e.relpath)
+def _judged(root: Path, e: Entry) -> Entry:
+    """`e` with the one deep judgement (verify's), which reads every byte: what ls's cheap checks call
+    broken stays broken; what they call complete may not be."""
+    if e.status in BROKEN:
+        return e
+    from dataclasses import replace
+
+    from kcache_cli.verify import judge_entry
+
+    j = judge_entry(root, e, deep=True)
+    return e if j.status == e.status else replace(e, status=j.status, reason=j.reason)
+
+
+def _unlisted(e: Entry) -> bool:
+    """A directory the scan could not list, standing for the entries in it: never removed."""
+    return e.status == UNREADABLE and not e.hash
 
 
 def _is_leftover(e: Entry) -> bool:
-    """A temp dir of a kcache build or a tilelang staging write, rather than an entry."""
-    return _is_temp(e) or _is_staging(e)
+    """What an interrupted writer left (a kcache build's temp dir, a staging write), rather than an entry."""
+    return _layout(e).leftover(e) is not None
 
 
 class _Planner:
@@ -173,35 +163,48 @@ class _Planner:
         self.removals: dict[str, Removal] = {}  # path -> removal, in selection order
         self.skipped: dict[str, Skip] = {}
         self.known: dict[str, Entry] = dict(everything or {})  # path -> entry, for entries outside the selection
-        self._links: dict[str, list[str]] | None = None
-        self._users: dict[str, list[str]] = {}
+        self._users: dict[str, list[str]] = {}  # provider path -> paths of the entries that use it
         self._dirs_ok: dict[str, str | None] = {}
 
-    # -- relationships
-    def links(self) -> dict[str, list[str]]:
-        """tilus: program dir -> scripts linking to it."""
-        if self._links is None:
-            from kcache_cli.layouts import tilus
+    # -- relationships between entries (the layouts' dependency edges)
+    def learn_users(self, providers: list[Entry]) -> None:
+        """Learn which entries use each of `providers` (one pass per layout for all of them)."""
+        todo: dict[str, list[str]] = {}
+        for e in providers:
+            if e.path not in self._users and _provides(e):
+                todo.setdefault(e.layout, []).append(e.path)
+        for layout, paths in todo.items():
+            from kcache_cli.layouts import get
 
-            self._links = tilus.link_map(self.root)
-        return self._links
-
-    def users(self, binaries: list[str]) -> None:
-        """tilelang: learn which kernels embed each of `binaries`."""
-        todo = [b for b in binaries if b not in self._users]
-        if todo:
-            from kcache_cli.layouts import tilelang
-
-            self._users.update(tilelang.binary_users(self.root, todo))
+            self._users.update(get(layout).users(self.root, paths))
 
     def dependants(self, e: Entry) -> list[str]:
-        """Paths of the entries that use `e` (scripts of a tilus program, kernels of a tilelang binary)."""
-        if e.layout == "tilus" and e.kind == "program":
-            return self.links().get(os.path.normpath(e.path), [])
-        if e.layout == "tilelang" and e.kind == "binary":
-            self.users([e.path])
-            return self._users.get(e.path, [])
-        return []
+        """Paths of the entries that use `e` (the scripts of a tilus program, the kernels of a tilelang binary)."""
+        if not _provides(e):
+            return []
+        self.learn_users([e])
+        return self._users.get(e.path, [])
+
+    def take_users(self, e: Entry) -> list[Removal]:
+        """A broken provider that goes takes the entries using it along when they cannot work without it
+        (Layout.users_break: tilus scripts link to their programs)."""
+        added: list[Removal] = []
+        if e.status == COMPLETE or not _layout(e).users_break(e.kind):
+            return added
+        verb = _layout(e).use_words(e.kind)[0]
+        for s in self.dependants(e):
+            if s not in self.removals:
+                added += self.select(self.entry_at(s, e.layout), f"{verb} the removed {e.kind} {e.hash}")
+        return added
+
+    def kept_users(self, e: Entry, kept: list[str]) -> str:
+        """Why a provider stays: "linked from the kept script scripts/x/y and 2 more"."""
+        from kcache_cli.layouts import get
+
+        rel = self.rel(kept[0])
+        where = get(e.layout).shape.locate(rel)
+        more = f" and {len(kept) - 1} more" if len(kept) > 1 else ""
+        return f"{_layout(e).use_words(e.kind)[1]} the kept {where[0] if where else 'entry'} {rel}{more}"
 
     def entry_at(self, path: str, layout: str) -> Entry:
         e = self.known.get(path)
@@ -212,8 +215,11 @@ class _Planner:
                 self.known.setdefault(x.path, x)
             e = self.known.get(path)
         if e is None:  # vanished since: a stand-in that still names it
-            e = Entry(layout, "script", None, None, None, os.path.basename(path), path, self.rel(path), 0, 0,
-                      PARTIAL, "vanished", 0.0, 0.0)
+            from kcache_cli.layouts import get
+
+            where = get(layout).shape.locate(self.rel(path))
+            e = Entry(layout, where[0] if where else "entry", None, None, None, os.path.basename(path), path,
+                      self.rel(path), 0, 0, PARTIAL, "vanished", 0.0, 0.0)
         return e
 
     def rel(self, path: str) -> str:
@@ -237,6 +243,21 @@ class _Planner:
             self._dirs_ok[rel] = bad
         return self._dirs_ok[rel]
 
+    def shape_problem(self, e: Entry, relpath: str | None = None) -> str | None:
+        """Why `e` is left alone: it does not have the exact shape of an entry of its layout (positive
+        evidence, checked by the layout itself); None when it does. With `relpath` (a temp or staging
+        leftover) the path alone is judged."""
+        names: frozenset[str] | None = None
+        if relpath is None:
+            try:
+                names = frozenset(os.listdir(e.path))
+            except OSError:
+                names = None  # unreadable: judged by its path alone
+        bad = _layout(e).shape_problem(relpath or e.relpath, e.kind, names, self.root)
+        if bad is None:
+            return None
+        return f"left alone: not shaped like a {e.layout} {e.kind} entry ({bad})"
+
     # -- choosing
     def skip(self, e: Entry, why: str) -> None:
         self.skipped.setdefault(e.path, Skip(e, why))
@@ -256,6 +277,10 @@ class _Planner:
             return []
         if _is_leftover(e):
             return self._select_leftover(e)
+        bad = None if link else self.shape_problem(e)
+        if bad is not None:
+            self.skip(e, bad)
+            return []
         if link:
             r = Removal(e, e.path, e.relpath, e.size, LINK, why)
         else:
@@ -265,26 +290,19 @@ class _Planner:
         return [r]
 
     def _select_leftover(self, e: Entry) -> list[Removal]:
-        what = TEMP if _is_temp(e) else STAGING
-        items = [e]
-        if what == STAGING and os.path.basename(e.path) == "cuda-binaries" and os.path.isdir(e.path):
-            # tilelang's .staging/cuda-binaries/ holds one directory per write: judge each one
-            items = []
-            for de in listdir(e.path, self.warn):
-                u = measure_tree(de.path, self.warn)
-                items.append(replace(e, path=de.path, relpath=self.rel(de.path), hash=de.name, size=u.size,
-                                     files=u.files, modified=u.mtime, last_used=u.mtime))
+        layout = _layout(e)
         added = []
-        for x in items:
+        for x in layout.leftover_parts(e, self.warn):  # one per write (tilelang's .staging/cuda-binaries/)
+            left = layout.leftover(x) or layout.leftover(e)
+            assert left is not None, "a part of a leftover is a leftover"
+            bad = self.shape_problem(x, relpath=x.relpath)
+            if bad is not None:
+                self.skip(x, bad)
+                continue
             if self.now - x.modified < STALE_AFTER:
                 self.skip(x, "in flight: written to less than an hour ago")
                 continue
-            lock = None
-            if what == TEMP:
-                lock = f"{os.path.dirname(x.relpath)}/{state.temp_hash(os.path.basename(x.path))}"
-            why = ("temp directory of an interrupted kcache build" if what == TEMP
-                   else "tilelang staging left by an interrupted write")
-            r = Removal(x, x.path, x.relpath, x.size, what, why, lock=lock)
+            r = Removal(x, x.path, x.relpath, x.size, left.what, left.why, lock=left.lock)
             self.removals[x.path] = r
             added.append(r)
         return added
@@ -294,27 +312,20 @@ class _Planner:
 
     # -- the rules that tie entries together
     def settle(self) -> None:
-        """tilus: a broken program that goes takes the scripts linking to it along; a complete program
-        still linked from a script that stays, stays. tilelang: a binary embedded in a kernel that
-        stays, stays."""
+        """A broken provider that goes takes the users that cannot work without it along (tilus scripts);
+        a complete provider still used by an entry that stays, stays (tilus programs, tilelang binaries)."""
         for r in list(self.removals.values()):
-            e = r.entry
-            if r.what == ENTRY and e.layout == "tilus" and e.kind == "program" and e.status != COMPLETE:
-                for s in self.dependants(e):
-                    if s not in self.removals:
-                        self.select(self.entry_at(s, "tilus"), f"links to the removed program {e.hash}")
-        binaries = [r.path for r in self.removals.values()
-                    if r.what == ENTRY and r.entry.layout == "tilelang" and r.entry.kind == "binary"]
-        self.users(binaries)
+            if r.what == ENTRY:
+                self.take_users(r.entry)
+        self.learn_users([r.entry for r in self.removals.values() if r.what == ENTRY])
         for r in list(self.removals.values()):
-            if r.what != ENTRY or r.entry.kind not in _LAST_KINDS:
+            if r.what != ENTRY or not _provides(r.entry):
                 continue
             deps = self.dependants(r.entry)
             kept = [d for d in deps if d not in self.removals]
             if kept and r.entry.status == COMPLETE:
                 self.drop(r.path)
-                noun = "linked from the kept script" if r.entry.kind == "program" else "embedded in the kept kernel"
-                self.skip(r.entry, f"{noun} {self.rel(kept[0])}" + (f" and {len(kept) - 1} more" if len(kept) > 1 else ""))
+                self.skip(r.entry, self.kept_users(r.entry, kept))
             elif deps:
                 self.removals[r.path] = replace(r, requires=tuple(self.rel(d) for d in deps if d in self.removals))
 
@@ -329,24 +340,21 @@ class _Planner:
         return t
 
     def plan(self, exists: bool, scanned: int, warnings: Iterable[str], tidy: bool = False) -> DeletePlan:
-        order = sorted(self.removals.values(), key=lambda r: r.entry.kind in _LAST_KINDS)
+        order = sorted(self.removals.values(), key=lambda r: _provides(r.entry))  # users first
         return DeletePlan(str(self.root), exists, tuple(order), tuple(self.skipped.values()), scanned,
                           tuple(warnings), tidy)
 
 
 
 def _strays(root: Path, flt: ScanFilter, warn: Warn, layouts: Iterable[str]) -> list[Entry]:
-    from kcache_cli.layouts import LAYOUTS
+    from kcache_cli.layouts import get
     from kcache_cli.scan import ScanContext
 
     ctx = ScanContext(Path(root), warn, {})
-    out = []
+    out: list[Entry] = []
     for name in layouts:
-        if flt.layouts and name not in flt.layouts:
-            continue
-        finder = getattr(LAYOUTS[name], "stray_links", None)
-        if finder is not None:
-            out.extend(e for e in finder(ctx, flt) if flt.matches(e))
+        if not flt.layouts or name in flt.layouts:
+            out.extend(e for e in get(name).stray_links(ctx, flt) if flt.matches(e))
     return out
 
 
@@ -378,6 +386,9 @@ def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn
     for s in _strays(root, flt, collect, result.layouts):
         p.select(s, "selected (a symlink: removed as a link)", link=True)
     for e in result.entries:
+        if _unlisted(e):
+            p.skip(e, e.reason or "unreadable")
+            continue
         p.select(e, "selected")
     p.settle()
     return p.plan(True, result.size, msgs)
@@ -385,9 +396,10 @@ def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn
 
 def plan_prune(root: Path, max_size: int | None = None, older_than: float | None = None, broken: bool = False,
                warn: Warn | None = None, now: float | None = None) -> DeletePlan:
-    """What is safe and useful to remove: always stale temp/staging directories and hidet's leftover
-    candidates/; with `broken`, partial, failed and corrupt entries; with `older_than` (seconds), entries
-    unused for that long; with `max_size` (bytes), least recently used entries until the cache fits."""
+    """What is safe and useful to remove: always stale temp/staging directories and the leftovers the
+    layouts name inside entries (hidet's candidates/); with `broken`, partial, failed and corrupt entries;
+    with `older_than` (seconds), entries unused for that long; with `max_size` (bytes), least recently
+    used entries until the cache fits."""
     from kcache_cli.scan import scan_cache
 
     root = Path(root)
@@ -396,103 +408,116 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     result = scan_cache(root, ScanFilter(), collect)
     if not result.exists:
         return DeletePlan(str(root), False, warnings=tuple(msgs))
-    entries = result.entries
+    entries = tuple(e for e in result.entries if not _unlisted(e))
     by_path = {e.path: e for e in entries}
     p = _Planner(root, collect, now, by_path)
-
     leftovers = [e for e in entries if _is_leftover(e)]
     regular = [e for e in entries if not _is_leftover(e)] if leftovers else list(entries)
-    # 1. always: what interrupted writers left behind
-    for e in leftovers:
+    for e in leftovers:  # 1. always: what interrupted writers left behind
         if e.status == BUILDING:
             p.skip(e, "a build holds its lock (in progress)")
         else:
             p.select(e, "stale")
-    # 2. broken entries (and symlinks where entries belong)
-    if broken:
-        for s in _strays(root, ScanFilter(), collect, result.layouts):
-            p.select(s, "a symlink where an entry belongs: removed as a link", link=True)
-        for e in regular:
-            if e.status in BROKEN:
-                p.select(e, f"broken: {e.reason or e.status}", recheck=True)
-    # 3. unused for too long
-    if any(e.kind == "binary" for e in regular):
-        p.users([e.path for e in regular if e.kind == "binary"])
+    _select_kcache_leftovers(p, root, collect)
+    if broken:  # 2. broken entries (and symlinks where entries belong)
+        _select_broken(p, root, regular, collect, result.layouts)
+    p.learn_users(regular)  # 3. unused for too long (a provider is used when its users are)
     last = {e.path: p.effective_last_used(e, by_path) for e in regular}
     if older_than is not None:
         for e in regular:
             if now - last[e.path] > older_than and e.path not in p.removals:
-                p.select(e, f"unused for {_age_text(now - last[e.path])}")
+                p.select(e, f"unused for {format_age(now - last[e.path])}")
     p.settle()
-    # 4. hidet's auto-tuning leftovers in entries that stay
-    candidates: dict[str, Removal] = {}
-    for e in regular:
-        if e.layout == "hidet" and e.kind == "op" and e.path not in p.removals:
-            c = os.path.join(e.path, "candidates")
-            if os.path.isdir(c) and not os.path.islink(c):
-                if e.status == BUILDING:
-                    p.skip(e, "candidates/ kept: hidet holds the entry's lock (tuning)")
-                    continue
-                u = measure_tree(c, collect)
-                r = Removal(e, c, f"{e.relpath}/candidates", u.size, CANDIDATES,
-                            "auto-tuning leftovers (candidates/)", lock=e.relpath)
-                p.removals[c] = r
-                candidates[e.path] = r
-    # 5. least recently used first, until the cache fits
-    if max_size is not None:
-        freed = sum(r.size for r in p.removals.values())
-        remaining = result.size - freed
-        rank = {"script": 0, "kernel": 0, "program": 1, "binary": 1}
-        for e in sorted(regular, key=lambda e: (last[e.path], rank.get(e.kind, 0), e.relpath)):
-            if remaining <= max_size:
-                break
-            if e.path in p.removals:
-                continue
-            if e.kind in _LAST_KINDS and e.status == COMPLETE:
-                kept = [d for d in p.dependants(e) if d not in p.removals]
-                if kept:
-                    p.skip(e, f"used by {p.rel(kept[0])}, which stays")
-                    continue
-            via = "" if last[e.path] == e.last_used else f" (its users last used it {iso(last[e.path])})"
-            added = p.select(e, f"least recently used{via}")
-            if e.layout == "tilus" and e.kind == "program" and added and e.status != COMPLETE:
-                for s in p.dependants(e):
-                    if s not in p.removals:
-                        added += p.select(p.entry_at(s, "tilus"), f"links to the removed program {e.hash}")
-            for r in added:
-                remaining -= r.size
-                cand = candidates.pop(r.path, None)
-                if cand is not None:  # the entry's size already counts its candidates/
-                    p.drop(cand.path)
-                    remaining += cand.size
-            if added and e.kind in _LAST_KINDS:
-                deps = [d for d in p.dependants(e) if d in p.removals]
-                if deps:
-                    p.removals[e.path] = replace(p.removals[e.path], requires=tuple(p.rel(d) for d in deps))
+    inner = _select_inner_leftovers(p, regular, collect)  # 4. leftovers inside entries that stay
+    if max_size is not None:  # 5. least recently used first, until the cache fits
+        _select_until_fits(p, regular, last, inner, result.size, max_size)
     return p.plan(True, result.size, msgs, tidy=True)
 
 
-def _age_text(seconds: float) -> str:
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= n:
-            return f"{seconds / n:.0f}{unit}"
-    return f"{seconds:.0f}s"
+def _select_broken(p: _Planner, root: Path, regular: list[Entry], warn: Warn, layouts: Iterable[str]) -> None:
+    for s in _strays(root, ScanFilter(), warn, layouts):
+        p.select(s, "a symlink where an entry belongs: removed as a link", link=True)
+    for e in regular:
+        e = _judged(root, e)
+        if e.status in BROKEN:
+            p.select(e, f"broken: {e.reason or e.status}", recheck=True)
+
+
+def _select_inner_leftovers(p: _Planner, regular: list[Entry], warn: Warn) -> dict[str, list[Removal]]:
+    """Directories the layouts name as removable inside entries that stay; entry path -> their removals."""
+    out: dict[str, list[Removal]] = {}
+    for e in regular:
+        if e.path in p.removals:
+            continue
+        for left in _layout(e).inner_leftovers(e):
+            path = os.path.join(e.path, left.name)
+            if not os.path.isdir(path) or os.path.islink(path) or p.link_in_path(f"{e.relpath}/{left.name}"):
+                continue
+            if p.shape_problem(e) is not None:
+                continue
+            if e.status == BUILDING:
+                p.skip(e, left.busy)
+                continue
+            u = measure_tree(path, warn)
+            r = Removal(e, path, f"{e.relpath}/{left.name}", u.size, CANDIDATES, left.why, lock=e.relpath)
+            p.removals[path] = r
+            out.setdefault(e.path, []).append(r)
+    return out
+
+
+def _select_until_fits(p: _Planner, regular: list[Entry], last: dict[str, float], inner: dict[str, list[Removal]],
+                       size: int, max_size: int) -> None:
+    """Least recently used entries (users before the providers they use) until `size` fits `max_size`."""
+    remaining = size - sum(r.size for r in p.removals.values())
+    for e in sorted(regular, key=lambda e: (last[e.path], _provides(e), e.relpath)):
+        if remaining <= max_size:
+            break
+        if e.path in p.removals:
+            continue
+        if _provides(e) and e.status == COMPLETE:
+            kept = [d for d in p.dependants(e) if d not in p.removals]
+            if kept:
+                p.skip(e, f"used by {p.rel(kept[0])}, which stays")
+                continue
+        via = "" if last[e.path] == e.last_used else f" (its users last used it {iso(last[e.path])})"
+        added = p.select(e, f"least recently used{via}")
+        if added:
+            added += p.take_users(e)
+        for r in added:
+            remaining -= r.size
+            for left in inner.pop(r.path, ()):  # the entry's size already counts them
+                p.drop(left.path)
+                remaining += left.size
+        if added and _provides(e):
+            deps = [d for d in p.dependants(e) if d in p.removals]
+            if deps:
+                p.removals[e.path] = replace(p.removals[e.path], requires=tuple(p.rel(d) for d in deps))
+
+
+def _select_kcache_leftovers(p: _Planner, root: Path, warn: Warn) -> None:
+    """What killed imports and exports left in the root, once their writer is gone."""
+    from kcache_cli.scan import leftover_entries
+
+    for e in leftover_entries(root, warn):
+        if e.status == BUILDING:
+            p.skip(e, f"a running {e.kind} holds it")
+        else:
+            why = "staging of an interrupted import" if e.kind == "import" else "temp file of an interrupted export"
+            p.removals[e.path] = Removal(e, e.path, e.relpath, e.size, LEFTOVER, why)
+
+
 
 
 # ---- acting --------------------------------------------------------------------------------------
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk: delete in place instead of through the trash
+_LINKED = (errno.ELOOP, errno.ENOTDIR)
 
 
 def _flock(fd: int) -> bool:
-    import fcntl
+    from kcache_cli.locking import try_flock
 
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
+    return try_flock(fd)
 
 
 class _Executor:
@@ -509,6 +534,9 @@ class _Executor:
         self.dir_fds: dict[str, int] = {}
         self.pinned: dict[str, int] = {}  # root and .kcache/*: open for the whole run
         self.used_fd: int | None = None
+        self.locks_fd: int | None = None
+        self.mounts: list[str] = []  # mount points inside the root: never crossed
+        self._ident: tuple[int, int] | None = None
 
     # -- directories reached without following symlinks
     def _dir_fd(self, relpath: str) -> int:
@@ -543,50 +571,118 @@ class _Executor:
         self.pinned[relpath] = fd
         return fd
 
+    def _refuse(self, relpath: str, exc: OSError) -> KcacheError:
+        if exc.errno in _LINKED:
+            return KcacheError(f"{self.root / relpath} is a symlink or not a directory: kcache never writes "
+                               "through a link; nothing was removed")
+        return KcacheError(f"cannot write to {self.root / relpath}: {exc.strerror or exc}; nothing was removed")
+
+    def _lock_gc(self) -> int:
+        """Pin .kcache/ and .kcache/locks/ and take the gc lock (saying so while it waits). On a full disk
+        where they cannot be created, the lock is taken on the deepest directory that exists."""
+        sd = state.STATE_DIR
+        gc = None
+        try:
+            self._pin(sd, create=True)
+            self.locks_fd = self._pin(f"{sd}/locks", create=True)
+            gc = os.open(GC_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self.locks_fd)
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE:
+                raise self._refuse(f"{sd}/locks" if sd in self.pinned else sd, exc) from None
+            self.warnings.append(f"no space left in {self.root}: removing in place, without the trash")
+            gc = os.dup(self.pinned.get(f"{sd}/locks", self.pinned.get(sd, self.pinned[""])))
+        if not _flock(gc):
+            if self.on_wait:
+                self.on_wait()
+            from kcache_cli.locking import wait_flock
+
+            wait_flock(gc)
+        return gc
+
+    def _check_pins(self) -> None:
+        """After waiting for the gc lock: .kcache/ and its locks/ must still be the directories pinned
+        (one swapped for a link meanwhile is refused, never followed)."""
+        for rel, fd in list(self.pinned.items()):
+            if not rel:
+                continue
+            parent = self.pinned[rel.rpartition("/")[0]]
+            try:
+                now = os.open(rel.rpartition("/")[2], _DIR_FLAGS, dir_fd=parent)
+            except OSError as exc:
+                raise self._refuse(rel, exc) from None
+            try:
+                a, b = os.fstat(now), os.fstat(fd)
+            finally:
+                os.close(now)
+            if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+                raise KcacheError(f"{self.root / rel} was replaced while waiting for the gc lock; nothing was removed")
+
+    def _trash(self) -> int | None:
+        """Pin .kcache/trash/, empty what earlier runs left, and make this run's batch in it; None when the
+        disk is full (removals then happen in place)."""
+        sd = state.STATE_DIR
+        if f"{sd}/locks" not in self.pinned:
+            return None
+        try:
+            trash_fd = self._pin(f"{sd}/trash", create=True)
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                self.warnings.append(f"no space left in {self.root}: removing in place, without the trash")
+                return None
+            raise self._refuse(f"{sd}/trash", exc) from None
+        self._empty_trash()  # what an interrupted run left behind
+        batch = f"{os.getpid()}-{time.time_ns()}"
+        try:
+            os.mkdir(batch, 0o700, dir_fd=trash_fd)
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                self.warnings.append(f"no space left in {self.root}: removing in place, without the trash")
+                return None
+            raise self._refuse(f"{sd}/trash/{batch}", exc) from None
+        return os.open(batch, _DIR_FLAGS, dir_fd=trash_fd)
+
     def run(self) -> DeleteResult:
         sd = state.STATE_DIR
         if not self.plan.removals and not os.path.isdir(self.root / sd):
             return DeleteResult(self.plan.root, (), tuple(self.skipped), (), 0, (), tuple(self.warnings))
+        from kcache_cli import fsdelete
+
+        self.mounts = fsdelete.mount_points_under(os.path.realpath(self.root))
         try:
             self.pinned[""] = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            self._pin(sd, create=True)
-            locks_fd = self._pin(f"{sd}/locks", create=True)
-            trash_fd = self._pin(f"{sd}/trash", create=True)
-            gc = os.open(GC_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=locks_fd)
+            gc = self._lock_gc()
         except OSError as exc:
             self._close_all()
-            raise KcacheError(f"cannot write to {self.root / sd}: {exc.strerror or exc}; nothing was removed")
-        try:
-            self.used_fd = self._pin(f"{sd}/used", create=False)
-        except OSError:
-            self.used_fd = None
+            raise KcacheError(f"cannot open {self.root}: {exc.strerror or exc}; nothing was removed") from None
+        except KcacheError:
+            self._close_all()
+            raise
         removed_dirs: list[str] = []
         try:
-            if not _flock(gc):
-                if self.on_wait:
-                    self.on_wait()
-                import fcntl
-
-                fcntl.flock(gc, fcntl.LOCK_EX)
-            self._empty_trash()  # what an interrupted run left behind
-            batch = f"{os.getpid()}-{time.time_ns()}"
-            os.mkdir(batch, 0o700, dir_fd=trash_fd)
-            batch_fd = os.open(batch, _DIR_FLAGS, dir_fd=trash_fd)
-            deleter = _Deleter(self.root / sd / "trash" / batch, self.warnings)
+            self._check_pins()
+            try:
+                self.used_fd = self._pin(f"{sd}/used", create=False) if sd in self.pinned else None
+            except OSError:
+                self.used_fd = None
+            batch_fd = self._trash()
+            deleter = _Deleter(batch_fd, f"{sd}/trash", self.errors) if batch_fd is not None else None
             try:
                 for i, r in enumerate(self.plan.removals):
-                    moved = self._remove(r, i, locks_fd, batch_fd)
-                    if moved is not None:
+                    moved = self._remove(r, i, batch_fd)
+                    if moved is not None and deleter is not None:
                         deleter.put(moved, r.path)
                     if self.progress:
                         self.progress(r)
             finally:
-                deleter.finish()
-                os.close(batch_fd)
-            self._empty_trash()
+                if deleter is not None:
+                    deleter.finish()
+                if batch_fd is not None:
+                    os.close(batch_fd)
+            if batch_fd is not None:
+                self._empty_trash()
             removed_dirs = self._remove_empty_parents()
-            if self.plan.tidy_state:
-                self._tidy_state(locks_fd)
+            if self.plan.tidy_state and self.locks_fd is not None:
+                self._tidy_state(self.locks_fd)
         finally:
             os.close(gc)
             self._close_all()
@@ -603,86 +699,166 @@ class _Executor:
     def _skip(self, r: Removal, why: str) -> None:
         self.skipped.append(Skip(r.entry, why))
 
-    def _remove(self, r: Removal, i: int, locks_fd: int, batch_fd: int) -> str | None:
-        """Rename one thing into the trash, holding its locks; the name in the trash, or None."""
+    def _mount_inside(self, r: Removal) -> str | None:
+        if not self.mounts:
+            return None
+        real = os.path.join(os.path.realpath(self.root), r.relpath)
+        return next((m for m in self.mounts if m == real or m.startswith(real + "/")), None)
+
+    def _remove(self, r: Removal, i: int, batch_fd: int | None) -> str | None:
+        """Rename one thing into the trash (or remove it in place), holding its locks; the name in the
+        trash, or None."""
         missing = [q for q in r.requires if q not in self.gone and os.path.lexists(self.root / q)]
         if missing:
             return self._skip(r, f"still used by {missing[0]}, which was not removed")
+        mount = self._mount_inside(r)
+        if mount is not None:
+            return self._skip(r, f"holds the mount point {mount}: never crossed")
         head, _, name = r.relpath.rpartition("/")
         try:
             parent = self._dir_fd(head)
         except FileNotFoundError:
             return self._skip(r, "already gone")
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            if exc.errno in _LINKED:
                 return self._skip(r, "reached through a symlink: never followed out of the cache")
             return self._fail(r, exc)
+        if r.what == LEFTOVER:
+            return self._remove_leftover(r, parent, name)
         held: list[int] = []
+        self._ident = None  # what is renamed must be what was locked and checked
         try:
-            if r.lock is not None:
-                # A kcache build creates its lock file before it compiles and touches an existing entry only
-                # after compiling: with no lock file now, no build can replace this entry while we rename
-                # it, so no lock file is created for it (removing 100,000 entries leaves no 100,000 locks).
-                try:
-                    fd = os.open(state.lock_path(self.root, r.lock).name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                 dir_fd=locks_fd)
-                except FileNotFoundError:
-                    fd = None
-                if fd is not None:
-                    held.append(fd)
-                    if not _flock(fd):
-                        return self._skip(r, "a kcache build holds its lock (in progress)")
-            if r.what in (ENTRY, CANDIDATES):
-                try:  # the entry's own directory (for candidates/: the parent already open)
-                    efd = os.open(name, _DIR_FLAGS, dir_fd=parent) if r.what == ENTRY else os.dup(parent)
-                except FileNotFoundError:
-                    return self._skip(r, "already gone")
-                except OSError as exc:
-                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):  # a link since the scan: renamed as one
-                        return self._fail(r, exc)
-                    efd = None
-                if efd is not None:
-                    held.append(efd)
-                    if r.what == ENTRY and os.fstat(efd).st_mtime > r.entry.modified:
-                        return self._skip(r, "changed since the scan (in use, or rebuilt)")
-                    for own in (".lock", "dispatch_table.txt.lock"):
-                        try:
-                            fd = os.open(own, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=efd)
-                        except OSError:
-                            continue
-                        held.append(fd)
-                        if not _flock(fd):
-                            return self._skip(r, f"{r.entry.layout} holds the entry's {own} (in use)")
-                    if r.recheck and _status_now(r.entry) == COMPLETE:
-                        return self._skip(r, "complete by now (finished after the scan)")
-            elif r.what in (TEMP, STAGING):
-                if time.time() - measure_tree(r.path, lambda m: None).mtime < STALE_AFTER:
-                    return self._skip(r, "in flight: written to less than an hour ago")
-            moved = f"{i}-{name}"
-            try:
-                os.rename(name, moved, src_dir_fd=parent, dst_dir_fd=batch_fd)
-            except FileNotFoundError:
-                return self._skip(r, "already gone")
-            except OSError as exc:
-                if exc.errno != errno.EXDEV:
-                    return self._fail(r, exc)
-                # the trash is on another filesystem (a mount inside the cache): remove in place
-                if not _delete_tree(r.path):
-                    return self._fail(r, exc)
-                moved = None
-            self.removed.append(r)
-            self.gone.add(r.relpath)
-            if r.what == ENTRY:
-                self._drop_stamp(r.relpath)
-            return moved
+            why = self._hold_locks(r, parent, name, held)
+            if why is not None:
+                return self._skip(r, why)
+            return self._move(r, i, parent, name, batch_fd)
         except OSError as exc:
             return self._fail(r, exc)
         finally:
             for fd in held:
                 os.close(fd)
 
+    def _hold_locks(self, r: Removal, parent: int, name: str, held: list[int]) -> str | None:
+        """Take the removal's locks (kept in `held`); the reason to keep it instead, or None."""
+        if r.lock is not None and self.locks_fd is not None:
+            # A kcache build creates its lock file before it compiles and touches an existing entry only
+            # after compiling: with no lock file now, no build can replace this entry while we rename
+            # it, so no lock file is created for it (removing 100,000 entries leaves no 100,000 locks).
+            try:
+                fd = os.open(state.lock_path(self.root, r.lock).name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=self.locks_fd)
+            except FileNotFoundError:
+                fd = None
+            if fd is not None:
+                held.append(fd)
+                if not _flock(fd):
+                    return "a kcache build holds its lock (in progress)"
+        if r.what in (ENTRY, CANDIDATES):
+            try:  # the entry's own directory (for candidates/: the parent already open)
+                efd = os.open(name, _DIR_FLAGS, dir_fd=parent) if r.what == ENTRY else os.dup(parent)
+            except FileNotFoundError:
+                return "already gone"
+            except OSError as exc:
+                if exc.errno not in _LINKED:  # a link since the scan: renamed as one
+                    raise
+                efd = None
+            if efd is not None:
+                held.append(efd)
+                est = os.fstat(efd)
+                self._ident = (est.st_dev, est.st_ino)
+                if r.what == ENTRY and est.st_mtime > r.entry.modified:
+                    return "changed since the scan (in use, or rebuilt)"
+                for own in _layout(r.entry).writer_locks:
+                    try:
+                        fd = os.open(own, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=efd)
+                    except OSError:
+                        continue
+                    held.append(fd)
+                    if not _flock(fd):
+                        return f"{r.entry.layout} holds the entry's {own} (in use)"
+                now_status = _status_now(r.entry, self.root) if r.recheck else None
+                if now_status is not None and now_status not in BROKEN:
+                    why = "finished" if now_status == COMPLETE else "changed"
+                    return f"{now_status} by now ({why} after the scan)"
+        elif r.what in (TEMP, STAGING):
+            if time.time() - measure_tree(r.path, lambda m: None).mtime < STALE_AFTER:
+                return "in flight: written to less than an hour ago"
+        return None
+
+    def _move(self, r: Removal, i: int, parent: int, name: str, batch_fd: int | None) -> str | None:
+        """Rename into the batch; in place when there is no trash, the trash is on another filesystem
+        (the entry sits on a mount inside the cache) or the disk is too full to rename."""
+        moved = f"{i}-{name}"
+        try:
+            before = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if r.what == LINK and not stat.S_ISLNK(before.st_mode):
+                return self._skip(r, "no longer a symlink (replaced since the scan)")
+            if r.what == ENTRY and self._ident not in (None, (before.st_dev, before.st_ino)):
+                return self._skip(r, "replaced since it was locked")
+            if batch_fd is None:
+                raise OSError(errno.ENOSPC, "no trash")
+            os.rename(name, moved, src_dir_fd=parent, dst_dir_fd=batch_fd)
+            after = os.stat(moved, dir_fd=batch_fd, follow_symlinks=False)
+            if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):  # swapped in between: put back
+                from kcache_cli import fsdelete
+
+                fsdelete.rename_noreplace_at(batch_fd, moved, parent, name)
+                return self._skip(r, "replaced while being removed")
+        except FileNotFoundError:
+            return self._skip(r, "already gone")
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, *_NO_SPACE):
+                return self._fail(r, exc)
+            from kcache_cli import fsdelete
+
+            done = fsdelete.remove_tree(parent, name, label=r.relpath)
+            if not done.gone:
+                return self._fail_text(r, "; ".join(done.problems[:3]))
+            moved = ""
+        self.removed.append(r)
+        self.gone.add(r.relpath)
+        if r.what == ENTRY:
+            self._drop_stamp(r.relpath)
+        return moved or None
+
+    def _remove_leftover(self, r: Removal, parent: int, name: str) -> None:
+        """An import's staging dir or an export's temp file: removed while this run holds the flock its
+        writer would hold, and only if its writer is gone."""
+        from kcache_cli import fsdelete
+
+        is_dir = r.entry.kind == "import"
+        flags = (os.O_RDONLY | os.O_DIRECTORY if is_dir else os.O_RDONLY | os.O_NONBLOCK) | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(name, flags, dir_fd=parent)
+        except FileNotFoundError:
+            return self._skip(r, "already gone")
+        except OSError as exc:
+            return self._fail(r, exc)
+        try:
+            if not _flock(fd):
+                return self._skip(r, f"a running {r.entry.kind} holds it")
+            live = state.leftover_live_held(name, os.fstat(fd))
+            if live:
+                return self._skip(r, live)
+            if is_dir:
+                done = fsdelete.remove_tree(parent, name, label=r.relpath)
+                if not done.gone:
+                    return self._fail_text(r, "; ".join(done.problems[:3]))
+            else:
+                os.unlink(name, dir_fd=parent)
+        except OSError as exc:
+            return self._fail(r, exc)
+        finally:
+            os.close(fd)
+        self.removed.append(r)
+        self.gone.add(r.relpath)
+        return None
+
     def _fail(self, r: Removal, exc: OSError) -> None:
-        self.errors.append((r.path, f"cannot remove {r.path}: {exc.strerror or exc}"))
+        self._fail_text(r, exc.strerror or str(exc))
+
+    def _fail_text(self, r: Removal, why: str) -> None:
+        self.errors.append((r.path, f"cannot remove {r.path}: {why}"))
 
     def _drop_stamp(self, relpath: str) -> None:
         if self.used_fd is not None:
@@ -693,17 +869,30 @@ class _Executor:
 
     def _empty_trash(self) -> None:
         """Everything in the trash but a build's own (`build-*`, there for the instant a rebuilt entry
-        replaces the old one) unless an hour old: holding the gc lock, no other prune or clear is running."""
-        trash = self.root / state.STATE_DIR / "trash"
+        replaces the old one) unless an hour old: holding the gc lock, no other prune or clear is running.
+        Through the pinned trash descriptor only: a `trash` swapped for a link is never followed."""
+        from kcache_cli import fsdelete
+
+        trash = f"{state.STATE_DIR}/trash"
+        fd = self.pinned[trash]
         now = time.time()
-        for de in listdir(str(trash), lambda m: None):
+        try:
+            names = sorted(os.listdir(fd))
+        except OSError as exc:
+            self.errors.append((str(self.root / trash), f"cannot read {self.root / trash}: {exc.strerror}"))
+            return
+        for name in names:
             try:
-                if de.name.startswith("build-") and now - de.stat(follow_symlinks=False).st_ctime < STALE_AFTER:
-                    continue
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except OSError:
                 continue
-            if not _delete_tree(de.path):
-                self.warnings.append(f"could not empty {de.path} (the next prune retries)")
+            if name.startswith("build-") and now - st.st_ctime < STALE_AFTER:
+                continue
+            done = fsdelete.remove_tree(fd, name, label=f"{trash}/{name}")
+            if not done.gone:
+                path = str(self.root / trash / name)
+                self.errors.append((path, f"could not empty {path} (the next prune retries): "
+                                          + "; ".join(done.problems[:3])))
 
     def _remove_empty_parents(self) -> list[str]:
         """hidet op and space directories, tilus script op directories, left empty by this run. A
@@ -713,7 +902,7 @@ class _Executor:
             if r.what not in (ENTRY, TEMP, LINK):
                 continue
             rel = r.relpath
-            for _ in range(_EMPTY_PARENTS.get((r.entry.layout, r.entry.kind), 0)):
+            for _ in range(_layout(r.entry).empty_parent_levels(r.entry.kind)):
                 rel = rel.rpartition("/")[0]
                 if "/" not in rel:
                     break
@@ -730,7 +919,7 @@ class _Executor:
             # A kcache build takes its entry's lock before it makes the op directory and its temp dir in
             # it: holding every lock below this directory keeps a build from finding it gone in between.
             if lock_names is None:
-                lock_names = sorted(os.listdir(self.pinned[f"{state.STATE_DIR}/locks"]))
+                lock_names = sorted(os.listdir(self.locks_fd)) if self.locks_fd is not None else []
             prefix = state._stamp_name(rel + "/")
             held: list[int] = []
             try:
@@ -750,8 +939,7 @@ class _Executor:
 
     def _hold(self, lock_name: str, held: list[int]) -> bool:
         try:
-            fd = os.open(lock_name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         dir_fd=self.pinned[f"{state.STATE_DIR}/locks"])
+            fd = os.open(lock_name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.locks_fd)
         except FileNotFoundError:
             return True
         held.append(fd)
@@ -764,19 +952,20 @@ class _Executor:
             if not os.path.lexists(self.root / rel):
                 self._drop_stamp(rel)
         now = time.time()
-        for de in listdir(str(state.locks_dir(self.root)), lambda m: None):
-            if not de.name.endswith(".lock") or de.name.startswith("."):
+        for name in sorted(os.listdir(locks_fd)):
+            if not name.endswith(".lock") or name.startswith("."):
                 continue
-            rel = state._relpath_of_stamp(de.name[:-5])
+            rel = state._relpath_of_stamp(name[:-5])
             try:
-                if now - de.stat(follow_symlinks=False).st_mtime < STALE_AFTER or os.path.lexists(self.root / rel):
+                st = os.stat(name, dir_fd=locks_fd, follow_symlinks=False)
+                if now - st.st_mtime < STALE_AFTER or os.path.lexists(self.root / rel):
                     continue
-                fd = os.open(de.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=locks_fd)
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=locks_fd)
             except OSError:
                 continue
             try:
                 if _flock(fd) and not os.path.lexists(self.root / rel):
-                    os.unlink(de.name, dir_fd=locks_fd)
+                    os.unlink(name, dir_fd=locks_fd)
             except OSError:
                 pass
             finally:
@@ -784,18 +973,20 @@ class _Executor:
 
 
 class _Deleter:
-    """Empties the trash in worker threads while the main thread renames entries into it. Deleting is
-    waiting on the disk (unlinks, rmdirs), and disks serve several at once: 4 threads delete about
-    twice as fast as one (and than `rm -rf`) on the disks measured; see bench/bench_prune.py."""
+    """Empties the trash batch in worker threads while the main thread renames entries into it. Deleting
+    is waiting on the disk (unlinks, rmdirs), and disks serve several at once: 4 threads delete about
+    twice as fast as one (and than `rm -rf`) on the disks measured; see bench/bench_prune.py. Each
+    works relative to the batch's descriptor (kcache_cli.fsdelete), never by path."""
 
     THREADS = 4
 
-    def __init__(self, batch: Path, warnings: list[str]):
+    def __init__(self, batch_fd: int, where: str, errors: list[tuple[str, str]]):
         import queue
         import threading
 
-        self.batch = batch
-        self.warnings = warnings
+        self.batch_fd = batch_fd
+        self.where = where
+        self.errors = errors
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.threads = [threading.Thread(target=self._run, name=f"kcache-trash-{i}", daemon=True)
                         for i in range(self.THREADS)]
@@ -812,80 +1003,38 @@ class _Deleter:
             t.join()
 
     def _run(self) -> None:
+        from kcache_cli import fsdelete
+
         while True:
             item = self.queue.get()
             if item is None:
                 return
             name, origin = item
-            if not _delete_tree(self.batch / name):
-                self.warnings.append(f"could not delete all of {origin} (moved to the trash; the next prune "
-                                     "retries)")
+            done = fsdelete.remove_tree(self.batch_fd, name, label=f"{self.where}/{name}")
+            if not done.gone:
+                self.errors.append((origin, f"could not delete all of {origin} (moved to the trash; the next "
+                                            f"prune retries): " + "; ".join(done.problems[:3])))
 
 
-def _delete_tree(path) -> bool:
-    """rm -rf of something in the trash: links are unlinked, never followed; a directory we cannot
-    write to is made writable (it is ours, in the trash) and retried."""
-    import shutil
+def _status_now(e: Entry, root: Path | None = None) -> str:
+    """The entry's status read again now, by the same deep judgement that selected it."""
+    from kcache_cli.verify import judge_entry
 
-    failed: list[str] = []
-
-    def retry(func, p, exc) -> None:
-        err = exc if isinstance(exc, BaseException) else exc[1]
-        if isinstance(err, FileNotFoundError):
-            return
-        if isinstance(err, PermissionError):
-            try:
-                parent = os.path.dirname(p)
-                os.chmod(parent, stat.S_IRWXU)
-                if func in (os.rmdir, os.unlink) or getattr(func, "__name__", "") in ("rmdir", "unlink"):
-                    func(p)
-                    return
-                if os.path.isdir(p) and not os.path.islink(p):
-                    os.chmod(p, stat.S_IRWXU)
-                    shutil.rmtree(p)
-                    return
-            except OSError:
-                pass
-        failed.append(p)
-
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    if not stat.S_ISDIR(st.st_mode):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            return False
-        return True
-    import sys
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=retry)
-    else:
-        shutil.rmtree(path, onerror=retry)
-    return not failed and not os.path.lexists(path)
+    if root is None:
+        root = Path(e.path[: len(e.path) - len(e.relpath)] or "/")
+    return judge_entry(root, e, deep=True).status
 
 
-def _status_now(e: Entry) -> str:
-    """The entry's status by the layout's cheap checks, read again now."""
-    from kcache_cli.layouts import hidet, tilelang, tilus
+def _no_layout():
+    from kcache_cli.layouts.base import Layout
+    from kcache_cli.layouts.shapes import LayoutShape
 
-    names: dict[str, int] = {}
-    for de in listdir(e.path, lambda m: None):
-        try:
-            if not de.is_dir(follow_symlinks=False):
-                names[de.name] = de.stat(follow_symlinks=False).st_size
-        except OSError:
-            pass
-    if e.layout == "hidet" and e.kind == "op":
-        return hidet.op_status(e.path, names)[0]
-    if e.layout == "tilus":
-        return (tilus.program_status(e.path) if e.kind == "program" else tilus.script_status(e.path))[0]
-    if e.layout == "tilelang":
-        return (tilelang.kernel_status(e.path, names) if e.kind == "kernel" else tilelang.binary_status(e.path, names))[0]
-    return e.status
+    class _Own(Layout):
+        """kcache's own leftovers: no shape, no dependencies, nothing held."""
+
+        shape = LayoutShape("kcache", (), "kcache's own leftovers")
+
+    return _Own()
+
+
+_NO_LAYOUT = _no_layout()

@@ -17,12 +17,20 @@ Never stale, by construction:
 - the key is taken before the entry is judged (read_dir records the stats it makes anyway), so a change
   while the scan runs leaves a key that no longer matches;
 - an entry changed less than RACY_SECONDS before the scan started (by the file system's own clock: the
-  ctime of the temp file this scan will write the index into) is not stored: a later change within the
-  same timestamp tick could otherwise keep its ctime;
-- only statuses that are a function of the entry's own files are stored (STORABLE): `building` and
-  `partial` depend on locks, which no stat shows; an entry whose scan warned, that has subdirectories, or
-  that holds a symlink (the judgement may read through it) is not stored either. A judgement that comes to depend on anything outside the entry's files must
-  add it to `_context()` or leave STORABLE;
+  ctime of the temp file this scan will write the index into, less the time the scan had run by then,
+  so that what a layout read before its entries, such as version.txt files, is covered) is not stored:
+  a later change within the same timestamp tick could otherwise keep its ctime;
+- a record holds what the layout's per-entry function returned (the Entry, and for hidet's full scan the
+  entry's version.txt text too) and is served only to the same function with the same job: the job
+  carries what the judgement takes from outside the entry (hidet's version in use, from the installed
+  hidet or the cache's newest version.txt), so a new version in use judges the entries again. What the
+  layout derives from every entry's answers afterwards (a full scan without an installed hidet: the
+  newest version.txt, and which entries it makes `stale`) runs on served answers as on judged ones;
+- only statuses that are a function of the entry's own files and its job are stored (STORABLE):
+  `building` and `partial` depend on locks, which no stat shows, and `unreadable` on permissions; an
+  entry whose scan warned, that has subdirectories, or that holds a symlink (the judgement may read
+  through it) is not stored either. A judgement that comes to depend on anything else must put it in
+  the job, add it to `_context()`, or leave STORABLE;
 - the whole index is used only if it was written for the same root, user, groups, Python, kcache code
   (the judging modules' files) and Entry fields; it must be owned by the user and not writable by others;
   a truncated or garbled file fails its length and CRC check; loading never runs code (a pickle
@@ -41,13 +49,14 @@ import os
 import pickle
 import struct
 import sys
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import fields
 from stat import S_ISLNK
 from typing import Any
 
-from kcache_cli.model import COMPLETE, CORRUPT, FAILED, Entry
+from kcache_cli.model import COMPLETE, CORRUPT, FAILED, STALE, Entry
 from kcache_cli.scan import ScanContext
 
 INDEX_DIR = "index"
@@ -57,7 +66,7 @@ _HEADER = struct.Struct("<QI")  # payload length, CRC-32 of the payload
 RACY_SECONDS = 2.0
 # Below this many entries a scan takes milliseconds: no index is written (nothing appears in small caches).
 MIN_ENTRIES = 1000
-STORABLE = frozenset({COMPLETE, FAILED, CORRUPT})
+STORABLE = frozenset({COMPLETE, FAILED, CORRUPT, STALE})
 FIELDS = tuple(f.name for f in fields(Entry))
 _LAST_USED = FIELDS.index("last_used")
 _RELPATH = FIELDS.index("relpath")
@@ -67,9 +76,12 @@ _MAX_BYTES = 1 << 31
 _STALE_TEMP = 3600.0  # temp files of killed writers are removed after an hour
 # The modules whose code decides what a record holds; a change to any of them drops the index.
 _JUDGES = ("kcache_cli.scan", "kcache_cli.model", "kcache_cli.checks", "kcache_cli.terms", "kcache_cli.state",
-           "kcache_cli.locking", "kcache_cli.index")
+           "kcache_cli.locking", "kcache_cli.index", "kcache_cli.fsread", "kcache_cli.taskfile",
+           "kcache_cli.layouts.base", "kcache_cli.layouts.shapes")
+_PLAIN = (str, int, float, bool, bytes, type(None))
 
-Record = tuple  # (file names, digest, Entry field values)
+# (file names, digest, (function name, job), Entry field values, the rest of the function's answer or None)
+Record = tuple
 
 
 def index_name() -> str:
@@ -102,9 +114,22 @@ def _fresh(path: str, names: tuple[str, ...], digest: bytes) -> bool:
 _INTERNED: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
-def _record(entry: Entry, path: str, seen, warned: list, racy_ns: int) -> Record | None:
-    """The record of a freshly judged entry, or None when it must not be stored."""
-    if warned or seen is None or entry.status not in STORABLE or entry.path != path:
+def _plain(value: Any) -> bool:
+    return type(value) in _PLAIN or (type(value) is tuple and all(type(v) in _PLAIN for v in value))
+
+
+def _record(out: Any, asked: tuple, seen, warned: list, racy_ns: int) -> Record | None:
+    """The record of a freshly judged entry (`out`: an Entry, or a tuple whose first item is one), or
+    None when it must not be stored."""
+    if isinstance(out, Entry):
+        entry, rest = out, None
+    elif type(out) is tuple and out:
+        entry, rest = out[0], tuple(out[1:])
+    else:
+        return None
+    path = asked[1][0]
+    if (warned or seen is None or not isinstance(entry, Entry) or entry.status not in STORABLE
+            or entry.path != path or not _plain(asked[1]) or (rest is not None and not _plain(rest))):
         return None
     dir_stat, stats = seen
     ints = [dir_stat.st_ino, dir_stat.st_mtime_ns, dir_stat.st_ctime_ns]
@@ -118,19 +143,37 @@ def _record(entry: Entry, path: str, seen, warned: list, racy_ns: int) -> Record
         return None
     names = tuple(n for n, _ in stats)
     names = _INTERNED.setdefault(names, names)  # entries share their file names: pickled once
-    return names, _digest(ints), tuple(getattr(entry, f) for f in FIELDS)
+    return names, _digest(ints), asked, tuple(getattr(entry, f) for f in FIELDS), rest
 
 
-def _wrap(func: Callable, stored: dict, racy_ns: int) -> Callable:
-    """`func(ctx, job)` behind the index: None when the stored record of job's entry is fresh, else
-    (Entry or None, Record or None) from the real scan (the Entry only when there is no record to
-    build it from: records travel from forked workers more cheaply than Entries)."""
-    def run(ctx: ScanContext, job):
-        path = job[0]
-        rec = stored.get(path)
-        if (rec is not None and type(rec) is tuple and len(rec) == 3 and type(rec[2]) is tuple
-                and len(rec[2]) == _NFIELDS and _fresh(path, rec[0], rec[1])):  # _fresh fails on odd names
+def _func_name(func: Callable) -> str:
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
+
+
+def _servable(rec: Any, asked: tuple) -> bool:
+    """Whether `rec` is a well-formed record of the same function and job whose files are unchanged."""
+    return (type(rec) is tuple and len(rec) == 5 and rec[2] == asked and type(rec[3]) is tuple
+            and len(rec[3]) == _NFIELDS and (rec[4] is None or type(rec[4]) is tuple)
+            and _fresh(asked[1][0], rec[0], rec[1]))  # _fresh fails on odd names
+
+
+class _Wrapped:
+    """`func(ctx, job)` behind the index: None when the stored record of job's entry serves, else
+    (the answer or None, Record or None) from the real scan (the answer only when there is no record to
+    build it from: records travel from worker processes more cheaply than Entries). A class, not a
+    closure: parallel.map_parts may have to pickle it."""
+
+    def __init__(self, func: Callable, stored: dict, racy_ns: int) -> None:
+        self.func, self.name, self.stored, self.racy_ns = func, _func_name(func), stored, racy_ns
+
+    def __call__(self, ctx: ScanContext, job: tuple) -> tuple | None:
+        asked = (self.name, tuple(job))
+        if _servable(self.stored.get(job[0]), asked):
             return None
+        return self.judge(ctx, job, asked)
+
+    def judge(self, ctx: ScanContext, job: tuple, asked: tuple) -> tuple:
+        path = job[0]
         warned: list[str] = []
         warn = ctx.warn
 
@@ -141,12 +184,11 @@ def _wrap(func: Callable, stored: dict, racy_ns: int) -> Callable:
         seen: dict = {}
         ctx.warn, ctx.recording = collect, seen
         try:
-            entry = func(ctx, job)
+            out = self.func(ctx, job)
         finally:
             ctx.warn, ctx.recording = warn, None
-        new = _record(entry, path, seen.get(path), warned, racy_ns)
-        return (None, new) if new is not None else (entry, None)
-    return run
+        new = _record(out, asked, seen.get(path), warned, self.racy_ns)
+        return (None, new) if new is not None else (out, None)
 
 
 class _NoGlobals(pickle.Unpickler):
@@ -157,14 +199,17 @@ class _NoGlobals(pickle.Unpickler):
 
 
 def _context(root: str) -> tuple:
+    from importlib import import_module
+
     import kcache_cli
-    from kcache_cli.layouts import LAYOUTS
+    from kcache_cli.layouts import NAMES
 
     code: list[tuple] = []
-    for mod in [sys.modules.get(m) for m in _JUDGES] + list(LAYOUTS.values()):
+    for name in _JUDGES + tuple(f"kcache_cli.layouts.{n}" for n in NAMES):
+        mod = sys.modules.get(name) or import_module(name)
         try:
-            st = os.stat(mod.__file__)  # type: ignore[union-attr, arg-type]
-            code.append((mod.__name__, st.st_size, st.st_mtime_ns, st.st_ino))  # type: ignore[union-attr]
+            st = os.stat(mod.__file__ or "")
+            code.append((mod.__name__, st.st_size, st.st_mtime_ns, st.st_ino))
         except (AttributeError, TypeError, OSError):
             code.append((getattr(mod, "__name__", None), None))
     st = os.stat(root)
@@ -252,6 +297,7 @@ class IndexedContext(ScanContext):
         self._visited: set[str] = set()
         self._changed = False
         self._writer: tuple[int, str, int] | None = None  # index dir fd, temp name, racy limit (ns)
+        self._started = time.monotonic_ns()  # before the layouts read anything (see _start_write)
         try:
             self._context = _context(root)
         except OSError:
@@ -261,29 +307,31 @@ class IndexedContext(ScanContext):
     def map_entries(self, func, jobs: list) -> Iterator[Entry]:
         stored = self._stored
         if self._writer is None and hasattr(self, "_context") and (len(jobs) >= MIN_ENTRIES or stored):
-            self._writer = _start_write(str(self.root))  # before any entry is stat'ed: see the module doc
+            self._writer = _start_write(str(self.root), self._started)  # before any entry is stat'ed
         racy_ns = self._writer[2] if self._writer else -1  # no writer: nothing will be stored anyway
-        results: Iterator[Any] = super().map_entries(_wrap(func, stored, racy_ns), jobs)  # run()'s answers
+        results: Iterator[Any] = super().map_entries(_Wrapped(func, stored, racy_ns), jobs)
         for job, out in zip(jobs, results):
             path = job[0]
             self._visited.add(path)
             if out is None:
                 rec = stored[path]
             else:
-                entry, rec = out
+                answer, rec = out
                 if rec is None:
                     if path in stored:
                         self._changed = True  # its record no longer holds
-                    yield entry
+                    yield answer
                     continue
                 self._changed = True
             self._new[path] = rec
-            yield self._entry_of(rec)
+            yield self._answer_of(rec)
 
-    def _entry_of(self, rec: Record) -> Entry:
-        values = list(rec[2])
-        values[_LAST_USED] = self.last_used_of(values[_RELPATH], values[_MODIFIED])  # stamps move on
-        return Entry(*values)
+    def _answer_of(self, rec: Record) -> Any:
+        """What the layout's function answered when the record was made (last-used stamps move on)."""
+        values = list(rec[3])
+        values[_LAST_USED] = self.last_used_of(values[_RELPATH], values[_MODIFIED])
+        entry = Entry(*values)
+        return entry if rec[4] is None else (entry, *rec[4])
 
     def save(self, complete: bool) -> None:
         """Write the index if this scan learnt anything; `complete` (an unfiltered scan) also drops the
@@ -310,9 +358,10 @@ class IndexedContext(ScanContext):
             os.close(dfd)
 
 
-def _start_write(root: str) -> tuple[int, str, int] | None:
-    """Create the temp file the index will be written to; its ctime is the file system's "now", from
-    which entries are judged too recent to store. None when the cache is not writable."""
+def _start_write(root: str, started: int) -> tuple[int, str, int] | None:
+    """Create the temp file the index will be written to; its ctime is the file system's "now", less
+    the time since the scan `started` (time.monotonic_ns), from which entries are judged too recent to
+    store. None when the cache is not writable."""
     import secrets
 
     dfd = _open_index_dir(root, create=True)
@@ -328,7 +377,7 @@ def _start_write(root: str) -> tuple[int, str, int] | None:
     except OSError:
         os.close(dfd)
         return None
-    return dfd, tmp, now - int(RACY_SECONDS * 1e9)
+    return dfd, tmp, now - (time.monotonic_ns() - started) - int(RACY_SECONDS * 1e9)
 
 
 def _write(dfd: int, tmp: str, obj: dict) -> None:
@@ -347,8 +396,6 @@ def _write(dfd: int, tmp: str, obj: dict) -> None:
 
 def _remove_stale_temps(dfd: int) -> None:
     """Temp files of writers killed an hour ago or more (a live writer renames or removes its own)."""
-    import time
-
     limit = time.time() - _STALE_TEMP
     try:
         names = [n for n in os.listdir(dfd) if n.startswith(".tmp-")]

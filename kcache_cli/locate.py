@@ -1,11 +1,13 @@
-"""Where the cache is (DESIGN.md §1): --cache-dir, KCACHE_DIR, then hidet's own rule."""
+"""Where the cache is: --cache-dir, KCACHE_DIR, then the default root of the layout `kcache build`
+publishes into (its compiler's own rule: kcache_cli/layouts/homes.py)."""
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from kcache_cli.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -14,68 +16,47 @@ class CacheLocation:
     reason: str
 
 
-def hidet_config_file() -> Path:
-    return Path.home() / ".config" / "hidet" / "hidet.toml"
-
-
-def _cache_dir_from_toml(path: Path) -> str | None:
-    """The `cache_dir` of hidet.toml, or None. Only a top-level key counts, as in hidet."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    try:
-        import tomllib  # Python 3.11+
-
-        value = tomllib.loads(text).get("cache_dir")
-        return value if isinstance(value, str) and value else None
-    except ImportError:  # pragma: no cover - Python 3.10
-        pass
-    except Exception:  # a malformed toml: hidet would fail too; fall through to a line scan
-        pass
-    for line in text.splitlines():
-        if line.lstrip().startswith("["):
-            break
-        m = re.match(r"""\s*cache_dir\s*=\s*(['"])(.*)\1\s*(#.*)?$""", line)
-        if m and m.group(2):
-            return m.group(2)
-    return None
-
-
-def git_root(start: Path) -> Path | None:
-    """The nearest ancestor holding `.git` (a directory, or a file for worktrees)."""
-    for d in (start, *start.parents):
-        if (d / ".git").exists():
-            return d
-    return None
-
-
-def resolve_cache_dir(cli_value: str | os.PathLike | None = None, cwd: Path | None = None) -> CacheLocation:
-    if cli_value:
-        return CacheLocation(Path(cli_value).expanduser().absolute(), "--cache-dir")
+def resolve_cache_dir(cli_value: str | os.PathLike | None = None, package_dir: Path | None = None) -> CacheLocation:
+    """The cache root. `--cache-dir ""` (an unset shell variable), `/` and the home directory itself
+    are refused (UsageError): kcache deletes inside its root, and neither of those is a cache."""
+    if cli_value is not None:
+        if not os.fspath(cli_value):
+            raise UsageError("--cache-dir is empty (an unset variable?): give the cache's path")
+        return _checked(CacheLocation(Path(cli_value).expanduser().absolute(), "--cache-dir"))
     env = os.environ.get("KCACHE_DIR")
     if env:
-        return CacheLocation(Path(env).expanduser().absolute(), "KCACHE_DIR environment variable")
-    return hidet_cache_dir(cwd)
+        return _checked(CacheLocation(Path(env).expanduser().absolute(), "KCACHE_DIR environment variable"))
+    return _checked(default_cache_dir(package_dir))
 
 
-def hidet_cache_dir(cwd: Path | None = None) -> CacheLocation:
-    """hidet's own rule: hidet.toml's cache_dir, else <git root>/.hidet_cache, else ~/.cache/hidet."""
-    config = hidet_config_file()
-    from_config = _cache_dir_from_toml(config) if config.is_file() else None
-    if from_config:
-        return CacheLocation(Path(from_config).expanduser().absolute(), f"cache_dir in {config}")
-    repo = git_root((cwd or Path.cwd()).absolute())
-    if repo is not None:
-        return CacheLocation(repo / ".hidet_cache", f"inside the git work tree {repo} (hidet's rule)")
-    return CacheLocation(Path.home() / ".cache" / "hidet", "default (~/.cache/hidet)")
+def _checked(loc: CacheLocation) -> CacheLocation:
+    real = os.path.realpath(loc.path)
+    if real == os.path.realpath(os.sep):
+        raise UsageError(f"refusing {loc.path} ({loc.reason}) as a cache root: it is the filesystem root")
+    if real == os.path.realpath(Path.home()):
+        raise UsageError(f"refusing {loc.path} ({loc.reason}) as a cache root: it is the home directory")
+    return loc
+
+
+def default_cache_dir(package_dir: Path | None = None) -> CacheLocation:
+    """The cache the build layout's compiler uses when nothing says otherwise (`package_dir`: where its
+    Python package lies, for tests; None: found without importing it)."""
+    from kcache_cli.layouts import homes
+    from kcache_cli.layouts.shapes import BUILD_SHAPE
+
+    home = homes.default_root(BUILD_SHAPE.name, package_dir)
+    assert home is not None, "the build layout has a default root"
+    return CacheLocation(home.path.absolute(), home.reason)
 
 
 def known_caches() -> list[tuple[str, Path]]:
-    """Every kernel cache kcache knows where to look for on this machine (`dir --all`)."""
-    tilelang = os.environ.get("TILELANG_CACHE_DIR")
-    return [
-        ("hidet", hidet_cache_dir().path),
-        ("tilus", Path.home() / ".cache" / "tilus"),
-        ("tilelang", Path(tilelang).expanduser() if tilelang else Path.home() / ".tilelang" / "cache"),
-    ]
+    """Every kernel cache kcache knows where to look for on this machine (`dir --all`): each layout's
+    own default place."""
+    from kcache_cli.layouts import all_layouts
+
+    out = []
+    for name, layout in all_layouts().items():
+        where = layout.default_root()
+        if where is not None:
+            out.append((name, where[0]))
+    return out

@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from fnmatch import fnmatchcase
+from typing import NamedTuple
 
-from kcache_cli.terms import (BUILDING, COMPLETE, CORRUPT, FAILED, KINDS, LAYOUT_NAMES,  # noqa: F401
-                              PARTIAL, STATUSES)
+from kcache_cli.fsread import MAX_TREE_DEPTH
+from kcache_cli.terms import (  # noqa: F401
+    BUILDING,
+    COMPLETE,
+    CORRUPT,
+    FAILED,
+    KINDS,
+    LAYOUT_NAMES,
+    PARTIAL,
+    STALE,
+    STATUSES,
+    UNREADABLE,
+)
 
 UNREADABLE_REASON = "unreadable directory (permission denied?)"
 
@@ -32,6 +45,21 @@ def iso(ts: float | None) -> str | None:
 _ISO_SEEN: dict[int, str] = {}
 
 
+class EntryKey(NamedTuple):
+    """What names an entry wherever it appears (a scan, an archive's manifest, a remote): the fields of
+    `ls --json` that say which entry it is, as opposed to its size, status or times."""
+
+    layout: str
+    kind: str
+    target: str | None
+    space: str | None
+    op: str | None
+    hash: str
+
+    def to_json(self) -> dict:
+        return self._asdict()
+
+
 @dataclass(frozen=True)
 class Entry:
     """One cache entry: an operator, graph, program, script, kernel or binary directory."""
@@ -51,6 +79,10 @@ class Entry:
     modified: float
     last_used: float
 
+    @property
+    def key(self) -> EntryKey:
+        return EntryKey(self.layout, self.kind, self.target, self.space, self.op, self.hash)
+
     def to_json(self) -> dict:
         d = {k: self.__dict__[k] for k in JSON_KEYS}
         d["modified"] = iso(self.modified)
@@ -58,26 +90,77 @@ class Entry:
         return d
 
 
+_GLOB = frozenset("*?[")
+
+
+def is_glob(pattern: str) -> bool:
+    return not _GLOB.isdisjoint(pattern)
+
+
+def _name_matches(value: str | None, wanted: tuple[str, ...]) -> bool:
+    if value is None:
+        return False
+    return any(value == w or (is_glob(w) and fnmatchcase(value, w)) for w in wanted)
+
+
+def space_matches(space: str | None, wanted: str) -> bool:
+    """`cuda_space_2` is asked for as `cuda_space_2`, `2` (any target's level 2) or a glob (`cuda_*`)."""
+    if space is None:
+        return False
+    if wanted.isdigit():
+        return space.endswith(f"_space_{wanted}") and space[:-len(f"_space_{wanted}")].isalnum()
+    return space == wanted or (is_glob(wanted) and fnmatchcase(space, wanted))
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A layout's verdict on one entry's files: the same function gives it to ls (cheap) and to
+    verify, inspect, prune --broken and import (deep), so they cannot disagree on the same files."""
+
+    status: str
+    reason: str | None = None
+    problems: tuple[str, ...] = ()  # every problem found; the first is `reason`
+
+    @staticmethod
+    def of(status: str, reason: str | None = None) -> Judgement:
+        return Judgement(status, reason, (reason,) if reason else ())
+
+
 @dataclass(frozen=True)
 class ScanFilter:
-    """What to keep. Empty tuples mean "all". Layouts use ops/spaces/targets to skip directories."""
+    """What to keep. Empty tuples mean "all". Layouts use ops/spaces/targets to skip directories, so the
+    CLI hands them concrete names (names.expand_filter turns globs and `--space 2` into the names
+    present); matches() understands globs and the bare level too."""
 
-    ops: tuple[str, ...] = ()
-    spaces: tuple[str, ...] = ()
+    ops: tuple[str, ...] = ()  # names or globs (`mat*`)
+    spaces: tuple[str, ...] = ()  # names, a bare level (`2`) or globs
     targets: tuple[str, ...] = ()
     layouts: tuple[str, ...] = ()
     statuses: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ()
     hash_prefixes: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()  # entries by their path relative to the root; OR-ed with hash_prefixes
 
     def wants_op(self, op: str | None) -> bool:
-        return not self.ops or op in self.ops
+        return not self.ops or _name_matches(op, self.ops)
 
     def wants_space(self, space: str | None) -> bool:
-        return not self.spaces or space in self.spaces
+        return not self.spaces or any(space_matches(space, s) for s in self.spaces)
 
     def wants_target(self, target: str | None) -> bool:
         return not self.targets or target in self.targets
+
+    def name_prefixes(self) -> tuple[str, ...]:
+        """What an entry's directory name must start with (hash prefixes and the last part of each path),
+        for layouts that skip directories by name; () means any."""
+        if not (self.hash_prefixes or self.paths):
+            return ()
+        return self.hash_prefixes + tuple(p.rsplit("/", 1)[-1] for p in self.paths)
+
+    def wants_ref(self, e: Entry) -> bool:
+        if not (self.hash_prefixes or self.paths):
+            return True
+        return any(e.hash.startswith(p) for p in self.hash_prefixes) or e.relpath in self.paths
 
     def matches(self, e: Entry) -> bool:
         return (
@@ -87,7 +170,7 @@ class ScanFilter:
             and (not self.layouts or e.layout in self.layouts)
             and (not self.statuses or e.status in self.statuses)
             and (not self.kinds or e.kind in self.kinds)
-            and (not self.hash_prefixes or any(e.hash.startswith(p) for p in self.hash_prefixes))
+            and self.wants_ref(e)
         )
 
 
@@ -103,6 +186,27 @@ class ScanResult:
     def size(self) -> int:
         return sum(e.size for e in self.entries)
 
+    def to_json(self, top: int = 10) -> dict:
+        """`stats --json`: totals, breakdowns by layout, space, op, status and kind (entries and bytes
+        each), the `top` biggest entries (as `ls --json` rows) and the scan's warnings."""
+        import heapq
+
+        groups: dict[str, dict[str, dict[str, int]]] = {k: {} for k in
+                                                         ("by_layout", "by_space", "by_op", "by_status", "by_kind")}
+        for e in self.entries:
+            for key, value in (("by_layout", e.layout), ("by_space", e.space or "-"), ("by_op", e.op or "-"),
+                               ("by_status", e.status), ("by_kind", e.kind)):
+                g = groups[key].setdefault(value, {"entries": 0, "size": 0})
+                g["entries"] += 1
+                g["size"] += e.size
+        biggest = heapq.nlargest(top, self.entries, key=lambda e: (e.size, e.relpath))
+        layouts = list(self.layouts)
+        return {"root": self.root, "exists": self.exists,
+                "layout": layouts[0] if len(layouts) == 1 else ("mixed" if layouts else None),
+                "layouts": layouts, "entries": len(self.entries), "size": self.size,
+                **{k: dict(sorted(v.items())) for k, v in groups.items()},
+                "biggest": [e.to_json() for e in biggest], "warnings": list(self.warnings)}
+
 
 @dataclass(frozen=True)
 class TreeUsage:
@@ -114,16 +218,18 @@ class TreeUsage:
 def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
     """Size, file count and newest mtime of a directory tree; never follows symlinks.
 
-    An unreadable directory is a warning and counts as empty, not an exception."""
+    An unreadable directory is a warning and counts as empty, not an exception. Iterative, and at
+    most MAX_TREE_DEPTH directories deep (a deeper tree is a warning; what lies below is not counted)."""
     size = files = 0
     try:
         newest = os.lstat(path).st_mtime
     except OSError as exc:
         warn(f"cannot stat {path}: {exc.strerror}")
         return TreeUsage(0, 0, 0.0)
-    stack = [path]
+    stack = [(path, 0)]
+    too_deep = False
     while stack:
-        d = stack.pop()
+        d, depth = stack.pop()
         try:
             it = os.scandir(d)
         except OSError as exc:
@@ -136,12 +242,15 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                 except OSError:
                     continue
                 if de.is_dir(follow_symlinks=False):
-                    stack.append(de.path)
+                    if depth < MAX_TREE_DEPTH:
+                        stack.append((de.path, depth + 1))
+                    elif not too_deep:
+                        too_deep = True
+                        warn(f"{path}: directories nested more than {MAX_TREE_DEPTH} deep (not counted below)")
                 else:
                     size += st.st_size
                     files += 1
-                if st.st_mtime > newest:
-                    newest = st.st_mtime
+                newest = max(newest, st.st_mtime)
     return TreeUsage(size, files, newest)
 
 

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from kcache_cli import state
 from kcache_cli.errors import UsageError
-from kcache_cli.model import Entry, ScanFilter, ScanResult, TreeUsage, Warn, measure_tree
+from kcache_cli.model import (
+    Entry,
+    ScanFilter,
+    ScanResult,
+    TreeUsage,
+    Warn,
+    measure_tree,
+)
 
 
 @dataclass
@@ -64,28 +72,23 @@ class ScanContext:
         return listdir(path, self.warn)
 
     def map_entries(self, func, jobs: list) -> Iterator[Entry]:
-        """`func(self, job)` for every job, in order. Big caches are read by one forked worker per
-        core: the per-file stat calls are what a scan costs, and they scale with cores."""
-        workers = min(os.cpu_count() or 1, 8)
+        """`func(self, job)` for every job, in order. Big caches are read by one worker process per
+        core (kcache_cli.parallel): the per-file stat calls are what a scan costs, and they scale with
+        cores. `func` must be a module-level function."""
+        from kcache_cli import parallel
+
+        workers = parallel.cpus()
         if len(jobs) < PARALLEL_MIN_JOBS or workers < 2:
             for job in jobs:
                 yield func(self, job)
             return
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        global _FORKED
-        # Workers are forked and inherit the jobs; only the chunk number and the results travel.
-        _FORKED = (self.root, self.last_used, func, [jobs[i::workers] for i in range(workers)])
         try:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-                results = list(pool.map(_run_chunk, range(workers)))
+            results = parallel.map_parts(_scan_part, (self.root, self.last_used, func),
+                                         [jobs[i::workers] for i in range(workers)])
         except (OSError, RuntimeError, ImportError):  # no fork, no semaphores: read them here instead
             for job in jobs:
                 yield func(self, job)
             return
-        finally:
-            _FORKED = None
         for _, warnings in results:
             for w in warnings:
                 self.warn(w)
@@ -167,28 +170,30 @@ def listdir(path: str | Path, warn: Warn) -> list[os.DirEntry]:
 PARALLEL_MIN_JOBS = 4000
 
 
-_FORKED = None
-
-
-# Threads per forked worker. A cache not read for a while is on disk, not in the page cache (and
+# Threads per worker process. A cache not read for a while is on disk, not in the page cache (and
 # reclaim evicts it): each worker then waits on directory, inode and header reads, which release the GIL,
 # so a few threads keep several reads in flight where one would wait for each in turn.
 THREADS_PER_WORKER = 4
 
 
-def _run_chunk(i: int) -> tuple[list[Entry], list[str]]:
+def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
+    """One worker's share of a scan: its entries and the warnings they raised, read by up to
+    THREADS_PER_WORKER threads (each with its own context: the index records per context)."""
     import threading
 
-    root, last_used, func, chunks = _FORKED
-    chunk = chunks[i]
-    n = max(1, min(THREADS_PER_WORKER, len(chunk) // 500))
-    parts = [chunk[t::n] for t in range(n)]
-    out: list[list[Entry]] = [[] for _ in range(n)]
+    root, last_used, func = shared
+    n = max(1, min(THREADS_PER_WORKER, len(jobs) // 500))
+    parts = [jobs[t::n] for t in range(n)]
+    out: list[list[Any]] = [[] for _ in range(n)]
     warned: list[list[str]] = [[] for _ in range(n)]
+    failed: list[BaseException] = []
 
     def work(t: int) -> None:
-        local = ScanContext(root, warned[t].append, last_used)  # one each: the index records per context
-        out[t] = [func(local, job) for job in parts[t]]
+        try:
+            local = ScanContext(root, warned[t].append, last_used)
+            out[t] = [func(local, job) for job in parts[t]]
+        except BaseException as exc:  # noqa: BLE001 - raised again below, in the worker's own thread
+            failed.append(exc)
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(1, n)]
     for th in threads:
@@ -196,25 +201,22 @@ def _run_chunk(i: int) -> tuple[list[Entry], list[str]]:
     work(0)
     for th in threads:
         th.join()
-    if any(len(out[t]) != len(parts[t]) for t in range(n)):
-        raise RuntimeError("a scan thread failed")
-    return [out[j % n][j // n] for j in range(len(chunk))], [w for ws in warned for w in ws]
-
-
-def _layouts():
-    from kcache_cli.layouts import LAYOUTS
-
-    return LAYOUTS
+    if failed:
+        raise failed[0]
+    return [out[j % n][j // n] for j in range(len(jobs))], [w for ws in warned for w in ws]
 
 
 def detect_layouts(root: Path) -> tuple[str, ...]:
-    return tuple(name for name, mod in _layouts().items() if mod.detect(Path(root)))
+    from kcache_cli import layouts
+
+    return layouts.detect(root)
 
 
 def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None,
-               use_index: bool = False) -> ScanResult:
+               leftovers: bool = False, use_index: bool = False) -> ScanResult:
     """Every entry under `root` that `flt` keeps. Damaged entries come back with a status;
-    unreadable directories come back as warnings. A missing root is an empty result.
+    unreadable directories come back as warnings. A missing root is an empty result. With
+    `leftovers`, kcache's own leftovers of killed imports and exports too (layout `kcache`).
 
     With `use_index`, entries whose files are provably unchanged since the last scan come from
     `<root>/.kcache/index/` (kcache_cli/index.py) instead of being judged again; the answer is the same."""
@@ -228,6 +230,11 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
 
     if not root.is_dir():
         return ScanResult(str(root), False, (), (), ())
+    from kcache_cli.layouts import get as get_layout
+    from kcache_cli.names import expand_filter
+
+    complete = flt == ScanFilter()
+    flt = expand_filter(root, flt)
     layouts = detect_layouts(root)
     if use_index:
         from kcache_cli.index import IndexedContext
@@ -239,20 +246,121 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     for name in layouts:
         if flt.layouts and name not in flt.layouts:
             continue
-        entries.extend(e for e in _layouts()[name].scan(ctx, flt) if flt.matches(e))
+        entries.extend(e for e in get_layout(name).scan(ctx, flt) if flt.matches(e))
     if use_index:
-        ctx.save(complete=flt == ScanFilter())  # type: ignore[attr-defined]
+        ctx.save(complete=complete)  # type: ignore[attr-defined]
+    if leftovers and not flt.layouts:
+        entries.extend(e for e in leftover_entries(root, collect) if flt.matches(e))
     return ScanResult(str(root), True, layouts, tuple(entries), tuple(warnings))
 
 
-def resolve_entry(root: Path, prefix: str, warn: Warn | None = None) -> Entry:
-    """The one entry whose hash starts with `prefix` (or whose relative path is `prefix`)."""
-    prefix = prefix.strip().rstrip("/")
-    if not prefix:
-        raise UsageError("empty hash prefix")
-    result = _candidates(root, prefix, warn)
-    found = [e for e in result.entries if e.hash.startswith(prefix) or e.relpath == prefix]
-    exact = [e for e in found if e.hash == prefix or e.relpath == prefix]
+_HASH_CHARS = re.compile(r"^[0-9a-zA-Z_\-]+$")
+
+
+def split_refs(root: Path, refs) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Entry references as typed -> (hash prefixes, paths relative to the root). A reference is a hash
+    prefix, the entry's path relative to the root (`ops/cuda_space_0/add/8d1f7691cdf75e90`), or its
+    absolute path (as `build` and `ls --json` print it; a path under the current directory works too)."""
+    prefixes: list[str] = []
+    paths: list[str] = []
+    for ref in refs:
+        ref = ref.strip()
+        if not ref:
+            raise UsageError("empty entry reference (give a hash prefix or the entry's path)")
+        if "/" not in ref and ref not in (".", ".."):
+            if not _HASH_CHARS.match(ref):
+                raise UsageError(f"bad hash prefix '{ref}'")
+            prefixes.append(ref)
+            continue
+        rel = _relative_to_root(Path(root), ref)
+        if rel not in paths:
+            paths.append(rel)
+    return tuple(prefixes), tuple(paths)
+
+
+def _inside(root: str, path: str) -> str | None:
+    if path == root:
+        return ""
+    base = os.path.join(root, "")
+    return path[len(base):] if path.startswith(base) else None
+
+
+def _relative_to_root(root: Path, ref: str) -> str:
+    if os.path.isabs(ref) or os.path.exists(ref) and not os.path.exists(os.path.join(root, ref)):
+        absolute = os.path.abspath(ref)
+        rel = _inside(os.path.abspath(root), absolute)
+        if rel is None:  # through symlinks (/tmp vs /private/tmp, a linked home directory)
+            rel = _inside(os.path.realpath(root), os.path.realpath(absolute))
+        if not rel:
+            raise UsageError(f"{ref} is not an entry of the cache {root} (pass --cache-dir for another cache)")
+    else:
+        rel = ref
+    parts = [p for p in rel.replace(os.sep, "/").split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise UsageError(f"bad entry path '{ref}' (give a path inside the cache, without '..')")
+    return "/".join(parts)
+
+
+def _differing(found: list[Entry]) -> str:
+    """The selector that tells `found` apart, as the user would type it."""
+    for attr, option in (("space", "--space"), ("layout", "--layout"), ("kind", "--kind"), ("op", "--op")):
+        values = sorted({getattr(e, attr) for e in found if getattr(e, attr)})
+        if len(values) > 1:
+            return f"pick one with {' or '.join(f'{option} {v}' for v in values[:4])}, or give its path"
+    return "give more digits or the entry's path"
+
+
+def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
+    """kcache's own leftovers in the root: staging dirs of imports (`.kcache/import-*`) and temp files of
+    exports written into the root's top directory (`.<archive>.*.kcache-tmp`). Partial when their
+    writer is gone (prune removes them), building while it runs."""
+    from kcache_cli.terms import BUILDING, PARTIAL
+
+    out: list[Entry] = []
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return out
+    try:
+        places = [("", root_fd)]
+        try:
+            places.append((state.STATE_DIR, os.open(state.STATE_DIR, _DIR_FLAGS | os.O_CLOEXEC, dir_fd=root_fd)))
+        except OSError:
+            pass
+        for where, fd in places:
+            for name in sorted(os.listdir(fd)):
+                pattern = state.EXPORT_TEMP if not where else state.IMPORT_STAGING
+                live = state.leftover_live(fd, name) if pattern.match(name) else None
+                if live is None:
+                    continue
+                rel = f"{where}/{name}" if where else name
+                path = os.path.join(str(root), rel)
+                kind = "import" if where else "export"
+                if where:
+                    usage = measure_tree(path, warn)
+                else:  # a file: its own size
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    usage = TreeUsage(st.st_size, 1, st.st_mtime)
+                reason = (f"{'staging of an import' if where else 'temp file of an export'} "
+                          + ("in progress" if live else "that was interrupted (prune removes it)"))
+                out.append(Entry("kcache", kind, None, None, None, name, path, rel, usage.size, usage.files,
+                                 BUILDING if live else PARTIAL, reason, usage.mtime, usage.mtime))
+    finally:
+        for _, fd in places:
+            os.close(fd)
+    return out
+
+
+def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilter = ScanFilter()) -> Entry:
+    """The one entry that `ref` (a hash prefix, a path relative to the root, or an absolute path) names
+    among those `flt` selects (--space, --op... to tell apart the same hash in two spaces)."""
+    from dataclasses import replace
+
+    prefixes, paths = split_refs(root, [ref.rstrip("/") or ref])
+    flt = replace(flt, hash_prefixes=prefixes, paths=paths)
+    result = scan_cache(root, _narrowed(root, flt), warn)
+    found = list(result.entries)
+    exact = [e for e in found if e.hash in prefixes or e.relpath in paths]
     if len(exact) == 1:
         found = exact
     real = [e for e in found if not os.path.basename(e.relpath).startswith(".")]
@@ -260,31 +368,30 @@ def resolve_entry(root: Path, prefix: str, warn: Warn | None = None) -> Entry:
         found = real
     if not found:
         where = "" if result.exists else f" ({root} does not exist)"
-        raise UsageError(f"no entry matches '{prefix}' in {root}{where}")
+        raise UsageError(f"no entry matches '{ref}' in {root}{where}")
     if len(found) > 1:
-        names = ", ".join(f"{e.hash} ({e.layout} {e.kind} {e.op or '-'} in {e.space or '-'})" for e in found[:8])
+        names = ", ".join(f"{e.relpath} ({e.layout} {e.kind})" for e in found[:8])
         more = f" and {len(found) - 8} more" if len(found) > 8 else ""
-        raise UsageError(f"'{prefix}' is ambiguous: {len(found)} entries match: {names}{more}")
+        raise UsageError(f"'{ref}' is ambiguous: {len(found)} entries match: {names}{more}; {_differing(found)}")
     return found[0]
 
 
-def _candidates(root: Path, prefix: str, warn: Warn | None) -> ScanResult:
-    """The entries that could match `prefix`, judged: directory names alone (kcache_cli/names.py) say
-    where they are, so that only their layout, space and op directories are scanned, and only the entries
-    whose names match are read. A path, or a prefix no visible directory has (a temp directory's name),
-    takes the full scan."""
+def _narrowed(root: Path, flt: ScanFilter) -> ScanFilter:
+    """`flt` (naming entries by hash prefix or path) limited to the layouts, and spaces, where directory
+    names alone (kcache_cli/names.py) show entries it could name: only those are listed and judged, not
+    every layout's entries nor hidet's graphs. Spaces narrow nothing else (the hidet version in use is
+    still the whole cache's). Where names show none (a temp directory's name) `flt` is kept as it is."""
+    from dataclasses import replace
+
     from kcache_cli import names
 
-    hits = list(names.entries(root, prefix)) if "/" not in prefix else []
+    if not Path(root).is_dir():
+        return flt
+    hits = [h for p in flt.name_prefixes() for h in names.entries(root, p, layouts=flt.layouts)]
     if not hits:
-        return scan_cache(root, ScanFilter(), warn)
-    entries: list[Entry] = []
-    found = None
-    for layout in sorted({h.layout for h in hits}):
-        mine = [h for h in hits if h.layout == layout]
-        spaces = tuple(sorted({h.space for h in mine if h.space})) if all(h.space for h in mine) else ()
-        ops = tuple(sorted({h.op for h in mine if h.op})) if all(h.op for h in mine) else ()
-        found = scan_cache(root, ScanFilter(layouts=(layout,), spaces=spaces, ops=ops, hash_prefixes=(prefix,)), warn)
-        entries.extend(found.entries)
-    assert found is not None
-    return ScanResult(found.root, found.exists, found.layouts, tuple(entries), ())
+        return flt
+    layouts = tuple(sorted({h.layout for h in hits}))
+    spaces = flt.spaces
+    if not spaces and all(h.space for h in hits):
+        spaces = tuple(sorted({h.space for h in hits if h.space}))
+    return replace(flt, layouts=layouts, spaces=spaces)

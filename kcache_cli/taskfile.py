@@ -1,4 +1,4 @@
-"""hidet's task.txt: the task string whose sha256 names an operator entry (DESIGN.md §2.1)."""
+"""hidet's task.txt: the task string whose sha256 names an operator entry."""
 
 from __future__ import annotations
 
@@ -40,10 +40,10 @@ def sha256_hex(data: bytes) -> str:
     """sha256 of small data through Python's built-in module: no OpenSSL to load (about 4 ms),
     which matters on `kcache build`'s cache-hit path."""
     try:
-        from _sha2 import sha256  # Python 3.12+
+        from _sha2 import sha256  # type: ignore[import-not-found]  # Python 3.12+
     except ImportError:
         try:
-            from _sha256 import sha256
+            from _sha256 import sha256  # type: ignore[import-not-found]
         except ImportError:
             from hashlib import sha256
     return sha256(data).hexdigest()
@@ -84,3 +84,15 @@ def parse_task(data: bytes, source: str = "task.txt") -> TaskInfo:
         return tuple(tensors.get(n, TensorSpec(n, "?", ())) for n in _names(fields.get(key, "")))
 
     return TaskInfo(name, specs("inputs"), specs("outputs"), fields.get("attributes"))
+
+
+MAX_TASK_BYTES = 1 << 20  # hidet's task strings are a few KB
+
+
+def read_task_file(path: str, base: str | None = None) -> bytes:
+    """The exact bytes of a task file: a regular file of at most MAX_TASK_BYTES (fsread: a FIFO or
+    a device such as /dev/zero is refused). Inside a cache entry (`base`) a symlink is refused too;
+    a task file the user names may be a link. OSError says why it cannot be read."""
+    from kcache_cli.fsread import read_bytes
+
+    return read_bytes(path, MAX_TASK_BYTES, base=base, follow=base is None)

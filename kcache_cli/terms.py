@@ -1,7 +1,13 @@
 """kcache's fixed vocabulary. A module of its own so that start-up (option parsing, completion)
-can name layouts, kinds and statuses without creating the core's dataclasses."""
+can name layouts, kinds and statuses without creating the core's dataclasses. Layout names and
+kinds come from the layouts' registry (kcache_cli/layouts/shapes.py)."""
+
+from kcache_cli.layouts.shapes import SHAPES
 
 COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING = "complete", "partial", "failed", "corrupt", "building"
-STATUSES = (COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING)
-LAYOUT_NAMES = ("hidet", "tilus", "tilelang")
-KINDS = ("op", "graph", "ir_module", "program", "script", "kernel", "binary")
+# stale: whole and valid, but built by another version of the compiler, which will rebuild it.
+# unreadable: permissions keep kcache (and the compiler) from reading it; never judged broken.
+STALE, UNREADABLE = "stale", "unreadable"
+STATUSES = (COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING, STALE, UNREADABLE)
+LAYOUT_NAMES = tuple(s.name for s in SHAPES)
+KINDS = tuple(k.kind for s in SHAPES for k in s.kinds)

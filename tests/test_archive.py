@@ -30,7 +30,7 @@ def tree(root: Path) -> dict[str, tuple]:
         for n in dirnames + filenames:
             full = os.path.join(dirpath, n)
             rel = os.path.normpath(os.path.join(rel_dir, n))
-            if rel.split(os.sep)[0] == ".kcache":
+            if rel.split(os.sep)[0] == ".kcache" or rel == "CACHEDIR.TAG":  # kcache's own, not cache content
                 continue
             st = os.lstat(full)
             if stat.S_ISLNK(st.st_mode):
@@ -145,8 +145,8 @@ def test_export_status_matches_ls(kcache, fixture_copy, tmp_path):
     (src / "ops/cpu_space_0/relu/31857fe085635b31/func_types.pickle").unlink()
     lib = src / "ops/cuda_space_0/add/8d1f7691cdf75e90/lib.so"
     lib.write_bytes(lib.read_bytes()[:100])  # truncated ELF: corrupt
-    (src / "ops/cuda_space_0/softmax/ad252b064b266eea/lib.so").unlink()  # failed (a log, no lib.so)
-    for status in ("complete", "partial", "corrupt", "failed"):
+    (src / "ops/cuda_space_0/softmax/ad252b064b266eea/lib.so").unlink()  # corrupt: compiler output, no lib.so
+    for status in ("complete", "partial", "corrupt"):
         listed = sorted(e["hash"] for e in kcache("--cache-dir", src, "ls", "--status", status, "--json").json())
         r = kcache("--cache-dir", src, "export", tmp_path / "s.tar", "--status", status, "--json")
         assert r.exit_code == 0, r.stderr
@@ -229,6 +229,8 @@ def test_export_failure_leaves_nothing(kcache, fixture_copy, tmp_path):
     r = kcache("--cache-dir", src, "export", tmp_path / "a.zip")
     assert r.exit_code == 2 and "tar.zst" in r.stderr
     r = kcache("--cache-dir", tmp_path / "missing", "export", tmp_path / "a.tar")
+    assert r.exit_code == 2 and "does not exist" in r.stderr  # an explicit --cache-dir must exist
+    r = kcache("export", tmp_path / "a.tar", env={"KCACHE_DIR": str(tmp_path / "missing")})
     assert r.exit_code == 1 and "no cache" in r.stderr
     assert not list(tmp_path.glob("*.tar*")) and not list(tmp_path.glob(".*kcache-tmp*"))
 
@@ -242,7 +244,7 @@ def test_export_interrupted_leaves_no_archive(fixture_copy, tmp_path, monkeypatc
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(archive, "_entry_facts", boom)
+    monkeypatch.setattr(archive.export, "_entry_facts", boom)
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(KeyboardInterrupt):
@@ -290,9 +292,10 @@ def test_arch_rules():
 @pytest.fixture
 def many_parts(monkeypatch):
     """Make the multi-part, forked-worker path run on a small cache."""
-    monkeypatch.setattr(archive, "PARALLEL_MIN_ENTRIES", 4)
-    monkeypatch.setattr(archive, "ENTRIES_PER_PART", 3)
-    monkeypatch.setattr(archive, "_cpus", lambda: 2)
+    for module in (archive.export, archive.importer):
+        monkeypatch.setattr(module, "PARALLEL_MIN_ENTRIES", 4)
+        monkeypatch.setattr(module, "_cpus", lambda: 2)
+    monkeypatch.setattr(archive.export, "ENTRIES_PER_PART", 3)
 
 
 def _generated(tmp_path: Path, n: int) -> Path:
@@ -341,16 +344,27 @@ def test_parallel_rejection_leaves_cache_unchanged(kcache, tmp_path, many_parts)
     assert not dst.exists()
 
 
-def test_import_into_mixed_root(kcache, fixture_copy, tmp_path):
-    """All three layouts into one root: each arrives whole."""
-    dst = tmp_path / "all"
+def test_import_refuses_an_archive_of_another_layout(kcache, fixture_copy, tmp_path):
+    """Each layout's archive goes into a new root, which takes its layout; a tilus archive into that hidet
+    root is refused (tilus never looks there), naming where tilus's cache is. A root that already holds
+    both layouts takes either."""
+    roots = {}
     for layout in LAYOUTS:
         arc = tmp_path / f"{layout}.tar.zst"
         assert kcache("--cache-dir", fixture_copy(layout), "export", arc).exit_code == 0
-        assert kcache("--cache-dir", dst, "import", arc).exit_code == 0
-    rows = kcache("--cache-dir", dst, "ls", "--json").json()
-    assert {r["layout"] for r in rows} == set(LAYOUTS) and all(r["status"] == "complete" for r in rows)
-    assert kcache("--cache-dir", dst, "verify").exit_code == 0
+        roots[layout] = tmp_path / f"new-{layout}"
+        assert kcache("--cache-dir", roots[layout], "import", arc).exit_code == 0
+        rows = kcache("--cache-dir", roots[layout], "ls", "--json").json()
+        assert {r["layout"] for r in rows} == {layout} and all(r["status"] == "complete" for r in rows)
+        assert kcache("--cache-dir", roots[layout], "verify").exit_code == 0
+    before = sorted(p.name for p in roots["hidet"].iterdir())
+    r = kcache("--cache-dir", roots["hidet"], "import", tmp_path / "tilus.tar.zst")
+    assert r.exit_code == 1 and r.stderr.startswith("Error: ") and len(r.stderr.strip().splitlines()) == 1
+    assert "tilus" in r.stderr and "kcache dir --all" in r.stderr and ".cache/tilus" in r.stderr
+    assert sorted(p.name for p in roots["hidet"].iterdir()) == before
+    mixed = fixture_copy("hidet", dest="mixed")
+    shutil.copytree(fixture_copy("tilus", dest="t2") / "programs", mixed / "programs", symlinks=True)
+    assert kcache("--cache-dir", mixed, "import", tmp_path / "tilus.tar.zst").exit_code == 0
 
 
 def test_export_skips_entry_with_outward_link(kcache, fixture_copy, tmp_path):
@@ -385,7 +399,8 @@ def test_concurrent_imports_of_one_archive(tmp_path):
 
 def test_killed_import_leaves_only_whole_entries(tmp_path):
     """Killed at whatever moment: each entry is there whole or not at all; only the staging
-    directory (under .kcache/, invisible to ls) is left behind."""
+    directory (under .kcache/, listed by ls as a partial `kcache` leftover that prune removes) is left
+    behind."""
     import signal
     import time
 
@@ -408,7 +423,9 @@ def test_killed_import_leaves_only_whole_entries(tmp_path):
         assert mine == {k: v for k, v in want.items() if k.startswith(e + os.sep)}, e
     if dst.exists():
         rows = subprocess.run(_cli("--cache-dir", str(dst), "ls", "--json"), capture_output=True, text=True).stdout
-        assert all(r["status"] == "complete" for r in json.loads(rows))
+        assert all(r["status"] == "complete" for r in json.loads(rows) if r["layout"] != "kcache")
+        assert all(r["kind"] == "import" and r["status"] == "partial" for r in json.loads(rows)
+                   if r["layout"] == "kcache")
 
 
 def test_stale_staging_is_removed_after_a_good_import(kcache, fixture_copy, tmp_path):
@@ -418,7 +435,7 @@ def test_stale_staging_is_removed_after_a_good_import(kcache, fixture_copy, tmp_
     dst = tmp_path / "dst"
     stale = dst / ".kcache" / "import-999999999-abcd"
     (stale / "programs").mkdir(parents=True)
-    fresh = dst / ".kcache" / "import-999999998-abcd"
+    fresh = dst / ".kcache" / f"import-{os.getpid()}-abcd"  # a live pid: may be an import in progress
     fresh.mkdir()
     old = 1_000_000_000
     os.utime(stale, (old, old))
@@ -449,7 +466,7 @@ def test_publish_across_filesystems_copies_then_renames(kcache, fixture_copy, tm
             raise OSError(errno.EXDEV, "Invalid cross-device link", dst)
         return real(src, dst)
 
-    monkeypatch.setattr(archive, "rename_noreplace", cross_device)
+    monkeypatch.setattr(archive.importer, "rename_noreplace", cross_device)
     src = fixture_copy("tilus")
     arc = tmp_path / "t.tar"
     assert kcache("--cache-dir", src, "export", arc).exit_code == 0

@@ -12,7 +12,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -277,7 +276,7 @@ def elf(sections: list[tuple[str, int, bytes, int, int]], *, machine: int = 62,
         body += data + b"\0" * (-len(data) % 8)
     shoff = 64 + len(body)
     shdrs = b"\0" * 64
-    for (name, typ, data, link, entsize), off, noff in zip(all_secs, offsets, name_offs):
+    for (_name, typ, data, link, entsize), off, noff in zip(all_secs, offsets, name_offs):
         shdrs += struct.pack("<IIQQQQIIQQ", noff, typ, 2, 0, off, len(data), link, 0, 8, entsize)
     ident = b"\x7fELF" + bytes([2, 1, 1, osabi, abiversion]) + b"\0" * 7
     hdr = ident + struct.pack("<HHIQQQIHHHHHH", e_type, machine, 1, 0, 0, shoff, e_flags, 64,
@@ -387,13 +386,10 @@ def test_lz4_compressed_cubin_entry_refines_suffix(tmp_path):
 
 # ---------------------------------------------------------------------- hostile
 
-FAST = 2.0  # seconds; every hostile case must finish well within this
-
-
 def _read_fast(path) -> BinaryInfo:
-    t0 = time.monotonic()
+    """read_binary on a hostile file: it returns (no exception, no hang; how fast is bench/'s business,
+    never a wall-clock assertion here) with a one-line error at most."""
     info = read_binary(path)
-    assert time.monotonic() - t0 < FAST, f"read_binary took too long on {path}"
     assert isinstance(info, BinaryInfo)
     assert info.error is None or "\n" not in info.error
     return info
@@ -417,7 +413,7 @@ def test_empty_file(tmp_path):
 
 def test_missing_directory_and_odd_paths(tmp_path):
     assert _read_fast(tmp_path / "nope").error.startswith("cannot read file")
-    assert _read_fast(tmp_path).error == "not a regular file"
+    assert _read_fast(tmp_path).error == "not a regular file: a directory, never read"
     assert read_binary(str(tmp_path / "nul\0byte")).error is not None
     assert read_binary(12345).format == "unknown"  # type: ignore[arg-type]
 

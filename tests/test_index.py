@@ -301,9 +301,16 @@ def test_filtered_scan_keeps_the_other_records(cache, judged):
         f.write(b"//\n")
     settle()
     scan_cache(cache, hidet_filter("add"), use_index=True)
+    assert judged == [str(cache / ADD)]
+    judged.clear()
+    add = hidet_filter("add")
+    assert scan_cache(cache, add, use_index=True).entries == scan_cache(cache, add).entries
+    assert judged == [str(cache / ADD)], "the filtered scan's own record served it; --no-index judged it"
     judged.clear()
     got, real = both(cache, judged)
-    assert got == real and judged == []
+    # The full scan learns the hidet version in use from the entries (no hidet installed): add's record,
+    # judged for `--op add` against a version given up front, answers another question and is judged again.
+    assert got == real and judged == [str(cache / ADD)]
 
 
 def hidet_filter(op):
@@ -359,7 +366,7 @@ def test_parallel_scan_with_index_matches(fixture_copy, judged, monkeypatch):
     assert first.entries == second.entries == scan_cache(root).entries
     os.truncate(root / SOFTMAX / "lib.so", 0)
     got, real = both(root, judged)
-    assert got == real and {e.relpath: e.status for e in got}[SOFTMAX] == "partial"
+    assert got == real and {e.relpath: e.status for e in got}[SOFTMAX] == "corrupt"  # emptied after hidet finished it
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
@@ -397,7 +404,7 @@ def test_an_index_made_for_root_is_not_used_by_another_user(judged):
                               env={**os.environ, "HOME": shared_tmp})
         if proc.returncode != 0:
             pytest.skip(f"nobody cannot run kcache from here: {proc.stderr.strip()[-200:]}")
-        assert json.loads(proc.stdout)[SOFTMAX] == "corrupt"
+        assert json.loads(proc.stdout)[SOFTMAX] == "unreadable"  # issue 10: a directory nobody may list
     finally:
         shutil.rmtree(shared_tmp, ignore_errors=True)
 
@@ -413,8 +420,17 @@ def test_prefix_resolution_judges_only_the_entries_its_names_match(cache, judged
     assert run.exit_code == 0 and run.stdout
     assert judged == [str(cache / ADD)]
     judged.clear()
-    assert resolve_entry(cache, SOFTMAX).relpath == SOFTMAX  # a path in the cache: the full scan
-    assert len(judged) == 5
+    # issue 14's references: a path in the cache, relative or absolute, and a selector with a prefix
+    assert resolve_entry(cache, SOFTMAX).relpath == SOFTMAX
+    assert resolve_entry(cache, str(cache / SOFTMAX)).relpath == SOFTMAX
+    assert judged == [str(cache / SOFTMAX)] * 2
+    judged.clear()
+    from kcache_cli.errors import UsageError
+    from kcache_cli.model import ScanFilter
+
+    with pytest.raises(UsageError, match="no entry matches"):
+        resolve_entry(cache, "ad25", flt=ScanFilter(spaces=("cuda_space_1",)))
+    assert resolve_entry(cache, "ad25", flt=ScanFilter(ops=("softmax",))).relpath == SOFTMAX
 
 
 def test_a_killed_writer_leaves_nothing_that_matters(cache, judged):
@@ -445,10 +461,116 @@ def test_a_symlinked_manifest_is_judged_every_time(cache, judged, tmp_path):
     outside.write_text(json.dumps({"files": {"source.cu": {"size": size}}}))
     (entry / "kcache.json").symlink_to(outside)
     t = os.stat(entry / "func_types.pickle").st_mtime_ns
+    for marker in hidet.HIDET_MARKERS:  # an entry kcache built: judged by its kcache.json (issue 10)
+        (entry / marker).unlink()
     for f in entry.iterdir():  # one mtime: ls compares sizes with the manifest
         os.utime(f, ns=(t, t), follow_symlinks=False)
     settle()
-    assert {e.relpath: e.status for e in scan_cache(cache, use_index=True).entries}[SOFTMAX] == "complete"
+    # fsread never reads a manifest through a link (issue 9): corrupt whatever the target says, and the
+    # entry is never stored, so it is judged on every scan.
+    first = {e.relpath: e for e in scan_cache(cache, use_index=True).entries}[SOFTMAX]
+    assert first.status == "corrupt" and "kcache.json" in (first.reason or "")
     outside.write_text(json.dumps({"files": {"source.cu": {"size": size + 1}}}))
+    judged.clear()
     got, real = both(cache, judged)
-    assert got == real and {e.relpath: e.status for e in got}[SOFTMAX] == "corrupt"
+    assert got == real and str(entry) in judged
+
+
+# ---- fidelity (issue 10): what a judgement takes from outside the entry -----------------------------
+
+def statuses(entries) -> dict[str, str]:
+    return {e.relpath: e.status for e in entries}
+
+
+@pytest.fixture
+def no_hidet(monkeypatch):
+    """No hidet installed (as in the test venv), read afresh: installed_version() caches its answer."""
+    monkeypatch.setattr(hidet, "_INSTALLED", [])
+    return monkeypatch
+
+
+def test_a_newer_version_elsewhere_turns_indexed_entries_stale(cache, judged, no_hidet):
+    """Without an installed hidet the version in use is the cache's newest version.txt: one entry rebuilt
+    by a newer hidet behind the index's back makes every other (indexed, unchanged) entry stale."""
+    primed(cache, judged)
+    (cache / SOFTMAX / "version.txt").write_text("0.7.0")
+    settle()
+    got, real = both(cache, judged)
+    assert got == real
+    assert statuses(got)[ADD] == "stale" and statuses(got)[SOFTMAX] == "complete"
+    assert judged == [str(cache / SOFTMAX)], "the others came from the index, and still turned stale"
+    assert "hidet 0.7.0 will rebuild it" in {e.relpath: e.reason for e in got}[ADD]
+    judged.clear()
+    got, real = both(cache, judged)  # and again, now that the index holds the new state
+    assert got == real and judged == [] and statuses(got)[ADD] == "stale"
+    # a filtered scan gets the version from the op's directories up front: still the scan's answer
+    for flt in (hidet_filter("add"), hidet_filter("softmax")):
+        for _ in range(2):  # building the records, then served from them
+            assert scan_cache(cache, flt, use_index=True).entries == scan_cache(cache, flt).entries
+
+
+def test_a_new_entry_or_ir_module_of_a_newer_hidet_turns_indexed_entries_stale(cache, judged, no_hidet):
+    primed(cache, judged)
+    newer = cache / "ir_modules" / "0123456789abcdef"
+    newer.mkdir(parents=True)
+    (newer / "version.txt").write_text("0.8.0")
+    got, real = both(cache, judged)
+    assert got == real and statuses(got)[ADD] == "stale" and judged == []
+    shutil.rmtree(newer.parent)
+    got, real = both(cache, judged)
+    assert got == real and statuses(got)[ADD] == "complete" and judged == []
+    # a whole new op entry of a newer hidet (a copy under another op name)
+    twin = cache / "ops" / "cuda_space_0" / "zzz_newer" / "ad252b064b266eea"
+    shutil.copytree(cache / SOFTMAX, twin)
+    (twin / "version.txt").write_text("0.9.0")
+    got, real = both(cache, judged)
+    assert got == real and statuses(got)[SOFTMAX] == "stale" and judged == [str(twin)]
+
+
+def test_installing_or_removing_hidet_rejudges_indexed_entries(cache, judged, no_hidet):
+    """The installed hidet's version (importlib.metadata, read by installed_version) decides: the index
+    never serves a judgement made against another version in use."""
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+    installed: list[str] = []
+
+    def version(name: str) -> str:
+        if name == "hidet":
+            if not installed:
+                raise importlib.metadata.PackageNotFoundError(name)
+            return installed[0]
+        return real_version(name)
+
+    no_hidet.setattr(importlib.metadata, "version", version)
+    primed(cache, judged)
+    for now, expected in (("0.7.0", "stale"), ("0.6.1", "complete"), ("0.7.0", "stale"), (None, "complete")):
+        installed[:] = [now] if now else []
+        hidet._INSTALLED.clear()
+        got, real = both(cache, judged)
+        assert got == real, now
+        assert set(statuses(got).values()) == {expected}, now
+        hidet._INSTALLED.clear()
+        for op in ("add", None):
+            flt = hidet_filter(op) if op else None
+            with_index = scan_cache(cache, *([flt] if flt else []), use_index=True).entries
+            assert with_index == scan_cache(cache, *([flt] if flt else [])).entries, (now, op)
+
+
+def test_unreadable_is_never_stored(cache, judged, monkeypatch):
+    """`unreadable` depends on permissions, which no stat of the entry's files records: judged every time."""
+    real = hidet.unreadable
+    denied = str(cache / SOFTMAX / "lib.so")
+    monkeypatch.setattr(hidet, "unreadable",
+                        lambda p: "lib.so is unreadable (permission denied)" if p == denied else real(p))
+    first = scan_cache(cache, use_index=True)
+    assert statuses(first.entries)[SOFTMAX] == "unreadable"
+    judged.clear()
+    assert scan_cache(cache, use_index=True).entries == first.entries
+    assert judged == [str(cache / SOFTMAX)]
+    monkeypatch.setattr(hidet, "unreadable", real)  # permission given back: nothing on disk changed
+    judged.clear()
+    got, real_scan = both(cache, judged)
+    assert got == real_scan and statuses(got)[SOFTMAX] == "complete" and judged == [str(cache / SOFTMAX)]
+    assert index._record(first.entries[0].__class__(**{**first.entries[0].__dict__, "status": "unreadable"}),
+                         ("f", (first.entries[0].path,)), (os.lstat(cache), []), [], 1 << 62) is None

@@ -1,6 +1,5 @@
 """Moving entries between machines and checking them: export, import, verify."""
 
-import re
 import sys
 import time
 from typing import Annotated, List, Optional
@@ -8,6 +7,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from kcache_cli.cli import common as c
+from kcache_cli.cli.progress import Bar as _Bar
 
 
 def register(app: typer.Typer) -> None:
@@ -16,60 +16,10 @@ def register(app: typer.Typer) -> None:
     app.command("verify")(verify_command)
 
 
-class _Bar:
-    """A Rich progress bar on stderr (only on a terminal, never with -q); cheap to advance often."""
-
-    def __init__(self, opts: c.GlobalOptions, description: str, unit: str = "bytes") -> None:
-        self.enabled = sys.stderr.isatty() and not opts.quiet
-        self.description = description
-        self.unit = unit
-        self._pending = 0
-        self._step = 1
-        self._progress = None
-        self._task = None
-
-    def __enter__(self) -> "_Bar":
-        if self.enabled:
-            from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeRemainingColumn, TransferSpeedColumn)
-
-            cols = [TextColumn("{task.description}"), BarColumn()]
-            cols += [DownloadColumn(), TransferSpeedColumn()] if self.unit == "bytes" else [MofNCompleteColumn()]
-            cols.append(TimeRemainingColumn())
-            self._progress = Progress(*cols, console=c.stderr_console(), transient=True)
-            self._progress.start()
-            self._task = self._progress.add_task(self.description, total=None)
-        return self
-
-    def start(self, total: int) -> None:
-        self._step = max(1, total // 500)
-        if self._progress is not None:
-            self._progress.update(self._task, total=total)
-
-    def advance(self, n: int) -> None:
-        self._pending += n
-        if self._pending >= self._step and self._progress is not None:
-            self._progress.advance(self._task, self._pending)
-            self._pending = 0
-
-    def __exit__(self, *exc) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-
-_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "kib": 2 ** 10, "m": 10 ** 6, "mb": 10 ** 6, "mib": 2 ** 20,
-          "g": 10 ** 9, "gb": 10 ** 9, "gib": 2 ** 30, "t": 10 ** 12, "tb": 10 ** 12, "tib": 2 ** 40}
-
-
 def _size(text: Optional[str], option: str, default: int) -> int:
-    from kcache_cli.errors import UsageError
+    from kcache_cli.units import parse_size
 
-    if text is None:
-        return default
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise UsageError(f"bad size '{text}' for {option} (e.g. 4GiB, 500MB, 1024)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return default if text is None else parse_size(text, option)
 
 
 TTY_ROWS = 100  # rows of the import table on a terminal; pipes get every row
@@ -105,10 +55,11 @@ def export_command(
 
     opts = c.use(ctx, cache_dir, as_json)
     compression_for(archive)  # a bad name is a usage error before any work
-    flt = c.make_filter(op, space, target, layout, status, kind, hashes)
-    root = c.cache_root(opts)
+    root = c.cache_root(opts, existing=True)
+    flt = c.make_filter(op, space, target, layout, status, kind, hashes, root=root)
+    c.hint_unknown(opts, root, flt)
     plan = plan_export(root, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
-    with _Bar(opts, "exporting", unit="entries") as bar:
+    with _Bar(opts, "exporting") as bar:
         result = export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
     if opts.json:
         c.emit_json({"archive": result.archive, "root": str(root), "compression": result.compression,
@@ -126,20 +77,23 @@ def export_command(
         for e, why in shown:
             c.info(opts, f"left out {e.relpath}: {why}")
         if len(result.left_out) > len(shown):
-            c.info(opts, f"left out {len(result.left_out) - len(shown)} more entries (see --json)")
-    sys.stdout.write(f"exported {len(result.entries)} entries ({result.files} files, {c.human_size(result.size)}) "
-                     f"to {result.archive} ({c.human_size(result.archive_size)})\n")
+            c.info(opts, f"left out {c.plural(len(result.left_out) - len(shown), 'more entry', 'more entries')} "
+                         "(see --json)")
+    sys.stdout.write(f"exported {c.plural(len(result.entries), 'entry')} ({c.plural(result.files, 'file')}, "
+                     f"{c.human_size(result.size)}) "
+                     f"to {c.printable_line(result.archive)} ({c.human_size(result.archive_size)})\n")
 
 
 def import_command(
     ctx: typer.Context,
     archive: ArchiveArg,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Verify the whole archive and list what would come "
+    dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Verify the whole archive and list what would come "
                                           "in; write nothing.")] = False,
     max_file_size: Annotated[Optional[str], typer.Option(
         "--max-file-size", metavar="SIZE", help="Reject archives with a file larger than this (default 4GiB).")] = None,
     max_total_size: Annotated[Optional[str], typer.Option(
-        "--max-total-size", metavar="SIZE", help="Reject archives that expand to more than this (default 64GiB).")] = None,
+        "--max-total-size", metavar="SIZE",
+        help="Reject archives that expand to more than this (default 64GiB).")] = None,
     lock_timeout: Annotated[float, typer.Option(
         "--lock-timeout", metavar="SECONDS", min=0, help="How long to wait for an entry's lock before skipping "
         "it.")] = 60.0,
@@ -155,31 +109,30 @@ def import_command(
 
     Example: kcache import kernels.tar.zst --dry-run
     """
-    from kcache_cli.archive import ImportLimits, arch_runs_on, cuda_archs, import_archive, local_compute_caps
+    from kcache_cli.archive import ImportLimits, import_archive
+    from kcache_cli.gpu import arch_fit
 
     opts = c.use(ctx, cache_dir, as_json)
     defaults = ImportLimits()
     limits = ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
                           max_total=_size(max_total_size, "--max-total-size", defaults.max_total))
     root = c.cache_root(opts)
-    with _Bar(opts, "verifying" if dry_run else "importing") as bar:
+    with _Bar(opts, "verifying" if dry_run else "importing", unit="bytes") as bar:
         result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout,
                                 warn=lambda m: c.warn(opts, m), progress=bar)
-    incoming = [e for e in result.entries if e.action != "skip"]
-    checked = [e for e in incoming if e.arch and cuda_archs(e.arch)]
-    caps = local_compute_caps() if checked else None
-    fits = {e.relpath: (arch_runs_on(e.arch, caps) if caps and e in checked else None) for e in result.entries}
-    if checked and caps is None:
+    fit = arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
+    caps, fits = fit.gpus, fit.fits
+    if fit.checked and caps is None:
         c.warn(opts, "no NVIDIA GPU found (nvidia-smi): cannot check that the imported kernels' archs suit this "
                      "machine")
-    bad = [e for e in checked if fits[e.relpath] is False]
-    if bad:
+    bad = [e for e in result.entries if e.relpath in fit.misfits]
+    if bad and caps:
         local = ", ".join(f"{a}.{b}" for a, b in caps)
         for e in bad[:10]:
             c.warn(opts, f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU "
                          f"(compute capability {local})")
         if len(bad) > 10:
-            c.warn(opts, f"{len(bad) - 10} more entries are built for archs this GPU cannot run")
+            c.warn(opts, f"{c.plural(len(bad) - 10, 'more entry', 'more entries')} built for archs this GPU cannot run")
     counts = {a: sum(1 for e in result.entries if e.action == a) for a in ("import", "replace", "skip")}
     if opts.json:
         c.emit_json({"archive": result.archive, "root": result.root, "dry_run": result.dry_run,
@@ -198,14 +151,18 @@ def import_command(
     if shown:
         rows = [[e.action, e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
                  c.human_size(e.size), e.arch or "-", e.reason or ""] for e in shown]
-        c.print_table(["action", "layout", "kind", "space", "op", "hash", "files", "size", "arch", "note"], rows,
-                      right=(6, 7))
+        from kcache_cli.cli.table import Column
+
+        c.print_table([Column("action"), Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
+                       Column("op", drop=7), Column("hash", spill=True), Column("files", right=True, drop=3),
+                       Column("size", right=True, drop=6), Column("arch", drop=7), Column("note", wrap=True)], rows)
     if len(shown) < len(result.entries):
-        c.info(opts, f"({len(result.entries) - len(shown)} more entries not shown: see --json)")
+        more = c.plural(len(result.entries) - len(shown), "more entry", "more entries")
+        c.info(opts, f"({more} not shown: see --json)")
     verb = "would import" if dry_run else "imported"
-    c.info(opts, f"{verb} {counts['import'] + counts['replace']} entries ({counts['replace']} replacing incomplete "
-                 f"ones), skipped {counts['skip']}; {result.files} files ({c.human_size(result.size)}) verified "
-                 f"{'' if dry_run else 'into ' + result.root}".rstrip())
+    c.info(opts, f"{verb} {c.plural(counts['import'] + counts['replace'], 'entry')} ({counts['replace']} replacing "
+                 f"incomplete ones), skipped {counts['skip']}; {c.plural(result.files, 'file')} "
+                 f"({c.human_size(result.size)}) verified {'' if dry_run else 'into ' + result.root}".rstrip())
 
 
 def verify_command(
@@ -230,18 +187,15 @@ def verify_command(
     from kcache_cli.verify import verify_cache
 
     opts = c.use(ctx, cache_dir, as_json)
-    flt = c.make_filter(op, space, target, layout, status, kind, hashes)
-    root = c.cache_root(opts)
+    root = c.cache_root(opts, existing=True)
+    flt = c.make_filter(op, space, target, layout, status, kind, hashes, root=root)
+    c.hint_unknown(opts, root, flt)
     started = time.monotonic()
-    with _Bar(opts, "verifying", unit="entries") as bar:
+    with _Bar(opts, "verifying") as bar:
         result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar)
     failed = result.failed
     if opts.json:
-        c.emit_json({"root": result.root, "exists": result.exists, "checked": len(result.checked),
-                     "ok": len(result.checked) - len(failed), "failed": len(failed),
-                     "skipped_building": len(result.skipped),
-                     "problems": [{**ch.entry.to_json(), "status": ch.status, "reason": ch.problems[0],
-                                   "problems": list(ch.problems)} for ch in failed]})
+        c.emit_json(result.to_json())
     else:
         if failed:
             rows = []
@@ -250,13 +204,16 @@ def verify_command(
                     e = ch.entry
                     rows.append([e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, ch.status, p]
                                 if i == 0 else ["", "", "", "", "", "", p])
-            c.print_table(["layout", "kind", "space", "op", "hash", "status", "problem"], rows,
-                          styles={5: c.STATUS_STYLE})
+            from kcache_cli.cli.table import Column
+
+            c.print_table([Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
+                           Column("op", drop=7), Column("hash", spill=True), Column("status", styles=c.STATUS_STYLE),
+                           Column("problem", wrap=True)], rows)
         if not result.exists:
             c.info(opts, f"no cache at {root}: nothing to verify")
         else:
             building = f", skipped {len(result.skipped)} being built" if result.skipped else ""
-            c.info(opts, f"checked {len(result.checked)} entries in {time.monotonic() - started:.1f}s: "
+            c.info(opts, f"checked {c.plural(len(result.checked), 'entry')} in {time.monotonic() - started:.1f}s: "
                          f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}")
     if failed:
         raise typer.Exit(1)

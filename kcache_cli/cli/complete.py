@@ -20,25 +20,33 @@ SHELLS = ("bash", "zsh", "fish")
 COMPLETIONS_DIR = Path(__file__).resolve().parents[2] / "completions"
 
 TARGETS = (("cuda", "NVIDIA GPU"), ("cpu", "host CPU"), ("hip", "AMD GPU"))
-LAYOUTS = (("hidet", "ops/<space>/<op>/<hash>, graphs/, ir_modules/"), ("tilus", "programs/, scripts/"),
-           ("tilelang", "<version>/<platform>/kernels/, cuda-binaries/"))
-STATUSES = (("complete", "usable"), ("partial", "interrupted or unfinished"), ("failed", "compile log, no binary"),
-            ("corrupt", "disagrees with its manifest or a link dangles"), ("building", "a build holds its lock"))
-KINDS = (("op", "hidet operator"), ("graph", "hidet compiled graph"), ("ir_module", "hidet IR module"),
-         ("program", "tilus program"), ("script", "tilus script"), ("kernel", "tilelang kernel"),
-         ("binary", "tilelang cuda binary"))
+STATUSES = (("complete", "usable"), ("partial", "interrupted or unfinished"), ("failed", "the compiler failed"),
+            ("corrupt", "damaged: the compiler will not load it"), ("building", "a build holds its lock"),
+            ("stale", "built by another compiler version"), ("unreadable", "permission denied"))
+
+
+def _layouts() -> list[tuple[str, str]]:
+    from kcache_cli.layouts.shapes import SHAPES
+
+    return [(s.name, s.summary) for s in SHAPES]
+
+
+def _kinds() -> list[tuple[str, str]]:
+    from kcache_cli.layouts.shapes import SHAPES
+
+    return [(k.kind, f"{s.name} {k.kind}") for s in SHAPES for k in s.kinds]
 
 
 # ---- what the command line says -------------------------------------------------------------------
 def _given(ctx: typer.Context, name: str) -> list:
     """The values of parameter `name` parsed so far, on this command first, then on its parents."""
-    out = []
-    c = ctx
+    out: list = []
+    c: typer.Context | None = ctx
     while c is not None:
         value = (c.params or {}).get(name)
         if value is not None:
             out.extend([value] if isinstance(value, str) else value)
-        c = c.parent
+        c = c.parent  # type: ignore[assignment]  # click's Context, the same object
     return [v for v in out if isinstance(v, str)]
 
 
@@ -51,7 +59,7 @@ def completion_root(ctx: typer.Context) -> Path | None:
     """The cache root the command being completed would use, or None if it cannot be resolved."""
     own = (ctx.params or {}).get("cache_dir")  # the command's own --cache-dir
     after = getattr(ctx.find_root().obj, "cache_dir", None)  # a hidden global copy after the command
-    before = _given(ctx.find_root(), "cache_dir")  # the global option before the command
+    before = _given(ctx.find_root(), "cache_dir")  # type: ignore[arg-type]  # the global option before the command
     explicit = own or after or (before[0] if before else None)
     try:
         from kcache_cli.locate import resolve_cache_dir
@@ -68,9 +76,14 @@ def _split_list(incomplete: str) -> tuple[str, str]:
 
 
 def _matching(choices: Iterable[tuple[str, str]], incomplete: str, taken: Iterable[str] = ()) -> list[tuple[str, str]]:
+    from kcache_cli.textsafe import has_unsafe, printable_line
+
     head, tail = _split_list(incomplete)
     skip = set(taken) | {p for p in head.split(",") if p}
-    return [(head + value, help) for value, help in choices if value.startswith(tail) and value not in skip]
+    # A name holding a terminal control or a newline is never offered: inserted into the command line
+    # it would act on the terminal (or break the completion protocol); descriptions are escaped.
+    return [(head + value, printable_line(help)) for value, help in choices
+            if value.startswith(tail) and value not in skip and not has_unsafe(value)]
 
 
 # ---- dynamic: read from the cache -----------------------------------------------------------------
@@ -115,12 +128,14 @@ def complete_hash(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
         text = f"{what} ({e.space})" if e.space else what
         seen = described.get(e.hash)  # the same task hash in two spaces is one value
         described[e.hash] = text if seen is None else ", ".join(sorted({*seen.split(", "), text}))
-    return sorted(described.items())
+    from kcache_cli.textsafe import has_unsafe, printable_line
+
+    return sorted((h, printable_line(text)) for h, text in described.items() if not has_unsafe(h))
 
 
 # ---- static choices -------------------------------------------------------------------------------
 def complete_layout(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
-    return _matching(LAYOUTS, incomplete, _param_values(ctx, "layout"))
+    return _matching(_layouts(), incomplete, _param_values(ctx, "layout"))
 
 
 def complete_status(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
@@ -132,7 +147,7 @@ def complete_target(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]
 
 
 def complete_kind(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
-    return _matching(KINDS, incomplete, _param_values(ctx, "kind"))
+    return _matching(_kinds(), incomplete, _param_values(ctx, "kind"))
 
 
 # ---- the shells' scripts --------------------------------------------------------------------------

@@ -9,22 +9,85 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli.checks import changed_since, elf_truncated, list_files, read_head, read_text
-from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, Details, Entry, LogFile, ScanFilter, TensorInfo,
-                              measure_tree)
+from kcache_cli import fsread
+from kcache_cli.checks import (changed_since, elf_truncated, list_files, listing_or_unreadable, read_every_byte,
+                              read_text, unreadable)
+from kcache_cli.layouts.base import Layout
+from kcache_cli.layouts.shapes import TILUS
+from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, Details, Entry, Judgement, LogFile,
+                              ScanFilter, TensorInfo, measure_tree)
 
-NAME = "tilus"
-TARGET = "cuda"  # tilus compiles for NVIDIA GPUs only
+NAME = TILUS.name
+TARGET = TILUS.kinds[0].target  # tilus compiles for NVIDIA GPUs only
 _PROGRAM_NAME = re.compile(rb"^def (\w+)\(")
 _FLAT_LINK = re.compile(r"^(\.\./)+programs/[0-9a-f]+/?$")
 LINK_DIRS = ("programs", "latency")
 
 
+# ---- evidence: what makes a directory tilus's ----------------------------------------------------
+PROGRAM_NAME = re.compile(r"^[0-9a-f]{12}$")  # sha256(options + program)[:12]
+SCRIPT_NAME = re.compile(r"^[^/]+-[0-9a-f]{8}$")  # <jit key>-<h8>
+SCRIPT_OP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+PROGRAM_FILES = frozenset({"program.txt", "options.txt", ".lock", "module"})
+SCRIPT_FILES = frozenset({"source.txt", "meta.json", "build_options.txt", "schedule.txt", "dispatch_table.txt",
+                          "dispatch_table.pickle", "programs", "latency", "failed", ".lock"})
+
+
+def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
+    """None when `relpath` has the exact shape of a tilus entry: programs/<12 hex>/ with tilus's program
+    files, scripts/<op>/<jit key>-<8 hex>/ with a script's files; else why it is not one."""
+    parts = relpath.split("/")
+    if kind == "program":
+        if len(parts) != 2 or parts[0] != "programs" or not PROGRAM_NAME.match(parts[1]):
+            return "not at programs/<12 hex>/"
+        known = PROGRAM_FILES
+    elif kind == "script":
+        if len(parts) != 3 or parts[0] != "scripts" or not SCRIPT_OP.match(parts[1]) \
+                or not SCRIPT_NAME.match(parts[2]):
+            return "not at scripts/<name>/<jit key>-<8 hex>/"
+        known = SCRIPT_FILES
+    else:
+        return f"tilus has no {kind} entries"
+    if names is not None and not names & known:
+        return "it holds none of the files tilus writes"
+    return None
+
+
 def detect(root: Path) -> bool:
-    return (root / "programs").is_dir() or (root / "scripts").is_dir()
+    """Evidence, not names alone: a CACHEDIR.TAG, or programs/<12 hex>/ or scripts/<name>/<key>-<8 hex>/
+    holding tilus's files."""
+    from kcache_cli import state
+
+    tops = [d for d in ("programs", "scripts") if (root / d).is_dir() and not (root / d).is_symlink()]
+    if not tops:
+        return False
+    if state.has_cachedir_tag(root):
+        return True
+    try:
+        with os.scandir(root / "programs") as it:
+            for i, de in enumerate(it):
+                if i < 256 and PROGRAM_NAME.match(de.name) and de.is_dir(follow_symlinks=False) \
+                        and set(os.listdir(de.path)) & PROGRAM_FILES:
+                    return True
+    except OSError:
+        pass
+    try:
+        with os.scandir(root / "scripts") as it:
+            for i, sd in enumerate(it):
+                if i >= 64 or not sd.is_dir(follow_symlinks=False):
+                    continue
+                for de in os.scandir(sd.path):
+                    if SCRIPT_NAME.match(de.name) and de.is_dir(follow_symlinks=False) \
+                            and set(os.listdir(de.path)) & SCRIPT_FILES:
+                        return True
+    except OSError:
+        pass
+    return False
 
 
 def read_link(path: str) -> str | None:
@@ -34,11 +97,8 @@ def read_link(path: str) -> str | None:
     except OSError:
         pass
     try:
-        if os.path.getsize(path) > 256:
-            return None
-        with open(path, "rb") as f:
-            text = f.read(257).decode("ascii").strip()
-    except (OSError, UnicodeDecodeError):
+        text = fsread.read_bytes(path, 256).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):  # also a FIFO or device where a link belongs: never read
         return None
     return text if _FLAT_LINK.match(text) else None
 
@@ -49,65 +109,183 @@ def script_links(script_path: str) -> list[tuple[str, str, str | None]]:
     out = []
     for sub in LINK_DIRS:
         base = os.path.join(script_path, sub)
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames.sort()
-            for n in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
-                full = os.path.join(dirpath, n)
-                text = read_link(full)
-                if text is None:
-                    continue
-                target = os.path.normpath(os.path.join(dirpath, text))
-                ok = target if os.path.isdir(target) else None
-                out.append((os.path.relpath(full, script_path), text, ok))
+        try:  # iterative, fd-relative, depth-limited: a hostile tree cannot exhaust the stack
+            found = list(fsread.walk_files(base))
+        except OSError:
+            continue  # missing, unreadable or absurdly deep: no links from it
+        for rel, st, link in found:
+            full = os.path.join(base, rel)
+            text = link if link is not None else read_link(full) if stat.S_ISREG(st.st_mode) else None
+            if text is None:
+                continue
+            target = os.path.normpath(os.path.join(os.path.dirname(full), text))
+            ok = target if os.path.isdir(target) else None
+            out.append((os.path.relpath(full, script_path), text, ok))
     return out
 
 
 def _program_name(path: str) -> str | None:
     try:
-        with open(os.path.join(path, "program.txt"), "rb") as f:
-            m = _PROGRAM_NAME.match(f.read(256))
+        m = _PROGRAM_NAME.match(fsread.read_bytes(os.path.join(path, "program.txt"), 256, strict=False))
     except OSError:
         return None
     return m.group(1).decode() if m else None
 
 
-def program_status(path: str) -> tuple[str, str | None]:
+@dataclass(frozen=True)
+class BuildFailure:
+    """One failed build tilus recorded under scripts/<name>/<key>/failed/building/<N>."""
+
+    script: str  # the script directory
+    record: str  # <N>.txt (the command and the compiler's error), or the <N> entry itself
+    program: str | None  # the program hash the failed build was for, when the record names it
+    error: str  # the first line of the compiler's error
+    mtime: float
+
+
+def build_failures(script_path: str) -> list[BuildFailure]:
+    """The failed builds a script recorded, oldest first."""
+    base = os.path.join(script_path, "failed", "building")
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        full = os.path.join(base, n)
+        if n.endswith(".txt") or (not os.path.isdir(full) and f"{n}.txt" not in names):
+            text = read_text(full, 1 << 16) or ""
+        elif f"{n}.txt" in names:
+            continue  # the record is <n>.txt
+        else:
+            text = read_text(os.path.join(full, f"{n}.txt"), 1 << 16) or ""
+            full = os.path.join(full, f"{n}.txt") if text else full
+        link = read_link(os.path.join(base, n.removesuffix(".txt")))
+        m = re.search(r"programs/([0-9a-f]{12})\b", (link or "") + "\n" + text)
+        errors = [line.strip() for line in text.splitlines() if re.search(r"\berror\b", line, re.IGNORECASE)]
+        first = errors[0] if errors else next((x.strip() for x in text.splitlines() if x.strip()), "no message")
+        try:
+            mtime = os.lstat(full).st_mtime
+        except OSError:
+            mtime = 0.0
+        out.append(BuildFailure(script_path, full, m.group(1) if m else None, first[:200], mtime))
+    return sorted(out, key=lambda f: (f.mtime, f.record))
+
+
+def failures_by_program(root: str | os.PathLike) -> dict[str, BuildFailure]:
+    """program hash -> the latest failed build recorded for it, over every script of the cache."""
+    out: dict[str, BuildFailure] = {}
+    for jdir in Path(root).glob("scripts/*/*/failed/building"):
+        for f in build_failures(str(jdir.parent.parent)):
+            if f.program:
+                out[f.program] = f
+    return out
+
+
+def judge(path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None,
+          failures: dict[str, BuildFailure] | None = None) -> Judgement:
+    """The one judgement of a tilus program or script (cheap for ls, `deep` reads every byte)."""
+    if root is None:
+        root = Path(path).parents[1] if kind == "program" else Path(path).parents[2]
+    if kind == "program":
+        if failures is None:
+            failures = failures_by_program(root)
+        return _judge_program(path, deep, failures.get(os.path.basename(path)))
+    return _judge_script(path, deep)
+
+
+def _judge_program(path: str, deep: bool, failure: BuildFailure | None) -> Judgement:
     module = os.path.join(path, "module")
-    mtimes = {}
-    for name in ("lib.so", "func_types.pickle"):
+    mtimes, sizes = {}, {}
+    for name in ("lib.so", "func_types.pickle", "nvcc_output.txt"):
         try:
             st = os.stat(os.path.join(module, name))
         except OSError:
             continue
-        mtimes[name] = st.st_mtime
-        if name == "lib.so":
-            lib = st.st_size
-    if "lib.so" not in mtimes:
-        lib = None
+        mtimes[name], sizes[name] = st.st_mtime, st.st_size
+    lib = sizes.get("lib.so")
     if lib is None:
-        if os.path.exists(os.path.join(module, "nvcc_output.txt")):
-            return FAILED, "compile failed: module/nvcc_output.txt but no module/lib.so"
-        return PARTIAL, "no module/lib.so: the build was interrupted or is still running"
+        if failure is not None:
+            where = os.path.relpath(failure.record, os.path.dirname(os.path.dirname(path)))
+            return Judgement.of(FAILED, f"build failed ({where}): {failure.error}")
+        if "nvcc_output.txt" in sizes:  # written only after nvcc exits 0
+            return Judgement.of(CORRUPT, "module/lib.so is missing although the compile succeeded "
+                                         "(module/nvcc_output.txt is written only after nvcc exits 0)")
+        return Judgement.of(PARTIAL, "no module/lib.so: the build was interrupted or is still running")
     if lib == 0:
-        return PARTIAL, "module/lib.so is empty"
-    if changed_since(mtimes, "func_types.pickle"):  # written after lib.so: tilus's completion marker
-        truncated = elf_truncated("lib.so", read_head(os.path.join(module, "lib.so")), lib)
+        return Judgement.of(PARTIAL, "module/lib.so is empty")
+    why = unreadable(os.path.join(module, "lib.so"))
+    if why:
+        return Judgement.of(UNREADABLE, "module/" + why)
+    if deep or changed_since(mtimes, "func_types.pickle"):  # written after lib.so: tilus's completion marker
+        try:
+            head = fsread.read_bytes(os.path.join(module, "lib.so"), 64, strict=False, base=path)
+        except OSError as exc:
+            return Judgement.of(CORRUPT, f"cannot read module/lib.so: {exc.strerror}")
+        truncated = elf_truncated("lib.so", head, lib)
         if truncated:
-            return CORRUPT, "module/" + truncated
+            return Judgement.of(CORRUPT, "module/" + truncated)
     for name in ("program.txt", "options.txt"):
         if not os.path.isfile(os.path.join(path, name)):
-            return PARTIAL, f"no {name}"
-    return COMPLETE, None
+            return Judgement.of(PARTIAL, f"no {name}")
+    if deep:
+        bad = read_every_byte(path) or _program_hash_problem(path)
+        if bad:
+            return Judgement.of(UNREADABLE if "unreadable" in bad else CORRUPT, bad)
+    return Judgement(COMPLETE)
 
 
-def script_status(path: str) -> tuple[str, str | None]:
+def _program_hash_problem(path: str) -> str | None:
+    options = read_text(os.path.join(path, "options.txt"))
+    program = read_text(os.path.join(path, "program.txt"))
+    if options is None or program is None:
+        return None
+    actual = hashlib.sha256((options + program).encode()).hexdigest()[:12]
+    name = os.path.basename(path)
+    if actual != name:
+        return (f"options.txt + program.txt hash to {actual}, not {name}: "
+                "edited after the build, tilus will never load this program")
+    return None
+
+
+def _judge_script(path: str, deep: bool) -> Judgement:
     links = script_links(path)
     for name, text, target in links:
         if target is None:
-            return CORRUPT, f"dangling link {name} -> {text}"
+            return Judgement.of(CORRUPT, f"dangling link {name} -> {text}")
+    failures = build_failures(path)
+    if failures:
+        last = failures[-1]
+        newest_ok = max([_lmtime(os.path.join(path, n)) for n, _, _ in links]
+                        + [_lmtime(os.path.join(path, "dispatch_table.txt"))], default=0.0)
+        if last.mtime >= newest_ok:
+            earlier = " (earlier builds succeeded)" if links else ""
+            return Judgement.of(FAILED, f"its last build failed{earlier}: {last.error} "
+                                        f"(failed/building/{os.path.basename(last.record)})")
     if not links and not os.path.isdir(os.path.join(path, "programs")):
-        return PARTIAL, "no programs/ directory: tilus did not finish the script"
-    return COMPLETE, None
+        return Judgement.of(PARTIAL, "no programs/ directory: tilus did not finish the script")
+    if deep:
+        bad = read_every_byte(path)
+        if bad:
+            return Judgement.of(UNREADABLE if "unreadable" in bad else CORRUPT, bad)
+    return Judgement(COMPLETE)
+
+
+def _lmtime(path: str) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def program_status(path: str) -> tuple[str, str | None]:
+    j = judge(path, "program")
+    return j.status, j.reason
+
+
+def script_status(path: str) -> tuple[str, str | None]:
+    j = judge(path, "script")
+    return j.status, j.reason
 
 
 def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
@@ -119,26 +297,34 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     else:
         script_dirs = [(d.name, d.path) for d in ctx.listdir(scripts) if d.is_dir(follow_symlinks=False)]
     linked: dict[str, str] = {}  # program dir -> op of a script that links to it
+    blocked: list[Entry] = []
     for op, sdir in script_dirs:
-        for de in ctx.listdir(sdir):
+        for de in listing_or_unreadable(ctx, sdir, blocked, layout=NAME, kind="script", target=TARGET, space=None,
+                                        op=op):
             if not de.is_dir(follow_symlinks=False):
                 continue
-            status, reason = script_status(de.path)
+            j = judge(de.path, "script", root=ctx.root)
+            status, reason = j.status, j.reason
             if flt.ops:
                 for _, _, target in script_links(de.path):
                     if target:
                         linked.setdefault(target, op)
             yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind="script",
                             target=TARGET, space=None, op=op, hash=de.name, status=status, reason=reason)
+    programs: list[tuple[str, str, str | None]]
     if flt.ops:  # only the programs the selected scripts use: no need to read every program
         programs = [(os.path.basename(p), p, op) for p, op in sorted(linked.items())]
     else:
-        programs = [(d.name, d.path, None) for d in ctx.listdir(ctx.root / "programs")
+        programs = [(d.name, d.path, None) for d in listing_or_unreadable(
+            ctx, str(ctx.root / "programs"), blocked, layout=NAME, kind="program", target=TARGET, space=None, op=None)
                     if d.is_dir(follow_symlinks=False)]
-    for h, path, op in programs:
-        status, reason = program_status(path)
+    yield from blocked
+    failures = failures_by_program(ctx.root)
+    for h, path, linked_op in programs:
+        j = judge(path, "program", root=ctx.root, failures=failures)
+        status, reason = j.status, j.reason
         yield ctx.entry(path=path, usage=measure_tree(path, ctx.warn), layout=NAME, kind="program",
-                        target=TARGET, space=None, op=op or _program_name(path), hash=h, status=status,
+                        target=TARGET, space=None, op=linked_op or _program_name(path), hash=h, status=status,
                         reason=reason)
 
 
@@ -151,30 +337,24 @@ def describe(root: Path, entry: Entry) -> Details:
     p = entry.path
     problems: list[str] = []
     facts: list[tuple[str, str]] = []
-    files = list_files(p)
+    files = list_files(p, problems.append)
     command = output = None
     binaries: tuple[str, ...] = ()
     inputs: tuple[TensorInfo, ...] = ()
     if entry.kind == "program":
         options = read_text(os.path.join(p, "options.txt"))
-        program = read_text(os.path.join(p, "program.txt"))
-        if options is not None and program is not None:
-            actual = hashlib.sha256((options + program).encode()).hexdigest()[:12]
-            if actual != entry.hash:
-                problems.append(f"options.txt + program.txt hash to {actual}, not {entry.hash}: "
-                                "edited after the build, tilus will never load this program")
         if options:
             m = re.search(r"arch='(\w+)'", options)
             if m:
                 facts.append(("options arch", m.group(1)))
-        script = read_text(os.path.join(p, "module", "compile.sh"))
+        script = fsread.read_text(os.path.join(p, "module", "compile.sh"), base=p)
         if script is not None:
             from kcache_cli.layouts.hidet import command_from_script
 
             command = command_from_script(script)
-        output = read_text(os.path.join(p, "module", "nvcc_output.txt"))
+        output = fsread.read_text(os.path.join(p, "module", "nvcc_output.txt"), base=p)
         lib = os.path.join(p, "module", "lib.so")
-        binaries = (lib,) if os.path.isfile(lib) else ()
+        binaries = (lib,) if os.path.lexists(lib) else ()  # a FIFO or link: the ELF reader says so
         users = referrers(root, p)
         facts.append(("used by scripts", ", ".join(os.path.relpath(u, root) for u in users) or "none"))
     else:
@@ -183,36 +363,60 @@ def describe(root: Path, entry: Entry) -> Details:
                 problems.append(f"dangling link {name} -> {text}")
             else:
                 facts.append((f"link {name}", f"{text} ({program_status(target)[0]})"))
-        meta = read_text(os.path.join(p, "meta.json"))
-        if meta:
-            import json
-
+        meta, bad = fsread.json_problem(os.path.join(p, "meta.json"), base=p)
+        if bad and not bad.endswith("missing"):
+            problems.append(bad)
+        elif meta is not None:
             try:
-                params = json.loads(meta).get("params", {})
-                inputs = tuple(TensorInfo(n, str(t), ()) for n, t in zip(params.get("names", []),
-                                                                           params.get("types", [])))
-            except (ValueError, AttributeError):
-                problems.append("meta.json is not valid JSON")
-        table = read_text(os.path.join(p, "dispatch_table.txt"))
+                params = meta.get("params", {})
+                for n, t in zip(params.get("names", []), params.get("types", [])):
+                    # scalars (hidet.int32) and pointers (void*) are parameters, not tensors
+                    kind = "pointer" if str(t).endswith("*") else "scalar"
+                    facts.append((f"param {n}", f"{str(t).removeprefix('hidet.')} ({kind})"))
+            except (ValueError, AttributeError, TypeError):
+                problems.append("meta.json does not hold tilus's record")
+        table = fsread.read_text(os.path.join(p, "dispatch_table.txt"), base=p)
         if table:
             facts.append(("dispatch table", table.strip()))
-    status, reason = entry.status, entry.reason
+    for f in build_failures(p) if entry.kind == "script" else ():
+        facts.append((f"failed build {os.path.basename(f.record)}", f.error))
+    verdict = judge(p, entry.kind, True, root=root) if entry.hash and os.path.isdir(p) else \
+        Judgement.of(entry.status, entry.reason)
+    problems = [*verdict.problems, *(x for x in problems if x not in verdict.problems)]
+    status, reason = verdict.status, verdict.reason
     if problems and status == COMPLETE:
         status, reason = CORRUPT, problems[0]
     return Details(entry, status, reason, tuple(problems), files, entry.op, inputs, (), command, output,
                    binaries, tuple(facts))
 
 
+def _exact_text(path: str, name: str, problems: list[str]) -> str | None:
+    """A file whose every byte counts (it is hashed): whole or None, and a problem when it is there
+    but cannot be read whole (a FIFO, a device, a link, over fsread.MAX_TEXT)."""
+    try:
+        return fsread.read_bytes(os.path.join(path, name), fsread.MAX_TEXT, base=path).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        problems.append(f"cannot read {name}: {exc.strerror}")
+        return None
+
+
 def log_files(entry: Entry) -> list[LogFile]:
     if entry.kind == "program":
         dirs = [entry.path]
-    else:
-        dirs = sorted({t for _, _, t in script_links(entry.path) if t})
+    else:  # a program directory that is itself a symlink is a stray, never read through
+        dirs = sorted({t for _, _, t in script_links(entry.path) if t and not os.path.islink(t)})
     out = []
+    failures = build_failures(entry.path) if entry.kind == "script" else \
+        [f for f in failures_by_program(Path(entry.path).parents[1]).values()
+         if f.program == os.path.basename(entry.path)]
+    for f in failures:  # tilus's record of a failed build: the command and the compiler's error
+        out.append(LogFile(f"failed build {os.path.basename(f.record)}", f.record))
     for d in dirs:
         for n in ("compile.sh", "nvcc_output.txt"):
             full = os.path.join(d, "module", n)
-            if os.path.isfile(full):
+            if os.path.lexists(full):
                 label = f"module/{n}" if entry.kind == "program" else f"{os.path.basename(d)}/module/{n}"
                 out.append(LogFile(label, full))
     return out
@@ -281,3 +485,75 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
             for de in ctx.listdir(sdir.path):
                 if de.is_symlink():
                     yield link(de, "script", sdir.name, de.name)
+
+
+# ---- the layout ----------------------------------------------------------------------------------
+
+_OPTIONS_ARCH = re.compile(rb"arch='sm_?(\d+)([af]?)'")
+
+
+class TilusLayout(Layout):
+    """tilus: scripts link to the programs they run (relative symlinks into programs/)."""
+
+    shape = TILUS
+    writer_locks = (".lock", "dispatch_table.txt.lock")
+    provider_kinds = frozenset({"program"})
+    fact_files = ("kcache.json", "module/compile.sh", "options.txt")
+
+    def detect(self, root: Path) -> bool:
+        return detect(root)
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
+
+    def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def stray_links(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
+        return stray_links(ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
+        return judge(path, kind, deep, root=root)
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def log_files(self, entry: Entry) -> list[LogFile]:
+        return log_files(entry)
+
+    def uses(self, root: Path, entry: Entry) -> list[str]:
+        if entry.kind != "script":
+            return []
+        return [os.path.relpath(t, root).replace(os.sep, "/") for _, _, t in script_links(entry.path) if t]
+
+    def users(self, root: Path, providers: list[str]) -> dict[str, list[str]]:
+        links = link_map(root)
+        return {p: links.get(os.path.normpath(p), []) for p in providers}
+
+    def users_break(self, kind: str) -> bool:
+        return kind == "program"  # its scripts' links would dangle
+
+    def use_words(self, kind: str) -> tuple[str, str]:
+        return "links to", "linked from"
+
+    def link_target(self, kind: str, resolved: list[str]) -> str | None:
+        if kind == "script" and len(resolved) == 2 and resolved[0] == "programs" and not resolved[1].startswith("."):
+            return "/".join(resolved)
+        return None
+
+    def empty_parent_levels(self, kind: str) -> int:
+        return 1 if kind == "script" else 0  # the script's op directory
+
+    def compile_command(self, small) -> str | None:
+        from kcache_cli.layouts.hidet import command_from_script
+
+        script = small.get("module/compile.sh")
+        return command_from_script(script.decode("utf-8", "replace")) if script is not None else None
+
+    def options_arch(self, small) -> str | None:
+        m = _OPTIONS_ARCH.search(small.get("options.txt") or b"")
+        return f"sm_{m.group(1).decode()}{m.group(2).decode()}" if m else None
+
+
+LAYOUT = TilusLayout()
