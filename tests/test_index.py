@@ -574,3 +574,20 @@ def test_unreadable_is_never_stored(cache, judged, monkeypatch):
     assert got == real_scan and statuses(got)[SOFTMAX] == "complete" and judged == [str(cache / SOFTMAX)]
     assert index._record(first.entries[0].__class__(**{**first.entries[0].__dict__, "status": "unreadable"}),
                          ("f", (first.entries[0].path,)), (os.lstat(cache), []), [], 1 << 62) is None
+
+
+def test_workers_started_by_a_forkserver_get_the_index_pickled(fixture_copy, monkeypatch):
+    """When forking is not safe (a thread runs), parallel.map_parts pickles the work: the index's
+    wrapper is a class, not a closure, and the answers are the same."""
+    from kcache_cli import parallel
+    from kcache_cli import scan as scan_mod
+
+    root = fixture_copy("hidet")
+    settle()
+    monkeypatch.setattr(index, "RACY_SECONDS", RACY)
+    monkeypatch.setattr(index, "MIN_ENTRIES", 0)
+    monkeypatch.setattr(scan_mod, "PARALLEL_MIN_JOBS", 1)
+    monkeypatch.setattr(parallel, "fork_safe", lambda: False)
+    first = scan_cache(root, use_index=True)
+    assert (root / ".kcache" / "index" / index.index_name()).is_file()
+    assert scan_cache(root, use_index=True).entries == first.entries == scan_cache(root).entries
