@@ -1,42 +1,97 @@
-"""Issue 2's speed targets, measured against baselines in the same run:
+"""Scan speed (issues 2 and 15), measured against baselines in the same run, on two generated cache shapes:
 
-- `kcache stats --json` and `kcache ls --json` on a 100,000-entry hidet-style cache vs `du -sb` of the
-  same tree (target within 1.3x);
-- `kcache --version` vs a minimal Typer app (target within 1.3x).
+- seed: the seed-documentation layout (lib.so, source.cu, nvcc_log.txt, task.txt; no completion marker, so
+  `ls` reads every lib.so's ELF header);
+- equal: the real hidet layout with one mtime on every file (as cp -a, tar x leave it: no file is older
+  than its marker, so `ls` reads every lib.so's ELF header too).
 
-Usage: python bench/bench_scan.py [--entries N] [--root DIR] [--runs R]
+For each shape, against `du -sb` of the same tree (target <= 1.3x cold, <= 0.2x from the index):
+  cold   `stats --json --no-index`, `ls --json --no-index` (the scan itself);
+  build  `stats --json` with no index yet (the scan plus writing the index);
+  index  `stats --json`, `ls --json` on the unchanged cache (answered from .kcache/index/; the bench checks
+         that the answers equal the --no-index ones).
+Then `inspect <prefix>` and `log <prefix>` against `kcache --version` (target <= 1.5x), and `--version`
+against a minimal Typer app (target <= 1.3x).
+
+Usage: python bench/bench_scan.py [--entries N] [--dir DIR] [--runs R] [--shapes seed,equal]
+Caches are generated once per size and shape under DIR and reused. Python writes bytecode for these runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCH, compare, ensure_cache, kcache_cmd, load  # noqa: E402
+from common import BENCH, compare, ensure_cache, kcache_cmd, load
+
+SHAPES = {"seed": {"seed_layout": True}, "equal": {"equal_mtimes": True}}
+
+
+def same_answer(root: Path, args: list[str], env: dict) -> bool:
+    def out(*extra: str) -> object:
+        proc = subprocess.run(kcache_cmd("--cache-dir", str(root), *args, *extra), env=env, capture_output=True,
+                              check=True)
+        return json.loads(proc.stdout)
+    return out() == out("--no-index")
+
+
+def bench_shape(name: str, root: Path, runs: int, env: dict) -> None:
+    du = ["du", "-sb", str(root)]
+    index_dir = root / ".kcache" / "index"
+
+    def drop_index() -> None:
+        shutil.rmtree(index_dir, ignore_errors=True)
+
+    def kc(*a: str) -> list[str]:
+        return kcache_cmd("--cache-dir", str(root), *a)
+
+    print(f"-- {name}: {root}", flush=True)
+    compare(f"{name} cold: stats --json --no-index", kc("stats", "--json", "--no-index"), du, runs, 1.3, env)
+    compare(f"{name} cold: ls --json --no-index", kc("ls", "--json", "--no-index"), du, runs, 1.3, env)
+    compare(f"{name} build: stats --json, no index yet", kc("stats", "--json"), du, runs, 1.3, env, before=drop_index)
+    subprocess.run(kc("stats", "--json"), env=env, stdout=subprocess.DEVNULL, check=True)
+    compare(f"{name} index: stats --json", kc("stats", "--json"), du, runs, 0.2, env)
+    compare(f"{name} index: ls --json", kc("ls", "--json"), du, runs, 0.2, env)
+    for args in (["stats", "--json"], ["ls", "--json"]):
+        print(f"{name}: {' '.join(args)} from the index equals --no-index: {same_answer(root, args, env)}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--entries", type=int, default=100_000)
-    ap.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "kcache-bench-cache"))
+    ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "kcache-bench-scan"))
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--shapes", default="seed,equal")
     args = ap.parse_args()
-    root = ensure_cache(Path(args.root), args.entries)
-    print(f"cache: {root} ({args.entries} entries), cpus: {os.cpu_count()}, load: {load()}")
     env = {**os.environ, "NO_COLOR": "1"}
-    du = ["du", "-sb", str(root)]
-    compare("stats --json vs du -sb", kcache_cmd("--cache-dir", str(root), "stats", "--json"), du, args.runs, 1.3, env)
-    compare("ls --json vs du -sb", kcache_cmd("--cache-dir", str(root), "ls", "--json"), du, args.runs, 1.3, env)
-    compare("ls --op matmul --json vs du -sb of ops/*/matmul",
-            kcache_cmd("--cache-dir", str(root), "ls", "--op", "matmul", "--json"),
-            ["sh", "-c", f"du -sb {root}/ops/*/matmul"], args.runs, 1.3, env)
-    compare("--version vs minimal Typer app", kcache_cmd("--version"),
-            [sys.executable, str(BENCH / "minimal_typer_app.py"), "--version"], max(args.runs, 20), 1.3, env)
-    compare("dir vs minimal Typer app", kcache_cmd("--cache-dir", str(root), "dir"),
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.pop("KCACHE_DIR", None)
+    roots = {}
+    for shape in args.shapes.split(","):
+        roots[shape] = ensure_cache(Path(args.dir) / f"{shape}-{args.entries}", args.entries, **SHAPES[shape])
+    time.sleep(2.5)  # older than the index's racy window (kcache_cli/index.py)
+    print(f"{args.entries} entries per cache, cpus: {os.cpu_count()}, load: {load()}", flush=True)
+    for shape, root in roots.items():
+        bench_shape(shape, root, args.runs, env)
+    root = next(iter(roots.values()))
+    op_dir = root / "ops" / "cuda_space_0" / "matmul"
+    prefix = sorted(os.listdir(op_dir))[len(os.listdir(op_dir)) // 2][:8]
+    version = kcache_cmd("--version")
+    runs = max(args.runs, 10)
+    compare(f"inspect {prefix} vs --version", kcache_cmd("--cache-dir", str(root), "inspect", prefix), version,
+            runs, 1.5, env)
+    compare(f"log {prefix} vs --version", kcache_cmd("--cache-dir", str(root), "log", prefix), version, runs, 1.5, env)
+    compare(f"log --raw {prefix} vs --version", kcache_cmd("--cache-dir", str(root), "log", "--raw", prefix), version,
+            runs, 1.5, env)
+    compare("--version vs minimal Typer app", version,
             [sys.executable, str(BENCH / "minimal_typer_app.py"), "--version"], max(args.runs, 20), 1.3, env)
     print(f"load after: {load()}")
 

@@ -20,32 +20,50 @@ def kcache_cmd(*args: str) -> list[str]:
 
 
 def wall(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> float:
+    return timed(cmd, env, cwd)[0]
+
+
+def timed(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system of the command and the children it waited for)."""
+    import resource
+
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env, cwd=cwd)
-    return time.perf_counter() - t
+    elapsed = time.perf_counter() - t
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return elapsed, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
 
 
 def compare(label: str, ours: list[str], baseline: list[str], runs: int, target: float,
-            env: dict | None = None, warmup: int = 1) -> float:
-    """Run the two commands alternately `runs` times; print medians and the ratio ours/baseline."""
+            env: dict | None = None, warmup: int = 1, before=None) -> float:
+    """Run the two commands alternately `runs` times (`before()` ahead of each of ours); print medians of
+    wall and CPU time and the ratios ours/baseline. The wall ratio is the one judged; CPU time moves
+    less with the load of a shared machine (forked workers count in it)."""
     for _ in range(warmup):
+        if before:
+            before()
         wall(ours, env)
         wall(baseline, env)
     a, b = [], []
     for _ in range(runs):
-        a.append(wall(ours, env))
-        b.append(wall(baseline, env))
-    ma, mb = statistics.median(a), statistics.median(b)
+        if before:
+            before()
+        a.append(timed(ours, env))
+        b.append(timed(baseline, env))
+    ma, mb = statistics.median(x[0] for x in a), statistics.median(x[0] for x in b)
+    ca, cb = statistics.median(x[1] for x in a), statistics.median(x[1] for x in b)
     ratio = ma / mb
     verdict = "OK" if ratio <= target else "OVER TARGET"
     print(f"{label:<44} kcache {ma * 1000:8.1f} ms  baseline {mb * 1000:8.1f} ms  ratio {ratio:5.2f}x "
-          f"(target <= {target}x) {verdict}", flush=True)
+          f"(target <= {target}x) {verdict}; CPU {ca * 1000:.0f} vs {cb * 1000:.0f} ms: {ca / max(cb, 1e-9):.2f}x",
+          flush=True)
     return ratio
 
 
-def ensure_cache(root: Path, n: int) -> Path:
+def ensure_cache(root: Path, n: int, seed_layout: bool = False, equal_mtimes: bool = False) -> Path:
     """A generated hidet-style cache of n entries, made once and reused (marker file)."""
-    marker = root / f".generated-{n}"
+    marker = root / f".generated-{n}{'-seed' if seed_layout else ''}{'-equal' if equal_mtimes else ''}"
     if not marker.exists():
         import shutil
 
@@ -56,7 +74,7 @@ def ensure_cache(root: Path, n: int) -> Path:
         root.mkdir(parents=True)
         t = time.perf_counter()
         print(f"generating {n} entries in {root} ...", file=sys.stderr, flush=True)
-        generate(str(root), n)
+        generate(str(root), n, seed_layout=seed_layout, equal_mtimes=equal_mtimes)
         marker.touch()
         print(f"  done in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
     return root

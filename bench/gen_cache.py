@@ -25,7 +25,9 @@ def task_text(op: str, i: int) -> bytes:
 ELF_HEAD = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, 0, 0, 64, 0, 0, 64, 0, 0)
 
 
-def generate(root: str, n: int, seed_layout: bool = False, lib_size: int = 4096) -> None:
+def generate(root: str, n: int, seed_layout: bool = False, lib_size: int = 4096, equal_mtimes: bool = False) -> None:
+    """`equal_mtimes`: every file gets one mtime, as `cp -a`, `rsync -a`, `tar x` and container images
+    leave a cache whose times were kept at one-second precision (no file is older than its marker)."""
     rng = random.Random(n)
     blob = ELF_HEAD + os.urandom(lib_size - len(ELF_HEAD))
     for i in range(n):
@@ -48,7 +50,10 @@ def generate(root: str, n: int, seed_layout: bool = False, lib_size: int = 4096)
         for name, data in files.items():
             with open(os.path.join(d, name), "wb") as f:
                 f.write(data)
-        if not seed_layout:  # as in real hidet, the compile ends a while before func_types.pickle is written
+        if equal_mtimes:
+            for name in files:
+                os.utime(os.path.join(d, name), (1_700_000_000, 1_700_000_000))
+        elif not seed_layout:  # as in real hidet, the compile ends a while before func_types.pickle is written
             t = os.stat(os.path.join(d, "func_types.pickle")).st_mtime - 1
             os.utime(os.path.join(d, "lib.so"), (t, t))
 
@@ -58,5 +63,6 @@ if __name__ == "__main__":
     ap.add_argument("root")
     ap.add_argument("n", type=int)
     ap.add_argument("--seed-layout", action="store_true", help="kcache/seed files instead of real hidet's")
+    ap.add_argument("--equal-mtimes", action="store_true", help="one mtime for every file (as cp -a, tar x)")
     args = ap.parse_args()
-    generate(args.root, args.n, args.seed_layout)
+    generate(args.root, args.n, args.seed_layout, equal_mtimes=args.equal_mtimes)

@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from kcache_cli import state
 from kcache_cli.errors import UsageError
@@ -27,6 +27,9 @@ class ScanContext:
     root: Path
     warn: Warn
     last_used: dict[str, float] = field(default_factory=dict)
+    # When a dict, read_dir puts each directory's own stat and its files' (name, stat) in it, taken
+    # before anything is judged: the index (kcache_cli/index.py) keys its records with them.
+    recording: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._prefix = os.path.join(str(self.root), "")
@@ -45,9 +48,13 @@ class ScanContext:
             size=usage.size,
             files=usage.files,
             modified=usage.mtime,
-            last_used=max(self.last_used.get(rel, 0.0), usage.mtime),
+            last_used=self.last_used_of(rel, usage.mtime),
             **fields,
         )
+
+    def last_used_of(self, relpath: str, modified: float) -> float:
+        """The newer of kcache's last-used stamp and the entry's newest mtime."""
+        return max(self.last_used.get(relpath, 0.0), modified)
 
     def link_entry(self, path: str, where: str = "inside the cache", **fields) -> Entry:
         """A symlink where a directory of the cache belongs: listed as a corrupt entry, never followed."""
@@ -106,12 +113,18 @@ class ScanContext:
             except OSError:
                 newest = 0.0
             return None, TreeUsage(0, 0, newest), mtimes
+        recording = self.recording
+        stats: list | None = None
         try:
-            newest = os.fstat(fd).st_mtime
+            dir_stat = os.fstat(fd)
+            newest = dir_stat.st_mtime
+            if recording is not None:
+                stats = []
             with os.scandir(fd) as it:
                 for de in it:
                     try:
                         if de.is_dir(follow_symlinks=False):
+                            stats = None  # subdirectories are not recorded: such an entry is not indexed
                             sub = measure_tree(os.path.join(path, de.name), self.warn)
                             size += sub.size
                             files += sub.files
@@ -121,6 +134,8 @@ class ScanContext:
                         st = de.stat(follow_symlinks=False)
                     except OSError:
                         continue
+                    if stats is not None:
+                        stats.append((de.name, st))
                     names[de.name] = st.st_size
                     mtime = mtimes[de.name] = st.st_mtime
                     size += st.st_size
@@ -132,6 +147,8 @@ class ScanContext:
             return None, TreeUsage(size, files, 0.0), mtimes
         finally:
             os.close(fd)
+        if recording is not None:
+            recording[path] = (dir_stat, stats) if stats is not None else None
         return names, TreeUsage(size, files, newest), mtimes
 
 
@@ -153,12 +170,40 @@ def listdir(path: str | Path, warn: Warn) -> list[os.DirEntry]:
 PARALLEL_MIN_JOBS = 4000
 
 
+# Threads per worker process. A cache not read for a while is on disk, not in the page cache (and
+# reclaim evicts it): each worker then waits on directory, inode and header reads, which release the GIL,
+# so a few threads keep several reads in flight where one would wait for each in turn.
+THREADS_PER_WORKER = 4
+
+
 def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
-    """One worker's share of a scan: its entries and the warnings they raised."""
+    """One worker's share of a scan: its entries and the warnings they raised, read by up to
+    THREADS_PER_WORKER threads (each with its own context: the index records per context)."""
+    import threading
+
     root, last_used, func = shared
-    warnings: list[str] = []
-    local = ScanContext(root, warnings.append, last_used)
-    return [func(local, job) for job in jobs], warnings
+    n = max(1, min(THREADS_PER_WORKER, len(jobs) // 500))
+    parts = [jobs[t::n] for t in range(n)]
+    out: list[list[Any]] = [[] for _ in range(n)]
+    warned: list[list[str]] = [[] for _ in range(n)]
+    failed: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            local = ScanContext(root, warned[t].append, last_used)
+            out[t] = [func(local, job) for job in parts[t]]
+        except BaseException as exc:  # noqa: BLE001 - raised again below, in the worker's own thread
+            failed.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(1, n)]
+    for th in threads:
+        th.start()
+    work(0)
+    for th in threads:
+        th.join()
+    if failed:
+        raise failed[0]
+    return [out[j % n][j // n] for j in range(len(jobs))], [w for ws in warned for w in ws]
 
 
 def detect_layouts(root: Path) -> tuple[str, ...]:
@@ -168,10 +213,13 @@ def detect_layouts(root: Path) -> tuple[str, ...]:
 
 
 def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None,
-               leftovers: bool = False) -> ScanResult:
+               leftovers: bool = False, use_index: bool = False) -> ScanResult:
     """Every entry under `root` that `flt` keeps. Damaged entries come back with a status;
     unreadable directories come back as warnings. A missing root is an empty result. With
-    `leftovers`, kcache's own leftovers of killed imports and exports too (layout `kcache`)."""
+    `leftovers`, kcache's own leftovers of killed imports and exports too (layout `kcache`).
+
+    With `use_index`, entries whose files are provably unchanged since the last scan come from
+    `<root>/.kcache/index/` (kcache_cli/index.py) instead of being judged again; the answer is the same."""
     root = Path(root)
     warnings: list[str] = []
 
@@ -185,14 +233,22 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     from kcache_cli.layouts import get as get_layout
     from kcache_cli.names import expand_filter
 
+    complete = flt == ScanFilter()
     flt = expand_filter(root, flt)
     layouts = detect_layouts(root)
-    ctx = ScanContext(root, collect, state.load_last_used(root))
+    if use_index:
+        from kcache_cli.index import IndexedContext
+
+        ctx: ScanContext = IndexedContext(root, collect, state.load_last_used(root))
+    else:
+        ctx = ScanContext(root, collect, state.load_last_used(root))
     entries: list[Entry] = []
     for name in layouts:
         if flt.layouts and name not in flt.layouts:
             continue
         entries.extend(e for e in get_layout(name).scan(ctx, flt) if flt.matches(e))
+    if use_index:
+        ctx.save(complete=complete)  # type: ignore[attr-defined]
     if leftovers and not flt.layouts:
         entries.extend(e for e in leftover_entries(root, collect) if flt.matches(e))
     return ScanResult(str(root), True, layouts, tuple(entries), tuple(warnings))
@@ -302,7 +358,7 @@ def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilte
 
     prefixes, paths = split_refs(root, [ref.rstrip("/") or ref])
     flt = replace(flt, hash_prefixes=prefixes, paths=paths)
-    result = scan_cache(root, flt, warn)
+    result = scan_cache(root, _narrowed(root, flt), warn)
     found = list(result.entries)
     exact = [e for e in found if e.hash in prefixes or e.relpath in paths]
     if len(exact) == 1:
@@ -318,3 +374,24 @@ def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilte
         more = f" and {len(found) - 8} more" if len(found) > 8 else ""
         raise UsageError(f"'{ref}' is ambiguous: {len(found)} entries match: {names}{more}; {_differing(found)}")
     return found[0]
+
+
+def _narrowed(root: Path, flt: ScanFilter) -> ScanFilter:
+    """`flt` (naming entries by hash prefix or path) limited to the layouts, and spaces, where directory
+    names alone (kcache_cli/names.py) show entries it could name: only those are listed and judged, not
+    every layout's entries nor hidet's graphs. Spaces narrow nothing else (the hidet version in use is
+    still the whole cache's). Where names show none (a temp directory's name) `flt` is kept as it is."""
+    from dataclasses import replace
+
+    from kcache_cli import names
+
+    if not Path(root).is_dir():
+        return flt
+    hits = [h for p in flt.name_prefixes() for h in names.entries(root, p, layouts=flt.layouts)]
+    if not hits:
+        return flt
+    layouts = tuple(sorted({h.layout for h in hits}))
+    spaces = flt.spaces
+    if not spaces and all(h.space for h in hits):
+        spaces = tuple(sorted({h.space for h in hits if h.space}))
+    return replace(flt, layouts=layouts, spaces=spaces)

@@ -17,13 +17,18 @@ def register(app: typer.Typer) -> None:
     app.command("stats")(stats_command)
 
 
-def _scan(opts: c.GlobalOptions, flt, loc=None):
+NoIndexOpt = Annotated[bool, typer.Option(
+    "--no-index", help="Judge every entry again instead of answering from the index of unchanged entries "
+                       "(.kcache/index/; the answer is the same).")]
+
+
+def _scan(opts: c.GlobalOptions, flt, loc=None, use_index: bool = False):
     from kcache_cli.scan import scan_cache
 
     loc = loc or c.cache_location(opts, existing=True)
     c.hint_unknown(opts, loc.path, flt)
     # ls and stats also show what killed imports and exports left (layout "kcache"; prune removes it)
-    result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True)
+    result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True, use_index=use_index)
     return loc, result
 
 
@@ -82,6 +87,7 @@ def ls_command(
     paths_only: Annotated[bool, typer.Option("-q", "--quiet", help="Print the entries' paths only, one per line "
                                              "(like docker ps -q); nothing on stderr. With --json: the JSON.")] = False,
     all_caches: c.AllCachesOpt = False,
+    no_index: NoIndexOpt = False,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -108,7 +114,7 @@ def ls_command(
         if hashes and not refs:
             continue  # the entries named are in other caches
         flt = c.make_filter(op, space, target, layout, status, kind, refs, root=loc.path)
-        listed.append((loc, flt, *_ls_entries(opts, loc, flt, sort, limit)))
+        listed.append((loc, flt, *_ls_entries(opts, loc, flt, sort, limit, not no_index)))
     if opts.json:
         c.emit_json([dict(e.to_json(), root=str(loc.path)) if all_caches else e.to_json()
                      for loc, _, _, entries in listed for e in entries])
@@ -124,10 +130,10 @@ def ls_command(
         c.info(opts, "no kernel cache found (see kcache dir --all)")
 
 
-def _ls_entries(opts: c.GlobalOptions, loc, flt, sort: str, limit: Optional[int]):
+def _ls_entries(opts: c.GlobalOptions, loc, flt, sort: str, limit: Optional[int], use_index: bool):
     from kcache_cli.model import sort_entries
 
-    _, result = _scan(opts, flt, loc)
+    _, result = _scan(opts, flt, loc, use_index)
     entries = sort_entries(result.entries, sort)
     return result, entries[:limit] if limit is not None else entries
 
@@ -417,6 +423,7 @@ def stats_command(
     top: Annotated[int, typer.Option("--top", metavar="N", min=0,
                                      help="How many of the biggest entries to show.")] = 10,
     all_caches: c.AllCachesOpt = False,
+    no_index: NoIndexOpt = False,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -429,7 +436,7 @@ def stats_command(
     opts = c.use(ctx, cache_dir, as_json)
     reports = []
     for loc in c.cache_locations(opts, all_caches):
-        _, result = _scan(opts, ScanFilter(), loc)
+        _, result = _scan(opts, ScanFilter(), loc, not no_index)
         reports.append(_stats(loc, result, top))
     if opts.json:
         c.emit_json(reports if all_caches else reports[0])

@@ -1,0 +1,593 @@
+"""The scan index (kcache_cli/index.py) never answers stale: whatever changes behind its back, `ls`/`stats`
+with the index say exactly what a real scan says, and the index does answer when nothing changed."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kcache_cli import index, state
+from kcache_cli.layouts import hidet
+from kcache_cli.locking import entry_lock
+from kcache_cli.scan import scan_cache
+
+SOFTMAX = "ops/cuda_space_0/softmax/ad252b064b266eea"
+ADD = "ops/cuda_space_0/add/8d1f7691cdf75e90"
+RACY = 0.05  # the tests' racy window: short, so that they need not wait two seconds
+
+
+@pytest.fixture
+def judged(monkeypatch):
+    """How many hidet op entries the scan really judged (the rest came from the index)."""
+    calls: list[str] = []
+    real = hidet._op_entry
+
+    def counting(ctx, job):
+        calls.append(job[0])
+        return real(ctx, job)
+
+    monkeypatch.setattr(hidet, "_op_entry", counting)
+    monkeypatch.setattr(index, "RACY_SECONDS", RACY)
+    monkeypatch.setattr(index, "MIN_ENTRIES", 0)
+    return calls
+
+
+@pytest.fixture
+def cache(fixture_copy):
+    root = fixture_copy("hidet")
+    time.sleep(RACY * 2)  # older than the racy window, so that the first scan stores every entry
+    return root
+
+
+def both(root, judged):
+    """(the index's answer, the real scan's answer): Entry tuples compared field by field. `judged` keeps
+    only what the scan with the index judged."""
+    got = scan_cache(root, use_index=True).entries
+    n = len(judged)
+    real = scan_cache(root).entries
+    del judged[n:]
+    return got, real
+
+
+def primed(root, judged) -> None:
+    """Index `root`, and check that the next scan is answered from the index alone."""
+    scan_cache(root, use_index=True)
+    judged.clear()
+    assert scan_cache(root, use_index=True).entries == scan_cache(root).entries
+    assert len(judged) == 5, "only the real scan judged"
+    judged.clear()
+
+
+def settle() -> None:
+    time.sleep(RACY * 2)
+
+
+def restore_times(path, st) -> None:
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_unchanged_cache_is_answered_from_the_index(cache, judged):
+    first = scan_cache(cache, use_index=True)
+    assert len(judged) == 5 and (cache / ".kcache" / "index" / index.index_name()).is_file()
+    judged.clear()
+    again = scan_cache(cache, use_index=True)
+    assert judged == []
+    assert again.entries == first.entries == scan_cache(cache).entries
+
+
+def test_cli_ls_and_stats_json_same_with_and_without_index(cache, kcache, judged):
+    for args in (["ls", "--json"], ["stats", "--json"], ["ls", "--op", "add", "--json"], ["ls", "8d1f", "--json"]):
+        without = kcache("--cache-dir", cache, *args, "--no-index")
+        first = kcache("--cache-dir", cache, *args)
+        judged.clear()
+        second = kcache("--cache-dir", cache, *args)
+        assert without.exit_code == first.exit_code == second.exit_code == 0
+        assert first.json() == second.json() == without.json(), args
+        assert judged == [], args
+
+
+def test_no_index_option_in_help(kcache):
+    for cmd in ("ls", "stats"):
+        assert "--no-index" in kcache(cmd, "--help").stdout
+
+
+def test_lib_so_rewritten_in_place_same_size_mtime_restored(cache, judged):
+    """The case only a file's ctime reveals: same size, same mtime (`touch -d`), same inode, same directory."""
+    entry = cache / SOFTMAX
+    t = os.stat(entry / "func_types.pickle").st_mtime_ns
+    for f in entry.iterdir():  # as tar x leaves them: one mtime, so ls reads lib.so's header
+        os.utime(f, ns=(t, t))
+    settle()
+    primed(cache, judged)
+    lib = entry / "lib.so"
+    st = os.stat(lib)
+    with open(lib, "r+b") as f:
+        f.write(b"\0" * st.st_size)
+    restore_times(lib, st)
+    assert os.stat(lib).st_ino == st.st_ino and os.stat(lib).st_size == st.st_size
+    got, real = both(cache, judged)
+    assert got == real
+    assert {e.relpath: e.status for e in got}[SOFTMAX] == "corrupt"
+    assert judged == [str(entry)]
+
+
+def test_touch_d_restores_mtime_of_a_rewritten_task(cache, judged, tmp_path):
+    primed(cache, judged)
+    task = cache / ADD / "task.txt"
+    st = os.stat(task)
+    data = task.read_bytes()
+    task.write_bytes(data.replace(b"add", b"xyz", 1))
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st.st_mtime))
+    subprocess.run(["touch", "-d", stamp, str(task)], check=True)
+    got, real = both(cache, judged)
+    assert got == real and judged == [str(cache / ADD)]
+
+
+@pytest.mark.parametrize("change", ["add", "remove", "grow", "truncate_lib", "empty_lib", "chmod", "rename"])
+def test_changed_entry_is_judged_again(cache, judged, change):
+    primed(cache, judged)
+    entry = cache / SOFTMAX
+    lib = entry / "lib.so"
+    st = os.stat(lib)
+    if change == "add":
+        (entry / "kcache.json").write_text('{"files": {"lib.so": {"size": 1}}}')  # sizes now disagree
+    elif change == "remove":
+        (entry / "func_types.pickle").unlink()
+    elif change == "grow":
+        with open(entry / "source.cu", "ab") as f:
+            f.write(b"// more\n")
+    elif change == "truncate_lib":
+        os.truncate(lib, 100)
+        restore_times(lib, st)
+    elif change == "empty_lib":
+        os.truncate(lib, 0)
+        restore_times(lib, st)
+    elif change == "chmod":
+        os.chmod(entry / "source.cu", 0o600)
+    elif change == "rename":
+        os.rename(entry / "func_types.pickle", entry / "func_types.old")
+    got, real = both(cache, judged)
+    assert got == real
+    assert judged == [str(entry)]
+    if change in ("remove", "empty_lib", "rename"):
+        assert {e.relpath: e.status for e in got}[SOFTMAX] != "complete"
+
+
+def test_entry_directory_replaced_and_entries_added_or_removed(cache, judged):
+    primed(cache, judged)
+    entry = cache / SOFTMAX
+    copy = cache / "ops" / "cuda_space_0" / "softmax" / "tmpcopy"
+    shutil.copytree(entry, copy)
+    os.truncate(copy / "lib.so", 10)
+    shutil.rmtree(entry)
+    os.rename(copy, entry)  # another directory, same name, same file names
+    new = cache / "ops" / "cuda_space_0" / "add" / "0123456789abcdef"
+    shutil.copytree(cache / ADD, new)
+    shutil.rmtree(cache / "ops" / "cpu_space_0" / "relu")
+    got, real = both(cache, judged)
+    assert got == real
+    assert {e.relpath: e.status for e in got}[SOFTMAX] == "corrupt"
+    assert sorted(judged) == sorted([str(entry), str(new)])
+
+
+def test_truncated_garbage_or_deleted_index_means_a_scan(cache, judged):
+    primed(cache, judged)
+    path = cache / ".kcache" / "index" / index.index_name()
+    good = path.read_bytes()
+    for bad in (good[: len(good) // 2], b"garbage", b"", good[:-1] + bytes([good[-1] ^ 1]),
+                index.MAGIC + b"\0" * 12 + b"x"):
+        path.write_bytes(bad)
+        judged.clear()
+        got, real = both(cache, judged)
+        assert got == real and len(judged) == len(real)
+    path.unlink()
+    judged.clear()
+    got, real = both(cache, judged)
+    assert got == real and len(judged) == len(real)
+
+
+def test_index_with_a_global_in_its_pickle_is_refused(cache, judged):
+    """A file that passes its CRC but asks the unpickler for a class or function is not loaded."""
+    import pickle
+    import zlib
+
+    primed(cache, judged)
+    path = cache / ".kcache" / "index" / index.index_name()
+    payload = pickle.dumps({"context": None, "records": {}, "x": os.system})
+    path.write_bytes(index.MAGIC + index._HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
+    assert index.load(str(cache), ("anything",)) == {}
+
+
+def test_index_writable_by_others_or_owned_by_another_user_is_ignored(cache, judged):
+    primed(cache, judged)
+    path = cache / ".kcache" / "index" / index.index_name()
+    os.chmod(path, 0o666)
+    judged.clear()
+    scan_cache(cache, use_index=True)
+    assert len(judged) == 5
+    if os.geteuid() == 0:
+        scan_cache(cache, use_index=True)  # rewritten, ours again
+        os.chown(path, 65534, 65534)
+        judged.clear()
+        scan_cache(cache, use_index=True)
+        assert len(judged) == 5
+
+
+def test_small_caches_get_no_index(cache, monkeypatch):
+    assert index.MIN_ENTRIES > 5
+    assert scan_cache(cache, use_index=True).entries == scan_cache(cache).entries
+    assert not (cache / ".kcache" / "index").exists()
+
+
+def test_recent_changes_are_not_stored(fixture_copy, judged, monkeypatch):
+    """An entry changed within the racy window before the scan could change again within the same
+    timestamp tick after it: such entries are judged again next time."""
+    root = fixture_copy("hidet")
+    monkeypatch.setattr(index, "RACY_SECONDS", 3600.0)
+    scan_cache(root, use_index=True)
+    judged.clear()
+    scan_cache(root, use_index=True)
+    assert len(judged) == 5
+
+
+def test_lock_dependent_statuses_are_never_served(cache, judged):
+    """`building` and `partial` depend on who holds a lock, which no stat shows."""
+    entry = cache / "ops" / "cuda_space_0" / "add" / "8d1f7691cdf75e90"
+    (entry / "func_types.pickle").unlink()  # partial, and building while hidet holds .lock
+    settle()
+    primed_statuses = {e.relpath: e.status for e in scan_cache(cache, use_index=True).entries}
+    assert primed_statuses[ADD] == "partial"
+    import fcntl
+
+    with open(entry / ".lock", "rb") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        got, real = both(cache, judged)
+        assert got == real and {e.relpath: e.status for e in got}[ADD] == "building"
+    got, real = both(cache, judged)
+    assert got == real and {e.relpath: e.status for e in got}[ADD] == "partial"
+
+
+def test_kcache_temp_dir_follows_its_build_lock(cache, judged):
+    tmp = cache / "ops" / "cuda_space_0" / "add" / f"{state.TEMP_PREFIX}8d1f7691cdf75e90-0a1b"
+    shutil.copytree(cache / ADD, tmp)
+    settle()
+    scan_cache(cache, use_index=True)
+    with entry_lock(cache, ADD, timeout=5):
+        got, real = both(cache, judged)
+        assert got == real and {e.path: e.status for e in got}[str(tmp)] == "building"
+    got, real = both(cache, judged)
+    assert got == real and {e.path: e.status for e in got}[str(tmp)] == "partial"
+
+
+def test_last_used_stamps_move_on(cache, judged):
+    primed(cache, judged)
+    state.mark_used(cache, ADD, now=time.time() + 5000)
+    got, real = both(cache, judged)
+    assert got == real and judged == []
+    assert {e.relpath: e.last_used for e in got}[ADD] > time.time() + 4000
+
+
+def test_index_never_written_through_a_symlink(cache, judged, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    kdir = cache / ".kcache"
+    kdir.mkdir(exist_ok=True)
+    shutil.rmtree(kdir / "index", ignore_errors=True)
+    (kdir / "index").symlink_to(elsewhere)
+    got, real = both(cache, judged)
+    assert got == real
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_unwritable_cache_has_no_index_and_still_answers(cache, judged):
+    shutil.rmtree(cache / ".kcache", ignore_errors=True)
+    (cache / ".kcache").write_text("not a directory")  # mkdir fails, as on a read-only cache
+    got, real = both(cache, judged)
+    assert got == real
+    judged.clear()
+    scan_cache(cache, use_index=True)
+    assert len(judged) == 5
+
+
+def test_filtered_scan_keeps_the_other_records(cache, judged):
+    primed(cache, judged)
+    with open(cache / ADD / "source.cu", "ab") as f:
+        f.write(b"//\n")
+    settle()
+    scan_cache(cache, hidet_filter("add"), use_index=True)
+    assert judged == [str(cache / ADD)]
+    judged.clear()
+    add = hidet_filter("add")
+    assert scan_cache(cache, add, use_index=True).entries == scan_cache(cache, add).entries
+    assert judged == [str(cache / ADD)], "the filtered scan's own record served it; --no-index judged it"
+    judged.clear()
+    got, real = both(cache, judged)
+    # The full scan learns the hidet version in use from the entries (no hidet installed): add's record,
+    # judged for `--op add` against a version given up front, answers another question and is judged again.
+    assert got == real and judged == [str(cache / ADD)]
+
+
+def hidet_filter(op):
+    from kcache_cli.model import ScanFilter
+
+    return ScanFilter(ops=(op,))
+
+
+def _flipper(lib: str, good: bytes, stop, mtime_ns: int) -> None:
+    """A concurrent writer: rewrites lib.so in place, whole or truncated, restoring its mtime each time."""
+    i = 0
+    while not stop.is_set():
+        with open(lib, "r+b") as f:
+            f.write(good if i % 2 == 0 else b"\0" * len(good))
+        os.utime(lib, ns=(mtime_ns, mtime_ns))
+        i += 1
+
+
+def test_concurrent_writer_never_leaves_a_stale_record(cache, judged):
+    entry = cache / SOFTMAX
+    t = os.stat(entry / "func_types.pickle").st_mtime_ns
+    for f in entry.iterdir():
+        os.utime(f, ns=(t, t))
+    lib = str(entry / "lib.so")
+    with open(lib, "rb") as f:
+        good = f.read()
+    settle()
+    ctx = multiprocessing.get_context("fork")
+    for _ in range(6):
+        stop = ctx.Event()
+        proc = ctx.Process(target=_flipper, args=(lib, good, stop, t))
+        proc.start()
+        try:
+            for _ in range(3):
+                scan_cache(cache, use_index=True)
+        finally:
+            stop.set()
+            proc.join(10)
+        settle()
+        got, real = both(cache, judged)
+        assert got == real
+
+
+def test_parallel_scan_with_index_matches(fixture_copy, judged, monkeypatch):
+    """Big caches are read by forked workers: records and hits travel back from them."""
+    from kcache_cli import scan as scan_mod
+
+    root = fixture_copy("hidet")
+    settle()
+    monkeypatch.setattr(scan_mod, "PARALLEL_MIN_JOBS", 1)
+    first = scan_cache(root, use_index=True)
+    second = scan_cache(root, use_index=True)
+    assert first.entries == second.entries == scan_cache(root).entries
+    os.truncate(root / SOFTMAX / "lib.so", 0)
+    got, real = both(root, judged)
+    assert got == real and {e.relpath: e.status for e in got}[SOFTMAX] == "corrupt"  # emptied after hidet finished it
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_an_index_made_for_root_is_not_used_by_another_user(judged):
+    """Permissions decide what a user can read: root's records, even handed to `nobody` as its own
+    index file, are refused (the index's context names the user)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from conftest import FIXTURES, copy_tree
+
+    shared_tmp = tempfile.mkdtemp(prefix="kcache-nobody-", dir="/tmp")  # pytest's tmp_path is 0700
+    try:
+        os.chmod(shared_tmp, 0o755)
+        cache = copy_tree(FIXTURES / "hidet", Path(shared_tmp) / "cache")
+        for dirpath, _, filenames in os.walk(cache):
+            os.chmod(dirpath, 0o755)
+            for f in filenames:
+                os.chmod(os.path.join(dirpath, f), 0o644)
+        os.chmod(cache / SOFTMAX, 0o711)  # root lists it; nobody cannot
+        settle()
+        assert {e.relpath: e.status for e in scan_cache(cache, use_index=True).entries}[SOFTMAX] == "complete"
+        idx = cache / ".kcache" / "index"
+        theirs = idx / "scan.65534"
+        shutil.copy(idx / index.index_name(), theirs)
+        os.chown(theirs, 65534, 65534)
+        os.chmod(idx, 0o777)
+        src = os.path.dirname(os.path.dirname(os.path.abspath(index.__file__)))
+        code = (f"import json,sys; sys.path.insert(0, {src!r}); from kcache_cli.scan import scan_cache; "
+                f"print(json.dumps({{e.relpath: e.status for e in scan_cache({str(cache)!r}, use_index=True)"
+                ".entries}))")
+        proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
+                               "-c", code], check=False, capture_output=True, text=True, cwd=shared_tmp,
+                              env={**os.environ, "HOME": shared_tmp})
+        if proc.returncode != 0:
+            pytest.skip(f"nobody cannot run kcache from here: {proc.stderr.strip()[-200:]}")
+        assert json.loads(proc.stdout)[SOFTMAX] == "unreadable"  # issue 10: a directory nobody may list
+    finally:
+        shutil.rmtree(shared_tmp, ignore_errors=True)
+
+
+def test_prefix_resolution_judges_only_the_entries_its_names_match(cache, judged, kcache):
+    """inspect/log <prefix> find the entry by directory names (kcache_cli/names.py), then read only it."""
+    from kcache_cli.scan import resolve_entry
+
+    assert resolve_entry(cache, "ad25").relpath == SOFTMAX
+    assert judged == [str(cache / SOFTMAX)]
+    judged.clear()
+    run = kcache("--cache-dir", cache, "log", "8d1f", "--raw")
+    assert run.exit_code == 0 and run.stdout
+    assert judged == [str(cache / ADD)]
+    judged.clear()
+    # issue 14's references: a path in the cache, relative or absolute, and a selector with a prefix
+    assert resolve_entry(cache, SOFTMAX).relpath == SOFTMAX
+    assert resolve_entry(cache, str(cache / SOFTMAX)).relpath == SOFTMAX
+    assert judged == [str(cache / SOFTMAX)] * 2
+    judged.clear()
+    from kcache_cli.errors import UsageError
+    from kcache_cli.model import ScanFilter
+
+    with pytest.raises(UsageError, match="no entry matches"):
+        resolve_entry(cache, "ad25", flt=ScanFilter(spaces=("cuda_space_1",)))
+    assert resolve_entry(cache, "ad25", flt=ScanFilter(ops=("softmax",))).relpath == SOFTMAX
+
+
+def test_a_killed_writer_leaves_nothing_that_matters(cache, judged):
+    """A writer killed mid-write leaves its temp file (removed once an hour old) and never a half index:
+    the index is renamed into place whole."""
+    primed(cache, judged)
+    idx = cache / ".kcache" / "index"
+    old, fresh = idx / ".tmp-1-dead", idx / ".tmp-2-live"
+    old.write_bytes(b"half an index")
+    fresh.write_bytes(b"another writer, still running")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    with open(cache / ADD / "source.cu", "ab") as f:
+        f.write(b"//\n")  # something to write about
+    settle()
+    got, real = both(cache, judged)
+    assert got == real and judged == [str(cache / ADD)]
+    assert not old.exists() and fresh.exists()
+    assert sorted(p.name for p in idx.iterdir()) == sorted([fresh.name, index.index_name()])
+
+
+def test_a_symlinked_manifest_is_judged_every_time(cache, judged, tmp_path):
+    """ls reads kcache.json through a symlink: changes to its target show in no stat of the entry."""
+    import json
+
+    entry = cache / SOFTMAX
+    size = os.path.getsize(entry / "source.cu")
+    outside = tmp_path / "kcache.json"
+    outside.write_text(json.dumps({"files": {"source.cu": {"size": size}}}))
+    (entry / "kcache.json").symlink_to(outside)
+    t = os.stat(entry / "func_types.pickle").st_mtime_ns
+    for marker in hidet.HIDET_MARKERS:  # an entry kcache built: judged by its kcache.json (issue 10)
+        (entry / marker).unlink()
+    for f in entry.iterdir():  # one mtime: ls compares sizes with the manifest
+        os.utime(f, ns=(t, t), follow_symlinks=False)
+    settle()
+    # fsread never reads a manifest through a link (issue 9): corrupt whatever the target says, and the
+    # entry is never stored, so it is judged on every scan.
+    first = {e.relpath: e for e in scan_cache(cache, use_index=True).entries}[SOFTMAX]
+    assert first.status == "corrupt" and "kcache.json" in (first.reason or "")
+    outside.write_text(json.dumps({"files": {"source.cu": {"size": size + 1}}}))
+    judged.clear()
+    got, real = both(cache, judged)
+    assert got == real and str(entry) in judged
+
+
+# ---- fidelity (issue 10): what a judgement takes from outside the entry -----------------------------
+
+def statuses(entries) -> dict[str, str]:
+    return {e.relpath: e.status for e in entries}
+
+
+@pytest.fixture
+def no_hidet(monkeypatch):
+    """No hidet installed (as in the test venv), read afresh: installed_version() caches its answer."""
+    monkeypatch.setattr(hidet, "_INSTALLED", [])
+    return monkeypatch
+
+
+def test_a_newer_version_elsewhere_turns_indexed_entries_stale(cache, judged, no_hidet):
+    """Without an installed hidet the version in use is the cache's newest version.txt: one entry rebuilt
+    by a newer hidet behind the index's back makes every other (indexed, unchanged) entry stale."""
+    primed(cache, judged)
+    (cache / SOFTMAX / "version.txt").write_text("0.7.0")
+    settle()
+    got, real = both(cache, judged)
+    assert got == real
+    assert statuses(got)[ADD] == "stale" and statuses(got)[SOFTMAX] == "complete"
+    assert judged == [str(cache / SOFTMAX)], "the others came from the index, and still turned stale"
+    assert "hidet 0.7.0 will rebuild it" in {e.relpath: e.reason for e in got}[ADD]
+    judged.clear()
+    got, real = both(cache, judged)  # and again, now that the index holds the new state
+    assert got == real and judged == [] and statuses(got)[ADD] == "stale"
+    # a filtered scan gets the version from the op's directories up front: still the scan's answer
+    for flt in (hidet_filter("add"), hidet_filter("softmax")):
+        for _ in range(2):  # building the records, then served from them
+            assert scan_cache(cache, flt, use_index=True).entries == scan_cache(cache, flt).entries
+
+
+def test_a_new_entry_or_ir_module_of_a_newer_hidet_turns_indexed_entries_stale(cache, judged, no_hidet):
+    primed(cache, judged)
+    newer = cache / "ir_modules" / "0123456789abcdef"
+    newer.mkdir(parents=True)
+    (newer / "version.txt").write_text("0.8.0")
+    got, real = both(cache, judged)
+    assert got == real and statuses(got)[ADD] == "stale" and judged == []
+    shutil.rmtree(newer.parent)
+    got, real = both(cache, judged)
+    assert got == real and statuses(got)[ADD] == "complete" and judged == []
+    # a whole new op entry of a newer hidet (a copy under another op name)
+    twin = cache / "ops" / "cuda_space_0" / "zzz_newer" / "ad252b064b266eea"
+    shutil.copytree(cache / SOFTMAX, twin)
+    (twin / "version.txt").write_text("0.9.0")
+    got, real = both(cache, judged)
+    assert got == real and statuses(got)[SOFTMAX] == "stale" and judged == [str(twin)]
+
+
+def test_installing_or_removing_hidet_rejudges_indexed_entries(cache, judged, no_hidet):
+    """The installed hidet's version (importlib.metadata, read by installed_version) decides: the index
+    never serves a judgement made against another version in use."""
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+    installed: list[str] = []
+
+    def version(name: str) -> str:
+        if name == "hidet":
+            if not installed:
+                raise importlib.metadata.PackageNotFoundError(name)
+            return installed[0]
+        return real_version(name)
+
+    no_hidet.setattr(importlib.metadata, "version", version)
+    primed(cache, judged)
+    for now, expected in (("0.7.0", "stale"), ("0.6.1", "complete"), ("0.7.0", "stale"), (None, "complete")):
+        installed[:] = [now] if now else []
+        hidet._INSTALLED.clear()
+        got, real = both(cache, judged)
+        assert got == real, now
+        assert set(statuses(got).values()) == {expected}, now
+        hidet._INSTALLED.clear()
+        for op in ("add", None):
+            flt = hidet_filter(op) if op else None
+            with_index = scan_cache(cache, *([flt] if flt else []), use_index=True).entries
+            assert with_index == scan_cache(cache, *([flt] if flt else [])).entries, (now, op)
+
+
+def test_unreadable_is_never_stored(cache, judged, monkeypatch):
+    """`unreadable` depends on permissions, which no stat of the entry's files records: judged every time."""
+    real = hidet.unreadable
+    denied = str(cache / SOFTMAX / "lib.so")
+    monkeypatch.setattr(hidet, "unreadable",
+                        lambda p: "lib.so is unreadable (permission denied)" if p == denied else real(p))
+    first = scan_cache(cache, use_index=True)
+    assert statuses(first.entries)[SOFTMAX] == "unreadable"
+    judged.clear()
+    assert scan_cache(cache, use_index=True).entries == first.entries
+    assert judged == [str(cache / SOFTMAX)]
+    monkeypatch.setattr(hidet, "unreadable", real)  # permission given back: nothing on disk changed
+    judged.clear()
+    got, real_scan = both(cache, judged)
+    assert got == real_scan and statuses(got)[SOFTMAX] == "complete" and judged == [str(cache / SOFTMAX)]
+    assert index._record(first.entries[0].__class__(**{**first.entries[0].__dict__, "status": "unreadable"}),
+                         ("f", (first.entries[0].path,)), (os.lstat(cache), []), [], 1 << 62) is None
+
+
+def test_workers_started_by_a_forkserver_get_the_index_pickled(fixture_copy, monkeypatch):
+    """When forking is not safe (a thread runs), parallel.map_parts pickles the work: the index's
+    wrapper is a class, not a closure, and the answers are the same."""
+    from kcache_cli import parallel
+    from kcache_cli import scan as scan_mod
+
+    root = fixture_copy("hidet")
+    settle()
+    monkeypatch.setattr(index, "RACY_SECONDS", RACY)
+    monkeypatch.setattr(index, "MIN_ENTRIES", 0)
+    monkeypatch.setattr(scan_mod, "PARALLEL_MIN_JOBS", 1)
+    monkeypatch.setattr(parallel, "fork_safe", lambda: False)
+    first = scan_cache(root, use_index=True)
+    assert (root / ".kcache" / "index" / index.index_name()).is_file()
+    assert scan_cache(root, use_index=True).entries == first.entries == scan_cache(root).entries
