@@ -1,6 +1,6 @@
 """Cache layouts, one module each. A layout module provides:
 
-    NAME: str                                   "hidet", "tilus" or "tilelang"
+    NAME: str                                   "hidet", "tilus", "tilelang" or "triton"
     detect(root: Path) -> bool                  does this root hold this layout?
     scan(ctx: ScanContext, flt: ScanFilter)     -> Iterator[Entry]; cheap checks only
                                                 (names, links, sizes); uses flt.ops/spaces/targets
@@ -11,6 +11,6 @@
 A new layout is one new module added to LAYOUTS.
 """
 
-from kcache_cli.layouts import hidet, tilelang, tilus
+from kcache_cli.layouts import hidet, tilelang, tilus, triton
 
-LAYOUTS = {m.NAME: m for m in (hidet, tilus, tilelang)}
+LAYOUTS = {m.NAME: m for m in (hidet, tilus, tilelang, triton)}

@@ -1,0 +1,422 @@
+"""Triton's kernel cache (triton 3.x, `triton/runtime/cache.py`): <root>/<key>/ per compiled kernel.
+
+`<key>` is the base32 (no padding) of a sha256 (older Triton: its hex). A kernel directory holds the
+compile stages `<name>.source/.ttir/.ttgir/.llir/.ptx/.cubin` (AMD: `.amdgcn/.hsaco`), the metadata
+`<name>.json` and, written last, `__grp__<name>.json` whose `child_paths` maps each file name to its
+ABSOLUTE path. Triton uses a kernel only when the group file parses and every child path exists, so a
+cache copied to another path is a miss for every kernel until the paths are rewritten (`relocate`).
+Each file is written into `tmp.pid_<pid>_<uuid>/` inside the entry and `os.replace`d: a killed process
+leaves that directory, or an entry without its group file. Triton's driver keeps its compiled launcher
+modules (`cuda_utils.so`...) and the autotuner its results (`<fn>.autotune.json`) in key directories
+too, as single files without a group."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Iterator
+
+from kcache_cli.checks import changed_since, elf_truncated, list_files, read_head
+from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, PARTIAL, UNREADABLE_REASON, Details, Entry, LogFile,
+                              ScanFilter, TreeUsage, measure_tree)
+
+NAME = "triton"
+KEY_RE = re.compile(r"^(?:[A-Z2-7]{52}|[0-9a-f]{64})$")  # base32(sha256) since Triton 3.2, hex before
+GROUP_PREFIX = "__grp__"
+TMP_PREFIX = "tmp.pid_"
+BINARY_TARGETS = {".cubin": "cuda", ".hsaco": "hip"}
+# Files only Triton's compiler writes: positive evidence that a key directory is Triton's.
+STAGE_SUFFIXES = (".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".cubin", ".hsaco", ".source")
+IR_SUFFIXES = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn")
+STALE_AFTER = 3600.0  # a temp dir or group-less entry untouched for an hour belongs to no live writer
+DETECT_LOOKS = 64  # key directories looked into, at most, to recognise a root
+KIND_KERNEL, KIND_BINARY = "kernel", "binary"
+
+
+def is_key(name: str) -> bool:
+    return KEY_RE.match(name) is not None
+
+
+def is_group(name: str) -> bool:
+    return name.startswith(GROUP_PREFIX) and name.endswith(".json")
+
+
+def looks_like_triton(names: list[str]) -> bool:
+    """Whether the listing of a key directory is Triton's: a group file, a temp dir or a compile stage."""
+    return any(is_group(n) or n.startswith(TMP_PREFIX) or n.endswith(STAGE_SUFFIXES) for n in names)
+
+
+def detect(root: Path) -> bool:
+    """A root whose key-named directories hold Triton's files (an empty key dir is no evidence)."""
+    looked = 0
+    try:
+        with os.scandir(root) as it:
+            for de in it:
+                if not is_key(de.name) or not de.is_dir(follow_symlinks=False):
+                    continue
+                try:
+                    if looks_like_triton(os.listdir(de.path)):
+                        return True
+                except OSError:
+                    pass
+                looked += 1
+                if looked >= DETECT_LOOKS:
+                    return False
+    except OSError:
+        return False
+    return False
+
+
+# ---- reading one key directory -------------------------------------------------------------------
+
+def load_json(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def kernel_name(names) -> str | None:
+    """The kernel's name: from `__grp__<name>.json`, else from its compile stages."""
+    for n in sorted(names):
+        if is_group(n):
+            return n[len(GROUP_PREFIX):-len(".json")]
+    for n in sorted(names):
+        if n.endswith(STAGE_SUFFIXES):
+            return n.rsplit(".", 1)[0]
+    return None
+
+
+def arch_of(meta: dict | None) -> tuple[str | None, str | None]:
+    """(target, arch) from Triton's metadata: ("cuda", "sm_90a"), ("hip", "gfx942"). Triton's CUDA
+    backend compiles capability >= 90 for the arch-specific "a" variant (sm_arch_from_capability)."""
+    target = (meta or {}).get("target")
+    if not isinstance(target, dict):
+        return None, None
+    backend = target.get("backend") if isinstance(target.get("backend"), str) else None
+    arch = target.get("arch")
+    if isinstance(arch, int) and not isinstance(arch, bool):
+        return backend, f"sm_{arch}{'a' if arch >= 90 else ''}"
+    return backend, arch if isinstance(arch, str) and arch else None
+
+
+def child_problem(path: str, name: str, size: int | None, head: bytes | None) -> str | None:
+    """Why a listed child breaks the kernel (missing, empty, or a binary that is not the ELF it claims)."""
+    if size is None:
+        return f"{name} is missing (its group file lists it)"
+    if size == 0:
+        return f"{name} is empty"
+    if head is not None and name.endswith(tuple(BINARY_TARGETS)):
+        return elf_truncated(name, head, size)
+    return None
+
+
+def group_children(group: dict | None) -> dict[str, str] | None:
+    """The group's child_paths when it is the {file name: path} map Triton writes, else None."""
+    children = (group or {}).get("child_paths")
+    if not isinstance(children, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in children.items()):
+        return None
+    return children
+
+
+def plain_name(name: str) -> bool:
+    return bool(name) and "/" not in name and name not in (".", "..") and "\0" not in name
+
+
+def moved_paths(entry_path: str, children: dict[str, str]) -> list[str]:
+    """The child paths that do not name the file in this entry (the cache was copied or moved)."""
+    return [p for n, p in sorted(children.items()) if p != os.path.join(entry_path, n)]
+
+
+class _Listing:
+    """One key directory read once: top-level files with sizes and mtimes, temp dirs, other subdirs."""
+
+    def __init__(self, path: str, warn) -> None:
+        self.sizes: dict[str, int] = {}
+        self.mtimes: dict[str, float] = {}
+        self.temps: list[tuple[str, TreeUsage]] = []
+        self.size = self.files = 0
+        self.readable = True
+        try:
+            self.newest = os.lstat(path).st_mtime
+            with os.scandir(path) as it:
+                items = sorted(it, key=lambda d: d.name)
+        except OSError as exc:
+            warn(f"cannot read {path}: {exc.strerror}")
+            self.readable, items = False, []
+        for de in items:
+            try:
+                if de.is_dir(follow_symlinks=False):
+                    usage = measure_tree(de.path, warn)
+                    if de.name.startswith(TMP_PREFIX):
+                        self.temps.append((de.name, usage))  # listed as entries of their own
+                        continue
+                    self.size, self.files = self.size + usage.size, self.files + usage.files
+                    self.newest = max(self.newest, usage.mtime)
+                    continue
+                st = de.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            self.sizes[de.name], self.mtimes[de.name] = st.st_size, st.st_mtime
+            self.size, self.files = self.size + st.st_size, self.files + 1
+            self.newest = max(self.newest, st.st_mtime)
+
+    @property
+    def usage(self) -> TreeUsage:
+        return TreeUsage(self.size, self.files, self.newest)
+
+
+def judge(path: str, lst: _Listing, now: float, deep: bool = False) -> tuple[str, str | None]:
+    """Triton's rule. Complete: the group file parses and every child it lists is present (by name in
+    this entry), non-empty, and a binary child is a whole ELF. Group file missing or a temp dir left:
+    partial, or building while something in it is less than an hour old (a Triton process may be
+    writing it). With `deep`, every binary's ELF header is read; otherwise only those changed after
+    the group file was written (checks.changed_since)."""
+    if not lst.readable:
+        return CORRUPT, UNREADABLE_REASON
+    groups = sorted(n for n in lst.sizes if is_group(n))
+    fresh = now - lst.newest < STALE_AFTER
+    if not groups:
+        if single_file_kind(lst.sizes) is not None and not lst.temps:
+            return COMPLETE, None  # the driver's launcher module or autotuner results: no group by design
+        what = "empty: Triton created it and wrote nothing" if not lst.sizes and not lst.temps else \
+            "no __grp__ file: Triton was killed before it finished writing the kernel"
+        if fresh:
+            return BUILDING, f"{what.split(':')[0]} yet, touched {now - lst.newest:.0f}s ago: a Triton process " \
+                             "may still be writing it (partial once untouched for an hour)"
+        return PARTIAL, what
+    for g in groups:
+        children = group_children(load_json(os.path.join(path, g)))
+        if children is None:
+            return CORRUPT, f"{g} does not parse as Triton's group file"
+        meta = g[len(GROUP_PREFIX):]
+        if meta not in children:
+            return CORRUPT, f"{g} does not list {meta}: Triton treats the kernel as a miss"
+        for name in sorted(children):
+            if not plain_name(name):
+                return CORRUPT, f"{g} lists {name!r}, not a file name"
+            size = lst.sizes.get(name)
+            head = None
+            if size and name.endswith(tuple(BINARY_TARGETS)) and (deep or changed_since(lst.mtimes, g, (name,))):
+                head = read_head(os.path.join(path, name))
+            bad = child_problem(path, name, size, head)
+            if bad:
+                return CORRUPT, bad
+    if lst.temps:
+        name, usage = lst.temps[0]
+        if now - usage.mtime < STALE_AFTER:
+            return BUILDING, f"a Triton process is writing {name} (touched less than an hour ago)"
+        return PARTIAL, f"{name} left by a Triton process killed between a write and its rename"
+    return COMPLETE, None
+
+
+def single_file_kind(sizes: dict[str, int]) -> str | None:
+    """Key dirs Triton fills with one file and no group: a compiled launcher/driver module (`*.so`, a
+    binary) or autotuner results (`<fn>.autotune.json`, kept with the kernels)."""
+    if len(sizes) != 1:
+        return None
+    (name, size), = sizes.items()
+    if size == 0:
+        return None
+    if name.endswith(".so"):
+        return KIND_BINARY
+    if name.endswith(".autotune.json"):
+        return KIND_KERNEL
+    return None
+
+
+# ---- scan ----------------------------------------------------------------------------------------
+
+def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+    jobs = []
+    for de in ctx.listdir(ctx.root):
+        if not is_key(de.name) or not de.is_dir(follow_symlinks=False):
+            continue
+        jobs.append(de.path)
+    for entries in ctx.map_entries(_key_entries, [(p, flt) for p in jobs]):
+        yield from entries
+
+
+def _key_entries(ctx, job: tuple[str, ScanFilter]) -> list[Entry]:
+    """The entry of one key directory, and one leftover entry per temp dir inside it."""
+    path, flt = job
+    key = os.path.basename(path)
+    lst = _Listing(path, ctx.warn)
+    names = list(lst.sizes)
+    single = single_file_kind(lst.sizes) if not any(is_group(n) for n in names) else None
+    op = kernel_name(names)
+    if single is not None:
+        op = next(iter(lst.sizes)).split(".", 1)[0]
+    if not flt.wants_op(op):
+        return []
+    if flt.hash_prefixes and not any(key.startswith(p) or TMP_PREFIX.startswith(p) or p.startswith(TMP_PREFIX)
+                                     for p in flt.hash_prefixes):
+        return []
+    meta = load_json(os.path.join(path, f"{op}.json")) if op and single is None else None
+    target, arch = arch_of(meta)
+    if target is None and single == KIND_BINARY:
+        target = next((t for t in ("cuda", "hip") if op and op.startswith(t)), None)
+    if not (flt.wants_target(target) and flt.wants_space(arch)):
+        return []
+    status, reason = judge(path, lst, time.time())
+    common = dict(layout=NAME, target=target, space=arch, op=op)
+    out = [ctx.entry(path=path, usage=lst.usage, kind=single or KIND_KERNEL, hash=key, status=status,
+                     reason=reason, **common)]
+    for name, usage in lst.temps:
+        out.append(ctx.entry(path=os.path.join(path, name), usage=usage, kind=KIND_KERNEL, hash=name,
+                             status=PARTIAL, reason="Triton temp directory (a write in flight, or left by a "
+                             "killed process; stale after an hour)", **common))
+    return out
+
+
+def is_leftover(e: Entry) -> bool:
+    """A `tmp.pid_*` directory inside a key directory: prune removes it once untouched for an hour."""
+    return e.layout == NAME and os.path.basename(e.path).startswith(TMP_PREFIX) and "/" in e.relpath
+
+
+def status_now(e: Entry) -> str:
+    """The entry's status read again now (prune --broken re-checks under its locks)."""
+    if is_leftover(e):
+        return PARTIAL
+    return judge(e.path, _Listing(e.path, lambda m: None), time.time())[0]
+
+
+def entry_path_ok(kind: str, parts: list[str]) -> bool:
+    """Where a Triton entry lives: one key directory at the root."""
+    return len(parts) == 1 and is_key(parts[0]) and kind in (KIND_KERNEL, KIND_BINARY)
+
+
+# ---- deep checks ---------------------------------------------------------------------------------
+
+_META_FACTS = (("num_warps", "num_warps"), ("num_stages", "num_stages"), ("num_ctas", "num_ctas"),
+               ("shared", "shared memory"), ("triton_version", "triton version"))
+
+
+def describe(root: Path, entry: Entry) -> Details:
+    p = entry.path
+    files = list_files(p) if os.path.isdir(p) else ()
+    if is_leftover(entry):
+        return Details(entry, entry.status, entry.reason, (), files)
+    lst = _Listing(p, lambda m: None)
+    status, reason = judge(p, lst, time.time(), deep=True)
+    problems = [reason] if status == CORRUPT and reason else []
+    facts: list[tuple[str, str]] = []
+    name = entry.op
+    meta = load_json(os.path.join(p, f"{name}.json")) if name and entry.kind == KIND_KERNEL else None
+    if meta is not None:
+        target, arch = arch_of(meta)
+        facts.append(("kernel", str(meta.get("name", name))))
+        facts.append(("target", f"{target or '-'} {arch or '-'}"))
+        facts.extend((label, str(meta[k]) + (" bytes" if k == "shared" else "")) for k, label in _META_FACTS
+                     if k in meta)
+    elif name and entry.kind == KIND_KERNEL and f"{name}.json" in lst.sizes:
+        problems.append(f"{name}.json does not parse")
+    facts.extend(_group_facts(p, lst))
+    binaries = tuple(os.path.join(p, n) for n in sorted(lst.sizes) if n.endswith(tuple(BINARY_TARGETS)))
+    if problems and status == COMPLETE:
+        status, reason = CORRUPT, problems[0]
+    return Details(entry, status, reason, tuple(problems), files, name, (), (), None, None, binaries, tuple(facts))
+
+
+def _group_facts(path: str, lst: _Listing) -> list[tuple[str, str]]:
+    out = []
+    for g in sorted(n for n in lst.sizes if is_group(n)):
+        children = group_children(load_json(os.path.join(path, g)))
+        if children is None:
+            continue
+        moved = moved_paths(path, children)
+        if moved:
+            out.append(("group file", f"{g}: {len(moved)} of {len(children)} child paths point elsewhere ({moved[0]}): Triton "
+                           "misses this kernel; `kcache verify --fix` rewrites them"))
+        else:
+            out.append(("group file", f"{g}: {len(children)} child paths, all in this entry"))
+    return out
+
+
+def relocation_problem(entry: Entry) -> str | None:
+    """Why Triton would miss this entry where it now lies (group paths written under another root)."""
+    if entry.kind != KIND_KERNEL or is_leftover(entry) or entry.status != COMPLETE:
+        return None
+    for g in sorted(n for n in _names(entry.path) if is_group(n)):
+        children = group_children(load_json(os.path.join(entry.path, g)))
+        moved = moved_paths(entry.path, children) if children is not None else []
+        if moved:
+            return (f"{g} points at {moved[0]}" + (f" and {len(moved) - 1} more" if len(moved) > 1 else "") +
+                    ", not into this entry (the cache was moved or copied): Triton misses it; "
+                    "`kcache verify --fix` rewrites the paths")
+    return None
+
+
+def _names(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def log_files(entry: Entry) -> list[LogFile]:
+    return []  # Triton keeps no compile log
+
+
+def no_log(entry: Entry) -> str:
+    """What `kcache log` says instead of a log."""
+    stages = sorted(n for n in _names(entry.path) if n.endswith(IR_SUFFIXES))
+    where = ", ".join(stages) if stages else "none left"
+    return f"Triton keeps no compile log; the compile stages are in {entry.path}: {where}"
+
+
+# ---- relocation ----------------------------------------------------------------------------------
+
+def relocate(src: str, dest: str) -> int:
+    """Rewrite every group file in the entry directory `src` so that each child path names the file
+    in `dest` (where the entry is or will be published): the rule Triton's get_group applies. Each
+    file is replaced atomically, written as Triton writes (a `tmp.pid_*` directory inside the entry,
+    fsync, os.replace). Child names that are not plain file names are dropped, so a group can never
+    point outside its entry. Returns how many group files changed."""
+    changed = 0
+    for g in sorted(n for n in _names(src) if is_group(n)):
+        group = load_json(os.path.join(src, g))
+        children = group_children(group)
+        if group is None or children is None:
+            continue
+        fixed = {n: os.path.join(dest, n) for n in children if plain_name(n)}
+        if fixed == children:
+            continue
+        _replace_file(src, g, json.dumps({**group, "child_paths": fixed}).encode())
+        changed += 1
+    return changed
+
+
+def _replace_file(dirpath: str, name: str, data: bytes) -> None:
+    import secrets
+
+    tmp_dir = os.path.join(dirpath, f"{TMP_PREFIX}{os.getpid()}_{secrets.token_hex(16)}")
+    os.mkdir(tmp_dir)
+    tmp = os.path.join(tmp_dir, name)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(dirpath, name))
+        dfd = os.open(dirpath, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        os.rmdir(tmp_dir)
