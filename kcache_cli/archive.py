@@ -206,8 +206,16 @@ def entry_path_problem(layout: str, kind: str, relpath: str) -> str | None:
             (kind == "kernel" and n == 4 and parts[1] != "cuda-binaries" and parts[2] == "kernels") or
             (kind == "binary" and n == 3 and parts[1] == "cuda-binaries"))
     else:
-        ok = False
+        ok = _layout_path_ok(layout, kind, parts)
     return None if ok else f"{relpath!r} is not where a {layout} {kind} entry lives"
+
+
+def _layout_path_ok(layout: str, kind: str, parts: list[str]) -> bool:
+    """A layout that states its own path shapes (its `entry_path_ok`)."""
+    from kcache_cli.layouts import LAYOUTS
+
+    hook = getattr(LAYOUTS.get(layout), "entry_path_ok", None)
+    return hook is not None and hook(kind, parts)
 
 
 def link_problem(layout: str, kind: str, relpath: str, name: str, target: object,
@@ -1654,6 +1662,16 @@ def _make_parents(root: Path, relpath: str, made: set[str]) -> None:
         made.add(cur)
 
 
+def _relocate(layout: str, staged: str, dest: str) -> None:
+    """Paths an entry records about itself, rewritten to where it is about to be published (the
+    layout's `relocate`: Triton's group files name every file by its absolute path)."""
+    from kcache_cli.layouts import LAYOUTS
+
+    hook = getattr(LAYOUTS.get(layout), "relocate", None)
+    if hook is not None:
+        hook(staged, dest)
+
+
 def _dest_status(root: Path, p: _Planned) -> str | None:
     from kcache_cli.scan import scan_cache
 
@@ -1697,6 +1715,7 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
             trashed = os.path.join(trash, f"{p.relpath.replace('/', '%2F')}-{secrets.token_hex(4)}")
             os.rename(dest, trashed)
         _make_parents(root, p.relpath, made)
+        _relocate(p.layout, src, dest)
         try:
             rename_noreplace(src, dest)
         except FileExistsError:

@@ -78,4 +78,15 @@ def known_caches() -> list[tuple[str, Path]]:
         ("hidet", hidet_cache_dir().path),
         ("tilus", Path.home() / ".cache" / "tilus"),
         ("tilelang", Path(tilelang).expanduser() if tilelang else Path.home() / ".tilelang" / "cache"),
+        ("triton", triton_cache_dir()),
     ]
+
+
+def triton_cache_dir() -> Path:
+    """Triton's own rule (triton/knobs.py): TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, else
+    ~/.triton/cache."""
+    env = os.environ.get("TRITON_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    home = os.environ.get("TRITON_HOME")
+    return (Path(home).expanduser() if home else Path.home()) / ".triton" / "cache"

@@ -2,7 +2,7 @@
 
 Only directory listings are read (scandir's d_type; no stat of files, no file contents), and nothing
 heavier than `os` and `re` is imported, so completing on a 100,000-entry cache stays fast. The shapes
-mirror what the layout modules scan (layouts/hidet.py, tilus.py, tilelang.py); tests/test_completion.py
+mirror what the layout modules scan (layouts/hidet.py, tilus.py, tilelang.py, triton.py); tests/test_completion.py
 checks that both agree on the real fixture caches.
 """
 
@@ -16,6 +16,9 @@ from typing import Iterable, Iterator
 _HIDET_SPACE = re.compile(r"^[a-z0-9]+_space_\d+$")  # as layouts/hidet.py SPACE_RE
 _TILELANG_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?([.+\-\w]*)$")  # as layouts/tilelang.py VERSION_RE
 _HIDET_OTHER = (("graphs", "graph"), ("ir_modules", "ir_module"))
+_TRITON_KEY = re.compile(r"^(?:[A-Z2-7]{52}|[0-9a-f]{64})$")  # as layouts/triton.py KEY_RE
+_TRITON_STAGES = (".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".cubin", ".hsaco", ".source")
+_TRITON_LOOKS = 64  # as layouts/triton.py DETECT_LOOKS
 _TILELANG_BINARIES = "cuda-binaries"
 
 
@@ -57,7 +60,46 @@ def layouts_of(root: str | os.PathLike) -> tuple[str, ...]:
         found.append("tilus")
     if any(_TILELANG_VERSION.match(n) for n in top):
         found.append("tilelang")
+    if _is_triton(os.fspath(root), top):
+        found.append("triton")
     return tuple(found)
+
+
+def _names(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _triton_name(names: list[str]) -> str | None:
+    """A Triton kernel's name from its directory listing (as layouts/triton.py kernel_name)."""
+    for n in sorted(names):
+        if n.startswith("__grp__") and n.endswith(".json"):
+            return n[len("__grp__"):-len(".json")]
+    for n in sorted(names):
+        if n.endswith(_TRITON_STAGES):
+            return n.rsplit(".", 1)[0]
+    if len(names) == 1 and names[0].endswith((".so", ".autotune.json")):
+        return names[0].split(".", 1)[0]
+    return None
+
+
+def _is_triton(root: str, top: set[str]) -> bool:
+    """Key directories holding Triton's files (as layouts/triton.py detect): a group file, a temp dir
+    or a compile stage in one of the first few."""
+    keys = [n for n in top if _TRITON_KEY.match(n)][:_TRITON_LOOKS]
+    return any(n.startswith(("__grp__", "tmp.pid_")) or n.endswith(_TRITON_STAGES)
+               for k in keys for n in _names(os.path.join(root, k)))
+
+
+def _triton_kernels(root: str, prefix: str = "") -> Iterator[tuple[str, str | None, str]]:
+    """(key, kernel name, kind) of every Triton key directory whose key starts with `prefix`."""
+    for k in sorted(_dirs(root, prefix)):
+        if _TRITON_KEY.match(k):
+            listing = _names(os.path.join(root, k))
+            module = len(listing) == 1 and listing[0].endswith(".so")  # the driver's launcher module
+            yield k, _triton_name(listing), "binary" if module else "kernel"
 
 
 def _hidet_spaces(root: str, spaces: Iterable[str]) -> list[str]:
@@ -122,6 +164,10 @@ def op_places(root: str | os.PathLike, spaces: Iterable[str] = (),
     if "tilus" in present and not spaces:  # tilus entries have no space
         for op in _dirs(os.path.join(root, "scripts")):
             out.setdefault(op, []).append("tilus")
+    if "triton" in present and not spaces:  # a Triton kernel's arch is inside its metadata: not read here
+        for _, op, _ in _triton_kernels(root):
+            if op and "triton" not in out.get(op, ()):
+                out.setdefault(op, []).append("triton")
     return {op: tuple(where) for op, where in sorted(out.items())}
 
 
@@ -152,3 +198,7 @@ def entries(root: str | os.PathLike, prefix: str = "", ops: Iterable[str] = (), 
         for space, kind, hdir in _tilelang_spaces(root, spaces):
             for h in _dirs(hdir, prefix):
                 yield EntryName("tilelang", kind, space, None, h)
+    if "triton" in present and not spaces:
+        for h, op, kind in _triton_kernels(root, prefix):
+            if not ops or op in ops:
+                yield EntryName("triton", kind, None, op, h)

@@ -19,6 +19,9 @@ class EntryCheck:
     entry: Entry
     status: str  # after the deep checks (a complete entry that fails one is corrupt)
     problems: tuple[str, ...]
+    # Where the entry's own files are fine but the paths it records point elsewhere (Triton's group
+    # files after the cache moved): the layout's `relocation_problem`; `verify --fix` rewrites them.
+    relocation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class VerifyResult:
     checked: tuple[EntryCheck, ...]
     skipped: tuple[Entry, ...]  # being built
     warnings: tuple[str, ...]
+    fixed: tuple[EntryCheck, ...] = ()  # entries whose recorded paths --fix rewrote (problem gone)
+    fix_errors: tuple[tuple[Entry, str], ...] = ()
 
     @property
     def failed(self) -> tuple[EntryCheck, ...]:
@@ -56,12 +61,32 @@ def check_entry(root: Path, entry: Entry) -> EntryCheck:
     status = details.status
     if problems and status == COMPLETE:
         status = CORRUPT
-    return EntryCheck(entry, status, tuple(problems))
+    hook = getattr(LAYOUTS[entry.layout], "relocation_problem", None)
+    moved = hook(entry) if hook is not None else None
+    if moved:  # the files are whole: the status stays, the entry still fails the check
+        problems.append(moved)
+    return EntryCheck(entry, status, tuple(problems), moved)
 
 
-def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None, progress=None
-                 ) -> VerifyResult:
-    """Deep-check every entry `flt` selects. `progress` gets start(total entries) and advance(1)."""
+def fix_relocation(check: EntryCheck) -> tuple[EntryCheck, str | None]:
+    """Rewrite the paths an entry records to where it lies now (the layout's `relocate`): the check
+    without its relocation problem, or the error that stopped it."""
+    from dataclasses import replace
+
+    from kcache_cli.layouts import LAYOUTS
+
+    try:
+        LAYOUTS[check.entry.layout].relocate(check.entry.path, check.entry.path)
+    except OSError as exc:
+        return check, f"cannot rewrite {exc.filename or check.entry.path}: {exc.strerror or exc}"
+    problems = tuple(p for p in check.problems if p != check.relocation)
+    return replace(check, problems=problems, relocation=None), None
+
+
+def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None, progress=None,
+                 fix: bool = False) -> VerifyResult:
+    """Deep-check every entry `flt` selects. `progress` gets start(total entries) and advance(1).
+    With `fix`, entries whose recorded paths point elsewhere are rewritten (see fix_relocation)."""
     from kcache_cli.scan import scan_cache
 
     result = scan_cache(Path(root), flt, warn)
@@ -70,8 +95,14 @@ def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None =
     if progress:
         progress.start(len(todo))
     checked = []
+    fixed, errors = [], []
     for e in sorted(todo, key=lambda e: e.relpath):
-        checked.append(check_entry(root, e))
+        check = check_entry(root, e)
+        if fix and check.relocation:
+            check, error = fix_relocation(check)
+            (errors.append((e, error)) if error else fixed.append(check))
+        checked.append(check)
         if progress:
             progress.advance(1)
-    return VerifyResult(result.root, result.exists, tuple(checked), skipped, result.warnings)
+    return VerifyResult(result.root, result.exists, tuple(checked), skipped, result.warnings, tuple(fixed),
+                        tuple(errors))

@@ -217,13 +217,17 @@ def verify_command(
     layout: c.LayoutOpt = None,
     status: c.StatusOpt = None,
     kind: c.KindOpt = None,
+    fix: Annotated[bool, typer.Option("--fix", help="Rewrite the paths entries record to where they lie now "
+                                                    "(Triton's group files after a cache was moved or copied).")
+                   ] = False,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
     """Check every entry against its layout's rules and recorded checksums; exit 1 on any problem.
 
     Reads every byte: task.txt against the hash, files against kcache.json or tilelang's manifests,
-    tilus links, binaries. Entries that are not complete are problems; entries being built are skipped.
+    tilus links, binaries, Triton's group files. Entries that are not complete are problems; entries
+    being built are skipped. --fix rewrites Triton group files that point at another root.
 
     Example: kcache verify --layout tilelang --json
     """
@@ -234,12 +238,14 @@ def verify_command(
     root = c.cache_root(opts)
     started = time.monotonic()
     with _Bar(opts, "verifying", unit="entries") as bar:
-        result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar)
+        result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar, fix=fix)
     failed = result.failed
+    for e, error in result.fix_errors:
+        c.warn(opts, f"{e.relpath}: {error}")
     if opts.json:
         c.emit_json({"root": result.root, "exists": result.exists, "checked": len(result.checked),
                      "ok": len(result.checked) - len(failed), "failed": len(failed),
-                     "skipped_building": len(result.skipped),
+                     "skipped_building": len(result.skipped), "fixed": [ch.entry.to_json() for ch in result.fixed],
                      "problems": [{**ch.entry.to_json(), "status": ch.status, "reason": ch.problems[0],
                                    "problems": list(ch.problems)} for ch in failed]})
     else:
@@ -256,7 +262,8 @@ def verify_command(
             c.info(opts, f"no cache at {root}: nothing to verify")
         else:
             building = f", skipped {len(result.skipped)} being built" if result.skipped else ""
+            fixed = f", rewrote the paths of {len(result.fixed)}" if fix else ""
             c.info(opts, f"checked {len(result.checked)} entries in {time.monotonic() - started:.1f}s: "
-                         f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}")
+                         f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}{fixed}")
     if failed:
         raise typer.Exit(1)

@@ -236,7 +236,9 @@ def log_command(
     root, entry, layout = _details(opts, hash_prefix)
     logs = layout.log_files(entry)
     if not logs:
-        raise KcacheError(f"no compile log recorded for {entry.layout} {entry.kind} {entry.hash}")
+        no_log = getattr(layout, "no_log", None)  # a layout that never keeps one says where to look instead
+        raise KcacheError(no_log(entry) if no_log else
+                          f"no compile log recorded for {entry.layout} {entry.kind} {entry.hash}")
     if raw:
         for lf in logs:
             with open(lf.path, "rb") as f:

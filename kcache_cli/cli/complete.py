@@ -21,12 +21,12 @@ COMPLETIONS_DIR = Path(__file__).resolve().parents[2] / "completions"
 
 TARGETS = (("cuda", "NVIDIA GPU"), ("cpu", "host CPU"), ("hip", "AMD GPU"))
 LAYOUTS = (("hidet", "ops/<space>/<op>/<hash>, graphs/, ir_modules/"), ("tilus", "programs/, scripts/"),
-           ("tilelang", "<version>/<platform>/kernels/, cuda-binaries/"))
+           ("tilelang", "<version>/<platform>/kernels/, cuda-binaries/"), ("triton", "<base32 key>/ per kernel"))
 STATUSES = (("complete", "usable"), ("partial", "interrupted or unfinished"), ("failed", "compile log, no binary"),
             ("corrupt", "disagrees with its manifest or a link dangles"), ("building", "a build holds its lock"))
 KINDS = (("op", "hidet operator"), ("graph", "hidet compiled graph"), ("ir_module", "hidet IR module"),
-         ("program", "tilus program"), ("script", "tilus script"), ("kernel", "tilelang kernel"),
-         ("binary", "tilelang cuda binary"))
+         ("program", "tilus program"), ("script", "tilus script"), ("kernel", "tilelang or triton kernel"),
+         ("binary", "tilelang cuda binary, triton launcher module"))
 
 
 # ---- what the command line says -------------------------------------------------------------------
