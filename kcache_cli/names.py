@@ -165,9 +165,9 @@ def op_places(root: str | os.PathLike, spaces: Iterable[str] = (),
         for op in _dirs(os.path.join(root, "scripts")):
             out.setdefault(op, []).append("tilus")
     if "triton" in present and not spaces:  # a Triton kernel's arch is inside its metadata: not read here
-        for _, op, _ in _triton_kernels(root):
-            if op and "triton" not in out.get(op, ()):
-                out.setdefault(op, []).append("triton")
+        for _, kernel, _ in _triton_kernels(root):
+            if kernel and "triton" not in out.get(kernel, ()):
+                out.setdefault(kernel, []).append("triton")
     return {op: tuple(where) for op, where in sorted(out.items())}
 
 
@@ -199,6 +199,6 @@ def entries(root: str | os.PathLike, prefix: str = "", ops: Iterable[str] = (), 
             for h in _dirs(hdir, prefix):
                 yield EntryName("tilelang", kind, space, None, h)
     if "triton" in present and not spaces:
-        for h, op, kind in _triton_kernels(root, prefix):
-            if not ops or op in ops:
-                yield EntryName("triton", kind, None, op, h)
+        for h, kernel, kind in _triton_kernels(root, prefix):
+            if not ops or kernel in ops:
+                yield EntryName("triton", kind, None, kernel, h)

@@ -16,12 +16,23 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from kcache_cli.checks import changed_since, elf_truncated, list_files, read_head
-from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, PARTIAL, UNREADABLE_REASON, Details, Entry, LogFile,
-                              ScanFilter, TreeUsage, measure_tree)
+from kcache_cli.model import (
+    BUILDING,
+    COMPLETE,
+    CORRUPT,
+    PARTIAL,
+    UNREADABLE_REASON,
+    Details,
+    Entry,
+    LogFile,
+    ScanFilter,
+    TreeUsage,
+    measure_tree,
+)
 
 NAME = "triton"
 KEY_RE = re.compile(r"^(?:[A-Z2-7]{52}|[0-9a-f]{64})$")  # base32(sha256) since Triton 3.2, hex before
@@ -188,8 +199,8 @@ def judge(path: str, lst: _Listing, now: float, deep: bool = False) -> tuple[str
         what = "empty: Triton created it and wrote nothing" if not lst.sizes and not lst.temps else \
             "no __grp__ file: Triton was killed before it finished writing the kernel"
         if fresh:
-            return BUILDING, f"{what.split(':')[0]} yet, touched {now - lst.newest:.0f}s ago: a Triton process " \
-                             "may still be writing it (partial once untouched for an hour)"
+            return BUILDING, (f"{what.split(':')[0]} yet, touched {now - lst.newest:.0f}s ago: a Triton process "
+                              "may still be writing it (partial once untouched for an hour)")
         return PARTIAL, what
     for g in groups:
         children = group_children(load_json(os.path.join(path, g)))
@@ -265,7 +276,7 @@ def _key_entries(ctx, job: tuple[str, ScanFilter]) -> list[Entry]:
     if not (flt.wants_target(target) and flt.wants_space(arch)):
         return []
     status, reason = judge(path, lst, time.time())
-    common = dict(layout=NAME, target=target, space=arch, op=op)
+    common = {"layout": NAME, "target": target, "space": arch, "op": op}
     out = [ctx.entry(path=path, usage=lst.usage, kind=single or KIND_KERNEL, hash=key, status=status,
                      reason=reason, **common)]
     for name, usage in lst.temps:
@@ -332,8 +343,8 @@ def _group_facts(path: str, lst: _Listing) -> list[tuple[str, str]]:
             continue
         moved = moved_paths(path, children)
         if moved:
-            out.append(("group file", f"{g}: {len(moved)} of {len(children)} child paths point elsewhere ({moved[0]}): Triton "
-                           "misses this kernel; `kcache verify --fix` rewrites them"))
+            out.append(("group file", (f"{g}: {len(moved)} of {len(children)} child paths point elsewhere "
+                                       f"({moved[0]}): Triton misses this kernel; `kcache verify --fix` rewrites them")))
         else:
             out.append(("group file", f"{g}: {len(children)} child paths, all in this entry"))
     return out
