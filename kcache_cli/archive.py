@@ -1726,7 +1726,7 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
             # The entry's directory is on another filesystem: copy next to it, then rename.
             import secrets
 
-            tmp = os.path.join(os.path.dirname(dest), f"{state.TEMP_PREFIX}{p.relpath.rsplit('/', 1)[1]}-"
+            tmp = os.path.join(os.path.dirname(dest), f"{state.TEMP_PREFIX}{p.relpath.rsplit('/', 1)[-1]}-"
                                                       f"{secrets.token_hex(4)}")
             shutil.copytree(src, tmp, symlinks=True)
             try:
@@ -1856,7 +1856,7 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
                     action = "skip"
                 relpath = rec["relpath"]
                 results.append(ImportedEntry(rec["layout"], rec["kind"], _str(rec.get("target")),
-                                             _str(rec.get("space")), _str(rec.get("op")), relpath.rsplit("/", 1)[1],
+                                             _str(rec.get("space")), _str(rec.get("op")), relpath.rsplit("/", 1)[-1],
                                              relpath, action, done, reason, len(rec["files"]), totals[i],
                                              _str(rec.get("arch")), _str(rec.get("compiler")),
                                              _str(rec.get("platform"))))

@@ -273,7 +273,7 @@ class _Planner:
         return [r]
 
     def _select_leftover(self, e: Entry) -> list[Removal]:
-        what = TEMP if _is_temp(e) else STAGING
+        what = STAGING if _is_staging(e) else TEMP
         items = [e]
         if what == STAGING and os.path.basename(e.path) == "cuda-binaries" and os.path.isdir(e.path):
             # tilelang's .staging/cuda-binaries/ holds one directory per write: judge each one
