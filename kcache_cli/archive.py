@@ -211,11 +211,10 @@ def entry_path_problem(layout: str, kind: str, relpath: str) -> str | None:
 
 
 def _layout_path_ok(layout: str, kind: str, parts: list[str]) -> bool:
-    """A layout that states its own path shapes (its `entry_path_ok`)."""
-    from kcache_cli.layouts import LAYOUTS
+    """Where the layout's registered path shapes put an entry of `kind` (Layout.entry_path_problem)."""
+    from kcache_cli.layouts import NAMES, get
 
-    hook = getattr(LAYOUTS.get(layout), "entry_path_ok", None)
-    return hook is not None and hook(kind, parts)
+    return layout in NAMES and get(layout).entry_path_problem(kind, "/".join(parts)) is None
 
 
 def link_problem(layout: str, kind: str, relpath: str, name: str, target: object,
@@ -1662,14 +1661,12 @@ def _make_parents(root: Path, relpath: str, made: set[str]) -> None:
         made.add(cur)
 
 
-def _relocate(layout: str, staged: str, dest: str) -> None:
-    """Paths an entry records about itself, rewritten to where it is about to be published (the
-    layout's `relocate`: Triton's group files name every file by its absolute path)."""
-    from kcache_cli.layouts import LAYOUTS
+def _relocate(root: Path, layout: str, staged: str, dest: str) -> None:
+    """Paths an entry records about itself, rewritten to where it is about to be published
+    (Layout.relocate: Triton's group files name every file by its absolute path)."""
+    from kcache_cli.layouts import get
 
-    hook = getattr(LAYOUTS.get(layout), "relocate", None)
-    if hook is not None:
-        hook(staged, dest)
+    get(layout).relocate(staged, dest, root)
 
 
 def _dest_status(root: Path, p: _Planned) -> str | None:
@@ -1715,7 +1712,7 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
             trashed = os.path.join(trash, f"{p.relpath.replace('/', '%2F')}-{secrets.token_hex(4)}")
             os.rename(dest, trashed)
         _make_parents(root, p.relpath, made)
-        _relocate(p.layout, src, dest)
+        _relocate(root, p.layout, src, dest)
         try:
             rename_noreplace(src, dest)
         except FileExistsError:

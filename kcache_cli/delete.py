@@ -158,17 +158,17 @@ def _is_staging(e: Entry) -> bool:
     return e.layout == "tilelang" and (e.relpath.startswith(".staging/") or "/.staging/" in e.relpath)
 
 
-def _is_layout_leftover(e: Entry) -> bool:
-    """A leftover the layout itself recognises (its `is_leftover`: Triton's tmp.pid_* directories)."""
-    from kcache_cli.layouts import LAYOUTS
+def _layout_leftover(e: Entry):
+    """What the layout itself says `e` is if it is a leftover (Layout.leftover: Triton's tmp.pid_*
+    directories), or None."""
+    from kcache_cli.layouts import get
 
-    hook = getattr(LAYOUTS.get(e.layout), "is_leftover", None)
-    return hook is not None and hook(e)
+    return get(e.layout).leftover(e)
 
 
 def _is_leftover(e: Entry) -> bool:
     """A temp dir of a kcache build or a tilelang staging write, rather than an entry."""
-    return _is_temp(e) or _is_staging(e) or _is_layout_leftover(e)
+    return _is_temp(e) or _is_staging(e) or _layout_leftover(e) is not None
 
 
 class _Planner:
@@ -290,9 +290,9 @@ class _Planner:
             lock = None
             if what == TEMP and _is_temp(x):
                 lock = f"{os.path.dirname(x.relpath)}/{state.temp_hash(os.path.basename(x.path))}"
-            why = ("temp directory of an interrupted kcache build" if _is_temp(x) else
-                   f"{x.layout} temp directory left by an interrupted write" if what == TEMP
-                   else "tilelang staging left by an interrupted write")
+            why = ("temp directory of an interrupted kcache build" if _is_temp(x)
+                   else "tilelang staging left by an interrupted write" if what == STAGING
+                   else getattr(_layout_leftover(x), "why", "left by an interrupted write"))
             r = Removal(x, x.path, x.relpath, x.size, what, why, lock=lock)
             self.removals[x.path] = r
             added.append(r)
@@ -897,7 +897,6 @@ def _status_now(e: Entry) -> str:
         return (tilus.program_status(e.path) if e.kind == "program" else tilus.script_status(e.path))[0]
     if e.layout == "tilelang":
         return (tilelang.kernel_status(e.path, names) if e.kind == "kernel" else tilelang.binary_status(e.path, names))[0]
-    from kcache_cli.layouts import LAYOUTS
+    from kcache_cli.layouts import get
 
-    hook = getattr(LAYOUTS.get(e.layout), "status_now", None)  # a layout that judges itself again
-    return hook(e) if hook is not None else e.status
+    return get(e.layout).judge(e.path, e.kind).status  # the layout's own judgement, read again now

@@ -59,6 +59,20 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class Judgement:
+    """A layout's verdict on one entry's files: the same function gives it to ls (cheap) and to
+    verify, inspect, prune --broken and import (deep), so they cannot disagree on the same files."""
+
+    status: str
+    reason: str | None = None
+    problems: tuple[str, ...] = ()  # every problem found; the first is `reason`
+
+    @staticmethod
+    def of(status: str, reason: str | None = None) -> "Judgement":
+        return Judgement(status, reason, (reason,) if reason else ())
+
+
+@dataclass(frozen=True)
 class ScanFilter:
     """What to keep. Empty tuples mean "all". Layouts use ops/spaces/targets to skip directories."""
 

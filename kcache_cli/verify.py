@@ -68,7 +68,7 @@ def check_entry(root: Path, entry: Entry) -> EntryCheck:
     return EntryCheck(entry, status, tuple(problems), moved)
 
 
-def fix_relocation(check: EntryCheck) -> tuple[EntryCheck, str | None]:
+def fix_relocation(root: Path, check: EntryCheck) -> tuple[EntryCheck, str | None]:
     """Rewrite the paths an entry records to where it lies now (the layout's `relocate`): the check
     without its relocation problem, or the error that stopped it."""
     from dataclasses import replace
@@ -76,7 +76,7 @@ def fix_relocation(check: EntryCheck) -> tuple[EntryCheck, str | None]:
     from kcache_cli.layouts import LAYOUTS
 
     try:
-        LAYOUTS[check.entry.layout].relocate(check.entry.path, check.entry.path)
+        LAYOUTS[check.entry.layout].relocate(check.entry.path, check.entry.path, Path(root))
     except OSError as exc:
         return check, f"cannot rewrite {exc.filename or check.entry.path}: {exc.strerror or exc}"
     problems = tuple(p for p in check.problems if p != check.relocation)
@@ -99,7 +99,7 @@ def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None =
     for e in sorted(todo, key=lambda e: e.relpath):
         check = check_entry(root, e)
         if fix and check.relocation:
-            check, error = fix_relocation(check)
+            check, error = fix_relocation(root, check)
             (errors.append((e, error)) if error else fixed.append(check))
         checked.append(check)
         if progress:

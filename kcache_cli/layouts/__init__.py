@@ -1,16 +1,61 @@
-"""Cache layouts, one module each. A layout module provides:
+"""Cache layouts, one module each, behind one interface (`layouts.base.Layout`).
 
-    NAME: str                                   "hidet", "tilus", "tilelang" or "triton"
-    detect(root: Path) -> bool                  does this root hold this layout?
-    scan(ctx: ScanContext, flt: ScanFilter)     -> Iterator[Entry]; cheap checks only
-                                                (names, links, sizes); uses flt.ops/spaces/targets
-                                                to skip whole directories
-    describe(root: Path, entry: Entry) -> Details   deep checks that read every byte
-    log_files(entry: Entry) -> list[LogFile]    the compile log, in reading order
+The registry is `shapes.SHAPES` (each layout's name and path shapes, light enough for start-up);
+the code of the layout named N is `kcache_cli/layouts/N.py`, whose `LAYOUT` is its `Layout` instance,
+imported the first time it is needed. Nothing outside this package names a layout: it asks here.
 
-A new layout is one new module added to LAYOUTS.
+Adding a layout (say `triton`):
+1. `shapes.py`: a `LayoutShape("triton", (KindShape("kernel", "{hash}", target=None, patterns=(("hash",
+   r"[A-Z2-7]{52}"),)),), "<key>/")` appended to `SHAPES` (names.py, completion, `--layout` and
+   `--kind` choices, archive path checks and detection all follow from it).
+2. `triton.py`: `class TritonLayout(base.Layout)` with `shape = shapes.TRITON`, implementing `scan`,
+   `judge`, `describe`, `log_files`, and what differs from the defaults: `leftover` (tmp.pid_* dirs),
+   `writer_locks`, `relocate` (rewrite the group files' absolute paths on import), `facts`...;
+   then `LAYOUT = TritonLayout()`.
+3. Tests, and the README's layout table. Nothing else names a layout.
 """
 
-from kcache_cli.layouts import hidet, tilelang, tilus, triton
+from __future__ import annotations
 
-LAYOUTS = {m.NAME: m for m in (hidet, tilus, tilelang, triton)}
+from importlib import import_module
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kcache_cli.layouts.shapes import BUILD_SHAPE, SHAPES
+
+if TYPE_CHECKING:
+    from kcache_cli.layouts.base import Layout
+
+NAMES: tuple[str, ...] = tuple(s.name for s in SHAPES)
+_LOADED: dict[str, Layout] = {}
+
+
+def get(name: str) -> Layout:
+    """The layout called `name` (KeyError when there is none)."""
+    layout = _LOADED.get(name)
+    if layout is None:
+        if name not in NAMES:
+            raise KeyError(name)
+        layout = _LOADED[name] = import_module(f"{__name__}.{name}").LAYOUT
+    return layout
+
+
+def all_layouts() -> dict[str, Layout]:
+    """Every registered layout by name, in registry order."""
+    return {n: get(n) for n in NAMES}
+
+
+def detect(root: str | Path) -> tuple[str, ...]:
+    """The names of the layouts `root` holds."""
+    return tuple(n for n in NAMES if get(n).detect(Path(root)))
+
+
+def builder() -> Layout:
+    """The layout `kcache build` publishes into."""
+    return get(BUILD_SHAPE.name)
+
+
+def __getattr__(attr: str):
+    if attr == "LAYOUTS":  # name -> Layout, for callers that want the mapping
+        return all_layouts()
+    raise AttributeError(attr)

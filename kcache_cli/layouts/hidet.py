@@ -10,28 +10,23 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli import state
+from kcache_cli.layouts.base import TEMP, InnerLeftover, Layout, Leftover, top_sizes as _top_sizes
+from kcache_cli.model import Judgement
+from kcache_cli.layouts.shapes import HIDET
 from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, read_head, read_text,
                               size_mismatch)
 from kcache_cli.locking import entry_build_locked, probe_locked
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE_REASON, Details, Entry,
                               LogFile, ScanFilter, TensorInfo, measure_tree)
 
-NAME = "hidet"
-SPACE_RE = re.compile(r"^([a-z0-9]+)_space_(\d+)$")
+NAME = HIDET.name
+SPACE_RE = HIDET.kinds[0].segments[1]  # <target>_space_<level>: groups 1 (target) and 2 (level)
 BINARY = "lib.so"
 LOGS = ("nvcc_log.txt", "nvcc_output.txt", "gcc_output.txt")  # kcache/seed, real hidet cuda, real hidet cpu
 MANIFEST = "kcache.json"  # kcache's own record: per-file size and sha256, arch, compiler, command
 # Files only real hidet writes; their presence means hidet's completion rules apply.
 HIDET_MARKERS = ("version.txt", "compile.sh", "meta.json", "task.pickle", "func_types.pickle")
-OTHER_KINDS = (("graphs", "graph"), ("ir_modules", "ir_module"))
-
-
-def detect(root: Path) -> bool:
-    return any((root / d).is_dir() for d in ("ops", "graphs", "ir_modules"))
-
-
-def space_name(target: str, level: int | str) -> str:
-    return f"{target}_space_{level}"
+OTHER_KINDS = tuple((k.template.split("/")[0], k.kind) for k in HIDET.kinds[1:])  # (("graphs", "graph"), ...)
 
 
 def _manifest_mismatch(path: str, names: dict[str, int]) -> str | None:
@@ -282,3 +277,62 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 for de in ctx.listdir(od.path):
                     if de.is_symlink():
                         yield link(de.path, "op", target, sd.name, od.name, de.name)
+
+
+# ---- the layout ----------------------------------------------------------------------------------
+
+_TEMP_MARK = "/" + state.TEMP_PREFIX
+
+
+class HidetLayout(Layout):
+    """hidet's operator cache; also where `kcache build` publishes (kcache's temp dirs are its leftovers)."""
+
+    shape = HIDET
+    writer_locks = (".lock", "dispatch_table.txt.lock")
+    fact_files = (MANIFEST, "compile.sh", "nvcc_log.txt")
+
+    def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def stray_links(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
+        return stray_links(ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
+        if kind != "op":
+            return Judgement(COMPLETE)
+        names = _top_sizes(path)
+        if names is None:
+            return Judgement.of(CORRUPT, UNREADABLE_REASON)
+        return Judgement.of(*op_status(path, names))
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def log_files(self, entry: Entry) -> list[LogFile]:
+        return log_files(entry)
+
+    def leftover(self, entry: Entry) -> Leftover | None:
+        name = os.path.basename(entry.path)
+        if _TEMP_MARK not in entry.relpath or not name.startswith(state.TEMP_PREFIX):
+            return None
+        return Leftover(TEMP, "temp directory of an interrupted kcache build",
+                        f"{os.path.dirname(entry.relpath)}/{state.temp_hash(name)}")
+
+    def inner_leftovers(self, entry: Entry) -> list[InnerLeftover]:
+        if entry.kind != "op":
+            return []
+        return [InnerLeftover("candidates", "auto-tuning leftovers (candidates/)",
+                              "candidates/ kept: hidet holds the entry's lock (tuning)")]
+
+    def empty_parent_levels(self, kind: str) -> int:
+        return 2 if kind == "op" else 0  # the op and space directories; ops/ itself tells the layout
+
+    def compile_command(self, small) -> str | None:
+        if small.get("compile.sh") is not None:
+            return command_from_script(small["compile.sh"].decode("utf-8", "replace"))
+        if small.get("nvcc_log.txt"):
+            return (small["nvcc_log.txt"].decode("utf-8", "replace").splitlines() or [""])[0]
+        return None
+
+
+LAYOUT = HidetLayout()

@@ -10,25 +10,22 @@ import re
 from pathlib import Path
 from typing import Iterator
 
+from kcache_cli.layouts.base import STAGING as STAGING_WHAT
+from kcache_cli.layouts.base import Layout, Leftover, top_sizes
+from kcache_cli.model import Judgement
+from kcache_cli.layouts.shapes import TILELANG
 from kcache_cli.checks import changed_since, check_manifest, list_files, read_text, size_mismatch
 from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE_REASON, Details, Entry, LogFile, ScanFilter,
                               measure_tree)
 
-NAME = "tilelang"
-TARGET = "cuda"
-VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([.+\-\w]*)$")
+NAME = TILELANG.name
+TARGET = TILELANG.kinds[0].target
+VERSION_RE = TILELANG.kinds[0].segments[0]  # anchored
 KERNEL_BINARIES = ("executable.so", "kernel_lib.so", "kernel.cubin")
 CUBIN_BINARIES = ("kernel.cubin", "kernel.fatbin")
 STAGING = ".staging"
 UNREADABLE = (CORRUPT, UNREADABLE_REASON)
 BINARIES_DIR = "cuda-binaries"
-
-
-def detect(root: Path) -> bool:
-    try:
-        return any(VERSION_RE.match(d.name) and d.is_dir() for d in os.scandir(root))
-    except OSError:
-        return False
 
 
 def _load_json(path: str) -> dict | None:
@@ -257,3 +254,64 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
             for de in ctx.listdir(entries_dir):
                 if de.is_symlink():
                     yield link(de, kind, space, de.name)
+
+
+# ---- the layout ----------------------------------------------------------------------------------
+
+class TilelangLayout(Layout):
+    """tilelang: kernels embed the cuda-binaries they were built from; writes go through .staging/."""
+
+    shape = TILELANG
+    provider_kinds = frozenset({"binary"})
+    binary_kinds = frozenset({"binary"})
+
+    def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def stray_links(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
+        return stray_links(ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
+        names = top_sizes(path)
+        if names is None:
+            return Judgement.of(*UNREADABLE)
+        return Judgement.of(*(kernel_status if kind == "kernel" else binary_status)(path, names))
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def log_files(self, entry: Entry) -> list[LogFile]:
+        return log_files(entry)
+
+    def users(self, root: Path, providers: list[str]) -> dict[str, list[str]]:
+        return binary_users(root, providers)
+
+    def leftover(self, entry: Entry) -> Leftover | None:
+        rel = entry.relpath
+        if rel.startswith(STAGING + "/") or f"/{STAGING}/" in rel:
+            return Leftover(STAGING_WHAT, "tilelang staging left by an interrupted write", None)
+        return None
+
+    def leftover_parts(self, entry: Entry, warn) -> list[Entry]:
+        if os.path.basename(entry.path) != BINARIES_DIR or not os.path.isdir(entry.path):
+            return [entry]
+        # .staging/cuda-binaries/ holds one directory per write: each is judged on its own
+        from dataclasses import replace
+
+        from kcache_cli.scan import listdir
+
+        out = []
+        for de in listdir(entry.path, warn):
+            u = measure_tree(de.path, warn)
+            rel = f"{entry.relpath}/{de.name}"
+            out.append(replace(entry, path=de.path, relpath=rel, hash=de.name, size=u.size, files=u.files,
+                               modified=u.mtime, last_used=u.mtime))
+        return out
+
+    def platform(self, entry: Entry) -> str | None:
+        if entry.kind == "kernel" and entry.space and "/" in entry.space:
+            return entry.space.split("/", 1)[1]
+        return None
+
+
+LAYOUT = TilelangLayout()

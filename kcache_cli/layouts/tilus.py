@@ -12,19 +12,18 @@ import re
 from pathlib import Path
 from typing import Iterator
 
+from kcache_cli.layouts.base import Layout
+from kcache_cli.model import Judgement
+from kcache_cli.layouts.shapes import TILUS
 from kcache_cli.checks import changed_since, elf_truncated, list_files, read_head, read_text
 from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, Details, Entry, LogFile, ScanFilter, TensorInfo,
                               measure_tree)
 
-NAME = "tilus"
-TARGET = "cuda"  # tilus compiles for NVIDIA GPUs only
+NAME = TILUS.name
+TARGET = TILUS.kinds[0].target  # tilus compiles for NVIDIA GPUs only
 _PROGRAM_NAME = re.compile(rb"^def (\w+)\(")
 _FLAT_LINK = re.compile(r"^(\.\./)+programs/[0-9a-f]+/?$")
 LINK_DIRS = ("programs", "latency")
-
-
-def detect(root: Path) -> bool:
-    return (root / "programs").is_dir() or (root / "scripts").is_dir()
 
 
 def read_link(path: str) -> str | None:
@@ -281,3 +280,65 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
             for de in ctx.listdir(sdir.path):
                 if de.is_symlink():
                     yield link(de, "script", sdir.name, de.name)
+
+
+# ---- the layout ----------------------------------------------------------------------------------
+
+_OPTIONS_ARCH = re.compile(rb"arch='sm_?(\d+)([af]?)'")
+
+
+class TilusLayout(Layout):
+    """tilus: scripts link to the programs they run (relative symlinks into programs/)."""
+
+    shape = TILUS
+    writer_locks = (".lock", "dispatch_table.txt.lock")
+    provider_kinds = frozenset({"program"})
+    fact_files = ("kcache.json", "module/compile.sh", "options.txt")
+
+    def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def stray_links(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
+        return stray_links(ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
+        return Judgement.of(*(program_status(path) if kind == "program" else script_status(path)))
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def log_files(self, entry: Entry) -> list[LogFile]:
+        return log_files(entry)
+
+    def uses(self, root: Path, entry: Entry) -> list[str]:
+        if entry.kind != "script":
+            return []
+        return [os.path.relpath(t, root).replace(os.sep, "/") for _, _, t in script_links(entry.path) if t]
+
+    def users(self, root: Path, providers: list[str]) -> dict[str, list[str]]:
+        links = link_map(root)
+        return {p: links.get(os.path.normpath(p), []) for p in providers}
+
+    def users_break(self, kind: str) -> bool:
+        return kind == "program"  # its scripts' links would dangle
+
+    def link_target(self, kind: str, resolved: list[str]) -> str | None:
+        if kind == "script" and len(resolved) == 2 and resolved[0] == "programs" and not resolved[1].startswith("."):
+            return "/".join(resolved)
+        return None
+
+    def empty_parent_levels(self, kind: str) -> int:
+        return 1 if kind == "script" else 0  # the script's op directory
+
+    def compile_command(self, small) -> str | None:
+        from kcache_cli.layouts.hidet import command_from_script
+
+        script = small.get("module/compile.sh")
+        return command_from_script(script.decode("utf-8", "replace")) if script is not None else None
+
+    def options_arch(self, small) -> str | None:
+        m = _OPTIONS_ARCH.search(small.get("options.txt") or b"")
+        return f"sm_{m.group(1).decode()}{m.group(2).decode()}" if m else None
+
+
+LAYOUT = TilusLayout()

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from kcache_cli.checks import changed_since, elf_truncated, list_files, read_head
+from kcache_cli.layouts.base import TEMP, Facts, Layout, Leftover
+from kcache_cli.layouts.shapes import TRITON
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -28,14 +29,15 @@ from kcache_cli.model import (
     UNREADABLE_REASON,
     Details,
     Entry,
+    Judgement,
     LogFile,
     ScanFilter,
     TreeUsage,
     measure_tree,
 )
 
-NAME = "triton"
-KEY_RE = re.compile(r"^(?:[A-Z2-7]{52}|[0-9a-f]{64})$")  # base32(sha256) since Triton 3.2, hex before
+NAME = TRITON.name
+KEY_RE = TRITON.kinds[0].segments[0]  # anchored: base32(sha256) since Triton 3.2, hex before
 GROUP_PREFIX = "__grp__"
 TMP_PREFIX = "tmp.pid_"
 BINARY_TARGETS = {".cubin": "cuda", ".hsaco": "hip"}
@@ -183,7 +185,7 @@ class _Listing:
         return TreeUsage(self.size, self.files, self.newest)
 
 
-def judge(path: str, lst: _Listing, now: float, deep: bool = False) -> tuple[str, str | None]:
+def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tuple[str, str | None]:
     """Triton's rule. Complete: the group file parses and every child it lists is present (by name in
     this entry), non-empty, and a binary child is a whole ELF. Group file missing or a temp dir left:
     partial, or building while something in it is less than an hour old (a Triton process may be
@@ -275,7 +277,7 @@ def _key_entries(ctx, job: tuple[str, ScanFilter]) -> list[Entry]:
         target = next((t for t in ("cuda", "hip") if op and op.startswith(t)), None)
     if not (flt.wants_target(target) and flt.wants_space(arch)):
         return []
-    status, reason = judge(path, lst, time.time())
+    status, reason = judge_files(path, lst, time.time())
     common = {"layout": NAME, "target": target, "space": arch, "op": op}
     out = [ctx.entry(path=path, usage=lst.usage, kind=single or KIND_KERNEL, hash=key, status=status,
                      reason=reason, **common)]
@@ -291,18 +293,6 @@ def is_leftover(e: Entry) -> bool:
     return e.layout == NAME and os.path.basename(e.path).startswith(TMP_PREFIX) and "/" in e.relpath
 
 
-def status_now(e: Entry) -> str:
-    """The entry's status read again now (prune --broken re-checks under its locks)."""
-    if is_leftover(e):
-        return PARTIAL
-    return judge(e.path, _Listing(e.path, lambda m: None), time.time())[0]
-
-
-def entry_path_ok(kind: str, parts: list[str]) -> bool:
-    """Where a Triton entry lives: one key directory at the root."""
-    return len(parts) == 1 and is_key(parts[0]) and kind in (KIND_KERNEL, KIND_BINARY)
-
-
 # ---- deep checks ---------------------------------------------------------------------------------
 
 _META_FACTS = (("num_warps", "num_warps"), ("num_stages", "num_stages"), ("num_ctas", "num_ctas"),
@@ -315,7 +305,7 @@ def describe(root: Path, entry: Entry) -> Details:
     if is_leftover(entry):
         return Details(entry, entry.status, entry.reason, (), files)
     lst = _Listing(p, lambda m: None)
-    status, reason = judge(p, lst, time.time(), deep=True)
+    status, reason = judge_files(p, lst, time.time(), deep=True)
     problems = [reason] if status == CORRUPT and reason else []
     facts: list[tuple[str, str]] = []
     name = entry.op
@@ -431,3 +421,52 @@ def _replace_file(dirpath: str, name: str, data: bytes) -> None:
         except FileNotFoundError:
             pass
         os.rmdir(tmp_dir)
+
+
+# ---- the layout ----------------------------------------------------------------------------------
+
+class TritonLayout(Layout):
+    """Triton's cache: self-contained key directories; no lock (Triton writes through temp dirs and
+    os.replace), absolute paths in the group files (rewritten on import)."""
+
+    shape = TRITON
+    fact_files = ()  # the facts are in the kernel's metadata, read by `facts`
+
+    def detect(self, root: Path) -> bool:
+        return detect(root)
+
+    def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
+        if os.path.basename(path).startswith(TMP_PREFIX):
+            return Judgement.of(PARTIAL, "Triton temp directory")
+        return Judgement.of(*judge_files(path, _Listing(path, lambda m: None), time.time(), deep))
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def log_files(self, entry: Entry) -> list[LogFile]:
+        return []  # Triton keeps no compile log: `no_log` says where to look instead
+
+    def no_log(self, entry: Entry) -> str:
+        return no_log(entry)
+
+    def leftover(self, entry: Entry) -> Leftover | None:
+        if not is_leftover(entry):
+            return None
+        return Leftover(TEMP, "Triton temp directory left by an interrupted write", None)
+
+    def relocate(self, staged: str, final: str, root: Path) -> None:
+        relocate(staged, final)
+
+    def relocation_problem(self, entry: Entry) -> str | None:
+        return relocation_problem(entry)
+
+    def facts(self, entry: Entry, small, names) -> Facts:
+        meta = load_json(os.path.join(entry.path, f"{entry.op}.json")) if entry.op else None
+        version = (meta or {}).get("triton_version")
+        return Facts(f"triton {version}" if isinstance(version, str) else "triton", arch_of(meta)[1], None)
+
+
+LAYOUT = TritonLayout()

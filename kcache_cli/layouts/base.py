@@ -1,0 +1,247 @@
+"""The interface every cache layout implements: `Layout`. One instance per layout (`LAYOUT` in
+`kcache_cli/layouts/<name>.py`), found through the registry in `kcache_cli/layouts/__init__.py`.
+
+Everything kcache does that depends on how a compiler lays out its cache goes through these methods:
+scanning and judging entries (ls, stats, verify, inspect, log), what removing an entry means and what
+it must wait for (prune, clear), what an archive may hold and how an imported entry is made to work
+at its new place (export, import), and where `kcache build` publishes. The rest of kcache never names
+a layout. Defaults here are right for a layout whose entries are self-contained directories; a layout
+overrides what differs.
+
+Paths: `root` is the cache root; an entry's `path` is absolute and its `relpath` is '/'-separated
+relative to the root. The scan hands out `Entry` records (kcache_cli.model); statuses are the words
+of kcache_cli.terms.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, NamedTuple
+
+from kcache_cli.layouts.shapes import KindShape, LayoutShape
+
+if TYPE_CHECKING:
+    from kcache_cli.model import Details, Entry, Judgement, LogFile, ScanFilter, Warn
+    from kcache_cli.scan import ScanContext
+
+# What a leftover is (`Leftover.what`): a kcache build's temp dir, or a compiler's staging write.
+TEMP, STAGING = "temp", "staging"
+STALE_AFTER = 3600.0  # leftovers untouched for an hour belong to no live writer
+
+
+class Leftover(NamedTuple):
+    """What an interrupted writer left: removable by prune once `STALE_AFTER` untouched."""
+
+    what: str  # TEMP or STAGING
+    why: str  # shown by prune: "temp directory of an interrupted kcache build"
+    lock: str | None  # relpath whose kcache entry lock its writer held, or None
+
+
+class InnerLeftover(NamedTuple):
+    """A directory inside an entry that prune may remove while the entry stays (hidet's candidates/)."""
+
+    name: str  # relative to the entry: "candidates"
+    why: str  # "auto-tuning leftovers (candidates/)"
+    busy: str  # why it stays when the entry is being written: "candidates/ kept: hidet holds the entry's lock"
+
+
+class Facts(NamedTuple):
+    """What an export manifest records about an entry's build, where known."""
+
+    compiler: str | None
+    arch: str | None  # "sm_90a" or "sm_80,compute_80"
+    platform: str | None
+
+
+class Layout:
+    """One cache layout. Subclasses set `shape` and implement `scan`, `describe` and `log_files`;
+    the other methods have defaults for self-contained entries with no links between them."""
+
+    shape: LayoutShape  # from kcache_cli.layouts.shapes: the name and every kind's path
+    # Lock files inside an entry that its compiler holds while it writes or reads the entry: removing
+    # the entry takes each non-blocking and skips the entry when one is held.
+    writer_locks: tuple[str, ...] = ()
+    # Kinds that other entries use (tilus programs, tilelang binaries): removed after their users,
+    # published before them on import, kept while a user stays.
+    provider_kinds: frozenset[str] = frozenset()
+    # Files (relative to the entry) whose bytes export reads to find the compiler, arch and platform.
+    fact_files: tuple[str, ...] = ("kcache.json",)
+    # Kinds whose entries hold nothing but compiled binaries: `export --sources-only` leaves them out.
+    binary_kinds: frozenset[str] = frozenset()
+
+    # ---- name, kinds, paths -------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The layout's name, as `ls --json` and `--layout` spell it."""
+        return self.shape.name
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of entries this layout holds, in listing order."""
+        return tuple(k.kind for k in self.shape.kinds)
+
+    def kind_shape(self, kind: str) -> KindShape | None:
+        """The path shape of `kind`, or None when this layout has no such kind."""
+        return self.shape.kind(kind)
+
+    def detect(self, root: Path) -> bool:
+        """Does `root` hold this layout? Looks at the root's top-level directory names only."""
+        try:
+            with os.scandir(root) as it:
+                tops = [d.name for d in it if d.is_dir()]
+        except OSError:
+            return False
+        return bool(self.shape.tops(tops))
+
+    def entry_path_problem(self, kind: str, relpath: str) -> str | None:
+        """Why `relpath` is not where an entry of `kind` lives in this layout, or None. `relpath` has
+        been checked to be a safe relative path already (the archive's rules)."""
+        k = self.kind_shape(kind)
+        if k is None or k.match(relpath) is None:
+            return f"{relpath!r} is not where a {self.name} {kind} entry lives"
+        return None
+
+    def key_problem(self, kind: str, relpath: str, key: Mapping[str, object]) -> str | None:
+        """Why the key fields an archive record gives (hash, space, op) disagree with its path, or None."""
+        k = self.kind_shape(kind)
+        got = k.match(relpath) if k else None
+        if got is None:
+            return self.entry_path_problem(kind, relpath)
+        for name in ("hash", "space", "op"):
+            if got[name] is not None and key.get(name) != got[name]:
+                return f"its {name} disagrees with its path"
+        return None
+
+    # ---- scanning: the cheap judgement -----------------------------------------------------------
+
+    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        """Every entry of this layout under `ctx.root` that the names in `flt` allow (ops, spaces,
+        targets, hash prefixes: skip whole directories rather than filter afterwards), judged cheaply
+        (names, sizes, links; contents only where something changed since the entry was completed).
+        Leftovers (temp, staging) are entries too, with their status. Unreadable directories are
+        `ctx.warn`ings, never exceptions. Build entries with `ctx.entry(...)`; big fan-outs of entry
+        directories can be read in worker processes with `ctx.map_entries`."""
+        raise NotImplementedError
+
+    def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        """Symlinks where a directory of this layout belongs (a space, an op, an entry): the scan never
+        follows them; prune --broken and clear remove them as links (`ctx.link_entry`)."""
+        return iter(())
+
+    # ---- judging one entry -------------------------------------------------------------------------
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
+              ) -> Judgement:
+        """The one judgement of the entry of `kind` at `path`, read from disk now: cheap (names, sizes,
+        links: what ls shows) or `deep` (every byte: what verify, inspect, prune --broken and import's
+        "already present" go by). The scan, delete's re-check before removing a broken entry and the
+        archive all call this, so they cannot disagree on the same files."""
+        raise NotImplementedError
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        """Everything about one entry after the deep checks that read every byte (inspect, verify):
+        problems, files, task and tensors, compile command and output, binaries, layout facts."""
+        raise NotImplementedError
+
+    def log_files(self, entry: Entry) -> list[LogFile]:
+        """The entry's compile log files, in reading order ([] when the compiler keeps none)."""
+        return []
+
+    def busy(self, entry_path: str) -> str | None:
+        """Why the entry's own writer is using it right now (one of `writer_locks` is held), or None."""
+        from kcache_cli.locking import probe_locked
+
+        for name in self.writer_locks:
+            if probe_locked(os.path.join(entry_path, name)):
+                return f"{self.name} holds the entry's {name}"
+        return None
+
+    # ---- dependencies between entries ------------------------------------------------------------
+
+    def uses(self, root: Path, entry: Entry) -> list[str]:
+        """Relpaths of the entries `entry` needs to work (a tilus script's programs). Export brings
+        them along. Default: none."""
+        return []
+
+    def users(self, root: Path, providers: list[str]) -> dict[str, list[str]]:
+        """For each provider entry path (of a `provider_kinds` kind), the paths of the entries that use
+        it (a tilus program's scripts, a tilelang binary's kernels). Default: nobody uses anything."""
+        return {p: [] for p in providers}
+
+    def users_break(self, kind: str) -> bool:
+        """Whether removing a broken entry of this provider kind breaks its users, so that they go with
+        it (tilus scripts link to their programs; tilelang kernels embed their binaries and do not)."""
+        return False
+
+    def link_target(self, kind: str, resolved: list[str]) -> str | None:
+        """For a symlink inside an entry of `kind` whose target, resolved from the root, is `resolved`
+        (path components) and lies outside the entry: the relpath of the entry it may point to (then it
+        must be in the archive or in the cache), or None when such a link is not allowed."""
+        return None
+
+    # ---- leftovers and removal ---------------------------------------------------------------------
+
+    def leftover(self, entry: Entry) -> Leftover | None:
+        """What `entry` is if it is no entry but what an interrupted writer left (a kcache temp dir,
+        a staging dir), or None."""
+        return None
+
+    def leftover_parts(self, entry: Entry, warn: Warn) -> list[Entry]:
+        """A leftover that holds several writers' leftovers, one entry each (tilelang's
+        .staging/cuda-binaries/); default: the leftover itself."""
+        return [entry]
+
+    def inner_leftovers(self, entry: Entry) -> list[InnerLeftover]:
+        """Directories inside an entry that stays which prune may remove (hidet's candidates/)."""
+        return []
+
+    def empty_parent_levels(self, kind: str) -> int:
+        """How many directories above an entry of `kind` are removed when a removal leaves them empty
+        (hidet's op and space directories: 2). Containers a compiler recreates between its own mkdir
+        and rename must not be removed (0)."""
+        return 0
+
+    # ---- export and import -------------------------------------------------------------------------
+
+    def facts(self, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:
+        """(compiler, arch, platform) for an export manifest: from what kcache recorded (kcache.json),
+        else the compile command (`compile_command`), else `options_arch`, else the archs inside the
+        entry's binaries. `small` holds the bytes of the entry's `fact_files` that exist."""
+        from kcache_cli.layouts import _facts
+
+        return _facts.entry_facts(self, entry, small, names)
+
+    def compile_command(self, small: Mapping[str, bytes]) -> str | None:
+        """The compile command from the entry's `fact_files`, or None."""
+        return None
+
+    def options_arch(self, small: Mapping[str, bytes]) -> str | None:
+        """The arch the entry's recorded options name, or None."""
+        return None
+
+    def platform(self, entry: Entry) -> str | None:
+        """The platform an entry was built for when its path says so (tilelang's <platform>)."""
+        return None
+
+    def relocate(self, staged: str, final: str, root: Path) -> None:
+        """Called on import for each entry before it is published: `staged` is the entry's directory as
+        extracted, `final` the absolute path it is about to be renamed to under `root`. A layout whose
+        files hold absolute paths (Triton's group files) rewrites them here to point under `final`.
+        Must write atomically (temp file + rename) and never outside `staged`. Default: nothing."""
+
+def top_sizes(path: str) -> dict[str, int] | None:
+    """Sizes of the files directly in `path` by name (None when it cannot be listed)."""
+    names: dict[str, int] = {}
+    try:
+        with os.scandir(path) as it:
+            for de in it:
+                try:
+                    if not de.is_dir(follow_symlinks=False):
+                        names[de.name] = de.stat(follow_symlinks=False).st_size
+                except OSError:
+                    pass
+    except OSError:
+        return None
+    return names
