@@ -367,6 +367,40 @@ def test_dir_all_and_triton_rule(kcache, cache, monkeypatch, tmp_path):
     assert rows["triton"]["entries"] == 6
 
 
+def test_arch_from_metadata():
+    assert triton.arch_of({"target": {"backend": "cuda", "arch": 80}}) == ("cuda", "sm_80")
+    assert triton.arch_of({"target": {"backend": "cuda", "arch": 90}}) == ("cuda", "sm_90a")
+    assert triton.arch_of({"target": {"backend": "cuda", "arch": 100}}) == ("cuda", "sm_100a")
+    assert triton.arch_of({"target": {"backend": "hip", "arch": "gfx942", "warp_size": 64}}) == ("hip", "gfx942")
+    assert triton.arch_of({"target": "cuda"}) == (None, None) and triton.arch_of(None) == (None, None)
+
+
+def test_a_hip_kernel_is_listed_by_its_target_and_arch(kcache, cache):
+    """An AMD entry as Triton's hip backend writes it (.amdgcn, .hsaco), made from a copy of a real one."""
+    key = "H" * 52
+    src, dst = cache / SOFTMAX, cache / key
+    dst.mkdir()
+    children = {}
+    for f in src.iterdir():
+        if f.name.startswith("__grp__"):
+            continue
+        name = f.name.replace(".cubin", ".hsaco").replace(".ptx", ".amdgcn")
+        data = f.read_bytes()
+        if name == "softmax_kernel.json":
+            meta = json.loads(data)
+            meta["target"] = {"backend": "hip", "arch": "gfx942", "warp_size": 64}
+            data = json.dumps(meta).encode()
+        (dst / name).write_bytes(data)
+        children[name] = str(dst / name)
+    (dst / "__grp__softmax_kernel.json").write_text(json.dumps({"child_paths": children}))
+    age(cache)
+    got = ls(kcache, cache, "--target", "hip")
+    assert list(got) == [key] and (got[key]["space"], got[key]["status"]) == ("gfx942", "complete")
+    assert set(ls(kcache, cache, "--space", "gfx942")) == {key}
+    (dst / "softmax_kernel.hsaco").write_bytes((src / "softmax_kernel.cubin").read_bytes()[:200])
+    assert "truncated" in ls(kcache, cache)[key]["reason"]
+
+
 def test_scan_filter_core(cache):
     res = scan_cache(cache, ScanFilter(ops=("softmax_kernel",)))
     assert [e.hash for e in res.entries] == [SOFTMAX] and res.layouts == ("triton",)

@@ -348,9 +348,8 @@ def relocation_problem(entry: Entry) -> str | None:
         children = group_children(load_json(os.path.join(entry.path, g)))
         moved = moved_paths(entry.path, children) if children is not None else []
         if moved:
-            return (f"{g} points at {moved[0]}" + (f" and {len(moved) - 1} more" if len(moved) > 1 else "") +
-                    ", not into this entry (the cache was moved or copied): Triton misses it; "
-                    "`kcache verify --fix` rewrites the paths")
+            return (f"{g} points into {os.path.dirname(moved[0])} (the cache was moved or copied): Triton "
+                    "misses this kernel until `kcache verify --fix` rewrites the paths")
     return None
 
 
