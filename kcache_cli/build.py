@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from kcache_cli import state
-from kcache_cli.checks import sha256_file, size_mismatch
+from kcache_cli.checks import sha256_file
 from kcache_cli.errors import KcacheError, LockTimeout, UsageError
 
 BUILT, HIT, FAILED = "built", "hit", "failed"
@@ -34,8 +34,6 @@ TASK = "task.txt"
 BINARY = "lib.so"
 LOG = "nvcc_log.txt"
 MANIFEST = "kcache.json"
-# What kcache writes; an entry holding only these is judged by kcache's own rule (fast path).
-OWN_FILES = frozenset({"source.cu", "source.cc", TASK, BINARY, LOG, MANIFEST})
 ARCH_RE = re.compile(r"^(sm|compute)_\d+[af]?$")
 # Flags that would make the recorded arch a lie: the arch is given with --arch only.
 ARCH_FLAGS = ("-arch", "--gpu-architecture", "-gencode", "--generate-code", "-code", "--gpu-code")
@@ -182,8 +180,9 @@ def load_task(task_path: str | os.PathLike, options: BuildOptions = BuildOptions
     if not isinstance(options.space, int) or options.space < 0:
         raise UsageError(f"bad space level {options.space!r} (0, 1 or 2)")
     h = task_hash(data)
-    space = f"{target}_space_{options.space}"
-    return TaskSpec(task_path, data, op, h, src, target, space, f"ops/{space}/{op}/{h}")
+    shape = _entry_shape()
+    fields = {"target": target, "level": str(options.space), "op": op, "hash": h}
+    return TaskSpec(task_path, data, op, h, src, target, shape.space_of(fields) or "", shape.relpath(**fields))
 
 
 def _find_source(task_path: str, target: str | None, source) -> str:
@@ -459,38 +458,31 @@ def _read_manifest(path: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def _entry_shape():
+    """The path shape of the entries `kcache build` writes (the build layout's, from the light registry)."""
+    from kcache_cli.layouts.shapes import BUILD_SHAPE
+
+    shape = BUILD_SHAPE.kind(BUILD_SHAPE.build_kind or "")
+    assert shape is not None, "the build layout declares its build kind"
+    return shape
+
+
 def entry_status(path: str) -> tuple[str | None, str | None, dict | None]:
     """(status, reason, kcache.json) of the entry at `path`; status None when there is none.
 
-    Same verdict as `kcache ls`. An entry holding only kcache's own files is judged here
-    without importing the layouts (the hit path); anything else by the hidet layout."""
-    from kcache_cli.terms import COMPLETE, CORRUPT, PARTIAL
+    The build layout's own judgement (the one `kcache ls` shows)."""
+    from kcache_cli.layouts import builder
+    from kcache_cli.terms import CORRUPT
 
-    names: dict[str, int] = {}
     if os.path.islink(path):
         return CORRUPT, "a symlink, not an entry directory", None
-    try:
-        with os.scandir(path) as it:
-            for de in it:
-                try:
-                    if not de.is_dir(follow_symlinks=False):
-                        names[de.name] = de.stat(follow_symlinks=False).st_size
-                except OSError:
-                    continue
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None, None, None
-    except NotADirectoryError:
+    if not os.path.isdir(path):
         return CORRUPT, "not a directory", None
-    except OSError as exc:
-        return PARTIAL, f"cannot read the entry: {exc.strerror}", None
-    manifest = _read_manifest(path) if MANIFEST in names else None
-    if names.keys() <= OWN_FILES and names.get(BINARY) and manifest is not None:
-        bad = size_mismatch(MANIFEST, manifest.get("files"), names)
-        return (CORRUPT, bad, manifest) if bad else (COMPLETE, None, manifest)
-    from kcache_cli.layouts.hidet import op_status
-
-    status, reason = op_status(path, names)
-    return status, reason, manifest
+    layout = builder()
+    verdict = layout.judge(path, layout.shape.build_kind or "")
+    return verdict.status, verdict.reason, _read_manifest(path)
 
 
 def _entry_archs(path: str, manifest: dict | None) -> tuple[tuple[str, ...], str]:
@@ -548,7 +540,7 @@ def build_task(root: str | os.PathLike, task: str | os.PathLike | TaskSpec, opti
             found = _hit(root, spec, final, arch, waited)
             if found is not None:
                 return found
-        replaced = _wait_for_hidet(spec, final, options.timeout, listener)
+        replaced = _wait_for_compiler(spec, final, options.timeout, listener)
         listener.compiling(spec)
         return _compile_and_publish(root, spec, final, arch(fresh=True), compiler, options, replaced, waited)
     finally:
@@ -601,22 +593,25 @@ def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: BuildL
     raise LockTimeout(f"another build of {spec.relpath} still holds its lock ({lock.path}) after {timeout:g}s")
 
 
-def _wait_for_hidet(spec: TaskSpec, final: Path, timeout: float | None, listener: BuildListener) -> str | None:
-    """Wait while hidet itself compiles this entry (it holds <entry>/.lock); then say what a build
-    would replace: None, or the reason the existing entry is not usable as it is."""
-    from kcache_cli.locking import probe_locked
+def _wait_for_compiler(spec: TaskSpec, final: Path, timeout: float | None, listener: BuildListener) -> str | None:
+    """Wait while the build layout's own compiler works on this entry (it holds one of the entry's
+    writer locks, e.g. hidet's <entry>/.lock); then say what a build would replace: None, or the reason
+    the existing entry is not usable as it is."""
+    from kcache_cli.layouts import builder
 
     status, reason, _ = entry_status(str(final))
     if status is None:
         return None
-    hidet_lock = final / ".lock"
-    if probe_locked(hidet_lock):
-        listener.waiting(spec, "hidet")
+    layout = builder()
+    busy = layout.busy(str(final))
+    if busy:
+        listener.waiting(spec, layout.name)
         deadline = None if timeout is None else time.monotonic() + timeout
-        while probe_locked(hidet_lock):
+        while busy:
             if deadline is not None and time.monotonic() >= deadline:
-                raise LockTimeout(f"hidet still holds {hidet_lock} after {timeout:g}s")
+                raise LockTimeout(f"{busy} ({final}) after {timeout:g}s")
             time.sleep(0.1)
+            busy = layout.busy(str(final))
         status, reason, _ = entry_status(str(final))
         if status is None:
             return None

@@ -72,21 +72,13 @@ def hidet_cache_dir(cwd: Path | None = None) -> CacheLocation:
 
 
 def known_caches() -> list[tuple[str, Path]]:
-    """Every kernel cache kcache knows where to look for on this machine (`dir --all`)."""
-    tilelang = os.environ.get("TILELANG_CACHE_DIR")
-    return [
-        ("hidet", hidet_cache_dir().path),
-        ("tilus", Path.home() / ".cache" / "tilus"),
-        ("tilelang", Path(tilelang).expanduser() if tilelang else Path.home() / ".tilelang" / "cache"),
-        ("triton", triton_cache_dir()),
-    ]
+    """Every kernel cache kcache knows where to look for on this machine (`dir --all`): each layout's
+    own default place."""
+    from kcache_cli.layouts import all_layouts
 
-
-def triton_cache_dir() -> Path:
-    """Triton's own rule (triton/knobs.py): TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, else
-    ~/.triton/cache."""
-    env = os.environ.get("TRITON_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    home = os.environ.get("TRITON_HOME")
-    return (Path(home).expanduser() if home else Path.home()) / ".triton" / "cache"
+    out = []
+    for name, layout in all_layouts().items():
+        where = layout.default_root()
+        if where is not None:
+            out.append((name, where[0]))
+    return out

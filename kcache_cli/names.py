@@ -2,28 +2,19 @@
 
 Only directory listings are read (scandir's d_type; no stat of files, no file contents), and nothing
 heavier than `os` and `re` is imported, so completing on a 100,000-entry cache stays fast. The shapes
-mirror what the layout modules scan (layouts/hidet.py, tilus.py, tilelang.py, triton.py); tests/test_completion.py
-checks that both agree on the real fixture caches.
+are the layouts' own declarations (kcache_cli/layouts/shapes.py); tests/test_completion.py checks that
+this agrees with the layouts' scans on the real fixture caches.
 """
 
 from __future__ import annotations
 
 import os
-import re
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 
-_HIDET_SPACE = re.compile(r"^[a-z0-9]+_space_\d+$")  # as layouts/hidet.py SPACE_RE
-_TILELANG_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?([.+\-\w]*)$")  # as layouts/tilelang.py VERSION_RE
-_HIDET_OTHER = (("graphs", "graph"), ("ir_modules", "ir_module"))
-_TRITON_KEY = re.compile(r"^(?:[A-Z2-7]{52}|[0-9a-f]{64})$")  # as layouts/triton.py KEY_RE
-_TRITON_STAGES = (".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".cubin", ".hsaco", ".source")
-_TRITON_LOOKS = 64  # as layouts/triton.py DETECT_LOOKS
-_TILELANG_BINARIES = "cuda-binaries"
+from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape
 
 
-@dataclass(frozen=True)
-class EntryName:
+class EntryName(NamedTuple):
     """An entry as its directory names tell it: no size, no status."""
 
     layout: str
@@ -50,155 +41,108 @@ def _present(names: list[str], wanted: tuple[str, ...]) -> list[str]:
     return [n for n in names if n in wanted] if wanted else names
 
 
-def layouts_of(root: str | os.PathLike) -> tuple[str, ...]:
-    """The layouts a root holds, from the names at its top level (one directory listing)."""
-    top = set(_dirs(os.fspath(root)))
-    found = []
-    if top & {"ops", "graphs", "ir_modules"}:
-        found.append("hidet")
-    if top & {"programs", "scripts"}:
-        found.append("tilus")
-    if any(_TILELANG_VERSION.match(n) for n in top):
-        found.append("tilelang")
-    if _is_triton(os.fspath(root), top):
-        found.append("triton")
-    return tuple(found)
-
-
-def _names(path: str) -> list[str]:
+def _files(path: str) -> list[str]:
     try:
         return os.listdir(path)
     except OSError:
         return []
 
 
-def _triton_name(names: list[str]) -> str | None:
-    """A Triton kernel's name from its directory listing (as layouts/triton.py kernel_name)."""
-    for n in sorted(names):
-        if n.startswith("__grp__") and n.endswith(".json"):
-            return n[len("__grp__"):-len(".json")]
-    for n in sorted(names):
-        if n.endswith(_TRITON_STAGES):
-            return n.rsplit(".", 1)[0]
-    if len(names) == 1 and names[0].endswith((".so", ".autotune.json")):
-        return names[0].split(".", 1)[0]
-    return None
-
-
-def _is_triton(root: str, top: set[str]) -> bool:
-    """Key directories holding Triton's files (as layouts/triton.py detect): a group file, a temp dir
-    or a compile stage in one of the first few."""
-    keys = [n for n in top if _TRITON_KEY.match(n)][:_TRITON_LOOKS]
-    return any(n.startswith(("__grp__", "tmp.pid_")) or n.endswith(_TRITON_STAGES)
-               for k in keys for n in _names(os.path.join(root, k)))
-
-
-def _triton_kernels(root: str, prefix: str = "") -> Iterator[tuple[str, str | None, str]]:
-    """(key, kernel name, kind) of every Triton key directory whose key starts with `prefix`."""
-    for k in sorted(_dirs(root, prefix)):
-        if _TRITON_KEY.match(k):
-            listing = _names(os.path.join(root, k))
-            module = len(listing) == 1 and listing[0].endswith(".so")  # the driver's launcher module
-            yield k, _triton_name(listing), "binary" if module else "kernel"
-
-
-def _hidet_spaces(root: str, spaces: Iterable[str]) -> list[str]:
-    ops_dir = os.path.join(root, "ops")
-    wanted = set(spaces)
-    return sorted(s for s in _dirs(ops_dir) if _HIDET_SPACE.match(s) and (not wanted or s in wanted))
-
-
-def _tilelang_spaces(root: str, spaces: Iterable[str]) -> list[tuple[str, str, str]]:
-    """(space, kind, directory holding the hash dirs) for each tilelang space."""
-    wanted = set(spaces)
-    out = []
-    for version in sorted(_dirs(root)):
-        if not _TILELANG_VERSION.match(version):
-            continue
-        vdir = os.path.join(root, version)
-        for sub in sorted(_dirs(vdir)):
-            space = f"{version}/{sub}"
-            if wanted and space not in wanted:
+def _walk(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces: tuple[str, ...] = (),
+          prefix: str = "") -> Iterator[dict[str, str]]:
+    """The fields of every directory `depth` segments down `k`'s template that matches it, within the
+    wanted ops and spaces (the last segment of an entry's path: names starting with `prefix`). A kind
+    that tells its entries by their files (`from_files`) has each entry directory listed."""
+    level: list[tuple[str, dict[str, str]]] = [(root, {})]
+    for i in range(depth):
+        fields = k.fields_in(i)
+        last = i == k.depth - 1
+        found: list[tuple[str, dict[str, str]]] = []
+        for path, known in level:
+            if not fields:  # fixed text: no listing needed (a missing directory lists as empty below)
+                found.append((os.path.join(path, k.parts[i]), known))
                 continue
-            if sub == _TILELANG_BINARIES:
-                out.append((space, "binary", os.path.join(vdir, sub)))
-            else:
-                out.append((space, "kernel", os.path.join(vdir, sub, "kernels")))
-    return out
+            names = _dirs(path, prefix if last else "")
+            if "op" in fields:
+                names = _present(names, ops)
+            for n in (names if last else sorted(names)):
+                got = k.match_segment(i, n)
+                if got is None:
+                    continue
+                f = {**known, **got}
+                if i == k.space_depth and spaces and k.space_of(f) not in spaces:
+                    continue
+                found.append((os.path.join(path, n), f))
+        level = found
+    for path, f in level:
+        if k.from_files is not None and depth == k.depth:
+            ours, op = k.from_files(_files(path))
+            if not ours or (ops and op not in ops):
+                continue
+            f = {**f, "op": op} if op else f
+        yield f
 
 
-def _select(root, layouts: Iterable[str]) -> tuple[str, tuple[str, ...]]:
+def layouts_of(root: str | os.PathLike) -> tuple[str, ...]:
+    """The layouts a root holds, from the names at its top level (one directory listing)."""
+    top = _dirs(os.fspath(root))
+    return tuple(s.name for s in SHAPES if s.held_by(os.fspath(root), top))
+
+
+def _select(root, layouts: Iterable[str]) -> tuple[str, list[LayoutShape]]:
     root = os.fspath(root)
     present = layouts_of(root)
     wanted = set(layouts)
-    return root, tuple(name for name in present if not wanted or name in wanted)
+    return root, [s for s in SHAPES if s.name in present and (not wanted or s.name in wanted)]
 
 
 def space_layouts(root: str | os.PathLike, ops: Iterable[str] = (), layouts: Iterable[str] = ()) -> dict[str, str]:
     """Each space present (hidet `cuda_space_0`, tilelang `0.1.15/linux-x86_64`) -> its layout, sorted;
     with `ops`, only the spaces holding one of those ops."""
-    root, present = _select(root, layouts)
-    ops = set(ops)
+    root, shapes = _select(root, layouts)
+    ops = tuple(ops)
     out: dict[str, str] = {}
-    if "hidet" in present:
-        for s in _hidet_spaces(root, ()):
-            if not ops or ops & set(_dirs(os.path.join(root, "ops", s))):
-                out[s] = "hidet"
-    if "tilelang" in present and not ops:  # tilelang kernels carry no op name
-        for s, _, _ in _tilelang_spaces(root, ()):
-            out.setdefault(s, "tilelang")
+    for s in shapes:
+        for k in s.kinds:
+            if k.space is None or (ops and not k.has_op):  # entries without an op match no --op
+                continue
+            depth = k.depth if ops and k.op_depth < 0 else max(k.space_depth, k.op_depth) + 1 if ops \
+                else k.space_depth + 1
+            for f in _walk(root, k, depth, ops=ops):
+                out.setdefault(k.space_of(f) or "", s.name)
     return dict(sorted(out.items()))
 
 
 def op_places(root: str | os.PathLike, spaces: Iterable[str] = (),
               layouts: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
-    """Each op name present (hidet op directories, tilus script names) -> where it is (hidet spaces,
-    "tilus"), sorted; with `spaces`, only the ops in those spaces."""
-    root, present = _select(root, layouts)
+    """Each op name present (hidet op directories, tilus script names) -> where it is (its spaces, or
+    its layout's name when its entries have no space), sorted; with `spaces`, only the ops in those spaces."""
+    root, shapes = _select(root, layouts)
     spaces = tuple(spaces)
     out: dict[str, list[str]] = {}
-    if "hidet" in present:
-        for s in _hidet_spaces(root, spaces):
-            for op in _dirs(os.path.join(root, "ops", s)):
-                out.setdefault(op, []).append(s)
-    if "tilus" in present and not spaces:  # tilus entries have no space
-        for op in _dirs(os.path.join(root, "scripts")):
-            out.setdefault(op, []).append("tilus")
-    if "triton" in present and not spaces:  # a Triton kernel's arch is inside its metadata: not read here
-        for _, kernel, _ in _triton_kernels(root):
-            if kernel and "triton" not in out.get(kernel, ()):
-                out.setdefault(kernel, []).append("triton")
+    for s in shapes:
+        for k in s.kinds:
+            if not k.has_op or (spaces and k.space is None):
+                continue
+            depth = k.depth if k.op_depth < 0 else max(k.op_depth, k.space_depth) + 1
+            for f in _walk(root, k, depth, spaces=spaces):
+                if not f.get("op"):
+                    continue
+                where = out.setdefault(f["op"], [])
+                place = k.space_of(f) or s.name
+                if place not in where:
+                    where.append(place)
     return {op: tuple(where) for op, where in sorted(out.items())}
 
 
 def entries(root: str | os.PathLike, prefix: str = "", ops: Iterable[str] = (), spaces: Iterable[str] = (),
             layouts: Iterable[str] = ()) -> Iterator[EntryName]:
     """Every entry whose hash starts with `prefix`, as names only, in directory order per parent."""
-    root, present = _select(root, layouts)
+    root, shapes = _select(root, layouts)
     ops, spaces = tuple(ops), tuple(spaces)
-    if "hidet" in present:
-        for s in _hidet_spaces(root, spaces):
-            space_dir = os.path.join(root, "ops", s)
-            for op in _present(_dirs(space_dir), ops):
-                for h in _dirs(os.path.join(space_dir, op), prefix):
-                    yield EntryName("hidet", "op", s, op, h)
-        if not ops and not spaces:  # graphs and ir_modules have no op or space
-            for dirname, kind in _HIDET_OTHER:
-                for h in _dirs(os.path.join(root, dirname), prefix):
-                    yield EntryName("hidet", kind, None, None, h)
-    if "tilus" in present and not spaces:
-        scripts = os.path.join(root, "scripts")
-        for op in _present(_dirs(scripts), ops):
-            for h in _dirs(os.path.join(scripts, op), prefix):
-                yield EntryName("tilus", "script", None, op, h)
-        if not ops:  # a program's op name is inside program.txt: not read here
-            for h in _dirs(os.path.join(root, "programs"), prefix):
-                yield EntryName("tilus", "program", None, None, h)
-    if "tilelang" in present and not ops:
-        for space, kind, hdir in _tilelang_spaces(root, spaces):
-            for h in _dirs(hdir, prefix):
-                yield EntryName("tilelang", kind, space, None, h)
-    if "triton" in present and not spaces:
-        for h, kernel, kind in _triton_kernels(root, prefix):
-            if not ops or kernel in ops:
-                yield EntryName("triton", kind, None, kernel, h)
+    for s in shapes:
+        for k in s.kinds:
+            if (ops and not k.has_op) or (spaces and k.space is None):
+                continue  # a program's op name is inside program.txt: not read here
+            for f in _walk(root, k, k.depth, ops, spaces, prefix):
+                yield EntryName(s.name, k.kind, k.space_of(f), f.get("op"), f["hash"])

@@ -160,14 +160,10 @@ def _run_chunk(i: int) -> tuple[list[Entry], list[str]]:
     return [func(local, job) for job in chunks[i]], warnings
 
 
-def _layouts():
-    from kcache_cli.layouts import LAYOUTS
-
-    return LAYOUTS
-
-
 def detect_layouts(root: Path) -> tuple[str, ...]:
-    return tuple(name for name, mod in _layouts().items() if mod.detect(Path(root)))
+    from kcache_cli import layouts
+
+    return layouts.detect(root)
 
 
 def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None) -> ScanResult:
@@ -183,13 +179,15 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
 
     if not root.is_dir():
         return ScanResult(str(root), False, (), (), ())
+    from kcache_cli.layouts import get as get_layout
+
     layouts = detect_layouts(root)
     ctx = ScanContext(root, collect, state.load_last_used(root))
     entries: list[Entry] = []
     for name in layouts:
         if flt.layouts and name not in flt.layouts:
             continue
-        entries.extend(e for e in _layouts()[name].scan(ctx, flt) if flt.matches(e))
+        entries.extend(e for e in get_layout(name).scan(ctx, flt) if flt.matches(e))
     return ScanResult(str(root), True, layouts, tuple(entries), tuple(warnings))
 
 

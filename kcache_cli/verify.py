@@ -40,10 +40,10 @@ class VerifyResult:
 
 
 def check_entry(root: Path, entry: Entry) -> EntryCheck:
-    from kcache_cli.layouts import LAYOUTS
+    from kcache_cli.layouts import get
 
     try:
-        details = LAYOUTS[entry.layout].describe(Path(root), entry)
+        details = get(entry.layout).describe(Path(root), entry)
     except OSError as exc:
         return EntryCheck(entry, CORRUPT, (f"cannot read the entry: {exc.strerror}",))
     problems = list(details.problems)
@@ -61,8 +61,7 @@ def check_entry(root: Path, entry: Entry) -> EntryCheck:
     status = details.status
     if problems and status == COMPLETE:
         status = CORRUPT
-    hook = getattr(LAYOUTS[entry.layout], "relocation_problem", None)
-    moved = hook(entry) if hook is not None else None
+    moved = get(entry.layout).relocation_problem(entry)
     if moved:  # the files are whole: the status stays, the entry still fails the check
         problems.append(moved)
     return EntryCheck(entry, status, tuple(problems), moved)
@@ -73,10 +72,10 @@ def fix_relocation(root: Path, check: EntryCheck) -> tuple[EntryCheck, str | Non
     without its relocation problem, or the error that stopped it."""
     from dataclasses import replace
 
-    from kcache_cli.layouts import LAYOUTS
+    from kcache_cli.layouts import get
 
     try:
-        LAYOUTS[check.entry.layout].relocate(check.entry.path, check.entry.path, Path(root))
+        get(check.entry.layout).relocate(check.entry.path, check.entry.path, Path(root))
     except OSError as exc:
         return check, f"cannot rewrite {exc.filename or check.entry.path}: {exc.strerror or exc}"
     problems = tuple(p for p in check.problems if p != check.relocation)

@@ -99,13 +99,13 @@ def test_detection_needs_triton_files(tmp_path):
     root = tmp_path / "c"
     (root / ADD_90).mkdir(parents=True)  # a key-named directory alone is no evidence
     (root / "notes").mkdir()
-    assert not triton.detect(root) and names.layouts_of(root) == ()
+    assert not triton.LAYOUT.detect(root) and names.layouts_of(root) == ()
     (root / ADD_90 / "add_kernel.ttir").write_text("module {}")
-    assert triton.detect(root) and names.layouts_of(root) == ("triton",)
+    assert triton.LAYOUT.detect(root) and names.layouts_of(root) == ("triton",)
     other = tmp_path / "d" / ("A" * 52)
     other.mkdir(parents=True)
     (other / "readme.txt").write_text("x")  # base32-looking name, foreign files
-    assert not triton.detect(other.parent)
+    assert not triton.LAYOUT.detect(other.parent)
 
 
 def test_filters_and_stats(kcache, cache):
@@ -353,15 +353,13 @@ def test_relocate_never_points_outside_the_entry(tmp_path):
 
 
 def test_dir_all_and_triton_rule(kcache, cache, monkeypatch, tmp_path):
-    from kcache_cli.locate import triton_cache_dir
-
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_HOME", raising=False)
-    assert triton_cache_dir() == Path.home() / ".triton" / "cache"
+    assert triton.triton_cache_dir()[0] == Path.home() / ".triton" / "cache"
     monkeypatch.setenv("TRITON_HOME", str(tmp_path / "th"))
-    assert triton_cache_dir() == tmp_path / "th" / ".triton" / "cache"
+    assert triton.triton_cache_dir()[0] == tmp_path / "th" / ".triton" / "cache"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
-    assert triton_cache_dir() == cache
+    assert triton.triton_cache_dir() == (cache, "TRITON_CACHE_DIR environment variable")
     rows = {r["cache"]: r for r in kcache("dir", "--all", "--json").json()}
     assert rows["triton"]["path"] == str(cache) and rows["triton"]["layouts"] == ["triton"]
     assert rows["triton"]["entries"] == 6

@@ -120,12 +120,12 @@ def ls_command(
 
 
 def _details(opts: c.GlobalOptions, prefix: str):
-    from kcache_cli.layouts import LAYOUTS
+    from kcache_cli.layouts import get
     from kcache_cli.scan import resolve_entry
 
     root = c.cache_root(opts)
     entry = resolve_entry(root, prefix, warn=lambda m: c.warn(opts, m))
-    return root, entry, LAYOUTS[entry.layout]
+    return root, entry, get(entry.layout)
 
 
 HashArg = Annotated[str, typer.Argument(metavar="HASH", help="A unique hash prefix (or the entry's path in the cache).",
@@ -236,9 +236,7 @@ def log_command(
     root, entry, layout = _details(opts, hash_prefix)
     logs = layout.log_files(entry)
     if not logs:
-        no_log = getattr(layout, "no_log", None)  # a layout that never keeps one says where to look instead
-        raise KcacheError(no_log(entry) if no_log else
-                          f"no compile log recorded for {entry.layout} {entry.kind} {entry.hash}")
+        raise KcacheError(layout.no_log(entry))
     if raw:
         for lf in logs:
             with open(lf.path, "rb") as f:

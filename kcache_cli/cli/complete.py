@@ -20,13 +20,24 @@ SHELLS = ("bash", "zsh", "fish")
 COMPLETIONS_DIR = Path(__file__).resolve().parents[2] / "completions"
 
 TARGETS = (("cuda", "NVIDIA GPU"), ("cpu", "host CPU"), ("hip", "AMD GPU"))
-LAYOUTS = (("hidet", "ops/<space>/<op>/<hash>, graphs/, ir_modules/"), ("tilus", "programs/, scripts/"),
-           ("tilelang", "<version>/<platform>/kernels/, cuda-binaries/"), ("triton", "<base32 key>/ per kernel"))
 STATUSES = (("complete", "usable"), ("partial", "interrupted or unfinished"), ("failed", "compile log, no binary"),
             ("corrupt", "disagrees with its manifest or a link dangles"), ("building", "a build holds its lock"))
-KINDS = (("op", "hidet operator"), ("graph", "hidet compiled graph"), ("ir_module", "hidet IR module"),
-         ("program", "tilus program"), ("script", "tilus script"), ("kernel", "tilelang or triton kernel"),
-         ("binary", "tilelang cuda binary, triton launcher module"))
+
+
+def _layouts() -> list[tuple[str, str]]:
+    from kcache_cli.layouts.shapes import SHAPES
+
+    return [(s.name, s.summary) for s in SHAPES]
+
+
+def _kinds() -> list[tuple[str, str]]:
+    from kcache_cli.layouts.shapes import SHAPES
+
+    owners: dict[str, list[str]] = {}  # a kind several layouts have (kernel, binary) is offered once
+    for s in SHAPES:
+        for k in s.kinds:
+            owners.setdefault(k.kind, []).append(s.name)
+    return [(kind, f"{'/'.join(names)} {kind}") for kind, names in owners.items()]
 
 
 # ---- what the command line says -------------------------------------------------------------------
@@ -120,7 +131,7 @@ def complete_hash(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
 
 # ---- static choices -------------------------------------------------------------------------------
 def complete_layout(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
-    return _matching(LAYOUTS, incomplete, _param_values(ctx, "layout"))
+    return _matching(_layouts(), incomplete, _param_values(ctx, "layout"))
 
 
 def complete_status(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
@@ -132,7 +143,7 @@ def complete_target(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]
 
 
 def complete_kind(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
-    return _matching(KINDS, incomplete, _param_values(ctx, "kind"))
+    return _matching(_kinds(), incomplete, _param_values(ctx, "kind"))
 
 
 # ---- the shells' scripts --------------------------------------------------------------------------

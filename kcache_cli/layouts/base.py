@@ -93,7 +93,7 @@ class Layout:
                 tops = [d.name for d in it if d.is_dir()]
         except OSError:
             return False
-        return bool(self.shape.tops(tops))
+        return self.shape.held_by(os.fspath(root), tops)
 
     def entry_path_problem(self, kind: str, relpath: str) -> str | None:
         """Why `relpath` is not where an entry of `kind` lives in this layout, or None. `relpath` has
@@ -149,6 +149,11 @@ class Layout:
         """The entry's compile log files, in reading order ([] when the compiler keeps none)."""
         return []
 
+    def no_log(self, entry: Entry) -> str:
+        """What `kcache log` says (as its error) when `log_files` finds none: a layout whose compiler
+        never keeps a log says where to look instead."""
+        return f"no compile log recorded for {self.name} {entry.kind} {entry.hash}"
+
     def busy(self, entry_path: str) -> str | None:
         """Why the entry's own writer is using it right now (one of `writer_locks` is held), or None."""
         from kcache_cli.locking import probe_locked
@@ -203,6 +208,13 @@ class Layout:
         and rename must not be removed (0)."""
         return 0
 
+    # ---- where ---------------------------------------------------------------------------------------
+
+    def default_root(self) -> tuple[Path, str] | None:
+        """Where this layout's compiler keeps its cache on this machine when nothing says otherwise
+        (`kcache dir --all`), with the rule that chose it; None when there is no such place."""
+        return None
+
     # ---- export and import -------------------------------------------------------------------------
 
     def facts(self, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:
@@ -229,7 +241,14 @@ class Layout:
         """Called on import for each entry before it is published: `staged` is the entry's directory as
         extracted, `final` the absolute path it is about to be renamed to under `root`. A layout whose
         files hold absolute paths (Triton's group files) rewrites them here to point under `final`.
-        Must write atomically (temp file + rename) and never outside `staged`. Default: nothing."""
+        Must write atomically (temp file + rename) and never outside `staged`. `verify --fix` calls it
+        with `staged == final == entry.path` for an entry that `relocation_problem` reports. Default:
+        nothing."""
+
+    def relocation_problem(self, entry: Entry) -> str | None:
+        """Why the paths the entry records about itself point elsewhere than where it lies (a cache moved
+        or copied by hand), or None. `verify` reports it as a problem. Default: entries record none."""
+        return None
 
 def top_sizes(path: str) -> dict[str, int] | None:
     """Sizes of the files directly in `path` by name (None when it cannot be listed)."""

@@ -16,7 +16,9 @@ template over the fields. Fixed text matches itself.
 
 from __future__ import annotations
 
+import os
 import re
+from typing import Callable
 
 VISIBLE = r"[^/.][^/]*"  # a name that is not hidden (temp, staging and state directories are)
 _FIELD = re.compile(r"\{(\w+)\}")
@@ -35,16 +37,27 @@ def _segment_regex(segment: str, patterns: dict[str, str]) -> re.Pattern[str]:
 class KindShape:
     """The path of one kind of entry, relative to the cache root."""
 
-    __slots__ = ("kind", "template", "space", "target", "segments")
+    __slots__ = ("kind", "template", "space", "target", "segments", "parts", "space_depth", "op_depth", "from_files")
 
     def __init__(self, kind: str, template: str, space: str | None = None, target: str | None = None,
-                 patterns: tuple[tuple[str, str], ...] = ()) -> None:
+                 patterns: tuple[tuple[str, str], ...] = (),
+                 from_files: Callable[[list[str]], tuple[bool, str | None]] | None = None) -> None:
         self.kind = kind  # "op", "program", "kernel"...
         self.template = template  # "ops/{target}_space_{level}/{op}/{hash}"
         self.space = space  # "{target}_space_{level}"; None: entries of this kind have no space
         self.target = target  # a fixed target ("cuda"); None: the {target} field, or no target
         # `patterns`: (field, regex) for the fields that are not just any visible name
-        self.segments = tuple(_segment_regex(s, dict(patterns)) for s in template.split("/"))
+        self.parts = tuple(template.split("/"))
+        self.segments = tuple(_segment_regex(s, dict(patterns)) for s in self.parts)
+        space_fields = set(_FIELD.findall(space or ""))
+        # The segment that completes the space (-1: no space) and the segment holding the op (-1: no op).
+        self.space_depth = max((i for i, p in enumerate(self.parts) if space_fields & set(_FIELD.findall(p))),
+                               default=-1)
+        self.op_depth = next((i for i, p in enumerate(self.parts) if "{op}" in p), -1)
+        # For a kind whose path does not tell everything: from the names of the files in an entry's
+        # directory, (whether it is an entry of this kind, its op name or None). Completion lists the
+        # entry directory to call it; keep it light (names only, no reads).
+        self.from_files = from_files
 
     def __repr__(self) -> str:
         return f"KindShape({self.kind!r}, {self.template!r})"
@@ -55,15 +68,12 @@ class KindShape:
 
     def fields_in(self, i: int) -> tuple[str, ...]:
         """The fields segment `i` of the template names."""
-        return tuple(_FIELD.findall(self.template.split("/")[i]))
+        return tuple(_FIELD.findall(self.parts[i]))
 
-    def has(self, name: str) -> bool:
-        """Whether the path carries `name` ("op", "space", "target"), so a filter on it can apply."""
-        if name == "space":
-            return self.space is not None
-        if name == "target":
-            return self.target is not None or "{target}" in self.template
-        return "{" + name + "}" in self.template
+    @property
+    def has_op(self) -> bool:
+        """Whether entries of this kind have an op name that directory names tell (so --op applies)."""
+        return self.op_depth >= 0 or self.from_files is not None
 
     def match_segment(self, i: int, name: str) -> dict[str, str] | None:
         m = self.segments[i].fullmatch(name)
@@ -100,13 +110,18 @@ class KindShape:
 class LayoutShape:
     """A layout's name and the shapes of its kinds."""
 
-    __slots__ = ("name", "kinds", "summary", "build_kind")
+    __slots__ = ("name", "kinds", "summary", "build_kind", "confirm")
 
-    def __init__(self, name: str, kinds: tuple[KindShape, ...], summary: str, build_kind: str | None = None) -> None:
+    def __init__(self, name: str, kinds: tuple[KindShape, ...], summary: str, build_kind: str | None = None,
+                 confirm: Callable[[str, list[str]], bool] | None = None) -> None:
         self.name = name
         self.kinds = kinds
         self.summary = summary  # one line for help texts: where its entries are
         self.build_kind = build_kind  # the kind `kcache build` writes into this layout (one layout has one)
+        # When top-level names alone could mislead: called with the root and its top-level directory
+        # names that start one of this layout's paths; True when the layout is really there (it may
+        # list a few of those directories, nothing more).
+        self.confirm = confirm
 
     def __repr__(self) -> str:
         return f"LayoutShape({self.name!r})"
@@ -116,7 +131,12 @@ class LayoutShape:
 
     def tops(self, names) -> list[str]:
         """The names among `names` (a root's top-level directories) that start one of this layout's paths."""
-        return [n for n in names if any(k.segments[0].fullmatch(n) for k in self.kinds)]
+        return [n for n in names if any(k.segments[0].match(n) for k in self.kinds)]
+
+    def held_by(self, root: str, names: list[str]) -> bool:
+        """Whether the root whose top-level directory names are `names` holds this layout."""
+        tops = self.tops(names)
+        return bool(tops) and (self.confirm is None or self.confirm(root, tops))
 
     def locate(self, relpath: str) -> tuple[str, dict[str, str | None]] | None:
         """(kind, key fields) of the entry that lives at `relpath`, or None."""
@@ -143,17 +163,62 @@ _TILELANG_VERSION = (("version", r"\d+\.\d+(?:\.\d+)?[.+\-\w]*"), ("platform", r
 TILELANG = LayoutShape("tilelang", (
     KindShape("kernel", "{version}/{platform}/kernels/{hash}", space="{version}/{platform}", target="cuda",
               patterns=_TILELANG_VERSION),
-    KindShape("binary", "{version}/cuda-binaries/{hash}", space="{version}/cuda-binaries", target="cuda",
-              patterns=_TILELANG_VERSION),
+    # {bins} is fixed text, as a field so that listings find it (a space exists when its directory does)
+    KindShape("binary", "{version}/{bins}/{hash}", space="{version}/{bins}", target="cuda",
+              patterns=(*_TILELANG_VERSION, ("bins", "cuda-binaries"))),
 ), "<version>/<platform>/kernels/, cuda-binaries/")
 
 # Triton: <root>/<key>/, the key the base32 of a sha256 (Triton >= 3.2) or its hex (before). The target
-# and arch (the entries' space) are in the kernel's metadata file, not in the path.
+# and arch (the entries' space) are in the kernel's metadata file, not in the path; the kernel's name is
+# in its file names. What follows is the light part of layouts/triton.py (names only, no reads).
 _TRITON_KEY = (("hash", r"[A-Z2-7]{52}|[0-9a-f]{64}"),)
+TRITON_GROUP, TRITON_TMP = "__grp__", "tmp.pid_"
+# Files only Triton's compiler writes: positive evidence that a key directory is Triton's.
+TRITON_STAGES = (".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".cubin", ".hsaco", ".source")
+_TRITON_LOOKS = 64  # key directories looked into, at most, to recognise a root
+
+
+def triton_module(names: list[str]) -> bool:
+    """A key dir holding only the driver's compiled launcher/utils module (`cuda_utils...so`)."""
+    return len(names) == 1 and names[0].endswith(".so")
+
+
+def triton_kernel_name(names: list[str]) -> str | None:
+    """A Triton kernel's name from its directory listing: `__grp__<name>.json`, else a compile stage,
+    else the one file of a group-less key dir (`<fn>.autotune.json`, `cuda_utils.<abi>.so`)."""
+    for n in sorted(names):
+        if n.startswith(TRITON_GROUP) and n.endswith(".json"):
+            return n[len(TRITON_GROUP):-len(".json")]
+    for n in sorted(names):
+        if n.endswith(TRITON_STAGES):
+            return n.rsplit(".", 1)[0]
+    if len(names) == 1 and names[0].endswith((".so", ".autotune.json")):
+        return names[0].split(".", 1)[0]
+    return None
+
+
+def triton_evidence(names: list[str]) -> bool:
+    """Whether a key directory's listing is Triton's: a group file, a temp dir or a compile stage."""
+    return any(n.startswith((TRITON_GROUP, TRITON_TMP)) or n.endswith(TRITON_STAGES) for n in names)
+
+
+def _triton_confirm(root: str, tops: list[str]) -> bool:
+    """Key-named directories alone are no evidence: one of the first few must hold Triton's files."""
+    for name in tops[:_TRITON_LOOKS]:
+        try:
+            if triton_evidence(os.listdir(os.path.join(root, name))):
+                return True
+        except OSError:
+            pass
+    return False
+
+
 TRITON = LayoutShape("triton", (
-    KindShape("kernel", "{hash}", patterns=_TRITON_KEY),
-    KindShape("binary", "{hash}", patterns=_TRITON_KEY),  # the driver's compiled launcher module
-), "<base32 key>/ per kernel")
+    KindShape("kernel", "{hash}", patterns=_TRITON_KEY,
+              from_files=lambda names: (not triton_module(names), triton_kernel_name(names))),
+    KindShape("binary", "{hash}", patterns=_TRITON_KEY,  # the driver's compiled launcher module
+              from_files=lambda names: (triton_module(names), triton_kernel_name(names))),
+), "<base32 key>/ per kernel", confirm=_triton_confirm)
 
 # The registry: one shape per layout, in the order layouts are scanned and listed.
 SHAPES: tuple[LayoutShape, ...] = (HIDET, TILUS, TILELANG, TRITON)

@@ -313,5 +313,11 @@ class TilelangLayout(Layout):
             return entry.space.split("/", 1)[1]
         return None
 
+    def default_root(self):
+        env = os.environ.get("TILELANG_CACHE_DIR")
+        if env:
+            return Path(env).expanduser(), "TILELANG_CACHE_DIR"
+        return Path.home() / ".tilelang" / "cache", "tilelang's default (~/.tilelang/cache)"
+
 
 LAYOUT = TilelangLayout()

@@ -340,5 +340,8 @@ class TilusLayout(Layout):
         m = _OPTIONS_ARCH.search(small.get("options.txt") or b"")
         return f"sm_{m.group(1).decode()}{m.group(2).decode()}" if m else None
 
+    def default_root(self):
+        return Path.home() / ".cache" / "tilus", "tilus's default (~/.cache/tilus)"
+
 
 LAYOUT = TilusLayout()

@@ -20,7 +20,14 @@ from pathlib import Path
 
 from kcache_cli.checks import changed_since, elf_truncated, list_files, read_head
 from kcache_cli.layouts.base import TEMP, Facts, Layout, Leftover
-from kcache_cli.layouts.shapes import TRITON
+from kcache_cli.layouts.shapes import (
+    TRITON,
+    TRITON_GROUP,
+    TRITON_STAGES,
+    TRITON_TMP,
+    triton_evidence,
+    triton_kernel_name,
+)
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -38,14 +45,10 @@ from kcache_cli.model import (
 
 NAME = TRITON.name
 KEY_RE = TRITON.kinds[0].segments[0]  # anchored: base32(sha256) since Triton 3.2, hex before
-GROUP_PREFIX = "__grp__"
-TMP_PREFIX = "tmp.pid_"
+GROUP_PREFIX, TMP_PREFIX, STAGE_SUFFIXES = TRITON_GROUP, TRITON_TMP, TRITON_STAGES
 BINARY_TARGETS = {".cubin": "cuda", ".hsaco": "hip"}
-# Files only Triton's compiler writes: positive evidence that a key directory is Triton's.
-STAGE_SUFFIXES = (".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".cubin", ".hsaco", ".source")
 IR_SUFFIXES = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn")
 STALE_AFTER = 3600.0  # a temp dir or group-less entry untouched for an hour belongs to no live writer
-DETECT_LOOKS = 64  # key directories looked into, at most, to recognise a root
 KIND_KERNEL, KIND_BINARY = "kernel", "binary"
 
 
@@ -59,28 +62,19 @@ def is_group(name: str) -> bool:
 
 def looks_like_triton(names: list[str]) -> bool:
     """Whether the listing of a key directory is Triton's: a group file, a temp dir or a compile stage."""
-    return any(is_group(n) or n.startswith(TMP_PREFIX) or n.endswith(STAGE_SUFFIXES) for n in names)
+    return triton_evidence(names)
 
 
-def detect(root: Path) -> bool:
-    """A root whose key-named directories hold Triton's files (an empty key dir is no evidence)."""
-    looked = 0
-    try:
-        with os.scandir(root) as it:
-            for de in it:
-                if not is_key(de.name) or not de.is_dir(follow_symlinks=False):
-                    continue
-                try:
-                    if looks_like_triton(os.listdir(de.path)):
-                        return True
-                except OSError:
-                    pass
-                looked += 1
-                if looked >= DETECT_LOOKS:
-                    return False
-    except OSError:
-        return False
-    return False
+def triton_cache_dir() -> tuple[Path, str]:
+    """Triton's own rule (triton/knobs.py): TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, else
+    ~/.triton/cache; with the rule that applied."""
+    env = os.environ.get("TRITON_CACHE_DIR")
+    if env:
+        return Path(env).expanduser(), "TRITON_CACHE_DIR environment variable"
+    home = os.environ.get("TRITON_HOME")
+    if home:
+        return Path(home).expanduser() / ".triton" / "cache", "$TRITON_HOME/.triton/cache"
+    return Path.home() / ".triton" / "cache", "default (~/.triton/cache)"
 
 
 # ---- reading one key directory -------------------------------------------------------------------
@@ -92,17 +86,6 @@ def load_json(path: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def kernel_name(names) -> str | None:
-    """The kernel's name: from `__grp__<name>.json`, else from its compile stages."""
-    for n in sorted(names):
-        if is_group(n):
-            return n[len(GROUP_PREFIX):-len(".json")]
-    for n in sorted(names):
-        if n.endswith(STAGE_SUFFIXES):
-            return n.rsplit(".", 1)[0]
-    return None
 
 
 def arch_of(meta: dict | None) -> tuple[str | None, str | None]:
@@ -263,9 +246,7 @@ def _key_entries(ctx, job: tuple[str, ScanFilter]) -> list[Entry]:
     lst = _Listing(path, ctx.warn)
     names = list(lst.sizes)
     single = single_file_kind(lst.sizes) if not any(is_group(n) for n in names) else None
-    op = kernel_name(names)
-    if single is not None:
-        op = next(iter(lst.sizes)).split(".", 1)[0]
+    op = triton_kernel_name(names)
     if not flt.wants_op(op):
         return []
     if flt.hash_prefixes and not any(key.startswith(p) or TMP_PREFIX.startswith(p) or p.startswith(TMP_PREFIX)
@@ -431,8 +412,8 @@ class TritonLayout(Layout):
     shape = TRITON
     fact_files = ()  # the facts are in the kernel's metadata, read by `facts`
 
-    def detect(self, root: Path) -> bool:
-        return detect(root)
+    def default_root(self) -> tuple[Path, str]:
+        return triton_cache_dir()
 
     def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)
