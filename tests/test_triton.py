@@ -365,6 +365,23 @@ def test_dir_all_and_triton_rule(kcache, cache, monkeypatch, tmp_path):
     assert rows["triton"]["entries"] == 6
 
 
+def test_symlinked_root_is_not_moved_and_a_symlinked_child_is_never_read(kcache, cache, tmp_path):
+    assert kcache("--cache-dir", cache, "verify", "--fix").exit_code == 0
+    alias = tmp_path / "alias"
+    alias.symlink_to(cache)  # Triton reached through another path still finds every child
+    r = kcache("--cache-dir", alias, "verify", "--json")
+    assert r.exit_code == 0 and r.json()["failed"] == 0
+    secret = tmp_path / "secret.cubin"
+    secret.write_bytes(b"\x7fELF" + b"s" * 100)
+    cubin = cache / SOFTMAX / "softmax_kernel.cubin"
+    cubin.unlink()
+    cubin.symlink_to(secret)
+    got = ls(kcache, cache)[SOFTMAX]
+    assert got["status"] == "corrupt" and "symlink" in got["reason"]
+    d = kcache("--cache-dir", cache, "inspect", SOFTMAX, "--json").json()
+    assert d["binaries"] == [] and d["status"] == "corrupt"
+
+
 def test_arch_from_metadata():
     assert triton.arch_of({"target": {"backend": "cuda", "arch": 80}}) == ("cuda", "sm_80")
     assert triton.arch_of({"target": {"backend": "cuda", "arch": 90}}) == ("cuda", "sm_90a")

@@ -126,8 +126,16 @@ def plain_name(name: str) -> bool:
 
 
 def moved_paths(entry_path: str, children: dict[str, str]) -> list[str]:
-    """The child paths that do not name the file in this entry (the cache was copied or moved)."""
-    return [p for n, p in sorted(children.items()) if p != os.path.join(entry_path, n)]
+    """The child paths that do not lead to the file in this entry (the cache was copied or moved). A path
+    through a symlinked root still leads here, and Triton hits it: not moved."""
+    def here(name: str, path: str) -> bool:
+        own = os.path.join(entry_path, name)
+        try:
+            return path == own or os.path.samefile(path, own)
+        except (OSError, ValueError):
+            return False
+
+    return [p for n, p in sorted(children.items()) if not here(n, p)]
 
 
 class _Listing:
@@ -137,6 +145,7 @@ class _Listing:
         self.sizes: dict[str, int] = {}
         self.mtimes: dict[str, float] = {}
         self.temps: list[tuple[str, TreeUsage]] = []
+        self.links: set[str] = set()
         self.size = self.files = 0
         self.readable = True
         try:
@@ -159,6 +168,8 @@ class _Listing:
                 st = de.stat(follow_symlinks=False)
             except OSError:
                 continue
+            if de.is_symlink():
+                self.links.add(de.name)  # Triton writes none: a link is never read through
             self.sizes[de.name], self.mtimes[de.name] = st.st_size, st.st_mtime
             self.size, self.files = self.size + st.st_size, self.files + 1
             self.newest = max(self.newest, st.st_mtime)
@@ -198,6 +209,8 @@ def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tup
             if not plain_name(name):
                 return CORRUPT, f"{g} lists {name!r}, not a file name"
             size = lst.sizes.get(name)
+            if name in lst.links:
+                return CORRUPT, f"{name} is a symlink (Triton writes files; kcache never reads through it)"
             head = None
             if size and name.endswith(tuple(BINARY_TARGETS)) and (deep or changed_since(lst.mtimes, g, (name,))):
                 head = read_head(os.path.join(path, name))
@@ -300,7 +313,8 @@ def describe(root: Path, entry: Entry) -> Details:
     elif name and entry.kind == KIND_KERNEL and f"{name}.json" in lst.sizes:
         problems.append(f"{name}.json does not parse")
     facts.extend(_group_facts(p, lst))
-    binaries = tuple(os.path.join(p, n) for n in sorted(lst.sizes) if n.endswith(tuple(BINARY_TARGETS)))
+    binaries = tuple(os.path.join(p, n) for n in sorted(lst.sizes)
+                     if n.endswith(tuple(BINARY_TARGETS)) and n not in lst.links)
     if problems and status == COMPLETE:
         status, reason = CORRUPT, problems[0]
     return Details(entry, status, reason, tuple(problems), files, name, (), (), None, None, binaries, tuple(facts))
@@ -362,6 +376,8 @@ def relocate(src: str, dest: str) -> int:
     point outside its entry. Returns how many group files changed."""
     changed = 0
     for g in sorted(n for n in _names(src) if is_group(n)):
+        if os.path.islink(os.path.join(src, g)):
+            continue  # never read through a link; the entry is corrupt anyway
         group = load_json(os.path.join(src, g))
         children = group_children(group)
         if group is None or children is None:
