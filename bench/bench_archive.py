@@ -5,7 +5,7 @@
 For each compression (gzip, zstd): `kcache export` against `tar -czf` / `tar --zstd -cf` of the
 same cache, and `kcache import` into an empty root against `tar -xzf` / `tar --zstd -xf` into an
 empty directory. Each command runs `--repeat` times (alternating with its baseline) and the best
-time counts; kcache runs as a subprocess, start-up included, as tar does. Target (DESIGN.md §8):
+time counts; kcache runs as a subprocess, start-up included, as tar does. Target:
 within 1.2x of tar. The tree lives in DIR (default: /dev/shm when it exists, so that the disk's
 writeback does not drown the comparison; pass --dir to measure a real disk).
 """

@@ -6,7 +6,7 @@ ROOT is an existing cache (e.g. one made by bench/gen_cache.py); without it, an 
 with bench/gen_cache.py in a temporary directory and removed afterwards.
 
 Each case is one TAB as bash makes it: `_KCACHE_COMPLETE=complete_bash COMP_WORDS=... COMP_CWORD=... kcache`.
-* `ls --op <TAB>` (target: within 1.3x of `kcache --version`, the start-up budget of DESIGN.md §8);
+* `ls --op <TAB>` (target: within 1.3x of `kcache --version`, the start-up budget);
 * `ls --space <TAB>`, `inspect 00<TAB>` and `inspect <TAB>` (every hash in the cache), for information.
 Runs are interleaved (baseline, case, baseline, ...) and medians compared (the fastest runs too: on a
 loaded machine they say more about the work kcache itself does).

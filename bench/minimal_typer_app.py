@@ -1,4 +1,4 @@
-"""The start-up baseline of DESIGN.md §8: a Typer app that does nothing."""
+"""The start-up baseline: a Typer app that does nothing."""
 
 import typer
 

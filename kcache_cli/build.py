@@ -1,4 +1,4 @@
-"""`kcache build` (DESIGN.md §4): compile a task's source into the hashed tree, atomically.
+"""`kcache build`: compile a task's source into the hashed tree, atomically.
 
 A task is hidet's task.txt plus its source.cu/source.cc. Its entry is
 `<root>/ops/<target>_space_<n>/<op>/<sha256(task.txt)[:16]>/`. A build takes the entry's lock
@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from kcache_cli import state
-from kcache_cli.checks import sha256_file
+from kcache_cli.checks import read_json, sha256_file
 from kcache_cli.errors import KcacheError, LockTimeout, UsageError
+from kcache_cli.gpu import ARCH_RE
 
 BUILT, HIT, FAILED = "built", "hit", "failed"
 TARGETS = ("cuda", "cpu")
@@ -34,7 +35,6 @@ TASK = "task.txt"
 BINARY = "lib.so"
 LOG = "nvcc_log.txt"
 MANIFEST = "kcache.json"
-ARCH_RE = re.compile(r"^(sm|compute)_\d+[af]?$")
 # Flags that would make the recorded arch a lie: the arch is given with --arch only.
 ARCH_FLAGS = ("-arch", "--gpu-architecture", "-gencode", "--generate-code", "-code", "--gpu-code")
 COMPILER_MEMO = "compilers.json"  # in .kcache/: nvcc's default arch, per nvcc binary
@@ -264,11 +264,7 @@ def _memo_get(root: Path, key: str | None, name: str):
     with _memo_lock:
         if key in _memo and name in _memo[key]:
             return _memo[key][name]
-    try:
-        with open(_memo_path(root), "rb") as f:
-            rec = json.load(f).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None
+    rec = (read_json(_memo_path(root)) or {}).get(key)
     if isinstance(rec, dict) and isinstance(rec.get(name), str):
         with _memo_lock:
             _memo.setdefault(key, {})[name] = rec[name]
@@ -284,13 +280,7 @@ def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
         _memo.setdefault(key, {})[name] = value
         path = _memo_path(root)
         try:
-            try:
-                with open(path, "rb") as f:
-                    data = json.load(f)
-                if not isinstance(data, dict):
-                    data = {}
-            except (OSError, ValueError):
-                data = {}
+            data = read_json(path) or {}
             data.setdefault(key, {})
             if not isinstance(data[key], dict):
                 data[key] = {}
@@ -341,8 +331,9 @@ class CompilerVersion:
             self.proc.kill()
             self.proc.communicate()
             return None
-        lines = [l.strip() for l in out.decode("utf-8", "replace").splitlines() if l.strip()]
-        version = next((l for l in lines if "release" in l), lines[0]) if self.proc.returncode == 0 and lines else None
+        lines = [line.strip() for line in out.decode("utf-8", "replace").splitlines() if line.strip()]
+        version = (next((line for line in lines if "release" in line), lines[0])
+                   if self.proc.returncode == 0 and lines else None)
         with _memo_lock:
             _memo[self.key] = {"version": version}
         return version
@@ -386,24 +377,10 @@ def nvcc_default_arch(root: Path, nvcc: Sequence[str], fresh: bool = True) -> st
 
 
 def local_gpu_arch() -> str | None:
-    """The first local GPU's arch from nvidia-smi (`9.0` -> `sm_90`), or None without a GPU."""
-    import shutil
+    """The first local GPU's arch (`9.0` -> `sm_90`), or None without a GPU."""
+    from kcache_cli.gpu import local_gpu_arch as first_gpu_arch
 
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    import subprocess
-
-    try:
-        proc = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in proc.stdout.decode("ascii", "replace").splitlines():
-        m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", line)
-        if proc.returncode == 0 and m:
-            return f"sm_{m.group(1)}{m.group(2)}"
-    return None
+    return first_gpu_arch()
 
 
 class Arch(NamedTuple):
@@ -450,12 +427,7 @@ def check_extra_flags(flags: Sequence[str]) -> None:
 # ---- the entry on disk ---------------------------------------------------------------------------
 
 def _read_manifest(path: str) -> dict | None:
-    try:
-        with open(os.path.join(path, MANIFEST), "rb") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json(os.path.join(path, MANIFEST))
 
 
 def _entry_shape():

@@ -69,6 +69,19 @@ def read_text(path: str, limit: int = 1 << 20) -> str | None:
         return None
 
 
+def read_json(path: str | os.PathLike) -> dict | None:
+    """The JSON object in the file at `path`, or None when it is missing, unreadable, not JSON or not an
+    object (the one JSON-or-None reader: every caller treats all of those alike)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def size_mismatch(manifest: str, listed: object, names: dict[str, int]) -> str | None:
     """The first top-level file whose size disagrees with a {name: {size, ...}} manifest map."""
     if not isinstance(listed, dict):

@@ -90,3 +90,24 @@ def local_gpu_arch(timeout: float = 30.0) -> str | None:
     """The first local GPU's arch (`9.0` -> `sm_90`), or None without a GPU."""
     caps = local_compute_caps(timeout)
     return f"sm_{caps[0][0]}{caps[0][1]}" if caps else None
+
+
+class ArchFit(NamedTuple):
+    """Which entries' archs run on this machine's GPUs."""
+
+    gpus: tuple[tuple[int, int], ...] | None  # compute capabilities found; None: no GPU to ask
+    fits: dict[str, bool | None]  # key -> runs here (None: unknown, no CUDA arch or no GPU)
+    checked: tuple[str, ...]  # the keys whose arch names a CUDA arch
+
+    @property
+    def misfits(self) -> list[str]:
+        return [k for k in self.checked if self.fits.get(k) is False]
+
+
+def arch_fit(archs: dict[str, str | None]) -> ArchFit:
+    """For each key (an entry's relpath) and the arch its entry was built for, whether it runs here.
+    nvidia-smi is asked only when some arch names a CUDA arch."""
+    checked = tuple(k for k, a in archs.items() if a and cuda_archs(a))
+    caps = local_compute_caps() if checked else None
+    fits = {k: (arch_runs_on(archs[k] or "", caps) if caps and k in checked else None) for k in archs}
+    return ArchFit(caps, fits, checked)

@@ -1,4 +1,4 @@
-"""Where the cache is (DESIGN.md §1): --cache-dir, KCACHE_DIR, then hidet's own rule."""
+"""Where the cache is: --cache-dir, KCACHE_DIR, then hidet's own rule."""
 
 from __future__ import annotations
 

@@ -1,5 +1,12 @@
-"""Cross-process locks. kcache's own per-entry locks live in `.kcache/locks/` (filelock);
-hidet's and tilus's `.lock` files inside entries are probed without creating anything."""
+"""Cross-process locks: all of kcache's locking is here. kcache's own per-entry locks live in
+`.kcache/locks/`; the compilers' own lock files inside entries (hidet's and tilus's `.lock`) are
+probed without creating anything.
+
+Why raw flock next to filelock: filelock locks a path, and opens (and creates) it itself. Deleting and
+importing must lock files reached from an open directory descriptor (`openat` with O_NOFOLLOW, so a
+symlink swapped into the path is never followed) and must not create lock files in entries they
+probe; filelock cannot do either, so those take `try_flock` on a descriptor they opened. filelock's
+locks are flocks too, so both kinds exclude each other on the same file."""
 
 from __future__ import annotations
 
@@ -19,6 +26,27 @@ def entry_lock(root: Path, relpath: str, timeout: float = -1):
     return FileLock(str(path), timeout=timeout)
 
 
+def try_flock(fd: int) -> bool:
+    """Take an exclusive flock on `fd` without waiting: True when taken, False when another process
+    holds it (the one try-lock of kcache)."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def wait_flock(fd: int) -> None:
+    """Take an exclusive flock on `fd`, waiting as long as it takes."""
+    import fcntl
+
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
 class EntryFlock:
     """The lock `entry_lock` gives, taken with flock directly: the same file and the same kind of
     lock (a filelock holder and this exclude each other), without filelock's per-lock bookkeeping
@@ -30,7 +58,6 @@ class EntryFlock:
 
     def acquire(self, timeout: float = -1, poll: float = 0.05) -> bool:
         """Take the lock, waiting up to `timeout` seconds (forever if negative); False on timeout."""
-        import fcntl
         import time
 
         deadline = None if timeout < 0 else time.monotonic() + timeout
@@ -41,17 +68,17 @@ class EntryFlock:
                 os.makedirs(os.path.dirname(self.path), exist_ok=True)
                 continue
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
+                taken = try_flock(fd)
+            except OSError:
                 os.close(fd)
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
-            else:
+                raise
+            if taken:
                 if os.fstat(fd).st_nlink:  # not unlinked by someone cleaning up between open and flock
                     self._fd = fd
                     return True
                 os.close(fd)
                 continue
+            os.close(fd)
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             time.sleep(poll)
@@ -72,19 +99,15 @@ class EntryFlock:
 def probe_locked(path: str | os.PathLike) -> bool:
     """True when another process holds a flock on `path` (filelock's and hidet's kind of lock).
 
-    Opens read-only and never creates the file; a missing file is not locked."""
-    import fcntl
-
+    Opens read-only and never creates the file; a missing file is not locked. (Taking and dropping the
+    lock is the probe: closing the descriptor releases it.)"""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        return not try_flock(fd)
+    except OSError:
         return False
     finally:
         os.close(fd)

@@ -57,28 +57,23 @@ class ScanContext:
         return listdir(path, self.warn)
 
     def map_entries(self, func, jobs: list) -> Iterator[Entry]:
-        """`func(self, job)` for every job, in order. Big caches are read by one forked worker per
-        core: the per-file stat calls are what a scan costs, and they scale with cores."""
-        workers = min(os.cpu_count() or 1, 8)
+        """`func(self, job)` for every job, in order. Big caches are read by one worker process per
+        core (kcache_cli.parallel): the per-file stat calls are what a scan costs, and they scale with
+        cores. `func` must be a module-level function."""
+        from kcache_cli import parallel
+
+        workers = parallel.cpus()
         if len(jobs) < PARALLEL_MIN_JOBS or workers < 2:
             for job in jobs:
                 yield func(self, job)
             return
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        global _FORKED
-        # Workers are forked and inherit the jobs; only the chunk number and the results travel.
-        _FORKED = (self.root, self.last_used, func, [jobs[i::workers] for i in range(workers)])
         try:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-                results = list(pool.map(_run_chunk, range(workers)))
+            results = parallel.map_parts(_scan_part, (self.root, self.last_used, func),
+                                         [jobs[i::workers] for i in range(workers)])
         except (OSError, RuntimeError, ImportError):  # no fork, no semaphores: read them here instead
             for job in jobs:
                 yield func(self, job)
             return
-        finally:
-            _FORKED = None
         for _, warnings in results:
             for w in warnings:
                 self.warn(w)
@@ -150,14 +145,12 @@ def listdir(path: str | Path, warn: Warn) -> list[os.DirEntry]:
 PARALLEL_MIN_JOBS = 4000
 
 
-_FORKED = None
-
-
-def _run_chunk(i: int) -> tuple[list[Entry], list[str]]:
-    root, last_used, func, chunks = _FORKED
+def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
+    """One worker's share of a scan: its entries and the warnings they raised."""
+    root, last_used, func = shared
     warnings: list[str] = []
     local = ScanContext(root, warnings.append, last_used)
-    return [func(local, job) for job in chunks[i]], warnings
+    return [func(local, job) for job in jobs], warnings
 
 
 def detect_layouts(root: Path) -> tuple[str, ...]:

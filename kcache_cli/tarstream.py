@@ -4,7 +4,9 @@ Why not `tarfile`: its reader loads a pax or GNU long-name header of whatever si
 declares into memory (a hostile archive can ask for gigabytes), and its per-member cost is
 several times this module's, which matters for archives of 100,000 files. The writer emits
 POSIX ustar headers, with a pax header when a name, link or size does not fit; the reader
-accepts ustar, pax and GNU long names, and reports every other member type to the caller.
+accepts what it writes (ustar and per-member pax headers: what GNU tar --format=posix, bsdtar and
+Python's tarfile write too) and reports every other member type (GNU long names, global pax
+headers...) to the caller, which refuses them.
 
 Compressed streams are written in frames: concatenated gzip members and zstd frames are valid
 streams, which lets an archive start with a manifest that is only known at the end.
@@ -28,7 +30,8 @@ ZSTD_LEVEL = 3  # zstd's and GNU tar --zstd's default
 REGULAR, DIRECTORY, SYMLINK, HARDLINK = "file", "dir", "symlink", "hardlink"
 _TYPES = {b"0": REGULAR, b"\0": REGULAR, b"7": REGULAR, b"5": DIRECTORY, b"2": SYMLINK, b"1": HARDLINK,
           b"3": "character device", b"4": "block device", b"6": "fifo", b"S": "sparse file",
-          b"V": "volume label", b"M": "multi-volume continuation", b"N": "GNU names record"}
+          b"V": "volume label", b"M": "multi-volume continuation", b"N": "GNU names record",
+          b"L": "GNU long name record", b"K": "GNU long link record", b"g": "global pax header"}
 _MAX_OCTAL = {8: 8 ** 7 - 1, 12: 8 ** 11 - 1}
 _NUL = b"\0"
 # The fixed parts of every header kcache writes (uid, gid, magic, version, devices).
@@ -433,10 +436,7 @@ class Member:
 
 
 def _number(field: bytes, what: str) -> int:
-    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256
-        if field[0] == 0xFF:
-            raise TarFormatError(f"negative {what} in a tar header")
-        return int.from_bytes(field[1:], "big")
+    """An octal header field (sizes past 8 GiB come in a pax header, never as GNU base-256)."""
     text = field.split(_NUL, 1)[0].strip(b" ")
     if not text:
         return 0
@@ -459,7 +459,7 @@ _SIMPLE_TYPES = (b"0", b"5")
 class TarReader:
     """Members of a tar stream, one at a time; the caller reads or skips each file's data.
 
-    `max_extension` bounds pax and GNU long-name headers (read into memory)."""
+    `max_extension` bounds pax headers (read into memory)."""
 
     def __init__(self, source, max_extension: int = 1 << 20) -> None:
         self._src = source
@@ -520,20 +520,18 @@ class TarReader:
             self._skip(self._left)
             self._left = 0
         pax: dict[str, str] = {}
-        longname = longlink = None
         while True:
             try:
                 block = self._read(BLOCK)
             except _Truncated:
-                if not self._buf[self._off:] and not pax and longname is None and longlink is None:
+                if not self._buf[self._off:] and not pax:
                     return None  # no end-of-archive blocks: tolerated, like GNU tar
                 raise
             if block == ZERO_BLOCK:
                 self.end_marker = True
                 return None
             typeflag = block[156:157]
-            if typeflag in _SIMPLE_TYPES and not pax and longname is None and longlink is None \
-                    and block[257:263] == b"ustar\0" and not block[345]:
+            if typeflag in _SIMPLE_TYPES and not pax and block[257:263] == b"ustar\0" and not block[345]:
                 member = self._simple(block, typeflag)  # the common case: plain ustar, no prefix
                 if member is not None:
                     return member
@@ -542,27 +540,15 @@ class TarReader:
                 raise TarFormatError("bad tar header checksum (not a tar archive, or a damaged one)")
             typeflag = block[156:157]
             size = _number(block[124:136], "size")
-            if typeflag in (b"x", b"g", b"L", b"K"):
+            if typeflag == b"x":
                 if size > self._max_ext:
                     raise TarFormatError(f"a tar extension header of {size} bytes (limit {self._max_ext})")
-                data = self._read(size + (-size % BLOCK))[:size]
-                if typeflag == b"L":
-                    longname = _decode(data.split(_NUL, 1)[0], "name")
-                elif typeflag == b"K":
-                    longlink = _decode(data.split(_NUL, 1)[0], "link")
-                else:
-                    records = _parse_pax(data)
-                    if typeflag == b"x":
-                        pax.update(records)
-                    elif set(records) & {"path", "linkpath", "size"}:
-                        raise TarFormatError("a global pax header that changes names or sizes")
+                pax.update(_parse_pax(self._read(size + (-size % BLOCK))[:size]))
                 continue
             if any(k.startswith("GNU.sparse") for k in pax):
                 raise TarFormatError("sparse files are not supported")
             if "path" in pax:
                 name = pax["path"]
-            elif longname is not None:
-                name = longname
             else:
                 raw = block[:100].split(_NUL, 1)[0]
                 if block[257:262] == b"ustar":
@@ -572,8 +558,6 @@ class TarReader:
                 name = _decode(raw, "name")
             if "linkpath" in pax:
                 linkname = pax["linkpath"]
-            elif longlink is not None:
-                linkname = longlink
             else:
                 linkname = _decode(block[157:257].split(_NUL, 1)[0], "link")
             if "size" in pax:

@@ -1,4 +1,4 @@
-"""hidet's task.txt: the task string whose sha256 names an operator entry (DESIGN.md §2.1)."""
+"""hidet's task.txt: the task string whose sha256 names an operator entry."""
 
 from __future__ import annotations
 

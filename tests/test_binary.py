@@ -12,7 +12,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -387,13 +386,10 @@ def test_lz4_compressed_cubin_entry_refines_suffix(tmp_path):
 
 # ---------------------------------------------------------------------- hostile
 
-FAST = 2.0  # seconds; every hostile case must finish well within this
-
-
 def _read_fast(path) -> BinaryInfo:
-    t0 = time.monotonic()
+    """read_binary on a hostile file: it returns (no exception, no hang; how fast is bench/'s business,
+    never a wall-clock assertion here) with a one-line error at most."""
     info = read_binary(path)
-    assert time.monotonic() - t0 < FAST, f"read_binary took too long on {path}"
     assert isinstance(info, BinaryInfo)
     assert info.error is None or "\n" not in info.error
     return info

@@ -1,4 +1,4 @@
-"""Cache root resolution (DESIGN.md §1) and `kcache dir`."""
+"""Cache root resolution and `kcache dir`."""
 
 from __future__ import annotations
 

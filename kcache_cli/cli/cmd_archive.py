@@ -1,6 +1,5 @@
 """Moving entries between machines and checking them: export, import, verify."""
 
-import re
 import sys
 import time
 from typing import Annotated, List, Optional
@@ -57,19 +56,10 @@ class _Bar:
             self._progress.stop()
 
 
-_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "kib": 2 ** 10, "m": 10 ** 6, "mb": 10 ** 6, "mib": 2 ** 20,
-          "g": 10 ** 9, "gb": 10 ** 9, "gib": 2 ** 30, "t": 10 ** 12, "tb": 10 ** 12, "tib": 2 ** 40}
-
-
 def _size(text: Optional[str], option: str, default: int) -> int:
-    from kcache_cli.errors import UsageError
+    from kcache_cli.units import parse_size
 
-    if text is None:
-        return default
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise UsageError(f"bad size '{text}' for {option} (e.g. 4GiB, 500MB, 1024)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return default if text is None else parse_size(text, option)
 
 
 TTY_ROWS = 100  # rows of the import table on a terminal; pipes get every row
@@ -155,7 +145,8 @@ def import_command(
 
     Example: kcache import kernels.tar.zst --dry-run
     """
-    from kcache_cli.archive import ImportLimits, arch_runs_on, cuda_archs, import_archive, local_compute_caps
+    from kcache_cli.archive import ImportLimits, import_archive
+    from kcache_cli.gpu import arch_fit
 
     opts = c.use(ctx, cache_dir, as_json)
     defaults = ImportLimits()
@@ -165,15 +156,13 @@ def import_command(
     with _Bar(opts, "verifying" if dry_run else "importing") as bar:
         result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout,
                                 warn=lambda m: c.warn(opts, m), progress=bar)
-    incoming = [e for e in result.entries if e.action != "skip"]
-    checked = [e for e in incoming if e.arch and cuda_archs(e.arch)]
-    caps = local_compute_caps() if checked else None
-    fits = {e.relpath: (arch_runs_on(e.arch, caps) if caps and e in checked else None) for e in result.entries}
-    if checked and caps is None:
+    fit = arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
+    caps, fits = fit.gpus, fit.fits
+    if fit.checked and caps is None:
         c.warn(opts, "no NVIDIA GPU found (nvidia-smi): cannot check that the imported kernels' archs suit this "
                      "machine")
-    bad = [e for e in checked if fits[e.relpath] is False]
-    if bad:
+    bad = [e for e in result.entries if e.relpath in fit.misfits]
+    if bad and caps:
         local = ", ".join(f"{a}.{b}" for a, b in caps)
         for e in bad[:10]:
             c.warn(opts, f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU "

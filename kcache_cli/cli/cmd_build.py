@@ -1,4 +1,4 @@
-"""`kcache build`: compile tasks into the cache ahead of time (DESIGN.md §4).
+"""`kcache build`: compile tasks into the cache ahead of time.
 
 No `from __future__ import annotations` here: Typer would have to evaluate every annotation
 string with get_type_hints on each start of kcache, about 3 ms for this command's options."""

@@ -39,11 +39,12 @@ def prune_command(
 
     Example: kcache prune --max-size 10GB --older-than 30d --dry-run
     """
-    from kcache_cli.delete import parse_age, parse_size, plan_prune
+    from kcache_cli.delete import plan_prune
+    from kcache_cli.units import parse_age, parse_size
 
     opts = c.use(ctx, cache_dir, as_json)
-    limit = parse_size(max_size) if max_size is not None else None
-    age = parse_age(older_than) if older_than is not None else None
+    limit = parse_size(max_size, "--max-size") if max_size is not None else None
+    age = parse_age(older_than, "--older-than") if older_than is not None else None
     loc = c.cache_location(opts)
     with _busy(opts, f"scanning {loc.path}"):
         plan = plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, warn=lambda m: c.warn(opts, m))

@@ -161,17 +161,15 @@ def info(opts: GlobalOptions, message: str) -> None:
 
 
 def human_size(n: int) -> str:
-    import humanize
+    from kcache_cli.units import format_size
 
-    return humanize.naturalsize(n)
+    return format_size(n)
 
 
 def human_age(ts: float) -> str:
-    import time
+    from kcache_cli.units import format_ago
 
-    import humanize
-
-    return humanize.naturaltime(time.time() - ts) if ts else "-"
+    return format_ago(ts)
 
 
 STATUS_STYLE = {"complete": "green", "partial": "yellow", "failed": "red", "corrupt": "bold red",

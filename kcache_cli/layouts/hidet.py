@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Iterator
 
@@ -132,7 +131,7 @@ def _op_entry(ctx, job: tuple[str, str, str, str, str]) -> Entry:
 
 def command_from_script(text: str) -> str:
     """The command lines of a compile.sh, without the shebang and blank lines."""
-    return "\n".join(l for l in text.splitlines() if l.strip() and not l.startswith("#!")).strip()
+    return "\n".join(line for line in text.splitlines() if line.strip() and not line.startswith("#!")).strip()
 
 
 def describe(root: Path, entry: Entry) -> Details:

@@ -4,9 +4,7 @@ metadata.json), and `.staging/` directories for writes in flight."""
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from pathlib import Path
 from typing import Iterator
 
@@ -14,7 +12,7 @@ from kcache_cli.layouts.base import STAGING as STAGING_WHAT
 from kcache_cli.layouts.base import Layout, Leftover, top_sizes
 from kcache_cli.model import Judgement
 from kcache_cli.layouts.shapes import TILELANG
-from kcache_cli.checks import changed_since, check_manifest, list_files, read_text, size_mismatch
+from kcache_cli.checks import changed_since, check_manifest, list_files, read_json, read_text, size_mismatch
 from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE_REASON, Details, Entry, LogFile, ScanFilter,
                               measure_tree)
 
@@ -29,12 +27,7 @@ BINARIES_DIR = "cuda-binaries"
 
 
 def _load_json(path: str) -> dict | None:
-    try:
-        with open(path, "rb") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json(path)
 
 
 def kernel_status(path: str, names: dict[str, int], mtimes: dict[str, float] | None = None
