@@ -140,7 +140,8 @@ def test_partial_and_corrupt_variants(kcache, cache):
     assert got[SOFTMAX]["size"] == KERNELS[SOFTMAX][2]  # the temp dir is not counted twice
     assert got[MATMUL]["status"] == "corrupt" and "truncated" in got[MATMUL]["reason"]
     assert got[ADD_90]["status"] == "corrupt" and "add_kernel.llir is missing" in got[ADD_90]["reason"]
-    assert got[empty.parent.name]["status"] == "corrupt" and "add_kernel.ptx is empty" in got[empty.parent.name]["reason"]
+    emptied = got[empty.parent.name]
+    assert emptied["status"] == "corrupt" and "add_kernel.ptx is empty" in emptied["reason"]
     assert set(ls(kcache, cache, "--status", "corrupt")) == {MATMUL, ADD_90, empty.parent.name}
     cubin.write_bytes(b"not an elf at all, but long enough" * 4)
     assert "not an ELF" in ls(kcache, cache)[MATMUL]["reason"]

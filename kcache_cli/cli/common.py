@@ -63,13 +63,15 @@ def cache_root(opts: GlobalOptions) -> Path:
 OpOpt = Annotated[Optional[List[str]], typer.Option("--op", metavar="NAME", help="Only this op (repeatable).",
                                                     autocompletion=complete.complete_op)]
 SpaceOpt = Annotated[Optional[List[str]], typer.Option(
-    "--space", metavar="SPACE", help="Only this space, e.g. cuda_space_2, 0.1.15/linux-x86_64 or a Triton arch sm_90a (repeatable).",
+    "--space", metavar="SPACE",
+    help="Only this space, e.g. cuda_space_2, 0.1.15/linux-x86_64 or a Triton arch sm_90a (repeatable).",
     autocompletion=complete.complete_space)]
 TargetOpt = Annotated[Optional[List[str]], typer.Option("--target", metavar="TARGET",
                                                         help="Only this target: cuda, cpu, hip (repeatable).",
                                                         autocompletion=complete.complete_target)]
 LayoutOpt = Annotated[Optional[List[str]], typer.Option("--layout", metavar="LAYOUT",
-                                                        help="Only this layout: hidet, tilus, tilelang, triton (repeatable).",
+                                                        help=f"Only this layout: {', '.join(LAYOUT_NAMES)} "
+                                                             "(repeatable).",
                                                         autocompletion=complete.complete_layout)]
 StatusOpt = Annotated[Optional[List[str]], typer.Option(
     "--status", metavar="STATUS", help="Only this status: complete, partial, failed, corrupt, building (repeatable).",

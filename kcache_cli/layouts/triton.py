@@ -329,7 +329,8 @@ def _group_facts(path: str, lst: _Listing) -> list[tuple[str, str]]:
         moved = moved_paths(path, children)
         if moved:
             out.append(("group file", (f"{g}: {len(moved)} of {len(children)} child paths point elsewhere "
-                                       f"({moved[0]}): Triton misses this kernel; `kcache verify --fix` rewrites them")))
+                                       f"({moved[0]}): Triton misses this kernel; `kcache verify --fix` "
+                                       "rewrites them")))
         else:
             out.append(("group file", f"{g}: {len(children)} child paths, all in this entry"))
     return out
