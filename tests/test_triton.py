@@ -163,6 +163,18 @@ def test_fresh_writes_are_building_not_broken(kcache, cache):
     assert {e["hash"] for e in r.json()["removed"]} == set(KERNELS) - {add80.name, SOFTMAX}
 
 
+def test_unparseable_metadata_or_group_is_corrupt(kcache, cache):
+    (cache / ADD_90 / "add_kernel.json").write_text('{"name": "add_kernel", "target": ')  # cut short
+    (cache / SOFTMAX / "__grp__softmax_kernel.json").write_text("")
+    age(cache)
+    got = ls(kcache, cache)
+    assert got[ADD_90]["status"] == "corrupt" and "add_kernel.json does not parse" in got[ADD_90]["reason"]
+    assert got[ADD_90]["space"] is None and got[ADD_90]["op"] == "add_kernel"
+    assert got[SOFTMAX]["status"] == "corrupt" and "does not parse" in got[SOFTMAX]["reason"]
+    r = kcache("--cache-dir", cache, "prune", "--broken", "--json")
+    assert {x["hash"] for x in r.json()["removed"]} == {ADD_90, SOFTMAX}
+
+
 def test_single_file_entries_are_complete(kcache, cache):
     """The driver's launcher module and autotuner results live in key dirs without a group file."""
     mod = cache / ("M" * 52)

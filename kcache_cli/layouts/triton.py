@@ -18,14 +18,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from kcache_cli.checks import changed_since, elf_truncated, list_files, read_head
+from kcache_cli.checks import changed_since, elf_truncated, list_files, read_head, read_json
 from kcache_cli.layouts.base import TEMP, Facts, Layout, Leftover
 from kcache_cli.layouts.shapes import (
     TRITON,
     TRITON_GROUP,
     TRITON_STAGES,
     TRITON_TMP,
-    triton_evidence,
     triton_kernel_name,
 )
 from kcache_cli.model import (
@@ -60,11 +59,6 @@ def is_group(name: str) -> bool:
     return name.startswith(GROUP_PREFIX) and name.endswith(".json")
 
 
-def looks_like_triton(names: list[str]) -> bool:
-    """Whether the listing of a key directory is Triton's: a group file, a temp dir or a compile stage."""
-    return triton_evidence(names)
-
-
 def triton_cache_dir() -> tuple[Path, str]:
     """Triton's own rule (triton/knobs.py): TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, else
     ~/.triton/cache; with the rule that applied."""
@@ -79,15 +73,6 @@ def triton_cache_dir() -> tuple[Path, str]:
 
 # ---- reading one key directory -------------------------------------------------------------------
 
-def load_json(path: str) -> dict | None:
-    try:
-        with open(path, "rb") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def arch_of(meta: dict | None) -> tuple[str | None, str | None]:
     """(target, arch) from Triton's metadata: ("cuda", "sm_90a"), ("hip", "gfx942"). Triton's CUDA
     backend compiles capability >= 90 for the arch-specific "a" variant (sm_arch_from_capability)."""
@@ -101,7 +86,7 @@ def arch_of(meta: dict | None) -> tuple[str | None, str | None]:
     return backend, arch if isinstance(arch, str) and arch else None
 
 
-def child_problem(path: str, name: str, size: int | None, head: bytes | None) -> str | None:
+def child_problem(name: str, size: int | None, head: bytes | None) -> str | None:
     """Why a listed child breaks the kernel (missing, empty, or a binary that is not the ELF it claims)."""
     if size is None:
         return f"{name} is missing (its group file lists it)"
@@ -146,6 +131,8 @@ class _Listing:
         self.mtimes: dict[str, float] = {}
         self.temps: list[tuple[str, TreeUsage]] = []
         self.links: set[str] = set()
+        self.path = path
+        self._json: dict[str, dict | None] = {}
         self.size = self.files = 0
         self.readable = True
         try:
@@ -178,6 +165,14 @@ class _Listing:
     def usage(self) -> TreeUsage:
         return TreeUsage(self.size, self.files, self.newest)
 
+    def json(self, name: str) -> dict | None:
+        """The JSON object in the top-level file `name`, read once; None when it is absent, a symlink
+        (never read through) or not a JSON object."""
+        if name not in self._json:
+            ok = name in self.sizes and name not in self.links
+            self._json[name] = read_json(os.path.join(self.path, name)) if ok else None
+        return self._json[name]
+
 
 def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tuple[str, str | None]:
     """Triton's rule. Complete: the group file parses and every child it lists is present (by name in
@@ -199,7 +194,9 @@ def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tup
                               "may still be writing it (partial once untouched for an hour)")
         return PARTIAL, what
     for g in groups:
-        children = group_children(load_json(os.path.join(path, g)))
+        if g in lst.links:
+            return CORRUPT, f"{g} is a symlink (Triton writes files; kcache never reads through it)"
+        children = group_children(lst.json(g))
         if children is None:
             return CORRUPT, f"{g} does not parse as Triton's group file"
         meta = g[len(GROUP_PREFIX):]
@@ -214,9 +211,11 @@ def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tup
             head = None
             if size and name.endswith(tuple(BINARY_TARGETS)) and (deep or changed_since(lst.mtimes, g, (name,))):
                 head = read_head(os.path.join(path, name))
-            bad = child_problem(path, name, size, head)
+            bad = child_problem(name, size, head)
             if bad:
                 return CORRUPT, bad
+        if meta not in lst.links and lst.sizes.get(meta) and lst.json(meta) is None:
+            return CORRUPT, f"{meta} does not parse (Triton fails loading the kernel)"
     if lst.temps:
         name, usage = lst.temps[0]
         if now - usage.mtime < STALE_AFTER:
@@ -265,7 +264,7 @@ def _key_entries(ctx, job: tuple[str, ScanFilter]) -> list[Entry]:
     if flt.hash_prefixes and not any(key.startswith(p) or TMP_PREFIX.startswith(p) or p.startswith(TMP_PREFIX)
                                      for p in flt.hash_prefixes):
         return []
-    meta = load_json(os.path.join(path, f"{op}.json")) if op and single is None else None
+    meta = lst.json(f"{op}.json") if op and single is None else None
     target, arch = arch_of(meta)
     if target is None and single == KIND_BINARY:
         target = next((t for t in ("cuda", "hip") if op and op.startswith(t)), None)
@@ -303,16 +302,14 @@ def describe(root: Path, entry: Entry) -> Details:
     problems = [reason] if status == CORRUPT and reason else []
     facts: list[tuple[str, str]] = []
     name = entry.op
-    meta = load_json(os.path.join(p, f"{name}.json")) if name and entry.kind == KIND_KERNEL else None
+    meta = lst.json(f"{name}.json") if name and entry.kind == KIND_KERNEL else None
     if meta is not None:
         target, arch = arch_of(meta)
         facts.append(("kernel", str(meta.get("name", name))))
         facts.append(("target", f"{target or '-'} {arch or '-'}"))
         facts.extend((label, str(meta[k]) + (" bytes" if k == "shared" else "")) for k, label in _META_FACTS
                      if k in meta)
-    elif name and entry.kind == KIND_KERNEL and f"{name}.json" in lst.sizes:
-        problems.append(f"{name}.json does not parse")
-    facts.extend(_group_facts(p, lst))
+    facts.extend(_group_facts(lst))
     binaries = tuple(os.path.join(p, n) for n in sorted(lst.sizes)
                      if n.endswith(tuple(BINARY_TARGETS)) and n not in lst.links)
     if problems and status == COMPLETE:
@@ -320,13 +317,13 @@ def describe(root: Path, entry: Entry) -> Details:
     return Details(entry, status, reason, tuple(problems), files, name, (), (), None, None, binaries, tuple(facts))
 
 
-def _group_facts(path: str, lst: _Listing) -> list[tuple[str, str]]:
+def _group_facts(lst: _Listing) -> list[tuple[str, str]]:
     out = []
     for g in sorted(n for n in lst.sizes if is_group(n)):
-        children = group_children(load_json(os.path.join(path, g)))
+        children = group_children(lst.json(g))
         if children is None:
             continue
-        moved = moved_paths(path, children)
+        moved = moved_paths(lst.path, children)
         if moved:
             out.append(("group file", (f"{g}: {len(moved)} of {len(children)} child paths point elsewhere "
                                        f"({moved[0]}): Triton misses this kernel; `kcache verify --fix` "
@@ -340,8 +337,9 @@ def relocation_problem(entry: Entry) -> str | None:
     """Why Triton would miss this entry where it now lies (group paths written under another root)."""
     if entry.kind != KIND_KERNEL or is_leftover(entry) or entry.status != COMPLETE:
         return None
-    for g in sorted(n for n in _names(entry.path) if is_group(n)):
-        children = group_children(load_json(os.path.join(entry.path, g)))
+    lst = _Listing(entry.path, lambda m: None)
+    for g in sorted(n for n in lst.sizes if is_group(n)):
+        children = group_children(lst.json(g))
         moved = moved_paths(entry.path, children) if children is not None else []
         if moved:
             return (f"{g} points into {os.path.dirname(moved[0])} (the cache was moved or copied): Triton "
@@ -379,7 +377,7 @@ def relocate(src: str, dest: str) -> int:
     for g in sorted(n for n in _names(src) if is_group(n)):
         if os.path.islink(os.path.join(src, g)):
             continue  # never read through a link; the entry is corrupt anyway
-        group = load_json(os.path.join(src, g))
+        group = read_json(os.path.join(src, g))
         children = group_children(group)
         if group is None or children is None:
             continue
@@ -461,7 +459,7 @@ class TritonLayout(Layout):
         return relocation_problem(entry)
 
     def facts(self, entry: Entry, small, names) -> Facts:
-        meta = load_json(os.path.join(entry.path, f"{entry.op}.json")) if entry.op else None
+        meta = _Listing(entry.path, lambda m: None).json(f"{entry.op}.json") if entry.op else None
         version = (meta or {}).get("triton_version")
         return Facts(f"triton {version}" if isinstance(version, str) else "triton", arch_of(meta)[1], None)
 
