@@ -347,8 +347,11 @@ def _leave_out(e: Entry, flt: ScanFilter, sources_only: bool) -> str | None:
         return f"being built ({e.reason})"
     if not flt.statuses and e.status != COMPLETE:
         return f"{e.status}: {e.reason} (select it with --status {e.status})"
-    if sources_only and e.layout == "tilelang" and e.kind == "binary":
-        return "holds only a binary (--sources-only)"
+    if sources_only:
+        from kcache_cli.layouts import get
+
+        if e.kind in get(e.layout).binary_kinds:  # Layout.binary_kinds: useless without their binaries
+            return "is of no use without its binaries (--sources-only)"
     return None
 
 

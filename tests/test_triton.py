@@ -343,6 +343,14 @@ def test_export_leaves_out_broken_and_in_flight(kcache, cache, tmp_path):
     assert ADD_90 not in {e["hash"] for e in r.json()["exported"]} and len(r.json()["exported"]) == 5
 
 
+def test_sources_only_leaves_triton_kernels_out(kcache, cache, tmp_path):
+    """Without its cubin a kernel whose group lists one makes Triton fail: none go."""
+    r = kcache("--cache-dir", cache, "export", tmp_path / "s.tar", "--sources-only", "--json")
+    assert r.exit_code == 0 and r.json()["exported"] == []
+    assert {x["relpath"] for x in r.json()["left_out"]} == set(KERNELS)
+    assert all("binaries" in x["reason"] for x in r.json()["left_out"])
+
+
 def test_import_rejects_a_triton_entry_in_the_wrong_place(tmp_path):
     from kcache_cli.archive import entry_path_problem
 

@@ -426,6 +426,9 @@ class TritonLayout(Layout):
 
     shape = TRITON
     fact_files = ()  # the facts are in the kernel's metadata, read by `facts`
+    # Triton cannot rebuild a kernel from the IR in its cache, and one whose group lists a missing cubin
+    # makes it fail: `export --sources-only` leaves Triton entries out whole.
+    binary_kinds = frozenset({KIND_KERNEL, KIND_BINARY})
 
     def default_root(self) -> tuple[Path, str]:
         return triton_cache_dir()
