@@ -227,6 +227,20 @@ def test_completion_of_kernel_names(kcache, cache):
         sorted((e.layout, e.kind, e.hash, e.op) for e in scanned)
 
 
+def test_tab_completes_kernel_names_and_keys(kcache, cache):
+    def complete(line: str) -> list[tuple[str, str]]:
+        run = kcache(env={"_KCACHE_COMPLETE": "complete_fish", "_TYPER_COMPLETE_FISH_ACTION": "get-args",
+                          "_TYPER_COMPLETE_ARGS": line})
+        assert run.exit_code == 0 and run.stderr == ""
+        return [tuple(ln.split("\t", 1)) for ln in run.stdout.splitlines() if ln]  # type: ignore[misc]
+
+    assert complete(f"kcache --cache-dir {cache} ls --op ") == [
+        ("add_kernel", "triton"), ("matmul_kernel", "triton"), ("softmax_kernel", "triton")]
+    assert complete(f"kcache --cache-dir {cache} clear --op so") == [("softmax_kernel", "triton")]
+    assert complete(f"kcache --cache-dir {cache} inspect WS") == [(MATMUL, "matmul_kernel")]
+    assert ("triton", "<base32 key>/ per kernel") in complete(f"kcache --cache-dir {cache} ls --layout ")
+
+
 # ---- prune, clear ----------------------------------------------------------------------------------
 
 def test_prune_removes_stale_leftovers_and_broken(kcache, cache):
