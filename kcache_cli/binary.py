@@ -345,7 +345,7 @@ class _Elf:
                 name_off, info, other, shndx = fields[0], fields[1], fields[2], fields[3]
             else:
                 name_off, info, other, shndx = fields[0], fields[3], fields[4], fields[5]
-            name = ""
+            name: str | None = ""
             if strtab is not None and 0 < name_off < strtab[1] - strtab[0]:
                 name = cache.get(name_off)
                 if name is None:
@@ -355,7 +355,7 @@ class _Elf:
                         self.problem("symbol names exceed the size budget; list cut short")
                         return
                     cache[name_off] = name
-            yield name, info >> 4, info & 0xF, other & 0x3, other, shndx
+            yield name or "", info >> 4, info & 0xF, other & 0x3, other, shndx
 
 
 def _read_elf_file(data: bytes, acc: _Acc) -> None:

@@ -25,7 +25,7 @@ def _cache_dir_from_toml(path: Path) -> str | None:
     except (OSError, UnicodeDecodeError):
         return None
     try:
-        import tomllib  # Python 3.11+
+        import tomllib  # type: ignore[import-not-found, unused-ignore]  # Python 3.11+
 
         value = tomllib.loads(text).get("cache_dir")
         return value if isinstance(value, str) and value else None

@@ -18,7 +18,7 @@ import os
 import queue
 import threading
 import zlib
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable, Iterator, Protocol
 
 BLOCK = 512
 END_OF_ARCHIVE = bytes(2 * BLOCK)
@@ -38,6 +38,12 @@ _NUL = b"\0"
 _IDS = b"0000000\0" * 2
 _MAGIC = b"ustar\x0000"
 _NAMES_DEVS = _NUL * 64 + b"0000000\0" * 2
+
+
+class Readable(Protocol):
+    """Where bytes come from: a file, a slice of one, a decompressor."""
+
+    def read(self, n: int, /) -> bytes: ...
 
 
 class TarFormatError(Exception):
@@ -262,7 +268,7 @@ def sniff(head: bytes) -> str | None:
 class _GzipSource:
     """Decompressed bytes of a (multi-member) gzip file, at most `n` at a time (bomb-safe)."""
 
-    def __init__(self, raw: BinaryIO, counted: Callable[[int], None]) -> None:
+    def __init__(self, raw: Readable, counted: Callable[[int], None]) -> None:
         self._raw = raw
         self._counted = counted
         self._d = zlib.decompressobj(31)
@@ -297,12 +303,13 @@ class _GzipSource:
 
 
 class _ZstdSource:
-    def __init__(self, raw: BinaryIO, counted: Callable[[int], None]) -> None:
+    def __init__(self, raw: Readable, counted: Callable[[int], None]) -> None:
         import zstandard
 
         self._counted = counted
         self._raw = raw
-        self._reader = zstandard.ZstdDecompressor().stream_reader(_Counting(raw, counted), read_size=CHUNK // 4,
+        self._reader = zstandard.ZstdDecompressor().stream_reader(_Counting(raw, counted),  # type: ignore[arg-type]
+                                                                  read_size=CHUNK // 4,
                                                                   read_across_frames=True, closefd=False)
 
     def read(self, n: int) -> bytes:
@@ -313,7 +320,7 @@ class _ZstdSource:
 
 
 class _Counting:
-    def __init__(self, raw: BinaryIO, counted: Callable[[int], None]) -> None:
+    def __init__(self, raw: Readable, counted: Callable[[int], None]) -> None:
         self._raw = raw
         self._counted = counted
 
@@ -396,14 +403,16 @@ def region_source(fd: int, kind: str, start: int, length: int, counted: Callable
     if length and ((kind == "gz" and not head.startswith(GZIP_MAGIC))
                    or (kind == "zst" and not head.startswith(ZSTD_MAGIC))):
         raise TarFormatError(f"no {kind} stream starts at offset {start}")
-    raw = _Slice(fd, start, length)
-    if kind == "gz":
-        src = _GzipSource(raw, counted)
-    elif kind == "zst":
-        src = _ZstdSource(raw, counted)
-    else:
-        src = _PlainSource(raw, counted)
+    src = _decompressed(_Slice(fd, start, length), kind, counted)
     return _ThreadedSource(src) if threaded else src
+
+
+def _decompressed(raw: Readable, kind: str, counted: Callable[[int], None]) -> Readable:
+    if kind == "gz":
+        return _GzipSource(raw, counted)
+    if kind == "zst":
+        return _ZstdSource(raw, counted)
+    return _PlainSource(raw, counted)
 
 
 def open_source(raw: BinaryIO, counted: Callable[[int], None] = lambda n: None, threaded: bool = True):
@@ -413,12 +422,7 @@ def open_source(raw: BinaryIO, counted: Callable[[int], None] = lambda n: None, 
     kind = sniff(head)
     if kind is None:
         raise TarFormatError("not a tar, tar.gz or tar.zst archive")
-    if kind == "gz":
-        src = _GzipSource(raw, counted)
-    elif kind == "zst":
-        src = _ZstdSource(raw, counted)
-    else:
-        src = _PlainSource(raw, counted)
+    src = _decompressed(raw, kind, counted)
     return (_ThreadedSource(src) if threaded else src), kind
 
 

@@ -40,10 +40,10 @@ def sha256_hex(data: bytes) -> str:
     """sha256 of small data through Python's built-in module: no OpenSSL to load (about 4 ms),
     which matters on `kcache build`'s cache-hit path."""
     try:
-        from _sha2 import sha256  # Python 3.12+
+        from _sha2 import sha256  # type: ignore[import-not-found]  # Python 3.12+
     except ImportError:
         try:
-            from _sha256 import sha256
+            from _sha256 import sha256  # type: ignore[import-not-found]
         except ImportError:
             from hashlib import sha256
     return sha256(data).hexdigest()
