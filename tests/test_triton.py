@@ -387,6 +387,39 @@ def test_relocate_never_points_outside_the_entry(tmp_path):
     assert sorted(os.listdir(entry)) == ["__grp__add_kernel.json", "add_kernel.json"]
 
 
+def test_a_reader_never_sees_half_a_group_file(cache):
+    """relocate replaces a group file atomically: Triton reading it meanwhile gets the old or the new one."""
+    import threading
+
+    entry = cache / MATMUL
+    grp = entry / "__grp__matmul_kernel.json"
+    seen: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                with open(grp) as f:
+                    seen.append(json.load(f)["child_paths"]["matmul_kernel.cubin"])
+        except BaseException as exc:  # half a file, or no file at all
+            errors.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(200):
+            assert triton.relocate(str(entry), str(cache / f"r{i}" / MATMUL)) == 1
+    finally:
+        stop.set()
+        reader.join()
+    assert errors == [] and len(seen) > 0
+    allowed = {f"{ORIGIN}/{MATMUL}/matmul_kernel.cubin"} | {str(cache / f"r{i}" / MATMUL / "matmul_kernel.cubin")
+                                                            for i in range(200)}
+    assert set(seen) <= allowed
+    assert not any(n.startswith("tmp.pid_") for n in os.listdir(entry))
+
+
 def test_dir_all_and_triton_rule(kcache, cache, monkeypatch, tmp_path):
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_HOME", raising=False)
