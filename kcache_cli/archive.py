@@ -414,7 +414,7 @@ def _hidet_op_jobs(ctx, flt: ScanFilter) -> list[tuple[str, str, str, str, str]]
             for de in ctx.listdir(os.path.join(space_path, op)):
                 if not de.is_dir(follow_symlinks=False):
                     continue
-                if flt.hash_prefixes and not any(de.name.startswith(p) for p in flt.hash_prefixes):
+                if flt.name_prefixes() and not any(de.name.startswith(p) for p in flt.name_prefixes()):
                     continue
                 jobs.append((de.path, de.name, m.group(1), space, op))
     return jobs
@@ -907,11 +907,26 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
             head.close()
             for body in bodies:
                 _append_file(final, body)
+            os.fchmod(final.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; an archive is a file the user makes
         os.replace(final_tmp, archive)
     finally:
         _unlink_all(temps)
     return ExportResult(archive, compression, tuple(done), tuple(left), n_files, total, os.path.getsize(archive),
                         plan.sources_only)
+
+
+def _umask() -> int:
+    """The process's umask: from /proc (Linux 4.7+) without changing it, else by setting and restoring it."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _append_file(out, path: str) -> None:

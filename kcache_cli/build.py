@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from kcache_cli import state
 from kcache_cli.checks import read_json, sha256_file
@@ -105,8 +105,18 @@ class BuildResult(NamedTuple):
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self._asdict().items()}
 
 
+class Listener(Protocol):
+    """What a caller (the CLI's progress bar) hears of builds; called in the building threads."""
+
+    def waiting(self, spec: TaskSpec, holder: str) -> None: ...
+
+    def compiling(self, spec: TaskSpec) -> None: ...
+
+    def done(self, result: BuildResult) -> None: ...
+
+
 class BuildListener:
-    """Callbacks a caller (the CLI's progress bar) gets; they run in the building thread."""
+    """A Listener that ignores everything."""
 
     def waiting(self, spec: TaskSpec, holder: str) -> None:
         pass
@@ -372,7 +382,8 @@ def nvcc_default_arch(root: Path, nvcc: Sequence[str], fresh: bool = True) -> st
         raise KcacheError(f"cannot tell {nvcc[0]}'s default arch from its --dryrun output; pass --arch")
     _memo_put(root, key, "default_arch", arch)
     with _memo_lock:
-        _asked.add(key)
+        if key is not None:
+            _asked.add(key)
     return arch
 
 
@@ -483,15 +494,33 @@ def _source_differs(spec: TaskSpec, manifest: dict | None) -> bool:
 # ---- building ------------------------------------------------------------------------------------
 
 def build_task(root: str | os.PathLike, task: str | os.PathLike | TaskSpec, options: BuildOptions = BuildOptions(),
-               *, source: str | os.PathLike | None = None, listener: BuildListener | None = None) -> BuildResult:
+               *, source: str | os.PathLike | None = None, listener: Listener | None = None) -> BuildResult:
     """Build one task into the cache at `root`, or find it there.
 
     Returns a BuildResult (built, hit, or failed for a compile error). Raises a KcacheError for a
     task that cannot be built as given, a missing compiler, an entry built for another arch
     (ArchMismatch) and a lock that did not come free within options.timeout (LockTimeout)."""
-    root = Path(root).absolute()
-    listener = listener or BuildListener()
     spec = task if isinstance(task, TaskSpec) else load_task(task, options, source)
+    result = _build_task(Path(root).absolute(), spec, options, listener or BuildListener())
+    notes = task_notes(spec)
+    return result._replace(notes=notes + result.notes) if notes else result
+
+
+def task_notes(spec: TaskSpec) -> tuple[str, ...]:
+    """What to say about the task file itself: a final newline (an editor's) makes it another task than
+    the one hidet would look up, since hidet writes its task strings without one."""
+    from kcache_cli.taskfile import task_hash
+
+    bare = spec.task_bytes.rstrip(b"\r\n")
+    if bare == spec.task_bytes:
+        return ()
+    theirs = task_hash(bare)
+    return (f"{spec.task_path} ends with a newline; hidet's own task strings have none, so hidet looks this task "
+            f"up as {theirs} (ops/{spec.space}/{spec.op}/{theirs}), while the file's exact bytes hash to "
+            f"{spec.hash}, the entry built; remove the final newline to build the entry hidet uses",)
+
+
+def _build_task(root: Path, spec: TaskSpec, options: BuildOptions, listener: Listener) -> BuildResult:
     check_extra_flags(options.extra_flags)
     arch_cache: dict[bool, Arch] = {}
 
@@ -527,7 +556,8 @@ def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], wait
         return None
     want = arch()
     notes = []
-    have, where = (), ""
+    have: tuple[str, ...] = ()
+    where = ""
     if spec.target == "cuda" or manifest is not None:
         have, where = _entry_archs(str(final), manifest)
         if not have:
@@ -546,7 +576,7 @@ def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], wait
                        waited=waited, notes=tuple(notes))
 
 
-def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: BuildListener):
+def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: Listener):
     """The entry's lock; says so (listener.waiting) when another build holds it. -> (lock, waited).
 
     `locking.EntryFlock`: the file and kind of lock that `entry_lock` (filelock) takes, without
@@ -565,7 +595,7 @@ def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: BuildL
     raise LockTimeout(f"another build of {spec.relpath} still holds its lock ({lock.path}) after {timeout:g}s")
 
 
-def _wait_for_compiler(spec: TaskSpec, final: Path, timeout: float | None, listener: BuildListener) -> str | None:
+def _wait_for_compiler(spec: TaskSpec, final: Path, timeout: float | None, listener: Listener) -> str | None:
     """Wait while the build layout's own compiler works on this entry (it holds one of the entry's
     writer locks, e.g. hidet's <entry>/.lock); then say what a build would replace: None, or the reason
     the existing entry is not usable as it is."""
@@ -652,18 +682,10 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
     except OSError as exc:
         raise BuildError(f"cannot read source {spec.source_path}: {exc.strerror}") from None
     op_dir = final.parent
-    existing = op_dir
-    while not existing.exists() and existing != root:
-        existing = existing.parent
-    _check_inside(root, existing)  # before mkdir: a symlinked space or op directory must not lead out
-    try:
-        op_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
-    _check_inside(root, op_dir)
+    made = _make_op_dir(root, op_dir)
     argv = compile_command(spec.target, compiler, arch, options)
     command = shlex.join(argv)
-    result = dict(task=spec.task_path, op=spec.op, hash=spec.hash, target=spec.target, space=spec.space,
+    result: dict[str, Any] = dict(task=spec.task_path, op=spec.op, hash=spec.hash, target=spec.target, space=spec.space,
                   relpath=spec.relpath, path=str(final), arch=arch.value, arch_source=arch.source, command=command,
                   waited=waited)
     tmp = _make_temp(op_dir, spec.hash)
@@ -705,7 +727,7 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
             p = tmp / name
             st = p.stat()
             newest = max(newest, st.st_mtime_ns)
-            files[name] = {"size": st.st_size, "sha256": sha256_file(p)}
+            files[name] = {"size": st.st_size, "sha256": sha256_file(str(p))}
         _write(tmp / MANIFEST, (json.dumps(_manifest(spec, arch, compiler, version.result(), argv, command,
                                                      options, elapsed, files), indent=2) + "\n").encode())
         _stamp_after(tmp / MANIFEST, newest)
@@ -717,9 +739,37 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
             if version is not None:
                 version.cancel()
             shutil.rmtree(tmp, ignore_errors=True)
+            _remove_empty(made)
     _fsync(op_dir)
     state.mark_used(root, spec.relpath)
     return BuildResult(status=BUILT, elapsed=elapsed, output=output, replaced=replaced, **result)
+
+
+def _make_op_dir(root: Path, op_dir: Path) -> list[Path]:
+    """Make the entry's op directory (and space directory); return those it made, to be removed again
+    if nothing is published."""
+    existing = op_dir
+    while not existing.exists() and existing != root:
+        existing = existing.parent
+    _check_inside(root, existing)  # before mkdir: a symlinked space or op directory must not lead out
+    made = [d for d in (op_dir, op_dir.parent) if not d.exists()]
+    try:
+        op_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
+    _check_inside(root, op_dir)
+    return made
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    """The op and space directories a failed build made, if still empty (rmdir removes nothing else), so
+    that no op shows up in completion for an entry that never was. A build starting there meanwhile
+    makes them again (_make_temp)."""
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except OSError:
+            return  # not empty (another build, or an entry): leave it and its parents
 
 
 def _stamp_after(manifest: Path, newest_ns: int) -> None:
@@ -796,7 +846,7 @@ def _manifest(spec: TaskSpec, arch: Arch, compiler: Sequence[str], version: str 
 # ---- many tasks ----------------------------------------------------------------------------------
 
 def failure(task: str, exc: KcacheError, spec: TaskSpec | None = None) -> BuildResult:
-    extra = {}
+    extra: dict[str, Any] = {}
     if spec is not None:
         extra = dict(op=spec.op, hash=spec.hash, target=spec.target, space=spec.space, relpath=spec.relpath)
     return BuildResult(task, FAILED, error=str(exc), exit_code=exc.exit_code, **extra)
@@ -804,7 +854,7 @@ def failure(task: str, exc: KcacheError, spec: TaskSpec | None = None) -> BuildR
 
 def build_tasks(root: str | os.PathLike, tasks: Sequence[str | os.PathLike | TaskSpec],
                 options: BuildOptions = BuildOptions(), *, jobs: int = 1,
-                listener: BuildListener | None = None) -> list[BuildResult]:
+                listener: Listener | None = None) -> list[BuildResult]:
     """Build several tasks (task files or loaded TaskSpecs), `jobs` at a time; every task gets a
     result, in the order given. A task that cannot be built (bad file, compile error, arch
     mismatch, lock timeout) is a failed result, not an exception."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Callable, Iterable
 
 from kcache_cli.terms import (BUILDING, COMPLETE, CORRUPT, FAILED, KINDS, LAYOUT_NAMES,  # noqa: F401
@@ -58,6 +59,28 @@ class Entry:
         return d
 
 
+_GLOB = frozenset("*?[")
+
+
+def is_glob(pattern: str) -> bool:
+    return not _GLOB.isdisjoint(pattern)
+
+
+def _name_matches(value: str | None, wanted: tuple[str, ...]) -> bool:
+    if value is None:
+        return False
+    return any(value == w or (is_glob(w) and fnmatchcase(value, w)) for w in wanted)
+
+
+def space_matches(space: str | None, wanted: str) -> bool:
+    """`cuda_space_2` is asked for as `cuda_space_2`, `2` (any target's level 2) or a glob (`cuda_*`)."""
+    if space is None:
+        return False
+    if wanted.isdigit():
+        return space.endswith(f"_space_{wanted}") and space[:-len(f"_space_{wanted}")].isalnum()
+    return space == wanted or (is_glob(wanted) and fnmatchcase(space, wanted))
+
+
 @dataclass(frozen=True)
 class Judgement:
     """A layout's verdict on one entry's files: the same function gives it to ls (cheap) and to
@@ -74,24 +97,39 @@ class Judgement:
 
 @dataclass(frozen=True)
 class ScanFilter:
-    """What to keep. Empty tuples mean "all". Layouts use ops/spaces/targets to skip directories."""
+    """What to keep. Empty tuples mean "all". Layouts use ops/spaces/targets to skip directories, so the
+    CLI hands them concrete names (names.expand_filter turns globs and `--space 2` into the names
+    present); matches() understands globs and the bare level too."""
 
-    ops: tuple[str, ...] = ()
-    spaces: tuple[str, ...] = ()
+    ops: tuple[str, ...] = ()  # names or globs (`mat*`)
+    spaces: tuple[str, ...] = ()  # names, a bare level (`2`) or globs
     targets: tuple[str, ...] = ()
     layouts: tuple[str, ...] = ()
     statuses: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ()
     hash_prefixes: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()  # entries by their path relative to the root; OR-ed with hash_prefixes
 
     def wants_op(self, op: str | None) -> bool:
-        return not self.ops or op in self.ops
+        return not self.ops or _name_matches(op, self.ops)
 
     def wants_space(self, space: str | None) -> bool:
-        return not self.spaces or space in self.spaces
+        return not self.spaces or any(space_matches(space, s) for s in self.spaces)
 
     def wants_target(self, target: str | None) -> bool:
         return not self.targets or target in self.targets
+
+    def name_prefixes(self) -> tuple[str, ...]:
+        """What an entry's directory name must start with (hash prefixes and the last part of each path),
+        for layouts that skip directories by name; () means any."""
+        if not (self.hash_prefixes or self.paths):
+            return ()
+        return self.hash_prefixes + tuple(p.rsplit("/", 1)[-1] for p in self.paths)
+
+    def wants_ref(self, e: Entry) -> bool:
+        if not (self.hash_prefixes or self.paths):
+            return True
+        return any(e.hash.startswith(p) for p in self.hash_prefixes) or e.relpath in self.paths
 
     def matches(self, e: Entry) -> bool:
         return (
@@ -101,7 +139,7 @@ class ScanFilter:
             and (not self.layouts or e.layout in self.layouts)
             and (not self.statuses or e.status in self.statuses)
             and (not self.kinds or e.kind in self.kinds)
-            and (not self.hash_prefixes or any(e.hash.startswith(p) for p in self.hash_prefixes))
+            and self.wants_ref(e)
         )
 
 

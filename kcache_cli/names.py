@@ -9,6 +9,7 @@ this agrees with the layouts' scans on the real fixture caches.
 from __future__ import annotations
 
 import os
+from fnmatch import fnmatchcase
 from typing import Iterable, Iterator, NamedTuple
 
 from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape
@@ -146,3 +147,78 @@ def entries(root: str | os.PathLike, prefix: str = "", ops: Iterable[str] = (), 
                 continue  # a program's op name is inside program.txt: not read here
             for f in _walk(root, k, k.depth, ops, spaces, prefix):
                 yield EntryName(s.name, k.kind, k.space_of(f), f.get("op"), f["hash"])
+
+
+def targets_present(root: str | os.PathLike) -> tuple[str, ...]:
+    """The targets of the entries present: a kind's fixed target, or the {target} its paths carry."""
+    root, shapes = _select(root, ())
+    found: set[str] = set()
+    for s in shapes:
+        for k in s.kinds:
+            if k.target is not None:
+                found.add(k.target)
+                continue
+            depth = next((i + 1 for i in range(k.depth) if "target" in k.fields_in(i)), 0)
+            if depth:
+                found.update(f["target"] for f in _walk(root, k, depth))
+    return tuple(sorted(found))
+
+
+def expand_filter(root: str | os.PathLike, flt):
+    """`flt` with its op globs (`mat*`) and spaces given as a level (`2`) or a glob replaced by the names
+    present, so that layouts read only those directories. A pattern matching nothing stays as it is
+    (it then matches nothing)."""
+    from dataclasses import replace
+
+    from kcache_cli.model import is_glob, space_matches
+
+    ops, spaces = flt.ops, flt.spaces
+    if any(is_glob(o) for o in ops):
+        present = op_places(root, layouts=flt.layouts)
+        ops = _expanded(ops, is_glob, lambda o: [n for n in present if fnmatchcase(n, o)])
+    if any(s.isdigit() or is_glob(s) for s in spaces):
+        present_spaces = space_layouts(root, layouts=flt.layouts)
+        spaces = _expanded(spaces, lambda s: s.isdigit() or is_glob(s),
+                           lambda s: [n for n in present_spaces if space_matches(n, s)])
+    if ops == flt.ops and spaces == flt.spaces:
+        return flt
+    return replace(flt, ops=ops, spaces=spaces)
+
+
+def _expanded(values: tuple[str, ...], is_pattern, names_for) -> tuple[str, ...]:
+    out: list[str] = []
+    for v in values:
+        found = names_for(v) if is_pattern(v) else [v]
+        out.extend(n for n in (found or [v]) if n not in out)
+    return tuple(out)
+
+
+def unknown_values(root: str | os.PathLike, flt) -> list[str]:
+    """One line for each --op, --space or --target value that names nothing present in `root`, with the
+    closest names ("did you mean matmul?") and the names there are."""
+    from kcache_cli.model import is_glob, space_matches
+
+    out = []
+    checks = (("op", flt.ops, lambda: list(op_places(root, layouts=flt.layouts)),
+               lambda v, n: n == v or (is_glob(v) and fnmatchcase(n, v))),
+              ("space", flt.spaces, lambda: list(space_layouts(root, layouts=flt.layouts)), space_matches),
+              ("target", flt.targets, lambda: list(targets_present(root)), lambda v, n: n == v))
+    for what, values, present_names, match in checks:
+        if not values:
+            continue
+        present = present_names()
+        for v in values:
+            if any(match(n, v) if what == "space" else match(v, n) for n in present):
+                continue
+            out.append(_did_you_mean(what, v, present, os.fspath(root)))
+    return out
+
+
+def _did_you_mean(what: str, value: str, present: list[str], root: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(value, present, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    shown = ", ".join(present[:12]) + (f" and {len(present) - 12} more" if len(present) > 12 else "")
+    there = f" ({what}s present: {shown})" if present else f" (no {what}s present)"
+    return f"no {what} '{value}' in {root}{hint}{there}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -173,7 +174,9 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     if not root.is_dir():
         return ScanResult(str(root), False, (), (), ())
     from kcache_cli.layouts import get as get_layout
+    from kcache_cli.names import expand_filter
 
+    flt = expand_filter(root, flt)
     layouts = detect_layouts(root)
     ctx = ScanContext(root, collect, state.load_last_used(root))
     entries: list[Entry] = []
@@ -184,14 +187,72 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     return ScanResult(str(root), True, layouts, tuple(entries), tuple(warnings))
 
 
-def resolve_entry(root: Path, prefix: str, warn: Warn | None = None) -> Entry:
-    """The one entry whose hash starts with `prefix` (or whose relative path is `prefix`)."""
-    prefix = prefix.strip().rstrip("/")
-    if not prefix:
-        raise UsageError("empty hash prefix")
-    result = scan_cache(root, ScanFilter(), warn)
-    found = [e for e in result.entries if e.hash.startswith(prefix) or e.relpath == prefix]
-    exact = [e for e in found if e.hash == prefix or e.relpath == prefix]
+_HASH_CHARS = re.compile(r"^[0-9a-zA-Z_\-]+$")
+
+
+def split_refs(root: Path, refs) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Entry references as typed -> (hash prefixes, paths relative to the root). A reference is a hash
+    prefix, the entry's path relative to the root (`ops/cuda_space_0/add/8d1f7691cdf75e90`), or its
+    absolute path (as `build` and `ls --json` print it; a path under the current directory works too)."""
+    prefixes: list[str] = []
+    paths: list[str] = []
+    for ref in refs:
+        ref = ref.strip()
+        if not ref:
+            raise UsageError("empty entry reference (give a hash prefix or the entry's path)")
+        if "/" not in ref and ref not in (".", ".."):
+            if not _HASH_CHARS.match(ref):
+                raise UsageError(f"bad hash prefix '{ref}'")
+            prefixes.append(ref)
+            continue
+        rel = _relative_to_root(Path(root), ref)
+        if rel not in paths:
+            paths.append(rel)
+    return tuple(prefixes), tuple(paths)
+
+
+def _inside(root: str, path: str) -> str | None:
+    if path == root:
+        return ""
+    base = os.path.join(root, "")
+    return path[len(base):] if path.startswith(base) else None
+
+
+def _relative_to_root(root: Path, ref: str) -> str:
+    if os.path.isabs(ref) or os.path.exists(ref) and not os.path.exists(os.path.join(root, ref)):
+        absolute = os.path.abspath(ref)
+        rel = _inside(os.path.abspath(root), absolute)
+        if rel is None:  # through symlinks (/tmp vs /private/tmp, a linked home directory)
+            rel = _inside(os.path.realpath(root), os.path.realpath(absolute))
+        if not rel:
+            raise UsageError(f"{ref} is not an entry of the cache {root} (pass --cache-dir for another cache)")
+    else:
+        rel = ref
+    parts = [p for p in rel.replace(os.sep, "/").split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise UsageError(f"bad entry path '{ref}' (give a path inside the cache, without '..')")
+    return "/".join(parts)
+
+
+def _differing(found: list[Entry]) -> str:
+    """The selector that tells `found` apart, as the user would type it."""
+    for attr, option in (("space", "--space"), ("layout", "--layout"), ("kind", "--kind"), ("op", "--op")):
+        values = sorted({getattr(e, attr) for e in found if getattr(e, attr)})
+        if len(values) > 1:
+            return f"pick one with {' or '.join(f'{option} {v}' for v in values[:4])}, or give its path"
+    return "give more digits or the entry's path"
+
+
+def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilter = ScanFilter()) -> Entry:
+    """The one entry that `ref` (a hash prefix, a path relative to the root, or an absolute path) names
+    among those `flt` selects (--space, --op... to tell apart the same hash in two spaces)."""
+    from dataclasses import replace
+
+    prefixes, paths = split_refs(root, [ref.rstrip("/") or ref])
+    flt = replace(flt, hash_prefixes=prefixes, paths=paths)
+    result = scan_cache(root, flt, warn)
+    found = list(result.entries)
+    exact = [e for e in found if e.hash in prefixes or e.relpath in paths]
     if len(exact) == 1:
         found = exact
     real = [e for e in found if not os.path.basename(e.relpath).startswith(".")]
@@ -199,9 +260,9 @@ def resolve_entry(root: Path, prefix: str, warn: Warn | None = None) -> Entry:
         found = real
     if not found:
         where = "" if result.exists else f" ({root} does not exist)"
-        raise UsageError(f"no entry matches '{prefix}' in {root}{where}")
+        raise UsageError(f"no entry matches '{ref}' in {root}{where}")
     if len(found) > 1:
-        names = ", ".join(f"{e.hash} ({e.layout} {e.kind} {e.op or '-'} in {e.space or '-'})" for e in found[:8])
+        names = ", ".join(f"{e.relpath} ({e.layout} {e.kind})" for e in found[:8])
         more = f" and {len(found) - 8} more" if len(found) > 8 else ""
-        raise UsageError(f"'{prefix}' is ambiguous: {len(found)} entries match: {names}{more}")
+        raise UsageError(f"'{ref}' is ambiguous: {len(found)} entries match: {names}{more}; {_differing(found)}")
     return found[0]

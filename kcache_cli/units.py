@@ -39,10 +39,15 @@ def parse_age(text: str, option: str | None = None) -> float:
 
 
 def format_size(n: int) -> str:
-    """Bytes for people: '1.5 GB' (decimal units, the ones parse_size reads back)."""
-    import humanize
-
-    return humanize.naturalsize(n)
+    """Bytes for people in powers of 1000, as parse_size reads them back: "0 B", "1 B", "41.3 MB"."""
+    if n < 1000:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("kB", "MB", "GB", "TB", "PB"):
+        value /= 1000
+        if value < 999.95 or unit == "PB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
 
 
 def format_age(seconds: float) -> str:

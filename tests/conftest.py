@@ -52,6 +52,7 @@ def _isolated_env(tmp_path, monkeypatch):
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_HOME", raising=False)
     monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.delenv("COLUMNS", raising=False)  # tables fit COLUMNS when set: tests that want a width say so
     monkeypatch.chdir(tmp_path)
 
 

@@ -229,6 +229,8 @@ def test_export_failure_leaves_nothing(kcache, fixture_copy, tmp_path):
     r = kcache("--cache-dir", src, "export", tmp_path / "a.zip")
     assert r.exit_code == 2 and "tar.zst" in r.stderr
     r = kcache("--cache-dir", tmp_path / "missing", "export", tmp_path / "a.tar")
+    assert r.exit_code == 2 and "does not exist" in r.stderr  # an explicit --cache-dir must exist
+    r = kcache("export", tmp_path / "a.tar", env={"KCACHE_DIR": str(tmp_path / "missing")})
     assert r.exit_code == 1 and "no cache" in r.stderr
     assert not list(tmp_path.glob("*.tar*")) and not list(tmp_path.glob(".*kcache-tmp*"))
 

@@ -74,10 +74,11 @@ def test_global_options_are_accepted_after_every_subcommand(kcache, name, tmp_pa
 
 
 def test_quiet_after_the_subcommand_silences_stderr(kcache, tmp_path):
-    loud = kcache("ls", "--cache-dir", str(tmp_path / "missing"))
+    env = {"KCACHE_DIR": str(tmp_path / "missing")}  # an explicit --cache-dir must exist
+    loud = kcache("ls", env=env)
     assert "no cache at" in loud.stderr
-    for args in (("ls", "-q"), ("ls", "--quiet"), ("-q", "ls")):
-        run = kcache(*args, "--cache-dir", str(tmp_path / "missing"))
+    for args in (("ls", "-q"), ("ls", "--quiet"), ("-q", "ls"), ("stats", "-q")):
+        run = kcache(*args, env=env)
         assert run.exit_code == 0 and run.stderr == "", args
 
 
@@ -161,7 +162,7 @@ def test_json_where_output_is_data(kcache, args):
 
 
 def test_json_of_nothing_is_an_empty_list(kcache, tmp_path):
-    run = kcache("ls", "--json", "--cache-dir", str(tmp_path / "missing"))
+    run = kcache("ls", "--json", env={"KCACHE_DIR": str(tmp_path / "missing")})
     assert run.exit_code == 0 and run.json() == []
 
 

@@ -519,7 +519,7 @@ def test_prune_prints_what_it_removed(kcache, tmp_path):
     assert lines[0].split() == ["what", "layout", "space", "op", "hash", "size", "last", "used", "why"]
     assert all(line.split()[:2] == ["op", "hidet"] for line in lines[1:-1])
     assert len(lines) == 1 + 6 + 1
-    assert lines[-1].startswith("Removed 6 entries, freed ") and "bytes" in lines[-1] and "limit 0 Bytes" in lines[-1]
+    assert lines[-1].startswith("Removed 6 entries, freed ") and "bytes" in lines[-1] and "limit 0 B" in lines[-1]
 
 
 # ---- locks ---------------------------------------------------------------------------------------
@@ -636,12 +636,15 @@ def test_entries_reached_through_a_link_are_never_followed(tmp_path, fixture_cop
 
 
 def test_missing_cache_is_success(kcache, tmp_path):
+    # A cache not made yet (KCACHE_DIR, or the default) is nothing to do; an explicit --cache-dir that is
+    # missing is a typo (exit 2: tests/test_cli_terminal.py).
     missing = tmp_path / "nope"
+    env = {"KCACHE_DIR": str(missing)}
     for args in (["prune", "--max-size", "1G"], ["clear", "--all", "--yes"], ["prune", "--dry-run"]):
-        r = kcache("--cache-dir", missing, *args, "--json")
+        r = kcache(*args, "--json", env=env)
         assert r.exit_code == 0, r.stderr
         assert r.json()["exists"] is False and r.json()["removed"] == []
-    r = kcache("--cache-dir", missing, "prune")
+    r = kcache("prune", env=env)
     assert r.exit_code == 0 and "nothing to remove" in r.stderr
     assert not missing.exists()
 

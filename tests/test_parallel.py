@@ -50,3 +50,26 @@ def test_parallel_scan_with_a_thread_running_matches_serial(fixture_copy, monkey
     monkeypatch.setattr(scan_mod, "PARALLEL_MIN_JOBS", 2)
     threaded = _with_thread(lambda: scan_cache(root))
     assert threaded.entries == serial.entries and len(serial.entries) > 12
+
+
+def test_a_progress_bar_runs_no_thread_so_workers_fork(monkeypatch, capsys):
+    """The export and import bars are drawn when advanced, not by Rich's refresh thread: the workers
+    they show can be forked safely (and fast) while the bar is up."""
+    import io
+    import sys
+
+    from kcache_cli.cli.common import GlobalOptions
+    from kcache_cli.cli.progress import Bar
+
+    tty = io.StringIO()
+    tty.isatty = lambda: True  # type: ignore[method-assign]
+    monkeypatch.setattr(sys, "stderr", tty)
+    with Bar(GlobalOptions(), "exporting") as bar:
+        assert bar.enabled and bar._progress is not None
+        bar.start(3)
+        bar.advance(2)
+        assert threading.active_count() == 1 and parallel.fork_safe()
+        out = parallel.map_parts(_part, 1, [[5]])
+    assert out[0][0] == os.getpid()  # forked directly, no forkserver needed
+    with Bar(GlobalOptions(quiet=True), "exporting") as quiet:
+        assert not quiet.enabled

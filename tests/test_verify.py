@@ -114,9 +114,10 @@ def test_building_entries_are_skipped(fixture_copy):
 
 
 def test_missing_cache_is_not_an_error(kcache, tmp_path):
-    r = kcache("--cache-dir", tmp_path / "nothing", "verify")
+    env = {"KCACHE_DIR": str(tmp_path / "nothing")}  # not an explicit --cache-dir: that one must exist
+    r = kcache("verify", env=env)
     assert r.exit_code == 0 and "nothing to verify" in r.stderr
-    r = kcache("--cache-dir", tmp_path / "nothing", "verify", "--json")
+    r = kcache("verify", "--json", env=env)
     assert r.exit_code == 0 and r.json()["checked"] == 0
 
 

@@ -26,9 +26,23 @@ _GLOBAL_OPTIONS = ((("--cache-dir",), "cache_dir", False, "PATH", "Cache root (a
                    (("--debug",), "debug", True, None, "Show tracebacks for errors (a global option)."))
 
 
+def _plain_metavar(param) -> None:
+    """Usage shows `ENTRY` and `TASK...` as written, not Typer's `{ENTRY}` for a required argument."""
+    metavar = param.metavar
+
+    def make_metavar(ctx, usage: bool = False) -> str:
+        return metavar if param.required or metavar.startswith("[") or not usage else f"[{metavar}]"
+
+    param.make_metavar = make_metavar
+
+
 def add_global_options(cmd) -> None:
     """Give `cmd` a hidden copy of each global option it does not declare itself, so that
     `kcache ls -q` works like `kcache -q ls`."""
+    for p in cmd.params:
+        if getattr(p, "param_type_name", "") == "argument" and p.metavar and not hasattr(p, "_kcache_metavar"):
+            _plain_metavar(p)
+            p._kcache_metavar = True
     declared = {o for p in cmd.params for o in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))}
     for decls, name, flag, metavar, help_text in _GLOBAL_OPTIONS:
         if declared.isdisjoint(decls):
@@ -50,7 +64,7 @@ class KcacheGroup(TyperGroup):
 app = typer.Typer(
     name="kcache",
     help="See into, build, clean and ship the on-disk caches of compiled GPU and CPU kernels "
-    "(hidet, tilus, tilelang).\n\nExample: kcache ls --op matmul",
+    "(hidet, tilus, tilelang, triton).\n\nExample: kcache ls --op matmul",
     no_args_is_help=True,
     cls=KcacheGroup,
     add_completion=True,
@@ -125,7 +139,7 @@ def app_for(args: list[str]) -> typer.Typer:
     name = _subcommand(args)
     if name is None or any(k.startswith("_KCACHE_COMPLETE") for k in os.environ):
         return app
-    chosen = [ci for ci in app.registered_commands if (ci.name or ci.callback.__name__) == name]
+    chosen = [ci for ci in app.registered_commands if (ci.name or getattr(ci.callback, "__name__", None)) == name]
     if len(chosen) != 1:
         return app
     one = typer.Typer()
@@ -146,8 +160,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rc = app_for(args)(args=args, prog_name="kcache", standalone_mode=False)
     except KcacheError as exc:
-        if debug:
-            raise
+        if debug:  # the traceback, and the same exit status as without --debug
+            import traceback
+
+            traceback.print_exc()
         sys.stderr.write(f"Error: {exc}\n")
         sys.exit(exc.exit_code)
     except typer.Abort:
@@ -162,7 +178,9 @@ def main(argv: list[str] | None = None) -> None:
         from kcache_cli.cli.errors import describe_exception, is_usage_error, no_args_help
 
         if debug and not is_usage_error(exc):
-            raise
+            import traceback
+
+            traceback.print_exc()
         help_text = no_args_help(exc)
         if help_text is not None:  # bare `kcache`: the help, on stdout, and the usage-error status
             sys.stdout.write(help_text)

@@ -7,53 +7,13 @@ from typing import Annotated, List, Optional
 import typer
 
 from kcache_cli.cli import common as c
+from kcache_cli.cli.progress import Bar as _Bar
 
 
 def register(app: typer.Typer) -> None:
     app.command("export")(export_command)
     app.command("import")(import_command)
     app.command("verify")(verify_command)
-
-
-class _Bar:
-    """A Rich progress bar on stderr (only on a terminal, never with -q); cheap to advance often."""
-
-    def __init__(self, opts: c.GlobalOptions, description: str, unit: str = "bytes") -> None:
-        self.enabled = sys.stderr.isatty() and not opts.quiet
-        self.description = description
-        self.unit = unit
-        self._pending = 0
-        self._step = 1
-        self._progress = None
-        self._task = None
-
-    def __enter__(self) -> "_Bar":
-        if self.enabled:
-            from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeRemainingColumn, TransferSpeedColumn)
-
-            cols = [TextColumn("{task.description}"), BarColumn()]
-            cols += [DownloadColumn(), TransferSpeedColumn()] if self.unit == "bytes" else [MofNCompleteColumn()]
-            cols.append(TimeRemainingColumn())
-            self._progress = Progress(*cols, console=c.stderr_console(), transient=True)
-            self._progress.start()
-            self._task = self._progress.add_task(self.description, total=None)
-        return self
-
-    def start(self, total: int) -> None:
-        self._step = max(1, total // 500)
-        if self._progress is not None:
-            self._progress.update(self._task, total=total)
-
-    def advance(self, n: int) -> None:
-        self._pending += n
-        if self._pending >= self._step and self._progress is not None:
-            self._progress.advance(self._task, self._pending)
-            self._pending = 0
-
-    def __exit__(self, *exc) -> None:
-        if self._progress is not None:
-            self._progress.stop()
 
 
 def _size(text: Optional[str], option: str, default: int) -> int:
@@ -95,10 +55,11 @@ def export_command(
 
     opts = c.use(ctx, cache_dir, as_json)
     compression_for(archive)  # a bad name is a usage error before any work
-    flt = c.make_filter(op, space, target, layout, status, kind, hashes)
-    root = c.cache_root(opts)
+    root = c.cache_root(opts, existing=True)
+    flt = c.make_filter(op, space, target, layout, status, kind, hashes, root=root)
+    c.hint_unknown(opts, root, flt)
     plan = plan_export(root, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
-    with _Bar(opts, "exporting", unit="entries") as bar:
+    with _Bar(opts, "exporting") as bar:
         result = export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
     if opts.json:
         c.emit_json({"archive": result.archive, "root": str(root), "compression": result.compression,
@@ -116,15 +77,17 @@ def export_command(
         for e, why in shown:
             c.info(opts, f"left out {e.relpath}: {why}")
         if len(result.left_out) > len(shown):
-            c.info(opts, f"left out {len(result.left_out) - len(shown)} more entries (see --json)")
-    sys.stdout.write(f"exported {len(result.entries)} entries ({result.files} files, {c.human_size(result.size)}) "
+            c.info(opts, f"left out {c.plural(len(result.left_out) - len(shown), 'more entry', 'more entries')} "
+                         "(see --json)")
+    sys.stdout.write(f"exported {c.plural(len(result.entries), 'entry')} ({c.plural(result.files, 'file')}, "
+                     f"{c.human_size(result.size)}) "
                      f"to {result.archive} ({c.human_size(result.archive_size)})\n")
 
 
 def import_command(
     ctx: typer.Context,
     archive: ArchiveArg,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Verify the whole archive and list what would come "
+    dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Verify the whole archive and list what would come "
                                           "in; write nothing.")] = False,
     max_file_size: Annotated[Optional[str], typer.Option(
         "--max-file-size", metavar="SIZE", help="Reject archives with a file larger than this (default 4GiB).")] = None,
@@ -153,7 +116,7 @@ def import_command(
     limits = ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
                           max_total=_size(max_total_size, "--max-total-size", defaults.max_total))
     root = c.cache_root(opts)
-    with _Bar(opts, "verifying" if dry_run else "importing") as bar:
+    with _Bar(opts, "verifying" if dry_run else "importing", unit="bytes") as bar:
         result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout,
                                 warn=lambda m: c.warn(opts, m), progress=bar)
     fit = arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
@@ -168,7 +131,7 @@ def import_command(
             c.warn(opts, f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU "
                          f"(compute capability {local})")
         if len(bad) > 10:
-            c.warn(opts, f"{len(bad) - 10} more entries are built for archs this GPU cannot run")
+            c.warn(opts, f"{c.plural(len(bad) - 10, 'more entry', 'more entries')} built for archs this GPU cannot run")
     counts = {a: sum(1 for e in result.entries if e.action == a) for a in ("import", "replace", "skip")}
     if opts.json:
         c.emit_json({"archive": result.archive, "root": result.root, "dry_run": result.dry_run,
@@ -187,14 +150,18 @@ def import_command(
     if shown:
         rows = [[e.action, e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
                  c.human_size(e.size), e.arch or "-", e.reason or ""] for e in shown]
-        c.print_table(["action", "layout", "kind", "space", "op", "hash", "files", "size", "arch", "note"], rows,
-                      right=(6, 7))
+        from kcache_cli.cli.table import Column
+
+        c.print_table([Column("action"), Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
+                       Column("op", drop=7), Column("hash", spill=True), Column("files", right=True, drop=3),
+                       Column("size", right=True, drop=6), Column("arch", drop=7), Column("note", wrap=True)], rows)
     if len(shown) < len(result.entries):
-        c.info(opts, f"({len(result.entries) - len(shown)} more entries not shown: see --json)")
+        more = c.plural(len(result.entries) - len(shown), "more entry", "more entries")
+        c.info(opts, f"({more} not shown: see --json)")
     verb = "would import" if dry_run else "imported"
-    c.info(opts, f"{verb} {counts['import'] + counts['replace']} entries ({counts['replace']} replacing incomplete "
-                 f"ones), skipped {counts['skip']}; {result.files} files ({c.human_size(result.size)}) verified "
-                 f"{'' if dry_run else 'into ' + result.root}".rstrip())
+    c.info(opts, f"{verb} {c.plural(counts['import'] + counts['replace'], 'entry')} ({counts['replace']} replacing "
+                 f"incomplete ones), skipped {counts['skip']}; {c.plural(result.files, 'file')} "
+                 f"({c.human_size(result.size)}) verified {'' if dry_run else 'into ' + result.root}".rstrip())
 
 
 def verify_command(
@@ -223,10 +190,11 @@ def verify_command(
     from kcache_cli.verify import verify_cache
 
     opts = c.use(ctx, cache_dir, as_json)
-    flt = c.make_filter(op, space, target, layout, status, kind, hashes)
-    root = c.cache_root(opts)
+    root = c.cache_root(opts, existing=True)
+    flt = c.make_filter(op, space, target, layout, status, kind, hashes, root=root)
+    c.hint_unknown(opts, root, flt)
     started = time.monotonic()
-    with _Bar(opts, "verifying", unit="entries") as bar:
+    with _Bar(opts, "verifying") as bar:
         result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar, fix=fix)
     failed = result.failed
     for e, error in result.fix_errors:
@@ -245,14 +213,17 @@ def verify_command(
                     e = ch.entry
                     rows.append([e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, ch.status, p]
                                 if i == 0 else ["", "", "", "", "", "", p])
-            c.print_table(["layout", "kind", "space", "op", "hash", "status", "problem"], rows,
-                          styles={5: c.STATUS_STYLE})
+            from kcache_cli.cli.table import Column
+
+            c.print_table([Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
+                           Column("op", drop=7), Column("hash", spill=True), Column("status", styles=c.STATUS_STYLE),
+                           Column("problem", wrap=True)], rows)
         if not result.exists:
             c.info(opts, f"no cache at {root}: nothing to verify")
         else:
             building = f", skipped {len(result.skipped)} being built" if result.skipped else ""
             fixed = f", rewrote the paths of {len(result.fixed)}" if fix else ""
-            c.info(opts, f"checked {len(result.checked)} entries in {time.monotonic() - started:.1f}s: "
+            c.info(opts, f"checked {c.plural(len(result.checked), 'entry')} in {time.monotonic() - started:.1f}s: "
                          f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}{fixed}")
     if failed:
         raise typer.Exit(1)

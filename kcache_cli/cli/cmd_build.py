@@ -6,7 +6,7 @@ string with get_type_hints on each start of kcache, about 3 ms for this command'
 import os
 import sys
 import threading
-from typing import Annotated, List, Optional
+from typing import Any, Annotated, List, Optional
 
 import typer
 from typer.core import TyperCommand
@@ -31,34 +31,49 @@ def register(app: typer.Typer) -> None:
     app.command("build", cls=_BuildCommand)(build_command)
 
 
+TasksArg = Annotated[List[str], typer.Argument(
+    metavar="TASK...", show_default=False,
+    help="task.txt files (hidet's task string), task directories, or directories of task directories.")]
+SourceOpt = Annotated[Optional[str], typer.Option(
+    "--source", metavar="PATH", help="The source to compile (one task only). Default: source.cu or "
+    "source.cc next to the task file.")]
+TargetOpt = Annotated[Optional[str], typer.Option(
+    "--target", metavar="TARGET", help="cuda or cpu. Default: from the source's suffix "
+    "(.cu: cuda, .cc/.cpp: cpu).")]
+SpaceOpt = Annotated[str, typer.Option(
+    "--space", metavar="SPACE", help="hidet's search-space level, 0, 1 or 2, or the space's name "
+    "(cuda_space_2): the entry goes to ops/<target>_space_<N>/.", autocompletion=c.complete.complete_space)]
+ArchOpt = Annotated[Optional[str], typer.Option(
+    "--arch", metavar="ARCH", help="CUDA arch, e.g. sm_90. Default: the local GPU's (nvidia-smi), else "
+    "nvcc's own default (sm_75 for nvcc 13). Always recorded in the entry's kcache.json.")]
+NvccOpt = Annotated[Optional[str], typer.Option(
+    "--nvcc", metavar="PATH", envvar="KCACHE_NVCC", help="The nvcc to use. Default: nvcc on PATH.")]
+CxxOpt = Annotated[Optional[str], typer.Option(
+    "--cxx", metavar="PATH", envvar="CXX", help="The C++ compiler for cpu tasks. Default: g++ on PATH.")]
+IncludeOpt = Annotated[Optional[List[str]], typer.Option(
+    "-I", "--include", metavar="DIR", help="Include directory for the compiler (repeatable).")]
+JobsOpt = Annotated[int, typer.Option("-j", "--jobs", metavar="N", min=0,
+                                      help="Build N tasks at a time (0: one per core).")]
+ForceOpt = Annotated[bool, typer.Option(
+    "--force", help="Rebuild even when a complete entry exists (replaced atomically).")]
+TimeoutOpt = Annotated[Optional[float], typer.Option(
+    "--timeout", metavar="SECONDS", min=0, help="Wait at most this long for another build of the same entry "
+    "(then exit 3). Default: wait as long as it takes.")]
+
+
 def build_command(
     ctx: typer.Context,
-    tasks: Annotated[List[str], typer.Argument(
-        metavar="TASK...", show_default=False,
-        help="task.txt files (hidet's task string), task directories, or directories of task directories.")],
-    source: Annotated[Optional[str], typer.Option(
-        "--source", metavar="PATH", help="The source to compile (one task only). Default: source.cu or "
-        "source.cc next to the task file.")] = None,
-    target: Annotated[Optional[str], typer.Option(
-        "--target", metavar="TARGET", help="cuda or cpu. Default: from the source's suffix "
-        "(.cu: cuda, .cc/.cpp: cpu).")] = None,
-    space: Annotated[int, typer.Option(
-        "--space", min=0, max=2, help="hidet's search-space level: the entry goes to ops/<target>_space_<N>/.")] = 0,
-    arch: Annotated[Optional[str], typer.Option(
-        "--arch", metavar="ARCH", help="CUDA arch, e.g. sm_90. Default: the local GPU's (nvidia-smi), else "
-        "nvcc's own default (sm_75 for nvcc 13). Always recorded in the entry's kcache.json.")] = None,
-    nvcc: Annotated[Optional[str], typer.Option(
-        "--nvcc", metavar="PATH", envvar="KCACHE_NVCC", help="The nvcc to use. Default: nvcc on PATH.")] = None,
-    cxx: Annotated[Optional[str], typer.Option(
-        "--cxx", metavar="PATH", envvar="CXX", help="The C++ compiler for cpu tasks. Default: g++ on PATH.")] = None,
-    include: Annotated[Optional[List[str]], typer.Option(
-        "-I", "--include", metavar="DIR", help="Include directory for the compiler (repeatable).")] = None,
-    jobs: Annotated[int, typer.Option("-j", "--jobs", min=0, help="Build N tasks at a time (0: one per core).")] = 1,
-    force: Annotated[bool, typer.Option(
-        "--force", help="Rebuild even when a complete entry exists (replaced atomically).")] = False,
-    timeout: Annotated[Optional[float], typer.Option(
-        "--timeout", metavar="SECONDS", min=0, help="Wait at most this long for another build of the same entry "
-        "(then exit 3). Default: wait as long as it takes.")] = None,
+    tasks: TasksArg,
+    source: SourceOpt = None,
+    target: TargetOpt = None,
+    space: SpaceOpt = "0",
+    arch: ArchOpt = None,
+    nvcc: NvccOpt = None,
+    cxx: CxxOpt = None,
+    include: IncludeOpt = None,
+    jobs: JobsOpt = 1,
+    force: ForceOpt = False,
+    timeout: TimeoutOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -75,16 +90,17 @@ def build_command(
     Example: kcache build task.txt --arch sm_90 -- -lineinfo
     """
     from kcache_cli import build as b
-    from kcache_cli.errors import KcacheError, UsageError
+    from kcache_cli.errors import UsageError
 
     opts = c.use(ctx, cache_dir, as_json)
     extra = tuple(ctx.meta.get(EXTRA_KEY) or ())
     if arch:
         b.check_arch(arch)
+    level, target = _space_level(space, target)
     if target is not None and target not in b.TARGETS:
         raise UsageError(f"unknown target '{target}' (choose from {', '.join(b.TARGETS)})")
     b.check_extra_flags(extra)
-    options = b.BuildOptions(space=space, target=target, arch=arch, nvcc=nvcc, cxx=cxx,
+    options = b.BuildOptions(space=level, target=target, arch=arch, nvcc=nvcc, cxx=cxx,
                              include_dirs=tuple(include or ()), extra_flags=extra, force=force, timeout=timeout)
     paths = b.find_tasks(tasks)
     if source is not None and len(paths) != 1:
@@ -94,26 +110,19 @@ def build_command(
     listener = _Listener(opts, len(paths), show)
 
     if len(paths) == 1 and not opts.json:
-        # One task: errors are one line (main() prints them); stdout is the entry's path.
-        try:
-            result = b.build_task(root, paths[0], options, source=source, listener=listener)
-        finally:
-            listener.stop()
-        if result.status == b.FAILED:
-            _show_failure(result, header=False)  # main() prints the error line itself
-            raise KcacheError(result.error)
-        _notes(opts, result)
-        if result.status == b.BUILT:
-            c.info(opts, f"built {result.relpath} for {result.arch} in {result.elapsed:.1f}s"
-                   + (f" (replaced a {result.replaced})" if result.replaced else ""))
-        sys.stdout.write(f"{result.path}\n")
-        return
-
+        return _build_one(opts, root, paths[0], options, source, listener)
     tasks_to_build = [b.load_task(paths[0], options, source)] if source is not None else paths
     try:
         results = b.build_tasks(root, tasks_to_build, options, jobs=jobs or os.cpu_count() or 1, listener=listener)
     finally:
         listener.stop()
+    _show_results(opts, results)
+
+
+def _show_results(opts: c.GlobalOptions, results) -> None:
+    """Failures and notes on stderr; a row per task and a summary (or the JSON) on stdout; the exit code."""
+    from kcache_cli import build as b
+
     for r in results:
         if r.status == b.FAILED:
             _show_failure(r)
@@ -122,14 +131,48 @@ def build_command(
         c.emit_json(b.summary_json(results))
     else:
         # the entry inside the cache (ops/<space>/<op>/<hash>), or the task file that failed
-        rows = [[r.status, r.relpath if r.status != b.FAILED else r.task] for r in results]
+        rows = [[r.status, (r.relpath if r.status != b.FAILED else r.task) or ""] for r in results]
         c.print_table(["status", "entry or task"], rows,
                       styles={0: {"built": "green", "hit": "cyan", "failed": "bold red"}})
-        sys.stdout.write(f"{b.count(results, b.BUILT)} built, {b.count(results, b.HIT)} hits, "
+        sys.stdout.write(f"{b.count(results, b.BUILT)} built, {c.plural(b.count(results, b.HIT), 'hit')}, "
                          f"{b.count(results, b.FAILED)} failed\n")
     code = b.exit_code(results)
     if code:
         raise typer.Exit(code)
+
+
+def _build_one(opts: c.GlobalOptions, root, path: str, options, source: Optional[str], listener) -> None:
+    """One task: errors are one line (main() prints them); stdout is the entry's path."""
+    from kcache_cli import build as b
+    from kcache_cli.errors import KcacheError
+
+    try:
+        result = b.build_task(root, path, options, source=source, listener=listener)
+    finally:
+        listener.stop()
+    _notes(opts, result)
+    if result.status == b.FAILED:
+        _show_failure(result, header=False)  # main() prints the error line itself
+        raise KcacheError(result.error)
+    if result.status == b.BUILT:
+        c.info(opts, f"built {result.relpath} for {result.arch} in {result.elapsed:.1f}s"
+               + (f" (replaced a {result.replaced})" if result.replaced else ""))
+    sys.stdout.write(f"{result.path}\n")
+
+
+def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]:
+    """`--space 2` or `--space cuda_space_2` (which also says the target) -> (2, target)."""
+    import re
+
+    from kcache_cli.errors import UsageError
+
+    m = re.fullmatch(r"(?:([a-z0-9]+)_space_)?(\d+)", space.strip())
+    if not m or int(m.group(2)) > 2:
+        raise UsageError(f"bad space '{space}' for build (0, 1 or 2, or a name such as cuda_space_2)")
+    named = m.group(1)
+    if named and target is not None and named != target:
+        raise UsageError(f"--space {space} is a {named} space but --target is {target}")
+    return int(m.group(2)), named or target
 
 
 def _notes(opts: c.GlobalOptions, result) -> None:
@@ -138,41 +181,38 @@ def _notes(opts: c.GlobalOptions, result) -> None:
 
 
 class _Listener:
-    """Progress on stderr: a Rich bar on a terminal (started on the first compile, so that a hit
-    never imports Rich), plain lines otherwise. Called from the building threads."""
+    """Build events on stderr: a bar on a terminal (kcache_cli.cli.progress, started on the first
+    compile, so that a hit never imports Rich), plain lines otherwise. Called from the building threads."""
 
     def __init__(self, opts: c.GlobalOptions, total: int, show: bool) -> None:
         self.opts, self.total, self.show = opts, total, show
         self.lock = threading.Lock()
-        self.progress = None
-        self.bar = None
+        self.bar: Any = None
         self.active: dict[str, str] = {}
         self.finished = 0
 
     def _start(self) -> None:
-        if self.progress is not None or not self.show:
+        if self.bar is not None or not self.show:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from kcache_cli.cli.progress import Bar
 
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), console=c.stderr_console(),
-                                 transient=True)
-        self.progress.start()
-        self.bar = self.progress.add_task("building", total=self.total, completed=self.finished)
+        self.bar = Bar(self.opts, "building", animate=True).__enter__()
+        self.bar.start(self.total)
+        self.bar.advance(self.finished)
 
     def _say(self, message: str) -> None:
         if self.opts.quiet:
             return
-        if self.progress is not None:
-            self.progress.console.print(message, markup=False, highlight=False, soft_wrap=True)
+        if self.bar is not None:
+            self.bar.print(message)
         else:
             sys.stderr.write(message + "\n")
             sys.stderr.flush()
 
     def _describe(self) -> None:
-        if self.progress is not None:
+        if self.bar is not None:
             names = ", ".join(sorted(set(self.active.values())))
-            self.progress.update(self.bar, description=f"compiling {names}" if names else "building")
+            self.bar.status(f"compiling {names}" if names else "building")
 
     def waiting(self, spec, holder: str) -> None:
         with self.lock:
@@ -190,15 +230,14 @@ class _Listener:
             self.finished += 1
             if result.relpath:
                 self.active.pop(result.relpath, None)
-            if self.progress is not None:
-                self.progress.advance(self.bar)
+            if self.bar is not None:
+                self.bar.advance(1)
                 self._describe()
 
     def stop(self) -> None:
         with self.lock:
-            if self.progress is not None:
-                self.progress.stop()
-                self.progress = None
+            if self.bar is not None:
+                self.bar.__exit__(None, None, None)
 
 
 def _show_failure(result, header: bool = True) -> None:

@@ -2,6 +2,7 @@
 
 Both are thin: scan -> plan (kcache_cli.delete) -> show -> confirm (clear) -> execute -> report."""
 
+import contextlib
 import sys
 from typing import Annotated, Optional
 
@@ -16,7 +17,6 @@ def register(app: typer.Typer) -> None:
 
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Show what would be removed; change nothing.")]
-_TABLE_ROWS_RICH = 300  # above this, plain columns even on a terminal (Rich tables get slow)
 
 
 def prune_command(
@@ -29,6 +29,9 @@ def prune_command(
     broken: Annotated[bool, typer.Option(
         "--broken", help="Remove partial, failed and corrupt entries (and symlinks where entries belong).")] = False,
     dry_run: DryRunOpt = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Accepted for scripts written for clear; prune never "
+                                                         "asks.")] = False,
+    all_caches: c.AllCachesOpt = False,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -39,28 +42,40 @@ def prune_command(
 
     Example: kcache prune --max-size 10GB --older-than 30d --dry-run
     """
-    from kcache_cli.delete import plan_prune
     from kcache_cli.units import parse_age, parse_size
 
     opts = c.use(ctx, cache_dir, as_json)
     limit = parse_size(max_size, "--max-size") if max_size is not None else None
     age = parse_age(older_than, "--older-than") if older_than is not None else None
-    loc = c.cache_location(opts)
+    out = _Out(opts, all_caches)
+    for loc in c.cache_locations(opts, all_caches):
+        out.section(loc)
+        _prune_one(opts, out, loc, limit, age, broken, dry_run)
+    out.done()
+
+
+def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, broken: bool, dry_run: bool) -> None:
+    from kcache_cli.delete import plan_prune
+
     with _busy(opts, f"scanning {loc.path}"):
         plan = plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, warn=lambda m: c.warn(opts, m))
     extra = {"max_size": limit, "older_than": age}
     if not plan.exists:
-        return _missing(opts, loc, dry_run, extra)
+        return _missing(opts, out, loc, dry_run, extra)
+    if limit is None and age is None and not broken and not plan.removals:
+        c.info(opts, f"checked {plan.root} ({c.human_size(plan.scanned_size)}) for what prune always removes: "
+                     "stale temp and staging directories and hidet's leftover candidates/; none found. "
+                     "--max-size, --older-than and --broken remove entries.")
     if dry_run:
-        return _report_plan(opts, plan, extra)
+        return _report_plan(opts, out, plan, extra)
     result = _execute(opts, plan)
-    _report_result(opts, plan, result, extra)
+    _report_result(opts, out, plan, result, extra)
 
 
 def clear_command(
     ctx: typer.Context,
     hashes: Annotated[Optional[list[str]], typer.Argument(
-        metavar="[HASH]...", help="Hash prefixes of entries to remove.", show_default=False,
+        metavar="[ENTRY]...", help=f"Entries to remove: {c.ENTRY_HELP}.", show_default=False,
         autocompletion=c.complete.complete_hash)] = None,
     op: c.OpOpt = None,
     space: c.SpaceOpt = None,
@@ -70,37 +85,52 @@ def clear_command(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (needed without a "
                                                          "terminal).")] = False,
     dry_run: DryRunOpt = False,
+    all_caches: c.AllCachesOpt = False,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Remove the entries you select (--space, --op, --target, --layout, hash prefixes, or --all) after
-    showing what goes and asking. Builds in progress are skipped; tilus programs a kept script links to
-    and tilelang binaries a kept kernel embeds are kept.
+    """Remove the entries you select (--space, --op, --target, --layout, entries by hash prefix or path,
+    or --all) after showing what goes and asking. Builds in progress are skipped; tilus programs a kept
+    script links to and tilelang binaries a kept kernel embeds are kept.
 
     Example: kcache clear --space cuda_space_2 --dry-run
     """
+    from kcache_cli.errors import UsageError
+
+    opts = c.use(ctx, cache_dir, as_json)
+    if not everything and not (hashes or op or space or target or layout):
+        raise UsageError("clear needs a selection: --space, --op, --target, --layout, entries, or --all "
+                         "(see 'kcache clear --help')")
+    out = _Out(opts, all_caches)
+    for loc in c.cache_locations(opts, all_caches):
+        refs = c.refs_in(loc.path, hashes) if all_caches else hashes
+        if hashes and not refs:
+            continue  # the entries named are in other caches: nothing of this one is selected
+        out.section(loc)
+        flt = c.make_filter(op, space, target, layout, None, None, refs, root=loc.path)
+        c.hint_unknown(opts, loc.path, flt)
+        _clear_one(opts, out, loc, flt, everything, yes, dry_run)
+    out.done()
+
+
+def _clear_one(opts: c.GlobalOptions, out: "_Out", loc, flt, everything: bool, yes: bool, dry_run: bool) -> None:
     from kcache_cli.delete import plan_clear
     from kcache_cli.errors import KcacheError, UsageError
 
-    opts = c.use(ctx, cache_dir, as_json)
-    flt = c.make_filter(op, space, target, layout, None, None, hashes)
-    if not everything and flt == type(flt)():
-        raise UsageError("clear needs a selection: --space, --op, --target, --layout, hash prefixes, or --all "
-                         "(see 'kcache clear --help')")
-    loc = c.cache_location(opts)
     with _busy(opts, f"scanning {loc.path}"):
         plan = plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m))
     if not plan.exists:
-        return _missing(opts, loc, dry_run, {})
+        return _missing(opts, out, loc, dry_run, {})
     if dry_run:
-        return _report_plan(opts, plan, {})
+        return _report_plan(opts, out, plan, {})
     if not plan.removals:
         if not plan.skipped:
             c.info(opts, f"no entries in {plan.root} match the selection")
-        return _report_result(opts, plan, None, {})
+        return _report_result(opts, out, plan, None, {})
     if not yes:
-        summary = (f"{plan.entries} entr{'y' if plan.entries == 1 else 'ies'}, "
-                   f"{c.human_size(plan.expected_freed_size)} ({plan.expected_freed_size} bytes) from {plan.root}")
+        summary = (f"{c.plural(plan.entries, 'entry')}, "
+                   f"{c.human_size(plan.expected_freed_size)} ({c.plural(plan.expected_freed_size, 'byte')}) "
+                   f"from {plan.root}")
         if not _stdin_is_terminal():
             raise UsageError(f"not removing {summary} without confirmation: stdin is not a terminal (pass --yes)")
         _preview(plan)
@@ -109,7 +139,34 @@ def clear_command(
         if not typer.confirm(f"Remove {summary}?", default=False, err=True):
             raise KcacheError("aborted: nothing was removed")
     result = _execute(opts, plan)
-    _report_result(opts, plan, result, {})
+    _report_result(opts, out, plan, result, {})
+
+
+class _Out:
+    """Where results go: JSON on stdout (one object, or with --all-caches a list of them), or tables
+    with a heading naming each root."""
+
+    def __init__(self, opts: c.GlobalOptions, all_caches: bool) -> None:
+        self.opts, self.all_caches = opts, all_caches
+        self.collected: list[dict] = []
+        self.sections = 0
+
+    def section(self, loc) -> None:
+        if self.all_caches and not self.opts.json:
+            sys.stdout.write(("\n" if self.sections else "") + f"==> {loc.path} <==\n")
+        self.sections += 1
+
+    def json(self, data: dict) -> None:
+        if self.all_caches:
+            self.collected.append(data)
+        else:
+            c.emit_json(data)
+
+    def done(self) -> None:
+        if self.all_caches and self.opts.json:
+            c.emit_json(self.collected)
+        elif self.all_caches and not self.sections:
+            c.info(self.opts, "no kernel cache found (see kcache dir --all)")
 
 
 # ---- helpers -------------------------------------------------------------------------------------
@@ -124,21 +181,11 @@ def _progress_wanted(opts: c.GlobalOptions) -> bool:
     return not opts.quiet and sys.stderr.isatty()
 
 
-class _busy:
-    """A spinner on stderr while planning (terminal only, not with -q)."""
+def _busy(opts: c.GlobalOptions, text: str):
+    """What is going on while planning (a bar without a count: the scan reports no progress)."""
+    from kcache_cli.cli.progress import Bar
 
-    def __init__(self, opts: c.GlobalOptions, text: str):
-        self.status = c.stderr_console().status(text) if _progress_wanted(opts) else None
-
-    def __enter__(self):
-        if self.status is not None:
-            self.status.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.status is not None:
-            self.status.__exit__(*exc)
-        return False
+    return Bar(opts, text) if _progress_wanted(opts) else contextlib.nullcontext()
 
 
 def _execute(opts: c.GlobalOptions, plan):
@@ -147,17 +194,16 @@ def _execute(opts: c.GlobalOptions, plan):
 
     if not _progress_wanted(opts) or len(plan.removals) < 2:
         return plan.execute(on_wait=waiting)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from kcache_cli.cli.progress import Bar
 
-    with Progress(TextColumn("removing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=c.stderr_console(), transient=True) as bar:
-        task = bar.add_task("removing", total=len(plan.removals))
-        return plan.execute(progress=lambda r: bar.advance(task), on_wait=waiting)
+    with Bar(opts, "removing") as bar:
+        bar.start(len(plan.removals))
+        return plan.execute(progress=lambda r: bar.advance(1), on_wait=waiting)
 
 
-def _missing(opts: c.GlobalOptions, loc, dry_run: bool, extra: dict) -> None:
+def _missing(opts: c.GlobalOptions, out: _Out, loc, dry_run: bool, extra: dict) -> None:
     if opts.json:
-        c.emit_json({"root": str(loc.path), "exists": False, "dry_run": dry_run, "removed": [], "skipped": [],
+        out.json({"root": str(loc.path), "exists": False, "dry_run": dry_run, "removed": [], "skipped": [],
                      "errors": [], "entries": 0, "freed": 0, "size_before": 0, "size_after": 0, **extra,
                      "warnings": []})
         return
@@ -172,38 +218,27 @@ def _rows(removals) -> list[list[str]]:
             for r in removals]
 
 
-_COLUMNS = ["what", "layout", "space", "op", "hash", "size", "last used", "why"]
-_SIZE_COLUMN = 5
-
-
 def _table(removals, to_stderr: bool = False, limit: int | None = None) -> None:
-    """A Rich table on a terminal it fits in; plain aligned columns otherwise (pipes, long lists,
-    narrow terminals: nothing is cut short)."""
+    """The removals as a table fitted to the terminal (hash and size always; the reason wraps)."""
+    from kcache_cli.cli.table import Column, render
+
     shown = list(removals)[:limit] if limit else list(removals)
     rows = _rows(shown)
     if not rows:
         return
-    widths = [max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(_COLUMNS)]
-    out = sys.stderr if to_stderr else sys.stdout
-    rich = not to_stderr and sys.stdout.isatty() and len(rows) <= _TABLE_ROWS_RICH
-    console = c.stdout_console() if rich else None
-    if console is None or sum(widths) + 2 * (len(widths) - 1) > console.width:
-        lines = ["  ".join((row[i].rjust(w) if i == _SIZE_COLUMN else row[i].ljust(w))
-                           for i, w in enumerate(widths)).rstrip() for row in [_COLUMNS] + rows]
-        out.write("\n".join(lines) + "\n")
-        if limit and len(removals) > limit:
-            out.write(f"... and {len(removals) - limit} more\n")
-        return
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
+    cols = [Column("what", drop=2), Column("layout", drop=1), Column("space", drop=8), Column("op", drop=7),
+            Column("hash", spill=True), Column("size", right=True, drop=4), Column("last used", drop=3),
+            Column("why", wrap=True)]
+    if to_stderr:
+        import shutil
 
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for i, col in enumerate(_COLUMNS):
-        table.add_column(col, justify="right" if i == _SIZE_COLUMN else "left", no_wrap=True)
-    for row in rows:
-        table.add_row(*(escape(x) for x in row))
-    console.print(table)
+        width = shutil.get_terminal_size().columns if sys.stderr.isatty() else c.output_width()
+        lines = render(cols, rows, width, colour=False)
+        if limit and len(removals) > limit:
+            lines.append(f"... and {len(removals) - limit} more")
+        sys.stderr.write("".join(line + "\n" for line in lines))
+        return
+    c.print_table(cols, rows)
 
 
 def _preview(plan) -> None:
@@ -214,9 +249,9 @@ def _skipped_json(skipped) -> list[dict]:
     return [s.to_json() for s in skipped]
 
 
-def _report_plan(opts: c.GlobalOptions, plan, extra: dict) -> None:
+def _report_plan(opts: c.GlobalOptions, out: _Out, plan, extra: dict) -> None:
     if opts.json:
-        c.emit_json({"root": plan.root, "exists": True, "dry_run": True,
+        out.json({"root": plan.root, "exists": True, "dry_run": True,
                      "removed": [r.to_json() for r in plan.removals], "skipped": _skipped_json(plan.skipped),
                      "errors": [], "entries": plan.entries, "freed": plan.expected_freed_size,
                      "size_before": plan.scanned_size, "size_after": plan.size_after, **extra,
@@ -229,11 +264,11 @@ def _report_plan(opts: c.GlobalOptions, plan, extra: dict) -> None:
         return
     _table(plan.removals)
     sys.stdout.write(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
-                     f"({plan.expected_freed_size} bytes) from {plan.root}"
+                     f"({c.plural(plan.expected_freed_size, 'byte')}) from {plan.root}"
                      f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).\n")
 
 
-def _report_result(opts: c.GlobalOptions, plan, result, extra: dict) -> None:
+def _report_result(opts: c.GlobalOptions, out: _Out, plan, result, extra: dict) -> None:
     from kcache_cli.errors import KcacheError
 
     removed = result.removed if result else ()
@@ -242,7 +277,7 @@ def _report_result(opts: c.GlobalOptions, plan, result, extra: dict) -> None:
     freed = result.freed if result else 0
     warnings = result.warnings if result else plan.warnings
     if opts.json:
-        c.emit_json({"root": plan.root, "exists": True, "dry_run": False, "removed": [r.to_json() for r in removed],
+        out.json({"root": plan.root, "exists": True, "dry_run": False, "removed": [r.to_json() for r in removed],
                      "skipped": _skipped_json(skipped), "errors": [m for _, m in errors],
                      "entries": sum(1 for r in removed if r.what != "candidates"), "freed": freed,
                      "size_before": plan.scanned_size, "size_after": plan.scanned_size - freed, **extra,
@@ -254,7 +289,7 @@ def _report_result(opts: c.GlobalOptions, plan, result, extra: dict) -> None:
             c.warn(opts, w)
         if removed:
             _table(removed)
-            sys.stdout.write(f"Removed {_count(removed)}, freed {c.human_size(freed)} ({freed} bytes) from "
+            sys.stdout.write(f"Removed {_count(removed)}, freed {c.human_size(freed)} ({c.plural(freed, 'byte')}) from "
                              f"{plan.root}{_sizes(plan, extra, freed)}.\n")
         else:
             sys.stdout.write(f"Nothing removed from {plan.root}.\n")

@@ -2,7 +2,7 @@
 
 import os
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -17,10 +17,11 @@ def register(app: typer.Typer) -> None:
     app.command("stats")(stats_command)
 
 
-def _scan(opts: c.GlobalOptions, flt):
+def _scan(opts: c.GlobalOptions, flt, loc=None):
     from kcache_cli.scan import scan_cache
 
-    loc = c.cache_location(opts)
+    loc = loc or c.cache_location(opts, existing=True)
+    c.hint_unknown(opts, loc.path, flt)
     result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m))
     return loc, result
 
@@ -51,7 +52,7 @@ def dir_command(
         return
     from kcache_cli.locate import known_caches
 
-    rows = []
+    rows: list[dict] = []
     for owner, path in known_caches():
         res = scan_cache(path, warn=lambda m: c.warn(opts, m))
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
@@ -75,35 +76,77 @@ def ls_command(
     kind: c.KindOpt = None,
     sort: Annotated[str, typer.Option("--sort", metavar="KEY",
                                       help="Order: op (default), size (biggest first), age (least recently used first).")] = "op",
-    limit: Annotated[Optional[int], typer.Option("--limit", min=0, help="Show at most N entries.")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", metavar="N", min=0, help="Show at most N entries.")] = None,
+    paths_only: Annotated[bool, typer.Option("-q", "--quiet", help="Print the entries' paths only, one per line "
+                                             "(like docker ps -q); nothing on stderr. With --json: the JSON.")] = False,
+    all_caches: c.AllCachesOpt = False,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """List cache entries, one row each: layout, space, op, hash, size, files, status, last used.
+    """List cache entries, one row each: layout, kind, space, op, hash, size, files, status, last used.
 
-    Example: kcache ls --op matmul --sort size --limit 10
+    Entries are named by hash prefix, path in the cache or absolute path. On a narrow terminal the
+    columns that matter least go first (layout of a one-layout cache, kind, files); hashes and statuses
+    always show in full.
+
+    Example: kcache ls --op 'mat*' --space 2 --sort size --limit 10
     """
     from kcache_cli.errors import UsageError
-    from kcache_cli.model import sort_entries
 
     opts = c.use(ctx, cache_dir, as_json)
     if sort not in ("op", "size", "age"):
         raise UsageError(f"unknown sort key '{sort}' (choose from op, size, age)")
-    flt = c.make_filter(op, space, target, layout, status, kind, hashes)
-    loc, result = _scan(opts, flt)
-    entries = sort_entries(result.entries, sort)
-    if limit is not None:
-        entries = entries[:limit]
+    if paths_only:  # quiet on stderr in any case; with --json the JSON still wins over paths
+        opts.quiet = True
+        paths_only = not opts.json
+    locs = c.cache_locations(opts, all_caches)
+    listed = []
+    for loc in locs:
+        refs = c.refs_in(loc.path, hashes) if all_caches else hashes
+        if hashes and not refs:
+            continue  # the entries named are in other caches
+        flt = c.make_filter(op, space, target, layout, status, kind, refs, root=loc.path)
+        listed.append((loc, flt, *_ls_entries(opts, loc, flt, sort, limit)))
     if opts.json:
-        c.emit_json([e.to_json() for e in entries])
+        c.emit_json([dict(e.to_json(), root=str(loc.path)) if all_caches else e.to_json()
+                     for loc, _, _, entries in listed for e in entries])
         return
+    if paths_only:
+        c.print_lines([e.path for _, _, _, entries in listed for e in entries])
+        return
+    for n, (loc, flt, result, entries) in enumerate(listed):
+        if all_caches:
+            sys.stdout.write(("\n" if n else "") + f"==> {loc.path} <==\n")
+        _ls_table(opts, loc, flt, result, entries)
+    if all_caches and not listed:
+        c.info(opts, "no kernel cache found (see kcache dir --all)")
+
+
+def _ls_entries(opts: c.GlobalOptions, loc, flt, sort: str, limit: Optional[int]):
+    from kcache_cli.model import sort_entries
+
+    _, result = _scan(opts, flt, loc)
+    entries = sort_entries(result.entries, sort)
+    return result, entries[:limit] if limit is not None else entries
+
+
+def _ls_table(opts: c.GlobalOptions, loc, flt, result, entries) -> None:
+    from kcache_cli.cli.table import Column
+
     if not result.exists:
         c.info(opts, f"no cache at {loc.path} ({loc.reason})")
         return
     if not entries:
         c.info(opts, f"no entries in {loc.path}" + (" match" if flt != type(flt)() else ""))
         return
+    one_layout = len({e.layout for e in entries}) == 1
+    cols = [Column("layout", drop=1 if one_layout else 6), Column("kind", drop=2), Column("space", drop=8),
+            Column("op", drop=7), Column("hash", spill=True), Column("size", right=True, drop=5),
+            Column("files", right=True, drop=3), Column("status", styles=c.STATUS_STYLE),
+            Column("last used", drop=4)]
     show_reason = any(e.reason for e in entries)
+    if show_reason:
+        cols.append(Column("reason", wrap=True))
     rows = []
     for e in entries:
         row = [e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, c.human_size(e.size),
@@ -111,75 +154,120 @@ def ls_command(
         if show_reason:
             row.append(e.reason or "")
         rows.append(row)
-    cols = ["layout", "kind", "space", "op", "hash", "size", "files", "status", "last used"]
-    if show_reason:
-        cols.append("reason")
-    c.print_table(cols, rows, styles={7: c.STATUS_STYLE}, right=(5, 6))
+    c.print_table(cols, rows)
     total = sum(e.size for e in entries)
-    c.info(opts, f"{len(entries)} entries, {c.human_size(total)} in {loc.path}")
+    c.info(opts, f"{c.plural(len(entries), 'entry')}, {c.human_size(total)} in {loc.path}")
 
 
-def _details(opts: c.GlobalOptions, prefix: str):
+def _details(opts: c.GlobalOptions, ref: str, space=None, op=None, layout=None, kind=None):
     from kcache_cli.layouts import get
     from kcache_cli.scan import resolve_entry
 
-    root = c.cache_root(opts)
-    entry = resolve_entry(root, prefix, warn=lambda m: c.warn(opts, m))
+    root = c.cache_root(opts, existing=True)
+    flt = c.make_filter(op, space, None, layout, None, kind, None, root=root)
+    c.hint_unknown(opts, root, flt)
+    entry = resolve_entry(root, ref, warn=lambda m: c.warn(opts, m), flt=flt)
     return root, entry, get(entry.layout)
 
 
-HashArg = Annotated[str, typer.Argument(metavar="HASH", help="A unique hash prefix (or the entry's path in the cache).",
+HashArg = Annotated[str, typer.Argument(metavar="ENTRY", help=f"The entry: a unique {c.ENTRY_HELP}.",
                                         autocompletion=c.complete.complete_hash)]
+_PICK = "Among the same hash in several places: "
+PickSpaceOpt = Annotated[Optional[List[str]], typer.Option(
+    "--space", metavar="SPACE", help=_PICK + "the one in this space (cuda_space_2 or 2).",
+    autocompletion=c.complete.complete_space)]
+PickOpOpt = Annotated[Optional[List[str]], typer.Option("--op", metavar="NAME", help=_PICK + "the one of this op.",
+                                                        autocompletion=c.complete.complete_op)]
+PickLayoutOpt = Annotated[Optional[List[str]], typer.Option(
+    "--layout", metavar="LAYOUT", help=_PICK + "the one of this layout.", autocompletion=c.complete.complete_layout)]
+PickKindOpt = Annotated[Optional[List[str]], typer.Option(
+    "--kind", metavar="KIND", help=_PICK + "the one of this kind.", autocompletion=c.complete.complete_kind)]
 
 
 def inspect_command(
     ctx: typer.Context,
     hash_prefix: HashArg,
+    space: PickSpaceOpt = None,
+    op: PickOpOpt = None,
+    layout: PickLayoutOpt = None,
+    kind: PickKindOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
     """Everything about one entry: path, task, files, compile command, binary arch and symbols, status.
 
     Runs the deep checks that read every byte: task.txt's sha256 against the directory name,
-    files against a manifest (kcache.json, tilelang's manifest.json).
+    files against a manifest (kcache.json, tilelang's manifest.json). Exit status: 0 when the entry
+    is complete, 1 when it is not (its status and reason say why), 2 when no single entry matches.
 
-    Example: kcache inspect ad252b06
+    Example: kcache inspect ad252b06 --space cuda_space_0
     """
+    from kcache_cli.terms import COMPLETE
+
     opts = c.use(ctx, cache_dir, as_json)
-    root, entry, layout = _details(opts, hash_prefix)
-    d = layout.describe(root, entry)
+    root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind)
+    d = layout_mod.describe(root, entry)
     from kcache_cli.binary import read_binary
 
     bins = [read_binary(p) for p in d.binaries]
-    archs = sorted({a for b in bins for a in b.archs})
     if opts.json:
-        data = entry.to_json()
-        data.update(status=d.status, reason=d.reason, problems=list(d.problems), op=entry.op or d.task_op,
-                    inputs=[_tensor(t) for t in d.inputs], outputs=[_tensor(t) for t in d.outputs],
-                    files=[{"name": f.name, "size": f.size, "link": f.link} for f in d.files],
-                    compile_command=d.compile_command, compiler_output=d.compiler_output, archs=archs,
-                    binaries=[{"path": b.path, "format": b.format, "machine": b.machine, "archs": list(b.archs),
-                               "ptx": list(b.ptx_archs), "symbols": list(b.symbols), "error": b.error}
-                              for b in bins],
-                    facts={k: v for k, v in d.facts})
-        c.emit_json(data)
-        return
-    con = c.stdout_console()
-    from rich.markup import escape
+        _inspect_json(entry, d, bins)
+    else:
+        _inspect_text(entry, d, bins)
+    if d.status != COMPLETE:
+        raise typer.Exit(1)
+
+
+def _inspect_json(entry, d, bins) -> None:
+    data = entry.to_json()
+    data.update(status=d.status, reason=d.reason, problems=list(d.problems), op=entry.op or d.task_op,
+                inputs=[_tensor(t) for t in d.inputs], outputs=[_tensor(t) for t in d.outputs],
+                files=[{"name": f.name, "size": f.size, "link": f.link} for f in d.files],
+                compile_command=d.compile_command, compiler_output=d.compiler_output,
+                archs=sorted({a for b in bins for a in b.archs}),
+                binaries=[{"path": b.path, "format": b.format, "machine": b.machine, "archs": list(b.archs),
+                           "ptx": list(b.ptx_archs), "symbols": list(b.symbols), "error": b.error} for b in bins],
+                facts={k: v for k, v in d.facts})
+    c.emit_json(data)
+
+
+def _problems(d) -> list[str]:
+    """The reason, then each other problem once (a deep check often restates the scan's reason)."""
+    out: list[str] = [d.reason] if d.reason else []
+    for p in d.problems:
+        if not any(p in seen or seen in p for seen in out):
+            out.append(p)
+    return out
+
+
+def _inspect_text(entry, d, bins) -> None:
+    from kcache_cli.cli.table import fold, paint
+
+    width = c.output_width()
+    colour = not c.plain_output()
+    lines: list[str] = []
 
     def line(key: str, value: str, style: str = "") -> None:
-        value = escape(value)
-        con.print(f"[bold]{key:<16}[/] " + (f"[{style}]{value}[/]" if style else value))
+        head = f"\x1b[1m{key:<16}\x1b[0m" if colour and key else f"{key:<16}"
+        if width is not None and len(value) > width - 17 and " " not in value and len(value) <= width - 2:
+            # one word too long beside its key (a 64-digit hash, a path): whole, on its own line
+            lines.append(head.rstrip())
+            lines.append("  " + (paint(value, style, colour) if style else value))
+            return
+        parts = fold(value, None if width is None else max(width - 17, 20)) if value else [""]
+        for i, part in enumerate(parts):
+            shown = paint(part, style, colour) if style else part
+            lines.append(f"{head if i == 0 else ' ' * 16} {shown}".rstrip())
 
     line("path", entry.path)
     line("layout", f"{entry.layout} {entry.kind}")
     line("space", entry.space or "-")
     line("op", entry.op or d.task_op or "-")
     line("hash", entry.hash)
-    line("status", d.status + (f": {d.reason}" if d.reason else ""), c.STATUS_STYLE.get(d.status, ""))
-    for p in d.problems[1:]:
-        line("", p, "red")
-    line("size", f"{c.human_size(entry.size)} ({entry.size} bytes) in {entry.files} files")
+    line("status", d.status, c.STATUS_STYLE.get(d.status, ""))
+    for i, p in enumerate(_problems(d)):
+        line("reason" if i == 0 else "", p, "red")
+    line("size", f"{c.human_size(entry.size)} ({c.plural(entry.size, 'byte')}) in {c.plural(entry.files, 'file')}")
     line("modified", c.human_age(entry.modified))
     line("last used", c.human_age(entry.last_used))
     for label, tensors in (("inputs", d.inputs), ("outputs", d.outputs)):
@@ -191,22 +279,27 @@ def inspect_command(
     if d.compile_command:
         line("compile command", d.compile_command)
     for b in bins:
-        name = os.path.relpath(b.path, entry.path)
-        if b.error:
-            line(name, f"unreadable: {b.error}", "red")
-            continue
-        arch = ", ".join(b.archs) or ("none (host code only)" if b.format == "elf-so" else "-")
-        ptx = f"; PTX {', '.join(b.ptx_archs)}" if b.ptx_archs else ""
-        line(name, f"{b.format} {b.machine or ''}, CUDA arch {arch}{ptx}")
-        if b.symbols:
-            # extern "C" entry points (hidet's launch functions, tvm_ffi's) first, C++ runtime noise last
-            symbols = sorted(b.symbols, key=lambda s: (s.startswith("_Z"), s))
-            shown = ", ".join(symbols[:12]) + (f" and {len(symbols) - 12} more" if len(symbols) > 12 else "")
-            line("  symbols", shown)
+        _binary_lines(line, b, entry)
     line("files", "")
     for f in d.files:
         link = f" -> {f.link}" if f.link else ""
-        con.print(f"  {f.size:>10}  {escape(f.name)}{escape(link)}")
+        lines.extend(fold(f"  {f.size:>10}  {f.name}{link}", width, indent=14))
+    c.print_lines(lines)
+
+
+def _binary_lines(line, b, entry) -> None:
+    name = os.path.relpath(b.path, entry.path)
+    if b.error:
+        line(name, f"unreadable: {b.error}", "red")
+        return
+    arch = ", ".join(b.archs) or ("none (host code only)" if b.format == "elf-so" else "-")
+    ptx = f"; PTX {', '.join(b.ptx_archs)}" if b.ptx_archs else ""
+    line(name, f"{b.format} {b.machine or ''}, CUDA arch {arch}{ptx}")
+    if b.symbols:
+        # extern "C" entry points (hidet's launch functions, tvm_ffi's) first, C++ runtime noise last
+        symbols = sorted(b.symbols, key=lambda s: (s.startswith("_Z"), s))
+        shown = ", ".join(symbols[:12]) + (f" and {len(symbols) - 12} more" if len(symbols) > 12 else "")
+        line("  symbols", shown)
 
 
 def _tensor(t) -> dict:
@@ -222,6 +315,10 @@ def log_command(
     ctx: typer.Context,
     hash_prefix: HashArg,
     raw: Annotated[bool, typer.Option("--raw", help="Plain text, no headers or highlighting.")] = False,
+    space: PickSpaceOpt = None,
+    op: PickOpOpt = None,
+    layout: PickLayoutOpt = None,
+    kind: PickKindOpt = None,
     cache_dir: c.CacheDirOpt = None,
 ) -> None:
     """Show an entry's compile log: nvcc_log.txt, or compile.sh plus the compiler's output.
@@ -233,10 +330,10 @@ def log_command(
     from kcache_cli.errors import KcacheError
 
     opts = c.use(ctx, cache_dir)
-    root, entry, layout = _details(opts, hash_prefix)
-    logs = layout.log_files(entry)
+    root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind)
+    logs = layout_mod.log_files(entry)
     if not logs:
-        raise KcacheError(layout.no_log(entry))
+        raise KcacheError(layout_mod.no_log(entry))
     if raw:
         for lf in logs:
             with open(lf.path, "rb") as f:
@@ -266,7 +363,9 @@ def _log_line(ln: str, escape) -> str:
 
 def stats_command(
     ctx: typer.Context,
-    top: Annotated[int, typer.Option("--top", min=0, help="How many of the biggest entries to show.")] = 10,
+    top: Annotated[int, typer.Option("--top", metavar="N", min=0,
+                                     help="How many of the biggest entries to show.")] = 10,
+    all_caches: c.AllCachesOpt = False,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -277,7 +376,22 @@ def stats_command(
     from kcache_cli.model import ScanFilter
 
     opts = c.use(ctx, cache_dir, as_json)
-    loc, result = _scan(opts, ScanFilter())
+    reports = []
+    for loc in c.cache_locations(opts, all_caches):
+        _, result = _scan(opts, ScanFilter(), loc)
+        reports.append(_stats(loc, result, top))
+    if opts.json:
+        c.emit_json(reports if all_caches else reports[0])
+        return
+    for n, report in enumerate(reports):
+        if n:
+            sys.stdout.write("\n")
+        _stats_text(opts, report)
+    if all_caches and not reports:
+        c.info(opts, "no kernel cache found (see kcache dir --all)")
+
+
+def _stats(loc, result, top: int) -> dict:
     groups: dict[str, dict[str, dict[str, int]]] = {"by_layout": {}, "by_space": {}, "by_op": {}, "by_status": {},
                                                      "by_kind": {}}
     for e in result.entries:
@@ -290,27 +404,32 @@ def stats_command(
 
     biggest = heapq.nlargest(top, result.entries, key=lambda e: (e.size, e.relpath))
     layouts = list(result.layouts)
-    if opts.json:
-        c.emit_json({"root": str(loc.path), "exists": result.exists,
-                     "layout": layouts[0] if len(layouts) == 1 else ("mixed" if layouts else None),
-                     "layouts": layouts, "entries": len(result.entries), "size": result.size,
-                     **{k: dict(sorted(v.items())) for k, v in groups.items()},
-                     "biggest": [e.to_json() for e in biggest], "warnings": list(result.warnings)})
+    return {"root": str(loc.path), "exists": result.exists, "reason": loc.reason,
+            "layout": layouts[0] if len(layouts) == 1 else ("mixed" if layouts else None),
+            "layouts": layouts, "entries": len(result.entries), "size": result.size,
+            **{k: dict(sorted(v.items())) for k, v in groups.items()},
+            "biggest": [e.to_json() for e in biggest], "warnings": list(result.warnings)}
+
+
+def _stats_text(opts: c.GlobalOptions, report: dict) -> None:
+    from kcache_cli.cli.table import Column
+
+    if not report["exists"]:
+        c.info(opts, f"no cache at {report['root']} ({report['reason']})")
         return
-    if not result.exists:
-        c.info(opts, f"no cache at {loc.path} ({loc.reason})")
-        return
-    sys.stdout.write(f"{loc.path}: {', '.join(layouts) or 'no known layout'}, {len(result.entries)} entries, "
-                     f"{c.human_size(result.size)}\n")
+    c.print_text(f"{report['root']}: {', '.join(report['layouts']) or 'no known layout'}, "
+                 f"{c.plural(report['entries'], 'entry')}, {c.human_size(report['size'])}", indent=2)
     for key, title in (("by_layout", "layout"), ("by_space", "space"), ("by_op", "op"), ("by_status", "status")):
-        rows = sorted(groups[key].items(), key=lambda kv: (-kv[1]["size"], kv[0]))
+        rows = sorted(report[key].items(), key=lambda kv: (-kv[1]["size"], kv[0]))
         if not rows:
             continue
         sys.stdout.write("\n")
-        c.print_table([title, "entries", "size"], [[k, str(v["entries"]), c.human_size(v["size"])] for k, v in rows],
-                      styles={0: c.STATUS_STYLE} if key == "by_status" else None, right=(1, 2))
-    if biggest:
+        c.print_table([Column(title, styles=c.STATUS_STYLE if key == "by_status" else {}),
+                       Column("entries", right=True), Column("size", right=True)],
+                      [[k, str(v["entries"]), c.human_size(v["size"])] for k, v in rows])
+    if report["biggest"]:
         sys.stdout.write("\n")
-        c.print_table(["biggest", "space", "op", "size", "status"],
-                      [[e.hash, e.space or "-", e.op or "-", c.human_size(e.size), e.status] for e in biggest],
-                      styles={4: c.STATUS_STYLE}, right=(3,))
+        c.print_table([Column("biggest", spill=True), Column("space", drop=8), Column("op", drop=7),
+                       Column("size", right=True, drop=3), Column("status", styles=c.STATUS_STYLE)],
+                      [[e["hash"], e["space"] or "-", e["op"] or "-", c.human_size(e["size"]), e["status"]]
+                       for e in report["biggest"]])

@@ -49,40 +49,83 @@ def use(ctx: typer.Context, cache_dir: Optional[str] = None, as_json: bool = Fal
     return opts
 
 
-def cache_location(opts: GlobalOptions):
+def cache_location(opts: GlobalOptions, existing: bool = False):
+    """The cache root. With `existing`, an explicit --cache-dir that is missing or not a directory is a usage
+    error (exit 2): a typo must not read as an empty cache. The default root missing stays "nothing there"."""
     from kcache_cli.locate import resolve_cache_dir
 
-    return resolve_cache_dir(opts.cache_dir)
+    loc = resolve_cache_dir(opts.cache_dir)
+    if existing and opts.cache_dir and not loc.path.is_dir():
+        what = "is not a directory" if loc.path.exists() else "does not exist"
+        raise UsageError(f"--cache-dir {loc.path} {what}")
+    return loc
 
 
-def cache_root(opts: GlobalOptions) -> Path:
-    return cache_location(opts).path
+def cache_root(opts: GlobalOptions, existing: bool = False) -> Path:
+    return cache_location(opts, existing).path
+
+
+def cache_locations(opts: GlobalOptions, all_caches: bool) -> list:
+    """The roots a command works on: the one cache, or with --all-caches every cache `dir --all` finds
+    that exists (with the root shown by the caller)."""
+    if not all_caches:
+        return [cache_location(opts, existing=True)]
+    if opts.cache_dir:
+        raise UsageError("--all-caches and --cache-dir do not go together")
+    from kcache_cli.locate import CacheLocation, known_caches
+
+    return [CacheLocation(path, f"{owner} cache (dir --all)") for owner, path in known_caches() if path.is_dir()]
+
+
+def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
+    """With --all-caches, the entry references that can name an entry of `root`: hash prefixes and
+    relative paths, and the absolute paths inside it. A caller that gets [] for a non-empty `refs` must
+    skip the root (no reference left is not "everything")."""
+    if not refs:
+        return []
+    from kcache_cli.scan import split_refs
+
+    out = []
+    for ref in refs:
+        if os.path.isabs(ref):
+            try:
+                split_refs(root, [ref])
+            except UsageError:
+                continue
+        out.append(ref)
+    return out
+
+
+AllCachesOpt = Annotated[bool, typer.Option(
+    "--all-caches", help=f"Every cache `kcache dir --all` finds ({', '.join(LAYOUT_NAMES)}), one after the other, "
+    "each with its root.")]
 
 
 # ---- filters -------------------------------------------------------------------------------------
-OpOpt = Annotated[Optional[List[str]], typer.Option("--op", metavar="NAME", help="Only this op (repeatable).",
-                                                    autocompletion=complete.complete_op)]
+_LIST = "Repeatable, or comma-separated (a,b)."
+OpOpt = Annotated[Optional[List[str]], typer.Option(
+    "--op", metavar="NAME", help=f"Only this op; a glob works (--op 'mat*'). {_LIST}",
+    autocompletion=complete.complete_op)]
 SpaceOpt = Annotated[Optional[List[str]], typer.Option(
-    "--space", metavar="SPACE",
-    help="Only this space, e.g. cuda_space_2, 0.1.15/linux-x86_64 or a Triton arch sm_90a (repeatable).",
-    autocompletion=complete.complete_space)]
+    "--space", metavar="SPACE", help=f"Only this space: cuda_space_2, or 2 for every target's level 2, a tilelang "
+    f"0.1.15/linux-x86_64, or a Triton arch (sm_90a); a glob works. {_LIST}", autocompletion=complete.complete_space)]
 TargetOpt = Annotated[Optional[List[str]], typer.Option("--target", metavar="TARGET",
-                                                        help="Only this target: cuda, cpu, hip (repeatable).",
+                                                        help=f"Only this target: cuda, cpu, hip. {_LIST}",
                                                         autocompletion=complete.complete_target)]
 LayoutOpt = Annotated[Optional[List[str]], typer.Option("--layout", metavar="LAYOUT",
-                                                        help=f"Only this layout: {', '.join(LAYOUT_NAMES)} "
-                                                             "(repeatable).",
+                                                        help=f"Only this layout: {', '.join(LAYOUT_NAMES)}. {_LIST}",
                                                         autocompletion=complete.complete_layout)]
 StatusOpt = Annotated[Optional[List[str]], typer.Option(
-    "--status", metavar="STATUS", help="Only this status: complete, partial, failed, corrupt, building (repeatable).",
+    "--status", metavar="STATUS", help=f"Only this status: {', '.join(STATUSES)}. {_LIST}",
     autocompletion=complete.complete_status)]
 KindOpt = Annotated[Optional[List[str]], typer.Option(
-    "--kind", metavar="KIND", help="Only this kind: op, graph, ir_module, program, script, kernel, binary.",
+    "--kind", metavar="KIND", help=f"Only this kind: {', '.join(KINDS)}. {_LIST}",
     autocompletion=complete.complete_kind)]
-HashesArg = Annotated[Optional[List[str]], typer.Argument(metavar="[HASH]...", help="Hash prefixes to keep.",
+ENTRY_HELP = "hash prefix, path in the cache (ops/cuda_space_0/add/8d1f7691cdf75e90) or absolute path"
+HashesArg = Annotated[Optional[List[str]], typer.Argument(metavar="[ENTRY]...", help=f"Entries to keep: {ENTRY_HELP}.",
                                                           show_default=False, autocompletion=complete.complete_hash)]
 
-_SPACE = re.compile(r"^[a-z0-9]+_space_\d+$|^[\w.+\-]+/[\w.+\-]+$|^[\w.+\-]+$")
+_SPACE = re.compile(r"^[a-z0-9*?\[\]]+_space_[\d*?\[\]]+$|^[\w.+\-*?\[\]]+/[\w.+\-*?\[\]]+$|^[\w.+\-*?\[\]]+$")
 
 
 def _checked(values: Optional[List[str]], allowed: tuple[str, ...] | None, what: str) -> tuple[str, ...]:
@@ -98,26 +141,46 @@ def _checked(values: Optional[List[str]], allowed: tuple[str, ...] | None, what:
     return tuple(out)
 
 
-def make_filter(op=None, space=None, target=None, layout=None, status=None, kind=None, hashes=None):
+def make_filter(op=None, space=None, target=None, layout=None, status=None, kind=None, hashes=None,
+                root: Path | None = None):
+    """The selection as typed, checked. Entries given by path need `root`."""
     from kcache_cli.model import ScanFilter
+    from kcache_cli.scan import split_refs
 
     spaces = _checked(space, None, "space")
     for s in spaces:
         if not _SPACE.match(s) or any(part in (".", "..") for part in s.split("/")):
-            raise UsageError(f"bad space '{s}' (expected e.g. cuda_space_0, cpu_space_2 or 0.1.15/linux-x86_64)")
-    prefixes = _checked(hashes, None, "hash")
-    for p in prefixes:
-        if not re.fullmatch(r"[0-9a-zA-Z_\-]+", p):
-            raise UsageError(f"bad hash prefix '{p}'")
-    return ScanFilter(
-        ops=_checked(op, None, "op"),
+            raise UsageError(f"bad space '{s}' (expected e.g. cuda_space_0, 2, cpu_space_* or 0.1.15/linux-x86_64)")
+    ops = _checked(op, None, "op")
+    for o in ops:
+        if "/" in o or o in (".", ".."):
+            raise UsageError(f"bad op name '{o}'")
+    prefixes, paths = split_refs(root if root is not None else Path("."), _checked(hashes, None, "entry"))
+    flt = ScanFilter(
+        ops=ops,
         spaces=spaces,
         targets=_checked(target, None, "target"),
         layouts=_checked(layout, LAYOUT_NAMES, "layout"),
         statuses=_checked(status, STATUSES, "status"),
         kinds=_checked(kind, KINDS, "kind"),
         hash_prefixes=prefixes,
+        paths=paths,
     )
+    if root is None:
+        return flt
+    from kcache_cli.names import expand_filter
+
+    return expand_filter(root, flt)  # `--space 2`, `--op 'mat*'`: the names present, for every command
+
+
+def hint_unknown(opts: GlobalOptions, root: Path, flt) -> None:
+    """On stderr, each --op/--space/--target value that names nothing in `root`, with what there is."""
+    if not (flt.ops or flt.spaces or flt.targets) or not root.is_dir():
+        return
+    from kcache_cli.names import unknown_values
+
+    for line in unknown_values(root, flt):
+        warn(opts, line)
 
 
 # ---- output --------------------------------------------------------------------------------------
@@ -163,9 +226,17 @@ def info(opts: GlobalOptions, message: str) -> None:
 
 
 def human_size(n: int) -> str:
+    """The one size format (kcache_cli.units): powers of 1000, as `--max-size` reads them."""
     from kcache_cli.units import format_size
 
     return format_size(n)
+
+
+def plural(n: int, singular: str, many: str | None = None) -> str:
+    """`1 entry`, `2 entries`, `0 files`: the one way the CLI counts things."""
+    if many is None:
+        many = singular[:-1] + "ies" if singular.endswith("y") and singular[-2:-1] not in "aeiou" else singular + "s"
+    return f"{n} {singular if n == 1 else many}"
 
 
 def human_age(ts: float) -> str:
@@ -175,36 +246,39 @@ def human_age(ts: float) -> str:
 
 
 STATUS_STYLE = {"complete": "green", "partial": "yellow", "failed": "red", "corrupt": "bold red",
-                "building": "cyan"}
+                "building": "cyan", "stale": "magenta", "unreadable": "red"}
 
 
-def print_table(columns: list[str], rows: list[list[str]], styles: dict[int, dict[str, str]] | None = None,
+def output_width() -> int | None:
+    """The width tables and text are fitted to: COLUMNS when set (so a pipe can ask for a width), else the
+    terminal's, else None (a pipe: whole rows, one per line, for grep and awk)."""
+    value = os.environ.get("COLUMNS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    if sys.stdout.isatty():
+        import shutil
+
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def print_lines(lines: list[str]) -> None:
+    sys.stdout.write("".join(line + "\n" for line in lines))
+
+
+def print_text(text: str, indent: int = 0) -> None:
+    """A line for stdout, folded to the terminal's width."""
+    from kcache_cli.cli.table import fold
+
+    print_lines(fold(text, output_width(), indent))
+
+
+def print_table(columns, rows: list[list[str]], styles: dict[int, dict[str, str]] | None = None,
                 right: tuple[int, ...] = ()) -> None:
-    """A Rich table on a terminal; plain aligned columns (grep- and awk-friendly) otherwise or under NO_COLOR."""
-    if not plain_output():
-        from rich import box
-        from rich.table import Table
+    """A table fitted to the terminal (kcache_cli.cli.table): coloured on a terminal, plain aligned columns
+    (grep- and awk-friendly) in a pipe or under NO_COLOR. `columns` are names or table.Column."""
+    from kcache_cli.cli.table import Column, render
 
-        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        for i, c in enumerate(columns):
-            table.add_column(c, justify="right" if i in right else "left", no_wrap=True)
-        for row in rows:
-            cells = []
-            for i, cell in enumerate(row):
-                style = (styles or {}).get(i, {}).get(cell)
-                cells.append(f"[{style}]{_escape(cell)}[/]" if style else _escape(cell))
-            table.add_row(*cells)
-        stdout_console().print(table)
-        return
-    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
-    out = []
-    for row in [columns] + rows:
-        cells = [(row[i].rjust(w) if i in right else row[i].ljust(w)) for i, w in enumerate(widths)]
-        out.append("  ".join(cells).rstrip())
-    sys.stdout.write("\n".join(out) + "\n")
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
+    cols = [col if isinstance(col, Column) else Column(col, right=i in right, styles=(styles or {}).get(i, {}))
+            for i, col in enumerate(columns)]
+    print_lines(render(cols, rows, output_width(), colour=not plain_output()))

@@ -43,13 +43,13 @@ def _kinds() -> list[tuple[str, str]]:
 # ---- what the command line says -------------------------------------------------------------------
 def _given(ctx: typer.Context, name: str) -> list:
     """The values of parameter `name` parsed so far, on this command first, then on its parents."""
-    out = []
-    c = ctx
+    out: list = []
+    c: typer.Context | None = ctx
     while c is not None:
         value = (c.params or {}).get(name)
         if value is not None:
             out.extend([value] if isinstance(value, str) else value)
-        c = c.parent
+        c = c.parent  # type: ignore[assignment]  # click's Context, the same object
     return [v for v in out if isinstance(v, str)]
 
 
@@ -62,7 +62,7 @@ def completion_root(ctx: typer.Context) -> Path | None:
     """The cache root the command being completed would use, or None if it cannot be resolved."""
     own = (ctx.params or {}).get("cache_dir")  # the command's own --cache-dir
     after = getattr(ctx.find_root().obj, "cache_dir", None)  # a hidden global copy after the command
-    before = _given(ctx.find_root(), "cache_dir")  # the global option before the command
+    before = _given(ctx.find_root(), "cache_dir")  # type: ignore[arg-type]  # the global option before the command
     explicit = own or after or (before[0] if before else None)
     try:
         from kcache_cli.locate import resolve_cache_dir

@@ -80,6 +80,7 @@ def _space_dirs(ctx, ops: Path, flt: ScanFilter) -> Iterator[tuple[str, str, str
 def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     ops = ctx.root / "ops"
     jobs = []  # listing the entry directories is cheap; reading them is the work, done in parallel
+    prefixes = flt.name_prefixes()
     for space, target, space_path in _space_dirs(ctx, ops, flt):
         if flt.ops:
             op_dirs = [(o, os.path.join(space_path, o)) for o in flt.ops if os.path.isdir(os.path.join(space_path, o))]
@@ -89,8 +90,8 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
             for de in ctx.listdir(op_path):
                 if not de.is_dir(follow_symlinks=False):
                     continue  # lock files and strays
-                if flt.hash_prefixes and not any(de.name.startswith(p) or de.name.startswith(state.TEMP_PREFIX)
-                                                 for p in flt.hash_prefixes):
+                if prefixes and not any(de.name.startswith(p) or de.name.startswith(state.TEMP_PREFIX)
+                                        for p in prefixes):
                     continue
                 jobs.append((de.path, de.name, target, space, op))
     yield from ctx.map_entries(_op_entry, jobs)
