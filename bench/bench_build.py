@@ -11,8 +11,8 @@
 
 Runs are interleaved (baseline, kcache, baseline, ...) and medians compared, so that load on the
 machine hits both sides alike. CPU time (user + system of the process and its children) is printed
-too: on a busy machine it moves much less than wall-clock time. Python writes bytecode for these runs (as an installed kcache has
-it), even when PYTHONDONTWRITEBYTECODE is set in the calling shell.
+too: on a busy machine it moves much less than wall-clock time. Python writes bytecode for these runs
+(as an installed kcache has it), even when PYTHONDONTWRITEBYTECODE is set in the calling shell.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ template <int N, int M> __global__ void stencil_{name}(const float* __restrict__
     for (int k = 0; k < N; ++k) {{ acc += a[(i + k * M) % n] * (k + {n}) - a[(i * M + k) % n] * 0.5f; }}
     b[i % n] = acc;
 }}
-""" + "".join(f"template __global__ void stencil_{{name}}<{N}, {M}>(const float* __restrict__, float* __restrict__, int);\n"
+""" + "".join(f"template __global__ void stencil_{{name}}<{N}, {M}>"
+              "(const float* __restrict__, float* __restrict__, int);\n"
               for N in (16, 32) for M in range(1, 9))
 
 MINIMAL_TYPER = """import typer
@@ -196,7 +197,8 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ok = results["miss"] <= 1.05 and results["hit"] <= 1.3 and results["parallel"] <= 0.6
-    print(f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall-clock ratios need a quiet machine)")
+    print(f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
+          "(wall-clock ratios need a quiet machine)")
     print("all targets met" if ok else "some targets missed")
 
 

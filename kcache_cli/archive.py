@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Iterator, Protocol
 
 from kcache_cli import __version__, state
 from kcache_cli.errors import KcacheError, UsageError
@@ -378,17 +378,25 @@ def plan_export(root: Path, flt: ScanFilter, warn: Warn | None = None, sources_o
                     continue
                 for de in ctx.listdir(root / dirname):
                     if de.is_dir(follow_symlinks=False):
+                        verdict = hidet.judge(de.path, kind, True, root=root)
                         e = ctx.entry(path=de.path, usage=measure_tree(de.path, warn), layout="hidet", kind=kind,
-                                      target=None, space=None, op=None, hash=de.name, status=COMPLETE, reason=None)
+                                      target=hidet.other_target(de.path, kind), space=None, op=None, hash=de.name,
+                                      status=verdict.status, reason=verdict.reason)
                         if flt.matches(e):
                             jobs.append(e)
     others = tuple(n for n in layouts if n != "hidet")
     if others:
         from dataclasses import replace
 
-        scanned = scan_cache(root, replace(flt, layouts=others), warn).entries
+        scanned = scan_cache(root, replace(flt, layouts=others, statuses=()), warn).entries
         chosen = []
+        from kcache_cli.verify import judge_entry
+
         for e in scanned:
+            verdict = judge_entry(root, e, deep=True)  # the one judgement, as verify's
+            e = replace(e, status=verdict.status, reason=verdict.reason)
+            if not flt.matches(e):
+                continue
             why = _leave_out(e, flt, sources_only)
             (left.append((e, why)) if why else chosen.append(e))
         chosen += _linked_programs(root, chosen, left, warn)
@@ -573,7 +581,6 @@ class _PartWriter:
                 return self._unreadable(job, exc)
             names = {}
             size = files = 0
-            lib_head = None
             for it in items:
                 if it[1] != "dir":
                     size += it[2]
@@ -582,9 +589,8 @@ class _PartWriter:
                         names[it[0]] = it[2]
                 if it[4] > newest:
                     newest = it[4]
-                if it[0] == hidet.BINARY and it[1] == "file":
-                    lib_head = it[5][:64] if it[5] is not None else None
-            status, reason = hidet.op_status(path, names, lib_head)
+            verdict = hidet.judge(path, "op", True, root=self.ctx.root)  # the one judgement, as verify's
+            status, reason = verdict.status, verdict.reason
             if status == PARTIAL and ".lock" in names and probe_locked(os.path.join(path, ".lock")):
                 status, reason = BUILDING, "hidet holds the entry's lock (compiling)"
             e = self.ctx.entry(path=path, usage=TreeUsage(size, files, newest), layout="hidet", kind="op",
@@ -601,10 +607,10 @@ class _PartWriter:
 
     def _unreadable(self, job, exc: OSError) -> None:
         path, name, target, space, op = job
-        from kcache_cli.model import CORRUPT, TreeUsage
+        from kcache_cli.model import UNREADABLE, TreeUsage
 
         e = self.ctx.entry(path=path, usage=TreeUsage(0, 0, 0.0), layout="hidet", kind="op", target=target,
-                           space=space, op=op, hash=name, status=CORRUPT, reason=f"unreadable: {exc.strerror}")
+                           space=space, op=op, hash=name, status=UNREADABLE, reason=f"unreadable: {exc.strerror}")
         if self.plan.flt.matches(e):
             self.left.append((e, e.reason))
             self.warnings.append(f"skipping {e.relpath}: {e.reason}")
@@ -1327,6 +1333,13 @@ def _plan(root: Path, planned: list[_Planned], archive_programs: set[str]) -> No
             continue
         if p.relpath in existing:
             there = found.get(p.relpath)
+            if there is not None and there.status != BUILDING:  # the one judgement, as verify's
+                from dataclasses import replace as _with
+
+                from kcache_cli.verify import judge_entry
+
+                verdict = judge_entry(root, there, deep=True)
+                there = _with(there, status=verdict.status, reason=verdict.reason)
             if there is None:
                 p.action, p.reason = "skip", "something that is not an entry is in the way"
             elif there.status == COMPLETE:
@@ -1694,9 +1707,11 @@ def _dest_status(root: Path, p: _Planned) -> str | None:
     flt = ScanFilter(layouts=(p.layout,), kinds=(p.kind,), hash_prefixes=(parts[-1],),
                      spaces=(parts[1],) if p.layout == "hidet" and p.kind == "op" else (),
                      ops=(parts[2],) if p.layout == "hidet" and p.kind == "op" else ())
+    from kcache_cli.verify import judge_entry
+
     for e in scan_cache(root, flt).entries:
         if e.relpath == p.relpath:
-            return e.status
+            return e.status if e.status == BUILDING else judge_entry(root, e, deep=True).status
     return None
 
 
@@ -1756,6 +1771,24 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
             shutil.rmtree(trashed, ignore_errors=True)
 
 
+def _refuse_other_layout(root: Path, records: list[dict]) -> None:
+    """An archive of one layout never goes into a root of another: that compiler would never look
+    there (tilus programs/ inside a hidet cache). An empty or new root takes the archive's layout."""
+    from kcache_cli.scan import detect_layouts
+
+    have = detect_layouts(root) if root.is_dir() else ()
+    brought = sorted({str(rec.get("layout")) for rec in records} - set(have))
+    if not have or not brought:
+        return
+    from kcache_cli.locate import known_caches
+
+    where = dict(known_caches())
+    homes = "; ".join(f"{name}'s cache is {where[name]}" for name in brought if name in where)
+    raise KcacheError(f"the archive holds {' and '.join(brought)} entries but {root} is a {'/'.join(have)} cache, "
+                      f"where {' and '.join(brought)} never looks; import it into the {' and '.join(brought)} "
+                      f"cache with --cache-dir ({homes or 'see'}; `kcache dir --all` lists them)")
+
+
 def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: ImportLimits = ImportLimits(),
                    lock_timeout: float = 60.0, warn: Warn | None = None, progress: Progress | None = None
                    ) -> ImportResult:
@@ -1797,6 +1830,7 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
                     raise _reject(f"manifest.json is {head.size} bytes, over the limit of {limits.max_manifest}")
                 data = b"".join(reader.data(head))
                 manifest, records, totals = _parse_manifest(data, limits)
+                _refuse_other_layout(root, records)
                 regions = _regions(manifest, len(records), file_size)
                 if regions is not None:
                     reader.close()  # the parts are read from their own offsets
@@ -1954,3 +1988,125 @@ def _check_space(root: Path, need: int) -> None:
     free = st.f_bavail * st.f_frsize
     if need > free:
         raise KcacheError(f"not enough space in {root}: the archive needs {need} bytes, {free} are free")
+
+
+# ---- entry by entry: the same rules for importers other than the archive reader (kcache pull) ----
+
+PlannedEntry = _Planned
+ImportStaging = _Staging  # <root>/.kcache/import-<pid>-<random>/: where entries are written before publishing
+
+
+def rejection_reason(exc: ArchiveRejected) -> str:
+    """The rule a record broke, without the 'archive rejected: ' that import puts first."""
+    return str(exc).removeprefix("archive rejected: ")
+
+
+def plan_records(root: Path, records: list[dict], limits: ImportLimits = ImportLimits(),
+                 programs: Iterable[str] = ()) -> tuple[list[_Planned], list[tuple[int, str]]]:
+    """Every rule import applies to a manifest entry — its path and key fields, file names, sizes and
+    digests, links (a tilus script's may point at one of `programs` or a program in the cache) — then
+    import's plan against `root` (a complete entry present is skipped, an incomplete one replaced).
+
+    Unlike an archive, records are judged one by one: a record that breaks a rule is refused alone,
+    as (its index, one-line reason), and the others are planned."""
+    root = Path(os.path.realpath(root))
+    good: list[_Planned] = []
+    refused: list[tuple[int, str]] = []
+    for i, rec in enumerate(records):
+        try:
+            good.append(_check_records([rec], i, limits)[0])
+        except ArchiveRejected as exc:
+            refused.append((i, rejection_reason(exc)))
+    seen: dict[str, _Planned] = {}
+    for p in sorted(good, key=lambda p: p.relpath):
+        clash = seen.get(p.relpath) or next((seen[a] for a in _ancestors(p.relpath) if a in seen), None)
+        if clash is not None:
+            refused.append((p.index, f"entry {p.relpath} clashes with entry {clash.relpath}"))
+        else:
+            seen[p.relpath] = p
+    wanted = set(programs)
+    chains: dict = {}
+
+    def program_ok(h: str) -> bool:
+        return h in wanted or (_real_dir_chain(root, f"programs/{h}/x", chains) is None
+                               and os.path.isdir(os.path.join(root, "programs", h)))
+
+    ok = []
+    for p in seen.values():
+        bad = next(filter(None, (link_problem(p.layout, p.kind, p.relpath, n, t, program_ok)
+                                 for n, t in p.links.items())), None)
+        (refused.append((p.index, bad)) if bad else ok.append(p))
+    _plan(root, ok, wanted)
+    ok.sort(key=lambda p: p.index)
+    return ok, sorted(refused)
+
+
+def _ancestors(relpath: str) -> list[str]:
+    parts = relpath.split("/")
+    return ["/".join(parts[:k]) for k in range(1, len(parts))]
+
+
+def publish_staged(root: Path, planned: _Planned, staging: _Staging, lock_timeout: float = 60.0,
+                   warn: Warn | None = None, made: set[str] | None = None) -> tuple[bool, str | None]:
+    """Publish one entry whose files are under `staging.path/<relpath>/` exactly as import does: its
+    directories and empty lock files added, then one rename (no-replace) under the entry's lock.
+    Returns (published, reason). `root` must be a real path (no symlink on the way), as
+    ImportStaging's root is."""
+    _finish_staging(staging, [planned])
+    return _publish(root, planned, staging, lock_timeout, warn or (lambda m: None),
+                    made if made is not None else set())
+
+
+def check_total(root: Path, need: int, limits: ImportLimits = ImportLimits()) -> None:
+    """Import's bounds on what a whole import writes: the total limit, then the free space."""
+    if need > limits.max_total:
+        raise KcacheError(f"the selected entries would expand to {need} bytes, over the limit of {limits.max_total}")
+    _check_space(Path(os.path.realpath(root)), need)
+
+
+def remove_stale_staging(root: Path) -> None:
+    """Staging directories that killed imports (or pulls) left behind a day ago."""
+    _remove_stale_staging(Path(os.path.realpath(root)))
+
+
+class _Capture:
+    """A writer that keeps the tar bytes of one entry, for `entry_records`."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+
+def entry_records(plan: ExportPlan) -> Iterator[tuple[dict, dict[str, bytes], tuple[str, ...]]]:
+    """Each planned entry as export writes it: (its manifest record, {file name: bytes}, the names of
+    its executable files), judged and read exactly as by `export_archive`. Entries export would
+    leave out (incomplete, changed while read...) are in `plan.left` afterwards."""
+    import io
+
+    from kcache_cli import tarstream as ts
+
+    programs = {j.relpath.split("/", 1)[1] for j in plan.jobs
+                if isinstance(j, Entry) and (j.layout, j.kind) == ("tilus", "program")}
+    capture = _Capture()
+    pw = _PartWriter(plan, capture, programs, _ignore)
+    for job in plan.jobs:
+        capture.chunks.clear()
+        before, left = len(pw.records), len(pw.left)
+        pw.job(job)
+        plan.left.extend(pw.left[left:])
+        if len(pw.records) == before:
+            continue
+        record = pw.records[-1]
+        reader = ts.TarReader(io.BytesIO(b"".join(capture.chunks)))
+        prefix = record["relpath"] + "/"
+        data: dict[str, bytes] = {}
+        executable = []
+        while (m := reader.next()) is not None:
+            if m.type == ts.REGULAR:
+                name = m.name[len(prefix):]
+                data[name] = reader.small_data(m) or b"".join(reader.data(m))
+                if m.mode & 0o111:
+                    executable.append(name)
+        yield record, data, tuple(executable)

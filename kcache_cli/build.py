@@ -854,12 +854,14 @@ def failure(task: str, exc: KcacheError, spec: TaskSpec | None = None) -> BuildR
 
 def build_tasks(root: str | os.PathLike, tasks: Sequence[str | os.PathLike | TaskSpec],
                 options: BuildOptions = BuildOptions(), *, jobs: int = 1,
-                listener: Listener | None = None) -> list[BuildResult]:
+                listener: Listener | None = None, builder: Callable | None = None) -> list[BuildResult]:
     """Build several tasks (task files or loaded TaskSpecs), `jobs` at a time; every task gets a
     result, in the order given. A task that cannot be built (bad file, compile error, arch
-    mismatch, lock timeout) is a failed result, not an exception."""
+    mismatch, lock timeout) is a failed result, not an exception. `builder` replaces build_task
+    (build --remote)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    build_one = builder or build_task
     listener = listener or BuildListener()
     check_extra_flags(options.extra_flags)
 
@@ -868,7 +870,7 @@ def build_tasks(root: str | os.PathLike, tasks: Sequence[str | os.PathLike | Tas
         name = spec.task_path if spec is not None else os.fspath(task)
         try:
             spec = spec or load_task(task, options)
-            result = build_task(root, spec, options, listener=listener)
+            result = build_one(root, spec, options, listener=listener)
         except KcacheError as exc:
             result = failure(name, exc, spec)
         except OSError as exc:

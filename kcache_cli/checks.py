@@ -139,3 +139,65 @@ def changed_since(mtimes: dict[str, float] | None, marker: str, names=None) -> b
         return True
     limit = mtimes[marker]
     return any(mtimes.get(n, limit) >= limit for n in (names if names is not None else mtimes) if n != marker)
+
+
+def unreadable(path: str) -> str | None:
+    """Why a file cannot be read by the people using the cache, or None. Root reads mode 000 files
+    anyway, so a file nobody may read counts as unreadable whoever runs kcache."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # missing: the caller's rules say what that means
+    if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o444:
+        return f"{os.path.basename(path)} is unreadable (mode {stat.S_IMODE(st.st_mode):03o}: permission denied)"
+    if not os.access(path, os.R_OK):
+        return f"{os.path.basename(path)} is unreadable (permission denied)"
+    return None
+
+
+def read_every_byte(path: str) -> str | None:
+    """Read every file under `path` to the end (links are not followed). Returns why one could not be
+    read: a permission problem says 'unreadable', any other error is the caller's corruption."""
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        for n in sorted(filenames):
+            full = os.path.join(dirpath, n)
+            if os.path.islink(full):
+                continue
+            why = unreadable(full)
+            if why:
+                return why.replace(n, os.path.relpath(full, path), 1)
+            try:
+                with open(full, "rb") as f:
+                    while f.read(1 << 20):
+                        pass
+            except PermissionError:
+                return f"{os.path.relpath(full, path)} is unreadable (permission denied)"
+            except OSError as exc:
+                return f"cannot read {os.path.relpath(full, path)}: {exc.strerror}"
+    return None
+
+
+def listing_or_unreadable(ctx, path: str, out: list, **fields) -> list[os.DirEntry]:
+    """A directory's entries, sorted. One that cannot be read becomes one `unreadable` entry in `out`
+    (with `fields`: layout, kind, target, space, op): the entries in it cannot be counted one by one,
+    but they are not dropped from the counts either. Nothing deletes such an entry."""
+    from kcache_cli.model import UNREADABLE, TreeUsage
+
+    try:
+        with os.scandir(path) as it:
+            return sorted(it, key=lambda d: d.name)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        ctx.warn(f"cannot read {path}: {exc.strerror}")
+        try:
+            mtime = os.lstat(path).st_mtime
+        except OSError:
+            mtime = 0.0
+        out.append(ctx.entry(path=path, usage=TreeUsage(0, 0, mtime), hash="", status=UNREADABLE,
+                             reason=f"cannot read the directory {ctx.rel(path)}: {exc.strerror}; its entries "
+                                    "are not counted one by one", **fields))
+        return []

@@ -20,12 +20,12 @@ from typing import Callable, Iterable
 
 from kcache_cli import state
 from kcache_cli.errors import KcacheError, UsageError
-from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, Entry, ScanFilter, Warn, iso,
+from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, Entry, ScanFilter, Warn, iso,
                               measure_tree)
 from kcache_cli.scan import listdir
 
 STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer
-BROKEN = (PARTIAL, FAILED, CORRUPT)
+BROKEN = (PARTIAL, FAILED, CORRUPT, STALE)  # never UNREADABLE: a permission problem is not damage
 # What a removal takes away.
 ENTRY, CANDIDATES, TEMP, STAGING, LINK = "entry", "candidates", "temp", "staging", "link"
 GC_LOCK = ".gc.lock"  # in .kcache/locks/: one prune or clear acts on a root at a time
@@ -164,6 +164,24 @@ def _layout_leftover(e: Entry):
     from kcache_cli.layouts import get
 
     return get(e.layout).leftover(e)
+
+
+def _judged(root: Path, e: Entry) -> Entry:
+    """`e` with the one deep judgement (verify's), which reads every byte: what ls's cheap checks call
+    broken stays broken; what they call complete may not be."""
+    if e.status in BROKEN:
+        return e
+    from dataclasses import replace
+
+    from kcache_cli.verify import judge_entry
+
+    j = judge_entry(root, e, deep=True)
+    return e if j.status == e.status else replace(e, status=j.status, reason=j.reason)
+
+
+def _unlisted(e: Entry) -> bool:
+    """A directory the scan could not list, standing for the entries in it: never removed."""
+    return e.status == UNREADABLE and not e.hash
 
 
 def _is_leftover(e: Entry) -> bool:
@@ -387,6 +405,9 @@ def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn
     for s in _strays(root, flt, collect, result.layouts):
         p.select(s, "selected (a symlink: removed as a link)", link=True)
     for e in result.entries:
+        if _unlisted(e):
+            p.skip(e, e.reason or "unreadable")
+            continue
         p.select(e, "selected")
     p.settle()
     return p.plan(True, result.size, msgs)
@@ -405,7 +426,7 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     result = scan_cache(root, ScanFilter(), collect)
     if not result.exists:
         return DeletePlan(str(root), False, warnings=tuple(msgs))
-    entries = result.entries
+    entries = tuple(e for e in result.entries if not _unlisted(e))
     by_path = {e.path: e for e in entries}
     p = _Planner(root, collect, now, by_path)
 
@@ -422,6 +443,7 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
         for s in _strays(root, ScanFilter(), collect, result.layouts):
             p.select(s, "a symlink where an entry belongs: removed as a link", link=True)
         for e in regular:
+            e = _judged(root, e)
             if e.status in BROKEN:
                 p.select(e, f"broken: {e.reason or e.status}", recheck=True)
     # 3. unused for too long
@@ -662,8 +684,10 @@ class _Executor:
                         held.append(fd)
                         if not _flock(fd):
                             return self._skip(r, f"{r.entry.layout} holds the entry's {own} (in use)")
-                    if r.recheck and _status_now(r.entry) == COMPLETE:
-                        return self._skip(r, "complete by now (finished after the scan)")
+                    now_status = _status_now(r.entry, self.root) if r.recheck else None
+                    if now_status is not None and now_status not in BROKEN:
+                        why = "finished" if now_status == COMPLETE else "changed"
+                        return self._skip(r, f"{now_status} by now ({why} after the scan)")
             elif r.what in (TEMP, STAGING):
                 if time.time() - measure_tree(r.path, lambda m: None).mtime < STALE_AFTER:
                     return self._skip(r, "in flight: written to less than an hour ago")
@@ -880,23 +904,10 @@ def _delete_tree(path) -> bool:
     return not failed and not os.path.lexists(path)
 
 
-def _status_now(e: Entry) -> str:
-    """The entry's status by the layout's cheap checks, read again now."""
-    from kcache_cli.layouts import hidet, tilelang, tilus
+def _status_now(e: Entry, root: Path | None = None) -> str:
+    """The entry's status read again now, by the same deep judgement that selected it."""
+    from kcache_cli.verify import judge_entry
 
-    names: dict[str, int] = {}
-    for de in listdir(e.path, lambda m: None):
-        try:
-            if not de.is_dir(follow_symlinks=False):
-                names[de.name] = de.stat(follow_symlinks=False).st_size
-        except OSError:
-            pass
-    if e.layout == "hidet" and e.kind == "op":
-        return hidet.op_status(e.path, names)[0]
-    if e.layout == "tilus":
-        return (tilus.program_status(e.path) if e.kind == "program" else tilus.script_status(e.path))[0]
-    if e.layout == "tilelang":
-        return (tilelang.kernel_status(e.path, names) if e.kind == "kernel" else tilelang.binary_status(e.path, names))[0]
-    from kcache_cli.layouts import get
-
-    return get(e.layout).judge(e.path, e.kind).status  # the layout's own judgement, read again now
+    if root is None:
+        root = Path(e.path[: len(e.path) - len(e.relpath)] or "/")
+    return judge_entry(root, e, deep=True).status

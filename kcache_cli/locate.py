@@ -50,25 +50,51 @@ def git_root(start: Path) -> Path | None:
     return None
 
 
-def resolve_cache_dir(cli_value: str | os.PathLike | None = None, cwd: Path | None = None) -> CacheLocation:
+def hidet_package_dir() -> Path | None:
+    """Where the hidet package is installed, found without importing it (importing hidet pulls in
+    torch and takes seconds). None when hidet is not installed."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("hidet")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.origin and spec.origin not in ("namespace", "built-in", "frozen"):
+        return Path(spec.origin).absolute().parent
+    locations = list(spec.submodule_search_locations or [])
+    return Path(locations[0]).absolute() if locations else None
+
+
+def resolve_cache_dir(cli_value: str | os.PathLike | None = None, package_dir: Path | None = None) -> CacheLocation:
     if cli_value:
         return CacheLocation(Path(cli_value).expanduser().absolute(), "--cache-dir")
     env = os.environ.get("KCACHE_DIR")
     if env:
         return CacheLocation(Path(env).expanduser().absolute(), "KCACHE_DIR environment variable")
-    return hidet_cache_dir(cwd)
+    return hidet_cache_dir(package_dir)
 
 
-def hidet_cache_dir(cwd: Path | None = None) -> CacheLocation:
-    """hidet's own rule: hidet.toml's cache_dir, else <git root>/.hidet_cache, else ~/.cache/hidet."""
+def hidet_cache_dir(package_dir: Path | None = None) -> CacheLocation:
+    """hidet's own rule (DESIGN.md §1): hidet.toml's cache_dir; else, when the hidet package lies in a
+    git work tree (a source checkout installed for development), <that repo>/.hidet_cache; else
+    ~/.cache/hidet. The current directory plays no part: hidet looks for the repository from its own
+    package's location. `package_dir` overrides where hidet is found (tests)."""
     config = hidet_config_file()
     from_config = _cache_dir_from_toml(config) if config.is_file() else None
     if from_config:
         return CacheLocation(Path(from_config).expanduser().absolute(), f"cache_dir in {config}")
-    repo = git_root((cwd or Path.cwd()).absolute())
+    package = package_dir if package_dir is not None else hidet_package_dir()
+    repo = git_root(package) if package is not None else None
     if repo is not None:
-        return CacheLocation(repo / ".hidet_cache", f"inside the git work tree {repo} (hidet's rule)")
-    return CacheLocation(Path.home() / ".cache" / "hidet", "default (~/.cache/hidet)")
+        return CacheLocation(repo / ".hidet_cache",
+                             f"hidet is installed from the git work tree {repo} (hidet's rule: <repo>/.hidet_cache)")
+    if package is not None:
+        why = f"default (~/.cache/hidet): hidet at {package} is not in a git work tree, no cache_dir in {config}"
+    else:
+        why = f"default (~/.cache/hidet): hidet is not installed here, no cache_dir in {config}"
+    return CacheLocation(Path.home() / ".cache" / "hidet", why)
 
 
 def known_caches() -> list[tuple[str, Path]]:

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Callable, Iterable
 
-from kcache_cli.terms import (BUILDING, COMPLETE, CORRUPT, FAILED, KINDS, LAYOUT_NAMES,  # noqa: F401
-                              PARTIAL, STATUSES)
+from kcache_cli.terms import (  # noqa: F401
+    BUILDING,
+    COMPLETE,
+    CORRUPT,
+    FAILED,
+    KINDS,
+    LAYOUT_NAMES,
+    PARTIAL,
+    STALE,
+    STATUSES,
+    UNREADABLE,
+)
 
 UNREADABLE_REASON = "unreadable directory (permission denied?)"
 
@@ -91,7 +101,7 @@ class Judgement:
     problems: tuple[str, ...] = ()  # every problem found; the first is `reason`
 
     @staticmethod
-    def of(status: str, reason: str | None = None) -> "Judgement":
+    def of(status: str, reason: str | None = None) -> Judgement:
         return Judgement(status, reason, (reason,) if reason else ())
 
 
@@ -155,6 +165,27 @@ class ScanResult:
     def size(self) -> int:
         return sum(e.size for e in self.entries)
 
+    def to_json(self, top: int = 10) -> dict:
+        """`stats --json`: totals, breakdowns by layout, space, op, status and kind (entries and bytes
+        each), the `top` biggest entries (as `ls --json` rows) and the scan's warnings."""
+        import heapq
+
+        groups: dict[str, dict[str, dict[str, int]]] = {k: {} for k in
+                                                         ("by_layout", "by_space", "by_op", "by_status", "by_kind")}
+        for e in self.entries:
+            for key, value in (("by_layout", e.layout), ("by_space", e.space or "-"), ("by_op", e.op or "-"),
+                               ("by_status", e.status), ("by_kind", e.kind)):
+                g = groups[key].setdefault(value, {"entries": 0, "size": 0})
+                g["entries"] += 1
+                g["size"] += e.size
+        biggest = heapq.nlargest(top, self.entries, key=lambda e: (e.size, e.relpath))
+        layouts = list(self.layouts)
+        return {"root": self.root, "exists": self.exists,
+                "layout": layouts[0] if len(layouts) == 1 else ("mixed" if layouts else None),
+                "layouts": layouts, "entries": len(self.entries), "size": self.size,
+                **{k: dict(sorted(v.items())) for k, v in groups.items()},
+                "biggest": [e.to_json() for e in biggest], "warnings": list(self.warnings)}
+
 
 @dataclass(frozen=True)
 class TreeUsage:
@@ -192,8 +223,7 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                 else:
                     size += st.st_size
                     files += 1
-                if st.st_mtime > newest:
-                    newest = st.st_mtime
+                newest = max(newest, st.st_mtime)
     return TreeUsage(size, files, newest)
 
 

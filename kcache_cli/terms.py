@@ -5,6 +5,9 @@ kinds come from the layouts' registry (kcache_cli/layouts/shapes.py)."""
 from kcache_cli.layouts.shapes import SHAPES
 
 COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING = "complete", "partial", "failed", "corrupt", "building"
-STATUSES = (COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING)
+# stale: whole and valid, but built by another version of the compiler, which will rebuild it.
+# unreadable: permissions keep kcache (and the compiler) from reading it; never judged broken.
+STALE, UNREADABLE = "stale", "unreadable"
+STATUSES = (COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING, STALE, UNREADABLE)
 LAYOUT_NAMES = tuple(s.name for s in SHAPES)
 KINDS = tuple(dict.fromkeys(k.kind for s in SHAPES for k in s.kinds))  # tilelang and triton share two

@@ -2,8 +2,9 @@
 
 The deep checks are the layouts' own `describe()` (task.txt's hash against the directory name,
 files against kcache.json or tilelang's manifest.json / metadata.json, tilus links); on top of
-them an entry that is not complete is a problem (its reason), and so is a binary that is not a
-binary at all (not ELF, cubin or fatbin). Entries being built are left alone and counted."""
+them an entry that is not complete is a problem (its reason). The status is the layout's one
+judgement (`judge_entry`), the same that ls (cheaply), prune --broken and import go by. Entries
+being built are left alone and counted."""
 
 from __future__ import annotations
 
@@ -11,7 +12,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kcache_cli.model import BUILDING, COMPLETE, CORRUPT, Entry, ScanFilter, Warn
+from kcache_cli.model import (
+    BUILDING,
+    COMPLETE,
+    CORRUPT,
+    UNREADABLE,
+    Entry,
+    Judgement,
+    ScanFilter,
+    Warn,
+)
 
 
 @dataclass(frozen=True)
@@ -22,6 +32,11 @@ class EntryCheck:
     # Where the entry's own files are fine but the paths it records point elsewhere (Triton's group
     # files after the cache moved): the layout's `relocation_problem`; `verify --fix` rewrites them.
     relocation: str | None = None
+
+    def to_json(self) -> dict:
+        """An `ls --json` row with the deep check's status, first problem as reason, and every problem."""
+        return {**self.entry.to_json(), "status": self.status, "reason": self.problems[0] if self.problems else None,
+                "problems": list(self.problems)}
 
 
 @dataclass(frozen=True)
@@ -38,26 +53,45 @@ class VerifyResult:
     def failed(self) -> tuple[EntryCheck, ...]:
         return tuple(c for c in self.checked if c.problems)
 
+    def to_json(self) -> dict:
+        """`verify --json`: counts, and the entries with problems."""
+        failed = self.failed
+        return {"root": self.root, "exists": self.exists, "checked": len(self.checked),
+                "ok": len(self.checked) - len(failed), "failed": len(failed), "skipped_building": len(self.skipped),
+                "fixed": [ch.entry.to_json() for ch in self.fixed], "problems": [ch.to_json() for ch in failed]}
+
+
+def judge_entry(root: Path, entry: Entry, deep: bool = True) -> Judgement:
+    """The layout's one judgement of `entry`'s files, read again now: what verify, inspect,
+    prune --broken (also at delete time), import's "already present" and export all go by.
+    Temp and staging directories, links where entries belong, unlistable directories and entries being
+    built keep the scan's status: they are not entries a layout judges."""
+    from kcache_cli.layouts import get
+
+    layout = get(entry.layout)
+    name = os.path.basename(entry.path)
+    if (entry.status == BUILDING or not entry.hash or name.startswith(".") or layout.leftover(entry) is not None
+            or os.path.islink(entry.path) or not os.path.isdir(entry.path)):
+        return Judgement.of(entry.status, entry.reason)
+    try:
+        return layout.judge(entry.path, entry.kind, deep, root=root)
+    except OSError as exc:
+        status = UNREADABLE if isinstance(exc, PermissionError) else CORRUPT
+        return Judgement.of(status, f"cannot read the entry: {exc.strerror}")
+
 
 def check_entry(root: Path, entry: Entry) -> EntryCheck:
+    """The deep judgement (through the layout's describe, which also checks what it reads)."""
     from kcache_cli.layouts import get
 
     try:
         details = get(entry.layout).describe(Path(root), entry)
     except OSError as exc:
-        return EntryCheck(entry, CORRUPT, (f"cannot read the entry: {exc.strerror}",))
+        status = UNREADABLE if isinstance(exc, PermissionError) else CORRUPT
+        return EntryCheck(entry, status, (f"cannot read the entry: {exc.strerror}",))
     problems = list(details.problems)
-    if entry.status != COMPLETE and entry.reason and entry.reason not in problems:
-        problems.insert(0, entry.reason)
-    try:
-        from kcache_cli.binary import FORMAT_UNKNOWN, read_binary
-    except ImportError:
-        read_binary = None
-    for path in details.binaries if read_binary else ():
-        info = read_binary(path)
-        if info.format == FORMAT_UNKNOWN:
-            name = os.path.relpath(path, entry.path)
-            problems.append(f"{name} is not a readable kernel binary ({info.error or 'unknown format'})")
+    if details.status != COMPLETE and details.reason and details.reason not in problems:
+        problems.insert(0, details.reason)
     status = details.status
     if problems and status == COMPLETE:
         status = CORRUPT

@@ -20,15 +20,19 @@ NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.access("/usr/local/b
 CXX = shutil.which("g++")
 
 _skipped_for_nvcc: list[str] = []
+_skipped_for_redis: list[str] = []
+
+from redis_server import REDIS_SERVER, redis_server  # noqa: E402, F401 - the remote tests' real redis-server
 
 
 def pytest_collection_modifyitems(config, items):
-    if NVCC:
-        return
     for item in items:
-        if item.get_closest_marker("nvcc"):
+        if not NVCC and item.get_closest_marker("nvcc"):
             _skipped_for_nvcc.append(item.nodeid)
             item.add_marker(pytest.mark.skip(reason="nvcc not found: this test compiles CUDA for real"))
+        if not REDIS_SERVER and item.get_closest_marker("redis"):
+            _skipped_for_redis.append(item.nodeid)
+            item.add_marker(pytest.mark.skip(reason="redis-server not found: this test needs a real Redis"))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -37,6 +41,13 @@ def pytest_terminal_summary(terminalreporter):
         tr.write_sep("!", "NVCC MISSING", red=True, bold=True)
         tr.write_line(f"{len(_skipped_for_nvcc)} tests that compile CUDA with nvcc were SKIPPED: "
                       "nothing proved that kcache builds CUDA kernels on this machine.", red=True, bold=True)
+        tr.write_sep("!", red=True, bold=True)
+    if _skipped_for_redis:
+        tr = terminalreporter
+        tr.write_sep("!", "REDIS-SERVER MISSING", red=True, bold=True)
+        tr.write_line(f"{len(_skipped_for_redis)} tests that need a real redis-server were SKIPPED: nothing proved "
+                      "that push, pull and build --remote work against Redis (apt-get install redis-server).",
+                      red=True, bold=True)
         tr.write_sep("!", red=True, bold=True)
 
 

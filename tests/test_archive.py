@@ -145,8 +145,8 @@ def test_export_status_matches_ls(kcache, fixture_copy, tmp_path):
     (src / "ops/cpu_space_0/relu/31857fe085635b31/func_types.pickle").unlink()
     lib = src / "ops/cuda_space_0/add/8d1f7691cdf75e90/lib.so"
     lib.write_bytes(lib.read_bytes()[:100])  # truncated ELF: corrupt
-    (src / "ops/cuda_space_0/softmax/ad252b064b266eea/lib.so").unlink()  # failed (a log, no lib.so)
-    for status in ("complete", "partial", "corrupt", "failed"):
+    (src / "ops/cuda_space_0/softmax/ad252b064b266eea/lib.so").unlink()  # corrupt: compiler output, no lib.so
+    for status in ("complete", "partial", "corrupt"):
         listed = sorted(e["hash"] for e in kcache("--cache-dir", src, "ls", "--status", status, "--json").json())
         r = kcache("--cache-dir", src, "export", tmp_path / "s.tar", "--status", status, "--json")
         assert r.exit_code == 0, r.stderr
@@ -343,16 +343,27 @@ def test_parallel_rejection_leaves_cache_unchanged(kcache, tmp_path, many_parts)
     assert not dst.exists()
 
 
-def test_import_into_mixed_root(kcache, fixture_copy, tmp_path):
-    """All three layouts into one root: each arrives whole."""
-    dst = tmp_path / "all"
+def test_import_refuses_an_archive_of_another_layout(kcache, fixture_copy, tmp_path):
+    """Each layout's archive goes into a new root, which takes its layout; a tilus archive into that hidet
+    root is refused (tilus never looks there), naming where tilus's cache is. A root that already holds
+    both layouts takes either."""
+    roots = {}
     for layout in LAYOUTS:
         arc = tmp_path / f"{layout}.tar.zst"
         assert kcache("--cache-dir", fixture_copy(layout), "export", arc).exit_code == 0
-        assert kcache("--cache-dir", dst, "import", arc).exit_code == 0
-    rows = kcache("--cache-dir", dst, "ls", "--json").json()
-    assert {r["layout"] for r in rows} == set(LAYOUTS) and all(r["status"] == "complete" for r in rows)
-    assert kcache("--cache-dir", dst, "verify").exit_code == 0
+        roots[layout] = tmp_path / f"new-{layout}"
+        assert kcache("--cache-dir", roots[layout], "import", arc).exit_code == 0
+        rows = kcache("--cache-dir", roots[layout], "ls", "--json").json()
+        assert {r["layout"] for r in rows} == {layout} and all(r["status"] == "complete" for r in rows)
+        assert kcache("--cache-dir", roots[layout], "verify").exit_code == 0
+    before = sorted(p.name for p in roots["hidet"].iterdir())
+    r = kcache("--cache-dir", roots["hidet"], "import", tmp_path / "tilus.tar.zst")
+    assert r.exit_code == 1 and r.stderr.startswith("Error: ") and len(r.stderr.strip().splitlines()) == 1
+    assert "tilus" in r.stderr and "kcache dir --all" in r.stderr and ".cache/tilus" in r.stderr
+    assert sorted(p.name for p in roots["hidet"].iterdir()) == before
+    mixed = fixture_copy("hidet", dest="mixed")
+    shutil.copytree(fixture_copy("tilus", dest="t2") / "programs", mixed / "programs", symlinks=True)
+    assert kcache("--cache-dir", mixed, "import", tmp_path / "tilus.tar.zst").exit_code == 0
 
 
 def test_export_skips_entry_with_outward_link(kcache, fixture_copy, tmp_path):

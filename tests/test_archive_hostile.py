@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,7 @@ def hardlink_other_entry(tmp):
     rec, members = hidet_entry("bbbbbbbbbbbbbbbb")
     lib = a[0]["files"]["lib.so"]
     rec["files"]["copy.so"] = list(lib)
-    members.append(M(f"ops/cuda_space_0/add/bbbbbbbbbbbbbbbb/copy.so", "hardlink",
+    members.append(M("ops/cuda_space_0/add/bbbbbbbbbbbbbbbb/copy.so", "hardlink",
                      linkname="ops/cuda_space_0/add/aaaaaaaaaaaaaaaa/lib.so"))
     return build_archive(tmp / "a.tar", [a, (rec, members)]), [], "outside its entry"
 
@@ -285,13 +286,19 @@ CASES = [absolute_member, absolute_entry_path, dotdot_member, dotdot_in_manifest
          duplicate_member, duplicate_manifest, missing_manifest, manifest_not_first, unlisted_member, unlisted_entry,
          size_lie, hash_lie, hash_lie_in_late_entry, lock_member, lock_member_unlisted, into_kcache_dir,
          kcache_dir_entry, hidden_entry, nested_entries, missing_listed_file, type_mismatch,
-         tilus_link_to_absent_program, truncated, truncated_zstd, not_an_archive, corrupt_gzip, newer_format, manifest_key_lies]
+         tilus_link_to_absent_program, truncated, truncated_zstd, not_an_archive, corrupt_gzip, newer_format,
+         manifest_key_lies]
 
 
 @pytest.fixture
 def victim(fixture_copy, tmp_path):
-    """A real cache to import into, and an empty sentinel directory next to it."""
+    """A real cache to import into (hidet and tilus in one root, so that archives of either layout get
+    as far as their own checks: import refuses a layout the root does not hold), and an empty sentinel
+    directory next to it."""
     root = fixture_copy("hidet", dest="cache")
+    tilus = fixture_copy("tilus")
+    for top in ("programs", "scripts"):
+        shutil.copytree(tilus / top, root / top, symlinks=True)
     sentinel = tmp_path / "sentinel"
     sentinel.mkdir()
     return root, sentinel

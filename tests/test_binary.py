@@ -276,7 +276,7 @@ def elf(sections: list[tuple[str, int, bytes, int, int]], *, machine: int = 62,
         body += data + b"\0" * (-len(data) % 8)
     shoff = 64 + len(body)
     shdrs = b"\0" * 64
-    for (name, typ, data, link, entsize), off, noff in zip(all_secs, offsets, name_offs):
+    for (_name, typ, data, link, entsize), off, noff in zip(all_secs, offsets, name_offs):
         shdrs += struct.pack("<IIQQQQIIQQ", noff, typ, 2, 0, off, len(data), link, 0, 8, entsize)
     ident = b"\x7fELF" + bytes([2, 1, 1, osabi, abiversion]) + b"\0" * 7
     hdr = ident + struct.pack("<HHIQQQIHHHHHH", e_type, machine, 1, 0, 0, shoff, e_flags, 64,

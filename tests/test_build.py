@@ -306,7 +306,7 @@ def test_cpu_compile_error_highlights_the_failing_lines(tmp_path, kcache, monkey
                                                              highlight=False, width=200))
     result = b.build_task(root, task, b.BuildOptions(cxx=CXX))
     cmd_build._show_failure(result)
-    lines = {re.sub(r"\x1b\[[0-9;]*m", "", l): l for l in buf.getvalue().splitlines()}
+    lines = {re.sub(r"\x1b\[[0-9;]*m", "", line): line for line in buf.getvalue().splitlines()}
     error = next(k for k in lines if "error:" in k and "missing" in k)
     quoted = next(k for k in lines if "return missing + 1;" in k and "error" not in k)
     assert "\x1b[1;31m" in lines[error]  # bold red

@@ -433,13 +433,15 @@ def test_prune_broken_removes_partial_failed_and_corrupt(kcache, tmp_path):
     partial, failed, corrupt, empty = (root / rels[i] for i in (3, 7, 11, 15))
     (partial / "lib.so").unlink()
     (partial / "nvcc_output.txt").unlink()
-    (failed / "lib.so").unlink()  # compiler output but no lib.so: a failed compile
+    (failed / "lib.so").unlink()  # compiler output but no lib.so: deleted after a good compile (issue 10)
+    for marker in ("version.txt", "compile.sh", "meta.json", "task.pickle", "func_types.pickle"):
+        (corrupt / marker).unlink(missing_ok=True)  # kcache.json rules only while hidet's own files are absent
     (corrupt / "kcache.json").write_text(json.dumps({"files": {"lib.so": {"size": 1, "sha256": "0" * 64}}}))
     os.utime(corrupt / "kcache.json", (1_000_000, 1_000_000))  # lib.so changed after its manifest
     (empty / "lib.so").write_bytes(b"")
     statuses = {e.relpath: e.status for e in scan_cache(root).entries}
     assert [statuses[str(p.relative_to(root))] for p in (partial, failed, corrupt, empty)] == \
-        ["partial", "failed", "corrupt", "partial"]
+        ["partial", "corrupt", "corrupt", "corrupt"]  # an emptied lib.so beside func_types.pickle: damage
     r = kcache("--cache-dir", root, "prune", "--broken", "--json")
     assert r.exit_code == 0, r.stderr
     assert removed_paths(r) == {str(p.relative_to(root)) for p in (partial, failed, corrupt, empty)}

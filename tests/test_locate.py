@@ -38,17 +38,52 @@ def test_hidet_toml_without_cache_dir_falls_through(tmp_path):
     assert resolve_cache_dir().path == Path.home() / ".cache" / "hidet"
 
 
-def test_git_work_tree_rule_dir_and_file(tmp_path):
+def test_git_rule_follows_the_hidet_package_not_the_cwd(tmp_path, monkeypatch):
+    """hidet looks for a git work tree from where its own package lies (a source checkout), never
+    from the current directory (DESIGN.md §1 as corrected)."""
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
-    sub = repo / "a" / "b"
-    sub.mkdir(parents=True)
-    loc = resolve_cache_dir(cwd=sub)
-    assert loc.path == repo / ".hidet_cache" and "git" in loc.reason
+    package = repo / "python" / "hidet"
+    package.mkdir(parents=True)
+    loc = resolve_cache_dir(package_dir=package)
+    assert loc.path == repo / ".hidet_cache" and "git work tree" in loc.reason and "installed" in loc.reason
     worktree = tmp_path / "wt"
     (worktree / "x").mkdir(parents=True)
     (worktree / ".git").write_text("gitdir: /elsewhere\n")  # a worktree's .git is a file
-    assert resolve_cache_dir(cwd=worktree / "x").path == worktree / ".hidet_cache"
+    assert resolve_cache_dir(package_dir=worktree / "x").path == worktree / ".hidet_cache"
+    # A user inside their own project's repository: still ~/.cache/hidet when hidet is a plain install.
+    site = tmp_path / "site-packages" / "hidet"
+    site.mkdir(parents=True)
+    monkeypatch.chdir(repo)
+    loc = resolve_cache_dir(package_dir=site)
+    assert loc.path == Path.home() / ".cache" / "hidet" and "not in a git work tree" in loc.reason
+
+
+def test_cwd_in_a_git_repo_plays_no_part(kcache, tmp_path, monkeypatch):
+    """The real lookup (find_spec, no import): hidet is not installed in the test venv, so a git
+    repository around the current directory changes nothing."""
+    monkeypatch.delenv("KCACHE_DIR", raising=False)
+    repo = tmp_path / "project"
+    (repo / ".git").mkdir(parents=True)
+    monkeypatch.chdir(repo)
+    data = kcache("dir", "--json").json()
+    assert data["path"] == str(Path.home() / ".cache" / "hidet")
+    assert "hidet is not installed" in data["reason"]
+
+
+def test_find_spec_locates_an_installed_hidet_without_importing_it(tmp_path, monkeypatch):
+    import sys
+
+    repo = tmp_path / "hidet-src"
+    (repo / ".git").mkdir(parents=True)
+    pkg = repo / "python" / "hidet"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('kcache must not import hidet')\n")
+    monkeypatch.syspath_prepend(str(repo / "python"))
+    monkeypatch.delenv("KCACHE_DIR", raising=False)
+    loc = resolve_cache_dir()
+    assert loc.path == repo / ".hidet_cache"
+    assert "hidet" not in sys.modules
 
 
 def test_dir_command_prints_path_and_reason(kcache, tmp_path, monkeypatch):

@@ -51,7 +51,7 @@ def test_tarfile_reads_what_kcache_writes(compression, mode):
     with tarfile.open(fileobj=io.BytesIO(raw), mode=mode) as tf:
         got = [(m.name, m.type, m) for m in tf.getmembers()]
         assert [n for n, _, _ in got] == [n for n, _, _ in MEMBERS]
-        for (name, kind, data), (_, _, m) in zip(MEMBERS, got):
+        for (_name, kind, data), (_, _, m) in zip(MEMBERS, got):
             assert m.mtime == 1_700_000_000
             if kind == "dir":
                 assert m.isdir()

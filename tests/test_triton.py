@@ -175,6 +175,18 @@ def test_unparseable_metadata_or_group_is_corrupt(kcache, cache):
     assert {x["hash"] for x in r.json()["removed"]} == {ADD_90, SOFTMAX}
 
 
+def test_a_group_file_kcache_may_not_read_is_unreadable_not_corrupt(cache, monkeypatch):
+    """As the suite runs as root, permissions are simulated: os.access says no for one group file."""
+    from kcache_cli.terms import UNREADABLE
+
+    denied = str(cache / ADD_90 / "__grp__add_kernel.json")
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: os.fspath(p) != denied and real(p, mode, *a, **k))
+    got = {e.hash: e for e in scan_cache(cache).entries}
+    assert got[ADD_90].status == UNREADABLE and "permission denied" in (got[ADD_90].reason or "")
+    assert {e.status for h, e in got.items() if h != ADD_90} == {"complete"}
+
+
 def test_single_file_entries_are_complete(kcache, cache):
     """The driver's launcher module and autotuner results live in key dirs without a group file."""
     mod = cache / ("M" * 52)

@@ -49,10 +49,14 @@ def test_hidet_damage(kcache, fixture_copy):
 
 
 def test_kcache_json_checksums(kcache, fixture_copy):
-    """An entry kcache built records sha256s in kcache.json: a same-size change is caught."""
+    """An entry kcache built records sha256s in kcache.json: a same-size change is caught. (kcache.json
+    rules only while hidet's own files are absent: an entry hidet rebuilt is judged by hidet's rule.)"""
     root = fixture_copy("hidet")
     entry = root / "ops/cuda_space_0/softmax/ad252b064b266eea"
     from hashlib import sha256
+
+    for marker in ("version.txt", "compile.sh", "meta.json", "task.pickle", "func_types.pickle"):
+        (entry / marker).unlink()
 
     files = {n: {"size": (entry / n).stat().st_size, "sha256": sha256((entry / n).read_bytes()).hexdigest()}
              for n in ("source.cu", "task.txt")}
@@ -157,16 +161,39 @@ def test_verify_help_has_example(kcache):
 
 
 def test_verify_after_import_of_damaged_archive_source(kcache, fixture_copy, tmp_path):
-    """Corruption that a size check cannot see travels through export (it is the entry's content)
-    and verify on the other side finds it."""
+    """Corruption that a size check cannot see: export's selection reads every byte (the judgement
+    verify uses), so the entry stays out unless asked for; shipped with --status corrupt, verify on the
+    other side finds it."""
     src = fixture_copy("tilelang")
     kernel = next((src / "0.1.15/linux-x86_64/kernels").iterdir())
     p = kernel / "host_kernel.cu"
     p.write_bytes(p.read_bytes().replace(b"int", b"INT", 1))
     arc = tmp_path / "t.tar.gz"
-    assert kcache("--cache-dir", src, "export", arc).exit_code == 0
+    left = kcache("--cache-dir", src, "export", arc, "--kind", "kernel", "--json").json()
+    assert left["exported"] == [] and "host_kernel.cu" in left["left_out"][0]["reason"]
+    assert kcache("--cache-dir", src, "export", arc, "--status", "corrupt").exit_code == 0
     dst = tmp_path / "dst"
     assert kcache("--cache-dir", dst, "import", arc).exit_code == 0
     r = kcache("--cache-dir", dst, "verify")
     assert r.exit_code == 1 and "host_kernel.cu" in r.stdout
     assert os.path.isdir(dst)
+
+
+def test_results_serialize_at_the_core(fixture_copy):
+    """`verify --json` and `stats --json` come from the results' own to_json (the stable keys)."""
+    from kcache_cli.model import JSON_KEYS
+    from kcache_cli.scan import scan_cache
+    from kcache_cli.verify import verify_cache
+
+    root = fixture_copy("hidet")
+    lib = next(root.glob("ops/cuda_space_0/*/*/lib.so"))
+    lib.write_bytes(lib.read_bytes()[:100])
+    v = verify_cache(root).to_json()
+    assert set(v) == {"root", "exists", "checked", "ok", "failed", "skipped_building", "problems"}
+    assert v["failed"] == len(v["problems"]) >= 1 and v["ok"] + v["failed"] == v["checked"]
+    row = v["problems"][0]
+    assert set(JSON_KEYS) <= set(row) and row["status"] == "corrupt" and row["reason"] == row["problems"][0]
+    s = scan_cache(root).to_json(top=2)
+    assert s["entries"] == sum(g["entries"] for g in s["by_status"].values())
+    assert s["size"] == sum(g["size"] for g in s["by_layout"].values()) and len(s["biggest"]) == 2
+    assert s["layout"] == "hidet" and set(JSON_KEYS) <= set(s["biggest"][0])

@@ -92,7 +92,8 @@ def import_command(
     max_file_size: Annotated[Optional[str], typer.Option(
         "--max-file-size", metavar="SIZE", help="Reject archives with a file larger than this (default 4GiB).")] = None,
     max_total_size: Annotated[Optional[str], typer.Option(
-        "--max-total-size", metavar="SIZE", help="Reject archives that expand to more than this (default 64GiB).")] = None,
+        "--max-total-size", metavar="SIZE",
+        help="Reject archives that expand to more than this (default 64GiB).")] = None,
     lock_timeout: Annotated[float, typer.Option(
         "--lock-timeout", metavar="SECONDS", min=0, help="How long to wait for an entry's lock before skipping "
         "it.")] = 60.0,
@@ -200,11 +201,7 @@ def verify_command(
     for e, error in result.fix_errors:
         c.warn(opts, f"{e.relpath}: {error}")
     if opts.json:
-        c.emit_json({"root": result.root, "exists": result.exists, "checked": len(result.checked),
-                     "ok": len(result.checked) - len(failed), "failed": len(failed),
-                     "skipped_building": len(result.skipped), "fixed": [ch.entry.to_json() for ch in result.fixed],
-                     "problems": [{**ch.entry.to_json(), "status": ch.status, "reason": ch.problems[0],
-                                   "problems": list(ch.problems)} for ch in failed]})
+        c.emit_json(result.to_json())
     else:
         if failed:
             rows = []

@@ -59,6 +59,15 @@ ForceOpt = Annotated[bool, typer.Option(
 TimeoutOpt = Annotated[Optional[float], typer.Option(
     "--timeout", metavar="SECONDS", min=0, help="Wait at most this long for another build of the same entry "
     "(then exit 3). Default: wait as long as it takes.")]
+RemoteOpt = Annotated[Optional[str], typer.Option(
+    "--remote", metavar="URL", envvar="KCACHE_REMOTE", show_envvar=False,
+    help="Share builds through this remote (redis://host:port/db, rediss://..., file:///dir; default: "
+    "KCACHE_REMOTE): a local hit is done, a remote hit is pulled, a miss is compiled and pushed. A remote "
+    "that is down or slow is a warning, never a failed build.")]
+NoRemoteOpt = Annotated[bool, typer.Option("--no-remote", help="Ignore KCACHE_REMOTE.")]
+RemoteTimeoutOpt = Annotated[float, typer.Option(
+    "--remote-timeout", metavar="SECONDS", min=0.1, help="Connect timeout for --remote; one remote command may "
+    "take 5 times as long before the build goes on without the remote.")]
 
 
 def build_command(
@@ -74,6 +83,9 @@ def build_command(
     jobs: JobsOpt = 1,
     force: ForceOpt = False,
     timeout: TimeoutOpt = None,
+    remote: RemoteOpt = None,
+    no_remote: NoRemoteOpt = False,
+    remote_timeout: RemoteTimeoutOpt = 2.0,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -108,12 +120,14 @@ def build_command(
     root = c.cache_root(opts)
     show = sys.stderr.isatty() and not opts.quiet
     listener = _Listener(opts, len(paths), show)
+    builder = _remote_builder(opts, remote, remote_timeout) if remote and not no_remote else b.build_task
 
     if len(paths) == 1 and not opts.json:
-        return _build_one(opts, root, paths[0], options, source, listener)
+        return _build_one(opts, root, paths[0], options, source, listener, builder)
     tasks_to_build = [b.load_task(paths[0], options, source)] if source is not None else paths
     try:
-        results = b.build_tasks(root, tasks_to_build, options, jobs=jobs or os.cpu_count() or 1, listener=listener)
+        results = b.build_tasks(root, tasks_to_build, options, jobs=jobs or os.cpu_count() or 1, listener=listener,
+                                builder=builder)
     finally:
         listener.stop()
     _show_results(opts, results)
@@ -141,13 +155,13 @@ def _show_results(opts: c.GlobalOptions, results) -> None:
         raise typer.Exit(code)
 
 
-def _build_one(opts: c.GlobalOptions, root, path: str, options, source: Optional[str], listener) -> None:
+def _build_one(opts: c.GlobalOptions, root, path: str, options, source: Optional[str], listener, builder) -> None:
     """One task: errors are one line (main() prints them); stdout is the entry's path."""
     from kcache_cli import build as b
     from kcache_cli.errors import KcacheError
 
     try:
-        result = b.build_task(root, path, options, source=source, listener=listener)
+        result = builder(root, path, options, source=source, listener=listener)
     finally:
         listener.stop()
     _notes(opts, result)
@@ -173,6 +187,17 @@ def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]
     if named and target is not None and named != target:
         raise UsageError(f"--space {space} is a {named} space but --target is {target}")
     return int(m.group(2)), named or target
+
+
+def _remote_builder(opts: c.GlobalOptions, url: str, timeout: float):
+    """build_task that consults the remote first and pushes what it compiles (kcache_cli.remote.build)."""
+    from kcache_cli.remote.build import build_with_remote
+
+    def builder(root, task, options, *, source=None, listener=None):
+        return build_with_remote(root, task, options, url, source=source, listener=listener,
+                                 warn=lambda m: c.warn(opts, m), connect_timeout=timeout)
+
+    return builder
 
 
 def _notes(opts: c.GlobalOptions, result) -> None:

@@ -27,7 +27,8 @@ def prune_command(
     older_than: Annotated[Optional[str], typer.Option(
         "--older-than", metavar="AGE", help="Remove entries not used for AGE (30d, 12h, 90m, 2w, 1d12h).")] = None,
     broken: Annotated[bool, typer.Option(
-        "--broken", help="Remove partial, failed and corrupt entries (and symlinks where entries belong).")] = False,
+        "--broken", help="Remove partial, failed, corrupt and stale entries (and symlinks where entries belong); "
+        "never unreadable ones.")] = False,
     dry_run: DryRunOpt = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Accepted for scripts written for clear; prune never "
                                                          "asks.")] = False,

@@ -74,8 +74,9 @@ def ls_command(
     layout: c.LayoutOpt = None,
     status: c.StatusOpt = None,
     kind: c.KindOpt = None,
-    sort: Annotated[str, typer.Option("--sort", metavar="KEY",
-                                      help="Order: op (default), size (biggest first), age (least recently used first).")] = "op",
+    sort: Annotated[str, typer.Option(
+        "--sort", metavar="KEY", help="Order: op (default), size (biggest first), age (least recently used first).")
+    ] = "op",
     limit: Annotated[Optional[int], typer.Option("--limit", metavar="N", min=0, help="Show at most N entries.")] = None,
     paths_only: Annotated[bool, typer.Option("-q", "--quiet", help="Print the entries' paths only, one per line "
                                              "(like docker ps -q); nothing on stderr. With --json: the JSON.")] = False,
@@ -392,23 +393,9 @@ def stats_command(
 
 
 def _stats(loc, result, top: int) -> dict:
-    groups: dict[str, dict[str, dict[str, int]]] = {"by_layout": {}, "by_space": {}, "by_op": {}, "by_status": {},
-                                                     "by_kind": {}}
-    for e in result.entries:
-        for key, value in (("by_layout", e.layout), ("by_space", e.space or "-"), ("by_op", e.op or "-"),
-                           ("by_status", e.status), ("by_kind", e.kind)):
-            g = groups[key].setdefault(value, {"entries": 0, "size": 0})
-            g["entries"] += 1
-            g["size"] += e.size
-    import heapq
-
-    biggest = heapq.nlargest(top, result.entries, key=lambda e: (e.size, e.relpath))
-    layouts = list(result.layouts)
-    return {"root": str(loc.path), "exists": result.exists, "reason": loc.reason,
-            "layout": layouts[0] if len(layouts) == 1 else ("mixed" if layouts else None),
-            "layouts": layouts, "entries": len(result.entries), "size": result.size,
-            **{k: dict(sorted(v.items())) for k, v in groups.items()},
-            "biggest": [e.to_json() for e in biggest], "warnings": list(result.warnings)}
+    report = result.to_json(top)
+    report["root"] = str(loc.path)
+    return {**report, "reason": loc.reason}
 
 
 def _stats_text(opts: c.GlobalOptions, report: dict) -> None:

@@ -20,8 +20,9 @@ SHELLS = ("bash", "zsh", "fish")
 COMPLETIONS_DIR = Path(__file__).resolve().parents[2] / "completions"
 
 TARGETS = (("cuda", "NVIDIA GPU"), ("cpu", "host CPU"), ("hip", "AMD GPU"))
-STATUSES = (("complete", "usable"), ("partial", "interrupted or unfinished"), ("failed", "compile log, no binary"),
-            ("corrupt", "disagrees with its manifest or a link dangles"), ("building", "a build holds its lock"))
+STATUSES = (("complete", "usable"), ("partial", "interrupted or unfinished"), ("failed", "the compiler failed"),
+            ("corrupt", "damaged: the compiler will not load it"), ("building", "a build holds its lock"),
+            ("stale", "built by another compiler version"), ("unreadable", "permission denied"))
 
 
 def _layouts() -> list[tuple[str, str]]:

@@ -23,6 +23,7 @@ from kcache_cli.layouts.shapes import KindShape, LayoutShape
 
 if TYPE_CHECKING:
     from kcache_cli.model import Details, Entry, Judgement, LogFile, ScanFilter, Warn
+    from kcache_cli.remote.formats import RemoteFormat
     from kcache_cli.scan import ScanContext
 
 # What a leftover is (`Leftover.what`): a kcache build's temp dir, or a compiler's staging write.
@@ -245,22 +246,13 @@ class Layout:
         with `staged == final == entry.path` for an entry that `relocation_problem` reports. Default:
         nothing."""
 
+    def remote_format(self) -> RemoteFormat | None:
+        """How this layout's entries are stored on a remote (kcache_cli/remote/formats.py): None for
+        kcache's own keys; a layout whose compiler has its own remote cache (Triton's Redis backend)
+        returns a format that keeps the files under that tool's keys, so both share one store."""
+        return None
+
     def relocation_problem(self, entry: Entry) -> str | None:
         """Why the paths the entry records about itself point elsewhere than where it lies (a cache moved
         or copied by hand), or None. `verify` reports it as a problem. Default: entries record none."""
         return None
-
-def top_sizes(path: str) -> dict[str, int] | None:
-    """Sizes of the files directly in `path` by name (None when it cannot be listed)."""
-    names: dict[str, int] = {}
-    try:
-        with os.scandir(path) as it:
-            for de in it:
-                try:
-                    if not de.is_dir(follow_symlinks=False):
-                        names[de.name] = de.stat(follow_symlinks=False).st_size
-                except OSError:
-                    pass
-    except OSError:
-        return None
-    return names

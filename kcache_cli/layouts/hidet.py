@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Iterator
 
 from kcache_cli import state
-from kcache_cli.layouts.base import TEMP, InnerLeftover, Layout, Leftover, top_sizes as _top_sizes
-from kcache_cli.model import Judgement
+from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, listing_or_unreadable,
+                              read_every_byte, read_head, read_text, size_mismatch, unreadable)
+from kcache_cli.layouts.base import TEMP, InnerLeftover, Layout, Leftover
 from kcache_cli.layouts.shapes import HIDET
-from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, read_head, read_text,
-                              size_mismatch)
 from kcache_cli.locking import entry_build_locked, probe_locked
-from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE_REASON, Details, Entry,
-                              LogFile, ScanFilter, TensorInfo, measure_tree)
+from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, UNREADABLE_REASON,
+                              Details, Entry, Judgement, LogFile, ScanFilter, TensorInfo, measure_tree)
 
 NAME = HIDET.name
 SPACE_RE = HIDET.kinds[0].segments[1]  # <target>_space_<level>: groups 1 (target) and 2 (level)
@@ -38,32 +38,308 @@ def _manifest_mismatch(path: str, names: dict[str, int]) -> str | None:
     return size_mismatch(MANIFEST, listed, names)
 
 
-def op_status(path: str, names: dict[str, int], head: bytes | None = None,
-              mtimes: dict[str, float] | None = None) -> tuple[str, str | None]:
-    """The cheap checks. With the files' `mtimes`, contents (lib.so's ELF header, kcache.json) are
-    read only if something changed after the entry was completed (checks.changed_since)."""
+# ---- the judgement: one function of an entry's files, for ls (cheap) and everything else (deep) -----
+
+def _version_key(v: str) -> tuple:
+    return tuple(int(x) for x in re.findall(r"\d+", v))
+
+
+_VERSIONS: dict[str, str] = {}
+_BUILT: dict[str, str] = {}  # version.txt path -> its text, read once by the search for the newest
+
+
+_INSTALLED: list[str] = []
+
+
+def installed_version() -> str:
+    """The installed hidet's version from its package metadata (hidet is not imported), or ""."""
+    if not _INSTALLED:
+        import importlib.metadata
+
+        try:
+            _INSTALLED.append(importlib.metadata.version("hidet"))
+        except (importlib.metadata.PackageNotFoundError, ValueError):
+            _INSTALLED.append("")
+    return _INSTALLED[0]
+
+
+def _newest_then_stale(root: Path, pairs: list[tuple[Entry, str | None]]) -> tuple[str, list[Entry]]:
+    """A full scan without an installed hidet: the newest version.txt among every entry's (read once,
+    by the scan's workers) is the version in use; complete entries of another version are stale."""
+    from dataclasses import replace
+
+    built = {e.path: v for e, v in pairs if v is not None}
+    entries = [e for e, _ in pairs]
+    import glob
+
+    for pattern in ("ir_modules/*/version.txt", "graphs/*/kernels/*/version.txt"):
+        for f in glob.glob(os.path.join(glob.escape(str(root)), pattern)):
+            text = read_text(f, 256)
+            if text is not None:
+                built[f] = text.strip()
+    version = max({v for v in built.values() if v}, key=_version_key, default="")
+    _VERSIONS[f"{root}\0"] = version
+    if not version:
+        return version, entries
+    return version, [replace(e, status=STALE, reason=_stale_reason(built[e.path], version))
+                     if e.status == COMPLETE and e.path in built and built[e.path] != version else e
+                     for e in entries]
+
+
+def version_in_use(root: str | os.PathLike, ops: tuple[str, ...] = (), fresh: bool = False) -> str:
+    """The hidet version whose loader decides: the installed hidet's (its metadata, without importing
+    it), else the newest version.txt in the cache, else "" (unknown: no entry is judged stale).
+    `ops` limits that search to those ops' directories (`ls --op X` reads only X's directories)."""
+    key = f"{root}\0{','.join(ops)}"
+    if fresh:  # every scan looks again; the judgements that follow it in one command reuse its answer
+        _VERSIONS.pop(key, None)
+        _VERSIONS.pop(f"{root}\0", None)
+        _BUILT.clear()
+    if key in _VERSIONS:
+        return _VERSIONS[key]
+    found = installed_version()
+    if not found:
+        import glob
+
+        seen = set()
+        patterns = [f"ops/*/{glob.escape(op)}/*/version.txt" for op in ops] if ops else [
+            "ops/*/*/*/version.txt", "ir_modules/*/version.txt", "graphs/*/kernels/*/version.txt"]
+        for pattern in patterns:
+            for f in glob.glob(os.path.join(glob.escape(str(root)), pattern)):
+                text = read_text(f, 256)
+                if text is not None:
+                    _BUILT[f] = text  # the judgement of this entry needs it too: read once
+                    if text.strip():
+                        seen.add(text.strip())
+        found = max(seen, key=_version_key, default="")
+    _VERSIONS[key] = found
+    return found
+
+
+def _names(path: str) -> tuple[dict[str, int] | None, dict[str, float], str | None]:
+    """Top-level file sizes and mtimes of a directory, or None and why it cannot be read."""
+    names: dict[str, int] = {}
+    mtimes: dict[str, float] = {}
+    try:
+        with os.scandir(path) as it:
+            for de in it:
+                try:
+                    if de.is_dir(follow_symlinks=False):
+                        continue
+                    st = de.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                names[de.name] = st.st_size
+                mtimes[de.name] = st.st_mtime
+    except FileNotFoundError:
+        return None, mtimes, "missing"
+    except OSError as exc:
+        return None, mtimes, f"cannot read the directory: {exc.strerror}"
+    return names, mtimes, None
+
+
+def _module(path: str, prefix: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool,
+            marker: bool) -> Judgement | None:
+    """hidet's rule for one compiled module directory (an op entry, an ir_module, a graph's module or
+    kernel): a non-empty lib.so and, with `marker`, func_types.pickle (written last). None: it passes."""
     lib = names.get(BINARY)
-    log = next((n for n in LOGS if n in names), None)
+    out = next((n for n in ("nvcc_output.txt", "gcc_output.txt") if n in names), None)
     if lib is None:
-        if log:
-            return FAILED, f"compile failed: {log} but no {BINARY}"
-        return PARTIAL, f"no {BINARY}: the build was interrupted or is still running"
+        if out:  # hidet writes the compiler's output only after the compiler exits 0
+            return Judgement.of(CORRUPT, f"{prefix}{BINARY} is missing although the compile succeeded "
+                                         f"({prefix}{out} is written only after the compiler exits 0)")
+        if "nvcc_log.txt" in names:  # kcache's own log: written once the compiler has finished, and
+            # kcache publishes nothing else without a lib.so, so this is a compile that failed
+            return Judgement.of(FAILED, f"compile failed: {prefix}nvcc_log.txt but no {BINARY}")
+        return Judgement.of(PARTIAL, f"no {prefix}{BINARY}: the build was interrupted or is still running")
     if lib == 0:
-        return PARTIAL, f"{BINARY} is empty"
-    if any(m in names for m in HIDET_MARKERS) and "func_types.pickle" not in names:
-        return PARTIAL, "no func_types.pickle: hidet did not finish writing the entry"
-    marker = MANIFEST if MANIFEST in names else "func_types.pickle"
-    if changed_since(mtimes, marker, (BINARY,)):
-        if head is None:
-            head = read_head(os.path.join(path, BINARY))
-        truncated = elf_truncated(BINARY, head, lib)
+        if "func_types.pickle" in names:
+            return Judgement.of(CORRUPT, f"{prefix}{BINARY} is empty (emptied after hidet finished the entry)")
+        return Judgement.of(PARTIAL, f"{prefix}{BINARY} is empty: the compile was interrupted")
+    if marker and "func_types.pickle" not in names:
+        return Judgement.of(PARTIAL, f"no {prefix}func_types.pickle: hidet did not finish writing it")
+    why = unreadable(os.path.join(path, BINARY))
+    if why:
+        return Judgement.of(UNREADABLE, prefix + why)
+    done = MANIFEST if MANIFEST in names else "func_types.pickle"
+    if deep or changed_since(mtimes, done, (BINARY,)):
+        truncated = elf_truncated(BINARY, read_head(os.path.join(path, BINARY)), lib)
         if truncated:
-            return CORRUPT, truncated
-    if MANIFEST in names and changed_since(mtimes, MANIFEST):
+            return Judgement.of(CORRUPT, prefix + truncated)
+    return None
+
+
+def _stale(path: str, prefix: str, names: dict[str, int], version: str, required: bool) -> Judgement | None:
+    """version.txt against the hidet in use: another version is stale (hidet rebuilds it)."""
+    if "version.txt" not in names:
+        if required:
+            return Judgement.of(CORRUPT, f"no {prefix}version.txt: hidet will not load this entry and rebuilds it")
+        return None
+    if not version:
+        return None  # unknown yet (a full scan decides it after reading every entry's version.txt)
+    vpath = os.path.join(path, "version.txt")
+    text = _BUILT.get(vpath)
+    if text is None:
+        text = read_text(vpath, 256)
+    if text is None:
+        why = unreadable(os.path.join(path, "version.txt")) or "version.txt cannot be read"
+        return Judgement.of(UNREADABLE, prefix + why)
+    built = text.strip()
+    if built != version:
+        return Judgement.of(STALE, _stale_reason(built, version))
+    return None
+
+
+def _stale_reason(built: str, version: str) -> str:
+    return f"built by hidet {built or '(empty version.txt)'}; hidet {version} will rebuild it"
+
+
+def _task(path: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool) -> Judgement | None:
+    """task.txt must still hash to the directory's name. Read by ls only when it changed after the
+    entry was finished (an edit after the build)."""
+    if "task.txt" not in names:
+        return None
+    done = MANIFEST if MANIFEST in names and not any(m in names for m in HIDET_MARKERS) else "func_types.pickle"
+    if not deep and not changed_since(mtimes, done, ("task.txt",)):
+        return None
+    from kcache_cli.taskfile import task_hash
+
+    try:
+        with open(os.path.join(path, "task.txt"), "rb") as f:
+            data = f.read()
+    except PermissionError:
+        return Judgement.of(UNREADABLE, "task.txt is unreadable (permission denied)")
+    except OSError as exc:
+        return Judgement.of(CORRUPT, f"cannot read task.txt: {exc.strerror}")
+    name = os.path.basename(path)
+    actual = task_hash(data)
+    if actual != name:
+        return Judgement.of(CORRUPT, f"task.txt hashes to {actual}, not {name}: its hash no longer matches "
+                                     "(edited after the build?), so hidet will never load this entry")
+    return None
+
+
+def judge(path: str, kind: str = "op", deep: bool = False, *, names: dict[str, int] | None = None,
+          mtimes: dict[str, float] | None = None, version: str | None = None,
+          root: str | os.PathLike | None = None) -> Judgement:
+    """The one judgement of a hidet entry. Cheap (`deep=False`): names, sizes, mtimes, version.txt, and
+    contents only where something changed after the entry was finished. Deep: every byte.
+
+    Real hidet entries follow hidet's loader (non-empty lib.so, func_types.pickle, version.txt equal to
+    the hidet in use); an entry kcache built is judged by its kcache.json while hidet's own files are
+    absent (hidet may rebuild it in place: then hidet's rule applies)."""
+    if root is None:
+        root = Path(path).parents[3] if kind == "op" else Path(path).parents[1]
+    if version is None:
+        version = version_in_use(root)
+    if kind == "graph":
+        return _judge_graph(path, deep, version)
+    if names is None:
+        names, mtimes, why = _names(path)
+        if names is None:
+            return Judgement.of(UNREADABLE if why != "missing" else PARTIAL, why)
+    hidet_made = any(m in names for m in HIDET_MARKERS)
+    if kind == "op" and MANIFEST in names and not hidet_made:
+        return _judge_kcache_built(path, names, mtimes, deep)
+    found = (_module(path, "", names, mtimes, deep, marker=hidet_made or kind != "op")
+             or (_task(path, names, mtimes, deep) if kind == "op" else None)
+             or (_stale(path, "", names, version, required=hidet_made and kind == "op") if hidet_made else None))
+    if found is None and deep:
+        bad = read_every_byte(path)
+        if bad:
+            found = Judgement.of(UNREADABLE if "unreadable" in bad else CORRUPT, bad)
+    return found or Judgement(COMPLETE)
+
+
+def _judge_kcache_built(path: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool
+                        ) -> Judgement:
+    found = _module(path, "", names, mtimes, deep, marker=False)
+    if found:
+        return found
+    if deep:
+        text = read_text(os.path.join(path, MANIFEST))
+        try:
+            listed = json.loads(text or "").get("files") or {}
+        except (ValueError, AttributeError):
+            return Judgement.of(CORRUPT, f"{MANIFEST} is not valid JSON")
+        problems = check_manifest(path, MANIFEST, listed)
+        if problems:
+            status = UNREADABLE if all("Permission denied" in p for p in problems) else CORRUPT
+            return Judgement(status, problems[0], tuple(problems))
+    elif changed_since(mtimes, MANIFEST):
         bad = _manifest_mismatch(path, names)
         if bad:
-            return CORRUPT, bad
-    return COMPLETE, None
+            return Judgement.of(CORRUPT, bad)
+    return _task(path, names, mtimes, deep) or Judgement(COMPLETE)
+
+
+def _graph_kernels(path: str) -> list[str]:
+    try:
+        return sorted((d.name for d in os.scandir(os.path.join(path, "kernels"))
+                       if d.is_dir(follow_symlinks=False)), key=lambda n: (len(n), n))
+    except OSError:
+        return []
+
+
+def _judge_graph(path: str, deep: bool, version: str) -> Judgement:
+    """A compiled graph: its graph_module/ and every kernels/<i>/ (meta.json's num_kernels of them)
+    must be loadable; a graph whose kernels were built by another hidet is stale as a whole."""
+    meta = _json(os.path.join(path, "meta.json")) or {}
+    parts = ["graph_module", *(f"kernels/{k}" for k in _graph_kernels(path))]
+    wanted = meta.get("num_kernels")
+    if isinstance(wanted, int):
+        missing = [i for i in range(wanted) if f"kernels/{i}" not in parts]
+        if missing:
+            return Judgement.of(PARTIAL, f"no kernels/{missing[0]} (meta.json says {wanted} kernels)")
+    built = meta.get("hidet_version")
+    if version and isinstance(built, str) and built and built != version:
+        return Judgement.of(STALE, f"built by hidet {built}; hidet {version} will rebuild it")
+    for part in parts:
+        sub = os.path.join(path, part)
+        names, mtimes, why = _names(sub)
+        if names is None:
+            if why == "missing":
+                return Judgement.of(PARTIAL, f"no {part}/: hidet did not finish the graph")
+            return Judgement.of(UNREADABLE, f"{part}: {why}")
+        found = (_module(sub, f"{part}/", names, mtimes, deep, marker=part != "graph_module")
+                 or _stale(sub, f"{part}/", names, version, required=False))
+        if found:
+            return found
+    if deep:
+        bad = read_every_byte(path)
+        if bad:
+            return Judgement.of(UNREADABLE if "unreadable" in bad else CORRUPT, bad)
+    return Judgement(COMPLETE)
+
+
+def _json(path: str) -> dict | None:
+    text = read_text(path)
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def op_status(path: str, names: dict[str, int], head: bytes | None = None,
+              mtimes: dict[str, float] | None = None) -> tuple[str, str | None]:
+    """The cheap judgement of an op entry as (status, reason), for callers that have its names."""
+    j = judge(path, "op", False, names=names, mtimes=mtimes)
+    return j.status, j.reason
+
+
+def other_target(path: str, kind: str) -> str | None:
+    """An ir_module's or graph's target: meta.json's, else the compiler its compile.sh runs."""
+    meta = _json(os.path.join(path, "meta.json")) or {}
+    if isinstance(meta.get("target"), str) and meta["target"]:
+        return meta["target"].split()[0]
+    sub = "graph_module" if kind == "graph" else ""
+    script = read_text(os.path.join(path, sub, "compile.sh"), 1 << 16) or ""
+    if re.search(r"\bnvcc\b", script):
+        return "cuda"
+    if re.search(r"\b(g\+\+|gcc|c\+\+|clang\+\+)\b", script):
+        return "cpu"
+    return None
 
 
 def _space_dirs(ctx, ops: Path, flt: ScanFilter) -> Iterator[tuple[str, str, str]]:
@@ -77,39 +353,71 @@ def _space_dirs(ctx, ops: Path, flt: ScanFilter) -> Iterator[tuple[str, str, str
             yield name, m.group(1), path
 
 
+def _listing(ctx, path: str, job: tuple, out: list[Entry]) -> list[os.DirEntry]:
+    target, space, op = job
+    return listing_or_unreadable(ctx, path, out, layout=NAME, kind="op", target=target, space=space, op=op)
+
+
 def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     ops = ctx.root / "ops"
     jobs = []  # listing the entry directories is cheap; reading them is the work, done in parallel
     prefixes = flt.name_prefixes()
+    blocked: list[Entry] = []
+    # Without an installed hidet, a full scan learns the version in use from the entries it reads.
+    later = not installed_version() and not (flt.ops or flt.spaces or flt.targets or flt.hash_prefixes or flt.paths)
+    version = "" if later else version_in_use(ctx.root, flt.ops, fresh=True)
+    if later:
+        _VERSIONS.pop(f"{ctx.root}\0", None)
+        _BUILT.clear()
     for space, target, space_path in _space_dirs(ctx, ops, flt):
         if flt.ops:
             op_dirs = [(o, os.path.join(space_path, o)) for o in flt.ops if os.path.isdir(os.path.join(space_path, o))]
         else:
-            op_dirs = [(d.name, d.path) for d in ctx.listdir(space_path) if d.is_dir(follow_symlinks=False)]
+            op_dirs = [(d.name, d.path) for d in _listing(ctx, space_path, (target, space, None), blocked)
+                       if d.is_dir(follow_symlinks=False)]
         for op, op_path in op_dirs:
-            for de in ctx.listdir(op_path):
+            for de in _listing(ctx, op_path, (target, space, op), blocked):
                 if not de.is_dir(follow_symlinks=False):
                     continue  # lock files and strays
                 if prefixes and not any(de.name.startswith(p) or de.name.startswith(state.TEMP_PREFIX)
                                         for p in prefixes):
                     continue
-                jobs.append((de.path, de.name, target, space, op))
-    yield from ctx.map_entries(_op_entry, jobs)
-    if flt.ops or flt.spaces or flt.targets:
-        return  # graphs and ir_modules have no op, space or target
+                jobs.append((de.path, de.name, target, space, op, version))
+    yield from blocked
+    if later:
+        version, found = _newest_then_stale(ctx.root, list(ctx.map_entries(_op_entry_and_version, jobs)))
+        yield from found
+    else:
+        yield from ctx.map_entries(_op_entry, jobs)
+    if flt.ops or flt.spaces:
+        return  # graphs and ir_modules have no op or space
     for dirname, kind in OTHER_KINDS:
         for de in ctx.listdir(ctx.root / dirname):
             if de.is_dir(follow_symlinks=False):
+                built_for = other_target(de.path, kind)
+                if not flt.wants_target(built_for):
+                    continue
+                j = judge(de.path, kind, False, version=version, root=ctx.root)
                 yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind=kind,
-                                target=None, space=None, op=None, hash=de.name, status=COMPLETE, reason=None)
+                                target=built_for, space=None, op=None, hash=de.name, status=j.status, reason=j.reason)
 
 
-def _op_entry(ctx, job: tuple[str, str, str, str, str]) -> Entry:
-    path, name, target, space, op = job
+def _op_entry_and_version(ctx, job: tuple[str, str, str, str, str, str]) -> tuple[Entry, str | None]:
+    """The entry (judged without a version yet) and its version.txt, read in the same worker."""
+    e = _op_entry(ctx, job)
+    if e.status != UNREADABLE and not job[1].startswith("."):
+        text = read_text(os.path.join(e.path, "version.txt"), 256)
+        return e, text.strip() if text is not None else None
+    return e, None
+
+
+def _op_entry(ctx, job: tuple[str, str, str, str, str, str]) -> Entry:
+    path, name, target, space, op, version = job
+    reason: str | None
     names, usage, mtimes = ctx.read_dir(path)
     building = state.temp_hash(name)
     if names is None:
-        status, reason, key = CORRUPT, UNREADABLE_REASON, name
+        status, reason, key = UNREADABLE, UNREADABLE_REASON, name
     elif building is not None:
         final = f"{ctx.rel(os.path.dirname(path))}/{building}"
         if entry_build_locked(ctx.root, final):
@@ -120,7 +428,8 @@ def _op_entry(ctx, job: tuple[str, str, str, str, str]) -> Entry:
     elif name.startswith("."):
         status, reason, key = PARTIAL, "hidden directory (not a hidet entry)", name
     else:
-        status, reason = op_status(path, names, mtimes=mtimes)
+        j = judge(path, "op", False, names=names, mtimes=mtimes, version=version, root=ctx.root)
+        status, reason = j.status, j.reason
         key = name
         if status == PARTIAL and ".lock" in names and probe_locked(os.path.join(path, ".lock")):
             status, reason = BUILDING, "hidet holds the entry's lock (compiling)"
@@ -135,105 +444,124 @@ def command_from_script(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if line.strip() and not line.startswith("#!")).strip()
 
 
-def describe(root: Path, entry: Entry) -> Details:
-    from kcache_cli.taskfile import TaskFormatError, parse_task, task_hash
+def _dim(d):
+    """A shape dimension as JSON wants it: an integer when it is one (task.txt gives strings)."""
+    if isinstance(d, str) and re.fullmatch(r"-?\d+", d.strip()):
+        return int(d)
+    return d
 
+
+def _tensors(items, given: tuple[TensorInfo, ...] = ()) -> tuple[TensorInfo, ...]:
+    got = []
+    for i, t in enumerate(items or []):
+        if not isinstance(t, dict):
+            continue
+        name = given[i].name if i < len(given) else t.get("name")
+        got.append(TensorInfo(name, str(t.get("dtype")), tuple(_dim(d) for d in t.get("shape") or ())))
+    return tuple(got) or given
+
+
+def _deep_judgement(root: Path, entry: Entry) -> Judgement:
+    if entry.status in (BUILDING,) or not entry.hash or os.path.basename(entry.path).startswith("."):
+        return Judgement.of(entry.status, entry.reason)  # temp dirs, hidden dirs, unlistable dirs
+    return judge(entry.path, entry.kind, True, root=root)
+
+
+def _module_dirs(entry: Entry) -> list[str]:
+    """The directories holding compiled modules: the entry itself, or a graph's module and kernels."""
+    if entry.kind != "graph":
+        return [entry.path]
+    return [os.path.join(entry.path, "graph_module"),
+            *(os.path.join(entry.path, "kernels", k) for k in _graph_kernels(entry.path))]
+
+
+def describe(root: Path, entry: Entry) -> Details:
     p = entry.path
-    problems: list[str] = []
     facts: list[tuple[str, str]] = []
     files = list_files(p)
-    task_op = entry.op
-    inputs: tuple[TensorInfo, ...] = ()
-    outputs: tuple[TensorInfo, ...] = ()
-    if entry.kind != "op":
-        return Details(entry, entry.status, entry.reason, (), files)
-
-    task_path = os.path.join(p, "task.txt")
-    try:
-        with open(task_path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        data = None
-        facts.append(("task", "no task.txt in this entry"))
-    except OSError as exc:
-        data = None
-        problems.append(f"cannot read task.txt: {exc.strerror}")
-    if data is not None:
-        actual = task_hash(data)
-        if not entry.relpath.rsplit("/", 1)[-1].startswith(state.TEMP_PREFIX) and actual != entry.hash:
-            problems.append(f"task.txt hashes to {actual}, not {entry.hash}: its hash no longer matches "
-                            "(edited after the build?), so hidet will never load this entry")
-        try:
-            task = parse_task(data)
-            task_op = task.name
-            inputs = tuple(TensorInfo(t.name, t.dtype, t.shape) for t in task.inputs)
-            outputs = tuple(TensorInfo(t.name, t.dtype, t.shape) for t in task.outputs)
-            if task.name != entry.op:
-                problems.append(f"task.txt names op '{task.name}' but the entry sits under '{entry.op}'")
-        except TaskFormatError as exc:
-            problems.append(str(exc))
-
-    meta_text = read_text(os.path.join(p, "meta.json"))
-    if meta_text:
-        try:
-            meta = json.loads(meta_text)
-            facts.append(("hidet version", str(meta.get("hidet_version"))))
-            if meta.get("target"):
-                facts.append(("meta target", str(meta["target"])))
-
-            def tensors(key, given):
-                got = []
-                for i, t in enumerate(meta.get(key) or []):
-                    name = given[i].name if i < len(given) else None
-                    got.append(TensorInfo(name, str(t.get("dtype")), tuple(t.get("shape") or ())))
-                return tuple(got) or given
-
-            inputs, outputs = tensors("inputs", inputs), tensors("outputs", outputs)
-        except (ValueError, AttributeError, TypeError):
-            problems.append("meta.json is not valid JSON")
+    verdict = _deep_judgement(root, entry)
+    problems = list(verdict.problems)
+    task_op, inputs, outputs = _describe_task(entry, problems, facts) if entry.kind == "op" else (None, (), ())
+    meta = _json(os.path.join(p, "meta.json"))
+    if meta is None and os.path.isfile(os.path.join(p, "meta.json")):
+        problems.append("meta.json is not valid JSON")
+    if meta:
+        facts.append(("hidet version", str(meta.get("hidet_version"))))
+        if meta.get("target"):
+            facts.append(("meta target", str(meta["target"])))
+        inputs, outputs = _tensors(meta.get("inputs"), inputs), _tensors(meta.get("outputs"), outputs)
+        if entry.kind == "graph" and meta.get("num_kernels") is not None:
+            facts.append(("kernels", str(meta["num_kernels"])))
     version = read_text(os.path.join(p, "version.txt"))
     if version is not None:
         facts.append(("version.txt", version.strip()))
-
-    manifest_text = read_text(os.path.join(p, MANIFEST))
-    if manifest_text is not None:
-        try:
-            manifest = json.loads(manifest_text)
-            problems.extend(check_manifest(p, MANIFEST, manifest.get("files") or {}))
-            for key in ("arch", "compiler", "kcache_version"):
-                if manifest.get(key):
-                    facts.append((f"recorded {key}", str(manifest[key])))
-        except (ValueError, AttributeError):
-            problems.append(f"{MANIFEST} is not valid JSON")
-
+    facts.append(("hidet in use", version_in_use(root) or "unknown (not installed, no version.txt)"))
+    manifest = _json(os.path.join(p, MANIFEST))
+    if manifest:
+        for key in ("arch", "compiler", "kcache_version"):
+            if manifest.get(key):
+                facts.append((f"recorded {key}", str(manifest[key])))
+    main = _module_dirs(entry)[0]
     command = output = None
-    log = read_text(os.path.join(p, "nvcc_log.txt"))
-    script = read_text(os.path.join(p, "compile.sh"))
+    log = read_text(os.path.join(main, "nvcc_log.txt"))
+    script = read_text(os.path.join(main, "compile.sh"))
     if script is not None:
         command = command_from_script(script)
     elif log:
         command = log.splitlines()[0].strip() if log.strip() else None
     for name in ("nvcc_output.txt", "gcc_output.txt"):
-        output = output or read_text(os.path.join(p, name))
+        output = output or read_text(os.path.join(main, name))
     if output is None and log:
         output = "\n".join(log.splitlines()[1:])
     if os.path.isdir(os.path.join(p, "candidates")):
         facts.append(("candidates/", "auto-tuning leftovers (prune removes them)"))
-
-    binaries = tuple(os.path.join(p, BINARY) for _ in [0] if os.path.isfile(os.path.join(p, BINARY)))
-    status, reason = entry.status, entry.reason
+    binaries = tuple(os.path.join(d, BINARY) for d in _module_dirs(entry) if os.path.isfile(os.path.join(d, BINARY)))
+    status, reason = verdict.status, verdict.reason
     if problems and status == COMPLETE:
         status, reason = CORRUPT, problems[0]
     return Details(entry, status, reason, tuple(problems), files, task_op, inputs, outputs, command, output,
                    binaries, tuple(facts))
 
 
+def _describe_task(entry: Entry, problems: list[str], facts: list[tuple[str, str]]
+                   ) -> tuple[str | None, tuple[TensorInfo, ...], tuple[TensorInfo, ...]]:
+    """The op's name and tensors from task.txt (its hash is part of the judgement)."""
+    from kcache_cli.taskfile import TaskFormatError, parse_task
+
+    try:
+        with open(os.path.join(entry.path, "task.txt"), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        facts.append(("task", "no task.txt in this entry"))
+        return entry.op, (), ()
+    except OSError:
+        return entry.op, (), ()  # the judgement says why
+    try:
+        task = parse_task(data)
+    except TaskFormatError as exc:
+        problems.append(str(exc))
+        return entry.op, (), ()
+    if task.name != entry.op:
+        problems.append(f"task.txt names op '{task.name}' but the entry sits under '{entry.op}'")
+
+    def info(t) -> TensorInfo:
+        return TensorInfo(t.name, t.dtype, tuple(_dim(d) for d in t.shape))
+
+    return task.name, tuple(info(t) for t in task.inputs), tuple(info(t) for t in task.outputs)
+
+
 def log_files(entry: Entry) -> list[LogFile]:
-    p = entry.path
-    if os.path.isfile(os.path.join(p, "nvcc_log.txt")):
-        return [LogFile("nvcc_log.txt", os.path.join(p, "nvcc_log.txt"))]
-    return [LogFile(n, os.path.join(p, n)) for n in ("compile.sh", "nvcc_output.txt", "gcc_output.txt")
-            if os.path.isfile(os.path.join(p, n))]
+    """kcache's nvcc_log.txt, or hidet's compile.sh then the compiler's output (for a graph: its
+    graph module's, then each kernel's)."""
+    out = []
+    for d in _module_dirs(entry):
+        label = "" if d == entry.path else os.path.relpath(d, entry.path) + "/"
+        if os.path.isfile(os.path.join(d, "nvcc_log.txt")):
+            out.append(LogFile(label + "nvcc_log.txt", os.path.join(d, "nvcc_log.txt")))
+            continue
+        out.extend(LogFile(label + n, os.path.join(d, n)) for n in ("compile.sh", "nvcc_output.txt", "gcc_output.txt")
+                   if os.path.isfile(os.path.join(d, n)))
+    return out
 
 
 # ---- for prune/clear -----------------------------------------------------------------------------
@@ -298,12 +626,7 @@ class HidetLayout(Layout):
         return stray_links(ctx, flt)
 
     def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
-        if kind != "op":
-            return Judgement(COMPLETE)
-        names = _top_sizes(path)
-        if names is None:
-            return Judgement.of(CORRUPT, UNREADABLE_REASON)
-        return Judgement.of(*op_status(path, names))
+        return judge(path, kind, deep, root=root)
 
     def describe(self, root: Path, entry: Entry) -> Details:
         return describe(root, entry)

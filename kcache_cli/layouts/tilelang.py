@@ -8,13 +8,13 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from kcache_cli.checks import (changed_since, check_manifest, list_files, read_every_byte, read_json, read_text,
+                              size_mismatch, unreadable)
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
-from kcache_cli.layouts.base import Layout, Leftover, top_sizes
-from kcache_cli.model import Judgement
+from kcache_cli.layouts.base import Layout, Leftover
 from kcache_cli.layouts.shapes import TILELANG
-from kcache_cli.checks import changed_since, check_manifest, list_files, read_json, read_text, size_mismatch
-from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE_REASON, Details, Entry, LogFile, ScanFilter,
-                              measure_tree)
+from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE, UNREADABLE_REASON, Details, Entry, Judgement,
+                              LogFile, ScanFilter, measure_tree)
 
 NAME = TILELANG.name
 TARGET = TILELANG.kinds[0].target
@@ -22,7 +22,7 @@ VERSION_RE = TILELANG.kinds[0].segments[0]  # anchored
 KERNEL_BINARIES = ("executable.so", "kernel_lib.so", "kernel.cubin")
 CUBIN_BINARIES = ("kernel.cubin", "kernel.fatbin")
 STAGING = ".staging"
-UNREADABLE = (CORRUPT, UNREADABLE_REASON)
+UNREADABLE_DIR = (UNREADABLE, UNREADABLE_REASON)
 BINARIES_DIR = "cuda-binaries"
 
 
@@ -44,6 +44,9 @@ def kernel_status(path: str, names: dict[str, int], mtimes: dict[str, float] | N
         return PARTIAL, "no executable.so, kernel_lib.so or kernel.cubin"
     if names[binary] == 0:
         return PARTIAL, f"{binary} is empty"
+    why = unreadable(os.path.join(path, binary))
+    if why:
+        return UNREADABLE, why
     if binary == "kernel.cubin" and "kernel.py" not in names:
         return PARTIAL, "kernel.cubin without kernel.py"
     if "params.json" not in names and "params.pkl" not in names:
@@ -58,6 +61,9 @@ def binary_status(path: str, names: dict[str, int], mtimes: dict[str, float] | N
         return PARTIAL, "no kernel.cubin or kernel.fatbin"
     if "metadata.json" not in names:
         return PARTIAL, "no metadata.json"
+    why = unreadable(os.path.join(path, binary))
+    if why:
+        return UNREADABLE, why
     if not changed_since(mtimes, "metadata.json", (binary,)):
         return COMPLETE, None
     meta = _load_json(os.path.join(path, "metadata.json"))
@@ -66,6 +72,51 @@ def binary_status(path: str, names: dict[str, int], mtimes: dict[str, float] | N
     if meta.get("size") is not None and meta["size"] != names[binary]:
         return CORRUPT, f"{binary} is {names[binary]} bytes, metadata.json says {meta['size']}"
     return COMPLETE, None
+
+
+def judge(path: str, kind: str, deep: bool = False, *, names: dict[str, int] | None = None,
+          mtimes: dict[str, float] | None = None, root: object = None) -> Judgement:
+    """The one judgement of a tilelang kernel or binary: cheap for ls, `deep` checks every byte against
+    manifest.json / metadata.json."""
+    if names is None:
+        names, mtimes = {}, {}
+        try:
+            for de in os.scandir(path):
+                if not de.is_dir(follow_symlinks=False):
+                    st = de.stat(follow_symlinks=False)
+                    names[de.name], mtimes[de.name] = st.st_size, st.st_mtime
+        except OSError as exc:
+            return Judgement.of(UNREADABLE, f"cannot read the directory: {exc.strerror}")
+    status, reason = (kernel_status if kind == "kernel" else binary_status)(path, names, None if deep else mtimes)
+    if status != COMPLETE or not deep:
+        return Judgement.of(status, reason)
+    if kind == "kernel":
+        manifest = _load_json(os.path.join(path, "manifest.json"))
+        problems = check_manifest(path, "manifest.json", manifest.get("files") or {}) if manifest else []
+    else:
+        meta = _load_json(os.path.join(path, "metadata.json")) or {}
+        binary = next((b for b in CUBIN_BINARIES if b in names), None)
+        problems = check_manifest(path, "metadata.json", {binary: {"size": meta.get("size"), "sha256": meta["sha256"]}}
+                                  ) if binary and meta.get("sha256") else []
+    bad = read_every_byte(path) or _not_a_binary(path, names)
+    if bad and not problems:
+        problems = [bad]
+    if problems:
+        status = UNREADABLE if all("unreadable" in p or "Permission denied" in p for p in problems) else CORRUPT
+        return Judgement(status, problems[0], tuple(problems))
+    return Judgement(COMPLETE)
+
+
+def _not_a_binary(path: str, names: dict[str, int]) -> str | None:
+    """A compiled file whose bytes are no kernel binary (an ELF .so or cubin, or a fatbin)."""
+    from kcache_cli.checks import read_head
+
+    for b in (*KERNEL_BINARIES, *CUBIN_BINARIES):
+        if b in names:
+            head = read_head(os.path.join(path, b), 4)
+            if head != b"\x7fELF" and head != b"\x50\xed\x55\xba":
+                return f"{b} is not a readable kernel binary (neither ELF nor fatbin)"
+    return None
 
 
 def _staging(ctx, path: str, kind: str, space: str) -> Iterator[Entry]:
@@ -93,7 +144,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 for de in ctx.listdir(sub.path):
                     if de.is_dir(follow_symlinks=False):
                         names, usage, mtimes = ctx.read_dir(de.path)
-                        status, reason = binary_status(de.path, names, mtimes) if names is not None else UNREADABLE
+                        status, reason = binary_status(de.path, names, mtimes) if names is not None else UNREADABLE_DIR
                         yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind="binary", target=TARGET,
                                         space=space, op=None, hash=de.name, status=status, reason=reason)
             elif sub.name == STAGING:
@@ -107,7 +158,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 for de in ctx.listdir(os.path.join(sub.path, "kernels")):
                     if de.is_dir(follow_symlinks=False):
                         names, usage, mtimes = ctx.read_dir(de.path)
-                        status, reason = kernel_status(de.path, names, mtimes) if names is not None else UNREADABLE
+                        status, reason = kernel_status(de.path, names, mtimes) if names is not None else UNREADABLE_DIR
                         yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind="kernel", target=TARGET,
                                         space=space, op=None, hash=de.name, status=status, reason=reason)
 
@@ -136,10 +187,46 @@ def describe(root: Path, entry: Entry) -> Details:
         if meta.get("format"):
             facts.append(("format", str(meta["format"])))
         binaries = (os.path.join(p, binary),) if binary else ()
-    status, reason = entry.status, entry.reason
+    staging = f"/{STAGING}/" in f"/{entry.relpath}"
+    verdict = judge(p, entry.kind, True) if entry.hash and os.path.isdir(p) and not staging \
+        else Judgement.of(entry.status, entry.reason)
+    if entry.kind == "kernel":
+        facts.extend(kernel_params(p))
+    problems = [*verdict.problems, *(x for x in problems if x not in verdict.problems)]
+    status, reason = verdict.status, verdict.reason
     if problems and status == COMPLETE:
         status, reason = CORRUPT, problems[0]
     return Details(entry, status, reason, tuple(problems), files, None, (), (), None, None, binaries, tuple(facts))
+
+
+def kernel_params(path: str) -> list[tuple[str, str]]:
+    """A kernel's parameters from params.json (tvm ffi's node graph: Maps of dtype and shape)."""
+    data = _load_json(os.path.join(path, "params.json"))
+    if not data or not isinstance(data.get("nodes"), list):
+        return []
+    nodes = data["nodes"]
+
+    def value(i, depth=0):
+        if not isinstance(i, int) or not 0 <= i < len(nodes) or depth > 20:
+            return None
+        n = nodes[i]
+        t, d = n.get("type"), n.get("data")
+        if t == "ffi.Array":
+            return [value(x, depth + 1) for x in d or []]
+        if t == "ffi.Map":
+            d = d or []
+            return {str(value(d[k], depth + 1)): value(d[k + 1], depth + 1) for k in range(0, len(d) - 1, 2)}
+        return d
+
+    root = value(data.get("root_index"))
+    items = root if isinstance(root, list) else [root]
+    out = []
+    for i, p in enumerate(items):
+        if isinstance(p, dict) and "dtype" in p:
+            shape = p.get("shape")
+            text = f"{p['dtype']}[{', '.join(str(x) for x in shape)}]" if isinstance(shape, list) else str(p["dtype"])
+            out.append((f"param {i}", text))
+    return out
 
 
 def log_files(entry: Entry) -> list[LogFile]:
@@ -265,10 +352,7 @@ class TilelangLayout(Layout):
         return stray_links(ctx, flt)
 
     def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
-        names = top_sizes(path)
-        if names is None:
-            return Judgement.of(*UNREADABLE)
-        return Judgement.of(*(kernel_status if kind == "kernel" else binary_status)(path, names))
+        return judge(path, kind, deep, root=root)
 
     def describe(self, root: Path, entry: Entry) -> Details:
         return describe(root, entry)

@@ -9,15 +9,16 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from kcache_cli.checks import (changed_since, elf_truncated, list_files, listing_or_unreadable, read_every_byte,
+                              read_head, read_text, unreadable)
 from kcache_cli.layouts.base import Layout
-from kcache_cli.model import Judgement
 from kcache_cli.layouts.shapes import TILUS
-from kcache_cli.checks import changed_since, elf_truncated, list_files, read_head, read_text
-from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, Details, Entry, LogFile, ScanFilter, TensorInfo,
-                              measure_tree)
+from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, Details, Entry, Judgement, LogFile,
+                              ScanFilter, TensorInfo, measure_tree)
 
 NAME = TILUS.name
 TARGET = TILUS.kinds[0].target  # tilus compiles for NVIDIA GPUs only
@@ -70,43 +71,156 @@ def _program_name(path: str) -> str | None:
     return m.group(1).decode() if m else None
 
 
-def program_status(path: str) -> tuple[str, str | None]:
+@dataclass(frozen=True)
+class BuildFailure:
+    """One failed build tilus recorded under scripts/<name>/<key>/failed/building/<N>."""
+
+    script: str  # the script directory
+    record: str  # <N>.txt (the command and the compiler's error), or the <N> entry itself
+    program: str | None  # the program hash the failed build was for, when the record names it
+    error: str  # the first line of the compiler's error
+    mtime: float
+
+
+def build_failures(script_path: str) -> list[BuildFailure]:
+    """The failed builds a script recorded, oldest first."""
+    base = os.path.join(script_path, "failed", "building")
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        full = os.path.join(base, n)
+        if n.endswith(".txt") or (not os.path.isdir(full) and f"{n}.txt" not in names):
+            text = read_text(full, 1 << 16) or ""
+        elif f"{n}.txt" in names:
+            continue  # the record is <n>.txt
+        else:
+            text = read_text(os.path.join(full, f"{n}.txt"), 1 << 16) or ""
+            full = os.path.join(full, f"{n}.txt") if text else full
+        link = read_link(os.path.join(base, n.removesuffix(".txt")))
+        m = re.search(r"programs/([0-9a-f]{12})\b", (link or "") + "\n" + text)
+        errors = [line.strip() for line in text.splitlines() if re.search(r"\berror\b", line, re.IGNORECASE)]
+        first = errors[0] if errors else next((x.strip() for x in text.splitlines() if x.strip()), "no message")
+        try:
+            mtime = os.lstat(full).st_mtime
+        except OSError:
+            mtime = 0.0
+        out.append(BuildFailure(script_path, full, m.group(1) if m else None, first[:200], mtime))
+    return sorted(out, key=lambda f: (f.mtime, f.record))
+
+
+def failures_by_program(root: str | os.PathLike) -> dict[str, BuildFailure]:
+    """program hash -> the latest failed build recorded for it, over every script of the cache."""
+    out: dict[str, BuildFailure] = {}
+    for jdir in Path(root).glob("scripts/*/*/failed/building"):
+        for f in build_failures(str(jdir.parent.parent)):
+            if f.program:
+                out[f.program] = f
+    return out
+
+
+def judge(path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None,
+          failures: dict[str, BuildFailure] | None = None) -> Judgement:
+    """The one judgement of a tilus program or script (cheap for ls, `deep` reads every byte)."""
+    if root is None:
+        root = Path(path).parents[1] if kind == "program" else Path(path).parents[2]
+    if kind == "program":
+        if failures is None:
+            failures = failures_by_program(root)
+        return _judge_program(path, deep, failures.get(os.path.basename(path)))
+    return _judge_script(path, deep)
+
+
+def _judge_program(path: str, deep: bool, failure: BuildFailure | None) -> Judgement:
     module = os.path.join(path, "module")
-    mtimes = {}
-    for name in ("lib.so", "func_types.pickle"):
+    mtimes, sizes = {}, {}
+    for name in ("lib.so", "func_types.pickle", "nvcc_output.txt"):
         try:
             st = os.stat(os.path.join(module, name))
         except OSError:
             continue
-        mtimes[name] = st.st_mtime
-        if name == "lib.so":
-            lib = st.st_size
-    if "lib.so" not in mtimes:
-        lib = None
+        mtimes[name], sizes[name] = st.st_mtime, st.st_size
+    lib = sizes.get("lib.so")
     if lib is None:
-        if os.path.exists(os.path.join(module, "nvcc_output.txt")):
-            return FAILED, "compile failed: module/nvcc_output.txt but no module/lib.so"
-        return PARTIAL, "no module/lib.so: the build was interrupted or is still running"
+        if failure is not None:
+            where = os.path.relpath(failure.record, os.path.dirname(os.path.dirname(path)))
+            return Judgement.of(FAILED, f"build failed ({where}): {failure.error}")
+        if "nvcc_output.txt" in sizes:  # written only after nvcc exits 0
+            return Judgement.of(CORRUPT, "module/lib.so is missing although the compile succeeded "
+                                         "(module/nvcc_output.txt is written only after nvcc exits 0)")
+        return Judgement.of(PARTIAL, "no module/lib.so: the build was interrupted or is still running")
     if lib == 0:
-        return PARTIAL, "module/lib.so is empty"
-    if changed_since(mtimes, "func_types.pickle"):  # written after lib.so: tilus's completion marker
+        return Judgement.of(PARTIAL, "module/lib.so is empty")
+    why = unreadable(os.path.join(module, "lib.so"))
+    if why:
+        return Judgement.of(UNREADABLE, "module/" + why)
+    if deep or changed_since(mtimes, "func_types.pickle"):  # written after lib.so: tilus's completion marker
         truncated = elf_truncated("lib.so", read_head(os.path.join(module, "lib.so")), lib)
         if truncated:
-            return CORRUPT, "module/" + truncated
+            return Judgement.of(CORRUPT, "module/" + truncated)
     for name in ("program.txt", "options.txt"):
         if not os.path.isfile(os.path.join(path, name)):
-            return PARTIAL, f"no {name}"
-    return COMPLETE, None
+            return Judgement.of(PARTIAL, f"no {name}")
+    if deep:
+        bad = read_every_byte(path) or _program_hash_problem(path)
+        if bad:
+            return Judgement.of(UNREADABLE if "unreadable" in bad else CORRUPT, bad)
+    return Judgement(COMPLETE)
 
 
-def script_status(path: str) -> tuple[str, str | None]:
+def _program_hash_problem(path: str) -> str | None:
+    options = read_text(os.path.join(path, "options.txt"))
+    program = read_text(os.path.join(path, "program.txt"))
+    if options is None or program is None:
+        return None
+    actual = hashlib.sha256((options + program).encode()).hexdigest()[:12]
+    name = os.path.basename(path)
+    if actual != name:
+        return (f"options.txt + program.txt hash to {actual}, not {name}: "
+                "edited after the build, tilus will never load this program")
+    return None
+
+
+def _judge_script(path: str, deep: bool) -> Judgement:
     links = script_links(path)
     for name, text, target in links:
         if target is None:
-            return CORRUPT, f"dangling link {name} -> {text}"
+            return Judgement.of(CORRUPT, f"dangling link {name} -> {text}")
+    failures = build_failures(path)
+    if failures:
+        last = failures[-1]
+        newest_ok = max([_lmtime(os.path.join(path, n)) for n, _, _ in links]
+                        + [_lmtime(os.path.join(path, "dispatch_table.txt"))], default=0.0)
+        if last.mtime >= newest_ok:
+            earlier = " (earlier builds succeeded)" if links else ""
+            return Judgement.of(FAILED, f"its last build failed{earlier}: {last.error} "
+                                        f"(failed/building/{os.path.basename(last.record)})")
     if not links and not os.path.isdir(os.path.join(path, "programs")):
-        return PARTIAL, "no programs/ directory: tilus did not finish the script"
-    return COMPLETE, None
+        return Judgement.of(PARTIAL, "no programs/ directory: tilus did not finish the script")
+    if deep:
+        bad = read_every_byte(path)
+        if bad:
+            return Judgement.of(UNREADABLE if "unreadable" in bad else CORRUPT, bad)
+    return Judgement(COMPLETE)
+
+
+def _lmtime(path: str) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def program_status(path: str) -> tuple[str, str | None]:
+    j = judge(path, "program")
+    return j.status, j.reason
+
+
+def script_status(path: str) -> tuple[str, str | None]:
+    j = judge(path, "script")
+    return j.status, j.reason
 
 
 def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
@@ -118,11 +232,14 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     else:
         script_dirs = [(d.name, d.path) for d in ctx.listdir(scripts) if d.is_dir(follow_symlinks=False)]
     linked: dict[str, str] = {}  # program dir -> op of a script that links to it
+    blocked: list[Entry] = []
     for op, sdir in script_dirs:
-        for de in ctx.listdir(sdir):
+        for de in listing_or_unreadable(ctx, sdir, blocked, layout=NAME, kind="script", target=TARGET, space=None,
+                                        op=op):
             if not de.is_dir(follow_symlinks=False):
                 continue
-            status, reason = script_status(de.path)
+            j = judge(de.path, "script", root=ctx.root)
+            status, reason = j.status, j.reason
             if flt.ops:
                 for _, _, target in script_links(de.path):
                     if target:
@@ -132,10 +249,14 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     if flt.ops:  # only the programs the selected scripts use: no need to read every program
         programs = [(os.path.basename(p), p, op) for p, op in sorted(linked.items())]
     else:
-        programs = [(d.name, d.path, None) for d in ctx.listdir(ctx.root / "programs")
+        programs = [(d.name, d.path, None) for d in listing_or_unreadable(
+            ctx, str(ctx.root / "programs"), blocked, layout=NAME, kind="program", target=TARGET, space=None, op=None)
                     if d.is_dir(follow_symlinks=False)]
+    yield from blocked
+    failures = failures_by_program(ctx.root)
     for h, path, op in programs:
-        status, reason = program_status(path)
+        j = judge(path, "program", root=ctx.root, failures=failures)
+        status, reason = j.status, j.reason
         yield ctx.entry(path=path, usage=measure_tree(path, ctx.warn), layout=NAME, kind="program",
                         target=TARGET, space=None, op=op or _program_name(path), hash=h, status=status,
                         reason=reason)
@@ -156,12 +277,6 @@ def describe(root: Path, entry: Entry) -> Details:
     inputs: tuple[TensorInfo, ...] = ()
     if entry.kind == "program":
         options = read_text(os.path.join(p, "options.txt"))
-        program = read_text(os.path.join(p, "program.txt"))
-        if options is not None and program is not None:
-            actual = hashlib.sha256((options + program).encode()).hexdigest()[:12]
-            if actual != entry.hash:
-                problems.append(f"options.txt + program.txt hash to {actual}, not {entry.hash}: "
-                                "edited after the build, tilus will never load this program")
         if options:
             m = re.search(r"arch='(\w+)'", options)
             if m:
@@ -188,14 +303,21 @@ def describe(root: Path, entry: Entry) -> Details:
 
             try:
                 params = json.loads(meta).get("params", {})
-                inputs = tuple(TensorInfo(n, str(t), ()) for n, t in zip(params.get("names", []),
-                                                                           params.get("types", [])))
+                for n, t in zip(params.get("names", []), params.get("types", [])):
+                    # scalars (hidet.int32) and pointers (void*) are parameters, not tensors
+                    kind = "pointer" if str(t).endswith("*") else "scalar"
+                    facts.append((f"param {n}", f"{str(t).removeprefix('hidet.')} ({kind})"))
             except (ValueError, AttributeError):
                 problems.append("meta.json is not valid JSON")
         table = read_text(os.path.join(p, "dispatch_table.txt"))
         if table:
             facts.append(("dispatch table", table.strip()))
-    status, reason = entry.status, entry.reason
+    for f in build_failures(p) if entry.kind == "script" else ():
+        facts.append((f"failed build {os.path.basename(f.record)}", f.error))
+    verdict = judge(p, entry.kind, True, root=root) if entry.hash and os.path.isdir(p) else \
+        Judgement.of(entry.status, entry.reason)
+    problems = [*verdict.problems, *(x for x in problems if x not in verdict.problems)]
+    status, reason = verdict.status, verdict.reason
     if problems and status == COMPLETE:
         status, reason = CORRUPT, problems[0]
     return Details(entry, status, reason, tuple(problems), files, entry.op, inputs, (), command, output,
@@ -208,6 +330,11 @@ def log_files(entry: Entry) -> list[LogFile]:
     else:
         dirs = sorted({t for _, _, t in script_links(entry.path) if t})
     out = []
+    failures = build_failures(entry.path) if entry.kind == "script" else \
+        [f for f in failures_by_program(Path(entry.path).parents[1]).values()
+         if f.program == os.path.basename(entry.path)]
+    for f in failures:  # tilus's record of a failed build: the command and the compiler's error
+        out.append(LogFile(f"failed build {os.path.basename(f.record)}", f.record))
     for d in dirs:
         for n in ("compile.sh", "nvcc_output.txt"):
             full = os.path.join(d, "module", n)
@@ -302,7 +429,7 @@ class TilusLayout(Layout):
         return stray_links(ctx, flt)
 
     def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
-        return Judgement.of(*(program_status(path) if kind == "program" else script_status(path)))
+        return judge(path, kind, deep, root=root)
 
     def describe(self, root: Path, entry: Entry) -> Details:
         return describe(root, entry)

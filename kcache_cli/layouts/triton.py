@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from kcache_cli.checks import changed_since, elf_truncated, list_files, read_head, read_json
+from kcache_cli.checks import changed_since, elf_truncated, list_files, read_json
 from kcache_cli.layouts.base import TEMP, Facts, Layout, Leftover
 from kcache_cli.layouts.shapes import (
     TRITON,
@@ -32,6 +32,7 @@ from kcache_cli.model import (
     COMPLETE,
     CORRUPT,
     PARTIAL,
+    UNREADABLE,
     UNREADABLE_REASON,
     Details,
     Entry,
@@ -133,6 +134,7 @@ class _Listing:
         self.links: set[str] = set()
         self.path = path
         self._json: dict[str, dict | None] = {}
+        self.denied: set[str] = set()
         self.size = self.files = 0
         self.readable = True
         try:
@@ -167,11 +169,28 @@ class _Listing:
 
     def json(self, name: str) -> dict | None:
         """The JSON object in the top-level file `name`, read once; None when it is absent, a symlink
-        (never read through) or not a JSON object."""
+        (never read through), unreadable (noted in `denied`) or not a JSON object."""
         if name not in self._json:
-            ok = name in self.sizes and name not in self.links
+            ok = name in self.sizes and name not in self.links and self.readable_file(name)
             self._json[name] = read_json(os.path.join(self.path, name)) if ok else None
         return self._json[name]
+
+    def readable_file(self, name: str) -> bool:
+        """False (and `name` in `denied`) when permissions keep kcache, and Triton, from reading it."""
+        if not os.access(os.path.join(self.path, name), os.R_OK):
+            self.denied.add(name)
+        return name not in self.denied
+
+    def head(self, name: str) -> bytes | None:
+        """The first 64 bytes of `name` (an ELF header), or None when it cannot be read."""
+        try:
+            with open(os.path.join(self.path, name), "rb") as f:
+                return f.read(64)
+        except PermissionError:
+            self.denied.add(name)
+        except OSError:
+            return b""
+        return None
 
 
 def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tuple[str, str | None]:
@@ -181,7 +200,7 @@ def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tup
     writing it). With `deep`, every binary's ELF header is read; otherwise only those changed after
     the group file was written (checks.changed_since)."""
     if not lst.readable:
-        return CORRUPT, UNREADABLE_REASON
+        return UNREADABLE, UNREADABLE_REASON
     groups = sorted(n for n in lst.sizes if is_group(n))
     fresh = now - lst.newest < STALE_AFTER
     if not groups:
@@ -197,6 +216,8 @@ def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tup
         if g in lst.links:
             return CORRUPT, f"{g} is a symlink (Triton writes files; kcache never reads through it)"
         children = group_children(lst.json(g))
+        if g in lst.denied:
+            return UNREADABLE, f"{g} cannot be read (permission denied)"
         if children is None:
             return CORRUPT, f"{g} does not parse as Triton's group file"
         meta = g[len(GROUP_PREFIX):]
@@ -210,11 +231,15 @@ def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tup
                 return CORRUPT, f"{name} is a symlink (Triton writes files; kcache never reads through it)"
             head = None
             if size and name.endswith(tuple(BINARY_TARGETS)) and (deep or changed_since(lst.mtimes, g, (name,))):
-                head = read_head(os.path.join(path, name))
+                head = lst.head(name)
+                if name in lst.denied:
+                    return UNREADABLE, f"{name} cannot be read (permission denied)"
             bad = child_problem(name, size, head)
             if bad:
                 return CORRUPT, bad
         if meta not in lst.links and lst.sizes.get(meta) and lst.json(meta) is None:
+            if meta in lst.denied:
+                return UNREADABLE, f"{meta} cannot be read (permission denied)"
             return CORRUPT, f"{meta} does not parse (Triton fails loading the kernel)"
     if lst.temps:
         name, usage = lst.temps[0]
@@ -460,6 +485,12 @@ class TritonLayout(Layout):
 
     def relocation_problem(self, entry: Entry) -> str | None:
         return relocation_problem(entry)
+
+    def remote_format(self):
+        """Triton's own Redis keys (`triton:{key}:{filename}`), shared with Triton's remote cache."""
+        from kcache_cli.remote.formats import TritonFormat
+
+        return TritonFormat()
 
     def facts(self, entry: Entry, small, names) -> Facts:
         meta = _Listing(entry.path, lambda m: None).json(f"{entry.op}.json") if entry.op else None

@@ -1,0 +1,287 @@
+"""Sharing a cache across machines: push, pull, and remote ls | stats | prune (DESIGN.md §9).
+
+The redis client is imported by the core only when a redis:// remote is opened, never at start-up."""
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from kcache_cli.cli import common as c
+
+RemoteOpt = Annotated[Optional[str], typer.Option(
+    "--remote", metavar="URL", envvar="KCACHE_REMOTE", show_envvar=False,
+    help="The shared cache: redis://[user:password@]host:port/db, rediss://... (TLS) or file:///shared/dir. "
+    "Default: KCACHE_REMOTE.")]
+TimeoutOpt = Annotated[float, typer.Option(
+    "--connect-timeout", metavar="SECONDS", min=0.1, help="Give up on a remote that does not answer this fast.")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Say what would move; change nothing.")]
+
+remote_app = typer.Typer(name="remote", no_args_is_help=True)
+
+
+@remote_app.callback()
+def remote_group() -> None:
+    """What a shared cache holds, without downloading it: ls, stats, prune.
+
+    The remote is --remote URL on each subcommand, else KCACHE_REMOTE.
+
+    Example: kcache remote ls --remote redis://cache-host:6379/0
+    """
+
+
+def register(app: typer.Typer) -> None:
+    app.command("push")(push_command)
+    app.command("pull")(pull_command)
+    remote_app.command("ls")(remote_ls)
+    remote_app.command("stats")(remote_stats_command)
+    remote_app.command("prune")(remote_prune)
+    remote_app.info.cls = app.info.cls  # global options after `remote ls` too (KcacheGroup)
+    app.add_typer(remote_app, name="remote")
+
+
+def _store(remote: Optional[str], timeout: float):
+    from kcache_cli.errors import UsageError
+    from kcache_cli.remote.store import open_store
+
+    if not remote:
+        raise UsageError("no remote: pass --remote URL or set KCACHE_REMOTE (redis://host:6379/0, file:///shared/dir)")
+    return open_store(remote, connect_timeout=timeout)
+
+
+def push_command(
+    ctx: typer.Context,
+    hashes: c.HashesArg = None,
+    op: c.OpOpt = None,
+    space: c.SpaceOpt = None,
+    target: c.TargetOpt = None,
+    layout: c.LayoutOpt = None,
+    kind: c.KindOpt = None,
+    remote: RemoteOpt = None,
+    dry_run: DryRunOpt = False,
+    connect_timeout: TimeoutOpt = 2.0,
+    cache_dir: c.CacheDirOpt = None,
+    as_json: c.JsonOpt = False,
+) -> None:
+    """Upload the selected complete entries that the remote does not hold yet.
+
+    Selectors are those of `ls`. Partial, failed, corrupt and in-flight entries never go. Each entry
+    becomes visible at once, when its data is all there; a second pusher of the same entry leaves
+    the first one's copy in place.
+
+    Example: kcache push --remote redis://cache-host:6379/0 --space cuda_space_0
+    """
+    from kcache_cli.cli.cmd_archive import _Bar
+    from kcache_cli.remote.push import push
+
+    opts = c.use(ctx, cache_dir, as_json)
+    flt = c.make_filter(op, space, target, layout, None, kind, hashes)
+    root = c.cache_root(opts)
+    store = _store(remote, connect_timeout)
+    try:
+        with _Bar(opts, "pushing", unit="entries") as bar:
+            result = push(root, store, flt, dry_run=dry_run, warn=lambda m: c.warn(opts, m), start=bar.start,
+                          advance=bar.advance)
+    finally:
+        store.close()
+    counts = {a: result.count(a) for a in ("push", "skip", "left out")}
+    if opts.json:
+        c.emit_json({"remote": result.remote, "root": result.root, "dry_run": dry_run, "pushed": counts["push"],
+                     "skipped": counts["skip"], "left_out": counts["left out"], "size": result.size,
+                     "entries": [e.__dict__ for e in result.entries]})
+        return
+    _table(result.entries)
+    verb = "would push" if dry_run else "pushed"
+    c.info(opts, f"{verb} {counts['push']} entries ({c.human_size(result.size)}) to {result.remote}; "
+                 f"skipped {counts['skip']} the remote has; left out {counts['left out']} not complete")
+
+
+def _table(entries) -> None:
+    rows = [[e.action, e.layout, e.kind, e.relpath, str(e.files), c.human_size(e.size), e.reason or ""]
+            for e in entries]
+    if rows:
+        c.print_table(["action", "layout", "kind", "entry", "files", "size", "note"], rows, right=(4, 5))
+
+
+def pull_command(
+    ctx: typer.Context,
+    hashes: c.HashesArg = None,
+    op: c.OpOpt = None,
+    space: c.SpaceOpt = None,
+    target: c.TargetOpt = None,
+    layout: c.LayoutOpt = None,
+    kind: c.KindOpt = None,
+    remote: RemoteOpt = None,
+    dry_run: DryRunOpt = False,
+    lock_timeout: Annotated[float, typer.Option(
+        "--lock-timeout", metavar="SECONDS", min=0, help="How long to wait for an entry's lock before skipping "
+        "it.")] = 60.0,
+    connect_timeout: TimeoutOpt = 2.0,
+    cache_dir: c.CacheDirOpt = None,
+    as_json: c.JsonOpt = False,
+) -> None:
+    """Fetch the selected remote entries missing here, with every check `import` makes.
+
+    Every file's size and sha256 must match the pushed record; names, links and paths follow
+    import's rules; each entry appears with one rename. A bad entry is refused (exit 1) and the
+    others still arrive. Complete local entries are kept; incomplete ones are replaced.
+
+    Example: kcache pull --remote redis://cache-host:6379/0 --op matmul
+    """
+    from kcache_cli.cli.cmd_archive import _Bar
+    from kcache_cli.remote.pull import pull
+
+    opts = c.use(ctx, cache_dir, as_json)
+    flt = c.make_filter(op, space, target, layout, None, kind, hashes)
+    root = c.cache_root(opts)
+    store = _store(remote, connect_timeout)
+    try:
+        with _Bar(opts, "pulling", unit="entries") as bar:
+            result = pull(root, store, flt, dry_run=dry_run, lock_timeout=lock_timeout,
+                          warn=lambda m: c.warn(opts, m), start=bar.start, advance=bar.advance)
+    finally:
+        store.close()
+    pulled, refused = result.count("pull", "replace"), result.count("refuse")
+    _check_archs(opts, [e for e in result.entries if e.done])
+    if opts.json:
+        c.emit_json({"remote": result.remote, "root": result.root, "dry_run": dry_run, "pulled": pulled,
+                     "skipped": result.count("skip"), "refused": refused, "size": result.size,
+                     "entries": [e.__dict__ for e in result.entries]})
+    else:
+        _table(result.entries)
+        for e in result.entries:
+            if e.action == "refuse":
+                c.warn(opts, f"refused {e.relpath}: {e.reason}")
+        verb = "would pull" if dry_run else "pulled"
+        c.info(opts, f"{verb} {pulled} entries ({c.human_size(result.size)}) from {result.remote}; "
+                     f"skipped {result.count('skip')}; refused {refused}")
+    if refused:
+        raise typer.Exit(1)
+
+
+def _check_archs(opts: c.GlobalOptions, entries) -> None:
+    """As import does: warn about pulled kernels this machine's GPU cannot run."""
+    from kcache_cli.archive import arch_runs_on, cuda_archs, local_compute_caps
+
+    checked = [e for e in entries if e.arch and cuda_archs(e.arch)]
+    if not checked:
+        return
+    caps = local_compute_caps()
+    if caps is None:
+        c.warn(opts, "no NVIDIA GPU found (nvidia-smi): cannot check that the pulled kernels' archs suit this machine")
+        return
+    bad = [e for e in checked if arch_runs_on(e.arch, caps) is False]
+    for e in bad[:10]:
+        c.warn(opts, f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU")
+    if len(bad) > 10:
+        c.warn(opts, f"{len(bad) - 10} more entries are built for archs this GPU cannot run")
+
+
+def remote_ls(
+    ctx: typer.Context,
+    hashes: c.HashesArg = None,
+    op: c.OpOpt = None,
+    space: c.SpaceOpt = None,
+    target: c.TargetOpt = None,
+    layout: c.LayoutOpt = None,
+    kind: c.KindOpt = None,
+    remote: RemoteOpt = None,
+    connect_timeout: TimeoutOpt = 2.0,
+    as_json: c.JsonOpt = False,
+) -> None:
+    """List what the remote holds (from its index: nothing is downloaded).
+
+    Example: kcache remote ls --remote redis://cache-host:6379/0 --op matmul --json
+    """
+    from kcache_cli.remote.manage import list_remote
+
+    opts = c.use(ctx, None, as_json)
+    flt = c.make_filter(op, space, target, layout, None, kind, hashes)
+    store = _store(remote, connect_timeout)
+    try:
+        entries = list_remote(store, flt)
+    finally:
+        store.close()
+    if opts.json:
+        c.emit_json([e.to_json() for e in entries])
+        return
+    rows = [[e.layout, e.kind or "-", e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
+             c.human_size(e.size), e.arch or "-", c.human_age(e.pushed or 0),
+             c.human_age(e.last_pulled) if e.last_pulled else "never"] for e in entries]
+    if rows:
+        c.print_table(["layout", "kind", "space", "op", "hash", "files", "size", "arch", "pushed", "pulled"], rows,
+                      right=(5, 6))
+    c.info(opts, f"{len(entries)} entries ({c.human_size(sum(e.size for e in entries))}) in {store.url}")
+
+
+def remote_stats_command(
+    ctx: typer.Context,
+    remote: RemoteOpt = None,
+    connect_timeout: TimeoutOpt = 2.0,
+    as_json: c.JsonOpt = False,
+) -> None:
+    """Totals of the remote per layout, space and op (from its index).
+
+    Example: kcache remote stats --remote file:///mnt/shared/kcache
+    """
+    from kcache_cli.remote.manage import list_remote, remote_stats
+
+    opts = c.use(ctx, None, as_json)
+    store = _store(remote, connect_timeout)
+    try:
+        stats = {"remote": store.url, **remote_stats(list_remote(store))}
+    finally:
+        store.close()
+    if opts.json:
+        c.emit_json(stats)
+        return
+    rows = [[f"{what}", name, str(g["entries"]), c.human_size(g["size"])]
+            for what in ("layout", "space", "op") for name, g in stats[f"by_{what}"].items()]
+    if rows:
+        c.print_table(["by", "name", "entries", "size"], rows, right=(2, 3))
+    sys.stdout.write(f"{stats['entries']} entries, {c.human_size(stats['size'])}, {stats['never_pulled']} never "
+                     f"pulled, in {stats['remote']}\n")
+
+
+def remote_prune(
+    ctx: typer.Context,
+    max_size: Annotated[Optional[str], typer.Option(
+        "--max-size", metavar="SIZE", help="Remove least recently pulled entries until the remote holds at most "
+        "this (e.g. 100G).")] = None,
+    older_than: Annotated[Optional[str], typer.Option(
+        "--older-than", metavar="AGE", help="Remove entries not pulled (nor pushed) for this long (e.g. 30d).")] = None,
+    remote: RemoteOpt = None,
+    dry_run: DryRunOpt = False,
+    connect_timeout: TimeoutOpt = 2.0,
+    as_json: c.JsonOpt = False,
+) -> None:
+    """Remove entries from the remote by size and age, least recently pulled first.
+
+    Each entry disappears whole: its record first, then its data. Without --max-size or
+    --older-than nothing is removed.
+
+    Example: kcache remote prune --max-size 200G --older-than 30d --dry-run
+    """
+    from kcache_cli.delete import parse_age, parse_size
+    from kcache_cli.remote.manage import list_remote, plan_remote_prune, prune_remote
+
+    opts = c.use(ctx, None, as_json)
+    limit = parse_size(max_size) if max_size is not None else None
+    age = parse_age(older_than) if older_than is not None else None
+    store = _store(remote, connect_timeout)
+    try:
+        plan = plan_remote_prune(list_remote(store), limit, age)
+        freed = sum(r.entry.size for r in plan) if dry_run else prune_remote(store, plan)
+    finally:
+        store.close()
+    if opts.json:
+        c.emit_json({"remote": store.url, "dry_run": dry_run, "removed": [{**r.entry.to_json(), "why": r.why}
+                                                                          for r in plan],
+                     "entries": len(plan), "freed": freed})
+        return
+    rows = [[r.entry.layout, r.entry.relpath, c.human_size(r.entry.size),
+             c.human_age(r.entry.last_pulled) if r.entry.last_pulled else "never", r.why] for r in plan]
+    if rows:
+        c.print_table(["layout", "entry", "size", "pulled", "why"], rows, right=(2,))
+    c.info(opts, f"{'would remove' if dry_run else 'removed'} {len(plan)} entries, {c.human_size(freed)} "
+                 f"from {store.url}")

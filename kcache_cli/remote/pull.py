@@ -1,0 +1,275 @@
+"""kcache pull: fetch entries missing here, with every check `import` makes, each published with one rename.
+
+The records come first (by the index, or by key for a known entry); each is judged by import's rules
+(archive.plan_records: names, sizes, links, where the layout keeps entries, what is present here);
+then the data of a batch of entries arrives in one round trip, every file's size and sha256 is
+checked against the record, the entry is written into import's staging directory and published
+with import's rename under its lock. A bad entry is refused with a one-line reason; the others
+still arrive. A remote that fails midway stops the pull: what was published is whole, the rest
+was only staged and is removed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kcache_cli.model import ScanFilter, Warn
+from kcache_cli.remote import formats as f
+from kcache_cli.remote.store import Store
+from kcache_cli.terms import LAYOUT_NAMES
+
+PULL, REPLACE, SKIP, REFUSE = "pull", "replace", "skip", "refuse"
+BATCH_BYTES = 64 << 20  # data fetched in one round trip
+BATCH_ENTRIES = 256
+
+
+@dataclass(frozen=True)
+class PulledEntry:
+    layout: str
+    kind: str
+    relpath: str
+    files: int
+    size: int
+    action: str  # pull, replace (an incomplete local entry), skip (present here), refuse (breaks a rule)
+    done: bool
+    reason: str | None
+    arch: str | None = None
+
+
+@dataclass(frozen=True)
+class PullResult:
+    remote: str
+    root: str
+    dry_run: bool
+    entries: tuple[PulledEntry, ...]
+
+    def count(self, *actions: str) -> int:
+        return sum(1 for e in self.entries if e.action in actions)
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.entries if e.done)
+
+
+def summary_matches(flt: ScanFilter, s: dict, prefixes_only: bool = False) -> bool:
+    """Whether a remote entry (its index summary or record) is one `flt` selects."""
+    h = str(s.get("hash") or "")
+    if flt.hash_prefixes and not any(h.startswith(p) for p in flt.hash_prefixes):
+        return False
+    return ((not flt.layouts or s.get("layout") in flt.layouts) and (not flt.kinds or s.get("kind") in flt.kinds)
+            and (not flt.ops or s.get("op") in flt.ops) and (not flt.spaces or s.get("space") in flt.spaces)
+            and (not flt.targets or s.get("target") in flt.targets))
+
+
+def read_records(store: Store, ids: Iterable[tuple[str, str]]) -> tuple[list[dict], list[tuple[str, str]]]:
+    """The records of (layout, relpath) entries: (records, [(relpath, why unreadable)]). Entries
+    whose record is gone (pruned meanwhile) are left out."""
+    ids = list(ids)
+    raw = store.get([f.record_key(layout, rel) for layout, rel in ids])
+    records, bad = [], []
+    for (layout, rel), value in zip(ids, raw):
+        if value is None:
+            continue
+        try:
+            rec = json.loads(value)
+            if not isinstance(rec, dict) or (rec.get("layout"), rec.get("relpath")) != (layout, rel):
+                raise ValueError
+        except (ValueError, UnicodeDecodeError):
+            bad.append((rel, "its record on the remote is not a kcache record for this key"))
+            continue
+        records.append(rec)
+    return records, bad
+
+
+def select(store: Store, flt: ScanFilter) -> list[tuple[str, str]]:
+    """(layout, relpath) of the remote entries `flt` selects, from the index only."""
+    out = []
+    for eid, value in store.hash_get(f.INDEX).items():
+        try:
+            s = json.loads(value)
+        except ValueError:
+            s = {}
+        layout, _, rel = eid.partition(":")
+        if summary_matches(flt, {"layout": layout, **s} if isinstance(s, dict) else {"layout": layout}):
+            out.append((layout, rel))
+    return sorted(out, key=lambda x: x[1])
+
+
+def _entry(rec: dict, action: str, done: bool, reason: str | None) -> PulledEntry:
+    files = rec["files"] if isinstance(rec.get("files"), dict) else {}
+    size = sum(int(v[0]) for v in files.values() if isinstance(v, list) and v and isinstance(v[0], int))
+    return PulledEntry(str(rec.get("layout")), str(rec.get("kind")), str(rec.get("relpath")), len(files), size,
+                       action, done, reason, rec.get("arch") if isinstance(rec.get("arch"), str) else None)
+
+
+def verify_files(rec: dict, keys: dict[str, list[str]], values: dict[str, bytes | None]) -> tuple[dict, str | None]:
+    """{name: bytes} of one entry, each checked against the record's size and sha256; or a reason."""
+    out = {}
+    for name, (size, digest) in rec["files"].items():
+        got = [values.get(k) for k in keys[name]]
+        if any(v is None for v in got):
+            return {}, f"{name} is missing on the remote (pruned or expired?)"
+        data = got[0] if len(got) == 1 else b"".join(got)  # type: ignore[arg-type]
+        if len(data) != size:  # type: ignore[arg-type]
+            return {}, f"{name} is {len(data)} bytes on the remote, its record says {size}"  # type: ignore[arg-type]
+        if hashlib.sha256(data).hexdigest() != digest:  # type: ignore[arg-type]
+            return {}, f"{name}: its sha256 differs from the pushed record (damaged or tampered with)"
+        out[name] = data
+    return out, None
+
+
+def _extra_problem(rec: dict, extra: dict[str, bytes]) -> str | None:
+    """Files a layout makes for this machine (Triton's group file) are named by the record too: the
+    same rules as its files, at the top of the entry, and no clash with them."""
+    from kcache_cli.archive import is_lock_name, path_problem
+
+    for name in extra:
+        bad = path_problem(name, "file name")
+        if bad or "/" in name or name in rec["files"] or name in rec.get("links", {}) or is_lock_name(name):
+            return bad or f"{name!r} cannot be written at the top of the entry"
+    return None
+
+
+def _stage(staging, rec: dict, files: dict[str, bytes], extra: dict[str, bytes]) -> None:
+    """Write one verified entry under the staging directory (never following a link)."""
+    rel = rec["relpath"]
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    executable = set(rec.get("executable") or ())
+    staging.ensure_dir(rel)
+    for name, data in (*files.items(), *extra.items()):
+        staging.ensure_dir(f"{rel}/{name}".rpartition("/")[0])
+        fd = os.open(os.path.join(staging.path, rel, name), flags, 0o755 if name in executable else 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+    for name, target in rec.get("links", {}).items():
+        staging.ensure_dir(f"{rel}/{name}".rpartition("/")[0])
+        os.symlink(target, os.path.join(staging.path, rel, name))
+
+
+def _batches(planned: list) -> Iterable[list]:
+    batch: list = []
+    size = 0
+    for p in planned:
+        if batch and (size + p.size > BATCH_BYTES or len(batch) >= BATCH_ENTRIES):
+            yield batch
+            batch, size = [], 0
+        batch.append(p)
+        size += p.size
+    if batch:
+        yield batch
+
+
+def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterable[tuple[str, str]] | None = None,
+         dry_run: bool = False, lock_timeout: float = 60.0, accept: Callable[[dict], str | None] | None = None,
+         warn: Warn | None = None, start: Callable[[int], None] | None = None,
+         advance: Callable[[int], None] | None = None) -> PullResult:
+    """Pull the remote entries `flt` selects (or exactly `ids`, (layout, relpath) pairs, read by key
+    without the index). `accept(record)` may turn an entry down with a reason (build: another arch)."""
+    from kcache_cli.archive import ImportLimits, check_total, plan_records
+
+    warn = warn or (lambda m: None)
+    flt = flt or ScanFilter()
+    root = Path(os.path.realpath(root))
+    records, unreadable = read_records(store, select(store, flt) if ids is None else ids)
+    foreign: dict[str, dict[str, bytes]] = {}
+    if ids is None:
+        known = {(r["layout"], r["relpath"]) for r in records}
+        for fmt in f.foreign_formats():
+            for rec, data in fmt.foreign(store):
+                if (rec["layout"], rec["relpath"]) not in known and summary_matches(flt, rec):
+                    records.append(rec)
+                    foreign[rec["relpath"]] = data
+    out = [PulledEntry("?", "?", rel, 0, 0, REFUSE, False, why) for rel, why in unreadable]
+    unknown = [r for r in records if r.get("layout") not in LAYOUT_NAMES]
+    out += [_entry(r, SKIP, False, f"this kcache does not know the {r.get('layout')} layout") for r in unknown]
+    records = [r for r in records if r.get("layout") in LAYOUT_NAMES]
+    if accept is not None:
+        kept = []
+        for rec in records:
+            why = accept(rec)
+            (out.append(_entry(rec, SKIP, False, why)) if why else kept.append(rec))
+        records = kept
+    programs = [r["relpath"].split("/", 1)[-1] for r in records if _provides(r.get("layout"), r.get("kind"))]
+    planned, refused = plan_records(root, records, ImportLimits(), programs)
+    out += [_entry(records[i], REFUSE, False, why) for i, why in refused]
+    out += [_entry(p.record, SKIP, False, p.reason) for p in planned if not p.write]
+    # entries others use first (a tilus program before the scripts that link to it)
+    todo = sorted((p for p in planned if p.write), key=lambda p: not _provides(p.layout, p.kind))
+    if start:
+        start(len(todo))
+    if todo and not dry_run:
+        check_total(root, sum(p.size for p in todo))
+    if dry_run or not todo:
+        out += [_entry(p.record, PULL if p.action == "import" else REPLACE, False, p.reason) for p in todo]
+        return PullResult(store.url, str(root), dry_run, tuple(sorted(out, key=lambda e: e.relpath)))
+    out += _fetch_and_publish(root, store, todo, foreign, lock_timeout, warn, advance)
+    return PullResult(store.url, str(root), dry_run, tuple(sorted(out, key=lambda e: e.relpath)))
+
+
+def _fetch(store: Store, batch: list, foreign: dict) -> tuple[dict, dict]:
+    """The data of a batch of entries, in one round trip: ({relpath: {name: keys}}, {key: value})."""
+    keys = {p.relpath: f.format_for(p.layout).data_keys(p.record) for p in batch}
+    wanted = [k for p in batch if p.relpath not in foreign for ks in keys[p.relpath].values() for k in ks]
+    values = dict(zip(wanted, store.get(wanted)))
+    for p in batch:
+        if p.relpath in foreign:  # fetched already, with its group file
+            values.update({ks[0]: foreign[p.relpath].get(n) for n, ks in keys[p.relpath].items()})
+    return keys, values
+
+
+def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock_timeout: float, warn: Warn,
+                       advance: Callable[[int], None] | None) -> list[PulledEntry]:
+    """Verify, stage and publish batch after batch; the next batch's data is on its way meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kcache_cli.archive import ImportStaging, publish_staged, remove_stale_staging
+
+    out: list[PulledEntry] = []
+    staging = ImportStaging(root)
+    made: set[str] = set()
+    batches = list(_batches(todo))
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        coming = pool.submit(_fetch, store, batches[0], foreign) if batches else None
+        for i, batch in enumerate(batches):
+            keys, values = coming.result()  # type: ignore[union-attr]
+            coming = pool.submit(_fetch, store, batches[i + 1], foreign) if i + 1 < len(batches) else None
+            pulled = {}
+            for p in batch:
+                rec = p.record
+                files, why = verify_files(rec, keys[p.relpath], values)
+                extra = f.format_for(p.layout).local_files(rec, os.path.join(root, p.relpath)) if why is None else {}
+                why = why or _extra_problem(rec, extra)
+                if why is None:
+                    _stage(staging, rec, files, extra)
+                    done, why = publish_staged(root, p, staging, lock_timeout, warn, made)
+                    if done:
+                        pulled[f.entry_id(p.layout, p.relpath)] = str(time.time()).encode()
+                    action = (PULL if p.action == "import" else REPLACE) if done else SKIP
+                    out.append(_entry(rec, action, done, why if not done else p.reason))
+                else:
+                    out.append(_entry(rec, REFUSE, False, why))
+                if advance:
+                    advance(1)
+            store.hash_set(f.PULLED, pulled)  # stores are thread-safe: Redis takes a second connection
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        staging.cleanup()
+    remove_stale_staging(root)
+    return out
+
+
+def _provides(layout: object, kind: object) -> bool:
+    """Whether entries of this kind are used by other entries of their layout (Layout.provider_kinds)."""
+    from kcache_cli import layouts
+
+    return layout in layouts.NAMES and kind in layouts.get(str(layout)).provider_kinds

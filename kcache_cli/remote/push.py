@@ -1,0 +1,184 @@
+"""kcache push: upload complete entries to a remote, each made visible by one atomic publish.
+
+Per entry: its files (as export reads them: the same judgement, the same record) go up first, with
+a time to live, under keys that name their sha256; then one SET NX of the record publishes the
+entry, adds it to the index and makes the data permanent. Readers see a whole entry or none; a
+pusher killed midway leaves only data that expires; two pushers of one entry do not fight (the
+first record wins, the loser removes its own data the winner does not use)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kcache_cli.model import ScanFilter, Warn, iso
+from kcache_cli.remote import formats as f
+from kcache_cli.remote.store import PENDING_TTL, Publish, Store
+
+PUSH, SKIP, LEFT = "push", "skip", "left out"
+
+
+@dataclass(frozen=True)
+class PushedEntry:
+    layout: str
+    kind: str
+    relpath: str
+    files: int
+    size: int
+    action: str  # push, skip (the remote has it), left out (not complete, or fails its own checks)
+    done: bool  # published (False in a dry run and for skips)
+    reason: str | None
+    arch: str | None = None
+
+
+@dataclass(frozen=True)
+class PushResult:
+    remote: str
+    root: str
+    dry_run: bool
+    entries: tuple[PushedEntry, ...]
+
+    def count(self, action: str) -> int:
+        return sum(1 for e in self.entries if e.action == action)
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.entries if e.action == PUSH)
+
+
+def own_manifest_problem(record: dict, data: dict[str, bytes]) -> str | None:
+    """A file whose sha256 disagrees with the entry's own manifest (kcache.json, tilelang's
+    manifest.json): the sizes matched, so the scan called it complete, but its bytes changed."""
+    for meta in ("kcache.json", "manifest.json"):
+        if meta not in data:
+            continue
+        try:
+            listed = json.loads(data[meta])
+            listed = listed.get("files", listed) if isinstance(listed, dict) else None
+        except ValueError:
+            return f"{meta} is not valid JSON"
+        if not isinstance(listed, dict):
+            continue
+        for name, want in listed.items():
+            have = record["files"].get(name)
+            if isinstance(want, dict) and have and want.get("sha256") and want["sha256"] != have[1]:
+                return f"{name} differs from its sha256 in {meta} (corrupt)"
+    return None
+
+
+def _summary(record: dict, size: int, pushed: str) -> bytes:
+    keys = ("layout", "kind", "target", "space", "op", "hash", "relpath", "arch", "compiler", "platform")
+    return json.dumps({**{k: record.get(k) for k in keys}, "files": len(record["files"]), "size": size,
+                       "pushed": pushed}, separators=(",", ":")).encode()
+
+
+@dataclass
+class _Outgoing:
+    """One entry on its way: its record as stored, its data keys and values, and its publish."""
+
+    record: dict
+    items: dict[str, bytes]
+    publish: Publish
+    content_addressed: bool
+    ttl: int | None
+
+
+def _prepare(record: dict, data: dict[str, bytes], executable: tuple[str, ...]) -> _Outgoing:
+    from kcache_cli import __version__
+
+    fmt = f.format_for(record["layout"])
+    rec, files = fmt.outgoing(record, data)
+    pushed = iso(time.time()) or ""
+    rec = {**rec, "executable": sorted(n for n in executable if n in rec["files"]), "pushed": pushed,
+           "kcache_version": __version__, "format": fmt.name}
+    items: dict[str, bytes] = {}
+    for name, keys in fmt.data_keys(rec).items():
+        items.update(zip(keys, f.split_pieces(files[name])))
+    # Content-addressed data may expire until published; a tool's own keys (Triton's) get no time to
+    # live, which a second pusher could put back on keys already published.
+    ttl = PENDING_TTL if fmt.content_addressed else None
+    size = sum(s for s, _ in rec["files"].values())
+    publish = Publish(f.record_key(rec["layout"], rec["relpath"]), json.dumps(rec, separators=(",", ":")).encode(),
+                      f.INDEX, f.entry_id(rec["layout"], rec["relpath"]), _summary(rec, size, pushed),
+                      persist=tuple(items) if ttl else (), last=fmt.last(rec))
+    return _Outgoing(rec, items, publish, fmt.content_addressed, ttl)
+
+
+def publish_entries(store: Store, batch: list[_Outgoing]) -> list[bool]:
+    """Upload a batch of entries (data first, in one round trip per kind), then publish each; for each,
+    False when another pusher published it first (its data that the winner does not use is removed)."""
+    for ttl, only_new in {(o.ttl, o.content_addressed) for o in batch}:
+        group = [o for o in batch if (o.ttl, o.content_addressed) == (ttl, only_new)]
+        store.put({k: v for o in group for k, v in o.items.items()}, ttl=ttl, only_new=only_new)
+    won = store.publish_many([o.publish for o in batch])
+    lost = [o for o, w in zip(batch, won) if not w and o.content_addressed]
+    if lost:
+        winners = store.get([o.publish.key for o in lost])
+        for o, raw in zip(lost, winners):
+            try:
+                keep = {k for ks in f.format_for(o.record["layout"]).data_keys(json.loads(raw or b"")).values()
+                        for k in ks}
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue  # unreadable: leave everything; our data expires anyway
+            store.delete([k for k in o.items if k not in keep])
+    return won
+
+
+def publish_entry(store: Store, record: dict, data: dict[str, bytes], executable: tuple[str, ...] = ()) -> bool:
+    """Upload one entry and publish it. False when another pusher published it first."""
+    return publish_entries(store, [_prepare(record, data, executable)])[0]
+
+
+BATCH_ENTRIES = 64  # entries uploaded and published per round trip
+BATCH_BYTES = 32 << 20
+
+
+def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bool = False,
+         warn: Warn | None = None, start: Callable[[int], None] | None = None,
+         advance: Callable[[int], None] | None = None) -> PushResult:
+    """Push the complete entries `flt` selects that the remote does not hold (its index says)."""
+    from kcache_cli.archive import entry_records, plan_export
+
+    warn = warn or (lambda m: None)
+    plan = plan_export(root, flt or ScanFilter(), warn=warn)
+    have = set(store.hash_get(f.INDEX))
+    if start:
+        start(len(plan.jobs))
+    out: list[PushedEntry] = []
+    left_seen = len(plan.left)
+    batch: list[tuple[_Outgoing, tuple[str, str, str, int, int]]] = []
+
+    def flush() -> None:
+        for (o, args), won in zip(batch, publish_entries(store, [o for o, _ in batch])):
+            why = None if won else "pushed meanwhile by another node"
+            out.append(PushedEntry(*args, PUSH if won else SKIP, won, why, o.record.get("arch")))
+        batch.clear()
+
+    for record, data, executable in entry_records(plan):
+        size = sum(s for s, _ in record["files"].values())
+        eid = f.entry_id(record["layout"], record["relpath"])
+        args: tuple[str, str, str, int, int] = (record["layout"], record["kind"], record["relpath"],
+                                                 len(record["files"]), size)
+        problem = own_manifest_problem(record, data)
+        if problem:
+            out.append(PushedEntry(*args, LEFT, False, problem, record.get("arch")))
+        elif eid in have:
+            out.append(PushedEntry(*args, SKIP, False, "the remote has it", record.get("arch")))
+        elif dry_run:
+            out.append(PushedEntry(*args, PUSH, False, None, record.get("arch")))
+        else:
+            batch.append((_prepare(record, data, executable), args))
+            if len(batch) >= BATCH_ENTRIES or sum(len(v) for o, _ in batch for v in o.items.values()) > BATCH_BYTES:
+                flush()
+        if advance:
+            advance(1 + len(plan.left) - left_seen)
+            left_seen = len(plan.left)
+    if batch:
+        flush()
+    for e, why in plan.left:
+        out.append(PushedEntry(e.layout, e.kind, e.relpath, e.files, e.size, LEFT, False, why))
+    out.sort(key=lambda e: e.relpath)
+    return PushResult(store.url, str(root), dry_run, tuple(out))

@@ -1,0 +1,362 @@
+"""Where a remote cache keeps its keys: a Redis server, or a shared directory (NFS) for sites without one.
+
+A Store is a small key-value interface, Redis-flavoured, that push and pull need and no more:
+values by key, new values with a time to live (data not yet published expires if its pusher dies),
+one atomic publish (SET NX of the record that makes an entry visible, together with its index
+field, the PERSIST of its data and the keys a layout wants written last), hashes for the index and
+the last-pulled times, and key listing by pattern (for entries a foreign tool such as Triton pushed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kcache_cli.errors import KcacheError, UsageError
+
+CONNECT_TIMEOUT = 2.0  # seconds: a remote that does not answer this fast is down, for a build
+IO_TIMEOUT = 30.0  # seconds for one command (big values travel in one)
+PENDING_TTL = 24 * 3600  # data written before its record expires after this, unless published
+
+
+class RemoteError(KcacheError):
+    """The remote is down, slow, refused us, or holds something unreadable (exit 1)."""
+
+
+@dataclass(frozen=True)
+class Publish:
+    """What one atomic publish does: set `key` to `value` only if it does not exist; if it was set,
+    also set `index_field` in the hash `index` to `index_value`, remove the time to live of
+    `persist`, and set `last` (keys a layout wants written after the data, such as Triton's group
+    file)."""
+
+    key: str
+    value: bytes
+    index: str
+    index_field: str
+    index_value: bytes
+    persist: tuple[str, ...] = ()
+    last: tuple[tuple[str, bytes], ...] = ()
+
+
+class Store(Protocol):
+    url: str  # without any password
+
+    def get(self, keys: Sequence[str]) -> list[bytes | None]: ...
+
+    def put(self, items: Mapping[str, bytes], ttl: int | None = None, only_new: bool = False) -> None: ...
+
+    def publish(self, p: Publish) -> bool: ...
+
+    def publish_many(self, ps: Sequence[Publish]) -> list[bool]: ...
+
+    def delete(self, keys: Sequence[str]) -> None: ...
+
+    def hash_get(self, name: str) -> dict[str, bytes]: ...
+
+    def hash_set(self, name: str, mapping: Mapping[str, bytes]) -> None: ...
+
+    def hash_delete(self, name: str, fields: Sequence[str]) -> None: ...
+
+    def keys(self, pattern: str) -> Iterator[str]: ...
+
+    def close(self) -> None: ...
+
+
+def redact(url: str) -> str:
+    """`url` without its password (it goes into messages and JSON)."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def open_store(url: str, connect_timeout: float = CONNECT_TIMEOUT, io_timeout: float = IO_TIMEOUT) -> Store:
+    """The store at `url`: redis://[user:password@]host:port/db, rediss://... (TLS), or file:///path."""
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return RedisStore(url, connect_timeout, io_timeout)
+    if url.startswith("file://"):
+        path = url[len("file://"):]
+        if not path.startswith("/"):
+            raise UsageError(f"remote {url!r}: a file:// remote needs an absolute path (file:///shared/kcache)")
+        return FileStore(path)
+    raise UsageError(f"remote {redact(url)!r}: use redis://host:port/db, rediss://... or file:///path")
+
+
+# ---- Redis -------------------------------------------------------------------------------------
+
+# Atomic publish. KEYS: record, index, persist..., last...; ARGV: record value, index field, index
+# value, number of persist keys, values of the last keys.
+_PUBLISH = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 0 end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+local n = tonumber(ARGV[4])
+for i = 3, 2 + n do redis.call('PERSIST', KEYS[i]) end
+for i = 3 + n, #KEYS do redis.call('SET', KEYS[i], ARGV[i + 2 - n]) end
+return 1
+"""
+_BATCH = 256  # keys per round trip
+
+
+class RedisStore:
+    """A Redis server through redis-py (imported here only)."""
+
+    def __init__(self, url: str, connect_timeout: float = CONNECT_TIMEOUT, io_timeout: float = IO_TIMEOUT) -> None:
+        try:
+            import redis
+        except ImportError:
+            raise KcacheError("the redis client is not installed (pip install redis)") from None
+        self.url = redact(url)
+        self._errors = redis.exceptions.RedisError
+        try:
+            self._r = redis.Redis.from_url(url, socket_connect_timeout=connect_timeout, socket_timeout=io_timeout)
+        except ValueError as exc:
+            raise UsageError(f"remote {self.url!r}: {exc}") from None
+        self._script: Any = None
+
+    def _fail(self, exc: Exception) -> RemoteError:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        return RemoteError(f"remote {self.url}: {text}")
+
+    def get(self, keys: Sequence[str]) -> list[bytes | None]:
+        try:
+            out: list[bytes | None] = []
+            for i in range(0, len(keys), _BATCH):
+                out.extend(self._r.mget(keys[i:i + _BATCH]))  # type: ignore[arg-type]
+            return out
+        except self._errors as exc:
+            raise self._fail(exc) from None
+
+    def put(self, items: Mapping[str, bytes], ttl: int | None = None, only_new: bool = False) -> None:
+        try:
+            pipe = self._r.pipeline(transaction=False)
+            for n, (k, v) in enumerate(items.items(), 1):
+                pipe.set(k, v, ex=ttl, nx=only_new)
+                if n % _BATCH == 0:
+                    pipe.execute()
+            pipe.execute()
+        except self._errors as exc:
+            raise self._fail(exc) from None
+
+    def publish(self, p: Publish) -> bool:
+        return self.publish_many([p])[0]
+
+    def publish_many(self, ps: Sequence[Publish]) -> list[bool]:
+        """Each publish atomic (one script run), all of them in one round trip."""
+        try:
+            if self._script is None:
+                self._script = self._r.register_script(_PUBLISH)
+            pipe = self._r.pipeline(transaction=False)
+            for p in ps:
+                keys = [p.key, p.index, *p.persist, *(k for k, _ in p.last)]
+                args = [p.value, p.index_field, p.index_value, len(p.persist), *(v for _, v in p.last)]
+                self._script(keys=keys, args=args, client=pipe)
+            return [bool(r) for r in pipe.execute()]
+        except self._errors as exc:
+            raise self._fail(exc) from None
+
+    def delete(self, keys: Sequence[str]) -> None:
+        try:
+            for i in range(0, len(keys), _BATCH):
+                if keys[i:i + _BATCH]:
+                    self._r.delete(*keys[i:i + _BATCH])
+        except self._errors as exc:
+            raise self._fail(exc) from None
+
+    def hash_get(self, name: str) -> dict[str, bytes]:
+        try:
+            return {k.decode("utf-8", "replace"): v for k, v in self._r.hscan_iter(name, count=1000)}
+        except self._errors as exc:
+            raise self._fail(exc) from None
+
+    def hash_set(self, name: str, mapping: Mapping[str, bytes]) -> None:
+        try:
+            if mapping:
+                self._r.hset(name, mapping=dict(mapping))  # type: ignore[arg-type]
+        except self._errors as exc:
+            raise self._fail(exc) from None
+
+    def hash_delete(self, name: str, fields: Sequence[str]) -> None:
+        try:
+            if fields:
+                self._r.hdel(name, *fields)
+        except self._errors as exc:
+            raise self._fail(exc) from None
+
+    def keys(self, pattern: str) -> Iterator[str]:
+        try:
+            for k in self._r.scan_iter(match=pattern, count=1000):
+                yield k.decode("utf-8", "replace")
+        except self._errors as exc:
+            raise self._fail(exc) from None
+
+    def close(self) -> None:
+        try:
+            self._r.close()
+        except self._errors:
+            pass
+
+
+# ---- a shared directory --------------------------------------------------------------------------
+
+_PENDING = ".pending-"  # data not yet published; removed by prune when older than PENDING_TTL
+
+
+def _file_name(key: str) -> str:
+    name = key.replace("%", "%25").replace("/", "%2F")
+    if len(name.encode()) > 200:  # a file name holds 255 bytes (with .pending- before it)
+        import hashlib
+
+        name = name.encode()[:120].decode("utf-8", "ignore") + "~" + hashlib.sha256(name.encode()).hexdigest()
+    return name
+
+
+def _key_of(name: str) -> str:
+    return name.replace("%2F", "/").replace("%25", "%")
+
+
+class FileStore:
+    """Keys as files in one directory (NFS-safe: new files are written aside and linked into place,
+    which fails if the name exists, so publishing is atomic and no-replace)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.realpath(path)
+        self.url = "file://" + self.path
+        if not os.path.isdir(self.path):
+            raise RemoteError(f"remote {self.url}: no such directory")
+
+    def _p(self, key: str) -> str:
+        return os.path.join(self.path, _file_name(key))
+
+    def _read(self, path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise RemoteError(f"remote {self.url}: cannot read {os.path.basename(path)}: {exc.strerror}") from None
+
+    def get(self, keys: Sequence[str]) -> list[bytes | None]:
+        return [self._read(self._p(k)) for k in keys]
+
+    def _write(self, final: str, data: bytes, replace: bool = True) -> bool:
+        import secrets
+
+        tmp = os.path.join(self.path, f".tmp-{os.getpid()}-{secrets.token_hex(6)}")
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data)
+            if replace:
+                os.replace(tmp, final)
+                return True
+            try:
+                os.link(tmp, final)
+                return True
+            except FileExistsError:
+                return False
+        except OSError as exc:
+            raise RemoteError(f"remote {self.url}: cannot write {os.path.basename(final)}: {exc.strerror}") from None
+        finally:
+            if not replace and os.path.lexists(tmp):
+                os.unlink(tmp)
+
+    def put(self, items: Mapping[str, bytes], ttl: int | None = None, only_new: bool = False) -> None:
+        for k, v in items.items():
+            name = _file_name(k)
+            if only_new and os.path.exists(os.path.join(self.path, name)):
+                continue
+            self._write(os.path.join(self.path, (_PENDING if ttl else "") + name), v)
+
+    def publish_many(self, ps: Sequence[Publish]) -> list[bool]:
+        return [self.publish(p) for p in ps]
+
+    def publish(self, p: Publish) -> bool:
+        # The data first: a reader who sees the record must find it. Data keys hold their bytes'
+        # sha256, so a pusher that then loses the race made permanent only bytes the winner has too,
+        # or keys it removes itself (push does).
+        for k in p.persist:
+            name = _file_name(k)
+            try:
+                os.replace(os.path.join(self.path, _PENDING + name), os.path.join(self.path, name))
+            except FileNotFoundError:
+                pass  # made permanent by an earlier publish of the same bytes
+            except OSError as exc:
+                raise RemoteError(f"remote {self.url}: cannot publish {name}: {exc.strerror}") from None
+        if not self._write(self._p(p.key), p.value, replace=False):
+            return False
+        for k, v in p.last:
+            self._write(self._p(k), v)
+        self.hash_set(p.index, {p.index_field: p.index_value})
+        return True
+
+    def delete(self, keys: Sequence[str]) -> None:
+        for k in keys:
+            for name in (_file_name(k), _PENDING + _file_name(k)):
+                try:
+                    os.unlink(os.path.join(self.path, name))
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    raise RemoteError(f"remote {self.url}: cannot remove {name}: {exc.strerror}") from None
+
+    def _hdir(self, name: str) -> str:
+        return os.path.join(self.path, _file_name(name) + ".d")
+
+    def hash_get(self, name: str) -> dict[str, bytes]:
+        d = self._hdir(name)
+        try:
+            names = os.listdir(d)
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for n in names:
+            if not n.startswith("."):
+                v = self._read(os.path.join(d, n))
+                if v is not None:
+                    out[_key_of(n)] = v
+        return out
+
+    def hash_set(self, name: str, mapping: Mapping[str, bytes]) -> None:
+        d = self._hdir(name)
+        os.makedirs(d, exist_ok=True)
+        for f, v in mapping.items():
+            self._write(os.path.join(d, _file_name(f)), v)
+
+    def hash_delete(self, name: str, fields: Sequence[str]) -> None:
+        d = self._hdir(name)
+        for f in fields:
+            try:
+                os.unlink(os.path.join(d, _file_name(f)))
+            except FileNotFoundError:
+                pass
+
+    def keys(self, pattern: str) -> Iterator[str]:
+        import fnmatch
+
+        for n in os.listdir(self.path):
+            if not n.startswith(".") and not n.endswith(".d"):
+                key = _key_of(n)
+                if fnmatch.fnmatchcase(key, pattern):
+                    yield key
+
+    def remove_stale_pending(self, older_than: float = PENDING_TTL) -> int:
+        """Remove the data files of pushes that never published (their pusher died), as Redis
+        expires them; returns how many. Only kcache's own pending and temp names are touched."""
+        import time
+
+        removed = 0
+        now = time.time()
+        for n in os.listdir(self.path):
+            if n.startswith((_PENDING, ".tmp-")):
+                path = os.path.join(self.path, n)
+                try:
+                    if now - os.lstat(path).st_mtime > older_than:
+                        os.unlink(path)
+                        removed += 1
+                except FileNotFoundError:
+                    pass
+        return removed
+
+    def close(self) -> None:
+        pass
