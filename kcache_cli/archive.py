@@ -819,7 +819,7 @@ def _export_worker(plan: ExportPlan, parts: list[list], path: str, compression: 
                 before = len(pw.records)
                 for job in jobs:
                     if abort():
-                        raise _Aborted("export aborted")
+                        raise _aborted("export aborted")
                     pw.job(job)
                 end = writer.end_part()
                 sizes.append(end - start)
@@ -963,154 +963,28 @@ def _unlink_all(paths: list[str]) -> None:
 
 
 def _cpus() -> int:
-    try:
-        return max(1, min(len(os.sched_getaffinity(0)), 8))
-    except (AttributeError, OSError):
-        return max(1, min(os.cpu_count() or 1, 8))
+    from kcache_cli import parallel
 
-
-_FORKED = None
+    return parallel.cpus()
 
 
 def _run_workers(n: int, first: Callable, progress: Progress | None = None,
                  between: Callable[[list], None] | None = None, second: Callable[[int], object] | None = None
                  ) -> tuple[list, list]:
-    """Run `first(i, advance, abort)` for i in range(n) in forked workers (in this process when
-    n == 1), then `between(results)` here, then `second(i)` in the same workers, which keep what
-    phase one left them. Workers count progress in shared memory and this process moves the bar;
-    the first failure stops the others (they see abort()) and is raised here; nothing runs
-    phase two unless every worker finished phase one."""
-    if n == 1:
-        r1 = [first(0, progress.advance if progress else _ignore, _never)]
-        if between is not None:
-            between(r1)
-        return r1, ([second(0)] if second is not None else [])
-    import multiprocessing
-    from multiprocessing.connection import wait
+    """The phases of an export or import in `n` workers (kcache_cli.parallel.run_phased)."""
+    from kcache_cli import parallel
 
-    global _FORKED
-    ctx = multiprocessing.get_context("fork")
-    counters = ctx.RawArray("q", n)
-    stop = ctx.RawValue("b", 0)
-    _FORKED = (first, second, counters, stop)
-    procs, conns = [], []
-    try:
-        for i in range(n):
-            parent_end, child_end = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(i, child_end), daemon=True)
-            proc.start()
-            child_end.close()
-            procs.append(proc)
-            conns.append(parent_end)
-        seen = 0
-
-        def collect() -> list:
-            nonlocal seen
-            results: list = [None] * n
-            waiting = dict(zip(conns, range(n)))
-            error = None
-            while waiting:
-                for conn in wait(list(waiting), timeout=0.1):
-                    i = waiting.pop(conn)
-                    try:
-                        status, value = conn.recv()
-                    except EOFError:
-                        status, value = "err", KcacheError(f"worker {i} died")
-                    if status == "err":
-                        stop.value = 1
-                        if error is None or (isinstance(error, _Aborted) and not isinstance(value, _Aborted)):
-                            error = value
-                    results[i] = value
-                now = sum(counters)
-                if progress and now > seen:
-                    progress.advance(now - seen)
-                seen = now
-            if error is not None:
-                raise error
-            return results
-
-        try:
-            r1 = collect()
-            if between is not None:
-                between(r1)
-        except BaseException:
-            stop.value = 1
-            for conn in conns:
-                _send(conn, "stop")
-            raise
-        if second is None:
-            for conn in conns:
-                _send(conn, "stop")
-            return r1, []
-        for conn in conns:
-            _send(conn, "go")
-        return r1, collect()
-    finally:
-        _FORKED = None
-        for proc in procs:
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join()
-        for conn in conns:
-            conn.close()
-
-
-class _Aborted(KcacheError):
-    """A worker stopped because another one failed."""
-
-
-def _send(conn, message: str) -> None:
-    try:
-        conn.send(message)
-    except (OSError, ValueError):
-        pass  # the worker is gone already
-
-
-def _worker_main(i: int, conn) -> None:
-    first, second, counters, stop = _FORKED
-
-    def advance(k: int) -> None:
-        counters[i] += k
-
-    def abort() -> bool:
-        return bool(stop.value)
-
-    def report(func, *args) -> bool:
-        try:
-            value = func(*args)
-        except BaseException as exc:  # noqa: BLE001 - every failure travels back to the parent
-            conn.send(("err", _portable(exc)))
-            return False
-        conn.send(("ok", value))
-        return True
-
-    if report(first, i, advance, abort) and second is not None:
-        try:
-            command = conn.recv()
-        except EOFError:
-            return
-        if command == "go":
-            report(second, i)
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """`exc`, or a KcacheError saying what it was when it cannot travel between processes."""
-    import pickle
-
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:  # noqa: BLE001
-        return KcacheError(f"{type(exc).__name__}: {exc}")
+    return parallel.run_phased(n, first, progress, between, second)
 
 
 def _ignore(n: int) -> None:
     pass
 
 
-def _never() -> bool:
-    return False
+def _aborted(message: str) -> KcacheError:
+    from kcache_cli.parallel import Aborted
+
+    return Aborted(message)
 
 
 def _platform() -> str:
@@ -1466,7 +1340,7 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
             break
         count += 1
         if count & 255 == 0 and abort():
-            raise _Aborted("import aborted")
+            raise _aborted("import aborted")
         name = m.name
         x = expect.pop(name, None)
         if x is None:

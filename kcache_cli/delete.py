@@ -1,8 +1,9 @@
-"""Deleting safely (DESIGN.md §5): selection -> a frozen `DeletePlan` (what goes, why, the bytes it
+"""Deleting safely: selection -> a frozen `DeletePlan` (what goes, why, the bytes it
 frees: that *is* the dry run) -> `DeletePlan.execute()`.
 
 Executing a plan, for each removal: hold kcache's entry lock (`.kcache/locks/`, non-blocking: a build
-in progress means skip) and the entry's own `.lock` (hidet, tilus), reach the parent directory from the
+in progress means skip) and the lock files the entry's own writer holds (Layout.writer_locks: hidet's
+`.lock`), reach the parent directory from the
 root without following a symlink, rename the entry into `.kcache/trash/` (same filesystem: a reader
 sees the whole entry or nothing), then empty the trash. Symlinks are renamed and unlinked as links,
 never followed. A later run empties trash that an interrupted run left behind."""
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 import time
 from dataclasses import dataclass, replace
@@ -20,8 +20,8 @@ from typing import Callable, Iterable
 
 from kcache_cli import state
 from kcache_cli.errors import KcacheError, UsageError
-from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, Entry, ScanFilter, Warn, iso,
-                              measure_tree)
+from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, Entry, ScanFilter, Warn,
+                              iso, measure_tree)
 from kcache_cli.scan import listdir
 
 STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer
@@ -29,40 +29,10 @@ BROKEN = (PARTIAL, FAILED, CORRUPT, STALE)  # never UNREADABLE: a permission pro
 # What a removal takes away.
 ENTRY, CANDIDATES, TEMP, STAGING, LINK = "entry", "candidates", "temp", "staging", "link"
 GC_LOCK = ".gc.lock"  # in .kcache/locks/: one prune or clear acts on a root at a time
-# Parent directories that become empty are removed, up to this many levels above an entry: hidet's op
-# and space directories, a tilus script's op directory. Containers other tools recreate between their
-# own mkdir and rename (tilelang's kernels/, cuda-binaries/, .staging/) stay.
-_EMPTY_PARENTS = {("hidet", "op"): 2, ("tilus", "script"): 1}
-# Removed after what depends on them: a script before its programs, a kernel before its binary.
-_LAST_KINDS = ("program", "binary")
 
 
-# ---- parsing sizes and ages ----------------------------------------------------------------------
-_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-               "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-_AGE_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400, "day": 86400,
-              "days": 86400, "w": 7 * 86400, "week": 7 * 86400, "weeks": 7 * 86400}
 
-
-def parse_size(text: str) -> int:
-    """'10GB', '500M', '1.5GiB', '4096' -> bytes. K/M/G/T are decimal (as humanize prints them),
-    Ki/Mi/Gi/Ti binary; a trailing 'B' is optional."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", text or "")
-    unit = (m.group(2).lower() if m else "")
-    if unit.endswith("b") and unit != "b":
-        unit = unit[:-1]
-    if not m or unit not in _SIZE_UNITS:
-        raise UsageError(f"bad size '{text}' (expected e.g. 10GB, 500M, 2GiB or a number of bytes)")
-    return int(float(m.group(1)) * _SIZE_UNITS[unit])
-
-
-def parse_age(text: str) -> float:
-    """'30d', '12h', '90m', '1w', '1d12h' -> seconds."""
-    parts = re.findall(r"(\d+(?:\.\d*)?)\s*([a-zA-Z]+)", text or "")
-    rebuilt = "".join(n + u for n, u in parts)
-    if not parts or rebuilt != re.sub(r"\s+", "", text) or any(u.lower() not in _AGE_UNITS for _, u in parts):
-        raise UsageError(f"bad age '{text}' (expected e.g. 30d, 12h, 90m, 2w or 1d12h)")
-    return sum(float(n) * _AGE_UNITS[u.lower()] for n, u in parts)
+from kcache_cli.units import format_age, parse_age, parse_size  # noqa: E402,F401 - the one grammar (units.py)
 
 
 # ---- the plan ------------------------------------------------------------------------------------
@@ -147,23 +117,16 @@ class DeletePlan:
 
 
 # ---- selection -----------------------------------------------------------------------------------
-_TEMP_MARK = "/" + state.TEMP_PREFIX
-
-
-def _is_temp(e: Entry) -> bool:
-    return e.layout == "hidet" and _TEMP_MARK in e.relpath and os.path.basename(e.path).startswith(state.TEMP_PREFIX)
-
-
-def _is_staging(e: Entry) -> bool:
-    return e.layout == "tilelang" and (e.relpath.startswith(".staging/") or "/.staging/" in e.relpath)
-
-
-def _layout_leftover(e: Entry):
-    """What the layout itself says `e` is if it is a leftover (Layout.leftover: Triton's tmp.pid_*
-    directories), or None."""
+def _layout(e: Entry):
     from kcache_cli.layouts import get
 
-    return get(e.layout).leftover(e)
+    return get(e.layout)
+
+
+def _provides(e: Entry) -> bool:
+    """An entry others use (a tilus program, a tilelang binary): removed after its users, kept while a
+    user stays (Layout.provider_kinds)."""
+    return e.kind in _layout(e).provider_kinds
 
 
 def _judged(root: Path, e: Entry) -> Entry:
@@ -185,8 +148,8 @@ def _unlisted(e: Entry) -> bool:
 
 
 def _is_leftover(e: Entry) -> bool:
-    """A temp dir of a kcache build or a tilelang staging write, rather than an entry."""
-    return _is_temp(e) or _is_staging(e) or _layout_leftover(e) is not None
+    """What an interrupted writer left (a kcache build's temp dir, a staging write), rather than an entry."""
+    return _layout(e).leftover(e) is not None
 
 
 class _Planner:
@@ -199,35 +162,48 @@ class _Planner:
         self.removals: dict[str, Removal] = {}  # path -> removal, in selection order
         self.skipped: dict[str, Skip] = {}
         self.known: dict[str, Entry] = dict(everything or {})  # path -> entry, for entries outside the selection
-        self._links: dict[str, list[str]] | None = None
-        self._users: dict[str, list[str]] = {}
+        self._users: dict[str, list[str]] = {}  # provider path -> paths of the entries that use it
         self._dirs_ok: dict[str, str | None] = {}
 
-    # -- relationships
-    def links(self) -> dict[str, list[str]]:
-        """tilus: program dir -> scripts linking to it."""
-        if self._links is None:
-            from kcache_cli.layouts import tilus
+    # -- relationships between entries (the layouts' dependency edges)
+    def learn_users(self, providers: list[Entry]) -> None:
+        """Learn which entries use each of `providers` (one pass per layout for all of them)."""
+        todo: dict[str, list[str]] = {}
+        for e in providers:
+            if e.path not in self._users and _provides(e):
+                todo.setdefault(e.layout, []).append(e.path)
+        for layout, paths in todo.items():
+            from kcache_cli.layouts import get
 
-            self._links = tilus.link_map(self.root)
-        return self._links
-
-    def users(self, binaries: list[str]) -> None:
-        """tilelang: learn which kernels embed each of `binaries`."""
-        todo = [b for b in binaries if b not in self._users]
-        if todo:
-            from kcache_cli.layouts import tilelang
-
-            self._users.update(tilelang.binary_users(self.root, todo))
+            self._users.update(get(layout).users(self.root, paths))
 
     def dependants(self, e: Entry) -> list[str]:
-        """Paths of the entries that use `e` (scripts of a tilus program, kernels of a tilelang binary)."""
-        if e.layout == "tilus" and e.kind == "program":
-            return self.links().get(os.path.normpath(e.path), [])
-        if e.layout == "tilelang" and e.kind == "binary":
-            self.users([e.path])
-            return self._users.get(e.path, [])
-        return []
+        """Paths of the entries that use `e` (the scripts of a tilus program, the kernels of a tilelang binary)."""
+        if not _provides(e):
+            return []
+        self.learn_users([e])
+        return self._users.get(e.path, [])
+
+    def take_users(self, e: Entry) -> list[Removal]:
+        """A broken provider that goes takes the entries using it along when they cannot work without it
+        (Layout.users_break: tilus scripts link to their programs)."""
+        added: list[Removal] = []
+        if e.status == COMPLETE or not _layout(e).users_break(e.kind):
+            return added
+        verb = _layout(e).use_words(e.kind)[0]
+        for s in self.dependants(e):
+            if s not in self.removals:
+                added += self.select(self.entry_at(s, e.layout), f"{verb} the removed {e.kind} {e.hash}")
+        return added
+
+    def kept_users(self, e: Entry, kept: list[str]) -> str:
+        """Why a provider stays: "linked from the kept script scripts/x/y and 2 more"."""
+        from kcache_cli.layouts import get
+
+        rel = self.rel(kept[0])
+        where = get(e.layout).shape.locate(rel)
+        more = f" and {len(kept) - 1} more" if len(kept) > 1 else ""
+        return f"{_layout(e).use_words(e.kind)[1]} the kept {where[0] if where else 'entry'} {rel}{more}"
 
     def entry_at(self, path: str, layout: str) -> Entry:
         e = self.known.get(path)
@@ -238,8 +214,11 @@ class _Planner:
                 self.known.setdefault(x.path, x)
             e = self.known.get(path)
         if e is None:  # vanished since: a stand-in that still names it
-            e = Entry(layout, "script", None, None, None, os.path.basename(path), path, self.rel(path), 0, 0,
-                      PARTIAL, "vanished", 0.0, 0.0)
+            from kcache_cli.layouts import get
+
+            where = get(layout).shape.locate(self.rel(path))
+            e = Entry(layout, where[0] if where else "entry", None, None, None, os.path.basename(path), path,
+                      self.rel(path), 0, 0, PARTIAL, "vanished", 0.0, 0.0)
         return e
 
     def rel(self, path: str) -> str:
@@ -291,27 +270,15 @@ class _Planner:
         return [r]
 
     def _select_leftover(self, e: Entry) -> list[Removal]:
-        what = STAGING if _is_staging(e) else TEMP
-        items = [e]
-        if what == STAGING and os.path.basename(e.path) == "cuda-binaries" and os.path.isdir(e.path):
-            # tilelang's .staging/cuda-binaries/ holds one directory per write: judge each one
-            items = []
-            for de in listdir(e.path, self.warn):
-                u = measure_tree(de.path, self.warn)
-                items.append(replace(e, path=de.path, relpath=self.rel(de.path), hash=de.name, size=u.size,
-                                     files=u.files, modified=u.mtime, last_used=u.mtime))
+        layout = _layout(e)
         added = []
-        for x in items:
+        for x in layout.leftover_parts(e, self.warn):  # one per write (tilelang's .staging/cuda-binaries/)
+            left = layout.leftover(x) or layout.leftover(e)
+            assert left is not None, "a part of a leftover is a leftover"
             if self.now - x.modified < STALE_AFTER:
                 self.skip(x, "in flight: written to less than an hour ago")
                 continue
-            lock = None
-            if what == TEMP and _is_temp(x):
-                lock = f"{os.path.dirname(x.relpath)}/{state.temp_hash(os.path.basename(x.path))}"
-            why = ("temp directory of an interrupted kcache build" if _is_temp(x)
-                   else "tilelang staging left by an interrupted write" if what == STAGING
-                   else getattr(_layout_leftover(x), "why", "left by an interrupted write"))
-            r = Removal(x, x.path, x.relpath, x.size, what, why, lock=lock)
+            r = Removal(x, x.path, x.relpath, x.size, left.what, left.why, lock=left.lock)
             self.removals[x.path] = r
             added.append(r)
         return added
@@ -321,27 +288,20 @@ class _Planner:
 
     # -- the rules that tie entries together
     def settle(self) -> None:
-        """tilus: a broken program that goes takes the scripts linking to it along; a complete program
-        still linked from a script that stays, stays. tilelang: a binary embedded in a kernel that
-        stays, stays."""
+        """A broken provider that goes takes the users that cannot work without it along (tilus scripts);
+        a complete provider still used by an entry that stays, stays (tilus programs, tilelang binaries)."""
         for r in list(self.removals.values()):
-            e = r.entry
-            if r.what == ENTRY and e.layout == "tilus" and e.kind == "program" and e.status != COMPLETE:
-                for s in self.dependants(e):
-                    if s not in self.removals:
-                        self.select(self.entry_at(s, "tilus"), f"links to the removed program {e.hash}")
-        binaries = [r.path for r in self.removals.values()
-                    if r.what == ENTRY and r.entry.layout == "tilelang" and r.entry.kind == "binary"]
-        self.users(binaries)
+            if r.what == ENTRY:
+                self.take_users(r.entry)
+        self.learn_users([r.entry for r in self.removals.values() if r.what == ENTRY])
         for r in list(self.removals.values()):
-            if r.what != ENTRY or r.entry.kind not in _LAST_KINDS:
+            if r.what != ENTRY or not _provides(r.entry):
                 continue
             deps = self.dependants(r.entry)
             kept = [d for d in deps if d not in self.removals]
             if kept and r.entry.status == COMPLETE:
                 self.drop(r.path)
-                noun = "linked from the kept script" if r.entry.kind == "program" else "embedded in the kept kernel"
-                self.skip(r.entry, f"{noun} {self.rel(kept[0])}" + (f" and {len(kept) - 1} more" if len(kept) > 1 else ""))
+                self.skip(r.entry, self.kept_users(r.entry, kept))
             elif deps:
                 self.removals[r.path] = replace(r, requires=tuple(self.rel(d) for d in deps if d in self.removals))
 
@@ -356,24 +316,21 @@ class _Planner:
         return t
 
     def plan(self, exists: bool, scanned: int, warnings: Iterable[str], tidy: bool = False) -> DeletePlan:
-        order = sorted(self.removals.values(), key=lambda r: r.entry.kind in _LAST_KINDS)
+        order = sorted(self.removals.values(), key=lambda r: _provides(r.entry))  # users first
         return DeletePlan(str(self.root), exists, tuple(order), tuple(self.skipped.values()), scanned,
                           tuple(warnings), tidy)
 
 
 
 def _strays(root: Path, flt: ScanFilter, warn: Warn, layouts: Iterable[str]) -> list[Entry]:
-    from kcache_cli.layouts import LAYOUTS
+    from kcache_cli.layouts import get
     from kcache_cli.scan import ScanContext
 
     ctx = ScanContext(Path(root), warn, {})
     out = []
     for name in layouts:
-        if flt.layouts and name not in flt.layouts:
-            continue
-        finder = getattr(LAYOUTS[name], "stray_links", None)
-        if finder is not None:
-            out.extend(e for e in finder(ctx, flt) if flt.matches(e))
+        if not flt.layouts or name in flt.layouts:
+            out.extend(e for e in get(name).stray_links(ctx, flt) if flt.matches(e))
     return out
 
 
@@ -415,9 +372,10 @@ def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn
 
 def plan_prune(root: Path, max_size: int | None = None, older_than: float | None = None, broken: bool = False,
                warn: Warn | None = None, now: float | None = None) -> DeletePlan:
-    """What is safe and useful to remove: always stale temp/staging directories and hidet's leftover
-    candidates/; with `broken`, partial, failed and corrupt entries; with `older_than` (seconds), entries
-    unused for that long; with `max_size` (bytes), least recently used entries until the cache fits."""
+    """What is safe and useful to remove: always stale temp/staging directories and the leftovers the
+    layouts name inside entries (hidet's candidates/); with `broken`, partial, failed and corrupt entries;
+    with `older_than` (seconds), entries unused for that long; with `max_size` (bytes), least recently
+    used entries until the cache fits."""
     from kcache_cli.scan import scan_cache
 
     root = Path(root)
@@ -429,85 +387,84 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     entries = tuple(e for e in result.entries if not _unlisted(e))
     by_path = {e.path: e for e in entries}
     p = _Planner(root, collect, now, by_path)
-
     leftovers = [e for e in entries if _is_leftover(e)]
     regular = [e for e in entries if not _is_leftover(e)] if leftovers else list(entries)
-    # 1. always: what interrupted writers left behind
-    for e in leftovers:
+    for e in leftovers:  # 1. always: what interrupted writers left behind
         if e.status == BUILDING:
             p.skip(e, "a build holds its lock (in progress)")
         else:
             p.select(e, "stale")
-    # 2. broken entries (and symlinks where entries belong)
-    if broken:
-        for s in _strays(root, ScanFilter(), collect, result.layouts):
-            p.select(s, "a symlink where an entry belongs: removed as a link", link=True)
-        for e in regular:
-            e = _judged(root, e)
-            if e.status in BROKEN:
-                p.select(e, f"broken: {e.reason or e.status}", recheck=True)
-    # 3. unused for too long
-    if any(e.kind == "binary" for e in regular):
-        p.users([e.path for e in regular if e.kind == "binary"])
+    if broken:  # 2. broken entries (and symlinks where entries belong)
+        _select_broken(p, root, regular, collect, result.layouts)
+    p.learn_users(regular)  # 3. unused for too long (a provider is used when its users are)
     last = {e.path: p.effective_last_used(e, by_path) for e in regular}
     if older_than is not None:
         for e in regular:
             if now - last[e.path] > older_than and e.path not in p.removals:
-                p.select(e, f"unused for {_age_text(now - last[e.path])}")
+                p.select(e, f"unused for {format_age(now - last[e.path])}")
     p.settle()
-    # 4. hidet's auto-tuning leftovers in entries that stay
-    candidates: dict[str, Removal] = {}
-    for e in regular:
-        if e.layout == "hidet" and e.kind == "op" and e.path not in p.removals:
-            c = os.path.join(e.path, "candidates")
-            if os.path.isdir(c) and not os.path.islink(c):
-                if e.status == BUILDING:
-                    p.skip(e, "candidates/ kept: hidet holds the entry's lock (tuning)")
-                    continue
-                u = measure_tree(c, collect)
-                r = Removal(e, c, f"{e.relpath}/candidates", u.size, CANDIDATES,
-                            "auto-tuning leftovers (candidates/)", lock=e.relpath)
-                p.removals[c] = r
-                candidates[e.path] = r
-    # 5. least recently used first, until the cache fits
-    if max_size is not None:
-        freed = sum(r.size for r in p.removals.values())
-        remaining = result.size - freed
-        rank = {"script": 0, "kernel": 0, "program": 1, "binary": 1}
-        for e in sorted(regular, key=lambda e: (last[e.path], rank.get(e.kind, 0), e.relpath)):
-            if remaining <= max_size:
-                break
-            if e.path in p.removals:
-                continue
-            if e.kind in _LAST_KINDS and e.status == COMPLETE:
-                kept = [d for d in p.dependants(e) if d not in p.removals]
-                if kept:
-                    p.skip(e, f"used by {p.rel(kept[0])}, which stays")
-                    continue
-            via = "" if last[e.path] == e.last_used else f" (its users last used it {iso(last[e.path])})"
-            added = p.select(e, f"least recently used{via}")
-            if e.layout == "tilus" and e.kind == "program" and added and e.status != COMPLETE:
-                for s in p.dependants(e):
-                    if s not in p.removals:
-                        added += p.select(p.entry_at(s, "tilus"), f"links to the removed program {e.hash}")
-            for r in added:
-                remaining -= r.size
-                cand = candidates.pop(r.path, None)
-                if cand is not None:  # the entry's size already counts its candidates/
-                    p.drop(cand.path)
-                    remaining += cand.size
-            if added and e.kind in _LAST_KINDS:
-                deps = [d for d in p.dependants(e) if d in p.removals]
-                if deps:
-                    p.removals[e.path] = replace(p.removals[e.path], requires=tuple(p.rel(d) for d in deps))
+    inner = _select_inner_leftovers(p, regular, collect)  # 4. leftovers inside entries that stay
+    if max_size is not None:  # 5. least recently used first, until the cache fits
+        _select_until_fits(p, regular, last, inner, result.size, max_size)
     return p.plan(True, result.size, msgs, tidy=True)
 
 
-def _age_text(seconds: float) -> str:
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= n:
-            return f"{seconds / n:.0f}{unit}"
-    return f"{seconds:.0f}s"
+def _select_broken(p: _Planner, root: Path, regular: list[Entry], warn: Warn, layouts: Iterable[str]) -> None:
+    for s in _strays(root, ScanFilter(), warn, layouts):
+        p.select(s, "a symlink where an entry belongs: removed as a link", link=True)
+    for e in regular:
+        e = _judged(root, e)
+        if e.status in BROKEN:
+            p.select(e, f"broken: {e.reason or e.status}", recheck=True)
+
+
+def _select_inner_leftovers(p: _Planner, regular: list[Entry], warn: Warn) -> dict[str, list[Removal]]:
+    """Directories the layouts name as removable inside entries that stay; entry path -> their removals."""
+    out: dict[str, list[Removal]] = {}
+    for e in regular:
+        if e.path in p.removals:
+            continue
+        for left in _layout(e).inner_leftovers(e):
+            path = os.path.join(e.path, left.name)
+            if not os.path.isdir(path) or os.path.islink(path):
+                continue
+            if e.status == BUILDING:
+                p.skip(e, left.busy)
+                continue
+            u = measure_tree(path, warn)
+            r = Removal(e, path, f"{e.relpath}/{left.name}", u.size, CANDIDATES, left.why, lock=e.relpath)
+            p.removals[path] = r
+            out.setdefault(e.path, []).append(r)
+    return out
+
+
+def _select_until_fits(p: _Planner, regular: list[Entry], last: dict[str, float], inner: dict[str, list[Removal]],
+                       size: int, max_size: int) -> None:
+    """Least recently used entries (users before the providers they use) until `size` fits `max_size`."""
+    remaining = size - sum(r.size for r in p.removals.values())
+    for e in sorted(regular, key=lambda e: (last[e.path], _provides(e), e.relpath)):
+        if remaining <= max_size:
+            break
+        if e.path in p.removals:
+            continue
+        if _provides(e) and e.status == COMPLETE:
+            kept = [d for d in p.dependants(e) if d not in p.removals]
+            if kept:
+                p.skip(e, f"used by {p.rel(kept[0])}, which stays")
+                continue
+        via = "" if last[e.path] == e.last_used else f" (its users last used it {iso(last[e.path])})"
+        added = p.select(e, f"least recently used{via}")
+        if added:
+            added += p.take_users(e)
+        for r in added:
+            remaining -= r.size
+            for left in inner.pop(r.path, ()):  # the entry's size already counts them
+                p.drop(left.path)
+                remaining += left.size
+        if added and _provides(e):
+            deps = [d for d in p.dependants(e) if d in p.removals]
+            if deps:
+                p.removals[e.path] = replace(p.removals[e.path], requires=tuple(p.rel(d) for d in deps))
 
 
 # ---- acting --------------------------------------------------------------------------------------
@@ -515,15 +472,9 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _flock(fd: int) -> bool:
-    import fcntl
+    from kcache_cli.locking import try_flock
 
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
+    return try_flock(fd)
 
 
 class _Executor:
@@ -596,9 +547,9 @@ class _Executor:
             if not _flock(gc):
                 if self.on_wait:
                     self.on_wait()
-                import fcntl
+                from kcache_cli.locking import wait_flock
 
-                fcntl.flock(gc, fcntl.LOCK_EX)
+                wait_flock(gc)
             self._empty_trash()  # what an interrupted run left behind
             batch = f"{os.getpid()}-{time.time_ns()}"
             os.mkdir(batch, 0o700, dir_fd=trash_fd)
@@ -676,7 +627,7 @@ class _Executor:
                     held.append(efd)
                     if r.what == ENTRY and os.fstat(efd).st_mtime > r.entry.modified:
                         return self._skip(r, "changed since the scan (in use, or rebuilt)")
-                    for own in (".lock", "dispatch_table.txt.lock"):
+                    for own in _layout(r.entry).writer_locks:
                         try:
                             fd = os.open(own, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=efd)
                         except OSError:
@@ -746,7 +697,7 @@ class _Executor:
             if r.what not in (ENTRY, TEMP, LINK):
                 continue
             rel = r.relpath
-            for _ in range(_EMPTY_PARENTS.get((r.entry.layout, r.entry.kind), 0)):
+            for _ in range(_layout(r.entry).empty_parent_levels(r.entry.kind)):
                 rel = rel.rpartition("/")[0]
                 if "/" not in rel:
                     break

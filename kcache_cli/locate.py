@@ -1,9 +1,9 @@
-"""Where the cache is: --cache-dir, KCACHE_DIR, then hidet's own rule."""
+"""Where the cache is: --cache-dir, KCACHE_DIR, then the default root of the layout `kcache build`
+publishes into (its compiler's own rule: kcache_cli/layouts/homes.py)."""
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,87 +14,24 @@ class CacheLocation:
     reason: str
 
 
-def hidet_config_file() -> Path:
-    return Path.home() / ".config" / "hidet" / "hidet.toml"
-
-
-def _cache_dir_from_toml(path: Path) -> str | None:
-    """The `cache_dir` of hidet.toml, or None. Only a top-level key counts, as in hidet."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    try:
-        import tomllib  # type: ignore[import-not-found, unused-ignore]  # Python 3.11+
-
-        value = tomllib.loads(text).get("cache_dir")
-        return value if isinstance(value, str) and value else None
-    except ImportError:  # pragma: no cover - Python 3.10
-        pass
-    except Exception:  # a malformed toml: hidet would fail too; fall through to a line scan
-        pass
-    for line in text.splitlines():
-        if line.lstrip().startswith("["):
-            break
-        m = re.match(r"""\s*cache_dir\s*=\s*(['"])(.*)\1\s*(#.*)?$""", line)
-        if m and m.group(2):
-            return m.group(2)
-    return None
-
-
-def git_root(start: Path) -> Path | None:
-    """The nearest ancestor holding `.git` (a directory, or a file for worktrees)."""
-    for d in (start, *start.parents):
-        if (d / ".git").exists():
-            return d
-    return None
-
-
-def hidet_package_dir() -> Path | None:
-    """Where the hidet package is installed, found without importing it (importing hidet pulls in
-    torch and takes seconds). None when hidet is not installed."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("hidet")
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    if spec.origin and spec.origin not in ("namespace", "built-in", "frozen"):
-        return Path(spec.origin).absolute().parent
-    locations = list(spec.submodule_search_locations or [])
-    return Path(locations[0]).absolute() if locations else None
-
-
 def resolve_cache_dir(cli_value: str | os.PathLike | None = None, package_dir: Path | None = None) -> CacheLocation:
     if cli_value:
         return CacheLocation(Path(cli_value).expanduser().absolute(), "--cache-dir")
     env = os.environ.get("KCACHE_DIR")
     if env:
         return CacheLocation(Path(env).expanduser().absolute(), "KCACHE_DIR environment variable")
-    return hidet_cache_dir(package_dir)
+    return default_cache_dir(package_dir)
 
 
-def hidet_cache_dir(package_dir: Path | None = None) -> CacheLocation:
-    """hidet's own rule (DESIGN.md §1): hidet.toml's cache_dir; else, when the hidet package lies in a
-    git work tree (a source checkout installed for development), <that repo>/.hidet_cache; else
-    ~/.cache/hidet. The current directory plays no part: hidet looks for the repository from its own
-    package's location. `package_dir` overrides where hidet is found (tests)."""
-    config = hidet_config_file()
-    from_config = _cache_dir_from_toml(config) if config.is_file() else None
-    if from_config:
-        return CacheLocation(Path(from_config).expanduser().absolute(), f"cache_dir in {config}")
-    package = package_dir if package_dir is not None else hidet_package_dir()
-    repo = git_root(package) if package is not None else None
-    if repo is not None:
-        return CacheLocation(repo / ".hidet_cache",
-                             f"hidet is installed from the git work tree {repo} (hidet's rule: <repo>/.hidet_cache)")
-    if package is not None:
-        why = f"default (~/.cache/hidet): hidet at {package} is not in a git work tree, no cache_dir in {config}"
-    else:
-        why = f"default (~/.cache/hidet): hidet is not installed here, no cache_dir in {config}"
-    return CacheLocation(Path.home() / ".cache" / "hidet", why)
+def default_cache_dir(package_dir: Path | None = None) -> CacheLocation:
+    """The cache the build layout's compiler uses when nothing says otherwise (`package_dir`: where its
+    Python package lies, for tests; None: found without importing it)."""
+    from kcache_cli.layouts import homes
+    from kcache_cli.layouts.shapes import BUILD_SHAPE
+
+    home = homes.default_root(BUILD_SHAPE.name, package_dir)
+    assert home is not None, "the build layout has a default root"
+    return CacheLocation(home.path.absolute(), home.reason)
 
 
 def known_caches() -> list[tuple[str, Path]]:

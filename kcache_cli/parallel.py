@@ -12,6 +12,8 @@ import os
 import threading
 from typing import Any, Callable, Sequence
 
+from kcache_cli.errors import KcacheError
+
 MAX_WORKERS = 8
 
 
@@ -62,3 +64,167 @@ def map_parts(func: Callable[[Any, Any], Any], shared: Any, parts: Sequence[Any]
             _INHERITED = None
     with ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("forkserver")) as pool:
         return list(pool.map(_pickled_part, [(func, shared, p) for p in parts]))
+
+
+# ---- two phases in the same workers (export and import) --------------------------------------------
+
+class Aborted(KcacheError):
+    """A worker stopped because another one failed."""
+
+
+_PHASED: tuple | None = None
+
+
+def run_phased(n: int, first: Callable[..., Any], progress: Any = None,
+               between: Callable[[list], None] | None = None, second: Callable[[int], Any] | None = None
+               ) -> tuple[list, list]:
+    """Run `first(i, advance, abort)` for i in range(n) in forked workers, then `between(results)` here,
+    then `second(i)` in the same workers, which keep what phase one left them (so the functions may be
+    closures: the workers inherit them). Workers count progress in shared memory and this process
+    moves `progress` (start/advance); the first failure stops the others (they see abort()) and is
+    raised here; nothing runs phase two unless every worker finished phase one.
+
+    With n == 1, or when forking is not safe (another thread runs), it all runs in this process."""
+    if n == 1 or not fork_safe():
+        r1 = [first(i, progress.advance if progress else _ignore, _never) for i in range(n)]
+        if between is not None:
+            between(r1)
+        return r1, ([second(i) for i in range(n)] if second is not None else [])
+    workers = _Workers(n, first, second, progress)
+    try:
+        try:
+            r1 = workers.collect()
+            if between is not None:
+                between(r1)
+        except BaseException:
+            workers.tell("stop", abort=True)
+            raise
+        if second is None:
+            workers.tell("stop")
+            return r1, []
+        workers.tell("go")
+        return r1, workers.collect()
+    finally:
+        workers.close()
+
+
+class _Workers:
+    """n forked processes, a pipe to each, shared progress counters and a shared stop flag."""
+
+    def __init__(self, n: int, first: Callable, second: Callable | None, progress: Any) -> None:
+        import multiprocessing
+
+        global _PHASED
+        ctx = multiprocessing.get_context("fork")
+        self.n, self.progress, self.seen = n, progress, 0
+        self.counters = ctx.RawArray("q", n)
+        self.stop = ctx.RawValue("b", 0)
+        _PHASED = (first, second, self.counters, self.stop)
+        self.procs: list = []
+        self.conns: list = []
+        try:
+            for i in range(n):
+                parent_end, child_end = ctx.Pipe()
+                proc = ctx.Process(target=_worker_main, args=(i, child_end), daemon=True)
+                proc.start()
+                child_end.close()
+                self.procs.append(proc)
+                self.conns.append(parent_end)
+        except BaseException:
+            self.close()
+            raise
+
+    def collect(self) -> list:
+        """Every worker's result of the current phase; the first failure is raised (others stop)."""
+        from multiprocessing.connection import wait
+
+        results: list = [None] * self.n
+        waiting = dict(zip(self.conns, range(self.n)))
+        error: Any = None
+        conn: Any
+        while waiting:
+            for conn in wait(list(waiting), timeout=0.1):
+                i = waiting.pop(conn)
+                try:
+                    status, value = conn.recv()
+                except EOFError:
+                    status, value = "err", KcacheError(f"worker {i} died")
+                if status == "err":
+                    self.stop.value = 1
+                    if error is None or (isinstance(error, Aborted) and not isinstance(value, Aborted)):
+                        error = value
+                results[i] = value
+            now = sum(self.counters)
+            if self.progress and now > self.seen:
+                self.progress.advance(now - self.seen)
+            self.seen = now
+        if error is not None:
+            raise error
+        return results
+
+    def tell(self, message: str, abort: bool = False) -> None:
+        if abort:
+            self.stop.value = 1
+        for conn in self.conns:
+            try:
+                conn.send(message)
+            except (OSError, ValueError):
+                pass  # the worker is gone already
+
+    def close(self) -> None:
+        global _PHASED
+        _PHASED = None
+        for proc in self.procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+        for conn in self.conns:
+            conn.close()
+
+
+def _worker_main(i: int, conn) -> None:
+    assert _PHASED is not None, "set by _Workers before forking"
+    first, second, counters, stop = _PHASED
+
+    def advance(k: int) -> None:
+        counters[i] += k
+
+    def abort() -> bool:
+        return bool(stop.value)
+
+    def report(func, *args) -> bool:
+        try:
+            value = func(*args)
+        except BaseException as exc:  # noqa: BLE001 - every failure travels back to the parent
+            conn.send(("err", _portable(exc)))
+            return False
+        conn.send(("ok", value))
+        return True
+
+    if report(first, i, advance, abort) and second is not None:
+        try:
+            command = conn.recv()
+        except EOFError:
+            return
+        if command == "go":
+            report(second, i)
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """`exc`, or a KcacheError saying what it was when it cannot travel between processes."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001
+        return KcacheError(f"{type(exc).__name__}: {exc}")
+
+
+def _ignore(n: int) -> None:
+    pass
+
+
+def _never() -> bool:
+    return False

@@ -112,7 +112,8 @@ def tilus_failure(root: Path, after_success: bool) -> None:
     (record / "0").mkdir(parents=True)
     shutil.copy(prog / "module/source.cu", record / "0/source.cu")
     (record / "0.txt").write_text(
-        f"/usr/local/bin/nvcc --shared {root}/{FAILED_PROGRAM}/module/source.cu -o {root}/{FAILED_PROGRAM}/module/lib.so\n"
+        f"/usr/local/bin/nvcc --shared {root}/{FAILED_PROGRAM}/module/source.cu"
+        f" -o {root}/{FAILED_PROGRAM}/module/lib.so\n"
         f"{root}/{FAILED_PROGRAM}/module/source.cu(42): error: identifier \"tile_k\" is undefined\n"
         "1 error detected in the compilation of \"source.cu\".\n")
     links = [p for p in (root / SCRIPT).rglob("*") if p.is_symlink()] + [root / SCRIPT / "dispatch_table.txt"]
@@ -190,8 +191,10 @@ CASES = [
     Case("tilus_program_lib_mode_000", "tilus", PROGRAM, "unreadable",
          lambda r: chmod_000(r / PROGRAM / "module/lib.so"), reason="permission denied"),
     Case("tilelang_pristine", "tilelang", KERNEL, "complete", lambda r: None),
-    Case("tilelang_same_size_other_bytes", "tilelang", KERNEL, "corrupt", lambda r: (r / KERNEL / "params.json").write_bytes(
-        (r / KERNEL / "params.json").read_bytes().replace(b"a", b"b", 1)), cheap="complete", reason="sha256"),
+    Case("tilelang_same_size_other_bytes", "tilelang", KERNEL, "corrupt",
+         lambda r: (r / KERNEL / "params.json").write_bytes(
+             (r / KERNEL / "params.json").read_bytes().replace(b"a", b"b", 1)),
+         cheap="complete", reason="sha256"),
     Case("tilelang_binary_mode_000", "tilelang", KERNEL, "unreadable",
          lambda r: chmod_000(r / KERNEL / "executable.so"), reason="permission denied"),
 ]

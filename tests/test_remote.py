@@ -46,7 +46,7 @@ def one_line_error(run) -> str:
 
 def round_trip(kcache, tmp_path: Path, url: str) -> None:
     src = fixtures(tmp_path)
-    for name, root in src.items():
+    for root in src.values():
         run = kcache("push", "--cache-dir", root, "--remote", url, "--json")
         assert run.exit_code == 0, run.stderr
         data = run.json()
@@ -427,7 +427,8 @@ def triton_record(d: Path) -> tuple[dict, dict[str, bytes]]:
 @needs_redis
 @pytest.mark.parametrize("key_format", [None, "tk/{key}/{filename}"])
 def test_triton_entries_use_tritons_own_keys_and_group_format(tmp_path, redis_server, monkeypatch, key_format):
-    from kcache_cli.layouts import LAYOUTS
+    from kcache_cli import layouts
+    from kcache_cli.layouts.base import Layout
     from kcache_cli.remote.push import publish_entry
     from kcache_cli.remote.store import open_store
 
@@ -436,9 +437,12 @@ def test_triton_entries_use_tritons_own_keys_and_group_format(tmp_path, redis_se
     server = redis_server()
     d = triton_entry(tmp_path / "triton-cache")
     record, data = triton_record(d)
-    fake_layout = type(sys)("triton")
-    fake_layout.remote_format = f.TritonFormat  # the hook kcache_cli/layouts/triton.py provides
-    monkeypatch.setitem(LAYOUTS, "triton", fake_layout)
+    class FakeTriton(Layout):
+        def remote_format(self):  # the hook kcache_cli/layouts/triton.py provides
+            return f.TritonFormat()
+
+    monkeypatch.setattr(layouts, "NAMES", (*layouts.NAMES, "triton"))
+    monkeypatch.setitem(layouts._LOADED, "triton", FakeTriton())
     assert isinstance(f.format_for("triton"), f.TritonFormat)
     store = open_store(server.url)
     assert publish_entry(store, record, data) is True

@@ -181,6 +181,11 @@ class Layout:
         it (tilus scripts link to their programs; tilelang kernels embed their binaries and do not)."""
         return False
 
+    def use_words(self, kind: str) -> tuple[str, str]:
+        """How an entry uses a provider of `kind`, both ways, for prune's and clear's reasons: (what a
+        user does to it, what is done to it by its users): tilus ("links to", "linked from")."""
+        return "uses", "used by"
+
     def link_target(self, kind: str, resolved: list[str]) -> str | None:
         """For a symlink inside an entry of `kind` whose target, resolved from the root, is `resolved`
         (path components) and lies outside the entry: the relpath of the entry it may point to (then it
@@ -213,8 +218,12 @@ class Layout:
 
     def default_root(self) -> tuple[Path, str] | None:
         """Where this layout's compiler keeps its cache on this machine when nothing says otherwise
-        (`kcache dir --all`), with the rule that chose it; None when there is no such place."""
-        return None
+        (`kcache dir --all`), with the rule that chose it; None when there is no such place. The rules
+        live in the light module layouts/homes.py (kcache's own default root is one of them)."""
+        from kcache_cli.layouts import homes
+
+        home = homes.default_root(self.name)
+        return (home.path, home.reason) if home is not None else None
 
     # ---- export and import -------------------------------------------------------------------------
 

@@ -657,11 +657,5 @@ class HidetLayout(Layout):
             return (small["nvcc_log.txt"].decode("utf-8", "replace").splitlines() or [""])[0]
         return None
 
-    def default_root(self):
-        from kcache_cli.locate import hidet_cache_dir
-
-        loc = hidet_cache_dir()
-        return loc.path, loc.reason
-
 
 LAYOUT = HidetLayout()

@@ -363,6 +363,9 @@ class TilelangLayout(Layout):
     def users(self, root: Path, providers: list[str]) -> dict[str, list[str]]:
         return binary_users(root, providers)
 
+    def use_words(self, kind: str) -> tuple[str, str]:
+        return "embeds", "embedded in"
+
     def leftover(self, entry: Entry) -> Leftover | None:
         rel = entry.relpath
         if rel.startswith(STAGING + "/") or f"/{STAGING}/" in rel:
@@ -389,12 +392,6 @@ class TilelangLayout(Layout):
         if entry.kind == "kernel" and entry.space and "/" in entry.space:
             return entry.space.split("/", 1)[1]
         return None
-
-    def default_root(self):
-        env = os.environ.get("TILELANG_CACHE_DIR")
-        if env:
-            return Path(env).expanduser(), "TILELANG_CACHE_DIR"
-        return Path.home() / ".tilelang" / "cache", "tilelang's default (~/.tilelang/cache)"
 
 
 LAYOUT = TilelangLayout()

@@ -449,6 +449,9 @@ class TilusLayout(Layout):
     def users_break(self, kind: str) -> bool:
         return kind == "program"  # its scripts' links would dangle
 
+    def use_words(self, kind: str) -> tuple[str, str]:
+        return "links to", "linked from"
+
     def link_target(self, kind: str, resolved: list[str]) -> str | None:
         if kind == "script" and len(resolved) == 2 and resolved[0] == "programs" and not resolved[1].startswith("."):
             return "/".join(resolved)
@@ -466,9 +469,6 @@ class TilusLayout(Layout):
     def options_arch(self, small) -> str | None:
         m = _OPTIONS_ARCH.search(small.get("options.txt") or b"")
         return f"sm_{m.group(1).decode()}{m.group(2).decode()}" if m else None
-
-    def default_root(self):
-        return Path.home() / ".cache" / "tilus", "tilus's default (~/.cache/tilus)"
 
 
 LAYOUT = TilusLayout()

@@ -1,0 +1,113 @@
+"""Where each layout's compiler keeps its cache when nothing says otherwise (`kcache dir --all`), and
+so kcache's own default root: the cache of the layout `kcache build` publishes into (hidet's rule).
+
+Light on purpose (os, re, pathlib; tomllib only when a config file exists): every command resolves
+its root through here at start-up. A new layout adds its rule to RULES.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+
+class Home(NamedTuple):
+    path: Path
+    reason: str  # which rule chose it, for `kcache dir`
+
+
+def hidet_config_file() -> Path:
+    return Path.home() / ".config" / "hidet" / "hidet.toml"
+
+
+def _cache_dir_from_toml(path: Path) -> str | None:
+    """The `cache_dir` of hidet.toml, or None. Only a top-level key counts, as in hidet."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    try:
+        import tomllib  # type: ignore[import-not-found, unused-ignore]  # Python 3.11+
+
+        value = tomllib.loads(text).get("cache_dir")
+        return value if isinstance(value, str) and value else None
+    except ImportError:  # pragma: no cover - Python 3.10
+        pass
+    except Exception:  # a malformed toml: hidet would fail too; fall through to a line scan
+        pass
+    for line in text.splitlines():
+        if line.lstrip().startswith("["):
+            break
+        m = re.match(r"""\s*cache_dir\s*=\s*(['"])(.*)\1\s*(#.*)?$""", line)
+        if m and m.group(2):
+            return m.group(2)
+    return None
+
+
+def git_root(start: Path) -> Path | None:
+    """The nearest ancestor holding `.git` (a directory, or a file for worktrees)."""
+    for d in (start, *start.parents):
+        if (d / ".git").exists():
+            return d
+    return None
+
+
+def hidet_package_dir() -> Path | None:
+    """Where the hidet package is installed, found without importing it (importing hidet pulls in
+    torch and takes seconds). None when hidet is not installed."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("hidet")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.origin and spec.origin not in ("namespace", "built-in", "frozen"):
+        return Path(spec.origin).absolute().parent
+    locations = list(spec.submodule_search_locations or [])
+    return Path(locations[0]).absolute() if locations else None
+
+
+def hidet(package_dir: Path | None = None) -> Home:
+    """hidet's own rule: hidet.toml's cache_dir; else, when the hidet package lies in a
+    git work tree (a source checkout installed for development), <that repo>/.hidet_cache; else
+    ~/.cache/hidet. The current directory plays no part: hidet looks for the repository from its own
+    package's location. `package_dir` overrides where hidet is found (tests)."""
+    config = hidet_config_file()
+    from_config = _cache_dir_from_toml(config) if config.is_file() else None
+    if from_config:
+        return Home(Path(from_config).expanduser().absolute(), f"cache_dir in {config}")
+    package = package_dir if package_dir is not None else hidet_package_dir()
+    repo = git_root(package) if package is not None else None
+    if repo is not None:
+        return Home(repo / ".hidet_cache",
+                             f"hidet is installed from the git work tree {repo} (hidet's rule: <repo>/.hidet_cache)")
+    if package is not None:
+        why = f"default (~/.cache/hidet): hidet at {package} is not in a git work tree, no cache_dir in {config}"
+    else:
+        why = f"default (~/.cache/hidet): hidet is not installed here, no cache_dir in {config}"
+    return Home(Path.home() / ".cache" / "hidet", why)
+
+
+def tilus(package_dir: Path | None = None) -> Home:
+    return Home(Path.home() / ".cache" / "tilus", "tilus's default (~/.cache/tilus)")
+
+
+def tilelang(package_dir: Path | None = None) -> Home:
+    env = os.environ.get("TILELANG_CACHE_DIR")
+    if env:
+        return Home(Path(env).expanduser(), "TILELANG_CACHE_DIR environment variable")
+    return Home(Path.home() / ".tilelang" / "cache", "tilelang's default (~/.tilelang/cache)")
+
+
+# layout name -> its rule; `package_dir` says where the compiler's Python package lies (None: find it)
+RULES: dict[str, Callable[..., Home]] = {"hidet": hidet, "tilus": tilus, "tilelang": tilelang}
+
+
+def default_root(layout: str, package_dir: Path | None = None) -> Home | None:
+    """Where `layout`'s compiler keeps its cache by default, or None when kcache knows no rule for it."""
+    rule = RULES.get(layout)
+    return rule(package_dir) if rule is not None else None
