@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from typing import NamedTuple
 
 from kcache_cli.terms import (  # noqa: F401
     BUILDING,
@@ -43,6 +44,21 @@ def iso(ts: float | None) -> str | None:
 _ISO_SEEN: dict[int, str] = {}
 
 
+class EntryKey(NamedTuple):
+    """What names an entry wherever it appears (a scan, an archive's manifest, a remote): the fields of
+    `ls --json` that say which entry it is, as opposed to its size, status or times."""
+
+    layout: str
+    kind: str
+    target: str | None
+    space: str | None
+    op: str | None
+    hash: str
+
+    def to_json(self) -> dict:
+        return self._asdict()
+
+
 @dataclass(frozen=True)
 class Entry:
     """One cache entry: an operator, graph, program, script, kernel or binary directory."""
@@ -61,6 +77,10 @@ class Entry:
     reason: str | None
     modified: float
     last_used: float
+
+    @property
+    def key(self) -> EntryKey:
+        return EntryKey(self.layout, self.kind, self.target, self.space, self.op, self.hash)
 
     def to_json(self) -> dict:
         d = {k: self.__dict__[k] for k in JSON_KEYS}

@@ -246,6 +246,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                         linked.setdefault(target, op)
             yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind="script",
                             target=TARGET, space=None, op=op, hash=de.name, status=status, reason=reason)
+    programs: list[tuple[str, str, str | None]]
     if flt.ops:  # only the programs the selected scripts use: no need to read every program
         programs = [(os.path.basename(p), p, op) for p, op in sorted(linked.items())]
     else:
