@@ -255,11 +255,11 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                     if d.is_dir(follow_symlinks=False)]
     yield from blocked
     failures = failures_by_program(ctx.root)
-    for h, path, op in programs:
+    for h, path, linked_op in programs:
         j = judge(path, "program", root=ctx.root, failures=failures)
         status, reason = j.status, j.reason
         yield ctx.entry(path=path, usage=measure_tree(path, ctx.warn), layout=NAME, kind="program",
-                        target=TARGET, space=None, op=op or _program_name(path), hash=h, status=status,
+                        target=TARGET, space=None, op=linked_op or _program_name(path), hash=h, status=status,
                         reason=reason)
 
 
