@@ -37,7 +37,6 @@ is read for the suffix when its SM number agrees with ``e_flags``.
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from dataclasses import dataclass
 
@@ -168,14 +167,14 @@ def read_binary(path: str | os.PathLike) -> BinaryInfo:
     def fail(msg: str) -> BinaryInfo:
         return BinaryInfo(spath, FORMAT_UNKNOWN, None, (), (), (), msg)
 
-    try:
-        st = os.stat(spath)
-        if not stat.S_ISREG(st.st_mode):
-            return fail("not a regular file")
-        if st.st_size > MAX_FILE_BYTES:
-            return fail(f"file too large to inspect ({st.st_size} bytes > {MAX_FILE_BYTES})")
-        with open(spath, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+    from kcache_cli.fsread import NotRegularFile, TooLarge, read_bytes
+
+    try:  # a regular file, opened without following a link or blocking on a FIFO, read up to the bound
+        data = read_bytes(spath, MAX_FILE_BYTES)
+    except TooLarge:
+        return fail(f"file too large to inspect (> {MAX_FILE_BYTES} bytes)")
+    except NotRegularFile as exc:
+        return fail(f"not a regular file: {exc.kind}, never read")
     except OSError as exc:
         return fail(f"cannot read file: {exc.strerror or exc}")
     except Exception as exc:  # e.g. ValueError for an embedded NUL in the path

@@ -16,13 +16,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from kcache_cli import state
-from kcache_cli.checks import read_json, sha256_file
+from kcache_cli.checks import sha256_file
+from kcache_cli.fsread import json_object
 from kcache_cli.errors import KcacheError, LockTimeout, UsageError
 from kcache_cli.gpu import ARCH_RE
 
@@ -163,14 +165,13 @@ def find_tasks(paths: Iterable[str | os.PathLike]) -> list[str]:
 def load_task(task_path: str | os.PathLike, options: BuildOptions = BuildOptions(),
               source: str | os.PathLike | None = None) -> TaskSpec:
     """Read a task file and find its source; every problem is a one-line BuildError."""
-    from kcache_cli.taskfile import parse_task, task_hash
+    from kcache_cli.taskfile import parse_task, read_task_file, task_hash
 
     task_path = os.fspath(task_path)
     if os.path.isdir(task_path):
         task_path = os.path.join(task_path, TASK)
     try:
-        with open(task_path, "rb") as f:
-            data = f.read()
+        data = read_task_file(task_path)  # bounded, and never a FIFO or device (fsread)
     except FileNotFoundError:
         raise BuildError(f"task file not found: {task_path}") from None
     except OSError as exc:
@@ -274,7 +275,7 @@ def _memo_get(root: Path, key: str | None, name: str):
     with _memo_lock:
         if key in _memo and name in _memo[key]:
             return _memo[key][name]
-    rec = (read_json(_memo_path(root)) or {}).get(key)
+    rec = (json_object(_memo_path(root), 1 << 20) or {}).get(key)  # bounded: .kcache/ is writable by others
     if isinstance(rec, dict) and isinstance(rec.get(name), str):
         with _memo_lock:
             _memo.setdefault(key, {})[name] = rec[name]
@@ -284,13 +285,13 @@ def _memo_get(root: Path, key: str | None, name: str):
 
 def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
     """Remember a compiler fact in .kcache/ (atomically; losing a race only costs a re-probe)."""
-    if key is None:
+    if key is None or state.linked_state_dir(root, ()) is not None:  # never write through a linked .kcache
         return
     with _memo_lock:
         _memo.setdefault(key, {})[name] = value
         path = _memo_path(root)
         try:
-            data = read_json(path) or {}
+            data = json_object(path, 1 << 20) or {}
             data.setdefault(key, {})
             if not isinstance(data[key], dict):
                 data[key] = {}
@@ -438,7 +439,8 @@ def check_extra_flags(flags: Sequence[str]) -> None:
 # ---- the entry on disk ---------------------------------------------------------------------------
 
 def _read_manifest(path: str) -> dict | None:
-    return read_json(os.path.join(path, MANIFEST))
+    # size- and depth-limited, no link or FIFO followed: the entry may hold anything
+    return json_object(os.path.join(path, MANIFEST))
 
 
 def _entry_shape():
@@ -535,6 +537,11 @@ def _build_task(root: Path, spec: TaskSpec, options: BuildOptions, listener: Lis
         if found is not None:
             return found
     compiler = find_compiler(spec.target, options)
+    linked = state.linked_state_dir(root, ("locks", "used", "trash"))
+    if linked is not None:
+        raise KcacheError(f"refusing to build: {root / linked} is a symlink or not a directory (kcache never "
+                          "writes through a link)")
+    state.make_root(root)  # a root kcache makes is tagged (CACHEDIR.TAG): evidence that it is a cache
     lock, waited = _acquire(root, spec, options.timeout, listener)
     try:
         if not options.force:  # another build may have published while we waited for the lock
@@ -626,6 +633,51 @@ def _check_inside(root: Path, path: Path) -> None:
         raise KcacheError(f"refusing to build: {path} leads outside the cache ({real})")
 
 
+def _check_no_links(root: Path, relpath: str) -> None:
+    """Every existing directory above `relpath` (.kcache/, locks/, used/, ops/, the space, the op) must be
+    a real directory: kcache never writes through a symlink, even one that points inside the cache
+    (prune and clear refuse the same links)."""
+    cur = str(root)
+    for part in relpath.split("/")[:-1]:
+        cur = os.path.join(cur, part)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise KcacheError(f"refusing to build: cannot check {cur}: {exc.strerror}") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise KcacheError(f"refusing to build: {cur} is a symlink (kcache never writes through a link)")
+        if not stat.S_ISDIR(st.st_mode):
+            raise KcacheError(f"refusing to build: {cur} is not a directory")
+
+
+def _make_op_dir(root: Path, spec: TaskSpec, op_dir: Path) -> list[Path]:
+    """Make the entry's op directory (and space directory), never through a symlink or out of the
+    cache; return those it made, to be removed again if nothing is published."""
+    existing = op_dir
+    while not existing.exists() and existing != root:
+        existing = existing.parent
+    _check_inside(root, existing)  # before mkdir: a symlinked space or op directory must not lead out
+    _check_no_links(root, spec.relpath)
+    made = [d for d in (op_dir, op_dir.parent) if not d.exists()]
+    try:
+        op_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
+    _check_inside(root, op_dir)
+    _check_no_links(root, spec.relpath)
+    return made
+
+
+def _discard(root: Path, relpath: str) -> None:
+    """Remove what a build leaves (its temp dir, the old entry in the trash), relative to directory
+    descriptors (kcache_cli.fsdelete): never through a link, never onto another mount."""
+    from kcache_cli import fsdelete
+
+    fsdelete.remove_under(root, relpath)
+
+
 def _make_temp(op_dir: Path, h: str) -> Path:
     for _ in range(100):
         tmp = op_dir / f"{state.TEMP_PREFIX}{h}-{os.urandom(4).hex()}"
@@ -673,7 +725,6 @@ def _fsync(path: Path) -> None:
 def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, compiler: Sequence[str],
                          options: BuildOptions, replaced: str | None, waited: bool) -> BuildResult:
     import shlex
-    import shutil
     import subprocess
 
     try:
@@ -682,7 +733,7 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
     except OSError as exc:
         raise BuildError(f"cannot read source {spec.source_path}: {exc.strerror}") from None
     op_dir = final.parent
-    made = _make_op_dir(root, op_dir)
+    made = _make_op_dir(root, spec, op_dir)
     argv = compile_command(spec.target, compiler, arch, options)
     command = shlex.join(argv)
     result: dict[str, Any] = dict(task=spec.task_path, op=spec.op, hash=spec.hash, target=spec.target, space=spec.space,
@@ -732,33 +783,18 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
                                                      options, elapsed, files), indent=2) + "\n").encode())
         _stamp_after(tmp / MANIFEST, newest)
         _fsync(tmp)
+        _check_no_links(root, spec.relpath)  # again: the op directory may have been swapped meanwhile
         _publish(root, tmp, final, spec)
         published = True
     finally:
         if not published:
             if version is not None:
                 version.cancel()
-            shutil.rmtree(tmp, ignore_errors=True)
+            _discard(root, f"{os.path.dirname(spec.relpath)}/{tmp.name}")
             _remove_empty(made)
     _fsync(op_dir)
     state.mark_used(root, spec.relpath)
     return BuildResult(status=BUILT, elapsed=elapsed, output=output, replaced=replaced, **result)
-
-
-def _make_op_dir(root: Path, op_dir: Path) -> list[Path]:
-    """Make the entry's op directory (and space directory); return those it made, to be removed again
-    if nothing is published."""
-    existing = op_dir
-    while not existing.exists() and existing != root:
-        existing = existing.parent
-    _check_inside(root, existing)  # before mkdir: a symlinked space or op directory must not lead out
-    made = [d for d in (op_dir, op_dir.parent) if not d.exists()]
-    try:
-        op_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
-    _check_inside(root, op_dir)
-    return made
 
 
 def _remove_empty(dirs: list[Path]) -> None:
@@ -784,8 +820,6 @@ def _stamp_after(manifest: Path, newest_ns: int) -> None:
 def _publish(root: Path, tmp: Path, final: Path, spec: TaskSpec) -> None:
     """One rename makes the entry visible. An entry already there (--force, or a broken one) is
     first renamed into .kcache/trash/, so readers see the old entry, none, or the new one."""
-    import shutil
-
     old = None
     if os.path.lexists(final):
         trash = state.trash_dir(root)
@@ -802,13 +836,7 @@ def _publish(root: Path, tmp: Path, final: Path, spec: TaskSpec) -> None:
                 pass
         raise
     if old is not None:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            try:
-                old.unlink()
-            except OSError:
-                pass
+        _discard(root, f"{state.STATE_DIR}/trash/{old.name}")
 
 
 def _manifest(spec: TaskSpec, arch: Arch, compiler: Sequence[str], version: str | None, argv: list[str],

@@ -2,37 +2,36 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
+from kcache_cli import fsread
 
-def list_files(path: str) -> tuple:
-    """Every file and symlink under `path` as FileInfo (name relative to `path`, size, link target)."""
+
+def list_files(path: str, warn=None) -> tuple:
+    """Every file and symlink under `path` as FileInfo (name relative to `path`, size, link target).
+
+    Iterative, never following links, at most fsread.MAX_TREE_DEPTH directories deep: a deeper
+    tree lists what came before and, with `warn`, says so."""
     from kcache_cli.model import FileInfo
 
     out = []
-    for dirpath, dirnames, filenames in os.walk(path):
-        dirnames.sort()
-        for n in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
-            full = os.path.join(dirpath, n)
-            rel = os.path.relpath(full, path)
-            try:
-                st = os.lstat(full)
-            except OSError:
-                continue
-            link = os.readlink(full) if os.path.islink(full) else None
-            out.append(FileInfo(rel, st.st_size, link))
+    try:
+        for name, st, link in fsread.walk_files(path):
+            out.append(FileInfo(name, st.st_size, link))
+    except fsread.TreeTooDeep as exc:
+        if warn is not None:
+            warn(f"{exc.strerror}: the files below are not listed")
+    except OSError as exc:
+        if warn is not None and exc.errno != errno.ENOENT:
+            warn(f"cannot list {exc.filename or path}: {exc.strerror}")
     return tuple(out)
 
 
 def sha256_file(path: str) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """sha256 of a regular file, streamed (fsread: no link, FIFO or device is read)."""
+    return fsread.sha256_file(path)
 
 
 def check_manifest(path: str, manifest: str, files: dict) -> list[str]:
@@ -52,7 +51,7 @@ def check_manifest(path: str, manifest: str, files: dict) -> list[str]:
             problems.append(f"{name} is {size} bytes, {manifest} says {rec['size']}")
         elif rec.get("sha256"):
             try:
-                digest = sha256_file(full)
+                digest = fsread.sha256_file(full, base=path)
             except OSError as exc:
                 problems.append(f"cannot read {name}: {exc.strerror}")
                 continue
@@ -62,24 +61,8 @@ def check_manifest(path: str, manifest: str, files: dict) -> list[str]:
 
 
 def read_text(path: str, limit: int = 1 << 20) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read(limit).decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
-def read_json(path: str | os.PathLike) -> dict | None:
-    """The JSON object in the file at `path`, or None when it is missing, unreadable, not JSON or not an
-    object (the one JSON-or-None reader: every caller treats all of those alike)."""
-    import json
-
-    try:
-        with open(path, "rb") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    """A text file, cut at `limit` bytes, or None (missing, or not a regular file: fsread)."""
+    return fsread.read_text(path, limit)
 
 
 def size_mismatch(manifest: str, listed: object, names: dict[str, int]) -> str | None:
@@ -121,11 +104,8 @@ def elf_truncated(name: str, head: bytes, size: int) -> str | None:
 
 
 def read_head(path: str, n: int = 64) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read(n)
-    except OSError:
-        return b""
+    """The first `n` bytes of a regular file, b"" when it cannot be read (fsread)."""
+    return fsread.read_head(path, n)
 
 
 def changed_since(mtimes: dict[str, float] | None, marker: str, names=None) -> bool:
@@ -158,25 +138,26 @@ def unreadable(path: str) -> str | None:
 
 
 def read_every_byte(path: str) -> str | None:
-    """Read every file under `path` to the end (links are not followed). Returns why one could not be
-    read: a permission problem says 'unreadable', any other error is the caller's corruption."""
-    for dirpath, dirnames, filenames in os.walk(path):
-        dirnames.sort()
-        for n in sorted(filenames):
-            full = os.path.join(dirpath, n)
-            if os.path.islink(full):
+    """Read every file under `path` to the end (links are not followed, FIFOs and devices are never
+    opened: fsread). Returns why one could not be read: a permission problem says 'unreadable', any
+    other error is the caller's corruption."""
+    try:
+        for rel, _st, link in fsread.walk_files(path):
+            if link is not None:
                 continue
+            full = os.path.join(path, rel)
             why = unreadable(full)
             if why:
-                return why.replace(n, os.path.relpath(full, path), 1)
+                return why.replace(os.path.basename(full), rel, 1)
             try:
-                with open(full, "rb") as f:
-                    while f.read(1 << 20):
-                        pass
+                for _ in fsread.iter_chunks(full, base=path):
+                    pass
             except PermissionError:
-                return f"{os.path.relpath(full, path)} is unreadable (permission denied)"
+                return f"{rel} is unreadable (permission denied)"
             except OSError as exc:
-                return f"cannot read {os.path.relpath(full, path)}: {exc.strerror}"
+                return f"cannot read {rel}: {exc.strerror or exc}"
+    except fsread.TreeTooDeep as exc:
+        return f"{os.path.basename(path)}: {exc.strerror}"
     return None
 
 

@@ -22,12 +22,12 @@ from kcache_cli import state
 from kcache_cli.errors import KcacheError, UsageError
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, Entry, ScanFilter, Warn,
                               iso, measure_tree)
-from kcache_cli.scan import listdir
 
 STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer
 BROKEN = (PARTIAL, FAILED, CORRUPT, STALE)  # never UNREADABLE: a permission problem is not damage
 # What a removal takes away.
 ENTRY, CANDIDATES, TEMP, STAGING, LINK = "entry", "candidates", "temp", "staging", "link"
+LEFTOVER = "leftover"  # a killed import's staging dir or export's temp file (kcache_cli.state)
 GC_LOCK = ".gc.lock"  # in .kcache/locks/: one prune or clear acts on a root at a time
 
 
@@ -45,7 +45,7 @@ class Removal:
     path: str  # absolute path of what goes
     relpath: str
     size: int
-    what: str  # ENTRY, CANDIDATES, TEMP, STAGING or LINK
+    what: str  # ENTRY, CANDIDATES, TEMP, STAGING, LINK or LEFTOVER
     why: str
     lock: str | None = None  # relpath whose kcache entry lock is held while renaming
     requires: tuple[str, ...] = ()  # relpaths that must be gone first (a program's scripts, a binary's kernels)
@@ -118,9 +118,10 @@ class DeletePlan:
 
 # ---- selection -----------------------------------------------------------------------------------
 def _layout(e: Entry):
-    from kcache_cli.layouts import get
+    """The layout of `e` (kcache's own leftovers, "kcache" import/export temp files, have none)."""
+    from kcache_cli import layouts
 
-    return get(e.layout)
+    return layouts.get(e.layout) if e.layout in layouts.NAMES else _NO_LAYOUT
 
 
 def _provides(e: Entry) -> bool:
@@ -242,6 +243,21 @@ class _Planner:
             self._dirs_ok[rel] = bad
         return self._dirs_ok[rel]
 
+    def shape_problem(self, e: Entry, relpath: str | None = None) -> str | None:
+        """Why `e` is left alone: it does not have the exact shape of an entry of its layout (positive
+        evidence, checked by the layout itself); None when it does. With `relpath` (a temp or staging
+        leftover) the path alone is judged."""
+        names: frozenset[str] | None = None
+        if relpath is None:
+            try:
+                names = frozenset(os.listdir(e.path))
+            except OSError:
+                names = None  # unreadable: judged by its path alone
+        bad = _layout(e).shape_problem(relpath or e.relpath, e.kind, names, self.root)
+        if bad is None:
+            return None
+        return f"left alone: not shaped like a {e.layout} {e.kind} entry ({bad})"
+
     # -- choosing
     def skip(self, e: Entry, why: str) -> None:
         self.skipped.setdefault(e.path, Skip(e, why))
@@ -261,6 +277,10 @@ class _Planner:
             return []
         if _is_leftover(e):
             return self._select_leftover(e)
+        bad = None if link else self.shape_problem(e)
+        if bad is not None:
+            self.skip(e, bad)
+            return []
         if link:
             r = Removal(e, e.path, e.relpath, e.size, LINK, why)
         else:
@@ -275,6 +295,10 @@ class _Planner:
         for x in layout.leftover_parts(e, self.warn):  # one per write (tilelang's .staging/cuda-binaries/)
             left = layout.leftover(x) or layout.leftover(e)
             assert left is not None, "a part of a leftover is a leftover"
+            bad = self.shape_problem(x, relpath=x.relpath)
+            if bad is not None:
+                self.skip(x, bad)
+                continue
             if self.now - x.modified < STALE_AFTER:
                 self.skip(x, "in flight: written to less than an hour ago")
                 continue
@@ -327,7 +351,7 @@ def _strays(root: Path, flt: ScanFilter, warn: Warn, layouts: Iterable[str]) -> 
     from kcache_cli.scan import ScanContext
 
     ctx = ScanContext(Path(root), warn, {})
-    out = []
+    out: list[Entry] = []
     for name in layouts:
         if not flt.layouts or name in flt.layouts:
             out.extend(e for e in get(name).stray_links(ctx, flt) if flt.matches(e))
@@ -394,6 +418,7 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
             p.skip(e, "a build holds its lock (in progress)")
         else:
             p.select(e, "stale")
+    _select_kcache_leftovers(p, root, collect)
     if broken:  # 2. broken entries (and symlinks where entries belong)
         _select_broken(p, root, regular, collect, result.layouts)
     p.learn_users(regular)  # 3. unused for too long (a provider is used when its users are)
@@ -426,7 +451,9 @@ def _select_inner_leftovers(p: _Planner, regular: list[Entry], warn: Warn) -> di
             continue
         for left in _layout(e).inner_leftovers(e):
             path = os.path.join(e.path, left.name)
-            if not os.path.isdir(path) or os.path.islink(path):
+            if not os.path.isdir(path) or os.path.islink(path) or p.link_in_path(f"{e.relpath}/{left.name}"):
+                continue
+            if p.shape_problem(e) is not None:
                 continue
             if e.status == BUILDING:
                 p.skip(e, left.busy)
@@ -467,8 +494,24 @@ def _select_until_fits(p: _Planner, regular: list[Entry], last: dict[str, float]
                 p.removals[e.path] = replace(p.removals[e.path], requires=tuple(p.rel(d) for d in deps))
 
 
+def _select_kcache_leftovers(p: _Planner, root: Path, warn: Warn) -> None:
+    """What killed imports and exports left in the root, once their writer is gone."""
+    from kcache_cli.scan import leftover_entries
+
+    for e in leftover_entries(root, warn):
+        if e.status == BUILDING:
+            p.skip(e, f"a running {e.kind} holds it")
+        else:
+            why = "staging of an interrupted import" if e.kind == "import" else "temp file of an interrupted export"
+            p.removals[e.path] = Removal(e, e.path, e.relpath, e.size, LEFTOVER, why)
+
+
+
+
 # ---- acting --------------------------------------------------------------------------------------
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk: delete in place instead of through the trash
+_LINKED = (errno.ELOOP, errno.ENOTDIR)
 
 
 def _flock(fd: int) -> bool:
@@ -491,6 +534,9 @@ class _Executor:
         self.dir_fds: dict[str, int] = {}
         self.pinned: dict[str, int] = {}  # root and .kcache/*: open for the whole run
         self.used_fd: int | None = None
+        self.locks_fd: int | None = None
+        self.mounts: list[str] = []  # mount points inside the root: never crossed
+        self._ident: tuple[int, int] | None = None
 
     # -- directories reached without following symlinks
     def _dir_fd(self, relpath: str) -> int:
@@ -525,50 +571,118 @@ class _Executor:
         self.pinned[relpath] = fd
         return fd
 
+    def _refuse(self, relpath: str, exc: OSError) -> KcacheError:
+        if exc.errno in _LINKED:
+            return KcacheError(f"{self.root / relpath} is a symlink or not a directory: kcache never writes "
+                               "through a link; nothing was removed")
+        return KcacheError(f"cannot write to {self.root / relpath}: {exc.strerror or exc}; nothing was removed")
+
+    def _lock_gc(self) -> int:
+        """Pin .kcache/ and .kcache/locks/ and take the gc lock (saying so while it waits). On a full disk
+        where they cannot be created, the lock is taken on the deepest directory that exists."""
+        sd = state.STATE_DIR
+        gc = None
+        try:
+            self._pin(sd, create=True)
+            self.locks_fd = self._pin(f"{sd}/locks", create=True)
+            gc = os.open(GC_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self.locks_fd)
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE:
+                raise self._refuse(f"{sd}/locks" if sd in self.pinned else sd, exc) from None
+            self.warnings.append(f"no space left in {self.root}: removing in place, without the trash")
+            gc = os.dup(self.pinned.get(f"{sd}/locks", self.pinned.get(sd, self.pinned[""])))
+        if not _flock(gc):
+            if self.on_wait:
+                self.on_wait()
+            from kcache_cli.locking import wait_flock
+
+            wait_flock(gc)
+        return gc
+
+    def _check_pins(self) -> None:
+        """After waiting for the gc lock: .kcache/ and its locks/ must still be the directories pinned
+        (one swapped for a link meanwhile is refused, never followed)."""
+        for rel, fd in list(self.pinned.items()):
+            if not rel:
+                continue
+            parent = self.pinned[rel.rpartition("/")[0]]
+            try:
+                now = os.open(rel.rpartition("/")[2], _DIR_FLAGS, dir_fd=parent)
+            except OSError as exc:
+                raise self._refuse(rel, exc) from None
+            try:
+                a, b = os.fstat(now), os.fstat(fd)
+            finally:
+                os.close(now)
+            if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+                raise KcacheError(f"{self.root / rel} was replaced while waiting for the gc lock; nothing was removed")
+
+    def _trash(self) -> int | None:
+        """Pin .kcache/trash/, empty what earlier runs left, and make this run's batch in it; None when the
+        disk is full (removals then happen in place)."""
+        sd = state.STATE_DIR
+        if f"{sd}/locks" not in self.pinned:
+            return None
+        try:
+            trash_fd = self._pin(f"{sd}/trash", create=True)
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                self.warnings.append(f"no space left in {self.root}: removing in place, without the trash")
+                return None
+            raise self._refuse(f"{sd}/trash", exc) from None
+        self._empty_trash()  # what an interrupted run left behind
+        batch = f"{os.getpid()}-{time.time_ns()}"
+        try:
+            os.mkdir(batch, 0o700, dir_fd=trash_fd)
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                self.warnings.append(f"no space left in {self.root}: removing in place, without the trash")
+                return None
+            raise self._refuse(f"{sd}/trash/{batch}", exc) from None
+        return os.open(batch, _DIR_FLAGS, dir_fd=trash_fd)
+
     def run(self) -> DeleteResult:
         sd = state.STATE_DIR
         if not self.plan.removals and not os.path.isdir(self.root / sd):
             return DeleteResult(self.plan.root, (), tuple(self.skipped), (), 0, (), tuple(self.warnings))
+        from kcache_cli import fsdelete
+
+        self.mounts = fsdelete.mount_points_under(os.path.realpath(self.root))
         try:
             self.pinned[""] = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            self._pin(sd, create=True)
-            locks_fd = self._pin(f"{sd}/locks", create=True)
-            trash_fd = self._pin(f"{sd}/trash", create=True)
-            gc = os.open(GC_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=locks_fd)
+            gc = self._lock_gc()
         except OSError as exc:
             self._close_all()
-            raise KcacheError(f"cannot write to {self.root / sd}: {exc.strerror or exc}; nothing was removed")
-        try:
-            self.used_fd = self._pin(f"{sd}/used", create=False)
-        except OSError:
-            self.used_fd = None
+            raise KcacheError(f"cannot open {self.root}: {exc.strerror or exc}; nothing was removed") from None
+        except KcacheError:
+            self._close_all()
+            raise
         removed_dirs: list[str] = []
         try:
-            if not _flock(gc):
-                if self.on_wait:
-                    self.on_wait()
-                from kcache_cli.locking import wait_flock
-
-                wait_flock(gc)
-            self._empty_trash()  # what an interrupted run left behind
-            batch = f"{os.getpid()}-{time.time_ns()}"
-            os.mkdir(batch, 0o700, dir_fd=trash_fd)
-            batch_fd = os.open(batch, _DIR_FLAGS, dir_fd=trash_fd)
-            deleter = _Deleter(self.root / sd / "trash" / batch, self.warnings)
+            self._check_pins()
+            try:
+                self.used_fd = self._pin(f"{sd}/used", create=False) if sd in self.pinned else None
+            except OSError:
+                self.used_fd = None
+            batch_fd = self._trash()
+            deleter = _Deleter(batch_fd, f"{sd}/trash", self.errors) if batch_fd is not None else None
             try:
                 for i, r in enumerate(self.plan.removals):
-                    moved = self._remove(r, i, locks_fd, batch_fd)
-                    if moved is not None:
+                    moved = self._remove(r, i, batch_fd)
+                    if moved is not None and deleter is not None:
                         deleter.put(moved, r.path)
                     if self.progress:
                         self.progress(r)
             finally:
-                deleter.finish()
-                os.close(batch_fd)
-            self._empty_trash()
+                if deleter is not None:
+                    deleter.finish()
+                if batch_fd is not None:
+                    os.close(batch_fd)
+            if batch_fd is not None:
+                self._empty_trash()
             removed_dirs = self._remove_empty_parents()
-            if self.plan.tidy_state:
-                self._tidy_state(locks_fd)
+            if self.plan.tidy_state and self.locks_fd is not None:
+                self._tidy_state(self.locks_fd)
         finally:
             os.close(gc)
             self._close_all()
@@ -585,88 +699,166 @@ class _Executor:
     def _skip(self, r: Removal, why: str) -> None:
         self.skipped.append(Skip(r.entry, why))
 
-    def _remove(self, r: Removal, i: int, locks_fd: int, batch_fd: int) -> str | None:
-        """Rename one thing into the trash, holding its locks; the name in the trash, or None."""
+    def _mount_inside(self, r: Removal) -> str | None:
+        if not self.mounts:
+            return None
+        real = os.path.join(os.path.realpath(self.root), r.relpath)
+        return next((m for m in self.mounts if m == real or m.startswith(real + "/")), None)
+
+    def _remove(self, r: Removal, i: int, batch_fd: int | None) -> str | None:
+        """Rename one thing into the trash (or remove it in place), holding its locks; the name in the
+        trash, or None."""
         missing = [q for q in r.requires if q not in self.gone and os.path.lexists(self.root / q)]
         if missing:
             return self._skip(r, f"still used by {missing[0]}, which was not removed")
+        mount = self._mount_inside(r)
+        if mount is not None:
+            return self._skip(r, f"holds the mount point {mount}: never crossed")
         head, _, name = r.relpath.rpartition("/")
         try:
             parent = self._dir_fd(head)
         except FileNotFoundError:
             return self._skip(r, "already gone")
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            if exc.errno in _LINKED:
                 return self._skip(r, "reached through a symlink: never followed out of the cache")
             return self._fail(r, exc)
+        if r.what == LEFTOVER:
+            return self._remove_leftover(r, parent, name)
         held: list[int] = []
+        self._ident = None  # what is renamed must be what was locked and checked
         try:
-            if r.lock is not None:
-                # A kcache build creates its lock file before it compiles and touches an existing entry only
-                # after compiling: with no lock file now, no build can replace this entry while we rename
-                # it, so no lock file is created for it (removing 100,000 entries leaves no 100,000 locks).
-                try:
-                    fd = os.open(state.lock_path(self.root, r.lock).name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                 dir_fd=locks_fd)
-                except FileNotFoundError:
-                    fd = None
-                if fd is not None:
-                    held.append(fd)
-                    if not _flock(fd):
-                        return self._skip(r, "a kcache build holds its lock (in progress)")
-            if r.what in (ENTRY, CANDIDATES):
-                try:  # the entry's own directory (for candidates/: the parent already open)
-                    efd = os.open(name, _DIR_FLAGS, dir_fd=parent) if r.what == ENTRY else os.dup(parent)
-                except FileNotFoundError:
-                    return self._skip(r, "already gone")
-                except OSError as exc:
-                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):  # a link since the scan: renamed as one
-                        return self._fail(r, exc)
-                    efd = None
-                if efd is not None:
-                    held.append(efd)
-                    if r.what == ENTRY and os.fstat(efd).st_mtime > r.entry.modified:
-                        return self._skip(r, "changed since the scan (in use, or rebuilt)")
-                    for own in _layout(r.entry).writer_locks:
-                        try:
-                            fd = os.open(own, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=efd)
-                        except OSError:
-                            continue
-                        held.append(fd)
-                        if not _flock(fd):
-                            return self._skip(r, f"{r.entry.layout} holds the entry's {own} (in use)")
-                    now_status = _status_now(r.entry, self.root) if r.recheck else None
-                    if now_status is not None and now_status not in BROKEN:
-                        why = "finished" if now_status == COMPLETE else "changed"
-                        return self._skip(r, f"{now_status} by now ({why} after the scan)")
-            elif r.what in (TEMP, STAGING):
-                if time.time() - measure_tree(r.path, lambda m: None).mtime < STALE_AFTER:
-                    return self._skip(r, "in flight: written to less than an hour ago")
-            moved = f"{i}-{name}"
-            try:
-                os.rename(name, moved, src_dir_fd=parent, dst_dir_fd=batch_fd)
-            except FileNotFoundError:
-                return self._skip(r, "already gone")
-            except OSError as exc:
-                if exc.errno != errno.EXDEV:
-                    return self._fail(r, exc)
-                # the trash is on another filesystem (a mount inside the cache): remove in place
-                if not _delete_tree(r.path):
-                    return self._fail(r, exc)
-                moved = None
-            self.removed.append(r)
-            self.gone.add(r.relpath)
-            if r.what == ENTRY:
-                self._drop_stamp(r.relpath)
-            return moved
+            why = self._hold_locks(r, parent, name, held)
+            if why is not None:
+                return self._skip(r, why)
+            return self._move(r, i, parent, name, batch_fd)
         except OSError as exc:
             return self._fail(r, exc)
         finally:
             for fd in held:
                 os.close(fd)
 
+    def _hold_locks(self, r: Removal, parent: int, name: str, held: list[int]) -> str | None:
+        """Take the removal's locks (kept in `held`); the reason to keep it instead, or None."""
+        if r.lock is not None and self.locks_fd is not None:
+            # A kcache build creates its lock file before it compiles and touches an existing entry only
+            # after compiling: with no lock file now, no build can replace this entry while we rename
+            # it, so no lock file is created for it (removing 100,000 entries leaves no 100,000 locks).
+            try:
+                fd = os.open(state.lock_path(self.root, r.lock).name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=self.locks_fd)
+            except FileNotFoundError:
+                fd = None
+            if fd is not None:
+                held.append(fd)
+                if not _flock(fd):
+                    return "a kcache build holds its lock (in progress)"
+        if r.what in (ENTRY, CANDIDATES):
+            try:  # the entry's own directory (for candidates/: the parent already open)
+                efd = os.open(name, _DIR_FLAGS, dir_fd=parent) if r.what == ENTRY else os.dup(parent)
+            except FileNotFoundError:
+                return "already gone"
+            except OSError as exc:
+                if exc.errno not in _LINKED:  # a link since the scan: renamed as one
+                    raise
+                efd = None
+            if efd is not None:
+                held.append(efd)
+                est = os.fstat(efd)
+                self._ident = (est.st_dev, est.st_ino)
+                if r.what == ENTRY and est.st_mtime > r.entry.modified:
+                    return "changed since the scan (in use, or rebuilt)"
+                for own in _layout(r.entry).writer_locks:
+                    try:
+                        fd = os.open(own, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=efd)
+                    except OSError:
+                        continue
+                    held.append(fd)
+                    if not _flock(fd):
+                        return f"{r.entry.layout} holds the entry's {own} (in use)"
+                now_status = _status_now(r.entry, self.root) if r.recheck else None
+                if now_status is not None and now_status not in BROKEN:
+                    why = "finished" if now_status == COMPLETE else "changed"
+                    return f"{now_status} by now ({why} after the scan)"
+        elif r.what in (TEMP, STAGING):
+            if time.time() - measure_tree(r.path, lambda m: None).mtime < STALE_AFTER:
+                return "in flight: written to less than an hour ago"
+        return None
+
+    def _move(self, r: Removal, i: int, parent: int, name: str, batch_fd: int | None) -> str | None:
+        """Rename into the batch; in place when there is no trash, the trash is on another filesystem
+        (the entry sits on a mount inside the cache) or the disk is too full to rename."""
+        moved = f"{i}-{name}"
+        try:
+            before = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if r.what == LINK and not stat.S_ISLNK(before.st_mode):
+                return self._skip(r, "no longer a symlink (replaced since the scan)")
+            if r.what == ENTRY and self._ident not in (None, (before.st_dev, before.st_ino)):
+                return self._skip(r, "replaced since it was locked")
+            if batch_fd is None:
+                raise OSError(errno.ENOSPC, "no trash")
+            os.rename(name, moved, src_dir_fd=parent, dst_dir_fd=batch_fd)
+            after = os.stat(moved, dir_fd=batch_fd, follow_symlinks=False)
+            if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):  # swapped in between: put back
+                from kcache_cli import fsdelete
+
+                fsdelete.rename_noreplace_at(batch_fd, moved, parent, name)
+                return self._skip(r, "replaced while being removed")
+        except FileNotFoundError:
+            return self._skip(r, "already gone")
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, *_NO_SPACE):
+                return self._fail(r, exc)
+            from kcache_cli import fsdelete
+
+            done = fsdelete.remove_tree(parent, name, label=r.relpath)
+            if not done.gone:
+                return self._fail_text(r, "; ".join(done.problems[:3]))
+            moved = ""
+        self.removed.append(r)
+        self.gone.add(r.relpath)
+        if r.what == ENTRY:
+            self._drop_stamp(r.relpath)
+        return moved or None
+
+    def _remove_leftover(self, r: Removal, parent: int, name: str) -> None:
+        """An import's staging dir or an export's temp file: removed while this run holds the flock its
+        writer would hold, and only if its writer is gone."""
+        from kcache_cli import fsdelete
+
+        is_dir = r.entry.kind == "import"
+        flags = (os.O_RDONLY | os.O_DIRECTORY if is_dir else os.O_RDONLY | os.O_NONBLOCK) | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(name, flags, dir_fd=parent)
+        except FileNotFoundError:
+            return self._skip(r, "already gone")
+        except OSError as exc:
+            return self._fail(r, exc)
+        try:
+            if not _flock(fd):
+                return self._skip(r, f"a running {r.entry.kind} holds it")
+            live = state.leftover_live_held(name, os.fstat(fd))
+            if live:
+                return self._skip(r, live)
+            if is_dir:
+                done = fsdelete.remove_tree(parent, name, label=r.relpath)
+                if not done.gone:
+                    return self._fail_text(r, "; ".join(done.problems[:3]))
+            else:
+                os.unlink(name, dir_fd=parent)
+        except OSError as exc:
+            return self._fail(r, exc)
+        finally:
+            os.close(fd)
+        self.removed.append(r)
+        self.gone.add(r.relpath)
+        return None
+
     def _fail(self, r: Removal, exc: OSError) -> None:
-        self.errors.append((r.path, f"cannot remove {r.path}: {exc.strerror or exc}"))
+        self._fail_text(r, exc.strerror or str(exc))
+
+    def _fail_text(self, r: Removal, why: str) -> None:
+        self.errors.append((r.path, f"cannot remove {r.path}: {why}"))
 
     def _drop_stamp(self, relpath: str) -> None:
         if self.used_fd is not None:
@@ -677,17 +869,30 @@ class _Executor:
 
     def _empty_trash(self) -> None:
         """Everything in the trash but a build's own (`build-*`, there for the instant a rebuilt entry
-        replaces the old one) unless an hour old: holding the gc lock, no other prune or clear is running."""
-        trash = self.root / state.STATE_DIR / "trash"
+        replaces the old one) unless an hour old: holding the gc lock, no other prune or clear is running.
+        Through the pinned trash descriptor only: a `trash` swapped for a link is never followed."""
+        from kcache_cli import fsdelete
+
+        trash = f"{state.STATE_DIR}/trash"
+        fd = self.pinned[trash]
         now = time.time()
-        for de in listdir(str(trash), lambda m: None):
+        try:
+            names = sorted(os.listdir(fd))
+        except OSError as exc:
+            self.errors.append((str(self.root / trash), f"cannot read {self.root / trash}: {exc.strerror}"))
+            return
+        for name in names:
             try:
-                if de.name.startswith("build-") and now - de.stat(follow_symlinks=False).st_ctime < STALE_AFTER:
-                    continue
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except OSError:
                 continue
-            if not _delete_tree(de.path):
-                self.warnings.append(f"could not empty {de.path} (the next prune retries)")
+            if name.startswith("build-") and now - st.st_ctime < STALE_AFTER:
+                continue
+            done = fsdelete.remove_tree(fd, name, label=f"{trash}/{name}")
+            if not done.gone:
+                path = str(self.root / trash / name)
+                self.errors.append((path, f"could not empty {path} (the next prune retries): "
+                                          + "; ".join(done.problems[:3])))
 
     def _remove_empty_parents(self) -> list[str]:
         """hidet op and space directories, tilus script op directories, left empty by this run. A
@@ -714,7 +919,7 @@ class _Executor:
             # A kcache build takes its entry's lock before it makes the op directory and its temp dir in
             # it: holding every lock below this directory keeps a build from finding it gone in between.
             if lock_names is None:
-                lock_names = sorted(os.listdir(self.pinned[f"{state.STATE_DIR}/locks"]))
+                lock_names = sorted(os.listdir(self.locks_fd)) if self.locks_fd is not None else []
             prefix = state._stamp_name(rel + "/")
             held: list[int] = []
             try:
@@ -734,8 +939,7 @@ class _Executor:
 
     def _hold(self, lock_name: str, held: list[int]) -> bool:
         try:
-            fd = os.open(lock_name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         dir_fd=self.pinned[f"{state.STATE_DIR}/locks"])
+            fd = os.open(lock_name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.locks_fd)
         except FileNotFoundError:
             return True
         held.append(fd)
@@ -748,19 +952,20 @@ class _Executor:
             if not os.path.lexists(self.root / rel):
                 self._drop_stamp(rel)
         now = time.time()
-        for de in listdir(str(state.locks_dir(self.root)), lambda m: None):
-            if not de.name.endswith(".lock") or de.name.startswith("."):
+        for name in sorted(os.listdir(locks_fd)):
+            if not name.endswith(".lock") or name.startswith("."):
                 continue
-            rel = state._relpath_of_stamp(de.name[:-5])
+            rel = state._relpath_of_stamp(name[:-5])
             try:
-                if now - de.stat(follow_symlinks=False).st_mtime < STALE_AFTER or os.path.lexists(self.root / rel):
+                st = os.stat(name, dir_fd=locks_fd, follow_symlinks=False)
+                if now - st.st_mtime < STALE_AFTER or os.path.lexists(self.root / rel):
                     continue
-                fd = os.open(de.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=locks_fd)
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=locks_fd)
             except OSError:
                 continue
             try:
                 if _flock(fd) and not os.path.lexists(self.root / rel):
-                    os.unlink(de.name, dir_fd=locks_fd)
+                    os.unlink(name, dir_fd=locks_fd)
             except OSError:
                 pass
             finally:
@@ -768,18 +973,20 @@ class _Executor:
 
 
 class _Deleter:
-    """Empties the trash in worker threads while the main thread renames entries into it. Deleting is
-    waiting on the disk (unlinks, rmdirs), and disks serve several at once: 4 threads delete about
-    twice as fast as one (and than `rm -rf`) on the disks measured; see bench/bench_prune.py."""
+    """Empties the trash batch in worker threads while the main thread renames entries into it. Deleting
+    is waiting on the disk (unlinks, rmdirs), and disks serve several at once: 4 threads delete about
+    twice as fast as one (and than `rm -rf`) on the disks measured; see bench/bench_prune.py. Each
+    works relative to the batch's descriptor (kcache_cli.fsdelete), never by path."""
 
     THREADS = 4
 
-    def __init__(self, batch: Path, warnings: list[str]):
+    def __init__(self, batch_fd: int, where: str, errors: list[tuple[str, str]]):
         import queue
         import threading
 
-        self.batch = batch
-        self.warnings = warnings
+        self.batch_fd = batch_fd
+        self.where = where
+        self.errors = errors
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.threads = [threading.Thread(target=self._run, name=f"kcache-trash-{i}", daemon=True)
                         for i in range(self.THREADS)]
@@ -796,63 +1003,17 @@ class _Deleter:
             t.join()
 
     def _run(self) -> None:
+        from kcache_cli import fsdelete
+
         while True:
             item = self.queue.get()
             if item is None:
                 return
             name, origin = item
-            if not _delete_tree(self.batch / name):
-                self.warnings.append(f"could not delete all of {origin} (moved to the trash; the next prune "
-                                     "retries)")
-
-
-def _delete_tree(path) -> bool:
-    """rm -rf of something in the trash: links are unlinked, never followed; a directory we cannot
-    write to is made writable (it is ours, in the trash) and retried."""
-    import shutil
-
-    failed: list[str] = []
-
-    def retry(func, p, exc) -> None:
-        err = exc if isinstance(exc, BaseException) else exc[1]
-        if isinstance(err, FileNotFoundError):
-            return
-        if isinstance(err, PermissionError):
-            try:
-                parent = os.path.dirname(p)
-                os.chmod(parent, stat.S_IRWXU)
-                if func in (os.rmdir, os.unlink) or getattr(func, "__name__", "") in ("rmdir", "unlink"):
-                    func(p)
-                    return
-                if os.path.isdir(p) and not os.path.islink(p):
-                    os.chmod(p, stat.S_IRWXU)
-                    shutil.rmtree(p)
-                    return
-            except OSError:
-                pass
-        failed.append(p)
-
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    if not stat.S_ISDIR(st.st_mode):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            return False
-        return True
-    import sys
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=retry)
-    else:
-        shutil.rmtree(path, onerror=retry)
-    return not failed and not os.path.lexists(path)
+            done = fsdelete.remove_tree(self.batch_fd, name, label=f"{self.where}/{name}")
+            if not done.gone:
+                self.errors.append((origin, f"could not delete all of {origin} (moved to the trash; the next "
+                                            f"prune retries): " + "; ".join(done.problems[:3])))
 
 
 def _status_now(e: Entry, root: Path | None = None) -> str:
@@ -862,3 +1023,18 @@ def _status_now(e: Entry, root: Path | None = None) -> str:
     if root is None:
         root = Path(e.path[: len(e.path) - len(e.relpath)] or "/")
     return judge_entry(root, e, deep=True).status
+
+
+def _no_layout():
+    from kcache_cli.layouts.base import Layout
+    from kcache_cli.layouts.shapes import LayoutShape
+
+    class _Own(Layout):
+        """kcache's own leftovers: no shape, no dependencies, nothing held."""
+
+        shape = LayoutShape("kcache", (), "kcache's own leftovers")
+
+    return _Own()
+
+
+_NO_LAYOUT = _no_layout()

@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from kcache_cli.errors import UsageError
+
 
 @dataclass(frozen=True)
 class CacheLocation:
@@ -15,12 +17,25 @@ class CacheLocation:
 
 
 def resolve_cache_dir(cli_value: str | os.PathLike | None = None, package_dir: Path | None = None) -> CacheLocation:
-    if cli_value:
-        return CacheLocation(Path(cli_value).expanduser().absolute(), "--cache-dir")
+    """The cache root. `--cache-dir ""` (an unset shell variable), `/` and the home directory itself
+    are refused (UsageError): kcache deletes inside its root, and neither of those is a cache."""
+    if cli_value is not None:
+        if not os.fspath(cli_value):
+            raise UsageError("--cache-dir is empty (an unset variable?): give the cache's path")
+        return _checked(CacheLocation(Path(cli_value).expanduser().absolute(), "--cache-dir"))
     env = os.environ.get("KCACHE_DIR")
     if env:
-        return CacheLocation(Path(env).expanduser().absolute(), "KCACHE_DIR environment variable")
-    return default_cache_dir(package_dir)
+        return _checked(CacheLocation(Path(env).expanduser().absolute(), "KCACHE_DIR environment variable"))
+    return _checked(default_cache_dir(package_dir))
+
+
+def _checked(loc: CacheLocation) -> CacheLocation:
+    real = os.path.realpath(loc.path)
+    if real == os.path.realpath(os.sep):
+        raise UsageError(f"refusing {loc.path} ({loc.reason}) as a cache root: it is the filesystem root")
+    if real == os.path.realpath(Path.home()):
+        raise UsageError(f"refusing {loc.path} ({loc.reason}) as a cache root: it is the home directory")
+    return loc
 
 
 def default_cache_dir(package_dir: Path | None = None) -> CacheLocation:

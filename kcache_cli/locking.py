@@ -102,7 +102,8 @@ def probe_locked(path: str | os.PathLike) -> bool:
     Opens read-only and never creates the file; a missing file is not locked. (Taking and dropping the
     lock is the probe: closing the descriptor releases it.)"""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a `.lock` that is a FIFO must not hang `ls` (flock on it still answers)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
     try:

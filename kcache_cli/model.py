@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import NamedTuple
 
+from kcache_cli.fsread import MAX_TREE_DEPTH
 from kcache_cli.terms import (  # noqa: F401
     BUILDING,
     COMPLETE,
@@ -217,16 +218,18 @@ class TreeUsage:
 def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
     """Size, file count and newest mtime of a directory tree; never follows symlinks.
 
-    An unreadable directory is a warning and counts as empty, not an exception."""
+    An unreadable directory is a warning and counts as empty, not an exception. Iterative, and at
+    most MAX_TREE_DEPTH directories deep (a deeper tree is a warning; what lies below is not counted)."""
     size = files = 0
     try:
         newest = os.lstat(path).st_mtime
     except OSError as exc:
         warn(f"cannot stat {path}: {exc.strerror}")
         return TreeUsage(0, 0, 0.0)
-    stack = [path]
+    stack = [(path, 0)]
+    too_deep = False
     while stack:
-        d = stack.pop()
+        d, depth = stack.pop()
         try:
             it = os.scandir(d)
         except OSError as exc:
@@ -239,7 +242,11 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                 except OSError:
                     continue
                 if de.is_dir(follow_symlinks=False):
-                    stack.append(de.path)
+                    if depth < MAX_TREE_DEPTH:
+                        stack.append((de.path, depth + 1))
+                    elif not too_deep:
+                        too_deep = True
+                        warn(f"{path}: directories nested more than {MAX_TREE_DEPTH} deep (not counted below)")
                 else:
                     size += st.st_size
                     files += 1

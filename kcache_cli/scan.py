@@ -10,7 +10,14 @@ from typing import Iterator
 
 from kcache_cli import state
 from kcache_cli.errors import UsageError
-from kcache_cli.model import Entry, ScanFilter, ScanResult, TreeUsage, Warn, measure_tree
+from kcache_cli.model import (
+    Entry,
+    ScanFilter,
+    ScanResult,
+    TreeUsage,
+    Warn,
+    measure_tree,
+)
 
 
 @dataclass
@@ -160,9 +167,11 @@ def detect_layouts(root: Path) -> tuple[str, ...]:
     return layouts.detect(root)
 
 
-def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None) -> ScanResult:
+def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None,
+               leftovers: bool = False) -> ScanResult:
     """Every entry under `root` that `flt` keeps. Damaged entries come back with a status;
-    unreadable directories come back as warnings. A missing root is an empty result."""
+    unreadable directories come back as warnings. A missing root is an empty result. With
+    `leftovers`, kcache's own leftovers of killed imports and exports too (layout `kcache`)."""
     root = Path(root)
     warnings: list[str] = []
 
@@ -184,6 +193,8 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
         if flt.layouts and name not in flt.layouts:
             continue
         entries.extend(e for e in get_layout(name).scan(ctx, flt) if flt.matches(e))
+    if leftovers and not flt.layouts:
+        entries.extend(e for e in leftover_entries(root, collect) if flt.matches(e))
     return ScanResult(str(root), True, layouts, tuple(entries), tuple(warnings))
 
 
@@ -241,6 +252,47 @@ def _differing(found: list[Entry]) -> str:
         if len(values) > 1:
             return f"pick one with {' or '.join(f'{option} {v}' for v in values[:4])}, or give its path"
     return "give more digits or the entry's path"
+
+
+def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
+    """kcache's own leftovers in the root: staging dirs of imports (`.kcache/import-*`) and temp files of
+    exports written into the root's top directory (`.<archive>.*.kcache-tmp`). Partial when their
+    writer is gone (prune removes them), building while it runs."""
+    from kcache_cli.terms import BUILDING, PARTIAL
+
+    out: list[Entry] = []
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return out
+    try:
+        places = [("", root_fd)]
+        try:
+            places.append((state.STATE_DIR, os.open(state.STATE_DIR, _DIR_FLAGS | os.O_CLOEXEC, dir_fd=root_fd)))
+        except OSError:
+            pass
+        for where, fd in places:
+            for name in sorted(os.listdir(fd)):
+                pattern = state.EXPORT_TEMP if not where else state.IMPORT_STAGING
+                live = state.leftover_live(fd, name) if pattern.match(name) else None
+                if live is None:
+                    continue
+                rel = f"{where}/{name}" if where else name
+                path = os.path.join(str(root), rel)
+                kind = "import" if where else "export"
+                if where:
+                    usage = measure_tree(path, warn)
+                else:  # a file: its own size
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    usage = TreeUsage(st.st_size, 1, st.st_mtime)
+                reason = (f"{'staging of an import' if where else 'temp file of an export'} "
+                          + ("in progress" if live else "that was interrupted (prune removes it)"))
+                out.append(Entry("kcache", kind, None, None, None, name, path, rel, usage.size, usage.files,
+                                 BUILDING if live else PARTIAL, reason, usage.mtime, usage.mtime))
+    finally:
+        for _, fd in places:
+            os.close(fd)
+    return out
 
 
 def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilter = ScanFilter()) -> Entry:

@@ -3,7 +3,10 @@ and the temp directories of builds in flight."""
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import stat
 import time
 from pathlib import Path
 
@@ -66,8 +69,11 @@ def load_last_used(root: Path) -> dict[str, float]:
 
 
 def mark_used(root: Path, relpath: str, now: float | None = None) -> None:
-    """Refresh an entry's last-used stamp, at most once an hour; never fails the caller."""
+    """Refresh an entry's last-used stamp, at most once an hour; never fails the caller. Never
+    through a symlinked .kcache/ or used/ (the stamp would land wherever the link points)."""
     now = time.time() if now is None else now
+    if linked_state_dir(root, ("used",)) is not None:
+        return
     stamp = used_dir(root) / _stamp_name(relpath)
     try:
         if now - stamp.stat().st_mtime < STAMP_REFRESH:
@@ -80,3 +86,141 @@ def mark_used(root: Path, relpath: str, now: float | None = None) -> None:
         os.utime(stamp, (now, now))
     except OSError:
         pass  # a read-only cache still works; last use falls back to mtime
+
+
+# ---- cache directory tag (https://bford.info/cachedir/) ---------------------------------------
+CACHEDIR_TAG = "CACHEDIR.TAG"
+CACHEDIR_SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"
+_TAG_TEXT = (CACHEDIR_SIGNATURE + b"\n# This file is a cache directory tag created by kcache.\n"
+             b"# For information about cache directory tags, see https://bford.info/cachedir/\n")
+
+
+def has_cachedir_tag(root: Path) -> bool:
+    """A regular CACHEDIR.TAG starting with the standard signature: evidence that `root` is a cache."""
+    try:
+        fd = os.open(os.path.join(root, CACHEDIR_TAG), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, len(CACHEDIR_SIGNATURE)) == CACHEDIR_SIGNATURE
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def write_cachedir_tag(root: Path) -> None:
+    """Tag a root kcache created (backup tools skip it; kcache takes it as evidence). Never fails."""
+    try:
+        fd = os.open(os.path.join(root, CACHEDIR_TAG), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return
+    try:
+        os.write(fd, _TAG_TEXT)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def make_root(root: Path) -> bool:
+    """Create `root` (and its missing parents) when it does not exist, tagged; True if it was created."""
+    if os.path.lexists(root):
+        return False
+    try:
+        os.makedirs(root, exist_ok=False)
+    except FileExistsError:
+        return False
+    write_cachedir_tag(root)
+    return True
+
+
+def linked_state_dir(root: Path, subdirs: tuple[str, ...] = ("locks", "used")) -> str | None:
+    """.kcache or one of its `subdirs` that exists as something other than a real directory (a
+    symlink above all), or None. kcache never writes through such a link."""
+    for rel in (STATE_DIR, *(f"{STATE_DIR}/{s}" for s in subdirs)):
+        try:
+            st = os.lstat(os.path.join(root, rel))
+        except FileNotFoundError:
+            if rel == STATE_DIR:
+                return None
+            continue
+        except OSError:
+            return rel
+        if not stat.S_ISDIR(st.st_mode):
+            return rel
+    return None
+
+
+# ---- leftovers of killed imports and exports -----------------------------------------------------
+IMPORT_STAGING = re.compile(r"^import-(\d+)-[0-9a-f]+$")  # <root>/.kcache/import-<pid>-<random>/
+EXPORT_TEMP = re.compile(r"^\..+\.kcache-tmp$")  # .<archive name>.<random>.kcache-tmp beside the archive
+STALE_STAGING = 24 * 3600.0  # an unlocked staging dir whose pid is alive is left this long
+
+
+def _flock_free(fd: int) -> bool:
+    """True when nobody holds a flock on `fd`'s file (the lock is dropped at once)."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, ValueError, OverflowError):
+        return True  # another user's process (EPERM): alive
+    return True
+
+
+EXPORT_GRACE = 60.0  # an unlocked export temp file this fresh may be one whose writer has not locked it yet
+
+
+def leftover_live_held(name: str, st: os.stat_result, now: float | None = None) -> str | None:
+    """With the leftover's flock held by the caller (so no kcache writer holds it): why it may still be
+    in use, or None. An import staging dir of an older kcache (no flock) is live while its pid runs,
+    for a day; an export temp file for a minute after its last write."""
+    now = time.time() if now is None else now
+    staging = IMPORT_STAGING.match(name)
+    if staging is not None:
+        pid, age = int(staging.group(1)), now - st.st_mtime
+        if pid_alive(pid) and age < STALE_STAGING:
+            return f"its import (pid {pid}) may still be running"
+        return None
+    if now - st.st_mtime < EXPORT_GRACE:
+        return "written to less than a minute ago"
+    return None
+
+
+def leftover_live(dir_fd: int, name: str, now: float | None = None) -> bool | None:
+    """Is this import staging dir or export temp file still held by its writer? None when it is not
+    a leftover at all (wrong type, a link). Writers hold a flock on it while they run."""
+    staging = IMPORT_STAGING.match(name)
+    if staging is None and not EXPORT_TEMP.match(name):
+        return None
+    flags = (os.O_RDONLY | os.O_DIRECTORY if staging else os.O_RDONLY | os.O_NONBLOCK) | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if staging is None and not stat.S_ISREG(st.st_mode):
+            return None
+        if not _flock_free(fd):
+            return True
+        return leftover_live_held(name, st, now) is not None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -84,3 +84,15 @@ def parse_task(data: bytes, source: str = "task.txt") -> TaskInfo:
         return tuple(tensors.get(n, TensorSpec(n, "?", ())) for n in _names(fields.get(key, "")))
 
     return TaskInfo(name, specs("inputs"), specs("outputs"), fields.get("attributes"))
+
+
+MAX_TASK_BYTES = 1 << 20  # hidet's task strings are a few KB
+
+
+def read_task_file(path: str, base: str | None = None) -> bytes:
+    """The exact bytes of a task file: a regular file of at most MAX_TASK_BYTES (fsread: a FIFO or
+    a device such as /dev/zero is refused). Inside a cache entry (`base`) a symlink is refused too;
+    a task file the user names may be a link. OSError says why it cannot be read."""
+    from kcache_cli.fsread import read_bytes
+
+    return read_bytes(path, MAX_TASK_BYTES, base=base, follow=base is None)

@@ -89,6 +89,8 @@ def check_entry(root: Path, entry: Entry) -> EntryCheck:
     except OSError as exc:
         status = UNREADABLE if isinstance(exc, PermissionError) else CORRUPT
         return EntryCheck(entry, status, (f"cannot read the entry: {exc.strerror}",))
+    except RecursionError:  # a second net: the walks and JSON reads are bounded (fsread)
+        return EntryCheck(entry, CORRUPT, ("nested too deeply to check",))
     problems = list(details.problems)
     if details.status != COMPLETE and details.reason and details.reason not in problems:
         problems.insert(0, details.reason)

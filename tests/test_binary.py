@@ -413,7 +413,7 @@ def test_empty_file(tmp_path):
 
 def test_missing_directory_and_odd_paths(tmp_path):
     assert _read_fast(tmp_path / "nope").error.startswith("cannot read file")
-    assert _read_fast(tmp_path).error == "not a regular file"
+    assert _read_fast(tmp_path).error == "not a regular file: a directory, never read"
     assert read_binary(str(tmp_path / "nul\0byte")).error is not None
     assert read_binary(12345).format == "unknown"  # type: ignore[arg-type]
 

@@ -768,8 +768,8 @@ def test_plan_is_frozen_and_is_the_dry_run(fixture_copy):
     assert listing(root) == before
     assert plan.expected_freed_size == plan.scanned_size == sum(e.size for e in scan_cache(root).entries)
     assert plan.size_after == 0 and plan.entries == 5
-    with pytest.raises(Exception):
-        plan.removals = ()  # frozen
+    with pytest.raises(AttributeError):  # frozen (dataclasses.FrozenInstanceError)
+        plan.removals = ()  # type: ignore[misc]
     result = plan.execute()
     assert result.freed == plan.expected_freed_size and result.entries == 5 and not result.errors
     assert entries(root) == set()

@@ -374,7 +374,7 @@ def test_sources_only_leaves_triton_kernels_out(kcache, cache, tmp_path):
     r = kcache("--cache-dir", cache, "export", tmp_path / "s.tar", "--sources-only", "--json")
     assert r.exit_code == 0 and r.json()["exported"] == []
     assert {x["relpath"] for x in r.json()["left_out"]} == set(KERNELS)
-    assert all("binaries" in x["reason"] for x in r.json()["left_out"])
+    assert all("--sources-only" in x["reason"] for x in r.json()["left_out"])
 
 
 def test_import_rejects_a_triton_entry_in_the_wrong_place(tmp_path):
@@ -435,11 +435,11 @@ def test_a_reader_never_sees_half_a_group_file(cache):
 def test_dir_all_and_triton_rule(kcache, cache, monkeypatch, tmp_path):
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_HOME", raising=False)
-    assert triton.triton_cache_dir()[0] == Path.home() / ".triton" / "cache"
+    assert triton.LAYOUT.default_root()[0] == Path.home() / ".triton" / "cache"
     monkeypatch.setenv("TRITON_HOME", str(tmp_path / "th"))
-    assert triton.triton_cache_dir()[0] == tmp_path / "th" / ".triton" / "cache"
+    assert triton.LAYOUT.default_root()[0] == tmp_path / "th" / ".triton" / "cache"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
-    assert triton.triton_cache_dir() == (cache, "TRITON_CACHE_DIR environment variable")
+    assert triton.LAYOUT.default_root() == (cache, "TRITON_CACHE_DIR environment variable")
     rows = {r["cache"]: r for r in kcache("dir", "--all", "--json").json()}
     assert rows["triton"]["path"] == str(cache) and rows["triton"]["layouts"] == ["triton"]
     assert rows["triton"]["entries"] == 6

@@ -9,6 +9,7 @@ from typer.core import TyperGroup, TyperOption
 
 from kcache_cli import __version__
 from kcache_cli.cli.common import GlobalOptions, plain_output, settings
+from kcache_cli.terms import LAYOUT_NAMES
 
 
 def _set_global(name: str):
@@ -64,7 +65,7 @@ class KcacheGroup(TyperGroup):
 app = typer.Typer(
     name="kcache",
     help="See into, build, clean and ship the on-disk caches of compiled GPU and CPU kernels "
-    "(hidet, tilus, tilelang, triton).\n\nExample: kcache ls --op matmul",
+    f"({', '.join(LAYOUT_NAMES)}).\n\nExample: kcache ls --op matmul",
     no_args_is_help=True,
     cls=KcacheGroup,
     add_completion=True,
@@ -164,7 +165,9 @@ def main(argv: list[str] | None = None) -> None:
             import traceback
 
             traceback.print_exc()
-        sys.stderr.write(f"Error: {exc}\n")
+        from kcache_cli.textsafe import printable_line  # names in messages stay inert
+
+        sys.stderr.write(f"Error: {printable_line(str(exc))}\n")
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.stderr.write("Error: aborted\n")
@@ -175,7 +178,12 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         sys.exit(1)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, no traceback
-        from kcache_cli.cli.errors import describe_exception, is_usage_error, no_args_help
+        from kcache_cli.cli.errors import (
+            describe_exception,
+            is_usage_error,
+            no_args_help,
+        )
+        from kcache_cli.textsafe import printable_line
 
         if debug and not is_usage_error(exc):
             import traceback
@@ -186,6 +194,6 @@ def main(argv: list[str] | None = None) -> None:
             sys.stdout.write(help_text)
             sys.exit(2)
         message, code = describe_exception(exc)
-        sys.stderr.write(f"Error: {message}\n")
+        sys.stderr.write(f"Error: {printable_line(message)}\n")
         sys.exit(code)
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -81,7 +81,7 @@ def export_command(
                          "(see --json)")
     sys.stdout.write(f"exported {c.plural(len(result.entries), 'entry')} ({c.plural(result.files, 'file')}, "
                      f"{c.human_size(result.size)}) "
-                     f"to {result.archive} ({c.human_size(result.archive_size)})\n")
+                     f"to {c.printable_line(result.archive)} ({c.human_size(result.archive_size)})\n")
 
 
 def import_command(
@@ -174,8 +174,9 @@ def verify_command(
     layout: c.LayoutOpt = None,
     status: c.StatusOpt = None,
     kind: c.KindOpt = None,
-    fix: Annotated[bool, typer.Option("--fix", help="Rewrite the paths entries record to where they lie now "
-                                                    "(Triton's group files after a cache was moved or copied).")
+    fix: Annotated[bool, typer.Option("--fix", help="Rewrite the absolute paths entries record about themselves "
+                                                    "to where they lie now (a cache moved or copied by hand), "
+                                                    "for layouts that record any (Triton's group files).")
                    ] = False,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
@@ -184,7 +185,8 @@ def verify_command(
 
     Reads every byte: task.txt against the hash, files against kcache.json or tilelang's manifests,
     tilus links, binaries, Triton's group files. Entries that are not complete are problems; entries
-    being built are skipped. --fix rewrites Triton group files that point at another root.
+    being built are skipped. --fix rewrites the paths an entry records about itself when they point at
+    another root (the layout's relocation hook, as import uses).
 
     Example: kcache verify --layout tilelang --json
     """

@@ -171,7 +171,7 @@ def _build_one(opts: c.GlobalOptions, root, path: str, options, source: Optional
     if result.status == b.BUILT:
         c.info(opts, f"built {result.relpath} for {result.arch} in {result.elapsed:.1f}s"
                + (f" (replaced a {result.replaced})" if result.replaced else ""))
-    sys.stdout.write(f"{result.path}\n")
+    sys.stdout.write(f"{c.tty_safe(result.path)}\n")
 
 
 def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]:
@@ -229,14 +229,14 @@ class _Listener:
         if self.opts.quiet:
             return
         if self.bar is not None:
-            self.bar.print(message)
+            self.bar.print(c.printable(message))
         else:
-            sys.stderr.write(message + "\n")
+            sys.stderr.write(c.printable(message) + "\n")
             sys.stderr.flush()
 
     def _describe(self) -> None:
         if self.bar is not None:
-            names = ", ".join(sorted(set(self.active.values())))
+            names = c.printable_line(", ".join(sorted(set(self.active.values()))))
             self.bar.status(f"compiling {names}" if names else "building")
 
     def waiting(self, spec, holder: str) -> None:
@@ -272,13 +272,14 @@ def _show_failure(result, header: bool = True) -> None:
 
     con = c.stderr_console()
     if header:
-        con.print(f"[bold red]failed:[/] {escape(result.task)}: {escape(result.error or '')}", soft_wrap=True)
+        con.print(f"[bold red]failed:[/] {escape(c.printable_line(result.task))}: "
+                  f"{escape(c.printable_line(result.error or ''))}", soft_wrap=True)
     if not result.output and not result.command:
         return
     if result.command:
-        con.print(f"[dim]$ {escape(result.command)}[/]", soft_wrap=True)
+        con.print(f"[dim]$ {escape(c.printable(result.command))}[/]", soft_wrap=True)
     quoting = False
-    for line in (result.output or "").splitlines():
+    for line in c.printable(result.output or "").splitlines():  # a source line may quote an ESC
         kind = _line_kind(line)
         if kind == "error":
             con.print(f"[bold red]{escape(line)}[/]", soft_wrap=True)

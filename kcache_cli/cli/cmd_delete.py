@@ -224,7 +224,7 @@ def _table(removals, to_stderr: bool = False, limit: int | None = None) -> None:
     from kcache_cli.cli.table import Column, render
 
     shown = list(removals)[:limit] if limit else list(removals)
-    rows = _rows(shown)
+    rows = [[c.printable_line(cell) for cell in row] for row in _rows(shown)]  # names stay inert
     if not rows:
         return
     cols = [Column("what", drop=2), Column("layout", drop=1), Column("space", drop=8), Column("op", drop=7),
@@ -261,11 +261,12 @@ def _report_plan(opts: c.GlobalOptions, out: _Out, plan, extra: dict) -> None:
     for s in plan.skipped:
         c.warn(opts, f"would keep {s.entry.relpath}: {s.why}")
     if not plan.removals:
-        sys.stdout.write(f"Nothing to remove in {plan.root} ({c.human_size(plan.scanned_size)} scanned).\n")
+        sys.stdout.write(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} "
+                         "scanned).\n")
         return
     _table(plan.removals)
     sys.stdout.write(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
-                     f"({c.plural(plan.expected_freed_size, 'byte')}) from {plan.root}"
+                     f"({c.plural(plan.expected_freed_size, 'byte')}) from {c.printable_line(plan.root)}"
                      f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).\n")
 
 
@@ -291,12 +292,12 @@ def _report_result(opts: c.GlobalOptions, out: _Out, plan, result, extra: dict) 
         if removed:
             _table(removed)
             sys.stdout.write(f"Removed {_count(removed)}, freed {c.human_size(freed)} ({c.plural(freed, 'byte')}) from "
-                             f"{plan.root}{_sizes(plan, extra, freed)}.\n")
+                             f"{c.printable_line(plan.root)}{_sizes(plan, extra, freed)}.\n")
         else:
-            sys.stdout.write(f"Nothing removed from {plan.root}.\n")
+            sys.stdout.write(f"Nothing removed from {c.printable_line(plan.root)}.\n")
     if errors:
         for _, m in errors:
-            sys.stderr.write(f"error: {m}\n")
+            sys.stderr.write(f"error: {c.printable_line(m)}\n")
         raise KcacheError(f"{len(errors)} item(s) could not be removed (see above)")
 
 
@@ -306,7 +307,8 @@ def _count(removals) -> str:
         kinds[r.what] = kinds.get(r.what, 0) + 1
     names = {"entry": ("entry", "entries"), "candidates": ("candidates/ directory", "candidates/ directories"),
              "temp": ("stale temp directory", "stale temp directories"),
-             "staging": ("stale staging directory", "stale staging directories"), "link": ("symlink", "symlinks")}
+             "staging": ("stale staging directory", "stale staging directories"), "link": ("symlink", "symlinks"),
+             "leftover": ("leftover of an interrupted import or export", "leftovers of interrupted imports or exports")}
     return ", ".join(f"{n} {names[k][0] if n == 1 else names[k][1]}" for k, n in kinds.items())
 
 

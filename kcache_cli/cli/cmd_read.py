@@ -22,7 +22,8 @@ def _scan(opts: c.GlobalOptions, flt, loc=None):
 
     loc = loc or c.cache_location(opts, existing=True)
     c.hint_unknown(opts, loc.path, flt)
-    result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m))
+    # ls and stats also show what killed imports and exports left (layout "kcache"; prune removes it)
+    result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True)
     return loc, result
 
 
@@ -47,7 +48,7 @@ def dir_command(
             c.emit_json({"path": str(loc.path), "reason": loc.reason, "exists": loc.path.is_dir(),
                          "layouts": list(layouts)})
         else:
-            sys.stdout.write(f"{loc.path}\n")
+            sys.stdout.write(f"{c.tty_safe(str(loc.path))}\n")
             c.info(opts, f"({loc.reason}{'' if loc.path.is_dir() else '; does not exist yet'})")
         return
     from kcache_cli.locate import known_caches
@@ -249,6 +250,7 @@ def _inspect_text(entry, d, bins) -> None:
     lines: list[str] = []
 
     def line(key: str, value: str, style: str = "") -> None:
+        key, value = c.printable_line(key), c.printable_line(value)  # names, paths and logs stay inert
         head = f"\x1b[1m{key:<16}\x1b[0m" if colour and key else f"{key:<16}"
         if width is not None and len(value) > width - 17 and " " not in value and len(value) <= width - 2:
             # one word too long beside its key (a 64-digit hash, a path): whole, on its own line
@@ -284,7 +286,7 @@ def _inspect_text(entry, d, bins) -> None:
     line("files", "")
     for f in d.files:
         link = f" -> {f.link}" if f.link else ""
-        lines.extend(fold(f"  {f.size:>10}  {f.name}{link}", width, indent=14))
+        lines.extend(fold(f"  {f.size:>10}  {c.printable_line(f.name + link)}", width, indent=14))
     c.print_lines(lines)
 
 
@@ -315,7 +317,8 @@ def _tensor_text(t) -> str:
 def log_command(
     ctx: typer.Context,
     hash_prefix: HashArg,
-    raw: Annotated[bool, typer.Option("--raw", help="Plain text, no headers or highlighting.")] = False,
+    raw: Annotated[bool, typer.Option("--raw", help="Plain text, no headers or highlighting: byte-exact into a "
+                                      "pipe or file (on a terminal, control characters show as escapes).")] = False,
     space: PickSpaceOpt = None,
     op: PickOpOpt = None,
     layout: PickLayoutOpt = None,
@@ -335,22 +338,69 @@ def log_command(
     logs = layout_mod.log_files(entry)
     if not logs:
         raise KcacheError(layout_mod.no_log(entry))
-    if raw:
+    if raw and not sys.stdout.isatty():  # byte-exact into a pipe or file: it is data there
         for lf in logs:
-            with open(lf.path, "rb") as f:
-                data = f.read()
-            sys.stdout.buffer.write(data if data.endswith(b"\n") or not data else data + b"\n")
+            _copy_log(lf)
         sys.stdout.flush()
         return
+    con = None if raw else c.stdout_console()
     from rich.markup import escape
 
-    con = c.stdout_console()
     for lf in logs:
-        con.print(f"[bold blue]==> {escape(lf.label)} <==[/]")
-        with open(lf.path, "rb") as f:
-            text = f.read().decode("utf-8", "replace")
-        for ln in text.splitlines():
-            con.print(_log_line(ln, escape))
+        if con is not None:
+            con.print(f"[bold blue]==> {escape(c.printable_line(lf.label))} <==[/]")
+        for ln in _log_lines(lf):
+            if con is None:  # --raw on a terminal: the text, its controls shown as escapes
+                sys.stdout.write(c.printable(ln) + "\n")
+            else:
+                con.print(_log_line(c.printable(ln), escape))
+    sys.stdout.flush()
+
+
+def _open_log(lf):
+    """The log's chunks (fsread: a regular file, streamed: a log is never loaded whole)."""
+    from kcache_cli.errors import KcacheError
+    from kcache_cli.fsread import iter_chunks
+
+    try:
+        chunks = iter_chunks(lf.path)
+        first = next(chunks, b"")
+    except OSError as exc:
+        raise KcacheError(f"cannot read {lf.label}: {exc.strerror}") from None
+    yield first
+    yield from chunks
+
+
+def _copy_log(lf) -> None:
+    last = b"\n"
+    for chunk in _open_log(lf):
+        if chunk:
+            sys.stdout.buffer.write(chunk)
+            last = chunk[-1:]
+    if last != b"\n":
+        sys.stdout.buffer.write(b"\n")
+
+
+LOG_LINE_MAX = 64 << 10  # a longer line is shown in pieces of this many characters
+
+
+def _log_lines(lf):
+    """A log's lines, decoded as they stream (undecodable bytes kept as \\xNN by textsafe)."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+    pending = ""
+    for chunk in _open_log(lf):
+        pending += decoder.decode(chunk)
+        *lines, pending = pending.split("\n")
+        for ln in lines:
+            yield ln.removesuffix("\r")  # CRLF logs: the \r is not shown as \x0d
+        while len(pending) > LOG_LINE_MAX:
+            yield pending[:LOG_LINE_MAX]
+            pending = pending[LOG_LINE_MAX:]
+    pending += decoder.decode(b"", final=True)
+    if pending:
+        yield pending
 
 
 def _log_line(ln: str, escape) -> str:
@@ -404,8 +454,8 @@ def _stats_text(opts: c.GlobalOptions, report: dict) -> None:
     if not report["exists"]:
         c.info(opts, f"no cache at {report['root']} ({report['reason']})")
         return
-    c.print_text(f"{report['root']}: {', '.join(report['layouts']) or 'no known layout'}, "
-                 f"{c.plural(report['entries'], 'entry')}, {c.human_size(report['size'])}", indent=2)
+    c.print_text(c.printable_line(f"{report['root']}: {', '.join(report['layouts']) or 'no known layout'}, "
+                 f"{c.plural(report['entries'], 'entry')}, {c.human_size(report['size'])}"), indent=2)
     for key, title in (("by_layout", "layout"), ("by_space", "space"), ("by_op", "op"), ("by_status", "status")):
         rows = sorted(report[key].items(), key=lambda kv: (-kv[1]["size"], kv[0]))
         if not rows:

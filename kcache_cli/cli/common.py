@@ -15,6 +15,7 @@ import typer
 from kcache_cli.cli import complete  # light: the TAB path imports nothing heavy
 from kcache_cli.errors import UsageError
 from kcache_cli.terms import KINDS, LAYOUT_NAMES, STATUSES
+from kcache_cli.textsafe import printable, printable_line
 
 
 class GlobalOptions:
@@ -42,7 +43,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on 
 def use(ctx: typer.Context, cache_dir: Optional[str] = None, as_json: bool = False) -> GlobalOptions:
     """Merge a command's own --cache-dir/--json into the global options."""
     opts = settings(ctx)
-    if cache_dir:
+    if cache_dir is not None:  # "" too: refused by resolve_cache_dir, never the default cache
         opts.cache_dir = cache_dir
     if as_json:
         opts.json = True
@@ -215,14 +216,20 @@ def stdout_console():
 
 
 def warn(opts: GlobalOptions, message: str) -> None:
+    """A warning on stderr; names and paths in it cannot act on the terminal (textsafe)."""
     if not opts.quiet:
-        sys.stderr.write(f"warning: {message}\n")
+        sys.stderr.write(f"warning: {printable_line(message)}\n")
 
 
 def info(opts: GlobalOptions, message: str) -> None:
-    """A line for people on stderr (stdout stays data)."""
+    """A line for people on stderr (stdout stays data), escaped like a warning."""
     if not opts.quiet:
-        sys.stderr.write(message + "\n")
+        sys.stderr.write(printable(message) + "\n")
+
+
+def tty_safe(text: str) -> str:
+    """`text` escaped when stdout is a terminal (a path printed as data stays byte-exact in a pipe)."""
+    return printable(text) if sys.stdout.isatty() else text
 
 
 def human_size(n: int) -> str:
@@ -281,4 +288,4 @@ def print_table(columns, rows: list[list[str]], styles: dict[int, dict[str, str]
 
     cols = [col if isinstance(col, Column) else Column(col, right=i in right, styles=(styles or {}).get(i, {}))
             for i, col in enumerate(columns)]
-    print_lines(render(cols, rows, output_width(), colour=not plain_output()))
+    print_lines(render(cols, rows, output_width(), colour=not plain_output(), clean=printable_line))

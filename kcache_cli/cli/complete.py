@@ -80,9 +80,14 @@ def _split_list(incomplete: str) -> tuple[str, str]:
 
 
 def _matching(choices: Iterable[tuple[str, str]], incomplete: str, taken: Iterable[str] = ()) -> list[tuple[str, str]]:
+    from kcache_cli.textsafe import has_unsafe, printable_line
+
     head, tail = _split_list(incomplete)
     skip = set(taken) | {p for p in head.split(",") if p}
-    return [(head + value, help) for value, help in choices if value.startswith(tail) and value not in skip]
+    # A name holding a terminal control or a newline is never offered: inserted into the command line
+    # it would act on the terminal (or break the completion protocol); descriptions are escaped.
+    return [(head + value, printable_line(help)) for value, help in choices
+            if value.startswith(tail) and value not in skip and not has_unsafe(value)]
 
 
 # ---- dynamic: read from the cache -----------------------------------------------------------------
@@ -127,7 +132,9 @@ def complete_hash(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
         text = f"{what} ({e.space})" if e.space else what
         seen = described.get(e.hash)  # the same task hash in two spaces is one value
         described[e.hash] = text if seen is None else ", ".join(sorted({*seen.split(", "), text}))
-    return sorted(described.items())
+    from kcache_cli.textsafe import has_unsafe, printable_line
+
+    return sorted((h, printable_line(text)) for h, text in described.items() if not has_unsafe(h))
 
 
 # ---- static choices -------------------------------------------------------------------------------

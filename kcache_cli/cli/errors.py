@@ -4,7 +4,9 @@ from __future__ import annotations
 
 
 def describe_exception(exc: BaseException) -> tuple[str, int]:
-    from typer._click import exceptions as click_exc  # Typer vendors Click; never `import click`
+    from typer._click import (
+        exceptions as click_exc,  # Typer vendors Click; never `import click`
+    )
 
     if isinstance(exc, click_exc.UsageError):
         ctx = exc.ctx

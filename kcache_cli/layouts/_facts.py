@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import TYPE_CHECKING, Iterable, Mapping
 
@@ -23,8 +22,10 @@ def is_binary_name(name: str) -> bool:
 def _recorded(small: Mapping[str, bytes]) -> list[str | None]:
     record = small.get(RECORD)
     if record:
+        from kcache_cli.fsread import parse_json
+
         try:
-            data = json.loads(record)
+            data = parse_json(record, RECORD)  # nesting-limited: the entry may hold anything
             return [str(data[k]) if data.get(k) else None for k in ("compiler", "arch", "platform")]
         except (ValueError, AttributeError, TypeError):
             pass

@@ -88,7 +88,8 @@ class Layout:
         return self.shape.kind(kind)
 
     def detect(self, root: Path) -> bool:
-        """Does `root` hold this layout? Looks at the root's top-level directory names only."""
+        """Does `root` hold this layout? The default looks at the root's top-level directory names only;
+        layouts that delete or write ask for evidence (their own files under those names)."""
         try:
             with os.scandir(root) as it:
                 tops = [d.name for d in it if d.is_dir()]
@@ -103,6 +104,14 @@ class Layout:
         if k is None or k.match(relpath) is None:
             return f"{relpath!r} is not where a {self.name} {kind} entry lives"
         return None
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        """Why the directory at `relpath` is not exactly an entry of `kind` (its path, and when `names` is
+        given, the files in it: at least one this layout's compiler writes), or None. Prune and clear
+        remove only what has an entry's exact shape (positive evidence); leftovers (temp, staging) are
+        judged by their path. Default: the path shape alone."""
+        return self.entry_path_problem(kind, relpath)
 
     def key_problem(self, kind: str, relpath: str, key: Mapping[str, object]) -> str | None:
         """Why the key fields an archive record gives (hash, space, op) disagree with its path, or None."""

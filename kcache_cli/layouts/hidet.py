@@ -3,13 +3,12 @@ layout): <root>/ops/<target>_space_<level>/<op>/<hash>/, plus graphs/ and ir_mod
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli import state
+from kcache_cli import fsread, state
 from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, listing_or_unreadable,
                               read_every_byte, read_head, read_text, size_mismatch, unreadable)
 from kcache_cli.layouts.base import TEMP, InnerLeftover, Layout, Leftover
@@ -28,13 +27,89 @@ HIDET_MARKERS = ("version.txt", "compile.sh", "meta.json", "task.pickle", "func_
 OTHER_KINDS = tuple((k.template.split("/")[0], k.kind) for k in HIDET.kinds[1:])  # (("graphs", "graph"), ...)
 
 
+# ---- evidence: what makes a directory hidet's ----------------------------------------------------
+ENTRY_NAME = re.compile(r"^[0-9a-f]{16}$")  # sha256(task.txt)[:16]
+OTHER_NAME = re.compile(r"^[0-9a-f]{8,64}$")  # graphs/<hash>/, ir_modules/<hash>/
+TEMP_NAME = re.compile(r"^" + re.escape(state.TEMP_PREFIX) + r"[0-9a-f]{16}-[0-9a-f]+$")  # a kcache build's
+OP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+TARGETS = ("cuda", "cpu", "hip")
+# Files real hidet 0.6.1 or kcache write in an op entry (and hidet in graphs/ and ir_modules/).
+ENTRY_FILES = frozenset({"task.txt", "task.pickle", "version.txt", "meta.json", "candidates.txt", "candidates.json",
+                         "candidates", "source.cu", "source.cc", "compile.sh", "lib.so", "nvcc_output.txt",
+                         "gcc_output.txt", "func_types.pickle", ".lock", "dispatch_table.txt",
+                         "dispatch_table.txt.lock", "dispatch_table.txt.t_lock", "summary.txt", "nvcc_log.txt",
+                         MANIFEST})
+OTHER_FILES = ENTRY_FILES | {"graph_string.txt", "graph_module", "kernels", "weights.npz", "graph_execution.json"}
+
+
+def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
+    """None when `relpath` has the exact shape of a hidet entry of `kind` (ops/<target>_space_<N>/<op>/
+    <16 hex>/ holding hidet's or kcache's files; a kcache build's temp dir; graphs|ir_modules/<hex>/);
+    else why it is not one. `names` (the files in it) is None when only the path is judged."""
+    parts = relpath.split("/")
+    if kind == "op":
+        if len(parts) != 4 or parts[0] != "ops" or not SPACE_RE.match(parts[1]) or not OP_NAME.match(parts[2]):
+            return "not at ops/<target>_space_<N>/<op>/<hash>/"
+        if TEMP_NAME.match(parts[3]):
+            return None
+        if not ENTRY_NAME.match(parts[3]):
+            return "its name is not 16 hex digits (hidet's task hash)"
+        known = ENTRY_FILES
+    elif kind in ("graph", "ir_module"):
+        if len(parts) != 2 or parts[0] != kind + "s" or not OTHER_NAME.match(parts[1]):
+            return f"not at {kind}s/<hex hash>/"
+        known = OTHER_FILES
+    else:
+        return f"hidet has no {kind} entries"
+    if names is not None and not names & known:
+        return "it holds none of the files hidet or kcache write"
+    return None
+
+
+def detect(root: Path) -> bool:
+    """Evidence, not top-level names alone: a CACHEDIR.TAG, or ops/<cuda|cpu|hip>_space_<N>/<op>/ (read
+    from directory names only: `ls --op X` reads no other op's directory), or a graphs/ or ir_modules/
+    directory holding a hash-named directory with hidet's files."""
+    tops = [d for d in ("ops", "graphs", "ir_modules") if (root / d).is_dir() and not (root / d).is_symlink()]
+    if not tops:
+        return False
+    if state.has_cachedir_tag(root):
+        return True
+    return any(_has_evidence(root, top) for top in tops)
+
+
+def _has_evidence(root: Path, top: str, budget: int = 256) -> bool:
+    try:
+        with os.scandir(root / top) as it:
+            dirs = [de for _, de in zip(range(budget), it) if de.is_dir(follow_symlinks=False)]
+    except OSError:
+        return False
+    for de in dirs:
+        m = SPACE_RE.match(de.name)
+        try:
+            if top == "ops":
+                if m and m.group(1) in TARGETS:
+                    with os.scandir(de.path) as it:
+                        if any(OP_NAME.match(o.name) and o.is_dir(follow_symlinks=False)
+                               for _, o in zip(range(budget), it)):
+                            return True
+            elif OTHER_NAME.match(de.name) and set(os.listdir(de.path)) & OTHER_FILES:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def space_name(target: str, level: int | str) -> str:
+    return f"{target}_space_{level}"
+
+
 def _manifest_mismatch(path: str, names: dict[str, int]) -> str | None:
     """Compare sizes with kcache.json (cheap: sizes only; checksums are for inspect/verify)."""
-    try:
-        with open(os.path.join(path, MANIFEST), "rb") as f:
-            listed = json.load(f).get("files", {})
-    except (OSError, ValueError, AttributeError):
-        return f"{MANIFEST} is unreadable"
+    record, problem = fsread.json_problem(os.path.join(path, MANIFEST))
+    if problem is not None:
+        return problem if "deep" in problem else f"{MANIFEST} is unreadable"
+    listed = record.get("files", {}) if isinstance(record, dict) else None
     return size_mismatch(MANIFEST, listed, names)
 
 
@@ -153,6 +228,9 @@ def _module(path: str, prefix: str, names: dict[str, int], mtimes: dict[str, flo
             return Judgement.of(FAILED, f"compile failed: {prefix}nvcc_log.txt but no {BINARY}")
         return Judgement.of(PARTIAL, f"no {prefix}{BINARY}: the build was interrupted or is still running")
     if lib == 0:
+        why = fsread.why_unreadable(os.path.join(path, BINARY))
+        if why:  # a FIFO, a device or a link where lib.so belongs: said, never read
+            return Judgement.of(CORRUPT, f"cannot read {prefix}{BINARY}: {why}")
         if "func_types.pickle" in names:
             return Judgement.of(CORRUPT, f"{prefix}{BINARY} is empty (emptied after hidet finished the entry)")
         return Judgement.of(PARTIAL, f"{prefix}{BINARY} is empty: the compile was interrupted")
@@ -163,7 +241,11 @@ def _module(path: str, prefix: str, names: dict[str, int], mtimes: dict[str, flo
         return Judgement.of(UNREADABLE, prefix + why)
     done = MANIFEST if MANIFEST in names else "func_types.pickle"
     if deep or changed_since(mtimes, done, (BINARY,)):
-        truncated = elf_truncated(BINARY, read_head(os.path.join(path, BINARY)), lib)
+        head = read_head(os.path.join(path, BINARY))
+        why = fsread.why_unreadable(os.path.join(path, BINARY)) if not head else None
+        if why:  # a FIFO, a device or a link where lib.so belongs: said, never read
+            return Judgement.of(CORRUPT, f"cannot read {prefix}{BINARY}: {why}")
+        truncated = elf_truncated(BINARY, head, lib)
         if truncated:
             return Judgement.of(CORRUPT, prefix + truncated)
     return None
@@ -202,11 +284,10 @@ def _task(path: str, names: dict[str, int], mtimes: dict[str, float] | None, dee
     done = MANIFEST if MANIFEST in names and not any(m in names for m in HIDET_MARKERS) else "func_types.pickle"
     if not deep and not changed_since(mtimes, done, ("task.txt",)):
         return None
-    from kcache_cli.taskfile import task_hash
+    from kcache_cli.taskfile import read_task_file, task_hash
 
-    try:
-        with open(os.path.join(path, "task.txt"), "rb") as f:
-            data = f.read()
+    try:  # bounded, and never a FIFO, a device or a link (fsread)
+        data = read_task_file(os.path.join(path, "task.txt"), base=path)
     except PermissionError:
         return Judgement.of(UNREADABLE, "task.txt is unreadable (permission denied)")
     except OSError as exc:
@@ -259,7 +340,7 @@ def _judge_kcache_built(path: str, names: dict[str, int], mtimes: dict[str, floa
     if deep:
         text = read_text(os.path.join(path, MANIFEST))
         try:
-            listed = json.loads(text or "").get("files") or {}
+            listed = fsread.parse_json(text or "").get("files") or {}
         except (ValueError, AttributeError):
             return Judgement.of(CORRUPT, f"{MANIFEST} is not valid JSON")
         problems = check_manifest(path, MANIFEST, listed)
@@ -313,12 +394,7 @@ def _judge_graph(path: str, deep: bool, version: str) -> Judgement:
 
 
 def _json(path: str) -> dict | None:
-    text = read_text(path)
-    try:
-        data = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+    return fsread.json_object(path)
 
 
 def op_status(path: str, names: dict[str, int], head: bytes | None = None,
@@ -478,13 +554,13 @@ def _module_dirs(entry: Entry) -> list[str]:
 def describe(root: Path, entry: Entry) -> Details:
     p = entry.path
     facts: list[tuple[str, str]] = []
-    files = list_files(p)
     verdict = _deep_judgement(root, entry)
     problems = list(verdict.problems)
+    files = list_files(p, problems.append)
     task_op, inputs, outputs = _describe_task(entry, problems, facts) if entry.kind == "op" else (None, (), ())
-    meta = _json(os.path.join(p, "meta.json"))
-    if meta is None and os.path.isfile(os.path.join(p, "meta.json")):
-        problems.append("meta.json is not valid JSON")
+    meta, bad = fsread.json_problem(os.path.join(p, "meta.json"), base=p)
+    if bad and not bad.endswith("missing"):
+        problems.append(bad)
     if meta:
         facts.append(("hidet version", str(meta.get("hidet_version"))))
         if meta.get("target"):
@@ -496,8 +572,10 @@ def describe(root: Path, entry: Entry) -> Details:
     if version is not None:
         facts.append(("version.txt", version.strip()))
     facts.append(("hidet in use", version_in_use(root) or "unknown (not installed, no version.txt)"))
-    manifest = _json(os.path.join(p, MANIFEST))
-    if manifest:
+    manifest, bad = fsread.json_problem(os.path.join(p, MANIFEST), base=p)
+    if bad and not bad.endswith("missing"):
+        problems.append(bad)
+    if isinstance(manifest, dict):
         for key in ("arch", "compiler", "kcache_version"):
             if manifest.get(key):
                 facts.append((f"recorded {key}", str(manifest[key])))
@@ -515,7 +593,7 @@ def describe(root: Path, entry: Entry) -> Details:
         output = "\n".join(log.splitlines()[1:])
     if os.path.isdir(os.path.join(p, "candidates")):
         facts.append(("candidates/", "auto-tuning leftovers (prune removes them)"))
-    binaries = tuple(os.path.join(d, BINARY) for d in _module_dirs(entry) if os.path.isfile(os.path.join(d, BINARY)))
+    binaries = tuple(os.path.join(d, BINARY) for d in _module_dirs(entry) if os.path.lexists(os.path.join(d, BINARY)))
     status, reason = verdict.status, verdict.reason
     if problems and status == COMPLETE:
         status, reason = CORRUPT, problems[0]
@@ -526,16 +604,16 @@ def describe(root: Path, entry: Entry) -> Details:
 def _describe_task(entry: Entry, problems: list[str], facts: list[tuple[str, str]]
                    ) -> tuple[str | None, tuple[TensorInfo, ...], tuple[TensorInfo, ...]]:
     """The op's name and tensors from task.txt (its hash is part of the judgement)."""
-    from kcache_cli.taskfile import TaskFormatError, parse_task
+    from kcache_cli.taskfile import TaskFormatError, parse_task, read_task_file
 
     try:
-        with open(os.path.join(entry.path, "task.txt"), "rb") as f:
-            data = f.read()
+        data = read_task_file(os.path.join(entry.path, "task.txt"), base=entry.path)
     except FileNotFoundError:
         facts.append(("task", "no task.txt in this entry"))
         return entry.op, (), ()
-    except OSError:
-        return entry.op, (), ()  # the judgement says why
+    except OSError as exc:
+        problems.append(f"cannot read task.txt: {exc.strerror or exc}")
+        return entry.op, (), ()
     try:
         task = parse_task(data)
     except TaskFormatError as exc:
@@ -556,11 +634,11 @@ def log_files(entry: Entry) -> list[LogFile]:
     out = []
     for d in _module_dirs(entry):
         label = "" if d == entry.path else os.path.relpath(d, entry.path) + "/"
-        if os.path.isfile(os.path.join(d, "nvcc_log.txt")):
+        if os.path.lexists(os.path.join(d, "nvcc_log.txt")):
             out.append(LogFile(label + "nvcc_log.txt", os.path.join(d, "nvcc_log.txt")))
             continue
         out.extend(LogFile(label + n, os.path.join(d, n)) for n in ("compile.sh", "nvcc_output.txt", "gcc_output.txt")
-                   if os.path.isfile(os.path.join(d, n)))
+                   if os.path.lexists(os.path.join(d, n)))
     return out
 
 
@@ -618,6 +696,13 @@ class HidetLayout(Layout):
     shape = HIDET
     writer_locks = (".lock", "dispatch_table.txt.lock")
     fact_files = (MANIFEST, "compile.sh", "nvcc_log.txt")
+
+    def detect(self, root: Path) -> bool:
+        return detect(root)
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
 
     def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)

@@ -5,11 +5,13 @@ metadata.json), and `.staging/` directories for writes in flight."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli.checks import (changed_since, check_manifest, list_files, read_every_byte, read_json, read_text,
-                              size_mismatch, unreadable)
+from kcache_cli import fsread
+from kcache_cli.checks import (changed_since, check_manifest, list_files, read_every_byte, size_mismatch,
+                              unreadable)
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
 from kcache_cli.layouts.base import Layout, Leftover
 from kcache_cli.layouts.shapes import TILELANG
@@ -26,17 +28,87 @@ UNREADABLE_DIR = (UNREADABLE, UNREADABLE_REASON)
 BINARIES_DIR = "cuda-binaries"
 
 
+# ---- evidence: what makes a directory tilelang's -------------------------------------------------
+KEY_NAME = re.compile(r"^[0-9a-f]{64}$")  # sha256 hex
+PLATFORM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+KERNEL_FILES = frozenset({"device_kernel.cu", "host_kernel.cu", "params.json", "params.pkl", "manifest.json",
+                          "kernel.py", *KERNEL_BINARIES})
+BINARY_FILES = frozenset({"metadata.json", *CUBIN_BINARIES})
+
+
+def real_version_dir(path: str) -> bool:
+    """A `<version>/` tilelang made: it holds cuda-binaries/ or a <platform>/kernels/ (not a link)."""
+    try:
+        with os.scandir(path) as it:
+            for de in it:
+                if not de.is_dir(follow_symlinks=False) or de.name == STAGING:
+                    continue
+                if de.name == BINARIES_DIR:
+                    return True
+                k = os.path.join(de.path, "kernels")
+                if os.path.isdir(k) and not os.path.islink(k):
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
+    """None when `relpath` has the exact shape of a tilelang entry: <version>/<platform>/kernels/<64 hex>/,
+    <version>/cuda-binaries/<64 hex>/ with tilelang's files, or a write in .staging/ under a real version
+    directory (checked when `root` is given); else why it is not one."""
+    parts = relpath.split("/")
+    if not parts or not VERSION_RE.match(parts[0]):
+        return "not under a <version>/ directory"
+    if STAGING in parts:
+        i = parts.index(STAGING)
+        if i not in (1, 2) or len(parts) < i + 2 or (i == 2 and not PLATFORM_NAME.match(parts[1])):
+            return "not at <version>/[<platform>/].staging/<name>"
+        if root is not None and not real_version_dir(os.path.join(root, parts[0])):
+            return f"{parts[0]}/ holds no tilelang kernels or cuda-binaries (not a tilelang version directory)"
+        return None
+    if kind == "kernel":
+        if len(parts) != 4 or not PLATFORM_NAME.match(parts[1]) or parts[1] == BINARIES_DIR \
+                or parts[2] != "kernels" or not KEY_NAME.match(parts[3]):
+            return "not at <version>/<platform>/kernels/<64 hex>/"
+        known = KERNEL_FILES
+    elif kind == "binary":
+        if len(parts) != 3 or parts[1] != BINARIES_DIR or not KEY_NAME.match(parts[2]):
+            return f"not at <version>/{BINARIES_DIR}/<64 hex>/"
+        known = BINARY_FILES
+    else:
+        return f"tilelang has no {kind} entries"
+    if names is not None and not names & known:
+        return "it holds none of the files tilelang writes"
+    return None
+
+
+def detect(root: Path) -> bool:
+    """Evidence, not names alone: a `<version>/` holding cuda-binaries/ or <platform>/kernels/, or
+    version directories in a root with a CACHEDIR.TAG."""
+    from kcache_cli import state
+
+    try:
+        versions = [d for d in os.scandir(root) if VERSION_RE.match(d.name) and d.is_dir(follow_symlinks=False)]
+    except OSError:
+        return False
+    if versions and state.has_cachedir_tag(root):
+        return True
+    return any(real_version_dir(d.path) for d in versions[:64])
+
+
 def _load_json(path: str) -> dict | None:
-    return read_json(path)
+    """A JSON object under fsread's size and nesting limits, or None."""
+    return fsread.json_object(path)
 
 
 def kernel_status(path: str, names: dict[str, int], mtimes: dict[str, float] | None = None
                   ) -> tuple[str, str | None]:
     binary = next((b for b in KERNEL_BINARIES if b in names), None)
     if "manifest.json" in names and changed_since(mtimes, "manifest.json"):
-        manifest = _load_json(os.path.join(path, "manifest.json"))
-        if manifest is None or not isinstance(manifest.get("files"), dict):
-            return CORRUPT, "manifest.json is unreadable"
+        manifest, bad = fsread.json_problem(os.path.join(path, "manifest.json"))
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            return CORRUPT, bad if bad and "deep" in bad else "manifest.json is unreadable"
         bad = size_mismatch("manifest.json", manifest["files"], names)
         if bad:
             return CORRUPT, bad
@@ -167,20 +239,25 @@ def describe(root: Path, entry: Entry) -> Details:
     p = entry.path
     problems: list[str] = []
     facts: list[tuple[str, str]] = []
-    files = list_files(p) if os.path.isdir(p) else ()
+    files = list_files(p, problems.append) if os.path.isdir(p) else ()
     if entry.kind == "kernel":
-        manifest = _load_json(os.path.join(p, "manifest.json"))
-        if manifest is None:
+        manifest, bad = fsread.json_problem(os.path.join(p, "manifest.json"), base=p)
+        if bad and not bad.endswith("missing"):
+            problems.append(bad)
+        elif not isinstance(manifest, dict):
             facts.append(("manifest", "none (nothing to check checksums against)"))
         else:
             problems.extend(check_manifest(p, "manifest.json", manifest.get("files") or {}))
-        host = read_text(os.path.join(p, "host_kernel.cu"), 4096)
+        host = fsread.read_text(os.path.join(p, "host_kernel.cu"), 4096, base=p)
         if host and host.startswith("// tilelang target:"):
             facts.append(("host target", host.splitlines()[0].split(":", 1)[1].strip()))
-        binaries = tuple(os.path.join(p, b) for b in KERNEL_BINARIES if os.path.isfile(os.path.join(p, b)))
+        binaries = tuple(os.path.join(p, b) for b in KERNEL_BINARIES if os.path.lexists(os.path.join(p, b)))
     else:
-        meta = _load_json(os.path.join(p, "metadata.json")) or {}
-        binary = next((b for b in CUBIN_BINARIES if os.path.isfile(os.path.join(p, b))), None)
+        record, bad = fsread.json_problem(os.path.join(p, "metadata.json"), base=p)
+        if bad and not bad.endswith("missing"):
+            problems.append(bad)
+        meta = record if isinstance(record, dict) else {}
+        binary = next((b for b in CUBIN_BINARIES if os.path.lexists(os.path.join(p, b))), None)
         if binary and meta.get("sha256"):
             problems.extend(check_manifest(p, "metadata.json", {binary: {"size": meta.get("size"),
                                                                          "sha256": meta["sha256"]}}))
@@ -245,7 +322,18 @@ _FINGERPRINT = 64  # bytes of a binary's start used to find candidate positions
 
 
 def _binary_file(path: str) -> str | None:
-    return next((os.path.join(path, b) for b in CUBIN_BINARIES if os.path.isfile(os.path.join(path, b))), None)
+    return next((os.path.join(path, b) for b in CUBIN_BINARIES if os.path.lexists(os.path.join(path, b))), None)
+
+
+def _read_binary_bytes(path: str) -> bytes | None:
+    """A compiled file's bytes for the byte search (fsread: regular files only, under the ELF
+    reader's size bound), or None."""
+    from kcache_cli.binary import MAX_FILE_BYTES
+
+    try:
+        return fsread.read_bytes(path, MAX_FILE_BYTES)
+    except OSError:
+        return None
 
 
 def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
@@ -260,12 +348,8 @@ def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
         index: dict[bytes, list[tuple[str, bytes]]] = {}
         for b in bins:
             f = _binary_file(b)
-            try:
-                with open(f, "rb") as fh:  # type: ignore[arg-type]
-                    data = fh.read()
-            except (OSError, TypeError):
-                continue
-            if len(data) >= _FINGERPRINT:
+            data = _read_binary_bytes(f) if f else None
+            if data is not None and len(data) >= _FINGERPRINT:
                 index.setdefault(data[:_FINGERPRINT], []).append((b, data))
         if not index:
             continue
@@ -283,10 +367,8 @@ def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
                 continue
             for k in sorted(kernels):
                 for name in KERNEL_BINARIES:
-                    try:
-                        with open(os.path.join(k, name), "rb") as fh:
-                            data = fh.read()
-                    except OSError:
+                    data = _read_binary_bytes(os.path.join(k, name))
+                    if data is None:
                         continue
                     for magic in magics:
                         pos = data.find(magic)
@@ -344,6 +426,13 @@ class TilelangLayout(Layout):
     shape = TILELANG
     provider_kinds = frozenset({"binary"})
     binary_kinds = frozenset({"binary"})
+
+    def detect(self, root: Path) -> bool:
+        return detect(root)
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
 
     def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)

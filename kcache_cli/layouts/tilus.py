@@ -9,12 +9,14 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from kcache_cli import fsread
 from kcache_cli.checks import (changed_since, elf_truncated, list_files, listing_or_unreadable, read_every_byte,
-                              read_head, read_text, unreadable)
+                              read_text, unreadable)
 from kcache_cli.layouts.base import Layout
 from kcache_cli.layouts.shapes import TILUS
 from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, Details, Entry, Judgement, LogFile,
@@ -27,6 +29,67 @@ _FLAT_LINK = re.compile(r"^(\.\./)+programs/[0-9a-f]+/?$")
 LINK_DIRS = ("programs", "latency")
 
 
+# ---- evidence: what makes a directory tilus's ----------------------------------------------------
+PROGRAM_NAME = re.compile(r"^[0-9a-f]{12}$")  # sha256(options + program)[:12]
+SCRIPT_NAME = re.compile(r"^[^/]+-[0-9a-f]{8}$")  # <jit key>-<h8>
+SCRIPT_OP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+PROGRAM_FILES = frozenset({"program.txt", "options.txt", ".lock", "module"})
+SCRIPT_FILES = frozenset({"source.txt", "meta.json", "build_options.txt", "schedule.txt", "dispatch_table.txt",
+                          "dispatch_table.pickle", "programs", "latency", "failed", ".lock"})
+
+
+def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
+    """None when `relpath` has the exact shape of a tilus entry: programs/<12 hex>/ with tilus's program
+    files, scripts/<op>/<jit key>-<8 hex>/ with a script's files; else why it is not one."""
+    parts = relpath.split("/")
+    if kind == "program":
+        if len(parts) != 2 or parts[0] != "programs" or not PROGRAM_NAME.match(parts[1]):
+            return "not at programs/<12 hex>/"
+        known = PROGRAM_FILES
+    elif kind == "script":
+        if len(parts) != 3 or parts[0] != "scripts" or not SCRIPT_OP.match(parts[1]) \
+                or not SCRIPT_NAME.match(parts[2]):
+            return "not at scripts/<name>/<jit key>-<8 hex>/"
+        known = SCRIPT_FILES
+    else:
+        return f"tilus has no {kind} entries"
+    if names is not None and not names & known:
+        return "it holds none of the files tilus writes"
+    return None
+
+
+def detect(root: Path) -> bool:
+    """Evidence, not names alone: a CACHEDIR.TAG, or programs/<12 hex>/ or scripts/<name>/<key>-<8 hex>/
+    holding tilus's files."""
+    from kcache_cli import state
+
+    tops = [d for d in ("programs", "scripts") if (root / d).is_dir() and not (root / d).is_symlink()]
+    if not tops:
+        return False
+    if state.has_cachedir_tag(root):
+        return True
+    try:
+        with os.scandir(root / "programs") as it:
+            for i, de in enumerate(it):
+                if i < 256 and PROGRAM_NAME.match(de.name) and de.is_dir(follow_symlinks=False) \
+                        and set(os.listdir(de.path)) & PROGRAM_FILES:
+                    return True
+    except OSError:
+        pass
+    try:
+        with os.scandir(root / "scripts") as it:
+            for i, sd in enumerate(it):
+                if i >= 64 or not sd.is_dir(follow_symlinks=False):
+                    continue
+                for de in os.scandir(sd.path):
+                    if SCRIPT_NAME.match(de.name) and de.is_dir(follow_symlinks=False) \
+                            and set(os.listdir(de.path)) & SCRIPT_FILES:
+                        return True
+    except OSError:
+        pass
+    return False
+
+
 def read_link(path: str) -> str | None:
     """The target of a symlink, or of a flattened link (a tiny file holding `../../programs/<h>`)."""
     try:
@@ -34,11 +97,8 @@ def read_link(path: str) -> str | None:
     except OSError:
         pass
     try:
-        if os.path.getsize(path) > 256:
-            return None
-        with open(path, "rb") as f:
-            text = f.read(257).decode("ascii").strip()
-    except (OSError, UnicodeDecodeError):
+        text = fsread.read_bytes(path, 256).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):  # also a FIFO or device where a link belongs: never read
         return None
     return text if _FLAT_LINK.match(text) else None
 
@@ -49,23 +109,24 @@ def script_links(script_path: str) -> list[tuple[str, str, str | None]]:
     out = []
     for sub in LINK_DIRS:
         base = os.path.join(script_path, sub)
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames.sort()
-            for n in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
-                full = os.path.join(dirpath, n)
-                text = read_link(full)
-                if text is None:
-                    continue
-                target = os.path.normpath(os.path.join(dirpath, text))
-                ok = target if os.path.isdir(target) else None
-                out.append((os.path.relpath(full, script_path), text, ok))
+        try:  # iterative, fd-relative, depth-limited: a hostile tree cannot exhaust the stack
+            found = list(fsread.walk_files(base))
+        except OSError:
+            continue  # missing, unreadable or absurdly deep: no links from it
+        for rel, st, link in found:
+            full = os.path.join(base, rel)
+            text = link if link is not None else read_link(full) if stat.S_ISREG(st.st_mode) else None
+            if text is None:
+                continue
+            target = os.path.normpath(os.path.join(os.path.dirname(full), text))
+            ok = target if os.path.isdir(target) else None
+            out.append((os.path.relpath(full, script_path), text, ok))
     return out
 
 
 def _program_name(path: str) -> str | None:
     try:
-        with open(os.path.join(path, "program.txt"), "rb") as f:
-            m = _PROGRAM_NAME.match(f.read(256))
+        m = _PROGRAM_NAME.match(fsread.read_bytes(os.path.join(path, "program.txt"), 256, strict=False))
     except OSError:
         return None
     return m.group(1).decode() if m else None
@@ -157,7 +218,11 @@ def _judge_program(path: str, deep: bool, failure: BuildFailure | None) -> Judge
     if why:
         return Judgement.of(UNREADABLE, "module/" + why)
     if deep or changed_since(mtimes, "func_types.pickle"):  # written after lib.so: tilus's completion marker
-        truncated = elf_truncated("lib.so", read_head(os.path.join(module, "lib.so")), lib)
+        try:
+            head = fsread.read_bytes(os.path.join(module, "lib.so"), 64, strict=False, base=path)
+        except OSError as exc:
+            return Judgement.of(CORRUPT, f"cannot read module/lib.so: {exc.strerror}")
+        truncated = elf_truncated("lib.so", head, lib)
         if truncated:
             return Judgement.of(CORRUPT, "module/" + truncated)
     for name in ("program.txt", "options.txt"):
@@ -272,7 +337,7 @@ def describe(root: Path, entry: Entry) -> Details:
     p = entry.path
     problems: list[str] = []
     facts: list[tuple[str, str]] = []
-    files = list_files(p)
+    files = list_files(p, problems.append)
     command = output = None
     binaries: tuple[str, ...] = ()
     inputs: tuple[TensorInfo, ...] = ()
@@ -282,14 +347,14 @@ def describe(root: Path, entry: Entry) -> Details:
             m = re.search(r"arch='(\w+)'", options)
             if m:
                 facts.append(("options arch", m.group(1)))
-        script = read_text(os.path.join(p, "module", "compile.sh"))
+        script = fsread.read_text(os.path.join(p, "module", "compile.sh"), base=p)
         if script is not None:
             from kcache_cli.layouts.hidet import command_from_script
 
             command = command_from_script(script)
-        output = read_text(os.path.join(p, "module", "nvcc_output.txt"))
+        output = fsread.read_text(os.path.join(p, "module", "nvcc_output.txt"), base=p)
         lib = os.path.join(p, "module", "lib.so")
-        binaries = (lib,) if os.path.isfile(lib) else ()
+        binaries = (lib,) if os.path.lexists(lib) else ()  # a FIFO or link: the ELF reader says so
         users = referrers(root, p)
         facts.append(("used by scripts", ", ".join(os.path.relpath(u, root) for u in users) or "none"))
     else:
@@ -298,19 +363,19 @@ def describe(root: Path, entry: Entry) -> Details:
                 problems.append(f"dangling link {name} -> {text}")
             else:
                 facts.append((f"link {name}", f"{text} ({program_status(target)[0]})"))
-        meta = read_text(os.path.join(p, "meta.json"))
-        if meta:
-            import json
-
+        meta, bad = fsread.json_problem(os.path.join(p, "meta.json"), base=p)
+        if bad and not bad.endswith("missing"):
+            problems.append(bad)
+        elif meta is not None:
             try:
-                params = json.loads(meta).get("params", {})
+                params = meta.get("params", {})
                 for n, t in zip(params.get("names", []), params.get("types", [])):
                     # scalars (hidet.int32) and pointers (void*) are parameters, not tensors
                     kind = "pointer" if str(t).endswith("*") else "scalar"
                     facts.append((f"param {n}", f"{str(t).removeprefix('hidet.')} ({kind})"))
-            except (ValueError, AttributeError):
-                problems.append("meta.json is not valid JSON")
-        table = read_text(os.path.join(p, "dispatch_table.txt"))
+            except (ValueError, AttributeError, TypeError):
+                problems.append("meta.json does not hold tilus's record")
+        table = fsread.read_text(os.path.join(p, "dispatch_table.txt"), base=p)
         if table:
             facts.append(("dispatch table", table.strip()))
     for f in build_failures(p) if entry.kind == "script" else ():
@@ -325,11 +390,23 @@ def describe(root: Path, entry: Entry) -> Details:
                    binaries, tuple(facts))
 
 
+def _exact_text(path: str, name: str, problems: list[str]) -> str | None:
+    """A file whose every byte counts (it is hashed): whole or None, and a problem when it is there
+    but cannot be read whole (a FIFO, a device, a link, over fsread.MAX_TEXT)."""
+    try:
+        return fsread.read_bytes(os.path.join(path, name), fsread.MAX_TEXT, base=path).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        problems.append(f"cannot read {name}: {exc.strerror}")
+        return None
+
+
 def log_files(entry: Entry) -> list[LogFile]:
     if entry.kind == "program":
         dirs = [entry.path]
-    else:
-        dirs = sorted({t for _, _, t in script_links(entry.path) if t})
+    else:  # a program directory that is itself a symlink is a stray, never read through
+        dirs = sorted({t for _, _, t in script_links(entry.path) if t and not os.path.islink(t)})
     out = []
     failures = build_failures(entry.path) if entry.kind == "script" else \
         [f for f in failures_by_program(Path(entry.path).parents[1]).values()
@@ -339,7 +416,7 @@ def log_files(entry: Entry) -> list[LogFile]:
     for d in dirs:
         for n in ("compile.sh", "nvcc_output.txt"):
             full = os.path.join(d, "module", n)
-            if os.path.isfile(full):
+            if os.path.lexists(full):
                 label = f"module/{n}" if entry.kind == "program" else f"{os.path.basename(d)}/module/{n}"
                 out.append(LogFile(label, full))
     return out
@@ -422,6 +499,13 @@ class TilusLayout(Layout):
     writer_locks = (".lock", "dispatch_table.txt.lock")
     provider_kinds = frozenset({"program"})
     fact_files = ("kcache.json", "module/compile.sh", "options.txt")
+
+    def detect(self, root: Path) -> bool:
+        return detect(root)
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
 
     def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)

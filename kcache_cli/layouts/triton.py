@@ -18,13 +18,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from kcache_cli.checks import changed_since, elf_truncated, list_files, read_json
+from kcache_cli.checks import changed_since, elf_truncated, list_files
+from kcache_cli.fsread import json_object as read_json
 from kcache_cli.layouts.base import TEMP, Facts, Layout, Leftover
 from kcache_cli.layouts.shapes import (
     TRITON,
     TRITON_GROUP,
     TRITON_STAGES,
     TRITON_TMP,
+    triton_evidence,
     triton_kernel_name,
 )
 from kcache_cli.model import (
@@ -58,18 +60,6 @@ def is_key(name: str) -> bool:
 
 def is_group(name: str) -> bool:
     return name.startswith(GROUP_PREFIX) and name.endswith(".json")
-
-
-def triton_cache_dir() -> tuple[Path, str]:
-    """Triton's own rule (triton/knobs.py): TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, else
-    ~/.triton/cache; with the rule that applied."""
-    env = os.environ.get("TRITON_CACHE_DIR")
-    if env:
-        return Path(env).expanduser(), "TRITON_CACHE_DIR environment variable"
-    home = os.environ.get("TRITON_HOME")
-    if home:
-        return Path(home).expanduser() / ".triton" / "cache", "$TRITON_HOME/.triton/cache"
-    return Path.home() / ".triton" / "cache", "default (~/.triton/cache)"
 
 
 # ---- reading one key directory -------------------------------------------------------------------
@@ -306,6 +296,23 @@ def _key_entries(ctx, job: tuple[str, ScanFilter]) -> list[Entry]:
     return out
 
 
+def shape_problem(relpath: str, kind: str, names: frozenset[str] | None) -> str | None:
+    """None when `relpath` is exactly a Triton key directory (`<key>/`) holding files Triton writes (a
+    group file, a compile stage, a temp dir, or the one launcher module / autotune result of a group-less
+    key dir), or a `tmp.pid_*` write inside one; else why not. `names` is None when only the path counts."""
+    parts = relpath.split("/")
+    if not is_key(parts[0]):
+        return "its name is not a Triton cache key (base32 or hex of a sha256)"
+    if len(parts) == 2 and parts[1].startswith(TMP_PREFIX):
+        return None
+    if len(parts) != 1 or kind not in (KIND_KERNEL, KIND_BINARY):
+        return f"not at <key>/ (a Triton {kind} entry)"
+    listed = sorted(names) if names is not None else None
+    if listed is not None and not (triton_evidence(listed) or triton_kernel_name(listed)):
+        return "it holds none of the files Triton writes"
+    return None
+
+
 def is_leftover(e: Entry) -> bool:
     """A `tmp.pid_*` directory inside a key directory: prune removes it once untouched for an hour."""
     return e.layout == NAME and os.path.basename(e.path).startswith(TMP_PREFIX) and "/" in e.relpath
@@ -455,8 +462,9 @@ class TritonLayout(Layout):
     # makes it fail: `export --sources-only` leaves Triton entries out whole.
     binary_kinds = frozenset({KIND_KERNEL, KIND_BINARY})
 
-    def default_root(self) -> tuple[Path, str]:
-        return triton_cache_dir()
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names)
 
     def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)
@@ -488,7 +496,7 @@ class TritonLayout(Layout):
 
     def remote_format(self):
         """Triton's own Redis keys (`triton:{key}:{filename}`), shared with Triton's remote cache."""
-        from kcache_cli.remote.formats import TritonFormat
+        from kcache_cli.layouts.triton_remote import TritonFormat
 
         return TritonFormat()
 

@@ -6,10 +6,10 @@ record without its data; then its data and the keys its format set last."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
+from kcache_cli.fsread import parse_json
 from kcache_cli.model import ScanFilter
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.store import Store
@@ -69,7 +69,7 @@ def list_remote(store: Store, flt: ScanFilter | None = None) -> list[RemoteEntry
     for eid, value in store.hash_get(f.INDEX).items():
         layout, _, rel = eid.partition(":")
         try:
-            loaded = json.loads(value)
+            loaded = parse_json(value)
         except ValueError:
             loaded = None
         s = {**(loaded if isinstance(loaded, dict) else {}), "layout": layout, "relpath": rel}
@@ -135,7 +135,7 @@ def remove_remote(store: Store, e: RemoteEntry) -> None:
     raw = store.get([key])[0]
     fmt = f.format_for(e.layout)
     try:
-        rec = json.loads(raw) if raw is not None else None
+        rec = parse_json(raw) if raw is not None else None
         data = [k for ks in fmt.data_keys(rec).values() for k in ks] if rec else []
         last = [k for k, _ in fmt.last(rec)] if rec else []
     except (ValueError, KeyError, TypeError, AttributeError):

@@ -11,13 +11,13 @@ was only staged and is removed."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kcache_cli.fsread import parse_json
 from kcache_cli.model import ScanFilter, Warn
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.store import Store
@@ -76,7 +76,7 @@ def read_records(store: Store, ids: Iterable[tuple[str, str]]) -> tuple[list[dic
         if value is None:
             continue
         try:
-            rec = json.loads(value)
+            rec = parse_json(value)
             if not isinstance(rec, dict) or (rec.get("layout"), rec.get("relpath")) != (layout, rel):
                 raise ValueError
         except (ValueError, UnicodeDecodeError):
@@ -91,7 +91,7 @@ def select(store: Store, flt: ScanFilter) -> list[tuple[str, str]]:
     out = []
     for eid, value in store.hash_get(f.INDEX).items():
         try:
-            s = json.loads(value)
+            s = parse_json(value)
         except ValueError:
             s = {}
         layout, _, rel = eid.partition(":")
@@ -198,8 +198,8 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
             why = accept(rec)
             (out.append(_entry(rec, SKIP, False, why)) if why else kept.append(rec))
         records = kept
-    programs = [r["relpath"].split("/", 1)[-1] for r in records if _provides(r.get("layout"), r.get("kind"))]
-    planned, refused = plan_records(root, records, ImportLimits(), programs)
+    targets = [r["relpath"] for r in records if _provides(r.get("layout"), r.get("kind"))]
+    planned, refused = plan_records(root, records, ImportLimits(), targets)
     out += [_entry(records[i], REFUSE, False, why) for i, why in refused]
     out += [_entry(p.record, SKIP, False, p.reason) for p in planned if not p.write]
     # entries others use first (a tilus program before the scripts that link to it)

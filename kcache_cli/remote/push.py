@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kcache_cli.fsread import parse_json
 from kcache_cli.model import ScanFilter, Warn, iso
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.store import PENDING_TTL, Publish, Store
@@ -56,7 +57,7 @@ def own_manifest_problem(record: dict, data: dict[str, bytes]) -> str | None:
         if meta not in data:
             continue
         try:
-            listed = json.loads(data[meta])
+            listed = parse_json(data[meta])
             listed = listed.get("files", listed) if isinstance(listed, dict) else None
         except ValueError:
             return f"{meta} is not valid JSON"
@@ -119,7 +120,7 @@ def publish_entries(store: Store, batch: list[_Outgoing]) -> list[bool]:
         winners = store.get([o.publish.key for o in lost])
         for o, raw in zip(lost, winners):
             try:
-                keep = {k for ks in f.format_for(o.record["layout"]).data_keys(json.loads(raw or b"")).values()
+                keep = {k for ks in f.format_for(o.record["layout"]).data_keys(parse_json(raw or b"")).values()
                         for k in ks}
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # unreadable: leave everything; our data expires anyway

@@ -229,9 +229,10 @@ class FileStore:
         return os.path.join(self.path, _file_name(key))
 
     def _read(self, path: str) -> bytes | None:
-        try:
-            with open(path, "rb") as f:
-                return f.read()
+        from kcache_cli.fsread import read_bytes
+
+        try:  # a shared directory may hold anything: never a FIFO or a link, never unbounded
+            return read_bytes(path, 1 << 30)
         except FileNotFoundError:
             return None
         except OSError as exc:

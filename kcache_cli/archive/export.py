@@ -1,0 +1,795 @@
+"""Export: the entries a filter selects, judged and read once each, written as a tar stream of
+independently compressed parts (by forked workers on big caches), the manifest first."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import sys
+import time
+from dataclasses import dataclass, field
+from operator import attrgetter
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from kcache_cli import __version__, state
+from kcache_cli.archive.manifest import (
+    _CONTROL,
+    BIG_FILE,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    MAX_NAME_DEPTH,
+    Progress,
+    _layout_of,
+    compression_for,
+    entry_path_problem,
+    is_binary_name,
+    is_lock_name,
+    link_problem,
+)
+from kcache_cli.errors import KcacheError
+from kcache_cli.model import (
+    BUILDING,
+    COMPLETE,
+    Entry,
+    ScanFilter,
+    Warn,
+    iso,
+)
+
+
+@dataclass(frozen=True)
+class ExportedEntry:
+    layout: str
+    kind: str
+    target: str | None
+    space: str | None
+    op: str | None
+    hash: str
+    relpath: str
+    status: str
+    files: int
+    size: int
+    compiler: str | None
+    arch: str | None
+    platform: str | None
+    omitted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    archive: str
+    compression: str
+    entries: tuple[ExportedEntry, ...]
+    left_out: tuple[tuple[Entry, str], ...]
+    files: int
+    size: int
+    archive_size: int
+    sources_only: bool
+
+
+# ---- export --------------------------------------------------------------------------------------
+
+PARALLEL_MIN_ENTRIES = 1000  # below this, forking workers costs more than it saves
+ENTRIES_PER_PART = 500
+MAX_PARTS = 16
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # O_NONBLOCK: a fifo never blocks
+
+
+@dataclass
+class ExportPlan:
+    """What to export: the entries the filter's names select, as the cheap scan found them, sorted by
+    path. The export's workers judge each one deeply (the one judgement, as verify's) and leave out
+    what is not fit to ship; entries brought along because selected ones use them (`along`: a tilus
+    script's programs) go unless they are being built."""
+
+    root: Path
+    flt: ScanFilter
+    sources_only: bool
+    jobs: list[Entry]
+    left: list[tuple[Entry, str]]
+    last_used: dict[str, float] = field(default_factory=dict)
+    along: frozenset[str] = frozenset()  # relpaths of the entries brought along
+
+
+def _leave_out(e: Entry, flt: ScanFilter, sources_only: bool) -> str | None:
+    """Why a selected entry stays out of an archive, or None."""
+    if entry_path_problem(e.layout, e.kind, e.relpath):
+        return "a temp, staging or stray directory, not an entry"
+    if e.status == BUILDING:
+        return f"being built ({e.reason})"
+    if not flt.statuses and e.status != COMPLETE:
+        return f"{e.status}: {e.reason} (select it with --status {e.status})"
+    if sources_only and e.kind in _layout_of(e.layout).binary_kinds:
+        return "holds only a binary (--sources-only)"
+    return None
+
+
+def plan_export(root: Path, flt: ScanFilter, warn: Warn | None = None, sources_only: bool = False) -> ExportPlan:
+    """The entries `flt` selects for export. Without a --status filter only complete entries go;
+    entries in flight never do. Entries that selected ones use come along (Layout.uses: the programs
+    tilus scripts link to)."""
+    from dataclasses import replace
+
+    from kcache_cli.scan import scan_cache
+
+    root = Path(root)
+    if not root.is_dir():
+        raise KcacheError(f"no cache at {root}")
+    warn = warn or (lambda m: None)
+    jobs = list(scan_cache(root, replace(flt, statuses=()), warn).entries)  # statuses: judged deeply later
+    left: list[tuple[Entry, str]] = []
+    along = _brought_along(root, jobs, left, warn)
+    jobs += along
+    jobs.sort(key=lambda e: e.relpath)
+    return ExportPlan(root, flt, sources_only, jobs, left, state.load_last_used(root),
+                      frozenset(e.relpath for e in along))
+
+
+def _brought_along(root: Path, chosen: list[Entry], left: list, warn: Warn) -> list[Entry]:
+    """The entries chosen ones use (Layout.uses) that are not chosen themselves."""
+    from kcache_cli.scan import scan_cache
+
+    have = {e.relpath for e in chosen}
+    need: dict[str, set[str]] = {}  # layout -> relpaths
+    for e in chosen:
+        for rel in _layout_of(e.layout).uses(root, e):
+            if rel not in have:
+                need.setdefault(e.layout, set()).add(rel)
+    out = []
+    for layout, rels in sorted(need.items()):
+        for e in scan_cache(root, ScanFilter(layouts=(layout,)), warn).entries:
+            if e.relpath in rels:
+                if e.status == BUILDING:
+                    left.append((e, f"being built ({e.reason})"))
+                else:
+                    out.append(e)
+    return out
+
+
+class _Skip(Exception):
+    """This entry cannot be exported as it is (a warning, not an error)."""
+
+
+def _read_tree(dfd: int, prefix: str, out: list, budget: list[int]) -> None:
+    """Everything under an open directory, sorted, depth first, as (name, kind, size, mode, mtime,
+    extra): kind 'file' (extra: its bytes, or None past BIG_FILE or the memory budget), 'dir',
+    'link' (extra: its target) or 'other'. Types come from the directory listing; each file is
+    opened once (relative to its directory's fd, never following a link), fstat'ed and read whole.
+    Iterative, at most MAX_NAME_DEPTH deep (deeper: fsread.TreeTooDeep, an OSError)."""
+    from kcache_cli.fsread import TreeTooDeep
+
+    stack: list[tuple[int, str, list]] = [(dfd, prefix, _listing(dfd))]
+    try:
+        while stack:
+            fd, pre, items = stack[-1]
+            if not items:
+                stack.pop()
+                if fd != dfd:
+                    os.close(fd)
+                continue
+            de = items.pop()
+            name = pre + de.name
+            if de.is_file(follow_symlinks=False):
+                out.append(_read_member(fd, de.name, name, budget))
+            elif de.is_dir(follow_symlinks=False):
+                if len(stack) >= MAX_NAME_DEPTH:  # import refuses deeper names: do not ship them
+                    raise TreeTooDeep(errno.ELOOP, f"directories nested more than {MAX_NAME_DEPTH} deep")
+                sub = os.open(de.name, _DIR_FLAGS, dir_fd=fd)
+                try:
+                    out.append((name, "dir", 0, 0o755, os.fstat(sub).st_mtime, None))
+                    stack.append((sub, name + "/", _listing(sub)))
+                except BaseException:
+                    os.close(sub)
+                    raise
+            elif de.is_symlink():
+                st = de.stat(follow_symlinks=False)
+                out.append((name, "link", st.st_size, st.st_mode, st.st_mtime, os.readlink(de.name, dir_fd=fd)))
+            else:
+                out.append((name, "other", 0, 0, 0.0, None))
+    finally:
+        for fd, _, _ in stack:
+            if fd != dfd:
+                os.close(fd)
+
+
+def _listing(dfd: int) -> list:
+    """A directory's entries, sorted by name and reversed (popped from the end in order)."""
+    with os.scandir(dfd) as it:
+        return sorted(it, key=_by_name, reverse=True)
+
+
+def _read_member(dfd: int, base: str, name: str, budget: list[int]) -> tuple:
+    """One regular file of _read_tree: (name, "file", size, mode, mtime, bytes or None), or
+    "other" when it is no longer a regular file."""
+    fd = os.open(base, _FILE_FLAGS, dir_fd=dfd)
+    try:
+        st = os.fstat(fd)
+        mode = st.st_mode
+        if not stat.S_ISREG(mode):  # replaced since the listing
+            return (name, "other", 0, mode, st.st_mtime, None)
+        size = st.st_size
+        data = None
+        if size <= BIG_FILE and size <= budget[0]:
+            data = os.read(fd, size) if size else b""
+            while len(data) < size:  # short reads happen on some filesystems
+                more = os.read(fd, size - len(data))
+                if not more:
+                    break
+                data += more
+            budget[0] -= len(data)
+            size = len(data)
+        return (name, "file", size, mode, st.st_mtime, data)
+    finally:
+        os.close(fd)
+
+
+ENTRY_BUDGET = 256 << 20  # bytes of one entry held in memory; the rest is read again when written
+
+
+_by_name = attrgetter("name")
+
+
+def _read_file(dfd: int, name: str, size: int) -> bytes:
+    from kcache_cli.fsread import open_regular
+
+    fd, _ = open_regular(name, dir_fd=dfd)  # read again: it must still be a regular file, not followed
+    try:
+        data = os.read(fd, size) if size else b""
+        while len(data) < size:  # short reads happen on some filesystems
+            more = os.read(fd, size - len(data))
+            if not more:
+                break
+            data += more
+        return data
+    finally:
+        os.close(fd)
+
+
+class _PartWriter:
+    """Turns entries into tar members and manifest records (one worker, one or more parts)."""
+
+    def __init__(self, plan: ExportPlan, writer, targets: set[str], advance: Callable[[int], None]) -> None:
+        import hashlib
+
+        from kcache_cli.scan import ScanContext
+
+        self.plan = plan
+        self.writer = writer
+        self.targets = targets  # relpaths of the entries in the archive (links may point at them)
+        self.advance = advance
+        self.sha256 = hashlib.sha256
+        self.warnings: list[str] = []
+        self.ctx = ScanContext(plan.root, self.warnings.append, plan.last_used)
+        self.records: list[dict] = []
+        self.done: list[ExportedEntry] = []
+        self.left: list[tuple[Entry, str]] = []
+        self.files = self.size = 0
+
+    def job(self, e: Entry) -> None:
+        try:
+            chosen = self._chosen(e)
+            if chosen is not None:
+                self._entry(chosen)
+        except _Skip as exc:
+            entry, why = exc.args
+            self.left.append((entry, why))
+            self.warnings.append(f"skipping {entry.relpath}: {why}")
+        self.advance(1)
+
+    def _chosen(self, e: Entry) -> Entry | None:
+        """`e` judged deeply (the one judgement, as verify's), or None when it stays out."""
+        from dataclasses import replace
+
+        from kcache_cli.verify import judge_entry
+
+        if e.relpath in self.plan.along:  # used by a chosen entry: it goes unless it is being built
+            if e.status == BUILDING:
+                self.left.append((e, f"being built ({e.reason})"))
+                return None
+            return e
+        verdict = judge_entry(self.plan.root, e, deep=True)
+        e = replace(e, status=verdict.status, reason=verdict.reason)
+        if not self.plan.flt.matches(e):
+            return None
+        why = _leave_out(e, self.plan.flt, self.plan.sources_only)
+        if why:
+            self.left.append((e, why))
+            return None
+        return e
+
+    def _entry(self, e: Entry) -> None:
+        try:
+            dfd = os.open(e.path, _DIR_FLAGS)
+        except OSError as exc:
+            raise _Skip(e, f"unreadable: {exc.strerror}") from None
+        try:
+            items: list = []
+            try:
+                mtime = os.fstat(dfd).st_mtime
+                _read_tree(dfd, "", items, [ENTRY_BUDGET])
+            except OSError as exc:
+                raise _Skip(e, f"unreadable: {exc.strerror}") from None
+            self._emit(e, dfd, items, mtime)
+        finally:
+            os.close(dfd)
+
+    def _emit(self, e: Entry, dfd: int, items: list, mtime: float) -> None:
+        """Check the listing, then read and append the entry. Its members are collected first, so
+        that an entry that changes under us is skipped whole (entries above BIG_FILE stream)."""
+        from kcache_cli import tarstream as ts
+
+        rel = e.relpath
+        fact_files = frozenset(_layout_of(e.layout).fact_files)  # read for the compiler, arch, platform
+        self._check_listing(e, items)
+        sources_only = self.plan.sources_only
+        sha256 = self.sha256
+        file_header, padding = ts.file_header, ts.padding
+        pieces = [ts.dir_header(rel, mtime)]
+        put = pieces.append
+        files: dict[str, list] = {}
+        links: dict[str, str] = {}
+        dirs: list[str] = []
+        locks: list[str] = []
+        omitted: list[str] = []
+        small: dict[str, bytes] = {}
+        size = 0
+        streamed = False
+        prefix = rel + "/"
+        for name, kind, fsize, mode, ftime, extra in items:
+            if kind == "file":
+                if name.endswith("lock") and is_lock_name(name):
+                    locks.append(name)
+                    continue
+                if sources_only and is_binary_name(name):
+                    omitted.append(name)
+                    continue
+                if fsize > BIG_FILE:
+                    if not streamed:  # from here on, members go straight to the writer
+                        self.writer.write(b"".join(pieces))
+                        pieces.clear()
+                        streamed = True
+                    try:
+                        files[name] = self._stream(dfd, name, prefix + name, fsize, mode, ftime)
+                    except OSError as exc:  # members of the entry are already written: the export stops
+                        raise KcacheError(f"cannot read {e.path}/{name}: {exc.strerror} (the entry changed "
+                                          "during the export)") from None
+                    size += fsize
+                    continue
+                data = extra
+                if data is None:
+                    try:
+                        data = _read_file(dfd, name, fsize)
+                    except OSError as exc:
+                        if streamed:
+                            raise KcacheError(f"cannot read {e.path}/{name}: {exc.strerror} (the entry changed "
+                                              "during the export)") from None
+                        raise _Skip(e, f"cannot read {name}: {exc.strerror} (changed during the export?)") from None
+                n = len(data)
+                put(file_header(prefix + name, n, mode, ftime))
+                put(data)
+                put(padding(n))
+                files[name] = [n, sha256(data).hexdigest()]
+                size += n
+                if name in fact_files:
+                    small[name] = data
+            elif kind == "dir":
+                dirs.append(name)
+                put(ts.dir_header(prefix + name, ftime))
+            else:
+                links[name] = extra
+                put(ts.symlink_header(prefix + name, extra, ftime))
+        if pieces:
+            self.writer.write(b"".join(pieces))
+        self._record(e, small, files, links, dirs, locks, omitted, size)
+
+    def _check_listing(self, e: Entry, items: list) -> None:
+        """Names the import would refuse and members that cannot be shipped skip the entry (_Skip)."""
+        rel = e.relpath
+        for name, kind, _, _, _, extra in items:
+            if not name.isprintable() and _CONTROL.search(name):  # import would refuse the archive
+                raise _Skip(e, f"{name!r} holds control characters")
+            if kind == "file":
+                if not name.isascii():
+                    try:
+                        name.encode("utf-8")
+                    except UnicodeEncodeError:
+                        raise _Skip(e, f"{name!r} is not a UTF-8 file name") from None
+                continue
+            if kind == "other":
+                raise _Skip(e, f"{name} is a device, fifo or socket")
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _Skip(e, f"{name!r} is not a UTF-8 file name") from None
+            if kind == "link":
+                bad = link_problem(e.layout, e.kind, rel, name, extra, self.targets.__contains__)
+                if bad:
+                    raise _Skip(e, bad)
+
+    def _record(self, e: Entry, small: dict[str, bytes], files: dict, links: dict[str, str], dirs: list[str],
+                locks: list[str], omitted: list[str], size: int) -> None:
+        """The entry's manifest record and its line in the result."""
+        rel = e.relpath
+        sources_only = self.plan.sources_only
+        compiler, arch, platform = _entry_facts(e, small, (*files, *omitted))
+        record = {"layout": e.layout, "kind": e.kind, "target": e.target, "space": e.space, "op": e.op,
+                  "hash": e.hash, "relpath": rel, "status": e.status, "compiler": compiler, "arch": arch,
+                  "platform": platform, "files": files, "links": links, "dirs": dirs, "locks": locks}
+        if sources_only:
+            record["omitted"] = omitted
+        self.records.append(record)
+        self.done.append(ExportedEntry(e.layout, e.kind, e.target, e.space, e.op, e.hash, rel, e.status,
+                                       len(files), size, compiler, arch, platform, tuple(omitted)))
+        self.files += len(files)
+        self.size += size
+
+    def _stream(self, dfd: int, name: str, member: str, size: int, mode: int, mtime: float) -> list:
+        from kcache_cli import tarstream as ts
+        from kcache_cli.fsread import open_regular
+
+        fd, _ = open_regular(name, dir_fd=dfd)  # read again: it must still be a regular file, not followed
+        write = self.writer.write
+        h = self.sha256()
+        try:
+            write(ts.file_header(member, size, mode, mtime))
+            left = size
+            while left:
+                chunk = os.read(fd, min(ts.CHUNK, left))
+                if not chunk:
+                    raise KcacheError(f"{member} shrank while it was being exported")
+                h.update(chunk)
+                write(chunk)
+                left -= len(chunk)
+        finally:
+            os.close(fd)
+        write(ts.padding(size))
+        return [size, h.hexdigest()]
+
+
+def _entry_facts(entry: Entry, small: dict[str, bytes], names: Iterable[str]) -> tuple[str | None, str | None,
+                                                                                       str | None]:
+    """(compiler, arch, platform) of an entry, as its layout finds them (Layout.facts)."""
+    facts = _layout_of(entry.layout).facts(entry, small, names)
+    return facts.compiler, facts.arch, facts.platform
+
+
+def _split(items: list, n: int) -> list[list]:
+    """`items` in `n` contiguous chunks of nearly equal length."""
+    k, r = divmod(len(items), n)
+    out, i = [], 0
+    for c in range(n):
+        j = i + k + (1 if c < r else 0)
+        out.append(items[i:j])
+        i = j
+    return out
+
+
+def _export_worker(plan: ExportPlan, parts: list[list], path: str, compression: str, targets: set[str],
+                   advance: Callable[[int], None], abort: Callable[[], bool]) -> dict:
+    """Write `parts` (lists of jobs) into the file at `path`, one compressed part after the other."""
+    from kcache_cli import tarstream as ts
+
+    with open(path, "wb") as out:
+        writer = ts.FrameWriter(out, compression)
+        pw = _PartWriter(plan, writer, targets, advance)
+        sizes, counts = [], []
+        try:
+            start = 0
+            for jobs in parts:
+                before = len(pw.records)
+                for job in jobs:
+                    if abort():
+                        raise _aborted("export aborted")
+                    pw.job(job)
+                end = writer.end_part()
+                sizes.append(end - start)
+                counts.append(len(pw.records) - before)
+                start = end
+        finally:
+            writer.close()
+    # The records travel back as JSON text: encoding them here is done in parallel, and a string
+    # pickles much faster than the dicts.
+    text = json.dumps(pw.records, separators=(",", ":"))[1:-1]
+    return {"records": text, "done": pw.done, "left": pw.left, "files": pw.files, "size": pw.size,
+            "sizes": sizes, "counts": counts, "warnings": pw.warnings}
+
+
+def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
+                   progress: Progress | None = None) -> ExportResult:
+    """Write the planned entries into `archive` (compression from its name) through a temp file
+    renamed at the end: a failed export leaves no half archive behind.
+
+    The tar stream is `manifest.json`, then the entries in parts (independent gzip members or zstd
+    frames, listed in the manifest with their sizes) written by forked workers on big caches."""
+    from kcache_cli import tarstream as ts
+
+    compression = compression_for(archive)
+    archive = os.path.abspath(archive)
+    out_dir = os.path.dirname(archive)
+    if not os.path.isdir(out_dir):
+        raise KcacheError(f"cannot write {archive}: {out_dir} is not a directory")
+    warn = warn or (lambda m: None)
+    jobs = plan.jobs
+    targets = {j.relpath for j in jobs}  # what links may point at, besides their own entry
+    n_parts = max(1, min(MAX_PARTS, len(jobs) // ENTRIES_PER_PART))
+    workers = min(_cpus(), n_parts) if len(jobs) >= PARALLEL_MIN_ENTRIES else 1
+    if workers == 1:
+        n_parts = 1
+    part_jobs = _split(jobs, n_parts)
+    per_worker = _split(part_jobs, workers)
+    if progress:
+        progress.start(len(jobs))
+    _collect_stale_temps(out_dir)
+    temps: list[str] = []
+    held: list[int] = []  # flocks on our temp files, held to the end: prune and later exports leave them be
+    restore = _signals_raise()
+    try:
+        _make_temps(archive, workers + 1, temps, held)
+        final_tmp, bodies = temps[0], temps[1:]
+
+        def run(w: int, advance, abort):
+            return _export_worker(plan, per_worker[w], bodies[w], compression, targets, advance, abort)
+
+        results, _ = _run_workers(workers, run, progress)
+        records, done, left = [], [], list(plan.left)
+        sizes, counts = [], []
+        n_files = total = 0
+        for r in results:
+            if r["records"]:
+                records.append(r["records"])
+            done += r["done"]
+            left += r["left"]
+            sizes += r["sizes"]
+            counts += r["counts"]
+            n_files += r["files"]
+            total += r["size"]
+            for w in r["warnings"]:
+                warn(w)
+        # The end-of-archive blocks close the last part; no part is empty (import checks that).
+        with open(bodies[-1], "ab") as last:
+            tail = ts.FrameWriter(last, compression)
+            tail.write(ts.END_OF_ARCHIVE)
+            sizes[-1] += tail.close()
+        parts = [{"size": s, "entries": c} for s, c in zip(sizes, counts)]
+        manifest = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "kcache_version": __version__,
+            "created": iso(time.time()), "platform": _platform(), "sources_only": plan.sources_only,
+            "totals": {"entries": len(done), "files": n_files, "size": total},
+            "parts": parts,
+        }
+        _write_final(final_tmp, bodies, compression, manifest, records)
+        os.replace(final_tmp, archive)
+    finally:
+        _unlink_all(temps)
+        _close_all(held)
+        restore()
+    return ExportResult(archive, compression, tuple(done), tuple(left), n_files, total, os.path.getsize(archive),
+                        plan.sources_only)
+
+
+def _write_final(final_tmp: str, bodies: list[str], compression: str, manifest: dict, records: list[str]) -> None:
+    """The archive: the manifest (its entry records already JSON text, joined), then every part."""
+    from kcache_cli import tarstream as ts
+
+    head_json = json.dumps(manifest, separators=(",", ":"))
+    data = (head_json[:-1] + ',"entries":[' + ",".join(records) + "]}").encode()
+    with open(final_tmp, "wb") as final:
+        head = ts.FrameWriter(final, compression)
+        head.write(ts.file_header(MANIFEST_NAME, len(data), 0o644, time.time()))
+        head.write(data)
+        head.write(ts.padding(len(data)))
+        head.close()
+        for body in bodies:
+            _append_file(final, body)
+        os.fchmod(final.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; an archive is a file the user makes
+
+
+def _umask() -> int:
+    """The process's umask: from /proc (Linux 4.7+) without changing it, else by setting and restoring it."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _append_file(out, path: str) -> None:
+    out.flush()
+    with open(path, "rb") as src:
+        size = os.fstat(src.fileno()).st_size
+        copied = 0
+        try:
+            while copied < size:
+                n = os.copy_file_range(src.fileno(), out.fileno(), size - copied)
+                if n == 0:
+                    break
+                copied += n
+        except (AttributeError, OSError):
+            src.seek(copied)
+            out.seek(0, os.SEEK_END)
+            import shutil
+
+            shutil.copyfileobj(src, out, 1 << 20)
+
+
+def _make_temps(archive: str, n: int, temps: list[str], held: list[int]) -> None:
+    """`n` temp files beside `archive`, each flocked (the fds kept in `held`) so that a prune or a later
+    export sees a live export (state.leftover_live)."""
+    import fcntl
+    import tempfile
+
+    out_dir = os.path.dirname(archive)
+    try:
+        for _ in range(n):
+            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(archive)}.", suffix=".kcache-tmp", dir=out_dir)
+            held.append(fd)
+            temps.append(tmp)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        raise KcacheError(f"cannot write in {out_dir}: {exc.strerror}") from None
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _signals_raise() -> Callable[[], None]:
+    """While an export runs, SIGTERM and SIGHUP unwind it like Ctrl-C (its temp files are removed);
+    returns what puts the old handlers back. Only the main thread can install handlers."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    def restore() -> None:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+    return restore
+
+
+def _collect_stale_temps(out_dir: str) -> None:
+    """Temp files of killed exports in `out_dir` (`.<archive>.*.kcache-tmp`, regular, not flocked by a
+    running export): removed relative to the directory's descriptor."""
+    try:
+        fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for name in os.listdir(fd):
+            if not state.EXPORT_TEMP.match(name):
+                continue
+            try:
+                tfd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                if state.leftover_live(fd, name) is False and _try_flock(tfd):
+                    os.unlink(name, dir_fd=fd)  # while holding its lock: no export can be using it
+            except OSError:
+                pass
+            finally:
+                os.close(tfd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _try_flock(fd: int) -> bool:
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
+def _unlink_all(paths: list[str]) -> None:
+    """Our temp files (all in one directory), unlinked relative to that directory's descriptor."""
+    if not paths:
+        return
+    try:
+        fd = os.open(os.path.dirname(paths[0]) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for p in paths:
+            try:
+                os.unlink(os.path.basename(p), dir_fd=fd)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
+def _cpus() -> int:
+    from kcache_cli import parallel
+
+    return parallel.cpus()
+
+
+def _run_workers(n: int, first: Callable, progress: Progress | None = None,
+                 between: Callable[[list], None] | None = None, second: Callable[[int], object] | None = None
+                 ) -> tuple[list, list]:
+    """The phases of an export or import in `n` workers (kcache_cli.parallel.run_phased)."""
+    from kcache_cli import parallel
+
+    return parallel.run_phased(n, first, progress, between, second)
+
+
+def _ignore(n: int) -> None:
+    pass
+
+
+def _aborted(message: str) -> KcacheError:
+    from kcache_cli.parallel import Aborted
+
+    return Aborted(message)
+
+
+def _platform() -> str:
+    import platform
+
+    return f"{sys.platform}-{platform.machine()}"
+
+
+class _Capture:
+    """A writer that keeps the tar bytes of one entry, for `entry_records`."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+
+def entry_records(plan: ExportPlan) -> Iterator[tuple[dict, dict[str, bytes], tuple[str, ...]]]:
+    """Each planned entry as export writes it: (its manifest record, {file name: bytes}, the names of
+    its executable files), judged and read exactly as by `export_archive`. Entries export would
+    leave out (incomplete, changed while read...) are in `plan.left` afterwards."""
+    import io
+
+    from kcache_cli import tarstream as ts
+
+    capture = _Capture()
+    pw = _PartWriter(plan, capture, {j.relpath for j in plan.jobs}, _ignore)
+    for job in plan.jobs:
+        capture.chunks.clear()
+        before, left = len(pw.records), len(pw.left)
+        pw.job(job)
+        plan.left.extend(pw.left[left:])
+        if len(pw.records) == before:
+            continue
+        record = pw.records[-1]
+        reader = ts.TarReader(io.BytesIO(b"".join(capture.chunks)))
+        prefix = record["relpath"] + "/"
+        data: dict[str, bytes] = {}
+        executable = []
+        while (m := reader.next()) is not None:
+            if m.type == ts.REGULAR:
+                name = m.name[len(prefix):]
+                data[name] = reader.small_data(m) or b"".join(reader.data(m))
+                if m.mode & 0o111:
+                    executable.append(name)
+        yield record, data, tuple(executable)

@@ -1,0 +1,932 @@
+"""Import: the whole archive verified while it is extracted into a staging directory inside the root,
+then each entry published with one rename under its lock (the `Importer`)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from kcache_cli import state
+from kcache_cli.archive.export import _DIR_FLAGS, PARALLEL_MIN_ENTRIES, _aborted, _cpus, _ignore, _run_workers, _split
+from kcache_cli.archive.manifest import (
+    _STAGING_NAME_ROOM,
+    MANIFEST_NAME,
+    PATH_MAX,
+    ArchiveRejected,
+    ImportLimits,
+    Progress,
+    _check_proportion,
+    _check_records,
+    _layout_of,
+    _names,
+    _parse_manifest,
+    _Planned,
+    _reject,
+    _too_long,
+    is_lock_name,
+    link_problem,
+    path_problem,
+    rejection_reason,
+)
+from kcache_cli.errors import KcacheError
+from kcache_cli.model import (
+    BUILDING,
+    COMPLETE,
+    Entry,
+    ScanFilter,
+    Warn,
+)
+
+
+@dataclass(frozen=True)
+class ImportedEntry:
+    layout: str
+    kind: str
+    target: str | None
+    space: str | None
+    op: str | None
+    hash: str
+    relpath: str
+    action: str  # "import", "replace" or "skip"
+    done: bool  # published (False for skips and in a dry run)
+    reason: str | None
+    files: int
+    size: int
+    arch: str | None
+    compiler: str | None
+    platform: str | None
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    archive: str
+    root: str
+    dry_run: bool
+    kcache_version: str | None
+    entries: tuple[ImportedEntry, ...]
+    files: int  # files read and verified
+    size: int  # bytes read and verified
+
+    @property
+    def published(self) -> tuple[ImportedEntry, ...]:
+        return tuple(e for e in self.entries if e.done)
+
+
+def _real_dir_chain(root: Path, relpath: str, cache: dict | None = None) -> str | None:
+    """Why the parents of `relpath` under `root` cannot be written without following a link, or None."""
+    cache = {} if cache is None else cache
+    cur = str(root)
+    for part in relpath.split("/")[:-1]:
+        cur = os.path.join(cur, part)
+        if cur in cache:
+            problem = cache[cur]
+        else:
+            try:
+                st = os.lstat(cur)
+                problem = (f"{cur} is a symlink (kcache never writes through one)" if stat.S_ISLNK(st.st_mode)
+                           else None if stat.S_ISDIR(st.st_mode) else f"{cur} is not a directory")
+            except FileNotFoundError:
+                problem = ""  # missing: made at publish time
+            except OSError as exc:
+                problem = f"cannot check {cur}: {exc.strerror}"
+            cache[cur] = problem
+        if problem is not None:
+            return problem or None
+    return None
+
+
+def _present_entry(root: Path, rel: str, chains: dict) -> bool:
+    """An entry directory at `rel` in the cache, reached without a symlink."""
+    return _real_dir_chain(root, f"{rel}/x", chains) is None and os.path.isdir(os.path.join(root, rel))
+
+
+def _plan(root: Path, planned: list[_Planned], archive_relpaths: set[str]) -> None:
+    """Decide each entry's action from the destination, and check every link against it."""
+    from kcache_cli.scan import scan_cache
+
+    existing = {p.relpath for p in planned if os.path.lexists(os.path.join(root, p.relpath))}
+    found: dict[str, Entry] = {}
+    if existing:
+        layouts = tuple(sorted({p.layout for p in planned if p.relpath in existing}))
+        found = {e.relpath: e for e in scan_cache(root, ScanFilter(layouts=layouts)).entries}
+    chains: dict = {}
+
+    def target_ok(rel: str) -> bool:  # a link's target entry is in the archive, or a real one in the cache
+        return rel in archive_relpaths or _present_entry(root, rel, chains)
+
+    room = PATH_MAX - 1 - len(os.fsencode(str(root))) - _STAGING_NAME_ROOM
+    for p in planned:
+        for name, target in p.links.items():
+            bad = link_problem(p.layout, p.kind, p.relpath, name, target, target_ok)
+            if bad:
+                raise _reject(bad)
+        too_long = _too_long(p, room)
+        if too_long:  # decided here, in a dry run too: a real import would fail to write it
+            raise _reject(f"{too_long} would be longer than the system's path limit ({PATH_MAX} bytes) in {root}")
+        blocked = _real_dir_chain(root, p.relpath, chains)
+        if blocked:
+            p.action, p.reason, p.write = "skip", blocked, False
+            continue
+        if p.relpath in existing:
+            there = found.get(p.relpath)
+            if there is not None and there.status != BUILDING:  # the one judgement, as verify's
+                from dataclasses import replace as _with
+
+                from kcache_cli.verify import judge_entry
+
+                verdict = judge_entry(root, there, deep=True)
+                there = _with(there, status=verdict.status, reason=verdict.reason)
+            if there is None:
+                p.action, p.reason = "skip", "something that is not an entry is in the way"
+            elif there.status == COMPLETE:
+                p.action, p.reason = "skip", "already present (complete)"
+            elif there.status == BUILDING:
+                p.action, p.reason = "skip", f"being built ({there.reason})"
+            elif p.record.get("status") != COMPLETE:
+                p.action, p.reason = "skip", f"already present ({there.status})"
+            else:
+                p.action, p.reason = "replace", f"replaces a {there.status} entry ({there.reason})"
+            p.write = p.action != "skip"
+
+
+# ---- import: reading the archive ----------------------------------------------------------------
+
+class _Staging:
+    """Where an import extracts before publishing: <root>/.kcache/import-<pid>-<random>/, made by
+    this process, removed (with any directory it had to create) when the import ends."""
+
+    def __init__(self, root: Path) -> None:
+        import secrets
+
+        self.created: list[str] = []
+        cur = str(root)
+        missing = []
+        while not os.path.lexists(cur):
+            missing.append(cur)
+            parent = os.path.dirname(cur)
+            if parent == cur:
+                break
+            cur = parent
+        for d in reversed(missing):
+            os.mkdir(d)
+            self.created.append(d)
+        sdir = os.path.join(root, state.STATE_DIR)
+        try:
+            st = os.lstat(sdir)
+            if not stat.S_ISDIR(st.st_mode):
+                raise KcacheError(f"{sdir} is not a directory")
+        except FileNotFoundError:
+            os.mkdir(sdir)
+            self.created.append(sdir)
+        for sub in (state.locks_dir(root), state.trash_dir(root)):  # where publishing writes
+            if os.path.islink(sub) or (os.path.lexists(sub) and not os.path.isdir(sub)):
+                raise KcacheError(f"{sub} is not a directory (kcache never writes through a symlink)")
+        if str(root) in self.created:
+            state.write_cachedir_tag(root)  # a root kcache makes is tagged: evidence that it is a cache
+        self.root = root
+        self.name = f"import-{os.getpid()}-{secrets.token_hex(4)}"
+        self.path = os.path.join(sdir, self.name)
+        os.mkdir(self.path, 0o700)
+        # Held until cleanup: a prune sees a live import and leaves its staging alone (state.leftover_live).
+        import fcntl
+
+        self.lock_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        self.dirs: set[str] = {""}
+
+    def ensure_dir(self, rel: str) -> None:
+        missing = []  # a loop, not recursion: names are at most MAX_NAME_DEPTH deep, but never trust that
+        while rel not in self.dirs:
+            missing.append(rel)
+            parent = os.path.dirname(rel)
+            if parent == rel:  # "/": names were checked to be relative; never loop on one that is not
+                raise KcacheError(f"bad staging path {rel!r}")
+            rel = parent
+        for rel in reversed(missing):
+            full = os.path.join(self.path, rel)
+            try:
+                os.mkdir(full)
+            except FileExistsError:  # another worker made it, or a member made it a file: check
+                st = os.lstat(full)
+                if not stat.S_ISDIR(st.st_mode):
+                    raise
+            self.dirs.add(rel)
+
+    def cleanup(self) -> None:
+        from kcache_cli import fsdelete
+
+        fsdelete.remove_under(self.root, f"{state.STATE_DIR}/{self.name}")
+        os.close(self.lock_fd)
+        for d in reversed(self.created):
+            tagged = d == str(self.root)
+            try:
+                if tagged:  # a root that stayed empty goes, tag and all
+                    os.unlink(os.path.join(d, state.CACHEDIR_TAG))
+                os.rmdir(d)
+            except OSError:
+                if tagged:
+                    state.write_cachedir_tag(self.root)
+
+
+_ROOT, _DIR, _FILE, _LINK = 0, 1, 2, 3
+
+
+def _expectations(planned: list[_Planned]) -> dict[str, tuple]:
+    """member name -> (entry, kind, size, sha256 or link target)."""
+    expect: dict[str, tuple] = {}
+    for p in planned:
+        rel = p.relpath + "/"
+        expect[p.relpath] = (p, _ROOT, 0, "")
+        for name in p.dirs:
+            expect[rel + name] = (p, _DIR, 0, "")
+        for name, (size, digest) in p.files.items():
+            expect[rel + name] = (p, _FILE, size, digest)
+        for name, target in p.links.items():
+            expect[rel + name] = (p, _LINK, 0, target)
+    return expect
+
+
+def _unexpected(name: str, listed: dict) -> ArchiveRejected:
+    if name == MANIFEST_NAME or name in listed:
+        return _reject(f"duplicate member {name!r}")
+    bad = path_problem(name, "member name")
+    if bad:
+        return _reject(bad)
+    if is_lock_name(name):
+        return _reject(f"member {name!r} is named like a lock file (lock files are never shipped)")
+    return _reject(f"member {name!r} is not listed in the manifest (or not in its part)")
+
+
+def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: ImportLimits,
+             abort: Callable[[], bool] = lambda: False) -> tuple[int, int]:
+    """Read members until the end of `reader`: each one must be listed for `planned` (once), of the
+    listed type, size and sha256. Files of entries to publish go into `staging`; the others are
+    only hashed. Returns (files, bytes) read."""
+    import hashlib
+
+    from kcache_cli import tarstream as ts
+
+    listed = _expectations(planned)
+    expect = dict(listed)  # what has not come yet: each member takes itself out
+    files = size = 0
+    sha256 = hashlib.sha256
+    base = staging.path + "/" if staging is not None else ""
+    dirs = staging.dirs if staging is not None else set()
+    regular, max_member = ts.REGULAR, limits.max_member
+    count = 0
+    while True:
+        m = reader.next()
+        if m is None:
+            break
+        count += 1
+        if count & 255 == 0 and abort():
+            raise _aborted("import aborted")
+        name = m.name
+        x = expect.pop(name, None)
+        if x is None:
+            raise _unexpected(name, listed)
+        entry, want, wsize, wdigest = x
+        out = staging is not None and entry.write
+        kind = m.type
+        if kind == regular and want == _FILE:
+            if m.size != wsize:
+                raise _reject(f"member {name!r} is {m.size} bytes, the manifest says {wsize}")
+            if m.size > max_member:  # the manifest's sizes were checked; this is a second net
+                raise _reject(f"member {name!r} is over the limit of {max_member} bytes per file")
+            if out and name.rpartition("/")[0] not in dirs:
+                staging.ensure_dir(name.rpartition("/")[0])  # type: ignore[union-attr]
+            if _read_member(reader, m, base + name if out else None, sha256) != wdigest:
+                raise _reject(f"{name}: its sha256 differs from the manifest's (damaged or tampered with)")
+            files += 1
+            size += wsize
+            continue
+        if kind not in (ts.REGULAR, ts.DIRECTORY, ts.SYMLINK, ts.HARDLINK):
+            raise _reject(f"member {name!r} is a {kind}")
+        if kind == ts.HARDLINK:
+            _hardlink(m, x, listed, expect, staging if out else None)
+            files += 1
+            size += wsize
+            continue
+        expected = {_ROOT: ts.DIRECTORY, _DIR: ts.DIRECTORY, _FILE: ts.REGULAR, _LINK: ts.SYMLINK}[want]
+        if kind != expected:
+            raise _reject(f"member {name!r} is a {kind}, the manifest says {expected}")
+        if m.size:
+            raise _reject(f"{kind} member {name!r} carries data")
+        if kind == ts.DIRECTORY:
+            if out:
+                staging.ensure_dir(name)  # type: ignore[union-attr]  # out: staging is there
+        else:  # a symlink: its target was checked against the rules with the manifest
+            if m.linkname != wdigest:
+                raise _reject(f"symlink {name!r} -> {m.linkname!r}, the manifest says -> {wdigest!r}")
+            if out:
+                staging.ensure_dir(name.rpartition("/")[0])  # type: ignore[union-attr]
+                os.symlink(m.linkname, base + name)
+    for key, x in expect.items():
+        if x[1] in (_FILE, _LINK):
+            raise _reject(f"{key} is listed in the manifest but missing from the archive (truncated?)")
+    return files, size
+
+
+_SINK_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _read_member(reader, m, dest: str | None, sha256) -> str:
+    """A file member's sha256, its bytes written to a new file at `dest` on the way (None: only hashed)."""
+    data = reader.small_data(m)
+    if dest is None:
+        if data is not None:
+            return sha256(data).hexdigest()
+        h = sha256()
+        for chunk in reader.data(m):
+            h.update(chunk)
+        return h.hexdigest()
+    fd = os.open(dest, _SINK_FLAGS, 0o755 if m.mode & 0o111 else 0o644)
+    try:
+        if data is not None:
+            if os.write(fd, data) != len(data):
+                _write_all(fd, data)
+            return sha256(data).hexdigest()
+        h = sha256()
+        for chunk in reader.data(m):
+            h.update(chunk)
+            _write_all(fd, chunk)
+        return h.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _hardlink(m, x: tuple, listed: dict, expect: dict, staging: _Staging | None) -> None:
+    """A hard link inside its own entry, to a file already read, becomes a copy of that file."""
+    target = m.linkname.rstrip("/")
+    t = listed.get(target)
+    if t is None or t[0] is not x[0]:
+        raise _reject(f"hard link {m.name!r} -> {m.linkname!r} points outside its entry")
+    if x[1] != _FILE or t[1] != _FILE or target in expect:
+        raise _reject(f"hard link {m.name!r} -> {m.linkname!r} is not to a file read before it")
+    if t[2:] != x[2:]:
+        raise _reject(f"hard link {m.name!r}: the manifest gives it another size or sha256 than its target")
+    if staging is not None:
+        import shutil
+
+        staging.ensure_dir(m.name.rpartition("/")[0])
+        shutil.copyfile(os.path.join(staging.path, target), os.path.join(staging.path, m.name),
+                        follow_symlinks=False)
+
+
+@dataclass(frozen=True)
+class _Region:
+    start: int
+    length: int
+    lo: int  # entries[lo:hi] live in this part
+    hi: int
+    last: bool
+
+
+def _regions(manifest: dict, n_entries: int, file_size: int) -> list[_Region] | None:
+    """Where each part of the body is, from the manifest's part sizes (the parts end the file).
+    None when the manifest lists no parts: the body is then read as one stream."""
+    parts = manifest.get("parts")
+    if parts is None:
+        return None
+    if not isinstance(parts, list) or not parts or len(parts) > 4096:
+        raise _reject("manifest.json has a malformed part list")
+    sizes: list[int] = []
+    counts: list[int] = []
+    for p in parts:
+        size, count = (p.get("size"), p.get("entries")) if isinstance(p, dict) else (None, None)
+        if not (isinstance(size, int) and isinstance(count, int)) or isinstance(size, bool) \
+                or isinstance(count, bool) or size < 0 or count < 0:
+            raise _reject("manifest.json has a malformed part list")
+        sizes.append(size)
+        counts.append(count)
+    if sum(counts) != n_entries or sum(sizes) >= file_size:
+        raise _reject("the manifest's parts do not add up to the archive")
+    out, pos, lo = [], file_size - sum(sizes), 0
+    for i, (size, count) in enumerate(zip(sizes, counts)):
+        out.append(_Region(pos, size, lo, lo + count, i == len(sizes) - 1))
+        pos += size
+        lo += count
+    return out
+
+
+def _region_reader(fd: int, kind: str, start: int, length: int, counted, threaded: bool):
+    from kcache_cli import tarstream as ts
+
+    return ts.TarReader(ts.region_source(fd, kind, start, length, counted, threaded))
+
+
+def _check_head(fd: int, kind: str, end: int, digest: str) -> None:
+    """The bytes before the first part hold the manifest and nothing else."""
+    import hashlib
+
+    from kcache_cli import tarstream as ts
+
+    reader = _region_reader(fd, kind, 0, end, _ignore, False)
+    try:
+        m = reader.next()
+        if m is None or m.name != MANIFEST_NAME or m.type != ts.REGULAR:
+            raise _reject("the manifest's part sizes do not match the archive")
+        h = hashlib.sha256()
+        for chunk in reader.data(m):
+            h.update(chunk)
+        if h.hexdigest() != digest or reader.next() is not None or reader.end_marker:
+            raise _reject("the manifest's part sizes do not match the archive")
+    finally:
+        reader.close()
+
+
+def _extract_regions(fd: int, kind: str, regions: list[_Region], records: list, staging: _Staging | None,
+                     root: Path, programs: set[str], limits: ImportLimits, advance, abort, threaded: bool
+                     ) -> tuple[int, int, list[_Planned]]:
+    """One worker's share: check its entries' records, plan them, then read its parts."""
+    planned_by_region = []
+    for r in regions:
+        planned = _check_records(records[r.lo:r.hi], r.lo, limits)
+        _plan(root, planned, programs)
+        planned_by_region.append(planned)
+    files = size = 0
+    for r, planned in zip(regions, planned_by_region):
+        reader = _region_reader(fd, kind, r.start, r.length, advance, threaded)
+        try:
+            f, s = _extract(reader, planned, staging, limits, abort)
+            if reader.end_marker and not r.last:
+                raise _reject("an end-of-archive marker before the last part")
+        finally:
+            reader.close()
+        if staging is not None:
+            _finish_staging(staging, planned)
+        files += f
+        size += s
+    return files, size, [p for planned in planned_by_region for p in planned]
+
+
+# ---- import: publishing --------------------------------------------------------------------------
+
+_RENAMEAT2: Any = None  # (renameat2, ctypes) once looked up, False where libc has none
+
+
+def rename_noreplace(src: str, dst: str) -> None:
+    """Rename `src` to `dst`, failing with FileExistsError if `dst` exists (even an empty directory,
+    which a plain rename would silently replace)."""
+    global _RENAMEAT2
+    if _RENAMEAT2 is None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            fn = libc.renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            _RENAMEAT2 = (fn, ctypes)
+        except (OSError, AttributeError):
+            _RENAMEAT2 = False
+    if _RENAMEAT2:
+        fn, ctypes = _RENAMEAT2
+        if fn(-100, os.fsencode(src), -100, os.fsencode(dst), 1) == 0:  # AT_FDCWD, RENAME_NOREPLACE
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), dst)
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
+    os.rename(src, dst)
+
+
+def _make_parents(root: Path, relpath: str, made: set[str]) -> None:
+    """Create the missing parents of an entry, as real directories (`made` remembers them)."""
+    cur = str(root)
+    for part in relpath.split("/")[:-1]:
+        cur = os.path.join(cur, part)
+        if cur in made:
+            continue
+        try:
+            os.mkdir(cur)
+        except FileExistsError:
+            st = os.lstat(cur)
+            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+                raise KcacheError(f"{cur} is not a directory (kcache never writes through a symlink)") from None
+        made.add(cur)
+
+
+def _dest_status(root: Path, p: _Planned) -> str | None:
+    from kcache_cli.scan import scan_cache
+
+    shape = _layout_of(p.layout).kind_shape(p.kind)
+    key = (shape.match(p.relpath) if shape else None) or {}
+    space, op = key.get("space"), key.get("op")  # so that the scan reads only this entry's directories
+    flt = ScanFilter(layouts=(p.layout,), kinds=(p.kind,), hash_prefixes=(p.relpath.split("/")[-1],),
+                     spaces=(space,) if space else (), ops=(op,) if op else ())
+    from kcache_cli.verify import judge_entry
+
+    for e in scan_cache(root, flt).entries:
+        if e.relpath == p.relpath:
+            return e.status if e.status == BUILDING else judge_entry(root, e, deep=True).status
+    return None
+
+
+def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, warn: Warn,
+             made: set[str]) -> tuple[bool, str | None]:
+    """Move one staged entry into place with one rename, under its lock. (published, reason)."""
+    import shutil
+
+    from kcache_cli import fsdelete
+    from kcache_cli.locking import EntryFlock
+
+    src = os.path.join(staging.path, p.relpath)
+    dest = os.path.join(root, p.relpath)
+    lock = EntryFlock(root, p.relpath)
+    if not lock.acquire(0):
+        warn(f"waiting for the lock of {p.relpath} (a build in progress?)")
+        if not lock.acquire(lock_timeout):
+            return False, f"its lock was held (a build in progress?) for more than {lock_timeout:g}s"
+    trashed = None
+    try:
+        if os.path.lexists(dest):
+            if p.action != "replace":
+                return False, "already present (appeared during the import)"
+            busy = _layout_of(p.layout).busy(dest)
+            if busy:
+                return False, f"being built ({busy})"
+            if _dest_status(root, p) == COMPLETE:
+                return False, "already present (completed during the import)"
+            import secrets
+
+            trashed = f"{p.relpath.replace('/', '%2F')}-{secrets.token_hex(4)}"
+            _to_trash(root, p.relpath, trashed)
+        _layout_of(p.layout).relocate(src, dest, root)  # paths the entry records about itself (Triton's)
+        _make_parents(root, p.relpath, made)
+        try:
+            rename_noreplace(src, dest)
+        except FileExistsError:
+            return False, "already present (appeared during the import)"
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            # The entry's directory is on another filesystem: copy next to it, then rename.
+            import secrets
+
+            tmp = os.path.join(os.path.dirname(dest), f"{state.TEMP_PREFIX}{p.relpath.rsplit('/', 1)[-1]}-"
+                                                      f"{secrets.token_hex(4)}")
+            shutil.copytree(src, tmp, symlinks=True)
+            try:
+                rename_noreplace(tmp, dest)
+            except FileExistsError:
+                fsdelete.remove_under(root, f"{os.path.dirname(p.relpath)}/{os.path.basename(tmp)}")
+                return False, "already present (appeared during the import)"
+        return True, p.reason
+    finally:
+        lock.release()
+        if trashed:
+            fsdelete.remove_under(root, f"{state.STATE_DIR}/trash/{trashed}")
+
+
+def _to_trash(root: Path, relpath: str, name: str) -> None:
+    """Rename the entry at `relpath` to .kcache/trash/`name`, both reached from the root without
+    following a link (a trash swapped for a symlink never receives an entry)."""
+    from kcache_cli import fsdelete
+
+    sd = fsdelete.open_under(root, state.STATE_DIR)
+    try:
+        try:
+            os.mkdir("trash", 0o755, dir_fd=sd)
+        except FileExistsError:
+            pass
+        trash = os.open("trash", _DIR_FLAGS, dir_fd=sd)
+    finally:
+        os.close(sd)
+    try:
+        parent = fsdelete.open_under(root, relpath.rpartition("/")[0])
+        try:
+            os.rename(relpath.rpartition("/")[2], name, src_dir_fd=parent, dst_dir_fd=trash)
+        finally:
+            os.close(parent)
+    finally:
+        os.close(trash)
+
+
+def _provides(rec: dict) -> bool:
+    """A record of an entry that others use (Layout.provider_kinds): published before its users."""
+    layout = rec.get("layout")
+    return layout in _names() and rec.get("kind") in _layout_of(str(layout)).provider_kinds
+
+
+def _refuse_other_layout(root: Path, records: list[dict]) -> None:
+    """An archive of one layout never goes into a root of another: that compiler would never look
+    there (tilus programs/ inside a hidet cache). An empty or new root takes the archive's layout."""
+    from kcache_cli.scan import detect_layouts
+
+    have = detect_layouts(root) if root.is_dir() else ()
+    brought = sorted({str(rec.get("layout")) for rec in records} - set(have))
+    if not have or not brought:
+        return
+    from kcache_cli.locate import known_caches
+
+    where = dict(known_caches())
+    homes = "; ".join(f"{name}'s cache is {where[name]}" for name in brought if name in where)
+    raise KcacheError(f"the archive holds {' and '.join(brought)} entries but {root} is a {'/'.join(have)} cache, "
+                      f"where {' and '.join(brought)} never looks; import it into the {' and '.join(brought)} "
+                      f"cache with --cache-dir ({homes or 'see'}; `kcache dir --all` lists them)")
+
+
+def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: ImportLimits = ImportLimits(),
+                   lock_timeout: float = 60.0, warn: Warn | None = None, progress: Progress | None = None
+                   ) -> ImportResult:
+    """Verify `archive` completely, then publish its entries into `root` (see the module doc).
+
+    Staged then published: every member is checked while it is extracted into a staging directory
+    inside the root; nothing is published unless the whole archive is valid. The parts of a big
+    archive are read by forked workers, each from its own offset."""
+    root = Path(os.path.realpath(root))
+    archive = os.path.abspath(archive)
+    if os.path.lexists(root) and not root.is_dir():
+        raise KcacheError(f"{root} is not a directory")
+    try:
+        raw = open(archive, "rb")
+    except OSError as exc:
+        raise KcacheError(f"cannot read {archive}: {exc.strerror}") from None
+    importer = Importer(root, raw, dry_run, limits, lock_timeout, warn or (lambda m: None), progress)
+    with raw:
+        try:
+            importer.run()
+        except OSError as exc:
+            where = f": {exc.filename}" if exc.filename else ""
+            raise KcacheError(f"import failed: {exc.strerror or exc}{where}") from None
+        finally:
+            if importer.staging is not None:
+                importer.staging.cleanup()
+    results = importer.results()
+    if not dry_run and any(r.done for r in results):
+        _remove_stale_staging(root)
+    return ImportResult(archive, str(root), dry_run, _str(importer.manifest.get("kcache_version")), tuple(results),
+                        importer.files, importer.size)
+
+
+class Importer:
+    """One import: reads the manifest, plans and extracts every entry (phase one, in workers), publishes
+    the entries others use (here, between the phases), then the rest (phase two, in the same workers)."""
+
+    def __init__(self, root: Path, raw, dry_run: bool, limits: ImportLimits, lock_timeout: float, warn: Warn,
+                 progress: Progress | None) -> None:
+        self.root, self.raw, self.dry_run, self.limits = root, raw, dry_run, limits
+        self.lock_timeout, self.warn, self.progress = lock_timeout, warn, progress
+        self.staging: _Staging | None = None
+        self.manifest: dict = {}
+        self.records: list[dict] = []
+        self.totals: list[int] = []
+        self.providers: set[str] = set()  # relpaths of the entries others use: links may point at them
+        self.mine: dict[int, list[_Planned]] = {}  # what each worker planned, for its phase two
+        self.made: set[str] = set()
+        self.outcome: dict[int, tuple[bool, str | None]] = {}
+        self.decisions: dict[int, tuple] = {}
+        self.files = self.size = 0
+        self.reader: Any = None
+        self.kind = ""
+        self.region_groups: list = []
+
+    def run(self) -> None:
+        from kcache_cli import tarstream as ts
+
+        file_size = os.fstat(self.raw.fileno()).st_size
+        if self.progress:
+            self.progress.start(file_size)
+        try:
+            source, self.kind = ts.open_source(self.raw, self.progress.advance if self.progress else _ignore)
+            self.reader = ts.TarReader(source)
+            n, first = self._read_manifest(file_size)
+            writing = self.staging is not None and not self.dry_run
+            counts, published = _run_workers(n, first, self.progress, self._between if writing else None,
+                                             self._second if writing else None)
+        except ts.TarFormatError as exc:
+            raise _reject(str(exc)) from None
+        finally:
+            if self.reader is not None:
+                self.reader.close()
+        self.files, self.size = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        self.decisions = {i: d for c in counts for i, *d in c[2]}
+        for batch in published:
+            self.outcome.update((i, (d, why)) for i, d, why in batch)
+
+    def _read_manifest(self, file_size: int) -> tuple[int, Callable]:
+        """Read and check the manifest; make the staging directory; (workers, phase one)."""
+        import hashlib
+
+        from kcache_cli import tarstream as ts
+
+        reader, limits = self.reader, self.limits
+        assert reader is not None
+        head = reader.next()
+        if head is None or head.name != MANIFEST_NAME or head.type != ts.REGULAR:
+            raise _reject("its first member is not manifest.json (not a kcache archive?)")
+        if head.size > limits.max_manifest:
+            raise _reject(f"manifest.json is {head.size} bytes, over the limit of {limits.max_manifest}")
+        scale = file_size if stat.S_ISREG(os.fstat(self.raw.fileno()).st_mode) else None
+        _check_proportion(head.size, scale, limits)
+        data = b"".join(reader.data(head))
+        self.manifest, self.records, self.totals = _parse_manifest(data, limits, scale)
+        _refuse_other_layout(self.root, self.records)
+        regions = _regions(self.manifest, len(self.records), file_size)
+        if regions is not None:
+            reader.close()  # the parts are read from their own offsets
+            _check_head(self.raw.fileno(), self.kind, regions[0].start, hashlib.sha256(data).hexdigest())
+        self.providers = {rec["relpath"] for rec in self.records if _provides(rec)}
+        if not self.dry_run and self.records:
+            absent = [t for rec, t in zip(self.records, self.totals) if not os.path.lexists(self.root / rec["relpath"])]
+            _check_space(self.root, sum(absent))
+            self.staging = _Staging(self.root)
+        if regions is None:  # one stream: read on from the manifest, here
+            return 1, self._first_stream
+        n = min(_cpus(), len(regions)) if len(self.records) >= PARALLEL_MIN_ENTRIES else 1
+        self.region_groups = _split(regions, n)
+        return n, self._first_regions
+
+    def _first_stream(self, w: int, advance, abort) -> tuple:
+        planned = _check_records(self.records, 0, self.limits)
+        _plan(self.root, planned, self.providers)
+        files, size = _extract(self.reader, planned, self.staging, self.limits, abort)
+        if self.staging is not None:
+            _finish_staging(self.staging, planned)
+        self.mine[w] = planned
+        return files, size, _decisions(planned)
+
+    def _first_regions(self, w: int, advance, abort) -> tuple:
+        files, size, planned = _extract_regions(self.raw.fileno(), self.kind, self.region_groups[w], self.records,
+                                                self.staging, self.root, self.providers, self.limits, advance, abort,
+                                                True)
+        self.mine[w] = planned
+        return files, size, _decisions(planned)
+
+    def _publish(self, ps: list[_Planned]) -> list:
+        assert self.staging is not None
+        return [(p.index, *_publish(self.root, p, self.staging, self.lock_timeout, self.warn, self.made))
+                for p in ps]
+
+    def _between(self, results: list) -> None:
+        """The entries others use first (a tilus script links to its programs)."""
+        decided = {i: d for r in results for i, *d in r[2]}
+        todo = []
+        for i, rec in enumerate(self.records):
+            if _provides(rec) and decided[i][2]:
+                p = _check_records([rec], i, self.limits)[0]
+                p.action, p.reason, p.write = decided[i]
+                todo.append(p)
+        self.outcome.update((i, (d, why)) for i, d, why in self._publish(todo))
+
+    def _second(self, w: int) -> list:
+        return self._publish([p for p in self.mine.get(w, ()) if p.write and not _provides(p.record)])
+
+    def results(self) -> list[ImportedEntry]:
+        out = []
+        for i, rec in enumerate(self.records):
+            action, reason, write = self.decisions[i]
+            done, reason = self.outcome.get(i, (False, reason))
+            if write and not self.dry_run and not done:
+                action = "skip"
+            relpath = rec["relpath"]
+            out.append(ImportedEntry(rec["layout"], rec["kind"], _str(rec.get("target")), _str(rec.get("space")),
+                                     _str(rec.get("op")), relpath.rsplit("/", 1)[-1], relpath, action, done, reason,
+                                     len(rec["files"]), self.totals[i], _str(rec.get("arch")),
+                                     _str(rec.get("compiler")), _str(rec.get("platform"))))
+        return sorted(out, key=lambda r: r.relpath)
+
+
+def _decisions(planned: list[_Planned]) -> list[tuple]:
+    """What a worker decided for each of its entries, small enough to send back."""
+    return [(p.index, p.action, p.reason, p.write) for p in planned]
+
+
+_STAGING_NAME = re.compile(r"^import-(\d+)-[0-9a-f]+$")
+
+
+def _remove_stale_staging(root: Path) -> None:
+    """Staging directories of imports that were killed: no import holds their flock, and (made by an
+    older kcache without one) no live process of that pid here for a day. Removed fd-relative."""
+    from kcache_cli import fsdelete
+
+    try:
+        fd = fsdelete.open_under(root, state.STATE_DIR)
+    except OSError:
+        return
+    try:
+        for name in os.listdir(fd):
+            if _STAGING_NAME.match(name) and state.leftover_live(fd, name) is False:
+                fsdelete.remove_tree(fd, name, label=f"{state.STATE_DIR}/{name}")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _finish_staging(staging: _Staging, planned: list[_Planned]) -> None:
+    """Directories that came without a member, and the lock files, as new empty files."""
+    from kcache_cli import tarstream as ts
+
+    for p in planned:
+        if not p.write:
+            continue
+        staging.ensure_dir(p.relpath)
+        for name in p.dirs:
+            staging.ensure_dir(f"{p.relpath}/{name}")
+        for name in p.locks:
+            staging.ensure_dir(f"{p.relpath}/{name}".rpartition("/")[0])
+            os.close(ts.sink_file(os.path.join(staging.path, p.relpath, name)))
+
+
+def _str(value) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _check_space(root: Path, need: int) -> None:
+    cur = str(root)
+    while not os.path.exists(cur) and os.path.dirname(cur) != cur:
+        cur = os.path.dirname(cur)
+    try:
+        st = os.statvfs(cur)
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise KcacheError(f"not enough space in {root}: the archive needs {need} bytes, {free} are free")
+
+
+# ---- entry by entry: the same rules for importers other than the archive reader (kcache pull) ----
+
+PlannedEntry = _Planned
+ImportStaging = _Staging  # <root>/.kcache/import-<pid>-<random>/: where entries are written before publishing
+
+
+def plan_records(root: Path, records: list[dict], limits: ImportLimits = ImportLimits(),
+                 targets: Iterable[str] = ()) -> tuple[list[_Planned], list[tuple[int, str]]]:
+    """Every rule import applies to a manifest entry — its path and key fields, file names, sizes and
+    digests, links (where its layout allows one out of the entry, to one of `targets` (relpaths) or
+    an entry in the cache: a tilus script's program) — then
+    import's plan against `root` (a complete entry present is skipped, an incomplete one replaced).
+
+    Unlike an archive, records are judged one by one: a record that breaks a rule is refused alone,
+    as (its index, one-line reason), and the others are planned."""
+    root = Path(os.path.realpath(root))
+    good: list[_Planned] = []
+    refused: list[tuple[int, str]] = []
+    for i, rec in enumerate(records):
+        try:
+            good.append(_check_records([rec], i, limits)[0])
+        except ArchiveRejected as exc:
+            refused.append((i, rejection_reason(exc)))
+    seen: dict[str, _Planned] = {}
+    for p in sorted(good, key=lambda p: p.relpath):
+        clash = seen.get(p.relpath) or next((seen[a] for a in _ancestors(p.relpath) if a in seen), None)
+        if clash is not None:
+            refused.append((p.index, f"entry {p.relpath} clashes with entry {clash.relpath}"))
+        else:
+            seen[p.relpath] = p
+    wanted = set(targets)
+    chains: dict = {}
+
+    def target_ok(rel: str) -> bool:
+        return rel in wanted or _present_entry(root, rel, chains)
+
+    ok = []
+    for p in seen.values():
+        bad = next(filter(None, (link_problem(p.layout, p.kind, p.relpath, n, t, target_ok)
+                                 for n, t in p.links.items())), None)
+        (refused.append((p.index, bad)) if bad else ok.append(p))
+    _plan(root, ok, wanted)
+    ok.sort(key=lambda p: p.index)
+    return ok, sorted(refused)
+
+
+def _ancestors(relpath: str) -> list[str]:
+    parts = relpath.split("/")
+    return ["/".join(parts[:k]) for k in range(1, len(parts))]
+
+
+def publish_staged(root: Path, planned: _Planned, staging: _Staging, lock_timeout: float = 60.0,
+                   warn: Warn | None = None, made: set[str] | None = None) -> tuple[bool, str | None]:
+    """Publish one entry whose files are under `staging.path/<relpath>/` exactly as import does: its
+    directories and empty lock files added, then one rename (no-replace) under the entry's lock.
+    Returns (published, reason). `root` must be a real path (no symlink on the way), as
+    ImportStaging's root is."""
+    _finish_staging(staging, [planned])
+    return _publish(root, planned, staging, lock_timeout, warn or (lambda m: None),
+                    made if made is not None else set())
+
+
+def check_total(root: Path, need: int, limits: ImportLimits = ImportLimits()) -> None:
+    """Import's bounds on what a whole import writes: the total limit, then the free space."""
+    if need > limits.max_total:
+        raise KcacheError(f"the selected entries would expand to {need} bytes, over the limit of {limits.max_total}")
+    _check_space(Path(os.path.realpath(root)), need)
+
+
+def remove_stale_staging(root: Path) -> None:
+    """Staging directories that killed imports (or pulls) left behind a day ago."""
+    _remove_stale_staging(Path(os.path.realpath(root)))

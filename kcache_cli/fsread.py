@@ -1,0 +1,341 @@
+"""Reading what a cache holds, when a file in it may be hostile: the one set of read helpers.
+
+Every file is opened with O_NOFOLLOW|O_NONBLOCK and fstat'ed before a byte is read: a symlink, a
+FIFO, a device or a socket is refused with a reason (a FIFO would block forever, /dev/zero never
+ends), never read. Every read has a bound. JSON is parsed only under a size and a nesting limit,
+and directory walks are iterative with a depth limit, so no file can make kcache hang, take
+unbounded memory, or hit Python's recursion limit.
+
+Light on purpose (os, stat, errno): `kcache build`'s hit path and `ls` import it."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from typing import Any
+
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+CHUNK = 1 << 20
+MAX_TEXT = 1 << 20  # a text file kcache shows or parses (logs are streamed instead)
+MAX_JSON = 16 << 20  # a JSON record inside an entry (kcache.json, meta.json, manifest.json...)
+MAX_JSON_DEPTH = 64  # nesting; real records are 3 or 4 deep
+MAX_TREE_DEPTH = 256  # directories inside one entry; real entries are at most 5 deep
+
+
+class NotRegularFile(OSError):
+    """The path is a symlink, FIFO, device, socket or directory: kcache never reads it."""
+
+    kind = "not a regular file"  # "a FIFO", "a symlink"...
+
+
+class TooLarge(OSError):
+    """A file over the bound its reader sets."""
+
+
+class JsonTooDeep(ValueError):
+    """JSON nested deeper than MAX_JSON_DEPTH (a ValueError, like any other bad JSON)."""
+
+
+def kind_of(mode: int) -> str:
+    """What a non-regular file is, for a reason shown to people."""
+    for test, what in ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def _refuse(path: str, what: str) -> NotRegularFile:
+    exc = NotRegularFile(errno.EINVAL, f"{what}, not a regular file (kcache never reads it)", path)
+    exc.kind = what
+    return exc
+
+
+def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = None,
+                 follow: bool = False) -> tuple[int, os.stat_result]:
+    """(fd, fstat) of the regular file at `path`; NotRegularFile for anything else.
+
+    The last component is never followed (O_NOFOLLOW) and a FIFO does not block the open
+    (O_NONBLOCK, which has no effect on a regular file). With `base`, `path` must lie below that
+    directory and no component below it is followed either (a `module/` that is a symlink out of
+    the cache is refused like a symlinked file). `follow` is for a path the user named (a task
+    file given to `build`): a link is followed, the file must still be regular."""
+    if base is not None and dir_fd is None:
+        rel = os.path.relpath(path, base)
+        if rel == ".." or rel.startswith("../"):
+            raise _refuse(path, "outside its entry")
+        head, name = os.path.split(rel)
+        if head:
+            dfd = open_dir_beneath(base, head)
+            try:
+                return open_regular(name, dir_fd=dfd)
+            finally:
+                os.close(dfd)
+    try:
+        # A device is not even opened (opening one can act: a tape rewinds, a watchdog arms); the
+        # fstat below catches what is swapped in between.
+        pre = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
+        if not stat.S_ISREG(pre.st_mode):
+            raise _refuse(path, kind_of(pre.st_mode))
+        fd = os.open(path, FILE_FLAGS & ~os.O_NOFOLLOW if follow else FILE_FLAGS, dir_fd=dir_fd)
+    except NotRegularFile:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+            raise _refuse(path, "a symlink") from None
+        raise
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise _refuse(path, kind_of(st.st_mode))
+    return fd, st
+
+
+def open_dir_beneath(base: str, rel: str) -> int:
+    """An fd of the directory `base/rel`, opened one component at a time without following links."""
+    fd = os.open(base, DIR_FLAGS)
+    try:
+        for part in rel.split(os.sep):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                raise _refuse(os.path.join(base, rel), "outside its entry")
+            try:
+                sub = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _refuse(os.path.join(base, rel), f"{part}/ is a symlink or not a directory") from None
+                raise
+            os.close(fd)
+            fd = sub
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_fd(fd: int, limit: int) -> bytes:
+    parts = []
+    left = limit
+    while left > 0:
+        chunk = os.read(fd, min(CHUNK, left))
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def read_bytes(path: str, limit: int, *, base: str | None = None, dir_fd: int | None = None,
+               strict: bool = True, follow: bool = False) -> bytes:
+    """The bytes of a regular file, at most `limit`. With `strict`, a longer file is TooLarge
+    (its contents would be judged wrongly if cut); otherwise the first `limit` bytes."""
+    fd, st = open_regular(path, base=base, dir_fd=dir_fd, follow=follow)
+    try:
+        if strict and st.st_size > limit:
+            raise TooLarge(errno.EFBIG, f"over {limit} bytes ({st.st_size}), not read", path)
+        data = _read_fd(fd, limit + 1 if strict else limit)
+    finally:
+        os.close(fd)
+    if strict and len(data) > limit:  # grew since the fstat
+        raise TooLarge(errno.EFBIG, f"over {limit} bytes, not read", path)
+    return data
+
+
+def read_head(path: str, n: int = 64, *, base: str | None = None) -> bytes:
+    """Up to `n` first bytes; b"" when the file cannot be read (callers judge the bytes)."""
+    try:
+        return read_bytes(path, n, base=base, strict=False)
+    except OSError:
+        return b""
+
+
+def why_unreadable(path: str) -> str | None:
+    """Why the file at `path` cannot be read (missing, a FIFO, a link...), or None if it can."""
+    try:
+        fd, _ = open_regular(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    return None
+
+
+def read_text(path: str, limit: int = MAX_TEXT, *, base: str | None = None) -> str | None:
+    """The text of a file (cut at `limit` bytes, decoded with replacement), or None when it is
+    missing or not a readable regular file."""
+    try:
+        return read_bytes(path, limit, base=base, strict=False).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def iter_chunks(path: str, *, base: str | None = None, chunk: int = CHUNK) -> Iterator[bytes]:
+    """A regular file's bytes in chunks of at most `chunk` (streaming: memory stays bounded)."""
+    fd, _ = open_regular(path, base=base)
+    try:
+        while True:
+            data = os.read(fd, chunk)
+            if not data:
+                return
+            yield data
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: str, *, base: str | None = None) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for data in iter_chunks(path, base=base):
+        h.update(data)
+    return h.hexdigest()
+
+
+# ---- JSON ----------------------------------------------------------------------------------------
+
+_STRING = _PAIR = None
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'[]{}"')
+
+
+def json_depth(data: bytes, limit: int = MAX_JSON_DEPTH) -> int:
+    """The nesting depth of a JSON text (its bracket count when that is at most `limit`), or more
+    than `limit` when it is deeper (then counting stops).
+
+    At C speed: escapes dropped, everything but brackets and quotes dropped, strings cut out, then
+    the innermost pairs removed, one level per pass (re.sub never rescans what a removal joins)."""
+    global _STRING, _PAIR
+    opens = data.count(b"[") + data.count(b"{")
+    if opens <= limit:
+        return opens  # cannot nest deeper than it has brackets
+    import re
+
+    if _STRING is None or _PAIR is None:
+        _STRING = re.compile(rb'"[^"]*"')
+        _PAIR = re.compile(rb"\[\]|\{\}")
+    # backslashes pair up left to right, as JSON reads them; then no quote left is escaped
+    bare = data.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    # two quotes side by side close a string and open the next with no structure between them (or
+    # enclose an empty one): dropping them changes nothing, and leaves few strings for the regex
+    brackets = _STRING.sub(b"", bare.replace(b'""', b""))
+    depth = 0
+    while brackets:
+        if depth > limit:
+            return depth
+        shorter = _PAIR.sub(b"", brackets)
+        if len(shorter) == len(brackets):
+            break  # unbalanced: json.loads says what is wrong
+        brackets = shorter
+        depth += 1
+    return depth
+
+
+def parse_json(data: bytes | str, what: str = "JSON", max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """json.loads under a nesting limit: too deep is a ValueError that says so, never a RecursionError."""
+    import json
+
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if json_depth(raw, max_depth) > max_depth:
+        raise JsonTooDeep(f"{what} is nested more than {max_depth} levels deep")
+    try:
+        return json.loads(data)
+    except RecursionError:  # a second net: never a traceback
+        raise JsonTooDeep(f"{what} is nested too deeply") from None
+
+
+def load_json(path: str, limit: int = MAX_JSON, *, base: str | None = None,
+              max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """A JSON file under a size and nesting limit. OSError (NotRegularFile, TooLarge...) when it
+    cannot be read, ValueError when it is not JSON (JsonTooDeep when nested too deep)."""
+    return parse_json(read_bytes(path, limit, base=base), os.path.basename(path), max_depth)
+
+
+def json_object(path: str | os.PathLike, limit: int = MAX_JSON, *, base: str | None = None) -> dict | None:
+    """The JSON object in the file at `path` under the size and nesting limits, or None when it is
+    missing, unreadable, not a regular file, too big, too deep, not JSON or not an object: the one
+    JSON-or-None reader (every caller treats all of those alike)."""
+    try:
+        data = load_json(os.fspath(path), limit, base=base)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def json_problem(path: str, limit: int = MAX_JSON, *, base: str | None = None) -> tuple[Any, str | None]:
+    """(value, None) or (None, a one-line reason naming the file) for a JSON record of an entry."""
+    name = os.path.basename(path)
+    try:
+        return load_json(path, limit, base=base), None
+    except FileNotFoundError:
+        return None, f"{name} is missing"
+    except OSError as exc:
+        return None, f"{name} is unreadable: {exc.strerror or exc}"
+    except JsonTooDeep as exc:
+        return None, str(exc)
+    except ValueError:
+        return None, f"{name} is not valid JSON"
+
+
+# ---- walking -------------------------------------------------------------------------------------
+
+class TreeTooDeep(OSError):
+    """A directory tree deeper than the walk's limit."""
+
+
+def walk_files(path: str, max_depth: int = MAX_TREE_DEPTH) -> Iterator[tuple[str, os.stat_result, str | None]]:
+    """(name relative to `path`, lstat, link target or None) of every file, link and other
+    non-directory under `path`: a directory's own files (sorted) before its subdirectories'.
+    Iterative and relative to directory fds (no path grows past PATH_MAX), never following links.
+    TreeTooDeep past `max_depth` (after what came before it); an unreadable subdirectory is skipped."""
+    stack: list[tuple[int, str, list[str]]] = []  # (dir fd, its prefix, subdirectories still to visit)
+    try:
+        top = os.open(path, DIR_FLAGS)
+        stack.append((top, "", []))
+        yield from _visit(top, "", stack[-1][2])
+        while stack:
+            fd, prefix, subdirs = stack[-1]
+            if not subdirs:
+                stack.pop()
+                os.close(fd)
+                continue
+            name = subdirs.pop()
+            if len(stack) > max_depth:
+                raise TreeTooDeep(errno.ELOOP, f"directories nested more than {max_depth} deep", path)
+            try:
+                sub = os.open(name, DIR_FLAGS, dir_fd=fd)
+            except OSError:
+                continue
+            stack.append((sub, prefix + name + "/", []))
+            try:
+                yield from _visit(sub, prefix + name + "/", stack[-1][2])
+            except OSError:
+                continue  # unreadable: its files are not listed
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def _visit(fd: int, prefix: str, subdirs: list[str]) -> Iterator[tuple[str, os.stat_result, str | None]]:
+    """The non-directories of one open directory; its subdirectories go to `subdirs` (reversed, to pop)."""
+    for name in sorted(os.listdir(fd)):
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            subdirs.append(name)
+            continue
+        link = None
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                link = os.readlink(name, dir_fd=fd)
+            except OSError:
+                link = "?"
+        yield prefix + name, st, link
+    subdirs.reverse()

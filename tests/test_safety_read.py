@@ -1,0 +1,543 @@
+"""Reading a hostile cache (issue 9, the reading side): FIFOs and devices where files belong, escape
+sequences in logs and names, trees and JSON nested absurdly deep, manifest bombs. Every command runs
+as a real process under a timeout and a memory limit: it must finish, print no traceback, and the
+cache must lose nothing."""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import hashlib
+import json
+import os
+import resource
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from archive_helpers import build_archive, hidet_entry
+
+SOFTMAX = "ops/cuda_space_0/softmax/ad252b064b266eea"
+ADD = "ops/cuda_space_0/add/8d1f7691cdf75e90"
+TIMEOUT = 120  # seconds: a hang is a failure, not a stuck suite
+MEMORY = 2 << 30  # address space per command: a read that grows without bound dies, and the test sees it
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "KCACHE_DIR"}
+    env.update(NO_COLOR="1", **extra)
+    return env
+
+
+def kc(*args, input_bytes: bytes | None = None) -> subprocess.CompletedProcess:
+    """The real kcache in a process of its own, bounded in time and memory."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kcache_cli", *map(str, args)], capture_output=True,
+                              timeout=TIMEOUT, env=_env(), preexec_fn=_limit_memory, input=input_bytes,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"kcache {' '.join(map(str, args))} hung for {TIMEOUT}s") from None
+    err = proc.stderr.decode("utf-8", "replace")
+    assert "Traceback" not in err and "RecursionError" not in err and "MemoryError" not in err, err
+    return proc
+
+
+def _cache_state(root: Path) -> dict:
+    """Everything in the cache but kcache's own bookkeeping (.kcache/: stamps and locks may change):
+    path -> (type, mode, size, digest or link target). Iterative; a file over 1 MiB (a sparse one) is
+    known by size and mtime; the test's own 10,000-deep `deep/` is known by its top."""
+    out: dict[str, tuple] = {}
+    todo = [""]
+    while todo:
+        rel = todo.pop()
+        for de in os.scandir(root / rel if rel else root):
+            name = f"{rel}{de.name}"
+            if name == ".kcache":
+                continue
+            st = de.stat(follow_symlinks=False)
+            if de.is_symlink():
+                out[name] = ("link", os.readlink(de.path))
+            elif de.is_dir(follow_symlinks=False):
+                out[name] = ("dir", st.st_mode)
+                if de.name != "deep":
+                    todo.append(name + "/")
+            elif not de.is_file(follow_symlinks=False):
+                out[name] = ("other", st.st_mode)
+            elif st.st_size > 1 << 20:
+                out[name] = ("file", st.st_mode, st.st_size, st.st_mtime)
+            else:
+                out[name] = ("file", st.st_mode, hashlib.sha256(Path(de.path).read_bytes()).hexdigest())
+    return out
+
+
+def _newer(path: Path) -> None:
+    """Make ls read the file: newer than the entry's completion marker."""
+    os.utime(path, (2_000_000_000, 2_000_000_000), follow_symlinks=False)
+
+
+def _ls(root: Path) -> dict:
+    proc = kc("--cache-dir", root, "ls", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return {e["path"].split(str(root) + "/", 1)[1]: e for e in json.loads(proc.stdout)}
+
+
+# ---- FIFOs, devices and links where files belong ----------------------------------------------------
+
+@pytest.mark.parametrize("where", ["fifo", "link-inside", "link-outside"])
+def test_fifo_lib_so_blocks_nothing(fixture_copy, tmp_path, where):
+    root = fixture_copy("hidet")
+    entry = root / SOFTMAX
+    lib = entry / "lib.so"
+    lib.unlink()
+    if where == "fifo":
+        os.mkfifo(lib)
+    elif where == "link-inside":
+        os.mkfifo(entry / "pipe")
+        lib.symlink_to("pipe")
+    else:
+        os.mkfifo(tmp_path / "outside.fifo")
+        lib.symlink_to(tmp_path / "outside.fifo")
+    _newer(lib)
+    before = _cache_state(root)
+
+    e = _ls(root)[SOFTMAX]
+    what = "a FIFO" if where == "fifo" else "a symlink"  # never followed, never read
+    assert e["status"] == "corrupt" and f"cannot read lib.so: {what}, not a regular file" in e["reason"], e
+    assert _ls(root)[ADD]["status"] == "complete"
+    assert kc("--cache-dir", root, "stats").returncode == 0
+    assert kc("--cache-dir", root, "prune", "--dry-run").returncode == 0
+    assert kc("--cache-dir", root, "prune").returncode == 0
+    export = kc("--cache-dir", root, "export", tmp_path / "all.tar.gz", "--status", "complete,partial,corrupt")
+    assert export.returncode == 0, export.stderr
+    assert b"ad252b064b266eea" in export.stderr  # left out, and said so
+    ins = kc("--cache-dir", root, "inspect", "ad252b06")
+    assert ins.returncode == 1 and b"never read" in ins.stdout, ins.stdout
+    ver = kc("--cache-dir", root, "verify", "ad252b06")
+    assert ver.returncode == 1 and b"lib.so" in ver.stdout
+    assert _cache_state(root) == before
+
+
+def test_fifo_task_txt_and_log(fixture_copy):
+    root = fixture_copy("hidet")
+    entry = root / SOFTMAX
+    (entry / "task.txt").unlink()
+    os.mkfifo(entry / "task.txt")
+    (entry / "nvcc_output.txt").unlink()
+    os.mkfifo(entry / "nvcc_output.txt")
+    before = _cache_state(root)
+    ins = kc("--cache-dir", root, "inspect", "ad252b06", "--json")
+    assert ins.returncode == 1  # inspect says the entry is not complete
+    problems = json.loads(ins.stdout)["problems"]
+    assert any("task.txt" in p and "FIFO" in p for p in problems), problems
+    ver = kc("--cache-dir", root, "verify", "ad252b06")
+    assert ver.returncode == 1 and b"task.txt" in ver.stdout
+    log = kc("--cache-dir", root, "log", "ad252b06")
+    assert log.returncode == 1 and log.stderr.startswith(b"Error: cannot read nvcc_output.txt: a FIFO")
+    assert kc("--cache-dir", root, "ls").returncode == 0
+    assert _cache_state(root) == before
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "sparse"])
+def test_endless_task_txt(fixture_copy, kind):
+    """task.txt -> /dev/zero (never ends) or a 64 GiB sparse file: inspect and verify stay small."""
+    root = fixture_copy("hidet")
+    task = root / SOFTMAX / "task.txt"
+    task.unlink()
+    if kind == "dev-zero":
+        task.symlink_to("/dev/zero")
+    else:
+        with open(task, "wb") as f:
+            f.truncate(64 << 30)
+    before = _cache_state(root)
+    ins = kc("--cache-dir", root, "inspect", "ad252b06", "--json")
+    assert ins.returncode == 1
+    problems = json.loads(ins.stdout)["problems"]
+    want = "symlink" if kind == "dev-zero" else "over 1048576 bytes"
+    assert any("task.txt" in p and want in p for p in problems), problems
+    assert kc("--cache-dir", root, "verify").returncode == 1
+    assert _cache_state(root) == before
+
+
+def test_fifo_lock_file_does_not_hang_ls(fixture_copy):
+    root = fixture_copy("hidet")
+    entry = root / SOFTMAX
+    (entry / "func_types.pickle").unlink()  # partial: ls then probes hidet's .lock
+    (entry / ".lock").unlink(missing_ok=True)
+    os.mkfifo(entry / ".lock")
+    assert _ls(root)[SOFTMAX]["status"] == "partial"
+
+
+def test_fifo_in_tilus_and_tilelang_entries(fixture_copy, tmp_path):
+    """A FIFO among a tilus script's links (read as a flattened link before) and a tilelang kernel's
+    executable.so (read whole to find the binaries it embeds, before a clear of cuda-binaries)."""
+    tilus = fixture_copy("tilus")
+    os.mkfifo(tilus / "scripts/add_one/1-845a0ed6/programs/1")
+    tilelang = fixture_copy("tilelang")
+    kernel = next(tilelang.glob("0.1.15/linux-x86_64/kernels/*"))
+    (kernel / "executable.so").unlink()
+    os.mkfifo(kernel / "executable.so")
+    before = (_cache_state(tilus), _cache_state(tilelang))
+    for root in (tilus, tilelang):
+        for args in (["ls"], ["stats"], ["-q", "verify"], ["prune", "--dry-run"],
+                     ["export", tmp_path / f"{root.name}.tar", "--status", "complete,partial,corrupt"]):
+            run = kc("--cache-dir", root, *args)
+            assert run.returncode in (0, 1), (args, run.stderr)
+    assert kc("--cache-dir", tilus, "inspect", "1-845a0ed6").returncode in (0, 1)  # 1: not complete
+    assert kc("--cache-dir", tilus, "log", "1-845a0ed6").returncode == 0
+    clear = kc("--cache-dir", tilelang, "clear", "--space", "0.1.15/cuda-binaries", "--dry-run")
+    assert clear.returncode == 0, clear.stderr
+    ver = kc("--cache-dir", tilelang, "verify", "--json")
+    # reported (its listed size already fails it), never read: the command did not block
+    assert any("executable.so" in p for e in json.loads(ver.stdout)["problems"] for p in e["problems"])
+    assert (_cache_state(tilus), _cache_state(tilelang)) == before
+
+
+# ---- nothing raw reaches a terminal -----------------------------------------------------------------
+
+NASTY = ("\x1b]0;pwned-title\x07\x1b[2J\x1b[?1049h\x1b]52;c;cHduZWQ=\x07"  # title, clear, alt screen, clipboard
+         "\u009b31m\u009d0;c1\u009c"  # C1 CSI and OSC
+         "\u202eevil\u202c\u2066iso\u2069\u200f\r")  # bidi override, isolate, mark; carriage return
+EVIL_OP = "ev\x1b[2Jil\u202e\u009b"
+
+
+def _unsafe_chars(text: str) -> list[str]:
+    bad = [ch for ch in text if (ord(ch) < 0x20 and ch not in "\r\n\t") or 0x7f <= ord(ch) <= 0x9f
+           or 0xdc80 <= ord(ch) <= 0xdcff]  # a raw undecodable byte
+    return bad + [ch for ch in text if ch in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"]
+
+
+def _in_a_terminal(args: list) -> str:
+    """kcache with stdin, stdout and stderr on a pseudo-terminal: everything the terminal got."""
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "kcache_cli", *map(str, args)], stdin=slave, stdout=slave,
+                                stderr=slave, env=_env(COLUMNS="200", TERM="xterm-256color"), close_fds=True,
+                                preexec_fn=_limit_memory)  # noqa: PLW1509 - the test runs no threads
+        os.close(slave)
+        chunks = []
+        while True:
+            ready, _, _ = select.select([master], [], [], TIMEOUT)
+            if not ready:
+                proc.kill()
+                raise AssertionError(f"kcache {args} printed nothing for {TIMEOUT}s")
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the other side closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+        proc.wait(timeout=TIMEOUT)
+        return b"".join(chunks).decode("utf-8", "surrogateescape")
+    finally:
+        os.close(master)
+
+
+def _hostile_cache(fixture_copy) -> Path:
+    root = fixture_copy("hidet")
+    log = root / SOFTMAX / "nvcc_output.txt"
+    log.write_bytes(log.read_bytes() + f"error: {NASTY}\nwarning: {NASTY}\n".encode() + b"\xff\xfe raw bytes\n")
+    evil = root / "ops/cuda_space_0" / EVIL_OP / "8d1f7691cdf75e90"
+    evil.parent.mkdir()
+    os.rename(root / ADD, evil)
+    (evil / "nvcc_output.txt").write_text(f"{NASTY}\n")
+    return root
+
+
+def test_escapes_never_reach_the_terminal(fixture_copy):
+    root = _hostile_cache(fixture_copy)
+    runs = {}
+    for args in (["log", "ad252b06"], ["log", "--raw", "ad252b06"], ["log", "8d1f76"], ["inspect", "8d1f76"],
+                 ["inspect", "ad252b06"], ["ls"], ["stats"], ["-q", "verify"], ["-q", "prune", "--dry-run"],
+                 ["--cache-dir", f"{root}/no\x1b[2Jsuch\u202e", "inspect", "abc"]):
+        full = args if args[0] == "--cache-dir" else ["--cache-dir", root, *args]
+        out = _in_a_terminal(full)
+        assert "Traceback" not in out, out
+        assert not _unsafe_chars(out.replace("\r\n", "\n")), (args, out)
+        runs[" ".join(args[:2])] = out
+    assert "\\x1b]0;pwned-title\\x07" in runs["log ad252b06"]  # shown, as an escape
+    assert "\\u202eevil" in runs["log --raw"] and "\\xff\\xfe raw bytes" in runs["log --raw"]
+    assert "ev\\x1b[2Jil\\u202e\\x9b" in runs["ls"] and "ev\\x1b[2Jil" in runs["inspect 8d1f76"]
+    assert "Error: " in runs[f"--cache-dir {root}/no\x1b[2Jsuch\u202e"]
+
+
+def test_log_raw_into_a_pipe_is_byte_exact(fixture_copy):
+    root = _hostile_cache(fixture_copy)
+    raw = kc("--cache-dir", root, "log", "--raw", "ad252b06")
+    assert raw.returncode == 0
+    entry = root / SOFTMAX
+    want = (entry / "compile.sh").read_bytes()
+    want = (want if want.endswith(b"\n") else want + b"\n") + (entry / "nvcc_output.txt").read_bytes()
+    assert raw.stdout == want
+    piped = subprocess.run(f"{sys.executable} -m kcache_cli --cache-dir '{root}' log --raw ad252b06 | cat",
+                           shell=True, capture_output=True, timeout=TIMEOUT, env=_env(), check=False)
+    assert piped.stdout == want
+
+
+def test_warnings_and_completion_are_escaped(fixture_copy, kcache):
+    root = _hostile_cache(fixture_copy)
+    from kcache_cli.cli.complete import _matching
+
+    assert _matching([(EVIL_OP, "x"), ("matmul", "a\x1bb")], "") == [("matmul", "a\\x1bb")]
+    run = kcache("--cache-dir", str(root), "ls")
+    assert run.exit_code == 0 and not _unsafe_chars(run.stdout + run.stderr)
+
+
+def test_export_leaves_out_what_import_would_refuse(fixture_copy, tmp_path, kcache):
+    root = fixture_copy("hidet")
+    (root / SOFTMAX / "notes\u202etxt.sh").write_bytes(b"x")
+    run = kcache("--cache-dir", str(root), "export", str(tmp_path / "a.tar"))
+    assert run.exit_code == 0 and "holds control characters" in run.stderr
+    assert "\\u202e" in run.stderr and not _unsafe_chars(run.stderr)
+    back = kcache("--cache-dir", str(tmp_path / "other"), "import", str(tmp_path / "a.tar"))
+    assert back.exit_code == 0, back.stderr
+    assert (tmp_path / "other" / ADD).is_dir() and not (tmp_path / "other" / SOFTMAX).exists()
+
+
+def test_import_rejects_c1_and_bidi_names(tmp_path, kcache):
+    root = tmp_path / "cache"
+    for name in ("lib\u202e.so", "lib\u009b.so", "x\u2066y"):
+        arch = build_archive(tmp_path / "a.tar", [hidet_entry(files={name: b"x", "task.txt": b"t"})])
+        for dry in ([], ["--dry-run"]):
+            run = kcache("--cache-dir", str(root), "import", str(arch), *dry)
+            assert run.exit_code == 1 and "control characters" in run.stderr, run.stderr
+            assert not _unsafe_chars(run.stderr)
+    assert not root.exists()
+
+
+# ---- no recursion limits ----------------------------------------------------------------------------
+
+def _deep_dirs(base: Path, depth: int) -> None:
+    """`base/d/d/d/...` `depth` levels deep, made relative to directory fds (no path is ever that long)."""
+    base.mkdir()
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            sub = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        os.close(os.open("leaf.txt", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    finally:
+        os.close(fd)
+
+
+def _remove_deep(base: Path) -> None:
+    """The test's own clean-up of the chain (pytest's rmtree recurses)."""
+    fds = [os.open(base, os.O_RDONLY | os.O_DIRECTORY)]
+    try:
+        while True:
+            try:
+                fds.append(os.open("d", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
+            except FileNotFoundError:
+                break
+        for name in os.listdir(fds[-1]):
+            os.unlink(name, dir_fd=fds[-1])
+        while len(fds) > 1:
+            os.close(fds.pop())
+            os.rmdir("d", dir_fd=fds[-1])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    base.rmdir()
+
+
+def test_ten_thousand_deep_directory(fixture_copy, tmp_path):
+    root = fixture_copy("hidet")
+    deep = root / SOFTMAX / "deep"
+    _deep_dirs(deep, 10_000)
+    try:
+        before = _cache_state(root)
+        ins = kc("--cache-dir", root, "inspect", "ad252b06", "--json")
+        assert ins.returncode == 1
+        assert any("nested more than" in p for p in json.loads(ins.stdout)["problems"])
+        ver = kc("--cache-dir", root, "verify")
+        assert ver.returncode == 1 and b"nested more than" in ver.stdout
+        export = kc("--cache-dir", root, "export", tmp_path / "a.tar.zst")
+        assert export.returncode == 0 and b"nested more than" in export.stderr, export.stderr
+        ls = kc("--cache-dir", root, "ls")
+        assert ls.returncode == 0 and b"nested more than" in ls.stderr
+        assert kc("--cache-dir", root, "stats").returncode == 0
+        imported = kc("--cache-dir", tmp_path / "other", "import", tmp_path / "a.tar.zst")
+        assert imported.returncode == 0, imported.stderr  # the other entries travel
+        assert (tmp_path / "other" / ADD / "lib.so").is_file()
+        assert not (tmp_path / "other" / SOFTMAX).exists()
+        assert _cache_state(root) == before
+    finally:
+        _remove_deep(deep)
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("name", ["kcache.json", "meta.json"])
+def test_deep_json_in_an_entry(fixture_copy, tmp_path, name):
+    root = fixture_copy("hidet")
+    if name == "kcache.json":  # a kcache-built entry: judged by kcache.json while hidet's own files are absent
+        for marker in ("version.txt", "compile.sh", "meta.json", "task.pickle", "func_types.pickle"):
+            (root / SOFTMAX / marker).unlink(missing_ok=True)
+    (root / SOFTMAX / name).write_bytes(b'{"files": ' + DEEP + b"}")
+    _newer(root / SOFTMAX / "lib.so")  # so that ls reads kcache.json
+    before = _cache_state(root)
+    e = _ls(root)[SOFTMAX]
+    if name == "kcache.json":
+        assert e["status"] == "corrupt" and "nested more than" in e["reason"]
+    ins = kc("--cache-dir", root, "inspect", "ad252b06", "--json")
+    assert ins.returncode == 1
+    assert any(f"{name} is nested more than 64 levels deep" in p for p in json.loads(ins.stdout)["problems"])
+    assert kc("--cache-dir", root, "verify").returncode == 1
+    export = kc("--cache-dir", root, "export", tmp_path / "a.tar", "--status", "complete,corrupt")
+    assert export.returncode == 0, export.stderr
+    assert _cache_state(root) == before
+
+
+def test_deep_json_in_tilelang_manifest(fixture_copy):
+    root = fixture_copy("tilelang")
+    kernel = next(p for p in root.glob("*/*/kernels/*") if (p / "manifest.json").exists())
+    (kernel / "manifest.json").write_bytes(DEEP)
+    _newer(next(p for p in kernel.iterdir() if p.name != "manifest.json"))  # so that ls reads the manifest
+    ls = kc("--cache-dir", root, "ls", "--json")
+    assert ls.returncode == 0
+    e = next(x for x in json.loads(ls.stdout) if x["path"] == str(kernel))
+    assert e["status"] == "corrupt" and "nested more than" in e["reason"]
+    assert kc("--cache-dir", root, "verify").returncode == 1
+
+
+def test_deep_json_in_an_archive_manifest(tmp_path):
+    rec = hidet_entry()[0]
+    rec["platform"] = "PLACEHOLDER"
+    manifest = json.dumps({"format": "kcache-archive", "format_version": 1, "entries": [rec]}).encode()
+    manifest = manifest.replace(b'"PLACEHOLDER"', DEEP)
+    arch = _raw_archive(tmp_path / "deep.tar.gz", manifest)
+    for dry in ([], ["--dry-run"]):
+        run = kc("--cache-dir", tmp_path / "cache", "import", arch, *dry)
+        assert run.returncode == 1
+        assert run.stderr == b"Error: archive rejected: manifest.json is nested more than 64 levels deep\n"
+    assert not (tmp_path / "cache").exists()
+
+
+# ---- import stays bounded ---------------------------------------------------------------------------
+
+def _raw_archive(path: Path, manifest: bytes | None, manifest_chunks=None, size: int | None = None) -> Path:
+    """A .tar.gz whose first member is manifest.json, written as a stream (the manifest need not fit
+    in memory): `manifest`, or `size` bytes from `manifest_chunks`."""
+    from kcache_cli import tarstream as ts
+
+    size = len(manifest) if manifest is not None else size
+    with gzip.open(path, "wb", compresslevel=1) as out:
+        out.write(ts.file_header("manifest.json", size, 0o644, 0))
+        if manifest is not None:
+            out.write(manifest)
+        else:
+            for chunk in manifest_chunks:
+                out.write(chunk)
+        out.write(ts.padding(size))
+        out.write(bytes(1024))
+    return path
+
+
+def test_millions_of_records_in_a_small_archive(tmp_path):
+    """2,000,000 records (190 MB of manifest JSON, under the fixed 256 MiB limit) in a gzip of well
+    under a megabyte: refused from the manifest's size, before it is read."""
+    record = b'{"layout":"hidet","kind":"op","relpath":"ops/cuda_space_0/a/0123456789abcdef","files":{}},'
+    n = 2_000_000
+    head = b'{"format": "kcache-archive", "format_version": 1, "entries": ['
+    tail = b'{"x": 1}]}'
+    size = len(head) + n * len(record) + len(tail)
+    chunks = [head, *([record * 10_000] * (n // 10_000)), tail]
+    arch = _raw_archive(tmp_path / "bomb.tar.gz", None, chunks, size)
+    assert arch.stat().st_size < 4 << 20
+    for dry in ([], ["--dry-run"]):
+        run = kc("--cache-dir", tmp_path / "cache", "import", arch, *dry)
+        assert run.returncode == 1
+        assert b"out of proportion" in run.stderr, run.stderr
+    assert not (tmp_path / "cache").exists()
+
+
+def test_many_values_in_a_small_manifest(tmp_path):
+    """Under the size floor, but five million JSON values: refused before json.loads builds them."""
+    manifest = b'{"format": "kcache-archive", "format_version": 1, "entries": [' + b"1," * 5_000_000 + b"1]}"
+    arch = _raw_archive(tmp_path / "values.tar.gz", manifest)
+    for dry in ([], ["--dry-run"]):
+        run = kc("--cache-dir", tmp_path / "cache", "import", arch, *dry)
+        assert run.returncode == 1 and b"values, out of proportion" in run.stderr, run.stderr
+
+
+def test_thousand_component_name(tmp_path):
+    rec, members = hidet_entry()
+    deep = "/".join(["a"] * 1000)
+    rec["dirs"] = [deep]
+    arch = build_archive(tmp_path / "a.tar", [(rec, members)])
+    verdicts = []
+    for dry in (["--dry-run"], []):
+        run = kc("--cache-dir", tmp_path / "cache", "import", arch, *dry)
+        verdicts.append((run.returncode, run.stderr))
+    assert verdicts[0] == verdicts[1]
+    assert verdicts[0][0] == 1 and b"nested more than 64 directories deep" in verdicts[0][1]
+    assert not (tmp_path / "cache").exists()
+
+
+def test_name_too_long_for_the_root_same_verdict(tmp_path):
+    """Under the depth limit, but longer than PATH_MAX once under the cache root: the dry run says so too."""
+    rec, members = hidet_entry()
+    rec["dirs"] = ["/".join(["b" * 200] * 20)]
+    arch = build_archive(tmp_path / "a.tar", [(rec, members)])
+    verdicts = [kc("--cache-dir", tmp_path / "cache", "import", arch, *dry) for dry in (["--dry-run"], [])]
+    assert [v.returncode for v in verdicts] == [1, 1]
+    assert verdicts[0].stderr == verdicts[1].stderr and b"path limit" in verdicts[0].stderr
+    assert not (tmp_path / "cache").exists()
+
+
+# ---- the helpers themselves -------------------------------------------------------------------------
+
+def test_fsread_refuses_what_is_not_a_regular_file(tmp_path):
+    from kcache_cli import fsread
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to("/etc/hostname")
+    (tmp_path / "big").write_bytes(b"x" * 100)
+    for name, kind in (("fifo", "a FIFO"), ("link", "a symlink")):
+        with pytest.raises(fsread.NotRegularFile) as info:
+            fsread.read_bytes(str(tmp_path / name), 10)
+        assert info.value.kind == kind
+    with pytest.raises(fsread.TooLarge):
+        fsread.read_bytes(str(tmp_path / "big"), 10)
+    assert fsread.read_bytes(str(tmp_path / "big"), 10, strict=False) == b"x" * 10
+    assert fsread.sha256_file(str(tmp_path / "big")) == hashlib.sha256(b"x" * 100).hexdigest()
+    (tmp_path / "sub").symlink_to(tmp_path)
+    with pytest.raises(fsread.NotRegularFile):  # a directory link below the base is not followed
+        fsread.read_bytes(str(tmp_path / "sub" / "big"), 1000, base=str(tmp_path))
+    with pytest.raises(OSError) as info:
+        fsread.read_bytes("/dev/null", 10, follow=True)
+    assert info.value.errno == errno.EINVAL
+
+
+def test_json_depth_counts_only_structure():
+    from kcache_cli.fsread import JsonTooDeep, json_depth, parse_json
+
+    assert json_depth(b'{"a": "[[[[[[", "b": ["\\\\", {"c": "\\"]]]"}]}', 0) == 1
+    assert json_depth(b'{"a": "[[[[[[", "b": ["\\\\", {"c": "\\"]]]"}]}', 10) <= 10
+    doc = b'{"a": "[[[[[[[[", "b": [1, {"c": [2]}]}'
+    assert json_depth(doc, 2) > 2
+    assert json_depth(doc, 4) == 4
+    assert parse_json(b"[" * 64 + b"]" * 64) is not None
+    with pytest.raises(JsonTooDeep):
+        parse_json(b"[" * 65 + b"]" * 65)
+    with pytest.raises(JsonTooDeep):
+        parse_json(b'{"a":' * 40 + b'[' * 40 + b'1' + b']' * 40 + b'}' * 40)
+
+
+def test_printable():
+    from kcache_cli.textsafe import printable, printable_line
+
+    assert printable("plain\ttext\n") == "plain\ttext\n"
+    assert printable("a\x1b[2Jb\x07\x7f\x9b\u202e\u2066\u200e\u061c\udcff") == \
+        "a\\x1b[2Jb\\x07\\x7f\\x9b\\u202e\\u2066\\u200e\\u061c\\xff"
+    assert printable_line("a\tb\nc\rd") == "a\\x09b\\x0ac\\x0dd"
+    assert printable("héllo wörld ✓") == "héllo wörld ✓"
