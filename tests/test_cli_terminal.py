@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,12 @@ def damaged_hidet(dest: Path) -> Path:
     """The real hidet cache with entries in several statuses, long reasons, and the softmax task also in
     cuda_space_2 (the same hash in two spaces)."""
     root = copy_tree(FIXTURES / "hidet", dest)
+    # "last used" is the newest mtime: make it the same whatever the fixture files' own mtimes are (they
+    # are the checkout's), so that column widths, and so which columns fit, do not depend on the clock.
+    then = time.time() - 20 * 60
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in dirnames + filenames:
+            os.utime(os.path.join(dirpath, n), (then, then), follow_symlinks=False)
     (root / ADD / "func_types.pickle").unlink()  # hidet killed before its completion marker
     with open(root / RELU / "lib.so", "r+b") as f:  # truncated after completion
         f.truncate(100)
