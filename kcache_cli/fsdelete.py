@@ -23,11 +23,10 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
+from kcache_cli import fsread
+
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_WINDOW = 48  # directory descriptors kept open below the top of one removal
-_RESOLVE_NO_XDEV, _RESOLVE_NO_SYMLINKS = 0x01, 0x04
-_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "ppc64le": 437, "s390x": 437, "riscv64": 437}
-_openat2: Any = None  # the ctypes call, once known to work; False when the kernel has none
 
 
 @dataclass
@@ -43,52 +42,11 @@ class TreeRemoval:
         return [f"{m}: another filesystem (a mount point), never crossed" for m in self.mounts] + self.errors
 
 
-def _load_openat2() -> Any:
-    global _openat2
-    if _openat2 is not None:
-        return _openat2
-    _openat2 = False
-    nr = _SYS_OPENAT2.get(os.uname().machine)
-    if nr is None:
-        return _openat2
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syscall.restype = ctypes.c_long
-
-        class OpenHow(ctypes.Structure):
-            _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-        how = OpenHow(_DIR, 0, _RESOLVE_NO_XDEV | _RESOLVE_NO_SYMLINKS)
-        size = ctypes.sizeof(how)
-
-        def call(dir_fd: int, name: str) -> int:
-            fd = libc.syscall(nr, dir_fd, os.fsencode(name), ctypes.byref(how), size)
-            if fd < 0:
-                err = ctypes.get_errno()
-                raise OSError(err, os.strerror(err), name)
-            return fd
-
-        probe = call(os.open("/", _DIR), ".")  # ENOSYS or a seccomp EPERM: fall back to openat
-        os.close(probe)
-        _openat2 = call
-    except (OSError, AttributeError, ImportError):
-        _openat2 = False
-    return _openat2
-
-
 def open_dir(dir_fd: int, name: str, same_mount: bool = True) -> int:
     """`name` inside `dir_fd` as a directory descriptor, never through a symlink (ELOOP/ENOTDIR) and,
     with `same_mount`, never onto another mount (EXDEV)."""
-    call: Any = _load_openat2() if same_mount else None
-    if call:
-        try:
-            return call(dir_fd, name)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSYS, errno.EPERM):
-                raise
-    return os.open(name, _DIR, dir_fd=dir_fd)
+    fd = fsread.openat2(dir_fd, name, _DIR, fsread.RESOLVE_NO_XDEV | fsread.RESOLVE_NO_SYMLINKS) if same_mount else None
+    return os.open(name, _DIR, dir_fd=dir_fd) if fd is None else fd
 
 
 def make_writable(dir_fd: int, name: str | None = None) -> bool:

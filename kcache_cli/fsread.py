@@ -54,6 +54,109 @@ def _refuse(path: str, what: str) -> NotRegularFile:
     return exc
 
 
+# ---- openat2: resolution that follows no link (one syscall), shared with fsdelete --------------------
+
+RESOLVE_NO_XDEV, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x01, 0x04, 0x08
+_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "ppc64le": 437, "s390x": 437, "riscv64": 437}
+_openat2: Any = None  # the ctypes call once known to work; False when the kernel (or a seccomp filter) has none
+
+
+def _load_openat2() -> Any:
+    global _openat2
+    if _openat2 is not None:
+        return _openat2
+    _openat2 = False
+    nr = _SYS_OPENAT2.get(os.uname().machine)
+    if nr is None:
+        return _openat2
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+
+        class OpenHow(ctypes.Structure):
+            _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+        def call(dir_fd: int, name: str, flags: int, resolve: int) -> int:
+            how = OpenHow(flags, 0, resolve)
+            fd = libc.syscall(nr, dir_fd, os.fsencode(name), ctypes.byref(how), ctypes.sizeof(how))
+            if fd < 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), name)
+            return fd
+
+        top = os.open("/", DIR_FLAGS)
+        try:
+            os.close(call(top, ".", DIR_FLAGS, RESOLVE_NO_SYMLINKS))  # ENOSYS or a seccomp EPERM: no openat2
+        finally:
+            os.close(top)
+        _openat2 = call
+    except (OSError, AttributeError, ImportError):
+        _openat2 = False
+    return _openat2
+
+
+def openat2(dir_fd: int, name: str, flags: int, resolve: int) -> int | None:
+    """`name` opened inside `dir_fd` under the RESOLVE_* rules, or None where openat2 does not exist
+    (the caller then walks the components itself)."""
+    call = _load_openat2()
+    if not call:
+        return None
+    try:
+        return call(dir_fd, name, flags, resolve)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSYS, errno.EPERM):
+            return None
+        raise
+
+
+# ---- anchors: reads inside a cache resolve from its root, never through a link below it ---------------
+
+_ANCHORS: dict[str, int] = {}  # "<root>/" -> a directory fd of the root (the newest few)
+_MAX_ANCHORS = 8
+
+
+def anchor(root: str | os.PathLike) -> None:
+    """From now on, entry files below `root` read with a `base` are resolved from the root itself: no
+    component between the root and the file may be a symlink, so a directory of the cache swapped for
+    a link mid-run (`ops/cuda_space_0` -> elsewhere) makes the read fail instead of judging an entry
+    by someone else's files. The root is the one the user named: a link to it is followed once here."""
+    key = os.path.join(os.path.abspath(root), "")
+    fd = _ANCHORS.get(key)
+    try:
+        st = os.stat(key)
+        if fd is not None and os.path.samestat(st, os.fstat(fd)):
+            return
+        new = os.open(key, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        new = None
+    if fd is not None:
+        os.close(_ANCHORS.pop(key))
+    if new is None:
+        return
+    while len(_ANCHORS) >= _MAX_ANCHORS:
+        os.close(_ANCHORS.pop(next(iter(_ANCHORS))))
+    _ANCHORS[key] = new
+
+
+def _anchored_dir(path: str) -> tuple[int, str] | None:
+    """(a new fd of the directory holding `path`, the file name) when `path` lies below an anchor."""
+    for key, root_fd in _ANCHORS.items():
+        if path.startswith(key):
+            head, name = os.path.split(path[len(key):])
+            if not head:
+                return os.dup(root_fd), name
+            try:
+                fd = openat2(root_fd, head, DIR_FLAGS, RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
+                    raise _refuse(path, f"{head}/ holds a symlink or a non-directory") from None
+                raise
+            return (fd if fd is not None else _dir_beneath_fd(root_fd, key, head)), name
+    return None
+
+
 def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = None,
                  follow: bool = False) -> tuple[int, os.stat_result]:
     """(fd, fstat) of the regular file at `path`; NotRegularFile for anything else.
@@ -67,6 +170,13 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
         rel = os.path.relpath(path, base)
         if rel == ".." or rel.startswith("../"):
             raise _refuse(path, "outside its entry")
+        anchored = _anchored_dir(os.path.abspath(path))
+        if anchored is not None:
+            dfd, name = anchored
+            try:
+                return open_regular(name, dir_fd=dfd)
+            finally:
+                os.close(dfd)
         head, name = os.path.split(rel)
         if head:
             dfd = open_dir_beneath(base, head)
@@ -100,7 +210,14 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
 
 def open_dir_beneath(base: str, rel: str) -> int:
     """An fd of the directory `base/rel`, opened one component at a time without following links."""
-    fd = os.open(base, DIR_FLAGS)
+    return _dir_beneath_fd(os.open(base, DIR_FLAGS), base, rel, own=True)
+
+
+def _dir_beneath_fd(fd: int, base: str, rel: str, own: bool = False) -> int:
+    """`rel` below the directory `fd` (named `base` in errors), one component at a time, no link followed.
+    The caller's `fd` stays open unless `own`."""
+    if not own:
+        fd = os.dup(fd)
     try:
         for part in rel.split(os.sep):
             if part in ("", "."):

@@ -125,7 +125,9 @@ class _Workers:
         try:
             for i in range(n):
                 parent_end, child_end = ctx.Pipe()
-                proc = ctx.Process(target=_worker_main, args=(i, child_end), daemon=True)
+                # The child closes every parent end it inherits, its own included: were one kept, a
+                # worker whose parent died (SIGTERM, SIGKILL) would block forever sending its result.
+                proc = ctx.Process(target=_worker_main, args=(i, child_end, [parent_end, *self.conns]), daemon=True)
                 proc.start()
                 child_end.close()
                 self.procs.append(proc)
@@ -183,8 +185,14 @@ class _Workers:
             conn.close()
 
 
-def _worker_main(i: int, conn) -> None:
+def _worker_main(i: int, conn, parent_ends: list) -> None:
     assert _PHASED is not None, "set by _Workers before forking"
+    import signal
+
+    for end in parent_ends:
+        end.close()
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # the parent's handlers (export's) are not the worker's:
+        signal.signal(sig, signal.SIG_DFL)  # a worker told to stop just stops, without a traceback
     first, second, counters, stop = _PHASED
 
     def advance(k: int) -> None:
@@ -195,12 +203,14 @@ def _worker_main(i: int, conn) -> None:
 
     def report(func, *args) -> bool:
         try:
-            value = func(*args)
+            message = ("ok", func(*args))
         except BaseException as exc:  # noqa: BLE001 - every failure travels back to the parent
-            conn.send(("err", _portable(exc)))
+            message = ("err", _portable(exc))
+        try:
+            conn.send(message)
+        except OSError:  # the parent is gone (killed): nobody to tell, nothing to print
             return False
-        conn.send(("ok", value))
-        return True
+        return message[0] == "ok"
 
     if report(first, i, advance, abort) and second is not None:
         try:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from kcache_cli import state
+from kcache_cli import fsread, state
 from kcache_cli.errors import UsageError
 from kcache_cli.model import (
     Entry,
@@ -182,6 +182,7 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
     import threading
 
     root, last_used, func = shared
+    fsread.anchor(root)  # a forkserver's worker starts without the parent's anchors
     n = max(1, min(THREADS_PER_WORKER, len(jobs) // 500))
     parts = [jobs[t::n] for t in range(n)]
     out: list[list[Any]] = [[] for _ in range(n)]
@@ -230,6 +231,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
 
     if not root.is_dir():
         return ScanResult(str(root), False, (), (), ())
+    fsread.anchor(root)
     from kcache_cli.layouts import get as get_layout
     from kcache_cli.names import expand_filter
 

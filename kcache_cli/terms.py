@@ -10,4 +10,4 @@ COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING = "complete", "partial", "failed", 
 STALE, UNREADABLE = "stale", "unreadable"
 STATUSES = (COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING, STALE, UNREADABLE)
 LAYOUT_NAMES = tuple(s.name for s in SHAPES)
-KINDS = tuple(k.kind for s in SHAPES for k in s.kinds)
+KINDS = tuple(dict.fromkeys(k.kind for s in SHAPES for k in s.kinds))  # tilelang and triton share two

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from kcache_cli import fsread
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -29,6 +30,9 @@ class EntryCheck:
     entry: Entry
     status: str  # after the deep checks (a complete entry that fails one is corrupt)
     problems: tuple[str, ...]
+    # Where the entry's own files are fine but the paths it records point elsewhere (Triton's group
+    # files after the cache moved): the layout's `relocation_problem`; `verify --fix` rewrites them.
+    relocation: str | None = None
 
     def to_json(self) -> dict:
         """An `ls --json` row with the deep check's status, first problem as reason, and every problem."""
@@ -43,6 +47,8 @@ class VerifyResult:
     checked: tuple[EntryCheck, ...]
     skipped: tuple[Entry, ...]  # being built
     warnings: tuple[str, ...]
+    fixed: tuple[EntryCheck, ...] = ()  # entries whose recorded paths --fix rewrote (problem gone)
+    fix_errors: tuple[tuple[Entry, str], ...] = ()
 
     @property
     def failed(self) -> tuple[EntryCheck, ...]:
@@ -53,7 +59,7 @@ class VerifyResult:
         failed = self.failed
         return {"root": self.root, "exists": self.exists, "checked": len(self.checked),
                 "ok": len(self.checked) - len(failed), "failed": len(failed), "skipped_building": len(self.skipped),
-                "problems": [ch.to_json() for ch in failed]}
+                "fixed": [ch.entry.to_json() for ch in self.fixed], "problems": [ch.to_json() for ch in failed]}
 
 
 def judge_entry(root: Path, entry: Entry, deep: bool = True) -> Judgement:
@@ -68,6 +74,7 @@ def judge_entry(root: Path, entry: Entry, deep: bool = True) -> Judgement:
     if (entry.status == BUILDING or not entry.hash or name.startswith(".") or layout.leftover(entry) is not None
             or os.path.islink(entry.path) or not os.path.isdir(entry.path)):
         return Judgement.of(entry.status, entry.reason)
+    fsread.anchor(root)
     try:
         return layout.judge(entry.path, entry.kind, deep, root=root)
     except OSError as exc:
@@ -92,12 +99,31 @@ def check_entry(root: Path, entry: Entry) -> EntryCheck:
     status = details.status
     if problems and status == COMPLETE:
         status = CORRUPT
-    return EntryCheck(entry, status, tuple(problems))
+    moved = get(entry.layout).relocation_problem(entry)
+    if moved:  # the files are whole: the status stays, the entry still fails the check
+        problems.append(moved)
+    return EntryCheck(entry, status, tuple(problems), moved)
 
 
-def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None, progress=None
-                 ) -> VerifyResult:
-    """Deep-check every entry `flt` selects. `progress` gets start(total entries) and advance(1)."""
+def fix_relocation(root: Path, check: EntryCheck) -> tuple[EntryCheck, str | None]:
+    """Rewrite the paths an entry records to where it lies now (the layout's `relocate`): the check
+    without its relocation problem, or the error that stopped it."""
+    from dataclasses import replace
+
+    from kcache_cli.layouts import get
+
+    try:
+        get(check.entry.layout).relocate(check.entry.path, check.entry.path, Path(root))
+    except OSError as exc:
+        return check, f"cannot rewrite {exc.filename or check.entry.path}: {exc.strerror or exc}"
+    problems = tuple(p for p in check.problems if p != check.relocation)
+    return replace(check, problems=problems, relocation=None), None
+
+
+def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None, progress=None,
+                 fix: bool = False) -> VerifyResult:
+    """Deep-check every entry `flt` selects. `progress` gets start(total entries) and advance(1).
+    With `fix`, entries whose recorded paths point elsewhere are rewritten (see fix_relocation)."""
     from kcache_cli.scan import scan_cache
 
     result = scan_cache(Path(root), flt, warn)
@@ -106,8 +132,14 @@ def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None =
     if progress:
         progress.start(len(todo))
     checked = []
+    fixed, errors = [], []
     for e in sorted(todo, key=lambda e: e.relpath):
-        checked.append(check_entry(root, e))
+        check = check_entry(root, e)
+        if fix and check.relocation:
+            check, error = fix_relocation(root, check)
+            (errors.append((e, error)) if error else fixed.append(check))
+        checked.append(check)
         if progress:
             progress.advance(1)
-    return VerifyResult(result.root, result.exists, tuple(checked), skipped, result.warnings)
+    return VerifyResult(result.root, result.exists, tuple(checked), skipped, result.warnings, tuple(fixed),
+                        tuple(errors))

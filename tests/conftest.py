@@ -60,6 +60,8 @@ def _isolated_env(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("KCACHE_DIR", raising=False)
     monkeypatch.delenv("TILELANG_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_HOME", raising=False)
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.delenv("COLUMNS", raising=False)  # tables fit COLUMNS when set: tests that want a width say so
     monkeypatch.chdir(tmp_path)

@@ -73,7 +73,7 @@ def test_ls_sort_limit_status_hash(kcache, fixture_copy):
     (["ls", "--sort", "color"], "unknown sort key 'color'"),
     (["ls", "--space", "cuda space"], "bad space"),
     (["ls", "--space", "../etc"], "bad space"),
-    (["ls", "--layout", "triton"], "unknown layout 'triton'"),
+    (["ls", "--layout", "ccache"], "unknown layout 'ccache'"),
     (["ls", "--limit", "-1"], "--limit"),
     (["inspect"], "Missing argument"),
     (["frobnicate"], "No such command"),

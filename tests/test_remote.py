@@ -429,8 +429,7 @@ def triton_record(d: Path) -> tuple[dict, dict[str, bytes]]:
 @needs_redis
 @pytest.mark.parametrize("key_format", [None, "tk/{key}/{filename}"])
 def test_triton_entries_use_tritons_own_keys_and_group_format(tmp_path, redis_server, monkeypatch, key_format):
-    from kcache_cli import layouts
-    from kcache_cli.layouts.base import Layout
+    from kcache_cli.layouts.triton_remote import TritonFormat
     from kcache_cli.remote.push import publish_entry
     from kcache_cli.remote.store import open_store
 
@@ -439,13 +438,7 @@ def test_triton_entries_use_tritons_own_keys_and_group_format(tmp_path, redis_se
     server = redis_server()
     d = triton_entry(tmp_path / "triton-cache")
     record, data = triton_record(d)
-    class FakeTriton(Layout):
-        def remote_format(self):  # the hook kcache_cli/layouts/triton.py provides
-            return f.TritonFormat()
-
-    monkeypatch.setattr(layouts, "NAMES", (*layouts.NAMES, "triton"))
-    monkeypatch.setitem(layouts._LOADED, "triton", FakeTriton())
-    assert isinstance(f.format_for("triton"), f.TritonFormat)
+    assert isinstance(f.format_for("triton"), TritonFormat)  # what TritonLayout.remote_format returns
     store = open_store(server.url)
     assert publish_entry(store, record, data) is True
     r = server.client()
@@ -461,13 +454,14 @@ def test_triton_entries_use_tritons_own_keys_and_group_format(tmp_path, redis_se
     # Pulled elsewhere, the group file names this machine's absolute paths.
     (rec,), _ = __import__("kcache_cli.remote.pull", fromlist=["x"]).read_records(store, [("triton", d.name)])
     assert rec["groups"] == ["__grp__add_kernel.json"] and "__grp__add_kernel.json" not in rec["files"]
-    local = f.TritonFormat().local_files(rec, "/elsewhere/cache/" + d.name)
+    local = TritonFormat().local_files(rec, "/elsewhere/cache/" + d.name)
     assert json.loads(local["__grp__add_kernel.json"]) == {
         "child_paths": {n: f"/elsewhere/cache/{d.name}/{n}" for n in children}}
 
 
 @needs_redis
 def test_kernels_triton_pushed_itself_are_found(redis_server):
+    from kcache_cli.layouts.triton_remote import TritonFormat
     from kcache_cli.remote.store import open_store
 
     server = redis_server()
@@ -476,7 +470,7 @@ def test_kernels_triton_pushed_itself_are_found(redis_server):
     r.mset({"triton:ABC:k.cubin": b"\x7fELF cubin", "triton:ABC:k.json": b'{"name": "k"}'})
     r.set("triton:ABC:__grp__k.json", json.dumps({"child_paths": ["k.cubin", "k.json"]}))
     r.set("triton:HALF:__grp__h.json", json.dumps({"child_paths": ["h.cubin"]}))  # a child never came
-    found = list(f.TritonFormat().foreign(open_store(server.url)))
+    found = list(TritonFormat().foreign(open_store(server.url)))
     assert [(rec["relpath"], sorted(rec["files"]), rec["groups"]) for rec, _ in found] == \
         [("ABC", ["k.cubin", "k.json"], ["__grp__k.json"])]
     assert found[0][1]["k.cubin"] == b"\x7fELF cubin"

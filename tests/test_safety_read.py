@@ -541,3 +541,31 @@ def test_printable():
         "a\\x1b[2Jb\\x07\\x7f\\x9b\\u202e\\u2066\\u200e\\u061c\\xff"
     assert printable_line("a\tb\nc\rd") == "a\\x09b\\x0ac\\x0dd"
     assert printable("héllo wörld ✓") == "héllo wörld ✓"
+
+
+def test_a_directory_swapped_for_a_link_mid_run_is_not_read_through(fixture_copy, tmp_path):
+    """Between the scan and the judgement (prune --broken judges again at delete time) `ops/cuda_space_0`
+    becomes a link to a look-alike tree whose task.txt would not hash to the entry's name. The reads
+    resolve from the root and refuse the link: the entry is never judged by the look-alike's files, so
+    it cannot be called corrupt (and pruned) on their word."""
+    from kcache_cli.scan import scan_cache
+    from kcache_cli.verify import judge_entry
+
+    root = fixture_copy("hidet")
+    entry = next(e for e in scan_cache(root).entries if e.relpath == ADD)
+    assert judge_entry(root, entry).status == "complete"
+    look_alike = tmp_path / "look-alike"
+    (look_alike / "add/8d1f7691cdf75e90").mkdir(parents=True)
+    for f in (root / ADD).iterdir():
+        if f.is_file():
+            (look_alike / "add/8d1f7691cdf75e90" / f.name).write_bytes(f.read_bytes())
+    (look_alike / "add/8d1f7691cdf75e90/task.txt").write_text("precious")
+    space = root / "ops/cuda_space_0"
+    space.rename(tmp_path / "aside")
+    space.symlink_to(look_alike)
+    verdict = judge_entry(root, entry)
+    assert "hashes to" not in (verdict.reason or "")
+    assert "symlink" in (verdict.reason or "")
+    space.unlink()
+    (tmp_path / "aside").rename(space)
+    assert judge_entry(root, entry).status == "complete"

@@ -9,6 +9,7 @@ from typer.core import TyperGroup, TyperOption
 
 from kcache_cli import __version__
 from kcache_cli.cli.common import GlobalOptions, plain_output, settings
+from kcache_cli.terms import LAYOUT_NAMES
 
 
 def _set_global(name: str):
@@ -64,7 +65,7 @@ class KcacheGroup(TyperGroup):
 app = typer.Typer(
     name="kcache",
     help="See into, build, clean and ship the on-disk caches of compiled GPU and CPU kernels "
-    "(hidet, tilus, tilelang).\n\nExample: kcache ls --op matmul",
+    f"({', '.join(LAYOUT_NAMES)}).\n\nExample: kcache ls --op matmul",
     no_args_is_help=True,
     cls=KcacheGroup,
     add_completion=True,

@@ -174,13 +174,19 @@ def verify_command(
     layout: c.LayoutOpt = None,
     status: c.StatusOpt = None,
     kind: c.KindOpt = None,
+    fix: Annotated[bool, typer.Option("--fix", help="Rewrite the absolute paths entries record about themselves "
+                                                    "to where they lie now (a cache moved or copied by hand), "
+                                                    "for layouts that record any (Triton's group files).")
+                   ] = False,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
     """Check every entry against its layout's rules and recorded checksums; exit 1 on any problem.
 
     Reads every byte: task.txt against the hash, files against kcache.json or tilelang's manifests,
-    tilus links, binaries. Entries that are not complete are problems; entries being built are skipped.
+    tilus links, binaries, Triton's group files. Entries that are not complete are problems; entries
+    being built are skipped. --fix rewrites the paths an entry records about itself when they point at
+    another root (the layout's relocation hook, as import uses).
 
     Example: kcache verify --layout tilelang --json
     """
@@ -192,8 +198,10 @@ def verify_command(
     c.hint_unknown(opts, root, flt)
     started = time.monotonic()
     with _Bar(opts, "verifying") as bar:
-        result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar)
+        result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar, fix=fix)
     failed = result.failed
+    for e, error in result.fix_errors:
+        c.warn(opts, f"{e.relpath}: {error}")
     if opts.json:
         c.emit_json(result.to_json())
     else:
@@ -213,7 +221,8 @@ def verify_command(
             c.info(opts, f"no cache at {root}: nothing to verify")
         else:
             building = f", skipped {len(result.skipped)} being built" if result.skipped else ""
+            fixed = f", rewrote the paths of {len(result.fixed)}" if fix else ""
             c.info(opts, f"checked {c.plural(len(result.checked), 'entry')} in {time.monotonic() - started:.1f}s: "
-                         f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}")
+                         f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}{fixed}")
     if failed:
         raise typer.Exit(1)

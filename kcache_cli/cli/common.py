@@ -98,8 +98,8 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
 
 
 AllCachesOpt = Annotated[bool, typer.Option(
-    "--all-caches", help="Every cache `kcache dir --all` finds (hidet, tilus, tilelang), one after the other, each "
-    "with its root.")]
+    "--all-caches", help=f"Every cache `kcache dir --all` finds ({', '.join(LAYOUT_NAMES)}), one after the other, "
+    "each with its root.")]
 
 
 # ---- filters -------------------------------------------------------------------------------------
@@ -108,8 +108,8 @@ OpOpt = Annotated[Optional[List[str]], typer.Option(
     "--op", metavar="NAME", help=f"Only this op; a glob works (--op 'mat*'). {_LIST}",
     autocompletion=complete.complete_op)]
 SpaceOpt = Annotated[Optional[List[str]], typer.Option(
-    "--space", metavar="SPACE", help=f"Only this space: cuda_space_2, or 2 for every target's level 2, or a tilelang "
-    f"0.1.15/linux-x86_64; a glob works. {_LIST}", autocompletion=complete.complete_space)]
+    "--space", metavar="SPACE", help=f"Only this space: cuda_space_2, or 2 for every target's level 2, a tilelang "
+    f"0.1.15/linux-x86_64, or a Triton arch (sm_90a); a glob works. {_LIST}", autocompletion=complete.complete_space)]
 TargetOpt = Annotated[Optional[List[str]], typer.Option("--target", metavar="TARGET",
                                                         help=f"Only this target: cuda, cpu, hip. {_LIST}",
                                                         autocompletion=complete.complete_target)]

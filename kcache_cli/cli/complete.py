@@ -34,7 +34,11 @@ def _layouts() -> list[tuple[str, str]]:
 def _kinds() -> list[tuple[str, str]]:
     from kcache_cli.layouts.shapes import SHAPES
 
-    return [(k.kind, f"{s.name} {k.kind}") for s in SHAPES for k in s.kinds]
+    owners: dict[str, list[str]] = {}  # a kind several layouts have (kernel, binary) is offered once
+    for s in SHAPES:
+        for k in s.kinds:
+            owners.setdefault(k.kind, []).append(s.name)
+    return [(kind, f"{'/'.join(names)} {kind}") for kind, names in owners.items()]
 
 
 # ---- what the command line says -------------------------------------------------------------------

@@ -103,8 +103,20 @@ def tilelang(package_dir: Path | None = None) -> Home:
     return Home(Path.home() / ".tilelang" / "cache", "tilelang's default (~/.tilelang/cache)")
 
 
+def triton(package_dir: Path | None = None) -> Home:
+    """Triton's own rule (triton/knobs.py): TRITON_CACHE_DIR, else $TRITON_HOME/.triton/cache, else
+    ~/.triton/cache."""
+    env = os.environ.get("TRITON_CACHE_DIR")
+    if env:
+        return Home(Path(env).expanduser(), "TRITON_CACHE_DIR environment variable")
+    home = os.environ.get("TRITON_HOME")
+    if home:
+        return Home(Path(home).expanduser() / ".triton" / "cache", "$TRITON_HOME/.triton/cache")
+    return Home(Path.home() / ".triton" / "cache", "default (~/.triton/cache)")
+
+
 # layout name -> its rule; `package_dir` says where the compiler's Python package lies (None: find it)
-RULES: dict[str, Callable[..., Home]] = {"hidet": hidet, "tilus": tilus, "tilelang": tilelang}
+RULES: dict[str, Callable[..., Home]] = {"hidet": hidet, "tilus": tilus, "tilelang": tilelang, "triton": triton}
 
 
 def default_root(layout: str, package_dir: Path | None = None) -> Home | None:

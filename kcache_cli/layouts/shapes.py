@@ -16,6 +16,7 @@ template over the fields. Fixed text matches itself.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Callable
 
@@ -167,7 +168,59 @@ TILELANG = LayoutShape("tilelang", (
               patterns=(*_TILELANG_VERSION, ("bins", "cuda-binaries"))),
 ), "<version>/<platform>/kernels/, cuda-binaries/")
 
+# Triton: <root>/<key>/, the key the base32 of a sha256 (Triton >= 3.2) or its hex (before). The target
+# and arch (the entries' space) are in the kernel's metadata file, not in the path; the kernel's name is
+# in its file names. What follows is the light part of layouts/triton.py (names only, no reads).
+_TRITON_KEY = (("hash", r"[A-Z2-7]{52}|[0-9a-f]{64}"),)
+TRITON_GROUP, TRITON_TMP = "__grp__", "tmp.pid_"
+# Files only Triton's compiler writes: positive evidence that a key directory is Triton's.
+TRITON_STAGES = (".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".cubin", ".hsaco", ".source")
+_TRITON_LOOKS = 64  # key directories looked into, at most, to recognise a root
+
+
+def triton_module(names: list[str]) -> bool:
+    """A key dir holding only the driver's compiled launcher/utils module (`cuda_utils...so`)."""
+    return len(names) == 1 and names[0].endswith(".so")
+
+
+def triton_kernel_name(names: list[str]) -> str | None:
+    """A Triton kernel's name from its directory listing: `__grp__<name>.json`, else a compile stage,
+    else the one file of a group-less key dir (`<fn>.autotune.json`, `cuda_utils.<abi>.so`)."""
+    for n in sorted(names):
+        if n.startswith(TRITON_GROUP) and n.endswith(".json"):
+            return n[len(TRITON_GROUP):-len(".json")]
+    for n in sorted(names):
+        if n.endswith(TRITON_STAGES):
+            return n.rsplit(".", 1)[0]
+    if len(names) == 1 and names[0].endswith((".so", ".autotune.json")):
+        return names[0].split(".", 1)[0]
+    return None
+
+
+def triton_evidence(names: list[str]) -> bool:
+    """Whether a key directory's listing is Triton's: a group file, a temp dir or a compile stage."""
+    return any(n.startswith((TRITON_GROUP, TRITON_TMP)) or n.endswith(TRITON_STAGES) for n in names)
+
+
+def _triton_confirm(root: str, tops: list[str]) -> bool:
+    """Key-named directories alone are no evidence: one of the first few must hold Triton's files."""
+    for name in tops[:_TRITON_LOOKS]:
+        try:
+            if triton_evidence(os.listdir(os.path.join(root, name))):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+TRITON = LayoutShape("triton", (
+    KindShape("kernel", "{hash}", patterns=_TRITON_KEY,
+              from_files=lambda names: (not triton_module(names), triton_kernel_name(names))),
+    KindShape("binary", "{hash}", patterns=_TRITON_KEY,  # the driver's compiled launcher module
+              from_files=lambda names: (triton_module(names), triton_kernel_name(names))),
+), "<base32 key>/ per kernel", confirm=_triton_confirm)
+
 # The registry: one shape per layout, in the order layouts are scanned and listed.
-SHAPES: tuple[LayoutShape, ...] = (HIDET, TILUS, TILELANG)
+SHAPES: tuple[LayoutShape, ...] = (HIDET, TILUS, TILELANG, TRITON)
 BY_NAME = {s.name: s for s in SHAPES}
 BUILD_SHAPE = next(s for s in SHAPES if s.build_kind)  # where `kcache build` publishes

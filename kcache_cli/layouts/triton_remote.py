@@ -1,0 +1,96 @@
+"""Triton's own remote format (its `RedisRemoteCacheBackend` keys), returned by
+`TritonLayout.remote_format`: kcache pushes and pulls Triton kernels under the keys Triton itself reads
+and writes, so that both share one Redis. Imported only by remote commands (it needs nothing heavy,
+but the layout module stays free of remote code)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kcache_cli.fsread import parse_json
+from kcache_cli.layouts.shapes import TRITON, TRITON_GROUP as GROUP_PREFIX
+from kcache_cli.remote.formats import RemoteFormat
+
+
+DEFAULT_TRITON_KEY_FORMAT = "triton:{key}:{filename}"
+
+
+@dataclass
+class TritonFormat(RemoteFormat):
+    """Triton's RedisRemoteCacheBackend format, so that Triton and kcache share one Redis.
+
+    Each file of the kernel directory `<key>/` is the value of `triton:{key}:{filename}` (or
+    TRITON_REDIS_KEY_FORMAT); the group file `__grp__<name>.json`, which Triton reads first, holds
+    `{"child_paths": [sorted file names]}` remotely and, on disk, `{"child_paths": {name: absolute
+    path}}`: it is set last when pushing and rewritten for the local root when pulling."""
+
+    layout: str = TRITON.name
+    kind: str = TRITON.kinds[0].kind  # what triton.py calls a kernel directory
+    key_format: str = ""
+    name = "triton"
+    content_addressed = False
+
+    def __post_init__(self) -> None:
+        self.key_format = self.key_format or os.environ.get("TRITON_REDIS_KEY_FORMAT") or DEFAULT_TRITON_KEY_FORMAT
+
+    def key(self, record: dict, filename: str) -> str:
+        return self.key_format.format(key=record["relpath"].rsplit("/", 1)[-1], filename=filename)
+
+    def data_keys(self, record: dict) -> dict[str, list[str]]:
+        return {name: [self.key(record, name)] for name in record["files"]}
+
+    def outgoing(self, record: dict, data: dict[str, bytes]) -> tuple[dict, dict[str, bytes]]:
+        groups = sorted(n for n in record["files"] if n.startswith(GROUP_PREFIX) and "/" not in n)
+        files = {n: v for n, v in record["files"].items() if n not in groups}
+        return {**record, "files": files, "groups": groups}, {n: v for n, v in data.items() if n not in groups}
+
+    def group_value(self, record: dict) -> bytes:
+        # Exactly what Triton's RemoteCacheManager.put_group stores.
+        return json.dumps({"child_paths": sorted(record["files"])}).encode()
+
+    def last(self, record: dict) -> tuple[tuple[str, bytes], ...]:
+        value = self.group_value(record)
+        return tuple((self.key(record, g), value) for g in record.get("groups", ()))
+
+    def local_files(self, record: dict, entry_path: str) -> dict[str, bytes]:
+        paths = {n: os.path.join(entry_path, n) for n in sorted(record["files"])}
+        text = json.dumps({"child_paths": paths}).encode()
+        return {g: text for g in record.get("groups", ())}
+
+    def _key_pattern(self) -> re.Pattern:
+        parts = re.split(r"(\{key\}|\{filename\})", self.key_format)
+        rx = "".join("(?P<key>[^:]+)" if p == "{key}" else "(?P<filename>.+)" if p == "{filename}"
+                     else re.escape(p) for p in parts)
+        return re.compile(rx + r"\Z")
+
+    def foreign(self, store) -> Iterator[tuple[dict, dict[str, bytes]]]:
+        """Kernels Triton itself pushed: every group key, its children fetched (sizes and sha256 are
+        those of the bytes found: Triton keeps no checksums)."""
+        pattern = self.key_format.format(key="*", filename=GROUP_PREFIX + "*")
+        rx = self._key_pattern()
+        for gkey in sorted(store.keys(pattern)):
+            m = rx.match(gkey)
+            if not m:
+                continue
+            key, gname = m.group("key"), m.group("filename")
+            raw = store.get([gkey])[0]
+            try:
+                children = parse_json(raw or b"")["child_paths"]
+                if not isinstance(children, list) or not all(isinstance(c, str) for c in children):
+                    raise TypeError
+            except (ValueError, KeyError, TypeError):
+                continue  # not a group file Triton would read either
+            values = store.get([self.key_format.format(key=key, filename=c) for c in children])
+            if any(v is None for v in values):
+                continue  # Triton misses on it too
+            data = dict(zip(children, values))
+            record = {"layout": self.layout, "kind": self.kind, "target": None, "space": None, "op": None,
+                      "hash": key, "relpath": key, "status": "complete", "compiler": "triton", "arch": None,
+                      "platform": None, "files": {n: [len(v), hashlib.sha256(v).hexdigest()] for n, v in data.items()},
+                      "links": {}, "dirs": [], "locks": [], "groups": [gname], "pushed_by": "triton"}
+            yield record, data

@@ -1,0 +1,501 @@
+"""Triton's kernel cache (layout `triton`), on the real cache triton 3.9.0 wrote (tests/fixtures/real/triton).
+
+The fixture was written with TRITON_CACHE_DIR=/home/kc/.triton/cache: its group files name every child by
+an absolute path under that root, so here (as on any machine it is copied to) Triton would miss every
+kernel until the paths are rewritten."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from kcache_cli import names
+from kcache_cli.layouts import triton
+from kcache_cli.model import ScanFilter
+from kcache_cli.scan import scan_cache
+
+HOUR = 3600.0
+# key -> (kernel, arch, bytes, files): what triton 3.9.0 wrote (see the fixture's README)
+KERNELS = {
+    "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA": ("add_kernel", "sm_80", 26156, 8),
+    "LOZKL4OW66ML5G7PWO4EI23LW6FIRVU24FT4ZLGIYGLVKG65YUFQ": ("add_kernel", "sm_80", 38802, 8),
+    "QKJDT6YVJBF6PBUBRY6ITHX2267DQCKVQW4DRRFH5NS63H4H25FA": ("add_kernel", "sm_90a", 27323, 8),
+    "VHF5NYJI46Z5SH764YNBNADKGBWRZQ7ZZXWIAKML3FZVBJSTRSDQ": ("add_kernel", "sm_90a", 39969, 8),
+    "WSRDZ7AW2HMXGD7PVRPZJPPD4Y55TOITD3D7EUO6Z7SMUXQ4QBRA": ("matmul_kernel", "sm_90a", 192886, 8),
+    "22DX5RUZ7YPKNU74O7GAUCGIGIPAEV2FCKTGJU2B2LNOL5MZNINQ": ("softmax_kernel", "sm_80", 69481, 8),
+}
+ADD_90 = "QKJDT6YVJBF6PBUBRY6ITHX2267DQCKVQW4DRRFH5NS63H4H25FA"
+MATMUL = "WSRDZ7AW2HMXGD7PVRPZJPPD4Y55TOITD3D7EUO6Z7SMUXQ4QBRA"
+SOFTMAX = "22DX5RUZ7YPKNU74O7GAUCGIGIPAEV2FCKTGJU2B2LNOL5MZNINQ"
+ORIGIN = "/home/kc/.triton/cache"
+
+
+@pytest.fixture
+def cache(fixture_copy) -> Path:
+    """A writable copy of the real cache, its files an hour and a half old (no writer is active)."""
+    root = fixture_copy("triton") / "cache"
+    age(root)
+    return root
+
+
+def age(path: Path, seconds: float = 1.5 * HOUR) -> None:
+    """Make everything under `path` (and `path` itself) look untouched for `seconds`."""
+    t = time.time() - seconds
+    for dirpath, dirnames, filenames in os.walk(path):
+        for n in filenames + dirnames:
+            os.utime(os.path.join(dirpath, n), (t, t), follow_symlinks=False)
+    os.utime(path, (t, t))
+
+
+def ls(kcache, root: Path, *args: str) -> dict[str, dict]:
+    r = kcache("--cache-dir", root, "ls", "--json", *args)
+    assert r.exit_code == 0, r.stderr
+    return {e["hash"]: e for e in r.json()}
+
+
+def get_group(entry_dir: Path) -> dict[str, str] | None:
+    """Triton's FileCacheManager.get_group (triton/runtime/cache.py, 3.9.0), applied literally: the
+    group file parses, and the children are those whose path exists. The compiler uses the kernel
+    only when the metadata file `<name>.json` is among them."""
+    grp = next(entry_dir.glob("__grp__*.json"))
+    with open(grp) as f:
+        grp_data = json.load(f)
+    child_paths = grp_data.get("child_paths", None)
+    if child_paths is None:
+        return None
+    result = {}
+    for c, p in child_paths.items():
+        if os.path.exists(p):
+            result[c] = p
+    return result
+
+
+def triton_hits(entry_dir: Path) -> bool:
+    meta = next(entry_dir.glob("__grp__*.json")).name[len("__grp__"):]
+    group = get_group(entry_dir) or {}
+    return group.get(meta) is not None and len(group) == len(json.loads(
+        next(entry_dir.glob("__grp__*.json")).read_text())["child_paths"])
+
+
+# ---- where, what, how it is judged -------------------------------------------------------------
+
+def test_fixture_listed_exactly(kcache, cache):
+    got = ls(kcache, cache)
+    assert {h: (e["op"], e["space"], e["size"], e["files"]) for h, e in got.items()} == KERNELS
+    for e in got.values():
+        assert (e["layout"], e["kind"], e["target"], e["status"], e["reason"]) == \
+            ("triton", "kernel", "cuda", "complete", None)
+        assert e["path"] == str(cache / e["hash"])
+    r = kcache("--cache-dir", cache, "dir", "--json")
+    assert r.json()["layouts"] == ["triton"]
+
+
+def test_detection_needs_triton_files(tmp_path):
+    root = tmp_path / "c"
+    (root / ADD_90).mkdir(parents=True)  # a key-named directory alone is no evidence
+    (root / "notes").mkdir()
+    assert not triton.LAYOUT.detect(root) and names.layouts_of(root) == ()
+    (root / ADD_90 / "add_kernel.ttir").write_text("module {}")
+    assert triton.LAYOUT.detect(root) and names.layouts_of(root) == ("triton",)
+    other = tmp_path / "d" / ("A" * 52)
+    other.mkdir(parents=True)
+    (other / "readme.txt").write_text("x")  # base32-looking name, foreign files
+    assert not triton.LAYOUT.detect(other.parent)
+
+
+def test_filters_and_stats(kcache, cache):
+    assert set(ls(kcache, cache, "--op", "add_kernel")) == {k for k, v in KERNELS.items() if v[0] == "add_kernel"}
+    assert set(ls(kcache, cache, "--space", "sm_90a")) == {k for k, v in KERNELS.items() if v[1] == "sm_90a"}
+    assert len(ls(kcache, cache, "--target", "cuda", "--layout", "triton")) == 6
+    assert ls(kcache, cache, "--target", "hip") == {}
+    assert set(ls(kcache, cache, "QKJ")) == {ADD_90}
+    s = kcache("--cache-dir", cache, "stats", "--json").json()
+    assert s["layout"] == "triton" and s["entries"] == 6 and s["size"] == sum(v[2] for v in KERNELS.values())
+    assert s["by_op"]["add_kernel"]["entries"] == 4 and s["by_space"]["sm_80"]["entries"] == 3
+    assert s["by_status"] == {"complete": {"entries": 6, "size": s["size"]}}
+
+
+def test_partial_and_corrupt_variants(kcache, cache):
+    add80 = cache / "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA"
+    (add80 / "__grp__add_kernel.json").unlink()  # killed before the group file
+    tmp = cache / SOFTMAX / "tmp.pid_4242_0123abcd"
+    tmp.mkdir()
+    (tmp / "softmax_kernel.ptx").write_text("half a ptx")  # killed between a write and its rename
+    cubin = cache / MATMUL / "matmul_kernel.cubin"
+    cubin.write_bytes(cubin.read_bytes()[:4096])  # truncated binary
+    (cache / ADD_90 / "add_kernel.llir").unlink()  # a child the group lists is gone
+    empty = cache / "VHF5NYJI46Z5SH764YNBNADKGBWRZQ7ZZXWIAKML3FZVBJSTRSDQ" / "add_kernel.ptx"
+    empty.write_bytes(b"")
+    age(cache)
+    got = ls(kcache, cache)
+    assert got[add80.name]["status"] == "partial" and "__grp__" in got[add80.name]["reason"]
+    assert got[add80.name]["op"] == "add_kernel" and got[add80.name]["space"] == "sm_80"
+    assert got[SOFTMAX]["status"] == "partial" and "tmp.pid_4242_0123abcd" in got[SOFTMAX]["reason"]
+    assert got["tmp.pid_4242_0123abcd"]["status"] == "partial"  # the leftover itself, for prune
+    assert got[SOFTMAX]["size"] == KERNELS[SOFTMAX][2]  # the temp dir is not counted twice
+    assert got[MATMUL]["status"] == "corrupt" and "truncated" in got[MATMUL]["reason"]
+    assert got[ADD_90]["status"] == "corrupt" and "add_kernel.llir is missing" in got[ADD_90]["reason"]
+    emptied = got[empty.parent.name]
+    assert emptied["status"] == "corrupt" and "add_kernel.ptx is empty" in emptied["reason"]
+    assert set(ls(kcache, cache, "--status", "corrupt")) == {MATMUL, ADD_90, empty.parent.name}
+    cubin.write_bytes(b"not an elf at all, but long enough" * 4)
+    assert "not an ELF" in ls(kcache, cache)[MATMUL]["reason"]
+
+
+def test_fresh_writes_are_building_not_broken(kcache, cache):
+    """Within the hour a group-less entry or a temp dir may belong to a Triton process compiling now:
+    it is `building`, which prune and clear leave alone."""
+    add80 = cache / "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA"
+    (add80 / "__grp__add_kernel.json").unlink()
+    (cache / SOFTMAX / "tmp.pid_99_ff").mkdir()
+    got = ls(kcache, cache)
+    assert got[add80.name]["status"] == "building" and got[SOFTMAX]["status"] == "building"
+    r = kcache("--cache-dir", cache, "prune", "--broken", "--json")
+    assert r.exit_code == 0 and r.json()["removed"] == []
+    assert add80.is_dir() and (cache / SOFTMAX / "tmp.pid_99_ff").is_dir()
+    r = kcache("--cache-dir", cache, "clear", "--all", "--yes", "--json")
+    assert add80.is_dir() and (cache / SOFTMAX / "tmp.pid_99_ff").is_dir()
+    assert {e["hash"] for e in r.json()["removed"]} == set(KERNELS) - {add80.name, SOFTMAX}
+
+
+def test_unparseable_metadata_or_group_is_corrupt(kcache, cache):
+    (cache / ADD_90 / "add_kernel.json").write_text('{"name": "add_kernel", "target": ')  # cut short
+    (cache / SOFTMAX / "__grp__softmax_kernel.json").write_text("")
+    age(cache)
+    got = ls(kcache, cache)
+    assert got[ADD_90]["status"] == "corrupt" and "add_kernel.json does not parse" in got[ADD_90]["reason"]
+    assert got[ADD_90]["space"] is None and got[ADD_90]["op"] == "add_kernel"
+    assert got[SOFTMAX]["status"] == "corrupt" and "does not parse" in got[SOFTMAX]["reason"]
+    r = kcache("--cache-dir", cache, "prune", "--broken", "--json")
+    assert {x["hash"] for x in r.json()["removed"]} == {ADD_90, SOFTMAX}
+
+
+def test_a_group_file_kcache_may_not_read_is_unreadable_not_corrupt(cache, monkeypatch):
+    """As the suite runs as root, permissions are simulated: os.access says no for one group file."""
+    from kcache_cli.terms import UNREADABLE
+
+    denied = str(cache / ADD_90 / "__grp__add_kernel.json")
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: os.fspath(p) != denied and real(p, mode, *a, **k))
+    got = {e.hash: e for e in scan_cache(cache).entries}
+    assert got[ADD_90].status == UNREADABLE and "permission denied" in (got[ADD_90].reason or "")
+    assert {e.status for h, e in got.items() if h != ADD_90} == {"complete"}
+
+
+def test_single_file_entries_are_complete(kcache, cache):
+    """The driver's launcher module and autotuner results live in key dirs without a group file."""
+    mod = cache / ("M" * 52)
+    mod.mkdir()
+    (mod / "cuda_utils.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF" + b"\0" * 100)
+    tune = cache / ("T" * 52)
+    tune.mkdir()
+    (tune / "matmul_kernel.autotune.json").write_text('{"key": [1]}')
+    age(cache)
+    got = ls(kcache, cache)
+    assert (got[mod.name]["kind"], got[mod.name]["op"], got[mod.name]["target"], got[mod.name]["status"]) == \
+        ("binary", "cuda_utils", "cuda", "complete")
+    assert (got[tune.name]["op"], got[tune.name]["status"]) == ("matmul_kernel", "complete")
+
+
+# ---- inspect, log, completion --------------------------------------------------------------------
+
+def test_inspect(kcache, cache):
+    d = kcache("--cache-dir", cache, "inspect", MATMUL[:10], "--json").json()
+    assert d["op"] == "matmul_kernel" and d["status"] == "complete" and d["archs"] == ["sm_90a"]
+    facts = d["facts"]
+    assert facts["kernel"] == "matmul_kernel" and facts["target"] == "cuda sm_90a"
+    assert (facts["num_warps"], facts["num_stages"], facts["num_ctas"]) == ("4", "3", "1")
+    assert facts["shared memory"] == "8192 bytes" and facts["triton version"] == "3.9.0"
+    assert "point elsewhere" in facts["group file"] and ORIGIN in facts["group file"]
+    [b] = d["binaries"]
+    assert b["format"] == "cubin" and b["archs"] == ["sm_90a"] and b["symbols"] == ["matmul_kernel"]
+    assert {f["name"]: f["size"] for f in d["files"]}["matmul_kernel.cubin"] == 38264
+    assert len(d["files"]) == 8
+    text = kcache("--cache-dir", cache, "inspect", SOFTMAX).stdout
+    assert "softmax_kernel.cubin" in text and "sm_80" in text and "num_warps" in text
+
+
+def test_log_says_there_is_none(kcache, cache):
+    r = kcache("--cache-dir", cache, "log", ADD_90)
+    assert r.exit_code == 1 and r.stdout == ""
+    line, = r.stderr.strip().splitlines()
+    assert line.startswith("Error: Triton keeps no compile log") and "add_kernel.ttir" in line
+    assert str(cache / ADD_90) in line
+
+
+def test_completion_of_kernel_names(kcache, cache):
+    assert names.op_places(cache) == {"add_kernel": ("triton",), "matmul_kernel": ("triton",),
+                                      "softmax_kernel": ("triton",)}
+    assert [(e.hash, e.op) for e in names.entries(cache, "WS")] == [(MATMUL, "matmul_kernel")]
+    assert sorted(e.hash for e in names.entries(cache, ops=["add_kernel"])) == \
+        sorted(k for k, v in KERNELS.items() if v[0] == "add_kernel")
+    scanned = scan_cache(cache).entries
+    assert sorted((e.layout, e.kind, e.hash, e.op) for e in names.entries(cache)) == \
+        sorted((e.layout, e.kind, e.hash, e.op) for e in scanned)
+
+
+def test_tab_completes_kernel_names_and_keys(kcache, cache):
+    def complete(line: str) -> list[tuple[str, str]]:
+        run = kcache(env={"_KCACHE_COMPLETE": "complete_fish", "_TYPER_COMPLETE_FISH_ACTION": "get-args",
+                          "_TYPER_COMPLETE_ARGS": line})
+        assert run.exit_code == 0 and run.stderr == ""
+        return [tuple(ln.split("\t", 1)) for ln in run.stdout.splitlines() if ln]  # type: ignore[misc]
+
+    assert complete(f"kcache --cache-dir {cache} ls --op ") == [
+        ("add_kernel", "triton"), ("matmul_kernel", "triton"), ("softmax_kernel", "triton")]
+    assert complete(f"kcache --cache-dir {cache} clear --op so") == [("softmax_kernel", "triton")]
+    assert complete(f"kcache --cache-dir {cache} inspect WS") == [(MATMUL, "matmul_kernel")]
+    assert ("triton", "<base32 key>/ per kernel") in complete(f"kcache --cache-dir {cache} ls --layout ")
+
+
+# ---- prune, clear ----------------------------------------------------------------------------------
+
+def test_prune_removes_stale_leftovers_and_broken(kcache, cache):
+    tmp = cache / SOFTMAX / "tmp.pid_4242_0123abcd"
+    tmp.mkdir()
+    (tmp / "softmax_kernel.ptx").write_text("half")
+    cubin = cache / MATMUL / "matmul_kernel.cubin"
+    cubin.write_bytes(cubin.read_bytes()[:100])
+    age(cache)
+    r = kcache("--cache-dir", cache, "prune", "--json")  # no --broken: only the leftover
+    assert r.exit_code == 0, r.stderr
+    assert [(x["what"], x["removed_path"]) for x in r.json()["removed"]] == [("temp", str(tmp))]
+    assert not tmp.exists() and (cache / SOFTMAX / "softmax_kernel.cubin").is_file()
+    assert ls(kcache, cache)[SOFTMAX]["status"] == "complete"  # whole again once the leftover is gone
+    r = kcache("--cache-dir", cache, "prune", "--broken", "--json")
+    assert [x["hash"] for x in r.json()["removed"]] == [MATMUL]
+    assert not (cache / MATMUL).exists() and len(ls(kcache, cache)) == 5
+
+
+def test_prune_never_takes_a_fresh_leftover(kcache, cache):
+    tmp = cache / SOFTMAX / "tmp.pid_1_aa"
+    tmp.mkdir()
+    (tmp / "x.ptx").write_text("being written")
+    r = kcache("--cache-dir", cache, "prune", "--json")
+    assert r.json()["removed"] == [] and tmp.is_dir()
+    assert any(s["hash"] == "tmp.pid_1_aa" and "less than an hour" in s["why"] for s in r.json()["skipped"])
+
+
+def test_clear_and_prune_by_size_and_age(kcache, cache):
+    r = kcache("--cache-dir", cache, "clear", "--op", "add_kernel", "--space", "sm_80", "--yes", "--json")
+    assert r.exit_code == 0 and r.json()["entries"] == 2
+    assert set(ls(kcache, cache)) == set(KERNELS) - {k for k, v in KERNELS.items() if v[:2] == ("add_kernel", "sm_80")}
+    r = kcache("--cache-dir", cache, "prune", "--max-size", "200K", "--json")
+    assert r.exit_code == 0 and r.json()["size_after"] <= 200_000
+    r = kcache("--cache-dir", cache, "prune", "--older-than", "1h", "--json")
+    assert ls(kcache, cache) == {} and os.listdir(cache) == [".kcache"]
+
+
+# ---- relocation: export, import, verify --fix --------------------------------------------------
+
+def test_verify_reports_moved_groups_and_fix_rewrites_them(kcache, cache):
+    r = kcache("--cache-dir", cache, "verify", "--json")
+    assert r.exit_code == 1
+    data = r.json()
+    assert data["failed"] == 6 and data["fixed"] == []
+    for p in data["problems"]:
+        assert p["status"] == "complete"  # the files are whole; where they point is the problem
+        assert any(ORIGIN in x and "verify --fix" in x for x in p["problems"])
+    assert not any(triton_hits(cache / k) for k in KERNELS)
+    r = kcache("--cache-dir", cache, "verify", "--fix", "--json")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert len(r.json()["fixed"]) == 6 and r.json()["failed"] == 0
+    for k in KERNELS:
+        assert triton_hits(cache / k)
+        assert not any(n.startswith("tmp.pid_") for n in os.listdir(cache / k))
+    assert kcache("--cache-dir", cache, "verify").exit_code == 0
+    assert {e["status"] for e in ls(kcache, cache).values()} == {"complete"}
+
+
+def test_verify_fix_leaves_broken_entries_broken(kcache, cache):
+    (cache / ADD_90 / "add_kernel.llir").unlink()
+    r = kcache("--cache-dir", cache, "verify", "--fix", "--json")
+    assert r.exit_code == 1 and [p["hash"] for p in r.json()["problems"]] == [ADD_90]
+    assert ORIGIN in (cache / ADD_90 / "__grp__add_kernel.json").read_text()  # not rewritten: it is corrupt
+
+
+def test_export_import_under_another_root_is_a_triton_hit(kcache, cache, tmp_path):
+    archive = tmp_path / "triton.tar.zst"
+    r = kcache("--cache-dir", cache, "export", archive, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert len(r.json()["exported"]) == 6
+    new_root = tmp_path / "elsewhere" / ".triton" / "cache"
+    r = kcache("--cache-dir", new_root, "import", archive, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert [e["action"] for e in r.json()["entries"]] == ["import"] * 6
+    real = os.path.realpath(new_root)
+    for key in KERNELS:
+        entry = new_root / key
+        group = get_group(entry)  # Triton's own rule, literally
+        listed = json.loads(next(entry.glob("__grp__*.json")).read_text())["child_paths"]
+        assert group is not None and group == listed and len(group) == 7  # every file but the group itself
+        for child, path in group.items():
+            assert os.path.exists(path) and os.path.commonpath([real, path]) == real
+            assert path == os.path.join(real, key, child)
+        assert not any(n.startswith("tmp.pid_") for n in os.listdir(entry))
+    # every other byte came over unchanged
+    for key in KERNELS:
+        for f in (cache / key).iterdir():
+            if not f.name.startswith("__grp__"):
+                assert (new_root / key / f.name).read_bytes() == f.read_bytes()
+    assert kcache("--cache-dir", new_root, "verify").exit_code == 0
+    again = kcache("--cache-dir", new_root, "import", archive, "--json").json()
+    assert {e["action"] for e in again["entries"]} == {"skip"}
+
+
+def test_import_replaces_incomplete_and_dry_run_writes_nothing(kcache, cache, tmp_path):
+    archive = tmp_path / "t.tar.gz"
+    assert kcache("--cache-dir", cache, "export", archive).exit_code == 0
+    dest = tmp_path / "dest"
+    shutil.copytree(cache, dest)
+    (dest / MATMUL / "matmul_kernel.cubin").write_bytes(b"")
+    r = kcache("--cache-dir", dest, "import", archive, "--dry-run", "--json")
+    assert r.exit_code == 0 and (dest / MATMUL / "matmul_kernel.cubin").stat().st_size == 0
+    r = kcache("--cache-dir", dest, "import", archive, "--json")
+    actions = {e["hash"]: e["action"] for e in r.json()["entries"]}
+    assert actions[MATMUL] == "replace" and list(actions.values()).count("skip") == 5
+    assert (dest / MATMUL / "matmul_kernel.cubin").stat().st_size == 38264 and triton_hits(dest / MATMUL)
+
+
+def test_export_leaves_out_broken_and_in_flight(kcache, cache, tmp_path):
+    (cache / ADD_90 / "__grp__add_kernel.json").unlink()
+    r = kcache("--cache-dir", cache, "export", tmp_path / "a.tar", "--json")
+    assert r.exit_code == 0
+    assert ADD_90 not in {e["hash"] for e in r.json()["exported"]} and len(r.json()["exported"]) == 5
+
+
+def test_sources_only_leaves_triton_kernels_out(kcache, cache, tmp_path):
+    """Without its cubin a kernel whose group lists one makes Triton fail: none go."""
+    r = kcache("--cache-dir", cache, "export", tmp_path / "s.tar", "--sources-only", "--json")
+    assert r.exit_code == 0 and r.json()["exported"] == []
+    assert {x["relpath"] for x in r.json()["left_out"]} == set(KERNELS)
+    assert all("--sources-only" in x["reason"] for x in r.json()["left_out"])
+
+
+def test_import_rejects_a_triton_entry_in_the_wrong_place(tmp_path):
+    from kcache_cli.archive import entry_path_problem
+
+    assert entry_path_problem("triton", "kernel", ADD_90) is None
+    assert entry_path_problem("triton", "kernel", f"{ADD_90}/{ADD_90}") is not None
+    assert entry_path_problem("triton", "kernel", "ops") is not None
+    assert entry_path_problem("triton", "op", ADD_90) is not None
+
+
+def test_relocate_never_points_outside_the_entry(tmp_path):
+    entry = tmp_path / "root" / ADD_90
+    entry.mkdir(parents=True)
+    (entry / "add_kernel.json").write_text("{}")
+    hostile = {"child_paths": {"add_kernel.json": "/etc/passwd", "../../escape": "/etc/shadow", "x/y": "/tmp/z"}}
+    (entry / "__grp__add_kernel.json").write_text(json.dumps(hostile))
+    assert triton.relocate(str(entry), str(entry)) == 1
+    fixed = json.loads((entry / "__grp__add_kernel.json").read_text())
+    assert fixed == {"child_paths": {"add_kernel.json": str(entry / "add_kernel.json")}}
+    assert triton.relocate(str(entry), str(entry)) == 0  # already right: untouched
+    assert sorted(os.listdir(entry)) == ["__grp__add_kernel.json", "add_kernel.json"]
+
+
+def test_a_reader_never_sees_half_a_group_file(cache):
+    """relocate replaces a group file atomically: Triton reading it meanwhile gets the old or the new one."""
+    import threading
+
+    entry = cache / MATMUL
+    grp = entry / "__grp__matmul_kernel.json"
+    seen: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                with open(grp) as f:
+                    seen.append(json.load(f)["child_paths"]["matmul_kernel.cubin"])
+        except BaseException as exc:  # half a file, or no file at all
+            errors.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(200):
+            assert triton.relocate(str(entry), str(cache / f"r{i}" / MATMUL)) == 1
+    finally:
+        stop.set()
+        reader.join()
+    assert errors == [] and len(seen) > 0
+    allowed = {f"{ORIGIN}/{MATMUL}/matmul_kernel.cubin"} | {str(cache / f"r{i}" / MATMUL / "matmul_kernel.cubin")
+                                                            for i in range(200)}
+    assert set(seen) <= allowed
+    assert not any(n.startswith("tmp.pid_") for n in os.listdir(entry))
+
+
+def test_dir_all_and_triton_rule(kcache, cache, monkeypatch, tmp_path):
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_HOME", raising=False)
+    assert triton.LAYOUT.default_root()[0] == Path.home() / ".triton" / "cache"
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path / "th"))
+    assert triton.LAYOUT.default_root()[0] == tmp_path / "th" / ".triton" / "cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    assert triton.LAYOUT.default_root() == (cache, "TRITON_CACHE_DIR environment variable")
+    rows = {r["cache"]: r for r in kcache("dir", "--all", "--json").json()}
+    assert rows["triton"]["path"] == str(cache) and rows["triton"]["layouts"] == ["triton"]
+    assert rows["triton"]["entries"] == 6
+
+
+def test_symlinked_root_is_not_moved_and_a_symlinked_child_is_never_read(kcache, cache, tmp_path):
+    assert kcache("--cache-dir", cache, "verify", "--fix").exit_code == 0
+    alias = tmp_path / "alias"
+    alias.symlink_to(cache)  # Triton reached through another path still finds every child
+    r = kcache("--cache-dir", alias, "verify", "--json")
+    assert r.exit_code == 0 and r.json()["failed"] == 0
+    secret = tmp_path / "secret.cubin"
+    secret.write_bytes(b"\x7fELF" + b"s" * 100)
+    cubin = cache / SOFTMAX / "softmax_kernel.cubin"
+    cubin.unlink()
+    cubin.symlink_to(secret)
+    got = ls(kcache, cache)[SOFTMAX]
+    assert got["status"] == "corrupt" and "symlink" in got["reason"]
+    d = kcache("--cache-dir", cache, "inspect", SOFTMAX, "--json").json()
+    assert d["binaries"] == [] and d["status"] == "corrupt"
+
+
+def test_arch_from_metadata():
+    assert triton.arch_of({"target": {"backend": "cuda", "arch": 80}}) == ("cuda", "sm_80")
+    assert triton.arch_of({"target": {"backend": "cuda", "arch": 90}}) == ("cuda", "sm_90a")
+    assert triton.arch_of({"target": {"backend": "cuda", "arch": 100}}) == ("cuda", "sm_100a")
+    assert triton.arch_of({"target": {"backend": "hip", "arch": "gfx942", "warp_size": 64}}) == ("hip", "gfx942")
+    assert triton.arch_of({"target": "cuda"}) == (None, None) and triton.arch_of(None) == (None, None)
+
+
+def test_a_hip_kernel_is_listed_by_its_target_and_arch(kcache, cache):
+    """An AMD entry as Triton's hip backend writes it (.amdgcn, .hsaco), made from a copy of a real one."""
+    key = "H" * 52
+    src, dst = cache / SOFTMAX, cache / key
+    dst.mkdir()
+    children = {}
+    for f in src.iterdir():
+        if f.name.startswith("__grp__"):
+            continue
+        name = f.name.replace(".cubin", ".hsaco").replace(".ptx", ".amdgcn")
+        data = f.read_bytes()
+        if name == "softmax_kernel.json":
+            meta = json.loads(data)
+            meta["target"] = {"backend": "hip", "arch": "gfx942", "warp_size": 64}
+            data = json.dumps(meta).encode()
+        (dst / name).write_bytes(data)
+        children[name] = str(dst / name)
+    (dst / "__grp__softmax_kernel.json").write_text(json.dumps({"child_paths": children}))
+    age(cache)
+    got = ls(kcache, cache, "--target", "hip")
+    assert list(got) == [key] and (got[key]["space"], got[key]["status"]) == ("gfx942", "complete")
+    assert set(ls(kcache, cache, "--space", "gfx942")) == {key}
+    (dst / "softmax_kernel.hsaco").write_bytes((src / "softmax_kernel.cubin").read_bytes()[:200])
+    assert "truncated" in ls(kcache, cache)[key]["reason"]
+
+
+def test_scan_filter_core(cache):
+    res = scan_cache(cache, ScanFilter(ops=("softmax_kernel",)))
+    assert [e.hash for e in res.entries] == [SOFTMAX] and res.layouts == ("triton",)
