@@ -583,3 +583,32 @@ def test_prune_of_a_shared_directory_removes_data_of_pushes_that_never_published
     run = kcache("remote", "prune", "--remote", f"file://{shared}", "--older-than", "30d")
     assert run.exit_code == 0, run.stderr
     assert not old.exists() and fresh.exists()
+
+
+@needs_redis
+def test_the_real_triton_cache_through_redis_is_a_triton_hit_elsewhere(kcache, tmp_path, redis_server):
+    """The cache triton 3.9.0 wrote, pushed with kcache to a real redis-server under Triton's own keys and
+    pulled into another root: every child Triton's get_group lists exists in the new root (Triton's rule,
+    applied literally as in test_triton.py), every other byte is the same, and verify is clean."""
+    server = redis_server()
+    src = copy_tree(FIXTURES / "triton" / "cache", tmp_path / "src")
+    run = kcache("push", "--cache-dir", src, "--remote", server.url, "--json")
+    assert run.exit_code == 0, run.stderr
+    assert run.json()["pushed"] == 6
+    keys = {k.decode() for k in server.client().keys("triton:*:__grp__*")}
+    assert len(keys) == 6  # one group key per kernel, in Triton's RedisRemoteCacheBackend format
+    dest = tmp_path / "node2" / ".triton" / "cache"
+    run = kcache("pull", "--cache-dir", dest, "--remote", server.url, "--layout", "triton", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert run.json()["pulled"] == 6 and run.json()["refused"] == 0
+    real = os.path.realpath(dest)
+    for entry in src.iterdir():
+        grp = next((dest / entry.name).glob("__grp__*.json"))
+        children = json.loads(grp.read_text())["child_paths"]
+        assert children and all(os.path.exists(p) and p == os.path.join(real, entry.name, c)
+                                for c, p in children.items())
+        assert grp.name[len("__grp__"):] in children  # the metadata file the compiler needs
+        for fpath in entry.iterdir():
+            if not fpath.name.startswith("__grp__"):
+                assert (dest / entry.name / fpath.name).read_bytes() == fpath.read_bytes()
+    assert kcache("verify", "--cache-dir", dest).exit_code == 0
