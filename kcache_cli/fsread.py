@@ -167,10 +167,11 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
     the cache is refused like a symlinked file). `follow` is for a path the user named (a task
     file given to `build`): a link is followed, the file must still be regular."""
     if base is not None and dir_fd is None:
-        rel = os.path.relpath(path, base)
+        path, base = _absolute(path), _absolute(base)
+        rel = path[len(base) + 1:] if path.startswith(base + os.sep) else os.path.relpath(path, base)
         if rel == ".." or rel.startswith("../"):
             raise _refuse(path, "outside its entry")
-        anchored = _anchored_dir(os.path.abspath(path))
+        anchored = _anchored_dir(path)
         if anchored is not None:
             dfd, name = anchored
             try:
@@ -206,6 +207,14 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
         os.close(fd)
         raise _refuse(path, kind_of(st.st_mode))
     return fd, st
+
+
+def _absolute(path: str) -> str:
+    """os.path.abspath, without its cost for the absolute, already normal paths scans hand out."""
+    if (path[:1] == "/" and "//" not in path and "/./" not in path and "/../" not in path
+            and not path.endswith(("/", "/.", "/.."))):
+        return path
+    return os.path.abspath(path)
 
 
 def open_dir_beneath(base: str, rel: str) -> int:

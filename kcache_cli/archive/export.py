@@ -474,7 +474,9 @@ def _export_worker(plan: ExportPlan, parts: list[list], path: str, compression: 
     """Write `parts` (lists of jobs) into the file at `path`, one compressed part after the other."""
     from kcache_cli import tarstream as ts
 
-    with open(path, "wb") as out:
+    from kcache_cli.checks import caller_reads_every_byte
+
+    with open(path, "wb") as out, caller_reads_every_byte():  # _PartWriter reads every byte it judged
         writer = ts.FrameWriter(out, compression)
         pw = _PartWriter(plan, writer, targets, advance)
         sizes, counts = [], []
