@@ -3,7 +3,6 @@ and the temp directories of builds in flight."""
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import stat
@@ -163,12 +162,10 @@ def _flock_free(fd: int) -> bool:
     """True when nobody holds a flock on `fd`'s file (the lock is dropped at once)."""
     import fcntl
 
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return False
-        raise
+    from kcache_cli.locking import try_flock  # locking imports this module
+
+    if not try_flock(fd):
+        return False
     fcntl.flock(fd, fcntl.LOCK_UN)
     return True
 

@@ -215,12 +215,7 @@ def _read_member(dfd: int, base: str, name: str, budget: list[int]) -> tuple:
         size = st.st_size
         data = None
         if size <= BIG_FILE and size <= budget[0]:
-            data = os.read(fd, size) if size else b""
-            while len(data) < size:  # short reads happen on some filesystems
-                more = os.read(fd, size - len(data))
-                if not more:
-                    break
-                data += more
+            data = _read_up_to(fd, size)
             budget[0] -= len(data)
             size = len(data)
         return (name, "file", size, mode, st.st_mtime, data)
@@ -239,15 +234,20 @@ def _read_file(dfd: int, name: str, size: int) -> bytes:
 
     fd, _ = open_regular(name, dir_fd=dfd)  # read again: it must still be a regular file, not followed
     try:
-        data = os.read(fd, size) if size else b""
-        while len(data) < size:  # short reads happen on some filesystems
-            more = os.read(fd, size - len(data))
-            if not more:
-                break
-            data += more
-        return data
+        return _read_up_to(fd, size)
     finally:
         os.close(fd)
+
+
+def _read_up_to(fd: int, size: int) -> bytes:
+    """`size` bytes from `fd`, fewer when the file ends first (short reads happen on some filesystems)."""
+    data = os.read(fd, size) if size else b""
+    while len(data) < size:
+        more = os.read(fd, size - len(data))
+        if not more:
+            break
+        data += more
+    return data
 
 
 class _PartWriter:
@@ -669,6 +669,15 @@ def _signals_raise() -> Callable[[], None]:
     return restore
 
 
+def _try_flock(fd: int) -> bool:
+    from kcache_cli.locking import try_flock
+
+    try:
+        return try_flock(fd)
+    except OSError:
+        return False
+
+
 def _collect_stale_temps(out_dir: str) -> None:
     """Temp files of killed exports in `out_dir` (`.<archive>.*.kcache-tmp`, regular, not flocked by a
     running export): removed relative to the directory's descriptor."""
@@ -695,16 +704,6 @@ def _collect_stale_temps(out_dir: str) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _try_flock(fd: int) -> bool:
-    import fcntl
-
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
 
 
 def _unlink_all(paths: list[str]) -> None:
