@@ -27,18 +27,13 @@ TTY_ROWS = 100  # rows of the import table on a terminal; pipes get every row
 ArchiveArg = Annotated[str, typer.Argument(metavar="ARCHIVE", help="The archive: .tar, .tar.gz (.tgz) or .tar.zst.")]
 
 
+@c.selectors(status=Annotated[Optional[List[str]], typer.Option(
+    "--status", metavar="STATUS", help="Only entries with this status (repeatable). Default: complete entries "
+    "only; entries being built are never exported.")])
 def export_command(
     ctx: typer.Context,
     archive: ArchiveArg,
-    hashes: c.HashesArg = None,
-    op: c.OpOpt = None,
-    space: c.SpaceOpt = None,
-    target: c.TargetOpt = None,
-    layout: c.LayoutOpt = None,
-    status: Annotated[Optional[List[str]], typer.Option(
-        "--status", metavar="STATUS", help="Only entries with this status (repeatable). Default: complete entries "
-        "only; entries being built are never exported.")] = None,
-    kind: c.KindOpt = None,
+    sel: c.Selection,
     sources_only: Annotated[bool, typer.Option("--sources-only", help="Leave the compiled binaries (*.so, *.cubin, "
                                                "*.fatbin...) out, to rebuild elsewhere.")] = False,
     cache_dir: c.CacheDirOpt = None,
@@ -56,7 +51,7 @@ def export_command(
     opts = c.use(ctx, cache_dir, as_json)
     compression_for(archive)  # a bad name is a usage error before any work
     root = c.cache_root(opts, existing=True)
-    flt = c.make_filter(op, space, target, layout, status, kind, hashes, root=root)
+    flt = sel.filter(root)
     c.hint_unknown(opts, root, flt)
     plan = plan_export(root, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
     with _Bar(opts, "exporting") as bar:
@@ -165,15 +160,10 @@ def import_command(
                  f"({c.human_size(result.size)}) verified {'' if dry_run else 'into ' + result.root}".rstrip())
 
 
+@c.selectors()
 def verify_command(
     ctx: typer.Context,
-    hashes: c.HashesArg = None,
-    op: c.OpOpt = None,
-    space: c.SpaceOpt = None,
-    target: c.TargetOpt = None,
-    layout: c.LayoutOpt = None,
-    status: c.StatusOpt = None,
-    kind: c.KindOpt = None,
+    sel: c.Selection,
     fix: Annotated[bool, typer.Option("--fix", help="Rewrite the absolute paths entries record about themselves "
                                                     "to where they lie now (a cache moved or copied by hand), "
                                                     "for layouts that record any (Triton's group files).")
@@ -194,7 +184,7 @@ def verify_command(
 
     opts = c.use(ctx, cache_dir, as_json)
     root = c.cache_root(opts, existing=True)
-    flt = c.make_filter(op, space, target, layout, status, kind, hashes, root=root)
+    flt = sel.filter(root)
     c.hint_unknown(opts, root, flt)
     started = time.monotonic()
     with _Bar(opts, "verifying") as bar:

@@ -71,15 +71,10 @@ def dir_command(
                     str(r["entries"]), c.human_size(r["size"])] for r in rows], right=(3, 4))
 
 
+@c.selectors()
 def ls_command(
     ctx: typer.Context,
-    hashes: c.HashesArg = None,
-    op: c.OpOpt = None,
-    space: c.SpaceOpt = None,
-    target: c.TargetOpt = None,
-    layout: c.LayoutOpt = None,
-    status: c.StatusOpt = None,
-    kind: c.KindOpt = None,
+    sel: c.Selection,
     sort: Annotated[str, typer.Option(
         "--sort", metavar="KEY", help="Order: op (default), size (biggest first), age (least recently used first).")
     ] = "op",
@@ -110,10 +105,10 @@ def ls_command(
     locs = c.cache_locations(opts, all_caches)
     listed = []
     for loc in locs:
-        refs = c.refs_in(loc.path, hashes) if all_caches else hashes
-        if hashes and not refs:
+        refs = c.refs_in(loc.path, sel.hashes) if all_caches else sel.hashes
+        if sel.hashes and not refs:
             continue  # the entries named are in other caches
-        flt = c.make_filter(op, space, target, layout, status, kind, refs, root=loc.path)
+        flt = sel.filter(loc.path, refs)
         listed.append((loc, flt, *_ls_entries(opts, loc, flt, sort, limit, not no_index)))
     if opts.json:
         c.emit_json([dict(e.to_json(), root=str(loc.path)) if all_caches else e.to_json()

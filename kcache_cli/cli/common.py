@@ -8,7 +8,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated, Any, Callable, List, Optional
 
 import typer
 
@@ -125,6 +125,63 @@ KindOpt = Annotated[Optional[List[str]], typer.Option(
 ENTRY_HELP = "hash prefix, path in the cache (ops/cuda_space_0/add/8d1f7691cdf75e90) or absolute path"
 HashesArg = Annotated[Optional[List[str]], typer.Argument(metavar="[ENTRY]...", help=f"Entries to keep: {ENTRY_HELP}.",
                                                           show_default=False, autocompletion=complete.complete_hash)]
+
+class Selection:
+    """The entry selectors a command was given (those of `ls`): ENTRY..., --op, --space, --target, --layout,
+    --status, --kind, as typed. `filter()` checks them into a ScanFilter."""
+
+    def __init__(self, hashes: Optional[List[str]] = None, op: Optional[List[str]] = None,
+                 space: Optional[List[str]] = None, target: Optional[List[str]] = None,
+                 layout: Optional[List[str]] = None, status: Optional[List[str]] = None,
+                 kind: Optional[List[str]] = None) -> None:
+        self.hashes, self.op, self.space, self.target = hashes, op, space, target
+        self.layout, self.status, self.kind = layout, status, kind
+
+    def filter(self, root: Path | None = None, hashes: Optional[List[str]] = None):
+        """The checked ScanFilter (entries given by path need `root`); `hashes` replaces the ENTRY
+        arguments (--all-caches passes the ones that can name an entry of `root`)."""
+        return make_filter(self.op, self.space, self.target, self.layout, self.status, self.kind,
+                           self.hashes if hashes is None else hashes, root=root)
+
+
+_SELECTORS = ("hashes", "op", "space", "target", "layout", "status", "kind")
+
+
+def selectors(status: Any = StatusOpt) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: the command's `sel: Selection` parameter becomes `ls`'s selector options, declared once
+    here (in this order, where `sel` stands, so --help reads the same), and the command gets them as one
+    Selection. `status` is the --status option's declaration (a command may word its help), or None
+    for a command without --status."""
+    declared = {"hashes": HashesArg, "op": OpOpt, "space": SpaceOpt, "target": TargetOpt, "layout": LayoutOpt,
+                "status": status, "kind": KindOpt}
+
+    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
+        import functools
+        import inspect
+        import typing
+
+        hints = typing.get_type_hints(func, include_extras=True)
+        params = []
+        for p in inspect.signature(func).parameters.values():
+            if p.name != "sel":
+                params.append(p.replace(annotation=hints.get(p.name, p.annotation)))
+                continue
+            params += [inspect.Parameter(n, p.kind, default=None, annotation=declared[n])
+                       for n in _SELECTORS if declared[n] is not None]
+        names = [p.name for p in params if p.name in _SELECTORS]
+
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            sel = Selection(**{n: kwargs.pop(n) for n in names})
+            return func(*args, sel=sel, **kwargs)
+
+        # Typer reads the parameters from the signature and the annotations: the selectors', not `sel`
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return wrap
+
 
 _SPACE = re.compile(r"^[a-z0-9*?\[\]]+_space_[\d*?\[\]]+$|^[\w.+\-*?\[\]]+/[\w.+\-*?\[\]]+$|^[\w.+\-*?\[\]]+$")
 
