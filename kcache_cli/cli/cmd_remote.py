@@ -3,7 +3,6 @@
 The redis client is imported by the core only when a redis:// remote is opened, never at start-up."""
 
 import contextlib
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Iterator, NamedTuple, Optional
 
@@ -103,14 +102,15 @@ def push_command(
         opts = run.opts
         result = push(run.root, run.store, run.flt, dry_run=dry_run, warn=lambda m: c.warn(opts, m),
                       start=run.bar.start, advance=run.bar.advance)
-    counts = {a: result.count(a) for a in ("push", "skip", "left out")}
-    if opts.json:
-        c.emit_json(result.to_json())
-        return
-    _table(result.entries)
-    verb = "would push" if dry_run else "pushed"
-    c.info(opts, f"{verb} {counts['push']} entries ({c.human_size(result.size)}) to {result.remote}; "
-                 f"skipped {counts['skip']} the remote has; left out {counts['left out']} not complete")
+    out = c.Output(opts)
+
+    def human() -> None:
+        _table(result.entries)
+        verb = "would push" if dry_run else "pushed"
+        out.info(f"{verb} {result.count('push')} entries ({c.human_size(result.size)}) to {result.remote}; "
+                 f"skipped {result.count('skip')} the remote has; left out {result.count('left out')} not complete")
+
+    out.result(result, human)
 
 
 def _table(entries) -> None:
@@ -147,23 +147,25 @@ def pull_command(
         opts = run.opts
         result = pull(run.root, run.store, run.flt, dry_run=dry_run, lock_timeout=lock_timeout,
                       warn=lambda m: c.warn(opts, m), start=run.bar.start, advance=run.bar.advance)
-    pulled, refused = result.count("pull", "replace"), result.count("refuse")
-    _check_archs(opts, [e for e in result.entries if e.done])
-    if opts.json:
-        c.emit_json(result.to_json())
-    else:
+    out = c.Output(opts)
+    refused = result.count("refuse")
+    _check_archs(out, [e for e in result.entries if e.done])
+
+    def human() -> None:
         _table(result.entries)
         for e in result.entries:
             if e.action == "refuse":
-                c.warn(opts, f"refused {e.relpath}: {e.reason}")
+                out.warn(f"refused {e.relpath}: {e.reason}")
         verb = "would pull" if dry_run else "pulled"
-        c.info(opts, f"{verb} {pulled} entries ({c.human_size(result.size)}) from {result.remote}; "
-                     f"skipped {result.count('skip')}; refused {refused}")
+        out.info(f"{verb} {result.count('pull', 'replace')} entries ({c.human_size(result.size)}) from "
+                 f"{result.remote}; skipped {result.count('skip')}; refused {refused}")
+
+    out.result(result, human)
     if refused:
         raise typer.Exit(1)
 
 
-def _check_archs(opts: c.GlobalOptions, entries) -> None:
+def _check_archs(out: c.Output, entries) -> None:
     """As import does: warn about pulled kernels this machine's GPU cannot run."""
     from kcache_cli.archive import arch_runs_on, cuda_archs, local_compute_caps
 
@@ -172,13 +174,13 @@ def _check_archs(opts: c.GlobalOptions, entries) -> None:
         return
     caps = local_compute_caps()
     if caps is None:
-        c.warn(opts, "no NVIDIA GPU found (nvidia-smi): cannot check that the pulled kernels' archs suit this machine")
+        out.warn("no NVIDIA GPU found (nvidia-smi): cannot check that the pulled kernels' archs suit this machine")
         return
     bad = [e for e in checked if arch_runs_on(e.arch, caps) is False]
     for e in bad[:10]:
-        c.warn(opts, f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU")
+        out.warn(f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU")
     if len(bad) > 10:
-        c.warn(opts, f"{len(bad) - 10} more entries are built for archs this GPU cannot run")
+        out.warn(f"{len(bad) - 10} more entries are built for archs this GPU cannot run")
 
 
 @c.selectors(status=None)
@@ -199,16 +201,18 @@ def remote_ls(
     flt = sel.filter()
     with _opened(remote, connect_timeout) as store:
         entries = list_remote(store, flt)
-    if opts.json:
-        c.emit_json([e.to_json() for e in entries])
-        return
-    rows = [[e.layout, e.kind or "-", e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
-             c.human_size(e.size), e.arch or "-", c.human_age(e.pushed or 0),
-             c.human_age(e.last_pulled) if e.last_pulled else "never"] for e in entries]
-    if rows:
-        c.print_table(["layout", "kind", "space", "op", "hash", "files", "size", "arch", "pushed", "pulled"], rows,
-                      right=(5, 6))
-    c.info(opts, f"{len(entries)} entries ({c.human_size(sum(e.size for e in entries))}) in {store.url}")
+    out = c.Output(opts)
+
+    def human() -> None:
+        rows = [[e.layout, e.kind or "-", e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
+                 c.human_size(e.size), e.arch or "-", c.human_age(e.pushed or 0),
+                 c.human_age(e.last_pulled) if e.last_pulled else "never"] for e in entries]
+        if rows:
+            c.print_table(["layout", "kind", "space", "op", "hash", "files", "size", "arch", "pushed", "pulled"],
+                          rows, right=(5, 6))
+        out.info(f"{len(entries)} entries ({c.human_size(sum(e.size for e in entries))}) in {store.url}")
+
+    out.result([e.to_json() for e in entries], human)
 
 
 def remote_stats_command(
@@ -226,15 +230,17 @@ def remote_stats_command(
     opts = c.use(ctx, None, as_json)
     with _opened(remote, connect_timeout) as store:
         stats = {"remote": store.url, **remote_stats(list_remote(store))}
-    if opts.json:
-        c.emit_json(stats)
-        return
-    rows = [[f"{what}", name, str(g["entries"]), c.human_size(g["size"])]
-            for what in ("layout", "space", "op") for name, g in stats[f"by_{what}"].items()]
-    if rows:
-        c.print_table(["by", "name", "entries", "size"], rows, right=(2, 3))
-    sys.stdout.write(f"{stats['entries']} entries, {c.human_size(stats['size'])}, {stats['never_pulled']} never "
-                     f"pulled, in {stats['remote']}\n")
+    out = c.Output(opts)
+
+    def human() -> None:
+        rows = [[f"{what}", name, str(g["entries"]), c.human_size(g["size"])]
+                for what in ("layout", "space", "op") for name, g in stats[f"by_{what}"].items()]
+        if rows:
+            c.print_table(["by", "name", "entries", "size"], rows, right=(2, 3))
+        out.text(f"{stats['entries']} entries, {c.human_size(stats['size'])}, {stats['never_pulled']} never "
+                 f"pulled, in {stats['remote']}")
+
+    out.result(stats, human)
 
 
 def remote_prune(
@@ -257,7 +263,7 @@ def remote_prune(
     Example: kcache remote prune --max-size 200G --older-than 30d --dry-run
     """
     from kcache_cli.delete import parse_age, parse_size
-    from kcache_cli.remote.manage import list_remote, plan_remote_prune, prune_remote
+    from kcache_cli.remote.manage import RemotePruneResult, list_remote, plan_remote_prune, prune_remote
 
     opts = c.use(ctx, None, as_json)
     limit = parse_size(max_size) if max_size is not None else None
@@ -265,14 +271,15 @@ def remote_prune(
     with _opened(remote, connect_timeout) as store:
         plan = plan_remote_prune(list_remote(store), limit, age)
         freed = sum(r.entry.size for r in plan) if dry_run else prune_remote(store, plan)
-    if opts.json:
-        c.emit_json({"remote": store.url, "dry_run": dry_run, "removed": [{**r.entry.to_json(), "why": r.why}
-                                                                          for r in plan],
-                     "entries": len(plan), "freed": freed})
-        return
-    rows = [[r.entry.layout, r.entry.relpath, c.human_size(r.entry.size),
-             c.human_age(r.entry.last_pulled) if r.entry.last_pulled else "never", r.why] for r in plan]
-    if rows:
-        c.print_table(["layout", "entry", "size", "pulled", "why"], rows, right=(2,))
-    c.info(opts, f"{'would remove' if dry_run else 'removed'} {len(plan)} entries, {c.human_size(freed)} "
+    result = RemotePruneResult(store.url, dry_run, tuple(plan), freed)
+    out = c.Output(opts)
+
+    def human() -> None:
+        rows = [[r.entry.layout, r.entry.relpath, c.human_size(r.entry.size),
+                 c.human_age(r.entry.last_pulled) if r.entry.last_pulled else "never", r.why] for r in plan]
+        if rows:
+            c.print_table(["layout", "entry", "size", "pulled", "why"], rows, right=(2,))
+        out.info(f"{'would remove' if dry_run else 'removed'} {len(plan)} entries, {c.human_size(freed)} "
                  f"from {store.url}")
+
+    out.result(result, human)

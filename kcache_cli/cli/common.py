@@ -253,7 +253,7 @@ def plain_output() -> bool:
 
 
 def emit_json(data) -> None:
-    """JSON on stdout, never through Rich; indented for people, compact for pipes."""
+    """JSON on stdout, never through Rich; indented for people, compact for pipes (Output.result's writer)."""
     import json
 
     indent = 2 if sys.stdout.isatty() else None
@@ -272,16 +272,65 @@ def stdout_console():
     return Console(highlight=False, soft_wrap=not sys.stdout.isatty(), color_system=None if no_color() else "auto")
 
 
+class Output:
+    """The one way a command emits (huggingface_hub's cli/_output.py): `result(data, human)` writes the
+    command's result as JSON on stdout under --json (`data`, or its `to_json()`), else calls `human()`,
+    which renders it for people (tables and text on stdout); `info` and `warn` go to stderr and say
+    nothing under -q; `error` always does. Commands never branch on the format themselves.
+    With `collect` (--all-caches: one result per cache), results are gathered and `done()` writes them
+    as one JSON list."""
+
+    def __init__(self, opts: GlobalOptions, collect: bool = False) -> None:
+        self.opts, self.collect = opts, collect
+        self.collected: list = []
+
+    @property
+    def json(self) -> bool:
+        return self.opts.json
+
+    def result(self, data: Any, human: Callable[[], None] | None = None) -> None:
+        if not self.opts.json:
+            if human is not None:
+                human()
+            return
+        doc = data.to_json() if hasattr(data, "to_json") else data
+        if self.collect:
+            self.collected.append(doc)
+        else:
+            emit_json(doc)
+
+    def done(self) -> None:
+        """With `collect`: the gathered results, as one JSON list."""
+        if self.collect and self.opts.json:
+            emit_json(self.collected)
+
+    def text(self, line: str) -> None:
+        """A line of the human rendering, on stdout (never under --json: call it from `human`)."""
+        sys.stdout.write(line + "\n")
+
+    def info(self, message: str) -> None:
+        """A line for people on stderr (stdout stays data), escaped like a warning."""
+        if not self.opts.quiet:
+            sys.stderr.write(printable(message) + "\n")
+
+    def warn(self, message: str) -> None:
+        """A warning on stderr; names and paths in it cannot act on the terminal (textsafe)."""
+        if not self.opts.quiet:
+            sys.stderr.write(f"warning: {printable_line(message)}\n")
+
+    def error(self, message: str) -> None:
+        """One failed item on stderr, shown under -q too (the command then fails as a whole)."""
+        sys.stderr.write(f"error: {printable_line(message)}\n")
+
+
 def warn(opts: GlobalOptions, message: str) -> None:
-    """A warning on stderr; names and paths in it cannot act on the terminal (textsafe)."""
-    if not opts.quiet:
-        sys.stderr.write(f"warning: {printable_line(message)}\n")
+    """Output(opts).warn, for the `warn=` callbacks the core takes."""
+    Output(opts).warn(message)
 
 
 def info(opts: GlobalOptions, message: str) -> None:
-    """A line for people on stderr (stdout stays data), escaped like a warning."""
-    if not opts.quiet:
-        sys.stderr.write(printable(message) + "\n")
+    """Output(opts).info."""
+    Output(opts).info(message)
 
 
 def tty_safe(text: str) -> str:
