@@ -274,7 +274,8 @@ def stdout_console():
 
 class Output:
     """The one way a command emits (huggingface_hub's cli/_output.py): `result(data, human)` writes the
-    command's result as JSON on stdout under --json (`data`, or its `to_json()`), else calls `human()`,
+    command's result as JSON on stdout under --json (`data`, its `to_json()`, or what the function `data`
+    returns), else calls `human()`,
     which renders it for people (tables and text on stdout); `info` and `warn` go to stderr and say
     nothing under -q; `error` always does. Commands never branch on the format themselves.
     With `collect` (--all-caches: one result per cache), results are gathered and `done()` writes them
@@ -283,26 +284,32 @@ class Output:
     def __init__(self, opts: GlobalOptions, collect: bool = False) -> None:
         self.opts, self.collect = opts, collect
         self.collected: list = []
+        self.results = 0
 
     @property
     def json(self) -> bool:
         return self.opts.json
 
     def result(self, data: Any, human: Callable[[], None] | None = None) -> None:
+        self.results += 1
         if not self.opts.json:
             if human is not None:
                 human()
             return
-        doc = data.to_json() if hasattr(data, "to_json") else data
+        doc = data() if callable(data) else data  # a function: the JSON costs work the human form skips
+        doc = doc.to_json() if hasattr(doc, "to_json") else doc
         if self.collect:
             self.collected.append(doc)
         else:
             emit_json(doc)
 
-    def done(self) -> None:
-        """With `collect`: the gathered results, as one JSON list."""
+    def done(self, empty: str | None = None) -> None:
+        """With `collect`: the gathered results, as one JSON list. `empty`: what to tell people when
+        there was no result at all (--all-caches found no cache)."""
         if self.collect and self.opts.json:
             emit_json(self.collected)
+        elif empty is not None and not self.results:
+            self.info(empty)
 
     def text(self, line: str) -> None:
         """A line of the human rendering, on stdout (never under --json: call it from `human`)."""
