@@ -252,7 +252,7 @@ def plain_output() -> bool:
     return no_color() or not sys.stdout.isatty()
 
 
-def emit_json(data) -> None:
+def _emit_json(data) -> None:
     """JSON on stdout, never through Rich; indented for people, compact for pipes (Output.result's writer)."""
     import json
 
@@ -301,13 +301,13 @@ class Output:
         if self.collect:
             self.collected.append(doc)
         else:
-            emit_json(doc)
+            _emit_json(doc)
 
     def done(self, empty: str | None = None) -> None:
         """With `collect`: the gathered results, as one JSON list. `empty`: what to tell people when
         there was no result at all (--all-caches found no cache)."""
         if self.collect and self.opts.json:
-            emit_json(self.collected)
+            _emit_json(self.collected)
         elif empty is not None and not self.results:
             self.info(empty)
 
