@@ -104,6 +104,11 @@ class BinaryInfo:
     symbols: tuple[str, ...]
     error: str | None
 
+    def to_json(self) -> dict:
+        """A binary of `inspect --json`."""
+        return {"path": self.path, "format": self.format, "machine": self.machine, "archs": list(self.archs),
+                "ptx": list(self.ptx_archs), "symbols": list(self.symbols), "error": self.error}
+
 
 class _Bad(Exception):
     """The bytes are not what they claim to be (internal; never escapes read_binary)."""

@@ -16,7 +16,7 @@ import stat
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from kcache_cli import state
 from kcache_cli.errors import KcacheError, UsageError
@@ -84,6 +84,15 @@ class DeleteResult:
     def entries(self) -> int:
         return sum(1 for r in self.removed if r.what != CANDIDATES)
 
+    def to_json(self, size_before: int, extra: Mapping[str, object] | None = None) -> dict:
+        """`prune --json` / `clear --json` after removing: `size_before` is the plan's scanned size;
+        `extra` the prune limits (max_size, older_than)."""
+        return {"root": self.root, "exists": True, "dry_run": False, "removed": [r.to_json() for r in self.removed],
+                "skipped": [s.to_json() for s in self.skipped], "errors": [m for _, m in self.errors],
+                "entries": self.entries, "freed": self.freed, "size_before": size_before,
+                "size_after": size_before - self.freed, **(extra or {}), "removed_dirs": list(self.removed_dirs),
+                "warnings": list(self.warnings)}
+
 
 @dataclass(frozen=True)
 class DeletePlan:
@@ -108,6 +117,15 @@ class DeletePlan:
     @property
     def entries(self) -> int:
         return sum(1 for r in self.removals if r.what != CANDIDATES)
+
+    def to_json(self, extra: Mapping[str, object] | None = None, dry_run: bool = True) -> dict:
+        """`prune --json` / `clear --json` of a dry run (or of a cache that does not exist, `dry_run` as
+        asked); `extra` the prune limits (max_size, older_than)."""
+        return {"root": self.root, "exists": self.exists, "dry_run": dry_run,
+                "removed": [r.to_json() for r in self.removals], "skipped": [s.to_json() for s in self.skipped],
+                "errors": [], "entries": self.entries, "freed": self.expected_freed_size,
+                "size_before": self.scanned_size, "size_after": self.size_after, **(extra or {}),
+                "warnings": list(self.warnings)}
 
     def execute(self, progress: Callable[[Removal], None] | None = None,
                 on_wait: Callable[[], None] | None = None) -> DeleteResult:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kcache_cli.fsread import MAX_TREE_DEPTH
 from kcache_cli.terms import (  # noqa: F401
@@ -292,6 +292,24 @@ class Details:
     compiler_output: str | None = None
     binaries: tuple[str, ...] = ()  # absolute paths of the compiled binaries, for the ELF reader
     facts: tuple[tuple[str, str], ...] = ()  # layout-specific lines: versions, links, arch recorded...
+
+    def to_json(self, binaries: Iterable[Any] = ()) -> dict:
+        """`inspect --json`: the entry's `to_json()` with what the deep checks found; `binaries` are what
+        kcache_cli.binary.read_binary made of `self.binaries` (each with its own `to_json()`)."""
+        bins = list(binaries)
+
+        def tensor(t: TensorInfo) -> dict:
+            return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
+
+        data = self.entry.to_json()
+        data.update(status=self.status, reason=self.reason, problems=list(self.problems),
+                    op=self.entry.op or self.task_op, inputs=[tensor(t) for t in self.inputs],
+                    outputs=[tensor(t) for t in self.outputs],
+                    files=[{"name": f.name, "size": f.size, "link": f.link} for f in self.files],
+                    compile_command=self.compile_command, compiler_output=self.compiler_output,
+                    archs=sorted({a for b in bins for a in b.archs}), binaries=[b.to_json() for b in bins],
+                    facts={k: v for k, v in self.facts})
+        return data
 
 
 @dataclass(frozen=True)

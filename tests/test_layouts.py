@@ -3,10 +3,13 @@ what its scan finds in the real fixture caches."""
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 
 from kcache_cli import layouts
-from kcache_cli.layouts.base import Layout
+from kcache_cli.layouts.base import Layout, ModuleLayout
 from kcache_cli.layouts.shapes import SHAPES
 from kcache_cli.scan import scan_cache
 
@@ -20,7 +23,11 @@ def test_registry_is_the_shapes():
         assert isinstance(layout, Layout) and layout.name == name
         assert layout.kinds and all(layout.kind_shape(k) is not None for k in layout.kinds)
         for method in ("scan", "judge", "describe"):  # what has no default
-            assert getattr(type(layout), method) is not getattr(Layout, method), f"{name} lacks {method}"
+            own = getattr(type(layout), method) is not getattr(Layout, method)
+            if isinstance(layout, ModuleLayout):  # forwarded: the module must define the function
+                fn = getattr(sys.modules[type(layout).__module__], method, None)
+                own = callable(fn) and fn.__module__ == type(layout).__module__
+            assert own, f"{name} lacks {method}"
     with pytest.raises(KeyError):
         layouts.get("ccache")
     assert layouts.builder().shape.build_kind in layouts.builder().kinds
@@ -90,3 +97,25 @@ def test_leftovers_and_locks(fixture_copy):
     assert hidet.leftover(found[0]).lock.endswith("/0123456789abcdef")
     assert [x.name for x in hidet.inner_leftovers(found[0])] == ["candidates"]
     assert ".lock" in hidet.writer_locks and hidet.empty_parent_levels("op") == 2
+
+
+def test_module_layout_forwards_to_its_own_module_functions(tmp_path, monkeypatch):
+    """ModuleLayout calls the function of a method's name defined in the subclass's module, falls back to
+    Layout's default where there is none, and ignores a same-named function imported from elsewhere."""
+    mod = types.ModuleType("kcache_test_fake_layout")
+    exec("def judge(path, kind, deep=False, *, root=None):\n    return ('judged', path, kind, deep, root)\n"
+         "def log_files(entry):\n    return ['log of', entry]\n", mod.__dict__)
+    mod.describe = sys.modules["kcache_cli.layouts.hidet"].describe  # imported, not the module's own
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+
+    class Fake(ModuleLayout):
+        shape = SHAPES[0]
+
+    Fake.__module__ = mod.__name__
+    fake = Fake()
+    assert fake.judge("/x", "op", True, root="/r") == ("judged", "/x", "op", True, "/r")
+    assert fake.log_files("e") == ["log of", "e"]
+    assert fake.relocation_problem("e") is None  # Layout's default
+    with pytest.raises(NotImplementedError):  # hidet's describe was imported: Layout's default runs
+        fake.describe(tmp_path, "e")
+    assert fake.detect(tmp_path) is False  # Layout's default: no top-level directory of the shape

@@ -58,6 +58,12 @@ class ExportedEntry:
     platform: str | None
     omitted: tuple[str, ...] = ()
 
+    def to_json(self) -> dict:
+        """An entry of `export --json`'s "exported" (its status is not part of it: exported ones are complete)."""
+        return {"layout": self.layout, "kind": self.kind, "target": self.target, "space": self.space, "op": self.op,
+                "hash": self.hash, "relpath": self.relpath, "files": self.files, "size": self.size,
+                "compiler": self.compiler, "arch": self.arch, "platform": self.platform, "omitted": list(self.omitted)}
+
 
 @dataclass(frozen=True)
 class ExportResult:
@@ -69,6 +75,14 @@ class ExportResult:
     size: int
     archive_size: int
     sources_only: bool
+
+    def to_json(self, root: str) -> dict:
+        """`export --json`; `root` is the cache exported from."""
+        return {"archive": self.archive, "root": root, "compression": self.compression,
+                "sources_only": self.sources_only, "entries": len(self.entries), "files": self.files,
+                "size": self.size, "archive_size": self.archive_size,
+                "exported": [e.to_json() for e in self.entries],
+                "left_out": [{"relpath": e.relpath, "status": e.status, "reason": why} for e, why in self.left_out]}
 
 
 # ---- export --------------------------------------------------------------------------------------

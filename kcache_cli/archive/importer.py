@@ -9,7 +9,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from kcache_cli import state
 from kcache_cli.archive.export import _DIR_FLAGS, PARALLEL_MIN_ENTRIES, _aborted, _cpus, _ignore, _run_workers, _split
@@ -61,6 +61,13 @@ class ImportedEntry:
     compiler: str | None
     platform: str | None
 
+    def to_json(self, arch_ok: bool | None = None) -> dict:
+        """An entry of `import --json`; `arch_ok`: whether its arch runs on this machine's GPU (None: unknown)."""
+        return {"layout": self.layout, "kind": self.kind, "target": self.target, "space": self.space, "op": self.op,
+                "hash": self.hash, "relpath": self.relpath, "action": self.action, "done": self.done,
+                "reason": self.reason, "files": self.files, "size": self.size, "arch": self.arch, "arch_ok": arch_ok,
+                "compiler": self.compiler, "platform": self.platform}
+
 
 @dataclass(frozen=True)
 class ImportResult:
@@ -75,6 +82,19 @@ class ImportResult:
     @property
     def published(self) -> tuple[ImportedEntry, ...]:
         return tuple(e for e in self.entries if e.done)
+
+    def count(self, action: str) -> int:
+        return sum(1 for e in self.entries if e.action == action)
+
+    def to_json(self, gpus: tuple[tuple[int, int], ...] | None = None,
+                arch_ok: Mapping[str, bool | None] | None = None) -> dict:
+        """`import --json`: with this machine's GPUs' compute capabilities (None: none found, or not asked)
+        and, per entry relpath, whether its arch runs on them (gpu.arch_fit)."""
+        return {"archive": self.archive, "root": self.root, "dry_run": self.dry_run,
+                "archive_kcache_version": self.kcache_version, "imported": self.count("import"),
+                "replaced": self.count("replace"), "skipped": self.count("skip"), "files": self.files,
+                "size": self.size, "gpu": [f"{a}.{b}" for a, b in gpus] if gpus else None,
+                "entries": [e.to_json((arch_ok or {}).get(e.relpath)) for e in self.entries]}
 
 
 def _real_dir_chain(root: Path, relpath: str, cache: dict | None = None) -> str | None:

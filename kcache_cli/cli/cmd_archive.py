@@ -27,18 +27,13 @@ TTY_ROWS = 100  # rows of the import table on a terminal; pipes get every row
 ArchiveArg = Annotated[str, typer.Argument(metavar="ARCHIVE", help="The archive: .tar, .tar.gz (.tgz) or .tar.zst.")]
 
 
+@c.selectors(status=Annotated[Optional[List[str]], typer.Option(
+    "--status", metavar="STATUS", help="Only entries with this status (repeatable). Default: complete entries "
+    "only; entries being built are never exported.")])
 def export_command(
     ctx: typer.Context,
     archive: ArchiveArg,
-    hashes: c.HashesArg = None,
-    op: c.OpOpt = None,
-    space: c.SpaceOpt = None,
-    target: c.TargetOpt = None,
-    layout: c.LayoutOpt = None,
-    status: Annotated[Optional[List[str]], typer.Option(
-        "--status", metavar="STATUS", help="Only entries with this status (repeatable). Default: complete entries "
-        "only; entries being built are never exported.")] = None,
-    kind: c.KindOpt = None,
+    sel: c.Selection,
     sources_only: Annotated[bool, typer.Option("--sources-only", help="Leave the compiled binaries (*.so, *.cubin, "
                                                "*.fatbin...) out, to rebuild elsewhere.")] = False,
     cache_dir: c.CacheDirOpt = None,
@@ -56,32 +51,26 @@ def export_command(
     opts = c.use(ctx, cache_dir, as_json)
     compression_for(archive)  # a bad name is a usage error before any work
     root = c.cache_root(opts, existing=True)
-    flt = c.make_filter(op, space, target, layout, status, kind, hashes, root=root)
+    flt = sel.filter(root)
     c.hint_unknown(opts, root, flt)
     plan = plan_export(root, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
     with _Bar(opts, "exporting") as bar:
         result = export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
-    if opts.json:
-        c.emit_json({"archive": result.archive, "root": str(root), "compression": result.compression,
-                     "sources_only": result.sources_only, "entries": len(result.entries), "files": result.files,
-                     "size": result.size, "archive_size": result.archive_size,
-                     "exported": [{"layout": e.layout, "kind": e.kind, "target": e.target, "space": e.space,
-                                   "op": e.op, "hash": e.hash, "relpath": e.relpath, "files": e.files,
-                                   "size": e.size, "compiler": e.compiler, "arch": e.arch,
-                                   "platform": e.platform, "omitted": list(e.omitted)} for e in result.entries],
-                     "left_out": [{"relpath": e.relpath, "status": e.status, "reason": why}
-                                  for e, why in result.left_out]})
-        return
+    out = c.Output(opts)
+    out.result(result.to_json(str(root)), lambda: _export_human(out, result))
+
+
+def _export_human(out: c.Output, result) -> None:
     if result.left_out:
         shown = result.left_out[:5]
         for e, why in shown:
-            c.info(opts, f"left out {e.relpath}: {why}")
+            out.info(f"left out {e.relpath}: {why}")
         if len(result.left_out) > len(shown):
-            c.info(opts, f"left out {c.plural(len(result.left_out) - len(shown), 'more entry', 'more entries')} "
-                         "(see --json)")
-    sys.stdout.write(f"exported {c.plural(len(result.entries), 'entry')} ({c.plural(result.files, 'file')}, "
-                     f"{c.human_size(result.size)}) "
-                     f"to {c.printable_line(result.archive)} ({c.human_size(result.archive_size)})\n")
+            out.info(f"left out {c.plural(len(result.left_out) - len(shown), 'more entry', 'more entries')} "
+                     "(see --json)")
+    out.text(f"exported {c.plural(len(result.entries), 'entry')} ({c.plural(result.files, 'file')}, "
+             f"{c.human_size(result.size)}) to {c.printable_line(result.archive)} "
+             f"({c.human_size(result.archive_size)})")
 
 
 def import_command(
@@ -121,30 +110,27 @@ def import_command(
         result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout,
                                 warn=lambda m: c.warn(opts, m), progress=bar)
     fit = arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
-    caps, fits = fit.gpus, fit.fits
+    out = c.Output(opts)
+    _warn_misfits(out, result, fit)
+    out.result(result.to_json(fit.gpus, fit.fits), lambda: _import_human(out, result, dry_run))
+
+
+def _warn_misfits(out: c.Output, result, fit) -> None:
+    """Warn about imported kernels this machine's GPU cannot run (or that there is no GPU to ask)."""
+    caps = fit.gpus
     if fit.checked and caps is None:
-        c.warn(opts, "no NVIDIA GPU found (nvidia-smi): cannot check that the imported kernels' archs suit this "
-                     "machine")
+        out.warn("no NVIDIA GPU found (nvidia-smi): cannot check that the imported kernels' archs suit this machine")
     bad = [e for e in result.entries if e.relpath in fit.misfits]
     if bad and caps:
         local = ", ".join(f"{a}.{b}" for a, b in caps)
         for e in bad[:10]:
-            c.warn(opts, f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU "
-                         f"(compute capability {local})")
+            out.warn(f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU "
+                     f"(compute capability {local})")
         if len(bad) > 10:
-            c.warn(opts, f"{c.plural(len(bad) - 10, 'more entry', 'more entries')} built for archs this GPU cannot run")
-    counts = {a: sum(1 for e in result.entries if e.action == a) for a in ("import", "replace", "skip")}
-    if opts.json:
-        c.emit_json({"archive": result.archive, "root": result.root, "dry_run": result.dry_run,
-                     "archive_kcache_version": result.kcache_version, "imported": counts["import"],
-                     "replaced": counts["replace"], "skipped": counts["skip"], "files": result.files,
-                     "size": result.size, "gpu": [f"{a}.{b}" for a, b in caps] if caps else None,
-                     "entries": [{"layout": e.layout, "kind": e.kind, "target": e.target, "space": e.space,
-                                  "op": e.op, "hash": e.hash, "relpath": e.relpath, "action": e.action,
-                                  "done": e.done, "reason": e.reason, "files": e.files, "size": e.size,
-                                  "arch": e.arch, "arch_ok": fits.get(e.relpath), "compiler": e.compiler,
-                                  "platform": e.platform} for e in result.entries]})
-        return
+            out.warn(f"{c.plural(len(bad) - 10, 'more entry', 'more entries')} built for archs this GPU cannot run")
+
+
+def _import_human(out: c.Output, result, dry_run: bool) -> None:
     shown = list(result.entries)
     if sys.stdout.isatty() and len(shown) > TTY_ROWS:  # a terminal gets the skips first, then a sample
         shown = sorted(shown, key=lambda e: e.action != "skip")[:TTY_ROWS]
@@ -158,22 +144,18 @@ def import_command(
                        Column("size", right=True, drop=6), Column("arch", drop=7), Column("note", wrap=True)], rows)
     if len(shown) < len(result.entries):
         more = c.plural(len(result.entries) - len(shown), "more entry", "more entries")
-        c.info(opts, f"({more} not shown: see --json)")
+        out.info(f"({more} not shown: see --json)")
     verb = "would import" if dry_run else "imported"
-    c.info(opts, f"{verb} {c.plural(counts['import'] + counts['replace'], 'entry')} ({counts['replace']} replacing "
-                 f"incomplete ones), skipped {counts['skip']}; {c.plural(result.files, 'file')} "
-                 f"({c.human_size(result.size)}) verified {'' if dry_run else 'into ' + result.root}".rstrip())
+    came, replaced = result.count("import") + result.count("replace"), result.count("replace")
+    out.info(f"{verb} {c.plural(came, 'entry')} ({replaced} replacing incomplete ones), skipped "
+             f"{result.count('skip')}; {c.plural(result.files, 'file')} ({c.human_size(result.size)}) verified "
+             f"{'' if dry_run else 'into ' + result.root}".rstrip())
 
 
+@c.selectors()
 def verify_command(
     ctx: typer.Context,
-    hashes: c.HashesArg = None,
-    op: c.OpOpt = None,
-    space: c.SpaceOpt = None,
-    target: c.TargetOpt = None,
-    layout: c.LayoutOpt = None,
-    status: c.StatusOpt = None,
-    kind: c.KindOpt = None,
+    sel: c.Selection,
     fix: Annotated[bool, typer.Option("--fix", help="Rewrite the absolute paths entries record about themselves "
                                                     "to where they lie now (a cache moved or copied by hand), "
                                                     "for layouts that record any (Triton's group files).")
@@ -194,35 +176,38 @@ def verify_command(
 
     opts = c.use(ctx, cache_dir, as_json)
     root = c.cache_root(opts, existing=True)
-    flt = c.make_filter(op, space, target, layout, status, kind, hashes, root=root)
+    flt = sel.filter(root)
     c.hint_unknown(opts, root, flt)
     started = time.monotonic()
     with _Bar(opts, "verifying") as bar:
         result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar, fix=fix)
-    failed = result.failed
+    out = c.Output(opts)
     for e, error in result.fix_errors:
-        c.warn(opts, f"{e.relpath}: {error}")
-    if opts.json:
-        c.emit_json(result.to_json())
-    else:
-        if failed:
-            rows = []
-            for ch in failed:
-                for i, p in enumerate(ch.problems):
-                    e = ch.entry
-                    rows.append([e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, ch.status, p]
-                                if i == 0 else ["", "", "", "", "", "", p])
-            from kcache_cli.cli.table import Column
-
-            c.print_table([Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
-                           Column("op", drop=7), Column("hash", spill=True), Column("status", styles=c.STATUS_STYLE),
-                           Column("problem", wrap=True)], rows)
-        if not result.exists:
-            c.info(opts, f"no cache at {root}: nothing to verify")
-        else:
-            building = f", skipped {len(result.skipped)} being built" if result.skipped else ""
-            fixed = f", rewrote the paths of {len(result.fixed)}" if fix else ""
-            c.info(opts, f"checked {c.plural(len(result.checked), 'entry')} in {time.monotonic() - started:.1f}s: "
-                         f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}{fixed}")
-    if failed:
+        out.warn(f"{e.relpath}: {error}")
+    took = time.monotonic() - started
+    out.result(result, lambda: _verify_human(out, result, root, fix, took))
+    if result.failed:
         raise typer.Exit(1)
+
+
+def _verify_human(out: c.Output, result, root, fix: bool, took: float) -> None:
+    failed = result.failed
+    if failed:
+        rows = []
+        for ch in failed:
+            for i, p in enumerate(ch.problems):
+                e = ch.entry
+                rows.append([e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, ch.status, p]
+                            if i == 0 else ["", "", "", "", "", "", p])
+        from kcache_cli.cli.table import Column
+
+        c.print_table([Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
+                       Column("op", drop=7), Column("hash", spill=True), Column("status", styles=c.STATUS_STYLE),
+                       Column("problem", wrap=True)], rows)
+    if not result.exists:
+        out.info(f"no cache at {root}: nothing to verify")
+        return
+    building = f", skipped {len(result.skipped)} being built" if result.skipped else ""
+    fixed = f", rewrote the paths of {len(result.fixed)}" if fix else ""
+    out.info(f"checked {c.plural(len(result.checked), 'entry')} in {took:.1f}s: "
+             f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}{fixed}")

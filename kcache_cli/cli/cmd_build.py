@@ -141,15 +141,17 @@ def _show_results(opts: c.GlobalOptions, results) -> None:
         if r.status == b.FAILED:
             _show_failure(r)
         _notes(opts, r)
-    if opts.json:
-        c.emit_json(b.summary_json(results))
-    else:
+    out = c.Output(opts)
+
+    def human() -> None:
         # the entry inside the cache (ops/<space>/<op>/<hash>), or the task file that failed
         rows = [[r.status, (r.relpath if r.status != b.FAILED else r.task) or ""] for r in results]
         c.print_table(["status", "entry or task"], rows,
                       styles={0: {"built": "green", "hit": "cyan", "failed": "bold red"}})
-        sys.stdout.write(f"{b.count(results, b.BUILT)} built, {c.plural(b.count(results, b.HIT), 'hit')}, "
-                         f"{b.count(results, b.FAILED)} failed\n")
+        out.text(f"{b.count(results, b.BUILT)} built, {c.plural(b.count(results, b.HIT), 'hit')}, "
+                 f"{b.count(results, b.FAILED)} failed")
+
+    out.result(b.summary_json(results), human)
     code = b.exit_code(results)
     if code:
         raise typer.Exit(code)
@@ -168,10 +170,11 @@ def _build_one(opts: c.GlobalOptions, root, path: str, options, source: Optional
     if result.status == b.FAILED:
         _show_failure(result, header=False)  # main() prints the error line itself
         raise KcacheError(result.error)
+    out = c.Output(opts)
     if result.status == b.BUILT:
-        c.info(opts, f"built {result.relpath} for {result.arch} in {result.elapsed:.1f}s"
-               + (f" (replaced a {result.replaced})" if result.replaced else ""))
-    sys.stdout.write(f"{c.tty_safe(result.path)}\n")
+        out.info(f"built {result.relpath} for {result.arch} in {result.elapsed:.1f}s"
+                 + (f" (replaced a {result.replaced})" if result.replaced else ""))
+    out.text(c.tty_safe(result.path))  # one task without --json: its entry's path is the result
 
 
 def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]:

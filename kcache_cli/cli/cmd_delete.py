@@ -52,7 +52,7 @@ def prune_command(
     for loc in c.cache_locations(opts, all_caches):
         out.section(loc)
         _prune_one(opts, out, loc, limit, age, broken, dry_run)
-    out.done()
+    out.done(empty="no kernel cache found (see kcache dir --all)" if all_caches else None)
 
 
 def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, broken: bool, dry_run: bool) -> None:
@@ -111,7 +111,7 @@ def clear_command(
         flt = c.make_filter(op, space, target, layout, None, None, refs, root=loc.path)
         c.hint_unknown(opts, loc.path, flt)
         _clear_one(opts, out, loc, flt, everything, yes, dry_run)
-    out.done()
+    out.done(empty="no kernel cache found (see kcache dir --all)" if all_caches else None)
 
 
 def _clear_one(opts: c.GlobalOptions, out: "_Out", loc, flt, everything: bool, yes: bool, dry_run: bool) -> None:
@@ -143,31 +143,17 @@ def _clear_one(opts: c.GlobalOptions, out: "_Out", loc, flt, everything: bool, y
     _report_result(opts, out, plan, result, {})
 
 
-class _Out:
-    """Where results go: JSON on stdout (one object, or with --all-caches a list of them), or tables
-    with a heading naming each root."""
+class _Out(c.Output):
+    """c.Output, with a heading naming each root for --all-caches (JSON: one object per root, in a list)."""
 
     def __init__(self, opts: c.GlobalOptions, all_caches: bool) -> None:
-        self.opts, self.all_caches = opts, all_caches
-        self.collected: list[dict] = []
+        super().__init__(opts, collect=all_caches)
         self.sections = 0
 
     def section(self, loc) -> None:
-        if self.all_caches and not self.opts.json:
-            sys.stdout.write(("\n" if self.sections else "") + f"==> {loc.path} <==\n")
+        if self.collect and not self.json:
+            self.text(("\n" if self.sections else "") + f"==> {loc.path} <==")
         self.sections += 1
-
-    def json(self, data: dict) -> None:
-        if self.all_caches:
-            self.collected.append(data)
-        else:
-            c.emit_json(data)
-
-    def done(self) -> None:
-        if self.all_caches and self.opts.json:
-            c.emit_json(self.collected)
-        elif self.all_caches and not self.sections:
-            c.info(self.opts, "no kernel cache found (see kcache dir --all)")
 
 
 # ---- helpers -------------------------------------------------------------------------------------
@@ -203,12 +189,10 @@ def _execute(opts: c.GlobalOptions, plan):
 
 
 def _missing(opts: c.GlobalOptions, out: _Out, loc, dry_run: bool, extra: dict) -> None:
-    if opts.json:
-        out.json({"root": str(loc.path), "exists": False, "dry_run": dry_run, "removed": [], "skipped": [],
-                     "errors": [], "entries": 0, "freed": 0, "size_before": 0, "size_after": 0, **extra,
-                     "warnings": []})
-        return
-    c.info(opts, f"no cache at {loc.path} ({loc.reason}): nothing to remove")
+    from kcache_cli.delete import DeletePlan
+
+    out.result(DeletePlan(str(loc.path), exists=False).to_json(extra, dry_run=dry_run),
+               lambda: out.info(f"no cache at {loc.path} ({loc.reason}): nothing to remove"))
 
 
 def _rows(removals) -> list[list[str]]:
@@ -246,59 +230,48 @@ def _preview(plan) -> None:
     _table(plan.removals, to_stderr=True, limit=20)
 
 
-def _skipped_json(skipped) -> list[dict]:
-    return [s.to_json() for s in skipped]
-
-
 def _report_plan(opts: c.GlobalOptions, out: _Out, plan, extra: dict) -> None:
-    if opts.json:
-        out.json({"root": plan.root, "exists": True, "dry_run": True,
-                     "removed": [r.to_json() for r in plan.removals], "skipped": _skipped_json(plan.skipped),
-                     "errors": [], "entries": plan.entries, "freed": plan.expected_freed_size,
-                     "size_before": plan.scanned_size, "size_after": plan.size_after, **extra,
-                     "warnings": list(plan.warnings)})
-        return
+    out.result(plan.to_json(extra), lambda: _plan_human(out, plan, extra))
+
+
+def _plan_human(out: _Out, plan, extra: dict) -> None:
     for s in plan.skipped:
-        c.warn(opts, f"would keep {s.entry.relpath}: {s.why}")
+        out.warn(f"would keep {s.entry.relpath}: {s.why}")
     if not plan.removals:
-        sys.stdout.write(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} "
-                         "scanned).\n")
+        out.text(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} scanned).")
         return
     _table(plan.removals)
-    sys.stdout.write(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
-                     f"({c.plural(plan.expected_freed_size, 'byte')}) from {c.printable_line(plan.root)}"
-                     f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).\n")
+    out.text(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
+             f"({c.plural(plan.expected_freed_size, 'byte')}) from {c.printable_line(plan.root)}"
+             f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).")
 
 
 def _report_result(opts: c.GlobalOptions, out: _Out, plan, result, extra: dict) -> None:
+    from kcache_cli.delete import DeleteResult
     from kcache_cli.errors import KcacheError
 
-    removed = result.removed if result else ()
-    skipped = result.skipped if result else plan.skipped
-    errors = result.errors if result else ()
-    freed = result.freed if result else 0
-    warnings = result.warnings if result else plan.warnings
-    if opts.json:
-        out.json({"root": plan.root, "exists": True, "dry_run": False, "removed": [r.to_json() for r in removed],
-                     "skipped": _skipped_json(skipped), "errors": [m for _, m in errors],
-                     "entries": sum(1 for r in removed if r.what != "candidates"), "freed": freed,
-                     "size_before": plan.scanned_size, "size_after": plan.scanned_size - freed, **extra,
-                     "removed_dirs": list(result.removed_dirs if result else ()), "warnings": list(warnings)})
+    fresh = result.warnings[len(plan.warnings):] if result else ()  # the plan's were shown already
+    if result is None:  # nothing was selected: nothing ran
+        result = DeleteResult(plan.root, (), plan.skipped, (), 0, (), plan.warnings)
+    out.result(result.to_json(plan.scanned_size, extra), lambda: _result_human(out, plan, result, extra, fresh))
+    if result.errors:
+        for _, m in result.errors:
+            out.error(m)
+        raise KcacheError(f"{len(result.errors)} item(s) could not be removed (see above)")
+
+
+def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
+    for s in result.skipped:
+        out.warn(f"kept {s.entry.relpath}: {s.why}")
+    for w in fresh_warnings:
+        out.warn(w)
+    if result.removed:
+        _table(result.removed)
+        out.text(f"Removed {_count(result.removed)}, freed {c.human_size(result.freed)} "
+                 f"({c.plural(result.freed, 'byte')}) from {c.printable_line(plan.root)}"
+                 f"{_sizes(plan, extra, result.freed)}.")
     else:
-        for s in skipped:
-            c.warn(opts, f"kept {s.entry.relpath}: {s.why}")
-        for w in (result.warnings if result else ())[len(plan.warnings):]:
-            c.warn(opts, w)
-        if removed:
-            _table(removed)
-            sys.stdout.write(f"Removed {_count(removed)}, freed {c.human_size(freed)} ({c.plural(freed, 'byte')}) from "
-                             f"{c.printable_line(plan.root)}{_sizes(plan, extra, freed)}.\n")
-        else:
-            sys.stdout.write(f"Nothing removed from {c.printable_line(plan.root)}.\n")
-    if errors:
-        for _, m in errors:
-            sys.stderr.write(f"error: {c.printable_line(m)}\n")
-        raise KcacheError(f"{len(errors)} item(s) could not be removed (see above)")
+        out.text(f"Nothing removed from {c.printable_line(plan.root)}.")
 
 
 def _count(removals) -> str:

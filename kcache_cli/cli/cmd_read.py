@@ -1,5 +1,6 @@
 """The read-only commands: dir, ls, inspect, log, stats."""
 
+import functools
 import os
 import sys
 from typing import Annotated, List, Optional
@@ -46,15 +47,16 @@ def dir_command(
     from kcache_cli.scan import detect_layouts, scan_cache
 
     opts = c.use(ctx, cache_dir, as_json)
+    out = c.Output(opts)
     if not all_caches:
         loc = c.cache_location(opts)
-        if opts.json:
-            layouts = detect_layouts(loc.path) if loc.path.is_dir() else ()
-            c.emit_json({"path": str(loc.path), "reason": loc.reason, "exists": loc.path.is_dir(),
-                         "layouts": list(layouts)})
-        else:
-            sys.stdout.write(f"{c.tty_safe(str(loc.path))}\n")
-            c.info(opts, f"({loc.reason}{'' if loc.path.is_dir() else '; does not exist yet'})")
+
+        def where() -> None:
+            out.text(c.tty_safe(str(loc.path)))
+            out.info(f"({loc.reason}{'' if loc.path.is_dir() else '; does not exist yet'})")
+
+        out.result(lambda: {"path": str(loc.path), "reason": loc.reason, "exists": loc.path.is_dir(),
+                            "layouts": list(detect_layouts(loc.path) if loc.path.is_dir() else ())}, where)
         return
     from kcache_cli.locate import known_caches
 
@@ -63,23 +65,16 @@ def dir_command(
         res = scan_cache(path, warn=lambda m: c.warn(opts, m))
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
                      "entries": len(res.entries), "size": res.size})
-    if opts.json:
-        c.emit_json(rows)
-        return
-    c.print_table(["cache", "path", "layout", "entries", "size"],
-                  [[r["cache"], r["path"], ",".join(r["layouts"]) or ("-" if r["exists"] else "missing"),
-                    str(r["entries"]), c.human_size(r["size"])] for r in rows], right=(3, 4))
+    out.result(rows, lambda: c.print_table(
+        ["cache", "path", "layout", "entries", "size"],
+        [[r["cache"], r["path"], ",".join(r["layouts"]) or ("-" if r["exists"] else "missing"),
+          str(r["entries"]), c.human_size(r["size"])] for r in rows], right=(3, 4)))
 
 
+@c.selectors()
 def ls_command(
     ctx: typer.Context,
-    hashes: c.HashesArg = None,
-    op: c.OpOpt = None,
-    space: c.SpaceOpt = None,
-    target: c.TargetOpt = None,
-    layout: c.LayoutOpt = None,
-    status: c.StatusOpt = None,
-    kind: c.KindOpt = None,
+    sel: c.Selection,
     sort: Annotated[str, typer.Option(
         "--sort", metavar="KEY", help="Order: op (default), size (biggest first), age (least recently used first).")
     ] = "op",
@@ -110,24 +105,26 @@ def ls_command(
     locs = c.cache_locations(opts, all_caches)
     listed = []
     for loc in locs:
-        refs = c.refs_in(loc.path, hashes) if all_caches else hashes
-        if hashes and not refs:
+        refs = c.refs_in(loc.path, sel.hashes) if all_caches else sel.hashes
+        if sel.hashes and not refs:
             continue  # the entries named are in other caches
-        flt = c.make_filter(op, space, target, layout, status, kind, refs, root=loc.path)
+        flt = sel.filter(loc.path, refs)
         listed.append((loc, flt, *_ls_entries(opts, loc, flt, sort, limit, not no_index)))
-    if opts.json:
-        c.emit_json([dict(e.to_json(), root=str(loc.path)) if all_caches else e.to_json()
-                     for loc, _, _, entries in listed for e in entries])
-        return
-    if paths_only:
-        c.print_lines([e.path for _, _, _, entries in listed for e in entries])
-        return
-    for n, (loc, flt, result, entries) in enumerate(listed):
-        if all_caches:
-            sys.stdout.write(("\n" if n else "") + f"==> {loc.path} <==\n")
-        _ls_table(opts, loc, flt, result, entries)
-    if all_caches and not listed:
-        c.info(opts, "no kernel cache found (see kcache dir --all)")
+    out = c.Output(opts)
+
+    def human() -> None:
+        if paths_only:
+            c.print_lines([e.path for _, _, _, entries in listed for e in entries])
+            return
+        for n, (loc, flt, result, entries) in enumerate(listed):
+            if all_caches:
+                out.text(("\n" if n else "") + f"==> {loc.path} <==")
+            _ls_table(out, loc, flt, result, entries)
+        if all_caches and not listed:
+            out.info("no kernel cache found (see kcache dir --all)")
+
+    out.result([dict(e.to_json(), root=str(loc.path)) if all_caches else e.to_json()
+                for loc, _, _, entries in listed for e in entries], human)
 
 
 def _ls_entries(opts: c.GlobalOptions, loc, flt, sort: str, limit: Optional[int], use_index: bool):
@@ -138,14 +135,14 @@ def _ls_entries(opts: c.GlobalOptions, loc, flt, sort: str, limit: Optional[int]
     return result, entries[:limit] if limit is not None else entries
 
 
-def _ls_table(opts: c.GlobalOptions, loc, flt, result, entries) -> None:
+def _ls_table(out: c.Output, loc, flt, result, entries) -> None:
     from kcache_cli.cli.table import Column
 
     if not result.exists:
-        c.info(opts, f"no cache at {loc.path} ({loc.reason})")
+        out.info(f"no cache at {loc.path} ({loc.reason})")
         return
     if not entries:
-        c.info(opts, f"no entries in {loc.path}" + (" match" if flt != type(flt)() else ""))
+        out.info(f"no entries in {loc.path}" + (" match" if flt != type(flt)() else ""))
         return
     one_layout = len({e.layout for e in entries}) == 1
     cols = [Column("layout", drop=1 if one_layout else 6), Column("kind", drop=2), Column("space", drop=8),
@@ -164,7 +161,7 @@ def _ls_table(opts: c.GlobalOptions, loc, flt, result, entries) -> None:
         rows.append(row)
     c.print_table(cols, rows)
     total = sum(e.size for e in entries)
-    c.info(opts, f"{c.plural(len(entries), 'entry')}, {c.human_size(total)} in {loc.path}")
+    out.info(f"{c.plural(len(entries), 'entry')}, {c.human_size(total)} in {loc.path}")
 
 
 def _details(opts: c.GlobalOptions, ref: str, space=None, op=None, layout=None, kind=None):
@@ -218,25 +215,9 @@ def inspect_command(
     from kcache_cli.binary import read_binary
 
     bins = [read_binary(p) for p in d.binaries]
-    if opts.json:
-        _inspect_json(entry, d, bins)
-    else:
-        _inspect_text(entry, d, bins)
+    c.Output(opts).result(d.to_json(bins), lambda: _inspect_text(entry, d, bins))
     if d.status != COMPLETE:
         raise typer.Exit(1)
-
-
-def _inspect_json(entry, d, bins) -> None:
-    data = entry.to_json()
-    data.update(status=d.status, reason=d.reason, problems=list(d.problems), op=entry.op or d.task_op,
-                inputs=[_tensor(t) for t in d.inputs], outputs=[_tensor(t) for t in d.outputs],
-                files=[{"name": f.name, "size": f.size, "link": f.link} for f in d.files],
-                compile_command=d.compile_command, compiler_output=d.compiler_output,
-                archs=sorted({a for b in bins for a in b.archs}),
-                binaries=[{"path": b.path, "format": b.format, "machine": b.machine, "archs": list(b.archs),
-                           "ptx": list(b.ptx_archs), "symbols": list(b.symbols), "error": b.error} for b in bins],
-                facts={k: v for k, v in d.facts})
-    c.emit_json(data)
 
 
 def _problems(d) -> list[str]:
@@ -309,10 +290,6 @@ def _binary_lines(line, b, entry) -> None:
         symbols = sorted(b.symbols, key=lambda s: (s.startswith("_Z"), s))
         shown = ", ".join(symbols[:12]) + (f" and {len(symbols) - 12} more" if len(symbols) > 12 else "")
         line("  symbols", shown)
-
-
-def _tensor(t) -> dict:
-    return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
 
 
 def _tensor_text(t) -> str:
@@ -438,15 +415,10 @@ def stats_command(
     for loc in c.cache_locations(opts, all_caches):
         _, result = _scan(opts, ScanFilter(), loc, not no_index)
         reports.append(_stats(loc, result, top))
-    if opts.json:
-        c.emit_json(reports if all_caches else reports[0])
-        return
+    out = c.Output(opts, collect=all_caches)
     for n, report in enumerate(reports):
-        if n:
-            sys.stdout.write("\n")
-        _stats_text(opts, report)
-    if all_caches and not reports:
-        c.info(opts, "no kernel cache found (see kcache dir --all)")
+        out.result(report, functools.partial(_stats_text, out, report, first=n == 0))
+    out.done(empty="no kernel cache found (see kcache dir --all)")
 
 
 def _stats(loc, result, top: int) -> dict:
@@ -455,11 +427,13 @@ def _stats(loc, result, top: int) -> dict:
     return {**report, "reason": loc.reason}
 
 
-def _stats_text(opts: c.GlobalOptions, report: dict) -> None:
+def _stats_text(out: c.Output, report: dict, first: bool = True) -> None:
     from kcache_cli.cli.table import Column
 
+    if not first:
+        out.text("")
     if not report["exists"]:
-        c.info(opts, f"no cache at {report['root']} ({report['reason']})")
+        out.info(f"no cache at {report['root']} ({report['reason']})")
         return
     c.print_text(c.printable_line(f"{report['root']}: {', '.join(report['layouts']) or 'no known layout'}, "
                  f"{c.plural(report['entries'], 'entry')}, {c.human_size(report['size'])}"), indent=2)

@@ -2,8 +2,9 @@
 
 The redis client is imported by the core only when a redis:// remote is opened, never at start-up."""
 
-import sys
-from typing import Annotated, Optional
+import contextlib
+from pathlib import Path
+from typing import Annotated, Any, Iterator, NamedTuple, Optional
 
 import typer
 
@@ -40,23 +41,47 @@ def register(app: typer.Typer) -> None:
     app.add_typer(remote_app, name="remote")
 
 
-def _store(remote: Optional[str], timeout: float):
+@contextlib.contextmanager
+def _opened(remote: Optional[str], timeout: float) -> Iterator[Any]:
+    """The remote store, closed when the command is done with it."""
     from kcache_cli.errors import UsageError
     from kcache_cli.remote.store import open_store
 
     if not remote:
         raise UsageError("no remote: pass --remote URL or set KCACHE_REMOTE (redis://host:6379/0, file:///shared/dir)")
-    return open_store(remote, connect_timeout=timeout)
+    store = open_store(remote, connect_timeout=timeout)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
+class _Moving(NamedTuple):
+    opts: c.GlobalOptions
+    root: Path
+    flt: Any  # ScanFilter
+    store: Any  # remote.store.Store
+    bar: Any  # cli.progress.Bar
+
+
+@contextlib.contextmanager
+def _moving(ctx: typer.Context, sel: c.Selection, remote: Optional[str], timeout: float,
+            cache_dir: Optional[str], as_json: bool, doing: str) -> Iterator[_Moving]:
+    """What push and pull start with: the options, the cache root, the selection, the open remote and a
+    progress bar counting entries."""
+    from kcache_cli.cli.progress import Bar
+
+    opts = c.use(ctx, cache_dir, as_json)
+    flt = sel.filter()
+    root = c.cache_root(opts)
+    with _opened(remote, timeout) as store, Bar(opts, doing, unit="entries") as bar:
+        yield _Moving(opts, root, flt, store, bar)
+
+
+@c.selectors(status=None)
 def push_command(
     ctx: typer.Context,
-    hashes: c.HashesArg = None,
-    op: c.OpOpt = None,
-    space: c.SpaceOpt = None,
-    target: c.TargetOpt = None,
-    layout: c.LayoutOpt = None,
-    kind: c.KindOpt = None,
+    sel: c.Selection,
     remote: RemoteOpt = None,
     dry_run: DryRunOpt = False,
     connect_timeout: TimeoutOpt = 2.0,
@@ -71,29 +96,21 @@ def push_command(
 
     Example: kcache push --remote redis://cache-host:6379/0 --space cuda_space_0
     """
-    from kcache_cli.cli.cmd_archive import _Bar
     from kcache_cli.remote.push import push
 
-    opts = c.use(ctx, cache_dir, as_json)
-    flt = c.make_filter(op, space, target, layout, None, kind, hashes)
-    root = c.cache_root(opts)
-    store = _store(remote, connect_timeout)
-    try:
-        with _Bar(opts, "pushing", unit="entries") as bar:
-            result = push(root, store, flt, dry_run=dry_run, warn=lambda m: c.warn(opts, m), start=bar.start,
-                          advance=bar.advance)
-    finally:
-        store.close()
-    counts = {a: result.count(a) for a in ("push", "skip", "left out")}
-    if opts.json:
-        c.emit_json({"remote": result.remote, "root": result.root, "dry_run": dry_run, "pushed": counts["push"],
-                     "skipped": counts["skip"], "left_out": counts["left out"], "size": result.size,
-                     "entries": [e.__dict__ for e in result.entries]})
-        return
-    _table(result.entries)
-    verb = "would push" if dry_run else "pushed"
-    c.info(opts, f"{verb} {counts['push']} entries ({c.human_size(result.size)}) to {result.remote}; "
-                 f"skipped {counts['skip']} the remote has; left out {counts['left out']} not complete")
+    with _moving(ctx, sel, remote, connect_timeout, cache_dir, as_json, "pushing") as run:
+        opts = run.opts
+        result = push(run.root, run.store, run.flt, dry_run=dry_run, warn=lambda m: c.warn(opts, m),
+                      start=run.bar.start, advance=run.bar.advance)
+    out = c.Output(opts)
+
+    def human() -> None:
+        _table(result.entries)
+        verb = "would push" if dry_run else "pushed"
+        out.info(f"{verb} {result.count('push')} entries ({c.human_size(result.size)}) to {result.remote}; "
+                 f"skipped {result.count('skip')} the remote has; left out {result.count('left out')} not complete")
+
+    out.result(result, human)
 
 
 def _table(entries) -> None:
@@ -103,14 +120,10 @@ def _table(entries) -> None:
         c.print_table(["action", "layout", "kind", "entry", "files", "size", "note"], rows, right=(4, 5))
 
 
+@c.selectors(status=None)
 def pull_command(
     ctx: typer.Context,
-    hashes: c.HashesArg = None,
-    op: c.OpOpt = None,
-    space: c.SpaceOpt = None,
-    target: c.TargetOpt = None,
-    layout: c.LayoutOpt = None,
-    kind: c.KindOpt = None,
+    sel: c.Selection,
     remote: RemoteOpt = None,
     dry_run: DryRunOpt = False,
     lock_timeout: Annotated[float, typer.Option(
@@ -128,38 +141,31 @@ def pull_command(
 
     Example: kcache pull --remote redis://cache-host:6379/0 --op matmul
     """
-    from kcache_cli.cli.cmd_archive import _Bar
     from kcache_cli.remote.pull import pull
 
-    opts = c.use(ctx, cache_dir, as_json)
-    flt = c.make_filter(op, space, target, layout, None, kind, hashes)
-    root = c.cache_root(opts)
-    store = _store(remote, connect_timeout)
-    try:
-        with _Bar(opts, "pulling", unit="entries") as bar:
-            result = pull(root, store, flt, dry_run=dry_run, lock_timeout=lock_timeout,
-                          warn=lambda m: c.warn(opts, m), start=bar.start, advance=bar.advance)
-    finally:
-        store.close()
-    pulled, refused = result.count("pull", "replace"), result.count("refuse")
-    _check_archs(opts, [e for e in result.entries if e.done])
-    if opts.json:
-        c.emit_json({"remote": result.remote, "root": result.root, "dry_run": dry_run, "pulled": pulled,
-                     "skipped": result.count("skip"), "refused": refused, "size": result.size,
-                     "entries": [e.__dict__ for e in result.entries]})
-    else:
+    with _moving(ctx, sel, remote, connect_timeout, cache_dir, as_json, "pulling") as run:
+        opts = run.opts
+        result = pull(run.root, run.store, run.flt, dry_run=dry_run, lock_timeout=lock_timeout,
+                      warn=lambda m: c.warn(opts, m), start=run.bar.start, advance=run.bar.advance)
+    out = c.Output(opts)
+    refused = result.count("refuse")
+    _check_archs(out, [e for e in result.entries if e.done])
+
+    def human() -> None:
         _table(result.entries)
         for e in result.entries:
             if e.action == "refuse":
-                c.warn(opts, f"refused {e.relpath}: {e.reason}")
+                out.warn(f"refused {e.relpath}: {e.reason}")
         verb = "would pull" if dry_run else "pulled"
-        c.info(opts, f"{verb} {pulled} entries ({c.human_size(result.size)}) from {result.remote}; "
-                     f"skipped {result.count('skip')}; refused {refused}")
+        out.info(f"{verb} {result.count('pull', 'replace')} entries ({c.human_size(result.size)}) from "
+                 f"{result.remote}; skipped {result.count('skip')}; refused {refused}")
+
+    out.result(result, human)
     if refused:
         raise typer.Exit(1)
 
 
-def _check_archs(opts: c.GlobalOptions, entries) -> None:
+def _check_archs(out: c.Output, entries) -> None:
     """As import does: warn about pulled kernels this machine's GPU cannot run."""
     from kcache_cli.archive import arch_runs_on, cuda_archs, local_compute_caps
 
@@ -168,23 +174,19 @@ def _check_archs(opts: c.GlobalOptions, entries) -> None:
         return
     caps = local_compute_caps()
     if caps is None:
-        c.warn(opts, "no NVIDIA GPU found (nvidia-smi): cannot check that the pulled kernels' archs suit this machine")
+        out.warn("no NVIDIA GPU found (nvidia-smi): cannot check that the pulled kernels' archs suit this machine")
         return
     bad = [e for e in checked if arch_runs_on(e.arch, caps) is False]
     for e in bad[:10]:
-        c.warn(opts, f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU")
+        out.warn(f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU")
     if len(bad) > 10:
-        c.warn(opts, f"{len(bad) - 10} more entries are built for archs this GPU cannot run")
+        out.warn(f"{len(bad) - 10} more entries are built for archs this GPU cannot run")
 
 
+@c.selectors(status=None)
 def remote_ls(
     ctx: typer.Context,
-    hashes: c.HashesArg = None,
-    op: c.OpOpt = None,
-    space: c.SpaceOpt = None,
-    target: c.TargetOpt = None,
-    layout: c.LayoutOpt = None,
-    kind: c.KindOpt = None,
+    sel: c.Selection,
     remote: RemoteOpt = None,
     connect_timeout: TimeoutOpt = 2.0,
     as_json: c.JsonOpt = False,
@@ -196,22 +198,21 @@ def remote_ls(
     from kcache_cli.remote.manage import list_remote
 
     opts = c.use(ctx, None, as_json)
-    flt = c.make_filter(op, space, target, layout, None, kind, hashes)
-    store = _store(remote, connect_timeout)
-    try:
+    flt = sel.filter()
+    with _opened(remote, connect_timeout) as store:
         entries = list_remote(store, flt)
-    finally:
-        store.close()
-    if opts.json:
-        c.emit_json([e.to_json() for e in entries])
-        return
-    rows = [[e.layout, e.kind or "-", e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
-             c.human_size(e.size), e.arch or "-", c.human_age(e.pushed or 0),
-             c.human_age(e.last_pulled) if e.last_pulled else "never"] for e in entries]
-    if rows:
-        c.print_table(["layout", "kind", "space", "op", "hash", "files", "size", "arch", "pushed", "pulled"], rows,
-                      right=(5, 6))
-    c.info(opts, f"{len(entries)} entries ({c.human_size(sum(e.size for e in entries))}) in {store.url}")
+    out = c.Output(opts)
+
+    def human() -> None:
+        rows = [[e.layout, e.kind or "-", e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
+                 c.human_size(e.size), e.arch or "-", c.human_age(e.pushed or 0),
+                 c.human_age(e.last_pulled) if e.last_pulled else "never"] for e in entries]
+        if rows:
+            c.print_table(["layout", "kind", "space", "op", "hash", "files", "size", "arch", "pushed", "pulled"],
+                          rows, right=(5, 6))
+        out.info(f"{len(entries)} entries ({c.human_size(sum(e.size for e in entries))}) in {store.url}")
+
+    out.result([e.to_json() for e in entries], human)
 
 
 def remote_stats_command(
@@ -227,20 +228,19 @@ def remote_stats_command(
     from kcache_cli.remote.manage import list_remote, remote_stats
 
     opts = c.use(ctx, None, as_json)
-    store = _store(remote, connect_timeout)
-    try:
+    with _opened(remote, connect_timeout) as store:
         stats = {"remote": store.url, **remote_stats(list_remote(store))}
-    finally:
-        store.close()
-    if opts.json:
-        c.emit_json(stats)
-        return
-    rows = [[f"{what}", name, str(g["entries"]), c.human_size(g["size"])]
-            for what in ("layout", "space", "op") for name, g in stats[f"by_{what}"].items()]
-    if rows:
-        c.print_table(["by", "name", "entries", "size"], rows, right=(2, 3))
-    sys.stdout.write(f"{stats['entries']} entries, {c.human_size(stats['size'])}, {stats['never_pulled']} never "
-                     f"pulled, in {stats['remote']}\n")
+    out = c.Output(opts)
+
+    def human() -> None:
+        rows = [[f"{what}", name, str(g["entries"]), c.human_size(g["size"])]
+                for what in ("layout", "space", "op") for name, g in stats[f"by_{what}"].items()]
+        if rows:
+            c.print_table(["by", "name", "entries", "size"], rows, right=(2, 3))
+        out.text(f"{stats['entries']} entries, {c.human_size(stats['size'])}, {stats['never_pulled']} never "
+                 f"pulled, in {stats['remote']}")
+
+    out.result(stats, human)
 
 
 def remote_prune(
@@ -263,25 +263,23 @@ def remote_prune(
     Example: kcache remote prune --max-size 200G --older-than 30d --dry-run
     """
     from kcache_cli.delete import parse_age, parse_size
-    from kcache_cli.remote.manage import list_remote, plan_remote_prune, prune_remote
+    from kcache_cli.remote.manage import RemotePruneResult, list_remote, plan_remote_prune, prune_remote
 
     opts = c.use(ctx, None, as_json)
     limit = parse_size(max_size) if max_size is not None else None
     age = parse_age(older_than) if older_than is not None else None
-    store = _store(remote, connect_timeout)
-    try:
+    with _opened(remote, connect_timeout) as store:
         plan = plan_remote_prune(list_remote(store), limit, age)
         freed = sum(r.entry.size for r in plan) if dry_run else prune_remote(store, plan)
-    finally:
-        store.close()
-    if opts.json:
-        c.emit_json({"remote": store.url, "dry_run": dry_run, "removed": [{**r.entry.to_json(), "why": r.why}
-                                                                          for r in plan],
-                     "entries": len(plan), "freed": freed})
-        return
-    rows = [[r.entry.layout, r.entry.relpath, c.human_size(r.entry.size),
-             c.human_age(r.entry.last_pulled) if r.entry.last_pulled else "never", r.why] for r in plan]
-    if rows:
-        c.print_table(["layout", "entry", "size", "pulled", "why"], rows, right=(2,))
-    c.info(opts, f"{'would remove' if dry_run else 'removed'} {len(plan)} entries, {c.human_size(freed)} "
+    result = RemotePruneResult(store.url, dry_run, tuple(plan), freed)
+    out = c.Output(opts)
+
+    def human() -> None:
+        rows = [[r.entry.layout, r.entry.relpath, c.human_size(r.entry.size),
+                 c.human_age(r.entry.last_pulled) if r.entry.last_pulled else "never", r.why] for r in plan]
+        if rows:
+            c.print_table(["layout", "entry", "size", "pulled", "why"], rows, right=(2,))
+        out.info(f"{'would remove' if dry_run else 'removed'} {len(plan)} entries, {c.human_size(freed)} "
                  f"from {store.url}")
+
+    out.result(result, human)

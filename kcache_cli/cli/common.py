@@ -8,7 +8,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated, Any, Callable, List, Optional
 
 import typer
 
@@ -126,6 +126,63 @@ ENTRY_HELP = "hash prefix, path in the cache (ops/cuda_space_0/add/8d1f7691cdf75
 HashesArg = Annotated[Optional[List[str]], typer.Argument(metavar="[ENTRY]...", help=f"Entries to keep: {ENTRY_HELP}.",
                                                           show_default=False, autocompletion=complete.complete_hash)]
 
+class Selection:
+    """The entry selectors a command was given (those of `ls`): ENTRY..., --op, --space, --target, --layout,
+    --status, --kind, as typed. `filter()` checks them into a ScanFilter."""
+
+    def __init__(self, hashes: Optional[List[str]] = None, op: Optional[List[str]] = None,
+                 space: Optional[List[str]] = None, target: Optional[List[str]] = None,
+                 layout: Optional[List[str]] = None, status: Optional[List[str]] = None,
+                 kind: Optional[List[str]] = None) -> None:
+        self.hashes, self.op, self.space, self.target = hashes, op, space, target
+        self.layout, self.status, self.kind = layout, status, kind
+
+    def filter(self, root: Path | None = None, hashes: Optional[List[str]] = None):
+        """The checked ScanFilter (entries given by path need `root`); `hashes` replaces the ENTRY
+        arguments (--all-caches passes the ones that can name an entry of `root`)."""
+        return make_filter(self.op, self.space, self.target, self.layout, self.status, self.kind,
+                           self.hashes if hashes is None else hashes, root=root)
+
+
+_SELECTORS = ("hashes", "op", "space", "target", "layout", "status", "kind")
+
+
+def selectors(status: Any = StatusOpt) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: the command's `sel: Selection` parameter becomes `ls`'s selector options, declared once
+    here (in this order, where `sel` stands, so --help reads the same), and the command gets them as one
+    Selection. `status` is the --status option's declaration (a command may word its help), or None
+    for a command without --status."""
+    declared = {"hashes": HashesArg, "op": OpOpt, "space": SpaceOpt, "target": TargetOpt, "layout": LayoutOpt,
+                "status": status, "kind": KindOpt}
+
+    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
+        import functools
+        import inspect
+        import typing
+
+        hints = typing.get_type_hints(func, include_extras=True)
+        params = []
+        for p in inspect.signature(func).parameters.values():
+            if p.name != "sel":
+                params.append(p.replace(annotation=hints.get(p.name, p.annotation)))
+                continue
+            params += [inspect.Parameter(n, p.kind, default=None, annotation=declared[n])
+                       for n in _SELECTORS if declared[n] is not None]
+        names = [p.name for p in params if p.name in _SELECTORS]
+
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            sel = Selection(**{n: kwargs.pop(n) for n in names})
+            return func(*args, sel=sel, **kwargs)
+
+        # Typer reads the parameters from the signature and the annotations: the selectors', not `sel`
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return wrap
+
+
 _SPACE = re.compile(r"^[a-z0-9*?\[\]]+_space_[\d*?\[\]]+$|^[\w.+\-*?\[\]]+/[\w.+\-*?\[\]]+$|^[\w.+\-*?\[\]]+$")
 
 
@@ -195,8 +252,8 @@ def plain_output() -> bool:
     return no_color() or not sys.stdout.isatty()
 
 
-def emit_json(data) -> None:
-    """JSON on stdout, never through Rich; indented for people, compact for pipes."""
+def _emit_json(data) -> None:
+    """JSON on stdout, never through Rich; indented for people, compact for pipes (Output.result's writer)."""
     import json
 
     indent = 2 if sys.stdout.isatty() else None
@@ -215,16 +272,72 @@ def stdout_console():
     return Console(highlight=False, soft_wrap=not sys.stdout.isatty(), color_system=None if no_color() else "auto")
 
 
+class Output:
+    """The one way a command emits (huggingface_hub's cli/_output.py): `result(data, human)` writes the
+    command's result as JSON on stdout under --json (`data`, its `to_json()`, or what the function `data`
+    returns), else calls `human()`,
+    which renders it for people (tables and text on stdout); `info` and `warn` go to stderr and say
+    nothing under -q; `error` always does. Commands never branch on the format themselves.
+    With `collect` (--all-caches: one result per cache), results are gathered and `done()` writes them
+    as one JSON list."""
+
+    def __init__(self, opts: GlobalOptions, collect: bool = False) -> None:
+        self.opts, self.collect = opts, collect
+        self.collected: list = []
+        self.results = 0
+
+    @property
+    def json(self) -> bool:
+        return self.opts.json
+
+    def result(self, data: Any, human: Callable[[], None] | None = None) -> None:
+        self.results += 1
+        if not self.opts.json:
+            if human is not None:
+                human()
+            return
+        doc = data() if callable(data) else data  # a function: the JSON costs work the human form skips
+        doc = doc.to_json() if hasattr(doc, "to_json") else doc
+        if self.collect:
+            self.collected.append(doc)
+        else:
+            _emit_json(doc)
+
+    def done(self, empty: str | None = None) -> None:
+        """With `collect`: the gathered results, as one JSON list. `empty`: what to tell people when
+        there was no result at all (--all-caches found no cache)."""
+        if self.collect and self.opts.json:
+            _emit_json(self.collected)
+        elif empty is not None and not self.results:
+            self.info(empty)
+
+    def text(self, line: str) -> None:
+        """A line of the human rendering, on stdout (never under --json: call it from `human`)."""
+        sys.stdout.write(line + "\n")
+
+    def info(self, message: str) -> None:
+        """A line for people on stderr (stdout stays data), escaped like a warning."""
+        if not self.opts.quiet:
+            sys.stderr.write(printable(message) + "\n")
+
+    def warn(self, message: str) -> None:
+        """A warning on stderr; names and paths in it cannot act on the terminal (textsafe)."""
+        if not self.opts.quiet:
+            sys.stderr.write(f"warning: {printable_line(message)}\n")
+
+    def error(self, message: str) -> None:
+        """One failed item on stderr, shown under -q too (the command then fails as a whole)."""
+        sys.stderr.write(f"error: {printable_line(message)}\n")
+
+
 def warn(opts: GlobalOptions, message: str) -> None:
-    """A warning on stderr; names and paths in it cannot act on the terminal (textsafe)."""
-    if not opts.quiet:
-        sys.stderr.write(f"warning: {printable_line(message)}\n")
+    """Output(opts).warn, for the `warn=` callbacks the core takes."""
+    Output(opts).warn(message)
 
 
 def info(opts: GlobalOptions, message: str) -> None:
-    """A line for people on stderr (stdout stays data), escaped like a warning."""
-    if not opts.quiet:
-        sys.stderr.write(printable(message) + "\n")
+    """Output(opts).info."""
+    Output(opts).info(message)
 
 
 def tty_safe(text: str) -> str:

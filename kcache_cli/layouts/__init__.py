@@ -8,10 +8,11 @@ Adding a layout (say `triton`):
 1. `shapes.py`: a `LayoutShape("triton", (KindShape("kernel", "{hash}", target=None, patterns=(("hash",
    r"[A-Z2-7]{52}"),)),), "<key>/")` appended to `SHAPES` (names.py, completion, `--layout` and
    `--kind` choices, archive path checks and detection all follow from it).
-2. `triton.py`: `class TritonLayout(base.Layout)` with `shape = shapes.TRITON`, implementing `scan`,
-   `judge`, `describe`, `log_files`, and what differs from the defaults: `leftover` (tmp.pid_* dirs),
-   `writer_locks`, `relocate` (rewrite the group files' absolute paths on import), `facts`...;
-   then `LAYOUT = TritonLayout()`.
+2. `triton.py`: module-level functions `scan`, `judge`, `describe`, `log_files` (and `shape_problem`,
+   `detect`, `no_log`... where the defaults do not fit), then `class TritonLayout(base.ModuleLayout)`
+   with `shape = shapes.TRITON`, which forwards those methods to the functions, and declares only what
+   differs from the defaults: `leftover` (tmp.pid_* dirs), `writer_locks`, `relocate` (rewrite the group
+   files' absolute paths on import), `facts`...; then `LAYOUT = TritonLayout()`.
 3. Tests, and the README's layout table. Nothing else names a layout.
 """
 

@@ -8,6 +8,10 @@ at its new place (export, import), and where `kcache build` publishes. The rest 
 a layout. Defaults here are right for a layout whose entries are self-contained directories; a layout
 overrides what differs.
 
+A layout whose code lives in module-level functions (`scan`, `judge`, `describe`... in its own module)
+subclasses `ModuleLayout`, which forwards those methods to the functions, and declares only what
+differs from the defaults.
+
 Paths: `root` is the cache root; an entry's `path` is absolute and its `relpath` is '/'-separated
 relative to the root. The scan hands out `Entry` records (kcache_cli.model); statuses are the words
 of kcache_cli.terms.
@@ -16,8 +20,9 @@ of kcache_cli.terms.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple
 
 from kcache_cli.layouts.shapes import KindShape, LayoutShape
 
@@ -274,3 +279,48 @@ class Layout:
         """Why the paths the entry records about itself point elsewhere than where it lies (a cache moved
         or copied by hand), or None. `verify` reports it as a problem. Default: entries record none."""
         return None
+
+
+class ModuleLayout(Layout):
+    """A layout whose module holds its code as module-level functions named after the methods below:
+    each method calls the function of its name defined in the module of the subclass (`hidet.scan` for
+    `HidetLayout.scan`), or falls back to `Layout`'s default when that module defines none. A subclass
+    declares only what differs: `shape`, the class attributes, and methods with no such function."""
+
+    def _forward(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        module = type(self).__module__
+        fn = getattr(sys.modules[module], name, None)
+        # only a function defined in that very module: an imported helper that shares a method's name
+        # is not the layout's code
+        if callable(fn) and getattr(fn, "__module__", None) == module:
+            return fn(*args, **kwargs)
+        return getattr(Layout, name)(self, *args, **kwargs)
+
+    def detect(self, root: Path) -> bool:
+        return self._forward("detect", root)
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return self._forward("shape_problem", relpath, kind, names, root)
+
+    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return self._forward("scan", ctx, flt)
+
+    def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return self._forward("stray_links", ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
+              ) -> Judgement:
+        return self._forward("judge", path, kind, deep, root=root)
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return self._forward("describe", root, entry)
+
+    def log_files(self, entry: Entry) -> list[LogFile]:
+        return self._forward("log_files", entry)
+
+    def no_log(self, entry: Entry) -> str:
+        return self._forward("no_log", entry)
+
+    def relocation_problem(self, entry: Entry) -> str | None:
+        return self._forward("relocation_problem", entry)

@@ -11,7 +11,7 @@ from typing import Iterator
 from kcache_cli import fsread, state
 from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, listing_or_unreadable,
                               read_every_byte, read_head, read_text, size_mismatch, unreadable)
-from kcache_cli.layouts.base import TEMP, InnerLeftover, Layout, Leftover
+from kcache_cli.layouts.base import TEMP, InnerLeftover, Leftover, ModuleLayout
 from kcache_cli.layouts.shapes import HIDET
 from kcache_cli.locking import entry_build_locked, probe_locked
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, UNREADABLE_REASON,
@@ -690,34 +690,12 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
 _TEMP_MARK = "/" + state.TEMP_PREFIX
 
 
-class HidetLayout(Layout):
+class HidetLayout(ModuleLayout):
     """hidet's operator cache; also where `kcache build` publishes (kcache's temp dirs are its leftovers)."""
 
     shape = HIDET
     writer_locks = (".lock", "dispatch_table.txt.lock")
     fact_files = (MANIFEST, "compile.sh", "nvcc_log.txt")
-
-    def detect(self, root: Path) -> bool:
-        return detect(root)
-
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def stray_links(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
-        return stray_links(ctx, flt)
-
-    def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
-        return judge(path, kind, deep, root=root)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def log_files(self, entry: Entry) -> list[LogFile]:
-        return log_files(entry)
 
     def leftover(self, entry: Entry) -> Leftover | None:
         name = os.path.basename(entry.path)

@@ -13,7 +13,7 @@ from kcache_cli import fsread
 from kcache_cli.checks import (changed_since, check_manifest, list_files, read_every_byte, size_mismatch,
                               unreadable)
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
-from kcache_cli.layouts.base import Layout, Leftover
+from kcache_cli.layouts.base import Leftover, ModuleLayout
 from kcache_cli.layouts.shapes import TILELANG
 from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE, UNREADABLE_REASON, Details, Entry, Judgement,
                               LogFile, ScanFilter, measure_tree)
@@ -420,34 +420,12 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
 
 # ---- the layout ----------------------------------------------------------------------------------
 
-class TilelangLayout(Layout):
+class TilelangLayout(ModuleLayout):
     """tilelang: kernels embed the cuda-binaries they were built from; writes go through .staging/."""
 
     shape = TILELANG
     provider_kinds = frozenset({"binary"})
     binary_kinds = frozenset({"binary"})
-
-    def detect(self, root: Path) -> bool:
-        return detect(root)
-
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def stray_links(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
-        return stray_links(ctx, flt)
-
-    def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
-        return judge(path, kind, deep, root=root)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def log_files(self, entry: Entry) -> list[LogFile]:
-        return log_files(entry)
 
     def users(self, root: Path, providers: list[str]) -> dict[str, list[str]]:
         return binary_users(root, providers)

@@ -17,7 +17,7 @@ from typing import Iterator
 from kcache_cli import fsread
 from kcache_cli.checks import (changed_since, elf_truncated, list_files, listing_or_unreadable, read_every_byte,
                               read_text, unreadable)
-from kcache_cli.layouts.base import Layout
+from kcache_cli.layouts.base import ModuleLayout
 from kcache_cli.layouts.shapes import TILUS
 from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, Details, Entry, Judgement, LogFile,
                               ScanFilter, TensorInfo, measure_tree)
@@ -492,35 +492,13 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
 _OPTIONS_ARCH = re.compile(rb"arch='sm_?(\d+)([af]?)'")
 
 
-class TilusLayout(Layout):
+class TilusLayout(ModuleLayout):
     """tilus: scripts link to the programs they run (relative symlinks into programs/)."""
 
     shape = TILUS
     writer_locks = (".lock", "dispatch_table.txt.lock")
     provider_kinds = frozenset({"program"})
     fact_files = ("kcache.json", "module/compile.sh", "options.txt")
-
-    def detect(self, root: Path) -> bool:
-        return detect(root)
-
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def stray_links(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
-        return stray_links(ctx, flt)
-
-    def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
-        return judge(path, kind, deep, root=root)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def log_files(self, entry: Entry) -> list[LogFile]:
-        return log_files(entry)
 
     def uses(self, root: Path, entry: Entry) -> list[str]:
         if entry.kind != "script":

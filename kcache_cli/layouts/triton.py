@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kcache_cli.checks import changed_since, elf_truncated, list_files
 from kcache_cli.fsread import json_object as read_json
-from kcache_cli.layouts.base import TEMP, Facts, Layout, Leftover
+from kcache_cli.layouts.base import TEMP, Facts, Leftover, ModuleLayout
 from kcache_cli.layouts.shapes import (
     TRITON,
     TRITON_GROUP,
@@ -239,6 +239,13 @@ def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tup
     return COMPLETE, None
 
 
+def judge(path: str, kind: str, deep: bool = False, *, root: object = None) -> Judgement:
+    """The one judgement of a Triton key directory (or a temp dir inside one), read from disk now."""
+    if os.path.basename(path).startswith(TMP_PREFIX):
+        return Judgement.of(PARTIAL, "Triton temp directory")
+    return Judgement.of(*judge_files(path, _Listing(path, lambda m: None), time.time(), deep))
+
+
 def single_file_kind(sizes: dict[str, int]) -> str | None:
     """Key dirs Triton fills with one file and no group: a compiled launcher/driver module (`*.so`, a
     binary) or autotuner results (`<fn>.autotune.json`, kept with the kernels)."""
@@ -296,7 +303,7 @@ def _key_entries(ctx, job: tuple[str, ScanFilter]) -> list[Entry]:
     return out
 
 
-def shape_problem(relpath: str, kind: str, names: frozenset[str] | None) -> str | None:
+def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
     """None when `relpath` is exactly a Triton key directory (`<key>/`) holding files Triton writes (a
     group file, a compile stage, a temp dir, or the one launcher module / autotune result of a group-less
     key dir), or a `tmp.pid_*` write inside one; else why not. `names` is None when only the path counts."""
@@ -387,7 +394,7 @@ def _names(path: str) -> list[str]:
 
 
 def log_files(entry: Entry) -> list[LogFile]:
-    return []  # Triton keeps no compile log
+    return []  # Triton keeps no compile log: `no_log` says where to look instead
 
 
 def no_log(entry: Entry) -> str:
@@ -452,7 +459,7 @@ def _replace_file(dirpath: str, name: str, data: bytes) -> None:
 
 # ---- the layout ----------------------------------------------------------------------------------
 
-class TritonLayout(Layout):
+class TritonLayout(ModuleLayout):
     """Triton's cache: self-contained key directories; no lock (Triton writes through temp dirs and
     os.replace), absolute paths in the group files (rewritten on import)."""
 
@@ -462,27 +469,6 @@ class TritonLayout(Layout):
     # makes it fail: `export --sources-only` leaves Triton entries out whole.
     binary_kinds = frozenset({KIND_KERNEL, KIND_BINARY})
 
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names)
-
-    def scan(self, ctx, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def judge(self, path: str, kind: str, deep: bool = False, *, root=None) -> Judgement:
-        if os.path.basename(path).startswith(TMP_PREFIX):
-            return Judgement.of(PARTIAL, "Triton temp directory")
-        return Judgement.of(*judge_files(path, _Listing(path, lambda m: None), time.time(), deep))
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def log_files(self, entry: Entry) -> list[LogFile]:
-        return []  # Triton keeps no compile log: `no_log` says where to look instead
-
-    def no_log(self, entry: Entry) -> str:
-        return no_log(entry)
-
     def leftover(self, entry: Entry) -> Leftover | None:
         if not is_leftover(entry):
             return None
@@ -490,9 +476,6 @@ class TritonLayout(Layout):
 
     def relocate(self, staged: str, final: str, root: Path) -> None:
         relocate(staged, final)
-
-    def relocation_problem(self, entry: Entry) -> str | None:
-        return relocation_problem(entry)
 
     def remote_format(self):
         """Triton's own Redis keys (`triton:{key}:{filename}`), shared with Triton's remote cache."""

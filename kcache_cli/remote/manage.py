@@ -105,6 +105,24 @@ class RemoteRemoval:
     entry: RemoteEntry
     why: str
 
+    def to_json(self) -> dict:
+        return {**self.entry.to_json(), "why": self.why}
+
+
+@dataclass(frozen=True)
+class RemotePruneResult:
+    """What `remote prune` removed (or in a dry run would remove) and the bytes that freed."""
+
+    remote: str
+    dry_run: bool
+    removed: tuple[RemoteRemoval, ...]
+    freed: int
+
+    def to_json(self) -> dict:
+        """`remote prune --json`."""
+        return {"remote": self.remote, "dry_run": self.dry_run, "removed": [r.to_json() for r in self.removed],
+                "entries": len(self.removed), "freed": self.freed}
+
 
 def plan_remote_prune(entries: list[RemoteEntry], max_size: int | None = None, older_than: float | None = None,
                       now: float | None = None) -> list[RemoteRemoval]:

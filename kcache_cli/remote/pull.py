@@ -14,12 +14,12 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from kcache_cli.fsread import parse_json
 from kcache_cli.model import ScanFilter, Warn
 from kcache_cli.remote import formats as f
+from kcache_cli.remote.moved import MovedEntry, MoveResult
 from kcache_cli.remote.store import Store
 from kcache_cli.terms import LAYOUT_NAMES
 
@@ -28,32 +28,16 @@ BATCH_BYTES = 64 << 20  # data fetched in one round trip
 BATCH_ENTRIES = 256
 
 
-@dataclass(frozen=True)
-class PulledEntry:
-    layout: str
-    kind: str
-    relpath: str
-    files: int
-    size: int
-    action: str  # pull, replace (an incomplete local entry), skip (present here), refuse (breaks a rule)
-    done: bool
-    reason: str | None
-    arch: str | None = None
-
-
-@dataclass(frozen=True)
-class PullResult:
-    remote: str
-    root: str
-    dry_run: bool
-    entries: tuple[PulledEntry, ...]
-
-    def count(self, *actions: str) -> int:
-        return sum(1 for e in self.entries if e.action in actions)
-
+class PullResult(MoveResult):
     @property
     def size(self) -> int:
+        """What arrived (0 in a dry run)."""
         return sum(e.size for e in self.entries if e.done)
+
+    def to_json(self) -> dict[str, object]:
+        """`pull --json`."""
+        return self._json({"pulled": self.count(PULL, REPLACE), "skipped": self.count(SKIP),
+                           "refused": self.count(REFUSE)}, self.size)
 
 
 def summary_matches(flt: ScanFilter, s: dict, prefixes_only: bool = False) -> bool:
@@ -100,10 +84,10 @@ def select(store: Store, flt: ScanFilter) -> list[tuple[str, str]]:
     return sorted(out, key=lambda x: x[1])
 
 
-def _entry(rec: dict, action: str, done: bool, reason: str | None) -> PulledEntry:
+def _entry(rec: dict, action: str, done: bool, reason: str | None) -> MovedEntry:
     files = rec["files"] if isinstance(rec.get("files"), dict) else {}
     size = sum(int(v[0]) for v in files.values() if isinstance(v, list) and v and isinstance(v[0], int))
-    return PulledEntry(str(rec.get("layout")), str(rec.get("kind")), str(rec.get("relpath")), len(files), size,
+    return MovedEntry(str(rec.get("layout")), str(rec.get("kind")), str(rec.get("relpath")), len(files), size,
                        action, done, reason, rec.get("arch") if isinstance(rec.get("arch"), str) else None)
 
 
@@ -188,7 +172,7 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
                 if (rec["layout"], rec["relpath"]) not in known and summary_matches(flt, rec):
                     records.append(rec)
                     foreign[rec["relpath"]] = data
-    out = [PulledEntry("?", "?", rel, 0, 0, REFUSE, False, why) for rel, why in unreadable]
+    out = [MovedEntry("?", "?", rel, 0, 0, REFUSE, False, why) for rel, why in unreadable]
     unknown = [r for r in records if r.get("layout") not in LAYOUT_NAMES]
     out += [_entry(r, SKIP, False, f"this kcache does not know the {r.get('layout')} layout") for r in unknown]
     records = [r for r in records if r.get("layout") in LAYOUT_NAMES]
@@ -227,13 +211,13 @@ def _fetch(store: Store, batch: list, foreign: dict) -> tuple[dict, dict]:
 
 
 def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock_timeout: float, warn: Warn,
-                       advance: Callable[[int], None] | None) -> list[PulledEntry]:
+                       advance: Callable[[int], None] | None) -> list[MovedEntry]:
     """Verify, stage and publish batch after batch; the next batch's data is on its way meanwhile."""
     from concurrent.futures import ThreadPoolExecutor
 
     from kcache_cli.archive import ImportStaging, publish_staged, remove_stale_staging
 
-    out: list[PulledEntry] = []
+    out: list[MovedEntry] = []
     staging = ImportStaging(root)
     made: set[str] = set()
     batches = list(_batches(todo))

@@ -17,37 +17,22 @@ from pathlib import Path
 from kcache_cli.fsread import parse_json
 from kcache_cli.model import ScanFilter, Warn, iso
 from kcache_cli.remote import formats as f
+from kcache_cli.remote.moved import MovedEntry, MoveResult
 from kcache_cli.remote.store import PENDING_TTL, Publish, Store
 
 PUSH, SKIP, LEFT = "push", "skip", "left out"
 
 
-@dataclass(frozen=True)
-class PushedEntry:
-    layout: str
-    kind: str
-    relpath: str
-    files: int
-    size: int
-    action: str  # push, skip (the remote has it), left out (not complete, or fails its own checks)
-    done: bool  # published (False in a dry run and for skips)
-    reason: str | None
-    arch: str | None = None
-
-
-@dataclass(frozen=True)
-class PushResult:
-    remote: str
-    root: str
-    dry_run: bool
-    entries: tuple[PushedEntry, ...]
-
-    def count(self, action: str) -> int:
-        return sum(1 for e in self.entries if e.action == action)
-
+class PushResult(MoveResult):
     @property
     def size(self) -> int:
+        """What is (or in a dry run would be) uploaded."""
         return sum(e.size for e in self.entries if e.action == PUSH)
+
+    def to_json(self) -> dict[str, object]:
+        """`push --json`."""
+        return self._json({"pushed": self.count(PUSH), "skipped": self.count(SKIP), "left_out": self.count(LEFT)},
+                          self.size)
 
 
 def own_manifest_problem(record: dict, data: dict[str, bytes]) -> str | None:
@@ -148,14 +133,14 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
     have = set(store.hash_get(f.INDEX))
     if start:
         start(len(plan.jobs))
-    out: list[PushedEntry] = []
+    out: list[MovedEntry] = []
     left_seen = len(plan.left)
     batch: list[tuple[_Outgoing, tuple[str, str, str, int, int]]] = []
 
     def flush() -> None:
         for (o, args), won in zip(batch, publish_entries(store, [o for o, _ in batch])):
             why = None if won else "pushed meanwhile by another node"
-            out.append(PushedEntry(*args, PUSH if won else SKIP, won, why, o.record.get("arch")))
+            out.append(MovedEntry(*args, PUSH if won else SKIP, won, why, o.record.get("arch")))
         batch.clear()
 
     for record, data, executable in entry_records(plan):
@@ -165,11 +150,11 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
                                                  len(record["files"]), size)
         problem = own_manifest_problem(record, data)
         if problem:
-            out.append(PushedEntry(*args, LEFT, False, problem, record.get("arch")))
+            out.append(MovedEntry(*args, LEFT, False, problem, record.get("arch")))
         elif eid in have:
-            out.append(PushedEntry(*args, SKIP, False, "the remote has it", record.get("arch")))
+            out.append(MovedEntry(*args, SKIP, False, "the remote has it", record.get("arch")))
         elif dry_run:
-            out.append(PushedEntry(*args, PUSH, False, None, record.get("arch")))
+            out.append(MovedEntry(*args, PUSH, False, None, record.get("arch")))
         else:
             batch.append((_prepare(record, data, executable), args))
             if len(batch) >= BATCH_ENTRIES or sum(len(v) for o, _ in batch for v in o.items.values()) > BATCH_BYTES:
@@ -180,6 +165,6 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
     if batch:
         flush()
     for e, why in plan.left:
-        out.append(PushedEntry(e.layout, e.kind, e.relpath, e.files, e.size, LEFT, False, why))
+        out.append(MovedEntry(e.layout, e.kind, e.relpath, e.files, e.size, LEFT, False, why))
     out.sort(key=lambda e: e.relpath)
     return PushResult(store.url, str(root), dry_run, tuple(out))
