@@ -129,13 +129,14 @@ def unreadable(path: str) -> str | None:
     anyway, so a file nobody may read counts as unreadable whoever runs kcache."""
     import stat
 
+    name, dir_fd = fsread.at(path)  # through the directory a scan holds open, when it does
     try:
-        st = os.stat(path)
+        st = os.stat(name, dir_fd=dir_fd)
     except OSError:
         return None  # missing: the caller's rules say what that means
     if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o444:
         return f"{os.path.basename(path)} is unreadable (mode {stat.S_IMODE(st.st_mode):03o}: permission denied)"
-    if not os.access(path, os.R_OK):
+    if not os.access(name, os.R_OK, dir_fd=dir_fd):
         return f"{os.path.basename(path)} is unreadable (permission denied)"
     return None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from _thread import get_ident
 from collections.abc import Iterator
 from typing import Any
 
@@ -78,9 +79,14 @@ def _load_openat2() -> Any:
         class OpenHow(ctypes.Structure):
             _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
+        hows: dict[tuple[int, int], Any] = {}  # never written once made: threads may share them
+        syscall, byref, size = libc.syscall, ctypes.byref, ctypes.sizeof(OpenHow)
+
         def call(dir_fd: int, name: str, flags: int, resolve: int) -> int:
-            how = OpenHow(flags, 0, resolve)
-            fd = libc.syscall(nr, dir_fd, os.fsencode(name), ctypes.byref(how), ctypes.sizeof(how))
+            how = hows.get((flags, resolve))
+            if how is None:
+                how = hows[flags, resolve] = OpenHow(flags, 0, resolve)
+            fd = syscall(nr, dir_fd, os.fsencode(name), byref(how), size)
             if fd < 0:
                 err = ctypes.get_errno()
                 raise OSError(err, os.strerror(err), name)
@@ -113,6 +119,9 @@ def openat2(dir_fd: int, name: str, flags: int, resolve: int) -> int | None:
 
 # ---- anchors: reads inside a cache resolve from its root, never through a link below it ---------------
 
+# Reads refused because a directory between an anchor and the file was a link (or not a directory):
+# a judgement during which this moved saw a cache being swapped under it, and concludes nothing.
+LINK_REFUSALS = 0
 _ANCHORS: dict[str, int] = {}  # "<root>/" -> a directory fd of the root (the newest few)
 _MAX_ANCHORS = 8
 
@@ -147,14 +156,91 @@ def _anchored_dir(path: str) -> tuple[int, str] | None:
             head, name = os.path.split(path[len(key):])
             if not head:
                 return os.dup(root_fd), name
+            global LINK_REFUSALS
             try:
                 fd = openat2(root_fd, head, DIR_FLAGS, RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH)
+                return (fd if fd is not None else _dir_beneath_fd(root_fd, key, head)), name
+            except NotRegularFile:
+                LINK_REFUSALS += 1
+                raise
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
+                    LINK_REFUSALS += 1
                     raise _refuse(path, f"{head}/ holds a symlink or a non-directory") from None
                 raise
-            return (fd if fd is not None else _dir_beneath_fd(root_fd, key, head)), name
     return None
+
+
+# ---- held directories: one fd of an entry's directory for all the reads that judge it ---------------
+
+_HELD: dict[int, tuple[str, int]] = {}  # thread id -> (directory path, its fd): the one each thread holds
+
+
+class held:
+    """`with held(path):` reads in this thread of files directly in the directory `path` (open_regular,
+    read_bytes, at) go through one fd of it, opened once: a scan judges an entry by a few reads of its
+    files, and resolving the path again for each cost more than the reads. The fd is opened as a read
+    with a `base` would open it (below an anchor: from the root, no link followed), so every read
+    through it is as safe as without; where it cannot be opened nothing is held and each read says
+    why as before. Re-entrant for the same path; another path held inside is released at its exit."""
+
+    __slots__ = ("path", "fd", "saved")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd: int | None = None
+        self.saved: tuple[str, int] | None = None
+
+    def __enter__(self) -> held:
+        me = get_ident()
+        self.saved = _HELD.get(me)
+        if self.saved is not None and self.saved[0] == self.path:
+            return self
+        try:
+            self.fd = _open_dir(self.path)
+        except OSError:
+            return self
+        _HELD[me] = (self.path, self.fd)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is None:
+            return
+        me = get_ident()
+        if self.saved is None:
+            _HELD.pop(me, None)
+        else:
+            _HELD[me] = self.saved
+        os.close(self.fd)
+        self.fd = None
+
+
+def _open_dir(path: str) -> int:
+    """An fd of the directory `path`: below an anchor resolved from the root without following any link,
+    elsewhere without following its last component (O_NOFOLLOW)."""
+    anchored = _anchored_dir(os.path.join(path if path[:1] == "/" else os.path.abspath(path), ""))
+    if anchored is None:
+        return os.open(path, DIR_FLAGS)
+    return anchored[0]
+
+
+def held_fd(path: str) -> int | None:
+    """The fd this thread holds for the directory `path` (do not close it), or None."""
+    if not _HELD:
+        return None
+    h = _HELD.get(get_ident())
+    return h[1] if h is not None and h[0] == path else None
+
+
+def at(path: str) -> tuple[str, int | None]:
+    """(name, dir_fd) for os calls on `path`: through the held fd of its directory when this thread
+    holds it, else (path, None)."""
+    if _HELD:
+        head, _, name = path.rpartition("/")
+        fd = held_fd(head)
+        if fd is not None and name not in ("", ".", ".."):
+            return name, fd
+    return path, None
 
 
 def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = None,
@@ -166,9 +252,13 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
     directory and no component below it is followed either (a `module/` that is a symlink out of
     the cache is refused like a symlinked file). `follow` is for a path the user named (a task
     file given to `build`): a link is followed, the file must still be regular."""
+    if dir_fd is None and not follow and _HELD:
+        name, held_dir = at(path)
+        if held_dir is not None and (base is None or base == path[:-len(name) - 1]):
+            return _open_file(name, held_dir, False, path)
     if base is not None and dir_fd is None:
         path, base = _absolute(path), _absolute(base)
-        rel = path[len(base) + 1:] if path.startswith(base + os.sep) else os.path.relpath(path, base)
+        rel = _relative(path, base)
         if rel == ".." or rel.startswith("../"):
             raise _refuse(path, "outside its entry")
         anchored = _anchored_dir(path)
@@ -185,18 +275,23 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
                 return open_regular(name, dir_fd=dfd)
             finally:
                 os.close(dfd)
+    return _open_file(path, dir_fd, follow, path)
+
+
+def _open_file(path: str, dir_fd: int | None, follow: bool, shown: str) -> tuple[int, os.stat_result]:
+    """open_regular's open of `path` (relative to `dir_fd`); `shown` names it in refusals."""
     try:
         # A device is not even opened (opening one can act: a tape rewinds, a watchdog arms); the
         # fstat below catches what is swapped in between.
         pre = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
         if not stat.S_ISREG(pre.st_mode):
-            raise _refuse(path, kind_of(pre.st_mode))
+            raise _refuse(shown, kind_of(pre.st_mode))
         fd = os.open(path, FILE_FLAGS & ~os.O_NOFOLLOW if follow else FILE_FLAGS, dir_fd=dir_fd)
     except NotRegularFile:
         raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
-            raise _refuse(path, "a symlink") from None
+            raise _refuse(shown, "a symlink") from None
         raise
     try:
         st = os.fstat(fd)
@@ -205,7 +300,7 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
         raise
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise _refuse(path, kind_of(st.st_mode))
+        raise _refuse(shown, kind_of(st.st_mode))
     return fd, st
 
 
@@ -215,6 +310,15 @@ def _absolute(path: str) -> str:
             and not path.endswith(("/", "/.", "/.."))):
         return path
     return os.path.abspath(path)
+
+
+def _relative(path: str, base: str) -> str:
+    """os.path.relpath(path, base), without its cost where `path` is plainly `base/<clean rest>`."""
+    if base and path.startswith(base) and path[len(base):len(base) + 1] == "/" and not base.endswith("/"):
+        parts = path[len(base) + 1:].split("/")
+        if all(p not in ("", ".", "..") for p in parts):
+            return "/".join(parts)
+    return os.path.relpath(path, base)
 
 
 def open_dir_beneath(base: str, rel: str) -> int:
@@ -247,15 +351,25 @@ def _dir_beneath_fd(fd: int, base: str, rel: str, own: bool = False) -> int:
     return fd
 
 
-def _read_fd(fd: int, limit: int) -> bytes:
+def _read_fd(fd: int, limit: int, size: int = CHUNK) -> bytes:
+    """Up to `limit` bytes, in reads of at most CHUNK; the first asks for `size` + 1 (the file's size at
+    its fstat), as os.read allocates all it asks for: a 1 MiB buffer per 300-byte task.txt cost more
+    than the read."""
     parts = []
     left = limit
+    want = min(size + 1, CHUNK)
+    got = 0
     while left > 0:
-        chunk = os.read(fd, min(CHUNK, left))
+        ask = min(want, left)
+        chunk = os.read(fd, ask)
+        want = CHUNK
         if not chunk:
             break
         parts.append(chunk)
         left -= len(chunk)
+        got += len(chunk)
+        if len(chunk) < ask and got >= size:
+            break  # a short read past the size fstat saw: the end of the file (one read less per file)
     return b"".join(parts)
 
 
@@ -267,7 +381,7 @@ def read_bytes(path: str, limit: int, *, base: str | None = None, dir_fd: int | 
     try:
         if strict and st.st_size > limit:
             raise TooLarge(errno.EFBIG, f"over {limit} bytes ({st.st_size}), not read", path)
-        data = _read_fd(fd, limit + 1 if strict else limit)
+        data = _read_fd(fd, limit + 1 if strict else limit, st.st_size)
     finally:
         os.close(fd)
     if strict and len(data) > limit:  # grew since the fstat

@@ -75,10 +75,16 @@ def judge_entry(root: Path, entry: Entry, deep: bool = True) -> Judgement:
             or os.path.islink(entry.path) or not os.path.isdir(entry.path)):
         return Judgement.of(entry.status, entry.reason)
     fsread.anchor(root)
+    refused = fsread.LINK_REFUSALS
     try:
-        return layout.judge(entry.path, entry.kind, deep, root=root)
+        verdict = layout.judge(entry.path, entry.kind, deep, root=root)
+        if verdict.status != COMPLETE and fsread.LINK_REFUSALS != refused:
+            # A directory above the entry was a link while it was read: nothing is known of the entry,
+            # and unreadable is a status prune never deletes.
+            return Judgement.of(UNREADABLE, "a directory on the way to it was replaced by a link while it was read")
+        return verdict
     except OSError as exc:
-        status = UNREADABLE if isinstance(exc, PermissionError) else CORRUPT
+        status = UNREADABLE if isinstance(exc, PermissionError) or fsread.LINK_REFUSALS != refused else CORRUPT
         return Judgement.of(status, f"cannot read the entry: {exc.strerror}")
 
 

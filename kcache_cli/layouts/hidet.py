@@ -480,14 +480,20 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
 
 def _op_entry_and_version(ctx, job: tuple[str, str, str, str, str, str]) -> tuple[Entry, str | None]:
     """The entry (judged without a version yet) and its version.txt, read in the same worker."""
-    e = _op_entry(ctx, job)
-    if e.status != UNREADABLE and not job[1].startswith("."):
-        text = read_text(os.path.join(e.path, "version.txt"), 256)
-        return e, text.strip() if text is not None else None
+    with fsread.held(job[0]):
+        e = _op_entry(ctx, job)
+        if e.status != UNREADABLE and not job[1].startswith("."):
+            text = read_text(os.path.join(e.path, "version.txt"), 256)
+            return e, text.strip() if text is not None else None
     return e, None
 
 
 def _op_entry(ctx, job: tuple[str, str, str, str, str, str]) -> Entry:
+    with fsread.held(job[0]):  # one fd of the entry's directory for every read of its files
+        return _judged_op_entry(ctx, job)
+
+
+def _judged_op_entry(ctx, job: tuple[str, str, str, str, str, str]) -> Entry:
     path, name, target, space, op, version = job
     reason: str | None
     names, usage, mtimes = ctx.read_dir(path)
