@@ -130,10 +130,12 @@ def unreadable(path: str) -> str | None:
     import stat
 
     name, dir_fd = fsread.at(path)  # through the directory a scan holds open, when it does
-    try:
-        st = os.stat(name, dir_fd=dir_fd)
-    except OSError:
-        return None  # missing: the caller's rules say what that means
+    st = fsread.listed(path)  # its lstat as the scan listed it: a link is not followed (the read refuses it)
+    if st is None:
+        try:
+            st = os.stat(name, dir_fd=dir_fd)
+        except OSError:
+            return None  # missing: the caller's rules say what that means
     if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o444:
         return f"{os.path.basename(path)} is unreadable (mode {stat.S_IMODE(st.st_mode):03o}: permission denied)"
     if not os.access(name, os.R_OK, dir_fd=dir_fd):

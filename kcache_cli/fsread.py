@@ -173,7 +173,8 @@ def _anchored_dir(path: str) -> tuple[int, str] | None:
 
 # ---- held directories: one fd of an entry's directory for all the reads that judge it ---------------
 
-_HELD: dict[int, tuple[str, int]] = {}  # thread id -> (directory path, its fd): the one each thread holds
+# thread id -> (directory path, its fd, the lstat of each file a scan listed in it): the one each thread holds
+_HELD: dict[int, tuple[str, int, dict[str, os.stat_result]]] = {}
 
 
 class held:
@@ -189,7 +190,7 @@ class held:
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd: int | None = None
-        self.saved: tuple[str, int] | None = None
+        self.saved: tuple[str, int, dict[str, os.stat_result]] | None = None
 
     def __enter__(self) -> held:
         me = get_ident()
@@ -200,7 +201,7 @@ class held:
             self.fd = _open_dir(self.path)
         except OSError:
             return self
-        _HELD[me] = (self.path, self.fd)
+        _HELD[me] = (self.path, self.fd, {})
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -232,6 +233,25 @@ def held_fd(path: str) -> int | None:
     return h[1] if h is not None and h[0] == path else None
 
 
+def held_listing(path: str) -> dict[str, os.stat_result] | None:
+    """Where a scan lists the held directory `path`, the lstat of each file it lists goes here: a read of
+    one of them then skips its own pre-open stat (open_regular), and checks.unreadable its stat. That
+    stat was as recent as the one skipped, and the open still refuses links and checks with fstat."""
+    if not _HELD:
+        return None
+    h = _HELD.get(get_ident())
+    return h[2] if h is not None and h[0] == path else None
+
+
+def listed(path: str) -> os.stat_result | None:
+    """The lstat a scan of the held directory saw for the file `path`, or None."""
+    if not _HELD:
+        return None
+    head, _, name = path.rpartition("/")
+    h = _HELD.get(get_ident())
+    return h[2].get(name) if h is not None and h[0] == head else None
+
+
 def at(path: str) -> tuple[str, int | None]:
     """(name, dir_fd) for os calls on `path`: through the held fd of its directory when this thread
     holds it, else (path, None)."""
@@ -255,7 +275,7 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
     if dir_fd is None and not follow and _HELD:
         name, held_dir = at(path)
         if held_dir is not None and (base is None or base == path[:-len(name) - 1]):
-            return _open_file(name, held_dir, False, path)
+            return _open_file(name, held_dir, False, path, listed(path))
     if base is not None and dir_fd is None:
         path, base = _absolute(path), _absolute(base)
         rel = _relative(path, base)
@@ -278,12 +298,15 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
     return _open_file(path, dir_fd, follow, path)
 
 
-def _open_file(path: str, dir_fd: int | None, follow: bool, shown: str) -> tuple[int, os.stat_result]:
-    """open_regular's open of `path` (relative to `dir_fd`); `shown` names it in refusals."""
+def _open_file(path: str, dir_fd: int | None, follow: bool, shown: str,
+               pre: os.stat_result | None = None) -> tuple[int, os.stat_result]:
+    """open_regular's open of `path` (relative to `dir_fd`); `shown` names it in refusals. `pre`: its
+    lstat as a scan just listed it (held_listing), which spares the stat below."""
     try:
         # A device is not even opened (opening one can act: a tape rewinds, a watchdog arms); the
         # fstat below catches what is swapped in between.
-        pre = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
+        if pre is None:
+            pre = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
         if not stat.S_ISREG(pre.st_mode):
             raise _refuse(shown, kind_of(pre.st_mode))
         fd = os.open(path, FILE_FLAGS & ~os.O_NOFOLLOW if follow else FILE_FLAGS, dir_fd=dir_fd)

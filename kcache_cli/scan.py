@@ -104,8 +104,10 @@ class ScanContext:
         names: dict[str, int] = {}
         mtimes: dict[str, float] = {}
         size = files = 0
+        held = fsread.held_fd(path)  # the entry's fd its judgement reads through: listed through it too
+        listing = fsread.held_listing(path) if held is not None else None
         try:
-            fd = os.open(path, _DIR_FLAGS)
+            fd = held if held is not None else os.open(path, _DIR_FLAGS)
         except OSError as exc:
             self.warn(f"cannot read {path}: {exc.strerror}")
             try:
@@ -136,6 +138,8 @@ class ScanContext:
                         continue
                     if stats is not None:
                         stats.append((de.name, st))
+                    if listing is not None:
+                        listing[de.name] = st
                     names[de.name] = st.st_size
                     mtime = mtimes[de.name] = st.st_mtime
                     size += st.st_size
@@ -146,7 +150,8 @@ class ScanContext:
             self.warn(f"cannot read {path}: {exc.strerror}")
             return None, TreeUsage(size, files, 0.0), mtimes
         finally:
-            os.close(fd)
+            if held is None:
+                os.close(fd)
         if recording is not None:
             recording[path] = (dir_stat, stats) if stats is not None else None
         return names, TreeUsage(size, files, newest), mtimes

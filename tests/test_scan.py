@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from kcache_cli import state
+from kcache_cli import fsread, state
 from kcache_cli.layouts import LAYOUTS
 from kcache_cli.locking import entry_lock
 from kcache_cli.model import JSON_KEYS, ScanFilter
@@ -218,6 +218,14 @@ def test_unreadable_directory_is_warning_not_exception(fixture_copy, monkeypatch
 
     monkeypatch.setattr(os, "open", deny)
     monkeypatch.setattr(os, "scandir", lambda path=".": deny(path))
+    real_open_dir = fsread._open_dir  # the entry's held fd (openat2 from the root) is denied alike
+
+    def deny_dir(path):
+        if os.fspath(path) == target:
+            raise PermissionError(13, "Permission denied", target)
+        return real_open_dir(path)
+
+    monkeypatch.setattr(fsread, "_open_dir", deny_dir)
     warnings = []
     res = scan_cache(root, warn=warnings.append)
     e = by_rel(res)[SOFTMAX]

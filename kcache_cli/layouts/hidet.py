@@ -145,13 +145,8 @@ def _newest_then_stale(root: Path, pairs: list[tuple[Entry, str | None]]) -> tup
 
     built = {e.path: v for e, v in pairs if v is not None}
     entries = [e for e, _ in pairs]
-    import glob
-
-    for pattern in ("ir_modules/*/version.txt", "graphs/*/kernels/*/version.txt"):
-        for f in glob.glob(os.path.join(glob.escape(str(root)), pattern)):
-            text = read_text(f, 256)
-            if text is not None:
-                built[f] = text.strip()
+    for f, text in _version_texts(str(root), (), ops_too=False):
+        built[f] = text.strip()
     version = max({v for v in built.values() if v}, key=_version_key, default="")
     _VERSIONS[f"{root}\0"] = version
     if not version:
@@ -174,21 +169,45 @@ def version_in_use(root: str | os.PathLike, ops: tuple[str, ...] = (), fresh: bo
         return _VERSIONS[key]
     found = installed_version()
     if not found:
-        import glob
-
         seen = set()
-        patterns = [f"ops/*/{glob.escape(op)}/*/version.txt" for op in ops] if ops else [
-            "ops/*/*/*/version.txt", "ir_modules/*/version.txt", "graphs/*/kernels/*/version.txt"]
-        for pattern in patterns:
-            for f in glob.glob(os.path.join(glob.escape(str(root)), pattern)):
-                text = read_text(f, 256)
-                if text is not None:
-                    _BUILT[f] = text  # the judgement of this entry needs it too: read once
-                    if text.strip():
-                        seen.add(text.strip())
+        for f, text in _version_texts(str(root), ops):
+            _BUILT[f] = text  # the judgement of this entry needs it too: read once
+            if text.strip():
+                seen.add(text.strip())
         found = max(seen, key=_version_key, default="")
     _VERSIONS[key] = found
     return found
+
+
+def _version_texts(root: str, ops: tuple[str, ...], ops_too: bool = True) -> Iterator[tuple[str, str]]:
+    """(path, text) of every version.txt of the compiled modules: ops/<space>/<op>/<hash> (only `ops`'
+    when given; none without `ops_too`), and without `ops`, ir_modules/<hash> and
+    graphs/<graph>/kernels/<kernel>. Directories are listed by name (d_type: no stat), links and
+    hidden names skipped; each file is read bounded, never a link, FIFO or device (fsread). A loop
+    of its own rather than glob's: glob cost 4x more per entry, and this runs on every cache's
+    entries before one `inspect` can be answered."""
+    groups: list[str] = []
+    if ops_too:
+        for space in _subdirs(os.path.join(root, "ops")):
+            groups += [os.path.join(space, op) for op in ops] if ops else _subdirs(space)
+    if not ops:
+        groups.append(os.path.join(root, "ir_modules"))
+        groups += [os.path.join(g, "kernels") for g in _subdirs(os.path.join(root, "graphs"))]
+    for group in groups:
+        for entry in _subdirs(group):
+            f = os.path.join(entry, "version.txt")
+            text = read_text(f, 256)
+            if text is not None:
+                yield f, text
+
+
+def _subdirs(path: str) -> list[str]:
+    """The paths of the directories in `path` (not links, not hidden names); [] if it cannot be read."""
+    try:
+        with os.scandir(path) as it:
+            return [os.path.join(path, d.name) for d in it if d.name[:1] != "." and d.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
 
 
 def _names(path: str) -> tuple[dict[str, int] | None, dict[str, float], str | None]:

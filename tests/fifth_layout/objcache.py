@@ -1,0 +1,75 @@
+"""A fifth layout that kcache does not ship, written only against the Layout interface: the proof that a
+new layout is one new module plus its registration (tests/test_fifth_layout.py runs kcache with it).
+
+objcache keeps one directory per compiled object, `objects/<16 hex>/`, holding `obj.o` (the binary),
+`stderr.txt` (the compiler's output) and `done` (written last). No `done`: partial; an empty `obj.o`
+after `done`: corrupt."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+from kcache_cli.checks import list_files, read_every_byte
+from kcache_cli.layouts.base import ModuleLayout
+from kcache_cli.layouts.shapes import BY_NAME
+from kcache_cli.model import COMPLETE, CORRUPT, PARTIAL, Details, Entry, Judgement, LogFile, ScanFilter
+
+SHAPE = BY_NAME["objcache"]  # registered in shapes.SHAPES (run_kcache.py does it at run time)
+
+
+def _judge_names(names: dict[str, int]) -> Judgement:
+    if "done" not in names:
+        return Judgement.of(PARTIAL, "no done marker: the compile was interrupted")
+    if not names.get("obj.o"):
+        return Judgement.of(CORRUPT, "obj.o is missing or empty after the compile finished")
+    return Judgement(COMPLETE)
+
+
+def judge(path: str, kind: str, deep: bool = False, *, root: object = None) -> Judgement:
+    try:
+        with os.scandir(path) as it:
+            names = {d.name: d.stat(follow_symlinks=False).st_size for d in it if d.is_file(follow_symlinks=False)}
+    except OSError as exc:
+        return Judgement.of(PARTIAL, f"cannot list it: {exc.strerror}")
+    found = _judge_names(names)
+    if found.status == COMPLETE and deep:
+        bad = read_every_byte(path)
+        if bad:
+            return Judgement.of(CORRUPT, bad)
+    return found
+
+
+def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+    if not flt.wants_target("cpu"):
+        return
+    for de in ctx.listdir(os.path.join(ctx.root, "objects")):
+        if not de.is_dir(follow_symlinks=False) or SHAPE.kinds[0].match_segment(1, de.name) is None:
+            continue
+        if flt.hash_prefixes and not any(de.name.startswith(p) for p in flt.hash_prefixes):
+            continue
+        names, usage, _ = ctx.read_dir(de.path)
+        j = _judge_names(names or {})
+        yield ctx.entry(path=de.path, usage=usage, layout="objcache", kind="object", target="cpu", space=None,
+                        op=None, hash=de.name, status=j.status, reason=j.reason)
+
+
+def describe(root: Path, entry: Entry) -> Details:
+    j = judge(entry.path, entry.kind, deep=True)
+    binaries = (os.path.join(entry.path, "obj.o"),) if j.status == COMPLETE else ()
+    return Details(entry, j.status, j.reason, j.problems, list_files(entry.path), binaries=binaries,
+                   facts=(("compiler", "objcache"),))
+
+
+def log_files(entry: Entry) -> list[LogFile]:
+    p = os.path.join(entry.path, "stderr.txt")
+    return [LogFile("stderr.txt", p)] if os.path.isfile(p) else []
+
+
+class ObjcacheLayout(ModuleLayout):
+    shape = SHAPE
+    binary_kinds = frozenset({"object"})
+
+
+LAYOUT = ObjcacheLayout()
