@@ -399,6 +399,37 @@ def test_relocate_never_points_outside_the_entry(tmp_path):
     assert sorted(os.listdir(entry)) == ["__grp__add_kernel.json", "add_kernel.json"]
 
 
+def test_verify_fix_never_writes_through_a_key_dir_swapped_for_a_link(cache, tmp_path):
+    """Between verify's scan and its --fix, a key directory is swapped for a link to a copy of it
+    elsewhere: the rewrite refuses, and nothing outside the cache is written (not even a temp dir)."""
+    from kcache_cli import fsread
+    from kcache_cli.verify import verify_cache
+
+    outside = tmp_path / "outside"
+    shutil.copytree(cache / ADD_90, outside)
+    before = {p.name: p.read_bytes() for p in outside.iterdir()}
+    real = triton.relocate
+
+    def swap_then_relocate(src: str, dest: str) -> int:
+        if os.path.basename(src) == ADD_90:
+            shutil.rmtree(src)
+            os.symlink(outside, src)
+        return real(src, dest)
+
+    triton.relocate = swap_then_relocate  # the layout's hook calls the module's function
+    try:
+        result = verify_cache(cache, fix=True)
+    finally:
+        triton.relocate = real
+    assert [e.hash for e, _ in result.fix_errors] == [ADD_90]
+    assert {p.name: p.read_bytes() for p in outside.iterdir()} == before
+    assert len(result.fixed) == 5
+    fsread.anchor(cache)  # and called directly, on the link: refused the same way
+    with pytest.raises(OSError):
+        real(str(cache / ADD_90), str(cache / ADD_90))
+    assert {p.name: p.read_bytes() for p in outside.iterdir()} == before
+
+
 def test_a_reader_never_sees_half_a_group_file(cache):
     """relocate replaces a group file atomically: Triton reading it meanwhile gets the old or the new one."""
     import threading

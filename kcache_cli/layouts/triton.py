@@ -12,6 +12,7 @@ too, as single files without a group."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -411,50 +412,61 @@ def relocate(src: str, dest: str) -> int:
     in `dest` (where the entry is or will be published): the rule Triton's get_group applies. Each
     file is replaced atomically, written as Triton writes (a `tmp.pid_*` directory inside the entry,
     fsync, os.replace). Child names that are not plain file names are dropped, so a group can never
-    point outside its entry. Returns how many group files changed."""
+    point outside its entry. Every read and write goes through one fd of `src` (fsread.held: inside a
+    cache, resolved from its root without following a link), so a directory swapped for a link
+    between the scan and this rewrite makes it write nothing rather than write elsewhere. Returns how
+    many group files changed."""
+    import stat
+
+    from kcache_cli import fsread
+
     changed = 0
-    for g in sorted(n for n in _names(src) if is_group(n)):
-        if os.path.islink(os.path.join(src, g)):
-            continue  # never read through a link; the entry is corrupt anyway
-        group = read_json(os.path.join(src, g))
-        children = group_children(group)
-        if group is None or children is None:
-            continue
-        fixed = {n: os.path.join(dest, n) for n in children if plain_name(n)}
-        if fixed == children:
-            continue
-        _replace_file(src, g, json.dumps({**group, "child_paths": fixed}).encode())
-        changed += 1
+    with fsread.held(src):
+        dfd = fsread.held_fd(src)
+        if dfd is None:
+            raise OSError(errno.ELOOP, "cannot open the entry's directory without following a link", src)
+        for g in sorted(n for n in os.listdir(dfd) if is_group(n)):
+            if not stat.S_ISREG(os.stat(g, dir_fd=dfd, follow_symlinks=False).st_mode):
+                continue  # never read through a link; the entry is corrupt anyway
+            group = read_json(os.path.join(src, g))  # through the held fd
+            children = group_children(group)
+            if group is None or children is None:
+                continue
+            fixed = {n: os.path.join(dest, n) for n in children if plain_name(n)}
+            if fixed == children:
+                continue
+            _replace_file(dfd, g, json.dumps({**group, "child_paths": fixed}).encode())
+            changed += 1
     return changed
 
 
-def _replace_file(dirpath: str, name: str, data: bytes) -> None:
+def _replace_file(dfd: int, name: str, data: bytes) -> None:
+    """Replace the file `name` in the directory `dfd` with `data`, atomically and durably."""
     import secrets
 
-    tmp_dir = os.path.join(dirpath, f"{TMP_PREFIX}{os.getpid()}_{secrets.token_hex(16)}")
-    os.mkdir(tmp_dir)
-    tmp = os.path.join(tmp_dir, name)
+    tmp_name = f"{TMP_PREFIX}{os.getpid()}_{secrets.token_hex(16)}"
+    os.mkdir(tmp_name, 0o700, dir_fd=dfd)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        tfd = os.open(tmp_name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, os.path.join(dirpath, name))
-        dfd = os.open(dirpath, os.O_RDONLY | os.O_DIRECTORY)
-        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=tfd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(name, name, src_dir_fd=tfd, dst_dir_fd=dfd)
             os.fsync(dfd)
         finally:
-            os.close(dfd)
+            try:
+                os.unlink(name, dir_fd=tfd)
+            except FileNotFoundError:
+                pass
+            os.close(tfd)
     finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        os.rmdir(tmp_dir)
+        os.rmdir(tmp_name, dir_fd=dfd)
 
 
 # ---- the layout ----------------------------------------------------------------------------------
