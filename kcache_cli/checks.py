@@ -124,6 +124,9 @@ def changed_since(mtimes: dict[str, float] | None, marker: str, names=None) -> b
     return any(mtimes.get(n, limit) >= limit for n in (names if names is not None else mtimes) if n != marker)
 
 
+_EUID = os.geteuid()
+
+
 def unreadable(path: str) -> str | None:
     """Why a file cannot be read by the people using the cache, or None. Root reads mode 000 files
     anyway, so a file nobody may read counts as unreadable whoever runs kcache."""
@@ -138,6 +141,8 @@ def unreadable(path: str) -> str | None:
             return None  # missing: the caller's rules say what that means
     if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o444:
         return f"{os.path.basename(path)} is unreadable (mode {stat.S_IMODE(st.st_mode):03o}: permission denied)"
+    if stat.S_ISREG(st.st_mode) and st.st_uid == _EUID and st.st_mode & 0o400:
+        return None  # the owner reads by its mode bits alone (an ACL never narrows the owner's)
     if not os.access(name, os.R_OK, dir_fd=dir_fd):
         return f"{os.path.basename(path)} is unreadable (permission denied)"
     return None

@@ -501,6 +501,9 @@ def _op_entry_and_version(ctx, job: tuple[str, str, str, str, str, str]) -> tupl
     """The entry (judged without a version yet) and its version.txt, read in the same worker."""
     with fsread.held(job[0]):
         e = _op_entry(ctx, job)
+        listing = fsread.held_listing(job[0])
+        if listing is not None and "version.txt" not in listing:
+            return e, None  # none when the scan listed the directory: not looked for again
         if e.status != UNREADABLE and not job[1].startswith("."):
             text = read_text(os.path.join(e.path, "version.txt"), 256)
             return e, text.strip() if text is not None else None
