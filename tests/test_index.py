@@ -527,25 +527,48 @@ def test_a_new_entry_or_ir_module_of_a_newer_hidet_turns_indexed_entries_stale(c
     assert got == real and statuses(got)[SOFTMAX] == "stale" and judged == [str(twin)]
 
 
-def test_installing_or_removing_hidet_rejudges_indexed_entries(cache, judged, no_hidet):
-    """The installed hidet's version (importlib.metadata, read by installed_version) decides: the index
-    never serves a judgement made against another version in use."""
+def _metadata_version(name: str) -> str:
     import importlib.metadata
 
-    real_version = importlib.metadata.version
-    installed: list[str] = []
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
-    def version(name: str) -> str:
-        if name == "hidet":
-            if not installed:
-                raise importlib.metadata.PackageNotFoundError(name)
-            return installed[0]
-        return real_version(name)
 
-    no_hidet.setattr(importlib.metadata, "version", version)
+@pytest.mark.parametrize("dirname, metadata, version", [
+    ("hidet-0.6.1.dist-info", "METADATA", "0.6.1"), ("Hidet-0.7.0rc1+cu13.dist-info", "METADATA", "0.7.0rc1+cu13"),
+    ("hidet-0.5.0-py3.11.egg-info", "PKG-INFO", "0.5.0"), ("hidet.egg-info", "PKG-INFO", "0.4.2")])
+def test_installed_version_is_what_importlib_metadata_says(tmp_path, monkeypatch, dirname, metadata, version):
+    """installed_version reads the dist-info's name instead of importing importlib.metadata: it must
+    give the same answer (a name without a version falls back to importlib.metadata)."""
+    (tmp_path / dirname).mkdir()
+    (tmp_path / dirname / metadata).write_text(f"Metadata-Version: 2.1\nName: hidet\nVersion: {version}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(hidet, "_INSTALLED", [])
+    assert hidet.installed_version() == _metadata_version("hidet") == version
+
+
+def test_installing_or_removing_hidet_rejudges_indexed_entries(cache, judged, no_hidet, tmp_path):
+    """The installed hidet's version (its dist-info on sys.path, read by installed_version) decides: the
+    index never serves a judgement made against another version in use."""
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    no_hidet.syspath_prepend(str(site))
+
+    def install(version: str | None) -> None:
+        for d in site.iterdir():
+            shutil.rmtree(d)
+        if version:
+            (site / f"hidet-{version}.dist-info").mkdir()
+            (site / f"hidet-{version}.dist-info" / "METADATA").write_text(
+                f"Metadata-Version: 2.1\nName: hidet\nVersion: {version}\n")
+
     primed(cache, judged)
     for now, expected in (("0.7.0", "stale"), ("0.6.1", "complete"), ("0.7.0", "stale"), (None, "complete")):
-        installed[:] = [now] if now else []
+        install(now)
+        hidet._INSTALLED.clear()
+        assert hidet.installed_version() == (now or "") == _metadata_version("hidet")
         hidet._INSTALLED.clear()
         got, real = both(cache, judged)
         assert got == real, now
