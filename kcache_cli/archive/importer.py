@@ -30,7 +30,7 @@ from kcache_cli.archive.manifest import (
     _reject,
     _too_long,
     is_lock_name,
-    checked_record,
+    unchecked_record,
     link_problem,
     path_problem,
     records_from_json,
@@ -847,7 +847,7 @@ class Importer:
                 done, reason = self.outcome[i].done, self.outcome[i].reason
             if d.write and not self.dry_run and not done:
                 action = "skip"
-            out.append(ImportedEntry.of(checked_record(rec), action, done, reason))
+            out.append(ImportedEntry.of(unchecked_record(rec), action, done, reason))
         return sorted(out, key=lambda r: r.relpath)
 
 

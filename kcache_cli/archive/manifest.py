@@ -246,9 +246,10 @@ def _built(rec: dict, key: EntryKey, relpath: str, files: dict[str, FileInfo], l
                        tuple(omitted) if omitted is not None else None, extra)
 
 
-def checked_record(rec: dict) -> EntryRecord:
-    """The EntryRecord of a JSON record that `records_from_json` accepted already (in a worker of this
-    import): built again without the checks."""
+def unchecked_record(rec: dict) -> EntryRecord:
+    """The EntryRecord of a JSON record built without the checks: for one `records_from_json` accepted
+    already (in a worker of this import), or one read only to find the keys to delete. A malformed one
+    raises KeyError, TypeError or ValueError."""
     files = rec["files"]
     key = EntryKey(rec["layout"], rec["kind"], _text(rec.get("target")), _text(rec.get("space")),
                    _text(rec.get("op")), rec["hash"])

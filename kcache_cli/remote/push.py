@@ -105,16 +105,16 @@ def publish_entries(store: Store, batch: list[_Outgoing]) -> list[bool]:
         group = [o for o in batch if (o.ttl, o.content_addressed) == (ttl, only_new)]
         store.put({k: v for o in group for k, v in o.items.items()}, ttl=ttl, only_new=only_new)
     won = store.publish_many([o.publish for o in batch])
-    from kcache_cli.archive.manifest import ArchiveRejected, EntryRecord
+    from kcache_cli.archive.manifest import unchecked_record
 
     lost = [o for o, w in zip(batch, won) if not w and o.content_addressed]
     if lost:
         winners = store.get([o.publish.key for o in lost])
         for o, raw in zip(lost, winners):
             try:
-                winner = EntryRecord.from_json(parse_json(raw or b""))
+                winner = unchecked_record(parse_json(raw or b""))
                 keep = {k for ks in f.format_for(o.record.key.layout).data_keys(winner).values() for k in ks}
-            except (ValueError, ArchiveRejected):
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # unreadable: leave everything; our data expires anyway
             store.delete([k for k in o.items if k not in keep])
     return won
