@@ -30,7 +30,6 @@ from kcache_cli.archive.manifest import (
     _reject,
     _too_long,
     is_lock_name,
-    unchecked_record,
     link_problem,
     path_problem,
     records_from_json,
@@ -270,28 +269,21 @@ class _Staging:
 _ROOT, _DIR, _FILE, _LINK = 0, 1, 2, 3
 
 
-class _Expected(NamedTuple):
-    """What the manifest says a member is."""
-
-    entry: _Planned
-    kind: int  # _ROOT, _DIR, _FILE or _LINK
-    size: int
-    check: str  # a file's sha256, a link's target
-
-
-def _expectations(planned: list[_Planned]) -> dict[str, _Expected]:
-    """member name -> what it must be."""
-    expect: dict[str, _Expected] = {}
+def _expectations(planned: list[_Planned]) -> dict[str, tuple]:
+    """member name -> (entry, kind, size, check): what the manifest says it is, `kind` one of _ROOT,
+    _DIR, _FILE, _LINK and `check` a file's sha256 or a link's target. Plain tuples, unpacked by name
+    where read: an import makes one per member, and a NamedTuple costs that loop 10%."""
+    expect: dict[str, tuple] = {}
     for p in planned:
         r = p.record
         rel = p.relpath + "/"
-        expect[p.relpath] = _Expected(p, _ROOT, 0, "")
+        expect[p.relpath] = (p, _ROOT, 0, "")
         for name in r.dirs:
-            expect[rel + name] = _Expected(p, _DIR, 0, "")
+            expect[rel + name] = (p, _DIR, 0, "")
         for name, (size, digest) in r.files.items():
-            expect[rel + name] = _Expected(p, _FILE, size, digest)
+            expect[rel + name] = (p, _FILE, size, digest)
         for name, target in r.links.items():
-            expect[rel + name] = _Expected(p, _LINK, 0, target)
+            expect[rel + name] = (p, _LINK, 0, target)
     return expect
 
 
@@ -370,8 +362,8 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
             if out:
                 staging.ensure_dir(name.rpartition("/")[0])  # type: ignore[union-attr]
                 os.symlink(m.linkname, base + name)
-    for key, x in expect.items():
-        if x.kind in (_FILE, _LINK):
+    for key, (_, kind, _, _) in expect.items():
+        if kind in (_FILE, _LINK):
             raise _reject(f"{key} is listed in the manifest but missing from the archive (truncated?)")
     return files, size
 
@@ -410,16 +402,16 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _hardlink(m, x: _Expected, listed: dict[str, _Expected], expect: dict[str, _Expected],
-              staging: _Staging | None) -> None:
+def _hardlink(m, x: tuple, listed: dict[str, tuple], expect: dict[str, tuple], staging: _Staging | None) -> None:
     """A hard link inside its own entry, to a file already read, becomes a copy of that file."""
     target = m.linkname.rstrip("/")
-    t = listed.get(target)
-    if t is None or t.entry is not x.entry:
+    entry, kind, size, digest = x
+    t_entry, t_kind, t_size, t_digest = listed.get(target) or (None, None, None, None)
+    if t_entry is not entry:
         raise _reject(f"hard link {m.name!r} -> {m.linkname!r} points outside its entry")
-    if x.kind != _FILE or t.kind != _FILE or target in expect:
+    if kind != _FILE or t_kind != _FILE or target in expect:
         raise _reject(f"hard link {m.name!r} -> {m.linkname!r} is not to a file read before it")
-    if (t.size, t.check) != (x.size, x.check):
+    if (t_size, t_digest) != (size, digest):
         raise _reject(f"hard link {m.name!r}: the manifest gives it another size or sha256 than its target")
     if staging is not None:
         import shutil
@@ -740,8 +732,8 @@ class Importer:
         self.providers: set[str] = set()  # relpaths of the entries others use: links may point at them
         self.mine: dict[int, list[_Planned]] = {}  # what each worker planned, for its phase two
         self.made: set[str] = set()
-        self.outcome: dict[int, _Published] = {}
-        self.decisions: dict[int, _Decision] = {}
+        self.outcome: dict[int, tuple[bool, str | None]] = {}  # entry index -> (published, reason)
+        self.decisions: dict[int, tuple[str, str | None, bool]] = {}  # entry index -> (action, reason, write)
         self.files = self.size = 0
         self.reader: Any = None
         self.kind = ""
@@ -766,9 +758,9 @@ class Importer:
             if self.reader is not None:
                 self.reader.close()
         self.files, self.size = sum(c.files for c in counts), sum(c.size for c in counts)
-        self.decisions = {d.entry: d for c in counts for d in c.decisions}
+        self.decisions = {i: (action, reason, write) for c in counts for i, action, reason, write in c.decisions}
         for batch in published:
-            self.outcome.update((o.entry, o) for o in batch)
+            self.outcome.update((i, (done, why)) for i, done, why in batch)
 
     def _read_manifest(self, file_size: int) -> tuple[int, Callable]:
         """Read and check the manifest; make the staging directory; (workers, phase one)."""
@@ -818,64 +810,61 @@ class Importer:
         self.mine[w] = got.planned
         return _PhaseOne(got.files, got.size, _decisions(got.planned))
 
-    def _publish(self, ps: list[_Planned]) -> list[_Published]:
+    def _publish(self, ps: list[_Planned]) -> list[tuple[int, bool, str | None]]:
+        """(entry index, published, reason) of each; plain tuples: they travel back from the workers."""
         assert self.staging is not None
-        return [_Published(p.index, *_publish(self.root, p, self.staging, self.lock_timeout, self.warn, self.made))
-                for p in ps]
+        return [(p.index, *_publish(self.root, p, self.staging, self.lock_timeout, self.warn, self.made)) for p in ps]
 
     def _between(self, results: list[_PhaseOne]) -> None:
         """The entries others use first (a tilus script links to its programs)."""
-        decided = {d.entry: d for r in results for d in r.decisions}
+        decided = {i: (action, reason, write) for r in results for i, action, reason, write in r.decisions}
         todo = []
         for i, rec in enumerate(self.manifest.records):
-            if _provides(rec) and decided[i].write:
+            if _provides(rec) and decided[i][2]:
                 p = _check_records([rec], i, self.limits)[0]
-                p.action, p.reason, p.write = decided[i].action, decided[i].reason, decided[i].write
+                p.action, p.reason, p.write = decided[i]
                 todo.append(p)
-        self.outcome.update((o.entry, o) for o in self._publish(todo))
+        self.outcome.update((i, (done, why)) for i, done, why in self._publish(todo))
 
-    def _second(self, w: int) -> list[_Published]:
+    def _second(self, w: int) -> list[tuple[int, bool, str | None]]:
         return self._publish([p for p in self.mine.get(w, ()) if p.write and not is_provider(p.layout, p.kind)])
 
     def results(self) -> list[ImportedEntry]:
         out = []
         for i, rec in enumerate(self.manifest.records):  # all checked by the workers
-            d = self.decisions[i]
-            action, reason = d.action, d.reason
-            done = False
-            if i in self.outcome:
-                done, reason = self.outcome[i].done, self.outcome[i].reason
-            if d.write and not self.dry_run and not done:
+            action, reason, write = self.decisions[i]
+            done, reason = self.outcome.get(i, (False, reason))
+            if write and not self.dry_run and not done:
                 action = "skip"
-            out.append(ImportedEntry.of(unchecked_record(rec), action, done, reason))
+            out.append(_imported(rec, self.manifest.totals[i], action, done, reason))
         return sorted(out, key=lambda r: r.relpath)
 
 
-class _Decision(NamedTuple):
-    """What a worker decided for one of its entries, small enough to send back."""
+def _imported(rec: dict, size: int, action: str, done: bool, reason: str | None) -> ImportedEntry:
+    """The result line of a JSON record the workers checked, read from the JSON: an EntryRecord built
+    again here, in the one process, would cost each entry as much as a tenth of its import."""
+    relpath = rec["relpath"]
+    return ImportedEntry(rec["layout"], rec["kind"], _str(rec.get("target")), _str(rec.get("space")),
+                         _str(rec.get("op")), relpath.rsplit("/", 1)[-1], relpath, action, done, reason,
+                         len(rec["files"]), size, _str(rec.get("arch")), _str(rec.get("compiler")),
+                         _str(rec.get("platform")))
 
-    entry: int  # its index in the manifest
-    action: str
-    reason: str | None
-    write: bool
+
+# What a worker decided for one entry: (its index in the manifest, action, reason, write). A plain
+# tuple: one per entry is pickled back from the workers, and a NamedTuple pickles three times slower.
+Decision = tuple[int, str, "str | None", bool]
 
 
 class _PhaseOne(NamedTuple):
     """What a worker sends back from phase one."""
 
-    files: int
-    size: int
-    decisions: list[_Decision]
+    files: int  # read and verified
+    size: int  # bytes of them
+    decisions: list[Decision]
 
 
-class _Published(NamedTuple):
-    entry: int  # its index in the manifest
-    done: bool
-    reason: str | None
-
-
-def _decisions(planned: list[_Planned]) -> list[_Decision]:
-    return [_Decision(p.index, p.action, p.reason, p.write) for p in planned]
+def _decisions(planned: list[_Planned]) -> list[Decision]:
+    return [(p.index, p.action, p.reason, p.write) for p in planned]
 
 
 _STAGING_NAME = re.compile(r"^import-(\d+)-[0-9a-f]+$")
