@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import CXX, FIXTURES, copy_tree
 
+from kcache_cli.archive.manifest import EntryRecord
+from kcache_cli.model import EntryKey
 from kcache_cli.remote import formats as f
 
 LAYOUTS = ("hidet", "tilus", "tilelang")
@@ -120,7 +122,7 @@ def test_a_value_altered_in_redis_is_refused_and_the_others_arrive(kcache, tmp_p
     victim = "ops/cuda_space_0/add/8d1f7691cdf75e90"
     r = server.client()
     record = json.loads(r.get(f.record_key("hidet", victim)))
-    key = f.KCACHE_FORMAT.data_keys(record)["lib.so"][0]
+    key = f.KCACHE_FORMAT.data_keys(EntryRecord.from_json(record))["lib.so"][0]
     value = bytearray(r.get(key))
     value[100] ^= 0xFF
     r.set(key, bytes(value))  # same size, other bytes
@@ -241,7 +243,7 @@ def _complete_on_the_remote(client) -> dict[str, dict]:
     for field in client.hkeys(f.INDEX):
         layout, _, rel = field.decode().partition(":")
         record = json.loads(client.get(f.record_key(layout, rel)))
-        for keys in f.KCACHE_FORMAT.data_keys(record).values():
+        for keys in f.KCACHE_FORMAT.data_keys(EntryRecord.from_json(record)).values():
             assert all(client.exists(k) for k in keys), rel
         out[rel] = record
     return out
@@ -341,15 +343,16 @@ def test_two_pushers_of_one_entry_do_not_fight(tmp_path, redis_server):
     def entry(payload: bytes):
         import hashlib
 
-        return {**record, "files": {"lib.so": [len(payload), hashlib.sha256(payload).hexdigest()]}}, {"lib.so": payload}
+        files = {"lib.so": [len(payload), hashlib.sha256(payload).hexdigest()]}
+        return EntryRecord.from_json({**record, "files": files}), {"lib.so": payload}
 
     for store in _stores(tmp_path, redis_server):
         first, second = entry(b"built on node A"), entry(b"built on node B!")
         assert publish_entry(store, *first) is True
         assert publish_entry(store, *second) is False
         (rec,), _ = read_records(store, [("hidet", record["relpath"])])
-        assert rec["files"] == first[0]["files"]
-        keys = f.KCACHE_FORMAT.data_keys(rec)["lib.so"]
+        assert rec["files"] == {n: list(v) for n, v in first[0].files.items()}
+        keys = f.KCACHE_FORMAT.data_keys(EntryRecord.from_json(rec))["lib.so"]
         loser = f.KCACHE_FORMAT.data_keys(second[0])["lib.so"]
         assert store.get(keys) == [b"built on node A"] and store.get(loser) == [None]
 
@@ -440,7 +443,7 @@ def test_triton_entries_use_tritons_own_keys_and_group_format(tmp_path, redis_se
     record, data = triton_record(d)
     assert isinstance(f.format_for("triton"), TritonFormat)  # what TritonLayout.remote_format returns
     store = open_store(server.url)
-    assert publish_entry(store, record, data) is True
+    assert publish_entry(store, EntryRecord.from_json(record), data) is True
     r = server.client()
     fmt = key_format or "triton:{key}:{filename}"
     children = sorted(n for n in data if not n.startswith("__grp__"))
@@ -454,7 +457,7 @@ def test_triton_entries_use_tritons_own_keys_and_group_format(tmp_path, redis_se
     # Pulled elsewhere, the group file names this machine's absolute paths.
     (rec,), _ = __import__("kcache_cli.remote.pull", fromlist=["x"]).read_records(store, [("triton", d.name)])
     assert rec["groups"] == ["__grp__add_kernel.json"] and "__grp__add_kernel.json" not in rec["files"]
-    local = TritonFormat().local_files(rec, "/elsewhere/cache/" + d.name)
+    local = TritonFormat().local_files(EntryRecord.from_json(rec), "/elsewhere/cache/" + d.name)
     assert json.loads(local["__grp__add_kernel.json"]) == {
         "child_paths": {n: f"/elsewhere/cache/{d.name}/{n}" for n in children}}
 
@@ -513,7 +516,8 @@ def test_build_with_a_stalled_redis_gives_up_on_it_and_builds_locally(kcache, tm
 def test_a_layouts_local_files_are_held_to_imports_rules(tmp_path):
     from kcache_cli.remote.pull import _extra_problem
 
-    rec = {"files": {"k.cubin": [1, "0" * 64]}, "links": {}}
+    rec = EntryRecord(EntryKey("triton", "kernel", None, None, None, "k"), "k", {"k.cubin": (1, "0" * 64)}, {}, (), (),
+                      "complete", None, None, None)
     assert _extra_problem(rec, {"__grp__k.json": b"{}"}) is None
     for bad in ("../../escape", "sub/file", "k.cubin", ".lock", ""):
         assert _extra_problem(rec, {bad: b"x"}) is not None, bad
@@ -541,7 +545,8 @@ def test_entries_of_a_layout_this_kcache_does_not_know_are_skipped_not_refused(k
     shared = tmp_path / "shared"
     shared.mkdir()
     record, data = triton_record(triton_entry(tmp_path / "triton-cache"))
-    record = {**record, "layout": "newtool"}
+    record = EntryRecord.from_json(record)
+    record = record._replace(key=record.key._replace(layout="newtool"))  # a layout this kcache does not know
     assert publish_entry(open_store(f"file://{shared}"), record, data)
     run = kcache("pull", "--cache-dir", tmp_path / "dest", "--remote", f"file://{shared}", "--json")
     assert run.exit_code == 0, run.stderr

@@ -12,13 +12,15 @@ import time
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
 
 from kcache_cli import __version__, state
 from kcache_cli.archive.manifest import (
     _CONTROL,
     BIG_FILE,
     FORMAT,
+    EntryRecord,
+    FileInfo,
     FORMAT_VERSION,
     MANIFEST_NAME,
     MAX_NAME_DEPTH,
@@ -39,6 +41,9 @@ from kcache_cli.model import (
     Warn,
     iso,
 )
+
+if TYPE_CHECKING:
+    from kcache_cli.layouts.base import Facts
 
 
 @dataclass(frozen=True)
@@ -279,7 +284,7 @@ class _PartWriter:
         self.sha256 = hashlib.sha256
         self.warnings: list[str] = []
         self.ctx = ScanContext(plan.root, self.warnings.append, plan.last_used)
-        self.records: list[dict] = []
+        self.records: list[EntryRecord] = []
         self.done: list[ExportedEntry] = []
         self.left: list[tuple[Entry, str]] = []
         self.files = self.size = 0
@@ -345,7 +350,7 @@ class _PartWriter:
         file_header, padding = ts.file_header, ts.padding
         pieces = [ts.dir_header(rel, mtime)]
         put = pieces.append
-        files: dict[str, list] = {}
+        files: dict[str, FileInfo] = {}
         links: dict[str, str] = {}
         dirs: list[str] = []
         locks: list[str] = []
@@ -387,7 +392,7 @@ class _PartWriter:
                 put(file_header(prefix + name, n, mode, ftime))
                 put(data)
                 put(padding(n))
-                files[name] = [n, sha256(data).hexdigest()]
+                files[name] = (n, sha256(data).hexdigest())
                 size += n
                 if name in fact_files:
                     small[name] = data
@@ -425,24 +430,19 @@ class _PartWriter:
                 if bad:
                     raise _Skip(e, bad)
 
-    def _record(self, e: Entry, small: dict[str, bytes], files: dict, links: dict[str, str], dirs: list[str],
-                locks: list[str], omitted: list[str], size: int) -> None:
+    def _record(self, e: Entry, small: dict[str, bytes], files: dict[str, FileInfo], links: dict[str, str],
+                dirs: list[str], locks: list[str], omitted: list[str], size: int) -> None:
         """The entry's manifest record and its line in the result."""
-        rel = e.relpath
-        sources_only = self.plan.sources_only
-        compiler, arch, platform = _entry_facts(e, small, (*files, *omitted))
-        record = {"layout": e.layout, "kind": e.kind, "target": e.target, "space": e.space, "op": e.op,
-                  "hash": e.hash, "relpath": rel, "status": e.status, "compiler": compiler, "arch": arch,
-                  "platform": platform, "files": files, "links": links, "dirs": dirs, "locks": locks}
-        if sources_only:
-            record["omitted"] = omitted
-        self.records.append(record)
-        self.done.append(ExportedEntry(e.layout, e.kind, e.target, e.space, e.op, e.hash, rel, e.status,
-                                       len(files), size, compiler, arch, platform, tuple(omitted)))
+        facts = _entry_facts(e, small, (*files, *omitted))
+        self.records.append(EntryRecord(e.key, e.relpath, files, links, tuple(dirs), tuple(locks), e.status,
+                                        facts.compiler, facts.arch, facts.platform,
+                                        tuple(omitted) if self.plan.sources_only else None))
+        self.done.append(ExportedEntry(*e.key, e.relpath, e.status, len(files), size, facts.compiler, facts.arch,
+                                       facts.platform, tuple(omitted)))
         self.files += len(files)
         self.size += size
 
-    def _stream(self, dfd: int, name: str, member: str, size: int, mode: int, mtime: float) -> list:
+    def _stream(self, dfd: int, name: str, member: str, size: int, mode: int, mtime: float) -> FileInfo:
         from kcache_cli import tarstream as ts
         from kcache_cli.fsread import open_regular
 
@@ -462,14 +462,12 @@ class _PartWriter:
         finally:
             os.close(fd)
         write(ts.padding(size))
-        return [size, h.hexdigest()]
+        return size, h.hexdigest()
 
 
-def _entry_facts(entry: Entry, small: dict[str, bytes], names: Iterable[str]) -> tuple[str | None, str | None,
-                                                                                       str | None]:
-    """(compiler, arch, platform) of an entry, as its layout finds them (Layout.facts)."""
-    facts = _layout_of(entry.layout).facts(entry, small, names)
-    return facts.compiler, facts.arch, facts.platform
+def _entry_facts(entry: Entry, small: dict[str, bytes], names: Iterable[str]) -> Facts:
+    """The compiler, arch and platform of an entry, as its layout finds them (Layout.facts)."""
+    return _layout_of(entry.layout).facts(entry, small, names)
 
 
 def _split(items: list, n: int) -> list[list]:
@@ -483,8 +481,22 @@ def _split(items: list, n: int) -> list[list]:
     return out
 
 
+@dataclass
+class _WorkerOutput:
+    """What an export worker sends back."""
+
+    records: str  # its manifest records as JSON text, joined by commas
+    done: list[ExportedEntry]
+    left: list[tuple[Entry, str]]
+    files: int
+    size: int
+    sizes: list[int]  # of its parts, compressed
+    counts: list[int]  # entries in each part
+    warnings: list[str]
+
+
 def _export_worker(plan: ExportPlan, parts: list[list], path: str, compression: str, targets: set[str],
-                   advance: Callable[[int], None], abort: Callable[[], bool]) -> dict:
+                   advance: Callable[[int], None], abort: Callable[[], bool]) -> _WorkerOutput:
     """Write `parts` (lists of jobs) into the file at `path`, one compressed part after the other."""
     from kcache_cli import tarstream as ts
 
@@ -509,10 +521,9 @@ def _export_worker(plan: ExportPlan, parts: list[list], path: str, compression: 
         finally:
             writer.close()
     # The records travel back as JSON text: encoding them here is done in parallel, and a string
-    # pickles much faster than the dicts.
-    text = json.dumps(pw.records, separators=(",", ":"))[1:-1]
-    return {"records": text, "done": pw.done, "left": pw.left, "files": pw.files, "size": pw.size,
-            "sizes": sizes, "counts": counts, "warnings": pw.warnings}
+    # pickles much faster than the records.
+    text = json.dumps([r.to_json() for r in pw.records], separators=(",", ":"))[1:-1]
+    return _WorkerOutput(text, pw.done, pw.left, pw.files, pw.size, sizes, counts, pw.warnings)
 
 
 def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
@@ -556,15 +567,15 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         sizes, counts = [], []
         n_files = total = 0
         for r in results:
-            if r["records"]:
-                records.append(r["records"])
-            done += r["done"]
-            left += r["left"]
-            sizes += r["sizes"]
-            counts += r["counts"]
-            n_files += r["files"]
-            total += r["size"]
-            for w in r["warnings"]:
+            if r.records:
+                records.append(r.records)
+            done += r.done
+            left += r.left
+            sizes += r.sizes
+            counts += r.counts
+            n_files += r.files
+            total += r.size
+            for w in r.warnings:
                 warn(w)
         # The end-of-archive blocks close the last part; no part is empty (import checks that).
         with open(bodies[-1], "ab") as last:
@@ -779,10 +790,18 @@ class _Capture:
         self.chunks.append(data)
 
 
-def entry_records(plan: ExportPlan) -> Iterator[tuple[dict, dict[str, bytes], tuple[str, ...]]]:
-    """Each planned entry as export writes it: (its manifest record, {file name: bytes}, the names of
-    its executable files), judged and read exactly as by `export_archive`. Entries export would
-    leave out (incomplete, changed while read...) are in `plan.left` afterwards."""
+class EntryFiles(NamedTuple):
+    """One entry as export writes it (`entry_records`)."""
+
+    record: EntryRecord
+    data: dict[str, bytes]  # file name -> its bytes
+    executable: tuple[str, ...]  # the names of its executable files
+
+
+def entry_records(plan: ExportPlan) -> Iterator[EntryFiles]:
+    """Each planned entry as export writes it (its manifest record, its files' bytes, which are
+    executable), judged and read exactly as by `export_archive`. Entries export would leave out
+    (incomplete, changed while read...) are in `plan.left` afterwards."""
     import io
 
     from kcache_cli import tarstream as ts
@@ -798,7 +817,7 @@ def entry_records(plan: ExportPlan) -> Iterator[tuple[dict, dict[str, bytes], tu
             continue
         record = pw.records[-1]
         reader = ts.TarReader(io.BytesIO(b"".join(capture.chunks)))
-        prefix = record["relpath"] + "/"
+        prefix = record.relpath + "/"
         data: dict[str, bytes] = {}
         executable = []
         while (m := reader.next()) is not None:
@@ -807,4 +826,4 @@ def entry_records(plan: ExportPlan) -> Iterator[tuple[dict, dict[str, bytes], tu
                 data[name] = reader.small_data(m) or b"".join(reader.data(m))
                 if m.mode & 0o111:
                     executable.append(name)
-        yield record, data, tuple(executable)
+        yield EntryFiles(record, data, tuple(executable))

@@ -9,7 +9,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from kcache_cli import state
 from kcache_cli.archive.export import _DIR_FLAGS, PARALLEL_MIN_ENTRIES, _aborted, _cpus, _ignore, _run_workers, _split
@@ -18,10 +18,11 @@ from kcache_cli.archive.manifest import (
     MANIFEST_NAME,
     PATH_MAX,
     ArchiveRejected,
+    EntryRecord,
     ImportLimits,
+    Manifest,
     Progress,
     _check_proportion,
-    _check_records,
     _layout_of,
     _names,
     _parse_manifest,
@@ -31,6 +32,7 @@ from kcache_cli.archive.manifest import (
     is_lock_name,
     link_problem,
     path_problem,
+    records_from_json,
     rejection_reason,
 )
 from kcache_cli.errors import KcacheError
@@ -60,6 +62,12 @@ class ImportedEntry:
     arch: str | None
     compiler: str | None
     platform: str | None
+
+    @classmethod
+    def of(cls, r: EntryRecord, action: str, done: bool, reason: str | None) -> ImportedEntry:
+        k = r.key
+        return cls(k.layout, k.kind, _str(k.target), _str(k.space), _str(k.op), k.hash, r.relpath, action, done,
+                   reason, len(r.files), r.size, _str(r.arch), _str(r.compiler), _str(r.platform))
 
     def to_json(self, arch_ok: bool | None = None) -> dict:
         """An entry of `import --json`; `arch_ok`: whether its arch runs on this machine's GPU (None: unknown)."""
@@ -125,6 +133,11 @@ def _present_entry(root: Path, rel: str, chains: dict) -> bool:
     return _real_dir_chain(root, f"{rel}/x", chains) is None and os.path.isdir(os.path.join(root, rel))
 
 
+def _check_records(records: list, offset: int, limits: ImportLimits) -> list[_Planned]:
+    """Each JSON record (record `offset` first) checked on its own (`records_from_json`), to be planned."""
+    return [_Planned(i, r) for i, r in enumerate(records_from_json(records, offset, limits), offset)]
+
+
 def _plan(root: Path, planned: list[_Planned], archive_relpaths: set[str]) -> None:
     """Decide each entry's action from the destination, and check every link against it."""
     from kcache_cli.scan import scan_cache
@@ -141,7 +154,7 @@ def _plan(root: Path, planned: list[_Planned], archive_relpaths: set[str]) -> No
 
     room = PATH_MAX - 1 - len(os.fsencode(str(root))) - _STAGING_NAME_ROOM
     for p in planned:
-        for name, target in p.links.items():
+        for name, target in p.record.links.items():
             bad = link_problem(p.layout, p.kind, p.relpath, name, target, target_ok)
             if bad:
                 raise _reject(bad)
@@ -167,7 +180,7 @@ def _plan(root: Path, planned: list[_Planned], archive_relpaths: set[str]) -> No
                 p.action, p.reason = "skip", "already present (complete)"
             elif there.status == BUILDING:
                 p.action, p.reason = "skip", f"being built ({there.reason})"
-            elif p.record.get("status") != COMPLETE:
+            elif p.record.status != COMPLETE:
                 p.action, p.reason = "skip", f"already present ({there.status})"
             else:
                 p.action, p.reason = "replace", f"replaces a {there.status} entry ({there.reason})"
@@ -257,16 +270,19 @@ _ROOT, _DIR, _FILE, _LINK = 0, 1, 2, 3
 
 
 def _expectations(planned: list[_Planned]) -> dict[str, tuple]:
-    """member name -> (entry, kind, size, sha256 or link target)."""
+    """member name -> (entry, kind, size, check): what the manifest says it is, `kind` one of _ROOT,
+    _DIR, _FILE, _LINK and `check` a file's sha256 or a link's target. Plain tuples, unpacked by name
+    where read: an import makes one per member, and a NamedTuple costs that loop 10%."""
     expect: dict[str, tuple] = {}
     for p in planned:
+        r = p.record
         rel = p.relpath + "/"
         expect[p.relpath] = (p, _ROOT, 0, "")
-        for name in p.dirs:
+        for name in r.dirs:
             expect[rel + name] = (p, _DIR, 0, "")
-        for name, (size, digest) in p.files.items():
+        for name, (size, digest) in r.files.items():
             expect[rel + name] = (p, _FILE, size, digest)
-        for name, target in p.links.items():
+        for name, target in r.links.items():
             expect[rel + name] = (p, _LINK, 0, target)
     return expect
 
@@ -346,8 +362,8 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
             if out:
                 staging.ensure_dir(name.rpartition("/")[0])  # type: ignore[union-attr]
                 os.symlink(m.linkname, base + name)
-    for key, x in expect.items():
-        if x[1] in (_FILE, _LINK):
+    for key, (_, kind, _, _) in expect.items():
+        if kind in (_FILE, _LINK):
             raise _reject(f"{key} is listed in the manifest but missing from the archive (truncated?)")
     return files, size
 
@@ -386,15 +402,16 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _hardlink(m, x: tuple, listed: dict, expect: dict, staging: _Staging | None) -> None:
+def _hardlink(m, x: tuple, listed: dict[str, tuple], expect: dict[str, tuple], staging: _Staging | None) -> None:
     """A hard link inside its own entry, to a file already read, becomes a copy of that file."""
     target = m.linkname.rstrip("/")
-    t = listed.get(target)
-    if t is None or t[0] is not x[0]:
+    entry, kind, size, digest = x
+    t_entry, t_kind, t_size, t_digest = listed.get(target) or (None, None, None, None)
+    if t_entry is not entry:
         raise _reject(f"hard link {m.name!r} -> {m.linkname!r} points outside its entry")
-    if x[1] != _FILE or t[1] != _FILE or target in expect:
+    if kind != _FILE or t_kind != _FILE or target in expect:
         raise _reject(f"hard link {m.name!r} -> {m.linkname!r} is not to a file read before it")
-    if t[2:] != x[2:]:
+    if (t_size, t_digest) != (size, digest):
         raise _reject(f"hard link {m.name!r}: the manifest gives it another size or sha256 than its target")
     if staging is not None:
         import shutil
@@ -466,9 +483,15 @@ def _check_head(fd: int, kind: str, end: int, digest: str) -> None:
         reader.close()
 
 
+class _Extracted(NamedTuple):
+    files: int  # read and verified
+    size: int  # bytes of them
+    planned: list[_Planned]
+
+
 def _extract_regions(fd: int, kind: str, regions: list[_Region], records: list, staging: _Staging | None,
                      root: Path, programs: set[str], limits: ImportLimits, advance, abort, threaded: bool
-                     ) -> tuple[int, int, list[_Planned]]:
+                     ) -> _Extracted:
     """One worker's share: check its entries' records, plan them, then read its parts."""
     planned_by_region = []
     for r in regions:
@@ -488,7 +511,7 @@ def _extract_regions(fd: int, kind: str, regions: list[_Region], records: list, 
             _finish_staging(staging, planned)
         files += f
         size += s
-    return files, size, [p for planned in planned_by_region for p in planned]
+    return _Extracted(files, size, [p for planned in planned_by_region for p in planned])
 
 
 # ---- import: publishing --------------------------------------------------------------------------
@@ -634,10 +657,15 @@ def _to_trash(root: Path, relpath: str, name: str) -> None:
         os.close(trash)
 
 
+def is_provider(layout: object, kind: object) -> bool:
+    """Whether entries of this kind are used by others of their layout (Layout.provider_kinds): they are
+    published first. Asked of JSON records before they are checked, too."""
+    return layout in _names() and kind in _layout_of(str(layout)).provider_kinds
+
+
 def _provides(rec: dict) -> bool:
-    """A record of an entry that others use (Layout.provider_kinds): published before its users."""
-    layout = rec.get("layout")
-    return layout in _names() and rec.get("kind") in _layout_of(str(layout)).provider_kinds
+    """A JSON record (not checked yet) of an entry that others use."""
+    return is_provider(rec.get("layout"), rec.get("kind"))
 
 
 def _refuse_other_layout(root: Path, records: list[dict]) -> None:
@@ -687,8 +715,8 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
     results = importer.results()
     if not dry_run and any(r.done for r in results):
         _remove_stale_staging(root)
-    return ImportResult(archive, str(root), dry_run, _str(importer.manifest.get("kcache_version")), tuple(results),
-                        importer.files, importer.size)
+    return ImportResult(archive, str(root), dry_run, _str(importer.manifest.header.get("kcache_version")),
+                        tuple(results), importer.files, importer.size)
 
 
 class Importer:
@@ -700,14 +728,12 @@ class Importer:
         self.root, self.raw, self.dry_run, self.limits = root, raw, dry_run, limits
         self.lock_timeout, self.warn, self.progress = lock_timeout, warn, progress
         self.staging: _Staging | None = None
-        self.manifest: dict = {}
-        self.records: list[dict] = []
-        self.totals: list[int] = []
+        self.manifest = Manifest({}, [], [], [])
         self.providers: set[str] = set()  # relpaths of the entries others use: links may point at them
         self.mine: dict[int, list[_Planned]] = {}  # what each worker planned, for its phase two
         self.made: set[str] = set()
-        self.outcome: dict[int, tuple[bool, str | None]] = {}
-        self.decisions: dict[int, tuple] = {}
+        self.outcome: dict[int, tuple[bool, str | None]] = {}  # entry index -> (published, reason)
+        self.decisions: dict[int, tuple[str, str | None, bool]] = {}  # entry index -> (action, reason, write)
         self.files = self.size = 0
         self.reader: Any = None
         self.kind = ""
@@ -731,10 +757,10 @@ class Importer:
         finally:
             if self.reader is not None:
                 self.reader.close()
-        self.files, self.size = sum(c[0] for c in counts), sum(c[1] for c in counts)
-        self.decisions = {i: d for c in counts for i, *d in c[2]}
+        self.files, self.size = sum(c.files for c in counts), sum(c.size for c in counts)
+        self.decisions = {i: (action, reason, write) for c in counts for i, action, reason, write in c.decisions}
         for batch in published:
-            self.outcome.update((i, (d, why)) for i, d, why in batch)
+            self.outcome.update((i, (done, why)) for i, done, why in batch)
 
     def _read_manifest(self, file_size: int) -> tuple[int, Callable]:
         """Read and check the manifest; make the staging directory; (workers, phase one)."""
@@ -752,75 +778,92 @@ class Importer:
         scale = file_size if stat.S_ISREG(os.fstat(self.raw.fileno()).st_mode) else None
         _check_proportion(head.size, scale, limits)
         data = b"".join(reader.data(head))
-        self.manifest, self.records, self.totals = _parse_manifest(data, limits, scale)
-        _refuse_other_layout(self.root, self.records)
-        regions = _regions(self.manifest, len(self.records), file_size)
+        self.manifest = man = _parse_manifest(data, limits, scale)
+        _refuse_other_layout(self.root, man.records)
+        regions = _regions(man.header, len(man.records), file_size)
         if regions is not None:
             reader.close()  # the parts are read from their own offsets
             _check_head(self.raw.fileno(), self.kind, regions[0].start, hashlib.sha256(data).hexdigest())
-        self.providers = {rec["relpath"] for rec in self.records if _provides(rec)}
-        if not self.dry_run and self.records:
-            absent = [t for rec, t in zip(self.records, self.totals) if not os.path.lexists(self.root / rec["relpath"])]
+        self.providers = {rel for rec, rel in zip(man.records, man.relpaths) if _provides(rec)}
+        if not self.dry_run and man.records:
+            absent = [t for rel, t in zip(man.relpaths, man.totals) if not os.path.lexists(self.root / rel)]
             _check_space(self.root, sum(absent))
             self.staging = _Staging(self.root)
         if regions is None:  # one stream: read on from the manifest, here
             return 1, self._first_stream
-        n = min(_cpus(), len(regions)) if len(self.records) >= PARALLEL_MIN_ENTRIES else 1
+        n = min(_cpus(), len(regions)) if len(man.records) >= PARALLEL_MIN_ENTRIES else 1
         self.region_groups = _split(regions, n)
         return n, self._first_regions
 
-    def _first_stream(self, w: int, advance, abort) -> tuple:
-        planned = _check_records(self.records, 0, self.limits)
+    def _first_stream(self, w: int, advance, abort) -> _PhaseOne:
+        planned = _check_records(self.manifest.records, 0, self.limits)
         _plan(self.root, planned, self.providers)
         files, size = _extract(self.reader, planned, self.staging, self.limits, abort)
         if self.staging is not None:
             _finish_staging(self.staging, planned)
         self.mine[w] = planned
-        return files, size, _decisions(planned)
+        return _PhaseOne(files, size, _decisions(planned))
 
-    def _first_regions(self, w: int, advance, abort) -> tuple:
-        files, size, planned = _extract_regions(self.raw.fileno(), self.kind, self.region_groups[w], self.records,
-                                                self.staging, self.root, self.providers, self.limits, advance, abort,
-                                                True)
-        self.mine[w] = planned
-        return files, size, _decisions(planned)
+    def _first_regions(self, w: int, advance, abort) -> _PhaseOne:
+        got = _extract_regions(self.raw.fileno(), self.kind, self.region_groups[w], self.manifest.records,
+                               self.staging, self.root, self.providers, self.limits, advance, abort, True)
+        self.mine[w] = got.planned
+        return _PhaseOne(got.files, got.size, _decisions(got.planned))
 
-    def _publish(self, ps: list[_Planned]) -> list:
+    def _publish(self, ps: list[_Planned]) -> list[tuple[int, bool, str | None]]:
+        """(entry index, published, reason) of each; plain tuples: they travel back from the workers."""
         assert self.staging is not None
-        return [(p.index, *_publish(self.root, p, self.staging, self.lock_timeout, self.warn, self.made))
-                for p in ps]
+        return [(p.index, *_publish(self.root, p, self.staging, self.lock_timeout, self.warn, self.made)) for p in ps]
 
-    def _between(self, results: list) -> None:
+    def _between(self, results: list[_PhaseOne]) -> None:
         """The entries others use first (a tilus script links to its programs)."""
-        decided = {i: d for r in results for i, *d in r[2]}
+        decided = {i: (action, reason, write) for r in results for i, action, reason, write in r.decisions}
         todo = []
-        for i, rec in enumerate(self.records):
+        for i, rec in enumerate(self.manifest.records):
             if _provides(rec) and decided[i][2]:
                 p = _check_records([rec], i, self.limits)[0]
                 p.action, p.reason, p.write = decided[i]
                 todo.append(p)
-        self.outcome.update((i, (d, why)) for i, d, why in self._publish(todo))
+        self.outcome.update((i, (done, why)) for i, done, why in self._publish(todo))
 
-    def _second(self, w: int) -> list:
-        return self._publish([p for p in self.mine.get(w, ()) if p.write and not _provides(p.record)])
+    def _second(self, w: int) -> list[tuple[int, bool, str | None]]:
+        return self._publish([p for p in self.mine.get(w, ()) if p.write and not is_provider(p.layout, p.kind)])
 
     def results(self) -> list[ImportedEntry]:
         out = []
-        for i, rec in enumerate(self.records):
+        for i, rec in enumerate(self.manifest.records):  # all checked by the workers
             action, reason, write = self.decisions[i]
             done, reason = self.outcome.get(i, (False, reason))
             if write and not self.dry_run and not done:
                 action = "skip"
-            relpath = rec["relpath"]
-            out.append(ImportedEntry(rec["layout"], rec["kind"], _str(rec.get("target")), _str(rec.get("space")),
-                                     _str(rec.get("op")), relpath.rsplit("/", 1)[-1], relpath, action, done, reason,
-                                     len(rec["files"]), self.totals[i], _str(rec.get("arch")),
-                                     _str(rec.get("compiler")), _str(rec.get("platform"))))
+            out.append(_imported(rec, self.manifest.totals[i], action, done, reason))
         return sorted(out, key=lambda r: r.relpath)
 
 
-def _decisions(planned: list[_Planned]) -> list[tuple]:
-    """What a worker decided for each of its entries, small enough to send back."""
+def _imported(rec: dict, size: int, action: str, done: bool, reason: str | None) -> ImportedEntry:
+    """The result line of a JSON record the workers checked, read from the JSON: an EntryRecord built
+    again here, in the one process, would cost each entry as much as a tenth of its import."""
+    relpath = rec["relpath"]
+    return ImportedEntry(rec["layout"], rec["kind"], _str(rec.get("target")), _str(rec.get("space")),
+                         _str(rec.get("op")), relpath.rsplit("/", 1)[-1], relpath, action, done, reason,
+                         len(rec["files"]), size, _str(rec.get("arch")), _str(rec.get("compiler")),
+                         _str(rec.get("platform")))
+
+
+# What a worker decided for one entry: (its index in the manifest, action, reason, write). A plain
+# tuple: one per entry is pickled back from the workers, and a NamedTuple pickles three times slower.
+Decision = tuple[int, str, "str | None", bool]
+
+
+class _PhaseOne(NamedTuple):
+    """What a worker sends back from phase one."""
+
+    files: int  # read and verified
+    size: int  # bytes of them
+    decisions: list[Decision]
+
+
+def _decisions(planned: list[_Planned]) -> list[Decision]:
     return [(p.index, p.action, p.reason, p.write) for p in planned]
 
 
@@ -854,9 +897,9 @@ def _finish_staging(staging: _Staging, planned: list[_Planned]) -> None:
         if not p.write:
             continue
         staging.ensure_dir(p.relpath)
-        for name in p.dirs:
+        for name in p.record.dirs:
             staging.ensure_dir(f"{p.relpath}/{name}")
-        for name in p.locks:
+        for name in p.record.locks:
             staging.ensure_dir(f"{p.relpath}/{name}".rpartition("/")[0])
             os.close(ts.sink_file(os.path.join(staging.path, p.relpath, name)))
 
@@ -917,7 +960,7 @@ def plan_records(root: Path, records: list[dict], limits: ImportLimits = ImportL
     ok = []
     for p in seen.values():
         bad = next(filter(None, (link_problem(p.layout, p.kind, p.relpath, n, t, target_ok)
-                                 for n, t in p.links.items())), None)
+                                 for n, t in p.record.links.items())), None)
         (refused.append((p.index, bad)) if bad else ok.append(p))
     _plan(root, ok, wanted)
     ok.sort(key=lambda p: p.index)

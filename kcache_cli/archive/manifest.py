@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from types import MappingProxyType
+from typing import Callable, Mapping, NamedTuple, Protocol
 
 from kcache_cli import state
 from kcache_cli.errors import KcacheError, UsageError
 from kcache_cli.model import (
     LAYOUT_NAMES,
+    EntryKey,
 )
 
 FORMAT = "kcache-archive"
@@ -168,23 +170,131 @@ def link_problem(layout: str, kind: str, relpath: str, name: str, target: object
     return f"{where} points outside its entry"
 
 
+# ---- entry records -------------------------------------------------------------------------------
+
+FileInfo = tuple[int, str]  # a file's (size, sha256)
+# The fields of a manifest entry record, in the order export writes them; any other field (the remote's
+# "executable", "pushed", "groups"...) is kept in `EntryRecord.extra` and written after these.
+_FIELDS = ("layout", "kind", "target", "space", "op", "hash", "relpath", "status", "compiler", "arch", "platform",
+           "files", "links", "dirs", "locks", "omitted")
+_KNOWN = frozenset(_FIELDS)
+
+
+_NO_EXTRA: Mapping[str, object] = MappingProxyType({})
+
+
+def _text(value: object) -> str | None:
+    """A text field of a record; anything else (a hostile manifest's number or list) reads as absent."""
+    return value if isinstance(value, str) else None
+
+
+class EntryRecord(NamedTuple):
+    """One entry of an archive's manifest (and of a remote's record): its key, where it lives, its
+    files, links, directories and lock files, and what its layout found about it. `from_json` applies
+    every rule a record obeys on its own; `to_json` writes exactly what export writes. (A NamedTuple,
+    not a frozen dataclass: an import builds one per entry, and this is three times faster to make.)"""
+
+    key: EntryKey
+    relpath: str
+    files: dict[str, FileInfo]  # name -> (size, sha256)
+    links: dict[str, str]  # name -> target
+    dirs: tuple[str, ...]
+    locks: tuple[str, ...]  # empty lock files, made anew on import
+    status: str | None
+    compiler: str | None
+    arch: str | None
+    platform: str | None
+    omitted: tuple[str, ...] | None = None  # files a --sources-only export left out (None: not one)
+    extra: Mapping[str, object] = _NO_EXTRA  # fields this kcache does not interpret, as they came
+
+    @property
+    def size(self) -> int:
+        return sum(size for size, _ in self.files.values())
+
+    @classmethod
+    def from_json(cls, rec: object, index: int = 0, limits: ImportLimits = ImportLimits()) -> EntryRecord:
+        """The record `rec` (parsed JSON) after every rule a record obeys on its own (ArchiveRejected,
+        naming entry `index`, if it breaks one)."""
+        return records_from_json([rec], index, limits)[0]
+
+    def to_json(self) -> dict:
+        """The record as export writes it into the manifest (its fields in that order, then `extra`)."""
+        k = self.key
+        out: dict[str, object] = {
+            "layout": k.layout, "kind": k.kind, "target": k.target, "space": k.space, "op": k.op, "hash": k.hash,
+            "relpath": self.relpath, "status": self.status, "compiler": self.compiler, "arch": self.arch,
+            "platform": self.platform, "files": self.files, "links": self.links, "dirs": self.dirs,
+            "locks": self.locks}
+        if self.omitted is not None:
+            out["omitted"] = self.omitted
+        if self.extra:
+            out.update(self.extra)
+        return out
+
+
+def _built(rec: dict, key: EntryKey, relpath: str, files: dict[str, FileInfo], links: dict, dirs: list,
+           locks: list) -> EntryRecord:
+    """The EntryRecord of a checked JSON record: the remaining fields taken as they are."""
+    get = rec.get
+    omitted = get("omitted")
+    extra = _NO_EXTRA if rec.keys() <= _KNOWN else {k: v for k, v in rec.items() if k not in _KNOWN}
+    if omitted is not None and not (isinstance(omitted, list) and all(isinstance(o, str) for o in omitted)):
+        extra = {**extra, "omitted": omitted}  # import never reads it: kept as it came, not trusted
+        omitted = None
+    status, compiler, arch, platform = get("status"), get("compiler"), get("arch"), get("platform")
+    # _text, inline: this runs once per entry of an import
+    return EntryRecord(key, relpath, files, links, tuple(dirs), tuple(locks),
+                       status if type(status) is str else None, compiler if type(compiler) is str else None,
+                       arch if type(arch) is str else None, platform if type(platform) is str else None,
+                       tuple(omitted) if omitted is not None else None, extra)
+
+
+def unchecked_record(rec: dict) -> EntryRecord:
+    """The EntryRecord of a JSON record built without the checks: for one `records_from_json` accepted
+    already (in a worker of this import), or one read only to find the keys to delete. A malformed one
+    raises KeyError, TypeError or ValueError."""
+    files = rec["files"]
+    key = EntryKey(rec["layout"], rec["kind"], _text(rec.get("target")), _text(rec.get("space")),
+                   _text(rec.get("op")), rec["hash"])
+    return _built(rec, key, rec["relpath"], {n: (s, d) for n, (s, d) in files.items()}, dict(rec.get("links", {})),
+                  rec.get("dirs", []), rec.get("locks", []))
+
+
+class Manifest(NamedTuple):
+    """A parsed manifest: its header (format, version, parts...), its entry records as JSON (each
+    checked on its own by `records_from_json`, in the import's workers), each one's path and size."""
+
+    header: dict
+    records: list[dict]
+    relpaths: list[str]
+    totals: list[int]
+
+
 # ---- import: the plan ---------------------------------------------------------------------------
 
-@dataclass
+@dataclass(slots=True)  # no __dict__: one object fewer per entry for the collector to track in a big import
 class _Planned:
     index: int
-    record: dict
-    layout: str
-    kind: str
-    relpath: str
-    files: dict  # name -> (size, sha256)
-    links: dict  # name -> target
-    dirs: list
-    locks: list
+    record: EntryRecord
     action: str = "import"
     reason: str | None = None
     write: bool = True  # extract into staging (False: verify only)
-    size: int = 0
+
+    @property
+    def layout(self) -> str:
+        return self.record.key.layout
+
+    @property
+    def kind(self) -> str:
+        return self.record.key.kind
+
+    @property
+    def relpath(self) -> str:
+        return self.record.relpath
+
+    @property
+    def size(self) -> int:
+        return self.record.size
 
 
 def _reject(msg: str) -> ArchiveRejected:
@@ -212,12 +322,11 @@ def _check_proportion(manifest_size: int, archive_size: int | None, limits: Impo
         raise _reject(f"manifest.json lists {entries} entries, {what}")
 
 
-def _parse_manifest(data: bytes, limits: ImportLimits, archive_size: int | None = None
-                    ) -> tuple[dict, list[dict], list[int]]:
+def _parse_manifest(data: bytes, limits: ImportLimits, archive_size: int | None = None) -> Manifest:
     """The manifest's header and the rules that span all entries: unique, non-nested entry paths
-    and the limits on sizes and member counts (checked in bulk). Returns the manifest, its entry
-    records and each entry's size. Each record's own rules are `_check_records`' (the workers').
-    Its size and nesting are bounded before it is parsed (fsread.parse_json)."""
+    and the limits on sizes and member counts (checked in bulk). Each record's own rules are
+    `records_from_json`' (the workers'). Its size and nesting are bounded before it is parsed
+    (fsread.parse_json)."""
     from kcache_cli.fsread import JsonTooDeep, parse_json
 
     _check_proportion(len(data), archive_size, limits, data)
@@ -246,12 +355,12 @@ def _parse_manifest(data: bytes, limits: ImportLimits, archive_size: int | None 
         if any(type(x) is not int or x < 0 for ss in sizes for x in ss):
             raise TypeError
     except (TypeError, KeyError, IndexError, AttributeError):
-        _check_records(records, 0, limits)  # names the malformed record
+        records_from_json(records, 0, limits)  # names the malformed record
         raise _reject("manifest.json has malformed entries") from None
     totals = [sum(ss) for ss in sizes]
     largest = max((max(ss) for ss in sizes if ss), default=0)
     if largest > limits.max_member:
-        _check_records(records, 0, limits)  # names the file
+        records_from_json(records, 0, limits)  # names the file
     if members > limits.max_members:
         raise _reject(f"{members} members, over the limit of {limits.max_members}")
     if sum(totals) > limits.max_total:
@@ -262,69 +371,23 @@ def _parse_manifest(data: bytes, limits: ImportLimits, archive_size: int | None 
             raise _reject(f"entry {a} is listed twice in the manifest")
         if b.startswith(a + "/"):
             raise _reject(f"entry {b} lies inside entry {a}")
-    return manifest, records, totals
+    return Manifest(manifest, records, rels, totals)
 
 
-def _check_records(records: list, offset: int, limits: ImportLimits) -> list[_Planned]:
-    """Each entry record against the rules that need no member: the shape of its path, its key
-    fields, its names and records. File names and digests are checked in bulk (one regex over all
-    of them); only when that fails is each looked at, to say which one is wrong."""
-    planned: list[_Planned] = []
+def records_from_json(records: list, offset: int, limits: ImportLimits) -> list[EntryRecord]:
+    """Each entry record (record `offset` first) against the rules that need no member: the shape of
+    its path, its key fields, its names and records. File names and digests are checked in bulk (one
+    regex over all of them); only when that fails is each looked at, to say which one is wrong."""
+    out: list[EntryRecord] = []
     all_names: list[str] = []
     all_sizes: list = []
     all_digests: list = []
     for i, rec in enumerate(records, offset):
-        if not isinstance(rec, dict):
-            raise _reject(f"manifest entry {i} is not an object")
-        layout, kind, relpath = rec.get("layout"), rec.get("kind"), rec.get("relpath")
-        if layout not in LAYOUT_NAMES or not isinstance(kind, str) or not isinstance(relpath, str):
-            raise _reject(f"manifest entry {i} has no valid layout, kind or path")
-        bad = entry_path_problem(layout, kind, relpath)
-        if bad:
-            raise _reject(f"manifest entry {i}: {bad}")
-        if rec.get("hash") != relpath.split("/")[-1] or _layout_of(layout).key_problem(kind, relpath, rec):
-            raise _reject(f"manifest entry {relpath}: its hash, space or op disagree with its path")
-        files, links, dirs, locks = rec.get("files"), rec.get("links", {}), rec.get("dirs", []), rec.get("locks", [])
-        if not isinstance(files, dict) or not isinstance(links, dict) or not isinstance(dirs, list) \
-                or not isinstance(locks, list):
-            raise _reject(f"manifest entry {relpath}: malformed files, links, dirs or locks")
-        try:
-            sizes = [info[0] for info in files.values()]
-            digests = [info[1] for info in files.values()]
-            if any(len(info) != 2 for info in files.values()):
-                raise TypeError
-        except (TypeError, KeyError, IndexError):
-            _check_files(relpath, files, limits)  # says which record is malformed
-            raise _reject(f"manifest entry {relpath}: malformed file records") from None
-        p = _Planned(i, rec, layout, kind, relpath, dict(zip(files, zip(sizes, digests))), dict(links), list(dirs),
-                     list(locks))
-        all_names.extend(files)
+        r, sizes, digests = _record_from_json(rec, i, limits)
+        all_names.extend(r.files)
         all_sizes.extend(sizes)
         all_digests.extend(digests)
-        names = set(files)
-        for name, target in links.items():
-            if not isinstance(target, str):
-                raise _reject(f"{relpath}/{name}: malformed link record")
-        for group, what in ((links, "link"), (dirs, "directory"), (locks, "lock file")):
-            for name in group or ():
-                bad = path_problem(name, f"{what} name")
-                if bad:
-                    raise _reject(f"{relpath}: {bad}")
-                if name in names:
-                    raise _reject(f"{relpath}/{name} is listed twice in the manifest")
-                names.add(name)
-        for name in locks:
-            if not is_lock_name(name):
-                raise _reject(f"{relpath}/{name} is listed as a lock file but is not named like one")
-        nested = [n for n in names if "/" in n]
-        if nested:
-            not_dirs = names - set(dirs)
-            for name in nested:
-                parts_ = name.split("/")
-                for k in range(1, len(parts_)):
-                    if "/".join(parts_[:k]) in not_dirs:
-                        raise _reject(f"{relpath}/{name} lies under a file or link of the same entry")
-        planned.append(p)
+        out.append(r)
     # In bulk: every file name simple and no lock, every size a non-negative int, every digest hex64.
     joined = "\n".join(all_names)
     ok = joined.count("\n") == len(all_names) - 1 if all_names else True  # no name holds a newline itself
@@ -333,11 +396,68 @@ def _check_records(records: list, offset: int, limits: ImportLimits) -> list[_Pl
         and all(type(d) is str for d in all_digests) and set(map(len, all_digests)) <= {64} \
         and _HEX.fullmatch("".join(all_digests)) is not None
     if not ok:
-        for p in planned:
-            _check_files(p.relpath, p.record["files"], limits)
-    for p in planned:
-        p.size = sum(size for size, _ in p.files.values())
-    return planned
+        for rec, r in zip(records, out):
+            _check_files(r.relpath, rec["files"], limits)
+    return out
+
+
+def _record_from_json(rec: object, i: int, limits: ImportLimits) -> tuple[EntryRecord, list, list]:
+    """Record `i` checked on its own but for its file names and digests (checked in bulk by the
+    caller), with its file sizes and digests as the JSON gave them."""
+    if not isinstance(rec, dict):
+        raise _reject(f"manifest entry {i} is not an object")
+    layout, kind, relpath = rec.get("layout"), rec.get("kind"), rec.get("relpath")
+    if layout not in LAYOUT_NAMES or not isinstance(kind, str) or not isinstance(relpath, str):
+        raise _reject(f"manifest entry {i} has no valid layout, kind or path")
+    bad = entry_path_problem(layout, kind, relpath)
+    if bad:
+        raise _reject(f"manifest entry {i}: {bad}")
+    key = EntryKey(layout, kind, _text(rec.get("target")), _text(rec.get("space")), _text(rec.get("op")),
+                   rec.get("hash"))  # type: ignore[arg-type]  # a str: it equals the path's last part
+    if key.hash != relpath.split("/")[-1] or _layout_of(layout).key_problem(kind, relpath, key):
+        raise _reject(f"manifest entry {relpath}: its hash, space or op disagree with its path")
+    files, links, dirs, locks = rec.get("files"), rec.get("links", {}), rec.get("dirs", []), rec.get("locks", [])
+    if not isinstance(files, dict) or not isinstance(links, dict) or not isinstance(dirs, list) \
+            or not isinstance(locks, list):
+        raise _reject(f"manifest entry {relpath}: malformed files, links, dirs or locks")
+    try:
+        sizes = [info[0] for info in files.values()]
+        digests = [info[1] for info in files.values()]
+        if any(len(info) != 2 for info in files.values()):
+            raise TypeError
+    except (TypeError, KeyError, IndexError):
+        _check_files(relpath, files, limits)  # says which record is malformed
+        raise _reject(f"manifest entry {relpath}: malformed file records") from None
+    _check_names(relpath, files, links, dirs, locks)
+    return _built(rec, key, relpath, dict(zip(files, zip(sizes, digests))), dict(links), dirs, locks), sizes, digests
+
+
+def _check_names(relpath: str, files: dict, links: dict, dirs: list, locks: list) -> None:
+    """The names of an entry's links, directories and lock files: safe, each listed once, lock files
+    named like one, nothing under a file or link."""
+    names = set(files)
+    for name, target in links.items():
+        if not isinstance(target, str):
+            raise _reject(f"{relpath}/{name}: malformed link record")
+    for group, what in ((links, "link"), (dirs, "directory"), (locks, "lock file")):
+        for name in group or ():
+            bad = path_problem(name, f"{what} name")
+            if bad:
+                raise _reject(f"{relpath}: {bad}")
+            if name in names:
+                raise _reject(f"{relpath}/{name} is listed twice in the manifest")
+            names.add(name)
+    for name in locks:
+        if not is_lock_name(name):
+            raise _reject(f"{relpath}/{name} is listed as a lock file but is not named like one")
+    nested = [n for n in names if "/" in n]
+    if nested:
+        not_dirs = names - set(dirs)
+        for name in nested:
+            parts_ = name.split("/")
+            for k in range(1, len(parts_)):
+                if "/".join(parts_[:k]) in not_dirs:
+                    raise _reject(f"{relpath}/{name} lies under a file or link of the same entry")
 
 
 def _check_files(relpath: str, files: dict, limits: ImportLimits) -> None:
@@ -362,7 +482,8 @@ _STAGING_NAME_ROOM = len("/.kcache/import-4194304-01234567/")  # the longest sta
 
 def _too_long(p: _Planned, room: int) -> str | None:
     """The first path of entry `p` longer than `room` bytes (relative to the root), or None."""
-    names = (*p.files, *p.links, *p.dirs, *p.locks)
+    r = p.record
+    names = (*r.files, *r.links, *r.dirs, *r.locks)
     longest = max(map(len, names), default=0) + len(p.relpath) + 1
     if 4 * longest <= room:  # even in 4-byte UTF-8 characters it fits
         return None

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple
 from kcache_cli.layouts.shapes import KindShape, LayoutShape
 
 if TYPE_CHECKING:
-    from kcache_cli.model import Details, Entry, Judgement, LogFile, ScanFilter, Warn
+    from kcache_cli.model import Details, Entry, EntryKey, Judgement, LogFile, ScanFilter, Warn
     from kcache_cli.remote.formats import RemoteFormat
     from kcache_cli.scan import ScanContext
 
@@ -118,14 +118,14 @@ class Layout:
         judged by their path. Default: the path shape alone."""
         return self.entry_path_problem(kind, relpath)
 
-    def key_problem(self, kind: str, relpath: str, key: Mapping[str, object]) -> str | None:
+    def key_problem(self, kind: str, relpath: str, key: EntryKey) -> str | None:
         """Why the key fields an archive record gives (hash, space, op) disagree with its path, or None."""
         k = self.kind_shape(kind)
         got = k.match(relpath) if k else None
         if got is None:
             return self.entry_path_problem(kind, relpath)
         for name in ("hash", "space", "op"):
-            if got[name] is not None and key.get(name) != got[name]:
+            if got[name] is not None and getattr(key, name) != got[name]:
                 return f"its {name} disagrees with its path"
         return None
 

@@ -11,10 +11,14 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kcache_cli.fsread import parse_json
 from kcache_cli.layouts.shapes import TRITON, TRITON_GROUP as GROUP_PREFIX
 from kcache_cli.remote.formats import RemoteFormat
+
+if TYPE_CHECKING:
+    from kcache_cli.archive.manifest import EntryRecord
 
 
 DEFAULT_TRITON_KEY_FORMAT = "triton:{key}:{filename}"
@@ -38,29 +42,30 @@ class TritonFormat(RemoteFormat):
     def __post_init__(self) -> None:
         self.key_format = self.key_format or os.environ.get("TRITON_REDIS_KEY_FORMAT") or DEFAULT_TRITON_KEY_FORMAT
 
-    def key(self, record: dict, filename: str) -> str:
-        return self.key_format.format(key=record["relpath"].rsplit("/", 1)[-1], filename=filename)
+    def key(self, record: EntryRecord, filename: str) -> str:
+        return self.key_format.format(key=record.relpath.rsplit("/", 1)[-1], filename=filename)
 
-    def data_keys(self, record: dict) -> dict[str, list[str]]:
-        return {name: [self.key(record, name)] for name in record["files"]}
+    def data_keys(self, record: EntryRecord) -> dict[str, list[str]]:
+        return {name: [self.key(record, name)] for name in record.files}
 
-    def outgoing(self, record: dict, data: dict[str, bytes]) -> tuple[dict, dict[str, bytes]]:
-        groups = sorted(n for n in record["files"] if n.startswith(GROUP_PREFIX) and "/" not in n)
-        files = {n: v for n, v in record["files"].items() if n not in groups}
-        return {**record, "files": files, "groups": groups}, {n: v for n, v in data.items() if n not in groups}
+    def outgoing(self, record: EntryRecord, data: dict[str, bytes]) -> tuple[EntryRecord, dict[str, bytes]]:
+        groups = sorted(n for n in record.files if n.startswith(GROUP_PREFIX) and "/" not in n)
+        files = {n: v for n, v in record.files.items() if n not in groups}
+        return (record._replace(files=files, extra={**record.extra, "groups": groups}),
+                {n: v for n, v in data.items() if n not in groups})
 
-    def group_value(self, record: dict) -> bytes:
+    def group_value(self, record: EntryRecord) -> bytes:
         # Exactly what Triton's RemoteCacheManager.put_group stores.
-        return json.dumps({"child_paths": sorted(record["files"])}).encode()
+        return json.dumps({"child_paths": sorted(record.files)}).encode()
 
-    def last(self, record: dict) -> tuple[tuple[str, bytes], ...]:
+    def last(self, record: EntryRecord) -> tuple[tuple[str, bytes], ...]:
         value = self.group_value(record)
-        return tuple((self.key(record, g), value) for g in record.get("groups", ()))
+        return tuple((self.key(record, g), value) for g in _groups(record))
 
-    def local_files(self, record: dict, entry_path: str) -> dict[str, bytes]:
-        paths = {n: os.path.join(entry_path, n) for n in sorted(record["files"])}
+    def local_files(self, record: EntryRecord, entry_path: str) -> dict[str, bytes]:
+        paths = {n: os.path.join(entry_path, n) for n in sorted(record.files)}
         text = json.dumps({"child_paths": paths}).encode()
-        return {g: text for g in record.get("groups", ())}
+        return {g: text for g in _groups(record)}
 
     def _key_pattern(self) -> re.Pattern:
         parts = re.split(r"(\{key\}|\{filename\})", self.key_format)
@@ -94,3 +99,9 @@ class TritonFormat(RemoteFormat):
                       "platform": None, "files": {n: [len(v), hashlib.sha256(v).hexdigest()] for n, v in data.items()},
                       "links": {}, "dirs": [], "locks": [], "groups": [gname], "pushed_by": "triton"}
             yield record, data
+
+
+def _groups(record: EntryRecord) -> list[str]:
+    """The group files a remote record names (its "groups": checked by pull like the files it writes)."""
+    groups = record.extra.get("groups", ())
+    return list(groups) if isinstance(groups, (list, tuple)) else []

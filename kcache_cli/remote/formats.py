@@ -16,6 +16,10 @@ that pulls are verified the same way whatever the format.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kcache_cli.archive.manifest import EntryRecord
 
 
 NAMESPACE = "kcache:v1"
@@ -43,26 +47,27 @@ class RemoteFormat:
     name = "kcache"
     content_addressed = True  # a data key names its bytes: write it only if new
 
-    def data_keys(self, record: dict) -> dict[str, list[str]]:
+    def data_keys(self, record: EntryRecord) -> dict[str, list[str]]:
         """File name -> the keys of its pieces, in order."""
-        base = f"{NAMESPACE}:{record['layout']}:{record['relpath']}:data"
+        base = f"{NAMESPACE}:{record.key.layout}:{record.relpath}:data"
         return {name: [f"{base}:{sha}:{i}" for i in range(pieces(size))]
-                for name, (size, sha) in record["files"].items()}
+                for name, (size, sha) in record.files.items()}
 
-    def outgoing(self, record: dict, data: dict[str, bytes]) -> tuple[dict, dict[str, bytes]]:
+    def outgoing(self, record: EntryRecord, data: dict[str, bytes]) -> tuple[EntryRecord, dict[str, bytes]]:
         """The record and files as they go to the remote (a layout drops what is machine-local)."""
         return record, data
 
-    def last(self, record: dict) -> tuple[tuple[str, bytes], ...]:
+    def last(self, record: EntryRecord) -> tuple[tuple[str, bytes], ...]:
         """Keys set when the entry is published, after its data (a tool's own completion marker)."""
         return ()
 
-    def local_files(self, record: dict, entry_path: str) -> dict[str, bytes]:
+    def local_files(self, record: EntryRecord, entry_path: str) -> dict[str, bytes]:
         """Files a pull writes besides the record's (made for this machine, such as absolute paths)."""
         return {}
 
     def foreign(self, store) -> Iterator[tuple[dict, dict[str, bytes]]]:
-        """Entries another tool pushed in this format without a kcache record: (record, files)."""
+        """Entries another tool pushed in this format without a kcache record: (its record as JSON, to
+        be checked like any remote record, and its files)."""
         return iter(())
 
 

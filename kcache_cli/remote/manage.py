@@ -152,8 +152,10 @@ def remove_remote(store: Store, e: RemoteEntry) -> None:
     key = f.record_key(e.layout, e.relpath)
     raw = store.get([key])[0]
     fmt = f.format_for(e.layout)
+    from kcache_cli.archive.manifest import unchecked_record
+
     try:
-        rec = parse_json(raw) if raw is not None else None
+        rec = unchecked_record(parse_json(raw)) if raw is not None else None
         data = [k for ks in fmt.data_keys(rec).values() for k in ks] if rec else []
         last = [k for k, _ in fmt.last(rec)] if rec else []
     except (ValueError, KeyError, TypeError, AttributeError):

@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kcache_cli.fsread import parse_json
 from kcache_cli.model import ScanFilter, Warn
@@ -22,6 +23,9 @@ from kcache_cli.remote import formats as f
 from kcache_cli.remote.moved import MovedEntry, MoveResult
 from kcache_cli.remote.store import Store
 from kcache_cli.terms import LAYOUT_NAMES
+
+if TYPE_CHECKING:
+    from kcache_cli.archive.manifest import EntryRecord
 
 PULL, REPLACE, SKIP, REFUSE = "pull", "replace", "skip", "refuse"
 BATCH_BYTES = 64 << 20  # data fetched in one round trip
@@ -84,17 +88,24 @@ def select(store: Store, flt: ScanFilter) -> list[tuple[str, str]]:
     return sorted(out, key=lambda x: x[1])
 
 
-def _entry(rec: dict, action: str, done: bool, reason: str | None) -> MovedEntry:
+def _moved(r: EntryRecord, action: str, done: bool, reason: str | None) -> MovedEntry:
+    """A checked record's line in the result."""
+    return MovedEntry(r.key.layout, r.key.kind, r.relpath, len(r.files), r.size, action, done, reason, r.arch)
+
+
+def _unchecked(rec: dict, action: str, done: bool, reason: str | None) -> MovedEntry:
+    """The line of a record as the remote gave it (refused, turned down, or of an unknown layout)."""
     files = rec["files"] if isinstance(rec.get("files"), dict) else {}
     size = sum(int(v[0]) for v in files.values() if isinstance(v, list) and v and isinstance(v[0], int))
     return MovedEntry(str(rec.get("layout")), str(rec.get("kind")), str(rec.get("relpath")), len(files), size,
                        action, done, reason, rec.get("arch") if isinstance(rec.get("arch"), str) else None)
 
 
-def verify_files(rec: dict, keys: dict[str, list[str]], values: dict[str, bytes | None]) -> tuple[dict, str | None]:
+def verify_files(rec: EntryRecord, keys: dict[str, list[str]], values: dict[str, bytes | None]
+                 ) -> tuple[dict, str | None]:
     """{name: bytes} of one entry, each checked against the record's size and sha256; or a reason."""
     out = {}
-    for name, (size, digest) in rec["files"].items():
+    for name, (size, digest) in rec.files.items():
         got = [values.get(k) for k in keys[name]]
         if any(v is None for v in got):
             return {}, f"{name} is missing on the remote (pruned or expired?)"
@@ -107,23 +118,24 @@ def verify_files(rec: dict, keys: dict[str, list[str]], values: dict[str, bytes 
     return out, None
 
 
-def _extra_problem(rec: dict, extra: dict[str, bytes]) -> str | None:
+def _extra_problem(rec: EntryRecord, extra: dict[str, bytes]) -> str | None:
     """Files a layout makes for this machine (Triton's group file) are named by the record too: the
     same rules as its files, at the top of the entry, and no clash with them."""
     from kcache_cli.archive import is_lock_name, path_problem
 
     for name in extra:
         bad = path_problem(name, "file name")
-        if bad or "/" in name or name in rec["files"] or name in rec.get("links", {}) or is_lock_name(name):
+        if bad or "/" in name or name in rec.files or name in rec.links or is_lock_name(name):
             return bad or f"{name!r} cannot be written at the top of the entry"
     return None
 
 
-def _stage(staging, rec: dict, files: dict[str, bytes], extra: dict[str, bytes]) -> None:
+def _stage(staging, rec: EntryRecord, files: dict[str, bytes], extra: dict[str, bytes]) -> None:
     """Write one verified entry under the staging directory (never following a link)."""
-    rel = rec["relpath"]
+    rel = rec.relpath
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    executable = set(rec.get("executable") or ())
+    names = rec.extra.get("executable")  # the pusher's list of executable files
+    executable = set(names) if isinstance(names, list) else set()
     staging.ensure_dir(rel)
     for name, data in (*files.items(), *extra.items()):
         staging.ensure_dir(f"{rel}/{name}".rpartition("/")[0])
@@ -134,7 +146,7 @@ def _stage(staging, rec: dict, files: dict[str, bytes], extra: dict[str, bytes])
                 view = view[os.write(fd, view):]
         finally:
             os.close(fd)
-    for name, target in rec.get("links", {}).items():
+    for name, target in rec.links.items():
         staging.ensure_dir(f"{rel}/{name}".rpartition("/")[0])
         os.symlink(target, os.path.join(staging.path, rel, name))
 
@@ -158,7 +170,7 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
          advance: Callable[[int], None] | None = None) -> PullResult:
     """Pull the remote entries `flt` selects (or exactly `ids`, (layout, relpath) pairs, read by key
     without the index). `accept(record)` may turn an entry down with a reason (build: another arch)."""
-    from kcache_cli.archive import ImportLimits, check_total, plan_records
+    from kcache_cli.archive import ImportLimits, check_total, is_provider, plan_records
 
     warn = warn or (lambda m: None)
     flt = flt or ScanFilter()
@@ -174,26 +186,26 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
                     foreign[rec["relpath"]] = data
     out = [MovedEntry("?", "?", rel, 0, 0, REFUSE, False, why) for rel, why in unreadable]
     unknown = [r for r in records if r.get("layout") not in LAYOUT_NAMES]
-    out += [_entry(r, SKIP, False, f"this kcache does not know the {r.get('layout')} layout") for r in unknown]
+    out += [_unchecked(r, SKIP, False, f"this kcache does not know the {r.get('layout')} layout") for r in unknown]
     records = [r for r in records if r.get("layout") in LAYOUT_NAMES]
     if accept is not None:
         kept = []
         for rec in records:
             why = accept(rec)
-            (out.append(_entry(rec, SKIP, False, why)) if why else kept.append(rec))
+            (out.append(_unchecked(rec, SKIP, False, why)) if why else kept.append(rec))
         records = kept
-    targets = [r["relpath"] for r in records if _provides(r.get("layout"), r.get("kind"))]
+    targets = [r["relpath"] for r in records if is_provider(r.get("layout"), r.get("kind"))]
     planned, refused = plan_records(root, records, ImportLimits(), targets)
-    out += [_entry(records[i], REFUSE, False, why) for i, why in refused]
-    out += [_entry(p.record, SKIP, False, p.reason) for p in planned if not p.write]
+    out += [_unchecked(records[i], REFUSE, False, why) for i, why in refused]
+    out += [_moved(p.record, SKIP, False, p.reason) for p in planned if not p.write]
     # entries others use first (a tilus program before the scripts that link to it)
-    todo = sorted((p for p in planned if p.write), key=lambda p: not _provides(p.layout, p.kind))
+    todo = sorted((p for p in planned if p.write), key=lambda p: not is_provider(p.layout, p.kind))
     if start:
         start(len(todo))
     if todo and not dry_run:
         check_total(root, sum(p.size for p in todo))
     if dry_run or not todo:
-        out += [_entry(p.record, PULL if p.action == "import" else REPLACE, False, p.reason) for p in todo]
+        out += [_moved(p.record, PULL if p.action == "import" else REPLACE, False, p.reason) for p in todo]
         return PullResult(store.url, str(root), dry_run, tuple(sorted(out, key=lambda e: e.relpath)))
     out += _fetch_and_publish(root, store, todo, foreign, lock_timeout, warn, advance)
     return PullResult(store.url, str(root), dry_run, tuple(sorted(out, key=lambda e: e.relpath)))
@@ -239,9 +251,9 @@ def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock
                     if done:
                         pulled[f.entry_id(p.layout, p.relpath)] = str(time.time()).encode()
                     action = (PULL if p.action == "import" else REPLACE) if done else SKIP
-                    out.append(_entry(rec, action, done, why if not done else p.reason))
+                    out.append(_moved(rec, action, done, why if not done else p.reason))
                 else:
-                    out.append(_entry(rec, REFUSE, False, why))
+                    out.append(_moved(rec, REFUSE, False, why))
                 if advance:
                     advance(1)
             store.hash_set(f.PULLED, pulled)  # stores are thread-safe: Redis takes a second connection
@@ -250,10 +262,3 @@ def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock
         staging.cleanup()
     remove_stale_staging(root)
     return out
-
-
-def _provides(layout: object, kind: object) -> bool:
-    """Whether entries of this kind are used by other entries of their layout (Layout.provider_kinds)."""
-    from kcache_cli import layouts
-
-    return layout in layouts.NAMES and kind in layouts.get(str(layout)).provider_kinds

@@ -13,12 +13,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kcache_cli.fsread import parse_json
 from kcache_cli.model import ScanFilter, Warn, iso
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.moved import MovedEntry, MoveResult
 from kcache_cli.remote.store import PENDING_TTL, Publish, Store
+
+if TYPE_CHECKING:
+    from kcache_cli.archive.manifest import EntryRecord
 
 PUSH, SKIP, LEFT = "push", "skip", "left out"
 
@@ -35,7 +39,7 @@ class PushResult(MoveResult):
                           self.size)
 
 
-def own_manifest_problem(record: dict, data: dict[str, bytes]) -> str | None:
+def own_manifest_problem(record: EntryRecord, data: dict[str, bytes]) -> str | None:
     """A file whose sha256 disagrees with the entry's own manifest (kcache.json, tilelang's
     manifest.json): the sizes matched, so the scan called it complete, but its bytes changed."""
     for meta in ("kcache.json", "manifest.json"):
@@ -49,46 +53,47 @@ def own_manifest_problem(record: dict, data: dict[str, bytes]) -> str | None:
         if not isinstance(listed, dict):
             continue
         for name, want in listed.items():
-            have = record["files"].get(name)
+            have = record.files.get(name)
             if isinstance(want, dict) and have and want.get("sha256") and want["sha256"] != have[1]:
                 return f"{name} differs from its sha256 in {meta} (corrupt)"
     return None
 
 
-def _summary(record: dict, size: int, pushed: str) -> bytes:
-    keys = ("layout", "kind", "target", "space", "op", "hash", "relpath", "arch", "compiler", "platform")
-    return json.dumps({**{k: record.get(k) for k in keys}, "files": len(record["files"]), "size": size,
-                       "pushed": pushed}, separators=(",", ":")).encode()
+def _summary(record: EntryRecord, size: int, pushed: str) -> bytes:
+    return json.dumps({**record.key._asdict(), "relpath": record.relpath, "arch": record.arch,
+                       "compiler": record.compiler, "platform": record.platform, "files": len(record.files),
+                       "size": size, "pushed": pushed}, separators=(",", ":")).encode()
 
 
 @dataclass
 class _Outgoing:
     """One entry on its way: its record as stored, its data keys and values, and its publish."""
 
-    record: dict
+    record: EntryRecord
     items: dict[str, bytes]
     publish: Publish
     content_addressed: bool
     ttl: int | None
 
 
-def _prepare(record: dict, data: dict[str, bytes], executable: tuple[str, ...]) -> _Outgoing:
+def _prepare(record: EntryRecord, data: dict[str, bytes], executable: tuple[str, ...]) -> _Outgoing:
     from kcache_cli import __version__
 
-    fmt = f.format_for(record["layout"])
+    fmt = f.format_for(record.key.layout)
     rec, files = fmt.outgoing(record, data)
     pushed = iso(time.time()) or ""
-    rec = {**rec, "executable": sorted(n for n in executable if n in rec["files"]), "pushed": pushed,
-           "kcache_version": __version__, "format": fmt.name}
+    rec = rec._replace(extra={**rec.extra, "executable": sorted(n for n in executable if n in rec.files),
+                              "pushed": pushed, "kcache_version": __version__, "format": fmt.name})
     items: dict[str, bytes] = {}
     for name, keys in fmt.data_keys(rec).items():
         items.update(zip(keys, f.split_pieces(files[name])))
     # Content-addressed data may expire until published; a tool's own keys (Triton's) get no time to
     # live, which a second pusher could put back on keys already published.
     ttl = PENDING_TTL if fmt.content_addressed else None
-    size = sum(s for s, _ in rec["files"].values())
-    publish = Publish(f.record_key(rec["layout"], rec["relpath"]), json.dumps(rec, separators=(",", ":")).encode(),
-                      f.INDEX, f.entry_id(rec["layout"], rec["relpath"]), _summary(rec, size, pushed),
+    size = rec.size
+    layout = rec.key.layout
+    publish = Publish(f.record_key(layout, rec.relpath), json.dumps(rec.to_json(), separators=(",", ":")).encode(),
+                      f.INDEX, f.entry_id(layout, rec.relpath), _summary(rec, size, pushed),
                       persist=tuple(items) if ttl else (), last=fmt.last(rec))
     return _Outgoing(rec, items, publish, fmt.content_addressed, ttl)
 
@@ -100,22 +105,30 @@ def publish_entries(store: Store, batch: list[_Outgoing]) -> list[bool]:
         group = [o for o in batch if (o.ttl, o.content_addressed) == (ttl, only_new)]
         store.put({k: v for o in group for k, v in o.items.items()}, ttl=ttl, only_new=only_new)
     won = store.publish_many([o.publish for o in batch])
+    from kcache_cli.archive.manifest import unchecked_record
+
     lost = [o for o, w in zip(batch, won) if not w and o.content_addressed]
     if lost:
         winners = store.get([o.publish.key for o in lost])
         for o, raw in zip(lost, winners):
             try:
-                keep = {k for ks in f.format_for(o.record["layout"]).data_keys(parse_json(raw or b"")).values()
-                        for k in ks}
+                winner = unchecked_record(parse_json(raw or b""))
+                keep = {k for ks in f.format_for(o.record.key.layout).data_keys(winner).values() for k in ks}
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # unreadable: leave everything; our data expires anyway
             store.delete([k for k in o.items if k not in keep])
     return won
 
 
-def publish_entry(store: Store, record: dict, data: dict[str, bytes], executable: tuple[str, ...] = ()) -> bool:
+def publish_entry(store: Store, record: EntryRecord, data: dict[str, bytes], executable: tuple[str, ...] = ()
+                  ) -> bool:
     """Upload one entry and publish it. False when another pusher published it first."""
     return publish_entries(store, [_prepare(record, data, executable)])[0]
+
+
+def _moved(record: EntryRecord, action: str, done: bool, why: str | None) -> MovedEntry:
+    return MovedEntry(record.key.layout, record.key.kind, record.relpath, len(record.files), record.size, action,
+                      done, why, record.arch)
 
 
 BATCH_ENTRIES = 64  # entries uploaded and published per round trip
@@ -135,28 +148,25 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
         start(len(plan.jobs))
     out: list[MovedEntry] = []
     left_seen = len(plan.left)
-    batch: list[tuple[_Outgoing, tuple[str, str, str, int, int]]] = []
+    batch: list[tuple[_Outgoing, EntryRecord]] = []  # as it goes up, as export read it
 
     def flush() -> None:
-        for (o, args), won in zip(batch, publish_entries(store, [o for o, _ in batch])):
+        for (_, record), won in zip(batch, publish_entries(store, [o for o, _ in batch])):
             why = None if won else "pushed meanwhile by another node"
-            out.append(MovedEntry(*args, PUSH if won else SKIP, won, why, o.record.get("arch")))
+            out.append(_moved(record, PUSH if won else SKIP, won, why))
         batch.clear()
 
     for record, data, executable in entry_records(plan):
-        size = sum(s for s, _ in record["files"].values())
-        eid = f.entry_id(record["layout"], record["relpath"])
-        args: tuple[str, str, str, int, int] = (record["layout"], record["kind"], record["relpath"],
-                                                 len(record["files"]), size)
+        eid = f.entry_id(record.key.layout, record.relpath)
         problem = own_manifest_problem(record, data)
         if problem:
-            out.append(MovedEntry(*args, LEFT, False, problem, record.get("arch")))
+            out.append(_moved(record, LEFT, False, problem))
         elif eid in have:
-            out.append(MovedEntry(*args, SKIP, False, "the remote has it", record.get("arch")))
+            out.append(_moved(record, SKIP, False, "the remote has it"))
         elif dry_run:
-            out.append(MovedEntry(*args, PUSH, False, None, record.get("arch")))
+            out.append(_moved(record, PUSH, False, None))
         else:
-            batch.append((_prepare(record, data, executable), args))
+            batch.append((_prepare(record, data, executable), record))
             if len(batch) >= BATCH_ENTRIES or sum(len(v) for o, _ in batch for v in o.items.values()) > BATCH_BYTES:
                 flush()
         if advance:
