@@ -653,9 +653,13 @@ def _make_temps(archive: str, n: int, temps: list[str], held: list[int]) -> None
     """`n` temp files beside `archive`, each flocked (the fds kept in `held`) so that a prune or a later
     export sees a live export (state.leftover_live)."""
     import fcntl
+    import signal
     import tempfile
 
     out_dir = os.path.dirname(archive)
+    # SIGTERM/SIGHUP unwind the export (_signals_raise); one landing between mkstemp's open and the
+    # append would leave a temp file nobody removes: they wait until each file is recorded.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
     try:
         for _ in range(n):
             fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(archive)}.", suffix=".kcache-tmp", dir=out_dir)
@@ -664,6 +668,8 @@ def _make_temps(archive: str, n: int, temps: list[str], held: list[int]) -> None
             fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError as exc:
         raise KcacheError(f"cannot write in {out_dir}: {exc.strerror}") from None
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _close_all(fds: list[int]) -> None:
