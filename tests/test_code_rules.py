@@ -55,3 +55,11 @@ def test_functions_are_at_most_80_lines():
                 if n > MAX_LINES:
                     long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.name} ({n} lines)")
     assert not long, f"functions over {MAX_LINES} lines:\n" + "\n".join(long)
+
+
+def test_no_citation_of_a_design_document_the_repository_does_not_have():
+    """The design reference lives outside this repository: code and packaging cite the README instead."""
+    assert not (PACKAGE.parent / "DESIGN.md").exists()
+    files = [*_sources(skip_layouts=False), PACKAGE.parent / "pyproject.toml"]
+    cited = [str(p.relative_to(PACKAGE.parent)) for p in files if "DESIGN.md" in p.read_text()]
+    assert not cited, f"cite a DESIGN.md this repository lacks: {cited}"

@@ -40,7 +40,7 @@ def test_hidet_toml_without_cache_dir_falls_through(tmp_path):
 
 def test_git_rule_follows_the_hidet_package_not_the_cwd(tmp_path, monkeypatch):
     """hidet looks for a git work tree from where its own package lies (a source checkout), never
-    from the current directory (DESIGN.md §1 as corrected)."""
+    from the current directory (hidet's rule: README "Where the cache is")."""
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
     package = repo / "python" / "hidet"

@@ -1,4 +1,4 @@
-"""Sharing a cache across machines: push, pull, and remote ls | stats | prune (DESIGN.md §9).
+"""Sharing a cache across machines: push, pull, and remote ls | stats | prune (README, "Sharing a cache").
 
 The redis client is imported by the core only when a redis:// remote is opened, never at start-up."""
 
