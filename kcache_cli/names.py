@@ -25,9 +25,9 @@ class EntryName(NamedTuple):
     hash: str
 
 
-def _dirs(path: str, prefix: str = "") -> list[str]:
-    """Names of the visible subdirectories of `path` starting with `prefix` (symlinks not followed; the
-    type comes from the directory listing); [] if unreadable."""
+def visible_dirs(path: str | int, prefix: str = "") -> list[str]:
+    """Names of the visible subdirectories of `path` (or of the directory fd) starting with `prefix`
+    (symlinks not followed; the type comes from the directory listing); [] if unreadable."""
     try:
         with os.scandir(path) as it:
             return [d.name for d in it if d.name.startswith(prefix) and not d.name.startswith(".")
@@ -63,7 +63,7 @@ def _walk(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces
             if not fields:  # fixed text: no listing needed (a missing directory lists as empty below)
                 found.append((os.path.join(path, k.parts[i]), known))
                 continue
-            names = _dirs(path, prefix if last else "")
+            names = visible_dirs(path, prefix if last else "")
             if "op" in fields:
                 names = _present(names, ops)
             for n in (names if last else sorted(names)):
@@ -86,7 +86,7 @@ def _walk(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces
 
 def layouts_of(root: str | os.PathLike) -> tuple[str, ...]:
     """The layouts a root holds, from the names at its top level (one directory listing)."""
-    top = _dirs(os.fspath(root))
+    top = visible_dirs(os.fspath(root))
     return tuple(s.name for s in SHAPES if s.held_by(os.fspath(root), top))
 
 

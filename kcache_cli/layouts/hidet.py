@@ -14,6 +14,7 @@ from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, lis
 from kcache_cli.layouts.base import TEMP, InnerLeftover, Leftover, ModuleLayout
 from kcache_cli.layouts.shapes import HIDET
 from kcache_cli.locking import entry_build_locked, probe_locked
+from kcache_cli.names import visible_dirs
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, UNREADABLE_REASON,
                               Details, Entry, Judgement, LogFile, ScanFilter, TensorInfo, measure_tree)
 
@@ -230,50 +231,28 @@ def _version_texts(root: str, ops: tuple[str, ...], ops_too: bool = True) -> lis
 
 def _group_versions(group: str) -> list[tuple[str, str]]:
     """(path, first 256 bytes as text) of each `<entry>/version.txt` in the directory `group`, read
-    relative to one fd of it: a stat (most seed-layout entries have none), then only a regular file
-    is opened (O_NOFOLLOW, O_NONBLOCK; fstat again after the open)."""
-    import stat
-
+    relative to one fd of it (fsread.read_bytes: never a link, FIFO or device, bounded)."""
     try:
-        gfd = os.open(group, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        gfd = os.open(group, fsread.DIR_FLAGS)
     except OSError:
         return []
     out = []
     try:
-        with os.scandir(gfd) as it:
-            names = [d.name for d in it if d.name[:1] != "." and d.is_dir(follow_symlinks=False)]
-        for name in names:
+        for name in visible_dirs(gfd):
             rel = f"{name}/version.txt"
             try:
-                if not stat.S_ISREG(os.stat(rel, dir_fd=gfd, follow_symlinks=False).st_mode):
-                    continue
-                fd = os.open(rel, _FILE_FLAGS, dir_fd=gfd)
-            except OSError:
+                data = fsread.read_bytes(rel, 256, dir_fd=gfd, strict=False)
+            except OSError:  # most seed-layout entries have none
                 continue
-            try:
-                if stat.S_ISREG(os.fstat(fd).st_mode):
-                    out.append((os.path.join(group, rel), os.read(fd, 256).decode("utf-8", "replace")))
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-    except OSError:
-        pass
+            out.append((os.path.join(group, rel), data.decode("utf-8", "replace")))
     finally:
         os.close(gfd)
     return out
 
 
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
 def _subdirs(path: str) -> list[str]:
-    """The paths of the directories in `path` (not links, not hidden names); [] if it cannot be read."""
-    try:
-        with os.scandir(path) as it:
-            return [os.path.join(path, d.name) for d in it if d.name[:1] != "." and d.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []
+    """The paths of the visible directories in `path` (links not followed)."""
+    return [os.path.join(path, n) for n in visible_dirs(path)]
 
 
 def _names(path: str) -> tuple[dict[str, int] | None, dict[str, float], str | None]:
