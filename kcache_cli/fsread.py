@@ -225,22 +225,26 @@ def _open_dir(path: str) -> int:
     return anchored[0]
 
 
-def held_fd(path: str) -> int | None:
-    """The fd this thread holds for the directory `path` (do not close it), or None."""
+def _holding(path: str) -> tuple[str, int, dict[str, os.stat_result]] | None:
+    """This thread's held record when it holds the directory `path`, else None."""
     if not _HELD:
         return None
     h = _HELD.get(get_ident())
-    return h[1] if h is not None and h[0] == path else None
+    return h if h is not None and h[0] == path else None
+
+
+def held_fd(path: str) -> int | None:
+    """The fd this thread holds for the directory `path` (do not close it), or None."""
+    h = _holding(path)
+    return h[1] if h is not None else None
 
 
 def held_listing(path: str) -> dict[str, os.stat_result] | None:
     """Where a scan lists the held directory `path`, the lstat of each file it lists goes here: a read of
     one of them then skips its own pre-open stat (open_regular), and checks.unreadable its stat. That
     stat was as recent as the one skipped, and the open still refuses links and checks with fstat."""
-    if not _HELD:
-        return None
-    h = _HELD.get(get_ident())
-    return h[2] if h is not None and h[0] == path else None
+    h = _holding(path)
+    return h[2] if h is not None else None
 
 
 def listed(path: str) -> os.stat_result | None:
@@ -248,8 +252,8 @@ def listed(path: str) -> os.stat_result | None:
     if not _HELD:
         return None
     head, _, name = path.rpartition("/")
-    h = _HELD.get(get_ident())
-    return h[2].get(name) if h is not None and h[0] == head else None
+    h = _holding(head)
+    return h[2].get(name) if h is not None else None
 
 
 def at(path: str) -> tuple[str, int | None]:
