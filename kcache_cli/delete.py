@@ -391,13 +391,15 @@ def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn
                now: float | None = None) -> DeletePlan:
     """Remove the entries `flt` selects (everything with `everything`), within the rules: skip builds in
     progress, keep tilus programs and tilelang binaries that kept entries use."""
-    from kcache_cli.scan import scan_cache
+    from kcache_cli.scan import narrowed_by_names, scan_cache
 
     if not everything and flt == ScanFilter():
         raise UsageError("clear needs a selection: --space, --op, --target, --layout, hash prefixes, or --all")
     root = Path(root)
     msgs, collect = _collector(warn)
-    result = scan_cache(root, flt, collect)
+    # Entries named by hash or path: only the layouts and spaces whose directory names show them are
+    # judged (the same entries match); symlinks where entries belong are looked for everywhere.
+    result = scan_cache(root, narrowed_by_names(root, flt) if flt.name_prefixes() else flt, collect)
     if not result.exists:
         return DeletePlan(str(root), False, warnings=tuple(msgs))
     p = _Planner(root, collect, time.time() if now is None else now)

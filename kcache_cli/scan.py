@@ -365,7 +365,7 @@ def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilte
 
     prefixes, paths = split_refs(root, [ref.rstrip("/") or ref])
     flt = replace(flt, hash_prefixes=prefixes, paths=paths)
-    result = scan_cache(root, _narrowed(root, flt), warn)
+    result = scan_cache(root, narrowed_by_names(root, flt), warn)
     found = list(result.entries)
     exact = [e for e in found if e.hash in prefixes or e.relpath in paths]
     if len(exact) == 1:
@@ -383,7 +383,7 @@ def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilte
     return found[0]
 
 
-def _narrowed(root: Path, flt: ScanFilter) -> ScanFilter:
+def narrowed_by_names(root: Path, flt: ScanFilter) -> ScanFilter:
     """`flt` (naming entries by hash prefix or path) limited to the layouts, and spaces, where directory
     names alone (kcache_cli/names.py) show entries it could name: only those are listed and judged, not
     every layout's entries nor hidet's graphs. Spaces narrow nothing else (the hidet version in use is

@@ -326,6 +326,13 @@ def log_command(
             _copy_log(lf)
         sys.stdout.flush()
         return
+    if not raw and not sys.stdout.isatty():  # headers, no highlighting: no Rich to import
+        for lf in logs:
+            sys.stdout.write(f"==> {c.printable_line(lf.label)} <==\n")
+            for ln in _log_lines(lf):
+                sys.stdout.write(c.printable(ln) + "\n")
+        sys.stdout.flush()
+        return
     con = None if raw else c.stdout_console()
     from rich.markup import escape
 

@@ -263,13 +263,14 @@ def _emit_json(data) -> None:
 def stderr_console():
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False, color_system=None if no_color() else "auto")
+    return Console(stderr=True, highlight=False, emoji=False, color_system=None if no_color() else "auto")
 
 
 def stdout_console():
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=not sys.stdout.isatty(), color_system=None if no_color() else "auto")
+    return Console(highlight=False, emoji=False, soft_wrap=not sys.stdout.isatty(),
+                   color_system=None if no_color() else "auto")
 
 
 class Output:

@@ -192,9 +192,7 @@ def version_in_use(root: str | os.PathLike, ops: tuple[str, ...] = (), fresh: bo
     `ops` limits that search to those ops' directories (`ls --op X` reads only X's directories)."""
     key = f"{root}\0{','.join(ops)}"
     if fresh:  # every scan looks again; the judgements that follow it in one command reuse its answer
-        _VERSIONS.pop(key, None)
-        _VERSIONS.pop(f"{root}\0", None)
-        _BUILT.clear()
+        _forget(root, ops)
     if key in _VERSIONS:
         return _VERSIONS[key]
     found = installed_version()
@@ -207,6 +205,12 @@ def version_in_use(root: str | os.PathLike, ops: tuple[str, ...] = (), fresh: bo
         found = max(seen, key=_version_key, default="")
     _VERSIONS[key] = found
     return found
+
+
+def _forget(root: str | os.PathLike, ops: tuple[str, ...] = ()) -> None:
+    _VERSIONS.pop(f"{root}\0{','.join(ops)}", None)
+    _VERSIONS.pop(f"{root}\0", None)
+    _BUILT.clear()
 
 
 def _version_texts(root: str, ops: tuple[str, ...], ops_too: bool = True) -> list[tuple[str, str]]:
@@ -315,12 +319,17 @@ def _module(path: str, prefix: str, names: dict[str, int], mtimes: dict[str, flo
     return None
 
 
-def _stale(path: str, prefix: str, names: dict[str, int], version: str, required: bool) -> Judgement | None:
-    """version.txt against the hidet in use: another version is stale (hidet rebuilds it)."""
+def _stale(path: str, prefix: str, names: dict[str, int], version: str | None, required: bool,
+           root: str | os.PathLike) -> Judgement | None:
+    """version.txt against the hidet in use (None: not known yet, looked up only here, where an entry
+    has a version.txt: an entry without one never needs the whole cache's newest version.txt); another
+    version is stale (hidet rebuilds it)."""
     if "version.txt" not in names:
         if required:
             return Judgement.of(CORRUPT, f"no {prefix}version.txt: hidet will not load this entry and rebuilds it")
         return None
+    if version is None:
+        version = version_in_use(root)
     if not version:
         return None  # unknown yet (a full scan decides it after reading every entry's version.txt)
     vpath = os.path.join(path, "version.txt")
@@ -375,10 +384,8 @@ def judge(path: str, kind: str = "op", deep: bool = False, *, names: dict[str, i
     absent (hidet may rebuild it in place: then hidet's rule applies)."""
     if root is None:
         root = Path(path).parents[3] if kind == "op" else Path(path).parents[1]
-    if version is None:
-        version = version_in_use(root)
     if kind == "graph":
-        return _judge_graph(path, deep, version)
+        return _judge_graph(path, deep, version_in_use(root) if version is None else version)
     if names is None:
         names, mtimes, why = _names(path)
         if names is None:
@@ -388,7 +395,7 @@ def judge(path: str, kind: str = "op", deep: bool = False, *, names: dict[str, i
         return _judge_kcache_built(path, names, mtimes, deep)
     found = (_module(path, "", names, mtimes, deep, marker=hidet_made or kind != "op")
              or (_task(path, names, mtimes, deep) if kind == "op" else None)
-             or (_stale(path, "", names, version, required=hidet_made and kind == "op") if hidet_made else None))
+             or (_stale(path, "", names, version, hidet_made and kind == "op", root) if hidet_made else None))
     if found is None and deep:
         bad = read_every_byte(path)
         if bad:
@@ -447,7 +454,7 @@ def _judge_graph(path: str, deep: bool, version: str) -> Judgement:
                 return Judgement.of(PARTIAL, f"no {part}/: hidet did not finish the graph")
             return Judgement.of(UNREADABLE, f"{part}: {why}")
         found = (_module(sub, f"{part}/", names, mtimes, deep, marker=part != "graph_module")
-                 or _stale(sub, f"{part}/", names, version, required=False))
+                 or _stale(sub, f"{part}/", names, version, False, ""))
         if found:
             return found
     if deep:
@@ -505,10 +512,8 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     blocked: list[Entry] = []
     # Without an installed hidet, a full scan learns the version in use from the entries it reads.
     later = not installed_version() and not (flt.ops or flt.spaces or flt.targets or flt.hash_prefixes or flt.paths)
-    version = "" if later else version_in_use(ctx.root, flt.ops, fresh=True)
     if later:
-        _VERSIONS.pop(f"{ctx.root}\0", None)
-        _BUILT.clear()
+        _forget(ctx.root)
     for space, target, space_path in _space_dirs(ctx, ops, flt):
         if flt.ops:
             op_dirs = [(o, os.path.join(space_path, o)) for o in flt.ops if os.path.isdir(os.path.join(space_path, o))]
@@ -522,7 +527,9 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 if prefixes and not any(de.name.startswith(p) or de.name.startswith(state.TEMP_PREFIX)
                                         for p in prefixes):
                     continue
-                jobs.append((de.path, de.name, target, space, op, version))
+                jobs.append((de.path, de.name, target, space, op))
+    version = "" if later else _version_for(ctx.root, flt, jobs)
+    jobs = [(*job, version) for job in jobs]
     yield from blocked
     if later:
         version, found = _newest_then_stale(ctx.root, list(ctx.map_entries(_op_entry_and_version, jobs)))
@@ -540,6 +547,21 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 j = judge(de.path, kind, False, version=version, root=ctx.root)
                 yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind=kind,
                                 target=built_for, space=None, op=None, hash=de.name, status=j.status, reason=j.reason)
+
+
+_FEW = 16
+
+
+def _version_for(root: Path, flt: ScanFilter, jobs: list[tuple]) -> str:
+    """The version in use for judging `jobs`. A lookup by name (`inspect <prefix>`: a few op entries and
+    no graph) where none of the entries has a version.txt needs none: "" then, and the whole cache's
+    version.txt files are not read. A version.txt appearing after this look is judged as one of an
+    unknown version, as the cache looked a moment before (and the index stores no file that new)."""
+    lookup = (flt.hash_prefixes or flt.paths) and (flt.ops or flt.spaces) and len(jobs) <= _FEW
+    if lookup and not any(os.path.lexists(os.path.join(job[0], "version.txt")) for job in jobs):
+        _forget(root, flt.ops)  # what inspect looks up later is looked up afresh too
+        return ""
+    return version_in_use(root, flt.ops, fresh=True)
 
 
 def _op_entry_and_version(ctx, job: tuple[str, str, str, str, str, str]) -> tuple[Entry, str | None]:
@@ -644,7 +666,10 @@ def describe(root: Path, entry: Entry) -> Details:
     version = read_text(os.path.join(p, "version.txt"))
     if version is not None:
         facts.append(("version.txt", version.strip()))
-    facts.append(("hidet in use", version_in_use(root) or "unknown (not installed, no version.txt)"))
+    if version is not None or entry.kind == "graph":  # what decides this entry: the whole cache's newest
+        facts.append(("hidet in use", version_in_use(root) or "unknown (not installed, no version.txt)"))
+    elif installed_version():  # no version.txt here: no search of the cache for the newest one
+        facts.append(("hidet in use", installed_version()))
     manifest, bad = fsread.json_problem(os.path.join(p, MANIFEST), base=p)
     if bad and not bad.endswith("missing"):
         problems.append(bad)
