@@ -507,7 +507,8 @@ def _listing(ctx, path: str, job: tuple, out: list[Entry]) -> list[os.DirEntry]:
 
 def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     ops = ctx.root / "ops"
-    jobs = []  # listing the entry directories is cheap; reading them is the work, done in parallel
+    listed: list[tuple[str, str, str, str, str]] = []  # listing the entry directories is cheap; reading
+    # them is the work, done in parallel
     prefixes = flt.name_prefixes()
     blocked: list[Entry] = []
     # Without an installed hidet, a full scan learns the version in use from the entries it reads.
@@ -527,9 +528,9 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 if prefixes and not any(de.name.startswith(p) or de.name.startswith(state.TEMP_PREFIX)
                                         for p in prefixes):
                     continue
-                jobs.append((de.path, de.name, target, space, op))
-    version = "" if later else _version_for(ctx.root, flt, jobs)
-    jobs = [(*job, version) for job in jobs]
+                listed.append((de.path, de.name, target, space, op))
+    version = "" if later else _version_for(ctx.root, flt, listed)
+    jobs = [(*job, version) for job in listed]
     yield from blocked
     if later:
         version, found = _newest_then_stale(ctx.root, list(ctx.map_entries(_op_entry_and_version, jobs)))
