@@ -68,7 +68,6 @@ RACY_SECONDS = 2.0
 MIN_ENTRIES = 1000
 STORABLE = frozenset({COMPLETE, FAILED, CORRUPT, STALE})
 FIELDS = tuple(f.name for f in fields(Entry))
-_LAST_USED = FIELDS.index("last_used")
 _RELPATH = FIELDS.index("relpath")
 _MODIFIED = FIELDS.index("modified")
 _NFIELDS = len(FIELDS)
@@ -328,9 +327,11 @@ class IndexedContext(ScanContext):
 
     def _answer_of(self, rec: Record) -> Any:
         """What the layout's function answered when the record was made (last-used stamps move on)."""
-        values = list(rec[3])
-        values[_LAST_USED] = self.last_used_of(values[_RELPATH], values[_MODIFIED])
-        entry = Entry(*values)
+        values = rec[3]
+        entry = object.__new__(Entry)  # the fields as stored (a frozen dataclass's __init__ costs 4x)
+        attrs = entry.__dict__
+        attrs.update(zip(FIELDS, values))
+        attrs["last_used"] = self.last_used_of(values[_RELPATH], values[_MODIFIED])
         return entry if rec[4] is None else (entry, *rec[4])
 
     def save(self, complete: bool) -> None:
