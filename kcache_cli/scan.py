@@ -177,39 +177,65 @@ PARALLEL_MIN_JOBS = 4000
 
 # Threads per worker process. A cache not read for a while is on disk, not in the page cache (and
 # reclaim evicts it): each worker then waits on directory, inode and header reads, which release the GIL,
-# so a few threads keep several reads in flight where one would wait for each in turn.
+# so a few threads keep several reads in flight where one would wait for each in turn. In the page cache
+# they only contend for the GIL (a tenth slower), so they start only once entries are seen to wait:
+# PROBE entries at a time are timed, and two such blocks in a row at SLOW seconds per entry (several times
+# what a cached entry costs) start them.
 THREADS_PER_WORKER = 4
+PROBE = 64
+SLOW = 150e-6
 
 
 def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
-    """One worker's share of a scan: its entries and the warnings they raised, read by up to
-    THREADS_PER_WORKER threads (each with its own context: the index records per context)."""
+    """One worker's share of a scan: its entries and the warnings they raised, read by one thread, or by
+    THREADS_PER_WORKER once reads are seen to wait on the disk (each thread with its own context: the
+    index records per context). Threads take the next job from a shared counter."""
+    import itertools
     import threading
+    import time
 
     root, last_used, func = shared
     fsread.anchor(root)  # a forkserver's worker starts without the parent's anchors
-    n = max(1, min(THREADS_PER_WORKER, len(jobs) // 500))
-    parts = [jobs[t::n] for t in range(n)]
-    out: list[list[Any]] = [[] for _ in range(n)]
-    warned: list[list[str]] = [[] for _ in range(n)]
+    out: list[Any] = [None] * len(jobs)
+    warned: list[str] = []
     failed: list[BaseException] = []
+    counter = itertools.count()  # next() is atomic under the GIL: each job is taken once
 
-    def work(t: int) -> None:
+    def work(limit: float | None = None) -> bool:
+        """Take jobs until none is left (False) or, with `limit`, until PROBE of them took more than
+        `limit` seconds each (True: the disk is slow, and jobs are left)."""
+        local = ScanContext(root, warned.append, last_used)
+        slow = -1  # slow blocks in a row; the first block pays for imports and first calls: not counted
         try:
-            local = ScanContext(root, warned[t].append, last_used)
-            out[t] = [func(local, job) for job in parts[t]]
+            while not failed:
+                started = time.perf_counter()
+                for i in itertools.islice(counter, PROBE):
+                    if i >= len(jobs):
+                        return False
+                    out[i] = func(local, jobs[i])
+                if limit is None:
+                    continue
+                if slow >= 0 and time.perf_counter() - started > limit * PROBE:
+                    slow += 1  # one slow block can be a garbage collection; two in a row wait on reads
+                    if slow == 2:
+                        return True
+                else:
+                    slow = 0
         except BaseException as exc:  # noqa: BLE001 - raised again below, in the worker's own thread
             failed.append(exc)
+        return False
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(1, n)]
+    slow = work(SLOW if THREADS_PER_WORKER > 1 else None)
+    threads = [threading.Thread(target=work) for _ in range(THREADS_PER_WORKER - 1)] if slow else []
     for th in threads:
         th.start()
-    work(0)
+    if slow:
+        work()
     for th in threads:
         th.join()
     if failed:
         raise failed[0]
-    return [out[j % n][j // n] for j in range(len(jobs))], [w for ws in warned for w in ws]
+    return out, warned
 
 
 def detect_layouts(root: Path) -> tuple[str, ...]:
