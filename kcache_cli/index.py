@@ -56,6 +56,7 @@ from dataclasses import fields
 from stat import S_ISLNK
 from typing import Any
 
+from kcache_cli import fsread
 from kcache_cli.model import COMPLETE, CORRUPT, FAILED, STALE, Entry
 from kcache_cli.scan import ScanContext
 
@@ -83,8 +84,8 @@ _PLAIN = (str, int, float, bool, bytes, type(None))
 Record = tuple
 
 
-def index_name() -> str:
-    return f"scan.{os.geteuid()}"
+def index_name(kind: str = "scan") -> str:
+    return f"{kind}.{os.geteuid()}"
 
 
 def _digest(ints: list[int]) -> bytes:
@@ -242,13 +243,14 @@ def _open_index_dir(root: str, create: bool) -> int | None:
         return None
 
 
-def load(root: str, context: tuple) -> dict:
-    """path -> Record from the index of `root`, or {} when there is none or it cannot be trusted."""
+def load(root: str, context: tuple, kind: str = "scan") -> dict:
+    """path -> Record from the index of `root` (or what `kind`'s file holds), or {} when there is none
+    or it cannot be trusted."""
     dfd = _open_index_dir(root, create=False)
     if dfd is None:
         return {}
     try:
-        fd = os.open(index_name(), os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+        fd = os.open(index_name(kind), os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
     except OSError:
         return {}
     finally:
@@ -381,7 +383,7 @@ def _start_write(root: str, started: int) -> tuple[int, str, int] | None:
     return dfd, tmp, now - (time.monotonic_ns() - started) - int(RACY_SECONDS * 1e9)
 
 
-def _write(dfd: int, tmp: str, obj: dict) -> None:
+def _write(dfd: int, tmp: str, obj: dict, kind: str = "scan") -> None:
     payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     data = MAGIC + _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
     fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW, dir_fd=dfd)
@@ -391,7 +393,7 @@ def _write(dfd: int, tmp: str, obj: dict) -> None:
             view = view[os.write(fd, view):]
     finally:
         os.close(fd)
-    os.rename(tmp, index_name(), src_dir_fd=dfd, dst_dir_fd=dfd)
+    os.rename(tmp, index_name(kind), src_dir_fd=dfd, dst_dir_fd=dfd)
     _remove_stale_temps(dfd)
 
 
@@ -408,3 +410,119 @@ def _remove_stale_temps(dfd: int) -> None:
                 os.unlink(name, dir_fd=dfd)
         except OSError:
             pass
+
+
+# ---- small files of many entries (hidet's version.txt): kept, and served where lstat proves them ----
+
+TEXTS_MIN = 1000  # below this many entries reading them all takes milliseconds: nothing is stored
+_REREAD = ()  # the key of a file stored too recently (or unread): never equal to a real key
+
+
+def group_texts(root: str, groups: list[str], filename: str, limit: int) -> list[tuple[str, str]]:
+    """(path, text) of `<group>/<name>/<filename>` for each visible subdirectory `name` of each group
+    that has one: its first `limit` bytes, decoded (fsread.read_bytes: never a link, FIFO or device).
+
+    What an earlier run read, kept in `.kcache/index/texts.<euid>`, is served where a fresh lstat proves
+    it unchanged: the group directory's inode, mtime and ctime (names added, removed or renamed change
+    them) and the file's inode, size, mtime, ctime and mode (a rewrite in place changes its ctime; a
+    file appearing has a key where there was none). As for the scan index, nothing changed within
+    RACY_SECONDS of the run is kept, and a missing, garbled or foreign file means reading them all."""
+    import kcache_cli
+
+    started = time.monotonic_ns()
+    context = (FORMAT, "texts", kcache_cli.__version__, os.geteuid(), root, filename, limit)
+    stored = load(root, context, "texts")
+    kept: dict[str, tuple] = {}
+    out: list[tuple[str, str]] = []
+    changed = False
+    for group in groups:
+        rec, same = _group_texts(group, filename, limit, stored.get(group), out)
+        changed = changed or not same
+        if rec is not None:
+            kept[group] = rec
+    changed = changed or set(stored) != set(kept)
+    if changed and sum(len(r[1]) for r in kept.values()) >= TEXTS_MIN:
+        _keep_texts(root, context, kept, started)
+    return out
+
+
+def _group_texts(group: str, filename: str, limit: int, old: Any, out: list) -> tuple[tuple | None, bool]:
+    """One group's (record, whether the stored record served unchanged); its texts go to `out`."""
+    from stat import S_ISDIR
+
+    from kcache_cli.names import visible_dirs
+
+    try:
+        gst = os.lstat(group)
+    except OSError:
+        return None, True  # nothing to keep: `kept` shows whether a group went
+    if not S_ISDIR(gst.st_mode):  # a link where a group belongs: not followed, nothing in it
+        return None, True
+    gkey = (gst.st_ino, gst.st_mtime_ns, gst.st_ctime_ns)
+    valid = type(old) is tuple and len(old) == 2 and type(old[1]) is dict
+    was = old[1] if valid else {}
+    same = valid and old[0] == gkey
+    names = list(was) if same else visible_dirs(group)
+    files: dict[str, tuple] = {}
+    gfd: int | None = None
+    try:
+        for name in names:
+            path = os.path.join(group, name, filename)
+            try:
+                st = os.lstat(path)
+                key: tuple | None = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+            except (FileNotFoundError, NotADirectoryError):
+                key = None
+            except OSError:
+                key = _REREAD
+            prev = was.get(name)
+            if type(prev) is tuple and len(prev) == 2 and prev[0] == key and key != _REREAD:
+                text = prev[1]
+            else:
+                same = False
+                if gfd is None:
+                    gfd = os.open(group, fsread.DIR_FLAGS)
+                text = None if key is None else _read_text(gfd, f"{name}/{filename}", limit)
+                key = _REREAD if key is not None and text is None else key
+            files[name] = (key, text)
+            if type(text) is str:
+                out.append((path, text))
+    except OSError:  # the group went away while it was read: nothing of it is kept
+        return None, False
+    finally:
+        if gfd is not None:
+            os.close(gfd)
+    return (gkey, files), same
+
+
+def _read_text(dfd: int, rel: str, limit: int) -> str | None:
+    try:
+        return fsread.read_bytes(rel, limit, dir_fd=dfd, strict=False).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _keep_texts(root: str, context: tuple, kept: dict, started: int) -> None:
+    """Write `kept`, less what changed too recently to be proven by its ctime later. Never raises."""
+    writer = _start_write(root, started)
+    if writer is None:
+        return
+    dfd, tmp, racy_ns = writer
+    records = {}
+    for group, (gkey, files) in kept.items():
+        if gkey[2] >= racy_ns:
+            continue  # listed too recently: listed again next time
+        records[group] = (gkey, {n: ((k, t) if not k or k[3] < racy_ns else (_REREAD, None))
+                                 for n, (k, t) in files.items()})
+    try:
+        _write(dfd, tmp, {"context": context, "records": records}, "texts")
+        tmp = ""
+    except (OSError, pickle.PicklingError, ValueError, RecursionError):
+        pass
+    finally:
+        if tmp:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+        os.close(dfd)

@@ -4,6 +4,8 @@ and judge it exactly as `ls` does."""
 from __future__ import annotations
 
 import os
+import shutil
+import time
 
 import pytest
 
@@ -22,9 +24,9 @@ def searches(monkeypatch):
     calls: list[tuple] = []
     real = hidet._version_texts
 
-    def spy(root, ops, ops_too=True):
-        calls.append((root, ops))
-        return real(root, ops, ops_too)
+    def spy(root, ops_too=True):
+        calls.append(root)
+        return real(root, ops_too)
 
     monkeypatch.setattr(hidet, "_version_texts", spy)
     monkeypatch.setattr(hidet, "installed_version", lambda: "")
@@ -104,3 +106,78 @@ def test_consoles_never_turn_cache_text_into_emoji(capsys):
     common.stderr_console().print("c :warning: d")
     got = capsys.readouterr()
     assert "a :smile: b" in got.out and "c :warning: d" in got.err
+
+
+# ---- the version.txt texts kept under .kcache/index (index.group_texts) are never stale ----
+
+def _rewrite_keeping_size_and_mtime(path, text):
+    st = os.stat(path)
+    with open(path, "r+") as f:  # in place: same inode
+        f.write(text)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # as `touch -d` would put it back
+    assert os.stat(path).st_size == st.st_size
+
+
+CHANGES = {
+    "rewritten_in_place_same_size_mtime_restored":
+        lambda r: _rewrite_keeping_size_and_mtime(r / SOFTMAX / "version.txt", "0.9.9"),
+    "added": lambda r: (r / ADD / "version.txt").write_text("0.9.9\n"),
+    "removed": lambda r: (r / MATMUL / "version.txt").unlink(),
+    "new_entry": lambda r: (r / "ops/cuda_space_0/add/1111222233334444").mkdir() or
+        (r / "ops/cuda_space_0/add/1111222233334444/version.txt").write_text("0.9.9\n"),
+    "entry_replaced": lambda r: os.rename(r / MATMUL, r / "ops/cpu_space_0/matmul/aaaabbbbccccdddd"),
+    "index_garbled": lambda r: (r / ".kcache/index" / index_name("texts")).write_bytes(b"garbage"),
+    "index_deleted": lambda r: (r / ".kcache/index" / index_name("texts")).unlink(),
+}
+
+
+def index_name(kind):
+    from kcache_cli import index
+
+    return index.index_name(kind)
+
+
+def _newest(root) -> str:
+    hidet._forget(root)
+    return hidet.version_in_use(root)
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_kept_version_texts_are_never_stale(cache, searches, monkeypatch, change):
+    from kcache_cli import fsread, index
+
+    monkeypatch.setattr(index, "TEXTS_MIN", 0)
+    monkeypatch.setattr(index, "RACY_SECONDS", 0.0)
+    time.sleep(0.05)  # the copy is older than the file system's clock tick
+    assert _newest(cache) == "0.7.0"
+    assert (cache / ".kcache/index" / index_name("texts")).is_file()
+    reads: list[str] = []
+    real = fsread.read_bytes
+    monkeypatch.setattr(fsread, "read_bytes", lambda p, *a, **k: reads.append(p) or real(p, *a, **k))
+    assert _newest(cache) == "0.7.0" and reads == []  # unchanged: proven by lstat, nothing read
+    CHANGES[change](cache)
+    got = _newest(cache)
+    shutil.rmtree(cache / ".kcache/index")
+    assert got == _newest(cache)  # what reading every version.txt says
+    if change in ("rewritten_in_place_same_size_mtime_restored", "added", "new_entry"):
+        assert got == "0.9.9"
+
+
+def test_a_recent_version_txt_is_not_kept(cache, searches, monkeypatch):
+    from kcache_cli import index
+
+    monkeypatch.setattr(index, "TEXTS_MIN", 0)
+    monkeypatch.setattr(index, "RACY_SECONDS", 3600.0)  # everything is "recent"
+    assert _newest(cache) == "0.7.0"
+    stored = index.load(str(cache), (index.FORMAT, "texts", __import__("kcache_cli").__version__, os.geteuid(),
+                                     str(cache), "version.txt", 256), "texts")
+    assert stored == {}
+
+
+@pytest.mark.parametrize("selector", [("--op", "softmax"), ("--space", "cuda_space_0"), ("--target", "cuda")])
+def test_a_filtered_ls_judges_as_the_full_one(kcache, cache, searches, selector):
+    """Without an installed hidet the newest version.txt of the whole cache decides, whatever part of
+    it is listed (a newer version in another op makes softmax stale for `ls --op softmax` too)."""
+    full = _status(kcache, cache, "ls", "--no-index")
+    part = _status(kcache, cache, "ls", *selector, "--no-index")
+    assert part[SOFTMAX] == full[SOFTMAX] == "stale" and all(full[k] == v for k, v in part.items())

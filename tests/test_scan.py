@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -55,8 +56,20 @@ def test_entry_size_counts_every_file(fixture_copy):
     assert e.size == sum(on_disk) and e.files == len(on_disk)
 
 
-def test_op_filter_reads_only_that_op(fixture_copy, monkeypatch):
+@pytest.mark.parametrize("installed", [True, False])
+def test_op_filter_reads_only_that_op(fixture_copy, monkeypatch, installed):
+    """With hidet installed nothing else is read; without, the version.txt files the search for the
+    newest one read in the first run are proven unchanged by lstat in the next: no listing, no open."""
+    from kcache_cli import index
+    from kcache_cli.layouts import hidet
+
     root = fixture_copy("hidet")
+    monkeypatch.setattr(hidet, "installed_version", lambda: "0.6.1" if installed else "")
+    monkeypatch.setattr(index, "TEXTS_MIN", 0)
+    monkeypatch.setattr(index, "RACY_SECONDS", 0.0)
+    if not installed:
+        time.sleep(0.05)  # older than the file system's clock tick: provable by its ctime
+        scan_cache(root, ScanFilter(ops=("matmul",)))  # the first search reads every version.txt
     seen = []
     real_scandir = os.scandir
 

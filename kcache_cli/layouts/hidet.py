@@ -175,10 +175,10 @@ def _newest_then_stale(root: Path, pairs: list[tuple[Entry, str | None]]) -> tup
 
     built = {e.path: v for e, v in pairs if v is not None}
     entries = [e for e, _ in pairs]
-    for f, text in _version_texts(str(root), (), ops_too=False):
+    for f, text in _version_texts(str(root), ops_too=False):
         built[f] = text.strip()
     version = max({v for v in built.values() if v}, key=_version_key, default="")
-    _VERSIONS[f"{root}\0"] = version
+    _VERSIONS[str(root)] = version
     if not version:
         return version, entries
     return version, [replace(e, status=STALE, reason=_stale_reason(built[e.path], version))
@@ -186,19 +186,19 @@ def _newest_then_stale(root: Path, pairs: list[tuple[Entry, str | None]]) -> tup
                      for e in entries]
 
 
-def version_in_use(root: str | os.PathLike, ops: tuple[str, ...] = (), fresh: bool = False) -> str:
+def version_in_use(root: str | os.PathLike, fresh: bool = False) -> str:
     """The hidet version whose loader decides: the installed hidet's (its metadata, without importing
-    it), else the newest version.txt in the cache, else "" (unknown: no entry is judged stale).
-    `ops` limits that search to those ops' directories (`ls --op X` reads only X's directories)."""
-    key = f"{root}\0{','.join(ops)}"
+    it), else the newest version.txt in the whole cache (whatever part of it a command lists: `ls --op
+    X` judges X's entries as `ls` does), else "" (unknown: no entry is judged stale)."""
+    key = str(root)
     if fresh:  # every scan looks again; the judgements that follow it in one command reuse its answer
-        _forget(root, ops)
+        _forget(root)
     if key in _VERSIONS:
         return _VERSIONS[key]
     found = installed_version()
     if not found:
         seen = set()
-        for f, text in _version_texts(str(root), ops):
+        for f, text in _version_texts(key):
             _BUILT[f] = text  # the judgement of this entry needs it too: read once
             if text.strip():
                 seen.add(text.strip())
@@ -207,51 +207,26 @@ def version_in_use(root: str | os.PathLike, ops: tuple[str, ...] = (), fresh: bo
     return found
 
 
-def _forget(root: str | os.PathLike, ops: tuple[str, ...] = ()) -> None:
-    _VERSIONS.pop(f"{root}\0{','.join(ops)}", None)
-    _VERSIONS.pop(f"{root}\0", None)
+def _forget(root: str | os.PathLike) -> None:
+    _VERSIONS.pop(str(root), None)
     _BUILT.clear()
 
 
-def _version_texts(root: str, ops: tuple[str, ...], ops_too: bool = True) -> list[tuple[str, str]]:
-    """(path, text) of every version.txt of the compiled modules: ops/<space>/<op>/<hash> (only `ops`'
-    when given; none without `ops_too`), and without `ops`, ir_modules/<hash> and
-    graphs/<graph>/kernels/<kernel>. Directories are listed by name (d_type: no stat), links and
-    hidden names skipped; each file is read bounded, never a link, FIFO or device. A loop of its own
-    rather than glob and fsread's per-path reads: those cost 3-4x more per entry, and this runs on
-    every entry of the cache before one `inspect` can be answered."""
+def _version_texts(root: str, ops_too: bool = True) -> list[tuple[str, str]]:
+    """(path, text) of every version.txt of the compiled modules: ops/<space>/<op>/<hash> (not without
+    `ops_too`), ir_modules/<hash> and graphs/<graph>/kernels/<kernel>. Directories are listed by name
+    (d_type: no stat), links and hidden names skipped; each file is read bounded, never a link, FIFO or
+    device. What an earlier run read is served where lstat proves it unchanged (index.group_texts): this
+    runs on every entry of the cache before one `inspect` can be answered."""
+    from kcache_cli.index import group_texts
+
     groups: list[str] = []
     if ops_too:
         for space in _subdirs(os.path.join(root, "ops")):
-            groups += [os.path.join(space, op) for op in ops] if ops else _subdirs(space)
-    if not ops:
-        groups.append(os.path.join(root, "ir_modules"))
-        groups += [os.path.join(g, "kernels") for g in _subdirs(os.path.join(root, "graphs"))]
-    out: list[tuple[str, str]] = []
-    for group in groups:
-        out += _group_versions(group)
-    return out
-
-
-def _group_versions(group: str) -> list[tuple[str, str]]:
-    """(path, first 256 bytes as text) of each `<entry>/version.txt` in the directory `group`, read
-    relative to one fd of it (fsread.read_bytes: never a link, FIFO or device, bounded)."""
-    try:
-        gfd = os.open(group, fsread.DIR_FLAGS)
-    except OSError:
-        return []
-    out = []
-    try:
-        for name in visible_dirs(gfd):
-            rel = f"{name}/version.txt"
-            try:
-                data = fsread.read_bytes(rel, 256, dir_fd=gfd, strict=False)
-            except OSError:  # most seed-layout entries have none
-                continue
-            out.append((os.path.join(group, rel), data.decode("utf-8", "replace")))
-    finally:
-        os.close(gfd)
-    return out
+            groups += _subdirs(space)
+    groups.append(os.path.join(root, "ir_modules"))
+    groups += [os.path.join(g, "kernels") for g in _subdirs(os.path.join(root, "graphs"))]
+    return group_texts(root, groups, "version.txt", 256)
 
 
 def _subdirs(path: str) -> list[str]:
@@ -560,9 +535,9 @@ def _version_for(root: Path, flt: ScanFilter, jobs: list[tuple]) -> str:
     unknown version, as the cache looked a moment before (and the index stores no file that new)."""
     lookup = (flt.hash_prefixes or flt.paths) and (flt.ops or flt.spaces) and len(jobs) <= _FEW
     if lookup and not any(os.path.lexists(os.path.join(job[0], "version.txt")) for job in jobs):
-        _forget(root, flt.ops)  # what inspect looks up later is looked up afresh too
+        _forget(root)  # what inspect looks up later is looked up afresh too
         return ""
-    return version_in_use(root, flt.ops, fresh=True)
+    return version_in_use(root, fresh=True)
 
 
 def _op_entry_and_version(ctx, job: tuple[str, str, str, str, str, str]) -> tuple[Entry, str | None]:
