@@ -465,11 +465,12 @@ def _group_texts(group: str, filename: str, limit: int, old: Any, out: list) -> 
     names = list(was) if same else visible_dirs(group)
     files: dict[str, tuple] = {}
     gfd: int | None = None
+    lstat = os.lstat
     try:
         for name in names:
-            path = os.path.join(group, name, filename)
+            path = f"{group}/{name}/{filename}"
             try:
-                st = os.lstat(path)
+                st = lstat(path)
                 key: tuple | None = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
             except (FileNotFoundError, NotADirectoryError):
                 key = None
