@@ -10,10 +10,15 @@ For each shape, against `du -sb` of the same tree (target <= 1.3x cold, <= 0.2x 
   build  `stats --json` with no index yet (the scan plus writing the index);
   index  `stats --json`, `ls --json` on the unchanged cache (answered from .kcache/index/; the bench checks
          that the answers equal the --no-index ones).
-Then `inspect <prefix>` and `log <prefix>` against `kcache --version` (target <= 1.5x), and `--version`
-against a minimal Typer app (target <= 1.3x).
+  floor  `find -printf` of what the index's key holds (every file's inode, size, mtime and ctime): what
+         any exact index must learn about an unchanged cache, in C, against du;
+  cold   with --cold (root only): the page cache, dentries and inodes are dropped before every run of
+         either command, so both read the disk (as after a reboot, or once reclaim has evicted the cache).
+Then for each shape `inspect <prefix>`, `log <prefix>` and `clear --dry-run <prefix>` against
+`kcache --version` (target <= 1.5x; the seed shape has no version.txt, the real one has), and
+`--version` against a minimal Typer app (target <= 1.3x).
 
-Usage: python bench/bench_scan.py [--entries N] [--dir DIR] [--runs R] [--shapes seed,equal]
+Usage: python bench/bench_scan.py [--entries N] [--dir DIR] [--runs R] [--shapes seed,equal] [--cold]
 Caches are generated once per size and shape under DIR and reused. Python writes bytecode for these runs.
 """
 
@@ -43,7 +48,7 @@ def same_answer(root: Path, args: list[str], env: dict) -> bool:
     return out() == out("--no-index")
 
 
-def bench_shape(name: str, root: Path, runs: int, env: dict) -> None:
+def bench_shape(name: str, root: Path, runs: int, env: dict, cold: bool = False) -> None:
     du = ["du", "-sb", str(root)]
     index_dir = root / ".kcache" / "index"
 
@@ -62,6 +67,31 @@ def bench_shape(name: str, root: Path, runs: int, env: dict) -> None:
     compare(f"{name} index: ls --json", kc("ls", "--json"), du, runs, 0.2, env)
     for args in (["stats", "--json"], ["ls", "--json"]):
         print(f"{name}: {' '.join(args)} from the index equals --no-index: {same_answer(root, args, env)}")
+    key = ["find", str(root), "-printf", "%i %s %T@ %C@\\n"]
+    compare(f"{name} floor: find -printf of the index key", key, du, runs, 0.2, env)
+    if cold:
+        compare(f"{name} cold disk: stats --json --no-index", kc("stats", "--json", "--no-index"), du, runs, 1.3,
+                env, before=drop_caches, before_baseline=drop_caches)
+        compare(f"{name} cold disk: stats --json (index)", kc("stats", "--json"), du, runs, 0.2, env,
+                before=drop_caches, before_baseline=drop_caches)
+    lookups(name, root, runs, env)
+
+
+def drop_caches() -> None:
+    """The page cache, dentries and inodes dropped (root only): the next command reads the disk."""
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def lookups(name: str, root: Path, runs: int, env: dict) -> None:
+    op_dir = root / "ops" / "cuda_space_0" / "matmul"
+    names = sorted(os.listdir(op_dir))
+    prefix = names[len(names) // 2][:8]
+    version = kcache_cmd("--version")
+    runs = max(runs, 10)
+    for args in (["inspect", prefix], ["log", prefix], ["log", "--raw", prefix], ["clear", "--dry-run", prefix]):
+        compare(f"{name} {' '.join(args)} vs --version", kcache_cmd("--cache-dir", str(root), *args), version,
+                runs, 1.5, env)
 
 
 def main() -> None:
@@ -70,7 +100,10 @@ def main() -> None:
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "kcache-bench-scan"))
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--shapes", default="seed,equal")
+    ap.add_argument("--cold", action="store_true", help="also measure with caches dropped before each run (root)")
     args = ap.parse_args()
+    if args.cold and not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        ap.error("--cold drops the kernel's caches: it needs root")
     env = {**os.environ, "NO_COLOR": "1"}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.pop("KCACHE_DIR", None)
@@ -80,17 +113,8 @@ def main() -> None:
     time.sleep(2.5)  # older than the index's racy window (kcache_cli/index.py)
     print(f"{args.entries} entries per cache, cpus: {os.cpu_count()}, load: {load()}", flush=True)
     for shape, root in roots.items():
-        bench_shape(shape, root, args.runs, env)
-    root = next(iter(roots.values()))
-    op_dir = root / "ops" / "cuda_space_0" / "matmul"
-    prefix = sorted(os.listdir(op_dir))[len(os.listdir(op_dir)) // 2][:8]
+        bench_shape(shape, root, args.runs, env, args.cold)
     version = kcache_cmd("--version")
-    runs = max(args.runs, 10)
-    compare(f"inspect {prefix} vs --version", kcache_cmd("--cache-dir", str(root), "inspect", prefix), version,
-            runs, 1.5, env)
-    compare(f"log {prefix} vs --version", kcache_cmd("--cache-dir", str(root), "log", prefix), version, runs, 1.5, env)
-    compare(f"log --raw {prefix} vs --version", kcache_cmd("--cache-dir", str(root), "log", "--raw", prefix), version,
-            runs, 1.5, env)
     compare("--version vs minimal Typer app", version,
             [sys.executable, str(BENCH / "minimal_typer_app.py"), "--version"], max(args.runs, 20), 1.3, env)
     print(f"load after: {load()}")

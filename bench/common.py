@@ -36,20 +36,25 @@ def timed(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> tu
 
 
 def compare(label: str, ours: list[str], baseline: list[str], runs: int, target: float,
-            env: dict | None = None, warmup: int = 1, before=None) -> float:
-    """Run the two commands alternately `runs` times (`before()` ahead of each of ours); print medians of
-    wall and CPU time and the ratios ours/baseline. The wall ratio is the one judged; CPU time moves
-    less with the load of a shared machine (forked workers count in it)."""
+            env: dict | None = None, warmup: int = 1, before=None, before_baseline=None) -> float:
+    """Run the two commands alternately `runs` times (`before()` ahead of each of ours, and
+    `before_baseline()` of each of the baseline's); print medians of wall and CPU time and the ratios
+    ours/baseline. The wall ratio is the one judged; CPU time moves less with the load of a shared
+    machine (forked workers count in it)."""
+    def prepare(hook) -> None:
+        if hook:
+            hook()
+
     for _ in range(warmup):
-        if before:
-            before()
+        prepare(before)
         wall(ours, env)
+        prepare(before_baseline)
         wall(baseline, env)
     a, b = [], []
     for _ in range(runs):
-        if before:
-            before()
+        prepare(before)
         a.append(timed(ours, env))
+        prepare(before_baseline)
         b.append(timed(baseline, env))
     ma, mb = statistics.median(x[0] for x in a), statistics.median(x[0] for x in b)
     ca, cb = statistics.median(x[1] for x in a), statistics.median(x[1] for x in b)

@@ -189,15 +189,16 @@ def read_every_byte(path: str) -> str | None:
     return None
 
 
-def listing_or_unreadable(ctx, path: str, out: list, **fields) -> list[os.DirEntry]:
-    """A directory's entries, sorted. One that cannot be read becomes one `unreadable` entry in `out`
-    (with `fields`: layout, kind, target, space, op): the entries in it cannot be counted one by one,
-    but they are not dropped from the counts either. Nothing deletes such an entry."""
+def listing_or_unreadable(ctx, path: str, out: list, keep=None, **fields) -> list[os.DirEntry]:
+    """A directory's entries (those `keep` keeps), sorted. One that cannot be read becomes one
+    `unreadable` entry in `out` (with `fields`: layout, kind, target, space, op): the entries in it
+    cannot be counted one by one, but they are not dropped from the counts either. Nothing deletes
+    such an entry."""
     from kcache_cli.model import UNREADABLE, TreeUsage
 
     try:
         with os.scandir(path) as it:
-            return sorted(it, key=lambda d: d.name)
+            return sorted(it if keep is None else filter(keep, it), key=lambda d: d.name)
     except FileNotFoundError:
         return []
     except OSError as exc:

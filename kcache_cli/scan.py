@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from kcache_cli import fsread, state
 from kcache_cli.errors import UsageError
@@ -68,8 +68,8 @@ class ScanContext:
         return self.entry(path=path, usage=TreeUsage(st.st_size, 1, st.st_mtime), status=CORRUPT,
                           reason=f"symlink to {text} {where} (never followed)", **fields)
 
-    def listdir(self, path: str | Path) -> list[os.DirEntry]:
-        return listdir(path, self.warn)
+    def listdir(self, path: str | Path, keep: Callable[[os.DirEntry], bool] | None = None) -> list[os.DirEntry]:
+        return listdir(path, self.warn, keep)
 
     def map_entries(self, func, jobs: list) -> Iterator[Entry]:
         """`func(self, job)` for every job, in order. Big caches are read by one worker process per
@@ -160,11 +160,12 @@ class ScanContext:
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
-def listdir(path: str | Path, warn: Warn) -> list[os.DirEntry]:
-    """Directory entries, sorted by name; an unreadable directory is a warning and []."""
+def listdir(path: str | Path, warn: Warn, keep: Callable[[os.DirEntry], bool] | None = None
+            ) -> list[os.DirEntry]:
+    """Directory entries (those `keep` keeps), sorted by name; an unreadable directory is a warning and []."""
     try:
         with os.scandir(path) as it:
-            return sorted(it, key=lambda d: d.name)
+            return sorted(it if keep is None else filter(keep, it), key=lambda d: d.name)
     except FileNotFoundError:
         return []
     except OSError as exc:

@@ -475,9 +475,9 @@ def _space_dirs(ctx, ops: Path, flt: ScanFilter) -> Iterator[tuple[str, str, str
             yield name, m.group(1), path
 
 
-def _listing(ctx, path: str, job: tuple, out: list[Entry]) -> list[os.DirEntry]:
+def _listing(ctx, path: str, job: tuple, out: list[Entry], keep=None) -> list[os.DirEntry]:
     target, space, op = job
-    return listing_or_unreadable(ctx, path, out, layout=NAME, kind="op", target=target, space=space, op=op)
+    return listing_or_unreadable(ctx, path, out, keep, layout=NAME, kind="op", target=target, space=space, op=op)
 
 
 def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
@@ -485,6 +485,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     listed: list[tuple[str, str, str, str, str]] = []  # listing the entry directories is cheap; reading
     # them is the work, done in parallel
     prefixes = flt.name_prefixes()
+    named = (lambda de: de.name.startswith(prefixes) or de.name.startswith(state.TEMP_PREFIX)) if prefixes else None
     blocked: list[Entry] = []
     # Without an installed hidet, a full scan learns the version in use from the entries it reads.
     later = not installed_version() and not (flt.ops or flt.spaces or flt.targets or flt.hash_prefixes or flt.paths)
@@ -497,13 +498,9 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
             op_dirs = [(d.name, d.path) for d in _listing(ctx, space_path, (target, space, None), blocked)
                        if d.is_dir(follow_symlinks=False)]
         for op, op_path in op_dirs:
-            for de in _listing(ctx, op_path, (target, space, op), blocked):
-                if not de.is_dir(follow_symlinks=False):
-                    continue  # lock files and strays
-                if prefixes and not any(de.name.startswith(p) or de.name.startswith(state.TEMP_PREFIX)
-                                        for p in prefixes):
-                    continue
-                listed.append((de.path, de.name, target, space, op))
+            for de in _listing(ctx, op_path, (target, space, op), blocked, named):
+                if de.is_dir(follow_symlinks=False):  # not lock files and strays
+                    listed.append((de.path, de.name, target, space, op))
     version = "" if later else _version_for(ctx.root, flt, listed)
     jobs = [(*job, version) for job in listed]
     yield from blocked
@@ -754,9 +751,8 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
             if od.is_symlink():
                 yield link(od.path, "op", target, sd.name, od.name, "")
             elif od.is_dir(follow_symlinks=False):
-                for de in ctx.listdir(od.path):
-                    if de.is_symlink():
-                        yield link(de.path, "op", target, sd.name, od.name, de.name)
+                for de in ctx.listdir(od.path, keep=os.DirEntry.is_symlink):
+                    yield link(de.path, "op", target, sd.name, od.name, de.name)
 
 
 # ---- the layout ----------------------------------------------------------------------------------
