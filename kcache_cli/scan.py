@@ -12,6 +12,7 @@ from kcache_cli import fsread, state
 from kcache_cli.errors import UsageError
 from kcache_cli.model import (
     Entry,
+    is_glob,
     ScanFilter,
     ScanResult,
     TreeUsage,
@@ -411,10 +412,11 @@ def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilte
 
 
 def narrowed_by_names(root: Path, flt: ScanFilter) -> ScanFilter:
-    """`flt` (naming entries by hash prefix or path) limited to the layouts, and spaces, where directory
-    names alone (kcache_cli/names.py) show entries it could name: only those are listed and judged, not
-    every layout's entries nor hidet's graphs. Spaces narrow nothing else (the hidet version in use is
-    still the whole cache's). Where names show none (a temp directory's name) `flt` is kept as it is."""
+    """`flt` (naming entries by hash prefix or path) limited to the layouts, spaces and ops where
+    directory names alone (kcache_cli/names.py) show entries it could name: only those are listed and
+    judged, not every layout's entries nor hidet's graphs. Spaces and ops narrow nothing else (the hidet
+    version in use is still the whole cache's). Where names show none (a temp directory's name) `flt` is
+    kept as it is."""
     from dataclasses import replace
 
     from kcache_cli import names
@@ -428,4 +430,7 @@ def narrowed_by_names(root: Path, flt: ScanFilter) -> ScanFilter:
     spaces = flt.spaces
     if not spaces and all(h.space for h in hits):
         spaces = tuple(sorted({h.space for h in hits if h.space}))
-    return replace(flt, layouts=layouts, spaces=spaces)
+    ops = flt.ops
+    if not ops and all(h.op and not is_glob(h.op) for h in hits):  # an op named [x] is no pattern here
+        ops = tuple(sorted({h.op for h in hits if h.op}))
+    return replace(flt, layouts=layouts, spaces=spaces, ops=ops)
