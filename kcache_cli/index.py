@@ -430,9 +430,9 @@ def group_texts(root: str, groups: list[str], filename: str, limit: int) -> list
     import kcache_cli
 
     started = time.monotonic_ns()
-    context = (FORMAT, "texts", kcache_cli.__version__, os.geteuid(), root, filename, limit)
+    context = (FORMAT, "texts/2", kcache_cli.__version__, os.geteuid(), root, filename, limit)
     stored = load(root, context, "texts")
-    kept: dict[str, tuple] = {}
+    kept: dict[str, _Group] = {}
     out: list[tuple[str, str]] = []
     changed = False
     for group in groups:
@@ -446,7 +446,22 @@ def group_texts(root: str, groups: list[str], filename: str, limit: int) -> list
     return out
 
 
-def _group_texts(group: str, filename: str, limit: int, old: Any, out: list) -> tuple[tuple | None, bool]:
+# A group's record: (directory key, names, file keys, texts), the last three in the same order. A file
+# key is None where the file is absent (its text is None too) and _REREAD where it must be read again.
+_Group = tuple
+
+
+def _stat_key(path: str) -> tuple | None:
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError:
+        return _REREAD
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode
+
+
+def _group_texts(group: str, filename: str, limit: int, old: Any, out: list) -> tuple[_Group | None, bool]:
     """One group's (record, whether the stored record served unchanged); its texts go to `out`."""
     from stat import S_ISDIR
 
@@ -459,41 +474,38 @@ def _group_texts(group: str, filename: str, limit: int, old: Any, out: list) -> 
     if not S_ISDIR(gst.st_mode):  # a link where a group belongs: not followed, nothing in it
         return None, True
     gkey = (gst.st_ino, gst.st_mtime_ns, gst.st_ctime_ns)
-    valid = type(old) is tuple and len(old) == 2 and type(old[1]) is dict
-    was = old[1] if valid else {}
-    same = valid and old[0] == gkey
-    names = list(was) if same else visible_dirs(group)
-    files: dict[str, tuple] = {}
+    valid = (type(old) is tuple and len(old) == 4 and all(type(x) is tuple for x in old[1:])
+             and len(old[1]) == len(old[2]) == len(old[3]))
+    names = old[1] if valid and old[0] == gkey else tuple(visible_dirs(group))
+    paths = [f"{group}/{name}/{filename}" for name in names]
+    keys = tuple(map(_stat_key, paths))
+    if valid and names is old[1] and keys == old[2] and _REREAD not in keys:  # all unchanged: one comparison
+        out.extend(t for t in zip(paths, old[3]) if t[1] is not None)
+        return old, True
+    was = dict(zip(old[1], zip(old[2], old[3]))) if valid else {}
+    texts = []
     gfd: int | None = None
-    lstat = os.lstat
     try:
-        for name in names:
-            path = f"{group}/{name}/{filename}"
-            try:
-                st = lstat(path)
-                key: tuple | None = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
-            except (FileNotFoundError, NotADirectoryError):
-                key = None
-            except OSError:
-                key = _REREAD
+        for name, path, key in zip(names, paths, keys):
             prev = was.get(name)
-            if type(prev) is tuple and len(prev) == 2 and prev[0] == key and key != _REREAD:
+            if prev is not None and prev[0] == key and key != _REREAD:
                 text = prev[1]
+            elif key is None:
+                text = None
             else:
-                same = False
                 if gfd is None:
                     gfd = os.open(group, fsread.DIR_FLAGS)
-                text = None if key is None else _read_text(gfd, f"{name}/{filename}", limit)
-                key = _REREAD if key is not None and text is None else key
-            files[name] = (key, text)
-            if type(text) is str:
+                text = _read_text(gfd, f"{name}/{filename}", limit)
+            texts.append(text)
+            if text is not None:
                 out.append((path, text))
     except OSError:  # the group went away while it was read: nothing of it is kept
         return None, False
     finally:
         if gfd is not None:
             os.close(gfd)
-    return (gkey, files), same
+    keys = tuple(_REREAD if k is not None and t is None else k for k, t in zip(keys, texts))
+    return (gkey, names, keys, tuple(texts)), False
 
 
 def _read_text(dfd: int, rel: str, limit: int) -> str | None:
@@ -503,18 +515,17 @@ def _read_text(dfd: int, rel: str, limit: int) -> str | None:
         return None
 
 
-def _keep_texts(root: str, context: tuple, kept: dict, started: int) -> None:
+def _keep_texts(root: str, context: tuple, kept: dict[str, _Group], started: int) -> None:
     """Write `kept`, less what changed too recently to be proven by its ctime later. Never raises."""
     writer = _start_write(root, started)
     if writer is None:
         return
     dfd, tmp, racy_ns = writer
     records = {}
-    for group, (gkey, files) in kept.items():
+    for group, (gkey, names, keys, texts) in kept.items():
         if gkey[2] >= racy_ns:
             continue  # listed too recently: listed again next time
-        records[group] = (gkey, {n: ((k, t) if not k or k[3] < racy_ns else (_REREAD, None))
-                                 for n, (k, t) in files.items()})
+        records[group] = (gkey, names, tuple(_REREAD if k and k[3] >= racy_ns else k for k in keys), texts)
     try:
         _write(dfd, tmp, {"context": context, "records": records}, "texts")
         tmp = ""

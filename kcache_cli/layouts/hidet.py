@@ -197,11 +197,9 @@ def version_in_use(root: str | os.PathLike, fresh: bool = False) -> str:
         return _VERSIONS[key]
     found = installed_version()
     if not found:
-        seen = set()
-        for f, text in _version_texts(key):
-            _BUILT[f] = text  # the judgement of this entry needs it too: read once
-            if text.strip():
-                seen.add(text.strip())
+        texts = _version_texts(key)
+        _BUILT.update(texts)  # the judgements of these entries need them too: read once
+        seen = {text.strip() for _, text in texts} - {""}
         found = max(seen, key=_version_key, default="")
     _VERSIONS[key] = found
     return found
