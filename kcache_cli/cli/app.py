@@ -1,6 +1,7 @@
 """The `kcache` command: global options, command registration, and the one place where errors
 become `Error: ...` and an exit status."""
 
+import gc
 import sys
 from typing import Annotated, Optional
 
@@ -156,6 +157,11 @@ def main(argv: list[str] | None = None) -> None:
 
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in (args[:args.index("--")] if "--" in args else args)  # not a compiler flag
+    # A scan keeps a few objects per entry alive to the end: with the default thresholds, the cyclic
+    # collector walks all of them again every few thousand entries (a sixth of a 100,000-entry scan).
+    # What kcache makes is almost free of cycles; collecting them 140 times less often costs no memory
+    # to speak of. Forked workers inherit it.
+    gc.set_threshold(100_000, 50, 100)
     # Help text without box drawing or colour when stdout is not a terminal or NO_COLOR is set.
     app.rich_markup_mode = None if plain_output() else _RICH_MARKUP
     try:
