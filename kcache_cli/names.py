@@ -1,7 +1,8 @@
 """What a cache holds, by directory names alone: op names, spaces and entry hashes (for shell completion).
 
-Only directory listings are read (scandir's d_type; no stat of files, no file contents), and nothing
-heavier than `os` and `re` is imported, so completing on a 100,000-entry cache stays fast. The shapes
+Only directory listings are read (scandir's d_type; no stat of files, no file contents; a lookup by
+hash prefix lstats the few directory names that match it instead), and nothing heavier than `os` and
+`re` is imported, so completing on a 100,000-entry cache stays fast. The shapes
 are the layouts' own declarations (kcache_cli/layouts/shapes.py); tests/test_completion.py checks that
 this agrees with the layouts' scans on the real fixture caches.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 from fnmatch import fnmatchcase
+from stat import S_ISDIR
 from typing import Iterable, Iterator, NamedTuple
 
 from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape
@@ -27,13 +29,27 @@ class EntryName(NamedTuple):
 
 def visible_dirs(path: str | int, prefix: str = "") -> list[str]:
     """Names of the visible subdirectories of `path` (or of the directory fd) starting with `prefix`
-    (symlinks not followed; the type comes from the directory listing); [] if unreadable."""
+    (symlinks not followed; the type comes from the directory listing, or with a prefix from an lstat
+    of the few names that match: a bare name listing is a quarter cheaper than scandir's); [] if
+    unreadable."""
     try:
+        if prefix and not prefix.startswith("."):
+            found = [n for n in os.listdir(path) if n.startswith(prefix)]
+            return [n for n in found if _is_dir(path, n)]
         with os.scandir(path) as it:
             return [d.name for d in it if d.name.startswith(prefix) and not d.name.startswith(".")
                     and d.is_dir(follow_symlinks=False)]
     except OSError:
         return []
+
+
+def _is_dir(path: str | int, name: str) -> bool:
+    try:
+        if isinstance(path, int):
+            return S_ISDIR(os.lstat(name, dir_fd=path).st_mode)
+        return S_ISDIR(os.lstat(os.path.join(path, name)).st_mode)
+    except OSError:
+        return False
 
 
 def _present(names: list[str], wanted: tuple[str, ...]) -> list[str]:

@@ -439,3 +439,18 @@ def test_the_cache_dir_given_last_wins_as_when_running(kcache, tmp_path):
     assert _values(kcache, f"kcache --cache-dir {odd} ls --cache-dir {HIDET} --op ") == HIDET_OPS
     run = kcache("--cache-dir", str(HIDET), "log", "--cache-dir", str(odd), "1-845a0ed6", "--raw")
     assert run.exit_code == 0 and "nvcc" in run.stdout  # the same root when running
+
+
+def test_a_prefix_lookup_stats_only_the_names_that_match(mixed, monkeypatch):
+    seen: list[str] = []
+    real = os.lstat
+
+    def spy(path, *a, **k):
+        seen.append(os.path.basename(os.fspath(path)))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(os, "lstat", spy)
+    assert [e.hash for e in names.entries(mixed, prefix="8d")] == ["8d1f7691cdf75e90"]
+    assert seen and all(n.startswith("8d") for n in seen)
+    os.symlink("/etc", mixed / "ops/cuda_space_0/softmax/8d00000000000000")  # a link is no entry
+    assert [e.hash for e in names.entries(mixed, prefix="8d")] == ["8d1f7691cdf75e90"]
