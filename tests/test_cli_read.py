@@ -14,9 +14,18 @@ from kcache_cli.model import JSON_KEYS
 SOFTMAX = "ops/cuda_space_0/softmax/ad252b064b266eea"
 
 
-def test_version(kcache):
-    r = kcache("--version")
+@pytest.mark.parametrize("args", [("--version",), ("-q", "--version"), ("--version", "ls"), ("--json", "--version")])
+def test_version(kcache, args):
+    r = kcache(*args)
     assert r.exit_code == 0 and r.stdout.strip() == f"kcache {__version__}"
+
+
+def test_version_runs_with_one_command_registered_and_help_with_all():
+    from kcache_cli.cli.app import app, app_for
+
+    assert len(app_for(["--version"]).registered_commands) == 1
+    for args in (["--help"], ["--help", "--version"], [], ["--show-completion", "--version"]):
+        assert app_for(args) is app
 
 
 def test_python_m_entry_point(fixture_copy):
@@ -245,7 +254,7 @@ def test_a_line_naming_one_command_builds_only_that_command():
     one = app_for(["--cache-dir", "/x", "-q", "build", "t.txt", "--", "--debug"])
     assert [c.callback.__name__ for c in one.registered_commands] == ["build_command"]
     assert one.registered_callback is app.registered_callback and one.info is app.info
-    for args in (["--help"], ["--version"], [], ["frobnicate"], ["--cache-dir", "ls"], ["--show-completion"]):
+    for args in (["--help"], [], ["frobnicate"], ["--cache-dir", "ls"], ["--show-completion"]):
         assert app_for(args) is app, args
     assert app_for(["--cache-dir", "ls", "stats"]).registered_commands[0].name == "stats"
 

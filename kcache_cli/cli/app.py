@@ -139,15 +139,34 @@ def app_for(args: list[str]) -> typer.Typer:
     import os
 
     name = _subcommand(args)
-    if name is None or any(k.startswith("_KCACHE_COMPLETE") for k in os.environ):
+    if any(k.startswith("_KCACHE_COMPLETE") for k in os.environ):
+        return app
+    if name is None:
+        if _version_only(args):  # --version acts before any command runs: one command is enough
+            return _holding(app.registered_commands[:1])
         return app
     chosen = [ci for ci in app.registered_commands if (ci.name or getattr(ci.callback, "__name__", None)) == name]
     if len(chosen) != 1:
         return app
+    return _holding(chosen)
+
+
+def _version_only(args: list[str]) -> bool:
+    """`--version` before any command, help or completion option (its eager callback prints and exits)."""
+    for a in args:
+        if a == "--version":
+            return True
+        if a in ("-h", "--help", "--") or not a.startswith("-") or "completion" in a:
+            return False
+    return False
+
+
+def _holding(commands: list) -> typer.Typer:
+    """The app with only `commands` registered (its callback, options and settings the same)."""
     one = typer.Typer()
     for key, value in vars(app).items():
         setattr(one, key, value)
-    one.registered_commands = chosen
+    one.registered_commands = commands
     return one
 
 
