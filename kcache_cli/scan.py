@@ -12,11 +12,11 @@ from kcache_cli import fsread, state
 from kcache_cli.errors import UsageError
 from kcache_cli.model import (
     Entry,
-    is_glob,
     ScanFilter,
     ScanResult,
     TreeUsage,
     Warn,
+    is_glob,
     measure_tree,
 )
 
@@ -204,8 +204,8 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
     counter = itertools.count()  # next() is atomic under the GIL: each job is taken once
 
     def work(limit: float | None = None) -> bool:
-        """Take jobs until none is left (False) or, with `limit`, until PROBE of them took more than
-        `limit` seconds each (True: the disk is slow, and jobs are left)."""
+        """Take jobs until none is left (False) or, with `limit`, until two blocks of PROBE jobs in a row
+        took more than `limit` seconds each (True: the disk is slow, and jobs are left)."""
         local = ScanContext(root, warned.append, last_used)
         slow = -1  # slow blocks in a row; the first block pays for imports and first calls: not counted
         try:

@@ -480,8 +480,8 @@ def _listing(ctx, path: str, job: tuple, out: list[Entry], keep=None) -> list[os
 
 def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     ops = ctx.root / "ops"
-    listed: list[tuple[str, str, str, str, str]] = []  # listing the entry directories is cheap; reading
-    # them is the work, done in parallel
+    # Listing the entry directories is cheap; reading them is the work, done in parallel.
+    listed: list[tuple[str, str, str, str, str]] = []
     prefixes = flt.name_prefixes()
     named = (lambda de: de.name.startswith(prefixes) or de.name.startswith(state.TEMP_PREFIX)) if prefixes else None
     blocked: list[Entry] = []
