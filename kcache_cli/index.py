@@ -343,22 +343,11 @@ class IndexedContext(ScanContext):
             return
         dfd, tmp, _ = self._writer
         self._writer = None
-        try:
-            gone = complete and any(p not in self._visited for p in self._stored)
-            if not (self._changed or gone):
-                return
-            records = self._new if complete else {**self._stored, **self._new}
-            _write(dfd, tmp, {"context": self._context, "records": records})
-            tmp = ""
-        except (OSError, pickle.PicklingError, ValueError, RecursionError):
-            pass
-        finally:
-            if tmp:
-                try:
-                    os.unlink(tmp, dir_fd=dfd)
-                except OSError:
-                    pass
-            os.close(dfd)
+        if not (self._changed or complete and any(p not in self._visited for p in self._stored)):
+            _finish_write(dfd, tmp, None)  # nothing learnt, nothing gone
+            return
+        records = self._new if complete else {**self._stored, **self._new}
+        _finish_write(dfd, tmp, {"context": self._context, "records": records})
 
 
 def _start_write(root: str, started: int) -> tuple[int, str, int] | None:
@@ -381,6 +370,24 @@ def _start_write(root: str, started: int) -> tuple[int, str, int] | None:
         os.close(dfd)
         return None
     return dfd, tmp, now - (time.monotonic_ns() - started) - int(RACY_SECONDS * 1e9)
+
+
+def _finish_write(dfd: int, tmp: str, obj: dict | None, kind: str = "scan") -> None:
+    """Write `obj` (None: nothing) through the temp file `tmp` made by _start_write, then close the
+    index directory's `dfd`; the temp file never stays. Never raises."""
+    try:
+        if obj is not None:
+            _write(dfd, tmp, obj, kind)
+            tmp = ""
+    except (OSError, pickle.PicklingError, ValueError, RecursionError):
+        pass
+    finally:
+        if tmp:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+        os.close(dfd)
 
 
 def _write(dfd: int, tmp: str, obj: dict, kind: str = "scan") -> None:
@@ -526,15 +533,4 @@ def _keep_texts(root: str, context: tuple, kept: dict[str, _Group], started: int
         if gkey[2] >= racy_ns:
             continue  # listed too recently: listed again next time
         records[group] = (gkey, names, tuple(_REREAD if k and k[3] >= racy_ns else k for k in keys), texts)
-    try:
-        _write(dfd, tmp, {"context": context, "records": records}, "texts")
-        tmp = ""
-    except (OSError, pickle.PicklingError, ValueError, RecursionError):
-        pass
-    finally:
-        if tmp:
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
-        os.close(dfd)
+    _finish_write(dfd, tmp, {"context": context, "records": records}, "texts")
