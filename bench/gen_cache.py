@@ -56,6 +56,10 @@ def generate(root: str, n: int, seed_layout: bool = False, lib_size: int = 4096,
         elif not seed_layout:  # as in real hidet, the compile ends a while before func_types.pickle is written
             t = os.stat(os.path.join(d, "func_types.pickle")).st_mtime - 1
             os.utime(os.path.join(d, "lib.so"), (t, t))
+        else:  # as a compile does, lib.so is written a while after task.txt (and the source)
+            t = os.stat(os.path.join(d, "lib.so")).st_mtime - 1
+            for name in ("task.txt", f"source.{ext}"):
+                os.utime(os.path.join(d, name), (t, t))
 
 
 if __name__ == "__main__":

@@ -491,3 +491,29 @@ def test_a_failure_in_a_worker_thread_is_raised(tmp_path):
     jobs = [(i, 0.001) for i in range(scan.PROBE * 4)] + [("boom", 0.0)] + [(i, 0.0) for i in range(100)]
     with pytest.raises(OSError, match="Input/output"):
         scan._scan_part((tmp_path, {}, _thread_job), jobs)
+
+
+def test_seed_layout_task_txt_is_read_only_when_newer_than_lib_so(tmp_path, monkeypatch, kcache):
+    """The seed layout has no completion marker: lib.so, written by the compile that starts once task.txt
+    is written, stands for it. An untouched entry's task.txt is not read by ls; an edit after the build is
+    caught by ls; one whose mtime was put back before lib.so's is left to inspect and verify."""
+    from kcache_cli.taskfile import task_hash
+
+    task = b"Task(\n  name: add\n  parameters: \n)\n"
+    d = tmp_path / "c" / "ops" / "cuda_space_0" / "add" / task_hash(task)
+    d.mkdir(parents=True)
+    (d / "task.txt").write_bytes(task)
+    (d / "lib.so").write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 57)  # no section table: looks whole
+    (d / "nvcc_log.txt").write_text("nvcc -shared source.cu -o lib.so\n")
+    os.utime(d / "task.txt", (1_700_000_000, 1_700_000_000))
+    read: list[str] = []
+    real = fsread.read_bytes
+    monkeypatch.setattr(fsread, "read_bytes", lambda p, *a, **k: read.append(str(p)) or real(p, *a, **k))
+    assert [e.status for e in scan_cache(tmp_path / "c").entries] == ["complete"]
+    assert not any(p.endswith("task.txt") for p in read)
+    (d / "task.txt").write_bytes(task.replace(b"add", b"sub"))  # edited after the build
+    assert [e.status for e in scan_cache(tmp_path / "c").entries] == ["corrupt"]
+    os.utime(d / "task.txt", (1_700_000_000, 1_700_000_000))  # the edit's time put back
+    assert [e.status for e in scan_cache(tmp_path / "c").entries] == ["complete"]
+    r = kcache("--cache-dir", tmp_path / "c", "inspect", d.name[:8], "--json")
+    assert r.json()["status"] == "corrupt" and "no longer matches" in r.json()["reason"]

@@ -324,10 +324,15 @@ def _stale_reason(built: str, version: str) -> str:
 
 def _task(path: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool) -> Judgement | None:
     """task.txt must still hash to the directory's name. Read by ls only when it changed after the
-    entry was finished (an edit after the build)."""
+    entry was finished (an edit after the build): after func_types.pickle (hidet), kcache.json (kcache),
+    or in the seed layout, which has no completion marker, after lib.so (the compile that writes it
+    starts once task.txt is written)."""
     if "task.txt" not in names:
         return None
-    done = MANIFEST if MANIFEST in names and not any(m in names for m in HIDET_MARKERS) else "func_types.pickle"
+    if any(m in names for m in HIDET_MARKERS):
+        done = "func_types.pickle"
+    else:
+        done = MANIFEST if MANIFEST in names else BINARY
     if not deep and not changed_since(mtimes, done, ("task.txt",)):
         return None
     from kcache_cli.taskfile import read_task_file, task_hash
