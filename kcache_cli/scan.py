@@ -181,10 +181,12 @@ PARALLEL_MIN_JOBS = 4000
 # reclaim evicts it): each worker then waits on directory, inode and header reads, which release the GIL,
 # so a few threads keep several reads in flight where one would wait for each in turn. In the page cache
 # they only contend for the GIL (a tenth slower), so they start only once entries are seen to wait:
-# PROBE entries at a time are timed, and two such blocks in a row at SLOW seconds per entry (several times
-# what a cached entry costs) start them.
+# blocks of PROBE entries are timed, and WINDOW blocks in a row at SLOW seconds per entry on average
+# (several times what a cached entry costs) start them. An average, as reads from disk come in bursts
+# (a block of inodes read serves the next entries) and a garbage collection is one slow block.
 THREADS_PER_WORKER = 4
 PROBE = 64
+WINDOW = 4
 SLOW = 150e-6
 
 
@@ -195,6 +197,7 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
     import itertools
     import threading
     import time
+    from collections import deque
 
     root, last_used, func = shared
     fsread.anchor(root)  # a forkserver's worker starts without the parent's anchors
@@ -204,10 +207,11 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
     counter = itertools.count()  # next() is atomic under the GIL: each job is taken once
 
     def work(limit: float | None = None) -> bool:
-        """Take jobs until none is left (False) or, with `limit`, until two blocks of PROBE jobs in a row
-        took more than `limit` seconds each (True: the disk is slow, and jobs are left)."""
+        """Take jobs until none is left (False) or, with `limit`, until the last WINDOW blocks of PROBE
+        jobs took more than `limit` seconds per job (True: the disk is slow, and jobs are left)."""
         local = ScanContext(root, warned.append, last_used)
-        slow = -1  # slow blocks in a row; the first block pays for imports and first calls: not counted
+        window: deque[float] = deque(maxlen=WINDOW)
+        first = True  # the first block pays for imports and first calls: not timed
         try:
             while not failed:
                 started = time.perf_counter()
@@ -215,14 +219,12 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
                     if i >= len(jobs):
                         return False
                     out[i] = func(local, jobs[i])
-                if limit is None:
+                if limit is None or first:
+                    first = False
                     continue
-                if slow >= 0 and time.perf_counter() - started > limit * PROBE:
-                    slow += 1  # one slow block can be a garbage collection; two in a row wait on reads
-                    if slow == 2:
-                        return True
-                else:
-                    slow = 0
+                window.append(time.perf_counter() - started)
+                if len(window) == WINDOW and sum(window) > limit * PROBE * WINDOW:
+                    return True
         except BaseException as exc:  # noqa: BLE001 - raised again below, in the worker's own thread
             failed.append(exc)
         return False
