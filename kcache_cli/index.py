@@ -442,8 +442,7 @@ def group_texts(root: str, groups: list[str], filename: str, limit: int) -> list
     kept: dict[str, _Group] = {}
     out: list[tuple[str, str]] = []
     changed = False
-    for group in groups:
-        rec, same = _group_texts(group, filename, limit, stored.get(group), out)
+    for group, rec, same in _proven_groups(groups, filename, limit, stored, out):
         changed = changed or not same
         if rec is not None:
             kept[group] = rec
@@ -451,6 +450,46 @@ def group_texts(root: str, groups: list[str], filename: str, limit: int) -> list
     if changed and sum(len(r[1]) for r in kept.values()) >= TEXTS_MIN:
         _keep_texts(root, context, kept, started)
     return out
+
+
+PARALLEL_TEXTS = 20_000  # kept names from which the groups are proven by one worker process per core
+
+
+def _proven_groups(groups: list[str], filename: str, limit: int, stored: dict, out: list
+                   ) -> list[tuple[str, _Group | None, bool]]:
+    """(group, record, unchanged) for each group, its texts put in `out`: here, or for a big cache by
+    one worker per core (the lstat calls are the cost, and they scale with cores). A worker sends back
+    only what changed: an unchanged group's texts are its stored record's."""
+    from kcache_cli import parallel
+
+    workers = parallel.cpus()
+    if workers < 2 or sum(len(r[1]) for r in stored.values() if type(r) is tuple and len(r) == 4) < PARALLEL_TEXTS:
+        return [(g, *_group_texts(g, filename, limit, stored.get(g), out)) for g in groups]
+    try:
+        parts = parallel.map_parts(_texts_part, (filename, limit, stored), [groups[i::workers] for i in range(workers)])
+    except (OSError, RuntimeError, ImportError):  # no fork, no semaphores: prove them here instead
+        return [(g, *_group_texts(g, filename, limit, stored.get(g), out)) for g in groups]
+    proven = []
+    for group, as_stored, rec, same, texts in (x for part in parts for x in part):
+        if as_stored:  # unchanged: what the stored record holds
+            rec = stored[group]
+            texts = [(f"{group}/{n}/{filename}", t) for n, t in zip(rec[1], rec[3]) if t is not None]
+        out.extend(texts)
+        proven.append((group, rec, same))
+    return proven
+
+
+def _texts_part(shared: tuple, groups: list[str]) -> list[tuple[str, bool, _Group | None, bool, list]]:
+    """A worker's share of _proven_groups: (group, whether its stored record serves as it is, else
+    its record, unchanged, texts)."""
+    filename, limit, stored = shared
+    done: list[tuple[str, bool, _Group | None, bool, list]] = []
+    for group in groups:
+        texts: list[tuple[str, str]] = []
+        rec, same = _group_texts(group, filename, limit, stored.get(group), texts)
+        served = same and rec is not None  # the stored record, unchanged
+        done.append((group, True, None, True, []) if served else (group, False, rec, same, texts))
+    return done
 
 
 # A group's record: (directory key, names, file keys, texts), the last three in the same order. A file

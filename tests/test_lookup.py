@@ -126,6 +126,7 @@ CHANGES = {
     "new_entry": lambda r: (r / "ops/cuda_space_0/add/1111222233334444").mkdir() or
         (r / "ops/cuda_space_0/add/1111222233334444/version.txt").write_text("0.9.9\n"),
     "entry_replaced": lambda r: os.rename(r / MATMUL, r / "ops/cpu_space_0/matmul/aaaabbbbccccdddd"),
+    "op_removed": lambda r: shutil.rmtree(r / "ops/cpu_space_0/matmul"),  # the 0.7.0 goes with it
     "index_garbled": lambda r: (r / ".kcache/index" / index_name("texts")).write_bytes(b"garbage"),
     "index_deleted": lambda r: (r / ".kcache/index" / index_name("texts")).unlink(),
 }
@@ -142,11 +143,13 @@ def _newest(root) -> str:
     return hidet.version_in_use(root)
 
 
+@pytest.mark.parametrize("workers", [False, True])
 @pytest.mark.parametrize("change", list(CHANGES))
-def test_kept_version_texts_are_never_stale(cache, searches, monkeypatch, change):
+def test_kept_version_texts_are_never_stale(cache, searches, monkeypatch, change, workers):
     from kcache_cli import fsread, index
 
     monkeypatch.setattr(index, "TEXTS_MIN", 0)
+    monkeypatch.setattr(index, "PARALLEL_TEXTS", 0 if workers else 10**9)  # workers: one per core
     monkeypatch.setattr(index, "RACY_SECONDS", 0.0)
     time.sleep(0.05)  # the copy is older than the file system's clock tick
     assert _newest(cache) == "0.7.0"
@@ -161,6 +164,8 @@ def test_kept_version_texts_are_never_stale(cache, searches, monkeypatch, change
     assert got == _newest(cache)  # what reading every version.txt says
     if change in ("rewritten_in_place_same_size_mtime_restored", "added", "new_entry"):
         assert got == "0.9.9"
+    if change == "op_removed":
+        assert got == "0.6.1"
 
 
 def test_a_recent_version_txt_is_not_kept(cache, searches, monkeypatch):
