@@ -463,7 +463,8 @@ def _proven_groups(groups: list[str], filename: str, limit: int, stored: dict, o
     from kcache_cli import parallel
 
     workers = parallel.cpus()
-    if workers < 2 or sum(len(r[1]) for r in stored.values() if type(r) is tuple and len(r) == 4) < PARALLEL_TEXTS:
+    kept = sum(len(r[1]) for r in stored.values() if type(r) is tuple and len(r) == 4)
+    if workers < 2 or kept < PARALLEL_TEXTS or not parallel.fork_safe():  # (a forkserver costs more)
         return [(g, *_group_texts(g, filename, limit, stored.get(g), out)) for g in groups]
     try:
         parts = parallel.map_parts(_texts_part, (filename, limit, stored), [groups[i::workers] for i in range(workers)])
