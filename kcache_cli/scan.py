@@ -31,6 +31,9 @@ class ScanContext:
     # When a dict, read_dir puts each directory's own stat and its files' (name, stat) in it, taken
     # before anything is judged: the index (kcache_cli/index.py) keys its records with them.
     recording: dict | None = field(default=None, init=False, repr=False, compare=False)
+    # False when the caller shows no status (`log`): what a judgement takes from the whole cache (hidet's
+    # version in use) is not looked up, so an entry that is stale may come back complete.
+    statuses: bool = field(default=True, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._prefix = os.path.join(str(self.root), "")
@@ -249,7 +252,7 @@ def detect_layouts(root: Path) -> tuple[str, ...]:
 
 
 def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None,
-               leftovers: bool = False, use_index: bool = False) -> ScanResult:
+               leftovers: bool = False, use_index: bool = False, statuses: bool = True) -> ScanResult:
     """Every entry under `root` that `flt` keeps. Damaged entries come back with a status;
     unreadable directories come back as warnings. A missing root is an empty result. With
     `leftovers`, kcache's own leftovers of killed imports and exports too (layout `kcache`).
@@ -278,7 +281,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
 
         ctx: ScanContext = IndexedContext(root, collect, state.load_last_used(root))
     else:
-        ctx = ScanContext(root, collect, state.load_last_used(root))
+        ctx = ScanContext(root, collect, state.load_last_used(root), statuses=statuses)
     entries: list[Entry] = []
     for name in layouts:
         if flt.layouts and name not in flt.layouts:
@@ -388,14 +391,16 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
     return out
 
 
-def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilter = ScanFilter()) -> Entry:
+def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilter = ScanFilter(),
+                  statuses: bool = True) -> Entry:
     """The one entry that `ref` (a hash prefix, a path relative to the root, or an absolute path) names
-    among those `flt` selects (--space, --op... to tell apart the same hash in two spaces)."""
+    among those `flt` selects (--space, --op... to tell apart the same hash in two spaces). Without
+    `statuses` (for a caller that shows none) its status may miss what the whole cache decides."""
     from dataclasses import replace
 
     prefixes, paths = split_refs(root, [ref.rstrip("/") or ref])
     flt = replace(flt, hash_prefixes=prefixes, paths=paths)
-    result = scan_cache(root, narrowed_by_names(root, flt), warn)
+    result = scan_cache(root, narrowed_by_names(root, flt), warn, statuses=statuses)
     found = list(result.entries)
     exact = [e for e in found if e.hash in prefixes or e.relpath in paths]
     if len(exact) == 1:

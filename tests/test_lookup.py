@@ -186,3 +186,11 @@ def test_a_filtered_ls_judges_as_the_full_one(kcache, cache, searches, selector)
     full = _status(kcache, cache, "ls", "--no-index")
     part = _status(kcache, cache, "ls", *selector, "--no-index")
     assert part[SOFTMAX] == full[SOFTMAX] == "stale" and all(full[k] == v for k, v in part.items())
+
+
+def test_log_shows_no_status_and_looks_up_no_version(kcache, cache, searches):
+    """`log` names an entry to show its logs, never its status: the whole cache's newest version.txt is
+    not looked for, even for an entry that has one (inspect still weighs it: see above)."""
+    r = kcache("--cache-dir", cache, "log", "ad25")
+    assert r.exit_code == 0 and "==> compile.sh <==" in r.stdout and searches == []
+    assert kcache("--cache-dir", cache, "inspect", "ad25", "--json").json()["status"] == "stale" and searches

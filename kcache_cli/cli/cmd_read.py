@@ -164,14 +164,14 @@ def _ls_table(out: c.Output, loc, flt, result, entries) -> None:
     out.info(f"{c.plural(len(entries), 'entry')}, {c.human_size(total)} in {loc.path}")
 
 
-def _details(opts: c.GlobalOptions, ref: str, space=None, op=None, layout=None, kind=None):
+def _details(opts: c.GlobalOptions, ref: str, space=None, op=None, layout=None, kind=None, statuses: bool = True):
     from kcache_cli.layouts import get
     from kcache_cli.scan import resolve_entry
 
     root = c.cache_root(opts, existing=True)
     flt = c.make_filter(op, space, None, layout, None, kind, None, root=root)
     c.hint_unknown(opts, root, flt)
-    entry = resolve_entry(root, ref, warn=lambda m: c.warn(opts, m), flt=flt)
+    entry = resolve_entry(root, ref, warn=lambda m: c.warn(opts, m), flt=flt, statuses=statuses)
     return root, entry, get(entry.layout)
 
 
@@ -317,7 +317,7 @@ def log_command(
     from kcache_cli.errors import KcacheError
 
     opts = c.use(ctx, cache_dir)
-    root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind)
+    root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, statuses=False)  # none shown
     logs = layout_mod.log_files(entry)
     if not logs:
         raise KcacheError(layout_mod.no_log(entry))

@@ -504,7 +504,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
             for de in _listing(ctx, op_path, (target, space, op), blocked, named):
                 if de.is_dir(follow_symlinks=False):  # not lock files and strays
                     listed.append((de.path, de.name, target, space, op))
-    version = "" if later else _version_for(ctx.root, flt, listed)
+    version = "" if later or not ctx.statuses else _version_for(ctx.root, flt, listed)
     jobs = [(*job, version) for job in listed]
     yield from blocked
     if later:
