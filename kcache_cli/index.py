@@ -423,6 +423,13 @@ def _remove_stale_temps(dfd: int) -> None:
 
 TEXTS_MIN = 1000  # below this many entries reading them all takes milliseconds: nothing is stored
 _REREAD = ()  # the key of a file stored too recently (or unread): never equal to a real key
+# A group's record: (directory key, names, file keys, texts), the last three in the same order. A file
+# key is None where the file is absent (its text is None too) and _REREAD where it must be read again.
+_Group = tuple
+
+
+def _text_paths(group: str, names: tuple[str, ...], filename: str) -> list[str]:
+    return [f"{group}/{name}/{filename}" for name in names]
 
 
 def group_texts(root: str, groups: list[str], filename: str, limit: int) -> list[tuple[str, str]]:
@@ -464,17 +471,20 @@ def _proven_groups(groups: list[str], filename: str, limit: int, stored: dict, o
 
     workers = parallel.cpus()
     kept = sum(len(r[1]) for r in stored.values() if type(r) is tuple and len(r) == 4)
-    if workers < 2 or kept < PARALLEL_TEXTS or not parallel.fork_safe():  # (a forkserver costs more)
-        return [(g, *_group_texts(g, filename, limit, stored.get(g), out)) for g in groups]
-    try:
-        parts = parallel.map_parts(_texts_part, (filename, limit, stored), [groups[i::workers] for i in range(workers)])
-    except (OSError, RuntimeError, ImportError):  # no fork, no semaphores: prove them here instead
+    parts = None
+    if workers >= 2 and kept >= PARALLEL_TEXTS and parallel.fork_safe():  # (a forkserver costs more)
+        try:
+            parts = parallel.map_parts(_texts_part, (filename, limit, stored),
+                                       [groups[i::workers] for i in range(workers)])
+        except (OSError, RuntimeError, ImportError):  # no fork, no semaphores: prove them here instead
+            pass
+    if parts is None:
         return [(g, *_group_texts(g, filename, limit, stored.get(g), out)) for g in groups]
     proven = []
     for group, as_stored, rec, same, texts in (x for part in parts for x in part):
         if as_stored:  # unchanged: what the stored record holds
             rec = stored[group]
-            texts = [(f"{group}/{n}/{filename}", t) for n, t in zip(rec[1], rec[3]) if t is not None]
+            texts = [(p, t) for p, t in zip(_text_paths(group, rec[1], filename), rec[3]) if t is not None]
         out.extend(texts)
         proven.append((group, rec, same))
     return proven
@@ -491,11 +501,6 @@ def _texts_part(shared: tuple, groups: list[str]) -> list[tuple[str, bool, _Grou
         served = same and rec is not None  # the stored record, unchanged
         done.append((group, True, None, True, []) if served else (group, False, rec, same, texts))
     return done
-
-
-# A group's record: (directory key, names, file keys, texts), the last three in the same order. A file
-# key is None where the file is absent (its text is None too) and _REREAD where it must be read again.
-_Group = tuple
 
 
 def _stat_key(path: str) -> tuple | None:
@@ -524,7 +529,7 @@ def _group_texts(group: str, filename: str, limit: int, old: Any, out: list) -> 
     valid = (type(old) is tuple and len(old) == 4 and all(type(x) is tuple for x in old[1:])
              and len(old[1]) == len(old[2]) == len(old[3]))
     names = old[1] if valid and old[0] == gkey else tuple(visible_dirs(group))
-    paths = [f"{group}/{name}/{filename}" for name in names]
+    paths = _text_paths(group, names, filename)
     keys = tuple(map(_stat_key, paths))
     if valid and names is old[1] and keys == old[2] and _REREAD not in keys:  # all unchanged: one comparison
         out.extend(t for t in zip(paths, old[3]) if t[1] is not None)

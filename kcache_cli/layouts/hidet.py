@@ -644,8 +644,8 @@ def describe(root: Path, entry: Entry) -> Details:
         facts.append(("version.txt", version.strip()))
     if version is not None or entry.kind == "graph":  # what decides this entry: the whole cache's newest
         facts.append(("hidet in use", version_in_use(root) or "unknown (not installed, no version.txt)"))
-    elif installed_version():  # no version.txt here: no search of the cache for the newest one
-        facts.append(("hidet in use", installed_version()))
+    elif installed := installed_version():  # no version.txt here: no search of the cache for the newest one
+        facts.append(("hidet in use", installed))
     manifest, bad = fsread.json_problem(os.path.join(p, MANIFEST), base=p)
     if bad and not bad.endswith("missing"):
         problems.append(bad)
