@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pwd
 import subprocess
 import sys
 import venv
@@ -26,7 +27,9 @@ SPECS: dict[str, tuple[str, ...]] = {
     "triton39": ("triton==3.9.0",),
 }
 
-ROOT = Path(os.environ.get("KCACHE_ORACLE_VENVS") or Path.home() / ".cache" / "kcache-oracle")
+# The real home, not $HOME: the tests give every test a fresh HOME of its own.
+_HOME = Path(pwd.getpwuid(os.getuid()).pw_dir)
+ROOT = Path(os.environ.get("KCACHE_ORACLE_VENVS") or _HOME / ".cache" / "kcache-oracle")
 # Filled by python_for when a venv cannot be had; tests/conftest.py prints it in the run's summary.
 SKIPPED: list[str] = []
 
