@@ -128,3 +128,13 @@ def run_kcache(*args: str, input: str | None = None, env: dict | None = None) ->
 @pytest.fixture
 def kcache():
     return run_kcache
+
+
+@pytest.fixture
+def stress_seed(request):
+    """The seed of a stress test's random choices: KCACHE_STRESS_SEED=N replays a run; printed either way
+    (pytest shows it with a failure's captured output)."""
+    raw = os.environ.get("KCACHE_STRESS_SEED")
+    seed = int(raw) if raw else int.from_bytes(os.urandom(4), "little")
+    print(f"{request.node.nodeid}: KCACHE_STRESS_SEED={seed}")
+    return seed

@@ -76,7 +76,7 @@ def test_eight_processes_one_compile(tmp_path, kcache):
 
 @pytest.mark.skipif(CXX is None, reason="g++ not found")
 @pytest.mark.slow
-def test_sigkill_at_random_moments_never_leaves_a_partial_entry(tmp_path, kcache):
+def test_sigkill_at_random_moments_never_leaves_a_partial_entry(tmp_path, kcache, stress_seed):
     task = write_task(tmp_path / "tasks", "plus", 21, kind="cc")
     root = tmp_path / "cache"
     counter = tmp_path / "cxx-calls"
@@ -88,7 +88,7 @@ def test_sigkill_at_random_moments_never_leaves_a_partial_entry(tmp_path, kcache
     p = kcache_proc(*args)
     assert p.wait(120) == 0, p.stderr.read()
     whole = time.monotonic() - start
-    rng = random.Random(int.from_bytes(os.urandom(4), "little"))
+    rng = random.Random(stress_seed)
     kills = published = rounds = 0
     while kills < 24 and rounds < 80:
         rounds += 1

@@ -463,21 +463,33 @@ def test_prefix_prefers_the_entry_over_its_temp_dir(fixture_copy):
     assert resolve_entry(root, "ad252b064b266eea-0a1b").relpath == os.path.relpath(tmp, root)
 
 
+class _VirtualClock:
+    """Time that passes only when a job says it waited: the thread heuristic judged without wall clocks."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+_CLOCK = _VirtualClock()
+
+
 def _thread_job(ctx, job):
     import threading
-    import time
 
-    if job[1]:
-        time.sleep(job[1])  # a read waiting on the disk
+    _CLOCK.now += job[1]  # a read that waited job[1] seconds on the disk
     if job[0] == "boom":
         raise OSError(5, "Input/output error")
     return job[0], threading.get_ident()
 
 
 @pytest.mark.parametrize("delay, threaded", [(0.0, False), (0.001, True)])
-def test_a_worker_starts_threads_only_when_reads_wait(tmp_path, delay, threaded):
+def test_a_worker_starts_threads_only_when_reads_wait(tmp_path, delay, threaded, monkeypatch):
     from kcache_cli import scan
 
+    monkeypatch.setattr(scan, "clock", _CLOCK)
     jobs = [(i, delay) for i in range(scan.PROBE * 6)]
     out, warned = scan._scan_part((tmp_path, {}, _thread_job), jobs)
     assert [o[0] for o in out] == list(range(len(jobs))) and warned == []  # every job once, in order
@@ -485,9 +497,10 @@ def test_a_worker_starts_threads_only_when_reads_wait(tmp_path, delay, threaded)
     assert (len(threads) > 1) is threaded
 
 
-def test_a_failure_in_a_worker_thread_is_raised(tmp_path):
+def test_a_failure_in_a_worker_thread_is_raised(tmp_path, monkeypatch):
     from kcache_cli import scan
 
+    monkeypatch.setattr(scan, "clock", _CLOCK)
     jobs = [(i, 0.001) for i in range(scan.PROBE * 4)] + [("boom", 0.0)] + [(i, 0.0) for i in range(100)]
     with pytest.raises(OSError, match="Input/output"):
         scan._scan_part((tmp_path, {}, _thread_job), jobs)
