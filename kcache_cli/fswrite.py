@@ -85,12 +85,13 @@ def open_parent(dir_fd: int, rel: str, *, create: bool = False, mode: int = 0o77
 
 
 def mkdir_at(dir_fd: int, name: str, mode: int = 0o777, exist_ok: bool = False) -> bool:
-    """mkdirat; True if made. With `exist_ok` a real directory already there is fine (a link is not)."""
+    """mkdirat; True if made. With `exist_ok` whatever is there is left for the open that follows to
+    judge (O_NOFOLLOW|O_DIRECTORY refuses a link or a file)."""
     try:
         os.mkdir(name, mode, dir_fd=dir_fd)
         return True
     except FileExistsError:
-        if not exist_ok or not stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+        if not exist_ok:
             raise
         return False
 
