@@ -22,8 +22,19 @@ def entry_lock(root: Path, relpath: str, timeout: float = -1):
     from filelock import FileLock
 
     path = state.lock_path(root, relpath)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_locks_dir(root)
     return FileLock(str(path), timeout=timeout)
+
+
+def _make_locks_dir(root: Path) -> None:
+    """.kcache/locks/, made beneath the root without following a link (fswrite), owners checked."""
+    from kcache_cli import fswrite
+
+    rfd = fswrite.open_root(root)
+    try:
+        os.close(state.open_state(rfd, root, "locks", create=True))
+    finally:
+        os.close(rfd)
 
 
 def try_flock(fd: int) -> bool:
@@ -53,6 +64,7 @@ class EntryFlock:
     (about 0.2 ms), which matters to an import that publishes thousands of entries."""
 
     def __init__(self, root: Path, relpath: str) -> None:
+        self.root = root
         self.path = str(state.lock_path(root, relpath))
         self._fd: int | None = None
 
@@ -65,7 +77,7 @@ class EntryFlock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             except FileNotFoundError:
-                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                _make_locks_dir(self.root)
                 continue
             try:
                 taken = try_flock(fd)
