@@ -503,7 +503,7 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
 
     from kcache_cli.checks import caller_reads_every_byte
 
-    with open(os.dup(body_fd), "wb") as out, caller_reads_every_byte():  # _PartWriter reads every byte it judged
+    with os.fdopen(os.dup(body_fd), "wb") as out, caller_reads_every_byte():  # _PartWriter reads every byte it judged
         writer = ts.FrameWriter(out, compression)
         pw = _PartWriter(plan, writer, targets, advance)
         sizes, counts = [], []
@@ -579,7 +579,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
             for w in r.warnings:
                 warn(w)
         # The end-of-archive blocks close the last part; no part is empty (import checks that).
-        with open(os.dup(held[-1]), "ab") as last:
+        with os.fdopen(os.dup(held[-1]), "ab") as last:
             tail = ts.FrameWriter(last, compression)
             tail.write(ts.END_OF_ARCHIVE)
             sizes[-1] += tail.close()
@@ -606,7 +606,7 @@ def _write_final(final_fd: int, bodies: list[str], compression: str, manifest: d
 
     head_json = json.dumps(manifest, separators=(",", ":"))
     data = (head_json[:-1] + ',"entries":[' + ",".join(records) + "]}").encode()
-    with open(os.dup(final_fd), "wb") as final:
+    with os.fdopen(os.dup(final_fd), "wb") as final:
         head = ts.FrameWriter(final, compression)
         head.write(ts.file_header(MANIFEST_NAME, len(data), 0o644, time.time()))
         head.write(data)
