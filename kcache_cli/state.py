@@ -124,11 +124,11 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
     group = os.fstat(root_fd).st_gid
     trusted = _opted_in(root)
     where = os.path.join(root, STATE_DIR)
-    fd = fswrite.open_dir(root_fd, STATE_DIR, create=create)
+    fd = _open_level(root_fd, STATE_DIR, where, create)
     try:
         for level in [""] + [p for p in sub.split("/") if p]:
             if level:
-                nxt = fswrite.open_dir(fd, level, create=create)
+                nxt = _open_level(fd, level, f"{where}/{level}", create)
                 os.close(fd)
                 fd, where = nxt, f"{where}/{level}"
             why = None if trusted else fswrite.owner_problem(os.fstat(fd), where, group=group)
@@ -139,6 +139,16 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
         os.close(fd)
         raise
     return fd
+
+
+def _open_level(dir_fd: int, name: str, where: str, create: bool) -> int:
+    """One directory of the state, its errors naming its whole path `where`."""
+    from kcache_cli import fswrite
+
+    try:
+        return fswrite.open_dir(dir_fd, name, create=create)
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror, where) from None
 
 
 # ---- cache directory tag (https://bford.info/cachedir/) ---------------------------------------

@@ -207,6 +207,7 @@ def run_races(area: Path, n: int, command_for, entries: list[str], seed: int, ex
     victim = make_victim(area)
     rnd = random.Random(seed)
     total = published = 0
+    said: set[str] = set()
     names = {p.name for p in area.iterdir()} | {"decoy"}
     decoy = area / "decoy"  # the attacker's own directory
     decoy.mkdir()
@@ -228,13 +229,14 @@ def run_races(area: Path, n: int, command_for, entries: list[str], seed: int, ex
         assert_held(run, watched, area, names)
         total += flips
         published += run.returncode == 0
+        said.update(line[:150] for line in run.stderr.splitlines() if line.startswith(("Error", "warning")))
         fd = os.open(area, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fsdelete.remove_tree(fd, root.name)
         finally:
             os.close(fd)
         names.discard(root.name)
-    print(f"{n} races, {total} flips, {published} commands succeeded")
+    print(f"{n} races, {total} flips, {published} commands succeeded; what they said:", *sorted(said), sep="\n  ")
     assert total > 0, "the swapper never flipped anything: the race proved nothing"
 
 

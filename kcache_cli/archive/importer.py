@@ -218,8 +218,7 @@ class _Staging:
         except state.UntrustedState as exc:
             raise KcacheError(exc.strerror or str(exc)) from None
         except OSError as exc:
-            raise KcacheError(f"{self.root}/{state.STATE_DIR} cannot be used: {exc.strerror or exc} "
-                              f"(kcache never writes through a symlink)") from None
+            raise KcacheError(f"{exc.filename or self.root}: {exc.strerror or exc}") from None
         if made_state:
             self.created.append(os.path.join(self.root, state.STATE_DIR))
         for sub in ("locks", "trash"):  # where publishing writes
