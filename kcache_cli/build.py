@@ -842,7 +842,10 @@ def _compile_in(root: Path, root_fd: int, spec: TaskSpec, final: Path, tmp: _Tem
         _stamp_after(tmp, newest)
         os.fsync(tmp.fd)
         _check_no_links(root, spec.relpath)  # the op directory may have been swapped meanwhile: say so
-        _publish(root, root_fd, tmp, spec)
+        try:
+            _publish(root, root_fd, tmp, spec)
+        except OSError as exc:
+            raise KcacheError(f"cannot publish {final}: {exc.strerror or exc} (nothing was published)") from None
         published = True
     finally:
         if not published:
@@ -909,7 +912,7 @@ def _publish(root: Path, root_fd: int, tmp: _Temp, spec: TaskSpec) -> None:
             old = f"build-{spec.hash}-{os.urandom(4).hex()}"
             fswrite.rename_at(tmp.op_fd, name, trash, old)
         try:
-            fswrite.rename_at(tmp.op_fd, tmp.name, tmp.op_fd, name)
+            fswrite.rename_held(tmp.op_fd, tmp.name, tmp.op_fd, name, os.fstat(tmp.fd))
         except OSError:
             if old is not None:  # put the old entry back rather than leave nothing
                 try:

@@ -315,6 +315,24 @@ def rename_noreplace_at(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
     raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
 
 
+def rename_held(src_fd: int, src: str, dst_fd: int, dst: str, held: os.stat_result) -> None:
+    """Rename `src` to `dst` only while `src` is still the object `held` (the fstat of a descriptor kept
+    open): a co-user who swapped the name for something else between the check and the rename is
+    caught after it, the stranger is moved back where it was, and OSError(ESTALE) says so."""
+    def same(st: os.stat_result) -> bool:
+        return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+    if not same(os.stat(src, dir_fd=src_fd, follow_symlinks=False)):
+        raise OSError(errno.ESTALE, "replaced by something else meanwhile (another user?)", src)
+    rename_at(src_fd, src, dst_fd, dst)
+    if not same(os.stat(dst, dir_fd=dst_fd, follow_symlinks=False)):
+        try:
+            rename_noreplace_at(dst_fd, dst, src_fd, src)
+        except OSError:
+            pass
+        raise OSError(errno.ESTALE, "replaced by something else meanwhile (another user?)", src)
+
+
 def exchange_at(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
     """renameat2(RENAME_EXCHANGE): swap two names atomically (OSError ENOTSUP where there is none)."""
     if not renameat2(src_fd, src, dst_fd, dst, RENAME_EXCHANGE):
