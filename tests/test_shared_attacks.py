@@ -453,3 +453,49 @@ def test_private_directory_rule(area):
     assert fswrite.owner_problem(os.stat(mine), "x", private=True) is None
     os.chown(mine, ATTACKER, GROUP)
     assert "uid 65534" in (fswrite.owner_problem(os.stat(mine), "x", private=True) or "")
+
+
+# ---- a group-shared cache keeps working for every member -------------------------------------------------
+
+def member_kcache(*args: object) -> subprocess.CompletedProcess:
+    """kcache run by a member of the cache's group (uid 65534, umask 002), from this checkout."""
+    import site
+
+    here = Path(__file__).resolve().parents[1]
+    paths = [str(here), *(p for p in site.getsitepackages() if "site-packages" in p)]
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": ":".join(paths), "NO_COLOR": "1"}
+    return subprocess.run([PY, "-m", "kcache_cli", *map(str, args)], capture_output=True, text=True, timeout=TIMEOUT,
+                          env=env, preexec_fn=as_attacker, cwd="/")
+
+
+@needs_cxx
+def test_every_member_of_a_shared_cache_builds_imports_and_hits(area, archive):
+    """Root and a member take turns in one group-shared cache: what one made (.kcache/, locks, stamps,
+    op directories) the other can use; each one's build hit re-stamps the entry (the other's stamp is
+    replaced, not written through)."""
+    arc, entries = archive
+    task = _task(area)
+    root = shared_dir(area / "cache")
+    assert kcache("--cache-dir", root, "import", arc).returncode == 0
+    probe = member_kcache("--version")
+    if probe.returncode != 0:
+        pytest.skip(f"this checkout cannot run as uid 65534: {probe.stderr.strip()[-200:]}")
+    again = member_kcache("--cache-dir", root, "import", arc, "--json")
+    assert again.returncode == 0, again.stderr
+    assert {e["action"] for e in json.loads(again.stdout)["entries"]} == {"skip"}, again.stdout[:1500]
+    built = member_kcache("build", task, "--cache-dir", root, "--cxx", CXX, "--json")
+    assert built.returncode == 0, built.stderr
+    rel = json.loads(built.stdout)["results"][0]["relpath"]
+    entry = os.stat(root / rel)
+    assert entry.st_uid == ATTACKER and entry.st_gid == GROUP and stat.S_IMODE(entry.st_mode) & 0o070 == 0o070
+    stamp = root / ".kcache/used" / state._stamp_name(rel)
+    for who, run in (("root", kcache), ("member", member_kcache)):
+        os.utime(stamp, (1, 1), follow_symlinks=False)
+        hit = run("build", task, "--cache-dir", root, "--cxx", CXX, "--json")
+        assert hit.returncode == 0, (who, hit.stderr)
+        assert json.loads(hit.stdout)["results"][0]["status"] == "hit"
+        st = os.lstat(stamp)
+        assert stat.S_ISREG(st.st_mode) and st.st_mtime > 1000, who
+        assert st.st_uid == (0 if who == "root" else ATTACKER), who
+    listing = member_kcache("--cache-dir", root, "ls", "--json")
+    assert listing.returncode == 0 and len(json.loads(listing.stdout)) == len(entries) + 1, listing.stderr

@@ -937,7 +937,7 @@ def _finish_staging(staging: _Staging, planned: list[_Planned]) -> None:
             staging.ensure_dir(f"{p.relpath}/{name}")
         for name in p.record.locks:
             staging.ensure_dir(f"{p.relpath}/{name}".rpartition("/")[0])
-            os.close(staging.new_file(f"{p.relpath}/{name}", 0o600))
+            os.close(staging.new_file(f"{p.relpath}/{name}", 0o666))  # the umask applies: shared caches
 
 
 def _str(value) -> str | None:
