@@ -831,12 +831,7 @@ def _compile_in(root: Path, root_fd: int, spec: TaskSpec, final: Path, tmp: _Tem
             output += "\n"
         _write(tmp, LOG, f"{command}\n{output}elapsed time: {elapsed:.3f} seconds\n".encode())
         _fsync_at(tmp.fd, BINARY)
-        files = {}
-        newest = 0
-        for name in (src_name, TASK, BINARY, LOG):
-            size, mtime_ns, digest = _sha256_at(tmp.fd, name)
-            newest = max(newest, mtime_ns)
-            files[name] = {"size": size, "sha256": digest}
+        files, newest = _files_record(tmp, (src_name, TASK, BINARY, LOG))
         _write(tmp, MANIFEST, (json.dumps(_manifest(spec, arch, compiler, version.result(), argv, command,
                                                     options, elapsed, files), indent=2) + "\n").encode())
         _stamp_after(tmp, newest)
@@ -854,6 +849,17 @@ def _compile_in(root: Path, root_fd: int, spec: TaskSpec, final: Path, tmp: _Tem
             _discard(root, f"{os.path.dirname(spec.relpath)}/{tmp.name}")
             _remove_empty(root_fd, made)
     return BuildResult(status=BUILT, elapsed=elapsed, output=output, **result)
+
+
+def _files_record(tmp: _Temp, names: Iterable[str]) -> tuple[dict, int]:
+    """({name: {size, sha256}} of the files for kcache.json, the newest mtime among them in ns)."""
+    files = {}
+    newest = 0
+    for name in names:
+        size, mtime_ns, digest = _sha256_at(tmp.fd, name)
+        newest = max(newest, mtime_ns)
+        files[name] = {"size": size, "sha256": digest}
+    return files, newest
 
 
 def _lib_size(tmp: _Temp) -> int:
