@@ -229,7 +229,8 @@ def run_races(area: Path, n: int, command_for, entries: list[str], seed: int, ex
         assert_held(run, watched, area, names)
         total += flips
         published += run.returncode == 0
-        said.update(line[:150] for line in run.stderr.splitlines() if line.startswith(("Error", "warning")))
+        said.update(line.replace(str(root), "<cache>")[:150] for line in run.stderr.splitlines()
+                    if line.startswith(("Error", "warning")))
         fd = os.open(area, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fsdelete.remove_tree(fd, root.name)
