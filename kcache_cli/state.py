@@ -53,18 +53,32 @@ def temp_hash(name: str) -> str | None:
 
 
 def load_last_used(root: Path) -> dict[str, float]:
-    """relpath -> last-used time, from the stamps kcache leaves when it resolves or builds an entry."""
+    """relpath -> last-used time, from the stamps kcache leaves when it resolves or builds an entry
+    (read through .kcache/used opened beneath the root, no link followed; an untrusted one is skipped)."""
+    from kcache_cli import fswrite
+
     out: dict[str, float] = {}
     try:
-        it = os.scandir(used_dir(root))
+        rfd = fswrite.open_root(root)
     except OSError:
         return out
-    with it:
-        for de in it:
+    try:
+        ufd = open_state(rfd, root, "used")
+    except OSError:
+        return out
+    finally:
+        os.close(rfd)
+    try:
+        names = os.listdir(ufd)
+        for name in names:
             try:
-                out[_relpath_of_stamp(de.name)] = de.stat(follow_symlinks=False).st_mtime
+                out[_relpath_of_stamp(name)] = os.stat(name, dir_fd=ufd, follow_symlinks=False).st_mtime
             except OSError:
                 pass
+    except OSError:
+        pass
+    finally:
+        os.close(ufd)
     return out
 
 
