@@ -255,10 +255,6 @@ def _split_command(value: str) -> list[str]:
     return shlex.split(value)
 
 
-def _memo_path(root: Path) -> Path:
-    return state.state_dir(root) / COMPILER_MEMO
-
-
 def _compiler_key(program: str) -> str | None:
     try:
         real = os.path.realpath(program)
@@ -274,12 +270,24 @@ def _memo_get(root: Path, key: str | None, name: str):
     with _memo_lock:
         if key in _memo and name in _memo[key]:
             return _memo[key][name]
-    rec = (json_object(_memo_path(root), 1 << 20) or {}).get(key)  # bounded: .kcache/ is writable by others
+    rec = _read_memo(root).get(key)
     if isinstance(rec, dict) and isinstance(rec.get(name), str):
         with _memo_lock:
             _memo.setdefault(key, {})[name] = rec[name]
         return rec[name]
     return None
+
+
+def _read_memo(root: Path) -> dict:
+    """The compiler memo, bounded, read beneath the root, and only when it is this user's (or root's)."""
+    from kcache_cli.fsread import parse_json
+
+    data = state.read_own_file(root, COMPILER_MEMO, 1 << 20)
+    try:
+        memo = parse_json(data, COMPILER_MEMO) if data else {}
+    except ValueError:
+        return {}
+    return memo if isinstance(memo, dict) else {}
 
 
 def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
@@ -288,9 +296,8 @@ def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
         return
     with _memo_lock:
         _memo.setdefault(key, {})[name] = value
-        path = _memo_path(root)
         try:
-            data = json_object(path, 1 << 20) or {}
+            data = _read_memo(root)
             data.setdefault(key, {})
             if not isinstance(data[key], dict):
                 data[key] = {}

@@ -165,6 +165,36 @@ def _open_level(dir_fd: int, name: str, where: str, create: bool) -> int:
         raise type(exc)(exc.errno, exc.strerror, where) from None
 
 
+def read_own_file(root: Path, name: str, limit: int) -> bytes | None:
+    """The bytes of .kcache/`name`, a file kcache keeps for itself, or None when it is missing, too big,
+    not a regular file, in an untrusted state dir, or not this user's (nor root's): another member's
+    file is not trusted, and this user's next write replaces it."""
+    from kcache_cli import fsread, fswrite
+
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
+        return None
+    try:
+        sfd = open_state(rfd, root)
+        try:
+            fd, st = fsread.open_regular(name, dir_fd=sfd)
+        finally:
+            os.close(sfd)
+    except OSError:
+        return None
+    finally:
+        os.close(rfd)
+    try:
+        if st.st_uid not in (os.geteuid(), 0) or st.st_size > limit:
+            return None
+        return os.read(fd, limit + 1)[:limit]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 # ---- cache directory tag (https://bford.info/cachedir/) ---------------------------------------
 CACHEDIR_TAG = "CACHEDIR.TAG"
 CACHEDIR_SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"

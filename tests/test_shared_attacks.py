@@ -500,3 +500,17 @@ def test_every_member_of_a_shared_cache_builds_imports_and_hits(area, archive):
         assert st.st_uid == (0 if who == "root" else ATTACKER), who
     listing = member_kcache("--cache-dir", root, "ls", "--json")
     assert listing.returncode == 0 and len(json.loads(listing.stdout)) == len(entries) + 1, listing.stderr
+
+
+def test_a_members_compiler_memo_is_not_trusted(area):
+    """.kcache/ holds what kcache learnt about the compilers (nvcc's default arch): a member's version of
+    that file is ignored, root's own is read."""
+    from kcache_cli import build
+
+    root = shared_dir(area / "cache")
+    (root / ".kcache").mkdir()
+    memo = root / ".kcache" / build.COMPILER_MEMO
+    memo.write_text(json.dumps({"/usr/bin/nvcc:1:2": {"default_arch": "sm_35"}}))
+    assert build._read_memo(root) == {"/usr/bin/nvcc:1:2": {"default_arch": "sm_35"}}
+    os.chown(memo, ATTACKER, GROUP)
+    assert build._read_memo(root) == {}
