@@ -355,7 +355,7 @@ def _start_write(root: str, started: int) -> tuple[int, str, int] | None:
         return None
     tmp = f".tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
+        fd = fswrite.create_excl(dfd, tmp, 0o644)
         try:
             now = os.fstat(fd).st_ctime_ns
         finally:
