@@ -230,7 +230,11 @@ class _Staging:
         self.name = f"import-{os.getpid()}-{token}"
         self.path = os.path.join(self.root, state.STATE_DIR, self.name)
         fswrite.mkdir_at(self.state_fd, self.name, 0o700)
-        self.fd = os.open(self.name, _DIR_FLAGS, dir_fd=self.state_fd)
+        try:
+            self.fd = os.open(self.name, _DIR_FLAGS, dir_fd=self.state_fd)
+        except OSError as exc:  # ELOOP, ENOTDIR, ENOENT: swapped or removed the moment it was made
+            raise KcacheError(f"{self.path}: {exc.strerror}, right after kcache made it (another user?): "
+                              "import stopped") from None
         why = fswrite.owner_problem(os.fstat(self.fd), self.path, private=True)
         if why:  # what was made is not what was opened: someone swapped it
             raise KcacheError(f"{why}: import stopped")
