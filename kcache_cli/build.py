@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from kcache_cli import state
-from kcache_cli.checks import sha256_file
 from kcache_cli.fsread import json_object
 from kcache_cli.errors import KcacheError, LockTimeout, UsageError
 from kcache_cli.gpu import ARCH_RE
@@ -256,10 +255,6 @@ def _split_command(value: str) -> list[str]:
     return shlex.split(value)
 
 
-def _memo_path(root: Path) -> Path:
-    return state.state_dir(root) / COMPILER_MEMO
-
-
 def _compiler_key(program: str) -> str | None:
     try:
         real = os.path.realpath(program)
@@ -275,12 +270,24 @@ def _memo_get(root: Path, key: str | None, name: str):
     with _memo_lock:
         if key in _memo and name in _memo[key]:
             return _memo[key][name]
-    rec = (json_object(_memo_path(root), 1 << 20) or {}).get(key)  # bounded: .kcache/ is writable by others
+    rec = _read_memo(root).get(key)
     if isinstance(rec, dict) and isinstance(rec.get(name), str):
         with _memo_lock:
             _memo.setdefault(key, {})[name] = rec[name]
         return rec[name]
     return None
+
+
+def _read_memo(root: Path) -> dict:
+    """The compiler memo, bounded, read beneath the root, and only when it is this user's (or root's)."""
+    from kcache_cli.fsread import parse_json
+
+    data = state.read_own_file(root, COMPILER_MEMO, 1 << 20)
+    try:
+        memo = parse_json(data, COMPILER_MEMO) if data else {}
+    except ValueError:
+        return {}
+    return memo if isinstance(memo, dict) else {}
 
 
 def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
@@ -289,23 +296,30 @@ def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
         return
     with _memo_lock:
         _memo.setdefault(key, {})[name] = value
-        path = _memo_path(root)
         try:
-            data = json_object(path, 1 << 20) or {}
+            data = _read_memo(root)
             data.setdefault(key, {})
             if not isinstance(data[key], dict):
                 data[key] = {}
             data[key][name] = value
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-            try:
-                tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-                os.replace(tmp, path)
-            finally:
-                if tmp.exists():
-                    tmp.unlink()
+            _write_state_file(root, COMPILER_MEMO, json.dumps(data, indent=1, sort_keys=True).encode())
         except OSError:
             pass  # a read-only cache: probe again next time
+
+
+def _write_state_file(root: Path, name: str, data: bytes) -> None:
+    """Replace .kcache/`name` atomically, through the state directory held from the root (fswrite)."""
+    from kcache_cli import fswrite
+
+    root_fd = fswrite.open_root(root)
+    try:
+        sfd = state.open_state(root_fd, root, create=True)
+        try:
+            fswrite.replace_file(sfd, name, data, sync=False, prefix=f".{name}.")
+        finally:
+            os.close(sfd)
+    finally:
+        os.close(root_fd)
 
 
 class CompilerVersion:
@@ -652,22 +666,22 @@ def _check_no_links(root: Path, relpath: str) -> None:
             raise KcacheError(f"refusing to build: {cur} is not a directory")
 
 
-def _make_op_dir(root: Path, spec: TaskSpec, op_dir: Path) -> list[Path]:
-    """Make the entry's op directory (and space directory), never through a symlink or out of the
-    cache; return those it made, to be removed again if nothing is published."""
+def _make_op_dir(root: Path, spec: TaskSpec, op_dir: Path, root_fd: int) -> tuple[int, list[str]]:
+    """Make the entry's op directory (and space directory) beneath the held root, never through a
+    symlink; (its descriptor, the relpaths of those it made, to be removed again if nothing is published)."""
+    from kcache_cli import fswrite
+
     existing = op_dir
     while not existing.exists() and existing != root:
         existing = existing.parent
-    _check_inside(root, existing)  # before mkdir: a symlinked space or op directory must not lead out
+    _check_inside(root, existing)  # a symlinked space or op directory must not lead out (said early)
     _check_no_links(root, spec.relpath)
-    made = [d for d in (op_dir, op_dir.parent) if not d.exists()]
+    op_rel = os.path.dirname(spec.relpath)
+    made = [rel for rel in (op_rel, os.path.dirname(op_rel)) if not (root / rel).exists()]
     try:
-        op_dir.mkdir(parents=True, exist_ok=True)
+        return fswrite.open_dir(root_fd, op_rel, create=True), made
     except OSError as exc:
-        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
-    _check_inside(root, op_dir)
-    _check_no_links(root, spec.relpath)
-    return made
+        raise KcacheError(f"cannot create {op_dir}: {exc.strerror} (kcache never writes through a symlink)") from None
 
 
 def _discard(root: Path, relpath: str) -> None:
@@ -678,82 +692,136 @@ def _discard(root: Path, relpath: str) -> None:
     fsdelete.remove_under(root, relpath)
 
 
-def _make_temp(op_dir: Path, h: str) -> Path:
+class _Temp(NamedTuple):
+    """A build's temp directory, `name` in the op directory `op_fd`, held as `fd`: made 0700, so no
+    co-user can change what the compiler writes in it; opened to the cache's users when published."""
+
+    op_fd: int
+    name: str
+    fd: int
+
+    def cwd(self) -> str:
+        """The directory for the compiler: the held one itself (through /proc), never a path to it."""
+        held = f"/proc/self/fd/{self.fd}"
+        return held if os.path.isdir(held) else "."
+
+
+def _make_temp(op_fd: int, op_rel: str, h: str) -> _Temp:
+    from kcache_cli import fswrite
+
     for _ in range(100):
-        tmp = op_dir / f"{state.TEMP_PREFIX}{h}-{os.urandom(4).hex()}"
+        name = f"{state.TEMP_PREFIX}{h}-{os.urandom(4).hex()}"
         try:
-            os.mkdir(tmp, 0o777)  # the umask applies, as for any directory the user makes
-            return tmp
+            fswrite.mkdir_at(op_fd, name, 0o700)
         except FileExistsError:
             continue
-        except FileNotFoundError:  # a prune removed the empty op directory just now: make it again
-            op_dir.mkdir(parents=True, exist_ok=True)
-    raise KcacheError(f"cannot create a temp directory in {op_dir}")
-
-
-def _write(path: Path, data: bytes, sync: bool = True) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        if sync:
-            os.fsync(fd)
-    finally:
+        fd = os.open(name, fswrite.DIR_FLAGS, dir_fd=op_fd)
+        if fswrite.owner_problem(os.fstat(fd), name, private=True) is None:
+            return _Temp(op_fd, name, fd)
         os.close(fd)
+    raise KcacheError(f"cannot create a temp directory in {op_rel}")
 
 
-def _prepare(*written: Path) -> None:
+def _write(tmp: _Temp, name: str, data: bytes, sync: bool = True) -> None:
+    from kcache_cli import fswrite
+
+    fswrite.write_file(tmp.fd, name, data, 0o666, sync)
+
+
+def _prepare(tmp: _Temp, *written: str) -> None:
     """Runs beside the compiler: make the inputs durable and load hashlib for the checksums."""
     import hashlib  # noqa: F401 - imported while the compiler runs: sha256_file finds it loaded
 
-    for path in written:
+    for name in written:
         try:
-            _fsync(path)
+            _fsync_at(tmp.fd, name)
         except OSError:
             pass  # the publish step fsyncs the directory; a failure here shows up there
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _fsync_at(dir_fd: int, name: str) -> None:
+    from kcache_cli import fsread
+
+    fd, _ = fsread.open_regular(name, dir_fd=dir_fd)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
+def _sha256_at(dir_fd: int, name: str) -> tuple[int, int, str]:
+    """(size, mtime_ns, sha256) of the regular file `name` in `dir_fd`."""
+    import hashlib
+
+    from kcache_cli import fsread
+
+    fd, st = fsread.open_regular(name, dir_fd=dir_fd)
+    try:
+        h = hashlib.sha256()
+        for chunk in iter(lambda: os.read(fd, fsread.CHUNK), b""):
+            h.update(chunk)
+    finally:
+        os.close(fd)
+    return st.st_size, st.st_mtime_ns, h.hexdigest()
+
+
 def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, compiler: Sequence[str],
                          options: BuildOptions, replaced: str | None, waited: bool) -> BuildResult:
-    import shlex
-    import subprocess
+    from kcache_cli import fswrite
 
     try:
         with open(spec.source_path, "rb") as f:
             source_bytes = f.read()
     except OSError as exc:
         raise BuildError(f"cannot read source {spec.source_path}: {exc.strerror}") from None
-    op_dir = final.parent
-    made = _make_op_dir(root, spec, op_dir)
+    root_fd = fswrite.open_root(root)
+    try:
+        op_fd, made = _make_op_dir(root, spec, final.parent, root_fd)
+        try:
+            tmp = _make_temp(op_fd, os.path.dirname(spec.relpath), spec.hash)
+            try:
+                result = _compile_in(root, root_fd, spec, final, tmp, arch, compiler, options, source_bytes,
+                                     waited, made)
+            finally:
+                os.close(tmp.fd)
+            if result.status == BUILT:
+                os.fsync(op_fd)
+        finally:
+            os.close(op_fd)
+    finally:
+        os.close(root_fd)
+    if result.status == BUILT:
+        state.mark_used(root, spec.relpath)
+        return result._replace(replaced=replaced)
+    return result
+
+
+def _compile_in(root: Path, root_fd: int, spec: TaskSpec, final: Path, tmp: _Temp, arch: Arch,
+                compiler: Sequence[str], options: BuildOptions, source_bytes: bytes, waited: bool,
+                made: list[str]) -> BuildResult:
+    """Compile in the held temp directory, write the log and manifest there, and publish it."""
+    import shlex
+    import subprocess
+
     argv = compile_command(spec.target, compiler, arch, options)
     command = shlex.join(argv)
     result: dict[str, Any] = dict(task=spec.task_path, op=spec.op, hash=spec.hash, target=spec.target, space=spec.space,
                   relpath=spec.relpath, path=str(final), arch=arch.value, arch_source=arch.source, command=command,
                   waited=waited)
-    tmp = _make_temp(op_dir, spec.hash)
     published = False
     version = None
     try:
         src_name = SOURCE_NAME[spec.target]
-        _write(tmp / src_name, source_bytes, sync=False)
-        _write(tmp / TASK, spec.task_bytes, sync=False)
+        _write(tmp, src_name, source_bytes, sync=False)
+        _write(tmp, TASK, spec.task_bytes, sync=False)
         version = CompilerVersion(compiler)
         # While the compiler runs (a child process), this process is idle: sync the inputs and
         # import hashlib then, rather than after the compile, where every millisecond shows.
-        prep = threading.Thread(target=_prepare, args=(tmp / src_name, tmp / TASK), daemon=True)
+        prep = threading.Thread(target=_prepare, args=(tmp, src_name, TASK), daemon=True)
         prep.start()
         start = time.perf_counter()
         try:
-            proc = subprocess.run(argv, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            proc = subprocess.run(argv, cwd=tmp.cwd(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL)
         except OSError as exc:
             raise CompilerNotFound(f"cannot run {argv[0]}: {exc.strerror}") from None
@@ -761,82 +829,123 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
             prep.join()
         elapsed = time.perf_counter() - start
         output = proc.stdout.decode("utf-8", "replace")
-        lib = tmp / BINARY
-        lib_size = lib.stat().st_size if lib.is_file() else 0
-        if proc.returncode != 0 or lib_size == 0:
+        if proc.returncode != 0 or _lib_size(tmp) == 0:
             why = f"exit status {proc.returncode}" if proc.returncode != 0 else f"it wrote no {BINARY}"
             return BuildResult(status=FAILED, elapsed=elapsed, output=output, exit_code=1,
                                error=f"compile failed ({why}): {spec.op} {spec.hash} from {spec.source_path}; "
                                      "nothing was published", **result)
         if output and not output.endswith("\n"):
             output += "\n"
-        _write(tmp / LOG, f"{command}\n{output}elapsed time: {elapsed:.3f} seconds\n".encode())
-        _fsync(lib)
-        files = {}
-        newest = 0
-        for name in (src_name, TASK, BINARY, LOG):
-            p = tmp / name
-            st = p.stat()
-            newest = max(newest, st.st_mtime_ns)
-            files[name] = {"size": st.st_size, "sha256": sha256_file(str(p))}
-        _write(tmp / MANIFEST, (json.dumps(_manifest(spec, arch, compiler, version.result(), argv, command,
-                                                     options, elapsed, files), indent=2) + "\n").encode())
-        _stamp_after(tmp / MANIFEST, newest)
-        _fsync(tmp)
-        _check_no_links(root, spec.relpath)  # again: the op directory may have been swapped meanwhile
-        _publish(root, tmp, final, spec)
+        _write(tmp, LOG, f"{command}\n{output}elapsed time: {elapsed:.3f} seconds\n".encode())
+        _fsync_at(tmp.fd, BINARY)
+        files, newest = _files_record(tmp, (src_name, TASK, BINARY, LOG))
+        _write(tmp, MANIFEST, (json.dumps(_manifest(spec, arch, compiler, version.result(), argv, command,
+                                                    options, elapsed, files), indent=2) + "\n").encode())
+        _stamp_after(tmp, newest)
+        os.fsync(tmp.fd)
+        _check_no_links(root, spec.relpath)  # the op directory may have been swapped meanwhile: say so
+        try:
+            _publish(root, root_fd, tmp, spec)
+        except OSError as exc:
+            raise KcacheError(f"cannot publish {final}: {exc.strerror or exc} (nothing was published)") from None
         published = True
     finally:
         if not published:
             if version is not None:
                 version.cancel()
             _discard(root, f"{os.path.dirname(spec.relpath)}/{tmp.name}")
-            _remove_empty(made)
-    _fsync(op_dir)
-    state.mark_used(root, spec.relpath)
-    return BuildResult(status=BUILT, elapsed=elapsed, output=output, replaced=replaced, **result)
+            _remove_empty(root_fd, made)
+    return BuildResult(status=BUILT, elapsed=elapsed, output=output, **result)
 
 
-def _remove_empty(dirs: list[Path]) -> None:
+def _files_record(tmp: _Temp, names: Iterable[str]) -> tuple[dict, int]:
+    """({name: {size, sha256}} of the files for kcache.json, the newest mtime among them in ns)."""
+    files = {}
+    newest = 0
+    for name in names:
+        size, mtime_ns, digest = _sha256_at(tmp.fd, name)
+        newest = max(newest, mtime_ns)
+        files[name] = {"size": size, "sha256": digest}
+    return files, newest
+
+
+def _lib_size(tmp: _Temp) -> int:
+    try:
+        st = os.stat(BINARY, dir_fd=tmp.fd, follow_symlinks=False)
+    except OSError:
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+
+def _remove_empty(root_fd: int, made: list[str]) -> None:
     """The op and space directories a failed build made, if still empty (rmdir removes nothing else), so
     that no op shows up in completion for an entry that never was. A build starting there meanwhile
-    makes them again (_make_temp)."""
-    for d in dirs:
+    makes them again (_make_op_dir)."""
+    from kcache_cli import fswrite
+
+    for rel in made:
         try:
-            os.rmdir(d)
+            parent, name = fswrite.open_parent(root_fd, rel)
         except OSError:
-            return  # not empty (another build, or an entry): leave it and its parents
+            return
+        try:
+            if not fswrite.rmdir_at(parent, name):
+                return  # not empty (another build, or an entry): leave it and its parents
+        finally:
+            os.close(parent)
 
 
-def _stamp_after(manifest: Path, newest_ns: int) -> None:
+def _stamp_after(tmp: _Temp, newest_ns: int) -> None:
     """kcache.json is the entry's completion marker: make its mtime strictly later than every file it
     lists (a coarse clock can give them all one tick), so that `ls` can tell an entry untouched since
-    its build from one changed afterwards without reading it (checks.changed_since)."""
-    st = manifest.stat()
-    if st.st_mtime_ns <= newest_ns:
-        os.utime(manifest, ns=(st.st_atime_ns, newest_ns + 1_000_000))
+    its build from one changed afterwards without reading it (checks.changed_since). Through its fd."""
+    from kcache_cli import fsread, fswrite
 
-
-def _publish(root: Path, tmp: Path, final: Path, spec: TaskSpec) -> None:
-    """One rename makes the entry visible. An entry already there (--force, or a broken one) is
-    first renamed into .kcache/trash/, so readers see the old entry, none, or the new one."""
-    old = None
-    if os.path.lexists(final):
-        trash = state.trash_dir(root)
-        trash.mkdir(parents=True, exist_ok=True)
-        old = trash / f"build-{spec.hash}-{os.urandom(4).hex()}"
-        os.rename(final, old)
+    fd, st = fsread.open_regular(MANIFEST, dir_fd=tmp.fd)
     try:
-        os.rename(tmp, final)
-    except OSError:
-        if old is not None:  # put the old entry back rather than leave nothing
-            try:
-                os.rename(old, final)
-            except OSError:
-                pass
-        raise
+        if st.st_mtime_ns <= newest_ns:
+            fswrite.set_times_fd(fd, (st.st_atime_ns, newest_ns + 1_000_000))
+    finally:
+        os.close(fd)
+
+
+def _publish(root: Path, root_fd: int, tmp: _Temp, spec: TaskSpec) -> None:
+    """One rename makes the entry visible. An entry already there (--force, or a broken one) is
+    first renamed into .kcache/trash/, so readers see the old entry, none, or the new one. Both
+    through held directory fds; the temp directory is opened to the cache's users first (umask)."""
+    from kcache_cli import fswrite
+
+    name = spec.relpath.rpartition("/")[2]
+    os.fchmod(tmp.fd, 0o777 & ~fswrite.umask() | (os.fstat(tmp.op_fd).st_mode & stat.S_ISGID))
+    old = None
+    trash = -1
+    try:
+        if _lexists_at(tmp.op_fd, name):
+            trash = state.open_state(root_fd, root, "trash", create=True)
+            old = f"build-{spec.hash}-{os.urandom(4).hex()}"
+            fswrite.rename_at(tmp.op_fd, name, trash, old)
+        try:
+            fswrite.rename_held(tmp.op_fd, tmp.name, tmp.op_fd, name, os.fstat(tmp.fd))
+        except OSError:
+            if old is not None:  # put the old entry back rather than leave nothing
+                try:
+                    fswrite.rename_noreplace_at(trash, old, tmp.op_fd, name)
+                except OSError:
+                    pass
+            raise
+    finally:
+        if trash >= 0:
+            os.close(trash)
     if old is not None:
-        _discard(root, f"{state.STATE_DIR}/trash/{old.name}")
+        _discard(root, f"{state.STATE_DIR}/trash/{old}")
+
+
+def _lexists_at(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def _manifest(spec: TaskSpec, arch: Arch, compiler: Sequence[str], version: str | None, argv: list[str],

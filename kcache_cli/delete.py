@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from kcache_cli import state
+from kcache_cli import fswrite, state
 from kcache_cli.errors import KcacheError, UsageError
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, Entry, ScanFilter, Warn,
                               iso, measure_tree)
@@ -583,10 +583,7 @@ class _Executor:
         head, _, name = relpath.rpartition("/")
         parent = self.pinned[head]
         if create:
-            try:
-                os.mkdir(name, 0o755, dir_fd=parent)
-            except FileExistsError:
-                pass
+            fswrite.mkdir_at(parent, name, 0o777, exist_ok=True)
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
         self.pinned[relpath] = fd
         return fd
@@ -653,7 +650,7 @@ class _Executor:
         self._empty_trash()  # what an interrupted run left behind
         batch = f"{os.getpid()}-{time.time_ns()}"
         try:
-            os.mkdir(batch, 0o700, dir_fd=trash_fd)
+            fswrite.mkdir_at(trash_fd, batch, 0o700)
         except OSError as exc:
             if exc.errno in _NO_SPACE:
                 self.warnings.append(f"no space left in {self.root}: removing in place, without the trash")
@@ -817,12 +814,10 @@ class _Executor:
                 return self._skip(r, "replaced since it was locked")
             if batch_fd is None:
                 raise OSError(errno.ENOSPC, "no trash")
-            os.rename(name, moved, src_dir_fd=parent, dst_dir_fd=batch_fd)
+            fswrite.rename_at(parent, name, batch_fd, moved)
             after = os.stat(moved, dir_fd=batch_fd, follow_symlinks=False)
             if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):  # swapped in between: put back
-                from kcache_cli import fsdelete
-
-                fsdelete.rename_noreplace_at(batch_fd, moved, parent, name)
+                fswrite.rename_noreplace_at(batch_fd, moved, parent, name)
                 return self._skip(r, "replaced while being removed")
         except FileNotFoundError:
             return self._skip(r, "already gone")
@@ -865,7 +860,7 @@ class _Executor:
                 if not done.gone:
                     return self._fail_text(r, "; ".join(done.problems[:3]))
             else:
-                os.unlink(name, dir_fd=parent)
+                fswrite.unlink_at(parent, name, missing_ok=False)
         except OSError as exc:
             return self._fail(r, exc)
         finally:
@@ -883,7 +878,7 @@ class _Executor:
     def _drop_stamp(self, relpath: str) -> None:
         if self.used_fd is not None:
             try:
-                os.unlink(state._stamp_name(relpath), dir_fd=self.used_fd)
+                fswrite.unlink_at(self.used_fd, state._stamp_name(relpath))
             except OSError:
                 pass
 
@@ -980,12 +975,14 @@ class _Executor:
                 st = os.stat(name, dir_fd=locks_fd, follow_symlinks=False)
                 if now - st.st_mtime < STALE_AFTER or os.path.lexists(self.root / rel):
                     continue
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=locks_fd)
+                if not stat.S_ISREG(st.st_mode):
+                    continue  # a FIFO would block the open; a link is never followed
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=locks_fd)
             except OSError:
                 continue
             try:
                 if _flock(fd) and not os.path.lexists(self.root / rel):
-                    os.unlink(name, dir_fd=locks_fd)
+                    fswrite.unlink_at(locks_fd, name)
             except OSError:
                 pass
             finally:

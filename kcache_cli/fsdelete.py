@@ -21,7 +21,6 @@ import errno
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import Any
 
 from kcache_cli import fsread
 
@@ -322,34 +321,3 @@ def remove_under(root: str | os.PathLike, relpath: str, writable: bool = True) -
         return remove_tree(fd, name, label=relpath, writable=writable)
     finally:
         os.close(fd)
-
-
-_renameat2: Any = None
-
-
-def rename_noreplace_at(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
-    """renameat2(RENAME_NOREPLACE): FileExistsError rather than replace what is at `dst` (even an
-    empty directory, which a plain rename replaces silently)."""
-    global _renameat2
-    if _renameat2 is None:
-        try:
-            import ctypes
-
-            fn = ctypes.CDLL(None, use_errno=True).renameat2
-            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-            _renameat2 = (fn, ctypes)
-        except (OSError, AttributeError):
-            _renameat2 = False
-    if _renameat2:
-        fn, ctypes = _renameat2
-        if fn(src_fd, os.fsencode(src), dst_fd, os.fsencode(dst), 1) == 0:
-            return
-        err = ctypes.get_errno()
-        if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
-            raise OSError(err, os.strerror(err), dst)
-    try:
-        os.stat(dst, dir_fd=dst_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
-        return
-    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)

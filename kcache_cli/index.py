@@ -56,7 +56,7 @@ from dataclasses import fields
 from stat import S_ISLNK
 from typing import Any
 
-from kcache_cli import fsread
+from kcache_cli import fsread, fswrite
 from kcache_cli.model import COMPLETE, CORRUPT, FAILED, STALE, Entry
 from kcache_cli.scan import ScanContext
 
@@ -221,26 +221,20 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
 def _open_index_dir(root: str, create: bool) -> int | None:
-    """A descriptor of <root>/.kcache/index, walked from the root without following symlinks."""
-    from kcache_cli.state import STATE_DIR
+    """A descriptor of <root>/.kcache/index, opened beneath the root without following a link, each
+    level owned as state.open_state requires (else None: no index is read or written there)."""
+    from kcache_cli.state import open_state
 
-    fd = None
     try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        for name in (STATE_DIR, INDEX_DIR):
-            if create:
-                try:
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
-            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = sub
-        return fd
+        rfd = fswrite.open_root(root)
     except OSError:
-        if fd is not None:
-            os.close(fd)
         return None
+    try:
+        return open_state(rfd, root, INDEX_DIR, create=create)
+    except OSError:
+        return None
+    finally:
+        os.close(rfd)
 
 
 def load(root: str, context: tuple, kind: str = "scan") -> dict:
@@ -361,7 +355,7 @@ def _start_write(root: str, started: int) -> tuple[int, str, int] | None:
         return None
     tmp = f".tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
+        fd = fswrite.create_excl(dfd, tmp, 0o644)
         try:
             now = os.fstat(fd).st_ctime_ns
         finally:
@@ -384,7 +378,7 @@ def _finish_write(dfd: int, tmp: str, obj: dict | None, kind: str = "scan") -> N
     finally:
         if tmp:
             try:
-                os.unlink(tmp, dir_fd=dfd)
+                fswrite.unlink_at(dfd, tmp)
             except OSError:
                 pass
         os.close(dfd)
@@ -393,14 +387,12 @@ def _finish_write(dfd: int, tmp: str, obj: dict | None, kind: str = "scan") -> N
 def _write(dfd: int, tmp: str, obj: dict, kind: str = "scan") -> None:
     payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     data = MAGIC + _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
-    fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW, dir_fd=dfd)
+    fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        fswrite.write_all(fd, data)
     finally:
         os.close(fd)
-    os.rename(tmp, index_name(kind), src_dir_fd=dfd, dst_dir_fd=dfd)
+    fswrite.rename_at(dfd, tmp, dfd, index_name(kind))
     _remove_stale_temps(dfd)
 
 
@@ -414,7 +406,7 @@ def _remove_stale_temps(dfd: int) -> None:
     for name in names:
         try:
             if os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime < limit:
-                os.unlink(name, dir_fd=dfd)
+                fswrite.unlink_at(dfd, name)
         except OSError:
             pass
 

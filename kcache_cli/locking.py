@@ -22,8 +22,48 @@ def entry_lock(root: Path, relpath: str, timeout: float = -1):
     from filelock import FileLock
 
     path = state.lock_path(root, relpath)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_locks_dir(root)
     return FileLock(str(path), timeout=timeout)
+
+
+def _make_locks_dir(root: Path) -> None:
+    """.kcache/locks/, made beneath the root without following a link (fswrite), owners checked."""
+    os.close(_locks_dir(root))
+
+
+def _locks_dir(root: Path) -> int:
+    from kcache_cli import fswrite
+
+    try:
+        rfd = fswrite.open_root(root)
+    except FileNotFoundError:  # a lock taken before the cache exists makes it, as makedirs did
+        try:
+            fswrite.make_dirs(root)
+        except FileExistsError:
+            pass
+        rfd = fswrite.open_root(root)
+    try:
+        return state.open_state(rfd, root, "locks", create=True)
+    finally:
+        os.close(rfd)
+
+
+def _open_lock(root: Path, name: str) -> int:
+    """The lock file `name` in .kcache/locks/, created if missing, through the locks directory's
+    descriptor (a locks/ swapped for a link is refused, never written through); a regular file only
+    (O_NONBLOCK: a FIFO planted there never blocks the open). Group-writable under umask 002, so
+    every member of a shared cache can lock."""
+    import stat
+
+    lfd = _locks_dir(root)
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666, dir_fd=lfd)
+    finally:
+        os.close(lfd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file (kcache never locks through one)", name)
+    return fd
 
 
 def try_flock(fd: int) -> bool:
@@ -53,7 +93,9 @@ class EntryFlock:
     (about 0.2 ms), which matters to an import that publishes thousands of entries."""
 
     def __init__(self, root: Path, relpath: str) -> None:
+        self.root = root
         self.path = str(state.lock_path(root, relpath))
+        self.name = os.path.basename(self.path)
         self._fd: int | None = None
 
     def acquire(self, timeout: float = -1, poll: float = 0.05) -> bool:
@@ -62,11 +104,7 @@ class EntryFlock:
 
         deadline = None if timeout < 0 else time.monotonic() + timeout
         while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            except FileNotFoundError:
-                os.makedirs(os.path.dirname(self.path), exist_ok=True)
-                continue
+            fd = _open_lock(self.root, self.name)
             try:
                 taken = try_flock(fd)
             except OSError:

@@ -3,6 +3,7 @@ and the temp directories of builds in flight."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -52,39 +53,146 @@ def temp_hash(name: str) -> str | None:
 
 
 def load_last_used(root: Path) -> dict[str, float]:
-    """relpath -> last-used time, from the stamps kcache leaves when it resolves or builds an entry."""
+    """relpath -> last-used time, from the stamps kcache leaves when it resolves or builds an entry
+    (read through .kcache/used opened beneath the root, no link followed; an untrusted one is skipped)."""
+    from kcache_cli import fswrite
+
     out: dict[str, float] = {}
     try:
-        it = os.scandir(used_dir(root))
+        rfd = fswrite.open_root(root)
     except OSError:
         return out
-    with it:
-        for de in it:
+    try:
+        ufd = open_state(rfd, root, "used")
+    except OSError:
+        return out
+    finally:
+        os.close(rfd)
+    try:
+        names = os.listdir(ufd)
+        for name in names:
             try:
-                out[_relpath_of_stamp(de.name)] = de.stat(follow_symlinks=False).st_mtime
+                out[_relpath_of_stamp(name)] = os.stat(name, dir_fd=ufd, follow_symlinks=False).st_mtime
             except OSError:
                 pass
+    except OSError:
+        pass
+    finally:
+        os.close(ufd)
     return out
 
 
 def mark_used(root: Path, relpath: str, now: float | None = None) -> None:
-    """Refresh an entry's last-used stamp, at most once an hour; never fails the caller. Never
-    through a symlinked .kcache/ or used/ (the stamp would land wherever the link points)."""
+    """Refresh an entry's last-used stamp, at most once an hour; never fails the caller. Written through
+    descriptors held from the root (fswrite): a .kcache/, used/ or stamp swapped for a link, or a stamp
+    that is another user's or a hard link, never makes kcache create or re-time a file elsewhere."""
+    from kcache_cli import fswrite
+
     now = time.time() if now is None else now
-    if linked_state_dir(root, ("used",)) is not None:
+    name = _stamp_name(relpath)
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
         return
-    stamp = used_dir(root) / _stamp_name(relpath)
+    ufd = None
     try:
-        if now - stamp.stat().st_mtime < STAMP_REFRESH:
-            return
+        ufd = open_state(rfd, root, "used", create=True)
+        try:
+            if now - os.stat(name, dir_fd=ufd, follow_symlinks=False).st_mtime < STAMP_REFRESH:
+                return
+        except OSError:
+            pass
+        ns = int(now * 1e9)
+        fswrite.touch_at(ufd, name, (ns, ns))
     except OSError:
-        pass
+        pass  # a read-only or untrusted state dir: last use falls back to mtime
+    finally:
+        os.close(rfd)
+        if ufd is not None:
+            os.close(ufd)
+
+
+# ---- who may own kcache's state (shared caches) -------------------------------------------------
+SAFE_ENV = "KCACHE_SAFE_DIRECTORY"  # roots whose state dir kcache trusts whoever owns it (':'-separated, or '*')
+
+
+class UntrustedState(OSError):
+    """.kcache/ (or a directory in it) is not a directory kcache may trust: the message says how to opt in."""
+
+
+def _opted_in(root: str | os.PathLike) -> bool:
+    wanted = os.environ.get(SAFE_ENV, "")
+    if not wanted:
+        return False
+    real = os.path.realpath(root)
+    return any(w == "*" or (w and os.path.realpath(w) == real) for w in wanted.split(":"))
+
+
+def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: bool = False) -> int:
+    """A descriptor of <root>/.kcache (or .kcache/<sub>) opened beneath the root's `root_fd`, no link
+    followed, each level checked for its owner (fswrite.owner_problem: yours, root's, or group-shared
+    with the root's group) unless the root is listed in KCACHE_SAFE_DIRECTORY. UntrustedState when
+    it may not be used, with a one-line reason; other OSErrors as the open raised them."""
+    from kcache_cli import fswrite
+
+    group = os.fstat(root_fd).st_gid
+    trusted = _opted_in(root)
+    where = os.path.join(root, STATE_DIR)
+    fd = _open_level(root_fd, STATE_DIR, where, create)
     try:
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.touch()
-        os.utime(stamp, (now, now))
+        for level in [""] + [p for p in sub.split("/") if p]:
+            if level:
+                nxt = _open_level(fd, level, f"{where}/{level}", create)
+                os.close(fd)
+                fd, where = nxt, f"{where}/{level}"
+            why = None if trusted else fswrite.owner_problem(os.fstat(fd), where, group=group)
+            if why:
+                raise UntrustedState(errno.EPERM, f"{why}: kcache leaves it alone (to trust it, set "
+                                                  f"{SAFE_ENV}={os.path.realpath(root)})", where)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_level(dir_fd: int, name: str, where: str, create: bool) -> int:
+    """One directory of the state, its errors naming its whole path `where`."""
+    from kcache_cli import fswrite
+
+    try:
+        return fswrite.open_dir(dir_fd, name, create=create)
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror, where) from None
+
+
+def read_own_file(root: Path, name: str, limit: int) -> bytes | None:
+    """The bytes of .kcache/`name`, a file kcache keeps for itself, or None when it is missing, too big,
+    not a regular file, in an untrusted state dir, or not this user's (nor root's): another member's
+    file is not trusted, and this user's next write replaces it."""
+    from kcache_cli import fsread, fswrite
+
+    try:
+        rfd = fswrite.open_root(root)
     except OSError:
-        pass  # a read-only cache still works; last use falls back to mtime
+        return None
+    try:
+        sfd = open_state(rfd, root)
+        try:
+            fd, st = fsread.open_regular(name, dir_fd=sfd)
+        finally:
+            os.close(sfd)
+    except OSError:
+        return None
+    finally:
+        os.close(rfd)
+    try:
+        if st.st_uid not in (os.geteuid(), 0) or st.st_size > limit:
+            return None
+        return os.read(fd, limit + 1)[:limit]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 # ---- cache directory tag (https://bford.info/cachedir/) ---------------------------------------
@@ -96,39 +204,35 @@ _TAG_TEXT = (CACHEDIR_SIGNATURE + b"\n# This file is a cache directory tag creat
 
 def has_cachedir_tag(root: Path) -> bool:
     """A regular CACHEDIR.TAG starting with the standard signature: evidence that `root` is a cache."""
-    try:
-        fd = os.open(os.path.join(root, CACHEDIR_TAG), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, len(CACHEDIR_SIGNATURE)) == CACHEDIR_SIGNATURE
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    from kcache_cli import fsread
+
+    return fsread.read_head(os.path.join(root, CACHEDIR_TAG), len(CACHEDIR_SIGNATURE)) == CACHEDIR_SIGNATURE
 
 
 def write_cachedir_tag(root: Path) -> None:
     """Tag a root kcache created (backup tools skip it; kcache takes it as evidence). Never fails."""
+    from kcache_cli import fswrite
+
     try:
-        fd = os.open(os.path.join(root, CACHEDIR_TAG), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                     | os.O_CLOEXEC, 0o644)
+        rfd = fswrite.open_root(root)
     except OSError:
         return
     try:
-        os.write(fd, _TAG_TEXT)
+        fswrite.write_file(rfd, CACHEDIR_TAG, _TAG_TEXT)
     except OSError:
         pass
     finally:
-        os.close(fd)
+        os.close(rfd)
 
 
 def make_root(root: Path) -> bool:
     """Create `root` (and its missing parents) when it does not exist, tagged; True if it was created."""
+    from kcache_cli import fswrite
+
     if os.path.lexists(root):
         return False
     try:
-        os.makedirs(root, exist_ok=False)
+        fswrite.make_dirs(root)
     except FileExistsError:
         return False
     write_cachedir_tag(root)

@@ -660,8 +660,3 @@ def _parse_pax(data: bytes) -> dict[str, str]:
         out[_decode(key, "pax key")] = _decode(value, "pax value")
         pos += length
     return out
-
-
-def sink_file(path: str) -> int:
-    """A new file for extracted data: never follows a link, never replaces anything."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

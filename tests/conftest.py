@@ -21,6 +21,7 @@ CXX = shutil.which("g++")
 
 _skipped_for_nvcc: list[str] = []
 _skipped_for_redis: list[str] = []
+_skipped_for_root: list[str] = []
 
 from redis_server import REDIS_SERVER, redis_server  # noqa: E402, F401 - the remote tests' real redis-server
 
@@ -33,6 +34,9 @@ def pytest_collection_modifyitems(config, items):
         if not REDIS_SERVER and item.get_closest_marker("redis"):
             _skipped_for_redis.append(item.nodeid)
             item.add_marker(pytest.mark.skip(reason="redis-server not found: this test needs a real Redis"))
+        if os.geteuid() != 0 and item.get_closest_marker("second_user"):
+            _skipped_for_root.append(item.nodeid)
+            item.add_marker(pytest.mark.skip(reason="not root: this test runs an attacker as a second user"))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -48,6 +52,13 @@ def pytest_terminal_summary(terminalreporter):
         tr.write_line(f"{len(_skipped_for_redis)} tests that need a real redis-server were SKIPPED: nothing proved "
                       "that push, pull and build --remote work against Redis (apt-get install redis-server).",
                       red=True, bold=True)
+        tr.write_sep("!", red=True, bold=True)
+    if _skipped_for_root:
+        tr = terminalreporter
+        tr.write_sep("!", "NOT ROOT", red=True, bold=True)
+        tr.write_line(f"{len(_skipped_for_root)} shared-cache attack tests were SKIPPED: they need root to run the "
+                      "attacker as a second user (uid 65534); nothing proved that a co-user cannot make kcache "
+                      "write outside a group-shared cache.", red=True, bold=True)
         tr.write_sep("!", red=True, bold=True)
 
 

@@ -447,10 +447,16 @@ def test_rename_noreplace_never_replaces(tmp_path):
     src, dst = tmp_path / "a", tmp_path / "b"
     src.mkdir()
     dst.mkdir()  # a plain rename would silently replace this empty directory
-    with pytest.raises(FileExistsError):
-        archive.rename_noreplace(str(src), str(dst))
-    dst.rmdir()
-    archive.rename_noreplace(str(src), str(dst))
+    from kcache_cli import fswrite
+
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(FileExistsError):
+            fswrite.rename_noreplace_at(fd, "a", fd, "b")
+        dst.rmdir()
+        fswrite.rename_noreplace_at(fd, "a", fd, "b")
+    finally:
+        os.close(fd)
     assert dst.is_dir() and not src.exists()
 
 
@@ -459,14 +465,14 @@ def test_publish_across_filesystems_copies_then_renames(kcache, fixture_copy, tm
     the cache), the entry is copied next to its place and renamed there."""
     import errno
 
-    real = archive.rename_noreplace
+    real = archive.importer.rename_noreplace_at
 
-    def cross_device(src, dst):
-        if "/.kcache/import-" in src:
+    def cross_device(src_fd, src, dst_fd, dst):
+        if src_fd != dst_fd:  # from the staging directory into the cache
             raise OSError(errno.EXDEV, "Invalid cross-device link", dst)
-        return real(src, dst)
+        return real(src_fd, src, dst_fd, dst)
 
-    monkeypatch.setattr(archive.importer, "rename_noreplace", cross_device)
+    monkeypatch.setattr(archive.importer, "rename_noreplace_at", cross_device)
     src = fixture_copy("tilus")
     arc = tmp_path / "t.tar"
     assert kcache("--cache-dir", src, "export", arc).exit_code == 0

@@ -63,3 +63,51 @@ def test_no_citation_of_a_design_document_the_repository_does_not_have():
     files = [*_sources(skip_layouts=False), PACKAGE.parent / "pyproject.toml"]
     cited = [str(p.relative_to(PACKAGE.parent)) for p in files if "DESIGN.md" in p.read_text()]
     assert not cited, f"cite a DESIGN.md this repository lacks: {cited}"
+
+
+# ---- writes under a root go through kcache_cli/fswrite.py (held directory fds) ------------------
+
+_PATH_WRITES = (
+    r"\bos\.(mkdir|makedirs|rename|replace|unlink|utime|symlink|link)\(",
+    r"\.touch\(", r"\bos\.open\(os\.path\.join", r"\.write_(text|bytes)\(", r"\.mkdir\(parents",
+    r"\bshutil\.(copy|copy2|copyfile|copytree|move)\(",
+    r"""(?<![\w.])open\([^()]*(\([^()]*\)[^()]*)*,\s*(mode\s*=\s*)?["'][^"']*[wxa+]""",
+)
+_EXEMPT = "# not under a root: "
+
+
+def path_writes(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of each write by path: a call in _PATH_WRITES on a line that does not end
+    with `# not under a root: <why>`."""
+    import re
+
+    pattern = re.compile("|".join(_PATH_WRITES))
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        code = line.split("#", 1)[0] if line.lstrip().startswith("#") else line
+        if pattern.search(code) and not re.search(re.escape(_EXEMPT) + r"\S", line):
+            out.append((n, line.strip()))
+    return out
+
+
+def test_the_write_rule_sees_what_it_forbids():
+    bad = ('os.rename(a, b)\nos.replace(tmp, final)\nPath(p).touch()\nos.unlink(os.path.join(d, n))\n'
+           'os.open(os.path.join(root, "x"), flags)\np.write_text("x")\nwith open(path, "wb") as f:\n'
+           'open(os.path.join(a, b), mode="a")\nshutil.copytree(a, b)\nos.utime(p, None)\n')
+    assert [n for n, _ in path_writes(bad)] == list(range(1, 11))
+    fine = ('fswrite.rename_at(a, x, b, y)\nwith open(path, "rb") as f:\nopen(p, "wb")  # not under a root: '
+            'the user\'s archive\n# os.rename(a, b) in a comment\nos.rmdir(d)\n')
+    assert path_writes(fine) == []
+
+
+def test_no_write_by_path_outside_the_fs_modules():
+    """Every write, rename, unlink, mkdir, symlink or utime under a cache root or a file:// remote goes
+    through kcache_cli/fswrite.py (or fsdelete's removal walk): a path a co-user can swap is never
+    written through. A write that is not under any root says why on its line."""
+    found = []
+    for path in _sources(skip_layouts=False):
+        if path.parent == PACKAGE and path.name.startswith("fs"):
+            continue
+        for n, line in path_writes(path.read_text()):
+            found.append(f"{path.relative_to(PACKAGE.parent)}:{n}: {line}")
+    assert not found, "writes by path outside kcache_cli/fs*.py:\n" + "\n".join(found)

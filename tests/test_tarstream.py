@@ -4,7 +4,6 @@ what tarfile writes (ustar, pax), kcache reads the same; what kcache never write
 from __future__ import annotations
 
 import io
-import os
 import tarfile
 
 import pytest
@@ -141,10 +140,3 @@ def test_base256_numbers_are_refused():
         tf.addfile(ti, io.BytesIO(b"a"))
     with pytest.raises(ts.TarFormatError):
         ts.TarReader(io.BytesIO(buf.getvalue())).next()
-
-
-def test_sink_file_never_replaces(tmp_path):
-    p = tmp_path / "f"
-    os.close(ts.sink_file(str(p)))
-    with pytest.raises(FileExistsError):
-        ts.sink_file(str(p))

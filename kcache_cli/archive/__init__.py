@@ -44,7 +44,6 @@ from kcache_cli.archive.importer import (  # noqa: F401
     plan_records,
     publish_staged,
     remove_stale_staging,
-    rename_noreplace,
 )
 from kcache_cli.archive.manifest import (  # noqa: F401
     BIG_FILE,

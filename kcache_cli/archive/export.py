@@ -14,7 +14,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
 
-from kcache_cli import __version__, state
+from kcache_cli import __version__, fswrite, state
 from kcache_cli.archive.manifest import (
     _CONTROL,
     BIG_FILE,
@@ -495,14 +495,15 @@ class _WorkerOutput:
     warnings: list[str]
 
 
-def _export_worker(plan: ExportPlan, parts: list[list], path: str, compression: str, targets: set[str],
+def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compression: str, targets: set[str],
                    advance: Callable[[int], None], abort: Callable[[], bool]) -> _WorkerOutput:
-    """Write `parts` (lists of jobs) into the file at `path`, one compressed part after the other."""
+    """Write `parts` (lists of jobs) into the temp file open as `body_fd` (never reopened by its path),
+    one compressed part after the other."""
     from kcache_cli import tarstream as ts
 
     from kcache_cli.checks import caller_reads_every_byte
 
-    with open(path, "wb") as out, caller_reads_every_byte():  # _PartWriter reads every byte it judged
+    with os.fdopen(os.dup(body_fd), "wb") as out, caller_reads_every_byte():  # _PartWriter reads every byte it judged
         writer = ts.FrameWriter(out, compression)
         pw = _PartWriter(plan, writer, targets, advance)
         sizes, counts = [], []
@@ -560,7 +561,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         final_tmp, bodies = temps[0], temps[1:]
 
         def run(w: int, advance, abort):
-            return _export_worker(plan, per_worker[w], bodies[w], compression, targets, advance, abort)
+            return _export_worker(plan, per_worker[w], held[w + 1], compression, targets, advance, abort)
 
         results, _ = _run_workers(workers, run, progress)
         records, done, left = [], [], list(plan.left)
@@ -578,7 +579,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
             for w in r.warnings:
                 warn(w)
         # The end-of-archive blocks close the last part; no part is empty (import checks that).
-        with open(bodies[-1], "ab") as last:
+        with os.fdopen(os.dup(held[-1]), "ab") as last:
             tail = ts.FrameWriter(last, compression)
             tail.write(ts.END_OF_ARCHIVE)
             sizes[-1] += tail.close()
@@ -589,8 +590,8 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
             "totals": {"entries": len(done), "files": n_files, "size": total},
             "parts": parts,
         }
-        _write_final(final_tmp, bodies, compression, manifest, records)
-        os.replace(final_tmp, archive)
+        _write_final(held[0], bodies, compression, manifest, records)
+        _rename_beside(final_tmp, archive)
     finally:
         _unlink_all(temps)
         _close_all(held)
@@ -599,13 +600,13 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
                         plan.sources_only)
 
 
-def _write_final(final_tmp: str, bodies: list[str], compression: str, manifest: dict, records: list[str]) -> None:
+def _write_final(final_fd: int, bodies: list[str], compression: str, manifest: dict, records: list[str]) -> None:
     """The archive: the manifest (its entry records already JSON text, joined), then every part."""
     from kcache_cli import tarstream as ts
 
     head_json = json.dumps(manifest, separators=(",", ":"))
     data = (head_json[:-1] + ',"entries":[' + ",".join(records) + "]}").encode()
-    with open(final_tmp, "wb") as final:
+    with os.fdopen(os.dup(final_fd), "wb") as final:
         head = ts.FrameWriter(final, compression)
         head.write(ts.file_header(MANIFEST_NAME, len(data), 0o644, time.time()))
         head.write(data)
@@ -613,21 +614,16 @@ def _write_final(final_tmp: str, bodies: list[str], compression: str, manifest: 
         head.close()
         for body in bodies:
             _append_file(final, body)
-        os.fchmod(final.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; an archive is a file the user makes
+        os.fchmod(final.fileno(), 0o666 & ~fswrite.umask())  # mkstemp makes 0600; an archive is a file the user makes
 
 
-def _umask() -> int:
-    """The process's umask: from /proc (Linux 4.7+) without changing it, else by setting and restoring it."""
+def _rename_beside(tmp: str, archive: str) -> None:
+    """Rename the finished temp file to the archive, both names in one held directory descriptor."""
+    fd = os.open(os.path.dirname(archive) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+        fswrite.rename_at(fd, os.path.basename(tmp), fd, os.path.basename(archive))
+    finally:
+        os.close(fd)
 
 
 def _append_file(out, path: str) -> None:
@@ -726,7 +722,7 @@ def _collect_stale_temps(out_dir: str) -> None:
                 continue
             try:
                 if state.leftover_live(fd, name) is False and _try_flock(tfd):
-                    os.unlink(name, dir_fd=fd)  # while holding its lock: no export can be using it
+                    fswrite.unlink_at(fd, name)  # while holding its lock: no export can be using it
             except OSError:
                 pass
             finally:
@@ -748,7 +744,7 @@ def _unlink_all(paths: list[str]) -> None:
     try:
         for p in paths:
             try:
-                os.unlink(os.path.basename(p), dir_fd=fd)
+                fswrite.unlink_at(fd, os.path.basename(p))
             except OSError:
                 pass
     finally:

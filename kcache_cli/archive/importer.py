@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
-from kcache_cli import state
+from kcache_cli import fswrite, state
 from kcache_cli.archive.export import _DIR_FLAGS, PARALLEL_MIN_ENTRIES, _aborted, _cpus, _ignore, _run_workers, _split
 from kcache_cli.archive.manifest import (
     _STAGING_NAME_ROOM,
@@ -190,47 +190,75 @@ def _plan(root: Path, planned: list[_Planned], archive_relpaths: set[str]) -> No
 # ---- import: reading the archive ----------------------------------------------------------------
 
 class _Staging:
-    """Where an import extracts before publishing: <root>/.kcache/import-<pid>-<random>/, made by
-    this process, removed (with any directory it had to create) when the import ends."""
+    """Where an import extracts before publishing: <root>/.kcache/import-<pid>-<random>/, made 0700 by
+    this process and checked to be its own after it is opened; removed (with any directory it had to
+    create) when the import ends. Every write under it, and every publish from it, goes through
+    descriptors held from the root (fswrite): a co-user who swaps .kcache/, the staging directory or
+    an entry directory for a link makes the import fail, never write elsewhere."""
 
     def __init__(self, root: Path) -> None:
         import secrets
 
-        self.created: list[str] = []
-        cur = str(root)
-        missing = []
-        while not os.path.lexists(cur):
-            missing.append(cur)
-            parent = os.path.dirname(cur)
-            if parent == cur:
-                break
-            cur = parent
-        for d in reversed(missing):
-            os.mkdir(d)
-            self.created.append(d)
-        sdir = os.path.join(root, state.STATE_DIR)
-        try:
-            st = os.lstat(sdir)
-            if not stat.S_ISDIR(st.st_mode):
-                raise KcacheError(f"{sdir} is not a directory")
-        except FileNotFoundError:
-            os.mkdir(sdir)
-            self.created.append(sdir)
-        for sub in (state.locks_dir(root), state.trash_dir(root)):  # where publishing writes
-            if os.path.islink(sub) or (os.path.lexists(sub) and not os.path.isdir(sub)):
-                raise KcacheError(f"{sub} is not a directory (kcache never writes through a symlink)")
-        if str(root) in self.created:
-            state.write_cachedir_tag(root)  # a root kcache makes is tagged: evidence that it is a cache
         self.root = root
-        self.name = f"import-{os.getpid()}-{secrets.token_hex(4)}"
-        self.path = os.path.join(sdir, self.name)
-        os.mkdir(self.path, 0o700)
+        self.dirs: set[str] = {""}
+        self._last: tuple[str, int] | None = None  # the directory written to last: entries come file by file
+        self.state_fd = self.fd = -1
+        self.created: list[str] = fswrite.make_dirs(root) if not os.path.lexists(root) else []
+        self.root_fd = fswrite.open_root(root)
+        try:
+            self._open(secrets.token_hex(4))
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, token: str) -> None:
+        made_state = not _lexists_at(self.root_fd, state.STATE_DIR)
+        try:
+            self.state_fd = state.open_state(self.root_fd, self.root, create=True)
+        except state.UntrustedState as exc:
+            raise KcacheError(exc.strerror or str(exc)) from None
+        except OSError as exc:
+            raise KcacheError(f"{exc.filename or self.root}: {exc.strerror or exc}") from None
+        if made_state:
+            self.created.append(os.path.join(self.root, state.STATE_DIR))
+        for sub in ("locks", "trash"):  # where publishing writes
+            if _lexists_at(self.state_fd, sub) and not _isdir_at(self.state_fd, sub):
+                raise KcacheError(f"{self.root}/{state.STATE_DIR}/{sub} is not a directory "
+                                  f"(kcache never writes through a symlink)")
+        if str(self.root) in self.created:
+            state.write_cachedir_tag(self.root)  # a root kcache makes is tagged: evidence that it is a cache
+        self.name = f"import-{os.getpid()}-{token}"
+        self.path = os.path.join(self.root, state.STATE_DIR, self.name)
+        fswrite.mkdir_at(self.state_fd, self.name, 0o700)
+        try:
+            self.fd = os.open(self.name, _DIR_FLAGS, dir_fd=self.state_fd)
+        except OSError as exc:  # ELOOP, ENOTDIR, ENOENT: swapped or removed the moment it was made
+            raise KcacheError(f"{self.path}: {exc.strerror}, right after kcache made it (another user?): "
+                              "import stopped") from None
+        why = fswrite.owner_problem(os.fstat(self.fd), self.path, private=True)
+        if why:  # what was made is not what was opened: someone swapped it
+            raise KcacheError(f"{why}: import stopped")
         # Held until cleanup: a prune sees a live import and leaves its staging alone (state.leftover_live).
         import fcntl
 
-        self.lock_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
-        self.dirs: set[str] = {""}
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def dir_fd(self, rel: str) -> int:
+        """The staged directory `rel` (made by ensure_dir), opened beneath the staging fd; do not close."""
+        if not rel:
+            return self.fd
+        if self._last is not None and self._last[0] == rel:
+            return self._last[1]
+        fd = fswrite.open_dir(self.fd, rel)
+        if self._last is not None:
+            os.close(self._last[1])
+        self._last = (rel, fd)
+        return fd
+
+    def fd_path(self, rel: str) -> str:
+        """A path naming the staged `rel` through the held staging fd (for code that takes paths)."""
+        return f"/proc/self/fd/{self.fd}/{rel}" if os.path.isdir(f"/proc/self/fd/{self.fd}") else \
+            os.path.join(self.path, rel)
 
     def ensure_dir(self, rel: str) -> None:
         missing = []  # a loop, not recursion: names are at most MAX_NAME_DEPTH deep, but never trust that
@@ -241,29 +269,84 @@ class _Staging:
                 raise KcacheError(f"bad staging path {rel!r}")
             rel = parent
         for rel in reversed(missing):
-            full = os.path.join(self.path, rel)
-            try:
-                os.mkdir(full)
-            except FileExistsError:  # another worker made it, or a member made it a file: check
-                st = os.lstat(full)
-                if not stat.S_ISDIR(st.st_mode):
-                    raise
+            head, _, name = rel.rpartition("/")
+            fswrite.mkdir_at(self.dir_fd(head), name, exist_ok=True)  # another worker may have made it
             self.dirs.add(rel)
+
+    def new_file(self, rel: str, mode: int) -> int:
+        """A new file at the staged `rel`, open for writing (its directory made by ensure_dir)."""
+        head, _, name = rel.rpartition("/")
+        return fswrite.create_excl(self.dir_fd(head), name, mode)
+
+    def write(self, rel: str, data: bytes, mode: int) -> None:
+        head, _, name = rel.rpartition("/")
+        fswrite.write_file(self.dir_fd(head), name, data, mode)
+
+    def symlink(self, rel: str, target: str) -> None:
+        head, _, name = rel.rpartition("/")
+        fswrite.symlink_at(target, self.dir_fd(head), name)
+
+    def copy(self, src: str, dst: str) -> None:
+        shead, _, sname = src.rpartition("/")
+        sfd = fswrite.open_dir(self.fd, shead)
+        try:
+            st = os.stat(sname, dir_fd=sfd, follow_symlinks=False)
+            dhead, _, dname = dst.rpartition("/")
+            fswrite.copy_file_at(sfd, sname, self.dir_fd(dhead), dname, stat.S_IMODE(st.st_mode))
+        finally:
+            os.close(sfd)
+
+    def close(self) -> None:
+        if self._last is not None:
+            os.close(self._last[1])
+            self._last = None
+        for fd in (self.fd, self.state_fd, self.root_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.state_fd = self.root_fd = -1
 
     def cleanup(self) -> None:
         from kcache_cli import fsdelete
 
-        fsdelete.remove_under(self.root, f"{state.STATE_DIR}/{self.name}")
-        os.close(self.lock_fd)
-        for d in reversed(self.created):
-            tagged = d == str(self.root)
-            try:
-                if tagged:  # a root that stayed empty goes, tag and all
-                    os.unlink(os.path.join(d, state.CACHEDIR_TAG))
-                os.rmdir(d)
-            except OSError:
-                if tagged:
-                    state.write_cachedir_tag(self.root)
+        fsdelete.remove_tree(self.state_fd, self.name, label=f"{state.STATE_DIR}/{self.name}")
+        root_fd = os.dup(self.root_fd)
+        self.close()
+        try:
+            for d in reversed(self.created):
+                if d == str(self.root):  # a root that stayed empty goes, tag and all
+                    fswrite.unlink_at(root_fd, state.CACHEDIR_TAG)
+                    if not _rmdir(d):
+                        state.write_cachedir_tag(self.root)
+                elif d == os.path.join(self.root, state.STATE_DIR):
+                    fswrite.rmdir_at(root_fd, state.STATE_DIR)
+                elif not _rmdir(d):
+                    break
+        finally:
+            os.close(root_fd)
+
+
+def _rmdir(path: str) -> bool:
+    """rmdir a directory this import made above the root (empty directories only: nothing else can go)."""
+    try:
+        os.rmdir(path)
+        return True
+    except OSError:
+        return False
+
+
+def _lexists_at(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _isdir_at(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 _ROOT, _DIR, _FILE, _LINK = 0, 1, 2, 3
@@ -311,7 +394,6 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
     expect = dict(listed)  # what has not come yet: each member takes itself out
     files = size = 0
     sha256 = hashlib.sha256
-    base = staging.path + "/" if staging is not None else ""
     dirs = staging.dirs if staging is not None else set()
     regular, max_member = ts.REGULAR, limits.max_member
     count = 0
@@ -336,7 +418,7 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
                 raise _reject(f"member {name!r} is over the limit of {max_member} bytes per file")
             if out and name.rpartition("/")[0] not in dirs:
                 staging.ensure_dir(name.rpartition("/")[0])  # type: ignore[union-attr]
-            if _read_member(reader, m, base + name if out else None, sha256) != wdigest:
+            if _read_member(reader, m, staging if out else None, name, sha256) != wdigest:
                 raise _reject(f"{name}: its sha256 differs from the manifest's (damaged or tampered with)")
             files += 1
             size += wsize
@@ -361,45 +443,36 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
                 raise _reject(f"symlink {name!r} -> {m.linkname!r}, the manifest says -> {wdigest!r}")
             if out:
                 staging.ensure_dir(name.rpartition("/")[0])  # type: ignore[union-attr]
-                os.symlink(m.linkname, base + name)
+                staging.symlink(name, m.linkname)  # type: ignore[union-attr]
     for key, (_, kind, _, _) in expect.items():
         if kind in (_FILE, _LINK):
             raise _reject(f"{key} is listed in the manifest but missing from the archive (truncated?)")
     return files, size
 
 
-_SINK_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _read_member(reader, m, dest: str | None, sha256) -> str:
-    """A file member's sha256, its bytes written to a new file at `dest` on the way (None: only hashed)."""
+def _read_member(reader, m, staging: _Staging | None, name: str, sha256) -> str:
+    """A file member's sha256, its bytes written to a new staged file `name` on the way (no staging: only
+    hashed)."""
     data = reader.small_data(m)
-    if dest is None:
+    if staging is None:
         if data is not None:
             return sha256(data).hexdigest()
         h = sha256()
         for chunk in reader.data(m):
             h.update(chunk)
         return h.hexdigest()
-    fd = os.open(dest, _SINK_FLAGS, 0o755 if m.mode & 0o111 else 0o644)
+    fd = staging.new_file(name, 0o755 if m.mode & 0o111 else 0o644)
     try:
         if data is not None:
-            if os.write(fd, data) != len(data):
-                _write_all(fd, data)
+            fswrite.write_all(fd, data)
             return sha256(data).hexdigest()
         h = sha256()
         for chunk in reader.data(m):
             h.update(chunk)
-            _write_all(fd, chunk)
+            fswrite.write_all(fd, chunk)
         return h.hexdigest()
     finally:
         os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _hardlink(m, x: tuple, listed: dict[str, tuple], expect: dict[str, tuple], staging: _Staging | None) -> None:
@@ -414,11 +487,8 @@ def _hardlink(m, x: tuple, listed: dict[str, tuple], expect: dict[str, tuple], s
     if (t_size, t_digest) != (size, digest):
         raise _reject(f"hard link {m.name!r}: the manifest gives it another size or sha256 than its target")
     if staging is not None:
-        import shutil
-
         staging.ensure_dir(m.name.rpartition("/")[0])
-        shutil.copyfile(os.path.join(staging.path, target), os.path.join(staging.path, m.name),
-                        follow_symlinks=False)
+        staging.copy(target, m.name)
 
 
 @dataclass(frozen=True)
@@ -516,49 +586,16 @@ def _extract_regions(fd: int, kind: str, regions: list[_Region], records: list, 
 
 # ---- import: publishing --------------------------------------------------------------------------
 
-_RENAMEAT2: Any = None  # (renameat2, ctypes) once looked up, False where libc has none
-
-
-def rename_noreplace(src: str, dst: str) -> None:
-    """Rename `src` to `dst`, failing with FileExistsError if `dst` exists (even an empty directory,
-    which a plain rename would silently replace)."""
-    global _RENAMEAT2
-    if _RENAMEAT2 is None:
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            fn = libc.renameat2
-            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-            _RENAMEAT2 = (fn, ctypes)
-        except (OSError, AttributeError):
-            _RENAMEAT2 = False
-    if _RENAMEAT2:
-        fn, ctypes = _RENAMEAT2
-        if fn(-100, os.fsencode(src), -100, os.fsencode(dst), 1) == 0:  # AT_FDCWD, RENAME_NOREPLACE
-            return
-        err = ctypes.get_errno()
-        if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
-            raise OSError(err, os.strerror(err), dst)
-    if os.path.lexists(dst):
-        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
-    os.rename(src, dst)
-
-
-def _make_parents(root: Path, relpath: str, made: set[str]) -> None:
-    """Create the missing parents of an entry, as real directories (`made` remembers them)."""
-    cur = str(root)
-    for part in relpath.split("/")[:-1]:
-        cur = os.path.join(cur, part)
-        if cur in made:
-            continue
-        try:
-            os.mkdir(cur)
-        except FileExistsError:
-            st = os.lstat(cur)
-            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-                raise KcacheError(f"{cur} is not a directory (kcache never writes through a symlink)") from None
-        made.add(cur)
+def _dest_parent(root_fd: int, root: Path, relpath: str) -> tuple[int, str]:
+    """(a descriptor of the directory an entry is published into, made as needed beneath the root
+    without following a link; the entry's name)."""
+    try:
+        return fswrite.open_parent(root_fd, relpath, create=True)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
+            raise KcacheError(f"{root}/{relpath.rpartition('/')[0]} holds a symlink or a non-directory "
+                              f"(kcache never writes through one)") from None
+        raise
 
 
 def _dest_status(root: Path, p: _Planned) -> str | None:
@@ -580,12 +617,9 @@ def _dest_status(root: Path, p: _Planned) -> str | None:
 def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, warn: Warn,
              made: set[str]) -> tuple[bool, str | None]:
     """Move one staged entry into place with one rename, under its lock. (published, reason)."""
-    import shutil
-
     from kcache_cli import fsdelete
     from kcache_cli.locking import EntryFlock
 
-    src = os.path.join(staging.path, p.relpath)
     dest = os.path.join(root, p.relpath)
     lock = EntryFlock(root, p.relpath)
     if not lock.acquire(0):
@@ -605,27 +639,11 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
             import secrets
 
             trashed = f"{p.relpath.replace('/', '%2F')}-{secrets.token_hex(4)}"
-            _to_trash(root, p.relpath, trashed)
-        _layout_of(p.layout).relocate(src, dest, root)  # paths the entry records about itself (Triton's)
-        _make_parents(root, p.relpath, made)
-        try:
-            rename_noreplace(src, dest)
-        except FileExistsError:
+            _to_trash(staging, p.relpath, trashed)
+        # paths the entry records about itself (Triton's), rewritten through the held staging fd
+        _layout_of(p.layout).relocate(staging.fd_path(p.relpath), dest, root)
+        if not _move_in(staging, p.relpath):
             return False, "already present (appeared during the import)"
-        except OSError as exc:
-            if exc.errno != errno.EXDEV:
-                raise
-            # The entry's directory is on another filesystem: copy next to it, then rename.
-            import secrets
-
-            tmp = os.path.join(os.path.dirname(dest), f"{state.TEMP_PREFIX}{p.relpath.rsplit('/', 1)[-1]}-"
-                                                      f"{secrets.token_hex(4)}")
-            shutil.copytree(src, tmp, symlinks=True)
-            try:
-                rename_noreplace(tmp, dest)
-            except FileExistsError:
-                fsdelete.remove_under(root, f"{os.path.dirname(p.relpath)}/{os.path.basename(tmp)}")
-                return False, "already present (appeared during the import)"
         return True, p.reason
     finally:
         lock.release()
@@ -633,24 +651,48 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
             fsdelete.remove_under(root, f"{state.STATE_DIR}/trash/{trashed}")
 
 
-def _to_trash(root: Path, relpath: str, name: str) -> None:
-    """Rename the entry at `relpath` to .kcache/trash/`name`, both reached from the root without
-    following a link (a trash swapped for a symlink never receives an entry)."""
+def _move_in(staging: _Staging, relpath: str) -> bool:
+    """Rename the staged entry to its place (no-replace), both ends held as directory fds; where they
+    are on different filesystems, copy it beside its place first. False when something is there."""
     from kcache_cli import fsdelete
 
-    sd = fsdelete.open_under(root, state.STATE_DIR)
+    src_fd, name = fswrite.open_parent(staging.fd, relpath)
     try:
+        dst_fd, _ = _dest_parent(staging.root_fd, staging.root, relpath)
         try:
-            os.mkdir("trash", 0o755, dir_fd=sd)
-        except FileExistsError:
-            pass
-        trash = os.open("trash", _DIR_FLAGS, dir_fd=sd)
+            try:
+                rename_noreplace_at(src_fd, name, dst_fd, name)
+                return True
+            except FileExistsError:
+                return False
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+            tmp = fswrite.temp_name(f"{state.TEMP_PREFIX}{name}-")
+            fswrite.copy_tree_at(src_fd, name, dst_fd, tmp)
+            try:
+                rename_noreplace_at(dst_fd, tmp, dst_fd, name)
+                return True
+            except FileExistsError:
+                fsdelete.remove_tree(dst_fd, tmp)
+                return False
+        finally:
+            os.close(dst_fd)
     finally:
-        os.close(sd)
+        os.close(src_fd)
+
+
+rename_noreplace_at = fswrite.rename_noreplace_at  # a name tests can replace to inject EXDEV
+
+
+def _to_trash(staging: _Staging, relpath: str, name: str) -> None:
+    """Rename the entry at `relpath` to .kcache/trash/`name`, both reached from the root without
+    following a link (a trash swapped for a symlink never receives an entry)."""
+    trash = state.open_state(staging.root_fd, staging.root, "trash", create=True)
     try:
-        parent = fsdelete.open_under(root, relpath.rpartition("/")[0])
+        parent, base = fswrite.open_parent(staging.root_fd, relpath)
         try:
-            os.rename(relpath.rpartition("/")[2], name, src_dir_fd=parent, dst_dir_fd=trash)
+            fswrite.rename_at(parent, base, trash, name)
         finally:
             os.close(parent)
     finally:
@@ -891,8 +933,6 @@ def _remove_stale_staging(root: Path) -> None:
 
 def _finish_staging(staging: _Staging, planned: list[_Planned]) -> None:
     """Directories that came without a member, and the lock files, as new empty files."""
-    from kcache_cli import tarstream as ts
-
     for p in planned:
         if not p.write:
             continue
@@ -901,7 +941,7 @@ def _finish_staging(staging: _Staging, planned: list[_Planned]) -> None:
             staging.ensure_dir(f"{p.relpath}/{name}")
         for name in p.record.locks:
             staging.ensure_dir(f"{p.relpath}/{name}".rpartition("/")[0])
-            os.close(ts.sink_file(os.path.join(staging.path, p.relpath, name)))
+            os.close(staging.new_file(f"{p.relpath}/{name}", 0o666))  # the umask applies: shared caches
 
 
 def _str(value) -> str | None:

@@ -212,8 +212,8 @@ def regenerate(check: bool = False) -> list[Path]:
         if current != text:
             stale.append(path)
             if not check:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text, encoding="utf-8")
+                path.parent.mkdir(parents=True, exist_ok=True)  # not under a root: the repo's completions/
+                path.write_text(text, encoding="utf-8")  # not under a root: the repo's completions/
     return stale
 
 

@@ -441,32 +441,25 @@ def relocate(src: str, dest: str) -> int:
 
 
 def _replace_file(dfd: int, name: str, data: bytes) -> None:
-    """Replace the file `name` in the directory `dfd` with `data`, atomically and durably."""
+    """Replace the file `name` in the directory `dfd` with `data`, atomically and durably, as Triton
+    writes (a `tmp.pid_*` directory beside it), every step through descriptors (fswrite)."""
     import secrets
 
+    from kcache_cli import fswrite
+
     tmp_name = f"{TMP_PREFIX}{os.getpid()}_{secrets.token_hex(16)}"
-    os.mkdir(tmp_name, 0o700, dir_fd=dfd)
+    fswrite.mkdir_at(dfd, tmp_name, 0o700)
     try:
-        tfd = os.open(tmp_name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+        tfd = fswrite.open_dir(dfd, tmp_name)
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=tfd)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(name, name, src_dir_fd=tfd, dst_dir_fd=dfd)
+            fswrite.write_file(tfd, name, data, 0o644, sync=True)
+            fswrite.rename_at(tfd, name, dfd, name)
             os.fsync(dfd)
         finally:
-            try:
-                os.unlink(name, dir_fd=tfd)
-            except FileNotFoundError:
-                pass
+            fswrite.unlink_at(tfd, name)
             os.close(tfd)
     finally:
-        os.rmdir(tmp_name, dir_fd=dfd)
+        fswrite.rmdir_at(dfd, tmp_name)
 
 
 # ---- the layout ----------------------------------------------------------------------------------

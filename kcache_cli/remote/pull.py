@@ -131,24 +131,18 @@ def _extra_problem(rec: EntryRecord, extra: dict[str, bytes]) -> str | None:
 
 
 def _stage(staging, rec: EntryRecord, files: dict[str, bytes], extra: dict[str, bytes]) -> None:
-    """Write one verified entry under the staging directory (never following a link)."""
+    """Write one verified entry under the staging directory, through its held descriptors (fswrite:
+    no link followed, nothing replaced)."""
     rel = rec.relpath
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     names = rec.extra.get("executable")  # the pusher's list of executable files
     executable = set(names) if isinstance(names, list) else set()
     staging.ensure_dir(rel)
     for name, data in (*files.items(), *extra.items()):
         staging.ensure_dir(f"{rel}/{name}".rpartition("/")[0])
-        fd = os.open(os.path.join(staging.path, rel, name), flags, 0o755 if name in executable else 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+        staging.write(f"{rel}/{name}", data, 0o755 if name in executable else 0o644)
     for name, target in rec.links.items():
         staging.ensure_dir(f"{rel}/{name}".rpartition("/")[0])
-        os.symlink(target, os.path.join(staging.path, rel, name))
+        staging.symlink(f"{rel}/{name}", target)
 
 
 def _batches(planned: list) -> Iterable[list]:

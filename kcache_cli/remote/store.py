@@ -217,125 +217,171 @@ def _key_of(name: str) -> str:
 
 class FileStore:
     """Keys as files in one directory (NFS-safe: new files are written aside and linked into place,
-    which fails if the name exists, so publishing is atomic and no-replace)."""
+    which fails if the name exists, so publishing is atomic and no-replace).
+
+    Every read, write, rename and unlink goes through a descriptor of the store's directory held from
+    the start (fswrite): the hash directories (`kcache:v1:index.d`, `pulled.d`) are opened beneath it
+    without following a link, so a member who plants a link there makes the command fail with one
+    line, never read, write or unlink where it points."""
 
     def __init__(self, path: str) -> None:
+        from kcache_cli import fswrite
+
         self.path = os.path.realpath(path)
         self.url = "file://" + self.path
-        if not os.path.isdir(self.path):
-            raise RemoteError(f"remote {self.url}: no such directory")
+        try:
+            self.fd = fswrite.open_root(self.path)
+        except OSError:
+            raise RemoteError(f"remote {self.url}: no such directory") from None
 
-    def _p(self, key: str) -> str:
-        return os.path.join(self.path, _file_name(key))
+    def _fail(self, what: str, name: str, exc: OSError) -> RemoteError:
+        import errno
 
-    def _read(self, path: str) -> bytes | None:
+        why = ("a symlink or not a directory (kcache never follows one in a remote)"
+               if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV) else exc.strerror or str(exc))
+        return RemoteError(f"remote {self.url}: cannot {what} {name}: {why}")
+
+    def _read(self, name: str, dir_fd: int | None = None) -> bytes | None:
         from kcache_cli.fsread import read_bytes
 
         try:  # a shared directory may hold anything: never a FIFO or a link, never unbounded
-            return read_bytes(path, 1 << 30)
+            return read_bytes(name, 1 << 30, dir_fd=self.fd if dir_fd is None else dir_fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise RemoteError(f"remote {self.url}: cannot read {os.path.basename(path)}: {exc.strerror}") from None
+            raise self._fail("read", name, exc) from None
 
     def get(self, keys: Sequence[str]) -> list[bytes | None]:
-        return [self._read(self._p(k)) for k in keys]
+        return [self._read(_file_name(k)) for k in keys]
 
-    def _write(self, final: str, data: bytes, replace: bool = True) -> bool:
-        import secrets
+    def _write(self, dir_fd: int, final: str, data: bytes, replace: bool = True) -> bool:
+        from kcache_cli import fswrite
 
-        tmp = os.path.join(self.path, f".tmp-{os.getpid()}-{secrets.token_hex(6)}")
+        tmp = fswrite.temp_name(".tmp-")
         try:
-            with open(tmp, "xb") as f:
-                f.write(data)
+            fswrite.write_file(dir_fd, tmp, data)
             if replace:
-                os.replace(tmp, final)
+                fswrite.rename_at(dir_fd, tmp, dir_fd, final)
                 return True
             try:
-                os.link(tmp, final)
+                fswrite.link_at(dir_fd, tmp, dir_fd, final)
                 return True
             except FileExistsError:
                 return False
         except OSError as exc:
-            raise RemoteError(f"remote {self.url}: cannot write {os.path.basename(final)}: {exc.strerror}") from None
+            raise self._fail("write", final, exc) from None
         finally:
-            if not replace and os.path.lexists(tmp):
-                os.unlink(tmp)
+            if not replace:
+                try:
+                    fswrite.unlink_at(dir_fd, tmp)
+                except OSError:
+                    pass
+
+    def _exists(self, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise self._fail("check", name, exc) from None
 
     def put(self, items: Mapping[str, bytes], ttl: int | None = None, only_new: bool = False) -> None:
         for k, v in items.items():
             name = _file_name(k)
-            if only_new and os.path.exists(os.path.join(self.path, name)):
+            if only_new and self._exists(name):
                 continue
-            self._write(os.path.join(self.path, (_PENDING if ttl else "") + name), v)
+            self._write(self.fd, (_PENDING if ttl else "") + name, v)
 
     def publish_many(self, ps: Sequence[Publish]) -> list[bool]:
         return [self.publish(p) for p in ps]
 
     def publish(self, p: Publish) -> bool:
+        from kcache_cli import fswrite
+
         # The data first: a reader who sees the record must find it. Data keys hold their bytes'
         # sha256, so a pusher that then loses the race made permanent only bytes the winner has too,
         # or keys it removes itself (push does).
         for k in p.persist:
             name = _file_name(k)
             try:
-                os.replace(os.path.join(self.path, _PENDING + name), os.path.join(self.path, name))
+                fswrite.rename_at(self.fd, _PENDING + name, self.fd, name)
             except FileNotFoundError:
                 pass  # made permanent by an earlier publish of the same bytes
             except OSError as exc:
-                raise RemoteError(f"remote {self.url}: cannot publish {name}: {exc.strerror}") from None
-        if not self._write(self._p(p.key), p.value, replace=False):
+                raise self._fail("publish", name, exc) from None
+        if not self._write(self.fd, _file_name(p.key), p.value, replace=False):
             return False
         for k, v in p.last:
-            self._write(self._p(k), v)
+            self._write(self.fd, _file_name(k), v)
         self.hash_set(p.index, {p.index_field: p.index_value})
         return True
 
     def delete(self, keys: Sequence[str]) -> None:
+        from kcache_cli import fswrite
+
         for k in keys:
             for name in (_file_name(k), _PENDING + _file_name(k)):
                 try:
-                    os.unlink(os.path.join(self.path, name))
-                except FileNotFoundError:
-                    pass
+                    fswrite.unlink_at(self.fd, name)
                 except OSError as exc:
-                    raise RemoteError(f"remote {self.url}: cannot remove {name}: {exc.strerror}") from None
+                    raise self._fail("remove", name, exc) from None
 
-    def _hdir(self, name: str) -> str:
-        return os.path.join(self.path, _file_name(name) + ".d")
+    def _hdir(self, name: str, create: bool = False) -> int | None:
+        """A descriptor of the hash `name`'s directory, beneath the store, no link followed (None: none yet)."""
+        from kcache_cli import fswrite
+
+        d = _file_name(name) + ".d"
+        try:
+            return fswrite.open_dir(self.fd, d, create=create)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._fail("open", d, exc) from None
 
     def hash_get(self, name: str) -> dict[str, bytes]:
         d = self._hdir(name)
-        try:
-            names = os.listdir(d)
-        except FileNotFoundError:
+        if d is None:
             return {}
         out = {}
-        for n in names:
-            if not n.startswith("."):
-                v = self._read(os.path.join(d, n))
-                if v is not None:
-                    out[_key_of(n)] = v
+        try:
+            for n in os.listdir(d):
+                if not n.startswith("."):
+                    v = self._read(n, d)
+                    if v is not None:
+                        out[_key_of(n)] = v
+        finally:
+            os.close(d)
         return out
 
     def hash_set(self, name: str, mapping: Mapping[str, bytes]) -> None:
-        d = self._hdir(name)
-        os.makedirs(d, exist_ok=True)
-        for f, v in mapping.items():
-            self._write(os.path.join(d, _file_name(f)), v)
+        d = self._hdir(name, create=True)
+        assert d is not None
+        try:
+            for f, v in mapping.items():
+                self._write(d, _file_name(f), v)
+        finally:
+            os.close(d)
 
     def hash_delete(self, name: str, fields: Sequence[str]) -> None:
+        from kcache_cli import fswrite
+
         d = self._hdir(name)
-        for f in fields:
-            try:
-                os.unlink(os.path.join(d, _file_name(f)))
-            except FileNotFoundError:
-                pass
+        if d is None:
+            return
+        try:
+            for f in fields:
+                try:
+                    fswrite.unlink_at(d, _file_name(f))
+                except OSError as exc:
+                    raise self._fail("remove", _file_name(f), exc) from None
+        finally:
+            os.close(d)
 
     def keys(self, pattern: str) -> Iterator[str]:
         import fnmatch
 
-        for n in os.listdir(self.path):
+        for n in os.listdir(self.fd):
             if not n.startswith(".") and not n.endswith(".d"):
                 key = _key_of(n)
                 if fnmatch.fnmatchcase(key, pattern):
@@ -346,18 +392,21 @@ class FileStore:
         expires them; returns how many. Only kcache's own pending and temp names are touched."""
         import time
 
+        from kcache_cli import fswrite
+
         removed = 0
         now = time.time()
-        for n in os.listdir(self.path):
+        for n in os.listdir(self.fd):
             if n.startswith((_PENDING, ".tmp-")):
-                path = os.path.join(self.path, n)
                 try:
-                    if now - os.lstat(path).st_mtime > older_than:
-                        os.unlink(path)
-                        removed += 1
-                except FileNotFoundError:
+                    if now - os.stat(n, dir_fd=self.fd, follow_symlinks=False).st_mtime > older_than:
+                        removed += fswrite.unlink_at(self.fd, n)
+                except OSError:
                     pass
         return removed
 
     def close(self) -> None:
-        pass
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
