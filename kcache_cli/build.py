@@ -599,7 +599,8 @@ def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: Listen
             return lock, True
     except OSError as exc:
         raise KcacheError(f"cannot lock {lock.path}: {exc.strerror}") from None
-    raise LockTimeout(f"another build of {spec.relpath} still holds its lock ({lock.path}) after {timeout:g}s")
+    raise LockTimeout(f"another build of {spec.relpath} still holds its lock ({lock.path}){lock.holder()} after "
+                      f"{timeout:g}s (--lock-timeout to wait longer)")
 
 
 def _wait_for_compiler(spec: TaskSpec, final: Path, timeout: float | None, listener: Listener) -> str | None:

@@ -83,9 +83,9 @@ def import_command(
     max_total_size: Annotated[Optional[str], typer.Option(
         "--max-total-size", metavar="SIZE",
         help="Reject archives that expand to more than this (default 64GiB).")] = None,
-    lock_timeout: Annotated[float, typer.Option(
-        "--lock-timeout", metavar="SECONDS", min=0, help="How long to wait for an entry's lock before skipping "
-        "it.")] = 60.0,
+    lock_timeout: Annotated[Optional[str], typer.Option(
+        "--lock-timeout", metavar="SECONDS", help="How long to wait for an entry's lock before skipping "
+        "it (30, 2.5, 90s, 5m). Default: 60.")] = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -105,9 +105,10 @@ def import_command(
     defaults = ImportLimits()
     limits = ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
                           max_total=_size(max_total_size, "--max-total-size", defaults.max_total))
+    wait = c.lock_timeout(lock_timeout, 60.0)
     root = c.cache_root(opts)
     with _Bar(opts, "verifying" if dry_run else "importing", unit="bytes") as bar:
-        result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout,
+        result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=wait,
                                 warn=lambda m: c.warn(opts, m), progress=bar)
     fit = arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
     out = c.Output(opts)

@@ -17,6 +17,9 @@ def register(app: typer.Typer) -> None:
 
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Show what would be removed; change nothing.")]
+GC_WAIT = 600.0  # seconds a prune or clear waits for another one of the same cache (a default deadline)
+LockTimeoutOpt = Annotated[Optional[str], c.lock_timeout_option("another prune or clear of the same cache",
+                                                                f"{GC_WAIT:g}")]
 
 
 def prune_command(
@@ -33,6 +36,7 @@ def prune_command(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Accepted for scripts written for clear; prune never "
                                                          "asks.")] = False,
     all_caches: c.AllCachesOpt = False,
+    lock_timeout: LockTimeoutOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -48,6 +52,7 @@ def prune_command(
     opts = c.use(ctx, cache_dir, as_json)
     limit = parse_size(max_size, "--max-size") if max_size is not None else None
     age = parse_age(older_than, "--older-than") if older_than is not None else None
+    opts.lock_timeout = c.lock_timeout(lock_timeout, GC_WAIT)
     out = _Out(opts, all_caches)
     for loc in c.cache_locations(opts, all_caches):
         out.section(loc)
@@ -87,6 +92,7 @@ def clear_command(
                                                          "terminal).")] = False,
     dry_run: DryRunOpt = False,
     all_caches: c.AllCachesOpt = False,
+    lock_timeout: LockTimeoutOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -99,6 +105,7 @@ def clear_command(
     from kcache_cli.errors import UsageError
 
     opts = c.use(ctx, cache_dir, as_json)
+    opts.lock_timeout = c.lock_timeout(lock_timeout, GC_WAIT)
     if not everything and not (hashes or op or space or target or layout):
         raise UsageError("clear needs a selection: --space, --op, --target, --layout, entries, or --all "
                          "(see 'kcache clear --help')")
@@ -179,13 +186,14 @@ def _execute(opts: c.GlobalOptions, plan):
     def waiting() -> None:
         c.info(opts, f"waiting for another prune or clear of {plan.root} to finish...")
 
+    wait = GC_WAIT if opts.lock_timeout is None else opts.lock_timeout
     if not _progress_wanted(opts) or len(plan.removals) < 2:
-        return plan.execute(on_wait=waiting)
+        return plan.execute(on_wait=waiting, lock_timeout=wait)
     from kcache_cli.cli.progress import Bar
 
     with Bar(opts, "removing") as bar:
         bar.start(len(plan.removals))
-        return plan.execute(progress=lambda r: bar.advance(1), on_wait=waiting)
+        return plan.execute(progress=lambda r: bar.advance(1), on_wait=waiting, lock_timeout=wait)
 
 
 def _missing(opts: c.GlobalOptions, out: _Out, loc, dry_run: bool, extra: dict) -> None:

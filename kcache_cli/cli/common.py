@@ -25,6 +25,7 @@ class GlobalOptions:
     def __init__(self, cache_dir: Optional[str] = None, json: bool = False, quiet: bool = False,
                  debug: bool = False) -> None:
         self.cache_dir, self.json, self.quiet, self.debug = cache_dir, json, quiet, debug
+        self.lock_timeout: float | None = None  # a command's checked --lock-timeout, where it has one
 
 
 def settings(ctx: typer.Context) -> GlobalOptions:
@@ -73,9 +74,16 @@ def cache_locations(opts: GlobalOptions, all_caches: bool) -> list:
         return [cache_location(opts, existing=True)]
     if opts.cache_dir:
         raise UsageError("--all-caches and --cache-dir do not go together")
-    from kcache_cli.locate import CacheLocation, known_caches
+    from kcache_cli.locate import CacheLocation, known_caches, refused_root
 
-    return [CacheLocation(path, f"{owner} cache (dir --all)") for owner, path in known_caches() if path.is_dir()]
+    out = []
+    for owner, path in known_caches():
+        why = refused_root(path)
+        if why is not None:  # hidet.toml `cache_dir = "~"`, TRITON_CACHE_DIR=$HOME: never a root to clear
+            warn(opts, f"skipping the {owner} cache at {path}: {why}, never a cache root")
+        elif path.is_dir():
+            out.append(CacheLocation(path, f"{owner} cache (dir --all)"))
+    return out
 
 
 def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
@@ -100,6 +108,32 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
 AllCachesOpt = Annotated[bool, typer.Option(
     "--all-caches", help=f"Every cache `kcache dir --all` finds ({', '.join(LAYOUT_NAMES)}), one after the other, "
     "each with its root.")]
+
+
+# ---- waiting for locks ---------------------------------------------------------------------------
+def lock_timeout_option(what: str, default: str) -> Any:
+    """The --lock-timeout option (one name on every command that waits for a lock), its help saying what
+    the command waits for and its default: `Annotated[Optional[str], c.lock_timeout_option(...)]`."""
+    return typer.Option("--lock-timeout", metavar="SECONDS", help=f"Wait at most this long for {what} (then exit "
+                        f"3, naming the holder); 30, 2.5, 90s, 5m. Default: {default}.")
+
+
+# The name `build` used before --lock-timeout: still read, no longer shown.
+OldTimeoutOpt = Annotated[Optional[str], typer.Option("--timeout", metavar="SECONDS", hidden=True,
+                                                      help="Old name of --lock-timeout.")]
+
+
+def lock_timeout(value: Optional[str], default: float, old: Optional[str] = None) -> float:
+    """The checked --lock-timeout (or its old name --timeout) in seconds: finite and not negative, else a
+    usage error (exit 2)."""
+    from kcache_cli.units import parse_seconds
+
+    if value is not None and old is not None:
+        raise UsageError("--lock-timeout and --timeout are the same option: give one")
+    if value is None and old is None:
+        return default
+    return parse_seconds(value if value is not None else old or "", "--lock-timeout" if value is not None
+                         else "--timeout")
 
 
 # ---- filters -------------------------------------------------------------------------------------
