@@ -409,6 +409,13 @@ class _PartWriter:
     def _check_listing(self, e: Entry, items: list) -> None:
         """Names the import would refuse and members that cannot be shipped skip the entry (_Skip)."""
         rel = e.relpath
+        if not rel.isascii():  # an op directory named in another encoding: skipped, the rest still ships
+            try:
+                rel.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _Skip(e, "its path is not UTF-8 (archives name files in UTF-8)") from None
+        if not rel.isprintable() and _CONTROL.search(rel):
+            raise _Skip(e, "its path holds control characters (import would refuse the archive)")
         for name, kind, _, _, _, extra in items:
             if not name.isprintable() and _CONTROL.search(name):  # import would refuse the archive
                 raise _Skip(e, f"{name!r} holds control characters")
@@ -582,6 +589,10 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
             tail = ts.FrameWriter(last, compression)
             tail.write(ts.END_OF_ARCHIVE)
             sizes[-1] += tail.close()
+        if not done:  # an empty archive is refused: nothing is written (the temp files go below)
+            first = f" (first: {left[0][0].relpath}: {left[0][1]})" if left else ""
+            raise KcacheError(f"nothing to export: {plural_entries(len(left))} selected, none fit to ship{first}; "
+                              f"no archive written")
         parts = [{"size": s, "entries": c} for s, c in zip(sizes, counts)]
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "kcache_version": __version__,
@@ -597,6 +608,10 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         restore()
     return ExportResult(archive, compression, tuple(done), tuple(left), n_files, total, os.path.getsize(archive),
                         plan.sources_only)
+
+
+def plural_entries(n: int) -> str:
+    return f"{n} {'entry' if n == 1 else 'entries'}"
 
 
 def _write_final(final_tmp: str, bodies: list[str], compression: str, manifest: dict, records: list[str]) -> None:

@@ -53,6 +53,11 @@ def add_global_options(cmd) -> None:
                                           expose_value=False, callback=_set_global(name), help=help_text))
 
 
+class PipeClosed(Exception):
+    """stdout's reader went away (`kcache stats | head -1`): not an OSError, so that Click, which turns
+    EPIPE into exit 1, lets it through to main, which exits 0 as `ls`, `cat` and `grep` do."""
+
+
 class KcacheGroup(TyperGroup):
     """Global options also work after the subcommand, for every command, including ones registered later."""
 
@@ -61,6 +66,12 @@ class KcacheGroup(TyperGroup):
         if cmd is not None:
             add_global_options(cmd)
         return cmd
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:
+            raise PipeClosed() from exc
 
 
 app = typer.Typer(
@@ -170,12 +181,43 @@ def _holding(commands: list) -> typer.Typer:
     return one
 
 
+def _pipe_closed() -> None:
+    """Exit 0 when stdout's reader has gone: nothing more can be said, and nothing is wrong. stdout is
+    pointed at /dev/null first, so that the interpreter's last flush does not fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (tests): nothing to flush later
+        pass
+    sys.exit(0)
+
+
+def _fail(message: str, code: int, as_json: bool) -> None:
+    """The one way a failure ends the run: `Error: ...` on stderr, and under --json also
+    {"error": ..., "exit": N} on stdout (a script reading stdout sees why), then exit `code`."""
+    from kcache_cli.textsafe import printable_line  # names in messages stay inert
+
+    sys.stderr.write(f"Error: {printable_line(message)}\n")
+    if as_json:
+        import json
+
+        try:
+            sys.stdout.write(json.dumps({"error": message, "exit": code}) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _pipe_closed()
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turn errors into one line and an exit status."""
     from kcache_cli.errors import KcacheError
 
     args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in (args[:args.index("--")] if "--" in args else args)  # not a compiler flag
+    ours = args[:args.index("--")] if "--" in args else args  # not a compiler flag after `--`
+    debug, as_json = "--debug" in ours, "--json" in ours
     # A scan keeps a few objects per entry alive to the end: with the default thresholds, the cyclic
     # collector walks all of them again every few thousand entries (a sixth of a 100,000-entry scan).
     # What kcache makes is almost free of cycles; collecting them 140 times less often costs no memory
@@ -190,25 +232,19 @@ def main(argv: list[str] | None = None) -> None:
             import traceback
 
             traceback.print_exc()
-        from kcache_cli.textsafe import printable_line  # names in messages stay inert
-
-        sys.stderr.write(f"Error: {printable_line(str(exc))}\n")
-        sys.exit(exc.exit_code)
+        _fail(str(exc), exc.exit_code, as_json)
     except typer.Abort:
-        sys.stderr.write("Error: aborted\n")
-        sys.exit(1)
+        _fail("aborted", 1, as_json)
     except KeyboardInterrupt:
-        sys.stderr.write("Error: interrupted\n")
-        sys.exit(130)
-    except BrokenPipeError:
-        sys.exit(1)
+        _fail("interrupted", 130, as_json)
+    except (BrokenPipeError, PipeClosed):
+        _pipe_closed()
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, no traceback
         from kcache_cli.cli.errors import (
             describe_exception,
             is_usage_error,
             no_args_help,
         )
-        from kcache_cli.textsafe import printable_line
 
         if debug and not is_usage_error(exc):
             import traceback
@@ -219,6 +255,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.stdout.write(help_text)
             sys.exit(2)
         message, code = describe_exception(exc)
-        sys.stderr.write(f"Error: {printable_line(message)}\n")
-        sys.exit(code)
+        _fail(message, code, as_json)
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _pipe_closed()
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -47,6 +47,7 @@ def export_command(
     Example: kcache export --space cuda_space_0 --op matmul kernels.tar.zst
     """
     from kcache_cli.archive import compression_for, export_archive, plan_export
+    from kcache_cli.errors import UsageError
 
     opts = c.use(ctx, cache_dir, as_json)
     compression_for(archive)  # a bad name is a usage error before any work
@@ -54,6 +55,12 @@ def export_command(
     flt = sel.filter(root)
     c.hint_unknown(opts, root, flt)
     plan = plan_export(root, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
+    selected = [*plan.jobs, *(e for e, _ in plan.left)]
+    missing = c.unmatched_refs(root, sel.hashes, selected)
+    if missing:
+        raise c.no_match(missing, [root], selectors=sel.has_selectors())
+    if not selected:  # an empty archive is refused
+        raise UsageError(f"no entries in {root} match the selection: nothing to export, no archive written")
     with _Bar(opts, "exporting") as bar:
         result = export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
     out = c.Output(opts)
@@ -182,6 +189,9 @@ def verify_command(
     started = time.monotonic()
     with _Bar(opts, "verifying") as bar:
         result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar, fix=fix)
+    missing = c.unmatched_refs(root, sel.hashes, [*(ch.entry for ch in result.checked), *result.skipped])
+    if missing:
+        raise c.no_match(missing, [root], selectors=sel.has_selectors())
     out = c.Output(opts)
     for e, error in result.fix_errors:
         out.warn(f"{e.relpath}: {error}")

@@ -110,23 +110,37 @@ def clear_command(
         raise UsageError("clear needs a selection: --space, --op, --target, --layout, entries, or --all "
                          "(see 'kcache clear --help')")
     out = _Out(opts, all_caches)
-    for loc in c.cache_locations(opts, all_caches):
+    plans = []
+    locs = c.cache_locations(opts, all_caches)
+    missing = set(c.ref_list(hashes))
+    for loc in locs:
         refs = c.refs_in(loc.path, hashes) if all_caches else hashes
         if hashes and not refs:
             continue  # the entries named are in other caches: nothing of this one is selected
-        out.section(loc)
         flt = c.make_filter(op, space, target, layout, None, None, refs, root=loc.path)
         c.hint_unknown(opts, loc.path, flt)
-        _clear_one(opts, out, loc, flt, everything, yes, dry_run)
+        plans.append((loc, _plan_clear(opts, loc, flt, everything)))
+        picked = [*(r.entry for r in plans[-1][1].removals), *(s.entry for s in plans[-1][1].skipped)]
+        missing.intersection_update(c.unmatched_refs(loc.path, refs, picked))
+    if missing:  # an entry named that is nowhere: nothing is removed at all (a typo, not "no entries")
+        raise c.no_match([r for r in c.ref_list(hashes) if r in missing], [loc.path for loc in locs],
+                         selectors=bool(op or space or target or layout))
+    for loc, plan in plans:
+        out.section(loc)
+        _clear_one(opts, out, loc, plan, yes, dry_run)
     out.done(empty="no kernel cache found (see kcache dir --all)" if all_caches else None)
 
 
-def _clear_one(opts: c.GlobalOptions, out: "_Out", loc, flt, everything: bool, yes: bool, dry_run: bool) -> None:
+def _plan_clear(opts: c.GlobalOptions, loc, flt, everything: bool):
     from kcache_cli.delete import plan_clear
-    from kcache_cli.errors import KcacheError, UsageError
 
     with _busy(opts, f"scanning {loc.path}"):
-        plan = plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m))
+        return plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m))
+
+
+def _clear_one(opts: c.GlobalOptions, out: "_Out", loc, plan, yes: bool, dry_run: bool) -> None:
+    from kcache_cli.errors import KcacheError, UsageError
+
     if not plan.exists:
         return _missing(opts, out, loc, dry_run, {})
     if dry_run:

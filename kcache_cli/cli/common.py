@@ -105,6 +105,60 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
     return out
 
 
+def ref_list(refs: Optional[List[str]]) -> list[str]:
+    """The entry references as make_filter reads them (repeatable, or comma-separated)."""
+    return [p.strip() for r in refs or () for p in r.split(",") if p.strip()]
+
+
+def unmatched_refs(root: Path, refs: Optional[List[str]], entries) -> list[str]:
+    """The references in `refs` that name none of `entries` (what a command selected in `root`)."""
+    from kcache_cli.scan import split_refs
+
+    hashes = [e.hash for e in entries]
+    relpaths = {e.relpath for e in entries}
+    out = []
+    for ref in ref_list(refs):
+        try:
+            prefixes, paths = split_refs(root, [ref])
+        except UsageError:  # an absolute path outside this root names nothing in it
+            out.append(ref)
+            continue
+        if not any(h.startswith(p) for p in prefixes for h in hashes) and not relpaths.intersection(paths):
+            out.append(ref)
+    return out
+
+
+def no_match(refs: list[str], roots: list[Path], selectors: bool = False) -> UsageError:
+    """The usage error (exit 2) for entry references that matched nothing, with the nearest hash
+    prefixes and op names present ("did you mean 8d1f7691 or --op add?")."""
+    shown = ", ".join(f"'{r}'" for r in refs[:5]) + (f" and {len(refs) - 5} more" if len(refs) > 5 else "")
+    where = str(roots[0]) if len(roots) == 1 else f"{len(roots)} caches" if roots else "any cache"
+    also = " with the other selectors given" if selectors else ""
+    hints = _nearest(refs[0], roots) if refs else []
+    hint = f"; did you mean {' or '.join(hints)}?" if hints else ""
+    return UsageError(f"no entry matches {shown} in {where}{also}{hint}")
+
+
+def _nearest(ref: str, roots: list[Path]) -> list[str]:
+    """Hash prefixes and op names present in `roots` closest to `ref` (names only: no file is read)."""
+    import difflib
+
+    from kcache_cli import names
+
+    key = ref.rstrip("/").rsplit("/", 1)[-1]
+    hashes: dict[str, str] = {}
+    ops: set[str] = set()
+    for root in roots:
+        if not root.is_dir():
+            continue
+        for n in names.entries(root):
+            hashes.setdefault(n.hash[:max(len(key), 8)], n.hash)
+        ops.update(names.op_places(root))
+    close = difflib.get_close_matches(key, list(hashes), n=3, cutoff=0.5)
+    close_ops = difflib.get_close_matches(key, sorted(ops), n=2, cutoff=0.6)
+    return [printable_line(h) for h in close] + [f"--op {printable_line(o)}" for o in close_ops]
+
+
 AllCachesOpt = Annotated[bool, typer.Option(
     "--all-caches", help=f"Every cache `kcache dir --all` finds ({', '.join(LAYOUT_NAMES)}), one after the other, "
     "each with its root.")]
@@ -170,6 +224,10 @@ class Selection:
                  kind: Optional[List[str]] = None) -> None:
         self.hashes, self.op, self.space, self.target = hashes, op, space, target
         self.layout, self.status, self.kind = layout, status, kind
+
+    def has_selectors(self) -> bool:
+        """Whether anything but ENTRY arguments narrows the selection."""
+        return any((self.op, self.space, self.target, self.layout, self.status, self.kind))
 
     def filter(self, root: Path | None = None, hashes: Optional[List[str]] = None):
         """The checked ScanFilter (entries given by path need `root`); `hashes` replaces the ENTRY
