@@ -484,13 +484,60 @@ def _source_differs(spec: TaskSpec, manifest: dict | None) -> bool:
     rec = ((manifest or {}).get("files") or {}).get(SOURCE_NAME[spec.target])
     if not isinstance(rec, dict) or not rec.get("sha256"):
         return False
-    from kcache_cli.taskfile import sha256_hex
+    import hashlib
 
+    h = hashlib.sha256()
     try:
-        with open(spec.source_path, "rb") as f:
-            return sha256_hex(f.read()) != rec["sha256"]
+        _stream_source(spec.source_path, h.update)
     except OSError:
         return False
+    return h.hexdigest() != rec["sha256"]
+
+
+SOURCE_CHUNK = 1 << 20  # a source is read this much at a time: a 3 GB source costs 1 MiB of memory
+
+
+def _stream_source(path: str, sink: Callable[[bytes], Any]) -> None:
+    """The bytes of the source file the user named, in chunks to `sink`: a link is followed (the user
+    named it), but it must be a regular file (a FIFO or device is refused, never read or waited on)."""
+    from kcache_cli.fsread import open_regular
+
+    fd, _ = open_regular(path, follow=True)
+    try:
+        while True:
+            data = os.read(fd, SOURCE_CHUNK)
+            if not data:
+                return
+            sink(data)
+    finally:
+        os.close(fd)
+
+
+def _copy_source(path: str, dest: Path) -> None:
+    """Copy the source into the temp entry in chunks (never read whole); BuildError when unreadable."""
+    from kcache_cli.fsread import open_regular
+
+    try:
+        src, _ = open_regular(path, follow=True)
+    except OSError as exc:
+        raise BuildError(f"cannot read source {path}: {exc.strerror or exc}") from None
+    try:
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            while True:
+                try:
+                    data = os.read(src, SOURCE_CHUNK)
+                except OSError as exc:
+                    raise BuildError(f"cannot read source {path}: {exc.strerror or exc}") from None
+                if not data:
+                    return
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+    finally:
+        os.close(src)
 
 
 # ---- building ------------------------------------------------------------------------------------
@@ -729,10 +776,11 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
     import subprocess
 
     try:
-        with open(spec.source_path, "rb") as f:
-            source_bytes = f.read()
+        from kcache_cli.fsread import open_regular
+
+        os.close(open_regular(spec.source_path, follow=True)[0])  # readable before any directory is made
     except OSError as exc:
-        raise BuildError(f"cannot read source {spec.source_path}: {exc.strerror}") from None
+        raise BuildError(f"cannot read source {spec.source_path}: {exc.strerror or exc}") from None
     op_dir = final.parent
     made = _make_op_dir(root, spec, op_dir)
     argv = compile_command(spec.target, compiler, arch, options)
@@ -745,7 +793,7 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
     version = None
     try:
         src_name = SOURCE_NAME[spec.target]
-        _write(tmp / src_name, source_bytes, sync=False)
+        _copy_source(spec.source_path, tmp / src_name)  # streamed: never the whole source in memory
         _write(tmp / TASK, spec.task_bytes, sync=False)
         version = CompilerVersion(compiler)
         # While the compiler runs (a child process), this process is idle: sync the inputs and

@@ -32,7 +32,7 @@ from kcache_cli.archive.manifest import (
     is_lock_name,
     link_problem,
 )
-from kcache_cli.errors import KcacheError
+from kcache_cli.errors import KcacheError, UsageError
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -590,9 +590,11 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
             tail.write(ts.END_OF_ARCHIVE)
             sizes[-1] += tail.close()
         if not done:  # an empty archive is refused: nothing is written (the temp files go below)
-            first = f" (first: {left[0][0].relpath}: {left[0][1]})" if left else ""
-            raise KcacheError(f"nothing to export: {plural_entries(len(left))} selected, none fit to ship{first}; "
-                              f"no archive written")
+            if not left:
+                raise UsageError(f"no entries in {plan.root} match the selection: nothing to export, no archive "
+                                 "written")
+            raise KcacheError(f"nothing to export: {plural_entries(len(left))} selected, none fit to ship "
+                              f"(first: {left[0][0].relpath}: {left[0][1]}); no archive written")
         parts = [{"size": s, "entries": c} for s, c in zip(sizes, counts)]
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "kcache_version": __version__,
