@@ -85,7 +85,8 @@ def test_bad_seconds(text):
     ("clear", "--all", "--lock-timeout", "inf", "--yes"), ("build", "t.txt", "--lock-timeout", "nan"),
     ("build", "t.txt", "--timeout", "-3"), ("build", "t.txt", "--remote-timeout", "inf"),
     ("build", "t.txt", "--remote-timeout", "nan"), ("import", "a.tar", "--lock-timeout", "1e400"),
-    ("import", "a.tar", "--max-file-size", "\u0661\u0660G"),
+    ("import", "a.tar", "--max-file-size", "\u0661\u0660G"), ("ls", "--limit", "\u0663"), ("ls", "--limit", "1" * 5000),
+    ("ls", "--limit", "9" * 30), ("build", "t.txt", "-j", "\u0663"), ("stats", "--top", "\u0663"),
 ])
 def test_bad_values_are_usage_errors(kcache, fixture_copy, tmp_path, args):
     """Every option value that can be wrong is exit 2 with one line, never "unexpected" (issue 21)."""
@@ -95,3 +96,10 @@ def test_bad_values_are_usage_errors(kcache, fixture_copy, tmp_path, args):
     r = kcache("--cache-dir", root, *args)
     assert r.exit_code == 2, (r.exit_code, r.stderr)
     assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1 and "unexpected" not in r.stderr, r.stderr
+
+
+def test_a_wild_columns_is_ignored(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    for value in ("9" * 5000, "\u0663\u0660", "-1", "nan"):
+        r = kcache("--cache-dir", root, "ls", env={"COLUMNS": value})
+        assert r.exit_code == 0 and "8d1f7691cdf75e90" in r.stdout, (value, r.stderr)

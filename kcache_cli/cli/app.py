@@ -2,6 +2,7 @@
 become `Error: ...` and an exit status."""
 
 import gc
+import re
 import sys
 from typing import Annotated, Optional
 
@@ -38,9 +39,41 @@ def _plain_metavar(param) -> None:
     param.make_metavar = make_metavar
 
 
+_ASCII_INT = re.compile(r"[ \t]*[+-]?[0-9]{1,18}[ \t]*", re.ASCII)
+_ASCII_FLOAT = re.compile(r"[ \t]*[+-]?(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})[ \t]*", re.ASCII)
+
+
+def _ascii_numbers(param) -> None:
+    """Click reads numbers with int() and float(), which take other scripts' digits ("٣"), "nan",
+    "inf", "1e400" and 5,000-digit strings: every number option of kcache reads ASCII decimals only
+    (a usage error otherwise). The check wraps the option type's own conversion (ranges still apply)."""
+    from typer._click import types
+
+    kind = param.type
+    if getattr(kind, "_kcache_ascii", False) or not isinstance(kind, (types.IntParamType, types.FloatParamType)):
+        return
+    grammar = _ASCII_INT if isinstance(kind, types.IntParamType) else _ASCII_FLOAT
+    convert = kind.convert
+
+    def checked(value, param, ctx):
+        if isinstance(value, str) and not grammar.fullmatch(value):
+            shown = value if len(value) <= 24 else value[:21] + "..."
+            kind.fail(f"{shown!r} is not a plain {'whole ' if grammar is _ASCII_INT else ''}number "
+                      "(ASCII digits)", param, ctx)
+        return convert(value, param, ctx)
+
+    kind.convert = checked  # type: ignore[method-assign]  # this instance only (one per option with a range)
+    kind._kcache_ascii = True  # type: ignore[union-attr]
+
+
 def add_global_options(cmd) -> None:
     """Give `cmd` a hidden copy of each global option it does not declare itself, so that
-    `kcache ls -q` works like `kcache -q ls`."""
+    `kcache ls -q` works like `kcache -q ls`; number options read ASCII decimals only."""
+    for p in cmd.params:
+        _ascii_numbers(p)
+    for sub in getattr(cmd, "commands", {}).values():  # `kcache remote ls --limit ...`
+        for p in sub.params:
+            _ascii_numbers(p)
     for p in cmd.params:
         if getattr(p, "param_type_name", "") == "argument" and p.metavar and not hasattr(p, "_kcache_metavar"):
             _plain_metavar(p)

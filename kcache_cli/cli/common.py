@@ -466,7 +466,7 @@ def output_width() -> int | None:
     """The width tables and text are fitted to: COLUMNS when set (so a pipe can ask for a width), else the
     terminal's, else None (a pipe: whole rows, one per line, for grep and awk)."""
     value = os.environ.get("COLUMNS", "")
-    if value.isdigit() and int(value) > 0:
+    if re.fullmatch(r"[0-9]{1,5}", value, re.ASCII) and int(value) > 0:  # not "٣", nor 5,000 digits
         return int(value)
     if sys.stdout.isatty():
         import shutil
