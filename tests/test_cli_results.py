@@ -82,9 +82,8 @@ def test_all_caches_never_takes_home_for_a_root(kcache, tmp_path, how):
     precious = home / "ops" / "cpu_space_0" / "relu" / "31857fe085635b31"
     env = {}
     if how == "hidet.toml":
-        (home / ".config").mkdir(exist_ok=True)
-        (home / ".config" / "hidet.toml").write_text('cache_dir = "~"\n')
-        (tmp_path / "hidet.toml").write_text('cache_dir = "~"\n')
+        (home / ".config" / "hidet").mkdir(parents=True)
+        (home / ".config" / "hidet" / "hidet.toml").write_text('cache_dir = "~"\n')
     else:
         env["TRITON_CACHE_DIR"] = str(home)
         copy_tree(FIXTURES / "triton" / "cache", home / "triton-like")
@@ -92,10 +91,13 @@ def test_all_caches_never_takes_home_for_a_root(kcache, tmp_path, how):
     r = kcache("clear", "--all-caches", "--all", "--yes", env=env)
     r2 = kcache("prune", "--all-caches", "--max-size", "0", env=env)
     assert precious.is_dir() and sorted(p.name for p in home.iterdir()) == before
+    owner = "hidet" if how == "hidet.toml" else "triton"
     for run in (r, r2):
         assert run.exit_code == 0, run.stderr
-    if how == "TRITON_CACHE_DIR" or "it is the home directory" in r.stderr:
-        assert "it is the home directory" in r.stderr and "skipping the" in r.stderr, r.stderr
+        assert f"warning: skipping the {owner} cache at {home}: it is the home directory" in run.stderr, run.stderr
+    assert kcache("ls", "--all-caches", env=env).exit_code == 0
+    single = kcache("clear", "--all", "--yes", "--cache-dir", home)
+    assert single.exit_code == 2 and "it is the home directory" in single.stderr
 
 
 # ---- entries that match nothing ------------------------------------------------------------------
