@@ -610,6 +610,9 @@ class _Executor:
             self._pin(sd, create=True)
             self.locks_fd = self._pin(f"{sd}/locks", create=True)
             gc = open_lock(GC_LOCK, self.locks_fd, create=True)
+        except NotALockFile:
+            raise KcacheError(f"{self.root / sd / 'locks' / GC_LOCK} is not a regular file (planted there?): "
+                              "remove it to prune or clear this cache; nothing was removed") from None
         except OSError as exc:
             if exc.errno not in _NO_SPACE:
                 raise self._refuse(f"{sd}/locks" if sd in self.pinned else sd, exc) from None

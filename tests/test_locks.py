@@ -194,3 +194,11 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_fifo_as_the_gc_lock_is_a_clear_error(fixture_copy):
+    root = fixture_copy("hidet")
+    fifo(root / ".kcache/locks/.gc.lock")
+    r = run("--cache-dir", root, "prune", "--max-size", "0")
+    assert r.returncode == 1 and "is not a regular file" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert (root / "ops/cpu_space_0/relu/31857fe085635b31").is_dir()
