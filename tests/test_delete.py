@@ -129,13 +129,13 @@ def read_only(path: Path):
 
 # ---- parsing -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("text,value", [("10GB", 10 * 10**9), ("500M", 500 * 10**6), ("2GiB", 2 * 2**30),
-                                        ("1.5k", 1500), ("4096", 4096), ("0", 0), ("7 mb", 7 * 10**6),
+                                        ("1.5k", 1500), ("4096B", 4096), ("0", 0), ("7 mb", 7 * 10**6),
                                         ("3Ti", 3 * 2**40), ("12b", 12)])
 def test_parse_size(text, value):
     assert parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "ten", "10XB", "-5G", "1e9", "10 G B"])
+@pytest.mark.parametrize("text", ["", "ten", "10XB", "-5G", "1e9", "10 G B", "4096"])
 def test_parse_size_rejects(text):
     with pytest.raises(UsageError):
         parse_size(text)
@@ -490,7 +490,7 @@ def test_prune_max_size_removes_least_recently_used_first(kcache, tmp_path):
             break
         expected.append(rel)
         left -= sizes[rel]
-    r = kcache("--cache-dir", root, "prune", "--max-size", str(limit), "--json")
+    r = kcache("--cache-dir", root, "prune", "--max-size", f"{limit}B", "--json")
     assert r.exit_code == 0, r.stderr
     data = r.json()
     assert [os.path.relpath(x["removed_path"], root) for x in data["removed"]] == expected

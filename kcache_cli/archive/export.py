@@ -82,12 +82,21 @@ class ExportResult:
     sources_only: bool
 
     def to_json(self, root: str) -> dict:
-        """`export --json`; `root` is the cache exported from."""
-        return {"archive": self.archive, "root": root, "compression": self.compression,
+        """`export --json`; `root` is the cache exported from; `archive` is null when none was written."""
+        return {"archive": self.archive or None, "root": root, "compression": self.compression,
                 "sources_only": self.sources_only, "entries": len(self.entries), "files": self.files,
                 "size": self.size, "archive_size": self.archive_size,
                 "exported": [e.to_json() for e in self.entries],
                 "left_out": [{"relpath": e.relpath, "status": e.status, "reason": why} for e, why in self.left_out]}
+
+
+class EmptyExport(KcacheError):
+    """Every selected entry was left out: no archive is written (an empty one is refused). `result`
+    says what was left out and why (its `archive` is "")."""
+
+    def __init__(self, message: str, result: ExportResult) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 # ---- export --------------------------------------------------------------------------------------
@@ -593,8 +602,9 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
             if not left:
                 raise UsageError(f"no entries in {plan.root} match the selection: nothing to export, no archive "
                                  "written")
-            raise KcacheError(f"nothing to export: {plural_entries(len(left))} selected, none fit to ship "
-                              f"(first: {left[0][0].relpath}: {left[0][1]}); no archive written")
+            raise EmptyExport(f"nothing to export: {plural_entries(len(left))} selected, none fit to ship "
+                              f"(first: {left[0][0].relpath}: {left[0][1]}); no archive written",
+                              ExportResult("", compression, (), tuple(left), 0, 0, 0, plan.sources_only))
         parts = [{"size": s, "entries": c} for s, c in zip(sizes, counts)]
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "kcache_version": __version__,

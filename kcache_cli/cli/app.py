@@ -229,11 +229,13 @@ def _pipe_closed() -> None:
 
 def _fail(message: str, code: int, as_json: bool) -> None:
     """The one way a failure ends the run: `Error: ...` on stderr, and under --json also
-    {"error": ..., "exit": N} on stdout (a script reading stdout sees why), then exit `code`."""
+    {"error": ..., "exit": N} on stdout (a script reading stdout sees why) unless the command's result
+    is there already (it says what failed), then exit `code`."""
+    from kcache_cli.cli import common
     from kcache_cli.textsafe import printable_line  # names in messages stay inert
 
     sys.stderr.write(f"Error: {printable_line(message)}\n")
-    if as_json:
+    if as_json and not common.json_written:  # stdout holds one JSON document: the result, or this
         import json
 
         try:
@@ -251,6 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     ours = args[:args.index("--")] if "--" in args else args  # not a compiler flag after `--`
     debug, as_json = "--debug" in ours, "--json" in ours
+    from kcache_cli.cli import common
+
+    common.json_written = False  # (main runs more than once in one process in tests)
     # A scan keeps a few objects per entry alive to the end: with the default thresholds, the cyclic
     # collector walks all of them again every few thousand entries (a sixth of a 100,000-entry scan).
     # What kcache makes is almost free of cycles; collecting them 140 times less often costs no memory

@@ -47,6 +47,7 @@ def export_command(
     Example: kcache export --space cuda_space_0 --op matmul kernels.tar.zst
     """
     from kcache_cli.archive import compression_for, export_archive, plan_export
+    from kcache_cli.archive.export import EmptyExport
     from kcache_cli.errors import UsageError
 
     opts = c.use(ctx, cache_dir, as_json)
@@ -61,9 +62,14 @@ def export_command(
         raise c.no_match(missing, [root], selectors=sel.has_selectors())
     if not selected:  # an empty archive is refused
         raise UsageError(f"no entries in {root} match the selection: nothing to export, no archive written")
-    with _Bar(opts, "exporting") as bar:
-        result = export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
     out = c.Output(opts)
+    try:
+        with _Bar(opts, "exporting") as bar:
+            result = export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
+    except EmptyExport as exc:  # what was left out, and why; then the refusal (exit 1)
+        empty = exc.result
+        out.result(empty.to_json(str(root)), lambda: _export_human(out, empty))
+        raise
     out.result(result.to_json(str(root)), lambda: _export_human(out, result))
 
 
@@ -75,6 +81,8 @@ def _export_human(out: c.Output, result) -> None:
         if len(result.left_out) > len(shown):
             out.info(f"left out {c.plural(len(result.left_out) - len(shown), 'more entry', 'more entries')} "
                      "(see --json)")
+    if not result.archive:
+        return
     out.text(f"exported {c.plural(len(result.entries), 'entry')} ({c.plural(result.files, 'file')}, "
              f"{c.human_size(result.size)}) to {c.printable_line(result.archive)} "
              f"({c.human_size(result.archive_size)})")

@@ -344,11 +344,16 @@ def plain_output() -> bool:
     return no_color() or not sys.stdout.isatty()
 
 
+json_written = False  # a command's JSON result is on stdout: an error after it is said on stderr only
+
+
 def _emit_json(data) -> None:
     """JSON on stdout, never through Rich; indented for people, compact for pipes (Output.result's writer)."""
     import json
 
+    global json_written
     indent = 2 if sys.stdout.isatty() else None
+    json_written = True
     sys.stdout.write(json.dumps(data, indent=indent) + "\n")
 
 
