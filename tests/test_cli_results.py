@@ -191,3 +191,46 @@ def test_json_errors_are_json_on_stdout(kcache, fixture_copy, args, code):
     assert r.exit_code == code
     doc = json.loads(r.stdout)
     assert doc["exit"] == code and doc["error"] and r.stderr.startswith("Error: ")
+
+
+# ---- a prune that would remove more than half of the cache ---------------------------------------------
+def test_a_prune_of_more_than_half_needs_yes(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    r = kcache("--cache-dir", root, "prune", "--max-size", "1k")
+    assert r.exit_code == 2 and "more than half of the cache" in r.stderr and "--yes" in r.stderr, r.stderr
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+    dry = kcache("--cache-dir", root, "prune", "--max-size", "1k", "--dry-run", "--json")
+    assert dry.exit_code == 0 and len(dry.json()["removed"]) == 5
+    little = kcache("--cache-dir", root, "prune", "--max-size", "140k", "--json")  # one entry of five: no question
+    assert little.exit_code == 0 and len(little.json()["removed"]) == 1, little.stderr
+    done = kcache("--cache-dir", root, "prune", "--max-size", "1k", "--yes", "--json")
+    assert done.exit_code == 0 and len(done.json()["removed"]) == 4
+
+
+def test_a_prune_of_more_than_half_asks_on_a_terminal(fixture_copy):
+    import pty
+
+    root = fixture_copy("hidet")
+    for answer, gone in ((b"n\n", False), (b"y\n", True)):
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: kcache on a real terminal
+            os.execv(sys.executable, [sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "prune",
+                                      "--older-than", "0s"])
+        seen = b""
+        while b"Remove" not in seen:
+            seen += os.read(fd, 4096)
+        os.write(fd, answer)
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+        assert b"of the cache" in seen
+        assert (os.waitstatus_to_exitcode(status) == 0) == gone, seen.decode(errors="replace")
+        assert (not (root / RELU).exists()) == gone

@@ -69,7 +69,7 @@ def test_a_fifo_index_is_replaced_by_a_real_one(fixture_copy, monkeypatch):
     assert not warned and {e.relpath for e in again.entries} == {e.relpath for e in first.entries}
 
 
-@pytest.mark.parametrize("args", [("clear", "--op", "relu", "--yes"), ("prune", "--older-than", "1s"),
+@pytest.mark.parametrize("args", [("clear", "--op", "relu", "--yes"), ("prune", "--older-than", "1s", "--yes"),
                                   ("clear", "--all", "--yes")])
 def test_fifo_lock_files_hang_neither_clear_nor_prune(fixture_copy, args):
     root = fixture_copy("hidet")
@@ -84,7 +84,7 @@ def test_fifo_lock_files_hang_neither_clear_nor_prune(fixture_copy, args):
     assert r.returncode == 0, r.stderr
     assert not relu.exists()
     assert stat.S_ISFIFO(os.lstat(old).st_mode)  # not kcache's lock file: never opened, never removed
-    again = run("--cache-dir", root, "prune", "--older-than", "1s")  # and the next prune runs too
+    again = run("--cache-dir", root, "prune", "--yes", "--older-than", "1s")  # and the next prune runs too
     assert again.returncode == 0, again.stderr
 
 
@@ -117,8 +117,8 @@ def _holder(lock: Path, as_uid: int | None):
     return proc, int(line[1])
 
 
-@pytest.mark.parametrize("args", [("prune", "--max-size", "0"), ("clear", "--all", "--yes"),
-                                  ("prune", "--broken", "--json")])
+@pytest.mark.parametrize("args", [("prune", "--max-size", "0", "--yes"), ("clear", "--all", "--yes"),
+                                  ("prune", "--yes", "--broken", "--json")])
 def test_a_reader_holding_the_gc_lock_delays_only_until_the_deadline(fixture_copy, args):
     root = fixture_copy("hidet")
     locks = root / ".kcache/locks"
@@ -199,6 +199,6 @@ def _umask() -> int:
 def test_a_fifo_as_the_gc_lock_is_a_clear_error(fixture_copy):
     root = fixture_copy("hidet")
     fifo(root / ".kcache/locks/.gc.lock")
-    r = run("--cache-dir", root, "prune", "--max-size", "0")
+    r = run("--cache-dir", root, "prune", "--yes", "--max-size", "0")
     assert r.returncode == 1 and "is not a regular file" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert (root / "ops/cpu_space_0/relu/31857fe085635b31").is_dir()

@@ -33,7 +33,8 @@ def prune_command(
         "--broken", help="Remove partial, failed, corrupt and stale entries (and symlinks where entries belong); "
         "never unreadable ones.")] = False,
     dry_run: DryRunOpt = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Accepted for scripts written for clear; prune never "
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Remove more than half of the cache without asking "
+                                                         "(needed without a terminal); otherwise prune never "
                                                          "asks.")] = False,
     all_caches: c.AllCachesOpt = False,
     lock_timeout: LockTimeoutOpt = None,
@@ -56,11 +57,12 @@ def prune_command(
     out = _Out(opts, all_caches)
     for loc in c.cache_locations(opts, all_caches):
         out.section(loc)
-        _prune_one(opts, out, loc, limit, age, broken, dry_run)
+        _prune_one(opts, out, loc, limit, age, broken, dry_run, yes)
     out.done(empty="no kernel cache found (see kcache dir --all)" if all_caches else None)
 
 
-def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, broken: bool, dry_run: bool) -> None:
+def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, broken: bool, dry_run: bool,
+               yes: bool = False) -> None:
     from kcache_cli.delete import plan_prune
 
     with _busy(opts, f"scanning {loc.path}"):
@@ -74,8 +76,30 @@ def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, broken: bool
                      "--max-size, --older-than and --broken remove entries.")
     if dry_run:
         return _report_plan(opts, out, plan, extra)
+    if not yes:
+        _confirm_big_prune(opts, plan)
     result = _execute(opts, plan)
     _report_result(opts, out, plan, result, extra)
+
+
+def _confirm_big_prune(opts: c.GlobalOptions, plan) -> None:
+    """A prune that would remove more than half of the cache's bytes (`--max-size 10` read as bytes, a
+    wrong --older-than) asks on a terminal and needs --yes elsewhere (issue 25): a usage error, exit 2,
+    nothing removed."""
+    from kcache_cli.errors import KcacheError, UsageError
+
+    going = sum(r.size for r in plan.removals if r.what == "entry")
+    if not plan.scanned_size or going * 2 <= plan.scanned_size:
+        return
+    share = f"{going * 100 // plan.scanned_size}%"
+    summary = (f"{c.human_size(going)} of {c.human_size(plan.scanned_size)} ({share} of the cache) from "
+               f"{c.printable_line(plan.root)}")
+    if not _stdin_is_terminal():
+        raise UsageError(f"not removing {summary} without confirmation: more than half of the cache (pass --yes, "
+                         "or --dry-run to see what would go)")
+    _preview(plan)
+    if not typer.confirm(f"Remove {summary}?", default=False, err=True):
+        raise KcacheError("aborted: nothing was removed")
 
 
 def clear_command(
