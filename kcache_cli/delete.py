@@ -588,7 +588,9 @@ class _Executor:
         parent = self.pinned[head]
         if create:
             try:
-                os.mkdir(name, 0o755, dir_fd=parent)
+                # the umask decides (as for mkdir(1)): in a group cache (umask 002) every member may take
+                # locks and use the trash; with the usual 022 they stay the owner's
+                os.mkdir(name, 0o777, dir_fd=parent)
             except FileExistsError:
                 pass
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent)

@@ -202,3 +202,18 @@ def test_a_fifo_as_the_gc_lock_is_a_clear_error(fixture_copy):
     r = run("--cache-dir", root, "prune", "--yes", "--max-size", "0")
     assert r.returncode == 1 and "is not a regular file" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert (root / "ops/cpu_space_0/relu/31857fe085635b31").is_dir()
+
+
+def test_a_group_cache_gets_group_writable_locks(fixture_copy):
+    """In a group-shared cache (2775, umask 002) the lock directory, the trash and the lock files kcache
+    makes are group-writable, so every member can take them; with umask 022 they stay the owner's."""
+    for umask, want_dir, want_file in ((0o002, 0o775, 0o664), (0o022, 0o755, 0o644)):
+        root = fixture_copy("hidet", dest=f"group-{umask:o}")
+        os.chmod(root, 0o2775)
+        r = subprocess.run([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "clear", "--op", "relu",
+                            "--yes"], capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL,
+                           preexec_fn=lambda m=umask: os.umask(m))
+        assert r.returncode == 0, r.stderr
+        for d in ("locks", "trash"):
+            assert os.stat(root / ".kcache" / d).st_mode & 0o777 == want_dir, (umask, d)
+        assert os.stat(root / ".kcache/locks/.gc.lock").st_mode & 0o777 == want_file
