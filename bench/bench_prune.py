@@ -59,11 +59,11 @@ def main() -> None:
         print(f"generated 2 x {args.n} entries in {time.perf_counter() - t:.0f}s ({work})")
 
         # the victims: what kcache would remove (a dry run, untimed), mapped onto the shell's copy
-        plan = subprocess.run(kcache("--cache-dir", b, "prune", "--max-size", str(10**18), "--dry-run", "--json"),
+        plan = subprocess.run(kcache("--cache-dir", b, "prune", "--max-size", f"{10**18}B", "--dry-run", "--json"),
                               capture_output=True, text=True, check=True)
         total = json.loads(plan.stdout)["size_before"]
         half = total // 2
-        plan = subprocess.run(kcache("--cache-dir", b, "prune", "--max-size", str(half), "--dry-run", "--json"),
+        plan = subprocess.run(kcache("--cache-dir", b, "prune", "--max-size", f"{half}B", "--dry-run", "--json"),
                               capture_output=True, text=True, check=True)
         removed = json.loads(plan.stdout)["removed"]  # least recently used first
         victims = [os.path.join(b, os.path.relpath(r["removed_path"], b)) for r in removed]
@@ -90,7 +90,7 @@ def main() -> None:
         def kcache_round(limit: int) -> tuple[float, dict]:
             settle()
             t = time.perf_counter()
-            run = subprocess.run(kcache("--cache-dir", a, "-q", "prune", "--max-size", str(limit), "--json"),
+            run = subprocess.run(kcache("--cache-dir", a, "-q", "prune", "--yes", "--max-size", f"{limit}B", "--json"),
                                  capture_output=True, text=True)
             took = time.perf_counter() - t
             if run.returncode != 0:

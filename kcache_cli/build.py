@@ -20,7 +20,7 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from kcache_cli import state
 from kcache_cli.fsread import json_object
@@ -498,13 +498,54 @@ def _source_differs(spec: TaskSpec, manifest: dict | None) -> bool:
     rec = ((manifest or {}).get("files") or {}).get(SOURCE_NAME[spec.target])
     if not isinstance(rec, dict) or not rec.get("sha256"):
         return False
-    from kcache_cli.taskfile import sha256_hex
+    import hashlib
 
+    h = hashlib.sha256()
     try:
-        with open(spec.source_path, "rb") as f:
-            return sha256_hex(f.read()) != rec["sha256"]
+        _stream_source(spec.source_path, h.update)
     except OSError:
         return False
+    return h.hexdigest() != rec["sha256"]
+
+
+SOURCE_CHUNK = 1 << 20  # a source is read this much at a time: a 3 GB source costs 1 MiB of memory
+
+
+def _stream_source(path: str, sink: Callable[[bytes], Any]) -> None:
+    """The bytes of the source file the user named, in chunks to `sink`: a link is followed (the user
+    named it), but it must be a regular file (a FIFO or device is refused, never read or waited on)."""
+    from kcache_cli.fsread import open_regular
+
+    fd, _ = open_regular(path, follow=True)
+    try:
+        while True:
+            data = os.read(fd, SOURCE_CHUNK)
+            if not data:
+                return
+            sink(data)
+    finally:
+        os.close(fd)
+
+
+def _source_chunks(path: str) -> Iterator[bytes]:
+    """The source in chunks (never read whole); BuildError when it cannot be read."""
+    from kcache_cli.fsread import open_regular
+
+    try:
+        src, _ = open_regular(path, follow=True)
+    except OSError as exc:
+        raise BuildError(f"cannot read source {path}: {exc.strerror or exc}") from None
+    try:
+        while True:
+            try:
+                data = os.read(src, SOURCE_CHUNK)
+            except OSError as exc:
+                raise BuildError(f"cannot read source {path}: {exc.strerror or exc}") from None
+            if not data:
+                return
+            yield data
+    finally:
+        os.close(src)
 
 
 # ---- building ------------------------------------------------------------------------------------
@@ -613,7 +654,8 @@ def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: Listen
             return lock, True
     except OSError as exc:
         raise KcacheError(f"cannot lock {lock.path}: {exc.strerror}") from None
-    raise LockTimeout(f"another build of {spec.relpath} still holds its lock ({lock.path}) after {timeout:g}s")
+    raise LockTimeout(f"another build of {spec.relpath} still holds its lock ({lock.path}){lock.holder()} after "
+                      f"{timeout:g}s (--lock-timeout to wait longer)")
 
 
 def _wait_for_compiler(spec: TaskSpec, final: Path, timeout: float | None, listener: Listener) -> str | None:
@@ -722,7 +764,7 @@ def _make_temp(op_fd: int, op_rel: str, h: str) -> _Temp:
     raise KcacheError(f"cannot create a temp directory in {op_rel}")
 
 
-def _write(tmp: _Temp, name: str, data: bytes, sync: bool = True) -> None:
+def _write(tmp: _Temp, name: str, data: bytes | Iterator[bytes], sync: bool = True) -> None:
     from kcache_cli import fswrite
 
     fswrite.write_file(tmp.fd, name, data, 0o666, sync)
@@ -770,18 +812,19 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
     from kcache_cli import fswrite
 
     try:
-        with open(spec.source_path, "rb") as f:
-            source_bytes = f.read()
+        from kcache_cli.fsread import open_regular
+
+        os.close(open_regular(spec.source_path, follow=True)[0])  # readable before any directory is made
     except OSError as exc:
-        raise BuildError(f"cannot read source {spec.source_path}: {exc.strerror}") from None
+        raise BuildError(f"cannot read source {spec.source_path}: {exc.strerror or exc}") from None
     root_fd = fswrite.open_root(root)
     try:
         op_fd, made = _make_op_dir(root, spec, final.parent, root_fd)
         try:
             tmp = _make_temp(op_fd, os.path.dirname(spec.relpath), spec.hash)
             try:
-                result = _compile_in(root, root_fd, spec, final, tmp, arch, compiler, options, source_bytes,
-                                     waited, made)
+                result = _compile_in(root, root_fd, spec, final, tmp, arch, compiler, options, waited,
+                                     made)
             finally:
                 os.close(tmp.fd)
             if result.status == BUILT:
@@ -797,8 +840,7 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
 
 
 def _compile_in(root: Path, root_fd: int, spec: TaskSpec, final: Path, tmp: _Temp, arch: Arch,
-                compiler: Sequence[str], options: BuildOptions, source_bytes: bytes, waited: bool,
-                made: list[str]) -> BuildResult:
+                compiler: Sequence[str], options: BuildOptions, waited: bool, made: list[str]) -> BuildResult:
     """Compile in the held temp directory, write the log and manifest there, and publish it."""
     import shlex
     import subprocess
@@ -812,7 +854,7 @@ def _compile_in(root: Path, root_fd: int, spec: TaskSpec, final: Path, tmp: _Tem
     version = None
     try:
         src_name = SOURCE_NAME[spec.target]
-        _write(tmp, src_name, source_bytes, sync=False)
+        _write(tmp, src_name, _source_chunks(spec.source_path), sync=False)  # streamed, never whole
         _write(tmp, TASK, spec.task_bytes, sync=False)
         version = CompilerVersion(compiler)
         # While the compiler runs (a child process), this process is idle: sync the inputs and

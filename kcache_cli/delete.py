@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from kcache_cli import fswrite, state
+from kcache_cli.locking import NotALockFile, open_lock
 from kcache_cli.errors import KcacheError, UsageError
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, Entry, ScanFilter, Warn,
                               iso, measure_tree)
@@ -128,10 +129,12 @@ class DeletePlan:
                 "warnings": list(self.warnings)}
 
     def execute(self, progress: Callable[[Removal], None] | None = None,
-                on_wait: Callable[[], None] | None = None) -> DeleteResult:
+                on_wait: Callable[[], None] | None = None, lock_timeout: float | None = None) -> DeleteResult:
+        """Remove what the plan holds; waits at most `lock_timeout` seconds (None: for ever) for another
+        prune or clear of the root (LockTimeout, exit 3, naming the holder)."""
         if not self.exists:
             return DeleteResult(self.root, (), self.skipped, (), 0, (), self.warnings)
-        return _Executor(self, progress, on_wait).run()
+        return _Executor(self, progress, on_wait, lock_timeout).run()
 
 
 # ---- selection -----------------------------------------------------------------------------------
@@ -541,8 +544,9 @@ def _flock(fd: int) -> bool:
 
 
 class _Executor:
-    def __init__(self, plan: DeletePlan, progress, on_wait):
+    def __init__(self, plan: DeletePlan, progress, on_wait, lock_timeout: float | None = None):
         self.plan = plan
+        self.lock_timeout = lock_timeout
         self.root = Path(plan.root)
         self.progress = progress
         self.on_wait = on_wait
@@ -583,6 +587,8 @@ class _Executor:
         head, _, name = relpath.rpartition("/")
         parent = self.pinned[head]
         if create:
+            # the umask decides (as for mkdir(1)): in a group cache (umask 002) every member may take
+            # locks and use the trash; with the usual 022 they stay the owner's
             fswrite.mkdir_at(parent, name, 0o777, exist_ok=True)
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
         self.pinned[relpath] = fd
@@ -602,7 +608,10 @@ class _Executor:
         try:
             self._pin(sd, create=True)
             self.locks_fd = self._pin(f"{sd}/locks", create=True)
-            gc = os.open(GC_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self.locks_fd)
+            gc = open_lock(GC_LOCK, self.locks_fd, create=True)
+        except NotALockFile:
+            raise KcacheError(f"{self.root / sd / 'locks' / GC_LOCK} is not a regular file (planted there?): "
+                              "remove it to prune or clear this cache; nothing was removed") from None
         except OSError as exc:
             if exc.errno not in _NO_SPACE:
                 raise self._refuse(f"{sd}/locks" if sd in self.pinned else sd, exc) from None
@@ -613,7 +622,11 @@ class _Executor:
                 self.on_wait()
             from kcache_cli.locking import wait_flock
 
-            wait_flock(gc)
+            try:
+                wait_flock(gc, self.lock_timeout, f"the gc lock of {self.root} (another prune or clear)")
+            except BaseException:
+                os.close(gc)
+                raise
         return gc
 
     def _check_pins(self) -> None:
@@ -762,9 +775,8 @@ class _Executor:
             # after compiling: with no lock file now, no build can replace this entry while we rename
             # it, so no lock file is created for it (removing 100,000 entries leaves no 100,000 locks).
             try:
-                fd = os.open(state.lock_path(self.root, r.lock).name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             dir_fd=self.locks_fd)
-            except FileNotFoundError:
+                fd = open_lock(state.lock_path(self.root, r.lock).name, self.locks_fd)
+            except (FileNotFoundError, NotALockFile):  # a FIFO planted there is no lock (and never read)
                 fd = None
             if fd is not None:
                 held.append(fd)
@@ -787,8 +799,8 @@ class _Executor:
                     return "changed since the scan (in use, or rebuilt)"
                 for own in _layout(r.entry).writer_locks:
                     try:
-                        fd = os.open(own, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=efd)
-                    except OSError:
+                        fd = open_lock(own, efd)
+                    except OSError:  # missing, or a FIFO or device: not a lock the writer holds
                         continue
                     held.append(fd)
                     if not _flock(fd):
@@ -954,8 +966,8 @@ class _Executor:
 
     def _hold(self, lock_name: str, held: list[int]) -> bool:
         try:
-            fd = os.open(lock_name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.locks_fd)
-        except FileNotFoundError:
+            fd = open_lock(lock_name, self.locks_fd)
+        except (FileNotFoundError, NotALockFile):
             return True
         held.append(fd)
         return _flock(fd)
@@ -976,8 +988,8 @@ class _Executor:
                 if now - st.st_mtime < STALE_AFTER or os.path.lexists(self.root / rel):
                     continue
                 if not stat.S_ISREG(st.st_mode):
-                    continue  # a FIFO would block the open; a link is never followed
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=locks_fd)
+                    continue  # a FIFO or device among the locks: not kcache's, never opened
+                fd = open_lock(name, locks_fd)
             except OSError:
                 continue
             try:

@@ -53,7 +53,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import fields
-from stat import S_ISLNK
+from stat import S_ISLNK, S_ISREG
 from typing import Any
 
 from kcache_cli import fsread, fswrite
@@ -217,7 +217,31 @@ def _context(root: str) -> tuple:
             root, st.st_dev, st.st_ino, FIELDS, tuple(code))
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# An index file is opened without blocking (a FIFO planted there must not hang every command), never
+# through a link, never as a controlling terminal; it must then be a regular file (fstat).
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def odd_files(root: str) -> list[str]:
+    """The index files of `root` (this user's) that are there but not regular files: a FIFO, device,
+    socket, directory or link planted where kcache keeps its state. They are never opened for reading
+    (load skips them) and a writer renames a fresh index over them; the scan warns once."""
+    dfd = _open_index_dir(root, create=False)
+    if dfd is None:
+        return []
+    odd = []
+    try:
+        for kind in ("scan", "texts"):
+            try:
+                st = os.stat(index_name(kind), dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue
+            if not S_ISREG(st.st_mode):
+                odd.append(os.path.join(root, ".kcache", INDEX_DIR, index_name(kind)))
+    finally:
+        os.close(dfd)
+    return odd
 
 
 def _open_index_dir(root: str, create: bool) -> int | None:
@@ -244,14 +268,15 @@ def load(root: str, context: tuple, kind: str = "scan") -> dict:
     if dfd is None:
         return {}
     try:
-        fd = os.open(index_name(kind), os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+        fd = os.open(index_name(kind), _FILE_FLAGS, dir_fd=dfd)
     except OSError:
         return {}
     finally:
         os.close(dfd)
     try:
         st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022 or st.st_size > _MAX_BYTES:
+        if (not S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022
+                or st.st_size > _MAX_BYTES):
             return {}
         chunks = []
         while True:

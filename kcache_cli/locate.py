@@ -30,12 +30,22 @@ def resolve_cache_dir(cli_value: str | os.PathLike | None = None, package_dir: P
 
 
 def _checked(loc: CacheLocation) -> CacheLocation:
-    real = os.path.realpath(loc.path)
-    if real == os.path.realpath(os.sep):
-        raise UsageError(f"refusing {loc.path} ({loc.reason}) as a cache root: it is the filesystem root")
-    if real == os.path.realpath(Path.home()):
-        raise UsageError(f"refusing {loc.path} ({loc.reason}) as a cache root: it is the home directory")
+    why = refused_root(loc.path)
+    if why is not None:
+        raise UsageError(f"refusing {loc.path} ({loc.reason}) as a cache root: {why}")
     return loc
+
+
+def refused_root(path: str | os.PathLike) -> str | None:
+    """Why `path` can never be a cache root (kcache deletes inside its root): the filesystem root or
+    the home directory itself (through any symlink); None when it may be one. --cache-dir, KCACHE_DIR
+    and every root `--all-caches` finds are held to it."""
+    real = os.path.realpath(path)
+    if real == os.path.realpath(os.sep):
+        return "it is the filesystem root"
+    if real == os.path.realpath(Path.home()):
+        return "it is the home directory"
+    return None
 
 
 def default_cache_dir(package_dir: Path | None = None) -> CacheLocation:

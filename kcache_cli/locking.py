@@ -12,9 +12,45 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
+import time
 from pathlib import Path
 
 from kcache_cli import state
+from kcache_cli.errors import LockTimeout
+
+# Every lock file is opened this way: a FIFO, device or socket planted where a lock belongs never blocks
+# the open (O_NONBLOCK), never becomes the controlling terminal (O_NOCTTY), a link is never followed
+# (O_NOFOLLOW), and what is not a regular file is refused after fstat (NotALockFile).
+LOCK_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+# Lock files are made group-writable (the umask still decides): in a group-shared cache (2775, umask 002)
+# every member can open them for writing. Reading is enough for flock, and open_lock falls back to it.
+LOCK_MODE = 0o664
+
+
+class NotALockFile(OSError):
+    """A lock file that is not a regular file (a FIFO, device, socket or directory planted there)."""
+
+
+def open_lock(name: str | os.PathLike, dir_fd: int | None = None, create: bool = False) -> int:
+    """A descriptor for the lock file `name` (relative to `dir_fd`), for flock: opened without blocking,
+    never through a link, read-write where allowed and read-only where not (a lock file another member
+    of a group cache made); NotALockFile when it is not a regular file, FileNotFoundError when it is
+    missing and not `create`d."""
+    flags = LOCK_FLAGS | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(name, os.O_RDWR | flags, LOCK_MODE, dir_fd=dir_fd)
+    except PermissionError:
+        fd = os.open(name, os.O_RDONLY | (flags & ~os.O_CREAT), dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotALockFile(errno.EINVAL, "not a regular file: ignored as a lock", os.fsdecode(name))
+    return fd
 
 
 def entry_lock(root: Path, relpath: str, timeout: float = -1):
@@ -48,22 +84,14 @@ def _locks_dir(root: Path) -> int:
         os.close(rfd)
 
 
-def _open_lock(root: Path, name: str) -> int:
-    """The lock file `name` in .kcache/locks/, created if missing, through the locks directory's
-    descriptor (a locks/ swapped for a link is refused, never written through); a regular file only
-    (O_NONBLOCK: a FIFO planted there never blocks the open). Group-writable under umask 002, so
-    every member of a shared cache can lock."""
-    import stat
-
+def _open_lock(root: Path, name: str, create: bool = True) -> int:
+    """The lock file `name` in .kcache/locks/ (open_lock's rules), through the locks directory's
+    descriptor: a locks/ swapped for a link is refused, never written through."""
     lfd = _locks_dir(root)
     try:
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666, dir_fd=lfd)
+        return open_lock(name, lfd, create=create)
     finally:
         os.close(lfd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file (kcache never locks through one)", name)
-    return fd
 
 
 def try_flock(fd: int) -> bool:
@@ -80,11 +108,64 @@ def try_flock(fd: int) -> bool:
     return True
 
 
-def wait_flock(fd: int) -> None:
-    """Take an exclusive flock on `fd`, waiting as long as it takes."""
+def wait_flock(fd: int, timeout: float | None = None, what: str = "the lock", poll: float = 0.05) -> None:
+    """Take an exclusive flock on `fd`, waiting at most `timeout` seconds (None: as long as it takes);
+    LockTimeout (exit 3) naming who holds it when the time runs out."""
     import fcntl
 
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    if timeout is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    deadline = time.monotonic() + timeout
+    while not try_flock(fd):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise LockTimeout(f"{what} is still held{holder_text(fd)} after {timeout:g}s "
+                              "(--lock-timeout to wait longer)")
+        time.sleep(min(poll, left))
+
+
+def holders(fd: int) -> list[tuple[int, str]]:
+    """(pid, user) of each process /proc/locks says holds a flock on `fd`'s file (matched on its device
+    and inode); [] where /proc/locks cannot tell (another OS, a pid of another namespace shows as 0)."""
+    try:
+        st = os.fstat(fd)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read(1 << 20).splitlines()
+    except OSError:
+        return []
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    out = []
+    for line in lines:
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF"; waiters have "->" after the number
+        if len(parts) < 6 or parts[1] != "FLOCK" or parts[5] != want or not parts[4].isdigit():
+            continue
+        pid = int(parts[4])
+        if pid and pid != os.getpid():
+            out.append((pid, _user_of(pid)))
+    return out
+
+
+def _user_of(pid: int) -> str:
+    import pwd
+
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return "?"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def holder_text(fd: int) -> str:
+    """' by pid 4242 (user alice)' for the holders of `fd`'s lock, or '' when unknown."""
+    found = holders(fd)
+    if not found:
+        return ""
+    return " by " + ", ".join(f"pid {pid} (user {user})" for pid, user in found[:3])
 
 
 class EntryFlock:
@@ -100,8 +181,6 @@ class EntryFlock:
 
     def acquire(self, timeout: float = -1, poll: float = 0.05) -> bool:
         """Take the lock, waiting up to `timeout` seconds (forever if negative); False on timeout."""
-        import time
-
         deadline = None if timeout < 0 else time.monotonic() + timeout
         while True:
             fd = _open_lock(self.root, self.name)
@@ -120,6 +199,17 @@ class EntryFlock:
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             time.sleep(poll)
+
+    def holder(self) -> str:
+        """' by pid N (user U)' for whoever holds this lock now, or ''."""
+        try:
+            fd = _open_lock(self.root, self.name, create=False)
+        except OSError:
+            return ""
+        try:
+            return holder_text(fd)
+        finally:
+            os.close(fd)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -140,9 +230,15 @@ def probe_locked(path: str | os.PathLike) -> bool:
     Opens read-only and never creates the file; a missing file is not locked. (Taking and dropping the
     lock is the probe: closing the descriptor releases it.)"""
     try:
-        # O_NONBLOCK: a `.lock` that is a FIFO must not hang `ls` (flock on it still answers)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | LOCK_FLAGS)
     except OSError:
+        return False
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        regular = False
+    if not regular:  # a FIFO or device where a lock belongs: no lock, and never read
+        os.close(fd)
         return False
     try:
         return not try_flock(fd)

@@ -41,3 +41,12 @@ def printable_line(text: str) -> str:
 def has_unsafe(text: str) -> bool:
     """Whether `text` holds a character `printable` would escape (or a tab or newline)."""
     return not text.isprintable() and _UNSAFE_LINE.search(text) is not None
+
+
+def one_line(text: str) -> str:
+    """`text` for a list of names one per line (`ls -q`), as GNU `ls -q` shows them: every control
+    character (newline and tab too), bidi control and undecodable byte becomes `?`. A name holding a
+    newline can never become two lines (`x\\netc` is never the line `etc`); `-0` gives the raw names."""
+    if text.isprintable():
+        return text
+    return _UNSAFE_LINE.sub("?", text)

@@ -129,13 +129,13 @@ def read_only(path: Path):
 
 # ---- parsing -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("text,value", [("10GB", 10 * 10**9), ("500M", 500 * 10**6), ("2GiB", 2 * 2**30),
-                                        ("1.5k", 1500), ("4096", 4096), ("0", 0), ("7 mb", 7 * 10**6),
+                                        ("1.5k", 1500), ("4096B", 4096), ("0", 0), ("7 mb", 7 * 10**6),
                                         ("3Ti", 3 * 2**40), ("12b", 12)])
 def test_parse_size(text, value):
     assert parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "ten", "10XB", "-5G", "1e9", "10 G B"])
+@pytest.mark.parametrize("text", ["", "ten", "10XB", "-5G", "1e9", "10 G B", "4096"])
 def test_parse_size_rejects(text):
     with pytest.raises(UsageError):
         parse_size(text)
@@ -156,7 +156,7 @@ def test_parse_age_rejects(text):
 def test_bad_sizes_and_ages_are_usage_errors(kcache, fixture_copy):
     root = fixture_copy("hidet")
     for args in (["--max-size", "lots"], ["--older-than", "a while"]):
-        r = kcache("--cache-dir", root, "prune", *args)
+        r = kcache("--cache-dir", root, "prune", "--yes", *args)
         assert r.exit_code == 2 and r.stderr.startswith("Error: bad ") and "Traceback" not in r.stderr
 
 
@@ -224,7 +224,7 @@ def test_clear_asks_on_a_terminal(kcache, fixture_copy, monkeypatch):
 
 
 @pytest.mark.parametrize("layout", ["hidet", "tilus", "tilelang"])
-@pytest.mark.parametrize("command", [["clear", "--all"], ["prune", "--max-size", "0", "--older-than", "0s",
+@pytest.mark.parametrize("command", [["clear", "--all"], ["prune", "--yes", "--max-size", "0", "--older-than", "0s",
                                                           "--broken"]])
 def test_dry_run_changes_nothing(kcache, fixture_copy, layout, command):
     root = fixture_copy(layout)
@@ -288,7 +288,7 @@ def test_tilus_script_alone_leaves_its_program(kcache, fixture_copy):
 def test_tilus_broken_program_takes_its_scripts_along(kcache, fixture_copy):
     root = fixture_copy("tilus")
     (root / PROGRAM / "module" / "lib.so").unlink()
-    r = kcache("--cache-dir", root, "prune", "--broken", "--json")
+    r = kcache("--cache-dir", root, "prune", "--yes", "--broken", "--json")
     assert r.exit_code == 0, r.stderr
     assert removed_paths(r) == {PROGRAM, SCRIPT}
     whys = {os.path.relpath(x["removed_path"], root): x["why"] for x in r.json()["removed"]}
@@ -300,10 +300,10 @@ def test_tilus_program_lives_as_long_as_its_script_is_used(kcache, fixture_copy)
     now = time.time()
     set_mtime(root / PROGRAM, now - 60 * 86400)
     set_mtime(root / SCRIPT, now - 3600)
-    r = kcache("--cache-dir", root, "prune", "--older-than", "30d", "--json")
+    r = kcache("--cache-dir", root, "prune", "--yes", "--older-than", "30d", "--json")
     assert removed_paths(r) == set()
     set_mtime(root / SCRIPT, now - 40 * 86400)
-    r = kcache("--cache-dir", root, "prune", "--older-than", "30d", "--json")
+    r = kcache("--cache-dir", root, "prune", "--yes", "--older-than", "30d", "--json")
     assert removed_paths(r) == {PROGRAM, SCRIPT}
 
 
@@ -376,7 +376,7 @@ def test_tilelang_stale_staging_goes_fresh_stays(kcache, fixture_copy):
     kstage.mkdir(parents=True)
     (kstage / "executable.so").write_bytes(b"1" * 10)
     set_mtime(kstage, time.time() - 3 * HOUR)
-    r = kcache("--cache-dir", root, "prune", "--json")
+    r = kcache("--cache-dir", root, "prune", "--yes", "--json")
     assert r.exit_code == 0, r.stderr
     assert removed_paths(r) == {str(old.relative_to(root)), str(kstage.relative_to(root))}
     assert new.is_dir() and staging.is_dir()  # a write in flight, and tilelang's container
@@ -400,7 +400,7 @@ def test_prune_always_removes_stale_temp_dirs_and_candidates(kcache, fixture_cop
     (cand / "1").mkdir()
     (cand / "1" / "lib.so").write_bytes(b"\0" * 3000)
     before_relu = scan_cache(root, ScanFilter(ops=("relu",))).entries[0]
-    r = kcache("--cache-dir", root, "prune", "--json")
+    r = kcache("--cache-dir", root, "prune", "--yes", "--json")
     assert r.exit_code == 0, r.stderr
     assert removed_paths(r) == {str(stale.relative_to(root)), HIDET["relu"] + "/candidates"}
     data = r.json()
@@ -419,11 +419,11 @@ def test_prune_skips_a_temp_dir_whose_build_holds_the_lock(kcache, fixture_copy)
     (tmp / "source.cu").write_text("//")
     set_mtime(tmp, time.time() - 5 * HOUR)  # old, but a build is still on it
     with hold_kcache_lock(root, "ops/cuda_space_0/add/1111222233334444"):
-        r = kcache("--cache-dir", root, "prune", "--json")
+        r = kcache("--cache-dir", root, "prune", "--yes", "--json")
         assert r.exit_code == 0
         assert removed_paths(r) == set() and tmp.is_dir()
         assert "lock" in r.json()["skipped"][0]["why"]
-    r = kcache("--cache-dir", root, "prune", "--json")
+    r = kcache("--cache-dir", root, "prune", "--yes", "--json")
     assert removed_paths(r) == {str(tmp.relative_to(root))}
 
 
@@ -442,7 +442,7 @@ def test_prune_broken_removes_partial_failed_and_corrupt(kcache, tmp_path):
     statuses = {e.relpath: e.status for e in scan_cache(root).entries}
     assert [statuses[str(p.relative_to(root))] for p in (partial, failed, corrupt, empty)] == \
         ["partial", "corrupt", "corrupt", "corrupt"]  # an emptied lib.so beside func_types.pickle: damage
-    r = kcache("--cache-dir", root, "prune", "--broken", "--json")
+    r = kcache("--cache-dir", root, "prune", "--yes", "--broken", "--json")
     assert r.exit_code == 0, r.stderr
     assert removed_paths(r) == {str(p.relative_to(root)) for p in (partial, failed, corrupt, empty)}
     assert all(x["why"].startswith("broken: ") for x in r.json()["removed"])
@@ -460,7 +460,7 @@ def test_prune_older_than_uses_last_used_stamps(kcache, tmp_path):
         set_mtime(root / rel, now - (40 * 86400 if rel in old else 86400))
     stamped = rels[0]  # built long ago, but kcache resolved it an hour ago
     state.mark_used(root, stamped, now - HOUR)
-    r = kcache("--cache-dir", root, "prune", "--older-than", "30d", "--json")
+    r = kcache("--cache-dir", root, "prune", "--yes", "--older-than", "30d", "--json")
     assert r.exit_code == 0, r.stderr
     assert removed_paths(r) == old - {stamped}
     assert all(x["why"].startswith("unused for 40d") for x in r.json()["removed"])
@@ -490,7 +490,7 @@ def test_prune_max_size_removes_least_recently_used_first(kcache, tmp_path):
             break
         expected.append(rel)
         left -= sizes[rel]
-    r = kcache("--cache-dir", root, "prune", "--max-size", str(limit), "--json")
+    r = kcache("--cache-dir", root, "prune", "--yes", "--max-size", f"{limit}B", "--json")
     assert r.exit_code == 0, r.stderr
     data = r.json()
     assert [os.path.relpath(x["removed_path"], root) for x in data["removed"]] == expected
@@ -504,18 +504,18 @@ def test_prune_max_size_zero_empties_the_cache_but_not_builds(kcache, tmp_path):
     root = gen(tmp_path, 12)
     busy = sorted(entries(root))[5]
     with hold_kcache_lock(root, busy):
-        r = kcache("--cache-dir", root, "prune", "--max-size", "0", "--json")
+        r = kcache("--cache-dir", root, "prune", "--yes", "--max-size", "0", "--json")
     assert r.exit_code == 0, r.stderr
     assert entries(root) == {busy}
     assert [s["why"] for s in r.json()["skipped"]] == ["a kcache build holds its lock (in progress)"]
-    r = kcache("--cache-dir", root, "prune", "--max-size", "0", "--json")
+    r = kcache("--cache-dir", root, "prune", "--yes", "--max-size", "0", "--json")
     assert entries(root) == set() and {p.name for p in root.iterdir()} == {"ops", ".kcache"}
     assert list((root / "ops").iterdir()) == []  # empty op and space directories went too
 
 
 def test_prune_prints_what_it_removed(kcache, tmp_path):
     root = gen(tmp_path, 6)
-    r = kcache("--cache-dir", root, "prune", "--max-size", "0")
+    r = kcache("--cache-dir", root, "prune", "--yes", "--max-size", "0")
     assert r.exit_code == 0
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["what", "layout", "space", "op", "hash", "size", "last", "used", "why"]
@@ -583,7 +583,7 @@ def test_symlinks_inside_entries_are_removed_as_links(kcache, fixture_copy, tmp_
     os.symlink(outside, entry / "linked_dir")
     os.symlink(outside / "data.bin", entry / "linked_file")
     os.symlink(outside, entry / "candidates")  # not a real candidates/ dir: never followed, never pruned alone
-    r = kcache("--cache-dir", root, "prune", "--json")
+    r = kcache("--cache-dir", root, "prune", "--yes", "--json")
     assert removed_paths(r) == set()
     r = kcache("--cache-dir", root, "clear", "--op", "softmax", "--yes")
     assert r.exit_code == 0, r.stderr
@@ -608,7 +608,7 @@ def test_stray_symlinks_where_entries_belong(kcache, fixture_copy, tmp_path):
     assert not os.path.lexists(root / "ops" / "cuda_space_1")
     assert listing(outside) == before
     # prune --broken removes the other links as links
-    r = kcache("--cache-dir", root, "prune", "--broken", "--json")
+    r = kcache("--cache-dir", root, "prune", "--yes", "--broken", "--json")
     assert removed_paths(r) == {"ops/cuda_space_0/linked_op", "ops/cuda_space_0/add/0123456789abcdef"}
     assert listing(outside) == before
     assert entries(root) == set(HIDET.values())
@@ -646,7 +646,7 @@ def test_missing_cache_is_success(kcache, tmp_path):
         r = kcache(*args, "--json", env=env)
         assert r.exit_code == 0, r.stderr
         assert r.json()["exists"] is False and r.json()["removed"] == []
-    r = kcache("prune", env=env)
+    r = kcache("prune", "--yes", env=env)
     assert r.exit_code == 0 and "nothing to remove" in r.stderr
     assert not missing.exists()
 
@@ -681,7 +681,7 @@ def test_unreadable_parts_are_warnings(kcache, fixture_copy):
     root = fixture_copy("hidet")
     (root / "ops/cpu_space_0").chmod(0)
     try:
-        r = kcache("--cache-dir", root, "prune", "--max-size", "0", "--json")
+        r = kcache("--cache-dir", root, "prune", "--yes", "--max-size", "0", "--json")
     finally:
         (root / "ops/cpu_space_0").chmod(0o755)
     assert r.exit_code == 0 and "cannot read" in r.stderr and "Traceback" not in r.stderr
@@ -704,7 +704,7 @@ def test_unreadable_parts_are_warnings_for_a_user():
         subprocess.run(["chown", "-R", "nobody:nogroup", str(root)], check=True)
         (root / "ops/cpu_space_0").chmod(0)
         code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from kcache_cli.cli.app import main; "
-                f"main(['--cache-dir', {str(root)!r}, 'prune', '--max-size', '0', '--json'])")
+                f"main(['--cache-dir', {str(root)!r}, 'prune', '--yes', '--max-size', '0', '--json'])")
         proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
                                "-c", code], capture_output=True, text=True, cwd=base,
                               env={**os.environ, "HOME": str(base)})
@@ -740,7 +740,7 @@ def test_leftover_trash_is_emptied_by_the_next_prune(kcache, fixture_copy):
 
 def test_killed_prune_leaves_whole_entries_and_the_next_one_finishes(tmp_path):
     root = gen(tmp_path, 150)
-    cmd = [sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "prune", "--max-size", "0", "-q"]
+    cmd = [sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "prune", "--yes", "--max-size", "0", "-q"]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=str(tmp_path))
     deadline = time.time() + 60
     trash = state.trash_dir(root)

@@ -117,8 +117,8 @@ def test_prune_max_size_while_building_and_reading(tmp_path):
     try:
         time.sleep(1.0)  # let the builds start
         for _ in range(PRUNES):
-            p = subprocess.run([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "-q", "prune",
-                                "--max-size", str(LIMIT), "--json"], capture_output=True, text=True, env=env,
+            p = subprocess.run([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "-q", "prune", "--yes",
+                                "--max-size", f"{LIMIT}B", "--json"], capture_output=True, text=True, env=env,
                                cwd=str(tmp_path))
             assert p.returncode == 0, p.stderr
             prunes.append(json.loads(p.stdout))
@@ -145,8 +145,8 @@ def test_prune_max_size_while_building_and_reading(tmp_path):
     result = scan_cache(root)
     assert {e.status for e in result.entries} == {"complete"}
     assert not [e for e in result.entries if os.path.basename(e.path).startswith(".")]
-    p = subprocess.run([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "prune", "--max-size",
-                        str(LIMIT), "--json"], capture_output=True, text=True, env=env, cwd=str(tmp_path))
+    p = subprocess.run([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "prune", "--yes", "--max-size",
+                        f"{LIMIT}B", "--json"], capture_output=True, text=True, env=env, cwd=str(tmp_path))
     assert p.returncode == 0, p.stderr
     assert scan_cache(root).size <= LIMIT
     assert list((root / ".kcache" / "trash").iterdir()) == []

@@ -377,10 +377,10 @@ def test_remote_ls_stats_and_prune_least_recently_pulled_first(kcache, tmp_path)
     total = stats["size"]
     sizes = {e["relpath"]: e["size"] for e in kcache("remote", "ls", "--remote", url, "--json").json()}
     limit = sum(sizes[k] for k in kept)
-    dry = kcache("remote", "prune", "--remote", url, "--max-size", str(limit), "--dry-run", "--json").json()
+    dry = kcache("remote", "prune", "--remote", url, "--max-size", f"{limit}B", "--dry-run", "--json").json()
     assert sorted(e["relpath"] for e in dry["removed"]) == sorted(set(sizes) - set(kept))
     assert kcache("remote", "stats", "--remote", url, "--json").json()["size"] == total  # dry run: nothing gone
-    done = kcache("remote", "prune", "--remote", url, "--max-size", str(limit), "--json").json()
+    done = kcache("remote", "prune", "--remote", url, "--max-size", f"{limit}B", "--json").json()
     assert done["freed"] == total - limit
     assert sorted(e["relpath"] for e in kcache("remote", "ls", "--remote", url, "--json").json()) == sorted(kept)
     assert sorted(os.listdir(shared)) == sorted(os.listdir(shared))  # no stray files:

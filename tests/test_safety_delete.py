@@ -190,7 +190,7 @@ class Swapper(threading.Thread):
                 pass
 
 
-@pytest.mark.parametrize("command", ["prune", "clear"])
+@pytest.mark.parametrize("command", ["prune", "--yes", "clear"])
 def test_swapper_never_redirects_a_deletion(fixture_copy, tmp_path, command):
     victim = make_victim(tmp_path)
     before = snapshot(victim)
@@ -208,7 +208,7 @@ def test_swapper_never_redirects_a_deletion(fixture_copy, tmp_path, command):
                 (tmp / "lib.so").write_bytes(b"x" * 100)
                 age(tmp, 2 * HOUR)
                 (root / ".kcache/trash" / f"old-{i}" / "sub").mkdir(parents=True)
-            args = (["prune", "--broken", "--json"] if command == "prune"
+            args = (["prune", "--yes", "--broken", "--json"] if command == "prune"
                     else ["clear", "--op", "relu", "--yes", "--json"])
             p = cli("--cache-dir", root, *args)
             assert p.returncode in (0, 1), p.stderr
@@ -264,7 +264,7 @@ def test_locks_swapped_while_waiting_is_refused(fixture_copy, tmp_path):
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        prune = subprocess.Popen([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "prune",
+        prune = subprocess.Popen([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "prune", "--yes",
                                   "--max-size", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert "waiting" in prune.stderr.readline()
         os.rename(root / ".kcache", root / ".kcache-moved")
@@ -299,7 +299,7 @@ def test_bind_mount_inside_an_entry_is_never_crossed(fixture_copy, tmp_path):
         junk = root / ".kcache/trash/old-batch/0-entry/sub"
         junk.mkdir(parents=True)
         with mounted("--bind", str(victim), str(junk)):
-            p = cli("--cache-dir", root, "prune", "--max-size", "0", "--json")
+            p = cli("--cache-dir", root, "prune", "--yes", "--max-size", "0", "--json")
             assert p.returncode == 1 and "never crossed" in p.stderr, p.stderr
             assert snapshot(victim) == before
             assert not (root / "ops/cpu_space_0").exists()  # the prune still did its work
@@ -353,7 +353,7 @@ def test_a_home_like_directory_is_not_a_cache(tmp_path):
     p = cli("--cache-dir", home, "prune")
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "home directory" in p.stderr
     for args in (["clear", "--all", "--yes"], ["prune", "--broken"], ["prune", "--max-size", "0"],
-                 ["prune", "--older-than", "1d"]):
+                 ["prune", "--yes", "--older-than", "1d"]):
         p = cli("--cache-dir", lookalike, *args)
         assert p.returncode == 0, p.stderr
     assert json.loads(cli("--cache-dir", lookalike, "ls", "--json").stdout) == []
@@ -391,7 +391,7 @@ def test_tilelang_staging_only_under_a_real_version_directory(fixture_copy):
         d.mkdir(parents=True)
         (d / "executable.so").write_bytes(b"1" * 10)
         age(d, 3 * HOUR)
-    p = cli("--cache-dir", root, "prune", "--json")
+    p = cli("--cache-dir", root, "prune", "--yes", "--json")
     assert p.returncode == 0, p.stderr
     assert removed(p) == {"0.1.15/linux-x86_64/.staging/old"}
     assert (fake / "executable.so").is_file()
@@ -447,7 +447,7 @@ def test_full_disk_prune_and_clear_free_space_in_place(fixture_copy, tmp_path, s
         assert p.returncode == 0, p.stderr
         assert removed(p) == {ADD} and not (root / ADD).exists()
         assert any("in place" in w for w in json.loads(p.stdout)["warnings"])
-        p = cli("--cache-dir", root, "prune", "--max-size", "0", "--json")
+        p = cli("--cache-dir", root, "prune", "--yes", "--max-size", "0", "--json")
         assert p.returncode == 0, p.stderr
         assert not list(root.glob("ops/*/*/*/lib.so"))
 
@@ -513,7 +513,7 @@ def test_ten_thousand_deep_tree_cleared_then_pruned(fixture_copy, tmp_path):
     assert not (root / ADD).exists() and not os.listdir(root / ".kcache/trash")
     # a deep tree a killed run left in the trash blocks no later prune
     deep_tree(root / ".kcache/trash", "killed-run", 10_000)
-    p = cli("--cache-dir", root, "prune", "--max-size", "0")
+    p = cli("--cache-dir", root, "prune", "--yes", "--max-size", "0")
     assert p.returncode == 0, p.stderr
     assert not os.listdir(root / ".kcache/trash") and not list(root.glob("ops/*/*/*"))
 
@@ -581,7 +581,7 @@ def test_killed_import_and_export_leftovers_are_listed_and_pruned(fixture_copy):
         assert got == {("kcache", "import", staging.name), ("kcache", "export", temp.name)}
         stats = json.loads(cli("--cache-dir", root, "stats", "--json").stdout)
         assert stats["by_layout"]["kcache"] == {"entries": 3, "size": 1510}
-        p = cli("--cache-dir", root, "prune", "--json")
+        p = cli("--cache-dir", root, "prune", "--yes", "--json")
         assert p.returncode == 0, p.stderr
         assert removed(p) == {".kcache/" + staging.name, temp.name}
         assert not staging.exists() and not temp.exists() and live_temp.is_file()

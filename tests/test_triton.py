@@ -155,7 +155,7 @@ def test_fresh_writes_are_building_not_broken(kcache, cache):
     (cache / SOFTMAX / "tmp.pid_99_ff").mkdir()
     got = ls(kcache, cache)
     assert got[add80.name]["status"] == "building" and got[SOFTMAX]["status"] == "building"
-    r = kcache("--cache-dir", cache, "prune", "--broken", "--json")
+    r = kcache("--cache-dir", cache, "prune", "--yes", "--broken", "--json")
     assert r.exit_code == 0 and r.json()["removed"] == []
     assert add80.is_dir() and (cache / SOFTMAX / "tmp.pid_99_ff").is_dir()
     r = kcache("--cache-dir", cache, "clear", "--all", "--yes", "--json")
@@ -171,7 +171,7 @@ def test_unparseable_metadata_or_group_is_corrupt(kcache, cache):
     assert got[ADD_90]["status"] == "corrupt" and "add_kernel.json does not parse" in got[ADD_90]["reason"]
     assert got[ADD_90]["space"] is None and got[ADD_90]["op"] == "add_kernel"
     assert got[SOFTMAX]["status"] == "corrupt" and "does not parse" in got[SOFTMAX]["reason"]
-    r = kcache("--cache-dir", cache, "prune", "--broken", "--json")
+    r = kcache("--cache-dir", cache, "prune", "--yes", "--broken", "--json")
     assert {x["hash"] for x in r.json()["removed"]} == {ADD_90, SOFTMAX}
 
 
@@ -262,12 +262,12 @@ def test_prune_removes_stale_leftovers_and_broken(kcache, cache):
     cubin = cache / MATMUL / "matmul_kernel.cubin"
     cubin.write_bytes(cubin.read_bytes()[:100])
     age(cache)
-    r = kcache("--cache-dir", cache, "prune", "--json")  # no --broken: only the leftover
+    r = kcache("--cache-dir", cache, "prune", "--yes", "--json")  # no --broken: only the leftover
     assert r.exit_code == 0, r.stderr
     assert [(x["what"], x["removed_path"]) for x in r.json()["removed"]] == [("temp", str(tmp))]
     assert not tmp.exists() and (cache / SOFTMAX / "softmax_kernel.cubin").is_file()
     assert ls(kcache, cache)[SOFTMAX]["status"] == "complete"  # whole again once the leftover is gone
-    r = kcache("--cache-dir", cache, "prune", "--broken", "--json")
+    r = kcache("--cache-dir", cache, "prune", "--yes", "--broken", "--json")
     assert [x["hash"] for x in r.json()["removed"]] == [MATMUL]
     assert not (cache / MATMUL).exists() and len(ls(kcache, cache)) == 5
 
@@ -276,7 +276,7 @@ def test_prune_never_takes_a_fresh_leftover(kcache, cache):
     tmp = cache / SOFTMAX / "tmp.pid_1_aa"
     tmp.mkdir()
     (tmp / "x.ptx").write_text("being written")
-    r = kcache("--cache-dir", cache, "prune", "--json")
+    r = kcache("--cache-dir", cache, "prune", "--yes", "--json")
     assert r.json()["removed"] == [] and tmp.is_dir()
     assert any(s["hash"] == "tmp.pid_1_aa" and "less than an hour" in s["why"] for s in r.json()["skipped"])
 
@@ -285,9 +285,9 @@ def test_clear_and_prune_by_size_and_age(kcache, cache):
     r = kcache("--cache-dir", cache, "clear", "--op", "add_kernel", "--space", "sm_80", "--yes", "--json")
     assert r.exit_code == 0 and r.json()["entries"] == 2
     assert set(ls(kcache, cache)) == set(KERNELS) - {k for k, v in KERNELS.items() if v[:2] == ("add_kernel", "sm_80")}
-    r = kcache("--cache-dir", cache, "prune", "--max-size", "200K", "--json")
+    r = kcache("--cache-dir", cache, "prune", "--yes", "--max-size", "200K", "--json")
     assert r.exit_code == 0 and r.json()["size_after"] <= 200_000
-    r = kcache("--cache-dir", cache, "prune", "--older-than", "1h", "--json")
+    r = kcache("--cache-dir", cache, "prune", "--yes", "--older-than", "1h", "--json")
     assert ls(kcache, cache) == {} and os.listdir(cache) == [".kcache"]
 
 
@@ -372,7 +372,9 @@ def test_export_leaves_out_broken_and_in_flight(kcache, cache, tmp_path):
 def test_sources_only_leaves_triton_kernels_out(kcache, cache, tmp_path):
     """Without its cubin a kernel whose group lists one makes Triton fail: none go."""
     r = kcache("--cache-dir", cache, "export", tmp_path / "s.tar", "--sources-only", "--json")
-    assert r.exit_code == 0 and r.json()["exported"] == []
+    # an empty export is refused (issue 25): no archive, exit 1, and the JSON says what was left out
+    assert r.exit_code == 1 and r.json()["exported"] == [] and r.json()["archive"] is None
+    assert not (tmp_path / "s.tar").exists() and "no archive written" in r.stderr
     assert {x["relpath"] for x in r.json()["left_out"]} == set(KERNELS)
     assert all("--sources-only" in x["reason"] for x in r.json()["left_out"])
 

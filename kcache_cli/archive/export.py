@@ -32,7 +32,7 @@ from kcache_cli.archive.manifest import (
     is_lock_name,
     link_problem,
 )
-from kcache_cli.errors import KcacheError
+from kcache_cli.errors import KcacheError, UsageError
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -82,12 +82,21 @@ class ExportResult:
     sources_only: bool
 
     def to_json(self, root: str) -> dict:
-        """`export --json`; `root` is the cache exported from."""
-        return {"archive": self.archive, "root": root, "compression": self.compression,
+        """`export --json`; `root` is the cache exported from; `archive` is null when none was written."""
+        return {"archive": self.archive or None, "root": root, "compression": self.compression,
                 "sources_only": self.sources_only, "entries": len(self.entries), "files": self.files,
                 "size": self.size, "archive_size": self.archive_size,
                 "exported": [e.to_json() for e in self.entries],
                 "left_out": [{"relpath": e.relpath, "status": e.status, "reason": why} for e, why in self.left_out]}
+
+
+class EmptyExport(KcacheError):
+    """Every selected entry was left out: no archive is written (an empty one is refused). `result`
+    says what was left out and why (its `archive` is "")."""
+
+    def __init__(self, message: str, result: ExportResult) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 # ---- export --------------------------------------------------------------------------------------
@@ -409,6 +418,13 @@ class _PartWriter:
     def _check_listing(self, e: Entry, items: list) -> None:
         """Names the import would refuse and members that cannot be shipped skip the entry (_Skip)."""
         rel = e.relpath
+        if not rel.isascii():  # an op directory named in another encoding: skipped, the rest still ships
+            try:
+                rel.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _Skip(e, "its path is not UTF-8 (archives name files in UTF-8)") from None
+        if not rel.isprintable() and _CONTROL.search(rel):
+            raise _Skip(e, "its path holds control characters (import would refuse the archive)")
         for name, kind, _, _, _, extra in items:
             if not name.isprintable() and _CONTROL.search(name):  # import would refuse the archive
                 raise _Skip(e, f"{name!r} holds control characters")
@@ -583,6 +599,13 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
             tail = ts.FrameWriter(last, compression)
             tail.write(ts.END_OF_ARCHIVE)
             sizes[-1] += tail.close()
+        if not done:  # an empty archive is refused: nothing is written (the temp files go below)
+            if not left:
+                raise UsageError(f"no entries in {plan.root} match the selection: nothing to export, no archive "
+                                 "written")
+            raise EmptyExport(f"nothing to export: {plural_entries(len(left))} selected, none fit to ship "
+                              f"(first: {left[0][0].relpath}: {left[0][1]}); no archive written",
+                              ExportResult("", compression, (), tuple(left), 0, 0, 0, plan.sources_only))
         parts = [{"size": s, "entries": c} for s, c in zip(sizes, counts)]
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "kcache_version": __version__,
@@ -598,6 +621,10 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         restore()
     return ExportResult(archive, compression, tuple(done), tuple(left), n_files, total, os.path.getsize(archive),
                         plan.sources_only)
+
+
+def plural_entries(n: int) -> str:
+    return f"{n} {'entry' if n == 1 else 'entries'}"
 
 
 def _write_final(final_fd: int, bodies: list[str], compression: str, manifest: dict, records: list[str]) -> None:

@@ -2,6 +2,7 @@
 become `Error: ...` and an exit status."""
 
 import gc
+import re
 import sys
 from typing import Annotated, Optional
 
@@ -38,9 +39,41 @@ def _plain_metavar(param) -> None:
     param.make_metavar = make_metavar
 
 
+_ASCII_INT = re.compile(r"[ \t]*[+-]?[0-9]{1,18}[ \t]*", re.ASCII)
+_ASCII_FLOAT = re.compile(r"[ \t]*[+-]?(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})[ \t]*", re.ASCII)
+
+
+def _ascii_numbers(param) -> None:
+    """Click reads numbers with int() and float(), which take other scripts' digits ("٣"), "nan",
+    "inf", "1e400" and 5,000-digit strings: every number option of kcache reads ASCII decimals only
+    (a usage error otherwise). The check wraps the option type's own conversion (ranges still apply)."""
+    from typer._click import types
+
+    kind = param.type
+    if getattr(kind, "_kcache_ascii", False) or not isinstance(kind, (types.IntParamType, types.FloatParamType)):
+        return
+    grammar = _ASCII_INT if isinstance(kind, types.IntParamType) else _ASCII_FLOAT
+    convert = kind.convert
+
+    def checked(value, param, ctx):
+        if isinstance(value, str) and not grammar.fullmatch(value):
+            shown = value if len(value) <= 24 else value[:21] + "..."
+            kind.fail(f"{shown!r} is not a plain {'whole ' if grammar is _ASCII_INT else ''}number "
+                      "(ASCII digits)", param, ctx)
+        return convert(value, param, ctx)
+
+    kind.convert = checked  # type: ignore[method-assign]  # this instance only (one per option with a range)
+    kind._kcache_ascii = True  # type: ignore[union-attr]
+
+
 def add_global_options(cmd) -> None:
     """Give `cmd` a hidden copy of each global option it does not declare itself, so that
-    `kcache ls -q` works like `kcache -q ls`."""
+    `kcache ls -q` works like `kcache -q ls`; number options read ASCII decimals only."""
+    for p in cmd.params:
+        _ascii_numbers(p)
+    for sub in getattr(cmd, "commands", {}).values():  # `kcache remote ls --limit ...`
+        for p in sub.params:
+            _ascii_numbers(p)
     for p in cmd.params:
         if getattr(p, "param_type_name", "") == "argument" and p.metavar and not hasattr(p, "_kcache_metavar"):
             _plain_metavar(p)
@@ -53,6 +86,11 @@ def add_global_options(cmd) -> None:
                                           expose_value=False, callback=_set_global(name), help=help_text))
 
 
+class PipeClosed(Exception):
+    """stdout's reader went away (`kcache stats | head -1`): not an OSError, so that Click, which turns
+    EPIPE into exit 1, lets it through to main, which exits 0 as `ls`, `cat` and `grep` do."""
+
+
 class KcacheGroup(TyperGroup):
     """Global options also work after the subcommand, for every command, including ones registered later."""
 
@@ -61,6 +99,12 @@ class KcacheGroup(TyperGroup):
         if cmd is not None:
             add_global_options(cmd)
         return cmd
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:
+            raise PipeClosed() from exc
 
 
 app = typer.Typer(
@@ -170,12 +214,48 @@ def _holding(commands: list) -> typer.Typer:
     return one
 
 
+def _pipe_closed() -> None:
+    """Exit 0 when stdout's reader has gone: nothing more can be said, and nothing is wrong. stdout is
+    pointed at /dev/null first, so that the interpreter's last flush does not fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (tests): nothing to flush later
+        pass
+    sys.exit(0)
+
+
+def _fail(message: str, code: int, as_json: bool) -> None:
+    """The one way a failure ends the run: `Error: ...` on stderr, and under --json also
+    {"error": ..., "exit": N} on stdout (a script reading stdout sees why) unless the command's result
+    is there already (it says what failed), then exit `code`."""
+    from kcache_cli.cli import common
+    from kcache_cli.textsafe import printable_line  # names in messages stay inert
+
+    sys.stderr.write(f"Error: {printable_line(message)}\n")
+    if as_json and not common.json_written:  # stdout holds one JSON document: the result, or this
+        import json
+
+        try:
+            sys.stdout.write(json.dumps({"error": message, "exit": code}) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _pipe_closed()
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turn errors into one line and an exit status."""
     from kcache_cli.errors import KcacheError
 
     args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in (args[:args.index("--")] if "--" in args else args)  # not a compiler flag
+    ours = args[:args.index("--")] if "--" in args else args  # not a compiler flag after `--`
+    debug, as_json = "--debug" in ours, "--json" in ours
+    from kcache_cli.cli import common
+
+    common.json_written = False  # (main runs more than once in one process in tests)
     # A scan keeps a few objects per entry alive to the end: with the default thresholds, the cyclic
     # collector walks all of them again every few thousand entries (a sixth of a 100,000-entry scan).
     # What kcache makes is almost free of cycles; collecting them 140 times less often costs no memory
@@ -190,25 +270,19 @@ def main(argv: list[str] | None = None) -> None:
             import traceback
 
             traceback.print_exc()
-        from kcache_cli.textsafe import printable_line  # names in messages stay inert
-
-        sys.stderr.write(f"Error: {printable_line(str(exc))}\n")
-        sys.exit(exc.exit_code)
+        _fail(str(exc), exc.exit_code, as_json)
     except typer.Abort:
-        sys.stderr.write("Error: aborted\n")
-        sys.exit(1)
+        _fail("aborted", 1, as_json)
     except KeyboardInterrupt:
-        sys.stderr.write("Error: interrupted\n")
-        sys.exit(130)
-    except BrokenPipeError:
-        sys.exit(1)
+        _fail("interrupted", 130, as_json)
+    except (BrokenPipeError, PipeClosed):
+        _pipe_closed()
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, no traceback
         from kcache_cli.cli.errors import (
             describe_exception,
             is_usage_error,
             no_args_help,
         )
-        from kcache_cli.textsafe import printable_line
 
         if debug and not is_usage_error(exc):
             import traceback
@@ -219,6 +293,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.stdout.write(help_text)
             sys.exit(2)
         message, code = describe_exception(exc)
-        sys.stderr.write(f"Error: {printable_line(message)}\n")
-        sys.exit(code)
+        _fail(message, code, as_json)
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _pipe_closed()
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -47,6 +47,8 @@ def export_command(
     Example: kcache export --space cuda_space_0 --op matmul kernels.tar.zst
     """
     from kcache_cli.archive import compression_for, export_archive, plan_export
+    from kcache_cli.archive.export import EmptyExport
+    from kcache_cli.errors import UsageError
 
     opts = c.use(ctx, cache_dir, as_json)
     compression_for(archive)  # a bad name is a usage error before any work
@@ -54,9 +56,20 @@ def export_command(
     flt = sel.filter(root)
     c.hint_unknown(opts, root, flt)
     plan = plan_export(root, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
-    with _Bar(opts, "exporting") as bar:
-        result = export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
+    selected = [*plan.jobs, *(e for e, _ in plan.left)]
+    missing = c.unmatched_refs(root, sel.hashes, selected)
+    if missing:
+        raise c.no_match(missing, [root], selectors=sel.has_selectors())
+    if not selected:  # an empty archive is refused
+        raise UsageError(f"no entries in {root} match the selection: nothing to export, no archive written")
     out = c.Output(opts)
+    try:
+        with _Bar(opts, "exporting") as bar:
+            result = export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
+    except EmptyExport as exc:  # what was left out, and why; then the refusal (exit 1)
+        empty = exc.result
+        out.result(empty.to_json(str(root)), lambda: _export_human(out, empty))
+        raise
     out.result(result.to_json(str(root)), lambda: _export_human(out, result))
 
 
@@ -68,6 +81,8 @@ def _export_human(out: c.Output, result) -> None:
         if len(result.left_out) > len(shown):
             out.info(f"left out {c.plural(len(result.left_out) - len(shown), 'more entry', 'more entries')} "
                      "(see --json)")
+    if not result.archive:
+        return
     out.text(f"exported {c.plural(len(result.entries), 'entry')} ({c.plural(result.files, 'file')}, "
              f"{c.human_size(result.size)}) to {c.printable_line(result.archive)} "
              f"({c.human_size(result.archive_size)})")
@@ -83,9 +98,9 @@ def import_command(
     max_total_size: Annotated[Optional[str], typer.Option(
         "--max-total-size", metavar="SIZE",
         help="Reject archives that expand to more than this (default 64GiB).")] = None,
-    lock_timeout: Annotated[float, typer.Option(
-        "--lock-timeout", metavar="SECONDS", min=0, help="How long to wait for an entry's lock before skipping "
-        "it.")] = 60.0,
+    lock_timeout: Annotated[Optional[str], typer.Option(
+        "--lock-timeout", metavar="SECONDS", help="How long to wait for an entry's lock before skipping "
+        "it (30, 2.5, 90s, 5m). Default: 60.")] = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -105,9 +120,10 @@ def import_command(
     defaults = ImportLimits()
     limits = ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
                           max_total=_size(max_total_size, "--max-total-size", defaults.max_total))
+    wait = c.lock_timeout(lock_timeout, 60.0)
     root = c.cache_root(opts)
     with _Bar(opts, "verifying" if dry_run else "importing", unit="bytes") as bar:
-        result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout,
+        result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=wait,
                                 warn=lambda m: c.warn(opts, m), progress=bar)
     fit = arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
     out = c.Output(opts)
@@ -181,6 +197,9 @@ def verify_command(
     started = time.monotonic()
     with _Bar(opts, "verifying") as bar:
         result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar, fix=fix)
+    missing = c.unmatched_refs(root, sel.hashes, [*(ch.entry for ch in result.checked), *result.skipped])
+    if missing:
+        raise c.no_match(missing, [root], selectors=sel.has_selectors())
     out = c.Output(opts)
     for e, error in result.fix_errors:
         out.warn(f"{e.relpath}: {error}")

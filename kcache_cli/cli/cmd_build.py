@@ -56,17 +56,16 @@ JobsOpt = Annotated[int, typer.Option("-j", "--jobs", metavar="N", min=0,
                                       help="Build N tasks at a time (0: one per core).")]
 ForceOpt = Annotated[bool, typer.Option(
     "--force", help="Rebuild even when a complete entry exists (replaced atomically).")]
-TimeoutOpt = Annotated[Optional[float], typer.Option(
-    "--timeout", metavar="SECONDS", min=0, help="Wait at most this long for another build of the same entry "
-    "(then exit 3). Default: wait as long as it takes.")]
+BUILD_WAIT = 3600.0  # seconds a build waits for another build of the same entry (a default deadline)
+LockTimeoutOpt = Annotated[Optional[str], c.lock_timeout_option("another build of the same entry", f"{BUILD_WAIT:g}")]
 RemoteOpt = Annotated[Optional[str], typer.Option(
     "--remote", metavar="URL", envvar="KCACHE_REMOTE", show_envvar=False,
     help="Share builds through this remote (redis://host:port/db, rediss://..., file:///dir; default: "
     "KCACHE_REMOTE): a local hit is done, a remote hit is pulled, a miss is compiled and pushed. A remote "
     "that is down or slow is a warning, never a failed build.")]
 NoRemoteOpt = Annotated[bool, typer.Option("--no-remote", help="Ignore KCACHE_REMOTE.")]
-RemoteTimeoutOpt = Annotated[float, typer.Option(
-    "--remote-timeout", metavar="SECONDS", min=0.1, help="Connect timeout for --remote; one remote command may "
+RemoteTimeoutOpt = Annotated[Optional[str], typer.Option(
+    "--remote-timeout", metavar="SECONDS", help="Connect timeout for --remote; one remote command may "
     "take 5 times as long before the build goes on without the remote.")]
 
 
@@ -82,10 +81,11 @@ def build_command(
     include: IncludeOpt = None,
     jobs: JobsOpt = 1,
     force: ForceOpt = False,
-    timeout: TimeoutOpt = None,
+    lock_timeout: LockTimeoutOpt = None,
+    timeout: c.OldTimeoutOpt = None,
     remote: RemoteOpt = None,
     no_remote: NoRemoteOpt = False,
-    remote_timeout: RemoteTimeoutOpt = 2.0,
+    remote_timeout: RemoteTimeoutOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -104,7 +104,13 @@ def build_command(
     from kcache_cli import build as b
     from kcache_cli.errors import UsageError
 
+    from kcache_cli.units import parse_seconds
+
     opts = c.use(ctx, cache_dir, as_json)
+    wait = c.lock_timeout(lock_timeout, BUILD_WAIT, old=timeout)
+    connect = parse_seconds(remote_timeout, "--remote-timeout") if remote_timeout is not None else 2.0
+    if connect < 0.1:
+        raise UsageError(f"--remote-timeout {remote_timeout}: at least 0.1 seconds")
     extra = tuple(ctx.meta.get(EXTRA_KEY) or ())
     if arch:
         b.check_arch(arch)
@@ -113,14 +119,14 @@ def build_command(
         raise UsageError(f"unknown target '{target}' (choose from {', '.join(b.TARGETS)})")
     b.check_extra_flags(extra)
     options = b.BuildOptions(space=level, target=target, arch=arch, nvcc=nvcc, cxx=cxx,
-                             include_dirs=tuple(include or ()), extra_flags=extra, force=force, timeout=timeout)
+                             include_dirs=tuple(include or ()), extra_flags=extra, force=force, timeout=wait)
     paths = b.find_tasks(tasks)
     if source is not None and len(paths) != 1:
         raise UsageError(f"--source needs exactly one task ({len(paths)} given)")
     root = c.cache_root(opts)
     show = sys.stderr.isatty() and not opts.quiet
     listener = _Listener(opts, len(paths), show)
-    builder = _remote_builder(opts, remote, remote_timeout) if remote and not no_remote else b.build_task
+    builder = _remote_builder(opts, remote, connect) if remote and not no_remote else b.build_task
 
     if len(paths) == 1 and not opts.json:
         return _build_one(opts, root, paths[0], options, source, listener, builder)

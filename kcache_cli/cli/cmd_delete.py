@@ -17,6 +17,9 @@ def register(app: typer.Typer) -> None:
 
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Show what would be removed; change nothing.")]
+GC_WAIT = 600.0  # seconds a prune or clear waits for another one of the same cache (a default deadline)
+LockTimeoutOpt = Annotated[Optional[str], c.lock_timeout_option("another prune or clear of the same cache",
+                                                                f"{GC_WAIT:g}")]
 
 
 def prune_command(
@@ -30,9 +33,11 @@ def prune_command(
         "--broken", help="Remove partial, failed, corrupt and stale entries (and symlinks where entries belong); "
         "never unreadable ones.")] = False,
     dry_run: DryRunOpt = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Accepted for scripts written for clear; prune never "
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Remove more than half of the cache without asking "
+                                                         "(needed without a terminal); otherwise prune never "
                                                          "asks.")] = False,
     all_caches: c.AllCachesOpt = False,
+    lock_timeout: LockTimeoutOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -48,14 +53,16 @@ def prune_command(
     opts = c.use(ctx, cache_dir, as_json)
     limit = parse_size(max_size, "--max-size") if max_size is not None else None
     age = parse_age(older_than, "--older-than") if older_than is not None else None
+    opts.lock_timeout = c.lock_timeout(lock_timeout, GC_WAIT)
     out = _Out(opts, all_caches)
     for loc in c.cache_locations(opts, all_caches):
         out.section(loc)
-        _prune_one(opts, out, loc, limit, age, broken, dry_run)
+        _prune_one(opts, out, loc, limit, age, broken, dry_run, yes)
     out.done(empty="no kernel cache found (see kcache dir --all)" if all_caches else None)
 
 
-def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, broken: bool, dry_run: bool) -> None:
+def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, broken: bool, dry_run: bool,
+               yes: bool = False) -> None:
     from kcache_cli.delete import plan_prune
 
     with _busy(opts, f"scanning {loc.path}"):
@@ -69,8 +76,30 @@ def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, broken: bool
                      "--max-size, --older-than and --broken remove entries.")
     if dry_run:
         return _report_plan(opts, out, plan, extra)
+    if not yes:
+        _confirm_big_prune(opts, plan)
     result = _execute(opts, plan)
     _report_result(opts, out, plan, result, extra)
+
+
+def _confirm_big_prune(opts: c.GlobalOptions, plan) -> None:
+    """A prune that would remove more than half of the cache's bytes (`--max-size 10` read as bytes, a
+    wrong --older-than) asks on a terminal and needs --yes elsewhere (issue 25): a usage error, exit 2,
+    nothing removed."""
+    from kcache_cli.errors import KcacheError, UsageError
+
+    going = sum(r.size for r in plan.removals if r.what == "entry")
+    if not plan.scanned_size or going * 2 <= plan.scanned_size:
+        return
+    share = f"{going * 100 // plan.scanned_size}%"
+    summary = (f"{c.human_size(going)} of {c.human_size(plan.scanned_size)} ({share} of the cache) from "
+               f"{c.printable_line(plan.root)}")
+    if not _stdin_is_terminal():
+        raise UsageError(f"not removing {summary} without confirmation: more than half of the cache (pass --yes, "
+                         "or --dry-run to see what would go)")
+    _preview(plan)
+    if not typer.confirm(f"Remove {summary}?", default=False, err=True):
+        raise KcacheError("aborted: nothing was removed")
 
 
 def clear_command(
@@ -87,6 +116,7 @@ def clear_command(
                                                          "terminal).")] = False,
     dry_run: DryRunOpt = False,
     all_caches: c.AllCachesOpt = False,
+    lock_timeout: LockTimeoutOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -99,27 +129,42 @@ def clear_command(
     from kcache_cli.errors import UsageError
 
     opts = c.use(ctx, cache_dir, as_json)
+    opts.lock_timeout = c.lock_timeout(lock_timeout, GC_WAIT)
     if not everything and not (hashes or op or space or target or layout):
         raise UsageError("clear needs a selection: --space, --op, --target, --layout, entries, or --all "
                          "(see 'kcache clear --help')")
     out = _Out(opts, all_caches)
-    for loc in c.cache_locations(opts, all_caches):
+    plans = []
+    locs = c.cache_locations(opts, all_caches)
+    missing = set(c.ref_list(hashes))
+    for loc in locs:
         refs = c.refs_in(loc.path, hashes) if all_caches else hashes
         if hashes and not refs:
             continue  # the entries named are in other caches: nothing of this one is selected
-        out.section(loc)
         flt = c.make_filter(op, space, target, layout, None, None, refs, root=loc.path)
         c.hint_unknown(opts, loc.path, flt)
-        _clear_one(opts, out, loc, flt, everything, yes, dry_run)
+        plans.append((loc, _plan_clear(opts, loc, flt, everything)))
+        picked = [*(r.entry for r in plans[-1][1].removals), *(s.entry for s in plans[-1][1].skipped)]
+        missing.intersection_update(c.unmatched_refs(loc.path, refs, picked))
+    if missing:  # an entry named that is nowhere: nothing is removed at all (a typo, not "no entries")
+        raise c.no_match([r for r in c.ref_list(hashes) if r in missing], [loc.path for loc in locs],
+                         selectors=bool(op or space or target or layout))
+    for loc, plan in plans:
+        out.section(loc)
+        _clear_one(opts, out, loc, plan, yes, dry_run)
     out.done(empty="no kernel cache found (see kcache dir --all)" if all_caches else None)
 
 
-def _clear_one(opts: c.GlobalOptions, out: "_Out", loc, flt, everything: bool, yes: bool, dry_run: bool) -> None:
+def _plan_clear(opts: c.GlobalOptions, loc, flt, everything: bool):
     from kcache_cli.delete import plan_clear
-    from kcache_cli.errors import KcacheError, UsageError
 
     with _busy(opts, f"scanning {loc.path}"):
-        plan = plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m))
+        return plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m))
+
+
+def _clear_one(opts: c.GlobalOptions, out: "_Out", loc, plan, yes: bool, dry_run: bool) -> None:
+    from kcache_cli.errors import KcacheError, UsageError
+
     if not plan.exists:
         return _missing(opts, out, loc, dry_run, {})
     if dry_run:
@@ -179,13 +224,14 @@ def _execute(opts: c.GlobalOptions, plan):
     def waiting() -> None:
         c.info(opts, f"waiting for another prune or clear of {plan.root} to finish...")
 
+    wait = GC_WAIT if opts.lock_timeout is None else opts.lock_timeout
     if not _progress_wanted(opts) or len(plan.removals) < 2:
-        return plan.execute(on_wait=waiting)
+        return plan.execute(on_wait=waiting, lock_timeout=wait)
     from kcache_cli.cli.progress import Bar
 
     with Bar(opts, "removing") as bar:
         bar.start(len(plan.removals))
-        return plan.execute(progress=lambda r: bar.advance(1), on_wait=waiting)
+        return plan.execute(progress=lambda r: bar.advance(1), on_wait=waiting, lock_timeout=wait)
 
 
 def _missing(opts: c.GlobalOptions, out: _Out, loc, dry_run: bool, extra: dict) -> None:

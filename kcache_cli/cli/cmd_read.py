@@ -80,7 +80,10 @@ def ls_command(
     ] = "op",
     limit: Annotated[Optional[int], typer.Option("--limit", metavar="N", min=0, help="Show at most N entries.")] = None,
     paths_only: Annotated[bool, typer.Option("-q", "--quiet", help="Print the entries' paths only, one per line "
-                                             "(like docker ps -q); nothing on stderr. With --json: the JSON.")] = False,
+                                             "(like docker ps -q), control characters shown as ? (as ls -q does); "
+                                             "nothing on stderr. With --json: the JSON.")] = False,
+    null: Annotated[bool, typer.Option("-0", "--null", help="Print the entries' exact paths only, each ended by a "
+                                       "NUL byte, for xargs -0; nothing on stderr.")] = False,
     all_caches: c.AllCachesOpt = False,
     no_index: NoIndexOpt = False,
     cache_dir: c.CacheDirOpt = None,
@@ -95,26 +98,37 @@ def ls_command(
     Example: kcache ls --op 'mat*' --space 2 --sort size --limit 10
     """
     from kcache_cli.errors import UsageError
+    from kcache_cli.textsafe import one_line
 
     opts = c.use(ctx, cache_dir, as_json)
     if sort not in ("op", "size", "age"):
         raise UsageError(f"unknown sort key '{sort}' (choose from op, size, age)")
-    if paths_only:  # quiet on stderr in any case; with --json the JSON still wins over paths
+    if null and opts.json:
+        raise UsageError("--null and --json do not go together")
+    if paths_only or null:  # quiet on stderr in any case; with --json the JSON still wins over -q's paths
         opts.quiet = True
         paths_only = not opts.json
     locs = c.cache_locations(opts, all_caches)
     listed = []
+    missing = set(c.ref_list(sel.hashes))
     for loc in locs:
         refs = c.refs_in(loc.path, sel.hashes) if all_caches else sel.hashes
         if sel.hashes and not refs:
             continue  # the entries named are in other caches
         flt = sel.filter(loc.path, refs)
         listed.append((loc, flt, *_ls_entries(opts, loc, flt, sort, limit, not no_index)))
+        missing.intersection_update(c.unmatched_refs(loc.path, refs, listed[-1][2].entries))
+    if missing:  # an entry named that is nowhere: a typo, not "no entries"
+        raise c.no_match([r for r in c.ref_list(sel.hashes) if r in missing], [loc.path for loc in locs],
+                         selectors=sel.has_selectors())
     out = c.Output(opts)
 
     def human() -> None:
+        if null:
+            _print_null([e.path for _, _, _, entries in listed for e in entries])
+            return
         if paths_only:
-            c.print_lines([e.path for _, _, _, entries in listed for e in entries])
+            c.print_lines([one_line(e.path) for _, _, _, entries in listed for e in entries])
             return
         for n, (loc, flt, result, entries) in enumerate(listed):
             if all_caches:
@@ -125,6 +139,13 @@ def ls_command(
 
     out.result([dict(e.to_json(), root=str(loc.path)) if all_caches else e.to_json()
                 for loc, _, _, entries in listed for e in entries], human)
+
+
+def _print_null(paths: list[str]) -> None:
+    """Each path's exact bytes (undecodable ones too), NUL-terminated, for `xargs -0`."""
+    sys.stdout.flush()
+    sys.stdout.buffer.write(b"".join(os.fsencode(p) + b"\0" for p in paths))
+    sys.stdout.buffer.flush()
 
 
 def _ls_entries(opts: c.GlobalOptions, loc, flt, sort: str, limit: Optional[int], use_index: bool):

@@ -25,6 +25,7 @@ class GlobalOptions:
     def __init__(self, cache_dir: Optional[str] = None, json: bool = False, quiet: bool = False,
                  debug: bool = False) -> None:
         self.cache_dir, self.json, self.quiet, self.debug = cache_dir, json, quiet, debug
+        self.lock_timeout: float | None = None  # a command's checked --lock-timeout, where it has one
 
 
 def settings(ctx: typer.Context) -> GlobalOptions:
@@ -73,9 +74,16 @@ def cache_locations(opts: GlobalOptions, all_caches: bool) -> list:
         return [cache_location(opts, existing=True)]
     if opts.cache_dir:
         raise UsageError("--all-caches and --cache-dir do not go together")
-    from kcache_cli.locate import CacheLocation, known_caches
+    from kcache_cli.locate import CacheLocation, known_caches, refused_root
 
-    return [CacheLocation(path, f"{owner} cache (dir --all)") for owner, path in known_caches() if path.is_dir()]
+    out = []
+    for owner, path in known_caches():
+        why = refused_root(path)
+        if why is not None:  # hidet.toml `cache_dir = "~"`, TRITON_CACHE_DIR=$HOME: never a root to clear
+            warn(opts, f"skipping the {owner} cache at {path}: {why}, never a cache root")
+        elif path.is_dir():
+            out.append(CacheLocation(path, f"{owner} cache (dir --all)"))
+    return out
 
 
 def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
@@ -97,9 +105,89 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
     return out
 
 
+def ref_list(refs: Optional[List[str]]) -> list[str]:
+    """The entry references as make_filter reads them (repeatable, or comma-separated)."""
+    return [p.strip() for r in refs or () for p in r.split(",") if p.strip()]
+
+
+def unmatched_refs(root: Path, refs: Optional[List[str]], entries) -> list[str]:
+    """The references in `refs` that name none of `entries` (what a command selected in `root`)."""
+    from kcache_cli.scan import split_refs
+
+    hashes = [e.hash for e in entries]
+    relpaths = {e.relpath for e in entries}
+    out = []
+    for ref in ref_list(refs):
+        try:
+            prefixes, paths = split_refs(root, [ref])
+        except UsageError:  # an absolute path outside this root names nothing in it
+            out.append(ref)
+            continue
+        if not any(h.startswith(p) for p in prefixes for h in hashes) and not relpaths.intersection(paths):
+            out.append(ref)
+    return out
+
+
+def no_match(refs: list[str], roots: list[Path], selectors: bool = False) -> UsageError:
+    """The usage error (exit 2) for entry references that matched nothing, with the nearest hash
+    prefixes and op names present ("did you mean 8d1f7691 or --op add?")."""
+    shown = ", ".join(f"'{r}'" for r in refs[:5]) + (f" and {len(refs) - 5} more" if len(refs) > 5 else "")
+    where = str(roots[0]) if len(roots) == 1 else f"{len(roots)} caches" if roots else "any cache"
+    also = " with the other selectors given" if selectors else ""
+    hints = _nearest(refs[0], roots) if refs else []
+    hint = f"; did you mean {' or '.join(hints)}?" if hints else ""
+    return UsageError(f"no entry matches {shown} in {where}{also}{hint}")
+
+
+def _nearest(ref: str, roots: list[Path]) -> list[str]:
+    """Hash prefixes and op names present in `roots` closest to `ref` (names only: no file is read)."""
+    import difflib
+
+    from kcache_cli import names
+
+    key = ref.rstrip("/").rsplit("/", 1)[-1]
+    hashes: dict[str, str] = {}
+    ops: set[str] = set()
+    for root in roots:
+        if not root.is_dir():
+            continue
+        for n in names.entries(root):
+            hashes.setdefault(n.hash[:max(len(key), 8)], n.hash)
+        ops.update(names.op_places(root))
+    close = difflib.get_close_matches(key, list(hashes), n=3, cutoff=0.5)
+    close_ops = difflib.get_close_matches(key, sorted(ops), n=2, cutoff=0.6)
+    return [printable_line(h) for h in close] + [f"--op {printable_line(o)}" for o in close_ops]
+
+
 AllCachesOpt = Annotated[bool, typer.Option(
     "--all-caches", help=f"Every cache `kcache dir --all` finds ({', '.join(LAYOUT_NAMES)}), one after the other, "
     "each with its root.")]
+
+
+# ---- waiting for locks ---------------------------------------------------------------------------
+def lock_timeout_option(what: str, default: str) -> Any:
+    """The --lock-timeout option (one name on every command that waits for a lock), its help saying what
+    the command waits for and its default: `Annotated[Optional[str], c.lock_timeout_option(...)]`."""
+    return typer.Option("--lock-timeout", metavar="SECONDS", help=f"Wait at most this long for {what} (then exit "
+                        f"3, naming the holder); 30, 2.5, 90s, 5m. Default: {default}.")
+
+
+# The name `build` used before --lock-timeout: still read, no longer shown.
+OldTimeoutOpt = Annotated[Optional[str], typer.Option("--timeout", metavar="SECONDS", hidden=True,
+                                                      help="Old name of --lock-timeout.")]
+
+
+def lock_timeout(value: Optional[str], default: float, old: Optional[str] = None) -> float:
+    """The checked --lock-timeout (or its old name --timeout) in seconds: finite and not negative, else a
+    usage error (exit 2)."""
+    from kcache_cli.units import parse_seconds
+
+    if value is not None and old is not None:
+        raise UsageError("--lock-timeout and --timeout are the same option: give one")
+    if value is None and old is None:
+        return default
+    return parse_seconds(value if value is not None else old or "", "--lock-timeout" if value is not None
+                         else "--timeout")
 
 
 # ---- filters -------------------------------------------------------------------------------------
@@ -136,6 +224,10 @@ class Selection:
                  kind: Optional[List[str]] = None) -> None:
         self.hashes, self.op, self.space, self.target = hashes, op, space, target
         self.layout, self.status, self.kind = layout, status, kind
+
+    def has_selectors(self) -> bool:
+        """Whether anything but ENTRY arguments narrows the selection."""
+        return any((self.op, self.space, self.target, self.layout, self.status, self.kind))
 
     def filter(self, root: Path | None = None, hashes: Optional[List[str]] = None):
         """The checked ScanFilter (entries given by path need `root`); `hashes` replaces the ENTRY
@@ -252,11 +344,16 @@ def plain_output() -> bool:
     return no_color() or not sys.stdout.isatty()
 
 
+json_written = False  # a command's JSON result is on stdout: an error after it is said on stderr only
+
+
 def _emit_json(data) -> None:
     """JSON on stdout, never through Rich; indented for people, compact for pipes (Output.result's writer)."""
     import json
 
+    global json_written
     indent = 2 if sys.stdout.isatty() else None
+    json_written = True
     sys.stdout.write(json.dumps(data, indent=indent) + "\n")
 
 
@@ -374,7 +471,7 @@ def output_width() -> int | None:
     """The width tables and text are fitted to: COLUMNS when set (so a pipe can ask for a width), else the
     terminal's, else None (a pipe: whole rows, one per line, for grep and awk)."""
     value = os.environ.get("COLUMNS", "")
-    if value.isdigit() and int(value) > 0:
+    if re.fullmatch(r"[0-9]{1,5}", value, re.ASCII) and int(value) > 0:  # not "٣", nor 5,000 digits
         return int(value)
     if sys.stdout.isatty():
         import shutil
