@@ -19,7 +19,7 @@ from kcache_cli.fsread import parse_json
 from kcache_cli.model import ScanFilter, Warn, iso
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.moved import MovedEntry, MoveResult
-from kcache_cli.remote.store import PENDING_TTL, Publish, Store
+from kcache_cli.remote.store import PENDING_TTL, Publish, Store, hash_fields
 
 if TYPE_CHECKING:
     from kcache_cli.archive.manifest import EntryRecord
@@ -112,9 +112,9 @@ def publish_entries(store: Store, batch: list[_Outgoing]) -> list[bool]:
         winners = store.get([o.publish.key for o in lost])
         for o, raw in zip(lost, winners):
             try:
-                winner = unchecked_record(parse_json(raw or b""))
+                winner = unchecked_record(parse_json(raw if isinstance(raw, bytes) else b""))
                 keep = {k for ks in f.format_for(o.record.key.layout).data_keys(winner).values() for k in ks}
-            except (ValueError, KeyError, TypeError, AttributeError):
+            except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
                 continue  # unreadable: leave everything; our data expires anyway
             store.delete([k for k in o.items if k not in keep])
     return won
@@ -143,7 +143,7 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
 
     warn = warn or (lambda m: None)
     plan = plan_export(root, flt or ScanFilter(), warn=warn)
-    have = set(store.hash_get(f.INDEX))
+    have = hash_fields(store, f.INDEX)
     if start:
         start(len(plan.jobs))
     out: list[MovedEntry] = []
