@@ -186,13 +186,14 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rc = app_for(args)(args=args, prog_name="kcache", standalone_mode=False)
     except KcacheError as exc:
+        from kcache_cli.remote.redact import redact_text  # no password of a URL reaches the output
+        from kcache_cli.textsafe import printable_line  # names in messages stay inert
+
         if debug:  # the traceback, and the same exit status as without --debug
             import traceback
 
-            traceback.print_exc()
-        from kcache_cli.textsafe import printable_line  # names in messages stay inert
-
-        sys.stderr.write(f"Error: {printable_line(str(exc))}\n")
+            sys.stderr.write(redact_text(traceback.format_exc()))
+        sys.stderr.write(f"Error: {printable_line(redact_text(str(exc)))}\n")
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.stderr.write("Error: aborted\n")
@@ -208,17 +209,18 @@ def main(argv: list[str] | None = None) -> None:
             is_usage_error,
             no_args_help,
         )
+        from kcache_cli.remote.redact import redact_text
         from kcache_cli.textsafe import printable_line
 
         if debug and not is_usage_error(exc):
             import traceback
 
-            traceback.print_exc()
+            sys.stderr.write(redact_text(traceback.format_exc()))
         help_text = no_args_help(exc)
         if help_text is not None:  # bare `kcache`: the help, on stdout, and the usage-error status
             sys.stdout.write(help_text)
             sys.exit(2)
         message, code = describe_exception(exc)
-        sys.stderr.write(f"Error: {printable_line(message)}\n")
+        sys.stderr.write(f"Error: {printable_line(redact_text(message))}\n")
         sys.exit(code)
     sys.exit(rc if isinstance(rc, int) else 0)

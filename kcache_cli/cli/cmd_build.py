@@ -66,8 +66,15 @@ RemoteOpt = Annotated[Optional[str], typer.Option(
     "that is down or slow is a warning, never a failed build.")]
 NoRemoteOpt = Annotated[bool, typer.Option("--no-remote", help="Ignore KCACHE_REMOTE.")]
 RemoteTimeoutOpt = Annotated[float, typer.Option(
-    "--remote-timeout", metavar="SECONDS", min=0.1, help="Connect timeout for --remote; one remote command may "
-    "take 5 times as long before the build goes on without the remote.")]
+    "--remote-timeout", metavar="SECONDS", callback=lambda v: _remote_seconds(v),
+    help="How long the remote part of the build (asking, pulling, pushing, for all tasks) may take in all; "
+    "past it the build goes on without the remote (0.1 to 604800).")]
+
+
+def _remote_seconds(value: float) -> float:
+    from kcache_cli.remote.store import check_timeout
+
+    return check_timeout(value, "--remote-timeout")
 
 
 def build_command(
@@ -85,7 +92,7 @@ def build_command(
     timeout: TimeoutOpt = None,
     remote: RemoteOpt = None,
     no_remote: NoRemoteOpt = False,
-    remote_timeout: RemoteTimeoutOpt = 2.0,
+    remote_timeout: RemoteTimeoutOpt = 10.0,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -194,11 +201,13 @@ def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]
 
 def _remote_builder(opts: c.GlobalOptions, url: str, timeout: float):
     """build_task that consults the remote first and pushes what it compiles (kcache_cli.remote.build)."""
-    from kcache_cli.remote.build import build_with_remote
+    from kcache_cli.remote.build import RemoteBudget, build_with_remote
+
+    budget = RemoteBudget(timeout)  # one for the whole command
 
     def builder(root, task, options, *, source=None, listener=None):
         return build_with_remote(root, task, options, url, source=source, listener=listener,
-                                 warn=lambda m: c.warn(opts, m), connect_timeout=timeout)
+                                 warn=lambda m: c.warn(opts, m), budget=budget)
 
     return builder
 
