@@ -127,7 +127,7 @@ def push_command(
         verb = "would push" if dry_run else "pushed"
         out.info(f"{verb} {c.plural(result.count('push'), 'entry')} ({c.human_size(result.size)}) to "
                  f"{result.remote}; skipped {result.count('skip')} the remote has; left out "
-                 f"{result.count('left out')} not complete")
+                 f"{result.count('left out')} (see the note)")
 
     out.result(result, human)
 

@@ -131,6 +131,20 @@ def _moved(record: EntryRecord, action: str, done: bool, why: str | None) -> Mov
                       done, why, record.arch)
 
 
+def _leave_out_unnamable(plan) -> None:
+    """Entries whose path is not UTF-8 (an op directory named in another encoding) cannot be named
+    by a remote key: they are left out, one by one, and the rest of the cache still goes."""
+    bad = []
+    for e in plan.jobs:
+        try:
+            e.relpath.encode("utf-8")
+        except UnicodeEncodeError:
+            bad.append(e)
+    for e in bad:
+        plan.jobs.remove(e)
+        plan.left.append((e, "its path is not UTF-8, which a remote key must be"))
+
+
 BATCH_ENTRIES = 64  # entries uploaded and published per round trip
 BATCH_BYTES = 32 << 20
 
@@ -143,6 +157,7 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
 
     warn = warn or (lambda m: None)
     plan = plan_export(root, flt or ScanFilter(), warn=warn)
+    _leave_out_unnamable(plan)
     have = hash_fields(store, f.INDEX)
     if start:
         start(len(plan.jobs))
