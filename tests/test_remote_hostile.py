@@ -275,3 +275,152 @@ def test_remote_ls_of_many_entries_streams_in_bounded_memory(tmp_path, redis_ser
     assert run.returncode == 0, run.stderr
     assert run.stdout.rstrip().endswith("]")
     assert rss < 150e6
+
+
+# ---- passwords never printed --------------------------------------------------------------------------
+
+SECRET_URLS = [
+    "redis://:hunter2@127.0.0.1:1/0",
+    "redis://alice:hunter2@127.0.0.1:1/0",
+    "redis://127.0.0.1:1/0?password=hunter2",
+    "redis://127.0.0.1:1/0?db=0&password=hunter2&socket_timeout=1",
+    "redis://:hun@ter2@127.0.0.1:1/0",
+    "redis://:hun%40ter2@127.0.0.1:1/0",
+    "redis://:hun/ter2@127.0.0.1:1/0",
+    "redis://:hun%2Fter2@127.0.0.1:1/0",
+    "redis://alice:hun/t@er2@127.0.0.1:1/0",
+    "rediss://:hun?ter2@127.0.0.1:1/0",
+    "redis://:hun#ter2@127.0.0.1:1/0",
+]
+PIECES = ("hunter2", "hun", "ter2", "er2")
+
+
+@pytest.mark.parametrize("url", SECRET_URLS)
+def test_redact_hides_every_part_of_a_password(url):
+    from kcache_cli.remote.redact import redact_text, redact_url
+
+    for shown in (redact_url(url), redact_text(f"Error: remote {url}: refused"), redact_text(f"'{url}'")):
+        assert not any(p in shown for p in PIECES), shown
+        assert "127.0.0.1" in shown or "hun/" in url or "hun?" in url or "hun#" in url, shown
+
+
+@pytest.mark.parametrize("url", SECRET_URLS)
+def test_no_output_path_prints_a_password(kcache, tmp_path, url):
+    for args in (["remote", "ls"], ["remote", "ls", "--json"], ["--debug", "remote", "stats"],
+                 ["push", "--cache-dir", str(tmp_path), "--json"]):
+        run = kcache(*args, "--remote", url, "--connect-timeout", "0.2")
+        assert run.exit_code != 0
+        assert not any(p in run.stdout + run.stderr for p in PIECES), (args, run)
+
+
+@needs_redis
+def test_a_password_in_the_query_never_reaches_json(kcache, tmp_path, redis_server):
+    server = redis_server(password="hunter2")
+    url = f"redis://127.0.0.1:{server.port}/0?password=hunter2"
+    root = copy_tree(FIXTURES / "hidet", tmp_path / "src")
+    run = kcache("push", "--cache-dir", root, "--remote", url, "--json")
+    assert run.exit_code == 0 and run.json()["pushed"] == 5, run.stderr
+    listed = kcache("--debug", "remote", "stats", "--remote", url, "--json")
+    assert listed.exit_code == 0 and listed.json()["entries"] == 5
+    assert "hunter2" not in run.stdout + run.stderr + listed.stdout + listed.stderr
+    assert run.json()["remote"] == f"redis://127.0.0.1:{server.port}/0?password=***"
+
+
+# ---- clear errors -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "1e300"])
+@pytest.mark.parametrize("args", [["remote", "ls", "--connect-timeout"], ["pull", "--connect-timeout"],
+                                  ["pull", "--lock-timeout"], ["remote", "ls", "--remote-timeout"],
+                                  ["build", "task", "--remote-timeout"]])
+def test_a_timeout_that_is_not_a_number_of_seconds_is_a_usage_error(kcache, tmp_path, args, value):
+    run = kcache(*args, value, "--remote", f"file://{tmp_path}")
+    assert run.exit_code == 2 and "Traceback" not in run.stderr and "unexpected" not in run.stderr, run
+    assert args[-1] in run.stderr
+
+
+@pytest.mark.parametrize("fmt", ["{0}", "{", "{key:>99999999}", "triton:{key}", "{key}{filename}{other}",
+                                 "{key!r}:{filename}", "{key}:{key}:{filename}"])
+def test_a_bad_triton_key_format_is_one_line_exit_2(kcache, tmp_path, fmt):
+    (tmp_path / "shared").mkdir()
+    run = kcache("pull", "--cache-dir", tmp_path / "dest", "--remote", f"file://{tmp_path / 'shared'}",
+                 env={"TRITON_REDIS_KEY_FORMAT": fmt})
+    assert "TRITON_REDIS_KEY_FORMAT" in one_line_error(run, 2)
+
+
+def test_one_op_directory_not_in_utf8_does_not_fail_the_push(kcache, tmp_path):
+    import shutil
+
+    root = copy_tree(FIXTURES / "hidet", tmp_path / "src")
+    odd = os.fsencode(root / "ops" / "cpu_space_0") + b"/m\xffx"
+    shutil.copytree(root / "ops" / "cpu_space_0" / "matmul", os.fsdecode(odd))
+    (tmp_path / "shared").mkdir()
+    run = kcache("push", "--cache-dir", root, "--remote", f"file://{tmp_path / 'shared'}", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert run.json()["pushed"] == 5 and run.json()["left_out"] == 1
+    left, = [e for e in run.json()["entries"] if e["action"] == "left out"]
+    assert "UTF-8" in left["reason"]
+
+
+# ---- one selection path ------------------------------------------------------------------------------------
+
+SELECTIONS = [["--op", "mat*"], ["--space", "cuda_*"], ["--space", "0"], ["--op", "re?u", "--space", "cpu_*"],
+              ["8d1f"], ["--layout", "hidet", "--op", "add", "--op", "soft*"]]
+
+
+def _stores(tmp_path, redis_server):
+    (tmp_path / "shared").mkdir()
+    yield f"file://{tmp_path / 'shared'}"
+    if os.environ.get("KCACHE_NO_REDIS") is None:
+        from redis_server import REDIS_SERVER
+
+        if REDIS_SERVER is not None:
+            yield redis_server().url
+
+
+def test_remote_selection_is_ls_selection(kcache, tmp_path, redis_server):
+    root = copy_tree(FIXTURES / "hidet", tmp_path / "src")
+    for url in _stores(tmp_path, redis_server):
+        _push(kcache, root, url)
+        for sel in SELECTIONS:
+            local = sorted(os.path.relpath(e["path"], root)
+                           for e in kcache("ls", "--cache-dir", root, *sel, "--json").json())
+            assert local, sel
+            remote = [e["relpath"] for e in kcache("remote", "ls", "--remote", url, *sel, "--json").json()]
+            assert sorted(remote) == local, (url, sel)
+            dest = tmp_path / "dest" / str(abs(hash((url, *sel))))
+            pulled = kcache("pull", "--cache-dir", dest, "--remote", url, *sel, "--json")
+            assert sorted(e["relpath"] for e in pulled.json()["entries"] if e["done"]) == local, (url, sel)
+            dry = kcache("push", "-n", "--cache-dir", root, "--remote", url, *sel, "--json").json()
+            assert sorted(e["relpath"] for e in dry["entries"]) == local and dry["dry_run"], (url, sel)
+
+
+def test_remote_counts_are_in_the_right_plural(kcache, tmp_path):
+    root = copy_tree(FIXTURES / "hidet", tmp_path / "src")
+    (tmp_path / "shared").mkdir()
+    url = f"file://{tmp_path / 'shared'}"
+    run = kcache("push", "--cache-dir", root, "--remote", url, "8d1f")
+    assert "pushed 1 entry " in run.stderr, run.stderr
+    assert "1 entry " in kcache("remote", "ls", "--remote", url).stderr
+    assert "would remove 1 entry," in kcache("remote", "prune", "-n", "--remote", url, "--older-than", "0s").stderr
+    assert "pulled 1 entry " in kcache("pull", "--cache-dir", tmp_path / "d", "--remote", url).stderr
+
+
+@needs_redis
+def test_a_pull_into_a_root_of_another_layout_is_refused_as_import_refuses_it(kcache, tmp_path, redis_server):
+    server = redis_server()
+    triton = copy_tree(FIXTURES / "triton" / "cache", tmp_path / "triton")
+    assert kcache("verify", "--fix", "--cache-dir", triton).exit_code == 0  # group files for this root
+    _push(kcache, triton, server.url)
+    hidet_root = copy_tree(FIXTURES / "hidet", tmp_path / "hidet")
+    before = sorted(p.name for p in hidet_root.iterdir())
+    run = kcache("pull", "--cache-dir", hidet_root, "--remote", server.url)
+    line = one_line_error(run)
+    assert "triton" in line and "hidet cache" in line and "never looks" in line
+    assert sorted(p.name for p in hidet_root.iterdir()) == before
+    # the rule is import's: an archive of the same entries is refused the same way
+    archive = tmp_path / "t.tar.zst"
+    assert kcache("export", "--cache-dir", triton, archive).exit_code == 0
+    imported = kcache("import", "--cache-dir", hidet_root, archive)
+    assert "never looks" in one_line_error(imported)
+    # selecting the root's own layout is fine
+    assert kcache("pull", "--cache-dir", hidet_root, "--remote", server.url, "--layout", "hidet").exit_code == 0

@@ -206,6 +206,16 @@ _BATCH = 256  # keys per round trip
 SCAN_BATCH = 1000  # hash fields per step of a scan
 
 
+def _check_user_part(url: str, shown: str) -> None:
+    """A password holding `/`, `?` or `#` unencoded makes the URL mean another host (part of the
+    password would then be printed as one): refused, with how to write it."""
+    rest = url.partition("://")[2]
+    user = rest[:rest.rfind("@")] if "@" in rest else ""
+    if any(ch in user for ch in "/?#"):
+        raise UsageError(f"remote {shown!r}: its user part holds '/', '?' or '#'; write them %-encoded "
+                         "(%2F, %3F, %23) in a password")
+
+
 def _value(v: object) -> Value:
     return v if isinstance(v, (bytes, int)) and not isinstance(v, bool) else None
 
@@ -226,13 +236,13 @@ class RedisStore:
         self._errors = redis.exceptions.RedisError
         self.deadline = Deadline(self.url)
         self._expired = False
+        _check_user_part(url, self.url)
         try:  # no retries: a retry would start the wait over, past the deadline
             self._r = redis.Redis.from_url(url, socket_connect_timeout=connect_timeout, socket_timeout=io_timeout,
                                            retry=Retry(NoBackoff(), 0))
-        except (ValueError, TypeError) as exc:
-            from kcache_cli.remote.redact import redact_text
-
-            raise UsageError(f"remote {self.url!r}: {redact_text(str(exc))}") from None
+        except (ValueError, TypeError):  # redis-py's words may quote any part of the URL: not printed
+            raise UsageError(f"remote {self.url!r} is not a URL redis-py reads (redis://[user:password@]host:port/db"
+                             ")") from None
         self._scripts: dict[str, Any] = {}
 
     def set_deadline(self, seconds: float | None) -> None:
