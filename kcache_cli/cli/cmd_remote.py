@@ -40,7 +40,8 @@ remote_app = typer.Typer(name="remote", no_args_is_help=True)
 
 @remote_app.callback()
 def remote_group() -> None:
-    """What a shared cache holds, without downloading it: ls, stats, prune.
+    """What a shared cache holds, without downloading it: ls, stats, prune; and keygen, the key
+    that signs what this node pushes.
 
     The remote is --remote URL on each subcommand, else KCACHE_REMOTE.
 
@@ -54,6 +55,7 @@ def register(app: typer.Typer) -> None:
     remote_app.command("ls")(remote_ls)
     remote_app.command("stats")(remote_stats_command)
     remote_app.command("prune")(remote_prune)
+    remote_app.command("keygen")(remote_keygen)
     remote_app.info.cls = app.info.cls  # global options after `remote ls` too (KcacheGroup)
     app.add_typer(remote_app, name="remote")
 
@@ -329,3 +331,25 @@ def remote_prune(
                  f"{c.human_size(freed)} from {store.url}")
 
     out.result(result, human)
+
+
+def remote_keygen(
+    ctx: typer.Context,
+    as_json: c.JsonOpt = False,
+) -> None:
+    """Make this node's Ed25519 signing key; print its public key.
+
+    The key goes to ~/.config/kcache/signing.key (XDG_CONFIG_HOME; KCACHE_SIGNING_KEY names another
+    file), mode 0600; an existing key is never replaced. From then on `push` (and `build --remote`)
+    sign every record with it. Nodes that list the public key in KCACHE_TRUSTED_KEYS or
+    ~/.config/kcache/trusted_keys take only records signed by listed keys.
+
+    Example: kcache remote keygen >> ~/fleet-keys.txt
+    """
+    from kcache_cli.remote.trust import make_key
+
+    opts = c.use(ctx, None, as_json)
+    path, public = make_key()
+    out = c.Output(opts)
+    out.result({"key": str(path), "public_key": public}, lambda: out.text(public))
+    out.info(f"signing key written to {path}; list {public} in the trust list of the nodes that pull")

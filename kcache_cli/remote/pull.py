@@ -182,6 +182,7 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
     records, unreadable = read_records(store, select(store, flt) if ids is None else ids)
     foreign = _foreign(store, flt, records) if ids is None else {}
     out = [MovedEntry("?", "?", rel, 0, 0, REFUSE, False, why) for rel, why in unreadable]
+    records = _trusted(records, out)
     unknown = [r for r in records if r.get("layout") not in LAYOUT_NAMES]
     out += [_unchecked(r, SKIP, False, f"this kcache does not know the {r.get('layout')} layout") for r in unknown]
     records = [r for r in records if r.get("layout") in LAYOUT_NAMES]
@@ -210,6 +211,21 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
         return PullResult(store.url, str(root), dry_run, tuple(sorted(out, key=lambda e: e.relpath)))
     out += _fetch_and_publish(root, store, todo, foreign, lock_timeout, warn, advance)
     return PullResult(store.url, str(root), dry_run, tuple(sorted(out, key=lambda e: e.relpath)))
+
+
+def _trusted(records: list[dict], out: list[MovedEntry]) -> list[dict]:
+    """With a trust list set (remote/trust.py), the records a listed key signed; the others are
+    refused, one line each."""
+    from kcache_cli.remote.trust import verifier
+
+    check = verifier()
+    if check is None:
+        return records
+    kept = []
+    for rec in records:
+        why = check.problem(rec)
+        (out.append(_unchecked(rec, REFUSE, False, why)) if why else kept.append(rec))
+    return kept
 
 
 def _foreign(store: Store, flt: ScanFilter, records: list[dict]) -> dict[str, dict[str, bytes]]:

@@ -76,7 +76,7 @@ class _Outgoing:
     ttl: int | None
 
 
-def _prepare(record: EntryRecord, data: dict[str, bytes], executable: tuple[str, ...]) -> _Outgoing:
+def _prepare(record: EntryRecord, data: dict[str, bytes], executable: tuple[str, ...], signer=None) -> _Outgoing:
     from kcache_cli import __version__
 
     fmt = f.format_for(record.key.layout)
@@ -92,7 +92,8 @@ def _prepare(record: EntryRecord, data: dict[str, bytes], executable: tuple[str,
     ttl = PENDING_TTL if fmt.content_addressed else None
     size = rec.size
     layout = rec.key.layout
-    publish = Publish(f.record_key(layout, rec.relpath), json.dumps(rec.to_json(), separators=(",", ":")).encode(),
+    doc = rec.to_json() if signer is None else signer.sign(rec.to_json())  # remote/trust.py
+    publish = Publish(f.record_key(layout, rec.relpath), json.dumps(doc, separators=(",", ":")).encode(),
                       f.INDEX, f.entry_id(layout, rec.relpath), _summary(rec, size, pushed),
                       persist=tuple(items) if ttl else (), last=fmt.last(rec))
     return _Outgoing(rec, items, publish, fmt.content_addressed, ttl)
@@ -120,10 +121,10 @@ def publish_entries(store: Store, batch: list[_Outgoing]) -> list[bool]:
     return won
 
 
-def publish_entry(store: Store, record: EntryRecord, data: dict[str, bytes], executable: tuple[str, ...] = ()
-                  ) -> bool:
+def publish_entry(store: Store, record: EntryRecord, data: dict[str, bytes], executable: tuple[str, ...] = (),
+                  signer=None) -> bool:
     """Upload one entry and publish it. False when another pusher published it first."""
-    return publish_entries(store, [_prepare(record, data, executable)])[0]
+    return publish_entries(store, [_prepare(record, data, executable, signer)])[0]
 
 
 def _moved(record: EntryRecord, action: str, done: bool, why: str | None) -> MovedEntry:
@@ -156,6 +157,9 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
     from kcache_cli.archive import entry_records, plan_export
 
     warn = warn or (lambda m: None)
+    from kcache_cli.remote.trust import signer as node_signer
+
+    sign = node_signer()  # the node's key signs every record, when it has one
     plan = plan_export(root, flt or ScanFilter(), warn=warn)
     _leave_out_unnamable(plan)
     have = hash_fields(store, f.INDEX)
@@ -181,7 +185,7 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
         elif dry_run:
             out.append(_moved(record, PUSH, False, None))
         else:
-            batch.append((_prepare(record, data, executable), record))
+            batch.append((_prepare(record, data, executable, sign), record))
             if len(batch) >= BATCH_ENTRIES or sum(len(v) for o, _ in batch for v in o.items.values()) > BATCH_BYTES:
                 flush()
         if advance:
