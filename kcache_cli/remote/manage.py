@@ -90,9 +90,10 @@ def _summary(value: object) -> dict:
     return loaded if isinstance(loaded, dict) else {}
 
 
-def scan_index(store: Store, flt: ScanFilter | None = None) -> Iterator[list[RemoteEntry]]:
+def scan_index(store: Store, flt: ScanFilter | None = None, pulled: bool = True) -> Iterator[list[RemoteEntry]]:
     """The entries of the remote's index that `flt` selects, a batch at a time, as the index is
-    scanned (no record or data is read; memory stays that of one batch however big the index)."""
+    scanned (no record or data is read; memory stays that of one batch however big the index).
+    `pulled`: with their last-pulled times (one more read per batch)."""
     flt = flt or ScanFilter()
     for batch in store.hash_scan(f.INDEX):
         kept = []
@@ -103,8 +104,11 @@ def scan_index(store: Store, flt: ScanFilter | None = None) -> Iterator[list[Rem
                 kept.append(e)
         if not kept:
             continue
-        pulled = store.hash_values(f.PULLED, [f.entry_id(e.layout, e.relpath) for e in kept], limit=64)
-        yield sorted((replace(e, last_pulled=_float(p)) for e, p in zip(kept, pulled)), key=lambda e: e.relpath)
+        if not pulled:
+            yield kept
+            continue
+        times = store.hash_values(f.PULLED, [f.entry_id(e.layout, e.relpath) for e in kept], limit=64)
+        yield sorted((replace(e, last_pulled=_float(p)) for e, p in zip(kept, times)), key=lambda e: e.relpath)
 
 
 def list_remote(store: Store, flt: ScanFilter | None = None) -> list[RemoteEntry]:

@@ -81,7 +81,8 @@ def select(store: Store, flt: ScanFilter) -> list[tuple[str, str]]:
     """(layout, relpath) of the remote entries `flt` selects, from the index only."""
     from kcache_cli.remote.manage import scan_index
 
-    return sorted(((e.layout, e.relpath) for batch in scan_index(store, flt) for e in batch), key=lambda x: x[1])
+    return sorted(((e.layout, e.relpath) for batch in scan_index(store, flt, pulled=False) for e in batch),
+                  key=lambda x: x[1])
 
 
 def _moved(r: EntryRecord, action: str, done: bool, reason: str | None) -> MovedEntry:
