@@ -424,3 +424,39 @@ def test_a_pull_into_a_root_of_another_layout_is_refused_as_import_refuses_it(kc
     assert "never looks" in one_line_error(imported)
     # selecting the root's own layout is fine
     assert kcache("pull", "--cache-dir", hidet_root, "--remote", server.url, "--layout", "hidet").exit_code == 0
+
+
+@needs_redis
+@needs_cxx
+def test_a_record_claiming_a_huge_file_never_fails_a_build(kcache, tmp_path, redis_server):
+    server = redis_server()
+    client = server.client()
+    task = cpu_task(tmp_path / "tasks")
+    first = kcache("build", str(task), "--cache-dir", tmp_path / "a", "--remote", server.url)
+    assert first.exit_code == 0, first.stderr
+    rel = str(Path(first.stdout.strip()).relative_to(tmp_path / "a"))
+    key = next(k for k in client.keys("kcache:v1:*:manifest"))
+    rec = json.loads(client.get(key))
+    assert rec["relpath"] == rel
+    rec["files"]["lib.so"][0] = 10 ** 20
+    client.set(key, json.dumps(rec))
+    second = kcache("build", str(task), "--cache-dir", tmp_path / "b", "--remote", server.url)
+    assert second.exit_code == 0, second.stderr
+    warnings = [line for line in second.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and str(10 ** 20) in warnings[0] and "not used" in warnings[0], warnings
+    assert Path(second.stdout.strip(), "lib.so").is_file()
+
+
+def test_remote_ls_json_stays_one_list_across_batches_the_filter_empties(kcache, tmp_path, monkeypatch):
+    from kcache_cli.remote import store
+
+    monkeypatch.setattr(store, "SCAN_BATCH", 1)  # one entry per batch: most are filtered out
+    root = copy_tree(FIXTURES / "hidet", tmp_path / "src")
+    (tmp_path / "shared").mkdir()
+    url = f"file://{tmp_path / 'shared'}"
+    _push(kcache, root, url)
+    for sel in ([], ["--op", "relu"], ["--op", "nothing"]):
+        run = kcache("remote", "ls", "--remote", url, "--json", *sel)
+        assert run.exit_code == 0 and isinstance(run.json(), list), run
+    assert len(kcache("remote", "ls", "--remote", url, "--json").json()) == 5
+    assert kcache("remote", "ls", "--remote", url, "--json", "--op", "nothing").json() == []
