@@ -1,4 +1,4 @@
-"""Signed entries (DESIGN.md §9, remote/trust.py): node A pushes signed, node B trusting A's key
+"""Signed entries (DESIGN.md §9, kcache_cli/signing.py): node A pushes signed, node B trusting A's key
 pulls; unsigned, foreign-signed and altered records written straight into Redis are refused."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_node_b_trusting_a_pulls_what_a_signed_and_refuses_the_rest(kcache, tmp_
     rec = json.loads(client.get(f.record_key("hidet", unsigned)))
     del rec["signature"]
     client.set(f.record_key("hidet", unsigned), json.dumps(rec))
-    from kcache_cli.remote.trust import Signer, load_key
+    from kcache_cli.signing import Signer, load_key
 
     mallory_key = load_key(Path(mallory["XDG_CONFIG_HOME"]) / "kcache" / "signing.key")
     rec = json.loads(client.get(f.record_key("hidet", foreign)))
@@ -127,3 +127,24 @@ def test_build_remote_with_a_trust_list_builds_locally_rather_than_load_an_unsig
     assert second.exit_code == 0, second.stderr
     assert "not signed" in second.stderr and "pulled" not in second.stderr
     assert Path(second.stdout.strip(), "lib.so").is_file()
+
+
+def test_import_under_a_trust_list_takes_only_archives_a_listed_key_signed(kcache, tmp_path):
+    a, b, m = node(tmp_path, "a"), node(tmp_path, "b"), node(tmp_path, "m")
+    a_key = keygen(kcache, a)
+    keygen(kcache, m)
+    src = copy_tree(FIXTURES / "hidet", tmp_path / "src")
+    signed, foreign, plain = tmp_path / "a.tar.zst", tmp_path / "m.tar.zst", tmp_path / "plain.tar.zst"
+    assert kcache("export", "--cache-dir", src, signed, env=a).exit_code == 0
+    assert kcache("export", "--cache-dir", src, foreign, env=m).exit_code == 0
+    assert kcache("export", "--cache-dir", src, plain, env=b).exit_code == 0  # b has no key
+    trusting = {**b, "KCACHE_TRUSTED_KEYS": a_key}
+    ok = kcache("import", "--cache-dir", tmp_path / "ok", signed, "--json", env=trusting)
+    assert ok.exit_code == 0 and len([e for e in ok.json()["entries"] if e["done"]]) == 5, ok.stderr
+    for archive, why in ((foreign, "not in the trust list"), (plain, "not signed")):
+        run = kcache("import", "--cache-dir", tmp_path / "no", archive, env=trusting)
+        lines = run.stderr.splitlines()
+        assert run.exit_code == 1 and len(lines) == 1 and why in lines[0], run
+        assert not (tmp_path / "no" / "ops").exists()
+    # without a trust list, every archive imports, signed or not
+    assert kcache("import", "--cache-dir", tmp_path / "open", plain, env=b).exit_code == 0

@@ -675,6 +675,18 @@ def _refuse_other_layout(root: Path, records: list[dict]) -> None:
         raise KcacheError(why)
 
 
+def _refuse_unsigned(records: list[dict], relpaths: list[str]) -> None:
+    """With a trust list set (kcache_cli/signing.py), an archive is taken only when a listed key
+    signed every record in it, as pull takes only such records."""
+    from kcache_cli.signing import verifier
+
+    check = verifier()
+    for rec, rel in zip(records, relpaths) if check is not None else ():
+        why = check.problem(rec)  # type: ignore[union-attr]
+        if why:
+            raise KcacheError(f"entry {rel} of the archive: {why}")
+
+
 def other_layout_problem(root: Path, brought_layouts: Iterable[str], holds: str = "the archive holds",
                          doing: str = "import it") -> str | None:
     """The rule import and pull share: entries of one layout never go into a root of another, where
@@ -789,6 +801,7 @@ class Importer:
         data = b"".join(reader.data(head))
         self.manifest = man = _parse_manifest(data, limits, scale)
         _refuse_other_layout(self.root, man.records)
+        _refuse_unsigned(man.records, man.relpaths)
         regions = _regions(man.header, len(man.records), file_size)
         if regions is not None:
             reader.close()  # the parts are read from their own offsets

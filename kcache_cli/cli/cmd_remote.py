@@ -346,7 +346,7 @@ def remote_keygen(
 
     Example: kcache remote keygen >> ~/fleet-keys.txt
     """
-    from kcache_cli.remote.trust import make_key
+    from kcache_cli.signing import make_key
 
     opts = c.use(ctx, None, as_json)
     path, public = make_key()

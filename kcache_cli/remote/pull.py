@@ -215,9 +215,9 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
 
 
 def _trusted(records: list[dict], out: list[MovedEntry]) -> list[dict]:
-    """With a trust list set (remote/trust.py), the records a listed key signed; the others are
+    """With a trust list set (kcache_cli/signing.py), the records a listed key signed; the others are
     refused, one line each."""
-    from kcache_cli.remote.trust import verifier
+    from kcache_cli.signing import verifier
 
     check = verifier()
     if check is None:

@@ -2,12 +2,12 @@
 
 Anyone who can write the remote can publish a `lib.so` or `.cubin` that every node pulling from it
 then loads: without a trust list, write access to the remote is code execution on the fleet. With
-one, `pull` and `build --remote` take only records signed by a listed key.
+one, `pull`, `build --remote` and `import` take only records signed by a listed key.
 
 - The node's key: an Ed25519 private key made by `kcache remote keygen`, at
   `$XDG_CONFIG_HOME/kcache/signing.key` (~/.config/kcache/...; KCACHE_SIGNING_KEY names another
-  file), mode 0600 and owned by the user, as ssh wants its keys. `push` signs every record with it
-  when it exists.
+  file), mode 0600 and owned by the user, as ssh wants its keys. `push` (and `build --remote`) and
+  `export` sign every record with it when it exists.
 - The trust list: public keys (`ed25519:<base64>`, one per line, `#` comments) in
   `KCACHE_TRUSTED_KEYS` (separated by commas or blanks) or else in `$XDG_CONFIG_HOME/kcache/trusted_keys`,
   which must not be writable by others. Set (non-empty), it makes every unsigned, foreign-signed
