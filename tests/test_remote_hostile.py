@@ -460,3 +460,39 @@ def test_remote_ls_json_stays_one_list_across_batches_the_filter_empties(kcache,
         assert run.exit_code == 0 and isinstance(run.json(), list), run
     assert len(kcache("remote", "ls", "--remote", url, "--json").json()) == 5
     assert kcache("remote", "ls", "--remote", url, "--json", "--op", "nothing").json() == []
+
+
+def test_an_index_naming_one_entry_many_times_reads_its_record_once(kcache, tmp_path):
+    name = bulk(b"hidet:ops/cpu_space_0/a/1")
+    summary = bulk(json.dumps({"kind": "op", "hash": "1"}).encode())
+    server = HostileServer(_scripted({
+        "HSCAN": array([bulk(b"0"), array([name, summary] * 5000)]),
+        "STRLEN": array([integer(10 ** 18)]),  # one value per key asked: more keys would be an error
+    }))
+    try:
+        run = kcache("pull", "--cache-dir", tmp_path / "dest", "--remote", server.url, "--json")
+    finally:
+        server.stop()
+    assert run.exit_code == 1 and "Traceback" not in run.stderr, run.stderr
+    assert [e["relpath"] for e in run.json()["entries"]] == ["ops/cpu_space_0/a/1"]
+
+
+def test_a_huge_index_file_in_a_shared_directory_is_not_read(kcache, tmp_path):
+    shared = tmp_path / "shared"
+    index = shared / (f.INDEX + ".d")
+    index.mkdir(parents=True)
+    with open(index / "hidet:ops%2Fcpu_space_0%2Fa%2F1", "wb") as out:
+        out.truncate(1 << 40)  # sparse: 1 TiB claimed, nothing read
+    run = kcache("remote", "ls", "--remote", f"file://{shared}", "--json")
+    assert run.exit_code == 0, run.stderr
+    listed, = run.json()
+    assert listed["relpath"] == "ops/cpu_space_0/a/1" and listed["size"] == 0
+
+
+def test_a_scan_that_goes_round_in_circles_ends(kcache):
+    server = HostileServer(_scripted({"HSCAN": array([bulk(b"7"), array([])])}))  # "more to come", for ever
+    try:
+        run = kcache("remote", "ls", "--remote", server.url)
+    finally:
+        server.stop()
+    assert "round in circles" in one_line_error(run)

@@ -341,11 +341,13 @@ class RedisStore:
         """The hash's fields and values a batch at a time (a value over `limit` as its size)."""
         script = self._script("hscan", _HSCAN)
         cursor: object = 0
+        seen: set[object] = set()
         while True:
             reply = self._call(script, keys=[name], args=[cursor, SCAN_BATCH, limit])
             if not (isinstance(reply, list) and len(reply) == 2 and isinstance(reply[1], list)):
                 raise RemoteError(f"remote {self.url}: its answer to a scan is not one")
             cursor, kv = reply
+            self._no_circle(cursor, seen)
             yield [(k.decode("utf-8", "replace"), _value(v)) for k, v in zip(kv[::2], kv[1::2])
                    if isinstance(k, bytes)]
             if cursor in (0, b"0", "0"):
@@ -369,12 +371,21 @@ class RedisStore:
 
     def keys(self, pattern: str) -> Iterator[str]:
         cursor: object = 0
+        seen: set[object] = set()
         while True:
             cursor, found = self._call(self._r.scan, cursor=cursor, match=pattern, count=1000)
+            self._no_circle(cursor, seen)
             for k in found:
                 yield k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
             if cursor in (0, b"0", "0"):
                 return
+
+    def _no_circle(self, cursor: object, seen: set[object]) -> None:
+        """A scan's cursor never comes back (Redis walks its table once): one that does is a server
+        that would keep the scan going for ever."""
+        if cursor in seen and cursor not in (0, b"0", "0"):
+            raise RemoteError(f"remote {self.url}: its scan goes round in circles (cursor {str(cursor)[:20]})")
+        seen.add(cursor)
 
     def close(self) -> None:
         self.deadline.cancel()
