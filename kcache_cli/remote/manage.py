@@ -72,12 +72,14 @@ def _float(value: object) -> float | None:
     return v if v is not None and v == v and abs(v) != float("inf") else None
 
 
-def remote_entry(layout: str, rel: str, summary: object, last_pulled: float | None = None) -> RemoteEntry:
-    """An entry as the index (or a record) describes it: what is not a string or a count is unknown."""
+def remote_entry(layout: str, rel: str, summary: object, last_pulled: float | None = None,
+                 times: bool = True) -> RemoteEntry:
+    """An entry as the index (or a record) describes it: what is not a string or a count is unknown.
+    `times`: parse when it was pushed (selection alone does not need it)."""
     s = summary if isinstance(summary, dict) else {}
     return RemoteEntry(layout, _text(s, "kind"), _text(s, "target"), _text(s, "space"), _text(s, "op"),
                        _text(s, "hash") or rel.rsplit("/", 1)[-1], rel, _int(s, "files"), _int(s, "size"),
-                       _text(s, "arch"), _epoch(s.get("pushed")), last_pulled)
+                       _text(s, "arch"), _epoch(s.get("pushed")) if times else None, last_pulled)
 
 
 def _summary(value: object) -> dict:
@@ -99,7 +101,7 @@ def scan_index(store: Store, flt: ScanFilter | None = None, pulled: bool = True)
         kept = []
         for eid, value in batch:
             layout, _, rel = eid.partition(":")
-            e = remote_entry(layout, rel, _summary(value))
+            e = remote_entry(layout, rel, _summary(value), times=pulled)
             if flt.matches(e):
                 kept.append(e)
         if not kept:

@@ -50,7 +50,7 @@ def summary_matches(flt: ScanFilter, s: dict) -> bool:
     applies (ScanFilter.matches: globs, a bare level, hash prefixes, paths)."""
     from kcache_cli.remote.manage import remote_entry
 
-    return flt.matches(remote_entry(str(s.get("layout")), str(s.get("relpath") or ""), s))
+    return flt.matches(remote_entry(str(s.get("layout")), str(s.get("relpath") or ""), s, times=False))
 
 
 def read_records(store: Store, ids: Iterable[tuple[str, str]]) -> tuple[list[dict], list[tuple[str, str]]]:
