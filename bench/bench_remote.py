@@ -10,6 +10,13 @@ compile it saves; one run, one machine.
 2. `kcache build TASK --remote` on a second node where the remote has the entry (a pull, no compile)
    against the compile that the first node ran (the bare compiler command): nvcc for sm_90 where
    nvcc is installed (hidet's kernels are CUDA), else g++.
+3. Untrusted remotes, this tree against --baseline (a kcache checkout, /work/main by default), peak
+   RSS of the kcache process (getrusage(RUSAGE_CHILDREN) in a wrapper) and wall time:
+   `remote ls --json` of --index-entries (1,000,000) index entries, and `pull` of a 100 MiB Triton
+   value that its group file names --repeats (8) times. The baseline's pull of step 1 is timed too
+   (paired with this tree's), so that bounded reads are seen to cost nothing.
+
+    python bench/bench_remote.py --only untrusted --index-entries 1000000 --repeats 8
 """
 
 from __future__ import annotations
@@ -80,7 +87,74 @@ def fresh(path: Path):
     return make
 
 
-def pull_vs_import(work: Path, url: str, n: int, repeat: int) -> float:
+RSS_WRAPPER = """
+import resource, subprocess, sys, time
+t = time.perf_counter()
+p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, time.perf_counter() - t, p.returncode)
+"""
+
+
+def tree_cmd(tree: Path | None, *args: str) -> tuple[list[str], dict]:
+    """kcache of this tree, or of a baseline checkout (its sources first on the path)."""
+    if tree is None:
+        return kcache_cmd(*args), dict(os.environ)
+    return [sys.executable, "-m", "kcache_cli", *args], {**os.environ, "PYTHONPATH": str(tree)}
+
+
+def peak(tree: Path | None, *args: str) -> tuple[float, float, int]:
+    """(peak RSS in MB, wall seconds, exit status) of one kcache run."""
+    cmd, env = tree_cmd(tree, *args)
+    # `python -m` puts the working directory first on the path: the baseline runs from its own tree
+    out = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *cmd], env=env, capture_output=True, text=True,
+                         check=True, cwd=str(tree) if tree else None).stdout.split()
+    return int(out[0]) / 1024, float(out[1]), int(out[2])
+
+
+def ls_many(work: Path, url: str, n: int, baseline: Path | None) -> None:
+    import json
+
+    import redis
+
+    r = redis.Redis.from_url(url)
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        summary = {"layout": "hidet", "kind": "op", "target": "cpu", "space": "cpu_space_0", "op": f"op{i % 97}",
+                   "hash": f"{i:016x}", "files": 10, "size": 35000, "pushed": "2026-01-01T00:00:00"}
+        pipe.hset("kcache:v1:index", f"hidet:ops/cpu_space_0/op{i % 97}/{i:016x}", json.dumps(summary))
+        if i % 20000 == 19999:
+            pipe.execute()
+    pipe.execute()
+    for name, tree in (("this tree", None), ("baseline", baseline)):
+        if name == "baseline" and tree is None:
+            continue
+        rss, secs, rc = peak(tree, "remote", "ls", "--remote", url, "--json")
+        print(f"remote ls --json of {n} index entries  {name:9}  peak RSS {rss:7.1f} MB  {secs * 1000:8.1f} ms"
+              f"  exit {rc}", flush=True)
+    r.delete("kcache:v1:index")
+
+
+def repeated_value(work: Path, url: str, times: int, baseline: Path | None) -> None:
+    import json
+
+    import redis
+
+    r = redis.Redis.from_url(url)
+    key = "f" * 64
+    r.set(f"triton:{key}:k.cubin", os.urandom(1 << 20) * 100)
+    r.set(f"triton:{key}:__grp__k.json", json.dumps({"child_paths": ["k.cubin"] * times}))
+    for name, tree in (("this tree", None), ("baseline", baseline)):
+        if name == "baseline" and tree is None:
+            continue
+        dest = work / f"triton-{name.replace(' ', '-')}"
+        rss, secs, rc = peak(tree, "pull", "--cache-dir", str(dest), "--remote", url)
+        print(f"pull of a 100 MiB value named {times} times  {name:9}  peak RSS {rss:7.1f} MB  {secs * 1000:8.1f} ms"
+              f"  exit {rc}", flush=True)
+        shutil.rmtree(dest, ignore_errors=True)
+    r.delete(f"triton:{key}:k.cubin", f"triton:{key}:__grp__k.json")
+
+
+def pull_vs_import(work: Path, url: str, n: int, repeat: int, baseline: Path | None = None) -> float:
     src = work / "src"
     generate(str(src), n, lib_size=32768)
     archive = work / "entries.tar.zst"
@@ -99,6 +173,15 @@ def pull_vs_import(work: Path, url: str, n: int, repeat: int) -> float:
     verdict = "OK" if ratio <= TARGET else "OVER TARGET"
     print(f"pull of {n} entries from Redis   kcache pull {t_pull * 1000:8.1f} ms  import .tar.zst "
           f"{t_import * 1000:8.1f} ms  ratio {ratio:5.2f}x (target <= {TARGET}x) {verdict}", flush=True)
+    if baseline is not None:
+        t_ours = t_base = float("inf")
+        for _ in range(repeat):  # paired, alternating
+            fresh(a)()
+            t_ours = min(t_ours, peak(None, "pull", "--cache-dir", str(a), "--remote", url)[1])
+            fresh(a)()
+            t_base = min(t_base, peak(baseline, "pull", "--cache-dir", str(a), "--remote", url)[1])
+        print(f"pull of {n} entries, this tree {t_ours * 1000:8.1f} ms  baseline {t_base * 1000:8.1f} ms  "
+              f"ratio {t_ours / t_base:5.2f}x", flush=True)
     return ratio
 
 
@@ -139,7 +222,14 @@ def main() -> int:
     ap.add_argument("--entries", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    ap.add_argument("--baseline", default="/work/main" if os.path.isdir("/work/main/kcache_cli") else None,
+                    help="a kcache checkout to compare with ('' for none)")
+    ap.add_argument("--only", choices=("pull", "build", "untrusted"), action="append")
+    ap.add_argument("--index-entries", type=int, default=1_000_000)
+    ap.add_argument("--repeats", type=int, default=8)
     args = ap.parse_args()
+    baseline = Path(args.baseline) if args.baseline else None
+    only = set(args.only or ("pull", "build", "untrusted"))
     from redis_server import REDIS_SERVER, RedisServer
 
     if REDIS_SERVER is None:
@@ -148,8 +238,13 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="kcache-bench-remote-", dir=args.dir))
     server = RedisServer(work / "redis")
     try:
-        pull_vs_import(work, server.url, args.entries, args.repeat)
-        hit_vs_compile(work, server.url, args.repeat)
+        if "pull" in only:
+            pull_vs_import(work, server.url, args.entries, args.repeat, baseline)
+        if "build" in only:
+            hit_vs_compile(work, server.url, args.repeat)
+        if "untrusted" in only:
+            ls_many(work, server.url, args.index_entries, baseline)
+            repeated_value(work, server.url, args.repeats, baseline)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)

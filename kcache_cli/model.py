@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from kcache_cli.fsread import MAX_TREE_DEPTH
 from kcache_cli.terms import (  # noqa: F401
@@ -126,6 +126,28 @@ class Judgement:
         return Judgement(status, reason, (reason,) if reason else ())
 
 
+class Selectable(Protocol):
+    """What a filter reads of an entry, local (Entry) or on a remote (remote.manage.RemoteEntry): one
+    selection path for every command."""
+
+    @property
+    def layout(self) -> str: ...
+    @property
+    def kind(self) -> str | None: ...
+    @property
+    def target(self) -> str | None: ...
+    @property
+    def space(self) -> str | None: ...
+    @property
+    def op(self) -> str | None: ...
+    @property
+    def hash(self) -> str: ...
+    @property
+    def relpath(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class ScanFilter:
     """What to keep. Empty tuples mean "all". Layouts use ops/spaces/targets to skip directories, so the
@@ -157,12 +179,12 @@ class ScanFilter:
             return ()
         return self.hash_prefixes + tuple(p.rsplit("/", 1)[-1] for p in self.paths)
 
-    def wants_ref(self, e: Entry) -> bool:
+    def wants_ref(self, e: Selectable) -> bool:
         if not (self.hash_prefixes or self.paths):
             return True
         return any(e.hash.startswith(p) for p in self.hash_prefixes) or e.relpath in self.paths
 
-    def matches(self, e: Entry) -> bool:
+    def matches(self, e: Selectable) -> bool:
         return (
             self.wants_op(e.op)
             and self.wants_space(e.space)

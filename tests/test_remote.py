@@ -301,11 +301,11 @@ def test_redis_killed_in_the_middle_of_a_pull_leaves_no_partial_entry(kcache, tm
     real_get = RedisStore.get
     calls = []
 
-    def get_then_die(self, keys):
+    def get_then_die(self, keys, limit=f.MAX_FILE):
         calls.append(keys)
         if len(calls) == 3:  # the records, the first batch's data, then the crash
             server.kill()
-        return real_get(self, keys)
+        return real_get(self, keys, limit)
 
     monkeypatch.setattr(RedisStore, "get", get_then_die)
     dest = tmp_path / "dest"
@@ -370,7 +370,7 @@ def test_remote_ls_stats_and_prune_least_recently_pulled_first(kcache, tmp_path)
     kept = ["ops/cuda_space_0/add/8d1f7691cdf75e90", "ops/cpu_space_0/matmul/064b4a6c035246e8"]
     assert kcache("pull", "--cache-dir", tmp_path / "d", "--remote", url, "8d1f7691", "064b4a6c").exit_code == 0
     store = open_store(url)
-    pulled = store.hash_get(f.PULLED)
+    pulled = dict(kv for batch in store.hash_scan(f.PULLED) for kv in batch)
     assert sorted(k.split(":", 1)[1] for k in pulled) == sorted(kept)
     stats = kcache("remote", "stats", "--remote", url, "--json").json()
     assert stats["entries"] == 5 and stats["never_pulled"] == 3 and stats["by_layout"]["hidet"]["entries"] == 5

@@ -41,6 +41,7 @@ from kcache_cli.archive.importer import (  # noqa: F401
     check_total,
     import_archive,
     is_provider,
+    other_layout_problem,
     plan_records,
     publish_staged,
     remove_stale_staging,

@@ -539,7 +539,11 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
             writer.close()
     # The records travel back as JSON text: encoding them here is done in parallel, and a string
     # pickles much faster than the records.
-    text = json.dumps([r.to_json() for r in pw.records], separators=(",", ":"))[1:-1]
+    from kcache_cli.signing import signer
+
+    sign = signer()  # the node's key signs every record, when it has one (kcache remote keygen)
+    docs = [r.to_json() for r in pw.records]
+    text = json.dumps(docs if sign is None else [sign.sign(d) for d in docs], separators=(",", ":"))[1:-1]
     return _WorkerOutput(text, pw.done, pw.left, pw.files, pw.size, sizes, counts, pw.warnings)
 
 

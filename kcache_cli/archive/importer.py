@@ -711,21 +711,42 @@ def _provides(rec: dict) -> bool:
 
 
 def _refuse_other_layout(root: Path, records: list[dict]) -> None:
-    """An archive of one layout never goes into a root of another: that compiler would never look
-    there (tilus programs/ inside a hidet cache). An empty or new root takes the archive's layout."""
+    """An archive of one layout never goes into a root of another (other_layout_problem)."""
+    why = other_layout_problem(root, {str(rec.get("layout")) for rec in records}, "the archive holds")
+    if why:
+        raise KcacheError(why)
+
+
+def _refuse_unsigned(records: list[dict], relpaths: list[str]) -> None:
+    """With a trust list set (kcache_cli/signing.py), an archive is taken only when a listed key
+    signed every record in it, as pull takes only such records."""
+    from kcache_cli.signing import verifier
+
+    check = verifier()
+    for rec, rel in zip(records, relpaths) if check is not None else ():
+        why = check.problem(rec)  # type: ignore[union-attr]
+        if why:
+            raise KcacheError(f"entry {rel} of the archive: {why}")
+
+
+def other_layout_problem(root: Path, brought_layouts: Iterable[str], holds: str = "the archive holds",
+                         doing: str = "import it") -> str | None:
+    """The rule import and pull share: entries of one layout never go into a root of another, where
+    that compiler would never look (tilus programs/ inside a hidet cache); an empty or new root takes
+    the entries' layout. Why `brought_layouts` cannot come into `root`, or None."""
     from kcache_cli.scan import detect_layouts
 
     have = detect_layouts(root) if root.is_dir() else ()
-    brought = sorted({str(rec.get("layout")) for rec in records} - set(have))
+    brought = sorted(set(brought_layouts) - set(have))
     if not have or not brought:
-        return
+        return None
     from kcache_cli.locate import known_caches
 
     where = dict(known_caches())
     homes = "; ".join(f"{name}'s cache is {where[name]}" for name in brought if name in where)
-    raise KcacheError(f"the archive holds {' and '.join(brought)} entries but {root} is a {'/'.join(have)} cache, "
-                      f"where {' and '.join(brought)} never looks; import it into the {' and '.join(brought)} "
-                      f"cache with --cache-dir ({homes or 'see'}; `kcache dir --all` lists them)")
+    return (f"{holds} {' and '.join(brought)} entries but {root} is a {'/'.join(have)} cache, "
+            f"where {' and '.join(brought)} never looks; {doing} into the {' and '.join(brought)} "
+            f"cache with --cache-dir ({homes or 'see'}; `kcache dir --all` lists them)")
 
 
 def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: ImportLimits = ImportLimits(),
@@ -822,6 +843,7 @@ class Importer:
         data = b"".join(reader.data(head))
         self.manifest = man = _parse_manifest(data, limits, scale)
         _refuse_other_layout(self.root, man.records)
+        _refuse_unsigned(man.records, man.relpaths)
         regions = _regions(man.header, len(man.records), file_size)
         if regions is not None:
             reader.close()  # the parts are read from their own offsets

@@ -232,8 +232,10 @@ def _fail(message: str, code: int, as_json: bool) -> None:
     {"error": ..., "exit": N} on stdout (a script reading stdout sees why) unless the command's result
     is there already (it says what failed), then exit `code`."""
     from kcache_cli.cli import common
+    from kcache_cli.remote.redact import redact_text  # a remote's password never reaches the output
     from kcache_cli.textsafe import printable_line  # names in messages stay inert
 
+    message = redact_text(message)
     sys.stderr.write(f"Error: {printable_line(message)}\n")
     if as_json and not common.json_written:  # stdout holds one JSON document: the result, or this
         import json
@@ -266,10 +268,14 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rc = app_for(args)(args=args, prog_name="kcache", standalone_mode=False)
     except KcacheError as exc:
+        from kcache_cli.remote.redact import redact_text  # no password of a URL reaches the output
+
         if debug:  # the traceback, and the same exit status as without --debug
             import traceback
 
-            traceback.print_exc()
+            from kcache_cli.remote.redact import redact_text
+
+            sys.stderr.write(redact_text(traceback.format_exc()))
         _fail(str(exc), exc.exit_code, as_json)
     except typer.Abort:
         _fail("aborted", 1, as_json)
@@ -283,11 +289,12 @@ def main(argv: list[str] | None = None) -> None:
             is_usage_error,
             no_args_help,
         )
+        from kcache_cli.remote.redact import redact_text
 
         if debug and not is_usage_error(exc):
             import traceback
 
-            traceback.print_exc()
+            sys.stderr.write(redact_text(traceback.format_exc()))
         help_text = no_args_help(exc)
         if help_text is not None:  # bare `kcache`: the help, on stdout, and the usage-error status
             sys.stdout.write(help_text)

@@ -64,9 +64,16 @@ RemoteOpt = Annotated[Optional[str], typer.Option(
     "KCACHE_REMOTE): a local hit is done, a remote hit is pulled, a miss is compiled and pushed. A remote "
     "that is down or slow is a warning, never a failed build.")]
 NoRemoteOpt = Annotated[bool, typer.Option("--no-remote", help="Ignore KCACHE_REMOTE.")]
-RemoteTimeoutOpt = Annotated[Optional[str], typer.Option(
-    "--remote-timeout", metavar="SECONDS", help="Connect timeout for --remote; one remote command may "
-    "take 5 times as long before the build goes on without the remote.")]
+RemoteTimeoutOpt = Annotated[float, typer.Option(
+    "--remote-timeout", metavar="SECONDS", callback=lambda v: _remote_seconds(v),
+    help="How long the remote part of the build (asking, pulling, pushing, for all tasks) may take in all; "
+    "past it the build goes on without the remote (0.1 to 604800).")]
+
+
+def _remote_seconds(value: float) -> float:
+    from kcache_cli.remote.store import check_timeout
+
+    return check_timeout(value, "--remote-timeout")
 
 
 def build_command(
@@ -85,7 +92,7 @@ def build_command(
     timeout: c.OldTimeoutOpt = None,
     remote: RemoteOpt = None,
     no_remote: NoRemoteOpt = False,
-    remote_timeout: RemoteTimeoutOpt = None,
+    remote_timeout: RemoteTimeoutOpt = 10.0,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -104,13 +111,8 @@ def build_command(
     from kcache_cli import build as b
     from kcache_cli.errors import UsageError
 
-    from kcache_cli.units import parse_seconds
-
     opts = c.use(ctx, cache_dir, as_json)
     wait = c.lock_timeout(lock_timeout, BUILD_WAIT, old=timeout)
-    connect = parse_seconds(remote_timeout, "--remote-timeout") if remote_timeout is not None else 2.0
-    if connect < 0.1:
-        raise UsageError(f"--remote-timeout {remote_timeout}: at least 0.1 seconds")
     extra = tuple(ctx.meta.get(EXTRA_KEY) or ())
     if arch:
         b.check_arch(arch)
@@ -126,7 +128,7 @@ def build_command(
     root = c.cache_root(opts)
     show = sys.stderr.isatty() and not opts.quiet
     listener = _Listener(opts, len(paths), show)
-    builder = _remote_builder(opts, remote, connect) if remote and not no_remote else b.build_task
+    builder = _remote_builder(opts, remote, remote_timeout) if remote and not no_remote else b.build_task
 
     if len(paths) == 1 and not opts.json:
         return _build_one(opts, root, paths[0], options, source, listener, builder)
@@ -200,11 +202,13 @@ def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]
 
 def _remote_builder(opts: c.GlobalOptions, url: str, timeout: float):
     """build_task that consults the remote first and pushes what it compiles (kcache_cli.remote.build)."""
-    from kcache_cli.remote.build import build_with_remote
+    from kcache_cli.remote.build import RemoteBudget, build_with_remote
+
+    budget = RemoteBudget(timeout)  # one for the whole command
 
     def builder(root, task, options, *, source=None, listener=None):
         return build_with_remote(root, task, options, url, source=source, listener=listener,
-                                 warn=lambda m: c.warn(opts, m), connect_timeout=timeout)
+                                 warn=lambda m: c.warn(opts, m), budget=budget)
 
     return builder
 

@@ -3,6 +3,7 @@
 The redis client is imported by the core only when a redis:// remote is opened, never at start-up."""
 
 import contextlib
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Iterator, NamedTuple, Optional
 
@@ -14,16 +15,33 @@ RemoteOpt = Annotated[Optional[str], typer.Option(
     "--remote", metavar="URL", envvar="KCACHE_REMOTE", show_envvar=False,
     help="The shared cache: redis://[user:password@]host:port/db, rediss://... (TLS) or file:///shared/dir. "
     "Default: KCACHE_REMOTE.")]
+
+
+def _seconds(option: str, minimum: float = 0.1):
+    """A Typer callback checking a timeout option (nan, inf, negative: usage errors, exit 2)."""
+    def check(value: Optional[float]) -> Optional[float]:
+        from kcache_cli.remote.store import check_timeout
+
+        return None if value is None else check_timeout(value, option, minimum)
+    return check
+
+
 TimeoutOpt = Annotated[float, typer.Option(
-    "--connect-timeout", metavar="SECONDS", min=0.1, help="Give up on a remote that does not answer this fast.")]
-DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Say what would move; change nothing.")]
+    "--connect-timeout", metavar="SECONDS", callback=_seconds("--connect-timeout"),
+    help="Give up on a remote that does not answer this fast (0.1 to 604800).")]
+DeadlineOpt = Annotated[Optional[float], typer.Option(
+    "--remote-timeout", metavar="SECONDS", callback=_seconds("--remote-timeout"),
+    help="Give up when the remote part of the command takes longer than this in all (default: no limit; "
+    "each read still gives up after 30 s of silence).")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Say what would move; change nothing.")]
 
 remote_app = typer.Typer(name="remote", no_args_is_help=True)
 
 
 @remote_app.callback()
 def remote_group() -> None:
-    """What a shared cache holds, without downloading it: ls, stats, prune.
+    """What a shared cache holds, without downloading it: ls, stats, prune; and keygen, the key
+    that signs what this node pushes.
 
     The remote is --remote URL on each subcommand, else KCACHE_REMOTE.
 
@@ -37,19 +55,20 @@ def register(app: typer.Typer) -> None:
     remote_app.command("ls")(remote_ls)
     remote_app.command("stats")(remote_stats_command)
     remote_app.command("prune")(remote_prune)
+    remote_app.command("keygen")(remote_keygen)
     remote_app.info.cls = app.info.cls  # global options after `remote ls` too (KcacheGroup)
     app.add_typer(remote_app, name="remote")
 
 
 @contextlib.contextmanager
-def _opened(remote: Optional[str], timeout: float) -> Iterator[Any]:
+def _opened(remote: Optional[str], timeout: float, deadline: Optional[float] = None) -> Iterator[Any]:
     """The remote store, closed when the command is done with it."""
     from kcache_cli.errors import UsageError
     from kcache_cli.remote.store import open_store
 
     if not remote:
         raise UsageError("no remote: pass --remote URL or set KCACHE_REMOTE (redis://host:6379/0, file:///shared/dir)")
-    store = open_store(remote, connect_timeout=timeout)
+    store = open_store(remote, connect_timeout=timeout, deadline=deadline)
     try:
         yield store
     finally:
@@ -65,7 +84,7 @@ class _Moving(NamedTuple):
 
 
 @contextlib.contextmanager
-def _moving(ctx: typer.Context, sel: c.Selection, remote: Optional[str], timeout: float,
+def _moving(ctx: typer.Context, sel: c.Selection, remote: Optional[str], timeout: tuple[float, Optional[float]],
             cache_dir: Optional[str], as_json: bool, doing: str) -> Iterator[_Moving]:
     """What push and pull start with: the options, the cache root, the selection, the open remote and a
     progress bar counting entries."""
@@ -74,7 +93,7 @@ def _moving(ctx: typer.Context, sel: c.Selection, remote: Optional[str], timeout
     opts = c.use(ctx, cache_dir, as_json)
     flt = sel.filter()
     root = c.cache_root(opts)
-    with _opened(remote, timeout) as store, Bar(opts, doing, unit="entries") as bar:
+    with _opened(remote, *timeout) as store, Bar(opts, doing, unit="entries") as bar:
         yield _Moving(opts, root, flt, store, bar)
 
 
@@ -85,6 +104,7 @@ def push_command(
     remote: RemoteOpt = None,
     dry_run: DryRunOpt = False,
     connect_timeout: TimeoutOpt = 2.0,
+    remote_timeout: DeadlineOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -98,7 +118,7 @@ def push_command(
     """
     from kcache_cli.remote.push import push
 
-    with _moving(ctx, sel, remote, connect_timeout, cache_dir, as_json, "pushing") as run:
+    with _moving(ctx, sel, remote, (connect_timeout, remote_timeout), cache_dir, as_json, "pushing") as run:
         opts = run.opts
         result = push(run.root, run.store, run.flt, dry_run=dry_run, warn=lambda m: c.warn(opts, m),
                       start=run.bar.start, advance=run.bar.advance)
@@ -107,8 +127,9 @@ def push_command(
     def human() -> None:
         _table(result.entries)
         verb = "would push" if dry_run else "pushed"
-        out.info(f"{verb} {result.count('push')} entries ({c.human_size(result.size)}) to {result.remote}; "
-                 f"skipped {result.count('skip')} the remote has; left out {result.count('left out')} not complete")
+        out.info(f"{verb} {c.plural(result.count('push'), 'entry')} ({c.human_size(result.size)}) to "
+                 f"{result.remote}; skipped {result.count('skip')} the remote has; left out "
+                 f"{result.count('left out')} (see the note)")
 
     out.result(result, human)
 
@@ -127,9 +148,10 @@ def pull_command(
     remote: RemoteOpt = None,
     dry_run: DryRunOpt = False,
     lock_timeout: Annotated[float, typer.Option(
-        "--lock-timeout", metavar="SECONDS", min=0, help="How long to wait for an entry's lock before skipping "
-        "it.")] = 60.0,
+        "--lock-timeout", metavar="SECONDS", callback=_seconds("--lock-timeout", 0.0),
+        help="How long to wait for an entry's lock before skipping it.")] = 60.0,
     connect_timeout: TimeoutOpt = 2.0,
+    remote_timeout: DeadlineOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -143,7 +165,7 @@ def pull_command(
     """
     from kcache_cli.remote.pull import pull
 
-    with _moving(ctx, sel, remote, connect_timeout, cache_dir, as_json, "pulling") as run:
+    with _moving(ctx, sel, remote, (connect_timeout, remote_timeout), cache_dir, as_json, "pulling") as run:
         opts = run.opts
         result = pull(run.root, run.store, run.flt, dry_run=dry_run, lock_timeout=lock_timeout,
                       warn=lambda m: c.warn(opts, m), start=run.bar.start, advance=run.bar.advance)
@@ -157,7 +179,7 @@ def pull_command(
             if e.action == "refuse":
                 out.warn(f"refused {e.relpath}: {e.reason}")
         verb = "would pull" if dry_run else "pulled"
-        out.info(f"{verb} {result.count('pull', 'replace')} entries ({c.human_size(result.size)}) from "
+        out.info(f"{verb} {c.plural(result.count('pull', 'replace'), 'entry')} ({c.human_size(result.size)}) from "
                  f"{result.remote}; skipped {result.count('skip')}; refused {refused}")
 
     out.result(result, human)
@@ -189,36 +211,60 @@ def remote_ls(
     sel: c.Selection,
     remote: RemoteOpt = None,
     connect_timeout: TimeoutOpt = 2.0,
+    remote_timeout: DeadlineOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
     """List what the remote holds (from its index: nothing is downloaded).
 
-    Example: kcache remote ls --remote redis://cache-host:6379/0 --op matmul --json
+    Entries are printed as the index is read, a batch at a time (sorted within a batch), so a remote
+    of millions of entries lists in bounded memory; --json is one list, streamed the same way.
+
+    Example: kcache remote ls --remote redis://cache-host:6379/0 --op 'mat*' --json
     """
-    from kcache_cli.remote.manage import list_remote
+    from kcache_cli.remote.manage import scan_index
 
     opts = c.use(ctx, None, as_json)
     flt = sel.filter()
-    with _opened(remote, connect_timeout) as store:
-        entries = list_remote(store, flt)
     out = c.Output(opts)
+    count = size = 0
+    with _opened(remote, connect_timeout, remote_timeout) as store:
+        for n, batch in enumerate(scan_index(store, flt)):
+            count += len(batch)
+            size += sum(e.size for e in batch)
+            (_json_batch if opts.json else _table_batch)(batch, n == 0)
+    if opts.json:
+        sys.stdout.write("[]\n" if not count else "\n]\n")
+    else:
+        out.info(f"{c.plural(count, 'entry')} ({c.human_size(size)}) in {store.url}")
 
-    def human() -> None:
-        rows = [[e.layout, e.kind or "-", e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
-                 c.human_size(e.size), e.arch or "-", c.human_age(e.pushed or 0),
-                 c.human_age(e.last_pulled) if e.last_pulled else "never"] for e in entries]
-        if rows:
-            c.print_table(["layout", "kind", "space", "op", "hash", "files", "size", "arch", "pushed", "pulled"],
-                          rows, right=(5, 6))
-        out.info(f"{len(entries)} entries ({c.human_size(sum(e.size for e in entries))}) in {store.url}")
 
-    out.result([e.to_json() for e in entries], human)
+def _json_batch(batch, first: bool) -> None:
+    """One batch of `remote ls --json`: the list opened by the first, closed by the command."""
+    import json
+
+    sys.stdout.write(("[\n" if first else ",\n") + ",\n".join(json.dumps(e.to_json()) for e in batch))
+    sys.stdout.flush()
+
+
+def _table_batch(batch, first: bool) -> None:
+    """One batch of `remote ls`: the header before the first only."""
+    from kcache_cli.cli.table import Column, render
+
+    rows = [[e.layout, e.kind or "-", e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
+             c.human_size(e.size), e.arch or "-", c.human_age(e.pushed or 0),
+             c.human_age(e.last_pulled) if e.last_pulled else "never"] for e in batch]
+    cols = [Column(name, right=i in (5, 6)) for i, name in enumerate(
+        ["layout", "kind", "space", "op", "hash", "files", "size", "arch", "pushed", "pulled"])]
+    lines = render(cols, rows, c.output_width(), colour=not c.plain_output(), clean=c.printable_line)
+    c.print_lines(lines if first else lines[len(lines) - len(rows):])
+    sys.stdout.flush()
 
 
 def remote_stats_command(
     ctx: typer.Context,
     remote: RemoteOpt = None,
     connect_timeout: TimeoutOpt = 2.0,
+    remote_timeout: DeadlineOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
     """Totals of the remote per layout, space and op (from its index).
@@ -228,7 +274,7 @@ def remote_stats_command(
     from kcache_cli.remote.manage import list_remote, remote_stats
 
     opts = c.use(ctx, None, as_json)
-    with _opened(remote, connect_timeout) as store:
+    with _opened(remote, connect_timeout, remote_timeout) as store:
         stats = {"remote": store.url, **remote_stats(list_remote(store))}
     out = c.Output(opts)
 
@@ -237,8 +283,8 @@ def remote_stats_command(
                 for what in ("layout", "space", "op") for name, g in stats[f"by_{what}"].items()]
         if rows:
             c.print_table(["by", "name", "entries", "size"], rows, right=(2, 3))
-        out.text(f"{stats['entries']} entries, {c.human_size(stats['size'])}, {stats['never_pulled']} never "
-                 f"pulled, in {stats['remote']}")
+        out.text(f"{c.plural(stats['entries'], 'entry')}, {c.human_size(stats['size'])}, {stats['never_pulled']} "
+                 f"never pulled, in {stats['remote']}")
 
     out.result(stats, human)
 
@@ -253,12 +299,14 @@ def remote_prune(
     remote: RemoteOpt = None,
     dry_run: DryRunOpt = False,
     connect_timeout: TimeoutOpt = 2.0,
+    remote_timeout: DeadlineOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
     """Remove entries from the remote by size and age, least recently pulled first.
 
-    Each entry disappears whole: its record first, then its data. Without --max-size or
-    --older-than nothing is removed.
+    Each entry disappears whole: its record first, then the data its own record names (a record
+    naming another entry, or claiming a file no cache holds, loses only itself, with a warning).
+    Without --max-size or --older-than nothing is removed.
 
     Example: kcache remote prune --max-size 200G --older-than 30d --dry-run
     """
@@ -268,18 +316,40 @@ def remote_prune(
     opts = c.use(ctx, None, as_json)
     limit = parse_size(max_size) if max_size is not None else None
     age = parse_age(older_than) if older_than is not None else None
-    with _opened(remote, connect_timeout) as store:
-        plan = plan_remote_prune(list_remote(store), limit, age)
-        freed = sum(r.entry.size for r in plan) if dry_run else prune_remote(store, plan)
-    result = RemotePruneResult(store.url, dry_run, tuple(plan), freed)
     out = c.Output(opts)
+    with _opened(remote, connect_timeout, remote_timeout) as store:
+        plan = plan_remote_prune(list_remote(store), limit, age)
+        freed = sum(r.entry.size for r in plan) if dry_run else prune_remote(store, plan, out.warn)
+    result = RemotePruneResult(store.url, dry_run, tuple(plan), freed)
 
     def human() -> None:
         rows = [[r.entry.layout, r.entry.relpath, c.human_size(r.entry.size),
                  c.human_age(r.entry.last_pulled) if r.entry.last_pulled else "never", r.why] for r in plan]
         if rows:
             c.print_table(["layout", "entry", "size", "pulled", "why"], rows, right=(2,))
-        out.info(f"{'would remove' if dry_run else 'removed'} {len(plan)} entries, {c.human_size(freed)} "
-                 f"from {store.url}")
+        out.info(f"{'would remove' if dry_run else 'removed'} {c.plural(len(plan), 'entry')}, "
+                 f"{c.human_size(freed)} from {store.url}")
 
     out.result(result, human)
+
+
+def remote_keygen(
+    ctx: typer.Context,
+    as_json: c.JsonOpt = False,
+) -> None:
+    """Make this node's Ed25519 signing key; print its public key.
+
+    The key goes to ~/.config/kcache/signing.key (XDG_CONFIG_HOME; KCACHE_SIGNING_KEY names another
+    file), mode 0600; an existing key is never replaced. From then on `push` (and `build --remote`)
+    sign every record with it. Nodes that list the public key in KCACHE_TRUSTED_KEYS or
+    ~/.config/kcache/trusted_keys take only records signed by listed keys.
+
+    Example: kcache remote keygen >> ~/fleet-keys.txt
+    """
+    from kcache_cli.signing import make_key
+
+    opts = c.use(ctx, None, as_json)
+    path, public = make_key()
+    out = c.Output(opts)
+    out.result({"key": str(path), "public_key": public}, lambda: out.text(public))
+    out.info(f"signing key written to {path}; list {public} in the trust list of the nodes that pull")

@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,7 +40,8 @@ class TritonFormat(RemoteFormat):
     content_addressed = False
 
     def __post_init__(self) -> None:
-        self.key_format = self.key_format or os.environ.get("TRITON_REDIS_KEY_FORMAT") or DEFAULT_TRITON_KEY_FORMAT
+        self.key_format = check_key_format(self.key_format or os.environ.get("TRITON_REDIS_KEY_FORMAT")
+                                           or DEFAULT_TRITON_KEY_FORMAT)
 
     def key(self, record: EntryRecord, filename: str) -> str:
         return self.key_format.format(key=record.relpath.rsplit("/", 1)[-1], filename=filename)
@@ -68,14 +69,23 @@ class TritonFormat(RemoteFormat):
         return {g: text for g in _groups(record)}
 
     def _key_pattern(self) -> re.Pattern:
-        parts = re.split(r"(\{key\}|\{filename\})", self.key_format)
-        rx = "".join("(?P<key>[^:]+)" if p == "{key}" else "(?P<filename>.+)" if p == "{filename}"
-                     else re.escape(p) for p in parts)
+        import string
+
+        rx = ""
+        for literal, field, _spec, _conv in string.Formatter().parse(self.key_format):
+            rx += re.escape(literal)
+            if field is not None:
+                rx += "(?P<key>[^:]+)" if field == "key" else "(?P<filename>.+)"
         return re.compile(rx + r"\Z")
 
-    def foreign(self, store) -> Iterator[tuple[dict, dict[str, bytes]]]:
-        """Kernels Triton itself pushed: every group key, its children fetched (sizes and sha256 are
-        those of the bytes found: Triton keeps no checksums)."""
+    def foreign(self, store, wanted: Callable[[dict], bool] = lambda rec: True
+                ) -> Iterator[tuple[dict, dict[str, bytes]]]:
+        """Kernels Triton itself pushed that `wanted(record)` selects (asked with the record's key
+        fields before anything is fetched): each group key's children, each fetched once and only
+        within MAX_FILE (sizes and sha256 are those of the bytes found: Triton keeps no checksums)."""
+        from kcache_cli.remote.formats import MAX_FILE
+        from kcache_cli.remote.store import MAX_RECORD
+
         pattern = self.key_format.format(key="*", filename=GROUP_PREFIX + "*")
         rx = self._key_pattern()
         for gkey in sorted(store.keys(pattern)):
@@ -83,22 +93,51 @@ class TritonFormat(RemoteFormat):
             if not m:
                 continue
             key, gname = m.group("key"), m.group("filename")
-            raw = store.get([gkey])[0]
-            try:
-                children = parse_json(raw or b"")["child_paths"]
-                if not isinstance(children, list) or not all(isinstance(c, str) for c in children):
-                    raise TypeError
-            except (ValueError, KeyError, TypeError):
-                continue  # not a group file Triton would read either
-            values = store.get([self.key_format.format(key=key, filename=c) for c in children])
-            if any(v is None for v in values):
-                continue  # Triton misses on it too
-            data = dict(zip(children, values))
             record = {"layout": self.layout, "kind": self.kind, "target": None, "space": None, "op": None,
                       "hash": key, "relpath": key, "status": "complete", "compiler": "triton", "arch": None,
-                      "platform": None, "files": {n: [len(v), hashlib.sha256(v).hexdigest()] for n, v in data.items()},
-                      "links": {}, "dirs": [], "locks": [], "groups": [gname], "pushed_by": "triton"}
+                      "platform": None, "links": {}, "dirs": [], "locks": [], "groups": [gname], "pushed_by": "triton"}
+            if not wanted(record):
+                continue
+            children = _children(store.get([gkey], MAX_RECORD)[0])
+            if children is None:
+                continue  # not a group file Triton would read either
+            values = store.get([self.key_format.format(key=key, filename=c) for c in children], MAX_FILE)
+            if not all(isinstance(v, bytes) for v in values):
+                continue  # Triton misses on it too (or a file no cache holds)
+            data: dict[str, bytes] = dict(zip(children, values))
+            record["files"] = {n: [len(v), hashlib.sha256(v).hexdigest()] for n, v in data.items()}
             yield record, data
+
+
+def _children(raw: object) -> list[str] | None:
+    """The distinct file names a remote group file lists, or None when it is not one."""
+    if not isinstance(raw, bytes):
+        return None
+    try:
+        children = parse_json(raw)["child_paths"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    if not isinstance(children, list) or not all(isinstance(c, str) for c in children):
+        return None
+    return list(dict.fromkeys(children))  # a name listed many times is one file, fetched once
+
+
+def check_key_format(fmt: str) -> str:
+    """TRITON_REDIS_KEY_FORMAT as Triton uses it: the fields {key} and {filename}, each once, nothing
+    else (no position, conversion or width); else a usage error."""
+    import string
+
+    from kcache_cli.errors import UsageError
+
+    try:
+        fields = [(field, spec, conv) for _, field, spec, conv in string.Formatter().parse(fmt) if field is not None]
+    except ValueError as exc:
+        raise UsageError(f"TRITON_REDIS_KEY_FORMAT {fmt[:80]!r}: {exc}") from None
+    names = sorted(field for field, _, _ in fields)
+    if names != ["filename", "key"] or any(spec or conv for _, spec, conv in fields):
+        raise UsageError(f"TRITON_REDIS_KEY_FORMAT {fmt[:80]!r} must hold {{key}} and {{filename}} once each and "
+                         f"no other field (Triton's default: {DEFAULT_TRITON_KEY_FORMAT})")
+    return fmt
 
 
 def _groups(record: EntryRecord) -> list[str]:

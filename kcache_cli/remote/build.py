@@ -4,14 +4,39 @@ build goes on locally."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from kcache_cli.errors import KcacheError
 from kcache_cli.model import ScanFilter, Warn
 from kcache_cli.remote.store import CONNECT_TIMEOUT
 
-IO_TIMEOUTS_PER_CONNECT = 5  # a build waits for one remote command 5 connect timeouts (10 s by default)
+REMOTE_TIMEOUT = 10.0  # seconds the remote part of a build may take in all, by default
+
+
+class RemoteBudget:
+    """The time the remote part of one `build` command (every task's asking, pulling and pushing)
+    may take in all: each remote phase runs under the store's deadline set to what is left."""
+
+    def __init__(self, seconds: float = REMOTE_TIMEOUT) -> None:
+        self.seconds = seconds
+        self.spent = 0.0
+
+    def left(self) -> float:
+        return self.seconds - self.spent
+
+    @contextlib.contextmanager
+    def phase(self, store) -> Iterator[None]:
+        start = time.monotonic()
+        store.set_deadline(max(self.left(), 0.0))
+        try:
+            yield
+        finally:
+            store.set_deadline(None)
+            self.spent += time.monotonic() - start
 
 
 def _arch_refusal(want: str, target: str):
@@ -25,9 +50,9 @@ def _arch_refusal(want: str, target: str):
 
 
 def build_with_remote(root: Path, task, options, url: str, *, source=None, listener=None, warn: Warn | None = None,
-                      connect_timeout: float = CONNECT_TIMEOUT):
-    """Build one task like build.build_task, consulting the remote at `url`. Returns the BuildResult
-    (a pulled entry is a hit, with a note saying so)."""
+                      budget: RemoteBudget | None = None):
+    """Build one task like build.build_task, consulting the remote at `url` within `budget`. Returns
+    the BuildResult (a pulled entry is a hit, with a note saying so)."""
     from kcache_cli import build as b
     from kcache_cli.terms import COMPLETE
 
@@ -36,10 +61,12 @@ def build_with_remote(root: Path, task, options, url: str, *, source=None, liste
     spec = task if isinstance(task, b.TaskSpec) else b.load_task(task, options, source)
     if not options.force and b.entry_status(str(root / spec.relpath))[0] == COMPLETE:
         return b.build_task(root, spec, options, listener=listener)  # a local hit: the remote is not asked
-    store = _open(url, connect_timeout, warn)
+    budget = budget or RemoteBudget()
+    store = _open(url, budget, warn)
     pulled = False
     if store is not None and not options.force:
-        pulled, reachable = _try_pull(root, store, spec, options, warn)
+        with budget.phase(store):
+            pulled, reachable = _try_pull(root, store, spec, options, warn)
         if not reachable:  # one warning per build: the push would only fail the same way
             store.close()
             store = None
@@ -47,17 +74,22 @@ def build_with_remote(root: Path, task, options, url: str, *, source=None, liste
     if pulled and result.status == b.HIT:
         result = result._replace(notes=(*result.notes, f"pulled {spec.relpath} from {store.url}"))
     if store is not None and result.status == b.BUILT:
-        _try_push(root, store, spec, warn)
+        with budget.phase(store):
+            _try_push(root, store, spec, warn)
     if store is not None:
         store.close()
     return result
 
 
-def _open(url: str, connect_timeout: float, warn: Warn):
+def _open(url: str, budget: RemoteBudget, warn: Warn):
     from kcache_cli.remote.store import open_store
 
+    if budget.left() <= 0:
+        warn(f"remote not used: the remote part of this build took its --remote-timeout ({budget.seconds:g}s)")
+        return None
+    timeout = min(CONNECT_TIMEOUT, budget.seconds)
     try:
-        return open_store(url, connect_timeout=connect_timeout, io_timeout=connect_timeout * IO_TIMEOUTS_PER_CONNECT)
+        return open_store(url, connect_timeout=timeout, io_timeout=budget.seconds)
     except KcacheError as exc:
         warn(f"remote not used: {exc}")
         return None
@@ -75,6 +107,9 @@ def _try_pull(root: Path, store, spec, options, warn: Warn) -> tuple[bool, bool]
                       warn=warn)
     except KcacheError as exc:
         warn(f"remote not used, building locally: {exc}")
+        return False, False
+    except Exception as exc:  # noqa: BLE001 - a remote never fails a build, whatever it answers
+        warn(f"remote not used, building locally: unexpected {type(exc).__name__} reading it")
         return False, False
     for e in result.entries:
         if e.action in ("refuse", "skip") and e.reason:
@@ -95,6 +130,9 @@ def _try_push(root: Path, store, spec, warn: Warn) -> None:
         result = push(root, store, flt, warn=warn)
     except KcacheError as exc:
         warn(f"built locally; not pushed: {exc}")
+        return
+    except Exception as exc:  # noqa: BLE001 - a remote never fails a build, whatever it answers
+        warn(f"built locally; not pushed: unexpected {type(exc).__name__}")
         return
     for e in result.entries:
         if e.action == "left out" and e.relpath == spec.relpath:

@@ -15,7 +15,7 @@ that pulls are verified the same way whatever the format.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -36,7 +36,16 @@ def record_key(layout: str, relpath: str) -> str:
     return f"{NAMESPACE}:{layout}:{relpath}:manifest"
 
 
+MAX_FILE = 4 << 30  # bytes of one file a record may claim: import's limit (ImportLimits.max_member)
+
+
+class ClaimTooBig(ValueError):
+    """A record claims a file bigger than any cache holds (its keys are never spelt out)."""
+
+
 def pieces(size: int) -> int:
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_FILE:
+        raise ClaimTooBig(f"its record claims a file of {size!r} bytes, over the limit of {MAX_FILE}")
     return max(1, -(-size // CHUNK))
 
 
@@ -65,9 +74,11 @@ class RemoteFormat:
         """Files a pull writes besides the record's (made for this machine, such as absolute paths)."""
         return {}
 
-    def foreign(self, store) -> Iterator[tuple[dict, dict[str, bytes]]]:
-        """Entries another tool pushed in this format without a kcache record: (its record as JSON, to
-        be checked like any remote record, and its files)."""
+    def foreign(self, store, wanted: Callable[[dict], bool] = lambda rec: True
+                ) -> Iterator[tuple[dict, dict[str, bytes]]]:
+        """Entries another tool pushed in this format without a kcache record that `wanted` selects
+        (asked before their files are fetched): (its record as JSON, to be checked like any remote
+        record, and its files)."""
         return iter(())
 
 

@@ -7,12 +7,14 @@ record without its data; then its data and the keys its format set last."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 from kcache_cli.fsread import parse_json
-from kcache_cli.model import ScanFilter
+from kcache_cli.model import ScanFilter, Warn
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.store import Store
+from kcache_cli.terms import COMPLETE
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,8 @@ class RemoteEntry:
     arch: str | None
     pushed: float | None  # epoch seconds
     last_pulled: float | None
+
+    status = COMPLETE  # a remote holds complete entries only (for ScanFilter.matches)
 
     @property
     def last_used(self) -> float:
@@ -56,33 +60,62 @@ def _text(s: dict, key: str) -> str | None:
 
 
 def _int(s: dict, key: str) -> int:
-    return s[key] if isinstance(s.get(key), int) and not isinstance(s.get(key), bool) else 0
+    v = s.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+
+def _float(value: object) -> float | None:
+    try:
+        v = float(value) if isinstance(value, (bytes, str)) else None
+    except ValueError:
+        return None
+    return v if v is not None and v == v and abs(v) != float("inf") else None
+
+
+def remote_entry(layout: str, rel: str, summary: object, last_pulled: float | None = None,
+                 times: bool = True) -> RemoteEntry:
+    """An entry as the index (or a record) describes it: what is not a string or a count is unknown.
+    `times`: parse when it was pushed (selection alone does not need it)."""
+    s = summary if isinstance(summary, dict) else {}
+    return RemoteEntry(layout, _text(s, "kind"), _text(s, "target"), _text(s, "space"), _text(s, "op"),
+                       _text(s, "hash") or rel.rsplit("/", 1)[-1], rel, _int(s, "files"), _int(s, "size"),
+                       _text(s, "arch"), _epoch(s.get("pushed")) if times else None, last_pulled)
+
+
+def _summary(value: object) -> dict:
+    if not isinstance(value, bytes):
+        return {}  # over MAX_RECORD (its size) or gone
+    try:
+        loaded = parse_json(value)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def scan_index(store: Store, flt: ScanFilter | None = None, pulled: bool = True) -> Iterator[list[RemoteEntry]]:
+    """The entries of the remote's index that `flt` selects, a batch at a time, as the index is
+    scanned (no record or data is read; memory stays that of one batch however big the index).
+    `pulled`: with their last-pulled times (one more read per batch)."""
+    flt = flt or ScanFilter()
+    for batch in store.hash_scan(f.INDEX):
+        kept = []
+        for eid, value in batch:
+            layout, _, rel = eid.partition(":")
+            e = remote_entry(layout, rel, _summary(value), times=pulled)
+            if flt.matches(e):
+                kept.append(e)
+        if not kept:
+            continue
+        if not pulled:
+            yield kept
+            continue
+        times = store.hash_values(f.PULLED, [f.entry_id(e.layout, e.relpath) for e in kept], limit=64)
+        yield sorted((replace(e, last_pulled=_float(p)) for e, p in zip(kept, times)), key=lambda e: e.relpath)
 
 
 def list_remote(store: Store, flt: ScanFilter | None = None) -> list[RemoteEntry]:
-    """Every entry in the remote's index that `flt` selects (no record or data is read)."""
-    from kcache_cli.remote.pull import summary_matches
-
-    flt = flt or ScanFilter()
-    pulled = store.hash_get(f.PULLED)
-    out = []
-    for eid, value in store.hash_get(f.INDEX).items():
-        layout, _, rel = eid.partition(":")
-        try:
-            loaded = parse_json(value)
-        except ValueError:
-            loaded = None
-        s = {**(loaded if isinstance(loaded, dict) else {}), "layout": layout, "relpath": rel}
-        if not summary_matches(flt, s):
-            continue
-        try:
-            last = float(pulled[eid]) if eid in pulled else None
-        except ValueError:
-            last = None
-        out.append(RemoteEntry(layout, _text(s, "kind"), _text(s, "target"), _text(s, "space"), _text(s, "op"),
-                               _text(s, "hash") or rel.rsplit("/", 1)[-1], rel, _int(s, "files"), _int(s, "size"),
-                               _text(s, "arch"), _epoch(s.get("pushed")), last))
-    return sorted(out, key=lambda e: e.relpath)
+    """Every entry in the remote's index that `flt` selects, sorted (all in memory: stats, prune)."""
+    return sorted((e for batch in scan_index(store, flt) for e in batch), key=lambda e: e.relpath)
 
 
 def remote_stats(entries: list[RemoteEntry]) -> dict:
@@ -147,32 +180,49 @@ def plan_remote_prune(entries: list[RemoteEntry], max_size: int | None = None, o
     return out
 
 
-def remove_remote(store: Store, e: RemoteEntry) -> None:
-    """Remove one entry: its record, index and pulled fields, then its data (read from the record)."""
-    key = f.record_key(e.layout, e.relpath)
-    raw = store.get([key])[0]
-    fmt = f.format_for(e.layout)
+def owned_keys(store: Store, e: RemoteEntry) -> tuple[list[str], list[str], str | None]:
+    """The keys entry `e` owns: (its data, the keys its format set last), from its record; or why
+    none are known. Only a record that is this entry's own (its layout and relpath those of its key)
+    names keys, and only keys under this entry: a junk record naming another entry's relpath, or
+    claiming a file bigger than any cache holds, names none."""
     from kcache_cli.archive.manifest import unchecked_record
 
+    raw = store.get([f.record_key(e.layout, e.relpath)])[0]
+    if not isinstance(raw, bytes):
+        return [], [], None if raw is None else f"its record is {raw} bytes, not read"
     try:
-        rec = unchecked_record(parse_json(raw)) if raw is not None else None
-        data = [k for ks in fmt.data_keys(rec).values() for k in ks] if rec else []
-        last = [k for k, _ in fmt.last(rec)] if rec else []
-    except (ValueError, KeyError, TypeError, AttributeError):
-        data, last = [], []
-    store.delete([key, *last])  # invisible first: to kcache (record) and to the tool itself (its marker)
+        loaded = parse_json(raw)
+        rec = unchecked_record(loaded)
+        if (rec.key.layout, rec.relpath) != (e.layout, e.relpath):
+            return [], [], "its record names another entry"
+        fmt = f.format_for(e.layout)
+        data = [k for ks in fmt.data_keys(rec).values() for k in ks]
+        last = [k for k, _ in fmt.last(rec)]
+    except f.ClaimTooBig as exc:
+        return [], [], str(exc)
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+        return [], [], "its record is not one kcache reads"
+    return data, last, None
+
+
+def remove_remote(store: Store, e: RemoteEntry, warn: Warn | None = None) -> None:
+    """Remove one entry: its record, index and pulled fields, then the data its own record names."""
+    data, last, why = owned_keys(store, e)
+    if why and warn:
+        warn(f"{e.relpath}: {why}; removed its record and index entry only")
+    store.delete([f.record_key(e.layout, e.relpath), *last])  # invisible first: to kcache and to the tool
     eid = f.entry_id(e.layout, e.relpath)
     store.hash_delete(f.INDEX, [eid])
     store.hash_delete(f.PULLED, [eid])
     store.delete(data)
 
 
-def prune_remote(store: Store, plan: list[RemoteRemoval]) -> int:
+def prune_remote(store: Store, plan: list[RemoteRemoval], warn: Warn | None = None) -> int:
     """Carry out a prune plan; returns the bytes freed. A shared directory also loses the data of
     pushes that never published (Redis lets such data expire by itself)."""
     freed = 0
     for r in plan:
-        remove_remote(store, r.entry)
+        remove_remote(store, r.entry, warn)
         freed += r.entry.size
     expire = getattr(store, "remove_stale_pending", None)
     if expire is not None:

@@ -17,11 +17,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kcache_cli.errors import KcacheError
 from kcache_cli.fsread import parse_json
 from kcache_cli.model import ScanFilter, Warn
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.moved import MovedEntry, MoveResult
-from kcache_cli.remote.store import Store
+from kcache_cli.remote.store import MAX_RECORD, Store, Value
 from kcache_cli.terms import LAYOUT_NAMES
 
 if TYPE_CHECKING:
@@ -44,24 +45,26 @@ class PullResult(MoveResult):
                            "refused": self.count(REFUSE)}, self.size)
 
 
-def summary_matches(flt: ScanFilter, s: dict, prefixes_only: bool = False) -> bool:
-    """Whether a remote entry (its index summary or record) is one `flt` selects."""
-    h = str(s.get("hash") or "")
-    if flt.hash_prefixes and not any(h.startswith(p) for p in flt.hash_prefixes):
-        return False
-    return ((not flt.layouts or s.get("layout") in flt.layouts) and (not flt.kinds or s.get("kind") in flt.kinds)
-            and (not flt.ops or s.get("op") in flt.ops) and (not flt.spaces or s.get("space") in flt.spaces)
-            and (not flt.targets or s.get("target") in flt.targets))
+def summary_matches(flt: ScanFilter, s: dict) -> bool:
+    """Whether a remote entry (its index summary or record) is one `flt` selects: the very test `ls`
+    applies (ScanFilter.matches: globs, a bare level, hash prefixes, paths)."""
+    from kcache_cli.remote.manage import remote_entry
+
+    return flt.matches(remote_entry(str(s.get("layout")), str(s.get("relpath") or ""), s, times=False))
 
 
 def read_records(store: Store, ids: Iterable[tuple[str, str]]) -> tuple[list[dict], list[tuple[str, str]]]:
     """The records of (layout, relpath) entries: (records, [(relpath, why unreadable)]). Entries
-    whose record is gone (pruned meanwhile) are left out."""
-    ids = list(ids)
-    raw = store.get([f.record_key(layout, rel) for layout, rel in ids])
+    whose record is gone (pruned meanwhile) are left out; each record is read once, and only when
+    it is within MAX_RECORD bytes."""
+    ids = list(dict.fromkeys(ids))
+    raw = store.get([f.record_key(layout, rel) for layout, rel in ids], MAX_RECORD)
     records, bad = [], []
     for (layout, rel), value in zip(ids, raw):
         if value is None:
+            continue
+        if isinstance(value, int):
+            bad.append((rel, f"its record on the remote is {value} bytes, over the limit of {MAX_RECORD}"))
             continue
         try:
             rec = parse_json(value)
@@ -76,16 +79,10 @@ def read_records(store: Store, ids: Iterable[tuple[str, str]]) -> tuple[list[dic
 
 def select(store: Store, flt: ScanFilter) -> list[tuple[str, str]]:
     """(layout, relpath) of the remote entries `flt` selects, from the index only."""
-    out = []
-    for eid, value in store.hash_get(f.INDEX).items():
-        try:
-            s = parse_json(value)
-        except ValueError:
-            s = {}
-        layout, _, rel = eid.partition(":")
-        if summary_matches(flt, {"layout": layout, **s} if isinstance(s, dict) else {"layout": layout}):
-            out.append((layout, rel))
-    return sorted(out, key=lambda x: x[1])
+    from kcache_cli.remote.manage import scan_index
+
+    return sorted(((e.layout, e.relpath) for batch in scan_index(store, flt, pulled=False) for e in batch),
+                  key=lambda x: x[1])
 
 
 def _moved(r: EntryRecord, action: str, done: bool, reason: str | None) -> MovedEntry:
@@ -101,7 +98,12 @@ def _unchecked(rec: dict, action: str, done: bool, reason: str | None) -> MovedE
                        action, done, reason, rec.get("arch") if isinstance(rec.get("arch"), str) else None)
 
 
-def verify_files(rec: EntryRecord, keys: dict[str, list[str]], values: dict[str, bytes | None]
+def piece_limits(size: int, n: int) -> list[int]:
+    """The size each of a file's `n` pieces must have: all CHUNK bytes but the last (one piece: all)."""
+    return [size] if n == 1 else [f.CHUNK] * (n - 1) + [size - f.CHUNK * (n - 1)]
+
+
+def verify_files(rec: EntryRecord, keys: dict[str, list[str]], values: dict[str, Value]
                  ) -> tuple[dict, str | None]:
     """{name: bytes} of one entry, each checked against the record's size and sha256; or a reason."""
     out = {}
@@ -109,6 +111,9 @@ def verify_files(rec: EntryRecord, keys: dict[str, list[str]], values: dict[str,
         got = [values.get(k) for k in keys[name]]
         if any(v is None for v in got):
             return {}, f"{name} is missing on the remote (pruned or expired?)"
+        over = [v for v in got if isinstance(v, int)]
+        if over:  # a piece holds more than the record says: never fetched
+            return {}, f"{name} has a piece of {over[0]} bytes on the remote, its record says {size} in all"
         data = got[0] if len(got) == 1 else b"".join(got)  # type: ignore[arg-type]
         if len(data) != size:  # type: ignore[arg-type]
             return {}, f"{name} is {len(data)} bytes on the remote, its record says {size}"  # type: ignore[arg-type]
@@ -164,24 +169,22 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
          advance: Callable[[int], None] | None = None) -> PullResult:
     """Pull the remote entries `flt` selects (or exactly `ids`, (layout, relpath) pairs, read by key
     without the index). `accept(record)` may turn an entry down with a reason (build: another arch)."""
-    from kcache_cli.archive import ImportLimits, check_total, is_provider, plan_records
+    from kcache_cli.archive import ImportLimits, check_total, is_provider, other_layout_problem, plan_records
 
     warn = warn or (lambda m: None)
     flt = flt or ScanFilter()
     root = Path(os.path.realpath(root))
     records, unreadable = read_records(store, select(store, flt) if ids is None else ids)
-    foreign: dict[str, dict[str, bytes]] = {}
-    if ids is None:
-        known = {(r["layout"], r["relpath"]) for r in records}
-        for fmt in f.foreign_formats():
-            for rec, data in fmt.foreign(store):
-                if (rec["layout"], rec["relpath"]) not in known and summary_matches(flt, rec):
-                    records.append(rec)
-                    foreign[rec["relpath"]] = data
+    foreign = _foreign(store, flt, records) if ids is None else {}
     out = [MovedEntry("?", "?", rel, 0, 0, REFUSE, False, why) for rel, why in unreadable]
+    records = _trusted(records, out)
     unknown = [r for r in records if r.get("layout") not in LAYOUT_NAMES]
     out += [_unchecked(r, SKIP, False, f"this kcache does not know the {r.get('layout')} layout") for r in unknown]
     records = [r for r in records if r.get("layout") in LAYOUT_NAMES]
+    mixed = other_layout_problem(root, {str(r["layout"]) for r in records}, "the selected remote entries include",
+                                 "select with --layout or pull them")
+    if mixed:
+        raise KcacheError(mixed)
     if accept is not None:
         kept = []
         for rec in records:
@@ -205,11 +208,50 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
     return PullResult(store.url, str(root), dry_run, tuple(sorted(out, key=lambda e: e.relpath)))
 
 
+def _trusted(records: list[dict], out: list[MovedEntry]) -> list[dict]:
+    """With a trust list set (kcache_cli/signing.py), the records a listed key signed; the others are
+    refused, one line each."""
+    from kcache_cli.signing import verifier
+
+    check = verifier()
+    if check is None:
+        return records
+    kept = []
+    for rec in records:
+        why = check.problem(rec)
+        (out.append(_unchecked(rec, REFUSE, False, why)) if why else kept.append(rec))
+    return kept
+
+
+def _foreign(store: Store, flt: ScanFilter, records: list[dict]) -> dict[str, dict[str, bytes]]:
+    """Entries another tool pushed in its own format (Triton) that `flt` selects, added to `records`;
+    returns their files by relpath. Only the selected ones are fetched."""
+    known = {(r["layout"], r["relpath"]) for r in records}
+
+    def wanted(rec: dict) -> bool:
+        return (rec["layout"], rec["relpath"]) not in known and summary_matches(flt, rec)
+
+    foreign: dict[str, dict[str, bytes]] = {}
+    for fmt in f.foreign_formats():
+        for rec, data in fmt.foreign(store, wanted):
+            records.append(rec)
+            foreign[rec["relpath"]] = data
+    return foreign
+
+
 def _fetch(store: Store, batch: list, foreign: dict) -> tuple[dict, dict]:
-    """The data of a batch of entries, in one round trip: ({relpath: {name: keys}}, {key: value})."""
+    """The data of a batch of entries, in one round trip: ({relpath: {name: keys}}, {key: value}).
+    Each key is fetched once however many files name it, and only when it holds no more bytes than
+    the record says (else its size comes back instead)."""
     keys = {p.relpath: f.format_for(p.layout).data_keys(p.record) for p in batch}
-    wanted = [k for p in batch if p.relpath not in foreign for ks in keys[p.relpath].values() for k in ks]
-    values = dict(zip(wanted, store.get(wanted)))
+    limits: dict[str, int] = {}
+    for p in batch:
+        if p.relpath not in foreign:
+            for name, ks in keys[p.relpath].items():
+                for k, n in zip(ks, piece_limits(p.record.files[name][0], len(ks))):
+                    limits[k] = max(n, limits.get(k, 0))
+    wanted = list(limits)
+    values: dict[str, Value] = dict(zip(wanted, store.get(wanted, [limits[k] for k in wanted])))
     for p in batch:
         if p.relpath in foreign:  # fetched already, with its group file
             values.update({ks[0]: foreign[p.relpath].get(n) for n, ks in keys[p.relpath].items()})

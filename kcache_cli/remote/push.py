@@ -19,7 +19,7 @@ from kcache_cli.fsread import parse_json
 from kcache_cli.model import ScanFilter, Warn, iso
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.moved import MovedEntry, MoveResult
-from kcache_cli.remote.store import PENDING_TTL, Publish, Store
+from kcache_cli.remote.store import PENDING_TTL, Publish, Store, hash_fields
 
 if TYPE_CHECKING:
     from kcache_cli.archive.manifest import EntryRecord
@@ -76,7 +76,7 @@ class _Outgoing:
     ttl: int | None
 
 
-def _prepare(record: EntryRecord, data: dict[str, bytes], executable: tuple[str, ...]) -> _Outgoing:
+def _prepare(record: EntryRecord, data: dict[str, bytes], executable: tuple[str, ...], signer=None) -> _Outgoing:
     from kcache_cli import __version__
 
     fmt = f.format_for(record.key.layout)
@@ -92,7 +92,8 @@ def _prepare(record: EntryRecord, data: dict[str, bytes], executable: tuple[str,
     ttl = PENDING_TTL if fmt.content_addressed else None
     size = rec.size
     layout = rec.key.layout
-    publish = Publish(f.record_key(layout, rec.relpath), json.dumps(rec.to_json(), separators=(",", ":")).encode(),
+    doc = rec.to_json() if signer is None else signer.sign(rec.to_json())  # kcache_cli/signing.py
+    publish = Publish(f.record_key(layout, rec.relpath), json.dumps(doc, separators=(",", ":")).encode(),
                       f.INDEX, f.entry_id(layout, rec.relpath), _summary(rec, size, pushed),
                       persist=tuple(items) if ttl else (), last=fmt.last(rec))
     return _Outgoing(rec, items, publish, fmt.content_addressed, ttl)
@@ -112,23 +113,37 @@ def publish_entries(store: Store, batch: list[_Outgoing]) -> list[bool]:
         winners = store.get([o.publish.key for o in lost])
         for o, raw in zip(lost, winners):
             try:
-                winner = unchecked_record(parse_json(raw or b""))
+                winner = unchecked_record(parse_json(raw if isinstance(raw, bytes) else b""))
                 keep = {k for ks in f.format_for(o.record.key.layout).data_keys(winner).values() for k in ks}
-            except (ValueError, KeyError, TypeError, AttributeError):
+            except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
                 continue  # unreadable: leave everything; our data expires anyway
             store.delete([k for k in o.items if k not in keep])
     return won
 
 
-def publish_entry(store: Store, record: EntryRecord, data: dict[str, bytes], executable: tuple[str, ...] = ()
-                  ) -> bool:
+def publish_entry(store: Store, record: EntryRecord, data: dict[str, bytes], executable: tuple[str, ...] = (),
+                  signer=None) -> bool:
     """Upload one entry and publish it. False when another pusher published it first."""
-    return publish_entries(store, [_prepare(record, data, executable)])[0]
+    return publish_entries(store, [_prepare(record, data, executable, signer)])[0]
 
 
 def _moved(record: EntryRecord, action: str, done: bool, why: str | None) -> MovedEntry:
     return MovedEntry(record.key.layout, record.key.kind, record.relpath, len(record.files), record.size, action,
                       done, why, record.arch)
+
+
+def _leave_out_unnamable(plan) -> None:
+    """Entries whose path is not UTF-8 (an op directory named in another encoding) cannot be named
+    by a remote key: they are left out, one by one, and the rest of the cache still goes."""
+    bad = []
+    for e in plan.jobs:
+        try:
+            e.relpath.encode("utf-8")
+        except UnicodeEncodeError:
+            bad.append(e)
+    for e in bad:
+        plan.jobs.remove(e)
+        plan.left.append((e, "its path is not UTF-8, which a remote key must be"))
 
 
 BATCH_ENTRIES = 64  # entries uploaded and published per round trip
@@ -142,8 +157,12 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
     from kcache_cli.archive import entry_records, plan_export
 
     warn = warn or (lambda m: None)
+    from kcache_cli.signing import signer as node_signer
+
+    sign = node_signer()  # the node's key signs every record, when it has one
     plan = plan_export(root, flt or ScanFilter(), warn=warn)
-    have = set(store.hash_get(f.INDEX))
+    _leave_out_unnamable(plan)
+    have = hash_fields(store, f.INDEX)
     if start:
         start(len(plan.jobs))
     out: list[MovedEntry] = []
@@ -166,7 +185,7 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
         elif dry_run:
             out.append(_moved(record, PUSH, False, None))
         else:
-            batch.append((_prepare(record, data, executable), record))
+            batch.append((_prepare(record, data, executable, sign), record))
             if len(batch) >= BATCH_ENTRIES or sum(len(v) for o, _ in batch for v in o.items.values()) > BATCH_BYTES:
                 flush()
         if advance:

@@ -10,7 +10,6 @@ the last-pulled times, and key listing by pattern (for entries a foreign tool su
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -18,12 +17,23 @@ from typing import Any, Protocol
 from kcache_cli.errors import KcacheError, UsageError
 
 CONNECT_TIMEOUT = 2.0  # seconds: a remote that does not answer this fast is down, for a build
-IO_TIMEOUT = 30.0  # seconds for one command (big values travel in one)
+IO_TIMEOUT = 30.0  # seconds for one read from the remote (big values travel in one)
 PENDING_TTL = 24 * 3600  # data written before its record expires after this, unless published
+MAX_RECORD = 16 << 20  # bytes of one entry record or index summary: kcache's own are a few kB
+MAX_TIMEOUT = 7 * 24 * 3600.0  # a timeout longer than a week is a typo
 
 
 class RemoteError(KcacheError):
     """The remote is down, slow, refused us, or holds something unreadable (exit 1)."""
+
+
+def check_timeout(value: float, option: str, minimum: float = 0.1) -> float:
+    """A timeout option's value, or a usage error (nan, inf, negative, under `minimum`)."""
+    import math
+
+    if not math.isfinite(value) or not minimum <= value <= MAX_TIMEOUT:
+        raise UsageError(f"{option} takes seconds from {minimum:g} to {MAX_TIMEOUT:g}, not {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -42,10 +52,17 @@ class Publish:
     last: tuple[tuple[str, bytes], ...] = ()
 
 
-class Store(Protocol):
-    url: str  # without any password
+# A value as a bounded read gives it: its bytes, its size when that is over the limit (not fetched),
+# or None when there is no such key.
+Value = bytes | int | None
 
-    def get(self, keys: Sequence[str]) -> list[bytes | None]: ...
+
+class Store(Protocol):
+    url: str  # without any password (redact.redact_url)
+
+    def set_deadline(self, seconds: float | None) -> None: ...
+
+    def get(self, keys: Sequence[str], limit: int | Sequence[int] = MAX_RECORD) -> list[Value]: ...
 
     def put(self, items: Mapping[str, bytes], ttl: int | None = None, only_new: bool = False) -> None: ...
 
@@ -55,7 +72,9 @@ class Store(Protocol):
 
     def delete(self, keys: Sequence[str]) -> None: ...
 
-    def hash_get(self, name: str) -> dict[str, bytes]: ...
+    def hash_scan(self, name: str, limit: int = MAX_RECORD) -> Iterator[list[tuple[str, Value]]]: ...
+
+    def hash_values(self, name: str, fields: Sequence[str], limit: int = MAX_RECORD) -> list[Value]: ...
 
     def hash_set(self, name: str, mapping: Mapping[str, bytes]) -> None: ...
 
@@ -66,21 +85,74 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+def hash_fields(store: Store, name: str) -> set[str]:
+    """The field names of a hash (their values are not kept)."""
+    return {k for batch in store.hash_scan(name, limit=0) for k, _ in batch}
+
+
 def redact(url: str) -> str:
     """`url` without its password (it goes into messages and JSON)."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+    from kcache_cli.remote.redact import redact_url
+
+    return redact_url(url)
 
 
-def open_store(url: str, connect_timeout: float = CONNECT_TIMEOUT, io_timeout: float = IO_TIMEOUT) -> Store:
-    """The store at `url`: redis://[user:password@]host:port/db, rediss://... (TLS), or file:///path."""
+def open_store(url: str, connect_timeout: float = CONNECT_TIMEOUT, io_timeout: float = IO_TIMEOUT,
+               deadline: float | None = None) -> Store:
+    """The store at `url`: redis://[user:password@]host:port/db, rediss://... (TLS), or file:///path.
+    `deadline`: seconds the whole remote part of the command may take (None: no limit)."""
+    store: Store
     if url.startswith(("redis://", "rediss://", "unix://")):
-        return RedisStore(url, connect_timeout, io_timeout)
-    if url.startswith("file://"):
+        store = RedisStore(url, connect_timeout, io_timeout)
+    elif url.startswith("file://"):
         path = url[len("file://"):]
         if not path.startswith("/"):
-            raise UsageError(f"remote {url!r}: a file:// remote needs an absolute path (file:///shared/kcache)")
-        return FileStore(path)
-    raise UsageError(f"remote {redact(url)!r}: use redis://host:port/db, rediss://... or file:///path")
+            raise UsageError(f"remote {redact(url)!r}: a file:// remote needs an absolute path (file:///shared/kcache)")
+        store = FileStore(path)
+    else:
+        raise UsageError(f"remote {redact(url)!r}: use redis://host:port/db, rediss://... or file:///path")
+    store.set_deadline(deadline)
+    return store
+
+
+class Deadline:
+    """The time the remote part of a command has left; `expire` runs when it is over."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.seconds: float | None = None
+        self.at: float | None = None
+        self._timer: Any = None
+
+    def set(self, seconds: float | None, expire=None) -> None:
+        import threading
+        import time
+
+        self.cancel()
+        self.seconds = seconds
+        self.at = None if seconds is None else time.monotonic() + seconds
+        if seconds is not None and expire is not None:
+            self._timer = threading.Timer(max(seconds, 0.0), expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def left(self) -> float | None:
+        import time
+
+        return None if self.at is None else self.at - time.monotonic()
+
+    def check(self) -> None:
+        left = self.left()
+        if left is not None and left <= 0:
+            raise self.error()
+
+    def error(self) -> RemoteError:
+        return RemoteError(f"remote {self.url}: no answer within --remote-timeout ({self.seconds:g}s in all)")
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 # ---- Redis -------------------------------------------------------------------------------------
@@ -95,105 +167,231 @@ for i = 3, 2 + n do redis.call('PERSIST', KEYS[i]) end
 for i = 3 + n, #KEYS do redis.call('SET', KEYS[i], ARGV[i + 2 - n]) end
 return 1
 """
+# Bounded reads: the server measures each value and sends it only when it is within its limit (else
+# its size, an integer); a key that is not a string counts as missing. KEYS: keys; ARGV: limits.
+_GET = """
+local out = {}
+for i, k in ipairs(KEYS) do
+  if redis.call('TYPE', k).ok ~= 'string' then out[i] = false
+  else
+    local n = redis.call('STRLEN', k)
+    if n > tonumber(ARGV[i]) then out[i] = n else out[i] = redis.call('GET', k) end
+  end
+end
+return out
+"""
+# One HSCAN step, each value sent only within the limit (else its size), each name only within it too
+# (else left out). KEYS: hash; ARGV: cursor, count, limit.
+_HSCAN = """
+local r = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
+local lim, kv, out = tonumber(ARGV[3]), r[2], {}
+for i = 1, #kv, 2 do
+  if #kv[i] <= 4096 then
+    out[#out + 1] = kv[i]
+    if #kv[i + 1] > lim then out[#out + 1] = #kv[i + 1] else out[#out + 1] = kv[i + 1] end
+  end
+end
+return {r[1], out}
+"""
+# Bounded HMGET. KEYS: hash; ARGV: limit, fields...
+_HMGET = """
+local out, lim = {}, tonumber(ARGV[1])
+for i = 2, #ARGV do
+  local n = redis.call('HSTRLEN', KEYS[1], ARGV[i])
+  if n > lim then out[i - 1] = n else out[i - 1] = redis.call('HGET', KEYS[1], ARGV[i]) end
+end
+return out
+"""
 _BATCH = 256  # keys per round trip
+SCAN_BATCH = 1000  # hash fields per step of a scan
+
+
+def _check_user_part(url: str, shown: str) -> None:
+    """A password holding `/`, `?` or `#` unencoded makes the URL mean another host (part of the
+    password would then be printed as one): refused, with how to write it."""
+    rest = url.partition("://")[2]
+    user = rest[:rest.rfind("@")] if "@" in rest else ""
+    if any(ch in user for ch in "/?#"):
+        raise UsageError(f"remote {shown!r}: its user part holds '/', '?' or '#'; write them %-encoded "
+                         "(%2F, %3F, %23) in a password")
+
+
+def _value(v: object) -> Value:
+    return v if isinstance(v, (bytes, int)) and not isinstance(v, bool) else None
 
 
 class RedisStore:
-    """A Redis server through redis-py (imported here only)."""
+    """A Redis server through redis-py (imported here only). Every call is bounded twice: each read
+    by the I/O timeout, and all of them together by the command's deadline, when one is set, after
+    which the connections are shut down under any read still waiting."""
 
     def __init__(self, url: str, connect_timeout: float = CONNECT_TIMEOUT, io_timeout: float = IO_TIMEOUT) -> None:
         try:
             import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
         except ImportError:
             raise KcacheError("the redis client is not installed (pip install redis)") from None
         self.url = redact(url)
         self._errors = redis.exceptions.RedisError
-        try:
-            self._r = redis.Redis.from_url(url, socket_connect_timeout=connect_timeout, socket_timeout=io_timeout)
-        except ValueError as exc:
-            raise UsageError(f"remote {self.url!r}: {exc}") from None
-        self._script: Any = None
+        self.deadline = Deadline(self.url)
+        self._expired = False
+        _check_user_part(url, self.url)
+        try:  # no retries: a retry would start the wait over, past the deadline
+            self._r = redis.Redis.from_url(url, socket_connect_timeout=connect_timeout, socket_timeout=io_timeout,
+                                           retry=Retry(NoBackoff(), 0))
+        except (ValueError, TypeError):  # redis-py's words may quote any part of the URL: not printed
+            raise UsageError(f"remote {self.url!r} is not a URL redis-py reads (redis://[user:password@]host:port/db"
+                             ")") from None
+        self._scripts: dict[str, Any] = {}
 
-    def _fail(self, exc: Exception) -> RemoteError:
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        return RemoteError(f"remote {self.url}: {text}")
+    def set_deadline(self, seconds: float | None) -> None:
+        self._expired = False
+        self.deadline.set(seconds, self._expire)
 
-    def get(self, keys: Sequence[str]) -> list[bytes | None]:
+    def _expire(self) -> None:
+        """The deadline is over: shut every connection down, so that a read waiting on one ends now."""
+        import socket
+
+        self._expired = True
+        pool = self._r.connection_pool
+        conns = [*getattr(pool, "_available_connections", ()), *getattr(pool, "_in_use_connections", ())]
+        for conn in conns:
+            sock = getattr(conn, "_sock", None)
+            try:
+                if sock is not None:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _call(self, fn, *args, **kwargs):
+        """fn(*args) with every failure of the remote (an error, a reply redis-py cannot take, the
+        deadline) as one RemoteError."""
+        from kcache_cli.remote.redact import redact_text
+
+        self.deadline.check()
         try:
-            out: list[bytes | None] = []
-            for i in range(0, len(keys), _BATCH):
-                out.extend(self._r.mget(keys[i:i + _BATCH]))  # type: ignore[arg-type]
-            return out
-        except self._errors as exc:
-            raise self._fail(exc) from None
+            return fn(*args, **kwargs)
+        except KcacheError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a hostile server can make redis-py raise anything
+            if self._expired:
+                raise self.deadline.error() from None
+            if isinstance(exc, self._errors):
+                text = " ".join(str(exc).split()) or type(exc).__name__
+            else:
+                text = f"its answer is not one a Redis server gives ({type(exc).__name__})"
+            raise RemoteError(f"remote {self.url}: {redact_text(text)}") from None
+
+    def _script(self, name: str, text: str):
+        if name not in self._scripts:
+            self._scripts[name] = self._r.register_script(text)
+        return self._scripts[name]
+
+    def get(self, keys: Sequence[str], limit: int | Sequence[int] = MAX_RECORD) -> list[Value]:
+        limits = [limit] * len(keys) if isinstance(limit, int) else list(limit)
+        return self._call(self._get, list(keys), limits)
+
+    def _get(self, keys: list[str], limits: list[int]) -> list[Value]:
+        script = self._script("get", _GET)
+        out: list[Value] = []
+        for i in range(0, len(keys), _BATCH):
+            got = script(keys=keys[i:i + _BATCH], args=limits[i:i + _BATCH])
+            if not isinstance(got, list) or len(got) != len(keys[i:i + _BATCH]):
+                raise RemoteError(f"remote {self.url}: its answer to a read is not one value per key")
+            out.extend(_value(v) for v in got)
+        return out
 
     def put(self, items: Mapping[str, bytes], ttl: int | None = None, only_new: bool = False) -> None:
-        try:
+        def run() -> None:
             pipe = self._r.pipeline(transaction=False)
             for n, (k, v) in enumerate(items.items(), 1):
                 pipe.set(k, v, ex=ttl, nx=only_new)
                 if n % _BATCH == 0:
                     pipe.execute()
             pipe.execute()
-        except self._errors as exc:
-            raise self._fail(exc) from None
+
+        self._call(run)
 
     def publish(self, p: Publish) -> bool:
         return self.publish_many([p])[0]
 
     def publish_many(self, ps: Sequence[Publish]) -> list[bool]:
         """Each publish atomic (one script run), all of them in one round trip."""
-        try:
-            if self._script is None:
-                self._script = self._r.register_script(_PUBLISH)
+        def run() -> list[bool]:
+            script = self._script("publish", _PUBLISH)
             pipe = self._r.pipeline(transaction=False)
             for p in ps:
                 keys = [p.key, p.index, *p.persist, *(k for k, _ in p.last)]
                 args = [p.value, p.index_field, p.index_value, len(p.persist), *(v for _, v in p.last)]
-                self._script(keys=keys, args=args, client=pipe)
+                script(keys=keys, args=args, client=pipe)
             return [bool(r) for r in pipe.execute()]
-        except self._errors as exc:
-            raise self._fail(exc) from None
+
+        return self._call(run)
 
     def delete(self, keys: Sequence[str]) -> None:
-        try:
+        def run() -> None:
             for i in range(0, len(keys), _BATCH):
                 if keys[i:i + _BATCH]:
                     self._r.delete(*keys[i:i + _BATCH])
-        except self._errors as exc:
-            raise self._fail(exc) from None
 
-    def hash_get(self, name: str) -> dict[str, bytes]:
-        try:
-            return {k.decode("utf-8", "replace"): v for k, v in self._r.hscan_iter(name, count=1000)}
-        except self._errors as exc:
-            raise self._fail(exc) from None
+        self._call(run)
+
+    def hash_scan(self, name: str, limit: int = MAX_RECORD) -> Iterator[list[tuple[str, Value]]]:
+        """The hash's fields and values a batch at a time (a value over `limit` as its size)."""
+        script = self._script("hscan", _HSCAN)
+        cursor: object = 0
+        seen: set[object] = set()
+        while True:
+            reply = self._call(script, keys=[name], args=[cursor, SCAN_BATCH, limit])
+            if not (isinstance(reply, list) and len(reply) == 2 and isinstance(reply[1], list)):
+                raise RemoteError(f"remote {self.url}: its answer to a scan is not one")
+            cursor, kv = reply
+            self._no_circle(cursor, seen)
+            yield [(k.decode("utf-8", "replace"), _value(v)) for k, v in zip(kv[::2], kv[1::2])
+                   if isinstance(k, bytes)]
+            if cursor in (0, b"0", "0"):
+                return
+
+    def hash_values(self, name: str, fields: Sequence[str], limit: int = MAX_RECORD) -> list[Value]:
+        if not fields:
+            return []
+        got = self._call(self._script("hmget", _HMGET), keys=[name], args=[limit, *fields])
+        if not isinstance(got, list) or len(got) != len(fields):
+            raise RemoteError(f"remote {self.url}: its answer to a read is not one value per field")
+        return [_value(v) for v in got]
 
     def hash_set(self, name: str, mapping: Mapping[str, bytes]) -> None:
-        try:
-            if mapping:
-                self._r.hset(name, mapping=dict(mapping))  # type: ignore[arg-type]
-        except self._errors as exc:
-            raise self._fail(exc) from None
+        if mapping:
+            self._call(self._r.hset, name, mapping=dict(mapping))
 
     def hash_delete(self, name: str, fields: Sequence[str]) -> None:
-        try:
-            if fields:
-                self._r.hdel(name, *fields)
-        except self._errors as exc:
-            raise self._fail(exc) from None
+        if fields:
+            self._call(self._r.hdel, name, *fields)
 
     def keys(self, pattern: str) -> Iterator[str]:
-        try:
-            for k in self._r.scan_iter(match=pattern, count=1000):
-                yield k.decode("utf-8", "replace")
-        except self._errors as exc:
-            raise self._fail(exc) from None
+        cursor: object = 0
+        seen: set[object] = set()
+        while True:
+            cursor, found = self._call(self._r.scan, cursor=cursor, match=pattern, count=1000)
+            self._no_circle(cursor, seen)
+            for k in found:
+                yield k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
+            if cursor in (0, b"0", "0"):
+                return
+
+    def _no_circle(self, cursor: object, seen: set[object]) -> None:
+        """A scan's cursor never comes back (Redis walks its table once): one that does is a server
+        that would keep the scan going for ever."""
+        if cursor in seen and cursor not in (0, b"0", "0"):
+            raise RemoteError(f"remote {self.url}: its scan goes round in circles (cursor {str(cursor)[:20]})")
+        seen.add(cursor)
 
     def close(self) -> None:
+        self.deadline.cancel()
         try:
             self._r.close()
-        except self._errors:
+        except Exception:  # noqa: BLE001,S110 - closing a connection a hostile server broke
             pass
 
 
@@ -222,7 +420,8 @@ class FileStore:
     Every read, write, rename and unlink goes through a descriptor of the store's directory held from
     the start (fswrite): the hash directories (`kcache:v1:index.d`, `pulled.d`) are opened beneath it
     without following a link, so a member who plants a link there makes the command fail with one
-    line, never read, write or unlink where it points."""
+    line, never read, write or unlink where it points. Reads are bounded and checked against the
+    command's deadline between files."""
 
     def __init__(self, path: str) -> None:
         from kcache_cli import fswrite
@@ -233,6 +432,10 @@ class FileStore:
             self.fd = fswrite.open_root(self.path)
         except OSError:
             raise RemoteError(f"remote {self.url}: no such directory") from None
+        self.deadline = Deadline(self.url)
+
+    def set_deadline(self, seconds: float | None) -> None:
+        self.deadline.set(seconds)  # checked between files: a local file system answers each read
 
     def _fail(self, what: str, name: str, exc: OSError) -> RemoteError:
         import errno
@@ -241,18 +444,27 @@ class FileStore:
                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV) else exc.strerror or str(exc))
         return RemoteError(f"remote {self.url}: cannot {what} {name}: {why}")
 
-    def _read(self, name: str, dir_fd: int | None = None) -> bytes | None:
-        from kcache_cli.fsread import read_bytes
+    def _bounded(self, name: str, limit: int, dir_fd: int | None = None) -> Value:
+        """The file's bytes, or its size when over `limit` (not read), or None when there is none."""
+        from kcache_cli.fsread import TooLarge, read_bytes
 
+        self.deadline.check()
+        fd = self.fd if dir_fd is None else dir_fd
         try:  # a shared directory may hold anything: never a FIFO or a link, never unbounded
-            return read_bytes(name, 1 << 30, dir_fd=self.fd if dir_fd is None else dir_fd)
+            return read_bytes(name, limit, dir_fd=fd)
         except FileNotFoundError:
             return None
+        except TooLarge:
+            try:
+                return max(os.stat(name, dir_fd=fd, follow_symlinks=False).st_size, limit + 1)
+            except OSError:
+                return limit + 1
         except OSError as exc:
             raise self._fail("read", name, exc) from None
 
-    def get(self, keys: Sequence[str]) -> list[bytes | None]:
-        return [self._read(_file_name(k)) for k in keys]
+    def get(self, keys: Sequence[str], limit: int | Sequence[int] = MAX_RECORD) -> list[Value]:
+        limits = [limit] * len(keys) if isinstance(limit, int) else list(limit)
+        return [self._bounded(_file_name(k), n) for k, n in zip(keys, limits)]
 
     def _write(self, dir_fd: int, final: str, data: bytes, replace: bool = True) -> bool:
         from kcache_cli import fswrite
@@ -339,20 +551,35 @@ class FileStore:
         except OSError as exc:
             raise self._fail("open", d, exc) from None
 
-    def hash_get(self, name: str) -> dict[str, bytes]:
+    def hash_scan(self, name: str, limit: int = MAX_RECORD) -> Iterator[list[tuple[str, Value]]]:
+        """The hash's fields and values a batch at a time (a value over `limit` as its size)."""
         d = self._hdir(name)
         if d is None:
-            return {}
-        out = {}
+            return
         try:
+            batch: list[tuple[str, Value]] = []
             for n in os.listdir(d):
-                if not n.startswith("."):
-                    v = self._read(n, d)
-                    if v is not None:
-                        out[_key_of(n)] = v
+                if n.startswith("."):
+                    continue
+                v = self._bounded(n, limit, d) if limit else 0
+                if v is not None:
+                    batch.append((_key_of(n), v))
+                if len(batch) >= SCAN_BATCH:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
         finally:
             os.close(d)
-        return out
+
+    def hash_values(self, name: str, fields: Sequence[str], limit: int = MAX_RECORD) -> list[Value]:
+        d = self._hdir(name)
+        if d is None:
+            return [None] * len(fields)
+        try:
+            return [self._bounded(_file_name(f), limit, d) for f in fields]
+        finally:
+            os.close(d)
 
     def hash_set(self, name: str, mapping: Mapping[str, bytes]) -> None:
         d = self._hdir(name, create=True)

@@ -1,0 +1,50 @@
+"""Passwords out of everything kcache prints: the one redaction every output path uses (a store's
+`url`, error lines, --debug tracebacks, JSON).
+
+A URL carries a password in its user part (`redis://:pw@h`, `redis://user:pw@h`, with `@`, `/`, `?`
+or `#` inside it, encoded or not) or in its query (`?password=pw`, which redis-py honours). Whatever
+lies between `://` and the last `@` of the URL is hidden whole (an unencoded `@` or `/` makes the user
+part ambiguous, so no part of it is kept), and so is the value of every query parameter but a few
+known harmless ones."""
+
+from __future__ import annotations
+
+import re
+
+HIDDEN = "***"
+# Query parameters redis-py reads that never hold a secret: their values stay readable.
+_HARMLESS = frozenset({"db", "socket_timeout", "socket_connect_timeout", "socket_keepalive", "retry_on_timeout",
+                       "max_connections", "health_check_interval", "client_name", "protocol", "ssl_cert_reqs",
+                       "decode_responses", "encoding"})
+# A URL inside some text: a scheme, `://`, then everything up to white space or a quote.
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*")
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password hidden, in any form a URL can carry one."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _redact_query(url)
+    at = rest.rfind("@")
+    if at >= 0:
+        rest = HIDDEN + rest[at:]
+    return f"{scheme}://{_redact_query(rest)}"
+
+
+def _redact_query(rest: str) -> str:
+    head, q, query = rest.partition("?")
+    if not q:
+        return rest
+    query, hash_, _fragment = query.partition("#")
+    parts = []
+    for param in query.split("&"):
+        name, eq, _value = param.partition("=")
+        parts.append(param if not eq or name.lower() in _HARMLESS else f"{name}={HIDDEN}")
+    return f"{head}?{'&'.join(parts)}" + (f"#{HIDDEN}" if hash_ else "")
+
+
+def redact_text(text: str) -> str:
+    """`text` (an error line, a traceback) with every URL in it redacted."""
+    if "://" not in text:
+        return text
+    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
