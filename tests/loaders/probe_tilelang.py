@@ -1,11 +1,12 @@
 """tilelang 0.1.15's own disk-cache lookup, run in the tilelang loader venv (CPU only).
 
-    python probe_tilelang.py ROOT REF
+    python probe_tilelang.py ROOT ENTRY REF
 
 ROOT is the (damaged) cache, REF an undamaged copy of it: REF says which binary format each
 cuda-binaries entry holds (the format the caller would ask for). Prints one JSON object:
 {"version": "0.1.15", "kernels": {<relpath>: {"verdict", "detail"}}} for every kernel entry
-(`<version>/<platform>/kernels/<key>`) and binary entry (`<version>/cuda-binaries/<key>`) in REF.
+(`<version>/<platform>/kernels/<key>`) and binary entry (`<version>/cuda-binaries/<key>`) in REF, then,
+last, ENTRY's {"verdict", "detail"} (tests/loaders/matrix.py's run_probe).
 
 Kernels go through tilelang's real `TVMFFIKernelCache._load_kernel_from_disk` (missing-file check,
 manifest integrity check, params, `runtime.load_module` of executable.so): only the two adapter steps
@@ -22,7 +23,7 @@ import json
 import os
 import sys
 
-ROOT, REF = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+ROOT, ENTRY, REF = os.path.abspath(sys.argv[1]), sys.argv[2], os.path.abspath(sys.argv[3])
 os.environ["TILELANG_CACHE_DIR"] = ROOT
 
 import tilelang  # noqa: E402
@@ -92,4 +93,7 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main()))
+    found = main()
+    print(json.dumps(found))
+    print(json.dumps(found["kernels"].get(os.path.normpath(ENTRY))
+                     or {"verdict": "unused", "detail": f"tilelang never looks {ENTRY} up"}))

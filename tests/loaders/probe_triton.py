@@ -1,10 +1,11 @@
 """Triton's own cache lookup, run in a loader venv (triton 3.1, 3.2 or 3.9; no GPU needed).
 
-    python probe_triton.py make ROOT    compile the kernels below into the cache ROOT
-    python probe_triton.py probe ROOT   compile them again against ROOT and say, per key directory,
-                                        what Triton did with it
+    python probe_triton.py make ROOT           compile the kernels below into the cache ROOT
+    python probe_triton.py ROOT ENTRY SOURCE   compile them again against ROOT and say what Triton
+                                               did with the key directory ENTRY (SOURCE: unused)
 
-Both print one JSON object: {"version": "3.9.0", "kernels": {<key dir>: {"name", "verdict", "detail"}}}.
+Both print one JSON object: {"version": "3.9.0", "kernels": {<key dir>: {"name", "verdict", "detail"}}};
+the second then prints, last, ENTRY's {"verdict", "detail"} (tests/loaders/matrix.py's run_probe).
 A verdict is the loader's own behaviour, measured here, never assumed:
 - hit: `triton.compile` returned the cached kernel without running a backend stage, and the cubin it
   returned is one the CUDA tools load (Triton's own `asm["sass"]`, which runs its cuobjdump);
@@ -22,7 +23,8 @@ import os
 import sys
 import traceback
 
-ROOT = os.path.abspath(sys.argv[2])
+MAKE = sys.argv[1] == "make"
+ROOT = os.path.abspath(sys.argv[2] if MAKE else sys.argv[1])
 os.environ["TRITON_CACHE_DIR"] = ROOT
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
@@ -159,4 +161,10 @@ def probe(make: bool) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(probe(sys.argv[1] == "make")))
+    found = probe(MAKE)
+    print(json.dumps(found))
+    if not MAKE:
+        key = os.path.normpath(sys.argv[2]).split(os.sep)[0]
+        mine = found["kernels"].get(key)
+        print(json.dumps(mine or {"verdict": "unused", "detail": f"no kernel Triton {found['version']} compiles "
+                                  f"looks up {key}"}))
