@@ -8,8 +8,8 @@ DESIGN section 2.8 and the four commands against each other.
 
 Typical use (see tests/test_oracle_hidet.py):
 
-    result = run_case(case, source_root, tmp_path, python_for(case.venv or case.layout))
-    assert not agree(result.verdict, result.view.get(case.entry), case)
+    results = run_cases(cases, {"hidet": source_root}, tmp_path, {"hidet": python_for("hidet")})
+    assert not [r.case.id for r in results if r.disagreements]
 """
 
 from __future__ import annotations
@@ -116,12 +116,14 @@ def owner_prefix(as_owner: bool) -> list[str]:
     return ["setpriv", "--bounding-set", caps, "--inh-caps", caps]
 
 
-def kcache(root: Path, *args: str, as_owner: bool = False, home: Path | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, NO_COLOR="1", KCACHE_DIR=str(root))
+def kcache(root: Path, *args: str, as_owner: bool = False, home: Path | None = None,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The real CLI in a process of its own (so that it can run without root's file-mode override)."""
+    full = dict(os.environ, NO_COLOR="1", KCACHE_DIR=str(root), **(env or {}))
     if home is not None:
-        env["HOME"] = str(home)
+        full["HOME"] = str(home)
     cmd = [*owner_prefix(as_owner), sys.executable, "-c", "from kcache_cli.cli.app import main; main()"]
-    return subprocess.run([*cmd, "--json", *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run([*cmd, "--json", *args], capture_output=True, text=True, env=full, timeout=300)
 
 
 def _json(done: subprocess.CompletedProcess, what: str):
@@ -136,49 +138,116 @@ def _rel(root: Path, path: str) -> str:
     return os.path.relpath(path, root)
 
 
-def kcache_view(root: Path, prune_root: Path, *, as_owner: bool = False) -> dict[str, EntryView]:
+def kcache_view(root: Path, prune_root: Path, *, as_owner: bool = False, inspect: tuple[str, ...] | None = None,
+                env: dict[str, str] | None = None) -> dict[str, EntryView]:
     """Every entry kcache lists in `root`, with what each command says; the real prune runs on `prune_root`
-    (an identical copy), so the dry run and the real run are compared on the same damage."""
+    (an identical copy), so the dry run and the real run are compared on the same damage. `inspect`: the
+    entries (relative paths) to inspect, default all."""
     home = root.parent / "home"
     home.mkdir(exist_ok=True)
-    run = lambda r, *a: kcache(r, *a, as_owner=as_owner, home=home)  # noqa: E731
+
+    def run(r: Path, *a: str) -> subprocess.CompletedProcess:
+        return kcache(r, *a, as_owner=as_owner, home=home, env=env)
+
     listed = _json(run(root, "ls"), "ls")
     problems = {_rel(root, p["path"]): p["status"] for p in _json(run(root, "verify"), "verify")["problems"]}
-    dry = {_rel(root, r["path"]) for r in _json(run(root, "prune", "--broken", "--dry-run"), "prune -n")["removed"]}
+    dry_run = _json(run(root, "prune", "--broken", "--dry-run"), "prune -n")
     real = _json(run(prune_root, "prune", "--broken", "--yes"), "prune")
-    pruned = {_rel(prune_root, r["path"]) for r in real["removed"]}
+    # what was removed (an entry, or something inside one, e.g. hidet's candidates/: removed_path says)
+    pruned = {_rel(prune_root, r.get("removed_path") or r["path"]) for r in real["removed"]}
+    dry = {_rel(root, r.get("removed_path") or r["path"]) for r in dry_run["removed"]}
     view: dict[str, EntryView] = {}
     for e in listed:
         rel = _rel(root, e["path"])
-        shown = run(root, "inspect", e["hash"])
-        inspected = _json(shown, "inspect").get("status") if shown.stdout.strip() else None
-        gone = not os.path.lexists(prune_root / rel)
+        inspected = None
+        if inspect is None or rel in inspect:
+            shown = run(root, "inspect", rel)
+            inspected = _json(shown, "inspect").get("status") if shown.stdout.strip() else None
         view[rel] = EntryView(
             ls=e["status"],
             reason=e["reason"],
             verify=problems.get(rel, "complete"),
             inspect=inspected,
             dry_pruned=rel in dry,
-            pruned=rel in pruned or gone,
+            pruned=rel in pruned or not os.path.lexists(prune_root / rel),
         )
     return view
+
+
+def _probe_cmd(layout: str, python: Path, as_owner: bool) -> list[str]:
+    return [*owner_prefix(as_owner), str(python), str(HERE / f"probe_{layout}.py")]
+
+
+def _verdict(line: str) -> dict | None:
+    try:
+        out = json.loads(line)
+    except ValueError:
+        return None
+    return out if isinstance(out, dict) and "verdict" in out else None
+
+
+def _checked(layout: str, out: dict) -> Verdict:
+    if out["verdict"] not in VERDICTS:
+        raise AssertionError(f"probe_{layout}: {out['verdict']}: {out.get('detail')}")
+    return Verdict(out["verdict"], out.get("detail", ""))
+
+
+def _probe_env(home: Path) -> dict[str, str]:
+    return dict(os.environ, HOME=str(home), PYTHONDONTWRITEBYTECODE="1", PYTHONFAULTHANDLER="1")
 
 
 def run_probe(layout: str, python: Path, root: Path, entry: str, source: Path, *, as_owner: bool = False) -> Verdict:
     """The layout's probe, run by the loader venv's python on `root` (which the probe may change):
     `probe_<layout>.py ROOT ENTRY SOURCE`, SOURCE being the undamaged tree (where the probe finds what the
-    entry was made from, e.g. hidet's task.pickle); it prints {"verdict": ..., "detail": ...} last."""
-    script = HERE / f"probe_{layout}.py"
-    cmd = [*owner_prefix(as_owner), str(python), str(script), str(root), entry, str(source)]
-    env = dict(os.environ, HOME=str(root.parent / "probe-home"), PYTHONDONTWRITEBYTECODE="1")
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        raise AssertionError(f"probe_{layout} printed no verdict (exit {done.returncode}): {done.stderr[-2000:]}")
-    out = json.loads(lines[-1])
-    if out["verdict"] not in VERDICTS:
-        raise AssertionError(f"probe_{layout}: unknown verdict {out['verdict']!r}")
-    return Verdict(out["verdict"], out.get("detail", ""))
+    entry was made from, e.g. hidet's task.pickle); it prints {"verdict": ..., "detail": ...} last. A
+    loader that kills its process (SIGBUS on a truncated lib.so) crashed, unless it was compiling."""
+    done = subprocess.run([*_probe_cmd(layout, python, as_owner), str(root), entry, str(source)],
+                          capture_output=True, text=True, env=_probe_env(root.parent / "probe-home"), timeout=900)
+    found = [v for v in map(_verdict, done.stdout.splitlines()) if v]
+    if found:
+        return _checked(layout, found[-1])
+    if done.returncode < 0:
+        events = root.parent / "probe-events"
+        seen = set(events.read_text().split()) if events.exists() else set()
+        where = " ".join(ln.strip() for ln in done.stderr.splitlines() if "File " in ln)[:300]
+        word = RECOMPILE if seen & {"build", "compiler"} else CRASH
+        return Verdict(word, f"the process died of signal {-done.returncode} ({where})")
+    raise AssertionError(f"probe_{layout} printed no verdict (exit {done.returncode}): {done.stderr[-2000:]}")
+
+
+def run_probes(layout: str, python: Path, jobs: list[tuple[Path, str, Path]], *, as_owner: bool = False
+               ) -> list[Verdict]:
+    """Many cases through one probe process (`--batch`, probe_common.py). A case that kills the process
+    runs again in a process of its own (run_probe), and the batch goes on after it."""
+    out: list[Verdict] = []
+    while len(out) < len(jobs):
+        rest = jobs[len(out):]
+        lines = "".join(json.dumps([str(r), e, str(s)]) + "\n" for r, e, s in rest)
+        done = subprocess.run([*_probe_cmd(layout, python, as_owner), "--batch"], input=lines, capture_output=True,
+                              text=True, env=_probe_env(rest[0][0].parent.parent / "probe-home"), timeout=3600)
+        answered = {v["index"]: v for v in map(_verdict, done.stdout.splitlines()) if v and "index" in v}
+        i = 0
+        while i in answered:
+            out.append(_checked(layout, answered[i]))
+            i += 1
+        if len(out) < len(jobs):
+            out.append(run_probe(layout, python, *jobs[len(out)], as_owner=as_owner))
+    return out
+
+
+def installed_for_kcache(python: Path, package: str, where: Path) -> dict[str, str]:
+    """The environment that makes kcache see the loader venv's `package` as installed (its real
+    `<package>-<version>.dist-info`, linked into a directory put on PYTHONPATH), without importing it:
+    kcache judges entries against the installed compiler's version, as a user's venv would have it."""
+    found = subprocess.run([str(python), "-c", "import importlib.metadata as m, sys; "
+                            f"print(m.distribution({package!r})._path)"], capture_output=True, text=True)
+    dist = Path(found.stdout.strip())
+    if found.returncode != 0 or not dist.is_dir():
+        raise AssertionError(f"{package} is not installed in {python}: {found.stderr[-500:]}")
+    where.mkdir(parents=True, exist_ok=True)
+    if not (where / dist.name).exists():
+        (where / dist.name).symlink_to(dist)
+    return {"PYTHONPATH": str(where)}
 
 
 def copy_root(src: Path, dst: Path) -> Path:
@@ -187,9 +256,9 @@ def copy_root(src: Path, dst: Path) -> Path:
     return dst
 
 
-def run_case(case: Case, source: Path, workdir: Path, python: Path) -> CaseResult:
-    """Three copies of `source` with the damage applied: one for the probe, one for the read-only commands
-    and the dry run, one for the real prune."""
+def prepare(case: Case, source: Path, workdir: Path) -> tuple[Path, Path, Path]:
+    """Three copies of `source` with the damage applied: for the probe, for the read-only commands and the
+    dry run, and for the real prune."""
     roots = []
     for what in ("probe", "view", "prune"):
         base = workdir / what
@@ -197,8 +266,32 @@ def run_case(case: Case, source: Path, workdir: Path, python: Path) -> CaseResul
         root = copy_root(source, base / "cache")
         case.damage(root)
         roots.append(root)
-    verdict = run_probe(case.layout, python, roots[0], case.entry, source, as_owner=case.as_owner)
-    view = kcache_view(roots[1], roots[2], as_owner=case.as_owner)
+    return roots[0], roots[1], roots[2]
+
+
+def run_cases(cases: list[Case], sources: dict[str, Path], workdir: Path, pythons: dict[str, Path],
+              kcache_env: dict[str, str] | None = None) -> list[CaseResult]:
+    """Every case: damaged copies of `sources[case.source or case.layout]`, the probes in one batch per
+    (venv, as_owner), then kcache's commands. `pythons` maps a venv name to its python."""
+    prepared = [prepare(c, sources[c.source or c.layout], workdir / f"case{i:03d}") for i, c in enumerate(cases)]
+    verdicts: dict[int, Verdict] = {}
+    groups: dict[tuple[str, str, bool], list[int]] = {}
+    for i, c in enumerate(cases):
+        groups.setdefault((c.layout, c.venv or c.layout, c.as_owner), []).append(i)
+    for (layout, venv_name, as_owner), idx in groups.items():
+        jobs = [(prepared[i][0], cases[i].entry, sources[cases[i].source or cases[i].layout]) for i in idx]
+        verdicts.update(zip(idx, run_probes(layout, pythons[venv_name], jobs, as_owner=as_owner)))
+    return [CaseResult(c, verdicts[i], kcache_view(prepared[i][1], prepared[i][2], as_owner=c.as_owner,
+                                                   inspect=(c.entry,), env=kcache_env))
+            for i, c in enumerate(cases)]
+
+
+def run_case(case: Case, source: Path, workdir: Path, python: Path,
+             kcache_env: dict[str, str] | None = None) -> CaseResult:
+    """One case on its own (three copies of `source`, the probe, kcache's commands)."""
+    probe_root, view_root, prune_root = prepare(case, source, workdir)
+    verdict = run_probe(case.layout, python, probe_root, case.entry, source, as_owner=case.as_owner)
+    view = kcache_view(view_root, prune_root, as_owner=case.as_owner, inspect=(case.entry,), env=kcache_env)
     return CaseResult(case, verdict, view)
 
 
@@ -210,7 +303,7 @@ def agree(verdict: Verdict, view: EntryView | None, case: Case | None = None) ->
     with each other; empty when all agree."""
     blind = bool(case and case.ls_blind)
     if view is None:
-        return [f"kcache does not list the entry; the loader says {verdict.verdict} ({verdict.detail})"]
+        return [f"kcache does not list the entry; the loader: {verdict.verdict} ({verdict.detail[:160]})"]
     allowed = set(ALLOWED[verdict.verdict])
     if verdict.verdict in UNREADABLE_OK:
         allowed.add("unreadable")
@@ -218,7 +311,7 @@ def agree(verdict: Verdict, view: EntryView | None, case: Case | None = None) ->
     judged = {"verify": view.verify, "inspect": view.inspect} | ({} if blind else {"ls": view.ls})
     for command, status in judged.items():
         if status not in allowed:
-            out.append(f"{command} says {status}, the loader {verdict.verdict}s ({verdict.detail})")
+            out.append(f"{command} says {status}; the loader: {verdict.verdict} ({verdict.detail[:160]})")
     if not blind and view.ls != view.inspect:
         out.append(f"ls says {view.ls}, inspect {view.inspect}")
     if view.verify != view.inspect:
@@ -228,7 +321,7 @@ def agree(verdict: Verdict, view: EntryView | None, case: Case | None = None) ->
                    f"{'removes' if view.pruned else 'keeps'} it")
     used = verdict.verdict in (HIT, REUSE, UNUSED)
     if view.pruned and (used or view.ls not in BROKEN and not blind):
-        out.append(f"prune --broken removes it ({view.ls}); the loader {verdict.verdict}s ({verdict.detail})")
+        out.append(f"prune --broken removes it ({view.ls}); the loader: {verdict.verdict}")
     if not view.pruned and not blind and view.ls in BROKEN:
         out.append(f"prune --broken keeps a {view.ls} entry")
     return out
