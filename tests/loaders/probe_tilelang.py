@@ -1,12 +1,10 @@
 """tilelang 0.1.15's own disk-cache lookup, run in the tilelang loader venv (CPU only).
 
-    python probe_tilelang.py ROOT ENTRY REF
+    python probe_tilelang.py ROOT ENTRY REF      (or --batch: probe_common.py)
 
-ROOT is the (damaged) cache, REF an undamaged copy of it: REF says which binary format each
-cuda-binaries entry holds (the format the caller would ask for). Prints one JSON object:
-{"version": "0.1.15", "kernels": {<relpath>: {"verdict", "detail"}}} for every kernel entry
-(`<version>/<platform>/kernels/<key>`) and binary entry (`<version>/cuda-binaries/<key>`) in REF, then,
-last, ENTRY's {"verdict", "detail"} (tests/loaders/matrix.py's run_probe).
+ROOT is the (damaged) cache, ENTRY a kernel entry (`<version>/<platform>/kernels/<key>`) or binary entry
+(`<version>/cuda-binaries/<key>`), REF an undamaged copy of the cache: REF says which binary format a
+cuda-binaries entry holds (the format the caller would ask for).
 
 Kernels go through tilelang's real `TVMFFIKernelCache._load_kernel_from_disk` (missing-file check,
 manifest integrity check, params, `runtime.load_module` of executable.so): only the two adapter steps
@@ -19,14 +17,16 @@ the rename a fresh compile would publish): if the old directory is gone, tilelan
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-ROOT, ENTRY, REF = os.path.abspath(sys.argv[1]), sys.argv[2], os.path.abspath(sys.argv[3])
-os.environ["TILELANG_CACHE_DIR"] = ROOT
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# tilelang makes its namespace directories here when the cache object is made: the first case's root, or,
+# for a batch, a directory of the probe's own (every case then names its entry's path itself)
+os.environ["TILELANG_CACHE_DIR"] = os.path.abspath(sys.argv[1]) if sys.argv[1] != "--batch" else \
+    __import__("tempfile").mkdtemp(prefix="tilelang-probe-")
 
-import tilelang  # noqa: E402
+from probe_common import main  # noqa: E402
 from tilelang.backend.module import create_backend_context  # noqa: E402
 from tilelang.cache.cuda_binary_cache import CUDABinaryCache  # noqa: E402
 from tilelang.jit.adapter import tvm_ffi  # noqa: E402
@@ -69,31 +69,22 @@ def binary_verdict(path: str, fmt: str) -> tuple[str, str]:
     return "recompile", "load missed; the directory is gone, so a fresh compile publishes one"
 
 
-def main() -> dict:
-    ctx = create_backend_context({"kind": "cuda", "arch": "sm_80"}, None, "tvm_ffi")
-    cache = TVMFFIKernelCache()
-    out = {}
-    for version in sorted(os.listdir(REF)):
-        vdir = os.path.join(REF, version)
-        for platform in sorted(os.listdir(vdir)):
-            kdir = os.path.join(vdir, platform, "kernels")
-            if platform.startswith(".") or not os.path.isdir(kdir):
-                continue
-            for key in sorted(os.listdir(kdir)):
-                rel = f"{version}/{platform}/kernels/{key}"
-                verdict, detail = kernel_verdict(cache, ctx, os.path.join(ROOT, rel))
-                out[rel] = {"verdict": verdict, "detail": detail}
-        bdir = os.path.join(vdir, "cuda-binaries")
-        for key in sorted(os.listdir(bdir)) if os.path.isdir(bdir) else ():
-            fmt = "fatbin" if os.path.exists(os.path.join(bdir, key, "kernel.fatbin")) else "cubin"
-            rel = f"{version}/cuda-binaries/{key}"
-            verdict, detail = binary_verdict(os.path.join(ROOT, rel), fmt)
-            out[rel] = {"verdict": verdict, "detail": detail}
-    return {"version": tilelang.__version__, "kernels": out}
+STATE: dict[str, object] = {}
+
+
+def probe_one(root: str, entry: str, ref: str) -> tuple[str, str]:
+    if not STATE:
+        STATE["ctx"] = create_backend_context({"kind": "cuda", "arch": "sm_80"}, None, "tvm_ffi")
+        STATE["cache"] = TVMFFIKernelCache()
+    parts = os.path.normpath(entry).split(os.sep)
+    path = os.path.join(os.path.abspath(root), *parts)
+    if len(parts) == 4 and parts[2] == "kernels":
+        return kernel_verdict(STATE["cache"], STATE["ctx"], path)  # type: ignore[arg-type]
+    if len(parts) == 3 and parts[1] == "cuda-binaries":
+        fmt = "fatbin" if os.path.exists(os.path.join(ref, entry, "kernel.fatbin")) else "cubin"
+        return binary_verdict(path, fmt)
+    return "unused", f"tilelang never looks {entry} up"
 
 
 if __name__ == "__main__":
-    found = main()
-    print(json.dumps(found))
-    print(json.dumps(found["kernels"].get(os.path.normpath(ENTRY))
-                     or {"verdict": "unused", "detail": f"tilelang never looks {ENTRY} up"}))
+    main(probe_one)

@@ -1,11 +1,12 @@
 """Triton's own cache lookup, run in a loader venv (triton 3.1, 3.2 or 3.9; no GPU needed).
 
-    python probe_triton.py make ROOT           compile the kernels below into the cache ROOT
+    python probe_triton.py make ROOT           compile the kernels below into the cache ROOT; prints
+                                               {"version", "kernels": {<key dir>: {"name", "detail"}}}
     python probe_triton.py ROOT ENTRY SOURCE   compile them again against ROOT and say what Triton
-                                               did with the key directory ENTRY (SOURCE: unused)
+    python probe_triton.py --batch             did with the key directory ENTRY (probe_common.py)
 
-Both print one JSON object: {"version": "3.9.0", "kernels": {<key dir>: {"name", "verdict", "detail"}}};
-the second then prints, last, ENTRY's {"verdict", "detail"} (tests/loaders/matrix.py's run_probe).
+The verdict is that of the kernel whose key directory is ENTRY's first component; the other kernels are
+looked up too (a damage must not spill over), and a key no kernel here looks up is "unused".
 A verdict is the loader's own behaviour, measured here, never assumed:
 - hit: `triton.compile` returned the cached kernel without running a backend stage, and the cubin it
   returned is one the CUDA tools load (Triton's own `asm["sass"]`, which runs its cuobjdump);
@@ -23,13 +24,14 @@ import os
 import sys
 import traceback
 
-MAKE = sys.argv[1] == "make"
-ROOT = os.path.abspath(sys.argv[2] if MAKE else sys.argv[1])
-os.environ["TRITON_CACHE_DIR"] = ROOT
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+if sys.argv[1] == "make":
+    os.environ["TRITON_CACHE_DIR"] = os.path.abspath(sys.argv[2])
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from probe_common import main  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler import compiler as tcompiler  # noqa: E402
@@ -140,8 +142,13 @@ def once(watch: Watch, fn, sig, block, cc):
     return (watch.dirs[0] if watch.dirs else None), ran, err
 
 
+WATCH: list[Watch] = []
+
+
 def probe(make: bool) -> dict:
-    watch = Watch()
+    if not WATCH:
+        WATCH.append(Watch())
+    watch = WATCH[0]
     out = {}
     for name, fn, sig, block, cc in KERNELS:
         key, ran, err = once(watch, fn, sig, block, cc)
@@ -160,11 +167,21 @@ def probe(make: bool) -> dict:
     return {"version": triton.__version__, "kernels": out}
 
 
+def probe_one(root: str, entry: str, source: str) -> tuple[str, str]:
+    os.environ["TRITON_CACHE_DIR"] = os.path.abspath(root)
+    found = probe(False)
+    key = os.path.normpath(entry).split(os.sep)[0]
+    mine = found["kernels"].get(key)
+    if mine is None:
+        return "unused", f"no kernel Triton {found['version']} compiles looks up {key}"
+    spill = sorted(k for k, v in found["kernels"].items() if k != key and v["verdict"] != "hit")
+    if spill and not os.environ.get("PROBE_ALLOW_SPILL"):
+        return "probe-error", f"the damage reached {spill[0]} too: {found['kernels'][spill[0]]}"
+    return mine["verdict"], mine["detail"]
+
+
 if __name__ == "__main__":
-    found = probe(MAKE)
-    print(json.dumps(found))
-    if not MAKE:
-        key = os.path.normpath(sys.argv[2]).split(os.sep)[0]
-        mine = found["kernels"].get(key)
-        print(json.dumps(mine or {"verdict": "unused", "detail": f"no kernel Triton {found['version']} compiles "
-                                  f"looks up {key}"}))
+    if sys.argv[1] == "make":
+        print(json.dumps(probe(True)))
+    else:
+        main(probe_one)
