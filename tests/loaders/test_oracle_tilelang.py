@@ -174,3 +174,18 @@ def test_kcache_agrees_with_tilelang_on_every_case(tilelang_results):
 def test_prune_broken_never_removes_what_tilelang_uses(tilelang_results):
     lost = [describe(r) for r in tilelang_results if loses_used_entry(r)]
     assert not lost, "\n".join(lost)
+
+
+@pytest.mark.slow
+def test_report_rows(tilelang_results):
+    """With KCACHE_ORACLE_REPORT=DIR, the README's status-table rows of this matrix go to DIR/tilelang.json
+    (layout, damage, what the loader does, kcache's status, what prune --broken does)."""
+    where = os.environ.get("KCACHE_ORACLE_REPORT")
+    rows = [{"layout": r.case.layout, "damage": r.case.name,
+             "loader": r.verdict.verdict, "detail": r.verdict.detail,
+             "kcache": r.entry_view.ls if r.entry_view else None,
+             "prune": "removes" if r.entry_view and r.entry_view.pruned else "keeps"} for r in tilelang_results]
+    assert all(row["kcache"] for row in rows)
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        (Path(where) / "tilelang.json").write_text(json.dumps(rows, indent=1))

@@ -45,7 +45,6 @@ def make_cache(venv: str, dest: Path, **env: str) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def sources(tmp_path_factory) -> dict[str, tuple[Path, dict[str, str]]]:
     """venv (or "triton39-binary-only") -> (root, {key: kernel name}), made once per session, lazily."""
-    made: dict[str, tuple[Path, dict[str, str]]] = {}
     SOURCES.clear()
 
     class Lazy(dict):
@@ -53,9 +52,9 @@ def sources(tmp_path_factory) -> dict[str, tuple[Path, dict[str, str]]]:
             venv, _, variant = name.partition("-")
             root = tmp_path_factory.mktemp(name) / "cache"
             env = {"TRITON_STORE_BINARY_ONLY": "1"} if variant == "binary-only" else {}
-            made[name] = (root, make_cache(venv, root, **env))
+            self[name] = (root, make_cache(venv, root, **env))
             SOURCES[name] = root
-            return made[name]
+            return self[name]
     return Lazy()
 
 
@@ -252,3 +251,18 @@ def test_kcache_agrees_with_triton_on_every_case(triton_results):
 def test_prune_broken_never_removes_what_triton_uses(triton_results):
     lost = [describe(r) for r in triton_results if loses_used_entry(r)]
     assert not lost, "\n".join(lost)
+
+
+@pytest.mark.slow
+def test_report_rows(triton_results):
+    """With KCACHE_ORACLE_REPORT=DIR, the README's status-table rows of this matrix go to DIR/triton.json
+    (layout, damage, what the loader does, kcache's status, what prune --broken does)."""
+    where = os.environ.get("KCACHE_ORACLE_REPORT")
+    rows = [{"layout": r.case.layout, "damage": f"{r.case.venv}: {r.case.name}",
+             "loader": r.verdict.verdict, "detail": r.verdict.detail,
+             "kcache": r.entry_view.ls if r.entry_view else None,
+             "prune": "removes" if r.entry_view and r.entry_view.pruned else "keeps"} for r in triton_results]
+    assert all(row["kcache"] for row in rows)
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        (Path(where) / "triton.json").write_text(json.dumps(rows, indent=1))
