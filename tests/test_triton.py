@@ -588,3 +588,47 @@ def test_a_hip_kernel_is_listed_by_its_target_and_arch(kcache, cache):
 def test_scan_filter_core(cache):
     res = scan_cache(cache, ScanFilter(ops=("softmax_kernel",)))
     assert [e.hash for e in res.entries] == [SOFTMAX] and res.layouts == ("triton",)
+
+
+# ---- permissions: the same status in every command, as root too -------------------------------
+
+def test_mode_000_is_unreadable_in_every_command_as_root(kcache, cache):
+    """Root reads a mode-000 file anyway; the user Triton runs as does not: unreadable, never removed."""
+    cubin = cache / ADD_90 / "add_kernel.cubin"
+    cubin.chmod(0)
+    key_dir = cache / SOFTMAX
+    key_dir.chmod(0)
+    try:
+        got = ls(kcache, cache)
+        assert got[ADD_90]["status"] == "unreadable" and "add_kernel.cubin" in got[ADD_90]["reason"]
+        assert got[SOFTMAX]["status"] == "unreadable"
+        problems = {p["hash"]: p["status"] for p in kcache("--cache-dir", cache, "verify", "--json").json()["problems"]}
+        assert problems == {ADD_90: "unreadable", SOFTMAX: "unreadable"}
+        for key in (ADD_90, SOFTMAX):
+            assert kcache("--cache-dir", cache, "inspect", key, "--json").json()["status"] == "unreadable"
+        r = kcache("--cache-dir", cache, "prune", "--broken", "--yes", "--json")
+        assert r.exit_code == 0 and r.json()["removed"] == [] and cubin.exists()
+    finally:
+        key_dir.chmod(0o755)
+        cubin.chmod(0o644)
+
+
+def test_a_root_whose_only_key_dir_denies_reading_is_listed_not_empty(tmp_path, cache):
+    """Run as the owner without root's override (setpriv drops it): the one key directory is mode 000."""
+    import subprocess
+    import sys
+
+    only = tmp_path / "only"
+    only.mkdir()
+    shutil.copytree(cache / ADD_90, only / ADD_90)
+    (only / ADD_90).chmod(0)
+    caps = "-dac_override,-dac_read_search,-fowner"
+    cmd = ["setpriv", "--bounding-set", caps, "--inh-caps", caps] if os.getuid() == 0 else []
+    try:
+        done = subprocess.run([*cmd, sys.executable, "-m", "kcache_cli", "--cache-dir", str(only), "ls", "--json"],
+                              capture_output=True, text=True, env=dict(os.environ, HOME=str(tmp_path)))
+    finally:
+        (only / ADD_90).chmod(0o755)
+    assert done.returncode == 0 and done.stdout.strip(), (done.stdout, done.stderr)
+    [e] = json.loads(done.stdout)
+    assert (e["layout"], e["hash"], e["status"]) == ("triton", ADD_90, "unreadable")

@@ -345,7 +345,7 @@ def _key_entries(ctx, job: tuple[str, ScanFilter]) -> list[Entry]:
     path, flt = job
     key = os.path.basename(path)
     lst = _Listing(path, ctx.warn)
-    names = list(lst.sizes)
+    names = list(lst.sizes) if lst.readable else _names(path)  # root lists a mode-000 dir: its name still
     single = single_file_kind(lst.sizes) if not any(is_group(n) for n in names) else None
     op = triton_kernel_name(names)
     if not flt.wants_op(op):
