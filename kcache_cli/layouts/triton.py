@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,7 @@ BINARY_EXT = {"cuda": ".cubin", "hip": ".hsaco"}  # the backend's binary_ext: th
 IR_SUFFIXES = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn")
 STALE_AFTER = 3600.0  # a temp dir or group-less entry untouched for an hour belongs to no live writer
 KIND_KERNEL, KIND_BINARY = "kernel", "binary"
+BASE32_KEY = re.compile(r"[A-Z2-7]{52}\Z")  # Triton >= 3.3's keys
 
 
 def is_key(name: str) -> bool:
@@ -196,14 +198,23 @@ def _unreadable(exc: object) -> bool:
     return isinstance(exc, PermissionError)
 
 
+def old_triton(key_dir: str) -> bool:
+    """A key Triton <= 3.2 named (64 hex up to 3.1, 43 base64url in 3.2; base32 since 3.3): its get_group
+    lets a group that does not parse raise, and drops the children whose path is missing instead of
+    missing the kernel."""
+    return BASE32_KEY.match(os.path.basename(key_dir)) is None
+
+
 def _group_rule(lst: _Listing, g: str) -> tuple[str, str | None, dict[str, str] | None]:
     """get_group's outcome for the group file `g`: (status, reason, child paths to go on with)."""
-    meta = g[len(GROUP_PREFIX):]
+    meta, old = g[len(GROUP_PREFIX):], old_triton(lst.path)
     if g in lst.links and not os.path.exists(os.path.join(lst.path, g)):
         return PARTIAL, f"{g} is a dangling link: Triton misses the kernel and compiles it again", None
     group = lst.json(g)
     if _unreadable(group):
         return UNREADABLE, f"{g} cannot be read (permission denied)", None
+    if isinstance(group, Exception) and old:
+        return CORRUPT, f"{g} does not parse: Triton <= 3.2 fails on every lookup", None
     if isinstance(group, Exception):
         return PARTIAL, f"{g} does not parse: Triton misses the kernel and compiles it again", None
     if not isinstance(group, dict):
@@ -214,6 +225,9 @@ def _group_rule(lst: _Listing, g: str) -> tuple[str, str | None, dict[str, str] 
     if children is None:
         return CORRUPT, f"{g}'s child_paths is not a map of file names to paths: Triton fails on every lookup", None
     missing = [n for n, p in children.items() if not _exists(lst, n, p)]
+    if old and meta not in missing:  # Triton <= 3.2 goes on with the children it finds
+        children = {n: p for n, p in children.items() if n not in missing}
+        missing = []
     here = [n for n in missing if plain_name(n) and _exists(lst, n, os.path.join(lst.path, n))]
     if missing and len(here) == len(missing) and not _leads_here(lst.path, missing[0], children[missing[0]]):
         return MOVED, (f"{g} points into {os.path.dirname(children[missing[0]])} (the cache was moved or copied): "
@@ -238,7 +252,7 @@ def _loaded(lst: _Listing, g: str, children: dict[str, str], changed) -> tuple[s
         return CORRUPT, f"{meta_name} is not Triton's metadata: Triton fails loading the kernel on every lookup"
     binary = f"{g[len(GROUP_PREFIX):-len('.json')]}{BINARY_EXT.get(backend, '.cubin')}"
     if binary not in children:
-        return CORRUPT, f"{g} does not list {binary}: Triton fails loading the kernel on every lookup"
+        return CORRUPT, f"{binary} is missing or not listed in {g}: Triton fails loading the kernel on every lookup"
     for name, path in sorted(children.items()):
         if name in lst.denied and path == os.path.join(lst.path, name):
             return UNREADABLE, f"{name} cannot be read (no read permission)"
