@@ -33,6 +33,7 @@ ADD_90 = "QKJDT6YVJBF6PBUBRY6ITHX2267DQCKVQW4DRRFH5NS63H4H25FA"
 MATMUL = "WSRDZ7AW2HMXGD7PVRPZJPPD4Y55TOITD3D7EUO6Z7SMUXQ4QBRA"
 SOFTMAX = "22DX5RUZ7YPKNU74O7GAUCGIGIPAEV2FCKTGJU2B2LNOL5MZNINQ"
 ORIGIN = "/home/kc/.triton/cache"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "real" / "triton" / "cache"
 
 
 @pytest.fixture
@@ -56,7 +57,12 @@ def moved(fixture_copy) -> Path:
 def settle(root: Path, written_at: str | None = None) -> None:
     """Point every group file's child paths at this copy (or at `written_at`), as Triton writes them."""
     for grp in root.glob("*/__grp__*.json"):
-        group = json.loads(grp.read_text())
+        try:
+            group = json.loads(grp.read_text())
+        except ValueError:
+            group = json.loads((FIXTURE / grp.parent.name / grp.name).read_text()) \
+                if (FIXTURE / grp.parent.name).is_dir() else json.loads(
+                    (FIXTURE / ADD_90 / "__grp__add_kernel.json").read_text())
         group["child_paths"] = {n: os.path.join(written_at or root, grp.parent.name, n) for n in group["child_paths"]}
         grp.write_text(json.dumps(group))
 
@@ -632,3 +638,29 @@ def test_a_root_whose_only_key_dir_denies_reading_is_listed_not_empty(tmp_path, 
     assert done.returncode == 0 and done.stdout.strip(), (done.stdout, done.stderr)
     [e] = json.loads(done.stdout)
     assert (e["layout"], e["hash"], e["status"]) == ("triton", ADD_90, "unreadable")
+
+
+# ---- key shapes: Triton 3.1 (hex), 3.2 (base64url), >= 3.3 (base32) --------------------------------
+
+def test_every_key_shape_is_listed_and_old_keys_follow_old_triton(kcache, cache):
+    """Triton <= 3.2's get_group lets a group that does not parse raise and drops missing children
+    (tests/loaders/test_oracle_triton.py proves both on 3.1 and 3.2); >= 3.3 misses the kernel instead."""
+    hex_key = "6faf8446c3ad3ede80514ba2ca3bf2b082d8b03b6c58f638f64bc5d6a38773e1"
+    b64_key = "I5oKKmEO9ff3KEdI9SXm1LsMZ2iarRgiMGf-9GUu6I_"
+    for key in (hex_key, b64_key):
+        shutil.copytree(cache / ADD_90, cache / key)
+    settle(cache)
+    age(cache)
+    got = ls(kcache, cache)
+    assert {got[k]["status"] for k in (hex_key, b64_key)} == {"complete"} and len(got) == 8
+    for key in (hex_key, b64_key, ADD_90):
+        (cache / key / "__grp__add_kernel.json").write_text("{not json")
+    age(cache)
+    got = ls(kcache, cache)
+    assert got[hex_key]["status"] == got[b64_key]["status"] == "corrupt" and got[ADD_90]["status"] == "partial"
+    settle(cache)
+    for key in (hex_key, b64_key, ADD_90):
+        (cache / key / "add_kernel.ttir").unlink()
+    age(cache)
+    got = ls(kcache, cache)
+    assert got[hex_key]["status"] == got[b64_key]["status"] == "complete" and got[ADD_90]["status"] == "partial"
