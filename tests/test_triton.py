@@ -664,3 +664,32 @@ def test_every_key_shape_is_listed_and_old_keys_follow_old_triton(kcache, cache)
     age(cache)
     got = ls(kcache, cache)
     assert got[hex_key]["status"] == got[b64_key]["status"] == "complete" and got[ADD_90]["status"] == "partial"
+
+
+def test_the_dry_run_lists_what_the_real_prune_removes(kcache, cache, tmp_path):
+    """One plan: an old temp dir inside a whole kernel (removed, the kernel stays), a group-less kernel
+    with an old temp dir (removed whole), a truncated cubin (removed) — the same in both runs."""
+    tmp = cache / SOFTMAX / "tmp.pid_4242_0123abcd"
+    tmp.mkdir()
+    (tmp / "softmax_kernel.ptx").write_text("half")
+    add80 = cache / "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA"
+    (add80 / "__grp__add_kernel.json").unlink()
+    (add80 / "tmp.pid_7_ab").mkdir()
+    cubin = cache / MATMUL / "matmul_kernel.cubin"
+    cubin.write_bytes(cubin.read_bytes()[:100])
+    age(cache)
+    twin = tmp_path / "twin"
+    shutil.copytree(cache, twin, symlinks=True)
+    settle(twin)
+    age(twin)
+
+    def removed(root: Path, *args: str) -> list[tuple[str, str]]:
+        r = kcache("--cache-dir", root, "prune", "--broken", "--json", *args)
+        assert r.exit_code == 0, r.stderr
+        return sorted((x["what"], os.path.relpath(x.get("removed_path") or x["path"], root))
+                      for x in r.json()["removed"])
+
+    dry = removed(cache, "--dry-run")
+    assert dry == removed(twin, "--yes")
+    assert dry == sorted([("temp", f"{SOFTMAX}/tmp.pid_4242_0123abcd"), ("entry", add80.name), ("entry", MATMUL)])
+    assert ls(kcache, twin)[SOFTMAX]["status"] == "complete"
