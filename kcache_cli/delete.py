@@ -293,8 +293,8 @@ class _Planner:
                        for r in self.removals.values()):
                 self.skip(e, f"reached through the symlink {via}: never followed out of the cache")
             return []
-        if e.status == BUILDING:
-            self.skip(e, "a build holds its lock (in progress)")
+        if e.status == BUILDING:  # the layout's own reason: a lock, or a writer's fresh files (Triton)
+            self.skip(e, f"in progress: {e.reason}" if e.reason else "a build holds its lock (in progress)")
             return []
         if _is_leftover(e):
             return self._select_leftover(e)
@@ -482,7 +482,7 @@ def _select_inner_leftovers(p: _Planner, regular: list[Entry], warn: Warn) -> di
                 p.skip(e, left.busy)
                 continue
             u = measure_tree(path, warn)
-            r = Removal(e, path, f"{e.relpath}/{left.name}", u.size, CANDIDATES, left.why, lock=e.relpath)
+            r = Removal(e, path, f"{e.relpath}/{left.name}", u.size, left.what, left.why, lock=e.relpath)
             p.removals[path] = r
             out.setdefault(e.path, []).append(r)
     return out

@@ -17,6 +17,7 @@ from kcache_cli.terms import (  # noqa: F401
     FAILED,
     KINDS,
     LAYOUT_NAMES,
+    MOVED,
     PARTIAL,
     STALE,
     STATUSES,

@@ -8,6 +8,9 @@ COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING = "complete", "partial", "failed", 
 # stale: whole and valid, but built by another version of the compiler, which will rebuild it.
 # unreadable: permissions keep kcache (and the compiler) from reading it; never judged broken.
 STALE, UNREADABLE = "stale", "unreadable"
-STATUSES = (COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING, STALE, UNREADABLE)
+# moved: whole, but the paths it records lead into another root (a relocatable layout copied by hand):
+# the compiler misses it until `verify --fix` rewrites them; never removed by prune --broken.
+MOVED = "moved"
+STATUSES = (COMPLETE, PARTIAL, FAILED, CORRUPT, BUILDING, STALE, UNREADABLE, MOVED)
 LAYOUT_NAMES = tuple(s.name for s in SHAPES)
 KINDS = tuple(dict.fromkeys(k.kind for s in SHAPES for k in s.kinds))  # tilelang and triton share two

@@ -17,6 +17,7 @@ from kcache_cli.model import (
     BUILDING,
     COMPLETE,
     CORRUPT,
+    MOVED,
     UNREADABLE,
     Entry,
     Judgement,
@@ -106,7 +107,7 @@ def check_entry(root: Path, entry: Entry) -> EntryCheck:
     if problems and status == COMPLETE:
         status = CORRUPT
     moved = get(entry.layout).relocation_problem(entry)
-    if moved:  # the files are whole: the status stays, the entry still fails the check
+    if moved and moved not in problems:  # the files are whole: the status stays, the entry still fails
         problems.append(moved)
     return EntryCheck(entry, status, tuple(problems), moved)
 
@@ -123,7 +124,8 @@ def fix_relocation(root: Path, check: EntryCheck) -> tuple[EntryCheck, str | Non
     except OSError as exc:
         return check, f"cannot rewrite {exc.filename or check.entry.path}: {exc.strerror or exc}"
     problems = tuple(p for p in check.problems if p != check.relocation)
-    return replace(check, problems=problems, relocation=None), None
+    status = COMPLETE if check.status == MOVED and not problems else check.status
+    return replace(check, status=status, problems=problems, relocation=None), None
 
 
 def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None, progress=None,

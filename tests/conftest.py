@@ -60,6 +60,20 @@ def pytest_terminal_summary(terminalreporter):
                       "attacker as a second user (uid 65534); nothing proved that a co-user cannot make kcache "
                       "write outside a group-shared cache.", red=True, bold=True)
         tr.write_sep("!", red=True, bold=True)
+    _loader_oracle_summary(terminalreporter)
+
+
+def _loader_oracle_summary(tr) -> None:
+    """The loader venvs a test could not have (tests/loaders/venvs.py): loud, never a silent pass."""
+    from loaders.venvs import SKIPPED
+
+    if SKIPPED:
+        tr.write_sep("!", "LOADER ORACLE SKIPPED", red=True, bold=True)
+        tr.write_line(f"{len(SKIPPED)} loader oracle runs were SKIPPED: nothing proved that kcache's statuses "
+                      "agree with these real loaders (python tests/loaders/venvs.py --all):", red=True, bold=True)
+        for why in sorted(set(SKIPPED)):
+            tr.write_line(f"  {why[:300]}", red=True)
+        tr.write_sep("!", red=True, bold=True)
 
 
 @pytest.fixture(autouse=True)

@@ -33,14 +33,38 @@ ADD_90 = "QKJDT6YVJBF6PBUBRY6ITHX2267DQCKVQW4DRRFH5NS63H4H25FA"
 MATMUL = "WSRDZ7AW2HMXGD7PVRPZJPPD4Y55TOITD3D7EUO6Z7SMUXQ4QBRA"
 SOFTMAX = "22DX5RUZ7YPKNU74O7GAUCGIGIPAEV2FCKTGJU2B2LNOL5MZNINQ"
 ORIGIN = "/home/kc/.triton/cache"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "real" / "triton" / "cache"
 
 
 @pytest.fixture
 def cache(fixture_copy) -> Path:
-    """A writable copy of the real cache, its files an hour and a half old (no writer is active)."""
+    """A writable copy of the real cache as Triton would have written it here (its group paths lead into
+    the copy), its files an hour and a half old (no writer is active)."""
+    root = fixture_copy("triton") / "cache"
+    settle(root)
+    age(root)
+    return root
+
+
+@pytest.fixture
+def moved(fixture_copy) -> Path:
+    """A copy of the real cache as it was copied: its group paths lead into /home/kc/.triton/cache."""
     root = fixture_copy("triton") / "cache"
     age(root)
     return root
+
+
+def settle(root: Path, written_at: str | None = None) -> None:
+    """Point every group file's child paths at this copy (or at `written_at`), as Triton writes them."""
+    for grp in root.glob("*/__grp__*.json"):
+        try:
+            group = json.loads(grp.read_text())
+        except ValueError:
+            group = json.loads((FIXTURE / grp.parent.name / grp.name).read_text()) \
+                if (FIXTURE / grp.parent.name).is_dir() else json.loads(
+                    (FIXTURE / ADD_90 / "__grp__add_kernel.json").read_text())
+        group["child_paths"] = {n: os.path.join(written_at or root, grp.parent.name, n) for n in group["child_paths"]}
+        grp.write_text(json.dumps(group))
 
 
 def age(path: Path, seconds: float = 1.5 * HOUR) -> None:
@@ -84,15 +108,23 @@ def triton_hits(entry_dir: Path) -> bool:
 
 # ---- where, what, how it is judged -------------------------------------------------------------
 
-def test_fixture_listed_exactly(kcache, cache):
-    got = ls(kcache, cache)
+def test_fixture_listed_exactly(kcache, moved):
+    """As copied here, every group leads into /home/kc/.triton/cache: Triton misses each kernel (moved)."""
+    got = ls(kcache, moved)
     assert {h: (e["op"], e["space"], e["size"], e["files"]) for h, e in got.items()} == KERNELS
     for e in got.values():
-        assert (e["layout"], e["kind"], e["target"], e["status"], e["reason"]) == \
-            ("triton", "kernel", "cuda", "complete", None)
-        assert e["path"] == str(cache / e["hash"])
-    r = kcache("--cache-dir", cache, "dir", "--json")
+        assert (e["layout"], e["kind"], e["target"], e["status"]) == ("triton", "kernel", "cuda", "moved")
+        assert ORIGIN in e["reason"] and "verify --fix" in e["reason"]
+        assert e["path"] == str(moved / e["hash"])
+    r = kcache("--cache-dir", moved, "dir", "--json")
     assert r.json()["layouts"] == ["triton"]
+
+
+def test_fixture_in_place_is_complete(kcache, cache):
+    got = ls(kcache, cache)
+    assert set(got) == set(KERNELS)
+    assert {(e["status"], e["reason"]) for e in got.values()} == {("complete", None)}
+    assert all(triton_hits(cache / k) for k in KERNELS)
 
 
 def test_detection_needs_triton_files(tmp_path):
@@ -108,7 +140,8 @@ def test_detection_needs_triton_files(tmp_path):
     assert not triton.LAYOUT.detect(other.parent)
 
 
-def test_filters_and_stats(kcache, cache):
+def test_filters_and_stats(kcache, moved):
+    cache = moved
     assert set(ls(kcache, cache, "--op", "add_kernel")) == {k for k, v in KERNELS.items() if v[0] == "add_kernel"}
     assert set(ls(kcache, cache, "--space", "sm_90a")) == {k for k, v in KERNELS.items() if v[1] == "sm_90a"}
     assert len(ls(kcache, cache, "--target", "cuda", "--layout", "triton")) == 6
@@ -117,7 +150,7 @@ def test_filters_and_stats(kcache, cache):
     s = kcache("--cache-dir", cache, "stats", "--json").json()
     assert s["layout"] == "triton" and s["entries"] == 6 and s["size"] == sum(v[2] for v in KERNELS.values())
     assert s["by_op"]["add_kernel"]["entries"] == 4 and s["by_space"]["sm_80"]["entries"] == 3
-    assert s["by_status"] == {"complete": {"entries": 6, "size": s["size"]}}
+    assert s["by_status"] == {"moved": {"entries": 6, "size": s["size"]}}
 
 
 def test_partial_and_corrupt_variants(kcache, cache):
@@ -135,53 +168,63 @@ def test_partial_and_corrupt_variants(kcache, cache):
     got = ls(kcache, cache)
     assert got[add80.name]["status"] == "partial" and "__grp__" in got[add80.name]["reason"]
     assert got[add80.name]["op"] == "add_kernel" and got[add80.name]["space"] == "sm_80"
-    assert got[SOFTMAX]["status"] == "partial" and "tmp.pid_4242_0123abcd" in got[SOFTMAX]["reason"]
-    assert got["tmp.pid_4242_0123abcd"]["status"] == "partial"  # the leftover itself, for prune
-    assert got[SOFTMAX]["size"] == KERNELS[SOFTMAX][2]  # the temp dir is not counted twice
+    # Triton never looks into a temp dir: the kernel is whole, the temp dir part of it (prune takes it)
+    assert got[SOFTMAX]["status"] == "complete" and "tmp.pid_4242_0123abcd" not in got
+    assert got[SOFTMAX]["files"] == KERNELS[SOFTMAX][3] + 1
     assert got[MATMUL]["status"] == "corrupt" and "truncated" in got[MATMUL]["reason"]
-    assert got[ADD_90]["status"] == "corrupt" and "add_kernel.llir is missing" in got[ADD_90]["reason"]
-    emptied = got[empty.parent.name]
-    assert emptied["status"] == "corrupt" and "add_kernel.ptx is empty" in emptied["reason"]
-    assert set(ls(kcache, cache, "--status", "corrupt")) == {MATMUL, ADD_90, empty.parent.name}
+    # a listed path that does not exist is a miss: Triton compiles the kernel again over it
+    assert got[ADD_90]["status"] == "partial" and "add_kernel.llir is missing" in got[ADD_90]["reason"]
+    assert got[empty.parent.name]["status"] == "complete"  # Triton reads an empty stage as "" and hits
+    assert set(ls(kcache, cache, "--status", "corrupt")) == {MATMUL}
     cubin.write_bytes(b"not an elf at all, but long enough" * 4)
     assert "not an ELF" in ls(kcache, cache)[MATMUL]["reason"]
 
 
 def test_fresh_writes_are_building_not_broken(kcache, cache):
-    """Within the hour a group-less entry or a temp dir may belong to a Triton process compiling now:
-    it is `building`, which prune and clear leave alone."""
+    """Within the hour a group-less entry may belong to a Triton process compiling now: it is `building`,
+    which prune and clear leave alone, with a reason that names no lock (Triton takes none). A fresh temp
+    dir in a whole kernel is part of it: prune leaves it, the kernel stays complete."""
     add80 = cache / "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA"
     (add80 / "__grp__add_kernel.json").unlink()
     (cache / SOFTMAX / "tmp.pid_99_ff").mkdir()
     got = ls(kcache, cache)
-    assert got[add80.name]["status"] == "building" and got[SOFTMAX]["status"] == "building"
+    assert got[add80.name]["status"] == "building" and got[SOFTMAX]["status"] == "complete"
     r = kcache("--cache-dir", cache, "prune", "--yes", "--broken", "--json")
     assert r.exit_code == 0 and r.json()["removed"] == []
     assert add80.is_dir() and (cache / SOFTMAX / "tmp.pid_99_ff").is_dir()
     r = kcache("--cache-dir", cache, "clear", "--all", "--yes", "--json")
-    assert add80.is_dir() and (cache / SOFTMAX / "tmp.pid_99_ff").is_dir()
-    assert {e["hash"] for e in r.json()["removed"]} == set(KERNELS) - {add80.name, SOFTMAX}
+    why = {s["hash"]: s["why"] for s in r.json()["skipped"]}
+    assert "lock" not in why[add80.name] and "Triton process" in why[add80.name]
+    assert add80.is_dir()
+    assert {e["hash"] for e in r.json()["removed"]} == set(KERNELS) - {add80.name}
 
 
-def test_unparseable_metadata_or_group_is_corrupt(kcache, cache):
+def test_unparseable_metadata_is_corrupt_and_group_partial(kcache, cache):
+    """Triton's get_group treats a group that does not parse as a miss (it compiles again and replaces
+    it: partial); a hit whose metadata does not parse fails on every lookup (corrupt)."""
     (cache / ADD_90 / "add_kernel.json").write_text('{"name": "add_kernel", "target": ')  # cut short
     (cache / SOFTMAX / "__grp__softmax_kernel.json").write_text("")
     age(cache)
     got = ls(kcache, cache)
-    assert got[ADD_90]["status"] == "corrupt" and "add_kernel.json does not parse" in got[ADD_90]["reason"]
+    assert got[ADD_90]["status"] == "corrupt" and "add_kernel.json is not Triton's metadata" in got[ADD_90]["reason"]
     assert got[ADD_90]["space"] is None and got[ADD_90]["op"] == "add_kernel"
-    assert got[SOFTMAX]["status"] == "corrupt" and "does not parse" in got[SOFTMAX]["reason"]
+    assert got[SOFTMAX]["status"] == "partial" and "does not parse" in got[SOFTMAX]["reason"]
     r = kcache("--cache-dir", cache, "prune", "--yes", "--broken", "--json")
     assert {x["hash"] for x in r.json()["removed"]} == {ADD_90, SOFTMAX}
 
 
 def test_a_group_file_kcache_may_not_read_is_unreadable_not_corrupt(cache, monkeypatch):
-    """As the suite runs as root, permissions are simulated: os.access says no for one group file."""
+    """As the suite runs as root, a failed read is simulated for one group file."""
     from kcache_cli.terms import UNREADABLE
 
     denied = str(cache / ADD_90 / "__grp__add_kernel.json")
-    real = os.access
-    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: os.fspath(p) != denied and real(p, mode, *a, **k))
+    real = triton._Listing.read
+
+    def read(self, path, limit):
+        if path == denied:
+            raise PermissionError(13, "Permission denied", path)
+        return real(self, path, limit)
+    monkeypatch.setattr(triton._Listing, "read", read)
     got = {e.hash: e for e in scan_cache(cache).entries}
     assert got[ADD_90].status == UNREADABLE and "permission denied" in (got[ADD_90].reason or "")
     assert {e.status for h, e in got.items() if h != ADD_90} == {"complete"}
@@ -204,9 +247,10 @@ def test_single_file_entries_are_complete(kcache, cache):
 
 # ---- inspect, log, completion --------------------------------------------------------------------
 
-def test_inspect(kcache, cache):
+def test_inspect(kcache, moved):
+    cache = moved
     d = kcache("--cache-dir", cache, "inspect", MATMUL[:10], "--json").json()
-    assert d["op"] == "matmul_kernel" and d["status"] == "complete" and d["archs"] == ["sm_90a"]
+    assert d["op"] == "matmul_kernel" and d["status"] == "moved" and d["archs"] == ["sm_90a"]
     facts = d["facts"]
     assert facts["kernel"] == "matmul_kernel" and facts["target"] == "cuda sm_90a"
     assert (facts["num_warps"], facts["num_stages"], facts["num_ctas"]) == ("4", "3", "1")
@@ -278,7 +322,7 @@ def test_prune_never_takes_a_fresh_leftover(kcache, cache):
     (tmp / "x.ptx").write_text("being written")
     r = kcache("--cache-dir", cache, "prune", "--yes", "--json")
     assert r.json()["removed"] == [] and tmp.is_dir()
-    assert any(s["hash"] == "tmp.pid_1_aa" and "less than an hour" in s["why"] for s in r.json()["skipped"])
+    assert ls(kcache, cache)[SOFTMAX]["status"] == "complete"
 
 
 def test_clear_and_prune_by_size_and_age(kcache, cache):
@@ -293,14 +337,16 @@ def test_clear_and_prune_by_size_and_age(kcache, cache):
 
 # ---- relocation: export, import, verify --fix --------------------------------------------------
 
-def test_verify_reports_moved_groups_and_fix_rewrites_them(kcache, cache):
+def test_verify_reports_moved_groups_and_fix_rewrites_them(kcache, moved):
+    cache = moved
     r = kcache("--cache-dir", cache, "verify", "--json")
     assert r.exit_code == 1
     data = r.json()
     assert data["failed"] == 6 and data["fixed"] == []
     for p in data["problems"]:
-        assert p["status"] == "complete"  # the files are whole; where they point is the problem
-        assert any(ORIGIN in x and "verify --fix" in x for x in p["problems"])
+        assert p["status"] == "moved"  # the files are whole; where they point is the problem
+        assert [x for x in p["problems"] if ORIGIN in x and "verify --fix" in x] == p["problems"][:1]
+        assert len(p["problems"]) == 1
     assert not any(triton_hits(cache / k) for k in KERNELS)
     r = kcache("--cache-dir", cache, "verify", "--fix", "--json")
     assert r.exit_code == 0, r.stdout + r.stderr
@@ -312,7 +358,8 @@ def test_verify_reports_moved_groups_and_fix_rewrites_them(kcache, cache):
     assert {e["status"] for e in ls(kcache, cache).values()} == {"complete"}
 
 
-def test_verify_fix_leaves_broken_entries_broken(kcache, cache):
+def test_verify_fix_leaves_broken_entries_broken(kcache, moved):
+    cache = moved
     (cache / ADD_90 / "add_kernel.llir").unlink()
     r = kcache("--cache-dir", cache, "verify", "--fix", "--json")
     assert r.exit_code == 1 and [p["hash"] for p in r.json()["problems"]] == [ADD_90]
@@ -348,11 +395,13 @@ def test_export_import_under_another_root_is_a_triton_hit(kcache, cache, tmp_pat
     assert {e["action"] for e in again["entries"]} == {"skip"}
 
 
-def test_import_replaces_incomplete_and_dry_run_writes_nothing(kcache, cache, tmp_path):
+def test_import_replaces_incomplete_and_dry_run_writes_nothing(kcache, moved, tmp_path):
+    cache = moved
     archive = tmp_path / "t.tar.gz"
     assert kcache("--cache-dir", cache, "export", archive).exit_code == 0
     dest = tmp_path / "dest"
     shutil.copytree(cache, dest)
+    settle(dest)  # a cache Triton wrote there: whole entries are skipped
     (dest / MATMUL / "matmul_kernel.cubin").write_bytes(b"")
     r = kcache("--cache-dir", dest, "import", archive, "--dry-run", "--json")
     assert r.exit_code == 0 and (dest / MATMUL / "matmul_kernel.cubin").stat().st_size == 0
@@ -401,9 +450,10 @@ def test_relocate_never_points_outside_the_entry(tmp_path):
     assert sorted(os.listdir(entry)) == ["__grp__add_kernel.json", "add_kernel.json"]
 
 
-def test_verify_fix_never_writes_through_a_key_dir_swapped_for_a_link(cache, tmp_path):
+def test_verify_fix_never_writes_through_a_key_dir_swapped_for_a_link(moved, tmp_path):
     """Between verify's scan and its --fix, a key directory is swapped for a link to a copy of it
     elsewhere: the rewrite refuses, and nothing outside the cache is written (not even a temp dir)."""
+    cache = moved
     from kcache_cli import fsread
     from kcache_cli.verify import verify_cache
 
@@ -432,8 +482,9 @@ def test_verify_fix_never_writes_through_a_key_dir_swapped_for_a_link(cache, tmp
     assert {p.name: p.read_bytes() for p in outside.iterdir()} == before
 
 
-def test_a_reader_never_sees_half_a_group_file(cache):
+def test_a_reader_never_sees_half_a_group_file(moved):
     """relocate replaces a group file atomically: Triton reading it meanwhile gets the old or the new one."""
+    cache = moved
     import threading
 
     entry = cache / MATMUL
@@ -478,7 +529,9 @@ def test_dir_all_and_triton_rule(kcache, cache, monkeypatch, tmp_path):
     assert rows["triton"]["entries"] == 6
 
 
-def test_symlinked_root_is_not_moved_and_a_symlinked_child_is_never_read(kcache, cache, tmp_path):
+def test_symlinked_root_is_not_moved_and_a_symlinked_child_is_read_as_triton_reads_it(kcache, moved, tmp_path):
+    """Triton opens a child through a link (os.path.exists, open): so does the judgement, never a FIFO."""
+    cache = moved
     assert kcache("--cache-dir", cache, "verify", "--fix").exit_code == 0
     alias = tmp_path / "alias"
     alias.symlink_to(cache)  # Triton reached through another path still finds every child
@@ -487,12 +540,23 @@ def test_symlinked_root_is_not_moved_and_a_symlinked_child_is_never_read(kcache,
     secret = tmp_path / "secret.cubin"
     secret.write_bytes(b"\x7fELF" + b"s" * 100)
     cubin = cache / SOFTMAX / "softmax_kernel.cubin"
+    good = tmp_path / "good.cubin"
+    good.write_bytes(cubin.read_bytes())
     cubin.unlink()
-    cubin.symlink_to(secret)
+    cubin.symlink_to(secret)  # a link to a broken binary: Triton loads it, broken
     got = ls(kcache, cache)[SOFTMAX]
-    assert got["status"] == "corrupt" and "symlink" in got["reason"]
-    d = kcache("--cache-dir", cache, "inspect", SOFTMAX, "--json").json()
-    assert d["binaries"] == [] and d["status"] == "corrupt"
+    assert got["status"] == "corrupt" and "truncated" in got["reason"]
+    cubin.unlink()
+    cubin.symlink_to(good)  # a link to a good one: Triton hits
+    assert ls(kcache, cache)[SOFTMAX]["status"] == "complete"
+    assert kcache("--cache-dir", cache, "inspect", SOFTMAX, "--json").json()["status"] == "complete"
+    cubin.unlink()
+    os.mkfifo(tmp_path / "fifo")
+    cubin.symlink_to(tmp_path / "fifo")  # never opened for reading: no hang
+    assert ls(kcache, cache)[SOFTMAX]["status"] == "corrupt"
+    cubin.unlink()
+    cubin.symlink_to(tmp_path / "gone.cubin")  # dangling: a miss, Triton compiles again
+    assert ls(kcache, cache)[SOFTMAX]["status"] == "partial"
 
 
 def test_arch_from_metadata():
@@ -532,3 +596,102 @@ def test_a_hip_kernel_is_listed_by_its_target_and_arch(kcache, cache):
 def test_scan_filter_core(cache):
     res = scan_cache(cache, ScanFilter(ops=("softmax_kernel",)))
     assert [e.hash for e in res.entries] == [SOFTMAX] and res.layouts == ("triton",)
+
+
+# ---- permissions: the same status in every command, as root too -------------------------------
+
+def test_mode_000_is_unreadable_in_every_command_as_root(kcache, cache):
+    """Root reads a mode-000 file anyway; the user Triton runs as does not: unreadable, never removed."""
+    cubin = cache / ADD_90 / "add_kernel.cubin"
+    cubin.chmod(0)
+    key_dir = cache / SOFTMAX
+    key_dir.chmod(0)
+    try:
+        got = ls(kcache, cache)
+        assert got[ADD_90]["status"] == "unreadable" and "add_kernel.cubin" in got[ADD_90]["reason"]
+        assert got[SOFTMAX]["status"] == "unreadable"
+        problems = {p["hash"]: p["status"] for p in kcache("--cache-dir", cache, "verify", "--json").json()["problems"]}
+        assert problems == {ADD_90: "unreadable", SOFTMAX: "unreadable"}
+        for key in (ADD_90, SOFTMAX):
+            assert kcache("--cache-dir", cache, "inspect", key, "--json").json()["status"] == "unreadable"
+        r = kcache("--cache-dir", cache, "prune", "--broken", "--yes", "--json")
+        assert r.exit_code == 0 and r.json()["removed"] == [] and cubin.exists()
+    finally:
+        key_dir.chmod(0o755)
+        cubin.chmod(0o644)
+
+
+def test_a_root_whose_only_key_dir_denies_reading_is_listed_not_empty(tmp_path, cache):
+    """Run as the owner without root's override (setpriv drops it): the one key directory is mode 000."""
+    import subprocess
+    import sys
+
+    only = tmp_path / "only"
+    only.mkdir()
+    shutil.copytree(cache / ADD_90, only / ADD_90)
+    (only / ADD_90).chmod(0)
+    caps = "-dac_override,-dac_read_search,-fowner"
+    cmd = ["setpriv", "--bounding-set", caps, "--inh-caps", caps] if os.getuid() == 0 else []
+    try:
+        done = subprocess.run([*cmd, sys.executable, "-m", "kcache_cli", "--cache-dir", str(only), "ls", "--json"],
+                              capture_output=True, text=True, env=dict(os.environ, HOME=str(tmp_path)))
+    finally:
+        (only / ADD_90).chmod(0o755)
+    assert done.returncode == 0 and done.stdout.strip(), (done.stdout, done.stderr)
+    [e] = json.loads(done.stdout)
+    assert (e["layout"], e["hash"], e["status"]) == ("triton", ADD_90, "unreadable")
+
+
+# ---- key shapes: Triton 3.1 (hex), 3.2 (base64url), >= 3.3 (base32) --------------------------------
+
+def test_every_key_shape_is_listed_and_old_keys_follow_old_triton(kcache, cache):
+    """Triton <= 3.2's get_group lets a group that does not parse raise and drops missing children
+    (tests/loaders/test_oracle_triton.py proves both on 3.1 and 3.2); >= 3.3 misses the kernel instead."""
+    hex_key = "6faf8446c3ad3ede80514ba2ca3bf2b082d8b03b6c58f638f64bc5d6a38773e1"
+    b64_key = "I5oKKmEO9ff3KEdI9SXm1LsMZ2iarRgiMGf-9GUu6I_"
+    for key in (hex_key, b64_key):
+        shutil.copytree(cache / ADD_90, cache / key)
+    settle(cache)
+    age(cache)
+    got = ls(kcache, cache)
+    assert {got[k]["status"] for k in (hex_key, b64_key)} == {"complete"} and len(got) == 8
+    for key in (hex_key, b64_key, ADD_90):
+        (cache / key / "__grp__add_kernel.json").write_text("{not json")
+    age(cache)
+    got = ls(kcache, cache)
+    assert got[hex_key]["status"] == got[b64_key]["status"] == "corrupt" and got[ADD_90]["status"] == "partial"
+    settle(cache)
+    for key in (hex_key, b64_key, ADD_90):
+        (cache / key / "add_kernel.ttir").unlink()
+    age(cache)
+    got = ls(kcache, cache)
+    assert got[hex_key]["status"] == got[b64_key]["status"] == "complete" and got[ADD_90]["status"] == "partial"
+
+
+def test_the_dry_run_lists_what_the_real_prune_removes(kcache, cache, tmp_path):
+    """One plan: an old temp dir inside a whole kernel (removed, the kernel stays), a group-less kernel
+    with an old temp dir (removed whole), a truncated cubin (removed) — the same in both runs."""
+    tmp = cache / SOFTMAX / "tmp.pid_4242_0123abcd"
+    tmp.mkdir()
+    (tmp / "softmax_kernel.ptx").write_text("half")
+    add80 = cache / "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA"
+    (add80 / "__grp__add_kernel.json").unlink()
+    (add80 / "tmp.pid_7_ab").mkdir()
+    cubin = cache / MATMUL / "matmul_kernel.cubin"
+    cubin.write_bytes(cubin.read_bytes()[:100])
+    age(cache)
+    twin = tmp_path / "twin"
+    shutil.copytree(cache, twin, symlinks=True)
+    settle(twin)
+    age(twin)
+
+    def removed(root: Path, *args: str) -> list[tuple[str, str]]:
+        r = kcache("--cache-dir", root, "prune", "--broken", "--json", *args)
+        assert r.exit_code == 0, r.stderr
+        return sorted((x["what"], os.path.relpath(x.get("removed_path") or x["path"], root))
+                      for x in r.json()["removed"])
+
+    dry = removed(cache, "--dry-run")
+    assert dry == removed(twin, "--yes")
+    assert dry == sorted([("temp", f"{SOFTMAX}/tmp.pid_4242_0123abcd"), ("entry", add80.name), ("entry", MATMUL)])
+    assert ls(kcache, twin)[SOFTMAX]["status"] == "complete"

@@ -36,6 +36,7 @@ from kcache_cli.errors import KcacheError, UsageError
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
+    MOVED,
     Entry,
     ScanFilter,
     Warn,
@@ -322,6 +323,9 @@ class _PartWriter:
             return e
         verdict = judge_entry(self.plan.root, e, deep=True)
         e = replace(e, status=verdict.status, reason=verdict.reason)
+        if e.status == MOVED and e.status not in self.plan.flt.statuses:
+            # whole, its recorded paths lead into another root: import rewrites them (Layout.relocate)
+            e = replace(e, status=COMPLETE, reason=None)
         if not self.plan.flt.matches(e):
             return None
         why = _leave_out(e, self.plan.flt, self.plan.sources_only)

@@ -464,7 +464,7 @@ def human_age(ts: float) -> str:
 
 
 STATUS_STYLE = {"complete": "green", "partial": "yellow", "failed": "red", "corrupt": "bold red",
-                "building": "cyan", "stale": "magenta", "unreadable": "red"}
+                "building": "cyan", "stale": "magenta", "unreadable": "red", "moved": "bold yellow"}
 
 
 def output_width() -> int | None:

@@ -22,7 +22,8 @@ COMPLETIONS_DIR = Path(__file__).resolve().parents[2] / "completions"
 TARGETS = (("cuda", "NVIDIA GPU"), ("cpu", "host CPU"), ("hip", "AMD GPU"))
 STATUSES = (("complete", "usable"), ("partial", "interrupted or unfinished"), ("failed", "the compiler failed"),
             ("corrupt", "damaged: the compiler will not load it"), ("building", "a build holds its lock"),
-            ("stale", "built by another compiler version"), ("unreadable", "permission denied"))
+            ("stale", "built by another compiler version"), ("unreadable", "permission denied"),
+            ("moved", "paths point into another root: verify --fix"))
 
 
 def _layouts() -> list[tuple[str, str]]:

@@ -50,6 +50,7 @@ class InnerLeftover(NamedTuple):
     name: str  # relative to the entry: "candidates"
     why: str  # "auto-tuning leftovers (candidates/)"
     busy: str  # why it stays when the entry is being written: "candidates/ kept: hidet holds the entry's lock"
+    what: str = "candidates"  # prune's word for it (`removed[].what`): "temp" for a writer's temp dir
 
 
 class Facts(NamedTuple):

@@ -171,7 +171,7 @@ TILELANG = LayoutShape("tilelang", (
 # Triton: <root>/<key>/, the key the base32 of a sha256 (Triton >= 3.2) or its hex (before). The target
 # and arch (the entries' space) are in the kernel's metadata file, not in the path; the kernel's name is
 # in its file names. What follows is the light part of layouts/triton.py (names only, no reads).
-_TRITON_KEY = (("hash", r"[A-Z2-7]{52}|[0-9a-f]{64}"),)
+_TRITON_KEY = (("hash", r"[A-Z2-7]{52}|[0-9a-f]{64}|[A-Za-z0-9_-]{43}"),)
 TRITON_GROUP, TRITON_TMP = "__grp__", "tmp.pid_"
 # Files only Triton's compiler writes: positive evidence that a key directory is Triton's.
 TRITON_STAGES = (".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".cubin", ".hsaco", ".source")
@@ -203,14 +203,18 @@ def triton_evidence(names: list[str]) -> bool:
 
 
 def _triton_confirm(root: str, tops: list[str]) -> bool:
-    """Key-named directories alone are no evidence: one of the first few must hold Triton's files."""
+    """Key-named directories alone are no evidence: one of the first few must hold Triton's files, or
+    (a root whose key directories all deny reading) none could be read, which `ls` then says."""
+    denied = 0
     for name in tops[:_TRITON_LOOKS]:
         try:
             if triton_evidence(os.listdir(os.path.join(root, name))):
                 return True
+        except PermissionError:
+            denied += 1
         except OSError:
             pass
-    return False
+    return bool(tops) and denied == len(tops[:_TRITON_LOOKS])
 
 
 TRITON = LayoutShape("triton", (

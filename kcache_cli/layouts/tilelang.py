@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli import fsread
-from kcache_cli.checks import (changed_since, check_manifest, list_files, read_every_byte, size_mismatch,
-                              unreadable)
+from kcache_cli.checks import (changed_since, list_files, read_head)
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
 from kcache_cli.layouts.base import Leftover, ModuleLayout
 from kcache_cli.layouts.shapes import TILELANG
@@ -102,57 +101,152 @@ def _load_json(path: str) -> dict | None:
     return fsread.json_object(path)
 
 
+CUDA_BINARY_FORMAT = "tilelang.cuda-binary-cache.v1"  # CUDABinaryCache.cache_format
+SOURCES = ("device_kernel.cu", "host_kernel.cu")
+MAX_RECORD = 1 << 20  # a manifest or metadata file is a few hundred bytes
+
+
+def _stat(path: str) -> os.stat_result | None:
+    """os.stat as the loader's os.path.exists/getsize/open see it (through a link), or None."""
+    try:
+        return os.stat(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _denied(st: os.stat_result | None) -> bool:
+    """A regular file nobody may read (mode bits): unreadable whoever runs kcache (root reads it anyway)."""
+    import stat as _s
+
+    return st is not None and _s.S_ISREG(st.st_mode) and not st.st_mode & 0o444
+
+
+def _dir_denied(path: str) -> bool:
+    try:
+        return not os.lstat(path).st_mode & 0o444
+    except OSError:
+        return False
+
+
+def _record(path: str) -> tuple[object, str | None]:
+    """(the JSON value, None), or (None, "unreadable"/"missing"/"bad") for a manifest or metadata file,
+    read through a link as tilelang opens it (never a FIFO or device: fsread)."""
+    st = _stat(path)
+    if st is None:
+        return None, "missing"
+    if _denied(st):
+        return None, "unreadable"
+    try:
+        return fsread.parse_json(fsread.read_bytes(path, MAX_RECORD, follow=True), os.path.basename(path)), None
+    except PermissionError:
+        return None, "unreadable"
+    except (OSError, ValueError):
+        return None, "bad"
+
+
+def _kernel_lib(path: str, names: dict[str, int]) -> str:
+    """The executable tilelang's backend loads: the one present, else the TVM FFI backend's (default)."""
+    return next((b for b in KERNEL_BINARIES if b in names), KERNEL_BINARIES[0])
+
+
 def kernel_status(path: str, names: dict[str, int], mtimes: dict[str, float] | None = None
                   ) -> tuple[str, str | None]:
-    binary = next((b for b in KERNEL_BINARIES if b in names), None)
-    if "manifest.json" in names and changed_since(mtimes, "manifest.json"):
-        manifest, bad = fsread.json_problem(os.path.join(path, "manifest.json"))
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-            return CORRUPT, bad if bad and "deep" in bad else "manifest.json is unreadable"
-        bad = size_mismatch("manifest.json", manifest["files"], names)
-        if bad:
-            return CORRUPT, bad
-    if binary is None:
-        return PARTIAL, "no executable.so, kernel_lib.so or kernel.cubin"
-    if names[binary] == 0:
-        return PARTIAL, f"{binary} is empty"
-    why = unreadable(os.path.join(path, binary))
-    if why:
-        return UNREADABLE, why
-    if binary == "kernel.cubin" and "kernel.py" not in names:
-        return PARTIAL, "kernel.cubin without kernel.py"
-    if "params.json" not in names and "params.pkl" not in names:
-        return PARTIAL, "no params.json"
+    """tilelang 0.1.15's `_load_kernel_from_disk`: every file it needs exists (through links), the
+    manifest parses and lists the executable and params.json, every listed file has its recorded size,
+    and those two their recorded sha256 (read when they changed after the manifest, or `mtimes` is None:
+    the deep check); else tilelang removes the entry and compiles again (partial). Sources are checked
+    by size only: a same-size edit is a hit."""
+    if _dir_denied(path):
+        return UNREADABLE, "cannot read the directory: permission denied (mode 000)"
+    lib = _kernel_lib(path, names)
+    needed = (*SOURCES, "manifest.json", lib, "params.json", *(("kernel.py",) if lib == "kernel.cubin" else ()))
+    stats = {n: _stat(os.path.join(path, n)) for n in needed}
+    gone = [n for n in needed if stats[n] is None]
+    if gone:
+        return PARTIAL, f"{gone[0]} is missing: tilelang compiles the kernel again"
+    manifest, bad = _record(os.path.join(path, "manifest.json"))
+    if bad == "unreadable" or any(_denied(stats[n]) for n in (lib, "params.json")):
+        who = "manifest.json" if bad == "unreadable" else next(n for n in (lib, "params.json") if _denied(stats[n]))
+        return UNREADABLE, f"{who} is unreadable (permission denied)"
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        return PARTIAL, "manifest.json does not parse as tilelang's manifest: tilelang compiles the kernel again"
+    required = (lib, "params.json")
+    if not all(n in files for n in required):
+        return PARTIAL, f"manifest.json does not list {next(n for n in required if n not in files)}: tilelang " \
+            "compiles the kernel again"
+    for name, rec in sorted(files.items()):
+        st = stats.get(name) or _stat(os.path.join(path, name))
+        size = rec.get("size") if isinstance(rec, dict) else None
+        if st is None or size is None or st.st_size != size:
+            return PARTIAL, (f"{name} is {'missing' if st is None else f'{st.st_size} bytes'}, manifest.json says "
+                             f"{size}: tilelang compiles the kernel again")
+    return _required_digests(path, files, required, mtimes)
+
+
+def _required_digests(path: str, files: dict, required: tuple[str, ...], mtimes) -> tuple[str, str | None]:
+    for name in required:
+        if mtimes is not None and not changed_since(mtimes, "manifest.json", (name,)):
+            continue
+        try:
+            digest = fsread.sha256_file(os.path.realpath(os.path.join(path, name)))
+        except PermissionError:
+            return UNREADABLE, f"{name} is unreadable (permission denied)"
+        except OSError as exc:
+            return PARTIAL, f"{name} cannot be read ({exc.strerror or exc}): tilelang compiles the kernel again"
+        rec = files[name]
+        if digest != rec.get("sha256"):
+            return PARTIAL, f"{name} sha256 {digest[:16]}... differs from manifest.json: tilelang compiles it again"
     return COMPLETE, None
 
 
 def binary_status(path: str, names: dict[str, int], mtimes: dict[str, float] | None = None
                   ) -> tuple[str, str | None]:
-    binary = next((b for b in CUBIN_BINARIES if b in names), None)
-    if binary is None:
-        return PARTIAL, "no kernel.cubin or kernel.fatbin"
-    if "metadata.json" not in names:
-        return PARTIAL, "no metadata.json"
-    why = unreadable(os.path.join(path, binary))
-    if why:
-        return UNREADABLE, why
-    if not changed_since(mtimes, "metadata.json", (binary,)):
-        return COMPLETE, None
-    meta = _load_json(os.path.join(path, "metadata.json"))
-    if meta is None:
-        return CORRUPT, "metadata.json is unreadable"
-    if meta.get("size") is not None and meta["size"] != names[binary]:
-        return CORRUPT, f"{binary} is {names[binary]} bytes, metadata.json says {meta['size']}"
+    """tilelang 0.1.15's `CUDABinaryCache.load`: the binary and metadata.json open, the metadata carries
+    tilelang's format tag, a positive integer size equal to the binary's, and (read when the binary
+    changed after the metadata, or `mtimes` is None: the deep check) its sha256. Else every lookup
+    misses and `save` never replaces a published directory: corrupt."""
+    if _dir_denied(path):
+        return UNREADABLE, "cannot read the directory: permission denied (mode 000)"
+    binary = next((b for b in CUBIN_BINARIES if b in names), CUBIN_BINARIES[0])
+    forever = "tilelang misses it on every lookup and never replaces it"
+    st = _stat(os.path.join(path, binary))
+    meta, bad = _record(os.path.join(path, "metadata.json"))
+    if _denied(st) or bad == "unreadable":
+        return UNREADABLE, f"{binary if _denied(st) else 'metadata.json'} is unreadable (permission denied)"
+    if st is None:
+        return CORRUPT, f"{binary} is missing: {forever}"
+    if bad is not None or not isinstance(meta, dict):
+        return CORRUPT, f"metadata.json is {'missing' if bad == 'missing' else 'not a JSON object'}: {forever}"
+    if meta.get("format") != CUDA_BINARY_FORMAT:
+        return CORRUPT, f"metadata.json's format is {meta.get('format')!r}, not {CUDA_BINARY_FORMAT}: {forever}"
+    size = meta.get("size")
+    if type(size) is not int or size <= 0 or size != st.st_size:
+        return CORRUPT, f"{binary} is {st.st_size} bytes, metadata.json says {size!r}: {forever}"
+    if not isinstance(meta.get("sha256"), str):
+        return CORRUPT, f"metadata.json has no sha256: {forever}"
+    if mtimes is None or changed_since(mtimes, "metadata.json", (binary,)):
+        try:
+            digest = fsread.sha256_file(os.path.realpath(os.path.join(path, binary)))
+        except PermissionError:
+            return UNREADABLE, f"{binary} is unreadable (permission denied)"
+        except OSError as exc:
+            return CORRUPT, f"{binary} cannot be read ({exc.strerror or exc}): {forever}"
+        if digest != meta["sha256"]:
+            return CORRUPT, f"{binary} sha256 {digest[:16]}... differs from metadata.json: {forever}"
     return COMPLETE, None
 
 
 def judge(path: str, kind: str, deep: bool = False, *, names: dict[str, int] | None = None,
           mtimes: dict[str, float] | None = None, root: object = None) -> Judgement:
-    """The one judgement of a tilelang kernel or binary: cheap for ls, `deep` checks every byte against
-    manifest.json / metadata.json."""
+    """The one judgement of a tilelang kernel or binary: cheap for ls (digests only of what changed after
+    its manifest / metadata), `deep` reads every byte tilelang checks, and params.json must parse."""
     if names is None:
         names, mtimes = {}, {}
         try:
+            st = os.lstat(path)
+            if not st.st_mode & 0o444:
+                return Judgement.of(UNREADABLE, "cannot read the directory: permission denied (mode 000)")
             for de in os.scandir(path):
                 if not de.is_dir(follow_symlinks=False):
                     st = de.stat(follow_symlinks=False)
@@ -160,35 +254,16 @@ def judge(path: str, kind: str, deep: bool = False, *, names: dict[str, int] | N
         except OSError as exc:
             return Judgement.of(UNREADABLE, f"cannot read the directory: {exc.strerror}")
     status, reason = (kernel_status if kind == "kernel" else binary_status)(path, names, None if deep else mtimes)
-    if status != COMPLETE or not deep:
-        return Judgement.of(status, reason)
-    if kind == "kernel":
-        manifest = _load_json(os.path.join(path, "manifest.json"))
-        problems = check_manifest(path, "manifest.json", manifest.get("files") or {}) if manifest else []
-    else:
-        meta = _load_json(os.path.join(path, "metadata.json")) or {}
-        binary = next((b for b in CUBIN_BINARIES if b in names), None)
-        problems = check_manifest(path, "metadata.json", {binary: {"size": meta.get("size"), "sha256": meta["sha256"]}}
-                                  ) if binary and meta.get("sha256") else []
-    bad = read_every_byte(path) or _not_a_binary(path, names)
-    if bad and not problems:
-        problems = [bad]
-    if problems:
-        status = UNREADABLE if all("unreadable" in p or "Permission denied" in p for p in problems) else CORRUPT
-        return Judgement(status, problems[0], tuple(problems))
-    return Judgement(COMPLETE)
-
-
-def _not_a_binary(path: str, names: dict[str, int]) -> str | None:
-    """A compiled file whose bytes are no kernel binary (an ELF .so or cubin, or a fatbin)."""
-    from kcache_cli.checks import read_head
-
-    for b in (*KERNEL_BINARIES, *CUBIN_BINARIES):
-        if b in names:
-            head = read_head(os.path.join(path, b), 4)
-            if head != b"\x7fELF" and head != b"\x50\xed\x55\xba":
-                return f"{b} is not a readable kernel binary (neither ELF nor fatbin)"
-    return None
+    if status == COMPLETE and deep and kind == "kernel":
+        params, bad = _record(os.path.join(path, "params.json"))
+        if bad is not None or not isinstance(params, (dict, list)):
+            return Judgement.of(CORRUPT, "params.json does not parse: tilelang cannot load the kernel, and never "
+                                "replaces an entry whose files are all there")
+        lib = _kernel_lib(path, names)
+        if read_head(os.path.realpath(os.path.join(path, lib)), 4) not in (b"\x7fELF", b"\x50\xed\x55\xba"):
+            return Judgement.of(PARTIAL, f"{lib} is not a loadable binary: tilelang removes the entry and compiles "
+                                "it again")
+    return Judgement.of(status, reason)
 
 
 def _staging(ctx, path: str, kind: str, space: str) -> Iterator[Entry]:
@@ -236,44 +311,27 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
 
 
 def describe(root: Path, entry: Entry) -> Details:
+    """The deep judgement (what tilelang's own load checks, byte for byte) and what the entry records."""
     p = entry.path
-    problems: list[str] = []
     facts: list[tuple[str, str]] = []
-    files = list_files(p, problems.append) if os.path.isdir(p) else ()
+    files = list_files(p) if os.path.isdir(p) else ()
     if entry.kind == "kernel":
-        manifest, bad = fsread.json_problem(os.path.join(p, "manifest.json"), base=p)
-        if bad and not bad.endswith("missing"):
-            problems.append(bad)
-        elif not isinstance(manifest, dict):
-            facts.append(("manifest", "none (nothing to check checksums against)"))
-        else:
-            problems.extend(check_manifest(p, "manifest.json", manifest.get("files") or {}))
         host = fsread.read_text(os.path.join(p, "host_kernel.cu"), 4096, base=p)
         if host and host.startswith("// tilelang target:"):
             facts.append(("host target", host.splitlines()[0].split(":", 1)[1].strip()))
         binaries = tuple(os.path.join(p, b) for b in KERNEL_BINARIES if os.path.lexists(os.path.join(p, b)))
     else:
-        record, bad = fsread.json_problem(os.path.join(p, "metadata.json"), base=p)
-        if bad and not bad.endswith("missing"):
-            problems.append(bad)
-        meta = record if isinstance(record, dict) else {}
-        binary = next((b for b in CUBIN_BINARIES if os.path.lexists(os.path.join(p, b))), None)
-        if binary and meta.get("sha256"):
-            problems.extend(check_manifest(p, "metadata.json", {binary: {"size": meta.get("size"),
-                                                                         "sha256": meta["sha256"]}}))
+        meta = fsread.json_object(os.path.join(p, "metadata.json"), base=p) or {}
         if meta.get("format"):
             facts.append(("format", str(meta["format"])))
-        binaries = (os.path.join(p, binary),) if binary else ()
+        binaries = tuple(os.path.join(p, b) for b in CUBIN_BINARIES if os.path.lexists(os.path.join(p, b)))
     staging = f"/{STAGING}/" in f"/{entry.relpath}"
     verdict = judge(p, entry.kind, True) if entry.hash and os.path.isdir(p) and not staging \
         else Judgement.of(entry.status, entry.reason)
     if entry.kind == "kernel":
         facts.extend(kernel_params(p))
-    problems = [*verdict.problems, *(x for x in problems if x not in verdict.problems)]
-    status, reason = verdict.status, verdict.reason
-    if problems and status == COMPLETE:
-        status, reason = CORRUPT, problems[0]
-    return Details(entry, status, reason, tuple(problems), files, None, (), (), None, None, binaries, tuple(facts))
+    return Details(entry, verdict.status, verdict.reason, verdict.problems if verdict.status != COMPLETE else (),
+                   files, None, (), (), None, None, binaries, tuple(facts))
 
 
 def kernel_params(path: str) -> list[tuple[str, str]]:

@@ -15,13 +15,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from kcache_cli import fsread
 from kcache_cli.checks import changed_since, elf_truncated, list_files
 from kcache_cli.fsread import json_object as read_json
-from kcache_cli.layouts.base import TEMP, Facts, Leftover, ModuleLayout
+from kcache_cli.layouts.base import TEMP, Facts, InnerLeftover, ModuleLayout
 from kcache_cli.layouts.shapes import (
     TRITON,
     TRITON_GROUP,
@@ -34,6 +36,7 @@ from kcache_cli.model import (
     BUILDING,
     COMPLETE,
     CORRUPT,
+    MOVED,
     PARTIAL,
     UNREADABLE,
     UNREADABLE_REASON,
@@ -50,9 +53,11 @@ NAME = TRITON.name
 KEY_RE = TRITON.kinds[0].segments[0]  # anchored: base32(sha256) since Triton 3.2, hex before
 GROUP_PREFIX, TMP_PREFIX, STAGE_SUFFIXES = TRITON_GROUP, TRITON_TMP, TRITON_STAGES
 BINARY_TARGETS = {".cubin": "cuda", ".hsaco": "hip"}
+BINARY_EXT = {"cuda": ".cubin", "hip": ".hsaco"}  # the backend's binary_ext: the file CompiledKernel needs
 IR_SUFFIXES = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn")
 STALE_AFTER = 3600.0  # a temp dir or group-less entry untouched for an hour belongs to no live writer
 KIND_KERNEL, KIND_BINARY = "kernel", "binary"
+BASE32_KEY = re.compile(r"[A-Z2-7]{52}\Z")  # Triton >= 3.3's keys
 
 
 def is_key(name: str) -> bool:
@@ -78,20 +83,9 @@ def arch_of(meta: dict | None) -> tuple[str | None, str | None]:
     return backend, arch if isinstance(arch, str) and arch else None
 
 
-def child_problem(name: str, size: int | None, head: bytes | None) -> str | None:
-    """Why a listed child breaks the kernel (missing, empty, or a binary that is not the ELF it claims)."""
-    if size is None:
-        return f"{name} is missing (its group file lists it)"
-    if size == 0:
-        return f"{name} is empty"
-    if head is not None and name.endswith(tuple(BINARY_TARGETS)):
-        return elf_truncated(name, head, size)
-    return None
-
-
-def group_children(group: dict | None) -> dict[str, str] | None:
+def group_children(group: object) -> dict[str, str] | None:
     """The group's child_paths when it is the {file name: path} map Triton writes, else None."""
-    children = (group or {}).get("child_paths")
+    children = group.get("child_paths") if isinstance(group, dict) else None
     if not isinstance(children, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                  for k, v in children.items()):
         return None
@@ -102,34 +96,39 @@ def plain_name(name: str) -> bool:
     return bool(name) and "/" not in name and name not in (".", "..") and "\0" not in name
 
 
+def _leads_here(entry_path: str, name: str, path: str) -> bool:
+    own = os.path.join(entry_path, name)
+    try:
+        return path == own or os.path.samefile(path, own)
+    except (OSError, ValueError):
+        return False
+
+
 def moved_paths(entry_path: str, children: dict[str, str]) -> list[str]:
     """The child paths that do not lead to the file in this entry (the cache was copied or moved). A path
     through a symlinked root still leads here, and Triton hits it: not moved."""
-    def here(name: str, path: str) -> bool:
-        own = os.path.join(entry_path, name)
-        try:
-            return path == own or os.path.samefile(path, own)
-        except (OSError, ValueError):
-            return False
-
-    return [p for n, p in sorted(children.items()) if not here(n, p)]
+    return [p for n, p in sorted(children.items()) if not _leads_here(entry_path, n, p)]
 
 
 class _Listing:
-    """One key directory read once: top-level files with sizes and mtimes, temp dirs, other subdirs."""
+    """One key directory read once: top-level files with sizes and mtimes, and its subdirectories (a
+    `tmp.pid_*` one is part of the kernel: Triton never looks into it)."""
 
     def __init__(self, path: str, warn) -> None:
         self.sizes: dict[str, int] = {}
         self.mtimes: dict[str, float] = {}
         self.temps: list[tuple[str, TreeUsage]] = []
         self.links: set[str] = set()
+        self.denied: set[str] = set()  # regular files nobody may read (mode bits): unreadable even to root
         self.path = path
-        self._json: dict[str, dict | None] = {}
-        self.denied: set[str] = set()
+        self._json: dict[str, object] = {}
         self.size = self.files = 0
         self.readable = True
         try:
-            self.newest = os.lstat(path).st_mtime
+            st = os.lstat(path)
+            self.newest = st.st_mtime
+            if not st.st_mode & 0o444:
+                raise PermissionError(errno.EACCES, "Permission denied (mode 000)", path)
             with os.scandir(path) as it:
                 items = sorted(it, key=lambda d: d.name)
         except OSError as exc:
@@ -140,8 +139,7 @@ class _Listing:
                 if de.is_dir(follow_symlinks=False):
                     usage = measure_tree(de.path, warn)
                     if de.name.startswith(TMP_PREFIX):
-                        self.temps.append((de.name, usage))  # listed as entries of their own
-                        continue
+                        self.temps.append((de.name, usage))
                     self.size, self.files = self.size + usage.size, self.files + usage.files
                     self.newest = max(self.newest, usage.mtime)
                     continue
@@ -149,7 +147,9 @@ class _Listing:
             except OSError:
                 continue
             if de.is_symlink():
-                self.links.add(de.name)  # Triton writes none: a link is never read through
+                self.links.add(de.name)  # Triton opens through it: so does the judgement (fsread, follow)
+            elif not st.st_mode & 0o444:
+                self.denied.add(de.name)
             self.sizes[de.name], self.mtimes[de.name] = st.st_size, st.st_mtime
             self.size, self.files = self.size + st.st_size, self.files + 1
             self.newest = max(self.newest, st.st_mtime)
@@ -158,92 +158,172 @@ class _Listing:
     def usage(self) -> TreeUsage:
         return TreeUsage(self.size, self.files, self.newest)
 
-    def json(self, name: str) -> dict | None:
-        """The JSON object in the top-level file `name`, read once; None when it is absent, a symlink
-        (never read through), unreadable (noted in `denied`) or not a JSON object."""
-        if name not in self._json:
-            ok = name in self.sizes and name not in self.links and self.readable_file(name)
-            self._json[name] = read_json(os.path.join(self.path, name)) if ok else None
-        return self._json[name]
+    def read(self, path: str, limit: int) -> bytes:
+        """The bytes of a file Triton reads (through a link, as Triton does; never a FIFO or device). A
+        file nobody may read is PermissionError whoever runs kcache (root reads it anyway)."""
+        if os.path.dirname(path) == self.path and os.path.basename(path) in self.denied or \
+                not os.stat(path).st_mode & 0o444:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return fsread.read_bytes(path, limit, follow=True)
 
-    def readable_file(self, name: str) -> bool:
-        """False (and `name` in `denied`) when permissions keep kcache, and Triton, from reading it."""
-        if not os.access(os.path.join(self.path, name), os.R_OK):
-            self.denied.add(name)
-        return name not in self.denied
+    def json(self, name: str, path: str | None = None) -> object:
+        """The JSON value in `name` (at `path` when the group records it elsewhere), read once; an
+        OSError instance when it cannot be read, ValueError when it is not JSON."""
+        key = path or name
+        if key not in self._json:
+            try:
+                self._json[key] = fsread.parse_json(self.read(path or os.path.join(self.path, name), MAX_META), name)
+            except (OSError, ValueError) as exc:
+                self._json[key] = exc
+        return self._json[key]
 
-    def head(self, name: str) -> bytes | None:
-        """The first 64 bytes of `name` (an ELF header), or None when it cannot be read."""
+    def meta(self, name: str) -> dict | None:
+        """The metadata object `<name>.json` of this entry, or None (for listings: op, arch)."""
+        value = self.json(name) if name in self.sizes else None
+        return value if isinstance(value, dict) else None
+
+
+MAX_META = 1 << 20  # a group or metadata file is a few kB
+MAX_IR = 64 << 20
+
+
+def _exists(lst: _Listing, name: str, path: str) -> bool:
+    """os.path.exists(path), as Triton asks it; for a path into this entry, from the listing."""
+    if path == os.path.join(lst.path, name) and name not in lst.links:
+        return name in lst.sizes
+    return os.path.exists(path)
+
+
+def _unreadable(exc: object) -> bool:
+    return isinstance(exc, PermissionError)
+
+
+def old_triton(key_dir: str) -> bool:
+    """A key Triton <= 3.2 named (64 hex up to 3.1, 43 base64url in 3.2; base32 since 3.3): its get_group
+    lets a group that does not parse raise, and drops the children whose path is missing instead of
+    missing the kernel."""
+    return BASE32_KEY.match(os.path.basename(key_dir)) is None
+
+
+def _group_rule(lst: _Listing, g: str) -> tuple[str, str | None, dict[str, str] | None]:
+    """get_group's outcome for the group file `g`: (status, reason, child paths to go on with)."""
+    meta, old = g[len(GROUP_PREFIX):], old_triton(lst.path)
+    if g in lst.links and not os.path.exists(os.path.join(lst.path, g)):
+        return PARTIAL, f"{g} is a dangling link: Triton misses the kernel and compiles it again", None
+    group = lst.json(g)
+    if _unreadable(group):
+        return UNREADABLE, f"{g} cannot be read (permission denied)", None
+    if isinstance(group, Exception) and old:
+        return CORRUPT, f"{g} does not parse: Triton <= 3.2 fails on every lookup", None
+    if isinstance(group, Exception):
+        return PARTIAL, f"{g} does not parse: Triton misses the kernel and compiles it again", None
+    if not isinstance(group, dict):
+        return CORRUPT, f"{g} is not a JSON object: Triton fails reading it on every lookup", None
+    if group.get("child_paths") is None:
+        return PARTIAL, f"{g} has no child_paths: Triton misses the kernel and compiles it again", None
+    children = group_children(group)
+    if children is None:
+        return CORRUPT, f"{g}'s child_paths is not a map of file names to paths: Triton fails on every lookup", None
+    missing = [n for n, p in children.items() if not _exists(lst, n, p)]
+    if old and meta not in missing:  # Triton <= 3.2 goes on with the children it finds
+        children = {n: p for n, p in children.items() if n not in missing}
+        missing = []
+    here = [n for n in missing if plain_name(n) and _exists(lst, n, os.path.join(lst.path, n))]
+    if missing and len(here) == len(missing) and not _leads_here(lst.path, missing[0], children[missing[0]]):
+        return MOVED, (f"{g} points into {os.path.dirname(children[missing[0]])} (the cache was moved or copied): "
+                       "Triton misses this kernel until `kcache verify --fix` rewrites the paths"), None
+    if missing:
+        return PARTIAL, f"{missing[0]} is missing ({g} lists it): Triton compiles the kernel again", None
+    if meta not in children:
+        return PARTIAL, f"{g} does not list {meta}: Triton misses the kernel and compiles it again", None
+    return COMPLETE, None, children
+
+
+def _loaded(lst: _Listing, g: str, children: dict[str, str], changed) -> tuple[str, str | None]:
+    """CompiledKernel's reads of a hit: the first .json child as metadata (a JSON object with a target),
+    the binary (cubin/hsaco) a whole ELF, every other child text. `changed(name)`: whether to read it."""
+    meta_name = next(n for n in children if n.endswith(".json"))
+    meta = lst.json(meta_name, children[meta_name])
+    if _unreadable(meta):
+        return UNREADABLE, f"{meta_name} cannot be read (permission denied)"
+    backend, _ = arch_of(meta if isinstance(meta, dict) else None)
+    target = meta.get("target") if isinstance(meta, dict) else None
+    if backend is None or not isinstance(target, dict) or "warp_size" not in target:
+        return CORRUPT, f"{meta_name} is not Triton's metadata: Triton fails loading the kernel on every lookup"
+    binary = f"{g[len(GROUP_PREFIX):-len('.json')]}{BINARY_EXT.get(backend, '.cubin')}"
+    if binary not in children:
+        return CORRUPT, f"{binary} is missing or not listed in {g}: Triton fails loading the kernel on every lookup"
+    for name, path in sorted(children.items()):
+        if name in lst.denied and path == os.path.join(lst.path, name):
+            return UNREADABLE, f"{name} cannot be read (no read permission)"
+        if name.endswith(".json") or not changed(name):
+            continue
         try:
-            with open(os.path.join(self.path, name), "rb") as f:
-                return f.read(64)
+            data = lst.read(path, MAX_IR) if name != binary else lst.read(path, 64 << 20)
         except PermissionError:
-            self.denied.add(name)
-        except OSError:
-            return b""
-        return None
-
-
-def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tuple[str, str | None]:
-    """Triton's rule. Complete: the group file parses and every child it lists is present (by name in
-    this entry), non-empty, and a binary child is a whole ELF. Group file missing or a temp dir left:
-    partial, or building while something in it is less than an hour old (a Triton process may be
-    writing it). With `deep`, every binary's ELF header is read; otherwise only those changed after
-    the group file was written (checks.changed_since)."""
-    if not lst.readable:
-        return UNREADABLE, UNREADABLE_REASON
-    groups = sorted(n for n in lst.sizes if is_group(n))
-    fresh = now - lst.newest < STALE_AFTER
-    if not groups:
-        if single_file_kind(lst.sizes) is not None and not lst.temps:
-            return COMPLETE, None  # the driver's launcher module or autotuner results: no group by design
-        what = "empty: Triton created it and wrote nothing" if not lst.sizes and not lst.temps else \
-            "no __grp__ file: Triton was killed before it finished writing the kernel"
-        if fresh:
-            return BUILDING, (f"{what.split(':')[0]} yet, touched {now - lst.newest:.0f}s ago: a Triton process "
-                              "may still be writing it (partial once untouched for an hour)")
-        return PARTIAL, what
-    for g in groups:
-        if g in lst.links:
-            return CORRUPT, f"{g} is a symlink (Triton writes files; kcache never reads through it)"
-        children = group_children(lst.json(g))
-        if g in lst.denied:
-            return UNREADABLE, f"{g} cannot be read (permission denied)"
-        if children is None:
-            return CORRUPT, f"{g} does not parse as Triton's group file"
-        meta = g[len(GROUP_PREFIX):]
-        if meta not in children:
-            return CORRUPT, f"{g} does not list {meta}: Triton treats the kernel as a miss"
-        for name in sorted(children):
-            if not plain_name(name):
-                return CORRUPT, f"{g} lists {name!r}, not a file name"
-            size = lst.sizes.get(name)
-            if name in lst.links:
-                return CORRUPT, f"{name} is a symlink (Triton writes files; kcache never reads through it)"
-            head = None
-            if size and name.endswith(tuple(BINARY_TARGETS)) and (deep or changed_since(lst.mtimes, g, (name,))):
-                head = lst.head(name)
-                if name in lst.denied:
-                    return UNREADABLE, f"{name} cannot be read (permission denied)"
-            bad = child_problem(name, size, head)
-            if bad:
-                return CORRUPT, bad
-        if meta not in lst.links and lst.sizes.get(meta) and lst.json(meta) is None:
-            if meta in lst.denied:
-                return UNREADABLE, f"{meta} cannot be read (permission denied)"
-            return CORRUPT, f"{meta} does not parse (Triton fails loading the kernel)"
-    if lst.temps:
-        name, usage = lst.temps[0]
-        if now - usage.mtime < STALE_AFTER:
-            return BUILDING, f"a Triton process is writing {name} (touched less than an hour ago)"
-        return PARTIAL, f"{name} left by a Triton process killed between a write and its rename"
+            return UNREADABLE, f"{name} cannot be read (permission denied)"
+        except OSError as exc:
+            return CORRUPT, f"{name} cannot be read ({exc.strerror or exc}): Triton fails loading the kernel"
+        bad = _bad_binary(name, data) if name == binary else _bad_text(name, data)
+        if bad:
+            return CORRUPT, bad
     return COMPLETE, None
 
 
+def _bad_binary(name: str, data: bytes) -> str | None:
+    if not data:
+        return f"{name} is empty: the kernel Triton loads from it is broken"
+    why = elf_truncated(name, data[:64], len(data))
+    return f"{why}: the kernel Triton loads from it is broken" if why else None
+
+
+def _bad_text(name: str, data: bytes) -> str | None:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"{name} is not text: Triton fails reading it on every lookup"
+    return None
+
+
+def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tuple[str, str | None]:
+    """Triton's rule (runtime/cache.py get_group, compiler.py compile and CompiledKernel), the same in
+    3.1, 3.2 and 3.9. No group file: partial (Triton compiles it again), or building while something
+    in it is less than an hour old. Then get_group: a group that does not parse, or that lists a path
+    that does not exist, or that does not list the metadata, is a miss (partial; moved when the files
+    are here and the paths lead into another root); then the hit's reads: the metadata, the binary and
+    every text stage must load, else Triton fails on every lookup and never compiles again (corrupt).
+    Temp dirs are ignored (Triton never looks into them). With `deep`, every listed file is read;
+    otherwise only those changed after the group file was written (checks.changed_since)."""
+    if not lst.readable:
+        return UNREADABLE, UNREADABLE_REASON
+    groups = sorted(n for n in lst.sizes if is_group(n))
+    if not groups:
+        return _groupless(lst, now)
+    for g in groups:
+        status, reason, children = _group_rule(lst, g)
+        if children is None:
+            return status, reason
+        here = lambda n, _g=g: (deep or n not in lst.sizes or n in lst.links  # noqa: E731
+                                or changed_since(lst.mtimes, _g, (n,)))
+        status, reason = _loaded(lst, g, children, here)
+        if status != COMPLETE:
+            return status, reason
+    return COMPLETE, None
+
+
+def _groupless(lst: _Listing, now: float) -> tuple[str, str | None]:
+    if single_file_kind(lst.sizes) is not None and not lst.temps:
+        return COMPLETE, None  # the driver's launcher module or autotuner results: no group by design
+    what = "empty: Triton created it and wrote nothing" if not lst.sizes and not lst.temps else \
+        "no __grp__ file: Triton was killed before it finished writing the kernel"
+    if now - lst.newest < STALE_AFTER:
+        return BUILDING, (f"{what.split(':')[0]} yet, touched {now - lst.newest:.0f}s ago: a Triton process "
+                          "may still be writing it (partial once untouched for an hour)")
+    return PARTIAL, what
+
+
 def judge(path: str, kind: str, deep: bool = False, *, root: object = None) -> Judgement:
-    """The one judgement of a Triton key directory (or a temp dir inside one), read from disk now."""
-    if os.path.basename(path).startswith(TMP_PREFIX):
-        return Judgement.of(PARTIAL, "Triton temp directory")
+    """The one judgement of a Triton key directory, read from disk now."""
     return Judgement.of(*judge_files(path, _Listing(path, lambda m: None), time.time(), deep))
 
 
@@ -275,33 +355,26 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
 
 
 def _key_entries(ctx, job: tuple[str, ScanFilter]) -> list[Entry]:
-    """The entry of one key directory, and one leftover entry per temp dir inside it."""
+    """The entry of one key directory (its temp dirs are part of it)."""
     path, flt = job
     key = os.path.basename(path)
     lst = _Listing(path, ctx.warn)
-    names = list(lst.sizes)
+    names = list(lst.sizes) if lst.readable else _names(path)  # root lists a mode-000 dir: its name still
     single = single_file_kind(lst.sizes) if not any(is_group(n) for n in names) else None
     op = triton_kernel_name(names)
     if not flt.wants_op(op):
         return []
-    if flt.hash_prefixes and not any(key.startswith(p) or TMP_PREFIX.startswith(p) or p.startswith(TMP_PREFIX)
-                                     for p in flt.hash_prefixes):
+    if flt.hash_prefixes and not any(key.startswith(p) for p in flt.hash_prefixes):
         return []
-    meta = lst.json(f"{op}.json") if op and single is None else None
+    meta = lst.meta(f"{op}.json") if op and single is None else None
     target, arch = arch_of(meta)
     if target is None and single == KIND_BINARY:
         target = next((t for t in ("cuda", "hip") if op and op.startswith(t)), None)
     if not (flt.wants_target(target) and flt.wants_space(arch)):
         return []
     status, reason = judge_files(path, lst, time.time())
-    common = {"layout": NAME, "target": target, "space": arch, "op": op}
-    out = [ctx.entry(path=path, usage=lst.usage, kind=single or KIND_KERNEL, hash=key, status=status,
-                     reason=reason, **common)]
-    for name, usage in lst.temps:
-        out.append(ctx.entry(path=os.path.join(path, name), usage=usage, kind=KIND_KERNEL, hash=name,
-                             status=PARTIAL, reason="Triton temp directory (a write in flight, or left by a "
-                             "killed process; stale after an hour)", **common))
-    return out
+    return [ctx.entry(path=path, usage=lst.usage, kind=single or KIND_KERNEL, hash=key, status=status,
+                      reason=reason, layout=NAME, target=target, space=arch, op=op)]
 
 
 def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
@@ -310,7 +383,7 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
     key dir), or a `tmp.pid_*` write inside one; else why not. `names` is None when only the path counts."""
     parts = relpath.split("/")
     if not is_key(parts[0]):
-        return "its name is not a Triton cache key (base32 or hex of a sha256)"
+        return "its name is not a Triton cache key (hex, base64url or base32 of a sha256)"
     if len(parts) == 2 and parts[1].startswith(TMP_PREFIX):
         return None
     if len(parts) != 1 or kind not in (KIND_KERNEL, KIND_BINARY):
@@ -321,9 +394,22 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
     return None
 
 
-def is_leftover(e: Entry) -> bool:
-    """A `tmp.pid_*` directory inside a key directory: prune removes it once untouched for an hour."""
-    return e.layout == NAME and os.path.basename(e.path).startswith(TMP_PREFIX) and "/" in e.relpath
+def inner_leftovers(entry: Entry) -> list[InnerLeftover]:
+    """The `tmp.pid_*` directories of a kernel that stays, untouched for an hour (a killed write): Triton
+    never looks into them, prune removes them."""
+    if entry.layout != NAME:
+        return []
+    now, out = time.time(), []
+    try:
+        with os.scandir(entry.path) as it:
+            temps = [de for de in it if de.name.startswith(TMP_PREFIX) and de.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+    for de in sorted(temps, key=lambda d: d.name):
+        if now - measure_tree(de.path, lambda m: None).mtime >= STALE_AFTER:
+            out.append(InnerLeftover(de.name, f"Triton temp directory {de.name} left by a killed write",
+                                     f"{de.name} kept: written to less than an hour ago", TEMP))
+    return out
 
 
 # ---- deep checks ---------------------------------------------------------------------------------
@@ -335,14 +421,12 @@ _META_FACTS = (("num_warps", "num_warps"), ("num_stages", "num_stages"), ("num_c
 def describe(root: Path, entry: Entry) -> Details:
     p = entry.path
     files = list_files(p) if os.path.isdir(p) else ()
-    if is_leftover(entry):
-        return Details(entry, entry.status, entry.reason, (), files)
     lst = _Listing(p, lambda m: None)
     status, reason = judge_files(p, lst, time.time(), deep=True)
-    problems = [reason] if status == CORRUPT and reason else []
+    problems = [reason] if status in (CORRUPT, MOVED) and reason else []
     facts: list[tuple[str, str]] = []
     name = entry.op
-    meta = lst.json(f"{name}.json") if name and entry.kind == KIND_KERNEL else None
+    meta = lst.meta(f"{name}.json") if name and entry.kind == KIND_KERNEL else None
     if meta is not None:
         target, arch = arch_of(meta)
         facts.append(("kernel", str(meta.get("name", name))))
@@ -350,10 +434,9 @@ def describe(root: Path, entry: Entry) -> Details:
         facts.extend((label, str(meta[k]) + (" bytes" if k == "shared" else "")) for k, label in _META_FACTS
                      if k in meta)
     facts.extend(_group_facts(lst))
-    binaries = tuple(os.path.join(p, n) for n in sorted(lst.sizes)
-                     if n.endswith(tuple(BINARY_TARGETS)) and n not in lst.links)
-    if problems and status == COMPLETE:
-        status, reason = CORRUPT, problems[0]
+    facts.extend(("temp dir", f"{t} (Triton never reads it; prune removes it once untouched for an hour)")
+                 for t, _ in lst.temps)
+    binaries = tuple(os.path.join(p, n) for n in sorted(lst.sizes) if n.endswith(tuple(BINARY_TARGETS)))
     return Details(entry, status, reason, tuple(problems), files, name, (), (), None, None, binaries, tuple(facts))
 
 
@@ -366,24 +449,27 @@ def _group_facts(lst: _Listing) -> list[tuple[str, str]]:
         moved = moved_paths(lst.path, children)
         if moved:
             out.append(("group file", (f"{g}: {len(moved)} of {len(children)} child paths point elsewhere "
-                                       f"({moved[0]}): Triton misses this kernel; `kcache verify --fix` "
-                                       "rewrites them")))
+                                       f"({moved[0]}); `kcache verify --fix` rewrites them")))
         else:
             out.append(("group file", f"{g}: {len(children)} child paths, all in this entry"))
     return out
 
 
 def relocation_problem(entry: Entry) -> str | None:
-    """Why Triton would miss this entry where it now lies (group paths written under another root)."""
-    if entry.kind != KIND_KERNEL or is_leftover(entry) or entry.status != COMPLETE:
+    """Why Triton would miss this entry where it now lies, or would lose it with another root (group paths
+    written under another root): what `verify --fix` repairs."""
+    if entry.kind != KIND_KERNEL or entry.status not in (COMPLETE, MOVED):
         return None
     lst = _Listing(entry.path, lambda m: None)
     for g in sorted(n for n in lst.sizes if is_group(n)):
+        status, reason, _ = _group_rule(lst, g)
+        if status == MOVED:
+            return reason
         children = group_children(lst.json(g))
         moved = moved_paths(entry.path, children) if children is not None else []
         if moved:
-            return (f"{g} points into {os.path.dirname(moved[0])} (the cache was moved or copied): Triton "
-                    "misses this kernel until `kcache verify --fix` rewrites the paths")
+            return (f"{g} points into {os.path.dirname(moved[0])} (the cache was copied): Triton reads that "
+                    "copy's files, and misses once it is gone, until `kcache verify --fix` rewrites the paths")
     return None
 
 
@@ -474,10 +560,8 @@ class TritonLayout(ModuleLayout):
     # makes it fail: `export --sources-only` leaves Triton entries out whole.
     binary_kinds = frozenset({KIND_KERNEL, KIND_BINARY})
 
-    def leftover(self, entry: Entry) -> Leftover | None:
-        if not is_leftover(entry):
-            return None
-        return Leftover(TEMP, "Triton temp directory left by an interrupted write", None)
+    def inner_leftovers(self, entry: Entry) -> list[InnerLeftover]:
+        return inner_leftovers(entry)
 
     def relocate(self, staged: str, final: str, root: Path) -> None:
         relocate(staged, final)
@@ -489,7 +573,7 @@ class TritonLayout(ModuleLayout):
         return TritonFormat()
 
     def facts(self, entry: Entry, small, names) -> Facts:
-        meta = _Listing(entry.path, lambda m: None).json(f"{entry.op}.json") if entry.op else None
+        meta = _Listing(entry.path, lambda m: None).meta(f"{entry.op}.json") if entry.op else None
         version = (meta or {}).get("triton_version")
         return Facts(f"triton {version}" if isinstance(version, str) else "triton", arch_of(meta)[1], None)
 

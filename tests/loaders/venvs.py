@@ -20,7 +20,7 @@ from pathlib import Path
 # name -> pip requirements. Keep every release pinned: the oracle proves kcache against these exact loaders.
 SPECS: dict[str, tuple[str, ...]] = {
     "hidet": ("hidet==0.6.1", "torch==2.13.0"),
-    "tilus": ("tilus==0.2.0", "torch==2.13.0"),
+    "tilus": ("tilus==0.2.0", "torch==2.13.0", "cuda-python==13.4.4"),  # tilus imports cuda.bindings
     "tilelang": ("tilelang==0.1.15", "torch==2.13.0"),
     "triton31": ("triton==3.1.0",),
     "triton32": ("triton==3.2.0",),
