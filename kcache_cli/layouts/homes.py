@@ -115,8 +115,28 @@ def triton(package_dir: Path | None = None) -> Home:
     return Home(Path.home() / ".triton" / "cache", "default (~/.triton/cache)")
 
 
+def inductor(package_dir: Path | None = None) -> Home:
+    """torch's rule (torch/_inductor/runtime/cache_dir_utils.py): TORCHINDUCTOR_CACHE_DIR (made absolute),
+    else <tempfile.gettempdir()>/torchinductor_<user>, the user name with \\/:*?"<>| made "_" (and
+    uid_<uid> when there is no user name)."""
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if env is not None:
+        return Home(Path(os.path.abspath(env)), "TORCHINDUCTOR_CACHE_DIR environment variable")
+    import getpass
+    import tempfile
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    user = re.sub(r'[\\/:*?"<>|]', "_", user)
+    return Home(Path(tempfile.gettempdir()) / f"torchinductor_{user}",
+                "torch's default (<tempdir>/torchinductor_<user>)")
+
+
 # layout name -> its rule; `package_dir` says where the compiler's Python package lies (None: find it)
-RULES: dict[str, Callable[..., Home]] = {"hidet": hidet, "tilus": tilus, "tilelang": tilelang, "triton": triton}
+RULES: dict[str, Callable[..., Home]] = {"hidet": hidet, "tilus": tilus, "tilelang": tilelang, "triton": triton,
+                                       "inductor": inductor}
 
 
 def default_root(layout: str, package_dir: Path | None = None) -> Home | None:
