@@ -134,9 +134,19 @@ def inductor(package_dir: Path | None = None) -> Home:
                 "torch's default (<tempdir>/torchinductor_<user>)")
 
 
+def cudajit(package_dir: Path | None = None) -> Home:
+    """The CUDA driver's rule: CUDA_CACHE_PATH, else ~/.nv/ComputeCache. kcache's root is the directory
+    holding it: the JIT cache is one entry, listed from its parent."""
+    env = os.environ.get("CUDA_CACHE_PATH")
+    if env:
+        where = Path(os.path.abspath(os.path.expanduser(env)))
+        return Home(where.parent, f"CUDA_CACHE_PATH environment variable ({where.name}/ is the entry)")
+    return Home(Path.home() / ".nv", "the CUDA driver's default (~/.nv/ComputeCache is the entry)")
+
+
 # layout name -> its rule; `package_dir` says where the compiler's Python package lies (None: find it)
 RULES: dict[str, Callable[..., Home]] = {"hidet": hidet, "tilus": tilus, "tilelang": tilelang, "triton": triton,
-                                       "inductor": inductor}
+                                       "inductor": inductor, "cudajit": cudajit}
 
 
 def default_root(layout: str, package_dir: Path | None = None) -> Home | None:

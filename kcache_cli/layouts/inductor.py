@@ -167,7 +167,7 @@ def judge_guarded(path: str, deep: bool, now: float, root: str | None = None) ->
     if lst.links:
         return Judgement.of(UNREADABLE, f"{lst.links[0]} is a symlink (torch follows it; kcache never does)")
     if not good:
-        return _no_good_variant(lst, bad, now)
+        return _no_good_variant(lst, bad, now, _mtime(path))
     if root is not None and os.path.basename(os.path.dirname(path)) == "aotautograd":
         missing = missing_graphs(path, good, root, now)
         if missing:
@@ -175,12 +175,21 @@ def judge_guarded(path: str, deep: bool, now: float, root: str | None = None) ->
     return Judgement(COMPLETE)
 
 
-def _no_good_variant(lst: Listing, bad: list[str], now: float) -> Judgement:
+def _mtime(path: str) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _no_good_variant(lst: Listing, bad: list[str], now: float, mtime: float) -> Judgement:
     temps = [(n, st) for n, st in lst.files.items() if TMP_RE.match(n)]
     if bad:
         return Judgement(CORRUPT, bad[0] + ": torch skips it with a warning and compiles again", tuple(bad))
     if temps:
         return Judgement.of(*temp_status(temps[0][0], temps[0][1].st_mtime, now))
+    if now - mtime < STALE_AFTER:
+        return Judgement.of(BUILDING, "no graph in it yet: torch made it less than an hour ago and may be writing")
     return Judgement.of(PARTIAL, "no graph in it: torch misses and compiles again")
 
 
@@ -375,8 +384,8 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
     if names is None:
         return None
     listed = sorted(names)
-    if kind in (GRAPH, AUTOGRAD) and not any(VARIANT_RE.match(n) or TMP_RE.match(n) for n in listed):
-        return "it holds no graph torch wrote"
+    if kind in (GRAPH, AUTOGRAD) and listed and not any(VARIANT_RE.match(n) or TMP_RE.match(n) for n in listed):
+        return "it holds no graph torch wrote"  # (an empty one torch made and never filled is removable)
     if kind == CODE and not any(CODE_RE.match(n) or TMP_RE.match(n) for n in listed):
         return "it holds no code cache file"
     if kind == TRITON:
