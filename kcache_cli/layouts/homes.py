@@ -144,9 +144,23 @@ def cudajit(package_dir: Path | None = None) -> Home:
     return Home(Path.home() / ".nv", "the CUDA driver's default (~/.nv/ComputeCache is the entry)")
 
 
+def vllm(package_dir: Path | None = None) -> Home:
+    """vLLM's rule (vllm/envs.py): VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm, else ~/.cache/vllm; its
+    compile cache is the torch_compile_cache/ inside."""
+    env = os.environ.get("VLLM_CACHE_ROOT")
+    if env:
+        return Home(Path(os.path.abspath(os.path.expanduser(env))) / "torch_compile_cache",
+                    "VLLM_CACHE_ROOT environment variable (its torch_compile_cache/)")
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Home(Path(xdg).expanduser() / "vllm" / "torch_compile_cache", "$XDG_CACHE_HOME/vllm/torch_compile_cache")
+    return Home(Path.home() / ".cache" / "vllm" / "torch_compile_cache",
+                "vLLM's default (~/.cache/vllm/torch_compile_cache)")
+
+
 # layout name -> its rule; `package_dir` says where the compiler's Python package lies (None: find it)
 RULES: dict[str, Callable[..., Home]] = {"hidet": hidet, "tilus": tilus, "tilelang": tilelang, "triton": triton,
-                                       "inductor": inductor, "cudajit": cudajit}
+                                       "inductor": inductor, "cudajit": cudajit, "vllm": vllm}
 
 
 def default_root(layout: str, package_dir: Path | None = None) -> Home | None:

@@ -169,9 +169,7 @@ def judge_guarded(path: str, deep: bool, now: float, root: str | None = None) ->
     if not good:
         return _no_good_variant(lst, bad, now, _mtime(path))
     if root is not None and os.path.basename(os.path.dirname(path)) == "aotautograd":
-        missing = missing_graphs(path, good, root, now)
-        if missing:
-            return Judgement.of(PARTIAL, missing)
+        return missing_graphs(path, good, root, now)
     return Judgement(COMPLETE)
 
 
@@ -209,16 +207,21 @@ def graph_relpath(key: str) -> str:
     return f"fxgraph/{key[1:3]}/{key}"
 
 
-def missing_graphs(path: str, variants: list[str], root: str, now: float) -> str | None:
-    """Why torch misses the aotautograd entry: a fx graph it names is not there whole, or None."""
+def missing_graphs(path: str, variants: list[str], root: str, now: float) -> Judgement:
+    """The aotautograd entry as the fx graphs it names make it: partial when one is missing or broken
+    (torch misses both and compiles again), unreadable or building when one is, else complete."""
     for key in graph_keys(path, variants):
         where = os.path.join(root, graph_relpath(key))
         if not os.path.isdir(where):
-            return f"the fx graph {key} it names is missing: torch misses and compiles both again"
+            return Judgement.of(PARTIAL, f"the fx graph {key} it names is missing: torch misses and compiles "
+                                "both again")
         j = judge_guarded(where, False, now)
+        if j.status in (UNREADABLE, BUILDING):
+            return Judgement.of(j.status, f"the fx graph {key} it names is {j.status} ({j.reason})")
         if j.status != COMPLETE:
-            return f"the fx graph {key} it names is {j.status}: torch misses and compiles both again"
-    return None
+            return Judgement.of(PARTIAL, f"the fx graph {key} it names is {j.status}: torch misses and compiles both "
+                                "again")
+    return Judgement(COMPLETE)
 
 
 # ---- code cache shards ------------------------------------------------------------------------------
@@ -471,6 +474,9 @@ class InductorLayout(ModuleLayout):
 
     def use_words(self, kind: str) -> tuple[str, str]:
         return "names", "named by"
+
+    def nested(self, root: Path) -> list[tuple[str, Path]]:
+        return [("triton", Path(d)) for d in _subdirs(os.path.join(root, "triton"))]
 
     def relocate(self, staged: str, final: str, root: Path) -> None:
         if os.path.basename(os.path.dirname(os.path.dirname(final))) == "triton":

@@ -276,6 +276,6 @@ VLLM = LayoutShape("vllm", (
 ), "<h10>/rank_<r>_<d>/<prefix>/, torch_aot_compile/<sha256>/")
 
 # The registry: one shape per layout, in the order layouts are scanned and listed.
-SHAPES: tuple[LayoutShape, ...] = (HIDET, TILUS, TILELANG, TRITON, INDUCTOR, CUDAJIT)
+SHAPES: tuple[LayoutShape, ...] = (HIDET, TILUS, TILELANG, TRITON, INDUCTOR, CUDAJIT, VLLM)
 BY_NAME = {s.name: s for s in SHAPES}
 BUILD_SHAPE = next(s for s in SHAPES if s.build_kind)  # where `kcache build` publishes
