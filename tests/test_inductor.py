@@ -205,3 +205,167 @@ def _graph_users(root: Path, rel: str) -> set[str]:
 
     users = inductor.LAYOUT.users(root, [str(root / rel)]).get(str(root / rel), [])
     return {os.path.relpath(u, root) for u in users}
+
+
+# ---- every command on a real cache ----------------------------------------------------------------------
+
+def test_export_then_import_elsewhere_hits_everything(cache, tmp_path):
+    archive = tmp_path / "inductor.tar.gz"
+    run = run_kcache("--cache-dir", str(cache), "export", str(archive), "--json")
+    assert run.exit_code == 0, run.stderr
+    fresh = tmp_path / "fresh"
+    run = run_kcache("--cache-dir", str(fresh), "import", str(archive), "--json")
+    assert run.exit_code == 0, run.stderr
+    assert sorted(rows(fresh)) == sorted(rows(cache))
+    assert not (fresh / "locks").exists()  # torch's lock files are no entry and do not travel
+    assert probe(fresh) == ALL_HITS
+
+
+def test_prune_by_age_size_and_clear(cache):
+    graphs = sorted(rows(cache, "--kind", "graph"))
+    old = time.time() - 40 * 86400
+    for rel in graphs[:2]:
+        for p in [cache / rel, *(cache / rel).iterdir()]:
+            os.utime(p, (old, old))
+    run = run_kcache("--cache-dir", str(cache), "prune", "--older-than", "30d", "--yes", "--json")
+    assert run.exit_code == 0, run.stderr
+    gone = {os.path.relpath(r["path"], cache) for r in run.json()["removed"]}
+    users = set().union(*(_graph_users(cache, g) for g in graphs[:2])) if graphs else set()
+    assert set(graphs[:2]) <= gone <= set(graphs[:2]) | users | {os.path.relpath(u, cache) for u in users}
+    total = sum(r["size"] for r in rows(cache).values())
+    run = run_kcache("--cache-dir", str(cache), "prune", "--max-size", str(total // 2), "--yes", "--json")
+    assert run.exit_code == 0 and sum(r["size"] for r in rows(cache).values()) <= total // 2
+    run = run_kcache("--cache-dir", str(cache), "clear", "--all", "--yes", "--json")
+    assert run.exit_code == 0 and rows(cache) == {}
+    assert (cache / "locks").is_dir()  # never torch's own lock files
+
+
+def test_inspect_names_the_graphs_an_autograd_entry_needs(cache):
+    aot = rows(cache, "--kind", "autograd")
+    needing = [r for r in aot.values()]
+    shown = run_kcache("--cache-dir", str(cache), "inspect", needing[0]["hash"], "--json").json()
+    assert shown["status"] == "complete"
+    assert shown["facts"]["variants"] == "1 guard variant(s), 0 damaged"
+    assert "present" in json.dumps(shown["facts"])
+    log = run_kcache("--cache-dir", str(cache), "log", needing[0]["hash"])
+    assert log.exit_code == 1 and "TORCH_LOGS=output_code" in log.stderr
+
+
+def test_export_brings_the_graphs_an_autograd_entry_names(cache, tmp_path):
+    aot = sorted(rows(cache, "--kind", "autograd").values(), key=lambda r: -r["size"])[0]
+    archive = tmp_path / "one.tar"
+    run = run_kcache("--cache-dir", str(cache), "export", str(archive), aot["hash"], "--json")
+    assert run.exit_code == 0, run.stderr
+    fresh = tmp_path / "one"
+    assert run_kcache("--cache-dir", str(fresh), "import", str(archive)).exit_code == 0
+    kinds = sorted(r["kind"] for r in rows(fresh).values())
+    assert kinds.count("autograd") == 1 and kinds.count("graph") >= 1
+    assert all(r["status"] == "complete" for r in rows(fresh).values())
+
+
+def test_dir_all_finds_it_by_torchs_rule(tmp_path, monkeypatch):
+    import tempfile
+
+    where = Path(tempfile.gettempdir()) / f"torchinductor_{os.environ.get('USER') or 'root'}"
+    import getpass
+
+    where = Path(tempfile.gettempdir()) / ("torchinductor_" + getpass.getuser().replace("/", "_"))
+    (where / "fxgraph").mkdir(parents=True)
+    run = run_kcache("dir", "--all", "--json")
+    row = next(r for r in run.json() if r["cache"] == "inductor")
+    assert row["path"] == str(where) and row["layouts"] == ["inductor"]
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "rel/ind")
+    row = next(r for r in run_kcache("dir", "--all", "--json").json() if r["cache"] == "inductor")
+    assert row["path"] == str(tmp_path / "rel" / "ind")  # made absolute, as torch does
+
+
+def test_user_name_sanitised_as_torch_does(monkeypatch):
+    from kcache_cli.layouts import homes
+
+    monkeypatch.setattr("getpass.getuser", lambda: 'dom\\a/b:c*d?e"f<g>h|i')
+    assert homes.inductor().path.name == "torchinductor_dom_a_b_c_d_e_f_g_h_i"
+
+
+def test_completion_offers_its_kinds_and_hashes(cache):
+    env = {"_KCACHE_COMPLETE": "complete_fish", "_TYPER_COMPLETE_FISH_ACTION": "get-args"}
+    kinds = run_kcache(env={**env, "_TYPER_COMPLETE_ARGS": f"kcache --cache-dir {cache} ls --kind "})
+    offered = {ln.split("\t")[0] for ln in kinds.stdout.splitlines()}
+    assert {"graph", "autograd", "code"} <= offered
+    aot = sorted(rows(cache, "--kind", "autograd"))[0].split("/")[-1]
+    hashes = run_kcache(env={**env, "_TYPER_COMPLETE_ARGS": f"kcache --cache-dir {cache} inspect {aot[:6]}"})
+    assert [ln.split("\t")[0] for ln in hashes.stdout.splitlines()] == [aot]
+
+
+# ---- nested Triton cache, code shards, writers' leftovers (no torch needed) ---------------------------------
+
+def test_nested_triton_cache_is_judged_by_triton_rules(tmp_path):
+    from conftest import FIXTURES
+
+    root = tmp_path / "ind"
+    nested = root / "triton" / "0"
+    nested.mkdir(parents=True)
+    (root / "fxgraph").mkdir()
+    for key in sorted((FIXTURES / "triton" / "cache").iterdir())[:2]:
+        shutil.copytree(key, nested / key.name)
+    # the group files name the fixture's own paths: relocate them where they now are
+    assert run_kcache("--cache-dir", str(root), "verify", "--fix").exit_code == 0
+    listed = {r["hash"]: r for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    assert {(r["kind"], r["space"], r["status"]) for r in listed.values()} == {("triton", "0", "complete")}
+    assert all(r["op"] and r["target"] == "cuda" for r in listed.values())
+    first = sorted(listed)[0]
+    group = next((nested / first).glob("__grp__*.json"))
+    group.unlink()
+    old = time.time() - 7200
+    for p in [nested / first, *(nested / first).iterdir()]:
+        os.utime(p, (old, old))
+    now = {r["hash"]: r["status"] for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    assert now == {first: "partial", **{h: "complete" for h in listed if h != first}}
+    run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
+    assert run.exit_code == 0 and not (nested / first).exists() and len(list(nested.iterdir())) == 1
+    dirs = run_kcache("dir", "--all", "--json", env={"TORCHINDUCTOR_CACHE_DIR": str(root)}).json()
+    row = next(r for r in dirs if r["cache"] == "inductor")
+    assert row["nested"] == [{"layout": "triton", "path": str(nested)}]
+
+
+def test_code_shard_statuses(tmp_path):
+    root = tmp_path / "ind"
+    shard = root / "ab"
+    shard.mkdir(parents=True)
+    key = "c" + "ab" + "a" * 49
+    so = subprocess.run(["g++", "-shared", "-fPIC", "-x", "c++", "-", "-o", str(shard / f"{key}.so")],
+                        input="extern \"C\" int f() { return 1; }\n", text=True, capture_output=True)
+    assert so.returncode == 0, so.stderr
+    (shard / f"{key}.cpp").write_text("extern \"C\" int f() { return 1; }\n")
+    other = root / "cd"
+    other.mkdir()
+    (other / ("c" + "cd" + "b" * 49 + ".cpp")).write_text("int g();\n")  # its .so never came
+    (root / "zz").mkdir()
+    (root / "zz" / "notes.txt").write_text("not torch's\n")
+    old = time.time() - 7200
+    for p in (root / "cd", *(root / "cd").iterdir()):
+        os.utime(p, (old, old))
+    listed = {r["hash"]: r for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    assert listed["ab"]["status"] == "complete" and listed["cd"]["status"] == "partial"
+    data = (shard / f"{key}.so").read_bytes()
+    (shard / f"{key}.so").write_bytes(data[: len(data) // 2])
+    listed = {r["hash"]: r for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    assert listed["ab"]["status"] == "corrupt" and "truncated" in listed["ab"]["reason"]
+    run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
+    assert run.exit_code == 0
+    assert sorted(os.listdir(root)) == [".kcache", "zz"] and (root / "zz" / "notes.txt").is_file()
+    assert "zz" not in {r["hash"] for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+
+
+def test_live_writers_temp_file_is_building_never_removed(tmp_path):
+    root = tmp_path / "ind"
+    key = "f" + "ab" + "c" * 49
+    entry = root / "fxgraph" / "ab" / key
+    entry.mkdir(parents=True)
+    (entry / f".{os.getpid()}.1234.tmp").write_bytes(b"\x80\x04half")
+    old = time.time() - 7200
+    for p in (entry, *entry.iterdir()):
+        os.utime(p, (old, old))
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()[0]
+    assert row["status"] == "building" and str(os.getpid()) in row["reason"]
+    run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
+    assert run.exit_code == 0 and entry.is_dir()

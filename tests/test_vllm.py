@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -96,13 +97,15 @@ def dmg_index_garbage(root):
     return "0123456789"
 
 
+def _age(unit: Path) -> None:
+    old = time.time() - 7200
+    for p in (unit, *unit.rglob("*")):
+        os.utime(p, (old, old), follow_symlinks=False)
+
+
 def dmg_index_missing(root):
-    _index(root / "abcdef0123").unlink()
     for p in (root / "abcdef0123").rglob("vllm_compile_cache.py"):
         p.unlink()
-    os.utime(root / "abcdef0123", (1, 1))
-    for p in (root / "abcdef0123").rglob("*"):
-        os.utime(p, (1, 1), follow_symlinks=False)
     return "abcdef0123"
 
 
@@ -144,6 +147,7 @@ MATRIX = [dmg_index_garbage, dmg_index_missing, dmg_binary_missing, dmg_binary_t
 @pytest.mark.parametrize("damage", MATRIX, ids=[d.__name__[4:] for d in MATRIX])
 def test_damage_matrix_agrees_with_the_loader(cache, damage, tmp_path):
     h10 = damage(cache)
+    _age(cache / h10)  # damage long done: no vLLM process is writing it any more
     shown = run_kcache("--cache-dir", str(cache), "inspect", h10, "--json").json()
     plan = run_kcache("--cache-dir", str(cache), "prune", "--broken", "--dry-run", "--json").json()
     planned = {r["hash"] for r in plan["removed"]}
@@ -172,6 +176,9 @@ def test_hostile_index_is_data_not_a_crash(cache):
     _index(cache / "0123456789").write_text("(" * 200_000)
     r = run_kcache("--cache-dir", str(cache), "ls", "--json")
     assert r.exit_code == 0
-    assert {x["hash"]: x["status"] for x in r.json()}["0123456789"] in ("partial", "building")
+    assert {x["hash"]: x["status"] for x in r.json()}["0123456789"] == "building"  # written just now
+    _age(cache / "0123456789")
+    r = run_kcache("--cache-dir", str(cache), "ls", "--json")
+    assert {x["hash"]: x["status"] for x in r.json()}["0123456789"] == "partial"
     (cache / "0123456789" / "rank_0_0" / "backbone" / "cache_key_factors.json").write_text("[" * 100_000)
     assert run_kcache("--cache-dir", str(cache), "inspect", "0123", "--json").exit_code in (0, 1)

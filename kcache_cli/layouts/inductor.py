@@ -343,8 +343,17 @@ def candidates(root: str, ctx, flt: ScanFilter) -> Iterator[Found]:
                                 if triton.is_key(k.name) and k.is_dir(follow_symlinks=False))
         elif shapes[AUTOTUNE].match_segment(0, de.name):
             yield Found(AUTOTUNE, de.path, de.name, None)
-        elif shapes[CODE].match_segment(0, de.name):
+        elif shapes[CODE].match_segment(0, de.name) and _code_evidence(de.path):
             yield Found(CODE, de.path, de.name, None)
+
+
+def _code_evidence(path: str) -> bool:
+    """A shard directory is torch's when it holds a code cache file or a writer's temp file, or nothing."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return True  # listed as unreadable: never removed
+    return not names or any(CODE_RE.match(n) or TMP_RE.match(n) for n in names)
 
 
 def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
