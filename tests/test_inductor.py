@@ -22,12 +22,15 @@ BROKEN = {"partial", "failed", "corrupt"}
 ALL_HITS = {"hit": 4, "miss": 0, "aot_hit": 3, "aot_miss": 0}
 
 
-def probe(root: Path) -> dict:
-    """Run the compile script in a fresh process against the cache at `root`: torch's counters."""
+def probe(root: Path, crash_ok: bool = False) -> dict:
+    """Run the compile script in a fresh process against the cache at `root`: torch's counters ({} when
+    torch crashed and `crash_ok`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(root), HOME=os.environ.get("HOME", "/tmp"))
     done = subprocess.run([str(python_for("torch")), str(PROBE)], capture_output=True, text=True, env=env,
                           timeout=600)
+    if crash_ok and done.returncode != 0:
+        return {}
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     return {k: got[k] for k in ALL_HITS}
@@ -190,6 +193,28 @@ def test_damage_matrix_agrees_with_torch(cache, damage):
     else:
         assert status in BROKEN and deep_status in BROKEN, (status, deep_status, got)
     assert planned <= {rel} | _graph_users(cache, rel), planned  # only what torch missed
+
+
+@pytest.mark.slow
+def test_truncated_wrapper_libraries_crash_torch_and_are_corrupt(cache):
+    """torch loads each graph's compiled wrapper (.main.so) on a hit: truncated, it crashes (corrupt)."""
+    for so in cache.glob("*/*.so"):
+        so.write_bytes(so.read_bytes()[:5000])
+    listed = rows(cache, "--kind", "code")
+    assert {r["status"] for rel, r in listed.items() if list((cache / rel).glob("*.so"))} == {"corrupt"}
+    assert probe(cache, crash_ok=True) == {}  # torch fails loading them
+    run = run_kcache("--cache-dir", str(cache), "prune", "--broken", "--yes")
+    assert run.exit_code == 0 and not list(cache.glob("*/*.so"))
+    assert probe(cache) == ALL_HITS  # removal cured it: the graphs hit and their code is compiled again
+
+
+@pytest.mark.slow
+def test_removing_every_code_shard_keeps_every_graph_hit(cache):
+    """The code cache is rebuilt from the fx graphs (they hold their source): clearing it loses no hit."""
+    shards = sorted(rows(cache, "--kind", "code"))
+    run = run_kcache("--cache-dir", str(cache), "clear", *shards, "--yes", "--json")
+    assert run.exit_code == 0 and not rows(cache, "--kind", "code")
+    assert probe(cache) == ALL_HITS
 
 
 def _first_aot_naming_missing(root: Path) -> str:
@@ -369,3 +394,15 @@ def test_live_writers_temp_file_is_building_never_removed(tmp_path):
     assert row["status"] == "building" and str(os.getpid()) in row["reason"]
     run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
     assert run.exit_code == 0 and entry.is_dir()
+
+
+def test_autotune_tables(tmp_path):
+    root = tmp_path / "ind"
+    (root / "cache").mkdir(parents=True)
+    (root / "fxgraph").mkdir()
+    (root / "cache" / ("0" * 64)).write_text('{"triton_poi_fused_0": {"XBLOCK": 128, "num_warps": 4}}')
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()
+    assert [(r["kind"], r["status"]) for r in row] == [("autotune", "complete")]
+    (root / "cache" / ("1" * 64)).write_text("")
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()
+    assert [(r["kind"], r["status"]) for r in row] == [("autotune", "corrupt")]

@@ -182,3 +182,17 @@ def test_hostile_index_is_data_not_a_crash(cache):
     assert {x["hash"]: x["status"] for x in r.json()}["0123456789"] == "partial"
     (cache / "0123456789" / "rank_0_0" / "backbone" / "cache_key_factors.json").write_text("[" * 100_000)
     assert run_kcache("--cache-dir", str(cache), "inspect", "0123", "--json").exit_code in (0, 1)
+
+
+def test_aot_compile_entries(tmp_path):
+    root = tmp_path / "torch_compile_cache"
+    good = root / "torch_aot_compile" / ("a" * 64) / "rank_0_0"
+    good.mkdir(parents=True)
+    (good / "model").write_bytes(b"serialized")
+    half = root / "torch_aot_compile" / ("b" * 64) / "rank_0_0"
+    half.mkdir(parents=True)
+    (half / "model").write_bytes(b"")
+    got = {r["hash"]: (r["kind"], r["status"]) for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    assert got == {"a" * 64: ("aot", "complete"), "b" * 64: ("aot", "partial")}
+    run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
+    assert run.exit_code == 0 and (good / "model").is_file() and not half.exists()

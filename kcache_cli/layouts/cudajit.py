@@ -110,13 +110,25 @@ def driver_users(uid: int) -> list[int]:
         try:
             if os.stat(f"/proc/{name}").st_uid != uid:
                 continue
-            with open(f"/proc/{name}/maps", "rb") as f:
-                maps = f.read(MAPS_LIMIT)
+            if _maps_driver(f"/proc/{name}/maps"):
+                out.append(int(name))
         except OSError:
             continue  # gone, or not ours to read
-        if DRIVER in maps:
-            out.append(int(name))
     return sorted(out)
+
+
+def _maps_driver(maps: str) -> bool:
+    """Whether a /proc/<pid>/maps names libcuda.so (read in chunks, at most MAPS_LIMIT bytes)."""
+    seen, tail = 0, b""
+    with open(maps, "rb") as f:
+        while seen < MAPS_LIMIT:
+            chunk = f.read(1 << 16)
+            if not chunk:
+                return False
+            if DRIVER in tail + chunk:
+                return True
+            seen, tail = seen + len(chunk), chunk[-len(DRIVER):]
+    return False
 
 
 def _owner(path: str) -> int:

@@ -55,13 +55,7 @@ TMP_RE = re.compile(r"^\.(\d+)\.(\d+)\.tmp$")  # write_atomic's temp file: .<pid
 VARIANT_RE = re.compile(r"^[a-z2-7]{51}$")
 FX_KEY_RE = re.compile(rb"f[a-z2-7]{51}")
 CODE_RE = re.compile(r"^(c[a-z2-7]{51})\.(.+)$")
-MAX_VARIANT = 1 << 30  # read whole only by deep checks and the autograd entries' graph names
 PICKLE_PROTOCOLS = range(2, 6)
-
-
-def b32_name(data: bytes) -> str:
-    """The name torch gives a variant holding `data` (codecache.sha256_hash)."""
-    return base64.b32encode(hashlib.sha256(data).digest())[:51].decode().lower()
 
 
 # ---- writers' temp files -----------------------------------------------------------------------------
@@ -128,18 +122,21 @@ def variant_problem(path: str, size: int, deep: bool) -> str | None:
     if size == 0:
         return f"variant {name} is empty"
     try:
-        if deep:
-            data = fsread.read_bytes(path, MAX_VARIANT)
-            if b32_name(data) != name:
-                return f"variant {name}'s bytes do not hash to its name (damaged after torch wrote it)"
-            head, tail = data[:2], data[-1:]
-        else:
-            head, tail = _ends(path)
+        if deep and _b32_of_file(path) != name:
+            return f"variant {name}'s bytes do not hash to its name (damaged after torch wrote it)"
+        head, tail = _ends(path)
     except OSError as exc:
         return f"variant {name} cannot be read: {exc.strerror or exc}"
     if len(head) < 2 or head[0] != 0x80 or head[1] not in PICKLE_PROTOCOLS or tail != b".":
         return f"variant {name} is not a whole pickle (truncated or overwritten)"
     return None
+
+
+def _b32_of_file(path: str) -> str:
+    h = hashlib.sha256()
+    for chunk in fsread.iter_chunks(path):
+        h.update(chunk)
+    return base64.b32encode(h.digest())[:51].decode().lower()
 
 
 def _ends(path: str) -> tuple[bytes, bytes]:
@@ -195,11 +192,14 @@ def graph_keys(path: str, variants: list[str]) -> list[str]:
     """The fx graph keys the aotautograd variants name, read from their bytes (never unpickled)."""
     keys: set[str] = set()
     for n in variants:
-        try:
-            data = fsread.read_bytes(os.path.join(path, n), MAX_VARIANT)
+        tail = b""
+        try:  # streamed, with an overlap of one key's length so that no key is cut between two chunks
+            for chunk in fsread.iter_chunks(os.path.join(path, n)):
+                data = tail + chunk
+                keys.update(k.decode() for k in FX_KEY_RE.findall(data))
+                tail = data[-51:]
         except OSError:
             continue
-        keys.update(k.decode() for k in FX_KEY_RE.findall(data))
     return sorted(keys)
 
 
