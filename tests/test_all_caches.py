@@ -126,3 +126,24 @@ def test_prune_all_caches_max_size_frees_the_least_recently_used_across_them(mac
     oldest_kept = min(r["last_used"] for r in kept if r["path"] in aged)
     assert all(r["last_used"] <= oldest_kept for r in listed if r["path"] in removed and r["path"] in aged)
     assert len({r["layout"] for r in listed if r["path"] in removed}) >= 3  # taken across caches, not from one
+
+
+@pytest.mark.parametrize("layout", ["inductor", "vllm", "cudajit"])
+def test_push_pull_through_a_file_remote(machine, tmp_path, layout):
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    run = run_kcache("--cache-dir", str(machine[layout]), "push", "--remote", f"file://{remote}", "--json")
+    assert run.exit_code == 0, run.stderr
+    fresh = tmp_path / "fresh" / machine[layout].name
+    run = run_kcache("--cache-dir", str(fresh), "pull", "--remote", f"file://{remote}", "--json")
+    assert run.exit_code == 0, run.stderr
+    before = {r["hash"]: (r["kind"], r["files"], r["size"]) for r in
+              run_kcache("--cache-dir", str(machine[layout]), "ls", "--json").json()}
+    after = {r["hash"]: (r["kind"], r["files"], r["size"], r["status"]) for r in
+             run_kcache("--cache-dir", str(fresh), "ls", "--json").json()}
+    # sizes change only where absolute paths were rewritten for the new place (Triton groups, vLLM indexes)
+    relocated = {h for h, v in before.items() if v[0] in ("triton", "compile")}
+    assert {h: v[:2] for h, v in after.items()} == {h: v[:2] for h, v in before.items()}
+    assert all(after[h][2] == before[h][2] for h in before if h not in relocated)
+    assert {v[3] for v in after.values()} == {"complete"}
+    assert run_kcache("--cache-dir", str(fresh), "verify").exit_code == 0  # vLLM's paths rewritten on pull
