@@ -46,6 +46,7 @@ from kcache_cli.model import (
     Judgement,
     LogFile,
     ScanFilter,
+    TreeUsage,
     measure_tree,
 )
 
@@ -85,18 +86,27 @@ def temp_status(name: str, mtime: float, now: float) -> tuple[str, str]:
 
 class Listing(NamedTuple):
     files: dict[str, os.stat_result]  # regular files by name (dot files included)
-    links: list[str]
+    links: dict[str, os.stat_result]
     others: list[str]  # directories, FIFOs...: not torch's
     readable: bool
+    mtime: float  # the directory's own
+
+    def usage(self, path: str, warn) -> TreeUsage:
+        """What measure_tree would say, from this listing when it holds files only (one pass, not two)."""
+        if self.others or not self.readable:
+            return measure_tree(path, warn)
+        sts = [*self.files.values(), *self.links.values()]
+        return TreeUsage(sum(st.st_size for st in sts), len(sts), max([self.mtime, *(st.st_mtime for st in sts)]))
 
 
 def listing(path: str) -> Listing:
     import stat
 
     files: dict[str, os.stat_result] = {}
-    links: list[str] = []
+    links: dict[str, os.stat_result] = {}
     others: list[str] = []
     try:
+        mtime = os.lstat(path).st_mtime
         with os.scandir(path) as it:
             for de in sorted(it, key=lambda d: d.name):
                 try:
@@ -104,14 +114,19 @@ def listing(path: str) -> Listing:
                 except OSError:
                     continue
                 if stat.S_ISLNK(st.st_mode):
-                    links.append(de.name)
+                    links[de.name] = st
                 elif stat.S_ISREG(st.st_mode):
                     files[de.name] = st
                 else:
                     others.append(de.name)
     except OSError:
-        return Listing({}, [], [], False)
-    return Listing(files, links, others, True)
+        return Listing({}, {}, [], False, 0.0)
+    return Listing(files, links, others, True, mtime)
+
+
+def unreadable_file(path: str, st: os.stat_result) -> str | None:
+    """checks.unreadable, asked only when a read bit is missing (a file everyone may read is readable)."""
+    return None if st.st_mode & 0o444 == 0o444 else unreadable(path)
 
 
 # ---- fx graph and aotautograd entries ---------------------------------------------------------------
@@ -147,34 +162,29 @@ def _ends(path: str) -> tuple[bytes, bytes]:
         os.close(fd)
 
 
-def judge_guarded(path: str, deep: bool, now: float, root: str | None = None) -> Judgement:
-    """An fx graph or aotautograd key directory: complete when one variant is whole (torch tries each)."""
-    lst = listing(path)
+def judge_guarded(path: str, deep: bool, now: float, root: str | None = None, lst: Listing | None = None,
+                  memo: dict[str, Judgement] | None = None) -> Judgement:
+    """An fx graph or aotautograd key directory: complete when one variant is whole (torch tries each).
+    `memo` holds the fx graphs judged in this scan (an aotautograd entry asks for its graphs')."""
+    lst = lst or listing(path)
     if not lst.readable:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
     variants = [n for n in lst.files if VARIANT_RE.match(n)]
     bad: list[str] = []
     good: list[str] = []
     for n in variants:
-        why = unreadable(os.path.join(path, n))
+        why = unreadable_file(os.path.join(path, n), lst.files[n])
         if why:
             return Judgement.of(UNREADABLE, why)
         problem = variant_problem(os.path.join(path, n), lst.files[n].st_size, deep)
         (bad if problem else good).append(problem or n)
     if lst.links:
-        return Judgement.of(UNREADABLE, f"{lst.links[0]} is a symlink (torch follows it; kcache never does)")
+        return Judgement.of(UNREADABLE, f"{min(lst.links)} is a symlink (torch follows it; kcache never does)")
     if not good:
-        return _no_good_variant(lst, bad, now, _mtime(path))
+        return _no_good_variant(lst, bad, now, lst.mtime)
     if root is not None and os.path.basename(os.path.dirname(path)) == "aotautograd":
-        return missing_graphs(path, good, root, now)
+        return missing_graphs(path, good, root, now, memo if memo is not None else {})
     return Judgement(COMPLETE)
-
-
-def _mtime(path: str) -> float:
-    try:
-        return os.lstat(path).st_mtime
-    except OSError:
-        return 0.0
 
 
 def _no_good_variant(lst: Listing, bad: list[str], now: float, mtime: float) -> Judgement:
@@ -207,7 +217,7 @@ def graph_relpath(key: str) -> str:
     return f"fxgraph/{key[1:3]}/{key}"
 
 
-def missing_graphs(path: str, variants: list[str], root: str, now: float) -> Judgement:
+def missing_graphs(path: str, variants: list[str], root: str, now: float, memo: dict[str, Judgement]) -> Judgement:
     """The aotautograd entry as the fx graphs it names make it: partial when one is missing or broken
     (torch misses both and compiles again), unreadable or building when one is, else complete."""
     for key in graph_keys(path, variants):
@@ -215,7 +225,7 @@ def missing_graphs(path: str, variants: list[str], root: str, now: float) -> Jud
         if not os.path.isdir(where):
             return Judgement.of(PARTIAL, f"the fx graph {key} it names is missing: torch misses and compiles "
                                 "both again")
-        j = judge_guarded(where, False, now)
+        j = memo.get(where) or memo.setdefault(where, judge_guarded(where, False, now))
         if j.status in (UNREADABLE, BUILDING):
             return Judgement.of(j.status, f"the fx graph {key} it names is {j.status} ({j.reason})")
         if j.status != COMPLETE:
@@ -235,13 +245,13 @@ def code_groups(names) -> dict[str, list[str]]:
     return groups
 
 
-def judge_code(path: str, deep: bool, now: float) -> Judgement:
+def judge_code(path: str, deep: bool, now: float, lst: Listing | None = None) -> Judgement:
     """A `<2>/` shard of the code cache: every group whole (no empty file, every .so a whole ELF)."""
-    lst = listing(path)
+    lst = lst or listing(path)
     if not lst.readable:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
     if lst.links:
-        return Judgement.of(UNREADABLE, f"{lst.links[0]} is a symlink (torch follows it; kcache never does)")
+        return Judgement.of(UNREADABLE, f"{min(lst.links)} is a symlink (torch follows it; kcache never does)")
     groups = code_groups(lst.files)
     problems: list[str] = []
     for key, exts in sorted(groups.items()):
@@ -264,7 +274,7 @@ def _group_problems(path: str, key: str, exts: list[str], lst: Listing) -> list[
     for ext in sorted(exts):
         name = f"{key}.{ext}"
         full, size = os.path.join(path, name), lst.files[name].st_size
-        why = unreadable(full)
+        why = unreadable_file(full, lst.files[name])
         if why:
             return [f"unreadable: {why}"]
         if size == 0:
@@ -303,16 +313,24 @@ def judge_triton(path: str, deep: bool, now: float) -> Judgement:
 # ---- the judgement, the scan ------------------------------------------------------------------------
 
 def judge(path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None) -> Judgement:
+    return _judge(path, kind, deep, root, None, {})
+
+
+def _judge(path: str, kind: str, deep: bool, root: str | os.PathLike | None, lst: Listing | None,
+           memo: dict[str, Judgement]) -> Judgement:
     now = time.time()
     if kind == CODE:
-        return judge_code(path, deep, now)
+        return judge_code(path, deep, now, lst)
     if kind == AUTOTUNE:
         return judge_autotune(path, deep)
     if kind == TRITON:
         return judge_triton(path, deep, now)
     if root is None and kind == AUTOGRAD:
         root = os.path.dirname(os.path.dirname(path))
-    return judge_guarded(path, deep, now, os.fspath(root) if root is not None else None)
+    j = judge_guarded(path, deep, now, os.fspath(root) if root is not None else None, lst, memo)
+    if kind == GRAPH and not deep:
+        memo[path] = j
+    return j
 
 
 class Found(NamedTuple):
@@ -359,7 +377,8 @@ def _code_evidence(path: str) -> bool:
 def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     root = str(ctx.root)
     prefixes = flt.name_prefixes()
-    for f in candidates(root, ctx, flt):
+    memo: dict[str, Judgement] = {}  # fx graphs judged, by path: the aotautograd entries ask again
+    for f in sorted(candidates(root, ctx, flt), key=lambda f: f.kind != GRAPH):  # graphs first, for the memo
         if prefixes and not any(f.hash.startswith(p) for p in prefixes):
             continue
         if flt.kinds and f.kind not in flt.kinds:
@@ -367,9 +386,11 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
         op, target, space = _names(f)
         if not (flt.wants_op(op) and flt.wants_target(target) and flt.wants_space(space)):
             continue
-        j = judge(f.path, f.kind, root=root)
-        yield ctx.entry(path=f.path, usage=measure_tree(f.path, ctx.warn), layout=NAME, kind=f.kind, target=target,
-                        space=space, op=op, hash=f.hash, status=j.status, reason=j.reason)
+        lst = listing(f.path) if f.kind in (GRAPH, AUTOGRAD, CODE) else None
+        j = _judge(f.path, f.kind, False, root, lst, memo)
+        usage = lst.usage(f.path, ctx.warn) if lst is not None else measure_tree(f.path, ctx.warn)
+        yield ctx.entry(path=f.path, usage=usage, layout=NAME, kind=f.kind, target=target, space=space, op=op,
+                        hash=f.hash, status=j.status, reason=j.reason)
 
 
 def _names(f: Found) -> tuple[str | None, str | None, str | None]:

@@ -257,6 +257,8 @@ def _cudajit_confirm(root: str, tops: list[str]) -> bool:
 
 
 def cudajit_evidence(path: str) -> bool:
+    if not os.path.isfile(os.path.join(path, "index")):
+        return False  # one stat, before listing a directory that is not it
     try:
         names = os.listdir(path)
     except OSError:
