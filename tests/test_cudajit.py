@@ -87,7 +87,10 @@ def test_prune_broken_never_touches_it_and_never_a_file_of_it(jit):
 def test_other_directories_beside_it_are_not_entries(jit):
     (jit.parent / "nsight").mkdir()
     (jit.parent / "nsight" / "x.txt").write_text("not the JIT cache\n")
+    (jit.parent / "lookalike" / "3").mkdir(parents=True)  # the driver's files, not its name: left alone
+    (jit.parent / "lookalike" / "index").write_text("x")
     rows = run_kcache("--cache-dir", str(jit.parent), "ls", "--json").json()
     assert [r["hash"] for r in rows] == ["ComputeCache"]
     run = run_kcache("--cache-dir", str(jit.parent), "clear", "--all", "--yes", "--json")
     assert run.exit_code == 0 and (jit.parent / "nsight" / "x.txt").is_file()
+    assert (jit.parent / "lookalike" / "index").is_file()

@@ -18,7 +18,7 @@ from typing import Iterator
 
 from kcache_cli.checks import list_files, read_every_byte
 from kcache_cli.layouts.base import ModuleLayout
-from kcache_cli.layouts.shapes import CUDAJIT, cudajit_evidence
+from kcache_cli.layouts.shapes import CUDAJIT, cudajit_evidence, cudajit_names
 from kcache_cli.model import (
     COMPLETE,
     UNREADABLE,
@@ -53,17 +53,15 @@ def max_size() -> tuple[int, str]:
 
 
 def is_jit_dir(path: str) -> bool:
-    """The driver's JIT cache: the directory CUDA_CACHE_PATH (or the default) names, or one holding
-    the driver's `index` file beside hex-named directories."""
-    return os.path.abspath(path) == os.path.abspath(configured_dir()) or cudajit_evidence(path)
+    """The driver's JIT cache: the directory CUDA_CACHE_PATH (or the default) names, or one named like
+    it (ComputeCache) holding the driver's `index` file beside hex-named directories."""
+    if os.path.abspath(path) == os.path.abspath(configured_dir()):
+        return True
+    return os.path.basename(path) in cudajit_names() and cudajit_evidence(path)
 
 
 def detect(root: Path) -> bool:
-    try:
-        with os.scandir(root) as it:
-            return any(de.is_dir(follow_symlinks=False) and is_jit_dir(de.path) for de in it)
-    except OSError:
-        return False
+    return any(os.path.isdir(os.path.join(root, n)) and is_jit_dir(os.path.join(root, n)) for n in cudajit_names())
 
 
 def judge(path: str, kind: str, deep: bool = False, *, root: object = None) -> Judgement:
@@ -83,7 +81,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     if not flt.wants_target("cuda") or flt.spaces or flt.ops:
         return
     prefixes = flt.name_prefixes()
-    for de in ctx.listdir(ctx.root):
+    for de in ctx.listdir(ctx.root, lambda d: d.name in cudajit_names()):
         if not de.is_dir(follow_symlinks=False) or not is_jit_dir(de.path):
             continue
         if prefixes and not any(de.name.startswith(p) for p in prefixes):

@@ -250,15 +250,19 @@ INDUCTOR = LayoutShape("inductor", (
 ), "fxgraph/, aotautograd/, <2>/ code, cache/, triton/<device>/", confirm=_inductor_confirm)
 
 # The CUDA driver's JIT cache (CUDA_CACHE_PATH, else ~/.nv/ComputeCache): one opaque entry, the cache
-# directory itself, listed from its parent (the layout's root). Its format is undocumented; what marks it
-# is the driver's `index` file beside hex-named directories.
+# directory itself, listed from its parent (the layout's root). Its format is undocumented; it is known by
+# its name (ComputeCache, or the last part of CUDA_CACHE_PATH) and, before anything is removed, by the
+# driver's `index` file beside hex-named directories.
+def cudajit_names() -> tuple[str, ...]:
+    env = os.environ.get("CUDA_CACHE_PATH", "").rstrip("/")
+    return ("ComputeCache", os.path.basename(env)) if env else ("ComputeCache",)
+
+
 def _cudajit_confirm(root: str, tops: list[str]) -> bool:
-    return any(cudajit_evidence(os.path.join(root, t)) for t in tops[:_TRITON_LOOKS])
+    return any(t in cudajit_names() for t in tops)  # names only: completion reads no file
 
 
 def cudajit_evidence(path: str) -> bool:
-    if not os.path.isfile(os.path.join(path, "index")):
-        return False  # one stat, before listing a directory that is not it
     try:
         names = os.listdir(path)
     except OSError:
