@@ -335,7 +335,7 @@ def test_nested_triton_cache_is_judged_by_triton_rules(tmp_path):
     # the group files name the fixture's own paths: relocate them where they now are
     assert run_kcache("--cache-dir", str(root), "verify", "--fix").exit_code == 0
     listed = {r["hash"]: r for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
-    assert {(r["kind"], r["space"], r["status"]) for r in listed.values()} == {("triton", "0", "complete")}
+    assert {(r["kind"], r["space"], r["status"]) for r in listed.values()} == {("triton", "triton/0", "complete")}
     assert all(r["op"] and r["target"] == "cuda" for r in listed.values())
     first = sorted(listed)[0]
     group = next((nested / first).glob("__grp__*.json"))

@@ -357,7 +357,7 @@ def candidates(root: str, ctx, flt: ScanFilter) -> Iterator[Found]:
         elif de.name == "triton":
             for dev in ctx.listdir(de.path):
                 if shapes[TRITON].match_segment(1, dev.name) and dev.is_dir(follow_symlinks=False):
-                    yield from (Found(TRITON, k.path, k.name, dev.name) for k in ctx.listdir(dev.path)
+                    yield from (Found(TRITON, k.path, k.name, f"triton/{dev.name}") for k in ctx.listdir(dev.path)
                                 if triton.is_key(k.name) and k.is_dir(follow_symlinks=False))
         elif shapes[AUTOTUNE].match_segment(0, de.name):
             yield Found(AUTOTUNE, de.path, de.name, None)
@@ -464,6 +464,8 @@ def log_files(entry: Entry) -> list[LogFile]:
 
 
 def no_log(entry: Entry) -> str:
+    if entry.kind == TRITON:
+        return triton.no_log(entry)
     return ("TorchInductor keeps no compile log in its cache; run with TORCH_LOGS=output_code (or "
             "TORCH_COMPILE_DEBUG=1) to see the generated code and the compiler's commands")
 

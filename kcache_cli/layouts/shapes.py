@@ -246,7 +246,9 @@ INDUCTOR = LayoutShape("inductor", (
     KindShape("autograd", "aotautograd/{hash}", patterns=(("hash", "a" + INDUCTOR_B32),)),
     KindShape("code", "{hash}", patterns=(("hash", r"[a-z2-7]{2}"),)),
     KindShape("autotune", "{hash}", patterns=(("hash", "cache"),)),
-    KindShape("triton", "triton/{device}/{hash}", space="{device}", patterns=(("device", r"\d+"), *_TRITON_KEY)),
+    # space "triton/<device>": a bare number would read as a hidet level (--space 2)
+    KindShape("triton", "{tri}/{device}/{hash}", space="{tri}/{device}",
+              patterns=(("tri", "triton"), ("device", r"\d+"), *_TRITON_KEY)),
 ), "fxgraph/, aotautograd/, <2>/ code, cache/, triton/<device>/", confirm=_inductor_confirm)
 
 # The CUDA driver's JIT cache (CUDA_CACHE_PATH, else ~/.nv/ComputeCache): one opaque entry, the cache
