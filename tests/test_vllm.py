@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pprint
 import subprocess
 import time
 from pathlib import Path
@@ -196,3 +197,25 @@ def test_aot_compile_entries(tmp_path):
     assert got == {"a" * 64: ("aot", "complete"), "b" * 64: ("aot", "partial")}
     run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
     assert run.exit_code == 0 and (good / "model").is_file() and not half.exists()
+
+
+def test_hostile_handles_are_never_followed_or_rewritten_outside(tmp_path):
+    root = tmp_path / "torch_compile_cache"
+    local = root / "0123456789" / "rank_0_0" / "backbone"
+    local.mkdir(parents=True)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not yours")
+    index = {((1, 8), 0, "inductor_standalone"): ("../../../../outside.bin", str(outside)),
+             ((1, 8), 1, "inductor_standalone"): ("x", "/etc/passwd")}
+    text = pprint.PrettyPrinter(indent=4).pformat(index)
+    (local / "vllm_compile_cache.py").write_text(text)
+    old = time.time() - 7200
+    for p in (root / "0123456789", *(root / "0123456789").rglob("*")):
+        os.utime(p, (old, old))
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()[0]
+    assert row["status"] == "partial" and "not a file name" in row["reason"]
+    run_kcache("--cache-dir", str(root), "verify", "--fix")
+    assert (local / "vllm_compile_cache.py").read_text() == text  # a unit with problems is not rewritten
+    assert outside.read_bytes() == b"not yours"
+    run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
+    assert run.exit_code == 0 and not (root / "0123456789").exists() and outside.read_bytes() == b"not yours"
