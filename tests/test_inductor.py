@@ -166,8 +166,14 @@ def dmg_aot_graph_gone(root):
     return one(root, "aotautograd/*")  # judged: the aotautograd entry naming it (the first one)
 
 
+def dmg_garbage_variant_beside_good(root):
+    v = _graph_variant(root)
+    (v.parent / ("a" * 51)).write_bytes(os.urandom(4000))  # tried first (name order), skipped with a warning
+    return v.parent
+
+
 MATRIX = [dmg_missing, dmg_empty, dmg_garbage, dmg_truncated, dmg_old_tmp_beside_graph, dmg_only_old_tmp,
-          dmg_mode_000, dmg_link, dmg_aot_variant_missing, dmg_aot_graph_gone]
+          dmg_mode_000, dmg_link, dmg_aot_variant_missing, dmg_aot_graph_gone, dmg_garbage_variant_beside_good]
 
 
 @pytest.mark.slow
