@@ -219,3 +219,31 @@ def test_hostile_handles_are_never_followed_or_rewritten_outside(tmp_path):
     assert outside.read_bytes() == b"not yours"
     run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
     assert run.exit_code == 0 and not (root / "0123456789").exists() and outside.read_bytes() == b"not yours"
+
+
+def test_inductor_adaptor_units_need_their_fx_graphs(tmp_path):
+    """vLLM's InductorAdaptor (torch < 2.8) names fx graph keys found in rank_<r>_<d>/inductor_cache/."""
+    import base64
+    import hashlib
+    import pickle
+
+    root = tmp_path / "torch_compile_cache"
+    rank = root / "fedcba9876" / "rank_0_0"
+    (rank / "backbone").mkdir(parents=True)
+    data = pickle.dumps({"graph": 1}, protocol=4)
+    key = "f" + "q" * 51
+    graph = rank / "inductor_cache" / "fxgraph" / key[1:3] / key
+    graph.mkdir(parents=True)
+    (graph / base64.b32encode(hashlib.sha256(data).digest())[:51].decode().lower()).write_bytes(data)
+    index = {(None, 0, "inductor"): (key, str(rank / "inductor_cache" / "xx" / "cxx.py"))}
+    (rank / "backbone" / "vllm_compile_cache.py").write_text(pprint.PrettyPrinter(indent=4).pformat(index))
+    (rank / "triton_cache").mkdir()
+    _age(root / "fedcba9876")
+    shown = run_kcache("--cache-dir", str(root), "inspect", "fedcba", "--json").json()
+    assert shown["status"] == "complete", shown["reason"]
+    assert shown["facts"]["nested triton cache"] == str(rank / "triton_cache")
+    for p in graph.iterdir():
+        p.unlink()
+    _age(root / "fedcba9876")
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()[0]
+    assert row["status"] == "partial" and key in row["reason"]
