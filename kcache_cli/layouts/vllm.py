@@ -161,7 +161,10 @@ def _crc(fd: int, size: int) -> int:
 def unpacked_problem(path: str, deep: bool, now: float) -> str | None:
     """Why an unpacked artifact (an Inductor cache root with one aotautograd entry) does not load."""
     name = os.path.basename(path)
-    keys = [d for d in _subdirs(os.path.join(path, "aotautograd"))]
+    for top in ("aotautograd", "fxgraph"):
+        if os.path.islink(os.path.join(path, top)):
+            return f"{name}/{top} is a symlink (kcache never follows it)"
+    keys = _subdirs(os.path.join(path, "aotautograd"))
     if len(keys) != 1:
         return f"{name}/aotautograd/ holds {len(keys)} entries; torch loads exactly one"
     kinds = ((inductor.AUTOGRAD, keys[0]), *((inductor.GRAPH, g) for g in _graphs(path)))
