@@ -759,6 +759,8 @@ class _Executor:
         self._ident = None  # what is renamed must be what was locked and checked
         try:
             why = self._hold_locks(r, parent, name, held)
+            if why is None and r.what == ENTRY:
+                why = _layout(r.entry).in_use(r.entry)
             if why is not None:
                 return self._skip(r, why)
             return self._move(r, i, parent, name, batch_fd)

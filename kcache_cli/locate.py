@@ -61,12 +61,51 @@ def default_cache_dir(package_dir: Path | None = None) -> CacheLocation:
 
 def known_caches() -> list[tuple[str, Path]]:
     """Every kernel cache kcache knows where to look for on this machine (`dir --all`): each layout's
-    own default place."""
+    own default place, each directory once. A root that is another's (two variables naming one place)
+    is listed with the first layout; a root that lies inside another known cache's entries (a
+    TRITON_CACHE_DIR inside Inductor's triton/<device>/ or a vLLM unit) is shown only with that cache,
+    whose entries hold it."""
     from kcache_cli.layouts import all_layouts
 
-    out = []
+    found = []
     for name, layout in all_layouts().items():
         where = layout.default_root()
         if where is not None:
-            out.append((name, where[0]))
+            found.append((name, where[0]))
+    reals = [os.path.realpath(p) for _, p in found]
+    out = []
+    for i, (name, path) in enumerate(found):
+        if reals[i] in reals[:i]:
+            continue
+        if any(j != i and reals[j] != reals[i] and inside_entries(reals[i], reals[j], found[j][0])
+               for j in range(len(found))):
+            continue
+        out.append((name, path))
     return out
+
+
+def inside_entries(path: str, root: str, owner: str) -> bool:
+    """Whether `path` lies in what the `owner` layout's cache at `root` holds: a nested cache it declares
+    (Layout.nested) or one of its entries (by the entry's exact shape, positive evidence)."""
+    from kcache_cli.layouts import get
+
+    if not path.startswith(root.rstrip("/") + "/") or not os.path.isdir(root):
+        return False
+    layout = get(owner)
+    for _, nested in layout.nested(Path(root)):
+        real = os.path.realpath(nested)
+        if path == real or path.startswith(real + "/"):
+            return True
+    parts = os.path.relpath(path, root).split(os.sep)
+    for k in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:k])
+        found = layout.shape.locate(prefix)
+        if found is None:
+            continue
+        try:
+            names = frozenset(os.listdir(os.path.join(root, prefix)))
+        except OSError:
+            continue
+        if layout.shape_problem(prefix, found[0], names, Path(root)) is None:
+            return True
+    return False

@@ -87,6 +87,13 @@ def _isolated_env(tmp_path, monkeypatch):
     monkeypatch.delenv("TILELANG_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_HOME", raising=False)
+    # Inductor's, vLLM's and the CUDA driver's caches: their defaults lie under HOME or the temp dir
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "XDG_CACHE_HOME", "CUDA_CACHE_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp))
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.delenv("COLUMNS", raising=False)  # tables fit COLUMNS when set: tests that want a width say so
     monkeypatch.chdir(tmp_path)

@@ -243,7 +243,8 @@ def test_static_values(kcache):
     assert _values(kcache, "kcache ls --layout ti") == ["tilus", "tilelang"]
     assert _values(kcache, "kcache ls --target c") == ["cuda", "cpu"]
     assert _values(kcache, "kcache ls --kind ") == ["op", "graph", "ir_module", "program", "script", "kernel",
-                                                    "binary"]
+                                                    "binary", "autograd", "code", "autotune", "triton", "jit",
+                                                    "compile", "aot"]
 
 
 def test_commands_and_options_complete(kcache):

@@ -100,6 +100,6 @@ def test_dir_command_prints_path_and_reason(kcache, tmp_path, monkeypatch):
 def test_dir_all_lists_known_caches(kcache, fixture_copy, monkeypatch):
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(fixture_copy("tilelang")))
     rows = {r["cache"]: r for r in kcache("dir", "--all", "--json").json()}
-    assert set(rows) == {"hidet", "tilus", "tilelang", "triton"}
+    assert set(rows) == {"hidet", "tilus", "tilelang", "triton", "inductor", "cudajit", "vllm"}
     assert rows["tilelang"]["layouts"] == ["tilelang"] and rows["tilelang"]["entries"] == 2
     assert rows["hidet"]["exists"] is False and rows["hidet"]["entries"] == 0

@@ -26,6 +26,7 @@ def prune_command(
     ctx: typer.Context,
     max_size: Annotated[Optional[str], typer.Option(
         "--max-size", metavar="SIZE", help="Remove least recently used entries until the cache fits in SIZE "
+        "(with --all-caches: until all of them together fit, least recently used first across them) "
         "(10GB, 500M, 2GiB; K/M/G/T are powers of 1000, Ki/Mi/Gi/Ti of 1024).")] = None,
     older_than: Annotated[Optional[str], typer.Option(
         "--older-than", metavar="AGE", help="Remove entries not used for AGE (30d, 12h, 90m, 2w, 1d12h).")] = None,
@@ -55,9 +56,16 @@ def prune_command(
     age = parse_age(older_than, "--older-than") if older_than is not None else None
     opts.lock_timeout = c.lock_timeout(lock_timeout, GC_WAIT)
     out = _Out(opts, all_caches)
-    for loc in c.cache_locations(opts, all_caches):
+    locs = c.cache_locations(opts, all_caches)
+    limits = {str(loc.path): limit for loc in locs}
+    if all_caches and limit is not None and len(locs) > 1:  # one budget, least recently used first across all
+        from kcache_cli.budget import shared_limits
+
+        with _busy(opts, "weighing every cache"):
+            limits.update(shared_limits([loc.path for loc in locs], limit, lambda m: c.warn(opts, m)))
+    for loc in locs:
         out.section(loc)
-        _prune_one(opts, out, loc, limit, age, broken, dry_run, yes)
+        _prune_one(opts, out, loc, limits[str(loc.path)], age, broken, dry_run, yes)
     out.done(empty="no kernel cache found (see kcache dir --all)" if all_caches else None)
 
 

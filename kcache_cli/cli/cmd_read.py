@@ -64,11 +64,25 @@ def dir_command(
     for owner, path in known_caches():
         res = scan_cache(path, warn=lambda m: c.warn(opts, m))
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
-                     "entries": len(res.entries), "size": res.size})
+                     "entries": len(res.entries), "size": res.size, "nested": nested_caches(owner, path)})
     out.result(rows, lambda: c.print_table(
         ["cache", "path", "layout", "entries", "size"],
-        [[r["cache"], r["path"], ",".join(r["layouts"]) or ("-" if r["exists"] else "missing"),
-          str(r["entries"]), c.human_size(r["size"])] for r in rows], right=(3, 4)))
+        [line for r in rows for line in [
+            [r["cache"], c.tty_safe(r["path"]), ",".join(r["layouts"]) or ("-" if r["exists"] else "missing"),
+             str(r["entries"]), c.human_size(r["size"])],
+            # nested caches: counted in the row above (its entries hold them), shown so they are found
+            *([f"  in {r['cache']}", c.tty_safe(n["path"]), n["layout"], "-", "-"] for n in r["nested"])]],
+        right=(3, 4)))
+
+
+def nested_caches(owner: str, path) -> list[dict]:
+    """The caches of other layouts that `owner`'s cache at `path` holds inside its entries (counted in
+    its row, never listed as rows of their own)."""
+    from kcache_cli.layouts import get
+
+    if not path.is_dir():
+        return []
+    return [{"layout": layout, "path": str(p)} for layout, p in get(owner).nested(path)]
 
 
 @c.selectors()

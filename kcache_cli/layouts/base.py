@@ -179,6 +179,16 @@ class Layout:
                 return f"{self.name} holds the entry's {name}"
         return None
 
+    def in_use(self, entry: Entry) -> str | None:
+        """Why the entry must not be removed right now although no lock says so (the CUDA driver's JIT
+        cache while a process has the driver loaded), or None. Asked by every removal just before it acts."""
+        return None
+
+    def nested(self, root: Path) -> list[tuple[str, Path]]:
+        """Caches of other layouts that lie inside this layout's entries under `root` (Inductor's
+        triton/<device>/), as (layout, path): `dir --all` shows them with this root, never as roots."""
+        return []
+
     # ---- dependencies between entries ------------------------------------------------------------
 
     def uses(self, root: Path, entry: Entry) -> list[str]:

@@ -115,8 +115,52 @@ def triton(package_dir: Path | None = None) -> Home:
     return Home(Path.home() / ".triton" / "cache", "default (~/.triton/cache)")
 
 
+def inductor(package_dir: Path | None = None) -> Home:
+    """torch's rule (torch/_inductor/runtime/cache_dir_utils.py): TORCHINDUCTOR_CACHE_DIR (made absolute),
+    else <tempfile.gettempdir()>/torchinductor_<user>, the user name with \\/:*?"<>| made "_" (and
+    uid_<uid> when there is no user name)."""
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if env is not None:
+        return Home(Path(os.path.abspath(env)), "TORCHINDUCTOR_CACHE_DIR environment variable")
+    import getpass
+    import tempfile
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    user = re.sub(r'[\\/:*?"<>|]', "_", user)
+    return Home(Path(tempfile.gettempdir()) / f"torchinductor_{user}",
+                "torch's default (<tempdir>/torchinductor_<user>)")
+
+
+def cudajit(package_dir: Path | None = None) -> Home:
+    """The CUDA driver's rule: CUDA_CACHE_PATH, else ~/.nv/ComputeCache. kcache's root is the directory
+    holding it: the JIT cache is one entry, listed from its parent."""
+    env = os.environ.get("CUDA_CACHE_PATH")
+    if env:
+        where = Path(os.path.abspath(os.path.expanduser(env)))
+        return Home(where.parent, f"CUDA_CACHE_PATH environment variable ({where.name}/ is the entry)")
+    return Home(Path.home() / ".nv", "the CUDA driver's default (~/.nv/ComputeCache is the entry)")
+
+
+def vllm(package_dir: Path | None = None) -> Home:
+    """vLLM's rule (vllm/envs.py): VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm, else ~/.cache/vllm; its
+    compile cache is the torch_compile_cache/ inside."""
+    env = os.environ.get("VLLM_CACHE_ROOT")
+    if env:
+        return Home(Path(os.path.abspath(os.path.expanduser(env))) / "torch_compile_cache",
+                    "VLLM_CACHE_ROOT environment variable (its torch_compile_cache/)")
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Home(Path(xdg).expanduser() / "vllm" / "torch_compile_cache", "$XDG_CACHE_HOME/vllm/torch_compile_cache")
+    return Home(Path.home() / ".cache" / "vllm" / "torch_compile_cache",
+                "vLLM's default (~/.cache/vllm/torch_compile_cache)")
+
+
 # layout name -> its rule; `package_dir` says where the compiler's Python package lies (None: find it)
-RULES: dict[str, Callable[..., Home]] = {"hidet": hidet, "tilus": tilus, "tilelang": tilelang, "triton": triton}
+RULES: dict[str, Callable[..., Home]] = {"hidet": hidet, "tilus": tilus, "tilelang": tilelang, "triton": triton,
+                                       "inductor": inductor, "cudajit": cudajit, "vllm": vllm}
 
 
 def default_root(layout: str, package_dir: Path | None = None) -> Home | None:

@@ -224,7 +224,70 @@ TRITON = LayoutShape("triton", (
               from_files=lambda names: (triton_module(names), triton_kernel_name(names))),
 ), "<base32 key>/ per kernel", confirm=_triton_confirm)
 
+# TorchInductor (torch 2.5+): every file is named by a base32 sha256 (51 characters, lower case) behind a
+# one-letter prefix: f (fx graph), a (aotautograd), c (code); the code cache's 2-character shard directory
+# is the key's [1:3]. A Triton cache lies under triton/<device>/ unless TRITON_CACHE_DIR is set.
+INDUCTOR_B32 = r"[a-z2-7]{51}"
+INDUCTOR_CODE = re.compile(r"^c[a-z2-7]{51}\.")  # a code cache file: c<key>.py, .cpp, .so, .main.so...
+_INDUCTOR_EVIDENCE = ("fxgraph", "aotautograd")
+
+
+def _inductor_confirm(root: str, tops: list[str]) -> bool:
+    """fxgraph/ or aotautograd/, or a shard directory holding code cache files (c<key>.py...)."""
+    if any(t in _INDUCTOR_EVIDENCE for t in tops):
+        return True
+    for name in tops[:_TRITON_LOOKS]:
+        try:
+            if any(INDUCTOR_CODE.match(n) for n in os.listdir(os.path.join(root, name))):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+INDUCTOR = LayoutShape("inductor", (
+    KindShape("graph", "fxgraph/{shard}/{hash}", patterns=(("shard", r"[a-z2-7]{2}"), ("hash", "f" + INDUCTOR_B32))),
+    KindShape("autograd", "aotautograd/{hash}", patterns=(("hash", "a" + INDUCTOR_B32),)),
+    KindShape("code", "{hash}", patterns=(("hash", r"[a-z2-7]{2}"),)),
+    KindShape("autotune", "{hash}", patterns=(("hash", "cache"),)),
+    # space "triton/<device>": a bare number would read as a hidet level (--space 2)
+    KindShape("triton", "{tri}/{device}/{hash}", space="{tri}/{device}",
+              patterns=(("tri", "triton"), ("device", r"\d+"), *_TRITON_KEY)),
+), "fxgraph/, aotautograd/, <2>/ code, cache/, triton/<device>/", confirm=_inductor_confirm)
+
+# The CUDA driver's JIT cache (CUDA_CACHE_PATH, else ~/.nv/ComputeCache): one opaque entry, the cache
+# directory itself, listed from its parent (the layout's root). Its format is undocumented; it is known by
+# its name (ComputeCache, or the last part of CUDA_CACHE_PATH) and, before anything is removed, by the
+# driver's `index` file beside hex-named directories.
+def cudajit_names() -> tuple[str, ...]:
+    env = os.environ.get("CUDA_CACHE_PATH", "").rstrip("/")
+    return ("ComputeCache", os.path.basename(env)) if env else ("ComputeCache",)
+
+
+def _cudajit_confirm(root: str, tops: list[str]) -> bool:
+    return any(t in cudajit_names() for t in tops)  # names only: completion reads no file
+
+
+def cudajit_evidence(path: str) -> bool:
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    return "index" in names and any(re.fullmatch(r"[0-9a-f]", n) for n in names)
+
+
+CUDAJIT = LayoutShape("cudajit", (
+    KindShape("jit", "{hash}", target="cuda", patterns=(("hash", r"[^/.][^/]*"),)),
+), "<CUDA_CACHE_PATH>/ as one entry", confirm=_cudajit_confirm)
+
+# vLLM's torch_compile_cache: one entry per <h10>/ (a hash of the config, code and compiler), and
+# torch_aot_compile/<sha256>/.
+VLLM = LayoutShape("vllm", (
+    KindShape("compile", "{hash}", patterns=(("hash", r"[0-9a-f]{10}"),)),
+    KindShape("aot", "torch_aot_compile/{hash}", patterns=(("hash", r"[0-9a-f]{64}"),)),
+), "<h10>/rank_<r>_<d>/<prefix>/, torch_aot_compile/<sha256>/")
+
 # The registry: one shape per layout, in the order layouts are scanned and listed.
-SHAPES: tuple[LayoutShape, ...] = (HIDET, TILUS, TILELANG, TRITON)
+SHAPES: tuple[LayoutShape, ...] = (HIDET, TILUS, TILELANG, TRITON, INDUCTOR, CUDAJIT, VLLM)
 BY_NAME = {s.name: s for s in SHAPES}
 BUILD_SHAPE = next(s for s in SHAPES if s.build_kind)  # where `kcache build` publishes

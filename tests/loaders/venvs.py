@@ -25,6 +25,7 @@ SPECS: dict[str, tuple[str, ...]] = {
     "triton31": ("triton==3.1.0",),
     "triton32": ("triton==3.2.0",),
     "triton39": ("triton==3.9.0",),
+    "torch": ("torch==2.13.0",),  # TorchInductor: torch.compile on CPU, C++ kernels via g++
 }
 
 # The real home, not $HOME: the tests give every test a fresh HOME of its own.

@@ -1,0 +1,71 @@
+"""Inductor and vLLM scan speed against `du -sb` of the same tree (DESIGN section 8: a full scan within 1.3x
+of du). The generated Inductor cache has N fx graphs (one pickled variant each, framed and named as torch
+does), N/2 aotautograd entries naming two graphs each, and N code shards of a .py and a .cpp/.so pair
+(the .so a real ELF made once by g++); `ls --json` reads two bytes of each variant, the ELF header of each
+.so and every aotautograd variant whole (to find the graph keys it names).
+
+Usage: python bench/bench_inductor.py [--entries N] [--dir DIR] [--runs R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import compare, kcache_cmd
+
+
+def b32(data: bytes) -> str:
+    return base64.b32encode(hashlib.sha256(data).digest())[:51].decode().lower()
+
+
+def make(root: Path, n: int) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    so = root.parent / "kernel.so"
+    subprocess.run(["g++", "-shared", "-fPIC", "-x", "c++", "-", "-o", str(so)], input="int f() { return 1; }\n",
+                   text=True, check=True)
+    lib = so.read_bytes()
+    keys = []
+    for i in range(n):
+        data = pickle.dumps({"graph": i, "code": "x" * 20000}, protocol=4)
+        key = "f" + b32(f"graph {i}".encode())
+        d = root / "fxgraph" / key[1:3] / key
+        d.mkdir(parents=True, exist_ok=True)
+        (d / b32(data)).write_bytes(data)
+        keys.append(key)
+        code = "c" + b32(f"code {i}".encode())
+        shard = root / code[1:3]
+        shard.mkdir(exist_ok=True)
+        (shard / f"{code}.py").write_text("# generated\n" * 200)
+        (shard / f"{code}.cpp").write_text("int f() { return 1; }\n")
+        (shard / f"{code}.so").write_bytes(lib)
+    for i in range(0, n - 1, 2):
+        data = pickle.dumps({"fw": keys[i], "bw": keys[i + 1], "pad": "y" * 50000}, protocol=4)
+        d = root / "aotautograd" / ("a" + b32(f"aot {i}".encode()))
+        d.mkdir(parents=True)
+        (d / b32(data)).write_bytes(data)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--entries", type=int, default=5000)
+    ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "kcache-bench-inductor"))
+    ap.add_argument("--runs", type=int, default=5)
+    args = ap.parse_args()
+    root = Path(args.dir) / f"n{args.entries}" / "cache"
+    if not root.is_dir():
+        make(root, args.entries)
+    compare(f"inductor ls --json, {args.entries} graphs", kcache_cmd("--cache-dir", str(root), "ls", "--json"),
+            ["du", "-sb", str(root)], args.runs, 1.3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""The CUDA driver's JIT cache: PTX the driver compiled for the GPU at hand (CUDA_CACHE_PATH, else
+~/.nv/ComputeCache; size cap CUDA_CACHE_MAXSIZE, 256 MiB by default since CUDA 10.1 per NVIDIA's CUDA
+environment variable documentation).
+
+Its format is undocumented (an `index` file beside hex-named directories), so kcache treats the whole
+directory as one opaque entry: its size, its file count, its size against the cap. It is listed from
+its parent directory (the layout's root), because an entry is a directory inside a root. kcache never
+removes a file of it: only the whole directory, and only while no process of the cache's owner has
+the CUDA driver (libcuda.so) mapped (/proc/<pid>/maps), since the driver keeps the index open and
+rewrites it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+from kcache_cli.checks import list_files, read_every_byte
+from kcache_cli.layouts.base import ModuleLayout
+from kcache_cli.layouts.shapes import CUDAJIT, cudajit_evidence, cudajit_names
+from kcache_cli.model import (
+    COMPLETE,
+    UNREADABLE,
+    UNREADABLE_REASON,
+    Details,
+    Entry,
+    Judgement,
+    ScanFilter,
+    measure_tree,
+)
+
+NAME = CUDAJIT.name
+KIND = "jit"
+DEFAULT_MAXSIZE = 256 << 20  # bytes, NVIDIA's default for CUDA_CACHE_MAXSIZE
+HARD_MAXSIZE = 4 << 30  # the driver caps CUDA_CACHE_MAXSIZE at 4 GiB
+DRIVER = b"/libcuda.so"
+MAPS_LIMIT = 64 << 20
+
+
+def configured_dir() -> Path:
+    """The JIT cache directory the driver uses for this environment."""
+    env = os.environ.get("CUDA_CACHE_PATH")
+    return Path(env).expanduser() if env else Path.home() / ".nv" / "ComputeCache"
+
+
+def max_size() -> tuple[int, str]:
+    """(the cap in bytes, where it comes from)."""
+    raw = os.environ.get("CUDA_CACHE_MAXSIZE", "")
+    if raw.strip().isdigit():
+        return min(int(raw), HARD_MAXSIZE), "CUDA_CACHE_MAXSIZE"
+    return DEFAULT_MAXSIZE, "NVIDIA's default (CUDA_CACHE_MAXSIZE unset)"
+
+
+def is_jit_dir(path: str) -> bool:
+    """The driver's JIT cache: the directory CUDA_CACHE_PATH (or the default) names, or one named like
+    it (ComputeCache) holding the driver's `index` file beside hex-named directories."""
+    if os.path.abspath(path) == os.path.abspath(configured_dir()):
+        return True
+    return os.path.basename(path) in cudajit_names() and cudajit_evidence(path)
+
+
+def detect(root: Path) -> bool:
+    return any(os.path.isdir(os.path.join(root, n)) and is_jit_dir(os.path.join(root, n)) for n in cudajit_names())
+
+
+def judge(path: str, kind: str, deep: bool = False, *, root: object = None) -> Judgement:
+    """Complete when its directory can be read (deep: every file); kcache cannot judge more."""
+    try:
+        os.listdir(path)
+    except OSError:
+        return Judgement.of(UNREADABLE, UNREADABLE_REASON)
+    if deep:
+        bad = read_every_byte(path)
+        if bad:
+            return Judgement.of(UNREADABLE, bad)
+    return Judgement(COMPLETE)
+
+
+def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+    if not flt.wants_target("cuda") or flt.spaces or flt.ops:
+        return
+    prefixes = flt.name_prefixes()
+    for de in ctx.listdir(ctx.root, lambda d: d.name in cudajit_names()):
+        if not de.is_dir(follow_symlinks=False) or not is_jit_dir(de.path):
+            continue
+        if prefixes and not any(de.name.startswith(p) for p in prefixes):
+            continue
+        j = judge(de.path, KIND)
+        yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind=KIND, target="cuda",
+                        space=None, op=None, hash=de.name, status=j.status, reason=j.reason)
+
+
+def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
+    if kind != KIND or "/" in relpath:
+        return f"{relpath!r} is not the CUDA driver's JIT cache"
+    if root is not None and not is_jit_dir(os.path.join(root, relpath)):
+        return "it is not the CUDA driver's JIT cache (no index file, not CUDA_CACHE_PATH)"
+    return None
+
+
+def driver_users(uid: int) -> list[int]:
+    """Pids of the processes of `uid` that have the CUDA driver (libcuda.so*) mapped."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            if _maps_driver(f"/proc/{name}/maps"):
+                out.append(int(name))
+        except OSError:
+            continue  # gone, or not ours to read
+    return sorted(out)
+
+
+def _maps_driver(maps: str) -> bool:
+    """Whether a /proc/<pid>/maps names libcuda.so (read in chunks, at most MAPS_LIMIT bytes)."""
+    seen, tail = 0, b""
+    with open(maps, "rb") as f:
+        while seen < MAPS_LIMIT:
+            chunk = f.read(1 << 16)
+            if not chunk:
+                return False
+            if DRIVER in tail + chunk:
+                return True
+            seen, tail = seen + len(chunk), chunk[-len(DRIVER):]
+    return False
+
+
+def _owner(path: str) -> int:
+    try:
+        return os.lstat(path).st_uid
+    except OSError:
+        return os.getuid()
+
+
+def describe(root: Path, entry: Entry) -> Details:
+    j = judge(entry.path, entry.kind, deep=True)
+    cap, why = max_size()
+    facts = [("size against the cap", f"{entry.size} of {cap} bytes ({100 * entry.size // max(cap, 1)}%, {why})"),
+             ("format", "undocumented: kcache removes it only whole, never file by file")]
+    users = driver_users(_owner(entry.path))
+    if users:
+        facts.append(("in use", f"processes with the CUDA driver loaded: {', '.join(map(str, users[:10]))}"))
+    return Details(entry, j.status, j.reason, j.problems, list_files(entry.path), facts=tuple(facts))
+
+
+def no_log(entry: Entry) -> str:
+    return "the CUDA driver keeps no compile log in its JIT cache"
+
+
+class CudaJitLayout(ModuleLayout):
+    shape = CUDAJIT
+    fact_files = ()
+    binary_kinds = frozenset({KIND})
+
+    def in_use(self, entry: Entry) -> str | None:
+        users = driver_users(_owner(entry.path))
+        if users:
+            return (f"the CUDA driver is loaded by process {users[0]}"
+                    f"{f' and {len(users) - 1} more' if len(users) > 1 else ''}: removed only when none has it")
+        return None
+
+
+LAYOUT = CudaJitLayout()

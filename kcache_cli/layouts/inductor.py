@@ -1,0 +1,531 @@
+"""TorchInductor's cache (torch 2.5+, read against torch 2.13's `torch/_inductor/codecache.py` and
+`torch/_functorch/_aot_autograd/autograd_cache.py`).
+
+Root: TORCHINDUCTOR_CACHE_DIR, else `<tempdir>/torchinductor_<user>` (layouts/homes.py). Kinds:
+- `graph`: `fxgraph/<k[1:3]>/<k>/` (k = "f" + 51 base32), one pickled CompiledFxGraph per guard variant,
+  each file named by the base32 sha256 of its own bytes. Torch tries the variants in name order, skips
+  one that does not unpickle (a warning), and compiles again when none fits: a miss.
+- `autograd`: `aotautograd/<k>/` (k = "a" + ...), pickled entries that name the fx graphs they need
+  (forward, backward) by key. Torch misses the whole entry when one of them is missing.
+- `code`: `<2 chars>/` shard directories of `c<key>.{py,cpp,so,main.cpp,main.so,best_config,...}` groups.
+  A fx graph holds its source code: torch rewrites a missing `.py` and compiles a missing `.so` again
+  without a fx graph miss; a truncated `.so` fails to load.
+- `autotune`: `cache/`, JSON tables of autotuning results.
+- `triton`: `triton/<device>/<key>/`, Triton kernel directories judged by the Triton layout's rules.
+Every file is written as `.<pid>.<tid>.tmp` and renamed, so a visible file is whole and a dot-tmp file
+is a writer's (in flight while its pid lives, a leftover once old). Nothing marks completion, nothing is
+written on a hit. kcache never unpickles: a variant is judged by pickle's framing (PROTO first, STOP
+last) and, deep, by the sha256 its name states. `locks/` holds torch's FileLocks and is left alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import time
+from dataclasses import replace as replace_entry
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+from kcache_cli import fsread
+from kcache_cli.checks import elf_truncated, list_files, unreadable
+from kcache_cli.layouts import triton
+from kcache_cli.layouts.base import STALE_AFTER, Facts, ModuleLayout
+from kcache_cli.layouts.shapes import INDUCTOR
+from kcache_cli.model import (
+    BUILDING,
+    COMPLETE,
+    CORRUPT,
+    PARTIAL,
+    UNREADABLE,
+    UNREADABLE_REASON,
+    Details,
+    Entry,
+    Judgement,
+    LogFile,
+    ScanFilter,
+    TreeUsage,
+    measure_tree,
+)
+
+NAME = INDUCTOR.name
+GRAPH, AUTOGRAD, CODE, AUTOTUNE, TRITON = "graph", "autograd", "code", "autotune", "triton"
+TMP_RE = re.compile(r"^\.(\d+)\.(\d+)\.tmp$")  # write_atomic's temp file: .<pid>.<thread id>.tmp
+VARIANT_RE = re.compile(r"^[a-z2-7]{51}$")
+FX_KEY_RE = re.compile(rb"f[a-z2-7]{51}")
+CODE_RE = re.compile(r"^(c[a-z2-7]{51})\.(.+)$")
+PICKLE_PROTOCOLS = range(2, 6)
+
+
+# ---- writers' temp files -----------------------------------------------------------------------------
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's live process (or a pid we cannot ask about): assume alive
+    return True
+
+
+def temp_status(name: str, mtime: float, now: float) -> tuple[str, str]:
+    """(BUILDING or PARTIAL, why) for a writer's `.<pid>.<tid>.tmp` file."""
+    m = TMP_RE.match(name)
+    pid = int(m.group(1)) if m else 0
+    if pid and pid_alive(pid):
+        return BUILDING, f"{name}: torch process {pid} is writing it"
+    if now - mtime < STALE_AFTER:
+        return BUILDING, f"{name} written {now - mtime:.0f}s ago (a writer on another machine may still be at it)"
+    return PARTIAL, f"{name} left by a torch process killed between its write and its rename"
+
+
+# ---- one directory, listed once ---------------------------------------------------------------------
+
+class Listing(NamedTuple):
+    files: dict[str, os.stat_result]  # regular files by name (dot files included)
+    links: dict[str, os.stat_result]
+    others: list[str]  # directories, FIFOs...: not torch's
+    readable: bool
+    mtime: float  # the directory's own
+
+    def usage(self, path: str, warn) -> TreeUsage:
+        """What measure_tree would say, from this listing when it holds files only (one pass, not two)."""
+        if self.others or not self.readable:
+            return measure_tree(path, warn)
+        sts = [*self.files.values(), *self.links.values()]
+        return TreeUsage(sum(st.st_size for st in sts), len(sts), max([self.mtime, *(st.st_mtime for st in sts)]))
+
+
+def listing(path: str) -> Listing:
+    import stat
+
+    files: dict[str, os.stat_result] = {}
+    links: dict[str, os.stat_result] = {}
+    others: list[str] = []
+    try:
+        mtime = os.lstat(path).st_mtime
+        with os.scandir(path) as it:
+            for de in sorted(it, key=lambda d: d.name):
+                try:
+                    st = de.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    links[de.name] = st
+                elif stat.S_ISREG(st.st_mode):
+                    files[de.name] = st
+                else:
+                    others.append(de.name)
+    except OSError:
+        return Listing({}, {}, [], False, 0.0)
+    return Listing(files, links, others, True, mtime)
+
+
+def unreadable_file(path: str, st: os.stat_result) -> str | None:
+    """checks.unreadable, asked only when a read bit is missing (a file everyone may read is readable)."""
+    return None if st.st_mode & 0o444 == 0o444 else unreadable(path)
+
+
+# ---- fx graph and aotautograd entries ---------------------------------------------------------------
+
+def variant_problem(path: str, size: int, deep: bool) -> str | None:
+    """Why torch cannot unpickle the variant at `path` (by its framing, or deep by its name's hash)."""
+    name = os.path.basename(path)
+    if size == 0:
+        return f"variant {name} is empty"
+    try:
+        if deep and _b32_of_file(path) != name:
+            return f"variant {name}'s bytes do not hash to its name (damaged after torch wrote it)"
+        head, tail = _ends(path)
+    except OSError as exc:
+        return f"variant {name} cannot be read: {exc.strerror or exc}"
+    if len(head) < 2 or head[0] != 0x80 or head[1] not in PICKLE_PROTOCOLS or tail != b".":
+        return f"variant {name} is not a whole pickle (truncated or overwritten)"
+    return None
+
+
+def _b32_of_file(path: str) -> str:
+    h = hashlib.sha256()
+    for chunk in fsread.iter_chunks(path):
+        h.update(chunk)
+    return base64.b32encode(h.digest())[:51].decode().lower()
+
+
+def _ends(path: str) -> tuple[bytes, bytes]:
+    fd, st = fsread.open_regular(path)
+    try:
+        return os.pread(fd, 2, 0), os.pread(fd, 1, max(st.st_size - 1, 0))
+    finally:
+        os.close(fd)
+
+
+def judge_guarded(path: str, deep: bool, now: float, root: str | None = None, lst: Listing | None = None,
+                  memo: dict[str, Judgement] | None = None) -> Judgement:
+    """An fx graph or aotautograd key directory: complete when one variant is whole (torch tries each).
+    `memo` holds the fx graphs judged in this scan (an aotautograd entry asks for its graphs')."""
+    lst = lst or listing(path)
+    if not lst.readable:
+        return Judgement.of(UNREADABLE, UNREADABLE_REASON)
+    variants = [n for n in lst.files if VARIANT_RE.match(n)]
+    bad: list[str] = []
+    good: list[str] = []
+    for n in variants:
+        why = unreadable_file(os.path.join(path, n), lst.files[n])
+        if why:
+            return Judgement.of(UNREADABLE, why)
+        problem = variant_problem(os.path.join(path, n), lst.files[n].st_size, deep)
+        (bad if problem else good).append(problem or n)
+    if lst.links:
+        return Judgement.of(UNREADABLE, f"{min(lst.links)} is a symlink (torch follows it; kcache never does)")
+    if not good:
+        return _no_good_variant(lst, bad, now, lst.mtime)
+    if root is not None and os.path.basename(os.path.dirname(path)) == "aotautograd":
+        return missing_graphs(path, good, root, now, memo if memo is not None else {})
+    return Judgement(COMPLETE)
+
+
+def _no_good_variant(lst: Listing, bad: list[str], now: float, mtime: float) -> Judgement:
+    temps = [(n, st) for n, st in lst.files.items() if TMP_RE.match(n)]
+    if bad:
+        return Judgement(CORRUPT, bad[0] + ": torch skips it with a warning and compiles again", tuple(bad))
+    if temps:
+        return Judgement.of(*temp_status(temps[0][0], temps[0][1].st_mtime, now))
+    if now - mtime < STALE_AFTER:
+        return Judgement.of(BUILDING, "no graph in it yet: torch made it less than an hour ago and may be writing")
+    return Judgement.of(PARTIAL, "no graph in it: torch misses and compiles again")
+
+
+def graph_keys(path: str, variants: list[str]) -> list[str]:
+    """The fx graph keys the aotautograd variants name, read from their bytes (never unpickled)."""
+    keys: set[str] = set()
+    for n in variants:
+        tail = b""
+        try:  # streamed, with an overlap of one key's length so that no key is cut between two chunks
+            for chunk in fsread.iter_chunks(os.path.join(path, n)):
+                data = tail + chunk
+                keys.update(k.decode() for k in FX_KEY_RE.findall(data))
+                tail = data[-51:]
+        except OSError:
+            continue
+    return sorted(keys)
+
+
+def graph_relpath(key: str) -> str:
+    return f"fxgraph/{key[1:3]}/{key}"
+
+
+def missing_graphs(path: str, variants: list[str], root: str, now: float, memo: dict[str, Judgement]) -> Judgement:
+    """The aotautograd entry as the fx graphs it names make it: partial when one is missing or broken
+    (torch misses both and compiles again), unreadable or building when one is, else complete."""
+    for key in graph_keys(path, variants):
+        where = os.path.join(root, graph_relpath(key))
+        if not os.path.isdir(where):
+            return Judgement.of(PARTIAL, f"the fx graph {key} it names is missing: torch misses and compiles "
+                                "both again")
+        j = memo.get(where) or memo.setdefault(where, judge_guarded(where, False, now))
+        if j.status in (UNREADABLE, BUILDING):
+            return Judgement.of(j.status, f"the fx graph {key} it names is {j.status} ({j.reason})")
+        if j.status != COMPLETE:
+            return Judgement.of(PARTIAL, f"the fx graph {key} it names is {j.status}: torch misses and compiles both "
+                                "again")
+    return Judgement(COMPLETE)
+
+
+# ---- code cache shards ------------------------------------------------------------------------------
+
+def code_groups(names) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        m = CODE_RE.match(n)
+        if m:
+            groups.setdefault(m.group(1), []).append(m.group(2))
+    return groups
+
+
+def judge_code(path: str, deep: bool, now: float, lst: Listing | None = None) -> Judgement:
+    """A `<2>/` shard of the code cache: every group whole (no empty file, every .so a whole ELF)."""
+    lst = lst or listing(path)
+    if not lst.readable:
+        return Judgement.of(UNREADABLE, UNREADABLE_REASON)
+    if lst.links:
+        return Judgement.of(UNREADABLE, f"{min(lst.links)} is a symlink (torch follows it; kcache never does)")
+    groups = code_groups(lst.files)
+    problems: list[str] = []
+    for key, exts in sorted(groups.items()):
+        problems.extend(_group_problems(path, key, exts, lst))
+    if any(p.startswith("unreadable:") for p in problems):
+        return Judgement.of(UNREADABLE, next(p for p in problems if p.startswith("unreadable:"))[12:])
+    if problems:
+        status = CORRUPT if any("truncated" in p or "empty" in p or "not an ELF" in p for p in problems) else PARTIAL
+        return Judgement(status, problems[0], tuple(problems))
+    temps = [(n, st) for n, st in lst.files.items() if TMP_RE.match(n)]
+    if not groups and temps:
+        return Judgement.of(*temp_status(temps[0][0], temps[0][1].st_mtime, now))
+    if not groups:
+        return Judgement.of(PARTIAL, "no code cache files in it")
+    return Judgement(COMPLETE)
+
+
+def _group_problems(path: str, key: str, exts: list[str], lst: Listing) -> list[str]:
+    out = []
+    for ext in sorted(exts):
+        name = f"{key}.{ext}"
+        full, size = os.path.join(path, name), lst.files[name].st_size
+        why = unreadable_file(full, lst.files[name])
+        if why:
+            return [f"unreadable: {why}"]
+        if size == 0:
+            out.append(f"{name} is empty: torch loads it and fails")
+        elif ext.endswith("so"):
+            bad = elf_truncated(name, fsread.read_head(full, 64), size)
+            if bad:
+                out.append(bad + ": torch fails loading it")
+        elif ext.endswith("cpp") and ext[:-3] + "so" not in exts:
+            out.append(f"{name} has no {ext[:-3]}so: its compile was interrupted (torch compiles it again)")
+    return out
+
+
+# ---- autotune tables and nested Triton caches -------------------------------------------------------
+
+def judge_autotune(path: str, deep: bool) -> Judgement:
+    lst = listing(path)
+    if not lst.readable:
+        return Judgement.of(UNREADABLE, UNREADABLE_REASON)
+    for name, st in lst.files.items():
+        if name.startswith("."):
+            continue
+        full = os.path.join(path, name)
+        why = unreadable(full)
+        if why:
+            return Judgement.of(UNREADABLE, why)
+        if st.st_size == 0 or (deep and fsread.json_problem(full)[1]):
+            return Judgement.of(CORRUPT, f"{name} is not a JSON table (torch fails reading it)")
+    return Judgement(COMPLETE)
+
+
+def judge_triton(path: str, deep: bool, now: float) -> Judgement:
+    return Judgement.of(*triton.judge_files(path, triton._Listing(path, lambda m: None), now, deep))
+
+
+# ---- the judgement, the scan ------------------------------------------------------------------------
+
+def judge(path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None) -> Judgement:
+    return _judge(path, kind, deep, root, None, {})
+
+
+def _judge(path: str, kind: str, deep: bool, root: str | os.PathLike | None, lst: Listing | None,
+           memo: dict[str, Judgement]) -> Judgement:
+    now = time.time()
+    if kind == CODE:
+        return judge_code(path, deep, now, lst)
+    if kind == AUTOTUNE:
+        return judge_autotune(path, deep)
+    if kind == TRITON:
+        return judge_triton(path, deep, now)
+    if root is None and kind == AUTOGRAD:
+        root = os.path.dirname(os.path.dirname(path))
+    j = judge_guarded(path, deep, now, os.fspath(root) if root is not None else None, lst, memo)
+    if kind == GRAPH and not deep:
+        memo[path] = j
+    return j
+
+
+class Found(NamedTuple):
+    kind: str
+    path: str
+    hash: str
+    space: str | None
+
+
+def candidates(root: str, ctx, flt: ScanFilter) -> Iterator[Found]:
+    """Every directory that is an entry of this layout, by its path shape (no contents read)."""
+    shapes = {k.kind: k for k in INDUCTOR.kinds}
+    for de in ctx.listdir(root):
+        if not de.is_dir(follow_symlinks=False):
+            continue
+        if de.name == "fxgraph":
+            for shard in ctx.listdir(de.path):
+                if shapes[GRAPH].match_segment(1, shard.name) and shard.is_dir(follow_symlinks=False):
+                    yield from (Found(GRAPH, k.path, k.name, None) for k in ctx.listdir(shard.path)
+                                if shapes[GRAPH].match_segment(2, k.name) and k.is_dir(follow_symlinks=False))
+        elif de.name == "aotautograd":
+            yield from (Found(AUTOGRAD, k.path, k.name, None) for k in ctx.listdir(de.path)
+                        if shapes[AUTOGRAD].match_segment(1, k.name) and k.is_dir(follow_symlinks=False))
+        elif de.name == "triton":
+            for dev in ctx.listdir(de.path):
+                if shapes[TRITON].match_segment(1, dev.name) and dev.is_dir(follow_symlinks=False):
+                    yield from (Found(TRITON, k.path, k.name, f"triton/{dev.name}") for k in ctx.listdir(dev.path)
+                                if triton.is_key(k.name) and k.is_dir(follow_symlinks=False))
+        elif shapes[AUTOTUNE].match_segment(0, de.name):
+            yield Found(AUTOTUNE, de.path, de.name, None)
+        elif shapes[CODE].match_segment(0, de.name) and _code_evidence(de.path):
+            yield Found(CODE, de.path, de.name, None)
+
+
+def _code_evidence(path: str) -> bool:
+    """A shard directory is torch's when it holds a code cache file or a writer's temp file, or nothing."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return True  # listed as unreadable: never removed
+    return not names or any(CODE_RE.match(n) or TMP_RE.match(n) for n in names)
+
+
+def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+    root = str(ctx.root)
+    prefixes = flt.name_prefixes()
+    memo: dict[str, Judgement] = {}  # fx graphs judged, by path: the aotautograd entries ask again
+    for f in sorted(candidates(root, ctx, flt), key=lambda f: f.kind != GRAPH):  # graphs first, for the memo
+        if prefixes and not any(f.hash.startswith(p) for p in prefixes):
+            continue
+        if flt.kinds and f.kind not in flt.kinds:
+            continue
+        op, target, space = _names(f)
+        if not (flt.wants_op(op) and flt.wants_target(target) and flt.wants_space(space)):
+            continue
+        lst = listing(f.path) if f.kind in (GRAPH, AUTOGRAD, CODE) else None
+        j = _judge(f.path, f.kind, False, root, lst, memo)
+        usage = lst.usage(f.path, ctx.warn) if lst is not None else measure_tree(f.path, ctx.warn)
+        yield ctx.entry(path=f.path, usage=usage, layout=NAME, kind=f.kind, target=target, space=space, op=op,
+                        hash=f.hash, status=j.status, reason=j.reason)
+
+
+def _names(f: Found) -> tuple[str | None, str | None, str | None]:
+    """(op, target, space) of an entry: only nested Triton kernels tell theirs (metadata, file names)."""
+    if f.kind != TRITON:
+        return None, None, None
+    try:
+        names = os.listdir(f.path)
+    except OSError:
+        return None, None, f.space
+    from kcache_cli.layouts.shapes import triton_kernel_name
+
+    op = triton_kernel_name(names)
+    meta = fsread.json_object(os.path.join(f.path, f"{op}.json")) if op else None
+    target, _arch = triton.arch_of(meta)
+    return op, target, f.space
+
+
+def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
+    """None when `relpath` is exactly an entry of `kind` holding files torch writes; else why not."""
+    k = INDUCTOR.kind(kind)
+    if k is None or k.match(relpath) is None:
+        return f"{relpath!r} is not where an Inductor {kind} entry lives"
+    if names is None:
+        return None
+    listed = sorted(names)
+    if kind in (GRAPH, AUTOGRAD) and listed and not any(VARIANT_RE.match(n) or TMP_RE.match(n) for n in listed):
+        return "it holds no graph torch wrote"  # (an empty one torch made and never filled is removable)
+    if kind == CODE and not any(CODE_RE.match(n) or TMP_RE.match(n) for n in listed):
+        return "it holds no code cache file"
+    if kind == TRITON:
+        return triton.shape_problem(relpath.rsplit("/", 1)[-1], triton.KIND_KERNEL, names)
+    return None
+
+
+# ---- deep checks, logs, relocation ------------------------------------------------------------------
+
+def describe(root: Path, entry: Entry) -> Details:
+    if entry.kind == TRITON:
+        d = triton.describe(root, replace_entry(entry, kind=triton.KIND_KERNEL))
+        return Details(entry, d.status, d.reason, d.problems, d.files, d.task_op, binaries=d.binaries, facts=d.facts)
+    j = judge(entry.path, entry.kind, deep=True, root=str(root))
+    files = list_files(entry.path) if os.path.isdir(entry.path) else ()
+    facts = _facts(entry, root)
+    binaries = tuple(os.path.join(entry.path, f.name) for f in files if f.name.endswith(".so") and f.link is None)
+    return Details(entry, j.status, j.reason, j.problems, files, binaries=binaries, facts=tuple(facts))
+
+
+def _facts(entry: Entry, root: Path) -> list[tuple[str, str]]:
+    lst = listing(entry.path)
+    facts: list[tuple[str, str]] = []
+    if entry.kind in (GRAPH, AUTOGRAD):
+        variants = [n for n in lst.files if VARIANT_RE.match(n)]
+        bad = [n for n in variants if variant_problem(os.path.join(entry.path, n), lst.files[n].st_size, True)]
+        facts.append(("variants", f"{len(variants)} guard variant(s), {len(bad)} damaged"))
+        if entry.kind == AUTOGRAD:
+            for key in graph_keys(entry.path, [n for n in variants if n not in bad]):
+                there = os.path.isdir(os.path.join(root, graph_relpath(key)))
+                facts.append(("fx graph", f"{key} ({'present' if there else 'missing'})"))
+    elif entry.kind == CODE:
+        for key, exts in sorted(code_groups(lst.files).items()):
+            facts.append(("code", f"{key}: {', '.join(sorted(exts))}"))
+    temps = [n for n in lst.files if TMP_RE.match(n)]
+    if temps:
+        facts.append(("writer temp files", ", ".join(temps)))
+    return facts
+
+
+def log_files(entry: Entry) -> list[LogFile]:
+    return []
+
+
+def no_log(entry: Entry) -> str:
+    if entry.kind == TRITON:
+        return triton.no_log(entry)
+    return ("TorchInductor keeps no compile log in its cache; run with TORCH_LOGS=output_code (or "
+            "TORCH_COMPILE_DEBUG=1) to see the generated code and the compiler's commands")
+
+
+def relocation_problem(entry: Entry) -> str | None:
+    if entry.kind != TRITON:
+        return None
+    return triton.relocation_problem(replace_entry(entry, kind=triton.KIND_KERNEL))
+
+
+class InductorLayout(ModuleLayout):
+    """TorchInductor: guarded fx graphs and aotautograd entries (which name the fx graphs they need), code
+    cache shards, autotune tables and a nested Triton cache; no writer locks inside entries (torch writes
+    every file through a temp file and a rename)."""
+
+    shape = INDUCTOR
+    provider_kinds = frozenset({GRAPH})
+    fact_files = ()
+    binary_kinds = frozenset({TRITON})
+
+    def uses(self, root: Path, entry: Entry) -> list[str]:
+        if entry.kind != AUTOGRAD:
+            return []
+        variants = [n for n in listing(entry.path).files if VARIANT_RE.match(n)]
+        return [graph_relpath(k) for k in graph_keys(entry.path, variants)
+                if os.path.isdir(os.path.join(root, graph_relpath(k)))]
+
+    def users(self, root: Path, providers: list[str]) -> dict[str, list[str]]:
+        named: dict[str, list[str]] = {}
+        for de in _subdirs(os.path.join(root, "aotautograd")):
+            variants = [n for n in listing(de).files if VARIANT_RE.match(n)]
+            for key in graph_keys(de, variants):
+                named.setdefault(os.path.normpath(os.path.join(root, graph_relpath(key))), []).append(de)
+        return {p: sorted(named.get(os.path.normpath(p), [])) for p in providers}
+
+    def users_break(self, kind: str) -> bool:
+        return kind == GRAPH  # an aotautograd entry whose fx graph is gone is a miss
+
+    def use_words(self, kind: str) -> tuple[str, str]:
+        return "names", "named by"
+
+    def nested(self, root: Path) -> list[tuple[str, Path]]:
+        return [("triton", Path(d)) for d in _subdirs(os.path.join(root, "triton"))]
+
+    def relocate(self, staged: str, final: str, root: Path) -> None:
+        if os.path.basename(os.path.dirname(os.path.dirname(final))) == "triton":
+            triton.relocate(staged, final)
+
+    def facts(self, entry: Entry, small, names) -> Facts:
+        if entry.kind == TRITON:
+            return triton.LAYOUT.facts(replace_entry(entry, kind=triton.KIND_KERNEL), small, names)
+        return Facts("torch inductor", None, None)
+
+
+def _subdirs(path: str) -> list[str]:
+    try:
+        with os.scandir(path) as it:
+            return sorted(d.path for d in it if d.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+LAYOUT = InductorLayout()

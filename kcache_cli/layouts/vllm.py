@@ -1,0 +1,419 @@
+"""vLLM's torch_compile_cache (read against vllm/compilation/backends.py and compiler_interface.py).
+
+Root: `$VLLM_CACHE_ROOT/torch_compile_cache` (VLLM_CACHE_ROOT defaulting to `$XDG_CACHE_HOME/vllm`, else
+`~/.cache/vllm`). vLLM hashes its config, the traced code and the compiler into a 10-hex directory name,
+so every config or env change makes a new `<h10>/`; the unit kcache lists and removes is that whole
+directory:
+
+    <h10>/rank_<rank>_<dp rank>/<prefix>/vllm_compile_cache.py     the index
+    <h10>/rank_<rank>_<dp rank>/<prefix>/artifact_compile_range_<s>_<e>_subgraph_<i>   an artifact
+    <h10>/rank_<rank>_<dp rank>/<prefix>/cache_key_factors.json    what the hash is made of (newer vLLM)
+    <h10>/rank_<rank>_<dp rank>/{inductor_cache,triton_cache}/     InductorAdaptor's nested caches
+    torch_aot_compile/<sha256>/rank_<r>_<d>/model                   AOT-compiled models
+
+The index is `pprint.pformat` of {(compile_range, graph_index, compiler name): handle}; vLLM reads it with
+`ast.literal_eval` and loads each handle: for "inductor_standalone", `(key, absolute path)` of a torch
+`CompiledArtifact` saved as one binary file (CRC32 then length-prefixed fields:
+torch/utils/_appending_byte_serializer.py) or unpacked (an Inductor cache root); for "inductor",
+`(fx graph key, code path)` found in the rank's inductor_cache/. Neither the index nor a binary artifact
+is written atomically. A unit is complete when every index parses as a literal and every artifact it
+names is there and whole; partial otherwise (vLLM compiles again, or fails at start-up until it does).
+The handles hold absolute paths: a unit moved elsewhere is relocated by rewriting them (import, verify
+--fix)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import time
+import zlib
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+from kcache_cli import fsread
+from kcache_cli.checks import list_files
+from kcache_cli.layouts import inductor
+from kcache_cli.layouts.base import STALE_AFTER, Facts, ModuleLayout
+from kcache_cli.layouts.shapes import VLLM
+from kcache_cli.model import (
+    BUILDING,
+    COMPLETE,
+    PARTIAL,
+    UNREADABLE,
+    UNREADABLE_REASON,
+    Details,
+    Entry,
+    Judgement,
+    ScanFilter,
+    measure_tree,
+)
+
+NAME = VLLM.name
+COMPILE, AOT = "compile", "aot"
+INDEX, FACTORS = "vllm_compile_cache.py", "cache_key_factors.json"
+RANK_RE = re.compile(r"^rank_\d+_\d+$")
+NESTED = ("inductor_cache", "triton_cache")  # InductorAdaptor's TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR
+MAX_INDEX = 4 << 20  # real indexes are a few kB; literal_eval of more is not worth its memory
+STANDALONE, ADAPTOR = "inductor_standalone", "inductor"
+
+
+class Handle(NamedTuple):
+    compiler: str
+    key: str
+    path: str
+
+
+class Part(NamedTuple):
+    """One `rank_<r>_<d>/<prefix>/` directory holding an index (prefix may be empty)."""
+
+    rank: str  # rank_<r>_<d>
+    path: str
+    handles: tuple[Handle, ...]
+    problem: str | None  # why the index cannot be used, or None
+
+
+# ---- the index ----------------------------------------------------------------------------------------
+
+def read_index(path: str) -> tuple[tuple[Handle, ...], str | None]:
+    """The handles of the index at `path`, and why vLLM cannot use it (None when it can)."""
+    try:
+        data = fsread.read_bytes(path, MAX_INDEX)
+    except fsread.TooLarge:
+        return (), f"{INDEX} is over {MAX_INDEX} bytes: not vLLM's"
+    except OSError as exc:
+        return (), f"{INDEX} cannot be read: {exc.strerror or exc}"
+    try:
+        value = ast.literal_eval(data.decode("utf-8"))
+    except (ValueError, SyntaxError, TypeError, UnicodeDecodeError, RecursionError, MemoryError):
+        return (), f"{INDEX} does not parse as a literal (vLLM fails reading it at start-up)"
+    if not isinstance(value, dict):
+        return (), f"{INDEX} is not a dict"
+    handles = []
+    for key, handle in value.items():
+        if not (isinstance(key, tuple) and len(key) == 3 and isinstance(key[2], str)):
+            return (), f"{INDEX} has a key that is not (range, graph index, compiler)"
+        if not (isinstance(handle, tuple) and len(handle) == 2 and all(isinstance(h, str) for h in handle)):
+            return (), f"{INDEX} has a handle that is not (key, path)"
+        handles.append(Handle(key[2], handle[0], handle[1]))
+    return tuple(handles), None
+
+
+def parts(unit: str) -> list[Part]:
+    """Every index of a unit, read."""
+    out = []
+    for rank in _subdirs(unit):
+        name = os.path.basename(rank)
+        if not RANK_RE.match(name):
+            continue
+        for where in [rank, *(d for d in _subdirs(rank) if os.path.basename(d) not in NESTED)]:
+            if os.path.lexists(os.path.join(where, INDEX)):
+                handles, problem = read_index(os.path.join(where, INDEX))
+                out.append(Part(name, where, handles, problem))
+    return out
+
+
+def _subdirs(path: str) -> list[str]:
+    try:
+        with os.scandir(path) as it:
+            return sorted(d.path for d in it if d.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+# ---- artifacts -------------------------------------------------------------------------------------
+
+def binary_problem(path: str, deep: bool) -> str | None:
+    """Why a binary CompiledArtifact is not whole by its own framing: a CRC32 of the rest (deep), then
+    fields of an 8-byte big-endian length and that many bytes, ending exactly at the end of the file."""
+    name = os.path.basename(path)
+    try:
+        fd, st = fsread.open_regular(path)
+    except OSError as exc:
+        return f"{name} cannot be read: {exc.strerror or exc}"
+    try:
+        size, offset, fields = st.st_size, 4, 0
+        while offset < size:
+            raw = os.pread(fd, 8, offset)
+            if len(raw) < 8:
+                break
+            offset += 8 + int.from_bytes(raw, "big")
+            fields += 1
+        if size < 4 or offset != size or fields < 3:
+            return f"{name} is truncated or not a torch CompiledArtifact (its fields do not end at its end)"
+        if deep and _crc(fd, size).to_bytes(4, "big") != os.pread(fd, 4, 0):
+            return f"{name}'s checksum does not match its bytes (torch refuses to load it)"
+    finally:
+        os.close(fd)
+    return None
+
+
+def _crc(fd: int, size: int) -> int:
+    crc, offset = 0, 4
+    while offset < size:
+        chunk = os.pread(fd, min(fsread.CHUNK, size - offset), offset)
+        if not chunk:
+            break
+        crc, offset = zlib.crc32(chunk, crc), offset + len(chunk)
+    return crc
+
+
+def unpacked_problem(path: str, deep: bool, now: float) -> str | None:
+    """Why an unpacked artifact (an Inductor cache root with one aotautograd entry) does not load."""
+    name = os.path.basename(path)
+    for top in ("aotautograd", "fxgraph"):
+        if os.path.islink(os.path.join(path, top)):
+            return f"{name}/{top} is a symlink (kcache never follows it)"
+    keys = _subdirs(os.path.join(path, "aotautograd"))
+    if len(keys) != 1:
+        return f"{name}/aotautograd/ holds {len(keys)} entries; torch loads exactly one"
+    kinds = ((inductor.AUTOGRAD, keys[0]), *((inductor.GRAPH, g) for g in _graphs(path)))
+    for kind, where in kinds:
+        j = inductor.judge(where, kind, deep, root=path)
+        if j.status != COMPLETE:
+            return f"{name}: {os.path.relpath(where, path)} is {j.status} ({j.reason})"
+    return None
+
+
+def _graphs(root: str) -> list[str]:
+    return [g for shard in _subdirs(os.path.join(root, "fxgraph")) for g in _subdirs(shard)]
+
+
+def handle_problem(part: Part, h: Handle, deep: bool, now: float) -> str | None:
+    """Why the artifact a handle names is not there whole in this unit, or None."""
+    where = os.path.join(part.path, h.key)
+    if h.compiler == STANDALONE:
+        if not plain(h.key):
+            return f"{INDEX} names {h.key!r}, not a file name"
+        if os.path.islink(where):
+            return f"{h.key} is a symlink (kcache never follows it)"
+        if os.path.isdir(where):
+            return unpacked_problem(where, deep, now)
+        if os.path.isfile(where):
+            return binary_problem(where, deep)
+        return f"{h.key} is missing ({INDEX} names it): vLLM fails loading it"
+    if h.compiler == ADAPTOR:
+        graph = os.path.join(_rank_dir(part), "inductor_cache", inductor.graph_relpath(h.key))
+        if not re.fullmatch("f" + "[a-z2-7]{51}", h.key) or not os.path.isdir(graph):
+            return f"the fx graph {h.key} it names is not in {part.rank}/inductor_cache/"
+        j = inductor.judge(graph, inductor.GRAPH, deep)
+        return None if j.status == COMPLETE else f"the fx graph {h.key} is {j.status} ({j.reason})"
+    return None  # eager: nothing compiled to keep
+
+
+def plain(name: str) -> bool:
+    return bool(name) and "/" not in name and name not in (".", "..") and "\0" not in name
+
+
+def _rank_dir(part: Part) -> str:
+    p = part.path
+    while os.path.basename(p) != part.rank:
+        p = os.path.dirname(p)
+    return p
+
+
+# ---- judging ---------------------------------------------------------------------------------------
+
+def judge_unit(path: str, deep: bool, now: float) -> Judgement:
+    try:
+        st = os.lstat(path)
+        os.listdir(path)
+    except OSError:
+        return Judgement.of(UNREADABLE, UNREADABLE_REASON)
+    found = parts(path)
+    fresh = now - measure_tree(path, lambda m: None).mtime < STALE_AFTER
+    if not found:
+        what = "no vllm_compile_cache.py in any rank_<r>_<d>/: vLLM compiles everything again"
+        if fresh or now - st.st_mtime < STALE_AFTER:
+            return Judgement.of(BUILDING, what.split(":")[0] + " yet: vLLM may be compiling into it")
+        return Judgement.of(PARTIAL, what)
+    problems = []
+    for part in found:
+        if part.problem:
+            problems.append(f"{os.path.relpath(part.path, path)}/{part.problem}")
+            continue
+        for h in part.handles:
+            bad = handle_problem(part, h, deep, now)
+            if bad:
+                problems.append(f"{os.path.relpath(part.path, path)}: {bad}")
+    if problems:
+        status = BUILDING if fresh else PARTIAL  # vLLM writes the index and binaries in place
+        return Judgement(status, problems[0] + ("" if status == PARTIAL else " (written less than an hour ago)"),
+                         tuple(problems))
+    return Judgement(COMPLETE)
+
+
+def judge_aot(path: str) -> Judgement:
+    ranks = [d for d in _subdirs(path) if RANK_RE.match(os.path.basename(d))]
+    if not ranks:
+        return Judgement.of(PARTIAL, "no rank_<r>_<d>/ in it: vLLM compiles again")
+    for r in ranks:
+        model = os.path.join(r, "model")
+        if os.path.islink(model) or not os.path.isfile(model) or os.path.getsize(model) == 0:
+            return Judgement.of(PARTIAL, f"{os.path.basename(r)}/model is missing or empty: vLLM compiles again")
+    return Judgement(COMPLETE)
+
+
+def judge(path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None) -> Judgement:
+    return judge_aot(path) if kind == AOT else judge_unit(path, deep, time.time())
+
+
+def detect(root: Path) -> bool:
+    """<h10>/ directories with a rank_<r>_<d>/ inside, or torch_aot_compile/."""
+    try:
+        with os.scandir(root) as it:
+            tops = [d.path for d in it if d.is_dir(follow_symlinks=False)]
+    except OSError:
+        return False
+    for t in tops[:64]:
+        name = os.path.basename(t)
+        if name == "torch_aot_compile" or (VLLM.kinds[0].match_segment(0, name) is not None
+                                           and any(RANK_RE.match(os.path.basename(d)) for d in _subdirs(t))):
+            return True
+    return False
+
+
+def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+    if flt.targets or flt.spaces or flt.ops:
+        return  # vLLM's units have no target, space or op names
+    prefixes = flt.name_prefixes()
+    found = [(COMPILE, de.path, de.name) for de in ctx.listdir(ctx.root)
+             if de.is_dir(follow_symlinks=False) and VLLM.kinds[0].match_segment(0, de.name) is not None]
+    found += [(AOT, de.path, de.name) for de in ctx.listdir(os.path.join(ctx.root, "torch_aot_compile"))
+              if de.is_dir(follow_symlinks=False) and VLLM.kinds[1].match_segment(1, de.name) is not None]
+    for kind, path, name in found:
+        if prefixes and not any(name.startswith(p) for p in prefixes):
+            continue
+        j = judge(path, kind)
+        yield ctx.entry(path=path, usage=measure_tree(path, ctx.warn), layout=NAME, kind=kind, target=None,
+                        space=None, op=None, hash=name, status=j.status, reason=j.reason)
+
+
+def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
+    k = VLLM.kind(kind)
+    if k is None or k.match(relpath) is None:
+        return f"{relpath!r} is not where a vLLM {kind} entry lives"
+    if names is not None and names and not any(RANK_RE.match(n) for n in names):
+        return "it holds no rank_<r>_<d>/ directory vLLM writes"
+    return None
+
+
+# ---- what a unit says about itself ---------------------------------------------------------------------
+
+def key_factors(unit: str) -> dict[str, object]:
+    """cache_key_factors.json of the unit (its own, else the first part's), flattened to dotted keys."""
+    for where in [unit, *(p.path for p in parts(unit))]:
+        data = fsread.json_object(os.path.join(where, FACTORS))
+        if data is not None:
+            return flatten(data)
+    return {}
+
+
+def flatten(data: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(data, dict) and data:
+        out: dict[str, object] = {}
+        for k, v in data.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: data} if prefix else {}
+
+
+def describe(root: Path, entry: Entry) -> Details:
+    j = judge(entry.path, entry.kind, deep=True)
+    facts: list[tuple[str, str]] = []
+    if entry.kind == COMPILE:
+        for part in parts(entry.path):
+            rel = os.path.relpath(part.path, entry.path)
+            kinds = sorted({h.compiler for h in part.handles})
+            facts.append((f"index {rel}", f"{len(part.handles)} artifact(s), {', '.join(kinds) or '-'}"
+                          + (f"; {part.problem}" if part.problem else "")))
+        facts.extend((f"key factor {k}", str(v)) for k, v in sorted(key_factors(entry.path).items()))
+        moved = relocation_problem(entry)
+        if moved:
+            facts.append(("paths", moved))
+        for layout, where in nested_in(entry.path):
+            facts.append((f"nested {layout} cache", where))
+    return Details(entry, j.status, j.reason, j.problems, list_files(entry.path), facts=tuple(facts))
+
+
+def no_log(entry: Entry) -> str:
+    return "vLLM keeps no compile log in its cache; run with VLLM_LOGGING_LEVEL=DEBUG to see its compiles"
+
+
+def nested_in(unit: str) -> list[tuple[str, str]]:
+    """The Inductor and Triton caches InductorAdaptor keeps inside a unit."""
+    out = []
+    for rank in _subdirs(unit):
+        for name, layout in zip(NESTED, (inductor.NAME, "triton")):
+            if os.path.isdir(os.path.join(rank, name)):
+                out.append((layout, os.path.join(rank, name)))
+    return out
+
+
+# ---- relocation -----------------------------------------------------------------------------------------
+
+def moved_handles(part: Part, dest_part: str) -> list[Handle]:
+    return [h for h in part.handles if h.compiler == STANDALONE and plain(h.key)
+            and h.path != os.path.join(dest_part, h.key)]
+
+
+def relocation_problem(entry: Entry) -> str | None:
+    if entry.kind != COMPILE or entry.status != COMPLETE:
+        return None
+    for part in parts(entry.path):
+        moved = moved_handles(part, part.path)
+        if moved:
+            return (f"{os.path.relpath(part.path, entry.path)}/{INDEX} names {moved[0].path} (the cache was moved "
+                    "or copied): vLLM fails loading it until `kcache verify --fix` rewrites the paths")
+    return None
+
+
+def relocate(staged: str, final: str) -> int:
+    """Rewrite every index of the unit `staged` so that each standalone handle's path names the artifact
+    under `final` (where the unit is or will be published), in vLLM's own format (pprint, indent 4).
+    Each index is replaced atomically through a directory fd opened beneath `staged` without following
+    a link. Returns how many indexes changed."""
+    import pprint
+
+    from kcache_cli.layouts.triton import _replace_file
+
+    changed = 0
+    for part in parts(staged):
+        if part.problem:
+            continue
+        rel = os.path.relpath(part.path, staged)
+        dest = os.path.normpath(os.path.join(final, rel))
+        if not moved_handles(part, dest):
+            continue
+        value = ast.literal_eval(fsread.read_bytes(os.path.join(part.path, INDEX), MAX_INDEX).decode())
+        fixed = {k: (v[0], os.path.join(dest, v[0])) if k[2] == STANDALONE and plain(v[0]) else v
+                 for k, v in value.items()}
+        dfd = fsread.open_dir_beneath(staged, rel)
+        try:
+            _replace_file(dfd, INDEX, pprint.PrettyPrinter(indent=4).pformat(fixed).encode())
+        finally:
+            os.close(dfd)
+        changed += 1
+    return changed
+
+
+class VllmLayout(ModuleLayout):
+    """vLLM: whole <h10>/ units (their indexes name artifacts by absolute path, rewritten on import)."""
+
+    shape = VLLM
+    fact_files = ()
+
+    def relocate(self, staged: str, final: str, root: Path) -> None:
+        if os.path.basename(os.path.dirname(final)) != "torch_aot_compile":
+            relocate(staged, final)
+
+    def nested(self, root: Path) -> list[tuple[str, Path]]:
+        return [(layout, Path(p)) for d in _subdirs(str(root)) for layout, p in nested_in(d)]
+
+    def facts(self, entry: Entry, small, names) -> Facts:
+        factors = key_factors(entry.path) if entry.kind == COMPILE else {}
+        compiler = factors.get("compiler_hash")
+        return Facts(f"vllm (compiler hash {compiler})" if compiler else "vllm", None, None)
+
+
+LAYOUT = VllmLayout()

@@ -1,0 +1,59 @@
+"""`kcache diff A B` on real entries: Triton kernels compiled by Triton for two archs, hidet operators of two
+tasks, and what diff refuses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+SM80 = "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA"
+SM90 = "VHF5NYJI46Z5SH764YNBNADKGBWRZQ7ZZXWIAKML3FZVBJSTRSDQ"
+
+
+@pytest.fixture
+def triton(fixture_copy) -> Path:
+    return fixture_copy("triton/cache")
+
+
+def test_triton_kernels_for_two_archs(kcache, triton):
+    r = kcache("--cache-dir", triton, "diff", SM80[:8], SM90[:8], "--json")
+    assert r.exit_code == 0, r.stderr
+    got = {d["property"]: (d["a"], d["b"]) for d in r.json()["differences"]}
+    assert got["<kernel>.json: target.arch"] == ("80", "90")
+    assert got["fact: target"] == ("cuda sm_80", "cuda sm_90a")
+    assert "<kernel>.json: num_warps" not in got  # the same in both: counted, not listed
+    assert r.json()["same"] > 10
+    assert {r.json()["a"]["hash"], r.json()["b"]["hash"]} == {SM80, SM90}
+    text = kcache("--cache-dir", triton, "diff", SM80[:8], SM90[:8])
+    assert "target.arch" in text.stdout and "differ" in text.stdout
+
+
+def test_a_kernel_against_itself_and_other_layouts(kcache, triton, fixture_copy):
+    same = kcache("--cache-dir", triton, "diff", SM80[:8], SM80)
+    assert same.exit_code == 2 and "same entry" in same.stderr
+    missing = kcache("--cache-dir", triton, "diff", SM80[:8], "ZZZZZZZZ")
+    assert missing.exit_code == 2 and missing.stderr.startswith("Error:")
+
+
+def test_hidet_operators_show_their_task_lines(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    rows = kcache("--cache-dir", root, "ls", "--json", "--kind", "op").json()
+    by_op: dict[str, list[dict]] = {}
+    for row in rows:
+        by_op.setdefault(row["op"], []).append(row)
+    pair = next((v for v in by_op.values() if len(v) >= 2), None)
+    if pair is None:
+        pair = rows[:2]
+    r = kcache("--cache-dir", root, "diff", pair[0]["path"], pair[1]["path"], "--json")
+    assert r.exit_code == 0, r.stderr
+    diffs = {d["property"]: d for d in r.json()["differences"]}
+    assert "task.txt" in diffs and diffs["task.txt"]["lines"]
+    assert all(ln[:1] in "+-" for ln in diffs["task.txt"]["lines"])
+    assert json.dumps(r.json())  # plain data
+
+
+def test_diff_has_help(kcache):
+    r = kcache("diff", "--help")
+    assert r.exit_code == 0 and "Why are there two of these" in r.stdout

@@ -1,0 +1,421 @@
+"""TorchInductor caches made for real by torch.compile on CPU (torch 2.13.0's CPU build in the loader venv
+"torch", C++ kernels through g++), and the loader oracle: a second run in a fresh process on a damaged
+copy reads torch's own counters (fxgraph_cache_hit/miss, autograd_cache_hit/miss), and kcache's status
+of the damaged entry must agree (hit: complete; miss: partial, failed or corrupt; unreadable and a link
+kcache does not follow: never removed), and `prune --broken` must plan only what torch missed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import copy_tree, run_kcache
+from loaders.venvs import python_for
+
+PROBE = Path(__file__).resolve().parent / "loaders" / "inductor_probe.py"
+BROKEN = {"partial", "failed", "corrupt"}
+ALL_HITS = {"hit": 4, "miss": 0, "aot_hit": 3, "aot_miss": 0}
+
+
+def probe(root: Path, crash_ok: bool = False) -> dict:
+    """Run the compile script in a fresh process against the cache at `root`: torch's counters ({} when
+    torch crashed and `crash_ok`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(root), HOME=os.environ.get("HOME", "/tmp"))
+    done = subprocess.run([str(python_for("torch")), str(PROBE)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    if crash_ok and done.returncode != 0:
+        return {}
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    return {k: got[k] for k in ALL_HITS}
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> Path:
+    """A real Inductor cache: the first run compiles everything (all misses), a second run hits all."""
+    root = tmp_path_factory.mktemp("inductor") / "cache"
+    first = probe(root)
+    assert first["hit"] == 0 and first["miss"] == 4, first
+    assert probe(root) == ALL_HITS
+    return root
+
+
+@pytest.fixture
+def cache(made, tmp_path) -> Path:
+    return copy_tree(made, tmp_path / "torchinductor_test")
+
+
+def rows(root: Path, *args: str) -> dict[str, dict]:
+    r = run_kcache("--cache-dir", str(root), "ls", "--json", *args)
+    assert r.exit_code == 0, r.stderr
+    return {row["relpath"] if "relpath" in row else os.path.relpath(row["path"], root): row for row in r.json()}
+
+
+def one(root: Path, pattern: str) -> Path:
+    found = sorted(root.glob(pattern))
+    assert found, pattern
+    return found[0]
+
+
+def test_lists_a_real_cache_exactly(cache):
+    listed = rows(cache)
+    kinds: dict[str, int] = {}
+    for r in listed.values():
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    shards = {p.name for p in cache.iterdir() if len(p.name) == 2}
+    assert kinds == {"graph": 4, "autograd": 3, "code": len(shards)}
+    assert all(r["status"] == "complete" and r["layout"] == "inductor" for r in listed.values())
+    for rel, r in listed.items():
+        walked = [p for p in (cache / rel).rglob("*") if p.is_file()]
+        assert r["files"] == len(walked) and r["size"] == sum(p.stat().st_size for p in walked)
+    assert "locks" not in {rel.split("/")[0] for rel in listed}  # torch's FileLocks are left alone
+    verify = run_kcache("--cache-dir", str(cache), "verify", "--json")
+    assert verify.exit_code == 0, verify.stdout
+
+
+def _graph_variant(root: Path) -> Path:
+    return one(root, "fxgraph/*/*/*")
+
+
+def _aot_named_graph(root: Path) -> Path:
+    """The fx graph directory an aotautograd entry names (the model's forward or backward)."""
+    from kcache_cli.layouts import inductor
+
+    aot = one(root, "aotautograd/*")
+    keys = inductor.graph_keys(str(aot), os.listdir(aot))
+    return root / inductor.graph_relpath(keys[0])
+
+
+def _old(path: Path) -> None:
+    old = time.time() - 7200
+    os.utime(path, (old, old))
+
+
+def dmg_missing(root):
+    v = _graph_variant(root)
+    v.unlink()
+    _old(v.parent)
+    return v.parent
+
+
+def dmg_empty(root):
+    v = _graph_variant(root)
+    v.write_bytes(b"")
+    return v.parent
+
+
+def dmg_garbage(root):
+    v = _graph_variant(root)
+    v.write_bytes(os.urandom(v.stat().st_size))
+    return v.parent
+
+
+def dmg_truncated(root):
+    v = _graph_variant(root)
+    v.write_bytes(v.read_bytes()[: v.stat().st_size // 2])
+    return v.parent
+
+
+def dmg_old_tmp_beside_graph(root):
+    v = _graph_variant(root)
+    tmp = v.parent / ".999999.140000.tmp"
+    tmp.write_bytes(v.read_bytes()[:100])
+    _old(tmp)
+    return v.parent
+
+
+def dmg_only_old_tmp(root):
+    v = _graph_variant(root)
+    v.rename(v.parent / ".999999.140000.tmp")
+    _old(v.parent / ".999999.140000.tmp")
+    _old(v.parent)
+    return v.parent
+
+
+def dmg_mode_000(root):
+    v = _graph_variant(root)
+    v.chmod(0)
+    return v.parent
+
+
+def dmg_link(root):
+    v = _graph_variant(root)
+    outside = root.parent / "elsewhere"
+    outside.write_bytes(v.read_bytes())
+    v.unlink()
+    v.symlink_to(outside)
+    return v.parent
+
+
+def dmg_aot_variant_missing(root):
+    v = one(root, "aotautograd/*/*")
+    v.unlink()
+    _old(v.parent)
+    return v.parent
+
+
+def dmg_aot_graph_gone(root):
+    g = _aot_named_graph(root)
+    shutil.move(str(g), str(root.parent / "moved-away"))
+    return one(root, "aotautograd/*")  # judged: the aotautograd entry naming it (the first one)
+
+
+def dmg_garbage_variant_beside_good(root):
+    v = _graph_variant(root)
+    (v.parent / ("a" * 51)).write_bytes(os.urandom(4000))  # tried first (name order), skipped with a warning
+    return v.parent
+
+
+MATRIX = [dmg_missing, dmg_empty, dmg_garbage, dmg_truncated, dmg_old_tmp_beside_graph, dmg_only_old_tmp,
+          dmg_mode_000, dmg_link, dmg_aot_variant_missing, dmg_aot_graph_gone, dmg_garbage_variant_beside_good]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", MATRIX, ids=[d.__name__[4:] for d in MATRIX])
+def test_damage_matrix_agrees_with_torch(cache, damage):
+    target = damage(cache)
+    rel = os.path.relpath(target, cache)
+    if rel.startswith("aotautograd") and damage is dmg_aot_graph_gone:
+        rel = _first_aot_naming_missing(cache)
+    listed = rows(cache)
+    status = listed[rel]["status"]
+    deep = run_kcache("--cache-dir", str(cache), "inspect", listed[rel]["hash"], "--json")
+    deep_status = deep.json()["status"]
+    plan = run_kcache("--cache-dir", str(cache), "prune", "--broken", "--dry-run", "--json")
+    assert plan.exit_code == 0, plan.stderr
+    planned = {os.path.relpath(r["path"], cache) for r in plan.json().get("removed", plan.json().get("entries", []))}
+    got = probe(cache)
+    hit = got["miss"] == 0 and got["aot_miss"] == 0
+    print(damage.__name__, got, status, deep_status, listed[rel]["reason"])
+    if hit:
+        assert status in ("complete", "unreadable") and deep_status in ("complete", "unreadable"), (status, got)
+        assert not planned, planned
+    else:
+        assert status in BROKEN and deep_status in BROKEN, (status, deep_status, got)
+    assert planned <= {rel} | _graph_users(cache, rel), planned  # only what torch missed
+
+
+@pytest.mark.slow
+def test_truncated_wrapper_libraries_crash_torch_and_are_corrupt(cache):
+    """torch loads each graph's compiled wrapper (.main.so) on a hit: truncated, it crashes (corrupt)."""
+    for so in cache.glob("*/*.so"):
+        so.write_bytes(so.read_bytes()[:5000])
+    listed = rows(cache, "--kind", "code")
+    assert {r["status"] for rel, r in listed.items() if list((cache / rel).glob("*.so"))} == {"corrupt"}
+    assert probe(cache, crash_ok=True) == {}  # torch fails loading them
+    run = run_kcache("--cache-dir", str(cache), "prune", "--broken", "--yes")
+    assert run.exit_code == 0 and not list(cache.glob("*/*.so"))
+    assert probe(cache) == ALL_HITS  # removal cured it: the graphs hit and their code is compiled again
+
+
+@pytest.mark.slow
+def test_removing_every_code_shard_keeps_every_graph_hit(cache):
+    """The code cache is rebuilt from the fx graphs (they hold their source): clearing it loses no hit."""
+    shards = sorted(rows(cache, "--kind", "code"))
+    run = run_kcache("--cache-dir", str(cache), "clear", *shards, "--yes", "--json")
+    assert run.exit_code == 0 and not rows(cache, "--kind", "code")
+    assert probe(cache) == ALL_HITS
+
+
+def _first_aot_naming_missing(root: Path) -> str:
+    for row in rows(root, "--kind", "autograd").values():
+        if row["status"] != "complete":
+            return os.path.relpath(row["path"], root)
+    raise AssertionError("no aotautograd entry judged broken")
+
+
+def _graph_users(root: Path, rel: str) -> set[str]:
+    """The aotautograd entries naming the fx graph at `rel` (torch misses them along with it)."""
+    from kcache_cli.layouts import inductor
+
+    users = inductor.LAYOUT.users(root, [str(root / rel)]).get(str(root / rel), [])
+    return {os.path.relpath(u, root) for u in users}
+
+
+# ---- every command on a real cache ----------------------------------------------------------------------
+
+def test_export_then_import_elsewhere_hits_everything(cache, tmp_path):
+    archive = tmp_path / "inductor.tar.gz"
+    run = run_kcache("--cache-dir", str(cache), "export", str(archive), "--json")
+    assert run.exit_code == 0, run.stderr
+    fresh = tmp_path / "fresh"
+    run = run_kcache("--cache-dir", str(fresh), "import", str(archive), "--json")
+    assert run.exit_code == 0, run.stderr
+    assert sorted(rows(fresh)) == sorted(rows(cache))
+    assert not (fresh / "locks").exists()  # torch's lock files are no entry and do not travel
+    assert probe(fresh) == ALL_HITS
+
+
+def test_prune_by_age_size_and_clear(cache):
+    """A graph counts as used while an aotautograd entry naming it is: both age out together."""
+    aot = sorted(rows(cache, "--kind", "autograd"))[0]
+    from kcache_cli.layouts import inductor
+
+    graphs = [inductor.graph_relpath(k) for k in inductor.graph_keys(str(cache / aot), os.listdir(cache / aot))]
+    old = time.time() - 40 * 86400
+    for rel in graphs:
+        for p in [cache / rel, *(cache / rel).iterdir()]:
+            os.utime(p, (old, old))
+    kept = run_kcache("--cache-dir", str(cache), "prune", "--older-than", "30d", "--dry-run", "--json").json()
+    assert kept["removed"] == []  # its aotautograd entry is recent: the graphs are in use
+    for p in [cache / aot, *(cache / aot).iterdir()]:
+        os.utime(p, (old, old))
+    run = run_kcache("--cache-dir", str(cache), "prune", "--older-than", "30d", "--yes", "--json")
+    assert run.exit_code == 0, run.stderr
+    gone = {os.path.relpath(r["path"], cache) for r in run.json()["removed"]}
+    assert gone == {aot, *graphs}
+    total = sum(r["size"] for r in rows(cache).values())
+    run = run_kcache("--cache-dir", str(cache), "prune", "--max-size", str(total // 2), "--yes", "--json")
+    assert run.exit_code == 0 and sum(r["size"] for r in rows(cache).values()) <= total // 2
+    run = run_kcache("--cache-dir", str(cache), "clear", "--all", "--yes", "--json")
+    assert run.exit_code == 0 and rows(cache) == {}
+    assert (cache / "locks").is_dir()  # never torch's own lock files
+
+
+def test_inspect_names_the_graphs_an_autograd_entry_needs(cache):
+    aot = rows(cache, "--kind", "autograd")
+    needing = [r for r in aot.values()]
+    shown = run_kcache("--cache-dir", str(cache), "inspect", needing[0]["hash"], "--json").json()
+    assert shown["status"] == "complete"
+    assert shown["facts"]["variants"] == "1 guard variant(s), 0 damaged"
+    assert "present" in json.dumps(shown["facts"])
+    log = run_kcache("--cache-dir", str(cache), "log", needing[0]["hash"])
+    assert log.exit_code == 1 and "TORCH_LOGS=output_code" in log.stderr
+
+
+def test_export_brings_the_graphs_an_autograd_entry_names(cache, tmp_path):
+    aot = sorted(rows(cache, "--kind", "autograd").values(), key=lambda r: -r["size"])[0]
+    archive = tmp_path / "one.tar"
+    run = run_kcache("--cache-dir", str(cache), "export", str(archive), aot["hash"], "--json")
+    assert run.exit_code == 0, run.stderr
+    fresh = tmp_path / "one"
+    assert run_kcache("--cache-dir", str(fresh), "import", str(archive)).exit_code == 0
+    kinds = sorted(r["kind"] for r in rows(fresh).values())
+    assert kinds.count("autograd") == 1 and kinds.count("graph") >= 1
+    assert all(r["status"] == "complete" for r in rows(fresh).values())
+
+
+def test_dir_all_finds_it_by_torchs_rule(tmp_path, monkeypatch):
+    import tempfile
+
+    where = Path(tempfile.gettempdir()) / f"torchinductor_{os.environ.get('USER') or 'root'}"
+    import getpass
+
+    where = Path(tempfile.gettempdir()) / ("torchinductor_" + getpass.getuser().replace("/", "_"))
+    (where / "fxgraph").mkdir(parents=True)
+    run = run_kcache("dir", "--all", "--json")
+    row = next(r for r in run.json() if r["cache"] == "inductor")
+    assert row["path"] == str(where) and row["layouts"] == ["inductor"]
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "rel/ind")
+    row = next(r for r in run_kcache("dir", "--all", "--json").json() if r["cache"] == "inductor")
+    assert row["path"] == str(tmp_path / "rel" / "ind")  # made absolute, as torch does
+
+
+def test_user_name_sanitised_as_torch_does(monkeypatch):
+    from kcache_cli.layouts import homes
+
+    monkeypatch.setattr("getpass.getuser", lambda: 'dom\\a/b:c*d?e"f<g>h|i')
+    assert homes.inductor().path.name == "torchinductor_dom_a_b_c_d_e_f_g_h_i"
+
+
+def test_completion_offers_its_kinds_and_hashes(cache):
+    env = {"_KCACHE_COMPLETE": "complete_fish", "_TYPER_COMPLETE_FISH_ACTION": "get-args"}
+    kinds = run_kcache(env={**env, "_TYPER_COMPLETE_ARGS": f"kcache --cache-dir {cache} ls --kind "})
+    offered = {ln.split("\t")[0] for ln in kinds.stdout.splitlines()}
+    assert {"graph", "autograd", "code"} <= offered
+    aot = sorted(rows(cache, "--kind", "autograd"))[0].split("/")[-1]
+    hashes = run_kcache(env={**env, "_TYPER_COMPLETE_ARGS": f"kcache --cache-dir {cache} inspect {aot[:6]}"})
+    assert [ln.split("\t")[0] for ln in hashes.stdout.splitlines()] == [aot]
+
+
+# ---- nested Triton cache, code shards, writers' leftovers (no torch needed) ---------------------------------
+
+def test_nested_triton_cache_is_judged_by_triton_rules(tmp_path):
+    from conftest import FIXTURES
+
+    root = tmp_path / "ind"
+    nested = root / "triton" / "0"
+    nested.mkdir(parents=True)
+    (root / "fxgraph").mkdir()
+    for key in sorted((FIXTURES / "triton" / "cache").iterdir())[:2]:
+        shutil.copytree(key, nested / key.name)
+    # the group files name the fixture's own paths: relocate them where they now are
+    assert run_kcache("--cache-dir", str(root), "verify", "--fix").exit_code == 0
+    listed = {r["hash"]: r for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    assert {(r["kind"], r["space"], r["status"]) for r in listed.values()} == {("triton", "triton/0", "complete")}
+    assert all(r["op"] and r["target"] == "cuda" for r in listed.values())
+    first = sorted(listed)[0]
+    group = next((nested / first).glob("__grp__*.json"))
+    group.unlink()
+    old = time.time() - 7200
+    for p in [nested / first, *(nested / first).iterdir()]:
+        os.utime(p, (old, old))
+    now = {r["hash"]: r["status"] for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    assert now == {first: "partial", **{h: "complete" for h in listed if h != first}}
+    run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
+    assert run.exit_code == 0 and not (nested / first).exists() and len(list(nested.iterdir())) == 1
+    dirs = run_kcache("dir", "--all", "--json", env={"TORCHINDUCTOR_CACHE_DIR": str(root)}).json()
+    row = next(r for r in dirs if r["cache"] == "inductor")
+    assert row["nested"] == [{"layout": "triton", "path": str(nested)}]
+
+
+def test_code_shard_statuses(tmp_path):
+    root = tmp_path / "ind"
+    shard = root / "ab"
+    shard.mkdir(parents=True)
+    key = "c" + "ab" + "a" * 49
+    so = subprocess.run(["g++", "-shared", "-fPIC", "-x", "c++", "-", "-o", str(shard / f"{key}.so")],
+                        input="extern \"C\" int f() { return 1; }\n", text=True, capture_output=True)
+    assert so.returncode == 0, so.stderr
+    (shard / f"{key}.cpp").write_text("extern \"C\" int f() { return 1; }\n")
+    other = root / "cd"
+    other.mkdir()
+    (other / ("c" + "cd" + "b" * 49 + ".cpp")).write_text("int g();\n")  # its .so never came
+    (root / "zz").mkdir()
+    (root / "zz" / "notes.txt").write_text("not torch's\n")
+    old = time.time() - 7200
+    for p in (root / "cd", *(root / "cd").iterdir()):
+        os.utime(p, (old, old))
+    listed = {r["hash"]: r for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    assert listed["ab"]["status"] == "complete" and listed["cd"]["status"] == "partial"
+    data = (shard / f"{key}.so").read_bytes()
+    (shard / f"{key}.so").write_bytes(data[: len(data) // 2])
+    listed = {r["hash"]: r for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    assert listed["ab"]["status"] == "corrupt" and "truncated" in listed["ab"]["reason"]
+    run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
+    assert run.exit_code == 0
+    assert sorted(os.listdir(root)) == [".kcache", "zz"] and (root / "zz" / "notes.txt").is_file()
+    assert "zz" not in {r["hash"] for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+
+
+def test_live_writers_temp_file_is_building_never_removed(tmp_path):
+    root = tmp_path / "ind"
+    key = "f" + "ab" + "c" * 49
+    entry = root / "fxgraph" / "ab" / key
+    entry.mkdir(parents=True)
+    (entry / f".{os.getpid()}.1234.tmp").write_bytes(b"\x80\x04half")
+    old = time.time() - 7200
+    for p in (entry, *entry.iterdir()):
+        os.utime(p, (old, old))
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()[0]
+    assert row["status"] == "building" and str(os.getpid()) in row["reason"]
+    run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
+    assert run.exit_code == 0 and entry.is_dir()
+
+
+def test_autotune_tables(tmp_path):
+    root = tmp_path / "ind"
+    (root / "cache").mkdir(parents=True)
+    (root / "fxgraph").mkdir()
+    (root / "cache" / ("0" * 64)).write_text('{"triton_poi_fused_0": {"XBLOCK": 128, "num_warps": 4}}')
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()
+    assert [(r["kind"], r["status"]) for r in row] == [("autotune", "complete")]
+    (root / "cache" / ("1" * 64)).write_text("")
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()
+    assert [(r["kind"], r["status"]) for r in row] == [("autotune", "corrupt")]

@@ -1,0 +1,249 @@
+"""vLLM's torch_compile_cache. vLLM needs a GPU, so the fixture is made by tests/loaders/vllm_probe.py in
+the torch venv: torch's own standalone_compile artifacts (binary and unpacked) plus the index files vLLM's
+CompilerManager writes, by vLLM's rules. The loader oracle is what vLLM's InductorStandaloneAdaptor.load
+does (literal_eval of the index, CompiledArtifact.load of every handle, a call); kcache's status of the
+unit must agree on every damage (loads: complete; fails: partial), and `prune --broken` never plans a
+unit that loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import pprint
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import copy_tree, run_kcache
+from loaders.venvs import python_for
+
+PROBE = Path(__file__).resolve().parent / "loaders" / "vllm_probe.py"
+UNITS = {"0123456789": "binary", "abcdef0123": "unpacked"}
+
+
+def torch_run(*args: str, inductor: Path) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(inductor)
+    done = subprocess.run([str(python_for("torch")), str(PROBE), *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("vllm")
+    for h10, fmt in UNITS.items():
+        torch_run("make", str(base / "root"), h10, fmt, inductor=base / "inductor")
+    return base / "root" / "torch_compile_cache"
+
+
+def loads(unit: Path, tmp_path: Path) -> dict:
+    """What vLLM's load makes of the unit, in a fresh process with a fresh Inductor cache."""
+    return json.loads(torch_run("load", str(unit), UNITS[unit.name], inductor=tmp_path / "ind-load"))
+
+
+@pytest.fixture
+def cache(made, tmp_path) -> Path:
+    """A private copy, relocated by kcache (its indexes named the original's paths)."""
+    root = copy_tree(made, tmp_path / "torch_compile_cache")
+    fixed = run_kcache("--cache-dir", str(root), "verify", "--fix", "--json")
+    assert fixed.exit_code == 0, fixed.stdout + fixed.stderr
+    return root
+
+
+def rows(root: Path) -> dict[str, dict]:
+    r = run_kcache("--cache-dir", str(root), "ls", "--json")
+    assert r.exit_code == 0, r.stderr
+    return {row["hash"]: row for row in r.json()}
+
+
+def test_lists_units_and_their_key_factors(made, cache, tmp_path):
+    before = rows(made)
+    assert {h: (r["layout"], r["kind"], r["status"]) for h, r in before.items()} == {
+        h: ("vllm", "compile", "complete") for h in UNITS}
+    for h, r in before.items():
+        walked = [p for p in (made / h).rglob("*") if p.is_file()]
+        assert r["files"] == len(walked) and r["size"] == sum(p.stat().st_size for p in walked)
+    moved = run_kcache("--cache-dir", str(made.parent.parent / "nowhere"), "verify")
+    assert moved.exit_code == 2  # no such cache: a usage error, not a traceback
+    shown = run_kcache("--cache-dir", str(cache), "inspect", "0123", "--json").json()
+    assert shown["facts"]["key factor compiler_hash"] == "1234abcd56"
+    assert shown["facts"]["index rank_0_0/backbone"].startswith("2 artifact(s), inductor_standalone")
+    assert loads(cache / "0123456789", tmp_path) == {"loaded": 4, "failed": []}
+
+
+def test_a_copied_cache_is_reported_moved_until_fixed(made, tmp_path):
+    root = copy_tree(made, tmp_path / "copied")
+    verify = run_kcache("--cache-dir", str(root), "verify", "--json")
+    assert verify.exit_code == 1
+    assert all("was moved or copied" in p["reason"] for p in verify.json()["problems"])
+    assert run_kcache("--cache-dir", str(root), "verify", "--fix").exit_code == 0
+    assert run_kcache("--cache-dir", str(root), "verify").exit_code == 0
+    text = (root / "abcdef0123" / "rank_0_0" / "backbone" / "vllm_compile_cache.py").read_text()
+    assert str(root) in text and str(made) not in text
+
+
+def _index(unit: Path) -> Path:
+    return unit / "rank_0_0" / "backbone" / "vllm_compile_cache.py"
+
+
+def _artifact(unit: Path) -> Path:
+    return unit / "rank_0_0" / "backbone" / "artifact_compile_range_1_8192_subgraph_1"
+
+
+def dmg_index_garbage(root):
+    _index(root / "0123456789").write_text("{ (1, 2: oops")
+    return "0123456789"
+
+
+def _age(unit: Path) -> None:
+    old = time.time() - 7200
+    for p in (unit, *unit.rglob("*")):
+        os.utime(p, (old, old), follow_symlinks=False)
+
+
+def dmg_index_missing(root):
+    for p in (root / "abcdef0123").rglob("vllm_compile_cache.py"):
+        p.unlink()
+    return "abcdef0123"
+
+
+def dmg_binary_missing(root):
+    _artifact(root / "0123456789").unlink()
+    return "0123456789"
+
+
+def dmg_binary_truncated(root):
+    a = _artifact(root / "0123456789")
+    a.write_bytes(a.read_bytes()[:-100])
+    return "0123456789"
+
+
+def dmg_binary_flipped(root):
+    a = _artifact(root / "0123456789")
+    data = bytearray(a.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    a.write_bytes(bytes(data))
+    return "0123456789"
+
+
+def dmg_unpacked_aot_gone(root):
+    import shutil
+
+    shutil.move(str(_artifact(root / "abcdef0123") / "aotautograd"), str(root.parent / "aot-elsewhere"))
+    return "abcdef0123"
+
+
+def dmg_nothing(root):
+    return "abcdef0123"
+
+
+MATRIX = [dmg_index_garbage, dmg_index_missing, dmg_binary_missing, dmg_binary_truncated, dmg_binary_flipped,
+          dmg_unpacked_aot_gone, dmg_nothing]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", MATRIX, ids=[d.__name__[4:] for d in MATRIX])
+def test_damage_matrix_agrees_with_the_loader(cache, damage, tmp_path):
+    h10 = damage(cache)
+    _age(cache / h10)  # damage long done: no vLLM process is writing it any more
+    shown = run_kcache("--cache-dir", str(cache), "inspect", h10, "--json").json()
+    plan = run_kcache("--cache-dir", str(cache), "prune", "--broken", "--dry-run", "--json").json()
+    planned = {r["hash"] for r in plan["removed"]}
+    got = loads(cache / h10, tmp_path)
+    print(damage.__name__, got, shown["status"], shown["reason"])
+    if got["loaded"] == 4 and not got["failed"]:
+        assert shown["status"] == "complete" and h10 not in planned
+    else:
+        assert shown["status"] == "partial" and h10 in planned
+    assert planned <= {h10}
+
+
+def test_export_import_elsewhere_loads(cache, tmp_path):
+    archive = tmp_path / "vllm.tar.gz"
+    assert run_kcache("--cache-dir", str(cache), "export", str(archive)).exit_code == 0
+    other = tmp_path / "elsewhere" / "torch_compile_cache"
+    run = run_kcache("--cache-dir", str(other), "import", str(archive), "--json")
+    assert run.exit_code == 0, run.stderr
+    assert sorted(rows(other)) == sorted(UNITS)
+    assert run_kcache("--cache-dir", str(other), "verify").exit_code == 0  # paths rewritten on import
+    for h10 in UNITS:
+        assert loads(other / h10, tmp_path) == {"loaded": 4, "failed": []}
+
+
+def test_hostile_index_is_data_not_a_crash(cache):
+    _index(cache / "0123456789").write_text("(" * 200_000)
+    r = run_kcache("--cache-dir", str(cache), "ls", "--json")
+    assert r.exit_code == 0
+    assert {x["hash"]: x["status"] for x in r.json()}["0123456789"] == "building"  # written just now
+    _age(cache / "0123456789")
+    r = run_kcache("--cache-dir", str(cache), "ls", "--json")
+    assert {x["hash"]: x["status"] for x in r.json()}["0123456789"] == "partial"
+    (cache / "0123456789" / "rank_0_0" / "backbone" / "cache_key_factors.json").write_text("[" * 100_000)
+    assert run_kcache("--cache-dir", str(cache), "inspect", "0123", "--json").exit_code in (0, 1)
+
+
+def test_aot_compile_entries(tmp_path):
+    root = tmp_path / "torch_compile_cache"
+    good = root / "torch_aot_compile" / ("a" * 64) / "rank_0_0"
+    good.mkdir(parents=True)
+    (good / "model").write_bytes(b"serialized")
+    half = root / "torch_aot_compile" / ("b" * 64) / "rank_0_0"
+    half.mkdir(parents=True)
+    (half / "model").write_bytes(b"")
+    got = {r["hash"]: (r["kind"], r["status"]) for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    assert got == {"a" * 64: ("aot", "complete"), "b" * 64: ("aot", "partial")}
+    run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
+    assert run.exit_code == 0 and (good / "model").is_file() and not half.exists()
+
+
+def test_hostile_handles_are_never_followed_or_rewritten_outside(tmp_path):
+    root = tmp_path / "torch_compile_cache"
+    local = root / "0123456789" / "rank_0_0" / "backbone"
+    local.mkdir(parents=True)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not yours")
+    index = {((1, 8), 0, "inductor_standalone"): ("../../../../outside.bin", str(outside)),
+             ((1, 8), 1, "inductor_standalone"): ("x", "/etc/passwd")}
+    text = pprint.PrettyPrinter(indent=4).pformat(index)
+    (local / "vllm_compile_cache.py").write_text(text)
+    old = time.time() - 7200
+    for p in (root / "0123456789", *(root / "0123456789").rglob("*")):
+        os.utime(p, (old, old))
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()[0]
+    assert row["status"] == "partial" and "not a file name" in row["reason"]
+    run_kcache("--cache-dir", str(root), "verify", "--fix")
+    assert (local / "vllm_compile_cache.py").read_text() == text  # a unit with problems is not rewritten
+    assert outside.read_bytes() == b"not yours"
+    run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
+    assert run.exit_code == 0 and not (root / "0123456789").exists() and outside.read_bytes() == b"not yours"
+
+
+def test_inductor_adaptor_units_need_their_fx_graphs(tmp_path):
+    """vLLM's InductorAdaptor (torch < 2.8) names fx graph keys found in rank_<r>_<d>/inductor_cache/."""
+    import base64
+    import hashlib
+    import pickle
+
+    root = tmp_path / "torch_compile_cache"
+    rank = root / "fedcba9876" / "rank_0_0"
+    (rank / "backbone").mkdir(parents=True)
+    data = pickle.dumps({"graph": 1}, protocol=4)
+    key = "f" + "q" * 51
+    graph = rank / "inductor_cache" / "fxgraph" / key[1:3] / key
+    graph.mkdir(parents=True)
+    (graph / base64.b32encode(hashlib.sha256(data).digest())[:51].decode().lower()).write_bytes(data)
+    index = {(None, 0, "inductor"): (key, str(rank / "inductor_cache" / "xx" / "cxx.py"))}
+    (rank / "backbone" / "vllm_compile_cache.py").write_text(pprint.PrettyPrinter(indent=4).pformat(index))
+    (rank / "triton_cache").mkdir()
+    _age(root / "fedcba9876")
+    shown = run_kcache("--cache-dir", str(root), "inspect", "fedcba", "--json").json()
+    assert shown["status"] == "complete", shown["reason"]
+    assert shown["facts"]["nested triton cache"] == str(rank / "triton_cache")
+    for p in graph.iterdir():
+        p.unlink()
+    _age(root / "fedcba9876")
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()[0]
+    assert row["status"] == "partial" and key in row["reason"]
