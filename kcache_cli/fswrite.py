@@ -360,7 +360,8 @@ def owner_problem(st: os.stat_result, what: str, *, private: bool = False, group
         return None
     if group is not None and st.st_gid == group and st.st_mode & stat.S_ISGID:
         return None
-    return f"{what} is owned by uid {st.st_uid}, not by you (uid {me}) or root, and is not group-shared"
+    return f"{what} is owned by uid {st.st_uid}, not by you (uid {me}){'' if me == 0 else ' or root'}, " \
+        "and is not group-shared"
 
 
 def make_dirs(path: str | os.PathLike) -> list[str]:
