@@ -723,7 +723,7 @@ def _make_op_dir(root: Path, spec: TaskSpec, op_dir: Path, root_fd: int) -> tupl
     try:
         return fswrite.open_dir(root_fd, op_rel, create=True), made
     except OSError as exc:
-        raise KcacheError(f"cannot create {op_dir}: {exc.strerror} (kcache never writes through a symlink)") from None
+        raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
 
 
 def _discard(root: Path, relpath: str) -> None:

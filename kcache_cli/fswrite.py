@@ -360,7 +360,8 @@ def owner_problem(st: os.stat_result, what: str, *, private: bool = False, group
         return None
     if group is not None and st.st_gid == group and st.st_mode & stat.S_ISGID:
         return None
-    return f"{what} is owned by uid {st.st_uid}, not by you (uid {me}) or root, and is not group-shared"
+    return f"{what} is owned by uid {st.st_uid}, not by you (uid {me}){'' if me == 0 else ' or root'}, " \
+        "and is not group-shared"
 
 
 def make_dirs(path: str | os.PathLike) -> list[str]:
@@ -388,19 +389,14 @@ def make_dirs(path: str | os.PathLike) -> list[str]:
     return made
 
 
-_UMASK: int | None = None
-
-
 def umask() -> int:
-    """This process's umask, read without changing it (os.umask sets it: a race with other threads)."""
-    global _UMASK
-    if _UMASK is None:
-        _UMASK = 0o022
-        try:
-            with open("/proc/self/status", "rb") as f:
-                for line in f.read(1 << 16).splitlines():
-                    if line.startswith(b"Umask:"):
-                        _UMASK = int(line.split()[1], 8)
-        except (OSError, ValueError, IndexError):
-            pass
-    return _UMASK
+    """This process's umask, read without changing it (os.umask sets it: a race with other threads);
+    read each time, as a caller may have changed it."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f.read(1 << 16).splitlines():
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022

@@ -514,3 +514,20 @@ def test_a_members_compiler_memo_is_not_trusted(area):
     assert build._read_memo(root) == {"/usr/bin/nvcc:1:2": {"default_arch": "sm_35"}}
     os.chown(memo, ATTACKER, GROUP)
     assert build._read_memo(root) == {}
+
+
+@needs_cxx
+def test_build_in_a_cache_whose_state_dir_is_another_users(area):
+    """build takes its lock in .kcache/locks: in another user's .kcache/ it stops with one line naming the
+    opt-in, writes nothing there, and builds once the root is listed in KCACHE_SAFE_DIRECTORY."""
+    task = _task(area)
+    root = area / "private"
+    (root / ".kcache").mkdir(parents=True)
+    os.chown(root / ".kcache", ATTACKER, ATTACKER)
+    run = kcache("build", task, "--cache-dir", root, "--cxx", CXX)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "uid 65534" in run.stderr and f"KCACHE_SAFE_DIRECTORY={root}" in run.stderr, run.stderr
+    assert os.listdir(root / ".kcache") == [] and entry_dirs(root) == []
+    ok = kcache("build", task, "--cache-dir", root, "--cxx", CXX, env={"KCACHE_SAFE_DIRECTORY": str(root)})
+    assert ok.returncode == 0, ok.stderr
+    assert len(entry_dirs(root)) == 1
