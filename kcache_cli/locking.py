@@ -40,8 +40,11 @@ def open_lock(name: str | os.PathLike, dir_fd: int | None = None, create: bool =
     flags = LOCK_FLAGS | (os.O_CREAT if create else 0)
     try:
         fd = os.open(name, os.O_RDWR | flags, LOCK_MODE, dir_fd=dir_fd)
-    except PermissionError:
-        fd = os.open(name, os.O_RDONLY | (flags & ~os.O_CREAT), dir_fd=dir_fd)
+    except PermissionError as denied:
+        try:
+            fd = os.open(name, os.O_RDONLY | (flags & ~os.O_CREAT), dir_fd=dir_fd)
+        except FileNotFoundError:  # could not be created here: the permission is the problem
+            raise denied from None
     try:
         st = os.fstat(fd)
     except OSError:

@@ -234,3 +234,15 @@ def test_a_prune_of_more_than_half_asks_on_a_terminal(fixture_copy):
         assert b"of the cache" in seen
         assert (os.waitstatus_to_exitcode(status) == 0) == gone, seen.decode(errors="replace")
         assert (not (root / RELU).exists()) == gone
+
+
+def test_all_caches_names_a_missing_entry_whatever_the_other_caches(kcache, tmp_path):
+    home = Path(os.environ["HOME"])
+    hidet = copy_tree(FIXTURES / "hidet", home / ".cache" / "hidet")
+    copy_tree(FIXTURES / "tilus", home / ".cache" / "tilus")
+    ghost = str(hidet / "ops/cpu_space_0/relu/0000000000000000")
+    for cmd in (("ls", "--all-caches", ghost, "8d1f"), ("clear", "--all-caches", ghost, "8d1f", "--yes")):
+        r = kcache(*cmd)
+        assert r.exit_code == 2 and f"no entry matches '{ghost}'" in r.stderr, r.stderr
+    assert (hidet / "ops/cuda_space_0/add/8d1f7691cdf75e90").is_dir()
+    assert kcache("ls", "--all-caches", "8d1f", "--json").json()[0]["hash"] == "8d1f7691cdf75e90"

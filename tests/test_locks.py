@@ -217,3 +217,25 @@ def test_a_group_cache_gets_group_writable_locks(fixture_copy):
         for d in ("locks", "trash"):
             assert os.stat(root / ".kcache" / d).st_mode & 0o777 == want_dir, (umask, d)
         assert os.stat(root / ".kcache/locks/.gc.lock").st_mode & 0o777 == want_file
+
+
+def test_a_lock_that_cannot_be_created_is_an_error_not_a_loop(tmp_path, monkeypatch):
+    """Where the lock directory is not writable (another user's cache: EACCES injected, as root writes
+    anywhere), taking a build lock fails at once instead of retrying for ever."""
+    from kcache_cli import locking
+
+    real_open = os.open
+
+    def denied(path, flags, *args, **kw):
+        if str(path).endswith(".lock") and flags & os.O_CREAT:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kw)
+
+    (tmp_path / "cache" / ".kcache" / "locks").mkdir(parents=True)
+    monkeypatch.setattr(locking.os, "open", denied)
+    with pytest.raises(PermissionError):
+        locking.open_lock(tmp_path / "cache" / ".kcache" / "locks" / "x.lock", create=True)
+    started = time.monotonic()
+    with pytest.raises(PermissionError):
+        locking.EntryFlock(tmp_path / "cache", "ops/cpu_space_0/x/0123456789abcdef").acquire(timeout=5)
+    assert time.monotonic() - started < 4

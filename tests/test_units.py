@@ -87,6 +87,9 @@ def test_bad_seconds(text):
     ("build", "t.txt", "--remote-timeout", "nan"), ("import", "a.tar", "--lock-timeout", "1e400"),
     ("import", "a.tar", "--max-file-size", "\u0661\u0660G"), ("ls", "--limit", "\u0663"), ("ls", "--limit", "1" * 5000),
     ("ls", "--limit", "9" * 30), ("build", "t.txt", "-j", "\u0663"), ("stats", "--top", "\u0663"),
+    ("pull", "--remote", "redis://127.0.0.1:1/0", "--connect-timeout", "nan"),
+    ("push", "--remote", "redis://127.0.0.1:1/0", "--connect-timeout", "inf"),
+    ("pull", "--remote", "redis://127.0.0.1:1/0", "--lock-timeout", "nan"),
 ])
 def test_bad_values_are_usage_errors(kcache, fixture_copy, tmp_path, args):
     """Every option value that can be wrong is exit 2 with one line, never "unexpected" (issue 21)."""

@@ -153,7 +153,7 @@ def clear_command(
         c.hint_unknown(opts, loc.path, flt)
         plans.append((loc, _plan_clear(opts, loc, flt, everything)))
         picked = [*(r.entry for r in plans[-1][1].removals), *(s.entry for s in plans[-1][1].skipped)]
-        missing.intersection_update(c.unmatched_refs(loc.path, refs, picked))
+        missing -= c.matched_refs(loc.path, refs, picked)
     if missing:  # an entry named that is nowhere: nothing is removed at all (a typo, not "no entries")
         raise c.no_match([r for r in c.ref_list(hashes) if r in missing], [loc.path for loc in locs],
                          selectors=bool(op or space or target or layout))

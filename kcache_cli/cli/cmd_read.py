@@ -131,7 +131,7 @@ def ls_command(
             continue  # the entries named are in other caches
         flt = sel.filter(loc.path, refs)
         listed.append((loc, flt, *_ls_entries(opts, loc, flt, sort, limit, not no_index)))
-        missing.intersection_update(c.unmatched_refs(loc.path, refs, listed[-1][2].entries))
+        missing -= c.matched_refs(loc.path, refs, listed[-1][2].entries)
     if missing:  # an entry named that is nowhere: a typo, not "no entries"
         raise c.no_match([r for r in c.ref_list(sel.hashes) if r in missing], [loc.path for loc in locs],
                          selectors=sel.has_selectors())

@@ -128,6 +128,12 @@ def unmatched_refs(root: Path, refs: Optional[List[str]], entries) -> list[str]:
     return out
 
 
+def matched_refs(root: Path, refs: Optional[List[str]], entries) -> set[str]:
+    """The references in `refs` that name at least one of `entries` (--all-caches: a reference is
+    missing only when no cache had it)."""
+    return set(ref_list(refs)) - set(unmatched_refs(root, refs, entries))
+
+
 def no_match(refs: list[str], roots: list[Path], selectors: bool = False) -> UsageError:
     """The usage error (exit 2) for entry references that matched nothing, with the nearest hash
     prefixes and op names present ("did you mean 8d1f7691 or --op add?")."""
