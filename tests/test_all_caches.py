@@ -117,7 +117,7 @@ def test_prune_all_caches_max_size_frees_the_least_recently_used_across_them(mac
     listed = [r for r in run_kcache("ls", "--all-caches", "--json").json()]
     total = sum(r["size"] for r in listed)
     budget = total // 2
-    plan = run_kcache("prune", "--all-caches", "--max-size", str(budget), "--dry-run", "--json")
+    plan = run_kcache("prune", "--all-caches", "--max-size", f"{budget}B", "--dry-run", "--json")
     assert plan.exit_code == 0, plan.stderr
     removed = {r["path"] for section in plan.json() for r in section["removed"]}
     kept = [r for r in listed if r["path"] not in removed]

@@ -271,7 +271,7 @@ def test_prune_by_age_size_and_clear(cache):
     gone = {os.path.relpath(r["path"], cache) for r in run.json()["removed"]}
     assert gone == {aot, *graphs}
     total = sum(r["size"] for r in rows(cache).values())
-    run = run_kcache("--cache-dir", str(cache), "prune", "--max-size", str(total // 2), "--yes", "--json")
+    run = run_kcache("--cache-dir", str(cache), "prune", "--max-size", f"{total // 2}B", "--yes", "--json")
     assert run.exit_code == 0 and sum(r["size"] for r in rows(cache).values()) <= total // 2
     run = run_kcache("--cache-dir", str(cache), "clear", "--all", "--yes", "--json")
     assert run.exit_code == 0 and rows(cache) == {}
