@@ -298,7 +298,7 @@ def _binary_problem(path: str, prefix: str, lib: _Seen, mtimes: dict[str, float]
         return found
     if lib.size == 0:
         return Judgement.of(CORRUPT, f"{where} is empty (emptied after hidet finished the entry)")
-    if deep or lib.link or changed_since(mtimes, done, (BINARY,)):
+    if deep or lib.link or lib.size < 64 or changed_since(mtimes, done, (BINARY,)):
         head = _read(path, lib, 64) or b""
         truncated = elf_truncated(BINARY, head, lib.size)
         if truncated:
@@ -404,7 +404,8 @@ def judge(path: str, kind: str = "op", deep: bool = False, *, names: dict[str, i
         return found
     # Not installed where kcache runs (pipx, another venv): judged as by the hidet that wrote the entry.
     matches = bool(built) and built == (running or built)
-    if not (matches and lib.exists and ft.exists) and not (lib.exists and lib.size > 1 and ft.exists):
+    # verify_disk_cache takes an empty lib.so for a missing one (an interrupted compile)
+    if not (matches and lib.exists and lib.size > 0 and ft.exists) and not (lib.exists and lib.size > 1 and ft.exists):
         return _recompiled(names, lib, ft)
     return _loaded(path, "", names, mtimes, deep, meta=matches) or Judgement(COMPLETE)
 
