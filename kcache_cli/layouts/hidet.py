@@ -677,7 +677,7 @@ def describe(root: Path, entry: Entry) -> Details:
     task_op, inputs, outputs = _describe_task(entry, problems, facts) if entry.kind == "op" else (None, (), ())
     meta, bad = fsread.json_problem(os.path.join(p, "meta.json"), base=p)
     if bad and not bad.endswith("missing") and not verdict.problems:  # the judgement says when it matters
-        facts.append(("note", f"{bad} (hidet rewrites it before it reads it)"))
+        facts.append(("meta.json note", f"{bad} (hidet rewrites it before it reads it)"))
     if meta:
         facts.append(("hidet version", str(meta.get("hidet_version"))))
         if meta.get("target"):
@@ -688,7 +688,7 @@ def describe(root: Path, entry: Entry) -> Details:
     facts.extend(_version_facts(entry))
     manifest, bad = fsread.json_problem(os.path.join(p, MANIFEST), base=p)
     if bad and not bad.endswith("missing"):
-        facts.append(("note", f"{bad} (hidet never reads it)"))
+        facts.append(("kcache.json note", f"{bad} (hidet never reads it)"))
     if isinstance(manifest, dict):
         for key in ("arch", "compiler", "kcache_version"):
             if manifest.get(key):
@@ -725,9 +725,9 @@ def _version_facts(entry: Entry) -> list[tuple[str, str]]:
         return facts
     names, _, _ = _names(entry.path)
     if names is not None and not any(m in names for m in HIDET_MARKERS):
-        facts.append(("note", KCACHE_BUILT_NOTE))
+        facts.append(("hidet will", KCACHE_BUILT_NOTE))
     elif note := version_note(entry.path):
-        facts.append(("note", note))
+        facts.append(("hidet will", note))
     return facts
 
 
@@ -743,15 +743,15 @@ def _describe_task(entry: Entry, problems: list[str], facts: list[tuple[str, str
         facts.append(("task", "no task.txt in this entry"))
         return entry.op, (), ()
     except OSError as exc:
-        facts.append(("note", f"cannot read task.txt: {exc.strerror or exc} (hidet never reads it on load)"))
+        facts.append(("task.txt note", f"cannot read task.txt: {exc.strerror or exc} (hidet never reads it on load)"))
         return entry.op, (), ()
     try:
         task = parse_task(data)
     except TaskFormatError as exc:
-        facts.append(("note", f"{exc} (hidet never reads task.txt on load)"))
+        facts.append(("task.txt note", f"{exc} (hidet never reads task.txt on load)"))
         return entry.op, (), ()
     if task.name != entry.op:
-        facts.append(("note", f"task.txt names op '{task.name}' but the entry sits under '{entry.op}'"))
+        facts.append(("task.txt note", f"task.txt names op '{task.name}' but the entry sits under '{entry.op}'"))
 
     def info(t) -> TensorInfo:
         return TensorInfo(t.name, t.dtype, tuple(_dim(d) for d in t.shape))

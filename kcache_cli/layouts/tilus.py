@@ -216,14 +216,14 @@ def _seen_file(path: str) -> tuple[os.stat_result | None, bool]:
 def _judge_program(path: str, deep: bool, failure: BuildFailure | None) -> Judgement:
     module = os.path.join(path, "module")
     lib, link = _seen_file(os.path.join(module, "lib.so"))
-    texts = _program_texts_problem(path, lib, deep)
-    if texts:
-        return texts
     if lib is None:
         if failure is not None:
             where = os.path.relpath(failure.record, os.path.dirname(os.path.dirname(path)))
             return Judgement.of(FAILED, f"build failed ({where}): {failure.error}")
         return Judgement.of(PARTIAL, "no module/lib.so: the build was interrupted; tilus compiles it again")
+    texts = _program_texts_problem(path, lib, deep)
+    if texts:
+        return texts
     if not stat.S_ISREG(lib.st_mode):
         return Judgement.of(CORRUPT, f"module/lib.so is {fsread.kind_of(lib.st_mode)}: tilus fails loading it")
     why = unreadable(os.path.join(module, "lib.so")) if not link else (
@@ -255,7 +255,7 @@ def _changed_after_compile(module: str) -> bool:
     return changed_since(mtimes, "nvcc_output.txt", ("lib.so",))
 
 
-def _program_texts_problem(path: str, lib: os.stat_result | None, deep: bool) -> Judgement | None:
+def _program_texts_problem(path: str, lib: os.stat_result, deep: bool) -> Judgement | None:
     """program.txt and options.txt as get_cache_dir reads them: only when both are there (else tilus
     writes them again); they must hash to the directory's name. ls reads them only when one changed
     after lib.so (they are written before the compile)."""
@@ -270,7 +270,7 @@ def _program_texts_problem(path: str, lib: os.stat_result | None, deep: bool) ->
             return Judgement.of(CORRUPT, f"{name} is {fsread.kind_of(st.st_mode)}: tilus fails reading it")
         if not st.st_mode & 0o444 or not os.access(os.path.join(path, name), os.R_OK):
             return Judgement.of(UNREADABLE, f"{name} is unreadable (permission denied): tilus fails reading it")
-    if not (deep or lib is None or any(st.st_mtime >= lib.st_mtime for _, st in found)):
+    if not (deep or any(st.st_mtime >= lib.st_mtime for _, st in found)):
         return None
     bad = _program_hash_problem(path)
     return Judgement.of(CORRUPT, bad) if bad else None
@@ -449,7 +449,7 @@ def describe(root: Path, entry: Entry) -> Details:
                 facts.append((f"link {name}", f"{text} ({program_status(target)[0]})"))
         meta, bad = fsread.json_problem(os.path.join(p, "meta.json"), base=p)
         if bad and not bad.endswith("missing"):
-            facts.append(("note", f"{bad} (tilus never reads it back)"))
+            facts.append(("meta.json note", f"{bad} (tilus never reads it back)"))
         elif meta is not None:
             try:
                 params = meta.get("params", {})
@@ -458,7 +458,7 @@ def describe(root: Path, entry: Entry) -> Details:
                     kind = "pointer" if str(t).endswith("*") else "scalar"
                     facts.append((f"param {n}", f"{str(t).removeprefix('hidet.')} ({kind})"))
             except (ValueError, AttributeError, TypeError):
-                facts.append(("note", "meta.json does not hold tilus's record (tilus never reads it back)"))
+                facts.append(("meta.json note", "meta.json does not hold tilus's record (tilus never reads it back)"))
         table = fsread.read_text(os.path.join(p, "dispatch_table.txt"), base=p)
         if table:
             facts.append(("dispatch table", table.strip()))
