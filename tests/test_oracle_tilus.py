@@ -9,7 +9,7 @@ import os
 
 import pytest
 from loaders import cases_tilus
-from loaders.matrix import loses_used_entry, run_cases
+from loaders.matrix import loses_used_entry, run_cases, save_results
 from loaders.venvs import python_for
 
 
@@ -21,7 +21,9 @@ def tilus_results(tmp_path_factory):
     only = os.environ.get("KCACHE_ORACLE_ONLY")  # a substring of case ids, to replay a few
     if only:
         cases = [c for c in cases if only in c.id]
-    return run_cases(cases, {"tilus": cases_tilus.FIXTURE}, base, {"tilus": python})
+    results = run_cases(cases, {"tilus": cases_tilus.FIXTURE}, base, {"tilus": python})
+    save_results(results, "tilus")
+    return results
 
 
 def test_kcache_agrees_with_tilus_on_every_case(tilus_results):
