@@ -526,13 +526,6 @@ def _json(path: str) -> dict | None:
     return fsread.json_object(path)
 
 
-def op_status(path: str, names: dict[str, int], head: bytes | None = None,
-              mtimes: dict[str, float] | None = None) -> tuple[str, str | None]:
-    """The cheap judgement of an op entry as (status, reason), for callers that have its names."""
-    j = judge(path, "op", False, names=names, mtimes=mtimes)
-    return j.status, j.reason
-
-
 def other_target(path: str, kind: str) -> str | None:
     """An ir_module's or graph's target: meta.json's, else the compiler its compile.sh runs."""
     meta = _json(os.path.join(path, "meta.json")) or {}

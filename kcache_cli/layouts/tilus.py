@@ -367,11 +367,6 @@ def program_status(path: str) -> tuple[str, str | None]:
     return j.status, j.reason
 
 
-def script_status(path: str) -> tuple[str, str | None]:
-    j = judge(path, "script")
-    return j.status, j.reason
-
-
 def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     if not flt.wants_target(TARGET) or flt.spaces:
         return  # tilus entries have no space
