@@ -178,11 +178,13 @@ def _dist_info_version() -> str | None:
 
 
 def _names(path: str) -> tuple[dict[str, int] | None, dict[str, float], str | None]:
-    """Top-level file sizes and mtimes of a directory, or None and why it cannot be read."""
+    """Top-level file sizes and mtimes of a directory, or None and why it cannot be read. Listed through
+    the fd a judgement holds (fsread.held: below an anchored root, no link on the way is followed)."""
     names: dict[str, int] = {}
     mtimes: dict[str, float] = {}
+    fd = fsread.held_fd(path)
     try:
-        with os.scandir(path) as it:
+        with os.scandir(path if fd is None else fd) as it:
             for de in it:
                 try:
                     if de.is_dir(follow_symlinks=False):
@@ -215,18 +217,19 @@ def _see(path: str, name: str, names: dict[str, int]) -> _Seen:
     if name not in names:
         return _Seen(name)
     full = os.path.join(path, name)
-    st = fsread.listed(full)
+    at, dfd = fsread.at(full)  # through the held directory fd when there is one
     try:
-        st = st or os.lstat(full)
+        st = fsread.listed(full) or os.stat(at, dir_fd=dfd, follow_symlinks=False)
         link = stat.S_ISLNK(st.st_mode)
         if link:
-            st = os.stat(full)  # a dangling link is no file to hidet: os.path.exists says False
+            st = os.stat(at, dir_fd=dfd)  # a dangling link is no file to hidet: os.path.exists says False
     except OSError:
         return _Seen(name, link=True)
     if not stat.S_ISREG(st.st_mode):
         return _Seen(name, True, st.st_size, link, odd=fsread.kind_of(st.st_mode))
     if link:
-        why = None if st.st_mode & 0o444 and os.access(full, os.R_OK) else f"{name} is unreadable (permission denied)"
+        readable = st.st_mode & 0o444 and os.access(at, os.R_OK, dir_fd=dfd)
+        why = None if readable else f"{name} is unreadable (permission denied)"
     else:
         why = unreadable(full)
     return _Seen(name, True, st.st_size, link, unreadable=why)
@@ -234,8 +237,12 @@ def _see(path: str, name: str, names: dict[str, int]) -> _Seen:
 
 def _read(path: str, seen: _Seen, limit: int) -> bytes | None:
     """A file's bytes (through a link when it is one, as hidet reads it), or None when it cannot be read."""
+    full = os.path.join(path, seen.name)
     try:
-        return fsread.read_bytes(os.path.join(path, seen.name), limit, strict=False, follow=seen.link)
+        if seen.link:  # the link itself is followed, from the held directory: never a swapped parent
+            at, dfd = fsread.at(full)
+            return fsread.read_bytes(at, limit, dir_fd=dfd, strict=False, follow=True)
+        return fsread.read_bytes(full, limit, strict=False)
     except OSError:
         return None
 
@@ -253,7 +260,9 @@ def _pickle_framing(data: bytes) -> str | None:
 
 def _meta_problem(data: bytes) -> str | None:
     try:
-        meta = fsread.parse_json(data)
+        meta = fsread.parse_json(data, "")
+    except fsread.JsonTooDeep as exc:
+        return str(exc).strip()
     except ValueError:
         return "is not valid JSON"
     if not isinstance(meta, dict) or any(k not in meta for k in META_KEYS):
@@ -273,13 +282,18 @@ def _dispatch_problem(data: bytes) -> str | None:
     return None
 
 
+def _odd_reason(where: str, seen: _Seen) -> str:
+    what = f"a symlink to {seen.odd}" if seen.link else seen.odd
+    return f"cannot read {where}: {what}, not a regular file (kcache never reads it; hidet fails on it)"
+
+
 def _file_problem(path: str, prefix: str, seen: _Seen, check, limit: int) -> Judgement | None:
     """A file hidet reads on load: missing, not a file, unreadable, or its bytes failing `check`."""
     where = prefix + seen.name
     if not seen.exists:
         return Judgement.of(CORRUPT, f"no {where}: hidet fails loading the entry on every call")
     if seen.odd:
-        return Judgement.of(CORRUPT, f"{where} is {seen.odd}: hidet fails loading the entry")
+        return Judgement.of(CORRUPT, _odd_reason(where, seen))
     if seen.unreadable:
         return Judgement.of(UNREADABLE, prefix + seen.unreadable)
     if check is None:
@@ -303,11 +317,14 @@ def _binary_problem(path: str, prefix: str, lib: _Seen, mtimes: dict[str, float]
         truncated = elf_truncated(BINARY, head, lib.size)
         if truncated:
             return Judgement.of(CORRUPT, prefix + truncated)
-    if deep:
+    if deep:  # every byte, as dlopen maps them
         try:
-            for _ in fsread.iter_chunks(os.path.realpath(os.path.join(path, BINARY)) if lib.link
-                                        else os.path.join(path, BINARY)):
-                pass
+            if lib.link:
+                at, dfd = fsread.at(os.path.join(path, BINARY))
+                fsread.read_bytes(at, lib.size, dir_fd=dfd, strict=False, follow=True)
+            else:
+                for _ in fsread.iter_chunks(os.path.join(path, BINARY)):
+                    pass
         except OSError as exc:
             return Judgement.of(CORRUPT, f"cannot read {where}: {exc.strerror or exc}")
     return None
@@ -348,7 +365,7 @@ def _version_text(path: str, names: dict[str, int]) -> tuple[str | None, Judgeme
     if not seen.exists:
         return None, None
     if seen.odd:
-        return None, Judgement.of(CORRUPT, f"version.txt is {seen.odd}: hidet fails reading it")
+        return None, Judgement.of(CORRUPT, _odd_reason("version.txt", seen))
     if seen.unreadable:
         return None, Judgement.of(UNREADABLE, seen.unreadable + ": hidet fails reading it")
     data = _read(path, seen, 256)
@@ -385,16 +402,28 @@ def judge(path: str, kind: str = "op", deep: bool = False, *, names: dict[str, i
     """The one judgement of a hidet entry: what hidet 0.6 does with it (see above). Cheap (`deep=False`):
     names, sizes, modes, mtimes, and contents only where something changed after the entry was finished.
     Deep: the bytes of every file hidet reads. `version`: the installed hidet's (default: looked up)."""
-    if kind == "graph":
-        return _judge_graph(path, deep)
-    if names is None:
-        names, mtimes, why = _names(path)
+    refused = fsread.LINK_REFUSALS
+    with fsread.held(path):
+        if fsread.LINK_REFUSALS != refused:  # a directory on the way is a link now: judge nobody's files
+            return Judgement.of(UNREADABLE, "a directory on the way to it was replaced by a link")
+        if kind == "graph":
+            return _judge_graph(path, deep)
         if names is None:
-            return Judgement.of(UNREADABLE if why != "missing" else PARTIAL, why)
-    running = installed_version() if version is None else version
+            names, mtimes, why = _names(path)
+            if names is None:
+                return Judgement.of(UNREADABLE if why != "missing" else PARTIAL, why)
+        return _judge_module(path, kind, deep, names, mtimes, installed_version() if version is None else version)
+
+
+def _judge_module(path: str, kind: str, deep: bool, names: dict[str, int], mtimes: dict[str, float] | None,
+                  running: str) -> Judgement:
+    """judge() of an op entry or an ir_module, from its listing."""
     if kind == "op" and not any(m in names for m in HIDET_MARKERS):
         return _judge_kcache_built(path, names, mtimes, deep, running)
     lib, ft = _see(path, BINARY, names), _see(path, FUNC_TYPES, names)
+    odd = next((f for f in (lib, ft) if f.odd), None)
+    if odd:  # a FIFO where lib.so belongs: hidet's compiler would block on it, its loader fail
+        return Judgement.of(CORRUPT, _odd_reason(odd.name, odd))
     if kind != "op":  # an ir_module: build_ir_module's should_skip_build, then the module is loaded
         if not (lib.exists and lib.size > 1 and ft.exists):
             return _recompiled(names, lib, ft)
@@ -457,11 +486,12 @@ def kcache_built_problem(path: str, deep: bool = True, names: dict[str, int] | N
         return None  # the seed layout: nothing more to check
     if not deep:
         return _manifest_mismatch(path, names) if changed_since(mtimes, MANIFEST) else None
-    text = read_text(os.path.join(path, MANIFEST))
-    try:
-        listed = fsread.parse_json(text or "").get("files") or {}
-    except (ValueError, AttributeError):
-        return f"{MANIFEST} is not valid JSON"
+    record, bad = fsread.json_problem(os.path.join(path, MANIFEST))
+    if bad:
+        return bad
+    listed = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(listed, dict):
+        return f"{MANIFEST} lists no files"
     problems = check_manifest(path, MANIFEST, listed)
     return problems[0] if problems else None
 
@@ -510,16 +540,22 @@ def _judge_graph(path: str, deep: bool) -> Judgement:
     kernels = meta.get("num_kernels")
     parts = [f"kernels/{i}" for i in range(kernels if isinstance(kernels, int) and kernels >= 0 else 0)]
     for part in [*parts, "graph_module"]:
-        sub = os.path.join(path, part)
-        sub_names, sub_mtimes, why = _names(sub)
-        if sub_names is None:
-            status = CORRUPT if why == "missing" else UNREADABLE
-            return Judgement.of(status, f"no {part}/: load_compiled_graph fails" if why == "missing"
-                                else f"{part}: {why}")
-        found = _loaded(sub, f"{part}/", sub_names, sub_mtimes, deep, meta=part != "graph_module")
+        found = _graph_part(path, part, deep)
         if found:
             return found
     return Judgement(COMPLETE)
+
+
+def _graph_part(path: str, part: str, deep: bool) -> Judgement | None:
+    """A graph's kernels/<i>/ (a compiled task) or graph_module/ (a compiled module), as hidet loads it."""
+    sub = os.path.join(path, part)
+    with fsread.held(sub):
+        sub_names, sub_mtimes, why = _names(sub)
+        if sub_names is None:
+            if why == "missing":
+                return Judgement.of(CORRUPT, f"no {part}/: load_compiled_graph fails")
+            return Judgement.of(UNREADABLE, f"{part}: {why}")
+        return _loaded(sub, f"{part}/", sub_names, sub_mtimes, deep, meta=part != "graph_module")
 
 
 def _json(path: str) -> dict | None:
