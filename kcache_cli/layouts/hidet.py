@@ -340,22 +340,25 @@ def _suspect(mtimes: dict[str, float] | None, name: str) -> bool:
 
 
 def _loaded(path: str, prefix: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool,
-            meta: bool) -> Judgement | None:
+            task: bool, meta: bool) -> Judgement | None:
     """What hidet reads when it loads a compiled module (an op entry, a graph's kernel or module):
-    lib.so, func_types.pickle and, for a task (`meta`), meta.json and any dispatch_table.txt."""
+    lib.so, func_types.pickle, with `meta` meta.json, and for a `task` any dispatch_table.txt."""
     found = _binary_problem(path, prefix, _see(path, BINARY, names), mtimes, deep)
     if found:
         return found
     ft = _see(path, FUNC_TYPES, names)
     found = _file_problem(path, prefix, ft, _pickle_framing if deep or ft.link or ft.size < 3
                           or _suspect(mtimes, FUNC_TYPES) else None, 64 << 20)
-    if found or not meta:
+    if found:
         return found
-    m = _see(path, META, names)
-    found = _file_problem(path, prefix, m, _meta_problem if deep or m.link or m.size == 0
-                          or changed_since(mtimes, FUNC_TYPES, (META,)) else None, 1 << 20)
-    if found or DISPATCH not in names:
-        return found
+    if meta:
+        m = _see(path, META, names)
+        found = _file_problem(path, prefix, m, _meta_problem if deep or m.link or m.size == 0
+                              or changed_since(mtimes, FUNC_TYPES, (META,)) else None, 1 << 20)
+        if found:
+            return found
+    if not task or DISPATCH not in names:
+        return None
     return _file_problem(path, prefix, _see(path, DISPATCH, names), _dispatch_problem, 1 << 20)
 
 
@@ -427,16 +430,34 @@ def _judge_module(path: str, kind: str, deep: bool, names: dict[str, int], mtime
     if kind != "op":  # an ir_module: build_ir_module's should_skip_build, then the module is loaded
         if not (lib.exists and lib.size > 1 and ft.exists):
             return _recompiled(names, lib, ft)
-        return _loaded(path, "", names, mtimes, deep, meta=False) or Judgement(COMPLETE)
-    built, found = _version_text(path, names)
-    if found:
-        return found
-    # Not installed where kcache runs (pipx, another venv): judged as by the hidet that wrote the entry.
-    matches = bool(built) and built == (running or built)
+        return _loaded(path, "", names, mtimes, deep, task=False, meta=False) or Judgement(COMPLETE)
+    version = _see(path, "version.txt", names)
+    if version.odd:
+        return Judgement.of(CORRUPT, _odd_reason("version.txt", version))
+    if version.unreadable:  # verify_disk_cache opens it first, whatever follows
+        return Judgement.of(UNREADABLE, version.unreadable + ": hidet fails reading it")
     # verify_disk_cache takes an empty lib.so for a missing one (an interrupted compile)
-    if not (matches and lib.exists and lib.size > 0 and ft.exists) and not (lib.exists and lib.size > 1 and ft.exists):
+    if not (lib.exists and ft.exists) or lib.size == 0:
         return _recompiled(names, lib, ft)
-    return _loaded(path, "", names, mtimes, deep, meta=matches) or Judgement(COMPLETE)
+    # Loaded as it is (version.txt equal to the running hidet's) or after hidet rewrote its metadata: the
+    # two differ only in whether meta.json is read, and whether a one-byte lib.so is loaded or compiled
+    # over. version.txt is read only where that decides (an untouched entry costs no read).
+    m = _see(path, META, names)
+    weighed = (deep or lib.size <= 1 or not m.exists or bool(m.odd or m.unreadable) or m.link or m.size == 0
+               or changed_since(mtimes, FUNC_TYPES, (META,)))
+    loads_as_is = weighed and _matches(path, version, running)
+    if lib.size <= 1 and not loads_as_is:
+        return _recompiled(names, lib, ft)
+    return _loaded(path, "", names, mtimes, deep, task=True, meta=loads_as_is) or Judgement(COMPLETE)
+
+
+def _matches(path: str, version: _Seen, running: str) -> bool:
+    """Whether hidet's verify_disk_cache finds version.txt equal to the running hidet's. Not installed
+    where kcache runs (pipx, another venv): judged as by the hidet that wrote the entry."""
+    if not version.exists:
+        return False
+    built = (_read(path, version, 256) or b"").decode("utf-8", "replace").strip()
+    return bool(built) and built == (running or built)
 
 
 def _loader_recompiles_kcache_builds(running: str) -> bool:
@@ -555,7 +576,8 @@ def _graph_part(path: str, part: str, deep: bool) -> Judgement | None:
             if why == "missing":
                 return Judgement.of(CORRUPT, f"no {part}/: load_compiled_graph fails")
             return Judgement.of(UNREADABLE, f"{part}: {why}")
-        return _loaded(sub, f"{part}/", sub_names, sub_mtimes, deep, meta=part != "graph_module")
+        task = part != "graph_module"
+        return _loaded(sub, f"{part}/", sub_names, sub_mtimes, deep, task=task, meta=task)
 
 
 def _json(path: str) -> dict | None:
