@@ -389,3 +389,32 @@ def test_unreadable_op_directory_is_counted_and_never_pruned():
         for dirpath, _, _ in os.walk(base):
             os.chmod(dirpath, 0o755)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_prune_broken_keeps_stale_entries_and_prune_stale_removes_them(kcache, tmp_path, monkeypatch):
+    """DESIGN 2.8: `stale` (a key space the loader never looks up again) may still serve another
+    environment, so --broken never removes it; --stale does. No hidet entry is stale any more (versions
+    are notes): the judgement is made to say so for one entry."""
+    from kcache_cli.layouts import hidet
+    from kcache_cli.model import Judgement
+
+    root = hidet_root(tmp_path / "c")
+    real = hidet._judge_module
+
+    def judge(path, *args, **kwargs):
+        if str(path).endswith(MATMUL):
+            return Judgement.of("stale", "built for another compiler's key space")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(hidet, "_judge_module", judge)
+    (root / RELU / "func_types.pickle").unlink()  # partial: --broken takes it
+    assert [r["hash"] for r in kcache("--cache-dir", root, "ls", "--status", "stale", "--json").json()] == [
+        MATMUL.rsplit("/", 1)[1]]
+    r = kcache("--cache-dir", root, "prune", "--broken", "--json")
+    assert r.exit_code == 0 and [x["path"] for x in r.json()["removed"]] == [str(root / RELU)], r.stderr
+    assert (root / MATMUL).is_dir()
+    dry = kcache("--cache-dir", root, "prune", "--stale", "--dry-run", "--json").json()
+    assert [x["path"] for x in dry["removed"]] == [str(root / MATMUL)] and (root / MATMUL).is_dir()
+    r = kcache("--cache-dir", root, "prune", "--stale", "--json")
+    assert r.exit_code == 0 and [x["path"] for x in r.json()["removed"]] == [str(root / MATMUL)]
+    assert not (root / MATMUL).exists() and (root / SOFTMAX).is_dir()
