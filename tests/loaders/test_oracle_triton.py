@@ -174,6 +174,13 @@ def all_cases(sources) -> list[Case]:
         key = sorted(k for k, n in kernels.items() if n == "add_kernel")[0]
         files = sorted(os.listdir(root / key))
         out += cases_for(venv, key, "add_kernel", files, full=venv == "triton39")
+    root, kernels = sources["triton39"]
+    key = sorted(k for k, n in kernels.items() if n == "amd_kernel")[0]
+    amd = lambda what, damage: Case("triton", f"AMD (gfx942): {what}", key, damage, venv="triton39")  # noqa: E731
+    out += [amd("intact", lambda root: None), amd("hsaco missing", missing(f"{key}/amd_kernel.hsaco")),
+            amd("hsaco truncated", truncated(f"{key}/amd_kernel.hsaco")),
+            amd("hsaco empty", empty(f"{key}/amd_kernel.hsaco")),
+            amd("amdgcn garbage", garbage(f"{key}/amd_kernel.amdgcn"))]
     root, kernels = sources["triton39-binary-only"]
     key = sorted(k for k, n in kernels.items() if n == "add_kernel")[0]
     c = lambda what, damage: Case("triton", f"TRITON_STORE_BINARY_ONLY: {what}", key, damage,  # noqa: E731
