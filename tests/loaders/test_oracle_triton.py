@@ -247,6 +247,8 @@ def test_the_matrix_is_big_enough(triton_results):
 
 @pytest.mark.slow
 def test_pristine_kernels_are_hits_in_every_version(triton_results):
+    if os.environ.get("KCACHE_ORACLE_ONLY"):
+        pytest.skip("a replay of a few cases")
     pristine = [r for r in triton_results if r.case.name.endswith("intact")]
     assert pristine and all(r.verdict.verdict == "hit" for r in pristine), [describe(r) for r in pristine]
 
