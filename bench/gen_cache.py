@@ -21,6 +21,9 @@ def task_text(op: str, i: int) -> bytes:
             f"  computations: \n    b: float32[8] where b[v] = a[v]\n  attributes: {{}}\n)").encode()
 
 
+# hidet's TaskMetaData: every field its loader asks for (kcache reads meta.json when it changed late)
+META = (b'{"name": "%s", "symbols": [], "inputs": [], "outputs": [], "share_map": {}, "target": "cuda", '
+        b'"num_candidates": 1, "hidet_version": "0.6.1"}')
 # A whole ELF64 header (no section table) so that the scan's cheap truncation check passes.
 ELF_HEAD = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, 0, 0, 64, 0, 0, 64, 0, 0)
 
@@ -45,7 +48,7 @@ def generate(root: str, n: int, seed_layout: bool = False, lib_size: int = 4096,
         else:
             files.update({"compile.sh": b"#!/bin/bash\nnvcc -shared source.cu -o lib.so\n",
                           "nvcc_output.txt": b"elapsed time: 1.0 seconds", "version.txt": b"0.6.1",
-                          "meta.json": b'{"name": "%s"}' % op.encode(), "func_types.pickle": b"\x80\x04N.",
+                          "meta.json": META % op.encode(), "func_types.pickle": b"\x80\x04N.",
                           ".lock": b""})
         for name, data in files.items():
             with open(os.path.join(d, name), "wb") as f:

@@ -556,10 +556,11 @@ def _build_task(root: Path, spec: TaskSpec, options: BuildOptions, listener: Lis
 
 
 def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], waited: bool) -> BuildResult | None:
-    from kcache_cli.terms import COMPLETE
+    from kcache_cli.layouts import builder
+    from kcache_cli.model import Judgement
 
-    status, _reason, manifest = entry_status(str(final))
-    if status != COMPLETE:
+    status, reason, manifest = entry_status(str(final))
+    if status is None or not builder().build_reuses(str(final), Judgement(status, reason)):
         return None
     want = arch()
     notes = []

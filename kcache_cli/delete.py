@@ -24,7 +24,9 @@ from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STAL
                               iso, measure_tree)
 
 STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer
-BROKEN = (PARTIAL, FAILED, CORRUPT, STALE)  # never UNREADABLE: a permission problem is not damage
+# What --broken removes: never UNREADABLE (a permission problem is not damage), never STALE (another
+# environment's compiler may still use it: --stale removes those).
+BROKEN = (PARTIAL, FAILED, CORRUPT)
 # What a removal takes away.
 ENTRY, CANDIDATES, TEMP, STAGING, LINK = "entry", "candidates", "temp", "staging", "link"
 LEFTOVER = "leftover"  # a killed import's staging dir or export's temp file (kcache_cli.state)
@@ -415,9 +417,10 @@ def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn
 
 
 def plan_prune(root: Path, max_size: int | None = None, older_than: float | None = None, broken: bool = False,
-               warn: Warn | None = None, now: float | None = None) -> DeletePlan:
+               warn: Warn | None = None, now: float | None = None, stale: bool = False) -> DeletePlan:
     """What is safe and useful to remove: always stale temp/staging directories and the leftovers the
-    layouts name inside entries (hidet's candidates/); with `broken`, partial, failed and corrupt entries;
+    layouts name inside entries; with `broken`, partial, failed and corrupt entries; with `stale`,
+    entries of a compiler version the loader never looks up again;
     with `older_than` (seconds), entries unused for that long; with `max_size` (bytes), least recently
     used entries until the cache fits."""
     from kcache_cli.scan import scan_cache
@@ -441,6 +444,10 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     _select_kcache_leftovers(p, root, collect)
     if broken:  # 2. broken entries (and symlinks where entries belong)
         _select_broken(p, root, regular, collect, result.layouts)
+    if stale:
+        for e in regular:
+            if e.status == STALE and e.path not in p.removals:
+                p.select(e, f"stale: {e.reason or e.status}", recheck=True)
     p.learn_users(regular)  # 3. unused for too long (a provider is used when its users are)
     last = {e.path: p.effective_last_used(e, by_path) for e in regular}
     if older_than is not None:
@@ -797,7 +804,7 @@ class _Executor:
                     if not _flock(fd):
                         return f"{r.entry.layout} holds the entry's {own} (in use)"
                 now_status = _status_now(r.entry, self.root) if r.recheck else None
-                if now_status is not None and now_status not in BROKEN:
+                if now_status is not None and now_status not in (*BROKEN, STALE):
                     why = "finished" if now_status == COMPLETE else "changed"
                     return f"{now_status} by now ({why} after the scan)"
         elif r.what in (TEMP, STAGING):

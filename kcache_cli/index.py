@@ -17,15 +17,11 @@ Never stale, by construction:
 - the key is taken before the entry is judged (read_dir records the stats it makes anyway), so a change
   while the scan runs leaves a key that no longer matches;
 - an entry changed less than RACY_SECONDS before the scan started (by the file system's own clock: the
-  ctime of the temp file this scan will write the index into, less the time the scan had run by then,
-  so that what a layout read before its entries, such as version.txt files, is covered) is not stored:
-  a later change within the same timestamp tick could otherwise keep its ctime;
-- a record holds what the layout's per-entry function returned (the Entry, and for hidet's full scan the
-  entry's version.txt text too) and is served only to the same function with the same job: the job
-  carries what the judgement takes from outside the entry (hidet's version in use, from the installed
-  hidet or the cache's newest version.txt), so a new version in use judges the entries again. What the
-  layout derives from every entry's answers afterwards (a full scan without an installed hidet: the
-  newest version.txt, and which entries it makes `stale`) runs on served answers as on judged ones;
+  ctime of the temp file this scan will write the index into, less the time the scan had run by then)
+  is not stored: a later change within the same timestamp tick could otherwise keep its ctime;
+- a record holds what the layout's per-entry function returned (the Entry) and is served only to the
+  same function with the same job: the job carries what the judgement takes from outside the entry (the
+  installed hidet's version), so another installed hidet judges the entries again;
 - only statuses that are a function of the entry's own files and its job are stored (STORABLE):
   `building` and `partial` depend on locks, which no stat shows, and `unreadable` on permissions; an
   entry whose scan warned, that has subdirectories, or that holds a symlink (the judgement may read
@@ -56,7 +52,6 @@ from dataclasses import fields
 from stat import S_ISLNK
 from typing import Any
 
-from kcache_cli import fsread
 from kcache_cli.model import COMPLETE, CORRUPT, FAILED, STALE, Entry
 from kcache_cli.scan import ScanContext
 
@@ -417,165 +412,3 @@ def _remove_stale_temps(dfd: int) -> None:
                 os.unlink(name, dir_fd=dfd)
         except OSError:
             pass
-
-
-# ---- small files of many entries (hidet's version.txt): kept, and served where lstat proves them ----
-
-TEXTS_MIN = 1000  # below this many entries reading them all takes milliseconds: nothing is stored
-_REREAD = ()  # the key of a file stored too recently (or unread): never equal to a real key
-# A group's record: (directory key, names, file keys, texts), the last three in the same order. A file
-# key is None where the file is absent (its text is None too) and _REREAD where it must be read again.
-_Group = tuple
-
-
-def _text_paths(group: str, names: tuple[str, ...], filename: str) -> list[str]:
-    return [f"{group}/{name}/{filename}" for name in names]
-
-
-def group_texts(root: str, groups: list[str], filename: str, limit: int) -> list[tuple[str, str]]:
-    """(path, text) of `<group>/<name>/<filename>` for each visible subdirectory `name` of each group
-    that has one: its first `limit` bytes, decoded (fsread.read_bytes: never a link, FIFO or device).
-
-    What an earlier run read, kept in `.kcache/index/texts.<euid>`, is served where a fresh lstat proves
-    it unchanged: the group directory's inode, mtime and ctime (names added, removed or renamed change
-    them) and the file's inode, size, mtime, ctime and mode (a rewrite in place changes its ctime; a
-    file appearing has a key where there was none). As for the scan index, nothing changed within
-    RACY_SECONDS of the run is kept, and a missing, garbled or foreign file means reading them all."""
-    import kcache_cli
-
-    started = time.monotonic_ns()
-    context = (FORMAT, "texts/2", kcache_cli.__version__, os.geteuid(), root, filename, limit)
-    stored = load(root, context, "texts")
-    kept: dict[str, _Group] = {}
-    out: list[tuple[str, str]] = []
-    changed = False
-    for group, rec, same in _proven_groups(groups, filename, limit, stored, out):
-        changed = changed or not same
-        if rec is not None:
-            kept[group] = rec
-    changed = changed or set(stored) != set(kept)
-    if changed and sum(len(r[1]) for r in kept.values()) >= TEXTS_MIN:
-        _keep_texts(root, context, kept, started)
-    return out
-
-
-PARALLEL_TEXTS = 20_000  # kept names from which the groups are proven by one worker process per core
-
-
-def _proven_groups(groups: list[str], filename: str, limit: int, stored: dict, out: list
-                   ) -> list[tuple[str, _Group | None, bool]]:
-    """(group, record, unchanged) for each group, its texts put in `out`: here, or for a big cache by
-    one worker per core (the lstat calls are the cost, and they scale with cores). A worker sends back
-    only what changed: an unchanged group's texts are its stored record's."""
-    from kcache_cli import parallel
-
-    workers = parallel.cpus()
-    kept = sum(len(r[1]) for r in stored.values() if type(r) is tuple and len(r) == 4)
-    parts = None
-    if workers >= 2 and kept >= PARALLEL_TEXTS and parallel.fork_safe():  # (a forkserver costs more)
-        try:
-            parts = parallel.map_parts(_texts_part, (filename, limit, stored),
-                                       [groups[i::workers] for i in range(workers)])
-        except (OSError, RuntimeError, ImportError):  # no fork, no semaphores: prove them here instead
-            pass
-    if parts is None:
-        return [(g, *_group_texts(g, filename, limit, stored.get(g), out)) for g in groups]
-    proven = []
-    for group, as_stored, rec, same, texts in (x for part in parts for x in part):
-        if as_stored:  # unchanged: what the stored record holds
-            rec = stored[group]
-            texts = [(p, t) for p, t in zip(_text_paths(group, rec[1], filename), rec[3]) if t is not None]
-        out.extend(texts)
-        proven.append((group, rec, same))
-    return proven
-
-
-def _texts_part(shared: tuple, groups: list[str]) -> list[tuple[str, bool, _Group | None, bool, list]]:
-    """A worker's share of _proven_groups: (group, whether its stored record serves as it is, else
-    its record, unchanged, texts)."""
-    filename, limit, stored = shared
-    done: list[tuple[str, bool, _Group | None, bool, list]] = []
-    for group in groups:
-        texts: list[tuple[str, str]] = []
-        rec, same = _group_texts(group, filename, limit, stored.get(group), texts)
-        served = same and rec is not None  # the stored record, unchanged
-        done.append((group, True, None, True, []) if served else (group, False, rec, same, texts))
-    return done
-
-
-def _stat_key(path: str) -> tuple | None:
-    try:
-        st = os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError:
-        return _REREAD
-    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode
-
-
-def _group_texts(group: str, filename: str, limit: int, old: Any, out: list) -> tuple[_Group | None, bool]:
-    """One group's (record, whether the stored record served unchanged); its texts go to `out`."""
-    from stat import S_ISDIR
-
-    from kcache_cli.names import visible_dirs
-
-    try:
-        gst = os.lstat(group)
-    except OSError:
-        return None, True  # nothing to keep: `kept` shows whether a group went
-    if not S_ISDIR(gst.st_mode):  # a link where a group belongs: not followed, nothing in it
-        return None, True
-    gkey = (gst.st_ino, gst.st_mtime_ns, gst.st_ctime_ns)
-    valid = (type(old) is tuple and len(old) == 4 and all(type(x) is tuple for x in old[1:])
-             and len(old[1]) == len(old[2]) == len(old[3]))
-    names = old[1] if valid and old[0] == gkey else tuple(visible_dirs(group))
-    paths = _text_paths(group, names, filename)
-    keys = tuple(map(_stat_key, paths))
-    if valid and names is old[1] and keys == old[2] and _REREAD not in keys:  # all unchanged: one comparison
-        out.extend(t for t in zip(paths, old[3]) if t[1] is not None)
-        return old, True
-    was = dict(zip(old[1], zip(old[2], old[3]))) if valid else {}
-    texts = []
-    gfd: int | None = None
-    try:
-        for name, path, key in zip(names, paths, keys):
-            prev = was.get(name)
-            if prev is not None and prev[0] == key and key != _REREAD:
-                text = prev[1]
-            elif key is None:
-                text = None
-            else:
-                if gfd is None:
-                    gfd = os.open(group, fsread.DIR_FLAGS)
-                text = _read_text(gfd, f"{name}/{filename}", limit)
-            texts.append(text)
-            if text is not None:
-                out.append((path, text))
-    except OSError:  # the group went away while it was read: nothing of it is kept
-        return None, False
-    finally:
-        if gfd is not None:
-            os.close(gfd)
-    keys = tuple(_REREAD if k is not None and t is None else k for k, t in zip(keys, texts))
-    return (gkey, names, keys, tuple(texts)), False
-
-
-def _read_text(dfd: int, rel: str, limit: int) -> str | None:
-    try:
-        return fsread.read_bytes(rel, limit, dir_fd=dfd, strict=False).decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
-def _keep_texts(root: str, context: tuple, kept: dict[str, _Group], started: int) -> None:
-    """Write `kept`, less what changed too recently to be proven by its ctime later. Never raises."""
-    writer = _start_write(root, started)
-    if writer is None:
-        return
-    dfd, tmp, racy_ns = writer
-    records = {}
-    for group, (gkey, names, keys, texts) in kept.items():
-        if gkey[2] >= racy_ns:
-            continue  # listed too recently: listed again next time
-        records[group] = (gkey, names, tuple(_REREAD if k and k[3] >= racy_ns else k for k in keys), texts)
-    _finish_write(dfd, tmp, {"context": context, "records": records}, "texts")

@@ -477,11 +477,10 @@ def test_exported_archives_follow_the_umask(kcache, tmp_path, mask, mode):
 
 def test_inspect_says_each_problem_once_and_its_status_is_its_exit_code(kcache, tmp_path):
     root = damaged_hidet(tmp_path / "c")
-    task = root / SOFTMAX / "task.txt"
-    task.write_bytes(task.read_bytes() + b" ")
+    (root / SOFTMAX / "meta.json").write_bytes(b"{not json")
     r = kcache("--cache-dir", root, "inspect", SOFTMAX)
     assert r.exit_code == 1
-    problem = "no longer matches"
+    problem = "meta.json is not valid JSON"
     assert sum(problem in ln for ln in r.stdout.splitlines()) == 1
     for e in listing(kcache, root):
         r = kcache("--cache-dir", root, "inspect", e["path"])

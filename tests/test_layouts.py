@@ -94,7 +94,7 @@ def test_leftovers_and_locks(fixture_copy):
     found = [e for e in scan_cache(root).entries if e.path == str(tmp)]
     assert found and hidet.leftover(found[0]).what == "temp"
     assert hidet.leftover(found[0]).lock.endswith("/0123456789abcdef")
-    assert [x.name for x in hidet.inner_leftovers(found[0])] == ["candidates"]
+    assert hidet.inner_leftovers(found[0]) == []  # candidates/ is hidet's to keep (debug_cache_tuning)
     assert ".lock" in hidet.writer_locks and hidet.empty_parent_levels("op") == 2
 
 

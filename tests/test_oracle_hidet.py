@@ -8,7 +8,7 @@ import os
 
 import pytest
 from loaders import cases_hidet
-from loaders.matrix import installed_for_kcache, loses_used_entry, run_cases
+from loaders.matrix import installed_for_kcache, loses_used_entry, run_cases, save_results
 from loaders.venvs import python_for
 
 
@@ -24,7 +24,9 @@ def hidet_results(tmp_path_factory):
     only = os.environ.get("KCACHE_ORACLE_ONLY")  # a substring of case ids, to replay a few
     if only:
         cases = [c for c in cases if only in c.id]
-    return run_cases(cases, {"hidet": root}, base / "cases", {"hidet": python}, kcache_env=env)
+    results = run_cases(cases, {"hidet": root}, base / "cases", {"hidet": python}, kcache_env=env)
+    save_results(results, "hidet")
+    return results
 
 
 def test_the_matrix_is_big_enough(hidet_results):

@@ -27,8 +27,11 @@ def prune_command(
     older_than: Annotated[Optional[str], typer.Option(
         "--older-than", metavar="AGE", help="Remove entries not used for AGE (30d, 12h, 90m, 2w, 1d12h).")] = None,
     broken: Annotated[bool, typer.Option(
-        "--broken", help="Remove partial, failed, corrupt and stale entries (and symlinks where entries belong); "
-        "never unreadable ones.")] = False,
+        "--broken", help="Remove partial, failed and corrupt entries (and symlinks where entries belong); "
+        "never unreadable or stale ones.")] = False,
+    stale: Annotated[bool, typer.Option(
+        "--stale", help="Remove stale entries: another compiler version's, which the installed loader never "
+        "looks up again (another environment may still use them).")] = False,
     dry_run: DryRunOpt = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Accepted for scripts written for clear; prune never "
                                                          "asks.")] = False,
@@ -37,9 +40,9 @@ def prune_command(
     as_json: c.JsonOpt = False,
 ) -> None:
     """Free space safely: least recently used entries beyond --max-size, entries unused for --older-than,
-    broken entries with --broken; always stale temp/staging directories (untouched for an hour) and
-    hidet's leftover candidates/ directories. Builds in progress are skipped; nothing outside the cache
-    is touched.
+    broken entries with --broken, stale ones with --stale; always stale temp/staging directories
+    (untouched for an hour). hidet's candidates/ (kept under debug_cache_tuning) stay. Builds in progress
+    are skipped; nothing outside the cache is touched.
 
     Example: kcache prune --max-size 10GB --older-than 30d --dry-run
     """
@@ -51,22 +54,25 @@ def prune_command(
     out = _Out(opts, all_caches)
     for loc in c.cache_locations(opts, all_caches):
         out.section(loc)
-        _prune_one(opts, out, loc, limit, age, broken, dry_run)
+        _prune_one(opts, out, loc, limit, age, (broken, stale), dry_run)
     out.done(empty="no kernel cache found (see kcache dir --all)" if all_caches else None)
 
 
-def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, broken: bool, dry_run: bool) -> None:
+def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tuple[bool, bool], dry_run: bool
+               ) -> None:
     from kcache_cli.delete import plan_prune
 
+    broken, stale = damaged
     with _busy(opts, f"scanning {loc.path}"):
-        plan = plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, warn=lambda m: c.warn(opts, m))
+        plan = plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, stale=stale,
+                          warn=lambda m: c.warn(opts, m))
     extra = {"max_size": limit, "older_than": age}
     if not plan.exists:
         return _missing(opts, out, loc, dry_run, extra)
-    if limit is None and age is None and not broken and not plan.removals:
+    if limit is None and age is None and not broken and not stale and not plan.removals:
         c.info(opts, f"checked {plan.root} ({c.human_size(plan.scanned_size)}) for what prune always removes: "
-                     "stale temp and staging directories and hidet's leftover candidates/; none found. "
-                     "--max-size, --older-than and --broken remove entries.")
+                     "stale temp and staging directories; none found. "
+                     "--max-size, --older-than, --broken and --stale remove entries.")
     if dry_run:
         return _report_plan(opts, out, plan, extra)
     result = _execute(opts, plan)

@@ -156,6 +156,11 @@ class Layout:
         archive all call this, so they cannot disagree on the same files."""
         raise NotImplementedError
 
+    def build_reuses(self, path: str, judgement: Judgement) -> bool:
+        """Whether `kcache build` takes the entry at `path`, judged `judgement`, as a cache hit: by default
+        when it is complete (hidet's layout also takes its own builds, which hidet 0.6 compiles again)."""
+        return judgement.status == "complete"
+
     def describe(self, root: Path, entry: Entry) -> Details:
         """Everything about one entry after the deep checks that read every byte (inspect, verify):
         problems, files, task and tensors, compile command and output, binaries, layout facts."""

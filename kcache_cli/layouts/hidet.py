@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import os
 import re
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from kcache_cli import fsread, state
 from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, listing_or_unreadable,
-                              read_every_byte, read_head, read_text, size_mismatch, unreadable)
+                              read_text, size_mismatch, unreadable)
 from kcache_cli.layouts.base import TEMP, InnerLeftover, Leftover, ModuleLayout
 from kcache_cli.layouts.shapes import HIDET
 from kcache_cli.locking import entry_build_locked, probe_locked
-from kcache_cli.names import visible_dirs
-from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, UNREADABLE_REASON,
+from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, UNREADABLE_REASON,
                               Details, Entry, Judgement, LogFile, ScanFilter, TensorInfo, measure_tree)
 
 NAME = HIDET.name
@@ -114,14 +115,22 @@ def _manifest_mismatch(path: str, names: dict[str, int]) -> str | None:
     return size_mismatch(MANIFEST, listed, names)
 
 
-# ---- the judgement: one function of an entry's files, for ls (cheap) and everything else (deep) -----
+# ---- the judgement: what hidet 0.6's loader does with the entry, for ls (cheap) and all else (deep) ----
+# Proven against real hidet 0.6.1 by tests/loaders/probe_hidet.py (tests/test_oracle_hidet.py). hidet's
+# `build_task`: `verify_disk_cache` (version.txt equal to the running hidet's, lib.so and
+# func_types.pickle present) loads the entry as it is: meta.json, lib.so, func_types.pickle and a
+# dispatch_table.txt are read, and any of them damaged crashes every call. Otherwise
+# `compile_task_from_scratch` rewrites task.txt, version.txt and meta.json, and `should_skip_build`
+# (lib.so over 1 byte, func_types.pickle present) reuses the old lib.so: no compiler runs, so another
+# version is a note, not a status; without those two files it compiles over the entry. hidet never reads
+# task.txt, task.pickle, the sources or the logs on load, and follows links.
 
-def _version_key(v: str) -> tuple:
-    return tuple(int(x) for x in re.findall(r"\d+", v))
-
-
-_VERSIONS: dict[str, str] = {}
-_BUILT: dict[str, str] = {}  # version.txt path -> its text, read once by the search for the newest
+FUNC_TYPES = "func_types.pickle"
+META = "meta.json"
+DISPATCH = "dispatch_table.txt"
+# TaskMetaData's fields: hidet's from_dict fails without any of them.
+META_KEYS = ("name", "symbols", "inputs", "outputs", "share_map", "target", "num_candidates", "hidet_version")
+WRITTEN_WITH = 2.0  # seconds: hidet writes func_types.pickle right after the compiler's lib.so and output
 
 
 _INSTALLED: list[str] = []
@@ -168,76 +177,14 @@ def _dist_info_version() -> str | None:
     return ""
 
 
-def _newest_then_stale(root: Path, pairs: list[tuple[Entry, str | None]]) -> tuple[str, list[Entry]]:
-    """A full scan without an installed hidet: the newest version.txt among every entry's (read once,
-    by the scan's workers) is the version in use; complete entries of another version are stale."""
-    from dataclasses import replace
-
-    built = {e.path: v for e, v in pairs if v is not None}
-    entries = [e for e, _ in pairs]
-    for f, text in _version_texts(str(root), ops_too=False):
-        built[f] = text.strip()
-    version = max({v for v in built.values() if v}, key=_version_key, default="")
-    _VERSIONS[str(root)] = version
-    if not version:
-        return version, entries
-    return version, [replace(e, status=STALE, reason=_stale_reason(built[e.path], version))
-                     if e.status == COMPLETE and e.path in built and built[e.path] != version else e
-                     for e in entries]
-
-
-def version_in_use(root: str | os.PathLike, fresh: bool = False) -> str:
-    """The hidet version whose loader decides: the installed hidet's (its metadata, without importing
-    it), else the newest version.txt in the whole cache (whatever part of it a command lists: `ls --op
-    X` judges X's entries as `ls` does), else "" (unknown: no entry is judged stale)."""
-    key = str(root)
-    if fresh:  # every scan looks again; the judgements that follow it in one command reuse its answer
-        _forget(root)
-    if key in _VERSIONS:
-        return _VERSIONS[key]
-    found = installed_version()
-    if not found:
-        texts = _version_texts(key)
-        _BUILT.update(texts)  # the judgements of these entries need them too: read once
-        seen = {text.strip() for _, text in texts} - {""}
-        found = max(seen, key=_version_key, default="")
-    _VERSIONS[key] = found
-    return found
-
-
-def _forget(root: str | os.PathLike) -> None:
-    _VERSIONS.pop(str(root), None)
-    _BUILT.clear()
-
-
-def _version_texts(root: str, ops_too: bool = True) -> list[tuple[str, str]]:
-    """(path, text) of every version.txt of the compiled modules: ops/<space>/<op>/<hash> (not without
-    `ops_too`), ir_modules/<hash> and graphs/<graph>/kernels/<kernel>. Directories are listed by name
-    (d_type: no stat), links and hidden names skipped; each file is read bounded, never a link, FIFO or
-    device. What an earlier run read is served where lstat proves it unchanged (index.group_texts): this
-    runs on every entry of the cache before one `inspect` can be answered."""
-    from kcache_cli.index import group_texts
-
-    groups: list[str] = []
-    if ops_too:
-        for space in _subdirs(os.path.join(root, "ops")):
-            groups += _subdirs(space)
-    groups.append(os.path.join(root, "ir_modules"))
-    groups += [os.path.join(g, "kernels") for g in _subdirs(os.path.join(root, "graphs"))]
-    return group_texts(root, groups, "version.txt", 256)
-
-
-def _subdirs(path: str) -> list[str]:
-    """The paths of the visible directories in `path` (links not followed)."""
-    return [os.path.join(path, n) for n in visible_dirs(path)]
-
-
 def _names(path: str) -> tuple[dict[str, int] | None, dict[str, float], str | None]:
-    """Top-level file sizes and mtimes of a directory, or None and why it cannot be read."""
+    """Top-level file sizes and mtimes of a directory, or None and why it cannot be read. Listed through
+    the fd a judgement holds (fsread.held: below an anchored root, no link on the way is followed)."""
     names: dict[str, int] = {}
     mtimes: dict[str, float] = {}
+    fd = fsread.held_fd(path)
     try:
-        with os.scandir(path) as it:
+        with os.scandir(path if fd is None else fd) as it:
             for de in it:
                 try:
                     if de.is_dir(follow_symlinks=False):
@@ -254,153 +201,320 @@ def _names(path: str) -> tuple[dict[str, int] | None, dict[str, float], str | No
     return names, mtimes, None
 
 
-def _module(path: str, prefix: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool,
-            marker: bool) -> Judgement | None:
-    """hidet's rule for one compiled module directory (an op entry, an ir_module, a graph's module or
-    kernel): a non-empty lib.so and, with `marker`, func_types.pickle (written last). None: it passes."""
-    lib = names.get(BINARY)
-    out = next((n for n in ("nvcc_output.txt", "gcc_output.txt") if n in names), None)
-    if lib is None:
-        if out:  # hidet writes the compiler's output only after the compiler exits 0
-            return Judgement.of(CORRUPT, f"{prefix}{BINARY} is missing although the compile succeeded "
-                                         f"({prefix}{out} is written only after the compiler exits 0)")
-        if "nvcc_log.txt" in names:  # kcache's own log: written once the compiler has finished, and
-            # kcache publishes nothing else without a lib.so, so this is a compile that failed
-            return Judgement.of(FAILED, f"compile failed: {prefix}nvcc_log.txt but no {BINARY}")
-        return Judgement.of(PARTIAL, f"no {prefix}{BINARY}: the build was interrupted or is still running")
-    if lib == 0:
-        why = fsread.why_unreadable(os.path.join(path, BINARY))
-        if why:  # a FIFO, a device or a link where lib.so belongs: said, never read
-            return Judgement.of(CORRUPT, f"cannot read {prefix}{BINARY}: {why}")
-        if "func_types.pickle" in names:
-            return Judgement.of(CORRUPT, f"{prefix}{BINARY} is empty (emptied after hidet finished the entry)")
-        return Judgement.of(PARTIAL, f"{prefix}{BINARY} is empty: the compile was interrupted")
-    if marker and "func_types.pickle" not in names:
-        return Judgement.of(PARTIAL, f"no {prefix}func_types.pickle: hidet did not finish writing it")
-    why = unreadable(os.path.join(path, BINARY))
-    if why:
-        return Judgement.of(UNREADABLE, prefix + why)
-    done = MANIFEST if MANIFEST in names else "func_types.pickle"
-    if deep or changed_since(mtimes, done, (BINARY,)):
-        head = read_head(os.path.join(path, BINARY))
-        why = fsread.why_unreadable(os.path.join(path, BINARY)) if not head else None
-        if why:  # a FIFO, a device or a link where lib.so belongs: said, never read
-            return Judgement.of(CORRUPT, f"cannot read {prefix}{BINARY}: {why}")
-        truncated = elf_truncated(BINARY, head, lib)
+@dataclass(frozen=True)
+class _Seen:
+    """One file as hidet meets it: links followed (hidet follows them; kcache only reads through them)."""
+
+    name: str
+    exists: bool = False
+    size: int = 0
+    link: bool = False
+    odd: str | None = None  # not a regular file: a FIFO, a directory, a device (never opened)
+    unreadable: str | None = None  # why hidet cannot open it
+
+
+def _see(path: str, name: str, names: dict[str, int]) -> _Seen:
+    if name not in names:
+        return _Seen(name)
+    full = os.path.join(path, name)
+    at, dfd = fsread.at(full)  # through the held directory fd when there is one
+    try:
+        st = fsread.listed(full) or os.stat(at, dir_fd=dfd, follow_symlinks=False)
+        link = stat.S_ISLNK(st.st_mode)
+        if link:
+            st = os.stat(at, dir_fd=dfd)  # a dangling link is no file to hidet: os.path.exists says False
+    except OSError:
+        return _Seen(name, link=True)
+    if not stat.S_ISREG(st.st_mode):
+        return _Seen(name, True, st.st_size, link, odd=fsread.kind_of(st.st_mode))
+    if link:
+        readable = st.st_mode & 0o444 and os.access(at, os.R_OK, dir_fd=dfd)
+        why = None if readable else f"{name} is unreadable (permission denied)"
+    else:
+        why = unreadable(full)
+    return _Seen(name, True, st.st_size, link, unreadable=why)
+
+
+def _read(path: str, seen: _Seen, limit: int) -> bytes | None:
+    """A file's bytes (through a link when it is one, as hidet reads it), or None when it cannot be read."""
+    full = os.path.join(path, seen.name)
+    try:
+        if seen.link:  # the link itself is followed, from the held directory: never a swapped parent
+            at, dfd = fsread.at(full)
+            return fsread.read_bytes(at, limit, dir_fd=dfd, strict=False, follow=True)
+        return fsread.read_bytes(full, limit, strict=False)
+    except OSError:
+        return None
+
+
+def _pickle_framing(data: bytes) -> str | None:
+    """Why bytes cannot be a whole pickle (never unpickled: the protocol header and the final STOP)."""
+    if len(data) < 3:
+        return "is empty" if not data else f"is truncated ({len(data)} bytes)"
+    if data[0] != 0x80 or not 2 <= data[1] <= 5:
+        return "is not a pickle (no protocol header)"
+    if data[-1:] != b".":
+        return "is truncated (no final STOP)"
+    return None
+
+
+def _meta_problem(data: bytes) -> str | None:
+    try:
+        meta = fsread.parse_json(data, "")
+    except fsread.JsonTooDeep as exc:
+        return str(exc).strip()
+    except ValueError:
+        return "is not valid JSON"
+    if not isinstance(meta, dict) or any(k not in meta for k in META_KEYS):
+        return "lacks hidet's task metadata"
+    return None
+
+
+def _dispatch_problem(data: bytes) -> str | None:
+    """hidet's points dispatch table: a header line (the symbols) then lines of integers."""
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        return "is not text"
+    for i, line in enumerate(lines):
+        if i and not all(t.lstrip("-").isdigit() for t in line.split()):
+            return f"line {i + 1} is not a row of integers"
+    return None
+
+
+def _odd_reason(where: str, seen: _Seen) -> str:
+    what = f"a symlink to {seen.odd}" if seen.link else seen.odd
+    return f"cannot read {where}: {what}, not a regular file (kcache never reads it; hidet fails on it)"
+
+
+def _file_problem(path: str, prefix: str, seen: _Seen, check, limit: int) -> Judgement | None:
+    """A file hidet reads on load: missing, not a file, unreadable, or its bytes failing `check`."""
+    where = prefix + seen.name
+    if not seen.exists:
+        return Judgement.of(CORRUPT, f"no {where}: hidet fails loading the entry on every call")
+    if seen.odd:
+        return Judgement.of(CORRUPT, _odd_reason(where, seen))
+    if seen.unreadable:
+        return Judgement.of(UNREADABLE, prefix + seen.unreadable)
+    if check is None:
+        return None
+    data = _read(path, seen, limit)
+    bad = "cannot be read" if data is None else check(data)
+    return Judgement.of(CORRUPT, f"{where} {bad}: hidet fails loading the entry on every call") if bad else None
+
+
+def _binary_problem(path: str, prefix: str, lib: _Seen, mtimes: dict[str, float] | None, deep: bool,
+                    done: str = FUNC_TYPES) -> Judgement | None:
+    """lib.so as hidet dlopens it: an ELF whose header's section table lies within the file."""
+    where = prefix + BINARY
+    found = _file_problem(path, prefix, lib, None, 0)
+    if found:
+        return found
+    if lib.size == 0:
+        return Judgement.of(CORRUPT, f"{where} is empty (emptied after hidet finished the entry)")
+    if deep or lib.link or lib.size < 64 or changed_since(mtimes, done, (BINARY,)):
+        head = _read(path, lib, 64) or b""
+        truncated = elf_truncated(BINARY, head, lib.size)
         if truncated:
             return Judgement.of(CORRUPT, prefix + truncated)
+    if deep:  # every byte, as dlopen maps them
+        try:
+            if lib.link:
+                at, dfd = fsread.at(os.path.join(path, BINARY))
+                fsread.read_bytes(at, lib.size, dir_fd=dfd, strict=False, follow=True)
+            else:
+                for _ in fsread.iter_chunks(os.path.join(path, BINARY)):
+                    pass
+        except OSError as exc:
+            return Judgement.of(CORRUPT, f"cannot read {where}: {exc.strerror or exc}")
     return None
 
 
-def _stale(path: str, prefix: str, names: dict[str, int], version: str | None, required: bool,
-           root: str | os.PathLike) -> Judgement | None:
-    """version.txt against the hidet in use (None: not known yet, looked up only here, where an entry
-    has a version.txt: an entry without one never needs the whole cache's newest version.txt); another
-    version is stale (hidet rebuilds it)."""
-    if "version.txt" not in names:
-        if required:
-            return Judgement.of(CORRUPT, f"no {prefix}version.txt: hidet will not load this entry and rebuilds it")
+def _suspect(mtimes: dict[str, float] | None, name: str) -> bool:
+    """Whether `name` changed well after hidet's compile (it writes func_types.pickle within moments of
+    lib.so): only then does `ls` read it. Unknown times count as changed."""
+    if not mtimes or name not in mtimes:
+        return True
+    before = max((mtimes[n] for n in (BINARY, "gcc_output.txt", "nvcc_output.txt") if n in mtimes), default=None)
+    return before is None or mtimes[name] - before > WRITTEN_WITH
+
+
+def _loaded(path: str, prefix: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool,
+            task: bool, meta: bool) -> Judgement | None:
+    """What hidet reads when it loads a compiled module (an op entry, a graph's kernel or module):
+    lib.so, func_types.pickle, with `meta` meta.json, and for a `task` any dispatch_table.txt."""
+    found = _binary_problem(path, prefix, _see(path, BINARY, names), mtimes, deep)
+    if found:
+        return found
+    ft = _see(path, FUNC_TYPES, names)
+    found = _file_problem(path, prefix, ft, _pickle_framing if deep or ft.link or ft.size < 3
+                          or _suspect(mtimes, FUNC_TYPES) else None, 64 << 20)
+    if found:
+        return found
+    if meta:
+        m = _see(path, META, names)
+        found = _file_problem(path, prefix, m, _meta_problem if deep or m.link or m.size == 0
+                              or changed_since(mtimes, FUNC_TYPES, (META,)) else None, 1 << 20)
+        if found:
+            return found
+    if not task or DISPATCH not in names:
         return None
-    if version is None:
-        version = version_in_use(root)
-    if not version:
-        return None  # unknown yet (a full scan decides it after reading every entry's version.txt)
-    vpath = os.path.join(path, "version.txt")
-    text = _BUILT.get(vpath)
-    if text is None:
-        text = read_text(vpath, 256)
-    if text is None:
-        why = unreadable(os.path.join(path, "version.txt")) or "version.txt cannot be read"
-        return Judgement.of(UNREADABLE, prefix + why)
-    built = text.strip()
-    if built != version:
-        return Judgement.of(STALE, _stale_reason(built, version))
-    return None
+    return _file_problem(path, prefix, _see(path, DISPATCH, names), _dispatch_problem, 1 << 20)
 
 
-def _stale_reason(built: str, version: str) -> str:
-    return f"built by hidet {built or '(empty version.txt)'}; hidet {version} will rebuild it"
+def _version_text(path: str, names: dict[str, int]) -> tuple[str | None, Judgement | None]:
+    """version.txt's text as hidet reads it (None: no such file to hidet), or why hidet cannot read it."""
+    seen = _see(path, "version.txt", names)
+    if not seen.exists:
+        return None, None
+    if seen.odd:
+        return None, Judgement.of(CORRUPT, _odd_reason("version.txt", seen))
+    if seen.unreadable:
+        return None, Judgement.of(UNREADABLE, seen.unreadable + ": hidet fails reading it")
+    data = _read(path, seen, 256)
+    return (data or b"").decode("utf-8", "replace").strip(), None
 
 
-def _task(path: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool) -> Judgement | None:
-    """task.txt must still hash to the directory's name. Read by ls only when it changed after the
-    entry was finished (an edit after the build): after func_types.pickle (hidet), kcache.json (kcache),
-    or in the seed layout, which has no completion marker, after lib.so (the compile that writes it
-    starts once task.txt is written)."""
-    if "task.txt" not in names:
+def _recompiled(names: dict[str, int], lib: _Seen, ft: _Seen, prefix: str = "") -> Judgement:
+    """hidet compiles again over the entry: why (a killed build, most often)."""
+    if not lib.exists:
+        if "nvcc_log.txt" in names:  # kcache's log without a lib.so: a failed build (kcache publishes none)
+            return Judgement.of(FAILED, f"compile failed: {prefix}nvcc_log.txt but no {BINARY}")
+        return Judgement.of(PARTIAL, f"no {prefix}{BINARY}: the build was interrupted; hidet compiles it again")
+    if lib.size <= 1:
+        return Judgement.of(PARTIAL, f"{prefix}{BINARY} is empty: the compile was interrupted; hidet compiles it "
+                                     "again")
+    return Judgement.of(PARTIAL, f"no {prefix}{FUNC_TYPES}: hidet did not finish writing it and compiles it again")
+
+
+def version_note(path: str) -> str | None:
+    """What a version difference means (inspect's note; never a status)."""
+    names, _, _ = _names(path)
+    built, _ = _version_text(path, names or {})
+    running = installed_version()
+    if names is None or not running or built == running:
         return None
-    if any(m in names for m in HIDET_MARKERS):
-        done = "func_types.pickle"
-    else:
-        done = MANIFEST if MANIFEST in names else BINARY
-    if not deep and not changed_since(mtimes, done, ("task.txt",)):
-        return None
-    from kcache_cli.taskfile import read_task_file, task_hash
-
-    try:  # bounded, and never a FIFO, a device or a link (fsread)
-        data = read_task_file(os.path.join(path, "task.txt"), base=path)
-    except PermissionError:
-        return Judgement.of(UNREADABLE, "task.txt is unreadable (permission denied)")
-    except OSError as exc:
-        return Judgement.of(CORRUPT, f"cannot read task.txt: {exc.strerror}")
-    name = os.path.basename(path)
-    actual = task_hash(data)
-    if actual != name:
-        return Judgement.of(CORRUPT, f"task.txt hashes to {actual}, not {name}: its hash no longer matches "
-                                     "(edited after the build?), so hidet will never load this entry")
-    return None
+    what = f"built by hidet {built}" if built else "no version.txt" if built is None else "an empty version.txt"
+    return (f"{what}; hidet {running} rewrites version.txt, task.txt and meta.json and reuses lib.so "
+            "without compiling")
 
 
 def judge(path: str, kind: str = "op", deep: bool = False, *, names: dict[str, int] | None = None,
           mtimes: dict[str, float] | None = None, version: str | None = None,
           root: str | os.PathLike | None = None) -> Judgement:
-    """The one judgement of a hidet entry. Cheap (`deep=False`): names, sizes, mtimes, version.txt, and
-    contents only where something changed after the entry was finished. Deep: every byte.
+    """The one judgement of a hidet entry: what hidet 0.6 does with it (see above). Cheap (`deep=False`):
+    names, sizes, modes, mtimes, and contents only where something changed after the entry was finished.
+    Deep: the bytes of every file hidet reads. `version`: the installed hidet's (default: looked up)."""
+    refused = fsread.LINK_REFUSALS
+    with fsread.held(path):
+        if fsread.LINK_REFUSALS != refused:  # a directory on the way is a link now: judge nobody's files
+            return Judgement.of(UNREADABLE, "a directory on the way to it was replaced by a link")
+        if kind == "graph":
+            return _judge_graph(path, deep)
+        if names is None:
+            names, mtimes, why = _names(path)
+            if names is None:
+                return Judgement.of(UNREADABLE if why != "missing" else PARTIAL, why)
+        return _judge_module(path, kind, deep, names, mtimes, installed_version() if version is None else version)
 
-    Real hidet entries follow hidet's loader (non-empty lib.so, func_types.pickle, version.txt equal to
-    the hidet in use); an entry kcache built is judged by its kcache.json while hidet's own files are
-    absent (hidet may rebuild it in place: then hidet's rule applies)."""
-    if root is None:
-        root = Path(path).parents[3] if kind == "op" else Path(path).parents[1]
-    if kind == "graph":
-        return _judge_graph(path, deep, version_in_use(root) if version is None else version)
+
+def _judge_module(path: str, kind: str, deep: bool, names: dict[str, int], mtimes: dict[str, float] | None,
+                  running: str) -> Judgement:
+    """judge() of an op entry or an ir_module, from its listing."""
+    if kind == "op" and not any(m in names for m in HIDET_MARKERS):
+        return _judge_kcache_built(path, names, mtimes, deep, running)
+    lib, ft = _see(path, BINARY, names), _see(path, FUNC_TYPES, names)
+    odd = next((f for f in (lib, ft) if f.odd), None)
+    if odd:  # a FIFO where lib.so belongs: hidet's compiler would block on it, its loader fail
+        return Judgement.of(CORRUPT, _odd_reason(odd.name, odd))
+    if kind != "op":  # an ir_module: build_ir_module's should_skip_build, then the module is loaded
+        if not (lib.exists and lib.size > 1 and ft.exists):
+            return _recompiled(names, lib, ft)
+        return _loaded(path, "", names, mtimes, deep, task=False, meta=False) or Judgement(COMPLETE)
+    version = _see(path, "version.txt", names)
+    if version.odd:
+        return Judgement.of(CORRUPT, _odd_reason("version.txt", version))
+    if version.unreadable:  # verify_disk_cache opens it first, whatever follows
+        return Judgement.of(UNREADABLE, version.unreadable + ": hidet fails reading it")
+    # verify_disk_cache takes an empty lib.so for a missing one (an interrupted compile)
+    if not (lib.exists and ft.exists) or lib.size == 0:
+        return _recompiled(names, lib, ft)
+    # Loaded as it is (version.txt equal to the running hidet's) or after hidet rewrote its metadata: the
+    # two differ only in whether meta.json is read, and whether a one-byte lib.so is loaded or compiled
+    # over. version.txt is read only where that decides (an untouched entry costs no read).
+    m = _see(path, META, names)
+    weighed = (deep or lib.size <= 1 or not m.exists or bool(m.odd or m.unreadable) or m.link or m.size == 0
+               or changed_since(mtimes, FUNC_TYPES, (META,)))
+    loads_as_is = weighed and _matches(path, version, running)
+    if lib.size <= 1 and not loads_as_is:
+        return _recompiled(names, lib, ft)
+    return _loaded(path, "", names, mtimes, deep, task=True, meta=loads_as_is) or Judgement(COMPLETE)
+
+
+def _matches(path: str, version: _Seen, running: str) -> bool:
+    """Whether hidet's verify_disk_cache finds version.txt equal to the running hidet's. Not installed
+    where kcache runs (pipx, another venv): judged as by the hidet that wrote the entry."""
+    if not version.exists:
+        return False
+    built = (_read(path, version, 256) or b"").decode("utf-8", "replace").strip()
+    return bool(built) and built == (running or built)
+
+
+def _loader_recompiles_kcache_builds(running: str) -> bool:
+    return bool(running) and tuple(int(x) for x in re.findall(r"\d+", running)[:2]) >= (0, 6)
+
+
+KCACHE_BUILT = ("made by kcache build: hidet {} compiles it again in place (it needs version.txt, meta.json and "
+                "func_types.pickle); kcache build reuses it")
+KCACHE_BUILT_NOTE = ("made by kcache build: a hidet 0.6 or later would compile it again in place (it needs "
+                     "version.txt, meta.json and func_types.pickle)")
+
+
+def _judge_kcache_built(path: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool,
+                        running: str) -> Judgement:
+    """An entry made by `kcache build` (kcache.json) or the seed layout. Where a hidet 0.6 or later is
+    installed, it is what that hidet does: it finds no version.txt, rewrites the metadata and compiles over
+    the entry (no func_types.pickle). Where none is, kcache's own rule: lib.so whole, kcache.json's sizes
+    (and, deep, checksums) matching; inspect notes what hidet 0.6 would do."""
+    lib = _see(path, BINARY, names)
+    if not lib.exists or lib.size <= 1:
+        return _recompiled(names, lib, _Seen(FUNC_TYPES))
+    if lib.unreadable:
+        return Judgement.of(UNREADABLE, lib.unreadable)
+    if _loader_recompiles_kcache_builds(running):
+        return Judgement.of(PARTIAL, KCACHE_BUILT.format(running))
+    bad = kcache_built_problem(path, deep, names, mtimes)
+    if bad:
+        return Judgement.of(UNREADABLE if "ermission denied" in bad else CORRUPT, bad)
+    return Judgement(COMPLETE)
+
+
+def kcache_built_problem(path: str, deep: bool = True, names: dict[str, int] | None = None,
+                         mtimes: dict[str, float] | None = None) -> str | None:
+    """Why an entry `kcache build` made is not whole as kcache built it (lib.so; kcache.json's sizes, and
+    deep its checksums), or None: kcache's own rule, whatever a hidet would do with the entry."""
     if names is None:
         names, mtimes, why = _names(path)
         if names is None:
-            return Judgement.of(UNREADABLE if why != "missing" else PARTIAL, why)
-    hidet_made = any(m in names for m in HIDET_MARKERS)
-    if kind == "op" and MANIFEST in names and not hidet_made:
-        return _judge_kcache_built(path, names, mtimes, deep)
-    found = (_module(path, "", names, mtimes, deep, marker=hidet_made or kind != "op")
-             or (_task(path, names, mtimes, deep) if kind == "op" else None)
-             or (_stale(path, "", names, version, hidet_made and kind == "op", root) if hidet_made else None))
-    if found is None and deep:
-        bad = read_every_byte(path)
-        if bad:
-            found = Judgement.of(UNREADABLE if "unreadable" in bad else CORRUPT, bad)
-    return found or Judgement(COMPLETE)
-
-
-def _judge_kcache_built(path: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool
-                        ) -> Judgement:
-    found = _module(path, "", names, mtimes, deep, marker=False)
+            return why
+    lib = _see(path, BINARY, names)
+    done = MANIFEST if MANIFEST in names else FUNC_TYPES
+    found = (_binary_problem(path, "", lib, mtimes, deep, done) if lib.exists
+             else Judgement.of(PARTIAL, f"no {BINARY}"))
     if found:
-        return found
-    if deep:
-        text = read_text(os.path.join(path, MANIFEST))
-        try:
-            listed = fsread.parse_json(text or "").get("files") or {}
-        except (ValueError, AttributeError):
-            return Judgement.of(CORRUPT, f"{MANIFEST} is not valid JSON")
-        problems = check_manifest(path, MANIFEST, listed)
-        if problems:
-            status = UNREADABLE if all("Permission denied" in p for p in problems) else CORRUPT
-            return Judgement(status, problems[0], tuple(problems))
-    elif changed_since(mtimes, MANIFEST):
-        bad = _manifest_mismatch(path, names)
-        if bad:
-            return Judgement.of(CORRUPT, bad)
-    return _task(path, names, mtimes, deep) or Judgement(COMPLETE)
+        return found.reason
+    if MANIFEST not in names:
+        return None  # the seed layout: nothing more to check
+    if not deep:
+        return _manifest_mismatch(path, names) if changed_since(mtimes, MANIFEST) else None
+    record, bad = fsread.json_problem(os.path.join(path, MANIFEST))
+    if bad:
+        return bad
+    listed = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(listed, dict):
+        return f"{MANIFEST} lists no files"
+    problems = check_manifest(path, MANIFEST, listed)
+    return problems[0] if problems else None
 
 
 def _graph_kernels(path: str) -> list[str]:
@@ -411,46 +525,63 @@ def _graph_kernels(path: str) -> list[str]:
         return []
 
 
-def _judge_graph(path: str, deep: bool, version: str) -> Judgement:
-    """A compiled graph: its graph_module/ and every kernels/<i>/ (meta.json's num_kernels of them)
-    must be loadable; a graph whose kernels were built by another hidet is stale as a whole."""
-    meta = _json(os.path.join(path, "meta.json")) or {}
-    parts = ["graph_module", *(f"kernels/{k}" for k in _graph_kernels(path))]
-    wanted = meta.get("num_kernels")
-    if isinstance(wanted, int):
-        missing = [i for i in range(wanted) if f"kernels/{i}" not in parts]
-        if missing:
-            return Judgement.of(PARTIAL, f"no kernels/{missing[0]} (meta.json says {wanted} kernels)")
-    built = meta.get("hidet_version")
-    if version and isinstance(built, str) and built and built != version:
-        return Judgement.of(STALE, f"built by hidet {built}; hidet {version} will rebuild it")
-    for part in parts:
-        sub = os.path.join(path, part)
-        names, mtimes, why = _names(sub)
-        if names is None:
-            if why == "missing":
-                return Judgement.of(PARTIAL, f"no {part}/: hidet did not finish the graph")
-            return Judgement.of(UNREADABLE, f"{part}: {why}")
-        found = (_module(sub, f"{part}/", names, mtimes, deep, marker=part != "graph_module")
-                 or _stale(sub, f"{part}/", names, version, False, ""))
+def _graph_json(path: str, names: dict[str, int], name: str) -> tuple[dict | None, Judgement | None]:
+    seen = _see(path, name, names)
+    found = _file_problem(path, "", seen, lambda d: None, 1 << 20)
+    if found:
+        return None, Judgement.of(found.status, (found.reason or "").replace("hidet fails loading the entry",
+                                                                              "load_compiled_graph fails"))
+    try:
+        data = fsread.parse_json(_read(path, seen, 16 << 20) or b"")
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return None, Judgement.of(CORRUPT, f"{name} is not a JSON object: load_compiled_graph fails")
+    return data, None
+
+
+def _judge_graph(path: str, deep: bool) -> Judgement:
+    """A compiled graph, as `load_compiled_graph` reads it: meta.json, graph_execution.json, weights.npz
+    (when the graph has weights), every kernels/<i>/ (meta.json's num_kernels) as a compiled task, the
+    graph_module/ and graph_string.txt. It checks no version and never compiles: all of it must load."""
+    names, _, why = _names(path)
+    if names is None:
+        return Judgement.of(UNREADABLE if why != "missing" else PARTIAL, why)
+    meta, found = _graph_json(path, names, META)
+    execution, found = (None, found) if found else _graph_json(path, names, "graph_execution.json")
+    if found:
+        return found
+    assert meta is not None and execution is not None
+    needs = ["graph_string.txt"] + (["weights.npz"] if execution.get("weights_index") else [])
+    for name in needs:
+        problem = _file_problem(path, "", _see(path, name, names), None, 0)
+        if problem:
+            return Judgement.of(problem.status, (problem.reason or "").replace("hidet fails loading the entry",
+                                                                                "load_compiled_graph fails"))
+    kernels = meta.get("num_kernels")
+    parts = [f"kernels/{i}" for i in range(kernels if isinstance(kernels, int) and kernels >= 0 else 0)]
+    for part in [*parts, "graph_module"]:
+        found = _graph_part(path, part, deep)
         if found:
             return found
-    if deep:
-        bad = read_every_byte(path)
-        if bad:
-            return Judgement.of(UNREADABLE if "unreadable" in bad else CORRUPT, bad)
     return Judgement(COMPLETE)
+
+
+def _graph_part(path: str, part: str, deep: bool) -> Judgement | None:
+    """A graph's kernels/<i>/ (a compiled task) or graph_module/ (a compiled module), as hidet loads it."""
+    sub = os.path.join(path, part)
+    with fsread.held(sub):
+        sub_names, sub_mtimes, why = _names(sub)
+        if sub_names is None:
+            if why == "missing":
+                return Judgement.of(CORRUPT, f"no {part}/: load_compiled_graph fails")
+            return Judgement.of(UNREADABLE, f"{part}: {why}")
+        task = part != "graph_module"
+        return _loaded(sub, f"{part}/", sub_names, sub_mtimes, deep, task=task, meta=task)
 
 
 def _json(path: str) -> dict | None:
     return fsread.json_object(path)
-
-
-def op_status(path: str, names: dict[str, int], head: bytes | None = None,
-              mtimes: dict[str, float] | None = None) -> tuple[str, str | None]:
-    """The cheap judgement of an op entry as (status, reason), for callers that have its names."""
-    j = judge(path, "op", False, names=names, mtimes=mtimes)
-    return j.status, j.reason
 
 
 def other_target(path: str, kind: str) -> str | None:
@@ -490,10 +621,6 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     prefixes = flt.name_prefixes()
     named = (lambda de: de.name.startswith(prefixes) or de.name.startswith(state.TEMP_PREFIX)) if prefixes else None
     blocked: list[Entry] = []
-    # Without an installed hidet, a full scan learns the version in use from the entries it reads.
-    later = not installed_version() and not (flt.ops or flt.spaces or flt.targets or flt.hash_prefixes or flt.paths)
-    if later:
-        _forget(ctx.root)
     for space, target, space_path in _space_dirs(ctx, ops, flt):
         if flt.ops:
             op_dirs = [(o, os.path.join(space_path, o)) for o in flt.ops if os.path.isdir(os.path.join(space_path, o))]
@@ -504,14 +631,12 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
             for de in _listing(ctx, op_path, (target, space, op), blocked, named):
                 if de.is_dir(follow_symlinks=False):  # not lock files and strays
                     listed.append((de.path, de.name, target, space, op))
-    version = "" if later or not ctx.statuses else _version_for(ctx.root, flt, listed)
+    # Each entry is judged against the installed hidet alone (its version is in the job: the index keeps
+    # answers per version); never against other entries' version.txt files.
+    version = installed_version() if ctx.statuses else ""
     jobs = [(*job, version) for job in listed]
     yield from blocked
-    if later:
-        version, found = _newest_then_stale(ctx.root, list(ctx.map_entries(_op_entry_and_version, jobs)))
-        yield from found
-    else:
-        yield from ctx.map_entries(_op_entry, jobs)
+    yield from ctx.map_entries(_op_entry, jobs)
     if flt.ops or flt.spaces:
         return  # graphs and ir_modules have no op or space
     for dirname, kind in OTHER_KINDS:
@@ -520,37 +645,9 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                 built_for = other_target(de.path, kind)
                 if not flt.wants_target(built_for):
                     continue
-                j = judge(de.path, kind, False, version=version, root=ctx.root)
+                j = judge(de.path, kind, False, version=installed_version(), root=ctx.root)
                 yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind=kind,
                                 target=built_for, space=None, op=None, hash=de.name, status=j.status, reason=j.reason)
-
-
-_FEW = 16
-
-
-def _version_for(root: Path, flt: ScanFilter, jobs: list[tuple]) -> str:
-    """The version in use for judging `jobs`. A lookup by name (`inspect <prefix>`: a few op entries and
-    no graph) where none of the entries has a version.txt needs none: "" then, and the whole cache's
-    version.txt files are not read. A version.txt appearing after this look is judged as one of an
-    unknown version, as the cache looked a moment before (and the index stores no file that new)."""
-    lookup = (flt.hash_prefixes or flt.paths) and (flt.ops or flt.spaces) and len(jobs) <= _FEW
-    if lookup and not any(os.path.lexists(os.path.join(job[0], "version.txt")) for job in jobs):
-        _forget(root)  # what inspect looks up later is looked up afresh too
-        return ""
-    return version_in_use(root, fresh=True)
-
-
-def _op_entry_and_version(ctx, job: tuple[str, str, str, str, str, str]) -> tuple[Entry, str | None]:
-    """The entry (judged without a version yet) and its version.txt, read in the same worker."""
-    with fsread.held(job[0]):
-        e = _op_entry(ctx, job)
-        listing = fsread.held_listing(job[0])
-        if listing is not None and "version.txt" not in listing:
-            return e, None  # none when the scan listed the directory: not looked for again
-        if e.status != UNREADABLE and not job[1].startswith("."):
-            text = read_text(os.path.join(e.path, "version.txt"), 256)
-            return e, text.strip() if text is not None else None
-    return e, None
 
 
 def _op_entry(ctx, job: tuple[str, str, str, str, str, str]) -> Entry:
@@ -630,8 +727,8 @@ def describe(root: Path, entry: Entry) -> Details:
     files = list_files(p, problems.append)
     task_op, inputs, outputs = _describe_task(entry, problems, facts) if entry.kind == "op" else (None, (), ())
     meta, bad = fsread.json_problem(os.path.join(p, "meta.json"), base=p)
-    if bad and not bad.endswith("missing"):
-        problems.append(bad)
+    if bad and not bad.endswith("missing") and not verdict.problems:  # the judgement says when it matters
+        facts.append(("meta.json note", f"{bad} (hidet rewrites it before it reads it)"))
     if meta:
         facts.append(("hidet version", str(meta.get("hidet_version"))))
         if meta.get("target"):
@@ -639,16 +736,10 @@ def describe(root: Path, entry: Entry) -> Details:
         inputs, outputs = _tensors(meta.get("inputs"), inputs), _tensors(meta.get("outputs"), outputs)
         if entry.kind == "graph" and meta.get("num_kernels") is not None:
             facts.append(("kernels", str(meta["num_kernels"])))
-    version = read_text(os.path.join(p, "version.txt"))
-    if version is not None:
-        facts.append(("version.txt", version.strip()))
-    if version is not None or entry.kind == "graph":  # what decides this entry: the whole cache's newest
-        facts.append(("hidet in use", version_in_use(root) or "unknown (not installed, no version.txt)"))
-    elif installed := installed_version():  # no version.txt here: no search of the cache for the newest one
-        facts.append(("hidet in use", installed))
+    facts.extend(_version_facts(entry))
     manifest, bad = fsread.json_problem(os.path.join(p, MANIFEST), base=p)
     if bad and not bad.endswith("missing"):
-        problems.append(bad)
+        facts.append(("kcache.json note", f"{bad} (hidet never reads it)"))
     if isinstance(manifest, dict):
         for key in ("arch", "compiler", "kcache_version"):
             if manifest.get(key):
@@ -666,7 +757,8 @@ def describe(root: Path, entry: Entry) -> Details:
     if output is None and log:
         output = "\n".join(log.splitlines()[1:])
     if os.path.isdir(os.path.join(p, "candidates")):
-        facts.append(("candidates/", "auto-tuning leftovers (prune removes them)"))
+        facts.append(("candidates/", "hidet's tuning candidates, kept by hidet under debug_cache_tuning (prune "
+                                     "keeps them too)"))
     binaries = tuple(os.path.join(d, BINARY) for d in _module_dirs(entry) if os.path.lexists(os.path.join(d, BINARY)))
     status, reason = verdict.status, verdict.reason
     if problems and status == COMPLETE:
@@ -675,9 +767,25 @@ def describe(root: Path, entry: Entry) -> Details:
                    binaries, tuple(facts))
 
 
+def _version_facts(entry: Entry) -> list[tuple[str, str]]:
+    """version.txt, the installed hidet (the one the entry is judged against) and what a difference means."""
+    version = read_text(os.path.join(entry.path, "version.txt"))
+    facts = [("version.txt", version.strip())] if version is not None else []
+    facts.append(("hidet installed", installed_version() or "not found (judged as by the hidet that wrote it)"))
+    if entry.kind != "op":
+        return facts
+    names, _, _ = _names(entry.path)
+    if names is not None and not any(m in names for m in HIDET_MARKERS):
+        facts.append(("hidet will", KCACHE_BUILT_NOTE))
+    elif note := version_note(entry.path):
+        facts.append(("hidet will", note))
+    return facts
+
+
 def _describe_task(entry: Entry, problems: list[str], facts: list[tuple[str, str]]
                    ) -> tuple[str | None, tuple[TensorInfo, ...], tuple[TensorInfo, ...]]:
-    """The op's name and tensors from task.txt (its hash is part of the judgement)."""
+    """The op's name and tensors from task.txt: facts only (hidet hashes the task in memory and never reads
+    task.txt when it looks an entry up, so an edited task.txt changes nothing)."""
     from kcache_cli.taskfile import TaskFormatError, parse_task, read_task_file
 
     try:
@@ -686,15 +794,15 @@ def _describe_task(entry: Entry, problems: list[str], facts: list[tuple[str, str
         facts.append(("task", "no task.txt in this entry"))
         return entry.op, (), ()
     except OSError as exc:
-        problems.append(f"cannot read task.txt: {exc.strerror or exc}")
+        facts.append(("task.txt note", f"cannot read task.txt: {exc.strerror or exc} (hidet never reads it on load)"))
         return entry.op, (), ()
     try:
         task = parse_task(data)
     except TaskFormatError as exc:
-        problems.append(str(exc))
+        facts.append(("task.txt note", f"{exc} (hidet never reads task.txt on load)"))
         return entry.op, (), ()
     if task.name != entry.op:
-        problems.append(f"task.txt names op '{task.name}' but the entry sits under '{entry.op}'")
+        facts.append(("task.txt note", f"task.txt names op '{task.name}' but the entry sits under '{entry.op}'"))
 
     def info(t) -> TensorInfo:
         return TensorInfo(t.name, t.dtype, tuple(_dim(d) for d in t.shape))
@@ -778,10 +886,12 @@ class HidetLayout(ModuleLayout):
                         f"{os.path.dirname(entry.relpath)}/{state.temp_hash(name)}")
 
     def inner_leftovers(self, entry: Entry) -> list[InnerLeftover]:
-        if entry.kind != "op":
-            return []
-        return [InnerLeftover("candidates", "auto-tuning leftovers (candidates/)",
-                              "candidates/ kept: hidet holds the entry's lock (tuning)")]
+        return []  # hidet removes candidates/ itself unless debug_cache_tuning asks to keep it: kept
+
+    def build_reuses(self, path: str, judgement: Judgement) -> bool:
+        if judgement.status == COMPLETE:
+            return True
+        return judgement.reason == KCACHE_BUILT.format(installed_version()) and not kcache_built_problem(path, False)
 
     def empty_parent_levels(self, kind: str) -> int:
         return 2 if kind == "op" else 0  # the op and space directories; ops/ itself tells the layout

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli import fsread
-from kcache_cli.checks import (changed_since, elf_truncated, list_files, listing_or_unreadable, read_every_byte,
-                              read_text, unreadable)
+from kcache_cli.checks import (changed_since, elf_truncated, list_files, listing_or_unreadable, read_text, unreadable)
 from kcache_cli.layouts.base import ModuleLayout
 from kcache_cli.layouts.shapes import TILUS
 from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, Details, Entry, Judgement, LogFile,
@@ -194,65 +193,107 @@ def judge(path: str, kind: str, deep: bool = False, *, root: str | os.PathLike |
     return _judge_script(path, deep)
 
 
+# What tilus 0.2.0 does (proven by tests/loaders/probe_tilus.py, tests/test_oracle_tilus.py). A program:
+# `get_cache_dir` reads program.txt and options.txt when both exist and fails (ValueError) unless they
+# are the texts it hashed into the directory's name; with either missing it writes both again.
+# `compiled_program_exists` asks only that module/lib.so exists (through links, any size): then tvm_ffi
+# loads it, so an empty or truncated lib.so fails every call; without one tilus compiles the program
+# again. func_types.pickle, the sources and the logs are never read. A script: its programs are built or
+# loaded as above, then dispatch_table.pickle is unpickled; without one, tilus records the tuning key
+# and links latency/<key>/<i>, which fails (FileExistsError) where that link is already there. The
+# programs/<i> links are written once, when programs/ is missing, and never read.
+
+
+def _seen_file(path: str) -> tuple[os.stat_result | None, bool]:
+    """The file as tilus meets it (links followed) and whether it is a link; None: no such file to tilus."""
+    try:
+        link = stat.S_ISLNK(os.lstat(path).st_mode)
+        return os.stat(path), link
+    except OSError:
+        return None, False
+
+
 def _judge_program(path: str, deep: bool, failure: BuildFailure | None) -> Judgement:
     module = os.path.join(path, "module")
-    mtimes, sizes = {}, {}
-    for name in ("lib.so", "func_types.pickle", "nvcc_output.txt"):
-        try:
-            st = os.stat(os.path.join(module, name))
-        except OSError:
-            continue
-        mtimes[name], sizes[name] = st.st_mtime, st.st_size
-    lib = sizes.get("lib.so")
+    lib, link = _seen_file(os.path.join(module, "lib.so"))
     if lib is None:
         if failure is not None:
             where = os.path.relpath(failure.record, os.path.dirname(os.path.dirname(path)))
             return Judgement.of(FAILED, f"build failed ({where}): {failure.error}")
-        if "nvcc_output.txt" in sizes:  # written only after nvcc exits 0
-            return Judgement.of(CORRUPT, "module/lib.so is missing although the compile succeeded "
-                                         "(module/nvcc_output.txt is written only after nvcc exits 0)")
-        return Judgement.of(PARTIAL, "no module/lib.so: the build was interrupted or is still running")
-    if lib == 0:
-        return Judgement.of(PARTIAL, "module/lib.so is empty")
-    why = unreadable(os.path.join(module, "lib.so"))
+        return Judgement.of(PARTIAL, "no module/lib.so: the build was interrupted; tilus compiles it again")
+    texts = _program_texts_problem(path, lib, deep)
+    if texts:
+        return texts
+    if not stat.S_ISREG(lib.st_mode):
+        return Judgement.of(CORRUPT, f"module/lib.so is {fsread.kind_of(lib.st_mode)}: tilus fails loading it")
+    why = unreadable(os.path.join(module, "lib.so")) if not link else (
+        None if lib.st_mode & 0o444 and os.access(os.path.join(module, "lib.so"), os.R_OK)
+        else "lib.so is unreadable (permission denied)")
     if why:
         return Judgement.of(UNREADABLE, "module/" + why)
-    if deep or changed_since(mtimes, "func_types.pickle"):  # written after lib.so: tilus's completion marker
+    if lib.st_size == 0:
+        return Judgement.of(CORRUPT, "module/lib.so is empty: tilus loads it and fails on every call")
+    if deep or link or lib.st_size < 64 or _changed_after_compile(module):
         try:
-            head = fsread.read_bytes(os.path.join(module, "lib.so"), 64, strict=False, base=path)
+            head = fsread.read_bytes(os.path.join(module, "lib.so"), 64, strict=False, follow=link)
         except OSError as exc:
             return Judgement.of(CORRUPT, f"cannot read module/lib.so: {exc.strerror}")
-        truncated = elf_truncated("lib.so", head, lib)
+        truncated = elf_truncated("lib.so", head, lib.st_size)
         if truncated:
-            return Judgement.of(CORRUPT, "module/" + truncated)
-    for name in ("program.txt", "options.txt"):
-        if not os.path.isfile(os.path.join(path, name)):
-            return Judgement.of(PARTIAL, f"no {name}")
-    if deep:
-        bad = read_every_byte(path) or _program_hash_problem(path)
-        if bad:
-            return Judgement.of(UNREADABLE if "unreadable" in bad else CORRUPT, bad)
+            return Judgement.of(CORRUPT, f"module/{truncated}: tilus fails loading it on every call")
     return Judgement(COMPLETE)
 
 
-def _program_hash_problem(path: str) -> str | None:
-    options = read_text(os.path.join(path, "options.txt"))
-    program = read_text(os.path.join(path, "program.txt"))
-    if options is None or program is None:
+def _changed_after_compile(module: str) -> bool:
+    """Whether lib.so changed after nvcc finished (it writes nvcc_output.txt then): only then does ls read it."""
+    mtimes = {}
+    for name in ("lib.so", "nvcc_output.txt"):
+        try:
+            mtimes[name] = os.lstat(os.path.join(module, name)).st_mtime
+        except OSError:
+            pass
+    return changed_since(mtimes, "nvcc_output.txt", ("lib.so",))
+
+
+def _program_texts_problem(path: str, lib: os.stat_result, deep: bool) -> Judgement | None:
+    """program.txt and options.txt as get_cache_dir reads them: only when both are there (else tilus
+    writes them again); they must hash to the directory's name. ls reads them only when one changed
+    after lib.so (they are written before the compile)."""
+    found = []
+    for name in ("program.txt", "options.txt"):
+        st, _ = _seen_file(os.path.join(path, name))
+        if st is None:
+            return None
+        found.append((name, st))
+    for name, st in found:
+        if not stat.S_ISREG(st.st_mode):
+            return Judgement.of(CORRUPT, f"{name} is {fsread.kind_of(st.st_mode)}: tilus fails reading it")
+        if not st.st_mode & 0o444 or not os.access(os.path.join(path, name), os.R_OK):
+            return Judgement.of(UNREADABLE, f"{name} is unreadable (permission denied): tilus fails reading it")
+    if not (deep or any(st.st_mtime >= lib.st_mtime for _, st in found)):
         return None
-    actual = hashlib.sha256((options + program).encode()).hexdigest()[:12]
+    bad = _program_hash_problem(path)
+    return Judgement.of(CORRUPT, bad) if bad else None
+
+
+def _program_hash_problem(path: str) -> str | None:
+    try:
+        texts = [fsread.read_bytes(os.path.join(path, n), fsread.MAX_TEXT, follow=True).decode("utf-8")
+                 for n in ("options.txt", "program.txt")]
+    except UnicodeDecodeError:
+        return "options.txt or program.txt is not text: tilus fails reading it on every call"
+    except OSError as exc:
+        return f"cannot read options.txt or program.txt: {exc.strerror}"
+    actual = hashlib.sha256((texts[0] + texts[1]).encode()).hexdigest()[:12]
     name = os.path.basename(path)
     if actual != name:
-        return (f"options.txt + program.txt hash to {actual}, not {name}: "
-                "edited after the build, tilus will never load this program")
+        return (f"options.txt + program.txt hash to {actual}, not {name}: edited after the build, so tilus "
+                "fails on every call (the program text is different from the cached one)")
     return None
 
 
 def _judge_script(path: str, deep: bool) -> Judgement:
     links = script_links(path)
-    for name, text, target in links:
-        if target is None:
-            return Judgement.of(CORRUPT, f"dangling link {name} -> {text}")
     failures = build_failures(path)
     if failures:
         last = failures[-1]
@@ -262,13 +303,56 @@ def _judge_script(path: str, deep: bool) -> Judgement:
             earlier = " (earlier builds succeeded)" if links else ""
             return Judgement.of(FAILED, f"its last build failed{earlier}: {last.error} "
                                         f"(failed/building/{os.path.basename(last.record)})")
-    if not links and not os.path.isdir(os.path.join(path, "programs")):
-        return Judgement.of(PARTIAL, "no programs/ directory: tilus did not finish the script")
-    if deep:
-        bad = read_every_byte(path)
-        if bad:
-            return Judgement.of(UNREADABLE if "unreadable" in bad else CORRUPT, bad)
-    return Judgement(COMPLETE)
+    return _dispatch_problem(path, links, deep) or _programs_problem(path, links) or Judgement(COMPLETE)
+
+
+def _dispatch_problem(path: str, links: list[tuple[str, str, str | None]], deep: bool) -> Judgement | None:
+    """dispatch_table.pickle as tilus unpickles it (never unpickled here: its framing), or its absence where
+    a latency/<key>/<i> link is already there (tilus fails creating it again on every call)."""
+    table = os.path.join(path, "dispatch_table.pickle")
+    st, link = _seen_file(table)
+    if st is None:
+        latency = sorted(n for n, _, _ in links if n.startswith("latency/"))
+        if latency:
+            return Judgement.of(CORRUPT, f"no dispatch_table.pickle but {latency[0]} exists: tilus fails "
+                                         "creating that link again on every call")
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return Judgement.of(CORRUPT, f"dispatch_table.pickle is {fsread.kind_of(st.st_mode)}")
+    if not st.st_mode & 0o444 or not os.access(table, os.R_OK):
+        return Judgement.of(UNREADABLE, "dispatch_table.pickle is unreadable (permission denied): tilus fails "
+                                        "reading it")
+    txt = _lmtime(os.path.join(path, "dispatch_table.txt"))  # written right after the pickle
+    if not (deep or link or st.st_size < 3 or abs(st.st_mtime - txt) > 2.0):
+        return None
+    try:
+        data = fsread.read_bytes(table, 64 << 20, strict=False, follow=link)
+    except OSError as exc:
+        return Judgement.of(CORRUPT, f"cannot read dispatch_table.pickle: {exc.strerror}")
+    if len(data) < 3 or data[0] != 0x80 or not 2 <= data[1] <= 5 or data[-1:] != b".":
+        return Judgement.of(CORRUPT, "dispatch_table.pickle is not a whole pickle: tilus fails unpickling it "
+                                     "on every call")
+    return None
+
+
+def _programs_problem(path: str, links: list[tuple[str, str, str | None]]) -> Judgement | None:
+    """The script's programs (found through its links; tilus itself recomputes them): one tilus compiles
+    again makes the script compile, one it fails on makes the script fail."""
+    root = Path(path).parents[2]
+    seen: set[str] = set()
+    for name, text, target in links:
+        if target is None:
+            m = re.search(r"(?:^|/)programs/([0-9a-f]{12})/?$", text)
+            if m and not os.path.lexists(root / "programs" / m.group(1)):
+                return Judgement.of(PARTIAL, f"its program {m.group(1)} is gone ({name}): tilus compiles it again")
+            continue  # a link tilus never reads
+        if target in seen or os.path.dirname(target) != str(root / "programs"):
+            continue
+        seen.add(target)
+        j = _judge_program(target, False, None)
+        if j.status != COMPLETE:
+            return Judgement.of(j.status, f"its program {os.path.basename(target)}: {j.reason}")
+    return None
 
 
 def _lmtime(path: str) -> float:
@@ -280,11 +364,6 @@ def _lmtime(path: str) -> float:
 
 def program_status(path: str) -> tuple[str, str | None]:
     j = judge(path, "program")
-    return j.status, j.reason
-
-
-def script_status(path: str) -> tuple[str, str | None]:
-    j = judge(path, "script")
     return j.status, j.reason
 
 
@@ -360,12 +439,12 @@ def describe(root: Path, entry: Entry) -> Details:
     else:
         for name, text, target in script_links(p):
             if target is None:
-                problems.append(f"dangling link {name} -> {text}")
+                facts.append((f"link {name}", f"{text} (dangling: tilus never reads it)"))
             else:
                 facts.append((f"link {name}", f"{text} ({program_status(target)[0]})"))
         meta, bad = fsread.json_problem(os.path.join(p, "meta.json"), base=p)
         if bad and not bad.endswith("missing"):
-            problems.append(bad)
+            facts.append(("meta.json note", f"{bad} (tilus never reads it back)"))
         elif meta is not None:
             try:
                 params = meta.get("params", {})
@@ -374,7 +453,7 @@ def describe(root: Path, entry: Entry) -> Details:
                     kind = "pointer" if str(t).endswith("*") else "scalar"
                     facts.append((f"param {n}", f"{str(t).removeprefix('hidet.')} ({kind})"))
             except (ValueError, AttributeError, TypeError):
-                problems.append("meta.json does not hold tilus's record")
+                facts.append(("meta.json note", "meta.json does not hold tilus's record (tilus never reads it back)"))
         table = fsread.read_text(os.path.join(p, "dispatch_table.txt"), base=p)
         if table:
             facts.append(("dispatch table", table.strip()))

@@ -327,6 +327,25 @@ def agree(verdict: Verdict, view: EntryView | None, case: Case | None = None) ->
     return out
 
 
+def record(result: CaseResult) -> dict:
+    """One case's outcome as plain data (report.py makes the README's table from these)."""
+    v = result.entry_view
+    return {"layout": result.case.layout, "case": result.case.name, "entry": result.case.entry,
+            "verdict": result.verdict.verdict, "detail": result.verdict.detail,
+            "ls": v.ls if v else None, "verify": v.verify if v else None, "inspect": v.inspect if v else None,
+            "reason": v.reason if v else None, "pruned": bool(v and v.pruned), "ls_blind": result.case.ls_blind,
+            "as_owner": result.case.as_owner, "disagreements": result.disagreements}
+
+
+def save_results(results: list[CaseResult], layout: str) -> None:
+    """With KCACHE_ORACLE_RESULTS set (a directory), the records of a layout's run go to <layout>.json."""
+    where = os.environ.get("KCACHE_ORACLE_RESULTS")
+    if where:
+        os.makedirs(where, exist_ok=True)
+        with open(os.path.join(where, f"{layout}.json"), "w") as f:
+            json.dump([record(r) for r in results], f, indent=1)
+
+
 def loses_used_entry(result: CaseResult) -> bool:
     """True when `prune --broken` removed an entry the loader would have used."""
     v = result.entry_view
