@@ -23,6 +23,8 @@ from loaders.matrix import (Case, CaseResult, add_file, chain, copy_root, dangli
                             truncated)
 from loaders.venvs import python_for
 
+from loaders import matrix
+
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "probe_triton.py"
 VERSIONS = ("triton39", "triton32", "triton31")
@@ -229,7 +231,18 @@ def triton_results(sources, tmp_path_factory) -> list[CaseResult]:
     only = os.environ.get("KCACHE_ORACLE_ONLY")  # a substring of case ids, to replay a few
     if only:
         cases = [c for c in cases if only in c.id]
-    return run_triton_cases(cases, sources, tmp_path_factory.mktemp("oracle-triton"))
+    results = run_triton_cases(cases, sources, tmp_path_factory.mktemp("oracle-triton"))
+    save_results(results)
+    return results
+
+
+def save_results(results: list[CaseResult]) -> None:
+    """matrix.save_results, the entry column named by its Triton release (its path is a bare key)."""
+    where = os.environ.get("KCACHE_ORACLE_RESULTS")
+    if where:
+        os.makedirs(where, exist_ok=True)
+        named = [{**matrix.record(r), "entry": f"Triton {r.case.venv[-2]}.{r.case.venv[-1]} kernel"} for r in results]
+        Path(where, "triton.json").write_text(json.dumps(named, indent=1))
 
 
 def describe(r: CaseResult) -> str:
@@ -264,17 +277,3 @@ def test_prune_broken_never_removes_what_triton_uses(triton_results):
     lost = [describe(r) for r in triton_results if loses_used_entry(r)]
     assert not lost, "\n".join(lost)
 
-
-@pytest.mark.slow
-def test_report_rows(triton_results):
-    """With KCACHE_ORACLE_REPORT=DIR, the README's status-table rows of this matrix go to DIR/triton.json
-    (layout, damage, what the loader does, kcache's status, what prune --broken does)."""
-    where = os.environ.get("KCACHE_ORACLE_REPORT")
-    rows = [{"layout": r.case.layout, "damage": f"{r.case.venv}: {r.case.name}",
-             "loader": r.verdict.verdict, "detail": r.verdict.detail,
-             "kcache": r.entry_view.ls if r.entry_view else None,
-             "prune": "removes" if r.entry_view and r.entry_view.pruned else "keeps"} for r in triton_results]
-    assert all(row["kcache"] for row in rows)
-    if where:
-        Path(where).mkdir(parents=True, exist_ok=True)
-        (Path(where) / "triton.json").write_text(json.dumps(rows, indent=1))
