@@ -1,12 +1,15 @@
-"""Triton listing speed (issue 22): `ls --json --no-index` of a generated Triton cache, this tree's kcache
+"""Triton and tilelang listing speed (issue 22): `ls --json --no-index` of a generated Triton cache, this tree's kcache
 against another tree's (default: `main`, exported with `git archive` into a temp dir) and `du -sb`, all in
 the same window, alternately.
 
 The cache: N key directories (52-character base32 keys, as Triton >= 3.3 names them), each a copy of one
 real kernel of tests/fixtures/real/triton with its group paths rewritten to lead into it (as Triton
 writes them where it compiles), so every entry is complete; --moved leaves the paths of the fixture's root.
+With --tilelang: N copies of the real tilelang kernel (tests/fixtures/real/tilelang) under distinct keys, plus
+N/4 copies of its cuda-binaries entry (ls now reads each manifest.json / metadata.json, as tilelang does).
 
 Usage: python bench/bench_triton_scan.py [--entries N] [--runs R] [--dir DIR] [--baseline-ref REF] [--moved]
+                                          [--tilelang]
 """
 
 from __future__ import annotations
@@ -50,6 +53,31 @@ def make_cache(root: Path, n: int, moved: bool) -> Path:
     return root
 
 
+TILELANG = REPO / "tests/fixtures/real/tilelang/0.1.15"
+
+
+def make_tilelang(root: Path, n: int) -> Path:
+    """N copies of the real tilelang kernel and N/4 of its binary, each under its own sha256 key."""
+    done = root / f".made-{n}"
+    if done.exists():
+        return root
+    if root.exists():
+        shutil.rmtree(root)  # bench scratch only
+    kernel = next((TILELANG / "linux-x86_64/kernels").iterdir())
+    binary = next((TILELANG / "cuda-binaries").iterdir())
+    for i in range(n):
+        key = hashlib.sha256(str(i).encode()).hexdigest()
+        shutil.copytree(kernel, root / "0.1.15/linux-x86_64/kernels" / key)
+        if i % 4 == 0:
+            shutil.copytree(binary, root / "0.1.15/cuda-binaries" / key)
+    for dirpath, _dirs, files in os.walk(root):
+        os.chmod(dirpath, 0o755)
+        for f in files:
+            os.chmod(os.path.join(dirpath, f), 0o644)
+    done.write_text("")
+    return root
+
+
 def baseline_tree(ref: str, where: Path) -> Path:
     """kcache_cli as of `ref`, exported into `where` (run with PYTHONPATH, never written to)."""
     where.mkdir(parents=True, exist_ok=True)
@@ -65,10 +93,15 @@ def main() -> None:
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "kcache-bench-triton"))
     ap.add_argument("--baseline-ref", default="main")
     ap.add_argument("--moved", action="store_true")
+    ap.add_argument("--tilelang", action="store_true")
     args = ap.parse_args()
-    root = make_cache(Path(args.dir) / f"cache-{args.entries}{'-moved' if args.moved else ''}", args.entries,
-                      args.moved)
-    print(f"{args.entries} Triton kernels in {root} ({'moved' if args.moved else 'in place'}); load {load()}")
+    if args.tilelang:
+        root = make_tilelang(Path(args.dir) / f"tilelang-{args.entries}", args.entries)
+        print(f"{args.entries} tilelang kernels, {(args.entries + 3) // 4} binaries in {root}; load {load()}")
+    else:
+        root = make_cache(Path(args.dir) / f"cache-{args.entries}{'-moved' if args.moved else ''}", args.entries,
+                          args.moved)
+        print(f"{args.entries} Triton kernels in {root} ({'moved' if args.moved else 'in place'}); load {load()}")
     with tempfile.TemporaryDirectory() as tmp:
         base = baseline_tree(args.baseline_ref, Path(tmp) / "base")
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")

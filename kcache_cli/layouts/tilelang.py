@@ -77,7 +77,7 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
         known = BINARY_FILES
     else:
         return f"tilelang has no {kind} entries"
-    if names is not None and not names & known:
+    if names and not names & known:  # an empty directory at an entry's exact path holds nothing to lose
         return "it holds none of the files tilelang writes"
     return None
 

@@ -230,8 +230,9 @@ def _group_rule(lst: _Listing, g: str) -> tuple[str, str | None, dict[str, str] 
         missing = []
     here = [n for n in missing if plain_name(n) and _exists(lst, n, os.path.join(lst.path, n))]
     if missing and len(here) == len(missing) and not _leads_here(lst.path, missing[0], children[missing[0]]):
-        return MOVED, (f"{g} points into {os.path.dirname(children[missing[0]])} (the cache was moved or copied): "
-                       "Triton misses this kernel until `kcache verify --fix` rewrites the paths"), None
+        elsewhere = os.path.dirname(os.path.dirname(children[missing[0]]))
+        return MOVED, (f"{g} points into {elsewhere} (moved or copied): Triton misses it until "
+                       "`kcache verify --fix` rewrites the paths"), None
     if missing:
         return PARTIAL, f"{missing[0]} is missing ({g} lists it): Triton compiles the kernel again", None
     if meta not in children:

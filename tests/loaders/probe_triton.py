@@ -55,11 +55,19 @@ def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=m) * 2.0, mask=m)
 
 
+@triton.jit
+def amd_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=m) + 1.0, mask=m)
+
+
 ADD = ("x_ptr:*fp32", "y_ptr:*fp32", "out_ptr:*fp32", "n:i32")
 SCALE = ("x_ptr:*fp32", "out_ptr:*fp32", "n:i32")
-# (name, function, signature, BLOCK, compute capability)
+# (name, function, signature, BLOCK, target: a CUDA compute capability or an AMD arch (3.9 only))
 KERNELS = (("add_kernel", add_kernel, ADD, 256, 80), ("add_kernel", add_kernel, ADD, 1024, 90),
-           ("scale_kernel", scale_kernel, SCALE, 128, 80))
+           ("scale_kernel", scale_kernel, SCALE, 128, 80)) + \
+    ((("amd_kernel", amd_kernel, SCALE, 128, "gfx942"),) if V39 else ())
 
 
 def source(fn, sig: tuple[str, ...], block: int) -> ASTSource:
@@ -116,6 +124,14 @@ def sass(kernel) -> str:
     import subprocess
     import tempfile
 
+    if "hsaco" in kernel.asm:  # AMD: binutils' readelf over the code object hipModuleLoadData would load
+        with tempfile.NamedTemporaryFile(suffix=".hsaco") as f:
+            f.write(kernel.asm["hsaco"])
+            f.flush()
+            done = subprocess.run(["readelf", "-h", "-S", "-W", f.name], capture_output=True, text=True)
+        if done.returncode != 0 or "Error" in done.stderr:
+            raise RuntimeError(f"readelf: {done.stderr.strip()[:200]}")
+        return done.stdout
     tool = os.path.join(os.path.dirname(tcompiler.__file__), "..", "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
@@ -128,7 +144,8 @@ def once(watch: Watch, fn, sig, block, cc):
     watch.dirs.clear()
     before, watch.hit = watch.stages, None
     try:
-        k = triton.compile(source(fn, sig, block), target=GPUTarget("cuda", cc, 32))
+        target = GPUTarget("hip", cc, 64) if isinstance(cc, str) else GPUTarget("cuda", cc, 32)
+        k = triton.compile(source(fn, sig, block), target=target)
         if not sass(k).strip():
             raise RuntimeError("cuobjdump printed no SASS")
         err = None
