@@ -420,3 +420,27 @@ def test_prune_broken_keeps_stale_entries_and_prune_stale_removes_them(kcache, t
     r = kcache("--cache-dir", root, "prune", "--stale", "--json")
     assert r.exit_code == 0 and [x["path"] for x in r.json()["removed"]] == [str(root / MATMUL)]
     assert not (root / MATMUL).exists() and (root / SOFTMAX).is_dir()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="compiles with g++")
+def test_kcache_built_entry_says_what_an_installed_hidet_does(kcache, tmp_path, monkeypatch):
+    """hidet 0.6 finds no version.txt, meta.json or func_types.pickle in an entry kcache built, and compiles
+    over it (the oracle measures it): partial where such a hidet is installed, and `kcache build` still
+    takes it as its own cache hit. Without hidet installed, kcache's own rule: complete, with a note."""
+    from kcache_cli.layouts import hidet
+
+    (tmp_path / "in").mkdir()
+    shutil.copy(FIXTURES / "hidet" / RELU / "task.txt", tmp_path / "in" / "task.txt")
+    (tmp_path / "in" / "source.cc").write_text('extern "C" int hidet_launch() { return 0; }\n')
+    root = tmp_path / "c"
+    root.mkdir()
+    src = tmp_path / "in"
+    args = ("--cache-dir", root, "--json", "build", src / "task.txt", "--source", src / "source.cc")
+    assert kcache(*args).json()["built"] == 1
+    (row,) = kcache("--cache-dir", root, "ls", "--json").json()
+    assert row["status"] == "complete"
+    assert "compile it again" in kcache("--cache-dir", root, "inspect", RELU, "--json").json()["facts"]["hidet will"]
+    monkeypatch.setattr(hidet, "installed_version", lambda: "0.6.1")
+    (row,) = kcache("--cache-dir", root, "ls", "--json").json()
+    assert row["status"] == "partial" and "made by kcache build: hidet 0.6.1 compiles it again" in row["reason"]
+    assert kcache(*args).json()["hits"] == 1

@@ -443,12 +443,36 @@ def _judge_module(path: str, kind: str, deep: bool, names: dict[str, int], mtime
     # two differ only in whether meta.json is read, and whether a one-byte lib.so is loaded or compiled
     # over. version.txt is read only where that decides (an untouched entry costs no read).
     m = _see(path, META, names)
+    fixed = _unwritable(path, names)
     weighed = (deep or lib.size <= 1 or not m.exists or bool(m.odd or m.unreadable) or m.link or m.size == 0
-               or changed_since(mtimes, FUNC_TYPES, (META,)))
+               or bool(fixed) or changed_since(mtimes, FUNC_TYPES, (META,)))
     loads_as_is = weighed and _matches(path, version, running)
     if lib.size <= 1 and not loads_as_is:
         return _recompiled(names, lib, ft)
+    if fixed and not loads_as_is:  # compile_task_from_scratch opens each of them for writing first
+        return Judgement.of(UNREADABLE, f"{fixed} may not be written (permission denied): hidet fails rewriting "
+                                        "it before it reuses lib.so")
     return _loaded(path, "", names, mtimes, deep, task=True, meta=loads_as_is) or Judgement(COMPLETE)
+
+
+REWRITTEN = ("task.txt", "version.txt", "meta.json", "candidates.txt", "candidates.json")
+
+
+def _unwritable(path: str, names: dict[str, int]) -> str | None:
+    """The first file hidet rewrites before reusing lib.so that nobody may write (its mode, as a listing
+    shows it: root writes anyway, the cache's users do not), or None."""
+    for name in REWRITTEN:
+        if name in names:
+            st = fsread.listed(os.path.join(path, name))
+            if st is None:
+                at, dfd = fsread.at(os.path.join(path, name))
+                try:
+                    st = os.stat(at, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    continue
+            if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o222:
+                return name
+    return None
 
 
 def _matches(path: str, version: _Seen, running: str) -> bool:

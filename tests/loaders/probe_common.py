@@ -21,6 +21,21 @@ from collections.abc import Callable
 Probe = Callable[[str, str, str], tuple[str, str]]
 
 
+def with_cudart() -> None:
+    """Re-run this probe with CUDA's runtime library on the loader path: cuda lib.so files link libcudart
+    (found, no GPU needed to load them), so the loader's dlopen is the real one."""
+    import glob
+
+    if os.environ.get("KCACHE_PROBE_CUDART") == "1":
+        return
+    libs = sorted(glob.glob("/usr/local/cuda*/lib*/libcudart.so.*")
+                  + glob.glob("/usr/local/cuda*/targets/*/lib/libcudart.so.*"))
+    env = dict(os.environ, KCACHE_PROBE_CUDART="1")
+    if libs:
+        env["LD_LIBRARY_PATH"] = ":".join([os.path.dirname(libs[-1]), env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
 def events() -> set[str]:
     path = os.environ.get("KCACHE_PROBE_EVENTS")
     if not path or not os.path.exists(path):

@@ -17,23 +17,9 @@ but not run: there is no GPU. Events go to a file as well, since hidet may compi
 
 from __future__ import annotations
 
-import glob
 import os
-import sys
 
-from probe_common import crash_text, events, log, main
-
-def _with_cudart() -> None:
-    """Re-run with CUDA's runtime library on the loader path (cuda lib.so files link libcudart)."""
-    if os.environ.get("KCACHE_PROBE_CUDART") == "1":
-        return
-    libs = sorted(glob.glob("/usr/local/cuda*/lib*/libcudart.so.*") + glob.glob("/usr/local/cuda*/targets/*/lib/"
-                                                                                  "libcudart.so.*"))
-    env = dict(os.environ, KCACHE_PROBE_CUDART="1")
-    if libs:
-        env["LD_LIBRARY_PATH"] = ":".join([os.path.dirname(libs[-1]), env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
-
+from probe_common import crash_text, events, log, main, with_cudart
 
 def _spy(module, name: str, before=None, after=None) -> None:
     real = getattr(module, name)
@@ -139,5 +125,5 @@ def probe_one(root: str, entry: str, source: str) -> tuple[str, str]:
 
 
 if __name__ == "__main__":
-    _with_cudart()
+    with_cudart()
     main(probe_one)

@@ -20,23 +20,12 @@ import glob
 import importlib
 import importlib.util
 import os
-import sys
 
-from probe_common import crash_text, events, log, main
+from probe_common import crash_text, events, log, main, with_cudart
 
 HEADER = ("import tilus\nfrom tilus import float32, int32, void_p\nfrom tilus.utils import cdiv\n"
           "from tilus.ir.layout.ops import spatial\n\n")
 ARGS = (1024, 0, 0)  # n, x_ptr, y_ptr: the fixture's tuning key 1024; pointers are never dereferenced
-
-
-def _with_cudart() -> None:
-    if os.environ.get("KCACHE_PROBE_CUDART") == "1":
-        return
-    libs = sorted(glob.glob("/usr/local/cuda*/lib*/libcudart.so.*"))
-    env = dict(os.environ, KCACHE_PROBE_CUDART="1")
-    if libs:
-        env["LD_LIBRARY_PATH"] = ":".join([os.path.dirname(libs[-1]), env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def install_spies() -> None:
@@ -106,5 +95,5 @@ def probe_one(root: str, entry: str, source: str) -> tuple[str, str]:
 
 
 if __name__ == "__main__":
-    _with_cudart()
+    with_cudart()
     main(probe_one)
