@@ -140,6 +140,8 @@ def _record(path: str) -> tuple[object, str | None]:
         return fsread.parse_json(fsread.read_bytes(path, MAX_RECORD, follow=True), os.path.basename(path)), None
     except PermissionError:
         return None, "unreadable"
+    except fsread.JsonTooDeep as exc:  # tilelang's json.load raises RecursionError, which nothing catches
+        return None, f"deep: {exc}"
     except (OSError, ValueError):
         return None, "bad"
 
@@ -168,6 +170,8 @@ def kernel_status(path: str, names: dict[str, int], mtimes: dict[str, float] | N
     if bad == "unreadable" or any(_denied(stats[n]) for n in (lib, "params.json")):
         who = "manifest.json" if bad == "unreadable" else next(n for n in (lib, "params.json") if _denied(stats[n]))
         return UNREADABLE, f"{who} is unreadable (permission denied)"
+    if bad and bad.startswith("deep: "):
+        return CORRUPT, f"{bad[6:]}: tilelang fails loading it on every lookup"
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         return PARTIAL, "manifest.json does not parse as tilelang's manifest: tilelang compiles the kernel again"
@@ -216,6 +220,8 @@ def binary_status(path: str, names: dict[str, int], mtimes: dict[str, float] | N
         return UNREADABLE, f"{binary if _denied(st) else 'metadata.json'} is unreadable (permission denied)"
     if st is None:
         return CORRUPT, f"{binary} is missing: {forever}"
+    if bad and bad.startswith("deep: "):
+        return CORRUPT, f"{bad[6:]}: tilelang fails loading it on every lookup"
     if bad is not None or not isinstance(meta, dict):
         return CORRUPT, f"metadata.json is {'missing' if bad == 'missing' else 'not a JSON object'}: {forever}"
     if meta.get("format") != CUDA_BINARY_FORMAT:

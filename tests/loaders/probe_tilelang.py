@@ -23,8 +23,15 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # tilelang makes its namespace directories here when the cache object is made: the first case's root, or,
 # for a batch, a directory of the probe's own (every case then names its entry's path itself)
-os.environ["TILELANG_CACHE_DIR"] = os.path.abspath(sys.argv[1]) if sys.argv[1] != "--batch" else \
-    __import__("tempfile").mkdtemp(prefix="tilelang-probe-")
+if sys.argv[1] == "--batch":
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["TILELANG_CACHE_DIR"] = tempfile.mkdtemp(prefix="tilelang-probe-")
+    atexit.register(shutil.rmtree, os.environ["TILELANG_CACHE_DIR"], True)  # the probe's own scratch
+else:
+    os.environ["TILELANG_CACHE_DIR"] = os.path.abspath(sys.argv[1])
 
 from probe_common import main  # noqa: E402
 from tilelang.backend.module import create_backend_context  # noqa: E402

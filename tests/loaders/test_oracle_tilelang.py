@@ -27,6 +27,7 @@ BINARY = "0.1.15/cuda-binaries/4bc9129df33af894bfd1791f214310dc6766749861079ac4b
 KERNEL_FILES = ("device_kernel.cu", "host_kernel.cu", "executable.so", "params.json", "manifest.json")
 BINARY_FILES = ("kernel.cubin", "metadata.json")
 OLD = time.time() - 3 * 3600
+DEEP = b"[" * 100_000 + b"]" * 100_000  # past Python's recursion limit in json.load
 BLIND = ("ls hashes a file only when it changed after its manifest/metadata; a record edited after the "
          "files it describes is seen by verify, inspect and prune --broken")
 
@@ -91,6 +92,7 @@ def all_cases() -> list[Case]:
         k("manifest records a wrong sha256 for params.json", edit_json(f"{KERNEL}/manifest.json", lambda m: {
             **m, "files": {**m["files"], "params.json": {**m["files"]["params.json"], "sha256": "0" * 64}}}),
           ls_blind=BLIND),
+        k("manifest nested 100,000 deep", add_file(f"{KERNEL}/manifest.json", DEEP)),
         k("junk file added to the kernel", add_file(f"{KERNEL}/notes.txt")),
         k("one mtime for every file", one_mtime()),
         k("kernel directory mode 000", mode000(KERNEL), as_owner=True),
@@ -105,6 +107,7 @@ def all_cases() -> list[Case]:
         b("metadata with a wrong sha256", edit_json(f"{BINARY}/metadata.json", lambda m: {**m, "sha256": "0" * 64}),
           ls_blind=BLIND),
         b("metadata size as a string", edit_json(f"{BINARY}/metadata.json", lambda m: {**m, "size": str(m["size"])})),
+        b("metadata nested 100,000 deep", add_file(f"{BINARY}/metadata.json", DEEP)),
         b("junk file added to the binary", add_file(f"{BINARY}/notes.txt")),
         b("one mtime for every file (binary)", one_mtime()),
         b("binary directory mode 000", mode000(BINARY), as_owner=True),
