@@ -360,6 +360,7 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
     """kcache's own leftovers in the root: staging dirs of imports (`.kcache/import-*`) and temp files of
     exports written into the root's top directory (`.<archive>.*.kcache-tmp`). Partial when their
     writer is gone (prune removes them), building while it runs."""
+    from kcache_cli.locking import leftover_live
     from kcache_cli.terms import BUILDING, PARTIAL
 
     out: list[Entry] = []
@@ -376,7 +377,7 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
         for where, fd in places:
             for name in sorted(os.listdir(fd)):
                 pattern = state.EXPORT_TEMP if not where else state.IMPORT_STAGING
-                live = state.leftover_live(fd, name) if pattern.match(name) else None
+                live = leftover_live(fd, name) if pattern.match(name) else None
                 if live is None:
                     continue
                 rel = f"{where}/{name}" if where else name
