@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple
 from kcache_cli.layouts.shapes import KindShape, LayoutShape
 
 if TYPE_CHECKING:
+    from kcache_cli.layouts.remote_format import RemoteFormat
     from kcache_cli.model import Details, Entry, EntryKey, Judgement, LogFile, ScanFilter, Warn
-    from kcache_cli.remote.formats import RemoteFormat
     from kcache_cli.scan import ScanContext
 
 # What a leftover is (`Leftover.what`): a kcache build's temp dir, or a compiler's staging write.
@@ -286,7 +286,7 @@ class Layout:
         nothing."""
 
     def remote_format(self) -> RemoteFormat | None:
-        """How this layout's entries are stored on a remote (kcache_cli/remote/formats.py): None for
+        """How this layout's entries are stored on a remote (kcache_cli/layouts/remote_format.py): None for
         kcache's own keys; a layout whose compiler has its own remote cache (Triton's Redis backend)
         returns a format that keeps the files under that tool's keys, so both share one store."""
         return None
