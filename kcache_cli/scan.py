@@ -18,6 +18,7 @@ from kcache_cli.model import (
     TreeUsage,
     Warn,
     is_glob,
+    listdir,
     measure_tree,
 )
 
@@ -163,19 +164,6 @@ class ScanContext:
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-
-
-def listdir(path: str | Path, warn: Warn, keep: Callable[[os.DirEntry], bool] | None = None
-            ) -> list[os.DirEntry]:
-    """Directory entries (those `keep` keeps), sorted by name; an unreadable directory is a warning and []."""
-    try:
-        with os.scandir(path) as it:
-            return sorted(it if keep is None else filter(keep, it), key=lambda d: d.name)
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        warn(f"cannot read {path}: {exc.strerror}")
-        return []
 
 
 PARALLEL_MIN_JOBS = 4000
