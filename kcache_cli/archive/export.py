@@ -285,7 +285,7 @@ class _PartWriter:
     def __init__(self, plan: ExportPlan, writer, targets: set[str], advance: Callable[[int], None]) -> None:
         import hashlib
 
-        from kcache_cli.scan import ScanContext
+        from kcache_cli.scan_context import ScanContext
 
         self.plan = plan
         self.writer = writer

@@ -54,7 +54,7 @@ class InnerLeftover(NamedTuple):
 
 
 class ScanContext(Protocol):
-    """What a layout's scan is handed (kcache_cli.scan.ScanContext, or the index's subclass): the root,
+    """What a layout's scan is handed (kcache_cli.scan_context.ScanContext, or the index's subclass): the root,
     where warnings go, and the readers whose results the scan engine may record, index or spread over
     worker processes. A layout never imports the scan engine."""
 
