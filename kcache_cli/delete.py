@@ -371,7 +371,7 @@ class _Planner:
 
 def _strays(root: Path, flt: ScanFilter, warn: Warn, layouts: Iterable[str]) -> list[Entry]:
     from kcache_cli.layouts import get
-    from kcache_cli.scan import ScanContext
+    from kcache_cli.scan_context import ScanContext
 
     ctx = ScanContext(Path(root), warn, {})
     out: list[Entry] = []

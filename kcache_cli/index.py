@@ -54,7 +54,7 @@ from typing import Any
 
 from kcache_cli import fswrite
 from kcache_cli.model import COMPLETE, CORRUPT, FAILED, STALE, Entry
-from kcache_cli.scan import ScanContext
+from kcache_cli.scan_context import ScanContext
 
 INDEX_DIR = "index"
 MAGIC = b"KCACHE-SCAN-INDEX\n"
@@ -71,8 +71,8 @@ _NFIELDS = len(FIELDS)
 _MAX_BYTES = 1 << 31
 _STALE_TEMP = 3600.0  # temp files of killed writers are removed after an hour
 # The modules whose code decides what a record holds; a change to any of them drops the index.
-_JUDGES = ("kcache_cli.scan", "kcache_cli.model", "kcache_cli.checks", "kcache_cli.terms", "kcache_cli.state",
-           "kcache_cli.locking", "kcache_cli.index", "kcache_cli.fsread", "kcache_cli.taskfile",
+_JUDGES = ("kcache_cli.scan", "kcache_cli.scan_context", "kcache_cli.model", "kcache_cli.checks", "kcache_cli.terms",
+           "kcache_cli.state", "kcache_cli.locking", "kcache_cli.index", "kcache_cli.fsread", "kcache_cli.taskfile",
            "kcache_cli.layouts.base", "kcache_cli.layouts.shapes")
 _PLAIN = (str, int, float, bool, bytes, type(None))
 

@@ -253,3 +253,38 @@ def probe_locked(path: str | os.PathLike) -> bool:
 
 def entry_build_locked(root: Path, relpath: str) -> bool:
     return probe_locked(state.lock_path(root, relpath))
+
+
+# ---- leftovers of killed imports and exports (their names and ages: kcache_cli/state.py) ----------
+def _flock_free(fd: int) -> bool:
+    """True when nobody holds a flock on `fd`'s file (the lock is dropped at once)."""
+    import fcntl
+
+    if not try_flock(fd):
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
+
+
+def leftover_live(dir_fd: int, name: str, now: float | None = None) -> bool | None:
+    """Is this import staging dir or export temp file still held by its writer? None when it is not
+    a leftover at all (wrong type, a link). Writers hold a flock on it while they run."""
+    staging = state.IMPORT_STAGING.match(name)
+    if staging is None and not state.EXPORT_TEMP.match(name):
+        return None
+    flags = (os.O_RDONLY | os.O_DIRECTORY if staging else os.O_RDONLY | os.O_NONBLOCK) | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if staging is None and not stat.S_ISREG(st.st_mode):
+            return None
+        if not _flock_free(fd):
+            return True
+        return state.leftover_live_held(name, st, now) is not None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -277,6 +277,19 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
     return TreeUsage(size, files, newest)
 
 
+def listdir(path: str | os.PathLike[str], warn: Warn, keep: Callable[[os.DirEntry], bool] | None = None
+            ) -> list[os.DirEntry]:
+    """Directory entries (those `keep` keeps), sorted by name; an unreadable directory is a warning and []."""
+    try:
+        with os.scandir(path) as it:
+            return sorted(it if keep is None else filter(keep, it), key=lambda d: d.name)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        warn(f"cannot read {path}: {exc.strerror}")
+        return []
+
+
 def sort_entries(entries: Iterable[Entry], key: str) -> list[Entry]:
     if key == "size":
         return sorted(entries, key=lambda e: (-e.size, e.relpath))

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
 
 from kcache_cli import fsread, state
 from kcache_cli.errors import UsageError
@@ -20,231 +17,7 @@ from kcache_cli.model import (
     is_glob,
     measure_tree,
 )
-
-
-@dataclass
-class ScanContext:
-    """What a layout's scan needs: the root, where warnings go, and last-used stamps."""
-
-    root: Path
-    warn: Warn
-    last_used: dict[str, float] = field(default_factory=dict)
-    # When a dict, read_dir puts each directory's own stat and its files' (name, stat) in it, taken
-    # before anything is judged: the index (kcache_cli/index.py) keys its records with them.
-    recording: dict | None = field(default=None, init=False, repr=False, compare=False)
-    # False when the caller shows no status (`log`): what a judgement takes from the whole cache (hidet's
-    # version in use) is not looked up, so an entry that is stale may come back complete.
-    statuses: bool = field(default=True, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        self._prefix = os.path.join(str(self.root), "")
-
-    def rel(self, path: str) -> str:
-        # Paths handed out by the scan are built from the root: slicing beats os.path.relpath 50x.
-        if path.startswith(self._prefix):
-            return path[len(self._prefix):]
-        return os.path.relpath(path, self.root).replace(os.sep, "/")
-
-    def entry(self, *, path: str, usage: TreeUsage, **fields) -> Entry:
-        rel = self.rel(path)
-        return Entry(
-            path=path,
-            relpath=rel,
-            size=usage.size,
-            files=usage.files,
-            modified=usage.mtime,
-            last_used=self.last_used_of(rel, usage.mtime),
-            **fields,
-        )
-
-    def last_used_of(self, relpath: str, modified: float) -> float:
-        """The newer of kcache's last-used stamp and the entry's newest mtime."""
-        return max(self.last_used.get(relpath, 0.0), modified)
-
-    def link_entry(self, path: str, where: str = "inside the cache", **fields) -> Entry:
-        """A symlink where a directory of the cache belongs: listed as a corrupt entry, never followed."""
-        from kcache_cli.terms import CORRUPT
-
-        st = os.lstat(path)
-        try:
-            text = os.readlink(path)
-        except OSError:
-            text = "?"
-        return self.entry(path=path, usage=TreeUsage(st.st_size, 1, st.st_mtime), status=CORRUPT,
-                          reason=f"symlink to {text} {where} (never followed)", **fields)
-
-    def listdir(self, path: str | Path, keep: Callable[[os.DirEntry], bool] | None = None) -> list[os.DirEntry]:
-        return listdir(path, self.warn, keep)
-
-    def map_entries(self, func, jobs: list) -> Iterator[Entry]:
-        """`func(self, job)` for every job, in order. Big caches are read by one worker process per
-        core (kcache_cli.parallel): the per-file stat calls are what a scan costs, and they scale with
-        cores. `func` must be a module-level function."""
-        from kcache_cli import parallel
-
-        workers = parallel.cpus()
-        if len(jobs) < PARALLEL_MIN_JOBS or workers < 2:
-            for job in jobs:
-                yield func(self, job)
-            return
-        try:
-            results = parallel.map_parts(_scan_part, (self.root, self.last_used, func),
-                                         [jobs[i::workers] for i in range(workers)])
-        except (OSError, RuntimeError, ImportError):  # no fork, no semaphores: read them here instead
-            for job in jobs:
-                yield func(self, job)
-            return
-        for _, warnings in results:
-            for w in warnings:
-                self.warn(w)
-        for i in range(len(jobs)):
-            yield results[i % workers][0][i // workers]
-
-    def read_dir(self, path: str) -> tuple[dict[str, int] | None, TreeUsage, dict[str, float]]:
-        """Top-level file sizes by name, the usage of the whole entry (subdirectories included), and
-        the top-level files' mtimes.
-
-        Sizes are None when the directory cannot be read (a warning says why). Works relative to an
-        open directory descriptor (fstatat, like du) rather than re-walking the full path per file."""
-        names: dict[str, int] = {}
-        mtimes: dict[str, float] = {}
-        size = files = 0
-        held = fsread.held_fd(path)  # the entry's fd its judgement reads through: listed through it too
-        listing = fsread.held_listing(path) if held is not None else None
-        try:
-            fd = held if held is not None else os.open(path, _DIR_FLAGS)
-        except OSError as exc:
-            self.warn(f"cannot read {path}: {exc.strerror}")
-            try:
-                newest = os.lstat(path).st_mtime
-            except OSError:
-                newest = 0.0
-            return None, TreeUsage(0, 0, newest), mtimes
-        recording = self.recording
-        stats: list | None = None
-        try:
-            dir_stat = os.fstat(fd)
-            newest = dir_stat.st_mtime
-            if recording is not None:
-                stats = []
-            with os.scandir(fd) as it:
-                for de in it:
-                    try:
-                        if de.is_dir(follow_symlinks=False):
-                            stats = None  # subdirectories are not recorded: such an entry is not indexed
-                            sub = measure_tree(os.path.join(path, de.name), self.warn)
-                            size += sub.size
-                            files += sub.files
-                            if sub.mtime > newest:
-                                newest = sub.mtime
-                            continue
-                        st = de.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if stats is not None:
-                        stats.append((de.name, st))
-                    if listing is not None:
-                        listing[de.name] = st
-                    names[de.name] = st.st_size
-                    mtime = mtimes[de.name] = st.st_mtime
-                    size += st.st_size
-                    files += 1
-                    if mtime > newest:
-                        newest = mtime
-        except OSError as exc:
-            self.warn(f"cannot read {path}: {exc.strerror}")
-            return None, TreeUsage(size, files, 0.0), mtimes
-        finally:
-            if held is None:
-                os.close(fd)
-        if recording is not None:
-            recording[path] = (dir_stat, stats) if stats is not None else None
-        return names, TreeUsage(size, files, newest), mtimes
-
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-
-
-def listdir(path: str | Path, warn: Warn, keep: Callable[[os.DirEntry], bool] | None = None
-            ) -> list[os.DirEntry]:
-    """Directory entries (those `keep` keeps), sorted by name; an unreadable directory is a warning and []."""
-    try:
-        with os.scandir(path) as it:
-            return sorted(it if keep is None else filter(keep, it), key=lambda d: d.name)
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        warn(f"cannot read {path}: {exc.strerror}")
-        return []
-
-
-PARALLEL_MIN_JOBS = 4000
-
-
-# Threads per worker process. A cache not read for a while is on disk, not in the page cache (and
-# reclaim evicts it): each worker then waits on directory, inode and header reads, which release the GIL,
-# so a few threads keep several reads in flight where one would wait for each in turn. In the page cache
-# they only contend for the GIL (a tenth slower), so they start only once entries are seen to wait:
-# blocks of PROBE entries are timed, and WINDOW blocks in a row at SLOW seconds per entry on average
-# (several times what a cached entry costs) start them. An average, as reads from disk come in bursts
-# (a block of inodes read serves the next entries) and a garbage collection is one slow block.
-THREADS_PER_WORKER = 4
-PROBE = 64
-WINDOW = 4
-SLOW = 150e-6
-# The clock the blocks are timed by (tests drive a virtual one: no test depends on this machine's speed).
-clock: Callable[[], float] = time.perf_counter
-
-
-def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
-    """One worker's share of a scan: its entries and the warnings they raised, read by one thread, or by
-    THREADS_PER_WORKER once reads are seen to wait on the disk (each thread with its own context: the
-    index records per context). Threads take the next job from a shared counter."""
-    import itertools
-    import threading
-    from collections import deque
-
-    root, last_used, func = shared
-    fsread.anchor(root)  # a forkserver's worker starts without the parent's anchors
-    out: list[Any] = [None] * len(jobs)
-    warned: list[str] = []
-    failed: list[BaseException] = []
-    counter = itertools.count()  # next() is atomic under the GIL: each job is taken once
-
-    def work(limit: float | None = None) -> bool:
-        """Take jobs until none is left (False) or, with `limit`, until the last WINDOW blocks of PROBE
-        jobs took more than `limit` seconds per job (True: the disk is slow, and jobs are left)."""
-        local = ScanContext(root, warned.append, last_used)
-        window: deque[float] = deque(maxlen=WINDOW)
-        first = True  # the first block pays for imports and first calls: not timed
-        try:
-            while not failed:
-                started = clock()
-                for i in itertools.islice(counter, PROBE):
-                    if i >= len(jobs):
-                        return False
-                    out[i] = func(local, jobs[i])
-                if limit is None or first:
-                    first = False
-                    continue
-                window.append(clock() - started)
-                if len(window) == WINDOW and sum(window) > limit * PROBE * WINDOW:
-                    return True
-        except BaseException as exc:  # noqa: BLE001 - raised again below, in the worker's own thread
-            failed.append(exc)
-        return False
-
-    slow = work(SLOW if THREADS_PER_WORKER > 1 else None)
-    threads = [threading.Thread(target=work) for _ in range(THREADS_PER_WORKER - 1)] if slow else []
-    for th in threads:
-        th.start()
-    if slow:
-        work()
-    for th in threads:
-        th.join()
-    if failed:
-        raise failed[0]
-    return out, warned
+from kcache_cli.scan_context import ScanContext
 
 
 def detect_layouts(root: Path) -> tuple[str, ...]:
@@ -360,6 +133,7 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
     """kcache's own leftovers in the root: staging dirs of imports (`.kcache/import-*`) and temp files of
     exports written into the root's top directory (`.<archive>.*.kcache-tmp`). Partial when their
     writer is gone (prune removes them), building while it runs."""
+    from kcache_cli.locking import leftover_live
     from kcache_cli.terms import BUILDING, PARTIAL
 
     out: list[Entry] = []
@@ -370,13 +144,13 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
     try:
         places = [("", root_fd)]
         try:
-            places.append((state.STATE_DIR, os.open(state.STATE_DIR, _DIR_FLAGS | os.O_CLOEXEC, dir_fd=root_fd)))
+            places.append((state.STATE_DIR, os.open(state.STATE_DIR, fsread.DIR_FLAGS, dir_fd=root_fd)))
         except OSError:
             pass
         for where, fd in places:
             for name in sorted(os.listdir(fd)):
                 pattern = state.EXPORT_TEMP if not where else state.IMPORT_STAGING
-                live = state.leftover_live(fd, name) if pattern.match(name) else None
+                live = leftover_live(fd, name) if pattern.match(name) else None
                 if live is None:
                     continue
                 rel = f"{where}/{name}" if where else name

@@ -262,18 +262,6 @@ EXPORT_TEMP = re.compile(r"^\..+\.kcache-tmp$")  # .<archive name>.<random>.kcac
 STALE_STAGING = 24 * 3600.0  # an unlocked staging dir whose pid is alive is left this long
 
 
-def _flock_free(fd: int) -> bool:
-    """True when nobody holds a flock on `fd`'s file (the lock is dropped at once)."""
-    import fcntl
-
-    from kcache_cli.locking import try_flock  # locking imports this module
-
-    if not try_flock(fd):
-        return False
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    return True
-
-
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -301,27 +289,3 @@ def leftover_live_held(name: str, st: os.stat_result, now: float | None = None) 
     if now - st.st_mtime < EXPORT_GRACE:
         return "written to less than a minute ago"
     return None
-
-
-def leftover_live(dir_fd: int, name: str, now: float | None = None) -> bool | None:
-    """Is this import staging dir or export temp file still held by its writer? None when it is not
-    a leftover at all (wrong type, a link). Writers hold a flock on it while they run."""
-    staging = IMPORT_STAGING.match(name)
-    if staging is None and not EXPORT_TEMP.match(name):
-        return None
-    flags = (os.O_RDONLY | os.O_DIRECTORY if staging else os.O_RDONLY | os.O_NONBLOCK) | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(name, flags, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if staging is None and not stat.S_ISREG(st.st_mode):
-            return None
-        if not _flock_free(fd):
-            return True
-        return leftover_live_held(name, st, now) is not None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)

@@ -355,7 +355,7 @@ def test_concurrent_writer_never_leaves_a_stale_record(cache, judged):
 
 def test_parallel_scan_with_index_matches(fixture_copy, judged, monkeypatch):
     """Big caches are read by forked workers: records and hits travel back from them."""
-    from kcache_cli import scan as scan_mod
+    from kcache_cli import scan_context as scan_mod
 
     root = fixture_copy("hidet")
     settle()
@@ -587,7 +587,7 @@ def test_workers_started_by_a_forkserver_get_the_index_pickled(fixture_copy, mon
     """When forking is not safe (a thread runs), parallel.map_parts pickles the work: the index's
     wrapper is a class, not a closure, and the answers are the same."""
     from kcache_cli import parallel
-    from kcache_cli import scan as scan_mod
+    from kcache_cli import scan_context as scan_mod
 
     root = fixture_copy("hidet")
     settle()

@@ -40,7 +40,7 @@ def test_forkserver_while_a_thread_runs():
 
 
 def test_parallel_scan_with_a_thread_running_matches_serial(fixture_copy, monkeypatch):
-    import kcache_cli.scan as scan_mod
+    import kcache_cli.scan_context as scan_mod
 
     root = fixture_copy("hidet")
     softmax = next((root / "ops/cuda_space_0/softmax").iterdir())

@@ -425,7 +425,7 @@ def test_describe_tilus_program_hash_and_users(fixture_copy):
 
 def test_parallel_scan_matches_serial(fixture_copy, monkeypatch):
     """Big caches are read by forked workers; the result must be the same, in the same order."""
-    import kcache_cli.scan as scan_mod
+    import kcache_cli.scan_context as scan_mod
 
     root = fixture_copy("hidet")
     for i in range(40):
@@ -505,7 +505,7 @@ def _thread_job(ctx, job):
 
 @pytest.mark.parametrize("delay, threaded", [(0.0, False), (0.001, True)])
 def test_a_worker_starts_threads_only_when_reads_wait(tmp_path, delay, threaded, monkeypatch):
-    from kcache_cli import scan
+    from kcache_cli import scan_context as scan
 
     monkeypatch.setattr(scan, "clock", _CLOCK)
     jobs = [(i, delay) for i in range(scan.PROBE * 6)]
@@ -516,7 +516,7 @@ def test_a_worker_starts_threads_only_when_reads_wait(tmp_path, delay, threaded,
 
 
 def test_a_failure_in_a_worker_thread_is_raised(tmp_path, monkeypatch):
-    from kcache_cli import scan
+    from kcache_cli import scan_context as scan
 
     monkeypatch.setattr(scan, "clock", _CLOCK)
     jobs = [(i, 0.001) for i in range(scan.PROBE * 4)] + [("boom", 0.0)] + [(i, 0.0) for i in range(100)]

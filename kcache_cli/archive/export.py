@@ -285,7 +285,7 @@ class _PartWriter:
     def __init__(self, plan: ExportPlan, writer, targets: set[str], advance: Callable[[int], None]) -> None:
         import hashlib
 
-        from kcache_cli.scan import ScanContext
+        from kcache_cli.scan_context import ScanContext
 
         self.plan = plan
         self.writer = writer
@@ -682,7 +682,7 @@ def _append_file(out, path: str) -> None:
 
 def _make_temps(archive: str, n: int, temps: list[str], held: list[int]) -> None:
     """`n` temp files beside `archive`, each flocked (the fds kept in `held`) so that a prune or a later
-    export sees a live export (state.leftover_live)."""
+    export sees a live export (locking.leftover_live)."""
     import fcntl
     import signal
     import tempfile
@@ -743,6 +743,8 @@ def _try_flock(fd: int) -> bool:
 def _collect_stale_temps(out_dir: str) -> None:
     """Temp files of killed exports in `out_dir` (`.<archive>.*.kcache-tmp`, regular, not flocked by a
     running export): removed relative to the directory's descriptor."""
+    from kcache_cli.locking import leftover_live
+
     try:
         fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
@@ -756,7 +758,7 @@ def _collect_stale_temps(out_dir: str) -> None:
             except OSError:
                 continue
             try:
-                if state.leftover_live(fd, name) is False and _try_flock(tfd):
+                if leftover_live(fd, name) is False and _try_flock(tfd):
                     fswrite.unlink_at(fd, name)  # while holding its lock: no export can be using it
             except OSError:
                 pass

@@ -238,7 +238,7 @@ class _Staging:
         why = fswrite.owner_problem(os.fstat(self.fd), self.path, private=True)
         if why:  # what was made is not what was opened: someone swapped it
             raise KcacheError(f"{why}: import stopped")
-        # Held until cleanup: a prune sees a live import and leaves its staging alone (state.leftover_live).
+        # Held until cleanup: a prune sees a live import and leaves its staging alone (locking.leftover_live).
         import fcntl
 
         fcntl.flock(self.fd, fcntl.LOCK_EX)
@@ -938,6 +938,7 @@ def _remove_stale_staging(root: Path) -> None:
     """Staging directories of imports that were killed: no import holds their flock, and (made by an
     older kcache without one) no live process of that pid here for a day. Removed fd-relative."""
     from kcache_cli import fsdelete
+    from kcache_cli.locking import leftover_live
 
     try:
         fd = fsdelete.open_under(root, state.STATE_DIR)
@@ -945,7 +946,7 @@ def _remove_stale_staging(root: Path) -> None:
         return
     try:
         for name in os.listdir(fd):
-            if _STAGING_NAME.match(name) and state.leftover_live(fd, name) is False:
+            if _STAGING_NAME.match(name) and leftover_live(fd, name) is False:
                 fsdelete.remove_tree(fd, name, label=f"{state.STATE_DIR}/{name}")
     except OSError:
         pass

@@ -3,16 +3,31 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Iterable, Mapping
-
-from kcache_cli.layouts.base import Facts
+from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from kcache_cli.layouts.base import Layout
     from kcache_cli.model import Entry
 
 RECORD = "kcache.json"  # what kcache's own build recorded
 BINARY_SUFFIXES = (".so", ".cubin", ".fatbin", ".o", ".a", ".hsaco", ".dylib", ".dll")
+
+
+class Facts(NamedTuple):
+    """What an export manifest records about an entry's build, where known."""
+
+    compiler: str | None
+    arch: str | None  # "sm_90a" or "sm_80,compute_80"
+    platform: str | None
+
+
+class FactSource(Protocol):
+    """What `entry_facts` asks of the entry's layout (a `layouts.base.Layout`)."""
+
+    def compile_command(self, small: Mapping[str, bytes]) -> str | None: ...
+
+    def options_arch(self, small: Mapping[str, bytes]) -> str | None: ...
+
+    def platform(self, entry: Entry) -> str | None: ...
 
 
 def is_binary_name(name: str) -> bool:
@@ -45,7 +60,7 @@ def _binary_archs(paths: list[str]) -> str | None:
     return ",".join(dict.fromkeys(found)) or None
 
 
-def entry_facts(layout: Layout, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:
+def entry_facts(layout: FactSource, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:
     """What the entry recorded (kcache.json), else its compile command, else its options' arch, else
     (no command at all) the archs inside its binaries."""
     from kcache_cli.gpu import archs_from_command

@@ -22,14 +22,14 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol
 
+from kcache_cli.layouts._facts import Facts
 from kcache_cli.layouts.shapes import KindShape, LayoutShape
 
 if TYPE_CHECKING:
-    from kcache_cli.model import Details, Entry, EntryKey, Judgement, LogFile, ScanFilter, Warn
-    from kcache_cli.remote.formats import RemoteFormat
-    from kcache_cli.scan import ScanContext
+    from kcache_cli.layouts.remote_format import RemoteFormat
+    from kcache_cli.model import Details, Entry, EntryKey, Judgement, LogFile, ScanFilter, TreeUsage, Warn
 
 # What a leftover is (`Leftover.what`): a kcache build's temp dir, or a compiler's staging write.
 TEMP, STAGING = "temp", "staging"
@@ -53,12 +53,31 @@ class InnerLeftover(NamedTuple):
     what: str = "candidates"  # prune's word for it (`removed[].what`): "temp" for a writer's temp dir
 
 
-class Facts(NamedTuple):
-    """What an export manifest records about an entry's build, where known."""
+class ScanContext(Protocol):
+    """What a layout's scan is handed (kcache_cli.scan_context.ScanContext, or the index's subclass): the root,
+    where warnings go, and the readers whose results the scan engine may record, index or spread over
+    worker processes. A layout never imports the scan engine."""
 
-    compiler: str | None
-    arch: str | None  # "sm_90a" or "sm_80,compute_80"
-    platform: str | None
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def warn(self) -> Warn: ...
+
+    @property
+    def statuses(self) -> bool: ...  # False when no status is shown (`log`): whole-cache lookups may be skipped
+
+    def rel(self, path: str) -> str: ...
+
+    def entry(self, *, path: str, usage: TreeUsage, **fields: Any) -> Entry: ...
+
+    def link_entry(self, path: str, where: str = ..., **fields: Any) -> Entry: ...
+
+    def listdir(self, path: str | Path, keep: Callable[[os.DirEntry], bool] | None = None) -> list[os.DirEntry]: ...
+
+    def map_entries(self, func: Any, jobs: list) -> Iterator[Entry]: ...
+
+    def read_dir(self, path: str) -> tuple[dict[str, int] | None, TreeUsage, dict[str, float]]: ...
 
 
 class Layout:
@@ -286,7 +305,7 @@ class Layout:
         nothing."""
 
     def remote_format(self) -> RemoteFormat | None:
-        """How this layout's entries are stored on a remote (kcache_cli/remote/formats.py): None for
+        """How this layout's entries are stored on a remote (kcache_cli/layouts/remote_format.py): None for
         kcache's own keys; a layout whose compiler has its own remote cache (Triton's Redis backend)
         returns a format that keeps the files under that tool's keys, so both share one store."""
         return None

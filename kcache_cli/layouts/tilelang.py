@@ -509,7 +509,7 @@ class TilelangLayout(ModuleLayout):
         # .staging/cuda-binaries/ holds one directory per write: each is judged on its own
         from dataclasses import replace
 
-        from kcache_cli.scan import listdir
+        from kcache_cli.model import listdir
 
         out = []
         for de in listdir(entry.path, warn):

@@ -11,14 +11,10 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kcache_cli.fsread import parse_json
 from kcache_cli.layouts.shapes import TRITON, TRITON_GROUP as GROUP_PREFIX
-from kcache_cli.remote.formats import RemoteFormat
-
-if TYPE_CHECKING:
-    from kcache_cli.archive.manifest import EntryRecord
+from kcache_cli.layouts.remote_format import MAX_FILE, R, RemoteFormat, RemoteRecord
 
 
 DEFAULT_TRITON_KEY_FORMAT = "triton:{key}:{filename}"
@@ -43,27 +39,27 @@ class TritonFormat(RemoteFormat):
         self.key_format = check_key_format(self.key_format or os.environ.get("TRITON_REDIS_KEY_FORMAT")
                                            or DEFAULT_TRITON_KEY_FORMAT)
 
-    def key(self, record: EntryRecord, filename: str) -> str:
+    def key(self, record: RemoteRecord, filename: str) -> str:
         return self.key_format.format(key=record.relpath.rsplit("/", 1)[-1], filename=filename)
 
-    def data_keys(self, record: EntryRecord) -> dict[str, list[str]]:
+    def data_keys(self, record: RemoteRecord) -> dict[str, list[str]]:
         return {name: [self.key(record, name)] for name in record.files}
 
-    def outgoing(self, record: EntryRecord, data: dict[str, bytes]) -> tuple[EntryRecord, dict[str, bytes]]:
+    def outgoing(self, record: R, data: dict[str, bytes]) -> tuple[R, dict[str, bytes]]:
         groups = sorted(n for n in record.files if n.startswith(GROUP_PREFIX) and "/" not in n)
         files = {n: v for n, v in record.files.items() if n not in groups}
         return (record._replace(files=files, extra={**record.extra, "groups": groups}),
                 {n: v for n, v in data.items() if n not in groups})
 
-    def group_value(self, record: EntryRecord) -> bytes:
+    def group_value(self, record: RemoteRecord) -> bytes:
         # Exactly what Triton's RemoteCacheManager.put_group stores.
         return json.dumps({"child_paths": sorted(record.files)}).encode()
 
-    def last(self, record: EntryRecord) -> tuple[tuple[str, bytes], ...]:
+    def last(self, record: RemoteRecord) -> tuple[tuple[str, bytes], ...]:
         value = self.group_value(record)
         return tuple((self.key(record, g), value) for g in _groups(record))
 
-    def local_files(self, record: EntryRecord, entry_path: str) -> dict[str, bytes]:
+    def local_files(self, record: RemoteRecord, entry_path: str) -> dict[str, bytes]:
         paths = {n: os.path.join(entry_path, n) for n in sorted(record.files)}
         text = json.dumps({"child_paths": paths}).encode()
         return {g: text for g in _groups(record)}
@@ -83,9 +79,6 @@ class TritonFormat(RemoteFormat):
         """Kernels Triton itself pushed that `wanted(record)` selects (asked with the record's key
         fields before anything is fetched): each group key's children, each fetched once and only
         within MAX_FILE (sizes and sha256 are those of the bytes found: Triton keeps no checksums)."""
-        from kcache_cli.remote.formats import MAX_FILE
-        from kcache_cli.remote.store import MAX_RECORD
-
         pattern = self.key_format.format(key="*", filename=GROUP_PREFIX + "*")
         rx = self._key_pattern()
         for gkey in sorted(store.keys(pattern)):
@@ -98,7 +91,7 @@ class TritonFormat(RemoteFormat):
                       "platform": None, "links": {}, "dirs": [], "locks": [], "groups": [gname], "pushed_by": "triton"}
             if not wanted(record):
                 continue
-            children = _children(store.get([gkey], MAX_RECORD)[0])
+            children = _children(store.get([gkey])[0])  # within the store's MAX_RECORD
             if children is None:
                 continue  # not a group file Triton would read either
             values = store.get([self.key_format.format(key=key, filename=c) for c in children], MAX_FILE)
@@ -140,7 +133,7 @@ def check_key_format(fmt: str) -> str:
     return fmt
 
 
-def _groups(record: EntryRecord) -> list[str]:
+def _groups(record: RemoteRecord) -> list[str]:
     """The group files a remote record names (its "groups": checked by pull like the files it writes)."""
     groups = record.extra.get("groups", ())
     return list(groups) if isinstance(groups, (list, tuple)) else []

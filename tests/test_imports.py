@@ -1,0 +1,253 @@
+"""The house kcache_cli lives in, checked on its imports: every module stands on a floor, imports only
+from its own floor or below, and the import graph has no cycle. Every import counts: at module level,
+inside functions and under TYPE_CHECKING (a type-only import still ties the two modules together).
+
+Floors, lowest first (STYLE.md, "For kcache"): file-system primitives -> the data model -> layouts/ ->
+the engines -> cli/. A new module gets a line in `FLOORS` (the test says which one is missing)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import NamedTuple
+
+PACKAGE = Path(__file__).resolve().parents[1] / "kcache_cli"
+
+PRIMITIVES, MODEL, LAYOUTS, ENGINES, CLI = range(5)
+FLOOR_NAMES = ("primitives", "model", "layouts", "engines", "cli")
+
+# The most specific entry names a module's floor: a package line covers its submodules.
+FLOORS: dict[str, int] = {
+    "kcache_cli": PRIMITIVES,  # the package itself holds only __version__
+    # file-system primitives and the small services every floor may use
+    "kcache_cli.errors": PRIMITIVES,
+    "kcache_cli.units": PRIMITIVES,
+    "kcache_cli.textsafe": PRIMITIVES,
+    "kcache_cli.fsread": PRIMITIVES,
+    "kcache_cli.fswrite": PRIMITIVES,
+    "kcache_cli.fsdelete": PRIMITIVES,
+    "kcache_cli.state": PRIMITIVES,  # the root's .kcache/ directory: lock, stamp and staging paths
+    "kcache_cli.locking": PRIMITIVES,  # flocks on files of a root, below every writer
+    "kcache_cli.parallel": PRIMITIVES,
+    "kcache_cli.progress": PRIMITIVES,
+    "kcache_cli.tarstream": PRIMITIVES,
+    "kcache_cli.signing": PRIMITIVES,
+    "kcache_cli.taskfile": PRIMITIVES,  # reading a task file hidet/tilus wrote
+    "kcache_cli.binary": PRIMITIVES,  # reading ELF/cubin/fatbin bytes
+    "kcache_cli.gpu": PRIMITIVES,  # arch names and the local GPU
+    # the data model: records, the vocabulary, and the registry of path shapes (plain data that the
+    # vocabulary's layout names and kinds are drawn from)
+    "kcache_cli.model": MODEL,
+    "kcache_cli.terms": MODEL,
+    "kcache_cli.checks": MODEL,  # judging helpers shared by the layouts
+    "kcache_cli.layouts.shapes": MODEL,
+    # the layouts
+    "kcache_cli.layouts": LAYOUTS,
+    # the engines
+    "kcache_cli.scan": ENGINES,
+    "kcache_cli.scan_context": ENGINES,  # what the scan hands a layout; the index builds on it
+    "kcache_cli.index": ENGINES,
+    "kcache_cli.names": ENGINES,  # parsing --layout/--kind/--status selections and entry names
+    "kcache_cli.locate": ENGINES,
+    "kcache_cli.verify": ENGINES,
+    "kcache_cli.diff": ENGINES,
+    "kcache_cli.budget": ENGINES,
+    "kcache_cli.build": ENGINES,
+    "kcache_cli.delete": ENGINES,
+    "kcache_cli.archive": ENGINES,
+    "kcache_cli.remote": ENGINES,
+    # the command line
+    "kcache_cli.cli": CLI,
+    "kcache_cli.__main__": CLI,
+}
+
+
+class Cycle(NamedTuple):
+    path: list[str]  # a shortest cycle through the component's first module, first == last
+    members: list[str]  # every module of the strongly connected component
+
+    def __str__(self) -> str:
+        others = sorted(set(self.members) - set(self.path))
+        return " -> ".join(self.path) + (f"   (the circle also takes in {', '.join(others)})" if others else "")
+
+
+class Edge(NamedTuple):
+    importer: str
+    imported: str
+    where: str  # "kcache_cli/layouts/base.py:31"
+
+
+def floor_of(module: str, floors: dict[str, int] = FLOORS) -> int | None:
+    """The floor of the longest entry of `floors` that is `module` or a package holding it."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        floor = floors.get(".".join(parts[:n]))
+        if floor is not None:
+            return floor
+    return None
+
+
+def _module_name(path: Path, top: Path) -> tuple[str, bool]:
+    """(dotted name, is a package) of a source file under `top`'s parent."""
+    parts = list(path.relative_to(top.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def _known(name: str, modules: set[str]) -> str | None:
+    """The longest prefix of `name` that is one of `modules` (an imported attribute -> its module)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, modules: set[str]) -> list[str]:
+    """The modules of `modules` an import statement in `module` loads (relative imports resolved)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            package = module.split(".") if is_package else module.split(".")[:-1]
+            up = package[: len(package) - node.level + 1]
+            base = ".".join(up + ([base] if base else []))
+        # `from pkg import sub` loads pkg.sub when that is a module, else an attribute of pkg
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    found = (_known(n, modules) for n in names)
+    return sorted({t for t in found if t is not None and t != module})
+
+
+def import_edges(sources: dict[Path, str], top: Path) -> list[Edge]:
+    """Every import from one module under `top` to another, with where it is written."""
+    named = {path: _module_name(path, top) for path in sources}
+    modules = {name for name, _ in named.values()}
+    edges = []
+    for path, text in sources.items():
+        module, is_package = named[path]
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                where = f"{path.relative_to(top.parent)}:{node.lineno}"
+                edges += [Edge(module, t, where) for t in _targets(node, module, is_package, modules)]
+    return edges
+
+
+def cycles(edges: list[Edge]) -> list[Cycle]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    graph: dict[str, list[str]] = {}
+    for e in edges:
+        graph.setdefault(e.importer, []).append(e.imported)
+        graph.setdefault(e.imported, [])
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(set(graph[start]))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        top = stack.pop()
+                        on_stack.discard(top)
+                        component.append(top)
+                        if top == node:
+                            break
+                    if len(component) > 1:
+                        components.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(set(graph[child])))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return [Cycle(_cycle_in(graph, c), c) for c in components]
+
+
+def _cycle_in(graph: dict[str, list[str]], component: list[str]) -> list[str]:
+    """A shortest cycle through the component's first module, found breadth-first inside it."""
+    members, start = set(component), component[0]
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for child in sorted(set(graph[node]) & members):
+                if child == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [*reversed(path), start]
+                if child not in came_from:
+                    came_from[child] = node
+                    following.append(child)
+        frontier = following
+    raise AssertionError(f"no cycle in the component {component}")
+
+
+def upward(edges: list[Edge], floors: dict[str, int] = FLOORS) -> list[str]:
+    """Each import of a module on a higher floor, as a line to print."""
+    out = []
+    for e in edges:
+        low, high = floor_of(e.importer, floors), floor_of(e.imported, floors)
+        if low is not None and high is not None and high > low:
+            out.append(f"{e.where}: {e.importer} ({FLOOR_NAMES[low]}) imports {e.imported} ({FLOOR_NAMES[high]})")
+    return out
+
+
+def _package_edges() -> list[Edge]:
+    return import_edges({p: p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}, PACKAGE)
+
+
+def test_every_module_has_a_floor():
+    names = sorted(_module_name(p, PACKAGE)[0] for p in PACKAGE.rglob("*.py"))
+    missing = [n for n in names if floor_of(n) is None]
+    assert not missing, "modules with no floor (add them to FLOORS in tests/test_imports.py): " + ", ".join(missing)
+
+
+def test_no_import_cycle():
+    found = cycles(_package_edges())
+    assert not found, "import cycles:\n" + "\n".join(map(str, found))
+
+
+def test_no_import_from_a_higher_floor():
+    found = upward(_package_edges())
+    assert not found, "imports from a higher floor:\n" + "\n".join(found)
+
+
+def test_the_import_rules_see_what_they_forbid(tmp_path):
+    """The checker on a small made-up package: relative, function-level and TYPE_CHECKING imports are
+    edges; a cycle is found and printed; an upward edge is reported, a same-floor one is not."""
+    top = tmp_path / "pkg"
+    sources = {
+        top / "__init__.py": "",
+        top / "low.py": "def f():\n    from .sub import high\n",
+        top / "sub" / "__init__.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import high\n",
+        top / "sub" / "high.py": "from ..low import f\nimport pkg.sub.other as o\n",
+        top / "sub" / "other.py": "import os\nfrom pkg import low\n",
+    }
+    edges = import_edges(sources, top)
+    assert {(e.importer, e.imported) for e in edges} == {
+        ("pkg.low", "pkg.sub.high"), ("pkg.sub", "pkg.sub.high"), ("pkg.sub.high", "pkg.low"),
+        ("pkg.sub.high", "pkg.sub.other"), ("pkg.sub.other", "pkg.low"),
+    }
+    assert ("pkg.low", "pkg.sub.high", "pkg/low.py:2") in edges
+    members = ["pkg.low", "pkg.sub.high", "pkg.sub.other"]
+    assert cycles(edges) == [Cycle(["pkg.low", "pkg.sub.high", "pkg.low"], members)]
+    assert str(cycles(edges)[0]) == "pkg.low -> pkg.sub.high -> pkg.low   (the circle also takes in pkg.sub.other)"
+    floors = {"pkg": 0, "pkg.sub": 1}
+    assert upward(edges, floors) == ["pkg/low.py:2: pkg.low (primitives) imports pkg.sub.high (model)"]
+    assert cycles([e for e in edges if e.importer != "pkg.low"]) == []
