@@ -525,14 +525,8 @@ class TarReader:
             self._left = 0
         pax: dict[str, str] = {}
         while True:
-            try:
-                block = self._read(BLOCK)
-            except _Truncated:
-                if not self._buf[self._off:] and not pax:
-                    return None  # no end-of-archive blocks: tolerated, like GNU tar
-                raise
-            if block == ZERO_BLOCK:
-                self.end_marker = True
+            block = self._header_block(pax)
+            if block is None:
                 return None
             typeflag = block[156:157]
             if typeflag in _SIMPLE_TYPES and not pax and block[257:263] == b"ustar\0" and not block[345]:
@@ -542,45 +536,49 @@ class TarReader:
             stored = _number(block[148:156], "checksum")
             if stored != sum(block[:148]) + 256 + sum(block[156:]):
                 raise TarFormatError("bad tar header checksum (not a tar archive, or a damaged one)")
-            typeflag = block[156:157]
             size = _number(block[124:136], "size")
             if typeflag == b"x":
                 if size > self._max_ext:
                     raise TarFormatError(f"a tar extension header of {size} bytes (limit {self._max_ext})")
                 pax.update(_parse_pax(self._read(size + (-size % BLOCK))[:size]))
                 continue
-            if any(k.startswith("GNU.sparse") for k in pax):
-                raise TarFormatError("sparse files are not supported")
-            if "path" in pax:
-                name = pax["path"]
-            else:
-                raw = block[:100].split(_NUL, 1)[0]
-                if block[257:262] == b"ustar":
-                    prefix = block[345:500].split(_NUL, 1)[0]
-                    if prefix:
-                        raw = prefix + b"/" + raw
-                name = _decode(raw, "name")
-            if "linkpath" in pax:
-                linkname = pax["linkpath"]
-            else:
-                linkname = _decode(block[157:257].split(_NUL, 1)[0], "link")
-            if "size" in pax:
-                try:
-                    size = int(pax["size"])
-                except ValueError:
-                    raise TarFormatError("bad size in a pax header") from None
-                if size < 0:
-                    raise TarFormatError("negative size in a pax header")
-            kind = _TYPES.get(typeflag) or f"member of unknown type {typeflag!r}"
-            mtime = _number(block[136:148], "mtime")
-            if "mtime" in pax:
-                try:
-                    mtime = int(float(pax["mtime"]))
-                except ValueError:
-                    pass
-            self._left = size + (-size % BLOCK)
-            return Member(name[:-1] if name.endswith("/") and len(name) > 1 else name, kind, size,
-                          _number(block[100:108], "mode"), mtime, linkname)
+            return self._general(block, typeflag, size, pax)
+
+    def _header_block(self, pax: dict[str, str]) -> bytes | None:
+        """The next 512-byte header block; None at the end of the archive (end-of-archive blocks, or
+        a clean end of data between members, tolerated like GNU tar)."""
+        try:
+            block = self._read(BLOCK)
+        except _Truncated:
+            if not self._buf[self._off:] and not pax:
+                return None
+            raise
+        if block == ZERO_BLOCK:
+            self.end_marker = True
+            return None
+        return block
+
+    def _general(self, block: bytes, typeflag: bytes, size: int, pax: dict[str, str]) -> Member:
+        """The member a checked header describes, its pax extensions applied (the general path)."""
+        if any(k.startswith("GNU.sparse") for k in pax):
+            raise TarFormatError("sparse files are not supported")
+        name = pax["path"] if "path" in pax else _header_name(block)
+        if "linkpath" in pax:
+            linkname = pax["linkpath"]
+        else:
+            linkname = _decode(block[157:257].split(_NUL, 1)[0], "link")
+        if "size" in pax:
+            size = _pax_size(pax["size"])
+        kind = _TYPES.get(typeflag) or f"member of unknown type {typeflag!r}"
+        mtime = _number(block[136:148], "mtime")
+        if "mtime" in pax:
+            try:
+                mtime = int(float(pax["mtime"]))
+            except ValueError:
+                pass
+        self._left = size + (-size % BLOCK)
+        return Member(name[:-1] if name.endswith("/") and len(name) > 1 else name, kind, size,
+                      _number(block[100:108], "mode"), mtime, linkname)
 
     def _simple(self, block: bytes, typeflag: bytes) -> Member | None:
         """A ustar header with fixed-format octal fields (what kcache, GNU tar and Python write);
@@ -660,3 +658,23 @@ def _parse_pax(data: bytes) -> dict[str, str]:
         out[_decode(key, "pax key")] = _decode(value, "pax value")
         pos += length
     return out
+
+
+def _header_name(block: bytes) -> str:
+    """A header's member name: its name field, behind its ustar prefix if it has one."""
+    raw = block[:100].split(_NUL, 1)[0]
+    if block[257:262] == b"ustar":
+        prefix = block[345:500].split(_NUL, 1)[0]
+        if prefix:
+            raw = prefix + b"/" + raw
+    return _decode(raw, "name")
+
+
+def _pax_size(text: str) -> int:
+    try:
+        size = int(text)
+    except ValueError:
+        raise TarFormatError("bad size in a pax header") from None
+    if size < 0:
+        raise TarFormatError("negative size in a pax header")
+    return size
