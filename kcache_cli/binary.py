@@ -573,6 +573,12 @@ def _parse_fatbin(data: bytes, off: int, end: int, acc: _Acc, *, strict: bool,
         body_end = end
     elif not strict and not _looks_like_entry(data, body, body_end):
         return 0
+    _parse_fatbin_entries(data, body, body_end, acc, kernels)
+    return body_end - off
+
+
+def _parse_fatbin_entries(data: bytes, body: int, body_end: int, acc: _Acc, kernels: bool) -> None:
+    """Note the SASS and PTX of each entry of the fatbin body data[body:body_end] (and its problems)."""
     p = body
     while p + 16 <= body_end:
         kind, _ever, ehs, psize = struct.unpack_from("<HHIQ", data, p)
@@ -613,7 +619,6 @@ def _parse_fatbin(data: bytes, off: int, end: int, acc: _Acc, *, strict: bool,
         if not complete:
             break
         p = pend
-    return body_end - off
 
 
 def _looks_like_entry(data: bytes, p: int, end: int) -> bool:
