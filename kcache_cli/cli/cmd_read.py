@@ -122,19 +122,7 @@ def ls_command(
     if paths_only or null:  # quiet on stderr in any case; with --json the JSON still wins over -q's paths
         opts.quiet = True
         paths_only = not opts.json
-    locs = c.cache_locations(opts, all_caches)
-    listed = []
-    missing = set(c.ref_list(sel.hashes))
-    for loc in locs:
-        refs = c.refs_in(loc.path, sel.hashes) if all_caches else sel.hashes
-        if sel.hashes and not refs:
-            continue  # the entries named are in other caches
-        flt = sel.filter(loc.path, refs)
-        listed.append((loc, flt, *_ls_entries(opts, loc, flt, sort, limit, not no_index)))
-        missing -= c.matched_refs(loc.path, refs, listed[-1][2].entries)
-    if missing:  # an entry named that is nowhere: a typo, not "no entries"
-        raise c.no_match([r for r in c.ref_list(sel.hashes) if r in missing], [loc.path for loc in locs],
-                         selectors=sel.has_selectors())
+    listed = _ls_listed(opts, sel, all_caches, sort, limit, not no_index)
     out = c.Output(opts)
 
     def human() -> None:
@@ -153,6 +141,26 @@ def ls_command(
 
     out.result([dict(e.to_json(), root=str(loc.path)) if all_caches else e.to_json()
                 for loc, _, _, entries in listed for e in entries], human)
+
+
+def _ls_listed(opts: c.GlobalOptions, sel: c.Selection, all_caches: bool, sort: str, limit: Optional[int],
+               use_index: bool) -> list:
+    """(location, filter, scan result, entries shown) for each cache listed; an entry named by hash or
+    path that is in none of them is an error."""
+    locs = c.cache_locations(opts, all_caches)
+    listed = []
+    missing = set(c.ref_list(sel.hashes))
+    for loc in locs:
+        refs = c.refs_in(loc.path, sel.hashes) if all_caches else sel.hashes
+        if sel.hashes and not refs:
+            continue  # the entries named are in other caches
+        flt = sel.filter(loc.path, refs)
+        listed.append((loc, flt, *_ls_entries(opts, loc, flt, sort, limit, use_index)))
+        missing -= c.matched_refs(loc.path, refs, listed[-1][2].entries)
+    if missing:  # an entry named that is nowhere: a typo, not "no entries"
+        raise c.no_match([r for r in c.ref_list(sel.hashes) if r in missing], [loc.path for loc in locs],
+                         selectors=sel.has_selectors())
+    return listed
 
 
 def _print_null(paths: list[str]) -> None:
