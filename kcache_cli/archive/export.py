@@ -381,26 +381,13 @@ class _PartWriter:
                     omitted.append(name)
                     continue
                 if fsize > BIG_FILE:
-                    if not streamed:  # from here on, members go straight to the writer
-                        self.writer.write(b"".join(pieces))
-                        pieces.clear()
-                        streamed = True
-                    try:
-                        files[name] = self._stream(dfd, name, prefix + name, fsize, mode, ftime)
-                    except OSError as exc:  # members of the entry are already written: the export stops
-                        raise KcacheError(f"cannot read {e.path}/{name}: {exc.strerror} (the entry changed "
-                                          "during the export)") from None
+                    files[name] = self._emit_big(e, dfd, name, prefix + name, fsize, mode, ftime, pieces, streamed)
+                    streamed = True
                     size += fsize
                     continue
                 data = extra
                 if data is None:
-                    try:
-                        data = _read_file(dfd, name, fsize)
-                    except OSError as exc:
-                        if streamed:
-                            raise KcacheError(f"cannot read {e.path}/{name}: {exc.strerror} (the entry changed "
-                                              "during the export)") from None
-                        raise _Skip(e, f"cannot read {name}: {exc.strerror} (changed during the export?)") from None
+                    data = self._read_small(e, dfd, name, fsize, streamed)
                 n = len(data)
                 put(file_header(prefix + name, n, mode, ftime))
                 put(data)
@@ -418,6 +405,30 @@ class _PartWriter:
         if pieces:
             self.writer.write(b"".join(pieces))
         self._record(e, small, files, links, dirs, locks, omitted, size)
+
+    def _emit_big(self, e: Entry, dfd: int, name: str, member: str, fsize: int, mode: int, ftime: float,
+                  pieces: list[bytes], streamed: bool) -> FileInfo:
+        """Stream a file above BIG_FILE into the archive, after the entry's members collected so far
+        (from the first such file on, members go straight to the writer)."""
+        if not streamed:
+            self.writer.write(b"".join(pieces))
+            pieces.clear()
+        try:
+            return self._stream(dfd, name, member, fsize, mode, ftime)
+        except OSError as exc:  # members of the entry are already written: the export stops
+            raise KcacheError(f"cannot read {e.path}/{name}: {exc.strerror} (the entry changed "
+                              "during the export)") from None
+
+    def _read_small(self, e: Entry, dfd: int, name: str, fsize: int, streamed: bool) -> bytes:
+        """A small file's bytes; unreadable, it skips the entry (_Skip), or stops the export once
+        members of the entry are already written."""
+        try:
+            return _read_file(dfd, name, fsize)
+        except OSError as exc:
+            if streamed:
+                raise KcacheError(f"cannot read {e.path}/{name}: {exc.strerror} (the entry changed "
+                                  "during the export)") from None
+            raise _Skip(e, f"cannot read {name}: {exc.strerror} (changed during the export?)") from None
 
     def _check_listing(self, e: Entry, items: list) -> None:
         """Names the import would refuse and members that cannot be shipped skip the entry (_Skip)."""
