@@ -579,12 +579,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
     warn = warn or (lambda m: None)
     jobs = plan.jobs
     targets = {j.relpath for j in jobs}  # what links may point at, besides their own entry
-    n_parts = max(1, min(MAX_PARTS, len(jobs) // ENTRIES_PER_PART))
-    workers = min(_cpus(), n_parts) if len(jobs) >= PARALLEL_MIN_ENTRIES else 1
-    if workers == 1:
-        n_parts = 1
-    part_jobs = _split(jobs, n_parts)
-    per_worker = _split(part_jobs, workers)
+    workers, per_worker = _share_out(jobs)
     if progress:
         progress.start(len(jobs))
     _collect_stale_temps(out_dir)
@@ -599,47 +594,82 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
             return _export_worker(plan, per_worker[w], held[w + 1], compression, targets, advance, abort)
 
         results, _ = _run_workers(workers, run, progress)
-        records, done, left = [], [], list(plan.left)
-        sizes, counts = [], []
-        n_files = total = 0
-        for r in results:
-            if r.records:
-                records.append(r.records)
-            done += r.done
-            left += r.left
-            sizes += r.sizes
-            counts += r.counts
-            n_files += r.files
-            total += r.size
-            for w in r.warnings:
-                warn(w)
+        m = _merge(results, plan.left, warn)
         # The end-of-archive blocks close the last part; no part is empty (import checks that).
         with os.fdopen(os.dup(held[-1]), "ab") as last:
             tail = ts.FrameWriter(last, compression)
             tail.write(ts.END_OF_ARCHIVE)
-            sizes[-1] += tail.close()
-        if not done:  # an empty archive is refused: nothing is written (the temp files go below)
-            if not left:
-                raise UsageError(f"no entries in {plan.root} match the selection: nothing to export, no archive "
-                                 "written")
-            raise EmptyExport(f"nothing to export: {plural_entries(len(left))} selected, none fit to ship "
-                              f"(first: {left[0][0].relpath}: {left[0][1]}); no archive written",
-                              ExportResult("", compression, (), tuple(left), 0, 0, 0, plan.sources_only))
-        parts = [{"size": s, "entries": c} for s, c in zip(sizes, counts)]
-        manifest = {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "kcache_version": __version__,
-            "created": iso(time.time()), "platform": _platform(), "sources_only": plan.sources_only,
-            "totals": {"entries": len(done), "files": n_files, "size": total},
-            "parts": parts,
-        }
-        _write_final(held[0], bodies, compression, manifest, records)
+            m.sizes[-1] += tail.close()
+        if not m.done:  # an empty archive is refused: nothing is written (the temp files go below)
+            _refuse_empty(plan, m.left, compression)
+        _write_final(held[0], bodies, compression, _manifest(plan, m), m.records)
         _rename_beside(final_tmp, archive)
     finally:
         _unlink_all(temps)
         _close_all(held)
         restore()
-    return ExportResult(archive, compression, tuple(done), tuple(left), n_files, total, os.path.getsize(archive),
-                        plan.sources_only)
+    return ExportResult(archive, compression, tuple(m.done), tuple(m.left), m.files, m.size,
+                        os.path.getsize(archive), plan.sources_only)
+
+
+def _share_out(jobs: list) -> tuple[int, list[list[list]]]:
+    """How many workers export `jobs`, and each worker's parts (lists of jobs): one part per
+    ENTRIES_PER_PART entries (at most MAX_PARTS), one worker and one part on a small export."""
+    n_parts = max(1, min(MAX_PARTS, len(jobs) // ENTRIES_PER_PART))
+    workers = min(_cpus(), n_parts) if len(jobs) >= PARALLEL_MIN_ENTRIES else 1
+    if workers == 1:
+        n_parts = 1
+    return workers, _split(_split(jobs, n_parts), workers)
+
+
+@dataclass
+class _Merged:
+    """The workers' outputs put together, in worker order."""
+
+    records: list[str] = field(default_factory=list)  # each worker's records, JSON text
+    done: list[ExportedEntry] = field(default_factory=list)
+    left: list[tuple[Entry, str]] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    files: int = 0
+    size: int = 0
+
+
+def _merge(results: list[_WorkerOutput], left: Iterable[tuple[Entry, str]], warn: Warn) -> _Merged:
+    """Put the workers' outputs together after the plan's `left`, passing on their warnings."""
+    m = _Merged(left=list(left))
+    for r in results:
+        if r.records:
+            m.records.append(r.records)
+        m.done += r.done
+        m.left += r.left
+        m.sizes += r.sizes
+        m.counts += r.counts
+        m.files += r.files
+        m.size += r.size
+        for w in r.warnings:
+            warn(w)
+    return m
+
+
+def _refuse_empty(plan: ExportPlan, left: list[tuple[Entry, str]], compression: str) -> None:
+    """An export with no entry to ship writes no archive: a usage error if nothing was selected."""
+    if not left:
+        raise UsageError(f"no entries in {plan.root} match the selection: nothing to export, no archive "
+                         "written")
+    raise EmptyExport(f"nothing to export: {plural_entries(len(left))} selected, none fit to ship "
+                      f"(first: {left[0][0].relpath}: {left[0][1]}); no archive written",
+                      ExportResult("", compression, (), tuple(left), 0, 0, 0, plan.sources_only))
+
+
+def _manifest(plan: ExportPlan, m: _Merged) -> dict:
+    """The archive's manifest.json, without its entry records."""
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "kcache_version": __version__,
+        "created": iso(time.time()), "platform": _platform(), "sources_only": plan.sources_only,
+        "totals": {"entries": len(m.done), "files": m.files, "size": m.size},
+        "parts": [{"size": s, "entries": c} for s, c in zip(m.sizes, m.counts)],
+    }
 
 
 def plural_entries(n: int) -> str:
