@@ -423,31 +423,48 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
             files += 1
             size += wsize
             continue
-        if kind not in (ts.REGULAR, ts.DIRECTORY, ts.SYMLINK, ts.HARDLINK):
-            raise _reject(f"member {name!r} is a {kind}")
-        if kind == ts.HARDLINK:
-            _hardlink(m, x, listed, expect, staging if out else None)
+        if _extract_other(m, x, listed, expect, staging if out else None):  # a hard link: a file
             files += 1
             size += wsize
-            continue
-        expected = {_ROOT: ts.DIRECTORY, _DIR: ts.DIRECTORY, _FILE: ts.REGULAR, _LINK: ts.SYMLINK}[want]
-        if kind != expected:
-            raise _reject(f"member {name!r} is a {kind}, the manifest says {expected}")
-        if m.size:
-            raise _reject(f"{kind} member {name!r} carries data")
-        if kind == ts.DIRECTORY:
-            if out:
-                staging.ensure_dir(name)  # type: ignore[union-attr]  # out: staging is there
-        else:  # a symlink: its target was checked against the rules with the manifest
-            if m.linkname != wdigest:
-                raise _reject(f"symlink {name!r} -> {m.linkname!r}, the manifest says -> {wdigest!r}")
-            if out:
-                staging.ensure_dir(name.rpartition("/")[0])  # type: ignore[union-attr]
-                staging.symlink(name, m.linkname)  # type: ignore[union-attr]
+    _check_none_missing(expect)
+    return files, size
+
+
+def _extract_other(m, x: tuple, listed: dict[str, tuple], expect: dict[str, tuple],
+                   staging: _Staging | None) -> bool:
+    """A member other than a listed regular file: checked against its listing `x` and, with
+    `staging`, made there. True for a hard link (a copy of a file already read)."""
+    from kcache_cli import tarstream as ts
+
+    name, kind = m.name, m.type
+    _, want, _, wdigest = x
+    if kind not in (ts.REGULAR, ts.DIRECTORY, ts.SYMLINK, ts.HARDLINK):
+        raise _reject(f"member {name!r} is a {kind}")
+    if kind == ts.HARDLINK:
+        _hardlink(m, x, listed, expect, staging)
+        return True
+    expected = {_ROOT: ts.DIRECTORY, _DIR: ts.DIRECTORY, _FILE: ts.REGULAR, _LINK: ts.SYMLINK}[want]
+    if kind != expected:
+        raise _reject(f"member {name!r} is a {kind}, the manifest says {expected}")
+    if m.size:
+        raise _reject(f"{kind} member {name!r} carries data")
+    if kind == ts.DIRECTORY:
+        if staging is not None:
+            staging.ensure_dir(name)
+    else:  # a symlink: its target was checked against the rules with the manifest
+        if m.linkname != wdigest:
+            raise _reject(f"symlink {name!r} -> {m.linkname!r}, the manifest says -> {wdigest!r}")
+        if staging is not None:
+            staging.ensure_dir(name.rpartition("/")[0])
+            staging.symlink(name, m.linkname)
+    return False
+
+
+def _check_none_missing(expect: dict[str, tuple]) -> None:
+    """Every file and symlink the manifest lists came (its directories are not checked here)."""
     for key, (_, kind, _, _) in expect.items():
         if kind in (_FILE, _LINK):
             raise _reject(f"{key} is listed in the manifest but missing from the archive (truncated?)")
-    return files, size
 
 
 def _read_member(reader, m, staging: _Staging | None, name: str, sha256) -> str:
