@@ -72,7 +72,7 @@ def test_repair_makes_a_damaged_entry_a_hidet_hit(hidet_made, tmp_path, kcache, 
 
     r = kcache("--cache-dir", root, "--json", "build", "--repair", "064b4a6c")
     assert r.exit_code == 0, r.stdout + r.stderr
-    (done,) = r.json()["repaired"]
+    (done,) = r.json()["entries"]
     assert done["status"] == "repaired" and done["relpath"] == MATMUL, done
     assert _snapshot(entry) == before  # task.txt, version.txt, meta.json, func_types.pickle, compile.sh...
     assert not [p for p in entry.parent.iterdir() if p.name.startswith(".")]  # the temp dir is gone
@@ -94,10 +94,10 @@ def test_a_whole_lib_so_is_left_alone_unless_forced(hidet_made, tmp_path, kcache
     lib = root / MATMUL / "lib.so"
     ino = lib.stat().st_ino
     r = kcache("--cache-dir", root, "--json", "build", "--repair", "064b")
-    assert r.exit_code == 0 and r.json()["repaired"][0]["status"] == "fine"
+    assert r.exit_code == 0 and r.json()["entries"][0]["status"] == "fine"
     assert lib.stat().st_ino == ino
     r = kcache("--cache-dir", root, "--json", "build", "--repair", "064b", "--force")
-    assert r.exit_code == 0 and r.json()["repaired"][0]["status"] == "repaired", r.stdout + r.stderr
+    assert r.exit_code == 0 and r.json()["entries"][0]["status"] == "repaired", r.stdout + r.stderr
     assert lib.stat().st_ino != ino and lib.read_bytes()[:4] == b"\x7fELF"
 
 
@@ -110,7 +110,7 @@ def test_an_output_named_outside_goes_to_the_temp_dir(hidet_made, tmp_path, kcac
     script.write_text(script.read_text().replace(f"-o {source / MATMUL / 'lib.so'}", f"-o {outside}"))
     (root / MATMUL / "lib.so").unlink()
     r = kcache("--cache-dir", root, "--json", "build", "--repair", "064b")
-    assert r.exit_code == 0 and r.json()["repaired"][0]["status"] == "repaired", r.stdout + r.stderr
+    assert r.exit_code == 0 and r.json()["entries"][0]["status"] == "repaired", r.stdout + r.stderr
     assert not outside.exists() and (root / MATMUL / "lib.so").stat().st_size > 1000
 
 
@@ -170,7 +170,7 @@ def test_a_hostile_compile_sh_is_refused_and_nothing_runs(fixture_copy, tmp_path
     env = {"PATH": f"{fakebin}:{os.environ['PATH']}"}
     r = kcache("--cache-dir", root, "--json", "build", "--repair", "3185", env=env)
     assert r.exit_code == 1, r.stdout + r.stderr
-    (done,) = r.json()["repaired"]
+    (done,) = r.json()["entries"]
     assert done["status"] == "failed" and done["error"].startswith("refused, nothing ran:"), done
     assert "Traceback" not in r.stderr and len(done["error"].splitlines()) == 1
     assert not marker.exists(), marker.read_text()
@@ -188,7 +188,7 @@ def test_the_program_compile_sh_names_never_runs(fixture_copy, tmp_path, kcache)
     script = entry / "compile.sh"
     script.write_text(script.read_text().replace("/usr/bin/g++", f"{fakebin}/g++"))
     r = kcache("--cache-dir", root, "--json", "build", "--repair", "3185")
-    (done,) = r.json()["repaired"]
+    (done,) = r.json()["entries"]
     assert not marker.exists(), marker.read_text()
     assert done["command"].startswith(shutil.which("g++") or "g++"), done  # the real one: it fails on the
     assert done["status"] == "failed" and "exit status" in done["error"]  # fixture's /opt include paths
@@ -231,10 +231,10 @@ def test_a_cuda_entry_that_lacks_an_arch_is_rebuilt_for_it(fixture_copy, tmp_pat
     before = _snapshot(entry)
     assert read_binary(entry / "lib.so").archs == ("sm_90a",)
     r = kcache("--cache-dir", root, "--json", "build", "--repair", "ad25", "--arch", "sm_80")
-    (done,) = r.json()["repaired"]
+    (done,) = r.json()["entries"]
     assert r.exit_code == 0 and done["status"] == "repaired", done
     assert "lacks sm_80" in done["reason"]
     assert set(read_binary(entry / "lib.so").archs) == {"sm_80", "sm_90a"}
     assert _snapshot(entry) == before
     r = kcache("--cache-dir", root, "--json", "build", "--repair", "ad25", "--arch", "sm_80")
-    assert r.json()["repaired"][0]["status"] == "fine"
+    assert r.json()["entries"][0]["status"] == "fine"

@@ -123,10 +123,7 @@ def build_command(
     if arch:
         b.check_arch(arch)
     if repair:
-        if extra or source is not None or include:
-            raise UsageError("--repair takes the compile command from each entry's compile.sh: no --source, -I or "
-                             "flags after --")
-        return _repair(opts, tasks, _repair_options(nvcc, cxx, arch, force, wait))
+        return _repair(opts, tasks, _repair_options(nvcc, cxx, arch, force, wait), bool(extra or source or include))
     level, target = _space_level(space, target)
     if target is not None and target not in b.TARGETS:
         raise UsageError(f"unknown target '{target}' (choose from {', '.join(b.TARGETS)})")
@@ -158,10 +155,14 @@ def _repair_options(nvcc, cxx, arch, force, wait):
     return RepairOptions(nvcc=nvcc, cxx=cxx, arch=arch, force=force, timeout=wait)
 
 
-def _repair(opts: c.GlobalOptions, prefixes: List[str], options) -> None:
-    """`build --repair HASH_PREFIX...`: one row per entry (repaired, fine, failed) and the JSON list."""
+def _repair(opts: c.GlobalOptions, prefixes: List[str], options, other_inputs: bool) -> None:
+    """`build --repair HASH_PREFIX...`: one row per entry (repaired, fine, failed) and a summary, or the JSON."""
     from kcache_cli import repair as r
+    from kcache_cli.errors import UsageError
 
+    if other_inputs:
+        raise UsageError("--repair takes the compile command from each entry's compile.sh: no --source, -I or "
+                         "flags after --")
     root = c.cache_root(opts)
     results = r.repair_entries(root, r.find_entries(root, prefixes), options)
     for res in results:
@@ -172,11 +173,13 @@ def _repair(opts: c.GlobalOptions, prefixes: List[str], options) -> None:
     out = c.Output(opts)
 
     def human() -> None:
-        rows = [[res.status, res.relpath, res.reason] for res in results]
+        rows = [[res.status, res.relpath, res.reason or (res.error or "")[:60]] for res in results]
         c.print_table(["status", "entry", "why"], rows,
                       styles={0: {"repaired": "green", "fine": "cyan", "failed": "bold red"}})
+        out.text(", ".join(f"{counts[k]} {k}" for k in (r.REPAIRED, r.FINE, r.FAILED)))
 
-    out.result({"repaired": [res.to_json() for res in results]}, human)
+    counts = {k: sum(res.status == k for res in results) for k in (r.REPAIRED, r.FINE, r.FAILED)}
+    out.result({**counts, "entries": [res.to_json() for res in results]}, human)
     if any(res.status == r.FAILED for res in results):
         raise typer.Exit(1)
 
