@@ -219,6 +219,8 @@ def repair_entries(root: Path, relpaths: Sequence[str], options: RepairOptions =
             out.append(RepairResult(rel, str(root / rel), FAILED, error=f"refused, nothing ran: {exc}"))
         except KcacheError as exc:
             out.append(RepairResult(rel, str(root / rel), FAILED, error=str(exc)))
+        except OSError as exc:  # the entry changed under us (a co-user): one line, the entry as it was
+            out.append(RepairResult(rel, str(root / rel), FAILED, error=f"cannot repair: {exc.strerror or exc}"))
     return out
 
 
@@ -301,7 +303,7 @@ def _compile(root: Path, root_fd: int, entry_fd: int, relpath: str, source: str,
              reason: str) -> RepairResult:
     import subprocess
 
-    from kcache_cli import fsread, fswrite
+    from kcache_cli import fswrite
     from kcache_cli.build import _discard, _make_temp
 
     op_rel, _, h = relpath.rpartition("/")
@@ -309,11 +311,7 @@ def _compile(root: Path, root_fd: int, entry_fd: int, relpath: str, source: str,
     try:
         tmp = _make_temp(op_fd, op_rel, h)
         try:
-            fd, _ = fsread.open_regular(source, dir_fd=entry_fd)
-            try:
-                fswrite.write_file(tmp.fd, source, iter(lambda: os.read(fd, 1 << 20), b""), 0o600)
-            finally:
-                os.close(fd)
+            _copy_source(entry_fd, tmp.fd, relpath, source)
             start = time.perf_counter()
             try:
                 proc = subprocess.run(argv, cwd=tmp.cwd(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -335,6 +333,21 @@ def _compile(root: Path, root_fd: int, entry_fd: int, relpath: str, source: str,
             _discard(root, f"{op_rel}/{tmp.name}")
     finally:
         os.close(op_fd)
+
+
+def _copy_source(entry_fd: int, tmp_fd: int, relpath: str, source: str) -> None:
+    """The entry's own source into the temp directory: a regular file, never through a link or a FIFO."""
+    from kcache_cli import fsread, fswrite
+
+    try:
+        fd, _ = fsread.open_regular(source, dir_fd=entry_fd)
+    except OSError as exc:
+        kind = getattr(exc, "kind", None) if isinstance(exc, fsread.NotRegularFile) else None
+        raise Refused(f"{relpath}/{source}: {kind or exc.strerror or exc}, not compiled") from None
+    try:
+        fswrite.write_file(tmp_fd, source, iter(lambda: os.read(fd, 1 << 20), b""), 0o600)
+    finally:
+        os.close(fd)
 
 
 def _fsync(dir_fd: int) -> None:

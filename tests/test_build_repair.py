@@ -238,3 +238,55 @@ def test_a_cuda_entry_that_lacks_an_arch_is_rebuilt_for_it(fixture_copy, tmp_pat
     assert _snapshot(entry) == before
     r = kcache("--cache-dir", root, "--json", "build", "--repair", "ad25", "--arch", "sm_80")
     assert r.json()["entries"][0]["status"] == "fine"
+
+
+# ---- links, FIFOs and locks ---------------------------------------------------------------------------
+
+def test_a_lib_so_link_is_replaced_never_written_through(hidet_made, tmp_path, kcache):
+    source, _ = hidet_made
+    root = _copy(source, tmp_path / "cache")
+    outside = tmp_path / "outside.so"
+    outside.write_bytes(b"not mine")
+    lib = root / MATMUL / "lib.so"
+    lib.unlink()
+    lib.symlink_to(outside)
+    r = kcache("--cache-dir", root, "--json", "build", "--repair", "064b")
+    (done,) = r.json()["entries"]
+    assert r.exit_code == 0 and done["status"] == "repaired" and "not a regular file" in done["reason"], done
+    assert outside.read_bytes() == b"not mine"
+    assert not lib.is_symlink() and lib.read_bytes()[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_source_that_is_not_a_regular_file_is_refused(fixture_copy, tmp_path, kcache, kind):
+    root = fixture_copy("hidet")
+    entry = root / RELU
+    (entry / "lib.so").unlink()
+    secret = tmp_path / "secret.cc"
+    secret.write_text("int leaked = 1;\n")
+    (entry / "source.cc").unlink()
+    if kind == "link":
+        (entry / "source.cc").symlink_to(secret)
+    else:
+        os.mkfifo(entry / "source.cc")
+    r = kcache("--cache-dir", root, "--json", "build", "--repair", "3185")
+    (done,) = r.json()["entries"]
+    assert r.exit_code == 1 and done["status"] == "failed" and done["error"].startswith("refused"), done
+    assert not (entry / "lib.so").exists()
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # its temp dir was removed
+
+
+def test_repair_waits_for_the_entrys_build_lock(fixture_copy, kcache):
+    from kcache_cli.locking import EntryFlock
+
+    root = fixture_copy("hidet")
+    (root / RELU / "lib.so").unlink()
+    lock = EntryFlock(root, RELU)
+    assert lock.acquire(timeout=0)
+    try:
+        r = kcache("--cache-dir", root, "--json", "build", "--repair", "3185", "--lock-timeout", "0.3")
+    finally:
+        lock.release()
+    (done,) = r.json()["entries"]
+    assert r.exit_code == 1 and done["status"] == "failed" and "holds its lock" in done["error"], done
+    assert not (root / RELU / "lib.so").exists()
