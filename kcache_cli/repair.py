@@ -136,9 +136,13 @@ def compiler_for(program: str, options: RepairOptions) -> str:
         return program
     name = os.path.basename(program)
     given = options.nvcc if name == "nvcc" else options.cxx
-    found = shutil.which(given or name)
+    try:
+        want = shlex.split(given)[0] if given and not os.path.exists(given) and given.split() else (given or name)
+    except ValueError:
+        raise UsageError(f"cannot split the compiler command {_show(given or '')}") from None
+    found = shutil.which(want)
     if found is None:
-        raise KcacheError(f"compiler not found: {given or name} (--nvcc/--cxx names one)")
+        raise KcacheError(f"compiler not found: {want} (--nvcc/--cxx names one)")
     return os.path.abspath(found)
 
 
@@ -270,6 +274,9 @@ def _repair_locked(root: Path, root_fd: int, entry_fd: int, relpath: str, option
     if busy:
         raise KcacheError(f"{busy}: not repaired while it compiles")
     source = _source_name(entry_fd, relpath)
+    problem = lib_problem(entry_fd, "cuda" if source.endswith(".cu") else "cpu", options.arch)
+    if problem is None and not options.force:  # compile.sh is not even read
+        return RepairResult(relpath, path, FINE, f"{BINARY} looks whole (--force rebuilds it)")
     try:
         text = fsread.read_bytes(SCRIPT, MAX_SCRIPT, dir_fd=entry_fd).decode("utf-8", "replace")
     except OSError as exc:
@@ -277,9 +284,6 @@ def _repair_locked(root: Path, root_fd: int, entry_fd: int, relpath: str, option
     allowed = [p for p in (options.nvcc, options.cxx) if p]
     argv, target = parse_script(text, relpath, source, allowed)
     argv[0] = compiler_for(argv[0], options)
-    problem = lib_problem(entry_fd, target, options.arch)
-    if problem is None and not options.force:
-        return RepairResult(relpath, path, FINE, f"{BINARY} looks whole (--force rebuilds it)")
     if options.arch and target == "cuda":
         from kcache_cli.build import check_arch
 
