@@ -56,6 +56,11 @@ JobsOpt = Annotated[int, typer.Option("-j", "--jobs", metavar="N", min=0,
                                       help="Build N tasks at a time (0: one per core).")]
 ForceOpt = Annotated[bool, typer.Option(
     "--force", help="Rebuild even when a complete entry exists (replaced atomically).")]
+RepairOpt = Annotated[bool, typer.Option(
+    "--repair", help="TASK... are hash prefixes of hidet op entries: rebuild each one's lib.so in place when it "
+    "is missing, truncated or lacks --arch (--force: always), from the entry's own source and the command in "
+    "its compile.sh (never run by a shell; only a known compiler, hidet's flags and the entry's own source are "
+    "accepted); hidet's metadata files are kept.")]
 BUILD_WAIT = 3600.0  # seconds a build waits for another build of the same entry (a default deadline)
 LockTimeoutOpt = Annotated[Optional[str], c.lock_timeout_option("another build of the same entry", f"{BUILD_WAIT:g}")]
 RemoteOpt = Annotated[Optional[str], typer.Option(
@@ -88,6 +93,7 @@ def build_command(
     include: IncludeOpt = None,
     jobs: JobsOpt = 1,
     force: ForceOpt = False,
+    repair: RepairOpt = False,
     lock_timeout: LockTimeoutOpt = None,
     timeout: c.OldTimeoutOpt = None,
     remote: RemoteOpt = None,
@@ -116,6 +122,8 @@ def build_command(
     extra = tuple(ctx.meta.get(EXTRA_KEY) or ())
     if arch:
         b.check_arch(arch)
+    if repair:
+        return _repair(opts, tasks, _repair_options(nvcc, cxx, arch, force, wait), bool(extra or source or include))
     level, target = _space_level(space, target)
     if target is not None and target not in b.TARGETS:
         raise UsageError(f"unknown target '{target}' (choose from {', '.join(b.TARGETS)})")
@@ -139,6 +147,41 @@ def build_command(
     finally:
         listener.stop()
     _show_results(opts, results)
+
+
+def _repair_options(nvcc, cxx, arch, force, wait):
+    from kcache_cli.repair import RepairOptions
+
+    return RepairOptions(nvcc=nvcc, cxx=cxx, arch=arch, force=force, timeout=wait)
+
+
+def _repair(opts: c.GlobalOptions, prefixes: List[str], options, other_inputs: bool) -> None:
+    """`build --repair HASH_PREFIX...`: one row per entry (repaired, fine, failed) and a summary, or the JSON."""
+    from kcache_cli import repair as r
+    from kcache_cli.errors import UsageError
+
+    if other_inputs:
+        raise UsageError("--repair takes the compile command from each entry's compile.sh: no --source, -I or "
+                         "flags after --")
+    root = c.cache_root(opts)
+    results = r.repair_entries(root, r.find_entries(root, prefixes), options)
+    for res in results:
+        if res.status == r.FAILED:
+            c.warn(opts, f"{res.relpath}: {res.error}")
+            if res.output:
+                sys.stderr.write(c.printable(res.output))
+    out = c.Output(opts)
+
+    def human() -> None:
+        rows = [[res.status, res.relpath, res.reason or (res.error or "")[:60]] for res in results]
+        c.print_table(["status", "entry", "why"], rows,
+                      styles={0: {"repaired": "green", "fine": "cyan", "failed": "bold red"}})
+        out.text(", ".join(f"{counts[k]} {k}" for k in (r.REPAIRED, r.FINE, r.FAILED)))
+
+    counts = {k: sum(res.status == k for res in results) for k in (r.REPAIRED, r.FINE, r.FAILED)}
+    out.result({**counts, "entries": [res.to_json() for res in results]}, human)
+    if any(res.status == r.FAILED for res in results):
+        raise typer.Exit(1)
 
 
 def _show_results(opts: c.GlobalOptions, results) -> None:
