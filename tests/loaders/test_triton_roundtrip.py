@@ -30,18 +30,21 @@ KCACHE_OWN = {".kcache", "CACHEDIR.TAG"}  # what `kcache import` adds to a root 
 KERNELS = {"triton31": 3, "triton32": 3, "triton39": 4}  # 3.9 adds an AMD (gfx942) kernel
 
 
-def triton(venv: str, script: str, *args: str, home: Path) -> dict:
+def triton(venv: str, script: str, *args: str, home: Path, **env: str) -> dict:
     """probe_triton.py / probe_triton_rerun.py in the loader venv: its JSON answer."""
     home.mkdir(parents=True, exist_ok=True)
     done = subprocess.run([str(python_for(venv)), str(HERE / script), *args], capture_output=True, text=True,
-                          env=dict(os.environ, HOME=str(home), PYTHONDONTWRITEBYTECODE="1"), timeout=900)
+                          env=dict(os.environ, HOME=str(home), PYTHONDONTWRITEBYTECODE="1", **env), timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def make(venv: str, root: Path) -> dict[str, str]:
-    """A real cache written by Triton `venv` at `root` (its group files name `root`): {key dir: kernel name}."""
-    out = triton(venv, "probe_triton.py", "make", str(root), home=root.parent / "make-home")
+def make(variant: str, root: Path) -> dict[str, str]:
+    """A real cache written by Triton `variant` at `root` (its group files name `root`): {key dir: kernel name}.
+    `triton39-binary-only`: Triton 3.9 with TRITON_STORE_BINARY_ONLY=1 (no IR stages kept)."""
+    venv, _, only = variant.partition("-")
+    env = {"TRITON_STORE_BINARY_ONLY": "1"} if only == "binary-only" else {}
+    out = triton(venv, "probe_triton.py", "make", str(root), home=root.parent / "make-home", **env)
     assert all(not k["detail"] for k in out["kernels"].values()), out
     return {key: k["name"] for key, k in out["kernels"].items()}
 
@@ -73,12 +76,12 @@ def assert_listed_exactly(venv: str, root: Path, kernels: dict[str, str]) -> Non
     listed = ls(root)
     on_disk = sorted(n for n in os.listdir(root) if n not in KCACHE_OWN)
     assert sorted(kernels) == on_disk, "probe_triton's keys are the directories Triton wrote"
-    assert len(on_disk) == KERNELS[venv]
+    assert len(on_disk) == KERNELS[venv.partition("-")[0]]
     assert sorted(os.path.relpath(e["path"], root) for e in listed) == on_disk, listed
     for e in listed:
         key = os.path.basename(e["path"])
         files = [f for f in Path(e["path"]).iterdir() if f.is_file()]
-        assert re.fullmatch(KEY_SHAPES[venv], key), key
+        assert re.fullmatch(KEY_SHAPES[venv.partition("-")[0]], key), key
         assert (e["layout"], e["kind"], e["status"], e["reason"]) == ("triton", "kernel", "complete", None), e
         assert e["hash"] == key and e["op"] == kernels[key], e
         assert e["size"] == sum(f.stat().st_size for f in files), e
@@ -94,7 +97,7 @@ def assert_paths_lead_into(root: Path) -> None:
 
 def assert_second_run_all_hits(venv: str, root: Path, kernels: dict[str, str]) -> None:
     before = files_of(root)
-    again = triton(venv, "probe_triton_rerun.py", str(root), home=root.parent / "rerun-home")
+    again = triton(venv.partition("-")[0], "probe_triton_rerun.py", str(root), home=root.parent / "rerun-home")
     assert set(again["kernels"]) == set(kernels), again
     missed = {k: v for k, v in again["kernels"].items() if v["verdict"] != "hit"}
     assert not missed, f"Triton {again['version']} did not hit: {missed}"
@@ -109,11 +112,11 @@ def test_triton_cache_is_listed_exactly(venv, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("venv", VERSIONS)
+@pytest.mark.parametrize("venv", (*VERSIONS, "triton39-binary-only"))
 def test_export_import_elsewhere_then_triton_hits_every_kernel(venv, tmp_path):
     here = tmp_path / "machine-a" / "triton-cache"
     kernels = make(venv, here)
-    archive = tmp_path / "kernels.tar.gz"
+    archive = tmp_path / ("kernels.tar.zst" if venv.endswith("binary-only") else "kernels.tar.gz")
     done = kcache(here, "export", str(archive), home=tmp_path / "kc-home")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["entries"] == len(kernels), done.stdout
@@ -148,3 +151,45 @@ def test_cp_r_then_verify_fix_then_triton_hits_every_kernel(venv, tmp_path):
     assert_paths_lead_into(copy)
     assert_listed_exactly(venv, copy, kernels)
     assert_second_run_all_hits(venv, copy, kernels)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("venv", VERSIONS)
+def test_copy_beside_its_original_then_verify_fix_then_triton_hits_every_kernel(venv, tmp_path):
+    """A copy whose original is still there: Triton hits it, reading the ORIGINAL's files; verify says so
+    (still complete), --fix makes the copy stand alone, and it keeps hitting once the original is gone."""
+    here = tmp_path / "a" / "cache"
+    kernels = make(venv, here)
+    copy = cp_r(here, tmp_path / "b" / "copied")
+    checked = kcache(copy, "verify", home=tmp_path / "kc-home")
+    assert checked.returncode == 1, checked.stdout
+    problems = json.loads(checked.stdout)["problems"]
+    assert sorted(os.path.basename(p["path"]) for p in problems) == sorted(kernels), problems
+    assert all(p["status"] == "complete" and str(here) in json.dumps(p) for p in problems), problems
+    assert kcache(copy, "verify", "--fix", home=tmp_path / "kc-home").returncode == 0
+    here.rename(here.with_name("gone"))
+    assert kcache(copy, "verify", home=tmp_path / "kc-home").returncode == 0
+    assert_paths_lead_into(copy)
+    assert_listed_exactly(venv, copy, kernels)
+    assert_second_run_all_hits(venv, copy, kernels)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("venv", VERSIONS)
+def test_import_over_a_moved_copy_replaces_it_and_triton_hits(venv, tmp_path):
+    """The archive imported into a root that already holds an unfixed `cp -r` of the same cache (every entry
+    moved): import replaces those entries rather than skipping them as present, and Triton hits."""
+    here = tmp_path / "a" / "cache"
+    kernels = make(venv, here)
+    archive = tmp_path / "kernels.tar"
+    assert kcache(here, "export", str(archive), home=tmp_path / "kc-home").returncode == 0
+    there = cp_r(here, tmp_path / "b" / "cache")
+    here.rename(here.with_name("gone"))
+    assert {e["status"] for e in ls(there)} == {"moved"}
+    done = kcache(there, "import", str(archive), home=tmp_path / "kc-home")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["imported"], report["replaced"], report["skipped"]) == (0, len(kernels), 0), report
+    assert_paths_lead_into(there)
+    assert_listed_exactly(venv, there, kernels)
+    assert_second_run_all_hits(venv, there, kernels)
