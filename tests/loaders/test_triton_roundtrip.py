@@ -30,11 +30,12 @@ KCACHE_OWN = {".kcache", "CACHEDIR.TAG"}  # what `kcache import` adds to a root 
 KERNELS = {"triton31": 3, "triton32": 3, "triton39": 4}  # 3.9 adds an AMD (gfx942) kernel
 
 
-def triton(venv: str, script: str, *args: str, home: Path, **env: str) -> dict:
+def triton(venv: str, script: str, *args: str, home: Path, cwd: Path | None = None, **env: str) -> dict:
     """probe_triton.py / probe_triton_rerun.py in the loader venv: its JSON answer."""
     home.mkdir(parents=True, exist_ok=True)
     done = subprocess.run([str(python_for(venv)), str(HERE / script), *args], capture_output=True, text=True,
-                          env=dict(os.environ, HOME=str(home), PYTHONDONTWRITEBYTECODE="1", **env), timeout=900)
+                          env=dict(os.environ, HOME=str(home), PYTHONDONTWRITEBYTECODE="1", **env), timeout=900,
+                          cwd=cwd)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -97,7 +98,10 @@ def assert_paths_lead_into(root: Path) -> None:
 
 def assert_second_run_all_hits(venv: str, root: Path, kernels: dict[str, str]) -> None:
     before = files_of(root)
-    again = triton(venv.partition("-")[0], "probe_triton_rerun.py", str(root), home=root.parent / "rerun-home")
+    elsewhere = root.parent / "rerun-cwd"  # never the directory a relative path could resolve from
+    elsewhere.mkdir(exist_ok=True)
+    again = triton(venv.partition("-")[0], "probe_triton_rerun.py", str(root), home=root.parent / "rerun-home",
+                   cwd=elsewhere)
     assert set(again["kernels"]) == set(kernels), again
     missed = {k: v for k, v in again["kernels"].items() if v["verdict"] != "hit"}
     assert not missed, f"Triton {again['version']} did not hit: {missed}"
@@ -193,3 +197,36 @@ def test_import_over_a_moved_copy_replaces_it_and_triton_hits(venv, tmp_path):
     assert_paths_lead_into(there)
     assert_listed_exactly(venv, there, kernels)
     assert_second_run_all_hits(venv, there, kernels)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("venv", VERSIONS)
+def test_relative_triton_cache_dir_survives_export_import_and_cp_r_fix(venv, tmp_path):
+    """TRITON_CACHE_DIR=triton-cache (relative, as a project sets it): Triton writes RELATIVE child paths,
+    which it finds only from the directory it ran in. Imported elsewhere, or copied and fixed, the kernels
+    get absolute paths and Triton hits them from any directory."""
+    project = tmp_path / "project"
+    project.mkdir()
+    first = triton(venv, "probe_triton_rerun.py", "--as-given", "triton-cache", home=tmp_path / "h", cwd=project)
+    kernels = {k: v["name"] for k, v in first["kernels"].items()}
+    assert {v["verdict"] for v in first["kernels"].values()} == {"recompile"}, first  # an empty cache: compiled
+    here = project / "triton-cache"
+    groups = list(here.glob("*/__grp__*.json"))
+    assert len(groups) == len(kernels)
+    assert all(p.startswith("triton-cache/") for g in groups for p in json.loads(g.read_text())["child_paths"].values())
+    again = triton(venv, "probe_triton_rerun.py", "--as-given", "triton-cache", home=tmp_path / "h", cwd=project)
+    assert {v["verdict"] for v in again["kernels"].values()} == {"hit"}, again  # from where Triton ran: hits
+    archive = tmp_path / "kernels.tar.gz"
+    assert kcache(here, "export", str(archive), home=tmp_path / "kc-home").returncode == 0
+    copy = cp_r(here, tmp_path / "copied" / "cache")
+    there = tmp_path / "machine-b" / "root"
+    there.parent.mkdir()
+    done = kcache(there, "import", str(archive), home=tmp_path / "kc-home")
+    assert done.returncode == 0, done.stderr
+    fixed = kcache(copy, "verify", "--fix", home=tmp_path / "kc-home")
+    assert fixed.returncode == 0, (fixed.stdout, fixed.stderr)
+    here.rename(here.with_name("gone"))
+    for root in (there, copy):
+        assert_paths_lead_into(root)
+        assert_listed_exactly(venv, root, kernels)
+        assert_second_run_all_hits(venv, root, kernels)
