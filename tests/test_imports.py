@@ -53,6 +53,7 @@ FLOORS: dict[str, int] = {
     "kcache_cli.diff": ENGINES,
     "kcache_cli.budget": ENGINES,
     "kcache_cli.build": ENGINES,
+    "kcache_cli.repair": ENGINES,
     "kcache_cli.delete": ENGINES,
     "kcache_cli.archive": ENGINES,
     "kcache_cli.remote": ENGINES,
@@ -214,7 +215,9 @@ def _package_edges() -> list[Edge]:
 
 def test_every_module_has_a_floor():
     names = sorted(_module_name(p, PACKAGE)[0] for p in PACKAGE.rglob("*.py"))
-    missing = [n for n in names if floor_of(n) is None]
+    # the top package's own entry stands for __init__ only: every other module is placed by name
+    floors = {k: v for k, v in FLOORS.items() if k != "kcache_cli"}
+    missing = [n for n in names if n != "kcache_cli" and floor_of(n, floors) is None]
     assert not missing, "modules with no floor (add them to FLOORS in tests/test_imports.py): " + ", ".join(missing)
 
 

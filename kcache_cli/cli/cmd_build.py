@@ -124,12 +124,7 @@ def build_command(
         b.check_arch(arch)
     if repair:
         return _repair(opts, tasks, _repair_options(nvcc, cxx, arch, force, wait), bool(extra or source or include))
-    level, target = _space_level(space, target)
-    if target is not None and target not in b.TARGETS:
-        raise UsageError(f"unknown target '{target}' (choose from {', '.join(b.TARGETS)})")
-    b.check_extra_flags(extra)
-    options = b.BuildOptions(space=level, target=target, arch=arch, nvcc=nvcc, cxx=cxx,
-                             include_dirs=tuple(include or ()), extra_flags=extra, force=force, timeout=wait)
+    options = _build_options(space, target, arch, nvcc, cxx, include, extra, force, wait)
     paths = b.find_tasks(tasks)
     if source is not None and len(paths) != 1:
         raise UsageError(f"--source needs exactly one task ({len(paths)} given)")
@@ -140,6 +135,13 @@ def build_command(
 
     if len(paths) == 1 and not opts.json:
         return _build_one(opts, root, paths[0], options, source, listener, builder)
+    _build_many(opts, root, paths, options, source, jobs, listener, builder)
+
+
+def _build_many(opts: c.GlobalOptions, root, paths, options, source, jobs: int, listener, builder) -> None:
+    """Several tasks (or one under --json): built -j at a time, one row each and a summary."""
+    from kcache_cli import build as b
+
     tasks_to_build = [b.load_task(paths[0], options, source)] if source is not None else paths
     try:
         results = b.build_tasks(root, tasks_to_build, options, jobs=jobs or os.cpu_count() or 1, listener=listener,
@@ -147,6 +149,20 @@ def build_command(
     finally:
         listener.stop()
     _show_results(opts, results)
+
+
+def _build_options(space: str, target: str | None, arch: str | None, nvcc: str | None, cxx: str | None,
+                   include: List[str] | None, extra: tuple[str, ...], force: bool, wait: float | None):
+    """The build's options from its command line: space and target checked, the extra flags too."""
+    from kcache_cli import build as b
+    from kcache_cli.errors import UsageError
+
+    level, target = _space_level(space, target)
+    if target is not None and target not in b.TARGETS:
+        raise UsageError(f"unknown target '{target}' (choose from {', '.join(b.TARGETS)})")
+    b.check_extra_flags(extra)
+    return b.BuildOptions(space=level, target=target, arch=arch, nvcc=nvcc, cxx=cxx,
+                          include_dirs=tuple(include or ()), extra_flags=extra, force=force, timeout=wait)
 
 
 def _repair_options(nvcc, cxx, arch, force, wait):
