@@ -963,7 +963,7 @@ def _publish(root: Path, root_fd: int, tmp: _Temp, spec: TaskSpec) -> None:
     old = None
     trash = -1
     try:
-        if _lexists_at(tmp.op_fd, name):
+        if fswrite.lexists_at(tmp.op_fd, name):
             trash = state.open_state(root_fd, root, "trash", create=True)
             old = f"build-{spec.hash}-{os.urandom(4).hex()}"
             fswrite.rename_at(tmp.op_fd, name, trash, old)
@@ -981,14 +981,6 @@ def _publish(root: Path, root_fd: int, tmp: _Temp, spec: TaskSpec) -> None:
             os.close(trash)
     if old is not None:
         _discard(root, f"{state.STATE_DIR}/trash/{old}")
-
-
-def _lexists_at(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        return True
-    except FileNotFoundError:
-        return False
 
 
 def _manifest(spec: TaskSpec, arch: Arch, compiler: Sequence[str], version: str | None, argv: list[str],

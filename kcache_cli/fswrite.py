@@ -166,6 +166,15 @@ def link_at(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
     os.link(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd, follow_symlinks=False)
 
 
+def lexists_at(dir_fd: int, name: str) -> bool:
+    """Is there anything (a link counts, never followed) named `name` in `dir_fd`?"""
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def unlink_at(dir_fd: int, name: str, missing_ok: bool = True) -> bool:
     """unlinkat a file or link (never a directory); False when it was not there."""
     try:

@@ -212,7 +212,7 @@ class _Staging:
             raise
 
     def _open(self, token: str) -> None:
-        made_state = not _lexists_at(self.root_fd, state.STATE_DIR)
+        made_state = not fswrite.lexists_at(self.root_fd, state.STATE_DIR)
         try:
             self.state_fd = state.open_state(self.root_fd, self.root, create=True)
         except state.UntrustedState as exc:
@@ -222,7 +222,7 @@ class _Staging:
         if made_state:
             self.created.append(os.path.join(self.root, state.STATE_DIR))
         for sub in ("locks", "trash"):  # where publishing writes
-            if _lexists_at(self.state_fd, sub) and not _isdir_at(self.state_fd, sub):
+            if fswrite.lexists_at(self.state_fd, sub) and not _isdir_at(self.state_fd, sub):
                 raise KcacheError(f"{self.root}/{state.STATE_DIR}/{sub} is not a directory "
                                   f"(kcache never writes through a symlink)")
         if str(self.root) in self.created:
@@ -331,14 +331,6 @@ def _rmdir(path: str) -> bool:
         os.rmdir(path)
         return True
     except OSError:
-        return False
-
-
-def _lexists_at(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        return True
-    except FileNotFoundError:
         return False
 
 
