@@ -238,7 +238,7 @@ class _Elf:
             raise _Bad(f"{what}: bad ELF data encoding {ei_data}")
         self.is64 = ei_class == 2
         self.e = "<" if ei_data == 1 else ">"
-        self.osabi, self.abiversion = data[7], data[8]
+        self.abiversion = data[8]
         if n < (64 if self.is64 else 52):
             raise _Bad(f"{what}: truncated ELF header ({n} bytes)")
         if self.is64:

@@ -727,7 +727,7 @@ def _make_op_dir(root: Path, spec: TaskSpec, op_dir: Path, root_fd: int) -> tupl
         raise KcacheError(f"cannot create {op_dir}: {exc.strerror}") from None
 
 
-def _discard(root: Path, relpath: str) -> None:
+def discard_temp(root: Path, relpath: str) -> None:
     """Remove what a build leaves (its temp dir, the old entry in the trash), relative to directory
     descriptors (kcache_cli.fsdelete): never through a link, never onto another mount."""
     from kcache_cli import fsdelete
@@ -749,7 +749,7 @@ class _Temp(NamedTuple):
         return held if os.path.isdir(held) else "."
 
 
-def _make_temp(op_fd: int, op_rel: str, h: str) -> _Temp:
+def make_temp(op_fd: int, op_rel: str, h: str) -> _Temp:
     from kcache_cli import fswrite
 
     for _ in range(100):
@@ -822,7 +822,7 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
     try:
         op_fd, made = _make_op_dir(root, spec, final.parent, root_fd)
         try:
-            tmp = _make_temp(op_fd, os.path.dirname(spec.relpath), spec.hash)
+            tmp = make_temp(op_fd, os.path.dirname(spec.relpath), spec.hash)
             try:
                 result = _compile_in(root, root_fd, spec, final, tmp, arch, compiler, options, waited,
                                      made)
@@ -896,7 +896,7 @@ def _compile_in(root: Path, root_fd: int, spec: TaskSpec, final: Path, tmp: _Tem
         if not published:
             if version is not None:
                 version.cancel()
-            _discard(root, f"{os.path.dirname(spec.relpath)}/{tmp.name}")
+            discard_temp(root, f"{os.path.dirname(spec.relpath)}/{tmp.name}")
             _remove_empty(root_fd, made)
     return BuildResult(status=BUILT, elapsed=elapsed, output=output, **result)
 
@@ -980,7 +980,7 @@ def _publish(root: Path, root_fd: int, tmp: _Temp, spec: TaskSpec) -> None:
         if trash >= 0:
             os.close(trash)
     if old is not None:
-        _discard(root, f"{state.STATE_DIR}/trash/{old}")
+        discard_temp(root, f"{state.STATE_DIR}/trash/{old}")
 
 
 def _manifest(spec: TaskSpec, arch: Arch, compiler: Sequence[str], version: str | None, argv: list[str],

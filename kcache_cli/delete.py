@@ -899,7 +899,7 @@ class _Executor:
     def _drop_stamp(self, relpath: str) -> None:
         if self.used_fd is not None:
             try:
-                fswrite.unlink_at(self.used_fd, state._stamp_name(relpath))
+                fswrite.unlink_at(self.used_fd, state.stamp_name(relpath))
             except OSError:
                 pass
 
@@ -956,7 +956,7 @@ class _Executor:
             # it: holding every lock below this directory keeps a build from finding it gone in between.
             if lock_names is None:
                 lock_names = sorted(os.listdir(self.locks_fd)) if self.locks_fd is not None else []
-            prefix = state._stamp_name(rel + "/")
+            prefix = state.stamp_name(rel + "/")
             held: list[int] = []
             try:
                 if not all(self._hold(n, held) for n in lock_names if n.startswith(prefix)):
@@ -991,7 +991,7 @@ class _Executor:
         for name in sorted(os.listdir(locks_fd)):
             if not name.endswith(".lock") or name.startswith("."):
                 continue
-            rel = state._relpath_of_stamp(name[:-5])
+            rel = state.relpath_of_stamp(name[:-5])
             try:
                 st = os.stat(name, dir_fd=locks_fd, follow_symlinks=False)
                 if now - st.st_mtime < STALE_AFTER or os.path.lexists(self.root / rel):

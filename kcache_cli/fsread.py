@@ -424,16 +424,6 @@ def read_head(path: str, n: int = 64, *, base: str | None = None) -> bytes:
         return b""
 
 
-def why_unreadable(path: str) -> str | None:
-    """Why the file at `path` cannot be read (missing, a FIFO, a link...), or None if it can."""
-    try:
-        fd, _ = open_regular(path)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    os.close(fd)
-    return None
-
-
 def read_text(path: str, limit: int = MAX_TEXT, *, base: str | None = None) -> str | None:
     """The text of a file (cut at `limit` bytes, decoded with replacement), or None when it is
     missing or not a readable regular file."""

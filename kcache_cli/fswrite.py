@@ -26,7 +26,7 @@ from kcache_cli import fsread
 DIR_FLAGS = fsread.DIR_FLAGS
 _BENEATH = fsread.RESOLVE_BENEATH | fsread.RESOLVE_NO_SYMLINKS
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
-RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+RENAME_NOREPLACE = 1
 
 
 # ---- directories ---------------------------------------------------------------------------------
@@ -154,6 +154,25 @@ def replace_file(dir_fd: int, name: str, data: bytes, mode: int = 0o644, sync: b
             os.fsync(dir_fd)
         except OSError:
             pass
+
+
+def replace_file_via_dir(dir_fd: int, name: str, data: bytes, dir_prefix: str) -> None:
+    """Replace `name` in `dir_fd` with `data`, atomically and durably, as Triton writes: the new file is
+    written in a private directory `<dir_prefix><pid>_<random>` beside it (a reader of the cache passes
+    over such a directory, never over a stray file), renamed over `name`, the directory removed."""
+    tmp_name = f"{dir_prefix}{os.getpid()}_{secrets.token_hex(16)}"
+    mkdir_at(dir_fd, tmp_name, 0o700)
+    try:
+        tfd = open_dir(dir_fd, tmp_name)
+        try:
+            write_file(tfd, name, data, 0o644, sync=True)
+            rename_at(tfd, name, dir_fd, name)
+            os.fsync(dir_fd)
+        finally:
+            unlink_at(tfd, name)
+            os.close(tfd)
+    finally:
+        rmdir_at(dir_fd, tmp_name)
 
 
 def symlink_at(target: str, dir_fd: int, name: str) -> None:
@@ -340,12 +359,6 @@ def rename_held(src_fd: int, src: str, dst_fd: int, dst: str, held: os.stat_resu
         except OSError:
             pass
         raise OSError(errno.ESTALE, "replaced by something else meanwhile (another user?)", src)
-
-
-def exchange_at(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
-    """renameat2(RENAME_EXCHANGE): swap two names atomically (OSError ENOTSUP where there is none)."""
-    if not renameat2(src_fd, src, dst_fd, dst, RENAME_EXCHANGE):
-        raise OSError(errno.ENOTSUP, "this system cannot exchange two names atomically", dst)
 
 
 # ---- ownership (shared caches) -------------------------------------------------------------------

@@ -16,10 +16,6 @@ class CudaArch(NamedTuple):
     suffix: str  # "", "a" (arch-specific) or "f" (family)
 
 
-def is_arch(text: str) -> bool:
-    return ARCH_RE.match(text) is not None
-
-
 def cuda_archs(arch: str) -> list[CudaArch]:
     """Each CUDA arch named in "sm_90a,compute_90"; other words are ignored."""
     parsed = []

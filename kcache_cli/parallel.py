@@ -13,6 +13,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from kcache_cli.errors import KcacheError
+from kcache_cli.progress import NO_PROGRESS
 
 MAX_WORKERS = 8
 
@@ -23,6 +24,17 @@ def cpus() -> int:
         return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
     except (AttributeError, OSError):
         return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+
+
+def split(items: list, n: int) -> list[list]:
+    """`items` in `n` contiguous chunks of nearly equal length (one per worker)."""
+    k, r = divmod(len(items), n)
+    out, i = [], 0
+    for c in range(n):
+        j = i + k + (1 if c < r else 0)
+        out.append(items[i:j])
+        i = j
+    return out
 
 
 def fork_safe() -> bool:
@@ -86,7 +98,7 @@ def run_phased(n: int, first: Callable[..., Any], progress: Any = None,
 
     With n == 1, or when forking is not safe (another thread runs), it all runs in this process."""
     if n == 1 or not fork_safe():
-        r1 = [first(i, progress.advance if progress else _ignore, _never) for i in range(n)]
+        r1 = [first(i, (progress or NO_PROGRESS).advance, _never) for i in range(n)]
         if between is not None:
             between(r1)
         return r1, ([second(i) for i in range(n)] if second is not None else [])
@@ -230,10 +242,6 @@ def _portable(exc: BaseException) -> BaseException:
         return exc
     except Exception:  # noqa: BLE001
         return KcacheError(f"{type(exc).__name__}: {exc}")
-
-
-def _ignore(n: int) -> None:
-    pass
 
 
 def _never() -> bool:

@@ -308,12 +308,12 @@ def _compile(root: Path, root_fd: int, entry_fd: int, relpath: str, source: str,
     import subprocess
 
     from kcache_cli import fswrite
-    from kcache_cli.build import _discard, _make_temp
+    from kcache_cli.build import discard_temp, make_temp
 
     op_rel, _, h = relpath.rpartition("/")
     op_fd = fswrite.open_dir(root_fd, op_rel)
     try:
-        tmp = _make_temp(op_fd, op_rel, h)
+        tmp = make_temp(op_fd, op_rel, h)
         try:
             _copy_source(entry_fd, tmp.fd, relpath, source)
             start = time.perf_counter()
@@ -334,7 +334,7 @@ def _compile(root: Path, root_fd: int, entry_fd: int, relpath: str, source: str,
             return RepairResult(relpath, str(root / relpath), REPAIRED, reason, command, elapsed, output)
         finally:
             os.close(tmp.fd)
-            _discard(root, f"{op_rel}/{tmp.name}")
+            discard_temp(root, f"{op_rel}/{tmp.name}")
     finally:
         os.close(op_fd)
 

@@ -32,17 +32,17 @@ def used_dir(root: Path) -> Path:
     return state_dir(root) / "used"
 
 
-def _stamp_name(relpath: str) -> str:
+def stamp_name(relpath: str) -> str:
     return relpath.replace("%", "%25").replace("/", "%2F")
 
 
-def _relpath_of_stamp(name: str) -> str:
+def relpath_of_stamp(name: str) -> str:
     return name.replace("%2F", "/").replace("%25", "%")
 
 
 def lock_path(root: Path, relpath: str) -> Path:
     """The lock of one entry: outside the entry, so publishing and deleting never touch it."""
-    return locks_dir(root) / (_stamp_name(relpath) + ".lock")
+    return locks_dir(root) / (stamp_name(relpath) + ".lock")
 
 
 def temp_hash(name: str) -> str | None:
@@ -72,7 +72,7 @@ def load_last_used(root: Path) -> dict[str, float]:
         names = os.listdir(ufd)
         for name in names:
             try:
-                out[_relpath_of_stamp(name)] = os.stat(name, dir_fd=ufd, follow_symlinks=False).st_mtime
+                out[relpath_of_stamp(name)] = os.stat(name, dir_fd=ufd, follow_symlinks=False).st_mtime
             except OSError:
                 pass
     except OSError:
@@ -89,7 +89,7 @@ def mark_used(root: Path, relpath: str, now: float | None = None) -> None:
     from kcache_cli import fswrite
 
     now = time.time() if now is None else now
-    name = _stamp_name(relpath)
+    name = stamp_name(relpath)
     try:
         rfd = fswrite.open_root(root)
     except OSError:

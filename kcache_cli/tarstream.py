@@ -165,7 +165,6 @@ class FrameWriter:
         self._pending: list[bytes] = []
         self._pending_size = 0
         self._written = 0
-        self.raw_size = 0
         self._thread = threading.Thread(target=self._run, name="kcache-compress", daemon=True)
         self._thread.start()
 
@@ -218,7 +217,6 @@ class FrameWriter:
         if self._error is not None:
             raise self._error
         if self._pending:
-            self.raw_size += self._pending_size
             self._queue.put(b"".join(self._pending))
             self._pending = []
             self._pending_size = 0

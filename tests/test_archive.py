@@ -292,9 +292,11 @@ def test_arch_rules():
 @pytest.fixture
 def many_parts(monkeypatch):
     """Make the multi-part, forked-worker path run on a small cache."""
+    from kcache_cli import parallel
+
     for module in (archive.export, archive.importer):
         monkeypatch.setattr(module, "PARALLEL_MIN_ENTRIES", 4)
-        monkeypatch.setattr(module, "_cpus", lambda: 2)
+    monkeypatch.setattr(parallel, "cpus", lambda: 2)
     monkeypatch.setattr(archive.export, "ENTRIES_PER_PART", 3)
 
 

@@ -111,3 +111,81 @@ def test_no_write_by_path_outside_the_fs_modules():
         for n, line in path_writes(path.read_text()):
             found.append(f"{path.relative_to(PACKAGE.parent)}:{n}: {line}")
     assert not found, "writes by path outside kcache_cli/fs*.py:\n" + "\n".join(found)
+
+
+# ---- no dead code (vulture), private names stay private ---------------------------------------------
+
+def test_no_dead_code():
+    """vulture finds no unused function, class, variable, attribute or import in kcache_cli at 60%
+    confidence or more; what only Typer, pickle or the tests use is named in tests/vulture_whitelist.py."""
+    import vulture
+
+    v = vulture.Vulture()
+    v.scavenge([str(PACKAGE), str(Path(__file__).with_name("vulture_whitelist.py"))])
+    dead = [f"{Path(i.filename).relative_to(PACKAGE.parent)}:{i.first_lineno}: {i.message} ({i.confidence}%)"
+            for i in v.get_unused_code(min_confidence=60)]
+    assert not dead, "dead code (remove it, or whitelist a real dynamic use with its reason):\n" + "\n".join(dead)
+
+
+def test_the_dead_code_check_sees_dead_code(tmp_path):
+    import vulture
+
+    (tmp_path / "m.py").write_text("def used():\n    return 1\n\n\ndef forgotten():\n    return used()\n")
+    v = vulture.Vulture()
+    v.scavenge([str(tmp_path)])
+    assert [i.name for i in v.get_unused_code(min_confidence=60)] == ["forgotten"]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def private_imports(path: Path, source: str) -> list[str]:
+    """Each `_name` the module at `path` takes from another kcache_cli module: `from m import _x`, or
+    `m._x` on a kcache_cli module it imported. A package's own private submodule (`from
+    kcache_cli.layouts import _facts` inside kcache_cli/layouts/) is the package's business."""
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    tree = ast.parse(source, str(path))
+    found, modules = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1], *filter(None, [base])])
+            if not base.startswith("kcache_cli"):
+                continue
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__") and base != package:
+                    found.append(f"{node.lineno}: from {base} import {a.name}")
+                elif not a.name.startswith("_"):
+                    modules.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            modules.update(a.asname or a.name.partition(".")[0] for a in node.names
+                           if a.name.startswith("kcache_cli") and (a.asname or "." not in a.name))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules \
+                and node.attr.startswith("_") and not node.attr.startswith("__"):
+            found.append(f"{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_private_names_stay_private():
+    """No kcache_cli module uses an `_underscore` name of another: what two modules share is public."""
+    found = [f"{path.relative_to(PACKAGE.parent)}:{hit}" for path in _sources(skip_layouts=False)
+             for hit in private_imports(path, path.read_text())]
+    assert not found, "private names used from another module:\n" + "\n".join(found)
+
+
+def test_the_private_name_rule_sees_what_it_forbids():
+    here = PACKAGE / "archive" / "importer.py"
+    bad = ("from kcache_cli.archive.export import _split, plan_export\nfrom kcache_cli import state\n"
+           "from .manifest import _reject\nstate._stamp_name('x')\n")
+    assert private_imports(here, bad) == ["1: from kcache_cli.archive.export import _split",
+                                          "3: from kcache_cli.archive.manifest import _reject",
+                                          "4: state._stamp_name"]
+    fine = ("from kcache_cli.archive.export import plan_export\nfrom kcache_cli import state\n"
+            "state.stamp_name('x')\nself._own = 1\n")
+    assert private_imports(here, fine) == []
+    assert private_imports(PACKAGE / "layouts" / "base.py", "from kcache_cli.layouts import _facts\n") == []

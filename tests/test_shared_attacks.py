@@ -362,7 +362,7 @@ def test_planted_stamp_links_make_a_build_hit_touch_nothing_outside(area):
     root = shared_dir(area / "cache")
     built = kcache("build", task, "--cache-dir", root, "--cxx", CXX, "--json")
     assert built.returncode == 0, built.stderr
-    stamp = root / ".kcache/used" / state._stamp_name(json.loads(built.stdout)["results"][0]["relpath"])
+    stamp = root / ".kcache/used" / state.stamp_name(json.loads(built.stdout)["results"][0]["relpath"])
     before = snapshot(victim)
     for target in (victim / "nologin", victim / "authorized_keys"):
         attacker("import os, sys\nos.unlink(sys.argv[1])\nos.symlink(sys.argv[2], sys.argv[1])\n"
@@ -489,7 +489,7 @@ def test_every_member_of_a_shared_cache_builds_imports_and_hits(area, archive):
     rel = json.loads(built.stdout)["results"][0]["relpath"]
     entry = os.stat(root / rel)
     assert entry.st_uid == ATTACKER and entry.st_gid == GROUP and stat.S_IMODE(entry.st_mode) & 0o070 == 0o070
-    stamp = root / ".kcache/used" / state._stamp_name(rel)
+    stamp = root / ".kcache/used" / state.stamp_name(rel)
     for who, run in (("root", kcache), ("member", member_kcache)):
         os.utime(stamp, (1, 1), follow_symlinks=False)
         hit = run("build", task, "--cache-dir", root, "--cxx", CXX, "--json")

@@ -60,7 +60,6 @@ from kcache_cli.archive.manifest import (  # noqa: F401
     FileInfo,
     ImportLimits,
     Manifest,
-    Progress,
     compression_for,
     entry_path_problem,
     is_binary_name,
@@ -71,3 +70,4 @@ from kcache_cli.archive.manifest import (  # noqa: F401
     rejection_reason,
 )
 from kcache_cli.gpu import arch_runs_on, archs_from_command, cuda_archs, local_compute_caps  # noqa: F401
+from kcache_cli.progress import Progress  # noqa: F401

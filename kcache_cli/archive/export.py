@@ -14,22 +14,21 @@ from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
 
-from kcache_cli import __version__, fswrite, state
+from kcache_cli import __version__, fsread, fswrite, parallel, state
 from kcache_cli.archive.manifest import (
-    _CONTROL,
     BIG_FILE,
+    CONTROL_CHARS,
     FORMAT,
-    EntryRecord,
-    FileInfo,
     FORMAT_VERSION,
     MANIFEST_NAME,
     MAX_NAME_DEPTH,
-    Progress,
-    _layout_of,
+    EntryRecord,
+    FileInfo,
     compression_for,
     entry_path_problem,
     is_binary_name,
     is_lock_name,
+    layout_of,
     link_problem,
 )
 from kcache_cli.errors import KcacheError, UsageError
@@ -42,6 +41,7 @@ from kcache_cli.model import (
     Warn,
     iso,
 )
+from kcache_cli.progress import NO_PROGRESS, Progress
 
 if TYPE_CHECKING:
     from kcache_cli.layouts.base import Facts
@@ -105,7 +105,6 @@ class EmptyExport(KcacheError):
 PARALLEL_MIN_ENTRIES = 1000  # below this, forking workers costs more than it saves
 ENTRIES_PER_PART = 500
 MAX_PARTS = 16
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # O_NONBLOCK: a fifo never blocks
 
 
@@ -133,7 +132,7 @@ def _leave_out(e: Entry, flt: ScanFilter, sources_only: bool) -> str | None:
         return f"being built ({e.reason})"
     if not flt.statuses and e.status != COMPLETE:
         return f"{e.status}: {e.reason} (select it with --status {e.status})"
-    if sources_only and e.kind in _layout_of(e.layout).binary_kinds:
+    if sources_only and e.kind in layout_of(e.layout).binary_kinds:
         return "holds only a binary (--sources-only)"
     return None
 
@@ -166,7 +165,7 @@ def _brought_along(root: Path, chosen: list[Entry], left: list, warn: Warn) -> l
     have = {e.relpath for e in chosen}
     need: dict[str, set[str]] = {}  # layout -> relpaths
     for e in chosen:
-        for rel in _layout_of(e.layout).uses(root, e):
+        for rel in layout_of(e.layout).uses(root, e):
             if rel not in have:
                 need.setdefault(e.layout, set()).add(rel)
     out = []
@@ -208,7 +207,7 @@ def _read_tree(dfd: int, prefix: str, out: list, budget: list[int]) -> None:
             elif de.is_dir(follow_symlinks=False):
                 if len(stack) >= MAX_NAME_DEPTH:  # import refuses deeper names: do not ship them
                     raise TreeTooDeep(errno.ELOOP, f"directories nested more than {MAX_NAME_DEPTH} deep")
-                sub = os.open(de.name, _DIR_FLAGS, dir_fd=fd)
+                sub = os.open(de.name, fsread.DIR_FLAGS, dir_fd=fd)
                 try:
                     out.append((name, "dir", 0, 0o755, os.fstat(sub).st_mtime, None))
                     stack.append((sub, name + "/", _listing(sub)))
@@ -336,7 +335,7 @@ class _PartWriter:
 
     def _entry(self, e: Entry) -> None:
         try:
-            dfd = os.open(e.path, _DIR_FLAGS)
+            dfd = os.open(e.path, fsread.DIR_FLAGS)
         except OSError as exc:
             raise _Skip(e, f"unreadable: {exc.strerror}") from None
         try:
@@ -356,7 +355,7 @@ class _PartWriter:
         from kcache_cli import tarstream as ts
 
         rel = e.relpath
-        fact_files = frozenset(_layout_of(e.layout).fact_files)  # read for the compiler, arch, platform
+        fact_files = frozenset(layout_of(e.layout).fact_files)  # read for the compiler, arch, platform
         self._check_listing(e, items)
         sources_only = self.plan.sources_only
         sha256 = self.sha256
@@ -438,10 +437,10 @@ class _PartWriter:
                 rel.encode("utf-8")
             except UnicodeEncodeError:
                 raise _Skip(e, "its path is not UTF-8 (archives name files in UTF-8)") from None
-        if not rel.isprintable() and _CONTROL.search(rel):
+        if not rel.isprintable() and CONTROL_CHARS.search(rel):
             raise _Skip(e, "its path holds control characters (import would refuse the archive)")
         for name, kind, _, _, _, extra in items:
-            if not name.isprintable() and _CONTROL.search(name):  # import would refuse the archive
+            if not name.isprintable() and CONTROL_CHARS.search(name):  # import would refuse the archive
                 raise _Skip(e, f"{name!r} holds control characters")
             if kind == "file":
                 if not name.isascii():
@@ -498,18 +497,7 @@ class _PartWriter:
 
 def _entry_facts(entry: Entry, small: dict[str, bytes], names: Iterable[str]) -> Facts:
     """The compiler, arch and platform of an entry, as its layout finds them (Layout.facts)."""
-    return _layout_of(entry.layout).facts(entry, small, names)
-
-
-def _split(items: list, n: int) -> list[list]:
-    """`items` in `n` contiguous chunks of nearly equal length."""
-    k, r = divmod(len(items), n)
-    out, i = [], 0
-    for c in range(n):
-        j = i + k + (1 if c < r else 0)
-        out.append(items[i:j])
-        i = j
-    return out
+    return layout_of(entry.layout).facts(entry, small, names)
 
 
 @dataclass
@@ -531,7 +519,6 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
     """Write `parts` (lists of jobs) into the temp file open as `body_fd` (never reopened by its path),
     one compressed part after the other."""
     from kcache_cli import tarstream as ts
-
     from kcache_cli.checks import caller_reads_every_byte
 
     with os.fdopen(os.dup(body_fd), "wb") as out, caller_reads_every_byte():  # _PartWriter reads every byte it judged
@@ -544,7 +531,7 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
                 before = len(pw.records)
                 for job in jobs:
                     if abort():
-                        raise _aborted("export aborted")
+                        raise parallel.Aborted("export aborted")
                     pw.job(job)
                 end = writer.end_part()
                 sizes.append(end - start)
@@ -593,7 +580,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         def run(w: int, advance, abort):
             return _export_worker(plan, per_worker[w], held[w + 1], compression, targets, advance, abort)
 
-        results, _ = _run_workers(workers, run, progress)
+        results, _ = parallel.run_phased(workers, run, progress)
         m = _merge(results, plan.left, warn)
         # The end-of-archive blocks close the last part; no part is empty (import checks that).
         with os.fdopen(os.dup(held[-1]), "ab") as last:
@@ -616,10 +603,10 @@ def _share_out(jobs: list) -> tuple[int, list[list[list]]]:
     """How many workers export `jobs`, and each worker's parts (lists of jobs): one part per
     ENTRIES_PER_PART entries (at most MAX_PARTS), one worker and one part on a small export."""
     n_parts = max(1, min(MAX_PARTS, len(jobs) // ENTRIES_PER_PART))
-    workers = min(_cpus(), n_parts) if len(jobs) >= PARALLEL_MIN_ENTRIES else 1
+    workers = min(parallel.cpus(), n_parts) if len(jobs) >= PARALLEL_MIN_ENTRIES else 1
     if workers == 1:
         n_parts = 1
-    return workers, _split(_split(jobs, n_parts), workers)
+    return workers, parallel.split(parallel.split(jobs, n_parts), workers)
 
 
 @dataclass
@@ -761,7 +748,7 @@ def _signals_raise() -> Callable[[], None]:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
-    def interrupt(signum, frame):
+    def interrupt(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
     old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
@@ -829,31 +816,6 @@ def _unlink_all(paths: list[str]) -> None:
         os.close(fd)
 
 
-def _cpus() -> int:
-    from kcache_cli import parallel
-
-    return parallel.cpus()
-
-
-def _run_workers(n: int, first: Callable, progress: Progress | None = None,
-                 between: Callable[[list], None] | None = None, second: Callable[[int], object] | None = None
-                 ) -> tuple[list, list]:
-    """The phases of an export or import in `n` workers (kcache_cli.parallel.run_phased)."""
-    from kcache_cli import parallel
-
-    return parallel.run_phased(n, first, progress, between, second)
-
-
-def _ignore(n: int) -> None:
-    pass
-
-
-def _aborted(message: str) -> KcacheError:
-    from kcache_cli.parallel import Aborted
-
-    return Aborted(message)
-
-
 def _platform() -> str:
     import platform
 
@@ -887,7 +849,7 @@ def entry_records(plan: ExportPlan) -> Iterator[EntryFiles]:
     from kcache_cli import tarstream as ts
 
     capture = _Capture()
-    pw = _PartWriter(plan, capture, {j.relpath for j in plan.jobs}, _ignore)
+    pw = _PartWriter(plan, capture, {j.relpath for j in plan.jobs}, NO_PROGRESS.advance)
     for job in plan.jobs:
         capture.chunks.clear()
         before, left = len(pw.records), len(pw.left)

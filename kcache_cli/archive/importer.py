@@ -11,28 +11,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
-from kcache_cli import fswrite, state
-from kcache_cli.archive.export import _DIR_FLAGS, PARALLEL_MIN_ENTRIES, _aborted, _cpus, _ignore, _run_workers, _split
+from kcache_cli import fsread, fswrite, parallel, state
+from kcache_cli.archive.export import PARALLEL_MIN_ENTRIES
 from kcache_cli.archive.manifest import (
-    _STAGING_NAME_ROOM,
     MANIFEST_NAME,
     PATH_MAX,
+    STAGING_NAME_ROOM,
     ArchiveRejected,
     EntryRecord,
     ImportLimits,
     Manifest,
-    Progress,
-    _check_proportion,
-    _layout_of,
-    _names,
-    _parse_manifest,
-    _Planned,
-    _reject,
-    _too_long,
+    PlannedEntry,
+    check_proportion,
     is_lock_name,
+    layout_names,
+    layout_of,
     link_problem,
+    parse_manifest,
     path_problem,
+    path_too_long,
     records_from_json,
+    reject,
     rejection_reason,
 )
 from kcache_cli.errors import KcacheError
@@ -43,6 +42,7 @@ from kcache_cli.model import (
     ScanFilter,
     Warn,
 )
+from kcache_cli.progress import NO_PROGRESS, Progress
 
 
 @dataclass(frozen=True)
@@ -133,12 +133,12 @@ def _present_entry(root: Path, rel: str, chains: dict) -> bool:
     return _real_dir_chain(root, f"{rel}/x", chains) is None and os.path.isdir(os.path.join(root, rel))
 
 
-def _check_records(records: list, offset: int, limits: ImportLimits) -> list[_Planned]:
+def _check_records(records: list, offset: int, limits: ImportLimits) -> list[PlannedEntry]:
     """Each JSON record (record `offset` first) checked on its own (`records_from_json`), to be planned."""
-    return [_Planned(i, r) for i, r in enumerate(records_from_json(records, offset, limits), offset)]
+    return [PlannedEntry(i, r) for i, r in enumerate(records_from_json(records, offset, limits), offset)]
 
 
-def _plan(root: Path, planned: list[_Planned], archive_relpaths: set[str]) -> None:
+def _plan(root: Path, planned: list[PlannedEntry], archive_relpaths: set[str]) -> None:
     """Decide each entry's action from the destination, and check every link against it."""
     from kcache_cli.scan import scan_cache
 
@@ -152,15 +152,15 @@ def _plan(root: Path, planned: list[_Planned], archive_relpaths: set[str]) -> No
     def target_ok(rel: str) -> bool:  # a link's target entry is in the archive, or a real one in the cache
         return rel in archive_relpaths or _present_entry(root, rel, chains)
 
-    room = PATH_MAX - 1 - len(os.fsencode(str(root))) - _STAGING_NAME_ROOM
+    room = PATH_MAX - 1 - len(os.fsencode(str(root))) - STAGING_NAME_ROOM
     for p in planned:
         for name, target in p.record.links.items():
             bad = link_problem(p.layout, p.kind, p.relpath, name, target, target_ok)
             if bad:
-                raise _reject(bad)
-        too_long = _too_long(p, room)
+                raise reject(bad)
+        too_long = path_too_long(p, room)
         if too_long:  # decided here, in a dry run too: a real import would fail to write it
-            raise _reject(f"{too_long} would be longer than the system's path limit ({PATH_MAX} bytes) in {root}")
+            raise reject(f"{too_long} would be longer than the system's path limit ({PATH_MAX} bytes) in {root}")
         blocked = _real_dir_chain(root, p.relpath, chains)
         if blocked:
             p.action, p.reason, p.write = "skip", blocked, False
@@ -231,7 +231,7 @@ class _Staging:
         self.path = os.path.join(self.root, state.STATE_DIR, self.name)
         fswrite.mkdir_at(self.state_fd, self.name, 0o700)
         try:
-            self.fd = os.open(self.name, _DIR_FLAGS, dir_fd=self.state_fd)
+            self.fd = os.open(self.name, fsread.DIR_FLAGS, dir_fd=self.state_fd)
         except OSError as exc:  # ELOOP, ENOTDIR, ENOENT: swapped or removed the moment it was made
             raise KcacheError(f"{self.path}: {exc.strerror}, right after kcache made it (another user?): "
                               "import stopped") from None
@@ -344,7 +344,7 @@ def _isdir_at(dir_fd: int, name: str) -> bool:
 _ROOT, _DIR, _FILE, _LINK = 0, 1, 2, 3
 
 
-def _expectations(planned: list[_Planned]) -> dict[str, tuple]:
+def _expectations(planned: list[PlannedEntry]) -> dict[str, tuple]:
     """member name -> (entry, kind, size, check): what the manifest says it is, `kind` one of _ROOT,
     _DIR, _FILE, _LINK and `check` a file's sha256 or a link's target. Plain tuples, unpacked by name
     where read: an import makes one per member, and a NamedTuple costs that loop 10%."""
@@ -364,16 +364,16 @@ def _expectations(planned: list[_Planned]) -> dict[str, tuple]:
 
 def _unexpected(name: str, listed: dict) -> ArchiveRejected:
     if name == MANIFEST_NAME or name in listed:
-        return _reject(f"duplicate member {name!r}")
+        return reject(f"duplicate member {name!r}")
     bad = path_problem(name, "member name")
     if bad:
-        return _reject(bad)
+        return reject(bad)
     if is_lock_name(name):
-        return _reject(f"member {name!r} is named like a lock file (lock files are never shipped)")
-    return _reject(f"member {name!r} is not listed in the manifest (or not in its part)")
+        return reject(f"member {name!r} is named like a lock file (lock files are never shipped)")
+    return reject(f"member {name!r} is not listed in the manifest (or not in its part)")
 
 
-def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: ImportLimits,
+def _extract(reader, planned: list[PlannedEntry], staging: _Staging | None, limits: ImportLimits,
              abort: Callable[[], bool] = lambda: False) -> tuple[int, int]:
     """Read members until the end of `reader`: each one must be listed for `planned` (once), of the
     listed type, size and sha256. Files of entries to publish go into `staging`; the others are
@@ -395,7 +395,7 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
             break
         count += 1
         if count & 255 == 0 and abort():
-            raise _aborted("import aborted")
+            raise parallel.Aborted("import aborted")
         name = m.name
         x = expect.pop(name, None)
         if x is None:
@@ -405,13 +405,13 @@ def _extract(reader, planned: list[_Planned], staging: _Staging | None, limits: 
         kind = m.type
         if kind == regular and want == _FILE:
             if m.size != wsize:
-                raise _reject(f"member {name!r} is {m.size} bytes, the manifest says {wsize}")
+                raise reject(f"member {name!r} is {m.size} bytes, the manifest says {wsize}")
             if m.size > max_member:  # the manifest's sizes were checked; this is a second net
-                raise _reject(f"member {name!r} is over the limit of {max_member} bytes per file")
+                raise reject(f"member {name!r} is over the limit of {max_member} bytes per file")
             if out and name.rpartition("/")[0] not in dirs:
                 staging.ensure_dir(name.rpartition("/")[0])  # type: ignore[union-attr]
             if _read_member(reader, m, staging if out else None, name, sha256) != wdigest:
-                raise _reject(f"{name}: its sha256 differs from the manifest's (damaged or tampered with)")
+                raise reject(f"{name}: its sha256 differs from the manifest's (damaged or tampered with)")
             files += 1
             size += wsize
             continue
@@ -431,21 +431,21 @@ def _extract_other(m, x: tuple, listed: dict[str, tuple], expect: dict[str, tupl
     name, kind = m.name, m.type
     _, want, _, wdigest = x
     if kind not in (ts.REGULAR, ts.DIRECTORY, ts.SYMLINK, ts.HARDLINK):
-        raise _reject(f"member {name!r} is a {kind}")
+        raise reject(f"member {name!r} is a {kind}")
     if kind == ts.HARDLINK:
         _hardlink(m, x, listed, expect, staging)
         return True
     expected = {_ROOT: ts.DIRECTORY, _DIR: ts.DIRECTORY, _FILE: ts.REGULAR, _LINK: ts.SYMLINK}[want]
     if kind != expected:
-        raise _reject(f"member {name!r} is a {kind}, the manifest says {expected}")
+        raise reject(f"member {name!r} is a {kind}, the manifest says {expected}")
     if m.size:
-        raise _reject(f"{kind} member {name!r} carries data")
+        raise reject(f"{kind} member {name!r} carries data")
     if kind == ts.DIRECTORY:
         if staging is not None:
             staging.ensure_dir(name)
     else:  # a symlink: its target was checked against the rules with the manifest
         if m.linkname != wdigest:
-            raise _reject(f"symlink {name!r} -> {m.linkname!r}, the manifest says -> {wdigest!r}")
+            raise reject(f"symlink {name!r} -> {m.linkname!r}, the manifest says -> {wdigest!r}")
         if staging is not None:
             staging.ensure_dir(name.rpartition("/")[0])
             staging.symlink(name, m.linkname)
@@ -456,7 +456,7 @@ def _check_none_missing(expect: dict[str, tuple]) -> None:
     """Every file and symlink the manifest lists came (its directories are not checked here)."""
     for key, (_, kind, _, _) in expect.items():
         if kind in (_FILE, _LINK):
-            raise _reject(f"{key} is listed in the manifest but missing from the archive (truncated?)")
+            raise reject(f"{key} is listed in the manifest but missing from the archive (truncated?)")
 
 
 def _read_member(reader, m, staging: _Staging | None, name: str, sha256) -> str:
@@ -490,11 +490,11 @@ def _hardlink(m, x: tuple, listed: dict[str, tuple], expect: dict[str, tuple], s
     entry, kind, size, digest = x
     t_entry, t_kind, t_size, t_digest = listed.get(target) or (None, None, None, None)
     if t_entry is not entry:
-        raise _reject(f"hard link {m.name!r} -> {m.linkname!r} points outside its entry")
+        raise reject(f"hard link {m.name!r} -> {m.linkname!r} points outside its entry")
     if kind != _FILE or t_kind != _FILE or target in expect:
-        raise _reject(f"hard link {m.name!r} -> {m.linkname!r} is not to a file read before it")
+        raise reject(f"hard link {m.name!r} -> {m.linkname!r} is not to a file read before it")
     if (t_size, t_digest) != (size, digest):
-        raise _reject(f"hard link {m.name!r}: the manifest gives it another size or sha256 than its target")
+        raise reject(f"hard link {m.name!r}: the manifest gives it another size or sha256 than its target")
     if staging is not None:
         staging.ensure_dir(m.name.rpartition("/")[0])
         staging.copy(target, m.name)
@@ -516,18 +516,18 @@ def _regions(manifest: dict, n_entries: int, file_size: int) -> list[_Region] | 
     if parts is None:
         return None
     if not isinstance(parts, list) or not parts or len(parts) > 4096:
-        raise _reject("manifest.json has a malformed part list")
+        raise reject("manifest.json has a malformed part list")
     sizes: list[int] = []
     counts: list[int] = []
     for p in parts:
         size, count = (p.get("size"), p.get("entries")) if isinstance(p, dict) else (None, None)
         if not (isinstance(size, int) and isinstance(count, int)) or isinstance(size, bool) \
                 or isinstance(count, bool) or size < 0 or count < 0:
-            raise _reject("manifest.json has a malformed part list")
+            raise reject("manifest.json has a malformed part list")
         sizes.append(size)
         counts.append(count)
     if sum(counts) != n_entries or sum(sizes) >= file_size:
-        raise _reject("the manifest's parts do not add up to the archive")
+        raise reject("the manifest's parts do not add up to the archive")
     out, pos, lo = [], file_size - sum(sizes), 0
     for i, (size, count) in enumerate(zip(sizes, counts)):
         out.append(_Region(pos, size, lo, lo + count, i == len(sizes) - 1))
@@ -548,16 +548,16 @@ def _check_head(fd: int, kind: str, end: int, digest: str) -> None:
 
     from kcache_cli import tarstream as ts
 
-    reader = _region_reader(fd, kind, 0, end, _ignore, False)
+    reader = _region_reader(fd, kind, 0, end, NO_PROGRESS.advance, False)
     try:
         m = reader.next()
         if m is None or m.name != MANIFEST_NAME or m.type != ts.REGULAR:
-            raise _reject("the manifest's part sizes do not match the archive")
+            raise reject("the manifest's part sizes do not match the archive")
         h = hashlib.sha256()
         for chunk in reader.data(m):
             h.update(chunk)
         if h.hexdigest() != digest or reader.next() is not None or reader.end_marker:
-            raise _reject("the manifest's part sizes do not match the archive")
+            raise reject("the manifest's part sizes do not match the archive")
     finally:
         reader.close()
 
@@ -565,7 +565,7 @@ def _check_head(fd: int, kind: str, end: int, digest: str) -> None:
 class _Extracted(NamedTuple):
     files: int  # read and verified
     size: int  # bytes of them
-    planned: list[_Planned]
+    planned: list[PlannedEntry]
 
 
 def _extract_regions(fd: int, kind: str, regions: list[_Region], records: list, staging: _Staging | None,
@@ -583,7 +583,7 @@ def _extract_regions(fd: int, kind: str, regions: list[_Region], records: list, 
         try:
             f, s = _extract(reader, planned, staging, limits, abort)
             if reader.end_marker and not r.last:
-                raise _reject("an end-of-archive marker before the last part")
+                raise reject("an end-of-archive marker before the last part")
         finally:
             reader.close()
         if staging is not None:
@@ -607,10 +607,10 @@ def _dest_parent(root_fd: int, root: Path, relpath: str) -> tuple[int, str]:
         raise
 
 
-def _dest_status(root: Path, p: _Planned) -> str | None:
+def _dest_status(root: Path, p: PlannedEntry) -> str | None:
     from kcache_cli.scan import scan_cache
 
-    shape = _layout_of(p.layout).kind_shape(p.kind)
+    shape = layout_of(p.layout).kind_shape(p.kind)
     key = (shape.match(p.relpath) if shape else None) or {}
     space, op = key.get("space"), key.get("op")  # so that the scan reads only this entry's directories
     flt = ScanFilter(layouts=(p.layout,), kinds=(p.kind,), hash_prefixes=(p.relpath.split("/")[-1],),
@@ -623,7 +623,7 @@ def _dest_status(root: Path, p: _Planned) -> str | None:
     return None
 
 
-def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, warn: Warn,
+def _publish(root: Path, p: PlannedEntry, staging: _Staging, lock_timeout: float, warn: Warn,
              made: set[str]) -> tuple[bool, str | None]:
     """Move one staged entry into place with one rename, under its lock. (published, reason)."""
     from kcache_cli import fsdelete
@@ -640,7 +640,7 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
         if os.path.lexists(dest):
             if p.action != "replace":
                 return False, "already present (appeared during the import)"
-            busy = _layout_of(p.layout).busy(dest)
+            busy = layout_of(p.layout).busy(dest)
             if busy:
                 return False, f"being built ({busy})"
             if _dest_status(root, p) == COMPLETE:
@@ -650,7 +650,7 @@ def _publish(root: Path, p: _Planned, staging: _Staging, lock_timeout: float, wa
             trashed = f"{p.relpath.replace('/', '%2F')}-{secrets.token_hex(4)}"
             _to_trash(staging, p.relpath, trashed)
         # paths the entry records about itself (Triton's), rewritten through the held staging fd
-        _layout_of(p.layout).relocate(staging.fd_path(p.relpath), dest, root)
+        layout_of(p.layout).relocate(staging.fd_path(p.relpath), dest, root)
         if not _move_in(staging, p.relpath):
             return False, "already present (appeared during the import)"
         return True, p.reason
@@ -711,7 +711,7 @@ def _to_trash(staging: _Staging, relpath: str, name: str) -> None:
 def is_provider(layout: object, kind: object) -> bool:
     """Whether entries of this kind are used by others of their layout (Layout.provider_kinds): they are
     published first. Asked of JSON records before they are checked, too."""
-    return layout in _names() and kind in _layout_of(str(layout)).provider_kinds
+    return layout in layout_names() and kind in layout_of(str(layout)).provider_kinds
 
 
 def _provides(rec: dict) -> bool:
@@ -802,7 +802,7 @@ class Importer:
         self.staging: _Staging | None = None
         self.manifest = Manifest({}, [], [], [])
         self.providers: set[str] = set()  # relpaths of the entries others use: links may point at them
-        self.mine: dict[int, list[_Planned]] = {}  # what each worker planned, for its phase two
+        self.mine: dict[int, list[PlannedEntry]] = {}  # what each worker planned, for its phase two
         self.made: set[str] = set()
         self.outcome: dict[int, tuple[bool, str | None]] = {}  # entry index -> (published, reason)
         self.decisions: dict[int, tuple[str, str | None, bool]] = {}  # entry index -> (action, reason, write)
@@ -818,14 +818,14 @@ class Importer:
         if self.progress:
             self.progress.start(file_size)
         try:
-            source, self.kind = ts.open_source(self.raw, self.progress.advance if self.progress else _ignore)
+            source, self.kind = ts.open_source(self.raw, (self.progress or NO_PROGRESS).advance)
             self.reader = ts.TarReader(source)
             n, first = self._read_manifest(file_size)
             writing = self.staging is not None and not self.dry_run
-            counts, published = _run_workers(n, first, self.progress, self._between if writing else None,
+            counts, published = parallel.run_phased(n, first, self.progress, self._between if writing else None,
                                              self._second if writing else None)
         except ts.TarFormatError as exc:
-            raise _reject(str(exc)) from None
+            raise reject(str(exc)) from None
         finally:
             if self.reader is not None:
                 self.reader.close()
@@ -844,13 +844,13 @@ class Importer:
         assert reader is not None
         head = reader.next()
         if head is None or head.name != MANIFEST_NAME or head.type != ts.REGULAR:
-            raise _reject("its first member is not manifest.json (not a kcache archive?)")
+            raise reject("its first member is not manifest.json (not a kcache archive?)")
         if head.size > limits.max_manifest:
-            raise _reject(f"manifest.json is {head.size} bytes, over the limit of {limits.max_manifest}")
+            raise reject(f"manifest.json is {head.size} bytes, over the limit of {limits.max_manifest}")
         scale = file_size if stat.S_ISREG(os.fstat(self.raw.fileno()).st_mode) else None
-        _check_proportion(head.size, scale, limits)
+        check_proportion(head.size, scale, limits)
         data = b"".join(reader.data(head))
-        self.manifest = man = _parse_manifest(data, limits, scale)
+        self.manifest = man = parse_manifest(data, limits, scale)
         _refuse_other_layout(self.root, man.records)
         _refuse_unsigned(man.records, man.relpaths)
         regions = _regions(man.header, len(man.records), file_size)
@@ -864,8 +864,8 @@ class Importer:
             self.staging = _Staging(self.root)
         if regions is None:  # one stream: read on from the manifest, here
             return 1, self._first_stream
-        n = min(_cpus(), len(regions)) if len(man.records) >= PARALLEL_MIN_ENTRIES else 1
-        self.region_groups = _split(regions, n)
+        n = min(parallel.cpus(), len(regions)) if len(man.records) >= PARALLEL_MIN_ENTRIES else 1
+        self.region_groups = parallel.split(regions, n)
         return n, self._first_regions
 
     def _first_stream(self, w: int, advance, abort) -> _PhaseOne:
@@ -883,7 +883,7 @@ class Importer:
         self.mine[w] = got.planned
         return _PhaseOne(got.files, got.size, _decisions(got.planned))
 
-    def _publish(self, ps: list[_Planned]) -> list[tuple[int, bool, str | None]]:
+    def _publish(self, ps: list[PlannedEntry]) -> list[tuple[int, bool, str | None]]:
         """(entry index, published, reason) of each; plain tuples: they travel back from the workers."""
         assert self.staging is not None
         return [(p.index, *_publish(self.root, p, self.staging, self.lock_timeout, self.warn, self.made)) for p in ps]
@@ -936,7 +936,7 @@ class _PhaseOne(NamedTuple):
     decisions: list[Decision]
 
 
-def _decisions(planned: list[_Planned]) -> list[Decision]:
+def _decisions(planned: list[PlannedEntry]) -> list[Decision]:
     return [(p.index, p.action, p.reason, p.write) for p in planned]
 
 
@@ -963,7 +963,7 @@ def _remove_stale_staging(root: Path) -> None:
         os.close(fd)
 
 
-def _finish_staging(staging: _Staging, planned: list[_Planned]) -> None:
+def _finish_staging(staging: _Staging, planned: list[PlannedEntry]) -> None:
     """Directories that came without a member, and the lock files, as new empty files."""
     for p in planned:
         if not p.write:
@@ -995,12 +995,11 @@ def _check_space(root: Path, need: int) -> None:
 
 # ---- entry by entry: the same rules for importers other than the archive reader (kcache pull) ----
 
-PlannedEntry = _Planned
 ImportStaging = _Staging  # <root>/.kcache/import-<pid>-<random>/: where entries are written before publishing
 
 
 def plan_records(root: Path, records: list[dict], limits: ImportLimits = ImportLimits(),
-                 targets: Iterable[str] = ()) -> tuple[list[_Planned], list[tuple[int, str]]]:
+                 targets: Iterable[str] = ()) -> tuple[list[PlannedEntry], list[tuple[int, str]]]:
     """Every rule import applies to a manifest entry — its path and key fields, file names, sizes and
     digests, links (where its layout allows one out of the entry, to one of `targets` (relpaths) or
     an entry in the cache: a tilus script's program) — then
@@ -1009,14 +1008,14 @@ def plan_records(root: Path, records: list[dict], limits: ImportLimits = ImportL
     Unlike an archive, records are judged one by one: a record that breaks a rule is refused alone,
     as (its index, one-line reason), and the others are planned."""
     root = Path(os.path.realpath(root))
-    good: list[_Planned] = []
+    good: list[PlannedEntry] = []
     refused: list[tuple[int, str]] = []
     for i, rec in enumerate(records):
         try:
             good.append(_check_records([rec], i, limits)[0])
         except ArchiveRejected as exc:
             refused.append((i, rejection_reason(exc)))
-    seen: dict[str, _Planned] = {}
+    seen: dict[str, PlannedEntry] = {}
     for p in sorted(good, key=lambda p: p.relpath):
         clash = seen.get(p.relpath) or next((seen[a] for a in _ancestors(p.relpath) if a in seen), None)
         if clash is not None:
@@ -1044,7 +1043,7 @@ def _ancestors(relpath: str) -> list[str]:
     return ["/".join(parts[:k]) for k in range(1, len(parts))]
 
 
-def publish_staged(root: Path, planned: _Planned, staging: _Staging, lock_timeout: float = 60.0,
+def publish_staged(root: Path, planned: PlannedEntry, staging: _Staging, lock_timeout: float = 60.0,
                    warn: Warn | None = None, made: set[str] | None = None) -> tuple[bool, str | None]:
     """Publish one entry whose files are under `staging.path/<relpath>/` exactly as import does: its
     directories and empty lock files added, then one rename (no-replace) under the entry's lock.

@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping, NamedTuple, Protocol
+from typing import Callable, Mapping, NamedTuple
 
 from kcache_cli import state
 from kcache_cli.errors import KcacheError, UsageError
@@ -26,7 +26,7 @@ BIG_FILE = 32 << 20  # files above this are streamed instead of read whole
 _LOCK_NAME = re.compile(r"(^|/)(\.lock|[^/]*\.(t_)?lock)$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # C0, DEL, C1 and the bidi controls that make a name read differently from what it is (textsafe).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 MAX_NAME_DEPTH = 64  # components of a name inside an entry (export walks at most fsread.MAX_TREE_DEPTH)
 PATH_MAX = 4096
 # File names that need no closer look: ASCII, no component starting with '.', components of 1-255
@@ -40,12 +40,6 @@ _HEX = re.compile(r"[0-9a-f]*")
 
 class ArchiveRejected(KcacheError):
     """The archive breaks a rule: nothing of it is published (exit 1)."""
-
-
-class Progress(Protocol):
-    def start(self, total: int) -> None: ...
-
-    def advance(self, n: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -91,7 +85,7 @@ def path_problem(name: object, what: str = "path") -> str | None:
     """Why `name` is not a safe relative path ('a/b/c'), or None."""
     if not isinstance(name, str) or not name:
         return f"empty or non-text {what}"
-    if _CONTROL.search(name):
+    if CONTROL_CHARS.search(name):
         return f"{what} {name!r} holds control characters"
     if name.startswith("/"):
         return f"absolute {what} {name!r}"
@@ -118,17 +112,17 @@ def entry_path_problem(layout: str, kind: str, relpath: str) -> str | None:
             return bad
         if any(p.startswith(".") for p in relpath.split("/")):
             return f"entry path {relpath!r} has a hidden component (temp, staging or state directory)"
-    return _layout_of(layout).entry_path_problem(kind, relpath) if layout in _names() else \
+    return layout_of(layout).entry_path_problem(kind, relpath) if layout in layout_names() else \
         f"{relpath!r} is not where a {layout} {kind} entry lives"
 
 
-def _names() -> tuple[str, ...]:
+def layout_names() -> tuple[str, ...]:
     from kcache_cli.layouts import NAMES
 
     return NAMES
 
 
-def _layout_of(name: str):
+def layout_of(name: str):
     from kcache_cli.layouts import get
 
     return get(name)
@@ -142,7 +136,7 @@ def link_problem(layout: str, kind: str, relpath: str, name: str, target: object
     layout lets it point at (Layout.link_target: a tilus script's `programs/<h>`) when `target_ok`
     says that entry is in the archive or in the cache."""
     where = f"symlink {relpath}/{name} -> {target!r}"
-    if not isinstance(target, str) or not target or "\0" in target or _CONTROL.search(target):
+    if not isinstance(target, str) or not target or "\0" in target or CONTROL_CHARS.search(target):
         return f"{where} has an empty or malformed target"
     if target.startswith("/"):
         return f"{where} is absolute"
@@ -160,11 +154,11 @@ def link_problem(layout: str, kind: str, relpath: str, name: str, target: object
     mine = relpath.split("/")
     if len(resolved) > len(mine) and resolved[:len(mine)] == mine:
         return None
-    allowed = _layout_of(layout).link_target(kind, resolved) if layout in _names() else None
+    allowed = layout_of(layout).link_target(kind, resolved) if layout in layout_names() else None
     if allowed is not None:  # an entry the layout lets it point at (a tilus script's program)
         if target_ok(allowed):
             return None
-        located = _layout_of(layout).shape.locate(allowed)
+        located = layout_of(layout).shape.locate(allowed)
         return (f"{where} points to a {layout} {located[0] if located else 'entry'} that is neither in the "
                 "archive nor in the cache")
     return f"{where} points outside its entry"
@@ -273,7 +267,7 @@ class Manifest(NamedTuple):
 # ---- import: the plan ---------------------------------------------------------------------------
 
 @dataclass(slots=True)  # no __dict__: one object fewer per entry for the collector to track in a big import
-class _Planned:
+class PlannedEntry:
     index: int
     record: EntryRecord
     action: str = "import"
@@ -297,11 +291,11 @@ class _Planned:
         return self.record.size
 
 
-def _reject(msg: str) -> ArchiveRejected:
+def reject(msg: str) -> ArchiveRejected:
     return ArchiveRejected(f"archive rejected: {msg}")
 
 
-def _check_proportion(manifest_size: int, archive_size: int | None, limits: ImportLimits,
+def check_proportion(manifest_size: int, archive_size: int | None, limits: ImportLimits,
                       data: bytes | None = None, entries: int | None = None) -> None:
     """Refuse a manifest out of proportion to its archive (millions of records in a small archive):
     its size, then (with `data`) its JSON values counted at C speed before json.loads builds them,
@@ -310,43 +304,43 @@ def _check_proportion(manifest_size: int, archive_size: int | None, limits: Impo
         return
     what = f"out of proportion to a {archive_size}-byte archive (a manifest bomb?)"
     if manifest_size > limits.manifest_floor + limits.manifest_per_byte * archive_size:
-        raise _reject(f"manifest.json is {manifest_size} bytes, {what}")
+        raise reject(f"manifest.json is {manifest_size} bytes, {what}")
     if data is not None:
         objects = data.count(b"{")  # at least every object: a record and its file map
         values = data.count(b",") + data.count(b"[") + objects + 1  # at least every value
         if values > limits.values_floor + limits.values_per_byte * archive_size:
-            raise _reject(f"manifest.json holds up to {values} values, {what}")
+            raise reject(f"manifest.json holds up to {values} values, {what}")
         if objects > limits.objects_floor + 2 * archive_size // limits.min_entry_bytes:
-            raise _reject(f"manifest.json holds up to {objects} objects, {what}")
+            raise reject(f"manifest.json holds up to {objects} objects, {what}")
     if entries is not None and entries * limits.min_entry_bytes > archive_size:
-        raise _reject(f"manifest.json lists {entries} entries, {what}")
+        raise reject(f"manifest.json lists {entries} entries, {what}")
 
 
-def _parse_manifest(data: bytes, limits: ImportLimits, archive_size: int | None = None) -> Manifest:
+def parse_manifest(data: bytes, limits: ImportLimits, archive_size: int | None = None) -> Manifest:
     """The manifest's header and the rules that span all entries: unique, non-nested entry paths
     and the limits on sizes and member counts (checked in bulk). Each record's own rules are
     `records_from_json`' (the workers'). Its size and nesting are bounded before it is parsed
     (fsread.parse_json)."""
     from kcache_cli.fsread import JsonTooDeep, parse_json
 
-    _check_proportion(len(data), archive_size, limits, data)
+    check_proportion(len(data), archive_size, limits, data)
     try:
         manifest = parse_json(data, "manifest.json")
     except JsonTooDeep as exc:
-        raise _reject(str(exc)) from None
+        raise reject(str(exc)) from None
     except (ValueError, UnicodeDecodeError):
-        raise _reject("manifest.json is not valid JSON") from None
+        raise reject("manifest.json is not valid JSON") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise _reject("manifest.json is not a kcache archive manifest")
+        raise reject("manifest.json is not a kcache archive manifest")
     version = manifest.get("format_version")
     if type(version) is not int or version < 1:
-        raise _reject("manifest.json has no valid format_version")
+        raise reject("manifest.json has no valid format_version")
     if version > FORMAT_VERSION:
-        raise _reject(f"made by a newer kcache (archive format {version}, this kcache reads {FORMAT_VERSION})")
+        raise reject(f"made by a newer kcache (archive format {version}, this kcache reads {FORMAT_VERSION})")
     records = manifest.get("entries")
     if not isinstance(records, list):
-        raise _reject("manifest.json has no entry list")
-    _check_proportion(len(data), archive_size, limits, entries=len(records))
+        raise reject("manifest.json has no entry list")
+    check_proportion(len(data), archive_size, limits, entries=len(records))
     try:
         rels = [rec["relpath"] + "" for rec in records]
         sizes = [[info[0] + 0 for info in rec["files"].values()] for rec in records]
@@ -356,21 +350,21 @@ def _parse_manifest(data: bytes, limits: ImportLimits, archive_size: int | None 
             raise TypeError
     except (TypeError, KeyError, IndexError, AttributeError):
         records_from_json(records, 0, limits)  # names the malformed record
-        raise _reject("manifest.json has malformed entries") from None
+        raise reject("manifest.json has malformed entries") from None
     totals = [sum(ss) for ss in sizes]
     largest = max((max(ss) for ss in sizes if ss), default=0)
     if largest > limits.max_member:
         records_from_json(records, 0, limits)  # names the file
     if members > limits.max_members:
-        raise _reject(f"{members} members, over the limit of {limits.max_members}")
+        raise reject(f"{members} members, over the limit of {limits.max_members}")
     if sum(totals) > limits.max_total:
-        raise _reject(f"it would expand to {sum(totals)} bytes, over the limit of {limits.max_total}")
+        raise reject(f"it would expand to {sum(totals)} bytes, over the limit of {limits.max_total}")
     ordered = sorted(rels)
     for a, b in zip(ordered, ordered[1:]):
         if a == b:
-            raise _reject(f"entry {a} is listed twice in the manifest")
+            raise reject(f"entry {a} is listed twice in the manifest")
         if b.startswith(a + "/"):
-            raise _reject(f"entry {b} lies inside entry {a}")
+            raise reject(f"entry {b} lies inside entry {a}")
     return Manifest(manifest, records, rels, totals)
 
 
@@ -405,21 +399,21 @@ def _record_from_json(rec: object, i: int, limits: ImportLimits) -> tuple[EntryR
     """Record `i` checked on its own but for its file names and digests (checked in bulk by the
     caller), with its file sizes and digests as the JSON gave them."""
     if not isinstance(rec, dict):
-        raise _reject(f"manifest entry {i} is not an object")
+        raise reject(f"manifest entry {i} is not an object")
     layout, kind, relpath = rec.get("layout"), rec.get("kind"), rec.get("relpath")
     if layout not in LAYOUT_NAMES or not isinstance(kind, str) or not isinstance(relpath, str):
-        raise _reject(f"manifest entry {i} has no valid layout, kind or path")
+        raise reject(f"manifest entry {i} has no valid layout, kind or path")
     bad = entry_path_problem(layout, kind, relpath)
     if bad:
-        raise _reject(f"manifest entry {i}: {bad}")
+        raise reject(f"manifest entry {i}: {bad}")
     key = EntryKey(layout, kind, _text(rec.get("target")), _text(rec.get("space")), _text(rec.get("op")),
                    rec.get("hash"))  # type: ignore[arg-type]  # a str: it equals the path's last part
-    if key.hash != relpath.split("/")[-1] or _layout_of(layout).key_problem(kind, relpath, key):
-        raise _reject(f"manifest entry {relpath}: its hash, space or op disagree with its path")
+    if key.hash != relpath.split("/")[-1] or layout_of(layout).key_problem(kind, relpath, key):
+        raise reject(f"manifest entry {relpath}: its hash, space or op disagree with its path")
     files, links, dirs, locks = rec.get("files"), rec.get("links", {}), rec.get("dirs", []), rec.get("locks", [])
     if not isinstance(files, dict) or not isinstance(links, dict) or not isinstance(dirs, list) \
             or not isinstance(locks, list):
-        raise _reject(f"manifest entry {relpath}: malformed files, links, dirs or locks")
+        raise reject(f"manifest entry {relpath}: malformed files, links, dirs or locks")
     try:
         sizes = [info[0] for info in files.values()]
         digests = [info[1] for info in files.values()]
@@ -427,7 +421,7 @@ def _record_from_json(rec: object, i: int, limits: ImportLimits) -> tuple[EntryR
             raise TypeError
     except (TypeError, KeyError, IndexError):
         _check_files(relpath, files, limits)  # says which record is malformed
-        raise _reject(f"manifest entry {relpath}: malformed file records") from None
+        raise reject(f"manifest entry {relpath}: malformed file records") from None
     _check_names(relpath, files, links, dirs, locks)
     return _built(rec, key, relpath, dict(zip(files, zip(sizes, digests))), dict(links), dirs, locks), sizes, digests
 
@@ -438,18 +432,18 @@ def _check_names(relpath: str, files: dict, links: dict, dirs: list, locks: list
     names = set(files)
     for name, target in links.items():
         if not isinstance(target, str):
-            raise _reject(f"{relpath}/{name}: malformed link record")
+            raise reject(f"{relpath}/{name}: malformed link record")
     for group, what in ((links, "link"), (dirs, "directory"), (locks, "lock file")):
         for name in group or ():
             bad = path_problem(name, f"{what} name")
             if bad:
-                raise _reject(f"{relpath}: {bad}")
+                raise reject(f"{relpath}: {bad}")
             if name in names:
-                raise _reject(f"{relpath}/{name} is listed twice in the manifest")
+                raise reject(f"{relpath}/{name} is listed twice in the manifest")
             names.add(name)
     for name in locks:
         if not is_lock_name(name):
-            raise _reject(f"{relpath}/{name} is listed as a lock file but is not named like one")
+            raise reject(f"{relpath}/{name} is listed as a lock file but is not named like one")
     nested = [n for n in names if "/" in n]
     if nested:
         not_dirs = names - set(dirs)
@@ -457,7 +451,7 @@ def _check_names(relpath: str, files: dict, links: dict, dirs: list, locks: list
             parts_ = name.split("/")
             for k in range(1, len(parts_)):
                 if "/".join(parts_[:k]) in not_dirs:
-                    raise _reject(f"{relpath}/{name} lies under a file or link of the same entry")
+                    raise reject(f"{relpath}/{name} lies under a file or link of the same entry")
 
 
 def _check_files(relpath: str, files: dict, limits: ImportLimits) -> None:
@@ -465,22 +459,22 @@ def _check_files(relpath: str, files: dict, limits: ImportLimits) -> None:
     for name, info in files.items():
         bad = path_problem(name, "file name")
         if bad:
-            raise _reject(f"{relpath}: {bad}")
+            raise reject(f"{relpath}: {bad}")
         if is_lock_name(name):
-            raise _reject(f"{relpath}/{name} is named like a lock file (lock files are never shipped)")
+            raise reject(f"{relpath}/{name} is named like a lock file (lock files are never shipped)")
         if not isinstance(info, list) or len(info) != 2:
-            raise _reject(f"{relpath}/{name}: malformed file record (want [size, sha256])")
+            raise reject(f"{relpath}/{name}: malformed file record (want [size, sha256])")
         size, digest = info
         if type(size) is not int or size < 0 or type(digest) is not str or not _HEX64.fullmatch(digest):
-            raise _reject(f"{relpath}/{name}: the manifest gives no valid size and sha256")
+            raise reject(f"{relpath}/{name}: the manifest gives no valid size and sha256")
         if size > limits.max_member:
-            raise _reject(f"{relpath}/{name} is {size} bytes, over the limit of {limits.max_member} per file")
+            raise reject(f"{relpath}/{name} is {size} bytes, over the limit of {limits.max_member} per file")
 
 
-_STAGING_NAME_ROOM = len("/.kcache/import-4194304-01234567/")  # the longest staging prefix below the root
+STAGING_NAME_ROOM = len("/.kcache/import-4194304-01234567/")  # the longest staging prefix below the root
 
 
-def _too_long(p: _Planned, room: int) -> str | None:
+def path_too_long(p: PlannedEntry, room: int) -> str | None:
     """The first path of entry `p` longer than `room` bytes (relative to the root), or None."""
     r = p.record
     names = (*r.files, *r.links, *r.dirs, *r.locks)

@@ -22,7 +22,6 @@ from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNRE
 NAME = HIDET.name
 SPACE_RE = HIDET.kinds[0].segments[1]  # <target>_space_<level>: groups 1 (target) and 2 (level)
 BINARY = "lib.so"
-LOGS = ("nvcc_log.txt", "nvcc_output.txt", "gcc_output.txt")  # kcache/seed, real hidet cuda, real hidet cpu
 MANIFEST = "kcache.json"  # kcache's own record: per-file size and sha256, arch, compiler, command
 # Files only real hidet writes; their presence means hidet's completion rules apply.
 HIDET_MARKERS = ("version.txt", "compile.sh", "meta.json", "task.pickle", "func_types.pickle")
@@ -100,10 +99,6 @@ def _has_evidence(root: Path, top: str, budget: int = 256) -> bool:
         except OSError:
             continue
     return False
-
-
-def space_name(target: str, level: int | str) -> str:
-    return f"{target}_space_{level}"
 
 
 def _manifest_mismatch(path: str, names: dict[str, int]) -> str | None:

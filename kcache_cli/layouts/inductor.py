@@ -306,10 +306,6 @@ def judge_autotune(path: str, deep: bool) -> Judgement:
     return Judgement(COMPLETE)
 
 
-def judge_triton(path: str, deep: bool, now: float) -> Judgement:
-    return Judgement.of(*triton.judge_files(path, triton._Listing(path, lambda m: None), now, deep))
-
-
 # ---- the judgement, the scan ------------------------------------------------------------------------
 
 def judge(path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None) -> Judgement:
@@ -324,7 +320,7 @@ def _judge(path: str, kind: str, deep: bool, root: str | os.PathLike | None, lst
     if kind == AUTOTUNE:
         return judge_autotune(path, deep)
     if kind == TRITON:
-        return judge_triton(path, deep, now)
+        return triton.judge_at(path, deep, now)
     if root is None and kind == AUTOGRAD:
         root = os.path.dirname(os.path.dirname(path))
     j = judge_guarded(path, deep, now, os.fspath(root) if root is not None else None, lst, memo)

@@ -469,18 +469,6 @@ def describe(root: Path, entry: Entry) -> Details:
                    binaries, tuple(facts))
 
 
-def _exact_text(path: str, name: str, problems: list[str]) -> str | None:
-    """A file whose every byte counts (it is hashed): whole or None, and a problem when it is there
-    but cannot be read whole (a FIFO, a device, a link, over fsread.MAX_TEXT)."""
-    try:
-        return fsread.read_bytes(os.path.join(path, name), fsread.MAX_TEXT, base=path).decode("utf-8", "replace")
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        problems.append(f"cannot read {name}: {exc.strerror}")
-        return None
-
-
 def log_files(entry: Entry) -> list[LogFile]:
     if entry.kind == "program":
         dirs = [entry.path]

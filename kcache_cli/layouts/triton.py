@@ -27,7 +27,6 @@ from kcache_cli.layouts.base import TEMP, Facts, InnerLeftover, ModuleLayout
 from kcache_cli.layouts.shapes import (
     TRITON,
     TRITON_GROUP,
-    TRITON_STAGES,
     TRITON_TMP,
     triton_evidence,
     triton_kernel_name,
@@ -51,7 +50,7 @@ from kcache_cli.model import (
 
 NAME = TRITON.name
 KEY_RE = TRITON.kinds[0].segments[0]  # anchored: base32(sha256) since Triton 3.2, hex before
-GROUP_PREFIX, TMP_PREFIX, STAGE_SUFFIXES = TRITON_GROUP, TRITON_TMP, TRITON_STAGES
+GROUP_PREFIX, TMP_PREFIX = TRITON_GROUP, TRITON_TMP
 BINARY_TARGETS = {".cubin": "cuda", ".hsaco": "hip"}
 BINARY_EXT = {"cuda": ".cubin", "hip": ".hsaco"}  # the backend's binary_ext: the file CompiledKernel needs
 IR_SUFFIXES = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn")
@@ -325,7 +324,12 @@ def _groupless(lst: _Listing, now: float) -> tuple[str, str | None]:
 
 def judge(path: str, kind: str, deep: bool = False, *, root: object = None) -> Judgement:
     """The one judgement of a Triton key directory, read from disk now."""
-    return Judgement.of(*judge_files(path, _Listing(path, lambda m: None), time.time(), deep))
+    return judge_at(path, deep, time.time())
+
+
+def judge_at(path: str, deep: bool, now: float) -> Judgement:
+    """The judgement of a Triton key directory read from disk, its age counted from `now`."""
+    return Judgement.of(*judge_files(path, _Listing(path, lambda m: None), now, deep))
 
 
 def single_file_kind(sizes: dict[str, int]) -> str | None:
@@ -505,7 +509,7 @@ def relocate(src: str, dest: str) -> int:
     many group files changed."""
     import stat
 
-    from kcache_cli import fsread
+    from kcache_cli import fsread, fswrite
 
     changed = 0
     with fsread.held(src):
@@ -522,31 +526,9 @@ def relocate(src: str, dest: str) -> int:
             fixed = {n: os.path.join(dest, n) for n in children if plain_name(n)}
             if fixed == children:
                 continue
-            _replace_file(dfd, g, json.dumps({**group, "child_paths": fixed}).encode())
+            fswrite.replace_file_via_dir(dfd, g, json.dumps({**group, "child_paths": fixed}).encode(), TMP_PREFIX)
             changed += 1
     return changed
-
-
-def _replace_file(dfd: int, name: str, data: bytes) -> None:
-    """Replace the file `name` in the directory `dfd` with `data`, atomically and durably, as Triton
-    writes (a `tmp.pid_*` directory beside it), every step through descriptors (fswrite)."""
-    import secrets
-
-    from kcache_cli import fswrite
-
-    tmp_name = f"{TMP_PREFIX}{os.getpid()}_{secrets.token_hex(16)}"
-    fswrite.mkdir_at(dfd, tmp_name, 0o700)
-    try:
-        tfd = fswrite.open_dir(dfd, tmp_name)
-        try:
-            fswrite.write_file(tfd, name, data, 0o644, sync=True)
-            fswrite.rename_at(tfd, name, dfd, name)
-            os.fsync(dfd)
-        finally:
-            fswrite.unlink_at(tfd, name)
-            os.close(tfd)
-    finally:
-        fswrite.rmdir_at(dfd, tmp_name)
 
 
 # ---- the layout ----------------------------------------------------------------------------------

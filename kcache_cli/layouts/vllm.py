@@ -375,7 +375,8 @@ def relocate(staged: str, final: str) -> int:
     a link. Returns how many indexes changed."""
     import pprint
 
-    from kcache_cli.layouts.triton import _replace_file
+    from kcache_cli import fswrite
+    from kcache_cli.layouts.shapes import TRITON_TMP
 
     changed = 0
     for part in parts(staged):
@@ -390,7 +391,7 @@ def relocate(staged: str, final: str) -> int:
                  for k, v in value.items()}
         dfd = fsread.open_dir_beneath(staged, rel)
         try:
-            _replace_file(dfd, INDEX, pprint.PrettyPrinter(indent=4).pformat(fixed).encode())
+            fswrite.replace_file_via_dir(dfd, INDEX, pprint.PrettyPrinter(indent=4).pformat(fixed).encode(), TRITON_TMP)
         finally:
             os.close(dfd)
         changed += 1
