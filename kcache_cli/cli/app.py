@@ -2,7 +2,6 @@
 become `Error: ...` and an exit status."""
 
 import gc
-import re
 import sys
 from typing import Annotated, Optional
 
@@ -10,6 +9,7 @@ import typer
 from typer.core import TyperGroup, TyperOption
 
 from kcache_cli import __version__
+from kcache_cli.cli import typer_compat
 from kcache_cli.cli.common import GlobalOptions, plain_output, settings
 from kcache_cli.terms import LAYOUT_NAMES
 
@@ -29,54 +29,17 @@ _GLOBAL_OPTIONS = ((("--cache-dir",), "cache_dir", False, "PATH", "Cache root (a
                    (("--debug",), "debug", True, None, "Show tracebacks for errors (a global option)."))
 
 
-def _plain_metavar(param) -> None:
-    """Usage shows `ENTRY` and `TASK...` as written, not Typer's `{ENTRY}` for a required argument."""
-    metavar = param.metavar
-
-    def make_metavar(ctx, usage: bool = False) -> str:
-        return metavar if param.required or metavar.startswith("[") or not usage else f"[{metavar}]"
-
-    param.make_metavar = make_metavar
-
-
-_ASCII_INT = re.compile(r"[ \t]*[+-]?[0-9]{1,18}[ \t]*", re.ASCII)
-_ASCII_FLOAT = re.compile(r"[ \t]*[+-]?(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})[ \t]*", re.ASCII)
-
-
-def _ascii_numbers(param) -> None:
-    """Click reads numbers with int() and float(), which take other scripts' digits ("٣"), "nan",
-    "inf", "1e400" and 5,000-digit strings: every number option of kcache reads ASCII decimals only
-    (a usage error otherwise). The check wraps the option type's own conversion (ranges still apply)."""
-    from typer._click import types
-
-    kind = param.type
-    if getattr(kind, "_kcache_ascii", False) or not isinstance(kind, (types.IntParamType, types.FloatParamType)):
-        return
-    grammar = _ASCII_INT if isinstance(kind, types.IntParamType) else _ASCII_FLOAT
-    convert = kind.convert
-
-    def checked(value, param, ctx):
-        if isinstance(value, str) and not grammar.fullmatch(value):
-            shown = value if len(value) <= 24 else value[:21] + "..."
-            kind.fail(f"{shown!r} is not a plain {'whole ' if grammar is _ASCII_INT else ''}number "
-                      "(ASCII digits)", param, ctx)
-        return convert(value, param, ctx)
-
-    kind.convert = checked  # type: ignore[method-assign]  # this instance only (one per option with a range)
-    kind._kcache_ascii = True  # type: ignore[union-attr]
-
-
 def add_global_options(cmd) -> None:
     """Give `cmd` a hidden copy of each global option it does not declare itself, so that
     `kcache ls -q` works like `kcache -q ls`; number options read ASCII decimals only."""
     for p in cmd.params:
-        _ascii_numbers(p)
+        typer_compat.ascii_numbers(p)
     for sub in getattr(cmd, "commands", {}).values():  # `kcache remote ls --limit ...`
         for p in sub.params:
-            _ascii_numbers(p)
+            typer_compat.ascii_numbers(p)
     for p in cmd.params:
         if getattr(p, "param_type_name", "") == "argument" and p.metavar and not hasattr(p, "_kcache_metavar"):
-            _plain_metavar(p)
+            typer_compat.plain_metavar(p)
             p._kcache_metavar = True
     declared = {o for p in cmd.params for o in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))}
     for decls, name, flag, metavar, help_text in _GLOBAL_OPTIONS:
@@ -119,6 +82,7 @@ app = typer.Typer(
 )
 
 _RICH_MARKUP = app.rich_markup_mode
+typer_compat.warn_if_untested()
 
 
 def _version(ctx: typer.Context, value: bool) -> None:
@@ -187,12 +151,12 @@ def app_for(args: list[str]) -> typer.Typer:
         return app
     if name is None:
         if _version_only(args):  # --version acts before any command runs: one command is enough
-            return _holding(app.registered_commands[:1])
+            return typer_compat.app_holding(app, app.registered_commands[:1])
         return app
     chosen = [ci for ci in app.registered_commands if (ci.name or getattr(ci.callback, "__name__", None)) == name]
     if len(chosen) != 1:
         return app
-    return _holding(chosen)
+    return typer_compat.app_holding(app, chosen)
 
 
 def _version_only(args: list[str]) -> bool:
@@ -203,15 +167,6 @@ def _version_only(args: list[str]) -> bool:
         if a in ("-h", "--help", "--") or not a.startswith("-") or "completion" in a:
             return False
     return False
-
-
-def _holding(commands: list) -> typer.Typer:
-    """The app with only `commands` registered (its callback, options and settings the same)."""
-    one = typer.Typer()
-    for key, value in vars(app).items():
-        setattr(one, key, value)
-    one.registered_commands = commands
-    return one
 
 
 def _pipe_closed() -> None:

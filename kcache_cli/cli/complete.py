@@ -16,6 +16,8 @@ from typing import Iterable
 
 import typer
 
+from kcache_cli.cli import typer_compat
+
 SHELLS = ("bash", "zsh", "fish")
 COMPLETIONS_DIR = Path(__file__).resolve().parents[2] / "completions"
 
@@ -156,30 +158,7 @@ def complete_kind(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
 
 
 # ---- the shells' scripts --------------------------------------------------------------------------
-_ZSH_REGISTER = "compdef %(complete_func)s %(prog_name)s"
-_ZSH_AUTOLOAD_AWARE = """compdef %(complete_func)s %(prog_name)s
-if [[ $zsh_eval_context[-1] == loadautofunc ]]; then
-  # autoloaded from fpath as _%(prog_name)s on the first TAB of a shell: complete this TAB too
-  %(complete_func)s "$@"
-fi"""
-
-
-def fix_zsh_script() -> None:
-    """Typer 0.28's zsh script only registers its function with compdef, so autoloaded from fpath (where
-    `--install-completion zsh` puts it) the first TAB of every shell completes nothing. Make it complete
-    at once when autoloaded (and register the function for the TABs after). Leaves a Typer whose script
-    differs alone."""
-    from typer import _completion_classes, _completion_shared
-
-    script = _completion_shared.COMPLETION_SCRIPT_ZSH
-    if "loadautofunc" in script or script.count(_ZSH_REGISTER) != 1:
-        return
-    fixed = script.replace(_ZSH_REGISTER, _ZSH_AUTOLOAD_AWARE)
-    _completion_shared._completion_scripts["zsh"] = fixed
-    _completion_classes.ZshComplete.source_template = fixed
-
-
-fix_zsh_script()
+typer_compat.fix_zsh_script()  # the zsh script completes on the first TAB
 
 
 def completion_script(shell: str) -> str:
@@ -187,8 +166,8 @@ def completion_script(shell: str) -> str:
     that shell and `kcache --install-completion` writes."""
     import subprocess
 
-    # Typer's own switch that makes --show-completion take the shell's name instead of detecting it.
-    env = dict(os.environ, _TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION="1")
+    env = dict(os.environ)
+    env[typer_compat.SHOW_COMPLETION_FOR_NAMED_SHELL] = "1"  # the shell named, not detected
     env.pop("_KCACHE_COMPLETE", None)
     proc = subprocess.run([sys.executable, "-m", "kcache_cli", "--show-completion", shell], env=env,
                           capture_output=True, text=True, timeout=60)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 
 def describe_exception(exc: BaseException) -> tuple[str, int]:
-    from typer._click import (
-        exceptions as click_exc,  # Typer vendors Click; never `import click`
-    )
+    from kcache_cli.cli.typer_compat import click_exceptions
+
+    click_exc = click_exceptions()
 
     if isinstance(exc, click_exc.UsageError):
         ctx = exc.ctx
@@ -24,16 +24,16 @@ def describe_exception(exc: BaseException) -> tuple[str, int]:
 
 def is_usage_error(exc: BaseException) -> bool:
     """A mistake on the command line (bad option, missing argument...): one line even under --debug."""
-    from typer._click import exceptions as click_exc
+    from kcache_cli.cli.typer_compat import click_exceptions
 
-    return isinstance(exc, click_exc.UsageError)
+    return isinstance(exc, click_exceptions().UsageError)
 
 
 def no_args_help(exc: BaseException) -> str | None:
     """For a bare `kcache`: the help text still to print ('' when Rich has printed it), else None."""
-    from typer._click import exceptions as click_exc
+    from kcache_cli.cli.typer_compat import click_exceptions
 
-    if not isinstance(exc, click_exc.NoArgsIsHelpError):
+    if not isinstance(exc, click_exceptions().NoArgsIsHelpError):
         return None
     text = exc.format_message()
     return text if not text or text.endswith("\n") else text + "\n"

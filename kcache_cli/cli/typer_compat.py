@@ -1,0 +1,128 @@
+"""Every place kcache reaches into Typer (and the Click it vendors) beyond its documented API, in one
+module, with the range of Typer releases this was tested with (pyproject.toml's `typer` dependency).
+
+A Typer release outside that range may move or change what is patched here: `warn_if_untested` says
+so in one line on stderr at start (the CLI calls it once). Nothing here imports Rich; Typer's private
+modules are imported only when a patch needs them."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+import typer
+
+# pyproject.toml: "typer>=0.27,<0.29" (tests/test_typer_compat.py keeps the two the same)
+TESTED_FROM, TESTED_BELOW = (0, 27), (0, 29)
+TESTED_RANGE = f">={TESTED_FROM[0]}.{TESTED_FROM[1]},<{TESTED_BELOW[0]}.{TESTED_BELOW[1]}"
+# Typer's own switch that makes --show-completion take the shell's name instead of detecting it
+SHOW_COMPLETION_FOR_NAMED_SHELL = "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION"
+
+
+# ---- the version check -------------------------------------------------------------------------------
+
+def version_problem(version: str) -> str | None:
+    """Why Typer `version` is not one kcache was tested with, or None."""
+    m = re.match(r"(\d{1,6})\.(\d{1,6})", version)
+    if m is None:
+        return f"Typer reports an unreadable version {version!r} (kcache is tested with typer{TESTED_RANGE})"
+    if TESTED_FROM <= (int(m.group(1)), int(m.group(2))) < TESTED_BELOW:
+        return None
+    return (f"Typer {version} is outside the releases kcache is tested with (typer{TESTED_RANGE}); "
+            f"if a command misbehaves: pip install 'typer{TESTED_RANGE}'")
+
+
+def warn_if_untested() -> None:
+    """One warning line on stderr when the installed Typer is outside the tested range (not while a
+    shell is completing a command line, nor under -q/--quiet)."""
+    import os
+
+    if any(k.startswith("_KCACHE_COMPLETE") for k in os.environ) or {"-q", "--quiet"} & set(sys.argv[1:]):
+        return
+    problem = version_problem(str(getattr(typer, "__version__", "")))
+    if problem is not None:
+        sys.stderr.write(f"warning: {problem}\n")
+
+
+# ---- Click's modules, as Typer vendors them ----------------------------------------------------------
+
+def click_exceptions() -> Any:
+    """Click's exceptions module (Typer vendors Click: kcache never imports `click` itself)."""
+    from typer._click import exceptions
+
+    return exceptions
+
+
+# ---- parameters: usage metavars, ASCII numbers ------------------------------------------------------
+
+def plain_metavar(param: Any) -> None:
+    """Usage shows `ENTRY` and `TASK...` as written, not Typer's `{ENTRY}` for a required argument."""
+    metavar = param.metavar
+
+    def make_metavar(ctx: Any, usage: bool = False) -> str:
+        return metavar if param.required or metavar.startswith("[") or not usage else f"[{metavar}]"
+
+    param.make_metavar = make_metavar
+
+
+_ASCII_INT = re.compile(r"[ \t]*[+-]?[0-9]{1,18}[ \t]*", re.ASCII)
+_ASCII_FLOAT = re.compile(r"[ \t]*[+-]?(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})[ \t]*", re.ASCII)
+
+
+def ascii_numbers(param: Any) -> None:
+    """Click reads numbers with int() and float(), which take other scripts' digits ("٣"), "nan",
+    "inf", "1e400" and 5,000-digit strings: every number option of kcache reads ASCII decimals only
+    (a usage error otherwise). The check wraps the option type's own conversion (ranges still apply)."""
+    from typer._click import types
+
+    kind = param.type
+    if getattr(kind, "_kcache_ascii", False) or not isinstance(kind, (types.IntParamType, types.FloatParamType)):
+        return
+    grammar = _ASCII_INT if isinstance(kind, types.IntParamType) else _ASCII_FLOAT
+    convert = kind.convert
+
+    def checked(value, param, ctx):
+        if isinstance(value, str) and not grammar.fullmatch(value):
+            shown = value if len(value) <= 24 else value[:21] + "..."
+            kind.fail(f"{shown!r} is not a plain {'whole ' if grammar is _ASCII_INT else ''}number "
+                      "(ASCII digits)", param, ctx)
+        return convert(value, param, ctx)
+
+    kind.convert = checked  # type: ignore[method-assign]  # this instance only (one per option with a range)
+    kind._kcache_ascii = True  # type: ignore[union-attr]
+
+
+# ---- the app: one command's copy, the zsh script ------------------------------------------------------
+
+def app_holding(app: typer.Typer, commands: list) -> typer.Typer:
+    """A copy of `app` with only `commands` registered (its callback, options and settings the same):
+    Typer inspects every registered command's signature at each start."""
+    one = typer.Typer()
+    for key, value in vars(app).items():
+        setattr(one, key, value)
+    one.registered_commands = commands
+    return one
+
+
+_ZSH_REGISTER = "compdef %(complete_func)s %(prog_name)s"
+_ZSH_AUTOLOAD_AWARE = """compdef %(complete_func)s %(prog_name)s
+if [[ $zsh_eval_context[-1] == loadautofunc ]]; then
+  # autoloaded from fpath as _%(prog_name)s on the first TAB of a shell: complete this TAB too
+  %(complete_func)s "$@"
+fi"""
+
+
+def fix_zsh_script() -> None:
+    """Typer 0.28's zsh script only registers its function with compdef, so autoloaded from fpath (where
+    `--install-completion zsh` puts it) the first TAB of every shell completes nothing. Make it complete
+    at once when autoloaded (and register the function for the TABs after). Leaves a Typer whose script
+    differs alone."""
+    from typer import _completion_classes, _completion_shared
+
+    script = _completion_shared.COMPLETION_SCRIPT_ZSH
+    if "loadautofunc" in script or script.count(_ZSH_REGISTER) != 1:
+        return
+    fixed = script.replace(_ZSH_REGISTER, _ZSH_AUTOLOAD_AWARE)
+    _completion_shared._completion_scripts["zsh"] = fixed
+    _completion_classes.ZshComplete.source_template = fixed
