@@ -502,8 +502,9 @@ def _source_differs(spec: TaskSpec, manifest: dict | None) -> bool:
 
     h = hashlib.sha256()
     try:
-        _stream_source(spec.source_path, h.update)
-    except OSError:
+        for chunk in _source_chunks(spec.source_path):
+            h.update(chunk)
+    except BuildError:  # unreadable: the build says so
         return False
     return h.hexdigest() != rec["sha256"]
 
@@ -511,24 +512,10 @@ def _source_differs(spec: TaskSpec, manifest: dict | None) -> bool:
 SOURCE_CHUNK = 1 << 20  # a source is read this much at a time: a 3 GB source costs 1 MiB of memory
 
 
-def _stream_source(path: str, sink: Callable[[bytes], Any]) -> None:
-    """The bytes of the source file the user named, in chunks to `sink`: a link is followed (the user
-    named it), but it must be a regular file (a FIFO or device is refused, never read or waited on)."""
-    from kcache_cli.fsread import open_regular
-
-    fd, _ = open_regular(path, follow=True)
-    try:
-        while True:
-            data = os.read(fd, SOURCE_CHUNK)
-            if not data:
-                return
-            sink(data)
-    finally:
-        os.close(fd)
-
-
 def _source_chunks(path: str) -> Iterator[bytes]:
-    """The source in chunks (never read whole); BuildError when it cannot be read."""
+    """The source file the user named, in chunks (never read whole): a link is followed (the user named
+    it), but it must be a regular file (a FIFO or device is refused, never read or waited on);
+    BuildError when it cannot be read."""
     from kcache_cli.fsread import open_regular
 
     try:

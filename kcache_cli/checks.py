@@ -197,10 +197,7 @@ def listing_or_unreadable(ctx, path: str, out: list, keep=None, **fields) -> lis
     from kcache_cli.model import UNREADABLE, TreeUsage
 
     try:
-        with os.scandir(path) as it:
-            return sorted(it if keep is None else filter(keep, it), key=lambda d: d.name)
-    except FileNotFoundError:
-        return []
+        return fsread.sorted_entries(path, keep)
     except OSError as exc:
         ctx.warn(f"cannot read {path}: {exc.strerror}")
         try:

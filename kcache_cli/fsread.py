@@ -14,7 +14,7 @@ import errno
 import os
 import stat
 from _thread import get_ident
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
@@ -320,6 +320,12 @@ def _open_file(path: str, dir_fd: int | None, follow: bool, shown: str,
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
             raise _refuse(shown, "a symlink") from None
         raise
+    return fd, fstat_regular(fd, lambda st: _refuse(shown, kind_of(st.st_mode)))
+
+
+def fstat_regular(fd: int, refusal: Callable[[os.stat_result], OSError]) -> os.stat_result:
+    """The fstat of the just-opened `fd`, a regular file; otherwise (a file swapped for a FIFO or device
+    between a stat and the open) `fd` is closed and `refusal(its stat)` raised."""
     try:
         st = os.fstat(fd)
     except OSError:
@@ -327,8 +333,36 @@ def _open_file(path: str, dir_fd: int | None, follow: bool, shown: str,
         raise
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise _refuse(shown, kind_of(st.st_mode))
-    return fd, st
+        raise refusal(st)
+    return st
+
+
+def names(path: str) -> list[str]:
+    """os.listdir(path); [] when it cannot be listed (the caller judges what is missing)."""
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def sorted_entries(path: str | os.PathLike[str], keep: Callable[[os.DirEntry], bool] | None = None
+                   ) -> list[os.DirEntry]:
+    """The directory's entries (those `keep` keeps), sorted by name; [] when it is missing, OSError when
+    it cannot be read."""
+    try:
+        with os.scandir(path) as it:
+            return sorted(it if keep is None else filter(keep, it), key=lambda d: d.name)
+    except FileNotFoundError:
+        return []
+
+
+def subdir_paths(path: str) -> list[str]:
+    """The paths of the subdirectories of `path`, sorted (a link is not one); [] when it cannot be listed."""
+    try:
+        with os.scandir(path) as it:
+            return sorted(d.path for d in it if d.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
 
 
 def _absolute(path: str) -> str:

@@ -16,7 +16,7 @@ import stat
 import time
 from pathlib import Path
 
-from kcache_cli import state
+from kcache_cli import fsread, state
 from kcache_cli.errors import LockTimeout
 
 # Every lock file is opened this way: a FIFO, device or socket planted where a lock belongs never blocks
@@ -45,14 +45,8 @@ def open_lock(name: str | os.PathLike, dir_fd: int | None = None, create: bool =
             fd = os.open(name, os.O_RDONLY | (flags & ~os.O_CREAT), dir_fd=dir_fd)
         except FileNotFoundError:  # could not be created here: the permission is the problem
             raise denied from None
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise NotALockFile(errno.EINVAL, "not a regular file: ignored as a lock", os.fsdecode(name))
+    fsread.fstat_regular(fd, lambda st: NotALockFile(errno.EINVAL, "not a regular file: ignored as a lock",
+                                                     os.fsdecode(name)))
     return fd
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, NamedTuple, Protocol
 
-from kcache_cli.fsread import MAX_TREE_DEPTH
+from kcache_cli.fsread import MAX_TREE_DEPTH, sorted_entries
 from kcache_cli.terms import (  # noqa: F401
     BUILDING,
     COMPLETE,
@@ -281,10 +281,7 @@ def listdir(path: str | os.PathLike[str], warn: Warn, keep: Callable[[os.DirEntr
             ) -> list[os.DirEntry]:
     """Directory entries (those `keep` keeps), sorted by name; an unreadable directory is a warning and []."""
     try:
-        with os.scandir(path) as it:
-            return sorted(it if keep is None else filter(keep, it), key=lambda d: d.name)
-    except FileNotFoundError:
-        return []
+        return sorted_entries(path, keep)
     except OSError as exc:
         warn(f"cannot read {path}: {exc.strerror}")
         return []

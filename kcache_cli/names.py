@@ -14,6 +14,7 @@ from fnmatch import fnmatchcase
 from stat import S_ISDIR
 from typing import Iterable, Iterator, NamedTuple
 
+from kcache_cli import fsread
 from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape
 
 
@@ -58,13 +59,6 @@ def _present(names: list[str], wanted: tuple[str, ...]) -> list[str]:
     return [n for n in names if n in wanted] if wanted else names
 
 
-def _files(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
-
-
 def _walk(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces: tuple[str, ...] = (),
           prefix: str = "") -> Iterator[dict[str, str]]:
     """The fields of every directory `depth` segments down `k`'s template that matches it, within the
@@ -93,7 +87,7 @@ def _walk(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces
         level = found
     for path, f in level:
         if k.from_files is not None and depth == k.depth:
-            ours, op = k.from_files(_files(path))
+            ours, op = k.from_files(fsread.names(path))
             if not ours or (ops and op not in ops):
                 continue
             f = {**f, "op": op} if op else f

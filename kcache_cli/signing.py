@@ -72,7 +72,9 @@ def make_key(path: Path | None = None) -> tuple[Path, str]:
         raise KcacheError(f"{path} exists already: kcache never replaces a signing key "
                           f"(its public key: {public_text(_public_raw(load_key(path)))})") from None
     try:
-        os.write(fd, pem)
+        from kcache_cli.fswrite import write_all
+
+        write_all(fd, pem)  # os.write may write less than asked
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -127,23 +127,8 @@ def import_command(
                                 warn=lambda m: c.warn(opts, m), progress=bar)
     fit = arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
     out = c.Output(opts)
-    _warn_misfits(out, result, fit)
+    c.warn_arch_misfits(out, result.entries, fit, "imported")
     out.result(result.to_json(fit.gpus, fit.fits), lambda: _import_human(out, result, dry_run))
-
-
-def _warn_misfits(out: c.Output, result, fit) -> None:
-    """Warn about imported kernels this machine's GPU cannot run (or that there is no GPU to ask)."""
-    caps = fit.gpus
-    if fit.checked and caps is None:
-        out.warn("no NVIDIA GPU found (nvidia-smi): cannot check that the imported kernels' archs suit this machine")
-    bad = [e for e in result.entries if e.relpath in fit.misfits]
-    if bad and caps:
-        local = ", ".join(f"{a}.{b}" for a, b in caps)
-        for e in bad[:10]:
-            out.warn(f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU "
-                     f"(compute capability {local})")
-        if len(bad) > 10:
-            out.warn(f"{c.plural(len(bad) - 10, 'more entry', 'more entries')} built for archs this GPU cannot run")
 
 
 def _import_human(out: c.Output, result, dry_run: bool) -> None:

@@ -352,7 +352,7 @@ def _show_failure(result, header: bool = True) -> None:
         con.print(f"[dim]$ {escape(c.printable(result.command))}[/]", soft_wrap=True)
     quoting = False
     for line in c.printable(result.output or "").splitlines():  # a source line may quote an ESC
-        kind = _line_kind(line)
+        kind = c.line_kind(line)
         if kind == "error":
             con.print(f"[bold red]{escape(line)}[/]", soft_wrap=True)
             quoting = True
@@ -364,14 +364,3 @@ def _show_failure(result, header: bool = True) -> None:
         else:
             con.print(escape(line), soft_wrap=True)
             quoting = False
-
-
-def _line_kind(line: str) -> str | None:
-    low = line.lower()
-    if "error" in low and ("error:" in low or low.startswith("error") or " error " in low or "error(s)" in low):
-        return "error"
-    if "fatal" in low:
-        return "error"
-    if "warning" in low:
-        return "warning"
-    return None

@@ -437,10 +437,10 @@ def _log_lines(lf):
 
 
 def _log_line(ln: str, escape) -> str:
-    low = ln.lower()
-    if " error" in low or low.startswith("error") or "error:" in low or "fatal" in low:
+    kind = c.line_kind(ln)
+    if kind == "error":
         return f"[bold red]{escape(ln)}[/]"
-    if "warning" in low:
+    if kind == "warning":
         return f"[yellow]{escape(ln)}[/]"
     return escape(ln)
 

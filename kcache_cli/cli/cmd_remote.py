@@ -189,20 +189,9 @@ def pull_command(
 
 def _check_archs(out: c.Output, entries) -> None:
     """As import does: warn about pulled kernels this machine's GPU cannot run."""
-    from kcache_cli.archive import arch_runs_on, cuda_archs, local_compute_caps
+    from kcache_cli.gpu import arch_fit
 
-    checked = [e for e in entries if e.arch and cuda_archs(e.arch)]
-    if not checked:
-        return
-    caps = local_compute_caps()
-    if caps is None:
-        out.warn("no NVIDIA GPU found (nvidia-smi): cannot check that the pulled kernels' archs suit this machine")
-        return
-    bad = [e for e in checked if arch_runs_on(e.arch, caps) is False]
-    for e in bad[:10]:
-        out.warn(f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU")
-    if len(bad) > 10:
-        out.warn(f"{len(bad) - 10} more entries are built for archs this GPU cannot run")
+    c.warn_arch_misfits(out, entries, arch_fit({e.relpath: e.arch for e in entries}), "pulled")
 
 
 @c.selectors(status=None)

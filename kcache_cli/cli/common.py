@@ -506,3 +506,33 @@ def print_table(columns, rows: list[list[str]], styles: dict[int, dict[str, str]
     cols = [col if isinstance(col, Column) else Column(col, right=i in right, styles=(styles or {}).get(i, {}))
             for i, col in enumerate(columns)]
     print_lines(render(cols, rows, output_width(), colour=not plain_output(), clean=printable_line))
+
+
+def line_kind(line: str) -> str | None:
+    """"error" or "warning" for a compiler's output line that reports one (how a log or a failed build's
+    output is highlighted), else None."""
+    low = line.lower()
+    if "error" in low and ("error:" in low or low.startswith("error") or " error " in low or "error(s)" in low):
+        return "error"
+    if "fatal" in low:
+        return "error"
+    if "warning" in low:
+        return "warning"
+    return None
+
+
+def warn_arch_misfits(out: Output, entries, fit, what: str) -> None:
+    """Warn about `what` (imported, pulled) kernels among `entries` this machine's GPU cannot run, as
+    `fit` (gpu.arch_fit, keyed by relpath) found, or that there is no GPU to ask."""
+    caps = fit.gpus
+    if fit.checked and caps is None:
+        out.warn(f"no NVIDIA GPU found (nvidia-smi): cannot check that the {what} kernels' archs suit this machine")
+    misfits = set(fit.misfits)
+    bad = [e for e in entries if e.relpath in misfits]
+    if bad and caps:
+        local = ", ".join(f"{a}.{b}" for a, b in caps)
+        for e in bad[:10]:
+            out.warn(f"{e.relpath} is built for {e.arch}, which does not run on this machine's GPU "
+                     f"(compute capability {local})")
+        if len(bad) > 10:
+            out.warn(f"{plural(len(bad) - 10, 'more entry', 'more entries')} built for archs this GPU cannot run")

@@ -491,7 +491,7 @@ class InductorLayout(ModuleLayout):
 
     def users(self, root: Path, providers: list[str]) -> dict[str, list[str]]:
         named: dict[str, list[str]] = {}
-        for de in _subdirs(os.path.join(root, "aotautograd")):
+        for de in fsread.subdir_paths(os.path.join(root, "aotautograd")):
             variants = [n for n in listing(de).files if VARIANT_RE.match(n)]
             for key in graph_keys(de, variants):
                 named.setdefault(os.path.normpath(os.path.join(root, graph_relpath(key))), []).append(de)
@@ -504,7 +504,7 @@ class InductorLayout(ModuleLayout):
         return "names", "named by"
 
     def nested(self, root: Path) -> list[tuple[str, Path]]:
-        return [("triton", Path(d)) for d in _subdirs(os.path.join(root, "triton"))]
+        return [("triton", Path(d)) for d in fsread.subdir_paths(os.path.join(root, "triton"))]
 
     def relocate(self, staged: str, final: str, root: Path) -> None:
         if os.path.basename(os.path.dirname(os.path.dirname(final))) == "triton":
@@ -514,14 +514,6 @@ class InductorLayout(ModuleLayout):
         if entry.kind == TRITON:
             return triton.LAYOUT.facts(replace_entry(entry, kind=triton.KIND_KERNEL), small, names)
         return Facts("torch inductor", None, None)
-
-
-def _subdirs(path: str) -> list[str]:
-    try:
-        with os.scandir(path) as it:
-            return sorted(d.path for d in it if d.is_dir(follow_symlinks=False))
-    except OSError:
-        return []
 
 
 LAYOUT = InductorLayout()

@@ -364,7 +364,7 @@ def _key_entries(ctx, job: tuple[str, ScanFilter]) -> list[Entry]:
     path, flt = job
     key = os.path.basename(path)
     lst = _Listing(path, ctx.warn)
-    names = list(lst.sizes) if lst.readable else _names(path)  # root lists a mode-000 dir: its name still
+    names = list(lst.sizes) if lst.readable else fsread.names(path)  # root lists a mode-000 dir: its name still
     single = single_file_kind(lst.sizes) if not any(is_group(n) for n in names) else None
     op = triton_kernel_name(names)
     if not flt.wants_op(op):
@@ -478,20 +478,13 @@ def relocation_problem(entry: Entry) -> str | None:
     return None
 
 
-def _names(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
-
-
 def log_files(entry: Entry) -> list[LogFile]:
     return []  # Triton keeps no compile log: `no_log` says where to look instead
 
 
 def no_log(entry: Entry) -> str:
     """What `kcache log` says instead of a log."""
-    stages = sorted(n for n in _names(entry.path) if n.endswith(IR_SUFFIXES))
+    stages = sorted(n for n in fsread.names(entry.path) if n.endswith(IR_SUFFIXES))
     where = ", ".join(stages) if stages else "none left"
     return f"Triton keeps no compile log; the compile stages are in {entry.path}: {where}"
 

@@ -102,23 +102,15 @@ def read_index(path: str) -> tuple[tuple[Handle, ...], str | None]:
 def parts(unit: str) -> list[Part]:
     """Every index of a unit, read."""
     out = []
-    for rank in _subdirs(unit):
+    for rank in fsread.subdir_paths(unit):
         name = os.path.basename(rank)
         if not RANK_RE.match(name):
             continue
-        for where in [rank, *(d for d in _subdirs(rank) if os.path.basename(d) not in NESTED)]:
+        for where in [rank, *(d for d in fsread.subdir_paths(rank) if os.path.basename(d) not in NESTED)]:
             if os.path.lexists(os.path.join(where, INDEX)):
                 handles, problem = read_index(os.path.join(where, INDEX))
                 out.append(Part(name, where, handles, problem))
     return out
-
-
-def _subdirs(path: str) -> list[str]:
-    try:
-        with os.scandir(path) as it:
-            return sorted(d.path for d in it if d.is_dir(follow_symlinks=False))
-    except OSError:
-        return []
 
 
 # ---- artifacts -------------------------------------------------------------------------------------
@@ -164,7 +156,7 @@ def unpacked_problem(path: str, deep: bool, now: float) -> str | None:
     for top in ("aotautograd", "fxgraph"):
         if os.path.islink(os.path.join(path, top)):
             return f"{name}/{top} is a symlink (kcache never follows it)"
-    keys = _subdirs(os.path.join(path, "aotautograd"))
+    keys = fsread.subdir_paths(os.path.join(path, "aotautograd"))
     if len(keys) != 1:
         return f"{name}/aotautograd/ holds {len(keys)} entries; torch loads exactly one"
     kinds = ((inductor.AUTOGRAD, keys[0]), *((inductor.GRAPH, g) for g in _graphs(path)))
@@ -176,7 +168,7 @@ def unpacked_problem(path: str, deep: bool, now: float) -> str | None:
 
 
 def _graphs(root: str) -> list[str]:
-    return [g for shard in _subdirs(os.path.join(root, "fxgraph")) for g in _subdirs(shard)]
+    return [g for shard in fsread.subdir_paths(os.path.join(root, "fxgraph")) for g in fsread.subdir_paths(shard)]
 
 
 def handle_problem(part: Part, h: Handle, deep: bool, now: float) -> str | None:
@@ -244,7 +236,7 @@ def judge_unit(path: str, deep: bool, now: float) -> Judgement:
 
 
 def judge_aot(path: str) -> Judgement:
-    ranks = [d for d in _subdirs(path) if RANK_RE.match(os.path.basename(d))]
+    ranks = [d for d in fsread.subdir_paths(path) if RANK_RE.match(os.path.basename(d))]
     if not ranks:
         return Judgement.of(PARTIAL, "no rank_<r>_<d>/ in it: vLLM compiles again")
     for r in ranks:
@@ -268,7 +260,7 @@ def detect(root: Path) -> bool:
     for t in tops[:64]:
         name = os.path.basename(t)
         if name == "torch_aot_compile" or (VLLM.kinds[0].match_segment(0, name) is not None
-                                           and any(RANK_RE.match(os.path.basename(d)) for d in _subdirs(t))):
+                                           and any(RANK_RE.match(os.path.basename(d)) for d in fsread.subdir_paths(t))):
             return True
     return False
 
@@ -343,7 +335,7 @@ def no_log(entry: Entry) -> str:
 def nested_in(unit: str) -> list[tuple[str, str]]:
     """The Inductor and Triton caches InductorAdaptor keeps inside a unit."""
     out = []
-    for rank in _subdirs(unit):
+    for rank in fsread.subdir_paths(unit):
         for name, layout in zip(NESTED, (inductor.NAME, "triton")):
             if os.path.isdir(os.path.join(rank, name)):
                 out.append((layout, os.path.join(rank, name)))
@@ -409,7 +401,7 @@ class VllmLayout(ModuleLayout):
             relocate(staged, final)
 
     def nested(self, root: Path) -> list[tuple[str, Path]]:
-        return [(layout, Path(p)) for d in _subdirs(str(root)) for layout, p in nested_in(d)]
+        return [(layout, Path(p)) for d in fsread.subdir_paths(str(root)) for layout, p in nested_in(d)]
 
     def facts(self, entry: Entry, small, names) -> Facts:
         factors = key_factors(entry.path) if entry.kind == COMPILE else {}
