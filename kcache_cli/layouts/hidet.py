@@ -8,12 +8,13 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from kcache_cli import fsread, state
 from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, listing_or_unreadable,
                               read_text, size_mismatch, unreadable)
-from kcache_cli.layouts.base import TEMP, InnerLeftover, Leftover, ModuleLayout
+from kcache_cli.layouts._common import command_from_script
+from kcache_cli.layouts.base import TEMP, InnerLeftover, Leftover, Layout, ScanContext
 from kcache_cli.layouts.shapes import HIDET
 from kcache_cli.locking import entry_build_locked, probe_locked
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, UNREADABLE_REASON,
@@ -707,11 +708,6 @@ def _judged_op_entry(ctx, job: tuple[str, str, str, str, str, str]) -> Entry:
 
 # ---- deep checks ---------------------------------------------------------------------------------
 
-def command_from_script(text: str) -> str:
-    """The command lines of a compile.sh, without the shebang and blank lines."""
-    return "\n".join(line for line in text.splitlines() if line.strip() and not line.startswith("#!")).strip()
-
-
 def _dim(d):
     """A shape dimension as JSON wants it: an integer when it is one (task.txt gives strings)."""
     if isinstance(d, str) and re.fullmatch(r"-?\d+", d.strip()):
@@ -895,12 +891,35 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
 _TEMP_MARK = "/" + state.TEMP_PREFIX
 
 
-class HidetLayout(ModuleLayout):
+class HidetLayout(Layout):
     """hidet's operator cache; also where `kcache build` publishes (kcache's temp dirs are its leftovers)."""
 
     shape = HIDET
     writer_locks = (".lock", "dispatch_table.txt.lock")
     fact_files = (MANIFEST, "compile.sh", "nvcc_log.txt")
+
+    def detect(self, root: Path) -> bool:
+        return detect(root)
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
+
+    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return stray_links(ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
+              ) -> Judgement:
+        return judge(path, kind, deep, root=root)
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def log_files(self, entry: Entry) -> list[LogFile]:
+        return log_files(entry)
 
     def leftover(self, entry: Entry) -> Leftover | None:
         name = os.path.basename(entry.path)
@@ -920,7 +939,7 @@ class HidetLayout(ModuleLayout):
     def empty_parent_levels(self, kind: str) -> int:
         return 2 if kind == "op" else 0  # the op and space directories; ops/ itself tells the layout
 
-    def compile_command(self, small) -> str | None:
+    def compile_command(self, small: Mapping[str, bytes]) -> str | None:
         if small.get("compile.sh") is not None:
             return command_from_script(small["compile.sh"].decode("utf-8", "replace"))
         if small.get("nvcc_log.txt"):
