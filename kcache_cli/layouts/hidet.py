@@ -8,7 +8,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, NamedTuple
 
 from kcache_cli import fsread, state
 from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, listing_or_unreadable,
@@ -634,15 +634,27 @@ def _space_dirs(ctx, ops: Path, flt: ScanFilter) -> Iterator[tuple[str, str, str
             yield name, m.group(1), path
 
 
-def _listing(ctx, path: str, job: tuple, out: list[Entry], keep=None) -> list[os.DirEntry]:
-    target, space, op = job
+class OpJob(NamedTuple):
+    """One op entry directory for the scan to judge (in a worker process): with it, everything the
+    judgement takes from outside the entry, so that the index keeps an answer per job."""
+
+    path: str
+    name: str
+    target: str
+    space: str
+    op: str
+    version: str  # the installed hidet's, which decides how hidet treats the entry ("" when no status shows)
+
+
+def _listing(ctx, path: str, where: tuple[str, str, str | None], out: list[Entry], keep=None) -> list[os.DirEntry]:
+    target, space, op = where
     return listing_or_unreadable(ctx, path, out, keep, layout=NAME, kind="op", target=target, space=space, op=op)
 
 
 def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     ops = ctx.root / "ops"
     # Listing the entry directories is cheap; reading them is the work, done in parallel.
-    listed: list[tuple[str, str, str, str, str]] = []
+    listed: list[tuple[str, str, str, str, str]] = []  # OpJob without the version
     prefixes = flt.name_prefixes()
     named = (lambda de: de.name.startswith(prefixes) or de.name.startswith(state.TEMP_PREFIX)) if prefixes else None
     blocked: list[Entry] = []
@@ -659,7 +671,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     # Each entry is judged against the installed hidet alone (its version is in the job: the index keeps
     # answers per version); never against other entries' version.txt files.
     version = installed_version() if ctx.statuses else ""
-    jobs = [(*job, version) for job in listed]
+    jobs = [OpJob(*job, version) for job in listed]
     yield from blocked
     yield from ctx.map_entries(_op_entry, jobs)
     if flt.ops or flt.spaces:
@@ -675,12 +687,12 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                                 target=built_for, space=None, op=None, hash=de.name, status=j.status, reason=j.reason)
 
 
-def _op_entry(ctx, job: tuple[str, str, str, str, str, str]) -> Entry:
-    with fsread.held(job[0]):  # one fd of the entry's directory for every read of its files
+def _op_entry(ctx, job: OpJob) -> Entry:
+    with fsread.held(job.path):  # one fd of the entry's directory for every read of its files
         return _judged_op_entry(ctx, job)
 
 
-def _judged_op_entry(ctx, job: tuple[str, str, str, str, str, str]) -> Entry:
+def _judged_op_entry(ctx, job: OpJob) -> Entry:
     path, name, target, space, op, version = job
     reason: str | None
     names, usage, mtimes = ctx.read_dir(path)
