@@ -5,9 +5,6 @@ files, vLLM's indexes)."""
 from __future__ import annotations
 
 import os
-import secrets
-
-from kcache_cli import fswrite
 
 
 def command_from_script(text: str) -> str:
@@ -17,7 +14,12 @@ def command_from_script(text: str) -> str:
 
 def replace_file(dfd: int, name: str, data: bytes, tmp_prefix: str) -> None:
     """Replace the file `name` in the directory `dfd` with `data`, atomically and durably, as Triton
-    writes (a `<tmp_prefix><pid>_<random>` directory beside it), every step through descriptors (fswrite)."""
+    writes (a `<tmp_prefix><pid>_<random>` directory beside it), every step through descriptors (fswrite).
+    fswrite and secrets are imported here, not above: loading a layout (every `ls`) does not need them."""
+    import secrets
+
+    from kcache_cli import fswrite
+
     tmp_name = f"{tmp_prefix}{os.getpid()}_{secrets.token_hex(16)}"
     fswrite.mkdir_at(dfd, tmp_name, 0o700)
     try:
