@@ -77,7 +77,7 @@ def judge(path: str, kind: str, deep: bool = False, *, root: object = None) -> J
     return Judgement(COMPLETE)
 
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     if not flt.wants_target("cuda") or flt.spaces or flt.ops:
         return
     prefixes = flt.name_prefixes()

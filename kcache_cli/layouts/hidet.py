@@ -651,7 +651,7 @@ def _listing(ctx, path: str, where: tuple[str, str, str | None], out: list[Entry
     return listing_or_unreadable(ctx, path, out, keep, layout=NAME, kind="op", target=target, space=space, op=op)
 
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     ops = ctx.root / "ops"
     # Listing the entry directories is cheap; reading them is the work, done in parallel.
     listed: list[tuple[str, str, str, str, str]] = []  # OpJob without the version
@@ -858,7 +858,7 @@ def log_files(entry: Entry) -> list[LogFile]:
 
 # ---- for prune/clear -----------------------------------------------------------------------------
 
-def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def stray_links(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     """Symlinks where ops/, a space, an op or an entry belongs: the scan never follows them (it skips
     them); prune --broken and clear remove them as links, leaving their targets alone."""
     def link(path: str, kind: str, target, space, op, h: str) -> Entry:

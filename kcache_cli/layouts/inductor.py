@@ -378,7 +378,7 @@ def _code_evidence(path: str) -> bool:
     return not names or any(CODE_RE.match(n) or TMP_RE.match(n) for n in names)
 
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     root = str(ctx.root)
     prefixes = flt.name_prefixes()
     memo: dict[str, Judgement] = {}  # fx graphs judged, by path: the aotautograd entries ask again

@@ -280,7 +280,7 @@ def _staging(ctx, path: str, kind: str, space: str) -> Iterator[Entry]:
                         "stale after an hour)")
 
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     if flt.ops or not flt.wants_target(TARGET):
         return  # tilelang kernels carry no op name
     for vdir in ctx.listdir(ctx.root):
@@ -444,7 +444,7 @@ def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def stray_links(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     """Symlinks where a version, platform, kernels/ or an entry belongs: never followed; prune --broken
     and clear remove them as links."""
     if flt.ops or not flt.wants_target(TARGET):

@@ -368,7 +368,7 @@ def program_status(path: str) -> tuple[str, str | None]:
     return j.status, j.reason
 
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     if not flt.wants_target(TARGET) or flt.spaces:
         return  # tilus entries have no space
     scripts = ctx.root / "scripts"
@@ -530,7 +530,7 @@ def link_map(root: Path) -> dict[str, list[str]]:
     return out
 
 
-def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def stray_links(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     """Symlinks where a program, a script or a script's op directory belongs: never followed
     (scan skips them); prune --broken and clear remove them as links."""
     if not flt.wants_target(TARGET) or flt.spaces:

@@ -338,7 +338,7 @@ def single_file_kind(sizes: dict[str, int]) -> str | None:
 
 # ---- scan ----------------------------------------------------------------------------------------
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     jobs = []
     for de in ctx.listdir(ctx.root):
         if not is_key(de.name) or not de.is_dir(follow_symlinks=False):

@@ -280,7 +280,7 @@ def detect(root: Path) -> bool:
     return False
 
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     if flt.targets or flt.spaces or flt.ops:
         return  # vLLM's units have no target, space or op names
     prefixes = flt.name_prefixes()
