@@ -43,6 +43,7 @@ FLOORS: dict[str, int] = {
     "kcache_cli.layouts.shapes": MODEL,
     # the layouts
     "kcache_cli.layouts": LAYOUTS,
+    "kcache_cli.layouts._common": LAYOUTS,  # helpers several layout modules share (no layout imports another)
     # the engines
     "kcache_cli.scan": ENGINES,
     "kcache_cli.scan_context": ENGINES,  # what the scan hands a layout; the index builds on it
@@ -61,6 +62,13 @@ FLOORS: dict[str, int] = {
     "kcache_cli.cli": CLI,
     "kcache_cli.__main__": CLI,
 }
+
+
+# Modules of layouts/ every layout module may import; any other module there is one layout's own (its
+# `<name>.py`, or a helper `<name>_*.py` of that layout alone, like triton_remote.py).
+LAYOUT_SHARED = frozenset({"kcache_cli.layouts", "kcache_cli.layouts.base", "kcache_cli.layouts._common",
+                           "kcache_cli.layouts.shapes", "kcache_cli.layouts._facts",
+                           "kcache_cli.layouts.remote_format", "kcache_cli.layouts.homes"})
 
 
 class Cycle(NamedTuple):
@@ -209,6 +217,23 @@ def upward(edges: list[Edge], floors: dict[str, int] = FLOORS) -> list[str]:
     return out
 
 
+def between_layouts(edges: list[Edge], package: str = "kcache_cli.layouts",
+                    shared: frozenset[str] = LAYOUT_SHARED) -> list[str]:
+    """Each import of one layout's module by another layout's (`inductor` importing `triton`), as a line to
+    print. A layout reaches another through the registry at run time, and shares code through `_common`."""
+    def owner(module: str) -> str | None:
+        if not module.startswith(package + ".") or module in shared:
+            return None
+        return module[len(package) + 1:].split(".")[0].split("_")[0] or None
+
+    out = []
+    for e in edges:
+        a, b = owner(e.importer), owner(e.imported)
+        if a is not None and b is not None and a != b:
+            out.append(f"{e.where}: layout {e.importer} imports another layout's {e.imported}")
+    return out
+
+
 def _package_edges() -> list[Edge]:
     return import_edges({p: p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}, PACKAGE)
 
@@ -229,6 +254,23 @@ def test_no_import_cycle():
 def test_no_import_from_a_higher_floor():
     found = upward(_package_edges())
     assert not found, "imports from a higher floor:\n" + "\n".join(found)
+
+
+def test_no_layout_imports_another():
+    found = between_layouts(_package_edges())
+    assert not found, "layouts importing each other:\n" + "\n".join(found)
+
+
+def test_the_layout_rule_sees_what_it_forbids():
+    edges = [Edge("p.layouts.inductor", "p.layouts.triton", "p/layouts/inductor.py:3"),
+             Edge("p.layouts.vllm", "p.layouts.base", "p/layouts/vllm.py:4"),
+             Edge("p.layouts.triton", "p.layouts.triton_remote", "p/layouts/triton.py:5"),
+             Edge("p.layouts.tilus", "p.layouts.hidet", "p/layouts/tilus.py:6"),
+             Edge("p.layouts.hidet", "p.layouts", "p/layouts/hidet.py:7"),
+             Edge("p.scan", "p.layouts.hidet", "p/scan.py:8")]
+    assert between_layouts(edges, "p.layouts", frozenset({"p.layouts", "p.layouts.base"})) == [
+        "p/layouts/inductor.py:3: layout p.layouts.inductor imports another layout's p.layouts.triton",
+        "p/layouts/tilus.py:6: layout p.layouts.tilus imports another layout's p.layouts.hidet"]
 
 
 def test_the_import_rules_see_what_they_forbid(tmp_path):

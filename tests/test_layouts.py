@@ -3,13 +3,15 @@ what its scan finds in the real fixture caches."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import sys
-import types
+from pathlib import Path
 
 import pytest
 
 from kcache_cli import layouts
-from kcache_cli.layouts.base import Layout, ModuleLayout
+from kcache_cli.layouts.base import CONCERNS, Layout
 from kcache_cli.layouts.shapes import SHAPES
 from kcache_cli.scan import scan_cache
 
@@ -23,11 +25,7 @@ def test_registry_is_the_shapes():
         assert isinstance(layout, Layout) and layout.name == name
         assert layout.kinds and all(layout.kind_shape(k) is not None for k in layout.kinds)
         for method in ("scan", "judge", "describe"):  # what has no default
-            own = getattr(type(layout), method) is not getattr(Layout, method)
-            if isinstance(layout, ModuleLayout):  # forwarded: the module must define the function
-                fn = getattr(sys.modules[type(layout).__module__], method, None)
-                own = callable(fn) and fn.__module__ == type(layout).__module__
-            assert own, f"{name} lacks {method}"
+            assert getattr(type(layout), method) is not getattr(Layout, method), f"{name} lacks {method}"
     with pytest.raises(KeyError):
         layouts.get("ccache")
     assert layouts.builder().shape.build_kind in layouts.builder().kinds
@@ -98,23 +96,101 @@ def test_leftovers_and_locks(fixture_copy):
     assert ".lock" in hidet.writer_locks and hidet.empty_parent_levels("op") == 2
 
 
-def test_module_layout_forwards_to_its_own_module_functions(tmp_path, monkeypatch):
-    """ModuleLayout calls the function of a method's name defined in the subclass's module, falls back to
-    Layout's default where there is none, and ignores a same-named function imported from elsewhere."""
-    mod = types.ModuleType("kcache_test_fake_layout")
-    exec("def judge(path, kind, deep=False, *, root=None):\n    return ('judged', path, kind, deep, root)\n"
-         "def log_files(entry):\n    return ['log of', entry]\n", mod.__dict__)
-    mod.describe = sys.modules["kcache_cli.layouts.hidet"].describe  # imported, not the module's own
-    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+FIFTH = Path(__file__).resolve().parent / "fifth_layout" / "objcache.py"
+HOOKS = frozenset(n for n in dir(Layout) if not n.startswith("_")) | frozenset(Layout.__annotations__)
 
-    class Fake(ModuleLayout):
+
+def _members(concern: type) -> dict[str, object]:
+    """A concern's members: name -> the protocol's function or property, or its annotation (an attribute)."""
+    out: dict[str, object] = dict(concern.__annotations__)
+    out.update({n: v for n, v in vars(concern).items()
+                if not n.startswith("_") and (callable(v) or isinstance(v, property))})
+    return out
+
+
+def concern_problems(layout: object) -> list[str]:
+    """Where `layout` does not satisfy a concern: a member missing, a method whose signature (names, kinds,
+    defaults, annotations as written) differs from the protocol's, an attribute of the wrong type."""
+    out = []
+    for concern in CONCERNS:
+        for name, member in _members(concern).items():
+            if not hasattr(layout, name):
+                out.append(f"{concern.__name__}.{name} missing")
+            elif isinstance(member, property):
+                if not isinstance(inspect.getattr_static(type(layout), name), property):
+                    out.append(f"{concern.__name__}.{name} is not a property")
+            elif callable(member):
+                want, got = inspect.signature(member), inspect.signature(getattr(type(layout), name))
+                if str(want) != str(got):
+                    out.append(f"{concern.__name__}.{name}{want} but {type(layout).__name__}.{name}{got}")
+            else:
+                kind = {"frozenset": frozenset, "tuple": tuple}.get(str(member).split("[")[0], object)
+                if not isinstance(getattr(layout, name), kind):
+                    out.append(f"{concern.__name__}.{name}: {member}, not {type(getattr(layout, name)).__name__}")
+    return out
+
+
+def non_hook_members(cls: type) -> list[str]:
+    """Public names a layout class defines that are no member of `Layout`: a typo (`relocation_problems`)
+    that would otherwise be dead code while the default runs."""
+    return sorted(n for n in vars(cls) if not n.startswith("_") and n not in HOOKS)
+
+
+def uncalled_hook_functions(source: str) -> list[str]:
+    """Module-level functions named after a hook that the module's Layout subclass never calls: what a
+    forgotten (or misspelt) delegation leaves behind while `Layout`'s default runs instead."""
+    tree = ast.parse(source)
+    funcs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in HOOKS}
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef)
+               and any(isinstance(b, ast.Name) and b.id == "Layout" for b in n.bases)]
+    called = {c.func.id for cls in classes for c in ast.walk(cls)
+              if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+    return sorted(funcs - called)
+
+
+def test_the_concerns_cover_the_whole_interface():
+    """Every public member of Layout belongs to exactly one concern (Protocol), and Layout satisfies each."""
+    seen = [name for concern in CONCERNS for name in _members(concern)]
+    assert len(seen) == len(set(seen)), sorted(n for n in seen if seen.count(n) > 1)
+    assert set(seen) == HOOKS
+    class Bare(Layout):  # the defaults alone
         shape = SHAPES[0]
 
-    Fake.__module__ = mod.__name__
-    fake = Fake()
-    assert fake.judge("/x", "op", True, root="/r") == ("judged", "/x", "op", True, "/r")
-    assert fake.log_files("e") == ["log of", "e"]
-    assert fake.relocation_problem("e") is None  # Layout's default
-    with pytest.raises(NotImplementedError):  # hidet's describe was imported: Layout's default runs
-        fake.describe(tmp_path, "e")
-    assert fake.detect(tmp_path) is False  # Layout's default: no top-level directory of the shape
+    assert concern_problems(Bare()) == []
+
+
+@pytest.mark.parametrize("name", layouts.NAMES)
+def test_every_layout_satisfies_every_concern(name):
+    layout = layouts.get(name)
+    assert concern_problems(layout) == []
+    assert non_hook_members(type(layout)) == []
+    source = Path(sys.modules[type(layout).__module__].__file__ or "").read_text()
+    assert uncalled_hook_functions(source) == []
+
+
+def test_the_fifth_layout_follows_the_same_rules():
+    assert uncalled_hook_functions(FIFTH.read_text()) == []
+
+
+def test_the_rules_catch_a_typo_and_a_wrong_signature():
+    """What the checks above exist for: a misspelt hook, a forgotten delegation and a signature that is not
+    Layout's are each reported, where `ModuleLayout` used to run the default in silence."""
+    class Typo(Layout):
+        shape = SHAPES[0]
+
+        def relocation_problems(self, entry):  # misspelt: Layout.relocation_problem would run
+            return "moved"
+
+        def judge(self, path, kind, deep=False):  # no root: the scan's judge(..., root=...) would fail
+            raise NotImplementedError
+
+    assert non_hook_members(Typo) == ["relocation_problems"]
+    assert [p.split("(")[0] for p in concern_problems(Typo())] == ["EntryReader.judge"]
+    source = ("from kcache_cli.layouts.base import Layout\n"
+              "def scan(ctx, flt):\n    return iter(())\n"
+              "def describe(root, entry):\n    return None\n"
+              "def relocation_problem(entry):\n    return 'moved'\n"
+              "class Mine(Layout):\n"
+              "    def scan(self, ctx, flt):\n        return scan(ctx, flt)\n"
+              "    def describe(self, root, entry):\n        return describe(root, entry)\n")
+    assert uncalled_hook_functions(source) == ["relocation_problem"]

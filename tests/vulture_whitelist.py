@@ -33,4 +33,6 @@ _used = (
     _.from_json,
     _.trash_dir,
     _.used_dir,
+    # the layout Protocols by concern, which tests/test_layouts.py checks every layout against
+    _.CONCERNS,
 )

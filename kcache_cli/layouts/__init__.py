@@ -9,10 +9,14 @@ Adding a layout (say `triton`):
    r"[A-Z2-7]{52}"),)),), "<key>/")` appended to `SHAPES` (names.py, completion, `--layout` and
    `--kind` choices, archive path checks and detection all follow from it).
 2. `triton.py`: module-level functions `scan`, `judge`, `describe`, `log_files` (and `shape_problem`,
-   `detect`, `no_log`... where the defaults do not fit), then `class TritonLayout(base.ModuleLayout)`
-   with `shape = shapes.TRITON`, which forwards those methods to the functions, and declares only what
-   differs from the defaults: `leftover` (tmp.pid_* dirs), `writer_locks`, `relocate` (rewrite the group
-   files' absolute paths on import), `facts`...; then `LAYOUT = TritonLayout()`.
+   `detect`, `no_log`... where the defaults do not fit), then `class TritonLayout(base.Layout)` with
+   `shape = shapes.TRITON` whose methods override the hooks with `Layout`'s exact signatures, each a
+   one-line call of the module's function (`def scan(self, ctx: ScanContext, flt: ScanFilter) ->
+   Iterator[Entry]: return scan(ctx, flt)`) or its own body: `leftover` (tmp.pid_* dirs), `relocate`
+   (rewrite the group files' absolute paths on import), `facts`...; then `LAYOUT = TritonLayout()`.
+   mypy checks every override; tests/test_layouts.py checks each hook-named function is called by its
+   class and each method overrides a hook. A layout never imports another layout's module: it asks
+   this registry (`layouts.get("triton")`) at run time, and shares helpers through `_common.py`.
 3. Tests, and the README's layout table. Nothing else names a layout.
 """
 

@@ -8,9 +8,12 @@ at its new place (export, import), and where `kcache build` publishes. The rest 
 a layout. Defaults here are right for a layout whose entries are self-contained directories; a layout
 overrides what differs.
 
-A layout whose code lives in module-level functions (`scan`, `judge`, `describe`... in its own module)
-subclasses `ModuleLayout`, which forwards those methods to the functions, and declares only what
-differs from the defaults.
+The methods fall into concerns, each a small typed `Protocol` below (`Shaped`, `EntryReader`,
+`Dependencies`, `Removal`, `Transport`) for code that needs only one of them; `Layout` is the one base
+class that satisfies them all with defaults. A layout is a plain subclass whose methods are real
+overrides: the usual one is a one-line delegation to the module-level function of its layout module
+(`def scan(self, ctx, flt): return scan(ctx, flt)`), so mypy checks every signature against `Layout`
+and "find usages" leads from the hook to the code. Nothing is looked up by name.
 
 Paths: `root` is the cache root; an entry's `path` is absolute and its `relpath` is '/'-separated
 relative to the root. The scan hands out `Entry` records (kcache_cli.model); statuses are the words
@@ -20,7 +23,6 @@ of kcache_cli.terms.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol
 
@@ -75,14 +77,124 @@ class ScanContext(Protocol):
 
     def listdir(self, path: str | Path, keep: Callable[[os.DirEntry], bool] | None = None) -> list[os.DirEntry]: ...
 
-    def map_entries(self, func: Any, jobs: list) -> Iterator[Entry]: ...
+    def map_entries(self, func: Any, jobs: list) -> Iterator[Any]: ...  # func(ctx, job) of each job, in order
 
     def read_dir(self, path: str) -> tuple[dict[str, int] | None, TreeUsage, dict[str, float]]: ...
 
 
+# ---- the concerns: what each part of kcache asks of a layout ------------------------------------------
+# Each is satisfied by `Layout` (so by every layout: mypy holds a subclass's overrides to `Layout`'s
+# signatures, and tests/test_layouts.py compares every registered layout's signatures with these).
+
+
+class Shaped(Protocol):
+    """Names and paths: the registry, `--layout`/`--kind`, the archive's path checks, `dir --all`."""
+
+    shape: LayoutShape
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kinds(self) -> tuple[str, ...]: ...
+
+    def kind_shape(self, kind: str) -> KindShape | None: ...
+
+    def entry_path_problem(self, kind: str, relpath: str) -> str | None: ...
+
+    def key_problem(self, kind: str, relpath: str, key: EntryKey) -> str | None: ...
+
+    def default_root(self) -> tuple[Path, str] | None: ...
+
+
+class EntryReader(Protocol):
+    """Reading entries: detection, the scan, one entry's judgement and details, its compile log."""
+
+    def detect(self, root: Path) -> bool: ...
+
+    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]: ...
+
+    def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]: ...
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
+              ) -> Judgement: ...
+
+    def describe(self, root: Path, entry: Entry) -> Details: ...
+
+    def log_files(self, entry: Entry) -> list[LogFile]: ...
+
+    def no_log(self, entry: Entry) -> str: ...
+
+    def build_reuses(self, path: str, judgement: Judgement) -> bool: ...
+
+    def nested(self, root: Path) -> list[tuple[str, Path]]: ...
+
+
+class Dependencies(Protocol):
+    """Entries that use other entries: export brings providers along, removal keeps or takes users."""
+
+    provider_kinds: frozenset[str]
+
+    def uses(self, root: Path, entry: Entry) -> list[str]: ...
+
+    def users(self, root: Path, providers: list[str]) -> dict[str, list[str]]: ...
+
+    def users_break(self, kind: str) -> bool: ...
+
+    def use_words(self, kind: str) -> tuple[str, str]: ...
+
+    def link_target(self, kind: str, resolved: list[str]) -> str | None: ...
+
+
+class Removal(Protocol):
+    """What prune and clear may remove, what they wait for, and what a removal leaves."""
+
+    writer_locks: tuple[str, ...]
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None: ...
+
+    def busy(self, entry_path: str) -> str | None: ...
+
+    def in_use(self, entry: Entry) -> str | None: ...
+
+    def leftover(self, entry: Entry) -> Leftover | None: ...
+
+    def leftover_parts(self, entry: Entry, warn: Warn) -> list[Entry]: ...
+
+    def inner_leftovers(self, entry: Entry) -> list[InnerLeftover]: ...
+
+    def empty_parent_levels(self, kind: str) -> int: ...
+
+
+class Transport(Protocol):
+    """Moving entries between machines and places: export's facts, import's relocation, the remote's keys."""
+
+    fact_files: tuple[str, ...]
+    binary_kinds: frozenset[str]
+
+    def facts(self, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts: ...
+
+    def compile_command(self, small: Mapping[str, bytes]) -> str | None: ...
+
+    def options_arch(self, small: Mapping[str, bytes]) -> str | None: ...
+
+    def platform(self, entry: Entry) -> str | None: ...
+
+    def relocate(self, staged: str, final: str, root: Path) -> None: ...
+
+    def relocation_problem(self, entry: Entry) -> str | None: ...
+
+    def remote_format(self) -> RemoteFormat | None: ...
+
+
+CONCERNS: tuple[type, ...] = (Shaped, EntryReader, Dependencies, Removal, Transport)
+
+
 class Layout:
-    """One cache layout. Subclasses set `shape` and implement `scan`, `describe` and `log_files`;
-    the other methods have defaults for self-contained entries with no links between them."""
+    """One cache layout: the defaults of every concern above. Subclasses set `shape` and override `scan`,
+    `judge` and `describe` (and `log_files` when the compiler keeps a log); the other methods have defaults
+    for self-contained entries with no links between them. An override keeps the signature given here."""
 
     shape: LayoutShape  # from kcache_cli.layouts.shapes: the name and every kind's path
     # Lock files inside an entry that its compiler holds while it writes or reads the entry: removing
@@ -316,46 +428,6 @@ class Layout:
         return None
 
 
-class ModuleLayout(Layout):
-    """A layout whose module holds its code as module-level functions named after the methods below:
-    each method calls the function of its name defined in the module of the subclass (`hidet.scan` for
-    `HidetLayout.scan`), or falls back to `Layout`'s default when that module defines none. A subclass
-    declares only what differs: `shape`, the class attributes, and methods with no such function."""
-
-    def _forward(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        module = type(self).__module__
-        fn = getattr(sys.modules[module], name, None)
-        # only a function defined in that very module: an imported helper that shares a method's name
-        # is not the layout's code
-        if callable(fn) and getattr(fn, "__module__", None) == module:
-            return fn(*args, **kwargs)
-        return getattr(Layout, name)(self, *args, **kwargs)
-
-    def detect(self, root: Path) -> bool:
-        return self._forward("detect", root)
-
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return self._forward("shape_problem", relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return self._forward("scan", ctx, flt)
-
-    def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return self._forward("stray_links", ctx, flt)
-
-    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
-              ) -> Judgement:
-        return self._forward("judge", path, kind, deep, root=root)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return self._forward("describe", root, entry)
-
-    def log_files(self, entry: Entry) -> list[LogFile]:
-        return self._forward("log_files", entry)
-
-    def no_log(self, entry: Entry) -> str:
-        return self._forward("no_log", entry)
-
-    def relocation_problem(self, entry: Entry) -> str | None:
-        return self._forward("relocation_problem", entry)
+if TYPE_CHECKING:  # mypy's proof that the defaults, and so every subclass, satisfy each concern
+    _CONCERNS: tuple[Shaped, EntryReader, Dependencies, Removal, Transport] = (
+        Layout(), Layout(), Layout(), Layout(), Layout())

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli.checks import list_files, read_every_byte
-from kcache_cli.layouts.base import ModuleLayout
+from kcache_cli.layouts.base import Layout, ScanContext
 from kcache_cli.layouts.shapes import CUDAJIT, cudajit_evidence, cudajit_names
 from kcache_cli.model import (
     COMPLETE,
@@ -77,7 +77,7 @@ def judge(path: str, kind: str, deep: bool = False, *, root: object = None) -> J
     return Judgement(COMPLETE)
 
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     if not flt.wants_target("cuda") or flt.spaces or flt.ops:
         return
     prefixes = flt.name_prefixes()
@@ -151,10 +151,30 @@ def no_log(entry: Entry) -> str:
     return "the CUDA driver keeps no compile log in its JIT cache"
 
 
-class CudaJitLayout(ModuleLayout):
+class CudaJitLayout(Layout):
     shape = CUDAJIT
     fact_files = ()
     binary_kinds = frozenset({KIND})
+
+    def detect(self, root: Path) -> bool:
+        return detect(root)
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
+
+    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
+              ) -> Judgement:
+        return judge(path, kind, deep, root=root)
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def no_log(self, entry: Entry) -> str:
+        return no_log(entry)
 
     def in_use(self, entry: Entry) -> str | None:
         users = driver_users(_owner(entry.path))

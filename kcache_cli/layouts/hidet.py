@@ -8,12 +8,13 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping, NamedTuple
 
 from kcache_cli import fsread, state
 from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, listing_or_unreadable,
                               read_text, size_mismatch, unreadable)
-from kcache_cli.layouts.base import TEMP, InnerLeftover, Leftover, ModuleLayout
+from kcache_cli.layouts._common import command_from_script
+from kcache_cli.layouts.base import TEMP, InnerLeftover, Leftover, Layout, ScanContext
 from kcache_cli.layouts.shapes import HIDET
 from kcache_cli.locking import entry_build_locked, probe_locked
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, UNREADABLE_REASON,
@@ -628,15 +629,27 @@ def _space_dirs(ctx, ops: Path, flt: ScanFilter) -> Iterator[tuple[str, str, str
             yield name, m.group(1), path
 
 
-def _listing(ctx, path: str, job: tuple, out: list[Entry], keep=None) -> list[os.DirEntry]:
-    target, space, op = job
+class OpJob(NamedTuple):
+    """One op entry directory for the scan to judge (in a worker process): with it, everything the
+    judgement takes from outside the entry, so that the index keeps an answer per job."""
+
+    path: str
+    name: str
+    target: str
+    space: str
+    op: str
+    version: str  # the installed hidet's, which decides how hidet treats the entry ("" when no status shows)
+
+
+def _listing(ctx, path: str, where: tuple[str, str, str | None], out: list[Entry], keep=None) -> list[os.DirEntry]:
+    target, space, op = where
     return listing_or_unreadable(ctx, path, out, keep, layout=NAME, kind="op", target=target, space=space, op=op)
 
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     ops = ctx.root / "ops"
     # Listing the entry directories is cheap; reading them is the work, done in parallel.
-    listed: list[tuple[str, str, str, str, str]] = []
+    listed: list[tuple[str, str, str, str, str]] = []  # OpJob without the version
     prefixes = flt.name_prefixes()
     named = (lambda de: de.name.startswith(prefixes) or de.name.startswith(state.TEMP_PREFIX)) if prefixes else None
     blocked: list[Entry] = []
@@ -653,7 +666,7 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
     # Each entry is judged against the installed hidet alone (its version is in the job: the index keeps
     # answers per version); never against other entries' version.txt files.
     version = installed_version() if ctx.statuses else ""
-    jobs = [(*job, version) for job in listed]
+    jobs = [OpJob(*job, version) for job in listed]
     yield from blocked
     yield from ctx.map_entries(_op_entry, jobs)
     if flt.ops or flt.spaces:
@@ -669,12 +682,12 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
                                 target=built_for, space=None, op=None, hash=de.name, status=j.status, reason=j.reason)
 
 
-def _op_entry(ctx, job: tuple[str, str, str, str, str, str]) -> Entry:
-    with fsread.held(job[0]):  # one fd of the entry's directory for every read of its files
+def _op_entry(ctx, job: OpJob) -> Entry:
+    with fsread.held(job.path):  # one fd of the entry's directory for every read of its files
         return _judged_op_entry(ctx, job)
 
 
-def _judged_op_entry(ctx, job: tuple[str, str, str, str, str, str]) -> Entry:
+def _judged_op_entry(ctx, job: OpJob) -> Entry:
     path, name, target, space, op, version = job
     reason: str | None
     names, usage, mtimes = ctx.read_dir(path)
@@ -701,11 +714,6 @@ def _judged_op_entry(ctx, job: tuple[str, str, str, str, str, str]) -> Entry:
 
 
 # ---- deep checks ---------------------------------------------------------------------------------
-
-def command_from_script(text: str) -> str:
-    """The command lines of a compile.sh, without the shebang and blank lines."""
-    return "\n".join(line for line in text.splitlines() if line.strip() and not line.startswith("#!")).strip()
-
 
 def _dim(d):
     """A shape dimension as JSON wants it: an integer when it is one (task.txt gives strings)."""
@@ -845,7 +853,7 @@ def log_files(entry: Entry) -> list[LogFile]:
 
 # ---- for prune/clear -----------------------------------------------------------------------------
 
-def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def stray_links(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     """Symlinks where ops/, a space, an op or an entry belongs: the scan never follows them (it skips
     them); prune --broken and clear remove them as links, leaving their targets alone."""
     def link(path: str, kind: str, target, space, op, h: str) -> Entry:
@@ -890,12 +898,35 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
 _TEMP_MARK = "/" + state.TEMP_PREFIX
 
 
-class HidetLayout(ModuleLayout):
+class HidetLayout(Layout):
     """hidet's operator cache; also where `kcache build` publishes (kcache's temp dirs are its leftovers)."""
 
     shape = HIDET
     writer_locks = (".lock", "dispatch_table.txt.lock")
     fact_files = (MANIFEST, "compile.sh", "nvcc_log.txt")
+
+    def detect(self, root: Path) -> bool:
+        return detect(root)
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
+
+    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return stray_links(ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
+              ) -> Judgement:
+        return judge(path, kind, deep, root=root)
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def log_files(self, entry: Entry) -> list[LogFile]:
+        return log_files(entry)
 
     def leftover(self, entry: Entry) -> Leftover | None:
         name = os.path.basename(entry.path)
@@ -915,7 +946,7 @@ class HidetLayout(ModuleLayout):
     def empty_parent_levels(self, kind: str) -> int:
         return 2 if kind == "op" else 0  # the op and space directories; ops/ itself tells the layout
 
-    def compile_command(self, small) -> str | None:
+    def compile_command(self, small: Mapping[str, bytes]) -> str | None:
         if small.get("compile.sh") is not None:
             return command_from_script(small["compile.sh"].decode("utf-8", "replace"))
         if small.get("nvcc_log.txt"):

@@ -27,13 +27,14 @@ import re
 import time
 from dataclasses import replace as replace_entry
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterable, Iterator, Mapping, NamedTuple
 
-from kcache_cli import fsread
+from kcache_cli import fsread, layouts
 from kcache_cli.checks import elf_truncated, list_files, unreadable
-from kcache_cli.layouts import triton
-from kcache_cli.layouts.base import STALE_AFTER, Facts, ModuleLayout
-from kcache_cli.layouts.shapes import INDUCTOR
+from kcache_cli.layouts.base import STALE_AFTER, Facts, Layout, ScanContext
+from kcache_cli.layouts.shapes import INDUCTOR, triton_kernel_name, triton_target_arch
+from kcache_cli.layouts.shapes import inductor_graph_relpath as graph_relpath
+from kcache_cli.layouts.shapes import TRITON as TRITON_SHAPE
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -44,7 +45,6 @@ from kcache_cli.model import (
     Details,
     Entry,
     Judgement,
-    LogFile,
     ScanFilter,
     TreeUsage,
     measure_tree,
@@ -52,6 +52,7 @@ from kcache_cli.model import (
 
 NAME = INDUCTOR.name
 GRAPH, AUTOGRAD, CODE, AUTOTUNE, TRITON = "graph", "autograd", "code", "autotune", "triton"
+TRITON_KERNEL = TRITON_SHAPE.kinds[0].kind  # what the Triton layout calls a nested kernel
 TMP_RE = re.compile(r"^\.(\d+)\.(\d+)\.tmp$")  # write_atomic's temp file: .<pid>.<thread id>.tmp
 VARIANT_RE = re.compile(r"^[a-z2-7]{51}$")
 FX_KEY_RE = re.compile(rb"f[a-z2-7]{51}")
@@ -213,10 +214,6 @@ def graph_keys(path: str, variants: list[str]) -> list[str]:
     return sorted(keys)
 
 
-def graph_relpath(key: str) -> str:
-    return f"fxgraph/{key[1:3]}/{key}"
-
-
 def missing_graphs(path: str, variants: list[str], root: str, now: float, memo: dict[str, Judgement]) -> Judgement:
     """The aotautograd entry as the fx graphs it names make it: partial when one is missing or broken
     (torch misses both and compiles again), unreadable or building when one is, else complete."""
@@ -306,6 +303,17 @@ def judge_autotune(path: str, deep: bool) -> Judgement:
     return Judgement(COMPLETE)
 
 
+def _triton() -> Layout:
+    """The Triton layout, whose rules judge the Triton caches nested under triton/<device>/: found through
+    the registry, as every other layout would be (no layout imports another)."""
+    return layouts.get(TRITON_SHAPE.name)
+
+
+def _as_triton(entry: Entry) -> Entry:
+    """A nested Triton kernel's entry as the Triton layout's own kind."""
+    return replace_entry(entry, kind=TRITON_KERNEL)
+
+
 # ---- the judgement, the scan ------------------------------------------------------------------------
 
 def judge(path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None) -> Judgement:
@@ -320,7 +328,7 @@ def _judge(path: str, kind: str, deep: bool, root: str | os.PathLike | None, lst
     if kind == AUTOTUNE:
         return judge_autotune(path, deep)
     if kind == TRITON:
-        return triton.judge_at(path, deep, now)
+        return _triton().judge(path, TRITON_KERNEL, deep)
     if root is None and kind == AUTOGRAD:
         root = os.path.dirname(os.path.dirname(path))
     j = judge_guarded(path, deep, now, os.fspath(root) if root is not None else None, lst, memo)
@@ -354,7 +362,7 @@ def candidates(root: str, ctx, flt: ScanFilter) -> Iterator[Found]:
             for dev in ctx.listdir(de.path):
                 if shapes[TRITON].match_segment(1, dev.name) and dev.is_dir(follow_symlinks=False):
                     yield from (Found(TRITON, k.path, k.name, f"triton/{dev.name}") for k in ctx.listdir(dev.path)
-                                if triton.is_key(k.name) and k.is_dir(follow_symlinks=False))
+                                if shapes[TRITON].match_segment(2, k.name) and k.is_dir(follow_symlinks=False))
         elif shapes[AUTOTUNE].match_segment(0, de.name):
             yield Found(AUTOTUNE, de.path, de.name, None)
         elif shapes[CODE].match_segment(0, de.name) and _code_evidence(de.path):
@@ -370,7 +378,7 @@ def _code_evidence(path: str) -> bool:
     return not names or any(CODE_RE.match(n) or TMP_RE.match(n) for n in names)
 
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     root = str(ctx.root)
     prefixes = flt.name_prefixes()
     memo: dict[str, Judgement] = {}  # fx graphs judged, by path: the aotautograd entries ask again
@@ -397,11 +405,9 @@ def _names(f: Found) -> tuple[str | None, str | None, str | None]:
         names = os.listdir(f.path)
     except OSError:
         return None, None, f.space
-    from kcache_cli.layouts.shapes import triton_kernel_name
-
     op = triton_kernel_name(names)
     meta = fsread.json_object(os.path.join(f.path, f"{op}.json")) if op else None
-    target, _arch = triton.arch_of(meta)
+    target, _arch = triton_target_arch(meta)
     return op, target, f.space
 
 
@@ -418,7 +424,7 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
     if kind == CODE and not any(CODE_RE.match(n) or TMP_RE.match(n) for n in listed):
         return "it holds no code cache file"
     if kind == TRITON:
-        return triton.shape_problem(relpath.rsplit("/", 1)[-1], triton.KIND_KERNEL, names)
+        return _triton().shape_problem(relpath.rsplit("/", 1)[-1], TRITON_KERNEL, names)
     return None
 
 
@@ -426,7 +432,7 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
 
 def describe(root: Path, entry: Entry) -> Details:
     if entry.kind == TRITON:
-        d = triton.describe(root, replace_entry(entry, kind=triton.KIND_KERNEL))
+        d = _triton().describe(root, _as_triton(entry))
         return Details(entry, d.status, d.reason, d.problems, d.files, d.task_op, binaries=d.binaries, facts=d.facts)
     j = judge(entry.path, entry.kind, deep=True, root=str(root))
     files = list_files(entry.path) if os.path.isdir(entry.path) else ()
@@ -455,13 +461,9 @@ def _facts(entry: Entry, root: Path) -> list[tuple[str, str]]:
     return facts
 
 
-def log_files(entry: Entry) -> list[LogFile]:
-    return []
-
-
 def no_log(entry: Entry) -> str:
     if entry.kind == TRITON:
-        return triton.no_log(entry)
+        return _triton().no_log(entry)
     return ("TorchInductor keeps no compile log in its cache; run with TORCH_LOGS=output_code (or "
             "TORCH_COMPILE_DEBUG=1) to see the generated code and the compiler's commands")
 
@@ -469,10 +471,10 @@ def no_log(entry: Entry) -> str:
 def relocation_problem(entry: Entry) -> str | None:
     if entry.kind != TRITON:
         return None
-    return triton.relocation_problem(replace_entry(entry, kind=triton.KIND_KERNEL))
+    return _triton().relocation_problem(_as_triton(entry))
 
 
-class InductorLayout(ModuleLayout):
+class InductorLayout(Layout):
     """TorchInductor: guarded fx graphs and aotautograd entries (which name the fx graphs they need), code
     cache shards, autotune tables and a nested Triton cache; no writer locks inside entries (torch writes
     every file through a temp file and a rename)."""
@@ -481,6 +483,26 @@ class InductorLayout(ModuleLayout):
     provider_kinds = frozenset({GRAPH})
     fact_files = ()
     binary_kinds = frozenset({TRITON})
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
+
+    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
+              ) -> Judgement:
+        return judge(path, kind, deep, root=root)
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def no_log(self, entry: Entry) -> str:
+        return no_log(entry)
+
+    def relocation_problem(self, entry: Entry) -> str | None:
+        return relocation_problem(entry)
 
     def uses(self, root: Path, entry: Entry) -> list[str]:
         if entry.kind != AUTOGRAD:
@@ -508,11 +530,11 @@ class InductorLayout(ModuleLayout):
 
     def relocate(self, staged: str, final: str, root: Path) -> None:
         if os.path.basename(os.path.dirname(os.path.dirname(final))) == "triton":
-            triton.relocate(staged, final)
+            _triton().relocate(staged, final, root)
 
-    def facts(self, entry: Entry, small, names) -> Facts:
+    def facts(self, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:
         if entry.kind == TRITON:
-            return triton.LAYOUT.facts(replace_entry(entry, kind=triton.KIND_KERNEL), small, names)
+            return _triton().facts(_as_triton(entry), small, names)
         return Facts("torch inductor", None, None)
 
 

@@ -202,6 +202,20 @@ def triton_evidence(names: list[str]) -> bool:
     return any(n.startswith((TRITON_GROUP, TRITON_TMP)) or n.endswith(TRITON_STAGES) for n in names)
 
 
+def triton_target_arch(meta: dict | None) -> tuple[str | None, str | None]:
+    """(target, arch) from a Triton kernel's metadata (`<name>.json`): ("cuda", "sm_90a"), ("hip", "gfx942").
+    Triton's CUDA backend compiles capability >= 90 for the arch-specific "a" variant
+    (sm_arch_from_capability). Here because Inductor's nested Triton caches are named by it too."""
+    target = (meta or {}).get("target")
+    if not isinstance(target, dict):
+        return None, None
+    backend = target.get("backend") if isinstance(target.get("backend"), str) else None
+    arch = target.get("arch")
+    if isinstance(arch, int) and not isinstance(arch, bool):
+        return backend, f"sm_{arch}{'a' if arch >= 90 else ''}"
+    return backend, arch if isinstance(arch, str) and arch else None
+
+
 def _triton_confirm(root: str, tops: list[str]) -> bool:
     """Key-named directories alone are no evidence: one of the first few must hold Triton's files, or
     (a root whose key directories all deny reading) none could be read, which `ls` then says."""
@@ -254,6 +268,11 @@ INDUCTOR = LayoutShape("inductor", (
     KindShape("triton", "{tri}/{device}/{hash}", space="{tri}/{device}",
               patterns=(("tri", "triton"), ("device", r"\d+"), *_TRITON_KEY)),
 ), "fxgraph/, aotautograd/, <2>/ code, cache/, triton/<device>/", confirm=_inductor_confirm)
+
+def inductor_graph_relpath(key: str) -> str:
+    """Where the fx graph `key` lies under an Inductor root (vLLM's nested Inductor caches too)."""
+    return INDUCTOR.kinds[0].relpath(shard=key[1:3], hash=key)
+
 
 # The CUDA driver's JIT cache (CUDA_CACHE_PATH, else ~/.nv/ComputeCache): one opaque entry, the cache
 # directory itself, listed from its parent (the layout's root). Its format is undocumented; it is known by

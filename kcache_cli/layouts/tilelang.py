@@ -12,10 +12,10 @@ from typing import Iterator
 from kcache_cli import fsread
 from kcache_cli.checks import (changed_since, list_files, read_head)
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
-from kcache_cli.layouts.base import Leftover, ModuleLayout
+from kcache_cli.layouts.base import Layout, Leftover, ScanContext
 from kcache_cli.layouts.shapes import TILELANG
 from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE, UNREADABLE_REASON, Details, Entry, Judgement,
-                              LogFile, ScanFilter, measure_tree)
+                              LogFile, ScanFilter, Warn, measure_tree)
 
 NAME = TILELANG.name
 TARGET = TILELANG.kinds[0].target
@@ -280,7 +280,7 @@ def _staging(ctx, path: str, kind: str, space: str) -> Iterator[Entry]:
                         "stale after an hour)")
 
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     if flt.ops or not flt.wants_target(TARGET):
         return  # tilelang kernels carry no op name
     for vdir in ctx.listdir(ctx.root):
@@ -444,7 +444,7 @@ def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def stray_links(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     """Symlinks where a version, platform, kernels/ or an entry belongs: never followed; prune --broken
     and clear remove them as links."""
     if flt.ops or not flt.wants_target(TARGET):
@@ -484,12 +484,35 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
 
 # ---- the layout ----------------------------------------------------------------------------------
 
-class TilelangLayout(ModuleLayout):
+class TilelangLayout(Layout):
     """tilelang: kernels embed the cuda-binaries they were built from; writes go through .staging/."""
 
     shape = TILELANG
     provider_kinds = frozenset({"binary"})
     binary_kinds = frozenset({"binary"})
+
+    def detect(self, root: Path) -> bool:
+        return detect(root)
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
+
+    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return stray_links(ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
+              ) -> Judgement:
+        return judge(path, kind, deep, root=root)
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def log_files(self, entry: Entry) -> list[LogFile]:
+        return log_files(entry)
 
     def users(self, root: Path, providers: list[str]) -> dict[str, list[str]]:
         return binary_users(root, providers)
@@ -503,7 +526,7 @@ class TilelangLayout(ModuleLayout):
             return Leftover(STAGING_WHAT, "tilelang staging left by an interrupted write", None)
         return None
 
-    def leftover_parts(self, entry: Entry, warn) -> list[Entry]:
+    def leftover_parts(self, entry: Entry, warn: Warn) -> list[Entry]:
         if os.path.basename(entry.path) != BINARIES_DIR or not os.path.isdir(entry.path):
             return [entry]
         # .staging/cuda-binaries/ holds one directory per write: each is judged on its own

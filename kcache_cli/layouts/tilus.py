@@ -12,11 +12,12 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from kcache_cli import fsread
 from kcache_cli.checks import (changed_since, elf_truncated, list_files, listing_or_unreadable, read_text, unreadable)
-from kcache_cli.layouts.base import ModuleLayout
+from kcache_cli.layouts._common import command_from_script
+from kcache_cli.layouts.base import Layout, ScanContext
 from kcache_cli.layouts.shapes import TILUS
 from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, Details, Entry, Judgement, LogFile,
                               ScanFilter, TensorInfo, measure_tree)
@@ -367,7 +368,7 @@ def program_status(path: str) -> tuple[str, str | None]:
     return j.status, j.reason
 
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     if not flt.wants_target(TARGET) or flt.spaces:
         return  # tilus entries have no space
     scripts = ctx.root / "scripts"
@@ -428,8 +429,6 @@ def describe(root: Path, entry: Entry) -> Details:
                 facts.append(("options arch", m.group(1)))
         script = fsread.read_text(os.path.join(p, "module", "compile.sh"), base=p)
         if script is not None:
-            from kcache_cli.layouts.hidet import command_from_script
-
             command = command_from_script(script)
         output = fsread.read_text(os.path.join(p, "module", "nvcc_output.txt"), base=p)
         lib = os.path.join(p, "module", "lib.so")
@@ -519,7 +518,7 @@ def link_map(root: Path) -> dict[str, list[str]]:
     return out
 
 
-def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def stray_links(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     """Symlinks where a program, a script or a script's op directory belongs: never followed
     (scan skips them); prune --broken and clear remove them as links."""
     if not flt.wants_target(TARGET) or flt.spaces:
@@ -559,13 +558,36 @@ def stray_links(ctx, flt: ScanFilter) -> Iterator[Entry]:
 _OPTIONS_ARCH = re.compile(rb"arch='sm_?(\d+)([af]?)'")
 
 
-class TilusLayout(ModuleLayout):
+class TilusLayout(Layout):
     """tilus: scripts link to the programs they run (relative symlinks into programs/)."""
 
     shape = TILUS
     writer_locks = (".lock", "dispatch_table.txt.lock")
     provider_kinds = frozenset({"program"})
     fact_files = ("kcache.json", "module/compile.sh", "options.txt")
+
+    def detect(self, root: Path) -> bool:
+        return detect(root)
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
+
+    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return stray_links(ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
+              ) -> Judgement:
+        return judge(path, kind, deep, root=root)
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def log_files(self, entry: Entry) -> list[LogFile]:
+        return log_files(entry)
 
     def uses(self, root: Path, entry: Entry) -> list[str]:
         if entry.kind != "script":
@@ -590,13 +612,11 @@ class TilusLayout(ModuleLayout):
     def empty_parent_levels(self, kind: str) -> int:
         return 1 if kind == "script" else 0  # the script's op directory
 
-    def compile_command(self, small) -> str | None:
-        from kcache_cli.layouts.hidet import command_from_script
-
+    def compile_command(self, small: Mapping[str, bytes]) -> str | None:
         script = small.get("module/compile.sh")
         return command_from_script(script.decode("utf-8", "replace")) if script is not None else None
 
-    def options_arch(self, small) -> str | None:
+    def options_arch(self, small: Mapping[str, bytes]) -> str | None:
         m = _OPTIONS_ARCH.search(small.get("options.txt") or b"")
         return f"sm_{m.group(1).decode()}{m.group(2).decode()}" if m else None
 

@@ -17,18 +17,20 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kcache_cli import fsread
 from kcache_cli.checks import changed_since, elf_truncated, list_files
 from kcache_cli.fsread import json_object as read_json
-from kcache_cli.layouts.base import TEMP, Facts, InnerLeftover, ModuleLayout
+from kcache_cli.layouts.base import TEMP, Facts, InnerLeftover, Layout, ScanContext
 from kcache_cli.layouts.shapes import (
     TRITON,
     TRITON_GROUP,
     TRITON_TMP,
     triton_evidence,
+    triton_target_arch as arch_of,
     triton_kernel_name,
 )
 from kcache_cli.model import (
@@ -47,6 +49,9 @@ from kcache_cli.model import (
     TreeUsage,
     measure_tree,
 )
+
+if TYPE_CHECKING:
+    from kcache_cli.layouts.remote_format import RemoteFormat
 
 NAME = TRITON.name
 KEY_RE = TRITON.kinds[0].segments[0]  # anchored: base32(sha256) since Triton 3.2, hex before
@@ -68,19 +73,6 @@ def is_group(name: str) -> bool:
 
 
 # ---- reading one key directory -------------------------------------------------------------------
-
-def arch_of(meta: dict | None) -> tuple[str | None, str | None]:
-    """(target, arch) from Triton's metadata: ("cuda", "sm_90a"), ("hip", "gfx942"). Triton's CUDA
-    backend compiles capability >= 90 for the arch-specific "a" variant (sm_arch_from_capability)."""
-    target = (meta or {}).get("target")
-    if not isinstance(target, dict):
-        return None, None
-    backend = target.get("backend") if isinstance(target.get("backend"), str) else None
-    arch = target.get("arch")
-    if isinstance(arch, int) and not isinstance(arch, bool):
-        return backend, f"sm_{arch}{'a' if arch >= 90 else ''}"
-    return backend, arch if isinstance(arch, str) and arch else None
-
 
 def group_children(group: object) -> dict[str, str] | None:
     """The group's child_paths when it is the {file name: path} map Triton writes, else None."""
@@ -349,7 +341,7 @@ def single_file_kind(sizes: dict[str, int]) -> str | None:
 
 # ---- scan ----------------------------------------------------------------------------------------
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     jobs = []
     for de in ctx.listdir(ctx.root):
         if not is_key(de.name) or not de.is_dir(follow_symlinks=False):
@@ -526,7 +518,7 @@ def relocate(src: str, dest: str) -> int:
 
 # ---- the layout ----------------------------------------------------------------------------------
 
-class TritonLayout(ModuleLayout):
+class TritonLayout(Layout):
     """Triton's cache: self-contained key directories; no lock (Triton writes through temp dirs and
     os.replace), absolute paths in the group files (rewritten on import)."""
 
@@ -536,19 +528,42 @@ class TritonLayout(ModuleLayout):
     # makes it fail: `export --sources-only` leaves Triton entries out whole.
     binary_kinds = frozenset({KIND_KERNEL, KIND_BINARY})
 
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
+
+    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
+              ) -> Judgement:
+        return judge(path, kind, deep, root=root)
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def log_files(self, entry: Entry) -> list[LogFile]:
+        return log_files(entry)
+
+    def no_log(self, entry: Entry) -> str:
+        return no_log(entry)
+
+    def relocation_problem(self, entry: Entry) -> str | None:
+        return relocation_problem(entry)
+
     def inner_leftovers(self, entry: Entry) -> list[InnerLeftover]:
         return inner_leftovers(entry)
 
     def relocate(self, staged: str, final: str, root: Path) -> None:
         relocate(staged, final)
 
-    def remote_format(self):
+    def remote_format(self) -> RemoteFormat | None:
         """Triton's own Redis keys (`triton:{key}:{filename}`), shared with Triton's remote cache."""
         from kcache_cli.layouts.triton_remote import TritonFormat
 
         return TritonFormat()
 
-    def facts(self, entry: Entry, small, names) -> Facts:
+    def facts(self, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:
         meta = _Listing(entry.path, lambda m: None).meta(f"{entry.op}.json") if entry.op else None
         version = (meta or {}).get("triton_version")
         return Facts(f"triton {version}" if isinstance(version, str) else "triton", arch_of(meta)[1], None)

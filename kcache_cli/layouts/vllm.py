@@ -29,13 +29,12 @@ import re
 import time
 import zlib
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterable, Iterator, Mapping, NamedTuple
 
-from kcache_cli import fsread
+from kcache_cli import fsread, layouts
 from kcache_cli.checks import list_files
-from kcache_cli.layouts import inductor
-from kcache_cli.layouts.base import STALE_AFTER, Facts, ModuleLayout
-from kcache_cli.layouts.shapes import VLLM
+from kcache_cli.layouts.base import STALE_AFTER, Facts, Layout, ScanContext
+from kcache_cli.layouts.shapes import INDUCTOR, TRITON, TRITON_TMP, VLLM, inductor_graph_relpath
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -56,6 +55,13 @@ RANK_RE = re.compile(r"^rank_\d+_\d+$")
 NESTED = ("inductor_cache", "triton_cache")  # InductorAdaptor's TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR
 MAX_INDEX = 4 << 20  # real indexes are a few kB; literal_eval of more is not worth its memory
 STANDALONE, ADAPTOR = "inductor_standalone", "inductor"
+GRAPH, AUTOGRAD = INDUCTOR.kinds[0].kind, INDUCTOR.kinds[1].kind  # the nested Inductor caches' kinds
+
+
+def _inductor() -> Layout:
+    """The Inductor layout, whose rules judge the Inductor caches a unit holds: found through the registry,
+    as every other layout would be (no layout imports another)."""
+    return layouts.get(INDUCTOR.name)
 
 
 class Handle(NamedTuple):
@@ -159,9 +165,9 @@ def unpacked_problem(path: str, deep: bool, now: float) -> str | None:
     keys = fsread.subdir_paths(os.path.join(path, "aotautograd"))
     if len(keys) != 1:
         return f"{name}/aotautograd/ holds {len(keys)} entries; torch loads exactly one"
-    kinds = ((inductor.AUTOGRAD, keys[0]), *((inductor.GRAPH, g) for g in _graphs(path)))
+    kinds = ((AUTOGRAD, keys[0]), *((GRAPH, g) for g in _graphs(path)))
     for kind, where in kinds:
-        j = inductor.judge(where, kind, deep, root=path)
+        j = _inductor().judge(where, kind, deep, root=path)
         if j.status != COMPLETE:
             return f"{name}: {os.path.relpath(where, path)} is {j.status} ({j.reason})"
     return None
@@ -185,10 +191,10 @@ def handle_problem(part: Part, h: Handle, deep: bool, now: float) -> str | None:
             return binary_problem(where, deep)
         return f"{h.key} is missing ({INDEX} names it): vLLM fails loading it"
     if h.compiler == ADAPTOR:
-        graph = os.path.join(_rank_dir(part), "inductor_cache", inductor.graph_relpath(h.key))
+        graph = os.path.join(_rank_dir(part), "inductor_cache", inductor_graph_relpath(h.key))
         if not re.fullmatch("f" + "[a-z2-7]{51}", h.key) or not os.path.isdir(graph):
             return f"the fx graph {h.key} it names is not in {part.rank}/inductor_cache/"
-        j = inductor.judge(graph, inductor.GRAPH, deep)
+        j = _inductor().judge(graph, GRAPH, deep)
         return None if j.status == COMPLETE else f"the fx graph {h.key} is {j.status} ({j.reason})"
     return None  # eager: nothing compiled to keep
 
@@ -265,7 +271,7 @@ def detect(root: Path) -> bool:
     return False
 
 
-def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     if flt.targets or flt.spaces or flt.ops:
         return  # vLLM's units have no target, space or op names
     prefixes = flt.name_prefixes()
@@ -336,7 +342,7 @@ def nested_in(unit: str) -> list[tuple[str, str]]:
     """The Inductor and Triton caches InductorAdaptor keeps inside a unit."""
     out = []
     for rank in fsread.subdir_paths(unit):
-        for name, layout in zip(NESTED, (inductor.NAME, "triton")):
+        for name, layout in zip(NESTED, (INDUCTOR.name, TRITON.name)):
             if os.path.isdir(os.path.join(rank, name)):
                 out.append((layout, os.path.join(rank, name)))
     return out
@@ -368,7 +374,6 @@ def relocate(staged: str, final: str) -> int:
     import pprint
 
     from kcache_cli import fswrite
-    from kcache_cli.layouts.shapes import TRITON_TMP
 
     changed = 0
     for part in parts(staged):
@@ -390,11 +395,34 @@ def relocate(staged: str, final: str) -> int:
     return changed
 
 
-class VllmLayout(ModuleLayout):
+class VllmLayout(Layout):
     """vLLM: whole <h10>/ units (their indexes name artifacts by absolute path, rewritten on import)."""
 
     shape = VLLM
     fact_files = ()
+
+    def detect(self, root: Path) -> bool:
+        return detect(root)
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
+
+    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
+              ) -> Judgement:
+        return judge(path, kind, deep, root=root)
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def no_log(self, entry: Entry) -> str:
+        return no_log(entry)
+
+    def relocation_problem(self, entry: Entry) -> str | None:
+        return relocation_problem(entry)
 
     def relocate(self, staged: str, final: str, root: Path) -> None:
         if os.path.basename(os.path.dirname(final)) != "torch_aot_compile":
@@ -403,7 +431,7 @@ class VllmLayout(ModuleLayout):
     def nested(self, root: Path) -> list[tuple[str, Path]]:
         return [(layout, Path(p)) for d in fsread.subdir_paths(str(root)) for layout, p in nested_in(d)]
 
-    def facts(self, entry: Entry, small, names) -> Facts:
+    def facts(self, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:
         factors = key_factors(entry.path) if entry.kind == COMPILE else {}
         compiler = factors.get("compiler_hash")
         return Facts(f"vllm (compiler hash {compiler})" if compiler else "vllm", None, None)

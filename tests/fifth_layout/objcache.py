@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli.checks import list_files, read_every_byte
-from kcache_cli.layouts.base import ModuleLayout
+from kcache_cli.layouts.base import Layout, ScanContext
 from kcache_cli.layouts.shapes import BY_NAME
 from kcache_cli.model import COMPLETE, CORRUPT, PARTIAL, Details, Entry, Judgement, LogFile, ScanFilter
 
@@ -67,9 +67,22 @@ def log_files(entry: Entry) -> list[LogFile]:
     return [LogFile("stderr.txt", p)] if os.path.isfile(p) else []
 
 
-class ObjcacheLayout(ModuleLayout):
+class ObjcacheLayout(Layout):
     shape = SHAPE
     binary_kinds = frozenset({"object"})
+
+    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
+              ) -> Judgement:
+        return judge(path, kind, deep, root=root)
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def log_files(self, entry: Entry) -> list[LogFile]:
+        return log_files(entry)
 
 
 LAYOUT = ObjcacheLayout()
