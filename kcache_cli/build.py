@@ -20,12 +20,15 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from kcache_cli import state
 from kcache_cli.fsread import json_object
 from kcache_cli.errors import KcacheError, LockTimeout, UsageError
 from kcache_cli.gpu import ARCH_RE
+
+if TYPE_CHECKING:
+    from kcache_cli.terms import Status
 
 BUILT, HIT, FAILED = "built", "hit", "failed"
 TARGETS = ("cuda", "cpu")
@@ -466,7 +469,7 @@ def _entry_shape():
     return shape
 
 
-def entry_status(path: str) -> tuple[str | None, str | None, dict | None]:
+def entry_status(path: str) -> tuple[Status | None, str | None, dict | None]:
     """(status, reason, kcache.json) of the entry at `path`; status None when there is none.
 
     The build layout's own judgement (the one `kcache ls` shows)."""

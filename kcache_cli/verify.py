@@ -22,6 +22,7 @@ from kcache_cli.model import (
     Entry,
     Judgement,
     ScanFilter,
+    Status,
     Warn,
 )
 
@@ -85,7 +86,7 @@ def judge_entry(root: Path, entry: Entry, deep: bool = True) -> Judgement:
             return Judgement.of(UNREADABLE, "a directory on the way to it was replaced by a link while it was read")
         return verdict
     except OSError as exc:
-        status = UNREADABLE if isinstance(exc, PermissionError) or fsread.LINK_REFUSALS != refused else CORRUPT
+        status: Status = UNREADABLE if isinstance(exc, PermissionError) or fsread.LINK_REFUSALS != refused else CORRUPT
         return Judgement.of(status, f"cannot read the entry: {exc.strerror}")
 
 
