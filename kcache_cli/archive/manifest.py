@@ -15,6 +15,7 @@ from kcache_cli.model import (
     LAYOUT_NAMES,
     EntryKey,
 )
+from kcache_cli.terms import ImportAction
 
 FORMAT = "kcache-archive"
 FORMAT_VERSION = 1
@@ -278,7 +279,7 @@ class Manifest(NamedTuple):
 class _Planned:
     index: int
     record: EntryRecord
-    action: str = "import"
+    action: ImportAction = "import"
     reason: str | None = None
     write: bool = True  # extract into staging (False: verify only)
 

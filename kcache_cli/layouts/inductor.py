@@ -260,7 +260,8 @@ def judge_code(path: str, deep: bool, now: float, lst: Listing | None = None) ->
     if any(p.startswith("unreadable:") for p in problems):
         return Judgement.of(UNREADABLE, next(p for p in problems if p.startswith("unreadable:"))[12:])
     if problems:
-        status: Status = CORRUPT if any("truncated" in p or "empty" in p or "not an ELF" in p for p in problems) else PARTIAL
+        status: Status = CORRUPT if any("truncated" in p or "empty" in p or "not an ELF" in p for p in problems) \
+            else PARTIAL
         return Judgement(status, problems[0], tuple(problems))
     temps = [(n, st) for n, st in lst.files.items() if TMP_RE.match(n)]
     if not groups and temps:
