@@ -20,7 +20,7 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Final, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from kcache_cli import state
 from kcache_cli.fsread import json_object
@@ -28,9 +28,11 @@ from kcache_cli.errors import KcacheError, LockTimeout, UsageError
 from kcache_cli.gpu import ARCH_RE
 
 if TYPE_CHECKING:
-    from kcache_cli.terms import Status
+    from kcache_cli.terms import BuildOutcome, Status
 
-BUILT, HIT, FAILED = "built", "hit", "failed"
+BUILT: Final = "built"
+HIT: Final = "hit"
+FAILED: Final = "failed"
 TARGETS = ("cuda", "cpu")
 TARGET_OF_SUFFIX = {".cu": "cuda", ".cc": "cpu", ".cpp": "cpu", ".cxx": "cpu"}
 SOURCE_NAME = {"cuda": "source.cu", "cpu": "source.cc"}
@@ -87,7 +89,7 @@ class BuildResult(NamedTuple):
     """What one task came to: built, hit or failed, and where its entry is."""
 
     task: str  # the task file as given
-    status: str  # built, hit, failed
+    status: BuildOutcome
     op: str | None = None
     hash: str | None = None
     target: str | None = None

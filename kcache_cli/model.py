@@ -196,7 +196,7 @@ class Selectable(Protocol):
     @property
     def relpath(self) -> str: ...
     @property
-    def status(self) -> str: ...
+    def status(self) -> Status: ...
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,7 @@ class ScanFilter:
     spaces: tuple[str, ...] = ()  # names, a bare level (`2`) or globs
     targets: tuple[str, ...] = ()
     layouts: tuple[str, ...] = ()
-    statuses: tuple[str, ...] = ()
+    statuses: tuple[Status, ...] = ()
     kinds: tuple[str, ...] = ()
     hash_prefixes: tuple[str, ...] = ()
     paths: tuple[str, ...] = ()  # entries by their path relative to the root; OR-ed with hash_prefixes

@@ -6,7 +6,7 @@ takes away, build and repair outcomes) are `Literal` types (kcache supports Pyth
 StrEnum): mypy checks every value, and at run time they are the same strings JSON writes. Each
 constant is `Final`, so mypy reads it as its word."""
 
-from typing import Final, Literal, get_args
+from typing import Final, Literal, TypeGuard, get_args
 
 from kcache_cli.layouts.shapes import SHAPES
 
@@ -24,6 +24,11 @@ UNREADABLE: Final = "unreadable"
 # the compiler misses it until `verify --fix` rewrites them; never removed by prune --broken.
 MOVED: Final = "moved"
 STATUSES: tuple[Status, ...] = get_args(Status)
+
+
+def is_status(word: str) -> TypeGuard[Status]:
+    return word in STATUSES
+
 
 # What import did with an archive's entry.
 ImportAction = Literal["import", "replace", "skip"]

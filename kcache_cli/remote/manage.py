@@ -9,12 +9,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from kcache_cli.fsread import parse_json
 from kcache_cli.model import EntryKey, Keyed, ScanFilter, Warn
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.store import Store
-from kcache_cli.terms import COMPLETE
+from kcache_cli.terms import COMPLETE, Status
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class RemoteEntry(Keyed):
     pushed: float | None  # epoch seconds
     last_pulled: float | None
 
-    status = COMPLETE  # a remote holds complete entries only (for ScanFilter.matches)
+    status: ClassVar[Status] = COMPLETE  # a remote holds complete entries only (for ScanFilter.matches)
 
     @property
     def last_used(self) -> float:
