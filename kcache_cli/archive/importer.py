@@ -61,8 +61,10 @@ class ImportedEntry(Keyed):
 
     def to_json(self, arch_ok: bool | None = None) -> dict:
         """An entry of `import --json`; `arch_ok`: whether its arch runs on this machine's GPU (None: unknown)."""
-        return {**self.key.to_json(), "action": self.action, "done": self.done,
-                "reason": self.reason, "files": self.files, "size": self.size, "arch": self.arch, "arch_ok": arch_ok,
+        layout, kind, target, space, op, hash_, relpath = self.key
+        return {"layout": layout, "kind": kind, "target": target, "space": space, "op": op, "hash": hash_,
+                "relpath": relpath, "action": self.action, "done": self.done, "reason": self.reason,
+                "files": self.files, "size": self.size, "arch": self.arch, "arch_ok": arch_ok,
                 "compiler": self.compiler, "platform": self.platform}
 
 
