@@ -20,7 +20,7 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Final, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from kcache_cli import state
 from kcache_cli.fsread import json_object

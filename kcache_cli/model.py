@@ -64,7 +64,7 @@ class EntryKey(NamedTuple):
     import makes one per entry.)"""
 
     layout: str
-    kind: str  # "" on a remote whose index does not say (RemoteEntry reads it as None)
+    kind: str  # "" for a remote entry whose index does not say (its JSON writes null)
     target: str | None
     space: str | None
     op: str | None

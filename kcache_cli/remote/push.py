@@ -63,7 +63,7 @@ def own_manifest_problem(record: EntryRecord, data: dict[str, bytes]) -> str | N
 
 
 def _summary(record: EntryRecord, size: int, pushed: str) -> bytes:
-    return json.dumps({**record.key._asdict(), "relpath": record.relpath, "arch": record.arch,
+    return json.dumps({**record.key._asdict(), "arch": record.arch,  # the key ends with its relpath
                        "compiler": record.compiler, "platform": record.platform, "files": len(record.files),
                        "size": size, "pushed": pushed}, separators=(",", ":")).encode()
 
