@@ -20,14 +20,19 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Final, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from kcache_cli import state
 from kcache_cli.fsread import json_object
 from kcache_cli.errors import KcacheError, LockTimeout, UsageError
 from kcache_cli.gpu import ARCH_RE
 
-BUILT, HIT, FAILED = "built", "hit", "failed"
+if TYPE_CHECKING:
+    from kcache_cli.terms import BuildOutcome, Status
+
+BUILT: Final = "built"
+HIT: Final = "hit"
+FAILED: Final = "failed"
 TARGETS = ("cuda", "cpu")
 TARGET_OF_SUFFIX = {".cu": "cuda", ".cc": "cpu", ".cpp": "cpu", ".cxx": "cpu"}
 SOURCE_NAME = {"cuda": "source.cu", "cpu": "source.cc"}
@@ -84,7 +89,7 @@ class BuildResult(NamedTuple):
     """What one task came to: built, hit or failed, and where its entry is."""
 
     task: str  # the task file as given
-    status: str  # built, hit, failed
+    status: BuildOutcome
     op: str | None = None
     hash: str | None = None
     target: str | None = None
@@ -466,7 +471,7 @@ def _entry_shape():
     return shape
 
 
-def entry_status(path: str) -> tuple[str | None, str | None, dict | None]:
+def entry_status(path: str) -> tuple[Status | None, str | None, dict | None]:
     """(status, reason, kcache.json) of the entry at `path`; status None when there is none.
 
     The build layout's own judgement (the one `kcache ls` shows)."""

@@ -16,21 +16,26 @@ import stat
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Final, Iterable, Mapping
 
 from kcache_cli import fswrite, state
 from kcache_cli.locking import NotALockFile, open_lock
 from kcache_cli.errors import KcacheError, UsageError
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, Entry, ScanFilter, Warn,
                               iso, measure_tree)
+from kcache_cli.terms import RemovalWhat
 
 STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer
 # What --broken removes: never UNREADABLE (a permission problem is not damage), never STALE (another
 # environment's compiler may still use it: --stale removes those).
 BROKEN = (PARTIAL, FAILED, CORRUPT)
 # What a removal takes away.
-ENTRY, CANDIDATES, TEMP, STAGING, LINK = "entry", "candidates", "temp", "staging", "link"
-LEFTOVER = "leftover"  # a killed import's staging dir or export's temp file (kcache_cli.state)
+ENTRY: Final = "entry"
+CANDIDATES: Final = "candidates"
+TEMP: Final = "temp"
+STAGING: Final = "staging"
+LINK: Final = "link"
+LEFTOVER: Final = "leftover"  # a killed import's staging dir or export's temp file (kcache_cli.state)
 GC_LOCK = ".gc.lock"  # in .kcache/locks/: one prune or clear acts on a root at a time
 
 
@@ -48,7 +53,7 @@ class Removal:
     path: str  # absolute path of what goes
     relpath: str
     size: int
-    what: str  # ENTRY, CANDIDATES, TEMP, STAGING, LINK or LEFTOVER
+    what: RemovalWhat  # ENTRY, CANDIDATES, TEMP, STAGING, LINK or LEFTOVER
     why: str
     lock: str | None = None  # relpath whose kcache entry lock is held while renaming
     requires: tuple[str, ...] = ()  # relpaths that must be gone first (a program's scripts, a binary's kernels)

@@ -1,4 +1,15 @@
-"""The data kcache's core hands out: frozen dataclasses of raw values (bytes, epoch seconds)."""
+"""The data kcache's core hands out: frozen dataclasses of raw values (bytes, epoch seconds).
+
+One entry record: an entry is named everywhere by its `EntryKey` (layout, kind, target, space, op,
+hash, relpath: the fields of `ls --json` that say which entry it is), and each feature's record holds
+that key plus its own payload instead of re-declaring the fields: the scan's `Entry` (path, size,
+files, status, times; its `key` is a property, as layouts build it flat), the archive manifest's
+`EntryRecord` (files, links, dirs, locks, facts), export's `ExportedEntry`, import's `ImportedEntry`,
+push and pull's `MovedEntry` (action, done, reason), the remote index's `RemoteEntry` (pushed, last
+pulled). `Keyed` reads the key's fields through (`e.op`), so a filter, a table or a sort takes any of
+them. Records that wrap a scanned entry (verify's `EntryCheck`, `Details`, delete's `Removal` and
+`Skip`) hold the `Entry` itself. Statuses, actions and removal kinds are the `Literal` types of
+kcache_cli/terms.py."""
 
 from __future__ import annotations
 
@@ -22,6 +33,7 @@ from kcache_cli.terms import (  # noqa: F401
     STALE,
     STATUSES,
     UNREADABLE,
+    Status,
 )
 
 UNREADABLE_REASON = "unreadable directory (permission denied?)"
@@ -48,17 +60,55 @@ _ISO_SEEN: dict[int, str] = {}
 
 class EntryKey(NamedTuple):
     """What names an entry wherever it appears (a scan, an archive's manifest, a remote): the fields of
-    `ls --json` that say which entry it is, as opposed to its size, status or times."""
+    `ls --json` that say which entry it is, as opposed to its size, status or times. (A NamedTuple: an
+    import makes one per entry.)"""
 
     layout: str
-    kind: str
+    kind: str  # "" for a remote entry whose index does not say (its JSON writes null)
     target: str | None
     space: str | None
     op: str | None
     hash: str
+    relpath: str  # relative to the cache root, '/'-separated
 
     def to_json(self) -> dict:
         return self._asdict()
+
+
+class Keyed:
+    """A record that holds an entry's `key` and reads its fields through (`e.op`, `e.relpath`), for the
+    filter (Selectable), tables and sorts."""
+
+    __slots__ = ()
+    key: EntryKey
+
+    @property
+    def layout(self) -> str:
+        return self.key.layout
+
+    @property
+    def kind(self) -> str:
+        return self.key.kind
+
+    @property
+    def target(self) -> str | None:
+        return self.key.target
+
+    @property
+    def space(self) -> str | None:
+        return self.key.space
+
+    @property
+    def op(self) -> str | None:
+        return self.key.op
+
+    @property
+    def hash(self) -> str:
+        return self.key.hash
+
+    @property
+    def relpath(self) -> str:
+        return self.key.relpath
 
 
 @dataclass(frozen=True)
@@ -75,14 +125,14 @@ class Entry:
     relpath: str  # relative to the cache root, '/'-separated
     size: int
     files: int
-    status: str
+    status: Status
     reason: str | None
     modified: float
     last_used: float
 
     @property
     def key(self) -> EntryKey:
-        return EntryKey(self.layout, self.kind, self.target, self.space, self.op, self.hash)
+        return EntryKey(self.layout, self.kind, self.target, self.space, self.op, self.hash, self.relpath)
 
     def to_json(self) -> dict:
         d = {k: self.__dict__[k] for k in JSON_KEYS}
@@ -118,12 +168,12 @@ class Judgement:
     """A layout's verdict on one entry's files: the same function gives it to ls (cheap) and to
     verify, inspect, prune --broken and import (deep), so they cannot disagree on the same files."""
 
-    status: str
+    status: Status
     reason: str | None = None
     problems: tuple[str, ...] = ()  # every problem found; the first is `reason`
 
     @staticmethod
-    def of(status: str, reason: str | None = None) -> Judgement:
+    def of(status: Status, reason: str | None = None) -> Judgement:
         return Judgement(status, reason, (reason,) if reason else ())
 
 
@@ -146,7 +196,7 @@ class Selectable(Protocol):
     @property
     def relpath(self) -> str: ...
     @property
-    def status(self) -> str: ...
+    def status(self) -> Status: ...
 
 
 @dataclass(frozen=True)
@@ -159,7 +209,7 @@ class ScanFilter:
     spaces: tuple[str, ...] = ()  # names, a bare level (`2`) or globs
     targets: tuple[str, ...] = ()
     layouts: tuple[str, ...] = ()
-    statuses: tuple[str, ...] = ()
+    statuses: tuple[Status, ...] = ()
     kinds: tuple[str, ...] = ()
     hash_prefixes: tuple[str, ...] = ()
     paths: tuple[str, ...] = ()  # entries by their path relative to the root; OR-ed with hash_prefixes
@@ -314,7 +364,7 @@ class Details:
     """Everything about one entry, after the deep checks that read every byte (inspect, verify)."""
 
     entry: Entry
-    status: str  # the scan's status, or corrupt when a deep check failed
+    status: Status  # the scan's status, or corrupt when a deep check failed
     reason: str | None
     problems: tuple[str, ...]  # every deep-check failure, first one is also `reason`
     files: tuple[FileInfo, ...]

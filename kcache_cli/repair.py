@@ -17,11 +17,16 @@ import re
 import shlex
 import time
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, Final, NamedTuple, Sequence
 
 from kcache_cli.errors import KcacheError, UsageError
 
-REPAIRED, FINE, FAILED = "repaired", "fine", "failed"
+if TYPE_CHECKING:
+    from kcache_cli.terms import RepairOutcome
+
+REPAIRED: Final = "repaired"
+FINE: Final = "fine"
+FAILED: Final = "failed"
 COMPILERS = ("nvcc", "g++", "gcc", "c++", "clang++")
 SCRIPT = "compile.sh"
 BINARY = "lib.so"
@@ -64,7 +69,7 @@ class RepairOptions(NamedTuple):
 class RepairResult(NamedTuple):
     relpath: str
     path: str
-    status: str  # repaired, fine or failed
+    status: RepairOutcome
     reason: str = ""  # why lib.so needed a rebuild (or why it was left alone)
     command: str = ""  # the command that ran (never through a shell)
     elapsed: float = 0.0

@@ -22,6 +22,7 @@ from kcache_cli.model import (
     Entry,
     Judgement,
     ScanFilter,
+    Status,
     Warn,
 )
 
@@ -29,7 +30,7 @@ from kcache_cli.model import (
 @dataclass(frozen=True)
 class EntryCheck:
     entry: Entry
-    status: str  # after the deep checks (a complete entry that fails one is corrupt)
+    status: Status  # after the deep checks (a complete entry that fails one is corrupt)
     problems: tuple[str, ...]
     # Where the entry's own files are fine but the paths it records point elsewhere (Triton's group
     # files after the cache moved): the layout's `relocation_problem`; `verify --fix` rewrites them.
@@ -85,7 +86,7 @@ def judge_entry(root: Path, entry: Entry, deep: bool = True) -> Judgement:
             return Judgement.of(UNREADABLE, "a directory on the way to it was replaced by a link while it was read")
         return verdict
     except OSError as exc:
-        status = UNREADABLE if isinstance(exc, PermissionError) or fsread.LINK_REFUSALS != refused else CORRUPT
+        status: Status = UNREADABLE if isinstance(exc, PermissionError) or fsread.LINK_REFUSALS != refused else CORRUPT
         return Judgement.of(status, f"cannot read the entry: {exc.strerror}")
 
 
@@ -96,7 +97,7 @@ def check_entry(root: Path, entry: Entry) -> EntryCheck:
     try:
         details = get(entry.layout).describe(Path(root), entry)
     except OSError as exc:
-        status = UNREADABLE if isinstance(exc, PermissionError) else CORRUPT
+        status: Status = UNREADABLE if isinstance(exc, PermissionError) else CORRUPT
         return EntryCheck(entry, status, (f"cannot read the entry: {exc.strerror}",))
     except RecursionError:  # a second net: the walks and JSON reads are bounded (fsread)
         return EntryCheck(entry, CORRUPT, ("nested too deeply to check",))

@@ -69,7 +69,7 @@ def test_records_written_at_b32df76_read_and_write_the_same_bytes(text):
 
 def test_a_record_reads_into_named_fields():
     program, script = records_from_json([json.loads(t) for t in TILUS_RECORDS], 0, archive.ImportLimits())
-    assert program.key == ("tilus", "program", "cuda", None, "add_one", "f006237ca7a5")
+    assert program.key == ("tilus", "program", "cuda", None, "add_one", "f006237ca7a5", "programs/f006237ca7a5")
     assert program.locks == (".lock",) and program.dirs == ("module",) and program.arch == "sm_90a"
     assert script.links["programs/0"] == "../../../../programs/f006237ca7a5"
     assert script.files["meta.json"][0] == 523 and script.omitted is None

@@ -516,7 +516,7 @@ def test_build_with_a_stalled_redis_gives_up_on_it_and_builds_locally(kcache, tm
 def test_a_layouts_local_files_are_held_to_imports_rules(tmp_path):
     from kcache_cli.remote.pull import _extra_problem
 
-    rec = EntryRecord(EntryKey("triton", "kernel", None, None, None, "k"), "k", {"k.cubin": (1, "0" * 64)}, {}, (), (),
+    rec = EntryRecord(EntryKey("triton", "kernel", None, None, None, "k", "k"), {"k.cubin": (1, "0" * 64)}, {}, (), (),
                       "complete", None, None, None)
     assert _extra_problem(rec, {"__grp__k.json": b"{}"}) is None
     for bad in ("../../escape", "sub/file", "k.cubin", ".lock", ""):

@@ -13,9 +13,9 @@ from kcache_cli.binary import read_binary
 from kcache_cli.cli.common import GlobalOptions, Output
 from kcache_cli.delete import plan_clear
 from kcache_cli.layouts import get
-from kcache_cli.model import ScanFilter
+from kcache_cli.model import EntryKey, ScanFilter
 from kcache_cli.remote.manage import RemoteEntry, RemotePruneResult, RemoteRemoval
-from kcache_cli.remote.moved import MovedEntry
+from kcache_cli.remote.moved import MovedEntry, named
 from kcache_cli.remote.pull import PullResult
 from kcache_cli.remote.push import PushResult
 from kcache_cli.scan import resolve_entry
@@ -24,7 +24,8 @@ MOVED_KEYS = ["layout", "kind", "relpath", "files", "size", "action", "done", "r
 
 
 def _moved(action: str, done: bool, size: int = 10) -> MovedEntry:
-    return MovedEntry("hidet", "op", f"ops/cuda_space_0/add/{action[:4]:0>16}", 2, size, action, done, None, "sm_90")
+    return MovedEntry(named("hidet", "op", f"ops/cuda_space_0/add/{action[:4]:0>16}"), 2, size, action, done, None,
+                      "sm_90")
 
 
 def test_push_and_pull_results():
@@ -43,8 +44,9 @@ def test_push_and_pull_results():
 
 
 def test_remote_prune_result():
-    e = RemoteEntry(layout="hidet", kind="op", target="cuda", space="cuda_space_0", op="add", hash="8d1f7691cdf75e90",
-                    relpath="ops/cuda_space_0/add/8d1f7691cdf75e90", files=3, size=100, arch=None,
+    key = EntryKey("hidet", "op", "cuda", "cuda_space_0", "add", "8d1f7691cdf75e90",
+                   "ops/cuda_space_0/add/8d1f7691cdf75e90")
+    e = RemoteEntry(key=key, files=3, size=100, arch=None,
                     pushed=1.0, last_pulled=None)
     data = RemotePruneResult("file:///r", True, (RemoteRemoval(e, "too old"),), 100).to_json()
     assert list(data) == ["remote", "dry_run", "removed", "entries", "freed"]

@@ -37,7 +37,10 @@ from kcache_cli.model import (
     COMPLETE,
     MOVED,
     Entry,
+    EntryKey,
+    Keyed,
     ScanFilter,
+    Status,
     Warn,
     iso,
 )
@@ -48,15 +51,9 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class ExportedEntry:
-    layout: str
-    kind: str
-    target: str | None
-    space: str | None
-    op: str | None
-    hash: str
-    relpath: str
-    status: str
+class ExportedEntry(Keyed):
+    key: EntryKey
+    status: Status
     files: int
     size: int
     compiler: str | None
@@ -66,8 +63,7 @@ class ExportedEntry:
 
     def to_json(self) -> dict:
         """An entry of `export --json`'s "exported" (its status is not part of it: exported ones are complete)."""
-        return {"layout": self.layout, "kind": self.kind, "target": self.target, "space": self.space, "op": self.op,
-                "hash": self.hash, "relpath": self.relpath, "files": self.files, "size": self.size,
+        return {**self.key.to_json(), "files": self.files, "size": self.size,
                 "compiler": self.compiler, "arch": self.arch, "platform": self.platform, "omitted": list(self.omitted)}
 
 
@@ -464,10 +460,10 @@ class _PartWriter:
                 dirs: list[str], locks: list[str], omitted: list[str], size: int) -> None:
         """The entry's manifest record and its line in the result."""
         facts = _entry_facts(e, small, (*files, *omitted))
-        self.records.append(EntryRecord(e.key, e.relpath, files, links, tuple(dirs), tuple(locks), e.status,
+        self.records.append(EntryRecord(e.key, files, links, tuple(dirs), tuple(locks), e.status,
                                         facts.compiler, facts.arch, facts.platform,
                                         tuple(omitted) if self.plan.sources_only else None))
-        self.done.append(ExportedEntry(*e.key, e.relpath, e.status, len(files), size, facts.compiler, facts.arch,
+        self.done.append(ExportedEntry(e.key, e.status, len(files), size, facts.compiler, facts.arch,
                                        facts.platform, tuple(omitted)))
         self.files += len(files)
         self.size += size

@@ -18,7 +18,6 @@ from kcache_cli.archive.manifest import (
     PATH_MAX,
     STAGING_NAME_ROOM,
     ArchiveRejected,
-    EntryRecord,
     ImportLimits,
     Manifest,
     PlannedEntry,
@@ -39,22 +38,19 @@ from kcache_cli.model import (
     BUILDING,
     COMPLETE,
     Entry,
+    EntryKey,
+    Keyed,
     ScanFilter,
     Warn,
 )
 from kcache_cli.progress import NO_PROGRESS, Progress
+from kcache_cli.terms import ImportAction
 
 
 @dataclass(frozen=True)
-class ImportedEntry:
-    layout: str
-    kind: str
-    target: str | None
-    space: str | None
-    op: str | None
-    hash: str
-    relpath: str
-    action: str  # "import", "replace" or "skip"
+class ImportedEntry(Keyed):
+    key: EntryKey
+    action: ImportAction
     done: bool  # published (False for skips and in a dry run)
     reason: str | None
     files: int
@@ -63,17 +59,12 @@ class ImportedEntry:
     compiler: str | None
     platform: str | None
 
-    @classmethod
-    def of(cls, r: EntryRecord, action: str, done: bool, reason: str | None) -> ImportedEntry:
-        k = r.key
-        return cls(k.layout, k.kind, _str(k.target), _str(k.space), _str(k.op), k.hash, r.relpath, action, done,
-                   reason, len(r.files), r.size, _str(r.arch), _str(r.compiler), _str(r.platform))
-
     def to_json(self, arch_ok: bool | None = None) -> dict:
         """An entry of `import --json`; `arch_ok`: whether its arch runs on this machine's GPU (None: unknown)."""
-        return {"layout": self.layout, "kind": self.kind, "target": self.target, "space": self.space, "op": self.op,
-                "hash": self.hash, "relpath": self.relpath, "action": self.action, "done": self.done,
-                "reason": self.reason, "files": self.files, "size": self.size, "arch": self.arch, "arch_ok": arch_ok,
+        layout, kind, target, space, op, hash_, relpath = self.key
+        return {"layout": layout, "kind": kind, "target": target, "space": space, "op": op, "hash": hash_,
+                "relpath": relpath, "action": self.action, "done": self.done, "reason": self.reason,
+                "files": self.files, "size": self.size, "arch": self.arch, "arch_ok": arch_ok,
                 "compiler": self.compiler, "platform": self.platform}
 
 
@@ -91,7 +82,7 @@ class ImportResult:
     def published(self) -> tuple[ImportedEntry, ...]:
         return tuple(e for e in self.entries if e.done)
 
-    def count(self, action: str) -> int:
+    def count(self, action: ImportAction) -> int:
         return sum(1 for e in self.entries if e.action == action)
 
     def to_json(self, gpus: tuple[tuple[int, int], ...] | None = None,
@@ -805,7 +796,7 @@ class Importer:
         self.mine: dict[int, list[PlannedEntry]] = {}  # what each worker planned, for its phase two
         self.made: set[str] = set()
         self.outcome: dict[int, tuple[bool, str | None]] = {}  # entry index -> (published, reason)
-        self.decisions: dict[int, tuple[str, str | None, bool]] = {}  # entry index -> (action, reason, write)
+        self.decisions: dict[int, tuple[ImportAction, str | None, bool]] = {}  # entry index -> (action, reason, write)
         self.files = self.size = 0
         self.reader: Any = None
         self.kind = ""
@@ -913,19 +904,19 @@ class Importer:
         return sorted(out, key=lambda r: r.relpath)
 
 
-def _imported(rec: dict, size: int, action: str, done: bool, reason: str | None) -> ImportedEntry:
+def _imported(rec: dict, size: int, action: ImportAction, done: bool, reason: str | None) -> ImportedEntry:
     """The result line of a JSON record the workers checked, read from the JSON: an EntryRecord built
     again here, in the one process, would cost each entry as much as a tenth of its import."""
     relpath = rec["relpath"]
-    return ImportedEntry(rec["layout"], rec["kind"], _str(rec.get("target")), _str(rec.get("space")),
-                         _str(rec.get("op")), relpath.rsplit("/", 1)[-1], relpath, action, done, reason,
-                         len(rec["files"]), size, _str(rec.get("arch")), _str(rec.get("compiler")),
-                         _str(rec.get("platform")))
+    key = EntryKey(rec["layout"], rec["kind"], _str(rec.get("target")), _str(rec.get("space")),
+                   _str(rec.get("op")), relpath.rsplit("/", 1)[-1], relpath)
+    return ImportedEntry(key, action, done, reason, len(rec["files"]), size, _str(rec.get("arch")),
+                         _str(rec.get("compiler")), _str(rec.get("platform")))
 
 
 # What a worker decided for one entry: (its index in the manifest, action, reason, write). A plain
 # tuple: one per entry is pickled back from the workers, and a NamedTuple pickles three times slower.
-Decision = tuple[int, str, "str | None", bool]
+Decision = tuple[int, ImportAction, "str | None", bool]
 
 
 class _PhaseOne(NamedTuple):

@@ -15,6 +15,7 @@ from kcache_cli.model import (
     LAYOUT_NAMES,
     EntryKey,
 )
+from kcache_cli.terms import ImportAction
 
 FORMAT = "kcache-archive"
 FORMAT_VERSION = 1
@@ -188,8 +189,7 @@ class EntryRecord(NamedTuple):
     every rule a record obeys on its own; `to_json` writes exactly what export writes. (A NamedTuple,
     not a frozen dataclass: an import builds one per entry, and this is three times faster to make.)"""
 
-    key: EntryKey
-    relpath: str
+    key: EntryKey  # with the entry's relpath
     files: dict[str, FileInfo]  # name -> (size, sha256)
     links: dict[str, str]  # name -> target
     dirs: tuple[str, ...]
@@ -200,6 +200,10 @@ class EntryRecord(NamedTuple):
     platform: str | None
     omitted: tuple[str, ...] | None = None  # files a --sources-only export left out (None: not one)
     extra: Mapping[str, object] = _NO_EXTRA  # fields this kcache does not interpret, as they came
+
+    @property
+    def relpath(self) -> str:
+        return self.key.relpath
 
     @property
     def size(self) -> int:
@@ -216,7 +220,7 @@ class EntryRecord(NamedTuple):
         k = self.key
         out: dict[str, object] = {
             "layout": k.layout, "kind": k.kind, "target": k.target, "space": k.space, "op": k.op, "hash": k.hash,
-            "relpath": self.relpath, "status": self.status, "compiler": self.compiler, "arch": self.arch,
+            "relpath": k.relpath, "status": self.status, "compiler": self.compiler, "arch": self.arch,
             "platform": self.platform, "files": self.files, "links": self.links, "dirs": self.dirs,
             "locks": self.locks}
         if self.omitted is not None:
@@ -226,8 +230,7 @@ class EntryRecord(NamedTuple):
         return out
 
 
-def _built(rec: dict, key: EntryKey, relpath: str, files: dict[str, FileInfo], links: dict, dirs: list,
-           locks: list) -> EntryRecord:
+def _built(rec: dict, key: EntryKey, files: dict[str, FileInfo], links: dict, dirs: list, locks: list) -> EntryRecord:
     """The EntryRecord of a checked JSON record: the remaining fields taken as they are."""
     get = rec.get
     omitted = get("omitted")
@@ -237,7 +240,7 @@ def _built(rec: dict, key: EntryKey, relpath: str, files: dict[str, FileInfo], l
         omitted = None
     status, compiler, arch, platform = get("status"), get("compiler"), get("arch"), get("platform")
     # _text, inline: this runs once per entry of an import
-    return EntryRecord(key, relpath, files, links, tuple(dirs), tuple(locks),
+    return EntryRecord(key, files, links, tuple(dirs), tuple(locks),
                        status if type(status) is str else None, compiler if type(compiler) is str else None,
                        arch if type(arch) is str else None, platform if type(platform) is str else None,
                        tuple(omitted) if omitted is not None else None, extra)
@@ -249,8 +252,8 @@ def unchecked_record(rec: dict) -> EntryRecord:
     raises KeyError, TypeError or ValueError."""
     files = rec["files"]
     key = EntryKey(rec["layout"], rec["kind"], _text(rec.get("target")), _text(rec.get("space")),
-                   _text(rec.get("op")), rec["hash"])
-    return _built(rec, key, rec["relpath"], {n: (s, d) for n, (s, d) in files.items()}, dict(rec.get("links", {})),
+                   _text(rec.get("op")), rec["hash"], rec["relpath"])
+    return _built(rec, key, {n: (s, d) for n, (s, d) in files.items()}, dict(rec.get("links", {})),
                   rec.get("dirs", []), rec.get("locks", []))
 
 
@@ -270,7 +273,7 @@ class Manifest(NamedTuple):
 class PlannedEntry:
     index: int
     record: EntryRecord
-    action: str = "import"
+    action: ImportAction = "import"
     reason: str | None = None
     write: bool = True  # extract into staging (False: verify only)
 
@@ -407,7 +410,7 @@ def _record_from_json(rec: object, i: int, limits: ImportLimits) -> tuple[EntryR
     if bad:
         raise reject(f"manifest entry {i}: {bad}")
     key = EntryKey(layout, kind, _text(rec.get("target")), _text(rec.get("space")), _text(rec.get("op")),
-                   rec.get("hash"))  # type: ignore[arg-type]  # a str: it equals the path's last part
+                   rec.get("hash"), relpath)  # type: ignore[arg-type]  # a str: it equals the path's last part
     if key.hash != relpath.split("/")[-1] or layout_of(layout).key_problem(kind, relpath, key):
         raise reject(f"manifest entry {relpath}: its hash, space or op disagree with its path")
     files, links, dirs, locks = rec.get("files"), rec.get("links", {}), rec.get("dirs", []), rec.get("locks", [])
@@ -423,7 +426,7 @@ def _record_from_json(rec: object, i: int, limits: ImportLimits) -> tuple[EntryR
         _check_files(relpath, files, limits)  # says which record is malformed
         raise reject(f"manifest entry {relpath}: malformed file records") from None
     _check_names(relpath, files, links, dirs, locks)
-    return _built(rec, key, relpath, dict(zip(files, zip(sizes, digests))), dict(links), dirs, locks), sizes, digests
+    return _built(rec, key, dict(zip(files, zip(sizes, digests))), dict(links), dirs, locks), sizes, digests
 
 
 def _check_names(relpath: str, files: dict, links: dict, dirs: list, locks: list) -> None:

@@ -14,7 +14,7 @@ import typer
 
 from kcache_cli.cli import complete  # light: the TAB path imports nothing heavy
 from kcache_cli.errors import UsageError
-from kcache_cli.terms import KINDS, LAYOUT_NAMES, STATUSES
+from kcache_cli.terms import KINDS, LAYOUT_NAMES, STATUSES, is_status
 from kcache_cli.textsafe import printable, printable_line
 
 
@@ -317,7 +317,7 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
         spaces=spaces,
         targets=_checked(target, None, "target"),
         layouts=_checked(layout, LAYOUT_NAMES, "layout"),
-        statuses=_checked(status, STATUSES, "status"),
+        statuses=tuple(s for s in _checked(status, STATUSES, "status") if is_status(s)),
         kinds=_checked(kind, KINDS, "kind"),
         hash_prefixes=prefixes,
         paths=paths,

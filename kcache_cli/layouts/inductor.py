@@ -46,6 +46,7 @@ from kcache_cli.model import (
     Entry,
     Judgement,
     ScanFilter,
+    Status,
     TreeUsage,
     measure_tree,
 )
@@ -72,7 +73,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def temp_status(name: str, mtime: float, now: float) -> tuple[str, str]:
+def temp_status(name: str, mtime: float, now: float) -> tuple[Status, str]:
     """(BUILDING or PARTIAL, why) for a writer's `.<pid>.<tid>.tmp` file."""
     m = TMP_RE.match(name)
     pid = int(m.group(1)) if m else 0
@@ -256,7 +257,8 @@ def judge_code(path: str, deep: bool, now: float, lst: Listing | None = None) ->
     if any(p.startswith("unreadable:") for p in problems):
         return Judgement.of(UNREADABLE, next(p for p in problems if p.startswith("unreadable:"))[12:])
     if problems:
-        status = CORRUPT if any("truncated" in p or "empty" in p or "not an ELF" in p for p in problems) else PARTIAL
+        status: Status = CORRUPT if any("truncated" in p or "empty" in p or "not an ELF" in p for p in problems) \
+            else PARTIAL
         return Judgement(status, problems[0], tuple(problems))
     temps = [(n, st) for n, st in lst.files.items() if TMP_RE.match(n)]
     if not groups and temps:

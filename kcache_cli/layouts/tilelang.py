@@ -15,7 +15,7 @@ from kcache_cli.layouts.base import STAGING as STAGING_WHAT
 from kcache_cli.layouts.base import Layout, Leftover, ScanContext
 from kcache_cli.layouts.shapes import TILELANG
 from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE, UNREADABLE_REASON, Details, Entry, Judgement,
-                              LogFile, ScanFilter, Warn, measure_tree)
+                              LogFile, ScanFilter, Status, Warn, measure_tree)
 
 NAME = TILELANG.name
 TARGET = TILELANG.kinds[0].target
@@ -152,7 +152,7 @@ def _kernel_lib(path: str, names: dict[str, int]) -> str:
 
 
 def kernel_status(path: str, names: dict[str, int], mtimes: dict[str, float] | None = None
-                  ) -> tuple[str, str | None]:
+                  ) -> tuple[Status, str | None]:
     """tilelang 0.1.15's `_load_kernel_from_disk`: every file it needs exists (through links), the
     manifest parses and lists the executable and params.json, every listed file has its recorded size,
     and those two their recorded sha256 (read when they changed after the manifest, or `mtimes` is None:
@@ -188,7 +188,7 @@ def kernel_status(path: str, names: dict[str, int], mtimes: dict[str, float] | N
     return _required_digests(path, files, required, mtimes)
 
 
-def _required_digests(path: str, files: dict, required: tuple[str, ...], mtimes) -> tuple[str, str | None]:
+def _required_digests(path: str, files: dict, required: tuple[str, ...], mtimes) -> tuple[Status, str | None]:
     for name in required:
         if mtimes is not None and not changed_since(mtimes, "manifest.json", (name,)):
             continue
@@ -205,7 +205,7 @@ def _required_digests(path: str, files: dict, required: tuple[str, ...], mtimes)
 
 
 def binary_status(path: str, names: dict[str, int], mtimes: dict[str, float] | None = None
-                  ) -> tuple[str, str | None]:
+                  ) -> tuple[Status, str | None]:
     """tilelang 0.1.15's `CUDABinaryCache.load`: the binary and metadata.json open, the metadata carries
     tilelang's format tag, a positive integer size equal to the binary's, and (read when the binary
     changed after the metadata, or `mtimes` is None: the deep check) its sha256. Else every lookup

@@ -46,6 +46,7 @@ from kcache_cli.model import (
     Judgement,
     LogFile,
     ScanFilter,
+    Status,
     TreeUsage,
     measure_tree,
 )
@@ -196,7 +197,7 @@ def old_triton(key_dir: str) -> bool:
     return BASE32_KEY.match(os.path.basename(key_dir)) is None
 
 
-def _group_rule(lst: _Listing, g: str) -> tuple[str, str | None, dict[str, str] | None]:
+def _group_rule(lst: _Listing, g: str) -> tuple[Status, str | None, dict[str, str] | None]:
     """get_group's outcome for the group file `g`: (status, reason, child paths to go on with)."""
     meta, old = g[len(GROUP_PREFIX):], old_triton(lst.path)
     if g in lst.links and not os.path.exists(os.path.join(lst.path, g)):
@@ -231,7 +232,7 @@ def _group_rule(lst: _Listing, g: str) -> tuple[str, str | None, dict[str, str] 
     return COMPLETE, None, children
 
 
-def _loaded(lst: _Listing, g: str, children: dict[str, str], changed) -> tuple[str, str | None]:
+def _loaded(lst: _Listing, g: str, children: dict[str, str], changed) -> tuple[Status, str | None]:
     """CompiledKernel's reads of a hit: the first .json child as metadata (a JSON object with a target),
     the binary (cubin/hsaco) a whole ELF, every other child text. `changed(name)`: whether to read it."""
     meta_name = next(n for n in children if n.endswith(".json"))
@@ -277,7 +278,7 @@ def _bad_text(name: str, data: bytes) -> str | None:
     return None
 
 
-def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tuple[str, str | None]:
+def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tuple[Status, str | None]:
     """Triton's rule (runtime/cache.py get_group, compiler.py compile and CompiledKernel), the same in
     3.1, 3.2 and 3.9. No group file: partial (Triton compiles it again), or building while something
     in it is less than an hour old. Then get_group: a group that does not parse, or that lists a path
@@ -303,7 +304,7 @@ def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tup
     return COMPLETE, None
 
 
-def _groupless(lst: _Listing, now: float) -> tuple[str, str | None]:
+def _groupless(lst: _Listing, now: float) -> tuple[Status, str | None]:
     if single_file_kind(lst.sizes) is not None and not lst.temps:
         return COMPLETE, None  # the driver's launcher module or autotuner results: no group by design
     what = "empty: Triton created it and wrote nothing" if not lst.sizes and not lst.temps else \

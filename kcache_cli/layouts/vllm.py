@@ -45,6 +45,7 @@ from kcache_cli.model import (
     Entry,
     Judgement,
     ScanFilter,
+    Status,
     measure_tree,
 )
 
@@ -235,7 +236,7 @@ def judge_unit(path: str, deep: bool, now: float) -> Judgement:
             if bad:
                 problems.append(f"{os.path.relpath(part.path, path)}: {bad}")
     if problems:
-        status = BUILDING if fresh else PARTIAL  # vLLM writes the index and binaries in place
+        status: Status = BUILDING if fresh else PARTIAL  # vLLM writes the index and binaries in place
         return Judgement(status, problems[0] + ("" if status == PARTIAL else " (written less than an hour ago)"),
                          tuple(problems))
     return Judgement(COMPLETE)

@@ -9,30 +9,27 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from kcache_cli.fsread import parse_json
-from kcache_cli.model import ScanFilter, Warn
+from kcache_cli.model import EntryKey, Keyed, ScanFilter, Warn
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.store import Store
-from kcache_cli.terms import COMPLETE
+from kcache_cli.terms import COMPLETE, Status
 
 
 @dataclass(frozen=True)
-class RemoteEntry:
-    layout: str
-    kind: str | None
-    target: str | None
-    space: str | None
-    op: str | None
-    hash: str
-    relpath: str
+class RemoteEntry(Keyed):
+    """An entry as a remote's index describes it (its kind "" when the index does not say)."""
+
+    key: EntryKey
     files: int
     size: int
     arch: str | None
     pushed: float | None  # epoch seconds
     last_pulled: float | None
 
-    status = COMPLETE  # a remote holds complete entries only (for ScanFilter.matches)
+    status: ClassVar[Status] = COMPLETE  # a remote holds complete entries only (for ScanFilter.matches)
 
     @property
     def last_used(self) -> float:
@@ -41,9 +38,8 @@ class RemoteEntry:
     def to_json(self) -> dict:
         from kcache_cli.model import iso
 
-        d = dict(self.__dict__)
-        d["pushed"], d["last_pulled"] = iso(self.pushed), iso(self.last_pulled)
-        return d
+        return {**self.key.to_json(), "kind": self.kind or None, "files": self.files, "size": self.size,
+                "arch": self.arch, "pushed": iso(self.pushed), "last_pulled": iso(self.last_pulled)}
 
 
 def _epoch(text: object) -> float | None:
@@ -77,9 +73,10 @@ def remote_entry(layout: str, rel: str, summary: object, last_pulled: float | No
     """An entry as the index (or a record) describes it: what is not a string or a count is unknown.
     `times`: parse when it was pushed (selection alone does not need it)."""
     s = summary if isinstance(summary, dict) else {}
-    return RemoteEntry(layout, _text(s, "kind"), _text(s, "target"), _text(s, "space"), _text(s, "op"),
-                       _text(s, "hash") or rel.rsplit("/", 1)[-1], rel, _int(s, "files"), _int(s, "size"),
-                       _text(s, "arch"), _epoch(s.get("pushed")) if times else None, last_pulled)
+    key = EntryKey(layout, _text(s, "kind") or "", _text(s, "target"), _text(s, "space"), _text(s, "op"),
+                   _text(s, "hash") or rel.rsplit("/", 1)[-1], rel)
+    return RemoteEntry(key, _int(s, "files"), _int(s, "size"), _text(s, "arch"),
+                       _epoch(s.get("pushed")) if times else None, last_pulled)
 
 
 def _summary(value: object) -> dict:

@@ -4,24 +4,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kcache_cli.model import EntryKey, Keyed
+from kcache_cli.terms import MoveAction
+
+
+def named(layout: str, kind: str, relpath: str) -> EntryKey:
+    """The key of an entry known only by its layout, kind and path (a remote's record that was refused
+    unread or unchecked): its hash is the path's last part."""
+    return EntryKey(layout, kind, None, None, None, relpath.rsplit("/", 1)[-1], relpath)
+
 
 @dataclass(frozen=True)
-class MovedEntry:
-    layout: str
-    kind: str
-    relpath: str
+class MovedEntry(Keyed):
+    key: EntryKey
     files: int
     size: int
     # push: push, skip (the remote has it), left out (not complete, or fails its own checks);
     # pull: pull, replace (an incomplete local entry), skip (present here), refuse (breaks a rule)
-    action: str
+    action: MoveAction
     done: bool  # published (False in a dry run, for skips and refusals)
     reason: str | None
     arch: str | None = None
 
     def to_json(self) -> dict[str, object]:
         """The entry as `push --json` and `pull --json` list it (field order is the README's)."""
-        return dict(self.__dict__)
+        k = self.key
+        return {"layout": k.layout, "kind": k.kind, "relpath": k.relpath, "files": self.files, "size": self.size,
+                "action": self.action, "done": self.done, "reason": self.reason, "arch": self.arch}
 
 
 @dataclass(frozen=True)
@@ -31,7 +40,7 @@ class MoveResult:
     dry_run: bool
     entries: tuple[MovedEntry, ...]
 
-    def count(self, *actions: str) -> int:
+    def count(self, *actions: MoveAction) -> int:
         return sum(1 for e in self.entries if e.action in actions)
 
     def _json(self, counts: dict[str, int], size: int) -> dict[str, object]:

@@ -15,20 +15,23 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from kcache_cli.errors import KcacheError
 from kcache_cli.fsread import parse_json
 from kcache_cli.model import ScanFilter, Warn
 from kcache_cli.remote import formats as f
-from kcache_cli.remote.moved import MovedEntry, MoveResult
+from kcache_cli.remote.moved import MovedEntry, MoveResult, named
 from kcache_cli.remote.store import MAX_RECORD, Store, Value
-from kcache_cli.terms import LAYOUT_NAMES
+from kcache_cli.terms import LAYOUT_NAMES, PullAction
 
 if TYPE_CHECKING:
     from kcache_cli.archive.manifest import EntryRecord
 
-PULL, REPLACE, SKIP, REFUSE = "pull", "replace", "skip", "refuse"
+PULL: Final = "pull"
+REPLACE: Final = "replace"
+SKIP: Final = "skip"
+REFUSE: Final = "refuse"
 BATCH_BYTES = 64 << 20  # data fetched in one round trip
 BATCH_ENTRIES = 256
 
@@ -85,17 +88,17 @@ def select(store: Store, flt: ScanFilter) -> list[tuple[str, str]]:
                   key=lambda x: x[1])
 
 
-def _moved(r: EntryRecord, action: str, done: bool, reason: str | None) -> MovedEntry:
+def _moved(r: EntryRecord, action: PullAction, done: bool, reason: str | None) -> MovedEntry:
     """A checked record's line in the result."""
-    return MovedEntry(r.key.layout, r.key.kind, r.relpath, len(r.files), r.size, action, done, reason, r.arch)
+    return MovedEntry(r.key, len(r.files), r.size, action, done, reason, r.arch)
 
 
-def _unchecked(rec: dict, action: str, done: bool, reason: str | None) -> MovedEntry:
+def _unchecked(rec: dict, action: PullAction, done: bool, reason: str | None) -> MovedEntry:
     """The line of a record as the remote gave it (refused, turned down, or of an unknown layout)."""
     files = rec["files"] if isinstance(rec.get("files"), dict) else {}
     size = sum(int(v[0]) for v in files.values() if isinstance(v, list) and v and isinstance(v[0], int))
-    return MovedEntry(str(rec.get("layout")), str(rec.get("kind")), str(rec.get("relpath")), len(files), size,
-                       action, done, reason, rec.get("arch") if isinstance(rec.get("arch"), str) else None)
+    return MovedEntry(named(str(rec.get("layout")), str(rec.get("kind")), str(rec.get("relpath"))), len(files), size,
+                      action, done, reason, rec.get("arch") if isinstance(rec.get("arch"), str) else None)
 
 
 def piece_limits(size: int, n: int) -> list[int]:
@@ -176,7 +179,7 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
     root = Path(os.path.realpath(root))
     records, unreadable = read_records(store, select(store, flt) if ids is None else ids)
     foreign = _foreign(store, flt, records) if ids is None else {}
-    out = [MovedEntry("?", "?", rel, 0, 0, REFUSE, False, why) for rel, why in unreadable]
+    out = [MovedEntry(named("?", "?", rel), 0, 0, REFUSE, False, why) for rel, why in unreadable]
     records = _trusted(records, out)
     unknown = [r for r in records if r.get("layout") not in LAYOUT_NAMES]
     out += [_unchecked(r, SKIP, False, f"this kcache does not know the {r.get('layout')} layout") for r in unknown]
@@ -286,7 +289,7 @@ def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock
                     done, why = publish_staged(root, p, staging, lock_timeout, warn, made)
                     if done:
                         pulled[f.entry_id(p.layout, p.relpath)] = str(time.time()).encode()
-                    action = (PULL if p.action == "import" else REPLACE) if done else SKIP
+                    action: PullAction = (PULL if p.action == "import" else REPLACE) if done else SKIP
                     out.append(_moved(rec, action, done, why if not done else p.reason))
                 else:
                     out.append(_moved(rec, REFUSE, False, why))

@@ -13,18 +13,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from kcache_cli.fsread import parse_json
 from kcache_cli.model import ScanFilter, Warn, iso
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.moved import MovedEntry, MoveResult
 from kcache_cli.remote.store import PENDING_TTL, Publish, Store, hash_fields
+from kcache_cli.terms import PushAction
 
 if TYPE_CHECKING:
     from kcache_cli.archive.manifest import EntryRecord
 
-PUSH, SKIP, LEFT = "push", "skip", "left out"
+PUSH: Final = "push"
+SKIP: Final = "skip"
+LEFT: Final = "left out"
 
 
 class PushResult(MoveResult):
@@ -60,7 +63,7 @@ def own_manifest_problem(record: EntryRecord, data: dict[str, bytes]) -> str | N
 
 
 def _summary(record: EntryRecord, size: int, pushed: str) -> bytes:
-    return json.dumps({**record.key._asdict(), "relpath": record.relpath, "arch": record.arch,
+    return json.dumps({**record.key._asdict(), "arch": record.arch,  # the key ends with its relpath
                        "compiler": record.compiler, "platform": record.platform, "files": len(record.files),
                        "size": size, "pushed": pushed}, separators=(",", ":")).encode()
 
@@ -127,9 +130,8 @@ def publish_entry(store: Store, record: EntryRecord, data: dict[str, bytes], exe
     return publish_entries(store, [_prepare(record, data, executable, signer)])[0]
 
 
-def _moved(record: EntryRecord, action: str, done: bool, why: str | None) -> MovedEntry:
-    return MovedEntry(record.key.layout, record.key.kind, record.relpath, len(record.files), record.size, action,
-                      done, why, record.arch)
+def _moved(record: EntryRecord, action: PushAction, done: bool, why: str | None) -> MovedEntry:
+    return MovedEntry(record.key, len(record.files), record.size, action, done, why, record.arch)
 
 
 def _leave_out_unnamable(plan) -> None:
@@ -194,6 +196,6 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
     if batch:
         flush()
     for e, why in plan.left:
-        out.append(MovedEntry(e.layout, e.kind, e.relpath, e.files, e.size, LEFT, False, why))
+        out.append(MovedEntry(e.key, e.files, e.size, LEFT, False, why))
     out.sort(key=lambda e: e.relpath)
     return PushResult(store.url, str(root), dry_run, tuple(out))
