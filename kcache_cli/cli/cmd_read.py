@@ -23,11 +23,12 @@ NoIndexOpt = Annotated[bool, typer.Option(
                        "(.kcache/index/; the answer is the same).")]
 
 
-def _scan(opts: c.GlobalOptions, flt, loc=None, use_index: bool = False):
+def _scan(opts: c.GlobalOptions, flt, loc=None, use_index: bool = False, hint: bool = True):
     from kcache_cli.scan import scan_cache
 
     loc = loc or c.cache_location(opts, existing=True)
-    c.hint_unknown(opts, loc.path, flt)
+    if hint:
+        c.hint_unknown(opts, loc.path, flt)
     # ls and stats also show what killed imports and exports left (layout "kcache"; prune removes it)
     result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True, use_index=use_index)
     return loc, result
@@ -98,6 +99,7 @@ def ls_command(
                                              "nothing on stderr. With --json: the JSON.")] = False,
     null: Annotated[bool, typer.Option("-0", "--null", help="Print the entries' exact paths only, each ended by a "
                                        "NUL byte, for xargs -0; nothing on stderr.")] = False,
+    cache: c.CacheOpt = None,
     all_caches: c.AllCachesOpt = False,
     no_index: NoIndexOpt = False,
     cache_dir: c.CacheDirOpt = None,
@@ -122,45 +124,51 @@ def ls_command(
     if paths_only or null:  # quiet on stderr in any case; with --json the JSON still wins over -q's paths
         opts.quiet = True
         paths_only = not opts.json
-    listed = _ls_listed(opts, sel, all_caches, sort, limit, not no_index)
+    listed = _ls_listed(opts, sel, all_caches, cache, not no_index)
+    rows = _ls_rows(listed, sort, limit)
     out = c.Output(opts)
 
     def human() -> None:
         if null:
-            _print_null([e.path for _, _, _, entries in listed for e in entries])
-            return
-        if paths_only:
-            c.print_lines([one_line(e.path) for _, _, _, entries in listed for e in entries])
-            return
-        for n, (loc, flt, result, entries) in enumerate(listed):
-            if all_caches:
-                out.text(("\n" if n else "") + f"==> {loc.path} <==")
-            _ls_table(out, loc, flt, result, entries)
-        if all_caches and not listed:
-            out.info("no kernel cache found (see kcache dir --all)")
+            _print_null([e.path for _, e in rows])
+        elif paths_only:
+            c.print_lines([one_line(e.path) for _, e in rows])
+        else:
+            _ls_human(out, listed, rows)
 
-    out.result([dict(e.to_json(), root=str(loc.path)) if all_caches else e.to_json()
-                for loc, _, _, entries in listed for e in entries], human)
+    out.result([dict(e.to_json(), cache=loc.cache or None, root=str(loc.path)) if opts.many else e.to_json()
+                for loc, e in rows], human)
 
 
-def _ls_listed(opts: c.GlobalOptions, sel: c.Selection, all_caches: bool, sort: str, limit: Optional[int],
+def _ls_listed(opts: c.GlobalOptions, sel: c.Selection, all_caches: bool, cache: Optional[str],
                use_index: bool) -> list:
-    """(location, filter, scan result, entries shown) for each cache listed; an entry named by hash or
-    path that is in none of them is an error."""
-    locs = c.cache_locations(opts, all_caches)
+    """(location, filter, scan result) for each cache listed; an entry named by hash or path that is in
+    none of them is an error."""
+    locs = c.cache_locations(opts, all_caches, cache, sel.hashes)
     listed = []
     missing = set(c.ref_list(sel.hashes))
     for loc in locs:
-        refs = c.refs_in(loc.path, sel.hashes) if all_caches else sel.hashes
+        refs = c.refs_in(loc.path, sel.hashes) if len(locs) > 1 or opts.many else sel.hashes
         if sel.hashes and not refs:
             continue  # the entries named are in other caches
         flt = sel.filter(loc.path, refs)
-        listed.append((loc, flt, *_ls_entries(opts, loc, flt, sort, limit, use_index)))
+        listed.append((loc, flt, _scan(opts, flt, loc, use_index, hint=not opts.many)[1]))
         missing -= c.matched_refs(loc.path, refs, listed[-1][2].entries)
+    if opts.many:
+        c.hint_unknown_many(opts, [(loc.path, flt) for loc, flt, _ in listed])
     if missing:  # an entry named that is nowhere: a typo, not "no entries"
         raise c.no_match([r for r in c.ref_list(sel.hashes) if r in missing], [loc.path for loc in locs],
                          selectors=sel.has_selectors())
     return listed
+
+
+def _ls_rows(listed: list, sort: str, limit: Optional[int]) -> list:
+    """(location, entry) of every cache's entries, in one order across them, at most `limit`."""
+    from kcache_cli.model import sort_entries
+
+    where = {id(e): loc for loc, _, result in listed for e in result.entries}
+    entries = sort_entries([e for _, _, result in listed for e in result.entries], sort)
+    return [(where[id(e)], e) for e in (entries[:limit] if limit is not None else entries)]
 
 
 def _print_null(paths: list[str]) -> None:
@@ -170,41 +178,58 @@ def _print_null(paths: list[str]) -> None:
     sys.stdout.buffer.flush()
 
 
-def _ls_entries(opts: c.GlobalOptions, loc, flt, sort: str, limit: Optional[int], use_index: bool):
-    from kcache_cli.model import sort_entries
+def _ls_human(out: c.Output, listed: list, rows: list) -> None:
+    """The table of `rows`, with a `cache` column when they come from more than one cache; what was
+    missing or empty on stderr."""
+    for loc, _, result in listed:
+        if not result.exists:
+            out.info(f"no cache at {loc.path} ({loc.reason})")
+    there = [(loc, flt) for loc, flt, result in listed if result.exists]
+    if not listed:
+        out.info("no kernel cache found (see kcache dir --all)")
+    if not rows:
+        if there:
+            selected = any(flt != type(flt)() for _, flt in there)
+            where = there[0][0].path if len(there) == 1 else f"{len(there)} caches"
+            out.info(f"no entries in {where}" + (" match" if selected else ""))
+        return
+    _ls_table(out, rows)
+    roots = list({str(loc.path): loc for loc, _ in rows}.values())
+    total = sum(e.size for _, e in rows)
+    where = roots[0].path if len(roots) == 1 else f"{len(roots)} caches ({', '.join(_label(loc) for loc in roots)})"
+    out.info(f"{c.plural(len(rows), 'entry')}, {c.human_size(total)} in {where}")
 
-    _, result = _scan(opts, flt, loc, use_index)
-    entries = sort_entries(result.entries, sort)
-    return result, entries[:limit] if limit is not None else entries
+
+def _label(loc) -> str:
+    """The `cache` column's value: the layout whose cache it is, else the root's name."""
+    return loc.cache or loc.path.name
 
 
-def _ls_table(out: c.Output, loc, flt, result, entries) -> None:
+def _ls_table(out: c.Output, rows: list) -> None:
     from kcache_cli.cli.table import Column
 
-    if not result.exists:
-        out.info(f"no cache at {loc.path} ({loc.reason})")
-        return
-    if not entries:
-        out.info(f"no entries in {loc.path}" + (" match" if flt != type(flt)() else ""))
-        return
+    entries = [e for _, e in rows]
+    caches = len({str(loc.path) for loc, _ in rows}) > 1
     one_layout = len({e.layout for e in entries}) == 1
-    cols = [Column("layout", drop=1 if one_layout else 6), Column("kind", drop=2), Column("space", drop=8),
-            Column("op", drop=7), Column("hash", spill=True), Column("size", right=True, drop=5),
-            Column("files", right=True, drop=3), Column("status", styles=c.STATUS_STYLE),
-            Column("last used", drop=4)]
+    cols = [Column("layout", drop=1 if one_layout or caches else 6), Column("kind", drop=2),
+            Column("space", drop=8), Column("op", drop=7), Column("hash", spill=True),
+            Column("size", right=True, drop=5), Column("files", right=True, drop=3),
+            Column("status", styles=c.STATUS_STYLE), Column("last used", drop=4)]
+    if caches:
+        cols.insert(0, Column("cache", drop=6))
     show_reason = any(e.reason for e in entries)
     if show_reason:
         cols.append(Column("reason", wrap=True))
-    rows = []
-    for e in entries:
+    table = []
+    for loc, e in rows:
         row = [e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, c.human_size(e.size),
                str(e.files), e.status, c.human_age(e.last_used)]
+        if caches:
+            row.insert(0, _label(loc))
         if show_reason:
             row.append(e.reason or "")
-        rows.append(row)
-    c.print_table(cols, rows)
-    total = sum(e.size for e in entries)
-    out.info(f"{c.plural(len(entries), 'entry')}, {c.human_size(total)} in {loc.path}")
+        table.append(row)
+    c.print_table(cols, table)
 
 
 def _details(opts: c.GlobalOptions, ref: str, space=None, op=None, layout=None, kind=None, statuses: bool = True):

@@ -143,6 +143,14 @@ def complete_layout(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]
     return _matching(_layouts(), incomplete, _param_values(ctx, "layout"))
 
 
+def complete_cache(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    """`--cache NAME`: the layouts whose compiler keeps a cache in a known place, with that place."""
+    from kcache_cli.layouts import homes
+
+    found = [(name, str(home.path)) for name, _ in _layouts() if (home := homes.default_root(name)) is not None]
+    return _matching(found, incomplete)
+
+
 def complete_status(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     return _matching(STATUSES, incomplete, _param_values(ctx, "status"))
 
