@@ -107,6 +107,8 @@ def ls_command(
 ) -> None:
     """List cache entries, one row each: layout, kind, space, op, hash, size, files, status, last used.
 
+    Without --cache-dir or KCACHE_DIR, every kernel cache found (kcache dir --all) in one table with a
+    `cache` column, or the cache the current directory lies in; --cache NAME picks one.
     Entries are named by hash prefix, path in the cache or absolute path. On a narrow terminal the
     columns that matter least go first (layout of a one-layout cache, kind, files); hashes and statuses
     always show in full.
@@ -232,15 +234,15 @@ def _ls_table(out: c.Output, rows: list) -> None:
     c.print_table(cols, table)
 
 
-def _details(opts: c.GlobalOptions, ref: str, space=None, op=None, layout=None, kind=None, statuses: bool = True):
+def _details(opts: c.GlobalOptions, ref: str, space=None, op=None, layout=None, kind=None, statuses: bool = True,
+             cache: Optional[str] = None):
+    """(root, entry, its layout) of the one entry `ref` names in the command's scope (every cache found,
+    the one the current directory or an absolute `ref` lies in, --cache NAME, or --cache-dir)."""
     from kcache_cli.layouts import get
-    from kcache_cli.scan import resolve_entry
 
-    root = c.cache_root(opts, existing=True)
-    flt = c.make_filter(op, space, None, layout, None, kind, None, root=root)
-    c.hint_unknown(opts, root, flt)
-    entry = resolve_entry(root, ref, warn=lambda m: c.warn(opts, m), flt=flt, statuses=statuses)
-    return root, entry, get(entry.layout)
+    loc, entry = c.resolve_in_scope(opts, ref, cache, lambda root: c.make_filter(op, space, None, layout, None,
+                                                                                 kind, None, root=root), statuses)
+    return loc.path, entry, get(entry.layout)
 
 
 HashArg = Annotated[str, typer.Argument(metavar="ENTRY", help=f"The entry: a unique {c.ENTRY_HELP}.",
@@ -264,13 +266,15 @@ def inspect_command(
     op: PickOpOpt = None,
     layout: PickLayoutOpt = None,
     kind: PickKindOpt = None,
+    cache: c.CacheOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
     """Everything about one entry: path, task, files, compile command, binary arch and symbols, status.
 
     Runs the deep checks that read every byte: task.txt's sha256 against the directory name,
-    files against a manifest (kcache.json, tilelang's manifest.json). Exit status: 0 when the entry
+    files against a manifest (kcache.json, tilelang's manifest.json). Without --cache-dir the entry is
+    looked for in every cache found (an absolute path finds its own root). Exit status: 0 when the entry
     is complete, 1 when it is not (its status and reason say why), 2 when no single entry matches.
 
     Example: kcache inspect ad252b06 --space cuda_space_0
@@ -278,7 +282,7 @@ def inspect_command(
     from kcache_cli.terms import COMPLETE
 
     opts = c.use(ctx, cache_dir, as_json)
-    root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind)
+    root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, cache=cache)
     d = layout_mod.describe(root, entry)
     from kcache_cli.binary import read_binary
 
@@ -374,6 +378,7 @@ def log_command(
     op: PickOpOpt = None,
     layout: PickLayoutOpt = None,
     kind: PickKindOpt = None,
+    cache: c.CacheOpt = None,
     cache_dir: c.CacheDirOpt = None,
 ) -> None:
     """Show an entry's compile log: nvcc_log.txt, or compile.sh plus the compiler's output.
@@ -385,7 +390,8 @@ def log_command(
     from kcache_cli.errors import KcacheError
 
     opts = c.use(ctx, cache_dir)
-    root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, statuses=False)  # none shown
+    root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, statuses=False,  # none shown
+                                       cache=cache)
     logs = layout_mod.log_files(entry)
     if not logs:
         raise KcacheError(layout_mod.no_log(entry))
@@ -474,6 +480,7 @@ def stats_command(
     ctx: typer.Context,
     top: Annotated[int, typer.Option("--top", metavar="N", min=0,
                                      help="How many of the biggest entries to show.")] = 10,
+    cache: c.CacheOpt = None,
     all_caches: c.AllCachesOpt = False,
     no_index: NoIndexOpt = False,
     cache_dir: c.CacheDirOpt = None,
@@ -481,24 +488,29 @@ def stats_command(
 ) -> None:
     """Totals per layout, space and op, counts per status, and the biggest entries.
 
+    Without --cache-dir or KCACHE_DIR: one report for each cache found (--json: a list), or for the
+    cache the current directory lies in; --cache NAME picks one.
+
     Example: kcache stats --json | jq .by_status
     """
     from kcache_cli.model import ScanFilter
 
     opts = c.use(ctx, cache_dir, as_json)
     reports = []
-    for loc in c.cache_locations(opts, all_caches):
+    for loc in c.cache_locations(opts, all_caches, cache):
         _, result = _scan(opts, ScanFilter(), loc, not no_index)
-        reports.append(_stats(loc, result, top))
-    out = c.Output(opts, collect=all_caches)
+        reports.append(_stats(loc, result, top, opts.many))
+    out = c.Output(opts, collect=opts.many)
     for n, report in enumerate(reports):
         out.result(report, functools.partial(_stats_text, out, report, first=n == 0))
     out.done(empty="no kernel cache found (see kcache dir --all)")
 
 
-def _stats(loc, result, top: int) -> dict:
+def _stats(loc, result, top: int, many: bool = False) -> dict:
     report = result.to_json(top)
     report["root"] = str(loc.path)
+    if many:  # one report per cache: which one
+        report["cache"] = loc.cache or None
     return {**report, "reason": loc.reason}
 
 

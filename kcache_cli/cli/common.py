@@ -140,6 +140,38 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
     return out
 
 
+def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: Callable[[Path], Any],
+                     statuses: bool = True) -> tuple:
+    """(location, entry) of the one entry `ref` names in the command's scope (cache_locations): found in
+    exactly one cache; in several, a usage error naming them (--cache picks one); in none, no_match.
+    `pick(root)` is the checked filter of the --space/--op... that tell entries apart."""
+    from kcache_cli.scan import NoSuchEntry, resolve_entry
+
+    locs = cache_locations(opts, False, cache, [ref])
+    found, misses = [], []
+    for loc in locs:
+        if len(locs) > 1 and not refs_in(loc.path, [ref]):
+            continue  # an absolute path into another cache
+        flt = pick(loc.path)
+        if not opts.many:
+            hint_unknown(opts, loc.path, flt)
+        try:
+            found.append((loc, resolve_entry(loc.path, ref, warn=lambda m: warn(opts, m), flt=flt,
+                                             statuses=statuses)))
+        except NoSuchEntry as exc:
+            misses.append(exc)
+    if len(found) == 1:
+        return found[0]
+    if found:
+        where = ", ".join(f"{loc.cache or loc.path} ({e.relpath})" for loc, e in found)
+        picks = " or ".join(f"--cache {loc.cache}" for loc, _ in found if loc.cache)
+        raise UsageError(f"'{ref}' names entries in {len(found)} caches: {where}; pick one with "
+                         f"{picks or 'the entry path'}")
+    if len(misses) == 1 and len(locs) == 1:
+        raise misses[0]
+    raise no_match([ref], [loc.path for loc in locs])
+
+
 def ref_list(refs: Optional[List[str]]) -> list[str]:
     """The entry references as make_filter reads them (repeatable, or comma-separated)."""
     return [p.strip() for r in refs or () for p in r.split(",") if p.strip()]
@@ -391,8 +423,8 @@ def hint_unknown_many(opts: GlobalOptions, selected: list) -> None:
     for field in ("ops", "spaces", "targets"):
         values = {v for _, flt in roots for v in getattr(flt, field)}
         for v in sorted(values):
-            lines = [unknown_values(root, replace(flt, ops=(), spaces=(), targets=(), **{field: (v,)}))
-                     for root, flt in roots if v in getattr(flt, field)]
+            single = {"ops": (), "spaces": (), "targets": (), field: (v,)}
+            lines = [unknown_values(root, replace(flt, **single)) for root, flt in roots if v in getattr(flt, field)]
             if len(lines) == len(roots) and all(lines):
                 for found in lines:
                     warn(opts, found[0])
