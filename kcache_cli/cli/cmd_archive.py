@@ -8,6 +8,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from kcache_cli.cli import common as c
+from kcache_cli.errors import UsageError
 from kcache_cli.cli.progress import Bar as _Bar
 
 
@@ -136,6 +137,9 @@ def import_command(
 ) -> None:
     """Verify an archive made by `kcache export` and publish its entries into the cache.
 
+    The cache: --cache-dir or KCACHE_DIR, else where the archive's layout's compiler looks (a Triton
+    archive goes to Triton's cache, a hidet one to hidet's), else hidet's.
+
     Every member is checked against the manifest (names, types, sizes, sha256) before anything is
     published; a rejected archive leaves the cache unchanged. Each entry appears with one rename.
     Complete entries already present are skipped. Warns when a kernel's arch does not suit this
@@ -151,7 +155,7 @@ def import_command(
     limits = ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
                           max_total=_size(max_total_size, "--max-total-size", defaults.max_total))
     wait = c.lock_timeout(lock_timeout, 60.0)
-    root = c.cache_root(opts)
+    root = _import_root(opts, archive)
     with _Bar(opts, "verifying" if dry_run else "importing", unit="bytes") as bar:
         result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=wait,
                                 warn=lambda m: c.warn(opts, m), progress=bar)
@@ -159,6 +163,23 @@ def import_command(
     out = c.Output(opts)
     _warn_misfits(out, result, fit)
     out.result(result.to_json(fit.gpus, fit.fits), lambda: _import_human(out, result, dry_run))
+
+
+def _import_root(opts: c.GlobalOptions, archive: str):
+    """--cache-dir or KCACHE_DIR; else the default root of the one layout the archive's entries are of
+    (a Triton archive goes where Triton looks), else the build layout's (hidet's rule)."""
+    if c.explicit_root(opts):
+        return c.cache_root(opts)
+    from kcache_cli.archive.importer import archive_layouts
+    from kcache_cli.locate import named_cache
+
+    layouts = archive_layouts(archive)
+    if len(layouts) == 1:
+        try:
+            return named_cache(layouts[0]).path
+        except UsageError:  # a layout without a default place (or one refused as a root)
+            pass
+    return c.cache_root(opts)
 
 
 def _warn_misfits(out: c.Output, result, fit) -> None:
