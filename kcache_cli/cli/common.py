@@ -37,8 +37,9 @@ def settings(ctx: typer.Context) -> GlobalOptions:
 
 
 # Options accepted both before and after the subcommand (`kcache --json ls` == `kcache ls --json`).
-CacheDirOpt = Annotated[Optional[str], typer.Option("--cache-dir", metavar="PATH", envvar=None,
-                                                    help="Cache root (default: KCACHE_DIR, then every cache found; see kcache --help).")]
+CacheDirOpt = Annotated[Optional[str], typer.Option(
+    "--cache-dir", metavar="PATH", envvar=None,
+    help="Cache root (default: KCACHE_DIR, then every cache found; see kcache --help).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
