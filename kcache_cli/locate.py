@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from kcache_cli.errors import UsageError
 
@@ -112,11 +113,19 @@ def inside_entries(path: str, root: str, owner: str) -> bool:
     return False
 
 
-def existing_caches() -> list[CacheLocation]:
-    """The caches `known_caches` finds that exist and may be roots (refused ones left out): kcache's
-    default scope without --cache-dir or KCACHE_DIR."""
-    return [CacheLocation(path, f"{owner} cache (dir --all)", owner) for owner, path in known_caches()
-            if refused_root(path) is None and path.is_dir()]
+def existing_caches(warn: Callable[[str], None] | None = None) -> list[CacheLocation]:
+    """The caches `known_caches` finds that exist and may be roots: kcache's default scope without
+    --cache-dir or KCACHE_DIR. One that is refused (hidet.toml `cache_dir = "~"`, TRITON_CACHE_DIR=$HOME)
+    is left out, and `warn` told why."""
+    out = []
+    for owner, path in known_caches():
+        why = refused_root(path)
+        if why is not None:
+            if warn is not None:
+                warn(f"skipping the {owner} cache at {path}: {why}, never a cache root")
+        elif path.is_dir():
+            out.append(CacheLocation(path, f"{owner} cache (dir --all)", owner))
+    return out
 
 
 def named_cache(name: str) -> CacheLocation:

@@ -110,7 +110,7 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
         raise UsageError("--all-caches and --cache-dir do not go together")
     if not all_caches and explicit_root(opts):
         return [cache_location(opts, existing=True)]
-    known = existing_caches()
+    known = existing_caches(lambda m: warn(opts, m))
     here = None if all_caches else cache_holding(os.getcwd(), known)
     out = [here] if here is not None else known
     opts.many = here is None
