@@ -196,7 +196,8 @@ def _ls_human(out: c.Output, listed: list, rows: list) -> None:
             out.info(f"no entries in {where}" + (" match" if selected else ""))
         return
     _ls_table(out, rows)
-    roots = list({str(loc.path): loc for loc, _ in rows}.values())
+    shown = {str(loc.path) for loc, _ in rows}
+    roots = [loc for loc, _, _ in listed if str(loc.path) in shown]  # in the scope's order
     total = sum(e.size for _, e in rows)
     where = roots[0].path if len(roots) == 1 else f"{len(roots)} caches ({', '.join(_label(loc) for loc in roots)})"
     out.info(f"{c.plural(len(rows), 'entry')}, {c.human_size(total)} in {where}")
