@@ -210,3 +210,24 @@ def test_completion_reads_every_cache_and_cache_narrows_it(both):
     assert "matmul" not in _completed("kcache ls --cache triton --op ")
     assert _completed("kcache clear --cache hi") == ["hidet"]
     assert "ad252b064b266eea" in _completed("kcache inspect ad")
+
+
+def test_a_hash_in_two_caches_is_ambiguous_until_cache_picks_one(both, tmp_path, monkeypatch):
+    other = copy_tree(FIXTURES / "hidet", tmp_path / "other")  # a second known cache holding the same entries
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(other))
+    run = run_kcache("inspect", "ad252b06")
+    assert run.exit_code == 2 and "names entries in 2 caches" in run.stderr
+    assert "--cache hidet or --cache tilelang" in run.stderr
+    picked = run_kcache("inspect", "ad252b06", "--cache", "tilelang", "--json")
+    assert picked.exit_code == 0 and picked.json()["path"].startswith(str(other))
+    assert run_kcache("log", "ad252b06", "--cache", "hidet").exit_code == 0
+
+
+def test_a_removed_current_directory_is_no_scope(both, tmp_path, monkeypatch):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    run = run_kcache("ls", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert {r["cache"] for r in run.json()} == {"hidet", "triton"}

@@ -111,7 +111,7 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
     if not all_caches and explicit_root(opts):
         return [cache_location(opts, existing=True)]
     known = existing_caches(lambda m: warn(opts, m))
-    here = None if all_caches else cache_holding(os.getcwd(), known)
+    here = None if all_caches else _cwd_cache(known)
     out = [here] if here is not None else known
     opts.many = here is None
     for ref in ref_list(refs):
@@ -139,6 +139,16 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
                 continue
         out.append(ref)
     return out
+
+
+def _cwd_cache(known: list):
+    """The cache the current directory lies in, or None (also when it was removed under us)."""
+    from kcache_cli.locate import cache_holding
+
+    try:
+        return cache_holding(os.getcwd(), known)
+    except OSError:
+        return None
 
 
 def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: Callable[[Path], Any],
