@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from kcache_cli.errors import UsageError
 
@@ -14,6 +15,7 @@ from kcache_cli.errors import UsageError
 class CacheLocation:
     path: Path
     reason: str
+    cache: str = ""  # the layout whose cache this is (`--cache NAME`, the `cache` column), when known
 
 
 def resolve_cache_dir(cli_value: str | os.PathLike | None = None, package_dir: Path | None = None) -> CacheLocation:
@@ -109,3 +111,90 @@ def inside_entries(path: str, root: str, owner: str) -> bool:
         if layout.shape_problem(prefix, found[0], names, Path(root)) is None:
             return True
     return False
+
+
+def existing_caches(warn: Callable[[str], None] | None = None) -> list[CacheLocation]:
+    """The caches `known_caches` finds that exist and may be roots: kcache's default scope without
+    --cache-dir or KCACHE_DIR. One that is refused (hidet.toml `cache_dir = "~"`, TRITON_CACHE_DIR=$HOME)
+    is left out, and `warn` told why."""
+    out = []
+    for owner, path in known_caches():
+        why = refused_root(path)
+        if why is not None:
+            if warn is not None:
+                warn(f"skipping the {owner} cache at {path}: {why}, never a cache root")
+        elif path.is_dir():
+            out.append(CacheLocation(path, f"{owner} cache (dir --all)", owner))
+    return out
+
+
+def named_cache(name: str) -> CacheLocation:
+    """The cache of the layout `name` (`--cache triton`) where its compiler's own rule puts it."""
+    from kcache_cli.layouts import homes
+    from kcache_cli.terms import LAYOUT_NAMES
+
+    home = homes.default_root(name) if name in LAYOUT_NAMES else None
+    if home is None:
+        choices = ", ".join(n for n in LAYOUT_NAMES if homes.default_root(n) is not None)
+        raise UsageError(f"unknown cache '{name}' (choose from {choices})")
+    return _checked(CacheLocation(home.path.absolute(), home.reason, name))
+
+
+def cache_holding(path: str | os.PathLike, known: list[CacheLocation] | None = None) -> CacheLocation | None:
+    """The cache `path` lies in (an entry's path, or a directory inside a root, like git finding .git):
+    the deepest known cache holding it, else the nearest ancestor whose layout detection says it is a
+    root and whose layout's path shapes lead from there to `path`. $HOME and / are never one."""
+    real = os.path.realpath(path)
+    known = existing_caches() if known is None else known
+    holders = [loc for loc in known if _under(real, os.path.realpath(loc.path))]
+    if holders:
+        return max(holders, key=lambda loc: len(os.path.realpath(loc.path)))
+    from kcache_cli.layouts import detect, get
+
+    here = Path(real)
+    for above in (here, *here.parents):
+        if refused_root(above) is not None:
+            return None
+        parts = [p for p in os.path.relpath(real, above).split(os.sep) if p not in ("", ".")]
+        for name in detect(above):
+            if _leads_to_entry(get(name).shape, parts):
+                return CacheLocation(above, f"{name} cache holding {real}", name)
+    return None
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _leads_to_entry(shape, parts: list[str]) -> bool:
+    """Whether the relative path `parts` is on the way to, or inside, an entry of some kind of `shape`."""
+    for kind in shape.kinds:
+        if all(kind.match_segment(i, p) is not None for i, p in enumerate(parts[:kind.depth])):
+            return True
+    return False
+
+
+def caches_below(path: Path, limit: int = 64) -> list[tuple[str, Path]]:
+    """(layouts, directory) of the caches one or two levels below `path`, which holds none itself
+    (`--cache-dir D` where D/triton/cache or D/hidet is the cache): the hint for a root given one level
+    too high. At most `limit` directories per level are looked at."""
+    from kcache_cli.layouts import detect
+
+    found: list[tuple[str, Path]] = []
+    level = [path]
+    for _ in range(2):
+        below: list[Path] = []
+        for d in level:
+            try:
+                with os.scandir(d) as it:
+                    kids = sorted(Path(e.path) for e in it if e.is_dir(follow_symlinks=False))[:limit]
+            except OSError:
+                continue
+            for kid in kids:
+                names = detect(kid)
+                if names:
+                    found.append((", ".join(names), kid))
+                else:
+                    below.append(kid)
+        level = below[:limit]
+    return found

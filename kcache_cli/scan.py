@@ -73,6 +73,10 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     return ScanResult(str(root), True, layouts, tuple(entries), tuple(warnings))
 
 
+class NoSuchEntry(UsageError):
+    """No entry of the root matches the reference (resolve_entry): over several caches, look in the next."""
+
+
 _HASH_CHARS = re.compile(r"^[0-9a-zA-Z_\-]+$")
 
 
@@ -190,7 +194,7 @@ def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilte
         found = real
     if not found:
         where = "" if result.exists else f" ({root} does not exist)"
-        raise UsageError(f"no entry matches '{ref}' in {root}{where}")
+        raise NoSuchEntry(f"no entry matches '{ref}' in {root}{where}")
     if len(found) > 1:
         names = ", ".join(f"{e.relpath} ({e.layout} {e.kind})" for e in found[:8])
         more = f" and {len(found) - 8} more" if len(found) > 8 else ""

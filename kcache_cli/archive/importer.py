@@ -782,6 +782,26 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
                         tuple(results), importer.files, importer.size)
 
 
+def archive_layouts(archive: str, limits: ImportLimits = ImportLimits()) -> tuple[str, ...]:
+    """The layouts of the entries `archive`'s manifest lists (sorted), read from its first member only:
+    where `import` without --cache-dir puts them. () when it cannot be read (import then says why)."""
+    from kcache_cli import tarstream as ts
+
+    try:
+        with open(archive, "rb") as raw:
+            reader = ts.TarReader(ts.open_source(raw, NO_PROGRESS.advance)[0])
+            try:
+                head = reader.next()
+                if head is None or head.name != MANIFEST_NAME or head.size > limits.max_manifest:
+                    return ()
+                man = parse_manifest(b"".join(reader.data(head)), limits)
+            finally:
+                reader.close()
+    except (OSError, KcacheError, ts.TarFormatError, ValueError):
+        return ()
+    return tuple(sorted({str(rec.get("layout")) for rec in man.records}))
+
+
 class Importer:
     """One import: reads the manifest, plans and extracts every entry (phase one, in workers), publishes
     the entries others use (here, between the phases), then the rest (phase two, in the same workers)."""

@@ -95,8 +95,9 @@ def _version(ctx: typer.Context, value: bool) -> None:
 def main_options(
     ctx: typer.Context,
     cache_dir: Annotated[Optional[str], typer.Option(
-        "--cache-dir", metavar="PATH", help="Cache root. Default: KCACHE_DIR, else hidet's own rule "
-        "(hidet.toml cache_dir, <git root>/.hidet_cache, ~/.cache/hidet).")] = None,
+        "--cache-dir", metavar="PATH", help="Cache root. Default: KCACHE_DIR, else every kernel cache "
+        "found by the compilers' own rules (kcache dir --all), or the one the current directory lies in; "
+        "build writes into hidet's.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No warnings or progress on stderr.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,

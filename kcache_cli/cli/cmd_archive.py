@@ -1,5 +1,6 @@
 """Moving entries between machines and checking them: export, import, verify."""
 
+import functools
 import sys
 import time
 from typing import Annotated, List, Optional
@@ -7,6 +8,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from kcache_cli.cli import common as c
+from kcache_cli.errors import UsageError
 from kcache_cli.cli.progress import Bar as _Bar
 
 
@@ -36,30 +38,26 @@ def export_command(
     sel: c.Selection,
     sources_only: Annotated[bool, typer.Option("--sources-only", help="Leave the compiled binaries (*.so, *.cubin, "
                                                "*.fatbin...) out, to rebuild elsewhere.")] = False,
+    cache: c.CacheOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
     """Write the selected entries into one archive, with a manifest of every file's size and sha256.
 
     Selectors are those of `ls`. The compression follows the name (.tar, .tar.gz, .tar.zst). Programs
-    that selected tilus scripts link to come along. The archive appears only when complete.
+    that selected tilus scripts link to come along. The archive appears only when complete. An archive
+    holds one cache's entries: without --cache-dir the selection is looked for in every cache found, and
+    one that spans several caches is refused (--cache NAME picks one).
 
     Example: kcache export --space cuda_space_0 --op matmul kernels.tar.zst
     """
-    from kcache_cli.archive import compression_for, export_archive, plan_export
+    from kcache_cli.archive import compression_for, export_archive
     from kcache_cli.archive.export import EmptyExport
     from kcache_cli.errors import UsageError
 
     opts = c.use(ctx, cache_dir, as_json)
     compression_for(archive)  # a bad name is a usage error before any work
-    root = c.cache_root(opts, existing=True)
-    flt = sel.filter(root)
-    c.hint_unknown(opts, root, flt)
-    plan = plan_export(root, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
-    selected = [*plan.jobs, *(e for e, _ in plan.left)]
-    missing = c.unmatched_refs(root, sel.hashes, selected)
-    if missing:
-        raise c.no_match(missing, [root], selectors=sel.has_selectors())
+    root, plan, selected = _export_plan(opts, sel, cache, sources_only)
     if not selected:  # an empty archive is refused
         raise UsageError(f"no entries in {root} match the selection: nothing to export, no archive written")
     out = c.Output(opts)
@@ -71,6 +69,39 @@ def export_command(
         out.result(empty.to_json(str(root)), lambda: _export_human(out, empty))
         raise
     out.result(result.to_json(str(root)), lambda: _export_human(out, result))
+
+
+def _export_plan(opts: c.GlobalOptions, sel: c.Selection, cache: Optional[str], sources_only: bool) -> tuple:
+    """(root, export plan, entries selected) of the one cache the selection names entries in; entries
+    named that are nowhere are a usage error, and so is a selection spanning several caches."""
+    from kcache_cli.archive import plan_export
+    from kcache_cli.errors import UsageError
+
+    locs = c.cache_locations(opts, False, cache, sel.hashes)
+    plans, missing = [], set(c.ref_list(sel.hashes))
+    for loc in locs:
+        refs = c.refs_in(loc.path, sel.hashes) if opts.many or len(locs) > 1 else sel.hashes
+        if sel.hashes and not refs:
+            continue  # the entries named are in other caches
+        flt = sel.filter(loc.path, refs)
+        plan = plan_export(loc.path, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
+        selected = [*plan.jobs, *(e for e, _ in plan.left)]
+        missing -= c.matched_refs(loc.path, refs, selected)
+        plans.append((loc, plan, selected, flt))
+    c.hint_unknown_many(opts, [(p[0].path, p[3]) for p in plans])
+    if missing:
+        raise c.no_match([r for r in c.ref_list(sel.hashes) if r in missing], [loc.path for loc in locs],
+                         selectors=sel.has_selectors())
+    hits = [p[:3] for p in plans if p[2]]
+    if len(hits) > 1:
+        names = ", ".join(loc.cache or str(loc.path) for loc, _, _ in hits)
+        raise UsageError(f"the selection names entries in {len(hits)} caches ({names}): an archive holds one "
+                         "cache's entries; pick one with --cache NAME or --cache-dir")
+    if not hits:
+        root = locs[0].path if len(locs) == 1 else f"{len(locs)} caches"
+        return root, None, []
+    loc, plan, selected = hits[0]
+    return loc.path, plan, selected
 
 
 def _export_human(out: c.Output, result) -> None:
@@ -106,6 +137,9 @@ def import_command(
 ) -> None:
     """Verify an archive made by `kcache export` and publish its entries into the cache.
 
+    The cache: --cache-dir or KCACHE_DIR, else where the archive's layout's compiler looks (a Triton
+    archive goes to Triton's cache, a hidet one to hidet's), else hidet's.
+
     Every member is checked against the manifest (names, types, sizes, sha256) before anything is
     published; a rejected archive leaves the cache unchanged. Each entry appears with one rename.
     Complete entries already present are skipped. Warns when a kernel's arch does not suit this
@@ -121,7 +155,7 @@ def import_command(
     limits = ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
                           max_total=_size(max_total_size, "--max-total-size", defaults.max_total))
     wait = c.lock_timeout(lock_timeout, 60.0)
-    root = c.cache_root(opts)
+    root = _import_root(opts, archive)
     with _Bar(opts, "verifying" if dry_run else "importing", unit="bytes") as bar:
         result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=wait,
                                 warn=lambda m: c.warn(opts, m), progress=bar)
@@ -129,6 +163,23 @@ def import_command(
     out = c.Output(opts)
     c.warn_arch_misfits(out, result.entries, fit, "imported")
     out.result(result.to_json(fit.gpus, fit.fits), lambda: _import_human(out, result, dry_run))
+
+
+def _import_root(opts: c.GlobalOptions, archive: str):
+    """--cache-dir or KCACHE_DIR; else the default root of the one layout the archive's entries are of
+    (a Triton archive goes where Triton looks), else the build layout's (hidet's rule)."""
+    if c.explicit_root(opts):
+        return c.cache_root(opts)
+    from kcache_cli.archive.importer import archive_layouts
+    from kcache_cli.locate import named_cache
+
+    layouts = archive_layouts(archive)
+    if len(layouts) == 1:
+        try:
+            return named_cache(layouts[0]).path
+        except UsageError:  # a layout without a default place (or one refused as a root)
+            pass
+    return c.cache_root(opts)
 
 
 def _import_human(out: c.Output, result, dry_run: bool) -> None:
@@ -161,6 +212,8 @@ def verify_command(
                                                     "to where they lie now (a cache moved or copied by hand), "
                                                     "for layouts that record any (Triton's group files).")
                    ] = False,
+    all_caches: c.AllCachesOpt = False,
+    cache: c.CacheOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -169,28 +222,46 @@ def verify_command(
     Reads every byte: task.txt against the hash, files against kcache.json or tilelang's manifests,
     tilus links, binaries, Triton's group files. Entries that are not complete are problems; entries
     being built are skipped. --fix rewrites the paths an entry records about itself when they point at
-    another root (the layout's relocation hook, as import uses).
+    another root (the layout's relocation hook, as import uses). Without --cache-dir or KCACHE_DIR: every
+    cache found (--json: a list, one result per cache), or the one the current directory lies in.
 
     Example: kcache verify --layout tilelang --json
     """
     from kcache_cli.verify import verify_cache
 
     opts = c.use(ctx, cache_dir, as_json)
-    root = c.cache_root(opts, existing=True)
-    flt = sel.filter(root)
-    c.hint_unknown(opts, root, flt)
-    started = time.monotonic()
-    with _Bar(opts, "verifying") as bar:
-        result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar, fix=fix)
-    missing = c.unmatched_refs(root, sel.hashes, [*(ch.entry for ch in result.checked), *result.skipped])
+    locs = c.cache_locations(opts, all_caches, cache, sel.hashes)
+    chosen = []
+    for loc in locs:
+        refs = c.refs_in(loc.path, sel.hashes) if opts.many or len(locs) > 1 else sel.hashes
+        if not sel.hashes or refs:  # else the entries named are in other caches
+            chosen.append((loc.path, sel.filter(loc.path, refs), refs))
+    c.hint_unknown_many(opts, [(root, flt) for root, flt, _ in chosen])
+    missing = set(c.ref_list(sel.hashes))
+    results = []
+    for root, flt, refs in chosen:
+        started = time.monotonic()
+        with _Bar(opts, "verifying") as bar:
+            result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar, fix=fix)
+        results.append((root, result, time.monotonic() - started))
+        missing -= c.matched_refs(root, refs, [*(ch.entry for ch in result.checked), *result.skipped])
     if missing:
-        raise c.no_match(missing, [root], selectors=sel.has_selectors())
-    out = c.Output(opts)
-    for e, error in result.fix_errors:
-        out.warn(f"{e.relpath}: {error}")
-    took = time.monotonic() - started
-    out.result(result, lambda: _verify_human(out, result, root, fix, took))
-    if result.failed:
+        raise c.no_match([r for r in c.ref_list(sel.hashes) if r in missing], [loc.path for loc in locs],
+                         selectors=sel.has_selectors())
+    _verify_report(opts, results, fix)
+
+
+def _verify_report(opts: c.GlobalOptions, results: list, fix: bool) -> None:
+    """Each cache's result (--json: one object, or a list over every cache found); exit 1 on any problem."""
+    out = c.Output(opts, collect=opts.many)
+    for n, (root, result, took) in enumerate(results):
+        for e, error in result.fix_errors:
+            out.warn(f"{e.relpath}: {error}")
+        if opts.many and not out.json:
+            out.text(("\n" if n else "") + f"==> {c.printable_line(str(root))} <==")
+        out.result(result, functools.partial(_verify_human, out, result, root, fix, took))
+    out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
+    if any(result.failed for _, result, _ in results):
         raise typer.Exit(1)
 
 

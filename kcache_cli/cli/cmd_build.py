@@ -105,6 +105,8 @@ def build_command(
     """Compile task.txt + source.cu/.cc into ops/<target>_space_<N>/<op>/<hash>/, or find it there.
 
     The hash is sha256 of task.txt's exact bytes (first 16 hex digits), the op its `name:` field.
+    The cache is one root: --cache-dir or KCACHE_DIR, else hidet's (hidet.toml cache_dir,
+    <git root>/.hidet_cache, ~/.cache/hidet), never the others `ls` shows.
     A complete entry is a hit: its path is printed and nothing changes. Otherwise the build
     compiles in a temp directory and publishes the entry with one rename: nvcc -shared
     -Xcompiler -fPIC -O3 -arch=ARCH, or g++ -shared -fPIC -O3, plus -I directories and the

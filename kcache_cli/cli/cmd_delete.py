@@ -26,7 +26,8 @@ def prune_command(
     ctx: typer.Context,
     max_size: Annotated[Optional[str], typer.Option(
         "--max-size", metavar="SIZE", help="Remove least recently used entries until the cache fits in SIZE "
-        "(with --all-caches: until all of them together fit, least recently used first across them) "
+        "(over every cache found, the default without --cache-dir: until all of them together fit, least "
+        "recently used first across them) "
         "(10GB, 500M, 2GiB; K/M/G/T are powers of 1000, Ki/Mi/Gi/Ti of 1024).")] = None,
     older_than: Annotated[Optional[str], typer.Option(
         "--older-than", metavar="AGE", help="Remove entries not used for AGE (30d, 12h, 90m, 2w, 1d12h).")] = None,
@@ -41,6 +42,7 @@ def prune_command(
                                                          "(needed without a terminal); otherwise prune never "
                                                          "asks.")] = False,
     all_caches: c.AllCachesOpt = False,
+    cache: c.CacheOpt = None,
     lock_timeout: LockTimeoutOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
@@ -48,7 +50,8 @@ def prune_command(
     """Free space safely: least recently used entries beyond --max-size, entries unused for --older-than,
     broken entries with --broken, stale ones with --stale; always stale temp/staging directories
     (untouched for an hour). hidet's candidates/ (kept under debug_cache_tuning) stay. Builds in progress
-    are skipped; nothing outside the cache is touched.
+    are skipped; nothing outside the cache is touched. Without --cache-dir or KCACHE_DIR: every cache
+    found, or the one the current directory lies in; --cache NAME picks one.
 
     Example: kcache prune --max-size 10GB --older-than 30d --dry-run
     """
@@ -58,10 +61,10 @@ def prune_command(
     limit = parse_size(max_size, "--max-size") if max_size is not None else None
     age = parse_age(older_than, "--older-than") if older_than is not None else None
     opts.lock_timeout = c.lock_timeout(lock_timeout, GC_WAIT)
-    out = _Out(opts, all_caches)
-    locs = c.cache_locations(opts, all_caches)
+    locs = c.cache_locations(opts, all_caches, cache)
+    out = _Out(opts, opts.many)
     limits = {str(loc.path): limit for loc in locs}
-    if all_caches and limit is not None and len(locs) > 1:  # one budget, least recently used first across all
+    if opts.many and limit is not None and len(locs) > 1:  # one budget, least recently used first across all
         from kcache_cli.budget import shared_limits
 
         with _busy(opts, "weighing every cache"):
@@ -69,7 +72,7 @@ def prune_command(
     for loc in locs:
         out.section(loc)
         _prune_one(opts, out, loc, limits[str(loc.path)], age, (broken, stale), dry_run, yes)
-    out.done(empty="no kernel cache found (see kcache dir --all)" if all_caches else None)
+    out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
 
 
 def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tuple[bool, bool], dry_run: bool,
@@ -129,13 +132,16 @@ def clear_command(
                                                          "terminal).")] = False,
     dry_run: DryRunOpt = False,
     all_caches: c.AllCachesOpt = False,
+    cache: c.CacheOpt = None,
     lock_timeout: LockTimeoutOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
     """Remove the entries you select (--space, --op, --target, --layout, entries by hash prefix or path,
     or --all) after showing what goes and asking. Builds in progress are skipped; tilus programs a kept
-    script links to and tilelang binaries a kept kernel embeds are kept.
+    script links to and tilelang binaries a kept kernel embeds are kept. Without --cache-dir or
+    KCACHE_DIR the selection is made in every cache found (--space cuda_space_2 is hidet's space 2;
+    other caches simply have none), or in the one the current directory lies in; --cache NAME picks one.
 
     Example: kcache clear --space cuda_space_2 --dry-run
     """
@@ -146,26 +152,31 @@ def clear_command(
     if not everything and not (hashes or op or space or target or layout):
         raise UsageError("clear needs a selection: --space, --op, --target, --layout, entries, or --all "
                          "(see 'kcache clear --help')")
-    out = _Out(opts, all_caches)
     plans = []
-    locs = c.cache_locations(opts, all_caches)
+    locs = c.cache_locations(opts, all_caches, cache, hashes)
+    out = _Out(opts, opts.many)
     missing = set(c.ref_list(hashes))
+    chosen = []
     for loc in locs:
-        refs = c.refs_in(loc.path, hashes) if all_caches else hashes
+        refs = c.refs_in(loc.path, hashes) if opts.many or len(locs) > 1 else hashes
         if hashes and not refs:
             continue  # the entries named are in other caches: nothing of this one is selected
-        flt = c.make_filter(op, space, target, layout, None, None, refs, root=loc.path)
-        c.hint_unknown(opts, loc.path, flt)
+        chosen.append((loc, refs, c.make_filter(op, space, target, layout, None, None, refs, root=loc.path)))
+    c.hint_unknown_many(opts, [(loc.path, flt) for loc, _, flt in chosen])
+    for loc, refs, flt in chosen:
         plans.append((loc, _plan_clear(opts, loc, flt, everything)))
         picked = [*(r.entry for r in plans[-1][1].removals), *(s.entry for s in plans[-1][1].skipped)]
         missing -= c.matched_refs(loc.path, refs, picked)
     if missing:  # an entry named that is nowhere: nothing is removed at all (a typo, not "no entries")
         raise c.no_match([r for r in c.ref_list(hashes) if r in missing], [loc.path for loc in locs],
                          selectors=bool(op or space or target or layout))
+    anywhere = any(plan.removals or plan.skipped for _, plan in plans)
     for loc, plan in plans:
+        if opts.many and anywhere and not out.json and not (plan.removals or plan.skipped):
+            continue  # every cache: the ones the selection names nothing in are no news
         out.section(loc)
         _clear_one(opts, out, loc, plan, yes, dry_run)
-    out.done(empty="no kernel cache found (see kcache dir --all)" if all_caches else None)
+    out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
 
 
 def _plan_clear(opts: c.GlobalOptions, loc, flt, everything: bool):

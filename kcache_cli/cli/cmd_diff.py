@@ -23,6 +23,7 @@ def diff_command(
     ctx: typer.Context,
     a: EntryA,
     b: EntryB,
+    cache: c.CacheOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -30,6 +31,7 @@ def diff_command(
     parameters, compile options and constants (Triton's num_warps, num_stages, constants, target),
     compiler versions, vLLM's cache key factors, compile commands.
 
+    Each entry is looked for in every cache found (without --cache-dir), so A and B may lie in two caches.
     Exit status 0 whether or not they differ; 2 when an entry is not found or the two are of different
     layouts or kinds.
 
@@ -37,18 +39,17 @@ def diff_command(
     """
     from kcache_cli.diff import diff_entries
     from kcache_cli.errors import UsageError
-    from kcache_cli.scan import resolve_entry
+    from kcache_cli.model import ScanFilter
 
     opts = c.use(ctx, cache_dir, as_json)
-    root = c.cache_root(opts, existing=True)
-    ea = resolve_entry(root, a, warn=lambda m: c.warn(opts, m))
-    eb = resolve_entry(root, b, warn=lambda m: c.warn(opts, m))
+    loc_a, ea = c.resolve_in_scope(opts, a, cache, lambda root: ScanFilter())
+    loc_b, eb = c.resolve_in_scope(opts, b, cache, lambda root: ScanFilter())
     if (ea.layout, ea.kind) != (eb.layout, eb.kind):
         raise UsageError(f"{a} is a {ea.layout} {ea.kind} and {b} a {eb.layout} {eb.kind}: "
                          "diff compares two entries of one layout and kind")
     if ea.path == eb.path:
         raise UsageError(f"{a} and {b} are the same entry ({ea.relpath})")
-    result = diff_entries(root, ea, root, eb)
+    result = diff_entries(loc_a.path, ea, loc_b.path, eb)
     c.Output(opts).result(result.to_json(), lambda: _text(result))
 
 

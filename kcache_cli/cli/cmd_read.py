@@ -23,11 +23,12 @@ NoIndexOpt = Annotated[bool, typer.Option(
                        "(.kcache/index/; the answer is the same).")]
 
 
-def _scan(opts: c.GlobalOptions, flt, loc=None, use_index: bool = False):
+def _scan(opts: c.GlobalOptions, flt, loc=None, use_index: bool = False, hint: bool = True):
     from kcache_cli.scan import scan_cache
 
     loc = loc or c.cache_location(opts, existing=True)
-    c.hint_unknown(opts, loc.path, flt)
+    if hint:
+        c.hint_unknown(opts, loc.path, flt)
     # ls and stats also show what killed imports and exports left (layout "kcache"; prune removes it)
     result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True, use_index=use_index)
     return loc, result
@@ -98,6 +99,7 @@ def ls_command(
                                              "nothing on stderr. With --json: the JSON.")] = False,
     null: Annotated[bool, typer.Option("-0", "--null", help="Print the entries' exact paths only, each ended by a "
                                        "NUL byte, for xargs -0; nothing on stderr.")] = False,
+    cache: c.CacheOpt = None,
     all_caches: c.AllCachesOpt = False,
     no_index: NoIndexOpt = False,
     cache_dir: c.CacheDirOpt = None,
@@ -105,6 +107,8 @@ def ls_command(
 ) -> None:
     """List cache entries, one row each: layout, kind, space, op, hash, size, files, status, last used.
 
+    Without --cache-dir or KCACHE_DIR, every kernel cache found (kcache dir --all) in one table with a
+    `cache` column, or the cache the current directory lies in; --cache NAME picks one.
     Entries are named by hash prefix, path in the cache or absolute path. On a narrow terminal the
     columns that matter least go first (layout of a one-layout cache, kind, files); hashes and statuses
     always show in full.
@@ -122,45 +126,51 @@ def ls_command(
     if paths_only or null:  # quiet on stderr in any case; with --json the JSON still wins over -q's paths
         opts.quiet = True
         paths_only = not opts.json
-    listed = _ls_listed(opts, sel, all_caches, sort, limit, not no_index)
+    listed = _ls_listed(opts, sel, all_caches, cache, not no_index)
+    rows = _ls_rows(listed, sort, limit)
     out = c.Output(opts)
 
     def human() -> None:
         if null:
-            _print_null([e.path for _, _, _, entries in listed for e in entries])
-            return
-        if paths_only:
-            c.print_lines([one_line(e.path) for _, _, _, entries in listed for e in entries])
-            return
-        for n, (loc, flt, result, entries) in enumerate(listed):
-            if all_caches:
-                out.text(("\n" if n else "") + f"==> {loc.path} <==")
-            _ls_table(out, loc, flt, result, entries)
-        if all_caches and not listed:
-            out.info("no kernel cache found (see kcache dir --all)")
+            _print_null([e.path for _, e in rows])
+        elif paths_only:
+            c.print_lines([one_line(e.path) for _, e in rows])
+        else:
+            _ls_human(out, listed, rows)
 
-    out.result([dict(e.to_json(), root=str(loc.path)) if all_caches else e.to_json()
-                for loc, _, _, entries in listed for e in entries], human)
+    out.result([dict(e.to_json(), cache=loc.cache or None, root=str(loc.path)) if opts.many else e.to_json()
+                for loc, e in rows], human)
 
 
-def _ls_listed(opts: c.GlobalOptions, sel: c.Selection, all_caches: bool, sort: str, limit: Optional[int],
+def _ls_listed(opts: c.GlobalOptions, sel: c.Selection, all_caches: bool, cache: Optional[str],
                use_index: bool) -> list:
-    """(location, filter, scan result, entries shown) for each cache listed; an entry named by hash or
-    path that is in none of them is an error."""
-    locs = c.cache_locations(opts, all_caches)
+    """(location, filter, scan result) for each cache listed; an entry named by hash or path that is in
+    none of them is an error."""
+    locs = c.cache_locations(opts, all_caches, cache, sel.hashes)
     listed = []
     missing = set(c.ref_list(sel.hashes))
     for loc in locs:
-        refs = c.refs_in(loc.path, sel.hashes) if all_caches else sel.hashes
+        refs = c.refs_in(loc.path, sel.hashes) if len(locs) > 1 or opts.many else sel.hashes
         if sel.hashes and not refs:
             continue  # the entries named are in other caches
         flt = sel.filter(loc.path, refs)
-        listed.append((loc, flt, *_ls_entries(opts, loc, flt, sort, limit, use_index)))
+        listed.append((loc, flt, _scan(opts, flt, loc, use_index, hint=not opts.many)[1]))
         missing -= c.matched_refs(loc.path, refs, listed[-1][2].entries)
+    if opts.many:
+        c.hint_unknown_many(opts, [(loc.path, flt) for loc, flt, _ in listed])
     if missing:  # an entry named that is nowhere: a typo, not "no entries"
         raise c.no_match([r for r in c.ref_list(sel.hashes) if r in missing], [loc.path for loc in locs],
                          selectors=sel.has_selectors())
     return listed
+
+
+def _ls_rows(listed: list, sort: str, limit: Optional[int]) -> list:
+    """(location, entry) of every cache's entries, in one order across them, at most `limit`."""
+    from kcache_cli.model import sort_entries
+
+    where = {id(e): loc for loc, _, result in listed for e in result.entries}
+    entries = sort_entries([e for _, _, result in listed for e in result.entries], sort)
+    return [(where[id(e)], e) for e in (entries[:limit] if limit is not None else entries)]
 
 
 def _print_null(paths: list[str]) -> None:
@@ -170,52 +180,70 @@ def _print_null(paths: list[str]) -> None:
     sys.stdout.buffer.flush()
 
 
-def _ls_entries(opts: c.GlobalOptions, loc, flt, sort: str, limit: Optional[int], use_index: bool):
-    from kcache_cli.model import sort_entries
+def _ls_human(out: c.Output, listed: list, rows: list) -> None:
+    """The table of `rows`, with a `cache` column when they come from more than one cache; what was
+    missing or empty on stderr."""
+    for loc, _, result in listed:
+        if not result.exists:
+            out.info(f"no cache at {loc.path} ({loc.reason})")
+    there = [(loc, flt) for loc, flt, result in listed if result.exists]
+    if not listed:
+        out.info("no kernel cache found (see kcache dir --all)")
+    if not rows:
+        if there:
+            selected = any(flt != type(flt)() for _, flt in there)
+            where = there[0][0].path if len(there) == 1 else f"{len(there)} caches"
+            out.info(f"no entries in {where}" + (" match" if selected else ""))
+        return
+    _ls_table(out, rows)
+    shown = {str(loc.path) for loc, _ in rows}
+    roots = [loc for loc, _, _ in listed if str(loc.path) in shown]  # in the scope's order
+    total = sum(e.size for _, e in rows)
+    where = roots[0].path if len(roots) == 1 else f"{len(roots)} caches ({', '.join(_label(loc) for loc in roots)})"
+    out.info(f"{c.plural(len(rows), 'entry')}, {c.human_size(total)} in {where}")
 
-    _, result = _scan(opts, flt, loc, use_index)
-    entries = sort_entries(result.entries, sort)
-    return result, entries[:limit] if limit is not None else entries
+
+def _label(loc) -> str:
+    """The `cache` column's value: the layout whose cache it is, else the root's name."""
+    return loc.cache or loc.path.name
 
 
-def _ls_table(out: c.Output, loc, flt, result, entries) -> None:
+def _ls_table(out: c.Output, rows: list) -> None:
     from kcache_cli.cli.table import Column
 
-    if not result.exists:
-        out.info(f"no cache at {loc.path} ({loc.reason})")
-        return
-    if not entries:
-        out.info(f"no entries in {loc.path}" + (" match" if flt != type(flt)() else ""))
-        return
+    entries = [e for _, e in rows]
+    caches = len({str(loc.path) for loc, _ in rows}) > 1
     one_layout = len({e.layout for e in entries}) == 1
-    cols = [Column("layout", drop=1 if one_layout else 6), Column("kind", drop=2), Column("space", drop=8),
-            Column("op", drop=7), Column("hash", spill=True), Column("size", right=True, drop=5),
-            Column("files", right=True, drop=3), Column("status", styles=c.STATUS_STYLE),
-            Column("last used", drop=4)]
+    cols = [Column("layout", drop=1 if one_layout or caches else 6), Column("kind", drop=2),
+            Column("space", drop=8), Column("op", drop=7), Column("hash", spill=True),
+            Column("size", right=True, drop=5), Column("files", right=True, drop=3),
+            Column("status", styles=c.STATUS_STYLE), Column("last used", drop=4)]
+    if caches:
+        cols.insert(0, Column("cache", drop=6))
     show_reason = any(e.reason for e in entries)
     if show_reason:
         cols.append(Column("reason", wrap=True))
-    rows = []
-    for e in entries:
+    table = []
+    for loc, e in rows:
         row = [e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, c.human_size(e.size),
                str(e.files), e.status, c.human_age(e.last_used)]
+        if caches:
+            row.insert(0, _label(loc))
         if show_reason:
             row.append(e.reason or "")
-        rows.append(row)
-    c.print_table(cols, rows)
-    total = sum(e.size for e in entries)
-    out.info(f"{c.plural(len(entries), 'entry')}, {c.human_size(total)} in {loc.path}")
+        table.append(row)
+    c.print_table(cols, table)
 
 
-def _details(opts: c.GlobalOptions, ref: str, space=None, op=None, layout=None, kind=None, statuses: bool = True):
+def _details(opts: c.GlobalOptions, ref: str, space=None, op=None, layout=None, kind=None, statuses: bool = True,
+             cache: Optional[str] = None):
+    """(root, entry, its layout) of the one entry `ref` names in the command's scope (every cache found,
+    the one the current directory or an absolute `ref` lies in, --cache NAME, or --cache-dir)."""
     from kcache_cli.layouts import get
-    from kcache_cli.scan import resolve_entry
 
-    root = c.cache_root(opts, existing=True)
-    flt = c.make_filter(op, space, None, layout, None, kind, None, root=root)
-    c.hint_unknown(opts, root, flt)
-    entry = resolve_entry(root, ref, warn=lambda m: c.warn(opts, m), flt=flt, statuses=statuses)
-    return root, entry, get(entry.layout)
+    loc, entry = c.resolve_in_scope(opts, ref, cache, lambda root: c.make_filter(op, space, None, layout, None,
+                                                                                 kind, None, root=root), statuses)
+    return loc.path, entry, get(entry.layout)
 
 
 HashArg = Annotated[str, typer.Argument(metavar="ENTRY", help=f"The entry: a unique {c.ENTRY_HELP}.",
@@ -239,13 +267,15 @@ def inspect_command(
     op: PickOpOpt = None,
     layout: PickLayoutOpt = None,
     kind: PickKindOpt = None,
+    cache: c.CacheOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
     """Everything about one entry: path, task, files, compile command, binary arch and symbols, status.
 
     Runs the deep checks that read every byte: task.txt's sha256 against the directory name,
-    files against a manifest (kcache.json, tilelang's manifest.json). Exit status: 0 when the entry
+    files against a manifest (kcache.json, tilelang's manifest.json). Without --cache-dir the entry is
+    looked for in every cache found (an absolute path finds its own root). Exit status: 0 when the entry
     is complete, 1 when it is not (its status and reason say why), 2 when no single entry matches.
 
     Example: kcache inspect ad252b06 --space cuda_space_0
@@ -253,7 +283,7 @@ def inspect_command(
     from kcache_cli.terms import COMPLETE
 
     opts = c.use(ctx, cache_dir, as_json)
-    root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind)
+    root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, cache=cache)
     d = layout_mod.describe(root, entry)
     from kcache_cli.binary import read_binary
 
@@ -349,6 +379,7 @@ def log_command(
     op: PickOpOpt = None,
     layout: PickLayoutOpt = None,
     kind: PickKindOpt = None,
+    cache: c.CacheOpt = None,
     cache_dir: c.CacheDirOpt = None,
 ) -> None:
     """Show an entry's compile log: nvcc_log.txt, or compile.sh plus the compiler's output.
@@ -360,7 +391,8 @@ def log_command(
     from kcache_cli.errors import KcacheError
 
     opts = c.use(ctx, cache_dir)
-    root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, statuses=False)  # none shown
+    root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, statuses=False,  # none shown
+                                       cache=cache)
     logs = layout_mod.log_files(entry)
     if not logs:
         raise KcacheError(layout_mod.no_log(entry))
@@ -449,6 +481,7 @@ def stats_command(
     ctx: typer.Context,
     top: Annotated[int, typer.Option("--top", metavar="N", min=0,
                                      help="How many of the biggest entries to show.")] = 10,
+    cache: c.CacheOpt = None,
     all_caches: c.AllCachesOpt = False,
     no_index: NoIndexOpt = False,
     cache_dir: c.CacheDirOpt = None,
@@ -456,24 +489,29 @@ def stats_command(
 ) -> None:
     """Totals per layout, space and op, counts per status, and the biggest entries.
 
+    Without --cache-dir or KCACHE_DIR: one report for each cache found (--json: a list), or for the
+    cache the current directory lies in; --cache NAME picks one.
+
     Example: kcache stats --json | jq .by_status
     """
     from kcache_cli.model import ScanFilter
 
     opts = c.use(ctx, cache_dir, as_json)
     reports = []
-    for loc in c.cache_locations(opts, all_caches):
+    for loc in c.cache_locations(opts, all_caches, cache):
         _, result = _scan(opts, ScanFilter(), loc, not no_index)
-        reports.append(_stats(loc, result, top))
-    out = c.Output(opts, collect=all_caches)
+        reports.append(_stats(loc, result, top, opts.many))
+    out = c.Output(opts, collect=opts.many)
     for n, report in enumerate(reports):
         out.result(report, functools.partial(_stats_text, out, report, first=n == 0))
     out.done(empty="no kernel cache found (see kcache dir --all)")
 
 
-def _stats(loc, result, top: int) -> dict:
+def _stats(loc, result, top: int, many: bool = False) -> dict:
     report = result.to_json(top)
     report["root"] = str(loc.path)
+    if many:  # one report per cache: which one
+        report["cache"] = loc.cache or None
     return {**report, "reason": loc.reason}
 
 

@@ -92,9 +92,23 @@ def _moving(ctx: typer.Context, sel: c.Selection, remote: Optional[str], timeout
 
     opts = c.use(ctx, cache_dir, as_json)
     flt = sel.filter()
-    root = c.cache_root(opts)
+    root = _local_root(opts, flt.layouts)
     with _opened(remote, *timeout) as store, Bar(opts, doing, unit="entries") as bar:
         yield _Moving(opts, root, flt, store, bar)
+
+
+def _local_root(opts: c.GlobalOptions, layouts: tuple[str, ...]):
+    """The one local root push and pull work on: --cache-dir or KCACHE_DIR; else, for one --layout, where
+    that layout's compiler keeps its cache (pull --layout triton fills Triton's); else hidet's rule."""
+    if not c.explicit_root(opts) and len(set(layouts)) == 1:
+        from kcache_cli.errors import UsageError
+        from kcache_cli.locate import named_cache
+
+        try:
+            return named_cache(layouts[0]).path
+        except UsageError:  # a layout without a default place
+            pass
+    return c.cache_root(opts)
 
 
 @c.selectors(status=None)
@@ -112,7 +126,8 @@ def push_command(
 
     Selectors are those of `ls`. Partial, failed, corrupt and in-flight entries never go. Each entry
     becomes visible at once, when its data is all there; a second pusher of the same entry leaves
-    the first one's copy in place.
+    the first one's copy in place. The local cache: --cache-dir or KCACHE_DIR, else with one --layout
+    that layout's own cache, else hidet's.
 
     Example: kcache push --remote redis://cache-host:6379/0 --space cuda_space_0
     """
@@ -159,7 +174,9 @@ def pull_command(
 
     Every file's size and sha256 must match the pushed record; names, links and paths follow
     import's rules; each entry appears with one rename. A bad entry is refused (exit 1) and the
-    others still arrive. Complete local entries are kept; incomplete ones are replaced.
+    others still arrive. Complete local entries are kept; incomplete ones are replaced. The local
+    cache: --cache-dir or KCACHE_DIR, else with one --layout that layout's own cache (--layout triton:
+    Triton's), else hidet's.
 
     Example: kcache pull --remote redis://cache-host:6379/0 --op matmul
     """

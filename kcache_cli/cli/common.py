@@ -26,6 +26,7 @@ class GlobalOptions:
                  debug: bool = False) -> None:
         self.cache_dir, self.json, self.quiet, self.debug = cache_dir, json, quiet, debug
         self.lock_timeout: float | None = None  # a command's checked --lock-timeout, where it has one
+        self.many = False  # the scope is every cache found (cache_locations), not one root
 
 
 def settings(ctx: typer.Context) -> GlobalOptions:
@@ -36,8 +37,9 @@ def settings(ctx: typer.Context) -> GlobalOptions:
 
 
 # Options accepted both before and after the subcommand (`kcache --json ls` == `kcache ls --json`).
-CacheDirOpt = Annotated[Optional[str], typer.Option("--cache-dir", metavar="PATH", envvar=None,
-                                                    help="Cache root (default: KCACHE_DIR, then hidet's rule).")]
+CacheDirOpt = Annotated[Optional[str], typer.Option(
+    "--cache-dir", metavar="PATH", envvar=None,
+    help="Cache root (default: KCACHE_DIR, then every cache found; see kcache --help).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
@@ -53,36 +55,70 @@ def use(ctx: typer.Context, cache_dir: Optional[str] = None, as_json: bool = Fal
 
 def cache_location(opts: GlobalOptions, existing: bool = False):
     """The cache root. With `existing`, an explicit --cache-dir that is missing or not a directory is a usage
-    error (exit 2): a typo must not read as an empty cache. The default root missing stays "nothing there"."""
+    error (exit 2): a typo must not read as an empty cache; so is one that holds no cache but has one a
+    level or two down (D/triton/cache). The default root missing stays "nothing there"."""
     from kcache_cli.locate import resolve_cache_dir
 
     loc = resolve_cache_dir(opts.cache_dir)
     if existing and opts.cache_dir and not loc.path.is_dir():
         what = "is not a directory" if loc.path.exists() else "does not exist"
         raise UsageError(f"--cache-dir {loc.path} {what}")
+    if existing and explicit_root(opts) and loc.path.is_dir():
+        _one_level_down(loc)
     return loc
+
+
+def _one_level_down(loc) -> None:
+    """A --cache-dir/KCACHE_DIR that holds no cache but has one below it: say where (exit 2), not "no entries"."""
+    from kcache_cli.layouts import detect
+    from kcache_cli.locate import caches_below
+
+    if detect(loc.path):
+        return
+    below = caches_below(loc.path)
+    if below:
+        names, path = below[0]
+        more = f" (and {plural(len(below) - 1, 'other cache')})" if len(below) > 1 else ""
+        raise UsageError(f"no cache at {loc.path} ({loc.reason}); {path} holds a {names} cache{more}: "
+                         f"--cache-dir {path}")
 
 
 def cache_root(opts: GlobalOptions, existing: bool = False) -> Path:
     return cache_location(opts, existing).path
 
 
-def cache_locations(opts: GlobalOptions, all_caches: bool) -> list:
-    """The roots a command works on: the one cache, or with --all-caches every cache `dir --all` finds
-    that exists (with the root shown by the caller)."""
-    if not all_caches:
-        return [cache_location(opts, existing=True)]
-    if opts.cache_dir:
-        raise UsageError("--all-caches and --cache-dir do not go together")
-    from kcache_cli.locate import CacheLocation, known_caches, refused_root
+def explicit_root(opts: GlobalOptions) -> bool:
+    """Whether --cache-dir or KCACHE_DIR names the one cache (else the default scope: every cache)."""
+    return opts.cache_dir is not None or bool(os.environ.get("KCACHE_DIR"))
 
-    out = []
-    for owner, path in known_caches():
-        why = refused_root(path)
-        if why is not None:  # hidet.toml `cache_dir = "~"`, TRITON_CACHE_DIR=$HOME: never a root to clear
-            warn(opts, f"skipping the {owner} cache at {path}: {why}, never a cache root")
-        elif path.is_dir():
-            out.append(CacheLocation(path, f"{owner} cache (dir --all)"))
+
+def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] = None,
+                    refs: Optional[List[str]] = None) -> list:
+    """The roots a command works on. --cache-dir or KCACHE_DIR: that one; `--cache NAME`: that layout's
+    cache; else the cache the current directory lies in; else every cache `dir --all` finds that exists
+    (--all-caches says so explicitly), plus the caches that absolute entry paths in `refs` lie in.
+    Sets `opts.many` when the scope is the set of every cache (JSON lists, one per cache)."""
+    from kcache_cli.locate import cache_holding, existing_caches, named_cache
+
+    opts.many = False
+    if cache is not None:
+        if opts.cache_dir is not None or all_caches:
+            raise UsageError(f"--cache and {'--cache-dir' if opts.cache_dir is not None else '--all-caches'} "
+                             "do not go together")
+        return [named_cache(cache)]
+    if all_caches and opts.cache_dir:
+        raise UsageError("--all-caches and --cache-dir do not go together")
+    if not all_caches and explicit_root(opts):
+        return [cache_location(opts, existing=True)]
+    known = existing_caches(lambda m: warn(opts, m))
+    here = None if all_caches else _cwd_cache(known)
+    out = [here] if here is not None else known
+    opts.many = here is None
+    for ref in ref_list(refs):
+        if os.path.isabs(ref) and os.path.lexists(ref):
+            holder = cache_holding(ref, known)
+            if holder is not None and all(os.path.realpath(holder.path) != os.path.realpath(o.path) for o in out):
+                out.append(holder)
     return out
 
 
@@ -103,6 +139,48 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
                 continue
         out.append(ref)
     return out
+
+
+def _cwd_cache(known: list):
+    """The cache the current directory lies in, or None (also when it was removed under us)."""
+    from kcache_cli.locate import cache_holding
+
+    try:
+        return cache_holding(os.getcwd(), known)
+    except OSError:
+        return None
+
+
+def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: Callable[[Path], Any],
+                     statuses: bool = True) -> tuple:
+    """(location, entry) of the one entry `ref` names in the command's scope (cache_locations): found in
+    exactly one cache; in several, a usage error naming them (--cache picks one); in none, no_match.
+    `pick(root)` is the checked filter of the --space/--op... that tell entries apart."""
+    from kcache_cli.scan import NoSuchEntry, resolve_entry
+
+    locs = cache_locations(opts, False, cache, [ref])
+    found, misses = [], []
+    for loc in locs:
+        if len(locs) > 1 and not refs_in(loc.path, [ref]):
+            continue  # an absolute path into another cache
+        flt = pick(loc.path)
+        if not opts.many:
+            hint_unknown(opts, loc.path, flt)
+        try:
+            found.append((loc, resolve_entry(loc.path, ref, warn=lambda m: warn(opts, m), flt=flt,
+                                             statuses=statuses)))
+        except NoSuchEntry as exc:
+            misses.append(exc)
+    if len(found) == 1:
+        return found[0]
+    if found:
+        where = ", ".join(f"{loc.cache or loc.path} ({e.relpath})" for loc, e in found)
+        picks = " or ".join(f"--cache {loc.cache}" for loc, _ in found if loc.cache)
+        raise UsageError(f"'{ref}' names entries in {len(found)} caches: {where}; pick one with "
+                         f"{picks or 'the entry path'}")
+    if len(misses) == 1 and len(locs) == 1:
+        raise misses[0]
+    raise no_match([ref], [loc.path for loc in locs])
 
 
 def ref_list(refs: Optional[List[str]]) -> list[str]:
@@ -166,8 +244,12 @@ def _nearest(ref: str, roots: list[Path]) -> list[str]:
 
 
 AllCachesOpt = Annotated[bool, typer.Option(
-    "--all-caches", help=f"Every cache `kcache dir --all` finds ({', '.join(LAYOUT_NAMES)}), one after the other, "
-    "each with its root.")]
+    "--all-caches", help="Every cache `kcache dir --all` finds, even from inside one cache (without "
+    "--cache-dir/KCACHE_DIR that is the default anyway).")]
+CacheOpt = Annotated[Optional[str], typer.Option(
+    "--cache", metavar="NAME", help="Only this cache, where its compiler keeps it: hidet, triton, inductor... "
+    "(default: every cache found, or the one the current directory or an entry's path lies in).",
+    autocompletion=complete.complete_cache)]
 
 
 # ---- waiting for locks ---------------------------------------------------------------------------
@@ -337,6 +419,26 @@ def hint_unknown(opts: GlobalOptions, root: Path, flt) -> None:
 
     for line in unknown_values(root, flt):
         warn(opts, line)
+
+
+def hint_unknown_many(opts: GlobalOptions, selected: list) -> None:
+    """hint_unknown over several caches ((root, filter) each): a value is hinted at only when it names
+    nothing in any of them (`--space cuda_space_2` is hidet's; Triton's cache not having it is no news)."""
+    from dataclasses import replace
+
+    from kcache_cli.names import unknown_values
+
+    if len(selected) == 1:
+        return hint_unknown(opts, *selected[0])
+    roots = [(root, flt) for root, flt in selected if root.is_dir()]
+    for field in ("ops", "spaces", "targets"):
+        values = {v for _, flt in roots for v in getattr(flt, field)}
+        for v in sorted(values):
+            single = {"ops": (), "spaces": (), "targets": (), field: (v,)}
+            lines = [unknown_values(root, replace(flt, **single)) for root, flt in roots if v in getattr(flt, field)]
+            if len(lines) == len(roots) and all(lines):
+                for found in lines:
+                    warn(opts, found[0])
 
 
 # ---- output --------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Shell completion: the values `--op`, `--space`, `--layout`, `--status`, `--target`, `--kind` and HASH
 arguments complete to, read from the cache the command line points at (`--cache-dir` before or after the
-subcommand, else KCACHE_DIR, else hidet's rule).
+subcommand, else KCACHE_DIR, else `--cache NAME`'s, else every layout's default place that exists).
 
 The callbacks run on every TAB in a fresh process, so they read directory names only (kcache_cli.names)
 and import nothing heavy. The shells' scripts are Typer's own (`kcache --show-completion SHELL`); the
@@ -76,6 +76,25 @@ def completion_root(ctx: typer.Context) -> Path | None:
         return None
 
 
+def completion_roots(ctx: typer.Context) -> list[Path]:
+    """The roots the command being completed would read: --cache-dir or KCACHE_DIR; `--cache NAME`'s;
+    else every layout's default place that exists (the default scope; light: no layout is imported)."""
+    from kcache_cli.layouts import homes
+
+    own = (ctx.params or {}).get("cache_dir") or getattr(ctx.find_root().obj, "cache_dir", None) \
+        or _given(ctx.find_root(), "cache_dir") or os.environ.get("KCACHE_DIR")  # type: ignore[arg-type]
+    if own:
+        root = completion_root(ctx)
+        return [root] if root is not None else []
+    named = _given(ctx, "cache")
+    out: list[Path] = []
+    for name, _ in _layouts():
+        home = homes.default_root(name) if not named or name == named[0] else None
+        if home is not None and home.path.is_dir() and home.path not in out:
+            out.append(home.path)
+    return out
+
+
 def _split_list(incomplete: str) -> tuple[str, str]:
     """`--status complete,par` completes the last comma-separated part: ("complete,", "par")."""
     head, sep, tail = incomplete.rpartition(",")
@@ -98,11 +117,12 @@ def complete_op(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     """Op names present in the cache (within the --space/--layout already given)."""
     from kcache_cli import names
 
-    root = completion_root(ctx)
-    if root is None:
-        return []
-    places = names.op_places(root, spaces=_param_values(ctx, "space"), layouts=_param_values(ctx, "layout"))
-    return _matching(((op, ", ".join(where)) for op, where in places.items()), incomplete,
+    places: dict[str, tuple[str, ...]] = {}
+    for root in completion_roots(ctx):
+        for op, where in names.op_places(root, spaces=_param_values(ctx, "space"),
+                                         layouts=_param_values(ctx, "layout")).items():
+            places[op] = tuple(dict.fromkeys((*places.get(op, ()), *where)))
+    return _matching(((op, ", ".join(where)) for op, where in sorted(places.items())), incomplete,
                      _param_values(ctx, "op"))
 
 
@@ -110,11 +130,12 @@ def complete_space(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]
     """Spaces present in the cache (holding the --op already given, if any)."""
     from kcache_cli import names
 
-    root = completion_root(ctx)
-    if root is None:
-        return []
-    found = names.space_layouts(root, ops=_param_values(ctx, "op"), layouts=_param_values(ctx, "layout"))
-    return _matching(found.items(), incomplete, _param_values(ctx, "space"))
+    found: dict[str, str] = {}
+    for root in completion_roots(ctx):
+        for space, layout in names.space_layouts(root, ops=_param_values(ctx, "op"),
+                                                 layouts=_param_values(ctx, "layout")).items():
+            found.setdefault(space, layout)
+    return _matching(sorted(found.items()), incomplete, _param_values(ctx, "space"))
 
 
 def complete_hash(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
@@ -122,13 +143,13 @@ def complete_hash(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     op (or kind) and space as description."""
     from kcache_cli import names
 
-    root = completion_root(ctx)
-    if root is None or "/" in incomplete:
+    if "/" in incomplete:
         return []
     taken = set(_param_values(ctx, "hashes"))
     described: dict[str, str] = {}
-    for e in names.entries(root, incomplete, ops=_param_values(ctx, "op"), spaces=_param_values(ctx, "space"),
-                           layouts=_param_values(ctx, "layout")):
+    for e in (e for root in completion_roots(ctx) for e in names.entries(
+            root, incomplete, ops=_param_values(ctx, "op"), spaces=_param_values(ctx, "space"),
+            layouts=_param_values(ctx, "layout"))):
         if e.hash in taken:
             continue
         what = e.op or f"{e.layout} {e.kind}"
@@ -143,6 +164,14 @@ def complete_hash(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
 # ---- static choices -------------------------------------------------------------------------------
 def complete_layout(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     return _matching(_layouts(), incomplete, _param_values(ctx, "layout"))
+
+
+def complete_cache(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    """`--cache NAME`: the layouts whose compiler keeps a cache in a known place, with that place."""
+    from kcache_cli.layouts import homes
+
+    found = [(name, str(home.path)) for name, _ in _layouts() if (home := homes.default_root(name)) is not None]
+    return _matching(found, incomplete)
 
 
 def complete_status(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:

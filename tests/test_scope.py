@@ -1,0 +1,233 @@
+"""Every cache by default (issue 25): without --cache-dir/KCACHE_DIR the commands see every kernel cache
+the compilers' own rules find (HOME and the temp dir are the test's own, holding copies of the real
+fixtures); `--cache NAME` narrows; an entry's path or the current directory finds its root; a directory
+holding a cache one level down says so."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, copy_tree, run_kcache
+
+
+def _home() -> Path:
+    return Path(os.environ["HOME"])
+
+
+@pytest.fixture
+def triton_only() -> Path:
+    root = copy_tree(FIXTURES / "triton" / "cache", _home() / ".triton" / "cache")
+    assert run_kcache("--cache-dir", str(root), "verify", "--fix").exit_code == 0  # as Triton wrote them here
+    return root
+
+
+@pytest.fixture
+def both(triton_only) -> dict[str, Path]:
+    hidet = copy_tree(FIXTURES / "hidet", _home() / ".cache" / "hidet")
+    return {"hidet": hidet, "triton": triton_only}
+
+
+def _entries(root: Path) -> set[str]:
+    return {r["path"] for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+
+
+def test_a_machine_whose_only_cache_is_tritons_lists_it(triton_only):
+    run = run_kcache("ls")
+    assert run.exit_code == 0, run.stderr
+    assert "no cache at" not in run.stderr and ".cache/hidet" not in run.stderr + run.stdout
+    assert f"in {triton_only}" in run.stderr
+    rows = run_kcache("ls", "--json").json()
+    assert {r["layout"] for r in rows} == {"triton"} and {r["cache"] for r in rows} == {"triton"}
+    assert {r["path"] for r in rows} == _entries(triton_only)
+    stats = run_kcache("stats", "--json").json()
+    assert [s["cache"] for s in stats] == ["triton"] and stats[0]["entries"] == len(rows)
+
+
+def test_hidet_and_triton_are_both_listed_with_a_cache_column(both):
+    run = run_kcache("ls", env={"COLUMNS": "200"})
+    assert run.exit_code == 0, run.stderr
+    head, *lines = run.stdout.splitlines()
+    assert head.split()[0] == "cache"
+    caches = {ln.split()[0] for ln in lines if ln and not ln.startswith(" ")}
+    assert caches == {"hidet", "triton"}
+    assert "in 2 caches (hidet, triton)" in run.stderr  # in dir --all's order
+    rows = run_kcache("ls", "--json").json()
+    assert {r["path"] for r in rows} == _entries(both["hidet"]) | _entries(both["triton"])
+    assert {(r["cache"], r["root"]) for r in rows} == {(k, str(v)) for k, v in both.items()}
+    # --all-caches is the same scope, still accepted
+    assert {r["path"] for r in run_kcache("ls", "--all-caches", "--json").json()} == {r["path"] for r in rows}
+    # one --limit and one order across both caches
+    biggest = run_kcache("ls", "--sort", "size", "--limit", "3", "--json").json()
+    assert [r["size"] for r in biggest] == sorted((r["size"] for r in rows), reverse=True)[:3]
+
+
+def test_cache_option_narrows_to_one(both):
+    run = run_kcache("ls", "--cache", "triton", env={"COLUMNS": "200"})
+    assert run.exit_code == 0, run.stderr
+    assert run.stdout.split()[0] != "cache"  # one cache: no cache column
+    assert {r["path"] for r in run_kcache("ls", "--cache", "triton", "--json").json()} == _entries(both["triton"])
+    stats = run_kcache("stats", "--cache", "hidet", "--json").json()
+    assert isinstance(stats, dict) and stats["root"] == str(both["hidet"])
+    bad = run_kcache("ls", "--cache", "tritn")
+    assert bad.exit_code == 2 and "unknown cache 'tritn'" in bad.stderr
+    clash = run_kcache("ls", "--cache", "triton", "--cache-dir", str(both["hidet"]))
+    assert clash.exit_code == 2 and "do not go together" in clash.stderr
+    from kcache_cli.cli.complete import complete_cache
+
+    offered = [name for name, _ in complete_cache(None, "tr")]  # type: ignore[arg-type]
+    assert offered == ["triton"]
+
+
+def test_op_selects_over_every_cache(both):
+    run = run_kcache("ls", "--op", "matmul", "--json")
+    assert run.exit_code == 0 and "warning" not in run.stderr, run.stderr
+    assert {(r["layout"], r["op"]) for r in run.json()} == {("hidet", "matmul")}
+    run = run_kcache("ls", "--op", "matmul_kernel", "--json")
+    assert {(r["layout"], r["op"]) for r in run.json()} == {("triton", "matmul_kernel")}
+    nowhere = run_kcache("ls", "--op", "matmull")
+    assert nowhere.exit_code == 0 and "no op 'matmull'" in nowhere.stderr
+
+
+def test_an_entry_path_finds_its_root(both, tmp_path):
+    kernel = sorted(p for p in both["triton"].iterdir() if p.is_dir())[0]
+    run = run_kcache("inspect", str(kernel), "--json")
+    assert run.exit_code == 0, run.stderr
+    assert run.json()["path"] == str(kernel)
+    log = run_kcache("inspect", str(both["hidet"] / "ops" / "cuda_space_0" / "softmax"
+                                   / "ad252b064b266eea"), "--json")
+    assert log.exit_code == 0 and log.json()["path"].endswith("ad252b064b266eea"), log.stderr
+    # a cache in no known place: found by walking up to a directory its layout detection accepts
+    elsewhere = copy_tree(FIXTURES / "hidet", tmp_path / "projects" / "kernels")
+    entry = elsewhere / "ops" / "cpu_space_0" / "matmul" / "064b4a6c035246e8"
+    run = run_kcache("inspect", str(entry), "--json")
+    assert run.exit_code == 0, run.stderr
+    assert run.json()["path"] == str(entry)
+    assert {r["path"] for r in run_kcache("ls", str(entry), "--json").json()} == {str(entry)}
+    # a path in no cache at all is a miss, exit 2
+    stray = tmp_path / "not-a-cache"
+    stray.mkdir()
+    miss = run_kcache("inspect", str(stray))
+    assert miss.exit_code == 2 and "no entry matches" in miss.stderr
+    # a hash prefix is looked for in every cache
+    assert run_kcache("inspect", "ad252b06", "--json").json()["layout"] == "hidet"
+    assert run_kcache("inspect", kernel.name[:10], "--json").json()["layout"] == "triton"
+
+
+def test_the_current_directory_inside_a_cache_is_the_scope(both, monkeypatch):
+    monkeypatch.chdir(both["triton"])
+    rows = run_kcache("ls", "--json").json()
+    assert {r["path"] for r in rows} == _entries(both["triton"])
+    assert "cache" not in rows[0]  # one cache: the plain rows
+    assert len(run_kcache("ls", "--all-caches", "--json").json()) > len(rows)
+    monkeypatch.chdir(both["hidet"] / "ops" / "cuda_space_0")
+    assert {r["layout"] for r in run_kcache("ls", "--json").json()} == {"hidet"}
+    stats = run_kcache("stats", "--json").json()
+    assert isinstance(stats, dict) and stats["root"] == str(both["hidet"])
+
+
+@pytest.mark.parametrize("below", ["triton/cache", "hidet"])
+def test_a_directory_holding_a_cache_one_level_down_says_so(tmp_path, below, monkeypatch):
+    d = tmp_path / "data"
+    src = FIXTURES / "triton" / "cache" if below.startswith("triton") else FIXTURES / "hidet"
+    copy_tree(src, d / below)
+    for args in (("--cache-dir", str(d), "ls"), ("--cache-dir", str(d), "stats"), ("--cache-dir", str(d), "verify")):
+        run = run_kcache(*args)
+        assert run.exit_code == 2, (args, run.stdout, run.stderr)
+        assert f"no cache at {d}" in run.stderr and f"--cache-dir {d / below}" in run.stderr
+    monkeypatch.setenv("KCACHE_DIR", str(d))
+    run = run_kcache("ls")
+    assert run.exit_code == 2 and f"--cache-dir {d / below}" in run.stderr
+    monkeypatch.delenv("KCACHE_DIR")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run = run_kcache("--cache-dir", str(empty), "ls")
+    assert run.exit_code == 0 and "no entries" in run.stderr
+
+
+def test_clear_space_2_removes_only_hidets_space_2(both):
+    ops = both["hidet"] / "ops"
+    shutil.copytree(ops / "cuda_space_0", ops / "cuda_space_2", symlinks=True)
+    space2 = {str(p) for p in (ops / "cuda_space_2").glob("*/*")}
+    assert len(space2) == 2
+    before_triton = _entries(both["triton"])
+    before_hidet = _entries(both["hidet"])
+    plan = run_kcache("clear", "--space", "cuda_space_2", "--dry-run", "--json")
+    assert plan.exit_code == 0, plan.stderr
+    assert {r["path"] for section in plan.json() for r in section.get("removed", section.get("removals", []))
+            if r.get("what", "entry") == "entry"} <= space2
+    run = run_kcache("clear", "--space", "cuda_space_2", "--yes")
+    assert run.exit_code == 0, run.stderr
+    assert "warning" not in run.stderr  # Triton has no cuda_space_2: no news, not an error
+    assert _entries(both["hidet"]) == before_hidet - space2
+    assert _entries(both["triton"]) == before_triton
+    assert not any((ops / "cuda_space_2").glob("*/*"))
+    miss = run_kcache("clear", "deadbeef", "--yes")
+    assert miss.exit_code == 2 and "no entry matches 'deadbeef' in 2 caches" in miss.stderr
+    assert _entries(both["hidet"]) == before_hidet - space2
+
+
+def test_verify_export_and_diff_over_every_cache(both, tmp_path):
+    run = run_kcache("verify", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert sorted(r["root"] for r in run.json()) == sorted(str(p) for p in both.values())
+    spans = run_kcache("export", str(tmp_path / "all.tar"))
+    assert spans.exit_code == 2 and "2 caches" in spans.stderr and "--cache" in spans.stderr
+    assert not (tmp_path / "all.tar").exists()
+    one = run_kcache("export", str(tmp_path / "mm.tar"), "--op", "matmul", "--json")
+    assert one.exit_code == 0, one.stderr
+    assert one.json()["root"] == str(both["hidet"])
+    kernels = sorted(r["hash"] for r in run_kcache("ls", "--cache", "triton", "--op", "add_kernel", "--json").json())
+    diff = run_kcache("diff", kernels[0][:10], kernels[1][:10], "--json")
+    assert diff.exit_code == 0, diff.stderr
+
+
+def test_import_goes_to_the_archives_layouts_own_cache(both, tmp_path):
+    archive = tmp_path / "triton.tar"
+    assert run_kcache("export", str(archive), "--cache", "triton").exit_code == 0
+    before = _entries(both["triton"])
+    for p in list(both["triton"].iterdir()):
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    run = run_kcache("import", str(archive), "--json")
+    assert run.exit_code == 0, run.stderr
+    assert run.json()["root"] == str(both["triton"].resolve())
+    assert _entries(both["triton"]) == before
+    assert not any(p.is_dir() and len(p.name) == 52 for p in both["hidet"].iterdir())
+
+
+def _completed(line: str) -> list[str]:
+    run = run_kcache(env={"_KCACHE_COMPLETE": "complete_fish", "_TYPER_COMPLETE_FISH_ACTION": "get-args",
+                          "_TYPER_COMPLETE_ARGS": line})
+    assert run.exit_code == 0 and run.stderr == "", run.stderr
+    return [ln.partition("\t")[0] for ln in run.stdout.splitlines() if ln]
+
+
+def test_completion_reads_every_cache_and_cache_narrows_it(both):
+    ops = _completed("kcache ls --op ")
+    assert "matmul" in ops and "matmul_kernel" in ops  # hidet's and Triton's
+    assert "matmul" not in _completed("kcache ls --cache triton --op ")
+    assert _completed("kcache clear --cache hi") == ["hidet"]
+    assert "ad252b064b266eea" in _completed("kcache inspect ad")
+
+
+def test_a_hash_in_two_caches_is_ambiguous_until_cache_picks_one(both, tmp_path, monkeypatch):
+    other = copy_tree(FIXTURES / "hidet", tmp_path / "other")  # a second known cache holding the same entries
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(other))
+    run = run_kcache("inspect", "ad252b06")
+    assert run.exit_code == 2 and "names entries in 2 caches" in run.stderr
+    assert "--cache hidet or --cache tilelang" in run.stderr
+    picked = run_kcache("inspect", "ad252b06", "--cache", "tilelang", "--json")
+    assert picked.exit_code == 0 and picked.json()["path"].startswith(str(other))
+    assert run_kcache("log", "ad252b06", "--cache", "hidet").exit_code == 0
+
+
+def test_a_removed_current_directory_is_no_scope(both, tmp_path, monkeypatch):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    run = run_kcache("ls", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert {r["cache"] for r in run.json()} == {"hidet", "triton"}
