@@ -293,8 +293,8 @@ def listdir(path: str | os.PathLike[str], warn: Warn, keep: Callable[[os.DirEntr
 def sort_entries(entries: Iterable[Entry], key: str) -> list[Entry]:
     if key == "size":
         return sorted(entries, key=lambda e: (-e.size, e.relpath))
-    if key == "age":  # least recently used first: the order prune evicts in
-        return sorted(entries, key=lambda e: (e.last_used, e.relpath))
+    if key == "age":  # least recently used first (the larger first of those used together): prune's order
+        return sorted(entries, key=lambda e: (e.last_used, -e.size, e.relpath))
     return sorted(entries, key=lambda e: (e.layout, e.op or "", e.space or "", e.relpath))
 
 
