@@ -236,6 +236,7 @@ class TreeUsage:
     size: int  # apparent bytes of regular files and links (like du -sb without directories)
     files: int
     mtime: float  # newest mtime of the directory and anything in it
+    atime: float = 0.0  # newest atime of the files in it (not directories: listing one sets it), from the same lstat
 
 
 def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
@@ -244,6 +245,7 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
     An unreadable directory is a warning and counts as empty, not an exception. Iterative, and at
     most MAX_TREE_DEPTH directories deep (a deeper tree is a warning; what lies below is not counted)."""
     size = files = 0
+    accessed = 0.0
     try:
         newest = os.lstat(path).st_mtime
     except OSError as exc:
@@ -273,8 +275,9 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                 else:
                     size += st.st_size
                     files += 1
+                    accessed = max(accessed, st.st_atime)
                 newest = max(newest, st.st_mtime)
-    return TreeUsage(size, files, newest)
+    return TreeUsage(size, files, newest, accessed)
 
 
 def listdir(path: str | os.PathLike[str], warn: Warn, keep: Callable[[os.DirEntry], bool] | None = None

@@ -14,7 +14,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
 
-from kcache_cli import __version__, fswrite, state
+from kcache_cli import __version__, fsread, fswrite, state
 from kcache_cli.archive.manifest import (
     _CONTROL,
     BIG_FILE,
@@ -235,7 +235,7 @@ def _listing(dfd: int) -> list:
 def _read_member(dfd: int, base: str, name: str, budget: list[int]) -> tuple:
     """One regular file of _read_tree: (name, "file", size, mode, mtime, bytes or None), or
     "other" when it is no longer a regular file."""
-    fd = os.open(base, _FILE_FLAGS, dir_fd=dfd)
+    fd = fsread.open_quietly(base, _FILE_FLAGS, dfd)  # an export is no use of the entry: atime stays
     try:
         st = os.fstat(fd)
         mode = st.st_mode
