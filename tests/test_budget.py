@@ -228,3 +228,26 @@ def test_lru_tie_goes_to_the_largest_and_prune_stops_once_under(kcache, tmp_path
     assert run.exit_code == 0, run.stderr
     assert [r["path"] for r in run.json()["removed"]] == [str(root / big)]
     assert len(entries(root)) == 22
+
+
+# ---- stats against the budget ------------------------------------------------------------------------
+def test_stats_shows_usage_against_the_budget(kcache, fixture_copy, monkeypatch):
+    root = fixture_copy("hidet")
+    plain = kcache("--cache-dir", root, "stats")
+    assert " of " not in plain.stdout and kcache("--cache-dir", root, "stats", "--json").json()["budget"] is None
+    assert kcache("config", "set", "--cache", "hidet", "max-size", "200k").exit_code == 0
+    assert kcache("config", "set", "max-size", "1M").exit_code == 0
+    run = kcache("--cache-dir", root, "stats")
+    assert run.exit_code == 0
+    lines = run.stdout.splitlines()
+    assert lines[-2] == "hidet  165.2 kB of 200.0 kB  " + "\u2588" * 17 + "\u2591" * 3 + " 83%"
+    assert lines[-1] == "all    165.2 kB of 1.0 MB  " + "\u2588" * 3 + "\u2591" * 17 + " 17%"
+    assert kcache("--cache-dir", root, "stats", "--json").json()["budget"] == {"used": 165222, "limit": 200000}
+
+
+def test_stats_with_a_bad_config_warns_and_shows_the_rest(kcache, fixture_copy, config_home):
+    root = fixture_copy("hidet")
+    config_home.parent.mkdir(parents=True)
+    config_home.write_text("[all\n")
+    run = kcache("--cache-dir", root, "stats")
+    assert run.exit_code == 0 and "no budget shown" in run.stderr and "5 entries" in run.stdout
