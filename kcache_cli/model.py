@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -236,7 +237,7 @@ class TreeUsage:
     size: int  # apparent bytes of regular files and links (like du -sb without directories)
     files: int
     mtime: float  # newest mtime of the directory and anything in it
-    atime: float = 0.0  # newest atime of the files in it (not directories: listing one sets it), from the same lstat
+    atime: float = 0.0  # newest atime of its regular files (a listing sets a directory's, a readlink a link's)
 
 
 def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
@@ -275,7 +276,8 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                 else:
                     size += st.st_size
                     files += 1
-                    accessed = max(accessed, st.st_atime)
+                    if stat.S_ISREG(st.st_mode):  # a link's atime is kcache's own readlink
+                        accessed = max(accessed, st.st_atime)
                 newest = max(newest, st.st_mtime)
     return TreeUsage(size, files, newest, accessed)
 

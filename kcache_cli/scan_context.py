@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from stat import S_ISREG
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -154,7 +155,7 @@ class ScanContext:
                     files += 1
                     if mtime > newest:
                         newest = mtime
-                    if st.st_atime > accessed:
+                    if st.st_atime > accessed and S_ISREG(st.st_mode):  # not a link: readlink sets its atime
                         accessed = st.st_atime
         except OSError as exc:
             self.warn(f"cannot read {path}: {exc.strerror}")

@@ -155,7 +155,8 @@ class _Listing:
             self.sizes[de.name], self.mtimes[de.name] = st.st_size, st.st_mtime
             self.size, self.files = self.size + st.st_size, self.files + 1
             self.newest = max(self.newest, st.st_mtime)
-            self.accessed = max(self.accessed, st.st_atime)
+            if de.name not in self.links:  # a link's atime is kcache's own readlink
+                self.accessed = max(self.accessed, st.st_atime)
 
     @property
     def usage(self) -> TreeUsage:
