@@ -1,30 +1,112 @@
-"""One size budget over several caches (`prune --all-caches --max-size`): the least recently used entries
-go first whichever cache holds them, so a budget of 10GB keeps the 10GB used most recently across the
-machine rather than 10GB in each cache."""
+"""One size budget over several caches (`prune --all-caches --max-size`, `[all]` in kcache's config): the
+least recently used entries go first whichever cache holds them, so a budget of 10GB keeps the 10GB used
+most recently across the machine rather than 10GB in each cache. And the budget `kcache config` holds:
+what `kcache prune` with no criteria enforces on each cache, and what `stats` shows usage against."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from kcache_cli.model import Warn
 
 
-def shared_limits(roots: list[Path], limit: int, warn: Warn) -> dict[str, int]:
+def shared_limits(roots: list[Path], limit: int, warn: Warn, caps: dict[str, int | None] | None = None,
+                  ages: dict[str, float | None] | None = None, now: float | None = None) -> dict[str, int]:
     """For each root, the size its own least-recently-used prune must reach so that together they keep the
-    entries used most recently across all of them within `limit` bytes: the kept entries' size in it."""
+    entries used most recently across all of them within `limit` bytes: the kept entries' size in it.
+    `caps` and `ages` (by root) are what each root's own budget removes first: its entries beyond its
+    own size cap (least recently used first) and those unused for longer than its age never count."""
     from kcache_cli.layouts import get
     from kcache_cli.scan import scan_cache
 
-    found = []
+    now = time.time() if now is None else now
+    found: list[tuple[float, int, str]] = []
     for root in roots:
-        for e in scan_cache(root, warn=warn).entries:
-            if e.hash and get(e.layout).leftover(e) is None:
-                found.append((e.last_used, e.size, str(root)))
+        mine = sorted(((e.last_used, e.size) for e in scan_cache(root, warn=warn).entries
+                       if e.hash and get(e.layout).leftover(e) is None), key=_recent_first)
+        age, cap = (ages or {}).get(str(root)), (caps or {}).get(str(root))
+        if age is not None:
+            mine = [f for f in mine if now - f[0] <= age]
+        if cap is not None:
+            mine = mine[:len(_fitting(mine, cap))]
+        found.extend((last, size, str(root)) for last, size in mine)
     kept: dict[str, int] = {str(r): 0 for r in roots}
-    total = 0
-    for _last, size, where in sorted(found, key=lambda f: -f[0]):  # most recently used first
-        if total + size > limit:
-            break  # this one and every older one go
-        total += size
+    for _last, size, where in _fitting(sorted(found, key=_recent_first), limit):
         kept[where] += size
     return kept
+
+
+def _recent_first(f: tuple) -> tuple:
+    """Most recently used first; of entries used at the same time the smaller first (the larger go first)."""
+    return -f[0], f[1]
+
+
+def _fitting(ordered: list[tuple], limit: int) -> list[tuple]:
+    """The longest head of `ordered` ((last used, size, ...) tuples) whose sizes fit in `limit`."""
+    total = 0
+    for n, f in enumerate(ordered):
+        if total + f[1] > limit:
+            return ordered[:n]
+        total += f[1]
+    return ordered
+
+
+@dataclass(frozen=True)
+class RootBudget:
+    """What `prune` with no criteria enforces on one root: bytes and seconds (None: no limit)."""
+
+    max_size: int | None
+    max_age: float | None
+
+
+def configured(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn) -> dict[str, RootBudget]:
+    """Each root's budget from the config `cfg` (kcache_cli.config.Config), given the layouts each holds:
+    its own `[cache.<layout>]` values, then `[all]` (its max-age for each, its max-size shared across
+    the roots, least recently used first, after each root's own cap)."""
+    from kcache_cli.config import ALL
+
+    every = cfg.budget(ALL)
+    own = {str(root): cfg.budget_for(layouts) for root, layouts in roots}
+    ages = {r: _least(b.max_age, every.max_age) for r, b in own.items()}
+    sizes = {r: b.max_size for r, b in own.items()}
+    if every.max_size is not None:
+        if len(roots) == 1:
+            shared = {r: every.max_size for r in sizes}
+        else:
+            shared = shared_limits([p for p, _ in roots], every.max_size, warn, sizes, ages)
+        sizes = {r: _least(n, shared[r]) for r, n in sizes.items()}
+    return {r: RootBudget(sizes[r], ages[r]) for r in own}
+
+
+def _least(a, b):
+    return b if a is None else a if b is None else min(a, b)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One line of `stats`: a cache's bytes against its configured max-size (`name` "all": every cache)."""
+
+    name: str
+    used: int
+    limit: int
+
+    def to_json(self) -> dict:
+        return {"cache": self.name, "used": self.used, "limit": self.limit}
+
+
+def usage(caches: list[tuple[tuple[str, ...], int]], cfg) -> list[Usage]:
+    """(used, limit) per cache with a configured max-size, from each cache's (layouts, bytes used); and
+    the total against `[all]`'s max-size when that is set."""
+    from kcache_cli.config import ALL
+
+    out = []
+    for layouts, used in caches:
+        limit = cfg.budget_for(layouts).max_size
+        if limit is not None:
+            out.append(Usage("+".join(layouts), used, limit))
+    every = cfg.budget(ALL).max_size
+    if every is not None:
+        out.append(Usage(ALL, sum(used for _, used in caches), every))
+    return out

@@ -504,7 +504,9 @@ def _select_until_fits(p: _Planner, regular: list[Entry], last: dict[str, float]
                        size: int, max_size: int) -> None:
     """Least recently used entries (users before the providers they use) until `size` fits `max_size`."""
     remaining = size - sum(r.size for r in p.removals.values())
-    for e in sorted(regular, key=lambda e: (last[e.path], _provides(e), e.relpath)):
+    # Of entries last used at the same time (a copied or untarred cache shares one mtime) the larger go
+    # first: one 7 MB entry rather than twenty small ones; the loop stops as soon as the cache fits.
+    for e in sorted(regular, key=lambda e: (last[e.path], _provides(e), -e.size, e.relpath)):
         if remaining <= max_size:
             break
         if e.path in p.removals:

@@ -270,27 +270,10 @@ class _Walk:
 # ---- mount points --------------------------------------------------------------------------------
 def mount_points_under(path: str) -> list[str]:
     """Mount points at or below `path` (a real path), from /proc/self/mountinfo; [] if unknown."""
+    from kcache_cli.mounts import table
+
     base = os.path.join(path, "")
-    out: list[str] = []
-    try:
-        with open("/proc/self/mountinfo", "rb") as f:
-            data = f.read(4 << 20)
-    except OSError:
-        return out
-    for line in data.decode("utf-8", "replace").splitlines():
-        fields = line.split(" ")
-        if len(fields) < 5:
-            continue
-        point = _unescape(fields[4])
-        if point == path or point.startswith(base):
-            out.append(point)
-    return out
-
-
-def _unescape(text: str) -> str:
-    import re
-
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+    return [m.point for m in table() if m.point == path or m.point.startswith(base)]
 
 
 def open_under(root: str | os.PathLike, relpath: str) -> int:

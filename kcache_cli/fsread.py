@@ -313,7 +313,7 @@ def _open_file(path: str, dir_fd: int | None, follow: bool, shown: str,
             pre = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
         if not stat.S_ISREG(pre.st_mode):
             raise _refuse(shown, kind_of(pre.st_mode))
-        fd = os.open(path, FILE_FLAGS & ~os.O_NOFOLLOW if follow else FILE_FLAGS, dir_fd=dir_fd)
+        fd = open_quietly(path, FILE_FLAGS & ~os.O_NOFOLLOW if follow else FILE_FLAGS, dir_fd, pre.st_uid)
     except NotRegularFile:
         raise
     except OSError as exc:
@@ -363,6 +363,22 @@ def subdir_paths(path: str) -> list[str]:
             return sorted(d.path for d in it if d.is_dir(follow_symlinks=False))
     except OSError:
         return []
+
+
+_NOATIME = getattr(os, "O_NOATIME", 0)
+
+
+def open_quietly(path: str, flags: int, dir_fd: int | None = None, owner: int | None = None) -> int:
+    """os.open, with O_NOATIME where the kernel allows it (the file's owner, or root): kcache's own reads
+    leave a file's access time alone, so that atime keeps saying when a compiler last read it (the last
+    use kcache reports). Another user's file (`owner`, when known) is read without it (EPERM)."""
+    euid = os.geteuid()
+    if _NOATIME and (owner is None or owner == euid or euid == 0):
+        try:
+            return os.open(path, flags | _NOATIME, dir_fd=dir_fd)
+        except PermissionError:  # root without CAP_FOWNER over this file (a user namespace)
+            pass
+    return os.open(path, flags, dir_fd=dir_fd)
 
 
 def _absolute(path: str) -> str:

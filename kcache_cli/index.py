@@ -67,6 +67,7 @@ STORABLE = frozenset({COMPLETE, FAILED, CORRUPT, STALE})
 FIELDS = tuple(f.name for f in fields(Entry))
 _RELPATH = FIELDS.index("relpath")
 _MODIFIED = FIELDS.index("modified")
+_PATH = FIELDS.index("path")
 _NFIELDS = len(FIELDS)
 _MAX_BYTES = 1 << 31
 _STALE_TEMP = 3600.0  # temp files of killed writers are removed after an hour
@@ -92,9 +93,11 @@ def _digest(ints: list[int]) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def _fresh(path: str, names: tuple[str, ...], digest: bytes) -> bool:
-    """Whether the entry at `path` still has exactly the files and stats its record was keyed with."""
+def _fresh(path: str, names: tuple[str, ...], digest: bytes) -> float | None:
+    """The newest atime of its files when the entry at `path` still has exactly the files and stats its
+    record was keyed with (atime is not in the key: a read changes nothing the record holds), else None."""
     lstat = os.lstat
+    accessed = 0.0
     try:
         st = lstat(path)
         ints = [st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
@@ -102,9 +105,11 @@ def _fresh(path: str, names: tuple[str, ...], digest: bytes) -> bool:
         for name in names:
             st = lstat(prefix + name)
             ints += (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if st.st_atime > accessed:
+                accessed = st.st_atime
     except (OSError, ValueError, TypeError):
-        return False
-    return _digest(ints) == digest
+        return None
+    return accessed if _digest(ints) == digest else None
 
 
 _INTERNED: dict[tuple[str, ...], tuple[str, ...]] = {}
@@ -146,15 +151,18 @@ def _func_name(func: Callable) -> str:
     return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
 
 
-def _servable(rec: Any, asked: tuple) -> bool:
-    """Whether `rec` is a well-formed record of the same function and job whose files are unchanged."""
-    return (type(rec) is tuple and len(rec) == 5 and rec[2] == asked and type(rec[3]) is tuple
-            and len(rec[3]) == _NFIELDS and (rec[4] is None or type(rec[4]) is tuple)
-            and _fresh(asked[1][0], rec[0], rec[1]))  # _fresh fails on odd names
+def _servable(rec: Any, asked: tuple) -> float | None:
+    """When `rec` is a well-formed record of the same function and job whose files are unchanged: the
+    newest atime of those files; else None."""
+    if (type(rec) is tuple and len(rec) == 5 and rec[2] == asked and type(rec[3]) is tuple
+            and len(rec[3]) == _NFIELDS and (rec[4] is None or type(rec[4]) is tuple)):
+        return _fresh(asked[1][0], rec[0], rec[1])  # _fresh fails on odd names
+    return None
 
 
 class _Wrapped:
-    """`func(ctx, job)` behind the index: None when the stored record of job's entry serves, else
+    """`func(ctx, job)` behind the index: its files' newest atime (a float) when the stored record of
+    job's entry serves, else
     (the answer or None, Record or None) from the real scan (the answer only when there is no record to
     build it from: records travel from worker processes more cheaply than Entries). A class, not a
     closure: parallel.map_parts may have to pickle it."""
@@ -162,10 +170,11 @@ class _Wrapped:
     def __init__(self, func: Callable, stored: dict, racy_ns: int) -> None:
         self.func, self.name, self.stored, self.racy_ns = func, _func_name(func), stored, racy_ns
 
-    def __call__(self, ctx: ScanContext, job: tuple) -> tuple | None:
+    def __call__(self, ctx: ScanContext, job: tuple) -> tuple | float:
         asked = (self.name, tuple(job))
-        if _servable(self.stored.get(job[0]), asked):
-            return None
+        accessed = _servable(self.stored.get(job[0]), asked)
+        if accessed is not None:
+            return accessed
         return self.judge(ctx, job, asked)
 
     def judge(self, ctx: ScanContext, job: tuple, asked: tuple) -> tuple:
@@ -329,8 +338,9 @@ class IndexedContext(ScanContext):
         for job, out in zip(jobs, results):
             path = job[0]
             self._visited.add(path)
-            if out is None:
-                rec = stored[path]
+            accessed = None
+            if type(out) is float:  # served: its files' newest atime
+                rec, accessed = stored[path], out
             else:
                 answer, rec = out
                 if rec is None:
@@ -340,15 +350,17 @@ class IndexedContext(ScanContext):
                     continue
                 self._changed = True
             self._new[path] = rec
-            yield self._answer_of(rec)
+            yield self._answer_of(rec, accessed)
 
-    def _answer_of(self, rec: Record) -> Any:
-        """What the layout's function answered when the record was made (last-used stamps move on)."""
+    def _answer_of(self, rec: Record, accessed: float | None = None) -> Any:
+        """What the layout's function answered when the record was made (last-used stamps and, for a
+        record served, `accessed`, its files' atime now, move on)."""
         values = rec[3]
         entry = object.__new__(Entry)  # the fields as stored (a frozen dataclass's __init__ costs 4x)
         attrs = entry.__dict__
         attrs.update(zip(FIELDS, values))
-        attrs["last_used"] = self.last_used_of(values[_RELPATH], values[_MODIFIED])
+        if accessed is not None:
+            attrs["last_used"] = self.last_used_of(values[_RELPATH], values[_MODIFIED], accessed, values[_PATH])
         return entry if rec[4] is None else (entry, *rec[4])
 
     def save(self, complete: bool) -> None:

@@ -14,6 +14,7 @@ kcache_cli/terms.py."""
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -286,6 +287,7 @@ class TreeUsage:
     size: int  # apparent bytes of regular files and links (like du -sb without directories)
     files: int
     mtime: float  # newest mtime of the directory and anything in it
+    atime: float = 0.0  # newest atime of its regular files (a listing sets a directory's, a readlink a link's)
 
 
 def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
@@ -294,6 +296,7 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
     An unreadable directory is a warning and counts as empty, not an exception. Iterative, and at
     most MAX_TREE_DEPTH directories deep (a deeper tree is a warning; what lies below is not counted)."""
     size = files = 0
+    accessed = 0.0
     try:
         newest = os.lstat(path).st_mtime
     except OSError as exc:
@@ -323,8 +326,10 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                 else:
                     size += st.st_size
                     files += 1
+                    if stat.S_ISREG(st.st_mode):  # a link's atime is kcache's own readlink
+                        accessed = max(accessed, st.st_atime)
                 newest = max(newest, st.st_mtime)
-    return TreeUsage(size, files, newest)
+    return TreeUsage(size, files, newest, accessed)
 
 
 def listdir(path: str | os.PathLike[str], warn: Warn, keep: Callable[[os.DirEntry], bool] | None = None
@@ -340,8 +345,8 @@ def listdir(path: str | os.PathLike[str], warn: Warn, keep: Callable[[os.DirEntr
 def sort_entries(entries: Iterable[Entry], key: str) -> list[Entry]:
     if key == "size":
         return sorted(entries, key=lambda e: (-e.size, e.relpath))
-    if key == "age":  # least recently used first: the order prune evicts in
-        return sorted(entries, key=lambda e: (e.last_used, e.relpath))
+    if key == "age":  # least recently used first (the larger first of those used together): prune's order
+        return sorted(entries, key=lambda e: (e.last_used, -e.size, e.relpath))
     return sorted(entries, key=lambda e: (e.layout, e.op or "", e.space or "", e.relpath))
 
 

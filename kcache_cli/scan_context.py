@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from stat import S_ISREG
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -30,6 +31,15 @@ class ScanContext:
 
     def __post_init__(self) -> None:
         self._prefix = os.path.join(str(self.root), "")
+        self._reads: Callable[[str], bool] | None = None  # mounts.AtimeRule of the root, made when first asked
+
+    def reads_recorded(self, path: str) -> bool:
+        """Whether the mount holding `path` records reads in atime (not `noatime`)."""
+        if self._reads is None:
+            from kcache_cli.mounts import AtimeRule
+
+            self._reads = AtimeRule(self.root)
+        return self._reads(path)
 
     def rel(self, path: str) -> str:
         # Paths handed out by the scan are built from the root: slicing beats os.path.relpath 50x.
@@ -45,13 +55,17 @@ class ScanContext:
             size=usage.size,
             files=usage.files,
             modified=usage.mtime,
-            last_used=self.last_used_of(rel, usage.mtime),
+            last_used=self.last_used_of(rel, usage.mtime, usage.atime, path),
             **fields,
         )
 
-    def last_used_of(self, relpath: str, modified: float) -> float:
-        """The newer of kcache's last-used stamp and the entry's newest mtime."""
-        return max(self.last_used.get(relpath, 0.0), modified)
+    def last_used_of(self, relpath: str, modified: float, accessed: float = 0.0, path: str = "") -> float:
+        """The newest of kcache's last-used stamp, the entry's newest mtime and, where the mount records
+        reads, its files' newest atime (a compiler's hit reads them and writes nothing)."""
+        used = max(self.last_used.get(relpath, 0.0), modified)
+        if accessed > used and self.reads_recorded(path):
+            return accessed
+        return used
 
     def link_entry(self, path: str, where: str = "inside the cache", **fields) -> Entry:
         """A symlink where a directory of the cache belongs: listed as a corrupt entry, never followed."""
@@ -100,7 +114,7 @@ class ScanContext:
         open directory descriptor (fstatat, like du) rather than re-walking the full path per file."""
         names: dict[str, int] = {}
         mtimes: dict[str, float] = {}
-        size = files = 0
+        size, files, accessed = 0, 0, 0.0
         held = fsread.held_fd(path)  # the entry's fd its judgement reads through: listed through it too
         listing = fsread.held_listing(path) if held is not None else None
         try:
@@ -125,10 +139,8 @@ class ScanContext:
                         if de.is_dir(follow_symlinks=False):
                             stats = None  # subdirectories are not recorded: such an entry is not indexed
                             sub = measure_tree(os.path.join(path, de.name), self.warn)
-                            size += sub.size
-                            files += sub.files
-                            if sub.mtime > newest:
-                                newest = sub.mtime
+                            size, files = size + sub.size, files + sub.files
+                            newest, accessed = max(newest, sub.mtime), max(accessed, sub.atime)
                             continue
                         st = de.stat(follow_symlinks=False)
                     except OSError:
@@ -143,6 +155,8 @@ class ScanContext:
                     files += 1
                     if mtime > newest:
                         newest = mtime
+                    if st.st_atime > accessed and S_ISREG(st.st_mode):  # not a link: readlink sets its atime
+                        accessed = st.st_atime
         except OSError as exc:
             self.warn(f"cannot read {path}: {exc.strerror}")
             return None, TreeUsage(size, files, 0.0), mtimes
@@ -151,7 +165,7 @@ class ScanContext:
                 os.close(fd)
         if recording is not None:
             recording[path] = (dir_stat, stats) if stats is not None else None
-        return names, TreeUsage(size, files, newest), mtimes
+        return names, TreeUsage(size, files, newest, accessed), mtimes
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW

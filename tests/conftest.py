@@ -88,7 +88,8 @@ def _isolated_env(tmp_path, monkeypatch):
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_HOME", raising=False)
     # Inductor's, vLLM's and the CUDA driver's caches: their defaults lie under HOME or the temp dir
-    for var in ("TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "XDG_CACHE_HOME", "CUDA_CACHE_PATH"):
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "XDG_CACHE_HOME", "CUDA_CACHE_PATH",
+                "XDG_CONFIG_HOME", "KCACHE_CONFIG"):  # and kcache's own config (a budget prune would keep)
         monkeypatch.delenv(var, raising=False)
     tmp = tmp_path / "tmp"
     tmp.mkdir()

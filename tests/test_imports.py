@@ -53,6 +53,9 @@ FLOORS: dict[str, int] = {
     "kcache_cli.verify": ENGINES,
     "kcache_cli.diff": ENGINES,
     "kcache_cli.budget": ENGINES,
+    "kcache_cli.config": ENGINES,  # kcache's own settings file (the budget prune keeps)
+    "kcache_cli.mounts": PRIMITIVES,  # which mounts record reads (atime)
+    "kcache_cli.triton_hook": ENGINES,  # a Triton cache manager that stamps hits
     "kcache_cli.build": ENGINES,
     "kcache_cli.repair": ENGINES,
     "kcache_cli.delete": ENGINES,

@@ -35,4 +35,8 @@ _used = (
     _.used_dir,
     # the layout Protocols by concern, which tests/test_layouts.py checks every layout against
     _.CONCERNS,
+    # `kcache config` with no subcommand: Typer calls the group's callback
+    _.config_show,
+    # a mountinfo field, kept with the others it is parsed with
+    _.fstype,
 )

@@ -230,7 +230,7 @@ def _listing(dfd: int) -> list:
 def _read_member(dfd: int, base: str, name: str, budget: list[int]) -> tuple:
     """One regular file of _read_tree: (name, "file", size, mode, mtime, bytes or None), or
     "other" when it is no longer a regular file."""
-    fd = os.open(base, _FILE_FLAGS, dir_fd=dfd)
+    fd = fsread.open_quietly(base, _FILE_FLAGS, dfd)  # an export is no use of the entry: atime stays
     try:
         st = os.fstat(fd)
         mode = st.st_mode

@@ -51,7 +51,8 @@ def prune_command(
     broken entries with --broken, stale ones with --stale; always stale temp/staging directories
     (untouched for an hour). hidet's candidates/ (kept under debug_cache_tuning) stay. Builds in progress
     are skipped; nothing outside the cache is touched. Without --cache-dir or KCACHE_DIR: every cache
-    found, or the one the current directory lies in; --cache NAME picks one.
+    found, or the one the current directory lies in; --cache NAME picks one. With none of these criteria,
+    the budget `kcache config` holds (max-size and max-age per cache, and for all caches together).
 
     Example: kcache prune --max-size 10GB --older-than 30d --dry-run
     """
@@ -64,14 +65,17 @@ def prune_command(
     locs = c.cache_locations(opts, all_caches, cache)
     out = _Out(opts, opts.many)
     limits = {str(loc.path): limit for loc in locs}
-    if opts.many and limit is not None and len(locs) > 1:  # one budget, least recently used first across all
+    ages = {str(loc.path): age for loc in locs}
+    if limit is None and age is None and not broken and not stale:  # the budget `kcache config` holds
+        limits, ages = _configured_budget(opts, locs)
+    elif opts.many and limit is not None and len(locs) > 1:  # one budget, least recently used first across all
         from kcache_cli.budget import shared_limits
 
         with _busy(opts, "weighing every cache"):
             limits.update(shared_limits([loc.path for loc in locs], limit, lambda m: c.warn(opts, m)))
     for loc in locs:
         out.section(loc)
-        _prune_one(opts, out, loc, limits[str(loc.path)], age, (broken, stale), dry_run, yes)
+        _prune_one(opts, out, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale), dry_run, yes)
     out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
 
 
@@ -89,13 +93,33 @@ def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tup
     if limit is None and age is None and not broken and not stale and not plan.removals:
         c.info(opts, f"checked {plan.root} ({c.human_size(plan.scanned_size)}) for what prune always removes: "
                      "stale temp and staging directories; none found. "
-                     "--max-size, --older-than, --broken and --stale remove entries.")
+                     "--max-size, --older-than, --broken and --stale remove entries, and so does a budget "
+                     "(kcache config set max-size 20G).")
     if dry_run:
         return _report_plan(opts, out, plan, extra)
     if not yes:
         _confirm_big_prune(opts, plan)
     result = _execute(opts, plan)
     _report_result(opts, out, plan, result, extra)
+
+
+def _configured_budget(opts: c.GlobalOptions, locs) -> tuple[dict, dict]:
+    """Each root's (max size, max age) from `kcache config` ({root: None} for none), said on stderr."""
+    from kcache_cli import config
+    from kcache_cli.budget import configured
+    from kcache_cli.scan import detect_layouts
+    from kcache_cli.units import format_age
+
+    cfg = config.load()
+    roots = [(loc.path, detect_layouts(loc.path) if loc.path.is_dir() else ()) for loc in locs]
+    with _busy(opts, "weighing every cache"):
+        budgets = configured(roots, cfg, lambda m: c.warn(opts, m))
+    for root, b in budgets.items():
+        if b.max_size is not None or b.max_age is not None:
+            size = f"max-size {c.human_size(b.max_size)}" if b.max_size is not None else ""
+            age = f"max-age {format_age(b.max_age)}" if b.max_age is not None else ""
+            c.info(opts, f"budget of {c.printable_line(root)} ({cfg.path}): {', '.join(filter(None, (size, age)))}")
+    return {r: b.max_size for r, b in budgets.items()}, {r: b.max_age for r, b in budgets.items()}
 
 
 def _confirm_big_prune(opts: c.GlobalOptions, plan) -> None:

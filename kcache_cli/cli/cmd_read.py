@@ -502,9 +502,40 @@ def stats_command(
         _, result = _scan(opts, ScanFilter(), loc, not no_index)
         reports.append(_stats(loc, result, top, opts.many))
     out = c.Output(opts, collect=opts.many)
+    budget = _budget_usage(opts, reports)
     for n, report in enumerate(reports):
         out.result(report, functools.partial(_stats_text, out, report, first=n == 0))
+    if budget and not opts.json:
+        out.text("")
+        c.print_lines([_budget_line(u, max(len(b.name) for b in budget)) for u in budget])
     out.done(empty="no kernel cache found (see kcache dir --all)")
+
+
+def _budget_usage(opts: c.GlobalOptions, reports: list[dict]) -> list:
+    """Each cache's bytes against the max-size `kcache config` holds (and all of them against [all]); each
+    report gets its own as "budget" ({"used", "limit"} or null). A bad config is a warning here."""
+    from kcache_cli import budget, config
+    from kcache_cli.errors import UsageError
+
+    try:
+        cfg = config.load()
+    except UsageError as exc:
+        c.warn(opts, f"no budget shown: {exc}")
+        return []
+    for r in reports:
+        limit = cfg.budget_for(tuple(r["layouts"])).max_size if r["exists"] else None
+        r["budget"] = None if limit is None else {"used": r["size"], "limit": limit}
+    return budget.usage([(tuple(r["layouts"]), r["size"]) for r in reports if r["exists"]], cfg)
+
+
+def _budget_line(u, width: int) -> str:
+    """"hidet  12.3 GB of 20.0 GB  ████████░░░░ 61%" (the bar full beyond 100%)."""
+    share = u.used / u.limit if u.limit else 1.0
+    cells = 20
+    full = min(cells, round(share * cells))
+    utf = (getattr(sys.stdout, "encoding", "") or "").lower().replace("-", "") == "utf8"
+    bar = ("\u2588" * full + "\u2591" * (cells - full)) if utf else ("#" * full + "." * (cells - full))
+    return f"{u.name:<{width}}  {c.human_size(u.used)} of {c.human_size(u.limit)}  {bar} {share * 100:.0f}%"
 
 
 def _stats(loc, result, top: int, many: bool = False) -> dict:

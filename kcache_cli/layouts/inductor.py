@@ -98,7 +98,8 @@ class Listing(NamedTuple):
         if self.others or not self.readable:
             return measure_tree(path, warn)
         sts = [*self.files.values(), *self.links.values()]
-        return TreeUsage(sum(st.st_size for st in sts), len(sts), max([self.mtime, *(st.st_mtime for st in sts)]))
+        return TreeUsage(sum(st.st_size for st in sts), len(sts), max([self.mtime, *(st.st_mtime for st in sts)]),
+                         max([0.0, *(st.st_atime for st in self.files.values())]))
 
 
 def listing(path: str) -> Listing:

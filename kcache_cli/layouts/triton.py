@@ -115,6 +115,7 @@ class _Listing:
         self.path = path
         self._json: dict[str, object] = {}
         self.size = self.files = 0
+        self.accessed = 0.0  # the files' newest atime (a hit reads them)
         self.readable = True
         try:
             st = os.lstat(path)
@@ -134,6 +135,7 @@ class _Listing:
                         self.temps.append((de.name, usage))
                     self.size, self.files = self.size + usage.size, self.files + usage.files
                     self.newest = max(self.newest, usage.mtime)
+                    self.accessed = max(self.accessed, usage.atime)
                     continue
                 st = de.stat(follow_symlinks=False)
             except OSError:
@@ -145,10 +147,12 @@ class _Listing:
             self.sizes[de.name], self.mtimes[de.name] = st.st_size, st.st_mtime
             self.size, self.files = self.size + st.st_size, self.files + 1
             self.newest = max(self.newest, st.st_mtime)
+            if de.name not in self.links:  # a link's atime is kcache's own readlink
+                self.accessed = max(self.accessed, st.st_atime)
 
     @property
     def usage(self) -> TreeUsage:
-        return TreeUsage(self.size, self.files, self.newest)
+        return TreeUsage(self.size, self.files, self.newest, self.accessed)
 
     def read(self, path: str, limit: int) -> bytes:
         """The bytes of a file Triton reads (through a link, as Triton does; never a FIFO or device). A

@@ -167,7 +167,7 @@ def plan_remote_prune(entries: list[RemoteEntry], max_size: int | None = None, o
                 out.append(RemoteRemoval(e, f"not pulled for more than {older_than:g}s"))
                 gone.add(e.relpath)
     if max_size is not None:
-        rest = sorted((e for e in entries if e.relpath not in gone), key=lambda e: (e.last_used, e.relpath))
+        rest = sorted((e for e in entries if e.relpath not in gone), key=lambda e: (e.last_used, -e.size, e.relpath))
         total = sum(e.size for e in rest)
         for e in rest:
             if total <= max_size:

@@ -1,0 +1,277 @@
+"""kcache's own settings: the budget `kcache prune` keeps when given no criteria (issue 25, as ccache's
+`max_size`). A small TOML file, `$KCACHE_CONFIG`, else `$XDG_CONFIG_HOME/kcache/config.toml`, else
+`~/.config/kcache/config.toml`:
+
+    [all]                  # every cache together
+    max-size = "50G"
+
+    [cache.<layout>]       # one cache, by its layout's name (`kcache dir --all` shows them)
+    max-size = "20G"
+    max-age = "30d"
+
+Values are strings in the one size and age grammar (kcache_cli.units). kcache rewrites the whole file on
+`config set`/`unset` (comments are not kept): atomically, a temp file renamed over it in the same
+directory, under a lock on that directory, never through a symlinked file."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kcache_cli.errors import KcacheError, UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[import-not-found, no-redef, unused-ignore]
+
+ENV = "KCACHE_CONFIG"
+KEYS = ("max-size", "max-age")
+ALL = "all"
+MAX_BYTES = 64 << 10  # a config file larger than this is not one kcache wrote
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one section asks for: bytes and seconds, None when not set."""
+
+    max_size: int | None = None
+    max_age: float | None = None
+
+    def __bool__(self) -> bool:
+        return self.max_size is not None or self.max_age is not None
+
+    def to_json(self) -> dict:
+        return {"max_size": self.max_size, "max_age": self.max_age}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The file's contents: `sections` maps "all" or a cache's name to its key -> value text, as written."""
+
+    path: Path
+    exists: bool
+    sections: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def budget(self, section: str) -> Budget:
+        """The parsed values of one section (every value was checked when the file was read)."""
+        from kcache_cli.units import parse_age, parse_size
+
+        values = self.sections.get(section, {})
+        size, age = values.get("max-size"), values.get("max-age")
+        return Budget(None if size is None else parse_size(size), None if age is None else parse_age(age))
+
+    def budget_for(self, layouts: tuple[str, ...]) -> Budget:
+        """The budget of a cache whose root holds `layouts`: its `[cache.<layout>]` section (the tighter
+        value of each key when the root holds several layouts that have one)."""
+        sizes = [b.max_size for b in map(self.budget, layouts) if b.max_size is not None]
+        ages = [b.max_age for b in map(self.budget, layouts) if b.max_age is not None]
+        return Budget(min(sizes) if sizes else None, min(ages) if ages else None)
+
+    @property
+    def caches(self) -> list[str]:
+        return sorted(s for s in self.sections if s != ALL)
+
+    def to_json(self) -> dict:
+        return {"path": str(self.path), "exists": self.exists, "all": self.budget(ALL).to_json(),
+                "caches": {name: self.budget(name).to_json() for name in self.caches}}
+
+    def to_toml(self) -> str:
+        """The file as kcache writes it: [all] first, then each cache's table, keys in KEYS' order."""
+        blocks = []
+        for section in ([ALL] if ALL in self.sections else []) + self.caches:
+            values = self.sections[section]
+            if not values:
+                continue
+            head = f"[{section}]" if section == ALL else f"[cache.{section}]"
+            blocks.append("\n".join([head] + [f"{k} = {_quoted(values[k])}" for k in KEYS if k in values]))
+        return "".join(b + "\n\n" for b in blocks).rstrip("\n") + ("\n" if blocks else "")
+
+
+def config_path() -> Path:
+    """Where the file is: KCACHE_CONFIG, else the XDG config directory (an absolute XDG_CONFIG_HOME, as
+    the XDG spec asks), else ~/.config."""
+    env = os.environ.get(ENV)
+    if env:
+        return Path(env).expanduser().absolute()
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".config"
+    return base / "kcache" / "config.toml"
+
+
+def _quoted(text: str) -> str:
+    """A TOML basic string (values are sizes and ages, checked: the escapes are for safety only)."""
+    out = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(ch if ch.isprintable() else f"\\u{ord(ch):04x}" for ch in out) + '"'
+
+
+def _names() -> tuple[str, ...]:
+    from kcache_cli.terms import LAYOUT_NAMES
+
+    return LAYOUT_NAMES
+
+
+def check_section(name: str | None) -> str:
+    """`--cache NAME` as a section: "all" for none; a layout's name; else a usage error naming them."""
+    if name is None or name == ALL:
+        return ALL
+    if name not in _names():
+        raise UsageError(f"unknown cache '{name}' (expected {', '.join(_names())} or all)")
+    return name
+
+
+def check_value(key: str, value: str, where: str = "") -> str:
+    """`value` for `key`, stripped, after the units grammar has read it (a usage error otherwise)."""
+    from kcache_cli.units import parse_age, parse_size
+
+    if key not in KEYS:
+        raise UsageError(f"{where}unknown key '{key}' (expected {' or '.join(KEYS)})")
+    value = value.strip()
+    if key == "max-size":
+        parse_size(value, f"{where}{key}")
+    else:
+        parse_age(value, f"{where}{key}")
+    return value
+
+
+def load(path: Path | None = None) -> Config:
+    """The config at `path` (config_path() by default); a missing file is an empty config. A file that is
+    not regular, too big, not TOML or holds what kcache does not know is a usage error naming the file."""
+    path = config_path() if path is None else path
+    raw = _read(path)
+    if raw is None:
+        return Config(path, False)
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"{path}: not valid TOML: {exc}") from None
+    return Config(path, True, _sections(doc, path))
+
+
+def _read(path: Path) -> bytes | None:
+    from kcache_cli import fsread
+
+    try:
+        fd, st = fsread.open_regular(str(path), follow=True)  # the user's own link (dotfiles) is fine to read
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {getattr(exc, 'kind', None) or exc.strerror or exc}") from None
+    try:
+        if st.st_size > MAX_BYTES:
+            raise UsageError(f"{path}: {st.st_size} bytes is too big for a kcache config")
+        return os.read(fd, MAX_BYTES + 1)[:MAX_BYTES]
+    finally:
+        os.close(fd)
+
+
+def _sections(doc: dict, path: Path) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for top, value in doc.items():
+        if top not in (ALL, "cache") or not isinstance(value, dict):
+            raise UsageError(f"{path}: unknown setting '{top}' (expected [all] or [cache.NAME] tables)")
+        tables = {ALL: value} if top == ALL else value
+        for name, table in tables.items():
+            where = "[all]" if top == ALL else f"[cache.{name}]"
+            if top != ALL:
+                if not isinstance(table, dict):
+                    raise UsageError(f"{path}: cache.{name} is not a table")
+                try:
+                    check_section(name)
+                except UsageError as exc:
+                    raise UsageError(f"{path}: {exc}") from None
+            out[name if top != ALL else ALL] = _values(table, f"{path}: {where} ")
+    return out
+
+
+def _values(table: dict, where: str) -> dict[str, str]:
+    values = {}
+    for key, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise UsageError(f"{where}{key} must be a string like \"20G\" or \"30d\"")
+        values[key] = check_value(key, str(value), where)
+    return values
+
+
+# ---- writing -------------------------------------------------------------------------------------
+def set_value(section: str, key: str, value: str, path: Path | None = None) -> Config:
+    """Set `key` in `section` ("all" or a cache's name) to `value` (checked), and write the file."""
+    section, value = check_section(section), check_value(key, value)
+
+    def change(cfg: Config) -> dict[str, dict[str, str]]:
+        sections = {s: dict(v) for s, v in cfg.sections.items()}
+        sections.setdefault(section, {})[key] = value
+        return sections
+
+    return _update(config_path() if path is None else path, change)[0]
+
+
+def unset_value(section: str, key: str, path: Path | None = None) -> tuple[Config, bool]:
+    """Remove `key` from `section`; (the config, whether it was set). A file that had nothing to remove
+    is left as it was."""
+    section = check_section(section)
+    if key not in KEYS:
+        raise UsageError(f"unknown key '{key}' (expected {' or '.join(KEYS)})")
+
+    def change(cfg: Config) -> dict[str, dict[str, str]] | None:
+        if key not in cfg.sections.get(section, {}):
+            return None
+        sections = {s: dict(v) for s, v in cfg.sections.items()}
+        del sections[section][key]
+        return {s: v for s, v in sections.items() if v}
+
+    return _update(config_path() if path is None else path, change)
+
+
+def _update(path: Path, change) -> tuple[Config, bool]:
+    """Read, change and write the file under an flock of its directory (two `config set`s at once both
+    land); `change` returns the new sections, or None for no write."""
+    import fcntl
+
+    dfd = _open_config_dir(path)
+    try:
+        fcntl.flock(dfd, fcntl.LOCK_EX)
+        cfg = load(path)
+        sections = change(cfg)
+        if sections is None:
+            return cfg, False
+        new = Config(path, True, sections)
+        _write(dfd, path, new.to_toml().encode())
+        return new, True
+    finally:
+        os.close(dfd)
+
+
+def _open_config_dir(path: Path) -> int:
+    from kcache_cli import fswrite
+
+    parent = path.parent
+    try:
+        if not parent.is_dir():
+            fswrite.make_dirs(parent)
+        return fswrite.open_root(parent)
+    except FileExistsError:
+        return fswrite.open_root(parent)
+    except OSError as exc:
+        raise KcacheError(f"cannot create {parent}: {exc.strerror or exc}") from None
+
+
+def _write(dfd: int, path: Path, data: bytes) -> None:
+    """Replace the file in the held directory: never through a symlink planted (or kept) at its name."""
+    from kcache_cli import fswrite
+
+    try:
+        st = os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise KcacheError(f"refusing to write {path}: it is {what} (edit the file it stands for, or remove it)")
+    mode = stat.S_IMODE(st.st_mode) if st is not None else 0o644
+    try:
+        fswrite.replace_file(dfd, path.name, data, mode=mode, prefix=f".{path.name}.tmp-")
+    except OSError as exc:
+        raise KcacheError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -1,0 +1,253 @@
+"""A budget it keeps (issue 25): `kcache config` and the file it writes, `kcache prune` with no criteria
+enforcing it per cache and across caches, LRU ties broken by size, and `stats` against the budget.
+Everything through the real CLI, with the config in a temp directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from gen_cache import generate  # noqa: E402
+
+T = 1_700_000_000  # one time for every file and directory: a copied or untarred cache
+
+
+@pytest.fixture(autouse=True)
+def config_home(tmp_path, monkeypatch) -> Path:
+    """XDG_CONFIG_HOME in the test's own directory; no KCACHE_CONFIG."""
+    xdg = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(xdg))
+    monkeypatch.delenv("KCACHE_CONFIG", raising=False)
+    return xdg / "kcache" / "config.toml"
+
+
+def same_times(root: Path, t: float = T) -> None:
+    """Every file and directory under `root` (the root too) accessed and modified at `t`."""
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        for n in filenames + dirnames:
+            os.utime(os.path.join(dirpath, n), (t, t), follow_symlinks=False)
+    os.utime(root, (t, t))
+
+
+def entries(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.glob("ops/*/*/*")}
+
+
+# ---- kcache config ---------------------------------------------------------------------------------
+def test_config_set_show_unset_through_the_cli(kcache, config_home):
+    assert kcache("config").exit_code == 0
+    assert "kcache config set max-size 20G" in kcache("config").stderr
+    assert kcache("config", "path").stdout.strip() == str(config_home)
+    assert kcache("config", "set", "max-size", "20G").exit_code == 0
+    assert kcache("config", "set", "--cache", "triton", "max-age", "30d").exit_code == 0
+    assert kcache("config", "set", "--cache", "hidet", "max-size", "1.5GiB").exit_code == 0
+    text = config_home.read_text()
+    assert text == ('[all]\nmax-size = "20G"\n\n[cache.hidet]\nmax-size = "1.5GiB"\n\n'
+                    '[cache.triton]\nmax-age = "30d"\n')
+    shown = kcache("config", "--json").json()
+    assert shown == {"path": str(config_home), "exists": True, "all": {"max_size": 20 * 10**9, "max_age": None},
+                     "caches": {"hidet": {"max_size": 3 * 2**29, "max_age": None},
+                                "triton": {"max_size": None, "max_age": 30 * 86400.0}}}
+    human = kcache("config")
+    assert human.stdout.splitlines()[0] == f"# {config_home}" and '[cache.triton]' in human.stdout
+    assert kcache("config", "unset", "--cache", "triton", "max-age").exit_code == 0
+    assert "[cache.triton]" not in config_home.read_text()
+    again = kcache("config", "unset", "--cache", "triton", "max-age")
+    assert again.exit_code == 0 and "was not set" in again.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (("set", "max-size", "10"), "10 what? say 10G"),
+    (("set", "max-size", "lots"), "bad size 'lots'"),
+    (("set", "max-age", "30"), "bad age '30'"),
+    (("set", "max-ram", "1G"), "unknown key 'max-ram'"),
+    (("set", "--cache", "hidett", "max-size", "1G"), "unknown cache 'hidett'"),
+    (("unset", "max-ram"), "unknown key 'max-ram'"),
+])
+def test_bad_values_are_one_line_usage_errors(kcache, config_home, args, message):
+    run = kcache("config", *args)
+    assert run.exit_code == 2, run
+    assert message in run.stderr and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+    assert not config_home.exists()  # nothing written
+
+
+def test_kcache_config_overrides_the_place(kcache, tmp_path, monkeypatch):
+    where = tmp_path / "elsewhere" / "k.toml"
+    monkeypatch.setenv("KCACHE_CONFIG", str(where))
+    assert kcache("config", "path").stdout.strip() == str(where)
+    assert kcache("config", "set", "max-age", "2w").exit_code == 0
+    assert where.read_text() == '[all]\nmax-age = "2w"\n'
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[all\n", "not valid TOML"),
+    ("[all]\nmax-size = 10\n", "10 what? say 10G"),
+    ("[all]\nmax-size = true\n", "must be a string"),
+    ("[all]\nmax-files = \"3\"\n", "unknown key 'max-files'"),
+    ("[cache.nope]\nmax-size = \"1G\"\n", "unknown cache 'nope'"),
+    ("colour = \"red\"\n", "unknown setting 'colour'"),
+])
+def test_a_bad_file_is_a_one_line_error_naming_it(kcache, config_home, fixture_copy, text, message):
+    config_home.parent.mkdir(parents=True)
+    config_home.write_text(text)
+    root = fixture_copy("hidet")
+    for args in (("config",), ("--cache-dir", root, "prune", "-n")):
+        run = kcache(*args)
+        assert run.exit_code == 2 and message in run.stderr and str(config_home) in run.stderr, run
+        assert "Traceback" not in run.stderr
+
+
+def test_a_fifo_or_huge_file_is_refused_without_hanging(kcache, config_home):
+    config_home.parent.mkdir(parents=True)
+    os.mkfifo(config_home)
+    run = kcache("config")
+    assert run.exit_code == 2 and "FIFO" in run.stderr
+    os.unlink(config_home)
+    config_home.write_text("#" * (100 << 10))
+    assert kcache("config").exit_code == 2
+
+
+def test_a_symlinked_file_is_read_but_never_written_through(kcache, config_home, tmp_path):
+    target = tmp_path / "dotfiles" / "kcache.toml"
+    target.parent.mkdir()
+    target.write_text('[all]\nmax-size = "5G"\n')
+    config_home.parent.mkdir(parents=True)
+    config_home.symlink_to(target)
+    assert kcache("config", "--json").json()["all"]["max_size"] == 5 * 10**9
+    run = kcache("config", "set", "max-size", "6G")
+    assert run.exit_code == 1 and "symlink" in run.stderr
+    assert target.read_text() == '[all]\nmax-size = "5G"\n' and config_home.is_symlink()
+    assert [p.name for p in config_home.parent.iterdir()] == ["config.toml"]  # no temp file left
+
+
+def test_concurrent_sets_all_land(config_home):
+    """Eight processes each set their own cache's max-size at once: the lock keeps every one."""
+    from kcache_cli.terms import LAYOUT_NAMES
+
+    code = "import sys; from kcache_cli.cli.app import main; main(sys.argv[1:])"
+    env = dict(os.environ, XDG_CONFIG_HOME=str(config_home.parent.parent))
+    procs = [subprocess.Popen([sys.executable, "-c", code, "config", "set", "--cache", name, "max-size", f"{i + 1}G"],
+                              env=env, stderr=subprocess.PIPE) for i, name in enumerate(LAYOUT_NAMES)]
+    assert all(p.wait(timeout=60) == 0 for p in procs)
+    from kcache_cli import config
+
+    cfg = config.load(config_home)
+    assert {n: cfg.budget(n).max_size for n in LAYOUT_NAMES} == {n: (i + 1) * 10**9 for i, n in enumerate(LAYOUT_NAMES)}
+    assert sorted(os.listdir(config_home.parent)) == ["config.toml"]
+
+
+# ---- prune with no criteria ------------------------------------------------------------------------
+def test_prune_without_config_or_criteria_names_the_config_command(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    before = entries(root)
+    run = kcache("--cache-dir", root, "prune")
+    assert run.exit_code == 0 and "kcache config set max-size 20G" in run.stderr
+    assert entries(root) == before
+
+
+def test_prune_enforces_the_cache_budget_keeping_the_most_recent(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    same_times(root)
+    ops = entries(root)
+    relu, matmul = "ops/cpu_space_0/relu/31857fe085635b31", "ops/cpu_space_0/matmul/064b4a6c035246e8"
+    os.utime(root / relu / "lib.so", (T + 500, T + 500))  # 23.1 kB, used most recently
+    assert kcache("config", "set", "--cache", "hidet", "max-size", "60k").exit_code == 0
+    plan = kcache("--cache-dir", root, "prune", "--dry-run", "--json").json()
+    assert plan["max_size"] == 60_000
+    assert entries(root) == ops
+    run = kcache("--cache-dir", root, "prune", "--yes")
+    assert run.exit_code == 0, run.stderr
+    assert "budget of" in run.stderr and "max-size 60.0 kB" in run.stderr
+    # the rest share one time: the larger go first (softmax 48 kB, add 42 kB, fused 29 kB), then it fits
+    assert entries(root) == {relu, matmul}
+
+
+def test_prune_budget_keeps_the_more_than_half_rule(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    assert kcache("config", "set", "max-size", "1k").exit_code == 0
+    run = kcache("--cache-dir", root, "prune")
+    assert run.exit_code == 2 and "more than half" in run.stderr and "--yes" in run.stderr
+    assert len(entries(root)) == 5
+
+
+def test_prune_enforces_max_age_from_config(kcache, fixture_copy):
+    import time
+
+    root = fixture_copy("hidet")
+    same_times(root, time.time() - 40 * 86400)
+    young = "ops/cpu_space_0/relu/31857fe085635b31"
+    os.utime(root / young / "lib.so")
+    assert kcache("config", "set", "--cache", "hidet", "max-age", "30d").exit_code == 0
+    run = kcache("--cache-dir", root, "prune", "--yes")
+    assert run.exit_code == 0, run.stderr
+    assert entries(root) == {young}
+
+
+def test_all_budget_is_shared_across_caches(kcache, tmp_path, monkeypatch):
+    """[all] max-size over two caches: the least recently used entries go whichever cache holds them."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    generate(str(old), 10, lib_size=8192)
+    generate(str(new), 10, lib_size=8192)
+    same_times(old, T)
+    same_times(new, T + 1000)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    size_new = sum(f.stat().st_size for f in new.rglob("*") if f.is_file())
+    (tmp_path / "home").mkdir(exist_ok=True)
+    from kcache_cli.budget import configured
+    from kcache_cli.config import load, set_value
+
+    set_value("all", "max-size", f"{size_new}B")
+    budgets = configured([(old, ("hidet",)), (new, ("hidet",))], load(), lambda m: None)
+    assert budgets[str(new)].max_size == size_new and budgets[str(old)].max_size == 0
+    set_value("hidet", "max-size", f"{size_new // 2}B")
+    budgets = configured([(old, ("hidet",)), (new, ("hidet",))], load(), lambda m: None)
+    # each cache's own cap first: `new` keeps at most half of itself, the rest of [all] goes to `old`
+    assert budgets[str(new)].max_size <= size_new // 2
+    assert 0 < budgets[str(old)].max_size <= size_new // 2
+    assert budgets[str(new)].max_size + budgets[str(old)].max_size <= size_new
+
+
+# ---- LRU ties ----------------------------------------------------------------------------------------
+def test_lru_tie_goes_to_the_largest_and_prune_stops_once_under(kcache, tmp_path):
+    """23 entries with one mtime; a --max-size that removing the one 7.2 MB entry satisfies: exactly 1 removed."""
+    root = tmp_path / "cache"
+    generate(str(root), 23)
+    big = sorted(entries(root))[7]
+    with open(root / big / "lib.so", "ab") as f:
+        f.write(os.urandom(7_200_000))
+    same_times(root)
+    total = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    limit = total - 7_200_000
+    run = kcache("--cache-dir", root, "prune", "--max-size", f"{limit}B", "--yes", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert [r["path"] for r in run.json()["removed"]] == [str(root / big)]
+    assert len(entries(root)) == 22
+
+
+# ---- stats against the budget ------------------------------------------------------------------------
+def test_stats_shows_usage_against_the_budget(kcache, fixture_copy, monkeypatch):
+    root = fixture_copy("hidet")
+    plain = kcache("--cache-dir", root, "stats")
+    assert " of " not in plain.stdout and kcache("--cache-dir", root, "stats", "--json").json()["budget"] is None
+    assert kcache("config", "set", "--cache", "hidet", "max-size", "200k").exit_code == 0
+    assert kcache("config", "set", "max-size", "1M").exit_code == 0
+    run = kcache("--cache-dir", root, "stats")
+    assert run.exit_code == 0
+    lines = run.stdout.splitlines()
+    assert lines[-2] == "hidet  165.2 kB of 200.0 kB  " + "\u2588" * 17 + "\u2591" * 3 + " 83%"
+    assert lines[-1] == "all    165.2 kB of 1.0 MB  " + "\u2588" * 3 + "\u2591" * 17 + " 17%"
+    assert kcache("--cache-dir", root, "stats", "--json").json()["budget"] == {"used": 165222, "limit": 200000}
+
+
+def test_stats_with_a_bad_config_warns_and_shows_the_rest(kcache, fixture_copy, config_home):
+    root = fixture_copy("hidet")
+    config_home.parent.mkdir(parents=True)
+    config_home.write_text("[all\n")
+    run = kcache("--cache-dir", root, "stats")
+    assert run.exit_code == 0 and "no budget shown" in run.stderr and "5 entries" in run.stdout

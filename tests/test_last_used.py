@@ -1,0 +1,162 @@
+"""Real last use (issue 25): a compiler's hit reads an entry's files and writes nothing, so where the mount
+records reads (relatime, strictatime, lazytime) an entry's last use is its files' newest atime; on a
+`noatime` mount it stays kcache's stamp or the mtime. kcache's own reads (ls, verify, inspect, export)
+never count as a use. Real mounts (tmpfs, as root) where a mount option is the point."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from gen_cache import generate  # noqa: E402
+
+T = 1_700_000_000  # 2023: older than relatime's day, so the next read sets atime
+ADD = "ops/cuda_space_0/add/8d1f7691cdf75e90"
+RELU = "ops/cpu_space_0/relu/31857fe085635b31"
+
+
+def same_times(root: Path, t: float = T) -> None:
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        for n in filenames + dirnames:
+            os.utime(os.path.join(dirpath, n), (t, t), follow_symlinks=False)
+    os.utime(root, (t, t))
+
+
+def read_like_a_compiler(entry: Path) -> None:
+    """What a hit does: read the files (hidet dlopens lib.so; cat reads it as plainly)."""
+    for name in ("lib.so", "meta.json", "func_types.pickle"):
+        if (entry / name).exists():
+            subprocess.run(["cat", str(entry / name)], check=True, stdout=subprocess.DEVNULL)
+
+
+def atimes(root: Path) -> dict[str, int]:
+    return {str(p): p.lstat().st_atime_ns for p in root.rglob("*")}
+
+
+def last_used(kcache, root: Path) -> dict[str, float]:
+    from datetime import datetime
+
+    run = kcache("--cache-dir", root, "ls", "--json")
+    assert run.exit_code == 0, run.stderr
+    return {e["path"][len(str(root)) + 1:]: datetime.fromisoformat(e["last_used"]).timestamp() for e in run.json()}
+
+
+@contextlib.contextmanager
+def mounted(where: Path, options: str):
+    """A real tmpfs at `where` with `options` (root only), unmounted after."""
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"{options},size=64m", "tmpfs", str(where)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs with {options}: {done.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+# ---- the mount table --------------------------------------------------------------------------------
+def test_mountinfo_is_read_with_escapes_and_longest_prefix(tmp_path):
+    from kcache_cli import mounts
+
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        "40 27 0:39 / /data rw,noatime - xfs /dev/vdb rw\n"
+        "41 40 0:40 / /data/my\\040cache rw,nodiratime - tmpfs tmpfs rw,lazytime\n"
+        "42 40 0:41 / /data/strict rw - ext4 /dev/vdc rw\n"
+        "garbage\n")
+    table = mounts.table(str(info))
+    assert [m.point for m in table] == ["/", "/data", "/data/my cache", "/data/strict"]
+    assert [m.records_reads for m in table] == [True, False, True, True]  # strictatime shows as nothing
+    assert mounts.mount_of("/data/my cache/x", table).point == "/data/my cache"
+    assert mounts.mount_of("/data/my cachex", table).point == "/data"
+    assert mounts.mount_of("/home/u", table).point == "/"
+    assert mounts.table(str(tmp_path / "missing")) == []
+
+
+def test_atime_rule_decides_per_mount_below_the_root(tmp_path, monkeypatch):
+    from kcache_cli import mounts
+
+    root = tmp_path / "cache"
+    (root / "fast").mkdir(parents=True)
+    real = os.path.realpath(root)
+    info = tmp_path / "mountinfo"
+    info.write_text(f"27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+                    f"40 27 0:39 / {real}/fast rw,noatime - tmpfs tmpfs rw\n")
+    monkeypatch.setattr(mounts, "MOUNTINFO", str(info))
+    rule = mounts.AtimeRule(root)
+    assert rule(str(root / "ops" / "x")) is True
+    assert rule(str(root / "fast" / "x")) is False
+    monkeypatch.setattr(mounts, "MOUNTINFO", str(tmp_path / "none"))
+    assert mounts.AtimeRule(root)(str(root / "ops")) is False  # no table: today's rule (stamps, mtime)
+
+
+# ---- last use from atime --------------------------------------------------------------------------------
+def test_a_read_on_a_relatime_mount_is_a_use_and_prune_keeps_it(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    same_times(root)
+    read_like_a_compiler(root / ADD)
+    used = last_used(kcache, root)
+    assert used[ADD] > time.time() - 600, "the read is the entry's last use"
+    assert all(abs(t - T) < 2 for rel, t in used.items() if rel != ADD)
+    # add is 41.7 kB; a budget that holds it alone keeps it, though it shares its mtime with all the rest
+    run = kcache("--cache-dir", root, "prune", "--max-size", "45k", "--yes")
+    assert run.exit_code == 0, run.stderr
+    assert sorted(p.relative_to(root).as_posix() for p in root.glob("ops/*/*/*")) == [ADD]
+
+
+def test_kcache_own_reads_are_not_a_use(kcache, fixture_copy, tmp_path):
+    root = fixture_copy("hidet")
+    same_times(root)
+    before = atimes(root)
+    for args in (("ls",), ("stats",), ("verify",), ("inspect", "8d1f7691"), ("log", "8d1f7691"),
+                 ("export", tmp_path / "out.tar")):
+        run = kcache("--cache-dir", root, *args)
+        assert run.exit_code in (0, 1), (args, run.stderr)
+    after = atimes(root)
+    changed = [p for p in before if p in after and after[p] != before[p] and not Path(p).is_dir()]
+    assert not changed, f"kcache's reads moved atimes: {changed[:5]}"
+    assert all(abs(t - T) < 2 for t in last_used(kcache, root).values())
+
+
+@pytest.mark.parametrize("options, records", [("noatime", False), ("strictatime", True), ("relatime", True),
+                                              ("nodiratime", True), ("lazytime", True)])
+def test_mount_options_decide(kcache, tmp_path, options, records):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    with mounted(tmp_path / "mnt", options) as mnt:
+        root = mnt / "cache"
+        subprocess.run(["cp", "-r", str(REPO / "tests" / "fixtures" / "real" / "hidet"), str(root)], check=True)
+        same_times(root)
+        read_like_a_compiler(root / RELU)
+        assert ((root / RELU / "lib.so").stat().st_atime > T + 1) is (options != "noatime")  # the kernel's view
+        used = last_used(kcache, root)
+        assert (used[RELU] > time.time() - 600) is records
+        if not records:
+            assert abs(used[RELU] - T) < 2  # today's rule: the mtime
+
+
+@pytest.mark.slow
+def test_index_serves_fresh_atimes(kcache, tmp_path):
+    """An entry answered from the index (1,000 entries or more) still shows a read made after the index
+    was written: atime is no part of the record's key, and it is read from the same lstat."""
+    root = tmp_path / "cache"
+    generate(str(root), 1200)
+    same_times(root)
+    time.sleep(2.5)  # past the index's racy window (ctime moved with utime)
+    first = last_used(kcache, root)
+    assert any(p.name.startswith("scan.") for p in (root / ".kcache" / "index").iterdir()), "an index was written"
+    target = sorted(first)[100]
+    read_like_a_compiler(root / target)
+    second = last_used(kcache, root)
+    assert second[target] > time.time() - 600
+    assert sum(1 for rel, t in second.items() if abs(t - T) < 2) == len(first) - 1
