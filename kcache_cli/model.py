@@ -147,6 +147,10 @@ class Selectable(Protocol):
     def relpath(self) -> str: ...
     @property
     def status(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def last_used(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,11 @@ class ScanFilter:
     kinds: tuple[str, ...] = ()
     hash_prefixes: tuple[str, ...] = ()
     paths: tuple[str, ...] = ()  # entries by their path relative to the root; OR-ed with hash_prefixes
+    min_size: int | None = None  # bytes, inclusive (`--min-size 1M`)
+    max_size: int | None = None  # bytes, inclusive
+    older_than: float | None = None  # seconds since last use (`--older-than 30d`)
+    newer_than: float | None = None  # seconds since last use (`--newer-than 1d`)
+    now: float = 0.0  # when the ages are measured from (set with older_than/newer_than)
 
     def wants_op(self, op: str | None) -> bool:
         return not self.ops or _name_matches(op, self.ops)
@@ -194,7 +203,19 @@ class ScanFilter:
             and (not self.statuses or e.status in self.statuses)
             and (not self.kinds or e.kind in self.kinds)
             and self.wants_ref(e)
+            and self.wants_size_age(e)
         )
+
+    def wants_size_age(self, e: Selectable) -> bool:
+        """--min-size/--max-size on the entry's bytes, --older-than/--newer-than on its last use."""
+        if self.min_size is not None and e.size < self.min_size:
+            return False
+        if self.max_size is not None and e.size > self.max_size:
+            return False
+        age = self.now - e.last_used
+        if self.older_than is not None and age < self.older_than:
+            return False
+        return self.newer_than is None or age <= self.newer_than
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ def nested_caches(owner: str, path) -> list[dict]:
     return [{"layout": layout, "path": str(p)} for layout, p in get(owner).nested(path)]
 
 
-@c.selectors()
+@c.selectors(size_age=True)
 def ls_command(
     ctx: typer.Context,
     sel: c.Selection,
@@ -188,7 +188,9 @@ def _ls_table(out: c.Output, loc, flt, result, entries) -> None:
         out.info(f"no entries in {loc.path}" + (" match" if flt != type(flt)() else ""))
         return
     one_layout = len({e.layout for e in entries}) == 1
-    cols = [Column("layout", drop=1 if one_layout else 6), Column("kind", drop=2), Column("space", drop=8),
+    one_kind = len({e.kind for e in entries}) == 1  # hidet's graphs among its ops keep their kind
+    cols = [Column("layout", drop=1 if one_layout else 6), Column("kind", drop=2 if one_kind else 6),
+            Column("space", drop=8),
             Column("op", drop=7), Column("hash", spill=True), Column("size", right=True, drop=5),
             Column("files", right=True, drop=3), Column("status", styles=c.STATUS_STYLE),
             Column("last used", drop=4)]
@@ -197,14 +199,18 @@ def _ls_table(out: c.Output, loc, flt, result, entries) -> None:
         cols.append(Column("reason", wrap=True))
     rows = []
     for e in entries:
-        row = [e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, c.human_size(e.size),
+        row = [e.layout, e.kind, e.space or "-", e.op or "-", e.hash, c.human_size(e.size),
                str(e.files), e.status, c.human_age(e.last_used)]
         if show_reason:
             row.append(e.reason or "")
         rows.append(row)
     c.print_table(cols, rows)
-    total = sum(e.size for e in entries)
-    out.info(f"{c.plural(len(entries), 'entry')}, {c.human_size(total)} in {loc.path}")
+    shown = sum(e.size for e in entries)
+    if len(entries) < len(result.entries):  # --limit: what is shown of how many
+        out.info(f"{len(entries)} of {c.plural(len(result.entries), 'entry')}, {c.human_size(shown)} of "
+                 f"{c.human_size(result.size)} in {loc.path}")
+    else:
+        out.info(f"{c.plural(len(entries), 'entry')}, {c.human_size(shown)} in {loc.path}")
 
 
 def _details(opts: c.GlobalOptions, ref: str, space=None, op=None, layout=None, kind=None, statuses: bool = True):
@@ -498,6 +504,6 @@ def _stats_text(out: c.Output, report: dict, first: bool = True) -> None:
     if report["biggest"]:
         sys.stdout.write("\n")
         c.print_table([Column("biggest", spill=True), Column("space", drop=8), Column("op", drop=7),
-                       Column("size", right=True, drop=3), Column("status", styles=c.STATUS_STYLE)],
+                       Column("size", right=True), Column("status", styles=c.STATUS_STYLE)],
                       [[e["hash"], e["space"] or "-", e["op"] or "-", c.human_size(e["size"]), e["status"]]
                        for e in report["biggest"]])

@@ -250,7 +250,7 @@ def _table_batch(batch, first: bool) -> None:
     """One batch of `remote ls`: the header before the first only."""
     from kcache_cli.cli.table import Column, render
 
-    rows = [[e.layout, e.kind or "-", e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
+    rows = [[e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, str(e.files),
              c.human_size(e.size), e.arch or "-", c.human_age(e.pushed or 0),
              c.human_age(e.last_pulled) if e.last_pulled else "never"] for e in batch]
     cols = [Column(name, right=i in (5, 6)) for i, name in enumerate(
