@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -26,8 +27,8 @@ from kcache_cli.terms import (  # noqa: F401
 
 UNREADABLE_REASON = "unreadable directory (permission denied?)"
 
-# Keys of `ls --json`, in order; documented in the README and kept stable.
-JSON_KEYS = ("layout", "kind", "target", "space", "op", "hash", "path", "size", "files",
+# Keys of `ls --json`, in order (kcache_cli/schemas/ls.json); the attribute `files` is `file_count` there.
+JSON_KEYS = ("layout", "kind", "target", "space", "op", "hash", "path", "size", "file_count",
              "status", "reason", "modified", "last_used")
 
 Warn = Callable[[str], None]
@@ -85,7 +86,7 @@ class Entry:
         return EntryKey(self.layout, self.kind, self.target, self.space, self.op, self.hash)
 
     def to_json(self) -> dict:
-        d = {k: self.__dict__[k] for k in JSON_KEYS}
+        d = {k: self.__dict__["files" if k == "file_count" else k] for k in JSON_KEYS}
         d["modified"] = iso(self.modified)
         d["last_used"] = iso(self.last_used)
         return d
@@ -237,18 +238,22 @@ class ScanResult:
 
         groups: dict[str, dict[str, dict[str, int]]] = {k: {} for k in
                                                          ("by_layout", "by_space", "by_op", "by_status", "by_kind")}
+        none: dict[str, dict[str, dict[str, int]]] = {"by_space": {}, "by_op": {}}
         for e in self.entries:
-            for key, value in (("by_layout", e.layout), ("by_space", e.space or "-"), ("by_op", e.op or "-"),
+            for key, value in (("by_layout", e.layout), ("by_space", e.space or None), ("by_op", e.op or None),
                                ("by_status", e.status), ("by_kind", e.kind)):
-                g = groups[key].setdefault(value, {"entries": 0, "size": 0})
-                g["entries"] += 1
+                # an entry without a space (op) is counted under no_space (no_op): a JSON key is never null
+                g = (groups[key] if value is not None else none[key]).setdefault(value or "", {"entry_count": 0,
+                                                                                             "size": 0})
+                g["entry_count"] += 1
                 g["size"] += e.size
         biggest = heapq.nlargest(top, self.entries, key=lambda e: (e.size, e.relpath))
         layouts = list(self.layouts)
         return {"root": self.root, "exists": self.exists,
                 "layout": layouts[0] if len(layouts) == 1 else ("mixed" if layouts else None),
-                "layouts": layouts, "entries": len(self.entries), "size": self.size,
+                "layouts": layouts, "entry_count": len(self.entries), "size": self.size,
                 **{k: dict(sorted(v.items())) for k, v in groups.items()},
+                "no_space": none["by_space"].get(""), "no_op": none["by_op"].get(""),
                 "biggest": [e.to_json() for e in biggest], "warnings": list(self.warnings)}
 
 
@@ -359,13 +364,15 @@ class Details:
             return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
 
         data = self.entry.to_json()
+        # machine keys for the layout's facts ("hidet version" -> hidet_version); the labels are inspect's text
+        facts = {re.sub(r"[^0-9a-z]+", "_", k.lower()).strip("_"): v for k, v in self.facts}
         data.update(status=self.status, reason=self.reason, problems=list(self.problems),
                     op=self.entry.op or self.task_op, inputs=[tensor(t) for t in self.inputs],
                     outputs=[tensor(t) for t in self.outputs],
                     files=[{"name": f.name, "size": f.size, "link": f.link} for f in self.files],
                     compile_command=self.compile_command, compiler_output=self.compiler_output,
                     archs=sorted({a for b in bins for a in b.archs}), binaries=[b.to_json() for b in bins],
-                    facts={k: v for k, v in self.facts})
+                    facts=facts)
         return data
 
 

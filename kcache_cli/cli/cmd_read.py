@@ -64,12 +64,12 @@ def dir_command(
     for owner, path in known_caches():
         res = scan_cache(path, warn=lambda m: c.warn(opts, m))
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
-                     "entries": len(res.entries), "size": res.size, "nested": nested_caches(owner, path)})
-    out.result(rows, lambda: c.print_table(
+                     "entry_count": len(res.entries), "size": res.size, "nested": nested_caches(owner, path)})
+    out.result({"caches": rows}, lambda: c.print_table(
         ["cache", "path", "layout", "entries", "size"],
         [line for r in rows for line in [
             [r["cache"], c.tty_safe(r["path"]), ",".join(r["layouts"]) or ("-" if r["exists"] else "missing"),
-             str(r["entries"]), c.human_size(r["size"])],
+             str(r["entry_count"]), c.human_size(r["size"])],
             # nested caches: counted in the row above (its entries hold them), shown so they are found
             *([f"  in {r['cache']}", c.tty_safe(n["path"]), n["layout"], "-", "-"] for n in r["nested"])]],
         right=(3, 4)))
@@ -139,8 +139,10 @@ def ls_command(
         if all_caches and not listed:
             out.info("no kernel cache found (see kcache dir --all)")
 
-    out.result([dict(e.to_json(), root=str(loc.path)) if all_caches else e.to_json()
-                for loc, _, _, entries in listed for e in entries], human)
+    out.result(lambda: {"entries": [dict(e.to_json(), root=str(loc.path)) if all_caches else e.to_json()
+                                    for loc, _, _, entries in listed for e in entries],
+                        "entry_count": sum(len(entries) for *_, entries in listed),
+                        "total": sum(len(result.entries) for _, _, result, _ in listed)}, human)
 
 
 def _ls_listed(opts: c.GlobalOptions, sel: c.Selection, all_caches: bool, sort: str, limit: Optional[int],
@@ -492,15 +494,16 @@ def _stats_text(out: c.Output, report: dict, first: bool = True) -> None:
         out.info(f"no cache at {report['root']} ({report['reason']})")
         return
     c.print_text(c.printable_line(f"{report['root']}: {', '.join(report['layouts']) or 'no known layout'}, "
-                 f"{c.plural(report['entries'], 'entry')}, {c.human_size(report['size'])}"), indent=2)
+                 f"{c.plural(report['entry_count'], 'entry')}, {c.human_size(report['size'])}"), indent=2)
     for key, title in (("by_layout", "layout"), ("by_space", "space"), ("by_op", "op"), ("by_status", "status")):
-        rows = sorted(report[key].items(), key=lambda kv: (-kv[1]["size"], kv[0]))
+        none = report.get(f"no_{title}")  # entries without a space (op): a row "-"
+        rows = sorted([*report[key].items(), *([("-", none)] if none else [])], key=lambda kv: (-kv[1]["size"], kv[0]))
         if not rows:
             continue
         sys.stdout.write("\n")
         c.print_table([Column(title, styles=c.STATUS_STYLE if key == "by_status" else {}),
                        Column("entries", right=True), Column("size", right=True)],
-                      [[k, str(v["entries"]), c.human_size(v["size"])] for k, v in rows])
+                      [[k, str(v["entry_count"]), c.human_size(v["size"])] for k, v in rows])
     if report["biggest"]:
         sys.stdout.write("\n")
         c.print_table([Column("biggest", spill=True), Column("space", drop=8), Column("op", drop=7),

@@ -26,6 +26,7 @@ class GlobalOptions:
                  debug: bool = False) -> None:
         self.cache_dir, self.json, self.quiet, self.debug = cache_dir, json, quiet, debug
         self.lock_timeout: float | None = None  # a command's checked --lock-timeout, where it has one
+        self.command = ""  # the command's name in JSON schemas ("ls", "remote-ls"), set by use()
 
 
 def settings(ctx: typer.Context) -> GlobalOptions:
@@ -44,11 +45,29 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on 
 def use(ctx: typer.Context, cache_dir: Optional[str] = None, as_json: bool = False) -> GlobalOptions:
     """Merge a command's own --cache-dir/--json into the global options."""
     opts = settings(ctx)
+    opts.command = command_name(ctx)
     if cache_dir is not None:  # "" too: refused by resolve_cache_dir, never the default cache
         opts.cache_dir = cache_dir
     if as_json:
         opts.json = True
     return opts
+
+
+SCHEMA_VERSION = 1  # of every command's --json document (kcache_cli/schemas/<command>.json)
+
+
+def command_name(ctx: typer.Context) -> str:
+    """The command as its JSON schema names it: `ls`, `remote-ls` (the words after `kcache`, joined by -)."""
+    words: list[str] = []
+    while ctx.parent is not None:
+        words.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    return "-".join(w for w in words if w)
+
+
+def schema_id(command: str) -> str:
+    """The `schema` every --json document starts with: kcache/<command>/<version>."""
+    return f"kcache/{command}/{SCHEMA_VERSION}"
 
 
 def cache_location(opts: GlobalOptions, existing: bool = False):
@@ -393,13 +412,17 @@ def plain_output() -> bool:
 json_written = False  # a command's JSON result is on stdout: an error after it is said on stderr only
 
 
-def _emit_json(data) -> None:
-    """JSON on stdout, never through Rich; indented for people, compact for pipes (Output.result's writer)."""
+def _emit_json(data, command: str = "") -> None:
+    """JSON on stdout, never through Rich; indented for people, compact for pipes (Output.result's writer).
+    An object starts with its `schema` (kcache/<command>/1); a bare list is put in one as `entries`."""
     import json
 
     global json_written
     indent = 2 if sys.stdout.isatty() else None
     json_written = True
+    if command:
+        body = data if isinstance(data, dict) else {"entries": data}
+        data = {"schema": schema_id(command), **body}
     sys.stdout.write(json.dumps(data, indent=indent) + "\n")
 
 
@@ -445,13 +468,13 @@ class Output:
         if self.collect:
             self.collected.append(doc)
         else:
-            _emit_json(doc)
+            _emit_json(doc, self.opts.command)
 
     def done(self, empty: str | None = None) -> None:
         """With `collect`: the gathered results, as one JSON list. `empty`: what to tell people when
         there was no result at all (--all-caches found no cache)."""
         if self.collect and self.opts.json:
-            _emit_json(self.collected)
+            _emit_json({"caches": self.collected}, self.opts.command)
         elif empty is not None and not self.results:
             self.info(empty)
 

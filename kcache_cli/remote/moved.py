@@ -21,7 +21,9 @@ class MovedEntry:
 
     def to_json(self) -> dict[str, object]:
         """The entry as `push --json` and `pull --json` list it (field order is the README's)."""
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d["file_count"] = d.pop("files")
+        return d
 
 
 @dataclass(frozen=True)
