@@ -59,9 +59,10 @@ SCHEMA_VERSION = 1  # of every command's --json document (kcache_cli/schemas/<co
 def command_name(ctx: typer.Context) -> str:
     """The command as its JSON schema names it: `ls`, `remote-ls` (the words after `kcache`, joined by -)."""
     words: list[str] = []
-    while ctx.parent is not None:
-        words.insert(0, ctx.info_name or "")
-        ctx = ctx.parent
+    at: Any = ctx
+    while at.parent is not None:
+        words.insert(0, at.info_name or "")
+        at = at.parent
     return "-".join(w for w in words if w)
 
 
