@@ -146,6 +146,12 @@ def test_dir_all_and_stats_all_caches_wrap_their_lists(kcache, tmp_path):
     r = kcache("stats", "--all-caches", "--json", env=env)
     assert r.exit_code == 0, r.stderr
     check(r.json(), "stats")
+    for command in ("prune", "clear"):
+        r = kcache(command, "--all-caches", *(["--broken"] if command == "prune" else ["--op", "add"]), "--dry-run",
+                   "--json", env=env)
+        assert r.exit_code == 0, r.stderr
+        check(r.json(), command)
+        assert r.json()["caches"]
 
 
 def test_errors_are_json_with_their_schema(kcache, fixture_copy):

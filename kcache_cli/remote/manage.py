@@ -41,8 +41,7 @@ class RemoteEntry:
     def to_json(self) -> dict:
         from kcache_cli.model import iso
 
-        d = dict(self.__dict__)
-        d["file_count"] = d.pop("files")
+        d = {("file_count" if k == "files" else k): v for k, v in self.__dict__.items()}
         d["pushed"], d["last_pulled"] = iso(self.pushed), iso(self.last_pulled)
         return d
 

@@ -21,9 +21,7 @@ class MovedEntry:
 
     def to_json(self) -> dict[str, object]:
         """The entry as `push --json` and `pull --json` list it (field order is the README's)."""
-        d = dict(self.__dict__)
-        d["file_count"] = d.pop("files")
-        return d
+        return {("file_count" if k == "files" else k): v for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)
