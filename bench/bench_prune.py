@@ -102,7 +102,7 @@ def main() -> None:
         s2 = shell_round(rounds[1][1])
         k2, r2 = kcache_round(rounds[1][0])
         ours, shell = k1 + k2, s1 + s2
-        result = {"entries": r1["entries"] + r2["entries"], "freed": r1["freed"] + r2["freed"],
+        result = {"entries": r1["entry_count"] + r2["entry_count"], "freed": r1["freed"] + r2["freed"],
                   "size_after": r2["size_after"]}
         print(f"round 1: kcache {k1:.2f}s, shell {s1:.2f}s; round 2: shell {s2:.2f}s, kcache {k2:.2f}s")
 

@@ -77,7 +77,7 @@ class Config:
 
     def to_json(self) -> dict:
         return {"path": str(self.path), "exists": self.exists, "all": self.budget(ALL).to_json(),
-                "caches": {name: self.budget(name).to_json() for name in self.caches}}
+                "caches": [{"cache": name, **self.budget(name).to_json()} for name in self.caches]}
 
     def to_toml(self) -> str:
         """The file as kcache writes it: [all] first, then each cache's table, keys in KEYS' order."""

@@ -97,7 +97,7 @@ class DeleteResult:
         `extra` the prune limits (max_size, older_than)."""
         return {"root": self.root, "exists": True, "dry_run": False, "removed": [r.to_json() for r in self.removed],
                 "skipped": [s.to_json() for s in self.skipped], "errors": [m for _, m in self.errors],
-                "entries": self.entries, "freed": self.freed, "size_before": size_before,
+                "entry_count": self.entries, "freed": self.freed, "size_before": size_before,
                 "size_after": size_before - self.freed, **(extra or {}), "removed_dirs": list(self.removed_dirs),
                 "warnings": list(self.warnings)}
 
@@ -131,7 +131,7 @@ class DeletePlan:
         asked); `extra` the prune limits (max_size, older_than)."""
         return {"root": self.root, "exists": self.exists, "dry_run": dry_run,
                 "removed": [r.to_json() for r in self.removals], "skipped": [s.to_json() for s in self.skipped],
-                "errors": [], "entries": self.entries, "freed": self.expected_freed_size,
+                "errors": [], "entry_count": self.entries, "freed": self.expected_freed_size,
                 "size_before": self.scanned_size, "size_after": self.size_after, **(extra or {}),
                 "warnings": list(self.warnings)}
 

@@ -14,6 +14,7 @@ kcache_cli/terms.py."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Iterable
@@ -39,8 +40,8 @@ from kcache_cli.terms import (  # noqa: F401
 
 UNREADABLE_REASON = "unreadable directory (permission denied?)"
 
-# Keys of `ls --json`, in order; documented in the README and kept stable.
-JSON_KEYS = ("layout", "kind", "target", "space", "op", "hash", "path", "size", "files",
+# Keys of `ls --json`, in order (kcache_cli/schemas/ls.json); the attribute `files` is `file_count` there.
+JSON_KEYS = ("layout", "kind", "target", "space", "op", "hash", "path", "size", "file_count",
              "status", "reason", "modified", "last_used")
 
 Warn = Callable[[str], None]
@@ -136,7 +137,7 @@ class Entry:
         return EntryKey(self.layout, self.kind, self.target, self.space, self.op, self.hash, self.relpath)
 
     def to_json(self) -> dict:
-        d = {k: self.__dict__[k] for k in JSON_KEYS}
+        d = {k: self.__dict__["files" if k == "file_count" else k] for k in JSON_KEYS}
         d["modified"] = iso(self.modified)
         d["last_used"] = iso(self.last_used)
         return d
@@ -198,6 +199,10 @@ class Selectable(Protocol):
     def relpath(self) -> str: ...
     @property
     def status(self) -> Status: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def last_used(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -214,6 +219,11 @@ class ScanFilter:
     kinds: tuple[str, ...] = ()
     hash_prefixes: tuple[str, ...] = ()
     paths: tuple[str, ...] = ()  # entries by their path relative to the root; OR-ed with hash_prefixes
+    min_size: int | None = None  # bytes, inclusive (`--min-size 1M`)
+    max_size: int | None = None  # bytes, inclusive
+    older_than: float | None = None  # seconds since last use (`--older-than 30d`)
+    newer_than: float | None = None  # seconds since last use (`--newer-than 1d`)
+    now: float = 0.0  # when the ages are measured from (set with older_than/newer_than)
 
     def wants_op(self, op: str | None) -> bool:
         return not self.ops or _name_matches(op, self.ops)
@@ -245,7 +255,19 @@ class ScanFilter:
             and (not self.statuses or e.status in self.statuses)
             and (not self.kinds or e.kind in self.kinds)
             and self.wants_ref(e)
+            and self.wants_size_age(e)
         )
+
+    def wants_size_age(self, e: Selectable) -> bool:
+        """--min-size/--max-size on the entry's bytes, --older-than/--newer-than on its last use."""
+        if self.min_size is not None and e.size < self.min_size:
+            return False
+        if self.max_size is not None and e.size > self.max_size:
+            return False
+        age = self.now - e.last_used
+        if self.older_than is not None and age < self.older_than:
+            return False
+        return self.newer_than is None or age <= self.newer_than
 
 
 @dataclass(frozen=True)
@@ -267,18 +289,22 @@ class ScanResult:
 
         groups: dict[str, dict[str, dict[str, int]]] = {k: {} for k in
                                                          ("by_layout", "by_space", "by_op", "by_status", "by_kind")}
+        none: dict[str, dict[str, dict[str, int]]] = {"by_space": {}, "by_op": {}}
         for e in self.entries:
-            for key, value in (("by_layout", e.layout), ("by_space", e.space or "-"), ("by_op", e.op or "-"),
+            for key, value in (("by_layout", e.layout), ("by_space", e.space or None), ("by_op", e.op or None),
                                ("by_status", e.status), ("by_kind", e.kind)):
-                g = groups[key].setdefault(value, {"entries": 0, "size": 0})
-                g["entries"] += 1
+                # an entry without a space (op) is counted under no_space (no_op): a JSON key is never null
+                g = (groups[key] if value is not None else none[key]).setdefault(value or "", {"entry_count": 0,
+                                                                                             "size": 0})
+                g["entry_count"] += 1
                 g["size"] += e.size
         biggest = heapq.nlargest(top, self.entries, key=lambda e: (e.size, e.relpath))
         layouts = list(self.layouts)
         return {"root": self.root, "exists": self.exists,
                 "layout": layouts[0] if len(layouts) == 1 else ("mixed" if layouts else None),
-                "layouts": layouts, "entries": len(self.entries), "size": self.size,
+                "layouts": layouts, "entry_count": len(self.entries), "size": self.size,
                 **{k: dict(sorted(v.items())) for k, v in groups.items()},
+                "no_space": none["by_space"].get(""), "no_op": none["by_op"].get(""),
                 "biggest": [e.to_json() for e in biggest], "warnings": list(self.warnings)}
 
 
@@ -390,13 +416,15 @@ class Details:
             return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
 
         data = self.entry.to_json()
+        # machine keys for the layout's facts ("hidet version" -> hidet_version); the labels are inspect's text
+        facts = {re.sub(r"[^0-9a-z]+", "_", k.lower()).strip("_"): v for k, v in self.facts}
         data.update(status=self.status, reason=self.reason, problems=list(self.problems),
                     op=self.entry.op or self.task_op, inputs=[tensor(t) for t in self.inputs],
                     outputs=[tensor(t) for t in self.outputs],
                     files=[{"name": f.name, "size": f.size, "link": f.link} for f in self.files],
                     compile_command=self.compile_command, compiler_output=self.compiler_output,
                     archs=sorted({a for b in bins for a in b.archs}), binaries=[b.to_json() for b in bins],
-                    facts={k: v for k, v in self.facts})
+                    facts=facts)
         return data
 
 

@@ -82,7 +82,7 @@ def machine(tmp_path) -> dict[str, Path]:
 
 
 def test_dir_all_lists_every_cache_once_with_nested_ones(machine, monkeypatch):
-    rows = run_kcache("dir", "--all", "--json").json()
+    rows = run_kcache("dir", "--all", "--json").json()["caches"]
     assert {r["cache"]: r["path"] for r in rows} == {k: str(v) for k, v in machine.items()}
     by = {r["cache"]: r for r in rows}
     assert all(by[k]["layouts"] == [k] for k in machine), {k: by[k]["layouts"] for k in machine}
@@ -90,23 +90,23 @@ def test_dir_all_lists_every_cache_once_with_nested_ones(machine, monkeypatch):
     assert [n["layout"] for n in by["vllm"]["nested"]] == ["triton", "triton"]
     # a Triton cache set to live inside them is not listed a second time
     monkeypatch.setenv("TRITON_CACHE_DIR", str(machine["vllm"] / "0123456789" / "rank_0_0" / "triton_cache"))
-    rows = run_kcache("dir", "--all", "--json").json()
+    rows = run_kcache("dir", "--all", "--json").json()["caches"]
     assert "triton" not in {r["cache"] for r in rows}
     monkeypatch.setenv("TRITON_CACHE_DIR", str(machine["inductor"] / "triton" / "0"))
-    assert "triton" not in {r["cache"] for r in run_kcache("dir", "--all", "--json").json()}
+    assert "triton" not in {r["cache"] for r in run_kcache("dir", "--all", "--json").json()["caches"]}
     monkeypatch.setenv("TRITON_CACHE_DIR", str(machine["tilelang"]))  # two variables, one directory
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(machine["tilelang"]))
-    paths = [r["path"] for r in run_kcache("dir", "--all", "--json").json()]
+    paths = [r["path"] for r in run_kcache("dir", "--all", "--json").json()["caches"]]
     assert len(paths) == len(set(paths))
 
 
 def test_ls_all_caches_sees_seven_layouts(machine):
-    rows = run_kcache("ls", "--all-caches", "--json").json()
+    rows = run_kcache("ls", "--all-caches", "--json").json()["entries"]
     assert {r["layout"] for r in rows} == set(machine)
 
 
 def test_prune_all_caches_max_size_frees_the_least_recently_used_across_them(machine):
-    rows = [r for r in run_kcache("ls", "--all-caches", "--json").json() if r["status"] == "complete"
+    rows = [r for r in run_kcache("ls", "--all-caches", "--json").json()["entries"] if r["status"] == "complete"
             and r["layout"] != "tilus"]  # tilus programs live as long as their scripts: not in this order
     rows.sort(key=lambda r: r["path"])
     now = time.time()
@@ -114,12 +114,12 @@ def test_prune_all_caches_max_size_frees_the_least_recently_used_across_them(mac
         age = now - 86400 * (len(rows) - i)
         for p in [Path(r["path"]), *Path(r["path"]).rglob("*")]:
             os.utime(p, (age, age), follow_symlinks=False)
-    listed = [r for r in run_kcache("ls", "--all-caches", "--json").json()]
+    listed = [r for r in run_kcache("ls", "--all-caches", "--json").json()["entries"]]
     total = sum(r["size"] for r in listed)
     budget = total // 2
     plan = run_kcache("prune", "--all-caches", "--max-size", f"{budget}B", "--dry-run", "--json")
     assert plan.exit_code == 0, plan.stderr
-    removed = {r["path"] for section in plan.json() for r in section["removed"]}
+    removed = {r["path"] for section in plan.json()["caches"] for r in section["removed"]}
     kept = [r for r in listed if r["path"] not in removed]
     assert sum(r["size"] for r in kept) <= budget
     aged = {x["path"] for x in rows}
@@ -137,10 +137,10 @@ def test_push_pull_through_a_file_remote(machine, tmp_path, layout):
     fresh = tmp_path / "fresh" / machine[layout].name
     run = run_kcache("--cache-dir", str(fresh), "pull", "--remote", f"file://{remote}", "--json")
     assert run.exit_code == 0, run.stderr
-    before = {r["hash"]: (r["kind"], r["files"], r["size"]) for r in
-              run_kcache("--cache-dir", str(machine[layout]), "ls", "--json").json()}
-    after = {r["hash"]: (r["kind"], r["files"], r["size"], r["status"]) for r in
-             run_kcache("--cache-dir", str(fresh), "ls", "--json").json()}
+    before = {r["hash"]: (r["kind"], r["file_count"], r["size"]) for r in
+              run_kcache("--cache-dir", str(machine[layout]), "ls", "--json").json()["entries"]}
+    after = {r["hash"]: (r["kind"], r["file_count"], r["size"], r["status"]) for r in
+             run_kcache("--cache-dir", str(fresh), "ls", "--json").json()["entries"]}
     # sizes change only where absolute paths were rewritten for the new place (Triton groups, vLLM indexes)
     relocated = {h for h, v in before.items() if v[0] in ("triton", "compile")}
     assert {h: v[:2] for h, v in after.items()} == {h: v[:2] for h, v in before.items()}

@@ -45,7 +45,7 @@ def tree(root: Path) -> dict[str, tuple]:
 def ls_json(kcache, root: Path) -> list[dict]:
     r = kcache("--cache-dir", root, "ls", "--json")
     assert r.exit_code == 0, r.stderr
-    rows = r.json()
+    rows = r.json()["entries"]
     for row in rows:
         row.pop("modified")
         row.pop("last_used")
@@ -147,7 +147,8 @@ def test_export_status_matches_ls(kcache, fixture_copy, tmp_path):
     lib.write_bytes(lib.read_bytes()[:100])  # truncated ELF: corrupt
     (src / "ops/cuda_space_0/softmax/ad252b064b266eea/lib.so").unlink()  # corrupt: compiler output, no lib.so
     for status in ("complete", "partial", "corrupt"):
-        listed = sorted(e["hash"] for e in kcache("--cache-dir", src, "ls", "--status", status, "--json").json())
+        listed = sorted(e["hash"] for e in kcache("--cache-dir", src, "ls", "--status", status,
+                                                  "--json").json()["entries"])
         r = kcache("--cache-dir", src, "export", tmp_path / "s.tar", "--status", status, "--json")
         assert r.exit_code == 0, r.stderr
         assert sorted(e["hash"] for e in r.json()["exported"]) == listed, status
@@ -164,7 +165,7 @@ def test_sources_only(kcache, fixture_copy, tmp_path):
     assert kcache("--cache-dir", dst, "import", arc).exit_code == 0
     assert not list(dst.rglob("*.so"))
     assert len(list(dst.rglob("source.c*"))) == 5
-    statuses = {e["status"] for e in kcache("--cache-dir", dst, "ls", "--json").json()}
+    statuses = {e["status"] for e in kcache("--cache-dir", dst, "ls", "--json").json()["entries"]}
     assert "complete" not in statuses  # to be rebuilt
 
 
@@ -315,7 +316,7 @@ def test_parallel_parts_round_trip(kcache, tmp_path, many_parts, suffix):
     arc = tmp_path / f"g{suffix}"
     r = kcache("--cache-dir", src, "export", arc, "--json")
     assert r.exit_code == 0, r.stderr
-    assert r.json()["entries"] == 40
+    assert r.json()["entry_count"] == 40
     import tarfile
 
     mode = "r:*" if suffix != ".tar.zst" else None
@@ -356,7 +357,7 @@ def test_import_refuses_an_archive_of_another_layout(kcache, fixture_copy, tmp_p
         assert kcache("--cache-dir", fixture_copy(layout), "export", arc).exit_code == 0
         roots[layout] = tmp_path / f"new-{layout}"
         assert kcache("--cache-dir", roots[layout], "import", arc).exit_code == 0
-        rows = kcache("--cache-dir", roots[layout], "ls", "--json").json()
+        rows = kcache("--cache-dir", roots[layout], "ls", "--json").json()["entries"]
         assert {r["layout"] for r in rows} == {layout} and all(r["status"] == "complete" for r in rows)
         assert kcache("--cache-dir", roots[layout], "verify").exit_code == 0
     before = sorted(p.name for p in roots["hidet"].iterdir())
@@ -425,8 +426,8 @@ def test_killed_import_leaves_only_whole_entries(tmp_path):
         assert mine == {k: v for k, v in want.items() if k.startswith(e + os.sep)}, e
     if dst.exists():
         rows = subprocess.run(_cli("--cache-dir", str(dst), "ls", "--json"), capture_output=True, text=True).stdout
-        assert all(r["status"] == "complete" for r in json.loads(rows) if r["layout"] != "kcache")
-        assert all(r["kind"] == "import" and r["status"] == "partial" for r in json.loads(rows)
+        assert all(r["status"] == "complete" for r in json.loads(rows)["entries"] if r["layout"] != "kcache")
+        assert all(r["kind"] == "import" and r["status"] == "partial" for r in json.loads(rows)["entries"]
                    if r["layout"] == "kcache")
 
 

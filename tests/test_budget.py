@@ -51,9 +51,10 @@ def test_config_set_show_unset_through_the_cli(kcache, config_home):
     assert text == ('[all]\nmax-size = "20G"\n\n[cache.hidet]\nmax-size = "1.5GiB"\n\n'
                     '[cache.triton]\nmax-age = "30d"\n')
     shown = kcache("config", "--json").json()
-    assert shown == {"path": str(config_home), "exists": True, "all": {"max_size": 20 * 10**9, "max_age": None},
-                     "caches": {"hidet": {"max_size": 3 * 2**29, "max_age": None},
-                                "triton": {"max_size": None, "max_age": 30 * 86400.0}}}
+    assert shown == {"schema": "kcache/config/1", "path": str(config_home), "exists": True,
+                     "all": {"max_size": 20 * 10**9, "max_age": None},
+                     "caches": [{"cache": "hidet", "max_size": 3 * 2**29, "max_age": None},
+                                {"cache": "triton", "max_size": None, "max_age": 30 * 86400.0}]}
     human = kcache("config")
     assert human.stdout.splitlines()[0] == f"# {config_home}" and '[cache.triton]' in human.stdout
     assert kcache("config", "unset", "--cache", "triton", "max-age").exit_code == 0

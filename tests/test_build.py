@@ -116,11 +116,11 @@ def test_cuda_entry_lands_in_the_hashed_tree(tmp_path, kcache):
     assert argv[1:] == ["-shared", "-Xcompiler", "-fPIC", "-O3", "-arch=sm_90", "-o", "lib.so", "source.cu"]
     assert re.fullmatch(r"elapsed time: \d+\.\d+ seconds", log[-1])
 
-    ls = kcache("--cache-dir", root, "ls", "--json").json()
+    ls = kcache("--cache-dir", root, "ls", "--json").json()["entries"]
     assert [(e["hash"], e["status"], e["space"], e["op"]) for e in ls] == [(h, "complete", "cuda_space_0", "vadd")]
     info = kcache("--cache-dir", root, "inspect", h, "--json").json()
     assert info["status"] == "complete"
-    assert info["facts"]["recorded arch"] == "sm_90"
+    assert info["facts"]["recorded_arch"] == "sm_90"
     assert "sm_90" in info["archs"]  # read from the fatbin inside lib.so
     assert "launch_vadd" in info["binaries"][0]["symbols"]
     raw = kcache("--cache-dir", root, "log", h, "--raw")
@@ -188,7 +188,7 @@ def test_cuda_compile_error_publishes_nothing(tmp_path, kcache):
     assert r.stdout == ""
     assert not (root / "ops" / "cuda_space_0" / "broken" / task_hash_of(task)).exists()
     assert temp_dirs(root) == []
-    assert kcache("--cache-dir", root, "ls", "--json").json() == []
+    assert kcache("--cache-dir", root, "ls", "--json").json()["entries"] == []
 
 
 # ---- CPU ---------------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def test_cpu_entry_is_a_working_library(tmp_path, kcache):
     manifest = json.loads((entry / "kcache.json").read_text())
     assert manifest["arch"] == os.uname().machine and manifest["target"] == "cpu"
     assert shlex.split(manifest["command"])[1:] == ["-shared", "-fPIC", "-O3", "-o", "lib.so", "source.cc"]
-    ls = kcache("--cache-dir", root, "ls", "--json").json()
+    ls = kcache("--cache-dir", root, "ls", "--json").json()["entries"]
     assert [(e["space"], e["status"]) for e in ls] == [("cpu_space_0", "complete")]
 
 
@@ -244,7 +244,7 @@ def test_force_replaces_the_entry_atomically(tmp_path, kcache):
     res = r.json()["results"][0]
     assert res["status"] == "built" and res["replaced"] == "complete entry"
     assert (entry / "lib.so").stat().st_ino != ino
-    assert kcache("--cache-dir", root, "ls", "--json").json()[0]["status"] == "complete"
+    assert kcache("--cache-dir", root, "ls", "--json").json()["entries"][0]["status"] == "complete"
     assert temp_dirs(root) == [] and not any(state.trash_dir(root).iterdir())
 
 
@@ -255,11 +255,11 @@ def test_a_broken_entry_at_the_path_is_replaced(tmp_path, kcache):
     entry = root / "ops" / "cpu_space_0" / "plus" / task_hash_of(task)
     entry.mkdir(parents=True)
     (entry / "task.txt").write_bytes((task / "task.txt").read_bytes())  # a build killed before lib.so
-    assert kcache("--cache-dir", root, "ls", "--json").json()[0]["status"] == "partial"
+    assert kcache("--cache-dir", root, "ls", "--json").json()["entries"][0]["status"] == "partial"
     r = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--json")
     res = r.json()["results"][0]
     assert r.exit_code == 0 and res["status"] == "built" and res["replaced"].startswith("partial entry")
-    assert kcache("--cache-dir", root, "ls", "--json").json()[0]["status"] == "complete"
+    assert kcache("--cache-dir", root, "ls", "--json").json()["entries"][0]["status"] == "complete"
 
 
 @needs_cxx
@@ -401,7 +401,8 @@ def test_directory_of_tasks_in_parallel_with_a_summary(tmp_path, kcache):
     failed = [x for x in out["results"] if x["status"] == "failed"]
     assert [x["op"] for x in failed] == ["bad"] and "this is not C++" in failed[0]["output"]
     assert "failed:" in r.stderr and "this is not C++" in r.stderr  # each failure's compiler errors shown
-    assert sorted(e["op"] for e in kcache("--cache-dir", root, "ls", "--json").json()) == [f"op{i}" for i in range(4)]
+    assert sorted(e["op"] for e in kcache("--cache-dir", root, "ls", "--json").json()["entries"]) == [f"op{i}"
+                                                                                                      for i in range(4)]
 
     r = kcache("--cache-dir", root, "build", tasks, "-j", "2", "--cxx", CXX)
     assert r.exit_code == 1
@@ -530,7 +531,7 @@ def test_waits_while_hidet_compiles_the_entry(tmp_path, kcache):
     fd = os.open(entry / ".lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)  # what hidet's FileLock does while it compiles in place
     try:
-        assert kcache("--cache-dir", root, "ls", "--json").json()[0]["status"] == "building"
+        assert kcache("--cache-dir", root, "ls", "--json").json()["entries"][0]["status"] == "building"
         r = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--timeout", "0.3")
         assert r.exit_code == 3 and "waiting: hidet is building" in r.stderr
         assert sorted(os.listdir(entry)) == [".lock", "task.txt"]  # left alone
@@ -564,9 +565,9 @@ def test_manifest_is_the_completion_marker(tmp_path, kcache, monkeypatch):
     reads = []
     real = hidet_mod._manifest_mismatch
     monkeypatch.setattr(hidet_mod, "_manifest_mismatch", lambda p, n: reads.append(p) or real(p, n))
-    assert kcache("--cache-dir", root, "ls", "--json").json()[0]["status"] == "complete"
+    assert kcache("--cache-dir", root, "ls", "--json").json()["entries"][0]["status"] == "complete"
     assert reads == []
     with open(entry / "nvcc_log.txt", "ab") as f:
         f.write(b"appended later\n")
-    (row,) = kcache("--cache-dir", root, "ls", "--json").json()
+    (row,) = kcache("--cache-dir", root, "ls", "--json").json()["entries"]
     assert row["status"] == "corrupt" and "nvcc_log.txt" in row["reason"] and reads == [str(entry)]

@@ -69,7 +69,7 @@ def test_eight_processes_one_compile(tmp_path, kcache):
         assert out == f"{entry}\n"
     assert compiles(counter) == 1
     assert assert_complete_or_absent(entry)
-    ls = kcache("--cache-dir", root, "ls", "--json").json()
+    ls = kcache("--cache-dir", root, "ls", "--json").json()["entries"]
     assert [(e["hash"], e["status"]) for e in ls] == [(entry.name, "complete")]
     assert temp_dirs(root) == []
 
@@ -102,7 +102,7 @@ def test_sigkill_at_random_moments_never_leaves_a_partial_entry(tmp_path, kcache
         p.communicate(timeout=120)
         published += assert_complete_or_absent(entry)
         # a reader right now sees no half-written entry at the hash either
-        assert [e["status"] for e in kcache("--cache-dir", root, "ls", "--json").json()
+        assert [e["status"] for e in kcache("--cache-dir", root, "ls", "--json").json()["entries"]
                 if e["hash"] == entry.name] in ([], ["complete"])
     assert kills >= 24, (kills, rounds)
     time.sleep(0.5)  # let orphaned compilers of killed builds finish writing into their temp dirs
@@ -112,7 +112,7 @@ def test_sigkill_at_random_moments_never_leaves_a_partial_entry(tmp_path, kcache
     r = kcache("--cache-dir", root, "build", task, "--cxx", CXX)
     assert r.exit_code == 0, r.stderr
     assert assert_complete_or_absent(entry)
-    partial = kcache("--cache-dir", root, "ls", "--status", "partial", "--json").json()
+    partial = kcache("--cache-dir", root, "ls", "--status", "partial", "--json").json()["entries"]
     assert sorted(e["path"] for e in partial) == sorted(str(p) for p in leftovers)
     assert all(e["reason"] == "temp directory left by an interrupted kcache build" for e in partial)
     print(f"{kills} kills, {published} published before the kill, {len(leftovers)} temp dirs left")

@@ -86,7 +86,7 @@ def test_global_options_mean_the_same_before_and_after(kcache):
     before = kcache("--cache-dir", str(HIDET), "--json", "ls")
     after = kcache("ls", "--json", "--cache-dir", str(HIDET))
     assert before.exit_code == after.exit_code == 0
-    assert before.json() == after.json() and len(after.json()) == 5
+    assert before.json()["entries"] == after.json()["entries"] and len(after.json()["entries"]) == 5
     # log declares neither --cache-dir nor --json: the hidden global copies take them
     log = kcache("log", HASH, "--raw", "--cache-dir", str(HIDET), "-q")
     assert log.exit_code == 0 and "nvcc" in log.stdout
@@ -163,7 +163,7 @@ def test_json_where_output_is_data(kcache, args):
 
 def test_json_of_nothing_is_an_empty_list(kcache, tmp_path):
     run = kcache("ls", "--json", env={"KCACHE_DIR": str(tmp_path / "missing")})
-    assert run.exit_code == 0 and run.json() == []
+    assert run.exit_code == 0 and run.json()["entries"] == []
 
 
 # ---- errors: one line on stderr, a non-zero exit ----------------------------------------------------------------

@@ -38,7 +38,7 @@ def test_python_m_entry_point(fixture_copy):
 
 def test_ls_hidet_lists_the_five_entries(kcache, fixture_copy):
     root = fixture_copy("hidet")
-    rows = kcache("--cache-dir", root, "ls", "--json").json()
+    rows = kcache("--cache-dir", root, "ls", "--json").json()["entries"]
     assert len(rows) == 5
     assert all(list(r) == list(JSON_KEYS) for r in rows)
     assert {(r["space"], r["op"], r["hash"]) for r in rows} == {
@@ -60,21 +60,21 @@ def test_ls_table_for_people(kcache, fixture_copy):
 
 def test_ls_op_filter_and_json_flag_before_command(kcache, fixture_copy):
     root = fixture_copy("hidet")
-    rows = kcache("--cache-dir", root, "--json", "ls", "--op", "matmul").json()
+    rows = kcache("--cache-dir", root, "--json", "ls", "--op", "matmul").json()["entries"]
     assert [(r["op"], r["hash"]) for r in rows] == [("matmul", "064b4a6c035246e8")]
 
 
 def test_ls_sort_limit_status_hash(kcache, fixture_copy):
     root = fixture_copy("hidet")
-    rows = kcache("--cache-dir", root, "ls", "--sort", "size", "--json").json()
+    rows = kcache("--cache-dir", root, "ls", "--sort", "size", "--json").json()["entries"]
     sizes = [r["size"] for r in rows]
     assert sizes == sorted(sizes, reverse=True)
-    assert len(kcache("--cache-dir", root, "ls", "--limit", "2", "--json").json()) == 2
-    assert kcache("--cache-dir", root, "ls", "--status", "partial", "--json").json() == []
-    assert [r["hash"] for r in kcache("--cache-dir", root, "ls", "ad25", "31857", "--json").json()] == \
+    assert len(kcache("--cache-dir", root, "ls", "--limit", "2", "--json").json()["entries"]) == 2
+    assert kcache("--cache-dir", root, "ls", "--status", "partial", "--json").json()["entries"] == []
+    assert [r["hash"] for r in kcache("--cache-dir", root, "ls", "ad25", "31857", "--json").json()["entries"]] == \
         ["31857fe085635b31", "ad252b064b266eea"]
     (root / SOFTMAX / "func_types.pickle").unlink()
-    rows = kcache("--cache-dir", root, "ls", "--status", "partial", "--json").json()
+    rows = kcache("--cache-dir", root, "ls", "--status", "partial", "--json").json()["entries"]
     assert [(r["hash"], r["status"]) for r in rows] == [("ad252b064b266eea", "partial")]
 
 
@@ -104,7 +104,7 @@ def test_ls_damaged_cache_exits_zero(kcache, fixture_copy):
     (hidet / "ops/cpu_space_0/matmul/064b4a6c035246e8/func_types.pickle").unlink()
     r = kcache("--cache-dir", hidet, "ls", "--json")
     assert r.exit_code == 0 and "Traceback" not in r.stderr
-    status = {x["hash"]: (x["status"], x["reason"]) for x in r.json()}
+    status = {x["hash"]: (x["status"], x["reason"]) for x in r.json()["entries"]}
     assert status["ad252b064b266eea"][0] == "corrupt" and "truncated" in status["ad252b064b266eea"][1]
     assert status["064b4a6c035246e8"][0] == "partial"
     tilus = fixture_copy("tilus")
@@ -115,11 +115,11 @@ def test_ls_damaged_cache_exits_zero(kcache, fixture_copy):
 
 def test_missing_cache_is_empty_not_error(kcache, tmp_path):
     env = {"KCACHE_DIR": str(tmp_path / "none")}  # not an explicit --cache-dir: that one must exist
-    assert kcache("ls", "--json", env=env).stdout.strip() == "[]"
+    assert kcache("ls", "--json", env=env).json()["entries"] == []
     r = kcache("ls", env=env)
     assert r.exit_code == 0 and "no cache at" in r.stderr
     data = kcache("stats", "--json", env=env).json()
-    assert data["entries"] == 0 and data["exists"] is False
+    assert data["entry_count"] == 0 and data["exists"] is False
 
 
 def test_inspect_cuda_softmax_reports_sm90a(kcache, fixture_copy):
@@ -208,7 +208,7 @@ def test_log_seed_layout_and_highlighting(kcache, tmp_path, monkeypatch):
     monkeypatch.setenv("KCACHE_DIR", str(tmp_path / "c"))
     raw = kcache("log", "0123", "--raw").stdout
     assert raw.splitlines()[0] == "nvcc -shared -arch=sm_90 source.cu -o lib.so"
-    rows = kcache("ls", "--json").json()
+    rows = kcache("ls", "--json").json()["entries"]
     assert rows[0]["status"] == "failed"
     from kcache_cli.cli.cmd_read import _log_line
     from rich.markup import escape
@@ -226,14 +226,15 @@ def test_log_of_tilelang_kernel_is_a_clear_error(kcache, fixture_copy):
 
 def test_stats_totals(kcache, fixture_copy):
     root = fixture_copy("hidet")
-    rows = kcache("--cache-dir", root, "ls", "--json").json()
+    rows = kcache("--cache-dir", root, "ls", "--json").json()["entries"]
     (root / SOFTMAX / "func_types.pickle").unlink()
     data = kcache("--cache-dir", root, "stats", "--json").json()
-    assert data["root"] == str(root) and data["layout"] == "hidet" and data["entries"] == 5
+    assert data["root"] == str(root) and data["layout"] == "hidet" and data["entry_count"] == 5
     assert data["size"] == sum(r["size"] for r in rows) - 1111  # func_types.pickle was 1111 bytes
-    assert data["by_space"]["cuda_space_0"]["entries"] == 2 and data["by_space"]["cpu_space_0"]["entries"] == 3
-    assert data["by_status"] == {"complete": {"entries": 4, "size": data["size"] - data["by_op"]["softmax"]["size"]},
-                                 "partial": {"entries": 1, "size": data["by_op"]["softmax"]["size"]}}
+    assert data["by_space"]["cuda_space_0"]["entry_count"] == 2 and data["by_space"]["cpu_space_0"]["entry_count"] == 3
+    assert data["by_status"] == {"complete": {"entry_count": 4,
+                                              "size": data["size"] - data["by_op"]["softmax"]["size"]},
+                                 "partial": {"entry_count": 1, "size": data["by_op"]["softmax"]["size"]}}
     biggest = [b["size"] for b in data["biggest"]]
     assert len(biggest) == 5 and biggest == sorted(biggest, reverse=True)
     assert biggest[0] == max(b["size"] for b in data["biggest"])
@@ -244,8 +245,8 @@ def test_stats_totals(kcache, fixture_copy):
 def test_stats_all_layouts(kcache, fixture_copy):
     for name, count in (("tilus", 2), ("tilelang", 2)):
         data = kcache("--cache-dir", fixture_copy(name), "stats", "--json").json()
-        assert data["layout"] == name and data["entries"] == count
-        assert data["by_status"]["complete"]["entries"] == count
+        assert data["layout"] == name and data["entry_count"] == count
+        assert data["by_status"]["complete"]["entry_count"] == count
 
 
 def test_no_rich_or_humanize_at_startup():
@@ -271,7 +272,7 @@ def test_a_line_naming_one_command_builds_only_that_command():
 def test_one_command_app_behaves_like_the_full_one(kcache, fixture_copy):
     root = fixture_copy("hidet")
     r = kcache("ls", "--op", "matmul", "--cache-dir", root, "-q", "--json")
-    assert r.exit_code == 0 and [x["hash"] for x in r.json()] == ["064b4a6c035246e8"] and r.stderr == ""
+    assert r.exit_code == 0 and [x["hash"] for x in r.json()["entries"]] == ["064b4a6c035246e8"] and r.stderr == ""
     r = kcache("ls", "--bogus")
     assert r.exit_code == 2 and r.stderr.startswith("Error: No such option: --bogus")
     assert "Example:" in kcache("inspect", "--help").stdout

@@ -245,4 +245,4 @@ def test_all_caches_names_a_missing_entry_whatever_the_other_caches(kcache, tmp_
         r = kcache(*cmd)
         assert r.exit_code == 2 and f"no entry matches '{ghost}'" in r.stderr, r.stderr
     assert (hidet / "ops/cuda_space_0/add/8d1f7691cdf75e90").is_dir()
-    assert kcache("ls", "--all-caches", "8d1f", "--json").json()[0]["hash"] == "8d1f7691cdf75e90"
+    assert kcache("ls", "--all-caches", "8d1f", "--json").json()["entries"][0]["hash"] == "8d1f7691cdf75e90"

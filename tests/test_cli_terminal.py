@@ -76,7 +76,7 @@ def any_cache(request, tmp_path):
 def listing(kcache, root: Path) -> list[dict]:
     r = kcache("--cache-dir", root, "ls", "--json")
     assert r.exit_code == 0, r.stderr
-    return r.json()
+    return r.json()["entries"]
 
 
 def check_fits(text: str, width: int, hashes, statuses) -> None:
@@ -85,8 +85,9 @@ def check_fits(text: str, width: int, hashes, statuses) -> None:
     too_wide = [ln for ln in lines if len(ln) > width]
     assert not too_wide, f"{len(too_wide)} lines wider than {width}: {too_wide[:3]}"
     words = set(plain.split())
-    missing = [h for h in hashes if h not in words]
-    assert not missing, f"hashes cut or missing at {width}: {missing}\n{plain}"
+    # a hash may be cut to a prefix (every command takes one), never below 8 characters
+    missing = [h for h in hashes if not any(h.startswith(w) and len(w) >= min(8, len(h)) for w in words)]
+    assert not missing, f"hashes cut below 8 characters or missing at {width}: {missing}\n{plain}"
     cut = [s for s in statuses if s not in words]
     assert not cut, f"status words cut or missing at {width}: {cut}\n{plain}"
 
@@ -129,13 +130,19 @@ def test_wide_terminal_keeps_every_column(kcache, tmp_path):
     assert {"space", "op", "hash", "status"} <= set(narrow)
 
 
-def test_a_few_long_hashes_get_their_own_line(kcache, tmp_path):
+def test_long_hashes_are_cut_to_a_prefix_that_still_names_the_entry(kcache, tmp_path):
     root = mixed(tmp_path / "c")
     lines = kcache("--cache-dir", root, "ls", env={"COLUMNS": "80"}).stdout.splitlines()
-    # the same hash in two spaces stays two tellable rows; tilelang's 64 digits sit whole below their row
-    assert {"cuda_space_0", "cuda_space_2"} <= {ln.split()[1] for ln in lines if "ad252b064b266eea" in ln}
-    long = [ln.strip() for ln in lines if re.fullmatch(r"\s+[0-9a-f]{64}", ln)]
-    assert len(long) == 2
+    header = lines[0].split()
+    assert {"op", "size", "hash"} <= set(header) and not any(re.search(r"[0-9a-f]{64}", ln) for ln in lines)
+    col = header.index("hash")
+    rows = [ln.split() for ln in lines[1:] if not ln.startswith(" ")]
+    # the same hash in two spaces stays two tellable rows; tilelang's 64 digits are cut to a prefix
+    assert {"cuda_space_0", "cuda_space_2"} <= {r[2] for r in rows if "ad252b064b266eea".startswith(r[col])}
+    for prefix in {r[col] for r in rows}:  # each prefix shown names its entry (or the one hash in 2 spaces)
+        assert len(prefix) >= 8
+        named = kcache("--cache-dir", root, "ls", prefix, "--json")
+        assert named.exit_code == 0 and len({e["hash"] for e in named.json()["entries"]}) == 1, named.stderr
 
 
 def test_a_pipe_without_columns_gets_whole_rows(kcache, tmp_path):
@@ -216,12 +223,12 @@ def test_every_command_takes_a_prefix_a_relative_and_an_absolute_path(kcache, tm
             r = kcache("--cache-dir", root, *cmd)
             assert r.exit_code == 0, (cmd, r.stderr)
             assert "ad252b064b266eea" in r.stdout or "nvcc" in r.stdout or '"checked": 1,' in r.stdout, cmd
-        ls = kcache("--cache-dir", root, "ls", ref, "--json").json()
+        ls = kcache("--cache-dir", root, "ls", ref, "--json").json()["entries"]
         assert [e["hash"] for e in ls] == ["ad252b064b266eea"]
         plan = kcache("--cache-dir", root, "clear", ref, "--dry-run", "--json").json()
         assert [r["hash"] for r in plan["removed"]] == ["ad252b064b266eea"]
     # a path and a prefix together: both entries
-    both = kcache("--cache-dir", root, "ls", "8d1f", absolute, "--json").json()
+    both = kcache("--cache-dir", root, "ls", "8d1f", absolute, "--json").json()["entries"]
     assert sorted(e["op"] for e in both) == ["add", "softmax"]
     os.chdir(root / "ops")  # a path relative to the current directory, inside the cache
     assert kcache("--cache-dir", root, "inspect", "cuda_space_0/softmax/ad252b064b266eea").exit_code == 0
@@ -262,7 +269,7 @@ def test_space_by_level_name_glob_and_comma_list(kcache, tmp_path):
         r = kcache("--cache-dir", root, *args, "--json")
         assert r.exit_code == 0, r.stderr
         data = r.json()
-        rows = data["removed"] if isinstance(data, dict) else data
+        rows = data["removed"] if "removed" in data else data["entries"]
         return sorted({e["space"] for e in rows})
 
     assert spaces("ls", "--space", "0") == ["cpu_space_0", "cuda_space_0"]
@@ -273,7 +280,7 @@ def test_space_by_level_name_glob_and_comma_list(kcache, tmp_path):
     assert spaces("clear", "--space", "2", "--dry-run") == ["cuda_space_2"]
     assert kcache("--cache-dir", root, "verify", "--space", "2", "--json").json()["checked"] == 1
     out = tmp_path / "two.tar"
-    assert kcache("--cache-dir", root, "export", out, "--space", "2", "--json").json()["entries"] == 1
+    assert kcache("--cache-dir", root, "export", out, "--space", "2", "--json").json()["entry_count"] == 1
 
 
 @needs_cxx
@@ -346,7 +353,7 @@ def test_ls_q_prints_paths_only(kcache, tmp_path):
 
 def test_op_globs_and_what_ls_reads(kcache, tmp_path, monkeypatch):
     root = copy_tree(FIXTURES / "hidet", tmp_path / "c")
-    ops = lambda *a: sorted({e["op"] for e in kcache("--cache-dir", root, "ls", *a, "--json").json()})  # noqa: E731
+    ops = lambda *a: sorted({e["op"] for e in kcache("--cache-dir", root, "ls", *a, "--json").json()["entries"]})  # noqa: E731
     assert ops("--op", "mat*") == ["matmul"]
     assert ops("--op", "*a*") == ["add", "matmul", "softmax"]
     assert ops("--op", "re?u,soft*") == ["relu", "softmax"]
@@ -401,26 +408,26 @@ def home_caches(tmp_path: Path) -> dict[str, Path]:
 
 def test_all_caches(kcache, tmp_path):
     roots = home_caches(tmp_path)
-    rows = kcache("ls", "--all-caches", "--json").json()
+    rows = kcache("ls", "--all-caches", "--json").json()["entries"]
     assert {r["root"] for r in rows} == {str(p) for p in roots.values()}
     assert {r["layout"] for r in rows} == {"hidet", "tilus", "tilelang"}
     table = kcache("ls", "--all-caches", env={"COLUMNS": "100"})  # one table, a cache column (issue 25)
     assert table.stdout.split()[0] == "cache"
     assert {ln.split()[0] for ln in table.stdout.splitlines()[1:] if ln[:1].strip()} == set(roots)
     assert "in 3 caches (hidet, tilus, tilelang)" in table.stderr
-    stats = kcache("stats", "--all-caches", "--json").json()
+    stats = kcache("stats", "--all-caches", "--json").json()["caches"]
     assert [s["root"] for s in stats] == [str(roots[n]) for n in ("hidet", "tilus", "tilelang")]
-    assert sum(s["entries"] for s in stats) == len(rows)
+    assert sum(s["entry_count"] for s in stats) == len(rows)
     assert all(f"{p}:" in kcache("stats", "--all-caches").stdout for p in roots.values())
-    plans = kcache("prune", "--all-caches", "--dry-run", "--json").json()
+    plans = kcache("prune", "--all-caches", "--dry-run", "--json").json()["caches"]
     assert [p["root"] for p in plans] == [s["root"] for s in stats] and all(p["dry_run"] for p in plans)
-    cleared = kcache("clear", "--all-caches", "--op", "softmax", "--yes", "--json").json()
+    cleared = kcache("clear", "--all-caches", "--op", "softmax", "--yes", "--json").json()["caches"]
     assert [len(p["removed"]) for p in cleared] == [1, 0, 0]
     assert not (roots["hidet"] / SOFTMAX).exists() and (roots["hidet"] / ADD).is_dir()
     # an absolute path names an entry of one cache: the others are left alone, never "everything"
     add_one = next(r["path"] for r in rows if r["layout"] == "tilus" and r["kind"] == "script")
-    assert [r["path"] for r in kcache("ls", "--all-caches", add_one, "--json").json()] == [add_one]
-    plans = kcache("clear", "--all-caches", add_one, "--dry-run", "--json").json()
+    assert [r["path"] for r in kcache("ls", "--all-caches", add_one, "--json").json()["entries"]] == [add_one]
+    plans = kcache("clear", "--all-caches", add_one, "--dry-run", "--json").json()["caches"]
     assert [p["root"] for p in plans] == [str(roots["tilus"])]
     assert plans[0]["removed"] and all(r["layout"] == "tilus" for r in plans[0]["removed"])
     r = kcache("ls", "--all-caches", "--cache-dir", roots["tilus"])

@@ -35,12 +35,12 @@ def jit(tmp_path: Path) -> Path:
 
 def test_one_opaque_entry_with_size_against_the_cap(jit, monkeypatch):
     monkeypatch.setenv("CUDA_CACHE_MAXSIZE", str(1 << 20))
-    rows = run_kcache("--cache-dir", str(jit.parent), "ls", "--json").json()
-    assert [(r["layout"], r["kind"], r["hash"], r["files"], r["size"], r["status"]) for r in rows] == [
+    rows = run_kcache("--cache-dir", str(jit.parent), "ls", "--json").json()["entries"]
+    assert [(r["layout"], r["kind"], r["hash"], r["file_count"], r["size"], r["status"]) for r in rows] == [
         ("cudajit", "jit", "ComputeCache", 4, 1000 + 1001 + 1002 + 256, "complete")]
     shown = run_kcache("--cache-dir", str(jit.parent), "inspect", "ComputeCache", "--json").json()
-    assert shown["facts"]["size against the cap"].startswith(f"{3259} of {1 << 20} bytes (0%, CUDA_CACHE_MAXSIZE)")
-    listed = run_kcache("dir", "--all", "--json").json()
+    assert shown["facts"]["size_against_the_cap"].startswith(f"{3259} of {1 << 20} bytes (0%, CUDA_CACHE_MAXSIZE)")
+    listed = run_kcache("dir", "--all", "--json").json()["caches"]
     assert {"cache": "cudajit", "path": str(jit.parent)}.items() <= next(
         r for r in listed if r["cache"] == "cudajit").items()
 
@@ -51,8 +51,8 @@ def test_cuda_cache_path_names_the_entry(tmp_path, monkeypatch):
     (where / "index").write_bytes(b"x")
     monkeypatch.setenv("CUDA_CACHE_PATH", str(where))
     run = run_kcache("dir", "--all", "--json")
-    row = next(r for r in run.json() if r["cache"] == "cudajit")
-    assert row["path"] == str(tmp_path) and row["entries"] == 1
+    row = next(r for r in run.json()["caches"] if r["cache"] == "cudajit")
+    assert row["path"] == str(tmp_path) and row["entry_count"] == 1
 
 
 def test_a_process_with_the_driver_loaded_blocks_removal(jit, tmp_path):
@@ -89,7 +89,7 @@ def test_other_directories_beside_it_are_not_entries(jit):
     (jit.parent / "nsight" / "x.txt").write_text("not the JIT cache\n")
     (jit.parent / "lookalike" / "3").mkdir(parents=True)  # the driver's files, not its name: left alone
     (jit.parent / "lookalike" / "index").write_text("x")
-    rows = run_kcache("--cache-dir", str(jit.parent), "ls", "--json").json()
+    rows = run_kcache("--cache-dir", str(jit.parent), "ls", "--json").json()["entries"]
     assert [r["hash"] for r in rows] == ["ComputeCache"]
     run = run_kcache("--cache-dir", str(jit.parent), "clear", "--all", "--yes", "--json")
     assert run.exit_code == 0 and (jit.parent / "nsight" / "x.txt").is_file()

@@ -180,7 +180,7 @@ def test_clear_removes_exactly_the_selection(kcache, fixture_copy, args, gone):
     assert removed_paths(r) == {HIDET[o] for o in gone}
     assert entries(root) == {HIDET[o] for o in set(HIDET) - gone}
     data = r.json()
-    assert data["entries"] == len(gone) and data["dry_run"] is False
+    assert data["entry_count"] == len(gone) and data["dry_run"] is False
     assert data["freed"] == sum(x["size"] for x in data["removed"]) > 0 or not gone
     for o in gone:  # empty op directories go; a space keeps its other ops
         assert not (root / HIDET[o]).parent.exists()
@@ -407,7 +407,7 @@ def test_prune_always_removes_stale_temp_dirs_and_keeps_candidates(kcache, fixtu
     assert removed_paths(r) == {str(stale.relative_to(root))}
     data = r.json()
     assert {x["what"] for x in data["removed"]} == {"temp"}
-    assert data["freed"] == len("// half a build") and data["entries"] == 1
+    assert data["freed"] == len("// half a build") and data["entry_count"] == 1
     assert fresh.is_dir() and (cand / "0" / "lib.so").is_file()
     after_relu = scan_cache(root, ScanFilter(ops=("relu",))).entries[0]
     assert after_relu.status == "complete" and after_relu.size == before_relu.size
@@ -781,7 +781,7 @@ def test_clear_json_shape(kcache, fixture_copy):
     root = fixture_copy("hidet")
     r = kcache("--cache-dir", root, "clear", "--op", "add", "--yes", "--json")
     data = r.json()
-    assert set(data) >= {"root", "exists", "dry_run", "removed", "skipped", "errors", "entries", "freed",
+    assert set(data) >= {"root", "exists", "dry_run", "removed", "skipped", "errors", "entry_count", "freed",
                          "size_before", "size_after", "warnings"}
     item = data["removed"][0]
     assert set(item) >= {"layout", "kind", "space", "op", "hash", "path", "removed_path", "size", "what", "why",

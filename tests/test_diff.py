@@ -39,7 +39,7 @@ def test_a_kernel_against_itself_and_other_layouts(kcache, triton, fixture_copy)
 
 def test_hidet_operators_show_their_task_lines(kcache, fixture_copy):
     root = fixture_copy("hidet")
-    rows = kcache("--cache-dir", root, "ls", "--json", "--kind", "op").json()
+    rows = kcache("--cache-dir", root, "ls", "--json", "--kind", "op").json()["entries"]
     by_op: dict[str, list[dict]] = {}
     for row in rows:
         by_op.setdefault(row["op"], []).append(row)

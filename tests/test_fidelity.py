@@ -222,7 +222,8 @@ def status_by(command: str, root: Path, case: Case, archive: Path) -> str | None
     """The status `command` gives the case's entry (prune and import: what they decide from it)."""
     h = case.rel.rsplit("/", 1)[-1]
     if command == "ls":
-        rows = [r for r in run_kcache("--cache-dir", root, "ls", "--json").json() if r["path"] == str(root / case.rel)]
+        rows = [r for r in run_kcache("--cache-dir", root, "ls", "--json").json()["entries"] if r["path"]
+                == str(root / case.rel)]
         assert len(rows) == 1
         return rows[0]["status"]
     if command == "verify":
@@ -284,7 +285,7 @@ def test_every_command_judges_the_entry_alike(case, command, tmp_path, archives)
 
 def test_inspect_and_log_cover_graphs_and_ir_modules(kcache, tmp_path):
     root = hidet_root(tmp_path / "c")
-    rows = {r["hash"]: r for r in kcache("--cache-dir", root, "ls", "--json").json()}
+    rows = {r["hash"]: r for r in kcache("--cache-dir", root, "ls", "--json").json()["entries"]}
     assert rows["0123456789abcdef"]["kind"] == "graph" and rows["0123456789abcdef"]["target"] == "cpu"
     assert rows["fedcba9876543210"]["kind"] == "ir_module" and rows["fedcba9876543210"]["target"] == "cpu"
     graph = kcache("--cache-dir", root, "inspect", "0123456789abcdef", "--json").json()
@@ -336,11 +337,11 @@ def test_a_hidet_version_is_a_note_never_a_status(kcache, tmp_path):
     root = hidet_root(tmp_path / "c")
     set_version(root, MATMUL, "0.5.0")
     set_version(root, SOFTMAX, "0.7.0")
-    assert kcache("--cache-dir", root, "ls", "--status", "stale", "--json").json() == []
-    assert kcache("--cache-dir", root, "ls", "--status", "unreadable", "--json").json() == []
+    assert kcache("--cache-dir", root, "ls", "--status", "stale", "--json").json()["entries"] == []
+    assert kcache("--cache-dir", root, "ls", "--status", "unreadable", "--json").json()["entries"] == []
     facts = kcache("--cache-dir", root, "inspect", MATMUL, "--json").json()["facts"]
-    assert facts["version.txt"] == "0.5.0"
-    assert facts["hidet installed"].startswith("not found")
+    assert facts["version_txt"] == "0.5.0"
+    assert facts["hidet_installed"].startswith("not found")
     assert "reuses lib.so" not in str(facts)  # judged as by the hidet that wrote it: nothing to bridge
 
 
@@ -378,7 +379,7 @@ def test_unreadable_op_directory_is_counted_and_never_pruned():
         proc = run("ls", "--json")
         if proc.returncode != 0 and not proc.stderr.startswith(("Error:", "warning:")):
             pytest.skip(f"nobody cannot run kcache from here: {proc.stderr.strip()[-200:]}")
-        rows = json.loads(proc.stdout)
+        rows = json.loads(proc.stdout)["entries"]
         blocked = [r for r in rows if r["status"] == "unreadable"]
         assert len(rows) == 5 and len(blocked) == 1
         assert blocked[0]["op"] == "matmul" and "Permission denied" in blocked[0]["reason"]
@@ -410,7 +411,7 @@ def test_prune_broken_keeps_stale_entries_and_prune_stale_removes_them(kcache, t
 
     monkeypatch.setattr(hidet, "_judge_module", judge)
     (root / RELU / "func_types.pickle").unlink()  # partial: --broken takes it
-    assert [r["hash"] for r in kcache("--cache-dir", root, "ls", "--status", "stale", "--json").json()] == [
+    assert [r["hash"] for r in kcache("--cache-dir", root, "ls", "--status", "stale", "--json").json()["entries"]] == [
         MATMUL.rsplit("/", 1)[1]]
     r = kcache("--cache-dir", root, "prune", "--broken", "--json")
     assert r.exit_code == 0 and [x["path"] for x in r.json()["removed"]] == [str(root / RELU)], r.stderr
@@ -437,10 +438,10 @@ def test_kcache_built_entry_says_what_an_installed_hidet_does(kcache, tmp_path, 
     src = tmp_path / "in"
     args = ("--cache-dir", root, "--json", "build", src / "task.txt", "--source", src / "source.cc")
     assert kcache(*args).json()["built"] == 1
-    (row,) = kcache("--cache-dir", root, "ls", "--json").json()
+    (row,) = kcache("--cache-dir", root, "ls", "--json").json()["entries"]
     assert row["status"] == "complete"
-    assert "compile it again" in kcache("--cache-dir", root, "inspect", RELU, "--json").json()["facts"]["hidet will"]
+    assert "compile it again" in kcache("--cache-dir", root, "inspect", RELU, "--json").json()["facts"]["hidet_will"]
     monkeypatch.setattr(hidet, "installed_version", lambda: "0.6.1")
-    (row,) = kcache("--cache-dir", root, "ls", "--json").json()
+    (row,) = kcache("--cache-dir", root, "ls", "--json").json()["entries"]
     assert row["status"] == "partial" and "made by kcache build: hidet 0.6.1 compiles it again" in row["reason"]
     assert kcache(*args).json()["hits"] == 1

@@ -50,7 +50,7 @@ def cache(tmp_path: Path) -> Path:
 def test_ls_judges_its_entries_by_the_layout_rules(cache):
     run = kc("--cache-dir", str(cache), "ls", "--json", "--layout", "objcache", "--kind", "object")
     assert run.returncode == 0, run.stderr
-    rows = {r["hash"]: r for r in json.loads(run.stdout)}
+    rows = {r["hash"]: r for r in json.loads(run.stdout)["entries"]}
     assert {h: (r["layout"], r["kind"], r["target"], r["status"]) for h, r in rows.items()} == {
         GOOD: ("objcache", "object", "cpu", "complete"), HALF: ("objcache", "object", "cpu", "partial"),
         EMPTIED: ("objcache", "object", "cpu", "corrupt")}
@@ -88,7 +88,7 @@ def test_export_import_round_trip(cache, tmp_path):
     for name in ("obj.o", "stderr.txt", "done", "a.cc"):
         assert (other / "objects" / GOOD / name).read_bytes() == (cache / "objects" / GOOD / name).read_bytes()
     again = kc("--cache-dir", str(other), "ls", "--json")
-    assert [(r["hash"], r["status"]) for r in json.loads(again.stdout)] == [(GOOD, "complete")]
+    assert [(r["hash"], r["status"]) for r in json.loads(again.stdout)["entries"]] == [(GOOD, "complete")]
 
 
 def test_completion_offers_it(cache):

@@ -54,7 +54,8 @@ def cache(made, tmp_path) -> Path:
 def rows(root: Path, *args: str) -> dict[str, dict]:
     r = run_kcache("--cache-dir", str(root), "ls", "--json", *args)
     assert r.exit_code == 0, r.stderr
-    return {row["relpath"] if "relpath" in row else os.path.relpath(row["path"], root): row for row in r.json()}
+    return {row["relpath"] if "relpath" in row else os.path.relpath(row["path"], root): row
+            for row in r.json()["entries"]}
 
 
 def one(root: Path, pattern: str) -> Path:
@@ -73,7 +74,7 @@ def test_lists_a_real_cache_exactly(cache):
     assert all(r["status"] == "complete" and r["layout"] == "inductor" for r in listed.values())
     for rel, r in listed.items():
         walked = [p for p in (cache / rel).rglob("*") if p.is_file()]
-        assert r["files"] == len(walked) and r["size"] == sum(p.stat().st_size for p in walked)
+        assert r["file_count"] == len(walked) and r["size"] == sum(p.stat().st_size for p in walked)
     assert "locks" not in {rel.split("/")[0] for rel in listed}  # torch's FileLocks are left alone
     verify = run_kcache("--cache-dir", str(cache), "verify", "--json")
     assert verify.exit_code == 0, verify.stdout
@@ -310,10 +311,10 @@ def test_dir_all_finds_it_by_torchs_rule(tmp_path, monkeypatch):
     where = Path(tempfile.gettempdir()) / ("torchinductor_" + getpass.getuser().replace("/", "_"))
     (where / "fxgraph").mkdir(parents=True)
     run = run_kcache("dir", "--all", "--json")
-    row = next(r for r in run.json() if r["cache"] == "inductor")
+    row = next(r for r in run.json()["caches"] if r["cache"] == "inductor")
     assert row["path"] == str(where) and row["layouts"] == ["inductor"]
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "rel/ind")
-    row = next(r for r in run_kcache("dir", "--all", "--json").json() if r["cache"] == "inductor")
+    row = next(r for r in run_kcache("dir", "--all", "--json").json()["caches"] if r["cache"] == "inductor")
     assert row["path"] == str(tmp_path / "rel" / "ind")  # made absolute, as torch does
 
 
@@ -347,7 +348,7 @@ def test_nested_triton_cache_is_judged_by_triton_rules(tmp_path):
         shutil.copytree(key, nested / key.name)
     # the group files name the fixture's own paths: relocate them where they now are
     assert run_kcache("--cache-dir", str(root), "verify", "--fix").exit_code == 0
-    listed = {r["hash"]: r for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    listed = {r["hash"]: r for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"]}
     assert {(r["kind"], r["space"], r["status"]) for r in listed.values()} == {("triton", "triton/0", "complete")}
     assert all(r["op"] and r["target"] == "cuda" for r in listed.values())
     first = sorted(listed)[0]
@@ -356,11 +357,11 @@ def test_nested_triton_cache_is_judged_by_triton_rules(tmp_path):
     old = time.time() - 7200
     for p in [nested / first, *(nested / first).iterdir()]:
         os.utime(p, (old, old))
-    now = {r["hash"]: r["status"] for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    now = {r["hash"]: r["status"] for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"]}
     assert now == {first: "partial", **{h: "complete" for h in listed if h != first}}
     run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
     assert run.exit_code == 0 and not (nested / first).exists() and len(list(nested.iterdir())) == 1
-    dirs = run_kcache("dir", "--all", "--json", env={"TORCHINDUCTOR_CACHE_DIR": str(root)}).json()
+    dirs = run_kcache("dir", "--all", "--json", env={"TORCHINDUCTOR_CACHE_DIR": str(root)}).json()["caches"]
     row = next(r for r in dirs if r["cache"] == "inductor")
     assert row["nested"] == [{"layout": "triton", "path": str(nested)}]
 
@@ -382,16 +383,16 @@ def test_code_shard_statuses(tmp_path):
     old = time.time() - 7200
     for p in (root / "cd", *(root / "cd").iterdir()):
         os.utime(p, (old, old))
-    listed = {r["hash"]: r for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    listed = {r["hash"]: r for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"]}
     assert listed["ab"]["status"] == "complete" and listed["cd"]["status"] == "partial"
     data = (shard / f"{key}.so").read_bytes()
     (shard / f"{key}.so").write_bytes(data[: len(data) // 2])
-    listed = {r["hash"]: r for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    listed = {r["hash"]: r for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"]}
     assert listed["ab"]["status"] == "corrupt" and "truncated" in listed["ab"]["reason"]
     run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
     assert run.exit_code == 0
     assert sorted(os.listdir(root)) == [".kcache", "zz"] and (root / "zz" / "notes.txt").is_file()
-    assert "zz" not in {r["hash"] for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    assert "zz" not in {r["hash"] for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"]}
 
 
 def test_live_writers_temp_file_is_building_never_removed(tmp_path):
@@ -403,7 +404,7 @@ def test_live_writers_temp_file_is_building_never_removed(tmp_path):
     old = time.time() - 7200
     for p in (entry, *entry.iterdir()):
         os.utime(p, (old, old))
-    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()[0]
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"][0]
     assert row["status"] == "building" and str(os.getpid()) in row["reason"]
     run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
     assert run.exit_code == 0 and entry.is_dir()
@@ -414,8 +415,8 @@ def test_autotune_tables(tmp_path):
     (root / "cache").mkdir(parents=True)
     (root / "fxgraph").mkdir()
     (root / "cache" / ("0" * 64)).write_text('{"triton_poi_fused_0": {"XBLOCK": 128, "num_warps": 4}}')
-    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"]
     assert [(r["kind"], r["status"]) for r in row] == [("autotune", "complete")]
     (root / "cache" / ("1" * 64)).write_text("")
-    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"]
     assert [(r["kind"], r["status"]) for r in row] == [("autotune", "corrupt")]

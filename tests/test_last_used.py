@@ -46,7 +46,8 @@ def last_used(kcache, root: Path) -> dict[str, float]:
 
     run = kcache("--cache-dir", root, "ls", "--json")
     assert run.exit_code == 0, run.stderr
-    return {e["path"][len(str(root)) + 1:]: datetime.fromisoformat(e["last_used"]).timestamp() for e in run.json()}
+    return {e["path"][len(str(root)) + 1:]: datetime.fromisoformat(e["last_used"]).timestamp()
+            for e in run.json()["entries"]}
 
 
 @contextlib.contextmanager

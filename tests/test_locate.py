@@ -93,13 +93,14 @@ def test_dir_command_prints_path_and_reason(kcache, tmp_path, monkeypatch):
     assert r.stdout.strip() == str(tmp_path / "k")
     assert "KCACHE_DIR" in r.stderr
     data = kcache("dir", "--json").json()
-    assert data == {"path": str(tmp_path / "k"), "reason": "KCACHE_DIR environment variable", "exists": False,
+    assert data == {"schema": "kcache/dir/1", "path": str(tmp_path / "k"),
+                    "reason": "KCACHE_DIR environment variable", "exists": False,
                     "layouts": []}
 
 
 def test_dir_all_lists_known_caches(kcache, fixture_copy, monkeypatch):
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(fixture_copy("tilelang")))
-    rows = {r["cache"]: r for r in kcache("dir", "--all", "--json").json()}
+    rows = {r["cache"]: r for r in kcache("dir", "--all", "--json").json()["caches"]}
     assert set(rows) == {"hidet", "tilus", "tilelang", "triton", "inductor", "cudajit", "vllm"}
-    assert rows["tilelang"]["layouts"] == ["tilelang"] and rows["tilelang"]["entries"] == 2
-    assert rows["hidet"]["exists"] is False and rows["hidet"]["entries"] == 0
+    assert rows["tilelang"]["layouts"] == ["tilelang"] and rows["tilelang"]["entry_count"] == 2
+    assert rows["hidet"]["exists"] is False and rows["hidet"]["entry_count"] == 0

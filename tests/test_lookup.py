@@ -45,7 +45,8 @@ def cache(fixture_copy):
 
 
 def _status(kcache, root, *args) -> dict[str, str]:
-    return {os.path.relpath(r["path"], root): r["status"] for r in kcache("--cache-dir", root, *args, "--json").json()}
+    return {os.path.relpath(r["path"], root): r["status"] for r in kcache("--cache-dir", root, *args,
+                                                                          "--json").json()["entries"]}
 
 
 def _others(calls: list[str], root, rel: str) -> list[str]:
@@ -67,7 +68,7 @@ def test_a_newer_version_elsewhere_changes_nothing(kcache, cache, searches):
     """hidet 0.7.0's version.txt in matmul once made every other entry stale; each entry is its own now."""
     r = kcache("--cache-dir", cache, "inspect", "ad25", "--json").json()
     assert r["status"] == "complete" == _status(kcache, cache, "ls", "--no-index")[SOFTMAX]
-    assert r["facts"]["version.txt"] == "0.6.1" and "0.7.0" not in str(r["facts"])
+    assert r["facts"]["version_txt"] == "0.6.1" and "0.7.0" not in str(r["facts"])
     (cache / ADD / "version.txt").write_text("0.5.0\n")
     assert kcache("--cache-dir", cache, "inspect", "8d1f", "--json").json()["status"] == "complete"
 

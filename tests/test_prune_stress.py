@@ -138,7 +138,7 @@ def test_prune_max_size_while_building_and_reading(tmp_path):
     assert sum(r["builds"] for r in reports) >= WORKERS and sum(r["checked"] for r in reports) > 0
     # every concurrent prune brought what it saw under the limit, and really removed things
     assert all(p["size_after"] <= LIMIT for p in prunes), [(p["size_before"], p["size_after"]) for p in prunes]
-    assert prunes[0]["entries"] > 100 and sum(p["entries"] for p in prunes) > prunes[0]["entries"]
+    assert prunes[0]["entry_count"] > 100 and sum(p["entry_count"] for p in prunes) > prunes[0]["entry_count"]
     assert not [p for p in prunes if p["errors"]]
     # what the cache holds now: whole entries only; builds made after the last prune may add to it,
     # and one more prune (nothing running now) brings it under the limit

@@ -87,7 +87,7 @@ def test_push_skips_what_the_remote_has_and_dry_run_writes_nothing(kcache, tmp_p
     assert [e["relpath"] for e in first["entries"] if e["done"]] == ["ops/cpu_space_0/matmul/064b4a6c035246e8"]
     second = kcache("push", "--cache-dir", root, "--remote", url, "--json").json()
     assert second["pushed"] == 4 and second["skipped"] == 1
-    ls = kcache("remote", "ls", "--remote", url, "--json").json()
+    ls = kcache("remote", "ls", "--remote", url, "--json").json()["entries"]
     assert sorted(e["op"] for e in ls) == ["add", "fused", "matmul", "relu", "softmax"]
     assert all(e["pushed"] and e["last_pulled"] is None and e["size"] > 0 for e in ls)
 
@@ -108,7 +108,7 @@ def test_push_leaves_out_incomplete_and_corrupt_entries(kcache, tmp_path):
     left = {e["relpath"]: e["reason"] for e in h["entries"] + t["entries"] if e["action"] == "left out"}
     assert set(left) == {"ops/cpu_space_0/relu/31857fe085635b31", str(kernel.relative_to(tilelang))}
     assert "corrupt" in left[str(kernel.relative_to(tilelang))]
-    remote = {e["relpath"] for e in kcache("remote", "ls", "--remote", f"file://{shared}", "--json").json()}
+    remote = {e["relpath"] for e in kcache("remote", "ls", "--remote", f"file://{shared}", "--json").json()["entries"]}
     assert not remote & set(left) and len(remote) == 4 + 1
 
 
@@ -311,7 +311,7 @@ def test_redis_killed_in_the_middle_of_a_pull_leaves_no_partial_entry(kcache, tm
     dest = tmp_path / "dest"
     run = kcache("pull", "--cache-dir", dest, "--remote", server.url)
     assert one_line_error(run).startswith(f"Error: remote {server.url}: ")
-    entries = kcache("ls", "--cache-dir", dest, "--json").json()
+    entries = kcache("ls", "--cache-dir", dest, "--json").json()["entries"]
     assert len(entries) == 2 and {e["status"] for e in entries} == {"complete"}
     assert kcache("verify", "--cache-dir", dest).exit_code == 0
     assert not list((dest / ".kcache").glob("import-*"))
@@ -373,16 +373,17 @@ def test_remote_ls_stats_and_prune_least_recently_pulled_first(kcache, tmp_path)
     pulled = dict(kv for batch in store.hash_scan(f.PULLED) for kv in batch)
     assert sorted(k.split(":", 1)[1] for k in pulled) == sorted(kept)
     stats = kcache("remote", "stats", "--remote", url, "--json").json()
-    assert stats["entries"] == 5 and stats["never_pulled"] == 3 and stats["by_layout"]["hidet"]["entries"] == 5
+    assert stats["entry_count"] == 5 and stats["never_pulled"] == 3 and stats["by_layout"]["hidet"]["entry_count"] == 5
     total = stats["size"]
-    sizes = {e["relpath"]: e["size"] for e in kcache("remote", "ls", "--remote", url, "--json").json()}
+    sizes = {e["relpath"]: e["size"] for e in kcache("remote", "ls", "--remote", url, "--json").json()["entries"]}
     limit = sum(sizes[k] for k in kept)
     dry = kcache("remote", "prune", "--remote", url, "--max-size", f"{limit}B", "--dry-run", "--json").json()
     assert sorted(e["relpath"] for e in dry["removed"]) == sorted(set(sizes) - set(kept))
     assert kcache("remote", "stats", "--remote", url, "--json").json()["size"] == total  # dry run: nothing gone
     done = kcache("remote", "prune", "--remote", url, "--max-size", f"{limit}B", "--json").json()
     assert done["freed"] == total - limit
-    assert sorted(e["relpath"] for e in kcache("remote", "ls", "--remote", url, "--json").json()) == sorted(kept)
+    assert sorted(e["relpath"] for e in kcache("remote", "ls", "--remote", url,
+                                               "--json").json()["entries"]) == sorted(kept)
     assert sorted(os.listdir(shared)) == sorted(os.listdir(shared))  # no stray files:
     left = [n for n in os.listdir(shared) if not n.endswith(".d")]
     assert all(any(k.replace("/", "%2F") in n for k in kept) for n in left)
@@ -489,7 +490,7 @@ def test_kcache_remote_in_the_environment_is_the_default_and_no_remote_ignores_i
     assert off.exit_code == 0 and os.listdir(shared) == []
     on = kcache("build", str(task), "--cache-dir", tmp_path / "b", env=env)
     assert on.exit_code == 0, on.stderr
-    listed = kcache("remote", "ls", "--json", env=env).json()
+    listed = kcache("remote", "ls", "--json", env=env).json()["entries"]
     assert [e["op"] for e in listed] == ["vadd"] and listed[0]["relpath"] == str(
         Path(on.stdout.strip()).relative_to(tmp_path / "b"))
 

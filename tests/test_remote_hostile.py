@@ -184,7 +184,7 @@ def test_a_record_claiming_a_huge_file_is_refused_once_and_never_blocks_prune(kc
     assert [e["relpath"] for e in refused] == [victim] and pulled.json()["pulled"] == 4
     pruned = kcache("remote", "prune", "--remote", server.url, "--older-than", "0s", "--json")
     assert pruned.exit_code == 0, pruned.stderr
-    assert pruned.json()["entries"] == 5
+    assert pruned.json()["entry_count"] == 5
     warnings = [line for line in pruned.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and victim in warnings[0] and str(10 ** 20) in warnings[0]
     assert client.hlen(f.INDEX) == 0 and client.get(f.record_key("hidet", victim)) is None
@@ -321,7 +321,7 @@ def test_a_password_in_the_query_never_reaches_json(kcache, tmp_path, redis_serv
     run = kcache("push", "--cache-dir", root, "--remote", url, "--json")
     assert run.exit_code == 0 and run.json()["pushed"] == 5, run.stderr
     listed = kcache("--debug", "remote", "stats", "--remote", url, "--json")
-    assert listed.exit_code == 0 and listed.json()["entries"] == 5
+    assert listed.exit_code == 0 and listed.json()["entry_count"] == 5
     assert "hunter2" not in run.stdout + run.stderr + listed.stdout + listed.stderr
     assert run.json()["remote"] == f"redis://127.0.0.1:{server.port}/0?password=***"
 
@@ -383,9 +383,9 @@ def test_remote_selection_is_ls_selection(kcache, tmp_path, redis_server):
         _push(kcache, root, url)
         for sel in SELECTIONS:
             local = sorted(os.path.relpath(e["path"], root)
-                           for e in kcache("ls", "--cache-dir", root, *sel, "--json").json())
+                           for e in kcache("ls", "--cache-dir", root, *sel, "--json").json()["entries"])
             assert local, sel
-            remote = [e["relpath"] for e in kcache("remote", "ls", "--remote", url, *sel, "--json").json()]
+            remote = [e["relpath"] for e in kcache("remote", "ls", "--remote", url, *sel, "--json").json()["entries"]]
             assert sorted(remote) == local, (url, sel)
             dest = tmp_path / "dest" / str(abs(hash((url, *sel))))
             pulled = kcache("pull", "--cache-dir", dest, "--remote", url, *sel, "--json")
@@ -457,9 +457,9 @@ def test_remote_ls_json_stays_one_list_across_batches_the_filter_empties(kcache,
     _push(kcache, root, url)
     for sel in ([], ["--op", "relu"], ["--op", "nothing"]):
         run = kcache("remote", "ls", "--remote", url, "--json", *sel)
-        assert run.exit_code == 0 and isinstance(run.json(), list), run
-    assert len(kcache("remote", "ls", "--remote", url, "--json").json()) == 5
-    assert kcache("remote", "ls", "--remote", url, "--json", "--op", "nothing").json() == []
+        assert run.exit_code == 0 and isinstance(run.json()["entries"], list), run
+    assert len(kcache("remote", "ls", "--remote", url, "--json").json()["entries"]) == 5
+    assert kcache("remote", "ls", "--remote", url, "--json", "--op", "nothing").json()["entries"] == []
 
 
 def test_an_index_naming_one_entry_many_times_reads_its_record_once(kcache, tmp_path):
@@ -485,7 +485,7 @@ def test_a_huge_index_file_in_a_shared_directory_is_not_read(kcache, tmp_path):
         out.truncate(1 << 40)  # sparse: 1 TiB claimed, nothing read
     run = kcache("remote", "ls", "--remote", f"file://{shared}", "--json")
     assert run.exit_code == 0, run.stderr
-    listed, = run.json()
+    listed, = run.json()["entries"]
     assert listed["relpath"] == "ops/cpu_space_0/a/1" and listed["size"] == 0
 
 

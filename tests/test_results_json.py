@@ -20,7 +20,7 @@ from kcache_cli.remote.pull import PullResult
 from kcache_cli.remote.push import PushResult
 from kcache_cli.scan import resolve_entry
 
-MOVED_KEYS = ["layout", "kind", "relpath", "files", "size", "action", "done", "reason", "arch"]
+MOVED_KEYS = ["layout", "kind", "relpath", "file_count", "size", "action", "done", "reason", "arch"]
 
 
 def _moved(action: str, done: bool, size: int = 10) -> MovedEntry:
@@ -39,7 +39,7 @@ def test_push_and_pull_results():
                                                 _moved("refuse", False, 4)))
     data = pull.to_json()
     assert list(data) == ["remote", "root", "dry_run", "pulled", "skipped", "refused", "size", "entries"]
-    assert (data["pulled"], data["refused"], data["size"], data["dry_run"]) == (2, 1, 0, True)  # dry run: none done
+    assert (data["pulled"], data["refused"], data["size"], data["dry_run"]) == (2, 1, 13, True)  # what would come
     json.dumps(data)
 
 
@@ -49,8 +49,8 @@ def test_remote_prune_result():
     e = RemoteEntry(key=key, files=3, size=100, arch=None,
                     pushed=1.0, last_pulled=None)
     data = RemotePruneResult("file:///r", True, (RemoteRemoval(e, "too old"),), 100).to_json()
-    assert list(data) == ["remote", "dry_run", "removed", "entries", "freed"]
-    assert data["removed"][0] == {**e.to_json(), "why": "too old"} and data["entries"] == 1
+    assert list(data) == ["remote", "dry_run", "removed", "entry_count", "freed"]
+    assert data["removed"][0] == {**e.to_json(), "why": "too old"} and data["entry_count"] == 1
 
 
 def test_export_and_import_results(fixture_copy, tmp_path):
@@ -58,20 +58,20 @@ def test_export_and_import_results(fixture_copy, tmp_path):
     plan = archive.plan_export(src, ScanFilter(ops=("add",)))
     result = archive.export_archive(plan, str(tmp_path / "a.tar"))
     data = result.to_json(str(src))
-    assert list(data) == ["archive", "root", "compression", "sources_only", "entries", "files", "size",
+    assert list(data) == ["archive", "root", "compression", "sources_only", "entry_count", "file_count", "size",
                           "archive_size", "exported", "left_out"]
-    assert data["entries"] == len(data["exported"]) > 0 and data["root"] == str(src)
-    assert list(data["exported"][0]) == ["layout", "kind", "target", "space", "op", "hash", "relpath", "files",
+    assert data["entry_count"] == len(data["exported"]) > 0 and data["root"] == str(src)
+    assert list(data["exported"][0]) == ["layout", "kind", "target", "space", "op", "hash", "relpath", "file_count",
                                          "size", "compiler", "arch", "platform", "omitted"]
     dest = tmp_path / "dest"
     imported = archive.import_archive(dest, str(tmp_path / "a.tar"))
     first = imported.entries[0].relpath
     data = imported.to_json(((9, 0),), {first: True})
     assert list(data) == ["archive", "root", "dry_run", "archive_kcache_version", "imported", "replaced", "skipped",
-                          "files", "size", "gpu", "entries"]
+                          "file_count", "size", "gpu", "entries"]
     assert data["imported"] == len(imported.entries) and data["gpu"] == ["9.0"]
     assert list(data["entries"][0]) == ["layout", "kind", "target", "space", "op", "hash", "relpath", "action", "done",
-                                        "reason", "files", "size", "arch", "arch_ok", "compiler", "platform"]
+                                        "reason", "file_count", "size", "arch", "arch_ok", "compiler", "platform"]
     assert data["entries"][0]["arch_ok"] is True
     assert imported.to_json()["gpu"] is None and imported.to_json()["entries"][0]["arch_ok"] is None
 
@@ -80,16 +80,16 @@ def test_clear_plan_and_result(fixture_copy):
     root = fixture_copy("hidet")
     plan = plan_clear(root, ScanFilter(ops=("add",)))
     dry = plan.to_json({"max_size": None})
-    assert list(dry) == ["root", "exists", "dry_run", "removed", "skipped", "errors", "entries", "freed",
+    assert list(dry) == ["root", "exists", "dry_run", "removed", "skipped", "errors", "entry_count", "freed",
                          "size_before", "size_after", "max_size", "warnings"]
-    assert dry["dry_run"] is True and dry["entries"] == plan.entries > 0
+    assert dry["dry_run"] is True and dry["entry_count"] == plan.entries > 0
     assert dry["freed"] == sum(r["size"] for r in dry["removed"])
     result = plan.execute()
     done = result.to_json(plan.scanned_size)
-    assert list(done) == ["root", "exists", "dry_run", "removed", "skipped", "errors", "entries", "freed",
+    assert list(done) == ["root", "exists", "dry_run", "removed", "skipped", "errors", "entry_count", "freed",
                           "size_before", "size_after", "removed_dirs", "warnings"]
     assert done["dry_run"] is False and done["size_after"] == plan.scanned_size - done["freed"]
-    assert done["entries"] == dry["entries"]
+    assert done["entry_count"] == dry["entry_count"]
 
 
 def test_inspect_details(fixture_copy):
@@ -127,7 +127,7 @@ def test_output_collects_one_list(capsys):
     out.result({"a": 1})
     out.result(lambda: {"b": 2})  # made only under --json
     out.done(empty="nothing")
-    assert json.loads(capsys.readouterr().out) == [{"a": 1}, {"b": 2}]
+    assert json.loads(capsys.readouterr().out) == {"caches": [{"a": 1}, {"b": 2}]}
     people = Output(GlobalOptions(), collect=True)
     people.done(empty="no kernel cache found")
     assert capsys.readouterr().err == "no kernel cache found\n"

@@ -356,7 +356,7 @@ def test_a_home_like_directory_is_not_a_cache(tmp_path):
                  ["prune", "--yes", "--older-than", "1d"]):
         p = cli("--cache-dir", lookalike, *args)
         assert p.returncode == 0, p.stderr
-    assert json.loads(cli("--cache-dir", lookalike, "ls", "--json").stdout) == []
+    assert json.loads(cli("--cache-dir", lookalike, "ls", "--json").stdout)["entries"] == []
     assert snapshot(lookalike) == before
 
 
@@ -576,11 +576,11 @@ def test_killed_import_and_export_leftovers_are_listed_and_pruned(fixture_copy):
     os.utime(temp, (time.time() - HOUR, time.time() - HOUR))
     os.utime(live_temp, (time.time() - HOUR, time.time() - HOUR))
     with flock_held(live_temp):
-        rows = json.loads(cli("--cache-dir", root, "ls", "--status", "partial", "--json").stdout)
+        rows = json.loads(cli("--cache-dir", root, "ls", "--status", "partial", "--json").stdout)["entries"]
         got = {(r["layout"], r["kind"], r["hash"]) for r in rows}
         assert got == {("kcache", "import", staging.name), ("kcache", "export", temp.name)}
         stats = json.loads(cli("--cache-dir", root, "stats", "--json").stdout)
-        assert stats["by_layout"]["kcache"] == {"entries": 3, "size": 1510}
+        assert stats["by_layout"]["kcache"] == {"entry_count": 3, "size": 1510}
         p = cli("--cache-dir", root, "prune", "--yes", "--json")
         assert p.returncode == 0, p.stderr
         assert removed(p) == {".kcache/" + staging.name, temp.name}

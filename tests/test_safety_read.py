@@ -84,7 +84,7 @@ def _newer(path: Path) -> None:
 def _ls(root: Path) -> dict:
     proc = kc("--cache-dir", root, "ls", "--json")
     assert proc.returncode == 0, proc.stderr
-    return {e["path"].split(str(root) + "/", 1)[1]: e for e in json.loads(proc.stdout)}
+    return {e["path"].split(str(root) + "/", 1)[1]: e for e in json.loads(proc.stdout)["entries"]}
 
 
 # ---- FIFOs, devices and links where files belong ----------------------------------------------------
@@ -134,7 +134,7 @@ def test_fifo_task_txt_and_log(fixture_copy):
     ins = kc("--cache-dir", root, "inspect", "ad252b06", "--json")
     assert ins.returncode == 0  # hidet never reads task.txt on load (issue 22): a note, never read
     facts = json.loads(ins.stdout)["facts"]
-    assert "FIFO" in facts["task.txt note"], facts
+    assert "FIFO" in facts["task_txt_note"], facts
     ver = kc("--cache-dir", root, "verify", "ad252b06")
     assert ver.returncode == 0
     log = kc("--cache-dir", root, "log", "ad252b06")
@@ -159,7 +159,7 @@ def test_endless_task_txt(fixture_copy, kind):
     assert ins.returncode == 0  # hidet never reads task.txt on load (issue 22): a note, read bounded
     facts = json.loads(ins.stdout)["facts"]
     want = "symlink" if kind == "dev-zero" else "over 1048576 bytes"
-    assert want in facts["task.txt note"], facts
+    assert want in facts["task_txt_note"], facts
     assert kc("--cache-dir", root, "verify").returncode == 0
     assert _cache_state(root) == before
 
@@ -404,7 +404,7 @@ def test_deep_json_in_tilelang_manifest(fixture_copy):
     _newer(next(p for p in kernel.iterdir() if p.name != "manifest.json"))  # so that ls reads the manifest
     ls = kc("--cache-dir", root, "ls", "--json")
     assert ls.returncode == 0
-    e = next(x for x in json.loads(ls.stdout) if x["path"] == str(kernel))
+    e = next(x for x in json.loads(ls.stdout)["entries"] if x["path"] == str(kernel))
     assert e["status"] == "corrupt" and "nested more than" in e["reason"]  # tilelang: RecursionError
     assert kc("--cache-dir", root, "verify").returncode == 1
 

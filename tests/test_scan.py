@@ -292,7 +292,7 @@ def test_mode_000_directory_as_unprivileged_user(tmp_path):
     assert "Traceback" not in proc.stderr
     import json
 
-    rows = {r["hash"]: r for r in json.loads(proc.stdout)}
+    rows = {r["hash"]: r for r in json.loads(proc.stdout)["entries"]}
     assert rows["ad252b064b266eea"]["status"] == "unreadable"
     assert "unreadable" in rows["ad252b064b266eea"]["reason"]
     assert rows["8d1f7691cdf75e90"]["status"] == "complete"
@@ -546,4 +546,4 @@ def test_seed_layout_task_txt_is_never_read_for_a_status(tmp_path, monkeypatch, 
     assert [e.status for e in scan_cache(tmp_path / "c").entries] == ["complete"]
     assert not any(p.endswith("task.txt") for p in read)
     r = kcache("--cache-dir", tmp_path / "c", "inspect", d.name[:8], "--json")
-    assert r.json()["status"] == "complete" and "task.txt note" in r.json()["facts"]
+    assert r.json()["status"] == "complete" and "task_txt_note" in r.json()["facts"]

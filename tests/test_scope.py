@@ -31,7 +31,7 @@ def both(triton_only) -> dict[str, Path]:
 
 
 def _entries(root: Path) -> set[str]:
-    return {r["path"] for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    return {r["path"] for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"]}
 
 
 def test_a_machine_whose_only_cache_is_tritons_lists_it(triton_only):
@@ -39,11 +39,11 @@ def test_a_machine_whose_only_cache_is_tritons_lists_it(triton_only):
     assert run.exit_code == 0, run.stderr
     assert "no cache at" not in run.stderr and ".cache/hidet" not in run.stderr + run.stdout
     assert f"in {triton_only}" in run.stderr
-    rows = run_kcache("ls", "--json").json()
+    rows = run_kcache("ls", "--json").json()["entries"]
     assert {r["layout"] for r in rows} == {"triton"} and {r["cache"] for r in rows} == {"triton"}
     assert {r["path"] for r in rows} == _entries(triton_only)
-    stats = run_kcache("stats", "--json").json()
-    assert [s["cache"] for s in stats] == ["triton"] and stats[0]["entries"] == len(rows)
+    stats = run_kcache("stats", "--json").json()["caches"]
+    assert [s["cache"] for s in stats] == ["triton"] and stats[0]["entry_count"] == len(rows)
 
 
 def test_hidet_and_triton_are_both_listed_with_a_cache_column(both):
@@ -54,13 +54,14 @@ def test_hidet_and_triton_are_both_listed_with_a_cache_column(both):
     caches = {ln.split()[0] for ln in lines if ln and not ln.startswith(" ")}
     assert caches == {"hidet", "triton"}
     assert "in 2 caches (hidet, triton)" in run.stderr  # in dir --all's order
-    rows = run_kcache("ls", "--json").json()
+    rows = run_kcache("ls", "--json").json()["entries"]
     assert {r["path"] for r in rows} == _entries(both["hidet"]) | _entries(both["triton"])
     assert {(r["cache"], r["root"]) for r in rows} == {(k, str(v)) for k, v in both.items()}
     # --all-caches is the same scope, still accepted
-    assert {r["path"] for r in run_kcache("ls", "--all-caches", "--json").json()} == {r["path"] for r in rows}
+    every = run_kcache("ls", "--all-caches", "--json").json()["entries"]
+    assert {r["path"] for r in every} == {r["path"] for r in rows}
     # one --limit and one order across both caches
-    biggest = run_kcache("ls", "--sort", "size", "--limit", "3", "--json").json()
+    biggest = run_kcache("ls", "--sort", "size", "--limit", "3", "--json").json()["entries"]
     assert [r["size"] for r in biggest] == sorted((r["size"] for r in rows), reverse=True)[:3]
 
 
@@ -68,7 +69,8 @@ def test_cache_option_narrows_to_one(both):
     run = run_kcache("ls", "--cache", "triton", env={"COLUMNS": "200"})
     assert run.exit_code == 0, run.stderr
     assert run.stdout.split()[0] != "cache"  # one cache: no cache column
-    assert {r["path"] for r in run_kcache("ls", "--cache", "triton", "--json").json()} == _entries(both["triton"])
+    triton = run_kcache("ls", "--cache", "triton", "--json").json()["entries"]
+    assert {r["path"] for r in triton} == _entries(both["triton"])
     stats = run_kcache("stats", "--cache", "hidet", "--json").json()
     assert isinstance(stats, dict) and stats["root"] == str(both["hidet"])
     bad = run_kcache("ls", "--cache", "tritn")
@@ -84,9 +86,9 @@ def test_cache_option_narrows_to_one(both):
 def test_op_selects_over_every_cache(both):
     run = run_kcache("ls", "--op", "matmul", "--json")
     assert run.exit_code == 0 and "warning" not in run.stderr, run.stderr
-    assert {(r["layout"], r["op"]) for r in run.json()} == {("hidet", "matmul")}
+    assert {(r["layout"], r["op"]) for r in run.json()["entries"]} == {("hidet", "matmul")}
     run = run_kcache("ls", "--op", "matmul_kernel", "--json")
-    assert {(r["layout"], r["op"]) for r in run.json()} == {("triton", "matmul_kernel")}
+    assert {(r["layout"], r["op"]) for r in run.json()["entries"]} == {("triton", "matmul_kernel")}
     nowhere = run_kcache("ls", "--op", "matmull")
     assert nowhere.exit_code == 0 and "no op 'matmull'" in nowhere.stderr
 
@@ -105,7 +107,7 @@ def test_an_entry_path_finds_its_root(both, tmp_path):
     run = run_kcache("inspect", str(entry), "--json")
     assert run.exit_code == 0, run.stderr
     assert run.json()["path"] == str(entry)
-    assert {r["path"] for r in run_kcache("ls", str(entry), "--json").json()} == {str(entry)}
+    assert {r["path"] for r in run_kcache("ls", str(entry), "--json").json()["entries"]} == {str(entry)}
     # a path in no cache at all is a miss, exit 2
     stray = tmp_path / "not-a-cache"
     stray.mkdir()
@@ -118,12 +120,12 @@ def test_an_entry_path_finds_its_root(both, tmp_path):
 
 def test_the_current_directory_inside_a_cache_is_the_scope(both, monkeypatch):
     monkeypatch.chdir(both["triton"])
-    rows = run_kcache("ls", "--json").json()
+    rows = run_kcache("ls", "--json").json()["entries"]
     assert {r["path"] for r in rows} == _entries(both["triton"])
     assert "cache" not in rows[0]  # one cache: the plain rows
-    assert len(run_kcache("ls", "--all-caches", "--json").json()) > len(rows)
+    assert len(run_kcache("ls", "--all-caches", "--json").json()["entries"]) > len(rows)
     monkeypatch.chdir(both["hidet"] / "ops" / "cuda_space_0")
-    assert {r["layout"] for r in run_kcache("ls", "--json").json()} == {"hidet"}
+    assert {r["layout"] for r in run_kcache("ls", "--json").json()["entries"]} == {"hidet"}
     stats = run_kcache("stats", "--json").json()
     assert isinstance(stats, dict) and stats["root"] == str(both["hidet"])
 
@@ -156,7 +158,7 @@ def test_clear_space_2_removes_only_hidets_space_2(both):
     before_hidet = _entries(both["hidet"])
     plan = run_kcache("clear", "--space", "cuda_space_2", "--dry-run", "--json")
     assert plan.exit_code == 0, plan.stderr
-    assert {r["path"] for section in plan.json() for r in section.get("removed", section.get("removals", []))
+    assert {r["path"] for section in plan.json()["caches"] for r in section.get("removed", section.get("removals", []))
             if r.get("what", "entry") == "entry"} <= space2
     run = run_kcache("clear", "--space", "cuda_space_2", "--yes")
     assert run.exit_code == 0, run.stderr
@@ -172,14 +174,15 @@ def test_clear_space_2_removes_only_hidets_space_2(both):
 def test_verify_export_and_diff_over_every_cache(both, tmp_path):
     run = run_kcache("verify", "--json")
     assert run.exit_code == 0, run.stderr
-    assert sorted(r["root"] for r in run.json()) == sorted(str(p) for p in both.values())
+    assert sorted(r["root"] for r in run.json()["caches"]) == sorted(str(p) for p in both.values())
     spans = run_kcache("export", str(tmp_path / "all.tar"))
     assert spans.exit_code == 2 and "2 caches" in spans.stderr and "--cache" in spans.stderr
     assert not (tmp_path / "all.tar").exists()
     one = run_kcache("export", str(tmp_path / "mm.tar"), "--op", "matmul", "--json")
     assert one.exit_code == 0, one.stderr
     assert one.json()["root"] == str(both["hidet"])
-    kernels = sorted(r["hash"] for r in run_kcache("ls", "--cache", "triton", "--op", "add_kernel", "--json").json())
+    adds = run_kcache("ls", "--cache", "triton", "--op", "add_kernel", "--json").json()["entries"]
+    kernels = sorted(r["hash"] for r in adds)
     diff = run_kcache("diff", kernels[0][:10], kernels[1][:10], "--json")
     assert diff.exit_code == 0, diff.stderr
 
@@ -230,4 +233,4 @@ def test_a_removed_current_directory_is_no_scope(both, tmp_path, monkeypatch):
     gone.rmdir()
     run = run_kcache("ls", "--json")
     assert run.exit_code == 0, run.stderr
-    assert {r["cache"] for r in run.json()} == {"hidet", "triton"}
+    assert {r["cache"] for r in run.json()["entries"]} == {"hidet", "triton"}

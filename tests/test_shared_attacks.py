@@ -499,7 +499,7 @@ def test_every_member_of_a_shared_cache_builds_imports_and_hits(area, archive):
         assert stat.S_ISREG(st.st_mode) and st.st_mtime > 1000, who
         assert st.st_uid == (0 if who == "root" else ATTACKER), who
     listing = member_kcache("--cache-dir", root, "ls", "--json")
-    assert listing.returncode == 0 and len(json.loads(listing.stdout)) == len(entries) + 1, listing.stderr
+    assert listing.returncode == 0 and len(json.loads(listing.stdout)["entries"]) == len(entries) + 1, listing.stderr
 
 
 def test_a_members_compiler_memo_is_not_trusted(area):

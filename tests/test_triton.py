@@ -79,7 +79,7 @@ def age(path: Path, seconds: float = 1.5 * HOUR) -> None:
 def ls(kcache, root: Path, *args: str) -> dict[str, dict]:
     r = kcache("--cache-dir", root, "ls", "--json", *args)
     assert r.exit_code == 0, r.stderr
-    return {e["hash"]: e for e in r.json()}
+    return {e["hash"]: e for e in r.json()["entries"]}
 
 
 def get_group(entry_dir: Path) -> dict[str, str] | None:
@@ -111,7 +111,7 @@ def triton_hits(entry_dir: Path) -> bool:
 def test_fixture_listed_exactly(kcache, moved):
     """As copied here, every group leads into /home/kc/.triton/cache: Triton misses each kernel (moved)."""
     got = ls(kcache, moved)
-    assert {h: (e["op"], e["space"], e["size"], e["files"]) for h, e in got.items()} == KERNELS
+    assert {h: (e["op"], e["space"], e["size"], e["file_count"]) for h, e in got.items()} == KERNELS
     for e in got.values():
         assert (e["layout"], e["kind"], e["target"], e["status"]) == ("triton", "kernel", "cuda", "moved")
         assert ORIGIN in e["reason"] and "verify --fix" in e["reason"]
@@ -148,9 +148,9 @@ def test_filters_and_stats(kcache, moved):
     assert ls(kcache, cache, "--target", "hip") == {}
     assert set(ls(kcache, cache, "QKJ")) == {ADD_90}
     s = kcache("--cache-dir", cache, "stats", "--json").json()
-    assert s["layout"] == "triton" and s["entries"] == 6 and s["size"] == sum(v[2] for v in KERNELS.values())
-    assert s["by_op"]["add_kernel"]["entries"] == 4 and s["by_space"]["sm_80"]["entries"] == 3
-    assert s["by_status"] == {"moved": {"entries": 6, "size": s["size"]}}
+    assert s["layout"] == "triton" and s["entry_count"] == 6 and s["size"] == sum(v[2] for v in KERNELS.values())
+    assert s["by_op"]["add_kernel"]["entry_count"] == 4 and s["by_space"]["sm_80"]["entry_count"] == 3
+    assert s["by_status"] == {"moved": {"entry_count": 6, "size": s["size"]}}
 
 
 def test_partial_and_corrupt_variants(kcache, cache):
@@ -170,7 +170,7 @@ def test_partial_and_corrupt_variants(kcache, cache):
     assert got[add80.name]["op"] == "add_kernel" and got[add80.name]["space"] == "sm_80"
     # Triton never looks into a temp dir: the kernel is whole, the temp dir part of it (prune takes it)
     assert got[SOFTMAX]["status"] == "complete" and "tmp.pid_4242_0123abcd" not in got
-    assert got[SOFTMAX]["files"] == KERNELS[SOFTMAX][3] + 1
+    assert got[SOFTMAX]["file_count"] == KERNELS[SOFTMAX][3] + 1
     assert got[MATMUL]["status"] == "corrupt" and "truncated" in got[MATMUL]["reason"]
     # a listed path that does not exist is a miss: Triton compiles the kernel again over it
     assert got[ADD_90]["status"] == "partial" and "add_kernel.llir is missing" in got[ADD_90]["reason"]
@@ -254,8 +254,8 @@ def test_inspect(kcache, moved):
     facts = d["facts"]
     assert facts["kernel"] == "matmul_kernel" and facts["target"] == "cuda sm_90a"
     assert (facts["num_warps"], facts["num_stages"], facts["num_ctas"]) == ("4", "3", "1")
-    assert facts["shared memory"] == "8192 bytes" and facts["triton version"] == "3.9.0"
-    assert "point elsewhere" in facts["group file"] and ORIGIN in facts["group file"]
+    assert facts["shared_memory"] == "8192 bytes" and facts["triton_version"] == "3.9.0"
+    assert "point elsewhere" in facts["group_file"] and ORIGIN in facts["group_file"]
     [b] = d["binaries"]
     assert b["format"] == "cubin" and b["archs"] == ["sm_90a"] and b["symbols"] == ["matmul_kernel"]
     assert {f["name"]: f["size"] for f in d["files"]}["matmul_kernel.cubin"] == 38264
@@ -327,7 +327,7 @@ def test_prune_never_takes_a_fresh_leftover(kcache, cache):
 
 def test_clear_and_prune_by_size_and_age(kcache, cache):
     r = kcache("--cache-dir", cache, "clear", "--op", "add_kernel", "--space", "sm_80", "--yes", "--json")
-    assert r.exit_code == 0 and r.json()["entries"] == 2
+    assert r.exit_code == 0 and r.json()["entry_count"] == 2
     assert set(ls(kcache, cache)) == set(KERNELS) - {k for k, v in KERNELS.items() if v[:2] == ("add_kernel", "sm_80")}
     r = kcache("--cache-dir", cache, "prune", "--yes", "--max-size", "200K", "--json")
     assert r.exit_code == 0 and r.json()["size_after"] <= 200_000
@@ -524,9 +524,9 @@ def test_dir_all_and_triton_rule(kcache, cache, monkeypatch, tmp_path):
     assert triton.LAYOUT.default_root()[0] == tmp_path / "th" / ".triton" / "cache"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
     assert triton.LAYOUT.default_root() == (cache, "TRITON_CACHE_DIR environment variable")
-    rows = {r["cache"]: r for r in kcache("dir", "--all", "--json").json()}
+    rows = {r["cache"]: r for r in kcache("dir", "--all", "--json").json()["caches"]}
     assert rows["triton"]["path"] == str(cache) and rows["triton"]["layouts"] == ["triton"]
-    assert rows["triton"]["entries"] == 6
+    assert rows["triton"]["entry_count"] == 6
 
 
 def test_symlinked_root_is_not_moved_and_a_symlinked_child_is_read_as_triton_reads_it(kcache, moved, tmp_path):
@@ -638,7 +638,7 @@ def test_a_root_whose_only_key_dir_denies_reading_is_listed_not_empty(tmp_path, 
     finally:
         (only / ADD_90).chmod(0o755)
     assert done.returncode == 0 and done.stdout.strip(), (done.stdout, done.stderr)
-    [e] = json.loads(done.stdout)
+    [e] = json.loads(done.stdout)["entries"]
     assert (e["layout"], e["hash"], e["status"]) == ("triton", ADD_90, "unreadable")
 
 

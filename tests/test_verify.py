@@ -196,6 +196,6 @@ def test_results_serialize_at_the_core(fixture_copy):
     row = v["problems"][0]
     assert set(JSON_KEYS) <= set(row) and row["status"] == "corrupt" and row["reason"] == row["problems"][0]
     s = scan_cache(root).to_json(top=2)
-    assert s["entries"] == sum(g["entries"] for g in s["by_status"].values())
+    assert s["entry_count"] == sum(g["entry_count"] for g in s["by_status"].values())
     assert s["size"] == sum(g["size"] for g in s["by_layout"].values()) and len(s["biggest"]) == 2
     assert s["layout"] == "hidet" and set(JSON_KEYS) <= set(s["biggest"][0])

@@ -56,7 +56,7 @@ def cache(made, tmp_path) -> Path:
 def rows(root: Path) -> dict[str, dict]:
     r = run_kcache("--cache-dir", str(root), "ls", "--json")
     assert r.exit_code == 0, r.stderr
-    return {row["hash"]: row for row in r.json()}
+    return {row["hash"]: row for row in r.json()["entries"]}
 
 
 def test_lists_units_and_their_key_factors(made, cache, tmp_path):
@@ -65,12 +65,12 @@ def test_lists_units_and_their_key_factors(made, cache, tmp_path):
         h: ("vllm", "compile", "complete") for h in UNITS}
     for h, r in before.items():
         walked = [p for p in (made / h).rglob("*") if p.is_file()]
-        assert r["files"] == len(walked) and r["size"] == sum(p.stat().st_size for p in walked)
+        assert r["file_count"] == len(walked) and r["size"] == sum(p.stat().st_size for p in walked)
     moved = run_kcache("--cache-dir", str(made.parent.parent / "nowhere"), "verify")
     assert moved.exit_code == 2  # no such cache: a usage error, not a traceback
     shown = run_kcache("--cache-dir", str(cache), "inspect", "0123", "--json").json()
-    assert shown["facts"]["key factor compiler_hash"] == "1234abcd56"
-    assert shown["facts"]["index rank_0_0/backbone"].startswith("2 artifact(s), inductor_standalone")
+    assert shown["facts"]["key_factor_compiler_hash"] == "1234abcd56"
+    assert shown["facts"]["index_rank_0_0_backbone"].startswith("2 artifact(s), inductor_standalone")
     assert loads(cache / "0123456789", tmp_path) == {"loaded": 4, "failed": []}
 
 
@@ -177,10 +177,10 @@ def test_hostile_index_is_data_not_a_crash(cache):
     _index(cache / "0123456789").write_text("(" * 200_000)
     r = run_kcache("--cache-dir", str(cache), "ls", "--json")
     assert r.exit_code == 0
-    assert {x["hash"]: x["status"] for x in r.json()}["0123456789"] == "building"  # written just now
+    assert {x["hash"]: x["status"] for x in r.json()["entries"]}["0123456789"] == "building"  # written just now
     _age(cache / "0123456789")
     r = run_kcache("--cache-dir", str(cache), "ls", "--json")
-    assert {x["hash"]: x["status"] for x in r.json()}["0123456789"] == "partial"
+    assert {x["hash"]: x["status"] for x in r.json()["entries"]}["0123456789"] == "partial"
     (cache / "0123456789" / "rank_0_0" / "backbone" / "cache_key_factors.json").write_text("[" * 100_000)
     assert run_kcache("--cache-dir", str(cache), "inspect", "0123", "--json").exit_code in (0, 1)
 
@@ -193,7 +193,8 @@ def test_aot_compile_entries(tmp_path):
     half = root / "torch_aot_compile" / ("b" * 64) / "rank_0_0"
     half.mkdir(parents=True)
     (half / "model").write_bytes(b"")
-    got = {r["hash"]: (r["kind"], r["status"]) for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()}
+    got = {r["hash"]: (r["kind"], r["status"]) for r in run_kcache("--cache-dir", str(root), "ls",
+                                                                   "--json").json()["entries"]}
     assert got == {"a" * 64: ("aot", "complete"), "b" * 64: ("aot", "partial")}
     run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
     assert run.exit_code == 0 and (good / "model").is_file() and not half.exists()
@@ -212,7 +213,7 @@ def test_hostile_handles_are_never_followed_or_rewritten_outside(tmp_path):
     old = time.time() - 7200
     for p in (root / "0123456789", *(root / "0123456789").rglob("*")):
         os.utime(p, (old, old))
-    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()[0]
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"][0]
     assert row["status"] == "partial" and "not a file name" in row["reason"]
     run_kcache("--cache-dir", str(root), "verify", "--fix")
     assert (local / "vllm_compile_cache.py").read_text() == text  # a unit with problems is not rewritten
@@ -241,9 +242,9 @@ def test_inductor_adaptor_units_need_their_fx_graphs(tmp_path):
     _age(root / "fedcba9876")
     shown = run_kcache("--cache-dir", str(root), "inspect", "fedcba", "--json").json()
     assert shown["status"] == "complete", shown["reason"]
-    assert shown["facts"]["nested triton cache"] == str(rank / "triton_cache")
+    assert shown["facts"]["nested_triton_cache"] == str(rank / "triton_cache")
     for p in graph.iterdir():
         p.unlink()
     _age(root / "fedcba9876")
-    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()[0]
+    row = run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"][0]
     assert row["status"] == "partial" and key in row["reason"]

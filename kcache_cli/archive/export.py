@@ -63,7 +63,7 @@ class ExportedEntry(Keyed):
 
     def to_json(self) -> dict:
         """An entry of `export --json`'s "exported" (its status is not part of it: exported ones are complete)."""
-        return {**self.key.to_json(), "files": self.files, "size": self.size,
+        return {**self.key.to_json(), "file_count": self.files, "size": self.size,
                 "compiler": self.compiler, "arch": self.arch, "platform": self.platform, "omitted": list(self.omitted)}
 
 
@@ -81,7 +81,7 @@ class ExportResult:
     def to_json(self, root: str) -> dict:
         """`export --json`; `root` is the cache exported from; `archive` is null when none was written."""
         return {"archive": self.archive or None, "root": root, "compression": self.compression,
-                "sources_only": self.sources_only, "entries": len(self.entries), "files": self.files,
+                "sources_only": self.sources_only, "entry_count": len(self.entries), "file_count": self.files,
                 "size": self.size, "archive_size": self.archive_size,
                 "exported": [e.to_json() for e in self.entries],
                 "left_out": [{"relpath": e.relpath, "status": e.status, "reason": why} for e, why in self.left_out]}

@@ -64,7 +64,7 @@ class ImportedEntry(Keyed):
         layout, kind, target, space, op, hash_, relpath = self.key
         return {"layout": layout, "kind": kind, "target": target, "space": space, "op": op, "hash": hash_,
                 "relpath": relpath, "action": self.action, "done": self.done, "reason": self.reason,
-                "files": self.files, "size": self.size, "arch": self.arch, "arch_ok": arch_ok,
+                "file_count": self.files, "size": self.size, "arch": self.arch, "arch_ok": arch_ok,
                 "compiler": self.compiler, "platform": self.platform}
 
 
@@ -91,7 +91,7 @@ class ImportResult:
         and, per entry relpath, whether its arch runs on them (gpu.arch_fit)."""
         return {"archive": self.archive, "root": self.root, "dry_run": self.dry_run,
                 "archive_kcache_version": self.kcache_version, "imported": self.count("import"),
-                "replaced": self.count("replace"), "skipped": self.count("skip"), "files": self.files,
+                "replaced": self.count("replace"), "skipped": self.count("skip"), "file_count": self.files,
                 "size": self.size, "gpu": [f"{a}.{b}" for a, b in gpus] if gpus else None,
                 "entries": [e.to_json((arch_ok or {}).get(e.relpath)) for e in self.entries]}
 

@@ -197,7 +197,7 @@ def _fail(message: str, code: int, as_json: bool) -> None:
         import json
 
         try:
-            sys.stdout.write(json.dumps({"error": message, "exit": code}) + "\n")
+            sys.stdout.write(json.dumps({"schema": common.schema_id("error"), "error": message, "exit": code}) + "\n")
             sys.stdout.flush()
         except BrokenPipeError:
             _pipe_closed()

@@ -187,7 +187,7 @@ def _import_human(out: c.Output, result, dry_run: bool) -> None:
     if sys.stdout.isatty() and len(shown) > TTY_ROWS:  # a terminal gets the skips first, then a sample
         shown = sorted(shown, key=lambda e: e.action != "skip")[:TTY_ROWS]
     if shown:
-        rows = [[e.action, e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
+        rows = [[e.action, e.layout, e.kind, e.space or "-", e.op or "-", e.hash, str(e.files),
                  c.human_size(e.size), e.arch or "-", e.reason or ""] for e in shown]
         from kcache_cli.cli.table import Column
 
@@ -272,7 +272,7 @@ def _verify_human(out: c.Output, result, root, fix: bool, took: float) -> None:
         for ch in failed:
             for i, p in enumerate(ch.problems):
                 e = ch.entry
-                rows.append([e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, ch.status, p]
+                rows.append([e.layout, e.kind, e.space or "-", e.op or "-", e.hash, ch.status, p]
                             if i == 0 else ["", "", "", "", "", "", p])
         from kcache_cli.cli.table import Column
 

@@ -292,7 +292,7 @@ def _missing(opts: c.GlobalOptions, out: _Out, loc, dry_run: bool, extra: dict) 
 def _rows(removals) -> list[list[str]]:
     """One row per removal; `what` is the entry's kind (op, program, kernel...) or what else goes
     (candidates, temp, staging, link)."""
-    return [[r.entry.kind if r.what == "entry" else r.what, r.entry.layout, r.entry.space or r.entry.target or "-",
+    return [[r.entry.kind if r.what == "entry" else r.what, r.entry.layout, r.entry.space or "-",
              r.entry.op or "-", r.entry.hash or "-", c.human_size(r.size), c.human_age(r.entry.last_used), r.why]
             for r in removals]
 

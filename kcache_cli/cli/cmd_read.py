@@ -65,12 +65,12 @@ def dir_command(
     for owner, path in known_caches():
         res = scan_cache(path, warn=lambda m: c.warn(opts, m))
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
-                     "entries": len(res.entries), "size": res.size, "nested": nested_caches(owner, path)})
-    out.result(rows, lambda: c.print_table(
+                     "entry_count": len(res.entries), "size": res.size, "nested": nested_caches(owner, path)})
+    out.result({"caches": rows}, lambda: c.print_table(
         ["cache", "path", "layout", "entries", "size"],
         [line for r in rows for line in [
             [r["cache"], c.tty_safe(r["path"]), ",".join(r["layouts"]) or ("-" if r["exists"] else "missing"),
-             str(r["entries"]), c.human_size(r["size"])],
+             str(r["entry_count"]), c.human_size(r["size"])],
             # nested caches: counted in the row above (its entries hold them), shown so they are found
             *([f"  in {r['cache']}", c.tty_safe(n["path"]), n["layout"], "-", "-"] for n in r["nested"])]],
         right=(3, 4)))
@@ -86,7 +86,7 @@ def nested_caches(owner: str, path) -> list[dict]:
     return [{"layout": layout, "path": str(p)} for layout, p in get(owner).nested(path)]
 
 
-@c.selectors()
+@c.selectors(size_age=True)
 def ls_command(
     ctx: typer.Context,
     sel: c.Selection,
@@ -138,8 +138,10 @@ def ls_command(
         else:
             _ls_human(out, listed, rows)
 
-    out.result([dict(e.to_json(), cache=loc.cache or None, root=str(loc.path)) if opts.many else e.to_json()
-                for loc, e in rows], human)
+    out.result(lambda: {"entries": [dict(e.to_json(), cache=loc.cache or None, root=str(loc.path)) if opts.many
+                                    else e.to_json() for loc, e in rows],
+                        "entry_count": len(rows),
+                        "total": sum(len(result.entries) for _, _, result in listed)}, human)
 
 
 def _ls_listed(opts: c.GlobalOptions, sel: c.Selection, all_caches: bool, cache: Optional[str],
@@ -196,11 +198,20 @@ def _ls_human(out: c.Output, listed: list, rows: list) -> None:
             out.info(f"no entries in {where}" + (" match" if selected else ""))
         return
     _ls_table(out, rows)
-    shown = {str(loc.path) for loc, _ in rows}
-    roots = [loc for loc, _, _ in listed if str(loc.path) in shown]  # in the scope's order
-    total = sum(e.size for _, e in rows)
+    roots = [loc for loc, _, _ in listed if str(loc.path) in _shown_roots(rows)]  # in the scope's order
+    shown = sum(e.size for _, e in rows)
     where = roots[0].path if len(roots) == 1 else f"{len(roots)} caches ({', '.join(_label(loc) for loc in roots)})"
-    out.info(f"{c.plural(len(rows), 'entry')}, {c.human_size(total)} in {where}")
+    found = [result for _, _, result in listed if result.exists]
+    count, size = sum(len(r.entries) for r in found), sum(r.size for r in found)
+    if len(rows) < count:  # --limit: what is shown of how many
+        out.info(f"{len(rows)} of {c.plural(count, 'entry')}, {c.human_size(shown)} of {c.human_size(size)} in {where}")
+    else:
+        out.info(f"{c.plural(len(rows), 'entry')}, {c.human_size(shown)} in {where}")
+
+
+def _shown_roots(rows: list) -> set[str]:
+    """The roots the rows shown come from."""
+    return {str(loc.path) for loc, _ in rows}
 
 
 def _label(loc) -> str:
@@ -214,7 +225,8 @@ def _ls_table(out: c.Output, rows: list) -> None:
     entries = [e for _, e in rows]
     caches = len({str(loc.path) for loc, _ in rows}) > 1
     one_layout = len({e.layout for e in entries}) == 1
-    cols = [Column("layout", drop=1 if one_layout or caches else 6), Column("kind", drop=2),
+    one_kind = len({e.kind for e in entries}) == 1  # hidet's graphs among its ops keep their kind
+    cols = [Column("layout", drop=1 if one_layout or caches else 6), Column("kind", drop=2 if one_kind else 6),
             Column("space", drop=8), Column("op", drop=7), Column("hash", spill=True),
             Column("size", right=True, drop=5), Column("files", right=True, drop=3),
             Column("status", styles=c.STATUS_STYLE), Column("last used", drop=4)]
@@ -225,7 +237,7 @@ def _ls_table(out: c.Output, rows: list) -> None:
         cols.append(Column("reason", wrap=True))
     table = []
     for loc, e in rows:
-        row = [e.layout, e.kind, e.space or e.target or "-", e.op or "-", e.hash, c.human_size(e.size),
+        row = [e.layout, e.kind, e.space or "-", e.op or "-", e.hash, c.human_size(e.size),
                str(e.files), e.status, c.human_age(e.last_used)]
         if caches:
             row.insert(0, _label(loc))
@@ -555,18 +567,19 @@ def _stats_text(out: c.Output, report: dict, first: bool = True) -> None:
         out.info(f"no cache at {report['root']} ({report['reason']})")
         return
     c.print_text(c.printable_line(f"{report['root']}: {', '.join(report['layouts']) or 'no known layout'}, "
-                 f"{c.plural(report['entries'], 'entry')}, {c.human_size(report['size'])}"), indent=2)
+                 f"{c.plural(report['entry_count'], 'entry')}, {c.human_size(report['size'])}"), indent=2)
     for key, title in (("by_layout", "layout"), ("by_space", "space"), ("by_op", "op"), ("by_status", "status")):
-        rows = sorted(report[key].items(), key=lambda kv: (-kv[1]["size"], kv[0]))
+        none = report.get(f"no_{title}")  # entries without a space (op): a row "-"
+        rows = sorted([*report[key].items(), *([("-", none)] if none else [])], key=lambda kv: (-kv[1]["size"], kv[0]))
         if not rows:
             continue
         sys.stdout.write("\n")
         c.print_table([Column(title, styles=c.STATUS_STYLE if key == "by_status" else {}),
                        Column("entries", right=True), Column("size", right=True)],
-                      [[k, str(v["entries"]), c.human_size(v["size"])] for k, v in rows])
+                      [[k, str(v["entry_count"]), c.human_size(v["size"])] for k, v in rows])
     if report["biggest"]:
         sys.stdout.write("\n")
         c.print_table([Column("biggest", spill=True), Column("space", drop=8), Column("op", drop=7),
-                       Column("size", right=True, drop=3), Column("status", styles=c.STATUS_STYLE)],
+                       Column("size", right=True), Column("status", styles=c.STATUS_STYLE)],
                       [[e["hash"], e["space"] or "-", e["op"] or "-", c.human_size(e["size"]), e["status"]]
                        for e in report["biggest"]])

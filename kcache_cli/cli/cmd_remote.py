@@ -238,17 +238,21 @@ def remote_ls(
             count += len(batch)
             size += sum(e.size for e in batch)
             (_json_batch if opts.json else _table_batch)(batch, n == 0)
-    if opts.json:
-        sys.stdout.write("[]\n" if not count else "\n]\n")
+    if opts.json:  # the object the first batch opened: its list closed, then the totals
+        if not count:
+            _json_batch([], True)
+        sys.stdout.write(f"\n], \"entry_count\": {count}, \"size\": {size}}}\n")
     else:
         out.info(f"{c.plural(count, 'entry')} ({c.human_size(size)}) in {store.url}")
 
 
 def _json_batch(batch, first: bool) -> None:
-    """One batch of `remote ls --json`: the list opened by the first, closed by the command."""
+    """One batch of `remote ls --json`: the object and its `entries` list opened by the first, closed by
+    the command."""
     import json
 
-    sys.stdout.write(("[\n" if first else ",\n") + ",\n".join(json.dumps(e.to_json()) for e in batch))
+    head = f'{{"schema": "{c.schema_id("remote-ls")}", "entries": [\n'
+    sys.stdout.write((head if first else ",\n") + ",\n".join(json.dumps(e.to_json()) for e in batch))
     sys.stdout.flush()
 
 
@@ -256,7 +260,7 @@ def _table_batch(batch, first: bool) -> None:
     """One batch of `remote ls`: the header before the first only."""
     from kcache_cli.cli.table import Column, render
 
-    rows = [[e.layout, e.kind or "-", e.space or e.target or "-", e.op or "-", e.hash, str(e.files),
+    rows = [[e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, str(e.files),
              c.human_size(e.size), e.arch or "-", c.human_age(e.pushed or 0),
              c.human_age(e.last_pulled) if e.last_pulled else "never"] for e in batch]
     cols = [Column(name, right=i in (5, 6)) for i, name in enumerate(
@@ -285,11 +289,13 @@ def remote_stats_command(
     out = c.Output(opts)
 
     def human() -> None:
-        rows = [[f"{what}", name, str(g["entries"]), c.human_size(g["size"])]
-                for what in ("layout", "space", "op") for name, g in stats[f"by_{what}"].items()]
+        rows = [[f"{what}", name, str(g["entry_count"]), c.human_size(g["size"])]
+                for what in ("layout", "space", "op")
+                for name, g in [*stats[f"by_{what}"].items(), *([("-", stats[f"no_{what}"])] if what != "layout"
+                                                                and stats[f"no_{what}"] else [])]]
         if rows:
             c.print_table(["by", "name", "entries", "size"], rows, right=(2, 3))
-        out.text(f"{c.plural(stats['entries'], 'entry')}, {c.human_size(stats['size'])}, {stats['never_pulled']} "
+        out.text(f"{c.plural(stats['entry_count'], 'entry')}, {c.human_size(stats['size'])}, {stats['never_pulled']} "
                  f"never pulled, in {stats['remote']}")
 
     out.result(stats, human)

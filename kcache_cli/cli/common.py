@@ -27,6 +27,7 @@ class GlobalOptions:
         self.cache_dir, self.json, self.quiet, self.debug = cache_dir, json, quiet, debug
         self.lock_timeout: float | None = None  # a command's checked --lock-timeout, where it has one
         self.many = False  # the scope is every cache found (cache_locations), not one root
+        self.command = ""  # the command's name in JSON schemas ("ls", "remote-ls"), set by use()
 
 
 def settings(ctx: typer.Context) -> GlobalOptions:
@@ -46,11 +47,30 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on 
 def use(ctx: typer.Context, cache_dir: Optional[str] = None, as_json: bool = False) -> GlobalOptions:
     """Merge a command's own --cache-dir/--json into the global options."""
     opts = settings(ctx)
+    opts.command = command_name(ctx)
     if cache_dir is not None:  # "" too: refused by resolve_cache_dir, never the default cache
         opts.cache_dir = cache_dir
     if as_json:
         opts.json = True
     return opts
+
+
+SCHEMA_VERSION = 1  # of every command's --json document (kcache_cli/schemas/<command>.json)
+
+
+def command_name(ctx: typer.Context) -> str:
+    """The command as its JSON schema names it: `ls`, `remote-ls` (the words after `kcache`, joined by -)."""
+    words: list[str] = []
+    at: Any = ctx
+    while at.parent is not None:
+        words.insert(0, at.info_name or "")
+        at = at.parent
+    return "-".join(w for w in words if w)
+
+
+def schema_id(command: str) -> str:
+    """The `schema` every --json document starts with: kcache/<command>/<version>."""
+    return f"kcache/{command}/{SCHEMA_VERSION}"
 
 
 def cache_location(opts: GlobalOptions, existing: bool = False):
@@ -302,38 +322,78 @@ ENTRY_HELP = "hash prefix, path in the cache (ops/cuda_space_0/add/8d1f7691cdf75
 HashesArg = Annotated[Optional[List[str]], typer.Argument(metavar="[ENTRY]...", help=f"Entries to keep: {ENTRY_HELP}.",
                                                           show_default=False, autocompletion=complete.complete_hash)]
 
+MinSizeOpt = Annotated[Optional[str], typer.Option(
+    "--min-size", metavar="SIZE", help="Only entries of at least SIZE (1M, 500k, 2GiB; a unit is required).")]
+MaxSizeOpt = Annotated[Optional[str], typer.Option(
+    "--max-size", metavar="SIZE", help="Only entries of at most SIZE (1M, 500k, 2GiB).")]
+OlderThanOpt = Annotated[Optional[str], typer.Option(
+    "--older-than", metavar="AGE", help="Only entries not used for AGE (30d, 12h, 90m, 2w, 1d12h).")]
+NewerThanOpt = Annotated[Optional[str], typer.Option(
+    "--newer-than", metavar="AGE", help="Only entries used within AGE (1d, 12h, 90m).")]
+
+
 class Selection:
     """The entry selectors a command was given (those of `ls`): ENTRY..., --op, --space, --target, --layout,
-    --status, --kind, as typed. `filter()` checks them into a ScanFilter."""
+    --status, --kind, and where a command takes them --min-size, --max-size, --older-than, --newer-than,
+    as typed. `filter()` checks them into a ScanFilter."""
 
     def __init__(self, hashes: Optional[List[str]] = None, op: Optional[List[str]] = None,
                  space: Optional[List[str]] = None, target: Optional[List[str]] = None,
                  layout: Optional[List[str]] = None, status: Optional[List[str]] = None,
-                 kind: Optional[List[str]] = None) -> None:
+                 kind: Optional[List[str]] = None, min_size: Optional[str] = None, max_size: Optional[str] = None,
+                 older_than: Optional[str] = None, newer_than: Optional[str] = None) -> None:
         self.hashes, self.op, self.space, self.target = hashes, op, space, target
         self.layout, self.status, self.kind = layout, status, kind
+        self.min_size, self.max_size, self.older_than, self.newer_than = min_size, max_size, older_than, newer_than
 
     def has_selectors(self) -> bool:
         """Whether anything but ENTRY arguments narrows the selection."""
-        return any((self.op, self.space, self.target, self.layout, self.status, self.kind))
+        return any((self.op, self.space, self.target, self.layout, self.status, self.kind, self.min_size,
+                    self.max_size, self.older_than, self.newer_than))
 
     def filter(self, root: Path | None = None, hashes: Optional[List[str]] = None):
         """The checked ScanFilter (entries given by path need `root`); `hashes` replaces the ENTRY
         arguments (--all-caches passes the ones that can name an entry of `root`)."""
-        return make_filter(self.op, self.space, self.target, self.layout, self.status, self.kind,
-                           self.hashes if hashes is None else hashes, root=root)
+        from dataclasses import replace
+
+        flt = make_filter(self.op, self.space, self.target, self.layout, self.status, self.kind,
+                          self.hashes if hashes is None else hashes, root=root)
+        return replace(flt, **size_age_filter(self.min_size, self.max_size, self.older_than, self.newer_than))
 
 
-_SELECTORS = ("hashes", "op", "space", "target", "layout", "status", "kind")
+def size_age_filter(min_size: Optional[str], max_size: Optional[str], older_than: Optional[str],
+                    newer_than: Optional[str]) -> dict[str, Any]:
+    """The ScanFilter fields of --min-size/--max-size/--older-than/--newer-than (units.py's grammar), checked."""
+    import time
+
+    from kcache_cli.units import parse_age, parse_size
+
+    out: dict[str, Any] = {}
+    for key, value, option in (("min_size", min_size, "--min-size"), ("max_size", max_size, "--max-size")):
+        if value is not None:
+            out[key] = parse_size(value, option)
+    for key, value, option in (("older_than", older_than, "--older-than"), ("newer_than", newer_than, "--newer-than")):
+        if value is not None:
+            out[key] = parse_age(value, option)
+            out["now"] = time.time()
+    if out.get("min_size", 0) > out.get("max_size", float("inf")):
+        raise UsageError("--min-size is more than --max-size: no entry can match")
+    return out
 
 
-def selectors(status: Any = StatusOpt) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+_SELECTORS = ("hashes", "op", "space", "target", "layout", "status", "kind", "min_size", "max_size",
+              "older_than", "newer_than")
+
+
+def selectors(status: Any = StatusOpt, size_age: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: the command's `sel: Selection` parameter becomes `ls`'s selector options, declared once
     here (in this order, where `sel` stands, so --help reads the same), and the command gets them as one
     Selection. `status` is the --status option's declaration (a command may word its help), or None
-    for a command without --status."""
+    for a command without --status. `size_age`: --min-size, --max-size, --older-than, --newer-than too."""
     declared = {"hashes": HashesArg, "op": OpOpt, "space": SpaceOpt, "target": TargetOpt, "layout": LayoutOpt,
-                "status": status, "kind": KindOpt}
+                "status": status, "kind": KindOpt, "min_size": MinSizeOpt if size_age else None,
+                "max_size": MaxSizeOpt if size_age else None, "older_than": OlderThanOpt if size_age else None,
+                "newer_than": NewerThanOpt if size_age else None}
 
     def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
         import functools
@@ -455,13 +515,17 @@ def plain_output() -> bool:
 json_written = False  # a command's JSON result is on stdout: an error after it is said on stderr only
 
 
-def _emit_json(data) -> None:
-    """JSON on stdout, never through Rich; indented for people, compact for pipes (Output.result's writer)."""
+def _emit_json(data, command: str = "") -> None:
+    """JSON on stdout, never through Rich; indented for people, compact for pipes (Output.result's writer).
+    An object starts with its `schema` (kcache/<command>/1); a bare list is put in one as `entries`."""
     import json
 
     global json_written
     indent = 2 if sys.stdout.isatty() else None
     json_written = True
+    if command:
+        body = data if isinstance(data, dict) else {"entries": data}
+        data = {"schema": schema_id(command), **body}
     sys.stdout.write(json.dumps(data, indent=indent) + "\n")
 
 
@@ -507,13 +571,13 @@ class Output:
         if self.collect:
             self.collected.append(doc)
         else:
-            _emit_json(doc)
+            _emit_json(doc, self.opts.command)
 
     def done(self, empty: str | None = None) -> None:
         """With `collect`: the gathered results, as one JSON list. `empty`: what to tell people when
         there was no result at all (--all-caches found no cache)."""
         if self.collect and self.opts.json:
-            _emit_json(self.collected)
+            _emit_json({"caches": self.collected}, self.opts.command)
         elif empty is not None and not self.results:
             self.info(empty)
 

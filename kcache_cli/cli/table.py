@@ -1,5 +1,6 @@
-"""Tables that fit the terminal: whole hashes and status words always, the least useful columns
-dropped first, a long free-text column (reason, why, problem) wrapped or moved to its own line.
+"""Tables that fit the terminal: status words always, hashes cut to the longest prefix that fits (at
+least 8 characters and unique among the rows: every command takes a hash prefix), the least useful
+columns dropped first, a long free-text column (reason, why, problem) wrapped or moved to its own line.
 
 One renderer for terminals and pipes, so what a test sees at COLUMNS=80 is what a user sees in an
 80-column terminal. Colour is plain ANSI (no Rich import: a 100,000-row `ls` prints in one write)."""
@@ -16,7 +17,7 @@ WRAP_MIN = 28
 # text goes to its own line instead, so it never squeezes out what identifies or judges an entry.
 MINOR = 3
 INDENT = "    "  # before a free-text value on its own line
-SPILL_SHORT = 32  # hidet's hashes have 16 digits, tilus's 12; tilelang's 64 spill
+HASH_MIN = 8  # the fewest characters of a hash a table shows (git's abbreviations start at 7)
 
 _ANSI = {"green": "32", "yellow": "33", "red": "31", "bold red": "1;31", "cyan": "36", "bold": "1",
          "magenta": "35", "dim": "2"}
@@ -32,7 +33,7 @@ class Column:
     drop: int | None = None
     wrap: bool = False
     styles: dict[str, str] = field(default_factory=dict)
-    spill: bool = False  # never cut (a hash): a value too wide for the column goes whole on its own line
+    spill: bool = False  # a hash: cut to the longest prefix that fits, never shorter than `hash_floor`
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Layout:
     kept: tuple[int, ...]  # indices of the columns shown in the row, in order
     widths: dict[int, int]  # each kept column's width (the wrapped column's is its wrap width)
     below: int | None  # index of the free-text column printed on its own line, if any
-    spill: int | None = None  # index of the column whose wider values go on their own line
+    spill: int | None = None  # index of the hash column whose values are cut to its width
 
 
 def _natural(columns: list[Column], rows: list[list[str]]) -> list[int]:
@@ -63,6 +64,17 @@ def _fit(columns: list[Column], widths: list[int], kept: list[int], budget: int,
     return kept
 
 
+def hash_floor(values: list[str]) -> int:
+    """The fewest characters of each hash that still tell the rows apart: HASH_MIN, or the length of the
+    shortest prefix unique among `values` (git's abbreviation rule), never more than the longest value."""
+    hashes = sorted(set(v for v in values if v))
+    need = HASH_MIN
+    for a, b in zip(hashes, hashes[1:]):
+        common = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        need = max(need, common + 1)
+    return min(need, max((len(v) for v in hashes), default=0))
+
+
 def plan(columns: list[Column], rows: list[list[str]], width: int | None) -> Layout:
     """Which columns show, how wide, and where the free text goes, for a terminal `width` wide (None: no limit)."""
     widths = _natural(columns, rows)
@@ -71,24 +83,45 @@ def plan(columns: list[Column], rows: list[list[str]], width: int | None) -> Lay
     if width is None or _span(widths, every) <= width:
         return Layout(tuple(every), dict(enumerate(widths)), None)
     others = [i for i in every if i != text]
-    spill = next((i for i in every if columns[i].spill), None)
-    if spill is not None:
-        # A few long values (tilelang's 64-digit hashes among hidet's 16) go on lines of their own rather
-        # than pushing out what tells the other rows apart; when most are long, columns go instead.
-        short = [len(r[spill]) for r in rows if len(r[spill]) <= SPILL_SHORT]
-        if len(short) < len(rows) and 2 * len(short) > len(rows):
-            widths[spill] = max(short + [len(columns[spill].name)])
-        else:
-            spill = None
+    cut = next((i for i in every if columns[i].spill), None)
+    full = widths[cut] if cut is not None else 0
+    if cut is not None:
+        # A hash of up to 16 characters (hidet's whole hash) is worth more than the minor columns; past
+        # that, the hash is cut to its shortest, and what room is left over lengthens it again.
+        widths[cut] = min(full, 2 * HASH_MIN)
+        short = _fit(columns, widths, others, width, MINOR)
+        if text is None and _span(widths, short) <= width:
+            return _grown(widths, short, cut, full, width, None)
+        long = widths[cut]
+        widths[cut] = max(hash_floor([r[cut] for r in rows]), len(columns[cut].name))
     if text is not None:
         room = min(WRAP_MIN, widths[text])
         inline = _fit(columns, widths, others, width - 2 - room, MINOR)
         if _span(widths, inline) + 2 + room <= width:
+            # the hash up to hidet's 16 characters first, then the text; what the text does not need
+            _grow(widths, cut, min(full, 2 * HASH_MIN), width - 2 - room - _span(widths, inline))
+            _grow(widths, cut, full, width - 2 - widths[text] - _span(widths, inline))
             sized = {i: widths[i] for i in inline}
             sized[text] = width - 2 - _span(widths, inline)
-            return Layout(tuple(inline + [text]), sized, None, spill)
-    kept = _fit(columns, widths, others, width, None)
-    return Layout(tuple(kept), {i: widths[i] for i in kept}, text, spill)
+            return Layout(tuple(inline + [text]), sized, None, cut)
+    if cut is not None:  # the free text on its own line: the 16-character hash if the minor columns make room
+        widths[cut], floor = long, widths[cut]
+        if _span(widths, short) <= width:
+            return _grown(widths, short, cut, full, width, text)
+        widths[cut] = floor
+    return _grown(widths, _fit(columns, widths, others, width, None), cut, full, width, text)
+
+
+def _grow(widths: list[int], cut: int | None, full: int, spare: int) -> None:
+    """Lengthen the hash column `cut` by up to `spare` characters, back towards its natural width `full`."""
+    if cut is not None and spare > 0:
+        widths[cut] = min(full, widths[cut] + spare)
+
+
+def _grown(widths: list[int], kept: list[int], cut: int | None, full: int, width: int, below: int | None) -> Layout:
+    """The layout of the columns `kept`, the hash lengthened into the room they leave."""
+    _grow(widths, cut, full, width - _span(widths, kept) if cut in kept else 0)
+    return Layout(tuple(kept), {i: widths[i] for i in kept}, below, cut)
 
 
 def paint(text: str, style: str | None, colour: bool) -> str:
@@ -103,7 +136,7 @@ def _chunks(text: str, width: int) -> list[str]:
 def render(columns: list[Column], rows: list[list[str]], width: int | None, colour: bool = False,
            clean: Callable[[str], str] | None = None) -> list[str]:
     """The table's lines: header, (a rule on a colour terminal), rows. No line is wider than `width`
-    unless the columns that are never dropped (hash, status) alone are. `clean` makes each cell safe
+    unless the columns that are never dropped (hash at its shortest, status) alone are. `clean` makes each cell safe
     to print (the terminal-escaping of names and reasons), before widths are measured."""
     if clean is not None:
         rows = [[clean(cell) for cell in row] for row in rows]
@@ -130,10 +163,9 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None, colo
     for row in rows:
         values = {i: row[i] for i in special}
         extra: list[str] = []
-        spilled = ""
         for i in special:
-            if i == layout.spill and len(row[i]) > sized[i]:
-                spilled, values[i] = row[i], ""
+            if i == layout.spill:
+                values[i] = row[i][:sized[i]]
             elif columns[i].wrap and len(row[i]) > sized[i]:
                 parts = _chunks(row[i], sized[i])
                 values[i], extra = parts[0], parts[1:]
@@ -141,8 +173,6 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None, colo
             values[i] = paint(pad(i, values.get(i, row[i])), columns[i].styles.get(row[i]), True)
         lines.append(fmt.format(*[values[i] if i in values else row[i] for i in kept]).rstrip())
         lines.extend(lead + part for part in extra)
-        if spilled:
-            lines.extend(INDENT + part for part in _chunks(spilled, room))
         if layout.below is not None and row[layout.below]:
             lines.extend(INDENT + part for part in _chunks(row[layout.below], room))
     return lines

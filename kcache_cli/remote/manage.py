@@ -38,7 +38,7 @@ class RemoteEntry(Keyed):
     def to_json(self) -> dict:
         from kcache_cli.model import iso
 
-        return {**self.key.to_json(), "kind": self.kind or None, "files": self.files, "size": self.size,
+        return {**self.key.to_json(), "kind": self.kind or None, "file_count": self.files, "size": self.size,
                 "arch": self.arch, "pushed": iso(self.pushed), "last_pulled": iso(self.last_pulled)}
 
 
@@ -119,15 +119,18 @@ def remote_stats(entries: list[RemoteEntry]) -> dict:
     def group(key) -> dict:
         acc: dict[str, dict[str, int]] = {}
         for e in entries:
-            g = acc.setdefault(str(key(e)), {"entries": 0, "size": 0})
-            g["entries"] += 1
+            g = acc.setdefault(str(key(e) or ""), {"entry_count": 0, "size": 0})  # "": none (no_space)
+            g["entry_count"] += 1
             g["size"] += e.size
         return dict(sorted(acc.items()))
 
-    return {"entries": len(entries), "size": sum(e.size for e in entries),
-            "files": sum(e.files for e in entries), "never_pulled": sum(1 for e in entries if e.last_pulled is None),
-            "by_layout": group(lambda e: e.layout), "by_space": group(lambda e: e.space or e.target or "-"),
-            "by_op": group(lambda e: e.op or "-")}
+    spaces, ops = group(lambda e: e.space), group(lambda e: e.op)
+
+    return {"entry_count": len(entries), "size": sum(e.size for e in entries),
+            "file_count": sum(e.files for e in entries),
+            "never_pulled": sum(1 for e in entries if e.last_pulled is None),
+            "by_layout": group(lambda e: e.layout), "by_space": {k: v for k, v in spaces.items() if k},
+            "by_op": {k: v for k, v in ops.items() if k}, "no_space": spaces.get(""), "no_op": ops.get("")}
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ class RemotePruneResult:
     def to_json(self) -> dict:
         """`remote prune --json`."""
         return {"remote": self.remote, "dry_run": self.dry_run, "removed": [r.to_json() for r in self.removed],
-                "entries": len(self.removed), "freed": self.freed}
+                "entry_count": len(self.removed), "freed": self.freed}
 
 
 def plan_remote_prune(entries: list[RemoteEntry], max_size: int | None = None, older_than: float | None = None,

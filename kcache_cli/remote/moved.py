@@ -29,7 +29,7 @@ class MovedEntry(Keyed):
     def to_json(self) -> dict[str, object]:
         """The entry as `push --json` and `pull --json` list it (field order is the README's)."""
         k = self.key
-        return {"layout": k.layout, "kind": k.kind, "relpath": k.relpath, "files": self.files, "size": self.size,
+        return {"layout": k.layout, "kind": k.kind, "relpath": k.relpath, "file_count": self.files, "size": self.size,
                 "action": self.action, "done": self.done, "reason": self.reason, "arch": self.arch}
 
 

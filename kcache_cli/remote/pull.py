@@ -39,7 +39,9 @@ BATCH_ENTRIES = 256
 class PullResult(MoveResult):
     @property
     def size(self) -> int:
-        """What arrived (0 in a dry run)."""
+        """What arrived (in a dry run: what would arrive)."""
+        if self.dry_run:
+            return sum(e.size for e in self.entries if e.action in (PULL, REPLACE))
         return sum(e.size for e in self.entries if e.done)
 
     def to_json(self) -> dict[str, object]:

@@ -149,7 +149,7 @@ def kcache_view(root: Path, prune_root: Path, *, as_owner: bool = False, inspect
     def run(r: Path, *a: str) -> subprocess.CompletedProcess:
         return kcache(r, *a, as_owner=as_owner, home=home, env=env)
 
-    listed = _json(run(root, "ls"), "ls")
+    listed = _json(run(root, "ls"), "ls")["entries"]
     problems = {_rel(root, p["path"]): p["status"] for p in _json(run(root, "verify"), "verify")["problems"]}
     dry_run = _json(run(root, "prune", "--broken", "--dry-run"), "prune -n")
     real = _json(run(prune_root, "prune", "--broken", "--yes"), "prune")

@@ -70,7 +70,7 @@ def files_of(root: Path) -> dict[str, tuple[int, int]]:
 def ls(root: Path) -> list[dict]:
     done = kcache(root, "ls", home=root.parent / "kc-home")
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return json.loads(done.stdout)["entries"]
 
 
 def assert_listed_exactly(venv: str, root: Path, kernels: dict[str, str]) -> None:
@@ -86,7 +86,7 @@ def assert_listed_exactly(venv: str, root: Path, kernels: dict[str, str]) -> Non
         assert (e["layout"], e["kind"], e["status"], e["reason"]) == ("triton", "kernel", "complete", None), e
         assert e["hash"] == key and e["op"] == kernels[key], e
         assert e["size"] == sum(f.stat().st_size for f in files), e
-        assert e["files"] == len(files), e
+        assert e["file_count"] == len(files), e
         assert e["target"] == ("hip" if kernels[key] == "amd_kernel" else "cuda"), e
 
 
@@ -123,7 +123,7 @@ def test_export_import_elsewhere_then_triton_hits_every_kernel(venv, tmp_path):
     archive = tmp_path / ("kernels.tar.zst" if venv.endswith("binary-only") else "kernels.tar.gz")
     done = kcache(here, "export", str(archive), home=tmp_path / "kc-home")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["entries"] == len(kernels), done.stdout
+    assert json.loads(done.stdout)["entry_count"] == len(kernels), done.stdout
     here.rename(here.with_name("gone"))  # another machine: the paths written in the groups do not exist
     there = tmp_path / "machine-b" / "elsewhere" / "new-root"
     there.parent.mkdir(parents=True)

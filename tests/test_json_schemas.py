@@ -1,0 +1,194 @@
+"""One JSON (issue 25): every data command's --json output, run on the real fixtures, validates against
+its schema in kcache_cli/schemas/<command>.json (JSON Schema 2020-12, checked with `jsonschema`),
+carries "schema": "kcache/<command>/1", uses machine keys, says null for nothing (never "-"), and
+names counts entry_count / file_count (entries and files are lists wherever they appear)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, SHARED_FIXTURES, copy_tree
+
+jsonschema = pytest.importorskip("jsonschema")
+
+NAMES = ("hidet", "tilus", "tilelang", "triton/cache")
+ROOTS = [(w, n) for w in ("repo", "shared") for n in NAMES]
+# keys whose values are maps keyed by names (ops, spaces...), not by machine keys
+NAME_MAPS = {"by_layout", "by_space", "by_op", "by_status", "by_kind"}
+
+
+def schema_of(command: str) -> dict:
+    return json.loads(resources.files("kcache_cli").joinpath("schemas", f"{command}.json").read_text())
+
+
+def check(doc: dict, command: str) -> None:
+    assert doc["schema"] == f"kcache/{command}/1", doc.get("schema")
+    validator = jsonschema.Draft202012Validator(schema_of(command), format_checker=jsonschema.FormatChecker())
+    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    assert not errors, [f"{list(e.absolute_path)}: {e.message[:200]}" for e in errors[:5]]
+    _walk(doc, command, [])
+
+
+def _walk(value, command: str, where: list) -> None:
+    """Machine keys everywhere, no "-" standing for null, `entries`/`files` lists wherever they are."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not (where and where[-1] in NAME_MAPS):
+                assert k.replace("_", "").isalnum() and k == k.lower() and " " not in k, (command, where, k)
+            if k in ("entries", "files", "caches"):
+                assert isinstance(v, list), (command, where, k, v)
+            _walk(v, command, where + [k])
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _walk(v, command, where + [i])
+    else:
+        assert value != "-", (command, where)
+
+
+@pytest.fixture(params=ROOTS, ids=[f"{w}-{n.split('/')[0]}" for w, n in ROOTS])
+def real(request, tmp_path) -> tuple[str, Path]:
+    where, name = request.param
+    src = (FIXTURES if where == "repo" else SHARED_FIXTURES) / name
+    if not src.is_dir():
+        pytest.skip(f"fixture {src} not found (set KCACHE_SHARED_FIXTURES)")
+    return name.split("/")[0], copy_tree(src, tmp_path / name.split("/")[0])
+
+
+def run_json(kcache, command: str, *args, code: int = 0) -> dict:
+    r = kcache(*args, "--json")
+    assert r.exit_code == code, (args, r.stdout[-500:], r.stderr[-500:])
+    doc = r.json()
+    check(doc, command)
+    return doc
+
+
+def test_read_commands_match_their_schemas(kcache, real):
+    name, root = real
+    c = ("--cache-dir", str(root))
+    ls = run_json(kcache, "ls", *c, "ls")
+    assert ls["entry_count"] == ls["total"] == len(ls["entries"]) > 0
+    limited = run_json(kcache, "ls", *c, "ls", "--limit", "1")
+    assert limited["entry_count"] == 1 and limited["total"] == ls["total"]
+    stats = run_json(kcache, "stats", *c, "stats")
+    assert stats["entry_count"] == ls["total"]
+    assert sum(g["entry_count"] for g in stats["by_space"].values()) + (stats["no_space"] or {"entry_count": 0})[
+        "entry_count"] == stats["entry_count"]
+    run_json(kcache, "dir", *c, "dir")
+    for e in ls["entries"]:
+        doc = run_json(kcache, "inspect", *c, "inspect", e["path"], code=0 if e["status"] == "complete" else 1)
+        assert doc["file_count"] == e["file_count"] and isinstance(doc["files"], list)
+    broken = any(e["status"] != "complete" for e in ls["entries"])
+    run_json(kcache, "verify", *c, "verify", code=1 if broken else 0)
+    if name == "triton":  # two kernels of one op: diff has something to say
+        a, b = [e["hash"] for e in ls["entries"] if e["op"] == "add_kernel"][:2]
+        assert run_json(kcache, "diff", *c, "diff", a, b)["differences"]
+
+
+def test_delete_commands_match_their_schemas(kcache, real):
+    _, root = real
+    c = ("--cache-dir", str(root))
+    prune = run_json(kcache, "prune", *c, "prune", "--max-size", "1B", "--dry-run", "--yes")
+    assert prune["dry_run"] and prune["max_size"] == 1 and prune["entry_count"] == len(
+        [r for r in prune["removed"] if r["what"] != "candidates"])
+    run_json(kcache, "prune", *c, "prune", "--broken", "--dry-run")
+    op = run_json(kcache, "ls", *c, "ls")["entries"][0]
+    clear = run_json(kcache, "clear", *c, "clear", op["path"], "--dry-run")
+    # removed, or kept with why (a tilus program a script still uses)
+    assert clear["entry_count"] + len(clear["skipped"]) == 1 and clear["freed"] in (0, op["size"])
+
+
+def test_archive_and_remote_commands_match_their_schemas(kcache, real, tmp_path):
+    name, root = real
+    c = ("--cache-dir", str(root))
+    complete = [e for e in run_json(kcache, "ls", *c, "ls")["entries"] if e["status"] == "complete"]
+    if not complete:  # the Triton fixture's kernels were copied from another home: verify --fix mends them
+        r = kcache(*c, "verify", "--fix", "--json")
+        check(r.json(), "verify")
+        assert r.json()["fixed"], r.stderr
+        complete = [e for e in run_json(kcache, "ls", *c, "ls")["entries"] if e["status"] == "complete"]
+    assert complete, name
+    tar = tmp_path / "x.tar"
+    exp = run_json(kcache, "export", *c, "export", str(tar))
+    assert exp["entry_count"] == len(exp["exported"]) and exp["file_count"] > 0
+    empty = copy_tree(root, tmp_path / "other")
+    # the same layout, without its complete entries: import and pull have work
+    gone = run_json(kcache, "clear", "--cache-dir", str(empty), "clear", "--yes",
+                    *[str(empty / Path(e["path"]).relative_to(root)) for e in complete])["removed"]
+    assert len(gone) == len(complete)
+    imp = run_json(kcache, "import", "--cache-dir", str(empty), "import", str(tar), "--dry-run")
+    assert imp["imported"] == len(complete) and imp["file_count"] > 0
+    url = f"file://{tmp_path / 'shared'}"
+    (tmp_path / "shared").mkdir()
+    push = run_json(kcache, "push", *c, "push", "--remote", url)
+    assert push["pushed"] == len(complete) and push["size"] == sum(e["size"] for e in push["entries"]) > 0
+    rls = run_json(kcache, "remote-ls", "remote", "ls", "--remote", url)
+    assert rls["entry_count"] == len(rls["entries"]) == len(complete)
+    run_json(kcache, "remote-stats", "remote", "stats", "--remote", url)
+    dry = run_json(kcache, "pull", "--cache-dir", str(empty), "pull", "--remote", url, "--dry-run")
+    assert dry["pulled"] == len(complete) and dry["size"] >= 0.9 * push["size"]  # real sizes, not 0
+    pulled = run_json(kcache, "pull", "--cache-dir", str(empty), "pull", "--remote", url)
+    assert pulled["size"] == dry["size"]
+    run_json(kcache, "remote-prune", "remote", "prune", "--remote", url, "--max-size", "1B", "--dry-run")
+
+
+def test_dir_all_and_stats_all_caches_wrap_their_lists(kcache, tmp_path):
+    home = tmp_path / "home"
+    copy_tree(FIXTURES / "hidet", home / ".cache" / "hidet")
+    env = {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "KCACHE_DIR": None,
+           "HIDET_CACHE_DIR": None, "TRITON_CACHE_DIR": None, "TRITON_HOME": None}
+    r = kcache("dir", "--all", "--json", env=env)
+    assert r.exit_code == 0, r.stderr
+    check(r.json(), "dir")
+    assert any(c["cache"] == "hidet" and c["entry_count"] == 5 for c in r.json()["caches"])
+    r = kcache("stats", "--all-caches", "--json", env=env)
+    assert r.exit_code == 0, r.stderr
+    check(r.json(), "stats")
+    for command in ("prune", "clear"):
+        r = kcache(command, "--all-caches", *(["--broken"] if command == "prune" else ["--op", "add"]), "--dry-run",
+                   "--json", env=env)
+        assert r.exit_code == 0, r.stderr
+        check(r.json(), command)
+        assert r.json()["caches"]
+
+
+def test_errors_are_json_with_their_schema(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    for args in (["ls", "deadbeef"], ["inspect", "nothing"], ["ls", "--min-size", "10"]):
+        r = kcache("--cache-dir", root, *args, "--json")
+        assert r.exit_code == 2
+        check(r.json(), "error")
+
+
+def test_every_schema_is_a_valid_schema_and_shipped():
+    names = sorted(p.name for p in resources.files("kcache_cli").joinpath("schemas").iterdir()
+                   if p.name.endswith(".json"))
+    for must in ("ls", "stats", "inspect", "verify", "prune", "clear", "export", "import", "diff", "dir",
+                 "push", "pull", "remote-ls", "remote-stats", "remote-prune", "error"):
+        assert f"{must}.json" in names
+    for n in names:
+        schema = schema_of(n[:-5])
+        jsonschema.Draft202012Validator.check_schema(schema)
+        assert f"{n[:-5]}.json" in schema["$id"]
+
+
+def test_the_default_scope_and_config_match_their_schemas(kcache, tmp_path):
+    """Without --cache-dir: every cache found, entries with their `cache`, stats per cache with its budget."""
+    home = tmp_path / "home"
+    copy_tree(FIXTURES / "hidet", home / ".cache" / "hidet")
+    copy_tree(FIXTURES / "triton" / "cache", home / ".triton" / "cache")
+    env = {"HOME": str(home), "XDG_CACHE_HOME": None, "XDG_CONFIG_HOME": None, "KCACHE_CONFIG": None,
+           "KCACHE_DIR": None, "HIDET_CACHE_DIR": None, "TRITON_CACHE_DIR": None, "TRITON_HOME": None}
+    assert kcache("config", "set", "--cache", "hidet", "max-size", "1G", env=env).exit_code == 0
+    config = kcache("config", "--json", env=env)
+    check(config.json(), "config")
+    assert config.json()["caches"] == [{"cache": "hidet", "max_size": 10**9, "max_age": None}]
+    ls = kcache("ls", "--json", env=env).json()
+    check(ls, "ls")
+    assert {e["cache"] for e in ls["entries"]} == {"hidet", "triton"}
+    stats = kcache("stats", "--json", env=env).json()
+    check(stats, "stats")
+    budgets = {s["cache"]: s["budget"] for s in stats["caches"]}
+    assert budgets["triton"] is None and budgets["hidet"]["limit"] == 10**9
