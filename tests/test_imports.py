@@ -52,6 +52,7 @@ FLOORS: dict[str, int] = {
     "kcache_cli.verify": ENGINES,
     "kcache_cli.diff": ENGINES,
     "kcache_cli.budget": ENGINES,
+    "kcache_cli.usage": ENGINES,  # stats' space by age and what prune --broken would free
     "kcache_cli.build": ENGINES,
     "kcache_cli.repair": ENGINES,
     "kcache_cli.delete": ENGINES,
