@@ -156,9 +156,17 @@ def _layout_names() -> tuple[str, ...]:
 
 def _layout(e: Entry):
     """The layout of `e` (kcache's own leftovers, "kcache" import/export temp files, have none)."""
-    from kcache_cli import layouts
+    found = _LAYOUTS.get(e.layout)
+    if found is None:
+        from kcache_cli import layouts
 
-    return layouts.get(e.layout) if e.layout in layouts.NAMES else _NO_LAYOUT
+        if e.layout not in layouts.NAMES:
+            return _NO_LAYOUT
+        found = _LAYOUTS[e.layout] = layouts.get(e.layout)
+    return found
+
+
+_LAYOUTS: dict = {}  # layout name -> its layout: the registry asked once per name, not once per entry
 
 
 def _provides(e: Entry) -> bool:
@@ -454,7 +462,8 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     if scanned is None:
         result = scan_cache(root, ScanFilter(), collect, progress=progress)
     else:  # kcache's own leftovers are looked for below (_select_kcache_leftovers), not taken from it
-        result = replace(scanned, entries=tuple(e for e in scanned.entries if e.layout in _layout_names()))
+        names = _layout_names()
+        result = replace(scanned, entries=tuple(e for e in scanned.entries if e.layout in names))
     if not result.exists:
         return DeletePlan(str(root), False, warnings=tuple(msgs))
     entries = tuple(e for e in result.entries if not _unlisted(e))
@@ -474,8 +483,10 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
         for e in regular:
             if e.status == STALE and e.path not in p.removals:
                 p.select(e, f"stale: {e.reason or e.status}", recheck=True)
-    p.learn_users(regular)  # 3. unused for too long (a provider is used when its users are)
-    last = {e.path: p.effective_last_used(e, by_path) for e in regular}
+    last: dict[str, float] = {}
+    if older_than is not None or max_size is not None:  # (stats' RECLAIMABLE asks neither: no cost)
+        p.learn_users(regular)  # 3. unused for too long (a provider is used when its users are)
+        last = {e.path: p.effective_last_used(e, by_path) for e in regular}
     if older_than is not None:
         for e in regular:
             if now - last[e.path] > older_than and e.path not in p.removals:

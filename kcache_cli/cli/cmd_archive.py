@@ -195,8 +195,11 @@ def verify_command(
     flt = sel.filter(root)
     c.hint_unknown(opts, root, flt)
     started = time.monotonic()
-    with _Bar(opts, "verifying") as bar:
-        result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar, fix=fix)
+    from kcache_cli.cli.progress import Phase
+
+    with _Bar(opts, "scanning", unit="judged") as bar:  # the scan's count, then the entries verified
+        result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=Phase(bar, "verifying"),
+                              fix=fix, scanning=bar)
     missing = c.unmatched_refs(root, sel.hashes, [*(ch.entry for ch in result.checked), *result.skipped])
     if missing:
         raise c.no_match(missing, [root], selectors=sel.has_selectors())

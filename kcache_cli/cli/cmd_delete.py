@@ -245,6 +245,7 @@ def _nothing_removed_yet() -> Iterator[None]:
     except KeyboardInterrupt:
         raise Interrupted("interrupted: nothing was removed") from None
 
+
 def _stdin_is_terminal() -> bool:
     try:
         return sys.stdin.isatty()
@@ -342,6 +343,14 @@ def _summary_table(removals) -> None:
                    Column("size", right=True)], rows)
 
 
+def _removals_table(out: _Out, removals) -> None:
+    """One row per removal, or with --summary one per space and op."""
+    if out.summary:
+        _summary_table(removals)
+    else:
+        _table(removals)
+
+
 def _with_summary(out: _Out, doc: dict, removals) -> dict:
     return {**doc, "summary": _summary(removals)} if out.summary else doc
 
@@ -356,7 +365,7 @@ def _plan_human(out: _Out, plan, extra: dict) -> None:
     if not plan.removals:
         out.text(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} scanned).")
         return
-    _summary_table(plan.removals) if out.summary else _table(plan.removals)
+    _removals_table(out, plan.removals)
     out.text(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
              f"({c.plural(plan.expected_freed_size, 'byte')}) from {c.printable_line(plan.root)}"
              f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).")
@@ -388,7 +397,7 @@ def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
     for w in fresh_warnings:
         out.warn(w)
     if result.removed:
-        _summary_table(result.removed) if out.summary else _table(result.removed)
+        _removals_table(out, result.removed)
         out.text(f"Removed {_count(result.removed)}, freed {c.human_size(result.freed)} "
                  f"({c.plural(result.freed, 'byte')}) from {c.printable_line(plan.root)}"
                  f"{_sizes(plan, extra, result.freed)}.")

@@ -63,9 +63,12 @@ def dir_command(
         return
     from kcache_cli.locate import known_caches
 
+    from kcache_cli.cli.progress import scanning
+
     rows: list[dict] = []
     for owner, path in known_caches():
-        res = scan_cache(path, warn=lambda m: c.warn(opts, m))
+        with scanning(opts, f"scanning {c.printable_line(str(path))}") as bar:
+            res = scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
                      "entries": len(res.entries), "size": res.size, "nested": nested_caches(owner, path)})
     out.result(rows, lambda: c.print_table(
