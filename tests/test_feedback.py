@@ -153,6 +153,10 @@ def test_prune_summary_groups_the_plan_by_space_and_op(kcache, tmp_path, monkeyp
     assert lines[-1].startswith(f"Would remove {len(full['removed'])} entries")
     assert max(len(line) for line in lines[:-1]) <= 80
     assert sum(int(line.split()[3]) for line in lines[1:-1]) == len(full["removed"])
+    done = kcache("--cache-dir", root, "prune", "--max-size", "0", "--yes", "--summary")
+    assert done.exit_code == 0, done.stderr
+    assert done.stdout.splitlines()[1:] == lines[1:-1] + [done.stdout.splitlines()[-1]]  # the same groups
+    assert done.stdout.splitlines()[-1].startswith(f"Removed {len(full['removed'])} entries")
 
 
 # ---- the scan's counting bar -------------------------------------------------------------------------
