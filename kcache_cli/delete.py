@@ -10,19 +10,21 @@ never followed. A later run empties trash that an interrupted run left behind.""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Final, Iterable, Mapping
+from typing import Callable, Final, Iterable, Iterator, Mapping
 
 from kcache_cli import fswrite, state
 from kcache_cli.locking import NotALockFile, open_lock
 from kcache_cli.errors import KcacheError, UsageError
-from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, Entry, ScanFilter, Warn,
-                              iso, measure_tree)
+from kcache_cli.progress import NO_PROGRESS, Progress
+from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, Entry, ScanFilter,
+                              ScanResult, Warn, iso, measure_tree)
 from kcache_cli.terms import RemovalWhat
 
 STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer
@@ -87,6 +89,7 @@ class DeleteResult:
     freed: int
     removed_dirs: tuple[str, ...] = ()  # parent directories left empty and removed
     warnings: tuple[str, ...] = ()
+    interrupted: bool = False  # stopped by SIGINT between two removals (each one whole, or not begun)
 
     @property
     def entries(self) -> int:
@@ -99,7 +102,7 @@ class DeleteResult:
                 "skipped": [s.to_json() for s in self.skipped], "errors": [m for _, m in self.errors],
                 "entry_count": self.entries, "freed": self.freed, "size_before": size_before,
                 "size_after": size_before - self.freed, **(extra or {}), "removed_dirs": list(self.removed_dirs),
-                "warnings": list(self.warnings)}
+                "warnings": list(self.warnings), "interrupted": self.interrupted}
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class DeletePlan:
     scanned_size: int = 0  # bytes in the entries scanned (the whole cache for prune)
     warnings: tuple[str, ...] = ()
     tidy_state: bool = False  # also drop last-used stamps and idle lock files of entries that are gone
+    deep: bool = True  # broken entries are judged again at removal by reading every byte (False: as ls does)
 
     @property
     def expected_freed_size(self) -> int:
@@ -136,20 +140,38 @@ class DeletePlan:
                 "warnings": list(self.warnings)}
 
     def execute(self, progress: Callable[[Removal], None] | None = None,
-                on_wait: Callable[[], None] | None = None, lock_timeout: float | None = None) -> DeleteResult:
+                on_wait: Callable[[], None] | None = None, lock_timeout: float | None = None,
+                interruptible: bool = False) -> DeleteResult:
         """Remove what the plan holds; waits at most `lock_timeout` seconds (None: for ever) for another
-        prune or clear of the root (LockTimeout, exit 3, naming the holder)."""
+        prune or clear of the root (LockTimeout, exit 3, naming the holder). With `interruptible`, a
+        SIGINT once removing has begun stops it after the removal under way (a second one raises
+        KeyboardInterrupt): the result says `interrupted`, what went is whole gone, the rest untouched,
+        and what is left in the trash the next prune or clear empties."""
         if not self.exists:
             return DeleteResult(self.root, (), self.skipped, (), 0, (), self.warnings)
-        return _Executor(self, progress, on_wait, lock_timeout).run()
+        return _Executor(self, progress, on_wait, lock_timeout, interruptible).run()
 
 
 # ---- selection -----------------------------------------------------------------------------------
-def _layout(e: Entry):
-    """The layout of `e` (kcache's own leftovers, "kcache" import/export temp files, have none)."""
+def _layout_names() -> tuple[str, ...]:
     from kcache_cli import layouts
 
-    return layouts.get(e.layout) if e.layout in layouts.NAMES else _NO_LAYOUT
+    return tuple(layouts.NAMES)
+
+
+def _layout(e: Entry):
+    """The layout of `e` (kcache's own leftovers, "kcache" import/export temp files, have none)."""
+    found = _LAYOUTS.get(e.layout)
+    if found is None:
+        from kcache_cli import layouts
+
+        if e.layout not in layouts.NAMES:
+            return _NO_LAYOUT
+        found = _LAYOUTS[e.layout] = layouts.get(e.layout)
+    return found
+
+
+_LAYOUTS: dict = {}  # layout name -> its layout: the registry asked once per name, not once per entry
 
 
 def _provides(e: Entry) -> bool:
@@ -398,7 +420,7 @@ def _collector(warn: Warn | None) -> tuple[list[str], Warn]:
 
 
 def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn | None = None,
-               now: float | None = None) -> DeletePlan:
+               now: float | None = None, progress: Progress = NO_PROGRESS) -> DeletePlan:
     """Remove the entries `flt` selects (everything with `everything`), within the rules: skip builds in
     progress, keep tilus programs and tilelang binaries that kept entries use."""
     from kcache_cli.scan import narrowed_by_names, scan_cache
@@ -409,7 +431,8 @@ def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn
     msgs, collect = _collector(warn)
     # Entries named by hash or path: only the layouts and spaces whose directory names show them are
     # judged (the same entries match); symlinks where entries belong are looked for everywhere.
-    result = scan_cache(root, narrowed_by_names(root, flt) if flt.name_prefixes() else flt, collect)
+    result = scan_cache(root, narrowed_by_names(root, flt) if flt.name_prefixes() else flt, collect,
+                        progress=progress)
     if not result.exists:
         return DeletePlan(str(root), False, warnings=tuple(msgs))
     p = _Planner(root, collect, time.time() if now is None else now)
@@ -425,18 +448,27 @@ def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn
 
 
 def plan_prune(root: Path, max_size: int | None = None, older_than: float | None = None, broken: bool = False,
-               warn: Warn | None = None, now: float | None = None, stale: bool = False) -> DeletePlan:
+               warn: Warn | None = None, now: float | None = None, stale: bool = False, deep: bool = True,
+               progress: Progress = NO_PROGRESS, judging: Progress = NO_PROGRESS,
+               scanned: ScanResult | None = None) -> DeletePlan:
     """What is safe and useful to remove: always stale temp/staging directories and the leftovers the
-    layouts name inside entries; with `broken`, partial, failed and corrupt entries; with `stale`,
+    layouts name inside entries; with `broken`, partial, failed and corrupt entries (`deep`: judged by
+    reading every byte, as verify does, `judging` counting the entries read; else as ls judges them,
+    from names, sizes and headers); with `stale`,
     entries of a compiler version the loader never looks up again;
     with `older_than` (seconds), entries unused for that long; with `max_size` (bytes), least recently
-    used entries until the cache fits."""
+    used entries until the cache fits. `scanned`: the whole root's scan already made (stats' own), not
+    made again."""
     from kcache_cli.scan import scan_cache
 
     root = Path(root)
     now = time.time() if now is None else now
     msgs, collect = _collector(warn)
-    result = scan_cache(root, ScanFilter(), collect)
+    if scanned is None:
+        result = scan_cache(root, ScanFilter(), collect, progress=progress)
+    else:  # kcache's own leftovers are looked for below (_select_kcache_leftovers), not taken from it
+        names = _layout_names()
+        result = replace(scanned, entries=tuple(e for e in scanned.entries if e.layout in names))
     if not result.exists:
         return DeletePlan(str(root), False, warnings=tuple(msgs))
     entries = tuple(e for e in result.entries if not _unlisted(e))
@@ -451,13 +483,15 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
             p.select(e, "stale")
     _select_kcache_leftovers(p, root, collect)
     if broken:  # 2. broken entries (and symlinks where entries belong)
-        _select_broken(p, root, regular, collect, result.layouts)
+        _select_broken(p, root, regular, collect, result.layouts, judging if deep else None)
     if stale:
         for e in regular:
             if e.status == STALE and e.path not in p.removals:
                 p.select(e, f"stale: {e.reason or e.status}", recheck=True)
-    p.learn_users(regular)  # 3. unused for too long (a provider is used when its users are)
-    last = {e.path: p.effective_last_used(e, by_path) for e in regular}
+    last: dict[str, float] = {}
+    if older_than is not None or max_size is not None:  # (stats' RECLAIMABLE asks neither: no cost)
+        p.learn_users(regular)  # 3. unused for too long (a provider is used when its users are)
+        last = {e.path: p.effective_last_used(e, by_path) for e in regular}
     if older_than is not None:
         for e in regular:
             if now - last[e.path] > older_than and e.path not in p.removals:
@@ -466,14 +500,21 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     inner = _select_inner_leftovers(p, regular, collect)  # 4. leftovers inside entries that stay
     if max_size is not None:  # 5. least recently used first, until the cache fits
         _select_until_fits(p, regular, last, inner, result.size, max_size)
-    return p.plan(True, result.size, msgs, tidy=True)
+    return replace(p.plan(True, result.size, msgs, tidy=True), deep=deep)
 
 
-def _select_broken(p: _Planner, root: Path, regular: list[Entry], warn: Warn, layouts: Iterable[str]) -> None:
+def _select_broken(p: _Planner, root: Path, regular: list[Entry], warn: Warn, layouts: Iterable[str],
+                   deep: Progress | None) -> None:
+    """Symlinks where entries belong, and entries broken by the scan's cheap judgement (what ls shows)
+    or, with `deep` (which counts the entries read), by the one that reads every byte."""
     for s in _strays(root, ScanFilter(), warn, layouts):
         p.select(s, "a symlink where an entry belongs: removed as a link", link=True)
+    if deep is not None:
+        deep.start(len(regular))
     for e in regular:
-        e = _judged(root, e)
+        if deep is not None:
+            e = _judged(root, e)
+            deep.advance(1)
         if e.status in BROKEN:
             p.select(e, f"broken: {e.reason or e.status}", recheck=True)
 
@@ -558,8 +599,11 @@ def _flock(fd: int) -> bool:
 
 
 class _Executor:
-    def __init__(self, plan: DeletePlan, progress, on_wait, lock_timeout: float | None = None):
+    def __init__(self, plan: DeletePlan, progress, on_wait, lock_timeout: float | None = None,
+                 interruptible: bool = False):
         self.plan = plan
+        self.interruptible = interruptible
+        self.stopped = False  # a SIGINT asked to stop
         self.lock_timeout = lock_timeout
         self.root = Path(plan.root)
         self.progress = progress
@@ -709,30 +753,59 @@ class _Executor:
             except OSError:
                 self.used_fd = None
             batch_fd = self._trash()
-            deleter = _Deleter(batch_fd, f"{sd}/trash", self.errors) if batch_fd is not None else None
-            try:
-                for i, r in enumerate(self.plan.removals):
-                    moved = self._remove(r, i, batch_fd)
-                    if moved is not None and deleter is not None:
-                        deleter.put(moved, r.path)
-                    if self.progress:
-                        self.progress(r)
-            finally:
-                if deleter is not None:
-                    deleter.finish()
-                if batch_fd is not None:
-                    os.close(batch_fd)
-            if batch_fd is not None:
+            self._remove_all(batch_fd)
+            if batch_fd is not None and not self.stopped:
                 self._empty_trash()
             removed_dirs = self._remove_empty_parents()
-            if self.plan.tidy_state and self.locks_fd is not None:
+            if self.plan.tidy_state and self.locks_fd is not None and not self.stopped:
                 self._tidy_state(self.locks_fd)
         finally:
             os.close(gc)
             self._close_all()
         freed = sum(r.size for r in self.removed)
         return DeleteResult(self.plan.root, tuple(self.removed), tuple(self.skipped), tuple(self.errors), freed,
-                            tuple(removed_dirs), tuple(self.warnings))
+                            tuple(removed_dirs), tuple(self.warnings), self.stopped)
+
+    def _remove_all(self, batch_fd: int | None) -> None:
+        """Every removal of the plan in turn (renamed into the batch, emptied by the deleter's threads),
+        until a SIGINT asks to stop: then what is queued stays in the trash, whole gone from the cache."""
+        deleter = _Deleter(batch_fd, f"{state.STATE_DIR}/trash", self.errors) if batch_fd is not None else None
+        try:
+            with self._sigint_stops():
+                for i, r in enumerate(self.plan.removals):
+                    if self.stopped:
+                        break
+                    moved = self._remove(r, i, batch_fd)
+                    if moved is not None and deleter is not None:
+                        deleter.put(moved, r.path)
+                    if self.progress:
+                        self.progress(r)
+        finally:
+            if deleter is not None:
+                deleter.finish(abandon=self.stopped)
+            if batch_fd is not None:
+                os.close(batch_fd)
+
+    @contextlib.contextmanager
+    def _sigint_stops(self) -> Iterator[None]:
+        """With `interruptible` (in the main thread): the first SIGINT sets `stopped` (checked between
+        removals), a second raises KeyboardInterrupt as usual."""
+        import signal
+        import threading
+
+        if not self.interruptible or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def stop(signum, _frame) -> None:
+            self.stopped = True
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        old = signal.signal(signal.SIGINT, stop)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, old)
 
     def _close_all(self) -> None:
         self._close_dirs()
@@ -821,7 +894,7 @@ class _Executor:
                     held.append(fd)
                     if not _flock(fd):
                         return f"{r.entry.layout} holds the entry's {own} (in use)"
-                now_status = _status_now(r.entry, self.root) if r.recheck else None
+                now_status = _status_now(r.entry, self.root, self.plan.deep) if r.recheck else None
                 if now_status is not None and now_status not in (*BROKEN, STALE):
                     why = "finished" if now_status == COMPLETE else "changed"
                     return f"{now_status} by now ({why} after the scan)"
@@ -1041,7 +1114,17 @@ class _Deleter:
     def put(self, name: str, origin: str) -> None:
         self.queue.put((name, origin))
 
-    def finish(self) -> None:
+    def finish(self, abandon: bool = False) -> None:
+        """Wait for the threads; with `abandon`, for the trees they are deleting only (what is still
+        queued stays in the trash for the next run)."""
+        import queue
+
+        if abandon:
+            try:
+                while True:
+                    self.queue.get_nowait()
+            except queue.Empty:
+                pass
         for _ in self.threads:
             self.queue.put(None)
         for t in self.threads:
@@ -1061,13 +1144,13 @@ class _Deleter:
                                             f"prune retries): " + "; ".join(done.problems[:3])))
 
 
-def _status_now(e: Entry, root: Path | None = None) -> str:
-    """The entry's status read again now, by the same deep judgement that selected it."""
+def _status_now(e: Entry, root: Path | None = None, deep: bool = True) -> str:
+    """The entry's status read again now, by the same judgement (deep or cheap) that selected it."""
     from kcache_cli.verify import judge_entry
 
     if root is None:
         root = Path(e.path[: len(e.path) - len(e.relpath)] or "/")
-    return judge_entry(root, e, deep=True).status
+    return judge_entry(root, e, deep=deep).status
 
 
 def _no_layout():

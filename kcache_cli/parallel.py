@@ -44,13 +44,27 @@ def fork_safe() -> bool:
     return threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
 
 
-_INHERITED: tuple[Callable[[Any, Any], Any], Any, Sequence[Any]] | None = None
+_INHERITED: tuple[Callable[[Any, Any], Any], Any, Sequence[Any], Any] | None = None
+_COUNTER: Any = None  # in a forked worker of map_parts: its slot of the shared progress counters
+_SLOT = 0
+
+
+def advance(n: int) -> None:
+    """In a worker of map_parts: `n` more units of work done (the parent moves its progress by them).
+    Anywhere else: nothing. Plain shared memory, no lock: each worker writes its own slot only."""
+    if _COUNTER is not None:
+        _COUNTER[_SLOT] += n
 
 
 def _inherited_part(i: int) -> Any:
+    global _COUNTER, _SLOT
     assert _INHERITED is not None, "set by map_parts before the workers fork"
-    func, shared, parts = _INHERITED
-    return func(shared, parts[i])
+    func, shared, parts, counters = _INHERITED
+    _COUNTER, _SLOT = counters, i
+    try:
+        return func(shared, parts[i])
+    finally:
+        _COUNTER = None
 
 
 def _pickled_part(args: tuple[Callable[[Any, Any], Any], Any, Any]) -> Any:
@@ -58,24 +72,50 @@ def _pickled_part(args: tuple[Callable[[Any, Any], Any], Any, Any]) -> Any:
     return func(shared, part)
 
 
-def map_parts(func: Callable[[Any, Any], Any], shared: Any, parts: Sequence[Any]) -> list[Any]:
+def map_parts(func: Callable[[Any, Any], Any], shared: Any, parts: Sequence[Any], progress: Any = None
+              ) -> list[Any]:
     """`[func(shared, part) for part in parts]`, one worker process per part, results in order. `func`
     must be a module-level function (it may have to be pickled, as `shared` and `parts` may). Raises
     what a worker raised; OSError, RuntimeError or ImportError when no worker can be started (callers
-    then do the work themselves)."""
+    then do the work themselves). `progress.advance` gets what forked workers count with `advance()`,
+    moved from this thread every PROGRESS_POLL seconds (a forkserver's workers count nothing)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     global _INHERITED
     if fork_safe():
-        _INHERITED = (func, shared, parts)
+        ctx = multiprocessing.get_context("fork")
+        counters = ctx.RawArray("q", len(parts)) if progress is not None else None
+        _INHERITED = (func, shared, parts, counters)
         try:
-            with ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("fork")) as pool:
-                return list(pool.map(_inherited_part, range(len(parts))))
+            with ProcessPoolExecutor(len(parts), mp_context=ctx) as pool:
+                futures = [pool.submit(_inherited_part, i) for i in range(len(parts))]
+                if counters is not None:
+                    _follow(futures, counters, progress)
+                return [f.result() for f in futures]
         finally:
             _INHERITED = None
     with ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("forkserver")) as pool:
         return list(pool.map(_pickled_part, [(func, shared, p) for p in parts]))
+
+
+PROGRESS_POLL = 0.1  # seconds between looks at the workers' counters
+
+
+def _follow(futures: list, counters: Any, progress: Any) -> None:
+    """Move `progress` by what the workers counted until every one of them is done."""
+    from concurrent.futures import FIRST_EXCEPTION, wait
+
+    seen = 0
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=PROGRESS_POLL, return_when=FIRST_EXCEPTION)
+        now = sum(counters)
+        if now > seen:
+            progress.advance(now - seen)
+            seen = now
+        if any(f.exception() is not None for f in done):
+            return  # raised by the caller's result()
 
 
 # ---- two phases in the same workers (export and import) --------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Iterable, Iterator
 
 from kcache_cli import fsread, state
 from kcache_cli.errors import UsageError
@@ -17,6 +18,7 @@ from kcache_cli.model import (
     is_glob,
     measure_tree,
 )
+from kcache_cli.progress import NO_PROGRESS, Progress
 from kcache_cli.scan_context import ScanContext
 
 
@@ -27,10 +29,13 @@ def detect_layouts(root: Path) -> tuple[str, ...]:
 
 
 def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None,
-               leftovers: bool = False, use_index: bool = False, statuses: bool = True) -> ScanResult:
+               leftovers: bool = False, use_index: bool = False, statuses: bool = True,
+               progress: Progress = NO_PROGRESS) -> ScanResult:
     """Every entry under `root` that `flt` keeps. Damaged entries come back with a status;
     unreadable directories come back as warnings. A missing root is an empty result. With
     `leftovers`, kcache's own leftovers of killed imports and exports too (layout `kcache`).
+    `progress` is started with the entries found so far (again as more are found) and advanced by
+    each one judged.
 
     With `use_index`, entries whose files are provably unchanged since the last scan come from
     `<root>/.kcache/index/` (kcache_cli/index.py) instead of being judged again; the answer is the same."""
@@ -61,16 +66,27 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
         ctx: ScanContext = IndexedContext(root, collect, state.load_last_used(root))
     else:
         ctx = ScanContext(root, collect, state.load_last_used(root), statuses=statuses)
+    ctx.progress = progress
     entries: list[Entry] = []
     for name in layouts:
         if flt.layouts and name not in flt.layouts:
             continue
-        entries.extend(e for e in get_layout(name).scan(ctx, flt) if flt.matches(e))
+        entries.extend(e for e in _counted(ctx, get_layout(name).scan(ctx, flt)) if flt.matches(e))
     if use_index:
         ctx.save(complete=complete)  # type: ignore[attr-defined]
     if leftovers and not flt.layouts:
         entries.extend(e for e in leftover_entries(root, collect) if flt.matches(e))
     return ScanResult(str(root), True, layouts, tuple(entries), tuple(warnings))
+
+
+def _counted(ctx: ScanContext, found: Iterable[Entry]) -> Iterator[Entry]:
+    """A layout's entries, each counted found and judged unless the layout's map_entries counted them."""
+    ctx.mapped = False
+    for e in found:
+        if not ctx.mapped:
+            ctx.note_found(1)
+            ctx.progress.advance(1)
+        yield e
 
 
 class NoSuchEntry(UsageError):

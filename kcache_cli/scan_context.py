@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 
 from kcache_cli import fsread
 from kcache_cli.model import Entry, TreeUsage, Warn, listdir, measure_tree
+from kcache_cli.progress import NO_PROGRESS, Progress
 
 
 @dataclass
@@ -28,6 +29,10 @@ class ScanContext:
     # False when the caller shows no status (`log`): what a judgement takes from the whole cache (hidet's
     # version in use) is not looked up, so an entry that is stale may come back complete.
     statuses: bool = field(default=True, repr=False, compare=False)
+    # Told the entries found so far (start) and each one judged (advance): a scan's counting bar.
+    progress: Progress = field(default=NO_PROGRESS, repr=False, compare=False)
+    found: int = field(default=0, init=False, repr=False, compare=False)
+    mapped: bool = field(default=False, init=False, repr=False, compare=False)  # map_entries counted them
 
     def __post_init__(self) -> None:
         self._prefix = os.path.join(str(self.root), "")
@@ -40,6 +45,11 @@ class ScanContext:
 
             self._reads = AtimeRule(self.root)
         return self._reads(path)
+
+    def note_found(self, n: int) -> None:
+        """`n` more entries found (to be judged): the bar's total grows."""
+        self.found += n
+        self.progress.start(self.found)
 
     def rel(self, path: str) -> str:
         # Paths handed out by the scan are built from the root: slicing beats os.path.relpath 50x.
@@ -88,23 +98,29 @@ class ScanContext:
         cores. `func` must be a module-level function."""
         from kcache_cli import parallel
 
+        self.mapped = True
+        self.note_found(len(jobs))
         workers = parallel.cpus()
         if len(jobs) < PARALLEL_MIN_JOBS or workers < 2:
-            for job in jobs:
-                yield func(self, job)
+            yield from self._map_here(func, jobs)
             return
         try:
             results = parallel.map_parts(_scan_part, (self.root, self.last_used, func),
-                                         [jobs[i::workers] for i in range(workers)])
+                                         [jobs[i::workers] for i in range(workers)], progress=self.progress)
         except (OSError, RuntimeError, ImportError):  # no fork, no semaphores: read them here instead
-            for job in jobs:
-                yield func(self, job)
+            yield from self._map_here(func, jobs)
             return
         for _, warnings in results:
             for w in warnings:
                 self.warn(w)
         for i in range(len(jobs)):
             yield results[i % workers][0][i // workers]
+
+    def _map_here(self, func, jobs: list) -> Iterator[Entry]:
+        for job in jobs:
+            out = func(self, job)
+            self.progress.advance(1)
+            yield out
 
     def read_dir(self, path: str) -> tuple[dict[str, int] | None, TreeUsage, dict[str, float]]:
         """Top-level file sizes by name, the usage of the whole entry (subdirectories included), and
@@ -197,6 +213,8 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
     import threading
     from collections import deque
 
+    from kcache_cli import parallel
+
     root, last_used, func = shared
     fsread.anchor(root)  # a forkserver's worker starts without the parent's anchors
     out: list[Any] = [None] * len(jobs)
@@ -217,6 +235,7 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
                     if i >= len(jobs):
                         return False
                     out[i] = func(local, jobs[i])
+                    parallel.advance(1)
                 if limit is None or first:
                     first = False
                     continue

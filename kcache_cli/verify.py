@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kcache_cli import fsread
+from kcache_cli.progress import NO_PROGRESS, Progress
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -130,12 +131,13 @@ def fix_relocation(root: Path, check: EntryCheck) -> tuple[EntryCheck, str | Non
 
 
 def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None, progress=None,
-                 fix: bool = False) -> VerifyResult:
-    """Deep-check every entry `flt` selects. `progress` gets start(total entries) and advance(1).
+                 fix: bool = False, scanning: Progress = NO_PROGRESS) -> VerifyResult:
+    """Deep-check every entry `flt` selects. `progress` gets start(total entries) and advance(1);
+    `scanning` counts the scan before (entries found and judged cheaply).
     With `fix`, entries whose recorded paths point elsewhere are rewritten (see fix_relocation)."""
     from kcache_cli.scan import scan_cache
 
-    result = scan_cache(Path(root), flt, warn)
+    result = scan_cache(Path(root), flt, warn, progress=scanning)
     todo = [e for e in result.entries if e.status != BUILDING]
     skipped = tuple(e for e in result.entries if e.status == BUILDING)
     if progress:

@@ -202,7 +202,7 @@ CASES = [
     Case("tilelang_binary_mode_000", "tilelang", KERNEL, "unreadable",
          lambda r: chmod_000(r / KERNEL / "executable.so"), reason="permission denied"),
 ]
-COMMANDS = ("ls", "verify", "inspect", "prune", "import")
+COMMANDS = ("ls", "verify", "inspect", "prune", "prune --deep", "import")
 
 
 @pytest.fixture(scope="module")
@@ -237,8 +237,8 @@ def status_by(command: str, root: Path, case: Case, archive: Path) -> str | None
         assert data["hash"] == h
         assert r.exit_code == (0 if data["status"] == "complete" else 1), r.stderr  # inspect's exit says complete
         return data["status"]
-    if command == "prune":
-        r = run_kcache("--cache-dir", root, "prune", "--broken", "--dry-run", "--json")
+    if command.startswith("prune"):
+        r = run_kcache("--cache-dir", root, "prune", "--broken", *command.split()[1:], "--dry-run", "--json")
         assert r.exit_code == 0, r.stderr
         removed = [x for x in r.json()["removed"] if x["path"] == str(root / case.rel)]
         return removed[0]["status"] if removed else "kept"
@@ -264,8 +264,9 @@ def test_every_command_judges_the_entry_alike(case, command, tmp_path, archives)
         want = case.status
         if command == "ls" and case.cheap:
             want = case.cheap  # ls reads no byte of an untouched file: verify and the others do
-        if command == "prune":
-            want = case.status if case.status in BROKEN else "kept"
+        if command.startswith("prune"):  # --broken judges as ls does, --deep as verify does
+            judged = case.status if command == "prune --deep" else case.cheap or case.status
+            want = judged if judged in BROKEN else "kept"
         if command == "import" and got is None:
             assert case.rel == FAILED_PROGRAM  # built only here, so not in the archive
             return

@@ -56,6 +56,7 @@ FLOORS: dict[str, int] = {
     "kcache_cli.config": ENGINES,  # kcache's own settings file (the budget prune keeps)
     "kcache_cli.mounts": PRIMITIVES,  # which mounts record reads (atime)
     "kcache_cli.triton_hook": ENGINES,  # a Triton cache manager that stamps hits
+    "kcache_cli.usage": ENGINES,  # stats' space by age and what prune --broken would free
     "kcache_cli.build": ENGINES,
     "kcache_cli.repair": ENGINES,
     "kcache_cli.delete": ENGINES,

@@ -17,7 +17,7 @@ jsonschema = pytest.importorskip("jsonschema")
 NAMES = ("hidet", "tilus", "tilelang", "triton/cache")
 ROOTS = [(w, n) for w in ("repo", "shared") for n in NAMES]
 # keys whose values are maps keyed by names (ops, spaces...), not by machine keys
-NAME_MAPS = {"by_layout", "by_space", "by_op", "by_status", "by_kind"}
+NAME_MAPS = {"by_layout", "by_space", "by_op", "by_status", "by_kind", "by_age"}
 
 
 def schema_of(command: str) -> dict:
@@ -192,3 +192,14 @@ def test_the_default_scope_and_config_match_their_schemas(kcache, tmp_path):
     check(stats, "stats")
     budgets = {s["cache"]: s["budget"] for s in stats["caches"]}
     assert budgets["triton"] is None and budgets["hidet"]["limit"] == 10**9
+
+
+def test_stats_pictures_and_prune_summary_match_their_schemas(kcache, fixture_copy):
+    """stats' by_age and reclaimable, prune --summary's groups: machine keys, counts as entry_count."""
+    root = fixture_copy("hidet")
+    stats = run_json(kcache, "stats", "--cache-dir", str(root), "stats")
+    assert sum(g["entry_count"] for g in stats["by_age"].values()) == stats["entry_count"]
+    plan = run_json(kcache, "prune", "--cache-dir", str(root), "prune", "--max-size", "1B", "--dry-run", "--yes",
+                    "--summary")
+    assert sum(g["entry_count"] for g in plan["summary"]) == len(plan["removed"])
+    assert stats["reclaimable"]["command"] == "kcache prune --broken"

@@ -13,7 +13,7 @@ from loaders.matrix import (Case, EntryView, Verdict, agree, dangling_link, empt
 def view(status: str, pruned: bool | None = None, **kw) -> EntryView:
     removed = status in ("partial", "failed", "corrupt") if pruned is None else pruned
     fields = {"ls": status, "reason": None, "verify": status, "inspect": status, "dry_pruned": removed,
-              "pruned": removed}
+              "pruned": removed, "deep_pruned": status in ("partial", "failed", "corrupt")}
     fields.update(kw)
     return EntryView(**fields)
 
@@ -42,6 +42,13 @@ def test_prune_must_not_remove_what_the_loader_uses_nor_keep_what_is_broken():
     assert agree(Verdict("hit", ""), view("complete", pruned=True))
     assert agree(Verdict("unused", ""), view("stale", pruned=True))  # stale is never --broken's to remove
     assert agree(Verdict("crash", ""), view("corrupt", pruned=False))
+
+
+def test_prune_deep_must_remove_what_verify_calls_broken_and_nothing_the_loader_uses():
+    case = Case("hidet", "x", "e", lambda root: None, ls_blind="same size, same mtime")
+    assert agree(Verdict("crash", ""), view("corrupt", ls="complete", pruned=False), case) == []
+    assert agree(Verdict("crash", ""), view("corrupt", ls="complete", pruned=False, deep_pruned=False), case)
+    assert agree(Verdict("hit", ""), view("complete", deep_pruned=True))
 
 
 def test_a_blind_ls_is_excused_only_for_ls():

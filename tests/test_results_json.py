@@ -87,7 +87,8 @@ def test_clear_plan_and_result(fixture_copy):
     result = plan.execute()
     done = result.to_json(plan.scanned_size)
     assert list(done) == ["root", "exists", "dry_run", "removed", "skipped", "errors", "entry_count", "freed",
-                          "size_before", "size_after", "removed_dirs", "warnings"]
+                          "size_before", "size_after", "removed_dirs", "warnings", "interrupted"]
+    assert done["interrupted"] is False
     assert done["dry_run"] is False and done["size_after"] == plan.scanned_size - done["freed"]
     assert done["entry_count"] == dry["entry_count"]
 

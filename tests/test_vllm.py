@@ -150,8 +150,13 @@ def test_damage_matrix_agrees_with_the_loader(cache, damage, tmp_path):
     h10 = damage(cache)
     _age(cache / h10)  # damage long done: no vLLM process is writing it any more
     shown = run_kcache("--cache-dir", str(cache), "inspect", h10, "--json").json()
-    plan = run_kcache("--cache-dir", str(cache), "prune", "--broken", "--dry-run", "--json").json()
+    # --deep reads every byte, as inspect does; the default judges as ls does (a flipped byte unseen)
+    plan = run_kcache("--cache-dir", str(cache), "prune", "--broken", "--deep", "--dry-run", "--json").json()
     planned = {r["hash"] for r in plan["removed"]}
+    cheap = run_kcache("--cache-dir", str(cache), "prune", "--broken", "--dry-run", "--json").json()
+    listed = {r["hash"]: r["status"] for r in run_kcache("--cache-dir", str(cache), "ls", "--json").json()["entries"]}
+    broken = {h for h, s in listed.items() if s in ("partial", "failed", "corrupt")}
+    assert {r["hash"] for r in cheap["removed"]} == broken <= planned
     got = loads(cache / h10, tmp_path)
     print(damage.__name__, got, shown["status"], shown["reason"])
     if got["loaded"] == 4 and not got["failed"]:

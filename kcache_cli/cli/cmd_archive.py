@@ -230,6 +230,8 @@ def verify_command(
     from kcache_cli.verify import verify_cache
 
     opts = c.use(ctx, cache_dir, as_json)
+    from kcache_cli.cli.progress import Phase
+
     locs = c.cache_locations(opts, all_caches, cache, sel.hashes)
     chosen = []
     for loc in locs:
@@ -241,8 +243,9 @@ def verify_command(
     results = []
     for root, flt, refs in chosen:
         started = time.monotonic()
-        with _Bar(opts, "verifying") as bar:
-            result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=bar, fix=fix)
+        with _Bar(opts, "scanning", unit="judged") as bar:  # the scan's count, then the entries verified
+            result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=Phase(bar, "verifying"),
+                                  fix=fix, scanning=bar)
         results.append((root, result, time.monotonic() - started))
         missing -= c.matched_refs(root, refs, [*(ch.entry for ch in result.checked), *result.skipped])
     if missing:

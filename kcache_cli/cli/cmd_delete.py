@@ -4,11 +4,12 @@ Both are thin: scan -> plan (kcache_cli.delete) -> show -> confirm (clear) -> ex
 
 import contextlib
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Iterator, Optional
 
 import typer
 
 from kcache_cli.cli import common as c
+from kcache_cli.errors import KcacheError
 
 
 def register(app: typer.Typer) -> None:
@@ -37,7 +38,13 @@ def prune_command(
     stale: Annotated[bool, typer.Option(
         "--stale", help="Remove stale entries: another compiler version's, which the installed loader never "
         "looks up again (another environment may still use them).")] = False,
+    deep: Annotated[bool, typer.Option(
+        "--deep", help="With --broken: judge entries by reading every byte, as verify does (slow on a big "
+        "cache); without it, as ls does, from names, sizes and headers.")] = False,
     dry_run: DryRunOpt = False,
+    summary: Annotated[bool, typer.Option(
+        "--summary", help="Show the plan (or what was removed) grouped by space and op, one line each with "
+                          "the count and size, instead of one line per entry.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Remove more than half of the cache without asking "
                                                          "(needed without a terminal); otherwise prune never "
                                                          "asks.")] = False,
@@ -56,37 +63,50 @@ def prune_command(
 
     Example: kcache prune --max-size 10GB --older-than 30d --dry-run
     """
+    from kcache_cli.errors import UsageError
     from kcache_cli.units import parse_age, parse_size
 
     opts = c.use(ctx, cache_dir, as_json)
+    if deep and not broken:
+        raise UsageError("--deep goes with --broken (it says how broken entries are judged)")
     limit = parse_size(max_size, "--max-size") if max_size is not None else None
     age = parse_age(older_than, "--older-than") if older_than is not None else None
     opts.lock_timeout = c.lock_timeout(lock_timeout, GC_WAIT)
     locs = c.cache_locations(opts, all_caches, cache)
     out = _Out(opts, opts.many)
-    limits = {str(loc.path): limit for loc in locs}
-    ages = {str(loc.path): age for loc in locs}
-    if limit is None and age is None and not broken and not stale:  # the budget `kcache config` holds
-        limits, ages = _configured_budget(opts, locs)
-    elif opts.many and limit is not None and len(locs) > 1:  # one budget, least recently used first across all
-        from kcache_cli.budget import shared_limits
-
-        with _busy(opts, "weighing every cache"):
-            limits.update(shared_limits([loc.path for loc in locs], limit, lambda m: c.warn(opts, m)))
+    limits, ages = _prune_limits(opts, locs, limit, age, broken or stale)
+    out.summary = summary
     for loc in locs:
         out.section(loc)
-        _prune_one(opts, out, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale), dry_run, yes)
+        _prune_one(opts, out, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale, deep), dry_run, yes)
     out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
 
 
-def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tuple[bool, bool], dry_run: bool,
-               yes: bool = False) -> None:
+
+def _prune_limits(opts: c.GlobalOptions, locs: list, limit, age, damaged: bool) -> tuple[dict, dict]:
+    """Each root's max-size and max-age: the ones given; with no criteria at all, the budget `kcache
+    config` holds; over several caches one --max-size for all of them, least recently used first."""
+    limits = {str(loc.path): limit for loc in locs}
+    ages = {str(loc.path): age for loc in locs}
+    if limit is None and age is None and not damaged:
+        return _configured_budget(opts, locs)
+    if opts.many and limit is not None and len(locs) > 1:
+        from kcache_cli.budget import shared_limits
+        from kcache_cli.cli.progress import Bar
+
+        with Bar(opts, "weighing every cache"):
+            limits.update(shared_limits([loc.path for loc in locs], limit, lambda m: c.warn(opts, m)))
+    return limits, ages
+
+def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tuple[bool, bool, bool],
+               dry_run: bool, yes: bool = False) -> None:
+    from kcache_cli.cli.progress import Phase
     from kcache_cli.delete import plan_prune
 
-    broken, stale = damaged
-    with _busy(opts, f"scanning {loc.path}"):
-        plan = plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, stale=stale,
-                          warn=lambda m: c.warn(opts, m))
+    broken, stale, deep = damaged
+    with _nothing_removed_yet(), _busy(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
+        plan = plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, stale=stale, deep=deep,
+                          warn=lambda m: c.warn(opts, m), progress=bar, judging=Phase(bar, "reading every byte"))
     extra = {"max_size": limit, "older_than": age}
     if not plan.exists:
         return _missing(opts, out, loc, dry_run, extra)
@@ -98,7 +118,8 @@ def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tup
     if dry_run:
         return _report_plan(opts, out, plan, extra)
     if not yes:
-        _confirm_big_prune(opts, plan)
+        with _nothing_removed_yet():
+            _confirm_big_prune(opts, plan)
     result = _execute(opts, plan)
     _report_result(opts, out, plan, result, extra)
 
@@ -206,8 +227,8 @@ def clear_command(
 def _plan_clear(opts: c.GlobalOptions, loc, flt, everything: bool):
     from kcache_cli.delete import plan_clear
 
-    with _busy(opts, f"scanning {loc.path}"):
-        return plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m))
+    with _nothing_removed_yet(), _busy(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
+        return plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m), progress=bar)
 
 
 def _clear_one(opts: c.GlobalOptions, out: "_Out", loc, plan, yes: bool, dry_run: bool) -> None:
@@ -230,8 +251,9 @@ def _clear_one(opts: c.GlobalOptions, out: "_Out", loc, plan, yes: bool, dry_run
         _preview(plan)
         for s in plan.skipped:
             c.warn(opts, f"kept {s.entry.relpath}: {s.why}")
-        if not typer.confirm(f"Remove {summary}?", default=False, err=True):
-            raise KcacheError("aborted: nothing was removed")
+        with _nothing_removed_yet():
+            if not typer.confirm(f"Remove {summary}?", default=False, err=True):
+                raise KcacheError("aborted: nothing was removed")
     result = _execute(opts, plan)
     _report_result(opts, out, plan, result, {})
 
@@ -242,6 +264,7 @@ class _Out(c.Output):
     def __init__(self, opts: c.GlobalOptions, all_caches: bool) -> None:
         super().__init__(opts, collect=all_caches)
         self.sections = 0
+        self.summary = False  # tables grouped by space and op (prune --summary)
 
     def section(self, loc) -> None:
         if self.collect and not self.json:
@@ -250,6 +273,21 @@ class _Out(c.Output):
 
 
 # ---- helpers -------------------------------------------------------------------------------------
+class Interrupted(KcacheError):
+    """Ctrl-C: what was done is said, exit 130 (as a shell reports a SIGINT)."""
+
+    exit_code = 130
+
+
+@contextlib.contextmanager
+def _nothing_removed_yet() -> Iterator[None]:
+    """Ctrl-C while scanning, planning or asking: nothing was removed, and the message says so."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted: nothing was removed") from None
+
+
 def _stdin_is_terminal() -> bool:
     try:
         return sys.stdin.isatty()
@@ -262,10 +300,10 @@ def _progress_wanted(opts: c.GlobalOptions) -> bool:
 
 
 def _busy(opts: c.GlobalOptions, text: str):
-    """What is going on while planning (a bar without a count: the scan reports no progress)."""
-    from kcache_cli.cli.progress import Bar
+    """What is going on while planning: the scan's counting bar, once it takes half a second."""
+    from kcache_cli.cli.progress import scanning
 
-    return Bar(opts, text) if _progress_wanted(opts) else contextlib.nullcontext()
+    return scanning(opts, text)
 
 
 def _execute(opts: c.GlobalOptions, plan):
@@ -274,12 +312,13 @@ def _execute(opts: c.GlobalOptions, plan):
 
     wait = GC_WAIT if opts.lock_timeout is None else opts.lock_timeout
     if not _progress_wanted(opts) or len(plan.removals) < 2:
-        return plan.execute(on_wait=waiting, lock_timeout=wait)
+        return plan.execute(on_wait=waiting, lock_timeout=wait, interruptible=True)
     from kcache_cli.cli.progress import Bar
 
     with Bar(opts, "removing") as bar:
         bar.start(len(plan.removals))
-        return plan.execute(progress=lambda r: bar.advance(1), on_wait=waiting, lock_timeout=wait)
+        return plan.execute(progress=lambda r: bar.advance(1), on_wait=waiting, lock_timeout=wait,
+                            interruptible=True)
 
 
 def _missing(opts: c.GlobalOptions, out: _Out, loc, dry_run: bool, extra: dict) -> None:
@@ -324,8 +363,42 @@ def _preview(plan) -> None:
     _table(plan.removals, to_stderr=True, limit=20)
 
 
+def _summary(removals) -> list[dict]:
+    """The removals grouped by space and op (and what goes: entries of a kind, temp directories...):
+    one row each with the count and bytes, biggest first (prune --summary; JSON `summary`)."""
+    groups: dict[tuple, dict] = {}
+    for r in removals:
+        e = r.entry
+        key = (e.space or e.target, e.op, e.kind if r.what == "entry" else r.what)
+        g = groups.setdefault(key, {"space": key[0], "op": key[1], "what": key[2], "entry_count": 0, "size": 0})
+        g["entry_count"] += 1
+        g["size"] += r.size
+    return sorted(groups.values(), key=lambda g: (-g["size"], g["space"] or "", g["op"] or "", g["what"]))
+
+
+def _summary_table(removals) -> None:
+    from kcache_cli.cli.table import Column
+
+    rows = [[g["space"] or "-", g["op"] or "-", g["what"], str(g["entry_count"]), c.human_size(g["size"])]
+            for g in _summary(removals)]
+    c.print_table([Column("space", drop=2), Column("op"), Column("what", drop=1), Column("entries", right=True),
+                   Column("size", right=True)], rows)
+
+
+def _removals_table(out: _Out, removals) -> None:
+    """One row per removal, or with --summary one per space and op."""
+    if out.summary:
+        _summary_table(removals)
+    else:
+        _table(removals)
+
+
+def _with_summary(out: _Out, doc: dict, removals) -> dict:
+    return {**doc, "summary": _summary(removals)} if out.summary else doc
+
+
 def _report_plan(opts: c.GlobalOptions, out: _Out, plan, extra: dict) -> None:
-    out.result(plan.to_json(extra), lambda: _plan_human(out, plan, extra))
+    out.result(lambda: _with_summary(out, plan.to_json(extra), plan.removals), lambda: _plan_human(out, plan, extra))
 
 
 def _plan_human(out: _Out, plan, extra: dict) -> None:
@@ -334,7 +407,7 @@ def _plan_human(out: _Out, plan, extra: dict) -> None:
     if not plan.removals:
         out.text(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} scanned).")
         return
-    _table(plan.removals)
+    _removals_table(out, plan.removals)
     out.text(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
              f"({c.plural(plan.expected_freed_size, 'byte')}) from {c.printable_line(plan.root)}"
              f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).")
@@ -347,10 +420,16 @@ def _report_result(opts: c.GlobalOptions, out: _Out, plan, result, extra: dict) 
     fresh = result.warnings[len(plan.warnings):] if result else ()  # the plan's were shown already
     if result is None:  # nothing was selected: nothing ran
         result = DeleteResult(plan.root, (), plan.skipped, (), 0, (), plan.warnings)
-    out.result(result.to_json(plan.scanned_size, extra), lambda: _result_human(out, plan, result, extra, fresh))
+    out.result(lambda: _with_summary(out, result.to_json(plan.scanned_size, extra), result.removed),
+               lambda: _result_human(out, plan, result, extra, fresh))
     if result.errors:
         for _, m in result.errors:
             out.error(m)
+    if result.interrupted:
+        raise Interrupted(f"interrupted: removed {result.entries:,} of {plan.entries:,} "
+                          f"{'entry' if plan.entries == 1 else 'entries'}, {c.human_size(result.freed)}; "
+                          "nothing half-removed")
+    if result.errors:
         raise KcacheError(f"{len(result.errors)} item(s) could not be removed (see above)")
 
 
@@ -360,7 +439,7 @@ def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
     for w in fresh_warnings:
         out.warn(w)
     if result.removed:
-        _table(result.removed)
+        _removals_table(out, result.removed)
         out.text(f"Removed {_count(result.removed)}, freed {c.human_size(result.freed)} "
                  f"({c.plural(result.freed, 'byte')}) from {c.printable_line(plan.root)}"
                  f"{_sizes(plan, extra, result.freed)}.")

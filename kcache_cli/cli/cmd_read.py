@@ -24,13 +24,16 @@ NoIndexOpt = Annotated[bool, typer.Option(
 
 
 def _scan(opts: c.GlobalOptions, flt, loc=None, use_index: bool = False, hint: bool = True):
+    from kcache_cli.cli.progress import scanning
     from kcache_cli.scan import scan_cache
 
     loc = loc or c.cache_location(opts, existing=True)
     if hint:
         c.hint_unknown(opts, loc.path, flt)
     # ls and stats also show what killed imports and exports left (layout "kcache"; prune removes it)
-    result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True, use_index=use_index)
+    with scanning(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
+        result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True, use_index=use_index,
+                            progress=bar)
     return loc, result
 
 
@@ -61,9 +64,12 @@ def dir_command(
         return
     from kcache_cli.locate import known_caches
 
+    from kcache_cli.cli.progress import scanning
+
     rows: list[dict] = []
     for owner, path in known_caches():
-        res = scan_cache(path, warn=lambda m: c.warn(opts, m))
+        with scanning(opts, f"scanning {c.printable_line(str(path))}") as bar:
+            res = scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
                      "entry_count": len(res.entries), "size": res.size, "nested": nested_caches(owner, path)})
     out.result({"caches": rows}, lambda: c.print_table(
@@ -499,7 +505,12 @@ def stats_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Totals per layout, space and op, counts per status, and the biggest entries.
+    """Totals per layout, space and op, counts per status, and the biggest entries; space by layout, op
+    and age of last use (<1d, <7d, <30d, older) drawn as bars; RECLAIMABLE: the bytes `kcache prune
+    --broken` would free (broken entries as ls judges them, stale temp and staging files).
+
+    JSON: by_layout, by_space, by_op, by_status, by_kind and by_age map each value to {entry_count, size};
+    reclaimable is {bytes, entry_count, command}.
 
     Without --cache-dir or KCACHE_DIR: one report for each cache found (--json: a list), or for the
     cache the current directory lies in; --cache NAME picks one.
@@ -512,7 +523,7 @@ def stats_command(
     reports = []
     for loc in c.cache_locations(opts, all_caches, cache):
         _, result = _scan(opts, ScanFilter(), loc, not no_index)
-        reports.append(_stats(loc, result, top, opts.many))
+        reports.append(_stats(opts, loc, result, top, opts.many))
     out = c.Output(opts, collect=opts.many)
     budget = _budget_usage(opts, reports)
     for n, report in enumerate(reports):
@@ -550,12 +561,60 @@ def _budget_line(u, width: int) -> str:
     return f"{u.name:<{width}}  {c.human_size(u.used)} of {c.human_size(u.limit)}  {bar} {share * 100:.0f}%"
 
 
-def _stats(loc, result, top: int, many: bool = False) -> dict:
+def _stats(opts: c.GlobalOptions, loc, result, top: int, many: bool = False) -> dict:
     report = result.to_json(top)
     report["root"] = str(loc.path)
+    report.update(_space_pictures(opts, loc, result))
     if many:  # one report per cache: which one
         report["cache"] = loc.cache or None
     return {**report, "reason": loc.reason}
+
+
+def _space_pictures(opts: c.GlobalOptions, loc, result) -> dict:
+    """stats' by_age and reclaimable (what prune --broken would free, planned from this same scan)."""
+    from kcache_cli.usage import by_age, reclaimable
+
+    return {"by_age": by_age(result.entries), "reclaimable": reclaimable(loc.path, result).to_json()}
+
+
+BAR_MIN, BAR_MAX = 10, 30  # characters of a share bar
+
+
+def _bar_width(labels: list[str], numbers: int) -> int:
+    """The bars' width: what the label, entries and size columns leave of the line (20 in a pipe)."""
+    width = c.output_width()
+    if width is None:
+        return 20
+    label = max([len(x) for x in labels] + [6])
+    return max(BAR_MIN, min(BAR_MAX, width - label - numbers - 2 * 3 - 5))
+
+
+def _bar(size: int, total: int, width: int) -> str:
+    """`size`'s share of `total` as a bar and a percentage: blocks on a terminal, # and . in plain text."""
+    share = size / total if total else 0.0
+    filled = round(share * width)
+    full, empty = ("#", ".") if c.plain_output() else ("\u2588", "\u2591")
+    return f"{full * filled}{empty * (width - filled)} {share * 100:3.0f}%"
+
+
+def _share_table(title: str, groups: dict, total: int, ordered: bool = False) -> None:
+    """One breakdown (by layout, op or age) as rows with a bar of each one's share of the bytes."""
+    from kcache_cli.cli.table import Column
+
+    items = list(groups.items()) if ordered else sorted(groups.items(), key=lambda kv: (-kv[1]["size"], kv[0]))
+    nums = [[str(v["entry_count"]), c.human_size(v["size"])] for _, v in items]
+    width = _bar_width([k for k, _ in items] + [title], max([len(n[0]) + len(n[1]) for n in nums] + [11]) + 4)
+    c.print_table([Column(title), Column("entries", right=True), Column("size", right=True),
+                   Column("share", drop=1)],
+                  [[k, *n, _bar(v["size"], total, width)] for (k, v), n in zip(items, nums)])
+
+
+def _reclaimable_line(report: dict) -> str:
+    r = report["reclaimable"]
+    if not r["entry_count"]:
+        return "RECLAIMABLE  nothing: no broken entries or stale temp files"
+    return (f"RECLAIMABLE  {c.human_size(r['bytes'])} in {c.plural(r['entry_count'], 'item')} (broken entries, "
+            f"stale temp files): {r['command']}")
 
 
 def _stats_text(out: c.Output, report: dict, first: bool = True) -> None:
@@ -568,12 +627,16 @@ def _stats_text(out: c.Output, report: dict, first: bool = True) -> None:
         return
     c.print_text(c.printable_line(f"{report['root']}: {', '.join(report['layouts']) or 'no known layout'}, "
                  f"{c.plural(report['entry_count'], 'entry')}, {c.human_size(report['size'])}"), indent=2)
-    for key, title in (("by_layout", "layout"), ("by_space", "space"), ("by_op", "op"), ("by_status", "status")):
+    for key, title in (("by_layout", "layout"), ("by_space", "space"), ("by_op", "op"), ("by_age", "last used"),
+                       ("by_status", "status")):
         none = report.get(f"no_{title}")  # entries without a space (op): a row "-"
         rows = sorted([*report[key].items(), *([("-", none)] if none else [])], key=lambda kv: (-kv[1]["size"], kv[0]))
-        if not rows:
+        if not rows or not report["entry_count"]:
             continue
         sys.stdout.write("\n")
+        if key in ("by_layout", "by_op", "by_age"):
+            _share_table(title, report[key], report["size"], ordered=key == "by_age")
+            continue
         c.print_table([Column(title, styles=c.STATUS_STYLE if key == "by_status" else {}),
                        Column("entries", right=True), Column("size", right=True)],
                       [[k, str(v["entry_count"]), c.human_size(v["size"])] for k, v in rows])
@@ -583,3 +646,5 @@ def _stats_text(out: c.Output, report: dict, first: bool = True) -> None:
                        Column("size", right=True), Column("status", styles=c.STATUS_STYLE)],
                       [[e["hash"], e["space"] or "-", e["op"] or "-", c.human_size(e["size"]), e["status"]]
                        for e in report["biggest"]])
+    sys.stdout.write("\n")
+    c.print_text(_reclaimable_line(report), indent=13)

@@ -88,6 +88,7 @@ class EntryView:
     inspect: str | None
     dry_pruned: bool
     pruned: bool
+    deep_pruned: bool = False  # planned by `prune --broken --deep --dry-run` (every byte read, as verify)
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,8 @@ def kcache_view(root: Path, prune_root: Path, *, as_owner: bool = False, inspect
     listed = _json(run(root, "ls"), "ls")["entries"]
     problems = {_rel(root, p["path"]): p["status"] for p in _json(run(root, "verify"), "verify")["problems"]}
     dry_run = _json(run(root, "prune", "--broken", "--dry-run"), "prune -n")
+    deep = {_rel(root, r.get("removed_path") or r["path"])
+            for r in _json(run(root, "prune", "--broken", "--deep", "--dry-run"), "prune --deep -n")["removed"]}
     real = _json(run(prune_root, "prune", "--broken", "--yes"), "prune")
     # what was removed (an entry, or something inside one, e.g. hidet's candidates/: removed_path says)
     pruned = {_rel(prune_root, r.get("removed_path") or r["path"]) for r in real["removed"]}
@@ -170,6 +173,7 @@ def kcache_view(root: Path, prune_root: Path, *, as_owner: bool = False, inspect
             inspect=inspected,
             dry_pruned=rel in dry,
             pruned=rel in pruned or not os.path.lexists(prune_root / rel),
+            deep_pruned=rel in deep,
         )
     return view
 
@@ -324,6 +328,11 @@ def agree(verdict: Verdict, view: EntryView | None, case: Case | None = None) ->
         out.append(f"prune --broken removes it ({view.ls}); the loader: {verdict.verdict}")
     if not view.pruned and not blind and view.ls in BROKEN:
         out.append(f"prune --broken keeps a {view.ls} entry")
+    # --deep judges as verify does: it removes what verify calls broken, and never what the loader uses
+    if view.deep_pruned and (used or view.verify not in BROKEN):
+        out.append(f"prune --broken --deep removes it ({view.verify}); the loader: {verdict.verdict}")
+    if not view.deep_pruned and view.verify in BROKEN:
+        out.append(f"prune --broken --deep keeps a {view.verify} entry")
     return out
 
 
@@ -333,7 +342,8 @@ def record(result: CaseResult) -> dict:
     return {"layout": result.case.layout, "case": result.case.name, "entry": result.case.entry,
             "verdict": result.verdict.verdict, "detail": result.verdict.detail,
             "ls": v.ls if v else None, "verify": v.verify if v else None, "inspect": v.inspect if v else None,
-            "reason": v.reason if v else None, "pruned": bool(v and v.pruned), "ls_blind": result.case.ls_blind,
+            "reason": v.reason if v else None, "pruned": bool(v and v.pruned),
+            "deep_pruned": bool(v and v.deep_pruned), "ls_blind": result.case.ls_blind,
             "as_owner": result.case.as_owner, "disagreements": result.disagreements}
 
 
@@ -347,9 +357,9 @@ def save_results(results: list[CaseResult], layout: str) -> None:
 
 
 def loses_used_entry(result: CaseResult) -> bool:
-    """True when `prune --broken` removed an entry the loader would have used."""
+    """True when `prune --broken` removed (or `--deep` planned to remove) an entry the loader would have used."""
     v = result.entry_view
-    return bool(v and v.pruned and result.verdict.verdict in (HIT, REUSE, UNUSED))
+    return bool(v and (v.pruned or v.deep_pruned) and result.verdict.verdict in (HIT, REUSE, UNUSED))
 
 
 # ---------------------------------------------------------------------------------------------- damages

@@ -1,0 +1,298 @@
+"""What a person sees while kcache works and what it tells them after (issue 25, "Pictures" and
+"Feedback"): stats' bars by layout, op and age and its RECLAIMABLE line, `prune --dry-run --summary`,
+the scan's counting bar, `prune --broken` judging as ls does (`--deep` as verify does), and Ctrl-C
+during a prune saying what was done. Through the real CLI, at 80 columns where width matters."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from test_delete import gen
+from test_fidelity import SOFTMAX, age, truncate_old
+
+from kcache_cli import state
+from kcache_cli.scan import scan_cache
+
+RELU = "ops/cpu_space_0/relu/31857fe085635b31"
+MATMUL = "ops/cpu_space_0/matmul/064b4a6c035246e8"
+DAY = 86400
+
+
+def age_tree(path: Path, seconds: float) -> None:
+    for dirpath, dirs, files in os.walk(path):
+        for n in files + dirs:
+            age(Path(dirpath) / n, seconds)
+    age(path, seconds)
+
+
+def damaged_hidet(fixture_copy) -> Path:
+    """The real hidet cache with relu partial (lib.so emptied), matmul unused for 40 days, a stale temp
+    directory of a killed build and softmax truncated where only reading every byte tells."""
+    root = fixture_copy("hidet")
+    (root / RELU / "lib.so").write_bytes(b"")
+    age_tree(root / MATMUL, 40 * DAY)
+    temp = root / "ops/cpu_space_0/add/.kcache-tmp-deadbeefdeadbeef-1234"
+    temp.mkdir(parents=True)
+    (temp / "lib.so").write_bytes(b"x" * 5000)
+    age_tree(temp, 2 * 3600)
+    truncate_old(root, SOFTMAX)
+    return root
+
+
+# ---- stats: pictures and RECLAIMABLE -------------------------------------------------------------
+def test_stats_draws_space_by_layout_op_and_age_within_80_columns(kcache, fixture_copy, monkeypatch):
+    root = damaged_hidet(fixture_copy)
+    monkeypatch.setenv("COLUMNS", "80")
+    r = kcache("--cache-dir", root, "stats")
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, r.stdout
+    assert not any("\x1b" in line for line in lines)  # not a terminal: plain text, no colour
+    heads = [line.split()[0] for line in lines if line.endswith("share")]
+    assert heads == ["layout", "op", "last"]  # layout, op and age each with bars
+    ages = {line.split()[0]: line for line in lines if line.split()[:1] in (["<1d"], ["<7d"], ["<30d"], ["older"])}
+    assert list(ages) == ["<1d", "<7d", "<30d", "older"]
+    assert ages["older"].split()[1] == "1" and "#" in ages["older"] and ages["<7d"].split()[1] == "0"
+    assert ages["<30d"].rstrip().endswith("0%") and "#" not in ages["<30d"]
+
+
+def test_reclaimable_is_what_prune_broken_frees(kcache, fixture_copy):
+    root = damaged_hidet(fixture_copy)
+    stats = kcache("--cache-dir", root, "stats", "--json").json()
+    plan = kcache("--cache-dir", root, "prune", "--broken", "--dry-run", "--json").json()
+    assert stats["reclaimable"] == {"bytes": plan["freed"], "entry_count": plan["entry_count"],
+                                    "command": "kcache prune --broken"}
+    # the partial relu and the stale temp directory; not softmax, broken only to a deep read
+    assert {os.path.basename(r["removed_path"]) for r in plan["removed"]} == {"31857fe085635b31",
+                                                                              ".kcache-tmp-deadbeefdeadbeef-1234"}
+    assert stats["reclaimable"]["bytes"] == 5000 + sum(
+        f.stat().st_size for f in (root / RELU).rglob("*") if f.is_file())
+    assert set(stats) >= {"root", "entry_count", "size", "by_layout", "by_op", "by_space", "by_status", "biggest"}
+    assert sum(v["size"] for v in stats["by_age"].values()) == stats["size"]
+    assert stats["by_age"]["older"]["entry_count"] == 1
+    text = kcache("--cache-dir", root, "stats").stdout
+    assert [line for line in text.splitlines() if line.startswith("RECLAIMABLE")] == [
+        "RECLAIMABLE  %s in 2 items (broken entries, stale temp files): kcache prune --broken"
+        % human(stats["reclaimable"]["bytes"])]
+    assert kcache("--cache-dir", root, "prune", "--broken", "--yes").exit_code == 0
+    after = kcache("--cache-dir", root, "stats", "--json").json()
+    assert after["reclaimable"]["bytes"] == 0 and after["reclaimable"]["entry_count"] == 0
+    assert "RECLAIMABLE  nothing" in kcache("--cache-dir", root, "stats").stdout
+
+
+def human(n: int) -> str:
+    from kcache_cli.units import format_size
+
+    return format_size(n)
+
+
+# ---- prune --broken: cheap by default, --deep reads every byte ------------------------------------
+def test_prune_broken_judges_as_ls_and_deep_as_verify(kcache, fixture_copy):
+    root = damaged_hidet(fixture_copy)
+    ls = {r["path"]: r["status"] for r in kcache("--cache-dir", root, "ls", "--json").json()["entries"]
+          if not os.path.basename(r["path"]).startswith(".")}  # the temp directory is no entry
+    cheap = kcache("--cache-dir", root, "prune", "--broken", "--dry-run", "--json").json()
+    deep = kcache("--cache-dir", root, "prune", "--broken", "--deep", "--dry-run", "--json").json()
+    cheap_paths = {r["path"] for r in cheap["removed"] if r["what"] == "entry"}
+    assert cheap_paths == {p for p, s in ls.items() if s in ("partial", "failed", "corrupt")} == {str(root / RELU)}
+    assert {r["path"] for r in deep["removed"] if r["what"] == "entry"} == {str(root / RELU), str(root / SOFTMAX)}
+    r = kcache("--cache-dir", root, "prune", "--broken", "--deep", "--yes", "--json")
+    assert r.exit_code == 0 and not (root / SOFTMAX).exists() and not (root / RELU).exists()
+
+
+def test_deep_without_broken_is_a_usage_error(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    r = kcache("--cache-dir", root, "prune", "--deep")
+    assert r.exit_code == 2 and "--deep goes with --broken" in r.stderr
+
+
+def test_cheap_recheck_keeps_an_entry_finished_after_the_scan(fixture_copy):
+    """Chosen as broken by the cheap judgement, judged again (cheaply) when removed: rebuilt whole by
+    then, it stays."""
+    from kcache_cli.delete import plan_prune
+
+    root = fixture_copy("hidet")
+    lib = root / RELU / "lib.so"
+    whole = lib.read_bytes()
+    lib.write_bytes(b"")
+    plan = plan_prune(root, broken=True, deep=False)
+    assert [r.relpath for r in plan.removals] == [RELU] and not plan.deep
+    lib.write_bytes(whole)
+    os.utime(root / RELU, (0, 0))  # the directory's mtime as at the scan's: only the judgement tells
+    result = plan.execute()
+    assert not result.removed and (root / RELU).is_dir()
+    assert "complete by now" in result.skipped[0].why
+
+
+# ---- prune --dry-run --summary -----------------------------------------------------------------------
+def test_prune_summary_groups_the_plan_by_space_and_op(kcache, tmp_path, monkeypatch):
+    root = gen(tmp_path, 120)
+    monkeypatch.setenv("COLUMNS", "80")
+    full = kcache("--cache-dir", root, "prune", "--max-size", "0", "--dry-run", "--json").json()
+    groups: dict[tuple, list[int]] = {}
+    for r in full["removed"]:
+        g = groups.setdefault((r["space"], r["op"]), [0, 0])
+        g[0] += 1
+        g[1] += r["size"]
+    summary = kcache("--cache-dir", root, "prune", "--max-size", "0", "--dry-run", "--summary", "--json").json()
+    assert {(g["space"], g["op"]): [g["entry_count"], g["size"]] for g in summary["summary"]} == groups
+    assert [g["size"] for g in summary["summary"]] == sorted((g["size"] for g in summary["summary"]), reverse=True)
+    text = kcache("--cache-dir", root, "prune", "--max-size", "0", "--dry-run", "--summary")
+    lines = text.stdout.splitlines()
+    assert lines[0].split() == ["space", "op", "what", "entries", "size"]
+    assert len(lines) == 1 + len(groups) + 1  # a row per space and op, then the total line
+    assert lines[-1].startswith(f"Would remove {len(full['removed'])} entries")
+    assert max(len(line) for line in lines[:-1]) <= 80
+    assert sum(int(line.split()[3]) for line in lines[1:-1]) == len(full["removed"])
+    done = kcache("--cache-dir", root, "prune", "--max-size", "0", "--yes", "--summary")
+    assert done.exit_code == 0, done.stderr
+    assert done.stdout.splitlines()[1:] == lines[1:-1] + [done.stdout.splitlines()[-1]]  # the same groups
+    assert done.stdout.splitlines()[-1].startswith(f"Removed {len(full['removed'])} entries")
+
+
+# ---- the scan's counting bar -------------------------------------------------------------------------
+class Counted:
+    def __init__(self) -> None:
+        self.totals: list[int] = []
+        self.done = 0
+
+    def start(self, total: int) -> None:
+        self.totals.append(total)
+
+    def advance(self, n: int) -> None:
+        self.done += n
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_scan_counts_every_entry_found_and_judged(tmp_path, monkeypatch, parallel):
+    import kcache_cli.scan_context as scan_context
+
+    root = gen(tmp_path, 60)
+    if parallel:  # the workers count in shared memory; this process moves the bar
+        from kcache_cli import parallel as par
+
+        monkeypatch.setattr(scan_context, "PARALLEL_MIN_JOBS", 2)
+        monkeypatch.setattr(par, "cpus", lambda: 2)
+    seen = Counted()
+    result = scan_cache(root, progress=seen)
+    assert len(result.entries) == 60
+    assert seen.totals and seen.totals[-1] == 60 and seen.totals == sorted(seen.totals)
+    assert seen.done == 60
+
+
+def fake_terminal(monkeypatch) -> io.StringIO:
+    tty = io.StringIO()
+    tty.isatty = lambda: True  # type: ignore[method-assign]
+    monkeypatch.setattr(sys, "stderr", tty)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    return tty
+
+
+def test_the_scan_bar_counts_after_half_a_second_and_never_before(monkeypatch):
+    from kcache_cli.cli import progress
+    from kcache_cli.cli.common import GlobalOptions
+
+    tty = fake_terminal(monkeypatch)
+    clock = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    with progress.scanning(GlobalOptions(), "scanning /c") as bar:
+        bar.start(5)
+        bar.advance(3)
+        assert bar._progress is None and tty.getvalue() == ""  # a quick scan draws nothing
+        clock[0] += progress.SCAN_DELAY
+        bar.start(20_000)
+        clock[0] += 1
+        bar.advance(9_000)
+        assert "judged 9,003 of 20,000 entries found" in tty.getvalue()
+        assert threading.active_count() == 1  # no refresh thread: scan workers may fork
+    with progress.scanning(GlobalOptions(quiet=True), "scanning") as quiet:
+        clock[0] += 10
+        quiet.advance(1)
+        assert quiet._progress is None
+
+
+def test_prune_deep_counts_entries_read(fixture_copy, monkeypatch):
+    from kcache_cli.delete import plan_prune
+
+    root = fixture_copy("hidet")
+    scan, read = Counted(), Counted()
+    plan_prune(root, broken=True, deep=True, progress=scan, judging=read)
+    assert scan.done == 5 and read.totals == [5] and read.done == 5
+    cheap = Counted()
+    plan_prune(root, broken=True, deep=False, judging=cheap)
+    assert cheap.totals == [] and cheap.done == 0  # the cheap judgement reads nothing more
+
+
+# ---- Ctrl-C during prune ------------------------------------------------------------------------
+SLOW_REMOVAL = """
+import sys, time
+import kcache_cli.delete as d
+real = d._Executor._remove
+def slow(self, *a):
+    time.sleep(0.004)  # fault injection: each removal takes a while, so a SIGINT lands mid-run
+    return real(self, *a)
+d._Executor._remove = slow
+from kcache_cli.cli.app import main
+main(sys.argv[1:])
+"""
+
+
+def count_entries(root: Path) -> int:
+    return sum(1 for _ in root.glob("ops/*/*/*"))
+
+
+@pytest.mark.parametrize("command", ["prune", "clear"])
+def test_ctrl_c_mid_removal_says_what_was_done(tmp_path, command):
+    n = 400
+    root = gen(tmp_path, n)
+    size = sum(e.size for e in scan_cache(root).entries)
+    what = ["prune", "--max-size", "0"] if command == "prune" else ["clear", "--all"]
+    args = ["--cache-dir", str(root), *what, "--yes", "--json"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.Popen([sys.executable, "-c", SLOW_REMOVAL, *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=str(tmp_path), env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None and count_entries(root) > n - 40:
+        time.sleep(0.01)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    left = count_entries(root)
+    assert 0 < left < n - 40
+    import json
+
+    data = json.loads(out)
+    assert data["interrupted"] is True and data["entry_count"] == n - left
+    freed = data["freed"]
+    assert freed == size - sum(e.size for e in scan_cache(root).entries)
+    assert f"interrupted: removed {n - left:,} of {n:,} entries, {human(freed)}; nothing half-removed" in err
+    assert "Traceback" not in err
+    for e in scan_cache(root).entries:  # what is still there is whole
+        assert e.status == "complete", (e.path, e.reason)
+    r = subprocess.run([sys.executable, "-m", "kcache_cli", *args], capture_output=True, text=True,
+                       cwd=str(tmp_path), env=env)
+    assert r.returncode == 0, r.stderr
+    assert count_entries(root) == 0 and list(state.trash_dir(root).iterdir()) == []
+
+
+def test_ctrl_c_while_planning_removes_nothing_and_says_so(kcache, fixture_copy, monkeypatch):
+    import kcache_cli.delete as delete
+
+    root = fixture_copy("hidet")
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(delete, "plan_prune", interrupted)
+    r = kcache("--cache-dir", root, "prune", "--max-size", "0", "--yes")
+    assert r.exit_code == 130 and "interrupted: nothing was removed" in r.stderr
+    assert count_entries(root) == 5
