@@ -107,7 +107,8 @@ def test_keyed_records_read_their_key_and_write_the_same_json():
     moved = MovedEntry(key, 3, 100, "push", True, None, "sm_90")
     assert isinstance(moved, Keyed) and (moved.op, moved.space, moved.relpath, moved.hash) == (
         "matmul", "cuda_space_2", "ops/cuda_space_2/matmul/ab12", "ab12")
-    assert list(moved.to_json()) == ["layout", "kind", "relpath", "files", "size", "action", "done", "reason", "arch"]
+    assert list(moved.to_json()) == ["layout", "kind", "relpath", "file_count", "size", "action", "done", "reason",
+                                     "arch"]
     assert named("?", "?", "a/b/c") == EntryKey("?", "?", None, None, None, "c", "a/b/c")
     # a remote index entry that names no kind: "" in its key, null in its JSON, never selected by a kind
     bare = remote_entry("hidet", "ops/cuda_space_2/matmul/ab12", {"files": 1}, times=False)
@@ -116,4 +117,4 @@ def test_keyed_records_read_their_key_and_write_the_same_json():
         "hidet", key.relpath, {"space": "cuda_space_2"}, times=False))
     full = remote_entry("hidet", key.relpath, {**key._asdict(), "files": 3, "size": 100, "arch": "sm_90"})
     assert full.key == key and json.dumps(full.to_json()) == json.dumps(
-        {**key._asdict(), "files": 3, "size": 100, "arch": "sm_90", "pushed": None, "last_pulled": None})
+        {**key._asdict(), "file_count": 3, "size": 100, "arch": "sm_90", "pushed": None, "last_pulled": None})

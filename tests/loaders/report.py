@@ -5,8 +5,8 @@
     .venv/bin/python tests/loaders/report.py /tmp/oracle --readme README.md   # replaces it in the README
 
 Each row: layout, the damage, what the real loader did (the probe's verdict), kcache's status (ls, and
-verify/inspect where they read more than ls), and what `prune --broken` does. A case whose commands
-disagree is marked; the oracle tests fail on it.
+verify/inspect where they read more than ls), and what `prune --broken` does (and `--deep`, where reading
+every byte decides otherwise). A case whose commands disagree is marked; the oracle tests fail on it.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ def row(rec: dict) -> str:
     damage = rec["case"] + (" (as its owner)" if rec.get("as_owner") else "")
     loader = LOADER.get(rec["verdict"], rec["verdict"])
     prune = "removes it" if rec["pruned"] else "keeps it"
+    if rec.get("deep_pruned") != rec["pruned"]:  # judged by ls (the default) and by every byte (--deep) apart
+        prune += "; `--deep` " + ("removes it" if rec.get("deep_pruned") else "keeps it")
     status = _status(rec) + (" (ls cannot see it: " + rec["ls_blind"] + ")" if rec.get("ls_blind") else "")
     if rec.get("disagreements"):
         status += " **DISAGREES**"
