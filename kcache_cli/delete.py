@@ -23,14 +23,13 @@ from kcache_cli import fswrite, state
 from kcache_cli.locking import NotALockFile, open_lock
 from kcache_cli.errors import KcacheError, UsageError
 from kcache_cli.progress import NO_PROGRESS, Progress
-from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, STALE, UNREADABLE, Entry, ScanFilter,
+from kcache_cli.model import (BUILDING, COMPLETE, PARTIAL, STALE, UNREADABLE, Entry, ScanFilter,
                               ScanResult, Warn, iso, measure_tree)
-from kcache_cli.terms import RemovalWhat
+from kcache_cli.terms import BROKEN, RemovalWhat  # BROKEN: what --broken removes (partial, failed, corrupt)
 
 STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer
-# What --broken removes: never UNREADABLE (a permission problem is not damage), never STALE (another
-# environment's compiler may still use it: --stale removes those).
-BROKEN = (PARTIAL, FAILED, CORRUPT)
+# What --broken removes (terms.BROKEN): never UNREADABLE (a permission problem is not damage), never STALE
+# (another environment's compiler may still use it: --stale removes those).
 # What a removal takes away.
 ENTRY: Final = "entry"
 CANDIDATES: Final = "candidates"

@@ -24,6 +24,10 @@ UNREADABLE: Final = "unreadable"
 # the compiler misses it until `verify --fix` rewrites them; never removed by prune --broken.
 MOVED: Final = "moved"
 STATUSES: tuple[Status, ...] = get_args(Status)
+# `--status broken`: the statuses `prune --broken` removes, one word for the three (never unreadable, stale
+# or moved: a permission problem, another version's entry and a copied one are not damage).
+BROKEN_WORD: Final = "broken"
+BROKEN: tuple[Status, ...] = (PARTIAL, FAILED, CORRUPT)
 
 
 def is_status(word: str) -> TypeGuard[Status]:

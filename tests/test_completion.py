@@ -238,7 +238,7 @@ def test_the_same_hash_in_two_spaces_is_one_value(kcache, tmp_path):
 
 def test_static_values(kcache):
     assert _values(kcache, "kcache ls --status ") == ["complete", "partial", "failed", "corrupt", "building", "stale",
-                                                     "unreadable", "moved"]
+                                                     "unreadable", "moved", "broken"]
     assert _values(kcache, "kcache ls --status complete,p") == ["complete,partial"]
     assert _values(kcache, "kcache ls --layout ti") == ["tilus", "tilelang"]
     assert _values(kcache, "kcache ls --target c") == ["cuda", "cpu"]

@@ -172,6 +172,8 @@ def clear_command(
     space: c.SpaceOpt = None,
     target: c.TargetOpt = None,
     layout: c.LayoutOpt = None,
+    status: c.StatusOpt = None,
+    kind: c.KindOpt = None,
     everything: Annotated[bool, typer.Option("--all", help="Everything in the cache.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (needed without a "
                                                          "terminal).")] = False,
@@ -182,8 +184,8 @@ def clear_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Remove the entries you select (--space, --op, --target, --layout, entries by hash prefix or path,
-    or --all) after showing what goes and asking. Builds in progress are skipped; tilus programs a kept
+    """Remove the entries you select (--space, --op, --target, --layout, --status, --kind, entries by hash
+    prefix or path, or --all) after showing what goes and asking. Builds in progress are skipped; tilus programs a kept
     script links to and tilelang binaries a kept kernel embeds are kept. Without --cache-dir or
     KCACHE_DIR the selection is made in every cache found (--space cuda_space_2 is hidet's space 2;
     other caches simply have none), or in the one the current directory lies in; --cache NAME picks one.
@@ -194,27 +196,14 @@ def clear_command(
 
     opts = c.use(ctx, cache_dir, as_json)
     opts.lock_timeout = c.lock_timeout(lock_timeout, GC_WAIT)
-    if not everything and not (hashes or op or space or target or layout):
-        raise UsageError("clear needs a selection: --space, --op, --target, --layout, entries, or --all "
-                         "(see 'kcache clear --help')")
-    plans = []
+    selected = bool(op or space or target or layout or status or kind)
+    if not everything and not (hashes or selected):
+        raise UsageError("clear needs a selection: --space, --op, --target, --layout, --status, --kind, "
+                         "entries, or --all (see 'kcache clear --help')")
     locs = c.cache_locations(opts, all_caches, cache, hashes)
     out = _Out(opts, opts.many)
-    missing = set(c.ref_list(hashes))
-    chosen = []
-    for loc in locs:
-        refs = c.refs_in(loc.path, hashes) if opts.many or len(locs) > 1 else hashes
-        if hashes and not refs:
-            continue  # the entries named are in other caches: nothing of this one is selected
-        chosen.append((loc, refs, c.make_filter(op, space, target, layout, None, None, refs, root=loc.path)))
-    c.hint_unknown_many(opts, [(loc.path, flt) for loc, _, flt in chosen])
-    for loc, refs, flt in chosen:
-        plans.append((loc, _plan_clear(opts, loc, flt, everything)))
-        picked = [*(r.entry for r in plans[-1][1].removals), *(s.entry for s in plans[-1][1].skipped)]
-        missing -= c.matched_refs(loc.path, refs, picked)
-    if missing:  # an entry named that is nowhere: nothing is removed at all (a typo, not "no entries")
-        raise c.no_match([r for r in c.ref_list(hashes) if r in missing], [loc.path for loc in locs],
-                         selectors=bool(op or space or target or layout))
+    plans = _clear_plans(opts, locs, hashes, lambda root, refs: c.make_filter(
+        op, space, target, layout, status, kind, refs, root=root), everything, selected)
     anywhere = any(plan.removals or plan.skipped for _, plan in plans)
     for loc, plan in plans:
         if opts.many and anywhere and not out.json and not (plan.removals or plan.skipped):
@@ -223,6 +212,27 @@ def clear_command(
         _clear_one(opts, out, loc, plan, yes, dry_run)
     out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
 
+
+
+def _clear_plans(opts: c.GlobalOptions, locs: list, hashes, filter_of, everything: bool, selected: bool) -> list:
+    """(location, plan) for each cache the selection reaches; an entry named that is in none of them is an
+    error before anything is removed (a typo, not "no entries")."""
+    missing = set(c.ref_list(hashes))
+    chosen, plans = [], []
+    for loc in locs:
+        refs = c.refs_in(loc.path, hashes) if opts.many or len(locs) > 1 else hashes
+        if hashes and not refs:
+            continue  # the entries named are in other caches: nothing of this one is selected
+        chosen.append((loc, refs, filter_of(loc.path, refs)))
+    c.hint_unknown_many(opts, [(loc.path, flt) for loc, _, flt in chosen])
+    for loc, refs, flt in chosen:
+        plans.append((loc, _plan_clear(opts, loc, flt, everything)))
+        picked = [*(r.entry for r in plans[-1][1].removals), *(s.entry for s in plans[-1][1].skipped)]
+        missing -= c.matched_refs(loc.path, refs, picked)
+    if missing:
+        raise c.no_match([r for r in c.ref_list(hashes) if r in missing], [loc.path for loc in locs],
+                         selectors=selected)
+    return plans
 
 def _plan_clear(opts: c.GlobalOptions, loc, flt, everything: bool):
     from kcache_cli.delete import plan_clear

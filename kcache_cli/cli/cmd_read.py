@@ -125,6 +125,7 @@ def ls_command(
     from kcache_cli.textsafe import one_line
 
     opts = c.use(ctx, cache_dir, as_json)
+    sort = sort.lower()  # --sort SIZE as --sort size
     if sort not in ("op", "size", "age"):
         raise UsageError(f"unknown sort key '{sort}' (choose from op, size, age)")
     if null and opts.json:

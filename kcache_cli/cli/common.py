@@ -14,7 +14,7 @@ import typer
 
 from kcache_cli.cli import complete  # light: the TAB path imports nothing heavy
 from kcache_cli.errors import UsageError
-from kcache_cli.terms import KINDS, LAYOUT_NAMES, STATUSES, is_status
+from kcache_cli.terms import BROKEN, BROKEN_WORD, KINDS, LAYOUT_NAMES, STATUSES, is_status
 from kcache_cli.textsafe import printable, printable_line
 
 
@@ -313,7 +313,8 @@ LayoutOpt = Annotated[Optional[List[str]], typer.Option("--layout", metavar="LAY
                                                         help=f"Only this layout: {', '.join(LAYOUT_NAMES)}. {_LIST}",
                                                         autocompletion=complete.complete_layout)]
 StatusOpt = Annotated[Optional[List[str]], typer.Option(
-    "--status", metavar="STATUS", help=f"Only this status: {', '.join(STATUSES)}. {_LIST}",
+    "--status", metavar="STATUS", help=f"Only this status: {', '.join(STATUSES)}, or broken (partial, failed "
+    f"and corrupt: what prune --broken removes). {_LIST}",
     autocompletion=complete.complete_status)]
 KindOpt = Annotated[Optional[List[str]], typer.Option(
     "--kind", metavar="KIND", help=f"Only this kind: {', '.join(KINDS)}. {_LIST}",
@@ -439,6 +440,13 @@ def _checked(values: Optional[List[str]], allowed: tuple[str, ...] | None, what:
     return tuple(out)
 
 
+def _statuses(values: Optional[List[str]]) -> tuple:
+    """--status values, checked and lower-cased; `broken` stands for partial, failed and corrupt."""
+    words = _checked([v.lower() for v in values or ()], (*STATUSES, BROKEN_WORD), "status")
+    out = [s for w in words for s in (BROKEN if w == BROKEN_WORD else (w,)) if is_status(s)]
+    return tuple(dict.fromkeys(out))
+
+
 def make_filter(op=None, space=None, target=None, layout=None, status=None, kind=None, hashes=None,
                 root: Path | None = None):
     """The selection as typed, checked. Entries given by path need `root`."""
@@ -459,7 +467,7 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
         spaces=spaces,
         targets=_checked(target, None, "target"),
         layouts=_checked(layout, LAYOUT_NAMES, "layout"),
-        statuses=tuple(s for s in _checked(status, STATUSES, "status") if is_status(s)),
+        statuses=_statuses(status),
         kinds=_checked(kind, KINDS, "kind"),
         hash_prefixes=prefixes,
         paths=paths,

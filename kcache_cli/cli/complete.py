@@ -25,7 +25,8 @@ TARGETS = (("cuda", "NVIDIA GPU"), ("cpu", "host CPU"), ("hip", "AMD GPU"))
 STATUSES = (("complete", "usable"), ("partial", "interrupted or unfinished"), ("failed", "the compiler failed"),
             ("corrupt", "damaged: the compiler will not load it"), ("building", "a build holds its lock"),
             ("stale", "built by another compiler version"), ("unreadable", "permission denied"),
-            ("moved", "paths point into another root: verify --fix"))
+            ("moved", "paths point into another root: verify --fix"),
+            ("broken", "partial, failed or corrupt: what prune --broken removes"))
 
 
 def _layouts() -> list[tuple[str, str]]:
