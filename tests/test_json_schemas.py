@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, SHARED_FIXTURES, copy_tree
+from conftest import CXX, FIXTURES, SHARED_FIXTURES, copy_tree
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -203,3 +203,19 @@ def test_stats_pictures_and_prune_summary_match_their_schemas(kcache, fixture_co
                     "--summary")
     assert sum(g["entry_count"] for g in plan["summary"]) == len(plan["removed"])
     assert stats["reclaimable"]["command"] == "kcache prune --broken"
+
+
+@pytest.mark.skipif(CXX is None, reason="g++ not found")
+def test_build_matches_its_schema(kcache, tmp_path):
+    """`build --json` of a real C++ task: built, then a hit, beside a task file that is missing."""
+    from test_build import write_task
+
+    task = write_task(tmp_path / "tasks", "plus", 7, kind="cc") / "task.txt"
+    root = tmp_path / "cache"
+    first = kcache("--cache-dir", root, "build", task, str(tmp_path / "nope.txt"), "--cxx", CXX, "--json")
+    assert first.exit_code == 1, first.stderr  # one task failed: exit 1, the JSON still whole
+    check(first.json(), "build")
+    assert [r["status"] for r in first.json()["results"]] == ["built", "failed"]
+    again = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--json")
+    check(again.json(), "build")
+    assert again.json()["hits"] == 1 and again.json()["results"][0]["path"] == first.json()["results"][0]["path"]
