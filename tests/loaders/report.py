@@ -59,7 +59,8 @@ def table(records: list[dict]) -> str:
 
 def load(results: Path) -> list[dict]:
     records: list[dict] = []
-    for f in sorted(results.glob("*.json")):
+    order = ("hidet", "tilus", "tilelang", "triton")  # the README's order: the layouts as DESIGN.md has them
+    for f in sorted(results.glob("*.json"), key=lambda f: (order.index(f.stem) if f.stem in order else 9, f.stem)):
         records += json.loads(f.read_text())
     return records
 
