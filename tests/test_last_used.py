@@ -161,3 +161,27 @@ def test_index_serves_fresh_atimes(kcache, tmp_path):
     second = last_used(kcache, root)
     assert second[target] > time.time() - 600
     assert sum(1 for rel, t in second.items() if abs(t - T) < 2) == len(first) - 1
+
+
+def test_a_triton_only_machine_keeps_its_budget_and_the_kernels_read_last(kcache):
+    """Issue 25, done when: on a machine whose only cache is Triton's, `kcache ls` lists it, and a bare
+    `kcache prune` with a configured budget brings it under the budget, keeping the kernels read most
+    recently (though every file shares one mtime, as a copied cache does)."""
+    from conftest import FIXTURES, copy_tree
+
+    root = copy_tree(FIXTURES / "triton" / "cache", Path.home() / ".triton" / "cache")
+    same_times(root)
+    hot = ["ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA",  # 30 kB and 44 kB of the 419 kB
+           "VHF5NYJI46Z5SH764YNBNADKGBWRZQ7ZZXWIAKML3FZVBJSTRSDQ"]
+    for kernel in hot:  # what a Triton hit does: read the group file and the kernel's files
+        for f in (root / kernel).iterdir():
+            subprocess.run(["cat", str(f)], check=True, stdout=subprocess.DEVNULL)
+    listed = kcache("ls", "--json")
+    assert listed.exit_code == 0, listed.stderr
+    assert {e["cache"] for e in listed.json()["entries"]} == {"triton"} and len(listed.json()["entries"]) == 6
+    assert kcache("config", "set", "--cache", "triton", "max-size", "80k").exit_code == 0
+    run = kcache("prune", "--yes", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == sorted(hot)
+    after = kcache("stats", "--json").json()["caches"][0]
+    assert after["size"] <= 80_000 and after["budget"] == {"used": after["size"], "limit": 80_000}
