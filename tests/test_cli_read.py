@@ -79,7 +79,7 @@ def test_ls_sort_limit_status_hash(kcache, fixture_copy):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["ls", "--status", "broken"], "unknown status 'broken'"),
+    (["ls", "--status", "compleet"], "unknown status 'compleet'"),
     (["ls", "--sort", "color"], "unknown sort key 'color'"),
     (["ls", "--space", "cuda space"], "bad space"),
     (["ls", "--space", "../etc"], "bad space"),
