@@ -38,7 +38,7 @@ def last_used(root: Path) -> dict[str, float]:
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, NO_COLOR="1"))
     assert done.returncode == 0, done.stderr
     return {os.path.basename(e["path"]): datetime.fromisoformat(e["last_used"]).timestamp()
-            for e in json.loads(done.stdout)}
+            for e in json.loads(done.stdout)["entries"]}
 
 
 def same_times(root: Path) -> None:
