@@ -58,15 +58,17 @@ def main() -> None:
         subprocess.run(["cp", "-a", a, b], check=True)
         print(f"generated 2 x {args.n} entries in {time.perf_counter() - t:.0f}s ({work})")
 
-        # the victims: what kcache would remove (a dry run, untimed), mapped onto the shell's copy
-        plan = subprocess.run(kcache("--cache-dir", b, "prune", "--max-size", f"{10**18}B", "--dry-run", "--json"),
+        # the victims: what kcache would remove (a dry run on its own copy, untimed), mapped onto the shell's
+        # copy. Planned on `a`, not `b`: `cp -a` read every file of `a`, so where the mount records reads (relatime)
+        # `a`'s entries were all used just now, and kcache's last use (atime) orders them unlike `b`'s.
+        plan = subprocess.run(kcache("--cache-dir", a, "prune", "--max-size", f"{10**18}B", "--dry-run", "--json"),
                               capture_output=True, text=True, check=True)
         total = json.loads(plan.stdout)["size_before"]
         half = total // 2
-        plan = subprocess.run(kcache("--cache-dir", b, "prune", "--max-size", f"{half}B", "--dry-run", "--json"),
+        plan = subprocess.run(kcache("--cache-dir", a, "prune", "--max-size", f"{half}B", "--dry-run", "--json"),
                               capture_output=True, text=True, check=True)
         removed = json.loads(plan.stdout)["removed"]  # least recently used first
-        victims = [os.path.join(b, os.path.relpath(r["removed_path"], b)) for r in removed]
+        victims = [os.path.join(b, os.path.relpath(r["removed_path"], a)) for r in removed]
         # two rounds, each removing half of the victims, timed in the order kcache, shell, shell, kcache:
         # the disk's own drift (writeback, discards) then weighs on both sides alike
         cut = len(victims) // 2
