@@ -1,13 +1,14 @@
 """Export and import of a 10,000-entry cache against GNU tar on the same tree, in one run.
 
-    python bench/bench_archive.py [--entries 10000] [--repeat 3] [--dir DIR]
+    python bench/bench_archive.py [--entries 10000] [--repeat 3] [--dir DIR] [--baseline-ref REF]
 
 For each compression (gzip, zstd): `kcache export` against `tar -czf` / `tar --zstd -cf` of the
 same cache, and `kcache import` into an empty root against `tar -xzf` / `tar --zstd -xf` into an
 empty directory. Each command runs `--repeat` times (alternating with its baseline) and the best
 time counts; kcache runs as a subprocess, start-up included, as tar does. Target:
 within 1.2x of tar. The tree lives in DIR (default: /dev/shm when it exists, so that the disk's
-writeback does not drown the comparison; pass --dir to measure a real disk).
+writeback does not drown the comparison; pass --dir to measure a real disk). With --baseline-ref,
+kcache as of that git ref runs alternately with this tree too, and the two are compared.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+from common import baseline_tree  # noqa: E402
 from gen_cache import generate  # noqa: E402
 
 TARGET = 1.2
@@ -61,6 +63,7 @@ def main() -> int:
     ap.add_argument("--entries", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    ap.add_argument("--baseline-ref", help="also time kcache as of this git ref, alternating with this tree")
     args = ap.parse_args()
     if shutil.which("tar") is None:
         print("tar not found", file=sys.stderr)
@@ -71,22 +74,31 @@ def main() -> int:
         tmp = Path(tmp)
         root = tmp / "cache"
         generate(str(root), args.entries)
+        base = None
+        if args.baseline_ref:
+            base = ["env", f"PYTHONPATH={baseline_tree(args.baseline_ref, tmp / 'base')}", *kcache]
         files = sum(len(f) for _, _, f in os.walk(root))
         print(f"cache: {args.entries} entries, {files} files in {root}")
         rows = []
+        paired: list[tuple[str, float, float]] = []  # (what, this tree's best wall time, the baseline's)
         for comp, suffix, tar_c, tar_x in (("gzip", ".tar.gz", ["-czf"], ["-xzf"]),
                                            ("zstd", ".tar.zst", ["--zstd", "-cf"], ["--zstd", "-xf"])):
             ours, theirs = tmp / f"kcache{suffix}", tmp / f"tar{suffix}"
-            exp = {"kcache": [], "tar": []}
-            imp = {"kcache": [], "tar": []}
+            exp: dict[str, list] = {"kcache": [], "tar": [], "base": []}
+            imp: dict[str, list] = {"kcache": [], "tar": [], "base": []}
             for _ in range(args.repeat):
                 exp["tar"].append(timed(["tar", *tar_c, str(theirs), "-C", str(root), "ops"]))
                 exp["kcache"].append(timed([*kcache, "--cache-dir", str(root), "export", str(ours)]))
+                if base:
+                    exp["base"].append(timed([*base, "--cache-dir", str(root), "export", str(tmp / f"b{suffix}")]))
             for _ in range(args.repeat):
-                dst_t, dst_k = tmp / "dst-tar", tmp / "dst-kcache"
+                dst_t, dst_k, dst_b = tmp / "dst-tar", tmp / "dst-kcache", tmp / "dst-base"
                 imp["tar"].append(timed(["tar", *tar_x, str(theirs), "-C", str(dst_t)], fresh(dst_t)))
                 imp["kcache"].append(timed([*kcache, "--cache-dir", str(dst_k), "import", str(ours), "--json"],
                                            fresh(dst_k)))
+                if base:
+                    imp["base"].append(timed([*base, "--cache-dir", str(dst_b), "import", str(ours), "--json"],
+                                             fresh(dst_b)))
             n_k = sum(len(f) for _, _, f in os.walk(tmp / "dst-kcache" / "ops"))
             n_t = sum(len(f) for _, _, f in os.walk(tmp / "dst-tar" / "ops"))
             if n_k != n_t:
@@ -95,6 +107,8 @@ def main() -> int:
             for what, times in (("export", exp), ("import", imp)):
                 k, t = min(times["kcache"]), min(times["tar"])  # the best wall time, with its CPU time
                 rows.append((f"{what} {comp}", k, t))
+                if base:
+                    paired.append((f"{what} {comp}", k[0], min(times["base"])[0]))
             rows.append((f"size {comp}", ours.stat().st_size / 1e6, theirs.stat().st_size / 1e6))
         print(f"load average before: {load0}, after: {_load()} ({os.cpu_count()} cpus)")
         print(f"{'':<16}{'kcache':>9}{'tar':>9}{'ratio':>8}   {'kcache cpu':>10}{'tar cpu':>9}{'ratio':>8}")
@@ -108,6 +122,8 @@ def main() -> int:
             worst = max(worst, k[0] / t[0])
         verdict = "within" if worst <= TARGET else "OVER"
         print(f"worst wall-time ratio {worst:.2f}x: {verdict} the {TARGET}x target")
+        for name, k, b in paired:
+            print(f"{name:<16} this tree {k:.2f}s, {args.baseline_ref} {b:.2f}s: {k / b:.2f}x")
     return 0
 
 

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCH, compare, ensure_cache, kcache_cmd, load
+from common import BENCH, baseline_tree, compare, ensure_cache, kcache_cmd, load
 
 SHAPES = {"seed": {"seed_layout": True}, "equal": {"equal_mtimes": True}}
 
@@ -77,6 +77,16 @@ def bench_shape(name: str, root: Path, runs: int, env: dict, cold: bool = False)
     lookups(name, root, runs, env)
 
 
+def against_baseline(name: str, root: Path, runs: int, env: dict, prefix: list[str], ref: str) -> None:
+    """This tree against kcache as of `ref` (run through `prefix`), command for command."""
+    names = sorted(os.listdir(root / "ops" / "cuda_space_0" / "matmul"))
+    entry = names[len(names) // 2][:8]
+    for args in (["stats", "--json", "--no-index"], ["ls", "--json", "--no-index"], ["inspect", entry],
+                 ["log", entry], ["clear", "--dry-run", entry]):
+        ours = kcache_cmd("--cache-dir", str(root), *args)
+        compare(f"{name} {' '.join(args)}: this tree vs {ref}", ours, [*prefix, *ours], runs, 1.05, env)
+
+
 def drop_caches() -> None:
     """The page cache, dentries and inodes dropped (root only): the next command reads the disk."""
     subprocess.run(["sync"], check=True)
@@ -101,6 +111,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--shapes", default="seed,equal")
     ap.add_argument("--cold", action="store_true", help="also measure with caches dropped before each run (root)")
+    ap.add_argument("--baseline-ref", help="also run the scans and lookups of kcache as of this git ref, "
+                    "alternating with this tree (--no-index: the two trees' indexes differ)")
     args = ap.parse_args()
     if args.cold and not os.access("/proc/sys/vm/drop_caches", os.W_OK):
         ap.error("--cold drops the kernel's caches: it needs root")
@@ -114,6 +126,11 @@ def main() -> None:
     print(f"{args.entries} entries per cache, cpus: {os.cpu_count()}, load: {load()}", flush=True)
     for shape, root in roots.items():
         bench_shape(shape, root, args.runs, env, args.cold)
+    if args.baseline_ref:
+        with tempfile.TemporaryDirectory() as tmp:
+            base = baseline_tree(args.baseline_ref, Path(tmp) / "base")
+            for shape, root in roots.items():
+                against_baseline(shape, root, args.runs, env, ["env", f"PYTHONPATH={base}"], args.baseline_ref)
     version = kcache_cmd("--version")
     compare("--version vs minimal Typer app", version,
             [sys.executable, str(BENCH / "minimal_typer_app.py"), "--version"], max(args.runs, 20), 1.3, env)

@@ -20,13 +20,12 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCH, compare, load
+from common import BENCH, baseline_tree, compare, load
 
 REPO = BENCH.parent
 KERNEL = REPO / "tests/fixtures/real/triton/cache/ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA"
@@ -76,14 +75,6 @@ def make_tilelang(root: Path, n: int) -> Path:
             os.chmod(os.path.join(dirpath, f), 0o644)
     done.write_text("")
     return root
-
-
-def baseline_tree(ref: str, where: Path) -> Path:
-    """kcache_cli as of `ref`, exported into `where` (run with PYTHONPATH, never written to)."""
-    where.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "kcache_cli"], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(where)], input=archive.stdout, check=True)
-    return where
 
 
 def main() -> None:

@@ -87,3 +87,13 @@ def ensure_cache(root: Path, n: int, seed_layout: bool = False, equal_mtimes: bo
 
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def baseline_tree(ref: str, where: Path) -> Path:
+    """kcache_cli as of git `ref` of this repository, exported into `where`: run a command with
+    `PYTHONPATH=<where>` to time that tree against this one in the same window (never written to)."""
+    where.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(BENCH.parent), "archive", ref, "kcache_cli"], capture_output=True,
+                             check=True)
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive.stdout, check=True)
+    return where

@@ -484,8 +484,11 @@ def entry_status(path: str) -> tuple[Status | None, str | None, dict | None]:
         return None, None, None
     if not os.path.isdir(path):
         return CORRUPT, "not a directory", None
+    from kcache_cli.entrydir import EntryDir
+
     layout = builder()
-    verdict = layout.judge(path, layout.shape.build_kind or "")
+    with EntryDir.open(path) as d:
+        verdict = layout.judge(d, layout.shape.build_kind or "", layout.judging())
     return verdict.status, verdict.reason, _read_manifest(path)
 
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import contextvars
 import errno
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kcache_cli import fsread
+
+if TYPE_CHECKING:
+    from kcache_cli.entrydir import EntryDir
 
 
 def list_files(path: str, warn=None) -> tuple:
@@ -37,16 +38,16 @@ def sha256_file(path: str) -> str:
     return fsread.sha256_file(path)
 
 
-def check_manifest(path: str, manifest: str, files: dict) -> list[str]:
-    """Problems found comparing files under `path` with a {name: {size, sha256}} map."""
+def check_manifest(d: EntryDir, manifest: str, files: dict) -> list[str]:
+    """Problems found comparing the files in the entry held as `d` with a {name: {size, sha256}} map."""
     problems = []
     for name, rec in sorted(files.items()):
-        full = os.path.normpath(os.path.join(path, name))
         if not isinstance(rec, dict) or os.path.isabs(name) or ".." in Path(name).parts:
             problems.append(f"{manifest}: bad record for {name!r}")
             continue
+        name = os.path.normpath(name)
         try:
-            size = os.lstat(full).st_size
+            size = d.lstat(name).st_size
         except OSError:
             problems.append(f"{name} is missing ({manifest} lists it)")
             continue
@@ -54,7 +55,7 @@ def check_manifest(path: str, manifest: str, files: dict) -> list[str]:
             problems.append(f"{name} is {size} bytes, {manifest} says {rec['size']}")
         elif rec.get("sha256"):
             try:
-                digest = fsread.sha256_file(full, base=path)
+                digest = d.sha256(name)
             except OSError as exc:
                 problems.append(f"cannot read {name}: {exc.strerror}")
                 continue
@@ -129,63 +130,46 @@ _EUID = os.geteuid()
 
 def unreadable(path: str) -> str | None:
     """Why a file cannot be read by the people using the cache, or None. Root reads mode 000 files
-    anyway, so a file nobody may read counts as unreadable whoever runs kcache."""
+    anyway, so a file nobody may read counts as unreadable whoever runs kcache. (A judgement asks its
+    EntryDir instead: `d.unreadable(name)`, the same rule through the entry's fd.)"""
     import stat
 
-    name, dir_fd = fsread.at(path)  # through the directory a scan holds open, when it does
-    st = fsread.listed(path)  # its lstat as the scan listed it: a link is not followed (the read refuses it)
-    if st is None:
-        try:
-            st = os.stat(name, dir_fd=dir_fd)
-        except OSError:
-            return None  # missing: the caller's rules say what that means
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # missing: the caller's rules say what that means
     if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o444:
         return f"{os.path.basename(path)} is unreadable (mode {stat.S_IMODE(st.st_mode):03o}: permission denied)"
     if stat.S_ISREG(st.st_mode) and st.st_uid == _EUID and st.st_mode & 0o400:
         return None  # the owner reads by its mode bits alone (an ACL never narrows the owner's)
-    if not os.access(name, os.R_OK, dir_fd=dir_fd):
+    if not os.access(path, os.R_OK):
         return f"{os.path.basename(path)} is unreadable (permission denied)"
     return None
 
 
-_CALLER_READS = contextvars.ContextVar("caller_reads_every_byte", default=False)
-
-
-@contextmanager
-def caller_reads_every_byte() -> Iterator[None]:
-    """For a caller that reads every byte of each entry itself right after judging it (export): the
-    deep judgement still checks that each file is there, regular and readable by its mode, and leaves
-    the reading to the caller, which leaves the entry out on any read error (one read, not two)."""
-    token = _CALLER_READS.set(True)
+def read_every_byte(d: EntryDir, caller_reads: bool = False) -> str | None:
+    """Read every file in the entry held as `d` to the end (links are not followed, FIFOs and devices
+    are never opened: fsread). Returns why one could not be read: a permission problem says
+    'unreadable', any other error is the caller's corruption. With `caller_reads` (export, which reads
+    every byte itself right after), each file is only checked to be readable by its mode."""
     try:
-        yield
-    finally:
-        _CALLER_READS.reset(token)
-
-
-def read_every_byte(path: str) -> str | None:
-    """Read every file under `path` to the end (links are not followed, FIFOs and devices are never
-    opened: fsread). Returns why one could not be read: a permission problem says 'unreadable', any
-    other error is the caller's corruption."""
-    try:
-        for rel, _st, link in fsread.walk_files(path):
+        for rel, _st, link in d.walk_files():
             if link is not None:
                 continue
-            full = os.path.join(path, rel)
-            why = unreadable(full)
+            why = d.unreadable(rel)
             if why:
-                return why.replace(os.path.basename(full), rel, 1)
-            if _CALLER_READS.get():
+                return why.replace(rel.rpartition("/")[2], rel, 1)
+            if caller_reads:
                 continue
             try:
-                for _ in fsread.iter_chunks(full, base=path):
+                for _ in d.iter_chunks(rel):
                     pass
             except PermissionError:
                 return f"{rel} is unreadable (permission denied)"
             except OSError as exc:
                 return f"cannot read {rel}: {exc.strerror or exc}"
     except fsread.TreeTooDeep as exc:
-        return f"{os.path.basename(path)}: {exc.strerror}"
+        return f"{os.path.basename(d.path)}: {exc.strerror}"
     return None
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from _thread import get_ident
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -49,7 +48,7 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
-def _refuse(path: str, what: str) -> NotRegularFile:
+def refuse(path: str, what: str) -> NotRegularFile:
     exc = NotRegularFile(errno.EINVAL, f"{what}, not a regular file (kcache never reads it)", path)
     exc.kind = what
     return exc
@@ -119,152 +118,104 @@ def openat2(dir_fd: int, name: str, flags: int, resolve: int) -> int | None:
 
 # ---- anchors: reads inside a cache resolve from its root, never through a link below it ---------------
 
-# Reads refused because a directory between an anchor and the file was a link (or not a directory):
-# a judgement during which this moved saw a cache being swapped under it, and concludes nothing.
-LINK_REFUSALS = 0
-_ANCHORS: dict[str, int] = {}  # "<root>/" -> a directory fd of the root (the newest few)
+
+class Anchor:
+    """A cache root held open: reads below it resolve from this fd and follow no link between the root
+    and the file, so a directory of the cache swapped for a link mid-run (`ops/cuda_space_0` ->
+    elsewhere) makes the read fail instead of judging an entry by someone else's files. The root is the
+    one the user named: a link to it is followed once, here. `refused` counts the reads refused because
+    a directory on the way was a link (or not a directory): a judgement during which it moved saw the
+    cache being swapped under it, and concludes nothing (entrydir.EntryDir.swapped)."""
+
+    __slots__ = ("key", "fd", "refused")
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.key = os.path.join(os.path.abspath(root), "")
+        self.fd = os.open(self.key, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.refused = 0
+
+    def __enter__(self) -> Anchor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+    def holds(self, path: str) -> bool:
+        """Whether the absolute `path` lies below the root."""
+        return path.startswith(self.key)
+
+    def rel(self, path: str) -> str:
+        """The absolute `path` below the root, relative to it (for calls with `dir_fd=self.fd`)."""
+        return path[len(self.key):].rstrip("/") or "."
+
+    def current(self) -> bool:
+        """Whether the root's path still names the directory held."""
+        try:
+            return os.path.samestat(os.stat(self.key), os.fstat(self.fd))
+        except OSError:
+            return False
+
+    def dir_of(self, path: str) -> tuple[int, str]:
+        """(a new fd of the directory holding the absolute `path` below the root, the file name)."""
+        head, name = os.path.split(path[len(self.key):])
+        if not head:
+            return os.dup(self.fd), name
+        return self.open_dir(self.key + head), name
+
+    def open_dir(self, path: str) -> int:
+        """A new fd of the directory at the absolute `path` below the root, no link on the way followed."""
+        rel = path[len(self.key):].rstrip("/")
+        if not rel:
+            return os.dup(self.fd)
+        try:
+            fd = openat2(self.fd, rel, DIR_FLAGS, RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH)
+            return fd if fd is not None else dir_beneath_fd(self.fd, self.key, rel)
+        except NotRegularFile:
+            self.refused += 1
+            raise
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
+                self.refused += 1
+                raise refuse(path, f"{rel}/ holds a symlink or a non-directory") from None
+            raise
+
+
+# The roots reads by path (`base=`) resolve from: describe's, log's and the archive's reads, which are
+# not handed an EntryDir. A judgement never looks here: it reads through the EntryDir it is handed.
+_ANCHORS: dict[str, Anchor] = {}  # "<root>/" -> its anchor (the newest few)
 _MAX_ANCHORS = 8
 
 
-def anchor(root: str | os.PathLike) -> None:
-    """From now on, entry files below `root` read with a `base` are resolved from the root itself: no
-    component between the root and the file may be a symlink, so a directory of the cache swapped for
-    a link mid-run (`ops/cuda_space_0` -> elsewhere) makes the read fail instead of judging an entry
-    by someone else's files. The root is the one the user named: a link to it is followed once here."""
+def anchor(root: str | os.PathLike) -> Anchor | None:
+    """The anchor of `root` that reads by path below it resolve from from now on (opened again when the
+    root's path names another directory now), or None when it cannot be opened."""
     key = os.path.join(os.path.abspath(root), "")
-    fd = _ANCHORS.get(key)
+    held = _ANCHORS.get(key)
+    if held is not None and held.current():
+        return held
+    if held is not None:
+        _ANCHORS.pop(key).close()
     try:
-        st = os.stat(key)
-        if fd is not None and os.path.samestat(st, os.fstat(fd)):
-            return
-        new = os.open(key, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        new = Anchor(key)
     except OSError:
-        new = None
-    if fd is not None:
-        os.close(_ANCHORS.pop(key))
-    if new is None:
-        return
+        return None
     while len(_ANCHORS) >= _MAX_ANCHORS:
-        os.close(_ANCHORS.pop(next(iter(_ANCHORS))))
+        _ANCHORS.pop(next(iter(_ANCHORS))).close()
     _ANCHORS[key] = new
+    return new
 
 
 def _anchored_dir(path: str) -> tuple[int, str] | None:
     """(a new fd of the directory holding `path`, the file name) when `path` lies below an anchor."""
-    for key, root_fd in _ANCHORS.items():
-        if path.startswith(key):
-            head, name = os.path.split(path[len(key):])
-            if not head:
-                return os.dup(root_fd), name
-            global LINK_REFUSALS
-            try:
-                fd = openat2(root_fd, head, DIR_FLAGS, RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH)
-                return (fd if fd is not None else _dir_beneath_fd(root_fd, key, head)), name
-            except NotRegularFile:
-                LINK_REFUSALS += 1
-                raise
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
-                    LINK_REFUSALS += 1
-                    raise _refuse(path, f"{head}/ holds a symlink or a non-directory") from None
-                raise
+    for held in _ANCHORS.values():
+        if held.holds(path):
+            return held.dir_of(path)
     return None
-
-
-# ---- held directories: one fd of an entry's directory for all the reads that judge it ---------------
-
-# thread id -> (directory path, its fd, the lstat of each file a scan listed in it): the one each thread holds
-_HELD: dict[int, tuple[str, int, dict[str, os.stat_result]]] = {}
-
-
-class held:
-    """`with held(path):` reads in this thread of files directly in the directory `path` (open_regular,
-    read_bytes, at) go through one fd of it, opened once: a scan judges an entry by a few reads of its
-    files, and resolving the path again for each cost more than the reads. The fd is opened as a read
-    with a `base` would open it (below an anchor: from the root, no link followed), so every read
-    through it is as safe as without; where it cannot be opened nothing is held and each read says
-    why as before. Re-entrant for the same path; another path held inside is released at its exit."""
-
-    __slots__ = ("path", "fd", "saved")
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.fd: int | None = None
-        self.saved: tuple[str, int, dict[str, os.stat_result]] | None = None
-
-    def __enter__(self) -> held:
-        me = get_ident()
-        self.saved = _HELD.get(me)
-        if self.saved is not None and self.saved[0] == self.path:
-            return self
-        try:
-            self.fd = _open_dir(self.path)
-        except OSError:
-            return self
-        _HELD[me] = (self.path, self.fd, {})
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is None:
-            return
-        me = get_ident()
-        if self.saved is None:
-            _HELD.pop(me, None)
-        else:
-            _HELD[me] = self.saved
-        os.close(self.fd)
-        self.fd = None
-
-
-def _open_dir(path: str) -> int:
-    """An fd of the directory `path`: below an anchor resolved from the root without following any link,
-    elsewhere without following its last component (O_NOFOLLOW)."""
-    anchored = _anchored_dir(os.path.join(path if path[:1] == "/" else os.path.abspath(path), ""))
-    if anchored is None:
-        return os.open(path, DIR_FLAGS)
-    return anchored[0]
-
-
-def _holding(path: str) -> tuple[str, int, dict[str, os.stat_result]] | None:
-    """This thread's held record when it holds the directory `path`, else None."""
-    if not _HELD:
-        return None
-    h = _HELD.get(get_ident())
-    return h if h is not None and h[0] == path else None
-
-
-def held_fd(path: str) -> int | None:
-    """The fd this thread holds for the directory `path` (do not close it), or None."""
-    h = _holding(path)
-    return h[1] if h is not None else None
-
-
-def held_listing(path: str) -> dict[str, os.stat_result] | None:
-    """Where a scan lists the held directory `path`, the lstat of each file it lists goes here: a read of
-    one of them then skips its own pre-open stat (open_regular), and checks.unreadable its stat. That
-    stat was as recent as the one skipped, and the open still refuses links and checks with fstat."""
-    h = _holding(path)
-    return h[2] if h is not None else None
-
-
-def listed(path: str) -> os.stat_result | None:
-    """The lstat a scan of the held directory saw for the file `path`, or None."""
-    if not _HELD:
-        return None
-    head, _, name = path.rpartition("/")
-    h = _holding(head)
-    return h[2].get(name) if h is not None else None
-
-
-def at(path: str) -> tuple[str, int | None]:
-    """(name, dir_fd) for os calls on `path`: through the held fd of its directory when this thread
-    holds it, else (path, None)."""
-    if _HELD:
-        head, _, name = path.rpartition("/")
-        fd = held_fd(head)
-        if fd is not None and name not in ("", ".", ".."):
-            return name, fd
-    return path, None
 
 
 def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = None,
@@ -276,15 +227,11 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
     directory and no component below it is followed either (a `module/` that is a symlink out of
     the cache is refused like a symlinked file). `follow` is for a path the user named (a task
     file given to `build`): a link is followed, the file must still be regular."""
-    if dir_fd is None and not follow and _HELD:
-        name, held_dir = at(path)
-        if held_dir is not None and (base is None or base == path[:-len(name) - 1]):
-            return _open_file(name, held_dir, False, path, listed(path))
     if base is not None and dir_fd is None:
-        path, base = _absolute(path), _absolute(base)
+        path, base = absolute(path), absolute(base)
         rel = _relative(path, base)
         if rel == ".." or rel.startswith("../"):
-            raise _refuse(path, "outside its entry")
+            raise refuse(path, "outside its entry")
         anchored = _anchored_dir(path)
         if anchored is not None:
             dfd, name = anchored
@@ -299,10 +246,10 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
                 return open_regular(name, dir_fd=dfd)
             finally:
                 os.close(dfd)
-    return _open_file(path, dir_fd, follow, path)
+    return open_file(path, dir_fd, follow, path)
 
 
-def _open_file(path: str, dir_fd: int | None, follow: bool, shown: str,
+def open_file(path: str, dir_fd: int | None, follow: bool, shown: str,
                pre: os.stat_result | None = None) -> tuple[int, os.stat_result]:
     """open_regular's open of `path` (relative to `dir_fd`); `shown` names it in refusals. `pre`: its
     lstat as a scan just listed it (held_listing), which spares the stat below."""
@@ -312,15 +259,15 @@ def _open_file(path: str, dir_fd: int | None, follow: bool, shown: str,
         if pre is None:
             pre = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
         if not stat.S_ISREG(pre.st_mode):
-            raise _refuse(shown, kind_of(pre.st_mode))
+            raise refuse(shown, kind_of(pre.st_mode))
         fd = open_quietly(path, FILE_FLAGS & ~os.O_NOFOLLOW if follow else FILE_FLAGS, dir_fd, pre.st_uid)
     except NotRegularFile:
         raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
-            raise _refuse(shown, "a symlink") from None
+            raise refuse(shown, "a symlink") from None
         raise
-    return fd, fstat_regular(fd, lambda st: _refuse(shown, kind_of(st.st_mode)))
+    return fd, fstat_regular(fd, lambda st: refuse(shown, kind_of(st.st_mode)))
 
 
 def fstat_regular(fd: int, refusal: Callable[[os.stat_result], OSError]) -> os.stat_result:
@@ -381,7 +328,7 @@ def open_quietly(path: str, flags: int, dir_fd: int | None = None, owner: int | 
     return os.open(path, flags, dir_fd=dir_fd)
 
 
-def _absolute(path: str) -> str:
+def absolute(path: str) -> str:
     """os.path.abspath, without its cost for the absolute, already normal paths scans hand out."""
     if (path[:1] == "/" and "//" not in path and "/./" not in path and "/../" not in path
             and not path.endswith(("/", "/.", "/.."))):
@@ -400,10 +347,10 @@ def _relative(path: str, base: str) -> str:
 
 def open_dir_beneath(base: str, rel: str) -> int:
     """An fd of the directory `base/rel`, opened one component at a time without following links."""
-    return _dir_beneath_fd(os.open(base, DIR_FLAGS), base, rel, own=True)
+    return dir_beneath_fd(os.open(base, DIR_FLAGS), base, rel, own=True)
 
 
-def _dir_beneath_fd(fd: int, base: str, rel: str, own: bool = False) -> int:
+def dir_beneath_fd(fd: int, base: str, rel: str, own: bool = False) -> int:
     """`rel` below the directory `fd` (named `base` in errors), one component at a time, no link followed.
     The caller's `fd` stays open unless `own`."""
     if not own:
@@ -413,12 +360,12 @@ def _dir_beneath_fd(fd: int, base: str, rel: str, own: bool = False) -> int:
             if part in ("", "."):
                 continue
             if part == "..":
-                raise _refuse(os.path.join(base, rel), "outside its entry")
+                raise refuse(os.path.join(base, rel), "outside its entry")
             try:
                 sub = os.open(part, DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise _refuse(os.path.join(base, rel), f"{part}/ is a symlink or not a directory") from None
+                    raise refuse(os.path.join(base, rel), f"{part}/ is a symlink or not a directory") from None
                 raise
             os.close(fd)
             fd = sub
@@ -455,14 +402,19 @@ def read_bytes(path: str, limit: int, *, base: str | None = None, dir_fd: int | 
     """The bytes of a regular file, at most `limit`. With `strict`, a longer file is TooLarge
     (its contents would be judged wrongly if cut); otherwise the first `limit` bytes."""
     fd, st = open_regular(path, base=base, dir_fd=dir_fd, follow=follow)
+    return read_open(fd, st, limit, strict, path)
+
+
+def read_open(fd: int, st: os.stat_result, limit: int, strict: bool, shown: str) -> bytes:
+    """read_bytes of the file just opened as `fd` (fstat `st`), named `shown` in errors; closes `fd`."""
     try:
         if strict and st.st_size > limit:
-            raise TooLarge(errno.EFBIG, f"over {limit} bytes ({st.st_size}), not read", path)
+            raise TooLarge(errno.EFBIG, f"over {limit} bytes ({st.st_size}), not read", shown)
         data = _read_fd(fd, limit + 1 if strict else limit, st.st_size)
     finally:
         os.close(fd)
     if strict and len(data) > limit:  # grew since the fstat
-        raise TooLarge(errno.EFBIG, f"over {limit} bytes, not read", path)
+        raise TooLarge(errno.EFBIG, f"over {limit} bytes, not read", shown)
     return data
 
 
@@ -576,17 +528,21 @@ def json_object(path: str | os.PathLike, limit: int = MAX_JSON, *, base: str | N
 
 def json_problem(path: str, limit: int = MAX_JSON, *, base: str | None = None) -> tuple[Any, str | None]:
     """(value, None) or (None, a one-line reason naming the file) for a JSON record of an entry."""
-    name = os.path.basename(path)
     try:
         return load_json(path, limit, base=base), None
-    except FileNotFoundError:
-        return None, f"{name} is missing"
-    except OSError as exc:
-        return None, f"{name} is unreadable: {exc.strerror or exc}"
-    except JsonTooDeep as exc:
-        return None, str(exc)
-    except ValueError:
-        return None, f"{name} is not valid JSON"
+    except (OSError, ValueError) as exc:
+        return None, json_reason(os.path.basename(path), exc)
+
+
+def json_reason(name: str, exc: OSError | ValueError) -> str:
+    """json_problem's one-line reason for the error reading or parsing the JSON file `name`."""
+    if isinstance(exc, FileNotFoundError):
+        return f"{name} is missing"
+    if isinstance(exc, OSError):
+        return f"{name} is unreadable: {exc.strerror or exc}"
+    if isinstance(exc, JsonTooDeep):
+        return str(exc)
+    return f"{name} is not valid JSON"
 
 
 # ---- walking -------------------------------------------------------------------------------------
@@ -600,11 +556,19 @@ def walk_files(path: str, max_depth: int = MAX_TREE_DEPTH) -> Iterator[tuple[str
     non-directory under `path`: a directory's own files (sorted) before its subdirectories'.
     Iterative and relative to directory fds (no path grows past PATH_MAX), never following links.
     TreeTooDeep past `max_depth` (after what came before it); an unreadable subdirectory is skipped."""
+    top = os.open(path, DIR_FLAGS)
+    try:
+        yield from walk_fd(top, path, max_depth)
+    finally:
+        os.close(top)
+
+
+def walk_fd(top: int, path: str, max_depth: int = MAX_TREE_DEPTH) -> Iterator[tuple[str, os.stat_result, str | None]]:
+    """walk_files of the directory open as `top` (named `path` in errors; `top` stays open)."""
     stack: list[tuple[int, str, list[str]]] = []  # (dir fd, its prefix, subdirectories still to visit)
     try:
-        top = os.open(path, DIR_FLAGS)
-        stack.append((top, "", []))
-        yield from _visit(top, "", stack[-1][2])
+        stack.append((os.dup(top), "", []))
+        yield from _visit(stack[-1][0], "", stack[-1][2])
         while stack:
             fd, prefix, subdirs = stack[-1]
             if not subdirs:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from kcache_cli import fsread
+from kcache_cli.entrydir import EntryDir
 from kcache_cli.model import Entry, TreeUsage, Warn, listdir, measure_tree
 from kcache_cli.progress import NO_PROGRESS, Progress
 
@@ -37,6 +38,19 @@ class ScanContext:
     def __post_init__(self) -> None:
         self._prefix = os.path.join(str(self.root), "")
         self._reads: Callable[[str], bool] | None = None  # mounts.AtimeRule of the root, made when first asked
+        self._anchor: fsread.Anchor | None = None
+
+    @property
+    def anchor(self) -> fsread.Anchor | None:
+        """The root held open, that entry directories are opened from (None when it cannot be opened)."""
+        if self._anchor is None or self._anchor.fd < 0:
+            self._anchor = fsread.anchor(self.root)
+        return self._anchor
+
+    def open_entry(self, path: str) -> EntryDir:
+        """The entry directory `path` held open from the root (no link on the way followed), for its
+        judgement to read through: `with ctx.open_entry(path) as d:`."""
+        return EntryDir.open(path, self.anchor)
 
     def reads_recorded(self, path: str) -> bool:
         """Whether the mount holding `path` records reads in atime (not `noatime`)."""
@@ -122,69 +136,65 @@ class ScanContext:
             self.progress.advance(1)
             yield out
 
-    def read_dir(self, path: str) -> tuple[dict[str, int] | None, TreeUsage, dict[str, float]]:
+    def read_dir(self, where: str | EntryDir) -> tuple[dict[str, int] | None, TreeUsage, dict[str, float]]:
         """Top-level file sizes by name, the usage of the whole entry (subdirectories included), and
         the top-level files' mtimes.
 
         Sizes are None when the directory cannot be read (a warning says why). Works relative to an
-        open directory descriptor (fstatat, like du) rather than re-walking the full path per file."""
+        open directory descriptor (fstatat, like du) rather than re-walking the full path per file.
+        Given the entry's EntryDir, it lists through its fd and keeps each lstat in its `listing` (the
+        judgement's reads then skip their own stat)."""
+        if not isinstance(where, EntryDir):
+            with EntryDir.open(where) as d:
+                return self.read_dir(d)
+        if where.fd is None:
+            self.warn(f"cannot read {where.path}: {(where.error or OSError(2, 'No such file or directory')).strerror}")
+            try:
+                newest = os.lstat(where.path).st_mtime
+            except OSError:
+                newest = 0.0
+            return None, TreeUsage(0, 0, newest), {}
+        try:
+            return self._list_entry(where)
+        except OSError as exc:
+            self.warn(f"cannot read {where.path}: {exc.strerror}")
+            return None, TreeUsage(0, 0, 0.0), {}
+
+    def _list_entry(self, d: EntryDir) -> tuple[dict[str, int], TreeUsage, dict[str, float]]:
+        """read_dir of the open entry directory `d` (OSError when it cannot be listed)."""
         names: dict[str, int] = {}
         mtimes: dict[str, float] = {}
         size, files, accessed = 0, 0, 0.0
-        held = fsread.held_fd(path)  # the entry's fd its judgement reads through: listed through it too
-        listing = fsread.held_listing(path) if held is not None else None
-        try:
-            fd = held if held is not None else os.open(path, _DIR_FLAGS)
-        except OSError as exc:
-            self.warn(f"cannot read {path}: {exc.strerror}")
-            try:
-                newest = os.lstat(path).st_mtime
-            except OSError:
-                newest = 0.0
-            return None, TreeUsage(0, 0, newest), mtimes
-        recording = self.recording
-        stats: list | None = None
-        try:
-            dir_stat = os.fstat(fd)
-            newest = dir_stat.st_mtime
-            if recording is not None:
-                stats = []
-            with os.scandir(fd) as it:
-                for de in it:
-                    try:
-                        if de.is_dir(follow_symlinks=False):
-                            stats = None  # subdirectories are not recorded: such an entry is not indexed
-                            sub = measure_tree(os.path.join(path, de.name), self.warn)
-                            size, files = size + sub.size, files + sub.files
-                            newest, accessed = max(newest, sub.mtime), max(accessed, sub.atime)
-                            continue
-                        st = de.stat(follow_symlinks=False)
-                    except OSError:
+        listing = d.listing
+        dir_stat = os.fstat(d.fd)  # type: ignore[arg-type]  # read_dir checked it is open
+        newest = dir_stat.st_mtime
+        stats: list | None = [] if self.recording is not None else None
+        with os.scandir(d.fd) as it:
+            for de in it:
+                try:
+                    if de.is_dir(follow_symlinks=False):
+                        stats = None  # subdirectories are not recorded: such an entry is not indexed
+                        sub = measure_tree(os.path.join(d.path, de.name), self.warn)
+                        size, files = size + sub.size, files + sub.files
+                        newest, accessed = max(newest, sub.mtime), max(accessed, sub.atime)
                         continue
-                    if stats is not None:
-                        stats.append((de.name, st))
-                    if listing is not None:
-                        listing[de.name] = st
-                    names[de.name] = st.st_size
-                    mtime = mtimes[de.name] = st.st_mtime
-                    size += st.st_size
-                    files += 1
-                    if mtime > newest:
-                        newest = mtime
-                    if st.st_atime > accessed and S_ISREG(st.st_mode):  # not a link: readlink sets its atime
-                        accessed = st.st_atime
-        except OSError as exc:
-            self.warn(f"cannot read {path}: {exc.strerror}")
-            return None, TreeUsage(size, files, 0.0), mtimes
-        finally:
-            if held is None:
-                os.close(fd)
-        if recording is not None:
-            recording[path] = (dir_stat, stats) if stats is not None else None
+                    st = de.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stats is not None:
+                    stats.append((de.name, st))
+                listing[de.name] = st
+                names[de.name] = st.st_size
+                mtime = mtimes[de.name] = st.st_mtime
+                size += st.st_size
+                files += 1
+                if mtime > newest:
+                    newest = mtime
+                if st.st_atime > accessed and S_ISREG(st.st_mode):  # not a link: readlink sets its atime
+                    accessed = st.st_atime
+        if self.recording is not None:
+            self.recording[d.path] = (dir_stat, stats) if stats is not None else None
         return names, TreeUsage(size, files, newest, accessed), mtimes
-
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
 PARALLEL_MIN_JOBS = 4000

@@ -65,11 +65,13 @@ class VerifyResult:
                 "fixed": [ch.entry.to_json() for ch in self.fixed], "problems": [ch.to_json() for ch in failed]}
 
 
-def judge_entry(root: Path, entry: Entry, deep: bool = True) -> Judgement:
+def judge_entry(root: Path, entry: Entry, deep: bool = True, *, caller_reads: bool = False) -> Judgement:
     """The layout's one judgement of `entry`'s files, read again now: what verify, inspect,
     prune --broken (also at delete time), import's "already present" and export all go by.
     Temp and staging directories, links where entries belong, unlistable directories and entries being
-    built keep the scan's status: they are not entries a layout judges."""
+    built keep the scan's status: they are not entries a layout judges. The entry's directory is opened
+    from the root held open (fsread.anchor) and handed to the layout with its judging context."""
+    from kcache_cli.entrydir import EntryDir
     from kcache_cli.layouts import get
 
     layout = get(entry.layout)
@@ -77,18 +79,17 @@ def judge_entry(root: Path, entry: Entry, deep: bool = True) -> Judgement:
     if (entry.status == BUILDING or not entry.hash or name.startswith(".") or layout.leftover(entry) is not None
             or os.path.islink(entry.path) or not os.path.isdir(entry.path)):
         return Judgement.of(entry.status, entry.reason)
-    fsread.anchor(root)
-    refused = fsread.LINK_REFUSALS
-    try:
-        verdict = layout.judge(entry.path, entry.kind, deep, root=root)
-        if verdict.status != COMPLETE and fsread.LINK_REFUSALS != refused:
-            # A directory above the entry was a link while it was read: nothing is known of the entry,
-            # and unreadable is a status prune never deletes.
-            return Judgement.of(UNREADABLE, "a directory on the way to it was replaced by a link while it was read")
-        return verdict
-    except OSError as exc:
-        status: Status = UNREADABLE if isinstance(exc, PermissionError) or fsread.LINK_REFUSALS != refused else CORRUPT
-        return Judgement.of(status, f"cannot read the entry: {exc.strerror}")
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        try:
+            verdict = layout.judge(d, entry.kind, layout.judging(deep, caller_reads=caller_reads))
+            if verdict.status != COMPLETE and d.swapped:
+                # A directory above the entry was a link while it was read: nothing is known of the entry,
+                # and unreadable is a status prune never deletes.
+                return Judgement.of(UNREADABLE, "a directory on the way to it was replaced by a link while it was read")
+            return verdict
+        except OSError as exc:
+            status: Status = UNREADABLE if isinstance(exc, PermissionError) or d.swapped else CORRUPT
+            return Judgement.of(status, f"cannot read the entry: {exc.strerror}")
 
 
 def check_entry(root: Path, entry: Entry) -> EntryCheck:

@@ -564,7 +564,7 @@ def test_manifest_is_the_completion_marker(tmp_path, kcache, monkeypatch):
     assert all(p.stat().st_mtime_ns < marker for p in entry.iterdir() if p.name != "kcache.json")
     reads = []
     real = hidet_mod._manifest_mismatch
-    monkeypatch.setattr(hidet_mod, "_manifest_mismatch", lambda p, n: reads.append(p) or real(p, n))
+    monkeypatch.setattr(hidet_mod, "_manifest_mismatch", lambda d, n: reads.append(d.path) or real(d, n))
     assert kcache("--cache-dir", root, "ls", "--json").json()["entries"][0]["status"] == "complete"
     assert reads == []
     with open(entry / "nvcc_log.txt", "ab") as f:

@@ -405,10 +405,10 @@ def test_prune_broken_keeps_stale_entries_and_prune_stale_removes_them(kcache, t
     root = hidet_root(tmp_path / "c")
     real = hidet._judge_module
 
-    def judge(path, *args, **kwargs):
-        if str(path).endswith(MATMUL):
+    def judge(d, *args, **kwargs):
+        if d.path.endswith(MATMUL):
             return Judgement.of("stale", "built for another compiler's key space")
-        return real(path, *args, **kwargs)
+        return real(d, *args, **kwargs)
 
     monkeypatch.setattr(hidet, "_judge_module", judge)
     (root / RELU / "func_types.pickle").unlink()  # partial: --broken takes it

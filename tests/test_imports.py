@@ -24,6 +24,7 @@ FLOORS: dict[str, int] = {
     "kcache_cli.units": PRIMITIVES,
     "kcache_cli.textsafe": PRIMITIVES,
     "kcache_cli.fsread": PRIMITIVES,
+    "kcache_cli.entrydir": PRIMITIVES,  # an entry directory held open: what a judgement reads through
     "kcache_cli.fswrite": PRIMITIVES,
     "kcache_cli.fsdelete": PRIMITIVES,
     "kcache_cli.state": PRIMITIVES,  # the root's .kcache/ directory: lock, stamp and staging paths

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from kcache_cli import index, state
+from kcache_cli.entrydir import EntryDir
 from kcache_cli.layouts import hidet
 from kcache_cli.locking import entry_lock
 from kcache_cli.scan import scan_cache
@@ -566,16 +567,16 @@ def test_installing_or_removing_hidet_rejudges_indexed_entries(cache, judged, no
 
 def test_unreadable_is_never_stored(cache, judged, monkeypatch):
     """`unreadable` depends on permissions, which no stat of the entry's files records: judged every time."""
-    real = hidet.unreadable
+    real = EntryDir.unreadable
     denied = str(cache / SOFTMAX / "lib.so")
-    monkeypatch.setattr(hidet, "unreadable",
-                        lambda p: "lib.so is unreadable (permission denied)" if p == denied else real(p))
+    monkeypatch.setattr(EntryDir, "unreadable", lambda d, name: "lib.so is unreadable (permission denied)"
+                        if d.join(name) == denied else real(d, name))
     first = scan_cache(cache, use_index=True)
     assert statuses(first.entries)[SOFTMAX] == "unreadable"
     judged.clear()
     assert scan_cache(cache, use_index=True).entries == first.entries
     assert judged == [str(cache / SOFTMAX)]
-    monkeypatch.setattr(hidet, "unreadable", real)  # permission given back: nothing on disk changed
+    monkeypatch.setattr(EntryDir, "unreadable", real)  # permission given back: nothing on disk changed
     judged.clear()
     got, real_scan = both(cache, judged)
     assert got == real_scan and statuses(got)[SOFTMAX] == "complete" and judged == [str(cache / SOFTMAX)]

@@ -420,3 +420,58 @@ def test_autotune_tables(tmp_path):
     (root / "cache" / ("1" * 64)).write_text("")
     row = run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"]
     assert [(r["kind"], r["status"]) for r in row] == [("autotune", "corrupt")]
+
+
+@pytest.mark.parametrize("deep", [False, True], ids=["cheap", "deep"])
+def test_a_judgement_reads_only_through_the_entry_it_is_handed(cache, deep):
+    """Every entry held open from one anchor is judged the same once the whole cache has moved to another
+    name: the aotautograd entries' fx graphs are found from the anchor, nothing by a path of its own."""
+    from kcache_cli import fsread, layouts
+    from kcache_cli.entrydir import EntryDir
+
+    layout = layouts.get("inductor")
+    anchor = fsread.Anchor(cache)
+    held = [(r["kind"], rel, EntryDir.open(str(cache / rel), anchor)) for rel, r in rows(cache).items()]
+    try:
+        before = {rel: layout.judge(d, kind, layout.judging(deep)) for kind, rel, d in held}
+        assert {kind for kind, _, _ in held} == {"graph", "autograd", "code"}
+        assert all(j.status == "complete" for j in before.values()), before
+        moved = cache.with_name(cache.name + "-moved")
+        graph = _aot_named_graph(cache)
+        os.rename(cache, moved)  # every path the scan handed out now names nothing
+        assert {rel: layout.judge(d, kind, layout.judging(deep)) for kind, rel, d in held} == before
+        shutil.rmtree(moved / graph.relative_to(cache))  # an fx graph the aotautograd entries name
+        after = {rel: layout.judge(d, kind, layout.judging(deep)) for kind, rel, d in held if kind == "autograd"}
+        assert any(j.status == "partial" and graph.name in (j.reason or "") for j in after.values()), after
+    finally:
+        for _, _, d in held:
+            d.close()
+        anchor.close()
+
+
+def test_an_fx_graph_that_is_a_link_is_never_followed(tmp_path):
+    """An aotautograd entry whose fx graph is a symlink (to a whole graph elsewhere) is unreadable: the
+    judgement never follows a link to find what it names, and unreadable is never removed."""
+    import base64
+    import hashlib
+    import pickle
+
+    def b32(data: bytes) -> str:
+        return base64.b32encode(hashlib.sha256(data).digest())[:51].decode().lower()
+
+    root = tmp_path / "ind"
+    data = pickle.dumps({"graph": 1}, protocol=4)
+    key = "f" + b32(b"graph 1")
+    elsewhere = tmp_path / "elsewhere" / key
+    elsewhere.mkdir(parents=True)
+    (elsewhere / b32(data)).write_bytes(data)
+    (root / "fxgraph" / key[1:3]).mkdir(parents=True)
+    (root / "fxgraph" / key[1:3] / key).symlink_to(elsewhere)
+    variant = pickle.dumps({"forward": key}, protocol=4)
+    aot = root / "aotautograd" / ("a" + b32(b"aot"))
+    aot.mkdir(parents=True)
+    (aot / b32(variant)).write_bytes(variant)
+    listed = {r["kind"]: r for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"]}
+    assert listed["autograd"]["status"] == "unreadable" and key in listed["autograd"]["reason"]
+    verify = run_kcache("--cache-dir", str(root), "verify", "--json")
+    assert verify.exit_code != 0 and key in verify.stdout

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kcache_cli import layouts
+from kcache_cli import fsread, layouts
+from kcache_cli.entrydir import EntryDir
 from kcache_cli.layouts.base import CONCERNS, Layout
 from kcache_cli.layouts.shapes import SHAPES
 from kcache_cli.scan import scan_cache
@@ -42,7 +43,8 @@ def test_shapes_agree_with_the_scan(fixture_copy, name):
         assert layout.entry_path_problem(e.kind, e.relpath) is None, e.relpath
         assert layout.key_problem(e.kind, e.relpath, e.key) is None, e.relpath
         assert layout.key_problem(e.kind, e.relpath, e.key._replace(hash="0" * 16)) is not None
-        assert layout.judge(e.path, e.kind).status == e.status, e.relpath
+        with EntryDir.open(e.path, fsread.anchor(root)) as d:
+            assert layout.judge(d, e.kind, layout.judging()).status == e.status, e.relpath
     other = next(n for n in REAL if n != name)
     e = entries[0]
     assert layouts.get(other).entry_path_problem(e.kind, e.relpath) is not None
@@ -181,7 +183,7 @@ def test_the_rules_catch_a_typo_and_a_wrong_signature():
         def relocation_problems(self, entry):  # misspelt: Layout.relocation_problem would run
             return "moved"
 
-        def judge(self, path, kind, deep=False):  # no root: the scan's judge(..., root=...) would fail
+        def judge(self, path, kind, deep=False):  # the old signature: judge(d, kind, jc) would fail
             raise NotImplementedError
 
     assert non_hook_members(Typo) == ["relocation_problems"]

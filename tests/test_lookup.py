@@ -77,9 +77,9 @@ def test_clear_by_prefix_judges_only_where_names_show_the_entry(kcache, cache, s
     judged: list[str] = []
     real = hidet.judge
 
-    def spy(path, *a, **kw):
-        judged.append(os.path.relpath(path, cache))
-        return real(path, *a, **kw)
+    def spy(d, *a, **kw):
+        judged.append(os.path.relpath(d.path, cache))
+        return real(d, *a, **kw)
 
     monkeypatch.setattr(hidet, "judge", spy)
     os.symlink("/etc", cache / "ops/cpu_space_0/relu/8d1fffffffffffff")  # a link where an entry belongs

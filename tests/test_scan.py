@@ -242,14 +242,14 @@ def test_unreadable_directory_is_warning_not_exception(fixture_copy, monkeypatch
 
     monkeypatch.setattr(os, "open", deny)
     monkeypatch.setattr(os, "scandir", lambda path=".": deny(path))
-    real_open_dir = fsread._open_dir  # the entry's held fd (openat2 from the root) is denied alike
+    real_open_dir = fsread.Anchor.open_dir  # the entry's EntryDir (openat2 from the root) is denied alike
 
-    def deny_dir(path):
-        if os.fspath(path) == target:
+    def deny_dir(self, path):
+        if os.fspath(path).rstrip("/") == target:
             raise PermissionError(13, "Permission denied", target)
-        return real_open_dir(path)
+        return real_open_dir(self, path)
 
-    monkeypatch.setattr(fsread, "_open_dir", deny_dir)
+    monkeypatch.setattr(fsread.Anchor, "open_dir", deny_dir)
     warnings = []
     res = scan_cache(root, warn=warnings.append)
     e = by_rel(res)[SOFTMAX]
@@ -457,7 +457,7 @@ def test_ls_reads_contents_only_of_entries_changed_after_completion(fixture_copy
         os.utime(os.path.join(e.path, "func_types.pickle"), (1_000_001, 1_000_001))  # moments after
     opened = []
     real = hidet_mod._read
-    monkeypatch.setattr(hidet_mod, "_read", lambda p, seen, n: opened.append(os.path.join(p, seen.name))
+    monkeypatch.setattr(hidet_mod, "_read", lambda p, seen, n: opened.append(p.join(seen.name))
                         or real(p, seen, n))
     assert all(e.status == "complete" for e in scan_cache(root).entries)
     # only the dispatch tables hidet wrote when the ops ran (after the entry was finished) are read

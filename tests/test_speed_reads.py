@@ -1,5 +1,5 @@
-"""The scan's cheaper reads (issue 15) keep fsread's rules: an entry's files read through one held fd of
-its directory are refused or read exactly as without it."""
+"""The scan's cheaper reads (issue 15) keep fsread's rules: an entry's files read through its EntryDir (one
+fd of its directory, opened from the anchored root) are refused or read exactly as by path."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import pytest
 
 from kcache_cli import checks, fsread
+from kcache_cli.entrydir import EntryDir
 from kcache_cli.taskfile import sha256_hex
 
 
@@ -25,22 +26,40 @@ def entry(tmp_path):
     return root, str(d)
 
 
-def test_held_reads_equal_plain_reads_and_refuse_links(entry):
+def test_entrydir_reads_equal_plain_reads_and_refuse_links(entry):
     root, d = entry
     plain = fsread.read_bytes(f"{d}/task.txt", 1 << 20, base=d)
-    with fsread.held(d):
-        assert fsread.held_fd(d) is not None
-        assert fsread.read_bytes(f"{d}/task.txt", 1 << 20, base=d) == plain == b"Task(name: add)"
-        assert fsread.read_head(f"{d}/lib.so", 4) == b"\x7fELF"
+    with EntryDir.open(d, fsread.anchor(root)) as held:
+        assert held.fd is not None and not held.swapped
+        assert held.read_bytes("task.txt", 1 << 20) == plain == b"Task(name: add)"
+        assert held.read_head("lib.so", 4) == b"\x7fELF"
         with pytest.raises(fsread.NotRegularFile):
-            fsread.read_bytes(f"{d}/link.txt", 1 << 20, base=d)
+            held.read_bytes("link.txt", 1 << 20)
+        assert held.read_bytes("link.txt", 1 << 20, follow=True) == b"secret"  # only where asked to follow
         with pytest.raises(fsread.TooLarge):
-            fsread.read_bytes(f"{d}/task.txt", 4, base=d)
-        assert checks.unreadable(f"{d}/task.txt") is None
-        with fsread.held(d):  # re-entrant: the inner exit keeps the outer hold
-            pass
-        assert fsread.held_fd(d) is not None
-    assert fsread.held_fd(d) is None
+            held.read_bytes("task.txt", 4)
+        assert held.unreadable("task.txt") is None == checks.unreadable(f"{d}/task.txt")
+        sizes, _ = held.files()
+        assert sizes == {"task.txt": 15, "lib.so": 64, "link.txt": os.lstat(f"{d}/link.txt").st_size}
+        assert set(held.listing) == set(sizes)  # the lstats a read then skips its own stat by
+    assert held.fd is None  # closed on exit
+
+
+def test_entrydir_subdirectory_follows_no_link(entry, tmp_path):
+    root, d = entry
+    os.mkdir(f"{d}/kernels")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "meta.json").write_text("{}")
+    os.symlink(tmp_path / "outside", f"{d}/kernels/0")
+    with EntryDir.open(d, fsread.anchor(root)) as held:
+        with held.sub("kernels/0") as sub:
+            assert sub.fd is None
+            with pytest.raises(fsread.NotRegularFile):
+                sub.read_bytes("meta.json", 100)
+        with pytest.raises(fsread.NotRegularFile):
+            held.read_bytes("kernels/0/meta.json", 100)
+        with pytest.raises(fsread.NotRegularFile):
+            held.read_bytes("../abc/task.txt", 100)
 
 
 def test_nothing_held_through_a_linked_directory_below_the_root(entry, tmp_path):
@@ -50,10 +69,13 @@ def test_nothing_held_through_a_linked_directory_below_the_root(entry, tmp_path)
     (elsewhere / "abc" / "task.txt").write_bytes(b"not the cache's")
     os.symlink(elsewhere, root / "ops" / "s" / "linked")
     linked = str(root / "ops" / "s" / "linked" / "abc")
-    with fsread.held(linked):
-        assert fsread.held_fd(linked) is None
+    anchor = fsread.anchor(root)
+    with EntryDir.open(linked, anchor) as held:
+        assert held.fd is None and held.swapped  # the judgement concludes nothing
         with pytest.raises(fsread.NotRegularFile):
-            fsread.read_bytes(f"{linked}/task.txt", 1 << 20, base=linked)
+            held.read_bytes("task.txt", 1 << 20)
+    with pytest.raises(fsread.NotRegularFile):
+        fsread.read_bytes(f"{linked}/task.txt", 1 << 20, base=linked)
 
 
 def test_a_file_that_grew_after_its_fstat_is_still_read_to_the_end(tmp_path):

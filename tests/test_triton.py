@@ -462,11 +462,11 @@ def test_verify_fix_never_writes_through_a_key_dir_swapped_for_a_link(moved, tmp
     before = {p.name: p.read_bytes() for p in outside.iterdir()}
     real = triton.relocate
 
-    def swap_then_relocate(src: str, dest: str) -> int:
+    def swap_then_relocate(src: str, dest: str, root=None) -> int:
         if os.path.basename(src) == ADD_90:
             shutil.rmtree(src)
             os.symlink(outside, src)
-        return real(src, dest)
+        return real(src, dest, root)
 
     triton.relocate = swap_then_relocate  # the layout's hook calls the module's function
     try:
@@ -478,6 +478,8 @@ def test_verify_fix_never_writes_through_a_key_dir_swapped_for_a_link(moved, tmp
     assert len(result.fixed) == 5
     fsread.anchor(cache)  # and called directly, on the link: refused the same way
     with pytest.raises(OSError):
+        real(str(cache / ADD_90), str(cache / ADD_90), cache)
+    with pytest.raises(OSError):  # and with no root to open it from
         real(str(cache / ADD_90), str(cache / ADD_90))
     assert {p.name: p.read_bytes() for p in outside.iterdir()} == before
 

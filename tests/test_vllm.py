@@ -253,3 +253,35 @@ def test_inductor_adaptor_units_need_their_fx_graphs(tmp_path):
     _age(root / "fedcba9876")
     row = run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"][0]
     assert row["status"] == "partial" and key in row["reason"]
+
+
+@pytest.mark.parametrize("deep", [False, True], ids=["cheap", "deep"])
+def test_a_judgement_reads_only_through_the_unit_it_is_handed(cache, deep):
+    """Every unit held open from one anchor is judged the same once the whole cache has moved to another
+    name (its indexes, artifacts and the unpacked artifacts' Inductor entries read beneath the unit)."""
+    from kcache_cli import fsread, layouts
+    from kcache_cli.entrydir import EntryDir
+
+    aot = cache / "torch_aot_compile" / ("c" * 64) / "rank_0_0"
+    aot.mkdir(parents=True)
+    (aot / "model").write_bytes(b"serialized")
+    layout = layouts.get("vllm")
+    anchor = fsread.Anchor(cache)
+    held = [(r["kind"], h, EntryDir.open(r["path"], anchor)) for h, r in rows(cache).items()]
+    try:
+        before = {h: layout.judge(d, kind, layout.judging(deep)) for kind, h, d in held}
+        assert {kind for kind, _, _ in held} == {"compile", "aot"} and len(held) == len(UNITS) + 1
+        assert all(j.status == "complete" for j in before.values()), before
+        moved = cache.with_name(cache.name + "-moved")
+        os.rename(cache, moved)  # every path the scan handed out now names nothing
+        assert {h: layout.judge(d, kind, layout.judging(deep)) for kind, h, d in held} == before
+        artifact = moved / _artifact(cache / "0123456789").relative_to(cache)
+        artifact.write_bytes(artifact.read_bytes()[:-7])
+        (moved / aot.relative_to(cache) / "model").write_bytes(b"")
+        after = {h: layout.judge(d, kind, layout.judging(deep)).status for kind, h, d in held}
+        assert after.pop("0123456789") in ("partial", "building") and after.pop("c" * 64) == "partial"
+        assert set(after.values()) == {"complete"}  # the unpacked unit's own files are untouched
+    finally:
+        for _, _, d in held:
+            d.close()
+        anchor.close()

@@ -277,7 +277,8 @@ def _read_up_to(fd: int, size: int) -> bytes:
 class _PartWriter:
     """Turns entries into tar members and manifest records (one worker, one or more parts)."""
 
-    def __init__(self, plan: ExportPlan, writer, targets: set[str], advance: Callable[[int], None]) -> None:
+    def __init__(self, plan: ExportPlan, writer, targets: set[str], advance: Callable[[int], None],
+                 caller_reads: bool = False) -> None:
         import hashlib
 
         from kcache_cli.scan_context import ScanContext
@@ -286,6 +287,7 @@ class _PartWriter:
         self.writer = writer
         self.targets = targets  # relpaths of the entries in the archive (links may point at them)
         self.advance = advance
+        self.caller_reads = caller_reads  # judged deep without reading the bytes this writer reads anyway
         self.sha256 = hashlib.sha256
         self.warnings: list[str] = []
         self.ctx = ScanContext(plan.root, self.warnings.append, plan.last_used)
@@ -316,7 +318,7 @@ class _PartWriter:
                 self.left.append((e, f"being built ({e.reason})"))
                 return None
             return e
-        verdict = judge_entry(self.plan.root, e, deep=True)
+        verdict = judge_entry(self.plan.root, e, deep=True, caller_reads=self.caller_reads)
         e = replace(e, status=verdict.status, reason=verdict.reason)
         if e.status == MOVED and e.status not in self.plan.flt.statuses:
             # whole, its recorded paths lead into another root: import rewrites them (Layout.relocate)
@@ -515,11 +517,9 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
     """Write `parts` (lists of jobs) into the temp file open as `body_fd` (never reopened by its path),
     one compressed part after the other."""
     from kcache_cli import tarstream as ts
-    from kcache_cli.checks import caller_reads_every_byte
-
-    with os.fdopen(os.dup(body_fd), "wb") as out, caller_reads_every_byte():  # _PartWriter reads every byte it judged
+    with os.fdopen(os.dup(body_fd), "wb") as out:
         writer = ts.FrameWriter(out, compression)
-        pw = _PartWriter(plan, writer, targets, advance)
+        pw = _PartWriter(plan, writer, targets, advance, caller_reads=True)  # it reads every byte it judged
         sizes, counts = [], []
         try:
             start = 0

@@ -17,6 +17,9 @@ Adding a layout (say `triton`):
    mypy checks every override; tests/test_layouts.py checks each hook-named function is called by its
    class and each method overrides a hook. A layout never imports another layout's module: it asks
    this registry (`layouts.get("triton")`) at run time, and shares helpers through `_common.py`.
+   `judge(d, kind, jc)` reads the entry only through `d` (an `entrydir.EntryDir`: by name, from the
+   directory held open) and takes everything else from `jc` (a `base.Judging`: deep or cheap, the
+   compiler version in use, the clock); its scan opens each entry it judges with `ctx.open_entry`.
 3. Tests, and the README's layout table. Nothing else names a layout.
 """
 

@@ -23,6 +23,8 @@ of kcache_cli.terms.
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol
 
@@ -30,6 +32,8 @@ from kcache_cli.layouts._facts import Facts
 from kcache_cli.layouts.shapes import KindShape, LayoutShape
 
 if TYPE_CHECKING:
+    from kcache_cli.entrydir import EntryDir
+    from kcache_cli.fsread import Anchor
     from kcache_cli.layouts.remote_format import RemoteFormat
     from kcache_cli.model import Details, Entry, EntryKey, Judgement, LogFile, ScanFilter, TreeUsage, Warn
 
@@ -44,6 +48,23 @@ class Leftover(NamedTuple):
     what: str  # TEMP or STAGING
     why: str  # shown by prune: "temp directory of an interrupted kcache build"
     lock: str | None  # relpath whose kcache entry lock its writer held, or None
+
+
+@dataclass(frozen=True)
+class Judging:
+    """What a judgement is told besides the files of its entry (the `EntryDir` it reads through): how
+    deep to read, and everything it would otherwise take from outside the entry. A judgement looks
+    nothing up in module or per-thread state; the caller makes this with `Layout.judging`."""
+
+    deep: bool = False  # every byte (verify, inspect, prune --broken, import), or names, sizes, links (ls)
+    # The version of the layout's compiler in use, where it decides what the compiler does with an entry
+    # (hidet's installed version: another one rewrites the metadata and reuses lib.so); "" when none is
+    # installed where kcache runs, or when no status is shown.
+    version: str = ""
+    now: float = field(default_factory=time.time)  # the time leftovers' ages are measured at
+    # Deep, for a caller that reads every byte of the entry itself right after (export): each file is
+    # checked to be there, regular and readable by its mode; the reading is the caller's.
+    caller_reads: bool = False
 
 
 class InnerLeftover(NamedTuple):
@@ -79,7 +100,12 @@ class ScanContext(Protocol):
 
     def map_entries(self, func: Any, jobs: list) -> Iterator[Any]: ...  # func(ctx, job) of each job, in order
 
-    def read_dir(self, path: str) -> tuple[dict[str, int] | None, TreeUsage, dict[str, float]]: ...
+    @property
+    def anchor(self) -> Anchor | None: ...  # the root held open, that entry directories are opened from
+
+    def open_entry(self, path: str) -> EntryDir: ...  # the entry directory held open from the root
+
+    def read_dir(self, where: str | EntryDir) -> tuple[dict[str, int] | None, TreeUsage, dict[str, float]]: ...
 
 
 # ---- the concerns: what each part of kcache asks of a layout ------------------------------------------
@@ -116,8 +142,9 @@ class EntryReader(Protocol):
 
     def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]: ...
 
-    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
-              ) -> Judgement: ...
+    def judging(self, deep: bool = False, *, statuses: bool = True, caller_reads: bool = False) -> Judging: ...
+
+    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement: ...
 
     def describe(self, root: Path, entry: Entry) -> Details: ...
 
@@ -279,12 +306,18 @@ class Layout:
 
     # ---- judging one entry -------------------------------------------------------------------------
 
-    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
-              ) -> Judgement:
-        """The one judgement of the entry of `kind` at `path`, read from disk now: cheap (names, sizes,
-        links: what ls shows) or `deep` (every byte: what verify, inspect, prune --broken and import's
-        "already present" go by). The scan, delete's re-check before removing a broken entry and the
-        archive all call this, so they cannot disagree on the same files."""
+    def judging(self, deep: bool = False, *, statuses: bool = True, caller_reads: bool = False) -> Judging:
+        """The context this layout's judgements are handed: `deep` or cheap, and what the layout's compiler
+        in use is (looked up here, once per command, when `statuses` are shown)."""
+        return Judging(deep, caller_reads=caller_reads)
+
+    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
+        """The one judgement of the entry of `kind` whose directory `d` holds open, read from disk now
+        through `d` (by name: no path is resolved again, no link on the way followed): cheap (names,
+        sizes, links: what ls shows) or `jc.deep` (every byte: what verify, inspect, prune --broken and
+        import's "already present" go by). The scan, delete's re-check before removing a broken entry
+        and the archive all call this, so they cannot disagree on the same files. Everything else it
+        goes by is in `jc`."""
         raise NotImplementedError
 
     def build_reuses(self, path: str, judgement: Judgement) -> bool:

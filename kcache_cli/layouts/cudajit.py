@@ -16,8 +16,10 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from kcache_cli import fsread
 from kcache_cli.checks import list_files, read_every_byte
-from kcache_cli.layouts.base import Layout, ScanContext
+from kcache_cli.entrydir import EntryDir
+from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import CUDAJIT, cudajit_evidence, cudajit_names
 from kcache_cli.model import (
     COMPLETE,
@@ -64,14 +66,14 @@ def detect(root: Path) -> bool:
     return any(os.path.isdir(os.path.join(root, n)) and is_jit_dir(os.path.join(root, n)) for n in cudajit_names())
 
 
-def judge(path: str, kind: str, deep: bool = False, *, root: object = None) -> Judgement:
-    """Complete when its directory can be read (deep: every file); kcache cannot judge more."""
+def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
+    """Complete when its directory (held as `d`) can be read (deep: every file); kcache cannot judge more."""
     try:
-        os.listdir(path)
+        d.files()
     except OSError:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
-    if deep:
-        bad = read_every_byte(path)
+    if jc.deep:
+        bad = read_every_byte(d, jc.caller_reads)
         if bad:
             return Judgement.of(UNREADABLE, bad)
     return Judgement(COMPLETE)
@@ -86,7 +88,8 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
             continue
         if prefixes and not any(de.name.startswith(p) for p in prefixes):
             continue
-        j = judge(de.path, KIND)
+        with ctx.open_entry(de.path) as d:
+            j = judge(d, KIND, Judging())
         yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind=KIND, target="cuda",
                         space=None, op=None, hash=de.name, status=j.status, reason=j.reason)
 
@@ -137,7 +140,8 @@ def _owner(path: str) -> int:
 
 
 def describe(root: Path, entry: Entry) -> Details:
-    j = judge(entry.path, entry.kind, deep=True)
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        j = judge(d, entry.kind, Judging(deep=True))
     cap, why = max_size()
     facts = [("size against the cap", f"{entry.size} of {cap} bytes ({100 * entry.size // max(cap, 1)}%, {why})"),
              ("format", "undocumented: kcache removes it only whole, never file by file")]
@@ -166,9 +170,8 @@ class CudaJitLayout(Layout):
     def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)
 
-    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
-              ) -> Judgement:
-        return judge(path, kind, deep, root=root)
+    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
+        return judge(d, kind, jc)
 
     def describe(self, root: Path, entry: Entry) -> Details:
         return describe(root, entry)

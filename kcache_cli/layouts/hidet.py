@@ -12,9 +12,10 @@ from typing import Iterator, Mapping, NamedTuple
 
 from kcache_cli import fsread, state
 from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, listing_or_unreadable,
-                              read_text, size_mismatch, unreadable)
+                              read_text, size_mismatch)
+from kcache_cli.entrydir import EntryDir
 from kcache_cli.layouts._common import command_from_script
-from kcache_cli.layouts.base import TEMP, InnerLeftover, Leftover, Layout, ScanContext
+from kcache_cli.layouts.base import TEMP, InnerLeftover, Judging, Leftover, Layout, ScanContext
 from kcache_cli.layouts.shapes import HIDET
 from kcache_cli.locking import entry_build_locked, probe_locked
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, UNREADABLE_REASON,
@@ -102,9 +103,9 @@ def _has_evidence(root: Path, top: str, budget: int = 256) -> bool:
     return False
 
 
-def _manifest_mismatch(path: str, names: dict[str, int]) -> str | None:
+def _manifest_mismatch(d: EntryDir, names: dict[str, int]) -> str | None:
     """Compare sizes with kcache.json (cheap: sizes only; checksums are for inspect/verify)."""
-    record, problem = fsread.json_problem(os.path.join(path, MANIFEST))
+    record, problem = d.json_problem(MANIFEST)
     if problem is not None:
         return problem if "deep" in problem else f"{MANIFEST} is unreadable"
     listed = record.get("files", {}) if isinstance(record, dict) else None
@@ -173,27 +174,17 @@ def _dist_info_version() -> str | None:
     return ""
 
 
-def _names(path: str) -> tuple[dict[str, int] | None, dict[str, float], str | None]:
-    """Top-level file sizes and mtimes of a directory, or None and why it cannot be read. Listed through
-    the fd a judgement holds (fsread.held: below an anchored root, no link on the way is followed)."""
-    names: dict[str, int] = {}
-    mtimes: dict[str, float] = {}
-    fd = fsread.held_fd(path)
+def _names(d: EntryDir) -> tuple[dict[str, int] | None, dict[str, float], str | None]:
+    """Top-level file sizes and mtimes of the directory `d` holds (listed through its fd; each lstat kept
+    in its listing), or None and why it cannot be read."""
+    if d.fd is None and isinstance(d.error, fsread.NotRegularFile):  # a link (or a file) where it belongs
+        return None, {}, f"{d.error.kind} (kcache never reads through it)"
     try:
-        with os.scandir(path if fd is None else fd) as it:
-            for de in it:
-                try:
-                    if de.is_dir(follow_symlinks=False):
-                        continue
-                    st = de.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                names[de.name] = st.st_size
-                mtimes[de.name] = st.st_mtime
+        names, mtimes = d.files()
     except FileNotFoundError:
-        return None, mtimes, "missing"
+        return None, {}, "missing"
     except OSError as exc:
-        return None, mtimes, f"cannot read the directory: {exc.strerror}"
+        return None, {}, f"cannot read the directory: {exc.strerror}"
     return names, mtimes, None
 
 
@@ -209,36 +200,31 @@ class _Seen:
     unreadable: str | None = None  # why hidet cannot open it
 
 
-def _see(path: str, name: str, names: dict[str, int]) -> _Seen:
+def _see(d: EntryDir, name: str, names: dict[str, int]) -> _Seen:
     if name not in names:
         return _Seen(name)
-    full = os.path.join(path, name)
-    at, dfd = fsread.at(full)  # through the held directory fd when there is one
     try:
-        st = fsread.listed(full) or os.stat(at, dir_fd=dfd, follow_symlinks=False)
+        st = d.lstat(name)
         link = stat.S_ISLNK(st.st_mode)
         if link:
-            st = os.stat(at, dir_fd=dfd)  # a dangling link is no file to hidet: os.path.exists says False
+            st = d.stat(name)  # a dangling link is no file to hidet: os.path.exists says False
     except OSError:
         return _Seen(name, link=True)
     if not stat.S_ISREG(st.st_mode):
         return _Seen(name, True, st.st_size, link, odd=fsread.kind_of(st.st_mode))
     if link:
-        readable = st.st_mode & 0o444 and os.access(at, os.R_OK, dir_fd=dfd)
+        readable = st.st_mode & 0o444 and d.access(name)
         why = None if readable else f"{name} is unreadable (permission denied)"
     else:
-        why = unreadable(full)
+        why = d.unreadable(name)
     return _Seen(name, True, st.st_size, link, unreadable=why)
 
 
-def _read(path: str, seen: _Seen, limit: int) -> bytes | None:
-    """A file's bytes (through a link when it is one, as hidet reads it), or None when it cannot be read."""
-    full = os.path.join(path, seen.name)
+def _read(d: EntryDir, seen: _Seen, limit: int) -> bytes | None:
+    """A file's bytes (through a link when it is one, as hidet reads it: the link itself is followed, from
+    the held directory, never a swapped parent), or None when it cannot be read."""
     try:
-        if seen.link:  # the link itself is followed, from the held directory: never a swapped parent
-            at, dfd = fsread.at(full)
-            return fsread.read_bytes(at, limit, dir_fd=dfd, strict=False, follow=True)
-        return fsread.read_bytes(full, limit, strict=False)
+        return d.read_bytes(seen.name, limit, strict=False, follow=seen.link)
     except OSError:
         return None
 
@@ -283,7 +269,7 @@ def _odd_reason(where: str, seen: _Seen) -> str:
     return f"cannot read {where}: {what}, not a regular file (kcache never reads it; hidet fails on it)"
 
 
-def _file_problem(path: str, prefix: str, seen: _Seen, check, limit: int) -> Judgement | None:
+def _file_problem(d: EntryDir, prefix: str, seen: _Seen, check, limit: int) -> Judgement | None:
     """A file hidet reads on load: missing, not a file, unreadable, or its bytes failing `check`."""
     where = prefix + seen.name
     if not seen.exists:
@@ -294,32 +280,31 @@ def _file_problem(path: str, prefix: str, seen: _Seen, check, limit: int) -> Jud
         return Judgement.of(UNREADABLE, prefix + seen.unreadable)
     if check is None:
         return None
-    data = _read(path, seen, limit)
+    data = _read(d, seen, limit)
     bad = "cannot be read" if data is None else check(data)
     return Judgement.of(CORRUPT, f"{where} {bad}: hidet fails loading the entry on every call") if bad else None
 
 
-def _binary_problem(path: str, prefix: str, lib: _Seen, mtimes: dict[str, float] | None, deep: bool,
+def _binary_problem(d: EntryDir, prefix: str, lib: _Seen, mtimes: dict[str, float] | None, deep: bool,
                     done: str = FUNC_TYPES) -> Judgement | None:
     """lib.so as hidet dlopens it: an ELF whose header's section table lies within the file."""
     where = prefix + BINARY
-    found = _file_problem(path, prefix, lib, None, 0)
+    found = _file_problem(d, prefix, lib, None, 0)
     if found:
         return found
     if lib.size == 0:
         return Judgement.of(CORRUPT, f"{where} is empty (emptied after hidet finished the entry)")
     if deep or lib.link or lib.size < 64 or changed_since(mtimes, done, (BINARY,)):
-        head = _read(path, lib, 64) or b""
+        head = _read(d, lib, 64) or b""
         truncated = elf_truncated(BINARY, head, lib.size)
         if truncated:
             return Judgement.of(CORRUPT, prefix + truncated)
     if deep:  # every byte, as dlopen maps them
         try:
             if lib.link:
-                at, dfd = fsread.at(os.path.join(path, BINARY))
-                fsread.read_bytes(at, lib.size, dir_fd=dfd, strict=False, follow=True)
+                d.read_bytes(BINARY, lib.size, strict=False, follow=True)
             else:
-                for _ in fsread.iter_chunks(os.path.join(path, BINARY)):
+                for _ in d.iter_chunks(BINARY):
                     pass
         except OSError as exc:
             return Judgement.of(CORRUPT, f"cannot read {where}: {exc.strerror or exc}")
@@ -335,39 +320,39 @@ def _suspect(mtimes: dict[str, float] | None, name: str) -> bool:
     return before is None or mtimes[name] - before > WRITTEN_WITH
 
 
-def _loaded(path: str, prefix: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool,
+def _loaded(d: EntryDir, prefix: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool,
             task: bool, meta: bool) -> Judgement | None:
     """What hidet reads when it loads a compiled module (an op entry, a graph's kernel or module):
     lib.so, func_types.pickle, with `meta` meta.json, and for a `task` any dispatch_table.txt."""
-    found = _binary_problem(path, prefix, _see(path, BINARY, names), mtimes, deep)
+    found = _binary_problem(d, prefix, _see(d, BINARY, names), mtimes, deep)
     if found:
         return found
-    ft = _see(path, FUNC_TYPES, names)
-    found = _file_problem(path, prefix, ft, _pickle_framing if deep or ft.link or ft.size < 3
+    ft = _see(d, FUNC_TYPES, names)
+    found = _file_problem(d, prefix, ft, _pickle_framing if deep or ft.link or ft.size < 3
                           or _suspect(mtimes, FUNC_TYPES) else None, 64 << 20)
     if found:
         return found
     if meta:
-        m = _see(path, META, names)
-        found = _file_problem(path, prefix, m, _meta_problem if deep or m.link or m.size == 0
+        m = _see(d, META, names)
+        found = _file_problem(d, prefix, m, _meta_problem if deep or m.link or m.size == 0
                               or changed_since(mtimes, FUNC_TYPES, (META,)) else None, 1 << 20)
         if found:
             return found
     if not task or DISPATCH not in names:
         return None
-    return _file_problem(path, prefix, _see(path, DISPATCH, names), _dispatch_problem, 1 << 20)
+    return _file_problem(d, prefix, _see(d, DISPATCH, names), _dispatch_problem, 1 << 20)
 
 
-def _version_text(path: str, names: dict[str, int]) -> tuple[str | None, Judgement | None]:
+def _version_text(d: EntryDir, names: dict[str, int]) -> tuple[str | None, Judgement | None]:
     """version.txt's text as hidet reads it (None: no such file to hidet), or why hidet cannot read it."""
-    seen = _see(path, "version.txt", names)
+    seen = _see(d, "version.txt", names)
     if not seen.exists:
         return None, None
     if seen.odd:
         return None, Judgement.of(CORRUPT, _odd_reason("version.txt", seen))
     if seen.unreadable:
         return None, Judgement.of(UNREADABLE, seen.unreadable + ": hidet fails reading it")
-    data = _read(path, seen, 256)
+    data = _read(d, seen, 256)
     return (data or b"").decode("utf-8", "replace").strip(), None
 
 
@@ -383,11 +368,10 @@ def _recompiled(names: dict[str, int], lib: _Seen, ft: _Seen, prefix: str = "") 
     return Judgement.of(PARTIAL, f"no {prefix}{FUNC_TYPES}: hidet did not finish writing it and compiles it again")
 
 
-def version_note(path: str) -> str | None:
-    """What a version difference means (inspect's note; never a status)."""
-    names, _, _ = _names(path)
-    built, _ = _version_text(path, names or {})
-    running = installed_version()
+def version_note(d: EntryDir, running: str) -> str | None:
+    """What a version difference with the hidet `running` means (inspect's note; never a status)."""
+    names, _, _ = _names(d)
+    built, _ = _version_text(d, names or {})
     if names is None or not running or built == running:
         return None
     what = f"built by hidet {built}" if built else "no version.txt" if built is None else "an empty version.txt"
@@ -395,39 +379,41 @@ def version_note(path: str) -> str | None:
             "without compiling")
 
 
-def judge(path: str, kind: str = "op", deep: bool = False, *, names: dict[str, int] | None = None,
-          mtimes: dict[str, float] | None = None, version: str | None = None,
-          root: str | os.PathLike | None = None) -> Judgement:
-    """The one judgement of a hidet entry: what hidet 0.6 does with it (see above). Cheap (`deep=False`):
-    names, sizes, modes, mtimes, and contents only where something changed after the entry was finished.
-    Deep: the bytes of every file hidet reads. `version`: the installed hidet's (default: looked up)."""
-    refused = fsread.LINK_REFUSALS
-    with fsread.held(path):
-        if fsread.LINK_REFUSALS != refused:  # a directory on the way is a link now: judge nobody's files
-            return Judgement.of(UNREADABLE, "a directory on the way to it was replaced by a link")
-        if kind == "graph":
-            return _judge_graph(path, deep)
+SWAPPED = "a directory on the way to it was replaced by a link"
+
+
+def judge(d: EntryDir, kind: str = "op", jc: Judging | None = None, *, names: dict[str, int] | None = None,
+          mtimes: dict[str, float] | None = None) -> Judgement:
+    """The one judgement of the hidet entry `d` holds open: what hidet 0.6 does with it (see above), read
+    through `d` alone. Cheap (`jc.deep` False): names, sizes, modes, mtimes, and contents only where
+    something changed after the entry was finished. Deep: the bytes of every file hidet reads.
+    `jc.version`: the installed hidet's ("" when none is). `names`, `mtimes`: a scan's listing of `d`."""
+    if d.swapped or (d.fd is None and isinstance(d.error, fsread.NotRegularFile)):
+        return Judgement.of(UNREADABLE, SWAPPED)  # a directory on the way is a link now: judge nobody's files
+    jc = jc or Judging()
+    if kind == "graph":
+        return _judge_graph(d, jc.deep)
+    if names is None:
+        names, mtimes, why = _names(d)
         if names is None:
-            names, mtimes, why = _names(path)
-            if names is None:
-                return Judgement.of(UNREADABLE if why != "missing" else PARTIAL, why)
-        return _judge_module(path, kind, deep, names, mtimes, installed_version() if version is None else version)
+            return Judgement.of(UNREADABLE if why != "missing" else PARTIAL, why)
+    return _judge_module(d, kind, jc.deep, names, mtimes, jc.version)
 
 
-def _judge_module(path: str, kind: str, deep: bool, names: dict[str, int], mtimes: dict[str, float] | None,
+def _judge_module(d: EntryDir, kind: str, deep: bool, names: dict[str, int], mtimes: dict[str, float] | None,
                   running: str) -> Judgement:
     """judge() of an op entry or an ir_module, from its listing."""
     if kind == "op" and not any(m in names for m in HIDET_MARKERS):
-        return _judge_kcache_built(path, names, mtimes, deep, running)
-    lib, ft = _see(path, BINARY, names), _see(path, FUNC_TYPES, names)
+        return _judge_kcache_built(d, names, mtimes, deep, running)
+    lib, ft = _see(d, BINARY, names), _see(d, FUNC_TYPES, names)
     odd = next((f for f in (lib, ft) if f.odd), None)
     if odd:  # a FIFO where lib.so belongs: hidet's compiler would block on it, its loader fail
         return Judgement.of(CORRUPT, _odd_reason(odd.name, odd))
     if kind != "op":  # an ir_module: build_ir_module's should_skip_build, then the module is loaded
         if not (lib.exists and lib.size > 1 and ft.exists):
             return _recompiled(names, lib, ft)
-        return _loaded(path, "", names, mtimes, deep, task=False, meta=False) or Judgement(COMPLETE)
-    version = _see(path, "version.txt", names)
+        return _loaded(d, "", names, mtimes, deep, task=False, meta=False) or Judgement(COMPLETE)
+    version = _see(d, "version.txt", names)
     if version.odd:
         return Judgement.of(CORRUPT, _odd_reason("version.txt", version))
     if version.unreadable:  # verify_disk_cache opens it first, whatever follows
@@ -438,45 +424,42 @@ def _judge_module(path: str, kind: str, deep: bool, names: dict[str, int], mtime
     # Loaded as it is (version.txt equal to the running hidet's) or after hidet rewrote its metadata: the
     # two differ only in whether meta.json is read, and whether a one-byte lib.so is loaded or compiled
     # over. version.txt is read only where that decides (an untouched entry costs no read).
-    m = _see(path, META, names)
-    fixed = _unwritable(path, names)
+    m = _see(d, META, names)
+    fixed = _unwritable(d, names)
     weighed = (deep or lib.size <= 1 or not m.exists or bool(m.odd or m.unreadable) or m.link or m.size == 0
                or bool(fixed) or changed_since(mtimes, FUNC_TYPES, (META,)))
-    loads_as_is = weighed and _matches(path, version, running)
+    loads_as_is = weighed and _matches(d, version, running)
     if lib.size <= 1 and not loads_as_is:
         return _recompiled(names, lib, ft)
     if fixed and not loads_as_is:  # compile_task_from_scratch opens each of them for writing first
         return Judgement.of(UNREADABLE, f"{fixed} may not be written (permission denied): hidet fails rewriting "
                                         "it before it reuses lib.so")
-    return _loaded(path, "", names, mtimes, deep, task=True, meta=loads_as_is) or Judgement(COMPLETE)
+    return _loaded(d, "", names, mtimes, deep, task=True, meta=loads_as_is) or Judgement(COMPLETE)
 
 
 REWRITTEN = ("task.txt", "version.txt", "meta.json", "candidates.txt", "candidates.json")
 
 
-def _unwritable(path: str, names: dict[str, int]) -> str | None:
+def _unwritable(d: EntryDir, names: dict[str, int]) -> str | None:
     """The first file hidet rewrites before reusing lib.so that nobody may write (its mode, as a listing
     shows it: root writes anyway, the cache's users do not), or None."""
     for name in REWRITTEN:
         if name in names:
-            st = fsread.listed(os.path.join(path, name))
-            if st is None:
-                at, dfd = fsread.at(os.path.join(path, name))
-                try:
-                    st = os.stat(at, dir_fd=dfd, follow_symlinks=False)
-                except OSError:
-                    continue
+            try:
+                st = d.lstat(name)
+            except OSError:
+                continue
             if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o222:
                 return name
     return None
 
 
-def _matches(path: str, version: _Seen, running: str) -> bool:
+def _matches(d: EntryDir, version: _Seen, running: str) -> bool:
     """Whether hidet's verify_disk_cache finds version.txt equal to the running hidet's. Not installed
     where kcache runs (pipx, another venv): judged as by the hidet that wrote the entry."""
     if not version.exists:
         return False
-    built = (_read(path, version, 256) or b"").decode("utf-8", "replace").strip()
+    built = (_read(d, version, 256) or b"").decode("utf-8", "replace").strip()
     return bool(built) and built == (running or built)
 
 
@@ -490,50 +473,50 @@ KCACHE_BUILT_NOTE = ("made by kcache build: a hidet 0.6 or later would compile i
                      "version.txt, meta.json and func_types.pickle)")
 
 
-def _judge_kcache_built(path: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool,
+def _judge_kcache_built(d: EntryDir, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool,
                         running: str) -> Judgement:
     """An entry made by `kcache build` (kcache.json) or the seed layout. Where a hidet 0.6 or later is
     installed, it is what that hidet does: it finds no version.txt, rewrites the metadata and compiles over
     the entry (no func_types.pickle). Where none is, kcache's own rule: lib.so whole, kcache.json's sizes
     (and, deep, checksums) matching; inspect notes what hidet 0.6 would do."""
-    lib = _see(path, BINARY, names)
+    lib = _see(d, BINARY, names)
     if not lib.exists or lib.size <= 1:
         return _recompiled(names, lib, _Seen(FUNC_TYPES))
     if lib.unreadable:
         return Judgement.of(UNREADABLE, lib.unreadable)
     if _loader_recompiles_kcache_builds(running):
         return Judgement.of(PARTIAL, KCACHE_BUILT.format(running))
-    bad = kcache_built_problem(path, deep, names, mtimes)
+    bad = kcache_built_problem(d, deep, names, mtimes)
     if bad:
         return Judgement.of(UNREADABLE if "ermission denied" in bad else CORRUPT, bad)
     return Judgement(COMPLETE)
 
 
-def kcache_built_problem(path: str, deep: bool = True, names: dict[str, int] | None = None,
+def kcache_built_problem(d: EntryDir, deep: bool = True, names: dict[str, int] | None = None,
                          mtimes: dict[str, float] | None = None) -> str | None:
     """Why an entry `kcache build` made is not whole as kcache built it (lib.so; kcache.json's sizes, and
     deep its checksums), or None: kcache's own rule, whatever a hidet would do with the entry."""
     if names is None:
-        names, mtimes, why = _names(path)
+        names, mtimes, why = _names(d)
         if names is None:
             return why
-    lib = _see(path, BINARY, names)
+    lib = _see(d, BINARY, names)
     done = MANIFEST if MANIFEST in names else FUNC_TYPES
-    found = (_binary_problem(path, "", lib, mtimes, deep, done) if lib.exists
+    found = (_binary_problem(d, "", lib, mtimes, deep, done) if lib.exists
              else Judgement.of(PARTIAL, f"no {BINARY}"))
     if found:
         return found.reason
     if MANIFEST not in names:
         return None  # the seed layout: nothing more to check
     if not deep:
-        return _manifest_mismatch(path, names) if changed_since(mtimes, MANIFEST) else None
-    record, bad = fsread.json_problem(os.path.join(path, MANIFEST))
+        return _manifest_mismatch(d, names) if changed_since(mtimes, MANIFEST) else None
+    record, bad = d.json_problem(MANIFEST)
     if bad:
         return bad
     listed = record.get("files") if isinstance(record, dict) else None
     if not isinstance(listed, dict):
         return f"{MANIFEST} lists no files"
-    problems = check_manifest(path, MANIFEST, listed)
+    problems = check_manifest(d, MANIFEST, listed)
     return problems[0] if problems else None
 
 
@@ -545,14 +528,14 @@ def _graph_kernels(path: str) -> list[str]:
         return []
 
 
-def _graph_json(path: str, names: dict[str, int], name: str) -> tuple[dict | None, Judgement | None]:
-    seen = _see(path, name, names)
-    found = _file_problem(path, "", seen, lambda d: None, 1 << 20)
+def _graph_json(d: EntryDir, names: dict[str, int], name: str) -> tuple[dict | None, Judgement | None]:
+    seen = _see(d, name, names)
+    found = _file_problem(d, "", seen, lambda d: None, 1 << 20)
     if found:
         return None, Judgement.of(found.status, (found.reason or "").replace("hidet fails loading the entry",
                                                                               "load_compiled_graph fails"))
     try:
-        data = fsread.parse_json(_read(path, seen, 16 << 20) or b"")
+        data = fsread.parse_json(_read(d, seen, 16 << 20) or b"")
     except ValueError:
         data = None
     if not isinstance(data, dict):
@@ -560,37 +543,36 @@ def _graph_json(path: str, names: dict[str, int], name: str) -> tuple[dict | Non
     return data, None
 
 
-def _judge_graph(path: str, deep: bool) -> Judgement:
+def _judge_graph(d: EntryDir, deep: bool) -> Judgement:
     """A compiled graph, as `load_compiled_graph` reads it: meta.json, graph_execution.json, weights.npz
     (when the graph has weights), every kernels/<i>/ (meta.json's num_kernels) as a compiled task, the
     graph_module/ and graph_string.txt. It checks no version and never compiles: all of it must load."""
-    names, _, why = _names(path)
+    names, _, why = _names(d)
     if names is None:
         return Judgement.of(UNREADABLE if why != "missing" else PARTIAL, why)
-    meta, found = _graph_json(path, names, META)
-    execution, found = (None, found) if found else _graph_json(path, names, "graph_execution.json")
+    meta, found = _graph_json(d, names, META)
+    execution, found = (None, found) if found else _graph_json(d, names, "graph_execution.json")
     if found:
         return found
     assert meta is not None and execution is not None
     needs = ["graph_string.txt"] + (["weights.npz"] if execution.get("weights_index") else [])
     for name in needs:
-        problem = _file_problem(path, "", _see(path, name, names), None, 0)
+        problem = _file_problem(d, "", _see(d, name, names), None, 0)
         if problem:
             return Judgement.of(problem.status, (problem.reason or "").replace("hidet fails loading the entry",
                                                                                 "load_compiled_graph fails"))
     kernels = meta.get("num_kernels")
     parts = [f"kernels/{i}" for i in range(kernels if isinstance(kernels, int) and kernels >= 0 else 0)]
     for part in [*parts, "graph_module"]:
-        found = _graph_part(path, part, deep)
+        found = _graph_part(d, part, deep)
         if found:
             return found
     return Judgement(COMPLETE)
 
 
-def _graph_part(path: str, part: str, deep: bool) -> Judgement | None:
+def _graph_part(d: EntryDir, part: str, deep: bool) -> Judgement | None:
     """A graph's kernels/<i>/ (a compiled task) or graph_module/ (a compiled module), as hidet loads it."""
-    sub = os.path.join(path, part)
-    with fsread.held(sub):
+    with d.sub(part) as sub:
         sub_names, sub_mtimes, why = _names(sub)
         if sub_names is None:
             if why == "missing":
@@ -600,17 +582,13 @@ def _graph_part(path: str, part: str, deep: bool) -> Judgement | None:
         return _loaded(sub, f"{part}/", sub_names, sub_mtimes, deep, task=task, meta=task)
 
 
-def _json(path: str) -> dict | None:
-    return fsread.json_object(path)
-
-
-def other_target(path: str, kind: str) -> str | None:
-    """An ir_module's or graph's target: meta.json's, else the compiler its compile.sh runs."""
-    meta = _json(os.path.join(path, "meta.json")) or {}
+def other_target(d: EntryDir, kind: str) -> str | None:
+    """An ir_module's or graph's target (`d` holds it open): meta.json's, else the compiler its compile.sh
+    runs."""
+    meta = d.json_object("meta.json") or {}
     if isinstance(meta.get("target"), str) and meta["target"]:
         return meta["target"].split()[0]
-    sub = "graph_module" if kind == "graph" else ""
-    script = read_text(os.path.join(path, sub, "compile.sh"), 1 << 16) or ""
+    script = d.read_text("graph_module/compile.sh" if kind == "graph" else "compile.sh", 1 << 16) or ""
     if re.search(r"\bnvcc\b", script):
         return "cuda"
     if re.search(r"\b(g\+\+|gcc|c\+\+|clang\+\+)\b", script):
@@ -671,26 +649,33 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     yield from ctx.map_entries(_op_entry, jobs)
     if flt.ops or flt.spaces:
         return  # graphs and ir_modules have no op or space
+    jc = Judging(False, version=version)
     for dirname, kind in OTHER_KINDS:
         for de in ctx.listdir(ctx.root / dirname):
             if de.is_dir(follow_symlinks=False):
-                built_for = other_target(de.path, kind)
-                if not flt.wants_target(built_for):
-                    continue
-                j = judge(de.path, kind, False, version=installed_version(), root=ctx.root)
-                yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind=kind,
-                                target=built_for, space=None, op=None, hash=de.name, status=j.status, reason=j.reason)
+                yield from _other_entry(ctx, flt, de, kind, jc)
+
+
+def _other_entry(ctx, flt: ScanFilter, de: os.DirEntry, kind: str, jc: Judging) -> Iterator[Entry]:
+    """A graphs/<hash>/ or ir_modules/<hash>/ entry, when the filter wants its target."""
+    with ctx.open_entry(de.path) as d:
+        built_for = other_target(d, kind)
+        if not flt.wants_target(built_for):
+            return
+        j = judge(d, kind, jc)
+    yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind=kind,
+                    target=built_for, space=None, op=None, hash=de.name, status=j.status, reason=j.reason)
 
 
 def _op_entry(ctx, job: OpJob) -> Entry:
-    with fsread.held(job.path):  # one fd of the entry's directory for every read of its files
-        return _judged_op_entry(ctx, job)
+    with ctx.open_entry(job.path) as d:  # one fd of the entry's directory for every read of its files
+        return _judged_op_entry(ctx, job, d)
 
 
-def _judged_op_entry(ctx, job: OpJob) -> Entry:
+def _judged_op_entry(ctx, job: OpJob, d: EntryDir) -> Entry:
     path, name, target, space, op, version = job
     reason: str | None
-    names, usage, mtimes = ctx.read_dir(path)
+    names, usage, mtimes = ctx.read_dir(d)
     building = state.temp_hash(name)
     if names is None:
         status, reason, key = UNREADABLE, UNREADABLE_REASON, name
@@ -704,7 +689,7 @@ def _judged_op_entry(ctx, job: OpJob) -> Entry:
     elif name.startswith("."):
         status, reason, key = PARTIAL, "hidden directory (not a hidet entry)", name
     else:
-        j = judge(path, "op", False, names=names, mtimes=mtimes, version=version, root=ctx.root)
+        j = judge(d, "op", Judging(False, version=version), names=names, mtimes=mtimes)
         status, reason = j.status, j.reason
         key = name
         if status == PARTIAL and ".lock" in names and probe_locked(os.path.join(path, ".lock")):
@@ -735,7 +720,8 @@ def _tensors(items, given: tuple[TensorInfo, ...] = ()) -> tuple[TensorInfo, ...
 def _deep_judgement(root: Path, entry: Entry) -> Judgement:
     if entry.status in (BUILDING,) or not entry.hash or os.path.basename(entry.path).startswith("."):
         return Judgement.of(entry.status, entry.reason)  # temp dirs, hidden dirs, unlistable dirs
-    return judge(entry.path, entry.kind, True, root=root)
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        return judge(d, entry.kind, LAYOUT.judging(True))
 
 
 def _module_dirs(entry: Entry) -> list[str]:
@@ -763,7 +749,7 @@ def describe(root: Path, entry: Entry) -> Details:
         inputs, outputs = _tensors(meta.get("inputs"), inputs), _tensors(meta.get("outputs"), outputs)
         if entry.kind == "graph" and meta.get("num_kernels") is not None:
             facts.append(("kernels", str(meta["num_kernels"])))
-    facts.extend(_version_facts(entry))
+    facts.extend(_version_facts(root, entry))
     manifest, bad = fsread.json_problem(os.path.join(p, MANIFEST), base=p)
     if bad and not bad.endswith("missing"):
         facts.append(("kcache.json note", f"{bad} (hidet never reads it)"))
@@ -794,18 +780,20 @@ def describe(root: Path, entry: Entry) -> Details:
                    binaries, tuple(facts))
 
 
-def _version_facts(entry: Entry) -> list[tuple[str, str]]:
+def _version_facts(root: Path, entry: Entry) -> list[tuple[str, str]]:
     """version.txt, the installed hidet (the one the entry is judged against) and what a difference means."""
     version = read_text(os.path.join(entry.path, "version.txt"))
     facts = [("version.txt", version.strip())] if version is not None else []
-    facts.append(("hidet installed", installed_version() or "not found (judged as by the hidet that wrote it)"))
+    running = installed_version()
+    facts.append(("hidet installed", running or "not found (judged as by the hidet that wrote it)"))
     if entry.kind != "op":
         return facts
-    names, _, _ = _names(entry.path)
-    if names is not None and not any(m in names for m in HIDET_MARKERS):
-        facts.append(("hidet will", KCACHE_BUILT_NOTE))
-    elif note := version_note(entry.path):
-        facts.append(("hidet will", note))
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        names, _, _ = _names(d)
+        if names is not None and not any(m in names for m in HIDET_MARKERS):
+            facts.append(("hidet will", KCACHE_BUILT_NOTE))
+        elif note := version_note(d, running):
+            facts.append(("hidet will", note))
     return facts
 
 
@@ -918,9 +906,13 @@ class HidetLayout(Layout):
     def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         return stray_links(ctx, flt)
 
-    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
-              ) -> Judgement:
-        return judge(path, kind, deep, root=root)
+    def judging(self, deep: bool = False, *, statuses: bool = True, caller_reads: bool = False) -> Judging:
+        """hidet's judgement goes by the installed hidet's version (looked up here, once: never by the
+        judgement itself)."""
+        return Judging(deep, version=installed_version() if statuses else "", caller_reads=caller_reads)
+
+    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
+        return judge(d, kind, jc)
 
     def describe(self, root: Path, entry: Entry) -> Details:
         return describe(root, entry)
@@ -941,7 +933,10 @@ class HidetLayout(Layout):
     def build_reuses(self, path: str, judgement: Judgement) -> bool:
         if judgement.status == COMPLETE:
             return True
-        return judgement.reason == KCACHE_BUILT.format(installed_version()) and not kcache_built_problem(path, False)
+        if judgement.reason != KCACHE_BUILT.format(installed_version()):
+            return False
+        with EntryDir.open(path) as d:
+            return not kcache_built_problem(d, False)
 
     def empty_parent_levels(self, kind: str) -> int:
         return 2 if kind == "op" else 0  # the op and space directories; ops/ itself tells the layout

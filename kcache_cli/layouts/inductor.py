@@ -24,14 +24,14 @@ import base64
 import hashlib
 import os
 import re
-import time
 from dataclasses import replace as replace_entry
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, NamedTuple
 
 from kcache_cli import fsread, layouts
-from kcache_cli.checks import elf_truncated, list_files, unreadable
-from kcache_cli.layouts.base import STALE_AFTER, Facts, Layout, ScanContext
+from kcache_cli.checks import elf_truncated, list_files
+from kcache_cli.entrydir import EntryDir
+from kcache_cli.layouts.base import STALE_AFTER, Facts, Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import INDUCTOR, triton_kernel_name, triton_target_arch
 from kcache_cli.layouts.shapes import inductor_graph_relpath as graph_relpath
 from kcache_cli.layouts.shapes import TRITON as TRITON_SHAPE
@@ -102,15 +102,23 @@ class Listing(NamedTuple):
                          max([0.0, *(st.st_atime for st in self.files.values())]))
 
 
-def listing(path: str) -> Listing:
+def listing(where: EntryDir | str) -> Listing:
+    """The files, links and other names directly in the directory, listed through its fd (a path is
+    opened first, its last component not followed); each file's and link's lstat kept in `listing` of
+    the EntryDir, so that its reads skip their own stat."""
     import stat
 
+    if isinstance(where, str):
+        with EntryDir.open(where) as d:
+            return listing(d)
     files: dict[str, os.stat_result] = {}
     links: dict[str, os.stat_result] = {}
     others: list[str] = []
+    if where.fd is None:
+        return Listing({}, {}, [], False, 0.0)
     try:
-        mtime = os.lstat(path).st_mtime
-        with os.scandir(path) as it:
+        mtime = os.fstat(where.fd).st_mtime
+        with os.scandir(where.fd) as it:
             for de in sorted(it, key=lambda d: d.name):
                 try:
                     st = de.stat(follow_symlinks=False)
@@ -124,25 +132,26 @@ def listing(path: str) -> Listing:
                     others.append(de.name)
     except OSError:
         return Listing({}, {}, [], False, 0.0)
+    where.listing.update(files)
+    where.listing.update(links)
     return Listing(files, links, others, True, mtime)
 
 
-def unreadable_file(path: str, st: os.stat_result) -> str | None:
-    """checks.unreadable, asked only when a read bit is missing (a file everyone may read is readable)."""
-    return None if st.st_mode & 0o444 == 0o444 else unreadable(path)
+def unreadable_file(d: EntryDir, name: str, st: os.stat_result) -> str | None:
+    """EntryDir.unreadable, asked only when a read bit is missing (a file everyone may read is readable)."""
+    return None if st.st_mode & 0o444 == 0o444 else d.unreadable(name)
 
 
 # ---- fx graph and aotautograd entries ---------------------------------------------------------------
 
-def variant_problem(path: str, size: int, deep: bool) -> str | None:
-    """Why torch cannot unpickle the variant at `path` (by its framing, or deep by its name's hash)."""
-    name = os.path.basename(path)
+def variant_problem(d: EntryDir, name: str, size: int, deep: bool) -> str | None:
+    """Why torch cannot unpickle the variant `name` in `d` (by its framing, or deep by its name's hash)."""
     if size == 0:
         return f"variant {name} is empty"
     try:
-        if deep and _b32_of_file(path) != name:
+        if deep and _b32_of_file(d, name) != name:
             return f"variant {name}'s bytes do not hash to its name (damaged after torch wrote it)"
-        head, tail = _ends(path)
+        head, tail = _ends(d, name)
     except OSError as exc:
         return f"variant {name} cannot be read: {exc.strerror or exc}"
     if len(head) < 2 or head[0] != 0x80 or head[1] not in PICKLE_PROTOCOLS or tail != b".":
@@ -150,43 +159,43 @@ def variant_problem(path: str, size: int, deep: bool) -> str | None:
     return None
 
 
-def _b32_of_file(path: str) -> str:
+def _b32_of_file(d: EntryDir, name: str) -> str:
     h = hashlib.sha256()
-    for chunk in fsread.iter_chunks(path):
+    for chunk in d.iter_chunks(name):
         h.update(chunk)
     return base64.b32encode(h.digest())[:51].decode().lower()
 
 
-def _ends(path: str) -> tuple[bytes, bytes]:
-    fd, st = fsread.open_regular(path)
+def _ends(d: EntryDir, name: str) -> tuple[bytes, bytes]:
+    fd, st = d.open_file(name)
     try:
         return os.pread(fd, 2, 0), os.pread(fd, 1, max(st.st_size - 1, 0))
     finally:
         os.close(fd)
 
 
-def judge_guarded(path: str, deep: bool, now: float, root: str | None = None, lst: Listing | None = None,
+def judge_guarded(d: EntryDir, jc: Judging, lst: Listing | None = None,
                   memo: dict[str, Judgement] | None = None) -> Judgement:
     """An fx graph or aotautograd key directory: complete when one variant is whole (torch tries each).
     `memo` holds the fx graphs judged in this scan (an aotautograd entry asks for its graphs')."""
-    lst = lst or listing(path)
+    lst = lst or listing(d)
     if not lst.readable:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
     variants = [n for n in lst.files if VARIANT_RE.match(n)]
     bad: list[str] = []
     good: list[str] = []
     for n in variants:
-        why = unreadable_file(os.path.join(path, n), lst.files[n])
+        why = unreadable_file(d, n, lst.files[n])
         if why:
             return Judgement.of(UNREADABLE, why)
-        problem = variant_problem(os.path.join(path, n), lst.files[n].st_size, deep)
+        problem = variant_problem(d, n, lst.files[n].st_size, jc.deep)
         (bad if problem else good).append(problem or n)
     if lst.links:
         return Judgement.of(UNREADABLE, f"{min(lst.links)} is a symlink (torch follows it; kcache never does)")
     if not good:
-        return _no_good_variant(lst, bad, now, lst.mtime)
-    if root is not None and os.path.basename(os.path.dirname(path)) == "aotautograd":
-        return missing_graphs(path, good, root, now, memo if memo is not None else {})
+        return _no_good_variant(lst, bad, jc.now, lst.mtime)
+    if os.path.basename(os.path.dirname(d.path)) == "aotautograd":
+        return missing_graphs(d, good, jc, memo if memo is not None else {})
     return Judgement(COMPLETE)
 
 
@@ -201,13 +210,16 @@ def _no_good_variant(lst: Listing, bad: list[str], now: float, mtime: float) -> 
     return Judgement.of(PARTIAL, "no graph in it: torch misses and compiles again")
 
 
-def graph_keys(path: str, variants: list[str]) -> list[str]:
+def graph_keys(where: EntryDir | str, variants: list[str]) -> list[str]:
     """The fx graph keys the aotautograd variants name, read from their bytes (never unpickled)."""
+    if isinstance(where, str):
+        with EntryDir.open(where) as d:
+            return graph_keys(d, variants)
     keys: set[str] = set()
     for n in variants:
         tail = b""
         try:  # streamed, with an overlap of one key's length so that no key is cut between two chunks
-            for chunk in fsread.iter_chunks(os.path.join(path, n)):
+            for chunk in where.iter_chunks(n):
                 data = tail + chunk
                 keys.update(k.decode() for k in FX_KEY_RE.findall(data))
                 tail = data[-51:]
@@ -216,20 +228,36 @@ def graph_keys(path: str, variants: list[str]) -> list[str]:
     return sorted(keys)
 
 
-def missing_graphs(path: str, variants: list[str], root: str, now: float, memo: dict[str, Judgement]) -> Judgement:
+def missing_graphs(d: EntryDir, variants: list[str], jc: Judging, memo: dict[str, Judgement]) -> Judgement:
     """The aotautograd entry as the fx graphs it names make it: partial when one is missing or broken
-    (torch misses both and compiles again), unreadable or building when one is, else complete."""
-    for key in graph_keys(path, variants):
-        where = os.path.join(root, graph_relpath(key))
-        if not os.path.isdir(where):
-            return Judgement.of(PARTIAL, f"the fx graph {key} it names is missing: torch misses and compiles "
-                                "both again")
-        j = memo.get(where) or memo.setdefault(where, judge_guarded(where, False, now))
-        if j.status in (UNREADABLE, BUILDING):
-            return Judgement.of(j.status, f"the fx graph {key} it names is {j.status} ({j.reason})")
-        if j.status != COMPLETE:
-            return Judgement.of(PARTIAL, f"the fx graph {key} it names is {j.status}: torch misses and compiles both "
-                                "again")
+    (torch misses both and compiles again), unreadable or building when one is, else complete. The
+    graphs are read through `fxgraph/` of its cache root, opened from the anchor (no link followed)."""
+    import stat
+
+    keys = graph_keys(d, variants)
+    if not keys:
+        return Judgement(COMPLETE)
+    root = os.path.dirname(os.path.dirname(d.path))
+    cheap = replace_entry(jc, deep=False)
+    with EntryDir.open(os.path.join(root, "fxgraph"), d.anchor) as fx:
+        for key in keys:
+            where, rel = os.path.join(root, graph_relpath(key)), graph_relpath(key).split("/", 1)[1]
+            try:
+                mode = fx.lstat(rel).st_mode
+            except OSError:
+                mode = 0
+            if not (stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):  # a link is judged unreadable: never followed
+                return Judgement.of(PARTIAL, f"the fx graph {key} it names is missing: torch misses and compiles "
+                                    "both again")
+            j = memo.get(where)
+            if j is None:
+                with fx.sub(rel) as g:
+                    j = memo.setdefault(where, judge_guarded(g, cheap))
+            if j.status in (UNREADABLE, BUILDING):
+                return Judgement.of(j.status, f"the fx graph {key} it names is {j.status} ({j.reason})")
+            if j.status != COMPLETE:
+                return Judgement.of(PARTIAL, f"the fx graph {key} it names is {j.status}: torch misses and "
+                                    "compiles both again")
     return Judgement(COMPLETE)
 
 
@@ -244,9 +272,9 @@ def code_groups(names) -> dict[str, list[str]]:
     return groups
 
 
-def judge_code(path: str, deep: bool, now: float, lst: Listing | None = None) -> Judgement:
+def judge_code(d: EntryDir, jc: Judging, lst: Listing | None = None) -> Judgement:
     """A `<2>/` shard of the code cache: every group whole (no empty file, every .so a whole ELF)."""
-    lst = lst or listing(path)
+    lst = lst or listing(d)
     if not lst.readable:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
     if lst.links:
@@ -254,7 +282,7 @@ def judge_code(path: str, deep: bool, now: float, lst: Listing | None = None) ->
     groups = code_groups(lst.files)
     problems: list[str] = []
     for key, exts in sorted(groups.items()):
-        problems.extend(_group_problems(path, key, exts, lst))
+        problems.extend(_group_problems(d, key, exts, lst))
     if any(p.startswith("unreadable:") for p in problems):
         return Judgement.of(UNREADABLE, next(p for p in problems if p.startswith("unreadable:"))[12:])
     if problems:
@@ -263,24 +291,24 @@ def judge_code(path: str, deep: bool, now: float, lst: Listing | None = None) ->
         return Judgement(status, problems[0], tuple(problems))
     temps = [(n, st) for n, st in lst.files.items() if TMP_RE.match(n)]
     if not groups and temps:
-        return Judgement.of(*temp_status(temps[0][0], temps[0][1].st_mtime, now))
+        return Judgement.of(*temp_status(temps[0][0], temps[0][1].st_mtime, jc.now))
     if not groups:
         return Judgement.of(PARTIAL, "no code cache files in it")
     return Judgement(COMPLETE)
 
 
-def _group_problems(path: str, key: str, exts: list[str], lst: Listing) -> list[str]:
+def _group_problems(d: EntryDir, key: str, exts: list[str], lst: Listing) -> list[str]:
     out = []
     for ext in sorted(exts):
         name = f"{key}.{ext}"
-        full, size = os.path.join(path, name), lst.files[name].st_size
-        why = unreadable_file(full, lst.files[name])
+        size = lst.files[name].st_size
+        why = unreadable_file(d, name, lst.files[name])
         if why:
             return [f"unreadable: {why}"]
         if size == 0:
             out.append(f"{name} is empty: torch loads it and fails")
         elif ext.endswith("so"):
-            bad = elf_truncated(name, fsread.read_head(full, 64), size)
+            bad = elf_truncated(name, d.read_head(name, 64), size)
             if bad:
                 out.append(bad + ": torch fails loading it")
         elif ext.endswith("cpp") and ext[:-3] + "so" not in exts:
@@ -290,18 +318,17 @@ def _group_problems(path: str, key: str, exts: list[str], lst: Listing) -> list[
 
 # ---- autotune tables and nested Triton caches -------------------------------------------------------
 
-def judge_autotune(path: str, deep: bool) -> Judgement:
-    lst = listing(path)
+def judge_autotune(d: EntryDir, jc: Judging) -> Judgement:
+    lst = listing(d)
     if not lst.readable:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
     for name, st in lst.files.items():
         if name.startswith("."):
             continue
-        full = os.path.join(path, name)
-        why = unreadable(full)
+        why = d.unreadable(name)
         if why:
             return Judgement.of(UNREADABLE, why)
-        if st.st_size == 0 or (deep and fsread.json_problem(full)[1]):
+        if st.st_size == 0 or (jc.deep and d.json_problem(name)[1]):
             return Judgement.of(CORRUPT, f"{name} is not a JSON table (torch fails reading it)")
     return Judgement(COMPLETE)
 
@@ -319,24 +346,21 @@ def _as_triton(entry: Entry) -> Entry:
 
 # ---- the judgement, the scan ------------------------------------------------------------------------
 
-def judge(path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None) -> Judgement:
-    return _judge(path, kind, deep, root, None, {})
+def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
+    return _judge(d, kind, jc, None, {})
 
 
-def _judge(path: str, kind: str, deep: bool, root: str | os.PathLike | None, lst: Listing | None,
-           memo: dict[str, Judgement]) -> Judgement:
-    now = time.time()
+def _judge(d: EntryDir, kind: str, jc: Judging, lst: Listing | None, memo: dict[str, Judgement]) -> Judgement:
     if kind == CODE:
-        return judge_code(path, deep, now, lst)
+        return judge_code(d, jc, lst)
     if kind == AUTOTUNE:
-        return judge_autotune(path, deep)
+        return judge_autotune(d, jc)
     if kind == TRITON:
-        return _triton().judge(path, TRITON_KERNEL, deep)
-    if root is None and kind == AUTOGRAD:
-        root = os.path.dirname(os.path.dirname(path))
-    j = judge_guarded(path, deep, now, os.fspath(root) if root is not None else None, lst, memo)
-    if kind == GRAPH and not deep:
-        memo[path] = j
+        triton = _triton()
+        return triton.judge(d, TRITON_KERNEL, triton.judging(jc.deep, caller_reads=jc.caller_reads))
+    j = judge_guarded(d, jc, lst, memo)
+    if kind == GRAPH and not jc.deep:
+        memo[d.path] = j
     return j
 
 
@@ -393,8 +417,9 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         op, target, space = _names(f)
         if not (flt.wants_op(op) and flt.wants_target(target) and flt.wants_space(space)):
             continue
-        lst = listing(f.path) if f.kind in (GRAPH, AUTOGRAD, CODE) else None
-        j = _judge(f.path, f.kind, False, root, lst, memo)
+        with ctx.open_entry(f.path) as d:
+            lst = listing(d) if f.kind in (GRAPH, AUTOGRAD, CODE) else None
+            j = _judge(d, f.kind, Judging(), lst, memo)
         usage = lst.usage(f.path, ctx.warn) if lst is not None else measure_tree(f.path, ctx.warn)
         yield ctx.entry(path=f.path, usage=usage, layout=NAME, kind=f.kind, target=target, space=space, op=op,
                         hash=f.hash, status=j.status, reason=j.reason)
@@ -435,24 +460,25 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
 
 def describe(root: Path, entry: Entry) -> Details:
     if entry.kind == TRITON:
-        d = _triton().describe(root, _as_triton(entry))
-        return Details(entry, d.status, d.reason, d.problems, d.files, d.task_op, binaries=d.binaries, facts=d.facts)
-    j = judge(entry.path, entry.kind, deep=True, root=str(root))
+        t = _triton().describe(root, _as_triton(entry))
+        return Details(entry, t.status, t.reason, t.problems, t.files, t.task_op, binaries=t.binaries, facts=t.facts)
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        j = judge(d, entry.kind, Judging(deep=True))
+        facts = _facts(d, entry, root)
     files = list_files(entry.path) if os.path.isdir(entry.path) else ()
-    facts = _facts(entry, root)
     binaries = tuple(os.path.join(entry.path, f.name) for f in files if f.name.endswith(".so") and f.link is None)
     return Details(entry, j.status, j.reason, j.problems, files, binaries=binaries, facts=tuple(facts))
 
 
-def _facts(entry: Entry, root: Path) -> list[tuple[str, str]]:
-    lst = listing(entry.path)
+def _facts(d: EntryDir, entry: Entry, root: Path) -> list[tuple[str, str]]:
+    lst = listing(d)
     facts: list[tuple[str, str]] = []
     if entry.kind in (GRAPH, AUTOGRAD):
         variants = [n for n in lst.files if VARIANT_RE.match(n)]
-        bad = [n for n in variants if variant_problem(os.path.join(entry.path, n), lst.files[n].st_size, True)]
+        bad = [n for n in variants if variant_problem(d, n, lst.files[n].st_size, True)]
         facts.append(("variants", f"{len(variants)} guard variant(s), {len(bad)} damaged"))
         if entry.kind == AUTOGRAD:
-            for key in graph_keys(entry.path, [n for n in variants if n not in bad]):
+            for key in graph_keys(d, [n for n in variants if n not in bad]):
                 there = os.path.isdir(os.path.join(root, graph_relpath(key)))
                 facts.append(("fx graph", f"{key} ({'present' if there else 'missing'})"))
     elif entry.kind == CODE:
@@ -494,9 +520,8 @@ class InductorLayout(Layout):
     def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)
 
-    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
-              ) -> Judgement:
-        return judge(path, kind, deep, root=root)
+    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
+        return judge(d, kind, jc)
 
     def describe(self, root: Path, entry: Entry) -> Details:
         return describe(root, entry)

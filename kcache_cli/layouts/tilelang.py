@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli import fsread
-from kcache_cli.checks import (changed_since, list_files, read_head)
+from kcache_cli.checks import changed_since, list_files
+from kcache_cli.entrydir import EntryDir
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
-from kcache_cli.layouts.base import Layout, Leftover, ScanContext
+from kcache_cli.layouts.base import Judging, Layout, Leftover, ScanContext
 from kcache_cli.layouts.shapes import TILELANG
 from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE, UNREADABLE_REASON, Details, Entry, Judgement,
                               LogFile, ScanFilter, Status, Warn, measure_tree)
@@ -106,10 +107,10 @@ SOURCES = ("device_kernel.cu", "host_kernel.cu")
 MAX_RECORD = 1 << 20  # a manifest or metadata file is a few hundred bytes
 
 
-def _stat(path: str) -> os.stat_result | None:
+def _stat(d: EntryDir, name: str) -> os.stat_result | None:
     """os.stat as the loader's os.path.exists/getsize/open see it (through a link), or None."""
     try:
-        return os.stat(path)
+        return d.stat(name)
     except (OSError, ValueError):
         return None
 
@@ -121,23 +122,23 @@ def _denied(st: os.stat_result | None) -> bool:
     return st is not None and _s.S_ISREG(st.st_mode) and not st.st_mode & 0o444
 
 
-def _dir_denied(path: str) -> bool:
+def _dir_denied(d: EntryDir) -> bool:
     try:
-        return not os.lstat(path).st_mode & 0o444
+        return not d.own_lstat().st_mode & 0o444
     except OSError:
         return False
 
 
-def _record(path: str) -> tuple[object, str | None]:
+def _record(d: EntryDir, name: str) -> tuple[object, str | None]:
     """(the JSON value, None), or (None, "unreadable"/"missing"/"bad") for a manifest or metadata file,
     read through a link as tilelang opens it (never a FIFO or device: fsread)."""
-    st = _stat(path)
+    st = _stat(d, name)
     if st is None:
         return None, "missing"
     if _denied(st):
         return None, "unreadable"
     try:
-        return fsread.parse_json(fsread.read_bytes(path, MAX_RECORD, follow=True), os.path.basename(path)), None
+        return fsread.parse_json(d.read_bytes(name, MAX_RECORD, follow=True), name), None
     except PermissionError:
         return None, "unreadable"
     except fsread.JsonTooDeep as exc:  # tilelang's json.load raises RecursionError, which nothing catches
@@ -146,27 +147,27 @@ def _record(path: str) -> tuple[object, str | None]:
         return None, "bad"
 
 
-def _kernel_lib(path: str, names: dict[str, int]) -> str:
+def _kernel_lib(names: dict[str, int]) -> str:
     """The executable tilelang's backend loads: the one present, else the TVM FFI backend's (default)."""
     return next((b for b in KERNEL_BINARIES if b in names), KERNEL_BINARIES[0])
 
 
-def kernel_status(path: str, names: dict[str, int], mtimes: dict[str, float] | None = None
+def kernel_status(d: EntryDir, names: dict[str, int], mtimes: dict[str, float] | None = None
                   ) -> tuple[Status, str | None]:
     """tilelang 0.1.15's `_load_kernel_from_disk`: every file it needs exists (through links), the
     manifest parses and lists the executable and params.json, every listed file has its recorded size,
     and those two their recorded sha256 (read when they changed after the manifest, or `mtimes` is None:
     the deep check); else tilelang removes the entry and compiles again (partial). Sources are checked
     by size only: a same-size edit is a hit."""
-    if _dir_denied(path):
+    if _dir_denied(d):
         return UNREADABLE, "cannot read the directory: permission denied (mode 000)"
-    lib = _kernel_lib(path, names)
+    lib = _kernel_lib(names)
     needed = (*SOURCES, "manifest.json", lib, "params.json", *(("kernel.py",) if lib == "kernel.cubin" else ()))
-    stats = {n: _stat(os.path.join(path, n)) for n in needed}
+    stats = {n: _stat(d, n) for n in needed}
     gone = [n for n in needed if stats[n] is None]
     if gone:
         return PARTIAL, f"{gone[0]} is missing: tilelang compiles the kernel again"
-    manifest, bad = _record(os.path.join(path, "manifest.json"))
+    manifest, bad = _record(d, "manifest.json")
     if bad == "unreadable" or any(_denied(stats[n]) for n in (lib, "params.json")):
         who = "manifest.json" if bad == "unreadable" else next(n for n in (lib, "params.json") if _denied(stats[n]))
         return UNREADABLE, f"{who} is unreadable (permission denied)"
@@ -180,20 +181,20 @@ def kernel_status(path: str, names: dict[str, int], mtimes: dict[str, float] | N
         return PARTIAL, f"manifest.json does not list {next(n for n in required if n not in files)}: tilelang " \
             "compiles the kernel again"
     for name, rec in sorted(files.items()):
-        st = stats.get(name) or _stat(os.path.join(path, name))
+        st = stats.get(name) or _stat(d, name)
         size = rec.get("size") if isinstance(rec, dict) else None
         if st is None or size is None or st.st_size != size:
             return PARTIAL, (f"{name} is {'missing' if st is None else f'{st.st_size} bytes'}, manifest.json says "
                              f"{size}: tilelang compiles the kernel again")
-    return _required_digests(path, files, required, mtimes)
+    return _required_digests(d, files, required, mtimes)
 
 
-def _required_digests(path: str, files: dict, required: tuple[str, ...], mtimes) -> tuple[Status, str | None]:
+def _required_digests(d: EntryDir, files: dict, required: tuple[str, ...], mtimes) -> tuple[Status, str | None]:
     for name in required:
         if mtimes is not None and not changed_since(mtimes, "manifest.json", (name,)):
             continue
         try:
-            digest = fsread.sha256_file(os.path.realpath(os.path.join(path, name)))
+            digest = d.sha256(name, follow=True)
         except PermissionError:
             return UNREADABLE, f"{name} is unreadable (permission denied)"
         except OSError as exc:
@@ -204,18 +205,18 @@ def _required_digests(path: str, files: dict, required: tuple[str, ...], mtimes)
     return COMPLETE, None
 
 
-def binary_status(path: str, names: dict[str, int], mtimes: dict[str, float] | None = None
+def binary_status(d: EntryDir, names: dict[str, int], mtimes: dict[str, float] | None = None
                   ) -> tuple[Status, str | None]:
     """tilelang 0.1.15's `CUDABinaryCache.load`: the binary and metadata.json open, the metadata carries
     tilelang's format tag, a positive integer size equal to the binary's, and (read when the binary
     changed after the metadata, or `mtimes` is None: the deep check) its sha256. Else every lookup
     misses and `save` never replaces a published directory: corrupt."""
-    if _dir_denied(path):
+    if _dir_denied(d):
         return UNREADABLE, "cannot read the directory: permission denied (mode 000)"
     binary = next((b for b in CUBIN_BINARIES if b in names), CUBIN_BINARIES[0])
     forever = "tilelang misses it on every lookup and never replaces it"
-    st = _stat(os.path.join(path, binary))
-    meta, bad = _record(os.path.join(path, "metadata.json"))
+    st = _stat(d, binary)
+    meta, bad = _record(d, "metadata.json")
     if _denied(st) or bad == "unreadable":
         return UNREADABLE, f"{binary if _denied(st) else 'metadata.json'} is unreadable (permission denied)"
     if st is None:
@@ -233,7 +234,7 @@ def binary_status(path: str, names: dict[str, int], mtimes: dict[str, float] | N
         return CORRUPT, f"metadata.json has no sha256: {forever}"
     if mtimes is None or changed_since(mtimes, "metadata.json", (binary,)):
         try:
-            digest = fsread.sha256_file(os.path.realpath(os.path.join(path, binary)))
+            digest = d.sha256(binary, follow=True)
         except PermissionError:
             return UNREADABLE, f"{binary} is unreadable (permission denied)"
         except OSError as exc:
@@ -243,30 +244,33 @@ def binary_status(path: str, names: dict[str, int], mtimes: dict[str, float] | N
     return COMPLETE, None
 
 
-def judge(path: str, kind: str, deep: bool = False, *, names: dict[str, int] | None = None,
-          mtimes: dict[str, float] | None = None, root: object = None) -> Judgement:
-    """The one judgement of a tilelang kernel or binary: cheap for ls (digests only of what changed after
-    its manifest / metadata), `deep` reads every byte tilelang checks, and params.json must parse."""
-    if names is None:
-        names, mtimes = {}, {}
-        try:
-            st = os.lstat(path)
-            if not st.st_mode & 0o444:
-                return Judgement.of(UNREADABLE, "cannot read the directory: permission denied (mode 000)")
-            for de in os.scandir(path):
-                if not de.is_dir(follow_symlinks=False):
-                    st = de.stat(follow_symlinks=False)
-                    names[de.name], mtimes[de.name] = st.st_size, st.st_mtime
-        except OSError as exc:
-            return Judgement.of(UNREADABLE, f"cannot read the directory: {exc.strerror}")
-    status, reason = (kernel_status if kind == "kernel" else binary_status)(path, names, None if deep else mtimes)
+def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
+    """The one judgement of a tilelang kernel or binary (its directory held as `d`): cheap for ls (digests
+    only of what changed after its manifest / metadata), `jc.deep` reads every byte tilelang checks, and
+    params.json must parse."""
+    try:
+        if not d.own_lstat().st_mode & 0o444:
+            return Judgement.of(UNREADABLE, "cannot read the directory: permission denied (mode 000)")
+        names, mtimes = d.files()
+    except OSError as exc:
+        return Judgement.of(UNREADABLE, f"cannot read the directory: {exc.strerror}")
+    return _judged(d, kind, jc.deep, names, mtimes)
+
+
+def _judged(d: EntryDir, kind: str, deep: bool, names: dict[str, int], mtimes: dict[str, float] | None
+            ) -> Judgement:
+    status, reason = (kernel_status if kind == "kernel" else binary_status)(d, names, None if deep else mtimes)
     if status == COMPLETE and deep and kind == "kernel":
-        params, bad = _record(os.path.join(path, "params.json"))
+        params, bad = _record(d, "params.json")
         if bad is not None or not isinstance(params, (dict, list)):
             return Judgement.of(CORRUPT, "params.json does not parse: tilelang cannot load the kernel, and never "
                                 "replaces an entry whose files are all there")
-        lib = _kernel_lib(path, names)
-        if read_head(os.path.realpath(os.path.join(path, lib)), 4) not in (b"\x7fELF", b"\x50\xed\x55\xba"):
+        lib = _kernel_lib(names)
+        try:
+            head = d.read_bytes(lib, 4, strict=False, follow=True)
+        except OSError:
+            head = b""
+        if head not in (b"\x7fELF", b"\x50\xed\x55\xba"):
             return Judgement.of(PARTIAL, f"{lib} is not a loadable binary: tilelang removes the entry and compiles "
                                 "it again")
     return Judgement.of(status, reason)
@@ -296,8 +300,9 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
                     continue
                 for de in ctx.listdir(sub.path):
                     if de.is_dir(follow_symlinks=False):
-                        names, usage, mtimes = ctx.read_dir(de.path)
-                        status, reason = binary_status(de.path, names, mtimes) if names is not None else UNREADABLE_DIR
+                        with ctx.open_entry(de.path) as d:
+                            names, usage, mtimes = ctx.read_dir(d)
+                            status, reason = binary_status(d, names, mtimes) if names is not None else UNREADABLE_DIR
                         yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind="binary", target=TARGET,
                                         space=space, op=None, hash=de.name, status=status, reason=reason)
             elif sub.name == STAGING:
@@ -310,8 +315,9 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
                 yield from _staging(ctx, os.path.join(sub.path, STAGING), "kernel", space)
                 for de in ctx.listdir(os.path.join(sub.path, "kernels")):
                     if de.is_dir(follow_symlinks=False):
-                        names, usage, mtimes = ctx.read_dir(de.path)
-                        status, reason = kernel_status(de.path, names, mtimes) if names is not None else UNREADABLE_DIR
+                        with ctx.open_entry(de.path) as d:
+                            names, usage, mtimes = ctx.read_dir(d)
+                            status, reason = kernel_status(d, names, mtimes) if names is not None else UNREADABLE_DIR
                         yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind="kernel", target=TARGET,
                                         space=space, op=None, hash=de.name, status=status, reason=reason)
 
@@ -332,8 +338,10 @@ def describe(root: Path, entry: Entry) -> Details:
             facts.append(("format", str(meta["format"])))
         binaries = tuple(os.path.join(p, b) for b in CUBIN_BINARIES if os.path.lexists(os.path.join(p, b)))
     staging = f"/{STAGING}/" in f"/{entry.relpath}"
-    verdict = judge(p, entry.kind, True) if entry.hash and os.path.isdir(p) and not staging \
-        else Judgement.of(entry.status, entry.reason)
+    verdict = Judgement.of(entry.status, entry.reason)
+    if entry.hash and os.path.isdir(p) and not staging:
+        with EntryDir.open(p, fsread.anchor(root)) as d:
+            verdict = judge(d, entry.kind, Judging(deep=True))
     if entry.kind == "kernel":
         facts.extend(kernel_params(p))
     return Details(entry, verdict.status, verdict.reason, verdict.problems if verdict.status != COMPLETE else (),
@@ -504,9 +512,8 @@ class TilelangLayout(Layout):
     def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         return stray_links(ctx, flt)
 
-    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
-              ) -> Judgement:
-        return judge(path, kind, deep, root=root)
+    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
+        return judge(d, kind, jc)
 
     def describe(self, root: Path, entry: Entry) -> Details:
         return describe(root, entry)

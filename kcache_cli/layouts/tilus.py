@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from kcache_cli import fsread
-from kcache_cli.checks import (changed_since, elf_truncated, list_files, listing_or_unreadable, read_text, unreadable)
+from kcache_cli.checks import changed_since, elf_truncated, list_files, listing_or_unreadable, read_text
+from kcache_cli.entrydir import EntryDir
 from kcache_cli.layouts._common import command_from_script
-from kcache_cli.layouts.base import Layout, ScanContext
+from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import TILUS
 from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, Details, Entry, Judgement, LogFile,
                               ScanFilter, TensorInfo, measure_tree)
@@ -90,43 +91,64 @@ def detect(root: Path) -> bool:
     return False
 
 
-def read_link(path: str) -> str | None:
-    """The target of a symlink, or of a flattened link (a tiny file holding `../../programs/<h>`)."""
+def read_link(d: EntryDir, name: str) -> str | None:
+    """The target of the symlink `name` in `d`, or of a flattened link (a tiny file holding
+    `../../programs/<h>`)."""
     try:
-        return os.readlink(path)
+        return d.readlink(name)
     except OSError:
         pass
     try:
-        text = fsread.read_bytes(path, 256).decode("ascii").strip()
+        text = d.read_bytes(name, 256).decode("ascii").strip()
     except (OSError, UnicodeDecodeError):  # also a FIFO or device where a link belongs: never read
         return None
     return text if _FLAT_LINK.match(text) else None
 
 
-def script_links(script_path: str) -> list[tuple[str, str, str | None]]:
-    """(name inside the script, link text, resolved program dir or None when dangling) for every
-    programs/<i> and latency/<key>/<i> link of a script."""
+def _link_texts(d: EntryDir) -> list[tuple[str, str, str]]:
+    """(name inside the script, link text, the path it points to) for every programs/<i> and
+    latency/<key>/<i> link of the script held as `d`."""
     out = []
     for sub in LINK_DIRS:
-        base = os.path.join(script_path, sub)
-        try:  # iterative, fd-relative, depth-limited: a hostile tree cannot exhaust the stack
-            found = list(fsread.walk_files(base))
-        except OSError:
-            continue  # missing, unreadable or absurdly deep: no links from it
-        for rel, st, link in found:
-            full = os.path.join(base, rel)
-            text = link if link is not None else read_link(full) if stat.S_ISREG(st.st_mode) else None
-            if text is None:
-                continue
-            target = os.path.normpath(os.path.join(os.path.dirname(full), text))
-            ok = target if os.path.isdir(target) else None
-            out.append((os.path.relpath(full, script_path), text, ok))
+        with d.sub(sub) as s:
+            try:  # iterative, fd-relative, depth-limited: a hostile tree cannot exhaust the stack
+                found = list(s.walk_files())
+            except OSError:
+                continue  # missing, unreadable or absurdly deep: no links from it
+            for rel, st, link in found:
+                name = f"{sub}/{rel}"
+                text = link if link is not None else read_link(d, name) if stat.S_ISREG(st.st_mode) else None
+                if text is not None:
+                    out.append((name, text, os.path.normpath(os.path.join(os.path.dirname(d.join(name)), text))))
     return out
 
 
-def _program_name(path: str) -> str | None:
+def _lands(anchor: fsread.Anchor | None, target: str) -> bool:
+    """os.path.isdir of a link's target as tilus follows it (links on the way followed): below the
+    anchored root resolved from the root held open, elsewhere by its path."""
     try:
-        m = _PROGRAM_NAME.match(fsread.read_bytes(os.path.join(path, "program.txt"), 256, strict=False))
+        if anchor is None or not anchor.holds(target):
+            return os.path.isdir(target)
+        return stat.S_ISDIR(os.stat(anchor.rel(target), dir_fd=anchor.fd).st_mode)
+    except OSError:
+        return False
+
+
+def script_links(d: EntryDir) -> list[tuple[str, str, str | None]]:
+    """(name inside the script, link text, resolved program dir or None when dangling) for every
+    programs/<i> and latency/<key>/<i> link of the script held as `d`."""
+    return [(name, text, target if _lands(d.anchor, target) else None) for name, text, target in _link_texts(d)]
+
+
+def links_at(script_path: str) -> list[tuple[str, str, str | None]]:
+    """script_links of the script at `script_path` (for callers that are not judging it)."""
+    with EntryDir.open(script_path) as d:
+        return script_links(d)
+
+
+def _program_name(d: EntryDir) -> str | None:
+    try:
+        m = _PROGRAM_NAME.match(d.read_bytes("program.txt", 256, strict=False))
     except OSError:
         return None
     return m.group(1).decode() if m else None
@@ -143,55 +165,68 @@ class BuildFailure:
     mtime: float
 
 
-def build_failures(script_path: str) -> list[BuildFailure]:
-    """The failed builds a script recorded, oldest first."""
-    base = os.path.join(script_path, "failed", "building")
+def build_failures(d: EntryDir) -> list[BuildFailure]:
+    """The failed builds the script held as `d` recorded, oldest first."""
+    with d.sub("failed/building") as b:
+        names = sorted(b.names())
+        return sorted((_build_failure(d, b, n, names) for n in names if not _recorded_elsewhere(b, n, names)),
+                      key=lambda f: (f.mtime, f.record))
+
+
+def _is_dir(d: EntryDir, name: str) -> bool:
     try:
-        names = sorted(os.listdir(base))
+        return stat.S_ISDIR(d.stat(name).st_mode)
     except OSError:
-        return []
-    out = []
-    for n in names:
-        full = os.path.join(base, n)
-        if n.endswith(".txt") or (not os.path.isdir(full) and f"{n}.txt" not in names):
-            text = read_text(full, 1 << 16) or ""
-        elif f"{n}.txt" in names:
-            continue  # the record is <n>.txt
-        else:
-            text = read_text(os.path.join(full, f"{n}.txt"), 1 << 16) or ""
-            full = os.path.join(full, f"{n}.txt") if text else full
-        link = read_link(os.path.join(base, n.removesuffix(".txt")))
-        m = re.search(r"programs/([0-9a-f]{12})\b", (link or "") + "\n" + text)
-        errors = [line.strip() for line in text.splitlines() if re.search(r"\berror\b", line, re.IGNORECASE)]
-        first = errors[0] if errors else next((x.strip() for x in text.splitlines() if x.strip()), "no message")
-        try:
-            mtime = os.lstat(full).st_mtime
-        except OSError:
-            mtime = 0.0
-        out.append(BuildFailure(script_path, full, m.group(1) if m else None, first[:200], mtime))
-    return sorted(out, key=lambda f: (f.mtime, f.record))
+        return False
+
+
+def _recorded_elsewhere(b: EntryDir, n: str, names: list[str]) -> bool:
+    """Whether the record of the failed build `n` is <n>.txt (a directory <n> beside it)."""
+    return not (n.endswith(".txt") or (not _is_dir(b, n) and f"{n}.txt" not in names)) and f"{n}.txt" in names
+
+
+def _build_failure(d: EntryDir, b: EntryDir, n: str, names: list[str]) -> BuildFailure:
+    rel = n
+    if n.endswith(".txt") or (not _is_dir(b, n) and f"{n}.txt" not in names):
+        text = b.read_text(n, 1 << 16) or ""
+    else:
+        text = b.read_text(f"{n}/{n}.txt", 1 << 16) or ""
+        rel = f"{n}/{n}.txt" if text else n
+    link = read_link(b, n.removesuffix(".txt"))
+    m = re.search(r"programs/([0-9a-f]{12})\b", (link or "") + "\n" + text)
+    errors = [line.strip() for line in text.splitlines() if re.search(r"\berror\b", line, re.IGNORECASE)]
+    first = errors[0] if errors else next((x.strip() for x in text.splitlines() if x.strip()), "no message")
+    try:
+        mtime = b.lstat(rel).st_mtime
+    except OSError:
+        mtime = 0.0
+    return BuildFailure(d.path, b.join(rel), m.group(1) if m else None, first[:200], mtime)
+
+
+def failures_at(script_path: str) -> list[BuildFailure]:
+    """build_failures of the script at `script_path` (for callers that are not judging it)."""
+    with EntryDir.open(script_path) as d:
+        return build_failures(d)
 
 
 def failures_by_program(root: str | os.PathLike) -> dict[str, BuildFailure]:
     """program hash -> the latest failed build recorded for it, over every script of the cache."""
     out: dict[str, BuildFailure] = {}
     for jdir in Path(root).glob("scripts/*/*/failed/building"):
-        for f in build_failures(str(jdir.parent.parent)):
+        for f in failures_at(str(jdir.parent.parent)):
             if f.program:
                 out[f.program] = f
     return out
 
 
-def judge(path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None,
-          failures: dict[str, BuildFailure] | None = None) -> Judgement:
-    """The one judgement of a tilus program or script (cheap for ls, `deep` reads every byte)."""
-    if root is None:
-        root = Path(path).parents[1] if kind == "program" else Path(path).parents[2]
+def judge(d: EntryDir, kind: str, jc: Judging, *, failures: dict[str, BuildFailure] | None = None) -> Judgement:
+    """The one judgement of the tilus program or script held as `d` (cheap for ls, `jc.deep` reads every
+    byte). A program's failed builds are recorded by the scripts (`failures`: the scan reads them once)."""
     if kind == "program":
         if failures is None:
-            failures = failures_by_program(root)
-        return _judge_program(path, deep, failures.get(os.path.basename(path)))
-    return _judge_script(path, deep)
+            failures = failures_by_program(Path(d.path).parents[1])
+        return _judge_program(d, jc.deep, failures.get(os.path.basename(d.path)))
+    return _judge_script(d, jc.deep)
 
 
 # What tilus 0.2.0 does (proven by tests/loaders/probe_tilus.py, tests/test_oracle_tilus.py). A program:
@@ -205,38 +240,38 @@ def judge(path: str, kind: str, deep: bool = False, *, root: str | os.PathLike |
 # programs/<i> links are written once, when programs/ is missing, and never read.
 
 
-def _seen_file(path: str) -> tuple[os.stat_result | None, bool]:
-    """The file as tilus meets it (links followed) and whether it is a link; None: no such file to tilus."""
+def _seen_file(d: EntryDir, name: str) -> tuple[os.stat_result | None, bool]:
+    """The file as tilus meets it (a link that is the file itself followed) and whether it is a link;
+    None: no such file to tilus."""
     try:
-        link = stat.S_ISLNK(os.lstat(path).st_mode)
-        return os.stat(path), link
+        link = stat.S_ISLNK(d.lstat(name).st_mode)
+        return d.stat(name), link
     except OSError:
         return None, False
 
 
-def _judge_program(path: str, deep: bool, failure: BuildFailure | None) -> Judgement:
-    module = os.path.join(path, "module")
-    lib, link = _seen_file(os.path.join(module, "lib.so"))
+def _judge_program(d: EntryDir, deep: bool, failure: BuildFailure | None) -> Judgement:
+    lib, link = _seen_file(d, "module/lib.so")
     if lib is None:
         if failure is not None:
-            where = os.path.relpath(failure.record, os.path.dirname(os.path.dirname(path)))
+            where = os.path.relpath(failure.record, os.path.dirname(os.path.dirname(d.path)))
             return Judgement.of(FAILED, f"build failed ({where}): {failure.error}")
         return Judgement.of(PARTIAL, "no module/lib.so: the build was interrupted; tilus compiles it again")
-    texts = _program_texts_problem(path, lib, deep)
+    texts = _program_texts_problem(d, lib, deep)
     if texts:
         return texts
     if not stat.S_ISREG(lib.st_mode):
         return Judgement.of(CORRUPT, f"module/lib.so is {fsread.kind_of(lib.st_mode)}: tilus fails loading it")
-    why = unreadable(os.path.join(module, "lib.so")) if not link else (
-        None if lib.st_mode & 0o444 and os.access(os.path.join(module, "lib.so"), os.R_OK)
+    why = d.unreadable("module/lib.so") if not link else (
+        None if lib.st_mode & 0o444 and d.access("module/lib.so")
         else "lib.so is unreadable (permission denied)")
     if why:
         return Judgement.of(UNREADABLE, "module/" + why)
     if lib.st_size == 0:
         return Judgement.of(CORRUPT, "module/lib.so is empty: tilus loads it and fails on every call")
-    if deep or link or lib.st_size < 64 or _changed_after_compile(module):
+    if deep or link or lib.st_size < 64 or _changed_after_compile(d):
         try:
-            head = fsread.read_bytes(os.path.join(module, "lib.so"), 64, strict=False, follow=link)
+            head = d.read_bytes("module/lib.so", 64, strict=False, follow=link)
         except OSError as exc:
             return Judgement.of(CORRUPT, f"cannot read module/lib.so: {exc.strerror}")
         truncated = elf_truncated("lib.so", head, lib.st_size)
@@ -245,73 +280,71 @@ def _judge_program(path: str, deep: bool, failure: BuildFailure | None) -> Judge
     return Judgement(COMPLETE)
 
 
-def _changed_after_compile(module: str) -> bool:
+def _changed_after_compile(d: EntryDir) -> bool:
     """Whether lib.so changed after nvcc finished (it writes nvcc_output.txt then): only then does ls read it."""
     mtimes = {}
     for name in ("lib.so", "nvcc_output.txt"):
         try:
-            mtimes[name] = os.lstat(os.path.join(module, name)).st_mtime
+            mtimes[name] = d.lstat(f"module/{name}").st_mtime
         except OSError:
             pass
     return changed_since(mtimes, "nvcc_output.txt", ("lib.so",))
 
 
-def _program_texts_problem(path: str, lib: os.stat_result, deep: bool) -> Judgement | None:
+def _program_texts_problem(d: EntryDir, lib: os.stat_result, deep: bool) -> Judgement | None:
     """program.txt and options.txt as get_cache_dir reads them: only when both are there (else tilus
     writes them again); they must hash to the directory's name. ls reads them only when one changed
     after lib.so (they are written before the compile)."""
     found = []
     for name in ("program.txt", "options.txt"):
-        st, _ = _seen_file(os.path.join(path, name))
+        st, _ = _seen_file(d, name)
         if st is None:
             return None
         found.append((name, st))
     for name, st in found:
         if not stat.S_ISREG(st.st_mode):
             return Judgement.of(CORRUPT, f"{name} is {fsread.kind_of(st.st_mode)}: tilus fails reading it")
-        if not st.st_mode & 0o444 or not os.access(os.path.join(path, name), os.R_OK):
+        if not st.st_mode & 0o444 or not d.access(name):
             return Judgement.of(UNREADABLE, f"{name} is unreadable (permission denied): tilus fails reading it")
     if not (deep or any(st.st_mtime >= lib.st_mtime for _, st in found)):
         return None
-    bad = _program_hash_problem(path)
+    bad = _program_hash_problem(d)
     return Judgement.of(CORRUPT, bad) if bad else None
 
 
-def _program_hash_problem(path: str) -> str | None:
+def _program_hash_problem(d: EntryDir) -> str | None:
     try:
-        texts = [fsread.read_bytes(os.path.join(path, n), fsread.MAX_TEXT, follow=True).decode("utf-8")
-                 for n in ("options.txt", "program.txt")]
+        texts = [d.read_bytes(n, fsread.MAX_TEXT, follow=True).decode("utf-8") for n in ("options.txt", "program.txt")]
     except UnicodeDecodeError:
         return "options.txt or program.txt is not text: tilus fails reading it on every call"
     except OSError as exc:
         return f"cannot read options.txt or program.txt: {exc.strerror}"
     actual = hashlib.sha256((texts[0] + texts[1]).encode()).hexdigest()[:12]
-    name = os.path.basename(path)
+    name = os.path.basename(d.path)
     if actual != name:
         return (f"options.txt + program.txt hash to {actual}, not {name}: edited after the build, so tilus "
                 "fails on every call (the program text is different from the cached one)")
     return None
 
 
-def _judge_script(path: str, deep: bool) -> Judgement:
-    links = script_links(path)
-    failures = build_failures(path)
+def _judge_script(d: EntryDir, deep: bool) -> Judgement:
+    links = script_links(d)
+    failures = build_failures(d)
     if failures:
         last = failures[-1]
-        newest_ok = max([_lmtime(os.path.join(path, n)) for n, _, _ in links]
-                        + [_lmtime(os.path.join(path, "dispatch_table.txt"))], default=0.0)
+        newest_ok = max([_lmtime(d, n) for n, _, _ in links] + [_lmtime(d, "dispatch_table.txt")], default=0.0)
         if last.mtime >= newest_ok:
             earlier = " (earlier builds succeeded)" if links else ""
             return Judgement.of(FAILED, f"its last build failed{earlier}: {last.error} "
                                         f"(failed/building/{os.path.basename(last.record)})")
-    return _dispatch_problem(path, links, deep) or _programs_problem(path, links) or Judgement(COMPLETE)
+    return _dispatch_problem(d, links, deep) or _programs_problem(d, links) or Judgement(COMPLETE)
 
 
-def _dispatch_problem(path: str, links: list[tuple[str, str, str | None]], deep: bool) -> Judgement | None:
+def _dispatch_problem(d: EntryDir, links: list[tuple[str, str, str | None]], deep: bool) -> Judgement | None:
     """dispatch_table.pickle as tilus unpickles it (never unpickled here: its framing), or its absence where
     a latency/<key>/<i> link is already there (tilus fails creating it again on every call)."""
-    table = os.path.join(path, "dispatch_table.pickle")
-    st, link = _seen_file(table)
+    table = "dispatch_table.pickle"
+    st, link = _seen_file(d, table)
     if st is None:
         latency = sorted(n for n, _, _ in links if n.startswith("latency/"))
         if latency:
@@ -320,14 +353,14 @@ def _dispatch_problem(path: str, links: list[tuple[str, str, str | None]], deep:
         return None
     if not stat.S_ISREG(st.st_mode):
         return Judgement.of(CORRUPT, f"dispatch_table.pickle is {fsread.kind_of(st.st_mode)}")
-    if not st.st_mode & 0o444 or not os.access(table, os.R_OK):
+    if not st.st_mode & 0o444 or not d.access(table):
         return Judgement.of(UNREADABLE, "dispatch_table.pickle is unreadable (permission denied): tilus fails "
                                         "reading it")
-    txt = _lmtime(os.path.join(path, "dispatch_table.txt"))  # written right after the pickle
+    txt = _lmtime(d, "dispatch_table.txt")  # written right after the pickle
     if not (deep or link or st.st_size < 3 or abs(st.st_mtime - txt) > 2.0):
         return None
     try:
-        data = fsread.read_bytes(table, 64 << 20, strict=False, follow=link)
+        data = d.read_bytes(table, 64 << 20, strict=False, follow=link)
     except OSError as exc:
         return Judgement.of(CORRUPT, f"cannot read dispatch_table.pickle: {exc.strerror}")
     if len(data) < 3 or data[0] != 0x80 or not 2 <= data[1] <= 5 or data[-1:] != b".":
@@ -336,35 +369,50 @@ def _dispatch_problem(path: str, links: list[tuple[str, str, str | None]], deep:
     return None
 
 
-def _programs_problem(path: str, links: list[tuple[str, str, str | None]]) -> Judgement | None:
+def _programs_problem(d: EntryDir, links: list[tuple[str, str, str | None]]) -> Judgement | None:
     """The script's programs (found through its links; tilus itself recomputes them): one tilus compiles
-    again makes the script compile, one it fails on makes the script fail."""
-    root = Path(path).parents[2]
+    again makes the script compile, one it fails on makes the script fail. Each program is another entry,
+    opened from the anchored root (no link on the way followed)."""
+    root = Path(d.path).parents[2]
     seen: set[str] = set()
     for name, text, target in links:
         if target is None:
             m = re.search(r"(?:^|/)programs/([0-9a-f]{12})/?$", text)
-            if m and not os.path.lexists(root / "programs" / m.group(1)):
+            if m and not _lexists(d.anchor, str(root / "programs" / m.group(1))):
                 return Judgement.of(PARTIAL, f"its program {m.group(1)} is gone ({name}): tilus compiles it again")
             continue  # a link tilus never reads
         if target in seen or os.path.dirname(target) != str(root / "programs"):
             continue
         seen.add(target)
-        j = _judge_program(target, False, None)
+        with EntryDir.open(target, d.anchor, follow=True) as program:  # through the script's link, as tilus
+            j = _judge_program(program, False, None)
         if j.status != COMPLETE:
             return Judgement.of(j.status, f"its program {os.path.basename(target)}: {j.reason}")
     return None
 
 
-def _lmtime(path: str) -> float:
+def _lexists(anchor: fsread.Anchor | None, path: str) -> bool:
+    """os.path.lexists of a path in the cache (links on the way followed, as tilus meets it): below the
+    anchored root resolved from the root held open."""
+    if anchor is None or not anchor.holds(path):
+        return os.path.lexists(path)
     try:
-        return os.lstat(path).st_mtime
+        os.stat(anchor.rel(path), dir_fd=anchor.fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
+def _lmtime(d: EntryDir, name: str) -> float:
+    try:
+        return d.lstat(name).st_mtime
     except OSError:
         return 0.0
 
 
-def program_status(path: str) -> tuple[str, str | None]:
-    j = judge(path, "program")
+def program_status(root: Path, path: str) -> tuple[str, str | None]:
+    with EntryDir.open(path, fsread.anchor(root)) as d:
+        j = judge(d, "program", Judging())
     return j.status, j.reason
 
 
@@ -383,10 +431,11 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
                                         op=op):
             if not de.is_dir(follow_symlinks=False):
                 continue
-            j = judge(de.path, "script", root=ctx.root)
+            with ctx.open_entry(de.path) as d:
+                j = judge(d, "script", Judging())
             status, reason = j.status, j.reason
             if flt.ops:
-                for _, _, target in script_links(de.path):
+                for _, _, target in links_at(de.path):
                     if target:
                         linked.setdefault(target, op)
             yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind="script",
@@ -401,11 +450,11 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     yield from blocked
     failures = failures_by_program(ctx.root)
     for h, path, linked_op in programs:
-        j = judge(path, "program", root=ctx.root, failures=failures)
-        status, reason = j.status, j.reason
+        with ctx.open_entry(path) as d:
+            j = judge(d, "program", Judging(), failures=failures)
+            name = linked_op or _program_name(d)
         yield ctx.entry(path=path, usage=measure_tree(path, ctx.warn), layout=NAME, kind="program",
-                        target=TARGET, space=None, op=linked_op or _program_name(path), hash=h, status=status,
-                        reason=reason)
+                        target=TARGET, space=None, op=name, hash=h, status=j.status, reason=j.reason)
 
 
 def referrers(root: Path, program_path: str) -> list[str]:
@@ -436,11 +485,11 @@ def describe(root: Path, entry: Entry) -> Details:
         users = referrers(root, p)
         facts.append(("used by scripts", ", ".join(os.path.relpath(u, root) for u in users) or "none"))
     else:
-        for name, text, target in script_links(p):
+        for name, text, target in links_at(p):
             if target is None:
                 facts.append((f"link {name}", f"{text} (dangling: tilus never reads it)"))
             else:
-                facts.append((f"link {name}", f"{text} ({program_status(target)[0]})"))
+                facts.append((f"link {name}", f"{text} ({program_status(root, target)[0]})"))
         meta, bad = fsread.json_problem(os.path.join(p, "meta.json"), base=p)
         if bad and not bad.endswith("missing"):
             facts.append(("meta.json note", f"{bad} (tilus never reads it back)"))
@@ -456,10 +505,12 @@ def describe(root: Path, entry: Entry) -> Details:
         table = fsread.read_text(os.path.join(p, "dispatch_table.txt"), base=p)
         if table:
             facts.append(("dispatch table", table.strip()))
-    for f in build_failures(p) if entry.kind == "script" else ():
+    for f in failures_at(p) if entry.kind == "script" else ():
         facts.append((f"failed build {os.path.basename(f.record)}", f.error))
-    verdict = judge(p, entry.kind, True, root=root) if entry.hash and os.path.isdir(p) else \
-        Judgement.of(entry.status, entry.reason)
+    verdict = Judgement.of(entry.status, entry.reason)
+    if entry.hash and os.path.isdir(p):
+        with EntryDir.open(p, fsread.anchor(root)) as d:
+            verdict = judge(d, entry.kind, Judging(deep=True))
     problems = [*verdict.problems, *(x for x in problems if x not in verdict.problems)]
     status, reason = verdict.status, verdict.reason
     if problems and status == COMPLETE:
@@ -472,9 +523,9 @@ def log_files(entry: Entry) -> list[LogFile]:
     if entry.kind == "program":
         dirs = [entry.path]
     else:  # a program directory that is itself a symlink is a stray, never read through
-        dirs = sorted({t for _, _, t in script_links(entry.path) if t and not os.path.islink(t)})
+        dirs = sorted({t for _, _, t in links_at(entry.path) if t and not os.path.islink(t)})
     out = []
-    failures = build_failures(entry.path) if entry.kind == "script" else \
+    failures = failures_at(entry.path) if entry.kind == "script" else \
         [f for f in failures_by_program(Path(entry.path).parents[1]).values()
          if f.program == os.path.basename(entry.path)]
     for f in failures:  # tilus's record of a failed build: the command and the compiler's error
@@ -510,7 +561,7 @@ def link_map(root: Path) -> dict[str, list[str]]:
         for jdir in jdirs:
             if not jdir.is_dir(follow_symlinks=False):
                 continue
-            for _, _, target in script_links(jdir.path):
+            for _, _, target in links_at(jdir.path):
                 if target:
                     users = out.setdefault(os.path.normpath(target), [])
                     if jdir.path not in users:
@@ -579,9 +630,8 @@ class TilusLayout(Layout):
     def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         return stray_links(ctx, flt)
 
-    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
-              ) -> Judgement:
-        return judge(path, kind, deep, root=root)
+    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
+        return judge(d, kind, jc)
 
     def describe(self, root: Path, entry: Entry) -> Details:
         return describe(root, entry)
@@ -592,7 +642,7 @@ class TilusLayout(Layout):
     def uses(self, root: Path, entry: Entry) -> list[str]:
         if entry.kind != "script":
             return []
-        return [os.path.relpath(t, root).replace(os.sep, "/") for _, _, t in script_links(entry.path) if t]
+        return [os.path.relpath(t, root).replace(os.sep, "/") for _, _, t in links_at(entry.path) if t]
 
     def users(self, root: Path, providers: list[str]) -> dict[str, list[str]]:
         links = link_map(root)

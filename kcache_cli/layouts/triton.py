@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 from kcache_cli import fsread
 from kcache_cli.checks import changed_since, elf_truncated, list_files
-from kcache_cli.fsread import json_object as read_json
-from kcache_cli.layouts.base import TEMP, Facts, InnerLeftover, Layout, ScanContext
+from kcache_cli.entrydir import EntryDir
+from kcache_cli.layouts.base import TEMP, Facts, InnerLeftover, Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import (
     TRITON,
     TRITON_GROUP,
@@ -88,49 +88,54 @@ def plain_name(name: str) -> bool:
     return bool(name) and "/" not in name and name not in (".", "..") and "\0" not in name
 
 
-def _leads_here(entry_path: str, name: str, path: str) -> bool:
-    own = os.path.join(entry_path, name)
+def _leads_here(d: EntryDir, name: str, path: str) -> bool:
+    """Whether the child `path` is, or leads to, the file `name` of the entry held as `d` (the child path
+    is Triton's, resolved as Triton resolves it; the entry's file is reached through `d`)."""
+    if path == d.join(name):
+        return True
     try:
-        return path == own or os.path.samefile(path, own)
+        return os.path.samestat(os.stat(path), d.stat(name))
     except (OSError, ValueError):
         return False
 
 
-def moved_paths(entry_path: str, children: dict[str, str]) -> list[str]:
-    """The child paths that do not lead to the file in this entry (the cache was copied or moved). A path
-    through a symlinked root still leads here, and Triton hits it: not moved."""
-    return [p for n, p in sorted(children.items()) if not _leads_here(entry_path, n, p)]
+def moved_paths(d: EntryDir, children: dict[str, str]) -> list[str]:
+    """The child paths that do not lead to the file in this entry (held as `d`: the cache was copied or
+    moved). A path through a symlinked root still leads here, and Triton hits it: not moved."""
+    return [p for n, p in sorted(children.items()) if not _leads_here(d, n, p)]
 
 
 class _Listing:
     """One key directory read once: top-level files with sizes and mtimes, and its subdirectories (a
     `tmp.pid_*` one is part of the kernel: Triton never looks into it)."""
 
-    def __init__(self, path: str, warn) -> None:
+    def __init__(self, d: EntryDir, warn) -> None:
         self.sizes: dict[str, int] = {}
         self.mtimes: dict[str, float] = {}
         self.temps: list[tuple[str, TreeUsage]] = []
         self.links: set[str] = set()
         self.denied: set[str] = set()  # regular files nobody may read (mode bits): unreadable even to root
-        self.path = path
+        self.d, self.path = d, d.path  # every file of the entry is read through `d`
         self._json: dict[str, object] = {}
         self.size = self.files = 0
-        self.accessed = 0.0  # the files' newest atime (a hit reads them)
+        self.accessed = self.newest = 0.0  # the files' newest atime (a hit reads them)
         self.readable = True
         try:
-            st = os.lstat(path)
+            st = d.own_lstat()
             self.newest = st.st_mtime
             if not st.st_mode & 0o444:
-                raise PermissionError(errno.EACCES, "Permission denied (mode 000)", path)
-            with os.scandir(path) as it:
-                items = sorted(it, key=lambda d: d.name)
+                raise PermissionError(errno.EACCES, "Permission denied (mode 000)", d.path)
+            if d.fd is None:
+                raise d.error or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), d.path)
+            with os.scandir(d.fd) as it:
+                items = sorted(it, key=lambda de: de.name)
         except OSError as exc:
-            warn(f"cannot read {path}: {exc.strerror}")
+            warn(f"cannot read {d.path}: {exc.strerror}")
             self.readable, items = False, []
         for de in items:
             try:
                 if de.is_dir(follow_symlinks=False):
-                    usage = measure_tree(de.path, warn)
+                    usage = measure_tree(d.join(de.name), warn)
                     if de.name.startswith(TMP_PREFIX):
                         self.temps.append((de.name, usage))
                     self.size, self.files = self.size + usage.size, self.files + usage.files
@@ -140,6 +145,7 @@ class _Listing:
                 st = de.stat(follow_symlinks=False)
             except OSError:
                 continue
+            d.listing[de.name] = st
             if de.is_symlink():
                 self.links.add(de.name)  # Triton opens through it: so does the judgement (fsread, follow)
             elif not st.st_mode & 0o444:
@@ -154,13 +160,23 @@ class _Listing:
     def usage(self) -> TreeUsage:
         return TreeUsage(self.size, self.files, self.newest, self.accessed)
 
+    def own(self, path: str) -> str | None:
+        """The name below this entry of the child path `path` when it names one of its files, else None."""
+        prefix = self.path + "/"
+        return path[len(prefix):] if path.startswith(prefix) and len(path) > len(prefix) else None
+
     def read(self, path: str, limit: int) -> bytes:
-        """The bytes of a file Triton reads (through a link, as Triton does; never a FIFO or device). A
+        """The bytes of a file Triton reads (through a link, as Triton does; never a FIFO or device): one
+        of the entry's through its EntryDir, a child path leading elsewhere where the group says. A
         file nobody may read is PermissionError whoever runs kcache (root reads it anyway)."""
-        if os.path.dirname(path) == self.path and os.path.basename(path) in self.denied or \
-                not os.stat(path).st_mode & 0o444:
+        name = self.own(path)
+        if name is None:
+            if not os.stat(path).st_mode & 0o444:
+                raise PermissionError(errno.EACCES, "Permission denied", path)
+            return fsread.read_bytes(path, limit, follow=True)
+        if name in self.denied or not self.d.stat(name).st_mode & 0o444:
             raise PermissionError(errno.EACCES, "Permission denied", path)
-        return fsread.read_bytes(path, limit, follow=True)
+        return self.d.read_bytes(name, limit, follow=True)
 
     def json(self, name: str, path: str | None = None) -> object:
         """The JSON value in `name` (at `path` when the group records it elsewhere), read once; an
@@ -168,7 +184,7 @@ class _Listing:
         key = path or name
         if key not in self._json:
             try:
-                self._json[key] = fsread.parse_json(self.read(path or os.path.join(self.path, name), MAX_META), name)
+                self._json[key] = fsread.parse_json(self.read(path or self.d.join(name), MAX_META), name)
             except (OSError, ValueError) as exc:
                 self._json[key] = exc
         return self._json[key]
@@ -184,10 +200,18 @@ MAX_IR = 64 << 20
 
 
 def _exists(lst: _Listing, name: str, path: str) -> bool:
-    """os.path.exists(path), as Triton asks it; for a path into this entry, from the listing."""
-    if path == os.path.join(lst.path, name) and name not in lst.links:
+    """os.path.exists(path), as Triton asks it; for a path into this entry, from the listing (through
+    its EntryDir for a link)."""
+    if path == lst.d.join(name) and name not in lst.links:
         return name in lst.sizes
-    return os.path.exists(path)
+    own = lst.own(path)
+    if own is None:
+        return os.path.exists(path)
+    try:
+        lst.d.stat(own)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _unreadable(exc: object) -> bool:
@@ -204,7 +228,7 @@ def old_triton(key_dir: str) -> bool:
 def _group_rule(lst: _Listing, g: str) -> tuple[Status, str | None, dict[str, str] | None]:
     """get_group's outcome for the group file `g`: (status, reason, child paths to go on with)."""
     meta, old = g[len(GROUP_PREFIX):], old_triton(lst.path)
-    if g in lst.links and not os.path.exists(os.path.join(lst.path, g)):
+    if g in lst.links and not _exists(lst, g, lst.d.join(g)):
         return PARTIAL, f"{g} is a dangling link: Triton misses the kernel and compiles it again", None
     group = lst.json(g)
     if _unreadable(group):
@@ -224,8 +248,8 @@ def _group_rule(lst: _Listing, g: str) -> tuple[Status, str | None, dict[str, st
     if old and meta not in missing:  # Triton <= 3.2 goes on with the children it finds
         children = {n: p for n, p in children.items() if n not in missing}
         missing = []
-    here = [n for n in missing if plain_name(n) and _exists(lst, n, os.path.join(lst.path, n))]
-    if missing and len(here) == len(missing) and not _leads_here(lst.path, missing[0], children[missing[0]]):
+    here = [n for n in missing if plain_name(n) and _exists(lst, n, lst.d.join(n))]
+    if missing and len(here) == len(missing) and not _leads_here(lst.d, missing[0], children[missing[0]]):
         elsewhere = os.path.dirname(os.path.dirname(children[missing[0]]))
         return MOVED, (f"{g} points into {elsewhere} (moved or copied): Triton misses it until "
                        "`kcache verify --fix` rewrites the paths"), None
@@ -251,7 +275,7 @@ def _loaded(lst: _Listing, g: str, children: dict[str, str], changed) -> tuple[S
     if binary not in children:
         return CORRUPT, f"{binary} is missing or not listed in {g}: Triton fails loading the kernel on every lookup"
     for name, path in sorted(children.items()):
-        if name in lst.denied and path == os.path.join(lst.path, name):
+        if name in lst.denied and path == lst.d.join(name):
             return UNREADABLE, f"{name} cannot be read (no read permission)"
         if name.endswith(".json") or not changed(name):
             continue
@@ -282,7 +306,7 @@ def _bad_text(name: str, data: bytes) -> str | None:
     return None
 
 
-def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tuple[Status, str | None]:
+def judge_files(lst: _Listing, jc: Judging) -> tuple[Status, str | None]:
     """Triton's rule (runtime/cache.py get_group, compiler.py compile and CompiledKernel), the same in
     3.1, 3.2 and 3.9. No group file: partial (Triton compiles it again), or building while something
     in it is less than an hour old. Then get_group: a group that does not parse, or that lists a path
@@ -290,12 +314,14 @@ def judge_files(path: str, lst: _Listing, now: float, deep: bool = False) -> tup
     are here and the paths lead into another root); then the hit's reads: the metadata, the binary and
     every text stage must load, else Triton fails on every lookup and never compiles again (corrupt).
     Temp dirs are ignored (Triton never looks into them). With `deep`, every listed file is read;
-    otherwise only those changed after the group file was written (checks.changed_since)."""
+    otherwise only those changed after the group file was written (checks.changed_since). Ages are
+    counted from `jc.now`."""
+    deep = jc.deep
     if not lst.readable:
         return UNREADABLE, UNREADABLE_REASON
     groups = sorted(n for n in lst.sizes if is_group(n))
     if not groups:
-        return _groupless(lst, now)
+        return _groupless(lst, jc.now)
     for g in groups:
         status, reason, children = _group_rule(lst, g)
         if children is None:
@@ -319,14 +345,10 @@ def _groupless(lst: _Listing, now: float) -> tuple[Status, str | None]:
     return PARTIAL, what
 
 
-def judge(path: str, kind: str, deep: bool = False, *, root: object = None) -> Judgement:
-    """The one judgement of a Triton key directory, read from disk now."""
-    return judge_at(path, deep, time.time())
-
-
-def judge_at(path: str, deep: bool, now: float) -> Judgement:
-    """The judgement of a Triton key directory read from disk, its age counted from `now`."""
-    return Judgement.of(*judge_files(path, _Listing(path, lambda m: None), now, deep))
+def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
+    """The one judgement of a Triton key directory held open as `d`, read from disk now through it, its
+    age counted from `jc.now`."""
+    return Judgement.of(*judge_files(_Listing(d, lambda m: None), jc))
 
 
 def single_file_kind(sizes: dict[str, int]) -> str | None:
@@ -359,9 +381,15 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
 def _key_entries(ctx, job: tuple[str, ScanFilter]) -> list[Entry]:
     """The entry of one key directory (its temp dirs are part of it)."""
     path, flt = job
+    with ctx.open_entry(path) as d:
+        return _key_entry(ctx, d, path, flt)
+
+
+def _key_entry(ctx, d: EntryDir, path: str, flt: ScanFilter) -> list[Entry]:
+    """The entry of the key directory `path`, held open as `d` for its judgement."""
     key = os.path.basename(path)
-    lst = _Listing(path, ctx.warn)
-    names = list(lst.sizes) if lst.readable else fsread.names(path)  # root lists a mode-000 dir: its name still
+    lst = _Listing(d, ctx.warn)
+    names = list(lst.sizes) if lst.readable else d.names()  # root lists a mode-000 dir: its name still
     single = single_file_kind(lst.sizes) if not any(is_group(n) for n in names) else None
     op = triton_kernel_name(names)
     if not flt.wants_op(op):
@@ -374,7 +402,7 @@ def _key_entries(ctx, job: tuple[str, ScanFilter]) -> list[Entry]:
         target = next((t for t in ("cuda", "hip") if op and op.startswith(t)), None)
     if not (flt.wants_target(target) and flt.wants_space(arch)):
         return []
-    status, reason = judge_files(path, lst, time.time())
+    status, reason = judge_files(lst, Judging())
     return [ctx.entry(path=path, usage=lst.usage, kind=single or KIND_KERNEL, hash=key, status=status,
                       reason=reason, layout=NAME, target=target, space=arch, op=op)]
 
@@ -420,11 +448,23 @@ _META_FACTS = (("num_warps", "num_warps"), ("num_stages", "num_stages"), ("num_c
                ("shared", "shared memory"), ("triton_version", "triton version"))
 
 
+def _open(entry: Entry, root: Path | str | None = None) -> EntryDir:
+    """The entry's directory held open from its cache root (`root`, else the one its relpath gives)."""
+    if root is None and entry.relpath and entry.path.endswith("/" + entry.relpath):
+        root = entry.path[:len(entry.path) - len(entry.relpath)] or "/"
+    return EntryDir.open(entry.path, fsread.anchor(root) if root is not None else None)
+
+
 def describe(root: Path, entry: Entry) -> Details:
     p = entry.path
     files = list_files(p) if os.path.isdir(p) else ()
-    lst = _Listing(p, lambda m: None)
-    status, reason = judge_files(p, lst, time.time(), deep=True)
+    with _open(entry, root) as d:
+        return _described(entry, files, _Listing(d, lambda m: None))
+
+
+def _described(entry: Entry, files, lst: _Listing) -> Details:
+    p = entry.path
+    status, reason = judge_files(lst, Judging(deep=True))
     problems = [reason] if status in (CORRUPT, MOVED) and reason else []
     facts: list[tuple[str, str]] = []
     name = entry.op
@@ -448,7 +488,7 @@ def _group_facts(lst: _Listing) -> list[tuple[str, str]]:
         children = group_children(lst.json(g))
         if children is None:
             continue
-        moved = moved_paths(lst.path, children)
+        moved = moved_paths(lst.d, children)
         if moved:
             out.append(("group file", (f"{g}: {len(moved)} of {len(children)} child paths point elsewhere "
                                        f"({moved[0]}); `kcache verify --fix` rewrites them")))
@@ -462,13 +502,17 @@ def relocation_problem(entry: Entry) -> str | None:
     written under another root): what `verify --fix` repairs."""
     if entry.kind != KIND_KERNEL or entry.status not in (COMPLETE, MOVED):
         return None
-    lst = _Listing(entry.path, lambda m: None)
+    with _open(entry) as d:
+        return _relocation_problem(_Listing(d, lambda m: None))
+
+
+def _relocation_problem(lst: _Listing) -> str | None:
     for g in sorted(n for n in lst.sizes if is_group(n)):
         status, reason, _ = _group_rule(lst, g)
         if status == MOVED:
             return reason
         children = group_children(lst.json(g))
-        moved = moved_paths(entry.path, children) if children is not None else []
+        moved = moved_paths(lst.d, children) if children is not None else []
         if moved:
             return (f"{g} points into {os.path.dirname(moved[0])} (the cache was copied): Triton reads that "
                     "copy's files, and misses once it is gone, until `kcache verify --fix` rewrites the paths")
@@ -488,28 +532,28 @@ def no_log(entry: Entry) -> str:
 
 # ---- relocation ----------------------------------------------------------------------------------
 
-def relocate(src: str, dest: str) -> int:
+def relocate(src: str, dest: str, root: str | os.PathLike | None = None) -> int:
     """Rewrite every group file in the entry directory `src` so that each child path names the file
     in `dest` (where the entry is or will be published): the rule Triton's get_group applies. Each
     file is replaced atomically, written as Triton writes (a `tmp.pid_*` directory inside the entry,
     fsync, os.replace). Child names that are not plain file names are dropped, so a group can never
-    point outside its entry. Every read and write goes through one fd of `src` (fsread.held: inside a
-    cache, resolved from its root without following a link), so a directory swapped for a link
-    between the scan and this rewrite makes it write nothing rather than write elsewhere. Returns how
-    many group files changed."""
+    point outside its entry. Every read and write goes through one fd of `src` (an EntryDir: inside the
+    cache `root`, opened from it without following a link), so a directory swapped for a link between
+    the scan and this rewrite makes it write nothing rather than write elsewhere. Returns how many
+    group files changed."""
     import stat
 
-    from kcache_cli import fsread, fswrite
+    from kcache_cli import fswrite
 
     changed = 0
-    with fsread.held(src):
-        dfd = fsread.held_fd(src)
+    with EntryDir.open(src, fsread.anchor(root) if root is not None else None) as d:
+        dfd = d.fd
         if dfd is None:
             raise OSError(errno.ELOOP, "cannot open the entry's directory without following a link", src)
         for g in sorted(n for n in os.listdir(dfd) if is_group(n)):
             if not stat.S_ISREG(os.stat(g, dir_fd=dfd, follow_symlinks=False).st_mode):
                 continue  # never read through a link; the entry is corrupt anyway
-            group = read_json(os.path.join(src, g))  # through the held fd
+            group = d.json_object(g)  # through the held fd
             children = group_children(group)
             if group is None or children is None:
                 continue
@@ -540,9 +584,8 @@ class TritonLayout(Layout):
     def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)
 
-    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
-              ) -> Judgement:
-        return judge(path, kind, deep, root=root)
+    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
+        return judge(d, kind, jc)
 
     def describe(self, root: Path, entry: Entry) -> Details:
         return describe(root, entry)
@@ -560,7 +603,7 @@ class TritonLayout(Layout):
         return inner_leftovers(entry)
 
     def relocate(self, staged: str, final: str, root: Path) -> None:
-        relocate(staged, final)
+        relocate(staged, final, root)
 
     def remote_format(self) -> RemoteFormat | None:
         """Triton's own Redis keys (`triton:{key}:{filename}`), shared with Triton's remote cache."""
@@ -569,7 +612,10 @@ class TritonLayout(Layout):
         return TritonFormat()
 
     def facts(self, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:
-        meta = _Listing(entry.path, lambda m: None).meta(f"{entry.op}.json") if entry.op else None
+        meta = None
+        if entry.op:
+            with _open(entry) as d:
+                meta = _Listing(d, lambda m: None).meta(f"{entry.op}.json")
         version = (meta or {}).get("triton_version")
         return Facts(f"triton {version}" if isinstance(version, str) else "triton", arch_of(meta)[1], None)
 

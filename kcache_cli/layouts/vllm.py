@@ -26,14 +26,15 @@ from __future__ import annotations
 import ast
 import os
 import re
-import time
+import stat
 import zlib
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, NamedTuple
 
 from kcache_cli import fsread, layouts
 from kcache_cli.checks import list_files
-from kcache_cli.layouts.base import STALE_AFTER, Facts, Layout, ScanContext
+from kcache_cli.entrydir import EntryDir
+from kcache_cli.layouts.base import STALE_AFTER, Facts, Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import INDUCTOR, TRITON, TRITON_TMP, VLLM, inductor_graph_relpath
 from kcache_cli.model import (
     BUILDING,
@@ -46,7 +47,6 @@ from kcache_cli.model import (
     Judgement,
     ScanFilter,
     Status,
-    measure_tree,
 )
 
 NAME = VLLM.name
@@ -82,10 +82,10 @@ class Part(NamedTuple):
 
 # ---- the index ----------------------------------------------------------------------------------------
 
-def read_index(path: str) -> tuple[tuple[Handle, ...], str | None]:
-    """The handles of the index at `path`, and why vLLM cannot use it (None when it can)."""
+def read_index(d: EntryDir, name: str) -> tuple[tuple[Handle, ...], str | None]:
+    """The handles of the index `name` in `d`, and why vLLM cannot use it (None when it can)."""
     try:
-        data = fsread.read_bytes(path, MAX_INDEX)
+        data = d.read_bytes(name, MAX_INDEX)
     except fsread.TooLarge:
         return (), f"{INDEX} is over {MAX_INDEX} bytes: not vLLM's"
     except OSError as exc:
@@ -106,30 +106,42 @@ def read_index(path: str) -> tuple[tuple[Handle, ...], str | None]:
     return tuple(handles), None
 
 
-def parts(unit: str) -> list[Part]:
-    """Every index of a unit, read."""
+def _mode(d: EntryDir, name: str) -> int:
+    """The lstat mode of `name` in `d` (a link is not followed), 0 when it is not there."""
+    try:
+        return d.lstat(name).st_mode
+    except OSError:
+        return 0
+
+
+def parts(unit: EntryDir | str) -> list[Part]:
+    """Every index of a unit, read (through its EntryDir; a path is opened first, no link followed)."""
+    if isinstance(unit, str):
+        with EntryDir.open(unit) as d:
+            return parts(d)
     out = []
-    for rank in fsread.subdir_paths(unit):
-        name = os.path.basename(rank)
-        if not RANK_RE.match(name):
+    for rank in unit.subdirs():
+        if not RANK_RE.match(rank):
             continue
-        for where in [rank, *(d for d in fsread.subdir_paths(rank) if os.path.basename(d) not in NESTED)]:
-            if os.path.lexists(os.path.join(where, INDEX)):
-                handles, problem = read_index(os.path.join(where, INDEX))
-                out.append(Part(name, where, handles, problem))
+        with unit.sub(rank) as rd:
+            for sub in ["", *(n for n in rd.subdirs() if n not in NESTED)]:
+                name = f"{sub}/{INDEX}" if sub else INDEX
+                if _mode(rd, name):
+                    handles, problem = read_index(rd, name)
+                    out.append(Part(rank, rd.join(sub), handles, problem))
     return out
 
 
 # ---- artifacts -------------------------------------------------------------------------------------
 
-def binary_problem(path: str, deep: bool) -> str | None:
+def binary_problem(d: EntryDir, name: str, deep: bool) -> str | None:
     """Why a binary CompiledArtifact is not whole by its own framing: a CRC32 of the rest (deep), then
     fields of an 8-byte big-endian length and that many bytes, ending exactly at the end of the file."""
-    name = os.path.basename(path)
+    shown = name.rpartition("/")[2]
     try:
-        fd, st = fsread.open_regular(path)
+        fd, st = d.open_file(name)
     except OSError as exc:
-        return f"{name} cannot be read: {exc.strerror or exc}"
+        return f"{shown} cannot be read: {exc.strerror or exc}"
     try:
         size, offset, fields = st.st_size, 4, 0
         while offset < size:
@@ -139,9 +151,9 @@ def binary_problem(path: str, deep: bool) -> str | None:
             offset += 8 + int.from_bytes(raw, "big")
             fields += 1
         if size < 4 or offset != size or fields < 3:
-            return f"{name} is truncated or not a torch CompiledArtifact (its fields do not end at its end)"
+            return f"{shown} is truncated or not a torch CompiledArtifact (its fields do not end at its end)"
         if deep and _crc(fd, size).to_bytes(4, "big") != os.pread(fd, 4, 0):
-            return f"{name}'s checksum does not match its bytes (torch refuses to load it)"
+            return f"{shown}'s checksum does not match its bytes (torch refuses to load it)"
     finally:
         os.close(fd)
     return None
@@ -157,45 +169,60 @@ def _crc(fd: int, size: int) -> int:
     return crc
 
 
-def unpacked_problem(path: str, deep: bool, now: float) -> str | None:
-    """Why an unpacked artifact (an Inductor cache root with one aotautograd entry) does not load."""
-    name = os.path.basename(path)
+def unpacked_problem(d: EntryDir, jc: Judging) -> str | None:
+    """Why an unpacked artifact (an Inductor cache root with one aotautograd entry, held as `d`) does not
+    load. Its entries are judged by the Inductor layout, each opened beneath `d`."""
+    name = os.path.basename(d.path)
     for top in ("aotautograd", "fxgraph"):
-        if os.path.islink(os.path.join(path, top)):
+        if stat.S_ISLNK(_mode(d, top)):
             return f"{name}/{top} is a symlink (kcache never follows it)"
-    keys = fsread.subdir_paths(os.path.join(path, "aotautograd"))
+    with d.sub("aotautograd") as aot:
+        keys = aot.subdirs()
     if len(keys) != 1:
         return f"{name}/aotautograd/ holds {len(keys)} entries; torch loads exactly one"
-    kinds = ((AUTOGRAD, keys[0]), *((GRAPH, g) for g in _graphs(path)))
-    for kind, where in kinds:
-        j = _inductor().judge(where, kind, deep, root=path)
+    inductor = _inductor()
+    ijc = inductor.judging(jc.deep, caller_reads=jc.caller_reads)
+    for kind, rel in ((AUTOGRAD, f"aotautograd/{keys[0]}"), *((GRAPH, g) for g in _graphs(d))):
+        with d.sub(rel) as where:
+            j = inductor.judge(where, kind, ijc)
         if j.status != COMPLETE:
-            return f"{name}: {os.path.relpath(where, path)} is {j.status} ({j.reason})"
+            return f"{name}: {rel} is {j.status} ({j.reason})"
     return None
 
 
-def _graphs(root: str) -> list[str]:
-    return [g for shard in fsread.subdir_paths(os.path.join(root, "fxgraph")) for g in fsread.subdir_paths(shard)]
+def _graphs(d: EntryDir) -> list[str]:
+    """The fx graph directories of the Inductor cache root `d`, relative to it."""
+    out: list[str] = []
+    with d.sub("fxgraph") as fx:
+        for shard in fx.subdirs():
+            with fx.sub(shard) as sd:
+                out.extend(f"fxgraph/{shard}/{g}" for g in sd.subdirs())
+    return out
 
 
-def handle_problem(part: Part, h: Handle, deep: bool, now: float) -> str | None:
-    """Why the artifact a handle names is not there whole in this unit, or None."""
-    where = os.path.join(part.path, h.key)
+def handle_problem(d: EntryDir, part: Part, h: Handle, jc: Judging) -> str | None:
+    """Why the artifact a handle names is not there whole in the unit held as `d`, or None."""
+    rel = os.path.relpath(part.path, d.path)
     if h.compiler == STANDALONE:
         if not plain(h.key):
             return f"{INDEX} names {h.key!r}, not a file name"
-        if os.path.islink(where):
+        where = f"{rel}/{h.key}"
+        mode = _mode(d, where)
+        if stat.S_ISLNK(mode):
             return f"{h.key} is a symlink (kcache never follows it)"
-        if os.path.isdir(where):
-            return unpacked_problem(where, deep, now)
-        if os.path.isfile(where):
-            return binary_problem(where, deep)
+        if stat.S_ISDIR(mode):
+            with d.sub(where) as ud:
+                return unpacked_problem(ud, jc)
+        if stat.S_ISREG(mode):
+            return binary_problem(d, where, jc.deep)
         return f"{h.key} is missing ({INDEX} names it): vLLM fails loading it"
     if h.compiler == ADAPTOR:
-        graph = os.path.join(_rank_dir(part), "inductor_cache", inductor_graph_relpath(h.key))
-        if not re.fullmatch("f" + "[a-z2-7]{51}", h.key) or not os.path.isdir(graph):
+        graph = f"{part.rank}/inductor_cache/{inductor_graph_relpath(h.key)}"
+        if not re.fullmatch("f" + "[a-z2-7]{51}", h.key) or not stat.S_ISDIR(_mode(d, graph)):
             return f"the fx graph {h.key} it names is not in {part.rank}/inductor_cache/"
-        j = _inductor().judge(graph, GRAPH, deep)
+        inductor = _inductor()
+        with d.sub(graph) as gd:
+            j = inductor.judge(gd, GRAPH, inductor.judging(jc.deep, caller_reads=jc.caller_reads))
         return None if j.status == COMPLETE else f"the fx graph {h.key} is {j.status} ({j.reason})"
     return None  # eager: nothing compiled to keep
 
@@ -204,37 +231,60 @@ def plain(name: str) -> bool:
     return bool(name) and "/" not in name and name not in (".", "..") and "\0" not in name
 
 
-def _rank_dir(part: Part) -> str:
-    p = part.path
-    while os.path.basename(p) != part.rank:
-        p = os.path.dirname(p)
-    return p
-
-
 # ---- judging ---------------------------------------------------------------------------------------
 
-def judge_unit(path: str, deep: bool, now: float) -> Judgement:
+def newest(d: EntryDir) -> float:
+    """measure_tree's newest mtime of the unit held as `d` (its directories' own included), read through
+    its fd and subdirectories opened beneath it; 0 when it cannot be read."""
+    if d.fd is None:
+        return 0.0
+    top = os.fstat(d.fd).st_mtime
+    stack = [(d, 0)]
+    while stack:
+        where, depth = stack.pop()
+        try:
+            with os.scandir(where.fd) as it:  # where.fd: d's own, or one a sub() below opened
+                for de in it:
+                    try:
+                        top = max(top, de.stat(follow_symlinks=False).st_mtime)
+                        if de.is_dir(follow_symlinks=False) and depth < fsread.MAX_TREE_DEPTH:
+                            sub = where.sub(de.name)
+                            if sub.fd is not None:
+                                stack.append((sub, depth + 1))
+                    except OSError:
+                        continue
+        except OSError:
+            pass
+        finally:
+            if where is not d:
+                where.close()
+    return top
+
+
+def judge_unit(d: EntryDir, jc: Judging) -> Judgement:
     try:
-        st = os.lstat(path)
-        os.listdir(path)
+        if d.fd is None:
+            raise d.error or FileNotFoundError(d.path)
+        st = os.fstat(d.fd)
+        os.listdir(d.fd)
     except OSError:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
-    found = parts(path)
-    fresh = now - measure_tree(path, lambda m: None).mtime < STALE_AFTER
+    found = parts(d)
+    fresh = jc.now - newest(d) < STALE_AFTER
     if not found:
         what = "no vllm_compile_cache.py in any rank_<r>_<d>/: vLLM compiles everything again"
-        if fresh or now - st.st_mtime < STALE_AFTER:
+        if fresh or jc.now - st.st_mtime < STALE_AFTER:
             return Judgement.of(BUILDING, what.split(":")[0] + " yet: vLLM may be compiling into it")
         return Judgement.of(PARTIAL, what)
     problems = []
     for part in found:
         if part.problem:
-            problems.append(f"{os.path.relpath(part.path, path)}/{part.problem}")
+            problems.append(f"{os.path.relpath(part.path, d.path)}/{part.problem}")
             continue
         for h in part.handles:
-            bad = handle_problem(part, h, deep, now)
+            bad = handle_problem(d, part, h, jc)
             if bad:
-                problems.append(f"{os.path.relpath(part.path, path)}: {bad}")
+                problems.append(f"{os.path.relpath(part.path, d.path)}: {bad}")
     if problems:
         status: Status = BUILDING if fresh else PARTIAL  # vLLM writes the index and binaries in place
         return Judgement(status, problems[0] + ("" if status == PARTIAL else " (written less than an hour ago)"),
@@ -242,19 +292,22 @@ def judge_unit(path: str, deep: bool, now: float) -> Judgement:
     return Judgement(COMPLETE)
 
 
-def judge_aot(path: str) -> Judgement:
-    ranks = [d for d in fsread.subdir_paths(path) if RANK_RE.match(os.path.basename(d))]
+def judge_aot(d: EntryDir) -> Judgement:
+    ranks = [r for r in d.subdirs() if RANK_RE.match(r)]
     if not ranks:
         return Judgement.of(PARTIAL, "no rank_<r>_<d>/ in it: vLLM compiles again")
     for r in ranks:
-        model = os.path.join(r, "model")
-        if os.path.islink(model) or not os.path.isfile(model) or os.path.getsize(model) == 0:
-            return Judgement.of(PARTIAL, f"{os.path.basename(r)}/model is missing or empty: vLLM compiles again")
+        try:
+            st = d.lstat(f"{r}/model")
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return Judgement.of(PARTIAL, f"{r}/model is missing or empty: vLLM compiles again")
     return Judgement(COMPLETE)
 
 
-def judge(path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None) -> Judgement:
-    return judge_aot(path) if kind == AOT else judge_unit(path, deep, time.time())
+def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
+    return judge_aot(d) if kind == AOT else judge_unit(d, jc)
 
 
 def detect(root: Path) -> bool:
@@ -283,8 +336,10 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     for kind, path, name in found:
         if prefixes and not any(name.startswith(p) for p in prefixes):
             continue
-        j = judge(path, kind)
-        yield ctx.entry(path=path, usage=measure_tree(path, ctx.warn), layout=NAME, kind=kind, target=None,
+        with ctx.open_entry(path) as d:
+            _names, usage, _mtimes = ctx.read_dir(d)
+            j = judge(d, kind, Judging())
+        yield ctx.entry(path=path, usage=usage, layout=NAME, kind=kind, target=None,
                         space=None, op=None, hash=name, status=j.status, reason=j.reason)
 
 
@@ -318,7 +373,8 @@ def flatten(data: object, prefix: str = "") -> dict[str, object]:
 
 
 def describe(root: Path, entry: Entry) -> Details:
-    j = judge(entry.path, entry.kind, deep=True)
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        j = judge(d, entry.kind, Judging(deep=True))
     facts: list[tuple[str, str]] = []
     if entry.kind == COMPILE:
         for part in parts(entry.path):
@@ -412,9 +468,8 @@ class VllmLayout(Layout):
     def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)
 
-    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
-              ) -> Judgement:
-        return judge(path, kind, deep, root=root)
+    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
+        return judge(d, kind, jc)
 
     def describe(self, root: Path, entry: Entry) -> Details:
         return describe(root, entry)

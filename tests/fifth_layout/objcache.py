@@ -11,8 +11,10 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from kcache_cli import fsread
 from kcache_cli.checks import list_files, read_every_byte
-from kcache_cli.layouts.base import Layout, ScanContext
+from kcache_cli.entrydir import EntryDir
+from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import BY_NAME
 from kcache_cli.model import COMPLETE, CORRUPT, PARTIAL, Details, Entry, Judgement, LogFile, ScanFilter
 
@@ -27,15 +29,14 @@ def _judge_names(names: dict[str, int]) -> Judgement:
     return Judgement(COMPLETE)
 
 
-def judge(path: str, kind: str, deep: bool = False, *, root: object = None) -> Judgement:
+def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
     try:
-        with os.scandir(path) as it:
-            names = {d.name: d.stat(follow_symlinks=False).st_size for d in it if d.is_file(follow_symlinks=False)}
+        names, _ = d.files()
     except OSError as exc:
         return Judgement.of(PARTIAL, f"cannot list it: {exc.strerror}")
     found = _judge_names(names)
-    if found.status == COMPLETE and deep:
-        bad = read_every_byte(path)
+    if found.status == COMPLETE and jc.deep:
+        bad = read_every_byte(d, jc.caller_reads)
         if bad:
             return Judgement.of(CORRUPT, bad)
     return found
@@ -56,7 +57,8 @@ def scan(ctx, flt: ScanFilter) -> Iterator[Entry]:
 
 
 def describe(root: Path, entry: Entry) -> Details:
-    j = judge(entry.path, entry.kind, deep=True)
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        j = judge(d, entry.kind, Judging(deep=True))
     binaries = (os.path.join(entry.path, "obj.o"),) if j.status == COMPLETE else ()
     return Details(entry, j.status, j.reason, j.problems, list_files(entry.path), binaries=binaries,
                    facts=(("compiler", "objcache"),))
@@ -74,9 +76,8 @@ class ObjcacheLayout(Layout):
     def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)
 
-    def judge(self, path: str, kind: str, deep: bool = False, *, root: str | os.PathLike | None = None
-              ) -> Judgement:
-        return judge(path, kind, deep, root=root)
+    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
+        return judge(d, kind, jc)
 
     def describe(self, root: Path, entry: Entry) -> Details:
         return describe(root, entry)
