@@ -18,7 +18,11 @@ Then for each shape `inspect <prefix>`, `log <prefix>` and `clear --dry-run <pre
 `kcache --version` (target <= 1.5x; the seed shape has no version.txt, the real one has), and
 `--version` against a minimal Typer app (target <= 1.3x).
 
+With --baseline-ref REF, kcache as of that git ref also runs each scan (--no-index) and lookup, alternating
+with this tree, and the two are compared (the "no worse than before" check of a refactor).
+
 Usage: python bench/bench_scan.py [--entries N] [--dir DIR] [--runs R] [--shapes seed,equal] [--cold]
+       [--baseline-ref REF]
 Caches are generated once per size and shape under DIR and reused. Python writes bytecode for these runs.
 """
 
@@ -113,6 +117,7 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true", help="also measure with caches dropped before each run (root)")
     ap.add_argument("--baseline-ref", help="also run the scans and lookups of kcache as of this git ref, "
                     "alternating with this tree (--no-index: the two trees' indexes differ)")
+    ap.add_argument("--only-baseline", action="store_true", help="with --baseline-ref: only that comparison")
     args = ap.parse_args()
     if args.cold and not os.access("/proc/sys/vm/drop_caches", os.W_OK):
         ap.error("--cold drops the kernel's caches: it needs root")
@@ -125,7 +130,8 @@ def main() -> None:
     time.sleep(2.5)  # older than the index's racy window (kcache_cli/index.py)
     print(f"{args.entries} entries per cache, cpus: {os.cpu_count()}, load: {load()}", flush=True)
     for shape, root in roots.items():
-        bench_shape(shape, root, args.runs, env, args.cold)
+        if not args.only_baseline:
+            bench_shape(shape, root, args.runs, env, args.cold)
     if args.baseline_ref:
         with tempfile.TemporaryDirectory() as tmp:
             base = baseline_tree(args.baseline_ref, Path(tmp) / "base")
