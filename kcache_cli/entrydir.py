@@ -242,14 +242,7 @@ class EntryDir:
     def iter_chunks(self, name: str, chunk: int = fsread.CHUNK, *, follow: bool = False) -> Iterator[bytes]:
         """The file's bytes in chunks of at most `chunk` (`follow` as for open_file)."""
         fd, _ = self.open_file(name, follow=follow)
-        try:
-            while True:
-                data = os.read(fd, chunk)
-                if not data:
-                    return
-                yield data
-        finally:
-            os.close(fd)
+        return fsread.chunks_of(fd, chunk)
 
     def sha256(self, name: str, *, follow: bool = False) -> str:
         """The sha256 of the file's bytes, streamed (`follow` as for open_file)."""

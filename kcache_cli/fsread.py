@@ -438,6 +438,11 @@ def read_text(path: str, limit: int = MAX_TEXT, *, base: str | None = None) -> s
 def iter_chunks(path: str, *, base: str | None = None, chunk: int = CHUNK) -> Iterator[bytes]:
     """A regular file's bytes in chunks of at most `chunk` (streaming: memory stays bounded)."""
     fd, _ = open_regular(path, base=base)
+    return chunks_of(fd, chunk)
+
+
+def chunks_of(fd: int, chunk: int = CHUNK) -> Iterator[bytes]:
+    """The bytes of the file open as `fd`, in chunks of at most `chunk`; closes `fd` when done."""
     try:
         while True:
             data = os.read(fd, chunk)
