@@ -29,17 +29,16 @@ class EntryDir:
     are relative to it ('/'-separated; no component is followed when it is a link). Where the
     directory cannot be opened, `fd` is None and every read raises why (`error`)."""
 
-    __slots__ = ("path", "fd", "listing", "anchor", "error", "_refused", "_own")
+    __slots__ = ("path", "fd", "listing", "anchor", "error", "_refused")
 
     def __init__(self, path: str, fd: int | None, anchor: Anchor | None = None,
-                 error: OSError | None = None, own: bool = True) -> None:
+                 error: OSError | None = None) -> None:
         self.path = path
         self.fd = fd
         self.anchor = anchor
         self.error = error
         self.listing: dict[str, os.stat_result] = {}  # name -> lstat, as a scan of it saw each file
         self._refused = anchor.refused if anchor is not None else 0
-        self._own = own
 
     @classmethod
     def open(cls, path: str | os.PathLike, anchor: Anchor | None = None, *, follow: bool = False) -> EntryDir:
@@ -71,7 +70,7 @@ class EntryDir:
         self.close()
 
     def close(self) -> None:
-        if self.fd is not None and self._own:
+        if self.fd is not None:
             os.close(self.fd)
         self.fd = None
 
