@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
 from collections.abc import Iterable
 from typing import Any
@@ -134,8 +133,13 @@ def write_file(dir_fd: int, name: str, data: bytes | Iterable[bytes], mode: int 
     os.close(fd)
 
 
+def token(nbytes: int) -> str:
+    """`nbytes` random bytes in hex, for temp names (secrets.token_hex, without its start-up imports)."""
+    return os.urandom(nbytes).hex()
+
+
 def temp_name(prefix: str = ".tmp-") -> str:
-    return f"{prefix}{os.getpid()}-{secrets.token_hex(6)}"
+    return f"{prefix}{os.getpid()}-{token(6)}"
 
 
 def replace_file(dir_fd: int, name: str, data: bytes, mode: int = 0o644, sync: bool = True,
@@ -160,7 +164,7 @@ def replace_file_via_dir(dir_fd: int, name: str, data: bytes, dir_prefix: str) -
     """Replace `name` in `dir_fd` with `data`, atomically and durably, as Triton writes: the new file is
     written in a private directory `<dir_prefix><pid>_<random>` beside it (a reader of the cache passes
     over such a directory, never over a stray file), renamed over `name`, the directory removed."""
-    tmp_name = f"{dir_prefix}{os.getpid()}_{secrets.token_hex(16)}"
+    tmp_name = f"{dir_prefix}{os.getpid()}_{token(16)}"
     mkdir_at(dir_fd, tmp_name, 0o700)
     try:
         tfd = open_dir(dir_fd, tmp_name)

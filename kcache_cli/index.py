@@ -55,8 +55,8 @@ from typing import Any
 from kcache_cli import fswrite
 from kcache_cli.model import COMPLETE, CORRUPT, FAILED, STALE, Entry
 from kcache_cli.scan_context import ScanContext
+from kcache_cli.state import index_name, open_index_dir
 
-INDEX_DIR = "index"
 MAGIC = b"KCACHE-SCAN-INDEX\n"
 FORMAT = 1
 _HEADER = struct.Struct("<QI")  # payload length, CRC-32 of the payload
@@ -79,10 +79,6 @@ _PLAIN = (str, int, float, bool, bytes, type(None))
 
 # (file names, digest, (function name, job), Entry field values, the rest of the function's answer or None)
 Record = tuple
-
-
-def index_name(kind: str = "scan") -> str:
-    return f"{kind}.{os.geteuid()}"
 
 
 def _digest(ints: list[int]) -> bytes:
@@ -228,48 +224,10 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
-def odd_files(root: str) -> list[str]:
-    """The index files of `root` (this user's) that are there but not regular files: a FIFO, device,
-    socket, directory or link planted where kcache keeps its state. They are never opened for reading
-    (load skips them) and a writer renames a fresh index over them; the scan warns once."""
-    dfd = _open_index_dir(root, create=False)
-    if dfd is None:
-        return []
-    odd = []
-    try:
-        for kind in ("scan", "texts"):
-            try:
-                st = os.stat(index_name(kind), dir_fd=dfd, follow_symlinks=False)
-            except OSError:
-                continue
-            if not S_ISREG(st.st_mode):
-                odd.append(os.path.join(root, ".kcache", INDEX_DIR, index_name(kind)))
-    finally:
-        os.close(dfd)
-    return odd
-
-
-def _open_index_dir(root: str, create: bool) -> int | None:
-    """A descriptor of <root>/.kcache/index, opened beneath the root without following a link, each
-    level owned as state.open_state requires (else None: no index is read or written there)."""
-    from kcache_cli.state import open_state
-
-    try:
-        rfd = fswrite.open_root(root)
-    except OSError:
-        return None
-    try:
-        return open_state(rfd, root, INDEX_DIR, create=create)
-    except OSError:
-        return None
-    finally:
-        os.close(rfd)
-
-
 def load(root: str, context: tuple, kind: str = "scan") -> dict:
     """path -> Record from the index of `root` (or what `kind`'s file holds), or {} when there is none
     or it cannot be trusted."""
-    dfd = _open_index_dir(root, create=False)
+    dfd = open_index_dir(root, create=False)
     if dfd is None:
         return {}
     try:
@@ -381,12 +339,10 @@ def _start_write(root: str, started: int) -> tuple[int, str, int] | None:
     """Create the temp file the index will be written to; its ctime is the file system's "now", less
     the time since the scan `started` (time.monotonic_ns), from which entries are judged too recent to
     store. None when the cache is not writable."""
-    import secrets
-
-    dfd = _open_index_dir(root, create=True)
+    dfd = open_index_dir(root, create=True)
     if dfd is None:
         return None
-    tmp = f".tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = f".tmp-{os.getpid()}-{fswrite.token(4)}"
     try:
         fd = fswrite.create_excl(dfd, tmp, 0o644)
         try:

@@ -56,9 +56,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     complete = flt == ScanFilter()
     flt = expand_filter(root, flt)
     layouts = detect_layouts(root)
-    from kcache_cli.index import odd_files
-
-    for odd in odd_files(str(root)):  # read by the hidet layout with or without use_index: never opened
+    for odd in state.odd_index_files(str(root)):  # read by the hidet layout with or without use_index: never opened
         collect(f"{odd} is not a regular file: ignored (kcache writes a new index over it)")
     if use_index:
         from kcache_cli.index import IndexedContext

@@ -10,7 +10,10 @@ import stat
 import time
 from pathlib import Path
 
+from kcache_cli import fsread, fswrite
+
 STATE_DIR = ".kcache"
+INDEX_DIR = "index"  # .kcache/index/: the scan index
 # A build compiles into <op dir>/.kcache-tmp-<hash>-<random>/ and renames it to <hash>/.
 TEMP_PREFIX = ".kcache-tmp-"
 STAMP_REFRESH = 3600.0  # a last-used stamp is rewritten at most once an hour
@@ -55,8 +58,6 @@ def temp_hash(name: str) -> str | None:
 def load_last_used(root: Path) -> dict[str, float]:
     """relpath -> last-used time, from the stamps kcache leaves when it resolves or builds an entry
     (read through .kcache/used opened beneath the root, no link followed; an untrusted one is skipped)."""
-    from kcache_cli import fswrite
-
     out: dict[str, float] = {}
     try:
         rfd = fswrite.open_root(root)
@@ -86,8 +87,6 @@ def mark_used(root: Path, relpath: str, now: float | None = None) -> None:
     """Refresh an entry's last-used stamp, at most once an hour; never fails the caller. Written through
     descriptors held from the root (fswrite): a .kcache/, used/ or stamp swapped for a link, or a stamp
     that is another user's or a hard link, never makes kcache create or re-time a file elsewhere."""
-    from kcache_cli import fswrite
-
     now = time.time() if now is None else now
     name = stamp_name(relpath)
     try:
@@ -133,8 +132,6 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
     followed, each level checked for its owner (fswrite.owner_problem: yours, root's, or group-shared
     with the root's group) unless the root is listed in KCACHE_SAFE_DIRECTORY. UntrustedState when
     it may not be used, with a one-line reason; other OSErrors as the open raised them."""
-    from kcache_cli import fswrite
-
     group = os.fstat(root_fd).st_gid
     trusted = _opted_in(root)
     where = os.path.join(root, STATE_DIR)
@@ -157,20 +154,58 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
 
 def _open_level(dir_fd: int, name: str, where: str, create: bool) -> int:
     """One directory of the state, its errors naming its whole path `where`."""
-    from kcache_cli import fswrite
-
     try:
         return fswrite.open_dir(dir_fd, name, create=create)
     except OSError as exc:
         raise type(exc)(exc.errno, exc.strerror, where) from None
 
 
+def index_name(kind: str = "scan") -> str:
+    """This user's file of the scan index (`kind` "scan" or "texts") in .kcache/index/: each user keeps
+    their own (kcache_cli/index.py)."""
+    return f"{kind}.{os.geteuid()}"
+
+
+def open_index_dir(root: str, create: bool) -> int | None:
+    """A descriptor of <root>/.kcache/index, opened beneath the root without following a link, each
+    level owned as open_state requires (else None: no index is read or written there)."""
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
+        return None
+    try:
+        return open_state(rfd, root, INDEX_DIR, create=create)
+    except OSError:
+        return None
+    finally:
+        os.close(rfd)
+
+
+def odd_index_files(root: str) -> list[str]:
+    """The index files of `root` (this user's) that are there but not regular files: a FIFO, device,
+    socket, directory or link planted where kcache keeps its state. They are never opened for reading
+    (the index skips them) and a writer renames a fresh index over them; the scan warns once."""
+    dfd = open_index_dir(root, create=False)
+    if dfd is None:
+        return []
+    odd = []
+    try:
+        for kind in ("scan", "texts"):
+            try:
+                st = os.stat(index_name(kind), dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                odd.append(os.path.join(root, STATE_DIR, INDEX_DIR, index_name(kind)))
+    finally:
+        os.close(dfd)
+    return odd
+
+
 def read_own_file(root: Path, name: str, limit: int) -> bytes | None:
     """The bytes of .kcache/`name`, a file kcache keeps for itself, or None when it is missing, too big,
     not a regular file, in an untrusted state dir, or not this user's (nor root's): another member's
     file is not trusted, and this user's next write replaces it."""
-    from kcache_cli import fsread, fswrite
-
     try:
         rfd = fswrite.open_root(root)
     except OSError:
@@ -204,15 +239,11 @@ _TAG_TEXT = (CACHEDIR_SIGNATURE + b"\n# This file is a cache directory tag creat
 
 def has_cachedir_tag(root: Path) -> bool:
     """A regular CACHEDIR.TAG starting with the standard signature: evidence that `root` is a cache."""
-    from kcache_cli import fsread
-
     return fsread.read_head(os.path.join(root, CACHEDIR_TAG), len(CACHEDIR_SIGNATURE)) == CACHEDIR_SIGNATURE
 
 
 def write_cachedir_tag(root: Path) -> None:
     """Tag a root kcache created (backup tools skip it; kcache takes it as evidence). Never fails."""
-    from kcache_cli import fswrite
-
     try:
         rfd = fswrite.open_root(root)
     except OSError:
@@ -227,8 +258,6 @@ def write_cachedir_tag(root: Path) -> None:
 
 def make_root(root: Path) -> bool:
     """Create `root` (and its missing parents) when it does not exist, tagged; True if it was created."""
-    from kcache_cli import fswrite
-
     if os.path.lexists(root):
         return False
     try:

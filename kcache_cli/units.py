@@ -4,9 +4,12 @@ option that takes one (`prune --max-size`, `import --max-file-size`, `prune --ol
 from __future__ import annotations
 
 import re
-from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from kcache_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from fractions import Fraction
 
 # ASCII only: Python's int() and float() also read other scripts' digits ("٣"), "nan", "inf", "1e9" and
 # "1_000"; none of them is a size or a duration here. [0-9], not \d (which is any Unicode digit).
@@ -32,6 +35,8 @@ def _where(option: str | None) -> str:
 
 def _number(digits: str, text: str, what: str, option: str | None) -> Fraction:
     """The exact value of an ASCII decimal (no float on the way: 5,000 digits are refused, not inf)."""
+    from fractions import Fraction  # here, not at the top: every command imports this module, few parse
+
     if sum(ch.isdigit() for ch in digits) > _MAX_DIGITS:
         raise UsageError(f"bad {what} '{_short(text)}'{_where(option)}: too many digits")
     return Fraction(digits if not digits.endswith(".") else digits[:-1])

@@ -62,6 +62,32 @@ def test_hidet_paths(relpath, kind, ok):
     assert (layouts.get("hidet").entry_path_problem(kind, relpath) is None) is ok
 
 
+def _detection_roots(tmp_path: Path, fixture_copy) -> list[Path]:
+    """The real caches, and roots made to look like the layouts that have no fixture here (or almost)."""
+    roots = [fixture_copy(n) for n in (*REAL, "triton")]
+    made = {"jit/ComputeCache/0": None, "jit/ComputeCache/index": "", "vllm/0123456789/rank_0_0/backbone": None,
+            "aot/torch_aot_compile/" + "a" * 64: None, "ind/fxgraph/ab": None, "ind/aa/c" + "a" * 51 + ".py": "",
+            "lookalike/ops/x": None, "lookalike/0123456789/x": None, "lookalike/ComputeCache/x": None}
+    for rel, text in made.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir() if text is None else path.write_text(text)
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "ops").symlink_to(roots[0] / "ops")
+    return [*roots, *(tmp_path / n for n in ("jit", "vllm", "aot", "ind", "lookalike", "linked", "nothing"))]
+
+
+def test_detection_rules_out_layouts_from_names_alone(tmp_path, fixture_copy):
+    """The registry asks a layout (imports its code) only where the root's top-level names hold its shape:
+    that changes no answer, because no layout's own detect finds it anywhere else."""
+    for root in _detection_roots(tmp_path, fixture_copy):
+        every = tuple(n for n in layouts.NAMES if layouts.get(n).detect(root))
+        assert layouts.detect(root) == every, root
+    assert layouts.detect(tmp_path / "jit") == ("cudajit",) and layouts.detect(tmp_path / "ind") == ("inductor",)
+    assert layouts.detect(tmp_path / "vllm") == ("vllm",) == layouts.detect(tmp_path / "aot")
+    assert layouts.detect(tmp_path / "lookalike") == () == layouts.detect(tmp_path / "nothing")
+
+
 def test_dependencies_as_the_layouts_declare_them(fixture_copy):
     """tilus scripts use programs (export brings them, removal keeps them); tilelang kernels embed binaries."""
     root = fixture_copy("tilus")

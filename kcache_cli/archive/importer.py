@@ -188,8 +188,6 @@ class _Staging:
     an entry directory for a link makes the import fail, never write elsewhere."""
 
     def __init__(self, root: Path) -> None:
-        import secrets
-
         self.root = root
         self.dirs: set[str] = {""}
         self._last: tuple[str, int] | None = None  # the directory written to last: entries come file by file
@@ -197,7 +195,7 @@ class _Staging:
         self.created: list[str] = fswrite.make_dirs(root) if not os.path.lexists(root) else []
         self.root_fd = fswrite.open_root(root)
         try:
-            self._open(secrets.token_hex(4))
+            self._open(fswrite.token(4))
         except BaseException:
             self.close()
             raise
@@ -636,9 +634,7 @@ def _publish(root: Path, p: PlannedEntry, staging: _Staging, lock_timeout: float
                 return False, f"being built ({busy})"
             if _dest_status(root, p) == COMPLETE:
                 return False, "already present (completed during the import)"
-            import secrets
-
-            trashed = f"{p.relpath.replace('/', '%2F')}-{secrets.token_hex(4)}"
+            trashed = f"{p.relpath.replace('/', '%2F')}-{fswrite.token(4)}"
             _to_trash(staging, p.relpath, trashed)
         # paths the entry records about itself (Triton's), rewritten through the held staging fd
         layout_of(p.layout).relocate(staging.fd_path(p.relpath), dest, root)

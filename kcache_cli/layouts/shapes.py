@@ -37,7 +37,8 @@ def _segment_regex(segment: str, patterns: dict[str, str]) -> re.Pattern[str]:
 class KindShape:
     """The path of one kind of entry, relative to the cache root."""
 
-    __slots__ = ("kind", "template", "space", "target", "segments", "parts", "space_depth", "op_depth", "from_files")
+    __slots__ = ("kind", "template", "space", "target", "_patterns", "_segments", "parts", "space_depth", "op_depth",
+                 "from_files")
 
     def __init__(self, kind: str, template: str, space: str | None = None, target: str | None = None,
                  patterns: tuple[tuple[str, str], ...] = (),
@@ -48,7 +49,8 @@ class KindShape:
         self.target = target  # a fixed target ("cuda"); None: the {target} field, or no target
         # `patterns`: (field, regex) for the fields that are not just any visible name
         self.parts = tuple(template.split("/"))
-        self.segments = tuple(_segment_regex(s, dict(patterns)) for s in self.parts)
+        self._patterns = dict(patterns)
+        self._segments: tuple[re.Pattern[str], ...] | None = None  # compiled when first matched
         space_fields = set(_FIELD.findall(space or ""))
         # The segment that completes the space (-1: no space) and the segment holding the op (-1: no op).
         self.space_depth = max((i for i, p in enumerate(self.parts) if space_fields & set(_FIELD.findall(p))),
@@ -63,8 +65,16 @@ class KindShape:
         return f"KindShape({self.kind!r}, {self.template!r})"
 
     @property
+    def segments(self) -> tuple[re.Pattern[str], ...]:
+        """One anchored regex per directory level, compiled the first time a name is matched (start-up
+        compiles none: most commands match the shapes of one or two layouts)."""
+        if self._segments is None:
+            self._segments = tuple(_segment_regex(s, self._patterns) for s in self.parts)
+        return self._segments
+
+    @property
     def depth(self) -> int:
-        return len(self.segments)
+        return len(self.parts)
 
     def fields_in(self, i: int) -> tuple[str, ...]:
         """The fields segment `i` of the template names."""
