@@ -205,24 +205,26 @@ class EntryDir:
             if own:
                 os.close(fd)
 
-    def open_file(self, name: str, *, follow: bool = False) -> tuple[int, os.stat_result]:
+    def open_file(self, name: str, *, follow: bool = False, shown: str = "") -> tuple[int, os.stat_result]:
         """(fd, fstat) of the regular file `name` (fsread.open_regular's rules). `follow`: every link in
         `name` is followed as the compiler follows it, from this directory (never a swapped parent); the
-        file reached must still be regular."""
+        file reached must still be regular. `shown`: its path for messages, when the caller has it."""
+        shown = shown or self.join(name)
         if follow:
-            return fsread.open_file(name, self._dir(), True, self.join(name))
+            return fsread.open_file(name, self._dir(), True, shown)
         fd, last, own = self._parent(name)
         try:
             pre = None if own else self.listing.get(last)
-            return fsread.open_file(last, fd, follow, self.join(name), pre)
+            return fsread.open_file(last, fd, follow, shown, pre)
         finally:
             if own:
                 os.close(fd)
 
     def read_bytes(self, name: str, limit: int, *, strict: bool = True, follow: bool = False) -> bytes:
         """fsread.read_bytes of the file `name`."""
-        fd, st = self.open_file(name, follow=follow)
-        return fsread.read_open(fd, st, limit, strict, self.join(name))
+        shown = self.join(name)
+        fd, st = self.open_file(name, follow=follow, shown=shown)
+        return fsread.read_open(fd, st, limit, strict, shown)
 
     def read_head(self, name: str, n: int = 64) -> bytes:
         """Up to `n` first bytes; b"" when the file cannot be read."""

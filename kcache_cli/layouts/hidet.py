@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
@@ -188,9 +187,9 @@ def _names(d: EntryDir) -> tuple[dict[str, int] | None, dict[str, float], str | 
     return names, mtimes, None
 
 
-@dataclass(frozen=True)
-class _Seen:
-    """One file as hidet meets it: links followed (hidet follows them; kcache only reads through them)."""
+class _Seen(NamedTuple):
+    """One file as hidet meets it: links followed (hidet follows them; kcache only reads through them).
+    A NamedTuple: made for several files of every entry, where a frozen dataclass costs twice as much."""
 
     name: str
     exists: bool = False
