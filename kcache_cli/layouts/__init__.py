@@ -30,7 +30,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kcache_cli.layouts.shapes import BUILD_SHAPE, SHAPES
+from kcache_cli.layouts.shapes import BUILD_SHAPE, BY_NAME, SHAPES
 
 if TYPE_CHECKING:
     from kcache_cli.layouts.base import Layout
@@ -64,7 +64,7 @@ def detect(root: str | Path) -> tuple[str, ...]:
     except OSError:
         return ()
     where = os.fspath(root)
-    return tuple(s.name for s in SHAPES if s.held_by(where, tops) and get(s.name).detect(Path(root)))
+    return tuple(n for n in NAMES if BY_NAME[n].held_by(where, tops) and get(n).detect(Path(root)))
 
 
 def builder() -> Layout:
