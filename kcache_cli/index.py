@@ -218,7 +218,6 @@ def _context(root: str) -> tuple:
             root, st.st_dev, st.st_ino, FIELDS, tuple(code))
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # An index file is opened without blocking (a FIFO planted there must not hang every command), never
 # through a link, never as a controlling terminal; it must then be a regular file (fstat).
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC

@@ -77,9 +77,9 @@ def _detection_roots(tmp_path: Path, fixture_copy) -> list[Path]:
     return [*roots, *(tmp_path / n for n in ("jit", "vllm", "aot", "ind", "lookalike", "linked", "nothing"))]
 
 
-def test_detection_rules_out_layouts_from_names_alone(tmp_path, fixture_copy):
-    """The registry asks a layout (imports its code) only where the root's top-level names hold its shape:
-    that changes no answer, because no layout's own detect finds it anywhere else."""
+def test_detection_on_real_and_look_alike_roots(tmp_path, fixture_copy):
+    """Each root is detected as the layout it looks like, and a look-alike as none (the registry's answer is
+    every layout's own detect)."""
     for root in _detection_roots(tmp_path, fixture_copy):
         every = tuple(n for n in layouts.NAMES if layouts.get(n).detect(root))
         assert layouts.detect(root) == every, root

@@ -25,12 +25,11 @@ Adding a layout (say `triton`):
 
 from __future__ import annotations
 
-import os
 from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kcache_cli.layouts.shapes import BUILD_SHAPE, BY_NAME, SHAPES
+from kcache_cli.layouts.shapes import BUILD_SHAPE, SHAPES
 
 if TYPE_CHECKING:
     from kcache_cli.layouts.base import Layout
@@ -55,16 +54,8 @@ def all_layouts() -> dict[str, Layout]:
 
 
 def detect(root: str | Path) -> tuple[str, ...]:
-    """The names of the layouts `root` holds. A layout is asked (and its module imported) only where its
-    shape is held by the root's top-level directory names: every layout's own `detect` needs one of its
-    paths to start there, so the others are ruled out from one listing, without their code."""
-    try:
-        with os.scandir(root) as it:
-            tops = [d.name for d in it if d.is_dir()]
-    except OSError:
-        return ()
-    where = os.fspath(root)
-    return tuple(n for n in NAMES if BY_NAME[n].held_by(where, tops) and get(n).detect(Path(root)))
+    """The names of the layouts `root` holds."""
+    return tuple(n for n in NAMES if get(n).detect(Path(root)))
 
 
 def builder() -> Layout:

@@ -136,8 +136,6 @@ class Shaped(Protocol):
 class EntryReader(Protocol):
     """Reading entries: detection, the scan, one entry's judgement and details, its compile log."""
 
-    # True only where the root's top-level directory names hold `shape` (shape.held_by): the registry
-    # rules a layout out from those names alone, without importing its module (layouts.detect).
     def detect(self, root: Path) -> bool: ...
 
     def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]: ...

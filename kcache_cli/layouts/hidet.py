@@ -320,21 +320,21 @@ def _suspect(mtimes: dict[str, float] | None, name: str) -> bool:
 
 
 def _loaded(d: EntryDir, prefix: str, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool,
-            task: bool, meta: bool, seen: tuple[_Seen, ...] = ()) -> Judgement | None:
+            task: bool, meta: bool, lib: _Seen | None = None, ft: _Seen | None = None,
+            m: _Seen | None = None) -> Judgement | None:
     """What hidet reads when it loads a compiled module (an op entry, a graph's kernel or module):
-    lib.so, func_types.pickle, with `meta` meta.json, and for a `task` any dispatch_table.txt. `seen`:
-    those files as the caller saw them already (lib.so, func_types.pickle, meta.json), not looked at again."""
-    known = {s.name: s for s in seen}
-    found = _binary_problem(d, prefix, known.get(BINARY) or _see(d, BINARY, names), mtimes, deep)
+    lib.so, func_types.pickle, with `meta` meta.json, and for a `task` any dispatch_table.txt. `lib`,
+    `ft`, `m`: those files as the caller saw them already (not looked at again)."""
+    found = _binary_problem(d, prefix, lib or _see(d, BINARY, names), mtimes, deep)
     if found:
         return found
-    ft = known.get(FUNC_TYPES) or _see(d, FUNC_TYPES, names)
+    ft = ft or _see(d, FUNC_TYPES, names)
     found = _file_problem(d, prefix, ft, _pickle_framing if deep or ft.link or ft.size < 3
                           or _suspect(mtimes, FUNC_TYPES) else None, 64 << 20)
     if found:
         return found
     if meta:
-        m = known.get(META) or _see(d, META, names)
+        m = m or _see(d, META, names)
         found = _file_problem(d, prefix, m, _meta_problem if deep or m.link or m.size == 0
                               or changed_since(mtimes, FUNC_TYPES, (META,)) else None, 1 << 20)
         if found:
@@ -413,7 +413,7 @@ def _judge_module(d: EntryDir, kind: str, deep: bool, names: dict[str, int], mti
     if kind != "op":  # an ir_module: build_ir_module's should_skip_build, then the module is loaded
         if not (lib.exists and lib.size > 1 and ft.exists):
             return _recompiled(names, lib, ft)
-        return _loaded(d, "", names, mtimes, deep, task=False, meta=False, seen=(lib, ft)) or Judgement(COMPLETE)
+        return _loaded(d, "", names, mtimes, deep, task=False, meta=False, lib=lib, ft=ft) or Judgement(COMPLETE)
     version = _see(d, "version.txt", names)
     if version.odd:
         return Judgement.of(CORRUPT, _odd_reason("version.txt", version))
@@ -435,7 +435,7 @@ def _judge_module(d: EntryDir, kind: str, deep: bool, names: dict[str, int], mti
     if fixed and not loads_as_is:  # compile_task_from_scratch opens each of them for writing first
         return Judgement.of(UNREADABLE, f"{fixed} may not be written (permission denied): hidet fails rewriting "
                                         "it before it reuses lib.so")
-    return _loaded(d, "", names, mtimes, deep, task=True, meta=loads_as_is, seen=(lib, ft, m)) or Judgement(COMPLETE)
+    return _loaded(d, "", names, mtimes, deep, task=True, meta=loads_as_is, lib=lib, ft=ft, m=m) or Judgement(COMPLETE)
 
 
 REWRITTEN = ("task.txt", "version.txt", "meta.json", "candidates.txt", "candidates.json")

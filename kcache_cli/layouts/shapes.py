@@ -141,7 +141,8 @@ class LayoutShape:
 
     def tops(self, names) -> list[str]:
         """The names among `names` (a root's top-level directories) that start one of this layout's paths."""
-        return [n for n in names if any(k.segments[0].match(n) for k in self.kinds)]
+        firsts = [k.segments[0] for k in self.kinds]  # once, not per name: a Triton root has 10^5 names
+        return [n for n in names if any(f.match(n) for f in firsts)]
 
     def held_by(self, root: str, names: list[str]) -> bool:
         """Whether the root whose top-level directory names are `names` holds this layout."""
