@@ -26,6 +26,8 @@ SPECS: dict[str, tuple[str, ...]] = {
     "triton32": ("triton==3.2.0",),
     "triton39": ("triton==3.9.0",),
     "torch": ("torch==2.13.0",),  # TorchInductor: torch.compile on CPU, C++ kernels via g++
+    "jax": ("jax==0.10.2", "jaxlib==0.10.2", "filelock==4.3.1"),  # jax.jit on CPU; filelock: a size cap
+    "numba": ("numba==0.68.1",),  # @njit(cache=True): .nbi index plus .nbc per overload
 }
 
 # The real home, not $HOME: the tests give every test a fresh HOME of its own.
