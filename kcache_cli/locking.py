@@ -15,6 +15,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from kcache_cli import fsread, state
 from kcache_cli.errors import LockTimeout
@@ -282,3 +283,46 @@ def leftover_live(dir_fd: int, name: str, now: float | None = None) -> bool | No
         return None
     finally:
         os.close(fd)
+
+
+# ---- lock files that are not flocks (torch's FileBaton: an exclusive-create file held open) -------------
+class Openers(NamedTuple):
+    pids: list[int]  # processes that have the file open
+    blind: int  # processes of the file's owner whose open files could not be read: one may hold it
+
+
+def file_openers(st: os.stat_result) -> Openers:
+    """Which processes have the file `st` (device and inode) open, read from /proc/<pid>/fd. A file
+    created by open(O_CREAT|O_EXCL) is created by its owner's process, so processes of other users are
+    not asked; a process of the owner whose fds cannot be read counts in `blind` (kcache is not root
+    and the process changed its credentials, or it vanished mid-read: it may hold the file)."""
+    me, pids, blind = os.getpid(), [], 0
+    try:
+        procs = [n for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return Openers([], 1)
+    for name in procs:
+        pid = int(name)
+        try:
+            if pid == me or os.stat(f"/proc/{name}").st_uid != st.st_uid:
+                continue
+            fds = os.listdir(f"/proc/{name}/fd")
+        except FileNotFoundError:
+            continue  # exited
+        except OSError:
+            blind += 1
+            continue
+        if _holds(name, fds, st):
+            pids.append(pid)
+    return Openers(pids, blind)
+
+
+def _holds(pid: str, fds: list[str], st: os.stat_result) -> bool:
+    for fd in fds:
+        try:
+            got = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if got.st_ino == st.st_ino and got.st_dev == st.st_dev:
+            return True
+    return False

@@ -210,7 +210,9 @@ def verify_command(
     sel: c.Selection,
     fix: Annotated[bool, typer.Option("--fix", help="Rewrite the absolute paths entries record about themselves "
                                                     "to where they lie now (a cache moved or copied by hand), "
-                                                    "for layouts that record any (Triton's group files).")
+                                                    "for layouts that record any (Triton's group files); and "
+                                                    "remove lock files a killed build left, that no live "
+                                                    "process holds (torch extensions' lock).")
                    ] = False,
     all_caches: c.AllCachesOpt = False,
     cache: c.CacheOpt = None,
@@ -286,6 +288,6 @@ def _verify_human(out: c.Output, result, root, fix: bool, took: float) -> None:
         out.info(f"no cache at {root}: nothing to verify")
         return
     building = f", skipped {len(result.skipped)} being built" if result.skipped else ""
-    fixed = f", rewrote the paths of {len(result.fixed)}" if fix else ""
+    fixed = f", fixed {len(result.fixed)} (recorded paths rewritten, left locks removed)" if fix else ""
     out.info(f"checked {c.plural(len(result.checked), 'entry')} in {took:.1f}s: "
              f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}{fixed}")

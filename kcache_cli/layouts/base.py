@@ -67,6 +67,13 @@ class Judging:
     caller_reads: bool = False
 
 
+class StaleLock(NamedTuple):
+    """A lock file its compiler left that no live process holds (`Layout.stale_locks`)."""
+
+    name: str  # relative to the entry: "lock"
+    seen: os.stat_result  # its lstat when judged stale: removed only while it is still that file
+
+
 class InnerLeftover(NamedTuple):
     """A directory inside an entry that prune may remove while the entry stays (hidet's candidates/)."""
 
@@ -184,6 +191,8 @@ class Removal(Protocol):
     def busy(self, entry_path: str) -> str | None: ...
 
     def in_use(self, entry: Entry) -> str | None: ...
+
+    def stale_locks(self, d: EntryDir, jc: Judging) -> list[StaleLock]: ...
 
     def leftover(self, entry: Entry) -> Leftover | None: ...
 
@@ -352,6 +361,12 @@ class Layout:
         """Why the entry must not be removed right now although no lock says so (the CUDA driver's JIT
         cache while a process has the driver loaded), or None. Asked by every removal just before it acts."""
         return None
+
+    def stale_locks(self, d: EntryDir, jc: Judging) -> list[StaleLock]:
+        """Lock files in the entry `d` holds open (names relative to it) that its compiler left and no
+        live process holds, which make the compiler wait for ever (torch's FileBaton `lock`): `verify`
+        reports the entry, `verify --fix` removes them. Default: none (flock files block nobody)."""
+        return []
 
     def nested(self, root: Path) -> list[tuple[str, Path]]:
         """Caches of other layouts that lie inside this layout's entries under `root` (Inductor's

@@ -317,7 +317,28 @@ VLLM = LayoutShape("vllm", (
     KindShape("aot", "torch_aot_compile/{hash}", patterns=(("hash", r"[0-9a-f]{64}"),)),
 ), "<h10>/rank_<r>_<d>/<prefix>/, torch_aot_compile/<sha256>/")
 
+# torch's JIT-built C++/CUDA extensions (torch.utils.cpp_extension): one build directory per extension
+# name, a Python identifier, holding torch's build.ninja, or the sources load_inline writes first
+# (layouts/torchext.py).
+TORCHEXT_EVIDENCE = ("build.ninja", "main.cpp", "cuda.cu")
+
+
+def _torchext_confirm(root: str, tops: list[str]) -> bool:
+    """One of the first few directories lists torch's build.ninja or load_inline's sources (names only)."""
+    for name in tops[:_TRITON_LOOKS]:
+        try:
+            if any(n in TORCHEXT_EVIDENCE for n in os.listdir(os.path.join(root, name))):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+TORCHEXT = LayoutShape("torchext", (
+    KindShape("extension", "{hash}", patterns=(("hash", r"[A-Za-z_][A-Za-z0-9_]*"),)),
+), "<extension name>/ build directories", confirm=_torchext_confirm)
+
 # The registry: one shape per layout, in the order layouts are scanned and listed.
-SHAPES: tuple[LayoutShape, ...] = (HIDET, TILUS, TILELANG, TRITON, INDUCTOR, CUDAJIT, VLLM)
+SHAPES: tuple[LayoutShape, ...] = (HIDET, TILUS, TILELANG, TRITON, INDUCTOR, CUDAJIT, VLLM, TORCHEXT)
 BY_NAME = {s.name: s for s in SHAPES}
 BUILD_SHAPE = next(s for s in SHAPES if s.build_kind)  # where `kcache build` publishes
