@@ -62,8 +62,10 @@ def machine(tmp_path) -> dict[str, Path]:
         "cudajit": home / ".nv", "vllm": home / ".cache" / "vllm" / "torch_compile_cache",
         # torch is not installed beside kcache here: torch's rule with the cpu accelerator
         "torchext": home / ".cache" / "torch_extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}_cpu",
+        "numba": home / ".cache" / "numba",  # numba's user-wide cache (no JAX cache unless configured)
     }
     copy_tree(FIXTURES / "torch_ext", roots["torchext"])
+    copy_tree(FIXTURES / "numba", roots["numba"])
     for name in ("hidet", "tilus", "tilelang"):
         copy_tree(FIXTURES / name, roots[name])
     copy_tree(FIXTURES / "triton" / "cache", roots["triton"])

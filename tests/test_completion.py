@@ -244,7 +244,7 @@ def test_static_values(kcache):
     assert _values(kcache, "kcache ls --target c") == ["cuda", "cpu"]
     assert _values(kcache, "kcache ls --kind ") == ["op", "graph", "ir_module", "program", "script", "kernel",
                                                     "binary", "autograd", "code", "autotune", "triton", "jit",
-                                                    "compile", "aot", "extension"]
+                                                    "compile", "aot", "extension", "compile_cache", "functions"]
 
 
 def test_commands_and_options_complete(kcache):

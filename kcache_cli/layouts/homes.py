@@ -194,9 +194,34 @@ def torchext(package_dir: Path | None = None) -> Home:
     return Home(Path(os.path.realpath(base / "torch_extensions")) / f"{py}_{accel or 'cpu'}", why)
 
 
+def jax(package_dir: Path | None = None) -> Home | None:
+    """jax keeps no persistent compilation cache unless one is configured (jax_compilation_cache_dir,
+    or JAX_COMPILATION_CACHE_DIR): only the variable is seen from outside the process. kcache's root is
+    the directory holding it: the cache is one entry, listed from its parent."""
+    env = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if not env:
+        return None
+    where = Path(os.path.abspath(os.path.expanduser(env)))
+    return Home(where.parent, f"JAX_COMPILATION_CACHE_DIR environment variable ({where.name}/ is the entry)")
+
+
+def numba(package_dir: Path | None = None) -> Home:
+    """numba's rule (numba/core/caching.py): NUMBA_CACHE_DIR, else __pycache__/ beside each source file
+    (one per project: no machine-wide place), else the user-wide <user cache dir>/numba, which is the
+    default root here: the one place every project's functions may share."""
+    env = os.environ.get("NUMBA_CACHE_DIR")
+    if env:
+        return Home(Path(os.path.abspath(os.path.expanduser(env))), "NUMBA_CACHE_DIR environment variable")
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return Home(base / "numba", "numba's user-wide cache (<user cache>/numba; a project's own caches are "
+                                "its __pycache__/ directories: kcache --cache-dir <project>)")
+
+
 # layout name -> its rule; `package_dir` says where the compiler's Python package lies (None: find it)
-RULES: dict[str, Callable[..., Home]] = {"hidet": hidet, "tilus": tilus, "tilelang": tilelang, "triton": triton,
-                                       "inductor": inductor, "cudajit": cudajit, "vllm": vllm, "torchext": torchext}
+RULES: dict[str, Callable[..., Home | None]] = {"hidet": hidet, "tilus": tilus, "tilelang": tilelang, "triton": triton,
+                                       "inductor": inductor, "cudajit": cudajit, "vllm": vllm, "torchext": torchext,
+                                              "jax": jax, "numba": numba}
 
 
 def default_root(layout: str, package_dir: Path | None = None) -> Home | None:
