@@ -16,9 +16,12 @@ There is no default place: jax keeps no persistent cache unless the directory is
   replaces it (put keeps an existing key): corrupt (deep: every file decompressed).
 - an `-atime` whose `-cache` is gone: ignored by jax (eviction walks the `-cache` files): an orphan,
   counted in inspect's facts and removed with the cache.
-Moving it: the key covers jax, jaxlib, the backend, the devices and the compile options, so another
-machine with the same ones hits it and any other misses; JAX documents the cache as trusted code (an
-executable is run as it is read), so an archive of it must come from someone trusted.
+Moving it: the key covers jax, jaxlib, the backend, the devices and the compile options, and the compile
+options name files inside the cache directory (XLA's xla_gpu_kernel_cache_file and per-fusion autotune
+cache dir, set by jax/_src/compiler.py even on CPU): a copy hits only at the same absolute path, with the
+same jax and devices; anywhere else every key misses (measured: 0 hits in a copy, all hits in place).
+Export and import carry it whole for that case. JAX documents the cache as trusted code (an executable
+is run as it is read), so an archive of it must come from someone trusted.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ from kcache_cli.model import (
 NAME = JAX.name
 KIND = "compile_cache"
 CACHE, LOCKFILE = "-cache", ".lockfile"  # and "<key>-atime", the sidecar (KEY)
+# What XLA keeps beside the keys when jax points its GPU kernel and autotune caches into the directory.
+XLA_FILES = (LOCKFILE, "xla_gpu_kernel_cache_file", "xla_gpu_per_fusion_autotune_cache_dir")
 KEY = re.compile(r"^(?P<key>[\w.]+-[0-9a-f]{64})(?P<suffix>-cache|-atime)$")
 MAX_EXECUTABLE = 4 << 30  # bytes a decompressed executable may take while it is checked
 
@@ -71,7 +76,8 @@ def keys(names: list[str] | dict[str, int]) -> tuple[set[str], set[str]]:
 
 
 def is_cache_dir(path: str) -> bool:
-    """JAX_COMPILATION_CACHE_DIR, or a directory that holds `-cache` files and nothing but jax's names."""
+    """JAX_COMPILATION_CACHE_DIR, or a directory that holds `-cache` files and nothing but jax's and XLA's
+    names."""
     here = configured_dir()
     if here is not None and os.path.abspath(path) == str(here):
         return True
@@ -80,7 +86,7 @@ def is_cache_dir(path: str) -> bool:
     except OSError:
         return False
     caches, _ = keys(names)
-    return bool(caches) and all(n == LOCKFILE or KEY.match(n) for n in names)
+    return bool(caches) and all(n in XLA_FILES or KEY.match(n) for n in names)
 
 
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
@@ -160,6 +166,7 @@ def describe(root: Path, entry: Entry) -> Details:
     facts = [("executables", str(len(caches))),
              ("size cap", "in use (-atime sidecars)" if atimes else "none seen (no -atime sidecars)"),
              ("orphan -atime files", f"{len(atimes - caches)}: ignored by jax, removed with the cache"),
+             ("reused", "only at this path: jax hashes the cache directory's path into every key"),
              ("trust", "JAX runs the executables it reads: import a cache only from someone you trust")]
     return Details(entry, j.status, j.reason, j.problems, list_files(entry.path), facts=tuple(facts))
 
