@@ -123,6 +123,27 @@ def test_a_lock_that_is_a_link_is_not_followed(root, tmp_path):
     assert outside.read_text() == "keep\n" and os.path.islink(root / EXT / "lock")
 
 
+def test_a_flock_left_by_a_killed_holder_is_never_stale(tmp_path):
+    """Inductor's locks/*.lock and kcache's own are flocks (filelock): the kernel drops one with its holder,
+    so a lock file left behind blocks no one and kcache reports none of them."""
+    from filelock import FileLock
+
+    from kcache_cli.locking import probe_locked
+
+    lock = tmp_path / "locks" / "key.lock"
+    lock.parent.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, filelock; l = filelock.FileLock(sys.argv[1]); "
+                               "l.acquire(); print('held', flush=True); sys.stdin.read()", str(lock)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    assert probe_locked(lock)
+    holder.kill()
+    holder.wait()
+    assert lock.exists() and not probe_locked(lock)
+    with FileLock(str(lock)).acquire(timeout=1):
+        pass
+
+
 def test_remove_held_file_removes_only_the_file_judged(tmp_path):
     tmp_path = tmp_path / "d"
     tmp_path.mkdir()
