@@ -52,6 +52,7 @@ class VerifyResult:
     warnings: tuple[str, ...]
     fixed: tuple[EntryCheck, ...] = ()  # entries whose recorded paths --fix rewrote (problem gone)
     fix_errors: tuple[tuple[Entry, str], ...] = ()
+    unlocked: int = 0  # of `fixed`, the entries whose left locks --fix removed (the rest: paths rewritten)
 
     @property
     def failed(self) -> tuple[EntryCheck, ...]:
@@ -168,12 +169,14 @@ def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None =
         progress.start(len(todo))
     checked = []
     fixed, errors = [], []
+    unlocked = 0
     for e in sorted(todo, key=lambda e: e.relpath):
         check = check_entry(root, e)
-        unlocked = fix_stale_locks(root, check) if fix and check.problems else None
-        if unlocked is not None:
-            check, error = unlocked
+        unlocked_now = fix_stale_locks(root, check) if fix and check.problems else None
+        if unlocked_now is not None:
+            check, error = unlocked_now
             (errors.append((e, error)) if error else fixed.append(check))
+            unlocked += error is None
         if fix and check.relocation:
             check, error = fix_relocation(root, check)
             (errors.append((e, error)) if error else fixed.append(check))
@@ -181,4 +184,4 @@ def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None =
         if progress:
             progress.advance(1)
     return VerifyResult(result.root, result.exists, tuple(checked), skipped, result.warnings, tuple(fixed),
-                        tuple(errors))
+                        tuple(errors), unlocked)

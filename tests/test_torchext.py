@@ -88,6 +88,12 @@ def test_a_left_lock_is_reported_and_removed_by_verify_fix(root):
     assert rows(root)[EXT]["status"] == "complete"
 
 
+def test_verify_fix_says_it_removed_the_lock(root):
+    old_lock(root / EXT / "lock")
+    run = run_kcache("--cache-dir", root, "verify", "--fix")
+    assert run.exit_code == 0 and "removed the left lock of 1 entry" in run.stderr, run.stderr
+
+
 def test_a_lock_a_live_process_holds_is_never_removed(root):
     lock = root / EXT / "lock"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdin=subprocess.PIPE,

@@ -288,6 +288,8 @@ def _verify_human(out: c.Output, result, root, fix: bool, took: float) -> None:
         out.info(f"no cache at {root}: nothing to verify")
         return
     building = f", skipped {len(result.skipped)} being built" if result.skipped else ""
-    fixed = f", fixed {len(result.fixed)} (recorded paths rewritten, left locks removed)" if fix else ""
+    fixed = f", rewrote the paths of {len(result.fixed) - result.unlocked}" if fix else ""
+    if fix and result.unlocked:
+        fixed += f", removed the left lock of {c.plural(result.unlocked, 'entry')}"
     out.info(f"checked {c.plural(len(result.checked), 'entry')} in {took:.1f}s: "
              f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}{fixed}")
