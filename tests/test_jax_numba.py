@@ -129,3 +129,16 @@ def test_a_pycache_with_python_files_is_listed_but_never_removed(tmp_path):
     assert run_kcache("--cache-dir", project, "clear", "--all", "--yes").exit_code in (0, 1)
     assert sorted(os.listdir(project / "__pycache__"))[0] == "kc_numba.cpython-311.pyc"
     assert (project / "__pycache__" / INDEX).exists()
+
+
+def test_an_index_of_another_numba_is_stale_where_numba_is_installed(numba_root):
+    from kcache_cli.entrydir import EntryDir
+    from kcache_cli.layouts import get
+    from kcache_cli.layouts.base import Judging
+
+    layout = get("numba")
+    with EntryDir.open(numba_root / NUMBA_DIR) as d:
+        assert layout.judge(d, "functions", Judging(version="0.68.1")).status == "complete"
+        other = layout.judge(d, "functions", Judging(version="0.69.0"))
+        assert other.status == "stale" and "numba 0.68.1" in (other.reason or "")
+        assert layout.judge(d, "functions", Judging(version="")).status == "complete"  # no numba here: not judged

@@ -11,7 +11,8 @@ root: the only place common to all projects) or a project directory whose `__pyc
 What numba does with an entry (IndexDataCacheFile.load): an index that names a data file that is gone
 is a miss, and numba compiles that overload again and writes a new one (partial); an index or data file
 that does not unpickle raises out of the call (corrupt: deep, read with pickletools, never unpickled);
-an index written by another numba version is ignored (stale). kcache never unpickles: a pickle runs
+an index written by another numba version is ignored and rewritten (stale, when numba is installed
+beside kcache, whose version is then the one compared; else not judged). kcache never unpickles: a pickle runs
 code. Moving it: the index holds the source file's mtime and size, so a copy is a hit only beside the
 same source file (same path for NUMBA_CACHE_DIR's sha1) with the same numba: import carries it, numba
 misses elsewhere. A `__pycache__/` that also holds Python's .pyc files is never removed by kcache.
@@ -32,6 +33,7 @@ from kcache_cli.model import (
     COMPLETE,
     CORRUPT,
     PARTIAL,
+    STALE,
     UNREADABLE,
     UNREADABLE_REASON,
     Details,
@@ -44,6 +46,19 @@ NAME = NUMBA.name
 KIND = "functions"
 INDEX, DATA = ".nbi", ".nbc"
 MAX_INDEX = 16 << 20
+_INSTALLED: list[str] = []
+
+
+def installed_version() -> str:
+    """The version of the numba installed beside kcache, from its metadata (numba is not imported), or ""."""
+    if not _INSTALLED:
+        import importlib.metadata
+
+        try:
+            _INSTALLED.append(importlib.metadata.version("numba"))
+        except (importlib.metadata.PackageNotFoundError, ValueError):
+            _INSTALLED.append("")
+    return _INSTALLED[0]
 
 
 def numba_files(names) -> bool:
@@ -78,9 +93,12 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
     for idx in sorted(n for n in names if n.endswith(INDEX)):
         try:
-            _, refs = index_refs(d.read_bytes(idx, MAX_INDEX))
+            version, refs = index_refs(d.read_bytes(idx, MAX_INDEX))
         except (ValueError, OSError, IndexError) as exc:
             return Judgement.of(CORRUPT, f"{idx} is not a whole index ({exc}): numba's call raises on it")
+        if jc.version and version != jc.version:
+            return Judgement.of(STALE, f"{idx} was written by numba {version}: numba {jc.version} ignores it and "
+                                       "compiles again")
         gone = [r for r in refs if r not in names]
         if gone:
             return Judgement.of(PARTIAL, f"{idx} names {gone[0]}, which is gone: numba compiles that overload "
@@ -106,6 +124,7 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     if not flt.wants_target("cpu") or flt.spaces or flt.ops:
         return
     prefixes = flt.name_prefixes()
+    jc = Judging(version=installed_version() if ctx.statuses else "")
     for de in ctx.listdir(ctx.root):
         if not de.is_dir(follow_symlinks=False) or NUMBA.kinds[0].match_segment(0, de.name) is None:
             continue
@@ -115,7 +134,7 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
             names, usage, _ = ctx.read_dir(d)
             if not names or not numba_files(names):
                 continue
-            j = judge(d, KIND, Judging())
+            j = judge(d, KIND, jc)
         yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind=KIND, target="cpu", space=None, op=None,
                         hash=de.name, status=j.status, reason=j.reason)
 
@@ -134,7 +153,7 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
 
 def describe(root: Path, entry: Entry) -> Details:
     with EntryDir.open(entry.path, fsread.anchor(root)) as d:
-        j = judge(d, entry.kind, Judging(deep=True))
+        j = judge(d, entry.kind, Judging(deep=True, version=installed_version()))
         try:
             names = d.names()
             versions = sorted({index_refs(d.read_bytes(n, MAX_INDEX))[0] for n in names if n.endswith(INDEX)})
@@ -162,6 +181,10 @@ class NumbaLayout(Layout):
 
     def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         return scan(ctx, flt)
+
+    def judging(self, deep: bool = False, *, statuses: bool = True, caller_reads: bool = False) -> Judging:
+        """Goes by the installed numba's version (looked up once, here), when one is installed."""
+        return Judging(deep, version=installed_version() if statuses else "", caller_reads=caller_reads)
 
     def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
         return judge(d, kind, jc)
