@@ -167,3 +167,22 @@ def test_remove_held_file_removes_only_the_file_judged(tmp_path):
         assert os.listdir(tmp_path) == []
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize(("version_py", "folder"), [
+    ("cuda: Optional[str] = '12.8'\nhip: Optional[str] = None\n", "cu128"),
+    ("cuda = None\nhip = '6.4.1'\n", "rocm641"),
+    ("cuda: Optional[str] = None\nhip: Optional[str] = None\n", "cpu"),
+])
+def test_the_default_root_follows_torchs_rule(tmp_path, monkeypatch, version_py, folder):
+    from kcache_cli.layouts import homes
+
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "version.py").write_text(version_py)
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    got = homes.torchext(tmp_path / "torch")
+    assert got.path == Path(os.path.realpath(tmp_path / "xdg" / "torch_extensions")) / (
+        f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}_{folder}")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))
+    assert homes.torchext(tmp_path / "torch").path == tmp_path / "mine"
