@@ -144,11 +144,31 @@ def load(path: Path | None = None) -> Config:
     raw = _read(path)
     if raw is None:
         return Config(path, False)
+    return Config(path, True, _sections(parse_toml(raw, path), path))
+
+
+def parse_toml(raw: bytes, path: Path) -> dict:
+    """The TOML document in `raw`; anything malformed (bad UTF-8, bad TOML, nested past the parser's
+    recursion limit) is a usage error naming the file and, where known, the line."""
     try:
-        doc = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise UsageError(f"{path}:{line}: not valid TOML: not UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
-    return Config(path, True, _sections(doc, path))
+    except (RecursionError, MemoryError):
+        raise UsageError(f"{path}:{_deep_line(raw)}: not valid TOML: a value nested too deeply") from None
+
+
+def _deep_line(raw: bytes, limit: int = 64) -> int:
+    """The line where brackets first nest past `limit` deep (strings not told apart: a hint only)."""
+    depth = 0
+    for i, byte in enumerate(raw):
+        depth += (byte in b"[{") - (byte in b"]}")
+        if depth > limit:
+            return raw[:i].count(b"\n") + 1
+    return 1
 
 
 def _read(path: Path) -> bytes | None:

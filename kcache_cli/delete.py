@@ -644,18 +644,21 @@ class _Executor:
         head, _, name = relpath.rpartition("/")
         parent = self.pinned[head]
         if create:
-            # the umask decides (as for mkdir(1)): in a group cache (umask 002) every member may take
-            # locks and use the trash; with the usual 022 they stay the owner's
             fswrite.mkdir_at(parent, name, 0o777, exist_ok=True)
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
         self.pinned[relpath] = fd
+        if create and fswrite.group_shared(os.fstat(self.pinned[""])):
+            # in a group-shared cache every member takes locks and uses the trash, whatever the umask
+            # of whoever made them (root's cron with 022 included); elsewhere the umask decides
+            fswrite.share_with_group(fd, os.fstat(self.pinned[""]).st_gid)
         return fd
 
     def _refuse(self, relpath: str, exc: OSError) -> KcacheError:
         if exc.errno in _LINKED:
             return KcacheError(f"{self.root / relpath} is a symlink or not a directory: kcache never writes "
                                "through a link; nothing was removed")
-        return KcacheError(f"cannot write to {self.root / relpath}: {exc.strerror or exc}; nothing was removed")
+        return KcacheError(f"cannot write to {self.root / relpath}: {exc.strerror or exc}; nothing was removed"
+                           + _permission_fix(self.root / relpath, exc))
 
     def _lock_gc(self) -> int:
         """Pin .kcache/ and .kcache/locks/ and take the gc lock (saying so while it waits). On a full disk
@@ -726,7 +729,9 @@ class _Executor:
                 self.warnings.append(f"no space left in {self.root}: removing in place, without the trash")
                 return None
             raise self._refuse(f"{sd}/trash/{batch}", exc) from None
-        return os.open(batch, _DIR_FLAGS, dir_fd=trash_fd)
+        fd = os.open(batch, _DIR_FLAGS, dir_fd=trash_fd)
+        fswrite.share_like_dir(fd, trash_fd)  # a batch an interrupted run leaves, the next member empties
+        return fd
 
     def run(self) -> DeleteResult:
         sd = state.STATE_DIR
@@ -1087,6 +1092,19 @@ class _Executor:
                 pass
             finally:
                 os.close(fd)
+
+
+def _permission_fix(path: Path, exc: OSError) -> str:
+    """For a permission error: how to make the directory the group's (what a newer kcache run by its
+    owner does by itself in a group-shared cache)."""
+    if exc.errno not in (errno.EACCES, errno.EPERM):
+        return ""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return ""
+    return (f"; fix: its owner (uid {st.st_uid}) or root runs `chmod g+ws {path}` or any kcache prune or "
+            "clear of this cache (which makes .kcache/ the group's)")
 
 
 class _Deleter:

@@ -345,6 +345,7 @@ def _start_write(root: str, started: int) -> tuple[int, str, int] | None:
     try:
         fd = fswrite.create_excl(dfd, tmp, 0o644)
         try:
+            fswrite.share_like_dir(fd, dfd)
             now = os.fstat(fd).st_ctime_ns
         finally:
             os.close(fd)

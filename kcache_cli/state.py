@@ -102,7 +102,8 @@ def mark_used(root: Path, relpath: str, now: float | None = None) -> None:
         except OSError:
             pass
         ns = int(now * 1e9)
-        fswrite.touch_at(ufd, name, (ns, ns))
+        shared = shared_group(rfd)
+        fswrite.touch_at(ufd, name, (ns, ns), mode=0o664 if shared is not None else 0o644, group=shared)
     except OSError:
         pass  # a read-only or untrusted state dir: last use falls back to mtime
     finally:
@@ -132,7 +133,8 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
     followed, each level checked for its owner (fswrite.owner_problem: yours, root's, or group-shared
     with the root's group) unless the root is listed in KCACHE_SAFE_DIRECTORY. UntrustedState when
     it may not be used, with a one-line reason; other OSErrors as the open raised them."""
-    group = os.fstat(root_fd).st_gid
+    rst = os.fstat(root_fd)
+    group = rst.st_gid
     trusted = _opted_in(root)
     where = os.path.join(root, STATE_DIR)
     fd = _open_level(root_fd, STATE_DIR, where, create)
@@ -143,6 +145,8 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
                 os.close(fd)
                 fd, where = nxt, f"{where}/{level}"
             why = None if trusted else fswrite.owner_problem(os.fstat(fd), where, group=group)
+            if not why and create and fswrite.group_shared(rst):
+                fswrite.share_with_group(fd, group)  # one this user made (now or earlier) the group can use
             if why:
                 raise UntrustedState(errno.EPERM, f"{why}: kcache leaves it alone (to trust it, set "
                                                   f"{SAFE_ENV}={os.path.realpath(root)})", where)
@@ -150,6 +154,12 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
         os.close(fd)
         raise
     return fd
+
+
+def shared_group(root_fd: int) -> int | None:
+    """The group of a group-shared root (setgid, group-writable), or None for any other root."""
+    st = os.fstat(root_fd)
+    return st.st_gid if fswrite.group_shared(st) else None
 
 
 def _open_level(dir_fd: int, name: str, where: str, create: bool) -> int:

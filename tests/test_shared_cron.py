@@ -1,0 +1,218 @@
+"""A shared cache an admin runs from cron (issue 32): controls that fail closed, state the whole group can
+use, a budget kept in the cache, sizes on disk, reads that are not uses, output fit for cron mail.
+
+Three users where the point is about users: root (the admin's cron, umask 022), a member of the cache's
+group (uid 65534, umask 002) and a non-member (uid 65533, no group of the cache), run as in
+tests/test_shared_attacks.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+from test_shared_attacks import GROUP, PY, TIMEOUT, member_kcache, share
+
+from kcache_cli import fsdelete
+
+NON_MEMBER = 65533
+
+
+@pytest.fixture
+def area():
+    """A directory in /tmp the other users can reach (pytest's own are 0700), removed at the end."""
+    d = Path(tempfile.mkdtemp(prefix="kcache-cron-", dir="/tmp"))
+    os.chmod(d, 0o755)
+    yield d
+    fd = os.open(d.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fsdelete.remove_tree(fd, d.name)
+    finally:
+        os.close(fd)
+
+
+def as_outsider() -> None:
+    """preexec_fn: a user outside the cache's group."""
+    os.setgroups([])
+    os.setresgid(NON_MEMBER, NON_MEMBER, NON_MEMBER)
+    os.setresuid(NON_MEMBER, NON_MEMBER, NON_MEMBER)
+
+
+def root_kcache(*args: object, umask: int = 0o022, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Root's kcache as cron runs it: umask 022, no terminal."""
+    full = {k: v for k, v in os.environ.items() if k != "KCACHE_SAFE_DIRECTORY"}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "kcache_cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=full, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.umask(umask))
+
+
+def group_cache(area: Path, name: str = "cache") -> Path:
+    """The hidet fixture as a 2775 cache of GROUP."""
+    import shutil
+
+    root = area / name
+    shutil.copytree(FIXTURES / "hidet", root, symlinks=True)
+    return share(root)
+
+
+def entries(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.glob("ops/*/*/*") if p.is_dir())
+
+
+# ---- controls fail closed ---------------------------------------------------------------------------
+
+def test_a_trust_file_whose_keys_were_all_revoked_refuses_every_record(kcache, tmp_path):
+    """A trusted_keys file that exists trusts only what it lists: all keys commented out, or an empty
+    file, refuses every archive (one line saying so), where a missing file trusts all."""
+    pytest.importorskip("cryptography")
+    import shutil
+
+    conf = tmp_path / "conf"
+    env = {"XDG_CONFIG_HOME": str(conf), "KCACHE_SIGNING_KEY": "", "KCACHE_TRUSTED_KEYS": ""}
+    key = kcache("remote", "keygen", "--json", env=env).json()["public_key"]
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / "hidet", src)
+    signed = tmp_path / "a.tar"
+    assert kcache("export", "--cache-dir", src, signed, env=env).exit_code == 0
+    trust = conf / "kcache" / "trusted_keys"
+    for text in (f"# revoked 2026-11-01\n# {key}\n", "", "\n  \n"):
+        trust.write_text(text)
+        os.chmod(trust, 0o644)
+        run = kcache("import", "--cache-dir", tmp_path / "dst", signed, env=env)
+        lines = run.stderr.splitlines()
+        assert run.exit_code == 1 and len(lines) == 1 and "lists no key" in lines[0], (text, run.stderr)
+        assert not (tmp_path / "dst" / "ops").exists()
+    trust.write_text(key + "\n")
+    assert kcache("import", "--cache-dir", tmp_path / "dst", signed, env=env).exit_code == 0
+    trust.unlink()  # no trust list at all: every record is taken (the documented default)
+    assert kcache("import", "--cache-dir", tmp_path / "open", signed, env=env).exit_code == 0
+
+
+WORKERS = r"""
+import os, sys, time
+from kcache_cli import parallel
+out = sys.argv[1]
+def first(i, advance, abort):
+    open(os.path.join(out, f"w{i}-{os.getpid()}"), "w").close()
+    time.sleep(60)
+def part(shared, p):
+    open(os.path.join(out, f"p{p}-{os.getpid()}"), "w").close()
+    time.sleep(60)
+if sys.argv[2] == "phased":
+    parallel.run_phased(3, first)
+else:
+    parallel.map_parts(part, None, [0, 1, 2])
+"""
+
+
+@pytest.mark.parametrize("kind", ["phased", "map"])
+def test_workers_die_within_a_second_of_a_kill_9_of_their_parent(tmp_path, kind):
+    """import and export run in forked workers (run_phased), scans in a pool (map_parts): a kill -9 of
+    kcache leaves none of them extracting under init (PR_SET_PDEATHSIG and a parent check)."""
+    out = tmp_path / "pids"
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", WORKERS, str(out), kind])
+    deadline = time.monotonic() + 30
+    while len(list(out.iterdir())) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(p.name.split("-")[1]) for p in out.iterdir()]
+    assert len(pids) == 3, pids
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = time.monotonic()
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(")")[-1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    while any(map(alive, pids)) and time.monotonic() - killed < 1.0:
+        time.sleep(0.02)
+    assert not any(map(alive, pids)), [p for p in pids if alive(p)]
+
+
+def test_a_deeply_nested_config_value_is_exit_2_naming_file_and_line(kcache, tmp_path):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("[all]\nmax-size = \"1G\"\nmax-age = " + "[" * 5000 + "]" * 5000 + "\n")
+    run = kcache("config", env={"KCACHE_CONFIG": str(cfg)})
+    assert run.exit_code == 2 and len(run.stderr.splitlines()) == 1, run.stderr
+    assert f"{cfg}:3:" in run.stderr and "nested too deeply" in run.stderr and "Traceback" not in run.stderr
+    cfg.write_text("[all]\nmax-size = \"1G\n")
+    (tmp_path / "empty").mkdir()
+    run = kcache("prune", "--dry-run", "--cache-dir", tmp_path / "empty", env={"KCACHE_CONFIG": str(cfg)})
+    assert run.exit_code == 2 and str(cfg) in run.stderr and "line 2" in run.stderr, run.stderr
+
+
+# ---- state the group can use --------------------------------------------------------------------------
+
+
+@pytest.mark.second_user
+def test_roots_cron_prune_with_umask_022_leaves_members_able_to_clear_and_prune(area):
+    root = group_cache(area)
+    run = root_kcache("--cache-dir", root, "prune", "--older-than", "1d", "--dry-run")
+    assert run.returncode == 0, run.stderr
+    run = root_kcache("--cache-dir", root, "clear", "--op", "relu", "--yes")
+    assert run.returncode == 0, run.stderr
+    for d in ("", "locks", "trash"):
+        st = os.stat(root / ".kcache" / d)
+        assert st.st_gid == GROUP and stat.S_IMODE(st.st_mode) == 0o2775, (d, oct(st.st_mode))
+    lock = os.stat(root / ".kcache/locks/.gc.lock")
+    assert lock.st_gid == GROUP and stat.S_IMODE(lock.st_mode) == 0o660
+    before = entries(root)
+    run = member_kcache("--cache-dir", root, "clear", "--op", "matmul", "--yes")
+    assert run.returncode == 0, run.stderr
+    run = member_kcache("--cache-dir", root, "prune", "--max-size", "0", "--yes")
+    assert run.returncode == 0, run.stderr
+    assert entries(root) == [] != before
+
+
+@pytest.mark.second_user
+def test_root_mends_the_state_an_older_kcache_left_closed_to_the_group(area):
+    """.kcache/trash made drwxr-sr-x by root (umask 022, an older kcache) and a 0644 gc lock: root's next
+    run makes them the group's, and then a member's clear works."""
+    root = group_cache(area)
+    for d in (".kcache", ".kcache/locks", ".kcache/trash"):
+        os.mkdir(root / d)
+        os.chmod(root / d, 0o2755)
+    (root / ".kcache/locks/.gc.lock").touch(mode=0o644)
+    os.chmod(root / ".kcache/locks/.gc.lock", 0o644)
+    denied = member_kcache("--cache-dir", root, "clear", "--op", "relu", "--yes")
+    assert denied.returncode == 1 and "fix: its owner (uid 0)" in denied.stderr, denied.stderr
+    assert root_kcache("--cache-dir", root, "prune", "--broken").returncode == 0
+    run = member_kcache("--cache-dir", root, "clear", "--op", "relu", "--yes")
+    assert run.returncode == 0, run.stderr
+
+
+LOCKER = r"""
+import fcntl, os, sys, time
+try:
+    fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK)
+except PermissionError:
+    print("refused", flush=True)
+    sys.exit(0)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("holding", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.second_user
+def test_a_non_member_cannot_hold_the_gc_lock_to_block_a_prune(area):
+    root = group_cache(area)
+    assert root_kcache("--cache-dir", root, "clear", "--op", "matmul", "--yes").returncode == 0
+    lock = root / ".kcache/locks/.gc.lock"
+    run = subprocess.run([PY, "-c", LOCKER, str(lock)], capture_output=True, text=True, timeout=TIMEOUT,
+                         preexec_fn=as_outsider, env={"PATH": "/usr/bin:/bin"})
+    assert run.stdout.strip() == "refused", run.stdout + run.stderr
+    started = time.monotonic()
+    run = root_kcache("--cache-dir", root, "clear", "--op", "relu", "--yes", "--lock-timeout", "5")
+    assert run.returncode == 0 and time.monotonic() - started < 5, run.stderr
