@@ -268,7 +268,7 @@ class _Planner:
 
             where = get(layout).shape.locate(self.rel(path))
             e = Entry(layout, where[0] if where else "entry", None, None, None, os.path.basename(path), path,
-                      self.rel(path), 0, 0, PARTIAL, "vanished", 0.0, 0.0)
+                      self.rel(path), 0, 0, PARTIAL, "vanished", 0.0, 0.0, 0)
         return e
 
     def rel(self, path: str) -> str:

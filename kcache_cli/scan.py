@@ -178,11 +178,11 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
                     usage = measure_tree(path, warn)
                 else:  # a file: its own size
                     st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    usage = TreeUsage(st.st_size, 1, st.st_mtime)
+                    usage = TreeUsage(st.st_blocks * 512, 1, st.st_mtime, 0.0, st.st_size)
                 reason = (f"{'staging of an import' if where else 'temp file of an export'} "
                           + ("in progress" if live else "that was interrupted (prune removes it)"))
                 out.append(Entry("kcache", kind, None, None, None, name, path, rel, usage.size, usage.files,
-                                 BUILDING if live else PARTIAL, reason, usage.mtime, usage.mtime))
+                                 BUILDING if live else PARTIAL, reason, usage.mtime, usage.mtime, usage.apparent))
     finally:
         for _, fd in places:
             os.close(fd)

@@ -77,6 +77,7 @@ class ScanContext:
             path=path,
             relpath=rel,
             size=usage.size,
+            apparent_size=usage.apparent,
             files=usage.files,
             modified=usage.mtime,
             last_used=self.last_used_of(rel, usage.mtime, usage.atime, path),
@@ -100,7 +101,8 @@ class ScanContext:
             text = os.readlink(path)
         except OSError:
             text = "?"
-        return self.entry(path=path, usage=TreeUsage(st.st_size, 1, st.st_mtime), status=CORRUPT,
+        usage = TreeUsage(st.st_blocks * 512, 1, st.st_mtime, 0.0, st.st_size)
+        return self.entry(path=path, usage=usage, status=CORRUPT,
                           reason=f"symlink to {text} {where} (never followed)", **fields)
 
     def listdir(self, path: str | Path, keep: Callable[[os.DirEntry], bool] | None = None) -> list[os.DirEntry]:
@@ -164,10 +166,10 @@ class ScanContext:
         """read_dir of the open entry directory `d` (OSError when it cannot be listed)."""
         names: dict[str, int] = {}
         mtimes: dict[str, float] = {}
-        size, files, accessed = 0, 0, 0.0
+        files, apparent, accessed = 0, 0, 0.0
         listing = d.listing
         dir_stat = os.fstat(d.fd)  # type: ignore[arg-type]  # read_dir checked it is open
-        newest = dir_stat.st_mtime
+        newest, size = dir_stat.st_mtime, dir_stat.st_blocks * 512
         stats: list | None = [] if self.recording is not None else None
         with os.scandir(d.fd) as it:
             for de in it:
@@ -175,7 +177,7 @@ class ScanContext:
                     if de.is_dir(follow_symlinks=False):
                         stats = None  # subdirectories are not recorded: such an entry is not indexed
                         sub = measure_tree(os.path.join(d.path, de.name), self.warn)
-                        size, files = size + sub.size, files + sub.files
+                        size, files, apparent = size + sub.size, files + sub.files, apparent + sub.apparent
                         newest, accessed = max(newest, sub.mtime), max(accessed, sub.atime)
                         continue
                     st = de.stat(follow_symlinks=False)
@@ -186,7 +188,8 @@ class ScanContext:
                 listing[de.name] = st
                 names[de.name] = st.st_size
                 mtime = mtimes[de.name] = st.st_mtime
-                size += st.st_size
+                size += st.st_blocks * 512
+                apparent += st.st_size
                 files += 1
                 if mtime > newest:
                     newest = mtime
@@ -194,7 +197,7 @@ class ScanContext:
                     accessed = st.st_atime
         if self.recording is not None:
             self.recording[d.path] = (dir_stat, stats) if stats is not None else None
-        return names, TreeUsage(size, files, newest, accessed), mtimes
+        return names, TreeUsage(size, files, newest, accessed, apparent), mtimes
 
 
 PARALLEL_MIN_JOBS = 4000

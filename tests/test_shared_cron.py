@@ -216,3 +216,27 @@ def test_a_non_member_cannot_hold_the_gc_lock_to_block_a_prune(area):
     started = time.monotonic()
     run = root_kcache("--cache-dir", root, "clear", "--op", "relu", "--yes", "--lock-timeout", "5")
     assert run.returncode == 0 and time.monotonic() - started < 5, run.stderr
+
+
+# ---- sizes are disk usage ---------------------------------------------------------------------------------
+
+def test_stats_size_of_a_hidet_cache_is_within_3_percent_of_du(kcache, tmp_path):
+    """hidet entries are 13-15 small files: apparent bytes are about half of what the disk holds. kcache's
+    size is the disk's, as `du -sB1` counts it; apparent_size keeps the bytes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from gen_cache import generate
+
+    root = tmp_path / "cache"
+    generate(str(root), 300)
+    data = kcache("--cache-dir", root, "stats", "--json").json()
+    du = int(subprocess.run(["du", "-sB1", str(root)], capture_output=True, text=True, check=True).stdout.split()[0])
+    apparent = int(subprocess.run(["du", "-sb", "--apparent-size", str(root)], capture_output=True, text=True,
+                                  check=True).stdout.split()[0])
+    assert abs(data["size"] - du) <= 0.03 * du, (data["size"], du)
+    assert data["apparent_size"] < data["size"] and data["apparent_size"] <= apparent
+    rows = kcache("--cache-dir", root, "ls", "--json").json()["entries"]
+    assert sum(r["size"] for r in rows) == data["size"]
+    assert sum(r["apparent_size"] for r in rows) == data["apparent_size"]
+    # a second scan says the same
+    again = kcache("--cache-dir", root, "stats", "--json").json()
+    assert (again["size"], again["apparent_size"]) == (data["size"], data["apparent_size"])

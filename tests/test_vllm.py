@@ -65,7 +65,7 @@ def test_lists_units_and_their_key_factors(made, cache, tmp_path):
         h: ("vllm", "compile", "complete") for h in UNITS}
     for h, r in before.items():
         walked = [p for p in (made / h).rglob("*") if p.is_file()]
-        assert r["file_count"] == len(walked) and r["size"] == sum(p.stat().st_size for p in walked)
+        assert r["file_count"] == len(walked) and r["apparent_size"] == sum(p.stat().st_size for p in walked)
     moved = run_kcache("--cache-dir", str(made.parent.parent / "nowhere"), "verify")
     assert moved.exit_code == 2  # no such cache: a usage error, not a traceback
     shown = run_kcache("--cache-dir", str(cache), "inspect", "0123", "--json").json()

@@ -26,7 +26,7 @@ LockTimeoutOpt = Annotated[Optional[str], c.lock_timeout_option("another prune o
 def prune_command(
     ctx: typer.Context,
     max_size: Annotated[Optional[str], typer.Option(
-        "--max-size", metavar="SIZE", help="Remove least recently used entries until the cache fits in SIZE "
+        "--max-size", metavar="SIZE", help="Remove least recently used entries until the cache fits in SIZE on disk "
         "(over every cache found, the default without --cache-dir: until all of them together fit, least "
         "recently used first across them) "
         "(10GB, 500M, 2GiB; K/M/G/T are powers of 1000, Ki/Mi/Gi/Ti of 1024).")] = None,

@@ -113,6 +113,8 @@ def ls_command(
 ) -> None:
     """List cache entries, one row each: layout, kind, space, op, hash, size, files, status, last used.
 
+    Sizes are disk usage (allocated blocks, as du counts them); --json adds apparent_size (the bytes).
+
     Without --cache-dir or KCACHE_DIR, every kernel cache found (kcache dir --all) in one table with a
     `cache` column, or the cache the current directory lies in; --cache NAME picks one.
     Entries are named by hash prefix, path in the cache or absolute path. On a narrow terminal the
@@ -506,7 +508,8 @@ def stats_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Totals per layout, space and op, counts per status, and the biggest entries; space by layout, op
+    """Totals per layout, space and op, counts per status, and the biggest entries (sizes on disk, as du
+    counts them; --json adds apparent_size); space by layout, op
     and age of last use (<1d, <7d, <30d, older) drawn as bars; RECLAIMABLE: the bytes `kcache prune
     --broken` would free (broken entries as ls judges them, stale temp and staging files).
 

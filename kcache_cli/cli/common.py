@@ -324,9 +324,9 @@ HashesArg = Annotated[Optional[List[str]], typer.Argument(metavar="[ENTRY]...", 
                                                           show_default=False, autocompletion=complete.complete_hash)]
 
 MinSizeOpt = Annotated[Optional[str], typer.Option(
-    "--min-size", metavar="SIZE", help="Only entries of at least SIZE (1M, 500k, 2GiB; a unit is required).")]
+    "--min-size", metavar="SIZE", help="Only entries of at least SIZE on disk (1M, 500k, 2GiB; a unit is required).")]
 MaxSizeOpt = Annotated[Optional[str], typer.Option(
-    "--max-size", metavar="SIZE", help="Only entries of at most SIZE (1M, 500k, 2GiB).")]
+    "--max-size", metavar="SIZE", help="Only entries of at most SIZE on disk (1M, 500k, 2GiB).")]
 OlderThanOpt = Annotated[Optional[str], typer.Option(
     "--older-than", metavar="AGE", help="Only entries not used for AGE (30d, 12h, 90m, 2w, 1d12h).")]
 NewerThanOpt = Annotated[Optional[str], typer.Option(

@@ -92,14 +92,16 @@ class Listing(NamedTuple):
     others: list[str]  # directories, FIFOs...: not torch's
     readable: bool
     mtime: float  # the directory's own
+    dir_disk: int = 0  # the directory's own blocks, in bytes
 
     def usage(self, path: str, warn) -> TreeUsage:
         """What measure_tree would say, from this listing when it holds files only (one pass, not two)."""
         if self.others or not self.readable:
             return measure_tree(path, warn)
         sts = [*self.files.values(), *self.links.values()]
-        return TreeUsage(sum(st.st_size for st in sts), len(sts), max([self.mtime, *(st.st_mtime for st in sts)]),
-                         max([0.0, *(st.st_atime for st in self.files.values())]))
+        return TreeUsage(self.dir_disk + sum(st.st_blocks for st in sts) * 512, len(sts),
+                         max([self.mtime, *(st.st_mtime for st in sts)]),
+                         max([0.0, *(st.st_atime for st in self.files.values())]), sum(st.st_size for st in sts))
 
 
 def listing(where: EntryDir | str) -> Listing:
@@ -117,7 +119,8 @@ def listing(where: EntryDir | str) -> Listing:
     if where.fd is None:
         return Listing({}, {}, [], False, 0.0)
     try:
-        mtime = os.fstat(where.fd).st_mtime
+        own = os.fstat(where.fd)
+        mtime = own.st_mtime
         with os.scandir(where.fd) as it:
             for de in sorted(it, key=lambda d: d.name):
                 try:
@@ -134,7 +137,7 @@ def listing(where: EntryDir | str) -> Listing:
         return Listing({}, {}, [], False, 0.0)
     where.listing.update(files)
     where.listing.update(links)
-    return Listing(files, links, others, True, mtime)
+    return Listing(files, links, others, True, mtime, own.st_blocks * 512)
 
 
 def unreadable_file(d: EntryDir, name: str, st: os.stat_result) -> str | None:

@@ -545,7 +545,8 @@ class TilelangLayout(Layout):
         for de in listdir(entry.path, warn):
             u = measure_tree(de.path, warn)
             rel = f"{entry.relpath}/{de.name}"
-            out.append(replace(entry, path=de.path, relpath=rel, hash=de.name, size=u.size, files=u.files,
+            out.append(replace(entry, path=de.path, relpath=rel, hash=de.name, size=u.size,
+                               apparent_size=u.apparent, files=u.files,
                                modified=u.mtime, last_used=u.mtime))
         return out
 

@@ -117,12 +117,12 @@ class _Listing:
         self.denied: set[str] = set()  # regular files nobody may read (mode bits): unreadable even to root
         self.d, self.path = d, d.path  # every file of the entry is read through `d`
         self._json: dict[str, object] = {}
-        self.size = self.files = 0
+        self.size = self.files = self.apparent = 0
         self.accessed = self.newest = 0.0  # the files' newest atime (a hit reads them)
         self.readable = True
         try:
             st = d.own_lstat()
-            self.newest = st.st_mtime
+            self.newest, self.size = st.st_mtime, st.st_blocks * 512
             if not st.st_mode & 0o444:
                 raise PermissionError(errno.EACCES, "Permission denied (mode 000)", d.path)
             if d.fd is None:
@@ -139,6 +139,7 @@ class _Listing:
                     if de.name.startswith(TMP_PREFIX):
                         self.temps.append((de.name, usage))
                     self.size, self.files = self.size + usage.size, self.files + usage.files
+                    self.apparent += usage.apparent
                     self.newest = max(self.newest, usage.mtime)
                     self.accessed = max(self.accessed, usage.atime)
                     continue
@@ -151,14 +152,15 @@ class _Listing:
             elif not st.st_mode & 0o444:
                 self.denied.add(de.name)
             self.sizes[de.name], self.mtimes[de.name] = st.st_size, st.st_mtime
-            self.size, self.files = self.size + st.st_size, self.files + 1
+            self.size, self.files = self.size + st.st_blocks * 512, self.files + 1
+            self.apparent += st.st_size
             self.newest = max(self.newest, st.st_mtime)
             if de.name not in self.links:  # a link's atime is kcache's own readlink
                 self.accessed = max(self.accessed, st.st_atime)
 
     @property
     def usage(self) -> TreeUsage:
-        return TreeUsage(self.size, self.files, self.newest, self.accessed)
+        return TreeUsage(self.size, self.files, self.newest, self.accessed, self.apparent)
 
     def own(self, path: str) -> str | None:
         """The name below this entry of the child path `path` when it names one of its files, else None."""
