@@ -240,3 +240,44 @@ def test_stats_size_of_a_hidet_cache_is_within_3_percent_of_du(kcache, tmp_path)
     # a second scan says the same
     again = kcache("--cache-dir", root, "stats", "--json").json()
     assert (again["size"], again["apparent_size"]) == (data["size"], data["apparent_size"])
+
+
+# ---- output fit for cron; garbage is removed without asking ---------------------------------------------
+
+def generated(tmp_path: Path, n: int = 300) -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from gen_cache import generate
+
+    root = tmp_path / "cache"
+    generate(str(root), n)
+    return root
+
+
+def test_prune_broken_needs_no_yes_and_no_terminal_on_a_mostly_broken_cache(kcache, tmp_path):
+    root = generated(tmp_path, 60)
+    libs = sorted(root.glob("ops/*/*/*/lib.so"))
+    for lib in libs[:50]:  # 50 of 60 entries lost their library: partial, what hidet compiles over
+        lib.unlink()
+    run = kcache("--cache-dir", root, "prune", "--broken", "--json", input="")  # stdin is no terminal
+    assert run.exit_code == 0, run.stderr
+    assert len(run.json()["removed"]) == 50 and len(entries(root)) == 10
+    # the same share of working entries (a --max-size) still asks, or needs --yes
+    ask = kcache("--cache-dir", root, "prune", "--max-size", "1k", input="")
+    assert ask.exit_code == 2 and "--yes" in ask.stderr and len(entries(root)) == 10
+
+
+def test_a_prune_of_hundreds_prints_a_summary_and_lists_only_with_list(kcache, tmp_path):
+    root = generated(tmp_path)
+    total = kcache("--cache-dir", root, "stats", "--json").json()["size"]
+    plan = kcache("--cache-dir", root, "prune", "--max-size", f"{total * 6 // 10}B", "--dry-run", "--json").json()
+    assert len(plan["removed"]) > 100 and "summary" not in plan  # --json unchanged
+    run = kcache("--cache-dir", root, "prune", "--max-size", f"{total * 6 // 10}B", "--dry-run")
+    lines = run.stdout.splitlines() + run.stderr.splitlines()
+    assert run.exit_code == 0 and len(lines) <= 25, "\n".join(lines)
+    assert any("more" in line for line in lines) and "Would remove" in lines[-1]
+    counted = sum(int(line.split()[-3]) for line in run.stdout.splitlines()[1:-1])
+    assert counted == len(plan["removed"])  # every removal is in a group
+    listed = kcache("--cache-dir", root, "prune", "--max-size", f"{total * 6 // 10}B", "--dry-run", "--list")
+    assert len(listed.stdout.splitlines()) > len(plan["removed"])
+    run = kcache("--cache-dir", root, "clear", "--all", "--yes", "--summary")
+    assert run.exit_code == 0 and len(run.stdout.splitlines()) <= 25 and entries(root) == []

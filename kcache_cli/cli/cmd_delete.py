@@ -23,6 +23,16 @@ LockTimeoutOpt = Annotated[Optional[str], c.lock_timeout_option("another prune o
                                                                 f"{GC_WAIT:g}")]
 
 
+SCREENFUL = 20  # more removals than this are shown grouped unless --list (issue 32: output fit for cron)
+SUMMARY_ROWS = 15  # at most this many groups, then one line for the rest
+SummaryOpt = Annotated[bool, typer.Option(
+    "--summary", help="Show the plan (or what was removed) grouped by space and op, one line each with the count "
+                      "and size (the default past 20 entries), instead of one line per entry.")]
+ListOpt = Annotated[bool, typer.Option(
+    "--list", "-v", help="List every entry removed or kept, one line each, however many (past 20 the "
+                         "default is a summary: count and size per space and op, kept entries per reason).")]
+
+
 def prune_command(
     ctx: typer.Context,
     max_size: Annotated[Optional[str], typer.Option(
@@ -42,9 +52,8 @@ def prune_command(
         "--deep", help="With --broken: judge entries by reading every byte, as verify does (slow on a big "
         "cache); without it, as ls does, from names, sizes and headers.")] = False,
     dry_run: DryRunOpt = False,
-    summary: Annotated[bool, typer.Option(
-        "--summary", help="Show the plan (or what was removed) grouped by space and op, one line each with "
-                          "the count and size, instead of one line per entry.")] = False,
+    summary: SummaryOpt = False,
+    listing: ListOpt = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Remove more than half of the cache without asking "
                                                          "(needed without a terminal); otherwise prune never "
                                                          "asks.")] = False,
@@ -75,7 +84,7 @@ def prune_command(
     locs = c.cache_locations(opts, all_caches, cache)
     out = _Out(opts, opts.many)
     limits, ages = _prune_limits(opts, locs, limit, age, broken or stale)
-    out.summary = summary
+    out.summary, out.listing = summary, listing
     for loc in locs:
         out.section(loc)
         _prune_one(opts, out, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale, deep), dry_run, yes)
@@ -149,7 +158,8 @@ def _confirm_big_prune(opts: c.GlobalOptions, plan) -> None:
     nothing removed."""
     from kcache_cli.errors import KcacheError, UsageError
 
-    going = sum(r.size for r in plan.removals if r.what == "entry")
+    # only working entries count: garbage (--broken, --stale, temp dirs) is removed without asking
+    going = sum(r.size for r in plan.removals if r.what == "entry" and not r.recheck)
     if not plan.scanned_size or going * 2 <= plan.scanned_size:
         return
     share = f"{going * 100 // plan.scanned_size}%"
@@ -177,6 +187,8 @@ def clear_command(
     everything: Annotated[bool, typer.Option("--all", help="Everything in the cache.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (needed without a "
                                                          "terminal).")] = False,
+    summary: SummaryOpt = False,
+    listing: ListOpt = False,
     dry_run: DryRunOpt = False,
     all_caches: c.AllCachesOpt = False,
     cache: c.CacheOpt = None,
@@ -202,6 +214,7 @@ def clear_command(
                          "entries, or --all (see 'kcache clear --help')")
     locs = c.cache_locations(opts, all_caches, cache, hashes)
     out = _Out(opts, opts.many)
+    out.summary, out.listing = summary, listing
     plans = _clear_plans(opts, locs, hashes, lambda root, refs: c.make_filter(
         op, space, target, layout, status, kind, refs, root=root), everything, selected)
     anywhere = any(plan.removals or plan.skipped for _, plan in plans)
@@ -274,7 +287,13 @@ class _Out(c.Output):
     def __init__(self, opts: c.GlobalOptions, all_caches: bool) -> None:
         super().__init__(opts, collect=all_caches)
         self.sections = 0
-        self.summary = False  # tables grouped by space and op (prune --summary)
+        self.summary = False  # tables grouped by space and op (--summary)
+        self.listing = False  # one row per entry however many (--list)
+
+    def grouped(self, n: int) -> bool:
+        """Whether `n` removals (or kept entries) are shown grouped: asked for, or more than a screenful
+        without --list (cron mails stay short)."""
+        return self.summary or (n > SCREENFUL and not self.listing)
 
     def section(self, loc) -> None:
         if self.collect and not self.json:
@@ -389,18 +408,40 @@ def _summary(removals) -> list[dict]:
 def _summary_table(removals) -> None:
     from kcache_cli.cli.table import Column
 
+    groups = _summary(removals)
     rows = [[g["space"] or "-", g["op"] or "-", g["what"], str(g["entry_count"]), c.human_size(g["size"])]
-            for g in _summary(removals)]
+            for g in groups[:SUMMARY_ROWS]]
+    if len(groups) > SUMMARY_ROWS:  # a few lines whatever the cache holds (cron mail)
+        rest = groups[SUMMARY_ROWS:]
+        rows.append(["...", f"{len(rest)} more", "", str(sum(g["entry_count"] for g in rest)),
+                     c.human_size(sum(g["size"] for g in rest))])
     c.print_table([Column("space", drop=2), Column("op"), Column("what", drop=1), Column("entries", right=True),
                    Column("size", right=True)], rows)
 
 
 def _removals_table(out: _Out, removals) -> None:
-    """One row per removal, or with --summary one per space and op."""
-    if out.summary:
+    """One row per removal, or grouped by space and op (--summary, or more than a screenful without --list)."""
+    if out.grouped(len(removals)):
         _summary_table(removals)
     else:
         _table(removals)
+
+
+def _kept(out: _Out, skipped, verb: str) -> None:
+    """One warning per entry kept; more than a screenful without --list: one per reason, with the count."""
+    if not out.grouped(len(skipped)):
+        for s in skipped:
+            out.warn(f"{verb} {s.entry.relpath}: {s.why}")
+        return
+    whys: dict[str, int] = {}
+    for s in skipped:
+        whys[s.why] = whys.get(s.why, 0) + 1
+    shown = sorted(whys.items(), key=lambda kv: (-kv[1], kv[0]))
+    for why, n in shown[:SUMMARY_ROWS]:
+        out.warn(f"{verb} {c.plural(n, 'entry')}: {why}")
+    if len(shown) > SUMMARY_ROWS:
+        out.warn(f"{verb} {c.plural(sum(n for _, n in shown[SUMMARY_ROWS:]), 'entry')} for "
+                 f"{len(shown) - SUMMARY_ROWS} other reasons (--list names each)")
 
 
 def _with_summary(out: _Out, doc: dict, removals) -> dict:
@@ -412,8 +453,7 @@ def _report_plan(opts: c.GlobalOptions, out: _Out, plan, extra: dict) -> None:
 
 
 def _plan_human(out: _Out, plan, extra: dict) -> None:
-    for s in plan.skipped:
-        out.warn(f"would keep {s.entry.relpath}: {s.why}")
+    _kept(out, plan.skipped, "would keep")
     if not plan.removals:
         out.text(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} scanned).")
         return
@@ -444,8 +484,7 @@ def _report_result(opts: c.GlobalOptions, out: _Out, plan, result, extra: dict) 
 
 
 def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
-    for s in result.skipped:
-        out.warn(f"kept {s.entry.relpath}: {s.why}")
+    _kept(out, result.skipped, "kept")
     for w in fresh_warnings:
         out.warn(w)
     if result.removed:
