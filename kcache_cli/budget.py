@@ -55,10 +55,13 @@ def _fitting(ordered: list[tuple], limit: int) -> list[tuple]:
 
 @dataclass(frozen=True)
 class RootBudget:
-    """What `prune` with no criteria enforces on one root: bytes and seconds (None: no limit)."""
+    """What `prune` with no criteria enforces on one root: bytes and seconds (None: no limit), and where
+    each comes from (a file, and which part of it), for the line prune prints."""
 
     max_size: int | None
     max_age: float | None
+    size_from: str = ""
+    age_from: str = ""
 
 
 def configured(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn) -> dict[str, RootBudget]:
@@ -66,18 +69,47 @@ def configured(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn) -> di
     its own `[cache.<layout>]` values, then `[all]` (its max-age for each, its max-size shared across
     the roots, least recently used first, after each root's own cap)."""
     from kcache_cli.config import ALL
+    from kcache_cli.units import format_size
 
     every = cfg.budget(ALL)
     own = {str(root): cfg.budget_for(layouts) for root, layouts in roots}
     ages = {r: _least(b.max_age, every.max_age) for r, b in own.items()}
     sizes = {r: b.max_size for r, b in own.items()}
+    size_from = {r: f"{cfg.path} [cache.*]" for r in sizes}
     if every.max_size is not None:
         if len(roots) == 1:
             shared = {r: every.max_size for r in sizes}
         else:
             shared = shared_limits([p for p, _ in roots], every.max_size, warn, sizes, ages)
-        sizes = {r: _least(n, shared[r]) for r, n in sizes.items()}
-    return {r: RootBudget(sizes[r], ages[r]) for r in own}
+        for r, n in list(sizes.items()):
+            if n is None or shared[r] < n:
+                sizes[r] = shared[r]
+                size_from[r] = (f"{cfg.path} [all]" if len(roots) == 1 else
+                                f"its share of [all] max-size {format_size(every.max_size)}, {cfg.path}")
+    age_from = {r: f"{cfg.path} [cache.*]" if own[r].max_age == ages[r] else f"{cfg.path} [all]" for r in ages}
+    return {r: RootBudget(sizes[r], ages[r], size_from[r], age_from[r]) for r in own}
+
+
+def effective(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn) -> dict[str, RootBudget]:
+    """What a bare `prune` keeps each root to: the budget kept in the cache (`.kcache/config.toml`, binding
+    every user and winning over personal settings), then, only for caches this user owns, the user's own
+    config (`configured`). A malformed budget in a cache is a usage error naming its file."""
+    import os
+
+    from kcache_cli.config import load_cache
+
+    kept = {str(root): load_cache(root).budget() for root, _ in roots if root.is_dir()}
+    owned = [(root, layouts) for root, layouts in roots if not root.is_dir() or root.stat().st_uid == os.geteuid()]
+    personal = configured(owned, cfg, warn) if owned else {}
+    out = {}
+    for root, _ in roots:
+        r, inside = str(root), kept.get(str(root))
+        mine = personal.get(r, RootBudget(None, None))
+        here = str(root / ".kcache" / "config.toml")
+        size = (inside.max_size, here) if inside and inside.max_size is not None else (mine.max_size, mine.size_from)
+        age = (inside.max_age, here) if inside and inside.max_age is not None else (mine.max_age, mine.age_from)
+        out[r] = RootBudget(size[0], age[0], size[1], age[1])
+    return out
 
 
 def _least(a, b):

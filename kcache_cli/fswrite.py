@@ -160,6 +160,27 @@ def replace_file(dir_fd: int, name: str, data: bytes, mode: int = 0o644, sync: b
             pass
 
 
+def replace_file_shared(dir_fd: int, name: str, data: bytes) -> None:
+    """replace_file for kcache's own state: the new file is shared with the group of a group-shared
+    directory (share_like_dir) before it takes the name, whatever the umask."""
+    tmp = temp_name(f".{name}.tmp-")
+    fd = create_excl(dir_fd, tmp, 0o644)
+    try:
+        share_like_dir(fd, dir_fd)
+        write_all(fd, data)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        unlink_at(dir_fd, tmp)
+        raise
+    os.close(fd)
+    try:
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        unlink_at(dir_fd, tmp)
+        raise
+
+
 def replace_file_via_dir(dir_fd: int, name: str, data: bytes, dir_prefix: str) -> None:
     """Replace `name` in `dir_fd` with `data`, atomically and durably, as Triton writes: the new file is
     written in a private directory `<dir_prefix><pid>_<random>` beside it (a reader of the cache passes

@@ -7,6 +7,7 @@ tests/test_shared_attacks.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -281,3 +282,58 @@ def test_a_prune_of_hundreds_prints_a_summary_and_lists_only_with_list(kcache, t
     assert len(listed.stdout.splitlines()) > len(plan["removed"])
     run = kcache("--cache-dir", root, "clear", "--all", "--yes", "--summary")
     assert run.exit_code == 0 and len(run.stdout.splitlines()) <= 25 and entries(root) == []
+
+
+# ---- a budget kept in the cache ------------------------------------------------------------------------
+
+@pytest.mark.second_user
+def test_a_budget_root_keeps_in_the_cache_binds_a_members_bare_prune(area):
+    """root (umask 022) sets max-size in a 2775 cache of hundreds of entries; a member with no settings
+    of their own runs a bare `kcache prune`: the cache's budget is enforced, in at most 25 lines."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from gen_cache import generate
+
+    root = area / "cache"
+    generate(str(root), 300)
+    share(root)
+    total = json.loads(root_kcache("--cache-dir", root, "stats", "--json").stdout)["size"]
+    limit = total * 4 // 10
+    run = root_kcache("--cache-dir", root, "config", "set", "max-size", f"{limit}B")
+    assert run.returncode == 0, run.stderr
+    kept = os.stat(root / ".kcache" / "config.toml")
+    assert kept.st_gid == GROUP and stat.S_IMODE(kept.st_mode) == 0o664
+    shown = member_kcache("--cache-dir", root, "config")
+    assert shown.returncode == 0 and str(root / ".kcache" / "config.toml") in shown.stdout, shown.stderr
+    run = member_kcache("--cache-dir", root, "prune", "--yes")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines() + run.stderr.splitlines()
+    assert len(lines) <= 25, "\n".join(lines)
+    assert any(f"budget of {root}" in line and ".kcache/config.toml" in line for line in lines), lines
+    left = json.loads(member_kcache("--cache-dir", root, "stats", "--json").stdout)["size"]
+    assert left <= limit and len(entries(root)) < 300
+
+
+def test_the_budget_in_the_cache_wins_and_personal_budgets_bind_only_own_caches(kcache, tmp_path):
+    import shutil
+
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    for root in (mine, theirs):
+        shutil.copytree(FIXTURES / "hidet", root)
+    assert kcache("config", "set", "max-size", "1k").exit_code == 0  # personal: everything would go
+    assert kcache("--cache-dir", mine, "config", "set", "max-size", "10G").exit_code == 0
+    shown = kcache("--cache-dir", mine, "config", "--json").json()
+    assert shown["effective"]["max_size"] == 10**10
+    assert shown["effective"]["max_size_from"] == str(mine / ".kcache" / "config.toml")
+    run = kcache("--cache-dir", mine, "prune", "--yes")
+    assert run.exit_code == 0 and len(entries(mine)) == 5, run.stderr  # the cache's 10G wins over 1k
+    assert kcache("--cache-dir", mine, "config", "unset", "max-size").exit_code == 0
+    dry = kcache("--cache-dir", mine, "prune", "--dry-run", "--json").json()
+    assert len(dry["removed"]) == 5  # now the personal [all] applies: this user owns it
+    for dirpath, dirs, files in os.walk(theirs):  # another user's cache: personal budgets do not bind it
+        for n in [dirpath, *(os.path.join(dirpath, f) for f in dirs + files)]:
+            os.lchown(n, 4242, 4242)
+    assert kcache("--cache-dir", theirs, "ls", "--json").json()["entry_count"] == 5  # readable, listed
+    run = kcache("--cache-dir", theirs, "prune", "--dry-run", "--json")
+    assert run.exit_code == 0 and run.json()["removed"] == [], run.stderr
+    text = kcache("--cache-dir", mine, "config")
+    assert "max-size = 1.0 kB" in text.stdout and "[all]" in text.stdout  # whence: the personal file's [all]

@@ -134,21 +134,22 @@ def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tup
 
 
 def _configured_budget(opts: c.GlobalOptions, locs) -> tuple[dict, dict]:
-    """Each root's (max size, max age) from `kcache config` ({root: None} for none), said on stderr."""
+    """Each root's (max size, max age): the budget kept in the cache, else (caches this user owns) the
+    user's `kcache config` ({root: None} for none); said on stderr with where each value comes from."""
     from kcache_cli import config
-    from kcache_cli.budget import configured
+    from kcache_cli.budget import effective
     from kcache_cli.scan import detect_layouts
     from kcache_cli.units import format_age
 
     cfg = config.load()
     roots = [(loc.path, detect_layouts(loc.path) if loc.path.is_dir() else ()) for loc in locs]
     with _busy(opts, "weighing every cache"):
-        budgets = configured(roots, cfg, lambda m: c.warn(opts, m))
+        budgets = effective(roots, cfg, lambda m: c.warn(opts, m))
     for root, b in budgets.items():
-        if b.max_size is not None or b.max_age is not None:
-            size = f"max-size {c.human_size(b.max_size)}" if b.max_size is not None else ""
-            age = f"max-age {format_age(b.max_age)}" if b.max_age is not None else ""
-            c.info(opts, f"budget of {c.printable_line(root)} ({cfg.path}): {', '.join(filter(None, (size, age)))}")
+        parts = ([f"max-size {c.human_size(b.max_size)} ({b.size_from})"] if b.max_size is not None else []) + \
+                ([f"max-age {format_age(b.max_age)} ({b.age_from})"] if b.max_age is not None else [])
+        if parts:
+            c.info(opts, f"budget of {c.printable_line(root)}: {', '.join(parts)}")
     return {r: b.max_size for r, b in budgets.items()}, {r: b.max_age for r, b in budgets.items()}
 
 

@@ -3,6 +3,7 @@
 import functools
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, List, Optional
 
 import typer
@@ -551,6 +552,12 @@ def _budget_usage(opts: c.GlobalOptions, reports: list[dict]) -> list:
         return []
     for r in reports:
         limit = cfg.budget_for(tuple(r["layouts"])).max_size if r["exists"] else None
+        try:  # the budget kept in the cache wins (issue 32)
+            kept = config.load_cache(Path(r["root"])).budget().max_size if r["exists"] else None
+        except UsageError as exc:
+            c.warn(opts, f"budget of {r['root']} not shown: {exc}")
+            kept = None
+        limit = kept if kept is not None else limit
         r["budget"] = None if limit is None else {"used": r["size"], "limit": limit}
     return budget.usage([(tuple(r["layouts"]), r["size"]) for r in reports if r["exists"]], cfg)
 
