@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from kcache_cli import fsread, state
+from kcache_cli import fsread, readmarks, state
 from kcache_cli.errors import UsageError
 from kcache_cli.model import (
     Entry,
@@ -58,6 +58,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     layouts = detect_layouts(root)
     for odd in state.odd_index_files(str(root)):  # read by the hidet layout with or without use_index: never opened
         collect(f"{odd} is not a regular file: ignored (kcache writes a new index over it)")
+    readmarks.load(root)
     if use_index:
         from kcache_cli.index import IndexedContext
 
@@ -72,6 +73,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
         entries.extend(e for e in _counted(ctx, get_layout(name).scan(ctx, flt)) if flt.matches(e))
     if use_index:
         ctx.save(complete=complete)  # type: ignore[attr-defined]
+    readmarks.save(root)
     if leftovers and not flt.layouts:
         entries.extend(e for e in leftover_entries(root, collect) if flt.matches(e))
     return ScanResult(str(root), True, layouts, tuple(entries), tuple(warnings))

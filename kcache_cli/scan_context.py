@@ -11,7 +11,7 @@ from stat import S_ISREG
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from kcache_cli import fsread
+from kcache_cli import fsread, readmarks
 from kcache_cli.entrydir import EntryDir
 from kcache_cli.model import Entry, TreeUsage, Warn, listdir, measure_tree
 from kcache_cli.progress import NO_PROGRESS, Progress
@@ -194,7 +194,7 @@ class ScanContext:
                 if mtime > newest:
                     newest = mtime
                 if st.st_atime > accessed and S_ISREG(st.st_mode):  # not a link: readlink sets its atime
-                    accessed = st.st_atime
+                    accessed = max(accessed, readmarks.atime(st))  # not kcache's own reads
         if self.recording is not None:
             self.recording[d.path] = (dir_stat, stats) if stats is not None else None
         return names, TreeUsage(size, files, newest, accessed, apparent), mtimes
@@ -269,4 +269,5 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
         th.join()
     if failed:
         raise failed[0]
+    readmarks.save(root)  # this worker's notes of the atimes its reads moved
     return out, warned

@@ -29,6 +29,7 @@ FLOORS: dict[str, int] = {
     "kcache_cli.fsdelete": PRIMITIVES,
     "kcache_cli.state": PRIMITIVES,  # the root's .kcache/ directory: lock, stamp and staging paths
     "kcache_cli.locking": PRIMITIVES,  # flocks on files of a root, below every writer
+    "kcache_cli.readmarks": PRIMITIVES,  # the atimes kcache's own reads moved, and put back in the record
     "kcache_cli.parallel": PRIMITIVES,
     "kcache_cli.progress": PRIMITIVES,
     "kcache_cli.tarstream": PRIMITIVES,

@@ -337,3 +337,77 @@ def test_the_budget_in_the_cache_wins_and_personal_budgets_bind_only_own_caches(
     assert run.exit_code == 0 and run.json()["removed"] == [], run.stderr
     text = kcache("--cache-dir", mine, "config")
     assert "max-size = 1.0 kB" in text.stdout and "[all]" in text.stdout  # whence: the personal file's [all]
+
+
+# ---- kcache's own reads are not a use ----------------------------------------------------------------------
+
+OTHER_MEMBER = 65532
+T = 1_700_000_000
+
+
+def as_other_member() -> None:
+    """preexec_fn: a second member of the cache's group (not the entries' owner)."""
+    os.setgroups([GROUP])
+    os.setresgid(GROUP, GROUP, GROUP)
+    os.setresuid(OTHER_MEMBER, OTHER_MEMBER, OTHER_MEMBER)
+    os.umask(0o002)
+
+
+def other_member_kcache(*args: object) -> subprocess.CompletedProcess:
+    import site
+
+    here = Path(__file__).resolve().parents[1]
+    paths = [str(here), *(p for p in site.getsitepackages() if "site-packages" in p)]
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": ":".join(paths), "NO_COLOR": "1"}
+    return subprocess.run([PY, "-m", "kcache_cli", *map(str, args)], capture_output=True, text=True, timeout=TIMEOUT,
+                          env=env, preexec_fn=as_other_member, cwd="/")
+
+
+def last_uses(run: subprocess.CompletedProcess) -> dict[str, str]:
+    assert run.returncode == 0, run.stderr
+    return {e["path"]: e["last_used"] for e in json.loads(run.stdout)["entries"]}
+
+
+@pytest.mark.second_user
+def test_a_members_ls_and_stats_leave_another_members_entries_last_use_alone(area):
+    """strictatime: every read moves atime. Member B (not the owner: O_NOATIME is refused) lists and
+    weighs member A's entries; each entry's last use stays where it was, for B, A and root alike; a
+    compiler's read afterwards is still a use."""
+    import shutil
+
+    mnt = area / "mnt"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "strictatime,size=64m,mode=755", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"LOUD SKIP: cannot mount a strictatime tmpfs ({done.stderr.strip()}): nothing proved "
+                    "that a member's reads are not a use")
+    try:
+        root = mnt / "cache"
+        shutil.copytree(FIXTURES / "hidet", root)
+        share(root)
+        for dirpath, dirs, files in os.walk(root):  # member A's entries
+            for n in [dirpath, *(os.path.join(dirpath, f) for f in dirs + files)]:
+                os.lchown(n, NON_MEMBER + 1, GROUP)
+        for dirpath, dirs, files in os.walk(root, topdown=False):
+            for n in files + dirs:
+                os.utime(os.path.join(dirpath, n), (T, T), follow_symlinks=False)
+        before = last_uses(root_kcache("--cache-dir", root, "ls", "--json"))
+        lib = next(root.glob("ops/*/*/*/lib.so"))
+        for args in (("ls", "--limit", "1"), ("ls",), ("stats",), ("ls", "--json"), ("stats", "--json")):
+            run = other_member_kcache("--cache-dir", root, *args)
+            assert run.returncode == 0, (args, run.stderr)
+        moved = [p for p in root.rglob("*") if p.is_file() and p.stat().st_atime_ns != T * 10**9 and ".kcache" not in
+                 str(p)]
+        assert moved, "B's reads moved no atime: the test proves nothing"
+        assert last_uses(other_member_kcache("--cache-dir", root, "ls", "--json")) == before
+        assert last_uses(root_kcache("--cache-dir", root, "ls", "--json")) == before
+        assert json.loads(other_member_kcache("--cache-dir", root, "stats", "--json").stdout)["by_age"]["<1d"][
+            "entry_count"] == 0
+        subprocess.run(["cat", str(lib)], check=True, stdout=subprocess.DEVNULL)  # a compiler's hit
+        after = last_uses(other_member_kcache("--cache-dir", root, "ls", "--json"))
+        assert after[str(lib.parent)] != before[str(lib.parent)]
+        assert {p: t for p, t in after.items() if p != str(lib.parent)} == \
+            {p: t for p, t in before.items() if p != str(lib.parent)}
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
