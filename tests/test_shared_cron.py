@@ -411,3 +411,61 @@ def test_a_members_ls_and_stats_leave_another_members_entries_last_use_alone(are
             {p: t for p, t in before.items() if p != str(lib.parent)}
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+# ---- the recipes of docs/ ------------------------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+KCACHE = f"{sys.executable} -m kcache_cli"
+
+
+@pytest.mark.second_user
+def test_the_cron_line_of_the_docs(area):
+    """The line of docs/shared-caches.md, as root's cron runs it (sh, umask 022, no terminal), on a 2775
+    cache over its budget with broken entries: exit 0, broken gone, budget kept, a short mail."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from gen_cache import generate
+
+    line = next(ln for ln in (DOCS / "shared-caches.md").read_text().splitlines() if ln.startswith("30 3 * * * "))
+    command = line.split(" root ", 1)[1]
+    root = area / "cache"
+    generate(str(root), 300)
+    share(root)
+    for lib in sorted(root.glob("ops/*/*/*/lib.so"))[:40]:
+        lib.unlink()  # 40 broken entries
+    total = json.loads(root_kcache("--cache-dir", root, "stats", "--json").stdout)["size"]
+    assert root_kcache("--cache-dir", root, "config", "set", "max-size", f"{total // 3}B").returncode == 0
+    run = subprocess.run(["sh", "-c", command.replace("/srv/kcache/hidet", str(root)).replace("kcache ", KCACHE + " ")],
+                         capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL,
+                         preexec_fn=lambda: os.umask(0o022))
+    assert run.returncode == 0, run.stderr
+    assert len(run.stdout.splitlines() + run.stderr.splitlines()) <= 50  # two prunes, each a summary
+    after = json.loads(root_kcache("--cache-dir", root, "stats", "--json").stdout)
+    assert after["size"] <= total // 3 and after["by_status"].keys() == {"complete"}
+    assert member_kcache("--cache-dir", root, "prune", "--broken").returncode == 0  # still the group's
+
+
+def test_the_ci_recipe_exits_0_on_a_cache_miss(tmp_path):
+    """docs/ci.md's GitLab script, without the tests: a miss (no archive) imports nothing, exits 0 and
+    exports nothing; with kernels compiled meanwhile, the export is the next run's hit."""
+    import shutil
+
+    text = (DOCS / "ci.md").read_text()
+    script = text[text.index("  script:\n"):].split("```", 1)[0].splitlines()[1:]
+    steps = [s.strip()[2:] for s in script if s.strip().startswith("- ") and "pytest" not in s]
+    env = {**os.environ, "KCACHE_DIR": str(tmp_path / "cache")}
+
+    def job(compile_some: bool) -> subprocess.CompletedProcess:
+        shell = [s.replace("kcache ", KCACHE + " ") for s in steps]
+        if compile_some:  # stands for the tests compiling kernels
+            shell.insert(2, f"cp -r {FIXTURES / 'hidet'}/. \"$KCACHE_DIR\"")
+        return subprocess.run(["sh", "-ec", "\n".join(shell)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+
+    miss = job(False)
+    assert miss.returncode == 0 and not (tmp_path / "kernels.tar.zst").exists(), miss.stderr
+    built = job(True)
+    assert built.returncode == 0 and (tmp_path / "kernels.tar.zst").is_file(), built.stderr
+    shutil.rmtree(tmp_path / "cache")
+    hit = job(False)  # the next run: restored and imported
+    assert hit.returncode == 0 and len(entries(tmp_path / "cache")) == 5, hit.stderr
