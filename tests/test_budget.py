@@ -208,6 +208,8 @@ def test_all_budget_is_shared_across_caches(kcache, tmp_path, monkeypatch):
     set_value("all", "max-size", f"{size_new}B")
     budgets = configured([(old, ("hidet",)), (new, ("hidet",))], load(), lambda m: None)
     assert budgets[str(new)].max_size == size_new and budgets[str(old)].max_size == 0
+    # what the prune line says: this cache's share of [all], not a max-size of its own (issue 32)
+    assert budgets[str(new)].size_from.startswith("its share of [all] max-size")
     set_value("hidet", "max-size", f"{size_new // 2}B")
     budgets = configured([(old, ("hidet",)), (new, ("hidet",))], load(), lambda m: None)
     # each cache's own cap first: `new` keeps at most half of itself, the rest of [all] goes to `old`

@@ -580,7 +580,10 @@ def test_killed_import_and_export_leftovers_are_listed_and_pruned(fixture_copy):
         got = {(r["layout"], r["kind"], r["hash"]) for r in rows}
         assert got == {("kcache", "import", staging.name), ("kcache", "export", temp.name)}
         stats = json.loads(cli("--cache-dir", root, "stats", "--json").stdout)
-        assert stats["by_layout"]["kcache"] == {"entry_count": 3, "size": 1510}
+        # sizes on disk (issue 32): the staging tree's directories and each file's blocks, as du counts
+        on_disk = subprocess.run(["du", "-sB1", "-c", str(staging), str(temp), str(live_temp)], capture_output=True,
+                                 text=True, check=True).stdout.splitlines()[-1].split()[0]
+        assert stats["by_layout"]["kcache"] == {"entry_count": 3, "size": int(on_disk)}
         p = cli("--cache-dir", root, "prune", "--yes", "--json")
         assert p.returncode == 0, p.stderr
         assert removed(p) == {".kcache/" + staging.name, temp.name}
