@@ -22,8 +22,10 @@ CXX = shutil.which("g++")
 _skipped_for_nvcc: list[str] = []
 _skipped_for_redis: list[str] = []
 _skipped_for_root: list[str] = []
+_skipped_for_oci: list[str] = []
 
 from redis_server import REDIS_SERVER, redis_server  # noqa: E402, F401 - the remote tests' real redis-server
+from oci_registry import DOCKER_REGISTRY, SKOPEO, oci_registry  # noqa: E402, F401 - a real OCI registry
 
 
 def pytest_collection_modifyitems(config, items):
@@ -34,6 +36,10 @@ def pytest_collection_modifyitems(config, items):
         if not REDIS_SERVER and item.get_closest_marker("redis"):
             _skipped_for_redis.append(item.nodeid)
             item.add_marker(pytest.mark.skip(reason="redis-server not found: this test needs a real Redis"))
+        if not (DOCKER_REGISTRY and SKOPEO) and item.get_closest_marker("oci"):
+            _skipped_for_oci.append(item.nodeid)
+            item.add_marker(pytest.mark.skip(reason="docker-registry or skopeo not found: this test needs a real "
+                                             "OCI registry"))
         if os.geteuid() != 0 and item.get_closest_marker("second_user"):
             _skipped_for_root.append(item.nodeid)
             item.add_marker(pytest.mark.skip(reason="not root: this test runs an attacker as a second user"))
@@ -52,6 +58,13 @@ def pytest_terminal_summary(terminalreporter):
         tr.write_line(f"{len(_skipped_for_redis)} tests that need a real redis-server were SKIPPED: nothing proved "
                       "that push, pull and build --remote work against Redis (apt-get install redis-server).",
                       red=True, bold=True)
+        tr.write_sep("!", red=True, bold=True)
+    if _skipped_for_oci:
+        tr = terminalreporter
+        tr.write_sep("!", "DOCKER-REGISTRY / SKOPEO MISSING", red=True, bold=True)
+        tr.write_line(f"{len(_skipped_for_oci)} tests that need a real OCI registry were SKIPPED: nothing proved that "
+                      "push, pull and remote ls/prune work against one, nor that the images are MCV's layout "
+                      "(apt-get install docker-registry skopeo).", red=True, bold=True)
         tr.write_sep("!", red=True, bold=True)
     if _skipped_for_root:
         tr = terminalreporter

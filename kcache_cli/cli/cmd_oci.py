@@ -77,8 +77,10 @@ def pull(opts: c.GlobalOptions, root, flt, image, url: str, timeouts: tuple[floa
             c.print_table(["action", "entry", "files", "size", "arch", "note"], rows, right=(2, 3))
         verb = "would pull" if dry_run else "pulled"
         n = imported.count("import") + imported.count("replace")
+        other = len(result.skipped) - result.other_arch
         out.info(f"{verb} {c.plural(n, 'entry')} ({c.human_size(imported.size)}) from {result.remote}; skipped "
-                 f"{imported.count('skip')} present here and {len(result.skipped)} for other archs or not selected")
+                 f"{imported.count('skip')} present here, {result.other_arch} built for other archs"
+                 + (f", {other} not selected" if other else ""))
 
     out.result(result, human)
 

@@ -241,8 +241,16 @@ class Registry:
             detail = ""
         if status == 401:
             detail = detail or "credentials needed (--remote-user, KCACHE_REMOTE_PASSWORD, or docker login)"
-        text = redact_text(" ".join(detail.split())[:200]) or "no reason given"
+        text = self._scrub(redact_text(" ".join(detail.split())[:200])) or "no reason given"
         return RemoteError(f"remote {self.url}: {what}: HTTP {status}: {text}")
+
+    def _scrub(self, text: str) -> str:
+        """`text` (a registry's words) without our password or the header that carries it, should it echo them."""
+        if self._creds is not None:
+            for secret in (self._creds[1], base64.b64encode(":".join(self._creds).encode()).decode()):
+                if secret:
+                    text = text.replace(secret, "***")
+        return text
 
     def _read(self, resp, headers: Mapping[str, str], limit: int, sink: IO[bytes] | None, what: str) -> bytes:
         """The body, at most `limit` bytes: a Content-Length over it is refused before reading, and a

@@ -28,12 +28,11 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import IO
 
-from kcache_cli.archive.manifest import reject
+from kcache_cli.archive.manifest import ImportLimits, reject
 from kcache_cli.layouts.image_format import MAX_META, ImageFormat
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -207,7 +206,9 @@ def config_json(lbls: dict[str, str], diff_id: str) -> bytes:
     import platform
 
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")  # microseconds: two pushes in a second differ
     return json.dumps({"created": now, "architecture": arch, "os": "linux", "config": {"Labels": lbls},
                        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
                        "history": [{"created": now, "created_by": "kcache push"}]}, separators=(",", ":")).encode()
@@ -231,13 +232,17 @@ class Skipped:
     relpaths: set[str] = field(default_factory=set)
     reasons: dict[str, str] = field(default_factory=dict)
     records: list[dict] = field(default_factory=list)
+    declared: int = 0  # bytes of files the manifest lists, kept or not: the most the layer may carry
+    written: int = 0
+    members: int = 0
 
 
 def layer_to_archive(layer: IO[bytes], out: IO[bytes], fmt: ImageFormat, keep: Callable[[dict], str | None],
-                     max_manifest: int) -> Skipped:
+                     limits: ImportLimits) -> Skipped:
     """Write the kcache archive the layer holds into `out` (plain tar, manifest.json first), leaving out
     the entries `keep` turns down (with its reason) and MCV's manifest. Any other member outside
-    `io.<layout>.cache/` is refused."""
+    `io.<layout>.cache/` is refused, and so is a layer whose files hold more bytes than its manifest
+    lists or more members than import takes (a gzip bomb never fills the disk)."""
     from kcache_cli import tarstream as ts
 
     reader = ts.TarReader(gzip.GzipFile(fileobj=layer, mode="rb"))
@@ -246,12 +251,15 @@ def layer_to_archive(layer: IO[bytes], out: IO[bytes], fmt: ImageFormat, keep: C
         if head is None or head.name != KCACHE_MANIFEST or head.type != ts.REGULAR:
             raise reject(f"its first member is not {KCACHE_MANIFEST} (an image kcache did not push: MCV's "
                          "own images carry no per-file sha256 for kcache to check)")
-        if head.size > max_manifest:
-            raise reject(f"{KCACHE_MANIFEST} is {head.size} bytes, over the limit of {max_manifest}")
+        if head.size > limits.max_manifest:
+            raise reject(f"{KCACHE_MANIFEST} is {head.size} bytes, over the limit of {limits.max_manifest}")
         skipped = Skipped()
         data = _kept_manifest(b"".join(reader.data(head)), keep, skipped)
         out.write(ts.file_header("manifest.json", len(data), 0o644, head.mtime) + data + ts.padding(len(data)))
         while (m := reader.next()) is not None:
+            skipped.members += 1
+            if skipped.members > limits.max_members:
+                raise reject(f"its layer holds over {limits.max_members} members")
             _copy_back(reader, m, out, fmt, skipped)
         out.write(ts.END_OF_ARCHIVE)
     except (ts.TarFormatError, OSError, EOFError, gzip.BadGzipFile) as exc:
@@ -273,6 +281,10 @@ def _kept_manifest(raw: bytes, keep: Callable[[dict], str | None], skipped: Skip
     doc.pop("parts", None)
     kept = []
     for rec in doc["entries"]:
+        files = rec.get("files") if isinstance(rec, dict) else None
+        for info in files.values() if isinstance(files, dict) else ():
+            if isinstance(info, list) and info and type(info[0]) is int and info[0] > 0:
+                skipped.declared += info[0]
         why = keep(rec) if isinstance(rec, dict) and isinstance(rec.get("relpath"), str) else None
         if why:
             skipped.relpaths.add(rec["relpath"])
@@ -300,6 +312,10 @@ def _copy_back(reader, m, out: IO[bytes], fmt: ImageFormat, skipped: Skipped) ->
     if not name.startswith(prefix):
         raise reject(f"member {name!r} is outside {prefix}")
     rel = name[len(prefix):]
+    if m.type == ts.REGULAR:
+        skipped.written += m.size
+        if skipped.written > skipped.declared:
+            raise reject(f"its files hold more than the {skipped.declared} bytes its manifest lists (at {name!r})")
     if _skipped(rel, skipped):
         for _ in reader.data(m):
             pass

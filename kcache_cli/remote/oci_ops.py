@@ -26,6 +26,7 @@ from kcache_cli.remote.oci import MAX_CONFIG, OciRef, Registry
 from kcache_cli.remote.store import RemoteError
 
 DEFAULT_TAG = "latest"
+OTHER_ARCH = "built for"  # how the reason of an entry left out for its arch starts
 
 
 def _tag(ref: OciRef) -> str:
@@ -235,11 +236,16 @@ class ImagePullResult:
     imported: ImportResult
     skipped: tuple[tuple[str, str | None, str], ...] = field(default=())  # (relpath, arch, why)
 
+    @property
+    def other_arch(self) -> int:
+        """Entries left out because this node cannot run their arch."""
+        return sum(1 for _, _, why in self.skipped if why.startswith(OTHER_ARCH))
+
     def to_json(self) -> dict[str, object]:
         out = self.imported.to_json()
         out.pop("archive", None)
         return {"remote": self.remote, "digest": self.digest, "gpu": list(self.node) if self.node else None, **out,
-                "skipped_other_arch": len(self.skipped),
+                "skipped_other_arch": self.other_arch,
                 "left_out": [{"relpath": r, "arch": a, "reason": w} for r, a, w in self.skipped]}
 
 
@@ -249,7 +255,7 @@ def _keeper(node: list[str] | None, flt: ScanFilter) -> Callable[[dict], str | N
     def keep(rec: dict) -> str | None:
         arch = rec.get("arch") if isinstance(rec.get("arch"), str) else None
         if node is not None and arch and not any(img.runs_on(a.strip(), node) for a in arch.split(",")):
-            return f"built for {arch}; this node runs {', '.join(node)}"
+            return f"{OTHER_ARCH} {arch}; this node runs {', '.join(node)}"
         if not summary_matches(flt, rec):
             return "not selected"
         return None
@@ -266,16 +272,24 @@ def pull_image(root: Path, reg: Registry, image: Image, node: list[str] | None, 
     assert image.layout is not None
     with tempfile.TemporaryDirectory(prefix="kcache-oci-") as tmp:
         archive = os.path.join(tmp, "image.tar")
-        with tempfile.TemporaryFile(prefix="kcache-layer-") as layer:
+        _check_room(tmp, image.layer[1])
+        with tempfile.TemporaryFile(prefix="kcache-layer-", dir=tmp) as layer:
             reg.get_blob(image.layer[0], image.layer[1], limits.max_total, sink=layer)
             layer.seek(0)
             with open(archive, "wb") as out:  # not under a root: our own 0700 temp dir
                 skipped = img.layer_to_archive(layer, out, img.image_format(image.layout),
-                                               _keeper(node, flt or ScanFilter()), limits.max_manifest)
+                                               _keeper(node, flt or ScanFilter()), limits)
         result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout, warn=warn)
     left = tuple((r["relpath"], r.get("arch") if isinstance(r.get("arch"), str) else None,
                   skipped.reasons[r["relpath"]]) for r in skipped.records)
     return ImagePullResult(image.ref.url, image.digest, tuple(node) if node else None, result, left)
+
+
+def _check_room(tmp: str, size: int) -> None:
+    """The layer is downloaded whole before it is read: refused when the temp file system cannot hold it."""
+    st = os.statvfs(tmp)
+    if st.f_bavail * st.f_frsize < size:
+        raise KcacheError(f"the image's layer is {size} bytes, more than {tmp} has free (set TMPDIR elsewhere)")
 
 
 # ---- remote ls | stats | prune -----------------------------------------------------------------
