@@ -21,7 +21,8 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import IO, NamedTuple
+from http.client import HTTPException
+from typing import IO, Any, NamedTuple
 
 from kcache_cli.errors import UsageError
 from kcache_cli.remote.store import CONNECT_TIMEOUT, IO_TIMEOUT, Deadline, RemoteError
@@ -142,9 +143,25 @@ class Registry:
         self.deadline = Deadline(self.url)
         self._creds = find_credentials(ref.host, user)
         self._auth: str | None = None  # the Authorization header that worked
+        self._conn: Any = None  # the connection in use: shut down when the deadline passes
+        self._expired = False
 
     def set_deadline(self, seconds: float | None) -> None:
-        self.deadline.set(seconds)
+        self._expired = False
+        self.deadline.set(seconds, self._expire)
+
+    def _expire(self) -> None:
+        """The deadline is over: shut the connection down, so that a read waiting on it (a server
+        trickling its headers a byte at a time) ends now."""
+        import socket
+
+        self._expired = True
+        sock = getattr(self._conn, "sock", None)
+        try:
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def close(self) -> None:
         self.deadline.cancel()
@@ -161,6 +178,7 @@ class Registry:
         timeout = self._timeout()
         cls = http.client.HTTPSConnection if self.ref.scheme == "https" else http.client.HTTPConnection
         conn = cls(self.ref.host, timeout=min(timeout, self.connect_timeout))
+        self._conn = conn
         try:
             conn.connect()
             if conn.sock is not None:
@@ -174,7 +192,7 @@ class Registry:
     def _fail(self, what: str, exc: BaseException) -> RemoteError:
         import socket
 
-        if isinstance(exc, (socket.timeout, TimeoutError)) and (self.deadline.left() or 1) <= 0:
+        if self._expired or isinstance(exc, (socket.timeout, TimeoutError)) and (self.deadline.left() or 1) <= 0:
             return self.deadline.error()
         text = " ".join(str(exc).split())[:200] or type(exc).__name__
         return RemoteError(f"remote {self.url}: {what}: {text}")
@@ -206,7 +224,7 @@ class Registry:
                 opened = self._connect(method, target, headers, body)
             except RemoteError:
                 raise
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, HTTPException) as exc:
                 raise self._fail(what or f"{method} {target}", exc) from None
             try:
                 resp = opened.resp
@@ -224,7 +242,7 @@ class Registry:
                     raise self._status_error(status, resp, what or f"{method} {target}")
                 data = self._read(resp, got, limit, sink, what or target) if method != "HEAD" else b""
                 return Answer(status, got, data)
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, HTTPException) as exc:
                 raise self._fail(what or f"{method} {target}", exc) from None
             finally:
                 opened.conn.close()  # type: ignore[attr-defined]
@@ -237,7 +255,7 @@ class Registry:
             raw = resp.read(MAX_ERROR)
             errors = json.loads(raw).get("errors") or []
             detail = "; ".join(str(e.get("message") or e.get("code")) for e in errors[:3] if isinstance(e, dict))
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, HTTPException):
             detail = ""
         if status == 401:
             detail = detail or "credentials needed (--remote-user, KCACHE_REMOTE_PASSWORD, or docker login)"
@@ -266,7 +284,7 @@ class Registry:
         got = 0
         while True:
             self._timeout()
-            chunk = resp.read(min(CHUNK, limit + 1 - got))
+            chunk = resp.read1(min(CHUNK, limit + 1 - got))  # what has come: the deadline is checked between
             if not chunk:
                 break
             got += len(chunk)
@@ -321,7 +339,7 @@ class Registry:
             doc = json.loads(self._read(resp, {k.lower(): v for k, v in resp.getheaders()}, MAX_JSON, None, "token"))
             token = doc.get("token") or doc.get("access_token") if isinstance(doc, dict) else None
             return token if isinstance(token, str) and token and "\n" not in token else None
-        except (OSError, ValueError):
+        except (OSError, ValueError, HTTPException):
             return None
         finally:
             conn.close()

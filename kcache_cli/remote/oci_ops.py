@@ -272,6 +272,9 @@ def pull_image(root: Path, reg: Registry, image: Image, node: list[str] | None, 
     assert image.layout is not None
     with tempfile.TemporaryDirectory(prefix="kcache-oci-") as tmp:
         archive = os.path.join(tmp, "image.tar")
+        if image.layer[1] > limits.max_total:
+            raise RemoteError(f"remote {image.ref.url}: its layer is {image.layer[1]} bytes, over the limit of "
+                              f"{limits.max_total} (not fetched)")
         _check_room(tmp, image.layer[1])
         with tempfile.TemporaryFile(prefix="kcache-layer-", dir=tmp) as layer:
             reg.get_blob(image.layer[0], image.layer[1], limits.max_total, sink=layer)
