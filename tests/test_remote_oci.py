@@ -277,3 +277,79 @@ def test_credentials_come_from_the_auth_file_and_never_from_the_url(tmp_path, mo
     with pytest.raises(UsageError, match="no credentials in its URL"):
         parse_ref("oci://alice:s3cret@reg.example/team/k:v1")
     assert parse_ref("oci+http://127.0.0.1:5000/team/k:v1").url == "oci+http://127.0.0.1:5000/team/k:v1"
+
+
+def _layer_names(registry, repo_tag: str, tmp_path: Path) -> dict[str, bytes]:
+    """The files of the image's one layer, as skopeo copies it."""
+    out = tmp_path / f"copied-{repo_tag.replace('/', '-').replace(':', '-')}"
+    skopeo("copy", "--src-tls-verify=false", f"docker://{registry.host}/{repo_tag}", f"dir:{out}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    (layer,) = manifest["layers"]
+    with tarfile.open(out / layer["digest"].split(":")[1], "r:gz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+
+
+def test_a_vllm_cache_is_mcvs_vllm_image_with_kserve_mount_labels(kcache, oci_registry, tmp_path):
+    unit = tmp_path / "vllm" / "torch_compile_cache" / "0123456789" / "rank_0_0" / "backbone"
+    unit.mkdir(parents=True)
+    (unit / "vllm_compile_cache.py").write_text("{}\n")
+    (unit / "cache_key_factors.json").write_text('{"code_hash": "a", "compiler_hash": "b", "config_hash": "c"}')
+    root = tmp_path / "vllm" / "torch_compile_cache"
+    push(kcache, root, oci_registry.url("team/vllm:v1"))
+    labels = skopeo_inspect(oci_registry.host, "team/vllm:v1")["Labels"]
+    assert labels["cache.vllm.image/entry-count"] == "1" and labels["cache.vllm.image/format"] == "unpacked"
+    assert labels["cache.vllm.image/cache-size-bytes"] == str(sum(len(b) for b in files_of(root).values()))
+    assert labels["io.kserve.km/framework"] == "vllm" and labels["io.kserve.km/cache-type"] == "torch-compile"
+    assert labels["io.kserve.km/cache-hash"] == "0123456789"
+    assert labels["io.kserve.km/cache-mount-subpath"] == "torch_compile_cache"
+    names = _layer_names(oci_registry, "team/vllm:v1", tmp_path)
+    assert "io.vllm.cache/torch_compile_cache/0123456789/rank_0_0/backbone/vllm_compile_cache.py" in names
+    assert json.loads(names["io.vllm.manifest/manifest.json"])["vllm"][0]["vllm_hash"] == "0123456789"
+    dest = tmp_path / "dest" / "torch_compile_cache"
+    run = kcache("pull", "--remote", oci_registry.url("team/vllm:v1"), "--cache-dir", dest, "--no-gpu-check", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert files_of(dest) == files_of(root)
+
+
+def test_other_layouts_go_in_the_same_shape_with_kcaches_manifest(kcache, fixture_copy, oci_registry, tmp_path):
+    hidet = fixture_copy("hidet")
+    push(kcache, hidet, oci_registry.url("team/hidet:v1"))
+    labels = skopeo_inspect(oci_registry.host, "team/hidet:v1")["Labels"]
+    assert labels["cache.hidet.image/entry-count"] == "5"
+    assert json.loads(labels["cache.hidet.image/summary"])["targets"] == [
+        {"backend": "cpu", "arch": "cpu", "warp_size": 1}, {"backend": "cuda", "arch": "sm_90a", "warp_size": 32}]
+    names = _layer_names(oci_registry, "team/hidet:v1", tmp_path)
+    assert names["io.hidet.manifest/manifest.json"] == names["io.kcache.manifest/manifest.json"]
+    assert json.loads(names["io.hidet.manifest/manifest.json"])["format"] == "kcache-archive"
+    assert all(n.startswith(("io.hidet.cache/ops/", "io.hidet.manifest/", "io.kcache.manifest/")) for n in names)
+    dest = tmp_path / "dest"
+    run = kcache("pull", "--remote", oci_registry.url("team/hidet:v1"), "--cache-dir", dest, "--gpu", "sm_80", "--json")
+    assert run.exit_code == 0, run.stderr
+    doc = run.json()
+    assert doc["imported"] == 3 and doc["skipped_other_arch"] == 2  # the CPU ops run anywhere; sm_90a not on 8.0
+    assert sorted(p.parent.name for p in (dest / "ops").glob("cpu_space_0/*/*")) == ["fused", "matmul", "relu"]
+    assert not (dest / "ops" / "cuda_space_0").exists()
+
+
+def _image(tag: str, created: float, size: int, digest: str | None = None):
+    from kcache_cli.remote.oci import parse_ref
+    from kcache_cli.remote.oci_ops import Image
+
+    return Image(parse_ref(f"oci://r.example/team/k:{tag}"), digest or "sha256:" + tag * 64, ("", 0), size, {},
+                 created, "triton")
+
+
+def test_plan_prune_by_count_age_and_size_never_touches_the_kept():
+    from kcache_cli.remote.oci_ops import plan_prune
+
+    now = 1_000_000.0
+    images = [_image("a", now - 9000, 100), _image("b", now - 5000, 100), _image("c", now - 100, 100),
+              _image("d", now - 10, 100)]
+    assert [r.image.ref.tag for r in plan_prune(images, 2, None, None, now)] == ["a", "b"]
+    assert [r.image.ref.tag for r in plan_prune(images, None, 3600, None, now)] == ["a", "b"]
+    assert [r.image.ref.tag for r in plan_prune(images, 3, 3600, None, now)] == ["a"]  # b is one of the 3 newest
+    assert [r.image.ref.tag for r in plan_prune(images, None, None, 250, now)] == ["a", "b"]  # oldest first
+    assert [r.image.ref.tag for r in plan_prune(images, 3, None, 0, now)] == ["a"]  # --keep wins over --max-size
+    assert plan_prune(images, None, None, None, now) == []
+    shared = [_image("x", now, 100, "sha256:" + "e" * 64), _image("y", now - 1, 100, "sha256:" + "e" * 64)]
+    assert [r.image.ref.tag for r in plan_prune(shared, None, None, 50, now)] == ["y", "x"]

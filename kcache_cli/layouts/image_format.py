@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
+CPU = "cpu"  # a target every node runs: the GPU preflight passes it
 MAX_META = 1 << 20  # bytes of a file read while the layer is written (a Triton kernel's metadata)
 
 
@@ -49,10 +50,15 @@ class ImageFormat:
         return len(records)
 
     def targets(self, records: list[dict], metadata: list[dict]) -> list[dict]:
-        """The summary's targets, each once, sorted: from kcache's records (cuda: warp size 32; else 0)."""
-        seen = {(str(r.get("target") or ""), str(r.get("arch")), 32 if r.get("target") == "cuda" else 0)
-                for r in records if r.get("arch")}
-        return [{"backend": b, "arch": a, "warp_size": w} for b, a, w in sorted(seen)]
+        """The summary's targets, each once, sorted: from kcache's records (cuda: warp size 32; a CPU
+        entry's arch is "cpu", warp size 1; an entry of unknown arch names none)."""
+        seen = set()
+        for r in records:
+            if r.get("target") == CPU:
+                seen.add((CPU, CPU, 1))
+            elif r.get("arch"):
+                seen.add((str(r.get("target") or ""), str(r.get("arch")), 32 if r.get("target") == "cuda" else 0))
+        return unique_targets(seen)
 
     def labels(self, records: list[dict]) -> dict[str, str]:
         """Labels beyond MCV's three (vLLM's format, KServe's mount hints)."""

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from kcache_cli.archive.manifest import ImportLimits, reject
-from kcache_cli.layouts.image_format import MAX_META, ImageFormat
+from kcache_cli.layouts.image_format import CPU, MAX_META, ImageFormat
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -61,6 +61,8 @@ def target_arch(backend: str, arch: object) -> str:
     """One arch word for a summary target: Triton's CUDA capability 90 is `sm_90a` (Triton builds the
     arch-specific variant from 9.0 on), 80 `sm_80`; other backends' words as they are (gfx90a)."""
     text = str(arch)
+    if backend == CPU:
+        return CPU
     if backend == "cuda" and text.isdigit():
         n = int(text)
         return f"sm_{n}{'a' if n >= 90 else ''}"
@@ -71,6 +73,8 @@ def runs_on(arch: str, node: Iterable[str]) -> bool:
     """Whether code for `arch` runs on a node whose GPUs are `node` (arch words: sm_80, gfx90a)."""
     from kcache_cli.gpu import arch_runs_on, cuda_archs
 
+    if arch == CPU:
+        return True
     node = list(node)
     caps = [a.cc for n in node for a in cuda_archs(n) if a.kind == "sm"]
     ok = arch_runs_on(arch, caps) if caps else None

@@ -349,14 +349,19 @@ def plan_prune(images: list[Image], keep: int | None, older_than: float | None, 
     for i in ordered[len(kept):]:
         if older_than is not None and i.created is not None and now - i.created > older_than:
             out.setdefault(i.ref.tag or "", TagRemoval(i, "older than --older-than"))
-    if max_size is not None:
-        total = sum({i.digest: i.size for i in ordered if (i.ref.tag or "") not in out}.values())
+    if max_size is not None:  # an image's bytes go only with the last tag naming it
+        holders: dict[str, int] = {}
+        for i in ordered:
+            if (i.ref.tag or "") not in out:
+                holders[i.digest] = holders.get(i.digest, 0) + 1
+        total = sum({i.digest: i.size for i in ordered if i.digest in holders}.values())
         for i in reversed(ordered[len(kept):]):
             if total <= max_size:
                 break
             if (i.ref.tag or "") not in out:
                 out[i.ref.tag or ""] = TagRemoval(i, f"over --max-size {max_size}")
-                total -= i.size
+                holders[i.digest] -= 1
+                total -= i.size if holders[i.digest] == 0 else 0
     return sorted(out.values(), key=lambda r: (r.image.created or 0, r.image.ref.tag or ""))
 
 
