@@ -10,6 +10,7 @@ the manifest, its digest checked) becomes a kcache archive without the entries o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -92,7 +93,7 @@ def push_image(root: Path, reg: Registry, flt: ScanFilter | None = None, *, dry_
             facts = img.write_layer(src, layer, fmt)
             labels = img.labels(fmt, facts, ref.repo.rpartition("/")[2])
             config = img.config_json(labels, facts.diff_id)
-            config_digest = "sha256:" + __import__("hashlib").sha256(config).hexdigest()
+            config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
             reg.put_blob(facts.digest, facts.size, layer)
         reg.put_blob(config_digest, len(config), config)
     manifest = img.manifest_json((config_digest, len(config)), (facts.digest, facts.size), _annotations(fmt))
