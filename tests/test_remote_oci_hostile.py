@@ -241,3 +241,25 @@ def test_a_bearer_realm_on_another_plain_http_host_is_not_asked(hostile):
     hostile.answer(lambda h: send(h, 401, headers={"WWW-Authenticate": f'Bearer realm="http://127.0.0.2:{other}/t"'}))
     with pytest.raises(RemoteError, match="HTTP 401: credentials needed"):
         hostile.registry().get_manifest("v1")
+
+
+def test_a_blob_redirect_to_storage_elsewhere_needs_https_and_an_allowed_host(hostile, monkeypatch):
+    hostile.answer(lambda h: send(h, 307, headers={"Location": "http://blobs.example/x?sig=1"}))
+    monkeypatch.setenv("KCACHE_REMOTE_REDIRECTS", "blobs.example")
+    with pytest.raises(RemoteError, match="unless KCACHE_REMOTE_REDIRECTS allows the host"):
+        hostile.registry().get_blob("sha256:" + "0" * 64, 10, 100)  # plain HTTP elsewhere: never
+    reg = hostile.registry()
+    here = reg._follow("/v2/team/k/blobs/x", reg._follow(f"http://{hostile.host}/a", _home(reg), "GET"), "GET")
+    assert (here.host, here.target) == (hostile.host, "/v2/team/k/blobs/x")
+    there = reg._follow("https://blobs.example/x?sig=1", here, "GET")
+    assert (there.scheme, there.host, there.target) == ("https", "blobs.example", "/x?sig=1")
+    with pytest.raises(RemoteError, match="another host"):
+        reg._follow("https://blobs.example/x", here, "PUT")  # an upload never leaves the registry
+    with pytest.raises(RemoteError, match="another host"):
+        reg._follow("https://evil.example/x", here, "GET")
+
+
+def _home(reg):
+    from kcache_cli.remote.oci import _Where
+
+    return _Where(reg.ref.scheme, reg.ref.host, "/")

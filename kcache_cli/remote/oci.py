@@ -127,6 +127,12 @@ class Answer:
     body: bytes
 
 
+class _Where(NamedTuple):
+    scheme: str
+    host: str
+    target: str  # path and query
+
+
 class _Open(NamedTuple):
     conn: object
     resp: object
@@ -172,18 +178,18 @@ class Registry:
         left = self.deadline.left()
         return self.io_timeout if left is None else max(min(self.io_timeout, left), 0.01)
 
-    def _connect(self, method: str, target: str, headers: dict[str, str], body) -> _Open:
+    def _connect(self, method: str, where: _Where, headers: dict[str, str], body) -> _Open:
         import http.client
 
         timeout = self._timeout()
-        cls = http.client.HTTPSConnection if self.ref.scheme == "https" else http.client.HTTPConnection
-        conn = cls(self.ref.host, timeout=min(timeout, self.connect_timeout))
+        cls = http.client.HTTPSConnection if where.scheme == "https" else http.client.HTTPConnection
+        conn = cls(where.host, timeout=min(timeout, self.connect_timeout))
         self._conn = conn
         try:
             conn.connect()
             if conn.sock is not None:
                 conn.sock.settimeout(timeout)
-            conn.request(method, target, body=body, headers=headers)
+            conn.request(method, where.target, body=body, headers=headers)
             return _Open(conn, conn.getresponse())
         except BaseException:
             conn.close()
@@ -210,18 +216,38 @@ class Registry:
             raise RemoteError(f"remote {self.url}: it sent us to {location[:80]!r}, not a path")
         return parts.path + (f"?{parts.query}" if parts.query else "")
 
+    def _follow(self, location: str, here: _Where, method: str) -> _Where:
+        """Where a redirect sends a request: this registry; or, for a GET (a blob a registry serves from
+        its storage's own host), an HTTPS host KCACHE_REMOTE_REDIRECTS allows (glob patterns, commas)."""
+        import fnmatch
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(location)
+        if not (parts.scheme or parts.netloc):
+            return here._replace(target=self._same_host(location))
+        host = parts.netloc.lower()
+        allowed = [p.strip().lower() for p in os.environ.get("KCACHE_REMOTE_REDIRECTS", "").split(",") if p.strip()]
+        if (parts.scheme, host) == (self.ref.scheme, self.ref.host):
+            return _Where(parts.scheme, host, self._same_host(location))
+        if method == "GET" and parts.scheme == "https" and "@" not in host and any(
+                fnmatch.fnmatchcase(host, p) for p in allowed):
+            return _Where("https", host, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
+        raise RemoteError(f"remote {self.url}: it sent us to another host ({parts.netloc[:80]!r}); kcache follows "
+                          "redirects only on the same registry unless KCACHE_REMOTE_REDIRECTS allows the host")
+
     def request(self, method: str, target: str, *, headers: dict[str, str] | None = None, body=None,
                 limit: int = MAX_JSON, ok: tuple[int, ...] = (200,), sink: IO[bytes] | None = None,
                 what: str = "") -> Answer:
-        """One call: redirects followed on this host, a 401 answered once with credentials or a token;
-        the body read only when its announced size is within `limit` (into `sink` when given)."""
-        headers = dict(headers or {})
+        """One call: redirects followed on this registry (or to an allowed host, without our credentials),
+        a 401 answered once with credentials or a token; the body read only when its announced size is
+        within `limit` (into `sink` when given)."""
+        where = _Where(self.ref.scheme, self.ref.host, target)
         tried_auth = False
         for _ in range(MAX_REDIRECTS + 1):
-            if self._auth:
-                headers["Authorization"] = self._auth
+            home = (where.scheme, where.host) == (self.ref.scheme, self.ref.host)
+            sent = {**(headers or {}), **({"Authorization": self._auth} if self._auth and home else {})}
             try:
-                opened = self._connect(method, target, headers, body)
+                opened = self._connect(method, where, sent, body)
             except RemoteError:
                 raise
             except (OSError, ValueError, HTTPException) as exc:
@@ -231,11 +257,11 @@ class Registry:
                 status = resp.status  # type: ignore[attr-defined]
                 got = {k.lower(): v for k, v in resp.getheaders()}  # type: ignore[attr-defined]
                 if status in (301, 302, 303, 307, 308) and "location" in got:
-                    target = self._same_host(got["location"])
+                    where = self._follow(got["location"], where, method)
                     if status == 303:
                         method, body = "GET", None
                     continue
-                if status == 401 and not tried_auth and self._authorize(got.get("www-authenticate", "")):
+                if status == 401 and home and not tried_auth and self._authorize(got.get("www-authenticate", "")):
                     tried_auth = True
                     continue
                 if status not in ok:
