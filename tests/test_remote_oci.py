@@ -353,3 +353,22 @@ def test_plan_prune_by_count_age_and_size_never_touches_the_kept():
     assert plan_prune(images, None, None, None, now) == []
     shared = [_image("x", now, 100, "sha256:" + "e" * 64), _image("y", now - 1, 100, "sha256:" + "e" * 64)]
     assert [r.image.ref.tag for r in plan_prune(shared, None, None, 50, now)] == ["y", "x"]
+
+
+def test_the_json_of_every_oci_command_matches_its_schema(kcache, triton, oci_registry, tmp_path):
+    pytest.importorskip("jsonschema")
+    from test_json_schemas import check
+
+    url = oci_registry.url("team/schemas")
+    doc = push(kcache, triton, f"{url}:v1")
+    check(doc, "push-oci")
+    assert {"name": "cache.triton.image/entry-count", "value": "6"} in doc["labels"]
+    pulled = kcache("pull", "--remote", f"{url}:v1", "--cache-dir", tmp_path / "d", "--gpu", "sm_80", "--json")
+    runs = {"pull-oci": pulled,
+            "remote-ls-oci": kcache("remote", "ls", "--remote", url, "--json"),
+            "remote-stats-oci": kcache("remote", "stats", "--remote", url, "--json"),
+            "remote-prune-oci": kcache("remote", "prune", "--keep", "0", "--dry-run", "--remote", url, "--json")}
+    for command, run in runs.items():
+        assert run.exit_code == 0, (command, run.stderr)
+        check(run.json(), command)
+    assert [r["tag"] for r in runs["remote-prune-oci"].json()["removed"]] == ["v1"]

@@ -54,7 +54,7 @@ class ImagePushResult:
         return {"remote": self.remote, "root": self.root, "dry_run": self.dry_run, "digest": self.digest,
                 "layout": self.layout, "planned": self.planned, "pushed": len(self.entries),
                 "left_out": len(self.left), "size": self.size,
-                "layer_size": self.layer_size, "labels": self.labels,
+                "layer_size": self.layer_size, "labels": [{"name": k, "value": v} for k, v in self.labels.items()],
                 "entries": [{"layout": e.layout, "kind": e.kind, "relpath": e.relpath, "file_count": e.files,
                              "size": e.size, "arch": e.arch} for e in self.entries],
                 "left": [{"relpath": e.relpath, "reason": why} for e, why in self.left]}
