@@ -20,6 +20,7 @@ NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.access("/usr/local/b
 CXX = shutil.which("g++")
 
 from redis_server import REDIS_SERVER, redis_server  # noqa: E402, F401 - the remote tests' real redis-server
+from oci_registry import DOCKER_REGISTRY, SKOPEO, oci_registry  # noqa: E402, F401 - a real OCI registry
 
 # Why a test was skipped -> what the run's summary says loudly (the reasons below are the skips' own words).
 # The summary reads the skip reports, so it works where tests run in xdist's worker processes too.
@@ -34,6 +35,10 @@ LOUD = {
                                              "co-user cannot make kcache write outside a group-shared cache."),
     "loader oracle venv": ("LOADER ORACLE SKIPPED", "loader oracle runs were SKIPPED: nothing proved that kcache's "
                            "statuses agree with these real loaders (python tests/loaders/venvs.py --all):"),
+    "docker-registry or skopeo not found": ("DOCKER-REGISTRY/SKOPEO MISSING", "tests that need a real OCI "
+                                            "registry were SKIPPED: nothing proved that push, pull and remote "
+                                            "ls/prune work against a registry (apt-get install docker-registry "
+                                            "skopeo)."),
     "SKIPPED LOUDLY": ("SKIPPED LOUDLY", "tests could not exercise what they are for:"),
 }
 
@@ -44,6 +49,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="nvcc not found: this test compiles CUDA for real"))
         if not REDIS_SERVER and item.get_closest_marker("redis"):
             item.add_marker(pytest.mark.skip(reason="redis-server not found: this test needs a real Redis"))
+        if not (DOCKER_REGISTRY and SKOPEO) and item.get_closest_marker("oci"):
+            item.add_marker(pytest.mark.skip(reason="docker-registry or skopeo not found: this test needs a real "
+                                             "OCI registry"))
         if os.geteuid() != 0 and item.get_closest_marker("second_user"):
             item.add_marker(pytest.mark.skip(reason="not root: this test runs an attacker as a second user"))
 

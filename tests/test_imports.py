@@ -73,7 +73,8 @@ FLOORS: dict[str, int] = {
 # `<name>.py`, or a helper `<name>_*.py` of that layout alone, like triton_remote.py).
 LAYOUT_SHARED = frozenset({"kcache_cli.layouts", "kcache_cli.layouts.base", "kcache_cli.layouts._common",
                            "kcache_cli.layouts.shapes", "kcache_cli.layouts._facts",
-                           "kcache_cli.layouts.remote_format", "kcache_cli.layouts.homes"})
+                           "kcache_cli.layouts.remote_format", "kcache_cli.layouts.image_format",
+                           "kcache_cli.layouts.homes"})
 
 
 class Cycle(NamedTuple):

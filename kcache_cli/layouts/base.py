@@ -34,6 +34,7 @@ from kcache_cli.layouts.shapes import KindShape, LayoutShape
 if TYPE_CHECKING:
     from kcache_cli.entrydir import EntryDir
     from kcache_cli.fsread import Anchor
+    from kcache_cli.layouts.image_format import ImageFormat
     from kcache_cli.layouts.remote_format import RemoteFormat
     from kcache_cli.model import Details, Entry, EntryKey, Judgement, LogFile, ScanFilter, TreeUsage, Warn
 
@@ -213,6 +214,8 @@ class Transport(Protocol):
     def relocation_problem(self, entry: Entry) -> str | None: ...
 
     def remote_format(self) -> RemoteFormat | None: ...
+
+    def image_format(self) -> ImageFormat: ...
 
 
 CONCERNS: tuple[type, ...] = (Shaped, EntryReader, Dependencies, Removal, Transport)
@@ -454,6 +457,13 @@ class Layout:
         kcache's own keys; a layout whose compiler has its own remote cache (Triton's Redis backend)
         returns a format that keeps the files under that tool's keys, so both share one store."""
         return None
+
+    def image_format(self) -> ImageFormat:
+        """How this layout's entries sit in an OCI image (kcache_cli/layouts/image_format.py): kcache's
+        own shape under io.<layout>.cache/; Triton and vLLM return MCV's."""
+        from kcache_cli.layouts.image_format import ImageFormat
+
+        return ImageFormat(self.name)
 
     def relocation_problem(self, entry: Entry) -> str | None:
         """Why the paths the entry records about itself point elsewhere than where it lies (a cache moved

@@ -52,6 +52,7 @@ from kcache_cli.model import (
 )
 
 if TYPE_CHECKING:
+    from kcache_cli.layouts.image_format import ImageFormat
     from kcache_cli.layouts.remote_format import RemoteFormat
 
 NAME = TRITON.name
@@ -610,6 +611,12 @@ class TritonLayout(Layout):
         from kcache_cli.layouts.triton_remote import TritonFormat
 
         return TritonFormat()
+
+    def image_format(self) -> ImageFormat:
+        """MCV's compat image of a Triton cache (triton_image.py)."""
+        from kcache_cli.layouts.triton_image import TritonImage
+
+        return TritonImage()
 
     def facts(self, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:
         meta = None

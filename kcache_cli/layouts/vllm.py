@@ -34,6 +34,7 @@ from typing import Iterable, Iterator, Mapping, NamedTuple
 from kcache_cli import fsread, layouts
 from kcache_cli.checks import list_files
 from kcache_cli.entrydir import EntryDir
+from kcache_cli.layouts.image_format import ImageFormat
 from kcache_cli.layouts.base import STALE_AFTER, Facts, Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import INDUCTOR, TRITON, TRITON_TMP, VLLM, inductor_graph_relpath
 from kcache_cli.model import (
@@ -479,6 +480,12 @@ class VllmLayout(Layout):
 
     def relocation_problem(self, entry: Entry) -> str | None:
         return relocation_problem(entry)
+
+    def image_format(self) -> ImageFormat:
+        """MCV's compat image of vLLM's cache (vllm_image.py)."""
+        from kcache_cli.layouts.vllm_image import VllmImage
+
+        return VllmImage()
 
     def relocate(self, staged: str, final: str, root: Path) -> None:
         if os.path.basename(os.path.dirname(final)) != "torch_aot_compile":
