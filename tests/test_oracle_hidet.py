@@ -84,8 +84,4 @@ def test_pristine_entries_are_hits(hidet_results):
 
 @pytest.mark.slow
 def test_the_recorded_verdicts_are_current(real_results):
-    if os.environ.get("KCACHE_ORACLE_ONLY"):
-        pytest.skip("a replay of a few cases")
-    diff = recorded.stale("hidet", real_results)
-    assert not diff, "the real hidet no longer does what tests/loaders/recorded/hidet.json says " \
-        "(KCACHE_ORACLE_RECORD=1 pytest -m slow rewrites it):\n" + "\n".join(diff)
+    recorded.assert_current("hidet", real_results)

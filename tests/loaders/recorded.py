@@ -142,3 +142,14 @@ def extract_tree(name: str, dest: Path) -> Path:
         top = {m.name.split("/", 1)[0] for m in tar.getmembers()}
     assert len(top) == 1, top
     return dest / top.pop()
+
+
+def assert_current(layout: str, results: list[CaseResult]) -> None:
+    """The slow tier's check: the real loaders still do what the record says (or KCACHE_ORACLE_RECORD=1)."""
+    import pytest
+
+    if os.environ.get("KCACHE_ORACLE_ONLY"):
+        pytest.skip("a replay of a few cases")
+    diff = stale(layout, results)
+    assert not diff, (f"the real loaders no longer do what tests/loaders/recorded/{layout}.json says "
+                      "(KCACHE_ORACLE_RECORD=1 pytest -m slow rewrites it):\n" + "\n".join(diff))
