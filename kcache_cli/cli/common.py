@@ -80,6 +80,10 @@ def cache_location(opts: GlobalOptions, existing: bool = False):
     from kcache_cli.locate import resolve_cache_dir
 
     loc = resolve_cache_dir(opts.cache_dir)
+    if explicit_root(opts):
+        from kcache_cli.locate import hold_explicit
+
+        hold_explicit(loc, lambda m: warn(opts, m))
     if existing and opts.cache_dir and not loc.path.is_dir():
         what = "is not a directory" if loc.path.exists() else "does not exist"
         raise UsageError(f"--cache-dir {loc.path} {what}")
@@ -131,12 +135,12 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
     if not all_caches and explicit_root(opts):
         return [cache_location(opts, existing=True)]
     known = existing_caches(lambda m: warn(opts, m))
-    here = None if all_caches else _cwd_cache(known)
+    here = None if all_caches else _cwd_cache(known, lambda m: warn(opts, m))
     out = [here] if here is not None else known
     opts.many = here is None
     for ref in ref_list(refs):
         if os.path.isabs(ref) and os.path.lexists(ref):
-            holder = cache_holding(ref, known)
+            holder = cache_holding(ref, known, lambda m: warn(opts, m))
             if holder is not None and all(os.path.realpath(holder.path) != os.path.realpath(o.path) for o in out):
                 out.append(holder)
     return out
@@ -161,12 +165,12 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
     return out
 
 
-def _cwd_cache(known: list):
+def _cwd_cache(known: list, said: Callable[[str], None]):
     """The cache the current directory lies in, or None (also when it was removed under us)."""
     from kcache_cli.locate import cache_holding
 
     try:
-        return cache_holding(os.getcwd(), known)
+        return cache_holding(os.getcwd(), known, said)
     except OSError:
         return None
 
