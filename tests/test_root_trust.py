@@ -289,3 +289,104 @@ def test_export_scans_its_root_once(three, scans, tmp_path, kind):
     assert run.exit_code == 0, run.stderr
     assert len(json.loads(run.stdout)["exported"]) == 2
     assert scans == {os.path.realpath(three[1]): 1}, scans
+
+
+# ---- a co-user swapping the root's path, spawned ------------------------------------------------------------
+# Root's own Triton cache (TRITON_CACHE_DIR) in a group-writable directory of the co-user's group: the
+# co-user may rename it, and flips it (renameat2 RENAME_EXCHANGE) for a link to a victim holding entries of
+# the same names while root's bare `prune` (the [all] budget of kcache's config) runs. Whenever the flips
+# fall (vetting, scan, plan, removal), the victim never changes and nothing appears beside the cache.
+
+FLIPPER = r"""
+import ctypes, os, random, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+ren = libc.renameat2
+ren.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+path, target, stop, rnd = sys.argv[1], sys.argv[2], sys.argv[3], random.Random(int(sys.argv[4]))
+link = path + ".lnk"
+os.symlink(target, link)
+flips = 0
+print("ready", flush=True)
+while not os.path.exists(stop):
+    time.sleep(rnd.random() * 0.02)  # mostly the real directory: the flips fall on every step in turn
+    if ren(-100, path.encode(), -100, link.encode(), 2) == 0:  # RENAME_EXCHANGE: path is now the link
+        flips += 1
+        time.sleep(rnd.random() * 0.005)
+        ren(-100, path.encode(), -100, link.encode(), 2)
+os.unlink(link)
+print(flips)
+"""
+
+
+def _swap_races(area: Path, n: int, seed: int) -> int:
+    import random
+    import subprocess
+
+    import test_shared_attacks as sa
+
+    from kcache_cli import fsdelete
+
+    rnd = random.Random(seed)
+    parent = area / "shared"
+    parent.mkdir()
+    os.chown(parent, 0, sa.GROUP)
+    os.chmod(parent, 0o2775)
+    victim = copy_tree(FIXTURES / "triton" / "cache", area / "victim")
+    watched = {victim: sa.snapshot(victim)}
+    config = area / "kcache.toml"
+    config.write_text('[all]\nmax-size = "1B"\n')
+    total = removed = 0
+    for i in range(n):
+        root = copy_tree(FIXTURES / "triton" / "cache", parent / "triton")
+        stop = area / f"stop-{i}"
+        swapper = subprocess.Popen([sa.PY, "-c", FLIPPER, root, victim, stop, str(rnd.randrange(1 << 30))],
+                                   preexec_fn=sa.as_attacker, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, env={"PATH": "/usr/bin:/bin"})
+        try:
+            assert swapper.stdout is not None and swapper.stdout.readline().strip() == "ready"
+            env = {"TRITON_CACHE_DIR": str(root), "KCACHE_CONFIG": str(config)}
+            run = sa.kcache("prune", "--yes", "--json", env=env)
+        finally:
+            stop.touch()
+            out, err = swapper.communicate(timeout=sa.TIMEOUT)
+            stop.unlink()
+        assert swapper.returncode == 0, err
+        total += int(out.strip() or 0)
+        sa.assert_held(run, watched, area, {"shared", "victim", "kcache.toml"})
+        removed += sum(len(doc["removed"]) for doc in _docs(run.stdout)) if run.returncode == 0 else 0
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fsdelete.remove_tree(fd, "triton")
+        finally:
+            os.close(fd)
+    print(f"{n} races, {total} flips, {removed} removals from the cache held")
+    return total
+
+
+@pytest.fixture
+def area():
+    """A directory in /tmp the co-user can reach (pytest's own are 0700), removed at the end."""
+    import tempfile
+
+    from kcache_cli import fsdelete
+
+    d = Path(tempfile.mkdtemp(prefix="kcache-roots-", dir="/tmp"))
+    os.chmod(d, 0o755)
+    yield d
+    fd = os.open(d.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fsdelete.remove_tree(fd, d.name)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.second_user
+def test_a_root_swapped_by_a_co_user_during_prune_redirects_nothing(area, stress_seed):
+    assert _swap_races(area, 2, stress_seed) > 0, "the swapper never flipped anything: the race proved nothing"
+
+
+@pytest.mark.slow
+@pytest.mark.second_user
+def test_a_root_swapped_by_a_co_user_during_prune_many_times(area, stress_seed):
+    n = max(100, int(os.environ.get("KCACHE_SLOW_RACES", "100")))
+    assert _swap_races(area, n, stress_seed) > 0
