@@ -194,6 +194,27 @@ class Anchor:
 # following the one an explicit --cache-dir names, once). Anchors, fswrite.open_root and the deleter start
 # from it, never from the root's path again: a path swapped for a link after vetting redirects nothing.
 _HELD: dict[str, int] = {}
+_HANDED: dict[str, dict[str, tuple[int, Any]]] = {}  # "<root>/" -> what one step learnt of it, for the next
+
+
+def hand_on(root: str | os.PathLike, what: str, value: Any) -> None:
+    """Leave `value` (what a step found out about the held `root`: its layouts) for the next step that
+    asks for `what` (take): so that one command finds it out once. Nothing for a root not held."""
+    key = os.path.join(os.path.abspath(root), "")
+    fd = _HELD.get(key)
+    if fd is not None:
+        _HANDED.setdefault(key, {})[what] = (os.fstat(fd).st_mtime_ns, value)
+
+
+def take(root: str | os.PathLike, what: str) -> Any:
+    """What hand_on left about `root` as `what`, once, while the root's own directory is unchanged since
+    (no name made or removed in it); else None."""
+    key = os.path.join(os.path.abspath(root), "")
+    left = _HANDED.get(key, {}).pop(what, None)
+    fd = _HELD.get(key)
+    if left is None or fd is None or os.fstat(fd).st_mtime_ns != left[0]:
+        return None
+    return left[1]
 
 
 def hold_root(root: str | os.PathLike, fd: int) -> None:
@@ -205,6 +226,7 @@ def hold_root(root: str | os.PathLike, fd: int) -> None:
     stale = _ANCHORS.pop(key, None)
     if stale is not None:
         stale.close()
+    _HANDED.pop(key, None)
     _HELD[key] = fd
 
 
@@ -235,6 +257,7 @@ def root_moved(root: str | os.PathLike) -> bool:
 
 def release_roots() -> None:
     """Close every held root and its anchor (the end of a command: main runs many in one test process)."""
+    _HANDED.clear()
     for key in list(_HELD):
         anchored = _ANCHORS.pop(key, None)
         if anchored is not None:

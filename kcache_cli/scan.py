@@ -23,9 +23,12 @@ from kcache_cli.scan_context import ScanContext
 
 
 def detect_layouts(root: Path) -> tuple[str, ...]:
+    """The layouts `root` holds: as the command's check of its root found them (fsread.hand_on), else
+    detected now."""
     from kcache_cli import layouts
 
-    return layouts.detect(root)
+    handed = fsread.take(root, "layouts")
+    return handed if handed is not None else layouts.detect(root)
 
 
 def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None,

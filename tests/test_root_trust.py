@@ -390,3 +390,21 @@ def test_a_root_swapped_by_a_co_user_during_prune_redirects_nothing(area, stress
 def test_a_root_swapped_by_a_co_user_during_prune_many_times(area, stress_seed):
     n = max(100, int(os.environ.get("KCACHE_SLOW_RACES", "100")))
     assert _swap_races(area, n, stress_seed) > 0
+
+
+@pytest.mark.parametrize("command", [("ls", "--json"), ("ls", "--op", "matmul", "--json"), ("stats", "--json"),
+                                     ("prune", "--max-size", "1M", "--dry-run", "--json")])
+def test_an_explicit_root_is_detected_once(scene, monkeypatch, command):
+    from kcache_cli import layouts
+
+    seen: list[str] = []
+    real = layouts.detect
+
+    def detect(root):
+        seen.append(str(root))
+        return real(root)
+
+    monkeypatch.setattr(layouts, "detect", detect)
+    run = run_kcache("--cache-dir", str(scene["hidet"]), *command)
+    assert run.exit_code == 0, run.stderr
+    assert seen == [str(scene["hidet"])], seen

@@ -94,10 +94,13 @@ def cache_location(opts: GlobalOptions, existing: bool = False):
 
 def _one_level_down(loc) -> None:
     """A --cache-dir/KCACHE_DIR that holds no cache but has one below it: say where (exit 2), not "no entries"."""
+    from kcache_cli import fsread
     from kcache_cli.layouts import detect
     from kcache_cli.locate import caches_below
 
-    if detect(loc.path):
+    found = detect(loc.path)
+    if found:
+        fsread.hand_on(loc.path, "layouts", found)  # the scan that follows detects them once, not again
         return
     below = caches_below(loc.path)
     if below:
