@@ -232,10 +232,20 @@ def named_cache(name: str) -> CacheLocation:
     if home is None:
         choices = ", ".join(n for n in LAYOUT_NAMES if homes.default_root(n) is not None)
         raise UsageError(f"unknown cache '{name}' (choose from {choices})")
-    loc = _checked(CacheLocation(home.path.absolute(), home.reason, name))
+    return vetted(_checked(CacheLocation(home.path.absolute(), home.reason, name)))
+
+
+class UntrustedRoot(UsageError):
+    """A root kcache found by itself that it may not use (vet_root): the message says why and how to opt in."""
+
+
+def vetted(loc: CacheLocation) -> CacheLocation:
+    """`loc`, a root found by a compiler's rule, held when it exists (found_root); UntrustedRoot when it
+    may not be used (another user's directory, a link)."""
     why: list[str] = []
-    if os.path.lexists(loc.path) and not found_root(loc.path, f"the {name} cache", why.append):
-        raise UsageError(why[0] if why else f"{loc.path} is not a directory")
+    if os.path.lexists(loc.path) and not found_root(loc.path, f"the {loc.cache or 'default'} cache ({loc.reason})",
+                                                    why.append):
+        raise UntrustedRoot(why[0].replace("skipping", "refusing", 1) if why else f"{loc.path} is not a directory")
     return loc
 
 

@@ -408,3 +408,34 @@ def test_an_explicit_root_is_detected_once(scene, monkeypatch, command):
     run = run_kcache("--cache-dir", str(scene["hidet"]), *command)
     assert run.exit_code == 0, run.stderr
     assert seen == [str(scene["hidet"])], seen
+
+
+@pytest.mark.parametrize("plant", [plant_dir, plant_link])
+def test_a_planted_torch_root_is_refused_by_name_and_as_the_place_to_import(scene, plant, tmp_path):
+    arc = tmp_path / "inductor.tar"
+    assert run_kcache("--cache-dir", str(scene["victim"]), "export", str(arc)).exit_code == 0
+    planted = plant(scene)
+    seen = scene["victim"] if plant is plant_link else planted
+    before = snapshot(seen)
+    run = run_kcache("ls", "--cache", "inductor", "--json")
+    assert run.exit_code == 2 and run.stderr.startswith("Error: refusing the inductor cache"), run.stderr
+    assert f"KCACHE_SAFE_DIRECTORY={planted}" in run.stderr
+    run = run_kcache("import", str(arc))
+    assert run.exit_code == 2 and "refusing the inductor cache" in run.stderr, run.stderr
+    assert snapshot(seen) == before
+
+
+def test_hidets_rule_naming_another_users_directory_is_refused_for_build(scene, tmp_path):
+    other = scene["tmp"] / "hidet-cache"
+    copy_tree(FIXTURES / "hidet", other)
+    chown_tree(other, ATTACKER)
+    config = Path(os.environ["HOME"]) / ".config" / "hidet" / "hidet.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(f'cache_dir = "{other}"\n')
+    before = snapshot(other)
+    run = run_kcache("dir")
+    assert run.exit_code == 2 and "uid 65534" in run.stderr and "--cache-dir" in run.stderr, run.stderr
+    task = next(iter((FIXTURES / "hidet").glob("ops/*/*/*/task.txt")))
+    run = run_kcache("build", str(task))
+    assert run.exit_code == 2 and "refusing the default cache" in run.stderr, run.stderr
+    assert snapshot(other) == before

@@ -84,6 +84,10 @@ def cache_location(opts: GlobalOptions, existing: bool = False):
         from kcache_cli.locate import hold_explicit
 
         hold_explicit(loc, lambda m: warn(opts, m))
+    else:  # hidet's rule (build's root): vetted like every root kcache finds by itself
+        from kcache_cli.locate import vetted
+
+        loc = vetted(loc)
     if existing and opts.cache_dir and not loc.path.is_dir():
         what = "is not a directory" if loc.path.exists() else "does not exist"
         raise UsageError(f"--cache-dir {loc.path} {what}")
