@@ -439,3 +439,18 @@ def test_hidets_rule_naming_another_users_directory_is_refused_for_build(scene, 
     run = run_kcache("build", str(task))
     assert run.exit_code == 2 and "refusing the default cache" in run.stderr, run.stderr
     assert snapshot(other) == before
+
+
+def test_a_planted_torch_root_does_not_count_in_the_shared_budget(scene):
+    """[all] max-size fits root's own caches exactly: a co-user's newer entries at root's torch default,
+    were they counted, would evict root's own entries run after run."""
+    run = run_kcache("--cache-dir", str(scene["hidet"]), "stats", "--json")
+    size = json.loads(run.stdout)["size"]
+    planted = plant_dir(scene)
+    for e in planted.glob("fxgraph/*/*"):
+        os.utime(e, None)  # used just now: the most recently used of all
+    assert run_kcache("config", "set", "max-size", f"{size}B").exit_code == 0
+    run = run_kcache("prune", "--yes", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert [r["path"] for doc in _docs(run.stdout) for r in doc["removed"]] == []
+    assert "uid 65534" in run.stderr
