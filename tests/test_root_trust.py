@@ -268,7 +268,8 @@ def three(scene) -> list[Path]:
 @pytest.mark.parametrize("command", [
     ("ls", "--json"), ("stats", "--json"), ("prune", "--max-size", "1M", "--dry-run", "--json"),
     ("prune", "--max-size", "1M", "--yes", "--json"), ("clear", "--all", "--yes", "--json"),
-    ("clear", "--op", "*", "--dry-run", "--json")])
+    ("clear", "--op", "*", "--dry-run", "--json"), ("clear", "--kind", "program", "--dry-run", "--json"),
+    ("clear", "--kind", "script", "--dry-run", "--json")])
 def test_each_command_scans_each_root_once(three, scans, command, tmp_path):
     args = [str(tmp_path / "out.tar") if a == "ARCHIVE" else a for a in command]
     run = run_kcache(*args)
