@@ -131,6 +131,10 @@ class Entry:
     reason: str | None
     modified: float
     last_used: float
+    # The entry's identity as the scan saw it (its directory's, or a link's, own device and inode; 0:
+    # unknown): a removal whose target is another inode by then is skipped (delete._Executor).
+    dev: int = field(default=0, compare=False, repr=False)
+    ino: int = field(default=0, compare=False, repr=False)
 
     @property
     def key(self) -> EntryKey:
@@ -314,6 +318,8 @@ class TreeUsage:
     files: int
     mtime: float  # newest mtime of the directory and anything in it
     atime: float = 0.0  # newest atime of its regular files (a listing sets a directory's, a readlink a link's)
+    dev: int = 0  # the identity of the directory itself (0: unknown), an entry's identity in the scan
+    ino: int = 0
 
 
 def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
@@ -324,10 +330,11 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
     size = files = 0
     accessed = 0.0
     try:
-        newest = os.lstat(path).st_mtime
+        top = os.lstat(path)
     except OSError as exc:
         warn(f"cannot stat {path}: {exc.strerror}")
         return TreeUsage(0, 0, 0.0)
+    newest = top.st_mtime
     stack = [(path, 0)]
     too_deep = False
     while stack:
@@ -355,7 +362,7 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                     if stat.S_ISREG(st.st_mode):  # a link's atime is kcache's own readlink
                         accessed = max(accessed, st.st_atime)
                 newest = max(newest, st.st_mtime)
-    return TreeUsage(size, files, newest, accessed)
+    return TreeUsage(size, files, newest, accessed, top.st_dev, top.st_ino)
 
 
 def listdir(path: str | os.PathLike[str], warn: Warn, keep: Callable[[os.DirEntry], bool] | None = None

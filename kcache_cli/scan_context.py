@@ -80,6 +80,8 @@ class ScanContext:
             files=usage.files,
             modified=usage.mtime,
             last_used=self.last_used_of(rel, usage.mtime, usage.atime, path),
+            dev=usage.dev,
+            ino=usage.ino,
             **fields,
         )
 
@@ -100,7 +102,8 @@ class ScanContext:
             text = os.readlink(path)
         except OSError:
             text = "?"
-        return self.entry(path=path, usage=TreeUsage(st.st_size, 1, st.st_mtime), status=CORRUPT,
+        usage = TreeUsage(st.st_size, 1, st.st_mtime, 0.0, st.st_dev, st.st_ino)
+        return self.entry(path=path, usage=usage, status=CORRUPT,
                           reason=f"symlink to {text} {where} (never followed)", **fields)
 
     def listdir(self, path: str | Path, keep: Callable[[os.DirEntry], bool] | None = None) -> list[os.DirEntry]:
@@ -194,7 +197,7 @@ class ScanContext:
                     accessed = st.st_atime
         if self.recording is not None:
             self.recording[d.path] = (dir_stat, stats) if stats is not None else None
-        return names, TreeUsage(size, files, newest, accessed), mtimes
+        return names, TreeUsage(size, files, newest, accessed, dir_stat.st_dev, dir_stat.st_ino), mtimes
 
 
 PARALLEL_MIN_JOBS = 4000

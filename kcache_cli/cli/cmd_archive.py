@@ -171,12 +171,14 @@ def _import_root(opts: c.GlobalOptions, archive: str):
     if c.explicit_root(opts):
         return c.cache_root(opts)
     from kcache_cli.archive.importer import archive_layouts
-    from kcache_cli.locate import named_cache
+    from kcache_cli.locate import UntrustedRoot, named_cache
 
     layouts = archive_layouts(archive)
     if len(layouts) == 1:
         try:
             return named_cache(layouts[0]).path
+        except UntrustedRoot:  # another user's directory there: never the place to import into
+            raise
         except UsageError:  # a layout without a default place (or one refused as a root)
             pass
     return c.cache_root(opts)

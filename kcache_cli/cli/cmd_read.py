@@ -62,12 +62,14 @@ def dir_command(
         out.result(lambda: {"path": str(loc.path), "reason": loc.reason, "exists": loc.path.is_dir(),
                             "layouts": list(detect_layouts(loc.path) if loc.path.is_dir() else ())}, where)
         return
-    from kcache_cli.locate import known_caches
+    from kcache_cli.locate import found_root, known_caches
 
     from kcache_cli.cli.progress import scanning
 
     rows: list[dict] = []
     for owner, path in known_caches():
+        if os.path.lexists(path) and not found_root(path, f"the {owner} cache", lambda m: c.warn(opts, m)):
+            continue  # another user's directory, or a link: never listed (DESIGN §1.1)
         with scanning(opts, f"scanning {c.printable_line(str(path))}") as bar:
             res = scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),

@@ -106,10 +106,12 @@ def _local_root(opts: c.GlobalOptions, layouts: tuple[str, ...]):
     that layout's compiler keeps its cache (pull --layout triton fills Triton's); else hidet's rule."""
     if not c.explicit_root(opts) and len(set(layouts)) == 1:
         from kcache_cli.errors import UsageError
-        from kcache_cli.locate import named_cache
+        from kcache_cli.locate import UntrustedRoot, named_cache
 
         try:
             return named_cache(layouts[0]).path
+        except UntrustedRoot:  # another user's directory there: never the place to pull into
+            raise
         except UsageError:  # a layout without a default place
             pass
     return c.cache_root(opts)

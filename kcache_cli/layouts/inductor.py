@@ -92,6 +92,7 @@ class Listing(NamedTuple):
     others: list[str]  # directories, FIFOs...: not torch's
     readable: bool
     mtime: float  # the directory's own
+    ident: tuple[int, int] = (0, 0)  # the directory's own (device, inode)
 
     def usage(self, path: str, warn) -> TreeUsage:
         """What measure_tree would say, from this listing when it holds files only (one pass, not two)."""
@@ -99,7 +100,7 @@ class Listing(NamedTuple):
             return measure_tree(path, warn)
         sts = [*self.files.values(), *self.links.values()]
         return TreeUsage(sum(st.st_size for st in sts), len(sts), max([self.mtime, *(st.st_mtime for st in sts)]),
-                         max([0.0, *(st.st_atime for st in self.files.values())]))
+                         max([0.0, *(st.st_atime for st in self.files.values())]), *self.ident)
 
 
 def listing(where: EntryDir | str) -> Listing:
@@ -117,7 +118,8 @@ def listing(where: EntryDir | str) -> Listing:
     if where.fd is None:
         return Listing({}, {}, [], False, 0.0)
     try:
-        mtime = os.fstat(where.fd).st_mtime
+        own = os.fstat(where.fd)
+        mtime = own.st_mtime
         with os.scandir(where.fd) as it:
             for de in sorted(it, key=lambda d: d.name):
                 try:
@@ -134,7 +136,7 @@ def listing(where: EntryDir | str) -> Listing:
         return Listing({}, {}, [], False, 0.0)
     where.listing.update(files)
     where.listing.update(links)
-    return Listing(files, links, others, True, mtime)
+    return Listing(files, links, others, True, mtime, (own.st_dev, own.st_ino))
 
 
 def unreadable_file(d: EntryDir, name: str, st: os.stat_result) -> str | None:

@@ -546,7 +546,7 @@ class TilelangLayout(Layout):
             u = measure_tree(de.path, warn)
             rel = f"{entry.relpath}/{de.name}"
             out.append(replace(entry, path=de.path, relpath=rel, hash=de.name, size=u.size, files=u.files,
-                               modified=u.mtime, last_used=u.mtime))
+                               modified=u.mtime, last_used=u.mtime, dev=u.dev, ino=u.ino))
         return out
 
     def platform(self, entry: Entry) -> str | None:

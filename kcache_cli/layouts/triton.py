@@ -120,10 +120,12 @@ class _Listing:
         self._json: dict[str, object] = {}
         self.size = self.files = 0
         self.accessed = self.newest = 0.0  # the files' newest atime (a hit reads them)
+        self.ident = (0, 0)  # the entry directory's own (device, inode)
         self.readable = True
         try:
             st = d.own_lstat()
             self.newest = st.st_mtime
+            self.ident = (st.st_dev, st.st_ino)
             if not st.st_mode & 0o444:
                 raise PermissionError(errno.EACCES, "Permission denied (mode 000)", d.path)
             if d.fd is None:
@@ -159,7 +161,7 @@ class _Listing:
 
     @property
     def usage(self) -> TreeUsage:
-        return TreeUsage(self.size, self.files, self.newest, self.accessed)
+        return TreeUsage(self.size, self.files, self.newest, self.accessed, *self.ident)
 
     def own(self, path: str) -> str | None:
         """The name below this entry of the child path `path` when it names one of its files, else None."""
