@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
+import test_shared_attacks as sa
 from conftest import FIXTURES, copy_tree, run_kcache
 from test_all_caches import inductor_graph
 
@@ -320,14 +322,9 @@ print(flips)
 
 
 def _swap_races(area: Path, n: int, seed: int) -> int:
-    import random
-    import subprocess
-
-    import test_shared_attacks as sa
-
     from kcache_cli import fsdelete
 
-    rnd = random.Random(seed)
+    seeds = sa.schedules(n, seed)
     parent = area / "shared"
     parent.mkdir()
     os.chown(parent, 0, sa.GROUP)
@@ -340,7 +337,7 @@ def _swap_races(area: Path, n: int, seed: int) -> int:
     for i in range(n):
         root = copy_tree(FIXTURES / "triton" / "cache", parent / "triton")
         stop = area / f"stop-{i}"
-        swapper = subprocess.Popen([sa.PY, "-c", FLIPPER, root, victim, stop, str(rnd.randrange(1 << 30))],
+        swapper = subprocess.Popen([sa.PY, "-c", FLIPPER, root, victim, stop, str(seeds[i])],
                                    preexec_fn=sa.as_attacker, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True, env={"PATH": "/usr/bin:/bin"})
         try:
@@ -388,9 +385,9 @@ def test_a_root_swapped_by_a_co_user_during_prune_redirects_nothing(area, stress
 
 @pytest.mark.slow
 @pytest.mark.second_user
-def test_a_root_swapped_by_a_co_user_during_prune_many_times(area, stress_seed):
-    n = max(100, int(os.environ.get("KCACHE_SLOW_RACES", "100")))
-    assert _swap_races(area, n, stress_seed) > 0
+def test_a_root_swapped_by_a_co_user_during_prune_many_times(area):
+    """A sample of the full run's schedules, as test_shared_attacks' slow races (KCACHE_SLOW_RACES=300: all)."""
+    assert _swap_races(area, sa.SLOW_RACES, sa._seed()) > 0
 
 
 @pytest.mark.parametrize("command", [("ls", "--json"), ("ls", "--op", "matmul", "--json"), ("stats", "--json"),
