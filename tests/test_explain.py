@@ -126,3 +126,13 @@ def test_a_blob_is_judged_by_the_torch_version_its_sidecar_records(tmp_path, kca
     assert megacache.parse(bytes(data)).state == megacache.CORRUPT
     damaged = explain(kcache, src, str(blob), "--python", made)
     assert damaged["miss"] == 3 and all(i["factor"] == "blob" for i in damaged["items"])
+
+
+def test_tilelang_misses_another_version_and_never_guesses_a_hit(tmp_path, kcache):
+    root = tmp_path / "tl"
+    shutil.copytree(FIXTURES / "tilelang", root)
+    other = explain(kcache, root, "--python", fake_python(tmp_path, {"tilelang": "0.1.16"}))
+    assert other["items"] and all((i["verdict"], i["factor"], i["recorded"], i["here"]) ==
+                                  ("miss", "tilelang version", "0.1.15", "0.1.16") for i in other["items"])
+    same = explain(kcache, root, "--python", fake_python(tmp_path, {"tilelang": "0.1.15"}))
+    assert same["hit"] == 0 and same["unknown"] == len(same["items"])
