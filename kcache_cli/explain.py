@@ -142,3 +142,19 @@ def explain_blob(path: str, here: Here) -> list[Explained]:
             v = lay.explain_mega(recorded, here)
         out.append(Explained(a.key, lay.name if lay else "-", a.type, os.path.abspath(path), v))
     return out
+
+
+def explain_archive(path: str, here: Here) -> list[Explained]:
+    """Each entry of a kcache archive, judged by its layout from its manifest record (the compiler and
+    arch export recorded); nothing but the manifest is read."""
+    from kcache_cli.archive.importer import archive_records
+
+    out = []
+    for rec in archive_records(path):
+        name = str(rec.get("layout"))
+        if name not in layouts.NAMES:
+            v = Verdict(UNKNOWN, f"this kcache does not know the {name} layout")
+        else:
+            v = layouts.get(name).explain_record(rec, here)
+        out.append(Explained(str(rec.get("relpath")), name, str(rec.get("kind")), os.path.abspath(path), v))
+    return out

@@ -136,3 +136,19 @@ def test_tilelang_misses_another_version_and_never_guesses_a_hit(tmp_path, kcach
                                   ("miss", "tilelang version", "0.1.15", "0.1.16") for i in other["items"])
     same = explain(kcache, root, "--python", fake_python(tmp_path, {"tilelang": "0.1.15"}))
     assert same["hit"] == 0 and same["unknown"] == len(same["items"])
+
+
+def test_an_archive_is_judged_from_its_manifest_records(triton39, tmp_path, kcache):
+    archive = tmp_path / "kernels.tar.gz"
+    assert kcache("--cache-dir", triton39, "export", archive).exit_code == 0
+    py = fake_python(tmp_path, {"triton": "3.9.0"})
+    items = by_what(explain(kcache, tmp_path / "none", str(archive), "--python", py, "--gpu", "sm_90a"))
+    assert {k for k, v in items.items() if v["verdict"] == "hit"} == set(items) - SM80 and len(items) == 6
+    assert all(items[k]["factor"] == "target arch" for k in SM80)
+    old = by_what(explain(kcache, tmp_path / "none", str(archive), "--python",
+                          fake_python(tmp_path, {"triton": "3.2.0"}), "--gpu", "sm_90a"))
+    assert all(v["verdict"] == "miss" and v["factor"] == "triton version" for v in old.values())
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(b"not a tar" * 100)
+    r = kcache("explain", str(junk), "--python", py, "--gpu", "sm_90a")
+    assert r.exit_code == 1 and r.stderr.startswith("Error:") and "Traceback" not in r.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, List, Optional
 
 import typer
@@ -16,8 +17,8 @@ def register(app: typer.Typer) -> None:
 def explain_command(
     ctx: typer.Context,
     targets: Annotated[Optional[List[str]], typer.Argument(
-        metavar="[ENTRY|BLOB]...", help="Entries (hash prefix or path) or Mega-Cache blobs. Default: every "
-        "entry of the cache.")] = None,
+        metavar="[ENTRY|ARCHIVE|BLOB]...", help="Entries (hash prefix or path), archives kcache exported, or "
+        "Mega-Cache blobs. Default: every entry of the cache.")] = None,
     python: Annotated[Optional[str], typer.Option(
         "--python", metavar="PY", help="The Python that will run the model: its installed compiler versions "
         "are read through importlib.metadata (nothing is imported). Default: python3 on PATH.")] = None,
@@ -35,21 +36,27 @@ def explain_command(
     nvidia-smi) and the compilers' environment switches set in this shell. Triton: its version (recorded,
     or by the key's shape), target backend, arch and warp size, the entry's status. Inductor: torch's
     presence and the entry's status (its keys hash what only its pickles record: never a guessed hit).
-    A blob: the torch version its kcache sidecar records. Exit 0 whatever the verdicts.
+    A blob: the torch version its kcache sidecar records. An archive: each entry's manifest record (the
+    compiler and arch export found). Exit 0 whatever the verdicts.
 
     Example: kcache explain --python ~/venvs/serve/bin/python --gpu sm_90a
     """
     from kcache_cli.cli.cmd_mega import is_blob
-    from kcache_cli.explain import ExplainResult, explain_blob, explain_root, probe
+    from kcache_cli.archive import COMPRESSION_BY_SUFFIX
+    from kcache_cli.explain import ExplainResult, explain_archive, explain_blob, explain_root, probe
 
     opts = c.use(ctx, cache_dir, as_json)
     here = probe(python, gpu=gpu)
     result = ExplainResult(here)
     blobs = [t for t in targets or [] if is_blob(t)]
-    refs = [t for t in targets or [] if t not in blobs]
+    archives = [t for t in targets or [] if t not in blobs and os.path.isfile(t)
+                and t.endswith(tuple(s for s, _ in COMPRESSION_BY_SUFFIX))]
+    refs = [t for t in targets or [] if t not in blobs and t not in archives]
     for b in blobs:
         result.items += explain_blob(b, here)
-    if refs or not blobs:
+    for a in archives:
+        result.items += explain_archive(a, here)
+    if refs or not (blobs or archives):
         for loc in c.cache_locations(opts, False, cache, refs or None):
             mine = c.refs_in(loc.path, refs) if refs else None
             if refs and not mine:

@@ -272,6 +272,8 @@ class Transport(Protocol):
 
     def explain_mega(self, recorded: Mapping[str, object], here: Here) -> Verdict: ...
 
+    def explain_record(self, record: Mapping[str, object], here: Here) -> Verdict: ...
+
 
 CONCERNS: tuple[type, ...] = (Shaped, EntryReader, Dependencies, Removal, Transport)
 
@@ -543,6 +545,10 @@ class Layout:
         """`explain` for a Mega-Cache blob's artifacts of this layout's types, from what the blob's sidecar
         manifest `recorded` (torch version, device)."""
         return Verdict(UNKNOWN, "kcache does not know what decides a hit for this artifact")
+
+    def explain_record(self, record: Mapping[str, object], here: Here) -> Verdict:
+        """`explain` for an entry of an archive, from its manifest record (compiler, arch, status, relpath)."""
+        return Verdict(UNKNOWN, f"kcache does not judge {self.name} entries from an archive's manifest")
 
 
 if TYPE_CHECKING:  # mypy's proof that the defaults, and so every subclass, satisfy each concern

@@ -610,30 +610,45 @@ def version_era(version: str) -> str | None:
 
 def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     """Will Triton in `here` use `entry` for the kernel it was compiled for (same source, same launch)?"""
-    if here.problem:
-        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
-    have = here.versions.get(PACKAGE)
     meta = None
-    if entry.op:
+    if entry.op and not here.problem:
         with _open(entry, root) as d:
             meta = _Listing(d, lambda m: None).meta(f"{entry.op}.json")
     recorded = (meta or {}).get("triton_version")
-    recorded = recorded if isinstance(recorded, str) else None
-    era = key_era(entry.hash)
+    target = (meta or {}).get("target")
+    return _verdict(entry.hash, recorded if isinstance(recorded, str) else None,
+                    target if isinstance(target, dict) else None, entry.status, entry.reason, here)
+
+
+def explain_record(record: Mapping[str, object], here: Here) -> Verdict:
+    """`explain` for an archive's manifest record: the compiler ("triton 3.9.0") and arch export found."""
+    compiler, arch = record.get("compiler"), record.get("arch")
+    version = compiler.split(" ", 1)[1] if isinstance(compiler, str) and compiler.startswith("triton ") else None
+    target = None
+    if isinstance(arch, str):
+        m = re.fullmatch(r"sm_(\d+)a?", arch)
+        target = {"backend": "cuda", "arch": int(m.group(1)), "warp_size": 32} if m else \
+            {"backend": "hip", "arch": arch, "warp_size": 64}
+    status = record.get("status")
+    key = str(record.get("relpath", "")).rsplit("/", 1)[-1]
+    return _verdict(key, version, target, status if isinstance(status, str) else COMPLETE, None, here)
+
+
+def _verdict(key: str, recorded: str | None, target: dict | None, status: str | None, reason: str | None,
+             here: Here) -> Verdict:
+    if here.problem:
+        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    have = here.versions.get(PACKAGE)
+    era = key_era(key)
     said = recorded or (f"{era} (by its key's shape)" if era else None)
     if have is None:
         return Verdict(MISS, "Triton is not installed here", "triton version", said, "not installed")
     if (recorded and recorded != have) or (era and version_era(have) != era):
         return Verdict(MISS, f"Triton {have} here keys kernels by its own version", "triton version", said, have)
-    return _target_verdict(entry, meta, here, recorded, have)
-
-
-def _target_verdict(entry: Entry, meta: dict | None, here: Here, recorded: str | None, have: str) -> Verdict:
-    target = (meta or {}).get("target")
-    if not isinstance(target, dict):
-        return Verdict(UNKNOWN, f"{entry.kind} {entry.hash[:12]} records no target (no {entry.op or 'kernel'} "
-                       "metadata): kcache cannot tell what Triton would key it for")
-    backend, arch = arch_of(meta)
+    if target is None:
+        return Verdict(UNKNOWN, f"{key[:12]} records no target (no kernel metadata): kcache cannot tell what "
+                       "Triton would key it for")
+    backend, arch = arch_of({"target": target})
     if here.gpu is None:
         return Verdict(UNKNOWN, f"no GPU here to compare with {backend} {arch} (--gpu names the arch)")
     cc = int(here.gpu.split("_")[1].rstrip("af"))
@@ -644,9 +659,12 @@ def _target_verdict(entry: Entry, meta: dict | None, here: Here, recorded: str |
                        f"sm_{cc}{'a' if cc >= 90 else ''}")
     if target.get("warp_size") != 32:
         return Verdict(MISS, "CUDA warps are 32 threads", "target warp_size", str(target.get("warp_size")), "32")
-    if entry.status != COMPLETE:
-        return Verdict(MISS, f"Triton does not use a {entry.status} entry: {entry.reason}", "status",
-                       entry.status, COMPLETE)
+    if status != COMPLETE:
+        return Verdict(MISS, f"Triton does not use a {status} entry: {reason}", "status", status, COMPLETE)
+    return _env_verdict(key, recorded, have, arch, here)
+
+
+def _env_verdict(key: str, recorded: str | None, have: str, arch: str | None, here: Here) -> Verdict:
     if here.env.get("TRITON_ALWAYS_COMPILE", "0").lower() in ("1", "true", "on", "yes"):
         return Verdict(MISS, "TRITON_ALWAYS_COMPILE is set here: Triton never reads its cache",
                        "TRITON_ALWAYS_COMPILE", None, here.env["TRITON_ALWAYS_COMPILE"])
@@ -656,9 +674,8 @@ def _target_verdict(entry: Entry, meta: dict | None, here: Here, recorded: str |
                        "not record it")
     if recorded is None:
         return Verdict(UNKNOWN, f"the entry records no Triton version, and its key's shape allows several "
-                       f"({key_era(entry.hash) or 'unknown'}); Triton {have} here")
+                       f"({key_era(key) or 'unknown'}); Triton {have} here")
     return Verdict(HIT, f"Triton {have}, {arch}, warp 32: as recorded, and the entry is complete")
-
 
 class TritonLayout(Layout):
     """Triton's cache: self-contained key directories; no lock (Triton writes through temp dirs and
@@ -717,6 +734,9 @@ class TritonLayout(Layout):
 
     def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
         return explain(root, entry, here)
+
+    def explain_record(self, record: Mapping[str, object], here: Here) -> Verdict:
+        return explain_record(record, here)
 
 
 LAYOUT = TritonLayout()
