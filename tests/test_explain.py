@@ -152,3 +152,18 @@ def test_an_archive_is_judged_from_its_manifest_records(triton39, tmp_path, kcac
     junk.write_bytes(b"not a tar" * 100)
     r = kcache("explain", str(junk), "--python", py, "--gpu", "sm_90a")
     assert r.exit_code == 1 and r.stderr.startswith("Error:") and "Traceback" not in r.stderr
+
+
+def test_hidet_judges_its_version_and_the_binary_s_arch(tmp_path, kcache):
+    root = tmp_path / "hidet"
+    shutil.copytree(FIXTURES / "hidet", root, symlinks=True)
+    same = by_what(explain(kcache, root, "--python", fake_python(tmp_path, {"hidet": "0.6.1"}), "--gpu", "sm_90a"))
+    assert len(same) == 5 and all(v["verdict"] == "hit" for v in same.values())
+    on80 = by_what(explain(kcache, root, "--python", fake_python(tmp_path, {"hidet": "0.6.1"}), "--gpu", "sm_80"))
+    cuda = {k for k in on80 if "/cuda_space_0/" in k}
+    assert all((on80[k]["verdict"], on80[k]["factor"], on80[k]["recorded"]) == ("miss", "arch", "sm_90a")
+               for k in cuda) and all(on80[k]["verdict"] == "hit" for k in set(on80) - cuda)
+    other = explain(kcache, root, "--python", fake_python(tmp_path, {"hidet": "0.6.2"}), "--gpu", "sm_90a")
+    assert other["hit"] == 0 and other["unknown"] == 5
+    none = explain(kcache, root, "--python", fake_python(tmp_path, {"hidet": None}), "--gpu", "sm_90a")
+    assert none["miss"] == 5
