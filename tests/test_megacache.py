@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import pickle
+import shutil
 import zlib
 from pathlib import Path
 
@@ -248,3 +249,12 @@ def test_with_a_trust_list_an_unsigned_blob_is_refused_and_a_signed_one_taken(tm
     side.write_text(json.dumps(doc))
     r = kcache("--cache-dir", tmp_path / "c", "import", out)
     assert r.exit_code == 1 and "altered" in r.stderr
+
+
+def test_a_blob_never_goes_into_another_layout_s_cache(tmp_path, kcache):
+    root = tmp_path / "triton"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "real" / "triton" / "cache", root)
+    before = sorted(p.name for p in root.iterdir())
+    r = kcache("--cache-dir", root, "import", str(FIXTURE))
+    assert r.exit_code == 1 and "inductor entries" in r.stderr and "triton cache" in r.stderr
+    assert sorted(p.name for p in root.iterdir()) == before
