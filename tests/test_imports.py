@@ -36,6 +36,7 @@ FLOORS: dict[str, int] = {
     "kcache_cli.taskfile": PRIMITIVES,  # reading a task file hidet/tilus wrote
     "kcache_cli.binary": PRIMITIVES,  # reading ELF/cubin/fatbin bytes
     "kcache_cli.gpu": PRIMITIVES,  # arch names and the local GPU
+    "kcache_cli.megacache": PRIMITIVES,  # torch's Mega-Cache blob framing (no torch, no unpickling)
     # the data model: records, the vocabulary, and the registry of path shapes (plain data that the
     # vocabulary's layout names and kinds are drawn from)
     "kcache_cli.model": MODEL,
@@ -56,6 +57,7 @@ FLOORS: dict[str, int] = {
     "kcache_cli.budget": ENGINES,
     "kcache_cli.config": ENGINES,  # kcache's own settings file (the budget prune keeps)
     "kcache_cli.mounts": PRIMITIVES,  # which mounts record reads (atime)
+    "kcache_cli.explain": ENGINES,  # will the consumer here hit an entry (kcache explain)
     "kcache_cli.triton_hook": ENGINES,  # a Triton cache manager that stamps hits
     "kcache_cli.usage": ENGINES,  # stats' space by age and what prune --broken would free
     "kcache_cli.build": ENGINES,

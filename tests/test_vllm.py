@@ -342,3 +342,28 @@ def test_a_judgement_reads_only_through_the_unit_it_is_handed(cache, deep):
         for _, _, d in held:
             d.close()
         anchor.close()
+
+
+def test_explain_misses_on_a_recorded_switch_set_otherwise_here(cache, tmp_path):
+    """cache_key_factors.json records VLLM_USE_STANDALONE_COMPILE=True: set to 0 here, vLLM hashes another
+    unit name (a miss naming it); without vLLM a miss; with it and the switch unset, unknown, never hit."""
+    exe = tmp_path / "py"
+
+    def here(versions: dict) -> str:
+        doc = {"python": "3.11", "executable": str(exe), "versions": versions}
+        exe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(doc)}\nEOF\n")
+        exe.chmod(0o755)
+        return str(exe)
+
+    def verdicts(versions: dict, env: dict | None = None) -> dict[str, dict]:
+        r = run_kcache("--cache-dir", str(cache), "--json", "explain", "--python", here(versions), env=env)
+        assert r.exit_code == 0, r.stderr
+        return {i["what"]: i for i in r.json()["items"] if i["kind"] == "compile"}
+
+    assert all(v["verdict"] == "miss" and v["here"] == "not installed" for v in verdicts({"vllm": None}).values())
+    off = verdicts({"vllm": "0.11.0"}, {"VLLM_USE_STANDALONE_COMPILE": "0"})
+    assert set(off) == set(UNITS) and all(
+        (v["verdict"], v["factor"], v["recorded"], v["here"]) == ("miss", "VLLM_USE_STANDALONE_COMPILE", "True", "0")
+        for v in off.values())
+    on = verdicts({"vllm": "0.11.0"}, {"VLLM_USE_STANDALONE_COMPILE": "1"})
+    assert all(v["verdict"] == "unknown" for v in on.values())

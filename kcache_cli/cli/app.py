@@ -112,7 +112,7 @@ def _register() -> None:
 
     for module in (cmd_read,):
         module.register(app)
-    for name in ("cmd_build", "cmd_delete", "cmd_archive", "cmd_remote", "cmd_diff", "cmd_config"):
+    for name in ("cmd_build", "cmd_delete", "cmd_archive", "cmd_remote", "cmd_diff", "cmd_config", "cmd_explain"):
         try:
             module = __import__(f"kcache_cli.cli.{name}", fromlist=["register"])
         except ModuleNotFoundError as exc:
