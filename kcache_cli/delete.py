@@ -116,6 +116,7 @@ class DeletePlan:
     warnings: tuple[str, ...] = ()
     tidy_state: bool = False  # also drop last-used stamps and idle lock files of entries that are gone
     deep: bool = True  # broken entries are judged again at removal by reading every byte (False: as ls does)
+    root_ident: tuple[int, int] | None = None  # (device, inode) of the root planned from: the executor's too
 
     @property
     def expected_freed_size(self) -> int:
@@ -391,8 +392,21 @@ class _Planner:
     def plan(self, exists: bool, scanned: int, warnings: Iterable[str], tidy: bool = False) -> DeletePlan:
         order = sorted(self.removals.values(), key=lambda r: _provides(r.entry))  # users first
         return DeletePlan(str(self.root), exists, tuple(order), tuple(self.skipped.values()), scanned,
-                          tuple(warnings), tidy)
+                          tuple(warnings), tidy, root_ident=_root_ident(self.root))
 
+
+
+def _root_ident(root: Path) -> tuple[int, int] | None:
+    """(device, inode) of the root as held (fsread.hold_root), else as its path names it now."""
+    try:
+        fd = fswrite.open_root(root)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return st.st_dev, st.st_ino
 
 
 def _strays(root: Path, flt: ScanFilter, warn: Warn, layouts: Iterable[str]) -> list[Entry]:
@@ -468,6 +482,7 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     else:  # kcache's own leftovers are looked for below (_select_kcache_leftovers), not taken from it
         names = _layout_names()
         result = replace(scanned, entries=tuple(e for e in scanned.entries if e.layout in names))
+        msgs.extend(scanned.warnings)  # said when it was made
     if not result.exists:
         return DeletePlan(str(root), False, warnings=tuple(msgs))
     entries = tuple(e for e in result.entries if not _unlisted(e))
@@ -591,6 +606,16 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk: delete in place instead
 _LINKED = (errno.ELOOP, errno.ENOTDIR)
 
 
+REPLACED = "replaced since the scan (another directory or link there now): left alone"
+
+
+def _scanned(r: Removal) -> tuple[int, int] | None:
+    """The identity the scan saw of what `r` removes (None: not known, or `r` removes a part of its entry)."""
+    if not r.entry.ino or r.path != r.entry.path:
+        return None
+    return r.entry.dev, r.entry.ino
+
+
 def _flock(fd: int) -> bool:
     from kcache_cli.locking import try_flock
 
@@ -707,6 +732,14 @@ class _Executor:
             if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
                 raise KcacheError(f"{self.root / rel} was replaced while waiting for the gc lock; nothing was removed")
 
+    def _same_root(self) -> None:
+        """The root opened to act must be the directory the plan was made from (its path swapped for a
+        link or another directory since: nothing is removed)."""
+        st = os.fstat(self.pinned[""])
+        if self.plan.root_ident is not None and (st.st_dev, st.st_ino) != self.plan.root_ident:
+            raise KcacheError(f"{self.root} is not the directory that was scanned any more (replaced, or "
+                              "a link?); nothing was removed")
+
     def _trash(self) -> int | None:
         """Pin .kcache/trash/, empty what earlier runs left, and make this run's batch in it; None when the
         disk is full (removals then happen in place)."""
@@ -741,7 +774,8 @@ class _Executor:
 
         self.mounts = fsdelete.mount_points_under(os.path.realpath(self.root))
         try:
-            self.pinned[""] = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self.pinned[""] = fswrite.open_root(self.root)
+            self._same_root()
             gc = self._lock_gc()
         except OSError as exc:
             self._close_all()
@@ -888,6 +922,8 @@ class _Executor:
                 held.append(efd)
                 est = os.fstat(efd)
                 self._ident = (est.st_dev, est.st_ino)
+                if _scanned(r) not in (None, self._ident):
+                    return REPLACED
                 if r.what == ENTRY and est.st_mtime > r.entry.modified:
                     return "changed since the scan (in use, or rebuilt)"
                 for own in _layout(r.entry).writer_locks:
@@ -917,6 +953,8 @@ class _Executor:
                 return self._skip(r, "no longer a symlink (replaced since the scan)")
             if r.what == ENTRY and self._ident not in (None, (before.st_dev, before.st_ino)):
                 return self._skip(r, "replaced since it was locked")
+            if _scanned(r) not in (None, (before.st_dev, before.st_ino)):
+                return self._skip(r, REPLACED)
             if batch_fd is None:
                 raise OSError(errno.ENOSPC, "no trash")
             fswrite.rename_at(parent, name, batch_fd, moved)
@@ -955,9 +993,12 @@ class _Executor:
         except OSError as exc:
             return self._fail(r, exc)
         try:
+            st = os.fstat(fd)
+            if _scanned(r) not in (None, (st.st_dev, st.st_ino)):
+                return self._skip(r, REPLACED)
             if not _flock(fd):
                 return self._skip(r, f"a running {r.entry.kind} holds it")
-            live = state.leftover_live_held(name, os.fstat(fd))
+            live = state.leftover_live_held(name, st)
             if live:
                 return self._skip(r, live)
             if is_dir:

@@ -31,8 +31,9 @@ RENAME_NOREPLACE = 1
 # ---- directories ---------------------------------------------------------------------------------
 
 def open_root(path: str | os.PathLike) -> int:
-    """A descriptor of the root the user named (a link to it is followed, here and only here)."""
-    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    """A descriptor of the root: a copy of the one held since it was vetted (fsread.hold_root), else of
+    the root the user named (a link to it is followed, here and only here)."""
+    return fsread.open_root(path)
 
 
 def _parts(rel: str) -> list[str]:

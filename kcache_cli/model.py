@@ -132,6 +132,10 @@ class Entry:
     modified: float
     last_used: float
     apparent_size: int  # the files' own bytes (st_size; du --apparent-size -b)
+    # The entry's identity as the scan saw it (its directory's, or a link's, own device and inode; 0:
+    # unknown): a removal whose target is another inode by then is skipped (delete._Executor).
+    dev: int = field(default=0, compare=False, repr=False)
+    ino: int = field(default=0, compare=False, repr=False)
 
     @property
     def key(self) -> EntryKey:
@@ -317,6 +321,8 @@ class TreeUsage:
     mtime: float  # newest mtime of the directory and anything in it
     atime: float = 0.0  # newest atime of its regular files (a listing sets a directory's, a readlink a link's)
     apparent: int = 0  # the st_size of its regular files and links (du -sb without directories)
+    dev: int = 0  # the identity of the directory itself (0: unknown), an entry's identity in the scan
+    ino: int = 0
 
 
 def disk_bytes(st: os.stat_result) -> int:
@@ -365,7 +371,7 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                     if stat.S_ISREG(st.st_mode):  # a link's atime is kcache's own readlink
                         accessed = max(accessed, st.st_atime)
                 newest = max(newest, st.st_mtime)
-    return TreeUsage(size, files, newest, accessed, apparent)
+    return TreeUsage(size, files, newest, accessed, apparent, top.st_dev, top.st_ino)
 
 
 def listdir(path: str | os.PathLike[str], warn: Warn, keep: Callable[[os.DirEntry], bool] | None = None

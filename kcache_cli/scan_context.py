@@ -81,6 +81,8 @@ class ScanContext:
             files=usage.files,
             modified=usage.mtime,
             last_used=self.last_used_of(rel, usage.mtime, usage.atime, path),
+            dev=usage.dev,
+            ino=usage.ino,
             **fields,
         )
 
@@ -101,7 +103,7 @@ class ScanContext:
             text = os.readlink(path)
         except OSError:
             text = "?"
-        usage = TreeUsage(st.st_blocks * 512, 1, st.st_mtime, 0.0, st.st_size)
+        usage = TreeUsage(st.st_blocks * 512, 1, st.st_mtime, 0.0, st.st_size, st.st_dev, st.st_ino)
         return self.entry(path=path, usage=usage, status=CORRUPT,
                           reason=f"symlink to {text} {where} (never followed)", **fields)
 
@@ -197,7 +199,7 @@ class ScanContext:
                     accessed = max(accessed, readmarks.atime(st))  # not kcache's own reads
         if self.recording is not None:
             self.recording[d.path] = (dir_stat, stats) if stats is not None else None
-        return names, TreeUsage(size, files, newest, accessed, apparent), mtimes
+        return names, TreeUsage(size, files, newest, accessed, apparent, dir_stat.st_dev, dir_stat.st_ino), mtimes
 
 
 PARALLEL_MIN_JOBS = 4000

@@ -120,7 +120,8 @@ class UntrustedState(OSError):
     """.kcache/ (or a directory in it) is not a directory kcache may trust: the message says how to opt in."""
 
 
-def _opted_in(root: str | os.PathLike) -> bool:
+def trusted_root(root: str | os.PathLike) -> bool:
+    """Whether KCACHE_SAFE_DIRECTORY lists `root`: kcache uses it (and its state) whoever owns it."""
     wanted = os.environ.get(SAFE_ENV, "")
     if not wanted:
         return False
@@ -135,7 +136,7 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
     it may not be used, with a one-line reason; other OSErrors as the open raised them."""
     rst = os.fstat(root_fd)
     group = rst.st_gid
-    trusted = _opted_in(root)
+    trusted = trusted_root(root)
     where = os.path.join(root, STATE_DIR)
     fd = _open_level(root_fd, STATE_DIR, where, create)
     try:

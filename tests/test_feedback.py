@@ -150,7 +150,13 @@ def test_prune_summary_groups_the_plan_by_space_and_op(kcache, tmp_path, monkeyp
     text = kcache("--cache-dir", root, "prune", "--max-size", "0", "--dry-run", "--summary")
     lines = text.stdout.splitlines()
     assert lines[0].split() == ["space", "op", "what", "entries", "size"]
-    assert len(lines) == 1 + len(groups) + 1  # a row per space and op, then the total line
+    # a row per space and op, the biggest first, at most SUMMARY_ROWS of them and one row for the rest (a few
+    # lines whatever the cache holds: cron mails it), then the total line
+    from kcache_cli.cli.cmd_delete import SUMMARY_ROWS
+
+    shown = min(len(groups), SUMMARY_ROWS)
+    assert len(groups) > SUMMARY_ROWS and len(lines) == 1 + shown + 1 + 1
+    assert lines[-2].split()[:3] == ["...", str(len(groups) - shown), "more"]
     assert lines[-1].startswith(f"Would remove {len(full['removed'])} entries")
     assert max(len(line) for line in lines[:-1]) <= 80
     assert sum(int(line.split()[3]) for line in lines[1:-1]) == len(full["removed"])

@@ -83,39 +83,59 @@ def prune_command(
     opts.lock_timeout = c.lock_timeout(lock_timeout, GC_WAIT)
     locs = c.cache_locations(opts, all_caches, cache)
     out = _Out(opts, opts.many)
-    limits, ages = _prune_limits(opts, locs, limit, age, broken or stale)
+    scans = _Scans(opts)
+    limits, ages = _prune_limits(opts, locs, limit, age, broken or stale, scans)
     out.summary, out.listing = summary, listing
     for loc in locs:
         out.section(loc)
-        _prune_one(opts, out, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale, deep), dry_run, yes)
+        _prune_one(opts, out, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale, deep), dry_run, yes,
+                   scans.done.pop(str(loc.path), None))
     out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
 
 
 
-def _prune_limits(opts: c.GlobalOptions, locs: list, limit, age, damaged: bool) -> tuple[dict, dict]:
+class _Scans:
+    """Each root's one scan in this command: a budget over several caches weighs them with it, and each
+    root's plan is made from the same scan (`done`, taken by the plan), never a second one."""
+
+    def __init__(self, opts: c.GlobalOptions) -> None:
+        self.opts = opts
+        self.done: dict[str, object] = {}
+
+    def __call__(self, root):
+        from kcache_cli.scan import scan_cache
+
+        key = str(root)
+        if key not in self.done:
+            self.done[key] = scan_cache(root, warn=lambda m: c.warn(self.opts, m))
+        return self.done[key]
+
+
+def _prune_limits(opts: c.GlobalOptions, locs: list, limit, age, damaged: bool, scans: _Scans) -> tuple[dict, dict]:
     """Each root's max-size and max-age: the ones given; with no criteria at all, the budget `kcache
     config` holds; over several caches one --max-size for all of them, least recently used first."""
     limits = {str(loc.path): limit for loc in locs}
     ages = {str(loc.path): age for loc in locs}
     if limit is None and age is None and not damaged:
-        return _configured_budget(opts, locs)
+        return _configured_budget(opts, locs, scans)
     if opts.many and limit is not None and len(locs) > 1:
         from kcache_cli.budget import shared_limits
         from kcache_cli.cli.progress import Bar
 
         with Bar(opts, "weighing every cache"):
-            limits.update(shared_limits([loc.path for loc in locs], limit, lambda m: c.warn(opts, m)))
+            limits.update(shared_limits([loc.path for loc in locs], limit, lambda m: c.warn(opts, m), scan=scans))
     return limits, ages
 
 def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tuple[bool, bool, bool],
-               dry_run: bool, yes: bool = False) -> None:
+               dry_run: bool, yes: bool = False, scanned=None) -> None:
     from kcache_cli.cli.progress import Phase
     from kcache_cli.delete import plan_prune
 
     broken, stale, deep = damaged
     with _nothing_removed_yet(), _busy(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
         plan = plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, stale=stale, deep=deep,
-                          warn=lambda m: c.warn(opts, m), progress=bar, judging=Phase(bar, "reading every byte"))
+                          warn=lambda m: c.warn(opts, m), progress=bar, judging=Phase(bar, "reading every byte"),
+                          scanned=scanned)
     extra = {"max_size": limit, "older_than": age}
     if not plan.exists:
         return _missing(opts, out, loc, dry_run, extra)
@@ -133,7 +153,7 @@ def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tup
     _report_result(opts, out, plan, result, extra)
 
 
-def _configured_budget(opts: c.GlobalOptions, locs) -> tuple[dict, dict]:
+def _configured_budget(opts: c.GlobalOptions, locs, scans: _Scans) -> tuple[dict, dict]:
     """Each root's (max size, max age): the budget kept in the cache, else (caches this user owns) the
     user's `kcache config` ({root: None} for none); said on stderr with where each value comes from."""
     from kcache_cli import config
@@ -144,7 +164,7 @@ def _configured_budget(opts: c.GlobalOptions, locs) -> tuple[dict, dict]:
     cfg = config.load()
     roots = [(loc.path, detect_layouts(loc.path) if loc.path.is_dir() else ()) for loc in locs]
     with _busy(opts, "weighing every cache"):
-        budgets = effective(roots, cfg, lambda m: c.warn(opts, m))
+        budgets = effective(roots, cfg, lambda m: c.warn(opts, m), scan=scans)
     for root, b in budgets.items():
         parts = ([f"max-size {c.human_size(b.max_size)} ({b.size_from})"] if b.max_size is not None else []) + \
                 ([f"max-age {format_age(b.max_age)} ({b.age_from})"] if b.max_age is not None else [])

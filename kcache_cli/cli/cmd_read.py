@@ -63,12 +63,14 @@ def dir_command(
         out.result(lambda: {"path": str(loc.path), "reason": loc.reason, "exists": loc.path.is_dir(),
                             "layouts": list(detect_layouts(loc.path) if loc.path.is_dir() else ())}, where)
         return
-    from kcache_cli.locate import known_caches
+    from kcache_cli.locate import found_root, known_caches
 
     from kcache_cli.cli.progress import scanning
 
     rows: list[dict] = []
     for owner, path in known_caches():
+        if os.path.lexists(path) and not found_root(path, f"the {owner} cache", lambda m: c.warn(opts, m)):
+            continue  # another user's directory, or a link: never listed (DESIGN §1.1)
         with scanning(opts, f"scanning {c.printable_line(str(path))}") as bar:
             res = scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
@@ -300,11 +302,19 @@ def inspect_command(
     looked for in every cache found (an absolute path finds its own root). Exit status: 0 when the entry
     is complete, 1 when it is not (its status and reason say why), 2 when no single entry matches.
 
+    A torch Mega-Cache blob (torch.compiler.save_cache_artifacts()) is shown instead: its checksum,
+    framing, and each artifact's type, key and size (never unpickled).
+
     Example: kcache inspect ad252b06 --space cuda_space_0
     """
     from kcache_cli.terms import COMPLETE
 
     opts = c.use(ctx, cache_dir, as_json)
+    from kcache_cli.cli.cmd_mega import is_blob, show_blob
+
+    if is_blob(hash_prefix):  # a torch Mega-Cache blob: its framing, never its pickles
+        show_blob(opts, hash_prefix, verify=False)
+        return
     root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, cache=cache)
     d = layout_mod.describe(root, entry)
     from kcache_cli.binary import read_binary
