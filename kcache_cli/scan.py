@@ -83,7 +83,25 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
         entries.extend(e for e in leftover_entries(root, collect) if flt.matches(e))
     if fsread.root_moved(root):  # what was listed by path may be another directory's
         return _moved(root, collect, warnings)
-    return ScanResult(str(root), True, layouts, tuple(entries), tuple(warnings))
+    return ScanResult(str(root), True, layouts, tuple(exact_names_win(entries, flt)), tuple(warnings))
+
+
+def exact_names_win(entries: list[Entry], flt: ScanFilter) -> list[Entry]:
+    """A reference that is an entry's whole hash names that entry alone, not also the entries whose hash
+    it begins (as git's exact names win over prefixes): `clear as` removes the Inductor code shard `as`,
+    never the autograd entry `asckqa4y...` beside it. A reference no hash equals stays a prefix."""
+    if not flt.hash_prefixes:
+        return entries
+    whole = {e.hash for e in entries} & set(flt.hash_prefixes)
+    if not whole:
+        return entries
+
+    def named(e: Entry) -> bool:
+        if e.relpath in flt.paths or e.hash in whole:
+            return True
+        return any(e.hash.startswith(p) for p in flt.hash_prefixes if p not in whole)
+
+    return [e for e in entries if named(e)]
 
 
 def _moved(root: Path, warn: Warn, warnings: list[str]) -> ScanResult:

@@ -508,3 +508,20 @@ def test_an_fx_graph_that_is_a_link_is_never_followed(tmp_path):
     assert listed["autograd"]["status"] == "unreadable" and key in listed["autograd"]["reason"]
     verify = run_kcache("--cache-dir", str(root), "verify", "--json")
     assert verify.exit_code != 0 and key in verify.stdout
+
+
+def test_a_reference_that_is_a_whole_hash_names_that_entry_alone(cache):
+    """`clear as`, where `as` is a code shard and also begins an autograd entry's hash, removes the shard
+    only (an exact name wins over a prefix, as in git); `asc` still names the autograd entry."""
+    autograd = sorted(r["hash"] for r in rows(cache, "--kind", "autograd").values())[0]
+    shard = sorted(rows(cache, "--kind", "code"))[0]
+    name = autograd[:2]
+    if name != shard:
+        os.rename(cache / shard, cache / name)  # a shard whose name begins the autograd entry's hash
+    plan = run_kcache("--cache-dir", str(cache), "clear", name, "--dry-run", "--json")
+    assert plan.exit_code == 0, plan.stderr
+    assert [(r["kind"], r["hash"]) for r in plan.json()["removed"]] == [("code", name)]
+    plan = run_kcache("--cache-dir", str(cache), "clear", autograd[:3], "--dry-run", "--json")
+    assert [(r["kind"], r["hash"]) for r in plan.json()["removed"]] == [("autograd", autograd)]
+    listed = run_kcache("--cache-dir", str(cache), "ls", name, "--json").json()["entries"]
+    assert [e["hash"] for e in listed] == [name]
