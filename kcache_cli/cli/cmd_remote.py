@@ -1,4 +1,4 @@
-"""Sharing a cache across machines: push, pull, and remote ls | stats | prune (README, "Sharing a cache").
+"""Sharing a cache across machines: push, pull, and remote ls | stats | prune (docs/remote.md).
 
 The redis client is imported by the core only when a redis:// remote is opened, never at start-up."""
 
