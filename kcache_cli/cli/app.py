@@ -2,6 +2,7 @@
 become `Error: ...` and an exit status."""
 
 import gc
+import re
 import sys
 from typing import Annotated, Optional
 
@@ -49,6 +50,30 @@ def add_global_options(cmd) -> None:
                                           expose_value=False, callback=_set_global(name), help=help_text))
 
 
+def _reflow(text: str) -> str:
+    """Paragraphs as one line each: Rich keeps a docstring's line breaks, and Click rewraps anyway."""
+    import inspect
+
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+
+
+def tidy_help(cmd, rich: bool) -> None:
+    """Help that reads well in both renderings, for `cmd` and the commands below it: paragraphs that
+    reflow, a one-line summary (the first paragraph) in the commands panel, and, under Rich markup,
+    brackets escaped so that `[all]` is shown rather than taken for a style."""
+    escape = (lambda s: re.sub(r"(?<!\\)\[", r"\\[", s)) if rich else (lambda s: s)
+    if not getattr(cmd, "_kcache_tidy", False) and cmd.help:
+        text = _reflow(cmd.help)
+        cmd.help = escape(text)
+        cmd.short_help = escape(text.split("\n\n", 1)[0])
+        for p in cmd.params:
+            if getattr(p, "help", None):
+                p.help = escape(p.help)
+        cmd._kcache_tidy = True
+    for sub in getattr(cmd, "commands", {}).values():
+        tidy_help(sub, rich)
+
+
 class PipeClosed(Exception):
     """stdout's reader went away (`kcache stats | head -1`): not an OSError, so that Click, which turns
     EPIPE into exit 1, lets it through to main, which exits 0 as `ls`, `cat` and `grep` do."""
@@ -61,6 +86,7 @@ class KcacheGroup(TyperGroup):
         cmd = super().get_command(ctx, cmd_name)
         if cmd is not None:
             add_global_options(cmd)
+            tidy_help(cmd, getattr(self, "rich_markup_mode", None) is not None)
         return cmd
 
     def invoke(self, ctx):
@@ -252,9 +278,9 @@ def main(argv: list[str] | None = None) -> None:
 
             sys.stderr.write(redact_text(traceback.format_exc()))
         help_text = no_args_help(exc)
-        if help_text is not None:  # bare `kcache`: the help, on stdout, and the usage-error status
+        if help_text is not None:  # bare `kcache` (or `kcache remote`): the help, on stdout, as --help
             sys.stdout.write(help_text)
-            sys.exit(2)
+            sys.exit(0)
         message, code = describe_exception(exc)
         _fail(message, code, as_json)
     try:

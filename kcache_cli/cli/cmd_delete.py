@@ -54,7 +54,9 @@ def prune_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Free space safely: least recently used entries beyond --max-size, entries unused for --older-than,
+    """Free space safely, while the cache is in use.
+
+    Removes the least recently used entries beyond --max-size, entries unused for --older-than,
     broken entries with --broken, stale ones with --stale; always stale temp/staging directories
     (untouched for an hour). hidet's candidates/ (kept under debug_cache_tuning) stay. Builds in progress
     are skipped; nothing outside the cache is touched. Without --cache-dir or KCACHE_DIR: every cache
@@ -184,8 +186,10 @@ def clear_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Remove the entries you select (--space, --op, --target, --layout, --status, --kind, entries by hash
-    prefix or path, or --all) after showing what goes and asking. Builds in progress are skipped; tilus programs a kept
+    """Remove the entries you select, after showing them and asking.
+
+    Select with --space, --op, --target, --layout, --status, --kind, entries by hash prefix or
+    path, or --all. Builds in progress are skipped; tilus programs a kept
     script links to and tilelang binaries a kept kernel embeds are kept. Without --cache-dir or
     KCACHE_DIR the selection is made in every cache found (--space cuda_space_2 is hidet's space 2;
     other caches simply have none), or in the one the current directory lies in; --cache NAME picks one.

@@ -27,7 +27,9 @@ def diff_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Why are there two of these? What differs between two entries of one layout and kind: task
+    """Why are there two of these? What differs between two entries.
+
+    Of two entries of one layout and kind: task
     parameters, compile options and constants (Triton's num_warps, num_stages, constants, target),
     compiler versions, vLLM's cache key factors, compile commands.
 

@@ -111,7 +111,9 @@ def ls_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """List cache entries, one row each: layout, kind, space, op, hash, size, files, status, last used.
+    """List entries, with their status, size and last use.
+
+    One row each: layout, kind, space, op, hash, size, files, status, last used.
 
     Without --cache-dir or KCACHE_DIR, every kernel cache found (kcache dir --all) in one table with a
     `cache` column, or the cache the current directory lies in; --cache NAME picks one.
@@ -290,7 +292,9 @@ def inspect_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Everything about one entry: path, task, files, compile command, binary arch and symbols, status.
+    """Everything about one entry, with the checks that read every byte.
+
+    Path, task, files, compile command, binary arch and symbols, status.
 
     Runs the deep checks that read every byte: task.txt's sha256 against the directory name,
     files against a manifest (kcache.json, tilelang's manifest.json). Without --cache-dir the entry is
@@ -401,7 +405,9 @@ def log_command(
     cache: c.CacheOpt = None,
     cache_dir: c.CacheDirOpt = None,
 ) -> None:
-    """Show an entry's compile log: nvcc_log.txt, or compile.sh plus the compiler's output.
+    """Show an entry's compile log.
+
+    The log is nvcc_log.txt, or compile.sh plus the compiler's output.
 
     Error and warning lines are highlighted.
 
@@ -506,7 +512,9 @@ def stats_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Totals per layout, space and op, counts per status, and the biggest entries; space by layout, op
+    """Where the space goes: by layout, op, status and age.
+
+    Totals per layout, space and op, counts per status, and the biggest entries; space by layout, op
     and age of last use (<1d, <7d, <30d, older) drawn as bars; RECLAIMABLE: the bytes `kcache prune
     --broken` would free (broken entries as ls judges them, stale temp and staging files).
 

@@ -40,7 +40,9 @@ remote_app = typer.Typer(name="remote", no_args_is_help=True)
 
 @remote_app.callback()
 def remote_group() -> None:
-    """What a shared cache holds, without downloading it: ls, stats, prune; and keygen, the key
+    """What a shared cache holds: ls, stats, prune; and keygen.
+
+    ls, stats and prune read the index, without downloading it; keygen makes the key
     that signs what this node pushes.
 
     The remote is --remote URL on each subcommand, else KCACHE_REMOTE.
@@ -122,7 +124,7 @@ def push_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Upload the selected complete entries that the remote does not hold yet.
+    """Upload the selected complete entries the remote lacks.
 
     Selectors are those of `ls`. Partial, failed, corrupt and in-flight entries never go. Each entry
     becomes visible at once, when its data is all there; a second pusher of the same entry leaves
@@ -170,7 +172,9 @@ def pull_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Fetch the selected remote entries missing here, with every check `import` makes.
+    """Fetch the selected remote entries missing here.
+
+    Every check `import` makes applies.
 
     Every file's size and sha256 must match the pushed record; names, links and paths follow
     import's rules; each entry appears with one rename. A bad entry is refused (exit 1) and the
@@ -220,7 +224,7 @@ def remote_ls(
     remote_timeout: DeadlineOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """List what the remote holds (from its index: nothing is downloaded).
+    """List what the remote holds, from its index (no download).
 
     Entries are printed as the index is read, a batch at a time (sorted within a batch), so a remote
     of millions of entries lists in bounded memory; --json is one list, streamed the same way.
@@ -314,7 +318,7 @@ def remote_prune(
     remote_timeout: DeadlineOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Remove entries from the remote by size and age, least recently pulled first.
+    """Remove remote entries by size and age, least recently pulled first.
 
     Each entry disappears whole: its record first, then the data its own record names (a record
     naming another entry, or claiming a file no cache holds, loses only itself, with a warning).
