@@ -82,3 +82,14 @@ def test_bare_kcache_prints_help_and_exits_0(kcache):
         run = kcache(*args)
         assert run.exit_code == 0, run
         assert "Usage: kcache" in run.stdout and run.stderr == ""
+
+
+def test_a_later_paragraph_reflows_too(render):
+    """ls' second paragraph breaks after `with a` in the docstring; Rich used to keep that break."""
+    body = [line.strip("│ ") for line in render("ls", "--help").splitlines()]
+    start = next(i for i, line in enumerate(body) if line.startswith("Without --cache-dir or KCACHE_DIR"))
+    end = next(i for i in range(start, len(body)) if not body[i].strip())
+    para = body[start:end]
+    assert "with a `cache` column" in " ".join(para), para
+    short = [line for line in para[:-1] if len(line.rstrip()) < 60]  # every line but the last is filled
+    assert not short, para

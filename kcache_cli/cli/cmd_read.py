@@ -72,14 +72,18 @@ def dir_command(
             res = scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
                      "entry_count": len(res.entries), "size": res.size, "nested": nested_caches(owner, path)})
+    from kcache_cli.cli.table import Column
+
+    # cache, entries and size always; the path last, wrapped or on its own line when the row is too wide
     out.result({"caches": rows}, lambda: c.print_table(
-        ["cache", "path", "layout", "entries", "size"],
+        [Column("cache"), Column("layout", drop=1), Column("entries", right=True), Column("size", right=True),
+         Column("path", wrap=True)],
         [line for r in rows for line in [
-            [r["cache"], c.tty_safe(r["path"]), ",".join(r["layouts"]) or ("-" if r["exists"] else "missing"),
-             str(r["entry_count"]), c.human_size(r["size"])],
+            [r["cache"], ",".join(r["layouts"]) or ("-" if r["exists"] else "missing"),
+             f"{r['entry_count']:,}", c.human_size(r["size"]), c.tty_safe(c.home_short(r["path"]))],
             # nested caches: counted in the row above (its entries hold them), shown so they are found
-            *([f"  in {r['cache']}", c.tty_safe(n["path"]), n["layout"], "-", "-"] for n in r["nested"])]],
-        right=(3, 4)))
+            *([f"  in {r['cache']}", n["layout"], "-", "-", c.tty_safe(c.home_short(n["path"]))]
+              for n in r["nested"])]]))
 
 
 def nested_caches(owner: str, path) -> list[dict]:
@@ -168,7 +172,8 @@ def _ls_listed(opts: c.GlobalOptions, sel: c.Selection, all_caches: bool, cache:
         listed.append((loc, flt, _scan(opts, flt, loc, use_index, hint=not opts.many)[1]))
         missing -= c.matched_refs(loc.path, refs, listed[-1][2].entries)
     if opts.many:
-        c.hint_unknown_many(opts, [(loc.path, flt) for loc, flt, _ in listed])
+        c.hint_unknown_many(opts, [(loc.path, flt) for loc, flt, _ in listed],
+                            found=[e for _, _, res in listed for e in res.entries])
     if missing:  # an entry named that is nowhere: a typo, not "no entries"
         raise c.no_match([r for r in c.ref_list(sel.hashes) if r in missing], [loc.path for loc in locs],
                          selectors=sel.has_selectors())
@@ -236,18 +241,18 @@ def _ls_table(out: c.Output, rows: list) -> None:
     one_layout = len({e.layout for e in entries}) == 1
     one_kind = len({e.kind for e in entries}) == 1  # hidet's graphs among its ops keep their kind
     cols = [Column("layout", drop=1 if one_layout or caches else 6), Column("kind", drop=2 if one_kind else 6),
-            Column("space", drop=8), Column("op", drop=7), Column("hash", spill=True),
-            Column("size", right=True, drop=5), Column("files", right=True, drop=3),
+            Column("space", drop=8), Column("op", drop=9), Column("hash", spill=True),
+            Column("size", right=True, drop=10), Column("files", right=True, drop=3),
             Column("status", styles=c.STATUS_STYLE), Column("last used", drop=4)]
-    if caches:
-        cols.insert(0, Column("cache", drop=6))
+    if caches:  # status, op and size are the last to go; the cache before them, after kind
+        cols.insert(0, Column("cache", drop=7))
     show_reason = any(e.reason for e in entries)
     if show_reason:
         cols.append(Column("reason", wrap=True))
     table = []
     for loc, e in rows:
         row = [e.layout, e.kind, e.space or "-", e.op or "-", e.hash, c.human_size(e.size),
-               str(e.files), e.status, c.human_age(e.last_used)]
+               f"{e.files:,}", e.status, c.human_age(e.last_used)]
         if caches:
             row.insert(0, _label(loc))
         if show_reason:

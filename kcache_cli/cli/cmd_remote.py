@@ -152,10 +152,16 @@ def push_command(
 
 
 def _table(entries) -> None:
-    rows = [[e.action, e.layout, e.kind, e.relpath, str(e.files), c.human_size(e.size), e.reason or ""]
-            for e in entries]
+    """push's and pull's table: the entry by op and hash (a unique prefix on a narrow terminal), the note
+    wrapped or on its own line."""
+    from kcache_cli.cli.table import Column
+
+    rows = [[e.action, e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, f"{e.files:,}",
+             c.human_size(e.size), e.reason or ""] for e in entries]
     if rows:
-        c.print_table(["action", "layout", "kind", "entry", "files", "size", "note"], rows, right=(4, 5))
+        c.print_table([Column("action"), Column("layout", drop=4), Column("kind", drop=2), Column("space", drop=5),
+                       Column("op", drop=6), Column("hash", spill=True), Column("files", right=True, drop=3),
+                       Column("size", right=True), Column("note", wrap=True)], rows)
 
 
 @c.selectors(status=None)
@@ -264,11 +270,13 @@ def _table_batch(batch, first: bool) -> None:
     """One batch of `remote ls`: the header before the first only."""
     from kcache_cli.cli.table import Column, render
 
-    rows = [[e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, str(e.files),
+    rows = [[e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, f"{e.files:,}",
              c.human_size(e.size), e.arch or "-", c.human_age(e.pushed or 0),
              c.human_age(e.last_pulled) if e.last_pulled else "never"] for e in batch]
-    cols = [Column(name, right=i in (5, 6)) for i, name in enumerate(
-        ["layout", "kind", "space", "op", "hash", "files", "size", "arch", "pushed", "pulled"])]
+    # key columns: op, hash (a unique prefix when narrow), size; the rest go first to last as listed
+    cols = [Column("layout", drop=7), Column("kind", drop=2), Column("space", drop=8), Column("op"),
+            Column("hash", spill=True), Column("files", right=True, drop=3), Column("size", right=True),
+            Column("arch", drop=5), Column("pushed", drop=4), Column("pulled", drop=6)]
     lines = render(cols, rows, c.output_width(), colour=not c.plain_output(), clean=c.printable_line)
     c.print_lines(lines if first else lines[len(lines) - len(rows):])
     sys.stdout.flush()
@@ -328,6 +336,7 @@ def remote_prune(
     """
     from kcache_cli.delete import parse_age, parse_size
     from kcache_cli.remote.manage import RemotePruneResult, list_remote, plan_remote_prune, prune_remote
+    from kcache_cli.cli.table import Column
 
     opts = c.use(ctx, None, as_json)
     limit = parse_size(max_size) if max_size is not None else None
@@ -339,10 +348,11 @@ def remote_prune(
     result = RemotePruneResult(store.url, dry_run, tuple(plan), freed)
 
     def human() -> None:
-        rows = [[r.entry.layout, r.entry.relpath, c.human_size(r.entry.size),
+        rows = [[r.entry.layout, r.entry.op or "-", r.entry.hash, c.human_size(r.entry.size),
                  c.human_age(r.entry.last_pulled) if r.entry.last_pulled else "never", r.why] for r in plan]
         if rows:
-            c.print_table(["layout", "entry", "size", "pulled", "why"], rows, right=(2,))
+            c.print_table([Column("layout", drop=2), Column("op", drop=3), Column("hash", spill=True),
+                           Column("size", right=True), Column("pulled", drop=1), Column("why", wrap=True)], rows)
         out.info(f"{'would remove' if dry_run else 'removed'} {c.plural(len(plan), 'entry')}, "
                  f"{c.human_size(freed)} from {store.url}")
 

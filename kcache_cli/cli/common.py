@@ -489,24 +489,29 @@ def hint_unknown(opts: GlobalOptions, root: Path, flt) -> None:
         warn(opts, line)
 
 
-def hint_unknown_many(opts: GlobalOptions, selected: list) -> None:
+def hint_unknown_many(opts: GlobalOptions, selected: list, found: list | None = None) -> None:
     """hint_unknown over several caches ((root, filter) each): a value is hinted at only when it names
-    nothing in any of them (`--space cuda_space_2` is hidet's; Triton's cache not having it is no news)."""
-    from dataclasses import replace
+    nothing in any of them (`--space cuda_space_2` is hidet's; Triton's cache not having it is no news),
+    once, and never for a value an entry `found` has (a space read from an entry's metadata, not its path)."""
+    from kcache_cli.model import space_matches
+    from kcache_cli.names import unknown_across
 
-    from kcache_cli.names import unknown_values
+    seen = {"ops": {e.op for e in found or ()}, "spaces": {e.space for e in found or ()},
+            "targets": {e.target for e in found or ()}}
 
     if len(selected) == 1:
         return hint_unknown(opts, *selected[0])
     roots = [(root, flt) for root, flt in selected if root.is_dir()]
-    for field in ("ops", "spaces", "targets"):
+    for field, what in (("ops", "op"), ("spaces", "space"), ("targets", "target")):
         values = {v for _, flt in roots for v in getattr(flt, field)}
         for v in sorted(values):
-            single = {"ops": (), "spaces": (), "targets": (), field: (v,)}
-            lines = [unknown_values(root, replace(flt, **single)) for root, flt in roots if v in getattr(flt, field)]
-            if len(lines) == len(roots) and all(lines):
-                for found in lines:
-                    warn(opts, found[0])
+            if not all(v in getattr(flt, field) for _, flt in roots):
+                continue  # a value one cache's expansion turned into its names: that cache has it
+            if v in seen[field] or (field == "spaces" and any(s and space_matches(s, v) for s in seen[field])):
+                continue
+            line = unknown_across(roots, what, v)
+            if line is not None:  # once for every cache, not once per cache
+                warn(opts, line)
 
 
 # ---- output --------------------------------------------------------------------------------------
@@ -594,14 +599,16 @@ class Output:
         sys.stdout.write(line + "\n")
 
     def info(self, message: str) -> None:
-        """A line for people on stderr (stdout stays data), escaped like a warning."""
+        """A line for people on stderr (stdout stays data), escaped like a warning, folded to the width."""
         if not self.opts.quiet:
-            sys.stderr.write(printable(message) + "\n")
+            sys.stderr.write("".join(f"{line}\n" for part in printable(message).split("\n")
+                                     for line in fold_err(part, 2)))
 
     def warn(self, message: str) -> None:
-        """A warning on stderr; names and paths in it cannot act on the terminal (textsafe)."""
+        """A warning on stderr; names and paths in it cannot act on the terminal (textsafe). On a terminal
+        (or under COLUMNS) it is folded to the width, later lines indented."""
         if not self.opts.quiet:
-            sys.stderr.write(f"warning: {printable_line(message)}\n")
+            sys.stderr.write("".join(f"{line}\n" for line in fold_err(f"warning: {printable_line(message)}", 2)))
 
     def error(self, message: str) -> None:
         """One failed item on stderr, shown under -q too (the command then fails as a whole)."""
@@ -623,6 +630,14 @@ def tty_safe(text: str) -> str:
     return printable(text) if sys.stdout.isatty() else text
 
 
+def home_short(path: str) -> str:
+    """`path` with the home directory written `~` (for people: tables; JSON keeps the whole path)."""
+    home = os.path.expanduser("~")
+    if home not in ("", "/") and (path == home or path.startswith(home.rstrip("/") + "/")):
+        return "~" + path[len(home.rstrip("/")):]
+    return path
+
+
 def human_size(n: int) -> str:
     """The one size format (kcache_cli.units): powers of 1000, as `--max-size` reads them."""
     from kcache_cli.units import format_size
@@ -634,7 +649,7 @@ def plural(n: int, singular: str, many: str | None = None) -> str:
     """`1 entry`, `2 entries`, `0 files`: the one way the CLI counts things."""
     if many is None:
         many = singular[:-1] + "ies" if singular.endswith("y") and singular[-2:-1] not in "aeiou" else singular + "s"
-    return f"{n} {singular if n == 1 else many}"
+    return f"{n:,} {singular if n == 1 else many}"
 
 
 def human_age(ts: float) -> str:
@@ -658,6 +673,28 @@ def output_width() -> int | None:
 
         return shutil.get_terminal_size().columns
     return None
+
+
+def stderr_width() -> int | None:
+    """The width of stderr's lines: COLUMNS when set, else the terminal's when stderr is one, else None
+    (a log file or a pipe: one line per message, for grep)."""
+    value = os.environ.get("COLUMNS", "")
+    if re.fullmatch(r"[0-9]{1,5}", value, re.ASCII) and int(value) > 0:
+        return int(value)
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns if sys.stderr.isatty() else None
+    except (OSError, ValueError, AttributeError):  # not a real file (tests)
+        return None
+
+
+def fold_err(text: str, indent: int) -> list[str]:
+    """`text` as stderr lines no wider than stderr_width() (one line when there is none)."""
+    width = stderr_width()
+    if width is None or len(text) <= width:
+        return [text]
+    from kcache_cli.cli.table import fold
+
+    return fold(text, width, indent)
 
 
 def print_lines(lines: list[str]) -> None:
