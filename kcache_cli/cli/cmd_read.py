@@ -66,8 +66,12 @@ def dir_command(
 
     from kcache_cli.cli.progress import scanning
 
+    from kcache_cli.layouts import get
+
     rows: list[dict] = []
+    shown: dict[str, str] = {}  # the path people know: the CUDA JIT cache itself, not the root holding it
     for owner, path in known_caches():
+        shown[owner] = str(get(owner).shown_path(path))
         with scanning(opts, f"scanning {c.printable_line(str(path))}") as bar:
             res = scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
@@ -80,7 +84,7 @@ def dir_command(
          Column("path", wrap=True)],
         [line for r in rows for line in [
             [r["cache"], ",".join(r["layouts"]) or ("-" if r["exists"] else "missing"),
-             f"{r['entry_count']:,}", c.human_size(r["size"]), c.tty_safe(c.home_short(r["path"]))],
+             f"{r['entry_count']:,}", c.human_size(r["size"]), c.tty_safe(c.home_short(shown[r["cache"]]))],
             # nested caches: counted in the row above (its entries hold them), shown so they are found
             *([f"  in {r['cache']}", n["layout"], "-", "-", c.tty_safe(c.home_short(n["path"]))]
               for n in r["nested"])]]))

@@ -132,6 +132,8 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
         return [cache_location(opts, existing=True)]
     known = existing_caches(lambda m: warn(opts, m))
     here = None if all_caches else _cwd_cache(known)
+    if here is None and not all_caches:
+        _caches_under_cwd(known)
     out = [here] if here is not None else known
     opts.many = here is None
     for ref in ref_list(refs):
@@ -159,6 +161,29 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
                 continue
         out.append(ref)
     return out
+
+
+def _caches_under_cwd(known: list) -> None:
+    """A current directory that holds caches one level down which are not this machine's own (a copy, a
+    CI workspace): say so, as --cache-dir does (exit 2), instead of working on every cache of the machine
+    (`clear --all` there must not mean HOME's caches)."""
+    from kcache_cli.locate import caches_below
+
+    try:
+        cwd = Path(os.getcwd())
+    except OSError:
+        return
+    from kcache_cli.scan import scan_cache
+
+    mine = {os.path.realpath(loc.path) for loc in known}
+    # entries, not merely a CACHEDIR.TAG (.mypy_cache has one): positive evidence, judged by names only
+    below = [(names, p) for names, p in caches_below(cwd, levels=1)
+             if os.path.realpath(p) not in mine and scan_cache(p, statuses=False).entries]
+    if below:
+        names, path = below[0]
+        more = f" (and {plural(len(below) - 1, 'other cache')})" if len(below) > 1 else ""
+        raise UsageError(f"no cache at {cwd} (the current directory); {path} holds a {names} cache{more}: "
+                         f"--cache-dir {path}, or --all-caches for this machine's caches")
 
 
 def _cwd_cache(known: list):
