@@ -74,6 +74,11 @@ def tidy_help(cmd, rich: bool) -> None:
         tidy_help(sub, rich)
 
 
+class Interrupted(Exception):
+    """Ctrl-C that reached the command's top: Typer would turn the KeyboardInterrupt into a silent exit 130;
+    main says `Error: interrupted` instead (a command that knows what it did says more, itself)."""
+
+
 class PipeClosed(Exception):
     """stdout's reader went away (`kcache stats | head -1`): not an OSError, so that Click, which turns
     EPIPE into exit 1, lets it through to main, which exits 0 as `ls`, `cat` and `grep` do."""
@@ -94,6 +99,8 @@ class KcacheGroup(TyperGroup):
             return super().invoke(ctx)
         except BrokenPipeError as exc:
             raise PipeClosed() from exc
+        except KeyboardInterrupt as exc:
+            raise Interrupted() from exc
 
 
 app = typer.Typer(
@@ -209,7 +216,7 @@ def _pipe_closed() -> None:
     sys.exit(0)
 
 
-def _fail(message: str, code: int, as_json: bool) -> None:
+def _fail(message: str, code: int, as_json: bool, trace: bool = False) -> None:
     """The one way a failure ends the run: `Error: ...` on stderr, and under --json also
     {"error": ..., "exit": N} on stdout (a script reading stdout sees why) unless the command's result
     is there already (it says what failed), then exit `code`."""
@@ -218,6 +225,10 @@ def _fail(message: str, code: int, as_json: bool) -> None:
     from kcache_cli.textsafe import printable_line  # names in messages stay inert
 
     message = redact_text(message)
+    if trace:  # --debug: the traceback first (the exit status stays the same)
+        import traceback
+
+        sys.stderr.write(redact_text(traceback.format_exc()))
     sys.stderr.write(f"Error: {printable_line(message)}\n")
     if as_json and not common.json_written:  # stdout holds one JSON document: the result, or this
         import json
@@ -261,8 +272,8 @@ def main(argv: list[str] | None = None) -> None:
         _fail(str(exc), exc.exit_code, as_json)
     except typer.Abort:
         _fail("aborted", 1, as_json)
-    except KeyboardInterrupt:
-        _fail("interrupted", 130, as_json)
+    except (KeyboardInterrupt, Interrupted):
+        _fail("interrupted", 130, as_json, debug)
     except (BrokenPipeError, PipeClosed):
         _pipe_closed()
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, no traceback

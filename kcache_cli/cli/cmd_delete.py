@@ -434,15 +434,18 @@ def _report_result(opts: c.GlobalOptions, out: _Out, plan, result, extra: dict) 
     fresh = result.warnings[len(plan.warnings):] if result else ()  # the plan's were shown already
     if result is None:  # nothing was selected: nothing ran
         result = DeleteResult(plan.root, (), plan.skipped, (), 0, (), plan.warnings)
-    out.result(lambda: _with_summary(out, result.to_json(plan.scanned_size, extra), result.removed),
-               lambda: _result_human(out, plan, result, extra, fresh))
+    done = (f"interrupted: removed {result.entries:,} of {plan.entries:,} "
+            f"{'entry' if plan.entries == 1 else 'entries'}, {c.human_size(result.freed)}; nothing half-removed")
+    try:
+        out.result(lambda: _with_summary(out, result.to_json(plan.scanned_size, extra), result.removed),
+                   lambda: _result_human(out, plan, result, extra, fresh))
+    except KeyboardInterrupt:  # Ctrl-C while a long table is printed: the removal itself is over
+        raise Interrupted(done) from None
     if result.errors:
         for _, m in result.errors:
             out.error(m)
     if result.interrupted:
-        raise Interrupted(f"interrupted: removed {result.entries:,} of {plan.entries:,} "
-                          f"{'entry' if plan.entries == 1 else 'entries'}, {c.human_size(result.freed)}; "
-                          "nothing half-removed")
+        raise Interrupted(done)
     if result.errors:
         raise KcacheError(f"{len(result.errors)} item(s) could not be removed (see above)")
 

@@ -45,8 +45,8 @@ def diff_command(
     from kcache_cli.model import ScanFilter
 
     opts = c.use(ctx, cache_dir, as_json)
-    loc_a, ea = c.resolve_in_scope(opts, a, cache, lambda root: ScanFilter())
-    loc_b, eb = c.resolve_in_scope(opts, b, cache, lambda root: ScanFilter())
+    loc_a, ea = c.resolve_in_scope(opts, a, cache, lambda root: ScanFilter(), selectors=False)
+    loc_b, eb = c.resolve_in_scope(opts, b, cache, lambda root: ScanFilter(), selectors=False)
     if (ea.layout, ea.kind) != (eb.layout, eb.kind):
         raise UsageError(f"{a} is a {ea.layout} {ea.kind} and {b} a {eb.layout} {eb.kind}: "
                          "diff compares two entries of one layout and kind")

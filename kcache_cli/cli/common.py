@@ -197,7 +197,7 @@ def _cwd_cache(known: list):
 
 
 def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: Callable[[Path], Any],
-                     statuses: bool = True) -> tuple:
+                     statuses: bool = True, selectors: bool = True) -> tuple:
     """(location, entry) of the one entry `ref` names in the command's scope (cache_locations): found in
     exactly one cache; in several, a usage error naming them (--cache picks one); in none, no_match.
     `pick(root)` is the checked filter of the --space/--op... that tell entries apart."""
@@ -213,7 +213,7 @@ def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: 
             hint_unknown(opts, loc.path, flt)
         try:
             found.append((loc, resolve_entry(loc.path, ref, warn=lambda m: warn(opts, m), flt=flt,
-                                             statuses=statuses)))
+                                             statuses=statuses, selectors=selectors)))
         except NoSuchEntry as exc:
             misses.append(exc)
     if len(found) == 1:
@@ -283,7 +283,9 @@ def _nearest(ref: str, roots: list[Path]) -> list[str]:
         for n in names.entries(root):
             hashes.setdefault(n.hash[:max(len(key), 8)], n.hash)
         ops.update(names.op_places(root))
-    close = difflib.get_close_matches(key, list(hashes), n=3, cutoff=0.5)
+    # never the reference itself: an entry it names that the other selectors (or the scope) left out
+    close = [h for h in difflib.get_close_matches(key, list(hashes), n=4, cutoff=0.5)
+             if not hashes[h].startswith(key)][:3]
     close_ops = difflib.get_close_matches(key, sorted(ops), n=2, cutoff=0.6)
     return [printable_line(h) for h in close] + [f"--op {printable_line(o)}" for o in close_ops]
 
