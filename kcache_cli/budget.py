@@ -9,22 +9,27 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kcache_cli.model import Warn
+from typing import Callable
+
+from kcache_cli.model import ScanResult, Warn
 
 
 def shared_limits(roots: list[Path], limit: int, warn: Warn, caps: dict[str, int | None] | None = None,
-                  ages: dict[str, float | None] | None = None, now: float | None = None) -> dict[str, int]:
+                  ages: dict[str, float | None] | None = None, now: float | None = None,
+                  scan: Callable[[Path], ScanResult] | None = None) -> dict[str, int]:
     """For each root, the size its own least-recently-used prune must reach so that together they keep the
     entries used most recently across all of them within `limit` bytes: the kept entries' size in it.
     `caps` and `ages` (by root) are what each root's own budget removes first: its entries beyond its
-    own size cap (least recently used first) and those unused for longer than its age never count."""
+    own size cap (least recently used first) and those unused for longer than its age never count.
+    `scan(root)`: the root's scan (the caller's one scan of it, that its plan reads again)."""
     from kcache_cli.layouts import get
     from kcache_cli.scan import scan_cache
 
     now = time.time() if now is None else now
     found: list[tuple[float, int, str]] = []
     for root in roots:
-        mine = sorted(((e.last_used, e.size) for e in scan_cache(root, warn=warn).entries
+        result = scan(root) if scan is not None else scan_cache(root, warn=warn)
+        mine = sorted(((e.last_used, e.size) for e in result.entries
                        if e.hash and get(e.layout).leftover(e) is None), key=_recent_first)
         age, cap = (ages or {}).get(str(root)), (caps or {}).get(str(root))
         if age is not None:
@@ -55,29 +60,63 @@ def _fitting(ordered: list[tuple], limit: int) -> list[tuple]:
 
 @dataclass(frozen=True)
 class RootBudget:
-    """What `prune` with no criteria enforces on one root: bytes and seconds (None: no limit)."""
+    """What `prune` with no criteria enforces on one root: bytes and seconds (None: no limit), and where
+    each comes from (a file, and which part of it), for the line prune prints."""
 
     max_size: int | None
     max_age: float | None
+    size_from: str = ""
+    age_from: str = ""
 
 
-def configured(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn) -> dict[str, RootBudget]:
+def configured(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn,
+               scan: Callable[[Path], ScanResult] | None = None) -> dict[str, RootBudget]:
     """Each root's budget from the config `cfg` (kcache_cli.config.Config), given the layouts each holds:
     its own `[cache.<layout>]` values, then `[all]` (its max-age for each, its max-size shared across
-    the roots, least recently used first, after each root's own cap)."""
+    the roots, least recently used first, after each root's own cap; `scan` as for shared_limits)."""
     from kcache_cli.config import ALL
+    from kcache_cli.units import format_size
 
     every = cfg.budget(ALL)
     own = {str(root): cfg.budget_for(layouts) for root, layouts in roots}
     ages = {r: _least(b.max_age, every.max_age) for r, b in own.items()}
     sizes = {r: b.max_size for r, b in own.items()}
+    size_from = {r: f"{cfg.path} [cache.*]" for r in sizes}
     if every.max_size is not None:
         if len(roots) == 1:
             shared = {r: every.max_size for r in sizes}
         else:
-            shared = shared_limits([p for p, _ in roots], every.max_size, warn, sizes, ages)
-        sizes = {r: _least(n, shared[r]) for r, n in sizes.items()}
-    return {r: RootBudget(sizes[r], ages[r]) for r in own}
+            shared = shared_limits([p for p, _ in roots], every.max_size, warn, sizes, ages, scan=scan)
+        for r, n in list(sizes.items()):
+            if n is None or shared[r] < n:
+                sizes[r] = shared[r]
+                size_from[r] = (f"{cfg.path} [all]" if len(roots) == 1 else
+                                f"its share of [all] max-size {format_size(every.max_size)}, {cfg.path}")
+    age_from = {r: f"{cfg.path} [cache.*]" if own[r].max_age == ages[r] else f"{cfg.path} [all]" for r in ages}
+    return {r: RootBudget(sizes[r], ages[r], size_from[r], age_from[r]) for r in own}
+
+
+def effective(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn,
+              scan: Callable[[Path], ScanResult] | None = None) -> dict[str, RootBudget]:
+    """What a bare `prune` keeps each root to: the budget kept in the cache (`.kcache/config.toml`, binding
+    every user and winning over personal settings), then, only for caches this user owns, the user's own
+    config (`configured`, `scan` as there). A malformed budget in a cache is a usage error naming its file."""
+    import os
+
+    from kcache_cli.config import load_cache
+
+    kept = {str(root): load_cache(root).budget() for root, _ in roots if root.is_dir()}
+    owned = [(root, layouts) for root, layouts in roots if not root.is_dir() or root.stat().st_uid == os.geteuid()]
+    personal = configured(owned, cfg, warn, scan=scan) if owned else {}
+    out = {}
+    for root, _ in roots:
+        r, inside = str(root), kept.get(str(root))
+        mine = personal.get(r, RootBudget(None, None))
+        here = str(root / ".kcache" / "config.toml")
+        size = (inside.max_size, here) if inside and inside.max_size is not None else (mine.max_size, mine.size_from)
+        age = (inside.max_age, here) if inside and inside.max_age is not None else (mine.max_age, mine.age_from)
+        out[r] = RootBudget(size[0], age[0], size[1], age[1])
+    return out
 
 
 def _least(a, b):

@@ -320,7 +320,7 @@ def _write_state_file(root: Path, name: str, data: bytes) -> None:
     try:
         sfd = state.open_state(root_fd, root, create=True)
         try:
-            fswrite.replace_file(sfd, name, data, sync=False, prefix=f".{name}.")
+            fswrite.replace_file_shared(sfd, name, data)  # the group's in a group-shared cache
         finally:
             os.close(sfd)
     finally:

@@ -144,11 +144,31 @@ def load(path: Path | None = None) -> Config:
     raw = _read(path)
     if raw is None:
         return Config(path, False)
+    return Config(path, True, _sections(parse_toml(raw, path), path))
+
+
+def parse_toml(raw: bytes, path: Path) -> dict:
+    """The TOML document in `raw`; anything malformed (bad UTF-8, bad TOML, nested past the parser's
+    recursion limit) is a usage error naming the file and, where known, the line."""
     try:
-        doc = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise UsageError(f"{path}:{line}: not valid TOML: not UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
-    return Config(path, True, _sections(doc, path))
+    except (RecursionError, MemoryError):
+        raise UsageError(f"{path}:{_deep_line(raw)}: not valid TOML: a value nested too deeply") from None
+
+
+def _deep_line(raw: bytes, limit: int = 64) -> int:
+    """The line where brackets first nest past `limit` deep (strings not told apart: a hint only)."""
+    depth = 0
+    for i, byte in enumerate(raw):
+        depth += (byte in b"[{") - (byte in b"]}")
+        if depth > limit:
+            return raw[:i].count(b"\n") + 1
+    return 1
 
 
 def _read(path: Path) -> bytes | None:
@@ -275,3 +295,150 @@ def _write(dfd: int, path: Path, data: bytes) -> None:
         fswrite.replace_file(dfd, path.name, data, mode=mode, prefix=f".{path.name}.tmp-")
     except OSError as exc:
         raise KcacheError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+# ---- the budget kept in a cache (as ccache's ccache.conf) --------------------------------------------
+CACHE_FILE = "config.toml"  # <root>/.kcache/config.toml: max-size and max-age, top-level keys
+CONFIG_LOCK = ".config.lock"  # in .kcache/locks/: writers of the file take it (0660, writers only)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The budget kept in one cache: it binds every user's bare `kcache prune` of that cache and wins
+    over each user's own settings. `values` maps a key to its text as written."""
+
+    root: Path
+    exists: bool
+    values: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        from kcache_cli.state import state_dir
+
+        return state_dir(self.root) / CACHE_FILE
+
+    def budget(self) -> Budget:
+        return Config(self.path, self.exists, {ALL: self.values}).budget(ALL)
+
+    def to_toml(self) -> str:
+        lines = [f"{k} = {_quoted(self.values[k])}" for k in KEYS if k in self.values]
+        return "".join(line + "\n" for line in lines)
+
+    def to_json(self) -> dict:
+        return {"path": str(self.path), "exists": self.exists, **self.budget().to_json()}
+
+
+def load_cache(root: Path) -> CacheConfig:
+    """The budget kept in the cache at `root` (empty when it has none). A file that is malformed, or that
+    belongs to someone the cache does not trust (not you, not root, nor the group of a group-shared
+    cache), is a usage error naming it."""
+    empty = CacheConfig(Path(root), False)
+    raw = _read_cache_file(empty.path, Path(root))
+    if raw is None:
+        return empty
+    doc = parse_toml(raw, empty.path)
+    values: dict[str, str] = {}
+    for key, value in doc.items():
+        if key not in KEYS:
+            raise UsageError(f"{empty.path}: unknown key '{key}' (expected {' or '.join(KEYS)})")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise UsageError(f"{empty.path}: {key} must be a string like \"20G\" or \"30d\"")
+        values[key] = check_value(key, str(value), f"{empty.path}: ")
+    return CacheConfig(Path(root), True, values)
+
+
+def _read_cache_file(path: Path, root: Path) -> bytes | None:
+    from kcache_cli import fsread, fswrite, state
+
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
+        return None
+    try:
+        sfd = state.open_state(rfd, root)
+        group = state.shared_group(rfd)
+    except OSError:  # no .kcache/ (or one kcache does not trust: it warns where it uses it)
+        return None
+    finally:
+        os.close(rfd)
+    try:
+        fd, st = fsread.open_regular(CACHE_FILE, dir_fd=sfd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {getattr(exc, 'kind', None) or exc.strerror or exc}") from None
+    finally:
+        os.close(sfd)
+    try:
+        trusted = st.st_uid in (os.geteuid(), 0) or (group is not None and st.st_gid == group)
+        if not trusted or st.st_mode & 0o002:
+            raise UsageError(f"{path}: owned by uid {st.st_uid} and not the cache group's (or writable by "
+                             "anyone): not trusted as this cache's budget; its owner or root can fix or remove it")
+        if st.st_size > MAX_BYTES:
+            raise UsageError(f"{path}: {st.st_size} bytes is too big for a kcache config")
+        return os.read(fd, MAX_BYTES + 1)[:MAX_BYTES]
+    finally:
+        os.close(fd)
+
+
+def set_cache_value(root: Path, key: str, value: str) -> CacheConfig:
+    """Keep `key` = `value` (checked) in the cache's own budget file."""
+    value = check_value(key, value)
+    return _update_cache(root, lambda values: {**values, key: value})[0]
+
+
+def unset_cache_value(root: Path, key: str) -> tuple[CacheConfig, bool]:
+    """Remove `key` from the cache's budget file; (the budget, whether it was set)."""
+    if key not in KEYS:
+        raise UsageError(f"unknown key '{key}' (expected {' or '.join(KEYS)})")
+    return _update_cache(root, lambda values: {k: v for k, v in values.items() if k != key} if key in values
+                         else None)
+
+
+def _update_cache(root: Path, change) -> tuple[CacheConfig, bool]:
+    """Read, change and write <root>/.kcache/config.toml under the cache's config lock (in .kcache/locks/,
+    opened only by writers), through the held state directory (never a link), shared with the group of
+    a group-shared cache."""
+    from kcache_cli import fswrite, locking, state
+
+    where = state.state_dir(root) / CACHE_FILE
+    sfd, lock = _open_for_update(root, where)
+    try:
+        locking.wait_flock(lock, 60.0, f"the config lock of {root}")
+        cfg = load_cache(root)
+        values = change(cfg.values)
+        if values is None:
+            return cfg, False
+        new = CacheConfig(Path(root), True, values)
+        try:
+            fswrite.replace_file_shared(sfd, CACHE_FILE, new.to_toml().encode())
+        except OSError as exc:
+            raise KcacheError(f"cannot write {where}: {exc.strerror or exc}") from None
+        return new, True
+    finally:
+        os.close(lock)
+        os.close(sfd)
+
+
+def _open_for_update(root: Path, where: Path) -> tuple[int, int]:
+    """(.kcache/ descriptor, config lock descriptor), made if missing; a one-line error otherwise."""
+    from kcache_cli import fswrite, locking, state
+
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError as exc:
+        raise KcacheError(f"cannot open the cache {root}: {exc.strerror or exc}") from None
+    sfd = lfd = -1
+    try:
+        sfd = state.open_state(rfd, root, create=True)
+        lfd = state.open_state(rfd, root, "locks", create=True)
+        return sfd, locking.open_lock(CONFIG_LOCK, lfd, create=True)
+    except OSError as exc:
+        if sfd >= 0:
+            os.close(sfd)
+        raise KcacheError(f"cannot write {where}: {exc.strerror or exc} (a cache's budget is set by those who "
+                          "may write the cache)") from None
+    finally:
+        os.close(rfd)
+        if lfd >= 0:
+            os.close(lfd)

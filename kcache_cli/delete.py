@@ -116,6 +116,7 @@ class DeletePlan:
     warnings: tuple[str, ...] = ()
     tidy_state: bool = False  # also drop last-used stamps and idle lock files of entries that are gone
     deep: bool = True  # broken entries are judged again at removal by reading every byte (False: as ls does)
+    root_ident: tuple[int, int] | None = None  # (device, inode) of the root planned from: the executor's too
 
     @property
     def expected_freed_size(self) -> int:
@@ -268,7 +269,7 @@ class _Planner:
 
             where = get(layout).shape.locate(self.rel(path))
             e = Entry(layout, where[0] if where else "entry", None, None, None, os.path.basename(path), path,
-                      self.rel(path), 0, 0, PARTIAL, "vanished", 0.0, 0.0)
+                      self.rel(path), 0, 0, PARTIAL, "vanished", 0.0, 0.0, 0)
         return e
 
     def rel(self, path: str) -> str:
@@ -391,8 +392,21 @@ class _Planner:
     def plan(self, exists: bool, scanned: int, warnings: Iterable[str], tidy: bool = False) -> DeletePlan:
         order = sorted(self.removals.values(), key=lambda r: _provides(r.entry))  # users first
         return DeletePlan(str(self.root), exists, tuple(order), tuple(self.skipped.values()), scanned,
-                          tuple(warnings), tidy)
+                          tuple(warnings), tidy, root_ident=_root_ident(self.root))
 
+
+
+def _root_ident(root: Path) -> tuple[int, int] | None:
+    """(device, inode) of the root as held (fsread.hold_root), else as its path names it now."""
+    try:
+        fd = fswrite.open_root(root)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return st.st_dev, st.st_ino
 
 
 def _strays(root: Path, flt: ScanFilter, warn: Warn, layouts: Iterable[str]) -> list[Entry]:
@@ -468,6 +482,7 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     else:  # kcache's own leftovers are looked for below (_select_kcache_leftovers), not taken from it
         names = _layout_names()
         result = replace(scanned, entries=tuple(e for e in scanned.entries if e.layout in names))
+        msgs.extend(scanned.warnings)  # said when it was made
     if not result.exists:
         return DeletePlan(str(root), False, warnings=tuple(msgs))
     entries = tuple(e for e in result.entries if not _unlisted(e))
@@ -591,6 +606,16 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk: delete in place instead
 _LINKED = (errno.ELOOP, errno.ENOTDIR)
 
 
+REPLACED = "replaced since the scan (another directory or link there now): left alone"
+
+
+def _scanned(r: Removal) -> tuple[int, int] | None:
+    """The identity the scan saw of what `r` removes (None: not known, or `r` removes a part of its entry)."""
+    if not r.entry.ino or r.path != r.entry.path:
+        return None
+    return r.entry.dev, r.entry.ino
+
+
 def _flock(fd: int) -> bool:
     from kcache_cli.locking import try_flock
 
@@ -644,18 +669,21 @@ class _Executor:
         head, _, name = relpath.rpartition("/")
         parent = self.pinned[head]
         if create:
-            # the umask decides (as for mkdir(1)): in a group cache (umask 002) every member may take
-            # locks and use the trash; with the usual 022 they stay the owner's
             fswrite.mkdir_at(parent, name, 0o777, exist_ok=True)
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
         self.pinned[relpath] = fd
+        if create and fswrite.group_shared(os.fstat(self.pinned[""])):
+            # in a group-shared cache every member takes locks and uses the trash, whatever the umask
+            # of whoever made them (root's cron with 022 included); elsewhere the umask decides
+            fswrite.share_with_group(fd, os.fstat(self.pinned[""]).st_gid)
         return fd
 
     def _refuse(self, relpath: str, exc: OSError) -> KcacheError:
         if exc.errno in _LINKED:
             return KcacheError(f"{self.root / relpath} is a symlink or not a directory: kcache never writes "
                                "through a link; nothing was removed")
-        return KcacheError(f"cannot write to {self.root / relpath}: {exc.strerror or exc}; nothing was removed")
+        return KcacheError(f"cannot write to {self.root / relpath}: {exc.strerror or exc}; nothing was removed"
+                           + _permission_fix(self.root / relpath, exc))
 
     def _lock_gc(self) -> int:
         """Pin .kcache/ and .kcache/locks/ and take the gc lock (saying so while it waits). On a full disk
@@ -704,6 +732,14 @@ class _Executor:
             if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
                 raise KcacheError(f"{self.root / rel} was replaced while waiting for the gc lock; nothing was removed")
 
+    def _same_root(self) -> None:
+        """The root opened to act must be the directory the plan was made from (its path swapped for a
+        link or another directory since: nothing is removed)."""
+        st = os.fstat(self.pinned[""])
+        if self.plan.root_ident is not None and (st.st_dev, st.st_ino) != self.plan.root_ident:
+            raise KcacheError(f"{self.root} is not the directory that was scanned any more (replaced, or "
+                              "a link?); nothing was removed")
+
     def _trash(self) -> int | None:
         """Pin .kcache/trash/, empty what earlier runs left, and make this run's batch in it; None when the
         disk is full (removals then happen in place)."""
@@ -726,7 +762,9 @@ class _Executor:
                 self.warnings.append(f"no space left in {self.root}: removing in place, without the trash")
                 return None
             raise self._refuse(f"{sd}/trash/{batch}", exc) from None
-        return os.open(batch, _DIR_FLAGS, dir_fd=trash_fd)
+        fd = os.open(batch, _DIR_FLAGS, dir_fd=trash_fd)
+        fswrite.share_like_dir(fd, trash_fd)  # a batch an interrupted run leaves, the next member empties
+        return fd
 
     def run(self) -> DeleteResult:
         sd = state.STATE_DIR
@@ -736,7 +774,8 @@ class _Executor:
 
         self.mounts = fsdelete.mount_points_under(os.path.realpath(self.root))
         try:
-            self.pinned[""] = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self.pinned[""] = fswrite.open_root(self.root)
+            self._same_root()
             gc = self._lock_gc()
         except OSError as exc:
             self._close_all()
@@ -885,6 +924,8 @@ class _Executor:
                 held.append(efd)
                 est = os.fstat(efd)
                 self._ident = (est.st_dev, est.st_ino)
+                if _scanned(r) not in (None, self._ident):
+                    return REPLACED
                 if r.what == ENTRY and est.st_mtime > r.entry.modified:
                     return "changed since the scan (in use, or rebuilt)"
                 for own in _layout(r.entry).writer_locks:
@@ -914,6 +955,8 @@ class _Executor:
                 return self._skip(r, "no longer a symlink (replaced since the scan)")
             if r.what == ENTRY and self._ident not in (None, (before.st_dev, before.st_ino)):
                 return self._skip(r, "replaced since it was locked")
+            if _scanned(r) not in (None, (before.st_dev, before.st_ino)):
+                return self._skip(r, REPLACED)
             if batch_fd is None:
                 raise OSError(errno.ENOSPC, "no trash")
             fswrite.rename_at(parent, name, batch_fd, moved)
@@ -952,9 +995,12 @@ class _Executor:
         except OSError as exc:
             return self._fail(r, exc)
         try:
+            st = os.fstat(fd)
+            if _scanned(r) not in (None, (st.st_dev, st.st_ino)):
+                return self._skip(r, REPLACED)
             if not _flock(fd):
                 return self._skip(r, f"a running {r.entry.kind} holds it")
-            live = state.leftover_live_held(name, os.fstat(fd))
+            live = state.leftover_live_held(name, st)
             if live:
                 return self._skip(r, live)
             if is_dir:
@@ -1091,6 +1137,19 @@ class _Executor:
                 pass
             finally:
                 os.close(fd)
+
+
+def _permission_fix(path: Path, exc: OSError) -> str:
+    """For a permission error: how to make the directory the group's (what a newer kcache run by its
+    owner does by itself in a group-shared cache)."""
+    if exc.errno not in (errno.EACCES, errno.EPERM):
+        return ""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return ""
+    return (f"; fix: its owner (uid {st.st_uid}) or root runs `chmod g+ws {path}` or any kcache prune or "
+            "clear of this cache (which makes .kcache/ the group's)")
 
 
 class _Deleter:

@@ -18,7 +18,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-from kcache_cli import fsread
+from kcache_cli import fsread, readmarks
 from kcache_cli.fsread import DIR_FLAGS, RESOLVE_BENEATH, RESOLVE_NO_SYMLINKS, Anchor, TooLarge
 
 _EUID = os.geteuid()
@@ -71,6 +71,8 @@ class EntryDir:
 
     def close(self) -> None:
         if self.fd is not None:
+            if self.listing:
+                readmarks.note(self.fd, self.listing)  # another user's atimes our reads moved
             os.close(self.fd)
         self.fd = None
 

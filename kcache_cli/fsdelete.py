@@ -304,3 +304,20 @@ def remove_under(root: str | os.PathLike, relpath: str, writable: bool = True) -
         return remove_tree(fd, name, label=relpath, writable=writable)
     finally:
         os.close(fd)
+
+
+def remove_held_file(dir_fd: int, name: str, seen: os.stat_result) -> None:
+    """Unlink the file `name` in `dir_fd` only while it is still the file `seen` (its lstat when it was
+    judged removable): it is renamed aside first (fswrite.rename_held, which moves a stranger back),
+    then unlinked under the new name, so a file created at `name` meanwhile is never the one removed."""
+    from kcache_cli import fswrite
+
+    if not stat.S_ISREG(seen.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", name)
+    aside = fswrite.temp_name(".kcache-stale-")
+    fswrite.rename_held(dir_fd, name, dir_fd, aside, seen)
+    now = os.stat(aside, dir_fd=dir_fd, follow_symlinks=False)
+    if now.st_mtime_ns != seen.st_mtime_ns:  # a new file that reuses the inode number: put back
+        fswrite.rename_noreplace_at(dir_fd, aside, dir_fd, name)
+        raise OSError(errno.ESTALE, "replaced by a new file meanwhile", name)
+    os.unlink(aside, dir_fd=dir_fd)

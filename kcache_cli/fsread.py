@@ -131,7 +131,7 @@ class Anchor:
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.key = os.path.join(os.path.abspath(root), "")
-        self.fd = os.open(self.key, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.fd = open_root(self.key)
         self.refused = 0
 
     def __enter__(self) -> Anchor:
@@ -154,7 +154,11 @@ class Anchor:
         return path[len(self.key):].rstrip("/") or "."
 
     def current(self) -> bool:
-        """Whether the root's path still names the directory held."""
+        """Whether the root's path still names the directory held (a held root's anchor always does:
+        reads go on through the directory vetted, whatever its path names now)."""
+        held = _HELD.get(self.key)
+        if held is not None:
+            return _same_dir(held, self.fd)
         try:
             return os.path.samestat(os.stat(self.key), os.fstat(self.fd))
         except OSError:
@@ -183,6 +187,89 @@ class Anchor:
                 self.refused += 1
                 raise refuse(path, f"{rel}/ holds a symlink or a non-directory") from None
             raise
+
+
+# ---- held roots: a root vetted once (kcache_cli/locate.py) is the directory every later step uses -------
+# "<root>/" -> the fd opened when the root was vetted (without following a link in its last component, or
+# following the one an explicit --cache-dir names, once). Anchors, fswrite.open_root and the deleter start
+# from it, never from the root's path again: a path swapped for a link after vetting redirects nothing.
+_HELD: dict[str, int] = {}
+_HANDED: dict[str, dict[str, tuple[int, Any]]] = {}  # "<root>/" -> what one step learnt of it, for the next
+
+
+def hand_on(root: str | os.PathLike, what: str, value: Any) -> None:
+    """Leave `value` (what a step found out about the held `root`: its layouts) for the next step that
+    asks for `what` (take): so that one command finds it out once. Nothing for a root not held."""
+    key = os.path.join(os.path.abspath(root), "")
+    fd = _HELD.get(key)
+    if fd is not None:
+        _HANDED.setdefault(key, {})[what] = (os.fstat(fd).st_mtime_ns, value)
+
+
+def take(root: str | os.PathLike, what: str) -> Any:
+    """What hand_on left about `root` as `what`, once, while the root's own directory is unchanged since
+    (no name made or removed in it); else None."""
+    key = os.path.join(os.path.abspath(root), "")
+    left = _HANDED.get(key, {}).pop(what, None)
+    fd = _HELD.get(key)
+    if left is None or fd is None or os.fstat(fd).st_mtime_ns != left[0]:
+        return None
+    return left[1]
+
+
+def hold_root(root: str | os.PathLike, fd: int) -> None:
+    """Hold `fd` (kcache's to close, by release_roots) as the directory `root` names from now on."""
+    key = os.path.join(os.path.abspath(root), "")
+    old = _HELD.pop(key, None)
+    if old is not None:
+        os.close(old)
+    stale = _ANCHORS.pop(key, None)
+    if stale is not None:
+        stale.close()
+    _HANDED.pop(key, None)
+    _HELD[key] = fd
+
+
+def held_root(root: str | os.PathLike) -> int | None:
+    """The fd `root` was vetted and held with (not to be closed), or None."""
+    return _HELD.get(os.path.join(os.path.abspath(root), ""))
+
+
+def open_root(root: str | os.PathLike) -> int:
+    """A new fd of the cache root: a copy of the held one when it was vetted, else opened by the path the
+    user named (a link to it followed, here and only here)."""
+    held = held_root(root)
+    if held is not None:
+        return os.dup(held)
+    return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def root_moved(root: str | os.PathLike) -> bool:
+    """Whether `root` is held and its path names another directory now (swapped since it was vetted)."""
+    held = held_root(root)
+    if held is None:
+        return False
+    try:
+        return not os.path.samestat(os.stat(root), os.fstat(held))
+    except OSError:
+        return True
+
+
+def release_roots() -> None:
+    """Close every held root and its anchor (the end of a command: main runs many in one test process)."""
+    _HANDED.clear()
+    for key in list(_HELD):
+        anchored = _ANCHORS.pop(key, None)
+        if anchored is not None:
+            anchored.close()
+        os.close(_HELD.pop(key))
+
+
+def _same_dir(a: int, b: int) -> bool:
+    try:
+        return os.path.samestat(os.fstat(a), os.fstat(b))
+    except OSError:
+        return False
 
 
 # The roots reads by path (`base=`) resolve from: describe's, log's and the archive's reads, which are

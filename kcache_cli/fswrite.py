@@ -31,8 +31,9 @@ RENAME_NOREPLACE = 1
 # ---- directories ---------------------------------------------------------------------------------
 
 def open_root(path: str | os.PathLike) -> int:
-    """A descriptor of the root the user named (a link to it is followed, here and only here)."""
-    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    """A descriptor of the root: a copy of the one held since it was vetted (fsread.hold_root), else of
+    the root the user named (a link to it is followed, here and only here)."""
+    return fsread.open_root(path)
 
 
 def _parts(rel: str) -> list[str]:
@@ -160,6 +161,27 @@ def replace_file(dir_fd: int, name: str, data: bytes, mode: int = 0o644, sync: b
             pass
 
 
+def replace_file_shared(dir_fd: int, name: str, data: bytes) -> None:
+    """replace_file for kcache's own state: the new file is shared with the group of a group-shared
+    directory (share_like_dir) before it takes the name, whatever the umask."""
+    tmp = temp_name(f".{name}.tmp-")
+    fd = create_excl(dir_fd, tmp, 0o644)
+    try:
+        share_like_dir(fd, dir_fd)
+        write_all(fd, data)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        unlink_at(dir_fd, tmp)
+        raise
+    os.close(fd)
+    try:
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        unlink_at(dir_fd, tmp)
+        raise
+
+
 def replace_file_via_dir(dir_fd: int, name: str, data: bytes, dir_prefix: str) -> None:
     """Replace `name` in `dir_fd` with `data`, atomically and durably, as Triton writes: the new file is
     written in a private directory `<dir_prefix><pid>_<random>` beside it (a reader of the cache passes
@@ -262,11 +284,13 @@ def set_times_fd(fd: int, ns: tuple[int, int] | None = None) -> None:
         os.utime(fd, ns=ns)
 
 
-def touch_at(dir_fd: int, name: str, ns: tuple[int, int] | None = None, mode: int = 0o644) -> None:
+def touch_at(dir_fd: int, name: str, ns: tuple[int, int] | None = None, mode: int = 0o644,
+             group: int | None = None) -> None:
     """Give the file `name` in `dir_fd` the times `ns` (now when None), making it if missing. Only a
     regular file of this user with one link is re-timed through its descriptor; anything else (a link,
     a FIFO, another user's stamp, a hard link to a file elsewhere) is replaced by a new file instead,
-    so no file outside the directory is ever created or re-timed."""
+    so no file outside the directory is ever created or re-timed. With `group` (a group-shared root's
+    group), a new file is shared with it (share_with_group)."""
     try:
         fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -286,6 +310,8 @@ def touch_at(dir_fd: int, name: str, ns: tuple[int, int] | None = None, mode: in
     tmp = temp_name()
     fd = create_excl(dir_fd, tmp, mode)
     try:
+        if group is not None:
+            share_with_group(fd, group)
         set_times_fd(fd, ns)
     finally:
         os.close(fd)
@@ -388,6 +414,34 @@ def owner_problem(st: os.stat_result, what: str, *, private: bool = False, group
         return None
     return f"{what} is owned by uid {st.st_uid}, not by you (uid {me}){'' if me == 0 else ' or root'}, " \
         "and is not group-shared"
+
+
+def group_shared(st: os.stat_result) -> bool:
+    """A group-shared cache root: setgid and group-writable (`chmod 2775`)."""
+    return bool(st.st_mode & stat.S_ISGID and st.st_mode & stat.S_IWGRP)
+
+
+def share_with_group(fd: int, gid: int) -> None:
+    """Give what this user made under a group-shared root's `.kcache/` the root's group `gid` and group
+    read-write (directories also setgid), whatever the umask (root's cron with 022 included), and take
+    write from others. What another user owns is left as it is (only its owner may change it)."""
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        return
+    if st.st_gid != gid:
+        os.fchown(fd, -1, gid)
+    want = stat.S_IMODE(st.st_mode) & ~0o002 | (0o2070 if stat.S_ISDIR(st.st_mode) else 0o060)
+    if want != stat.S_IMODE(os.fstat(fd).st_mode):  # a chown may drop the setgid bit: read again
+        os.fchmod(fd, want)
+
+
+def share_like_dir(fd: int, dir_fd: int) -> bool:
+    """share_with_group(fd) when the directory `dir_fd` it was made in is group-shared; whether it is."""
+    st = os.fstat(dir_fd)
+    if not group_shared(st):
+        return False
+    share_with_group(fd, st.st_gid)
+    return True
 
 
 def make_dirs(path: str | os.PathLike) -> list[str]:

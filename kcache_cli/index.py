@@ -52,7 +52,7 @@ from dataclasses import fields
 from stat import S_ISLNK, S_ISREG
 from typing import Any
 
-from kcache_cli import fswrite
+from kcache_cli import fswrite, readmarks
 from kcache_cli.model import COMPLETE, CORRUPT, FAILED, STALE, Entry
 from kcache_cli.scan_context import ScanContext
 from kcache_cli.state import index_name, open_index_dir
@@ -102,7 +102,7 @@ def _fresh(path: str, names: tuple[str, ...], digest: bytes) -> float | None:
             st = lstat(prefix + name)
             ints += (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             if st.st_atime > accessed:
-                accessed = st.st_atime
+                accessed = max(accessed, readmarks.atime(st))  # not kcache's own reads
     except (OSError, ValueError, TypeError):
         return None
     return accessed if _digest(ints) == digest else None
@@ -345,6 +345,7 @@ def _start_write(root: str, started: int) -> tuple[int, str, int] | None:
     try:
         fd = fswrite.create_excl(dfd, tmp, 0o644)
         try:
+            fswrite.share_like_dir(fd, dfd)
             now = os.fstat(fd).st_ctime_ns
         finally:
             os.close(fd)

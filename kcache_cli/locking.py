@@ -15,6 +15,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from kcache_cli import fsread, state
 from kcache_cli.errors import LockTimeout
@@ -23,9 +24,10 @@ from kcache_cli.errors import LockTimeout
 # the open (O_NONBLOCK), never becomes the controlling terminal (O_NOCTTY), a link is never followed
 # (O_NOFOLLOW), and what is not a regular file is refused after fstat (NotALockFile).
 LOCK_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-# Lock files are made group-writable (the umask still decides): in a group-shared cache (2775, umask 002)
-# every member can open them for writing. Reading is enough for flock, and open_lock falls back to it.
-LOCK_MODE = 0o664
+# Lock files can be opened only by those who may write the cache: 0600, or 0660 in a group-shared
+# cache (its members), whatever the umask. A reader who could open one could hold its flock and block
+# every prune and clear; so no lock is opened read-only unless this user may write its directory.
+LOCK_MODE = 0o600
 
 
 class NotALockFile(OSError):
@@ -34,20 +36,49 @@ class NotALockFile(OSError):
 
 def open_lock(name: str | os.PathLike, dir_fd: int | None = None, create: bool = False) -> int:
     """A descriptor for the lock file `name` (relative to `dir_fd`), for flock: opened without blocking,
-    never through a link, read-write where allowed and read-only where not (a lock file another member
-    of a group cache made); NotALockFile when it is not a regular file, FileNotFoundError when it is
-    missing and not `create`d."""
+    never through a link, read-write (read-only only for a writer of its directory, when another member
+    made it); NotALockFile when it is not a regular file, FileNotFoundError when it is missing and not
+    `create`d. A lock this user owns gets the mode above (group-shared: the directory's group)."""
     flags = LOCK_FLAGS | (os.O_CREAT if create else 0)
     try:
         fd = os.open(name, os.O_RDWR | flags, LOCK_MODE, dir_fd=dir_fd)
     except PermissionError as denied:
+        if not _may_write(name, dir_fd):
+            raise
         try:
             fd = os.open(name, os.O_RDONLY | (flags & ~os.O_CREAT), dir_fd=dir_fd)
         except FileNotFoundError:  # could not be created here: the permission is the problem
             raise denied from None
     fsread.fstat_regular(fd, lambda st: NotALockFile(errno.EINVAL, "not a regular file: ignored as a lock",
                                                      os.fsdecode(name)))
+    try:
+        _lock_mode(fd, dir_fd)
+    except OSError:
+        os.close(fd)
+        raise
     return fd
+
+
+def _may_write(name: str | os.PathLike, dir_fd: int | None) -> bool:
+    """Whether this user may write the directory the lock `name` sits in."""
+    where = "." if dir_fd is not None else (os.path.dirname(os.fspath(name)) or ".")
+    return os.access(where, os.W_OK, dir_fd=dir_fd, effective_ids=os.access in os.supports_effective_ids)
+
+
+def _lock_mode(fd: int, dir_fd: int | None) -> None:
+    """0660 with the directory's group in a group-shared cache, else 0600 (an older kcache made them
+    0644: mended by their owner's next use)."""
+    from kcache_cli import fswrite
+
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        return
+    if dir_fd is not None and fswrite.share_like_dir(fd, dir_fd):
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o007:
+            os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & ~0o007)
+        return
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o077)
 
 
 def entry_lock(root: Path, relpath: str, timeout: float = -1):
@@ -282,3 +313,46 @@ def leftover_live(dir_fd: int, name: str, now: float | None = None) -> bool | No
         return None
     finally:
         os.close(fd)
+
+
+# ---- lock files that are not flocks (torch's FileBaton: an exclusive-create file held open) -------------
+class Openers(NamedTuple):
+    pids: list[int]  # processes that have the file open
+    blind: int  # processes of the file's owner whose open files could not be read: one may hold it
+
+
+def file_openers(st: os.stat_result) -> Openers:
+    """Which processes have the file `st` (device and inode) open, read from /proc/<pid>/fd. A file
+    created by open(O_CREAT|O_EXCL) is created by its owner's process, so processes of other users are
+    not asked; a process of the owner whose fds cannot be read counts in `blind` (kcache is not root
+    and the process changed its credentials, or it vanished mid-read: it may hold the file)."""
+    me, pids, blind = os.getpid(), [], 0
+    try:
+        procs = [n for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return Openers([], 1)
+    for name in procs:
+        pid = int(name)
+        try:
+            if pid == me or os.stat(f"/proc/{name}").st_uid != st.st_uid:
+                continue
+            fds = os.listdir(f"/proc/{name}/fd")
+        except FileNotFoundError:
+            continue  # exited
+        except OSError:
+            blind += 1
+            continue
+        if _holds(name, fds, st):
+            pids.append(pid)
+    return Openers(pids, blind)
+
+
+def _holds(pid: str, fds: list[str], st: os.stat_result) -> bool:
+    for fd in fds:
+        try:
+            got = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if got.st_ino == st.st_ino and got.st_dev == st.st_dev:
+            return True
+    return False

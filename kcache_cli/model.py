@@ -41,7 +41,7 @@ from kcache_cli.terms import (  # noqa: F401
 UNREADABLE_REASON = "unreadable directory (permission denied?)"
 
 # Keys of `ls --json`, in order (kcache_cli/schemas/ls.json); the attribute `files` is `file_count` there.
-JSON_KEYS = ("layout", "kind", "target", "space", "op", "hash", "path", "size", "file_count",
+JSON_KEYS = ("layout", "kind", "target", "space", "op", "hash", "path", "size", "apparent_size", "file_count",
              "status", "reason", "modified", "last_used")
 
 Warn = Callable[[str], None]
@@ -125,12 +125,17 @@ class Entry:
     hash: str
     path: str  # absolute
     relpath: str  # relative to the cache root, '/'-separated
-    size: int
+    size: int  # bytes on disk (st_blocks * 512, as du counts them, the entry's directories included)
     files: int
     status: Status
     reason: str | None
     modified: float
     last_used: float
+    apparent_size: int  # the files' own bytes (st_size; du --apparent-size -b)
+    # The entry's identity as the scan saw it (its directory's, or a link's, own device and inode; 0:
+    # unknown): a removal whose target is another inode by then is skipped (delete._Executor).
+    dev: int = field(default=0, compare=False, repr=False)
+    ino: int = field(default=0, compare=False, repr=False)
 
     @property
     def key(self) -> EntryKey:
@@ -303,6 +308,7 @@ class ScanResult:
         return {"root": self.root, "exists": self.exists,
                 "layout": layouts[0] if len(layouts) == 1 else ("mixed" if layouts else None),
                 "layouts": layouts, "entry_count": len(self.entries), "size": self.size,
+                "apparent_size": sum(e.apparent_size for e in self.entries),
                 **{k: dict(sorted(v.items())) for k, v in groups.items()},
                 "no_space": none["by_space"].get(""), "no_op": none["by_op"].get(""),
                 "biggest": [e.to_json() for e in biggest], "warnings": list(self.warnings)}
@@ -310,10 +316,18 @@ class ScanResult:
 
 @dataclass(frozen=True)
 class TreeUsage:
-    size: int  # apparent bytes of regular files and links (like du -sb without directories)
+    size: int  # bytes on disk of the tree, its directories included (st_blocks * 512: du -sB1)
     files: int
     mtime: float  # newest mtime of the directory and anything in it
     atime: float = 0.0  # newest atime of its regular files (a listing sets a directory's, a readlink a link's)
+    apparent: int = 0  # the st_size of its regular files and links (du -sb without directories)
+    dev: int = 0  # the identity of the directory itself (0: unknown), an entry's identity in the scan
+    ino: int = 0
+
+
+def disk_bytes(st: os.stat_result) -> int:
+    """What a file or directory takes on disk: its allocated blocks (st_blocks is in 512-byte units)."""
+    return st.st_blocks * 512
 
 
 def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
@@ -321,13 +335,14 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
 
     An unreadable directory is a warning and counts as empty, not an exception. Iterative, and at
     most MAX_TREE_DEPTH directories deep (a deeper tree is a warning; what lies below is not counted)."""
-    size = files = 0
+    size = files = apparent = 0
     accessed = 0.0
     try:
-        newest = os.lstat(path).st_mtime
+        top = os.lstat(path)
     except OSError as exc:
         warn(f"cannot stat {path}: {exc.strerror}")
         return TreeUsage(0, 0, 0.0)
+    newest, size = top.st_mtime, disk_bytes(top)
     stack = [(path, 0)]
     too_deep = False
     while stack:
@@ -343,6 +358,7 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                     st = de.stat(follow_symlinks=False)
                 except OSError:
                     continue
+                size += disk_bytes(st)
                 if de.is_dir(follow_symlinks=False):
                     if depth < MAX_TREE_DEPTH:
                         stack.append((de.path, depth + 1))
@@ -350,12 +366,12 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                         too_deep = True
                         warn(f"{path}: directories nested more than {MAX_TREE_DEPTH} deep (not counted below)")
                 else:
-                    size += st.st_size
+                    apparent += st.st_size
                     files += 1
                     if stat.S_ISREG(st.st_mode):  # a link's atime is kcache's own readlink
                         accessed = max(accessed, st.st_atime)
                 newest = max(newest, st.st_mtime)
-    return TreeUsage(size, files, newest, accessed)
+    return TreeUsage(size, files, newest, accessed, apparent, top.st_dev, top.st_ino)
 
 
 def listdir(path: str | os.PathLike[str], warn: Warn, keep: Callable[[os.DirEntry], bool] | None = None

@@ -56,6 +56,25 @@ def advance(n: int) -> None:
         _COUNTER[_SLOT] += n
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int | None) -> None:
+    """In a worker: be killed (SIGKILL) when the process that started it dies, so that a `kill -9` of
+    kcache leaves no worker extracting under init and holding its lock. The kernel's death signal
+    covers a death from now on; the parent check covers one before the prctl took effect."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the parent check below is all there is
+        pass
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
 def _inherited_part(i: int) -> Any:
     global _COUNTER, _SLOT
     assert _INHERITED is not None, "set by map_parts before the workers fork"
@@ -88,14 +107,17 @@ def map_parts(func: Callable[[Any, Any], Any], shared: Any, parts: Sequence[Any]
         counters = ctx.RawArray("q", len(parts)) if progress is not None else None
         _INHERITED = (func, shared, parts, counters)
         try:
-            with ProcessPoolExecutor(len(parts), mp_context=ctx) as pool:
+            with ProcessPoolExecutor(len(parts), mp_context=ctx, initializer=die_with_parent,
+                                     initargs=(os.getpid(),)) as pool:
                 futures = [pool.submit(_inherited_part, i) for i in range(len(parts))]
                 if counters is not None:
                     _follow(futures, counters, progress)
                 return [f.result() for f in futures]
         finally:
             _INHERITED = None
-    with ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("forkserver")) as pool:
+    # a forkserver's workers are its children: they die with it, and it with this process
+    with ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("forkserver"),
+                             initializer=die_with_parent, initargs=(None,)) as pool:
         return list(pool.map(_pickled_part, [(func, shared, p) for p in parts]))
 
 
@@ -179,7 +201,8 @@ class _Workers:
                 parent_end, child_end = ctx.Pipe()
                 # The child closes every parent end it inherits, its own included: were one kept, a
                 # worker whose parent died (SIGTERM, SIGKILL) would block forever sending its result.
-                proc = ctx.Process(target=_worker_main, args=(i, child_end, [parent_end, *self.conns]), daemon=True)
+                proc = ctx.Process(target=_worker_main, args=(i, child_end, [parent_end, *self.conns], os.getpid()),
+                                   daemon=True)
                 proc.start()
                 child_end.close()
                 self.procs.append(proc)
@@ -237,10 +260,11 @@ class _Workers:
             conn.close()
 
 
-def _worker_main(i: int, conn, parent_ends: list) -> None:
+def _worker_main(i: int, conn, parent_ends: list, parent: int) -> None:
     assert _PHASED is not None, "set by _Workers before forking"
     import signal
 
+    die_with_parent(parent)
     for end in parent_ends:
         end.close()
     for sig in (signal.SIGTERM, signal.SIGHUP):  # the parent's handlers (export's) are not the worker's:

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from kcache_cli import fsread, state
+from kcache_cli import fsread, readmarks, state
 from kcache_cli.errors import UsageError
 from kcache_cli.model import (
     Entry,
@@ -23,9 +23,12 @@ from kcache_cli.scan_context import ScanContext
 
 
 def detect_layouts(root: Path) -> tuple[str, ...]:
+    """The layouts `root` holds: as the command's check of its root found them (fsread.hand_on), else
+    detected now."""
     from kcache_cli import layouts
 
-    return layouts.detect(root)
+    handed = fsread.take(root, "layouts")
+    return handed if handed is not None else layouts.detect(root)
 
 
 def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None,
@@ -49,6 +52,8 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
 
     if not root.is_dir():
         return ScanResult(str(root), False, (), (), ())
+    if fsread.root_moved(root):
+        return _moved(root, collect, warnings)
     fsread.anchor(root)
     from kcache_cli.layouts import get as get_layout
     from kcache_cli.names import expand_filter
@@ -58,6 +63,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     layouts = detect_layouts(root)
     for odd in state.odd_index_files(str(root)):  # read by the hidet layout with or without use_index: never opened
         collect(f"{odd} is not a regular file: ignored (kcache writes a new index over it)")
+    readmarks.load(root)
     if use_index:
         from kcache_cli.index import IndexedContext
 
@@ -72,9 +78,19 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
         entries.extend(e for e in _counted(ctx, get_layout(name).scan(ctx, flt)) if flt.matches(e))
     if use_index:
         ctx.save(complete=complete)  # type: ignore[attr-defined]
+    readmarks.save(root)
     if leftovers and not flt.layouts:
         entries.extend(e for e in leftover_entries(root, collect) if flt.matches(e))
+    if fsread.root_moved(root):  # what was listed by path may be another directory's
+        return _moved(root, collect, warnings)
     return ScanResult(str(root), True, layouts, tuple(entries), tuple(warnings))
+
+
+def _moved(root: Path, warn: Warn, warnings: list[str]) -> ScanResult:
+    """The scan of a held root whose path names another directory now (swapped for a link since kcache
+    vetted it): nothing, and a warning."""
+    warn(f"skipping {root}: it was replaced (by a link?) since kcache checked it; nothing there was used")
+    return ScanResult(str(root), True, (), (), tuple(warnings))
 
 
 def _counted(ctx: ScanContext, found: Iterable[Entry]) -> Iterator[Entry]:
@@ -156,7 +172,7 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
 
     out: list[Entry] = []
     try:
-        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        root_fd = fsread.open_root(root)
     except OSError:
         return out
     try:
@@ -178,11 +194,12 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
                     usage = measure_tree(path, warn)
                 else:  # a file: its own size
                     st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    usage = TreeUsage(st.st_size, 1, st.st_mtime)
+                    usage = TreeUsage(st.st_blocks * 512, 1, st.st_mtime, 0.0, st.st_size, st.st_dev, st.st_ino)
                 reason = (f"{'staging of an import' if where else 'temp file of an export'} "
                           + ("in progress" if live else "that was interrupted (prune removes it)"))
                 out.append(Entry("kcache", kind, None, None, None, name, path, rel, usage.size, usage.files,
-                                 BUILDING if live else PARTIAL, reason, usage.mtime, usage.mtime))
+                                 BUILDING if live else PARTIAL, reason, usage.mtime, usage.mtime, usage.apparent,
+                                 dev=usage.dev, ino=usage.ino))
     finally:
         for _, fd in places:
             os.close(fd)

@@ -11,7 +11,7 @@ from stat import S_ISREG
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from kcache_cli import fsread
+from kcache_cli import fsread, readmarks
 from kcache_cli.entrydir import EntryDir
 from kcache_cli.model import Entry, TreeUsage, Warn, listdir, measure_tree
 from kcache_cli.progress import NO_PROGRESS, Progress
@@ -77,9 +77,12 @@ class ScanContext:
             path=path,
             relpath=rel,
             size=usage.size,
+            apparent_size=usage.apparent,
             files=usage.files,
             modified=usage.mtime,
             last_used=self.last_used_of(rel, usage.mtime, usage.atime, path),
+            dev=usage.dev,
+            ino=usage.ino,
             **fields,
         )
 
@@ -100,7 +103,8 @@ class ScanContext:
             text = os.readlink(path)
         except OSError:
             text = "?"
-        return self.entry(path=path, usage=TreeUsage(st.st_size, 1, st.st_mtime), status=CORRUPT,
+        usage = TreeUsage(st.st_blocks * 512, 1, st.st_mtime, 0.0, st.st_size, st.st_dev, st.st_ino)
+        return self.entry(path=path, usage=usage, status=CORRUPT,
                           reason=f"symlink to {text} {where} (never followed)", **fields)
 
     def listdir(self, path: str | Path, keep: Callable[[os.DirEntry], bool] | None = None) -> list[os.DirEntry]:
@@ -164,10 +168,10 @@ class ScanContext:
         """read_dir of the open entry directory `d` (OSError when it cannot be listed)."""
         names: dict[str, int] = {}
         mtimes: dict[str, float] = {}
-        size, files, accessed = 0, 0, 0.0
+        files, apparent, accessed = 0, 0, 0.0
         listing = d.listing
         dir_stat = os.fstat(d.fd)  # type: ignore[arg-type]  # read_dir checked it is open
-        newest = dir_stat.st_mtime
+        newest, size = dir_stat.st_mtime, dir_stat.st_blocks * 512
         stats: list | None = [] if self.recording is not None else None
         with os.scandir(d.fd) as it:
             for de in it:
@@ -175,7 +179,7 @@ class ScanContext:
                     if de.is_dir(follow_symlinks=False):
                         stats = None  # subdirectories are not recorded: such an entry is not indexed
                         sub = measure_tree(os.path.join(d.path, de.name), self.warn)
-                        size, files = size + sub.size, files + sub.files
+                        size, files, apparent = size + sub.size, files + sub.files, apparent + sub.apparent
                         newest, accessed = max(newest, sub.mtime), max(accessed, sub.atime)
                         continue
                     st = de.stat(follow_symlinks=False)
@@ -186,15 +190,16 @@ class ScanContext:
                 listing[de.name] = st
                 names[de.name] = st.st_size
                 mtime = mtimes[de.name] = st.st_mtime
-                size += st.st_size
+                size += st.st_blocks * 512
+                apparent += st.st_size
                 files += 1
                 if mtime > newest:
                     newest = mtime
                 if st.st_atime > accessed and S_ISREG(st.st_mode):  # not a link: readlink sets its atime
-                    accessed = st.st_atime
+                    accessed = max(accessed, readmarks.atime(st))  # not kcache's own reads
         if self.recording is not None:
             self.recording[d.path] = (dir_stat, stats) if stats is not None else None
-        return names, TreeUsage(size, files, newest, accessed), mtimes
+        return names, TreeUsage(size, files, newest, accessed, apparent, dir_stat.st_dev, dir_stat.st_ino), mtimes
 
 
 PARALLEL_MIN_JOBS = 4000
@@ -266,4 +271,5 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
         th.join()
     if failed:
         raise failed[0]
+    readmarks.save(root)  # this worker's notes of the atimes its reads moved
     return out, warned

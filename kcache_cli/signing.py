@@ -10,8 +10,9 @@ one, `pull`, `build --remote` and `import` take only records signed by a listed 
   `export` sign every record with it when it exists.
 - The trust list: public keys (`ed25519:<base64>`, one per line, `#` comments) in
   `KCACHE_TRUSTED_KEYS` (separated by commas or blanks) or else in `$XDG_CONFIG_HOME/kcache/trusted_keys`,
-  which must not be writable by others. Set (non-empty), it makes every unsigned, foreign-signed
-  or altered record a refusal.
+  which must not be writable by others. Set, it makes every unsigned, foreign-signed or altered
+  record a refusal. A trust file that exists trusts only the keys it lists: one whose keys were all
+  revoked (commented out) or removed refuses every record, and says so in one line (fail closed).
 - What is signed: the record as pushed (JSON, keys sorted, compact), without its "signature"
   field. The record names every file's size and sha256, which pull checks, so the signature covers
   the bytes too.
@@ -167,7 +168,8 @@ def _parse_keys(text: str, where: str) -> dict[bytes, str]:
 
 
 def trusted_keys() -> dict[bytes, str] | None:
-    """The trust list (raw public key -> as written), or None when none is set."""
+    """The trust list (raw public key -> as written), or None when none is set. A trust file that
+    exists is a trust list even when it lists no key (then {}: nothing is trusted)."""
     env = os.environ.get("KCACHE_TRUSTED_KEYS", "")
     if env.strip():
         return _parse_keys(env, "KCACHE_TRUSTED_KEYS")
@@ -175,14 +177,20 @@ def trusted_keys() -> dict[bytes, str] | None:
     text = _read_own(path, "trust list", secret=False)
     if text is None:
         return None
-    keys = _parse_keys(text.decode("utf-8", "replace"), str(path))
-    return keys or None
+    return _parse_keys(text.decode("utf-8", "replace"), str(path))
+
+
+def no_key_problem() -> str:
+    return (f"the trust list ({config_dir() / TRUST_FILE}) lists no key (all revoked or removed): every record "
+            "is refused; add a key (kcache remote keygen prints one) or remove the file to trust all")
 
 
 class Verifier:
     """Checks records against the trust list (pull, build --remote)."""
 
     def __init__(self, keys: dict[bytes, str]) -> None:
+        if not keys:
+            raise KcacheError(no_key_problem())
         ed25519 = _crypto()
         self.keys = {raw: ed25519.Ed25519PublicKey.from_public_bytes(raw) for raw in keys}
 
@@ -209,6 +217,7 @@ class Verifier:
 
 
 def verifier() -> Verifier | None:
-    """The trust list's verifier, or None when no trust list is set (every record is taken)."""
+    """The trust list's verifier, or None when no trust list is set (every record is taken). A trust
+    list with no key stops the command with one line: nothing it brings could be taken."""
     keys = trusted_keys()
-    return Verifier(keys) if keys else None
+    return Verifier(keys) if keys is not None else None

@@ -102,7 +102,8 @@ def mark_used(root: Path, relpath: str, now: float | None = None) -> None:
         except OSError:
             pass
         ns = int(now * 1e9)
-        fswrite.touch_at(ufd, name, (ns, ns))
+        shared = shared_group(rfd)
+        fswrite.touch_at(ufd, name, (ns, ns), mode=0o664 if shared is not None else 0o644, group=shared)
     except OSError:
         pass  # a read-only or untrusted state dir: last use falls back to mtime
     finally:
@@ -119,7 +120,8 @@ class UntrustedState(OSError):
     """.kcache/ (or a directory in it) is not a directory kcache may trust: the message says how to opt in."""
 
 
-def _opted_in(root: str | os.PathLike) -> bool:
+def trusted_root(root: str | os.PathLike) -> bool:
+    """Whether KCACHE_SAFE_DIRECTORY lists `root`: kcache uses it (and its state) whoever owns it."""
     wanted = os.environ.get(SAFE_ENV, "")
     if not wanted:
         return False
@@ -132,8 +134,9 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
     followed, each level checked for its owner (fswrite.owner_problem: yours, root's, or group-shared
     with the root's group) unless the root is listed in KCACHE_SAFE_DIRECTORY. UntrustedState when
     it may not be used, with a one-line reason; other OSErrors as the open raised them."""
-    group = os.fstat(root_fd).st_gid
-    trusted = _opted_in(root)
+    rst = os.fstat(root_fd)
+    group = rst.st_gid
+    trusted = trusted_root(root)
     where = os.path.join(root, STATE_DIR)
     fd = _open_level(root_fd, STATE_DIR, where, create)
     try:
@@ -143,6 +146,8 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
                 os.close(fd)
                 fd, where = nxt, f"{where}/{level}"
             why = None if trusted else fswrite.owner_problem(os.fstat(fd), where, group=group)
+            if not why and create and fswrite.group_shared(rst):
+                fswrite.share_with_group(fd, group)  # one this user made (now or earlier) the group can use
             if why:
                 raise UntrustedState(errno.EPERM, f"{why}: kcache leaves it alone (to trust it, set "
                                                   f"{SAFE_ENV}={os.path.realpath(root)})", where)
@@ -150,6 +155,12 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
         os.close(fd)
         raise
     return fd
+
+
+def shared_group(root_fd: int) -> int | None:
+    """The group of a group-shared root (setgid, group-writable), or None for any other root."""
+    st = os.fstat(root_fd)
+    return st.st_gid if fswrite.group_shared(st) else None
 
 
 def _open_level(dir_fd: int, name: str, where: str, create: bool) -> int:
@@ -200,6 +211,35 @@ def odd_index_files(root: str) -> list[str]:
     finally:
         os.close(dfd)
     return odd
+
+
+def read_shared_file(root: str | os.PathLike, name: str, limit: int) -> bytes | None:
+    """read_own_file, also trusting a file of the group of a group-shared cache (what its members write
+    for each other), never one that anyone may write."""
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
+        return None
+    try:
+        group = shared_group(rfd)
+        sfd = open_state(rfd, root)
+        try:
+            fd, st = fsread.open_regular(name, dir_fd=sfd)
+        finally:
+            os.close(sfd)
+    except OSError:
+        return None
+    finally:
+        os.close(rfd)
+    try:
+        trusted = st.st_uid in (os.geteuid(), 0) or (group is not None and st.st_gid == group)
+        if not trusted or st.st_mode & 0o002 or st.st_size > limit:
+            return None
+        return os.read(fd, limit + 1)[:limit]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def read_own_file(root: Path, name: str, limit: int) -> bytes | None:

@@ -52,6 +52,7 @@ class VerifyResult:
     warnings: tuple[str, ...]
     fixed: tuple[EntryCheck, ...] = ()  # entries whose recorded paths --fix rewrote (problem gone)
     fix_errors: tuple[tuple[Entry, str], ...] = ()
+    unlocked: int = 0  # of `fixed`, the entries whose left locks --fix removed (the rest: paths rewritten)
 
     @property
     def failed(self) -> tuple[EntryCheck, ...]:
@@ -131,11 +132,34 @@ def fix_relocation(root: Path, check: EntryCheck) -> tuple[EntryCheck, str | Non
     return replace(check, status=status, problems=problems, relocation=None), None
 
 
+def fix_stale_locks(root: Path, check: EntryCheck) -> tuple[EntryCheck, str | None] | None:
+    """Remove the lock files the entry's compiler left and no live process holds (the layout's
+    `stale_locks`, asked again now from the entry's directory held open; each removed only while it is
+    still the file judged stale): the entry checked again, or the error that stopped it. None when it
+    has no stale lock."""
+    from kcache_cli import fsdelete
+    from kcache_cli.entrydir import EntryDir
+    from kcache_cli.layouts import get
+
+    layout = get(check.entry.layout)
+    with EntryDir.open(check.entry.path, fsread.anchor(root)) as d:
+        if d.fd is None:
+            return None
+        stale = layout.stale_locks(d, layout.judging(deep=True))
+        for lock in stale:
+            try:
+                fsdelete.remove_held_file(d.fd, lock.name, lock.seen)
+            except OSError as exc:
+                return check, f"cannot remove {lock.name}: {exc.strerror or exc}"
+    return (check_entry(root, check.entry), None) if stale else None
+
+
 def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None, progress=None,
                  fix: bool = False, scanning: Progress = NO_PROGRESS) -> VerifyResult:
     """Deep-check every entry `flt` selects. `progress` gets start(total entries) and advance(1);
     `scanning` counts the scan before (entries found and judged cheaply).
-    With `fix`, entries whose recorded paths point elsewhere are rewritten (see fix_relocation)."""
+    With `fix`, entries whose recorded paths point elsewhere are rewritten (see fix_relocation), and lock
+    files no live process holds are removed (see fix_stale_locks)."""
     from kcache_cli.scan import scan_cache
 
     result = scan_cache(Path(root), flt, warn, progress=scanning)
@@ -145,8 +169,14 @@ def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None =
         progress.start(len(todo))
     checked = []
     fixed, errors = [], []
+    unlocked = 0
     for e in sorted(todo, key=lambda e: e.relpath):
         check = check_entry(root, e)
+        unlocked_now = fix_stale_locks(root, check) if fix and check.problems else None
+        if unlocked_now is not None:
+            check, error = unlocked_now
+            (errors.append((e, error)) if error else fixed.append(check))
+            unlocked += error is None
         if fix and check.relocation:
             check, error = fix_relocation(root, check)
             (errors.append((e, error)) if error else fixed.append(check))
@@ -154,4 +184,4 @@ def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None =
         if progress:
             progress.advance(1)
     return VerifyResult(result.root, result.exists, tuple(checked), skipped, result.warnings, tuple(fixed),
-                        tuple(errors))
+                        tuple(errors), unlocked)

@@ -19,60 +19,66 @@ SHARED_FIXTURES = Path(os.environ.get("KCACHE_SHARED_FIXTURES", REPO.parent / "s
 NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.access("/usr/local/bin/nvcc", os.X_OK) else None)
 CXX = shutil.which("g++")
 
-_skipped_for_nvcc: list[str] = []
-_skipped_for_redis: list[str] = []
-_skipped_for_root: list[str] = []
-
 from redis_server import REDIS_SERVER, redis_server  # noqa: E402, F401 - the remote tests' real redis-server
+from oci_registry import DOCKER_REGISTRY, SKOPEO, oci_registry  # noqa: E402, F401 - a real OCI registry
+
+# Why a test was skipped -> what the run's summary says loudly (the reasons below are the skips' own words).
+# The summary reads the skip reports, so it works where tests run in xdist's worker processes too.
+LOUD = {
+    "nvcc not found": ("NVCC MISSING", "tests that compile CUDA with nvcc were SKIPPED: nothing proved that kcache "
+                       "builds CUDA kernels on this machine."),
+    "redis-server not found": ("REDIS-SERVER MISSING", "tests that need a real redis-server were SKIPPED: nothing "
+                               "proved that push, pull and build --remote work against Redis "
+                               "(apt-get install redis-server)."),
+    "not root: this test runs an attacker": ("NOT ROOT", "shared-cache attack tests were SKIPPED: they need root to "
+                                             "run the attacker as a second user (uid 65534); nothing proved that a "
+                                             "co-user cannot make kcache write outside a group-shared cache."),
+    "loader oracle venv": ("LOADER ORACLE SKIPPED", "loader oracle runs were SKIPPED: nothing proved that kcache's "
+                           "statuses agree with these real loaders (python tests/loaders/venvs.py --all):"),
+    "docker-registry or skopeo not found": ("DOCKER-REGISTRY/SKOPEO MISSING", "tests that need a real OCI "
+                                            "registry were SKIPPED: nothing proved that push, pull and remote "
+                                            "ls/prune work against a registry (apt-get install docker-registry "
+                                            "skopeo)."),
+    "SKIPPED LOUDLY": ("SKIPPED LOUDLY", "tests could not exercise what they are for:"),
+}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if not NVCC and item.get_closest_marker("nvcc"):
-            _skipped_for_nvcc.append(item.nodeid)
             item.add_marker(pytest.mark.skip(reason="nvcc not found: this test compiles CUDA for real"))
         if not REDIS_SERVER and item.get_closest_marker("redis"):
-            _skipped_for_redis.append(item.nodeid)
             item.add_marker(pytest.mark.skip(reason="redis-server not found: this test needs a real Redis"))
+        if not (DOCKER_REGISTRY and SKOPEO) and item.get_closest_marker("oci"):
+            item.add_marker(pytest.mark.skip(reason="docker-registry or skopeo not found: this test needs a real "
+                                             "OCI registry"))
         if os.geteuid() != 0 and item.get_closest_marker("second_user"):
-            _skipped_for_root.append(item.nodeid)
             item.add_marker(pytest.mark.skip(reason="not root: this test runs an attacker as a second user"))
 
 
+def pytest_runtest_setup(item):
+    from loaders import venvs
+
+    venvs.SLOW_TIER[0] = item.get_closest_marker("slow") is not None
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    return str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+
+
 def pytest_terminal_summary(terminalreporter):
-    if _skipped_for_nvcc:
-        tr = terminalreporter
-        tr.write_sep("!", "NVCC MISSING", red=True, bold=True)
-        tr.write_line(f"{len(_skipped_for_nvcc)} tests that compile CUDA with nvcc were SKIPPED: "
-                      "nothing proved that kcache builds CUDA kernels on this machine.", red=True, bold=True)
-        tr.write_sep("!", red=True, bold=True)
-    if _skipped_for_redis:
-        tr = terminalreporter
-        tr.write_sep("!", "REDIS-SERVER MISSING", red=True, bold=True)
-        tr.write_line(f"{len(_skipped_for_redis)} tests that need a real redis-server were SKIPPED: nothing proved "
-                      "that push, pull and build --remote work against Redis (apt-get install redis-server).",
-                      red=True, bold=True)
-        tr.write_sep("!", red=True, bold=True)
-    if _skipped_for_root:
-        tr = terminalreporter
-        tr.write_sep("!", "NOT ROOT", red=True, bold=True)
-        tr.write_line(f"{len(_skipped_for_root)} shared-cache attack tests were SKIPPED: they need root to run the "
-                      "attacker as a second user (uid 65534); nothing proved that a co-user cannot make kcache "
-                      "write outside a group-shared cache.", red=True, bold=True)
-        tr.write_sep("!", red=True, bold=True)
-    _loader_oracle_summary(terminalreporter)
-
-
-def _loader_oracle_summary(tr) -> None:
-    """The loader venvs a test could not have (tests/loaders/venvs.py): loud, never a silent pass."""
-    from loaders.venvs import SKIPPED
-
-    if SKIPPED:
-        tr.write_sep("!", "LOADER ORACLE SKIPPED", red=True, bold=True)
-        tr.write_line(f"{len(SKIPPED)} loader oracle runs were SKIPPED: nothing proved that kcache's statuses "
-                      "agree with these real loaders (python tests/loaders/venvs.py --all):", red=True, bold=True)
-        for why in sorted(set(SKIPPED)):
-            tr.write_line(f"  {why[:300]}", red=True)
+    tr = terminalreporter
+    reasons = [_skip_reason(r) for r in tr.stats.get("skipped", [])]
+    for needle, (title, what) in LOUD.items():
+        found = [r for r in reasons if needle in r]
+        if not found:
+            continue
+        tr.write_sep("!", title, red=True, bold=True)
+        tr.write_line(f"{len(found)} {what}", red=True, bold=True)
+        if needle in ("loader oracle venv", "SKIPPED LOUDLY"):
+            for why in sorted(set(found)):
+                tr.write_line(f"  {why[:300]}", red=True)
         tr.write_sep("!", red=True, bold=True)
 
 

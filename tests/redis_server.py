@@ -39,24 +39,43 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        """Start it on self.port; a port another process took since free_port() (tests run in parallel
+        workers) means another port, and the server that answers must be this one (its pid)."""
+        for _ in range(5):
+            if self._start_once():
+                return
+            self.port = free_port()
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def _start_once(self) -> bool:
         args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", str(self.workdir)]
         args += ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
         if self.password:
             args += ["--requirepass", self.password]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    reply = s.recv(64)
-                    if reply.startswith((b"+PONG", b"-NOAUTH")):
-                        return
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start on port {self.port}")
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            if self._answers_as_ours():
+                return True
             time.sleep(0.02)
+        self.kill()
+        return False
+
+    def _answers_as_ours(self) -> bool:
+        hello = b"AUTH " + self.password.encode() + b"\r\n" if self.password else b""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(hello + b"INFO server\r\n")
+                reply = b""
+                while b"process_id:" not in reply or not reply.endswith(b"\r\n\r\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    reply += chunk
+        except OSError:
+            return False
+        assert self.proc is not None
+        return f"process_id:{self.proc.pid}\r\n".encode() in reply
 
     def client(self):
         import redis

@@ -11,6 +11,7 @@ import os
 import pickle
 import pprint
 import shutil
+import sys
 import tempfile
 import time
 import zlib
@@ -59,7 +60,12 @@ def machine(tmp_path) -> dict[str, Path]:
         "tilelang": home / ".tilelang" / "cache", "triton": home / ".triton" / "cache",
         "inductor": Path(tempfile.gettempdir()) / f"torchinductor_{user}",
         "cudajit": home / ".nv", "vllm": home / ".cache" / "vllm" / "torch_compile_cache",
+        # torch is not installed beside kcache here: torch's rule with the cpu accelerator
+        "torchext": home / ".cache" / "torch_extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}_cpu",
+        "numba": home / ".cache" / "numba",  # numba's user-wide cache (no JAX cache unless configured)
     }
+    copy_tree(FIXTURES / "torch_ext", roots["torchext"])
+    copy_tree(FIXTURES / "numba", roots["numba"])
     for name in ("hidet", "tilus", "tilelang"):
         copy_tree(FIXTURES / name, roots[name])
     copy_tree(FIXTURES / "triton" / "cache", roots["triton"])
@@ -106,6 +112,7 @@ def test_ls_all_caches_sees_seven_layouts(machine):
 
 
 def test_prune_all_caches_max_size_frees_the_least_recently_used_across_them(machine):
+    shutil.rmtree(machine["torchext"])  # its one 0.5 MB extension alone would outweigh half the rest
     rows = [r for r in run_kcache("ls", "--all-caches", "--json").json()["entries"] if r["status"] == "complete"
             and r["layout"] != "tilus"]  # tilus programs live as long as their scripts: not in this order
     rows.sort(key=lambda r: r["path"])

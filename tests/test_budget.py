@@ -157,14 +157,16 @@ def test_prune_enforces_the_cache_budget_keeping_the_most_recent(kcache, fixture
     same_times(root)
     ops = entries(root)
     relu, matmul = "ops/cpu_space_0/relu/31857fe085635b31", "ops/cpu_space_0/matmul/064b4a6c035246e8"
-    os.utime(root / relu / "lib.so", (T + 500, T + 500))  # 23.1 kB, used most recently
-    assert kcache("config", "set", "--cache", "hidet", "max-size", "60k").exit_code == 0
+    os.utime(root / relu / "lib.so", (T + 500, T + 500))  # used most recently
+    sizes = {e["path"]: e["size"] for e in kcache("--cache-dir", root, "ls", "--json").json()["entries"]}
+    keep = sizes[str(root / relu)] + sizes[str(root / matmul)]  # bytes on disk (issue 32)
+    assert kcache("config", "set", "--cache", "hidet", "max-size", f"{keep}B").exit_code == 0
     plan = kcache("--cache-dir", root, "prune", "--dry-run", "--json").json()
-    assert plan["max_size"] == 60_000
+    assert plan["max_size"] == keep
     assert entries(root) == ops
     run = kcache("--cache-dir", root, "prune", "--yes")
     assert run.exit_code == 0, run.stderr
-    assert "budget of" in run.stderr and "max-size 60.0 kB" in run.stderr
+    assert "budget of" in run.stderr
     # the rest share one time: the larger go first (softmax 48 kB, add 42 kB, fused 29 kB), then it fits
     assert entries(root) == {relu, matmul}
 
@@ -198,7 +200,7 @@ def test_all_budget_is_shared_across_caches(kcache, tmp_path, monkeypatch):
     same_times(old, T)
     same_times(new, T + 1000)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    size_new = sum(f.stat().st_size for f in new.rglob("*") if f.is_file())
+    size_new = kcache("--cache-dir", new, "stats", "--json").json()["size"]  # on disk
     (tmp_path / "home").mkdir(exist_ok=True)
     from kcache_cli.budget import configured
     from kcache_cli.config import load, set_value
@@ -206,6 +208,8 @@ def test_all_budget_is_shared_across_caches(kcache, tmp_path, monkeypatch):
     set_value("all", "max-size", f"{size_new}B")
     budgets = configured([(old, ("hidet",)), (new, ("hidet",))], load(), lambda m: None)
     assert budgets[str(new)].max_size == size_new and budgets[str(old)].max_size == 0
+    # what the prune line says: this cache's share of [all], not a max-size of its own (issue 32)
+    assert budgets[str(new)].size_from.startswith("its share of [all] max-size")
     set_value("hidet", "max-size", f"{size_new // 2}B")
     budgets = configured([(old, ("hidet",)), (new, ("hidet",))], load(), lambda m: None)
     # each cache's own cap first: `new` keeps at most half of itself, the rest of [all] goes to `old`
@@ -223,7 +227,7 @@ def test_lru_tie_goes_to_the_largest_and_prune_stops_once_under(kcache, tmp_path
     with open(root / big / "lib.so", "ab") as f:
         f.write(os.urandom(7_200_000))
     same_times(root)
-    total = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    total = kcache("--cache-dir", root, "stats", "--json").json()["size"]  # on disk
     limit = total - 7_200_000
     run = kcache("--cache-dir", root, "prune", "--max-size", f"{limit}B", "--yes", "--json")
     assert run.exit_code == 0, run.stderr
@@ -236,14 +240,18 @@ def test_stats_shows_usage_against_the_budget(kcache, fixture_copy, monkeypatch)
     root = fixture_copy("hidet")
     plain = kcache("--cache-dir", root, "stats")
     assert " of " not in plain.stdout and kcache("--cache-dir", root, "stats", "--json").json()["budget"] is None
-    assert kcache("config", "set", "--cache", "hidet", "max-size", "200k").exit_code == 0
-    assert kcache("config", "set", "max-size", "1M").exit_code == 0
+    used = kcache("--cache-dir", root, "stats", "--json").json()["size"]  # on disk (issue 32)
+    limit = used * 100 // 83  # 83% used
+    assert kcache("config", "set", "--cache", "hidet", "max-size", f"{limit}B").exit_code == 0
+    assert kcache("config", "set", "max-size", f"{used * 100 // 17}B").exit_code == 0
     run = kcache("--cache-dir", root, "stats")
     assert run.exit_code == 0
     lines = run.stdout.splitlines()
-    assert lines[-2] == "hidet  165.2 kB of 200.0 kB  " + "\u2588" * 17 + "\u2591" * 3 + " 83%"
-    assert lines[-1] == "all    165.2 kB of 1.0 MB  " + "\u2588" * 3 + "\u2591" * 17 + " 17%"
-    assert kcache("--cache-dir", root, "stats", "--json").json()["budget"] == {"used": 165222, "limit": 200000}
+    from kcache_cli.units import format_size
+
+    assert lines[-2] == f"hidet  {format_size(used)} of {format_size(limit)}  " + "\u2588" * 17 + "\u2591" * 3 + " 83%"
+    assert lines[-1].startswith(f"all    {format_size(used)} of ") and lines[-1].endswith(" 17%"), lines[-1]
+    assert kcache("--cache-dir", root, "stats", "--json").json()["budget"] == {"used": used, "limit": limit}
 
 
 def test_stats_with_a_bad_config_warns_and_shows_the_rest(kcache, fixture_copy, config_home):

@@ -59,6 +59,7 @@ def _output(python: Path, root: Path, entry: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # hidet's venv: its headers and loader
 @pytest.mark.parametrize("how", ["missing", "truncated", "empty"])
 def test_repair_makes_a_damaged_entry_a_hidet_hit(hidet_made, tmp_path, kcache, how):
     source, python = hidet_made
@@ -88,6 +89,7 @@ def _copy(root: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.slow  # hidet's venv: its headers and loader
 def test_a_whole_lib_so_is_left_alone_unless_forced(hidet_made, tmp_path, kcache):
     source, _ = hidet_made
     root = _copy(source, tmp_path / "cache")
@@ -101,6 +103,7 @@ def test_a_whole_lib_so_is_left_alone_unless_forced(hidet_made, tmp_path, kcache
     assert lib.stat().st_ino != ino and lib.read_bytes()[:4] == b"\x7fELF"
 
 
+@pytest.mark.slow  # hidet's venv: its headers and loader
 def test_an_output_named_outside_goes_to_the_temp_dir(hidet_made, tmp_path, kcache):
     """compile.sh's `-o` is never used: the compiler writes the temp directory's lib.so."""
     source, _ = hidet_made
@@ -209,6 +212,7 @@ def test_usage_errors(fixture_copy, kcache):
         assert r.exit_code == 2 and "Traceback" not in r.stderr, (args, r.stdout, r.stderr)
 
 
+@pytest.mark.slow  # hidet's venv: its headers and loader
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_a_cuda_entry_that_lacks_an_arch_is_rebuilt_for_it(fixture_copy, tmp_path, kcache):
     """The real softmax entry holds sm_90a; `--arch sm_80` rebuilds it with nvcc, adding that arch. Its
@@ -242,6 +246,7 @@ def test_a_cuda_entry_that_lacks_an_arch_is_rebuilt_for_it(fixture_copy, tmp_pat
 
 # ---- links, FIFOs and locks ---------------------------------------------------------------------------
 
+@pytest.mark.slow  # hidet's venv: its headers and loader
 def test_a_lib_so_link_is_replaced_never_written_through(hidet_made, tmp_path, kcache):
     source, _ = hidet_made
     root = _copy(source, tmp_path / "cache")

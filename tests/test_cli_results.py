@@ -202,7 +202,10 @@ def test_a_prune_of_more_than_half_needs_yes(kcache, fixture_copy):
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
     dry = kcache("--cache-dir", root, "prune", "--max-size", "1k", "--dry-run", "--json")
     assert dry.exit_code == 0 and len(dry.json()["removed"]) == 5
-    little = kcache("--cache-dir", root, "prune", "--max-size", "140k", "--json")  # one entry of five: no question
+    total = kcache("--cache-dir", root, "stats", "--json").json()["size"]
+    smallest = min(e["size"] for e in kcache("--cache-dir", root, "ls", "--json").json()["entries"])
+    # a budget one entry over: one entry of five goes, no question
+    little = kcache("--cache-dir", root, "prune", "--max-size", f"{total - smallest}B", "--json")
     assert little.exit_code == 0 and len(little.json()["removed"]) == 1, little.stderr
     done = kcache("--cache-dir", root, "prune", "--max-size", "1k", "--yes", "--json")
     assert done.exit_code == 0 and len(done.json()["removed"]) == 4

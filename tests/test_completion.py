@@ -244,7 +244,7 @@ def test_static_values(kcache):
     assert _values(kcache, "kcache ls --target c") == ["cuda", "cpu"]
     assert _values(kcache, "kcache ls --kind ") == ["op", "graph", "ir_module", "program", "script", "kernel",
                                                     "binary", "autograd", "code", "autotune", "triton", "jit",
-                                                    "compile", "aot"]
+                                                    "compile", "aot", "extension", "compile_cache", "functions"]
 
 
 def test_commands_and_options_complete(kcache):
@@ -455,3 +455,20 @@ def test_a_prefix_lookup_stats_only_the_names_that_match(mixed, monkeypatch):
     assert seen and all(n.startswith("8d") for n in seen)
     os.symlink("/etc", mixed / "ops/cuda_space_0/softmax/8d00000000000000")  # a link is no entry
     assert [e.hash for e in names.entries(mixed, prefix="8d")] == ["8d1f7691cdf75e90"]
+
+
+@pytest.mark.parametrize("shell", ["fish", "zsh"])
+def test_a_description_past_80_columns_stays_on_its_candidates_line(tmp_path, monkeypatch, shell):
+    """Typer renders descriptions in an 80-column Rich console: a cache's long path was wrapped onto a line
+    of its own (another candidate to the shell) and `[x]` in it was eaten as markup."""
+    from conftest import run_kcache
+
+    home = tmp_path / ("h" * 60) / "[x]"
+    copy_tree(FIXTURES / "hidet", home / ".cache" / "hidet")
+    monkeypatch.setenv("HOME", str(home))
+    run = run_kcache(env={"_KCACHE_COMPLETE": f"complete_{shell}", "_TYPER_COMPLETE_FISH_ACTION": "get-args",
+                          "_TYPER_COMPLETE_ARGS": "kcache clear --cache hi"})
+    assert run.exit_code == 0, run.stderr
+    lines = [ln for ln in run.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "hidet" in lines[0], lines
+    assert str(home / ".cache" / "hidet") in lines[0], lines

@@ -36,7 +36,7 @@ def jit(tmp_path: Path) -> Path:
 def test_one_opaque_entry_with_size_against_the_cap(jit, monkeypatch):
     monkeypatch.setenv("CUDA_CACHE_MAXSIZE", str(1 << 20))
     rows = run_kcache("--cache-dir", str(jit.parent), "ls", "--json").json()["entries"]
-    assert [(r["layout"], r["kind"], r["hash"], r["file_count"], r["size"], r["status"]) for r in rows] == [
+    assert [(r["layout"], r["kind"], r["hash"], r["file_count"], r["apparent_size"], r["status"]) for r in rows] == [
         ("cudajit", "jit", "ComputeCache", 4, 1000 + 1001 + 1002 + 256, "complete")]
     shown = run_kcache("--cache-dir", str(jit.parent), "inspect", "ComputeCache", "--json").json()
     assert shown["facts"]["size_against_the_cap"].startswith(f"{3259} of {1 << 20} bytes (0%, CUDA_CACHE_MAXSIZE)")

@@ -126,11 +126,11 @@ def test_owner_rules(tmp_path, monkeypatch):
 
 def test_state_dir_opt_in(tmp_path, monkeypatch):
     monkeypatch.setenv(state.SAFE_ENV, f"/elsewhere:{tmp_path}")
-    assert state._opted_in(tmp_path)
+    assert state.trusted_root(tmp_path)
     monkeypatch.setenv(state.SAFE_ENV, "/elsewhere")
-    assert not state._opted_in(tmp_path)
+    assert not state.trusted_root(tmp_path)
     monkeypatch.setenv(state.SAFE_ENV, "*")
-    assert state._opted_in(tmp_path)
+    assert state.trusted_root(tmp_path)
 
 
 def test_open_state_refuses_a_linked_state_dir(tmp_path):

@@ -13,7 +13,7 @@ from kcache_cli.cli import app as app_module
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 COMMANDS = ("dir", "ls", "inspect", "log", "stats", "build", "prune", "clear", "export", "import", "verify",
-            "push", "pull", "diff", "remote", "config")
+            "push", "pull", "diff", "explain", "remote", "config")
 
 
 @pytest.fixture(params=["plain", "rich"])

@@ -29,6 +29,7 @@ FLOORS: dict[str, int] = {
     "kcache_cli.fsdelete": PRIMITIVES,
     "kcache_cli.state": PRIMITIVES,  # the root's .kcache/ directory: lock, stamp and staging paths
     "kcache_cli.locking": PRIMITIVES,  # flocks on files of a root, below every writer
+    "kcache_cli.readmarks": PRIMITIVES,  # the atimes kcache's own reads moved, and put back in the record
     "kcache_cli.parallel": PRIMITIVES,
     "kcache_cli.progress": PRIMITIVES,
     "kcache_cli.tarstream": PRIMITIVES,
@@ -36,6 +37,7 @@ FLOORS: dict[str, int] = {
     "kcache_cli.taskfile": PRIMITIVES,  # reading a task file hidet/tilus wrote
     "kcache_cli.binary": PRIMITIVES,  # reading ELF/cubin/fatbin bytes
     "kcache_cli.gpu": PRIMITIVES,  # arch names and the local GPU
+    "kcache_cli.megacache": PRIMITIVES,  # torch's Mega-Cache blob framing (no torch, no unpickling)
     # the data model: records, the vocabulary, and the registry of path shapes (plain data that the
     # vocabulary's layout names and kinds are drawn from)
     "kcache_cli.model": MODEL,
@@ -56,6 +58,7 @@ FLOORS: dict[str, int] = {
     "kcache_cli.budget": ENGINES,
     "kcache_cli.config": ENGINES,  # kcache's own settings file (the budget prune keeps)
     "kcache_cli.mounts": PRIMITIVES,  # which mounts record reads (atime)
+    "kcache_cli.explain": ENGINES,  # will the consumer here hit an entry (kcache explain)
     "kcache_cli.triton_hook": ENGINES,  # a Triton cache manager that stamps hits
     "kcache_cli.usage": ENGINES,  # stats' space by age and what prune --broken would free
     "kcache_cli.build": ENGINES,
@@ -73,7 +76,8 @@ FLOORS: dict[str, int] = {
 # `<name>.py`, or a helper `<name>_*.py` of that layout alone, like triton_remote.py).
 LAYOUT_SHARED = frozenset({"kcache_cli.layouts", "kcache_cli.layouts.base", "kcache_cli.layouts._common",
                            "kcache_cli.layouts.shapes", "kcache_cli.layouts._facts",
-                           "kcache_cli.layouts.remote_format", "kcache_cli.layouts.homes"})
+                           "kcache_cli.layouts.remote_format", "kcache_cli.layouts.image_format",
+                           "kcache_cli.layouts.homes"})
 
 
 class Cycle(NamedTuple):

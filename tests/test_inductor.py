@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import copy_tree, run_kcache
+from loaders import recorded
 from loaders.venvs import python_for
 
 PROBE = Path(__file__).resolve().parent / "loaders" / "inductor_probe.py"
@@ -37,18 +38,45 @@ def probe(root: Path, crash_ok: bool = False) -> dict:
 
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory) -> Path:
+def real_made(tmp_path_factory) -> Path:
     """A real Inductor cache: the first run compiles everything (all misses), a second run hits all."""
     root = tmp_path_factory.mktemp("inductor") / "cache"
     first = probe(root)
     assert first["hit"] == 0 and first["miss"] == 4, first
     assert probe(root) == ALL_HITS
+    if recorded.RECORD:
+        recorded.save_tree("inductor", root)
     return root
+
+
+@pytest.fixture(scope="module")
+def recorded_made(tmp_path_factory) -> Path:
+    """The cache torch made in the slow run that recorded it (tests/loaders/recorded/inductor.tar.gz)."""
+    return recorded.extract_tree("inductor", tmp_path_factory.mktemp("inductor-recorded"))
+
+
+@pytest.fixture(scope="module", params=["recorded", pytest.param("real", marks=pytest.mark.slow)])
+def made(request) -> Path:
+    """Fast tier: the recorded cache; slow tier: one torch makes now, too."""
+    return request.getfixturevalue(f"{request.param}_made")
 
 
 @pytest.fixture
 def cache(made, tmp_path) -> Path:
     return copy_tree(made, tmp_path / "torchinductor_test")
+
+
+@pytest.fixture
+def real_cache(real_made, tmp_path) -> Path:
+    """For the tests that run torch on the cache: the one torch made in this run."""
+    return copy_tree(real_made, tmp_path / "torchinductor_test")
+
+
+@pytest.mark.slow
+def test_the_recorded_cache_still_hits_every_graph(recorded_made, tmp_path):
+    """The recorded cache is current: today's torch hits every graph of it (else KCACHE_ORACLE_RECORD=1
+    pytest -m slow tests/test_inductor.py records it anew)."""
+    assert probe(copy_tree(recorded_made, tmp_path / "torchinductor_test")) == ALL_HITS
 
 
 def rows(root: Path, *args: str) -> dict[str, dict]:
@@ -74,7 +102,7 @@ def test_lists_a_real_cache_exactly(cache):
     assert all(r["status"] == "complete" and r["layout"] == "inductor" for r in listed.values())
     for rel, r in listed.items():
         walked = [p for p in (cache / rel).rglob("*") if p.is_file()]
-        assert r["file_count"] == len(walked) and r["size"] == sum(p.stat().st_size for p in walked)
+        assert r["file_count"] == len(walked) and r["apparent_size"] == sum(p.stat().st_size for p in walked)
     assert "locks" not in {rel.split("/")[0] for rel in listed}  # torch's FileLocks are left alone
     verify = run_kcache("--cache-dir", str(cache), "verify", "--json")
     assert verify.exit_code == 0, verify.stdout
@@ -179,7 +207,8 @@ MATRIX = [dmg_missing, dmg_empty, dmg_garbage, dmg_truncated, dmg_old_tmp_beside
 
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", MATRIX, ids=[d.__name__[4:] for d in MATRIX])
-def test_damage_matrix_agrees_with_torch(cache, damage):
+def test_damage_matrix_agrees_with_torch(real_cache, damage):
+    cache = real_cache
     target = damage(cache)
     rel = os.path.relpath(target, cache)
     if rel.startswith("aotautograd") and damage is dmg_aot_graph_gone:
@@ -203,7 +232,8 @@ def test_damage_matrix_agrees_with_torch(cache, damage):
 
 
 @pytest.mark.slow
-def test_truncated_wrapper_libraries_crash_torch_and_are_corrupt(cache):
+def test_truncated_wrapper_libraries_crash_torch_and_are_corrupt(real_cache):
+    cache = real_cache
     """torch loads each graph's compiled wrapper (.main.so) on a hit: truncated, it crashes (corrupt)."""
     for so in cache.glob("*/*.so"):
         so.write_bytes(so.read_bytes()[:5000])
@@ -216,7 +246,8 @@ def test_truncated_wrapper_libraries_crash_torch_and_are_corrupt(cache):
 
 
 @pytest.mark.slow
-def test_removing_every_code_shard_keeps_every_graph_hit(cache):
+def test_removing_every_code_shard_keeps_every_graph_hit(real_cache):
+    cache = real_cache
     """The code cache is rebuilt from the fx graphs (they hold their source): clearing it loses no hit."""
     shards = sorted(rows(cache, "--kind", "code"))
     run = run_kcache("--cache-dir", str(cache), "clear", *shards, "--yes", "--json")
@@ -241,7 +272,9 @@ def _graph_users(root: Path, rel: str) -> set[str]:
 
 # ---- every command on a real cache ----------------------------------------------------------------------
 
-def test_export_then_import_elsewhere_hits_everything(cache, tmp_path):
+@pytest.mark.slow
+def test_export_then_import_elsewhere_hits_everything(real_cache, tmp_path):
+    cache = real_cache
     archive = tmp_path / "inductor.tar.gz"
     run = run_kcache("--cache-dir", str(cache), "export", str(archive), "--json")
     assert run.exit_code == 0, run.stderr

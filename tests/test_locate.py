@@ -101,6 +101,7 @@ def test_dir_command_prints_path_and_reason(kcache, tmp_path, monkeypatch):
 def test_dir_all_lists_known_caches(kcache, fixture_copy, monkeypatch):
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(fixture_copy("tilelang")))
     rows = {r["cache"]: r for r in kcache("dir", "--all", "--json").json()["caches"]}
-    assert set(rows) == {"hidet", "tilus", "tilelang", "triton", "inductor", "cudajit", "vllm"}
+    assert set(rows) == {"hidet", "tilus", "tilelang", "triton", "inductor", "cudajit", "vllm",
+                         "torchext", "numba"}
     assert rows["tilelang"]["layouts"] == ["tilelang"] and rows["tilelang"]["entry_count"] == 2
     assert rows["hidet"]["exists"] is False and rows["hidet"]["entry_count"] == 0

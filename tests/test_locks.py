@@ -187,7 +187,8 @@ def test_open_lock_refuses_what_is_not_a_regular_file(tmp_path):
     assert not (tmp_path / "elsewhere").exists()
     fd = open_lock(tmp_path / "new.lock", create=True)
     os.close(fd)
-    assert (tmp_path / "new.lock").stat().st_mode & 0o777 == 0o664 & ~_umask()
+    # only those who may write the cache may open a lock (issue 32): 0600 outside a group-shared cache
+    assert (tmp_path / "new.lock").stat().st_mode & 0o777 == 0o600
 
 
 def _umask() -> int:
@@ -205,9 +206,10 @@ def test_a_fifo_as_the_gc_lock_is_a_clear_error(fixture_copy):
 
 
 def test_a_group_cache_gets_group_writable_locks(fixture_copy):
-    """In a group-shared cache (2775, umask 002) the lock directory, the trash and the lock files kcache
-    makes are group-writable, so every member can take them; with umask 022 they stay the owner's."""
-    for umask, want_dir, want_file in ((0o002, 0o775, 0o664), (0o022, 0o755, 0o644)):
+    """In a group-shared cache (2775) the lock directory, the trash and the lock files kcache makes are
+    group-writable whatever the umask (root's cron with 022 included, issue 32), so every member can
+    take them; lock files are closed to others (a reader must not hold the gc lock)."""
+    for umask, want_dir, want_file in ((0o002, 0o2775, 0o660), (0o022, 0o2775, 0o660)):
         root = fixture_copy("hidet", dest=f"group-{umask:o}")
         os.chmod(root, 0o2775)
         r = subprocess.run([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "clear", "--op", "relu",
@@ -215,8 +217,8 @@ def test_a_group_cache_gets_group_writable_locks(fixture_copy):
                            preexec_fn=lambda m=umask: os.umask(m))
         assert r.returncode == 0, r.stderr
         for d in ("locks", "trash"):
-            assert os.stat(root / ".kcache" / d).st_mode & 0o777 == want_dir, (umask, d)
-        assert os.stat(root / ".kcache/locks/.gc.lock").st_mode & 0o777 == want_file
+            assert os.stat(root / ".kcache" / d).st_mode & 0o7777 == want_dir, (umask, d)
+        assert os.stat(root / ".kcache/locks/.gc.lock").st_mode & 0o7777 == want_file
 
 
 def test_a_lock_that_cannot_be_created_is_an_error_not_a_loop(tmp_path, monkeypatch):

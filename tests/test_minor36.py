@@ -54,7 +54,7 @@ def test_ctrl_c_while_the_result_prints_says_what_was_removed(kcache, tmp_path, 
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cmd_delete, "_table", interrupted)
-    r = kcache("--cache-dir", root, "prune", "--max-size", "0", "--yes")
+    r = kcache("--cache-dir", root, "prune", "--max-size", "0", "--yes", "--list")  # a row per entry
     assert r.exit_code == 130
     assert "interrupted: removed 30 of 30 entries" in r.stderr, r.stderr
 

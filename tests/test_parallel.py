@@ -1,10 +1,19 @@
-"""kcache_cli.parallel: workers are forked only when no other thread runs; else a forkserver starts them."""
+"""kcache_cli.parallel: workers are forked only when no other thread runs; else a forkserver starts them.
+
+Whether a process runs other threads is the point here, and a test runner's worker may run some of its own
+(or keep one another test left): the tests that need a process with only its main thread run their body
+in a fresh interpreter (`alone`)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import threading
+
 
 from kcache_cli import parallel
 from kcache_cli.scan import scan_cache
@@ -25,45 +34,75 @@ def _with_thread(run):
         t.join()
 
 
-def test_forks_when_alone():
+def alone(test, *args: str) -> None:
+    """Run the body of `test` (`body_<what>(*args)` for `test_<what>`) in a fresh interpreter whose temp dir
+    is short: the forkserver's socket lies there, and AF_UNIX paths end at 108 bytes, which pytest's temp
+    paths (longer under xdist) pass (map_parts then raises, and its callers do the work themselves)."""
+    code = (f"import sys; sys.path[:0] = {sys.path!r}\nimport test_parallel\n"
+            f"test_parallel.body_{test.__name__[5:]}(*{list(args)!r})\n")
+    short = tempfile.mkdtemp(prefix="kc-", dir="/tmp")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              cwd=os.path.dirname(inspect.getfile(test)), env={**os.environ, "TMPDIR": short})
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def body_forks_when_alone():
     assert parallel.fork_safe()
     out = parallel.map_parts(_part, 3, [[1, 2], [3], []])
     assert [r[1] for r in out] == [[3, 6], [9], []]
     assert {r[0] for r in out} == {os.getpid()}  # forked from this process
 
 
+def test_forks_when_alone():
+    alone(test_forks_when_alone)
+
+
 def test_forkserver_while_a_thread_runs():
+    alone(test_forkserver_while_a_thread_runs)
+
+
+def body_forkserver_while_a_thread_runs():
     out = _with_thread(lambda: (parallel.fork_safe(), parallel.map_parts(_part, 2, [[1], [2, 3]])))
     assert out[0] is False
     assert [r[1] for r in out[1]] == [[2], [4, 6]]
     assert all(ppid != os.getpid() for ppid, _ in out[1])  # started by the forkserver, not forked from here
 
 
-def test_parallel_scan_with_a_thread_running_matches_serial(fixture_copy, monkeypatch):
-    import kcache_cli.scan_context as scan_mod
-
+def test_parallel_scan_with_a_thread_running_matches_serial(fixture_copy):
     root = fixture_copy("hidet")
     softmax = next((root / "ops/cuda_space_0/softmax").iterdir())
     for i in range(12):
         shutil.copytree(softmax, root / f"ops/cuda_space_1/softmax/{i:016x}")
+    alone(test_parallel_scan_with_a_thread_running_matches_serial, str(root))
+
+
+def body_parallel_scan_with_a_thread_running_matches_serial(root: str):
+    import kcache_cli.scan_context as scan_mod
+
     serial = scan_cache(root)
-    monkeypatch.setattr(scan_mod, "PARALLEL_MIN_JOBS", 2)
+    scan_mod.PARALLEL_MIN_JOBS = 2
     threaded = _with_thread(lambda: scan_cache(root))
     assert threaded.entries == serial.entries and len(serial.entries) > 12
 
 
-def test_a_progress_bar_runs_no_thread_so_workers_fork(monkeypatch, capsys):
+def test_a_progress_bar_runs_no_thread_so_workers_fork():
     """The export and import bars are drawn when advanced, not by Rich's refresh thread: the workers
     they show can be forked safely (and fast) while the bar is up."""
+    alone(test_a_progress_bar_runs_no_thread_so_workers_fork)
+
+
+def body_a_progress_bar_runs_no_thread_so_workers_fork():
     import io
-    import sys
 
     from kcache_cli.cli.common import GlobalOptions
     from kcache_cli.cli.progress import Bar
 
     tty = io.StringIO()
     tty.isatty = lambda: True  # type: ignore[method-assign]
-    monkeypatch.setattr(sys, "stderr", tty)
+    sys.stderr = tty
     with Bar(GlobalOptions(), "exporting") as bar:
         assert bar.enabled and bar._progress is not None
         bar.start(3)

@@ -7,8 +7,11 @@ entry's directories, .kcache/ and its subdirectories) for symlinks to a victim d
 directory standing for ~/.ssh or /etc/cron.d. After every race the victim is unchanged byte for byte,
 nothing outside the cache was created, renamed or removed, and no traceback was printed.
 
-Each race test runs KCACHE_RACES races (default 4); the slow-marked ones KCACHE_SLOW_RACES (default 300).
-KCACHE_RACE_SEED replays a run: the seed is printed."""
+Each race test runs KCACHE_RACES races (default 4); the slow-marked ones KCACHE_SLOW_RACES (default 30, a
+sample of the full run's 300 schedules; KCACHE_SLOW_RACES=300 runs them all). A schedule is one seeded race:
+the full run's schedules are fixed by its seed (KCACHE_STRESS_SEED, default below), and a sample takes a
+window of them that moves every hour, so that CI runs over a day try them all. What a run took is printed,
+with the variables that replay it (KCACHE_STRESS_SEED, KCACHE_RACE_OFFSET)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -33,15 +37,28 @@ ATTACKER = 65534  # nobody
 GROUP = 54321  # a made-up group: setgroups needs no /etc/group entry
 PY = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable  # one the attacker can run
 RACES = int(os.environ.get("KCACHE_RACES", "4"))
-SLOW_RACES = max(300, int(os.environ.get("KCACHE_SLOW_RACES", "300")))
+FULL_RACES = 300  # the schedules of a full run
+SLOW_RACES = int(os.environ.get("KCACHE_SLOW_RACES", "30"))
 TIMEOUT = 180
 needs_cxx = pytest.mark.skipif(CXX is None, reason="g++ not found")
 
 
 def _seed() -> int:
-    seed = int(os.environ.get("KCACHE_RACE_SEED") or random.randrange(1 << 30))
-    print(f"race seed {seed} (replay with KCACHE_RACE_SEED={seed})")
-    return seed
+    """The seed of the full run's schedules (KCACHE_RACE_SEED, the older name, too)."""
+    return int(os.environ.get("KCACHE_STRESS_SEED") or os.environ.get("KCACHE_RACE_SEED") or 20261128)
+
+
+def schedules(n: int, seed: int) -> list[int]:
+    """The seeds of `n` races: all of the full run's schedules when n >= FULL_RACES (more repeat them), else
+    a window of n of them that starts where KCACHE_RACE_OFFSET says, or moves on by n every hour."""
+    full = random.Random(seed)
+    every = [full.randrange(1 << 30) for _ in range(FULL_RACES)]
+    offset = int(os.environ.get("KCACHE_RACE_OFFSET") or (int(time.time()) // 3600 * n) % FULL_RACES)
+    if n >= FULL_RACES:
+        offset = 0
+    print(f"races {offset}..{offset + n - 1} (mod {FULL_RACES}) of the full run's schedules; replay with "
+          f"KCACHE_STRESS_SEED={seed} KCACHE_RACE_OFFSET={offset} KCACHE_SLOW_RACES={n}")
+    return [every[(offset + i) % FULL_RACES] for i in range(n)]
 
 
 def as_attacker() -> None:
@@ -205,7 +222,7 @@ def run_races(area: Path, n: int, command_for, entries: list[str], seed: int, ex
     to the victim: a write through the swapped staging path would land in the victim). After each race
     the victim and the decoy are unchanged and nothing new is beside the cache; some flips overall."""
     victim = make_victim(area)
-    rnd = random.Random(seed)
+    seeds = schedules(n, seed)
     total = published = 0
     said: set[str] = set()
     names = {p.name for p in area.iterdir()} | {"decoy"}
@@ -225,7 +242,7 @@ def run_races(area: Path, n: int, command_for, entries: list[str], seed: int, ex
         specs = [f"{r}/{g}|{victim}" for g in (".kcache", ".kcache/import-*", ".kcache/locks", ".kcache/trash",
                                                 ".kcache/used", "ops", "ops/*", "ops/*/*", "ops/*/*/*")]
         specs += [f"{r}/.kcache/import-*|{decoy}"] * 4 + list(extra)
-        run, flips = race(area, command_for(root), specs, rnd.randrange(1 << 30))
+        run, flips = race(area, command_for(root), specs, seeds[i])
         assert_held(run, watched, area, names)
         total += flips
         published += run.returncode == 0
@@ -266,7 +283,7 @@ def test_import_races_a_swapper_and_writes_nothing_outside(area, archive):
 
 
 @pytest.mark.slow
-def test_import_races_a_swapper_300_times(area, archive):
+def test_import_races_a_sample_of_300_schedules(area, archive):
     _import_races(area, archive, SLOW_RACES)
 
 
@@ -301,14 +318,14 @@ def test_pull_redis_races_a_swapper(area, redis_server):
 
 
 @pytest.mark.slow
-def test_pull_file_remote_races_a_swapper_300_times(area):
+def test_pull_file_remote_races_a_sample_of_300_schedules(area):
     remote = shared_dir(area / "remote")
     _pull_races(area, f"file://{remote}", SLOW_RACES, ["remote/*.d"])
 
 
 @pytest.mark.slow
 @pytest.mark.redis
-def test_pull_redis_races_a_swapper_300_times(area, redis_server):
+def test_pull_redis_races_a_sample_of_300_schedules(area, redis_server):
     _pull_races(area, redis_server().url, SLOW_RACES)
 
 
@@ -346,7 +363,7 @@ def test_build_remote_file_races_a_swapper(area):
 @pytest.mark.slow
 @needs_cxx
 @pytest.mark.redis
-def test_build_remote_races_a_swapper_300_times(area, redis_server):
+def test_build_remote_races_a_sample_of_300_schedules(area, redis_server):
     _build_remote_races(area, redis_server().url, SLOW_RACES)
 
 

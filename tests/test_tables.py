@@ -132,8 +132,10 @@ def test_ls_selects_on_size(kcache, fixture_copy):
     assert big.exit_code == 0
     got = entries_of(kcache, root) and (big.json()["entries"] if isinstance(big.json(), dict) else big.json())
     assert {e["hash"] for e in got} == {e["hash"] for e in entries if e["size"] >= 40_000}
-    small = kcache("--cache-dir", root, "ls", "--max-size", "24kB", "--min-size", "23.2k", "--json").stdout
-    assert "064b4a6c035246e8" in small and "31857fe085635b31" not in small  # 23,358 and 23,142 bytes
+    one = next(e["size"] for e in entries if e["hash"] == "064b4a6c035246e8")  # bytes on disk
+    small = kcache("--cache-dir", root, "ls", "--max-size", f"{one}B", "--min-size", f"{one}B", "--json").json()
+    assert {e["hash"] for e in small["entries"]} == {e["hash"] for e in entries if e["size"] == one}
+    assert "064b4a6c035246e8" in {e["hash"] for e in small["entries"]}
     for bad in (["--min-size", "10"], ["--max-size", "lots"], ["--min-size", "2M", "--max-size", "1M"]):
         r = kcache("--cache-dir", root, "ls", *bad)
         assert r.exit_code == 2 and r.stdout == "", (bad, r.stdout, r.stderr)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import copy_tree, run_kcache
+from loaders import recorded
 from loaders.venvs import python_for
 
 PROBE = Path(__file__).resolve().parent / "loaders" / "vllm_probe.py"
@@ -32,11 +33,32 @@ def torch_run(*args: str, inductor: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory) -> Path:
+def real_made(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("vllm")
     for h10, fmt in UNITS.items():
         torch_run("make", str(base / "root"), h10, fmt, inductor=base / "inductor")
+    if recorded.RECORD:
+        recorded.save_tree("vllm", base / "root" / "torch_compile_cache")
     return base / "root" / "torch_compile_cache"
+
+
+@pytest.fixture(scope="module")
+def recorded_made(tmp_path_factory) -> Path:
+    """The cache the slow run that recorded it made (tests/loaders/recorded/vllm.tar.gz), its indexes
+    pointed where it now is (as if made here: kcache's `verify --fix`, which test_a_copied_cache... proves)."""
+    root = recorded.extract_tree("vllm", tmp_path_factory.mktemp("vllm-recorded") / "root")
+    fixed = run_kcache("--cache-dir", str(root), "verify", "--fix", "--json")
+    assert fixed.exit_code == 0, fixed.stdout + fixed.stderr
+    for unit in root.iterdir():
+        if unit.name in UNITS:
+            _age(unit)  # made long ago, as the real fixture's units are by the time its tests read them
+    return root
+
+
+@pytest.fixture(scope="module", params=["recorded", pytest.param("real", marks=pytest.mark.slow)])
+def made(request) -> Path:
+    """Fast tier: the recorded cache; slow tier: one torch makes now, too."""
+    return request.getfixturevalue(f"{request.param}_made")
 
 
 def loads(unit: Path, tmp_path: Path) -> dict:
@@ -44,13 +66,23 @@ def loads(unit: Path, tmp_path: Path) -> dict:
     return json.loads(torch_run("load", str(unit), UNITS[unit.name], inductor=tmp_path / "ind-load"))
 
 
-@pytest.fixture
-def cache(made, tmp_path) -> Path:
+def _relocated_copy(made: Path, tmp_path: Path) -> Path:
     """A private copy, relocated by kcache (its indexes named the original's paths)."""
     root = copy_tree(made, tmp_path / "torch_compile_cache")
     fixed = run_kcache("--cache-dir", str(root), "verify", "--fix", "--json")
     assert fixed.exit_code == 0, fixed.stdout + fixed.stderr
     return root
+
+
+@pytest.fixture
+def cache(made, tmp_path) -> Path:
+    return _relocated_copy(made, tmp_path)
+
+
+@pytest.fixture
+def real_cache(real_made, tmp_path) -> Path:
+    """For the tests that run torch on the cache: the one made in this run."""
+    return _relocated_copy(real_made, tmp_path)
 
 
 def rows(root: Path) -> dict[str, dict]:
@@ -65,13 +97,27 @@ def test_lists_units_and_their_key_factors(made, cache, tmp_path):
         h: ("vllm", "compile", "complete") for h in UNITS}
     for h, r in before.items():
         walked = [p for p in (made / h).rglob("*") if p.is_file()]
-        assert r["file_count"] == len(walked) and r["size"] == sum(p.stat().st_size for p in walked)
+        assert r["file_count"] == len(walked) and r["apparent_size"] == sum(p.stat().st_size for p in walked)
     moved = run_kcache("--cache-dir", str(made.parent.parent / "nowhere"), "verify")
     assert moved.exit_code == 2  # no such cache: a usage error, not a traceback
     shown = run_kcache("--cache-dir", str(cache), "inspect", "0123", "--json").json()
     assert shown["facts"]["key_factor_compiler_hash"] == "1234abcd56"
     assert shown["facts"]["index_rank_0_0_backbone"].startswith("2 artifact(s), inductor_standalone")
-    assert loads(cache / "0123456789", tmp_path) == {"loaded": 4, "failed": []}
+
+
+@pytest.mark.slow
+def test_a_listed_unit_loads(real_cache, tmp_path):
+    assert rows(real_cache)["0123456789"]["status"] == "complete"
+    assert loads(real_cache / "0123456789", tmp_path) == {"loaded": 4, "failed": []}
+
+
+@pytest.mark.slow
+def test_the_recorded_cache_still_loads(recorded_made, tmp_path):
+    """The recorded cache is current: today's torch loads every unit of it (else KCACHE_ORACLE_RECORD=1
+    pytest -m slow tests/test_vllm.py records it anew)."""
+    root = _relocated_copy(recorded_made, tmp_path)
+    for h10 in UNITS:
+        assert loads(root / h10, tmp_path) == {"loaded": 4, "failed": []}
 
 
 def test_a_copied_cache_is_reported_moved_until_fixed(made, tmp_path):
@@ -146,7 +192,8 @@ MATRIX = [dmg_index_garbage, dmg_index_missing, dmg_binary_missing, dmg_binary_t
 
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", MATRIX, ids=[d.__name__[4:] for d in MATRIX])
-def test_damage_matrix_agrees_with_the_loader(cache, damage, tmp_path):
+def test_damage_matrix_agrees_with_the_loader(real_cache, damage, tmp_path):
+    cache = real_cache
     h10 = damage(cache)
     _age(cache / h10)  # damage long done: no vLLM process is writing it any more
     shown = run_kcache("--cache-dir", str(cache), "inspect", h10, "--json").json()
@@ -166,7 +213,7 @@ def test_damage_matrix_agrees_with_the_loader(cache, damage, tmp_path):
     assert planned <= {h10}
 
 
-def test_export_import_elsewhere_loads(cache, tmp_path):
+def _export_import_elsewhere(cache: Path, tmp_path: Path) -> Path:
     archive = tmp_path / "vllm.tar.gz"
     assert run_kcache("--cache-dir", str(cache), "export", str(archive)).exit_code == 0
     other = tmp_path / "elsewhere" / "torch_compile_cache"
@@ -174,6 +221,16 @@ def test_export_import_elsewhere_loads(cache, tmp_path):
     assert run.exit_code == 0, run.stderr
     assert sorted(rows(other)) == sorted(UNITS)
     assert run_kcache("--cache-dir", str(other), "verify").exit_code == 0  # paths rewritten on import
+    return other
+
+
+def test_export_import_elsewhere_verifies(cache, tmp_path):
+    _export_import_elsewhere(cache, tmp_path)
+
+
+@pytest.mark.slow
+def test_export_import_elsewhere_loads(real_cache, tmp_path):
+    other = _export_import_elsewhere(real_cache, tmp_path)
     for h10 in UNITS:
         assert loads(other / h10, tmp_path) == {"loaded": 4, "failed": []}
 
@@ -285,3 +342,28 @@ def test_a_judgement_reads_only_through_the_unit_it_is_handed(cache, deep):
         for _, _, d in held:
             d.close()
         anchor.close()
+
+
+def test_explain_misses_on_a_recorded_switch_set_otherwise_here(cache, tmp_path):
+    """cache_key_factors.json records VLLM_USE_STANDALONE_COMPILE=True: set to 0 here, vLLM hashes another
+    unit name (a miss naming it); without vLLM a miss; with it and the switch unset, unknown, never hit."""
+    exe = tmp_path / "py"
+
+    def here(versions: dict) -> str:
+        doc = {"python": "3.11", "executable": str(exe), "versions": versions}
+        exe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(doc)}\nEOF\n")
+        exe.chmod(0o755)
+        return str(exe)
+
+    def verdicts(versions: dict, env: dict | None = None) -> dict[str, dict]:
+        r = run_kcache("--cache-dir", str(cache), "--json", "explain", "--python", here(versions), env=env)
+        assert r.exit_code == 0, r.stderr
+        return {i["what"]: i for i in r.json()["items"] if i["kind"] == "compile"}
+
+    assert all(v["verdict"] == "miss" and v["here"] == "not installed" for v in verdicts({"vllm": None}).values())
+    off = verdicts({"vllm": "0.11.0"}, {"VLLM_USE_STANDALONE_COMPILE": "0"})
+    assert set(off) == set(UNITS) and all(
+        (v["verdict"], v["factor"], v["recorded"], v["here"]) == ("miss", "VLLM_USE_STANDALONE_COMPILE", "True", "0")
+        for v in off.values())
+    on = verdicts({"vllm": "0.11.0"}, {"VLLM_USE_STANDALONE_COMPILE": "1"})
+    assert all(v["verdict"] == "unknown" for v in on.values())

@@ -155,8 +155,9 @@ def plan_export(root: Path, flt: ScanFilter, warn: Warn | None = None, sources_o
 
 
 def _brought_along(root: Path, chosen: list[Entry], left: list, warn: Warn) -> list[Entry]:
-    """The entries chosen ones use (Layout.uses) that are not chosen themselves."""
-    from kcache_cli.scan import scan_cache
+    """The entries chosen ones use (Layout.uses) that are not chosen themselves: looked up by their paths
+    (only those are judged), not found by a second scan of their layout."""
+    from kcache_cli.scan import narrowed_by_names, scan_cache
 
     have = {e.relpath for e in chosen}
     need: dict[str, set[str]] = {}  # layout -> relpaths
@@ -166,7 +167,8 @@ def _brought_along(root: Path, chosen: list[Entry], left: list, warn: Warn) -> l
                 need.setdefault(e.layout, set()).add(rel)
     out = []
     for layout, rels in sorted(need.items()):
-        for e in scan_cache(root, ScanFilter(layouts=(layout,)), warn).entries:
+        wanted = narrowed_by_names(root, ScanFilter(layouts=(layout,), paths=tuple(sorted(rels))))
+        for e in scan_cache(root, wanted, warn).entries:
             if e.relpath in rels:
                 if e.status == BUILDING:
                     left.append((e, f"being built ({e.reason})"))

@@ -783,6 +783,15 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
 def archive_layouts(archive: str, limits: ImportLimits = ImportLimits()) -> tuple[str, ...]:
     """The layouts of the entries `archive`'s manifest lists (sorted), read from its first member only:
     where `import` without --cache-dir puts them. () when it cannot be read (import then says why)."""
+    try:
+        records = archive_records(archive, limits)
+    except KcacheError:
+        return ()
+    return tuple(sorted({str(rec.get("layout")) for rec in records}))
+
+
+def archive_records(archive: str, limits: ImportLimits = ImportLimits()) -> list[dict]:
+    """The entry records of `archive`'s manifest (its first member only; nothing else is read)."""
     from kcache_cli import tarstream as ts
 
     try:
@@ -791,13 +800,13 @@ def archive_layouts(archive: str, limits: ImportLimits = ImportLimits()) -> tupl
             try:
                 head = reader.next()
                 if head is None or head.name != MANIFEST_NAME or head.size > limits.max_manifest:
-                    return ()
+                    raise KcacheError(f"{archive}: no {MANIFEST_NAME} first: not an archive kcache exported")
                 man = parse_manifest(b"".join(reader.data(head)), limits)
             finally:
                 reader.close()
-    except (OSError, KcacheError, ts.TarFormatError, ValueError):
-        return ()
-    return tuple(sorted({str(rec.get("layout")) for rec in man.records}))
+    except (OSError, ts.TarFormatError, ValueError) as exc:
+        raise KcacheError(f"{archive}: {getattr(exc, 'strerror', None) or exc}") from None
+    return [r for r in man.records if isinstance(r, dict)]
 
 
 class Importer:

@@ -145,7 +145,7 @@ def _register() -> None:
 
     for module in (cmd_read,):
         module.register(app)
-    for name in ("cmd_build", "cmd_delete", "cmd_archive", "cmd_remote", "cmd_diff", "cmd_config"):
+    for name in ("cmd_build", "cmd_delete", "cmd_archive", "cmd_remote", "cmd_diff", "cmd_config", "cmd_explain"):
         try:
             module = __import__(f"kcache_cli.cli.{name}", fromlist=["register"])
         except ModuleNotFoundError as exc:
@@ -241,6 +241,13 @@ def _fail(message: str, code: int, as_json: bool, trace: bool = False) -> None:
     sys.exit(code)
 
 
+def _release_roots() -> None:
+    """The roots the command vetted and held (fsread.hold_root), closed: main runs many times in tests."""
+    fsread = sys.modules.get("kcache_cli.fsread")
+    if fsread is not None:
+        fsread.release_roots()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turn errors into one line and an exit status."""
     from kcache_cli.errors import KcacheError
@@ -294,6 +301,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(0)
         message, code = describe_exception(exc)
         _fail(message, code, as_json)
+    finally:
+        _release_roots()
     try:
         sys.stdout.flush()
     except BrokenPipeError:

@@ -38,6 +38,13 @@ def export_command(
     sel: c.Selection,
     sources_only: Annotated[bool, typer.Option("--sources-only", help="Leave the compiled binaries (*.so, *.cubin, "
                                                "*.fatbin...) out, to rebuild elsewhere.")] = False,
+    fmt: Annotated[Optional[str], typer.Option(
+        "--format", metavar="FORMAT", help="tar (default: kcache's archive) or torch-mega: a blob torch's "
+        "load_cache_artifacts() loads, of the Inductor cache's fx graphs, AOTAutograd entries and autotune "
+        "records, with a signed manifest ARCHIVE.kcache.json.")] = None,
+    python: Annotated[Optional[str], typer.Option(
+        "--python", metavar="PY", help="With --format torch-mega: the Python whose torch version the manifest "
+        "records (default: python3 on PATH).")] = None,
     cache: c.CacheOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
@@ -58,6 +65,15 @@ def export_command(
     from kcache_cli.errors import UsageError
 
     opts = c.use(ctx, cache_dir, as_json)
+    if fmt not in (None, "tar", "torch-mega"):
+        raise UsageError(f"--format {fmt!r}: tar or torch-mega")
+    if fmt == "torch-mega":
+        from kcache_cli.cli.cmd_mega import export_blob
+
+        if sel.has_selectors():
+            raise UsageError("--format torch-mega exports the whole Inductor cache: no selector applies")
+        export_blob(opts, archive, python)
+        return
     compression_for(archive)  # a bad name is a usage error before any work
     root, plan, selected = _export_plan(opts, sel, cache, sources_only)
     if not selected:  # an empty archive is refused
@@ -149,12 +165,22 @@ def import_command(
     Complete entries already present are skipped. Warns when a kernel's arch does not suit this
     machine's GPU.
 
+    A torch Mega-Cache blob (torch.compiler.save_cache_artifacts()) is imported too: each fx graph,
+    AOTAutograd entry, autotune record and PGO state goes where torch's load_cache_artifacts() writes
+    it (TORCHINDUCTOR_CACHE_DIR, else torch's default), checked, never unpickled, atomically; a damaged
+    blob writes nothing.
+
     Example: kcache import kernels.tar.zst --dry-run
     """
     from kcache_cli.archive import ImportLimits, import_archive
     from kcache_cli.gpu import arch_fit
 
     opts = c.use(ctx, cache_dir, as_json)
+    from kcache_cli.cli.cmd_mega import import_blob, is_blob
+
+    if is_blob(archive):  # a torch Mega-Cache blob: each artifact where torch's load would write it
+        import_blob(opts, archive, dry_run, c.lock_timeout(lock_timeout, 60.0))
+        return
     defaults = ImportLimits()
     limits = ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
                           max_total=_size(max_total_size, "--max-total-size", defaults.max_total))
@@ -175,12 +201,14 @@ def _import_root(opts: c.GlobalOptions, archive: str):
     if c.explicit_root(opts):
         return c.cache_root(opts)
     from kcache_cli.archive.importer import archive_layouts
-    from kcache_cli.locate import named_cache
+    from kcache_cli.locate import UntrustedRoot, named_cache
 
     layouts = archive_layouts(archive)
     if len(layouts) == 1:
         try:
             return named_cache(layouts[0]).path
+        except UntrustedRoot:  # another user's directory there: never the place to import into
+            raise
         except UsageError:  # a layout without a default place (or one refused as a root)
             pass
     return c.cache_root(opts)
@@ -214,7 +242,9 @@ def verify_command(
     sel: c.Selection,
     fix: Annotated[bool, typer.Option("--fix", help="Rewrite the absolute paths entries record about themselves "
                                                     "to where they lie now (a cache moved or copied by hand), "
-                                                    "for layouts that record any (Triton's group files).")
+                                                    "for layouts that record any (Triton's group files); and "
+                                                    "remove lock files a killed build left, that no live "
+                                                    "process holds (torch extensions' lock).")
                    ] = False,
     all_caches: c.AllCachesOpt = False,
     cache: c.CacheOpt = None,
@@ -231,11 +261,20 @@ def verify_command(
     another root (the layout's relocation hook, as import uses). Without --cache-dir or KCACHE_DIR: every
     cache found (--json: a list, one result per cache), or the one the current directory lies in.
 
+    A torch Mega-Cache blob named alone is checked instead: its CRC32, version and framing (exit 1
+    naming the checksum when a byte changed); nothing in it is unpickled.
+
     Example: kcache verify --layout tilelang --json
     """
     from kcache_cli.verify import verify_cache
 
     opts = c.use(ctx, cache_dir, as_json)
+    from kcache_cli.cli.cmd_mega import is_blob, show_blob
+
+    named = c.ref_list(sel.hashes)
+    if len(named) == 1 and is_blob(named[0]):  # a torch Mega-Cache blob: checksum and framing
+        show_blob(opts, named[0], verify=True)
+        return
     from kcache_cli.cli.progress import Phase
 
     locs = c.cache_locations(opts, all_caches, cache, sel.hashes)
@@ -292,6 +331,8 @@ def _verify_human(out: c.Output, result, root, fix: bool, took: float) -> None:
         out.info(f"no cache at {root}: nothing to verify")
         return
     building = f", skipped {len(result.skipped)} being built" if result.skipped else ""
-    fixed = f", rewrote the paths of {len(result.fixed)}" if fix else ""
+    fixed = f", rewrote the paths of {len(result.fixed) - result.unlocked}" if fix else ""
+    if fix and result.unlocked:
+        fixed += f", removed the left lock of {c.plural(result.unlocked, 'entry')}"
     out.info(f"checked {c.plural(len(result.checked), 'entry')} in {took:.1f}s: "
              f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}{fixed}")

@@ -30,7 +30,11 @@ def config_show(ctx: typer.Context, as_json: c.JsonOpt = False) -> None:
     together ([all]) or for one ([cache.NAME]), in a TOML file (`kcache config path`; KCACHE_CONFIG
     overrides where it is). With no subcommand, shows it.
 
-    Example: kcache config set max-size 20G
+    With --cache-dir ROOT the budget is kept in that cache (ROOT/.kcache/config.toml, as ccache keeps
+    ccache.conf): it binds every user's bare `kcache prune` of the cache and wins over personal
+    settings, which apply only to caches you own; shown with where each value comes from.
+
+    Example: kcache config set max-size 10G --cache-dir /shared/hidet
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -38,7 +42,50 @@ def config_show(ctx: typer.Context, as_json: c.JsonOpt = False) -> None:
 
     opts = c.use(ctx, None, as_json)
     cfg = config.load()
-    c.Output(opts).result(cfg, lambda: _show(opts, cfg))
+    root = _cache_root(opts)
+    if root is None:
+        c.Output(opts).result(cfg, lambda: _show(opts, cfg))
+        return
+    doc = _with_cache(cfg, root)
+    c.Output(opts).result(doc, lambda: _show_cache(root, doc))
+
+
+def _cache_root(opts: c.GlobalOptions, cache: str | None = None):
+    """The cache whose own budget is meant: --cache-dir given (None without it)."""
+    from kcache_cli.errors import UsageError
+
+    if opts.cache_dir is None:
+        return None
+    if cache is not None:
+        raise UsageError("--cache names a section of your own config; with --cache-dir the budget is kept in "
+                         "that cache (drop one of them)")
+    return c.cache_location(opts, existing=True).path
+
+
+def _with_cache(cfg, root) -> dict:
+    """The config's JSON with the cache's own budget and the one in effect there (and whence)."""
+    from kcache_cli import config
+    from kcache_cli.budget import effective
+    from kcache_cli.scan import detect_layouts
+
+    b = effective([(root, detect_layouts(root))], cfg, lambda m: None)[str(root)]
+    return {**cfg.to_json(), "cache": config.load_cache(root).to_json(),
+            "effective": {"max_size": b.max_size, "max_age": b.max_age,
+                          "max_size_from": b.size_from if b.max_size is not None else "",
+                          "max_age_from": b.age_from if b.max_age is not None else ""}}
+
+
+def _show_cache(root, doc: dict) -> None:
+    """What a bare prune of the cache keeps it to, each value with the file (and part) it comes from."""
+    from kcache_cli.units import format_age
+
+    eff = doc["effective"]
+    lines = [f"# what a bare `kcache prune` of {c.printable_line(str(root))} keeps it to"]
+    for key, value, where in (("max-size", eff["max_size"], eff["max_size_from"]),
+                              ("max-age", eff["max_age"], eff["max_age_from"])):
+        shown = "unset" if value is None else c.human_size(value) if key == "max-size" else format_age(value)
+        lines.append(f"{key} = {shown}" + (f"  # {c.printable_line(where)}" if where else ""))
+    c.print_lines(lines)
 
 
 def _show(opts: c.GlobalOptions, cfg) -> None:
@@ -65,6 +112,14 @@ def config_set(
     from kcache_cli import config
 
     opts = c.use(ctx, None, as_json)
+    root = _cache_root(opts, cache)
+    if root is not None:
+        kept = config.set_cache_value(root, key, value)
+        human = f" ({c.human_size(kept.budget().max_size or 0)})" if key == "max-size" else ""
+        c.info(opts, f"{key} = {kept.values[key]}{human} kept in {kept.path}: binds every user's bare prune of "
+                     "this cache")
+        c.Output(opts).result(_with_cache(config.load(), root))
+        return
     cfg = config.set_value(cache or config.ALL, key, value)
     section = config.check_section(cache)
     shown = cfg.sections[section][key]
@@ -86,6 +141,12 @@ def config_unset(
     from kcache_cli import config
 
     opts = c.use(ctx, None, as_json)
+    root = _cache_root(opts, cache)
+    if root is not None:
+        kept, was_set = config.unset_cache_value(root, key)
+        c.info(opts, f"{key} unset in {kept.path}" if was_set else f"{key} was not set in {kept.path}: nothing changed")
+        c.Output(opts).result(_with_cache(config.load(), root))
+        return
     section = config.check_section(cache)
     cfg, was_set = config.unset_value(section, key)
     c.info(opts, f"{key} unset for {_which(section)}" if was_set

@@ -23,10 +23,20 @@ LockTimeoutOpt = Annotated[Optional[str], c.lock_timeout_option("another prune o
                                                                 f"{GC_WAIT:g}")]
 
 
+SCREENFUL = 20  # more removals than this are shown grouped unless --list (issue 32: output fit for cron)
+SUMMARY_ROWS = 15  # at most this many groups, then one line for the rest
+SummaryOpt = Annotated[bool, typer.Option(
+    "--summary", help="Show the plan (or what was removed) grouped by space and op, one line each with the count "
+                      "and size (the default past 20 entries), instead of one line per entry.")]
+ListOpt = Annotated[bool, typer.Option(
+    "--list", "-v", help="List every entry removed or kept, one line each, however many (past 20 the "
+                         "default is a summary: count and size per space and op, kept entries per reason).")]
+
+
 def prune_command(
     ctx: typer.Context,
     max_size: Annotated[Optional[str], typer.Option(
-        "--max-size", metavar="SIZE", help="Remove least recently used entries until the cache fits in SIZE "
+        "--max-size", metavar="SIZE", help="Remove least recently used entries until the cache fits in SIZE on disk "
         "(over every cache found, the default without --cache-dir: until all of them together fit, least "
         "recently used first across them) "
         "(10GB, 500M, 2GiB; K/M/G/T are powers of 1000, Ki/Mi/Gi/Ti of 1024).")] = None,
@@ -42,9 +52,8 @@ def prune_command(
         "--deep", help="With --broken: judge entries by reading every byte, as verify does (slow on a big "
         "cache); without it, as ls does, from names, sizes and headers.")] = False,
     dry_run: DryRunOpt = False,
-    summary: Annotated[bool, typer.Option(
-        "--summary", help="Show the plan (or what was removed) grouped by space and op, one line each with "
-                          "the count and size, instead of one line per entry.")] = False,
+    summary: SummaryOpt = False,
+    listing: ListOpt = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Remove more than half of the cache without asking "
                                                          "(needed without a terminal); otherwise prune never "
                                                          "asks.")] = False,
@@ -76,39 +85,59 @@ def prune_command(
     opts.lock_timeout = c.lock_timeout(lock_timeout, GC_WAIT)
     locs = c.cache_locations(opts, all_caches, cache)
     out = _Out(opts, opts.many)
-    limits, ages = _prune_limits(opts, locs, limit, age, broken or stale)
-    out.summary = summary
+    scans = _Scans(opts)
+    limits, ages = _prune_limits(opts, locs, limit, age, broken or stale, scans)
+    out.summary, out.listing = summary, listing
     for loc in locs:
         out.section(loc)
-        _prune_one(opts, out, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale, deep), dry_run, yes)
+        _prune_one(opts, out, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale, deep), dry_run, yes,
+                   scans.done.pop(str(loc.path), None))
     out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
 
 
 
-def _prune_limits(opts: c.GlobalOptions, locs: list, limit, age, damaged: bool) -> tuple[dict, dict]:
+class _Scans:
+    """Each root's one scan in this command: a budget over several caches weighs them with it, and each
+    root's plan is made from the same scan (`done`, taken by the plan), never a second one."""
+
+    def __init__(self, opts: c.GlobalOptions) -> None:
+        self.opts = opts
+        self.done: dict[str, object] = {}
+
+    def __call__(self, root):
+        from kcache_cli.scan import scan_cache
+
+        key = str(root)
+        if key not in self.done:
+            self.done[key] = scan_cache(root, warn=lambda m: c.warn(self.opts, m))
+        return self.done[key]
+
+
+def _prune_limits(opts: c.GlobalOptions, locs: list, limit, age, damaged: bool, scans: _Scans) -> tuple[dict, dict]:
     """Each root's max-size and max-age: the ones given; with no criteria at all, the budget `kcache
     config` holds; over several caches one --max-size for all of them, least recently used first."""
     limits = {str(loc.path): limit for loc in locs}
     ages = {str(loc.path): age for loc in locs}
     if limit is None and age is None and not damaged:
-        return _configured_budget(opts, locs)
+        return _configured_budget(opts, locs, scans)
     if opts.many and limit is not None and len(locs) > 1:
         from kcache_cli.budget import shared_limits
         from kcache_cli.cli.progress import Bar
 
         with Bar(opts, "weighing every cache"):
-            limits.update(shared_limits([loc.path for loc in locs], limit, lambda m: c.warn(opts, m)))
+            limits.update(shared_limits([loc.path for loc in locs], limit, lambda m: c.warn(opts, m), scan=scans))
     return limits, ages
 
 def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tuple[bool, bool, bool],
-               dry_run: bool, yes: bool = False) -> None:
+               dry_run: bool, yes: bool = False, scanned=None) -> None:
     from kcache_cli.cli.progress import Phase
     from kcache_cli.delete import plan_prune
 
     broken, stale, deep = damaged
     with _nothing_removed_yet(), _busy(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
         plan = plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, stale=stale, deep=deep,
-                          warn=lambda m: c.warn(opts, m), progress=bar, judging=Phase(bar, "reading every byte"))
+                          warn=lambda m: c.warn(opts, m), progress=bar, judging=Phase(bar, "reading every byte"),
+                          scanned=scanned)
     extra = {"max_size": limit, "older_than": age}
     if not plan.exists:
         return _missing(opts, out, loc, dry_run, extra)
@@ -126,22 +155,23 @@ def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tup
     _report_result(opts, out, plan, result, extra)
 
 
-def _configured_budget(opts: c.GlobalOptions, locs) -> tuple[dict, dict]:
-    """Each root's (max size, max age) from `kcache config` ({root: None} for none), said on stderr."""
+def _configured_budget(opts: c.GlobalOptions, locs, scans: _Scans) -> tuple[dict, dict]:
+    """Each root's (max size, max age): the budget kept in the cache, else (caches this user owns) the
+    user's `kcache config` ({root: None} for none); said on stderr with where each value comes from."""
     from kcache_cli import config
-    from kcache_cli.budget import configured
+    from kcache_cli.budget import effective
     from kcache_cli.scan import detect_layouts
     from kcache_cli.units import format_age
 
     cfg = config.load()
     roots = [(loc.path, detect_layouts(loc.path) if loc.path.is_dir() else ()) for loc in locs]
     with _busy(opts, "weighing every cache"):
-        budgets = configured(roots, cfg, lambda m: c.warn(opts, m))
+        budgets = effective(roots, cfg, lambda m: c.warn(opts, m), scan=scans)
     for root, b in budgets.items():
-        if b.max_size is not None or b.max_age is not None:
-            size = f"max-size {c.human_size(b.max_size)}" if b.max_size is not None else ""
-            age = f"max-age {format_age(b.max_age)}" if b.max_age is not None else ""
-            c.info(opts, f"budget of {c.printable_line(root)} ({cfg.path}): {', '.join(filter(None, (size, age)))}")
+        parts = ([f"max-size {c.human_size(b.max_size)} ({b.size_from})"] if b.max_size is not None else []) + \
+                ([f"max-age {format_age(b.max_age)} ({b.age_from})"] if b.max_age is not None else [])
+        if parts:
+            c.info(opts, f"budget of {c.printable_line(root)}: {', '.join(parts)}")
     return {r: b.max_size for r, b in budgets.items()}, {r: b.max_age for r, b in budgets.items()}
 
 
@@ -151,7 +181,8 @@ def _confirm_big_prune(opts: c.GlobalOptions, plan) -> None:
     nothing removed."""
     from kcache_cli.errors import KcacheError, UsageError
 
-    going = sum(r.size for r in plan.removals if r.what == "entry")
+    # only working entries count: garbage (--broken, --stale, temp dirs) is removed without asking
+    going = sum(r.size for r in plan.removals if r.what == "entry" and not r.recheck)
     if not plan.scanned_size or going * 2 <= plan.scanned_size:
         return
     share = f"{going * 100 // plan.scanned_size}%"
@@ -179,6 +210,8 @@ def clear_command(
     everything: Annotated[bool, typer.Option("--all", help="Everything in the cache.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (needed without a "
                                                          "terminal).")] = False,
+    summary: SummaryOpt = False,
+    listing: ListOpt = False,
     dry_run: DryRunOpt = False,
     all_caches: c.AllCachesOpt = False,
     cache: c.CacheOpt = None,
@@ -206,6 +239,7 @@ def clear_command(
                          "entries, or --all (see 'kcache clear --help')")
     locs = c.cache_locations(opts, all_caches, cache, hashes)
     out = _Out(opts, opts.many)
+    out.summary, out.listing = summary, listing
     plans = _clear_plans(opts, locs, hashes, lambda root, refs: c.make_filter(
         op, space, target, layout, status, kind, refs, root=root), everything, selected)
     anywhere = any(plan.removals or plan.skipped for _, plan in plans)
@@ -278,7 +312,13 @@ class _Out(c.Output):
     def __init__(self, opts: c.GlobalOptions, all_caches: bool) -> None:
         super().__init__(opts, collect=all_caches)
         self.sections = 0
-        self.summary = False  # tables grouped by space and op (prune --summary)
+        self.summary = False  # tables grouped by space and op (--summary)
+        self.listing = False  # one row per entry however many (--list)
+
+    def grouped(self, n: int) -> bool:
+        """Whether `n` removals (or kept entries) are shown grouped: asked for, or more than a screenful
+        without --list (cron mails stay short)."""
+        return self.summary or (n > SCREENFUL and not self.listing)
 
     def section(self, loc) -> None:
         if self.collect and not self.json:
@@ -393,18 +433,40 @@ def _summary(removals) -> list[dict]:
 def _summary_table(removals) -> None:
     from kcache_cli.cli.table import Column
 
+    groups = _summary(removals)
     rows = [[g["space"] or "-", g["op"] or "-", g["what"], str(g["entry_count"]), c.human_size(g["size"])]
-            for g in _summary(removals)]
+            for g in groups[:SUMMARY_ROWS]]
+    if len(groups) > SUMMARY_ROWS:  # a few lines whatever the cache holds (cron mail)
+        rest = groups[SUMMARY_ROWS:]
+        rows.append(["...", f"{len(rest)} more", "", str(sum(g["entry_count"] for g in rest)),
+                     c.human_size(sum(g["size"] for g in rest))])
     c.print_table([Column("space", drop=2), Column("op"), Column("what", drop=1), Column("entries", right=True),
                    Column("size", right=True)], rows)
 
 
 def _removals_table(out: _Out, removals) -> None:
-    """One row per removal, or with --summary one per space and op."""
-    if out.summary:
+    """One row per removal, or grouped by space and op (--summary, or more than a screenful without --list)."""
+    if out.grouped(len(removals)):
         _summary_table(removals)
     else:
         _table(removals)
+
+
+def _kept(out: _Out, skipped, verb: str) -> None:
+    """One warning per entry kept; more than a screenful without --list: one per reason, with the count."""
+    if not out.grouped(len(skipped)):
+        for s in skipped:
+            out.warn(f"{verb} {s.entry.relpath}: {s.why}")
+        return
+    whys: dict[str, int] = {}
+    for s in skipped:
+        whys[s.why] = whys.get(s.why, 0) + 1
+    shown = sorted(whys.items(), key=lambda kv: (-kv[1], kv[0]))
+    for why, n in shown[:SUMMARY_ROWS]:
+        out.warn(f"{verb} {c.plural(n, 'entry')}: {why}")
+    if len(shown) > SUMMARY_ROWS:
+        out.warn(f"{verb} {c.plural(sum(n for _, n in shown[SUMMARY_ROWS:]), 'entry')} for "
+                 f"{len(shown) - SUMMARY_ROWS} other reasons (--list names each)")
 
 
 def _with_summary(out: _Out, doc: dict, removals) -> dict:
@@ -416,8 +478,7 @@ def _report_plan(opts: c.GlobalOptions, out: _Out, plan, extra: dict) -> None:
 
 
 def _plan_human(out: _Out, plan, extra: dict) -> None:
-    for s in plan.skipped:
-        out.warn(f"would keep {s.entry.relpath}: {s.why}")
+    _kept(out, plan.skipped, "would keep")
     if not plan.removals:
         out.text(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} scanned).")
         return
@@ -451,8 +512,7 @@ def _report_result(opts: c.GlobalOptions, out: _Out, plan, result, extra: dict) 
 
 
 def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
-    for s in result.skipped:
-        out.warn(f"kept {s.entry.relpath}: {s.why}")
+    _kept(out, result.skipped, "kept")
     for w in fresh_warnings:
         out.warn(w)
     if result.removed:

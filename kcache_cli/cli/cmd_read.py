@@ -3,6 +3,7 @@
 import functools
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, List, Optional
 
 import typer
@@ -62,7 +63,7 @@ def dir_command(
         out.result(lambda: {"path": str(loc.path), "reason": loc.reason, "exists": loc.path.is_dir(),
                             "layouts": list(detect_layouts(loc.path) if loc.path.is_dir() else ())}, where)
         return
-    from kcache_cli.locate import known_caches
+    from kcache_cli.locate import found_root, known_caches
 
     from kcache_cli.cli.progress import scanning
 
@@ -71,6 +72,8 @@ def dir_command(
     rows: list[dict] = []
     shown: dict[str, str] = {}  # the path people know: the CUDA JIT cache itself, not the root holding it
     for owner, path in known_caches():
+        if os.path.lexists(path) and not found_root(path, f"the {owner} cache", lambda m: c.warn(opts, m)):
+            continue  # another user's directory, or a link: never listed (DESIGN §1.1)
         shown[owner] = str(get(owner).shown_path(path))
         with scanning(opts, f"scanning {c.printable_line(str(path))}") as bar:
             res = scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
@@ -122,6 +125,8 @@ def ls_command(
     """List entries, with their status, size and last use.
 
     One row each: layout, kind, space, op, hash, size, files, status, last used.
+
+    Sizes are disk usage (allocated blocks, as du counts them); --json adds apparent_size (the bytes).
 
     Without --cache-dir or KCACHE_DIR, every kernel cache found (kcache dir --all) in one table with a
     `cache` column, or the cache the current directory lies in; --cache NAME picks one.
@@ -310,11 +315,19 @@ def inspect_command(
     looked for in every cache found (an absolute path finds its own root). Exit status: 0 when the entry
     is complete, 1 when it is not (its status and reason say why), 2 when no single entry matches.
 
+    A torch Mega-Cache blob (torch.compiler.save_cache_artifacts()) is shown instead: its checksum,
+    framing, and each artifact's type, key and size (never unpickled).
+
     Example: kcache inspect ad252b06 --space cuda_space_0
     """
     from kcache_cli.terms import COMPLETE
 
     opts = c.use(ctx, cache_dir, as_json)
+    from kcache_cli.cli.cmd_mega import is_blob, show_blob
+
+    if is_blob(hash_prefix):  # a torch Mega-Cache blob: its framing, never its pickles
+        show_blob(opts, hash_prefix, verify=False)
+        return
     root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, cache=cache)
     d = layout_mod.describe(root, entry)
     from kcache_cli.binary import read_binary
@@ -523,7 +536,8 @@ def stats_command(
 ) -> None:
     """Where the space goes: by layout, op, status and age.
 
-    Totals per layout, space and op, counts per status, and the biggest entries; space by layout, op
+    Totals per layout, space and op, counts per status, and the biggest entries (sizes on disk, as du
+    counts them; --json adds apparent_size); space by layout, op
     and age of last use (<1d, <7d, <30d, older) drawn as bars; RECLAIMABLE: the bytes `kcache prune
     --broken` would free (broken entries as ls judges them, stale temp and staging files).
 
@@ -565,6 +579,12 @@ def _budget_usage(opts: c.GlobalOptions, reports: list[dict]) -> list:
         return []
     for r in reports:
         limit = cfg.budget_for(tuple(r["layouts"])).max_size if r["exists"] else None
+        try:  # the budget kept in the cache wins (issue 32)
+            kept = config.load_cache(Path(r["root"])).budget().max_size if r["exists"] else None
+        except UsageError as exc:
+            c.warn(opts, f"budget of {r['root']} not shown: {exc}")
+            kept = None
+        limit = kept if kept is not None else limit
         r["budget"] = None if limit is None else {"used": r["size"], "limit": limit}
     return budget.usage([(tuple(r["layouts"]), r["size"]) for r in reports if r["exists"]], cfg)
 

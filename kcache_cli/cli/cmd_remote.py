@@ -13,8 +13,12 @@ from kcache_cli.cli import common as c
 
 RemoteOpt = Annotated[Optional[str], typer.Option(
     "--remote", metavar="URL", envvar="KCACHE_REMOTE", show_envvar=False,
-    help="The shared cache: redis://[user:password@]host:port/db, rediss://... (TLS) or file:///shared/dir. "
-    "Default: KCACHE_REMOTE.")]
+    help="The shared cache: redis://[user:password@]host:port/db, rediss://... (TLS), file:///shared/dir, or an "
+    "OCI registry image oci://host[:port]/repo:tag (oci+http:// for plain HTTP). Default: KCACHE_REMOTE.")]
+UserOpt = Annotated[Optional[str], typer.Option(
+    "--remote-user", metavar="USER", envvar="KCACHE_REMOTE_USER", show_envvar=False,
+    help="oci:// only: the registry user; the password comes from KCACHE_REMOTE_PASSWORD (default: the "
+    "docker/podman auth file).")]
 
 
 def _seconds(option: str, minimum: float = 0.1):
@@ -104,10 +108,12 @@ def _local_root(opts: c.GlobalOptions, layouts: tuple[str, ...]):
     that layout's compiler keeps its cache (pull --layout triton fills Triton's); else hidet's rule."""
     if not c.explicit_root(opts) and len(set(layouts)) == 1:
         from kcache_cli.errors import UsageError
-        from kcache_cli.locate import named_cache
+        from kcache_cli.locate import UntrustedRoot, named_cache
 
         try:
             return named_cache(layouts[0]).path
+        except UntrustedRoot:  # another user's directory there: never the place to pull into
+            raise
         except UsageError:  # a layout without a default place
             pass
     return c.cache_root(opts)
@@ -121,6 +127,7 @@ def push_command(
     dry_run: DryRunOpt = False,
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
+    remote_user: UserOpt = None,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
@@ -131,9 +138,22 @@ def push_command(
     the first one's copy in place. The local cache: --cache-dir or KCACHE_DIR, else with one --layout
     that layout's own cache, else hidet's.
 
+    To an oci:// remote the selection (one layout) becomes one image under the tag, in Red Hat MCV's
+    compat layout that KServe and GKM mount (labels: entry count, size, target archs).
+
     Example: kcache push --remote redis://cache-host:6379/0 --space cuda_space_0
     """
+    from kcache_cli.remote.oci import is_oci
     from kcache_cli.remote.push import push
+
+    if is_oci(remote):
+        from kcache_cli.cli import cmd_oci
+
+        opts = c.use(ctx, cache_dir, as_json)
+        flt = sel.filter()
+        cmd_oci.push(opts, _local_root(opts, flt.layouts), flt, remote or "", (connect_timeout, remote_timeout),
+                     remote_user, dry_run)
+        return
 
     with _moving(ctx, sel, remote, (connect_timeout, remote_timeout), cache_dir, as_json, "pushing") as run:
         opts = run.opts
@@ -175,22 +195,35 @@ def pull_command(
         help="How long to wait for an entry's lock before skipping it.")] = 60.0,
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
+    remote_user: UserOpt = None,
+    gpu: Annotated[Optional[str], typer.Option(
+        "--gpu", metavar="ARCH", help="oci:// only: this node's GPU archs (sm_90a; several with commas). "
+        "Default: the local GPUs, from nvidia-smi.")] = None,
+    no_gpu_check: Annotated[bool, typer.Option(
+        "--no-gpu-check", help="oci:// only: pull without checking the image's targets against the GPUs.")] = False,
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
     """Fetch the selected remote entries missing here.
 
-    Every check `import` makes applies.
+    Every check `import` makes applies: every file's size and sha256 must match the pushed record;
+    names, links and paths follow import's rules; each entry appears with one rename. A bad entry is
+    refused (exit 1) and the others still arrive. Complete local entries are kept; incomplete ones are
+    replaced. The local cache: --cache-dir or KCACHE_DIR, else with one --layout that layout's own cache
+    (--layout triton: Triton's), else hidet's.
 
-    Every file's size and sha256 must match the pushed record; names, links and paths follow
-    import's rules; each entry appears with one rename. A bad entry is refused (exit 1) and the
-    others still arrive. Complete local entries are kept; incomplete ones are replaced. The local
-    cache: --cache-dir or KCACHE_DIR, else with one --layout that layout's own cache (--layout triton:
-    Triton's), else hidet's.
+    From an oci:// image, its targets are checked against this node's GPUs before any write (none
+    runs here: refused); entries of other archs are skipped and counted; the rest is imported.
 
     Example: kcache pull --remote redis://cache-host:6379/0 --op matmul
     """
+    from kcache_cli.remote.oci import is_oci
     from kcache_cli.remote.pull import pull
+
+    if is_oci(remote):
+        _pull_oci(ctx, sel, remote or "", (connect_timeout, remote_timeout), remote_user, (gpu, no_gpu_check),
+                  (dry_run, lock_timeout), cache_dir, as_json)
+        return
 
     with _moving(ctx, sel, remote, (connect_timeout, remote_timeout), cache_dir, as_json, "pulling") as run:
         opts = run.opts
@@ -214,6 +247,22 @@ def pull_command(
         raise typer.Exit(1)
 
 
+def _pull_oci(ctx: typer.Context, sel: c.Selection, remote: str, timeouts, user: Optional[str],
+              gpu: tuple[Optional[str], bool], run: tuple[bool, float], cache_dir: Optional[str],
+              as_json: bool) -> None:
+    """pull from an oci:// image: the node's archs and the image first, then the root its layout names."""
+    from kcache_cli.cli import cmd_oci
+    from kcache_cli.remote.oci_ops import node_archs, preflight
+
+    opts = c.use(ctx, cache_dir, as_json)
+    flt = sel.filter()
+    node = node_archs(*gpu)
+    image = cmd_oci.pull_image_of(remote, timeouts, user)
+    preflight(image, node)  # before the root is even chosen: nothing written
+    root = _local_root(opts, (image.layout,))
+    cmd_oci.pull(opts, root, flt, image, remote, timeouts, user, node, *run)
+
+
 def _check_archs(out: c.Output, entries) -> None:
     """As import does: warn about pulled kernels this machine's GPU cannot run."""
     from kcache_cli.gpu import arch_fit
@@ -228,6 +277,7 @@ def remote_ls(
     remote: RemoteOpt = None,
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
+    remote_user: UserOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
     """List what the remote holds, from its index (no download).
@@ -235,11 +285,19 @@ def remote_ls(
     Entries are printed as the index is read, a batch at a time (sorted within a batch), so a remote
     of millions of entries lists in bounded memory; --json is one list, streamed the same way.
 
+    An oci:// remote (its tag, if any, ignored) lists the repository's tags: entries, size, target
+    archs and age of each image.
+
     Example: kcache remote ls --remote redis://cache-host:6379/0 --op 'mat*' --json
     """
     from kcache_cli.remote.manage import scan_index
+    from kcache_cli.remote.oci import is_oci
 
     opts = c.use(ctx, None, as_json)
+    if is_oci(remote):
+        from kcache_cli.cli import cmd_oci
+
+        return cmd_oci.ls(opts, remote or "", (connect_timeout, remote_timeout), remote_user)
     flt = sel.filter()
     out = c.Output(opts)
     count = size = 0
@@ -287,15 +345,23 @@ def remote_stats_command(
     remote: RemoteOpt = None,
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
+    remote_user: UserOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Totals of the remote per layout, space and op (from its index).
+    """Totals of the remote per layout, space and op, from its index.
+
+    Of an oci:// repository: per target arch and layout, over its tags.
 
     Example: kcache remote stats --remote file:///mnt/shared/kcache
     """
     from kcache_cli.remote.manage import list_remote, remote_stats
+    from kcache_cli.remote.oci import is_oci
 
     opts = c.use(ctx, None, as_json)
+    if is_oci(remote):
+        from kcache_cli.cli import cmd_oci
+
+        return cmd_oci.stats(opts, remote or "", (connect_timeout, remote_timeout), remote_user)
     with _opened(remote, connect_timeout, remote_timeout) as store:
         stats = {"remote": store.url, **remote_stats(list_remote(store))}
     out = c.Output(opts)
@@ -320,10 +386,13 @@ def remote_prune(
         "this (e.g. 100G).")] = None,
     older_than: Annotated[Optional[str], typer.Option(
         "--older-than", metavar="AGE", help="Remove entries not pulled (nor pushed) for this long (e.g. 30d).")] = None,
+    keep: Annotated[Optional[int], typer.Option(
+        "--keep", metavar="N", min=0, help="oci:// only: keep the N newest tags, remove the others.")] = None,
     remote: RemoteOpt = None,
     dry_run: DryRunOpt = False,
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
+    remote_user: UserOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
     """Remove remote entries by size and age, least recently pulled first.
@@ -332,15 +401,27 @@ def remote_prune(
     naming another entry, or claiming a file no cache holds, loses only itself, with a warning).
     Without --max-size or --older-than nothing is removed.
 
+    Of an oci:// repository it removes tags (their manifests, by digest, through the registry's API): past
+    the --keep N newest, older than --older-than, then the oldest until the images hold at most --max-size.
+    A tag it did not select is never removed, even one naming the same image (that image is then kept).
+
     Example: kcache remote prune --max-size 200G --older-than 30d --dry-run
     """
     from kcache_cli.delete import parse_age, parse_size
     from kcache_cli.remote.manage import RemotePruneResult, list_remote, plan_remote_prune, prune_remote
     from kcache_cli.cli.table import Column
+    from kcache_cli.remote.oci import is_oci
 
     opts = c.use(ctx, None, as_json)
     limit = parse_size(max_size) if max_size is not None else None
     age = parse_age(older_than) if older_than is not None else None
+    if is_oci(remote):
+        from kcache_cli.cli import cmd_oci
+
+        return cmd_oci.prune(opts, remote or "", (connect_timeout, remote_timeout), remote_user, (keep, age, limit),
+                             dry_run)
+    if keep is not None:
+        raise c.UsageError("--keep counts tags: it applies to an oci:// remote only")
     out = c.Output(opts)
     with _opened(remote, connect_timeout, remote_timeout) as store:
         plan = plan_remote_prune(list_remote(store), limit, age)

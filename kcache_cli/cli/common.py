@@ -80,6 +80,14 @@ def cache_location(opts: GlobalOptions, existing: bool = False):
     from kcache_cli.locate import resolve_cache_dir
 
     loc = resolve_cache_dir(opts.cache_dir)
+    if explicit_root(opts):
+        from kcache_cli.locate import hold_explicit
+
+        hold_explicit(loc, lambda m: warn(opts, m))
+    else:  # hidet's rule (build's root): vetted like every root kcache finds by itself
+        from kcache_cli.locate import vetted
+
+        loc = vetted(loc)
     if existing and opts.cache_dir and not loc.path.is_dir():
         what = "is not a directory" if loc.path.exists() else "does not exist"
         raise UsageError(f"--cache-dir {loc.path} {what}")
@@ -90,10 +98,13 @@ def cache_location(opts: GlobalOptions, existing: bool = False):
 
 def _one_level_down(loc) -> None:
     """A --cache-dir/KCACHE_DIR that holds no cache but has one below it: say where (exit 2), not "no entries"."""
+    from kcache_cli import fsread
     from kcache_cli.layouts import detect
     from kcache_cli.locate import caches_below
 
-    if detect(loc.path):
+    found = detect(loc.path)
+    if found:
+        fsread.hand_on(loc.path, "layouts", found)  # the scan that follows detects them once, not again
         return
     below = caches_below(loc.path)
     if below:
@@ -131,14 +142,14 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
     if not all_caches and explicit_root(opts):
         return [cache_location(opts, existing=True)]
     known = existing_caches(lambda m: warn(opts, m))
-    here = None if all_caches else _cwd_cache(known)
+    here = None if all_caches else _cwd_cache(known, lambda m: warn(opts, m))
     if here is None and not all_caches:
         _caches_under_cwd(known)
     out = [here] if here is not None else known
     opts.many = here is None
     for ref in ref_list(refs):
         if os.path.isabs(ref) and os.path.lexists(ref):
-            holder = cache_holding(ref, known)
+            holder = cache_holding(ref, known, lambda m: warn(opts, m))
             if holder is not None and all(os.path.realpath(holder.path) != os.path.realpath(o.path) for o in out):
                 out.append(holder)
     return out
@@ -186,12 +197,12 @@ def _caches_under_cwd(known: list) -> None:
                          f"--cache-dir {path}, or --all-caches for this machine's caches")
 
 
-def _cwd_cache(known: list):
+def _cwd_cache(known: list, said: Callable[[str], None]):
     """The cache the current directory lies in, or None (also when it was removed under us)."""
     from kcache_cli.locate import cache_holding
 
     try:
-        return cache_holding(os.getcwd(), known)
+        return cache_holding(os.getcwd(), known, said)
     except OSError:
         return None
 
@@ -351,9 +362,9 @@ HashesArg = Annotated[Optional[List[str]], typer.Argument(metavar="[ENTRY]...", 
                                                           show_default=False, autocompletion=complete.complete_hash)]
 
 MinSizeOpt = Annotated[Optional[str], typer.Option(
-    "--min-size", metavar="SIZE", help="Only entries of at least SIZE (1M, 500k, 2GiB; a unit is required).")]
+    "--min-size", metavar="SIZE", help="Only entries of at least SIZE on disk (1M, 500k, 2GiB; a unit is required).")]
 MaxSizeOpt = Annotated[Optional[str], typer.Option(
-    "--max-size", metavar="SIZE", help="Only entries of at most SIZE (1M, 500k, 2GiB).")]
+    "--max-size", metavar="SIZE", help="Only entries of at most SIZE on disk (1M, 500k, 2GiB).")]
 OlderThanOpt = Annotated[Optional[str], typer.Option(
     "--older-than", metavar="AGE", help="Only entries not used for AGE (30d, 12h, 90m, 2w, 1d12h).")]
 NewerThanOpt = Annotated[Optional[str], typer.Option(

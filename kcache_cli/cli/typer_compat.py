@@ -113,6 +113,21 @@ if [[ $zsh_eval_context[-1] == loadautofunc ]]; then
 fi"""
 
 
+def plain_completion_help() -> None:
+    """Typer renders each completion's description as Rich markup in an 80-column console: a description
+    longer than that (a cache's path) is wrapped onto a line of its own, which the shell reads as another
+    candidate, and `[...]` in it is eaten. kcache's descriptions are plain text, already one printable line
+    (complete.py): pass them through as they are."""
+    from typer import _completion_classes
+
+    if callable(getattr(_completion_classes, "_sanitize_help_text", None)):
+        _completion_classes._sanitize_help_text = _as_it_is
+
+
+def _as_it_is(text: str) -> str:
+    return text
+
+
 def fix_zsh_script() -> None:
     """Typer 0.28's zsh script only registers its function with compdef, so autoloaded from fpath (where
     `--install-completion zsh` puts it) the first TAB of every shell completes nothing. Make it complete

@@ -34,6 +34,7 @@ from kcache_cli.layouts.shapes import KindShape, LayoutShape
 if TYPE_CHECKING:
     from kcache_cli.entrydir import EntryDir
     from kcache_cli.fsread import Anchor
+    from kcache_cli.layouts.image_format import ImageFormat
     from kcache_cli.layouts.remote_format import RemoteFormat
     from kcache_cli.model import Details, Entry, EntryKey, Judgement, LogFile, ScanFilter, TreeUsage, Warn
 
@@ -48,6 +49,53 @@ class Leftover(NamedTuple):
     what: str  # TEMP or STAGING
     why: str  # shown by prune: "temp directory of an interrupted kcache build"
     lock: str | None  # relpath whose kcache entry lock its writer held, or None
+
+
+class MegaPlace(NamedTuple):
+    """Where torch's `populate_cache` writes one Mega-Cache artifact under a cache root: the file
+    `<dir>/<name>`, which is an entry of `entry_kind` at `dir` (or, None, a file inside some entry)."""
+
+    entry_kind: str | None
+    dir: str  # '/'-separated, relative to the root
+    name: str
+
+
+class MegaFile(NamedTuple):
+    """One file of a cache that a Mega-Cache blob carries: its artifact type, key and relpath."""
+
+    type: str
+    key: str
+    relpath: str
+
+
+HIT, MISS, UNKNOWN = "hit", "miss", "unknown"  # `kcache explain`'s verdicts
+
+
+@dataclass(frozen=True)
+class Here:
+    """The environment that will run a model, as `kcache explain` compares an entry with it: the Python
+    (`--python`), the versions of the distributions the layouts name (`Layout.packages`; None: not
+    installed), the GPU arch (`--gpu`, else nvidia-smi's first GPU) and the environment switches
+    (`Layout.env_switches`) set in kcache's own environment (the consumer's)."""
+
+    python: str | None  # the interpreter's version, None when it could not be run
+    executable: str | None
+    versions: Mapping[str, str | None]
+    gpu: str | None  # "sm_90a", "sm_80"; None: no GPU here (or none asked)
+    gpu_source: str  # "--gpu", "nvidia-smi" or "none"
+    env: Mapping[str, str]
+    problem: str | None = None  # why the Python could not be asked
+
+
+class Verdict(NamedTuple):
+    """Whether the consumer here uses an entry: HIT (nothing it records differs from here), MISS (the
+    factor, its recorded value and the value here) or UNKNOWN (why kcache cannot tell; never a guess)."""
+
+    verdict: str
+    why: str
+    factor: str | None = None
+    recorded: str | None = None
+    here: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +113,13 @@ class Judging:
     # Deep, for a caller that reads every byte of the entry itself right after (export): each file is
     # checked to be there, regular and readable by its mode; the reading is the caller's.
     caller_reads: bool = False
+
+
+class StaleLock(NamedTuple):
+    """A lock file its compiler left that no live process holds (`Layout.stale_locks`)."""
+
+    name: str  # relative to the entry: "lock"
+    seen: os.stat_result  # its lstat when judged stale: removed only while it is still that file
 
 
 class InnerLeftover(NamedTuple):
@@ -187,6 +242,8 @@ class Removal(Protocol):
 
     def in_use(self, entry: Entry) -> str | None: ...
 
+    def stale_locks(self, d: EntryDir, jc: Judging) -> list[StaleLock]: ...
+
     def leftover(self, entry: Entry) -> Leftover | None: ...
 
     def leftover_parts(self, entry: Entry, warn: Warn) -> list[Entry]: ...
@@ -201,6 +258,9 @@ class Transport(Protocol):
 
     fact_files: tuple[str, ...]
     binary_kinds: frozenset[str]
+    mega_types: frozenset[str]
+    packages: tuple[str, ...]
+    env_switches: tuple[str, ...]
 
     def facts(self, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts: ...
 
@@ -215,6 +275,18 @@ class Transport(Protocol):
     def relocation_problem(self, entry: Entry) -> str | None: ...
 
     def remote_format(self) -> RemoteFormat | None: ...
+
+    def image_format(self) -> ImageFormat: ...
+
+    def mega_place(self, kind: str, key: str, content: bytes) -> MegaPlace | str | None: ...
+
+    def mega_artifacts(self, root: Path) -> list[MegaFile]: ...
+
+    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict: ...
+
+    def explain_mega(self, recorded: Mapping[str, object], here: Here) -> Verdict: ...
+
+    def explain_record(self, record: Mapping[str, object], here: Here) -> Verdict: ...
 
 
 CONCERNS: tuple[type, ...] = (Shaped, EntryReader, Dependencies, Removal, Transport)
@@ -236,6 +308,12 @@ class Layout:
     fact_files: tuple[str, ...] = ("kcache.json",)
     # Kinds whose entries hold nothing but compiled binaries: `export --sources-only` leaves them out.
     binary_kinds: frozenset[str] = frozenset()
+    # The torch Mega-Cache artifact types (`CacheArtifact.type()`) whose files this layout holds.
+    mega_types: frozenset[str] = frozenset()
+    # Distributions whose installed versions decide whether the consumer uses an entry (`kcache explain`),
+    # and the environment variables that change its keys (a name ending in "*" is a prefix).
+    packages: tuple[str, ...] = ()
+    env_switches: tuple[str, ...] = ()
 
     # ---- name, kinds, paths -------------------------------------------------------------------
 
@@ -355,6 +433,12 @@ class Layout:
         cache while a process has the driver loaded), or None. Asked by every removal just before it acts."""
         return None
 
+    def stale_locks(self, d: EntryDir, jc: Judging) -> list[StaleLock]:
+        """Lock files in the entry `d` holds open (names relative to it) that its compiler left and no
+        live process holds, which make the compiler wait for ever (torch's FileBaton `lock`): `verify`
+        reports the entry, `verify --fix` removes them. Default: none (flock files block nobody)."""
+        return []
+
     def nested(self, root: Path) -> list[tuple[str, Path]]:
         """Caches of other layouts that lie inside this layout's entries under `root` (Inductor's
         triton/<device>/), as (layout, path): `dir --all` shows them with this root, never as roots."""
@@ -462,10 +546,41 @@ class Layout:
         returns a format that keeps the files under that tool's keys, so both share one store."""
         return None
 
+    def image_format(self) -> ImageFormat:
+        """How this layout's entries sit in an OCI image (kcache_cli/layouts/image_format.py): kcache's
+        own shape under io.<layout>.cache/; Triton and vLLM return MCV's."""
+        from kcache_cli.layouts.image_format import ImageFormat
+
+        return ImageFormat(self.name)
+
     def relocation_problem(self, entry: Entry) -> str | None:
         """Why the paths the entry records about itself point elsewhere than where it lies (a cache moved
         or copied by hand), or None. `verify` reports it as a problem. Default: entries record none."""
         return None
+
+    def mega_place(self, kind: str, key: str, content: bytes) -> MegaPlace | str | None:
+        """Where torch's Mega-Cache load (`populate_cache`) writes the artifact of type `kind`, or why it
+        cannot be placed safely (a key that would leave the root), or None: this layout holds no such
+        artifact (kcache_cli/megacache.py reads the blob; its contents are never unpickled)."""
+        return None
+
+    def mega_artifacts(self, root: Path) -> list[MegaFile]:
+        """The files under `root` a Mega-Cache blob carries, as `save_cache_artifacts` records them."""
+        return []
+
+    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
+        """Whether the consumer `here` uses `entry` for the work it was made for: from what the entry
+        records (compiler versions, key shape, target, options) against `here`. Never HIT by default."""
+        return Verdict(UNKNOWN, f"kcache does not know what {self.name}'s consumer compares before it uses an entry")
+
+    def explain_mega(self, recorded: Mapping[str, object], here: Here) -> Verdict:
+        """`explain` for a Mega-Cache blob's artifacts of this layout's types, from what the blob's sidecar
+        manifest `recorded` (torch version, device)."""
+        return Verdict(UNKNOWN, "kcache does not know what decides a hit for this artifact")
+
+    def explain_record(self, record: Mapping[str, object], here: Here) -> Verdict:
+        """`explain` for an entry of an archive, from its manifest record (compiler, arch, status, relpath)."""
+        return Verdict(UNKNOWN, f"kcache does not judge {self.name} entries from an archive's manifest")
 
 
 if TYPE_CHECKING:  # mypy's proof that the defaults, and so every subclass, satisfy each concern

@@ -143,7 +143,8 @@ def describe(root: Path, entry: Entry) -> Details:
     with EntryDir.open(entry.path, fsread.anchor(root)) as d:
         j = judge(d, entry.kind, Judging(deep=True))
     cap, why = max_size()
-    facts = [("size against the cap", f"{entry.size} of {cap} bytes ({100 * entry.size // max(cap, 1)}%, {why})"),
+    used = entry.apparent_size  # the driver caps the bytes of its files
+    facts = [("size against the cap", f"{used} of {cap} bytes ({100 * used // max(cap, 1)}%, {why})"),
              ("format", "undocumented: kcache removes it only whole, never file by file")]
     users = driver_users(_owner(entry.path))
     if users:

@@ -14,7 +14,19 @@ from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, lis
                               read_text, size_mismatch)
 from kcache_cli.entrydir import EntryDir
 from kcache_cli.layouts._common import command_from_script
-from kcache_cli.layouts.base import TEMP, InnerLeftover, Judging, Leftover, Layout, ScanContext
+from kcache_cli.layouts.base import (
+    HIT,
+    MISS,
+    TEMP,
+    UNKNOWN,
+    Here,
+    InnerLeftover,
+    Judging,
+    Layout,
+    Leftover,
+    ScanContext,
+    Verdict,
+)
 from kcache_cli.layouts.shapes import HIDET
 from kcache_cli.locking import entry_build_locked, probe_locked
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, UNREADABLE_REASON,
@@ -887,12 +899,56 @@ def stray_links(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
 _TEMP_MARK = "/" + state.TEMP_PREFIX
 
 
+# ---- will hidet here use it (kcache explain) -------------------------------------------------------------
+# hidet finds an op by its task's hash; with another hidet version it rewrites version.txt and reuses lib.so
+# when the task hashes the same (the judgement above), which kcache cannot tell across versions: unknown.
+
+PACKAGE = "hidet"
+
+
+def explain(root: Path, entry: Entry, here: Here) -> Verdict:
+    """hit: hidet installed in the version recorded, the entry complete, its binary's CUDA arch run by the
+    GPU here (or a CPU entry); miss or unknown with the factor otherwise."""
+    from kcache_cli.gpu import arch_runs_on, archs_from_command, cuda_archs
+
+    if here.problem:
+        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    have = here.versions.get(PACKAGE)
+    if have is None:
+        return Verdict(MISS, "hidet is not installed here", "hidet version", None, "not installed")
+    if entry.status != COMPLETE:
+        return Verdict(MISS, f"hidet does not use a {entry.status} entry: {entry.reason}", "status", entry.status,
+                       COMPLETE)
+    small: dict[str, bytes] = {}
+    for n in ("version.txt", "compile.sh"):
+        try:  # no link followed, bounded (fsread)
+            small[n] = fsread.read_bytes(os.path.join(entry.path, n), 1 << 20, strict=False)
+        except OSError:
+            pass
+    built = small.get("version.txt", b"").decode("utf-8", "replace").strip() or None
+    script = small.get("compile.sh")
+    arch = archs_from_command(command_from_script(script.decode("utf-8", "replace"))) if script else None
+    if entry.target == "cuda":
+        if arch is None:
+            return Verdict(UNKNOWN, "the entry records no CUDA arch (no compile.sh)")
+        if here.gpu is None:
+            return Verdict(UNKNOWN, f"no GPU here to run {arch} (--gpu names the arch)")
+        g = cuda_archs(here.gpu)[0]
+        if not arch_runs_on(arch, [g.cc]) or (arch.endswith("a") and arch != here.gpu and "compute_" not in arch):
+            return Verdict(MISS, "the binary's CUDA arch does not run on the GPU here", "arch", arch, here.gpu)
+    if built != have:
+        return Verdict(UNKNOWN, f"built by hidet {built or '(no version.txt)'}; hidet {have} reuses lib.so only "
+                       "when the task hashes the same, which kcache cannot tell across versions")
+    return Verdict(HIT, f"hidet {have} as recorded, {arch or entry.target or 'cpu'}, and the entry is complete")
+
+
 class HidetLayout(Layout):
     """hidet's operator cache; also where `kcache build` publishes (kcache's temp dirs are its leftovers)."""
 
     shape = HIDET
     writer_locks = (".lock", "dispatch_table.txt.lock")
     fact_files = (MANIFEST, "compile.sh", "nvcc_log.txt")
+    packages = (PACKAGE,)
 
     def detect(self, root: Path) -> bool:
         return detect(root)
@@ -948,6 +1004,9 @@ class HidetLayout(Layout):
         if small.get("nvcc_log.txt"):
             return (small["nvcc_log.txt"].decode("utf-8", "replace").splitlines() or [""])[0]
         return None
+
+    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
+        return explain(root, entry, here)
 
 
 LAYOUT = HidetLayout()

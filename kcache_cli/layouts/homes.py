@@ -57,10 +57,14 @@ def git_root(start: Path) -> Path | None:
 def hidet_package_dir() -> Path | None:
     """Where the hidet package is installed, found without importing it (importing hidet pulls in
     torch and takes seconds). None when hidet is not installed."""
+    return _package_dir("hidet")
+
+
+def _package_dir(package: str) -> Path | None:
     import importlib.util
 
     try:
-        spec = importlib.util.find_spec("hidet")
+        spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
         return None
     if spec is None:
@@ -159,9 +163,66 @@ def vllm(package_dir: Path | None = None) -> Home:
                 "vLLM's default (~/.cache/vllm/torch_compile_cache)")
 
 
+def _torch_accelerator(package: Path | None) -> str | None:
+    """cpu, cu<NNN> or rocm<NNN> from torch/version.py (read, not imported: torch takes seconds)."""
+    if package is None:
+        return None
+    try:
+        text = (package / "version.py").read_text(encoding="utf-8", errors="replace")[:65536]
+    except OSError:
+        return None
+    got = {k: v for k, v in re.findall(r"^(cuda|hip)\s*[:=][^=\n]*?=?\s*['\"]([\w.]+)['\"]", text, re.M)}
+    if got.get("hip"):
+        return f"rocm{got['hip'].replace('.', '')}"
+    return f"cu{got['cuda'].replace('.', '')}" if got.get("cuda") else "cpu"
+
+
+def torchext(package_dir: Path | None = None) -> Home:
+    """torch's rule (torch/utils/cpp_extension.py, _get_build_directory): TORCH_EXTENSIONS_DIR, else
+    <user cache dir>/torch_extensions/py<XY><abiflags>_<cpu|cuNNN|rocmNNN>, the accelerator that of the
+    torch installed for this Python (cpu when none is) and the Python the one kcache runs on."""
+    import sys
+
+    env = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if env:
+        return Home(Path(env).expanduser(), "TORCH_EXTENSIONS_DIR environment variable")
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    accel = _torch_accelerator(package_dir if package_dir is not None else _package_dir("torch"))
+    py = f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}"
+    why = "torch's default (<user cache>/torch_extensions/py<XY>_<accelerator>" + (
+        ")" if accel else ": torch is not installed here, cpu assumed)")
+    return Home(Path(os.path.realpath(base / "torch_extensions")) / f"{py}_{accel or 'cpu'}", why)
+
+
+def jax(package_dir: Path | None = None) -> Home | None:
+    """jax keeps no persistent compilation cache unless one is configured (jax_compilation_cache_dir,
+    or JAX_COMPILATION_CACHE_DIR): only the variable is seen from outside the process. kcache's root is
+    the directory holding it: the cache is one entry, listed from its parent."""
+    env = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if not env:
+        return None
+    where = Path(os.path.abspath(os.path.expanduser(env)))
+    return Home(where.parent, f"JAX_COMPILATION_CACHE_DIR environment variable ({where.name}/ is the entry)")
+
+
+def numba(package_dir: Path | None = None) -> Home:
+    """numba's rule (numba/core/caching.py): NUMBA_CACHE_DIR, else __pycache__/ beside each source file
+    (one per project: no machine-wide place), else the user-wide <user cache dir>/numba, which is the
+    default root here: the one place every project's functions may share."""
+    env = os.environ.get("NUMBA_CACHE_DIR")
+    if env:
+        return Home(Path(os.path.abspath(os.path.expanduser(env))), "NUMBA_CACHE_DIR environment variable")
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return Home(base / "numba", "numba's user-wide cache (<user cache>/numba; a project's own caches are "
+                                "its __pycache__/ directories: kcache --cache-dir <project>)")
+
+
 # layout name -> its rule; `package_dir` says where the compiler's Python package lies (None: find it)
-RULES: dict[str, Callable[..., Home]] = {"hidet": hidet, "tilus": tilus, "tilelang": tilelang, "triton": triton,
-                                       "inductor": inductor, "cudajit": cudajit, "vllm": vllm}
+RULES: dict[str, Callable[..., Home | None]] = {"hidet": hidet, "tilus": tilus, "tilelang": tilelang, "triton": triton,
+                                       "inductor": inductor, "cudajit": cudajit, "vllm": vllm, "torchext": torchext,
+                                              "jax": jax, "numba": numba}
 
 
 def default_root(layout: str, package_dir: Path | None = None) -> Home | None:

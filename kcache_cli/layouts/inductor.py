@@ -31,7 +31,19 @@ from typing import Iterable, Iterator, Mapping, NamedTuple
 from kcache_cli import fsread, layouts
 from kcache_cli.checks import elf_truncated, list_files
 from kcache_cli.entrydir import EntryDir
-from kcache_cli.layouts.base import STALE_AFTER, Facts, Judging, Layout, ScanContext
+from kcache_cli.layouts.base import (
+    MISS,
+    STALE_AFTER,
+    UNKNOWN,
+    Facts,
+    Here,
+    Judging,
+    Layout,
+    MegaFile,
+    MegaPlace,
+    ScanContext,
+    Verdict,
+)
 from kcache_cli.layouts.shapes import INDUCTOR, triton_kernel_name, triton_target_arch
 from kcache_cli.layouts.shapes import inductor_graph_relpath as graph_relpath
 from kcache_cli.layouts.shapes import TRITON as TRITON_SHAPE
@@ -92,14 +104,18 @@ class Listing(NamedTuple):
     others: list[str]  # directories, FIFOs...: not torch's
     readable: bool
     mtime: float  # the directory's own
+    dir_disk: int = 0  # the directory's own blocks, in bytes
+    ident: tuple[int, int] = (0, 0)  # the directory's own (device, inode)
 
     def usage(self, path: str, warn) -> TreeUsage:
         """What measure_tree would say, from this listing when it holds files only (one pass, not two)."""
         if self.others or not self.readable:
             return measure_tree(path, warn)
         sts = [*self.files.values(), *self.links.values()]
-        return TreeUsage(sum(st.st_size for st in sts), len(sts), max([self.mtime, *(st.st_mtime for st in sts)]),
-                         max([0.0, *(st.st_atime for st in self.files.values())]))
+        return TreeUsage(self.dir_disk + sum(st.st_blocks for st in sts) * 512, len(sts),
+                         max([self.mtime, *(st.st_mtime for st in sts)]),
+                         max([0.0, *(st.st_atime for st in self.files.values())]), sum(st.st_size for st in sts),
+                         *self.ident)
 
 
 def listing(where: EntryDir | str) -> Listing:
@@ -117,7 +133,8 @@ def listing(where: EntryDir | str) -> Listing:
     if where.fd is None:
         return Listing({}, {}, [], False, 0.0)
     try:
-        mtime = os.fstat(where.fd).st_mtime
+        own = os.fstat(where.fd)
+        mtime = own.st_mtime
         with os.scandir(where.fd) as it:
             for de in sorted(it, key=lambda d: d.name):
                 try:
@@ -134,7 +151,7 @@ def listing(where: EntryDir | str) -> Listing:
         return Listing({}, {}, [], False, 0.0)
     where.listing.update(files)
     where.listing.update(links)
-    return Listing(files, links, others, True, mtime)
+    return Listing(files, links, others, True, mtime, own.st_blocks * 512, (own.st_dev, own.st_ino))
 
 
 def unreadable_file(d: EntryDir, name: str, st: os.stat_result) -> str | None:
@@ -344,6 +361,119 @@ def _as_triton(entry: Entry) -> Entry:
     return replace_entry(entry, kind=TRITON_KERNEL)
 
 
+# ---- torch's Mega-Cache: where each artifact's populate_cache writes, and what export carries ------
+# (torch 2.13: InductorCacheArtifact, AOTAutogradCacheArtifact, AutotuneCacheArtifact, PGOCacheArtifact,
+# PrecompileCacheArtifact; the blob's framing is kcache_cli/megacache.py's)
+
+MEGA_GRAPH, MEGA_AUTOGRAD, MEGA_AUTOTUNE, MEGA_PGO, MEGA_PRECOMPILE = (
+    "inductor", "aot_autograd", "autotune", "pgo", "precompile")
+MEGA_TYPES = frozenset({MEGA_GRAPH, MEGA_AUTOGRAD, MEGA_AUTOTUNE, MEGA_PGO, MEGA_PRECOMPILE})
+GRAPH_KEY_RE = re.compile(r"^f[a-z2-7]{51}$")
+AUTOGRAD_KEY_RE = re.compile(r"^a[a-z2-7]{51}$")
+AUTOTUNE_KEY_RE = re.compile(r"^([a-z2-7]{2})/([A-Za-z0-9_-]{1,128}\.best_config)$")
+PRECOMPILE_KEY_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")
+PGO_UNSAFE_RE = re.compile(r'[<>:"/\\|?*]')  # torch's code_state_path replaces these with "_"
+
+
+def variant_name(content: bytes) -> str:
+    """The name torch gives a guard variant: the base32 of its bytes' sha256, 51 characters, lower case."""
+    return base64.b32encode(hashlib.sha256(content).digest())[:51].decode().lower()
+
+
+def mega_place(kind: str, key: str, content: bytes) -> MegaPlace | str | None:
+    """Where torch 2.13's populate_cache writes the artifact, relative to the Inductor root."""
+    if kind == MEGA_GRAPH:
+        if not GRAPH_KEY_RE.match(key):
+            return f"fx graph key {key[:80]!r} is not an Inductor fx graph key (f + 51 base32)"
+        return MegaPlace(GRAPH, graph_relpath(key), variant_name(content))
+    if kind == MEGA_AUTOGRAD:
+        if not AUTOGRAD_KEY_RE.match(key):
+            return f"AOTAutograd key {key[:80]!r} is not an AOTAutograd key (a + 51 base32)"
+        return MegaPlace(AUTOGRAD, f"aotautograd/{key}", variant_name(content))
+    if kind == MEGA_AUTOTUNE:
+        m = AUTOTUNE_KEY_RE.match(key)  # torch joins the key to its cache dir as it is: "../x" would leave it
+        if not m:
+            return f"autotune key {key[:80]!r} is not <2 chars>/<hash>.best_config (torch would write it there)"
+        return MegaPlace(None, m.group(1), m.group(2))
+    if kind == MEGA_PGO:
+        name = PGO_UNSAFE_RE.sub("_", f"code_state_{key}.pkl")
+        if len(name) > 255 or "\0" in name:
+            return f"PGO key {key[:80]!r} makes no file name"
+        return MegaPlace(None, "dynamo", name)
+    if kind == MEGA_PRECOMPILE:
+        if not PRECOMPILE_KEY_RE.match(key) or key in (".", ".."):
+            return f"precompile key {key[:80]!r} is not one directory name (torch writes dynamo/<key>/entry)"
+        return MegaPlace(None, f"dynamo/{key}", "entry")
+    return None
+
+
+def mega_artifacts(root: Path) -> list[MegaFile]:
+    """The whole guard variants of every fx graph and AOTAutograd entry, and the autotune records
+    (`<shard>/*.best_config`) under `root`, as save_cache_artifacts records them. A damaged variant is
+    left out (torch would skip it too)."""
+    out: list[MegaFile] = []
+    anchor = fsread.anchor(root)
+    for top, typ in (("fxgraph", MEGA_GRAPH), ("aotautograd", MEGA_AUTOGRAD)):
+        dirs = [k for sh in fsread.subdir_paths(os.path.join(root, top)) for k in fsread.subdir_paths(sh)] \
+            if top == "fxgraph" else fsread.subdir_paths(os.path.join(root, top))
+        for path in dirs:
+            key = os.path.basename(path)
+            if not (GRAPH_KEY_RE if typ == MEGA_GRAPH else AUTOGRAD_KEY_RE).match(key):
+                continue
+            with EntryDir.open(path, anchor) as d:
+                lst = listing(d)
+                out += [MegaFile(typ, key, os.path.relpath(os.path.join(path, n), root)) for n, st in lst.files.items()
+                        if VARIANT_RE.match(n) and variant_problem(d, n, st.st_size, True) is None]
+    for de in fsread.sorted_entries(root, lambda e: len(e.name) == 2 and e.is_dir(follow_symlinks=False)):
+        out += [MegaFile(MEGA_AUTOTUNE, f"{de.name}/{n}", f"{de.name}/{n}") for n in sorted(fsread.names(de.path))
+                if AUTOTUNE_KEY_RE.match(f"{de.name}/{n}")]
+    return out
+
+
+# ---- will torch here use it (kcache explain) --------------------------------------------------------
+
+PACKAGE = "torch"
+ENV_SWITCHES = ("TORCHINDUCTOR_*", "TORCH_COMPILE_*", "TORCHDYNAMO_*")
+
+
+def explain(root: Path, entry: Entry, here: Here) -> Verdict:
+    """An fx graph, AOTAutograd entry or code shard is keyed by torch_key() (torch's version and sources),
+    the graph, its inputs and Inductor's config, none of which the entry records outside its pickles (kcache
+    never unpickles): kcache can tell a miss (no torch here, an incomplete entry), never a hit."""
+    if entry.kind == TRITON:
+        return _triton().explain(root, _as_triton(entry), here)
+    if here.problem:
+        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    if here.versions.get(PACKAGE) is None:
+        return Verdict(MISS, "torch is not installed here", "torch version", None, "not installed")
+    if entry.status != COMPLETE:
+        return Verdict(MISS, f"torch does not use a {entry.status} entry: {entry.reason}", "status", entry.status,
+                       COMPLETE)
+    if here.env.get("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "0") not in ("", "0"):
+        return Verdict(MISS, "TORCHINDUCTOR_FORCE_DISABLE_CACHES is set here: torch reads no cache",
+                       "TORCHINDUCTOR_FORCE_DISABLE_CACHES", None, here.env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"])
+    return Verdict(UNKNOWN, f"the {entry.kind} entry's key hashes the torch version, the graph and Inductor's "
+                   f"config, which it records only inside pickles (torch {here.versions[PACKAGE]} here)")
+
+
+def explain_mega(recorded: Mapping[str, object], here: Here) -> Verdict:
+    """A Mega-Cache blob's artifacts, by the torch version its sidecar records (kcache export writes it)."""
+    value = recorded.get("torch_version")
+    torch_version = value if isinstance(value, str) else None
+    have = here.versions.get(PACKAGE)
+    if here.problem:
+        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    if have is None:
+        return Verdict(MISS, "torch is not installed here", "torch version", torch_version, "not installed")
+    if torch_version is None:
+        return Verdict(UNKNOWN, "the blob records no torch version (no kcache sidecar beside it)")
+    if torch_version != have:
+        return Verdict(MISS, "torch keys every artifact by its own version (torch_key)", "torch version",
+                       torch_version, have)
+    return Verdict(UNKNOWN, f"torch {have} as recorded; the keys also hash the graph, its inputs and config, "
+                   "which the blob records only inside pickles")
+
+
 # ---- the judgement, the scan ------------------------------------------------------------------------
 
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
@@ -512,6 +642,9 @@ class InductorLayout(Layout):
     provider_kinds = frozenset({GRAPH})
     fact_files = ()
     binary_kinds = frozenset({TRITON})
+    mega_types = MEGA_TYPES
+    packages = (PACKAGE,)
+    env_switches = ENV_SWITCHES
 
     def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
                       ) -> str | None:
@@ -564,6 +697,18 @@ class InductorLayout(Layout):
         if entry.kind == TRITON:
             return _triton().facts(_as_triton(entry), small, names)
         return Facts("torch inductor", None, None)
+
+    def mega_place(self, kind: str, key: str, content: bytes) -> MegaPlace | str | None:
+        return mega_place(kind, key, content)
+
+    def mega_artifacts(self, root: Path) -> list[MegaFile]:
+        return mega_artifacts(root)
+
+    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
+        return explain(root, entry, here)
+
+    def explain_mega(self, recorded: Mapping[str, object], here: Here) -> Verdict:
+        return explain_mega(recorded, here)
 
 
 LAYOUT = InductorLayout()

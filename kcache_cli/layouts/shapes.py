@@ -317,7 +317,66 @@ VLLM = LayoutShape("vllm", (
     KindShape("aot", "torch_aot_compile/{hash}", patterns=(("hash", r"[0-9a-f]{64}"),)),
 ), "<h10>/rank_<r>_<d>/<prefix>/, torch_aot_compile/<sha256>/")
 
+# torch's JIT-built C++/CUDA extensions (torch.utils.cpp_extension): one build directory per extension
+# name, a Python identifier, holding torch's build.ninja, or the sources load_inline writes first
+# (layouts/torchext.py).
+TORCHEXT_EVIDENCE = ("build.ninja", "main.cpp", "cuda.cu")
+
+
+def _torchext_confirm(root: str, tops: list[str]) -> bool:
+    """One of the first few directories lists torch's build.ninja or load_inline's sources (names only)."""
+    for name in tops[:_TRITON_LOOKS]:
+        try:
+            if any(n in TORCHEXT_EVIDENCE for n in os.listdir(os.path.join(root, name))):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+TORCHEXT = LayoutShape("torchext", (
+    KindShape("extension", "{hash}", patterns=(("hash", r"[A-Za-z_][A-Za-z0-9_]*"),)),
+), "<extension name>/ build directories", confirm=_torchext_confirm)
+
+# JAX's persistent compilation cache (jax_compilation_cache_dir): flat <name>-<sha256>-cache files with
+# -atime sidecars, one opaque entry listed from its parent, as the CUDA JIT cache is (layouts/jax.py).
+JAX_FILE = re.compile(r"^[\w.]+-[0-9a-f]{64}-(?:cache|atime)$")
+
+
+def _jax_confirm(root: str, tops: list[str]) -> bool:
+    env = os.environ.get("JAX_COMPILATION_CACHE_DIR", "").rstrip("/")
+    for name in tops[:_TRITON_LOOKS]:
+        if env and os.path.join(os.path.abspath(root), name) == os.path.abspath(os.path.expanduser(env)):
+            return True
+        try:
+            if any(JAX_FILE.match(n) for n in os.listdir(os.path.join(root, name))[:_TRITON_LOOKS]):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+JAX = LayoutShape("jax", (
+    KindShape("compile_cache", "{hash}", patterns=(("hash", r"[^/.][^/]*"),)),
+), "<JAX_COMPILATION_CACHE_DIR>/ as one entry", confirm=_jax_confirm)
+
+# Numba's cache of @jit(cache=True) functions: one directory per source directory (NUMBA_CACHE_DIR's
+# <dir name>_<sha1>/, or __pycache__/ beside the sources) holding .nbi indexes and .nbc overloads.
+def _numba_confirm(root: str, tops: list[str]) -> bool:
+    for name in tops[:_TRITON_LOOKS]:
+        try:
+            if any(n.endswith((".nbi", ".nbc")) for n in os.listdir(os.path.join(root, name))):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+NUMBA = LayoutShape("numba", (
+    KindShape("functions", "{hash}", patterns=(("hash", r"[^/.][^/]*"),)),
+), "<source dir>_<sha1>/ or __pycache__/ with .nbi and .nbc files", confirm=_numba_confirm)
+
 # The registry: one shape per layout, in the order layouts are scanned and listed.
-SHAPES: tuple[LayoutShape, ...] = (HIDET, TILUS, TILELANG, TRITON, INDUCTOR, CUDAJIT, VLLM)
+SHAPES: tuple[LayoutShape, ...] = (HIDET, TILUS, TILELANG, TRITON, INDUCTOR, CUDAJIT, VLLM, TORCHEXT, JAX, NUMBA)
 BY_NAME = {s.name: s for s in SHAPES}
 BUILD_SHAPE = next(s for s in SHAPES if s.build_kind)  # where `kcache build` publishes

@@ -13,7 +13,7 @@ from kcache_cli import fsread
 from kcache_cli.checks import changed_since, list_files
 from kcache_cli.entrydir import EntryDir
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
-from kcache_cli.layouts.base import Judging, Layout, Leftover, ScanContext
+from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, Leftover, ScanContext, Verdict
 from kcache_cli.layouts.shapes import TILELANG
 from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE, UNREADABLE_REASON, Details, Entry, Judgement,
                               LogFile, ScanFilter, Status, Warn, measure_tree)
@@ -492,12 +492,36 @@ def stray_links(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
 
 # ---- the layout ----------------------------------------------------------------------------------
 
+# ---- will tilelang here use it (kcache explain) ---------------------------------------------------------
+
+PACKAGE = "tilelang"
+
+
+def explain(root: Path, entry: Entry, here: Here) -> Verdict:
+    """tilelang looks only under `<its own version>/`: another version is a miss; past that its key hashes
+    the program, target and pass configs, which kcache does not compare (unknown)."""
+    if here.problem:
+        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    have = here.versions.get(PACKAGE)
+    version = (entry.space or "").split("/", 1)[0] or None
+    if have is None:
+        return Verdict(MISS, "tilelang is not installed here", "tilelang version", version, "not installed")
+    if version != have:
+        return Verdict(MISS, f"tilelang {have} looks only under {have}/", "tilelang version", version, have)
+    if entry.status != COMPLETE:
+        return Verdict(MISS, f"tilelang does not use a {entry.status} entry: {entry.reason}", "status",
+                       entry.status, COMPLETE)
+    return Verdict(UNKNOWN, f"tilelang {have} as recorded; its key hashes the program, target and pass configs, "
+                   "which kcache does not compare")
+
+
 class TilelangLayout(Layout):
     """tilelang: kernels embed the cuda-binaries they were built from; writes go through .staging/."""
 
     shape = TILELANG
     provider_kinds = frozenset({"binary"})
     binary_kinds = frozenset({"binary"})
+    packages = (PACKAGE,)
 
     def detect(self, root: Path) -> bool:
         return detect(root)
@@ -545,14 +569,18 @@ class TilelangLayout(Layout):
         for de in listdir(entry.path, warn):
             u = measure_tree(de.path, warn)
             rel = f"{entry.relpath}/{de.name}"
-            out.append(replace(entry, path=de.path, relpath=rel, hash=de.name, size=u.size, files=u.files,
-                               modified=u.mtime, last_used=u.mtime))
+            out.append(replace(entry, path=de.path, relpath=rel, hash=de.name, size=u.size,
+                               apparent_size=u.apparent, files=u.files,
+                               modified=u.mtime, last_used=u.mtime, dev=u.dev, ino=u.ino))
         return out
 
     def platform(self, entry: Entry) -> str | None:
         if entry.kind == "kernel" and entry.space and "/" in entry.space:
             return entry.space.split("/", 1)[1]
         return None
+
+    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
+        return explain(root, entry, here)
 
 
 LAYOUT = TilelangLayout()

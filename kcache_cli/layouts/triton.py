@@ -24,7 +24,19 @@ from typing import TYPE_CHECKING
 from kcache_cli import fsread
 from kcache_cli.checks import changed_since, elf_truncated, list_files
 from kcache_cli.entrydir import EntryDir
-from kcache_cli.layouts.base import TEMP, Facts, InnerLeftover, Judging, Layout, ScanContext
+from kcache_cli.layouts.base import (
+    HIT,
+    MISS,
+    TEMP,
+    UNKNOWN,
+    Facts,
+    Here,
+    InnerLeftover,
+    Judging,
+    Layout,
+    ScanContext,
+    Verdict,
+)
 from kcache_cli.layouts.shapes import (
     TRITON,
     TRITON_GROUP,
@@ -52,6 +64,7 @@ from kcache_cli.model import (
 )
 
 if TYPE_CHECKING:
+    from kcache_cli.layouts.image_format import ImageFormat
     from kcache_cli.layouts.remote_format import RemoteFormat
 
 NAME = TRITON.name
@@ -117,12 +130,14 @@ class _Listing:
         self.denied: set[str] = set()  # regular files nobody may read (mode bits): unreadable even to root
         self.d, self.path = d, d.path  # every file of the entry is read through `d`
         self._json: dict[str, object] = {}
-        self.size = self.files = 0
+        self.size = self.files = self.apparent = 0
         self.accessed = self.newest = 0.0  # the files' newest atime (a hit reads them)
+        self.ident = (0, 0)  # the entry directory's own (device, inode)
         self.readable = True
         try:
             st = d.own_lstat()
-            self.newest = st.st_mtime
+            self.newest, self.size = st.st_mtime, st.st_blocks * 512
+            self.ident = (st.st_dev, st.st_ino)
             if not st.st_mode & 0o444:
                 raise PermissionError(errno.EACCES, "Permission denied (mode 000)", d.path)
             if d.fd is None:
@@ -139,6 +154,7 @@ class _Listing:
                     if de.name.startswith(TMP_PREFIX):
                         self.temps.append((de.name, usage))
                     self.size, self.files = self.size + usage.size, self.files + usage.files
+                    self.apparent += usage.apparent
                     self.newest = max(self.newest, usage.mtime)
                     self.accessed = max(self.accessed, usage.atime)
                     continue
@@ -151,14 +167,15 @@ class _Listing:
             elif not st.st_mode & 0o444:
                 self.denied.add(de.name)
             self.sizes[de.name], self.mtimes[de.name] = st.st_size, st.st_mtime
-            self.size, self.files = self.size + st.st_size, self.files + 1
+            self.size, self.files = self.size + st.st_blocks * 512, self.files + 1
+            self.apparent += st.st_size
             self.newest = max(self.newest, st.st_mtime)
             if de.name not in self.links:  # a link's atime is kcache's own readlink
                 self.accessed = max(self.accessed, st.st_atime)
 
     @property
     def usage(self) -> TreeUsage:
-        return TreeUsage(self.size, self.files, self.newest, self.accessed)
+        return TreeUsage(self.size, self.files, self.newest, self.accessed, self.apparent, *self.ident)
 
     def own(self, path: str) -> str | None:
         """The name below this entry of the child path `path` when it names one of its files, else None."""
@@ -567,6 +584,104 @@ def relocate(src: str, dest: str, root: str | os.PathLike | None = None) -> int:
 
 # ---- the layout ----------------------------------------------------------------------------------
 
+# ---- will Triton here use it (kcache explain) --------------------------------------------------------
+# Triton's key hashes its own version (triton_key: the version and its sources), the target, the options
+# and the environment switches its C++ names (get_cache_invalidating_env_vars): a different version, target
+# or switch is another key, a miss. The key's shape tells the era: 64 hex (<=3.1), 43 base64url (3.2),
+# 52 base32 (>=3.3); 3.3+ also records `triton_version` in the metadata.
+
+PACKAGE = "triton"
+NEUTRAL_ENV = frozenset({"TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_CACHE_MANAGER", "TRITON_REMOTE_CACHE_BACKEND",
+                         "TRITON_PRINT_AUTOTUNING", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR"})
+
+
+def key_era(key: str) -> str | None:
+    if re.fullmatch(r"[0-9a-f]{64}", key):
+        return "<=3.1"
+    if re.fullmatch(r"[A-Za-z0-9_-]{43}", key):
+        return "3.2"
+    if re.fullmatch(r"[A-Z2-7]{52}", key):
+        return ">=3.3"
+    return None
+
+
+def version_era(version: str) -> str | None:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if not m:
+        return None
+    v = (int(m.group(1)), int(m.group(2)))
+    return "<=3.1" if v <= (3, 1) else "3.2" if v == (3, 2) else ">=3.3"
+
+
+def explain(root: Path, entry: Entry, here: Here) -> Verdict:
+    """Will Triton in `here` use `entry` for the kernel it was compiled for (same source, same launch)?"""
+    meta = None
+    if entry.op and not here.problem:
+        with _open(entry, root) as d:
+            meta = _Listing(d, lambda m: None).meta(f"{entry.op}.json")
+    recorded = (meta or {}).get("triton_version")
+    target = (meta or {}).get("target")
+    return _verdict(entry.hash, recorded if isinstance(recorded, str) else None,
+                    target if isinstance(target, dict) else None, entry.status, entry.reason, here)
+
+
+def explain_record(record: Mapping[str, object], here: Here) -> Verdict:
+    """`explain` for an archive's manifest record: the compiler ("triton 3.9.0") and arch export found."""
+    compiler, arch = record.get("compiler"), record.get("arch")
+    version = compiler.split(" ", 1)[1] if isinstance(compiler, str) and compiler.startswith("triton ") else None
+    target = None
+    if isinstance(arch, str):
+        m = re.fullmatch(r"sm_(\d+)a?", arch)
+        target = {"backend": "cuda", "arch": int(m.group(1)), "warp_size": 32} if m else \
+            {"backend": "hip", "arch": arch, "warp_size": 64}
+    status = record.get("status")
+    key = str(record.get("relpath", "")).rsplit("/", 1)[-1]
+    return _verdict(key, version, target, status if isinstance(status, str) else COMPLETE, None, here)
+
+
+def _verdict(key: str, recorded: str | None, target: dict | None, status: str | None, reason: str | None,
+             here: Here) -> Verdict:
+    if here.problem:
+        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    have = here.versions.get(PACKAGE)
+    era = key_era(key)
+    said = recorded or (f"{era} (by its key's shape)" if era else None)
+    if have is None:
+        return Verdict(MISS, "Triton is not installed here", "triton version", said, "not installed")
+    if (recorded and recorded != have) or (era and version_era(have) != era):
+        return Verdict(MISS, f"Triton {have} here keys kernels by its own version", "triton version", said, have)
+    if target is None:
+        return Verdict(UNKNOWN, f"{key[:12]} records no target (no kernel metadata): kcache cannot tell what "
+                       "Triton would key it for")
+    backend, arch = arch_of({"target": target})
+    if here.gpu is None:
+        return Verdict(UNKNOWN, f"no GPU here to compare with {backend} {arch} (--gpu names the arch)")
+    cc = int(here.gpu.split("_")[1].rstrip("af"))
+    if backend != "cuda":
+        return Verdict(MISS, "Triton here targets the CUDA GPU", "target backend", backend, "cuda")
+    if target.get("arch") != cc:
+        return Verdict(MISS, "Triton keys a kernel by the GPU's compute capability", "target arch", arch,
+                       f"sm_{cc}{'a' if cc >= 90 else ''}")
+    if target.get("warp_size") != 32:
+        return Verdict(MISS, "CUDA warps are 32 threads", "target warp_size", str(target.get("warp_size")), "32")
+    if status != COMPLETE:
+        return Verdict(MISS, f"Triton does not use a {status} entry: {reason}", "status", status, COMPLETE)
+    return _env_verdict(key, recorded, have, arch, here)
+
+
+def _env_verdict(key: str, recorded: str | None, have: str, arch: str | None, here: Here) -> Verdict:
+    if here.env.get("TRITON_ALWAYS_COMPILE", "0").lower() in ("1", "true", "on", "yes"):
+        return Verdict(MISS, "TRITON_ALWAYS_COMPILE is set here: Triton never reads its cache",
+                       "TRITON_ALWAYS_COMPILE", None, here.env["TRITON_ALWAYS_COMPILE"])
+    odd = sorted(k for k in here.env if k.startswith("TRITON_") and k not in NEUTRAL_ENV)
+    if odd:
+        return Verdict(UNKNOWN, f"{odd[0]} is set here: Triton may hash it into every key, and the entry does "
+                       "not record it")
+    if recorded is None:
+        return Verdict(UNKNOWN, f"the entry records no Triton version, and its key's shape allows several "
+                       f"({key_era(key) or 'unknown'}); Triton {have} here")
+    return Verdict(HIT, f"Triton {have}, {arch}, warp 32: as recorded, and the entry is complete")
+
 class TritonLayout(Layout):
     """Triton's cache: self-contained key directories; no lock (Triton writes through temp dirs and
     os.replace), absolute paths in the group files (rewritten on import)."""
@@ -576,6 +691,8 @@ class TritonLayout(Layout):
     # Triton cannot rebuild a kernel from the IR in its cache, and one whose group lists a missing cubin
     # makes it fail: `export --sources-only` leaves Triton entries out whole.
     binary_kinds = frozenset({KIND_KERNEL, KIND_BINARY})
+    packages = (PACKAGE,)
+    env_switches = ("TRITON_*",)
 
     def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
                       ) -> str | None:
@@ -611,6 +728,12 @@ class TritonLayout(Layout):
 
         return TritonFormat()
 
+    def image_format(self) -> ImageFormat:
+        """MCV's compat image of a Triton cache (triton_image.py)."""
+        from kcache_cli.layouts.triton_image import TritonImage
+
+        return TritonImage()
+
     def facts(self, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:
         meta = None
         if entry.op:
@@ -618,6 +741,13 @@ class TritonLayout(Layout):
                 meta = _Listing(d, lambda m: None).meta(f"{entry.op}.json")
         version = (meta or {}).get("triton_version")
         return Facts(f"triton {version}" if isinstance(version, str) else "triton", arch_of(meta)[1], None)
+
+
+    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
+        return explain(root, entry, here)
+
+    def explain_record(self, record: Mapping[str, object], here: Here) -> Verdict:
+        return explain_record(record, here)
 
 
 LAYOUT = TritonLayout()

@@ -34,7 +34,8 @@ from typing import Iterable, Iterator, Mapping, NamedTuple
 from kcache_cli import fsread, layouts
 from kcache_cli.checks import list_files
 from kcache_cli.entrydir import EntryDir
-from kcache_cli.layouts.base import STALE_AFTER, Facts, Judging, Layout, ScanContext
+from kcache_cli.layouts.image_format import ImageFormat
+from kcache_cli.layouts.base import MISS, STALE_AFTER, UNKNOWN, Facts, Here, Judging, Layout, ScanContext, Verdict
 from kcache_cli.layouts.shapes import INDUCTOR, TRITON, TRITON_TMP, VLLM, inductor_graph_relpath
 from kcache_cli.model import (
     BUILDING,
@@ -405,6 +406,39 @@ def nested_in(unit: str) -> list[tuple[str, str]]:
     return out
 
 
+# ---- will vLLM here use it (kcache explain) -------------------------------------------------------------
+# The <h10> name hashes vLLM's config, the traced code and the compiler (torch's version among it), and the
+# env switches vLLM lists (cache_key_factors.json records them where vLLM is new enough to write it).
+
+PACKAGE = "vllm"
+
+
+def _same_env(recorded: object, here: str) -> bool:
+    if isinstance(recorded, bool):
+        return here.strip().lower() in (("1", "true", "yes", "on") if recorded else ("0", "false", "no", "off", ""))
+    return str(recorded) == here
+
+
+def explain(root: Path, entry: Entry, here: Here) -> Verdict:
+    """A miss when vLLM is absent here, the unit is incomplete, or a switch it records is set otherwise
+    here; else unknown: the config, code and compiler hashes are vLLM's own to compute."""
+    if here.problem:
+        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    if here.versions.get(PACKAGE) is None:
+        return Verdict(MISS, "vLLM is not installed here", "vllm version", None, "not installed")
+    if entry.status != COMPLETE:
+        return Verdict(MISS, f"vLLM does not use a {entry.status} unit: {entry.reason}", "status", entry.status,
+                       COMPLETE)
+    factors = key_factors(entry.path) if entry.kind == COMPILE else {}
+    for k, v in sorted(factors.items()):
+        name = k.split(".", 1)[1] if k.startswith("env.") else None
+        if name and name in here.env and not _same_env(v, here.env[name]):
+            return Verdict(MISS, f"vLLM hashes {name} into the unit's name", name, str(v), here.env[name])
+    known = "records its key factors" if factors else "records no key factors (cache_key_factors.json)"
+    return Verdict(UNKNOWN, f"the unit {known}; its config, code and compiler hashes are vLLM "
+                   f"{here.versions[PACKAGE]}'s own to compute")
+
+
 # ---- relocation -----------------------------------------------------------------------------------------
 
 def moved_handles(part: Part, dest_part: str) -> list[Handle]:
@@ -457,6 +491,8 @@ class VllmLayout(Layout):
 
     shape = VLLM
     fact_files = ()
+    packages = (PACKAGE,)
+    env_switches = ("VLLM_*",)
 
     def detect(self, root: Path) -> bool:
         return detect(root)
@@ -480,6 +516,12 @@ class VllmLayout(Layout):
     def relocation_problem(self, entry: Entry) -> str | None:
         return relocation_problem(entry)
 
+    def image_format(self) -> ImageFormat:
+        """MCV's compat image of vLLM's cache (vllm_image.py)."""
+        from kcache_cli.layouts.vllm_image import VllmImage
+
+        return VllmImage()
+
     def relocate(self, staged: str, final: str, root: Path) -> None:
         if os.path.basename(os.path.dirname(final)) != "torch_aot_compile":
             relocate(staged, final)
@@ -491,6 +533,9 @@ class VllmLayout(Layout):
         factors = key_factors(entry.path) if entry.kind == COMPILE else {}
         compiler = factors.get("compiler_hash")
         return Facts(f"vllm (compiler hash {compiler})" if compiler else "vllm", None, None)
+
+    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
+        return explain(root, entry, here)
 
 
 LAYOUT = VllmLayout()

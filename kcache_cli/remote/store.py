@@ -104,6 +104,9 @@ def open_store(url: str, connect_timeout: float = CONNECT_TIMEOUT, io_timeout: f
     store: Store
     if url.startswith(("redis://", "rediss://", "unix://")):
         store = RedisStore(url, connect_timeout, io_timeout)
+    elif url.startswith(("oci://", "oci+http://")):
+        raise UsageError(f"remote {redact(url)!r}: an oci:// image moves whole, with push, pull and remote "
+                         "ls|stats|prune; build --remote needs a redis:// or file:// remote")
     elif url.startswith("file://"):
         path = url[len("file://"):]
         if not path.startswith("/"):

@@ -119,12 +119,35 @@ def owner_prefix(as_owner: bool) -> list[str]:
 
 def kcache(root: Path, *args: str, as_owner: bool = False, home: Path | None = None,
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """The real CLI in a process of its own (so that it can run without root's file-mode override)."""
-    full = dict(os.environ, NO_COLOR="1", KCACHE_DIR=str(root), **(env or {}))
+    """The real CLI: in this process (its entry point, error handling included), or in a process of its
+    own where it must run without root's file-mode override (`as_owner`, as root)."""
+    extra = dict(NO_COLOR="1", KCACHE_DIR=str(root), **(env or {}))
     if home is not None:
-        full["HOME"] = str(home)
+        extra["HOME"] = str(home)
+    if not owner_prefix(as_owner):
+        return _in_process(["--json", *args], extra)
     cmd = [*owner_prefix(as_owner), sys.executable, "-c", "from kcache_cli.cli.app import main; main()"]
-    return subprocess.run([*cmd, "--json", *args], capture_output=True, text=True, env=full, timeout=300)
+    return subprocess.run([*cmd, "--json", *args], capture_output=True, text=True, env={**os.environ, **extra},
+                          timeout=300)
+
+
+def _in_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`kcache ARGS` through tests/conftest.py's runner, with `env` set; a PYTHONPATH there is put on sys.path
+    for the call (where kcache looks for an installed compiler's metadata), as a process of its own would."""
+    from conftest import run_kcache
+
+    from kcache_cli.layouts import hidet
+
+    extra = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep) if p]
+    saved = list(sys.path)
+    sys.path[:0] = extra
+    hidet._INSTALLED.clear()  # the installed version is looked up once a process: this call is a new one
+    try:
+        run = run_kcache(*args, env=env)
+    finally:
+        sys.path[:] = saved
+        hidet._INSTALLED.clear()
+    return subprocess.CompletedProcess(args, run.exit_code, run.stdout, run.stderr)
 
 
 def _json(done: subprocess.CompletedProcess, what: str):
@@ -260,17 +283,20 @@ def copy_root(src: Path, dst: Path) -> Path:
     return dst
 
 
-def prepare(case: Case, source: Path, workdir: Path) -> tuple[Path, Path, Path]:
-    """Three copies of `source` with the damage applied: for the probe, for the read-only commands and the
-    dry run, and for the real prune."""
+COPIES = ("probe", "view", "prune")
+
+
+def prepare(case: Case, source: Path, workdir: Path, copies: tuple[str, ...] = COPIES) -> tuple[Path, ...]:
+    """Copies of `source` with the damage applied: for the probe, for the read-only commands and the
+    dry run, and for the real prune (a replay of recorded verdicts needs no probe's copy)."""
     roots = []
-    for what in ("probe", "view", "prune"):
+    for what in copies:
         base = workdir / what
         base.mkdir(parents=True, exist_ok=True)
         root = copy_root(source, base / "cache")
         case.damage(root)
         roots.append(root)
-    return roots[0], roots[1], roots[2]
+    return tuple(roots)
 
 
 def run_cases(cases: list[Case], sources: dict[str, Path], workdir: Path, pythons: dict[str, Path],

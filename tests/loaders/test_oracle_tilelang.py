@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from loaders.matrix import (Case, CaseResult, add_file, chain, copy_root, dangli
                             truncated)
 from loaders.venvs import python_for
 
-from loaders import matrix
+from loaders import matrix, recorded
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "tests" / "fixtures" / "real" / "tilelang"
@@ -125,24 +126,26 @@ def writable(root: Path) -> None:
             os.chmod(os.path.join(dirpath, n), 0o644 if not n.endswith(".so") else 0o755)
 
 
-def prepare(case: Case, workdir: Path) -> tuple[Path, Path, Path]:
+def prepare(case: Case, workdir: Path, copies: tuple[str, ...] = matrix.COPIES) -> tuple[Path, ...]:
     roots = []
-    for what in ("probe", "view", "prune"):
+    for what in copies:
         (workdir / what).mkdir(parents=True, exist_ok=True)
         root = copy_root(SOURCE, workdir / what / "cache")
         writable(root)
         case.damage(root)
         roots.append(root)
-    return roots[0], roots[1], roots[2]
+    return tuple(roots)
+
+
+def _only(cases: list[Case]) -> list[Case]:
+    only = os.environ.get("KCACHE_ORACLE_ONLY")  # a substring of case ids, to replay a few
+    return [c for c in cases if only in c.id] if only else cases
 
 
 @pytest.fixture(scope="module")
-def tilelang_results(tmp_path_factory) -> list[CaseResult]:
+def real_results(tmp_path_factory) -> list[CaseResult]:
     python = python_for("tilelang")
-    cases = all_cases()
-    only = os.environ.get("KCACHE_ORACLE_ONLY")
-    if only:
-        cases = [c for c in cases if only in c.id]
+    cases = _only(all_cases())
     work = tmp_path_factory.mktemp("oracle-tilelang")
     prepared = [prepare(c, work / f"case{i:03d}") for i, c in enumerate(cases)]
     verdicts = {}
@@ -158,7 +161,23 @@ def tilelang_results(tmp_path_factory) -> list[CaseResult]:
         os.makedirs(where, exist_ok=True)
         named = [{**matrix.record(r), "entry": "kernel" if r.case.entry == KERNEL else "cuda-binary"} for r in results]
         Path(where, "tilelang.json").write_text(json.dumps(named, indent=1))
+    if recorded.RECORD and not os.environ.get("KCACHE_ORACLE_ONLY"):
+        recorded.save("tilelang", results)
     return results
+
+
+@pytest.fixture(scope="module")
+def replayed_results(tmp_path_factory) -> list[CaseResult]:
+    base = tmp_path_factory.mktemp("replay-tilelang")
+    try:
+        return recorded.replay("tilelang", all_cases(), lambda c, w, which: prepare(c, w, which), base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(params=["replayed", pytest.param("real", marks=pytest.mark.slow)])
+def tilelang_results(request) -> list[CaseResult]:
+    return request.getfixturevalue(f"{request.param}_results")
 
 
 def describe(r: CaseResult) -> str:
@@ -167,13 +186,11 @@ def describe(r: CaseResult) -> str:
     return f"{r.case.name}: tilelang {r.verdict.verdict} ({r.verdict.detail}); kcache {seen}"
 
 
-@pytest.mark.slow
 def test_the_matrix_is_big_enough(tilelang_results):
     if not os.environ.get("KCACHE_ORACLE_ONLY"):
         assert len(tilelang_results) >= 60
 
 
-@pytest.mark.slow
 def test_pristine_entries_are_hits(tilelang_results):
     if os.environ.get("KCACHE_ORACLE_ONLY"):
         pytest.skip("a replay of a few cases")
@@ -181,14 +198,17 @@ def test_pristine_entries_are_hits(tilelang_results):
     assert pristine and all(r.verdict.verdict == "hit" for r in pristine), [describe(r) for r in pristine]
 
 
-@pytest.mark.slow
 def test_kcache_agrees_with_tilelang_on_every_case(tilelang_results):
     bad = [f"{describe(r)}: {'; '.join(r.disagreements)}" for r in tilelang_results if r.disagreements]
     assert not bad, f"{len(bad)} of {len(tilelang_results)} cases disagree:\n" + "\n".join(bad)
 
 
-@pytest.mark.slow
 def test_prune_broken_never_removes_what_tilelang_uses(tilelang_results):
     lost = [describe(r) for r in tilelang_results if loses_used_entry(r)]
     assert not lost, "\n".join(lost)
 
+
+
+@pytest.mark.slow
+def test_the_recorded_verdicts_are_current(real_results):
+    recorded.assert_current("tilelang", real_results)

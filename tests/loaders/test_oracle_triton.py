@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from loaders.matrix import (Case, CaseResult, add_file, chain, copy_root, dangli
                             truncated)
 from loaders.venvs import python_for
 
-from loaders import matrix
+from loaders import matrix, recorded
 
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "probe_triton.py"
@@ -195,11 +196,11 @@ def all_cases(sources) -> list[Case]:
 # ---------------------------------------------------------------------------------------------- running
 
 
-def prepare(case: Case, source: Path, workdir: Path) -> tuple[Path, Path, Path]:
+def prepare(case: Case, source: Path, workdir: Path, copies: tuple[str, ...] = matrix.COPIES) -> tuple[Path, ...]:
     """matrix.prepare for Triton: each copy is settled (its group paths lead into itself, as Triton
     writes them) before the damage."""
     roots = []
-    for what in ("probe", "view", "prune"):
+    for what in copies:
         (workdir / what).mkdir(parents=True, exist_ok=True)
         root = copy_root(source, workdir / what / "cache")
         settle(root)
@@ -207,7 +208,7 @@ def prepare(case: Case, source: Path, workdir: Path) -> tuple[Path, Path, Path]:
         if "fresh" not in case.name:  # a cache at rest (a fresh group-less kernel is `building`: test_triton.py)
             age_all(root)
         roots.append(root)
-    return roots[0], roots[1], roots[2]
+    return tuple(roots)
 
 
 def run_triton_cases(cases: list[Case], sources, workdir: Path) -> list[CaseResult]:
@@ -225,15 +226,45 @@ def run_triton_cases(cases: list[Case], sources, workdir: Path) -> list[CaseResu
             for i, c in enumerate(cases)]
 
 
-@pytest.fixture(scope="module")
-def triton_results(sources, tmp_path_factory) -> list[CaseResult]:
-    cases = all_cases(sources)
+def _only(cases: list[Case]) -> list[Case]:
     only = os.environ.get("KCACHE_ORACLE_ONLY")  # a substring of case ids, to replay a few
-    if only:
-        cases = [c for c in cases if only in c.id]
-    results = run_triton_cases(cases, sources, tmp_path_factory.mktemp("oracle-triton"))
+    return [c for c in cases if only in c.id] if only else cases
+
+
+@pytest.fixture(scope="module")
+def real_results(sources, tmp_path_factory) -> list[CaseResult]:
+    cases = all_cases(sources)
+    results = run_triton_cases(_only(cases), sources, tmp_path_factory.mktemp("oracle-triton"))
     save_results(results)
+    if recorded.RECORD and not os.environ.get("KCACHE_ORACLE_ONLY"):
+        used = {c.source or c.venv for c in cases}
+        recorded.save("triton", results, {"kernels": {n: sources[n][1] for n in sorted(used)}},
+                      {n: sources[n][0] for n in sorted(used)})
     return results
+
+
+@pytest.fixture(scope="module")
+def replayed_results(tmp_path_factory) -> list[CaseResult]:
+    """The recorded verdicts, kcache's side run on the recorded sources (each made by its Triton release)."""
+    base = tmp_path_factory.mktemp("replay-triton")
+    roots = recorded.extract("triton", base / "src")
+    kernels = recorded.load("triton")["extra"]["kernels"]
+    sources = {n: (roots[n], kernels[n]) for n in kernels}
+    SOURCES.clear()
+    SOURCES.update(roots)
+
+    def copies(case: Case, workdir: Path, which: tuple[str, ...]) -> tuple[Path, ...]:
+        return prepare(case, sources[case.source or case.venv][0], workdir, which)
+
+    try:
+        return recorded.replay("triton", all_cases(sources), copies, base / "cases")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(params=["replayed", pytest.param("real", marks=pytest.mark.slow)])
+def triton_results(request) -> list[CaseResult]:
+    return request.getfixturevalue(f"{request.param}_results")
 
 
 def save_results(results: list[CaseResult]) -> None:
@@ -251,14 +282,12 @@ def describe(r: CaseResult) -> str:
     return f"{r.case.venv} {r.case.name}: Triton {r.verdict.verdict} ({r.verdict.detail}); kcache {seen}"
 
 
-@pytest.mark.slow
 def test_the_matrix_is_big_enough(triton_results):
     if not os.environ.get("KCACHE_ORACLE_ONLY"):
         assert len(triton_results) >= 90
         assert {r.case.venv for r in triton_results} == set(VERSIONS)
 
 
-@pytest.mark.slow
 def test_pristine_kernels_are_hits_in_every_version(triton_results):
     if os.environ.get("KCACHE_ORACLE_ONLY"):
         pytest.skip("a replay of a few cases")
@@ -266,14 +295,17 @@ def test_pristine_kernels_are_hits_in_every_version(triton_results):
     assert pristine and all(r.verdict.verdict == "hit" for r in pristine), [describe(r) for r in pristine]
 
 
-@pytest.mark.slow
 def test_kcache_agrees_with_triton_on_every_case(triton_results):
     bad = [f"{describe(r)}: {'; '.join(r.disagreements)}" for r in triton_results if r.disagreements]
     assert not bad, f"{len(bad)} of {len(triton_results)} cases disagree:\n" + "\n".join(bad)
 
 
-@pytest.mark.slow
 def test_prune_broken_never_removes_what_triton_uses(triton_results):
     lost = [describe(r) for r in triton_results if loses_used_entry(r)]
     assert not lost, "\n".join(lost)
 
+
+
+@pytest.mark.slow
+def test_the_recorded_verdicts_are_current(real_results):
+    recorded.assert_current("triton", real_results)

@@ -4,7 +4,8 @@ Each name below is one venv holding pinned releases, installed CPU-only (torch's
 pip takes here for torch==2.13.0). A venv is built once under $KCACHE_ORACLE_VENVS (default
 ~/.cache/kcache-oracle) in a directory named by its pins, and reused while its pins are unchanged.
 `.ci/run` builds them all first (python tests/loaders/venvs.py --all); a test that needs one and cannot
-have it skips through `python_for`, and the run's summary says so loudly (tests/conftest.py).
+have it skips through `python_for`, and the run's summary says so loudly (tests/conftest.py). Only the slow
+tier (`pytest -m slow`) uses them: `python_for` fails a fast-tier test that asks for one.
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ SPECS: dict[str, tuple[str, ...]] = {
     "triton32": ("triton==3.2.0",),
     "triton39": ("triton==3.9.0",),
     "torch": ("torch==2.13.0",),  # TorchInductor: torch.compile on CPU, C++ kernels via g++
+    "jax": ("jax==0.10.2", "jaxlib==0.10.2", "filelock==4.3.1"),  # jax.jit on CPU; filelock: a size cap
+    "numba": ("numba==0.68.1",),  # @njit(cache=True): .nbi index plus .nbc per overload
 }
 
 # The real home, not $HOME: the tests give every test a fresh HOME of its own.
 _HOME = Path(pwd.getpwuid(os.getuid()).pw_dir)
 ROOT = Path(os.environ.get("KCACHE_ORACLE_VENVS") or _HOME / ".cache" / "kcache-oracle")
-# Filled by python_for when a venv cannot be had; tests/conftest.py prints it in the run's summary.
-SKIPPED: list[str] = []
+# False while a fast-tier test runs (tests/conftest.py): the fast tier builds and runs no loader venv.
+SLOW_TIER = [True]
 
 
 def venv_dir(name: str) -> Path:
@@ -64,10 +67,12 @@ def python_for(name: str) -> Path:
     """The python of venv `name` for a test, or a loud skip (the summary lists every one)."""
     import pytest
 
+    if not SLOW_TIER[0]:
+        pytest.fail(f"a fast-tier test asked for the loader venv {name!r}: mark it slow (pytest.mark.slow), or "
+                    "replay what the loader recorded (tests/loaders/recorded.py)", pytrace=False)
     python, why = ensure(name)
     if python is None:
-        SKIPPED.append(f"{name}: {why}")
-        pytest.skip(f"loader oracle venv {name!r} unavailable: {why}")
+        pytest.skip(f"loader oracle venv {name!r} unavailable: {name}: {why}")
     return python
 
 

@@ -1,0 +1,85 @@
+"""`kcache explain`: will the consumer here use these entries (or a Mega-Cache blob's artifacts)?"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, List, Optional
+
+import typer
+
+from kcache_cli.cli import common as c
+
+
+def register(app: typer.Typer) -> None:
+    app.command("explain")(explain_command)
+
+
+def explain_command(
+    ctx: typer.Context,
+    targets: Annotated[Optional[List[str]], typer.Argument(
+        metavar="[ENTRY|ARCHIVE|BLOB]...", help="Entries (hash prefix or path), archives kcache exported, or "
+        "Mega-Cache blobs. Default: every entry of the cache.")] = None,
+    python: Annotated[Optional[str], typer.Option(
+        "--python", metavar="PY", help="The Python that will run the model: its installed compiler versions "
+        "are read through importlib.metadata (nothing is imported). Default: python3 on PATH.")] = None,
+    gpu: Annotated[Optional[str], typer.Option(
+        "--gpu", metavar="ARCH", help="The GPU arch that will run it (sm_90a, sm_80). Default: nvidia-smi's "
+        "first GPU.")] = None,
+    cache: c.CacheOpt = None,
+    cache_dir: c.CacheDirOpt = None,
+    as_json: c.JsonOpt = False,
+) -> None:
+    """Will the consumer here use each entry? hit, miss or unknown.
+
+    Per entry: hit, miss (the factor, its recorded value and the value here) or unknown (why).
+
+    "Here" is --python's environment (its torch, Triton... versions), the GPU arch (--gpu, else
+    nvidia-smi) and the compilers' environment switches set in this shell. Triton: its version (recorded,
+    or by the key's shape), target backend, arch and warp size, the entry's status. Inductor: torch's
+    presence and the entry's status (its keys hash what only its pickles record: never a guessed hit).
+    A blob: the torch version its kcache sidecar records. An archive: each entry's manifest record (the
+    compiler and arch export found). Exit 0 whatever the verdicts.
+
+    Example: kcache explain --python ~/venvs/serve/bin/python --gpu sm_90a
+    """
+    from kcache_cli.cli.cmd_mega import is_blob
+    from kcache_cli.archive import COMPRESSION_BY_SUFFIX
+    from kcache_cli.explain import ExplainResult, explain_archive, explain_blob, explain_root, probe
+
+    opts = c.use(ctx, cache_dir, as_json)
+    here = probe(python, gpu=gpu)
+    result = ExplainResult(here)
+    blobs = [t for t in targets or [] if is_blob(t)]
+    archives = [t for t in targets or [] if t not in blobs and os.path.isfile(t)
+                and t.endswith(tuple(s for s, _ in COMPRESSION_BY_SUFFIX))]
+    refs = [t for t in targets or [] if t not in blobs and t not in archives]
+    for b in blobs:
+        result.items += explain_blob(b, here)
+    for a in archives:
+        result.items += explain_archive(a, here)
+    if refs or not (blobs or archives):
+        for loc in c.cache_locations(opts, False, cache, refs or None):
+            mine = c.refs_in(loc.path, refs) if refs else None
+            if refs and not mine:
+                continue
+            result.items += explain_root(loc.path, here, mine)
+    out = c.Output(opts)
+    out.result(result, lambda: _human(out, result))
+
+
+def _human(out: c.Output, result) -> None:
+    from kcache_cli.cli.table import Column
+
+    h = result.here
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(h.versions.items()) if v) or "none of the compilers"
+    out.info(f"here: {h.executable or 'no python'} ({versions}); GPU {h.gpu or 'none'} ({h.gpu_source})"
+             + (f"; {h.problem}" if h.problem else ""))
+    rows = []
+    for i in result.items:
+        v = i.verdict
+        detail = f"{v.factor}: {v.recorded} -> {v.here}" if v.verdict == "miss" and v.factor else v.why
+        rows.append([v.verdict, i.layout, i.kind, i.what, detail])
+    if rows:
+        c.print_table([Column("verdict"), Column("layout", drop=2), Column("kind", drop=1),
+                       Column("entry", spill=True), Column("why", wrap=True)], rows)
+    out.info(f"{result.count('hit')} hit, {result.count('miss')} miss, {result.count('unknown')} unknown")

@@ -1,0 +1,110 @@
+"""torch Mega-Cache blobs on the command line: `inspect BLOB`, `verify BLOB`, `import BLOB` and
+`export OUT --format torch-mega` (the commands themselves live in cmd_read and cmd_archive; they hand a
+blob over here when their argument is one)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from kcache_cli.cli import common as c
+
+
+def is_blob(arg: str | None) -> bool:
+    """Whether `arg` names a file that starts like a Mega-Cache blob (a CRC, then version 1), or one
+    ending in .bin / .mega whatever it holds (so that a damaged blob is still inspected as one)."""
+    from kcache_cli import megacache
+
+    if not arg or not os.path.isfile(arg):
+        return False
+    if arg.endswith((".bin", ".mega", ".megacache")):
+        return True
+    try:
+        with open(arg, "rb") as f:
+            return megacache.looks_like_blob(f.read(12))
+    except OSError:
+        return False
+
+
+def show_blob(opts: c.GlobalOptions, path: str, verify: bool) -> None:
+    """inspect / verify of a blob; exit 1 when it has a problem."""
+    from kcache_cli.archive.mega import describe
+
+    doc = describe(path)
+    out = c.Output(opts)
+    out.result(doc, lambda: _blob_human(out, doc, verify))
+    if not doc["ok"]:
+        raise typer.Exit(1)
+
+
+def _blob_human(out: c.Output, doc: dict, verify: bool) -> None:
+    crc = doc["crc32"]
+    out.text(f"blob     {c.printable_line(doc['path'])}")
+    out.text(f"size     {doc['size']} bytes, sha256 {doc['sha256'][:16]}")
+    out.text(f"crc32    stored {crc['stored'] or '-'}, computed {crc['computed'] or '-'} "
+             f"({'ok' if crc['ok'] else 'MISMATCH'})")
+    out.text(f"version  {doc['version'] if doc['version'] is not None else '-'}   state {doc['state']}")
+    groups = ", ".join(f"{g['type']} x{g['count']}" for g in doc["groups"]) or "none"
+    out.text(f"groups   {groups}")
+    if not verify and doc["artifacts"]:
+        from kcache_cli.cli.table import Column
+
+        rows = [[a["type"], a["key"], c.human_size(a["size"]), a["sha256"][:12], "yes" if a["loaded"] else "no"]
+                for a in doc["artifacts"]]
+        c.print_table([Column("type"), Column("key", spill=True), Column("size", right=True),
+                       Column("sha256", drop=2), Column("loads", drop=1)], rows)
+    for p in doc["problems"]:
+        out.text(f"problem  {p}")
+    if verify and doc["ok"]:
+        out.text(f"ok: {c.plural(len(doc['artifacts']), 'artifact')}, checksum and framing whole")
+
+
+def import_blob(opts: c.GlobalOptions, path: str, dry_run: bool, wait: float) -> None:
+    from kcache_cli.archive.mega import import_blob as run_import
+
+    result = run_import(_blob_root(opts), path, dry_run=dry_run, lock_timeout=wait)
+    out = c.Output(opts)
+    out.result(result, lambda: _import_human(out, result))
+    if result.count("refuse"):
+        raise typer.Exit(1)
+
+
+def _blob_root(opts: c.GlobalOptions) -> Path:
+    """--cache-dir or KCACHE_DIR, else where torch keeps its cache (TORCHINDUCTOR_CACHE_DIR...)."""
+    if c.explicit_root(opts):
+        return c.cache_root(opts)
+    from kcache_cli.archive.mega import mega_layouts
+    from kcache_cli.locate import named_cache
+
+    names = sorted({lay.name for lay in mega_layouts().values()})
+    return named_cache(names[0]).path
+
+
+def _import_human(out: c.Output, result) -> None:
+    from kcache_cli.cli.table import Column
+
+    rows = [[a.action, a.type, a.key, c.human_size(a.size), a.reason or ""] for a in result.artifacts]
+    if rows:
+        c.print_table([Column("action"), Column("type"), Column("key", spill=True), Column("size", right=True),
+                       Column("note", wrap=True, drop=1)], rows)
+    verb = "would import" if result.dry_run else "imported"
+    out.info(f"{verb} {c.plural(result.count('import') + result.count('add'), 'artifact')}, skipped "
+             f"{result.count('skip')} present, refused {result.count('refuse')}; into {result.root}")
+
+
+def export_blob(opts: c.GlobalOptions, out_path: str, python: str | None) -> None:
+    from kcache_cli.archive.mega import export_blob as run_export
+    from kcache_cli.explain import probe
+
+    root = c.cache_root(opts, existing=True) if c.explicit_root(opts) else _blob_root(opts)
+    here = probe(python, ("torch",))
+    facts = {"torch_version": here.versions.get("torch"), "python": here.python,
+             "device": here.gpu or "cpu", "exported_by": "kcache export --format torch-mega"}
+    result = run_export(root, out_path, facts)
+    out = c.Output(opts)
+    out.result(result, lambda: out.text(
+        f"exported {c.plural(len(result.manifest['artifacts']), 'artifact')} ({c.human_size(result.size)}) to "
+        f"{c.printable_line(result.out)}; manifest {c.printable_line(result.sidecar)}"
+        f"{'' if 'signature' in result.manifest else ' (unsigned: `kcache remote keygen` makes a key)'}"))

@@ -1,0 +1,146 @@
+"""push, pull, remote ls | stats | prune when --remote is an OCI registry (oci://HOST/REPO:TAG): the CLI
+half of kcache_cli/remote/oci_ops.py. Their --json documents have their own schemas (`push-oci`,
+`pull-oci`, `remote-ls-oci`, `remote-stats-oci`, `remote-prune-oci`): a registry holds tags of images,
+not a Redis index of entries."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Optional
+
+from kcache_cli.cli import common as c
+
+
+@contextlib.contextmanager
+def opened(url: str, timeout: float, deadline: Optional[float], user: Optional[str]) -> Iterator[Any]:
+    from kcache_cli.remote.oci import Registry, parse_ref
+
+    reg = Registry(parse_ref(url), connect_timeout=timeout, user=user)
+    reg.set_deadline(deadline)
+    try:
+        yield reg
+    finally:
+        reg.close()
+
+
+def _output(opts: c.GlobalOptions, command: str) -> c.Output:
+    opts.command = command
+    return c.Output(opts)
+
+
+def push(opts: c.GlobalOptions, root, flt, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str],
+         dry_run: bool) -> None:
+    from kcache_cli.remote.oci_ops import push_image
+
+    with opened(url, *timeouts, user) as reg:
+        result = push_image(root, reg, flt, dry_run=dry_run, warn=lambda m: c.warn(opts, m))
+    out = _output(opts, "push-oci")
+
+    def human() -> None:
+        rows = [[e.layout, e.relpath, str(e.files), c.human_size(e.size), e.arch or "-"] for e in result.entries]
+        if rows:
+            c.print_table(["layout", "entry", "files", "size", "arch"], rows, right=(2, 3))
+        for e, why in result.left:
+            out.warn(f"left out {e.relpath}: {why}")
+        if dry_run:
+            out.info(f"would push {c.plural(result.planned, 'entry')} ({c.human_size(result.size)}) as {result.remote}")
+            return
+        out.info(f"pushed {c.plural(len(result.entries), 'entry')} ({c.human_size(result.size)}, layer "
+                 f"{c.human_size(result.layer_size)}) as {result.remote}@{result.digest}")
+
+    out.result(result, human)
+
+
+def pull_image_of(url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]):
+    """The image the pull names (manifest and config read), before the local root is chosen."""
+    from kcache_cli.remote.oci_ops import DEFAULT_TAG, read_image
+
+    with opened(url, *timeouts, user) as reg:
+        return read_image(reg, reg.ref.tag or DEFAULT_TAG)
+
+
+def pull(opts: c.GlobalOptions, root, flt, image, url: str, timeouts: tuple[float, Optional[float]],
+         user: Optional[str], node: Optional[list[str]], dry_run: bool, lock_timeout: float) -> None:
+    from kcache_cli.remote.oci_ops import pull_image
+
+    with opened(url, *timeouts, user) as reg:
+        result = pull_image(root, reg, image, node, flt, dry_run=dry_run, lock_timeout=lock_timeout,
+                            warn=lambda m: c.warn(opts, m))
+    out = _output(opts, "pull-oci")
+    imported = result.imported
+
+    def human() -> None:
+        rows = [[e.action, e.relpath, str(e.files), c.human_size(e.size), e.arch or "-", e.reason or ""]
+                for e in imported.entries]
+        rows += [["skip", rel, "-", "-", arch or "-", why] for rel, arch, why in result.skipped]
+        if rows:
+            c.print_table(["action", "entry", "files", "size", "arch", "note"], rows, right=(2, 3))
+        verb = "would pull" if dry_run else "pulled"
+        n = imported.count("import") + imported.count("replace")
+        other = len(result.skipped) - result.other_arch
+        out.info(f"{verb} {c.plural(n, 'entry')} ({c.human_size(imported.size)}) from {result.remote}; skipped "
+                 f"{imported.count('skip')} present here, {result.other_arch} built for other archs"
+                 + (f", {other} not selected" if other else ""))
+
+    out.result(result, human)
+
+
+def ls(opts: c.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
+    from kcache_cli.remote.oci_ops import list_images
+
+    out = _output(opts, "remote-ls-oci")
+    with opened(url, *timeouts, user) as reg:
+        images = list_images(reg, out.warn)
+
+    def human() -> None:
+        rows = [[i.ref.tag or "-", i.layout or "-", str(i.entry_count if i.entry_count is not None else "-"),
+                 c.human_size(i.size), ",".join(i.targets) or "-", c.human_age(i.created) if i.created else "-",
+                 i.digest[7:19]] for i in images]
+        if rows:
+            c.print_table(["tag", "layout", "entries", "size", "targets", "age", "digest"], rows, right=(2, 3))
+        out.info(f"{c.plural(len(images), 'tag')} in {reg.url}")
+
+    out.result({"remote": reg.url, "images": [i.to_json() for i in images], "tag_count": len(images),
+                "size": sum({i.digest: i.size for i in images}.values())}, human)
+
+
+def stats(opts: c.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
+    from kcache_cli.remote.oci_ops import image_stats, list_images
+
+    out = _output(opts, "remote-stats-oci")
+    with opened(url, *timeouts, user) as reg:
+        result = image_stats(reg.url, list_images(reg, out.warn))
+
+    def human() -> None:
+        rows = [[what, name, str(g["tags"]), str(g["entry_count"]), c.human_size(g["size"])]
+                for what in ("target", "layout") for name, g in result[f"by_{what}"].items()]  # type: ignore[attr-defined]
+        if rows:
+            c.print_table(["by", "name", "tags", "entries", "size"], rows, right=(2, 3, 4))
+        out.text(f"{c.plural(result['tags'], 'tag')} ({c.plural(result['images'], 'image')}), "  # type: ignore[arg-type]
+                 f"{result['entry_count']} entries, {c.human_size(result['size'])} in {result['remote']}")  # type: ignore[arg-type]
+
+    out.result(result, human)
+
+
+def prune(opts: c.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str],
+          limits: tuple[Optional[int], Optional[float], Optional[int]], dry_run: bool) -> None:
+    from kcache_cli.remote.oci_ops import list_images, plan_prune, prune_images
+
+    out = _output(opts, "remote-prune-oci")
+    keep, age, max_size = limits
+    with opened(url, *timeouts, user) as reg:
+        images = list_images(reg, out.warn)
+        done = prune_images(reg, images, plan_prune(images, keep, age, max_size), dry_run)
+    removed = [r for r in done if r.skipped is None]
+    freed = sum({r.image.digest: r.image.size for r in removed}.values())
+
+    def human() -> None:
+        rows = [[r.image.ref.tag or "-", c.human_size(r.image.size), c.human_age(r.image.created)
+                 if r.image.created else "-", r.why, r.skipped or ("" if r.done or dry_run else "?")] for r in done]
+        if rows:
+            c.print_table(["tag", "size", "age", "why", "kept because"], rows, right=(1,))
+        out.info(f"{'would remove' if dry_run else 'removed'} {c.plural(len(removed), 'tag')} "
+                 f"({c.human_size(freed)}) from {reg.url}; kept {len(images) - len(removed)}")
+
+    out.result({"remote": reg.url, "dry_run": dry_run, "removed": [r.to_json() for r in done],
+                "tag_count": len(removed), "freed": freed}, human)

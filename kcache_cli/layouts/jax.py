@@ -1,0 +1,201 @@
+"""JAX's persistent compilation cache (jax_compilation_cache_dir / JAX_COMPILATION_CACHE_DIR; jax 0.10's
+jax/_src/lru_cache.py and compilation_cache.py).
+
+The cache is one flat directory: `<name>-<sha256>-cache` per compiled executable (its compile time, 4
+bytes big-endian, and the serialized executable, zstd- or zlib-compressed) and, when a size cap
+(jax_compilation_cache_max_size) is set, a `<key>-atime` sidecar holding the last read in ns (8 bytes,
+little-endian) and a `.lockfile` (filelock's flock) taken around every read and write.
+
+kcache's entries are directories, so the JAX cache is one entry, listed from its parent (the layout's
+root), as the CUDA driver's JIT cache is; it is removed only whole (every `-cache` with its `-atime`).
+There is no default place: jax keeps no persistent cache unless the directory is configured, so
+`dir --all` shows one only when JAX_COMPILATION_CACHE_DIR is set. What jax does with it:
+- a `-cache` without its `-atime` in a capped cache: jax's eviction reads every sidecar before a write
+  and fails on the missing one, so no new executable is written any more (jax#39880): partial.
+- a `-cache` that does not decompress (cut short, emptied): jax warns, compiles again and never
+  replaces it (put keeps an existing key): corrupt (deep: every file decompressed).
+- an `-atime` whose `-cache` is gone: ignored by jax (eviction walks the `-cache` files): an orphan,
+  counted in inspect's facts and removed with the cache.
+Moving it: the key covers jax, jaxlib, the backend, the devices and the compile options, and the compile
+options name files inside the cache directory (XLA's xla_gpu_kernel_cache_file and per-fusion autotune
+cache dir, set by jax/_src/compiler.py even on CPU): a copy hits only at the same absolute path, with the
+same jax and devices; anywhere else every key misses (measured: 0 hits in a copy, all hits in place).
+Export and import carry it whole for that case. JAX documents the cache as trusted code (an executable
+is run as it is read), so an archive of it must come from someone trusted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from pathlib import Path
+from typing import Iterator
+
+from kcache_cli import fsread
+from kcache_cli.checks import list_files
+from kcache_cli.entrydir import EntryDir
+from kcache_cli.layouts.base import Judging, Layout, ScanContext
+from kcache_cli.layouts.shapes import JAX
+from kcache_cli.model import (
+    COMPLETE,
+    CORRUPT,
+    PARTIAL,
+    UNREADABLE,
+    UNREADABLE_REASON,
+    Details,
+    Entry,
+    Judgement,
+    ScanFilter,
+    measure_tree,
+)
+
+NAME = JAX.name
+KIND = "compile_cache"
+CACHE, LOCKFILE = "-cache", ".lockfile"  # and "<key>-atime", the sidecar (KEY)
+# What XLA keeps beside the keys when jax points its GPU kernel and autotune caches into the directory.
+XLA_FILES = (LOCKFILE, "xla_gpu_kernel_cache_file", "xla_gpu_per_fusion_autotune_cache_dir")
+KEY = re.compile(r"^(?P<key>[\w.]+-[0-9a-f]{64})(?P<suffix>-cache|-atime)$")
+MAX_EXECUTABLE = 4 << 30  # bytes a decompressed executable may take while it is checked
+
+
+def configured_dir() -> Path | None:
+    env = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    return Path(os.path.abspath(os.path.expanduser(env))) if env else None
+
+
+def keys(names: list[str] | dict[str, int]) -> tuple[set[str], set[str]]:
+    """(keys with a -cache file, keys with an -atime file) among a cache directory's names."""
+    caches: set[str] = set()
+    atimes: set[str] = set()
+    for n in names:
+        m = KEY.match(n)
+        if m:
+            (caches if m.group("suffix") == CACHE else atimes).add(m.group("key"))
+    return caches, atimes
+
+
+def is_cache_dir(path: str) -> bool:
+    """JAX_COMPILATION_CACHE_DIR, or a directory that holds `-cache` files and nothing but jax's and XLA's
+    names."""
+    here = configured_dir()
+    if here is not None and os.path.abspath(path) == str(here):
+        return True
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    caches, _ = keys(names)
+    return bool(caches) and all(n in XLA_FILES or KEY.match(n) for n in names)
+
+
+def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
+    try:
+        names, _ = d.files()
+    except OSError:
+        return Judgement.of(UNREADABLE, UNREADABLE_REASON)
+    caches, atimes = keys(names)
+    if atimes or LOCKFILE in names:  # a size cap is in use: eviction reads every sidecar
+        bare = sorted(caches - atimes)
+        if bare:
+            more = f" (and {len(bare) - 1} more)" if len(bare) > 1 else ""
+            return Judgement.of(PARTIAL, f"{bare[0]}-cache has no -atime sidecar{more}: jax's eviction fails on "
+                                         "it, so nothing new is written to this cache")
+    empty = sorted(k for k in caches if names.get(k + CACHE, 0) <= 4)
+    if empty:
+        return Judgement.of(CORRUPT, f"{empty[0]}-cache holds no executable: jax compiles it again every time")
+    if jc.deep:
+        for k in sorted(caches):
+            bad = _undecodable(d, k + CACHE)
+            if bad:
+                return Judgement.of(CORRUPT, f"{bad}: jax compiles it again every time and never replaces it")
+    return Judgement(COMPLETE)
+
+
+def _undecodable(d: EntryDir, name: str) -> str | None:
+    """Why the `-cache` file does not decompress as jax wrote it (zstd or zlib), or None."""
+    data = d.read_bytes(name, MAX_EXECUTABLE)
+    if data[:4] == b"\x28\xb5\x2f\xfd":
+        try:
+            import zstandard  # kcache's own optional dependency; jax uses it (or Python 3.14's) when present
+        except ImportError:
+            return None  # cannot tell here: not judged
+        try:
+            zstandard.ZstdDecompressor().decompressobj().decompress(data)
+            return None
+        except zstandard.ZstdError as exc:
+            return f"{name} does not decompress ({exc})"
+    try:
+        out = zlib.decompressobj()
+        out.decompress(data, MAX_EXECUTABLE)
+        return None if out.eof else f"{name} is cut short"
+    except zlib.error as exc:
+        return f"{name} does not decompress ({exc})"
+
+
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+    if not (flt.wants_target("cpu") or flt.wants_target("cuda")) or flt.spaces or flt.ops:
+        return
+    prefixes = flt.name_prefixes()
+    for de in ctx.listdir(ctx.root):
+        if not de.is_dir(follow_symlinks=False) or JAX.kinds[0].match_segment(0, de.name) is None:
+            continue
+        if (prefixes and not any(de.name.startswith(p) for p in prefixes)) or not is_cache_dir(de.path):
+            continue
+        with ctx.open_entry(de.path) as d:
+            j = judge(d, KIND, Judging())
+        yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind=KIND, target=None,
+                        space=None, op=None, hash=de.name, status=j.status, reason=j.reason)
+
+
+def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
+    if kind != KIND or "/" in relpath:
+        return f"{relpath!r} is not a JAX compilation cache"
+    if root is not None and not is_cache_dir(os.path.join(root, relpath)):
+        return "it is not a JAX compilation cache (files other than jax's -cache, -atime and .lockfile)"
+    return None
+
+
+def describe(root: Path, entry: Entry) -> Details:
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        j = judge(d, entry.kind, Judging(deep=True))
+        try:
+            caches, atimes = keys(d.names())
+        except OSError:
+            caches, atimes = set(), set()
+    facts = [("executables", str(len(caches))),
+             ("size cap", "in use (-atime sidecars)" if atimes else "none seen (no -atime sidecars)"),
+             ("orphan -atime files", f"{len(atimes - caches)}: ignored by jax, removed with the cache"),
+             ("reused", "only at this path: jax hashes the cache directory's path into every key"),
+             ("trust", "JAX runs the executables it reads: import a cache only from someone you trust")]
+    return Details(entry, j.status, j.reason, j.problems, list_files(entry.path), facts=tuple(facts))
+
+
+def no_log(entry: Entry) -> str:
+    return "jax keeps no compile log in its compilation cache (JAX_LOG_COMPILES=1 prints one)"
+
+
+class JaxLayout(Layout):
+    shape = JAX
+    fact_files = ()
+    binary_kinds = frozenset({KIND})
+    writer_locks = (LOCKFILE,)  # filelock's flock, held by jax around each read and write
+
+    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
+                      ) -> str | None:
+        return shape_problem(relpath, kind, names, root)
+
+    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
+        return judge(d, kind, jc)
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def no_log(self, entry: Entry) -> str:
+        return no_log(entry)
+
+
+LAYOUT = JaxLayout()

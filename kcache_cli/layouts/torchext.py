@@ -1,0 +1,215 @@
+"""torch's C++/CUDA extensions built at run time (`torch.utils.cpp_extension.load` / `load_inline`).
+
+One build directory per extension name under the root (torch's `_get_build_directory`:
+TORCH_EXTENSIONS_DIR, else <user cache dir>/torch_extensions/py<XY><abiflags>_<cpu|cuNNN|rocmNNN>/):
+`<name>/` holds the sources load_inline wrote (main.cpp, cuda.cu), `build.ninja`, the objects, the
+module `<name>.so` and ninja's `.ninja_log`/`.ninja_deps`.
+
+What torch's loader does with it (torch 2.13, `_jit_compile`): it takes `lock` in the directory with a
+`FileBaton` (os.open(O_CREAT|O_EXCL), the descriptor kept open, the file removed when the build ends),
+writes build.ninja, runs ninja there, and imports `<name>.so`. A process that finds `lock` already there
+waits until the file disappears, polling for ever: a build killed mid-way leaves it and every later load
+hangs (pytorch#189245). So:
+- `lock` held open by a live process (read from /proc/<pid>/fd): building; left by no live process: the
+  entry is broken (partial) and `verify --fix` removes the lock, after which torch builds or loads again.
+- no build.ninja, or an output it names (an object, the module) missing: half-built, and torch's ninja
+  step builds the missing parts again on the next load (partial).
+- the module empty or cut short (its ELF header says so): ninja sees it up to date and torch's import
+  fails (corrupt).
+A fresh process always runs ninja, so an entry copied elsewhere is rebuilt there (build.ninja names the
+sources by absolute path), never loaded wrongly: export and import carry it, and it is a hit only at
+the same path with the same torch and Python.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Iterator, Mapping, NamedTuple
+
+from kcache_cli import fsread, locking
+from kcache_cli.checks import elf_truncated, list_files, read_every_byte
+from kcache_cli.entrydir import EntryDir
+from kcache_cli.layouts.base import Judging, Layout, ScanContext, StaleLock
+from kcache_cli.layouts.shapes import TORCHEXT, TORCHEXT_EVIDENCE
+from kcache_cli.model import (
+    BUILDING,
+    COMPLETE,
+    CORRUPT,
+    PARTIAL,
+    UNREADABLE,
+    UNREADABLE_REASON,
+    Details,
+    Entry,
+    Judgement,
+    ScanFilter,
+)
+
+NAME = TORCHEXT.name
+KIND = "extension"
+LOCK = "lock"  # torch.utils.file_baton.FileBaton's file, in the build directory
+NINJA = "build.ninja"
+LOCK_GRACE = 5.0  # seconds: a lock this young is left alone whoever holds it
+STALE_LOCK = ("torch's build lock was left by a build no process runs: every load of this extension waits "
+              "for ever (kcache verify --fix removes the lock)")
+_BUILD = re.compile(r"^build\s+([^:\s]+)\s*:\s*(\S+)", re.M)
+_DEFAULT = re.compile(r"^default\s+(\S+)", re.M)
+_VAR = re.compile(r"^(cxx|cflags)\s*=\s*(.*)$", re.M)
+
+
+class NinjaPlan(NamedTuple):
+    outputs: tuple[str, ...]  # what build.ninja builds, objects and module, relative to the entry
+    module: str | None  # its default target: the module torch imports
+
+
+def ninja_plan(text: str) -> NinjaPlan:
+    """The outputs and default target of torch's build.ninja (written by _write_ninja_file)."""
+    outs = tuple(m.group(1) for m in _BUILD.finditer(text))
+    default = _DEFAULT.search(text)
+    return NinjaPlan(outs, default.group(1) if default else None)
+
+
+def lock_holder(st: os.stat_result, now: float) -> str | None:
+    """Why the lock file `st` may belong to a live build (then it stays), or None when it is stale: no
+    process of its owner has it open (FileBaton keeps its descriptor open from the exclusive create to
+    the removal, so a live builder always has), every such process could be inspected, and it is older
+    than LOCK_GRACE."""
+    found = locking.file_openers(st)
+    if found.pids:
+        return f"torch is building it: process {found.pids[0]} holds its lock"
+    if found.blind:
+        return f"its lock may be held: {found.blind} process(es) of its owner could not be inspected"
+    if now - st.st_mtime < LOCK_GRACE:
+        return "its lock was taken moments ago"
+    return None
+
+
+def _lock_verdict(d: EntryDir, now: float) -> Judgement:
+    st = d.lstat(LOCK)
+    if not stat.S_ISREG(st.st_mode):
+        return Judgement.of(CORRUPT, f"its {LOCK} is a {fsread.kind_of(st.st_mode)}, not torch's lock file")
+    held = lock_holder(st, now)
+    return Judgement.of(BUILDING, held) if held else Judgement.of(PARTIAL, STALE_LOCK)
+
+
+def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
+    """By torch's loader: a lock first (it decides whether torch waits), then build.ninja's outputs."""
+    try:
+        names, _ = d.files()
+    except OSError:
+        return Judgement.of(UNREADABLE, UNREADABLE_REASON)
+    if LOCK in names:
+        return _lock_verdict(d, jc.now)
+    if NINJA not in names:
+        return Judgement.of(PARTIAL, "no build.ninja: the build stopped before torch wrote it (torch builds it again)")
+    text = d.read_text(NINJA)
+    plan = ninja_plan(text or "")
+    if plan.module is None:
+        return Judgement.of(CORRUPT, "build.ninja names no default target: ninja cannot build the module")
+    missing = [o for o in plan.outputs if o not in names]
+    if missing:
+        return Judgement.of(PARTIAL, f"half-built: {', '.join(missing[:3])} missing (torch's ninja step builds "
+                                     "it again on the next load)")
+    size = names.get(plan.module, 0)
+    bad = f"{plan.module} is empty" if not size else None
+    if bad is None and jc.deep:
+        bad = elf_truncated(plan.module, d.read_head(plan.module), size) or read_every_byte(d, jc.caller_reads)
+    return Judgement.of(CORRUPT, f"{bad}: torch's import of it fails") if bad else Judgement(COMPLETE)
+
+
+def target(names: Mapping[str, int]) -> str:
+    """cuda when load_inline wrote CUDA sources (cuda.cu) or an object of one was built, else cpu."""
+    return "cuda" if any(n.endswith((".cu", ".cuda.o")) for n in names) else "cpu"
+
+
+def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+    if not (flt.wants_target("cpu") or flt.wants_target("cuda")) or flt.spaces or flt.ops:
+        return
+    prefixes = flt.name_prefixes()
+    for de in ctx.listdir(ctx.root, lambda d: TORCHEXT.kinds[0].match_segment(0, d.name) is not None):
+        if not de.is_dir(follow_symlinks=False):
+            continue
+        if prefixes and not any(de.name.startswith(p) for p in prefixes):
+            continue
+        with ctx.open_entry(de.path) as d:
+            names, usage, _ = ctx.read_dir(d)
+            if names is None or not any(n in names for n in (LOCK, *TORCHEXT_EVIDENCE)):
+                continue  # not torch's build directory
+            if not flt.wants_target(target(names)):
+                continue
+            j = judge(d, KIND, Judging())
+        yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind=KIND, target=target(names), space=None, op=None,
+                        hash=de.name, status=j.status, reason=j.reason)
+
+
+def describe(root: Path, entry: Entry) -> Details:
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        j = judge(d, entry.kind, Judging(deep=True))
+        text = d.read_text(NINJA) if j.status != UNREADABLE else None
+    plan = ninja_plan(text or "")
+    binaries = (os.path.join(entry.path, plan.module),) if plan.module and j.status == COMPLETE else ()
+    facts = [("loader", "torch.utils.cpp_extension (load / load_inline)"),
+             ("reused", "only at this path with the same torch and Python: build.ninja names its sources "
+                        "by absolute path, and torch runs ninja on every load of a new process")]
+    command = compile_command({NINJA: (text or "").encode()})
+    return Details(entry, j.status, j.reason, j.problems, list_files(entry.path), binaries=binaries,
+                   compile_command=command, facts=tuple(facts))
+
+
+def compile_command(small: Mapping[str, bytes]) -> str | None:
+    text = small.get(NINJA, b"").decode("utf-8", "replace")
+    found: dict[str, str] = {m.group(1): m.group(2) for m in _VAR.finditer(text)}
+    return f"{found['cxx']} {found.get('cflags', '')}".strip() if found.get("cxx") else None
+
+
+def in_use(entry: Entry, now: float) -> str | None:
+    try:
+        st = os.lstat(os.path.join(entry.path, LOCK))
+    except OSError:
+        return None
+    return lock_holder(st, now) if stat.S_ISREG(st.st_mode) else None
+
+
+def stale_locks(d: EntryDir, now: float) -> list[StaleLock]:
+    try:
+        st = d.lstat(LOCK)
+    except OSError:
+        return []
+    return [StaleLock(LOCK, st)] if stat.S_ISREG(st.st_mode) and lock_holder(st, now) is None else []
+
+
+def no_log(entry: Entry) -> str:
+    return "torch keeps no compile log in an extension's build directory (load(verbose=True) prints it)"
+
+
+class TorchExtLayout(Layout):
+    shape = TORCHEXT
+    fact_files = (NINJA,)
+
+    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+        return scan(ctx, flt)
+
+    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
+        return judge(d, kind, jc)
+
+    def describe(self, root: Path, entry: Entry) -> Details:
+        return describe(root, entry)
+
+    def no_log(self, entry: Entry) -> str:
+        return no_log(entry)
+
+    def compile_command(self, small: Mapping[str, bytes]) -> str | None:
+        return compile_command(small)
+
+    def in_use(self, entry: Entry) -> str | None:
+        import time
+
+        return in_use(entry, time.time())
+
+    def stale_locks(self, d: EntryDir, jc: Judging) -> list[StaleLock]:
+        return stale_locks(d, jc.now)
+
+
+LAYOUT = TorchExtLayout()

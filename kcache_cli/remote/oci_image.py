@@ -1,0 +1,344 @@
+"""A cache as an OCI image in Red Hat MCV's compat layout (redhat-et/GKM `mcv/docs/spec-compat.md`),
+the image KServe's `KernelCache` and GKM mount.
+
+One gzip tar layer (`application/vnd.oci.image.layer.v1.tar+gzip`, which MCV's extract takes as it
+takes Docker's) holding, in this order:
+
+    io.kcache.manifest/manifest.json     kcache's archive manifest (every file's size and sha256, the
+                                         signatures): first, so that pull reads it before any data
+    io.<layout>.cache/<relpath>/...      the entries, as in the cache (Triton: `io.triton.cache/<key>/`;
+                                         vLLM: `io.vllm.cache/torch_compile_cache/<h10>/`, MCV's
+                                         `io.vllm.cache/` being vLLM's cache root)
+    io.<layout>.manifest/manifest.json   Triton and vLLM: MCV's manifest ({"triton": [metadata...]});
+                                         other layouts: kcache's manifest again
+
+The image config carries MCV's labels (`cache.<layout>.image/entry-count`, `/cache-size-bytes`: the
+bytes of the files under `io.<layout>.cache/`, `/summary`: {"targets":[{"backend","arch","warp_size"}]}),
+for vLLM `cache.vllm.image/format` and KServe's `io.kserve.km/*` mount hints, and kcache's own
+`io.kcache.image/layout` and `/kcache-version`. The manifest's annotations name the signing key when
+the records are signed (the signatures themselves are in kcache's manifest, covered by the layer's
+digest, which the manifest's digest covers).
+
+Pull turns the layer back into a kcache archive (kcache's manifest first, the names without their
+prefix, MCV's manifest and the entries of archs this node cannot run left out) and imports it: every
+check `import` makes applies."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import IO
+
+from kcache_cli.archive.manifest import ImportLimits, reject
+from kcache_cli.layouts.image_format import CPU, MAX_META, ImageFormat
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+LAYER_TYPES = (OCI_LAYER, DOCKER_LAYER)  # the compat layer types MCV's extract takes
+KCACHE_MANIFEST = "io.kcache.manifest/manifest.json"
+LABEL_LAYOUT = "io.kcache.image/layout"
+LABEL_VERSION = "io.kcache.image/kcache-version"
+ANNOTATION_SIGNER = "io.kcache.image/signed-by"
+
+
+def image_format(layout: str) -> ImageFormat:
+    """The layout's image shape (Layout.image_format); a layout this kcache does not know: refused."""
+    from kcache_cli import layouts
+
+    if layout not in layouts.NAMES:
+        raise reject(f"the image holds {layout[:40]!r} entries, a layout this kcache does not know")
+    return layouts.get(layout).image_format()
+
+
+# ---- the targets: what the summary says, and which of them a node runs -----------------------
+
+def target_arch(backend: str, arch: object) -> str:
+    """One arch word for a summary target: Triton's CUDA capability 90 is `sm_90a` (Triton builds the
+    arch-specific variant from 9.0 on), 80 `sm_80`; other backends' words as they are (gfx90a)."""
+    text = str(arch)
+    if backend == CPU:
+        return CPU
+    if backend == "cuda" and text.isdigit():
+        n = int(text)
+        return f"sm_{n}{'a' if n >= 90 else ''}"
+    return text
+
+
+def runs_on(arch: str, node: Iterable[str]) -> bool:
+    """Whether code for `arch` runs on a node whose GPUs are `node` (arch words: sm_80, gfx90a)."""
+    from kcache_cli.gpu import arch_runs_on, cuda_archs
+
+    if arch == CPU:
+        return True
+    node = list(node)
+    caps = [a.cc for n in node for a in cuda_archs(n) if a.kind == "sm"]
+    ok = arch_runs_on(arch, caps) if caps else None
+    return bool(ok) if ok is not None else arch in node
+
+
+def summary_targets(labels: dict[str, str], fmt: ImageFormat) -> list[str]:
+    """The arch words of the image's summary label (MCV's JSON), [] when it names none."""
+    try:
+        doc = json.loads(labels.get(fmt.label_prefix + "summary") or "{}")
+        targets = doc.get("targets") if isinstance(doc, dict) else None
+    except ValueError:
+        return []
+    out = []
+    for t in targets if isinstance(targets, list) else []:
+        if isinstance(t, dict) and isinstance(t.get("arch"), (str, int)) and not isinstance(t.get("arch"), bool):
+            out.append(target_arch(str(t.get("backend") or ""), t["arch"]))
+    return sorted(set(out))
+
+
+# ---- writing the layer --------------------------------------------------------------------------
+
+@dataclass
+class LayerFacts:
+    """What writing the layer learnt: its digests and sizes, and what the labels say."""
+
+    digest: str = ""
+    size: int = 0
+    diff_id: str = ""
+    cache_bytes: int = 0
+    records: list[dict] = field(default_factory=list)
+    metadata: list[dict] = field(default_factory=list)  # MCV's per-kernel metadata (Triton)
+
+
+class _Digesting:
+    """A file the compressed layer goes to, hashed and counted on the way."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out, self.h, self.n = out, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.h.update(data)
+        self.n += len(data)
+        return self.out.write(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+class _TarOut:
+    """The uncompressed tar stream: into gzip, its own sha256 (the diff_id) on the way."""
+
+    def __init__(self, gz) -> None:
+        self.gz, self.h = gz, hashlib.sha256()
+
+    def write(self, data: bytes) -> None:
+        self.h.update(data)
+        self.gz.write(data)
+
+    def file(self, name: str, data: bytes, mode: int = 0o644, mtime: float = 0) -> None:
+        from kcache_cli import tarstream as ts
+
+        self.write(ts.file_header(name, len(data), mode, mtime))
+        self.write(data)
+        self.write(ts.padding(len(data)))
+
+
+def write_layer(archive: IO[bytes], out: IO[bytes], fmt: ImageFormat) -> LayerFacts:
+    """Turn a kcache export (a plain tar, manifest.json first) into the image's layer, gzip into `out`."""
+    from kcache_cli import tarstream as ts
+
+    facts = LayerFacts()
+    digesting = _Digesting(out)
+    reader = ts.TarReader(archive)
+    with gzip.GzipFile(fileobj=digesting, mode="wb", mtime=0, compresslevel=ts.GZIP_LEVEL) as gz:
+        tar = _TarOut(gz)
+        head = reader.next()
+        if head is None or head.name != "manifest.json":
+            raise reject("the export has no manifest.json first")
+        doc = json.loads(b"".join(reader.data(head)))
+        doc.pop("parts", None)  # one stream in the layer: no part offsets
+        facts.records = doc.get("entries") or []
+        kmanifest = json.dumps(doc, separators=(",", ":")).encode()
+        tar.file(KCACHE_MANIFEST, kmanifest, mtime=head.mtime)
+        while (m := reader.next()) is not None:
+            _copy_member(reader, m, tar, fmt, facts)
+        tar.file(fmt.manifest_member, fmt.manifest(facts.records, facts.metadata) or kmanifest, mtime=head.mtime)
+        tar.write(ts.END_OF_ARCHIVE)
+        facts.diff_id = "sha256:" + tar.h.hexdigest()
+    facts.digest, facts.size = "sha256:" + digesting.h.hexdigest(), digesting.n
+    return facts
+
+
+def _copy_member(reader, m, tar: _TarOut, fmt: ImageFormat, facts: LayerFacts) -> None:
+    from kcache_cli import tarstream as ts
+
+    name = fmt.prefix + m.name
+    if m.type == ts.DIRECTORY:
+        tar.write(ts.dir_header(name + "/", m.mtime))
+    elif m.type == ts.SYMLINK:
+        tar.write(ts.symlink_header(name, m.linkname, m.mtime))
+    elif m.type == ts.REGULAR:
+        tar.write(ts.file_header(name, m.size, m.mode, m.mtime))
+        wanted = fmt.wants(m.name) and m.size <= MAX_META
+        small = bytearray()
+        for chunk in reader.data(m):
+            tar.write(chunk)
+            if wanted:
+                small += chunk
+        tar.write(ts.padding(m.size))
+        facts.cache_bytes += m.size
+        meta = fmt.metadata(m.name, bytes(small)) if wanted else None
+        if meta is not None:
+            facts.metadata.append(meta)
+    else:
+        raise reject(f"member {m.name!r} is a {m.type}, which an image layer does not carry")
+
+
+def labels(fmt: ImageFormat, facts: LayerFacts, title: str) -> dict[str, str]:
+    """The image config's labels (module doc)."""
+    from kcache_cli import __version__
+
+    p = fmt.label_prefix
+    targets = fmt.targets(facts.records, facts.metadata)
+    return {"org.opencontainers.image.title": title,
+            f"{p}entry-count": str(fmt.entry_count(facts.records, facts.metadata)),
+            f"{p}cache-size-bytes": str(facts.cache_bytes),
+            f"{p}summary": json.dumps({"targets": targets}, separators=(",", ":")),
+            LABEL_LAYOUT: fmt.name, LABEL_VERSION: __version__, **fmt.labels(facts.records)}
+
+
+def config_json(lbls: dict[str, str], diff_id: str) -> bytes:
+    import platform
+
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")  # microseconds: two pushes in a second differ
+    return json.dumps({"created": now, "architecture": arch, "os": "linux", "config": {"Labels": lbls},
+                       "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+                       "history": [{"created": now, "created_by": "kcache push"}]}, separators=(",", ":")).encode()
+
+
+def manifest_json(config: tuple[str, int], layer: tuple[str, int], annotations: dict[str, str]) -> bytes:
+    doc: dict = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                 "config": {"mediaType": OCI_CONFIG, "digest": config[0], "size": config[1]},
+                 "layers": [{"mediaType": OCI_LAYER, "digest": layer[0], "size": layer[1]}]}
+    if annotations:
+        doc["annotations"] = annotations
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+# ---- reading it back ----------------------------------------------------------------------------
+
+@dataclass
+class Skipped:
+    """Entries left out of a pull before any write, with why (another arch, not selected)."""
+
+    relpaths: set[str] = field(default_factory=set)
+    reasons: dict[str, str] = field(default_factory=dict)
+    records: list[dict] = field(default_factory=list)
+    declared: int = 0  # bytes of files the manifest lists, kept or not: the most the layer may carry
+    written: int = 0
+    members: int = 0
+
+
+def layer_to_archive(layer: IO[bytes], out: IO[bytes], fmt: ImageFormat, keep: Callable[[dict], str | None],
+                     limits: ImportLimits) -> Skipped:
+    """Write the kcache archive the layer holds into `out` (plain tar, manifest.json first), leaving out
+    the entries `keep` turns down (with its reason) and MCV's manifest. Any other member outside
+    `io.<layout>.cache/` is refused, and so is a layer whose files hold more bytes than its manifest
+    lists or more members than import takes (a gzip bomb never fills the disk)."""
+    from kcache_cli import tarstream as ts
+
+    reader = ts.TarReader(gzip.GzipFile(fileobj=layer, mode="rb"))
+    try:
+        head = reader.next()
+        if head is None or head.name != KCACHE_MANIFEST or head.type != ts.REGULAR:
+            raise reject(f"its first member is not {KCACHE_MANIFEST} (an image kcache did not push: MCV's "
+                         "own images carry no per-file sha256 for kcache to check)")
+        if head.size > limits.max_manifest:
+            raise reject(f"{KCACHE_MANIFEST} is {head.size} bytes, over the limit of {limits.max_manifest}")
+        skipped = Skipped()
+        data = _kept_manifest(b"".join(reader.data(head)), keep, skipped)
+        out.write(ts.file_header("manifest.json", len(data), 0o644, head.mtime) + data + ts.padding(len(data)))
+        while (m := reader.next()) is not None:
+            skipped.members += 1
+            if skipped.members > limits.max_members:
+                raise reject(f"its layer holds over {limits.max_members} members")
+            _copy_back(reader, m, out, fmt, skipped)
+        out.write(ts.END_OF_ARCHIVE)
+    except (ts.TarFormatError, OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise reject(f"its layer is not a gzip tar kcache reads ({exc})") from None
+    finally:
+        reader.close()
+    return skipped
+
+
+def _kept_manifest(raw: bytes, keep: Callable[[dict], str | None], skipped: Skipped) -> bytes:
+    from kcache_cli.fsread import parse_json
+
+    try:
+        doc = parse_json(raw, KCACHE_MANIFEST)
+    except (ValueError, UnicodeDecodeError):
+        raise reject(f"{KCACHE_MANIFEST} is not valid JSON") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
+        raise reject(f"{KCACHE_MANIFEST} is not a kcache archive manifest")
+    doc.pop("parts", None)
+    kept = []
+    for rec in doc["entries"]:
+        files = rec.get("files") if isinstance(rec, dict) else None
+        for info in files.values() if isinstance(files, dict) else ():
+            if isinstance(info, list) and info and type(info[0]) is int and info[0] > 0:
+                skipped.declared += info[0]
+        why = keep(rec) if isinstance(rec, dict) and isinstance(rec.get("relpath"), str) else None
+        if why:
+            skipped.relpaths.add(rec["relpath"])
+            skipped.reasons[rec["relpath"]] = why
+            skipped.records.append(rec)
+        else:
+            kept.append(rec)
+    doc["entries"] = kept
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _skipped(name: str, skipped: Skipped) -> bool:
+    parts = name.split("/")
+    return any("/".join(parts[:i]) in skipped.relpaths for i in range(1, len(parts) + 1))
+
+
+def _copy_back(reader, m, out: IO[bytes], fmt: ImageFormat, skipped: Skipped) -> None:
+    from kcache_cli import tarstream as ts
+
+    name, prefix = m.name, fmt.prefix
+    if name in (fmt.manifest_member, prefix.rstrip("/"), *_parents(prefix)):
+        for _ in reader.data(m):
+            pass
+        return
+    if not name.startswith(prefix):
+        raise reject(f"member {name!r} is outside {prefix}")
+    rel = name[len(prefix):]
+    if m.type == ts.REGULAR:
+        skipped.written += m.size
+        if skipped.written > skipped.declared:
+            raise reject(f"its files hold more than the {skipped.declared} bytes its manifest lists (at {name!r})")
+    if _skipped(rel, skipped):
+        for _ in reader.data(m):
+            pass
+        return
+    if m.type == ts.DIRECTORY:
+        out.write(ts.dir_header(rel + "/", m.mtime))
+    elif m.type == ts.SYMLINK:
+        out.write(ts.symlink_header(rel, m.linkname, m.mtime))
+    elif m.type == ts.REGULAR:
+        out.write(ts.file_header(rel, m.size, m.mode & 0o777, m.mtime))
+        for chunk in reader.data(m):
+            out.write(chunk)
+        out.write(ts.padding(m.size))
+    else:
+        raise reject(f"member {name!r} is a {m.type}")
+
+
+def _parents(prefix: str) -> list[str]:
+    """io.vllm.cache/torch_compile_cache/ -> [io.vllm.cache]: directories above the entries."""
+    parts = prefix.rstrip("/").split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+

@@ -1,0 +1,389 @@
+"""push, pull, remote ls | stats | prune for an OCI registry (oci://HOST/REPO:TAG): a cache as one image
+per tag in MCV's compat layout (oci_image), the registry kept to a budget by deleting tags' manifests.
+
+push: the selected complete entries are exported (export's judgement, records and signatures), the
+export becomes the image's layer, the config carries MCV's labels, and the manifest is put under the
+tag. pull: the image's manifest and config are read first (sizes bounded, digests checked); the node's
+GPUs are checked against the image's targets before anything is written; the layer (its size from
+the manifest, its digest checked) becomes a kcache archive without the entries of other archs, and
+`import` takes it with every check it makes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kcache_cli.archive.importer import ImportResult
+from kcache_cli.errors import KcacheError, UsageError
+from kcache_cli.model import ScanFilter, Warn
+from kcache_cli.remote import oci_image as img
+from kcache_cli.remote.oci import MAX_CONFIG, OciRef, Registry
+from kcache_cli.remote.store import RemoteError
+
+DEFAULT_TAG = "latest"
+OTHER_ARCH = "built for"  # how the reason of an entry left out for its arch starts
+
+
+def _tag(ref: OciRef) -> str:
+    return ref.tag or DEFAULT_TAG
+
+
+# ---- push ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ImagePushResult:
+    remote: str  # the image, oci://host/repo:tag
+    root: str
+    dry_run: bool
+    digest: str | None  # the manifest's (None in a dry run)
+    layout: str
+    entries: tuple  # ExportedEntry
+    left: tuple  # (Entry, why)
+    size: int  # bytes of the entries' files
+    layer_size: int  # bytes of the compressed layer
+    labels: dict[str, str]
+    planned: int  # entries selected (a dry run pushes none)
+
+    def to_json(self) -> dict[str, object]:
+        return {"remote": self.remote, "root": self.root, "dry_run": self.dry_run, "digest": self.digest,
+                "layout": self.layout, "planned": self.planned, "pushed": len(self.entries),
+                "left_out": len(self.left), "size": self.size,
+                "layer_size": self.layer_size, "labels": [{"name": k, "value": v} for k, v in self.labels.items()],
+                "entries": [{"layout": e.layout, "kind": e.kind, "relpath": e.relpath, "file_count": e.files,
+                             "size": e.size, "arch": e.arch} for e in self.entries],
+                "left": [{"relpath": e.relpath, "reason": why} for e, why in self.left]}
+
+
+def _one_layout(plan) -> str:
+    layouts = sorted({j.layout for j in plan.jobs})
+    if len(layouts) != 1:
+        raise UsageError(f"an image holds one layout, the selection has {', '.join(layouts) or 'none'}: "
+                         "select one with --layout")
+    return layouts[0]
+
+
+def push_image(root: Path, reg: Registry, flt: ScanFilter | None = None, *, dry_run: bool = False,
+               warn: Warn | None = None) -> ImagePushResult:
+    """Push the complete entries `flt` selects as one image under the remote's tag (module doc)."""
+    from kcache_cli.archive import export_archive, plan_export
+    from kcache_cli.archive.export import EmptyExport
+
+    warn = warn or (lambda m: None)
+    plan = plan_export(root, flt or ScanFilter(), warn=warn)
+    layout = _one_layout(plan)
+    ref = reg.ref.with_tag(_tag(reg.ref))
+    if dry_run:
+        size = sum(j.size for j in plan.jobs)
+        return ImagePushResult(ref.url, str(root), True, None, layout, (), tuple(plan.left), size, 0, {},
+                               len(plan.jobs))
+    reg.ping()
+    with tempfile.TemporaryDirectory(prefix="kcache-oci-") as tmp:
+        try:
+            exported = export_archive(plan, os.path.join(tmp, "export.tar"), warn=warn)
+        except EmptyExport as exc:
+            raise KcacheError(str(exc)) from None
+        with open(exported.archive, "rb") as src, tempfile.TemporaryFile(prefix="kcache-layer-") as layer:
+            fmt = img.image_format(layout)
+            facts = img.write_layer(src, layer, fmt)
+            labels = img.labels(fmt, facts, ref.repo.rpartition("/")[2])
+            config = img.config_json(labels, facts.diff_id)
+            config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
+            reg.put_blob(facts.digest, facts.size, layer)
+        reg.put_blob(config_digest, len(config), config)
+    manifest = img.manifest_json((config_digest, len(config)), (facts.digest, facts.size), _annotations(fmt))
+    digest = reg.put_manifest(_tag(ref), manifest, img.OCI_MANIFEST)
+    return ImagePushResult(ref.url, str(root), False, digest, layout, exported.entries, exported.left_out,
+                           exported.size, facts.size, labels, len(exported.entries))
+
+
+def _annotations(fmt: img.ImageFormat) -> dict[str, str]:
+    """The manifest's annotations: MCV's variant, and the key that signed the records (when one did)."""
+    from kcache_cli.signing import signer
+
+    out = {f"{fmt.label_prefix}variant": "compat", "org.opencontainers.image.created":
+           time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    sign = signer()
+    if sign is not None:
+        out[img.ANNOTATION_SIGNER] = sign.sign({})["signature"]["key"]
+    return out
+
+
+# ---- reading an image ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Image:
+    """An image's manifest and config, read and checked (no layer yet)."""
+
+    ref: OciRef
+    digest: str
+    layer: tuple[str, int]  # digest, size
+    size: int  # config + layer, compressed: what it costs the registry
+    labels: dict[str, str]
+    created: float | None
+    layout: str | None  # kcache's label; None: an image kcache did not push
+
+    def _format(self) -> img.ImageFormat | None:
+        from kcache_cli import layouts
+
+        return layouts.get(self.layout).image_format() if self.layout in layouts.NAMES else None
+
+    @property
+    def targets(self) -> list[str]:
+        fmt = self._format()
+        return img.summary_targets(self.labels, fmt) if fmt else []
+
+    @property
+    def entry_count(self) -> int | None:
+        fmt = self._format()
+        text = self.labels.get(fmt.label_prefix + "entry-count", "") if fmt else ""
+        return int(text) if text.isdigit() else None
+
+    def to_json(self) -> dict[str, object]:
+        """An image of `remote ls --json`."""
+        from kcache_cli.model import iso
+
+        return {"tag": self.ref.tag, "digest": self.digest, "layout": self.layout, "entry_count": self.entry_count,
+                "size": self.size, "targets": self.targets, "created": iso(self.created) if self.created else None}
+
+
+def _descriptor(d: object, what: str, url: str) -> tuple[str, int, str]:
+    from kcache_cli.remote.oci import DIGEST
+
+    if not isinstance(d, dict) or not isinstance(d.get("digest"), str) or not DIGEST.match(d["digest"]) \
+            or type(d.get("size")) is not int or d["size"] < 0:
+        raise RemoteError(f"remote {url}: its manifest's {what} is not a descriptor kcache reads")
+    return d["digest"], d["size"], str(d.get("mediaType") or "")
+
+
+def read_image(reg: Registry, tag: str) -> Image:
+    """The image under `tag`: its manifest (one compat layer), its config's labels and creation time."""
+    raw, _, digest = reg.get_manifest(tag)
+    ref = reg.ref.with_tag(tag)
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise RemoteError(f"remote {ref.url}: its manifest is not JSON") from None
+    layers = doc.get("layers") if isinstance(doc, dict) else None
+    if not isinstance(layers, list) or len(layers) != 1:
+        raise RemoteError(f"remote {ref.url}: an image of {len(layers) if isinstance(layers, list) else 'no'} "
+                          "layers, not the one layer of a cache image")
+    layer = _descriptor(layers[0], "layer", ref.url)
+    if layer[2] not in img.LAYER_TYPES:
+        raise RemoteError(f"remote {ref.url}: its layer is {layer[2][:80]!r}, not a compat gzip tar layer")
+    config = _descriptor(doc.get("config"), "config", ref.url)
+    try:
+        conf = json.loads(reg.get_blob(config[0], config[1], MAX_CONFIG))
+        labels = (conf.get("config") or {}).get("Labels") or {}
+    except (ValueError, AttributeError):
+        raise RemoteError(f"remote {ref.url}: its config is not an image config") from None
+    labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
+    layout = labels.get(img.LABEL_LAYOUT)
+    return Image(ref, digest, layer[:2], layer[1] + config[1], labels, _epoch(conf.get("created")), layout)
+
+
+def _epoch(text: object) -> float | None:
+    from datetime import datetime
+
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+# ---- pull ---------------------------------------------------------------------------------------
+
+def node_archs(gpu: str | None, no_check: bool) -> list[str] | None:
+    """The arch words of this node: --gpu (sm_80, gfx90a; several with commas), else nvidia-smi's GPUs;
+    None with --no-gpu-check. No GPU found and no --no-gpu-check: a usage error that says so."""
+    from kcache_cli.gpu import local_compute_caps
+
+    if gpu:
+        return [a.strip() for a in gpu.split(",") if a.strip()]
+    if no_check:
+        return None
+    caps = local_compute_caps()
+    if not caps:
+        raise UsageError("no GPU found here (nvidia-smi): name this node's with --gpu ARCH (sm_90a), or pull "
+                         "without the check with --no-gpu-check")
+    return sorted({f"sm_{a}{b}" for a, b in caps})
+
+
+def preflight(image: Image, node: list[str] | None) -> None:
+    """Refuse an image none of whose targets runs on the node, before anything is written."""
+    if image.layout is None:
+        raise KcacheError(f"{image.ref.url} is not an image kcache pushed (no {img.LABEL_LAYOUT} label); "
+                          "kcache pulls only images whose files its manifest lists with their sha256")
+    targets = image.targets
+    if node is None or not targets:
+        return
+    if not any(img.runs_on(t, node) for t in targets):
+        raise KcacheError(f"{image.ref.url} is built for {', '.join(targets)}; this node runs {', '.join(node)}: "
+                          "nothing in it would load here (nothing written)")
+
+
+@dataclass(frozen=True)
+class ImagePullResult:
+    remote: str
+    digest: str
+    node: tuple[str, ...] | None
+    imported: ImportResult
+    skipped: tuple[tuple[str, str | None, str], ...] = field(default=())  # (relpath, arch, why)
+
+    @property
+    def other_arch(self) -> int:
+        """Entries left out because this node cannot run their arch."""
+        return sum(1 for _, _, why in self.skipped if why.startswith(OTHER_ARCH))
+
+    def to_json(self) -> dict[str, object]:
+        out = self.imported.to_json()
+        out.pop("archive", None)
+        return {"remote": self.remote, "digest": self.digest, "gpu": list(self.node) if self.node else None, **out,
+                "skipped_other_arch": self.other_arch,
+                "left_out": [{"relpath": r, "arch": a, "reason": w} for r, a, w in self.skipped]}
+
+
+def _keeper(node: list[str] | None, flt: ScanFilter) -> Callable[[dict], str | None]:
+    from kcache_cli.remote.pull import summary_matches
+
+    def keep(rec: dict) -> str | None:
+        arch = rec.get("arch") if isinstance(rec.get("arch"), str) else None
+        if node is not None and arch and not any(img.runs_on(a.strip(), node) for a in arch.split(",")):
+            return f"{OTHER_ARCH} {arch}; this node runs {', '.join(node)}"
+        if not summary_matches(flt, rec):
+            return "not selected"
+        return None
+    return keep
+
+
+def pull_image(root: Path, reg: Registry, image: Image, node: list[str] | None, flt: ScanFilter | None = None, *,
+               dry_run: bool = False, lock_timeout: float = 60.0, warn: Warn | None = None) -> ImagePullResult:
+    """Import the image's entries that run on `node` (and `flt` selects) into `root` (module doc)."""
+    from kcache_cli.archive import ImportLimits, import_archive
+
+    preflight(image, node)
+    limits = ImportLimits()
+    assert image.layout is not None
+    with tempfile.TemporaryDirectory(prefix="kcache-oci-") as tmp:
+        archive = os.path.join(tmp, "image.tar")
+        if image.layer[1] > limits.max_total:
+            raise RemoteError(f"remote {image.ref.url}: its layer is {image.layer[1]} bytes, over the limit of "
+                              f"{limits.max_total} (not fetched)")
+        _check_room(tmp, image.layer[1])
+        with tempfile.TemporaryFile(prefix="kcache-layer-", dir=tmp) as layer:
+            reg.get_blob(image.layer[0], image.layer[1], limits.max_total, sink=layer)
+            layer.seek(0)
+            with open(archive, "wb") as out:  # not under a root: our own 0700 temp dir
+                skipped = img.layer_to_archive(layer, out, img.image_format(image.layout),
+                                               _keeper(node, flt or ScanFilter()), limits)
+        result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout, warn=warn)
+    left = tuple((r["relpath"], r.get("arch") if isinstance(r.get("arch"), str) else None,
+                  skipped.reasons[r["relpath"]]) for r in skipped.records)
+    return ImagePullResult(image.ref.url, image.digest, tuple(node) if node else None, result, left)
+
+
+def _check_room(tmp: str, size: int) -> None:
+    """The layer is downloaded whole before it is read: refused when the temp file system cannot hold it."""
+    st = os.statvfs(tmp)
+    if st.f_bavail * st.f_frsize < size:
+        raise KcacheError(f"the image's layer is {size} bytes, more than {tmp} has free (set TMPDIR elsewhere)")
+
+
+# ---- remote ls | stats | prune -----------------------------------------------------------------
+
+def list_images(reg: Registry, warn: Warn | None = None) -> list[Image]:
+    """Every tag of the repository as an image, newest first; a tag whose image cannot be read is a warning."""
+    out = []
+    for tag in sorted(set(reg.tags())):
+        try:
+            out.append(read_image(reg, tag))
+        except RemoteError as exc:
+            if warn:
+                warn(f"tag {tag}: {exc}")
+    return sorted(out, key=lambda i: (-(i.created or 0), i.ref.tag or ""))
+
+
+def image_stats(url: str, images: list[Image]) -> dict[str, object]:
+    """`remote stats` of a repository: tags, bytes, entries, and the same per target arch and layout."""
+    by_target: dict[str, dict[str, int]] = {}
+    by_layout: dict[str, dict[str, int]] = {}
+    digests: dict[str, int] = {}
+    for i in images:
+        digests[i.digest] = i.size
+        for name, group in [*((t, by_target) for t in i.targets), (i.layout or "-", by_layout)]:
+            g = group.setdefault(name, {"tags": 0, "entry_count": 0, "size": 0})
+            g["tags"] += 1
+            g["entry_count"] += i.entry_count or 0
+            g["size"] += i.size
+    return {"remote": url, "tags": len(images), "images": len(digests), "size": sum(digests.values()),
+            "entry_count": sum(i.entry_count or 0 for i in images), "by_target": by_target, "by_layout": by_layout}
+
+
+@dataclass(frozen=True)
+class TagRemoval:
+    image: Image
+    why: str
+    done: bool = False
+    skipped: str | None = None  # why it was not deleted after all
+
+    def to_json(self) -> dict[str, object]:
+        return {**self.image.to_json(), "why": self.why, "done": self.done, "skipped": self.skipped}
+
+
+def plan_prune(images: list[Image], keep: int | None, older_than: float | None, max_size: int | None,
+               now: float | None = None) -> list[TagRemoval]:
+    """The tags to delete: past the `keep` newest, older than `older_than` seconds, then the oldest
+    until the repository holds at most `max_size` bytes. Never one of the `keep` newest."""
+    now = time.time() if now is None else now
+    ordered = sorted(images, key=lambda i: (-(i.created or 0), i.ref.tag or ""))  # newest first
+    kept = ordered[:keep] if keep is not None else []
+    out: dict[str, TagRemoval] = {}
+    for i in ordered[len(kept):] if keep is not None else ():
+        out[i.ref.tag or ""] = TagRemoval(i, f"past the {keep} newest")
+    for i in ordered[len(kept):]:
+        if older_than is not None and i.created is not None and now - i.created > older_than:
+            out.setdefault(i.ref.tag or "", TagRemoval(i, "older than --older-than"))
+    if max_size is not None:  # an image's bytes go only with the last tag naming it
+        holders: dict[str, int] = {}
+        for i in ordered:
+            if (i.ref.tag or "") not in out:
+                holders[i.digest] = holders.get(i.digest, 0) + 1
+        total = sum({i.digest: i.size for i in ordered if i.digest in holders}.values())
+        for i in reversed(ordered[len(kept):]):
+            if total <= max_size:
+                break
+            if (i.ref.tag or "") not in out:
+                out[i.ref.tag or ""] = TagRemoval(i, f"over --max-size {max_size}")
+                holders[i.digest] -= 1
+                total -= i.size if holders[i.digest] == 0 else 0
+    return sorted(out.values(), key=lambda r: (r.image.created or 0, r.image.ref.tag or ""))
+
+
+def prune_images(reg: Registry, images: list[Image], plan: list[TagRemoval], dry_run: bool) -> list[TagRemoval]:
+    """Delete the planned tags' manifests by digest; one that another, unselected tag shares, or whose
+    tag moved since it was listed, is left (deleting it would take a tag nobody selected)."""
+    selected = {r.image.ref.tag for r in plan}
+    shared = {i.digest for i in images if i.ref.tag not in selected}
+    out: list[TagRemoval] = []
+    deleted: set[str] = set()
+    for r in plan:
+        if r.image.digest in deleted:  # a second selected tag of an image deleted already
+            out.append(TagRemoval(r.image, r.why, True))
+        elif r.image.digest in shared:
+            out.append(TagRemoval(r.image, r.why, False, "another tag kept names the same image"))
+        elif dry_run:
+            out.append(r)
+        elif reg.manifest_digest(r.image.ref.tag or "") != r.image.digest:
+            out.append(TagRemoval(r.image, r.why, False, "the tag moved since it was listed"))
+        else:
+            reg.delete_manifest(r.image.digest)
+            deleted.add(r.image.digest)
+            out.append(TagRemoval(r.image, r.why, True))
+    return out

@@ -1,0 +1,24 @@
+"""Run by the numba venv's python (tests/loaders/venvs.py "numba") with NUMBA_CACHE_DIR set: import
+argv[1]'s kc_numba (tests/fixtures/real/make/kc_numba.py, copied there), call `kc_add` for (int64,
+int64) and (float64, float64), and print one JSON line: {"hits": n, "misses": n} from the dispatcher's
+stats (numba's own cache counters), or {"error": "..."} when numba's call raised."""
+
+import json
+import sys
+
+
+def main() -> None:
+    sys.path.insert(0, sys.argv[1])
+    import kc_numba
+
+    try:
+        assert kc_numba.kc_add(1, 2) == 3 and kc_numba.kc_add(1.5, 2.0) == 3.5
+    except Exception as exc:  # what numba raised is the verdict
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"[:300]}))
+        return
+    stats = kc_numba.kc_add.stats
+    print(json.dumps({"hits": sum(stats.cache_hits.values()), "misses": sum(stats.cache_misses.values())}))
+
+
+if __name__ == "__main__":
+    main()

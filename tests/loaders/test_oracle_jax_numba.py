@@ -1,0 +1,140 @@
+"""The loader oracle for JAX's compilation cache (jax 0.10.2, CPU) and Numba's cache (numba 0.68.1): the
+real package on damaged copies of a cache it made (tests/loaders/probe_jax.py, probe_numba.py), and
+kcache's status of each copy must say what the package did. JAX: complete keeps hitting and writing
+(/jax/compilation_cache/cache_hits, a new key's -cache written); partial (a -cache without its -atime in
+a capped cache) writes nothing new; corrupt (a cut -cache) misses that key. Numba: complete hits every
+overload (the dispatcher's cache_hits); partial (a named .nbc gone) misses it and compiles it again;
+corrupt (a cut .nbc or .nbi) makes numba's call raise."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import run_kcache
+from loaders.venvs import python_for
+
+HERE = Path(__file__).resolve().parent
+MAKE = HERE.parent / "fixtures" / "real" / "make"
+pytestmark = pytest.mark.slow
+
+
+def run(python: Path, *args: str, env: dict | None = None) -> dict:
+    done = subprocess.run([str(python), *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def status(root: Path) -> str:
+    """The deep status verify gives the one entry under `root`."""
+    run_ = run_kcache("--cache-dir", root, "verify", "--json")
+    problems = run_.json()["problems"]
+    assert run_.json()["checked"] == 1
+    return problems[0]["status"] if problems else "complete"
+
+
+def cut(path: Path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+# ---- JAX ---------------------------------------------------------------------------------------------
+JAX_CASES = {  # damage -> (kcache's status, what jax does)
+    "pristine": ("complete", "hit and write"),
+    "atime_gone": ("partial", "writes nothing"),
+    "cache_cut": ("corrupt", "misses it"),
+    "cache_gone": ("complete", "hit and write"),  # an orphan -atime: the other keys work as before
+}
+
+
+def jax_cache(python: Path, where: Path, case: str) -> tuple[str, dict]:
+    """Fill a cache at `where` with the real jax, damage it for `case`, and return kcache's status of it
+    and what jax then did. In place: jax hashes the cache directory's path into every key (XLA's debug
+    options name files inside it), so a copy elsewhere would miss whatever kcache said."""
+    run(python, str(HERE / "probe_jax.py"), str(where), "fill")
+    affine = next(p.name[:-len("-cache")] for p in where.iterdir()
+                  if p.name.startswith("jit_kc_affine") and p.name.endswith("-cache"))
+    if case == "atime_gone":
+        (where / f"{affine}-atime").unlink()
+    elif case == "cache_cut":
+        cut(where / f"{affine}-cache", 300)
+    elif case == "cache_gone":
+        (where / f"{affine}-cache").unlink()
+    said = status(where.parent)
+    return said, run(python, str(HERE / "probe_jax.py"), str(where), "probe")
+
+
+@pytest.fixture(scope="module")
+def jax_pristine(tmp_path_factory) -> tuple[Path, int]:
+    python = python_for("jax")
+    said, got = jax_cache(python, tmp_path_factory.mktemp("oracle-jax") / "jaxcache", "pristine")
+    assert said == "complete" and got["written"] and got["hits"] >= 1, got
+    return python, got["hits"]
+
+
+@pytest.mark.parametrize("case", list(JAX_CASES))
+def test_jax_agrees(jax_pristine, tmp_path, case):
+    python, hits = jax_pristine
+    said, got = jax_cache(python, tmp_path / "root" / "jaxcache", case)
+    kcache_says, expected = JAX_CASES[case]
+    assert said == kcache_says
+    if expected == "hit and write":
+        assert got["written"] and got["hits"] == hits - (case == "cache_gone"), got
+    elif expected == "writes nothing":
+        assert not got["written"] and any("Error writing" in w for w in got["warnings"]), got
+    else:
+        assert got["written"] and got["hits"] == hits - 1, got
+
+
+def test_a_jax_cache_copied_elsewhere_misses_every_key(jax_pristine, tmp_path):
+    python, hits = jax_pristine
+    made = tmp_path / "made" / "jaxcache"
+    run(python, str(HERE / "probe_jax.py"), str(made), "fill")
+    shutil.copytree(made, tmp_path / "copy" / "jaxcache")
+    assert run(python, str(HERE / "probe_jax.py"), str(tmp_path / "copy" / "jaxcache"), "probe")["hits"] == 0
+    assert run(python, str(HERE / "probe_jax.py"), str(made), "probe")["hits"] == hits
+
+
+# ---- Numba -------------------------------------------------------------------------------------------
+NUMBA_CASES = {
+    "pristine": ("complete", {"hits": 2, "misses": 0}),
+    "nbc_gone": ("partial", {"hits": 1, "misses": 1}),
+    "nbc_cut": ("corrupt", "error"),
+    "nbi_cut": ("corrupt", "error"),
+}
+
+
+@pytest.fixture(scope="module")
+def numba_made(tmp_path_factory) -> tuple[Path, Path, Path]:
+    python = python_for("numba")
+    work = tmp_path_factory.mktemp("oracle-numba")
+    src = work / "src"
+    src.mkdir()
+    shutil.copy(MAKE / "kc_numba.py", src / "kc_numba.py")
+    base = work / "cache"
+    assert run(python, str(HERE / "probe_numba.py"), str(src), env={"NUMBA_CACHE_DIR": str(base)}) == {
+        "hits": 0, "misses": 2}
+    return python, src, base
+
+
+@pytest.mark.parametrize("case", list(NUMBA_CASES))
+def test_numba_agrees(numba_made, tmp_path, case):
+    python, src, base = numba_made
+    root = tmp_path / "cache"
+    shutil.copytree(base, root)
+    [entry] = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    first = sorted(entry.glob("*.1.nbc"))[0]
+    if case == "nbc_gone":
+        first.unlink()
+    elif case == "nbc_cut":
+        cut(first, 100)
+    elif case == "nbi_cut":
+        cut(next(entry.glob("*.nbi")), 60)
+    kcache_says, expected = NUMBA_CASES[case]
+    assert status(root) == kcache_says
+    got = run(python, str(HERE / "probe_numba.py"), str(src), env={"NUMBA_CACHE_DIR": str(root)})
+    assert ("error" in got) if expected == "error" else got == expected, got

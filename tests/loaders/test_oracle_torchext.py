@@ -1,0 +1,97 @@
+"""The loader oracle for torch extensions (torch 2.13.0+cpu, g++): torch's own `load_inline`
+(tests/loaders/probe_torchext.py) on one build directory damaged case after case, and kcache's status
+of it must say what torch does: complete is reused (no rebuild), partial is built again (a missing
+object or module) or, with a `lock` left by a killed build, waits for ever until `verify --fix` removes
+the lock, after which torch finishes; corrupt (the module cut short) fails torch's import.
+
+One build directory in place, not copies: build.ninja names its sources by absolute path, so a copy
+would be rebuilt whatever kcache said. Each rebuild takes g++ tens of seconds: the cases are ordered
+so that the directory is built three times in all."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_kcache
+from loaders.venvs import python_for
+
+PROBE = Path(__file__).with_name("probe_torchext.py")
+EXT = "kc_add_one"
+HANG = 60  # seconds torch gets to finish when kcache says it would not
+pytestmark = pytest.mark.slow
+
+
+def load(python: Path, root: Path, timeout: float = 600) -> dict:
+    """What torch's load_inline did: its JSON line, {"crash": exit status} when the process died (a module
+    cut short makes dlopen die of SIGBUS), or {"hang": True} past `timeout`."""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root), "MAX_JOBS": "1"}
+    try:
+        done = subprocess.run([str(python), str(PROBE)], capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"hang": True}
+    if done.returncode != 0:
+        return {"crash": done.returncode}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def status(root: Path) -> str:
+    [row] = run_kcache("--cache-dir", root, "ls", "--json").json()["entries"]
+    return row["status"]
+
+
+def verify_code(root: Path) -> int:
+    return run_kcache("--cache-dir", root, "verify").exit_code
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, Path]:
+    python = python_for("torch")
+    root = tmp_path_factory.mktemp("oracle-torchext") / "py311_cpu"
+    root.mkdir()
+    first = load(python, root)
+    assert first == {"value": 42, "rebuilt": True}, first
+    return python, root
+
+
+def test_complete_is_reused_and_a_left_lock_hangs_until_verify_fix(built):
+    python, root = built
+    assert status(root) == "complete" and verify_code(root) == 0
+    assert load(python, root) == {"value": 42, "rebuilt": False}  # reused
+    lock = root / EXT / "lock"
+    lock.touch()
+    then = time.time() - 60
+    os.utime(lock, (then, then))
+    assert status(root) == "partial" and verify_code(root) == 1
+    assert load(python, root, timeout=HANG) == {"hang": True}  # torch's FileBaton.wait, for ever
+    fixed = run_kcache("--cache-dir", root, "verify", "--fix", "--json")
+    assert fixed.exit_code == 0 and not lock.exists(), fixed.stdout
+    assert status(root) == "complete"
+    assert load(python, root) == {"value": 42, "rebuilt": False}  # finishes, and reuses
+
+
+def test_a_missing_object_is_partial_and_rebuilt(built):
+    python, root = built
+    (root / EXT / "main.o").unlink()
+    assert status(root) == "partial" and verify_code(root) == 1
+    assert load(python, root) == {"value": 42, "rebuilt": True}
+    assert status(root) == "complete"
+
+
+def test_a_cut_module_is_corrupt_and_a_missing_one_partial(built):
+    python, root = built
+    module = root / EXT / f"{EXT}.so"
+    module.write_bytes(module.read_bytes()[:8192])
+    assert verify_code(root) == 1
+    assert run_kcache("--cache-dir", root, "verify", "--json").json()["problems"][0]["status"] == "corrupt"
+    got = load(python, root)
+    # ninja takes it as up to date; torch's import fails (an ImportError, or dlopen dies of SIGBUS)
+    assert "crash" in got or ("error" in got and got["rebuilt"] is False), got
+    module.unlink()
+    assert status(root) == "partial"
+    assert load(python, root) == {"value": 42, "rebuilt": True}
+    assert status(root) == "complete" and verify_code(root) == 0

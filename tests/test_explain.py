@@ -1,0 +1,169 @@
+"""`kcache explain` against a made-up "here" (a stand-in python that answers importlib.metadata's question
+with fixed versions): Triton's factors (version, key era, target arch/backend, status, switches), Inductor's
+and a blob's. The real Triton agreeing with each verdict is tests/loaders/test_oracle_explain.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kcache_cli import megacache
+
+FIXTURES = Path(__file__).parent / "fixtures" / "real"
+SM80 = {"22DX5RUZ7YPKNU74O7GAUCGIGIPAEV2FCKTGJU2B2LNOL5MZNINQ", "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA",
+        "LOZKL4OW66ML5G7PWO4EI23LW6FIRVU24FT4ZLGIYGLVKG65YUFQ"}
+
+
+def fake_python(tmp_path: Path, versions: dict, name: str = "python") -> str:
+    """An executable that answers explain's question as a Python with `versions` installed would."""
+    exe = tmp_path / name
+    doc = {"python": "3.11.7", "executable": str(exe), "versions": versions}
+    exe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(doc)}\nEOF\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+@pytest.fixture
+def triton39(tmp_path, kcache) -> Path:
+    root = tmp_path / "triton"
+    shutil.copytree(FIXTURES / "triton" / "cache", root)
+    assert kcache("--cache-dir", root, "verify", "--fix").exit_code == 0  # paths made to point here
+    return root
+
+
+def explain(kcache, root, *args, env=None) -> dict:
+    r = kcache("--cache-dir", root, "--json", "explain", *args, env=env)
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def by_what(doc: dict) -> dict[str, dict]:
+    return {i["what"]: i for i in doc["items"]}
+
+
+def test_triton_hits_exactly_the_complete_kernels_of_the_arch(triton39, tmp_path, kcache):
+    py = fake_python(tmp_path, {"triton": "3.9.0"})
+    doc = explain(kcache, triton39, "--python", py, "--gpu", "sm_90a")
+    items = by_what(doc)
+    assert {k for k, v in items.items() if v["verdict"] == "hit"} == set(items) - SM80
+    for k in SM80:
+        assert items[k]["verdict"] == "miss" and (items[k]["factor"], items[k]["recorded"], items[k]["here"]) == (
+            "target arch", "sm_80", "sm_90a")
+    assert doc["here"]["gpu_source"] == "--gpu" and doc["hit"] == 3 and doc["miss"] == 3
+    on80 = by_what(explain(kcache, triton39, "--python", py, "--gpu", "sm_80"))
+    assert {k for k, v in on80.items() if v["verdict"] == "hit"} == SM80
+
+
+def test_another_triton_version_is_a_miss_naming_both(triton39, tmp_path, kcache):
+    for have in ("3.2.0", "3.8.1"):
+        items = by_what(explain(kcache, triton39, "--python", fake_python(tmp_path, {"triton": have}),
+                                "--gpu", "sm_90a"))
+        assert all(v["verdict"] == "miss" and v["factor"] == "triton version" and v["recorded"] == "3.9.0"
+                   and v["here"] == have for v in items.values())
+    items = by_what(explain(kcache, triton39, "--python", fake_python(tmp_path, {"triton": None}), "--gpu", "sm_90a"))
+    assert all(v["verdict"] == "miss" and v["here"] == "not installed" for v in items.values())
+
+
+def test_an_incomplete_or_moved_kernel_is_a_miss_on_its_status(triton39, tmp_path, kcache):
+    py = fake_python(tmp_path, {"triton": "3.9.0"})
+    key = "QKJDT6YVJBF6PBUBRY6ITHX2267DQCKVQW4DRRFH5NS63H4H25FA"
+    for cubin in (triton39 / key).glob("*.cubin"):
+        cubin.unlink()
+    moved = tmp_path / "moved"
+    shutil.copytree(FIXTURES / "triton" / "cache", moved)  # its group files name /home/kc/...: Triton misses
+    items = by_what(explain(kcache, triton39, "--python", py, "--gpu", "sm_90a"))
+    assert items[key]["verdict"] == "miss" and items[key]["factor"] == "status"
+    assert all(v["verdict"] == "miss" for v in by_what(explain(kcache, moved, "--python", py, "--gpu", "sm_90a")
+                                                         ).values())
+
+
+def test_what_kcache_cannot_know_is_unknown_never_hit(triton39, tmp_path, kcache):
+    py = fake_python(tmp_path, {"triton": "3.9.0"})
+    no_gpu = explain(kcache, triton39, "--python", py, env={"PATH": str(tmp_path)})  # no nvidia-smi to ask
+    assert no_gpu["here"]["gpu"] is None and {i["verdict"] for i in no_gpu["items"]} <= {"unknown", "miss"}
+    assert no_gpu["hit"] == 0
+    switched = explain(kcache, triton39, "--python", py, "--gpu", "sm_90a", env={"TRITON_F32_DEFAULT": "ieee"})
+    assert switched["hit"] == 0 and switched["unknown"] == 3
+    always = explain(kcache, triton39, "--python", py, "--gpu", "sm_90a", env={"TRITON_ALWAYS_COMPILE": "1"})
+    assert always["hit"] == 0 and any(i["factor"] == "TRITON_ALWAYS_COMPILE" for i in always["items"])
+    broken = tmp_path / "broken"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    doc = explain(kcache, triton39, "--python", broken, "--gpu", "sm_90a")
+    assert doc["here"]["problem"] and doc["unknown"] == 6
+
+
+def test_a_bad_gpu_is_a_usage_error(triton39, kcache):
+    assert kcache("--cache-dir", triton39, "explain", "--gpu", "volta").exit_code == 2
+
+
+def test_inductor_entries_are_a_miss_without_torch_and_unknown_with_it(tmp_path, kcache):
+    root = tmp_path / "ind"
+    assert kcache("--cache-dir", root, "import", FIXTURES / "torch-mega" / "sin_cos_cpu.bin").exit_code == 0
+    without = explain(kcache, root, "--python", fake_python(tmp_path, {"torch": None}))
+    assert without["miss"] == 3 and all(i["here"] == "not installed" for i in without["items"])
+    with_torch = explain(kcache, root, "--python", fake_python(tmp_path, {"torch": "2.13.0"}))
+    assert with_torch["unknown"] == 3 and with_torch["hit"] == 0
+
+
+def test_a_blob_is_judged_by_the_torch_version_its_sidecar_records(tmp_path, kcache):
+    src = tmp_path / "ind"
+    kcache("--cache-dir", src, "import", FIXTURES / "torch-mega" / "sin_cos_cpu.bin")
+    blob = tmp_path / "out.bin"
+    made = fake_python(tmp_path, {"torch": "2.12.0"}, "made")
+    assert kcache("--cache-dir", src, "export", blob, "--format", "torch-mega", "--python", made).exit_code == 0
+    doc = explain(kcache, src, str(blob), "--python", fake_python(tmp_path, {"torch": "2.13.0"}))
+    assert doc["miss"] == 3 and all((i["factor"], i["recorded"], i["here"]) == ("torch version", "2.12.0", "2.13.0")
+                                    for i in doc["items"])
+    same = explain(kcache, src, str(blob), "--python", made)
+    assert same["unknown"] == 3
+    data = bytearray(blob.read_bytes())
+    data[100] ^= 1
+    blob.write_bytes(bytes(data))
+    assert megacache.parse(bytes(data)).state == megacache.CORRUPT
+    damaged = explain(kcache, src, str(blob), "--python", made)
+    assert damaged["miss"] == 3 and all(i["factor"] == "blob" for i in damaged["items"])
+
+
+def test_tilelang_misses_another_version_and_never_guesses_a_hit(tmp_path, kcache):
+    root = tmp_path / "tl"
+    shutil.copytree(FIXTURES / "tilelang", root)
+    other = explain(kcache, root, "--python", fake_python(tmp_path, {"tilelang": "0.1.16"}))
+    assert other["items"] and all((i["verdict"], i["factor"], i["recorded"], i["here"]) ==
+                                  ("miss", "tilelang version", "0.1.15", "0.1.16") for i in other["items"])
+    same = explain(kcache, root, "--python", fake_python(tmp_path, {"tilelang": "0.1.15"}))
+    assert same["hit"] == 0 and same["unknown"] == len(same["items"])
+
+
+def test_an_archive_is_judged_from_its_manifest_records(triton39, tmp_path, kcache):
+    archive = tmp_path / "kernels.tar.gz"
+    assert kcache("--cache-dir", triton39, "export", archive).exit_code == 0
+    py = fake_python(tmp_path, {"triton": "3.9.0"})
+    items = by_what(explain(kcache, tmp_path / "none", str(archive), "--python", py, "--gpu", "sm_90a"))
+    assert {k for k, v in items.items() if v["verdict"] == "hit"} == set(items) - SM80 and len(items) == 6
+    assert all(items[k]["factor"] == "target arch" for k in SM80)
+    old = by_what(explain(kcache, tmp_path / "none", str(archive), "--python",
+                          fake_python(tmp_path, {"triton": "3.2.0"}), "--gpu", "sm_90a"))
+    assert all(v["verdict"] == "miss" and v["factor"] == "triton version" for v in old.values())
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(b"not a tar" * 100)
+    r = kcache("explain", str(junk), "--python", py, "--gpu", "sm_90a")
+    assert r.exit_code == 1 and r.stderr.startswith("Error:") and "Traceback" not in r.stderr
+
+
+def test_hidet_judges_its_version_and_the_binary_s_arch(tmp_path, kcache):
+    root = tmp_path / "hidet"
+    shutil.copytree(FIXTURES / "hidet", root, symlinks=True)
+    same = by_what(explain(kcache, root, "--python", fake_python(tmp_path, {"hidet": "0.6.1"}), "--gpu", "sm_90a"))
+    assert len(same) == 5 and all(v["verdict"] == "hit" for v in same.values())
+    on80 = by_what(explain(kcache, root, "--python", fake_python(tmp_path, {"hidet": "0.6.1"}), "--gpu", "sm_80"))
+    cuda = {k for k in on80 if "/cuda_space_0/" in k}
+    assert all((on80[k]["verdict"], on80[k]["factor"], on80[k]["recorded"]) == ("miss", "arch", "sm_90a")
+               for k in cuda) and all(on80[k]["verdict"] == "hit" for k in set(on80) - cuda)
+    other = explain(kcache, root, "--python", fake_python(tmp_path, {"hidet": "0.6.2"}), "--gpu", "sm_90a")
+    assert other["hit"] == 0 and other["unknown"] == 5
+    none = explain(kcache, root, "--python", fake_python(tmp_path, {"hidet": None}), "--gpu", "sm_90a")
+    assert none["miss"] == 5

@@ -1,0 +1,144 @@
+"""JAX's persistent compilation cache and Numba's cache, from the real caches jax 0.10.2 and numba 0.68.1
+made here (tests/fixtures/real/jax/cache, tests/fixtures/real/numba), judged by the packages' loader rules
+(layouts/jax.py, layouts/numba.py). The real packages agree in tests/loaders/test_oracle_jax_numba.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import run_kcache
+
+REAL = Path(__file__).parent / "fixtures" / "real"
+AFFINE = "jit_kc_affine-f0809f3dade0e0f7f7489683ea2a6b878f782cf0bb97c33203f4eaf72bf6c8b5"
+NUMBA_DIR = "nsrc_35252f178833f8ad666a4a80374c652e0b1062c6"
+INDEX = "kc_numba.kc_add-3.py311.nbi"
+
+
+@pytest.fixture
+def jax_root(tmp_path: Path) -> Path:
+    root = tmp_path / "caches"
+    shutil.copytree(REAL / "jax" / "cache", root / "jaxcache")
+    return root
+
+
+@pytest.fixture
+def numba_root(tmp_path: Path) -> Path:
+    root = tmp_path / "numba"
+    shutil.copytree(REAL / "numba", root)
+    return root
+
+
+def entries(root: Path) -> list[dict]:
+    return run_kcache("--cache-dir", root, "ls", "--json").json()["entries"]
+
+
+def problem(root: Path) -> dict | None:
+    run = run_kcache("--cache-dir", root, "verify", "--json")
+    found = run.json()["problems"]
+    assert run.exit_code == (1 if found else 0)
+    return found[0] if found else None
+
+
+# ---- JAX ---------------------------------------------------------------------------------------------
+def test_the_real_jax_cache_is_one_complete_entry(jax_root, monkeypatch):
+    [row] = entries(jax_root)
+    assert (row["layout"], row["kind"], row["hash"], row["status"], row["file_count"]) == (
+        "jax", "compile_cache", "jaxcache", "complete", 5)
+    facts = run_kcache("--cache-dir", jax_root, "inspect", "jaxcache", "--json").json()["facts"]
+    assert facts["executables"] == "2" and facts["size_cap"].startswith("in use")
+    assert problem(jax_root) is None
+    assert "jax" not in {r["cache"] for r in run_kcache("dir", "--all", "--json").json()["caches"]}
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(jax_root / "jaxcache"))
+    row = next(r for r in run_kcache("dir", "--all", "--json").json()["caches"] if r["cache"] == "jax")
+    assert row["path"] == str(jax_root) and row["entry_count"] == 1
+
+
+@pytest.mark.parametrize(("damage", "status", "words"), [
+    ("rm:-atime", "partial", "has no -atime sidecar"),
+    ("empty:-cache", "corrupt", "holds no executable"),
+    ("cut:-cache", "corrupt", "cut short"),
+    ("rm:-cache", None, None),  # an orphan -atime: jax ignores it
+])
+def test_jax_damage(jax_root, damage, status, words):
+    how, suffix = damage.split(":")
+    target = jax_root / "jaxcache" / f"{AFFINE}{suffix}"
+    if how == "rm":
+        target.unlink()
+    else:
+        target.write_bytes(b"" if how == "empty" else target.read_bytes()[:1000])
+    found = problem(jax_root)
+    assert (found and (found["status"], words in found["reason"])) == ((status, True) if status else None)
+    if status is None:
+        facts = run_kcache("--cache-dir", jax_root, "inspect", "jaxcache", "--json").json()["facts"]
+        assert facts["orphan_atime_files"].startswith("1:")
+
+
+def test_clear_all_leaves_no_cache_nor_atime_file(jax_root):
+    (jax_root / "keep.txt").write_text("not jax's\n")
+    run = run_kcache("--cache-dir", jax_root, "clear", "--all", "--yes", "--json")
+    assert run.exit_code == 0, run.stderr
+    left = [p.name for p in jax_root.rglob("*")]
+    assert not [n for n in left if n.endswith(("-cache", "-atime"))]
+    assert [n for n in os.listdir(jax_root) if not n.startswith(".")] == ["keep.txt"]  # .kcache/: kcache's state
+
+
+def test_a_directory_with_other_files_is_not_a_jax_cache(jax_root):
+    (jax_root / "jaxcache" / "notes.txt").write_text("mine\n")
+    assert entries(jax_root) == []
+    assert run_kcache("--cache-dir", jax_root, "clear", "--all", "--yes").exit_code == 0
+    assert (jax_root / "jaxcache" / f"{AFFINE}-cache").exists()
+
+
+# ---- Numba -------------------------------------------------------------------------------------------
+def test_the_real_numba_cache_is_one_complete_entry(numba_root, monkeypatch):
+    [row] = entries(numba_root)
+    assert (row["layout"], row["kind"], row["hash"], row["status"], row["file_count"]) == (
+        "numba", "functions", NUMBA_DIR, "complete", 3)
+    facts = run_kcache("--cache-dir", numba_root, "inspect", NUMBA_DIR[:8], "--json").json()["facts"]
+    assert (facts["indexes"], facts["overloads"], facts["numba_version"]) == ("1", "2", "0.68.1")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(numba_root))
+    row = next(r for r in run_kcache("dir", "--all", "--json").json()["caches"] if r["cache"] == "numba")
+    assert row["path"] == str(numba_root) and row["entry_count"] == 1
+
+
+@pytest.mark.parametrize(("damage", "status", "words"), [
+    ("rm:kc_numba.kc_add-3.py311.1.nbc", "partial", "which is gone"),
+    ("cut:kc_numba.kc_add-3.py311.2.nbc", "corrupt", "not a whole pickle"),
+    ("cut:kc_numba.kc_add-3.py311.nbi", "corrupt", "not a whole index"),
+])
+def test_numba_damage(numba_root, damage, status, words):
+    how, name = damage.split(":")
+    target = numba_root / NUMBA_DIR / name
+    if how == "rm":
+        target.unlink()
+    else:
+        target.write_bytes(target.read_bytes()[:200])
+    found = problem(numba_root)
+    assert found is not None and found["status"] == status and words in found["reason"]
+
+
+def test_a_pycache_with_python_files_is_listed_but_never_removed(tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(REAL / "numba" / NUMBA_DIR, project / "__pycache__")
+    (project / "__pycache__" / "kc_numba.cpython-311.pyc").write_bytes(b"\x00" * 16)
+    [row] = entries(project)
+    assert (row["layout"], row["hash"], row["status"]) == ("numba", "__pycache__", "complete")
+    assert run_kcache("--cache-dir", project, "clear", "--all", "--yes").exit_code in (0, 1)
+    assert sorted(os.listdir(project / "__pycache__"))[0] == "kc_numba.cpython-311.pyc"
+    assert (project / "__pycache__" / INDEX).exists()
+
+
+def test_an_index_of_another_numba_is_stale_where_numba_is_installed(numba_root):
+    from kcache_cli.entrydir import EntryDir
+    from kcache_cli.layouts import get
+    from kcache_cli.layouts.base import Judging
+
+    layout = get("numba")
+    with EntryDir.open(numba_root / NUMBA_DIR) as d:
+        assert layout.judge(d, "functions", Judging(version="0.68.1")).status == "complete"
+        other = layout.judge(d, "functions", Judging(version="0.69.0"))
+        assert other.status == "stale" and "numba 0.68.1" in (other.reason or "")
+        assert layout.judge(d, "functions", Judging(version="")).status == "complete"  # no numba here: not judged

@@ -1,0 +1,471 @@
+"""A shared cache an admin runs from cron (issue 32): controls that fail closed, state the whole group can
+use, a budget kept in the cache, sizes on disk, reads that are not uses, output fit for cron mail.
+
+Three users where the point is about users: root (the admin's cron, umask 022), a member of the cache's
+group (uid 65534, umask 002) and a non-member (uid 65533, no group of the cache), run as in
+tests/test_shared_attacks.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+from test_shared_attacks import GROUP, PY, TIMEOUT, member_kcache, share
+
+from kcache_cli import fsdelete
+
+NON_MEMBER = 65533
+
+
+@pytest.fixture
+def area():
+    """A directory in /tmp the other users can reach (pytest's own are 0700), removed at the end."""
+    d = Path(tempfile.mkdtemp(prefix="kcache-cron-", dir="/tmp"))
+    os.chmod(d, 0o755)
+    yield d
+    fd = os.open(d.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fsdelete.remove_tree(fd, d.name)
+    finally:
+        os.close(fd)
+
+
+def as_outsider() -> None:
+    """preexec_fn: a user outside the cache's group."""
+    os.setgroups([])
+    os.setresgid(NON_MEMBER, NON_MEMBER, NON_MEMBER)
+    os.setresuid(NON_MEMBER, NON_MEMBER, NON_MEMBER)
+
+
+def root_kcache(*args: object, umask: int = 0o022, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Root's kcache as cron runs it: umask 022, no terminal."""
+    full = {k: v for k, v in os.environ.items() if k != "KCACHE_SAFE_DIRECTORY"}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "kcache_cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=full, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.umask(umask))
+
+
+def group_cache(area: Path, name: str = "cache") -> Path:
+    """The hidet fixture as a 2775 cache of GROUP."""
+    import shutil
+
+    root = area / name
+    shutil.copytree(FIXTURES / "hidet", root, symlinks=True)
+    return share(root)
+
+
+def entries(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.glob("ops/*/*/*") if p.is_dir())
+
+
+# ---- controls fail closed ---------------------------------------------------------------------------
+
+def test_a_trust_file_whose_keys_were_all_revoked_refuses_every_record(kcache, tmp_path):
+    """A trusted_keys file that exists trusts only what it lists: all keys commented out, or an empty
+    file, refuses every archive (one line saying so), where a missing file trusts all."""
+    pytest.importorskip("cryptography")
+    import shutil
+
+    conf = tmp_path / "conf"
+    env = {"XDG_CONFIG_HOME": str(conf), "KCACHE_SIGNING_KEY": "", "KCACHE_TRUSTED_KEYS": ""}
+    key = kcache("remote", "keygen", "--json", env=env).json()["public_key"]
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / "hidet", src)
+    signed = tmp_path / "a.tar"
+    assert kcache("export", "--cache-dir", src, signed, env=env).exit_code == 0
+    trust = conf / "kcache" / "trusted_keys"
+    for text in (f"# revoked 2026-11-01\n# {key}\n", "", "\n  \n"):
+        trust.write_text(text)
+        os.chmod(trust, 0o644)
+        run = kcache("import", "--cache-dir", tmp_path / "dst", signed, env=env)
+        lines = run.stderr.splitlines()
+        assert run.exit_code == 1 and len(lines) == 1 and "lists no key" in lines[0], (text, run.stderr)
+        assert not (tmp_path / "dst" / "ops").exists()
+    trust.write_text(key + "\n")
+    assert kcache("import", "--cache-dir", tmp_path / "dst", signed, env=env).exit_code == 0
+    trust.unlink()  # no trust list at all: every record is taken (the documented default)
+    assert kcache("import", "--cache-dir", tmp_path / "open", signed, env=env).exit_code == 0
+
+
+WORKERS = r"""
+import os, sys, time
+from kcache_cli import parallel
+out = sys.argv[1]
+def first(i, advance, abort):
+    open(os.path.join(out, f"w{i}-{os.getpid()}"), "w").close()
+    time.sleep(60)
+def part(shared, p):
+    open(os.path.join(out, f"p{p}-{os.getpid()}"), "w").close()
+    time.sleep(60)
+if sys.argv[2] == "phased":
+    parallel.run_phased(3, first)
+else:
+    parallel.map_parts(part, None, [0, 1, 2])
+"""
+
+
+@pytest.mark.parametrize("kind", ["phased", "map"])
+def test_workers_die_within_a_second_of_a_kill_9_of_their_parent(tmp_path, kind):
+    """import and export run in forked workers (run_phased), scans in a pool (map_parts): a kill -9 of
+    kcache leaves none of them extracting under init (PR_SET_PDEATHSIG and a parent check)."""
+    out = tmp_path / "pids"
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", WORKERS, str(out), kind])
+    deadline = time.monotonic() + 30
+    while len(list(out.iterdir())) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(p.name.split("-")[1]) for p in out.iterdir()]
+    assert len(pids) == 3, pids
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = time.monotonic()
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(")")[-1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    while any(map(alive, pids)) and time.monotonic() - killed < 1.0:
+        time.sleep(0.02)
+    assert not any(map(alive, pids)), [p for p in pids if alive(p)]
+
+
+def test_a_deeply_nested_config_value_is_exit_2_naming_file_and_line(kcache, tmp_path):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("[all]\nmax-size = \"1G\"\nmax-age = " + "[" * 5000 + "]" * 5000 + "\n")
+    run = kcache("config", env={"KCACHE_CONFIG": str(cfg)})
+    assert run.exit_code == 2 and len(run.stderr.splitlines()) == 1, run.stderr
+    assert f"{cfg}:3:" in run.stderr and "nested too deeply" in run.stderr and "Traceback" not in run.stderr
+    cfg.write_text("[all]\nmax-size = \"1G\n")
+    (tmp_path / "empty").mkdir()
+    run = kcache("prune", "--dry-run", "--cache-dir", tmp_path / "empty", env={"KCACHE_CONFIG": str(cfg)})
+    assert run.exit_code == 2 and str(cfg) in run.stderr and "line 2" in run.stderr, run.stderr
+
+
+# ---- state the group can use --------------------------------------------------------------------------
+
+
+@pytest.mark.second_user
+def test_roots_cron_prune_with_umask_022_leaves_members_able_to_clear_and_prune(area):
+    root = group_cache(area)
+    run = root_kcache("--cache-dir", root, "prune", "--older-than", "1d", "--dry-run")
+    assert run.returncode == 0, run.stderr
+    run = root_kcache("--cache-dir", root, "clear", "--op", "relu", "--yes")
+    assert run.returncode == 0, run.stderr
+    for d in ("", "locks", "trash"):
+        st = os.stat(root / ".kcache" / d)
+        assert st.st_gid == GROUP and stat.S_IMODE(st.st_mode) == 0o2775, (d, oct(st.st_mode))
+    lock = os.stat(root / ".kcache/locks/.gc.lock")
+    assert lock.st_gid == GROUP and stat.S_IMODE(lock.st_mode) == 0o660
+    before = entries(root)
+    run = member_kcache("--cache-dir", root, "clear", "--op", "matmul", "--yes")
+    assert run.returncode == 0, run.stderr
+    run = member_kcache("--cache-dir", root, "prune", "--max-size", "0", "--yes")
+    assert run.returncode == 0, run.stderr
+    assert entries(root) == [] != before
+
+
+@pytest.mark.second_user
+def test_root_mends_the_state_an_older_kcache_left_closed_to_the_group(area):
+    """.kcache/trash made drwxr-sr-x by root (umask 022, an older kcache) and a 0644 gc lock: root's next
+    run makes them the group's, and then a member's clear works."""
+    root = group_cache(area)
+    for d in (".kcache", ".kcache/locks", ".kcache/trash"):
+        os.mkdir(root / d)
+        os.chmod(root / d, 0o2755)
+    (root / ".kcache/locks/.gc.lock").touch(mode=0o644)
+    os.chmod(root / ".kcache/locks/.gc.lock", 0o644)
+    denied = member_kcache("--cache-dir", root, "clear", "--op", "relu", "--yes")
+    assert denied.returncode == 1 and "fix: its owner (uid 0)" in denied.stderr, denied.stderr
+    assert root_kcache("--cache-dir", root, "prune", "--broken").returncode == 0
+    run = member_kcache("--cache-dir", root, "clear", "--op", "relu", "--yes")
+    assert run.returncode == 0, run.stderr
+
+
+LOCKER = r"""
+import fcntl, os, sys, time
+try:
+    fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK)
+except PermissionError:
+    print("refused", flush=True)
+    sys.exit(0)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("holding", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.second_user
+def test_a_non_member_cannot_hold_the_gc_lock_to_block_a_prune(area):
+    root = group_cache(area)
+    assert root_kcache("--cache-dir", root, "clear", "--op", "matmul", "--yes").returncode == 0
+    lock = root / ".kcache/locks/.gc.lock"
+    run = subprocess.run([PY, "-c", LOCKER, str(lock)], capture_output=True, text=True, timeout=TIMEOUT,
+                         preexec_fn=as_outsider, env={"PATH": "/usr/bin:/bin"})
+    assert run.stdout.strip() == "refused", run.stdout + run.stderr
+    started = time.monotonic()
+    run = root_kcache("--cache-dir", root, "clear", "--op", "relu", "--yes", "--lock-timeout", "5")
+    assert run.returncode == 0 and time.monotonic() - started < 5, run.stderr
+
+
+# ---- sizes are disk usage ---------------------------------------------------------------------------------
+
+def test_stats_size_of_a_hidet_cache_is_within_3_percent_of_du(kcache, tmp_path):
+    """hidet entries are 13-15 small files: apparent bytes are about half of what the disk holds. kcache's
+    size is the disk's, as `du -sB1` counts it; apparent_size keeps the bytes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from gen_cache import generate
+
+    root = tmp_path / "cache"
+    generate(str(root), 300)
+    data = kcache("--cache-dir", root, "stats", "--json").json()
+    du = int(subprocess.run(["du", "-sB1", str(root)], capture_output=True, text=True, check=True).stdout.split()[0])
+    apparent = int(subprocess.run(["du", "-sb", "--apparent-size", str(root)], capture_output=True, text=True,
+                                  check=True).stdout.split()[0])
+    assert abs(data["size"] - du) <= 0.03 * du, (data["size"], du)
+    assert data["apparent_size"] < data["size"] and data["apparent_size"] <= apparent
+    rows = kcache("--cache-dir", root, "ls", "--json").json()["entries"]
+    assert sum(r["size"] for r in rows) == data["size"]
+    assert sum(r["apparent_size"] for r in rows) == data["apparent_size"]
+    # a second scan says the same
+    again = kcache("--cache-dir", root, "stats", "--json").json()
+    assert (again["size"], again["apparent_size"]) == (data["size"], data["apparent_size"])
+
+
+# ---- output fit for cron; garbage is removed without asking ---------------------------------------------
+
+def generated(tmp_path: Path, n: int = 300) -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from gen_cache import generate
+
+    root = tmp_path / "cache"
+    generate(str(root), n)
+    return root
+
+
+def test_prune_broken_needs_no_yes_and_no_terminal_on_a_mostly_broken_cache(kcache, tmp_path):
+    root = generated(tmp_path, 60)
+    libs = sorted(root.glob("ops/*/*/*/lib.so"))
+    for lib in libs[:50]:  # 50 of 60 entries lost their library: partial, what hidet compiles over
+        lib.unlink()
+    run = kcache("--cache-dir", root, "prune", "--broken", "--json", input="")  # stdin is no terminal
+    assert run.exit_code == 0, run.stderr
+    assert len(run.json()["removed"]) == 50 and len(entries(root)) == 10
+    # the same share of working entries (a --max-size) still asks, or needs --yes
+    ask = kcache("--cache-dir", root, "prune", "--max-size", "1k", input="")
+    assert ask.exit_code == 2 and "--yes" in ask.stderr and len(entries(root)) == 10
+
+
+def test_a_prune_of_hundreds_prints_a_summary_and_lists_only_with_list(kcache, tmp_path):
+    root = generated(tmp_path)
+    total = kcache("--cache-dir", root, "stats", "--json").json()["size"]
+    plan = kcache("--cache-dir", root, "prune", "--max-size", f"{total * 6 // 10}B", "--dry-run", "--json").json()
+    assert len(plan["removed"]) > 100 and "summary" not in plan  # --json unchanged
+    run = kcache("--cache-dir", root, "prune", "--max-size", f"{total * 6 // 10}B", "--dry-run")
+    lines = run.stdout.splitlines() + run.stderr.splitlines()
+    assert run.exit_code == 0 and len(lines) <= 25, "\n".join(lines)
+    assert any("more" in line for line in lines) and "Would remove" in lines[-1]
+    counted = sum(int(line.split()[-3]) for line in run.stdout.splitlines()[1:-1])
+    assert counted == len(plan["removed"])  # every removal is in a group
+    listed = kcache("--cache-dir", root, "prune", "--max-size", f"{total * 6 // 10}B", "--dry-run", "--list")
+    assert len(listed.stdout.splitlines()) > len(plan["removed"])
+    run = kcache("--cache-dir", root, "clear", "--all", "--yes", "--summary")
+    assert run.exit_code == 0 and len(run.stdout.splitlines()) <= 25 and entries(root) == []
+
+
+# ---- a budget kept in the cache ------------------------------------------------------------------------
+
+@pytest.mark.second_user
+def test_a_budget_root_keeps_in_the_cache_binds_a_members_bare_prune(area):
+    """root (umask 022) sets max-size in a 2775 cache of hundreds of entries; a member with no settings
+    of their own runs a bare `kcache prune`: the cache's budget is enforced, in at most 25 lines."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from gen_cache import generate
+
+    root = area / "cache"
+    generate(str(root), 300)
+    share(root)
+    total = json.loads(root_kcache("--cache-dir", root, "stats", "--json").stdout)["size"]
+    limit = total * 4 // 10
+    run = root_kcache("--cache-dir", root, "config", "set", "max-size", f"{limit}B")
+    assert run.returncode == 0, run.stderr
+    kept = os.stat(root / ".kcache" / "config.toml")
+    assert kept.st_gid == GROUP and stat.S_IMODE(kept.st_mode) == 0o664
+    shown = member_kcache("--cache-dir", root, "config")
+    assert shown.returncode == 0 and str(root / ".kcache" / "config.toml") in shown.stdout, shown.stderr
+    run = member_kcache("--cache-dir", root, "prune", "--yes")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines() + run.stderr.splitlines()
+    assert len(lines) <= 25, "\n".join(lines)
+    assert any(f"budget of {root}" in line and ".kcache/config.toml" in line for line in lines), lines
+    left = json.loads(member_kcache("--cache-dir", root, "stats", "--json").stdout)["size"]
+    assert left <= limit and len(entries(root)) < 300
+
+
+def test_the_budget_in_the_cache_wins_and_personal_budgets_bind_only_own_caches(kcache, tmp_path):
+    import shutil
+
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    for root in (mine, theirs):
+        shutil.copytree(FIXTURES / "hidet", root)
+    assert kcache("config", "set", "max-size", "1k").exit_code == 0  # personal: everything would go
+    assert kcache("--cache-dir", mine, "config", "set", "max-size", "10G").exit_code == 0
+    shown = kcache("--cache-dir", mine, "config", "--json").json()
+    assert shown["effective"]["max_size"] == 10**10
+    assert shown["effective"]["max_size_from"] == str(mine / ".kcache" / "config.toml")
+    run = kcache("--cache-dir", mine, "prune", "--yes")
+    assert run.exit_code == 0 and len(entries(mine)) == 5, run.stderr  # the cache's 10G wins over 1k
+    assert kcache("--cache-dir", mine, "config", "unset", "max-size").exit_code == 0
+    dry = kcache("--cache-dir", mine, "prune", "--dry-run", "--json").json()
+    assert len(dry["removed"]) == 5  # now the personal [all] applies: this user owns it
+    for dirpath, dirs, files in os.walk(theirs):  # another user's cache: personal budgets do not bind it
+        for n in [dirpath, *(os.path.join(dirpath, f) for f in dirs + files)]:
+            os.lchown(n, 4242, 4242)
+    assert kcache("--cache-dir", theirs, "ls", "--json").json()["entry_count"] == 5  # readable, listed
+    run = kcache("--cache-dir", theirs, "prune", "--dry-run", "--json")
+    assert run.exit_code == 0 and run.json()["removed"] == [], run.stderr
+    text = kcache("--cache-dir", mine, "config")
+    assert "max-size = 1.0 kB" in text.stdout and "[all]" in text.stdout  # whence: the personal file's [all]
+
+
+# ---- kcache's own reads are not a use ----------------------------------------------------------------------
+
+OTHER_MEMBER = 65532
+T = 1_700_000_000
+
+
+def as_other_member() -> None:
+    """preexec_fn: a second member of the cache's group (not the entries' owner)."""
+    os.setgroups([GROUP])
+    os.setresgid(GROUP, GROUP, GROUP)
+    os.setresuid(OTHER_MEMBER, OTHER_MEMBER, OTHER_MEMBER)
+    os.umask(0o002)
+
+
+def other_member_kcache(*args: object) -> subprocess.CompletedProcess:
+    import site
+
+    here = Path(__file__).resolve().parents[1]
+    paths = [str(here), *(p for p in site.getsitepackages() if "site-packages" in p)]
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": ":".join(paths), "NO_COLOR": "1"}
+    return subprocess.run([PY, "-m", "kcache_cli", *map(str, args)], capture_output=True, text=True, timeout=TIMEOUT,
+                          env=env, preexec_fn=as_other_member, cwd="/")
+
+
+def last_uses(run: subprocess.CompletedProcess) -> dict[str, str]:
+    assert run.returncode == 0, run.stderr
+    return {e["path"]: e["last_used"] for e in json.loads(run.stdout)["entries"]}
+
+
+@pytest.mark.second_user
+def test_a_members_ls_and_stats_leave_another_members_entries_last_use_alone(area):
+    """strictatime: every read moves atime. Member B (not the owner: O_NOATIME is refused) lists and
+    weighs member A's entries; each entry's last use stays where it was, for B, A and root alike; a
+    compiler's read afterwards is still a use."""
+    import shutil
+
+    mnt = area / "mnt"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "strictatime,size=64m,mode=755", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"LOUD SKIP: cannot mount a strictatime tmpfs ({done.stderr.strip()}): nothing proved "
+                    "that a member's reads are not a use")
+    try:
+        root = mnt / "cache"
+        shutil.copytree(FIXTURES / "hidet", root)
+        share(root)
+        for dirpath, dirs, files in os.walk(root):  # member A's entries
+            for n in [dirpath, *(os.path.join(dirpath, f) for f in dirs + files)]:
+                os.lchown(n, NON_MEMBER + 1, GROUP)
+        for dirpath, dirs, files in os.walk(root, topdown=False):
+            for n in files + dirs:
+                os.utime(os.path.join(dirpath, n), (T, T), follow_symlinks=False)
+        before = last_uses(root_kcache("--cache-dir", root, "ls", "--json"))
+        lib = next(root.glob("ops/*/*/*/lib.so"))
+        for args in (("ls", "--limit", "1"), ("ls",), ("stats",), ("ls", "--json"), ("stats", "--json")):
+            run = other_member_kcache("--cache-dir", root, *args)
+            assert run.returncode == 0, (args, run.stderr)
+        moved = [p for p in root.rglob("*") if p.is_file() and p.stat().st_atime_ns != T * 10**9 and ".kcache" not in
+                 str(p)]
+        assert moved, "B's reads moved no atime: the test proves nothing"
+        assert last_uses(other_member_kcache("--cache-dir", root, "ls", "--json")) == before
+        assert last_uses(root_kcache("--cache-dir", root, "ls", "--json")) == before
+        assert json.loads(other_member_kcache("--cache-dir", root, "stats", "--json").stdout)["by_age"]["<1d"][
+            "entry_count"] == 0
+        subprocess.run(["cat", str(lib)], check=True, stdout=subprocess.DEVNULL)  # a compiler's hit
+        after = last_uses(other_member_kcache("--cache-dir", root, "ls", "--json"))
+        assert after[str(lib.parent)] != before[str(lib.parent)]
+        assert {p: t for p, t in after.items() if p != str(lib.parent)} == \
+            {p: t for p, t in before.items() if p != str(lib.parent)}
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+# ---- the recipes of docs/ ------------------------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+KCACHE = f"{sys.executable} -m kcache_cli"
+
+
+@pytest.mark.second_user
+def test_the_cron_line_of_the_docs(area):
+    """The line of docs/shared-caches.md, as root's cron runs it (sh, umask 022, no terminal), on a 2775
+    cache over its budget with broken entries: exit 0, broken gone, budget kept, a short mail."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from gen_cache import generate
+
+    line = next(ln for ln in (DOCS / "shared-caches.md").read_text().splitlines() if ln.startswith("30 3 * * * "))
+    command = line.split(" root ", 1)[1]
+    root = area / "cache"
+    generate(str(root), 300)
+    share(root)
+    for lib in sorted(root.glob("ops/*/*/*/lib.so"))[:40]:
+        lib.unlink()  # 40 broken entries
+    total = json.loads(root_kcache("--cache-dir", root, "stats", "--json").stdout)["size"]
+    assert root_kcache("--cache-dir", root, "config", "set", "max-size", f"{total // 3}B").returncode == 0
+    run = subprocess.run(["sh", "-c", command.replace("/srv/kcache/hidet", str(root)).replace("kcache ", KCACHE + " ")],
+                         capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL,
+                         preexec_fn=lambda: os.umask(0o022))
+    assert run.returncode == 0, run.stderr
+    assert len(run.stdout.splitlines() + run.stderr.splitlines()) <= 50  # two prunes, each a summary
+    after = json.loads(root_kcache("--cache-dir", root, "stats", "--json").stdout)
+    assert after["size"] <= total // 3 and after["by_status"].keys() == {"complete"}
+    assert member_kcache("--cache-dir", root, "prune", "--broken").returncode == 0  # still the group's
+
+
+def test_the_ci_recipe_exits_0_on_a_cache_miss(tmp_path):
+    """docs/ci.md's GitLab script, without the tests: a miss (no archive) imports nothing, exits 0 and
+    exports nothing; with kernels compiled meanwhile, the export is the next run's hit."""
+    import shutil
+
+    text = (DOCS / "ci.md").read_text()
+    script = text[text.index("  script:\n"):].split("```", 1)[0].splitlines()[1:]
+    steps = [s.strip()[2:] for s in script if s.strip().startswith("- ") and "pytest" not in s]
+    env = {**os.environ, "KCACHE_DIR": str(tmp_path / "cache")}
+
+    def job(compile_some: bool) -> subprocess.CompletedProcess:
+        shell = [s.replace("kcache ", KCACHE + " ") for s in steps]
+        if compile_some:  # stands for the tests compiling kernels
+            shell.insert(2, f"cp -r {FIXTURES / 'hidet'}/. \"$KCACHE_DIR\"")
+        return subprocess.run(["sh", "-ec", "\n".join(shell)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+
+    miss = job(False)
+    assert miss.returncode == 0 and not (tmp_path / "kernels.tar.zst").exists(), miss.stderr
+    built = job(True)
+    assert built.returncode == 0 and (tmp_path / "kernels.tar.zst").is_file(), built.stderr
+    shutil.rmtree(tmp_path / "cache")
+    hit = job(False)  # the next run: restored and imported
+    assert hit.returncode == 0 and len(entries(tmp_path / "cache")) == 5, hit.stderr

@@ -1,0 +1,188 @@
+"""torch extensions (torch.utils.cpp_extension.load / load_inline): the real build directory torch 2.13
+made here (tests/fixtures/real/torch_ext/), judged by torch's loader rules, and the `lock` a killed build
+leaves (torch's FileBaton: every later load waits for ever) found and removed by verify --fix, never one
+that a live process holds. The real torch agrees in tests/test_oracle_torchext.py (slow)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_kcache
+
+from kcache_cli import fsdelete
+
+REAL = Path(__file__).parent / "fixtures" / "real" / "torch_ext"
+EXT = "kc_add_one"
+HOLDER = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_EXCL)  # torch's FileBaton.try_acquire
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    where = tmp_path / "torch_extensions" / "py311_cpu"
+    shutil.copytree(REAL, where)
+    return where
+
+
+def rows(root: Path) -> dict[str, dict]:
+    return {r["hash"]: r for r in run_kcache("--cache-dir", root, "ls", "--json").json()["entries"]}
+
+
+def old_lock(path: Path) -> None:
+    path.touch()
+    then = time.time() - 60
+    os.utime(path, (then, then))
+
+
+def test_the_real_build_is_one_complete_extension(root, monkeypatch):
+    got = rows(root)[EXT]
+    assert (got["layout"], got["kind"], got["target"], got["status"], got["file_count"]) == (
+        "torchext", "extension", "cpu", "complete", 6)
+    shown = run_kcache("--cache-dir", root, "inspect", EXT, "--json").json()
+    assert shown["status"] == "complete" and f"-DTORCH_EXTENSION_NAME={EXT}" in shown["compile_command"]
+    assert run_kcache("--cache-dir", root, "verify").exit_code == 0
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root))
+    row = next(r for r in run_kcache("dir", "--all", "--json").json()["caches"] if r["cache"] == "torchext")
+    assert row["path"] == str(root) and row["entry_count"] == 1
+
+
+@pytest.mark.parametrize(("damage", "status", "words"), [
+    ("rm:kc_add_one.so", "partial", "kc_add_one.so missing"),
+    ("rm:main.o", "partial", "main.o missing"),
+    ("rm:build.ninja", "partial", "no build.ninja"),
+    ("empty:kc_add_one.so", "corrupt", "kc_add_one.so is empty"),
+    ("cut:kc_add_one.so", "corrupt", "truncated"),
+])
+def test_damage_is_judged_as_torch_would_load_it(root, damage, status, words):
+    how, name = damage.split(":")
+    target = root / EXT / name
+    if how == "rm":
+        target.unlink()
+    else:
+        target.write_bytes(b"" if how == "empty" else target.read_bytes()[:4096])
+    run = run_kcache("--cache-dir", root, "verify", "--json")
+    assert run.exit_code == 1
+    [problem] = run.json()["problems"]
+    assert problem["status"] == status and words in problem["reason"]
+
+
+def test_a_left_lock_is_reported_and_removed_by_verify_fix(root):
+    old_lock(root / EXT / "lock")
+    assert rows(root)[EXT]["status"] == "partial"
+    run = run_kcache("--cache-dir", root, "verify", "--json")
+    assert run.exit_code == 1 and "waits for ever" in run.json()["problems"][0]["reason"]
+    fixed = run_kcache("--cache-dir", root, "verify", "--fix", "--json")
+    assert fixed.exit_code == 0, fixed.stderr
+    assert [e["hash"] for e in fixed.json()["fixed"]] == [EXT]
+    assert not (root / EXT / "lock").exists() and (root / EXT / f"{EXT}.so").exists()
+    assert rows(root)[EXT]["status"] == "complete"
+
+
+def test_verify_fix_says_it_removed_the_lock(root):
+    old_lock(root / EXT / "lock")
+    run = run_kcache("--cache-dir", root, "verify", "--fix")
+    assert run.exit_code == 0 and "removed the left lock of 1 entry" in run.stderr, run.stderr
+
+
+def test_a_lock_a_live_process_holds_is_never_removed(root):
+    lock = root / EXT / "lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        then = time.time() - 600
+        os.utime(lock, (then, then))  # old, but held open: the holder decides, not the age
+        got = rows(root)[EXT]
+        assert got["status"] == "building" and str(holder.pid) in got["reason"]
+        fixed = run_kcache("--cache-dir", root, "verify", "--fix", "--json")
+        assert fixed.exit_code == 0 and fixed.json()["skipped_building"] == 1 and lock.exists()
+        pruned = run_kcache("--cache-dir", root, "prune", "--broken", "--yes", "--json")
+        assert pruned.exit_code == 0 and lock.exists() and (root / EXT / f"{EXT}.so").exists()
+    finally:
+        holder.communicate("")
+    assert rows(root)[EXT]["status"] == "partial"  # the holder ended without removing it: now it is stale
+
+
+def test_prune_broken_takes_an_entry_with_a_stale_lock_as_garbage(root):
+    old_lock(root / EXT / "lock")
+    run = run_kcache("--cache-dir", root, "prune", "--broken", "--yes", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert not (root / EXT).exists()
+
+
+def test_a_lock_that_is_a_link_is_not_followed(root, tmp_path):
+    outside = tmp_path / "precious"
+    outside.write_text("keep\n")
+    os.symlink(outside, root / EXT / "lock")
+    run = run_kcache("--cache-dir", root, "verify", "--fix", "--json")
+    assert run.exit_code == 1 and "not torch's lock file" in run.json()["problems"][0]["reason"]
+    assert outside.read_text() == "keep\n" and os.path.islink(root / EXT / "lock")
+
+
+def test_a_flock_left_by_a_killed_holder_is_never_stale(tmp_path):
+    """Inductor's locks/*.lock and kcache's own are flocks (filelock): the kernel drops one with its holder,
+    so a lock file left behind blocks no one and kcache reports none of them."""
+    from filelock import FileLock
+
+    from kcache_cli.locking import probe_locked
+
+    lock = tmp_path / "locks" / "key.lock"
+    lock.parent.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, filelock; l = filelock.FileLock(sys.argv[1]); "
+                               "l.acquire(); print('held', flush=True); sys.stdin.read()", str(lock)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    assert probe_locked(lock)
+    holder.kill()
+    holder.wait()
+    assert lock.exists() and not probe_locked(lock)
+    with FileLock(str(lock)).acquire(timeout=1):
+        pass
+
+
+def test_remove_held_file_removes_only_the_file_judged(tmp_path):
+    tmp_path = tmp_path / "d"
+    tmp_path.mkdir()
+    (tmp_path / "lock").touch()
+    seen = os.lstat(tmp_path / "lock")
+    (tmp_path / "lock").unlink()
+    (tmp_path / "lock").touch()  # a new builder's lock, made after the judgement (its inode number reused)
+    os.utime(tmp_path / "lock", ns=(seen.st_mtime_ns + 1000, seen.st_mtime_ns + 1000))
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(OSError):
+            fsdelete.remove_held_file(fd, "lock", seen)
+        assert (tmp_path / "lock").exists() and sorted(os.listdir(tmp_path)) == ["lock"]
+        fsdelete.remove_held_file(fd, "lock", os.lstat(tmp_path / "lock"))
+        assert os.listdir(tmp_path) == []
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize(("version_py", "folder"), [
+    ("cuda: Optional[str] = '12.8'\nhip: Optional[str] = None\n", "cu128"),
+    ("cuda = None\nhip = '6.4.1'\n", "rocm641"),
+    ("cuda: Optional[str] = None\nhip: Optional[str] = None\n", "cpu"),
+])
+def test_the_default_root_follows_torchs_rule(tmp_path, monkeypatch, version_py, folder):
+    from kcache_cli.layouts import homes
+
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "version.py").write_text(version_py)
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    got = homes.torchext(tmp_path / "torch")
+    assert got.path == Path(os.path.realpath(tmp_path / "xdg" / "torch_extensions")) / (
+        f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}_{folder}")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))
+    assert homes.torchext(tmp_path / "torch").path == tmp_path / "mine"
