@@ -790,13 +790,16 @@ class _Executor:
                 self.used_fd = self._pin(f"{sd}/used", create=False) if sd in self.pinned else None
             except OSError:
                 self.used_fd = None
-            batch_fd = self._trash()
-            self._remove_all(batch_fd)
-            if batch_fd is not None and not self.stopped:
-                self._empty_trash()
-            removed_dirs = self._remove_empty_parents()
-            if self.plan.tidy_state and self.locks_fd is not None and not self.stopped:
-                self._tidy_state(self.locks_fd)
+            # a SIGINT from here on sets `stopped` (checked between removals, while the trash threads
+            # finish and between trash batches): it never escapes half-way with the result lost
+            with self._sigint_stops():
+                batch_fd = self._trash()
+                self._remove_all(batch_fd)
+                if batch_fd is not None and not self.stopped:
+                    self._empty_trash()
+                removed_dirs = self._remove_empty_parents()
+                if self.plan.tidy_state and self.locks_fd is not None and not self.stopped:
+                    self._tidy_state(self.locks_fd)
         finally:
             os.close(gc)
             self._close_all()
@@ -809,18 +812,17 @@ class _Executor:
         until a SIGINT asks to stop: then what is queued stays in the trash, whole gone from the cache."""
         deleter = _Deleter(batch_fd, f"{state.STATE_DIR}/trash", self.errors) if batch_fd is not None else None
         try:
-            with self._sigint_stops():
-                for i, r in enumerate(self.plan.removals):
-                    if self.stopped:
-                        break
-                    moved = self._remove(r, i, batch_fd)
-                    if moved is not None and deleter is not None:
-                        deleter.put(moved, r.path)
-                    if self.progress:
-                        self.progress(r)
+            for i, r in enumerate(self.plan.removals):
+                if self.stopped:
+                    break
+                moved = self._remove(r, i, batch_fd)
+                if moved is not None and deleter is not None:
+                    deleter.put(moved, r.path)
+                if self.progress:
+                    self.progress(r)
         finally:
             if deleter is not None:
-                deleter.finish(abandon=self.stopped)
+                deleter.finish(abandon=self.stopped, stop=lambda: self.stopped)
             if batch_fd is not None:
                 os.close(batch_fd)
 
@@ -1043,6 +1045,8 @@ class _Executor:
             self.errors.append((str(self.root / trash), f"cannot read {self.root / trash}: {exc.strerror}"))
             return
         for name in names:
+            if self.stopped:  # Ctrl-C: the rest of the trash waits for the next prune
+                break
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except OSError:
@@ -1172,21 +1176,30 @@ class _Deleter:
     def put(self, name: str, origin: str) -> None:
         self.queue.put((name, origin))
 
-    def finish(self, abandon: bool = False) -> None:
-        """Wait for the threads; with `abandon`, for the trees they are deleting only (what is still
-        queued stays in the trash for the next run)."""
-        import queue
-
+    def finish(self, abandon: bool = False, stop: Callable[[], bool] = lambda: False) -> None:
+        """Wait for the threads; with `abandon` (or once `stop()` says so, a Ctrl-C while waiting), for the
+        trees they are deleting only (what is still queued stays in the trash for the next run)."""
         if abandon:
-            try:
-                while True:
-                    self.queue.get_nowait()
-            except queue.Empty:
-                pass
+            self._drain()
         for _ in self.threads:
             self.queue.put(None)
         for t in self.threads:
-            t.join()
+            while t.is_alive():
+                t.join(0.1)
+                if not abandon and stop():
+                    abandon = True
+                    self._drain()  # the end markers too: put back, one per thread
+                    for _ in self.threads:
+                        self.queue.put(None)
+
+    def _drain(self) -> None:
+        import queue
+
+        try:
+            while True:
+                self.queue.get_nowait()
+        except queue.Empty:
+            pass
 
     def _run(self) -> None:
         from kcache_cli import fsdelete

@@ -60,6 +60,7 @@ def properties(root: Path, entry: Entry) -> dict[str, str]:
     for side, tensors in (("input", d.inputs), ("output", d.outputs)):
         for i, t in enumerate(tensors):
             props[f"{side} {t.name or i}"] = f"{t.dtype}{list(t.shape)}"
+    props["size"], props["files"] = str(entry.size), str(entry.files)  # bytes and a count, as ls --json
     props.update(_records(entry))
     return props
 

@@ -287,15 +287,15 @@ def _leads_to_entry(shape, parts: list[str]) -> bool:
     return False
 
 
-def caches_below(path: Path, limit: int = 64) -> list[tuple[str, Path]]:
-    """(layouts, directory) of the caches one or two levels below `path`, which holds none itself
-    (`--cache-dir D` where D/triton/cache or D/hidet is the cache): the hint for a root given one level
-    too high. At most `limit` directories per level are looked at."""
+def caches_below(path: Path, limit: int = 64, levels: int = 2) -> list[tuple[str, Path]]:
+    """(layouts, directory) of the caches one or two (`levels`) levels below `path`, which holds none
+    itself (`--cache-dir D` where D/triton/cache or D/hidet is the cache): the hint for a root given one
+    level too high. At most `limit` directories per level are looked at."""
     from kcache_cli.layouts import detect
 
     found: list[tuple[str, Path]] = []
     level = [path]
-    for _ in range(2):
+    for _ in range(levels):
         below: list[Path] = []
         for d in level:
             try:

@@ -206,22 +206,41 @@ def _expanded(values: tuple[str, ...], is_pattern, names_for) -> tuple[str, ...]
 def unknown_values(root: str | os.PathLike, flt) -> list[str]:
     """One line for each --op, --space or --target value that names nothing present in `root`, with the
     closest names ("did you mean matmul?") and the names there are."""
-    from kcache_cli.model import is_glob, space_matches
-
     out = []
-    checks = (("op", flt.ops, lambda: list(op_places(root, layouts=flt.layouts)),
-               lambda v, n: n == v or (is_glob(v) and fnmatchcase(n, v))),
-              ("space", flt.spaces, lambda: list(space_layouts(root, layouts=flt.layouts)), space_matches),
-              ("target", flt.targets, lambda: list(targets_present(root)), lambda v, n: n == v))
-    for what, values, present_names, match in checks:
+    for what, values, present_names, match in _checks(root, flt):
         if not values:
             continue
         present = present_names()
         for v in values:
-            if any(match(n, v) if what == "space" else match(v, n) for n in present):
-                continue
-            out.append(_did_you_mean(what, v, present, os.fspath(root)))
+            if not any(match(v, n) for n in present):
+                out.append(_did_you_mean(what, v, present, os.fspath(root)))
     return out
+
+
+def _checks(root: str | os.PathLike, flt) -> tuple:
+    """(what, the filter's values, the names present, does value v match name n) for op, space, target."""
+    from kcache_cli.model import is_glob, space_matches
+
+    return (("op", flt.ops, lambda: list(op_places(root, layouts=flt.layouts)),
+             lambda v, n: n == v or (is_glob(v) and fnmatchcase(n, v))),
+            ("space", flt.spaces, lambda: list(space_layouts(root, layouts=flt.layouts)),
+             lambda v, n: space_matches(n, v)),
+            ("target", flt.targets, lambda: list(targets_present(root)), lambda v, n: n == v))
+
+
+def unknown_across(selected: list, what: str, value: str) -> str | None:
+    """One line when the --op/--space/--target `value` names nothing in any of the caches `selected`
+    ((root, filter) each), with the closest names over all of them; None when one has it."""
+    present_all: list[str] = []
+    for root, flt in selected:
+        for kind, _, present_names, match in _checks(root, flt):
+            if kind != what:
+                continue
+            present = present_names()
+            if any(match(value, n) for n in present):
+                return None
+            present_all.extend(n for n in present if n not in present_all)
+    return _did_you_mean(what, value, sorted(present_all), f"{len(selected)} caches")
 
 
 def _did_you_mean(what: str, value: str, present: list[str], root: str) -> str:

@@ -225,7 +225,7 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
 
 
 def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilter = ScanFilter(),
-                  statuses: bool = True) -> Entry:
+                  statuses: bool = True, selectors: bool = True) -> Entry:
     """The one entry that `ref` (a hash prefix, a path relative to the root, or an absolute path) names
     among those `flt` selects (--space, --op... to tell apart the same hash in two spaces). Without
     `statuses` (for a caller that shows none) its status may miss what the whole cache decides."""
@@ -247,7 +247,8 @@ def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilte
     if len(found) > 1:
         names = ", ".join(f"{e.relpath} ({e.layout} {e.kind})" for e in found[:8])
         more = f" and {len(found) - 8} more" if len(found) > 8 else ""
-        raise UsageError(f"'{ref}' is ambiguous: {len(found)} entries match: {names}{more}; {_differing(found)}")
+        how = _differing(found) if selectors else "give the entry's path"  # no --space, --op... to offer
+        raise UsageError(f"'{ref}' is ambiguous: {len(found)} entries match: {names}{more}; {how}")
     return found[0]
 
 

@@ -1,4 +1,4 @@
-"""Signed entries: who may publish the binaries a fleet loads (README, "Sharing a cache").
+"""Signed entries: who may publish the binaries a fleet loads (docs/remote.md).
 
 Anyone who can write the remote can publish a `lib.so` or `.cubin` that every node pulling from it
 then loads: without a trust list, write access to the remote is code execution on the fleet. With

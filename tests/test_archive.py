@@ -226,7 +226,7 @@ def test_tilus_scripts_bring_their_programs(kcache, fixture_copy, tmp_path):
 def test_export_failure_leaves_nothing(kcache, fixture_copy, tmp_path):
     src = fixture_copy("hidet")
     r = kcache("--cache-dir", src, "export", tmp_path / "nodir" / "a.tar")
-    assert r.exit_code == 1 and r.stderr.startswith("Error:") and len(r.stderr.splitlines()) == 1
+    assert r.exit_code == 2 and r.stderr.startswith("Error:") and len(r.stderr.splitlines()) == 1  # usage (#36)
     r = kcache("--cache-dir", src, "export", tmp_path / "a.zip")
     assert r.exit_code == 2 and "tar.zst" in r.stderr
     r = kcache("--cache-dir", tmp_path / "missing", "export", tmp_path / "a.tar")

@@ -200,9 +200,9 @@ def test_missing_required_argument_of_every_command_is_one_line(kcache, name, tm
     assert run.exit_code == 2
 
 
-def test_bare_kcache_prints_help_not_an_error(kcache):
+def test_bare_kcache_prints_help_not_an_error(kcache):  # and exits 0, as --help (issue 36)
     run = kcache()
-    assert run.exit_code == 2
+    assert run.exit_code == 0
     assert "Usage: kcache" in run.stdout and run.stderr == ""
 
 

@@ -204,7 +204,7 @@ def test_clear_without_a_terminal_refuses_unless_yes(kcache, fixture_copy):
     before = listing(root)
     r = kcache("--cache-dir", root, "clear", "--op", "softmax", input="y\n")  # stdin is a pipe, not a terminal
     on_disk = subprocess.run(["du", "-sB1", str(root / HIDET["softmax"])], capture_output=True, text=True)
-    assert r.exit_code == 2 and "--yes" in r.stderr and f"({int(on_disk.stdout.split()[0])} bytes)" in r.stderr
+    assert r.exit_code == 2 and "--yes" in r.stderr and f"({int(on_disk.stdout.split()[0]):,} bytes)" in r.stderr
     assert listing(root) == before
 
 

@@ -1,5 +1,5 @@
 """JAX's persistent compilation cache and Numba's cache, from the real caches jax 0.10.2 and numba 0.68.1
-made here (tests/fixtures/real/jax, tests/fixtures/real/numba), judged by the packages' loader rules
+made here (tests/fixtures/real/jax/cache, tests/fixtures/real/numba), judged by the packages' loader rules
 (layouts/jax.py, layouts/numba.py). The real packages agree in tests/loaders/test_oracle_jax_numba.py."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ INDEX = "kc_numba.kc_add-3.py311.nbi"
 @pytest.fixture
 def jax_root(tmp_path: Path) -> Path:
     root = tmp_path / "caches"
-    shutil.copytree(REAL / "jax", root / "jaxcache")
+    shutil.copytree(REAL / "jax" / "cache", root / "jaxcache")
     return root
 
 

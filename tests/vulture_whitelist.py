@@ -39,4 +39,6 @@ _used = (
     _.config_show,
     # a mountinfo field, kept with the others it is parsed with
     _.fstype,
+    # Click reads a command's short_help for the commands panel (kcache_cli/cli/app.py tidy_help)
+    _.short_help,
 )

@@ -1,4 +1,4 @@
-"""Export and import of cache entries as one verified archive (README: export and import).
+"""Export and import of cache entries as one verified archive (docs/archives.md).
 
 An archive is a tar stream (plain, gzip or zstd). Its first member is `manifest.json`: the kcache
 version and, per entry, its layout, kind, key fields (space, op, hash, path in the cache), each

@@ -560,7 +560,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
     archive = os.path.abspath(archive)
     out_dir = os.path.dirname(archive)
     if not os.path.isdir(out_dir):
-        raise KcacheError(f"cannot write {archive}: {out_dir} is not a directory")
+        raise UsageError(f"cannot write {archive}: {out_dir} is not a directory")  # a typo: exit 2
     warn = warn or (lambda m: None)
     jobs = plan.jobs
     targets = {j.relpath for j in jobs}  # what links may point at, besides their own entry

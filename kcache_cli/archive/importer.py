@@ -33,7 +33,7 @@ from kcache_cli.archive.manifest import (
     reject,
     rejection_reason,
 )
-from kcache_cli.errors import KcacheError
+from kcache_cli.errors import KcacheError, UsageError
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -759,6 +759,8 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
         raise KcacheError(f"{root} is not a directory")
     try:
         raw = open(archive, "rb")
+    except (FileNotFoundError, NotADirectoryError) as exc:  # a typo on the command line: a usage error
+        raise UsageError(f"cannot read {archive}: {exc.strerror}") from None
     except OSError as exc:
         raise KcacheError(f"cannot read {archive}: {exc.strerror}") from None
     importer = Importer(root, raw, dry_run, limits, lock_timeout, warn or (lambda m: None), progress)

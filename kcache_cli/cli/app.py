@@ -2,6 +2,7 @@
 become `Error: ...` and an exit status."""
 
 import gc
+import re
 import sys
 from typing import Annotated, Optional
 
@@ -49,6 +50,35 @@ def add_global_options(cmd) -> None:
                                           expose_value=False, callback=_set_global(name), help=help_text))
 
 
+def _reflow(text: str) -> str:
+    """Paragraphs as one line each: Rich keeps a docstring's line breaks, and Click rewraps anyway."""
+    import inspect
+
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+
+
+def tidy_help(cmd, rich: bool) -> None:
+    """Help that reads well in both renderings, for `cmd` and the commands below it: paragraphs that
+    reflow, a one-line summary (the first paragraph) in the commands panel, and, under Rich markup,
+    brackets escaped so that `[all]` is shown rather than taken for a style."""
+    escape = (lambda s: re.sub(r"(?<!\\)\[", r"\\[", s)) if rich else (lambda s: s)
+    if not getattr(cmd, "_kcache_tidy", False) and cmd.help:
+        text = _reflow(cmd.help)
+        cmd.help = escape(text)
+        cmd.short_help = escape(text.split("\n\n", 1)[0])
+        for p in cmd.params:
+            if getattr(p, "help", None):
+                p.help = escape(p.help)
+        cmd._kcache_tidy = True
+    for sub in getattr(cmd, "commands", {}).values():
+        tidy_help(sub, rich)
+
+
+class Interrupted(Exception):
+    """Ctrl-C that reached the command's top: Typer would turn the KeyboardInterrupt into a silent exit 130;
+    main says `Error: interrupted` instead (a command that knows what it did says more, itself)."""
+
+
 class PipeClosed(Exception):
     """stdout's reader went away (`kcache stats | head -1`): not an OSError, so that Click, which turns
     EPIPE into exit 1, lets it through to main, which exits 0 as `ls`, `cat` and `grep` do."""
@@ -61,6 +91,7 @@ class KcacheGroup(TyperGroup):
         cmd = super().get_command(ctx, cmd_name)
         if cmd is not None:
             add_global_options(cmd)
+            tidy_help(cmd, getattr(self, "rich_markup_mode", None) is not None)
         return cmd
 
     def invoke(self, ctx):
@@ -68,6 +99,8 @@ class KcacheGroup(TyperGroup):
             return super().invoke(ctx)
         except BrokenPipeError as exc:
             raise PipeClosed() from exc
+        except KeyboardInterrupt as exc:
+            raise Interrupted() from exc
 
 
 app = typer.Typer(
@@ -183,7 +216,7 @@ def _pipe_closed() -> None:
     sys.exit(0)
 
 
-def _fail(message: str, code: int, as_json: bool) -> None:
+def _fail(message: str, code: int, as_json: bool, trace: bool = False) -> None:
     """The one way a failure ends the run: `Error: ...` on stderr, and under --json also
     {"error": ..., "exit": N} on stdout (a script reading stdout sees why) unless the command's result
     is there already (it says what failed), then exit `code`."""
@@ -192,6 +225,10 @@ def _fail(message: str, code: int, as_json: bool) -> None:
     from kcache_cli.textsafe import printable_line  # names in messages stay inert
 
     message = redact_text(message)
+    if trace:  # --debug: the traceback first (the exit status stays the same)
+        import traceback
+
+        sys.stderr.write(redact_text(traceback.format_exc()))
     sys.stderr.write(f"Error: {printable_line(message)}\n")
     if as_json and not common.json_written:  # stdout holds one JSON document: the result, or this
         import json
@@ -242,8 +279,8 @@ def main(argv: list[str] | None = None) -> None:
         _fail(str(exc), exc.exit_code, as_json)
     except typer.Abort:
         _fail("aborted", 1, as_json)
-    except KeyboardInterrupt:
-        _fail("interrupted", 130, as_json)
+    except (KeyboardInterrupt, Interrupted):
+        _fail("interrupted", 130, as_json, debug)
     except (BrokenPipeError, PipeClosed):
         _pipe_closed()
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, no traceback
@@ -259,9 +296,9 @@ def main(argv: list[str] | None = None) -> None:
 
             sys.stderr.write(redact_text(traceback.format_exc()))
         help_text = no_args_help(exc)
-        if help_text is not None:  # bare `kcache`: the help, on stdout, and the usage-error status
+        if help_text is not None:  # bare `kcache` (or `kcache remote`): the help, on stdout, as --help
             sys.stdout.write(help_text)
-            sys.exit(2)
+            sys.exit(0)
         message, code = describe_exception(exc)
         _fail(message, code, as_json)
     finally:

@@ -49,7 +49,9 @@ def export_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Write the selected entries into one archive, with a manifest of every file's size and sha256.
+    """Write the selected entries into one verified archive.
+
+    The archive has a manifest of every file's size and sha256.
 
     Selectors are those of `ls`. The compression follows the name (.tar, .tar.gz, .tar.zst). Programs
     that selected tilus scripts link to come along. The archive appears only when complete. An archive
@@ -151,7 +153,9 @@ def import_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Verify an archive made by `kcache export` and publish its entries into the cache.
+    """Verify an archive made by `kcache export`, then publish it.
+
+    Its entries go into the cache.
 
     The cache: --cache-dir or KCACHE_DIR, else where the archive's layout's compiler looks (a Triton
     archive goes to Triton's cache, a hidet one to hidet's), else hidet's.
@@ -247,7 +251,9 @@ def verify_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Check every entry against its layout's rules and recorded checksums; exit 1 on any problem.
+    """Check every byte of every entry; exit 1 on any problem.
+
+    Each entry is checked against its layout's rules and recorded checksums.
 
     Reads every byte: task.txt against the hash, files against kcache.json or tilelang's manifests,
     tilus links, binaries, Triton's group files. Entries that are not complete are problems; entries

@@ -102,7 +102,9 @@ def build_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Compile task.txt + source.cu/.cc into ops/<target>_space_<N>/<op>/<hash>/, or find it there.
+    """Compile hidet kernels into the cache ahead of time.
+
+    Compiles task.txt + source.cu/.cc into ops/<target>_space_<N>/<op>/<hash>/, or find it there.
 
     The hash is sha256 of task.txt's exact bytes (first 16 hex digits), the op its `name:` field.
     The cache is one root: --cache-dir or KCACHE_DIR, else hidet's (hidet.toml cache_dir,

@@ -24,7 +24,9 @@ def register(app: typer.Typer) -> None:
 
 @config_app.callback()
 def config_show(ctx: typer.Context, as_json: c.JsonOpt = False) -> None:
-    """The budget `kcache prune` keeps when given no criteria: max-size and max-age for every cache
+    """The budget `kcache prune` keeps: max-size and max-age.
+
+    What prune keeps when given no criteria: max-size and max-age for every cache
     together ([all]) or for one ([cache.NAME]), in a TOML file (`kcache config path`; KCACHE_CONFIG
     overrides where it is). With no subcommand, shows it.
 
@@ -103,7 +105,7 @@ def config_set(
     cache: CacheOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Set max-size or max-age, for every cache together or (--cache NAME) for one.
+    """Set max-size or max-age, for all caches or (--cache NAME) one.
 
     Example: kcache config set --cache triton max-age 30d
     """
@@ -132,7 +134,7 @@ def config_unset(
     cache: CacheOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Remove max-size or max-age, for every cache together or (--cache NAME) for one.
+    """Remove max-size or max-age, for all caches or (--cache NAME) one.
 
     Example: kcache config unset max-size
     """

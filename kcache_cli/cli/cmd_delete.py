@@ -63,7 +63,9 @@ def prune_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Free space safely: least recently used entries beyond --max-size, entries unused for --older-than,
+    """Free space safely, while the cache is in use.
+
+    Removes the least recently used entries beyond --max-size, entries unused for --older-than,
     broken entries with --broken, stale ones with --stale; always stale temp/staging directories
     (untouched for an hour). hidet's candidates/ (kept under debug_cache_tuning) stay. Builds in progress
     are skipped; nothing outside the cache is touched. Without --cache-dir or KCACHE_DIR: every cache
@@ -217,8 +219,10 @@ def clear_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Remove the entries you select (--space, --op, --target, --layout, --status, --kind, entries by hash
-    prefix or path, or --all) after showing what goes and asking. Builds in progress are skipped; tilus programs a kept
+    """Remove the entries you select, after showing them and asking.
+
+    Select with --space, --op, --target, --layout, --status, --kind, entries by hash prefix or
+    path, or --all. Builds in progress are skipped; tilus programs a kept
     script links to and tilelang binaries a kept kernel embeds are kept. Without --cache-dir or
     KCACHE_DIR the selection is made in every cache found (--space cuda_space_2 is hidet's space 2;
     other caches simply have none), or in the one the current directory lies in; --cache NAME picks one.
@@ -491,15 +495,18 @@ def _report_result(opts: c.GlobalOptions, out: _Out, plan, result, extra: dict) 
     fresh = result.warnings[len(plan.warnings):] if result else ()  # the plan's were shown already
     if result is None:  # nothing was selected: nothing ran
         result = DeleteResult(plan.root, (), plan.skipped, (), 0, (), plan.warnings)
-    out.result(lambda: _with_summary(out, result.to_json(plan.scanned_size, extra), result.removed),
-               lambda: _result_human(out, plan, result, extra, fresh))
+    done = (f"interrupted: removed {result.entries:,} of {plan.entries:,} "
+            f"{'entry' if plan.entries == 1 else 'entries'}, {c.human_size(result.freed)}; nothing half-removed")
+    try:
+        out.result(lambda: _with_summary(out, result.to_json(plan.scanned_size, extra), result.removed),
+                   lambda: _result_human(out, plan, result, extra, fresh))
+    except KeyboardInterrupt:  # Ctrl-C while a long table is printed: the removal itself is over
+        raise Interrupted(done) from None
     if result.errors:
         for _, m in result.errors:
             out.error(m)
     if result.interrupted:
-        raise Interrupted(f"interrupted: removed {result.entries:,} of {plan.entries:,} "
-                          f"{'entry' if plan.entries == 1 else 'entries'}, {c.human_size(result.freed)}; "
-                          "nothing half-removed")
+        raise Interrupted(done)
     if result.errors:
         raise KcacheError(f"{len(result.errors)} item(s) could not be removed (see above)")
 

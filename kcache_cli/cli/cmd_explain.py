@@ -29,8 +29,9 @@ def explain_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Say, per entry, whether the consumer here will use it: hit, miss (the factor, its recorded value and
-    the value here) or unknown (why).
+    """Will the consumer here use each entry? hit, miss or unknown.
+
+    Per entry: hit, miss (the factor, its recorded value and the value here) or unknown (why).
 
     "Here" is --python's environment (its torch, Triton... versions), the GPU arch (--gpu, else
     nvidia-smi) and the compilers' environment switches set in this shell. Triton: its version (recorded,

@@ -67,22 +67,30 @@ def dir_command(
 
     from kcache_cli.cli.progress import scanning
 
+    from kcache_cli.layouts import get
+
     rows: list[dict] = []
+    shown: dict[str, str] = {}  # the path people know: the CUDA JIT cache itself, not the root holding it
     for owner, path in known_caches():
         if os.path.lexists(path) and not found_root(path, f"the {owner} cache", lambda m: c.warn(opts, m)):
             continue  # another user's directory, or a link: never listed (DESIGN §1.1)
+        shown[owner] = str(get(owner).shown_path(path))
         with scanning(opts, f"scanning {c.printable_line(str(path))}") as bar:
             res = scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
                      "entry_count": len(res.entries), "size": res.size, "nested": nested_caches(owner, path)})
+    from kcache_cli.cli.table import Column
+
+    # cache, entries and size always; the path last, wrapped or on its own line when the row is too wide
     out.result({"caches": rows}, lambda: c.print_table(
-        ["cache", "path", "layout", "entries", "size"],
+        [Column("cache"), Column("layout", drop=1), Column("entries", right=True), Column("size", right=True),
+         Column("path", wrap=True)],
         [line for r in rows for line in [
-            [r["cache"], c.tty_safe(r["path"]), ",".join(r["layouts"]) or ("-" if r["exists"] else "missing"),
-             str(r["entry_count"]), c.human_size(r["size"])],
+            [r["cache"], ",".join(r["layouts"]) or ("-" if r["exists"] else "missing"),
+             f"{r['entry_count']:,}", c.human_size(r["size"]), c.tty_safe(c.home_short(shown[r["cache"]]))],
             # nested caches: counted in the row above (its entries hold them), shown so they are found
-            *([f"  in {r['cache']}", c.tty_safe(n["path"]), n["layout"], "-", "-"] for n in r["nested"])]],
-        right=(3, 4)))
+            *([f"  in {r['cache']}", n["layout"], "-", "-", c.tty_safe(c.home_short(n["path"]))]
+              for n in r["nested"])]]))
 
 
 def nested_caches(owner: str, path) -> list[dict]:
@@ -114,7 +122,9 @@ def ls_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """List cache entries, one row each: layout, kind, space, op, hash, size, files, status, last used.
+    """List entries, with their status, size and last use.
+
+    One row each: layout, kind, space, op, hash, size, files, status, last used.
 
     Sizes are disk usage (allocated blocks, as du counts them); --json adds apparent_size (the bytes).
 
@@ -171,7 +181,8 @@ def _ls_listed(opts: c.GlobalOptions, sel: c.Selection, all_caches: bool, cache:
         listed.append((loc, flt, _scan(opts, flt, loc, use_index, hint=not opts.many)[1]))
         missing -= c.matched_refs(loc.path, refs, listed[-1][2].entries)
     if opts.many:
-        c.hint_unknown_many(opts, [(loc.path, flt) for loc, flt, _ in listed])
+        c.hint_unknown_many(opts, [(loc.path, flt) for loc, flt, _ in listed],
+                            found=[e for _, _, res in listed for e in res.entries])
     if missing:  # an entry named that is nowhere: a typo, not "no entries"
         raise c.no_match([r for r in c.ref_list(sel.hashes) if r in missing], [loc.path for loc in locs],
                          selectors=sel.has_selectors())
@@ -239,18 +250,18 @@ def _ls_table(out: c.Output, rows: list) -> None:
     one_layout = len({e.layout for e in entries}) == 1
     one_kind = len({e.kind for e in entries}) == 1  # hidet's graphs among its ops keep their kind
     cols = [Column("layout", drop=1 if one_layout or caches else 6), Column("kind", drop=2 if one_kind else 6),
-            Column("space", drop=8), Column("op", drop=7), Column("hash", spill=True),
-            Column("size", right=True, drop=5), Column("files", right=True, drop=3),
+            Column("space", drop=8), Column("op", drop=9), Column("hash", spill=True),
+            Column("size", right=True, drop=10), Column("files", right=True, drop=3),
             Column("status", styles=c.STATUS_STYLE), Column("last used", drop=4)]
-    if caches:
-        cols.insert(0, Column("cache", drop=6))
+    if caches:  # status, op and size are the last to go; the cache before them, after kind
+        cols.insert(0, Column("cache", drop=7))
     show_reason = any(e.reason for e in entries)
     if show_reason:
         cols.append(Column("reason", wrap=True))
     table = []
     for loc, e in rows:
         row = [e.layout, e.kind, e.space or "-", e.op or "-", e.hash, c.human_size(e.size),
-               str(e.files), e.status, c.human_age(e.last_used)]
+               f"{e.files:,}", e.status, c.human_age(e.last_used)]
         if caches:
             row.insert(0, _label(loc))
         if show_reason:
@@ -295,7 +306,9 @@ def inspect_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Everything about one entry: path, task, files, compile command, binary arch and symbols, status.
+    """Everything about one entry, with the checks that read every byte.
+
+    Path, task, files, compile command, binary arch and symbols, status.
 
     Runs the deep checks that read every byte: task.txt's sha256 against the directory name,
     files against a manifest (kcache.json, tilelang's manifest.json). Without --cache-dir the entry is
@@ -414,7 +427,9 @@ def log_command(
     cache: c.CacheOpt = None,
     cache_dir: c.CacheDirOpt = None,
 ) -> None:
-    """Show an entry's compile log: nvcc_log.txt, or compile.sh plus the compiler's output.
+    """Show an entry's compile log.
+
+    The log is nvcc_log.txt, or compile.sh plus the compiler's output.
 
     Error and warning lines are highlighted.
 
@@ -519,7 +534,9 @@ def stats_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Totals per layout, space and op, counts per status, and the biggest entries (sizes on disk, as du
+    """Where the space goes: by layout, op, status and age.
+
+    Totals per layout, space and op, counts per status, and the biggest entries (sizes on disk, as du
     counts them; --json adds apparent_size); space by layout, op
     and age of last use (<1d, <7d, <30d, older) drawn as bars; RECLAIMABLE: the bytes `kcache prune
     --broken` would free (broken entries as ls judges them, stale temp and staging files).

@@ -1,4 +1,4 @@
-"""Sharing a cache across machines: push, pull, and remote ls | stats | prune (README, "Sharing a cache").
+"""Sharing a cache across machines: push, pull, and remote ls | stats | prune (docs/remote.md).
 
 The redis client is imported by the core only when a redis:// remote is opened, never at start-up."""
 
@@ -44,7 +44,9 @@ remote_app = typer.Typer(name="remote", no_args_is_help=True)
 
 @remote_app.callback()
 def remote_group() -> None:
-    """What a shared cache holds, without downloading it: ls, stats, prune; and keygen, the key
+    """What a shared cache holds: ls, stats, prune; and keygen.
+
+    ls, stats and prune read the index, without downloading it; keygen makes the key
     that signs what this node pushes.
 
     The remote is --remote URL on each subcommand, else KCACHE_REMOTE.
@@ -129,7 +131,7 @@ def push_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Upload the selected complete entries that the remote does not hold yet.
+    """Upload the selected complete entries the remote lacks.
 
     Selectors are those of `ls`. Partial, failed, corrupt and in-flight entries never go. Each entry
     becomes visible at once, when its data is all there; a second pusher of the same entry leaves
@@ -170,10 +172,16 @@ def push_command(
 
 
 def _table(entries) -> None:
-    rows = [[e.action, e.layout, e.kind, e.relpath, str(e.files), c.human_size(e.size), e.reason or ""]
-            for e in entries]
+    """push's and pull's table: the entry by op and hash (a unique prefix on a narrow terminal), the note
+    wrapped or on its own line."""
+    from kcache_cli.cli.table import Column
+
+    rows = [[e.action, e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, f"{e.files:,}",
+             c.human_size(e.size), e.reason or ""] for e in entries]
     if rows:
-        c.print_table(["action", "layout", "kind", "entry", "files", "size", "note"], rows, right=(4, 5))
+        c.print_table([Column("action"), Column("layout", drop=4), Column("kind", drop=2), Column("space", drop=5),
+                       Column("op", drop=6), Column("hash", spill=True), Column("files", right=True, drop=3),
+                       Column("size", right=True), Column("note", wrap=True)], rows)
 
 
 @c.selectors(status=None)
@@ -196,13 +204,13 @@ def pull_command(
     cache_dir: c.CacheDirOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Fetch the selected remote entries missing here, with every check `import` makes.
+    """Fetch the selected remote entries missing here.
 
-    Every file's size and sha256 must match the pushed record; names, links and paths follow
-    import's rules; each entry appears with one rename. A bad entry is refused (exit 1) and the
-    others still arrive. Complete local entries are kept; incomplete ones are replaced. The local
-    cache: --cache-dir or KCACHE_DIR, else with one --layout that layout's own cache (--layout triton:
-    Triton's), else hidet's.
+    Every check `import` makes applies: every file's size and sha256 must match the pushed record;
+    names, links and paths follow import's rules; each entry appears with one rename. A bad entry is
+    refused (exit 1) and the others still arrive. Complete local entries are kept; incomplete ones are
+    replaced. The local cache: --cache-dir or KCACHE_DIR, else with one --layout that layout's own cache
+    (--layout triton: Triton's), else hidet's.
 
     From an oci:// image, its targets are checked against this node's GPUs before any write (none
     runs here: refused); entries of other archs are skipped and counted; the rest is imported.
@@ -272,7 +280,7 @@ def remote_ls(
     remote_user: UserOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """List what the remote holds (from its index: nothing is downloaded).
+    """List what the remote holds, from its index (no download).
 
     Entries are printed as the index is read, a batch at a time (sorted within a batch), so a remote
     of millions of entries lists in bounded memory; --json is one list, streamed the same way.
@@ -320,11 +328,13 @@ def _table_batch(batch, first: bool) -> None:
     """One batch of `remote ls`: the header before the first only."""
     from kcache_cli.cli.table import Column, render
 
-    rows = [[e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, str(e.files),
+    rows = [[e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, f"{e.files:,}",
              c.human_size(e.size), e.arch or "-", c.human_age(e.pushed or 0),
              c.human_age(e.last_pulled) if e.last_pulled else "never"] for e in batch]
-    cols = [Column(name, right=i in (5, 6)) for i, name in enumerate(
-        ["layout", "kind", "space", "op", "hash", "files", "size", "arch", "pushed", "pulled"])]
+    # key columns: op, hash (a unique prefix when narrow), size; the rest go first to last as listed
+    cols = [Column("layout", drop=7), Column("kind", drop=2), Column("space", drop=8), Column("op"),
+            Column("hash", spill=True), Column("files", right=True, drop=3), Column("size", right=True),
+            Column("arch", drop=5), Column("pushed", drop=4), Column("pulled", drop=6)]
     lines = render(cols, rows, c.output_width(), colour=not c.plain_output(), clean=c.printable_line)
     c.print_lines(lines if first else lines[len(lines) - len(rows):])
     sys.stdout.flush()
@@ -338,8 +348,9 @@ def remote_stats_command(
     remote_user: UserOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Totals of the remote per layout, space and op (from its index); of an oci:// repository, per
-    target arch and layout over its tags.
+    """Totals of the remote per layout, space and op, from its index.
+
+    Of an oci:// repository: per target arch and layout, over its tags.
 
     Example: kcache remote stats --remote file:///mnt/shared/kcache
     """
@@ -384,21 +395,21 @@ def remote_prune(
     remote_user: UserOpt = None,
     as_json: c.JsonOpt = False,
 ) -> None:
-    """Remove entries from the remote by size and age, least recently pulled first.
+    """Remove remote entries by size and age, least recently pulled first.
 
     Each entry disappears whole: its record first, then the data its own record names (a record
     naming another entry, or claiming a file no cache holds, loses only itself, with a warning).
     Without --max-size or --older-than nothing is removed.
 
-    Of an oci:// repository it removes tags (their manifests, by digest, through the registry's API):
-    past the --keep N newest, older than --older-than (by the image's creation), then the oldest until
-    the images hold at most --max-size. A tag it did not select is never removed, even one naming the
-    same image (that image is then kept).
+    Of an oci:// repository it removes tags (their manifests, by digest, through the registry's API): past
+    the --keep N newest, older than --older-than, then the oldest until the images hold at most --max-size.
+    A tag it did not select is never removed, even one naming the same image (that image is then kept).
 
     Example: kcache remote prune --max-size 200G --older-than 30d --dry-run
     """
     from kcache_cli.delete import parse_age, parse_size
     from kcache_cli.remote.manage import RemotePruneResult, list_remote, plan_remote_prune, prune_remote
+    from kcache_cli.cli.table import Column
     from kcache_cli.remote.oci import is_oci
 
     opts = c.use(ctx, None, as_json)
@@ -410,9 +421,7 @@ def remote_prune(
         return cmd_oci.prune(opts, remote or "", (connect_timeout, remote_timeout), remote_user, (keep, age, limit),
                              dry_run)
     if keep is not None:
-        from kcache_cli.errors import UsageError
-
-        raise UsageError("--keep counts tags: it applies to an oci:// remote only")
+        raise c.UsageError("--keep counts tags: it applies to an oci:// remote only")
     out = c.Output(opts)
     with _opened(remote, connect_timeout, remote_timeout) as store:
         plan = plan_remote_prune(list_remote(store), limit, age)
@@ -420,10 +429,11 @@ def remote_prune(
     result = RemotePruneResult(store.url, dry_run, tuple(plan), freed)
 
     def human() -> None:
-        rows = [[r.entry.layout, r.entry.relpath, c.human_size(r.entry.size),
+        rows = [[r.entry.layout, r.entry.op or "-", r.entry.hash, c.human_size(r.entry.size),
                  c.human_age(r.entry.last_pulled) if r.entry.last_pulled else "never", r.why] for r in plan]
         if rows:
-            c.print_table(["layout", "entry", "size", "pulled", "why"], rows, right=(2,))
+            c.print_table([Column("layout", drop=2), Column("op", drop=3), Column("hash", spill=True),
+                           Column("size", right=True), Column("pulled", drop=1), Column("why", wrap=True)], rows)
         out.info(f"{'would remove' if dry_run else 'removed'} {c.plural(len(plan), 'entry')}, "
                  f"{c.human_size(freed)} from {store.url}")
 

@@ -143,6 +143,8 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
         return [cache_location(opts, existing=True)]
     known = existing_caches(lambda m: warn(opts, m))
     here = None if all_caches else _cwd_cache(known, lambda m: warn(opts, m))
+    if here is None and not all_caches:
+        _caches_under_cwd(known)
     out = [here] if here is not None else known
     opts.many = here is None
     for ref in ref_list(refs):
@@ -172,6 +174,29 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
     return out
 
 
+def _caches_under_cwd(known: list) -> None:
+    """A current directory that holds caches one level down which are not this machine's own (a copy, a
+    CI workspace): say so, as --cache-dir does (exit 2), instead of working on every cache of the machine
+    (`clear --all` there must not mean HOME's caches)."""
+    from kcache_cli.locate import caches_below
+
+    try:
+        cwd = Path(os.getcwd())
+    except OSError:
+        return
+    from kcache_cli.scan import scan_cache
+
+    mine = {os.path.realpath(loc.path) for loc in known}
+    # entries, not merely a CACHEDIR.TAG (.mypy_cache has one): positive evidence, judged by names only
+    below = [(names, p) for names, p in caches_below(cwd, levels=1)
+             if os.path.realpath(p) not in mine and scan_cache(p, statuses=False).entries]
+    if below:
+        names, path = below[0]
+        more = f" (and {plural(len(below) - 1, 'other cache')})" if len(below) > 1 else ""
+        raise UsageError(f"no cache at {cwd} (the current directory); {path} holds a {names} cache{more}: "
+                         f"--cache-dir {path}, or --all-caches for this machine's caches")
+
+
 def _cwd_cache(known: list, said: Callable[[str], None]):
     """The cache the current directory lies in, or None (also when it was removed under us)."""
     from kcache_cli.locate import cache_holding
@@ -183,7 +208,7 @@ def _cwd_cache(known: list, said: Callable[[str], None]):
 
 
 def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: Callable[[Path], Any],
-                     statuses: bool = True) -> tuple:
+                     statuses: bool = True, selectors: bool = True) -> tuple:
     """(location, entry) of the one entry `ref` names in the command's scope (cache_locations): found in
     exactly one cache; in several, a usage error naming them (--cache picks one); in none, no_match.
     `pick(root)` is the checked filter of the --space/--op... that tell entries apart."""
@@ -199,7 +224,7 @@ def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: 
             hint_unknown(opts, loc.path, flt)
         try:
             found.append((loc, resolve_entry(loc.path, ref, warn=lambda m: warn(opts, m), flt=flt,
-                                             statuses=statuses)))
+                                             statuses=statuses, selectors=selectors)))
         except NoSuchEntry as exc:
             misses.append(exc)
     if len(found) == 1:
@@ -269,7 +294,9 @@ def _nearest(ref: str, roots: list[Path]) -> list[str]:
         for n in names.entries(root):
             hashes.setdefault(n.hash[:max(len(key), 8)], n.hash)
         ops.update(names.op_places(root))
-    close = difflib.get_close_matches(key, list(hashes), n=3, cutoff=0.5)
+    # never the reference itself: an entry it names that the other selectors (or the scope) left out
+    close = [h for h in difflib.get_close_matches(key, list(hashes), n=4, cutoff=0.5)
+             if not hashes[h].startswith(key)][:3]
     close_ops = difflib.get_close_matches(key, sorted(ops), n=2, cutoff=0.6)
     return [printable_line(h) for h in close] + [f"--op {printable_line(o)}" for o in close_ops]
 
@@ -500,24 +527,29 @@ def hint_unknown(opts: GlobalOptions, root: Path, flt) -> None:
         warn(opts, line)
 
 
-def hint_unknown_many(opts: GlobalOptions, selected: list) -> None:
+def hint_unknown_many(opts: GlobalOptions, selected: list, found: list | None = None) -> None:
     """hint_unknown over several caches ((root, filter) each): a value is hinted at only when it names
-    nothing in any of them (`--space cuda_space_2` is hidet's; Triton's cache not having it is no news)."""
-    from dataclasses import replace
+    nothing in any of them (`--space cuda_space_2` is hidet's; Triton's cache not having it is no news),
+    once, and never for a value an entry `found` has (a space read from an entry's metadata, not its path)."""
+    from kcache_cli.model import space_matches
+    from kcache_cli.names import unknown_across
 
-    from kcache_cli.names import unknown_values
+    seen = {"ops": {e.op for e in found or ()}, "spaces": {e.space for e in found or ()},
+            "targets": {e.target for e in found or ()}}
 
     if len(selected) == 1:
         return hint_unknown(opts, *selected[0])
     roots = [(root, flt) for root, flt in selected if root.is_dir()]
-    for field in ("ops", "spaces", "targets"):
+    for field, what in (("ops", "op"), ("spaces", "space"), ("targets", "target")):
         values = {v for _, flt in roots for v in getattr(flt, field)}
         for v in sorted(values):
-            single = {"ops": (), "spaces": (), "targets": (), field: (v,)}
-            lines = [unknown_values(root, replace(flt, **single)) for root, flt in roots if v in getattr(flt, field)]
-            if len(lines) == len(roots) and all(lines):
-                for found in lines:
-                    warn(opts, found[0])
+            if not all(v in getattr(flt, field) for _, flt in roots):
+                continue  # a value one cache's expansion turned into its names: that cache has it
+            if v in seen[field] or (field == "spaces" and any(s and space_matches(s, v) for s in seen[field])):
+                continue
+            line = unknown_across(roots, what, v)
+            if line is not None:  # once for every cache, not once per cache
+                warn(opts, line)
 
 
 # ---- output --------------------------------------------------------------------------------------
@@ -605,14 +637,16 @@ class Output:
         sys.stdout.write(line + "\n")
 
     def info(self, message: str) -> None:
-        """A line for people on stderr (stdout stays data), escaped like a warning."""
+        """A line for people on stderr (stdout stays data), escaped like a warning, folded to the width."""
         if not self.opts.quiet:
-            sys.stderr.write(printable(message) + "\n")
+            sys.stderr.write("".join(f"{line}\n" for part in printable(message).split("\n")
+                                     for line in fold_err(part, 2)))
 
     def warn(self, message: str) -> None:
-        """A warning on stderr; names and paths in it cannot act on the terminal (textsafe)."""
+        """A warning on stderr; names and paths in it cannot act on the terminal (textsafe). On a terminal
+        (or under COLUMNS) it is folded to the width, later lines indented."""
         if not self.opts.quiet:
-            sys.stderr.write(f"warning: {printable_line(message)}\n")
+            sys.stderr.write("".join(f"{line}\n" for line in fold_err(f"warning: {printable_line(message)}", 2)))
 
     def error(self, message: str) -> None:
         """One failed item on stderr, shown under -q too (the command then fails as a whole)."""
@@ -634,6 +668,14 @@ def tty_safe(text: str) -> str:
     return printable(text) if sys.stdout.isatty() else text
 
 
+def home_short(path: str) -> str:
+    """`path` with the home directory written `~` (for people: tables; JSON keeps the whole path)."""
+    home = os.path.expanduser("~")
+    if home not in ("", "/") and (path == home or path.startswith(home.rstrip("/") + "/")):
+        return "~" + path[len(home.rstrip("/")):]
+    return path
+
+
 def human_size(n: int) -> str:
     """The one size format (kcache_cli.units): powers of 1000, as `--max-size` reads them."""
     from kcache_cli.units import format_size
@@ -645,7 +687,7 @@ def plural(n: int, singular: str, many: str | None = None) -> str:
     """`1 entry`, `2 entries`, `0 files`: the one way the CLI counts things."""
     if many is None:
         many = singular[:-1] + "ies" if singular.endswith("y") and singular[-2:-1] not in "aeiou" else singular + "s"
-    return f"{n} {singular if n == 1 else many}"
+    return f"{n:,} {singular if n == 1 else many}"
 
 
 def human_age(ts: float) -> str:
@@ -669,6 +711,28 @@ def output_width() -> int | None:
 
         return shutil.get_terminal_size().columns
     return None
+
+
+def stderr_width() -> int | None:
+    """The width of stderr's lines: COLUMNS when set, else the terminal's when stderr is one, else None
+    (a log file or a pipe: one line per message, for grep)."""
+    value = os.environ.get("COLUMNS", "")
+    if re.fullmatch(r"[0-9]{1,5}", value, re.ASCII) and int(value) > 0:
+        return int(value)
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns if sys.stderr.isatty() else None
+    except (OSError, ValueError, AttributeError):  # not a real file (tests)
+        return None
+
+
+def fold_err(text: str, indent: int) -> list[str]:
+    """`text` as stderr lines no wider than stderr_width() (one line when there is none)."""
+    width = stderr_width()
+    if width is None or len(text) <= width:
+        return [text]
+    from kcache_cli.cli.table import fold
+
+    return fold(text, width, indent)
 
 
 def print_lines(lines: list[str]) -> None:

@@ -20,7 +20,7 @@ Adding a layout (say `triton`):
    `judge(d, kind, jc)` reads the entry only through `d` (an `entrydir.EntryDir`: by name, from the
    directory held open) and takes everything else from `jc` (a `base.Judging`: deep or cheap, the
    compiler version in use, the clock); its scan opens each entry it judges with `ctx.open_entry`.
-3. Tests, and the README's layout table. Nothing else names a layout.
+3. Tests, and the layout tables of README.md and docs/layouts.md. Nothing else names a layout.
 """
 
 from __future__ import annotations

@@ -187,6 +187,8 @@ class Shaped(Protocol):
 
     def default_root(self) -> tuple[Path, str] | None: ...
 
+    def shown_path(self, root: Path) -> Path: ...
+
 
 class EntryReader(Protocol):
     """Reading entries: detection, the scan, one entry's judgement and details, its compile log."""
@@ -502,6 +504,11 @@ class Layout:
 
         home = homes.default_root(self.name)
         return (home.path, home.reason) if home is not None else None
+
+    def shown_path(self, root: Path) -> Path:
+        """The directory people know as this layout's cache at `root` (`dir --all`'s path): the root,
+        unless the layout lists its cache from the directory holding it."""
+        return root
 
     # ---- export and import -------------------------------------------------------------------------
 

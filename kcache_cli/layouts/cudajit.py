@@ -180,6 +180,11 @@ class CudaJitLayout(Layout):
     def no_log(self, entry: Entry) -> str:
         return no_log(entry)
 
+    def shown_path(self, root: Path) -> Path:
+        """The JIT cache directory itself (CUDA_CACHE_PATH, else ComputeCache), not the root holding it."""
+        configured = configured_dir()
+        return configured if os.path.abspath(configured.parent) == os.path.abspath(root) else root / "ComputeCache"
+
     def in_use(self, entry: Entry) -> str | None:
         users = driver_users(_owner(entry.path))
         if users:

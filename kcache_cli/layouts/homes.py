@@ -122,9 +122,10 @@ def triton(package_dir: Path | None = None) -> Home:
 def inductor(package_dir: Path | None = None) -> Home:
     """torch's rule (torch/_inductor/runtime/cache_dir_utils.py): TORCHINDUCTOR_CACHE_DIR (made absolute),
     else <tempfile.gettempdir()>/torchinductor_<user>, the user name with \\/:*?"<>| made "_" (and
-    uid_<uid> when there is no user name)."""
+    uid_<uid> when there is no user name). An empty variable counts as unset, as every other variable
+    here (torch would take "" as the current directory: a place no one means as a cache)."""
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if env is not None:
+    if env:
         return Home(Path(os.path.abspath(env)), "TORCHINDUCTOR_CACHE_DIR environment variable")
     import getpass
     import tempfile

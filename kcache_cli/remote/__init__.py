@@ -1,4 +1,4 @@
-"""A cache shared by a fleet (README, "Sharing a cache"): push, pull, remote ls/stats/prune, build --remote.
+"""A cache shared by a fleet (docs/remote.md): push, pull, remote ls/stats/prune, build --remote.
 
 `store` holds the Store interface and its backends (Redis, a shared directory); `formats` how an
 entry's record and files map to keys (kcache's own, or a layout's, such as Triton's); `push`, `pull`

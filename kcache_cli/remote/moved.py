@@ -27,7 +27,7 @@ class MovedEntry(Keyed):
     arch: str | None = None
 
     def to_json(self) -> dict[str, object]:
-        """The entry as `push --json` and `pull --json` list it (field order is the README's)."""
+        """The entry as `push --json` and `pull --json` list it (field order is docs/remote.md's)."""
         k = self.key
         return {"layout": k.layout, "kind": k.kind, "relpath": k.relpath, "file_count": self.files, "size": self.size,
                 "action": self.action, "done": self.done, "reason": self.reason, "arch": self.arch}

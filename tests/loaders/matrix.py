@@ -363,7 +363,7 @@ def agree(verdict: Verdict, view: EntryView | None, case: Case | None = None) ->
 
 
 def record(result: CaseResult) -> dict:
-    """One case's outcome as plain data (report.py makes the README's table from these)."""
+    """One case's outcome as plain data (report.py makes docs/statuses.md's table from these)."""
     v = result.entry_view
     return {"layout": result.case.layout, "case": result.case.name, "entry": result.case.entry,
             "verdict": result.verdict.verdict, "detail": result.verdict.detail,

@@ -1,0 +1,158 @@
+"""Every table the issue-36 tour met fits the terminal (COLUMNS 80 and 120), keeping its key columns:
+`dir --all` (cache, entries, size), `ls --sort size --limit 10` over every cache (status, op, size),
+`diff` of two hidet and of two Triton entries (the differing facts first, hashes shortened), `push`,
+`remote ls` and `remote prune` (op, hash prefix, size), and the warnings (an op typo: one, folded)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, copy_tree
+
+from kcache_cli.units import format_size
+
+WIDTHS = (80, 120)
+SM80 = "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA"
+SM90 = "VHF5NYJI46Z5SH764YNBNADKGBWRZQ7ZZXWIAKML3FZVBJSTRSDQ"
+HOMES = {"hidet": ".cache/hidet", "tilus": ".cache/tilus", "tilelang": ".tilelang/cache",
+         "triton/cache": ".triton/cache"}
+
+
+@pytest.fixture
+def machine(tmp_path) -> dict:
+    """A HOME holding the four shipped caches where their compilers keep them, the other caches absent."""
+    home = tmp_path / "home"
+    for src, dst in HOMES.items():
+        copy_tree(FIXTURES / src, home / dst)
+    return {"HOME": str(home), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+            "CUDA_CACHE_PATH": str(tmp_path / "nv" / "ComputeCache"), "VLLM_CACHE_ROOT": str(tmp_path / "vllm"),
+            "TRITON_CACHE_DIR": None, "TILELANG_CACHE_DIR": None, "KCACHE_DIR": None, "XDG_CACHE_HOME": None,
+            "XDG_CONFIG_HOME": None, "KCACHE_CONFIG": None}
+
+
+def fits(text: str, width: int) -> list[str]:
+    lines = text.splitlines()
+    wide = [ln for ln in lines if len(ln) > width]
+    assert not wide, f"{len(wide)} lines over {width}:\n" + "\n".join(wide)
+    return lines
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_dir_all_keeps_cache_entries_and_size(kcache, machine, width):
+    r = kcache("dir", "--all", env={**machine, "COLUMNS": str(width)})
+    assert r.exit_code == 0, r.stderr
+    lines = fits(r.stdout, width)
+    assert lines[0].split()[:4] == ["cache", "layout", "entries", "size"]
+    rows = {ln.split()[0]: ln for ln in lines[1:] if ln and not ln.startswith(" ")}
+    listed = {c["cache"] for c in kcache("dir", "--all", "--json", env=machine).json()["caches"]}
+    assert set(rows) == listed >= {"hidet", "tilus", "tilelang", "triton", "inductor", "cudajit", "vllm"}
+    triton = kcache("ls", "--cache", "triton", "--json", env=machine).json()["entries"]
+    cells = rows["triton"].split()
+    assert cells[2] == "6" and " ".join(cells[3:5]) == format_size(sum(e["size"] for e in triton)), rows["triton"]
+    assert "~/.triton/cache" in r.stdout  # the home directory written as ~ for people
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_ls_over_every_cache_keeps_status_op_and_size(kcache, machine, width):
+    env = {**machine, "COLUMNS": str(width)}
+    entries = kcache("ls", "--json", env=env).json()["entries"]
+    biggest = sorted(entries, key=lambda e: -e["size"])[:10]
+    r = kcache("ls", "--sort", "size", "--limit", "10", env=env)
+    assert r.exit_code == 0, r.stderr
+    lines = fits(r.stdout, width)
+    assert {"cache", "op", "hash", "size", "status"} <= set(lines[0].split()), lines[0]
+    rows = [ln for ln in lines[1:] if not ln.startswith(" ")]
+    assert len(rows) == 10
+    shown = []
+    for row in rows:  # each row is one of the entries, with its size, status and op; sizes tie, so any order
+        cells = row.split()
+        e = next(e for e in entries if any(len(w) >= 8 and e["hash"].startswith(w) for w in cells))
+        assert format_size(e["size"]) in row and e["status"] in cells and (e["op"] or "-") in cells, row
+        shown.append(e["size"])
+    assert shown == sorted((e["size"] for e in biggest), reverse=True)
+    fits(r.stderr, width)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_diff_of_two_triton_kernels_fits_with_hashes_shortened(kcache, fixture_copy, width):
+    root = fixture_copy("triton/cache")
+    r = kcache("--cache-dir", root, "diff", SM80[:8], SM90[:8], env={"COLUMNS": str(width)})
+    assert r.exit_code == 0, r.stderr
+    lines = fits(r.stdout, width)
+    assert SM80 not in r.stdout and SM80[:12] in lines[0]
+    facts = lines.index(next(ln for ln in lines if ln.startswith("property")))
+    assert lines[facts + 1].split()[:2] == ["fact:", "target"]  # the differing facts first
+    assert any(ln.startswith("size") for ln in lines) and "target.arch" in r.stdout
+    assert "42d302cfb136" in r.stdout and "42d302cfb136a36b21dd5f19204eace66710cefc" not in r.stdout
+    assert re.match(r"8 differ, \d+ the same", lines[-1])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_diff_of_two_hidet_operators_answers_in_one_screen(kcache, fixture_copy, width):
+    root = fixture_copy("hidet")
+    r = kcache("--cache-dir", root, "diff", "8d1f7691", "ad252b06", env={"COLUMNS": str(width)})
+    assert r.exit_code == 0, r.stderr
+    lines = fits(r.stdout, width)
+    assert len(lines) <= 40, r.stdout
+    first_text = next(i for i, ln in enumerate(lines) if ln.endswith("changed lines") or ln.endswith("changed line"))
+    table = lines[:first_text]
+    assert any(ln.split()[:2] == ["input", "x"] and "float32[4, 1024]" in ln for ln in table)
+    assert lines[first_text].startswith("compile.sh: 2 changed lines")
+    assert lines[first_text + 1].startswith("  -") and "8d1f7691" in lines[first_text + 1]
+    assert lines[first_text + 2].startswith("  +") and "ad252b06" in lines[first_text + 2]
+    assert "more: kcache diff --json has every line" in r.stdout  # task.txt's 18 lines, cut short
+
+
+def _remote(kcache, machine, tmp_path, width):
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    env = {**machine, "COLUMNS": str(width), "KCACHE_REMOTE": f"file://{remote}"}
+    home = Path(machine["HOME"])
+    pushes = [kcache("--cache-dir", home / HOMES[c], "push", env=env) for c in ("hidet", "triton/cache")]
+    return env, pushes
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_push_remote_ls_and_remote_prune_fit(kcache, machine, tmp_path, width):
+    env, pushes = _remote(kcache, machine, tmp_path, width)
+    for r in pushes:
+        assert r.exit_code == 0, r.stderr
+        lines = fits(r.stdout, width)
+        assert {"action", "op", "hash", "size"} <= set(lines[0].split()), lines[0]
+        fits(r.stderr, width)
+    assert SM80[:8] in pushes[1].stdout
+    if width == 80:
+        assert SM80 not in pushes[1].stdout  # a unique prefix, not the 52-character key
+    ls = kcache("remote", "ls", env=env)
+    assert ls.exit_code == 0, ls.stderr
+    lines = fits(ls.stdout, width)
+    assert {"op", "hash", "size"} <= set(lines[0].split())
+    assert len([ln for ln in lines[1:] if ln.strip()]) == 11
+    prune = kcache("remote", "prune", "--max-size", "100k", "--dry-run", env=env)
+    assert prune.exit_code == 0, prune.stderr
+    lines = fits(prune.stdout, width)
+    assert {"op", "hash", "size", "why"} <= set(lines[0].split())
+    assert any(ln.split()[:2] == ["triton", "matmul_kernel"] and "WSRDZ7AW" in ln for ln in lines)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_an_op_typo_warns_once_folded(kcache, machine, width):
+    r = kcache("ls", "--op", "matmull", env={**machine, "COLUMNS": str(width)})
+    assert r.exit_code == 0
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 1 and "in 4 caches; did you mean matmul or matmul_kernel?" in r.stderr.replace("\n  ", " ")
+    fits(r.stderr, width)
+
+
+def test_a_space_only_metadata_knows_is_no_typo(kcache, machine):
+    """Triton's arch is its space, read from the kernel's metadata: `--space sm_80` finds kernels, no warning."""
+    r = kcache("ls", "--space", "sm_80", env={**machine, "COLUMNS": "80"})
+    assert r.exit_code == 0 and "sm_80" in r.stdout and "warning" not in r.stderr, r.stderr
+
+
+def test_counts_have_thousands_separators():
+    from kcache_cli.cli.common import plural
+
+    assert plural(20022, "entry") == "20,022 entries" and plural(1, "entry") == "1 entry"
