@@ -275,7 +275,7 @@ def test_ctrl_c_mid_removal_says_what_was_done(tmp_path, command):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     left = count_entries(root)
-    assert 0 < left < n - 40
+    assert 0 < left <= n - 40  # interrupted once 40 were gone: some removed, not all
     import json
 
     data = json.loads(out)
