@@ -177,3 +177,21 @@ def stress_seed(request):
     seed = int(raw) if raw else int.from_bytes(os.urandom(4), "little")
     print(f"{request.node.nodeid}: KCACHE_STRESS_SEED={seed}")
     return seed
+
+
+@pytest.fixture
+def area():
+    """A directory in /tmp that other users (a co-user, a group member, an outsider) can reach (pytest's own
+    are 0700), removed at the end, relative to its parent's fd (it may hold links another user planted)."""
+    import tempfile
+
+    from kcache_cli import fsdelete
+
+    d = Path(tempfile.mkdtemp(prefix="kcache-users-", dir="/tmp"))
+    os.chmod(d, 0o755)
+    yield d
+    fd = os.open(d.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fsdelete.remove_tree(fd, d.name)
+    finally:
+        os.close(fd)

@@ -361,23 +361,6 @@ def _swap_races(area: Path, n: int, seed: int) -> int:
     return total
 
 
-@pytest.fixture
-def area():
-    """A directory in /tmp the co-user can reach (pytest's own are 0700), removed at the end."""
-    import tempfile
-
-    from kcache_cli import fsdelete
-
-    d = Path(tempfile.mkdtemp(prefix="kcache-roots-", dir="/tmp"))
-    os.chmod(d, 0o755)
-    yield d
-    fd = os.open(d.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fsdelete.remove_tree(fd, d.name)
-    finally:
-        os.close(fd)
-
-
 @pytest.mark.second_user
 def test_a_root_swapped_by_a_co_user_during_prune_redirects_nothing(area, stress_seed):
     assert _swap_races(area, 2, stress_seed) > 0, "the swapper never flipped anything: the race proved nothing"

@@ -22,7 +22,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -112,19 +111,6 @@ print(flips)
 
 
 # ---- the scene -------------------------------------------------------------------------------------------
-
-@pytest.fixture
-def area():
-    """A directory in /tmp the attacker can reach (pytest's own are 0700), removed at the end."""
-    d = Path(tempfile.mkdtemp(prefix="kcache-shared-", dir="/tmp"))
-    os.chmod(d, 0o755)
-    yield d
-    fd = os.open(d.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fsdelete.remove_tree(fd, d.name)
-    finally:
-        os.close(fd)
-
 
 def make_victim(area: Path) -> Path:
     """Root's private directory (~/.ssh, /etc/cron.d, /var/lib/dpkg/info: names with a colon too)."""

@@ -13,7 +13,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,22 +20,8 @@ import pytest
 from conftest import FIXTURES
 from test_shared_attacks import GROUP, PY, TIMEOUT, member_kcache, share
 
-from kcache_cli import fsdelete
 
 NON_MEMBER = 65533
-
-
-@pytest.fixture
-def area():
-    """A directory in /tmp the other users can reach (pytest's own are 0700), removed at the end."""
-    d = Path(tempfile.mkdtemp(prefix="kcache-cron-", dir="/tmp"))
-    os.chmod(d, 0o755)
-    yield d
-    fd = os.open(d.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fsdelete.remove_tree(fd, d.name)
-    finally:
-        os.close(fd)
 
 
 def as_outsider() -> None:
