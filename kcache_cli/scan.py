@@ -234,10 +234,7 @@ def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilte
     prefixes, paths = split_refs(root, [ref.rstrip("/") or ref])
     flt = replace(flt, hash_prefixes=prefixes, paths=paths)
     result = scan_cache(root, narrowed_by_names(root, flt), warn, statuses=statuses)
-    found = list(result.entries)
-    exact = [e for e in found if e.hash in prefixes or e.relpath in paths]
-    if len(exact) == 1:
-        found = exact
+    found = list(result.entries)  # a ref that is a whole hash names that entry alone (exact_names_win)
     real = [e for e in found if not os.path.basename(e.relpath).startswith(".")]
     if len(real) == 1 and len(found) > 1:  # an entry and the temp dir of its rebuild: the entry
         found = real
