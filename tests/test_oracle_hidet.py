@@ -11,16 +11,11 @@ import os
 import shutil
 
 import pytest
-from loaders import cases_hidet, recorded
+from loaders import cases_hidet, matrix, recorded
 from loaders.matrix import installed_for_kcache, loses_used_entry, prepare, run_cases, save_results
 from loaders.venvs import SPECS, python_for
 
 VERSION = next(p.split("==")[1] for p in SPECS["hidet"] if p.startswith("hidet=="))
-
-
-def _only(cases):
-    only = os.environ.get("KCACHE_ORACLE_ONLY")  # a substring of case ids, to replay a few
-    return [c for c in cases if only in c.id] if only else cases
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +25,7 @@ def real_results(tmp_path_factory):
     (base / "src").mkdir()
     root, graph = cases_hidet.hidet_source(base / "src", python)
     env = installed_for_kcache(python, "hidet", base / "kcache-sees")
-    cases = _only(cases_hidet.cases(graph))
+    cases = matrix.only_selected(cases_hidet.cases(graph))
     results = run_cases(cases, {"hidet": root}, base / "cases", {"hidet": python}, kcache_env=env)
     save_results(results, "hidet")
     if recorded.RECORD and not os.environ.get("KCACHE_ORACLE_ONLY"):

@@ -12,21 +12,17 @@ import os
 import shutil
 
 import pytest
-from loaders import cases_tilus, recorded
+from loaders import cases_tilus, matrix, recorded
 from loaders.matrix import loses_used_entry, prepare, run_cases, save_results
 from loaders.venvs import python_for
-
-
-def _only(cases):
-    only = os.environ.get("KCACHE_ORACLE_ONLY")  # a substring of case ids, to replay a few
-    return [c for c in cases if only in c.id] if only else cases
 
 
 @pytest.fixture(scope="module")
 def real_results(tmp_path_factory):
     python = python_for("tilus")
     base = tmp_path_factory.mktemp("oracle-tilus")
-    results = run_cases(_only(cases_tilus.cases()), {"tilus": cases_tilus.FIXTURE}, base, {"tilus": python})
+    cases = matrix.only_selected(cases_tilus.cases())
+    results = run_cases(cases, {"tilus": cases_tilus.FIXTURE}, base, {"tilus": python})
     save_results(results, "tilus")
     if recorded.RECORD and not os.environ.get("KCACHE_ORACLE_ONLY"):
         recorded.save("tilus", results)

@@ -137,15 +137,10 @@ def prepare(case: Case, workdir: Path, copies: tuple[str, ...] = matrix.COPIES) 
     return tuple(roots)
 
 
-def _only(cases: list[Case]) -> list[Case]:
-    only = os.environ.get("KCACHE_ORACLE_ONLY")  # a substring of case ids, to replay a few
-    return [c for c in cases if only in c.id] if only else cases
-
-
 @pytest.fixture(scope="module")
 def real_results(tmp_path_factory) -> list[CaseResult]:
     python = python_for("tilelang")
-    cases = _only(all_cases())
+    cases = matrix.only_selected(all_cases())
     work = tmp_path_factory.mktemp("oracle-tilelang")
     prepared = [prepare(c, work / f"case{i:03d}") for i, c in enumerate(cases)]
     verdicts = {}

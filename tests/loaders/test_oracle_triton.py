@@ -226,15 +226,10 @@ def run_triton_cases(cases: list[Case], sources, workdir: Path) -> list[CaseResu
             for i, c in enumerate(cases)]
 
 
-def _only(cases: list[Case]) -> list[Case]:
-    only = os.environ.get("KCACHE_ORACLE_ONLY")  # a substring of case ids, to replay a few
-    return [c for c in cases if only in c.id] if only else cases
-
-
 @pytest.fixture(scope="module")
 def real_results(sources, tmp_path_factory) -> list[CaseResult]:
     cases = all_cases(sources)
-    results = run_triton_cases(_only(cases), sources, tmp_path_factory.mktemp("oracle-triton"))
+    results = run_triton_cases(matrix.only_selected(cases), sources, tmp_path_factory.mktemp("oracle-triton"))
     save_results(results)
     if recorded.RECORD and not os.environ.get("KCACHE_ORACLE_ONLY"):
         used = {c.source or c.venv for c in cases}
