@@ -28,11 +28,17 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import platform
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import IO
 
+from kcache_cli import __version__, layouts
+from kcache_cli import tarstream as ts
 from kcache_cli.archive.manifest import ImportLimits, reject
+from kcache_cli.fsread import parse_json
+from kcache_cli.gpu import arch_runs_on, cuda_archs
 from kcache_cli.layouts.image_format import CPU, MAX_META, ImageFormat
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -48,8 +54,6 @@ ANNOTATION_SIGNER = "io.kcache.image/signed-by"
 
 def image_format(layout: str) -> ImageFormat:
     """The layout's image shape (Layout.image_format); a layout this kcache does not know: refused."""
-    from kcache_cli import layouts
-
     if layout not in layouts.NAMES:
         raise reject(f"the image holds {layout[:40]!r} entries, a layout this kcache does not know")
     return layouts.get(layout).image_format()
@@ -71,8 +75,6 @@ def target_arch(backend: str, arch: object) -> str:
 
 def runs_on(arch: str, node: Iterable[str]) -> bool:
     """Whether code for `arch` runs on a node whose GPUs are `node` (arch words: sm_80, gfx90a)."""
-    from kcache_cli.gpu import arch_runs_on, cuda_archs
-
     if arch == CPU:
         return True
     node = list(node)
@@ -135,8 +137,6 @@ class _TarOut:
         self.gz.write(data)
 
     def file(self, name: str, data: bytes, mode: int = 0o644, mtime: float = 0) -> None:
-        from kcache_cli import tarstream as ts
-
         self.write(ts.file_header(name, len(data), mode, mtime))
         self.write(data)
         self.write(ts.padding(len(data)))
@@ -144,8 +144,6 @@ class _TarOut:
 
 def write_layer(archive: IO[bytes], out: IO[bytes], fmt: ImageFormat) -> LayerFacts:
     """Turn a kcache export (a plain tar, manifest.json first) into the image's layer, gzip into `out`."""
-    from kcache_cli import tarstream as ts
-
     facts = LayerFacts()
     digesting = _Digesting(out)
     reader = ts.TarReader(archive)
@@ -169,8 +167,6 @@ def write_layer(archive: IO[bytes], out: IO[bytes], fmt: ImageFormat) -> LayerFa
 
 
 def _copy_member(reader, m, tar: _TarOut, fmt: ImageFormat, facts: LayerFacts) -> None:
-    from kcache_cli import tarstream as ts
-
     name = fmt.prefix + m.name
     if m.type == ts.DIRECTORY:
         tar.write(ts.dir_header(name + "/", m.mtime))
@@ -195,8 +191,6 @@ def _copy_member(reader, m, tar: _TarOut, fmt: ImageFormat, facts: LayerFacts) -
 
 def labels(fmt: ImageFormat, facts: LayerFacts, title: str) -> dict[str, str]:
     """The image config's labels (module doc)."""
-    from kcache_cli import __version__
-
     p = fmt.label_prefix
     targets = fmt.targets(facts.records, facts.metadata)
     return {"org.opencontainers.image.title": title,
@@ -207,11 +201,7 @@ def labels(fmt: ImageFormat, facts: LayerFacts, title: str) -> dict[str, str]:
 
 
 def config_json(lbls: dict[str, str], diff_id: str) -> bytes:
-    import platform
-
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
-    from datetime import datetime, timezone
-
     now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")  # microseconds: two pushes in a second differ
     return json.dumps({"created": now, "architecture": arch, "os": "linux", "config": {"Labels": lbls},
                        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
@@ -247,8 +237,6 @@ def layer_to_archive(layer: IO[bytes], out: IO[bytes], fmt: ImageFormat, keep: C
     the entries `keep` turns down (with its reason) and MCV's manifest. Any other member outside
     `io.<layout>.cache/` is refused, and so is a layer whose files hold more bytes than its manifest
     lists or more members than import takes (a gzip bomb never fills the disk)."""
-    from kcache_cli import tarstream as ts
-
     reader = ts.TarReader(gzip.GzipFile(fileobj=layer, mode="rb"))
     try:
         head = reader.next()
@@ -274,8 +262,6 @@ def layer_to_archive(layer: IO[bytes], out: IO[bytes], fmt: ImageFormat, keep: C
 
 
 def _kept_manifest(raw: bytes, keep: Callable[[dict], str | None], skipped: Skipped) -> bytes:
-    from kcache_cli.fsread import parse_json
-
     try:
         doc = parse_json(raw, KCACHE_MANIFEST)
     except (ValueError, UnicodeDecodeError):
@@ -306,8 +292,6 @@ def _skipped(name: str, skipped: Skipped) -> bool:
 
 
 def _copy_back(reader, m, out: IO[bytes], fmt: ImageFormat, skipped: Skipped) -> None:
-    from kcache_cli import tarstream as ts
-
     name, prefix = m.name, fmt.prefix
     if name in (fmt.manifest_member, prefix.rstrip("/"), *_parents(prefix)):
         for _ in reader.data(m):

@@ -17,14 +17,21 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
+from kcache_cli import layouts
+from kcache_cli.archive import ImportLimits, export_archive, import_archive, plan_export
+from kcache_cli.archive.export import EmptyExport
 from kcache_cli.archive.importer import ImportResult
 from kcache_cli.errors import KcacheError, UsageError
-from kcache_cli.model import ScanFilter, Warn
+from kcache_cli.gpu import local_compute_caps
+from kcache_cli.model import ScanFilter, Warn, iso
 from kcache_cli.remote import oci_image as img
-from kcache_cli.remote.oci import MAX_CONFIG, OciRef, Registry
+from kcache_cli.remote.oci import DIGEST, MAX_CONFIG, OciRef, Registry
+from kcache_cli.remote.pull import summary_matches
 from kcache_cli.remote.store import RemoteError
+from kcache_cli.signing import signer
 
 DEFAULT_TAG = "latest"
 OTHER_ARCH = "built for"  # how the reason of an entry left out for its arch starts
@@ -71,9 +78,6 @@ def _one_layout(plan) -> str:
 def push_image(root: Path, reg: Registry, flt: ScanFilter | None = None, *, dry_run: bool = False,
                warn: Warn | None = None) -> ImagePushResult:
     """Push the complete entries `flt` selects as one image under the remote's tag (module doc)."""
-    from kcache_cli.archive import export_archive, plan_export
-    from kcache_cli.archive.export import EmptyExport
-
     warn = warn or (lambda m: None)
     plan = plan_export(root, flt or ScanFilter(), warn=warn)
     layout = _one_layout(plan)
@@ -104,8 +108,6 @@ def push_image(root: Path, reg: Registry, flt: ScanFilter | None = None, *, dry_
 
 def _annotations(fmt: img.ImageFormat) -> dict[str, str]:
     """The manifest's annotations: MCV's variant, and the key that signed the records (when one did)."""
-    from kcache_cli.signing import signer
-
     out = {f"{fmt.label_prefix}variant": "compat", "org.opencontainers.image.created":
            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     sign = signer()
@@ -129,8 +131,6 @@ class Image:
     layout: str | None  # kcache's label; None: an image kcache did not push
 
     def _format(self) -> img.ImageFormat | None:
-        from kcache_cli import layouts
-
         return layouts.get(self.layout).image_format() if self.layout in layouts.NAMES else None
 
     @property
@@ -146,15 +146,11 @@ class Image:
 
     def to_json(self) -> dict[str, object]:
         """An image of `remote ls --json`."""
-        from kcache_cli.model import iso
-
         return {"tag": self.ref.tag, "digest": self.digest, "layout": self.layout, "entry_count": self.entry_count,
                 "size": self.size, "targets": self.targets, "created": iso(self.created) if self.created else None}
 
 
 def _descriptor(d: object, what: str, url: str) -> tuple[str, int, str]:
-    from kcache_cli.remote.oci import DIGEST
-
     if not isinstance(d, dict) or not isinstance(d.get("digest"), str) or not DIGEST.match(d["digest"]) \
             or type(d.get("size")) is not int or d["size"] < 0:
         raise RemoteError(f"remote {url}: its manifest's {what} is not a descriptor kcache reads")
@@ -188,8 +184,6 @@ def read_image(reg: Registry, tag: str) -> Image:
 
 
 def _epoch(text: object) -> float | None:
-    from datetime import datetime
-
     if not isinstance(text, str):
         return None
     try:
@@ -203,8 +197,6 @@ def _epoch(text: object) -> float | None:
 def node_archs(gpu: str | None, no_check: bool) -> list[str] | None:
     """The arch words of this node: --gpu (sm_80, gfx90a; several with commas), else nvidia-smi's GPUs;
     None with --no-gpu-check. No GPU found and no --no-gpu-check: a usage error that says so."""
-    from kcache_cli.gpu import local_compute_caps
-
     if gpu:
         return [a.strip() for a in gpu.split(",") if a.strip()]
     if no_check:
@@ -251,8 +243,6 @@ class ImagePullResult:
 
 
 def _keeper(node: list[str] | None, flt: ScanFilter) -> Callable[[dict], str | None]:
-    from kcache_cli.remote.pull import summary_matches
-
     def keep(rec: dict) -> str | None:
         arch = rec.get("arch") if isinstance(rec.get("arch"), str) else None
         if node is not None and arch and not any(img.runs_on(a.strip(), node) for a in arch.split(",")):
@@ -266,8 +256,6 @@ def _keeper(node: list[str] | None, flt: ScanFilter) -> Callable[[dict], str | N
 def pull_image(root: Path, reg: Registry, image: Image, node: list[str] | None, flt: ScanFilter | None = None, *,
                dry_run: bool = False, lock_timeout: float = 60.0, warn: Warn | None = None) -> ImagePullResult:
     """Import the image's entries that run on `node` (and `flt` selects) into `root` (module doc)."""
-    from kcache_cli.archive import ImportLimits, import_archive
-
     preflight(image, node)
     limits = ImportLimits()
     assert image.layout is not None
