@@ -112,7 +112,8 @@ _INTERNED: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
 def _plain(value: Any) -> bool:
-    return type(value) in _PLAIN or (type(value) is tuple and all(type(v) in _PLAIN for v in value))
+    """Plain data, or tuples of it (a Triton job: its path and the ops wanted)."""
+    return type(value) in _PLAIN or (type(value) is tuple and all(_plain(v) for v in value))
 
 
 def _record(out: Any, asked: tuple, seen, warned: list, racy_ns: int) -> Record | None:

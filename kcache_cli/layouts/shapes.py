@@ -141,7 +141,10 @@ class LayoutShape:
 
     def tops(self, names) -> list[str]:
         """The names among `names` (a root's top-level directories) that start one of this layout's paths."""
-        firsts = [k.segments[0] for k in self.kinds]  # once, not per name: a Triton root has 10^5 names
+        firsts = tuple(dict.fromkeys(k.segments[0] for k in self.kinds))  # once, not per name: a Triton
+        if len(firsts) == 1:  # root has 10^5 names, and both its kinds start with the same key pattern
+            match = firsts[0].match
+            return [n for n in names if match(n)]
         return [n for n in names if any(f.match(n) for f in firsts)]
 
     def held_by(self, root: str, names: list[str]) -> bool:

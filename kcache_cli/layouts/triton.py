@@ -118,11 +118,15 @@ def moved_paths(d: EntryDir, children: dict[str, str]) -> list[str]:
     return [p for n, p in sorted(children.items()) if not _leads_here(d, n, p)]
 
 
+def _by_name(de: os.DirEntry) -> str:
+    return de.name
+
+
 class _Listing:
     """One key directory read once: top-level files with sizes and mtimes, and its subdirectories (a
     `tmp.pid_*` one is part of the kernel: Triton never looks into it)."""
 
-    def __init__(self, d: EntryDir, warn) -> None:
+    def __init__(self, d: EntryDir, warn, record: bool = False) -> None:
         self.sizes: dict[str, int] = {}
         self.mtimes: dict[str, float] = {}
         self.temps: list[tuple[str, TreeUsage]] = []
@@ -134,6 +138,11 @@ class _Listing:
         self.accessed = self.newest = 0.0  # the files' newest atime (a hit reads them)
         self.ident = (0, 0)  # the entry directory's own (device, inode)
         self.readable = True
+        # With `record`: (the directory's stat, [(name, lstat)] of its files), taken before anything is
+        # read, for the index's key (kcache_cli/index.py); None when it holds a subdirectory.
+        self.seen: tuple | None = None
+        self.outside = False  # the judgement looked at a path outside the entry (the index stores none)
+        stats: list | None = [] if record else None
         try:
             st = d.own_lstat()
             self.newest, self.size = st.st_mtime, st.st_blocks * 512
@@ -143,13 +152,16 @@ class _Listing:
             if d.fd is None:
                 raise d.error or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), d.path)
             with os.scandir(d.fd) as it:
-                items = sorted(it, key=lambda de: de.name)
+                items = sorted(it, key=_by_name)
+            if stats is not None:
+                self.seen = (st, stats)
         except OSError as exc:
             warn(f"cannot read {d.path}: {exc.strerror}")
             self.readable, items = False, []
         for de in items:
             try:
                 if de.is_dir(follow_symlinks=False):
+                    self.seen = None  # a temp dir's files are not in the key: such an entry is not indexed
                     usage = measure_tree(d.join(de.name), warn)
                     if de.name.startswith(TMP_PREFIX):
                         self.temps.append((de.name, usage))
@@ -161,6 +173,8 @@ class _Listing:
                 st = de.stat(follow_symlinks=False)
             except OSError:
                 continue
+            if stats is not None:
+                stats.append((de.name, st))
             d.listing[de.name] = st
             if de.is_symlink():
                 self.links.add(de.name)  # Triton opens through it: so does the judgement (fsread, follow)
@@ -188,17 +202,20 @@ class _Listing:
         file nobody may read is PermissionError whoever runs kcache (root reads it anyway)."""
         name = self.own(path)
         if name is None:
+            self.outside = True
             if not os.stat(path).st_mode & 0o444:
                 raise PermissionError(errno.EACCES, "Permission denied", path)
             return fsread.read_bytes(path, limit, follow=True)
-        if name in self.denied or not self.d.stat(name).st_mode & 0o444:
+        if name in self.denied:
             raise PermissionError(errno.EACCES, "Permission denied", path)
+        if (name not in self.sizes or name in self.links) and not self.d.stat(name).st_mode & 0o444:
+            raise PermissionError(errno.EACCES, "Permission denied", path)  # a listed file's mode is known
         return self.d.read_bytes(name, limit, follow=True)
 
     def json(self, name: str, path: str | None = None) -> object:
         """The JSON value in `name` (at `path` when the group records it elsewhere), read once; an
         OSError instance when it cannot be read, ValueError when it is not JSON."""
-        key = path or name
+        key = path if path is not None and path != self.d.join(name) else name  # the metadata is read once
         if key not in self._json:
             try:
                 self._json[key] = fsread.parse_json(self.read(path or self.d.join(name), MAX_META), name)
@@ -223,6 +240,7 @@ def _exists(lst: _Listing, name: str, path: str) -> bool:
         return name in lst.sizes
     own = lst.own(path)
     if own is None:
+        lst.outside = True
         return os.path.exists(path)
     try:
         lst.d.stat(own)
@@ -261,6 +279,9 @@ def _group_rule(lst: _Listing, g: str) -> tuple[Status, str | None, dict[str, st
     children = group_children(group)
     if children is None:
         return CORRUPT, f"{g}'s child_paths is not a map of file names to paths: Triton fails on every lookup", None
+    join = lst.d.join
+    if any(p != join(n) for n, p in children.items()):
+        lst.outside = True  # the verdict may depend on files elsewhere: never served from the index
     missing = [n for n, p in children.items() if not _exists(lst, n, p)]
     if old and meta not in missing:  # Triton <= 3.2 goes on with the children it finds
         children = {n: p for n, p in children.items() if n not in missing}
@@ -386,42 +407,45 @@ def single_file_kind(sizes: dict[str, int]) -> str | None:
 # ---- scan ----------------------------------------------------------------------------------------
 
 def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-    jobs = []
-    for de in ctx.listdir(ctx.root):
-        if not is_key(de.name) or not de.is_dir(follow_symlinks=False):
-            continue
-        jobs.append(de.path)
-    for entries in ctx.map_entries(_key_entries, [(p, flt) for p in jobs]):
-        yield from entries
+    """Every key directory's entry. Names decide what is read (hash prefixes, paths); the rest of `flt`
+    but the ops is applied by the caller to what comes back. A job is plain data (the path and the ops
+    wanted), so that the index (kcache_cli/index.py) can answer an unchanged entry from its record."""
+    prefixes = flt.name_prefixes()
+    ops = tuple(flt.ops)
+    jobs = [(de.path, ops) for de in ctx.listdir(ctx.root)
+            if is_key(de.name) and (not prefixes or de.name.startswith(prefixes)) and de.is_dir(follow_symlinks=False)]
+    for entry in ctx.map_entries(_key_entries, jobs):
+        if entry is not None:
+            yield entry
 
 
-def _key_entries(ctx, job: tuple[str, ScanFilter]) -> list[Entry]:
-    """The entry of one key directory (its temp dirs are part of it)."""
-    path, flt = job
+def _key_entries(ctx, job: tuple[str, tuple[str, ...]]) -> Entry | None:
+    """The entry of one key directory (its temp dirs are part of it), None when its op is not wanted."""
+    path, ops = job
     with ctx.open_entry(path) as d:
-        return _key_entry(ctx, d, path, flt)
+        return _key_entry(ctx, d, path, ScanFilter(ops=ops) if ops else None)
 
 
-def _key_entry(ctx, d: EntryDir, path: str, flt: ScanFilter) -> list[Entry]:
-    """The entry of the key directory `path`, held open as `d` for its judgement."""
-    key = os.path.basename(path)
-    lst = _Listing(d, ctx.warn)
+def _key_entry(ctx, d: EntryDir, path: str, flt: ScanFilter | None) -> Entry | None:
+    """The entry of the key directory `path`, held open as `d` for its judgement. When the context
+    records (the index), what the judgement went by: the listing's stats, or nothing when it looked
+    outside the entry."""
+    recording = getattr(ctx, "recording", None)
+    lst = _Listing(d, ctx.warn, record=recording is not None)
     names = list(lst.sizes) if lst.readable else d.names()  # root lists a mode-000 dir: its name still
     single = single_file_kind(lst.sizes) if not any(is_group(n) for n in names) else None
     op = triton_kernel_name(names)
-    if not flt.wants_op(op):
-        return []
-    if flt.hash_prefixes and not any(key.startswith(p) for p in flt.hash_prefixes):
-        return []
+    if flt is not None and not flt.wants_op(op):
+        return None
     meta = lst.meta(f"{op}.json") if op and single is None else None
     target, arch = arch_of(meta)
     if target is None and single == KIND_BINARY:
         target = next((t for t in ("cuda", "hip") if op and op.startswith(t)), None)
-    if not (flt.wants_target(target) and flt.wants_space(arch)):
-        return []
     status, reason = judge_files(lst, Judging())
-    return [ctx.entry(path=path, usage=lst.usage, kind=single or KIND_KERNEL, hash=key, status=status,
-                      reason=reason, layout=NAME, target=target, space=arch, op=op)]
+    if recording is not None:
+        recording[path] = None if lst.outside or lst.links else lst.seen
+    return ctx.entry(path=path, usage=lst.usage, kind=single or KIND_KERNEL, hash=os.path.basename(path),
+                     status=status, reason=reason, layout=NAME, target=target, space=arch, op=op)
 
 
 def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:

@@ -1,0 +1,185 @@
+"""The scan index (kcache_cli/index.py) answers unchanged Triton kernels too, and never stale: whatever
+changes behind its back, `ls` with the index says exactly what a real scan says, and a kernel whose
+judgement looked outside its own directory (group paths into another root, a symlinked file, a temp dir)
+is judged every time."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from kcache_cli import index
+from kcache_cli import scan_context as scan_mod
+from kcache_cli.layouts import triton
+from kcache_cli.model import ScanFilter
+from kcache_cli.scan import scan_cache
+from test_triton import ADD_90, KERNELS, MATMUL, SOFTMAX, age, settle
+
+RACY = 0.05
+
+
+@pytest.fixture
+def judged(monkeypatch):
+    """The key directories the scan really judged (the rest came from the index)."""
+    calls: list[str] = []
+    real = triton._key_entries
+
+    def counting(ctx, job):
+        calls.append(os.path.basename(job[0]))
+        return real(ctx, job)
+
+    monkeypatch.setattr(triton, "_key_entries", counting)
+    monkeypatch.setattr(index, "RACY_SECONDS", RACY)
+    monkeypatch.setattr(index, "MIN_ENTRIES", 0)
+    return calls
+
+
+@pytest.fixture
+def cache(fixture_copy):
+    root = fixture_copy("triton") / "cache"
+    settle(root)
+    age(root)
+    time.sleep(RACY * 2)  # older than the racy window: the first scan stores every kernel
+    return root
+
+
+def both(root, judged, flt: ScanFilter = ScanFilter()):
+    """(the index's answer, the real scan's answer); `judged` keeps only what the indexed scan judged."""
+    got = scan_cache(root, flt, use_index=True).entries
+    n = len(judged)
+    real = scan_cache(root, flt).entries
+    del judged[n:]
+    return got, real
+
+
+def primed(root, judged) -> None:
+    scan_cache(root, use_index=True)
+    judged.clear()
+    got, real = both(root, judged)
+    assert got == real and judged == [], "an unchanged Triton cache is answered from the index alone"
+
+
+def by_hash(entries) -> dict:
+    return {e.hash: e for e in entries}
+
+
+def keep_times(path, st) -> None:
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_unchanged_kernels_are_answered_from_the_index(cache, judged):
+    first = scan_cache(cache, use_index=True)
+    assert sorted(judged) == sorted(KERNELS)
+    judged.clear()
+    got, real = both(cache, judged)
+    assert judged == [] and got == real == first.entries
+    assert {e.hash: (e.op, e.space, e.status) for e in got} == {
+        k: (v[0], v[1], "complete") for k, v in KERNELS.items()}
+
+
+def test_metadata_rewritten_in_place_with_its_mtime_restored(cache, judged):
+    """Only the file's ctime tells: the arch the listing shows comes from the new metadata."""
+    primed(cache, judged)
+    meta = cache / ADD_90 / "add_kernel.json"
+    st = os.stat(meta)
+    data = json.loads(meta.read_text())
+    data["target"]["arch"] = 80
+    meta.write_text(json.dumps(data))
+    keep_times(meta, st)
+    got, real = both(cache, judged)
+    assert got == real and by_hash(got)[ADD_90].space == "sm_80" and judged == [ADD_90]
+
+
+@pytest.mark.parametrize("change", ["truncate_cubin", "drop_group", "drop_child", "temp_dir", "add_file",
+                                    "bad_group"])
+def test_a_changed_kernel_is_judged_again(cache, judged, change):
+    primed(cache, judged)
+    entry = cache / MATMUL
+    if change == "truncate_cubin":
+        cubin = entry / "matmul_kernel.cubin"
+        cubin.write_bytes(cubin.read_bytes()[:4096])
+    elif change == "drop_group":
+        (entry / "__grp__matmul_kernel.json").unlink()
+    elif change == "drop_child":
+        (entry / "matmul_kernel.llir").unlink()
+    elif change == "temp_dir":
+        (entry / "tmp.pid_1_abcd").mkdir()
+        (entry / "tmp.pid_1_abcd" / "matmul_kernel.ptx").write_text("half")
+    elif change == "add_file":
+        (entry / "stray.txt").write_text("x")
+    else:
+        (entry / "__grp__matmul_kernel.json").write_text("{not json")
+    got, real = both(cache, judged)
+    assert got == real and judged == [MATMUL]
+    want = {"truncate_cubin": "corrupt", "drop_group": "building", "drop_child": "partial", "temp_dir": "complete",
+            "add_file": "complete", "bad_group": "partial"}[change]
+    assert by_hash(got)[MATMUL].status == want
+
+
+def test_kernels_whose_group_points_elsewhere_are_never_stored(cache, judged, tmp_path):
+    """The verdict of a moved kernel depends on paths outside it (the root it was copied from)."""
+    other = tmp_path / "elsewhere"
+    settle(cache, written_at=str(other))
+    age(cache)
+    time.sleep(RACY * 2)
+    scan_cache(cache, use_index=True)
+    judged.clear()
+    got, real = both(cache, judged)
+    assert got == real and sorted(judged) == sorted(KERNELS)
+    assert {e.status for e in got} == {"moved"}
+    # the other root appears with the kernels' files: Triton hits them there, and so does the listing
+    (other / SOFTMAX).mkdir(parents=True)
+    for f in (cache / SOFTMAX).iterdir():
+        (other / SOFTMAX / f.name).write_bytes(f.read_bytes())
+    time.sleep(RACY * 2)
+    got, real = both(cache, judged)
+    assert got == real and by_hash(got)[SOFTMAX].status == "complete"
+    judged.clear()
+    got, real = both(cache, judged)
+    assert got == real and SOFTMAX in judged, "a hit through another root is never served from the index"
+    for f in (other / SOFTMAX).iterdir():
+        f.unlink()
+    got, real = both(cache, judged)
+    assert got == real and by_hash(got)[SOFTMAX].status == "moved"
+
+
+def test_a_symlinked_child_is_judged_every_time(cache, judged, tmp_path):
+    target = tmp_path / "ptx"
+    ptx = cache / SOFTMAX / "softmax_kernel.ptx"
+    target.write_bytes(ptx.read_bytes())
+    ptx.unlink()
+    ptx.symlink_to(target)
+    age(cache)
+    time.sleep(RACY * 2)
+    scan_cache(cache, use_index=True)
+    judged.clear()
+    target.write_bytes(b"\xff\xfe not text")  # behind the link: nothing in the key directory changes
+    got, real = both(cache, judged)
+    assert got == real and judged == [SOFTMAX] and by_hash(got)[SOFTMAX].status == "corrupt"
+
+
+def test_filtered_scans_and_records(cache, judged):
+    """An op filter is part of the job: its records never answer another filter wrongly."""
+    primed(cache, judged)
+    flt = ScanFilter(ops=("softmax_kernel",))
+    got, real = both(cache, judged, flt)
+    assert got == real and [e.hash for e in got] == [SOFTMAX]
+    got, real = both(cache, judged, ScanFilter(hash_prefixes=(MATMUL[:6],)))
+    assert got == real and [e.hash for e in got] == [MATMUL]
+    judged.clear()
+    got, real = both(cache, judged)
+    assert got == real and len(got) == len(KERNELS)
+
+
+def test_parallel_workers_serve_and_record(cache, judged, monkeypatch):
+    monkeypatch.setattr(scan_mod, "PARALLEL_MIN_JOBS", 1)
+    first = scan_cache(cache, use_index=True)
+    second = scan_cache(cache, use_index=True)
+    assert first.entries == second.entries == scan_cache(cache).entries
+    cubin = cache / ADD_90 / "add_kernel.cubin"
+    os.truncate(cubin, 100)
+    got, real = both(cache, judged)
+    assert got == real and by_hash(got)[ADD_90].status == "corrupt"
