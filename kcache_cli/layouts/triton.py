@@ -17,12 +17,13 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from stat import S_ISLNK
 from typing import TYPE_CHECKING
 
 from kcache_cli import fsread
-from kcache_cli.checks import changed_since, elf_truncated, list_files
+from kcache_cli.checks import elf_truncated, list_files
 from kcache_cli.entrydir import EntryDir
 from kcache_cli.layouts.base import (
     HIT,
@@ -158,6 +159,12 @@ class _Listing:
         except OSError as exc:
             warn(f"cannot read {d.path}: {exc.strerror}")
             self.readable, items = False, []
+        self._add(items, warn, stats)
+
+    def _add(self, items: list[os.DirEntry], warn, stats: list | None) -> None:
+        """Count the listed `items` in (one lstat each, kept in the EntryDir's listing for the reads)."""
+        d, sizes, mtimes, listing = self.d, self.sizes, self.mtimes, self.d.listing
+        size, files, apparent, newest, accessed = self.size, self.files, self.apparent, self.newest, self.accessed
         for de in items:
             try:
                 if de.is_dir(follow_symlinks=False):
@@ -165,27 +172,29 @@ class _Listing:
                     usage = measure_tree(d.join(de.name), warn)
                     if de.name.startswith(TMP_PREFIX):
                         self.temps.append((de.name, usage))
-                    self.size, self.files = self.size + usage.size, self.files + usage.files
-                    self.apparent += usage.apparent
-                    self.newest = max(self.newest, usage.mtime)
-                    self.accessed = max(self.accessed, usage.atime)
+                    size, files, apparent = size + usage.size, files + usage.files, apparent + usage.apparent
+                    newest, accessed = max(newest, usage.mtime), max(accessed, usage.atime)
                     continue
                 st = de.stat(follow_symlinks=False)
             except OSError:
                 continue
+            name = de.name
             if stats is not None:
-                stats.append((de.name, st))
-            d.listing[de.name] = st
-            if de.is_symlink():
-                self.links.add(de.name)  # Triton opens through it: so does the judgement (fsread, follow)
-            elif not st.st_mode & 0o444:
-                self.denied.add(de.name)
-            self.sizes[de.name], self.mtimes[de.name] = st.st_size, st.st_mtime
-            self.size, self.files = self.size + st.st_blocks * 512, self.files + 1
-            self.apparent += st.st_size
-            self.newest = max(self.newest, st.st_mtime)
-            if de.name not in self.links:  # a link's atime is kcache's own readlink
-                self.accessed = max(self.accessed, st.st_atime)
+                stats.append((name, st))
+            listing[name] = st
+            if S_ISLNK(st.st_mode):
+                self.links.add(name)  # Triton opens through it: so does the judgement (fsread, follow)
+            else:
+                if not st.st_mode & 0o444:
+                    self.denied.add(name)
+                if st.st_atime > accessed:  # a link's atime is kcache's own readlink
+                    accessed = st.st_atime
+            sizes[name], mtime = st.st_size, st.st_mtime
+            mtimes[name] = mtime
+            size, files, apparent = size + st.st_blocks * 512, files + 1, apparent + st.st_size
+            if mtime > newest:
+                newest = mtime
+        self.size, self.files, self.apparent, self.newest, self.accessed = size, files, apparent, newest, accessed
 
     @property
     def usage(self) -> TreeUsage:
@@ -208,8 +217,10 @@ class _Listing:
             return fsread.read_bytes(path, limit, follow=True)
         if name in self.denied:
             raise PermissionError(errno.EACCES, "Permission denied", path)
-        if (name not in self.sizes or name in self.links) and not self.d.stat(name).st_mode & 0o444:
-            raise PermissionError(errno.EACCES, "Permission denied", path)  # a listed file's mode is known
+        if name in self.sizes and name not in self.links:  # as listed: no link to follow, its lstat known
+            return self.d.read_bytes(name, limit)
+        if not self.d.stat(name).st_mode & 0o444:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
         return self.d.read_bytes(name, limit, follow=True)
 
     def json(self, name: str, path: str | None = None) -> object:
@@ -364,12 +375,20 @@ def judge_files(lst: _Listing, jc: Judging) -> tuple[Status, str | None]:
         status, reason, children = _group_rule(lst, g)
         if children is None:
             return status, reason
-        here = lambda n, _g=g: (deep or n not in lst.sizes or n in lst.links  # noqa: E731
-                                or changed_since(lst.mtimes, _g, (n,)))
-        status, reason = _loaded(lst, g, children, here)
+        status, reason = _loaded(lst, g, children, _changed_after(lst, g, deep))
         if status != COMPLETE:
             return status, reason
     return COMPLETE, None
+
+
+def _changed_after(lst: _Listing, g: str, deep: bool) -> Callable[[str], bool]:
+    """Whether to read a child: every one when `deep`, else (checks.changed_since for one name) those
+    not listed, links, and files modified at or after the group file `g` was written."""
+    mtimes, links = lst.mtimes, lst.links
+    limit = mtimes.get(g)
+    if deep or limit is None:
+        return lambda n: True
+    return lambda n: n in links or (n != g and mtimes.get(n, limit) >= limit)
 
 
 def _groupless(lst: _Listing, now: float) -> tuple[Status, str | None]:
