@@ -1,0 +1,148 @@
+"""Every layout at du speed (issue 35): `ls --json` of a generated Triton, Inductor, vLLM and tilelang cache,
+cold (`--no-index`: every entry judged) and warm (the cache unchanged since the last run: answered from the
+index), each against `du -sb` of the same tree and against kcache as of another git ref (default fc5547c,
+the tree before issue 35), paired: the two commands alternate, `--runs` times, medians compared.
+
+The caches (made once under DIR and reused):
+  triton    N key directories, each a copy of one real kernel (tests/fixtures/real/triton) under its own key,
+            group paths leading into it (bench_triton_scan.make_cache);
+  tilelang  N copies of the real tilelang kernel and N/4 of its binary (bench_triton_scan.make_tilelang);
+  inductor  N fx graphs, N/2 AOTAutograd entries naming two each, N code shards (bench_inductor.make);
+  vllm      N units, alternately copies of the recorded binary and unpacked units
+            (tests/loaders/recorded/vllm.tar.gz), their artifacts hard links of one copy, their indexes
+            rewritten by `kcache verify --fix` to lead into each unit.
+The warm runs of the other ref use their own copy of the tree (`cp -a`): the two trees' indexes differ, and
+each would throw the other's away.
+
+Usage: python bench/bench_layouts.py [--layouts triton,inductor,vllm,tilelang] [--entries N] [--runs R]
+       [--dir DIR] [--baseline-ref REF] [--no-baseline]
+The machine is measured as it is: a shared one moves both commands of a pair alike, not their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_inductor import make as make_inductor
+from bench_triton_scan import make_cache as make_triton
+from bench_triton_scan import make_tilelang
+from common import BENCH, baseline_tree, compare, kcache_cmd, load
+
+REPO = BENCH.parent
+DEFAULT_ENTRIES = {"triton": 20_000, "tilelang": 20_000, "inductor": 5_000, "vllm": 5_000}
+VLLM_UNITS = {"0123456789": "binary", "abcdef0123": "unpacked"}
+
+
+def make_vllm(root: Path, n: int, env: dict) -> Path:
+    """N vLLM units under distinct 10-hex names, their files hard links of the recorded ones (an index,
+    rewritten per unit, is a file of its own)."""
+    cache = root / "torch_compile_cache"
+    done = root / f".made-{n}"
+    if done.exists():
+        return cache
+    shutil.rmtree(root, ignore_errors=True)  # bench scratch only
+    root.mkdir(parents=True)
+    (root / "src").mkdir()
+    subprocess.run(["tar", "-xzf", str(REPO / "tests/loaders/recorded/vllm.tar.gz"), "-C", str(root / "src")],
+                   check=True)
+    src = root / "src" / "torch_compile_cache"
+    cache.mkdir()
+    models = sorted(VLLM_UNITS)
+    for i in range(n):
+        unit = src / models[i % len(models)]
+        dest = cache / f"{i:010x}"
+        shutil.copytree(unit, dest, copy_function=os.link)
+    shutil.rmtree(root / "src")
+    subprocess.run(kcache_cmd("--cache-dir", str(cache), "verify", "--fix", "--json"), env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    done.write_text("")
+    return cache
+
+
+def make(layout: str, where: Path, n: int, env: dict) -> Path:
+    if layout == "triton":
+        return make_triton(where / f"triton-{n}", n, False)
+    if layout == "tilelang":
+        return make_tilelang(where / f"tilelang-{n}", n)
+    if layout == "inductor":
+        root = where / f"inductor-{n}" / "cache"
+        if not root.is_dir():
+            make_inductor(root, n)
+        return root
+    return make_vllm(where / f"vllm-{n}", n, env)
+
+
+def twin(root: Path) -> Path:
+    """A copy of `root` for the other ref's warm runs (made once)."""
+    copy = root.with_name(root.name + "-twin")
+    if not copy.is_dir():
+        subprocess.run(["cp", "-a", str(root), str(copy)], check=True)
+    return copy
+
+
+def same_answer(cmd: list[str], env: dict) -> bool:
+    """The index's answer equals the real scan's."""
+    def out(*extra: str) -> object:
+        got = json.loads(subprocess.run([*cmd, *extra], env=env, capture_output=True, check=True).stdout)
+        return [{k: v for k, v in e.items() if k != "last_used"} for e in got["entries"]]
+
+    return out() == out("--no-index")
+
+
+def bench(layout: str, root: Path, runs: int, env: dict, base: Path | None, ref: str) -> None:
+    du = ["du", "-sb", str(root)]
+    ls = kcache_cmd("--cache-dir", str(root), "ls", "--json")
+    cold = [*ls, "--no-index"]
+    count = len(json.loads(subprocess.run(cold, env=env, capture_output=True, check=True).stdout)["entries"])
+    print(f"-- {layout}: {count} entries in {root}; load {load()}", flush=True)
+    compare(f"{layout} cold: ls --json --no-index vs du", cold, du, runs, 1.5, env)
+    subprocess.run(ls, env=env, stdout=subprocess.DEVNULL, check=True)  # the index, for the warm runs
+    compare(f"{layout} warm: ls --json (index) vs du", ls, du, runs, 1.0, env)
+    print(f"{layout}: the index's answer equals --no-index: {same_answer(ls, env)}", flush=True)
+    if base is None:
+        return
+    theirs = ["env", f"PYTHONPATH={base}"]
+    compare(f"{layout} cold: this tree vs {ref}", cold, [*theirs, *cold], runs, 1.0, env)
+    other = twin(root)
+    their_ls = [*theirs, *kcache_cmd("--cache-dir", str(other), "ls", "--json")]
+    subprocess.run(their_ls, env=env, stdout=subprocess.DEVNULL, check=True)
+    compare(f"{layout} warm: this tree vs {ref}", ls, their_ls, runs, 1.0, env)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layouts", default="triton,inductor,vllm,tilelang")
+    ap.add_argument("--entries", type=int, help="entries per cache (default: 20,000; Inductor and vLLM 5,000)")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "kcache-bench-layouts"))
+    ap.add_argument("--baseline-ref", default="fc5547c")
+    ap.add_argument("--no-baseline", action="store_true", help="only against du")
+    args = ap.parse_args()
+    env = {**os.environ, "NO_COLOR": "1"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as users run it: bytecode cached
+    env.pop("KCACHE_DIR", None)
+    layouts = [name for name in args.layouts.split(",") if name]
+    unknown = set(layouts) - set(DEFAULT_ENTRIES)
+    if unknown:
+        ap.error(f"unknown layouts: {', '.join(sorted(unknown))}")
+    roots = {name: make(name, Path(args.dir), args.entries or DEFAULT_ENTRIES[name], env) for name in layouts}
+    time.sleep(2.5)  # older than the index's racy window (kcache_cli/index.py)
+    print(f"cpus: {os.cpu_count()}, load: {load()}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = None if args.no_baseline else baseline_tree(args.baseline_ref, Path(tmp) / "base")
+        for name, root in roots.items():
+            bench(name, root, args.runs, env, base, args.baseline_ref)
+    print(f"load after: {load()}")
+
+
+if __name__ == "__main__":
+    main()
