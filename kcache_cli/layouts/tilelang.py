@@ -285,8 +285,12 @@ def _staging(ctx, path: str, kind: str, space: str) -> Iterator[Entry]:
 
 
 def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+    """Kernels and binaries are judged through `ctx.map_entries` (worker processes for big caches), each
+    job plain data that the index (kcache_cli/index.py) may answer from its record of an unchanged entry:
+    a verdict goes by the entry's own files alone (their sizes, mtimes and bytes; no lock, no clock)."""
     if flt.ops or not flt.wants_target(TARGET):
         return  # tilelang kernels carry no op name
+    prefixes = flt.name_prefixes()
     for vdir in ctx.listdir(ctx.root):
         if not VERSION_RE.match(vdir.name) or not vdir.is_dir(follow_symlinks=False):
             continue
@@ -294,32 +298,31 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         for sub in ctx.listdir(vdir.path):
             if not sub.is_dir(follow_symlinks=False):
                 continue
-            if sub.name == BINARIES_DIR:
-                space = f"{version}/{BINARIES_DIR}"
-                if not flt.wants_space(space):
-                    continue
-                for de in ctx.listdir(sub.path):
-                    if de.is_dir(follow_symlinks=False):
-                        with ctx.open_entry(de.path) as d:
-                            names, usage, mtimes = ctx.read_dir(d)
-                            status, reason = binary_status(d, names, mtimes) if names is not None else UNREADABLE_DIR
-                        yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind="binary", target=TARGET,
-                                        space=space, op=None, hash=de.name, status=status, reason=reason)
-            elif sub.name == STAGING:
+            if sub.name == STAGING:
                 if flt.wants_space(version):
                     yield from _staging(ctx, sub.path, "binary", version)
-            else:
-                space = f"{version}/{sub.name}"
-                if not flt.wants_space(space):
-                    continue
+                continue
+            space = f"{version}/{sub.name}"
+            if not flt.wants_space(space):
+                continue
+            kind, where = "binary", sub.path
+            if sub.name != BINARIES_DIR:
+                kind, where = "kernel", os.path.join(sub.path, "kernels")
                 yield from _staging(ctx, os.path.join(sub.path, STAGING), "kernel", space)
-                for de in ctx.listdir(os.path.join(sub.path, "kernels")):
-                    if de.is_dir(follow_symlinks=False):
-                        with ctx.open_entry(de.path) as d:
-                            names, usage, mtimes = ctx.read_dir(d)
-                            status, reason = kernel_status(d, names, mtimes) if names is not None else UNREADABLE_DIR
-                        yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind="kernel", target=TARGET,
-                                        space=space, op=None, hash=de.name, status=status, reason=reason)
+            jobs = [(de.path, kind, space) for de in ctx.listdir(where)
+                    if (not prefixes or de.name.startswith(prefixes)) and de.is_dir(follow_symlinks=False)]
+            yield from ctx.map_entries(_judged_entry, jobs)
+
+
+def _judged_entry(ctx, job: tuple[str, str, str]) -> Entry:
+    """The entry of the kernel or binary directory of the job (path, kind, space)."""
+    path, kind, space = job
+    with ctx.open_entry(path) as d:
+        names, usage, mtimes = ctx.read_dir(d)
+        status_of = kernel_status if kind == "kernel" else binary_status
+        status, reason = status_of(d, names, mtimes) if names is not None else UNREADABLE_DIR
+    return ctx.entry(path=path, usage=usage, layout=NAME, kind=kind, target=TARGET, space=space, op=None,
+                     hash=os.path.basename(path), status=status, reason=reason)
 
 
 def describe(root: Path, entry: Entry) -> Details:
