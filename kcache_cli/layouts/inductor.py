@@ -106,6 +106,7 @@ class Listing(NamedTuple):
     mtime: float  # the directory's own
     dir_disk: int = 0  # the directory's own blocks, in bytes
     ident: tuple[int, int] = (0, 0)  # the directory's own (device, inode)
+    own: os.stat_result | None = None  # the directory's own fstat, taken before any file was
 
     def usage(self, path: str, warn) -> TreeUsage:
         """What measure_tree would say, from this listing when it holds files only (one pass, not two)."""
@@ -151,7 +152,7 @@ def listing(where: EntryDir | str) -> Listing:
         return Listing({}, {}, [], False, 0.0)
     where.listing.update(files)
     where.listing.update(links)
-    return Listing(files, links, others, True, mtime, own.st_blocks * 512, (own.st_dev, own.st_ino))
+    return Listing(files, links, others, True, mtime, own.st_blocks * 512, (own.st_dev, own.st_ino), own)
 
 
 def unreadable_file(d: EntryDir, name: str, st: os.stat_result) -> str | None:
@@ -536,23 +537,42 @@ def _code_evidence(path: str) -> bool:
 
 
 def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+    """Every entry, judged through `ctx.map_entries` (a worker per core for big caches; the index answers
+    an unchanged fx graph or code shard from its record). Each job is plain data: (path, kind, hash, op,
+    target, space)."""
     root = str(ctx.root)
     prefixes = flt.name_prefixes()
-    memo: dict[str, Judgement] = {}  # fx graphs judged, by path: the aotautograd entries ask again
+    jobs = []
     for f in sorted(candidates(root, ctx, flt), key=lambda f: f.kind != GRAPH):  # graphs first, for the memo
-        if prefixes and not any(f.hash.startswith(p) for p in prefixes):
+        if prefixes and not f.hash.startswith(prefixes):
             continue
         if flt.kinds and f.kind not in flt.kinds:
             continue
         op, target, space = _names(f)
         if not (flt.wants_op(op) and flt.wants_target(target) and flt.wants_space(space)):
             continue
-        with ctx.open_entry(f.path) as d:
-            lst = listing(d) if f.kind in (GRAPH, AUTOGRAD, CODE) else None
-            j = _judge(d, f.kind, Judging(), lst, memo)
-        usage = lst.usage(f.path, ctx.warn) if lst is not None else measure_tree(f.path, ctx.warn)
-        yield ctx.entry(path=f.path, usage=usage, layout=NAME, kind=f.kind, target=target, space=space, op=op,
-                        hash=f.hash, status=j.status, reason=j.reason)
+        jobs.append((f.path, f.kind, f.hash, op, target, space))
+    yield from ctx.map_entries(_entry, jobs)
+
+
+def _entry(ctx, job: tuple) -> Entry:
+    """The entry of one job. The fx graphs judged so far (by path) are kept with the context: the
+    aotautograd entries ask for their graphs' judgements again."""
+    path, kind, key, op, target, space = job
+    memo = getattr(ctx, "inductor_graphs", None)
+    if memo is None:
+        memo = {}
+        ctx.inductor_graphs = memo
+    with ctx.open_entry(path) as d:
+        lst = listing(d) if kind in (GRAPH, AUTOGRAD, CODE) else None
+        j = _judge(d, kind, Judging(), lst, memo)
+    recording = getattr(ctx, "recording", None)
+    if recording is not None:  # what the index keys the record with: the listing's stats, taken before any read
+        own = kind in (GRAPH, CODE) and lst is not None and lst.own is not None and not (lst.links or lst.others)
+        recording[path] = (lst.own, list(lst.files.items())) if own and lst is not None else None
+    usage = lst.usage(path, ctx.warn) if lst is not None else measure_tree(path, ctx.warn)
+    return ctx.entry(path=path, usage=usage, layout=NAME, kind=kind, target=target, space=space, op=op,
+                     hash=key, status=j.status, reason=j.reason)
 
 
 def _names(f: Found) -> tuple[str | None, str | None, str | None]:

@@ -1,0 +1,120 @@
+"""The scan index (kcache_cli/index.py) answers unchanged Inductor fx graphs and code shards, and never stale:
+a changed entry is judged again; an aotautograd entry, whose verdict goes by the fx graphs it names, is
+judged every time (a graph that goes missing turns it partial at once)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from loaders import recorded
+
+from kcache_cli import index
+from kcache_cli import scan_context as scan_mod
+from kcache_cli.layouts import inductor
+from kcache_cli.scan import scan_cache
+
+RACY = 0.05
+
+
+@pytest.fixture
+def judged(monkeypatch):
+    calls: list[str] = []
+    real = inductor._entry
+
+    def counting(ctx, job):
+        calls.append(job[1])
+        return real(ctx, job)
+
+    monkeypatch.setattr(inductor, "_entry", counting)
+    monkeypatch.setattr(index, "RACY_SECONDS", RACY)
+    monkeypatch.setattr(index, "MIN_ENTRIES", 0)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def recorded_tree(tmp_path_factory) -> Path:
+    return recorded.extract_tree("inductor", tmp_path_factory.mktemp("inductor-recorded"))
+
+
+@pytest.fixture
+def cache(recorded_tree, tmp_path) -> Path:
+    root = tmp_path / "cache"
+    shutil.copytree(recorded_tree, root, symlinks=True)
+    time.sleep(RACY * 2)
+    return root
+
+
+def both(root, judged):
+    got = scan_cache(root, use_index=True).entries
+    n = len(judged)
+    real = scan_cache(root).entries
+    del judged[n:]
+    return got, real
+
+
+def primed(root, judged) -> None:
+    scan_cache(root, use_index=True)
+    judged.clear()
+    got, real = both(root, judged)
+    assert got == real and set(judged) <= {"autograd", "triton"}, "graphs and code shards come from the index"
+    judged.clear()
+
+
+def by_path(entries) -> dict:
+    return {e.relpath: e for e in entries}
+
+
+def test_graphs_and_code_shards_are_answered_from_the_index(cache, judged):
+    first = scan_cache(cache, use_index=True)
+    kinds = {e.kind for e in first.entries}
+    assert {"graph", "code", "autograd"} <= kinds
+    judged.clear()
+    got, real = both(cache, judged)
+    assert got == real == first.entries
+    assert "graph" not in judged and "code" not in judged and judged.count("autograd") == sum(
+        e.kind == "autograd" for e in got)
+
+
+def test_a_truncated_shared_object_is_judged_again(cache, judged):
+    primed(cache, judged)
+    so = next(p for p in sorted(cache.glob("*/*.so")))
+    os.truncate(so, 40)
+    got, real = both(cache, judged)
+    assert got == real and judged.count("code") == 1
+    assert by_path(got)[so.parent.name].status == "corrupt"
+
+
+def test_a_graph_variant_overwritten_in_place_is_judged_again(cache, judged):
+    """Same size, mtime restored: only its ctime tells; the variant is no whole pickle any more."""
+    primed(cache, judged)
+    variant = next(p for p in sorted(cache.glob("fxgraph/*/*/*")))
+    st = os.stat(variant)
+    variant.write_bytes(b"\0" * st.st_size)
+    os.utime(variant, ns=(st.st_atime_ns, st.st_mtime_ns))
+    got, real = both(cache, judged)
+    rel = str(variant.parent.relative_to(cache))
+    assert got == real and judged.count("graph") == 1 and by_path(got)[rel].status != "complete"
+
+
+def test_an_autograd_entry_follows_its_graphs(cache, judged):
+    """Its verdict lies partly outside it: never stored, so a graph removed shows at once."""
+    primed(cache, judged)
+    for graph in sorted(cache.glob("fxgraph/*/*")):
+        shutil.rmtree(graph)
+    got, real = both(cache, judged)
+    assert got == real
+    assert {e.status for e in got if e.kind == "autograd"} == {"partial"}
+
+
+def test_parallel_workers_serve_and_record(cache, judged, monkeypatch):
+    monkeypatch.setattr(scan_mod, "PARALLEL_MIN_JOBS", 1)
+    first = scan_cache(cache, use_index=True)
+    assert first.entries == scan_cache(cache, use_index=True).entries == scan_cache(cache).entries
+    so = next(p for p in sorted(cache.glob("*/*.so")))
+    so.write_bytes(b"not an elf" * 10)
+    got, real = both(cache, judged)
+    assert got == real and by_path(got)[so.parent.name].status == "corrupt"
