@@ -101,7 +101,7 @@ def _fresh(path: str, names: tuple[str, ...], digest: bytes) -> float | None:
         for name in names:
             st = lstat(prefix + name)
             ints += (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            if st.st_atime > accessed:
+            if st.st_atime > accessed and S_ISREG(st.st_mode):  # a directory's atime is any listing's
                 accessed = max(accessed, readmarks.atime(st))  # not kcache's own reads
     except (OSError, ValueError, TypeError):
         return None

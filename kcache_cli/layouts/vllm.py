@@ -34,6 +34,7 @@ from typing import Iterable, Iterator, Mapping, NamedTuple
 from kcache_cli import fsread, layouts
 from kcache_cli.checks import list_files
 from kcache_cli.entrydir import EntryDir
+from kcache_cli.layouts._common import tree_stats
 from kcache_cli.layouts.image_format import ImageFormat
 from kcache_cli.layouts.base import MISS, STALE_AFTER, UNKNOWN, Facts, Here, Judging, Layout, ScanContext, Verdict
 from kcache_cli.layouts.shapes import INDUCTOR, TRITON, TRITON_TMP, VLLM, inductor_graph_relpath
@@ -327,21 +328,30 @@ def detect(root: Path) -> bool:
 
 
 def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
+    """Every unit, judged through `ctx.map_entries` (a worker per core for big caches). A job is plain data
+    (path, kind): the index answers an unchanged unit from its record, keyed by the lstat of every name in
+    the unit's tree (a unit's verdict goes by its own files alone: its handles are read relative to it)."""
     if flt.targets or flt.spaces or flt.ops:
         return  # vLLM's units have no target, space or op names
     prefixes = flt.name_prefixes()
-    found = [(COMPILE, de.path, de.name) for de in ctx.listdir(ctx.root)
+    found = [(de.path, COMPILE) for de in ctx.listdir(ctx.root)
              if de.is_dir(follow_symlinks=False) and VLLM.kinds[0].match_segment(0, de.name) is not None]
-    found += [(AOT, de.path, de.name) for de in ctx.listdir(os.path.join(ctx.root, "torch_aot_compile"))
+    found += [(de.path, AOT) for de in ctx.listdir(os.path.join(ctx.root, "torch_aot_compile"))
               if de.is_dir(follow_symlinks=False) and VLLM.kinds[1].match_segment(1, de.name) is not None]
-    for kind, path, name in found:
-        if prefixes and not any(name.startswith(p) for p in prefixes):
-            continue
-        with ctx.open_entry(path) as d:
-            _names, usage, _mtimes = ctx.read_dir(d)
-            j = judge(d, kind, Judging())
-        yield ctx.entry(path=path, usage=usage, layout=NAME, kind=kind, target=None,
-                        space=None, op=None, hash=name, status=j.status, reason=j.reason)
+    jobs = [job for job in found if not prefixes or os.path.basename(job[0]).startswith(prefixes)]
+    yield from ctx.map_entries(_unit_entry, jobs)
+
+
+def _unit_entry(ctx, job: tuple[str, str]) -> Entry:
+    path, kind = job
+    with ctx.open_entry(path) as d:
+        _names, usage, _mtimes = ctx.read_dir(d)
+        recording = getattr(ctx, "recording", None)
+        if recording is not None:  # the key: the whole tree's stats, taken before the judgement reads
+            recording[path] = tree_stats(d)
+        j = judge(d, kind, Judging())
+    return ctx.entry(path=path, usage=usage, layout=NAME, kind=kind, target=None, space=None, op=None,
+                     hash=os.path.basename(path), status=j.status, reason=j.reason)
 
 
 def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
