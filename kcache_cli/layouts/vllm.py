@@ -272,10 +272,9 @@ def judge_unit(d: EntryDir, jc: Judging) -> Judgement:
     except OSError:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
     found = parts(d)
-    fresh = jc.now - newest(d) < STALE_AFTER
     if not found:
         what = "no vllm_compile_cache.py in any rank_<r>_<d>/: vLLM compiles everything again"
-        if fresh or jc.now - st.st_mtime < STALE_AFTER:
+        if jc.now - newest(d) < STALE_AFTER or jc.now - st.st_mtime < STALE_AFTER:
             return Judgement.of(BUILDING, what.split(":")[0] + " yet: vLLM may be compiling into it")
         return Judgement.of(PARTIAL, what)
     problems = []
@@ -287,7 +286,8 @@ def judge_unit(d: EntryDir, jc: Judging) -> Judgement:
             bad = handle_problem(d, part, h, jc)
             if bad:
                 problems.append(f"{os.path.relpath(part.path, d.path)}: {bad}")
-    if problems:
+    if problems:  # the tree's age is asked only now: a complete unit needs no second walk
+        fresh = jc.now - newest(d) < STALE_AFTER
         status: Status = BUILDING if fresh else PARTIAL  # vLLM writes the index and binaries in place
         return Judgement(status, problems[0] + ("" if status == PARTIAL else " (written less than an hour ago)"),
                          tuple(problems))
