@@ -11,8 +11,9 @@ The caches (made once under DIR and reused):
   vllm      N units, alternately copies of the recorded binary and unpacked units
             (tests/loaders/recorded/vllm.tar.gz), their artifacts hard links of one copy, their indexes
             rewritten by `kcache verify --fix` to lead into each unit.
-The warm runs of the other ref use their own copy of the tree (`cp -a`): the two trees' indexes differ, and
-each would throw the other's away.
+For Triton, bench/floor_triton.py (what a cold judgement cannot skip, in Python, one process) is timed
+against du too. The warm runs of the other ref use their own copy of the tree (`cp -a`): the two trees'
+indexes differ, and each would throw the other's away.
 
 Usage: python bench/bench_layouts.py [--layouts triton,inductor,vllm,tilelang] [--entries N] [--runs R]
        [--dir DIR] [--baseline-ref REF] [--no-baseline]
@@ -105,6 +106,9 @@ def bench(layout: str, root: Path, runs: int, env: dict, base: Path | None, ref:
     count = len(json.loads(subprocess.run(cold, env=env, capture_output=True, check=True).stdout)["entries"])
     print(f"-- {layout}: {count} entries in {root}; load {load()}", flush=True)
     compare(f"{layout} cold: ls --json --no-index vs du", cold, du, runs, 1.5, env)
+    if layout == "triton":  # the system calls and parsing no cold listing can skip, in Python, one process
+        compare("triton floor: floor_triton.py vs du", [sys.executable, str(BENCH / "floor_triton.py"), str(root)],
+                du, runs, 1.5, env)
     subprocess.run(ls, env=env, stdout=subprocess.DEVNULL, check=True)  # the index, for the warm runs
     compare(f"{layout} warm: ls --json (index) vs du", ls, du, runs, 1.0, env)
     print(f"{layout}: the index's answer equals --no-index: {same_answer(ls, env)}", flush=True)
