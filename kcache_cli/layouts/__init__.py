@@ -29,7 +29,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kcache_cli.layouts.shapes import BUILD_SHAPE, SHAPES
+from kcache_cli.layouts.shapes import BUILD_SHAPE, SHAPES, listing_roots_once
 
 if TYPE_CHECKING:
     from kcache_cli.layouts.base import Layout
@@ -54,8 +54,9 @@ def all_layouts() -> dict[str, Layout]:
 
 
 def detect(root: str | Path) -> tuple[str, ...]:
-    """The names of the layouts `root` holds."""
-    return tuple(n for n in NAMES if get(n).detect(Path(root)))
+    """The names of the layouts `root` holds (the root's top-level names listed once for all of them)."""
+    with listing_roots_once():
+        return tuple(n for n in NAMES if get(n).detect(Path(root)))
 
 
 def builder() -> Layout:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol
 
 from kcache_cli.layouts._facts import Facts
-from kcache_cli.layouts.shapes import KindShape, LayoutShape
+from kcache_cli.layouts.shapes import KindShape, LayoutShape, top_dirs
 
 if TYPE_CHECKING:
     from kcache_cli.entrydir import EntryDir
@@ -335,8 +335,7 @@ class Layout:
         """Does `root` hold this layout? The default looks at the root's top-level directory names only;
         layouts that delete or write ask for evidence (their own files under those names)."""
         try:
-            with os.scandir(root) as it:
-                tops = [d.name for d in it if d.is_dir()]
+            tops = top_dirs(root)
         except OSError:
             return False
         return self.shape.held_by(os.fspath(root), tops)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 VISIBLE = r"[^/.][^/]*"  # a name that is not hidden (temp, staging and state directories are)
 _FIELD = re.compile(r"\{(\w+)\}")
@@ -383,3 +384,36 @@ NUMBA = LayoutShape("numba", (
 SHAPES: tuple[LayoutShape, ...] = (HIDET, TILUS, TILELANG, TRITON, INDUCTOR, CUDAJIT, VLLM, TORCHEXT, JAX, NUMBA)
 BY_NAME = {s.name: s for s in SHAPES}
 BUILD_SHAPE = next(s for s in SHAPES if s.build_kind)  # where `kcache build` publishes
+
+
+# While `layouts.detect` asks every layout: each root's top-level directory names, listed once (a Triton
+# root has 10^5 of them, and five layouts go by the default detect). None at any other time: never stale.
+_listed: dict[str, list[str]] | None = None
+
+
+@contextmanager
+def listing_roots_once() -> Iterator[None]:
+    """Within the block, `top_dirs` lists each root once (layouts.detect asks every layout in turn)."""
+    global _listed
+    outer, _listed = _listed, ({} if _listed is None else _listed)
+    try:
+        yield
+    finally:
+        _listed = outer
+
+
+def top_dirs(root: str | os.PathLike) -> list[str]:
+    """The names of `root`'s top-level directories (a link to one counts, as is_dir() says). OSError when
+    it cannot be listed."""
+    key = os.fspath(root)
+    if _listed is not None and key in _listed:
+        return _listed[key]
+    fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with os.scandir(fd) as it:
+            tops = [d.name for d in it if d.is_dir()]
+    finally:
+        os.close(fd)
+    if _listed is not None:
+        _listed[key] = tops
+    return tops
