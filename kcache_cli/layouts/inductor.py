@@ -563,16 +563,52 @@ def _entry(ctx, job: tuple) -> Entry:
     if memo is None:
         memo = {}
         ctx.inductor_graphs = memo
+    recording = getattr(ctx, "recording", None)
     with ctx.open_entry(path) as d:
         lst = listing(d) if kind in (GRAPH, AUTOGRAD, CODE) else None
-        j = _judge(d, kind, Judging(), lst, memo)
-    recording = getattr(ctx, "recording", None)
-    if recording is not None:  # what the index keys the record with: the listing's stats, taken before any read
-        own = kind in (GRAPH, CODE) and lst is not None and lst.own is not None and not (lst.links or lst.others)
-        recording[path] = (lst.own, list(lst.files.items())) if own and lst is not None else None
+        seen = _seen(d, kind, lst) if recording is not None else None
+        j = _judge(d, kind, Judging(), lst, memo if seen is None else {})  # judged after the key was taken
+    if recording is not None:
+        recording[path] = seen
     usage = lst.usage(path, ctx.warn) if lst is not None else measure_tree(path, ctx.warn)
     return ctx.entry(path=path, usage=usage, layout=NAME, kind=kind, target=target, space=space, op=op,
                      hash=key, status=j.status, reason=j.reason)
+
+
+def _seen(d: EntryDir, kind: str, lst: Listing | None) -> tuple | None:
+    """What the index keys the entry's record with, taken before its judgement reads a byte: the stats
+    of its files, and for an aotautograd entry those of the fx graphs it names (their directories and
+    files, named relative to the entry: its verdict goes by them). None: not indexed (a link, a directory
+    in it, a graph that cannot be read; nested Triton kernels and autotune tables)."""
+    if kind not in (GRAPH, CODE, AUTOGRAD) or lst is None or lst.own is None or lst.links or lst.others:
+        return None
+    stats: list[tuple[str, os.stat_result]] = list(lst.files.items())
+    if kind == AUTOGRAD:
+        graphs = _graphs_seen(d, [n for n in lst.files if VARIANT_RE.match(n)])
+        if graphs is None:
+            return None
+        stats += graphs
+    return lst.own, stats
+
+
+def _graphs_seen(d: EntryDir, variants: list[str]) -> list[tuple[str, os.stat_result]] | None:
+    """The stats of the fx graphs an aotautograd entry's variants name, their names relative to the entry
+    (`../../fxgraph/<xx>/<key>`, then each name in it), read through fds; None when one is not there."""
+    root = os.path.dirname(os.path.dirname(d.path))
+    out: list[tuple[str, os.stat_result]] = []
+    with EntryDir.open(os.path.join(root, "fxgraph"), d.anchor) as fx:
+        for key in graph_keys(d, variants):
+            rel = graph_relpath(key).split("/", 1)[1]
+            with fx.sub(rel) as g:
+                if g.fd is None:
+                    return None
+                try:
+                    out.append((f"../../fxgraph/{rel}", os.fstat(g.fd)))
+                    with os.scandir(g.fd) as it:
+                        out += [(f"../../fxgraph/{rel}/{de.name}", de.stat(follow_symlinks=False)) for de in it]
+                except OSError:
+                    return None
+    return out
 
 
 def _names(f: Found) -> tuple[str | None, str | None, str | None]:
