@@ -1,10 +1,18 @@
 """An exact index of scanned entries, so that a second `ls`/`stats` on an unchanged cache skips the judging.
 
 The index lives in `<root>/.kcache/index/scan.<euid>`. It is a layer around the per-entry scan
-(`ScanContext.map_entries`, used by hidet's op entries): each record is one entry exactly as the scan
-judged it (every `Entry` field, so new fields and statuses pass through) plus a key over the entry's
-files, and a record is served only when a fresh `lstat` of the entry directory and of every file in it
-gives the same key. Anything else sends the entry back to the real scan.
+(`ScanContext.map_entries`, through which hidet's op entries, Triton's kernels, Inductor's entries,
+vLLM's units and tilelang's kernels and binaries are judged): each record is one entry exactly as the
+scan judged it (every `Entry` field, so new fields and statuses pass through) plus a key over the files
+its verdict went by, and a record is served only when a fresh `lstat` of the entry directory and of each
+of those files gives the same key. Anything else sends the entry back to the real scan.
+
+What the key covers is what the layout's judgement recorded in `ctx.recording[path]` before it read a
+byte: (the directory's stat, [(name, lstat)]), names relative to the entry. `read_dir` records the
+entry's files (hidet, tilelang); Triton's listing the same, and nothing when the judgement looked
+outside the key directory (group paths into another root); Inductor's an aotautograd entry's files and
+those of the fx graphs it names (`../../fxgraph/<xx>/<key>/...`); vLLM's every name in the unit's tree,
+directories included (layouts/_common.py tree_stats). None: the entry is not stored.
 
 The key (a BLAKE2b digest): the directory's inode, mtime and ctime (a file added, removed or renamed
 changes them), and each file's inode, size, mtime and ctime. A file rewritten in place changes neither
@@ -24,9 +32,9 @@ Never stale, by construction:
   installed hidet's version), so another installed hidet judges the entries again;
 - only statuses that are a function of the entry's own files and its job are stored (STORABLE):
   `building` and `partial` depend on locks, which no stat shows, and `unreadable` on permissions; an
-  entry whose scan warned, that has subdirectories, or that holds a symlink (the judgement may read
-  through it) is not stored either. A judgement that comes to depend on anything else must put it in
-  the job, add it to `_context()`, or leave STORABLE;
+  entry whose scan warned, whose recorded stats leave out a subdirectory's files, or that holds a
+  symlink (the judgement may read through it) is not stored either. A judgement that comes to depend
+  on anything else must record it, put it in the job, add it to `_context()`, or leave STORABLE;
 - the whole index is used only if it was written for the same root, user, groups, Python, kcache code
   (the judging modules' files) and Entry fields; it must be owned by the user and not writable by others;
   a truncated or garbled file fails its length and CRC check; loading never runs code (a pickle
