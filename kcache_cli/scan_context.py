@@ -210,16 +210,33 @@ PARALLEL_MIN_JOBS = 4000
 # Threads per worker process. A cache not read for a while is on disk, not in the page cache (and
 # reclaim evicts it): each worker then waits on directory, inode and header reads, which release the GIL,
 # so a few threads keep several reads in flight where one would wait for each in turn. In the page cache
-# they only contend for the GIL (a tenth slower), so they start only once entries are seen to wait:
-# blocks of PROBE entries are timed, and WINDOW blocks in a row at SLOW seconds per entry on average
-# (several times what a cached entry costs) start them. An average, as reads from disk come in bursts
+# (or on a loaded machine) they only contend for the GIL, so they start only once entries are seen to wait
+# on the disk (blocked_time: not on a CPU, not waiting for one): blocks of PROBE entries are timed, and
+# WINDOW blocks in a row blocked SLOW seconds per entry on average (a cached entry blocks on nothing) start
+# them. An average, as reads from disk come in bursts
 # (a block of inodes read serves the next entries) and a garbage collection is one slow block.
 THREADS_PER_WORKER = 4
 PROBE = 64
 WINDOW = 4
 SLOW = 150e-6
+_SCHEDSTAT = "/proc/thread-self/schedstat"  # this thread's ns on a CPU, ns waiting for one, timeslices
+
+
+def blocked_time() -> float:
+    """Seconds (from an arbitrary start) this thread spent neither on a CPU nor waiting for one: waiting on
+    the disk. A shared machine's load makes entries slow too, and threads would only fight over the GIL
+    then: the wall clock less the thread's CPU time and its wait in the run queue, where /proc tells it
+    (less the CPU time alone where not)."""
+    try:
+        with open(_SCHEDSTAT, "rb") as f:
+            run_ns, wait_ns = f.read().split()[:2]
+        return time.perf_counter() - (int(run_ns) + int(wait_ns)) / 1e9
+    except (OSError, ValueError):
+        return time.perf_counter() - time.thread_time()
+
+
 # The clock the blocks are timed by (tests drive a virtual one: no test depends on this machine's speed).
-clock: Callable[[], float] = time.perf_counter
+clock: Callable[[], float] = blocked_time
 
 
 def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
