@@ -183,3 +183,20 @@ def test_parallel_workers_serve_and_record(cache, judged, monkeypatch):
     os.truncate(cubin, 100)
     got, real = both(cache, judged)
     assert got == real and by_hash(got)[ADD_90].status == "corrupt"
+
+
+def test_kcache_own_reads_are_no_use_in_the_listing(cache, monkeypatch):
+    """Atimes that kcache's own reads left (readmarks) count as the atimes before them, in Triton's listing
+    as in read_dir and the index: all three answer the same last use."""
+    from kcache_cli import readmarks
+    from kcache_cli.entrydir import EntryDir
+
+    entry = cache / SOFTMAX
+    stats = [os.stat(f) for f in entry.iterdir() if f.is_file()]
+    before = min(st.st_atime_ns for st in stats) - 10**12  # a thousand seconds before any of them
+    monkeypatch.setattr(readmarks, "MARKS", {st.st_ino: (st.st_atime_ns, before) for st in stats})
+    with EntryDir.open(str(entry)) as d:
+        assert triton._Listing(d, lambda m: None).accessed == before / 1e9
+    monkeypatch.setattr(readmarks, "MARKS", {})
+    with EntryDir.open(str(entry)) as d:
+        assert triton._Listing(d, lambda m: None).accessed == max(st.st_atime for st in stats)

@@ -22,7 +22,7 @@ from pathlib import Path
 from stat import S_ISLNK
 from typing import TYPE_CHECKING
 
-from kcache_cli import fsread
+from kcache_cli import fsread, readmarks
 from kcache_cli.checks import elf_truncated, list_files
 from kcache_cli.entrydir import EntryDir
 from kcache_cli.layouts.base import (
@@ -188,7 +188,7 @@ class _Listing:
                 if not st.st_mode & 0o444:
                     self.denied.add(name)
                 if st.st_atime > accessed:  # a link's atime is kcache's own readlink
-                    accessed = st.st_atime
+                    accessed = max(accessed, readmarks.atime(st))  # not kcache's own reads (as read_dir)
             sizes[name], mtime = st.st_size, st.st_mtime
             mtimes[name] = mtime
             size, files, apparent = size + st.st_blocks * 512, files + 1, apparent + st.st_size
