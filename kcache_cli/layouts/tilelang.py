@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from stat import S_ISLNK
 from typing import Iterator
 
 from kcache_cli import fsread
@@ -108,11 +109,20 @@ MAX_RECORD = 1 << 20  # a manifest or metadata file is a few hundred bytes
 
 
 def _stat(d: EntryDir, name: str) -> os.stat_result | None:
-    """os.stat as the loader's os.path.exists/getsize/open see it (through a link), or None."""
+    """os.stat as the loader's os.path.exists/getsize/open see it (through a link), or None. A file the
+    scan listed that is no link: its lstat from the listing (the same, without a second call)."""
+    if _listed_plain(d, name):
+        return d.listing[name]
     try:
         return d.stat(name)
     except (OSError, ValueError):
         return None
+
+
+def _listed_plain(d: EntryDir, name: str) -> bool:
+    """Whether the scan listed `name` as a file that is no link (read without following: nothing to follow)."""
+    st = d.listing.get(name)
+    return st is not None and not S_ISLNK(st.st_mode)
 
 
 def _denied(st: os.stat_result | None) -> bool:
@@ -138,7 +148,7 @@ def _record(d: EntryDir, name: str) -> tuple[object, str | None]:
     if _denied(st):
         return None, "unreadable"
     try:
-        return fsread.parse_json(d.read_bytes(name, MAX_RECORD, follow=True), name), None
+        return fsread.parse_json(d.read_bytes(name, MAX_RECORD, follow=not _listed_plain(d, name)), name), None
     except PermissionError:
         return None, "unreadable"
     except fsread.JsonTooDeep as exc:  # tilelang's json.load raises RecursionError, which nothing catches
