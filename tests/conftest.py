@@ -185,7 +185,7 @@ def area():
     are 0700), removed at the end, relative to its parent's fd (it may hold links another user planted)."""
     import tempfile
 
-    from kcache_cli import fsdelete
+    from kcache_cli.fs import delete as fsdelete
 
     d = Path(tempfile.mkdtemp(prefix="kcache-users-", dir="/tmp"))
     os.chmod(d, 0o755)

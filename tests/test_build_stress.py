@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CXX, NVCC
-from kcache_cli import build as b
+from kcache_cli.ops import build as b
 from test_build import task_hash_of, temp_dirs, write_task
 
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from kcache_cli import fsread
+from kcache_cli.fs import read as fsread
 from kcache_cli.cli import common
 from kcache_cli.layouts import hidet
 

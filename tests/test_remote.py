@@ -567,7 +567,7 @@ def test_a_shared_directory_takes_keys_longer_than_a_file_name(tmp_path):
 
 def test_a_pull_is_bounded_like_an_import(tmp_path):
     from kcache_cli.archive import ImportLimits, check_total
-    from kcache_cli.errors import KcacheError
+    from kcache_cli.util.errors import KcacheError
 
     check_total(tmp_path, 10, ImportLimits(max_total=10))
     with pytest.raises(KcacheError, match="over the limit of 10"):

@@ -83,7 +83,7 @@ def test_a_trust_file_whose_keys_were_all_revoked_refuses_every_record(kcache, t
 
 WORKERS = r"""
 import os, sys, time
-from kcache_cli import parallel
+from kcache_cli.util import parallel
 out = sys.argv[1]
 def first(i, advance, abort):
     open(os.path.join(out, f"w{i}-{os.getpid()}"), "w").close()

@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from kcache_cli import fsread, fswrite, locking, parallel
+from kcache_cli.fs import read as fsread, write as fswrite, locking
+
+from kcache_cli.util import parallel
 from kcache_cli.cli import common
 
 

@@ -14,7 +14,11 @@ from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
 
-from kcache_cli import __version__, fsread, fswrite, parallel, state
+from kcache_cli import __version__
+
+from kcache_cli.fs import read as fsread, write as fswrite, state
+
+from kcache_cli.util import parallel
 from kcache_cli.archive.manifest import (
     BIG_FILE,
     CONTROL_CHARS,
@@ -31,7 +35,7 @@ from kcache_cli.archive.manifest import (
     layout_of,
     link_problem,
 )
-from kcache_cli.errors import KcacheError, UsageError
+from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -44,7 +48,7 @@ from kcache_cli.model import (
     Warn,
     iso,
 )
-from kcache_cli.progress import NO_PROGRESS, Progress
+from kcache_cli.util.progress import NO_PROGRESS, Progress
 
 if TYPE_CHECKING:
     from kcache_cli.layouts.base import Facts
@@ -139,7 +143,7 @@ def plan_export(root: Path, flt: ScanFilter, warn: Warn | None = None, sources_o
     tilus scripts link to)."""
     from dataclasses import replace
 
-    from kcache_cli.scan import scan_cache
+    from kcache_cli.catalog.scan import scan_cache
 
     root = Path(root)
     if not root.is_dir():
@@ -157,7 +161,7 @@ def plan_export(root: Path, flt: ScanFilter, warn: Warn | None = None, sources_o
 def _brought_along(root: Path, chosen: list[Entry], left: list, warn: Warn) -> list[Entry]:
     """The entries chosen ones use (Layout.uses) that are not chosen themselves: looked up by their paths
     (only those are judged), not found by a second scan of their layout."""
-    from kcache_cli.scan import narrowed_by_names, scan_cache
+    from kcache_cli.catalog.scan import narrowed_by_names, scan_cache
 
     have = {e.relpath for e in chosen}
     need: dict[str, set[str]] = {}  # layout -> relpaths
@@ -187,7 +191,7 @@ def _read_tree(dfd: int, prefix: str, out: list, budget: list[int]) -> None:
     'link' (extra: its target) or 'other'. Types come from the directory listing; each file is
     opened once (relative to its directory's fd, never following a link), fstat'ed and read whole.
     Iterative, at most MAX_NAME_DEPTH deep (deeper: fsread.TreeTooDeep, an OSError)."""
-    from kcache_cli.fsread import TreeTooDeep
+    from kcache_cli.fs.read import TreeTooDeep
 
     stack: list[tuple[int, str, list]] = [(dfd, prefix, _listing(dfd))]
     try:
@@ -256,7 +260,7 @@ _by_name = attrgetter("name")
 
 
 def _read_file(dfd: int, name: str, size: int) -> bytes:
-    from kcache_cli.fsread import open_regular
+    from kcache_cli.fs.read import open_regular
 
     fd, _ = open_regular(name, dir_fd=dfd)  # read again: it must still be a regular file, not followed
     try:
@@ -283,7 +287,7 @@ class _PartWriter:
                  caller_reads: bool = False) -> None:
         import hashlib
 
-        from kcache_cli.scan_context import ScanContext
+        from kcache_cli.catalog.scan_context import ScanContext
 
         self.plan = plan
         self.writer = writer
@@ -313,7 +317,7 @@ class _PartWriter:
         """`e` judged deeply (the one judgement, as verify's), or None when it stays out."""
         from dataclasses import replace
 
-        from kcache_cli.verify import judge_entry
+        from kcache_cli.ops.verify import judge_entry
 
         if e.relpath in self.plan.along:  # used by a chosen entry: it goes unless it is being built
             if e.status == BUILDING:
@@ -352,7 +356,7 @@ class _PartWriter:
     def _emit(self, e: Entry, dfd: int, items: list, mtime: float) -> None:
         """Check the listing, then read and append the entry. Its members are collected first, so
         that an entry that changes under us is skipped whole (entries above BIG_FILE stream)."""
-        from kcache_cli import tarstream as ts
+        from kcache_cli.fs import tarstream as ts
 
         rel = e.relpath
         fact_files = frozenset(layout_of(e.layout).fact_files)  # read for the compiler, arch, platform
@@ -473,8 +477,8 @@ class _PartWriter:
         self.size += size
 
     def _stream(self, dfd: int, name: str, member: str, size: int, mode: int, mtime: float) -> FileInfo:
-        from kcache_cli import tarstream as ts
-        from kcache_cli.fsread import open_regular
+        from kcache_cli.fs import tarstream as ts
+        from kcache_cli.fs.read import open_regular
 
         fd, _ = open_regular(name, dir_fd=dfd)  # read again: it must still be a regular file, not followed
         write = self.writer.write
@@ -518,7 +522,7 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
                    advance: Callable[[int], None], abort: Callable[[], bool]) -> _WorkerOutput:
     """Write `parts` (lists of jobs) into the temp file open as `body_fd` (never reopened by its path),
     one compressed part after the other."""
-    from kcache_cli import tarstream as ts
+    from kcache_cli.fs import tarstream as ts
     with os.fdopen(os.dup(body_fd), "wb") as out:
         writer = ts.FrameWriter(out, compression)
         pw = _PartWriter(plan, writer, targets, advance, caller_reads=True)  # it reads every byte it judged
@@ -539,7 +543,7 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
             writer.close()
     # The records travel back as JSON text: encoding them here is done in parallel, and a string
     # pickles much faster than the records.
-    from kcache_cli.signing import signer
+    from kcache_cli.util.signing import signer
 
     sign = signer()  # the node's key signs every record, when it has one (kcache remote keygen)
     docs = [r.to_json() for r in pw.records]
@@ -554,7 +558,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
 
     The tar stream is `manifest.json`, then the entries in parts (independent gzip members or zstd
     frames, listed in the manifest with their sizes) written by forked workers on big caches."""
-    from kcache_cli import tarstream as ts
+    from kcache_cli.fs import tarstream as ts
 
     compression = compression_for(archive)
     archive = os.path.abspath(archive)
@@ -663,7 +667,7 @@ def plural_entries(n: int) -> str:
 
 def _write_final(final_fd: int, bodies: list[str], compression: str, manifest: dict, records: list[str]) -> None:
     """The archive: the manifest (its entry records already JSON text, joined), then every part."""
-    from kcache_cli import tarstream as ts
+    from kcache_cli.fs import tarstream as ts
 
     head_json = json.dumps(manifest, separators=(",", ":"))
     data = (head_json[:-1] + ',"entries":[' + ",".join(records) + "]}").encode()
@@ -758,7 +762,7 @@ def _signals_raise() -> Callable[[], None]:
 
 
 def _try_flock(fd: int) -> bool:
-    from kcache_cli.locking import try_flock
+    from kcache_cli.fs.locking import try_flock
 
     try:
         return try_flock(fd)
@@ -769,7 +773,7 @@ def _try_flock(fd: int) -> bool:
 def _collect_stale_temps(out_dir: str) -> None:
     """Temp files of killed exports in `out_dir` (`.<archive>.*.kcache-tmp`, regular, not flocked by a
     running export): removed relative to the directory's descriptor."""
-    from kcache_cli.locking import leftover_live
+    from kcache_cli.fs.locking import leftover_live
 
     try:
         fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -844,7 +848,7 @@ def entry_records(plan: ExportPlan) -> Iterator[EntryFiles]:
     (incomplete, changed while read...) are in `plan.left` afterwards."""
     import io
 
-    from kcache_cli import tarstream as ts
+    from kcache_cli.fs import tarstream as ts
 
     capture = _Capture()
     pw = _PartWriter(plan, capture, {j.relpath for j in plan.jobs}, NO_PROGRESS.advance)

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
-from kcache_cli import fsread, fswrite, parallel, state
+from kcache_cli.fs import read as fsread, write as fswrite, state
+
+from kcache_cli.util import parallel
 from kcache_cli.archive.export import PARALLEL_MIN_ENTRIES
 from kcache_cli.archive.manifest import (
     MANIFEST_NAME,
@@ -33,7 +35,7 @@ from kcache_cli.archive.manifest import (
     reject,
     rejection_reason,
 )
-from kcache_cli.errors import KcacheError, UsageError
+from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -43,8 +45,8 @@ from kcache_cli.model import (
     ScanFilter,
     Warn,
 )
-from kcache_cli.progress import NO_PROGRESS, Progress
-from kcache_cli.terms import ImportAction
+from kcache_cli.util.progress import NO_PROGRESS, Progress
+from kcache_cli.model.terms import ImportAction
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ def _check_records(records: list, offset: int, limits: ImportLimits) -> list[Pla
 
 def _plan(root: Path, planned: list[PlannedEntry], archive_relpaths: set[str]) -> None:
     """Decide each entry's action from the destination, and check every link against it."""
-    from kcache_cli.scan import scan_cache
+    from kcache_cli.catalog.scan import scan_cache
 
     existing = {p.relpath for p in planned if os.path.lexists(os.path.join(root, p.relpath))}
     found: dict[str, Entry] = {}
@@ -161,7 +163,7 @@ def _plan(root: Path, planned: list[PlannedEntry], archive_relpaths: set[str]) -
             if there is not None and there.status != BUILDING:  # the one judgement, as verify's
                 from dataclasses import replace as _with
 
-                from kcache_cli.verify import judge_entry
+                from kcache_cli.ops.verify import judge_entry
 
                 verdict = judge_entry(root, there, deep=True)
                 there = _with(there, status=verdict.status, reason=verdict.reason)
@@ -295,7 +297,7 @@ class _Staging:
         self.fd = self.state_fd = self.root_fd = -1
 
     def cleanup(self) -> None:
-        from kcache_cli import fsdelete
+        from kcache_cli.fs import delete as fsdelete
 
         fsdelete.remove_tree(self.state_fd, self.name, label=f"{state.STATE_DIR}/{self.name}")
         root_fd = os.dup(self.root_fd)
@@ -369,7 +371,7 @@ def _extract(reader, planned: list[PlannedEntry], staging: _Staging | None, limi
     only hashed. Returns (files, bytes) read."""
     import hashlib
 
-    from kcache_cli import tarstream as ts
+    from kcache_cli.fs import tarstream as ts
 
     listed = _expectations(planned)
     expect = dict(listed)  # what has not come yet: each member takes itself out
@@ -415,7 +417,7 @@ def _extract_other(m, x: tuple, listed: dict[str, tuple], expect: dict[str, tupl
                    staging: _Staging | None) -> bool:
     """A member other than a listed regular file: checked against its listing `x` and, with
     `staging`, made there. True for a hard link (a copy of a file already read)."""
-    from kcache_cli import tarstream as ts
+    from kcache_cli.fs import tarstream as ts
 
     name, kind = m.name, m.type
     _, want, _, wdigest = x
@@ -526,7 +528,7 @@ def _regions(manifest: dict, n_entries: int, file_size: int) -> list[_Region] | 
 
 
 def _region_reader(fd: int, kind: str, start: int, length: int, counted, threaded: bool):
-    from kcache_cli import tarstream as ts
+    from kcache_cli.fs import tarstream as ts
 
     return ts.TarReader(ts.region_source(fd, kind, start, length, counted, threaded))
 
@@ -535,7 +537,7 @@ def _check_head(fd: int, kind: str, end: int, digest: str) -> None:
     """The bytes before the first part hold the manifest and nothing else."""
     import hashlib
 
-    from kcache_cli import tarstream as ts
+    from kcache_cli.fs import tarstream as ts
 
     reader = _region_reader(fd, kind, 0, end, NO_PROGRESS.advance, False)
     try:
@@ -597,14 +599,14 @@ def _dest_parent(root_fd: int, root: Path, relpath: str) -> tuple[int, str]:
 
 
 def _dest_status(root: Path, p: PlannedEntry) -> str | None:
-    from kcache_cli.scan import scan_cache
+    from kcache_cli.catalog.scan import scan_cache
 
     shape = layout_of(p.layout).kind_shape(p.kind)
     key = (shape.match(p.relpath) if shape else None) or {}
     space, op = key.get("space"), key.get("op")  # so that the scan reads only this entry's directories
     flt = ScanFilter(layouts=(p.layout,), kinds=(p.kind,), hash_prefixes=(p.relpath.split("/")[-1],),
                      spaces=(space,) if space else (), ops=(op,) if op else ())
-    from kcache_cli.verify import judge_entry
+    from kcache_cli.ops.verify import judge_entry
 
     for e in scan_cache(root, flt).entries:
         if e.relpath == p.relpath:
@@ -615,8 +617,8 @@ def _dest_status(root: Path, p: PlannedEntry) -> str | None:
 def _publish(root: Path, p: PlannedEntry, staging: _Staging, lock_timeout: float, warn: Warn,
              made: set[str]) -> tuple[bool, str | None]:
     """Move one staged entry into place with one rename, under its lock. (published, reason)."""
-    from kcache_cli import fsdelete
-    from kcache_cli.locking import EntryFlock
+    from kcache_cli.fs import delete as fsdelete
+    from kcache_cli.fs.locking import EntryFlock
 
     dest = os.path.join(root, p.relpath)
     lock = EntryFlock(root, p.relpath)
@@ -650,7 +652,7 @@ def _publish(root: Path, p: PlannedEntry, staging: _Staging, lock_timeout: float
 def _move_in(staging: _Staging, relpath: str) -> bool:
     """Rename the staged entry to its place (no-replace), both ends held as directory fds; where they
     are on different filesystems, copy it beside its place first. False when something is there."""
-    from kcache_cli import fsdelete
+    from kcache_cli.fs import delete as fsdelete
 
     src_fd, name = fswrite.open_parent(staging.fd, relpath)
     try:
@@ -714,9 +716,9 @@ def _refuse_other_layout(root: Path, records: list[dict]) -> None:
 
 
 def _refuse_unsigned(records: list[dict], relpaths: list[str]) -> None:
-    """With a trust list set (kcache_cli/signing.py), an archive is taken only when a listed key
+    """With a trust list set (kcache_cli/util/signing.py), an archive is taken only when a listed key
     signed every record in it, as pull takes only such records."""
-    from kcache_cli.signing import verifier
+    from kcache_cli.util.signing import verifier
 
     check = verifier()
     for rec, rel in zip(records, relpaths) if check is not None else ():
@@ -730,13 +732,13 @@ def other_layout_problem(root: Path, brought_layouts: Iterable[str], holds: str 
     """The rule import and pull share: entries of one layout never go into a root of another, where
     that compiler would never look (tilus programs/ inside a hidet cache); an empty or new root takes
     the entries' layout. Why `brought_layouts` cannot come into `root`, or None."""
-    from kcache_cli.scan import detect_layouts
+    from kcache_cli.catalog.scan import detect_layouts
 
     have = detect_layouts(root) if root.is_dir() else ()
     brought = sorted(set(brought_layouts) - set(have))
     if not have or not brought:
         return None
-    from kcache_cli.locate import known_caches
+    from kcache_cli.catalog.locate import known_caches
 
     where = dict(known_caches())
     homes = "; ".join(f"{name}'s cache is {where[name]}" for name in brought if name in where)
@@ -792,7 +794,7 @@ def archive_layouts(archive: str, limits: ImportLimits = ImportLimits()) -> tupl
 
 def archive_records(archive: str, limits: ImportLimits = ImportLimits()) -> list[dict]:
     """The entry records of `archive`'s manifest (its first member only; nothing else is read)."""
-    from kcache_cli import tarstream as ts
+    from kcache_cli.fs import tarstream as ts
 
     try:
         with open(archive, "rb") as raw:
@@ -830,7 +832,7 @@ class Importer:
         self.region_groups: list = []
 
     def run(self) -> None:
-        from kcache_cli import tarstream as ts
+        from kcache_cli.fs import tarstream as ts
 
         file_size = os.fstat(self.raw.fileno()).st_size
         if self.progress:
@@ -856,7 +858,7 @@ class Importer:
         """Read and check the manifest; make the staging directory; (workers, phase one)."""
         import hashlib
 
-        from kcache_cli import tarstream as ts
+        from kcache_cli.fs import tarstream as ts
 
         reader, limits = self.reader, self.limits
         assert reader is not None
@@ -964,8 +966,8 @@ _STAGING_NAME = re.compile(r"^import-(\d+)-[0-9a-f]+$")
 def _remove_stale_staging(root: Path) -> None:
     """Staging directories of imports that were killed: no import holds their flock, and (made by an
     older kcache without one) no live process of that pid here for a day. Removed fd-relative."""
-    from kcache_cli import fsdelete
-    from kcache_cli.locking import leftover_live
+    from kcache_cli.fs import delete as fsdelete
+    from kcache_cli.fs.locking import leftover_live
 
     try:
         fd = fsdelete.open_under(root, state.STATE_DIR)

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping, NamedTuple
 
-from kcache_cli import state
-from kcache_cli.errors import KcacheError, UsageError
+from kcache_cli.fs import state
+from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.model import (
     LAYOUT_NAMES,
     EntryKey,
 )
-from kcache_cli.terms import ImportAction
+from kcache_cli.model.terms import ImportAction
 
 FORMAT = "kcache-archive"
 FORMAT_VERSION = 1
@@ -324,7 +324,7 @@ def parse_manifest(data: bytes, limits: ImportLimits, archive_size: int | None =
     and the limits on sizes and member counts (checked in bulk). Each record's own rules are
     `records_from_json`' (the workers'). Its size and nesting are bounded before it is parsed
     (fsread.parse_json)."""
-    from kcache_cli.fsread import JsonTooDeep, parse_json
+    from kcache_cli.fs.read import JsonTooDeep, parse_json
 
     check_proportion(len(data), archive_size, limits, data)
     try:

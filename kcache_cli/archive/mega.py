@@ -2,7 +2,7 @@
 where torch's own `load_cache_artifacts()` would write each artifact, and export a root's artifacts as a
 blob torch loads, with a signed sidecar manifest.
 
-The blob's framing is kcache_cli/megacache.py's; where each artifact type lands is its layout's
+The blob's framing is kcache_cli/formats/megacache.py's; where each artifact type lands is its layout's
 (`Layout.mega_place`, `Layout.mega_artifacts`). Nothing in a blob is ever unpickled: kcache checks the
 framing, the CRC, each key against the shape torch gives it and each variant's name against the sha256 of
 its bytes, then writes bytes. An import takes every check an archive import takes: no path out of the
@@ -19,8 +19,12 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kcache_cli import fsread, fswrite, layouts, megacache
-from kcache_cli.errors import KcacheError
+from kcache_cli.fs import read as fsread, write as fswrite
+
+from kcache_cli import layouts
+
+from kcache_cli.formats import megacache
+from kcache_cli.util.errors import KcacheError
 from kcache_cli.layouts.base import Layout, MegaPlace
 
 SIDECAR_SUFFIX = ".kcache.json"
@@ -113,7 +117,7 @@ class MegaImportResult:
 
 def _check_signed(path: str, data: bytes) -> None:
     """With a trust list set, the blob must come with a sidecar a trusted key signed, naming its sha256."""
-    from kcache_cli.signing import verifier
+    from kcache_cli.util.signing import verifier
 
     check = verifier()
     if check is None:
@@ -261,7 +265,7 @@ def export_blob(root: Path, out: str, facts: dict | None = None) -> MegaExportRe
     """A blob of every whole fx graph variant, AOTAutograd entry and autotune record under `root`, in the
     order torch saves them, and beside it `<out>.kcache.json`: torch version and device where `facts`
     gives them, each artifact's type, key, size and sha256, the blob's sha256, kcache's signature."""
-    from kcache_cli.signing import signer
+    from kcache_cli.util.signing import signer
 
     root = Path(os.path.realpath(root))
     items: list[tuple[str, str, bytes]] = []

@@ -12,7 +12,7 @@ from typer.core import TyperGroup, TyperOption
 from kcache_cli import __version__
 from kcache_cli.cli import typer_compat
 from kcache_cli.cli.common import GlobalOptions, plain_output, settings
-from kcache_cli.terms import LAYOUT_NAMES
+from kcache_cli.model.terms import LAYOUT_NAMES
 
 
 def _set_global(name: str):
@@ -222,7 +222,7 @@ def _fail(message: str, code: int, as_json: bool, trace: bool = False) -> None:
     is there already (it says what failed), then exit `code`."""
     from kcache_cli.cli import common
     from kcache_cli.remote.redact import redact_text  # a remote's password never reaches the output
-    from kcache_cli.textsafe import printable_line  # names in messages stay inert
+    from kcache_cli.util.textsafe import printable_line  # names in messages stay inert
 
     message = redact_text(message)
     if trace:  # --debug: the traceback first (the exit status stays the same)
@@ -243,14 +243,14 @@ def _fail(message: str, code: int, as_json: bool, trace: bool = False) -> None:
 
 def _release_roots() -> None:
     """The roots the command vetted and held (fsread.hold_root), closed: main runs many times in tests."""
-    fsread = sys.modules.get("kcache_cli.fsread")
+    fsread = sys.modules.get("kcache_cli.fs.read")
     if fsread is not None:
         fsread.release_roots()
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turn errors into one line and an exit status."""
-    from kcache_cli.errors import KcacheError
+    from kcache_cli.util.errors import KcacheError
 
     args = sys.argv[1:] if argv is None else argv
     ours = args[:args.index("--")] if "--" in args else args  # not a compiler flag after `--`

@@ -8,7 +8,7 @@ from typing import Annotated, List, Optional
 import typer
 
 from kcache_cli.cli import common as c
-from kcache_cli.errors import UsageError
+from kcache_cli.util.errors import UsageError
 from kcache_cli.cli.progress import Bar as _Bar
 
 
@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _size(text: Optional[str], option: str, default: int) -> int:
-    from kcache_cli.units import parse_size
+    from kcache_cli.util.units import parse_size
 
     return default if text is None else parse_size(text, option)
 
@@ -62,7 +62,7 @@ def export_command(
     """
     from kcache_cli.archive import compression_for, export_archive
     from kcache_cli.archive.export import EmptyExport
-    from kcache_cli.errors import UsageError
+    from kcache_cli.util.errors import UsageError
 
     opts = c.use(ctx, cache_dir, as_json)
     if fmt not in (None, "tar", "torch-mega"):
@@ -93,7 +93,7 @@ def _export_plan(opts: c.GlobalOptions, sel: c.Selection, cache: Optional[str], 
     """(root, export plan, entries selected) of the one cache the selection names entries in; entries
     named that are nowhere are a usage error, and so is a selection spanning several caches."""
     from kcache_cli.archive import plan_export
-    from kcache_cli.errors import UsageError
+    from kcache_cli.util.errors import UsageError
 
     locs = c.cache_locations(opts, False, cache, sel.hashes)
     plans, missing = [], set(c.ref_list(sel.hashes))
@@ -173,7 +173,7 @@ def import_command(
     Example: kcache import kernels.tar.zst --dry-run
     """
     from kcache_cli.archive import ImportLimits, import_archive
-    from kcache_cli.gpu import arch_fit
+    from kcache_cli.formats.gpu import arch_fit
 
     opts = c.use(ctx, cache_dir, as_json)
     from kcache_cli.cli.cmd_mega import import_blob, is_blob
@@ -201,7 +201,7 @@ def _import_root(opts: c.GlobalOptions, archive: str):
     if c.explicit_root(opts):
         return c.cache_root(opts)
     from kcache_cli.archive.importer import archive_layouts
-    from kcache_cli.locate import UntrustedRoot, named_cache
+    from kcache_cli.catalog.locate import UntrustedRoot, named_cache
 
     layouts = archive_layouts(archive)
     if len(layouts) == 1:
@@ -266,7 +266,7 @@ def verify_command(
 
     Example: kcache verify --layout tilelang --json
     """
-    from kcache_cli.verify import verify_cache
+    from kcache_cli.ops.verify import verify_cache
 
     opts = c.use(ctx, cache_dir, as_json)
     from kcache_cli.cli.cmd_mega import is_blob, show_blob

@@ -118,8 +118,8 @@ def build_command(
 
     Example: kcache build task.txt --arch sm_90 -- -lineinfo
     """
-    from kcache_cli import build as b
-    from kcache_cli.errors import UsageError
+    from kcache_cli.ops import build as b
+    from kcache_cli.util.errors import UsageError
 
     opts = c.use(ctx, cache_dir, as_json)
     wait = c.lock_timeout(lock_timeout, BUILD_WAIT, old=timeout)
@@ -144,7 +144,7 @@ def build_command(
 
 def _build_many(opts: c.GlobalOptions, root, paths, options, source, jobs: int, listener, builder) -> None:
     """Several tasks (or one under --json): built -j at a time, one row each and a summary."""
-    from kcache_cli import build as b
+    from kcache_cli.ops import build as b
 
     tasks_to_build = [b.load_task(paths[0], options, source)] if source is not None else paths
     try:
@@ -158,8 +158,8 @@ def _build_many(opts: c.GlobalOptions, root, paths, options, source, jobs: int, 
 def _build_options(space: str, target: str | None, arch: str | None, nvcc: str | None, cxx: str | None,
                    include: List[str] | None, extra: tuple[str, ...], force: bool, wait: float | None):
     """The build's options from its command line: space and target checked, the extra flags too."""
-    from kcache_cli import build as b
-    from kcache_cli.errors import UsageError
+    from kcache_cli.ops import build as b
+    from kcache_cli.util.errors import UsageError
 
     level, target = _space_level(space, target)
     if target is not None and target not in b.TARGETS:
@@ -170,15 +170,15 @@ def _build_options(space: str, target: str | None, arch: str | None, nvcc: str |
 
 
 def _repair_options(nvcc, cxx, arch, force, wait):
-    from kcache_cli.repair import RepairOptions
+    from kcache_cli.ops.repair import RepairOptions
 
     return RepairOptions(nvcc=nvcc, cxx=cxx, arch=arch, force=force, timeout=wait)
 
 
 def _repair(opts: c.GlobalOptions, prefixes: List[str], options, other_inputs: bool) -> None:
     """`build --repair HASH_PREFIX...`: one row per entry (repaired, fine, failed) and a summary, or the JSON."""
-    from kcache_cli import repair as r
-    from kcache_cli.errors import UsageError
+    from kcache_cli.ops import repair as r
+    from kcache_cli.util.errors import UsageError
 
     if other_inputs:
         raise UsageError("--repair takes the compile command from each entry's compile.sh: no --source, -I or "
@@ -206,7 +206,7 @@ def _repair(opts: c.GlobalOptions, prefixes: List[str], options, other_inputs: b
 
 def _show_results(opts: c.GlobalOptions, results) -> None:
     """Failures and notes on stderr; a row per task and a summary (or the JSON) on stdout; the exit code."""
-    from kcache_cli import build as b
+    from kcache_cli.ops import build as b
 
     for r in results:
         if r.status == b.FAILED:
@@ -230,8 +230,8 @@ def _show_results(opts: c.GlobalOptions, results) -> None:
 
 def _build_one(opts: c.GlobalOptions, root, path: str, options, source: Optional[str], listener, builder) -> None:
     """One task: errors are one line (main() prints them); stdout is the entry's path."""
-    from kcache_cli import build as b
-    from kcache_cli.errors import KcacheError
+    from kcache_cli.ops import build as b
+    from kcache_cli.util.errors import KcacheError
 
     try:
         result = builder(root, path, options, source=source, listener=listener)
@@ -252,7 +252,7 @@ def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]
     """`--space 2` or `--space cuda_space_2` (which also says the target) -> (2, target)."""
     import re
 
-    from kcache_cli.errors import UsageError
+    from kcache_cli.util.errors import UsageError
 
     m = re.fullmatch(r"(?:([a-z0-9]+)_space_)?(\d+)", space.strip())
     if not m or int(m.group(2)) > 2:

@@ -1,4 +1,4 @@
-"""`kcache config`: the budget `kcache prune` keeps (kcache_cli/config.py owns the file)."""
+"""`kcache config`: the budget `kcache prune` keeps (kcache_cli/ops/config.py owns the file)."""
 
 from typing import Annotated, Optional
 
@@ -38,7 +38,7 @@ def config_show(ctx: typer.Context, as_json: c.JsonOpt = False) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from kcache_cli import config
+    from kcache_cli.ops import config
 
     opts = c.use(ctx, None, as_json)
     cfg = config.load()
@@ -52,7 +52,7 @@ def config_show(ctx: typer.Context, as_json: c.JsonOpt = False) -> None:
 
 def _cache_root(opts: c.GlobalOptions, cache: str | None = None):
     """The cache whose own budget is meant: --cache-dir given (None without it)."""
-    from kcache_cli.errors import UsageError
+    from kcache_cli.util.errors import UsageError
 
     if opts.cache_dir is None:
         return None
@@ -64,9 +64,9 @@ def _cache_root(opts: c.GlobalOptions, cache: str | None = None):
 
 def _with_cache(cfg, root) -> dict:
     """The config's JSON with the cache's own budget and the one in effect there (and whence)."""
-    from kcache_cli import config
-    from kcache_cli.budget import effective
-    from kcache_cli.scan import detect_layouts
+    from kcache_cli.ops import config
+    from kcache_cli.ops.budget import effective
+    from kcache_cli.catalog.scan import detect_layouts
 
     b = effective([(root, detect_layouts(root))], cfg, lambda m: None)[str(root)]
     return {**cfg.to_json(), "cache": config.load_cache(root).to_json(),
@@ -77,7 +77,7 @@ def _with_cache(cfg, root) -> dict:
 
 def _show_cache(root, doc: dict) -> None:
     """What a bare prune of the cache keeps it to, each value with the file (and part) it comes from."""
-    from kcache_cli.units import format_age
+    from kcache_cli.util.units import format_age
 
     eff = doc["effective"]
     lines = [f"# what a bare `kcache prune` of {c.printable_line(str(root))} keeps it to"]
@@ -109,7 +109,7 @@ def config_set(
 
     Example: kcache config set --cache triton max-age 30d
     """
-    from kcache_cli import config
+    from kcache_cli.ops import config
 
     opts = c.use(ctx, None, as_json)
     root = _cache_root(opts, cache)
@@ -138,7 +138,7 @@ def config_unset(
 
     Example: kcache config unset max-size
     """
-    from kcache_cli import config
+    from kcache_cli.ops import config
 
     opts = c.use(ctx, None, as_json)
     root = _cache_root(opts, cache)
@@ -159,7 +159,7 @@ def config_path(ctx: typer.Context, as_json: c.JsonOpt = False) -> None:
 
     Example: $EDITOR "$(kcache config path)"
     """
-    from kcache_cli import config
+    from kcache_cli.ops import config
 
     opts = c.use(ctx, None, as_json)
     path = config.config_path()

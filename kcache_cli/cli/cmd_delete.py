@@ -1,6 +1,6 @@
 """The commands that free space: prune (what is safe and useful to remove) and clear (what you select).
 
-Both are thin: scan -> plan (kcache_cli.delete) -> show -> confirm (clear) -> execute -> report."""
+Both are thin: scan -> plan (kcache_cli.ops.delete) -> show -> confirm (clear) -> execute -> report."""
 
 import contextlib
 import sys
@@ -9,7 +9,7 @@ from typing import Annotated, Iterator, Optional
 import typer
 
 from kcache_cli.cli import common as c
-from kcache_cli.errors import KcacheError
+from kcache_cli.util.errors import KcacheError
 
 
 def register(app: typer.Typer) -> None:
@@ -74,8 +74,8 @@ def prune_command(
 
     Example: kcache prune --max-size 10GB --older-than 30d --dry-run
     """
-    from kcache_cli.errors import UsageError
-    from kcache_cli.units import parse_age, parse_size
+    from kcache_cli.util.errors import UsageError
+    from kcache_cli.util.units import parse_age, parse_size
 
     opts = c.use(ctx, cache_dir, as_json)
     if deep and not broken:
@@ -105,7 +105,7 @@ class _Scans:
         self.done: dict[str, object] = {}
 
     def __call__(self, root):
-        from kcache_cli.scan import scan_cache
+        from kcache_cli.catalog.scan import scan_cache
 
         key = str(root)
         if key not in self.done:
@@ -121,7 +121,7 @@ def _prune_limits(opts: c.GlobalOptions, locs: list, limit, age, damaged: bool, 
     if limit is None and age is None and not damaged:
         return _configured_budget(opts, locs, scans)
     if opts.many and limit is not None and len(locs) > 1:
-        from kcache_cli.budget import shared_limits
+        from kcache_cli.ops.budget import shared_limits
         from kcache_cli.cli.progress import Bar
 
         with Bar(opts, "weighing every cache"):
@@ -131,7 +131,7 @@ def _prune_limits(opts: c.GlobalOptions, locs: list, limit, age, damaged: bool, 
 def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tuple[bool, bool, bool],
                dry_run: bool, yes: bool = False, scanned=None) -> None:
     from kcache_cli.cli.progress import Phase
-    from kcache_cli.delete import plan_prune
+    from kcache_cli.ops.delete import plan_prune
 
     broken, stale, deep = damaged
     with _nothing_removed_yet(), _busy(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
@@ -158,10 +158,10 @@ def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tup
 def _configured_budget(opts: c.GlobalOptions, locs, scans: _Scans) -> tuple[dict, dict]:
     """Each root's (max size, max age): the budget kept in the cache, else (caches this user owns) the
     user's `kcache config` ({root: None} for none); said on stderr with where each value comes from."""
-    from kcache_cli import config
-    from kcache_cli.budget import effective
-    from kcache_cli.scan import detect_layouts
-    from kcache_cli.units import format_age
+    from kcache_cli.ops import config
+    from kcache_cli.ops.budget import effective
+    from kcache_cli.catalog.scan import detect_layouts
+    from kcache_cli.util.units import format_age
 
     cfg = config.load()
     roots = [(loc.path, detect_layouts(loc.path) if loc.path.is_dir() else ()) for loc in locs]
@@ -179,7 +179,7 @@ def _confirm_big_prune(opts: c.GlobalOptions, plan) -> None:
     """A prune that would remove more than half of the cache's bytes (`--max-size 10` read as bytes, a
     wrong --older-than) asks on a terminal and needs --yes elsewhere (issue 25): a usage error, exit 2,
     nothing removed."""
-    from kcache_cli.errors import KcacheError, UsageError
+    from kcache_cli.util.errors import KcacheError, UsageError
 
     # only working entries count: garbage (--broken, --stale, temp dirs) is removed without asking
     going = sum(r.size for r in plan.removals if r.what == "entry" and not r.recheck)
@@ -229,7 +229,7 @@ def clear_command(
 
     Example: kcache clear --space cuda_space_2 --dry-run
     """
-    from kcache_cli.errors import UsageError
+    from kcache_cli.util.errors import UsageError
 
     opts = c.use(ctx, cache_dir, as_json)
     opts.lock_timeout = c.lock_timeout(lock_timeout, GC_WAIT)
@@ -273,14 +273,14 @@ def _clear_plans(opts: c.GlobalOptions, locs: list, hashes, filter_of, everythin
     return plans
 
 def _plan_clear(opts: c.GlobalOptions, loc, flt, everything: bool):
-    from kcache_cli.delete import plan_clear
+    from kcache_cli.ops.delete import plan_clear
 
     with _nothing_removed_yet(), _busy(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
         return plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m), progress=bar)
 
 
 def _clear_one(opts: c.GlobalOptions, out: "_Out", loc, plan, yes: bool, dry_run: bool) -> None:
-    from kcache_cli.errors import KcacheError, UsageError
+    from kcache_cli.util.errors import KcacheError, UsageError
 
     if not plan.exists:
         return _missing(opts, out, loc, dry_run, {})
@@ -376,7 +376,7 @@ def _execute(opts: c.GlobalOptions, plan):
 
 
 def _missing(opts: c.GlobalOptions, out: _Out, loc, dry_run: bool, extra: dict) -> None:
-    from kcache_cli.delete import DeletePlan
+    from kcache_cli.ops.delete import DeletePlan
 
     out.result(DeletePlan(str(loc.path), exists=False).to_json(extra, dry_run=dry_run),
                lambda: out.info(f"no cache at {loc.path} ({loc.reason}): nothing to remove"))
@@ -489,8 +489,8 @@ def _plan_human(out: _Out, plan, extra: dict) -> None:
 
 
 def _report_result(opts: c.GlobalOptions, out: _Out, plan, result, extra: dict) -> None:
-    from kcache_cli.delete import DeleteResult
-    from kcache_cli.errors import KcacheError
+    from kcache_cli.ops.delete import DeleteResult
+    from kcache_cli.util.errors import KcacheError
 
     fresh = result.warnings[len(plan.warnings):] if result else ()  # the plan's were shown already
     if result is None:  # nothing was selected: nothing ran

@@ -40,8 +40,8 @@ def diff_command(
 
     Example: kcache diff 22DX5RUZ ILJQFT5R
     """
-    from kcache_cli.diff import diff_entries
-    from kcache_cli.errors import UsageError
+    from kcache_cli.ops.diff import diff_entries
+    from kcache_cli.util.errors import UsageError
     from kcache_cli.model import ScanFilter
 
     opts = c.use(ctx, cache_dir, as_json)

@@ -44,7 +44,7 @@ def explain_command(
     """
     from kcache_cli.cli.cmd_mega import is_blob
     from kcache_cli.archive import COMPRESSION_BY_SUFFIX
-    from kcache_cli.explain import ExplainResult, explain_archive, explain_blob, explain_root, probe
+    from kcache_cli.ops.explain import ExplainResult, explain_archive, explain_blob, explain_root, probe
 
     opts = c.use(ctx, cache_dir, as_json)
     here = probe(python, gpu=gpu)

@@ -15,7 +15,7 @@ from kcache_cli.cli import common as c
 def is_blob(arg: str | None) -> bool:
     """Whether `arg` names a file that starts like a Mega-Cache blob (a CRC, then version 1), or one
     ending in .bin / .mega whatever it holds (so that a damaged blob is still inspected as one)."""
-    from kcache_cli import megacache
+    from kcache_cli.formats import megacache
 
     if not arg or not os.path.isfile(arg):
         return False
@@ -76,7 +76,7 @@ def _blob_root(opts: c.GlobalOptions) -> Path:
     if c.explicit_root(opts):
         return c.cache_root(opts)
     from kcache_cli.archive.mega import mega_layouts
-    from kcache_cli.locate import named_cache
+    from kcache_cli.catalog.locate import named_cache
 
     names = sorted({lay.name for lay in mega_layouts().values()})
     return named_cache(names[0]).path
@@ -96,7 +96,7 @@ def _import_human(out: c.Output, result) -> None:
 
 def export_blob(opts: c.GlobalOptions, out_path: str, python: str | None) -> None:
     from kcache_cli.archive.mega import export_blob as run_export
-    from kcache_cli.explain import probe
+    from kcache_cli.ops.explain import probe
 
     root = c.cache_root(opts, existing=True) if c.explicit_root(opts) else _blob_root(opts)
     here = probe(python, ("torch",))

@@ -26,7 +26,7 @@ NoIndexOpt = Annotated[bool, typer.Option(
 
 def _scan(opts: c.GlobalOptions, flt, loc=None, use_index: bool = False, hint: bool = True):
     from kcache_cli.cli.progress import scanning
-    from kcache_cli.scan import scan_cache
+    from kcache_cli.catalog.scan import scan_cache
 
     loc = loc or c.cache_location(opts, existing=True)
     if hint:
@@ -49,7 +49,7 @@ def dir_command(
 
     Example: kcache dir --all
     """
-    from kcache_cli.scan import detect_layouts, scan_cache
+    from kcache_cli.catalog.scan import detect_layouts, scan_cache
 
     opts = c.use(ctx, cache_dir, as_json)
     out = c.Output(opts)
@@ -63,7 +63,7 @@ def dir_command(
         out.result(lambda: {"path": str(loc.path), "reason": loc.reason, "exists": loc.path.is_dir(),
                             "layouts": list(detect_layouts(loc.path) if loc.path.is_dir() else ())}, where)
         return
-    from kcache_cli.locate import found_root, known_caches
+    from kcache_cli.catalog.locate import found_root, known_caches
 
     from kcache_cli.cli.progress import scanning
 
@@ -136,8 +136,8 @@ def ls_command(
 
     Example: kcache ls --op 'mat*' --space 2 --sort size --limit 10
     """
-    from kcache_cli.errors import UsageError
-    from kcache_cli.textsafe import one_line
+    from kcache_cli.util.errors import UsageError
+    from kcache_cli.util.textsafe import one_line
 
     opts = c.use(ctx, cache_dir, as_json)
     sort = sort.lower()  # --sort SIZE as --sort size
@@ -320,7 +320,7 @@ def inspect_command(
 
     Example: kcache inspect ad252b06 --space cuda_space_0
     """
-    from kcache_cli.terms import COMPLETE
+    from kcache_cli.model.terms import COMPLETE
 
     opts = c.use(ctx, cache_dir, as_json)
     from kcache_cli.cli.cmd_mega import is_blob, show_blob
@@ -330,7 +330,7 @@ def inspect_command(
         return
     root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, cache=cache)
     d = layout_mod.describe(root, entry)
-    from kcache_cli.binary import read_binary
+    from kcache_cli.formats.binary import read_binary
 
     bins = [read_binary(p) for p in d.binaries]
     c.Output(opts).result(d.to_json(bins), lambda: _inspect_text(entry, d, bins))
@@ -435,7 +435,7 @@ def log_command(
 
     Example: kcache log ad252b06 --raw | grep ptxas
     """
-    from kcache_cli.errors import KcacheError
+    from kcache_cli.util.errors import KcacheError
 
     opts = c.use(ctx, cache_dir)
     root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, statuses=False,  # none shown
@@ -471,8 +471,8 @@ def log_command(
 
 def _open_log(lf):
     """The log's chunks (fsread: a regular file, streamed: a log is never loaded whole)."""
-    from kcache_cli.errors import KcacheError
-    from kcache_cli.fsread import iter_chunks
+    from kcache_cli.util.errors import KcacheError
+    from kcache_cli.fs.read import iter_chunks
 
     try:
         chunks = iter_chunks(lf.path)
@@ -569,8 +569,8 @@ def stats_command(
 def _budget_usage(opts: c.GlobalOptions, reports: list[dict]) -> list:
     """Each cache's bytes against the max-size `kcache config` holds (and all of them against [all]); each
     report gets its own as "budget" ({"used", "limit"} or null). A bad config is a warning here."""
-    from kcache_cli import budget, config
-    from kcache_cli.errors import UsageError
+    from kcache_cli.ops import budget, config
+    from kcache_cli.util.errors import UsageError
 
     try:
         cfg = config.load()
@@ -610,7 +610,7 @@ def _stats(opts: c.GlobalOptions, loc, result, top: int, many: bool = False) -> 
 
 def _space_pictures(opts: c.GlobalOptions, loc, result) -> dict:
     """stats' by_age and reclaimable (what prune --broken would free, planned from this same scan)."""
-    from kcache_cli.usage import by_age, reclaimable
+    from kcache_cli.ops.usage import by_age, reclaimable
 
     return {"by_age": by_age(result.entries), "reclaimable": reclaimable(loc.path, result).to_json()}
 

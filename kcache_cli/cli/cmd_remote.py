@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
 @contextlib.contextmanager
 def _opened(remote: Optional[str], timeout: float, deadline: Optional[float] = None) -> Iterator[Any]:
     """The remote store, closed when the command is done with it."""
-    from kcache_cli.errors import UsageError
+    from kcache_cli.util.errors import UsageError
     from kcache_cli.remote.store import open_store
 
     if not remote:
@@ -107,8 +107,8 @@ def _local_root(opts: c.GlobalOptions, layouts: tuple[str, ...]):
     """The one local root push and pull work on: --cache-dir or KCACHE_DIR; else, for one --layout, where
     that layout's compiler keeps its cache (pull --layout triton fills Triton's); else hidet's rule."""
     if not c.explicit_root(opts) and len(set(layouts)) == 1:
-        from kcache_cli.errors import UsageError
-        from kcache_cli.locate import UntrustedRoot, named_cache
+        from kcache_cli.util.errors import UsageError
+        from kcache_cli.catalog.locate import UntrustedRoot, named_cache
 
         try:
             return named_cache(layouts[0]).path
@@ -265,7 +265,7 @@ def _pull_oci(ctx: typer.Context, sel: c.Selection, remote: str, timeouts, user:
 
 def _check_archs(out: c.Output, entries) -> None:
     """As import does: warn about pulled kernels this machine's GPU cannot run."""
-    from kcache_cli.gpu import arch_fit
+    from kcache_cli.formats.gpu import arch_fit
 
     c.warn_arch_misfits(out, entries, arch_fit({e.relpath: e.arch for e in entries}), "pulled")
 
@@ -407,7 +407,7 @@ def remote_prune(
 
     Example: kcache remote prune --max-size 200G --older-than 30d --dry-run
     """
-    from kcache_cli.delete import parse_age, parse_size
+    from kcache_cli.ops.delete import parse_age, parse_size
     from kcache_cli.remote.manage import RemotePruneResult, list_remote, plan_remote_prune, prune_remote
     from kcache_cli.cli.table import Column
     from kcache_cli.remote.oci import is_oci
@@ -453,7 +453,7 @@ def remote_keygen(
 
     Example: kcache remote keygen >> ~/fleet-keys.txt
     """
-    from kcache_cli.signing import make_key
+    from kcache_cli.util.signing import make_key
 
     opts = c.use(ctx, None, as_json)
     path, public = make_key()

@@ -13,9 +13,9 @@ from typing import Annotated, Any, Callable, List, Optional
 import typer
 
 from kcache_cli.cli import complete  # light: the TAB path imports nothing heavy
-from kcache_cli.errors import UsageError
-from kcache_cli.terms import BROKEN, BROKEN_WORD, KINDS, LAYOUT_NAMES, STATUSES, is_status
-from kcache_cli.textsafe import printable, printable_line
+from kcache_cli.util.errors import UsageError
+from kcache_cli.model.terms import BROKEN, BROKEN_WORD, KINDS, LAYOUT_NAMES, STATUSES, is_status
+from kcache_cli.util.textsafe import printable, printable_line
 
 
 class GlobalOptions:
@@ -77,15 +77,15 @@ def cache_location(opts: GlobalOptions, existing: bool = False):
     """The cache root. With `existing`, an explicit --cache-dir that is missing or not a directory is a usage
     error (exit 2): a typo must not read as an empty cache; so is one that holds no cache but has one a
     level or two down (D/triton/cache). The default root missing stays "nothing there"."""
-    from kcache_cli.locate import resolve_cache_dir
+    from kcache_cli.catalog.locate import resolve_cache_dir
 
     loc = resolve_cache_dir(opts.cache_dir)
     if explicit_root(opts):
-        from kcache_cli.locate import hold_explicit
+        from kcache_cli.catalog.locate import hold_explicit
 
         hold_explicit(loc, lambda m: warn(opts, m))
     else:  # hidet's rule (build's root): vetted like every root kcache finds by itself
-        from kcache_cli.locate import vetted
+        from kcache_cli.catalog.locate import vetted
 
         loc = vetted(loc)
     if existing and opts.cache_dir and not loc.path.is_dir():
@@ -98,9 +98,9 @@ def cache_location(opts: GlobalOptions, existing: bool = False):
 
 def _one_level_down(loc) -> None:
     """A --cache-dir/KCACHE_DIR that holds no cache but has one below it: say where (exit 2), not "no entries"."""
-    from kcache_cli import fsread
+    from kcache_cli.fs import read as fsread
     from kcache_cli.layouts import detect
-    from kcache_cli.locate import caches_below
+    from kcache_cli.catalog.locate import caches_below
 
     found = detect(loc.path)
     if found:
@@ -129,7 +129,7 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
     cache; else the cache the current directory lies in; else every cache `dir --all` finds that exists
     (--all-caches says so explicitly), plus the caches that absolute entry paths in `refs` lie in.
     Sets `opts.many` when the scope is the set of every cache (JSON lists, one per cache)."""
-    from kcache_cli.locate import cache_holding, existing_caches, named_cache
+    from kcache_cli.catalog.locate import cache_holding, existing_caches, named_cache
 
     opts.many = False
     if cache is not None:
@@ -161,7 +161,7 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
     skip the root (no reference left is not "everything")."""
     if not refs:
         return []
-    from kcache_cli.scan import split_refs
+    from kcache_cli.catalog.scan import split_refs
 
     out = []
     for ref in refs:
@@ -178,13 +178,13 @@ def _caches_under_cwd(known: list) -> None:
     """A current directory that holds caches one level down which are not this machine's own (a copy, a
     CI workspace): say so, as --cache-dir does (exit 2), instead of working on every cache of the machine
     (`clear --all` there must not mean HOME's caches)."""
-    from kcache_cli.locate import caches_below
+    from kcache_cli.catalog.locate import caches_below
 
     try:
         cwd = Path(os.getcwd())
     except OSError:
         return
-    from kcache_cli.scan import scan_cache
+    from kcache_cli.catalog.scan import scan_cache
 
     mine = {os.path.realpath(loc.path) for loc in known}
     # entries, not merely a CACHEDIR.TAG (.mypy_cache has one): positive evidence, judged by names only
@@ -199,7 +199,7 @@ def _caches_under_cwd(known: list) -> None:
 
 def _cwd_cache(known: list, said: Callable[[str], None]):
     """The cache the current directory lies in, or None (also when it was removed under us)."""
-    from kcache_cli.locate import cache_holding
+    from kcache_cli.catalog.locate import cache_holding
 
     try:
         return cache_holding(os.getcwd(), known, said)
@@ -212,7 +212,7 @@ def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: 
     """(location, entry) of the one entry `ref` names in the command's scope (cache_locations): found in
     exactly one cache; in several, a usage error naming them (--cache picks one); in none, no_match.
     `pick(root)` is the checked filter of the --space/--op... that tell entries apart."""
-    from kcache_cli.scan import NoSuchEntry, resolve_entry
+    from kcache_cli.catalog.scan import NoSuchEntry, resolve_entry
 
     locs = cache_locations(opts, False, cache, [ref])
     found, misses = [], []
@@ -246,7 +246,7 @@ def ref_list(refs: Optional[List[str]]) -> list[str]:
 
 def unmatched_refs(root: Path, refs: Optional[List[str]], entries) -> list[str]:
     """The references in `refs` that name none of `entries` (what a command selected in `root`)."""
-    from kcache_cli.scan import split_refs
+    from kcache_cli.catalog.scan import split_refs
 
     hashes = [e.hash for e in entries]
     relpaths = {e.relpath for e in entries}
@@ -283,7 +283,7 @@ def _nearest(ref: str, roots: list[Path]) -> list[str]:
     """Hash prefixes and op names present in `roots` closest to `ref` (names only: no file is read)."""
     import difflib
 
-    from kcache_cli import names
+    from kcache_cli.catalog import names
 
     key = ref.rstrip("/").rsplit("/", 1)[-1]
     hashes: dict[str, str] = {}
@@ -326,7 +326,7 @@ OldTimeoutOpt = Annotated[Optional[str], typer.Option("--timeout", metavar="SECO
 def lock_timeout(value: Optional[str], default: float, old: Optional[str] = None) -> float:
     """The checked --lock-timeout (or its old name --timeout) in seconds: finite and not negative, else a
     usage error (exit 2)."""
-    from kcache_cli.units import parse_seconds
+    from kcache_cli.util.units import parse_seconds
 
     if value is not None and old is not None:
         raise UsageError("--lock-timeout and --timeout are the same option: give one")
@@ -405,7 +405,7 @@ def size_age_filter(min_size: Optional[str], max_size: Optional[str], older_than
     """The ScanFilter fields of --min-size/--max-size/--older-than/--newer-than (units.py's grammar), checked."""
     import time
 
-    from kcache_cli.units import parse_age, parse_size
+    from kcache_cli.util.units import parse_age, parse_size
 
     out: dict[str, Any] = {}
     for key, value, option in (("min_size", min_size, "--min-size"), ("max_size", max_size, "--max-size")):
@@ -489,7 +489,7 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
                 root: Path | None = None):
     """The selection as typed, checked. Entries given by path need `root`."""
     from kcache_cli.model import ScanFilter
-    from kcache_cli.scan import split_refs
+    from kcache_cli.catalog.scan import split_refs
 
     spaces = _checked(space, None, "space")
     for s in spaces:
@@ -512,7 +512,7 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
     )
     if root is None:
         return flt
-    from kcache_cli.names import expand_filter
+    from kcache_cli.catalog.names import expand_filter
 
     return expand_filter(root, flt)  # `--space 2`, `--op 'mat*'`: the names present, for every command
 
@@ -521,7 +521,7 @@ def hint_unknown(opts: GlobalOptions, root: Path, flt) -> None:
     """On stderr, each --op/--space/--target value that names nothing in `root`, with what there is."""
     if not (flt.ops or flt.spaces or flt.targets) or not root.is_dir():
         return
-    from kcache_cli.names import unknown_values
+    from kcache_cli.catalog.names import unknown_values
 
     for line in unknown_values(root, flt):
         warn(opts, line)
@@ -532,7 +532,7 @@ def hint_unknown_many(opts: GlobalOptions, selected: list, found: list | None = 
     nothing in any of them (`--space cuda_space_2` is hidet's; Triton's cache not having it is no news),
     once, and never for a value an entry `found` has (a space read from an entry's metadata, not its path)."""
     from kcache_cli.model import space_matches
-    from kcache_cli.names import unknown_across
+    from kcache_cli.catalog.names import unknown_across
 
     seen = {"ops": {e.op for e in found or ()}, "spaces": {e.space for e in found or ()},
             "targets": {e.target for e in found or ()}}
@@ -677,8 +677,8 @@ def home_short(path: str) -> str:
 
 
 def human_size(n: int) -> str:
-    """The one size format (kcache_cli.units): powers of 1000, as `--max-size` reads them."""
-    from kcache_cli.units import format_size
+    """The one size format (kcache_cli.util.units): powers of 1000, as `--max-size` reads them."""
+    from kcache_cli.util.units import format_size
 
     return format_size(n)
 
@@ -691,7 +691,7 @@ def plural(n: int, singular: str, many: str | None = None) -> str:
 
 
 def human_age(ts: float) -> str:
-    from kcache_cli.units import format_ago
+    from kcache_cli.util.units import format_ago
 
     return format_ago(ts)
 

@@ -2,7 +2,7 @@
 arguments complete to, read from the cache the command line points at (`--cache-dir` before or after the
 subcommand, else KCACHE_DIR, else `--cache NAME`'s, else every layout's default place that exists).
 
-The callbacks run on every TAB in a fresh process, so they read directory names only (kcache_cli.names)
+The callbacks run on every TAB in a fresh process, so they read directory names only (kcache_cli.catalog.names)
 and import nothing heavy. The shells' scripts are Typer's own (`kcache --show-completion SHELL`); the
 copies shipped in completions/ are regenerated with `python -m kcache_cli.cli.complete`.
 """
@@ -70,7 +70,7 @@ def completion_root(ctx: typer.Context) -> Path | None:
     before = _given(ctx.find_root(), "cache_dir")  # type: ignore[arg-type]  # the global option before the command
     explicit = own or after or (before[0] if before else None)
     try:
-        from kcache_cli.locate import resolve_cache_dir
+        from kcache_cli.catalog.locate import resolve_cache_dir
 
         return resolve_cache_dir(explicit).path
     except Exception:  # noqa: BLE001 - a TAB must never print a traceback into the command line
@@ -103,7 +103,7 @@ def _split_list(incomplete: str) -> tuple[str, str]:
 
 
 def _matching(choices: Iterable[tuple[str, str]], incomplete: str, taken: Iterable[str] = ()) -> list[tuple[str, str]]:
-    from kcache_cli.textsafe import has_unsafe, printable_line
+    from kcache_cli.util.textsafe import has_unsafe, printable_line
 
     head, tail = _split_list(incomplete)
     skip = set(taken) | {p for p in head.split(",") if p}
@@ -116,7 +116,7 @@ def _matching(choices: Iterable[tuple[str, str]], incomplete: str, taken: Iterab
 # ---- dynamic: read from the cache -----------------------------------------------------------------
 def complete_op(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     """Op names present in the cache (within the --space/--layout already given)."""
-    from kcache_cli import names
+    from kcache_cli.catalog import names
 
     places: dict[str, tuple[str, ...]] = {}
     for root in completion_roots(ctx):
@@ -129,7 +129,7 @@ def complete_op(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
 
 def complete_space(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     """Spaces present in the cache (holding the --op already given, if any)."""
-    from kcache_cli import names
+    from kcache_cli.catalog import names
 
     found: dict[str, str] = {}
     for root in completion_roots(ctx):
@@ -142,7 +142,7 @@ def complete_space(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]
 def complete_hash(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     """Hash prefixes of the entries present (within the --op/--space/--layout already given), with the
     op (or kind) and space as description."""
-    from kcache_cli import names
+    from kcache_cli.catalog import names
 
     if "/" in incomplete:
         return []
@@ -157,7 +157,7 @@ def complete_hash(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
         text = f"{what} ({e.space})" if e.space else what
         seen = described.get(e.hash)  # the same task hash in two spaces is one value
         described[e.hash] = text if seen is None else ", ".join(sorted({*seen.split(", "), text}))
-    from kcache_cli.textsafe import has_unsafe, printable_line
+    from kcache_cli.util.textsafe import has_unsafe, printable_line
 
     return sorted((h, printable_line(text)) for h, text in described.items() if not has_unsafe(h))
 

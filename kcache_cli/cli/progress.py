@@ -1,4 +1,4 @@
-"""The one Rich adapter of kcache_cli.progress.Progress: a bar on stderr, only on a terminal and never
+"""The one Rich adapter of kcache_cli.util.progress.Progress: a bar on stderr, only on a terminal and never
 with -q. It draws when it is advanced (Rich's auto-refresh thread is off): the core forks worker
 processes while a bar is shown, and forking a process that runs threads can deadlock the child."""
 

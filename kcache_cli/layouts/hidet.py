@@ -9,10 +9,10 @@ import stat
 from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
-from kcache_cli import fsread, state
-from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, listing_or_unreadable,
+from kcache_cli.fs import read as fsread, state
+from kcache_cli.model.checks import (changed_since, check_manifest, elf_truncated, list_files, listing_or_unreadable,
                               read_text, size_mismatch)
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts._common import command_from_script
 from kcache_cli.layouts.base import (
     HIT,
@@ -28,7 +28,7 @@ from kcache_cli.layouts.base import (
     Verdict,
 )
 from kcache_cli.layouts.shapes import HIDET
-from kcache_cli.locking import entry_build_locked, probe_locked
+from kcache_cli.fs.locking import entry_build_locked, probe_locked
 from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, UNREADABLE_REASON,
                               Details, Entry, Judgement, LogFile, ScanFilter, TensorInfo, measure_tree)
 
@@ -814,7 +814,7 @@ def _describe_task(entry: Entry, problems: list[str], facts: list[tuple[str, str
                    ) -> tuple[str | None, tuple[TensorInfo, ...], tuple[TensorInfo, ...]]:
     """The op's name and tensors from task.txt: facts only (hidet hashes the task in memory and never reads
     task.txt when it looks an entry up, so an edited task.txt changes nothing)."""
-    from kcache_cli.taskfile import TaskFormatError, parse_task, read_task_file
+    from kcache_cli.formats.taskfile import TaskFormatError, parse_task, read_task_file
 
     try:
         data = read_task_file(os.path.join(entry.path, "task.txt"), base=entry.path)
@@ -909,7 +909,7 @@ PACKAGE = "hidet"
 def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     """hit: hidet installed in the version recorded, the entry complete, its binary's CUDA arch run by the
     GPU here (or a CPU entry); miss or unknown with the factor otherwise."""
-    from kcache_cli.gpu import arch_runs_on, archs_from_command, cuda_archs
+    from kcache_cli.formats.gpu import arch_runs_on, archs_from_command, cuda_archs
 
     if here.problem:
         return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")

@@ -28,9 +28,11 @@ from dataclasses import replace as replace_entry
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, NamedTuple
 
-from kcache_cli import fsread, layouts
-from kcache_cli.checks import elf_truncated, list_files
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import read as fsread
+
+from kcache_cli import layouts
+from kcache_cli.model.checks import elf_truncated, list_files
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import (
     MISS,
     STALE_AFTER,
@@ -363,7 +365,7 @@ def _as_triton(entry: Entry) -> Entry:
 
 # ---- torch's Mega-Cache: where each artifact's populate_cache writes, and what export carries ------
 # (torch 2.13: InductorCacheArtifact, AOTAutogradCacheArtifact, AutotuneCacheArtifact, PGOCacheArtifact,
-# PrecompileCacheArtifact; the blob's framing is kcache_cli/megacache.py's)
+# PrecompileCacheArtifact; the blob's framing is kcache_cli/formats/megacache.py's)
 
 MEGA_GRAPH, MEGA_AUTOGRAD, MEGA_AUTOTUNE, MEGA_PGO, MEGA_PRECOMPILE = (
     "inductor", "aot_autograd", "autotune", "pgo", "precompile")

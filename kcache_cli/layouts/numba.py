@@ -24,9 +24,9 @@ import pickletools
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli import fsread
-from kcache_cli.checks import list_files
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import read as fsread
+from kcache_cli.model.checks import list_files
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import NUMBA
 from kcache_cli.model import (

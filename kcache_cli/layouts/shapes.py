@@ -1,7 +1,7 @@
 """Where each layout keeps its entries, as plain data: the path shape of every kind.
 
-This module is light on purpose (only `re`, not even `dataclasses`): shell completion (kcache_cli/names.py)
-and option parsing (kcache_cli/terms.py) read these shapes without importing the layouts' code. The
+This module is light on purpose (only `re`, not even `dataclasses`): shell completion (kcache_cli/catalog/names.py)
+and option parsing (kcache_cli/model/terms.py) read these shapes without importing the layouts' code. The
 layout modules (hidet.py, tilus.py, tilelang.py) take their shapes from here, and the archive checks an
 entry path against them, so a shape is written exactly once.
 

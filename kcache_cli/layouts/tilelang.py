@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli import fsread
-from kcache_cli.checks import changed_since, list_files
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import read as fsread
+from kcache_cli.model.checks import changed_since, list_files
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
 from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, Leftover, ScanContext, Verdict
 from kcache_cli.layouts.shapes import TILELANG
@@ -86,7 +86,7 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
 def detect(root: Path) -> bool:
     """Evidence, not names alone: a `<version>/` holding cuda-binaries/ or <platform>/kernels/, or
     version directories in a root with a CACHEDIR.TAG."""
-    from kcache_cli import state
+    from kcache_cli.fs import state
 
     try:
         versions = [d for d in os.scandir(root) if VERSION_RE.match(d.name) and d.is_dir(follow_symlinks=False)]
@@ -400,7 +400,7 @@ def _binary_file(path: str) -> str | None:
 def _read_binary_bytes(path: str) -> bytes | None:
     """A compiled file's bytes for the byte search (fsread: regular files only, under the ELF
     reader's size bound), or None."""
-    from kcache_cli.binary import MAX_FILE_BYTES
+    from kcache_cli.formats.binary import MAX_FILE_BYTES
 
     try:
         return fsread.read_bytes(path, MAX_FILE_BYTES)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from kcache_cli import fsread
-from kcache_cli.checks import changed_since, elf_truncated, list_files, listing_or_unreadable, read_text
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import read as fsread
+from kcache_cli.model.checks import changed_since, elf_truncated, list_files, listing_or_unreadable, read_text
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts._common import command_from_script
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import TILUS
@@ -62,7 +62,7 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
 def detect(root: Path) -> bool:
     """Evidence, not names alone: a CACHEDIR.TAG, or programs/<12 hex>/ or scripts/<name>/<key>-<8 hex>/
     holding tilus's files."""
-    from kcache_cli import state
+    from kcache_cli.fs import state
 
     tops = [d for d in ("programs", "scripts") if (root / d).is_dir() and not (root / d).is_symlink()]
     if not tops:

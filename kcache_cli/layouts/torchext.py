@@ -29,9 +29,9 @@ import stat
 from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
-from kcache_cli import fsread, locking
-from kcache_cli.checks import elf_truncated, list_files, read_every_byte
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import read as fsread, locking
+from kcache_cli.model.checks import elf_truncated, list_files, read_every_byte
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext, StaleLock
 from kcache_cli.layouts.shapes import TORCHEXT, TORCHEXT_EVIDENCE
 from kcache_cli.model import (

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kcache_cli import fsread
-from kcache_cli.checks import changed_since, elf_truncated, list_files
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import read as fsread
+from kcache_cli.model.checks import changed_since, elf_truncated, list_files
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import (
     HIT,
     MISS,
@@ -560,7 +560,7 @@ def relocate(src: str, dest: str, root: str | os.PathLike | None = None) -> int:
     group files changed."""
     import stat
 
-    from kcache_cli import fswrite
+    from kcache_cli.fs import write as fswrite
 
     changed = 0
     with EntryDir.open(src, fsread.anchor(root) if root is not None else None) as d:

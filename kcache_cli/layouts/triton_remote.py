@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from kcache_cli.fsread import parse_json
+from kcache_cli.fs.read import parse_json
 from kcache_cli.layouts.shapes import TRITON, TRITON_GROUP as GROUP_PREFIX
 from kcache_cli.layouts.remote_format import MAX_FILE, R, RemoteFormat, RemoteRecord
 
@@ -120,7 +120,7 @@ def check_key_format(fmt: str) -> str:
     else (no position, conversion or width); else a usage error."""
     import string
 
-    from kcache_cli.errors import UsageError
+    from kcache_cli.util.errors import UsageError
 
     try:
         fields = [(field, spec, conv) for _, field, spec, conv in string.Formatter().parse(fmt) if field is not None]

@@ -31,9 +31,11 @@ import zlib
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, NamedTuple
 
-from kcache_cli import fsread, layouts
-from kcache_cli.checks import list_files
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import read as fsread
+
+from kcache_cli import layouts
+from kcache_cli.model.checks import list_files
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.image_format import ImageFormat
 from kcache_cli.layouts.base import MISS, STALE_AFTER, UNKNOWN, Facts, Here, Judging, Layout, ScanContext, Verdict
 from kcache_cli.layouts.shapes import INDUCTOR, TRITON, TRITON_TMP, VLLM, inductor_graph_relpath
@@ -464,7 +466,7 @@ def relocate(staged: str, final: str) -> int:
     a link. Returns how many indexes changed."""
     import pprint
 
-    from kcache_cli import fswrite
+    from kcache_cli.fs import write as fswrite
 
     changed = 0
     for part in parts(staged):

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from kcache_cli.errors import KcacheError
+from kcache_cli.util.errors import KcacheError
 from kcache_cli.model import ScanFilter, Warn
 from kcache_cli.remote.store import CONNECT_TIMEOUT
 
@@ -53,8 +53,8 @@ def build_with_remote(root: Path, task, options, url: str, *, source=None, liste
                       budget: RemoteBudget | None = None):
     """Build one task like build.build_task, consulting the remote at `url` within `budget`. Returns
     the BuildResult (a pulled entry is a hit, with a note saying so)."""
-    from kcache_cli import build as b
-    from kcache_cli.terms import COMPLETE
+    from kcache_cli.ops import build as b
+    from kcache_cli.model.terms import COMPLETE
 
     warn = warn or (lambda m: None)
     root = Path(root).absolute()
@@ -97,7 +97,7 @@ def _open(url: str, budget: RemoteBudget, warn: Warn):
 
 def _try_pull(root: Path, store, spec, options, warn: Warn) -> tuple[bool, bool]:
     """(pulled, the remote answered)."""
-    from kcache_cli import build as b
+    from kcache_cli.ops import build as b
     from kcache_cli.layouts import builder
     from kcache_cli.remote.pull import pull
 

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from kcache_cli.fsread import parse_json
+from kcache_cli.fs.read import parse_json
 from kcache_cli.model import EntryKey, Keyed, ScanFilter, Warn
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.store import Store
-from kcache_cli.terms import COMPLETE, Status
+from kcache_cli.model.terms import COMPLETE, Status
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from http.client import HTTPException
 from typing import IO, Any, NamedTuple
 
-from kcache_cli.errors import UsageError
+from kcache_cli.util.errors import UsageError
 from kcache_cli.remote.store import CONNECT_TIMEOUT, IO_TIMEOUT, Deadline, RemoteError
 
 MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
@@ -98,7 +98,7 @@ def _auth_files() -> list[str]:
 def find_credentials(host: str, user: str | None = None) -> tuple[str, str] | None:
     """(user, password) for `host`: --remote-user/KCACHE_REMOTE_USER with KCACHE_REMOTE_PASSWORD,
     else the first auth file that names the host. Never printed."""
-    from kcache_cli.fsread import parse_json, read_bytes
+    from kcache_cli.fs.read import parse_json, read_bytes
 
     user = user or os.environ.get("KCACHE_REMOTE_USER")
     if user:

@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from kcache_cli.errors import KcacheError
-from kcache_cli.fsread import parse_json
+from kcache_cli.util.errors import KcacheError
+from kcache_cli.fs.read import parse_json
 from kcache_cli.model import ScanFilter, Warn
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.moved import MovedEntry, MoveResult, named
 from kcache_cli.remote.store import MAX_RECORD, Store, Value
-from kcache_cli.terms import LAYOUT_NAMES, PullAction
+from kcache_cli.model.terms import LAYOUT_NAMES, PullAction
 
 if TYPE_CHECKING:
     from kcache_cli.archive.manifest import EntryRecord
@@ -214,9 +214,9 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
 
 
 def _trusted(records: list[dict], out: list[MovedEntry]) -> list[dict]:
-    """With a trust list set (kcache_cli/signing.py), the records a listed key signed; the others are
+    """With a trust list set (kcache_cli/util/signing.py), the records a listed key signed; the others are
     refused, one line each."""
-    from kcache_cli.signing import verifier
+    from kcache_cli.util.signing import verifier
 
     check = verifier()
     if check is None:

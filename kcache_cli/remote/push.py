@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from kcache_cli.fsread import parse_json
+from kcache_cli.fs.read import parse_json
 from kcache_cli.model import ScanFilter, Warn, iso
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.moved import MovedEntry, MoveResult
 from kcache_cli.remote.store import PENDING_TTL, Publish, Store, hash_fields
-from kcache_cli.terms import PushAction
+from kcache_cli.model.terms import PushAction
 
 if TYPE_CHECKING:
     from kcache_cli.archive.manifest import EntryRecord
@@ -95,7 +95,7 @@ def _prepare(record: EntryRecord, data: dict[str, bytes], executable: tuple[str,
     ttl = PENDING_TTL if fmt.content_addressed else None
     size = rec.size
     layout = rec.key.layout
-    doc = rec.to_json() if signer is None else signer.sign(rec.to_json())  # kcache_cli/signing.py
+    doc = rec.to_json() if signer is None else signer.sign(rec.to_json())  # kcache_cli/util/signing.py
     publish = Publish(f.record_key(layout, rec.relpath), json.dumps(doc, separators=(",", ":")).encode(),
                       f.INDEX, f.entry_id(layout, rec.relpath), _summary(rec, size, pushed),
                       persist=tuple(items) if ttl else (), last=fmt.last(rec))
@@ -159,7 +159,7 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
     from kcache_cli.archive import entry_records, plan_export
 
     warn = warn or (lambda m: None)
-    from kcache_cli.signing import signer as node_signer
+    from kcache_cli.util.signing import signer as node_signer
 
     sign = node_signer()  # the node's key signs every record, when it has one
     plan = plan_export(root, flt or ScanFilter(), warn=warn)

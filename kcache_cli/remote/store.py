@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kcache_cli.errors import KcacheError, UsageError
+from kcache_cli.util.errors import KcacheError, UsageError
 
 CONNECT_TIMEOUT = 2.0  # seconds: a remote that does not answer this fast is down, for a build
 IO_TIMEOUT = 30.0  # seconds for one read from the remote (big values travel in one)
@@ -427,7 +427,7 @@ class FileStore:
     command's deadline between files."""
 
     def __init__(self, path: str) -> None:
-        from kcache_cli import fswrite
+        from kcache_cli.fs import write as fswrite
 
         self.path = os.path.realpath(path)
         self.url = "file://" + self.path
@@ -449,7 +449,7 @@ class FileStore:
 
     def _bounded(self, name: str, limit: int, dir_fd: int | None = None) -> Value:
         """The file's bytes, or its size when over `limit` (not read), or None when there is none."""
-        from kcache_cli.fsread import TooLarge, read_bytes
+        from kcache_cli.fs.read import TooLarge, read_bytes
 
         self.deadline.check()
         fd = self.fd if dir_fd is None else dir_fd
@@ -470,7 +470,7 @@ class FileStore:
         return [self._bounded(_file_name(k), n) for k, n in zip(keys, limits)]
 
     def _write(self, dir_fd: int, final: str, data: bytes, replace: bool = True) -> bool:
-        from kcache_cli import fswrite
+        from kcache_cli.fs import write as fswrite
 
         tmp = fswrite.temp_name(".tmp-")
         try:
@@ -512,7 +512,7 @@ class FileStore:
         return [self.publish(p) for p in ps]
 
     def publish(self, p: Publish) -> bool:
-        from kcache_cli import fswrite
+        from kcache_cli.fs import write as fswrite
 
         # The data first: a reader who sees the record must find it. Data keys hold their bytes'
         # sha256, so a pusher that then loses the race made permanent only bytes the winner has too,
@@ -533,7 +533,7 @@ class FileStore:
         return True
 
     def delete(self, keys: Sequence[str]) -> None:
-        from kcache_cli import fswrite
+        from kcache_cli.fs import write as fswrite
 
         for k in keys:
             for name in (_file_name(k), _PENDING + _file_name(k)):
@@ -544,7 +544,7 @@ class FileStore:
 
     def _hdir(self, name: str, create: bool = False) -> int | None:
         """A descriptor of the hash `name`'s directory, beneath the store, no link followed (None: none yet)."""
-        from kcache_cli import fswrite
+        from kcache_cli.fs import write as fswrite
 
         d = _file_name(name) + ".d"
         try:
@@ -594,7 +594,7 @@ class FileStore:
             os.close(d)
 
     def hash_delete(self, name: str, fields: Sequence[str]) -> None:
-        from kcache_cli import fswrite
+        from kcache_cli.fs import write as fswrite
 
         d = self._hdir(name)
         if d is None:
@@ -622,7 +622,7 @@ class FileStore:
         expires them; returns how many. Only kcache's own pending and temp names are touched."""
         import time
 
-        from kcache_cli import fswrite
+        from kcache_cli.fs import write as fswrite
 
         removed = 0
         now = time.time()
