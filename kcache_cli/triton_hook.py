@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kcache_cli.fs import state
+
 _STAMPED: dict[tuple[str, str], float] = {}  # (root, key dir) -> when this process last stamped it
 
 
 def record_hit(cache_dir: str, now: float | None = None) -> None:
     """Stamp the key directory `cache_dir` (<root>/<key>) as used now; never raises."""
-    from kcache_cli.fs import state
-
     try:
         now = time.time() if now is None else now
         root, key = os.path.split(os.path.normpath(cache_dir))

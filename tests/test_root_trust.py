@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import stat
 import subprocess
 import tarfile
@@ -256,7 +257,9 @@ def scans(monkeypatch) -> dict[str, int]:
             counted[key] = counted.get(key, 0) + 1
         return real(root, flt, *args, **kwargs)
 
-    monkeypatch.setattr(scan, "scan_cache", scan_cache)
+    for name, module in list(sys.modules.items()):  # every module that bound it at its top
+        if name.startswith("kcache_cli") and getattr(module, "scan_cache", None) is real:
+            monkeypatch.setattr(module, "scan_cache", scan_cache)
     return counted
 
 

@@ -49,13 +49,17 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import fields
+from importlib import import_module
 from stat import S_ISLNK, S_ISREG
 from typing import Any
 
-from kcache_cli.fs import write as fswrite, readmarks
-from kcache_cli.model import COMPLETE, CORRUPT, FAILED, STALE, Entry
+import kcache_cli
 from kcache_cli.catalog.scan_context import ScanContext
+from kcache_cli.fs import readmarks
+from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.state import index_name, open_index_dir
+from kcache_cli.layouts import NAMES
+from kcache_cli.model import COMPLETE, CORRUPT, FAILED, STALE, Entry
 
 MAGIC = b"KCACHE-SCAN-INDEX\n"
 FORMAT = 1
@@ -201,10 +205,6 @@ class _NoGlobals(pickle.Unpickler):
 
 
 def _context(root: str) -> tuple:
-    from importlib import import_module
-
-    import kcache_cli
-    from kcache_cli.layouts import NAMES
 
     code: list[tuple] = []
     for name in _JUDGES + tuple(f"kcache_cli.layouts.{n}" for n in NAMES):

@@ -10,6 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import state
+from kcache_cli.layouts import all_layouts, detect, get, homes
+from kcache_cli.layouts.shapes import BUILD_SHAPE
+from kcache_cli.model.terms import LAYOUT_NAMES
 from kcache_cli.util.errors import UsageError
 
 
@@ -55,9 +60,6 @@ def refused_root(path: str | os.PathLike) -> str | None:
 def default_cache_dir(package_dir: Path | None = None) -> CacheLocation:
     """The cache the build layout's compiler uses when nothing says otherwise (`package_dir`: where its
     Python package lies, for tests; None: found without importing it)."""
-    from kcache_cli.layouts import homes
-    from kcache_cli.layouts.shapes import BUILD_SHAPE
-
     home = homes.default_root(BUILD_SHAPE.name, package_dir)
     assert home is not None, "the build layout has a default root"
     return CacheLocation(home.path.absolute(), home.reason)
@@ -69,8 +71,6 @@ def known_caches() -> list[tuple[str, Path]]:
     is listed with the first layout; a root that lies inside another known cache's entries (a
     TRITON_CACHE_DIR inside Inductor's triton/<device>/ or a vLLM unit) is shown only with that cache,
     whose entries hold it."""
-    from kcache_cli.layouts import all_layouts
-
     found = []
     for name, layout in all_layouts().items():
         where = layout.default_root()
@@ -91,8 +91,6 @@ def known_caches() -> list[tuple[str, Path]]:
 def inside_entries(path: str, root: str, owner: str) -> bool:
     """Whether `path` lies in what the `owner` layout's cache at `root` holds: a nested cache it declares
     (Layout.nested) or one of its entries (by the entry's exact shape, positive evidence)."""
-    from kcache_cli.layouts import get
-
     if not path.startswith(root.rstrip("/") + "/") or not os.path.isdir(root):
         return False
     layout = get(owner)
@@ -134,8 +132,6 @@ def existing_caches(warn: Callable[[str], None] | None = None) -> list[CacheLoca
 def found_root(path: str | os.PathLike, what: str, warn: Callable[[str], None] | None) -> bool:
     """Whether the root kcache found by itself at `path` exists and may be used: vetted and held (True), or
     missing, or untrusted (False; `warn` told why and how to opt in)."""
-    from kcache_cli.fs import read as fsread
-
     if fsread.held_root(path) is not None:
         return True
     try:
@@ -158,8 +154,6 @@ def vet_root(path: str | os.PathLike) -> tuple[int, str | None]:
     user's groups, DESIGN §5) and not another user's directory in a world-writable one (/tmp: anyone may
     make `torchinductor_<you>` first). (-1, why) when it may not be used. A root listed in
     KCACHE_SAFE_DIRECTORY is trusted as it is. FileNotFoundError when it is missing."""
-    from kcache_cli.fs import read as fsread, state
-
     where = os.path.abspath(path)
     if state.trusted_root(where):
         return fsread.open_root(where), None
@@ -209,8 +203,6 @@ def _untrusted(st: os.stat_result, parent: os.stat_result, parent_path: str) -> 
 def hold_explicit(loc: CacheLocation, warn: Callable[[str], None] | None) -> None:
     """Hold the root given explicitly (--cache-dir, KCACHE_DIR), opened once (a link there followed once,
     here, and named in a warning); nothing when it is missing."""
-    from kcache_cli.fs import read as fsread
-
     if fsread.held_root(loc.path) is not None:
         return
     try:
@@ -225,9 +217,6 @@ def hold_explicit(loc: CacheLocation, warn: Callable[[str], None] | None) -> Non
 
 def named_cache(name: str) -> CacheLocation:
     """The cache of the layout `name` (`--cache triton`) where its compiler's own rule puts it."""
-    from kcache_cli.layouts import homes
-    from kcache_cli.model.terms import LAYOUT_NAMES
-
     home = homes.default_root(name) if name in LAYOUT_NAMES else None
     if home is None:
         choices = ", ".join(n for n in LAYOUT_NAMES if homes.default_root(n) is not None)
@@ -260,7 +249,6 @@ def cache_holding(path: str | os.PathLike, known: list[CacheLocation] | None = N
     holders = [loc for loc in known if _under(real, os.path.realpath(loc.path))]
     if holders:
         return max(holders, key=lambda loc: len(os.path.realpath(loc.path)))
-    from kcache_cli.layouts import detect, get
 
     here = Path(real)
     for above in (here, *here.parents):
@@ -291,8 +279,6 @@ def caches_below(path: Path, limit: int = 64, levels: int = 2) -> list[tuple[str
     """(layouts, directory) of the caches one or two (`levels`) levels below `path`, which holds none
     itself (`--cache-dir D` where D/triton/cache or D/hidet is the cache): the hint for a root given one
     level too high. At most `limit` directories per level are looked at."""
-    from kcache_cli.layouts import detect
-
     found: list[tuple[str, Path]] = []
     level = [path]
     for _ in range(levels):

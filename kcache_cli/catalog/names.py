@@ -9,13 +9,16 @@ this agrees with the layouts' scans on the real fixture caches.
 
 from __future__ import annotations
 
+import difflib
 import os
+from dataclasses import replace
 from fnmatch import fnmatchcase
 from stat import S_ISDIR
 from typing import Iterable, Iterator, NamedTuple
 
 from kcache_cli.fs import read as fsread
 from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape
+from kcache_cli.model import is_glob, space_matches
 
 
 class EntryName(NamedTuple):
@@ -178,10 +181,6 @@ def expand_filter(root: str | os.PathLike, flt):
     """`flt` with its op globs (`mat*`) and spaces given as a level (`2`) or a glob replaced by the names
     present, so that layouts read only those directories. A pattern matching nothing stays as it is
     (it then matches nothing)."""
-    from dataclasses import replace
-
-    from kcache_cli.model import is_glob, space_matches
-
     ops, spaces = flt.ops, flt.spaces
     if any(is_glob(o) for o in ops):
         present = op_places(root, layouts=flt.layouts)
@@ -219,8 +218,6 @@ def unknown_values(root: str | os.PathLike, flt) -> list[str]:
 
 def _checks(root: str | os.PathLike, flt) -> tuple:
     """(what, the filter's values, the names present, does value v match name n) for op, space, target."""
-    from kcache_cli.model import is_glob, space_matches
-
     return (("op", flt.ops, lambda: list(op_places(root, layouts=flt.layouts)),
              lambda v, n: n == v or (is_glob(v) and fnmatchcase(n, v))),
             ("space", flt.spaces, lambda: list(space_layouts(root, layouts=flt.layouts)),
@@ -244,8 +241,6 @@ def unknown_across(selected: list, what: str, value: str) -> str | None:
 
 
 def _did_you_mean(what: str, value: str, present: list[str], root: str) -> str:
-    import difflib
-
     close = difflib.get_close_matches(value, present, n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
     shown = ", ".join(present[:12]) + (f" and {len(present) - 12} more" if len(present) > 12 else "")

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from kcache_cli.fs import read as fsread, readmarks, state
-from kcache_cli.util.errors import UsageError
+from kcache_cli import layouts
+from kcache_cli.catalog import names
+from kcache_cli.catalog.names import expand_filter
+from kcache_cli.catalog.scan_context import ScanContext
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import readmarks, state
+from kcache_cli.fs.locking import leftover_live
+from kcache_cli.layouts import get as get_layout
 from kcache_cli.model import (
     Entry,
     ScanFilter,
@@ -18,15 +25,14 @@ from kcache_cli.model import (
     is_glob,
     measure_tree,
 )
+from kcache_cli.model.terms import BUILDING, PARTIAL
+from kcache_cli.util.errors import UsageError
 from kcache_cli.util.progress import NO_PROGRESS, Progress
-from kcache_cli.catalog.scan_context import ScanContext
 
 
 def detect_layouts(root: Path) -> tuple[str, ...]:
     """The layouts `root` holds: as the command's check of its root found them (fsread.hand_on), else
     detected now."""
-    from kcache_cli import layouts
-
     handed = fsread.take(root, "layouts")
     return handed if handed is not None else layouts.detect(root)
 
@@ -55,8 +61,6 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     if fsread.root_moved(root):
         return _moved(root, collect, warnings)
     fsread.anchor(root)
-    from kcache_cli.layouts import get as get_layout
-    from kcache_cli.catalog.names import expand_filter
 
     complete = flt == ScanFilter()
     flt = expand_filter(root, flt)
@@ -185,9 +189,6 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
     """kcache's own leftovers in the root: staging dirs of imports (`.kcache/import-*`) and temp files of
     exports written into the root's top directory (`.<archive>.*.kcache-tmp`). Partial when their
     writer is gone (prune removes them), building while it runs."""
-    from kcache_cli.fs.locking import leftover_live
-    from kcache_cli.model.terms import BUILDING, PARTIAL
-
     out: list[Entry] = []
     try:
         root_fd = fsread.open_root(root)
@@ -229,8 +230,6 @@ def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilte
     """The one entry that `ref` (a hash prefix, a path relative to the root, or an absolute path) names
     among those `flt` selects (--space, --op... to tell apart the same hash in two spaces). Without
     `statuses` (for a caller that shows none) its status may miss what the whole cache decides."""
-    from dataclasses import replace
-
     prefixes, paths = split_refs(root, [ref.rstrip("/") or ref])
     flt = replace(flt, hash_prefixes=prefixes, paths=paths)
     result = scan_cache(root, narrowed_by_names(root, flt), warn, statuses=statuses)
@@ -255,10 +254,6 @@ def narrowed_by_names(root: Path, flt: ScanFilter) -> ScanFilter:
     judged, not every layout's entries nor hidet's graphs. Spaces and ops narrow nothing else (the hidet
     version in use is still the whole cache's). Where names show none (a temp directory's name) `flt` is
     kept as it is."""
-    from dataclasses import replace
-
-    from kcache_cli.catalog import names
-
     if not Path(root).is_dir():
         return flt
     hits = [h for p in flt.name_prefixes() for h in names.entries(root, p, layouts=flt.layouts)]

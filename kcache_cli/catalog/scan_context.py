@@ -4,16 +4,22 @@ and threads. A module of its own so that the index builds on it without importin
 
 from __future__ import annotations
 
+import itertools
 import os
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from stat import S_ISREG
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, Callable, Iterator
 
-from kcache_cli.fs import read as fsread, readmarks
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import readmarks
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.model import Entry, TreeUsage, Warn, listdir, measure_tree
+from kcache_cli.model.terms import CORRUPT
+from kcache_cli.util import parallel
 from kcache_cli.util.progress import NO_PROGRESS, Progress
 
 
@@ -96,8 +102,6 @@ class ScanContext:
 
     def link_entry(self, path: str, where: str = "inside the cache", **fields) -> Entry:
         """A symlink where a directory of the cache belongs: listed as a corrupt entry, never followed."""
-        from kcache_cli.model.terms import CORRUPT
-
         st = os.lstat(path)
         try:
             text = os.readlink(path)
@@ -114,8 +118,6 @@ class ScanContext:
         """`func(self, job)` for every job, in order. Big caches are read by one worker process per
         core (kcache_cli.util.parallel): the per-file stat calls are what a scan costs, and they scale with
         cores. `func` must be a module-level function."""
-        from kcache_cli.util import parallel
-
         self.mapped = True
         self.note_found(len(jobs))
         workers = parallel.cpus()
@@ -224,11 +226,7 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
     """One worker's share of a scan: its entries and the warnings they raised, read by one thread, or by
     THREADS_PER_WORKER once reads are seen to wait on the disk (each thread with its own context: the
     index records per context). Threads take the next job from a shared counter."""
-    import itertools
-    import threading
-    from collections import deque
 
-    from kcache_cli.util import parallel
 
     root, last_used, func = shared
     fsread.anchor(root)  # a forkserver's worker starts without the parent's anchors

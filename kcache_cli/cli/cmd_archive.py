@@ -8,8 +8,8 @@ from typing import Annotated, List, Optional
 import typer
 
 from kcache_cli.cli import common as c
-from kcache_cli.util.errors import UsageError
 from kcache_cli.cli.progress import Bar as _Bar
+from kcache_cli.util.errors import UsageError
 
 
 def register(app: typer.Typer) -> None:

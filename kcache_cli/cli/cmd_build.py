@@ -6,7 +6,7 @@ string with get_type_hints on each start of kcache, about 3 ms for this command'
 import os
 import sys
 import threading
-from typing import Any, Annotated, List, Optional
+from typing import Annotated, Any, List, Optional
 
 import typer
 from typer.core import TyperCommand

@@ -64,9 +64,9 @@ def _cache_root(opts: c.GlobalOptions, cache: str | None = None):
 
 def _with_cache(cfg, root) -> dict:
     """The config's JSON with the cache's own budget and the one in effect there (and whence)."""
+    from kcache_cli.catalog.scan import detect_layouts
     from kcache_cli.ops import config
     from kcache_cli.ops.budget import effective
-    from kcache_cli.catalog.scan import detect_layouts
 
     b = effective([(root, detect_layouts(root))], cfg, lambda m: None)[str(root)]
     return {**cfg.to_json(), "cache": config.load_cache(root).to_json(),

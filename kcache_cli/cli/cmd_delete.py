@@ -121,8 +121,8 @@ def _prune_limits(opts: c.GlobalOptions, locs: list, limit, age, damaged: bool, 
     if limit is None and age is None and not damaged:
         return _configured_budget(opts, locs, scans)
     if opts.many and limit is not None and len(locs) > 1:
-        from kcache_cli.ops.budget import shared_limits
         from kcache_cli.cli.progress import Bar
+        from kcache_cli.ops.budget import shared_limits
 
         with Bar(opts, "weighing every cache"):
             limits.update(shared_limits([loc.path for loc in locs], limit, lambda m: c.warn(opts, m), scan=scans))
@@ -158,9 +158,9 @@ def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tup
 def _configured_budget(opts: c.GlobalOptions, locs, scans: _Scans) -> tuple[dict, dict]:
     """Each root's (max size, max age): the budget kept in the cache, else (caches this user owns) the
     user's `kcache config` ({root: None} for none); said on stderr with where each value comes from."""
+    from kcache_cli.catalog.scan import detect_layouts
     from kcache_cli.ops import config
     from kcache_cli.ops.budget import effective
-    from kcache_cli.catalog.scan import detect_layouts
     from kcache_cli.util.units import format_age
 
     cfg = config.load()

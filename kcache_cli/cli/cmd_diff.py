@@ -40,9 +40,9 @@ def diff_command(
 
     Example: kcache diff 22DX5RUZ ILJQFT5R
     """
+    from kcache_cli.model import ScanFilter
     from kcache_cli.ops.diff import diff_entries
     from kcache_cli.util.errors import UsageError
-    from kcache_cli.model import ScanFilter
 
     opts = c.use(ctx, cache_dir, as_json)
     loc_a, ea = c.resolve_in_scope(opts, a, cache, lambda root: ScanFilter(), selectors=False)

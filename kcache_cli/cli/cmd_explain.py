@@ -42,8 +42,8 @@ def explain_command(
 
     Example: kcache explain --python ~/venvs/serve/bin/python --gpu sm_90a
     """
-    from kcache_cli.cli.cmd_mega import is_blob
     from kcache_cli.archive import COMPRESSION_BY_SUFFIX
+    from kcache_cli.cli.cmd_mega import is_blob
     from kcache_cli.ops.explain import ExplainResult, explain_archive, explain_blob, explain_root, probe
 
     opts = c.use(ctx, cache_dir, as_json)

@@ -25,8 +25,8 @@ NoIndexOpt = Annotated[bool, typer.Option(
 
 
 def _scan(opts: c.GlobalOptions, flt, loc=None, use_index: bool = False, hint: bool = True):
-    from kcache_cli.cli.progress import scanning
     from kcache_cli.catalog.scan import scan_cache
+    from kcache_cli.cli.progress import scanning
 
     loc = loc or c.cache_location(opts, existing=True)
     if hint:
@@ -64,9 +64,7 @@ def dir_command(
                             "layouts": list(detect_layouts(loc.path) if loc.path.is_dir() else ())}, where)
         return
     from kcache_cli.catalog.locate import found_root, known_caches
-
     from kcache_cli.cli.progress import scanning
-
     from kcache_cli.layouts import get
 
     rows: list[dict] = []
@@ -471,8 +469,8 @@ def log_command(
 
 def _open_log(lf):
     """The log's chunks (fsread: a regular file, streamed: a log is never loaded whole)."""
-    from kcache_cli.util.errors import KcacheError
     from kcache_cli.fs.read import iter_chunks
+    from kcache_cli.util.errors import KcacheError
 
     try:
         chunks = iter_chunks(lf.path)

@@ -69,8 +69,8 @@ def register(app: typer.Typer) -> None:
 @contextlib.contextmanager
 def _opened(remote: Optional[str], timeout: float, deadline: Optional[float] = None) -> Iterator[Any]:
     """The remote store, closed when the command is done with it."""
-    from kcache_cli.util.errors import UsageError
     from kcache_cli.remote.store import open_store
+    from kcache_cli.util.errors import UsageError
 
     if not remote:
         raise UsageError("no remote: pass --remote URL or set KCACHE_REMOTE (redis://host:6379/0, file:///shared/dir)")
@@ -107,8 +107,8 @@ def _local_root(opts: c.GlobalOptions, layouts: tuple[str, ...]):
     """The one local root push and pull work on: --cache-dir or KCACHE_DIR; else, for one --layout, where
     that layout's compiler keeps its cache (pull --layout triton fills Triton's); else hidet's rule."""
     if not c.explicit_root(opts) and len(set(layouts)) == 1:
-        from kcache_cli.util.errors import UsageError
         from kcache_cli.catalog.locate import UntrustedRoot, named_cache
+        from kcache_cli.util.errors import UsageError
 
         try:
             return named_cache(layouts[0]).path
@@ -407,9 +407,9 @@ def remote_prune(
 
     Example: kcache remote prune --max-size 200G --older-than 30d --dry-run
     """
+    from kcache_cli.cli.table import Column
     from kcache_cli.ops.delete import parse_age, parse_size
     from kcache_cli.remote.manage import RemotePruneResult, list_remote, plan_remote_prune, prune_remote
-    from kcache_cli.cli.table import Column
     from kcache_cli.remote.oci import is_oci
 
     opts = c.use(ctx, None, as_json)

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Callable, List, Optional
 import typer
 
 from kcache_cli.cli import complete  # light: the TAB path imports nothing heavy
-from kcache_cli.util.errors import UsageError
 from kcache_cli.model.terms import BROKEN, BROKEN_WORD, KINDS, LAYOUT_NAMES, STATUSES, is_status
+from kcache_cli.util.errors import UsageError
 from kcache_cli.util.textsafe import printable, printable_line
 
 
@@ -98,9 +98,9 @@ def cache_location(opts: GlobalOptions, existing: bool = False):
 
 def _one_level_down(loc) -> None:
     """A --cache-dir/KCACHE_DIR that holds no cache but has one below it: say where (exit 2), not "no entries"."""
+    from kcache_cli.catalog.locate import caches_below
     from kcache_cli.fs import read as fsread
     from kcache_cli.layouts import detect
-    from kcache_cli.catalog.locate import caches_below
 
     found = detect(loc.path)
     if found:
@@ -488,8 +488,8 @@ def _statuses(values: Optional[List[str]]) -> tuple:
 def make_filter(op=None, space=None, target=None, layout=None, status=None, kind=None, hashes=None,
                 root: Path | None = None):
     """The selection as typed, checked. Entries given by path need `root`."""
-    from kcache_cli.model import ScanFilter
     from kcache_cli.catalog.scan import split_refs
+    from kcache_cli.model import ScanFilter
 
     spaces = _checked(space, None, "space")
     for s in spaces:
@@ -531,8 +531,8 @@ def hint_unknown_many(opts: GlobalOptions, selected: list, found: list | None = 
     """hint_unknown over several caches ((root, filter) each): a value is hinted at only when it names
     nothing in any of them (`--space cuda_space_2` is hidet's; Triton's cache not having it is no news),
     once, and never for a value an entry `found` has (a space read from an entry's metadata, not its path)."""
-    from kcache_cli.model import space_matches
     from kcache_cli.catalog.names import unknown_across
+    from kcache_cli.model import space_matches
 
     seen = {"ops": {e.op for e in found or ()}, "spaces": {e.space for e in found or ()},
             "targets": {e.target for e in found or ()}}

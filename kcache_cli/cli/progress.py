@@ -42,8 +42,15 @@ class Bar:
         return self
 
     def _columns(self) -> list:
-        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, SpinnerColumn, TextColumn,
-                                   TimeRemainingColumn, TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            SpinnerColumn,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         cols: list = [SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn()]
         if self.unit == "judged":

@@ -40,6 +40,8 @@ import os
 import struct
 from dataclasses import dataclass
 
+from kcache_cli.fs.read import NotRegularFile, TooLarge, read_bytes
+
 __all__ = ["BinaryInfo", "read_binary", "MAX_FILE_BYTES"]
 
 #: Files larger than this are not read (kernel binaries are at most tens of MB).
@@ -172,7 +174,6 @@ def read_binary(path: str | os.PathLike) -> BinaryInfo:
     def fail(msg: str) -> BinaryInfo:
         return BinaryInfo(spath, FORMAT_UNKNOWN, None, (), (), (), msg)
 
-    from kcache_cli.fs.read import NotRegularFile, TooLarge, read_bytes
 
     try:  # a regular file, opened without following a link or blocking on a FIFO, read up to the bound
         data = read_bytes(spath, MAX_FILE_BYTES)

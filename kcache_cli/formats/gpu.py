@@ -4,6 +4,8 @@ and the local GPUs (nvidia-smi). Only the standard library; nvidia-smi runs only
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from typing import Iterable, NamedTuple
 
 # sm_90, sm_90a, sm_100f, compute_90: the one arch grammar of kcache.
@@ -63,9 +65,6 @@ def arch_runs_on(arch: str, caps: Iterable[tuple[int, int]]) -> bool | None:
 def local_compute_caps(timeout: float = 10.0) -> tuple[tuple[int, int], ...] | None:
     """Compute capabilities of this machine's GPUs from nvidia-smi, in its order; None when there is
     no GPU (or no nvidia-smi) to ask."""
-    import shutil
-    import subprocess
-
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None

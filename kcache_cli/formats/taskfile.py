@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from kcache_cli.fs.read import read_bytes
 from kcache_cli.util.errors import KcacheError
 
 HASH_LEN = 16
@@ -105,6 +106,4 @@ def read_task_file(path: str, base: str | None = None) -> bytes:
     """The exact bytes of a task file: a regular file of at most MAX_TASK_BYTES (fsread: a FIFO or
     a device such as /dev/zero is refused). Inside a cache entry (`base`) a symlink is refused too;
     a task file the user names may be a link. OSError says why it cannot be read."""
-    from kcache_cli.fs.read import read_bytes
-
     return read_bytes(path, MAX_TASK_BYTES, base=base, follow=base is None)

@@ -23,6 +23,8 @@ import stat
 from dataclasses import dataclass, field
 
 from kcache_cli.fs import read as fsread
+from kcache_cli.fs import write as fswrite
+from kcache_cli.fs.mounts import table
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_WINDOW = 48  # directory descriptors kept open below the top of one removal
@@ -270,8 +272,6 @@ class _Walk:
 # ---- mount points --------------------------------------------------------------------------------
 def mount_points_under(path: str) -> list[str]:
     """Mount points at or below `path` (a real path), from /proc/self/mountinfo; [] if unknown."""
-    from kcache_cli.fs.mounts import table
-
     base = os.path.join(path, "")
     return [m.point for m in table() if m.point == path or m.point.startswith(base)]
 
@@ -310,8 +310,6 @@ def remove_held_file(dir_fd: int, name: str, seen: os.stat_result) -> None:
     """Unlink the file `name` in `dir_fd` only while it is still the file `seen` (its lstat when it was
     judged removable): it is renamed aside first (fswrite.rename_held, which moves a stranger back),
     then unlinked under the new name, so a file created at `name` meanwhile is never the one removed."""
-    from kcache_cli.fs import write as fswrite
-
     if not stat.S_ISREG(seen.st_mode):
         raise OSError(errno.EINVAL, "not a regular file", name)
     aside = fswrite.temp_name(".kcache-stale-")

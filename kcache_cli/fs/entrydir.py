@@ -13,12 +13,14 @@ Light on purpose (os, stat, errno, fsread): the scan opens one per entry."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 from collections.abc import Iterator
 from typing import Any
 
-from kcache_cli.fs import read as fsread, readmarks
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import readmarks
 from kcache_cli.fs.read import DIR_FLAGS, RESOLVE_BENEATH, RESOLVE_NO_SYMLINKS, Anchor, TooLarge
 
 _EUID = os.geteuid()
@@ -249,8 +251,6 @@ class EntryDir:
 
     def sha256(self, name: str, *, follow: bool = False) -> str:
         """The sha256 of the file's bytes, streamed (`follow` as for open_file)."""
-        import hashlib
-
         h = hashlib.sha256()
         for data in self.iter_chunks(name, follow=follow):
             h.update(data)

@@ -11,13 +11,19 @@ locks are flocks too, so both kinds exclude each other on the same file."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import pwd
 import stat
 import time
 from pathlib import Path
 from typing import NamedTuple
 
-from kcache_cli.fs import read as fsread, state
+from filelock import FileLock
+
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import state
+from kcache_cli.fs import write as fswrite
 from kcache_cli.util.errors import LockTimeout
 
 # Every lock file is opened this way: a FIFO, device or socket planted where a lock belongs never blocks
@@ -68,8 +74,6 @@ def _may_write(name: str | os.PathLike, dir_fd: int | None) -> bool:
 def _lock_mode(fd: int, dir_fd: int | None) -> None:
     """0660 with the directory's group in a group-shared cache, else 0600 (an older kcache made them
     0644: mended by their owner's next use)."""
-    from kcache_cli.fs import write as fswrite
-
     st = os.fstat(fd)
     if st.st_uid != os.geteuid():
         return
@@ -83,8 +87,6 @@ def _lock_mode(fd: int, dir_fd: int | None) -> None:
 
 def entry_lock(root: Path, relpath: str, timeout: float = -1):
     """A FileLock for one entry (blocking by default); its file sits outside the entry."""
-    from filelock import FileLock
-
     path = state.lock_path(root, relpath)
     _make_locks_dir(root)
     return FileLock(str(path), timeout=timeout)
@@ -96,8 +98,6 @@ def _make_locks_dir(root: Path) -> None:
 
 
 def _locks_dir(root: Path) -> int:
-    from kcache_cli.fs import write as fswrite
-
     try:
         rfd = fswrite.open_root(root)
     except FileNotFoundError:  # a lock taken before the cache exists makes it, as makedirs did
@@ -125,8 +125,6 @@ def _open_lock(root: Path, name: str, create: bool = True) -> int:
 def try_flock(fd: int) -> bool:
     """Take an exclusive flock on `fd` without waiting: True when taken, False when another process
     holds it (the one try-lock of kcache)."""
-    import fcntl
-
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -139,8 +137,6 @@ def try_flock(fd: int) -> bool:
 def wait_flock(fd: int, timeout: float | None = None, what: str = "the lock", poll: float = 0.05) -> None:
     """Take an exclusive flock on `fd`, waiting at most `timeout` seconds (None: as long as it takes);
     LockTimeout (exit 3) naming who holds it when the time runs out."""
-    import fcntl
-
     if timeout is None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return
@@ -176,8 +172,6 @@ def holders(fd: int) -> list[tuple[int, str]]:
 
 
 def _user_of(pid: int) -> str:
-    import pwd
-
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
     except OSError:
@@ -283,8 +277,6 @@ def entry_build_locked(root: Path, relpath: str) -> bool:
 # ---- leftovers of killed imports and exports (their names and ages: kcache_cli/fs/state.py) ----------
 def _flock_free(fd: int) -> bool:
     """True when nobody holds a flock on `fd`'s file (the lock is dropped at once)."""
-    import fcntl
-
     if not try_flock(fd):
         return False
     fcntl.flock(fd, fcntl.LOCK_UN)

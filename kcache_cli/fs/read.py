@@ -11,7 +11,10 @@ Light on purpose (os, stat, errno): `kcache build`'s hit path and `ls` import it
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -541,8 +544,6 @@ def chunks_of(fd: int, chunk: int = CHUNK) -> Iterator[bytes]:
 
 
 def sha256_file(path: str, *, base: str | None = None) -> str:
-    import hashlib
-
     h = hashlib.sha256()
     for data in iter_chunks(path, base=base):
         h.update(data)
@@ -565,7 +566,6 @@ def json_depth(data: bytes, limit: int = MAX_JSON_DEPTH) -> int:
     opens = data.count(b"[") + data.count(b"{")
     if opens <= limit:
         return opens  # cannot nest deeper than it has brackets
-    import re
 
     if _STRING is None or _PAIR is None:
         _STRING = re.compile(rb'"[^"]*"')
@@ -589,8 +589,6 @@ def json_depth(data: bytes, limit: int = MAX_JSON_DEPTH) -> int:
 
 def parse_json(data: bytes | str, what: str = "JSON", max_depth: int = MAX_JSON_DEPTH) -> Any:
     """json.loads under a nesting limit: too deep is a ValueError that says so, never a RecursionError."""
-    import json
-
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     if json_depth(raw, max_depth) > max_depth:
         raise JsonTooDeep(f"{what} is nested more than {max_depth} levels deep")

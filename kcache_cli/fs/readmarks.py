@@ -20,6 +20,8 @@ import json
 import os
 import stat
 
+from kcache_cli.fs import locking, state
+from kcache_cli.fs import read as fsread
 from kcache_cli.fs import write as fswrite
 from kcache_cli.util.errors import LockTimeout
 
@@ -62,8 +64,6 @@ def note(dir_fd: int, listing: dict[str, os.stat_result]) -> None:
 
 def load(root: str | os.PathLike) -> None:
     """MARKS from the cache's notes (none when missing, malformed or not trusted)."""
-    from kcache_cli.fs import read as fsread, state
-
     MARKS.clear()
     _NOTED.clear()
     raw = state.read_shared_file(root, FILE, 64 << 20)
@@ -80,7 +80,6 @@ def save(root: str | os.PathLike) -> None:
     """Merge this process's notes into `.kcache/reads` (under its lock). Never fails the caller."""
     if not _NOTED:
         return
-    from kcache_cli.fs import locking, state
 
     try:
         rfd = fswrite.open_root(root)
@@ -108,8 +107,6 @@ def save(root: str | os.PathLike) -> None:
 
 
 def _merge(root: str | os.PathLike, sfd: int) -> None:
-    from kcache_cli.fs import read as fsread, state
-
     raw = state.read_shared_file(root, FILE, 64 << 20)
     try:
         notes = {int(k): tuple(v) for k, v in fsread.parse_json(raw, FILE, 3).items()} if raw else {}

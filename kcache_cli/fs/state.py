@@ -10,7 +10,8 @@ import stat
 import time
 from pathlib import Path
 
-from kcache_cli.fs import read as fsread, write as fswrite
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import write as fswrite
 
 STATE_DIR = ".kcache"
 INDEX_DIR = "index"  # .kcache/index/: the scan index

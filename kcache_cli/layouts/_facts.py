@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple, Protocol
 
+from kcache_cli.formats.gpu import archs_from_command
+
 if TYPE_CHECKING:
     from kcache_cli.model import Entry
 
@@ -63,8 +65,6 @@ def _binary_archs(paths: list[str]) -> str | None:
 def entry_facts(layout: FactSource, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:
     """What the entry recorded (kcache.json), else its compile command, else its options' arch, else
     (no command at all) the archs inside its binaries."""
-    from kcache_cli.formats.gpu import archs_from_command
-
     compiler, arch, platform = _recorded(small)
     command = layout.compile_command(small)
     if command:

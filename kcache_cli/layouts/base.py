@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol
 
+from kcache_cli.fs.locking import probe_locked
+from kcache_cli.layouts import _facts, homes
 from kcache_cli.layouts._facts import Facts
 from kcache_cli.layouts.shapes import KindShape, LayoutShape
 
@@ -421,8 +423,6 @@ class Layout:
 
     def busy(self, entry_path: str) -> str | None:
         """Why the entry's own writer is using it right now (one of `writer_locks` is held), or None."""
-        from kcache_cli.fs.locking import probe_locked
-
         for name in self.writer_locks:
             if probe_locked(os.path.join(entry_path, name)):
                 return f"{self.name} holds the entry's {name}"
@@ -500,8 +500,6 @@ class Layout:
         """Where this layout's compiler keeps its cache on this machine when nothing says otherwise
         (`kcache dir --all`), with the rule that chose it; None when there is no such place. The rules
         live in the light module layouts/homes.py (kcache's own default root is one of them)."""
-        from kcache_cli.layouts import homes
-
         home = homes.default_root(self.name)
         return (home.path, home.reason) if home is not None else None
 
@@ -516,8 +514,6 @@ class Layout:
         """(compiler, arch, platform) for an export manifest: from what kcache recorded (kcache.json),
         else the compile command (`compile_command`), else `options_arch`, else the archs inside the
         entry's binaries. `small` holds the bytes of the entry's `fact_files` that exist."""
-        from kcache_cli.layouts import _facts
-
         return _facts.entry_facts(self, entry, small, names)
 
     def compile_command(self, small: Mapping[str, bytes]) -> str | None:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli.fs import read as fsread
-from kcache_cli.model.checks import list_files, read_every_byte
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import CUDAJIT, cudajit_evidence, cudajit_names
@@ -31,6 +30,7 @@ from kcache_cli.model import (
     ScanFilter,
     measure_tree,
 )
+from kcache_cli.model.checks import list_files, read_every_byte
 
 NAME = CUDAJIT.name
 KIND = "jit"

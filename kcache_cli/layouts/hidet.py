@@ -6,13 +6,16 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
-from kcache_cli.fs import read as fsread, state
-from kcache_cli.model.checks import (changed_since, check_manifest, elf_truncated, list_files, listing_or_unreadable,
-                              read_text, size_mismatch)
+from kcache_cli.formats.gpu import arch_runs_on, archs_from_command, cuda_archs
+from kcache_cli.formats.taskfile import TaskFormatError, parse_task, read_task_file
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import state
 from kcache_cli.fs.entrydir import EntryDir
+from kcache_cli.fs.locking import entry_build_locked, probe_locked
 from kcache_cli.layouts._common import command_from_script
 from kcache_cli.layouts.base import (
     HIT,
@@ -28,9 +31,31 @@ from kcache_cli.layouts.base import (
     Verdict,
 )
 from kcache_cli.layouts.shapes import HIDET
-from kcache_cli.fs.locking import entry_build_locked, probe_locked
-from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, UNREADABLE_REASON,
-                              Details, Entry, Judgement, LogFile, ScanFilter, TensorInfo, measure_tree)
+from kcache_cli.model import (
+    BUILDING,
+    COMPLETE,
+    CORRUPT,
+    FAILED,
+    PARTIAL,
+    UNREADABLE,
+    UNREADABLE_REASON,
+    Details,
+    Entry,
+    Judgement,
+    LogFile,
+    ScanFilter,
+    TensorInfo,
+    measure_tree,
+)
+from kcache_cli.model.checks import (
+    changed_since,
+    check_manifest,
+    elf_truncated,
+    list_files,
+    listing_or_unreadable,
+    read_text,
+    size_mismatch,
+)
 
 NAME = HIDET.name
 SPACE_RE = HIDET.kinds[0].segments[1]  # <target>_space_<level>: groups 1 (target) and 2 (level)
@@ -168,8 +193,6 @@ def _dist_info_version() -> str | None:
     metadata anywhere is "". None where only importlib.metadata can tell (a zip or egg file on
     sys.path, a `hidet.egg-info` without a version). Importing importlib.metadata and its search cost
     a fifth of an `inspect`."""
-    import sys
-
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")
@@ -814,8 +837,6 @@ def _describe_task(entry: Entry, problems: list[str], facts: list[tuple[str, str
                    ) -> tuple[str | None, tuple[TensorInfo, ...], tuple[TensorInfo, ...]]:
     """The op's name and tensors from task.txt: facts only (hidet hashes the task in memory and never reads
     task.txt when it looks an entry up, so an edited task.txt changes nothing)."""
-    from kcache_cli.formats.taskfile import TaskFormatError, parse_task, read_task_file
-
     try:
         data = read_task_file(os.path.join(entry.path, "task.txt"), base=entry.path)
     except FileNotFoundError:
@@ -909,8 +930,6 @@ PACKAGE = "hidet"
 def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     """hit: hidet installed in the version recorded, the entry complete, its binary's CUDA arch run by the
     GPU here (or a CPU entry); miss or unknown with the factor otherwise."""
-    from kcache_cli.formats.gpu import arch_runs_on, archs_from_command, cuda_archs
-
     if here.problem:
         return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
     have = here.versions.get(PACKAGE)

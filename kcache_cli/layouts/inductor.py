@@ -24,14 +24,13 @@ import base64
 import hashlib
 import os
 import re
+import stat
 from dataclasses import replace as replace_entry
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, NamedTuple
 
-from kcache_cli.fs import read as fsread
-
 from kcache_cli import layouts
-from kcache_cli.model.checks import elf_truncated, list_files
+from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import (
     MISS,
@@ -47,8 +46,8 @@ from kcache_cli.layouts.base import (
     Verdict,
 )
 from kcache_cli.layouts.shapes import INDUCTOR, triton_kernel_name, triton_target_arch
-from kcache_cli.layouts.shapes import inductor_graph_relpath as graph_relpath
 from kcache_cli.layouts.shapes import TRITON as TRITON_SHAPE
+from kcache_cli.layouts.shapes import inductor_graph_relpath as graph_relpath
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -64,6 +63,7 @@ from kcache_cli.model import (
     TreeUsage,
     measure_tree,
 )
+from kcache_cli.model.checks import elf_truncated, list_files
 
 NAME = INDUCTOR.name
 GRAPH, AUTOGRAD, CODE, AUTOTUNE, TRITON = "graph", "autograd", "code", "autotune", "triton"
@@ -124,8 +124,6 @@ def listing(where: EntryDir | str) -> Listing:
     """The files, links and other names directly in the directory, listed through its fd (a path is
     opened first, its last component not followed); each file's and link's lstat kept in `listing` of
     the EntryDir, so that its reads skip their own stat."""
-    import stat
-
     if isinstance(where, str):
         with EntryDir.open(where) as d:
             return listing(d)
@@ -251,8 +249,6 @@ def missing_graphs(d: EntryDir, variants: list[str], jc: Judging, memo: dict[str
     """The aotautograd entry as the fx graphs it names make it: partial when one is missing or broken
     (torch misses both and compiles again), unreadable or building when one is, else complete. The
     graphs are read through `fxgraph/` of its cache root, opened from the anchor (no link followed)."""
-    import stat
-
     keys = graph_keys(d, variants)
     if not keys:
         return Judgement(COMPLETE)

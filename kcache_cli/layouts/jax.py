@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli.fs import read as fsread
-from kcache_cli.model.checks import list_files
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import JAX
@@ -49,6 +48,7 @@ from kcache_cli.model import (
     ScanFilter,
     measure_tree,
 )
+from kcache_cli.model.checks import list_files
 
 NAME = JAX.name
 KIND = "compile_cache"

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Iterator
 
 from kcache_cli.fs import read as fsread
-from kcache_cli.model.checks import list_files
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import NUMBA
@@ -41,6 +40,7 @@ from kcache_cli.model import (
     Judgement,
     ScanFilter,
 )
+from kcache_cli.model.checks import list_files
 
 NAME = NUMBA.name
 KIND = "functions"

@@ -6,17 +6,35 @@ from __future__ import annotations
 
 import os
 import re
+import stat as _s
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
+from kcache_cli.formats.binary import MAX_FILE_BYTES
 from kcache_cli.fs import read as fsread
-from kcache_cli.model.checks import changed_since, list_files
+from kcache_cli.fs import state
 from kcache_cli.fs.entrydir import EntryDir
-from kcache_cli.layouts.base import STAGING as STAGING_WHAT
 from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, Leftover, ScanContext, Verdict
+from kcache_cli.layouts.base import STAGING as STAGING_WHAT
 from kcache_cli.layouts.shapes import TILELANG
-from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE, UNREADABLE_REASON, Details, Entry, Judgement,
-                              LogFile, ScanFilter, Status, Warn, measure_tree)
+from kcache_cli.model import (
+    COMPLETE,
+    CORRUPT,
+    PARTIAL,
+    UNREADABLE,
+    UNREADABLE_REASON,
+    Details,
+    Entry,
+    Judgement,
+    LogFile,
+    ScanFilter,
+    Status,
+    Warn,
+    listdir,
+    measure_tree,
+)
+from kcache_cli.model.checks import changed_since, list_files
 
 NAME = TILELANG.name
 TARGET = TILELANG.kinds[0].target
@@ -86,8 +104,6 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
 def detect(root: Path) -> bool:
     """Evidence, not names alone: a `<version>/` holding cuda-binaries/ or <platform>/kernels/, or
     version directories in a root with a CACHEDIR.TAG."""
-    from kcache_cli.fs import state
-
     try:
         versions = [d for d in os.scandir(root) if VERSION_RE.match(d.name) and d.is_dir(follow_symlinks=False)]
     except OSError:
@@ -117,8 +133,6 @@ def _stat(d: EntryDir, name: str) -> os.stat_result | None:
 
 def _denied(st: os.stat_result | None) -> bool:
     """A regular file nobody may read (mode bits): unreadable whoever runs kcache (root reads it anyway)."""
-    import stat as _s
-
     return st is not None and _s.S_ISREG(st.st_mode) and not st.st_mode & 0o444
 
 
@@ -400,8 +414,6 @@ def _binary_file(path: str) -> str | None:
 def _read_binary_bytes(path: str) -> bytes | None:
     """A compiled file's bytes for the byte search (fsread: regular files only, under the ELF
     reader's size bound), or None."""
-    from kcache_cli.formats.binary import MAX_FILE_BYTES
-
     try:
         return fsread.read_bytes(path, MAX_FILE_BYTES)
     except OSError:
@@ -561,9 +573,7 @@ class TilelangLayout(Layout):
         if os.path.basename(entry.path) != BINARIES_DIR or not os.path.isdir(entry.path):
             return [entry]
         # .staging/cuda-binaries/ holds one directory per write: each is judged on its own
-        from dataclasses import replace
 
-        from kcache_cli.model import listdir
 
         out = []
         for de in listdir(entry.path, warn):

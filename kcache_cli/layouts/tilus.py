@@ -15,13 +15,26 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from kcache_cli.fs import read as fsread
-from kcache_cli.model.checks import changed_since, elf_truncated, list_files, listing_or_unreadable, read_text
+from kcache_cli.fs import state
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts._common import command_from_script
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import TILUS
-from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, Details, Entry, Judgement, LogFile,
-                              ScanFilter, TensorInfo, measure_tree)
+from kcache_cli.model import (
+    COMPLETE,
+    CORRUPT,
+    FAILED,
+    PARTIAL,
+    UNREADABLE,
+    Details,
+    Entry,
+    Judgement,
+    LogFile,
+    ScanFilter,
+    TensorInfo,
+    measure_tree,
+)
+from kcache_cli.model.checks import changed_since, elf_truncated, list_files, listing_or_unreadable, read_text
 
 NAME = TILUS.name
 TARGET = TILUS.kinds[0].target  # tilus compiles for NVIDIA GPUs only
@@ -62,8 +75,6 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
 def detect(root: Path) -> bool:
     """Evidence, not names alone: a CACHEDIR.TAG, or programs/<12 hex>/ or scripts/<name>/<key>-<8 hex>/
     holding tilus's files."""
-    from kcache_cli.fs import state
-
     tops = [d for d in ("programs", "scripts") if (root / d).is_dir() and not (root / d).is_symlink()]
     if not tops:
         return False

@@ -26,11 +26,12 @@ from __future__ import annotations
 import os
 import re
 import stat
+import time
 from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
-from kcache_cli.fs import read as fsread, locking
-from kcache_cli.model.checks import elf_truncated, list_files, read_every_byte
+from kcache_cli.fs import locking
+from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext, StaleLock
 from kcache_cli.layouts.shapes import TORCHEXT, TORCHEXT_EVIDENCE
@@ -46,6 +47,7 @@ from kcache_cli.model import (
     Judgement,
     ScanFilter,
 )
+from kcache_cli.model.checks import elf_truncated, list_files, read_every_byte
 
 NAME = TORCHEXT.name
 KIND = "extension"
@@ -204,8 +206,6 @@ class TorchExtLayout(Layout):
         return compile_command(small)
 
     def in_use(self, entry: Entry) -> str | None:
-        import time
-
         return in_use(entry, time.time())
 
     def stale_locks(self, d: EntryDir, jc: Judging) -> list[StaleLock]:

@@ -16,13 +16,14 @@ import errno
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kcache_cli.fs import read as fsread
-from kcache_cli.model.checks import changed_since, elf_truncated, list_files
+from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import (
     HIT,
@@ -42,9 +43,13 @@ from kcache_cli.layouts.shapes import (
     TRITON_GROUP,
     TRITON_TMP,
     triton_evidence,
-    triton_target_arch as arch_of,
     triton_kernel_name,
 )
+from kcache_cli.layouts.shapes import (
+    triton_target_arch as arch_of,
+)
+from kcache_cli.layouts.triton_image import TritonImage
+from kcache_cli.layouts.triton_remote import TritonFormat
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -62,6 +67,7 @@ from kcache_cli.model import (
     TreeUsage,
     measure_tree,
 )
+from kcache_cli.model.checks import changed_since, elf_truncated, list_files
 
 if TYPE_CHECKING:
     from kcache_cli.layouts.image_format import ImageFormat
@@ -558,10 +564,6 @@ def relocate(src: str, dest: str, root: str | os.PathLike | None = None) -> int:
     cache `root`, opened from it without following a link), so a directory swapped for a link between
     the scan and this rewrite makes it write nothing rather than write elsewhere. Returns how many
     group files changed."""
-    import stat
-
-    from kcache_cli.fs import write as fswrite
-
     changed = 0
     with EntryDir.open(src, fsread.anchor(root) if root is not None else None) as d:
         dfd = d.fd
@@ -724,14 +726,10 @@ class TritonLayout(Layout):
 
     def remote_format(self) -> RemoteFormat | None:
         """Triton's own Redis keys (`triton:{key}:{filename}`), shared with Triton's remote cache."""
-        from kcache_cli.layouts.triton_remote import TritonFormat
-
         return TritonFormat()
 
     def image_format(self) -> ImageFormat:
         """MCV's compat image of a Triton cache (triton_image.py)."""
-        from kcache_cli.layouts.triton_image import TritonImage
-
         return TritonImage()
 
     def facts(self, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:

@@ -25,20 +25,21 @@ from __future__ import annotations
 
 import ast
 import os
+import pprint
 import re
 import stat
 import zlib
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, NamedTuple
 
-from kcache_cli.fs import read as fsread
-
 from kcache_cli import layouts
-from kcache_cli.model.checks import list_files
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.entrydir import EntryDir
-from kcache_cli.layouts.image_format import ImageFormat
 from kcache_cli.layouts.base import MISS, STALE_AFTER, UNKNOWN, Facts, Here, Judging, Layout, ScanContext, Verdict
+from kcache_cli.layouts.image_format import ImageFormat
 from kcache_cli.layouts.shapes import INDUCTOR, TRITON, TRITON_TMP, VLLM, inductor_graph_relpath
+from kcache_cli.layouts.vllm_image import VllmImage
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -51,6 +52,7 @@ from kcache_cli.model import (
     ScanFilter,
     Status,
 )
+from kcache_cli.model.checks import list_files
 
 NAME = VLLM.name
 COMPILE, AOT = "compile", "aot"
@@ -464,10 +466,6 @@ def relocate(staged: str, final: str) -> int:
     under `final` (where the unit is or will be published), in vLLM's own format (pprint, indent 4).
     Each index is replaced atomically through a directory fd opened beneath `staged` without following
     a link. Returns how many indexes changed."""
-    import pprint
-
-    from kcache_cli.fs import write as fswrite
-
     changed = 0
     for part in parts(staged):
         if part.problem:
@@ -520,8 +518,6 @@ class VllmLayout(Layout):
 
     def image_format(self) -> ImageFormat:
         """MCV's compat image of vLLM's cache (vllm_image.py)."""
-        from kcache_cli.layouts.vllm_image import VllmImage
-
         return VllmImage()
 
     def relocate(self, staged: str, final: str, root: Path) -> None:

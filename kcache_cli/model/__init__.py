@@ -13,6 +13,7 @@ kcache_cli/model/terms.py."""
 
 from __future__ import annotations
 
+import heapq
 import os
 import re
 import stat
@@ -290,8 +291,6 @@ class ScanResult:
     def to_json(self, top: int = 10) -> dict:
         """`stats --json`: totals, breakdowns by layout, space, op, status and kind (entries and bytes
         each), the `top` biggest entries (as `ls --json` rows) and the scan's warnings."""
-        import heapq
-
         groups: dict[str, dict[str, dict[str, int]]] = {k: {} for k in
                                                          ("by_layout", "by_space", "by_op", "by_status", "by_kind")}
         none: dict[str, dict[str, dict[str, int]]] = {"by_space": {}, "by_op": {}}

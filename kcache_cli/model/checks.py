@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
+import struct
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kcache_cli.fs import read as fsread
+from kcache_cli.model import UNREADABLE, FileInfo, TreeUsage
 
 if TYPE_CHECKING:
     from kcache_cli.fs.entrydir import EntryDir
@@ -18,8 +21,6 @@ def list_files(path: str, warn=None) -> tuple:
 
     Iterative, never following links, at most fsread.MAX_TREE_DEPTH directories deep: a deeper
     tree lists what came before and, with `warn`, says so."""
-    from kcache_cli.model import FileInfo
-
     out = []
     try:
         for name, st, link in fsread.walk_files(path):
@@ -88,8 +89,6 @@ def size_mismatch(manifest: str, listed: object, names: dict[str, int]) -> str |
 def elf_truncated(name: str, head: bytes, size: int) -> str | None:
     """A cheap check on a compiled binary: its ELF header (the first 64 bytes) says how long the file
     must at least be (the section header table comes last). Returns a reason, or None if it looks whole."""
-    import struct
-
     if head[:4] != b"\x7fELF" or len(head) < 52:
         return f"{name} is not an ELF file" if len(head) >= 4 or size >= 4 else f"{name} is truncated: {size} bytes"
     endian = "<" if head[5] == 1 else ">"
@@ -132,8 +131,6 @@ def unreadable(path: str) -> str | None:
     """Why a file cannot be read by the people using the cache, or None. Root reads mode 000 files
     anyway, so a file nobody may read counts as unreadable whoever runs kcache. (A judgement asks its
     EntryDir instead: `d.unreadable(name)`, the same rule through the entry's fd.)"""
-    import stat
-
     try:
         st = os.stat(path)
     except OSError:
@@ -178,8 +175,6 @@ def listing_or_unreadable(ctx, path: str, out: list, keep=None, **fields) -> lis
     `unreadable` entry in `out` (with `fields`: layout, kind, target, space, op): the entries in it
     cannot be counted one by one, but they are not dropped from the counts either. Nothing deletes
     such an entry."""
-    from kcache_cli.model import UNREADABLE, TreeUsage
-
     try:
         return fsread.sorted_entries(path, keep)
     except OSError as exc:

@@ -5,13 +5,17 @@ what `kcache prune` with no criteria enforces on each cache, and what `stats` sh
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import Callable
 
+from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.layouts import get
 from kcache_cli.model import ScanResult, Warn
+from kcache_cli.ops.config import ALL, load_cache
+from kcache_cli.util.units import format_size
 
 
 def shared_limits(roots: list[Path], limit: int, warn: Warn, caps: dict[str, int | None] | None = None,
@@ -22,9 +26,6 @@ def shared_limits(roots: list[Path], limit: int, warn: Warn, caps: dict[str, int
     `caps` and `ages` (by root) are what each root's own budget removes first: its entries beyond its
     own size cap (least recently used first) and those unused for longer than its age never count.
     `scan(root)`: the root's scan (the caller's one scan of it, that its plan reads again)."""
-    from kcache_cli.layouts import get
-    from kcache_cli.catalog.scan import scan_cache
-
     now = time.time() if now is None else now
     found: list[tuple[float, int, str]] = []
     for root in roots:
@@ -74,9 +75,6 @@ def configured(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn,
     """Each root's budget from the config `cfg` (kcache_cli.ops.config.Config), given the layouts each holds:
     its own `[cache.<layout>]` values, then `[all]` (its max-age for each, its max-size shared across
     the roots, least recently used first, after each root's own cap; `scan` as for shared_limits)."""
-    from kcache_cli.ops.config import ALL
-    from kcache_cli.util.units import format_size
-
     every = cfg.budget(ALL)
     own = {str(root): cfg.budget_for(layouts) for root, layouts in roots}
     ages = {r: _least(b.max_age, every.max_age) for r, b in own.items()}
@@ -101,10 +99,6 @@ def effective(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn,
     """What a bare `prune` keeps each root to: the budget kept in the cache (`.kcache/config.toml`, binding
     every user and winning over personal settings), then, only for caches this user owns, the user's own
     config (`configured`, `scan` as there). A malformed budget in a cache is a usage error naming its file."""
-    import os
-
-    from kcache_cli.ops.config import load_cache
-
     kept = {str(root): load_cache(root).budget() for root, _ in roots if root.is_dir()}
     owned = [(root, layouts) for root, layouts in roots if not root.is_dir() or root.stat().st_uid == os.geteuid()]
     personal = configured(owned, cfg, warn, scan=scan) if owned else {}
@@ -138,8 +132,6 @@ class Usage:
 def usage(caches: list[tuple[tuple[str, ...], int]], cfg) -> list[Usage]:
     """(used, limit) per cache with a configured max-size, from each cache's (layouts, bytes used); and
     the total against `[all]`'s max-size when that is set."""
-    from kcache_cli.ops.config import ALL
-
     out = []
     for layouts, used in caches:
         limit = cfg.budget_for(layouts).max_size

@@ -13,19 +13,37 @@ unless they are needed, and the records are immutable NamedTuples rather than fr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shlex
+import shutil
 import stat
+import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Final, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
-from kcache_cli.fs import state
-from kcache_cli.fs.read import json_object
-from kcache_cli.util.errors import KcacheError, LockTimeout, UsageError
+from kcache_cli import __version__
+from kcache_cli.formats.binary import read_binary
 from kcache_cli.formats.gpu import ARCH_RE
+from kcache_cli.formats.gpu import local_gpu_arch as first_gpu_arch
+from kcache_cli.formats.taskfile import parse_task, read_task_file, task_hash
+from kcache_cli.fs import delete as fsdelete
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import state
+from kcache_cli.fs import write as fswrite
+from kcache_cli.fs.entrydir import EntryDir
+from kcache_cli.fs.locking import EntryFlock
+from kcache_cli.fs.read import json_object, open_regular, parse_json
+from kcache_cli.layouts import builder
+from kcache_cli.layouts.shapes import BUILD_SHAPE
+from kcache_cli.model import Judgement
+from kcache_cli.model.terms import CORRUPT
+from kcache_cli.util.errors import KcacheError, LockTimeout, UsageError
 
 if TYPE_CHECKING:
     from kcache_cli.model.terms import BuildOutcome, Status
@@ -169,8 +187,6 @@ def find_tasks(paths: Iterable[str | os.PathLike]) -> list[str]:
 def load_task(task_path: str | os.PathLike, options: BuildOptions = BuildOptions(),
               source: str | os.PathLike | None = None) -> TaskSpec:
     """Read a task file and find its source; every problem is a one-line BuildError."""
-    from kcache_cli.formats.taskfile import parse_task, read_task_file, task_hash
-
     task_path = os.fspath(task_path)
     if os.path.isdir(task_path):
         task_path = os.path.join(task_path, TASK)
@@ -227,8 +243,6 @@ _asked: set[str] = set()  # compilers whose default arch this process asked itse
 
 def find_compiler(target: str, options: BuildOptions) -> tuple[str, ...]:
     """The compiler command (absolute program path, then any flags the variable carried)."""
-    import shutil
-
     if target == "cuda":
         given, var = options.nvcc or os.environ.get("KCACHE_NVCC"), "--nvcc or KCACHE_NVCC"
         default = ["nvcc"]
@@ -255,7 +269,6 @@ def _split_command(value: str) -> list[str]:
     """A compiler from a variable: a path, or a command with flags as in CXX='g++ -m64'."""
     if os.path.exists(value) or not value.strip() or " " not in value.strip():
         return [value]
-    import shlex
 
     return shlex.split(value)
 
@@ -285,8 +298,6 @@ def _memo_get(root: Path, key: str | None, name: str):
 
 def _read_memo(root: Path) -> dict:
     """The compiler memo, bounded, read beneath the root, and only when it is this user's (or root's)."""
-    from kcache_cli.fs.read import parse_json
-
     data = state.read_own_file(root, COMPILER_MEMO, 1 << 20)
     try:
         memo = parse_json(data, COMPILER_MEMO) if data else {}
@@ -314,8 +325,6 @@ def _memo_put(root: Path, key: str | None, name: str, value: str) -> None:
 
 def _write_state_file(root: Path, name: str, data: bytes) -> None:
     """Replace .kcache/`name` atomically, through the state directory held from the root (fswrite)."""
-    from kcache_cli.fs import write as fswrite
-
     root_fd = fswrite.open_root(root)
     try:
         sfd = state.open_state(root_fd, root, create=True)
@@ -334,8 +343,6 @@ class CompilerVersion:
     another toolkit tomorrow); once per compiler within a process."""
 
     def __init__(self, compiler: Sequence[str]) -> None:
-        import subprocess
-
         self.key = "version:" + "\0".join(compiler)
         self.proc = None
         with _memo_lock:
@@ -348,8 +355,6 @@ class CompilerVersion:
             pass
 
     def result(self) -> str | None:
-        import subprocess
-
         with _memo_lock:
             if self.key in _memo:
                 return _memo[self.key]["version"]
@@ -387,7 +392,6 @@ def nvcc_default_arch(root: Path, nvcc: Sequence[str], fresh: bool = True) -> st
     got = _memo_get(root, key, "default_arch") if asked or not fresh else None
     if got is not None and ARCH_RE.match(got):
         return got
-    import subprocess
 
     try:
         proc = subprocess.run([*nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
@@ -409,8 +413,6 @@ def nvcc_default_arch(root: Path, nvcc: Sequence[str], fresh: bool = True) -> st
 
 def local_gpu_arch() -> str | None:
     """The first local GPU's arch (`9.0` -> `sm_90`), or None without a GPU."""
-    from kcache_cli.formats.gpu import local_gpu_arch as first_gpu_arch
-
     return first_gpu_arch()
 
 
@@ -464,8 +466,6 @@ def _read_manifest(path: str) -> dict | None:
 
 def _entry_shape():
     """The path shape of the entries `kcache build` writes (the build layout's, from the light registry)."""
-    from kcache_cli.layouts.shapes import BUILD_SHAPE
-
     shape = BUILD_SHAPE.kind(BUILD_SHAPE.build_kind or "")
     assert shape is not None, "the build layout declares its build kind"
     return shape
@@ -475,16 +475,12 @@ def entry_status(path: str) -> tuple[Status | None, str | None, dict | None]:
     """(status, reason, kcache.json) of the entry at `path`; status None when there is none.
 
     The build layout's own judgement (the one `kcache ls` shows)."""
-    from kcache_cli.layouts import builder
-    from kcache_cli.model.terms import CORRUPT
-
     if os.path.islink(path):
         return CORRUPT, "a symlink, not an entry directory", None
     if not os.path.lexists(path):
         return None, None, None
     if not os.path.isdir(path):
         return CORRUPT, "not a directory", None
-    from kcache_cli.fs.entrydir import EntryDir
 
     layout = builder()
     with EntryDir.open(path) as d:
@@ -496,7 +492,6 @@ def _entry_archs(path: str, manifest: dict | None) -> tuple[tuple[str, ...], str
     """The archs an entry is for, and where that came from (kcache.json, the binary, or nowhere)."""
     if manifest is not None and isinstance(manifest.get("arch"), str):
         return (manifest["arch"],), MANIFEST
-    from kcache_cli.formats.binary import read_binary
 
     info = read_binary(os.path.join(path, BINARY))
     return tuple(info.archs) + tuple(info.ptx_archs), BINARY
@@ -506,7 +501,6 @@ def _source_differs(spec: TaskSpec, manifest: dict | None) -> bool:
     rec = ((manifest or {}).get("files") or {}).get(SOURCE_NAME[spec.target])
     if not isinstance(rec, dict) or not rec.get("sha256"):
         return False
-    import hashlib
 
     h = hashlib.sha256()
     try:
@@ -524,8 +518,6 @@ def _source_chunks(path: str) -> Iterator[bytes]:
     """The source file the user named, in chunks (never read whole): a link is followed (the user named
     it), but it must be a regular file (a FIFO or device is refused, never read or waited on);
     BuildError when it cannot be read."""
-    from kcache_cli.fs.read import open_regular
-
     try:
         src, _ = open_regular(path, follow=True)
     except OSError as exc:
@@ -561,8 +553,6 @@ def build_task(root: str | os.PathLike, task: str | os.PathLike | TaskSpec, opti
 def task_notes(spec: TaskSpec) -> tuple[str, ...]:
     """What to say about the task file itself: a final newline (an editor's) makes it another task than
     the one hidet would look up, since hidet writes its task strings without one."""
-    from kcache_cli.formats.taskfile import task_hash
-
     bare = spec.task_bytes.rstrip(b"\r\n")
     if bare == spec.task_bytes:
         return ()
@@ -606,8 +596,6 @@ def _build_task(root: Path, spec: TaskSpec, options: BuildOptions, listener: Lis
 
 
 def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], waited: bool) -> BuildResult | None:
-    from kcache_cli.layouts import builder
-    from kcache_cli.model import Judgement
 
     status, reason, manifest = entry_status(str(final))
     if status is None or not builder().build_reuses(str(final), Judgement(status, reason)):
@@ -639,8 +627,6 @@ def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: Listen
 
     `locking.EntryFlock`: the file and kind of lock that `entry_lock` (filelock) takes, without
     importing filelock (about 35 ms, most of the 5% a build may add to a one-second compile)."""
-    from kcache_cli.fs.locking import EntryFlock
-
     lock = EntryFlock(root, spec.relpath)
     try:
         if lock.acquire(timeout=0):
@@ -658,8 +644,6 @@ def _wait_for_compiler(spec: TaskSpec, final: Path, timeout: float | None, liste
     """Wait while the build layout's own compiler works on this entry (it holds one of the entry's
     writer locks, e.g. hidet's <entry>/.lock); then say what a build would replace: None, or the reason
     the existing entry is not usable as it is."""
-    from kcache_cli.layouts import builder
-
     status, reason, _ = entry_status(str(final))
     if status is None:
         return None
@@ -707,8 +691,6 @@ def _check_no_links(root: Path, relpath: str) -> None:
 def _make_op_dir(root: Path, spec: TaskSpec, op_dir: Path, root_fd: int) -> tuple[int, list[str]]:
     """Make the entry's op directory (and space directory) beneath the held root, never through a
     symlink; (its descriptor, the relpaths of those it made, to be removed again if nothing is published)."""
-    from kcache_cli.fs import write as fswrite
-
     existing = op_dir
     while not existing.exists() and existing != root:
         existing = existing.parent
@@ -725,8 +707,6 @@ def _make_op_dir(root: Path, spec: TaskSpec, op_dir: Path, root_fd: int) -> tupl
 def discard_temp(root: Path, relpath: str) -> None:
     """Remove what a build leaves (its temp dir, the old entry in the trash), relative to directory
     descriptors (kcache_cli.fs.delete): never through a link, never onto another mount."""
-    from kcache_cli.fs import delete as fsdelete
-
     fsdelete.remove_under(root, relpath)
 
 
@@ -745,8 +725,6 @@ class _Temp(NamedTuple):
 
 
 def make_temp(op_fd: int, op_rel: str, h: str) -> _Temp:
-    from kcache_cli.fs import write as fswrite
-
     for _ in range(100):
         name = f"{state.TEMP_PREFIX}{h}-{os.urandom(4).hex()}"
         try:
@@ -761,15 +739,11 @@ def make_temp(op_fd: int, op_rel: str, h: str) -> _Temp:
 
 
 def _write(tmp: _Temp, name: str, data: bytes | Iterator[bytes], sync: bool = True) -> None:
-    from kcache_cli.fs import write as fswrite
-
     fswrite.write_file(tmp.fd, name, data, 0o666, sync)
 
 
 def _prepare(tmp: _Temp, *written: str) -> None:
     """Runs beside the compiler: make the inputs durable and load hashlib for the checksums."""
-    import hashlib  # noqa: F401 - imported while the compiler runs: sha256_file finds it loaded
-
     for name in written:
         try:
             _fsync_at(tmp.fd, name)
@@ -778,8 +752,6 @@ def _prepare(tmp: _Temp, *written: str) -> None:
 
 
 def _fsync_at(dir_fd: int, name: str) -> None:
-    from kcache_cli.fs import read as fsread
-
     fd, _ = fsread.open_regular(name, dir_fd=dir_fd)
     try:
         os.fsync(fd)
@@ -789,10 +761,6 @@ def _fsync_at(dir_fd: int, name: str) -> None:
 
 def _sha256_at(dir_fd: int, name: str) -> tuple[int, int, str]:
     """(size, mtime_ns, sha256) of the regular file `name` in `dir_fd`."""
-    import hashlib
-
-    from kcache_cli.fs import read as fsread
-
     fd, st = fsread.open_regular(name, dir_fd=dir_fd)
     try:
         h = hashlib.sha256()
@@ -805,8 +773,6 @@ def _sha256_at(dir_fd: int, name: str) -> tuple[int, int, str]:
 
 def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, compiler: Sequence[str],
                          options: BuildOptions, replaced: str | None, waited: bool) -> BuildResult:
-    from kcache_cli.fs import write as fswrite
-
     try:
         from kcache_cli.fs.read import open_regular
 
@@ -838,9 +804,6 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
 def _compile_in(root: Path, root_fd: int, spec: TaskSpec, final: Path, tmp: _Temp, arch: Arch,
                 compiler: Sequence[str], options: BuildOptions, waited: bool, made: list[str]) -> BuildResult:
     """Compile in the held temp directory, write the log and manifest there, and publish it."""
-    import shlex
-    import subprocess
-
     argv = compile_command(spec.target, compiler, arch, options)
     command = shlex.join(argv)
     result: dict[str, Any] = dict(task=spec.task_path, op=spec.op, hash=spec.hash, target=spec.target, space=spec.space,
@@ -919,8 +882,6 @@ def _remove_empty(root_fd: int, made: list[str]) -> None:
     """The op and space directories a failed build made, if still empty (rmdir removes nothing else), so
     that no op shows up in completion for an entry that never was. A build starting there meanwhile
     makes them again (_make_op_dir)."""
-    from kcache_cli.fs import write as fswrite
-
     for rel in made:
         try:
             parent, name = fswrite.open_parent(root_fd, rel)
@@ -937,8 +898,6 @@ def _stamp_after(tmp: _Temp, newest_ns: int) -> None:
     """kcache.json is the entry's completion marker: make its mtime strictly later than every file it
     lists (a coarse clock can give them all one tick), so that `ls` can tell an entry untouched since
     its build from one changed afterwards without reading it (checks.changed_since). Through its fd."""
-    from kcache_cli.fs import read as fsread, write as fswrite
-
     fd, st = fsread.open_regular(MANIFEST, dir_fd=tmp.fd)
     try:
         if st.st_mtime_ns <= newest_ns:
@@ -951,8 +910,6 @@ def _publish(root: Path, root_fd: int, tmp: _Temp, spec: TaskSpec) -> None:
     """One rename makes the entry visible. An entry already there (--force, or a broken one) is
     first renamed into .kcache/trash/, so readers see the old entry, none, or the new one. Both
     through held directory fds; the temp directory is opened to the cache's users first (umask)."""
-    from kcache_cli.fs import write as fswrite
-
     name = spec.relpath.rpartition("/")[2]
     os.fchmod(tmp.fd, 0o777 & ~fswrite.umask() | (os.fstat(tmp.op_fd).st_mode & stat.S_ISGID))
     old = None
@@ -980,8 +937,6 @@ def _publish(root: Path, root_fd: int, tmp: _Temp, spec: TaskSpec) -> None:
 
 def _manifest(spec: TaskSpec, arch: Arch, compiler: Sequence[str], version: str | None, argv: list[str],
               command: str, options: BuildOptions, elapsed: float, files: dict) -> dict:
-    from kcache_cli import __version__
-
     uname = os.uname()
     try:
         libc = os.confstr("CS_GNU_LIBC_VERSION")
@@ -1026,8 +981,6 @@ def build_tasks(root: str | os.PathLike, tasks: Sequence[str | os.PathLike | Tas
     result, in the order given. A task that cannot be built (bad file, compile error, arch
     mismatch, lock timeout) is a failed result, not an exception. `builder` replaces build_task
     (build --remote)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     build_one = builder or build_task
     listener = listener or BuildListener()
     check_extra_flags(options.extra_flags)

@@ -15,13 +15,20 @@ directory, under a lock on that directory, never through a symlinked file."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kcache_cli.fs import locking, state
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import write as fswrite
+from kcache_cli.fs.state import state_dir
+from kcache_cli.model.terms import LAYOUT_NAMES
 from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.units import parse_age, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -58,8 +65,6 @@ class Config:
 
     def budget(self, section: str) -> Budget:
         """The parsed values of one section (every value was checked when the file was read)."""
-        from kcache_cli.util.units import parse_age, parse_size
-
         values = self.sections.get(section, {})
         size, age = values.get("max-size"), values.get("max-age")
         return Budget(None if size is None else parse_size(size), None if age is None else parse_age(age))
@@ -109,8 +114,6 @@ def _quoted(text: str) -> str:
 
 
 def _names() -> tuple[str, ...]:
-    from kcache_cli.model.terms import LAYOUT_NAMES
-
     return LAYOUT_NAMES
 
 
@@ -125,8 +128,6 @@ def check_section(name: str | None) -> str:
 
 def check_value(key: str, value: str, where: str = "") -> str:
     """`value` for `key`, stripped, after the units grammar has read it (a usage error otherwise)."""
-    from kcache_cli.util.units import parse_age, parse_size
-
     if key not in KEYS:
         raise UsageError(f"{where}unknown key '{key}' (expected {' or '.join(KEYS)})")
     value = value.strip()
@@ -172,8 +173,6 @@ def _deep_line(raw: bytes, limit: int = 64) -> int:
 
 
 def _read(path: Path) -> bytes | None:
-    from kcache_cli.fs import read as fsread
-
     try:
         fd, st = fsread.open_regular(str(path), follow=True)  # the user's own link (dotfiles) is fine to read
     except FileNotFoundError:
@@ -249,8 +248,6 @@ def unset_value(section: str, key: str, path: Path | None = None) -> tuple[Confi
 def _update(path: Path, change) -> tuple[Config, bool]:
     """Read, change and write the file under an flock of its directory (two `config set`s at once both
     land); `change` returns the new sections, or None for no write."""
-    import fcntl
-
     dfd = _open_config_dir(path)
     try:
         fcntl.flock(dfd, fcntl.LOCK_EX)
@@ -266,8 +263,6 @@ def _update(path: Path, change) -> tuple[Config, bool]:
 
 
 def _open_config_dir(path: Path) -> int:
-    from kcache_cli.fs import write as fswrite
-
     parent = path.parent
     try:
         if not parent.is_dir():
@@ -281,8 +276,6 @@ def _open_config_dir(path: Path) -> int:
 
 def _write(dfd: int, path: Path, data: bytes) -> None:
     """Replace the file in the held directory: never through a symlink planted (or kept) at its name."""
-    from kcache_cli.fs import write as fswrite
-
     try:
         st = os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
@@ -313,8 +306,6 @@ class CacheConfig:
 
     @property
     def path(self) -> Path:
-        from kcache_cli.fs.state import state_dir
-
         return state_dir(self.root) / CACHE_FILE
 
     def budget(self) -> Budget:
@@ -348,8 +339,6 @@ def load_cache(root: Path) -> CacheConfig:
 
 
 def _read_cache_file(path: Path, root: Path) -> bytes | None:
-    from kcache_cli.fs import read as fsread, write as fswrite, state
-
     try:
         rfd = fswrite.open_root(root)
     except OSError:
@@ -399,8 +388,6 @@ def _update_cache(root: Path, change) -> tuple[CacheConfig, bool]:
     """Read, change and write <root>/.kcache/config.toml under the cache's config lock (in .kcache/locks/,
     opened only by writers), through the held state directory (never a link), shared with the group of
     a group-shared cache."""
-    from kcache_cli.fs import write as fswrite, locking, state
-
     where = state.state_dir(root) / CACHE_FILE
     sfd, lock = _open_for_update(root, where)
     try:
@@ -422,8 +409,6 @@ def _update_cache(root: Path, change) -> tuple[CacheConfig, bool]:
 
 def _open_for_update(root: Path, where: Path) -> tuple[int, int]:
     """(.kcache/ descriptor, config lock descriptor), made if missing; a one-line error otherwise."""
-    from kcache_cli.fs import write as fswrite, locking, state
-
     try:
         rfd = fswrite.open_root(root)
     except OSError as exc:

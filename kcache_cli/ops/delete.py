@@ -13,19 +13,42 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import queue
+import signal
 import stat
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Final, Iterable, Iterator, Mapping
 
-from kcache_cli.fs import write as fswrite, state
-from kcache_cli.fs.locking import NotALockFile, open_lock
+from kcache_cli import layouts
+from kcache_cli.catalog.scan import leftover_entries, narrowed_by_names, scan_cache
+from kcache_cli.catalog.scan_context import ScanContext
+from kcache_cli.fs import delete as fsdelete
+from kcache_cli.fs import state
+from kcache_cli.fs import write as fswrite
+from kcache_cli.fs.locking import NotALockFile, open_lock, try_flock
+from kcache_cli.layouts import get
+from kcache_cli.layouts.base import Layout
+from kcache_cli.layouts.shapes import LayoutShape
+from kcache_cli.model import (
+    BUILDING,
+    COMPLETE,
+    PARTIAL,
+    STALE,
+    UNREADABLE,
+    Entry,
+    ScanFilter,
+    ScanResult,
+    Warn,
+    iso,
+    measure_tree,
+)
+from kcache_cli.model.terms import BROKEN, RemovalWhat  # BROKEN: what --broken removes (partial, failed, corrupt)
+from kcache_cli.ops.verify import judge_entry
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.progress import NO_PROGRESS, Progress
-from kcache_cli.model import (BUILDING, COMPLETE, PARTIAL, STALE, UNREADABLE, Entry, ScanFilter,
-                              ScanResult, Warn, iso, measure_tree)
-from kcache_cli.model.terms import BROKEN, RemovalWhat  # BROKEN: what --broken removes (partial, failed, corrupt)
 
 STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer
 # What --broken removes (terms.BROKEN): never UNREADABLE (a permission problem is not damage), never STALE
@@ -154,8 +177,6 @@ class DeletePlan:
 
 # ---- selection -----------------------------------------------------------------------------------
 def _layout_names() -> tuple[str, ...]:
-    from kcache_cli import layouts
-
     return tuple(layouts.NAMES)
 
 
@@ -185,9 +206,7 @@ def _judged(root: Path, e: Entry) -> Entry:
     broken stays broken; what they call complete may not be."""
     if e.status in BROKEN:
         return e
-    from dataclasses import replace
 
-    from kcache_cli.ops.verify import judge_entry
 
     j = judge_entry(root, e, deep=True)
     return e if j.status == e.status else replace(e, status=j.status, reason=j.reason)
@@ -224,8 +243,6 @@ class _Planner:
             if e.path not in self._users and _provides(e):
                 todo.setdefault(e.layout, []).append(e.path)
         for layout, paths in todo.items():
-            from kcache_cli.layouts import get
-
             self._users.update(get(layout).users(self.root, paths))
 
     def dependants(self, e: Entry) -> list[str]:
@@ -249,8 +266,6 @@ class _Planner:
 
     def kept_users(self, e: Entry, kept: list[str]) -> str:
         """Why a provider stays: "linked from the kept script scripts/x/y and 2 more"."""
-        from kcache_cli.layouts import get
-
         rel = self.rel(kept[0])
         where = get(e.layout).shape.locate(rel)
         more = f" and {len(kept) - 1} more" if len(kept) > 1 else ""
@@ -410,8 +425,6 @@ def _root_ident(root: Path) -> tuple[int, int] | None:
 
 
 def _strays(root: Path, flt: ScanFilter, warn: Warn, layouts: Iterable[str]) -> list[Entry]:
-    from kcache_cli.layouts import get
-    from kcache_cli.catalog.scan_context import ScanContext
 
     ctx = ScanContext(Path(root), warn, {})
     out: list[Entry] = []
@@ -436,8 +449,6 @@ def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn
                now: float | None = None, progress: Progress = NO_PROGRESS) -> DeletePlan:
     """Remove the entries `flt` selects (everything with `everything`), within the rules: skip builds in
     progress, keep tilus programs and tilelang binaries that kept entries use."""
-    from kcache_cli.catalog.scan import narrowed_by_names, scan_cache
-
     if not everything and flt == ScanFilter():
         raise UsageError("clear needs a selection: --space, --op, --target, --layout, hash prefixes, or --all")
     root = Path(root)
@@ -472,8 +483,6 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     with `older_than` (seconds), entries unused for that long; with `max_size` (bytes), least recently
     used entries until the cache fits. `scanned`: the whole root's scan already made (stats' own), not
     made again."""
-    from kcache_cli.catalog.scan import scan_cache
-
     root = Path(root)
     now = time.time() if now is None else now
     msgs, collect = _collector(warn)
@@ -588,8 +597,6 @@ def _select_until_fits(p: _Planner, regular: list[Entry], last: dict[str, float]
 
 def _select_kcache_leftovers(p: _Planner, root: Path, warn: Warn) -> None:
     """What killed imports and exports left in the root, once their writer is gone."""
-    from kcache_cli.catalog.scan import leftover_entries
-
     for e in leftover_entries(root, warn):
         if e.status == BUILDING:
             p.skip(e, f"a running {e.kind} holds it")
@@ -617,8 +624,6 @@ def _scanned(r: Removal) -> tuple[int, int] | None:
 
 
 def _flock(fd: int) -> bool:
-    from kcache_cli.fs.locking import try_flock
-
     return try_flock(fd)
 
 
@@ -770,7 +775,6 @@ class _Executor:
         sd = state.STATE_DIR
         if not self.plan.removals and not os.path.isdir(self.root / sd):
             return DeleteResult(self.plan.root, (), tuple(self.skipped), (), 0, (), tuple(self.warnings))
-        from kcache_cli.fs import delete as fsdelete
 
         self.mounts = fsdelete.mount_points_under(os.path.realpath(self.root))
         try:
@@ -830,9 +834,6 @@ class _Executor:
     def _sigint_stops(self) -> Iterator[None]:
         """With `interruptible` (in the main thread): the first SIGINT sets `stopped` (checked between
         removals), a second raises KeyboardInterrupt as usual."""
-        import signal
-        import threading
-
         if not self.interruptible or threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -984,8 +985,6 @@ class _Executor:
     def _remove_leftover(self, r: Removal, parent: int, name: str) -> None:
         """An import's staging dir or an export's temp file: removed while this run holds the flock its
         writer would hold, and only if its writer is gone."""
-        from kcache_cli.fs import delete as fsdelete
-
         is_dir = r.entry.kind == "import"
         flags = (os.O_RDONLY | os.O_DIRECTORY if is_dir else os.O_RDONLY | os.O_NONBLOCK) | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
@@ -1034,8 +1033,6 @@ class _Executor:
         """Everything in the trash but a build's own (`build-*`, there for the instant a rebuilt entry
         replaces the old one) unless an hour old: holding the gc lock, no other prune or clear is running.
         Through the pinned trash descriptor only: a `trash` swapped for a link is never followed."""
-        from kcache_cli.fs import delete as fsdelete
-
         trash = f"{state.STATE_DIR}/trash"
         fd = self.pinned[trash]
         now = time.time()
@@ -1161,8 +1158,6 @@ class _Deleter:
     THREADS = 4
 
     def __init__(self, batch_fd: int, where: str, errors: list[tuple[str, str]]):
-        import queue
-        import threading
 
         self.batch_fd = batch_fd
         self.where = where
@@ -1193,8 +1188,6 @@ class _Deleter:
                         self.queue.put(None)
 
     def _drain(self) -> None:
-        import queue
-
         try:
             while True:
                 self.queue.get_nowait()
@@ -1202,8 +1195,6 @@ class _Deleter:
             pass
 
     def _run(self) -> None:
-        from kcache_cli.fs import delete as fsdelete
-
         while True:
             item = self.queue.get()
             if item is None:
@@ -1217,16 +1208,12 @@ class _Deleter:
 
 def _status_now(e: Entry, root: Path | None = None, deep: bool = True) -> str:
     """The entry's status read again now, by the same judgement (deep or cheap) that selected it."""
-    from kcache_cli.ops.verify import judge_entry
-
     if root is None:
         root = Path(e.path[: len(e.path) - len(e.relpath)] or "/")
     return judge_entry(root, e, deep=deep).status
 
 
 def _no_layout():
-    from kcache_cli.layouts.base import Layout
-    from kcache_cli.layouts.shapes import LayoutShape
 
     class _Own(Layout):
         """kcache's own leftovers: no shape, no dependencies, nothing held."""

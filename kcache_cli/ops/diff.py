@@ -9,11 +9,13 @@ every read is bounded and goes through fsread (no links followed, no FIFOs opene
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from kcache_cli.fs import read as fsread
+from kcache_cli.layouts import get
 from kcache_cli.model import Entry
 
 MAX_RECORD = 256 << 10  # bytes of one JSON or text record read
@@ -48,8 +50,6 @@ class EntryDiff:
 
 def properties(root: Path, entry: Entry) -> dict[str, str]:
     """Every property of `entry` that can tell two builds apart, by name."""
-    from kcache_cli.layouts import get
-
     d = get(entry.layout).describe(root, entry)
     props: dict[str, str] = {}
     for label, value in d.facts:
@@ -85,8 +85,6 @@ def _records(entry: Entry) -> dict[str, str]:
 
 
 def _flatten(data: object, prefix: str = "") -> dict[str, str]:
-    import json
-
     if isinstance(data, dict) and data:
         out: dict[str, str] = {}
         for k, v in data.items():

@@ -16,8 +16,13 @@ from pathlib import Path
 from typing import Iterable
 
 from kcache_cli import layouts
-from kcache_cli.util.errors import UsageError
+from kcache_cli.archive.importer import archive_records
+from kcache_cli.archive.mega import SIDECAR_SUFFIX, mega_layouts, read_blob
+from kcache_cli.catalog.scan import resolve_entry, scan_cache
+from kcache_cli.formats.gpu import ARCH_RE, local_gpu_arch
+from kcache_cli.fs import read as fsread
 from kcache_cli.layouts.base import HIT, MISS, UNKNOWN, Here, Verdict
+from kcache_cli.util.errors import UsageError
 
 _VERSIONS = """import json, sys
 from importlib import metadata
@@ -48,8 +53,6 @@ def _switches(names: Iterable[str]) -> dict[str, str]:
 def probe(python: str | None, packages: Iterable[str] | None = None, gpu: str | None = None,
           ask_gpu: bool = True, timeout: float = 60.0) -> Here:
     """`Here` for the interpreter `python` (default: python3 on PATH)."""
-    from kcache_cli.formats.gpu import ARCH_RE, local_gpu_arch
-
     if gpu is not None and not ARCH_RE.match(gpu):
         raise UsageError(f"--gpu {gpu!r} is not a CUDA arch (sm_90a, sm_80...)")
     pkgs = tuple(packages) if packages is not None else all_packages()
@@ -105,8 +108,6 @@ class ExplainResult:
 
 def explain_root(root: Path, here: Here, refs: list[str] | None = None) -> list[Explained]:
     """Every entry of the cache at `root` (or those `refs` name), each judged by its layout."""
-    from kcache_cli.catalog.scan import resolve_entry, scan_cache
-
     entries = [resolve_entry(root, r) for r in refs] if refs else list(scan_cache(root).entries)
     out = []
     for e in entries:
@@ -119,9 +120,6 @@ def explain_root(root: Path, here: Here, refs: list[str] | None = None) -> list[
 def explain_blob(path: str, here: Here) -> list[Explained]:
     """Each artifact torch's load would write from the blob, judged by its layout from the sidecar
     (`<blob>.kcache.json`, kcache export's) when there is one; a damaged blob is a miss for all."""
-    from kcache_cli.fs import read as fsread
-    from kcache_cli.archive.mega import SIDECAR_SUFFIX, mega_layouts, read_blob
-
     _, blob = read_blob(path)
     try:
         side = fsread.parse_json(fsread.read_bytes(path + SIDECAR_SUFFIX, fsread.MAX_JSON, follow=True))
@@ -147,8 +145,6 @@ def explain_blob(path: str, here: Here) -> list[Explained]:
 def explain_archive(path: str, here: Here) -> list[Explained]:
     """Each entry of a kcache archive, judged by its layout from its manifest record (the compiler and
     arch export recorded); nothing but the manifest is read."""
-    from kcache_cli.archive.importer import archive_records
-
     out = []
     for rec in archive_records(path):
         name = str(rec.get("layout"))

@@ -15,11 +15,20 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
+import stat
+import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NamedTuple, Sequence
 
-from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import write as fswrite
+from kcache_cli.fs.locking import EntryFlock
+from kcache_cli.layouts import builder
+from kcache_cli.model.checks import elf_truncated
+from kcache_cli.ops.build import discard_temp, make_temp
+from kcache_cli.util.errors import KcacheError, LockTimeout, UsageError
 
 if TYPE_CHECKING:
     from kcache_cli.model.terms import RepairOutcome
@@ -135,8 +144,6 @@ def parse_script(text: str, relpath: str, source: str, allowed: Sequence[str] = 
 def compiler_for(program: str, options: RepairOptions) -> str:
     """The compiler that runs: never the path compile.sh names (a co-user may have written it), but the
     one the user named (--nvcc/--cxx) or the same basename found on PATH."""
-    import shutil
-
     if program in (options.nvcc, options.cxx):
         return program
     name = os.path.basename(program)
@@ -191,17 +198,12 @@ def _flag_ok(tok: str) -> bool:
 
 def lib_problem(entry_fd: int, target: str, arch: str | None) -> str | None:
     """Why the entry's lib.so needs a rebuild (missing, not a regular file, truncated, lacking `arch`), or None."""
-    import stat
-
-    from kcache_cli.model.checks import elf_truncated
-
     try:
         st = os.stat(BINARY, dir_fd=entry_fd, follow_symlinks=False)
     except FileNotFoundError:
         return f"{BINARY} is missing"
     if not stat.S_ISREG(st.st_mode):
         return f"{BINARY} is not a regular file"
-    from kcache_cli.fs import read as fsread
 
     try:
         head = fsread.read_bytes(BINARY, 64, dir_fd=entry_fd, strict=False)
@@ -235,8 +237,6 @@ def repair_entries(root: Path, relpaths: Sequence[str], options: RepairOptions =
 
 def repair_entry(root: Path, relpath: str, options: RepairOptions = RepairOptions()) -> RepairResult:
     """Rebuild one entry's lib.so, under its build lock (as `kcache build` takes it)."""
-    from kcache_cli.fs import write as fswrite
-
     root_fd = fswrite.open_root(root)
     try:
         try:
@@ -257,9 +257,6 @@ def repair_entry(root: Path, relpath: str, options: RepairOptions = RepairOption
 
 def _lock(root: Path, relpath: str, timeout: float | None):
     """The entry's build lock, the one `kcache build` takes (.kcache/locks/, outside the entry)."""
-    from kcache_cli.util.errors import LockTimeout
-    from kcache_cli.fs.locking import EntryFlock
-
     lock = EntryFlock(root, relpath)
     try:
         if lock.acquire(timeout=-1 if timeout is None else timeout):
@@ -271,8 +268,6 @@ def _lock(root: Path, relpath: str, timeout: float | None):
 
 
 def _repair_locked(root: Path, root_fd: int, entry_fd: int, relpath: str, options: RepairOptions) -> RepairResult:
-    from kcache_cli.fs import read as fsread
-    from kcache_cli.layouts import builder
 
     path = str(root / relpath)
     busy = builder().busy(path)
@@ -310,10 +305,6 @@ def _source_name(entry_fd: int, relpath: str) -> str:
 
 def _compile(root: Path, root_fd: int, entry_fd: int, relpath: str, source: str, argv: list[str],
              reason: str) -> RepairResult:
-    import subprocess
-
-    from kcache_cli.fs import write as fswrite
-    from kcache_cli.ops.build import discard_temp, make_temp
 
     op_rel, _, h = relpath.rpartition("/")
     op_fd = fswrite.open_dir(root_fd, op_rel)
@@ -346,8 +337,6 @@ def _compile(root: Path, root_fd: int, entry_fd: int, relpath: str, source: str,
 
 def _copy_source(entry_fd: int, tmp_fd: int, relpath: str, source: str) -> None:
     """The entry's own source into the temp directory: a regular file, never through a link or a FIFO."""
-    from kcache_cli.fs import read as fsread, write as fswrite
-
     try:
         fd, _ = fsread.open_regular(source, dir_fd=entry_fd)
     except OSError as exc:
@@ -360,8 +349,6 @@ def _copy_source(entry_fd: int, tmp_fd: int, relpath: str, source: str) -> None:
 
 
 def _fsync(dir_fd: int) -> None:
-    from kcache_cli.fs import read as fsread
-
     fd, _ = fsread.open_regular(BINARY, dir_fd=dir_fd)
     try:
         os.fsync(fd)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterable
 
 from kcache_cli.model import Entry, ScanResult, Warn
+from kcache_cli.ops.delete import plan_prune
 
 DAY = 86400.0
 # Age buckets of last use, youngest first: (key, upper bound in seconds; None: no bound).
@@ -46,8 +47,6 @@ class Reclaimable:
 def reclaimable(root: Path, result: ScanResult, warn: Warn | None = None) -> Reclaimable:
     """The plan `prune --broken` would make of the cache `result` scanned (the same rules, no second
     scan): its bytes and count."""
-    from kcache_cli.ops.delete import plan_prune
-
     if not result.exists:
         return Reclaimable(0, 0)
     plan = plan_prune(root, broken=True, deep=False, warn=warn, scanned=result)

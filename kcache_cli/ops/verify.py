@@ -9,11 +9,14 @@ being built are left alone and counted."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.fs import delete as fsdelete
 from kcache_cli.fs import read as fsread
-from kcache_cli.util.progress import NO_PROGRESS, Progress
+from kcache_cli.fs.entrydir import EntryDir
+from kcache_cli.layouts import get
 from kcache_cli.model import (
     BUILDING,
     COMPLETE,
@@ -26,6 +29,7 @@ from kcache_cli.model import (
     Status,
     Warn,
 )
+from kcache_cli.util.progress import NO_PROGRESS, Progress
 
 
 @dataclass(frozen=True)
@@ -72,9 +76,6 @@ def judge_entry(root: Path, entry: Entry, deep: bool = True, *, caller_reads: bo
     Temp and staging directories, links where entries belong, unlistable directories and entries being
     built keep the scan's status: they are not entries a layout judges. The entry's directory is opened
     from the root held open (fsread.anchor) and handed to the layout with its judging context."""
-    from kcache_cli.fs.entrydir import EntryDir
-    from kcache_cli.layouts import get
-
     layout = get(entry.layout)
     name = os.path.basename(entry.path)
     if (entry.status == BUILDING or not entry.hash or name.startswith(".") or layout.leftover(entry) is not None
@@ -95,8 +96,6 @@ def judge_entry(root: Path, entry: Entry, deep: bool = True, *, caller_reads: bo
 
 def check_entry(root: Path, entry: Entry) -> EntryCheck:
     """The deep judgement (through the layout's describe, which also checks what it reads)."""
-    from kcache_cli.layouts import get
-
     try:
         details = get(entry.layout).describe(Path(root), entry)
     except OSError as exc:
@@ -119,10 +118,6 @@ def check_entry(root: Path, entry: Entry) -> EntryCheck:
 def fix_relocation(root: Path, check: EntryCheck) -> tuple[EntryCheck, str | None]:
     """Rewrite the paths an entry records to where it lies now (the layout's `relocate`): the check
     without its relocation problem, or the error that stopped it."""
-    from dataclasses import replace
-
-    from kcache_cli.layouts import get
-
     try:
         get(check.entry.layout).relocate(check.entry.path, check.entry.path, Path(root))
     except OSError as exc:
@@ -137,10 +132,6 @@ def fix_stale_locks(root: Path, check: EntryCheck) -> tuple[EntryCheck, str | No
     `stale_locks`, asked again now from the entry's directory held open; each removed only while it is
     still the file judged stale): the entry checked again, or the error that stopped it. None when it
     has no stale lock."""
-    from kcache_cli.fs import delete as fsdelete
-    from kcache_cli.fs.entrydir import EntryDir
-    from kcache_cli.layouts import get
-
     layout = get(check.entry.layout)
     with EntryDir.open(check.entry.path, fsread.anchor(root)) as d:
         if d.fd is None:
@@ -160,8 +151,6 @@ def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None =
     `scanning` counts the scan before (entries found and judged cheaply).
     With `fix`, entries whose recorded paths point elsewhere are rewritten (see fix_relocation), and lock
     files no live process holds are removed (see fix_stale_locks)."""
-    from kcache_cli.catalog.scan import scan_cache
-
     result = scan_cache(Path(root), flt, warn, progress=scanning)
     todo = [e for e in result.entries if e.status != BUILDING]
     skipped = tuple(e for e in result.entries if e.status == BUILDING)

@@ -8,9 +8,15 @@ Pools are always created before this module starts any thread of its own."""
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
 import os
+import pickle
+import signal
 import threading
-from typing import Any, Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 from kcache_cli.util.errors import KcacheError
 from kcache_cli.util.progress import NO_PROGRESS
@@ -39,8 +45,6 @@ def split(items: list, n: int) -> list[list]:
 
 def fork_safe() -> bool:
     """Whether forking now is safe: this process runs no thread but the main one."""
-    import multiprocessing
-
     return threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
 
 
@@ -59,13 +63,26 @@ def advance(n: int) -> None:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
+_HELD = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP wait while workers fork. A handler that raises (export's) would
+    otherwise run inside the interpreter's at-fork hooks, which swallow what it raises: the interrupt
+    would be lost. A worker lets them through again first thing (`die_with_parent`)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def die_with_parent(parent: int | None) -> None:
     """In a worker: be killed (SIGKILL) when the process that started it dies, so that a `kill -9` of
     kcache leaves no worker extracting under init and holding its lock. The kernel's death signal
     covers a death from now on; the parent check covers one before the prctl took effect."""
-    import ctypes
-    import signal
-
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # held by the parent while it forked
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
@@ -98,9 +115,6 @@ def map_parts(func: Callable[[Any, Any], Any], shared: Any, parts: Sequence[Any]
     what a worker raised; OSError, RuntimeError or ImportError when no worker can be started (callers
     then do the work themselves). `progress.advance` gets what forked workers count with `advance()`,
     moved from this thread every PROGRESS_POLL seconds (a forkserver's workers count nothing)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     global _INHERITED
     if fork_safe():
         ctx = multiprocessing.get_context("fork")
@@ -109,7 +123,8 @@ def map_parts(func: Callable[[Any, Any], Any], shared: Any, parts: Sequence[Any]
         try:
             with ProcessPoolExecutor(len(parts), mp_context=ctx, initializer=die_with_parent,
                                      initargs=(os.getpid(),)) as pool:
-                futures = [pool.submit(_inherited_part, i) for i in range(len(parts))]
+                with signals_held():  # the pool forks its workers at the first submit
+                    futures = [pool.submit(_inherited_part, i) for i in range(len(parts))]
                 if counters is not None:
                     _follow(futures, counters, progress)
                 return [f.result() for f in futures]
@@ -126,8 +141,6 @@ PROGRESS_POLL = 0.1  # seconds between looks at the workers' counters
 
 def _follow(futures: list, counters: Any, progress: Any) -> None:
     """Move `progress` by what the workers counted until every one of them is done."""
-    from concurrent.futures import FIRST_EXCEPTION, wait
-
     seen = 0
     pending = set(futures)
     while pending:
@@ -186,8 +199,6 @@ class _Workers:
     """n forked processes, a pipe to each, shared progress counters and a shared stop flag."""
 
     def __init__(self, n: int, first: Callable, second: Callable | None, progress: Any) -> None:
-        import multiprocessing
-
         global _PHASED
         ctx = multiprocessing.get_context("fork")
         self.n, self.progress, self.seen = n, progress, 0
@@ -203,7 +214,8 @@ class _Workers:
                 # worker whose parent died (SIGTERM, SIGKILL) would block forever sending its result.
                 proc = ctx.Process(target=_worker_main, args=(i, child_end, [parent_end, *self.conns], os.getpid()),
                                    daemon=True)
-                proc.start()
+                with signals_held():
+                    proc.start()
                 child_end.close()
                 self.procs.append(proc)
                 self.conns.append(parent_end)
@@ -262,7 +274,6 @@ class _Workers:
 
 def _worker_main(i: int, conn, parent_ends: list, parent: int) -> None:
     assert _PHASED is not None, "set by _Workers before forking"
-    import signal
 
     die_with_parent(parent)
     for end in parent_ends:
@@ -299,8 +310,6 @@ def _worker_main(i: int, conn, parent_ends: list, parent: int) -> None:
 
 def _portable(exc: BaseException) -> BaseException:
     """`exc`, or a KcacheError saying what it was when it cannot travel between processes."""
-    import pickle
-
     try:
         pickle.loads(pickle.dumps(exc))
         return exc

@@ -4,7 +4,10 @@ option that takes one (`prune --max-size`, `import --max-file-size`, `prune --ol
 from __future__ import annotations
 
 import re
+import time
 from typing import TYPE_CHECKING
+
+import humanize
 
 from kcache_cli.util.errors import UsageError
 
@@ -117,10 +120,6 @@ def format_age(seconds: float) -> str:
 
 def format_ago(ts: float, now: float | None = None) -> str:
     """How long ago an epoch time was, for people ('3 days ago'); '-' for none."""
-    import time
-
-    import humanize
-
     if not ts:
         return "-"
     return humanize.naturaltime((time.time() if now is None else now) - ts)
