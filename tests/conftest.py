@@ -195,3 +195,16 @@ def area():
         fsdelete.remove_tree(fd, d.name)
     finally:
         os.close(fd)
+
+
+def patch_everywhere(monkeypatch, module, name: str, new) -> None:
+    """`module.name = new`, and the same in every kcache_cli module that imported the original by name
+    (`from module import name` binds it at the importer's top). Every command's module is loaded first:
+    a run loads only its own, later, and would bind the original."""
+    from kcache_cli.cli.app import full_app
+
+    full_app()
+    real = getattr(module, name)
+    for mod_name, mod in list(sys.modules.items()):
+        if mod_name.startswith("kcache_cli") and getattr(mod, name, None) is real:
+            monkeypatch.setattr(mod, name, new)

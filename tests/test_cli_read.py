@@ -22,10 +22,10 @@ def test_version(kcache, args):
     assert r.exit_code == 0 and r.stdout.strip() == f"kcache {__version__}"
 
 
-def test_version_runs_with_one_command_registered_and_help_with_all():
+def test_version_runs_with_no_command_registered_and_help_with_all():
     from kcache_cli.cli.app import app, app_for
 
-    assert len(app_for(["--version"]).registered_commands) == 1
+    assert app_for(["--version"]).registered_commands == [] and app_for(["--version"]).registered_groups == []
     for args in (["--help"], ["--help", "--version"], [], ["--show-completion", "--version"]):
         assert app_for(args) is app
 
@@ -259,6 +259,23 @@ def test_no_rich_or_humanize_at_startup():
             "print(','.join(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "", f"imported at start-up: {out}"
+
+
+@pytest.mark.parametrize("args, loaded", [(["--version"], []), (["ls", "--help"], ["cmd_read"]),
+                                          (["remote", "--help"], ["cmd_remote"]), (["--help"], "all")])
+def test_a_run_loads_only_its_commands_module(args, loaded):
+    """Start-up: the engines load with the command that uses them (cli/app.py COMMANDS)."""
+    code = ("import sys; from kcache_cli.cli.app import COMMANDS, main\ntry: main(sys.argv[1:])\n"
+            "except SystemExit: pass\nprint(' '.join(sorted(m.rpartition('.')[2] for m in sys.modules "
+            "if m.startswith('kcache_cli.cli.cmd_'))), file=sys.stderr)\n"
+            "print(any(m.startswith(('kcache_cli.catalog', 'kcache_cli.ops')) for m in sys.modules), file=sys.stderr)")
+    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    modules, engines = run.stderr.splitlines()[-2:]
+    from kcache_cli.cli.app import COMMANDS
+
+    got = set(modules.split()) - {"cmd_mega", "cmd_oci"}  # helpers of cmd_archive and cmd_remote
+    assert got == (set(COMMANDS.values()) if loaded == "all" else set(loaded))
+    assert engines == str(loaded != [])
 
 
 def test_a_line_naming_one_command_builds_only_that_command():

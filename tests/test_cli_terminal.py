@@ -513,7 +513,9 @@ def test_debug_never_changes_an_exit_code(kcache, tmp_path):
 def test_help_metavars_and_comma_lists(kcache):
     from typer.main import get_command
 
-    from kcache_cli.cli.app import app
+    from kcache_cli.cli.app import full_app
+
+    app = full_app()
 
     for name in sorted(get_command(app).commands):
         text = kcache(name, "--help", env={"COLUMNS": "200"}).stdout

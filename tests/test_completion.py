@@ -396,7 +396,9 @@ def test_a_real_tab_in_interactive_zsh_with_fpath(shim, mixed, tmp_path):
 def _commands():
     from typer.main import get_command
 
-    from kcache_cli.cli.app import app
+    from kcache_cli.cli.app import full_app
+
+    app = full_app()
 
     return get_command(app).commands
 

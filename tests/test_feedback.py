@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, patch_everywhere
 from test_delete import gen
 from test_fidelity import SOFTMAX, age, truncate_old
 
@@ -300,7 +300,7 @@ def test_ctrl_c_while_planning_removes_nothing_and_says_so(kcache, fixture_copy,
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(delete, "plan_prune", interrupted)
+    patch_everywhere(monkeypatch, delete, "plan_prune", interrupted)
     r = kcache("--cache-dir", root, "prune", "--max-size", "0", "--yes")
     assert r.exit_code == 130 and "interrupted: nothing was removed" in r.stderr
     assert count_entries(root) == 5

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import stat
 import subprocess
 import tarfile
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import test_shared_attacks as sa
-from conftest import FIXTURES, copy_tree, run_kcache
+from conftest import FIXTURES, copy_tree, patch_everywhere, run_kcache
 from test_all_caches import inductor_graph
 
 from kcache_cli.ops import delete
@@ -257,9 +256,7 @@ def scans(monkeypatch) -> dict[str, int]:
             counted[key] = counted.get(key, 0) + 1
         return real(root, flt, *args, **kwargs)
 
-    for name, module in list(sys.modules.items()):  # every module that bound it at its top
-        if name.startswith("kcache_cli") and getattr(module, "scan_cache", None) is real:
-            monkeypatch.setattr(module, "scan_cache", scan_cache)
+    patch_everywhere(monkeypatch, scan, "scan_cache", scan_cache)
     return counted
 
 
@@ -390,7 +387,7 @@ def test_an_explicit_root_is_detected_once(scene, monkeypatch, command):
         seen.append(str(root))
         return real(root)
 
-    monkeypatch.setattr(layouts, "detect", detect)
+    patch_everywhere(monkeypatch, layouts, "detect", detect)
     run = run_kcache("--cache-dir", str(scene["hidet"]), *command)
     assert run.exit_code == 0, run.stderr
     assert seen == [str(scene["hidet"])], seen

@@ -563,7 +563,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
     _collect_stale_temps(out_dir)
     temps: list[str] = []
     held: list[int] = []  # flocks on our temp files, held to the end: prune and later exports leave them be
-    restore = _signals_raise()
+    signals = _Signals()
     try:
         _make_temps(archive, workers + 1, temps, held)
         final_tmp, bodies = temps[0], temps[1:]
@@ -581,11 +581,12 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         if not m.done:  # an empty archive is refused: nothing is written (the temp files go below)
             _refuse_empty(plan, m.left, compression)
         _write_final(held[0], bodies, compression, _manifest(plan, m), m.records)
+        signals.check()  # one a finalizer swallowed: the archive is not published
         _rename_beside(final_tmp, archive)
     finally:
         _unlink_all(temps)
         _close_all(held)
-        restore()
+        signals.restore()
     return ExportResult(archive, compression, tuple(m.done), tuple(m.left), m.files, m.size,
                         os.path.getsize(archive), plan.sources_only)
 
@@ -701,7 +702,7 @@ def _make_temps(archive: str, n: int, temps: list[str], held: list[int]) -> None
     """`n` temp files beside `archive`, each flocked (the fds kept in `held`) so that a prune or a later
     export sees a live export (locking.leftover_live)."""
     out_dir = os.path.dirname(archive)
-    # SIGTERM/SIGHUP unwind the export (_signals_raise); one landing between mkstemp's open and the
+    # SIGTERM/SIGHUP unwind the export (_Signals); one landing between mkstemp's open and the
     # append would leave a temp file nobody removes: they wait until each file is recorded.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
     try:
@@ -724,21 +725,36 @@ def _close_all(fds: list[int]) -> None:
             pass
 
 
-def _signals_raise() -> Callable[[], None]:
-    """While an export runs, SIGTERM and SIGHUP unwind it like Ctrl-C (its temp files are removed);
-    returns what puts the old handlers back. Only the main thread can install handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
+class _Signals:
+    """While an export runs, SIGTERM and SIGHUP unwind it like Ctrl-C (its temp files are removed).
+    Python runs a handler between any two bytecodes, inside a finalizer or an at-fork hook too, and
+    those swallow what it raises: so the signal is also noted, `check()` raises it again before the
+    archive is published, and the interpreter's "Exception ignored" report of it is kept off stderr."""
 
-    def interrupt(signum, _frame):
+    def __init__(self) -> None:
+        self.got: list[int] = []
+        self.old: dict = {}
+        self.old_hook = sys.unraisablehook
+        if threading.current_thread() is threading.main_thread():  # only it can install handlers
+            self.old = {sig: signal.signal(sig, self._interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+            sys.unraisablehook = self._unraisable
+
+    def _interrupt(self, signum, _frame):
+        self.got.append(signum)
         raise KeyboardInterrupt(f"signal {signum}")
 
-    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    def restore() -> None:
-        for sig, h in old.items():
-            signal.signal(sig, h)
+    def _unraisable(self, info) -> None:
+        if not (self.got and isinstance(info.exc_value, KeyboardInterrupt)):
+            self.old_hook(info)
 
-    return restore
+    def check(self) -> None:
+        if self.got:
+            raise KeyboardInterrupt(f"signal {self.got[0]}")
+
+    def restore(self) -> None:
+        for sig, h in self.old.items():
+            signal.signal(sig, h)
+        sys.unraisablehook = self.old_hook
 
 
 def _try_flock(fd: int) -> bool:

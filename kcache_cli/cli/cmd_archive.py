@@ -7,9 +7,19 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from kcache_cli.archive import ImportLimits, compression_for, export_archive, import_archive, plan_export
+from kcache_cli.archive.export import EmptyExport
+from kcache_cli.archive.importer import archive_layouts
+from kcache_cli.catalog.locate import UntrustedRoot, named_cache
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.cli.cmd_mega import import_blob, is_blob, show_blob
 from kcache_cli.cli.progress import Bar as _Bar
+from kcache_cli.cli.progress import Phase
+from kcache_cli.formats.gpu import arch_fit
+from kcache_cli.ops.verify import verify_cache
 from kcache_cli.util.errors import UsageError
+from kcache_cli.util.units import parse_size
 
 
 def register(app: typer.Typer) -> None:
@@ -19,8 +29,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _size(text: Optional[str], option: str, default: int) -> int:
-    from kcache_cli.util.units import parse_size
-
     return default if text is None else parse_size(text, option)
 
 
@@ -46,8 +54,8 @@ def export_command(
         "--python", metavar="PY", help="With --format torch-mega: the Python whose torch version the manifest "
         "records (default: python3 on PATH).")] = None,
     cache: c.CacheOpt = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Write the selected entries into one verified archive.
 
@@ -60,11 +68,7 @@ def export_command(
 
     Example: kcache export --space cuda_space_0 --op matmul kernels.tar.zst
     """
-    from kcache_cli.archive import compression_for, export_archive
-    from kcache_cli.archive.export import EmptyExport
-    from kcache_cli.util.errors import UsageError
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     if fmt not in (None, "tar", "torch-mega"):
         raise UsageError(f"--format {fmt!r}: tar or torch-mega")
     if fmt == "torch-mega":
@@ -89,12 +93,9 @@ def export_command(
     out.result(result.to_json(str(root)), lambda: _export_human(out, result))
 
 
-def _export_plan(opts: c.GlobalOptions, sel: c.Selection, cache: Optional[str], sources_only: bool) -> tuple:
+def _export_plan(opts: o.GlobalOptions, sel: c.Selection, cache: Optional[str], sources_only: bool) -> tuple:
     """(root, export plan, entries selected) of the one cache the selection names entries in; entries
     named that are nowhere are a usage error, and so is a selection spanning several caches."""
-    from kcache_cli.archive import plan_export
-    from kcache_cli.util.errors import UsageError
-
     locs = c.cache_locations(opts, False, cache, sel.hashes)
     plans, missing = [], set(c.ref_list(sel.hashes))
     for loc in locs:
@@ -150,8 +151,8 @@ def import_command(
     lock_timeout: Annotated[Optional[str], typer.Option(
         "--lock-timeout", metavar="SECONDS", help="How long to wait for an entry's lock before skipping "
         "it (30, 2.5, 90s, 5m). Default: 60.")] = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Verify an archive made by `kcache export`, then publish it.
 
@@ -172,11 +173,7 @@ def import_command(
 
     Example: kcache import kernels.tar.zst --dry-run
     """
-    from kcache_cli.archive import ImportLimits, import_archive
-    from kcache_cli.formats.gpu import arch_fit
-
-    opts = c.use(ctx, cache_dir, as_json)
-    from kcache_cli.cli.cmd_mega import import_blob, is_blob
+    opts = o.use(ctx, cache_dir, as_json)
 
     if is_blob(archive):  # a torch Mega-Cache blob: each artifact where torch's load would write it
         import_blob(opts, archive, dry_run, c.lock_timeout(lock_timeout, 60.0))
@@ -195,13 +192,11 @@ def import_command(
     out.result(result.to_json(fit.gpus, fit.fits), lambda: _import_human(out, result, dry_run))
 
 
-def _import_root(opts: c.GlobalOptions, archive: str):
+def _import_root(opts: o.GlobalOptions, archive: str):
     """--cache-dir or KCACHE_DIR; else the default root of the one layout the archive's entries are of
     (a Triton archive goes where Triton looks), else the build layout's (hidet's rule)."""
     if c.explicit_root(opts):
         return c.cache_root(opts)
-    from kcache_cli.archive.importer import archive_layouts
-    from kcache_cli.catalog.locate import UntrustedRoot, named_cache
 
     layouts = archive_layouts(archive)
     if len(layouts) == 1:
@@ -248,8 +243,8 @@ def verify_command(
                    ] = False,
     all_caches: c.AllCachesOpt = False,
     cache: c.CacheOpt = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Check every byte of every entry; exit 1 on any problem.
 
@@ -266,16 +261,12 @@ def verify_command(
 
     Example: kcache verify --layout tilelang --json
     """
-    from kcache_cli.ops.verify import verify_cache
-
-    opts = c.use(ctx, cache_dir, as_json)
-    from kcache_cli.cli.cmd_mega import is_blob, show_blob
+    opts = o.use(ctx, cache_dir, as_json)
 
     named = c.ref_list(sel.hashes)
     if len(named) == 1 and is_blob(named[0]):  # a torch Mega-Cache blob: checksum and framing
         show_blob(opts, named[0], verify=True)
         return
-    from kcache_cli.cli.progress import Phase
 
     locs = c.cache_locations(opts, all_caches, cache, sel.hashes)
     chosen = []
@@ -299,7 +290,7 @@ def verify_command(
     _verify_report(opts, results, fix)
 
 
-def _verify_report(opts: c.GlobalOptions, results: list, fix: bool) -> None:
+def _verify_report(opts: o.GlobalOptions, results: list, fix: bool) -> None:
     """Each cache's result (--json: one object, or a list over every cache found); exit 1 on any problem."""
     out = c.Output(opts, collect=opts.many)
     for n, (root, result, took) in enumerate(results):

@@ -4,7 +4,13 @@ from typing import Annotated, Optional
 
 import typer
 
+from kcache_cli.catalog.scan import detect_layouts
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.ops import config
+from kcache_cli.ops.budget import effective
+from kcache_cli.util.errors import UsageError
+from kcache_cli.util.units import format_age
 
 config_app = typer.Typer(name="config", invoke_without_command=True)
 
@@ -23,7 +29,7 @@ def register(app: typer.Typer) -> None:
 
 
 @config_app.callback()
-def config_show(ctx: typer.Context, as_json: c.JsonOpt = False) -> None:
+def config_show(ctx: typer.Context, as_json: o.JsonOpt = False) -> None:
     """The budget `kcache prune` keeps: max-size and max-age.
 
     What prune keeps when given no criteria: max-size and max-age for every cache
@@ -38,9 +44,8 @@ def config_show(ctx: typer.Context, as_json: c.JsonOpt = False) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from kcache_cli.ops import config
 
-    opts = c.use(ctx, None, as_json)
+    opts = o.use(ctx, None, as_json)
     cfg = config.load()
     root = _cache_root(opts)
     if root is None:
@@ -50,10 +55,8 @@ def config_show(ctx: typer.Context, as_json: c.JsonOpt = False) -> None:
     c.Output(opts).result(doc, lambda: _show_cache(root, doc))
 
 
-def _cache_root(opts: c.GlobalOptions, cache: str | None = None):
+def _cache_root(opts: o.GlobalOptions, cache: str | None = None):
     """The cache whose own budget is meant: --cache-dir given (None without it)."""
-    from kcache_cli.util.errors import UsageError
-
     if opts.cache_dir is None:
         return None
     if cache is not None:
@@ -64,10 +67,6 @@ def _cache_root(opts: c.GlobalOptions, cache: str | None = None):
 
 def _with_cache(cfg, root) -> dict:
     """The config's JSON with the cache's own budget and the one in effect there (and whence)."""
-    from kcache_cli.catalog.scan import detect_layouts
-    from kcache_cli.ops import config
-    from kcache_cli.ops.budget import effective
-
     b = effective([(root, detect_layouts(root))], cfg, lambda m: None)[str(root)]
     return {**cfg.to_json(), "cache": config.load_cache(root).to_json(),
             "effective": {"max_size": b.max_size, "max_age": b.max_age,
@@ -77,8 +76,6 @@ def _with_cache(cfg, root) -> dict:
 
 def _show_cache(root, doc: dict) -> None:
     """What a bare prune of the cache keeps it to, each value with the file (and part) it comes from."""
-    from kcache_cli.util.units import format_age
-
     eff = doc["effective"]
     lines = [f"# what a bare `kcache prune` of {c.printable_line(str(root))} keeps it to"]
     for key, value, where in (("max-size", eff["max_size"], eff["max_size_from"]),
@@ -88,7 +85,7 @@ def _show_cache(root, doc: dict) -> None:
     c.print_lines(lines)
 
 
-def _show(opts: c.GlobalOptions, cfg) -> None:
+def _show(opts: o.GlobalOptions, cfg) -> None:
     text = cfg.to_toml()
     if not text:
         c.info(opts, f"no budget set ({c.printable_line(str(cfg.path))} "
@@ -103,15 +100,13 @@ def config_set(
     value: Annotated[str, typer.Argument(metavar="VALUE", help="A size with a unit (20G, 500M, 2GiB) for "
                                          "max-size; an age (30d, 12h, 2w) for max-age.", show_default=False)],
     cache: CacheOpt = None,
-    as_json: c.JsonOpt = False,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Set max-size or max-age, for all caches or (--cache NAME) one.
 
     Example: kcache config set --cache triton max-age 30d
     """
-    from kcache_cli.ops import config
-
-    opts = c.use(ctx, None, as_json)
+    opts = o.use(ctx, None, as_json)
     root = _cache_root(opts, cache)
     if root is not None:
         kept = config.set_cache_value(root, key, value)
@@ -132,15 +127,13 @@ def config_unset(
     ctx: typer.Context,
     key: KeyArg,
     cache: CacheOpt = None,
-    as_json: c.JsonOpt = False,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Remove max-size or max-age, for all caches or (--cache NAME) one.
 
     Example: kcache config unset max-size
     """
-    from kcache_cli.ops import config
-
-    opts = c.use(ctx, None, as_json)
+    opts = o.use(ctx, None, as_json)
     root = _cache_root(opts, cache)
     if root is not None:
         kept, was_set = config.unset_cache_value(root, key)
@@ -154,14 +147,12 @@ def config_unset(
     c.Output(opts).result(cfg)
 
 
-def config_path(ctx: typer.Context, as_json: c.JsonOpt = False) -> None:
+def config_path(ctx: typer.Context, as_json: o.JsonOpt = False) -> None:
     """Print where the config file is (whether or not it exists yet).
 
     Example: $EDITOR "$(kcache config path)"
     """
-    from kcache_cli.ops import config
-
-    opts = c.use(ctx, None, as_json)
+    opts = o.use(ctx, None, as_json)
     path = config.config_path()
     c.Output(opts).result({"path": str(path), "exists": path.exists()},
                           lambda: c.print_lines([c.tty_safe(str(path))]))

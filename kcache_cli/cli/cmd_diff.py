@@ -8,6 +8,11 @@ from typing import Annotated
 import typer
 
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.cli.table import fold
+from kcache_cli.model import ScanFilter
+from kcache_cli.ops.diff import diff_entries
+from kcache_cli.util.errors import UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -25,8 +30,8 @@ def diff_command(
     a: EntryA,
     b: EntryB,
     cache: c.CacheOpt = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Why are there two of these? What differs between two entries.
 
@@ -40,11 +45,7 @@ def diff_command(
 
     Example: kcache diff 22DX5RUZ ILJQFT5R
     """
-    from kcache_cli.model import ScanFilter
-    from kcache_cli.ops.diff import diff_entries
-    from kcache_cli.util.errors import UsageError
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     loc_a, ea = c.resolve_in_scope(opts, a, cache, lambda root: ScanFilter(), selectors=False)
     loc_b, eb = c.resolve_in_scope(opts, b, cache, lambda root: ScanFilter(), selectors=False)
     if (ea.layout, ea.kind) != (eb.layout, eb.kind):
@@ -173,6 +174,4 @@ def _text_diff(d, width: int | None) -> list[str]:
 
 
 def _fit(line: str, width: int | None) -> list[str]:
-    from kcache_cli.cli.table import fold
-
     return fold(line, width, 4)

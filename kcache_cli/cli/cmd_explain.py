@@ -7,7 +7,12 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from kcache_cli.archive import COMPRESSION_BY_SUFFIX
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.cli.cmd_mega import is_blob
+from kcache_cli.cli.table import Column
+from kcache_cli.ops.explain import ExplainResult, explain_archive, explain_blob, explain_root, probe
 
 
 def register(app: typer.Typer) -> None:
@@ -26,8 +31,8 @@ def explain_command(
         "--gpu", metavar="ARCH", help="The GPU arch that will run it (sm_90a, sm_80). Default: nvidia-smi's "
         "first GPU.")] = None,
     cache: c.CacheOpt = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Will the consumer here use each entry? hit, miss or unknown.
 
@@ -42,11 +47,7 @@ def explain_command(
 
     Example: kcache explain --python ~/venvs/serve/bin/python --gpu sm_90a
     """
-    from kcache_cli.archive import COMPRESSION_BY_SUFFIX
-    from kcache_cli.cli.cmd_mega import is_blob
-    from kcache_cli.ops.explain import ExplainResult, explain_archive, explain_blob, explain_root, probe
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     here = probe(python, gpu=gpu)
     result = ExplainResult(here)
     blobs = [t for t in targets or [] if is_blob(t)]
@@ -68,8 +69,6 @@ def explain_command(
 
 
 def _human(out: c.Output, result) -> None:
-    from kcache_cli.cli.table import Column
-
     h = result.here
     versions = ", ".join(f"{k} {v}" for k, v in sorted(h.versions.items()) if v) or "none of the compilers"
     out.info(f"here: {h.executable or 'no python'} ({versions}); GPU {h.gpu or 'none'} ({h.gpu_source})"

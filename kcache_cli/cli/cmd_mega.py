@@ -9,14 +9,20 @@ from pathlib import Path
 
 import typer
 
+from kcache_cli.archive.mega import describe, mega_layouts
+from kcache_cli.archive.mega import export_blob as run_export
+from kcache_cli.archive.mega import import_blob as run_import
+from kcache_cli.catalog.locate import named_cache
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.cli.table import Column
+from kcache_cli.formats import megacache
+from kcache_cli.ops.explain import probe
 
 
 def is_blob(arg: str | None) -> bool:
     """Whether `arg` names a file that starts like a Mega-Cache blob (a CRC, then version 1), or one
     ending in .bin / .mega whatever it holds (so that a damaged blob is still inspected as one)."""
-    from kcache_cli.formats import megacache
-
     if not arg or not os.path.isfile(arg):
         return False
     if arg.endswith((".bin", ".mega", ".megacache")):
@@ -28,10 +34,8 @@ def is_blob(arg: str | None) -> bool:
         return False
 
 
-def show_blob(opts: c.GlobalOptions, path: str, verify: bool) -> None:
+def show_blob(opts: o.GlobalOptions, path: str, verify: bool) -> None:
     """inspect / verify of a blob; exit 1 when it has a problem."""
-    from kcache_cli.archive.mega import describe
-
     doc = describe(path)
     out = c.Output(opts)
     out.result(doc, lambda: _blob_human(out, doc, verify))
@@ -61,9 +65,7 @@ def _blob_human(out: c.Output, doc: dict, verify: bool) -> None:
         out.text(f"ok: {c.plural(len(doc['artifacts']), 'artifact')}, checksum and framing whole")
 
 
-def import_blob(opts: c.GlobalOptions, path: str, dry_run: bool, wait: float) -> None:
-    from kcache_cli.archive.mega import import_blob as run_import
-
+def import_blob(opts: o.GlobalOptions, path: str, dry_run: bool, wait: float) -> None:
     result = run_import(_blob_root(opts), path, dry_run=dry_run, lock_timeout=wait)
     out = c.Output(opts)
     out.result(result, lambda: _import_human(out, result))
@@ -71,20 +73,16 @@ def import_blob(opts: c.GlobalOptions, path: str, dry_run: bool, wait: float) ->
         raise typer.Exit(1)
 
 
-def _blob_root(opts: c.GlobalOptions) -> Path:
+def _blob_root(opts: o.GlobalOptions) -> Path:
     """--cache-dir or KCACHE_DIR, else where torch keeps its cache (TORCHINDUCTOR_CACHE_DIR...)."""
     if c.explicit_root(opts):
         return c.cache_root(opts)
-    from kcache_cli.archive.mega import mega_layouts
-    from kcache_cli.catalog.locate import named_cache
 
     names = sorted({lay.name for lay in mega_layouts().values()})
     return named_cache(names[0]).path
 
 
 def _import_human(out: c.Output, result) -> None:
-    from kcache_cli.cli.table import Column
-
     rows = [[a.action, a.type, a.key, c.human_size(a.size), a.reason or ""] for a in result.artifacts]
     if rows:
         c.print_table([Column("action"), Column("type"), Column("key", spill=True), Column("size", right=True),
@@ -94,9 +92,7 @@ def _import_human(out: c.Output, result) -> None:
              f"{result.count('skip')} present, refused {result.count('refuse')}; into {result.root}")
 
 
-def export_blob(opts: c.GlobalOptions, out_path: str, python: str | None) -> None:
-    from kcache_cli.archive.mega import export_blob as run_export
-    from kcache_cli.ops.explain import probe
+def export_blob(opts: o.GlobalOptions, out_path: str, python: str | None) -> None:
 
     root = c.cache_root(opts, existing=True) if c.explicit_root(opts) else _blob_root(opts)
     here = probe(python, ("torch",))

@@ -9,12 +9,22 @@ import contextlib
 from typing import Any, Iterator, Optional
 
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.remote.oci import Registry, parse_ref
+from kcache_cli.remote.oci_ops import (
+    DEFAULT_TAG,
+    image_stats,
+    list_images,
+    plan_prune,
+    prune_images,
+    pull_image,
+    push_image,
+    read_image,
+)
 
 
 @contextlib.contextmanager
 def opened(url: str, timeout: float, deadline: Optional[float], user: Optional[str]) -> Iterator[Any]:
-    from kcache_cli.remote.oci import Registry, parse_ref
-
     reg = Registry(parse_ref(url), connect_timeout=timeout, user=user)
     reg.set_deadline(deadline)
     try:
@@ -23,15 +33,13 @@ def opened(url: str, timeout: float, deadline: Optional[float], user: Optional[s
         reg.close()
 
 
-def _output(opts: c.GlobalOptions, command: str) -> c.Output:
+def _output(opts: o.GlobalOptions, command: str) -> c.Output:
     opts.command = command
     return c.Output(opts)
 
 
-def push(opts: c.GlobalOptions, root, flt, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str],
+def push(opts: o.GlobalOptions, root, flt, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str],
          dry_run: bool) -> None:
-    from kcache_cli.remote.oci_ops import push_image
-
     with opened(url, *timeouts, user) as reg:
         result = push_image(root, reg, flt, dry_run=dry_run, warn=lambda m: c.warn(opts, m))
     out = _output(opts, "push-oci")
@@ -53,16 +61,12 @@ def push(opts: c.GlobalOptions, root, flt, url: str, timeouts: tuple[float, Opti
 
 def pull_image_of(url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]):
     """The image the pull names (manifest and config read), before the local root is chosen."""
-    from kcache_cli.remote.oci_ops import DEFAULT_TAG, read_image
-
     with opened(url, *timeouts, user) as reg:
         return read_image(reg, reg.ref.tag or DEFAULT_TAG)
 
 
-def pull(opts: c.GlobalOptions, root, flt, image, url: str, timeouts: tuple[float, Optional[float]],
+def pull(opts: o.GlobalOptions, root, flt, image, url: str, timeouts: tuple[float, Optional[float]],
          user: Optional[str], node: Optional[list[str]], dry_run: bool, lock_timeout: float) -> None:
-    from kcache_cli.remote.oci_ops import pull_image
-
     with opened(url, *timeouts, user) as reg:
         result = pull_image(root, reg, image, node, flt, dry_run=dry_run, lock_timeout=lock_timeout,
                             warn=lambda m: c.warn(opts, m))
@@ -85,9 +89,7 @@ def pull(opts: c.GlobalOptions, root, flt, image, url: str, timeouts: tuple[floa
     out.result(result, human)
 
 
-def ls(opts: c.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
-    from kcache_cli.remote.oci_ops import list_images
-
+def ls(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
     out = _output(opts, "remote-ls-oci")
     with opened(url, *timeouts, user) as reg:
         images = list_images(reg, out.warn)
@@ -104,9 +106,7 @@ def ls(opts: c.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]],
                 "size": sum({i.digest: i.size for i in images}.values())}, human)
 
 
-def stats(opts: c.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
-    from kcache_cli.remote.oci_ops import image_stats, list_images
-
+def stats(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
     out = _output(opts, "remote-stats-oci")
     with opened(url, *timeouts, user) as reg:
         result = image_stats(reg.url, list_images(reg, out.warn))
@@ -122,10 +122,8 @@ def stats(opts: c.GlobalOptions, url: str, timeouts: tuple[float, Optional[float
     out.result(result, human)
 
 
-def prune(opts: c.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str],
+def prune(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str],
           limits: tuple[Optional[int], Optional[float], Optional[int]], dry_run: bool) -> None:
-    from kcache_cli.remote.oci_ops import list_images, plan_prune, prune_images
-
     out = _output(opts, "remote-prune-oci")
     keep, age, max_size = limits
     with opened(url, *timeouts, user) as reg:

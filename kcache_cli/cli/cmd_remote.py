@@ -3,13 +3,35 @@
 The redis client is imported by the core only when a redis:// remote is opened, never at start-up."""
 
 import contextlib
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Iterator, NamedTuple, Optional
 
 import typer
 
+from kcache_cli.cli import cmd_oci
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.cli.progress import Bar
+from kcache_cli.cli.table import Column, render
+from kcache_cli.formats.gpu import arch_fit
+from kcache_cli.ops.delete import parse_age, parse_size
+from kcache_cli.remote.manage import (
+    RemotePruneResult,
+    list_remote,
+    plan_remote_prune,
+    prune_remote,
+    remote_stats,
+    scan_index,
+)
+from kcache_cli.remote.oci import is_oci
+from kcache_cli.remote.oci_ops import node_archs, preflight
+from kcache_cli.remote.pull import pull
+from kcache_cli.remote.push import push
+from kcache_cli.remote.store import check_timeout, open_store
+from kcache_cli.util.errors import UsageError
+from kcache_cli.util.signing import make_key
 
 RemoteOpt = Annotated[Optional[str], typer.Option(
     "--remote", metavar="URL", envvar="KCACHE_REMOTE", show_envvar=False,
@@ -24,8 +46,6 @@ UserOpt = Annotated[Optional[str], typer.Option(
 def _seconds(option: str, minimum: float = 0.1):
     """A Typer callback checking a timeout option (nan, inf, negative: usage errors, exit 2)."""
     def check(value: Optional[float]) -> Optional[float]:
-        from kcache_cli.remote.store import check_timeout
-
         return None if value is None else check_timeout(value, option, minimum)
     return check
 
@@ -69,9 +89,6 @@ def register(app: typer.Typer) -> None:
 @contextlib.contextmanager
 def _opened(remote: Optional[str], timeout: float, deadline: Optional[float] = None) -> Iterator[Any]:
     """The remote store, closed when the command is done with it."""
-    from kcache_cli.remote.store import open_store
-    from kcache_cli.util.errors import UsageError
-
     if not remote:
         raise UsageError("no remote: pass --remote URL or set KCACHE_REMOTE (redis://host:6379/0, file:///shared/dir)")
     store = open_store(remote, connect_timeout=timeout, deadline=deadline)
@@ -82,7 +99,7 @@ def _opened(remote: Optional[str], timeout: float, deadline: Optional[float] = N
 
 
 class _Moving(NamedTuple):
-    opts: c.GlobalOptions
+    opts: o.GlobalOptions
     root: Path
     flt: Any  # ScanFilter
     store: Any  # remote.store.Store
@@ -94,16 +111,14 @@ def _moving(ctx: typer.Context, sel: c.Selection, remote: Optional[str], timeout
             cache_dir: Optional[str], as_json: bool, doing: str) -> Iterator[_Moving]:
     """What push and pull start with: the options, the cache root, the selection, the open remote and a
     progress bar counting entries."""
-    from kcache_cli.cli.progress import Bar
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     flt = sel.filter()
     root = _local_root(opts, flt.layouts)
     with _opened(remote, *timeout) as store, Bar(opts, doing, unit="entries") as bar:
         yield _Moving(opts, root, flt, store, bar)
 
 
-def _local_root(opts: c.GlobalOptions, layouts: tuple[str, ...]):
+def _local_root(opts: o.GlobalOptions, layouts: tuple[str, ...]):
     """The one local root push and pull work on: --cache-dir or KCACHE_DIR; else, for one --layout, where
     that layout's compiler keeps its cache (pull --layout triton fills Triton's); else hidet's rule."""
     if not c.explicit_root(opts) and len(set(layouts)) == 1:
@@ -128,8 +143,8 @@ def push_command(
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
     remote_user: UserOpt = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Upload the selected complete entries the remote lacks.
 
@@ -143,13 +158,10 @@ def push_command(
 
     Example: kcache push --remote redis://cache-host:6379/0 --space cuda_space_0
     """
-    from kcache_cli.remote.oci import is_oci
-    from kcache_cli.remote.push import push
-
     if is_oci(remote):
         from kcache_cli.cli import cmd_oci
 
-        opts = c.use(ctx, cache_dir, as_json)
+        opts = o.use(ctx, cache_dir, as_json)
         flt = sel.filter()
         cmd_oci.push(opts, _local_root(opts, flt.layouts), flt, remote or "", (connect_timeout, remote_timeout),
                      remote_user, dry_run)
@@ -174,8 +186,6 @@ def push_command(
 def _table(entries) -> None:
     """push's and pull's table: the entry by op and hash (a unique prefix on a narrow terminal), the note
     wrapped or on its own line."""
-    from kcache_cli.cli.table import Column
-
     rows = [[e.action, e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, f"{e.files:,}",
              c.human_size(e.size), e.reason or ""] for e in entries]
     if rows:
@@ -201,8 +211,8 @@ def pull_command(
         "Default: the local GPUs, from nvidia-smi.")] = None,
     no_gpu_check: Annotated[bool, typer.Option(
         "--no-gpu-check", help="oci:// only: pull without checking the image's targets against the GPUs.")] = False,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Fetch the selected remote entries missing here.
 
@@ -217,9 +227,6 @@ def pull_command(
 
     Example: kcache pull --remote redis://cache-host:6379/0 --op matmul
     """
-    from kcache_cli.remote.oci import is_oci
-    from kcache_cli.remote.pull import pull
-
     if is_oci(remote):
         _pull_oci(ctx, sel, remote or "", (connect_timeout, remote_timeout), remote_user, (gpu, no_gpu_check),
                   (dry_run, lock_timeout), cache_dir, as_json)
@@ -251,10 +258,7 @@ def _pull_oci(ctx: typer.Context, sel: c.Selection, remote: str, timeouts, user:
               gpu: tuple[Optional[str], bool], run: tuple[bool, float], cache_dir: Optional[str],
               as_json: bool) -> None:
     """pull from an oci:// image: the node's archs and the image first, then the root its layout names."""
-    from kcache_cli.cli import cmd_oci
-    from kcache_cli.remote.oci_ops import node_archs, preflight
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     flt = sel.filter()
     node = node_archs(*gpu)
     image = cmd_oci.pull_image_of(remote, timeouts, user)
@@ -265,8 +269,6 @@ def _pull_oci(ctx: typer.Context, sel: c.Selection, remote: str, timeouts, user:
 
 def _check_archs(out: c.Output, entries) -> None:
     """As import does: warn about pulled kernels this machine's GPU cannot run."""
-    from kcache_cli.formats.gpu import arch_fit
-
     c.warn_arch_misfits(out, entries, arch_fit({e.relpath: e.arch for e in entries}), "pulled")
 
 
@@ -278,7 +280,7 @@ def remote_ls(
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
     remote_user: UserOpt = None,
-    as_json: c.JsonOpt = False,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """List what the remote holds, from its index (no download).
 
@@ -290,10 +292,7 @@ def remote_ls(
 
     Example: kcache remote ls --remote redis://cache-host:6379/0 --op 'mat*' --json
     """
-    from kcache_cli.remote.manage import scan_index
-    from kcache_cli.remote.oci import is_oci
-
-    opts = c.use(ctx, None, as_json)
+    opts = o.use(ctx, None, as_json)
     if is_oci(remote):
         from kcache_cli.cli import cmd_oci
 
@@ -317,17 +316,13 @@ def remote_ls(
 def _json_batch(batch, first: bool) -> None:
     """One batch of `remote ls --json`: the object and its `entries` list opened by the first, closed by
     the command."""
-    import json
-
-    head = f'{{"schema": "{c.schema_id("remote-ls")}", "entries": [\n'
+    head = f'{{"schema": "{o.schema_id("remote-ls")}", "entries": [\n'
     sys.stdout.write((head if first else ",\n") + ",\n".join(json.dumps(e.to_json()) for e in batch))
     sys.stdout.flush()
 
 
 def _table_batch(batch, first: bool) -> None:
     """One batch of `remote ls`: the header before the first only."""
-    from kcache_cli.cli.table import Column, render
-
     rows = [[e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, f"{e.files:,}",
              c.human_size(e.size), e.arch or "-", c.human_age(e.pushed or 0),
              c.human_age(e.last_pulled) if e.last_pulled else "never"] for e in batch]
@@ -335,7 +330,7 @@ def _table_batch(batch, first: bool) -> None:
     cols = [Column("layout", drop=7), Column("kind", drop=2), Column("space", drop=8), Column("op"),
             Column("hash", spill=True), Column("files", right=True, drop=3), Column("size", right=True),
             Column("arch", drop=5), Column("pushed", drop=4), Column("pulled", drop=6)]
-    lines = render(cols, rows, c.output_width(), colour=not c.plain_output(), clean=c.printable_line)
+    lines = render(cols, rows, c.output_width(), colour=not o.plain_output(), clean=c.printable_line)
     c.print_lines(lines if first else lines[len(lines) - len(rows):])
     sys.stdout.flush()
 
@@ -346,7 +341,7 @@ def remote_stats_command(
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
     remote_user: UserOpt = None,
-    as_json: c.JsonOpt = False,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Totals of the remote per layout, space and op, from its index.
 
@@ -354,10 +349,7 @@ def remote_stats_command(
 
     Example: kcache remote stats --remote file:///mnt/shared/kcache
     """
-    from kcache_cli.remote.manage import list_remote, remote_stats
-    from kcache_cli.remote.oci import is_oci
-
-    opts = c.use(ctx, None, as_json)
+    opts = o.use(ctx, None, as_json)
     if is_oci(remote):
         from kcache_cli.cli import cmd_oci
 
@@ -393,7 +385,7 @@ def remote_prune(
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
     remote_user: UserOpt = None,
-    as_json: c.JsonOpt = False,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Remove remote entries by size and age, least recently pulled first.
 
@@ -407,12 +399,7 @@ def remote_prune(
 
     Example: kcache remote prune --max-size 200G --older-than 30d --dry-run
     """
-    from kcache_cli.cli.table import Column
-    from kcache_cli.ops.delete import parse_age, parse_size
-    from kcache_cli.remote.manage import RemotePruneResult, list_remote, plan_remote_prune, prune_remote
-    from kcache_cli.remote.oci import is_oci
-
-    opts = c.use(ctx, None, as_json)
+    opts = o.use(ctx, None, as_json)
     limit = parse_size(max_size) if max_size is not None else None
     age = parse_age(older_than) if older_than is not None else None
     if is_oci(remote):
@@ -442,7 +429,7 @@ def remote_prune(
 
 def remote_keygen(
     ctx: typer.Context,
-    as_json: c.JsonOpt = False,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Make this node's Ed25519 signing key; print its public key.
 
@@ -453,9 +440,7 @@ def remote_keygen(
 
     Example: kcache remote keygen >> ~/fleet-keys.txt
     """
-    from kcache_cli.util.signing import make_key
-
-    opts = c.use(ctx, None, as_json)
+    opts = o.use(ctx, None, as_json)
     path, public = make_key()
     out = c.Output(opts)
     out.result({"key": str(path), "public_key": public}, lambda: out.text(public))

@@ -4,81 +4,44 @@ Rich and humanize are imported inside the helpers that need them, to keep start-
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
+import json
 import os
 import re
 import sys
+import time
+import typing
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Callable, List, Optional
 
 import typer
 
-from kcache_cli.cli import complete  # light: the TAB path imports nothing heavy
+from kcache_cli.catalog import names
+from kcache_cli.catalog.locate import cache_holding, caches_below, existing_caches, named_cache, resolve_cache_dir
+from kcache_cli.catalog.names import expand_filter, unknown_across, unknown_values
+from kcache_cli.catalog.scan import NoSuchEntry, resolve_entry, scan_cache, split_refs
+from kcache_cli.cli import (
+    complete,  # light: the TAB path imports nothing heavy
+    options,
+)
+from kcache_cli.cli.options import GlobalOptions, no_color, plain_output, schema_id
+from kcache_cli.cli.table import Column, fold, render
+from kcache_cli.fs import read as fsread
+from kcache_cli.layouts import detect
+from kcache_cli.model import ScanFilter, space_matches
 from kcache_cli.model.terms import BROKEN, BROKEN_WORD, KINDS, LAYOUT_NAMES, STATUSES, is_status
 from kcache_cli.util.errors import UsageError
 from kcache_cli.util.textsafe import printable, printable_line
-
-
-class GlobalOptions:
-    """The global options, merged with a command's own --cache-dir/--json (a plain class: no
-    dataclass machinery on the start-up path)."""
-
-    def __init__(self, cache_dir: Optional[str] = None, json: bool = False, quiet: bool = False,
-                 debug: bool = False) -> None:
-        self.cache_dir, self.json, self.quiet, self.debug = cache_dir, json, quiet, debug
-        self.lock_timeout: float | None = None  # a command's checked --lock-timeout, where it has one
-        self.many = False  # the scope is every cache found (cache_locations), not one root
-        self.command = ""  # the command's name in JSON schemas ("ls", "remote-ls"), set by use()
-
-
-def settings(ctx: typer.Context) -> GlobalOptions:
-    root_ctx = ctx.find_root()
-    if not isinstance(root_ctx.obj, GlobalOptions):
-        root_ctx.obj = GlobalOptions()
-    return root_ctx.obj
-
-
-# Options accepted both before and after the subcommand (`kcache --json ls` == `kcache ls --json`).
-CacheDirOpt = Annotated[Optional[str], typer.Option(
-    "--cache-dir", metavar="PATH", envvar=None,
-    help="Cache root (default: KCACHE_DIR, then every cache found; see kcache --help).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
-
-
-def use(ctx: typer.Context, cache_dir: Optional[str] = None, as_json: bool = False) -> GlobalOptions:
-    """Merge a command's own --cache-dir/--json into the global options."""
-    opts = settings(ctx)
-    opts.command = command_name(ctx)
-    if cache_dir is not None:  # "" too: refused by resolve_cache_dir, never the default cache
-        opts.cache_dir = cache_dir
-    if as_json:
-        opts.json = True
-    return opts
-
-
-SCHEMA_VERSION = 1  # of every command's --json document (kcache_cli/schemas/<command>.json)
-
-
-def command_name(ctx: typer.Context) -> str:
-    """The command as its JSON schema names it: `ls`, `remote-ls` (the words after `kcache`, joined by -)."""
-    words: list[str] = []
-    at: Any = ctx
-    while at.parent is not None:
-        words.insert(0, at.info_name or "")
-        at = at.parent
-    return "-".join(w for w in words if w)
-
-
-def schema_id(command: str) -> str:
-    """The `schema` every --json document starts with: kcache/<command>/<version>."""
-    return f"kcache/{command}/{SCHEMA_VERSION}"
+from kcache_cli.util.units import format_ago, format_size, parse_age, parse_seconds, parse_size
 
 
 def cache_location(opts: GlobalOptions, existing: bool = False):
     """The cache root. With `existing`, an explicit --cache-dir that is missing or not a directory is a usage
     error (exit 2): a typo must not read as an empty cache; so is one that holds no cache but has one a
     level or two down (D/triton/cache). The default root missing stays "nothing there"."""
-    from kcache_cli.catalog.locate import resolve_cache_dir
-
     loc = resolve_cache_dir(opts.cache_dir)
     if explicit_root(opts):
         from kcache_cli.catalog.locate import hold_explicit
@@ -98,10 +61,6 @@ def cache_location(opts: GlobalOptions, existing: bool = False):
 
 def _one_level_down(loc) -> None:
     """A --cache-dir/KCACHE_DIR that holds no cache but has one below it: say where (exit 2), not "no entries"."""
-    from kcache_cli.catalog.locate import caches_below
-    from kcache_cli.fs import read as fsread
-    from kcache_cli.layouts import detect
-
     found = detect(loc.path)
     if found:
         fsread.hand_on(loc.path, "layouts", found)  # the scan that follows detects them once, not again
@@ -129,8 +88,6 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
     cache; else the cache the current directory lies in; else every cache `dir --all` finds that exists
     (--all-caches says so explicitly), plus the caches that absolute entry paths in `refs` lie in.
     Sets `opts.many` when the scope is the set of every cache (JSON lists, one per cache)."""
-    from kcache_cli.catalog.locate import cache_holding, existing_caches, named_cache
-
     opts.many = False
     if cache is not None:
         if opts.cache_dir is not None or all_caches:
@@ -161,7 +118,6 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
     skip the root (no reference left is not "everything")."""
     if not refs:
         return []
-    from kcache_cli.catalog.scan import split_refs
 
     out = []
     for ref in refs:
@@ -178,13 +134,10 @@ def _caches_under_cwd(known: list) -> None:
     """A current directory that holds caches one level down which are not this machine's own (a copy, a
     CI workspace): say so, as --cache-dir does (exit 2), instead of working on every cache of the machine
     (`clear --all` there must not mean HOME's caches)."""
-    from kcache_cli.catalog.locate import caches_below
-
     try:
         cwd = Path(os.getcwd())
     except OSError:
         return
-    from kcache_cli.catalog.scan import scan_cache
 
     mine = {os.path.realpath(loc.path) for loc in known}
     # entries, not merely a CACHEDIR.TAG (.mypy_cache has one): positive evidence, judged by names only
@@ -199,8 +152,6 @@ def _caches_under_cwd(known: list) -> None:
 
 def _cwd_cache(known: list, said: Callable[[str], None]):
     """The cache the current directory lies in, or None (also when it was removed under us)."""
-    from kcache_cli.catalog.locate import cache_holding
-
     try:
         return cache_holding(os.getcwd(), known, said)
     except OSError:
@@ -212,8 +163,6 @@ def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: 
     """(location, entry) of the one entry `ref` names in the command's scope (cache_locations): found in
     exactly one cache; in several, a usage error naming them (--cache picks one); in none, no_match.
     `pick(root)` is the checked filter of the --space/--op... that tell entries apart."""
-    from kcache_cli.catalog.scan import NoSuchEntry, resolve_entry
-
     locs = cache_locations(opts, False, cache, [ref])
     found, misses = [], []
     for loc in locs:
@@ -246,8 +195,6 @@ def ref_list(refs: Optional[List[str]]) -> list[str]:
 
 def unmatched_refs(root: Path, refs: Optional[List[str]], entries) -> list[str]:
     """The references in `refs` that name none of `entries` (what a command selected in `root`)."""
-    from kcache_cli.catalog.scan import split_refs
-
     hashes = [e.hash for e in entries]
     relpaths = {e.relpath for e in entries}
     out = []
@@ -281,10 +228,6 @@ def no_match(refs: list[str], roots: list[Path], selectors: bool = False) -> Usa
 
 def _nearest(ref: str, roots: list[Path]) -> list[str]:
     """Hash prefixes and op names present in `roots` closest to `ref` (names only: no file is read)."""
-    import difflib
-
-    from kcache_cli.catalog import names
-
     key = ref.rstrip("/").rsplit("/", 1)[-1]
     hashes: dict[str, str] = {}
     ops: set[str] = set()
@@ -326,8 +269,6 @@ OldTimeoutOpt = Annotated[Optional[str], typer.Option("--timeout", metavar="SECO
 def lock_timeout(value: Optional[str], default: float, old: Optional[str] = None) -> float:
     """The checked --lock-timeout (or its old name --timeout) in seconds: finite and not negative, else a
     usage error (exit 2)."""
-    from kcache_cli.util.units import parse_seconds
-
     if value is not None and old is not None:
         raise UsageError("--lock-timeout and --timeout are the same option: give one")
     if value is None and old is None:
@@ -393,8 +334,6 @@ class Selection:
     def filter(self, root: Path | None = None, hashes: Optional[List[str]] = None):
         """The checked ScanFilter (entries given by path need `root`); `hashes` replaces the ENTRY
         arguments (--all-caches passes the ones that can name an entry of `root`)."""
-        from dataclasses import replace
-
         flt = make_filter(self.op, self.space, self.target, self.layout, self.status, self.kind,
                           self.hashes if hashes is None else hashes, root=root)
         return replace(flt, **size_age_filter(self.min_size, self.max_size, self.older_than, self.newer_than))
@@ -403,10 +342,6 @@ class Selection:
 def size_age_filter(min_size: Optional[str], max_size: Optional[str], older_than: Optional[str],
                     newer_than: Optional[str]) -> dict[str, Any]:
     """The ScanFilter fields of --min-size/--max-size/--older-than/--newer-than (units.py's grammar), checked."""
-    import time
-
-    from kcache_cli.util.units import parse_age, parse_size
-
     out: dict[str, Any] = {}
     for key, value, option in (("min_size", min_size, "--min-size"), ("max_size", max_size, "--max-size")):
         if value is not None:
@@ -435,9 +370,6 @@ def selectors(status: Any = StatusOpt, size_age: bool = False) -> Callable[[Call
                 "newer_than": NewerThanOpt if size_age else None}
 
     def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
-        import functools
-        import inspect
-        import typing
 
         hints = typing.get_type_hints(func, include_extras=True)
         params = []
@@ -488,9 +420,6 @@ def _statuses(values: Optional[List[str]]) -> tuple:
 def make_filter(op=None, space=None, target=None, layout=None, status=None, kind=None, hashes=None,
                 root: Path | None = None):
     """The selection as typed, checked. Entries given by path need `root`."""
-    from kcache_cli.catalog.scan import split_refs
-    from kcache_cli.model import ScanFilter
-
     spaces = _checked(space, None, "space")
     for s in spaces:
         if not _SPACE.match(s) or any(part in (".", "..") for part in s.split("/")):
@@ -512,7 +441,6 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
     )
     if root is None:
         return flt
-    from kcache_cli.catalog.names import expand_filter
 
     return expand_filter(root, flt)  # `--space 2`, `--op 'mat*'`: the names present, for every command
 
@@ -521,7 +449,6 @@ def hint_unknown(opts: GlobalOptions, root: Path, flt) -> None:
     """On stderr, each --op/--space/--target value that names nothing in `root`, with what there is."""
     if not (flt.ops or flt.spaces or flt.targets) or not root.is_dir():
         return
-    from kcache_cli.catalog.names import unknown_values
 
     for line in unknown_values(root, flt):
         warn(opts, line)
@@ -531,9 +458,6 @@ def hint_unknown_many(opts: GlobalOptions, selected: list, found: list | None = 
     """hint_unknown over several caches ((root, filter) each): a value is hinted at only when it names
     nothing in any of them (`--space cuda_space_2` is hidet's; Triton's cache not having it is no news),
     once, and never for a value an entry `found` has (a space read from an entry's metadata, not its path)."""
-    from kcache_cli.catalog.names import unknown_across
-    from kcache_cli.model import space_matches
-
     seen = {"ops": {e.op for e in found or ()}, "spaces": {e.space for e in found or ()},
             "targets": {e.target for e in found or ()}}
 
@@ -553,27 +477,11 @@ def hint_unknown_many(opts: GlobalOptions, selected: list, found: list | None = 
 
 
 # ---- output --------------------------------------------------------------------------------------
-def no_color() -> bool:
-    """NO_COLOR (https://no-color.org, any non-empty value) or a dumb terminal: no ANSI escapes at all."""
-    return bool(os.environ.get("NO_COLOR")) or os.environ.get("TERM") == "dumb"
-
-
-def plain_output() -> bool:
-    """Plain text on stdout (no colour, no box drawing): when it is not a terminal, or colour is off."""
-    return no_color() or not sys.stdout.isatty()
-
-
-json_written = False  # a command's JSON result is on stdout: an error after it is said on stderr only
-
-
 def _emit_json(data, command: str = "") -> None:
     """JSON on stdout, never through Rich; indented for people, compact for pipes (Output.result's writer).
     An object starts with its `schema` (kcache/<command>/1); a bare list is put in one as `entries`."""
-    import json
-
-    global json_written
     indent = 2 if sys.stdout.isatty() else None
-    json_written = True
+    options.json_written = True
     if command:
         body = data if isinstance(data, dict) else {"entries": data}
         data = {"schema": schema_id(command), **body}
@@ -678,8 +586,6 @@ def home_short(path: str) -> str:
 
 def human_size(n: int) -> str:
     """The one size format (kcache_cli.util.units): powers of 1000, as `--max-size` reads them."""
-    from kcache_cli.util.units import format_size
-
     return format_size(n)
 
 
@@ -691,8 +597,6 @@ def plural(n: int, singular: str, many: str | None = None) -> str:
 
 
 def human_age(ts: float) -> str:
-    from kcache_cli.util.units import format_ago
-
     return format_ago(ts)
 
 
@@ -730,7 +634,6 @@ def fold_err(text: str, indent: int) -> list[str]:
     width = stderr_width()
     if width is None or len(text) <= width:
         return [text]
-    from kcache_cli.cli.table import fold
 
     return fold(text, width, indent)
 
@@ -741,8 +644,6 @@ def print_lines(lines: list[str]) -> None:
 
 def print_text(text: str, indent: int = 0) -> None:
     """A line for stdout, folded to the terminal's width."""
-    from kcache_cli.cli.table import fold
-
     print_lines(fold(text, output_width(), indent))
 
 
@@ -750,8 +651,6 @@ def print_table(columns, rows: list[list[str]], styles: dict[int, dict[str, str]
                 right: tuple[int, ...] = ()) -> None:
     """A table fitted to the terminal (kcache_cli.cli.table): coloured on a terminal, plain aligned columns
     (grep- and awk-friendly) in a pipe or under NO_COLOR. `columns` are names or table.Column."""
-    from kcache_cli.cli.table import Column, render
-
     cols = [col if isinstance(col, Column) else Column(col, right=i in right, styles=(styles or {}).get(i, {}))
             for i, col in enumerate(columns)]
     print_lines(render(cols, rows, output_width(), colour=not plain_output(), clean=printable_line))

@@ -95,13 +95,15 @@ def ascii_numbers(param: Any) -> None:
 
 # ---- the app: one command's copy, the zsh script ------------------------------------------------------
 
-def app_holding(app: typer.Typer, commands: list) -> typer.Typer:
-    """A copy of `app` with only `commands` registered (its callback, options and settings the same):
-    Typer inspects every registered command's signature at each start."""
+def app_holding(app: typer.Typer, commands: list, groups: list | None = None) -> typer.Typer:
+    """A copy of `app` with only `commands` (and `groups`, if given) registered, its callback, options and
+    settings the same: Typer inspects every registered command's signature at each start."""
     one = typer.Typer()
     for key, value in vars(app).items():
         setattr(one, key, value)
     one.registered_commands = commands
+    if groups is not None:
+        one.registered_groups = groups
     return one
 
 
