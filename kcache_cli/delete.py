@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Final, Iterable, Iterator, Mapping
 
-from kcache_cli import fswrite, state
+from kcache_cli import fsread, fswrite, state
 from kcache_cli.locking import NotALockFile, open_lock
 from kcache_cli.errors import KcacheError, UsageError
 from kcache_cli.progress import NO_PROGRESS, Progress
@@ -287,7 +287,7 @@ class _Planner:
             bad = self._bad_dir(rel.rpartition("/")[0])
             if bad is None:
                 try:
-                    bad = None if stat.S_ISDIR(os.lstat(self.root / rel).st_mode) else rel
+                    bad = None if stat.S_ISDIR(fsread.stat_path(self.root / rel, follow=False).st_mode) else rel
                 except OSError:
                     bad = rel
             self._dirs_ok[rel] = bad
@@ -300,7 +300,7 @@ class _Planner:
         names: frozenset[str] | None = None
         if relpath is None:
             try:
-                names = frozenset(os.listdir(e.path))
+                names = frozenset(fsread.listdir(e.path))
             except OSError:
                 names = None  # unreadable: judged by its path alone
         bad = _layout(e).shape_problem(relpath or e.relpath, e.kind, names, self.root)

@@ -52,7 +52,7 @@ from dataclasses import fields
 from stat import S_ISLNK, S_ISREG
 from typing import Any
 
-from kcache_cli import fswrite, readmarks
+from kcache_cli import fsread, fswrite, readmarks
 from kcache_cli.model import COMPLETE, CORRUPT, FAILED, STALE, Entry
 from kcache_cli.scan_context import ScanContext
 from kcache_cli.state import index_name, open_index_dir
@@ -213,7 +213,7 @@ def _context(root: str) -> tuple:
             code.append((mod.__name__, st.st_size, st.st_mtime_ns, st.st_ino))
         except (AttributeError, TypeError, OSError):
             code.append((getattr(mod, "__name__", None), None))
-    st = os.stat(root)
+    st = fsread.stat_path(root)
     return (FORMAT, kcache_cli.__version__, sys.implementation.cache_tag, os.geteuid(), tuple(sorted(os.getgroups())),
             root, st.st_dev, st.st_ino, FIELDS, tuple(code))
 

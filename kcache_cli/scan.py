@@ -50,7 +50,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
         if warn is not None:
             warn(msg)
 
-    if not root.is_dir():
+    if not fsread.is_dir(root):
         return ScanResult(str(root), False, (), (), ())
     if fsread.root_moved(root):
         return _moved(root, collect, warnings)
@@ -259,7 +259,7 @@ def narrowed_by_names(root: Path, flt: ScanFilter) -> ScanFilter:
 
     from kcache_cli import names
 
-    if not Path(root).is_dir():
+    if not fsread.is_dir(root):
         return flt
     hits = [h for p in flt.name_prefixes() for h in names.entries(root, p, layouts=flt.layouts)]
     if not hits:

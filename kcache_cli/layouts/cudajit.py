@@ -63,7 +63,7 @@ def is_jit_dir(path: str) -> bool:
 
 
 def detect(root: Path) -> bool:
-    return any(os.path.isdir(os.path.join(root, n)) and is_jit_dir(os.path.join(root, n)) for n in cudajit_names())
+    return any(fsread.is_dir(os.path.join(root, n)) and is_jit_dir(os.path.join(root, n)) for n in cudajit_names())
 
 
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:

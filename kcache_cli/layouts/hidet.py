@@ -84,7 +84,7 @@ def detect(root: Path) -> bool:
     """Evidence, not top-level names alone: a CACHEDIR.TAG, or ops/<cuda|cpu|hip>_space_<N>/<op>/ (read
     from directory names only: `ls --op X` reads no other op's directory), or a graphs/ or ir_modules/
     directory holding a hash-named directory with hidet's files."""
-    tops = [d for d in ("ops", "graphs", "ir_modules") if (root / d).is_dir() and not (root / d).is_symlink()]
+    tops = [d for d in ("ops", "graphs", "ir_modules") if _real_dir(root / d)]
     if not tops:
         return False
     if state.has_cachedir_tag(root):
@@ -92,10 +92,17 @@ def detect(root: Path) -> bool:
     return any(_has_evidence(root, top) for top in tops)
 
 
+def _real_dir(path: Path) -> bool:
+    """A directory, not a link to one (from the held root)."""
+    try:
+        return stat.S_ISDIR(fsread.stat_path(path, follow=False).st_mode)
+    except OSError:
+        return False
+
+
 def _has_evidence(root: Path, top: str, budget: int = 256) -> bool:
     try:
-        with os.scandir(root / top) as it:
-            dirs = [de for _, de in zip(range(budget), it) if de.is_dir(follow_symlinks=False)]
+        dirs = [de for de in fsread.scandir_list(root / top, limit=budget) if de.is_dir(follow_symlinks=False)]
     except OSError:
         return False
     for de in dirs:
@@ -103,11 +110,10 @@ def _has_evidence(root: Path, top: str, budget: int = 256) -> bool:
         try:
             if top == "ops":
                 if m and m.group(1) in TARGETS:
-                    with os.scandir(de.path) as it:
-                        if any(OP_NAME.match(o.name) and o.is_dir(follow_symlinks=False)
-                               for _, o in zip(range(budget), it)):
-                            return True
-            elif OTHER_NAME.match(de.name) and set(os.listdir(de.path)) & OTHER_FILES:
+                    if any(OP_NAME.match(o.name) and o.is_dir(follow_symlinks=False)
+                           for o in fsread.scandir_list(de.path, limit=budget)):
+                        return True
+            elif OTHER_NAME.match(de.name) and set(fsread.listdir(de.path)) & OTHER_FILES:
                 return True
         except OSError:
             continue
@@ -611,7 +617,7 @@ def other_target(d: EntryDir, kind: str) -> str | None:
 
 def _space_dirs(ctx, ops: Path, flt: ScanFilter) -> Iterator[tuple[str, str, str]]:
     if flt.spaces:
-        candidates = [(s, str(ops / s)) for s in flt.spaces if (ops / s).is_dir()]
+        candidates = [(s, str(ops / s)) for s in flt.spaces if fsread.is_dir(ops / s)]
     else:
         candidates = [(d.name, d.path) for d in ctx.listdir(ops) if d.is_dir(follow_symlinks=False)]
     for name, path in candidates:
@@ -646,7 +652,7 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     blocked: list[Entry] = []
     for space, target, space_path in _space_dirs(ctx, ops, flt):
         if flt.ops:
-            op_dirs = [(o, os.path.join(space_path, o)) for o in flt.ops if os.path.isdir(os.path.join(space_path, o))]
+            op_dirs = [(o, os.path.join(space_path, o)) for o in flt.ops if fsread.is_dir(os.path.join(space_path, o))]
         else:
             op_dirs = [(d.name, d.path) for d in _listing(ctx, space_path, (target, space, None), blocked)
                        if d.is_dir(follow_symlinks=False)]

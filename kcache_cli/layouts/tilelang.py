@@ -89,7 +89,8 @@ def detect(root: Path) -> bool:
     from kcache_cli import state
 
     try:
-        versions = [d for d in os.scandir(root) if VERSION_RE.match(d.name) and d.is_dir(follow_symlinks=False)]
+        versions = fsread.scandir_list(root, lambda d: VERSION_RE.match(d.name) is not None
+                                       and d.is_dir(follow_symlinks=False))
     except OSError:
         return False
     if versions and state.has_cachedir_tag(root):

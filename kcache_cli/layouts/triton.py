@@ -448,8 +448,8 @@ def inner_leftovers(entry: Entry) -> list[InnerLeftover]:
         return []
     now, out = time.time(), []
     try:
-        with os.scandir(entry.path) as it:
-            temps = [de for de in it if de.name.startswith(TMP_PREFIX) and de.is_dir(follow_symlinks=False)]
+        temps = fsread.scandir_list(entry.path, lambda de: de.name.startswith(TMP_PREFIX)
+                                    and de.is_dir(follow_symlinks=False))
     except OSError:
         return []
     for de in sorted(temps, key=lambda d: d.name):

@@ -314,8 +314,7 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
 def detect(root: Path) -> bool:
     """<h10>/ directories with a rank_<r>_<d>/ inside, or torch_aot_compile/."""
     try:
-        with os.scandir(root) as it:
-            tops = [d.path for d in it if d.is_dir(follow_symlinks=False)]
+        tops = [d.path for d in fsread.scandir_list(root) if d.is_dir(follow_symlinks=False)]
     except OSError:
         return False
     for t in tops[:64]:
