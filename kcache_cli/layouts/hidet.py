@@ -956,32 +956,19 @@ class HidetLayout(Layout):
     fact_files = (MANIFEST, "compile.sh", "nvcc_log.txt")
     packages = (PACKAGE,)
 
-    def detect(self, root: Path) -> bool:
-        return detect(root)
-
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return stray_links(ctx, flt)
+    detect = staticmethod(detect)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
+    stray_links = staticmethod(stray_links)
 
     def judging(self, deep: bool = False, *, statuses: bool = True, caller_reads: bool = False) -> Judging:
         """hidet's judgement goes by the installed hidet's version (looked up here, once: never by the
         judgement itself)."""
         return Judging(deep, version=installed_version() if statuses else "", caller_reads=caller_reads)
 
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def log_files(self, entry: Entry) -> list[LogFile]:
-        return log_files(entry)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    log_files = staticmethod(log_files)
 
     def leftover(self, entry: Entry) -> Leftover | None:
         name = os.path.basename(entry.path)
@@ -1011,8 +998,7 @@ class HidetLayout(Layout):
             return (small["nvcc_log.txt"].decode("utf-8", "replace").splitlines() or [""])[0]
         return None
 
-    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
-        return explain(root, entry, here)
+    explain = staticmethod(explain)
 
 
 LAYOUT = HidetLayout()
