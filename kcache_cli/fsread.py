@@ -305,6 +305,14 @@ def is_dir(path: str | os.PathLike) -> bool:
         return False
 
 
+def is_link(path: str | os.PathLike) -> bool:
+    """os.path.islink of `path`, from its held root when it has one."""
+    try:
+        return stat.S_ISLNK(stat_path(path, follow=False).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def exists(path: str | os.PathLike, follow: bool = False) -> bool:
     """os.path.lexists (os.path.exists when `follow`) of `path`, from its held root when it has one."""
     try:

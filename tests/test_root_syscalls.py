@@ -98,6 +98,19 @@ def test_ls_op_on_one_root(strace, hidet, tmp_path):
     assert len(calls) <= ONE_ROOT, _show(calls)
 
 
+@pytest.mark.parametrize("command, key, want", [
+    (("stats",), "entry_count", 30), (("verify",), "ok", 30), (("clear", "--op", "matmul", "--dry-run"), "removed", 2),
+    (("export", "ARCHIVE"), "exported", 30), (("prune", "--max-size", "1M", "--yes"), "removed", None)])
+def test_other_commands_on_one_root(strace, hidet, tmp_path, command, key, want):
+    """The same for the other commands that read every entry (a deep verify, an export), and for a prune
+    that removes."""
+    args = [str(tmp_path / "out.tar") if a == "ARCHIVE" else a for a in command]
+    doc, calls = traced(strace, tmp_path, [hidet], "--cache-dir", str(hidet), *args)
+    got = doc[key] if isinstance(doc[key], int) else len(doc[key])
+    assert got == want if want is not None else got > 0, doc
+    assert len(calls) <= ONE_ROOT, _show(calls)
+
+
 @pytest.mark.parametrize("command", [("prune", "--max-size", "1M", "--dry-run"), ("ls",)])
 def test_a_default_scope_of_three_caches(strace, three, tmp_path, command):
     doc, calls = traced(strace, tmp_path, three, *command)

@@ -788,10 +788,10 @@ def describe(root: Path, entry: Entry) -> Details:
         output = output or read_text(os.path.join(main, name))
     if output is None and log:
         output = "\n".join(log.splitlines()[1:])
-    if os.path.isdir(os.path.join(p, "candidates")):
+    if fsread.is_dir(os.path.join(p, "candidates")):
         facts.append(("candidates/", "hidet's tuning candidates, kept by hidet under debug_cache_tuning (prune "
                                      "keeps them too)"))
-    binaries = tuple(os.path.join(d, BINARY) for d in _module_dirs(entry) if os.path.lexists(os.path.join(d, BINARY)))
+    binaries = tuple(os.path.join(d, BINARY) for d in _module_dirs(entry) if fsread.exists(os.path.join(d, BINARY)))
     status, reason = verdict.status, verdict.reason
     if problems and status == COMPLETE:
         status, reason = CORRUPT, problems[0]
@@ -869,7 +869,7 @@ def stray_links(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     plain = not (flt.ops or flt.spaces or flt.targets)
     for top, kind in (("ops", "op"), *OTHER_KINDS):
         path = ctx.root / top
-        if path.is_symlink():
+        if fsread.is_link(path):
             if plain:
                 yield link(str(path), kind, None, None, None, "")
         elif kind != "op" and plain:
@@ -877,7 +877,7 @@ def stray_links(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
                 if de.is_symlink():
                     yield link(de.path, kind, None, None, None, de.name)
     ops = ctx.root / "ops"
-    if ops.is_symlink():
+    if fsread.is_link(ops):
         return
     for sd in ctx.listdir(ops):
         m = SPACE_RE.match(sd.name)
