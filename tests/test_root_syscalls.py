@@ -25,6 +25,7 @@ from gen_cache import generate  # noqa: E402
 STRACE = shutil.which("strace")
 ONE_ROOT = 8  # calls naming a path under the root, per root (issue 31)
 QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
+EXEC = re.compile(r"^(?:\d+\s+)?execve(?:at)?\(")
 
 
 def _strace_works() -> str | None:
@@ -46,8 +47,12 @@ def strace() -> str:
 
 
 def under(line: str, roots: list[Path]) -> bool:
-    """Whether one strace line names (in any quoted argument) an absolute path under one of `roots`."""
-    for arg in QUOTED.findall(line):
+    """Whether one strace line names (in a path argument) an absolute path under one of `roots`. An
+    execve's argument list is no path it resolves: its program is."""
+    args = QUOTED.findall(line)
+    if EXEC.match(line):
+        args = args[:1]
+    for arg in args:
         if any(arg == str(r) or arg.startswith(f"{r}/") for r in roots):
             return True
     return False
@@ -134,3 +139,6 @@ def test_the_count_sees_paths_from_slash_only():
     assert not under('newfstatat(3, "ops/cuda_space_0", {st_mode=S_IFDIR|0755, ...}, AT_SYMLINK_NOFOLLOW) = 0',
                      roots)
     assert not under('openat(AT_FDCWD, "/c/hidet-old/ops", O_RDONLY) = 4', roots)
+    assert not under('12 execve("/usr/bin/python3", ["python3", "-m", "kcache_cli", "--cache-dir", "/c/hidet"], '
+                     '0x7ffd /* 30 vars */) = 0', roots)
+    assert under('12 renameat2(AT_FDCWD, "/tmp/x", AT_FDCWD, "/c/hidet/ops/a", RENAME_NOREPLACE) = 0', roots)
