@@ -82,7 +82,7 @@ def is_cache_dir(path: str) -> bool:
     if here is not None and os.path.abspath(path) == str(here):
         return True
     try:
-        names = os.listdir(path)
+        names = fsread.listdir(path)
     except OSError:
         return False
     caches, _ = keys(names)

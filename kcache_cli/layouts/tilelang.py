@@ -39,15 +39,14 @@ BINARY_FILES = frozenset({"metadata.json", *CUBIN_BINARIES})
 def real_version_dir(path: str) -> bool:
     """A `<version>/` tilelang made: it holds cuda-binaries/ or a <platform>/kernels/ (not a link)."""
     try:
-        with os.scandir(path) as it:
-            for de in it:
-                if not de.is_dir(follow_symlinks=False) or de.name == STAGING:
-                    continue
-                if de.name == BINARIES_DIR:
-                    return True
-                k = os.path.join(de.path, "kernels")
-                if os.path.isdir(k) and not os.path.islink(k):
-                    return True
+        for de in fsread.scandir_list(path):
+            if not de.is_dir(follow_symlinks=False) or de.name == STAGING:
+                continue
+            if de.name == BINARIES_DIR:
+                return True
+            k = os.path.join(de.path, "kernels")
+            if fsread.is_dir(k) and not fsread.is_link(k):
+                return True
     except OSError:
         pass
     return False
@@ -395,7 +394,7 @@ _FINGERPRINT = 64  # bytes of a binary's start used to find candidate positions
 
 
 def _binary_file(path: str) -> str | None:
-    return next((os.path.join(path, b) for b in CUBIN_BINARIES if os.path.lexists(os.path.join(path, b))), None)
+    return next((os.path.join(path, b) for b in CUBIN_BINARIES if fsread.exists(os.path.join(path, b))), None)
 
 
 def _read_binary_bytes(path: str) -> bytes | None:
@@ -428,13 +427,13 @@ def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
             continue
         magics = {k[:4] for k in index}
         try:
-            platforms = [d for d in os.scandir(vdir) if d.is_dir(follow_symlinks=False)
+            platforms = [d for d in fsread.scandir_list(vdir) if d.is_dir(follow_symlinks=False)
                          and d.name not in (BINARIES_DIR, STAGING)]
         except OSError:
             continue
         for plat in platforms:
             try:
-                kernels = [d.path for d in os.scandir(os.path.join(plat.path, "kernels"))
+                kernels = [d.path for d in fsread.scandir_list(os.path.join(plat.path, "kernels"))
                            if d.is_dir(follow_symlinks=False)]
             except OSError:
                 continue
