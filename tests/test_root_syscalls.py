@@ -25,7 +25,7 @@ from gen_cache import generate  # noqa: E402
 STRACE = shutil.which("strace")
 ONE_ROOT = 8  # calls naming a path under the root, per root (issue 31)
 QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
-EXEC = re.compile(r"^(?:\d+\s+)?execve(?:at)?\(")
+FIRST_ONLY = re.compile(r"^(?:\d+\s+)?(?:execve|execveat|readlink|readlinkat)\(")  # then come no paths
 
 
 def _strace_works() -> str | None:
@@ -48,9 +48,9 @@ def strace() -> str:
 
 def under(line: str, roots: list[Path]) -> bool:
     """Whether one strace line names (in a path argument) an absolute path under one of `roots`. An
-    execve's argument list is no path it resolves: its program is."""
+    execve's argument list is no path it resolves (its program is), nor what a readlink read."""
     args = QUOTED.findall(line)
-    if EXEC.match(line):
+    if FIRST_ONLY.match(line):
         args = args[:1]
     for arg in args:
         if any(arg == str(r) or arg.startswith(f"{r}/") for r in roots):
@@ -141,4 +141,5 @@ def test_the_count_sees_paths_from_slash_only():
     assert not under('openat(AT_FDCWD, "/c/hidet-old/ops", O_RDONLY) = 4', roots)
     assert not under('12 execve("/usr/bin/python3", ["python3", "-m", "kcache_cli", "--cache-dir", "/c/hidet"], '
                      '0x7ffd /* 30 vars */) = 0', roots)
+    assert not under('12 readlink("/proc/self/fd/3", "/c/hidet", 4096) = 8', roots)
     assert under('12 renameat2(AT_FDCWD, "/tmp/x", AT_FDCWD, "/c/hidet/ops/a", RENAME_NOREPLACE) = 0', roots)
