@@ -39,6 +39,8 @@ LOUD = {
                                             "registry were SKIPPED: nothing proved that push, pull and remote "
                                             "ls/prune work against a registry (apt-get install docker-registry "
                                             "skopeo)."),
+    "strace not": ("STRACE MISSING", "tests that count kcache's system calls under strace were SKIPPED: nothing "
+                   "proved that reads below a held cache root go through its fd (apt-get install strace)."),
     "SKIPPED LOUDLY": ("SKIPPED LOUDLY", "tests could not exercise what they are for:"),
 }
 

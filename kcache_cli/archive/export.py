@@ -156,7 +156,7 @@ def plan_export(root: Path, flt: ScanFilter, warn: Warn | None = None, sources_o
     entries in flight never do. Entries that selected ones use come along (Layout.uses: the programs
     tilus scripts link to)."""
     root = Path(root)
-    if not root.is_dir():
+    if not fsread.is_dir(root):
         raise KcacheError(f"no cache at {root}")
     warn = warn or (lambda m: None)
     jobs = list(scan_cache(root, replace(flt, statuses=()), warn).entries)  # statuses: judged deeply later
@@ -336,7 +336,7 @@ class _PartWriter:
 
     def _entry(self, e: Entry) -> None:
         try:
-            dfd = os.open(e.path, fsread.DIR_FLAGS)
+            dfd = fsread.open_path(e.path, fsread.DIR_FLAGS)
         except OSError as exc:
             raise _Skip(e, f"unreadable: {exc.strerror}") from None
         try:

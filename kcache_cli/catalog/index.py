@@ -55,6 +55,7 @@ from typing import Any
 
 import kcache_cli
 from kcache_cli.catalog.scan_context import ScanContext
+from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.state import index_name, open_index_dir
@@ -214,7 +215,7 @@ def _context(root: str) -> tuple:
             code.append((mod.__name__, st.st_size, st.st_mtime_ns, st.st_ino))
         except (AttributeError, TypeError, OSError):
             code.append((getattr(mod, "__name__", None), None))
-    st = os.stat(root)
+    st = fsread.stat_path(root)
     return (FORMAT, kcache_cli.__version__, sys.implementation.cache_tag, os.geteuid(), tuple(sorted(os.getgroups())),
             root, st.st_dev, st.st_ino, FIELDS, tuple(code))
 

@@ -38,11 +38,12 @@ def visible_dirs(path: str | int, prefix: str = "") -> list[str]:
     unreadable."""
     try:
         if prefix and not prefix.startswith("."):
-            found = [n for n in os.listdir(path) if n.startswith(prefix)]
+            found = [n for n in (os.listdir(path) if isinstance(path, int) else fsread.listdir(path))
+                     if n.startswith(prefix)]
             return [n for n in found if _is_dir(path, n)]
-        with os.scandir(path) as it:
-            return [d.name for d in it if d.name.startswith(prefix) and not d.name.startswith(".")
-                    and d.is_dir(follow_symlinks=False)]
+        listed = os.scandir(path) if isinstance(path, int) else fsread.scandir_list(path)
+        return [d.name for d in listed if d.name.startswith(prefix) and not d.name.startswith(".")
+                and d.is_dir(follow_symlinks=False)]
     except OSError:
         return []
 
@@ -51,7 +52,7 @@ def _is_dir(path: str | int, name: str) -> bool:
     try:
         if isinstance(path, int):
             return S_ISDIR(os.lstat(name, dir_fd=path).st_mode)
-        return S_ISDIR(os.lstat(os.path.join(path, name)).st_mode)
+        return S_ISDIR(fsread.stat_path(os.path.join(path, name), follow=False).st_mode)
     except OSError:
         return False
 

@@ -56,7 +56,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
         if warn is not None:
             warn(msg)
 
-    if not root.is_dir():
+    if not fsread.is_dir(root):
         return ScanResult(str(root), False, (), (), ())
     if fsread.root_moved(root):
         return _moved(root, collect, warnings)
@@ -254,7 +254,7 @@ def narrowed_by_names(root: Path, flt: ScanFilter) -> ScanFilter:
     judged, not every layout's entries nor hidet's graphs. Spaces and ops narrow nothing else (the hidet
     version in use is still the whole cache's). Where names show none (a temp directory's name) `flt` is
     kept as it is."""
-    if not Path(root).is_dir():
+    if not fsread.is_dir(root):
         return flt
     hits = [h for p in flt.name_prefixes() for h in names.entries(root, p, layouts=flt.layouts)]
     if not hits:

@@ -102,9 +102,9 @@ class ScanContext:
 
     def link_entry(self, path: str, where: str = "inside the cache", **fields) -> Entry:
         """A symlink where a directory of the cache belongs: listed as a corrupt entry, never followed."""
-        st = os.lstat(path)
+        st = fsread.stat_path(path, follow=False)
         try:
-            text = os.readlink(path)
+            text = fsread.readlink(path)
         except OSError:
             text = "?"
         usage = TreeUsage(st.st_blocks * 512, 1, st.st_mtime, 0.0, st.st_size, st.st_dev, st.st_ino)
@@ -156,7 +156,7 @@ class ScanContext:
         if where.fd is None:
             self.warn(f"cannot read {where.path}: {(where.error or OSError(2, 'No such file or directory')).strerror}")
             try:
-                newest = os.lstat(where.path).st_mtime
+                newest = fsread.stat_path(where.path, follow=False).st_mtime
             except OSError:
                 newest = 0.0
             return None, TreeUsage(0, 0, newest), {}

@@ -51,10 +51,10 @@ def cache_location(opts: GlobalOptions, existing: bool = False):
         from kcache_cli.catalog.locate import vetted
 
         loc = vetted(loc)
-    if existing and opts.cache_dir and not loc.path.is_dir():
+    if existing and opts.cache_dir and not fsread.is_dir(loc.path):
         what = "is not a directory" if loc.path.exists() else "does not exist"
         raise UsageError(f"--cache-dir {loc.path} {what}")
-    if existing and explicit_root(opts) and loc.path.is_dir():
+    if existing and explicit_root(opts) and fsread.is_dir(loc.path):
         _one_level_down(loc)
     return loc
 
@@ -447,7 +447,7 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
 
 def hint_unknown(opts: GlobalOptions, root: Path, flt) -> None:
     """On stderr, each --op/--space/--target value that names nothing in `root`, with what there is."""
-    if not (flt.ops or flt.spaces or flt.targets) or not root.is_dir():
+    if not (flt.ops or flt.spaces or flt.targets) or not fsread.is_dir(root):
         return
 
     for line in unknown_values(root, flt):
@@ -463,7 +463,7 @@ def hint_unknown_many(opts: GlobalOptions, selected: list, found: list | None = 
 
     if len(selected) == 1:
         return hint_unknown(opts, *selected[0])
-    roots = [(root, flt) for root, flt in selected if root.is_dir()]
+    roots = [(root, flt) for root, flt in selected if fsread.is_dir(root)]
     for field, what in (("ops", "op"), ("spaces", "space"), ("targets", "target")):
         values = {v for _, flt in roots for v in getattr(flt, field)}
         for v in sorted(values):

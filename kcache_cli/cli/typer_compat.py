@@ -7,6 +7,7 @@ modules are imported only when a patch needs them."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from typing import Any
@@ -36,8 +37,6 @@ def version_problem(version: str) -> str | None:
 def warn_if_untested() -> None:
     """One warning line on stderr when the installed Typer is outside the tested range (not while a
     shell is completing a command line, nor under -q/--quiet)."""
-    import os
-
     if any(k.startswith("_KCACHE_COMPLETE") for k in os.environ) or {"-q", "--quiet"} & set(sys.argv[1:]):
         return
     problem = version_problem(str(getattr(typer, "__version__", "")))

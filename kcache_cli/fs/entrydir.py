@@ -54,11 +54,11 @@ class EntryDir:
                 if anchor is not None and anchor.holds(path):
                     fd = os.open(anchor.rel(path), DIR_FLAGS & ~os.O_NOFOLLOW, dir_fd=anchor.fd)
                 else:
-                    fd = os.open(path, DIR_FLAGS & ~os.O_NOFOLLOW)
+                    fd = fsread.open_path(path, DIR_FLAGS & ~os.O_NOFOLLOW)
             elif anchor is not None and anchor.holds(path):
                 fd = anchor.open_dir(path)
             else:
-                fd = os.open(path, DIR_FLAGS)
+                fd = fsread.open_path(path, DIR_FLAGS)
             d = cls(path, fd, anchor)
         except OSError as exc:
             d = cls(path, None, anchor, exc)

@@ -12,6 +12,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from kcache_cli.fs import read as fsread
+
 MOUNTINFO = "/proc/self/mountinfo"
 _MAX_BYTES = 4 << 20
 
@@ -72,7 +74,7 @@ class AtimeRule:
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = os.path.join(str(root), "")
-        real = os.path.realpath(root)
+        real = fsread.real_path(root)
         self.real = os.path.join(real, "")
         mounts = table()
         base = mount_of(real, mounts)

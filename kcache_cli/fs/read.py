@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -268,6 +269,187 @@ def release_roots() -> None:
         os.close(_HELD.pop(key))
 
 
+# ---- paths below a held root: resolved from its fd, never from `/` again -----------------------------
+# A scan, a layout's detection and a plan name what they read by absolute path (they show it); below a
+# held root the calls go through the held fd with the path's rest (links below the root are followed as
+# the path's own resolution would: the one difference is that the root is the directory vetted).
+
+
+def held_place(path: str | os.PathLike) -> tuple[int, str] | None:
+    """(the held root's fd, `path` relative to it, "." for the root) when the absolute `path` lies below
+    a held root (the innermost); else None."""
+    if not _HELD:
+        return None
+    path = os.fspath(path)
+    if path[:1] != "/":
+        return None
+    best = None
+    for key, fd in _HELD.items():
+        if (path.startswith(key) or path == key[:-1]) and (best is None or len(key) > len(best[0])):
+            best = (key, fd)
+    if best is None:
+        return None
+    return best[1], path[len(best[0]):].rstrip("/") or "."
+
+
+def stat_path(path: str | os.PathLike, follow: bool = True) -> os.stat_result:
+    """os.stat (os.lstat with follow=False) of `path`, from its held root when it has one."""
+    place = held_place(path)
+    if place is None:
+        return os.stat(path, follow_symlinks=follow)
+    return os.stat(place[1], dir_fd=place[0], follow_symlinks=follow)
+
+
+def is_dir(path: str | os.PathLike) -> bool:
+    """os.path.isdir of `path` (a link to a directory is one), from its held root when it has one."""
+    try:
+        return stat.S_ISDIR(stat_path(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def is_link(path: str | os.PathLike) -> bool:
+    """os.path.islink of `path`, from its held root when it has one."""
+    try:
+        return stat.S_ISLNK(stat_path(path, follow=False).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def exists(path: str | os.PathLike, follow: bool = False) -> bool:
+    """os.path.lexists (os.path.exists when `follow`) of `path`, from its held root when it has one."""
+    try:
+        stat_path(path, follow=follow)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def readlink(path: str | os.PathLike) -> str:
+    """os.readlink of `path`, from its held root when it has one."""
+    place = held_place(path)
+    if place is None:
+        return os.readlink(os.fspath(path))
+    return os.readlink(place[1], dir_fd=place[0])
+
+
+def real_path(path: str | os.PathLike) -> str:
+    """os.path.realpath of `path`; of a held root, where the directory held is now (not what its path
+    names: the mount it lies on is the held directory's)."""
+    place = held_place(path)
+    if place is not None and place[1] == ".":
+        try:
+            found = os.readlink(f"/proc/self/fd/{place[0]}")
+            if found.startswith("/") and not found.endswith(" (deleted)"):
+                return found
+        except OSError:
+            pass
+    return os.path.realpath(path)
+
+
+def open_path(path: str | os.PathLike, flags: int, mode: int = 0o777) -> int:
+    """os.open of `path`, from its held root when it has one."""
+    place = held_place(path)
+    if place is None:
+        return os.open(path, flags, mode)
+    return os.open(place[1], flags, mode, dir_fd=place[0])
+
+
+def listdir(path: str | os.PathLike) -> list[str]:
+    """os.listdir of `path`, from its held root when it has one."""
+    place = held_place(path)
+    if place is None:
+        return os.listdir(path)
+    fd = os.open(place[1], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=place[0])
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+class Listed:
+    """What os.DirEntry tells of a name listed below a held root (name, path, types, inode; stat() on
+    demand, from the held root's fd): os.scandir of an fd hands out entries whose path is the bare name
+    and whose stat() needs that fd open."""
+
+    __slots__ = ("name", "path", "_fd", "_rel", "_ino", "_dir", "_file", "_link", "_lst", "_st")
+
+    def __init__(self, de: os.DirEntry, path: str, fd: int, rel: str) -> None:
+        self.name, self.path, self._fd, self._rel = de.name, path, fd, rel
+        self._ino = de.inode()
+        self._link = de.is_symlink()
+        self._dir = de.is_dir(follow_symlinks=False)
+        self._file = de.is_file(follow_symlinks=False)
+        self._lst: os.stat_result | None = None
+        self._st: os.stat_result | None = None
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __repr__(self) -> str:
+        return f"<Listed {self.name!r}>"
+
+    def inode(self) -> int:
+        return self._ino
+
+    def is_symlink(self) -> bool:
+        return self._link
+
+    def is_dir(self, *, follow_symlinks: bool = True) -> bool:
+        if follow_symlinks and self._link:
+            try:
+                return stat.S_ISDIR(self.stat().st_mode)
+            except OSError:
+                return False
+        return self._dir
+
+    def is_file(self, *, follow_symlinks: bool = True) -> bool:
+        if follow_symlinks and self._link:
+            try:
+                return stat.S_ISREG(self.stat().st_mode)
+            except OSError:
+                return False
+        return self._file
+
+    def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+        follow = follow_symlinks and self._link
+        got = self._st if follow else self._lst
+        if got is None:
+            if _HELD.get(self._where()) == self._fd:
+                got = os.stat(self._rel, dir_fd=self._fd, follow_symlinks=follow)
+            else:  # the command that listed it is over: by path, as os.DirEntry's would
+                got = os.stat(self.path, follow_symlinks=follow)
+            if follow:
+                self._st = got
+            else:
+                self._lst = got
+        return got
+
+    def _where(self) -> str:
+        return self.path[: len(self.path) - len(self._rel)]
+
+
+def scandir_list(path: str | os.PathLike, keep: Callable[[os.DirEntry], bool] | None = None,
+                 limit: int | None = None) -> list[os.DirEntry]:
+    """list(os.scandir(path)) (its first `limit` names; those `keep` keeps, judged while listing), from
+    its held root when it has one (then Listed entries, which answer as os.DirEntry does)."""
+    place = held_place(path)
+    if place is None:
+        with os.scandir(os.fspath(path)) as it:
+            return [d for d in itertools.islice(it, limit) if keep is None or keep(d)]
+    root_fd, rel = place
+    base = os.fspath(path).rstrip("/")
+    prefix = "" if rel == "." else rel + "/"
+    fd = os.open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root_fd)
+    try:
+        with os.scandir(fd) as it:
+            found = [Listed(d, f"{base}/{d.name}", root_fd, prefix + d.name) for d in itertools.islice(it, limit)
+                     if keep is None or keep(d)]
+    finally:
+        os.close(fd)
+    return found  # type: ignore[return-value]  # Listed answers as os.DirEntry does
+
+
 def _same_dir(a: int, b: int) -> bool:
     try:
         return os.path.samestat(os.fstat(a), os.fstat(b))
@@ -336,6 +518,9 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
                 return open_regular(name, dir_fd=dfd)
             finally:
                 os.close(dfd)
+    place = held_place(path) if dir_fd is None else None
+    if place is not None:  # below a held root: from its fd
+        return open_file(place[1], place[0], follow, path)
     return open_file(path, dir_fd, follow, path)
 
 
@@ -377,7 +562,7 @@ def fstat_regular(fd: int, refusal: Callable[[os.stat_result], OSError]) -> os.s
 def names(path: str) -> list[str]:
     """os.listdir(path); [] when it cannot be listed (the caller judges what is missing)."""
     try:
-        return os.listdir(path)
+        return listdir(path)
     except OSError:
         return []
 
@@ -387,8 +572,7 @@ def sorted_entries(path: str | os.PathLike[str], keep: Callable[[os.DirEntry], b
     """The directory's entries (those `keep` keeps), sorted by name; [] when it is missing, OSError when
     it cannot be read."""
     try:
-        with os.scandir(path) as it:
-            return sorted(it if keep is None else filter(keep, it), key=lambda d: d.name)
+        return sorted(scandir_list(path, keep), key=lambda d: d.name)
     except FileNotFoundError:
         return []
 
@@ -396,8 +580,7 @@ def sorted_entries(path: str | os.PathLike[str], keep: Callable[[os.DirEntry], b
 def subdir_paths(path: str) -> list[str]:
     """The paths of the subdirectories of `path`, sorted (a link is not one); [] when it cannot be listed."""
     try:
-        with os.scandir(path) as it:
-            return sorted(d.path for d in it if d.is_dir(follow_symlinks=False))
+        return sorted(d.path for d in scandir_list(path) if d.is_dir(follow_symlinks=False))
     except OSError:
         return []
 
@@ -646,7 +829,7 @@ def walk_files(path: str, max_depth: int = MAX_TREE_DEPTH) -> Iterator[tuple[str
     non-directory under `path`: a directory's own files (sorted) before its subdirectories'.
     Iterative and relative to directory fds (no path grows past PATH_MAX), never following links.
     TreeTooDeep past `max_depth` (after what came before it); an unreadable subdirectory is skipped."""
-    top = os.open(path, DIR_FLAGS)
+    top = open_path(path, DIR_FLAGS)
     try:
         yield from walk_fd(top, path, max_depth)
     finally:

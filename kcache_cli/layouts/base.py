@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol
 
+from kcache_cli.fs import read as fsread
 from kcache_cli.fs.locking import probe_locked
 from kcache_cli.layouts import _facts, homes
 from kcache_cli.layouts._facts import Facts
@@ -337,8 +338,7 @@ class Layout:
         """Does `root` hold this layout? The default looks at the root's top-level directory names only;
         layouts that delete or write ask for evidence (their own files under those names)."""
         try:
-            with os.scandir(root) as it:
-                tops = [d.name for d in it if d.is_dir()]
+            tops = [d.name for d in fsread.scandir_list(root) if d.is_dir()]
         except OSError:
             return False
         return self.shape.held_by(os.fspath(root), tops)

@@ -644,24 +644,12 @@ class InductorLayout(Layout):
     packages = (PACKAGE,)
     env_switches = ENV_SWITCHES
 
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def no_log(self, entry: Entry) -> str:
-        return no_log(entry)
-
-    def relocation_problem(self, entry: Entry) -> str | None:
-        return relocation_problem(entry)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    no_log = staticmethod(no_log)
+    relocation_problem = staticmethod(relocation_problem)
 
     def uses(self, root: Path, entry: Entry) -> list[str]:
         if entry.kind != AUTOGRAD:
@@ -696,17 +684,10 @@ class InductorLayout(Layout):
             return _triton().facts(_as_triton(entry), small, names)
         return Facts("torch inductor", None, None)
 
-    def mega_place(self, kind: str, key: str, content: bytes) -> MegaPlace | str | None:
-        return mega_place(kind, key, content)
-
-    def mega_artifacts(self, root: Path) -> list[MegaFile]:
-        return mega_artifacts(root)
-
-    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
-        return explain(root, entry, here)
-
-    def explain_mega(self, recorded: Mapping[str, object], here: Here) -> Verdict:
-        return explain_mega(recorded, here)
+    mega_place = staticmethod(mega_place)
+    mega_artifacts = staticmethod(mega_artifacts)
+    explain = staticmethod(explain)
+    explain_mega = staticmethod(explain_mega)
 
 
 LAYOUT = InductorLayout()

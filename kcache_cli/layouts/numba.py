@@ -175,25 +175,16 @@ class NumbaLayout(Layout):
     fact_files = ()
     binary_kinds = frozenset({KIND})
 
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
 
     def judging(self, deep: bool = False, *, statuses: bool = True, caller_reads: bool = False) -> Judging:
         """Goes by the installed numba's version (looked up once, here), when one is installed."""
         return Judging(deep, version=installed_version() if statuses else "", caller_reads=caller_reads)
 
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def no_log(self, entry: Entry) -> str:
-        return no_log(entry)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    no_log = staticmethod(no_log)
 
 
 LAYOUT = NumbaLayout()

@@ -20,6 +20,8 @@ import os
 import re
 from typing import Callable
 
+from kcache_cli.fs import read as fsread
+
 VISIBLE = r"[^/.][^/]*"  # a name that is not hidden (temp, staging and state directories are)
 _FIELD = re.compile(r"\{(\w+)\}")
 
@@ -233,7 +235,7 @@ def _triton_confirm(root: str, tops: list[str]) -> bool:
     denied = 0
     for name in tops[:_TRITON_LOOKS]:
         try:
-            if triton_evidence(os.listdir(os.path.join(root, name))):
+            if triton_evidence(fsread.listdir(os.path.join(root, name))):
                 return True
         except PermissionError:
             denied += 1
@@ -263,7 +265,7 @@ def _inductor_confirm(root: str, tops: list[str]) -> bool:
         return True
     for name in tops[:_TRITON_LOOKS]:
         try:
-            if any(INDUCTOR_CODE.match(n) for n in os.listdir(os.path.join(root, name))):
+            if any(INDUCTOR_CODE.match(n) for n in fsread.listdir(os.path.join(root, name))):
                 return True
         except OSError:
             pass
@@ -300,7 +302,7 @@ def _cudajit_confirm(root: str, tops: list[str]) -> bool:
 
 def cudajit_evidence(path: str) -> bool:
     try:
-        names = os.listdir(path)
+        names = fsread.listdir(path)
     except OSError:
         return False
     return "index" in names and any(re.fullmatch(r"[0-9a-f]", n) for n in names)
@@ -327,7 +329,7 @@ def _torchext_confirm(root: str, tops: list[str]) -> bool:
     """One of the first few directories lists torch's build.ninja or load_inline's sources (names only)."""
     for name in tops[:_TRITON_LOOKS]:
         try:
-            if any(n in TORCHEXT_EVIDENCE for n in os.listdir(os.path.join(root, name))):
+            if any(n in TORCHEXT_EVIDENCE for n in fsread.listdir(os.path.join(root, name))):
                 return True
         except OSError:
             pass
@@ -349,7 +351,7 @@ def _jax_confirm(root: str, tops: list[str]) -> bool:
         if env and os.path.join(os.path.abspath(root), name) == os.path.abspath(os.path.expanduser(env)):
             return True
         try:
-            if any(JAX_FILE.match(n) for n in os.listdir(os.path.join(root, name))[:_TRITON_LOOKS]):
+            if any(JAX_FILE.match(n) for n in fsread.listdir(os.path.join(root, name))[:_TRITON_LOOKS]):
                 return True
         except OSError:
             pass
@@ -365,7 +367,7 @@ JAX = LayoutShape("jax", (
 def _numba_confirm(root: str, tops: list[str]) -> bool:
     for name in tops[:_TRITON_LOOKS]:
         try:
-            if any(n.endswith((".nbi", ".nbc")) for n in os.listdir(os.path.join(root, name))):
+            if any(n.endswith((".nbi", ".nbc")) for n in fsread.listdir(os.path.join(root, name))):
                 return True
         except OSError:
             pass

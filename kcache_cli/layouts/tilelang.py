@@ -57,15 +57,14 @@ BINARY_FILES = frozenset({"metadata.json", *CUBIN_BINARIES})
 def real_version_dir(path: str) -> bool:
     """A `<version>/` tilelang made: it holds cuda-binaries/ or a <platform>/kernels/ (not a link)."""
     try:
-        with os.scandir(path) as it:
-            for de in it:
-                if not de.is_dir(follow_symlinks=False) or de.name == STAGING:
-                    continue
-                if de.name == BINARIES_DIR:
-                    return True
-                k = os.path.join(de.path, "kernels")
-                if os.path.isdir(k) and not os.path.islink(k):
-                    return True
+        for de in fsread.scandir_list(path):
+            if not de.is_dir(follow_symlinks=False) or de.name == STAGING:
+                continue
+            if de.name == BINARIES_DIR:
+                return True
+            k = os.path.join(de.path, "kernels")
+            if fsread.is_dir(k) and not fsread.is_link(k):
+                return True
     except OSError:
         pass
     return False
@@ -105,7 +104,8 @@ def detect(root: Path) -> bool:
     """Evidence, not names alone: a `<version>/` holding cuda-binaries/ or <platform>/kernels/, or
     version directories in a root with a CACHEDIR.TAG."""
     try:
-        versions = [d for d in os.scandir(root) if VERSION_RE.match(d.name) and d.is_dir(follow_symlinks=False)]
+        versions = fsread.scandir_list(root, lambda d: VERSION_RE.match(d.name) is not None
+                                       and d.is_dir(follow_symlinks=False))
     except OSError:
         return False
     if versions and state.has_cachedir_tag(root):
@@ -408,7 +408,7 @@ _FINGERPRINT = 64  # bytes of a binary's start used to find candidate positions
 
 
 def _binary_file(path: str) -> str | None:
-    return next((os.path.join(path, b) for b in CUBIN_BINARIES if os.path.lexists(os.path.join(path, b))), None)
+    return next((os.path.join(path, b) for b in CUBIN_BINARIES if fsread.exists(os.path.join(path, b))), None)
 
 
 def _read_binary_bytes(path: str) -> bytes | None:
@@ -439,13 +439,13 @@ def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
             continue
         magics = {k[:4] for k in index}
         try:
-            platforms = [d for d in os.scandir(vdir) if d.is_dir(follow_symlinks=False)
+            platforms = [d for d in fsread.scandir_list(vdir) if d.is_dir(follow_symlinks=False)
                          and d.name not in (BINARIES_DIR, STAGING)]
         except OSError:
             continue
         for plat in platforms:
             try:
-                kernels = [d.path for d in os.scandir(os.path.join(plat.path, "kernels"))
+                kernels = [d.path for d in fsread.scandir_list(os.path.join(plat.path, "kernels"))
                            if d.is_dir(follow_symlinks=False)]
             except OSError:
                 continue
@@ -535,27 +535,13 @@ class TilelangLayout(Layout):
     binary_kinds = frozenset({"binary"})
     packages = (PACKAGE,)
 
-    def detect(self, root: Path) -> bool:
-        return detect(root)
-
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return stray_links(ctx, flt)
-
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def log_files(self, entry: Entry) -> list[LogFile]:
-        return log_files(entry)
+    detect = staticmethod(detect)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
+    stray_links = staticmethod(stray_links)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    log_files = staticmethod(log_files)
 
     def users(self, root: Path, providers: list[str]) -> dict[str, list[str]]:
         return binary_users(root, providers)
@@ -589,8 +575,7 @@ class TilelangLayout(Layout):
             return entry.space.split("/", 1)[1]
         return None
 
-    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
-        return explain(root, entry, here)
+    explain = staticmethod(explain)
 
 
 LAYOUT = TilelangLayout()

@@ -454,8 +454,8 @@ def inner_leftovers(entry: Entry) -> list[InnerLeftover]:
         return []
     now, out = time.time(), []
     try:
-        with os.scandir(entry.path) as it:
-            temps = [de for de in it if de.name.startswith(TMP_PREFIX) and de.is_dir(follow_symlinks=False)]
+        temps = fsread.scandir_list(entry.path, lambda de: de.name.startswith(TMP_PREFIX)
+                                    and de.is_dir(follow_symlinks=False))
     except OSError:
         return []
     for de in sorted(temps, key=lambda d: d.name):
@@ -696,30 +696,14 @@ class TritonLayout(Layout):
     packages = (PACKAGE,)
     env_switches = ("TRITON_*",)
 
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def log_files(self, entry: Entry) -> list[LogFile]:
-        return log_files(entry)
-
-    def no_log(self, entry: Entry) -> str:
-        return no_log(entry)
-
-    def relocation_problem(self, entry: Entry) -> str | None:
-        return relocation_problem(entry)
-
-    def inner_leftovers(self, entry: Entry) -> list[InnerLeftover]:
-        return inner_leftovers(entry)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    log_files = staticmethod(log_files)
+    no_log = staticmethod(no_log)
+    relocation_problem = staticmethod(relocation_problem)
+    inner_leftovers = staticmethod(inner_leftovers)
 
     def relocate(self, staged: str, final: str, root: Path) -> None:
         relocate(staged, final, root)
@@ -741,11 +725,8 @@ class TritonLayout(Layout):
         return Facts(f"triton {version}" if isinstance(version, str) else "triton", arch_of(meta)[1], None)
 
 
-    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
-        return explain(root, entry, here)
-
-    def explain_record(self, record: Mapping[str, object], here: Here) -> Verdict:
-        return explain_record(record, here)
+    explain = staticmethod(explain)
+    explain_record = staticmethod(explain_record)
 
 
 LAYOUT = TritonLayout()

@@ -318,8 +318,7 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
 def detect(root: Path) -> bool:
     """<h10>/ directories with a rank_<r>_<d>/ inside, or torch_aot_compile/."""
     try:
-        with os.scandir(root) as it:
-            tops = [d.path for d in it if d.is_dir(follow_symlinks=False)]
+        tops = [d.path for d in fsread.scandir_list(root) if d.is_dir(follow_symlinks=False)]
     except OSError:
         return False
     for t in tops[:64]:
@@ -494,27 +493,13 @@ class VllmLayout(Layout):
     packages = (PACKAGE,)
     env_switches = ("VLLM_*",)
 
-    def detect(self, root: Path) -> bool:
-        return detect(root)
-
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def no_log(self, entry: Entry) -> str:
-        return no_log(entry)
-
-    def relocation_problem(self, entry: Entry) -> str | None:
-        return relocation_problem(entry)
+    detect = staticmethod(detect)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    no_log = staticmethod(no_log)
+    relocation_problem = staticmethod(relocation_problem)
 
     def image_format(self) -> ImageFormat:
         """MCV's compat image of vLLM's cache (vllm_image.py)."""
@@ -532,8 +517,7 @@ class VllmLayout(Layout):
         compiler = factors.get("compiler_hash")
         return Facts(f"vllm (compiler hash {compiler})" if compiler else "vllm", None, None)
 
-    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
-        return explain(root, entry, here)
+    explain = staticmethod(explain)
 
 
 LAYOUT = VllmLayout()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, NamedTuple, Protocol
 
-from kcache_cli.fs.read import MAX_TREE_DEPTH, sorted_entries
+from kcache_cli.fs.read import MAX_TREE_DEPTH, open_path, sorted_entries, stat_path
 from kcache_cli.model.terms import (  # noqa: F401
     BUILDING,
     COMPLETE,
@@ -329,6 +329,9 @@ def disk_bytes(st: os.stat_result) -> int:
     return st.st_blocks * 512
 
 
+_LIST_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
 def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
     """Size, file count and newest mtime of a directory tree; never follows symlinks.
 
@@ -337,39 +340,53 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
     size = files = apparent = 0
     accessed = 0.0
     try:
-        top = os.lstat(path)
+        top = stat_path(path, follow=False)
     except OSError as exc:
         warn(f"cannot stat {path}: {exc.strerror}")
         return TreeUsage(0, 0, 0.0)
     newest, size = top.st_mtime, disk_bytes(top)
-    stack = [(path, 0)]
+    try:  # below a held root, from its fd; every directory below from this one's (as the path would)
+        top_fd = open_path(path, _LIST_FLAGS)
+    except OSError as exc:
+        warn(f"cannot read {path}: {exc.strerror}")
+        return TreeUsage(size, 0, newest, 0.0, 0, top.st_dev, top.st_ino)
+    stack = [("", 0)]
     too_deep = False
-    while stack:
-        d, depth = stack.pop()
-        try:
-            it = os.scandir(d)
-        except OSError as exc:
-            warn(f"cannot read {d}: {exc.strerror}")
-            continue
-        with it:
-            for de in it:
-                try:
-                    st = de.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                size += disk_bytes(st)
-                if de.is_dir(follow_symlinks=False):
-                    if depth < MAX_TREE_DEPTH:
-                        stack.append((de.path, depth + 1))
-                    elif not too_deep:
-                        too_deep = True
-                        warn(f"{path}: directories nested more than {MAX_TREE_DEPTH} deep (not counted below)")
-                else:
-                    apparent += st.st_size
-                    files += 1
-                    if stat.S_ISREG(st.st_mode):  # a link's atime is kcache's own readlink
-                        accessed = max(accessed, st.st_atime)
-                newest = max(newest, st.st_mtime)
+    try:
+        while stack:
+            sub, depth = stack.pop()
+            try:
+                fd = os.open(sub, _LIST_FLAGS, dir_fd=top_fd) if sub else top_fd
+            except OSError as exc:
+                warn(f"cannot read {path}/{sub}: {exc.strerror}")
+                continue
+            try:
+                with os.scandir(fd) as it:
+                    for de in it:
+                        try:
+                            st = de.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        size += disk_bytes(st)
+                        if de.is_dir(follow_symlinks=False):
+                            if depth < MAX_TREE_DEPTH:
+                                stack.append((f"{sub}/{de.name}" if sub else de.name, depth + 1))
+                            elif not too_deep:
+                                too_deep = True
+                                warn(f"{path}: directories nested more than {MAX_TREE_DEPTH} deep (not counted below)")
+                        else:
+                            apparent += st.st_size
+                            files += 1
+                            if stat.S_ISREG(st.st_mode):  # a link's atime is kcache's own readlink
+                                accessed = max(accessed, st.st_atime)
+                        newest = max(newest, st.st_mtime)
+            except OSError as exc:
+                warn(f"cannot read {path}/{sub}: {exc.strerror}" if sub else f"cannot read {path}: {exc.strerror}")
+            finally:
+                if fd != top_fd:
+                    os.close(fd)
+    finally:
+        os.close(top_fd)
     return TreeUsage(size, files, newest, accessed, apparent, top.st_dev, top.st_ino)
 
 

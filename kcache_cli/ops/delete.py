@@ -26,6 +26,7 @@ from kcache_cli import layouts
 from kcache_cli.catalog.scan import leftover_entries, narrowed_by_names, scan_cache
 from kcache_cli.catalog.scan_context import ScanContext
 from kcache_cli.fs import delete as fsdelete
+from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.locking import NotALockFile, open_lock, try_flock
@@ -302,7 +303,7 @@ class _Planner:
             bad = self._bad_dir(rel.rpartition("/")[0])
             if bad is None:
                 try:
-                    bad = None if stat.S_ISDIR(os.lstat(self.root / rel).st_mode) else rel
+                    bad = None if stat.S_ISDIR(fsread.stat_path(self.root / rel, follow=False).st_mode) else rel
                 except OSError:
                     bad = rel
             self._dirs_ok[rel] = bad
@@ -315,7 +316,7 @@ class _Planner:
         names: frozenset[str] | None = None
         if relpath is None:
             try:
-                names = frozenset(os.listdir(e.path))
+                names = frozenset(fsread.listdir(e.path))
             except OSError:
                 names = None  # unreadable: judged by its path alone
         bad = _layout(e).shape_problem(relpath or e.relpath, e.kind, names, self.root)

@@ -79,7 +79,7 @@ def judge_entry(root: Path, entry: Entry, deep: bool = True, *, caller_reads: bo
     layout = get(entry.layout)
     name = os.path.basename(entry.path)
     if (entry.status == BUILDING or not entry.hash or name.startswith(".") or layout.leftover(entry) is not None
-            or os.path.islink(entry.path) or not os.path.isdir(entry.path)):
+            or fsread.is_link(entry.path) or not fsread.is_dir(entry.path)):
         return Judgement.of(entry.status, entry.reason)
     with EntryDir.open(entry.path, fsread.anchor(root)) as d:
         try:
