@@ -117,7 +117,17 @@ def import_edges(sources: dict[Path, str], top: Path) -> list[Edge]:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 where = f"{path.relative_to(top.parent)}:{node.lineno}"
                 edges += [Edge(module, t, where) for t in _targets(node, module, is_package, modules)]
+            elif _lazy_target(node) in modules:  # lazy_module("kcache_cli.x"): an import run at first use
+                edges.append(Edge(module, _lazy_target(node), f"{path.relative_to(top.parent)}:{node.lineno}"))
     return edges
+
+
+def _lazy_target(node: ast.AST) -> str | None:
+    """The module a `lazy_module("...")` call names (kcache_cli/util/lazy.py), else None."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "lazy_module"
+            and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        return node.args[0].value
+    return None
 
 
 def cycles(edges: list[Edge]) -> list[Cycle]:
@@ -263,8 +273,8 @@ def test_the_layout_rule_sees_what_it_forbids():
 
 
 def test_the_import_rules_see_what_they_forbid(tmp_path):
-    """The checker on a small made-up package: relative, function-level and TYPE_CHECKING imports are
-    edges; a cycle is found and printed; an upward edge is reported, a same-floor one is not."""
+    """The checker on a small made-up package: relative, function-level, TYPE_CHECKING and lazy_module
+    imports are edges; a cycle is found and printed; an upward edge is reported, a same-floor one is not."""
     top = tmp_path / "pkg"
     sources = {
         top / "__init__.py": "",
@@ -272,14 +282,16 @@ def test_the_import_rules_see_what_they_forbid(tmp_path):
         top / "sub" / "__init__.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import high\n",
         top / "sub" / "high.py": "from ..low import f\nimport pkg.sub.other as o\n",
         top / "sub" / "other.py": "import os\nfrom pkg import low\n",
+        top / "lazy.py": 'low = lazy_module("pkg.low")\n',
     }
     edges = import_edges(sources, top)
     assert {(e.importer, e.imported) for e in edges} == {
         ("pkg.low", "pkg.sub.high"), ("pkg.sub", "pkg.sub.high"), ("pkg.sub.high", "pkg.low"),
-        ("pkg.sub.high", "pkg.sub.other"), ("pkg.sub.other", "pkg.low"),
+        ("pkg.sub.high", "pkg.sub.other"), ("pkg.sub.other", "pkg.low"), ("pkg.lazy", "pkg.low"),
     }
     assert ("pkg.low", "pkg.sub.high", "pkg/low.py:2") in edges
     members = ["pkg.low", "pkg.sub.high", "pkg.sub.other"]
+    edges = [e for e in edges if e.importer != "pkg.lazy"]
     assert cycles(edges) == [Cycle(["pkg.low", "pkg.sub.high", "pkg.low"], members)]
     assert str(cycles(edges)[0]) == "pkg.low -> pkg.sub.high -> pkg.low   (the circle also takes in pkg.sub.other)"
     floors = {"pkg": 0, "pkg.sub": 1}

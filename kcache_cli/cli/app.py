@@ -5,6 +5,7 @@ import gc
 import inspect
 import os
 import re
+import shlex
 import sys
 from importlib import import_module
 from typing import Annotated, Optional
@@ -194,9 +195,9 @@ def app_for(args: list[str]) -> typer.Typer:
     start, and a command's module loads the engines it uses: a line that names one command gets an app
     holding just that one, which parses and behaves the same. Help, completion and unknown names get
     the full app; `--version` an app with no command (its eager callback prints and exits)."""
-    name = _subcommand(args)
     if any(k.startswith("_KCACHE_COMPLETE") for k in os.environ):
-        return full_app()
+        return _completing_app()
+    name = _subcommand(args)
     if name is None:
         if _version_only(args):  # --version acts before any command runs: one command is enough
             return typer_compat.app_holding(app, [], [])
@@ -208,6 +209,22 @@ def app_for(args: list[str]) -> typer.Typer:
     if len(chosen) != 1:  # a group (remote, config): the app as loaded
         return app
     return typer_compat.app_holding(app, chosen)
+
+
+def _completing_app() -> typer.Typer:
+    """The app a TAB completes with: the module of the command the line names (bash's COMP_WORDS, or
+    the line zsh, fish and PowerShell pass in _TYPER_COMPLETE_ARGS), the whole app while the command's
+    own name is being typed."""
+    line = os.environ.get("COMP_WORDS") or os.environ.get("_TYPER_COMPLETE_ARGS") or ""
+    try:
+        words = shlex.split(line)[1:]
+    except ValueError:  # an open quote: Typer copes, the whole app it is
+        return full_app()
+    typing_word = not line.endswith(" ") and words
+    name = _subcommand(words[:-1] if typing_word else words)
+    if name not in COMMANDS:
+        return full_app()
+    return load([COMMANDS[name]])
 
 
 def _version_only(args: list[str]) -> bool:

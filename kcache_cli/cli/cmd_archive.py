@@ -3,23 +3,32 @@
 import functools
 import sys
 import time
-from typing import Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
-from kcache_cli.archive import ImportLimits, compression_for, export_archive, import_archive, plan_export
-from kcache_cli.archive.export import EmptyExport
-from kcache_cli.archive.importer import archive_layouts
-from kcache_cli.catalog.locate import UntrustedRoot, named_cache
 from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
 from kcache_cli.cli.cmd_mega import import_blob, is_blob, show_blob
 from kcache_cli.cli.progress import Bar as _Bar
 from kcache_cli.cli.progress import Phase
-from kcache_cli.formats.gpu import arch_fit
-from kcache_cli.ops.verify import verify_cache
 from kcache_cli.util.errors import UsageError
+from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.units import parse_size
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli import archive as _archive
+    from kcache_cli.archive import export, importer
+    from kcache_cli.catalog import locate
+    from kcache_cli.formats import gpu
+    from kcache_cli.ops import verify
+else:
+    _archive = lazy_module("kcache_cli.archive")
+    export = lazy_module("kcache_cli.archive.export")
+    gpu = lazy_module("kcache_cli.formats.gpu")
+    importer = lazy_module("kcache_cli.archive.importer")
+    locate = lazy_module("kcache_cli.catalog.locate")
+    verify = lazy_module("kcache_cli.ops.verify")
 
 
 def register(app: typer.Typer) -> None:
@@ -78,15 +87,15 @@ def export_command(
             raise UsageError("--format torch-mega exports the whole Inductor cache: no selector applies")
         export_blob(opts, archive, python)
         return
-    compression_for(archive)  # a bad name is a usage error before any work
+    _archive.compression_for(archive)  # a bad name is a usage error before any work
     root, plan, selected = _export_plan(opts, sel, cache, sources_only)
     if not selected:  # an empty archive is refused
         raise UsageError(f"no entries in {root} match the selection: nothing to export, no archive written")
     out = c.Output(opts)
     try:
         with _Bar(opts, "exporting") as bar:
-            result = export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
-    except EmptyExport as exc:  # what was left out, and why; then the refusal (exit 1)
+            result = _archive.export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
+    except export.EmptyExport as exc:  # what was left out, and why; then the refusal (exit 1)
         empty = exc.result
         out.result(empty.to_json(str(root)), lambda: _export_human(out, empty))
         raise
@@ -103,7 +112,7 @@ def _export_plan(opts: o.GlobalOptions, sel: c.Selection, cache: Optional[str], 
         if sel.hashes and not refs:
             continue  # the entries named are in other caches
         flt = sel.filter(loc.path, refs)
-        plan = plan_export(loc.path, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
+        plan = _archive.plan_export(loc.path, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
         selected = [*plan.jobs, *(e for e, _ in plan.left)]
         missing -= c.matched_refs(loc.path, refs, selected)
         plans.append((loc, plan, selected, flt))
@@ -178,15 +187,15 @@ def import_command(
     if is_blob(archive):  # a torch Mega-Cache blob: each artifact where torch's load would write it
         import_blob(opts, archive, dry_run, c.lock_timeout(lock_timeout, 60.0))
         return
-    defaults = ImportLimits()
-    limits = ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
+    defaults = _archive.ImportLimits()
+    limits = _archive.ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
                           max_total=_size(max_total_size, "--max-total-size", defaults.max_total))
     wait = c.lock_timeout(lock_timeout, 60.0)
     root = _import_root(opts, archive)
     with _Bar(opts, "verifying" if dry_run else "importing", unit="bytes") as bar:
-        result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=wait,
+        result = _archive.import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=wait,
                                 warn=lambda m: c.warn(opts, m), progress=bar)
-    fit = arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
+    fit = gpu.arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
     out = c.Output(opts)
     c.warn_arch_misfits(out, result.entries, fit, "imported")
     out.result(result.to_json(fit.gpus, fit.fits), lambda: _import_human(out, result, dry_run))
@@ -198,11 +207,11 @@ def _import_root(opts: o.GlobalOptions, archive: str):
     if c.explicit_root(opts):
         return c.cache_root(opts)
 
-    layouts = archive_layouts(archive)
+    layouts = importer.archive_layouts(archive)
     if len(layouts) == 1:
         try:
-            return named_cache(layouts[0]).path
-        except UntrustedRoot:  # another user's directory there: never the place to import into
+            return locate.named_cache(layouts[0]).path
+        except locate.UntrustedRoot:  # another user's directory there: never the place to import into
             raise
         except UsageError:  # a layout without a default place (or one refused as a root)
             pass
@@ -280,7 +289,7 @@ def verify_command(
     for root, flt, refs in chosen:
         started = time.monotonic()
         with _Bar(opts, "scanning", unit="judged") as bar:  # the scan's count, then the entries verified
-            result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=Phase(bar, "verifying"),
+            result = verify.verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=Phase(bar, "verifying"),
                                   fix=fix, scanning=bar)
         results.append((root, result, time.monotonic() - started))
         missing -= c.matched_refs(root, refs, [*(ch.entry for ch in result.checked), *result.skipped])

@@ -7,7 +7,7 @@ import os
 import re
 import sys
 import threading
-from typing import Annotated, Any, List, Optional
+from typing import TYPE_CHECKING, Annotated, Any, List, Optional
 
 import typer
 from typer.core import TyperCommand
@@ -15,12 +15,18 @@ from typer.core import TyperCommand
 from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
 from kcache_cli.cli.progress import Bar
-from kcache_cli.ops import build as b
-from kcache_cli.ops import repair as r
-from kcache_cli.ops.repair import RepairOptions
-from kcache_cli.remote.build import RemoteBudget, build_with_remote
-from kcache_cli.remote.store import check_timeout
 from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.ops import build as b
+    from kcache_cli.ops import repair as r
+    from kcache_cli.remote import build, store
+else:
+    build = lazy_module("kcache_cli.remote.build")
+    store = lazy_module("kcache_cli.remote.store")
+    b = lazy_module("kcache_cli.ops.build")
+    r = lazy_module("kcache_cli.ops.repair")
 
 EXTRA_KEY = "kcache.extra_flags"
 
@@ -85,7 +91,7 @@ RemoteTimeoutOpt = Annotated[float, typer.Option(
 
 
 def _remote_seconds(value: float) -> float:
-    return check_timeout(value, "--remote-timeout")
+    return store.check_timeout(value, "--remote-timeout")
 
 
 def build_command(
@@ -169,7 +175,7 @@ def _build_options(space: str, target: str | None, arch: str | None, nvcc: str |
 
 
 def _repair_options(nvcc, cxx, arch, force, wait):
-    return RepairOptions(nvcc=nvcc, cxx=cxx, arch=arch, force=force, timeout=wait)
+    return r.RepairOptions(nvcc=nvcc, cxx=cxx, arch=arch, force=force, timeout=wait)
 
 
 def _repair(opts: o.GlobalOptions, prefixes: List[str], options, other_inputs: bool) -> None:
@@ -250,10 +256,10 @@ def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]
 
 def _remote_builder(opts: o.GlobalOptions, url: str, timeout: float):
     """build_task that consults the remote first and pushes what it compiles (kcache_cli.remote.build)."""
-    budget = RemoteBudget(timeout)  # one for the whole command
+    budget = build.RemoteBudget(timeout)  # one for the whole command
 
     def builder(root, task, options, *, source=None, listener=None):
-        return build_with_remote(root, task, options, url, source=source, listener=listener,
+        return build.build_with_remote(root, task, options, url, source=source, listener=listener,
                                  warn=lambda m: c.warn(opts, m), budget=budget)
 
     return builder

@@ -1,16 +1,22 @@
 """`kcache config`: the budget `kcache prune` keeps (kcache_cli/ops/config.py owns the file)."""
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from kcache_cli.catalog.scan import detect_layouts
 from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
-from kcache_cli.ops import config
-from kcache_cli.ops.budget import effective
 from kcache_cli.util.errors import UsageError
+from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.units import format_age
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.catalog import scan
+    from kcache_cli.ops import budget, config
+else:
+    budget = lazy_module("kcache_cli.ops.budget")
+    scan = lazy_module("kcache_cli.catalog.scan")
+    config = lazy_module("kcache_cli.ops.config")
 
 config_app = typer.Typer(name="config", invoke_without_command=True)
 
@@ -67,7 +73,7 @@ def _cache_root(opts: o.GlobalOptions, cache: str | None = None):
 
 def _with_cache(cfg, root) -> dict:
     """The config's JSON with the cache's own budget and the one in effect there (and whence)."""
-    b = effective([(root, detect_layouts(root))], cfg, lambda m: None)[str(root)]
+    b = budget.effective([(root, scan.detect_layouts(root))], cfg, lambda m: None)[str(root)]
     return {**cfg.to_json(), "cache": config.load_cache(root).to_json(),
             "effective": {"max_size": b.max_size, "max_age": b.max_age,
                           "max_size_from": b.size_from if b.max_size is not None else "",

@@ -4,20 +4,26 @@ Both are thin: scan -> plan (kcache_cli.ops.delete) -> show -> confirm (clear) -
 
 import contextlib
 import sys
-from typing import Annotated, Iterator, Optional
+from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 
 import typer
 
-from kcache_cli.catalog.scan import detect_layouts, scan_cache
 from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
 from kcache_cli.cli.progress import Bar, Phase, scanning
 from kcache_cli.cli.table import Column, render
-from kcache_cli.ops import config
-from kcache_cli.ops.budget import effective
-from kcache_cli.ops.delete import DeletePlan, DeleteResult, plan_clear, plan_prune
 from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.units import format_age, parse_age, parse_size
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.catalog import scan
+    from kcache_cli.ops import budget, config, delete
+else:
+    budget = lazy_module("kcache_cli.ops.budget")
+    delete = lazy_module("kcache_cli.ops.delete")
+    scan = lazy_module("kcache_cli.catalog.scan")
+    config = lazy_module("kcache_cli.ops.config")
 
 
 def register(app: typer.Typer) -> None:
@@ -112,7 +118,7 @@ class _Scans:
     def __call__(self, root):
         key = str(root)
         if key not in self.done:
-            self.done[key] = scan_cache(root, warn=lambda m: c.warn(self.opts, m))
+            self.done[key] = scan.scan_cache(root, warn=lambda m: c.warn(self.opts, m))
         return self.done[key]
 
 
@@ -136,7 +142,7 @@ def _prune_one(opts: o.GlobalOptions, out: "_Out", loc, limit, age, damaged: tup
 
     broken, stale, deep = damaged
     with _nothing_removed_yet(), _busy(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
-        plan = plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, stale=stale, deep=deep,
+        plan = delete.plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, stale=stale, deep=deep,
                           warn=lambda m: c.warn(opts, m), progress=bar, judging=Phase(bar, "reading every byte"),
                           scanned=scanned)
     extra = {"max_size": limit, "older_than": age}
@@ -160,9 +166,9 @@ def _configured_budget(opts: o.GlobalOptions, locs, scans: _Scans) -> tuple[dict
     """Each root's (max size, max age): the budget kept in the cache, else (caches this user owns) the
     user's `kcache config` ({root: None} for none); said on stderr with where each value comes from."""
     cfg = config.load()
-    roots = [(loc.path, detect_layouts(loc.path) if loc.path.is_dir() else ()) for loc in locs]
+    roots = [(loc.path, scan.detect_layouts(loc.path) if loc.path.is_dir() else ()) for loc in locs]
     with _busy(opts, "weighing every cache"):
-        budgets = effective(roots, cfg, lambda m: c.warn(opts, m), scan=scans)
+        budgets = budget.effective(roots, cfg, lambda m: c.warn(opts, m), scan=scans)
     for root, b in budgets.items():
         parts = ([f"max-size {c.human_size(b.max_size)} ({b.size_from})"] if b.max_size is not None else []) + \
                 ([f"max-age {format_age(b.max_age)} ({b.age_from})"] if b.max_age is not None else [])
@@ -266,7 +272,7 @@ def _clear_plans(opts: o.GlobalOptions, locs: list, hashes, filter_of, everythin
 
 def _plan_clear(opts: o.GlobalOptions, loc, flt, everything: bool):
     with _nothing_removed_yet(), _busy(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
-        return plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m), progress=bar)
+        return delete.plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m), progress=bar)
 
 
 def _clear_one(opts: o.GlobalOptions, out: "_Out", loc, plan, yes: bool, dry_run: bool) -> None:
@@ -361,7 +367,7 @@ def _execute(opts: o.GlobalOptions, plan):
 
 
 def _missing(opts: o.GlobalOptions, out: _Out, loc, dry_run: bool, extra: dict) -> None:
-    out.result(DeletePlan(str(loc.path), exists=False).to_json(extra, dry_run=dry_run),
+    out.result(delete.DeletePlan(str(loc.path), exists=False).to_json(extra, dry_run=dry_run),
                lambda: out.info(f"no cache at {loc.path} ({loc.reason}): nothing to remove"))
 
 
@@ -471,7 +477,7 @@ def _report_result(opts: o.GlobalOptions, out: _Out, plan, result, extra: dict) 
 
     fresh = result.warnings[len(plan.warnings):] if result else ()  # the plan's were shown already
     if result is None:  # nothing was selected: nothing ran
-        result = DeleteResult(plan.root, (), plan.skipped, (), 0, (), plan.warnings)
+        result = delete.DeleteResult(plan.root, (), plan.skipped, (), 0, (), plan.warnings)
     done = (f"interrupted: removed {result.entries:,} of {plan.entries:,} "
             f"{'entry' if plan.entries == 1 else 'entries'}, {c.human_size(result.freed)}; nothing half-removed")
     try:

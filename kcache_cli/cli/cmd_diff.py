@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,8 +11,13 @@ from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
 from kcache_cli.cli.table import fold
 from kcache_cli.model import ScanFilter
-from kcache_cli.ops.diff import diff_entries
 from kcache_cli.util.errors import UsageError
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.ops import diff
+else:
+    diff = lazy_module("kcache_cli.ops.diff")
 
 
 def register(app: typer.Typer) -> None:
@@ -53,7 +58,7 @@ def diff_command(
                          "diff compares two entries of one layout and kind")
     if ea.path == eb.path:
         raise UsageError(f"{a} and {b} are the same entry ({ea.relpath})")
-    result = diff_entries(loc_a.path, ea, loc_b.path, eb)
+    result = diff.diff_entries(loc_a.path, ea, loc_b.path, eb)
     c.Output(opts).result(result.to_json(), lambda: _text(result))
 
 

@@ -6,18 +6,25 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from kcache_cli.archive.mega import describe, mega_layouts
-from kcache_cli.archive.mega import export_blob as run_export
-from kcache_cli.archive.mega import import_blob as run_import
-from kcache_cli.catalog.locate import named_cache
 from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
 from kcache_cli.cli.table import Column
-from kcache_cli.formats import megacache
-from kcache_cli.ops.explain import probe
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.archive import mega
+    from kcache_cli.catalog import locate
+    from kcache_cli.formats import megacache
+    from kcache_cli.ops import explain
+else:
+    explain = lazy_module("kcache_cli.ops.explain")
+    locate = lazy_module("kcache_cli.catalog.locate")
+    mega = lazy_module("kcache_cli.archive.mega")
+    megacache = lazy_module("kcache_cli.formats.megacache")
 
 
 def is_blob(arg: str | None) -> bool:
@@ -36,7 +43,7 @@ def is_blob(arg: str | None) -> bool:
 
 def show_blob(opts: o.GlobalOptions, path: str, verify: bool) -> None:
     """inspect / verify of a blob; exit 1 when it has a problem."""
-    doc = describe(path)
+    doc = mega.describe(path)
     out = c.Output(opts)
     out.result(doc, lambda: _blob_human(out, doc, verify))
     if not doc["ok"]:
@@ -66,7 +73,7 @@ def _blob_human(out: c.Output, doc: dict, verify: bool) -> None:
 
 
 def import_blob(opts: o.GlobalOptions, path: str, dry_run: bool, wait: float) -> None:
-    result = run_import(_blob_root(opts), path, dry_run=dry_run, lock_timeout=wait)
+    result = mega.import_blob(_blob_root(opts), path, dry_run=dry_run, lock_timeout=wait)
     out = c.Output(opts)
     out.result(result, lambda: _import_human(out, result))
     if result.count("refuse"):
@@ -78,8 +85,8 @@ def _blob_root(opts: o.GlobalOptions) -> Path:
     if c.explicit_root(opts):
         return c.cache_root(opts)
 
-    names = sorted({lay.name for lay in mega_layouts().values()})
-    return named_cache(names[0]).path
+    names = sorted({lay.name for lay in mega.mega_layouts().values()})
+    return locate.named_cache(names[0]).path
 
 
 def _import_human(out: c.Output, result) -> None:
@@ -95,10 +102,10 @@ def _import_human(out: c.Output, result) -> None:
 def export_blob(opts: o.GlobalOptions, out_path: str, python: str | None) -> None:
 
     root = c.cache_root(opts, existing=True) if c.explicit_root(opts) else _blob_root(opts)
-    here = probe(python, ("torch",))
+    here = explain.probe(python, ("torch",))
     facts = {"torch_version": here.versions.get("torch"), "python": here.python,
              "device": here.gpu or "cpu", "exported_by": "kcache export --format torch-mega"}
-    result = run_export(root, out_path, facts)
+    result = mega.export_blob(root, out_path, facts)
     out = c.Output(opts)
     out.result(result, lambda: out.text(
         f"exported {c.plural(len(result.manifest['artifacts']), 'artifact')} ({c.human_size(result.size)}) to "

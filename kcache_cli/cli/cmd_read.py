@@ -5,26 +5,34 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
-from kcache_cli.catalog.locate import found_root, known_caches
-from kcache_cli.catalog.scan import detect_layouts, scan_cache
 from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
 from kcache_cli.cli.cmd_mega import is_blob, show_blob
 from kcache_cli.cli.progress import scanning
 from kcache_cli.cli.table import Column, fold, paint
-from kcache_cli.formats.binary import read_binary
 from kcache_cli.fs.read import iter_chunks
 from kcache_cli.layouts import get
 from kcache_cli.model import ScanFilter, sort_entries
 from kcache_cli.model.terms import COMPLETE
-from kcache_cli.ops import budget, config
-from kcache_cli.ops.usage import by_age, reclaimable
 from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.textsafe import one_line
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.catalog import locate, scan
+    from kcache_cli.formats import binary
+    from kcache_cli.ops import budget, config, usage
+else:
+    binary = lazy_module("kcache_cli.formats.binary")
+    locate = lazy_module("kcache_cli.catalog.locate")
+    scan = lazy_module("kcache_cli.catalog.scan")
+    usage = lazy_module("kcache_cli.ops.usage")
+    budget = lazy_module("kcache_cli.ops.budget")
+    config = lazy_module("kcache_cli.ops.config")
 
 
 def register(app: typer.Typer) -> None:
@@ -47,7 +55,7 @@ def _scan(opts: o.GlobalOptions, flt, loc=None, use_index: bool = False, hint: b
         c.hint_unknown(opts, loc.path, flt)
     # ls and stats also show what killed imports and exports left (layout "kcache"; prune removes it)
     with scanning(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
-        result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True, use_index=use_index,
+        result = scan.scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True, use_index=use_index,
                             progress=bar)
     return loc, result
 
@@ -73,17 +81,17 @@ def dir_command(
             out.info(f"({loc.reason}{'' if loc.path.is_dir() else '; does not exist yet'})")
 
         out.result(lambda: {"path": str(loc.path), "reason": loc.reason, "exists": loc.path.is_dir(),
-                            "layouts": list(detect_layouts(loc.path) if loc.path.is_dir() else ())}, where)
+                            "layouts": list(scan.detect_layouts(loc.path) if loc.path.is_dir() else ())}, where)
         return
 
     rows: list[dict] = []
     shown: dict[str, str] = {}  # the path people know: the CUDA JIT cache itself, not the root holding it
-    for owner, path in known_caches():
-        if os.path.lexists(path) and not found_root(path, f"the {owner} cache", lambda m: c.warn(opts, m)):
+    for owner, path in locate.known_caches():
+        if os.path.lexists(path) and not locate.found_root(path, f"the {owner} cache", lambda m: c.warn(opts, m)):
             continue  # another user's directory, or a link: never listed (DESIGN §1.1)
         shown[owner] = str(get(owner).shown_path(path))
         with scanning(opts, f"scanning {c.printable_line(str(path))}") as bar:
-            res = scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
+            res = scan.scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
                      "entry_count": len(res.entries), "size": res.size, "nested": nested_caches(owner, path)})
 
@@ -323,7 +331,7 @@ def inspect_command(
     root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, cache=cache)
     d = layout_mod.describe(root, entry)
 
-    bins = [read_binary(p) for p in d.binaries]
+    bins = [binary.read_binary(p) for p in d.binaries]
     c.Output(opts).result(d.to_json(bins), lambda: _inspect_text(entry, d, bins))
     if d.status != COMPLETE:
         raise typer.Exit(1)
@@ -587,7 +595,7 @@ def _stats(opts: o.GlobalOptions, loc, result, top: int, many: bool = False) -> 
 
 def _space_pictures(opts: o.GlobalOptions, loc, result) -> dict:
     """stats' by_age and reclaimable (what prune --broken would free, planned from this same scan)."""
-    return {"by_age": by_age(result.entries), "reclaimable": reclaimable(loc.path, result).to_json()}
+    return {"by_age": usage.by_age(result.entries), "reclaimable": usage.reclaimable(loc.path, result).to_json()}
 
 
 BAR_MIN, BAR_MAX = 10, 30  # characters of a share bar

@@ -6,7 +6,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Iterator, NamedTuple, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Iterator, NamedTuple, Optional
 
 import typer
 
@@ -15,23 +15,26 @@ from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
 from kcache_cli.cli.progress import Bar
 from kcache_cli.cli.table import Column, render
-from kcache_cli.formats.gpu import arch_fit
-from kcache_cli.ops.delete import parse_age, parse_size
-from kcache_cli.remote.manage import (
-    RemotePruneResult,
-    list_remote,
-    plan_remote_prune,
-    prune_remote,
-    remote_stats,
-    scan_index,
-)
-from kcache_cli.remote.oci import is_oci
-from kcache_cli.remote.oci_ops import node_archs, preflight
-from kcache_cli.remote.pull import pull
-from kcache_cli.remote.push import push
-from kcache_cli.remote.store import check_timeout, open_store
 from kcache_cli.util.errors import UsageError
+from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.signing import make_key
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.formats import gpu as _gpu
+    from kcache_cli.ops import delete
+    from kcache_cli.remote import manage, oci, oci_ops
+    from kcache_cli.remote import pull as _pull
+    from kcache_cli.remote import push as _push
+    from kcache_cli.remote import store as _store
+else:
+    _gpu = lazy_module("kcache_cli.formats.gpu")
+    _pull = lazy_module("kcache_cli.remote.pull")
+    _push = lazy_module("kcache_cli.remote.push")
+    _store = lazy_module("kcache_cli.remote.store")
+    delete = lazy_module("kcache_cli.ops.delete")
+    manage = lazy_module("kcache_cli.remote.manage")
+    oci = lazy_module("kcache_cli.remote.oci")
+    oci_ops = lazy_module("kcache_cli.remote.oci_ops")
 
 RemoteOpt = Annotated[Optional[str], typer.Option(
     "--remote", metavar="URL", envvar="KCACHE_REMOTE", show_envvar=False,
@@ -46,7 +49,7 @@ UserOpt = Annotated[Optional[str], typer.Option(
 def _seconds(option: str, minimum: float = 0.1):
     """A Typer callback checking a timeout option (nan, inf, negative: usage errors, exit 2)."""
     def check(value: Optional[float]) -> Optional[float]:
-        return None if value is None else check_timeout(value, option, minimum)
+        return None if value is None else _store.check_timeout(value, option, minimum)
     return check
 
 
@@ -91,7 +94,7 @@ def _opened(remote: Optional[str], timeout: float, deadline: Optional[float] = N
     """The remote store, closed when the command is done with it."""
     if not remote:
         raise UsageError("no remote: pass --remote URL or set KCACHE_REMOTE (redis://host:6379/0, file:///shared/dir)")
-    store = open_store(remote, connect_timeout=timeout, deadline=deadline)
+    store = _store.open_store(remote, connect_timeout=timeout, deadline=deadline)
     try:
         yield store
     finally:
@@ -158,7 +161,7 @@ def push_command(
 
     Example: kcache push --remote redis://cache-host:6379/0 --space cuda_space_0
     """
-    if is_oci(remote):
+    if oci.is_oci(remote):
         from kcache_cli.cli import cmd_oci
 
         opts = o.use(ctx, cache_dir, as_json)
@@ -169,7 +172,7 @@ def push_command(
 
     with _moving(ctx, sel, remote, (connect_timeout, remote_timeout), cache_dir, as_json, "pushing") as run:
         opts = run.opts
-        result = push(run.root, run.store, run.flt, dry_run=dry_run, warn=lambda m: c.warn(opts, m),
+        result = _push.push(run.root, run.store, run.flt, dry_run=dry_run, warn=lambda m: c.warn(opts, m),
                       start=run.bar.start, advance=run.bar.advance)
     out = c.Output(opts)
 
@@ -227,14 +230,14 @@ def pull_command(
 
     Example: kcache pull --remote redis://cache-host:6379/0 --op matmul
     """
-    if is_oci(remote):
+    if oci.is_oci(remote):
         _pull_oci(ctx, sel, remote or "", (connect_timeout, remote_timeout), remote_user, (gpu, no_gpu_check),
                   (dry_run, lock_timeout), cache_dir, as_json)
         return
 
     with _moving(ctx, sel, remote, (connect_timeout, remote_timeout), cache_dir, as_json, "pulling") as run:
         opts = run.opts
-        result = pull(run.root, run.store, run.flt, dry_run=dry_run, lock_timeout=lock_timeout,
+        result = _pull.pull(run.root, run.store, run.flt, dry_run=dry_run, lock_timeout=lock_timeout,
                       warn=lambda m: c.warn(opts, m), start=run.bar.start, advance=run.bar.advance)
     out = c.Output(opts)
     refused = result.count("refuse")
@@ -260,16 +263,16 @@ def _pull_oci(ctx: typer.Context, sel: c.Selection, remote: str, timeouts, user:
     """pull from an oci:// image: the node's archs and the image first, then the root its layout names."""
     opts = o.use(ctx, cache_dir, as_json)
     flt = sel.filter()
-    node = node_archs(*gpu)
+    node = oci_ops.node_archs(*gpu)
     image = cmd_oci.pull_image_of(remote, timeouts, user)
-    preflight(image, node)  # before the root is even chosen: nothing written
+    oci_ops.preflight(image, node)  # before the root is even chosen: nothing written
     root = _local_root(opts, (image.layout,))
     cmd_oci.pull(opts, root, flt, image, remote, timeouts, user, node, *run)
 
 
 def _check_archs(out: c.Output, entries) -> None:
     """As import does: warn about pulled kernels this machine's GPU cannot run."""
-    c.warn_arch_misfits(out, entries, arch_fit({e.relpath: e.arch for e in entries}), "pulled")
+    c.warn_arch_misfits(out, entries, _gpu.arch_fit({e.relpath: e.arch for e in entries}), "pulled")
 
 
 @c.selectors(status=None)
@@ -293,7 +296,7 @@ def remote_ls(
     Example: kcache remote ls --remote redis://cache-host:6379/0 --op 'mat*' --json
     """
     opts = o.use(ctx, None, as_json)
-    if is_oci(remote):
+    if oci.is_oci(remote):
         from kcache_cli.cli import cmd_oci
 
         return cmd_oci.ls(opts, remote or "", (connect_timeout, remote_timeout), remote_user)
@@ -301,7 +304,7 @@ def remote_ls(
     out = c.Output(opts)
     count = size = 0
     with _opened(remote, connect_timeout, remote_timeout) as store:
-        for n, batch in enumerate(scan_index(store, flt)):
+        for n, batch in enumerate(manage.scan_index(store, flt)):
             count += len(batch)
             size += sum(e.size for e in batch)
             (_json_batch if opts.json else _table_batch)(batch, n == 0)
@@ -350,12 +353,12 @@ def remote_stats_command(
     Example: kcache remote stats --remote file:///mnt/shared/kcache
     """
     opts = o.use(ctx, None, as_json)
-    if is_oci(remote):
+    if oci.is_oci(remote):
         from kcache_cli.cli import cmd_oci
 
         return cmd_oci.stats(opts, remote or "", (connect_timeout, remote_timeout), remote_user)
     with _opened(remote, connect_timeout, remote_timeout) as store:
-        stats = {"remote": store.url, **remote_stats(list_remote(store))}
+        stats = {"remote": store.url, **manage.remote_stats(manage.list_remote(store))}
     out = c.Output(opts)
 
     def human() -> None:
@@ -400,9 +403,9 @@ def remote_prune(
     Example: kcache remote prune --max-size 200G --older-than 30d --dry-run
     """
     opts = o.use(ctx, None, as_json)
-    limit = parse_size(max_size) if max_size is not None else None
-    age = parse_age(older_than) if older_than is not None else None
-    if is_oci(remote):
+    limit = delete.parse_size(max_size) if max_size is not None else None
+    age = delete.parse_age(older_than) if older_than is not None else None
+    if oci.is_oci(remote):
         from kcache_cli.cli import cmd_oci
 
         return cmd_oci.prune(opts, remote or "", (connect_timeout, remote_timeout), remote_user, (keep, age, limit),
@@ -411,9 +414,9 @@ def remote_prune(
         raise c.UsageError("--keep counts tags: it applies to an oci:// remote only")
     out = c.Output(opts)
     with _opened(remote, connect_timeout, remote_timeout) as store:
-        plan = plan_remote_prune(list_remote(store), limit, age)
-        freed = sum(r.entry.size for r in plan) if dry_run else prune_remote(store, plan, out.warn)
-    result = RemotePruneResult(store.url, dry_run, tuple(plan), freed)
+        plan = manage.plan_remote_prune(manage.list_remote(store), limit, age)
+        freed = sum(r.entry.size for r in plan) if dry_run else manage.prune_remote(store, plan, out.warn)
+    result = manage.RemotePruneResult(store.url, dry_run, tuple(plan), freed)
 
     def human() -> None:
         rows = [[r.entry.layout, r.entry.op or "-", r.entry.hash, c.human_size(r.entry.size),

@@ -15,14 +15,10 @@ import time
 import typing
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, List, Optional
 
 import typer
 
-from kcache_cli.catalog import names
-from kcache_cli.catalog.locate import cache_holding, caches_below, existing_caches, named_cache, resolve_cache_dir
-from kcache_cli.catalog.names import expand_filter, unknown_across, unknown_values
-from kcache_cli.catalog.scan import NoSuchEntry, resolve_entry, scan_cache, split_refs
 from kcache_cli.cli import (
     complete,  # light: the TAB path imports nothing heavy
     options,
@@ -34,15 +30,25 @@ from kcache_cli.layouts import detect
 from kcache_cli.model import ScanFilter, space_matches
 from kcache_cli.model.terms import BROKEN, BROKEN_WORD, KINDS, LAYOUT_NAMES, STATUSES, is_status
 from kcache_cli.util.errors import UsageError
+from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.textsafe import printable, printable_line
 from kcache_cli.util.units import format_ago, format_size, parse_age, parse_seconds, parse_size
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.catalog import locate, names, scan
+    from kcache_cli.catalog import names as _names
+else:
+    _names = lazy_module("kcache_cli.catalog.names")
+    locate = lazy_module("kcache_cli.catalog.locate")
+    scan = lazy_module("kcache_cli.catalog.scan")
+    names = lazy_module("kcache_cli.catalog.names")
 
 
 def cache_location(opts: GlobalOptions, existing: bool = False):
     """The cache root. With `existing`, an explicit --cache-dir that is missing or not a directory is a usage
     error (exit 2): a typo must not read as an empty cache; so is one that holds no cache but has one a
     level or two down (D/triton/cache). The default root missing stays "nothing there"."""
-    loc = resolve_cache_dir(opts.cache_dir)
+    loc = locate.resolve_cache_dir(opts.cache_dir)
     if explicit_root(opts):
         from kcache_cli.catalog.locate import hold_explicit
 
@@ -65,7 +71,7 @@ def _one_level_down(loc) -> None:
     if found:
         fsread.hand_on(loc.path, "layouts", found)  # the scan that follows detects them once, not again
         return
-    below = caches_below(loc.path)
+    below = locate.caches_below(loc.path)
     if below:
         names, path = below[0]
         more = f" (and {plural(len(below) - 1, 'other cache')})" if len(below) > 1 else ""
@@ -93,12 +99,12 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
         if opts.cache_dir is not None or all_caches:
             raise UsageError(f"--cache and {'--cache-dir' if opts.cache_dir is not None else '--all-caches'} "
                              "do not go together")
-        return [named_cache(cache)]
+        return [locate.named_cache(cache)]
     if all_caches and opts.cache_dir:
         raise UsageError("--all-caches and --cache-dir do not go together")
     if not all_caches and explicit_root(opts):
         return [cache_location(opts, existing=True)]
-    known = existing_caches(lambda m: warn(opts, m))
+    known = locate.existing_caches(lambda m: warn(opts, m))
     here = None if all_caches else _cwd_cache(known, lambda m: warn(opts, m))
     if here is None and not all_caches:
         _caches_under_cwd(known)
@@ -106,7 +112,7 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
     opts.many = here is None
     for ref in ref_list(refs):
         if os.path.isabs(ref) and os.path.lexists(ref):
-            holder = cache_holding(ref, known, lambda m: warn(opts, m))
+            holder = locate.cache_holding(ref, known, lambda m: warn(opts, m))
             if holder is not None and all(os.path.realpath(holder.path) != os.path.realpath(o.path) for o in out):
                 out.append(holder)
     return out
@@ -123,7 +129,7 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
     for ref in refs:
         if os.path.isabs(ref):
             try:
-                split_refs(root, [ref])
+                scan.split_refs(root, [ref])
             except UsageError:
                 continue
         out.append(ref)
@@ -141,8 +147,8 @@ def _caches_under_cwd(known: list) -> None:
 
     mine = {os.path.realpath(loc.path) for loc in known}
     # entries, not merely a CACHEDIR.TAG (.mypy_cache has one): positive evidence, judged by names only
-    below = [(names, p) for names, p in caches_below(cwd, levels=1)
-             if os.path.realpath(p) not in mine and scan_cache(p, statuses=False).entries]
+    below = [(names, p) for names, p in locate.caches_below(cwd, levels=1)
+             if os.path.realpath(p) not in mine and scan.scan_cache(p, statuses=False).entries]
     if below:
         names, path = below[0]
         more = f" (and {plural(len(below) - 1, 'other cache')})" if len(below) > 1 else ""
@@ -153,7 +159,7 @@ def _caches_under_cwd(known: list) -> None:
 def _cwd_cache(known: list, said: Callable[[str], None]):
     """The cache the current directory lies in, or None (also when it was removed under us)."""
     try:
-        return cache_holding(os.getcwd(), known, said)
+        return locate.cache_holding(os.getcwd(), known, said)
     except OSError:
         return None
 
@@ -172,9 +178,9 @@ def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: 
         if not opts.many:
             hint_unknown(opts, loc.path, flt)
         try:
-            found.append((loc, resolve_entry(loc.path, ref, warn=lambda m: warn(opts, m), flt=flt,
+            found.append((loc, scan.resolve_entry(loc.path, ref, warn=lambda m: warn(opts, m), flt=flt,
                                              statuses=statuses, selectors=selectors)))
-        except NoSuchEntry as exc:
+        except scan.NoSuchEntry as exc:
             misses.append(exc)
     if len(found) == 1:
         return found[0]
@@ -200,7 +206,7 @@ def unmatched_refs(root: Path, refs: Optional[List[str]], entries) -> list[str]:
     out = []
     for ref in ref_list(refs):
         try:
-            prefixes, paths = split_refs(root, [ref])
+            prefixes, paths = scan.split_refs(root, [ref])
         except UsageError:  # an absolute path outside this root names nothing in it
             out.append(ref)
             continue
@@ -428,7 +434,7 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
     for o in ops:
         if "/" in o or o in (".", ".."):
             raise UsageError(f"bad op name '{o}'")
-    prefixes, paths = split_refs(root if root is not None else Path("."), _checked(hashes, None, "entry"))
+    prefixes, paths = scan.split_refs(root if root is not None else Path("."), _checked(hashes, None, "entry"))
     flt = ScanFilter(
         ops=ops,
         spaces=spaces,
@@ -442,7 +448,7 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
     if root is None:
         return flt
 
-    return expand_filter(root, flt)  # `--space 2`, `--op 'mat*'`: the names present, for every command
+    return _names.expand_filter(root, flt)  # `--space 2`, `--op 'mat*'`: the names present, for every command
 
 
 def hint_unknown(opts: GlobalOptions, root: Path, flt) -> None:
@@ -450,7 +456,7 @@ def hint_unknown(opts: GlobalOptions, root: Path, flt) -> None:
     if not (flt.ops or flt.spaces or flt.targets) or not fsread.is_dir(root):
         return
 
-    for line in unknown_values(root, flt):
+    for line in _names.unknown_values(root, flt):
         warn(opts, line)
 
 
@@ -471,7 +477,7 @@ def hint_unknown_many(opts: GlobalOptions, selected: list, found: list | None = 
                 continue  # a value one cache's expansion turned into its names: that cache has it
             if v in seen[field] or (field == "spaces" and any(s and space_matches(s, v) for s in seen[field])):
                 continue
-            line = unknown_across(roots, what, v)
+            line = _names.unknown_across(roots, what, v)
             if line is not None:  # once for every cache, not once per cache
                 warn(opts, line)
 
