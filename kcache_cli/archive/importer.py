@@ -10,6 +10,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass
+from dataclasses import replace as _with
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
@@ -169,9 +170,7 @@ def _plan(root: Path, planned: list[PlannedEntry], archive_relpaths: set[str]) -
         if p.relpath in existing:
             there = found.get(p.relpath)
             if there is not None and there.status != BUILDING:  # the one judgement, as verify's
-                from dataclasses import replace as _with
 
-                from kcache_cli.ops.verify import judge_entry
 
                 verdict = judge_entry(root, there, deep=True)
                 there = _with(there, status=verdict.status, reason=verdict.reason)

@@ -10,6 +10,7 @@ from typing import Iterable, Iterator
 
 from kcache_cli import layouts
 from kcache_cli.catalog import names
+from kcache_cli.catalog.index import IndexedContext
 from kcache_cli.catalog.names import expand_filter
 from kcache_cli.catalog.scan_context import ScanContext
 from kcache_cli.fs import read as fsread
@@ -69,8 +70,6 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
         collect(f"{odd} is not a regular file: ignored (kcache writes a new index over it)")
     readmarks.load(root)
     if use_index:
-        from kcache_cli.catalog.index import IndexedContext
-
         ctx: ScanContext = IndexedContext(root, collect, state.load_last_used(root))
     else:
         ctx = ScanContext(root, collect, state.load_last_used(root), statuses=statuses)

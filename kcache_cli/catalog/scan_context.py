@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs.entrydir import EntryDir
+from kcache_cli.fs.mounts import AtimeRule
 from kcache_cli.model import Entry, TreeUsage, Warn, listdir, measure_tree
 from kcache_cli.model.terms import CORRUPT
 from kcache_cli.util import parallel
@@ -61,8 +62,6 @@ class ScanContext:
     def reads_recorded(self, path: str) -> bool:
         """Whether the mount holding `path` records reads in atime (not `noatime`)."""
         if self._reads is None:
-            from kcache_cli.fs.mounts import AtimeRule
-
             self._reads = AtimeRule(self.root)
         return self._reads(path)
 

@@ -3,10 +3,12 @@ become `Error: ...` and an exit status."""
 
 import gc
 import inspect
+import json
 import os
 import re
 import shlex
 import sys
+import traceback
 from importlib import import_module
 from typing import Annotated, Optional
 
@@ -254,12 +256,10 @@ def _fail(message: str, code: int, as_json: bool, trace: bool = False) -> None:
     is there already (it says what failed), then exit `code`."""
     message = redact_text(message)
     if trace:  # --debug: the traceback first (the exit status stays the same)
-        import traceback
 
         sys.stderr.write(redact_text(traceback.format_exc()))
     sys.stderr.write(f"Error: {printable_line(message)}\n")
     if as_json and not options.json_written:  # stdout holds one JSON document: the result, or this
-        import json
 
         try:
             sys.stdout.write(json.dumps({"schema": options.schema_id("error"), "error": message, "exit": code}) + "\n")

@@ -9,9 +9,10 @@ import typer
 
 from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
-from kcache_cli.cli.cmd_mega import import_blob, is_blob, show_blob
+from kcache_cli.cli.cmd_mega import export_blob, import_blob, is_blob, show_blob
 from kcache_cli.cli.progress import Bar as _Bar
 from kcache_cli.cli.progress import Phase
+from kcache_cli.cli.table import Column
 from kcache_cli.util.errors import UsageError
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.units import parse_size
@@ -81,8 +82,6 @@ def export_command(
     if fmt not in (None, "tar", "torch-mega"):
         raise UsageError(f"--format {fmt!r}: tar or torch-mega")
     if fmt == "torch-mega":
-        from kcache_cli.cli.cmd_mega import export_blob
-
         if sel.has_selectors():
             raise UsageError("--format torch-mega exports the whole Inductor cache: no selector applies")
         export_blob(opts, archive, python)
@@ -225,7 +224,6 @@ def _import_human(out: c.Output, result, dry_run: bool) -> None:
     if shown:
         rows = [[e.action, e.layout, e.kind, e.space or "-", e.op or "-", e.hash, str(e.files),
                  c.human_size(e.size), e.arch or "-", e.reason or ""] for e in shown]
-        from kcache_cli.cli.table import Column
 
         c.print_table([Column("action"), Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
                        Column("op", drop=7), Column("hash", spill=True), Column("files", right=True, drop=3),
@@ -322,7 +320,6 @@ def _verify_human(out: c.Output, result, root, fix: bool, took: float) -> None:
                 e = ch.entry
                 rows.append([e.layout, e.kind, e.space or "-", e.op or "-", e.hash, ch.status, p]
                             if i == 0 else ["", "", "", "", "", "", p])
-        from kcache_cli.cli.table import Column
 
         c.print_table([Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
                        Column("op", drop=7), Column("hash", spill=True), Column("status", styles=c.STATUS_STYLE),

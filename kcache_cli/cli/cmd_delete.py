@@ -3,6 +3,7 @@
 Both are thin: scan -> plan (kcache_cli.ops.delete) -> show -> confirm (clear) -> execute -> report."""
 
 import contextlib
+import shutil
 import sys
 from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 
@@ -130,11 +131,10 @@ def _prune_limits(opts: o.GlobalOptions, locs: list, limit, age, damaged: bool, 
     if limit is None and age is None and not damaged:
         return _configured_budget(opts, locs, scans)
     if opts.many and limit is not None and len(locs) > 1:
-        from kcache_cli.cli.progress import Bar
-        from kcache_cli.ops.budget import shared_limits
 
         with Bar(opts, "weighing every cache"):
-            limits.update(shared_limits([loc.path for loc in locs], limit, lambda m: c.warn(opts, m), scan=scans))
+            limits.update(budget.shared_limits([loc.path for loc in locs], limit, lambda m: c.warn(opts, m),
+                                               scan=scans))
     return limits, ages
 
 def _prune_one(opts: o.GlobalOptions, out: "_Out", loc, limit, age, damaged: tuple[bool, bool, bool],
@@ -389,8 +389,6 @@ def _table(removals, to_stderr: bool = False, limit: int | None = None) -> None:
             Column("hash", spill=True), Column("size", right=True, drop=4), Column("last used", drop=3),
             Column("why", wrap=True)]
     if to_stderr:
-        import shutil
-
         width = shutil.get_terminal_size().columns if sys.stderr.isatty() else c.output_width()
         lines = render(cols, rows, width, colour=False)
         if limit and len(removals) > limit:

@@ -60,8 +60,6 @@ def _blob_human(out: c.Output, doc: dict, verify: bool) -> None:
     groups = ", ".join(f"{g['type']} x{g['count']}" for g in doc["groups"]) or "none"
     out.text(f"groups   {groups}")
     if not verify and doc["artifacts"]:
-        from kcache_cli.cli.table import Column
-
         rows = [[a["type"], a["key"], c.human_size(a["size"]), a["sha256"][:12], "yes" if a["loaded"] else "no"]
                 for a in doc["artifacts"]]
         c.print_table([Column("type"), Column("key", spill=True), Column("size", right=True),

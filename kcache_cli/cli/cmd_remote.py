@@ -20,6 +20,7 @@ from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.signing import make_key
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.catalog import locate
     from kcache_cli.formats import gpu as _gpu
     from kcache_cli.ops import delete
     from kcache_cli.remote import manage, oci, oci_ops
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its f
     from kcache_cli.remote import store as _store
 else:
     _gpu = lazy_module("kcache_cli.formats.gpu")
+    locate = lazy_module("kcache_cli.catalog.locate")
     _pull = lazy_module("kcache_cli.remote.pull")
     _push = lazy_module("kcache_cli.remote.push")
     _store = lazy_module("kcache_cli.remote.store")
@@ -125,12 +127,10 @@ def _local_root(opts: o.GlobalOptions, layouts: tuple[str, ...]):
     """The one local root push and pull work on: --cache-dir or KCACHE_DIR; else, for one --layout, where
     that layout's compiler keeps its cache (pull --layout triton fills Triton's); else hidet's rule."""
     if not c.explicit_root(opts) and len(set(layouts)) == 1:
-        from kcache_cli.catalog.locate import UntrustedRoot, named_cache
-        from kcache_cli.util.errors import UsageError
 
         try:
-            return named_cache(layouts[0]).path
-        except UntrustedRoot:  # another user's directory there: never the place to pull into
+            return locate.named_cache(layouts[0]).path
+        except locate.UntrustedRoot:  # another user's directory there: never the place to pull into
             raise
         except UsageError:  # a layout without a default place
             pass
@@ -162,8 +162,6 @@ def push_command(
     Example: kcache push --remote redis://cache-host:6379/0 --space cuda_space_0
     """
     if oci.is_oci(remote):
-        from kcache_cli.cli import cmd_oci
-
         opts = o.use(ctx, cache_dir, as_json)
         flt = sel.filter()
         cmd_oci.push(opts, _local_root(opts, flt.layouts), flt, remote or "", (connect_timeout, remote_timeout),
@@ -297,8 +295,6 @@ def remote_ls(
     """
     opts = o.use(ctx, None, as_json)
     if oci.is_oci(remote):
-        from kcache_cli.cli import cmd_oci
-
         return cmd_oci.ls(opts, remote or "", (connect_timeout, remote_timeout), remote_user)
     flt = sel.filter()
     out = c.Output(opts)
@@ -354,8 +350,6 @@ def remote_stats_command(
     """
     opts = o.use(ctx, None, as_json)
     if oci.is_oci(remote):
-        from kcache_cli.cli import cmd_oci
-
         return cmd_oci.stats(opts, remote or "", (connect_timeout, remote_timeout), remote_user)
     with _opened(remote, connect_timeout, remote_timeout) as store:
         stats = {"remote": store.url, **manage.remote_stats(manage.list_remote(store))}
@@ -406,8 +400,6 @@ def remote_prune(
     limit = delete.parse_size(max_size) if max_size is not None else None
     age = delete.parse_age(older_than) if older_than is not None else None
     if oci.is_oci(remote):
-        from kcache_cli.cli import cmd_oci
-
         return cmd_oci.prune(opts, remote or "", (connect_timeout, remote_timeout), remote_user, (keep, age, limit),
                              dry_run)
     if keep is not None:

@@ -10,6 +10,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import sys
 import time
 import typing
@@ -50,13 +51,10 @@ def cache_location(opts: GlobalOptions, existing: bool = False):
     level or two down (D/triton/cache). The default root missing stays "nothing there"."""
     loc = locate.resolve_cache_dir(opts.cache_dir)
     if explicit_root(opts):
-        from kcache_cli.catalog.locate import hold_explicit
-
-        hold_explicit(loc, lambda m: warn(opts, m))
+        locate.hold_explicit(loc, lambda m: warn(opts, m))
     else:  # hidet's rule (build's root): vetted like every root kcache finds by itself
-        from kcache_cli.catalog.locate import vetted
 
-        loc = vetted(loc)
+        loc = locate.vetted(loc)
     if existing and opts.cache_dir and not fsread.is_dir(loc.path):
         what = "is not a directory" if loc.path.exists() else "does not exist"
         raise UsageError(f"--cache-dir {loc.path} {what}")
@@ -617,8 +615,6 @@ def output_width() -> int | None:
     if re.fullmatch(r"[0-9]{1,5}", value, re.ASCII) and int(value) > 0:  # not "٣", nor 5,000 digits
         return int(value)
     if sys.stdout.isatty():
-        import shutil
-
         return shutil.get_terminal_size().columns
     return None
 

@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple, Protocol
 
 from kcache_cli.formats.gpu import archs_from_command
+from kcache_cli.fs.read import parse_json
 
 if TYPE_CHECKING:
     from kcache_cli.model import Entry
@@ -39,8 +40,6 @@ def is_binary_name(name: str) -> bool:
 def _recorded(small: Mapping[str, bytes]) -> list[str | None]:
     record = small.get(RECORD)
     if record:
-        from kcache_cli.fs.read import parse_json
-
         try:
             data = parse_json(record, RECORD)  # nesting-limited: the entry may hold anything
             return [str(data[k]) if data.get(k) else None for k in ("compiler", "arch", "platform")]

@@ -29,7 +29,7 @@ from kcache_cli.fs import delete as fsdelete
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
 from kcache_cli.fs import write as fswrite
-from kcache_cli.fs.locking import NotALockFile, open_lock, try_flock
+from kcache_cli.fs.locking import NotALockFile, open_lock, try_flock, wait_flock
 from kcache_cli.layouts import get
 from kcache_cli.layouts.base import Layout
 from kcache_cli.layouts.shapes import LayoutShape
@@ -185,8 +185,6 @@ def _layout(e: Entry):
     """The layout of `e` (kcache's own leftovers, "kcache" import/export temp files, have none)."""
     found = _LAYOUTS.get(e.layout)
     if found is None:
-        from kcache_cli import layouts
-
         if e.layout not in layouts.NAMES:
             return _NO_LAYOUT
         found = _LAYOUTS[e.layout] = layouts.get(e.layout)
@@ -275,13 +273,10 @@ class _Planner:
     def entry_at(self, path: str, layout: str) -> Entry:
         e = self.known.get(path)
         if e is None:
-            from kcache_cli.catalog.scan import scan_cache
-
             for x in scan_cache(self.root, ScanFilter(layouts=(layout,))).entries:
                 self.known.setdefault(x.path, x)
             e = self.known.get(path)
         if e is None:  # vanished since: a stand-in that still names it
-            from kcache_cli.layouts import get
 
             where = get(layout).shape.locate(self.rel(path))
             e = Entry(layout, where[0] if where else "entry", None, None, None, os.path.basename(path), path,
@@ -711,7 +706,6 @@ class _Executor:
         if not _flock(gc):
             if self.on_wait:
                 self.on_wait()
-            from kcache_cli.fs.locking import wait_flock
 
             try:
                 wait_flock(gc, self.lock_timeout, f"the gc lock of {self.root} (another prune or clear)")

@@ -22,12 +22,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NamedTuple, Sequence
 
+from kcache_cli.formats.binary import read_binary
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.locking import EntryFlock
 from kcache_cli.layouts import builder
 from kcache_cli.model.checks import elf_truncated
-from kcache_cli.ops.build import discard_temp, make_temp
+from kcache_cli.ops.build import check_arch, discard_temp, make_temp
 from kcache_cli.util.errors import KcacheError, LockTimeout, UsageError
 
 if TYPE_CHECKING:
@@ -213,8 +214,6 @@ def lib_problem(entry_fd: int, target: str, arch: str | None) -> str | None:
     if bad or st.st_size <= 1:
         return bad or f"{BINARY} is empty"
     if arch and target == "cuda":
-        from kcache_cli.formats.binary import read_binary
-
         have = read_binary(f"/proc/self/fd/{entry_fd}/{BINARY}").archs
         if arch not in have:
             return f"{BINARY} lacks {arch} (it holds {', '.join(have) or 'none'})"
@@ -285,8 +284,6 @@ def _repair_locked(root: Path, root_fd: int, entry_fd: int, relpath: str, option
     argv, target = parse_script(text, relpath, source, allowed)
     argv[0] = compiler_for(argv[0], options)
     if options.arch and target == "cuda":
-        from kcache_cli.ops.build import check_arch
-
         n = check_arch(options.arch)[len("sm_"):]
         argv += ["-gencode", f"arch=compute_{n},code=sm_{n}"]
     return _compile(root, root_fd, entry_fd, relpath, source, [*argv, source, "-o", BINARY],

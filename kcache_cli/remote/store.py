@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import hashlib
 import math
 import os
 import socket
@@ -403,7 +404,6 @@ _PENDING = ".pending-"  # data not yet published; removed by prune when older th
 def _file_name(key: str) -> str:
     name = key.replace("%", "%25").replace("/", "%2F")
     if len(name.encode()) > 200:  # a file name holds 255 bytes (with .pending- before it)
-        import hashlib
 
         name = name.encode()[:120].decode("utf-8", "ignore") + "~" + hashlib.sha256(name.encode()).hexdigest()
     return name
