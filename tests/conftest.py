@@ -19,8 +19,8 @@ SHARED_FIXTURES = Path(os.environ.get("KCACHE_SHARED_FIXTURES", REPO.parent / "s
 NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.access("/usr/local/bin/nvcc", os.X_OK) else None)
 CXX = shutil.which("g++")
 
-from redis_server import REDIS_SERVER, redis_server  # noqa: E402, F401 - the remote tests' real redis-server
 from oci_registry import DOCKER_REGISTRY, SKOPEO, oci_registry  # noqa: E402, F401 - a real OCI registry
+from redis_server import REDIS_SERVER, redis_server  # noqa: E402, F401 - the remote tests' real redis-server
 
 # Why a test was skipped -> what the run's summary says loudly (the reasons below are the skips' own words).
 # The summary reads the skip reports, so it works where tests run in xdist's worker processes too.

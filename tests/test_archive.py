@@ -237,7 +237,7 @@ def test_export_failure_leaves_nothing(kcache, fixture_copy, tmp_path):
 
 
 def test_export_interrupted_leaves_no_archive(fixture_copy, tmp_path, monkeypatch):
-    from kcache_cli.model import ScanFilter
+    from kcache_cli.model.records import ScanFilter
 
     src = fixture_copy("hidet")
     plan = archive.plan_export(src, ScanFilter())

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from kcache_cli import __version__
-from kcache_cli.model import JSON_KEYS
+from kcache_cli.model.records import JSON_KEYS
 
 SOFTMAX = "ops/cuda_space_0/softmax/ad252b064b266eea"
 
@@ -211,8 +211,9 @@ def test_log_seed_layout_and_highlighting(kcache, tmp_path, monkeypatch):
     assert raw.splitlines()[0] == "nvcc -shared -arch=sm_90 source.cu -o lib.so"
     rows = kcache("ls", "--json").json()["entries"]
     assert rows[0]["status"] == "failed"
-    from kcache_cli.cli.cmd_read import _log_line
     from rich.markup import escape
+
+    from kcache_cli.cli.cmd_read import _log_line
 
     assert _log_line('source.cu(3): error: identifier "x" is undefined', escape).startswith("[bold red]")
     assert _log_line("source.cu(1): warning #177-D: unused", escape).startswith("[yellow]")

@@ -541,8 +541,8 @@ def test_counts_and_sizes_read_as_english(kcache, tmp_path):
 
 
 def test_core_filter_understands_levels_globs_and_paths(tmp_path):
-    from kcache_cli.model import ScanFilter
     from kcache_cli.catalog.scan import scan_cache, split_refs
+    from kcache_cli.model.records import ScanFilter
 
     root = damaged_hidet(tmp_path / "c")
     got = lambda flt: sorted(e.relpath for e in scan_cache(root, flt).entries)  # noqa: E731

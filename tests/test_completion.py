@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, REPO, copy_tree
+
 from kcache_cli.catalog import names
-from kcache_cli.cli import complete
 from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.cli import complete
 
 SCRIPTS = REPO / "completions"
 HIDET = FIXTURES / "hidet"

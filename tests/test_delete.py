@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.fs import state
+from kcache_cli.model.records import ScanFilter
 from kcache_cli.ops.delete import parse_age, parse_size, plan_clear, plan_prune
 from kcache_cli.util.errors import UsageError
-from kcache_cli.model import ScanFilter
-from kcache_cli.catalog.scan import scan_cache
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))

@@ -19,8 +19,8 @@ from conftest import REPO, patch_everywhere
 from test_delete import gen
 from test_fidelity import SOFTMAX, age, truncate_old
 
-from kcache_cli.fs import state
 from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.fs import state
 
 RELU = "ops/cpu_space_0/relu/31857fe085635b31"
 MATMUL = "ops/cpu_space_0/matmul/064b4a6c035246e8"

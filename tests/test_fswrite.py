@@ -8,7 +8,8 @@ import stat
 
 import pytest
 
-from kcache_cli.fs import write as fswrite, state
+from kcache_cli.fs import state
+from kcache_cli.fs import write as fswrite
 
 
 @pytest.fixture

@@ -13,12 +13,11 @@ import time
 import pytest
 
 from kcache_cli.catalog import index
-
+from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.fs import state
 from kcache_cli.fs.entrydir import EntryDir
-from kcache_cli.layouts import hidet
 from kcache_cli.fs.locking import entry_lock
-from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.layouts import hidet
 
 SOFTMAX = "ops/cuda_space_0/softmax/ad252b064b266eea"
 ADD = "ops/cuda_space_0/add/8d1f7691cdf75e90"
@@ -316,7 +315,7 @@ def test_filtered_scan_keeps_the_other_records(cache, judged):
 
 
 def hidet_filter(op):
-    from kcache_cli.model import ScanFilter
+    from kcache_cli.model.records import ScanFilter
 
     return ScanFilter(ops=(op,))
 
@@ -427,8 +426,8 @@ def test_prefix_resolution_judges_only_the_entries_its_names_match(cache, judged
     assert resolve_entry(cache, str(cache / SOFTMAX)).relpath == SOFTMAX
     assert judged == [str(cache / SOFTMAX)] * 2
     judged.clear()
+    from kcache_cli.model.records import ScanFilter
     from kcache_cli.util.errors import UsageError
-    from kcache_cli.model import ScanFilter
 
     with pytest.raises(UsageError, match="no entry matches"):
         resolve_entry(cache, "ad25", flt=ScanFilter(spaces=("cuda_space_1",)))
@@ -589,8 +588,8 @@ def test_unreadable_is_never_stored(cache, judged, monkeypatch):
 def test_workers_started_by_a_forkserver_get_the_index_pickled(fixture_copy, monkeypatch):
     """When forking is not safe (a thread runs), parallel.map_parts pickles the work: the index's
     wrapper is a class, not a closure, and the answers are the same."""
-    from kcache_cli.util import parallel
     from kcache_cli.catalog import scan_context as scan_mod
+    from kcache_cli.util import parallel
 
     root = fixture_copy("hidet")
     settle()

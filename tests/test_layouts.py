@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from kcache_cli.fs import read as fsread
-
 from kcache_cli import layouts
+from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import CONCERNS, Layout
 from kcache_cli.layouts.shapes import SHAPES
-from kcache_cli.catalog.scan import scan_cache
 
 REAL = ("hidet", "tilus", "tilelang")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_delete import gen
 
-from kcache_cli.fs import state
 from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.fs import state
 
 
 def _interrupt_before(monkeypatch, owner, name: str) -> list[str]:

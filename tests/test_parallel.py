@@ -14,9 +14,8 @@ import sys
 import tempfile
 import threading
 
-
-from kcache_cli.util import parallel
 from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.util import parallel
 
 
 def _part(shared: int, part: list[int]) -> tuple[int, list[int]]:

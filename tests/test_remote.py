@@ -13,7 +13,7 @@ import pytest
 from conftest import CXX, FIXTURES, copy_tree
 
 from kcache_cli.archive.manifest import EntryRecord
-from kcache_cli.model import EntryKey
+from kcache_cli.model.records import EntryKey
 from kcache_cli.remote import formats as f
 
 LAYOUTS = ("hidet", "tilus", "tilelang")

@@ -20,10 +20,9 @@ import test_shared_attacks as sa
 from conftest import FIXTURES, copy_tree, patch_everywhere, run_kcache
 from test_all_caches import inductor_graph
 
-from kcache_cli.ops import delete
-
 from kcache_cli.fs import read as fsread
 from kcache_cli.layouts import homes
+from kcache_cli.ops import delete
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make another user's directories")
 
@@ -245,7 +244,7 @@ def scans(monkeypatch) -> dict[str, int]:
     """scan_cache wrapped: how many times each root was scanned (a lookup of entries named by their paths,
     which judges only those, is not a scan)."""
     from kcache_cli.catalog import scan
-    from kcache_cli.model import ScanFilter
+    from kcache_cli.model.records import ScanFilter
 
     counted: dict[str, int] = {}
     real = scan.scan_cache

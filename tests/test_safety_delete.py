@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kcache_cli.fs import delete as fsdelete, state
+from kcache_cli.fs import delete as fsdelete
+from kcache_cli.fs import state
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 120

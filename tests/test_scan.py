@@ -10,11 +10,12 @@ import textwrap
 
 import pytest
 
-from kcache_cli.fs import read as fsread, state
-from kcache_cli.layouts import LAYOUTS
-from kcache_cli.fs.locking import entry_lock
-from kcache_cli.model import JSON_KEYS, ScanFilter
 from kcache_cli.catalog.scan import resolve_entry, scan_cache
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import state
+from kcache_cli.fs.locking import entry_lock
+from kcache_cli.layouts import LAYOUTS
+from kcache_cli.model.records import JSON_KEYS, ScanFilter
 from kcache_cli.util.errors import UsageError
 
 HIDET = {

@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 from conftest import CXX, FIXTURES
 
-from kcache_cli.fs import delete as fsdelete, state
+from kcache_cli.fs import delete as fsdelete
+from kcache_cli.fs import state
 
 pytestmark = [pytest.mark.second_user]
 

@@ -20,7 +20,6 @@ import pytest
 from conftest import FIXTURES
 from test_shared_attacks import GROUP, PY, TIMEOUT, member_kcache, share
 
-
 NON_MEMBER = 65533
 
 

@@ -12,12 +12,12 @@ from typing import get_args
 
 import pytest
 
-from kcache_cli.model import terms
+from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.cli import common, complete
-from kcache_cli.model import EntryKey, Keyed, ScanFilter
+from kcache_cli.model import terms
+from kcache_cli.model.records import EntryKey, Keyed, ScanFilter
 from kcache_cli.remote.manage import remote_entry
 from kcache_cli.remote.moved import MovedEntry, named
-from kcache_cli.catalog.scan import scan_cache
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kcache_cli"
 

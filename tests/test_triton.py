@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from kcache_cli.catalog import names
-from kcache_cli.layouts import triton
-from kcache_cli.model import ScanFilter
 from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.layouts import triton
+from kcache_cli.model.records import ScanFilter
 
 HOUR = 3600.0
 # key -> (kernel, arch, bytes, files): what triton 3.9.0 wrote (see the fixture's README)

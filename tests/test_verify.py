@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kcache_cli.model import ScanFilter
+from kcache_cli.model.records import ScanFilter
 from kcache_cli.ops.verify import verify_cache
 
 
@@ -183,8 +183,8 @@ def test_verify_after_import_of_damaged_archive_source(kcache, fixture_copy, tmp
 
 def test_results_serialize_at_the_core(fixture_copy):
     """`verify --json` and `stats --json` come from the results' own to_json (the stable keys)."""
-    from kcache_cli.model import JSON_KEYS
     from kcache_cli.catalog.scan import scan_cache
+    from kcache_cli.model.records import JSON_KEYS
     from kcache_cli.ops.verify import verify_cache
 
     root = fixture_copy("hidet")

@@ -46,18 +46,7 @@ from kcache_cli.fs import tarstream as ts
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.locking import leftover_live, try_flock
 from kcache_cli.fs.read import TreeTooDeep, open_regular
-from kcache_cli.model import (
-    BUILDING,
-    COMPLETE,
-    MOVED,
-    Entry,
-    EntryKey,
-    Keyed,
-    ScanFilter,
-    Status,
-    Warn,
-    iso,
-)
+from kcache_cli.model.records import BUILDING, COMPLETE, MOVED, Entry, EntryKey, Keyed, ScanFilter, Status, Warn, iso
 from kcache_cli.ops.verify import judge_entry
 from kcache_cli.util import parallel
 from kcache_cli.util.errors import KcacheError, UsageError

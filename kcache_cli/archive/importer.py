@@ -43,15 +43,7 @@ from kcache_cli.fs import state
 from kcache_cli.fs import tarstream as ts
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.locking import EntryFlock, leftover_live
-from kcache_cli.model import (
-    BUILDING,
-    COMPLETE,
-    Entry,
-    EntryKey,
-    Keyed,
-    ScanFilter,
-    Warn,
-)
+from kcache_cli.model.records import BUILDING, COMPLETE, Entry, EntryKey, Keyed, ScanFilter, Warn
 from kcache_cli.model.terms import ImportAction
 from kcache_cli.ops.verify import judge_entry
 from kcache_cli.util import parallel

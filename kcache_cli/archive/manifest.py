@@ -12,10 +12,7 @@ from typing import Callable, Mapping, NamedTuple
 from kcache_cli.fs import state
 from kcache_cli.fs.read import JsonTooDeep, parse_json
 from kcache_cli.layouts import NAMES, get
-from kcache_cli.model import (
-    LAYOUT_NAMES,
-    EntryKey,
-)
+from kcache_cli.model.records import LAYOUT_NAMES, EntryKey
 from kcache_cli.model.terms import ImportAction
 from kcache_cli.util.errors import KcacheError, UsageError
 

@@ -60,7 +60,7 @@ from kcache_cli.fs import readmarks
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.state import index_name, open_index_dir
 from kcache_cli.layouts import NAMES
-from kcache_cli.model import COMPLETE, CORRUPT, FAILED, STALE, Entry
+from kcache_cli.model.records import COMPLETE, CORRUPT, FAILED, STALE, Entry
 
 MAGIC = b"KCACHE-SCAN-INDEX\n"
 FORMAT = 1
@@ -78,7 +78,7 @@ _MAX_BYTES = 1 << 31
 _STALE_TEMP = 3600.0  # temp files of killed writers are removed after an hour
 # The modules whose code decides what a record holds; a change to any of them drops the index.
 _JUDGES = ("kcache_cli.catalog.scan", "kcache_cli.catalog.scan_context", "kcache_cli.catalog.index",
-           "kcache_cli.model", "kcache_cli.model.checks", "kcache_cli.model.terms", "kcache_cli.layouts.shapes",
+           "kcache_cli.model.records", "kcache_cli.model.checks", "kcache_cli.model.terms", "kcache_cli.layouts.shapes",
            "kcache_cli.fs.state", "kcache_cli.fs.locking", "kcache_cli.fs.read", "kcache_cli.formats.taskfile",
            "kcache_cli.layouts.base")
 _PLAIN = (str, int, float, bool, bytes, type(None))

@@ -18,7 +18,7 @@ from typing import Iterable, Iterator, NamedTuple
 
 from kcache_cli.fs import read as fsread
 from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape
-from kcache_cli.model import is_glob, space_matches
+from kcache_cli.model.records import is_glob, space_matches
 
 
 class EntryName(NamedTuple):

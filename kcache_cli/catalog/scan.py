@@ -17,15 +17,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks, state
 from kcache_cli.fs.locking import leftover_live
 from kcache_cli.layouts import get as get_layout
-from kcache_cli.model import (
-    Entry,
-    ScanFilter,
-    ScanResult,
-    TreeUsage,
-    Warn,
-    is_glob,
-    measure_tree,
-)
+from kcache_cli.model.records import Entry, ScanFilter, ScanResult, TreeUsage, Warn, is_glob, measure_tree
 from kcache_cli.model.terms import BUILDING, PARTIAL
 from kcache_cli.util.errors import UsageError
 from kcache_cli.util.progress import NO_PROGRESS, Progress

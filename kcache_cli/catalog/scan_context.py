@@ -18,7 +18,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.fs.mounts import AtimeRule
-from kcache_cli.model import Entry, TreeUsage, Warn, listdir, measure_tree
+from kcache_cli.model.records import Entry, TreeUsage, Warn, listdir, measure_tree
 from kcache_cli.model.terms import CORRUPT
 from kcache_cli.util import parallel
 from kcache_cli.util.progress import NO_PROGRESS, Progress

@@ -10,7 +10,7 @@ import typer
 from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
 from kcache_cli.cli.table import fold
-from kcache_cli.model import ScanFilter
+from kcache_cli.model.records import ScanFilter
 from kcache_cli.util.errors import UsageError
 from kcache_cli.util.lazy import lazy_module
 

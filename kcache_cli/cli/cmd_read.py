@@ -16,7 +16,7 @@ from kcache_cli.cli.progress import scanning
 from kcache_cli.cli.table import Column, fold, paint
 from kcache_cli.fs.read import iter_chunks
 from kcache_cli.layouts import get
-from kcache_cli.model import ScanFilter, sort_entries
+from kcache_cli.model.records import ScanFilter, sort_entries
 from kcache_cli.model.terms import COMPLETE
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.lazy import lazy_module

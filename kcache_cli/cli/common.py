@@ -28,7 +28,7 @@ from kcache_cli.cli.options import GlobalOptions, no_color, plain_output, schema
 from kcache_cli.cli.table import Column, fold, render
 from kcache_cli.fs import read as fsread
 from kcache_cli.layouts import detect
-from kcache_cli.model import ScanFilter, space_matches
+from kcache_cli.model.records import ScanFilter, space_matches
 from kcache_cli.model.terms import BROKEN, BROKEN_WORD, KINDS, LAYOUT_NAMES, STATUSES, is_status
 from kcache_cli.util.errors import UsageError
 from kcache_cli.util.lazy import lazy_module

@@ -11,9 +11,7 @@ Light on purpose (os, stat, errno): `kcache build`'s hit path and `ls` import it
 from __future__ import annotations
 
 import errno
-import hashlib
 import itertools
-import json
 import os
 import re
 import stat
@@ -727,6 +725,8 @@ def chunks_of(fd: int, chunk: int = CHUNK) -> Iterator[bytes]:
 
 
 def sha256_file(path: str, *, base: str | None = None) -> str:
+    import hashlib  # start-up (--help reads the layouts' shapes, which use this module) pays for neither
+
     h = hashlib.sha256()
     for data in iter_chunks(path, base=base):
         h.update(data)
@@ -775,6 +775,8 @@ def parse_json(data: bytes | str, what: str = "JSON", max_depth: int = MAX_JSON_
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     if json_depth(raw, max_depth) > max_depth:
         raise JsonTooDeep(f"{what} is nested more than {max_depth} levels deep")
+    import json  # (as hashlib above)
+
     try:
         return json.loads(data)
     except RecursionError:  # a second net: never a traceback

@@ -9,7 +9,7 @@ from kcache_cli.formats.gpu import archs_from_command
 from kcache_cli.fs.read import parse_json
 
 if TYPE_CHECKING:
-    from kcache_cli.model import Entry
+    from kcache_cli.model.records import Entry
 
 RECORD = "kcache.json"  # what kcache's own build recorded
 BINARY_SUFFIXES = (".so", ".cubin", ".fatbin", ".o", ".a", ".hsaco", ".dylib", ".dll")

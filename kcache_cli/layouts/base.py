@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from kcache_cli.fs.read import Anchor
     from kcache_cli.layouts.image_format import ImageFormat
     from kcache_cli.layouts.remote_format import RemoteFormat
-    from kcache_cli.model import Details, Entry, EntryKey, Judgement, LogFile, ScanFilter, TreeUsage, Warn
+    from kcache_cli.model.records import Details, Entry, EntryKey, Judgement, LogFile, ScanFilter, TreeUsage, Warn
 
 # What a leftover is (`Leftover.what`): a kcache build's temp dir, or a compiler's staging write.
 TEMP, STAGING = "temp", "staging"

@@ -20,7 +20,8 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import CUDAJIT, cudajit_evidence, cudajit_names
-from kcache_cli.model import (
+from kcache_cli.model.checks import list_files, read_every_byte
+from kcache_cli.model.records import (
     COMPLETE,
     UNREADABLE,
     UNREADABLE_REASON,
@@ -30,7 +31,6 @@ from kcache_cli.model import (
     ScanFilter,
     measure_tree,
 )
-from kcache_cli.model.checks import list_files, read_every_byte
 
 NAME = CUDAJIT.name
 KIND = "jit"

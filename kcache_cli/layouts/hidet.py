@@ -31,7 +31,16 @@ from kcache_cli.layouts.base import (
     Verdict,
 )
 from kcache_cli.layouts.shapes import HIDET
-from kcache_cli.model import (
+from kcache_cli.model.checks import (
+    changed_since,
+    check_manifest,
+    elf_truncated,
+    list_files,
+    listing_or_unreadable,
+    read_text,
+    size_mismatch,
+)
+from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
     CORRUPT,
@@ -46,15 +55,6 @@ from kcache_cli.model import (
     ScanFilter,
     TensorInfo,
     measure_tree,
-)
-from kcache_cli.model.checks import (
-    changed_since,
-    check_manifest,
-    elf_truncated,
-    list_files,
-    listing_or_unreadable,
-    read_text,
-    size_mismatch,
 )
 
 NAME = HIDET.name

@@ -48,7 +48,8 @@ from kcache_cli.layouts.base import (
 from kcache_cli.layouts.shapes import INDUCTOR, triton_kernel_name, triton_target_arch
 from kcache_cli.layouts.shapes import TRITON as TRITON_SHAPE
 from kcache_cli.layouts.shapes import inductor_graph_relpath as graph_relpath
-from kcache_cli.model import (
+from kcache_cli.model.checks import elf_truncated, list_files
+from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
     CORRUPT,
@@ -63,7 +64,6 @@ from kcache_cli.model import (
     TreeUsage,
     measure_tree,
 )
-from kcache_cli.model.checks import elf_truncated, list_files
 
 NAME = INDUCTOR.name
 GRAPH, AUTOGRAD, CODE, AUTOTUNE, TRITON = "graph", "autograd", "code", "autotune", "triton"

@@ -36,7 +36,8 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import JAX
-from kcache_cli.model import (
+from kcache_cli.model.checks import list_files
+from kcache_cli.model.records import (
     COMPLETE,
     CORRUPT,
     PARTIAL,
@@ -48,7 +49,6 @@ from kcache_cli.model import (
     ScanFilter,
     measure_tree,
 )
-from kcache_cli.model.checks import list_files
 
 NAME = JAX.name
 KIND = "compile_cache"

@@ -28,7 +28,8 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import NUMBA
-from kcache_cli.model import (
+from kcache_cli.model.checks import list_files
+from kcache_cli.model.records import (
     COMPLETE,
     CORRUPT,
     PARTIAL,
@@ -40,7 +41,6 @@ from kcache_cli.model import (
     Judgement,
     ScanFilter,
 )
-from kcache_cli.model.checks import list_files
 
 NAME = NUMBA.name
 KIND = "functions"

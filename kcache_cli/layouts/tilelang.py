@@ -18,7 +18,8 @@ from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, Leftover, ScanContext, Verdict
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
 from kcache_cli.layouts.shapes import TILELANG
-from kcache_cli.model import (
+from kcache_cli.model.checks import changed_since, list_files
+from kcache_cli.model.records import (
     COMPLETE,
     CORRUPT,
     PARTIAL,
@@ -34,7 +35,6 @@ from kcache_cli.model import (
     listdir,
     measure_tree,
 )
-from kcache_cli.model.checks import changed_since, list_files
 
 NAME = TILELANG.name
 TARGET = TILELANG.kinds[0].target

@@ -20,7 +20,8 @@ from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts._common import command_from_script
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import TILUS
-from kcache_cli.model import (
+from kcache_cli.model.checks import changed_since, elf_truncated, list_files, listing_or_unreadable, read_text
+from kcache_cli.model.records import (
     COMPLETE,
     CORRUPT,
     FAILED,
@@ -34,7 +35,6 @@ from kcache_cli.model import (
     TensorInfo,
     measure_tree,
 )
-from kcache_cli.model.checks import changed_since, elf_truncated, list_files, listing_or_unreadable, read_text
 
 NAME = TILUS.name
 TARGET = TILUS.kinds[0].target  # tilus compiles for NVIDIA GPUs only

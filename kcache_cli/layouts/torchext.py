@@ -35,7 +35,8 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext, StaleLock
 from kcache_cli.layouts.shapes import TORCHEXT, TORCHEXT_EVIDENCE
-from kcache_cli.model import (
+from kcache_cli.model.checks import elf_truncated, list_files, read_every_byte
+from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
     CORRUPT,
@@ -47,7 +48,6 @@ from kcache_cli.model import (
     Judgement,
     ScanFilter,
 )
-from kcache_cli.model.checks import elf_truncated, list_files, read_every_byte
 
 NAME = TORCHEXT.name
 KIND = "extension"

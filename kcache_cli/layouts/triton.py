@@ -50,7 +50,8 @@ from kcache_cli.layouts.shapes import (
 )
 from kcache_cli.layouts.triton_image import TritonImage
 from kcache_cli.layouts.triton_remote import TritonFormat
-from kcache_cli.model import (
+from kcache_cli.model.checks import changed_since, elf_truncated, list_files
+from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
     CORRUPT,
@@ -67,7 +68,6 @@ from kcache_cli.model import (
     TreeUsage,
     measure_tree,
 )
-from kcache_cli.model.checks import changed_since, elf_truncated, list_files
 
 if TYPE_CHECKING:
     from kcache_cli.layouts.image_format import ImageFormat

@@ -40,7 +40,8 @@ from kcache_cli.layouts.base import MISS, STALE_AFTER, UNKNOWN, Facts, Here, Jud
 from kcache_cli.layouts.image_format import ImageFormat
 from kcache_cli.layouts.shapes import INDUCTOR, TRITON, TRITON_TMP, VLLM, inductor_graph_relpath
 from kcache_cli.layouts.vllm_image import VllmImage
-from kcache_cli.model import (
+from kcache_cli.model.checks import list_files
+from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
     PARTIAL,
@@ -52,7 +53,6 @@ from kcache_cli.model import (
     ScanFilter,
     Status,
 )
-from kcache_cli.model.checks import list_files
 
 NAME = VLLM.name
 COMPILE, AOT = "compile", "aot"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kcache_cli.fs import read as fsread
-from kcache_cli.model import UNREADABLE, FileInfo, TreeUsage
+from kcache_cli.model.records import UNREADABLE, FileInfo, TreeUsage
 
 if TYPE_CHECKING:
     from kcache_cli.fs.entrydir import EntryDir

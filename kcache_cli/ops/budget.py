@@ -13,7 +13,7 @@ from typing import Callable
 
 from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import get
-from kcache_cli.model import ScanResult, Warn
+from kcache_cli.model.records import ScanResult, Warn
 from kcache_cli.ops.config import ALL, load_cache
 from kcache_cli.util.units import format_size
 

@@ -41,7 +41,7 @@ from kcache_cli.fs.locking import EntryFlock
 from kcache_cli.fs.read import json_object, open_regular, parse_json
 from kcache_cli.layouts import builder
 from kcache_cli.layouts.shapes import BUILD_SHAPE
-from kcache_cli.model import Judgement
+from kcache_cli.model.records import Judgement
 from kcache_cli.model.terms import CORRUPT
 from kcache_cli.util.errors import KcacheError, LockTimeout, UsageError
 

@@ -33,7 +33,7 @@ from kcache_cli.fs.locking import NotALockFile, open_lock, try_flock, wait_flock
 from kcache_cli.layouts import get
 from kcache_cli.layouts.base import Layout
 from kcache_cli.layouts.shapes import LayoutShape
-from kcache_cli.model import (
+from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
     PARTIAL,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kcache_cli.fs import read as fsread
 from kcache_cli.layouts import get
-from kcache_cli.model import Entry
+from kcache_cli.model.records import Entry
 
 MAX_RECORD = 256 << 10  # bytes of one JSON or text record read
 TEXT_RECORDS = ("task.txt", "options.txt", "version.txt", "build_options.txt", "program.txt", "compile.sh",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from kcache_cli.model import Entry, ScanResult, Warn
+from kcache_cli.model.records import Entry, ScanResult, Warn
 from kcache_cli.ops.delete import plan_prune
 
 DAY = 86400.0

@@ -17,7 +17,7 @@ from kcache_cli.fs import delete as fsdelete
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts import get
-from kcache_cli.model import (
+from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
     CORRUPT,

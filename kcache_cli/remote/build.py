@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kcache_cli.layouts import builder
-from kcache_cli.model import ScanFilter, Warn
+from kcache_cli.model.records import ScanFilter, Warn
 from kcache_cli.model.terms import COMPLETE
 from kcache_cli.ops import build as b
 from kcache_cli.remote.pull import pull

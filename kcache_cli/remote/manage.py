@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from kcache_cli.archive.manifest import unchecked_record
 from kcache_cli.fs.read import parse_json
-from kcache_cli.model import EntryKey, Keyed, ScanFilter, Warn, iso
+from kcache_cli.model.records import EntryKey, Keyed, ScanFilter, Warn, iso
 from kcache_cli.model.terms import COMPLETE, Status
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.store import Store

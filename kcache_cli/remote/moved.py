@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kcache_cli.model import EntryKey, Keyed
+from kcache_cli.model.records import EntryKey, Keyed
 from kcache_cli.model.terms import MoveAction
 
 

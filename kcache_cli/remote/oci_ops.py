@@ -25,7 +25,7 @@ from kcache_cli.archive import ImportLimits, export_archive, import_archive, pla
 from kcache_cli.archive.export import EmptyExport
 from kcache_cli.archive.importer import ImportResult
 from kcache_cli.formats.gpu import local_compute_caps
-from kcache_cli.model import ScanFilter, Warn, iso
+from kcache_cli.model.records import ScanFilter, Warn, iso
 from kcache_cli.remote import oci_image as img
 from kcache_cli.remote.oci import DIGEST, MAX_CONFIG, OciRef, Registry
 from kcache_cli.remote.pull import summary_matches

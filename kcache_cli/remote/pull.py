@@ -31,7 +31,7 @@ from kcache_cli.archive import (
     remove_stale_staging,
 )
 from kcache_cli.fs.read import parse_json
-from kcache_cli.model import ScanFilter, Warn
+from kcache_cli.model.records import ScanFilter, Warn
 from kcache_cli.model.terms import LAYOUT_NAMES, PullAction
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.manage import remote_entry, scan_index

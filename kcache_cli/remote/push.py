@@ -19,7 +19,7 @@ from kcache_cli import __version__
 from kcache_cli.archive import entry_records, plan_export
 from kcache_cli.archive.manifest import unchecked_record
 from kcache_cli.fs.read import parse_json
-from kcache_cli.model import ScanFilter, Warn, iso
+from kcache_cli.model.records import ScanFilter, Warn, iso
 from kcache_cli.model.terms import PushAction
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.moved import MovedEntry, MoveResult
