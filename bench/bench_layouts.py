@@ -139,7 +139,7 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown layouts: {', '.join(sorted(unknown))}")
     roots = {name: make(name, Path(args.dir), args.entries or DEFAULT_ENTRIES[name], env) for name in layouts}
-    time.sleep(2.5)  # older than the index's racy window (kcache_cli/index.py)
+    time.sleep(2.5)  # older than the index's racy window (kcache_cli/catalog/index.py)
     print(f"cpus: {os.cpu_count()}, load: {load()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         base = None if args.no_baseline else baseline_tree(args.baseline_ref, Path(tmp) / "base")

@@ -127,7 +127,7 @@ def main() -> None:
     roots = {}
     for shape in args.shapes.split(","):
         roots[shape] = ensure_cache(Path(args.dir) / f"{shape}-{args.entries}", args.entries, **SHAPES[shape])
-    time.sleep(2.5)  # older than the index's racy window (kcache_cli/index.py)
+    time.sleep(2.5)  # older than the index's racy window (kcache_cli/catalog/index.py)
     print(f"{args.entries} entries per cache, cpus: {os.cpu_count()}, load: {load()}", flush=True)
     for shape, root in roots.items():
         if not args.only_baseline:

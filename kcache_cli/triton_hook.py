@@ -8,7 +8,7 @@ time. With
 
 (or `triton.knobs.cache.manager_class = KcacheCacheManager` in Triton 3.4+), every hit (`get_group` or
 `get_file` that finds the file) leaves kcache's last-used stamp for the kernel's key directory in the
-root's `.kcache/used/`, as `kcache build` does for its own entries (kcache_cli.state.mark_used: through
+root's `.kcache/used/`, as `kcache build` does for its own entries (kcache_cli.fs.state.mark_used: through
 held descriptors, at most once an hour per kernel). It behaves as Triton's own FileCacheManager otherwise,
 and a stamp that cannot be written never fails Triton. Triton is imported when the class is first asked
 for, never by kcache itself."""
@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kcache_cli.fs import state
+
 _STAMPED: dict[tuple[str, str], float] = {}  # (root, key dir) -> when this process last stamped it
 
 
 def record_hit(cache_dir: str, now: float | None = None) -> None:
     """Stamp the key directory `cache_dir` (<root>/<key>) as used now; never raises."""
-    from kcache_cli import state
-
     try:
         now = time.time() if now is None else now
         root, key = os.path.split(os.path.normpath(cache_dir))

@@ -19,8 +19,8 @@ SHARED_FIXTURES = Path(os.environ.get("KCACHE_SHARED_FIXTURES", REPO.parent / "s
 NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.access("/usr/local/bin/nvcc", os.X_OK) else None)
 CXX = shutil.which("g++")
 
-from redis_server import REDIS_SERVER, redis_server  # noqa: E402, F401 - the remote tests' real redis-server
 from oci_registry import DOCKER_REGISTRY, SKOPEO, oci_registry  # noqa: E402, F401 - a real OCI registry
+from redis_server import REDIS_SERVER, redis_server  # noqa: E402, F401 - the remote tests' real redis-server
 
 # Why a test was skipped -> what the run's summary says loudly (the reasons below are the skips' own words).
 # The summary reads the skip reports, so it works where tests run in xdist's worker processes too.
@@ -39,6 +39,8 @@ LOUD = {
                                             "registry were SKIPPED: nothing proved that push, pull and remote "
                                             "ls/prune work against a registry (apt-get install docker-registry "
                                             "skopeo)."),
+    "strace not": ("STRACE MISSING", "tests that count kcache's system calls under strace were SKIPPED: nothing "
+                   "proved that reads below a held cache root go through its fd (apt-get install strace)."),
     "SKIPPED LOUDLY": ("SKIPPED LOUDLY", "tests could not exercise what they are for:"),
 }
 
@@ -185,7 +187,7 @@ def area():
     are 0700), removed at the end, relative to its parent's fd (it may hold links another user planted)."""
     import tempfile
 
-    from kcache_cli import fsdelete
+    from kcache_cli.fs import delete as fsdelete
 
     d = Path(tempfile.mkdtemp(prefix="kcache-users-", dir="/tmp"))
     os.chmod(d, 0o755)
@@ -195,3 +197,16 @@ def area():
         fsdelete.remove_tree(fd, d.name)
     finally:
         os.close(fd)
+
+
+def patch_everywhere(monkeypatch, module, name: str, new) -> None:
+    """`module.name = new`, and the same in every kcache_cli module that imported the original by name
+    (`from module import name` binds it at the importer's top). Every command's module is loaded first:
+    a run loads only its own, later, and would bind the original."""
+    from kcache_cli.cli.app import full_app
+
+    full_app()
+    real = getattr(module, name)
+    for mod_name, mod in list(sys.modules.items()):
+        if mod_name.startswith("kcache_cli") and getattr(mod, name, None) is real:
+            monkeypatch.setattr(mod, name, new)

@@ -13,7 +13,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from redis_server import free_port
 
 DOCKER_REGISTRY = shutil.which("docker-registry") or (

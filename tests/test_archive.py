@@ -237,7 +237,7 @@ def test_export_failure_leaves_nothing(kcache, fixture_copy, tmp_path):
 
 
 def test_export_interrupted_leaves_no_archive(fixture_copy, tmp_path, monkeypatch):
-    from kcache_cli.model import ScanFilter
+    from kcache_cli.model.records import ScanFilter
 
     src = fixture_copy("hidet")
     plan = archive.plan_export(src, ScanFilter())
@@ -293,7 +293,7 @@ def test_arch_rules():
 @pytest.fixture
 def many_parts(monkeypatch):
     """Make the multi-part, forked-worker path run on a small cache."""
-    from kcache_cli import parallel
+    from kcache_cli.util import parallel
 
     for module in (archive.export, archive.importer):
         monkeypatch.setattr(module, "PARALLEL_MIN_ENTRIES", 4)
@@ -450,7 +450,7 @@ def test_rename_noreplace_never_replaces(tmp_path):
     src, dst = tmp_path / "a", tmp_path / "b"
     src.mkdir()
     dst.mkdir()  # a plain rename would silently replace this empty directory
-    from kcache_cli import fswrite
+    from kcache_cli.fs import write as fswrite
 
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -11,7 +11,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from archive_helpers import M, build_archive, entry, hidet_entry, manifest_for, snapshot
 
 H = "ops/cuda_space_0/add/0123456789abcdef"

@@ -9,7 +9,7 @@ import pytest
 
 from kcache_cli import archive
 from kcache_cli.archive.manifest import EntryRecord, records_from_json
-from kcache_cli.model import ScanFilter
+from kcache_cli.model.records import ScanFilter
 
 # The entry records of tests/fixtures/real/tilus as `kcache export` wrote them at b32df76 (a program with
 # a lock file, a script whose links point at it), one JSON text each, exactly as in its manifest.json.

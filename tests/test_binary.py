@@ -1,4 +1,4 @@
-"""kcache_cli.binary: CUDA archs and exported symbols from the bytes of kernel binaries.
+"""kcache_cli.formats.binary: CUDA archs and exported symbols from the bytes of kernel binaries.
 
 Three groups: the real cache fixtures (skipped when absent), real nvcc/g++ builds in
 tmp_path (marked ``nvcc``), and synthetic/hostile inputs that must never raise.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kcache_cli.binary import BinaryInfo, read_binary
+from kcache_cli.formats.binary import BinaryInfo, read_binary
 
 # ----------------------------------------------------------------------- fixtures
 
@@ -538,7 +538,7 @@ def test_bit_flip_fuzz(tmp_path):
 
 
 def test_import_is_cheap_and_standalone():
-    code = ("import sys, kcache_cli.binary; "
+    code = ("import sys, kcache_cli.formats.binary; "
             "bad = [m for m in ('typer', 'rich', 'elftools', 'subprocess') if m in sys.modules]; "
             "print(','.join(bad))")
     root = Path(__file__).resolve().parents[1]

@@ -129,14 +129,14 @@ def test_a_symlinked_file_is_read_but_never_written_through(kcache, config_home,
 
 def test_concurrent_sets_all_land(config_home):
     """Eight processes each set their own cache's max-size at once: the lock keeps every one."""
-    from kcache_cli.terms import LAYOUT_NAMES
+    from kcache_cli.model.terms import LAYOUT_NAMES
 
     code = "import sys; from kcache_cli.cli.app import main; main(sys.argv[1:])"
     env = dict(os.environ, XDG_CONFIG_HOME=str(config_home.parent.parent))
     procs = [subprocess.Popen([sys.executable, "-c", code, "config", "set", "--cache", name, "max-size", f"{i + 1}G"],
                               env=env, stderr=subprocess.PIPE) for i, name in enumerate(LAYOUT_NAMES)]
     assert all(p.wait(timeout=60) == 0 for p in procs)
-    from kcache_cli import config
+    from kcache_cli.ops import config
 
     cfg = config.load(config_home)
     assert {n: cfg.budget(n).max_size for n in LAYOUT_NAMES} == {n: (i + 1) * 10**9 for i, n in enumerate(LAYOUT_NAMES)}
@@ -202,8 +202,8 @@ def test_all_budget_is_shared_across_caches(kcache, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     size_new = kcache("--cache-dir", new, "stats", "--json").json()["size"]  # on disk
     (tmp_path / "home").mkdir(exist_ok=True)
-    from kcache_cli.budget import configured
-    from kcache_cli.config import load, set_value
+    from kcache_cli.ops.budget import configured
+    from kcache_cli.ops.config import load, set_value
 
     set_value("all", "max-size", f"{size_new}B")
     budgets = configured([(old, ("hidet",)), (new, ("hidet",))], load(), lambda m: None)
@@ -247,7 +247,7 @@ def test_stats_shows_usage_against_the_budget(kcache, fixture_copy, monkeypatch)
     run = kcache("--cache-dir", root, "stats")
     assert run.exit_code == 0
     lines = run.stdout.splitlines()
-    from kcache_cli.units import format_size
+    from kcache_cli.util.units import format_size
 
     assert lines[-2] == f"hidet  {format_size(used)} of {format_size(limit)}  " + "\u2588" * 17 + "\u2591" * 3 + " 83%"
     assert lines[-1].startswith(f"all    {format_size(used)} of ") and lines[-1].endswith(" 17%"), lines[-1]

@@ -18,12 +18,12 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from conftest import CXX, NVCC
-from kcache_cli import build as b
-from kcache_cli import state
-from kcache_cli.errors import LockTimeout
-from kcache_cli.locking import entry_lock
+
+from kcache_cli.fs import state
+from kcache_cli.fs.locking import entry_lock
+from kcache_cli.ops import build as b
+from kcache_cli.util.errors import LockTimeout
 
 needs_cxx = pytest.mark.skipif(CXX is None, reason="g++ not found")
 

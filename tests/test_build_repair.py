@@ -16,7 +16,7 @@ import pytest
 from loaders.matrix import run_probe
 from loaders.venvs import python_for
 
-from kcache_cli import repair
+from kcache_cli.ops import repair
 
 HERE = Path(__file__).resolve().parent
 MATMUL = "ops/cpu_space_0/matmul/064b4a6c035246e8"  # what make_hidet.py compiles with hidet 0.6.1
@@ -217,7 +217,7 @@ def test_usage_errors(fixture_copy, kcache):
 def test_a_cuda_entry_that_lacks_an_arch_is_rebuilt_for_it(fixture_copy, tmp_path, kcache):
     """The real softmax entry holds sm_90a; `--arch sm_80` rebuilds it with nvcc, adding that arch. Its
     compile.sh is pointed at the hidet venv's headers and a stub libcuda (no driver here)."""
-    from kcache_cli.binary import read_binary
+    from kcache_cli.formats.binary import read_binary
 
     python = python_for("hidet")
     hidet_dir = Path(subprocess.run([str(python), "-c", "import hidet, os; print(os.path.dirname(hidet.__file__))"],
@@ -282,7 +282,7 @@ def test_a_source_that_is_not_a_regular_file_is_refused(fixture_copy, tmp_path, 
 
 
 def test_repair_waits_for_the_entrys_build_lock(fixture_copy, kcache):
-    from kcache_cli.locking import EntryFlock
+    from kcache_cli.fs.locking import EntryFlock
 
     root = fixture_copy("hidet")
     (root / RELU / "lib.so").unlink()

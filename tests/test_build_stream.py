@@ -109,7 +109,7 @@ def test_the_measurement_sees_an_allocation(tmp_path):
 
 def test_a_source_swapped_for_a_fifo_after_it_was_found_is_refused(tmp_path):
     """Past the task's checks, the copy itself opens the source as a regular file only."""
-    from kcache_cli.build import BuildError, _source_chunks
+    from kcache_cli.ops.build import BuildError, _source_chunks
 
     fifo = tmp_path / "source.cc"
     os.mkfifo(fifo)

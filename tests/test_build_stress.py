@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import CXX, NVCC
-from kcache_cli import build as b
 from test_build import task_hash_of, temp_dirs, write_task
+
+from kcache_cli.ops import build as b
 
 
 def kcache_proc(*args, **kw) -> subprocess.Popen:

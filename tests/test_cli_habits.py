@@ -12,10 +12,12 @@ import subprocess
 import sys
 
 import pytest
+from conftest import FIXTURES
 from typer.main import get_command
 
-from conftest import FIXTURES
-from kcache_cli.cli.app import app
+from kcache_cli.cli.app import full_app
+
+app = full_app()
 
 GROUP = get_command(app)
 COMMANDS = sorted(GROUP.commands)

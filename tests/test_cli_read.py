@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from kcache_cli import __version__
-from kcache_cli.model import JSON_KEYS
+from kcache_cli.model.records import JSON_KEYS
 
 SOFTMAX = "ops/cuda_space_0/softmax/ad252b064b266eea"
 
@@ -22,10 +22,10 @@ def test_version(kcache, args):
     assert r.exit_code == 0 and r.stdout.strip() == f"kcache {__version__}"
 
 
-def test_version_runs_with_one_command_registered_and_help_with_all():
+def test_version_runs_with_no_command_registered_and_help_with_all():
     from kcache_cli.cli.app import app, app_for
 
-    assert len(app_for(["--version"]).registered_commands) == 1
+    assert app_for(["--version"]).registered_commands == [] and app_for(["--version"]).registered_groups == []
     for args in (["--help"], ["--help", "--version"], [], ["--show-completion", "--version"]):
         assert app_for(args) is app
 
@@ -211,8 +211,9 @@ def test_log_seed_layout_and_highlighting(kcache, tmp_path, monkeypatch):
     assert raw.splitlines()[0] == "nvcc -shared -arch=sm_90 source.cu -o lib.so"
     rows = kcache("ls", "--json").json()["entries"]
     assert rows[0]["status"] == "failed"
-    from kcache_cli.cli.cmd_read import _log_line
     from rich.markup import escape
+
+    from kcache_cli.cli.cmd_read import _log_line
 
     assert _log_line('source.cu(3): error: identifier "x" is undefined', escape).startswith("[bold red]")
     assert _log_line("source.cu(1): warning #177-D: unused", escape).startswith("[yellow]")
@@ -259,6 +260,23 @@ def test_no_rich_or_humanize_at_startup():
             "print(','.join(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "", f"imported at start-up: {out}"
+
+
+@pytest.mark.parametrize("args, loaded", [(["--version"], []), (["ls", "--help"], ["cmd_read"]),
+                                          (["remote", "--help"], ["cmd_remote"]), (["--help"], "all")])
+def test_a_run_loads_only_its_commands_module(args, loaded):
+    """Start-up: the engines load with the command that uses them (cli/app.py COMMANDS)."""
+    code = ("import sys; from kcache_cli.cli.app import COMMANDS, main\ntry: main(sys.argv[1:])\n"
+            "except SystemExit: pass\nprint(' '.join(sorted(m.rpartition('.')[2] for m in sys.modules "
+            "if m.startswith('kcache_cli.cli.cmd_'))), file=sys.stderr)\n"
+            "print(any(m.startswith(('kcache_cli.catalog', 'kcache_cli.ops')) for m in sys.modules), file=sys.stderr)")
+    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    modules, engines = run.stderr.splitlines()[-2:]
+    from kcache_cli.cli.app import COMMANDS
+
+    got = set(modules.split()) - {"cmd_mega", "cmd_oci"}  # helpers of cmd_archive and cmd_remote
+    assert got == (set(COMMANDS.values()) if loaded == "all" else set(loaded))
+    assert engines == str(loaded != [])
 
 
 def test_a_line_naming_one_command_builds_only_that_command():

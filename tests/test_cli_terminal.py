@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import CXX, FIXTURES, copy_tree
 
-from kcache_cli.terms import STATUSES
+from kcache_cli.model.terms import STATUSES
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 WIDTHS = (80, 100, 120)
@@ -467,7 +467,7 @@ def test_a_failed_build_leaves_no_empty_op_directory(kcache, tmp_path):
     bad2 = write_task(tmp_path / "tasks", "broken2", kind="cc", source="this is not C++\n")
     assert kcache("--cache-dir", root, "build", bad2, "--cxx", CXX, "--space", "1").exit_code == 1
     assert not (root / "ops" / "cpu_space_1").exists()  # the space it made is gone too
-    from kcache_cli import names
+    from kcache_cli.catalog import names
 
     assert list(names.op_places(root)) == ["fine"]
 
@@ -513,7 +513,9 @@ def test_debug_never_changes_an_exit_code(kcache, tmp_path):
 def test_help_metavars_and_comma_lists(kcache):
     from typer.main import get_command
 
-    from kcache_cli.cli.app import app
+    from kcache_cli.cli.app import full_app
+
+    app = full_app()
 
     for name in sorted(get_command(app).commands):
         text = kcache(name, "--help", env={"COLUMNS": "200"}).stdout
@@ -539,8 +541,8 @@ def test_counts_and_sizes_read_as_english(kcache, tmp_path):
 
 
 def test_core_filter_understands_levels_globs_and_paths(tmp_path):
-    from kcache_cli.model import ScanFilter
-    from kcache_cli.scan import scan_cache, split_refs
+    from kcache_cli.catalog.scan import scan_cache, split_refs
+    from kcache_cli.model.records import ScanFilter
 
     root = damaged_hidet(tmp_path / "c")
     got = lambda flt: sorted(e.relpath for e in scan_cache(root, flt).entries)  # noqa: E731

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, REPO, copy_tree
-from kcache_cli import names
+
+from kcache_cli.catalog import names
+from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.cli import complete
-from kcache_cli.scan import scan_cache
 
 SCRIPTS = REPO / "completions"
 HIDET = FIXTURES / "hidet"
@@ -396,7 +396,9 @@ def test_a_real_tab_in_interactive_zsh_with_fpath(shim, mixed, tmp_path):
 def _commands():
     from typer.main import get_command
 
-    from kcache_cli.cli.app import app
+    from kcache_cli.cli.app import full_app
+
+    app = full_app()
 
     return get_command(app).commands
 
@@ -444,13 +446,19 @@ def test_the_cache_dir_given_last_wins_as_when_running(kcache, tmp_path):
 
 def test_a_prefix_lookup_stats_only_the_names_that_match(mixed, monkeypatch):
     seen: list[str] = []
-    real = os.lstat
+    real_lstat, real_stat = os.lstat, os.stat
 
     def spy(path, *a, **k):
         seen.append(os.path.basename(os.fspath(path)))
-        return real(path, *a, **k)
+        return real_lstat(path, *a, **k)
+
+    def stat_spy(path, *a, dir_fd=None, follow_symlinks=True):  # an lstat from a held root's fd
+        if not follow_symlinks:
+            seen.append(os.path.basename(os.fspath(path)))
+        return real_stat(path, *a, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
 
     monkeypatch.setattr(os, "lstat", spy)
+    monkeypatch.setattr(os, "stat", stat_spy)
     assert [e.hash for e in names.entries(mixed, prefix="8d")] == ["8d1f7691cdf75e90"]
     assert seen and all(n.startswith("8d") for n in seen)
     os.symlink("/etc", mixed / "ops/cuda_space_0/softmax/8d00000000000000")  # a link is no entry

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from kcache_cli import state
-from kcache_cli.delete import parse_age, parse_size, plan_clear, plan_prune
-from kcache_cli.errors import UsageError
-from kcache_cli.model import ScanFilter
-from kcache_cli.scan import scan_cache
+from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.fs import state
+from kcache_cli.model.records import ScanFilter
+from kcache_cli.ops.delete import parse_age, parse_size, plan_clear, plan_prune
+from kcache_cli.util.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
@@ -99,7 +99,7 @@ def held_by_other_process(code: str, *args: str):
 
 
 def hold_kcache_lock(root: Path, relpath: str):
-    return held_by_other_process("from kcache_cli.locking import entry_lock\n"
+    return held_by_other_process("from kcache_cli.fs.locking import entry_lock\n"
                                  "lock = entry_lock(sys.argv[1], sys.argv[2]); lock.acquire()", str(root), relpath)
 
 
@@ -633,7 +633,7 @@ def test_entries_reached_through_a_link_are_never_followed(tmp_path, fixture_cop
     res = scan_cache(root, ScanFilter(spaces=("cuda_space_7",)))
     assert len(res.entries) == 3
     forged = replace(plan, removals=tuple(
-        __import__("kcache_cli.delete", fromlist=["Removal"]).Removal(e, e.path, e.relpath, e.size, "entry", "x",
+        __import__("kcache_cli.ops.delete", fromlist=["Removal"]).Removal(e, e.path, e.relpath, e.size, "entry", "x",
                                                                       lock=e.relpath) for e in res.entries))
     result = forged.execute()
     assert result.removed == () and len(result.skipped) == 3

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kcache_cli import megacache
+from kcache_cli.formats import megacache
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real"
 SM80 = {"22DX5RUZ7YPKNU74O7GAUCGIGIPAEV2FCKTGJU2B2LNOL5MZNINQ", "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA",

@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, patch_everywhere
 from test_delete import gen
 from test_fidelity import SOFTMAX, age, truncate_old
 
-from kcache_cli import state
-from kcache_cli.scan import scan_cache
+from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.fs import state
 
 RELU = "ops/cpu_space_0/relu/31857fe085635b31"
 MATMUL = "ops/cpu_space_0/matmul/064b4a6c035246e8"
@@ -91,7 +91,7 @@ def test_reclaimable_is_what_prune_broken_frees(kcache, fixture_copy):
 
 
 def human(n: int) -> str:
-    from kcache_cli.units import format_size
+    from kcache_cli.util.units import format_size
 
     return format_size(n)
 
@@ -119,7 +119,7 @@ def test_deep_without_broken_is_a_usage_error(kcache, fixture_copy):
 def test_cheap_recheck_keeps_an_entry_finished_after_the_scan(fixture_copy):
     """Chosen as broken by the cheap judgement, judged again (cheaply) when removed: rebuilt whole by
     then, it stays."""
-    from kcache_cli.delete import plan_prune
+    from kcache_cli.ops.delete import plan_prune
 
     root = fixture_copy("hidet")
     lib = root / RELU / "lib.so"
@@ -181,11 +181,11 @@ class Counted:
 
 @pytest.mark.parametrize("parallel", [False, True])
 def test_scan_counts_every_entry_found_and_judged(tmp_path, monkeypatch, parallel):
-    import kcache_cli.scan_context as scan_context
+    import kcache_cli.catalog.scan_context as scan_context
 
     root = gen(tmp_path, 60)
     if parallel:  # the workers count in shared memory; this process moves the bar
-        from kcache_cli import parallel as par
+        from kcache_cli.util import parallel as par
 
         monkeypatch.setattr(scan_context, "PARALLEL_MIN_JOBS", 2)
         monkeypatch.setattr(par, "cpus", lambda: 2)
@@ -229,7 +229,7 @@ def test_the_scan_bar_counts_after_half_a_second_and_never_before(monkeypatch):
 
 
 def test_prune_deep_counts_entries_read(fixture_copy, monkeypatch):
-    from kcache_cli.delete import plan_prune
+    from kcache_cli.ops.delete import plan_prune
 
     root = fixture_copy("hidet")
     scan, read = Counted(), Counted()
@@ -243,7 +243,7 @@ def test_prune_deep_counts_entries_read(fixture_copy, monkeypatch):
 # ---- Ctrl-C during prune ------------------------------------------------------------------------
 SLOW_REMOVAL = """
 import sys, time
-import kcache_cli.delete as d
+import kcache_cli.ops.delete as d
 real = d._Executor._remove
 def slow(self, *a):
     time.sleep(0.004)  # fault injection: each removal takes a while, so a SIGINT lands mid-run
@@ -293,14 +293,14 @@ def test_ctrl_c_mid_removal_says_what_was_done(tmp_path, command):
 
 
 def test_ctrl_c_while_planning_removes_nothing_and_says_so(kcache, fixture_copy, monkeypatch):
-    import kcache_cli.delete as delete
+    import kcache_cli.ops.delete as delete
 
     root = fixture_copy("hidet")
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(delete, "plan_prune", interrupted)
+    patch_everywhere(monkeypatch, delete, "plan_prune", interrupted)
     r = kcache("--cache-dir", root, "prune", "--max-size", "0", "--yes")
     assert r.exit_code == 130 and "interrupted: nothing was removed" in r.stderr
     assert count_entries(root) == 5

@@ -400,7 +400,7 @@ def test_prune_broken_keeps_stale_entries_and_prune_stale_removes_them(kcache, t
     environment, so --broken never removes it; --stale does. No hidet entry is stale any more (versions
     are notes): the judgement is made to say so for one entry."""
     from kcache_cli.layouts import hidet
-    from kcache_cli.model import Judgement
+    from kcache_cli.model.records import Judgement
 
     root = hidet_root(tmp_path / "c")
     real = hidet._judge_module

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, copy_tree
 
-from kcache_cli.units import format_size
+from kcache_cli.util.units import format_size
 
 WIDTHS = (80, 120)
 SM80 = "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA"

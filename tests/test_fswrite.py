@@ -1,4 +1,4 @@
-"""kcache_cli/fswrite.py: writes through held directory descriptors, never through a link."""
+"""kcache_cli/fs/write.py: writes through held directory descriptors, never through a link."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import stat
 
 import pytest
 
-from kcache_cli import fswrite, state
+from kcache_cli.fs import state
+from kcache_cli.fs import write as fswrite
 
 
 @pytest.fixture

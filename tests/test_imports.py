@@ -16,60 +16,30 @@ PACKAGE = Path(__file__).resolve().parents[1] / "kcache_cli"
 PRIMITIVES, MODEL, LAYOUTS, ENGINES, CLI = range(5)
 FLOOR_NAMES = ("primitives", "model", "layouts", "engines", "cli")
 
-# The most specific entry names a module's floor: a package line covers its submodules.
+# The floors are folders: a package line covers its submodules, and no module sits loose at the top but
+# the package itself, its __main__ and the Triton hook (a public name: TRITON_CACHE_MANAGER points at it).
 FLOORS: dict[str, int] = {
     "kcache_cli": PRIMITIVES,  # the package itself holds only __version__
-    # file-system primitives and the small services every floor may use
-    "kcache_cli.errors": PRIMITIVES,
-    "kcache_cli.units": PRIMITIVES,
-    "kcache_cli.textsafe": PRIMITIVES,
-    "kcache_cli.fsread": PRIMITIVES,
-    "kcache_cli.entrydir": PRIMITIVES,  # an entry directory held open: what a judgement reads through
-    "kcache_cli.fswrite": PRIMITIVES,
-    "kcache_cli.fsdelete": PRIMITIVES,
-    "kcache_cli.state": PRIMITIVES,  # the root's .kcache/ directory: lock, stamp and staging paths
-    "kcache_cli.locking": PRIMITIVES,  # flocks on files of a root, below every writer
-    "kcache_cli.readmarks": PRIMITIVES,  # the atimes kcache's own reads moved, and put back in the record
-    "kcache_cli.parallel": PRIMITIVES,
-    "kcache_cli.progress": PRIMITIVES,
-    "kcache_cli.tarstream": PRIMITIVES,
-    "kcache_cli.signing": PRIMITIVES,
-    "kcache_cli.taskfile": PRIMITIVES,  # reading a task file hidet/tilus wrote
-    "kcache_cli.binary": PRIMITIVES,  # reading ELF/cubin/fatbin bytes
-    "kcache_cli.gpu": PRIMITIVES,  # arch names and the local GPU
-    "kcache_cli.megacache": PRIMITIVES,  # torch's Mega-Cache blob framing (no torch, no unpickling)
-    # the data model: records, the vocabulary, and the registry of path shapes (plain data that the
-    # vocabulary's layout names and kinds are drawn from)
+    # the lowest floor: file-system primitives, small services, and bytes other tools wrote
+    "kcache_cli.fs": PRIMITIVES,  # held directory fds: read, write, delete; .kcache/ state, locks, read-marks
+    "kcache_cli.util": PRIMITIVES,  # errors, units, terminal-safe text, worker pools, progress, signing
+    "kcache_cli.formats": PRIMITIVES,  # task files, ELF/cubin, GPU arch names, torch's Mega-Cache framing
+    # the data model: records, the vocabulary, judging helpers and the registry of path shapes
     "kcache_cli.model": MODEL,
-    "kcache_cli.terms": MODEL,
-    "kcache_cli.checks": MODEL,  # judging helpers shared by the layouts
-    "kcache_cli.layouts.shapes": MODEL,
-    # the layouts
+    "kcache_cli.layouts.shapes": MODEL,  # the registry of path shapes: data the vocabulary's names come from
+    # one module per cache layout
     "kcache_cli.layouts": LAYOUTS,
-    "kcache_cli.layouts._common": LAYOUTS,  # helpers several layout modules share (no layout imports another)
-    # the engines
-    "kcache_cli.scan": ENGINES,
-    "kcache_cli.scan_context": ENGINES,  # what the scan hands a layout; the index builds on it
-    "kcache_cli.index": ENGINES,
-    "kcache_cli.names": ENGINES,  # parsing --layout/--kind/--status selections and entry names
-    "kcache_cli.locate": ENGINES,
-    "kcache_cli.verify": ENGINES,
-    "kcache_cli.diff": ENGINES,
-    "kcache_cli.budget": ENGINES,
-    "kcache_cli.config": ENGINES,  # kcache's own settings file (the budget prune keeps)
-    "kcache_cli.mounts": PRIMITIVES,  # which mounts record reads (atime)
-    "kcache_cli.explain": ENGINES,  # will the consumer here hit an entry (kcache explain)
-    "kcache_cli.triton_hook": ENGINES,  # a Triton cache manager that stamps hits
-    "kcache_cli.usage": ENGINES,  # stats' space by age and what prune --broken would free
-    "kcache_cli.build": ENGINES,
-    "kcache_cli.repair": ENGINES,
-    "kcache_cli.delete": ENGINES,
+    # the engines: what a command knows (catalog), what it does (ops), archives and remotes
+    "kcache_cli.catalog": ENGINES,
+    "kcache_cli.ops": ENGINES,
     "kcache_cli.archive": ENGINES,
     "kcache_cli.remote": ENGINES,
+    "kcache_cli.triton_hook": ENGINES,  # a Triton cache manager that stamps hits
     # the command line
     "kcache_cli.cli": CLI,
     "kcache_cli.__main__": CLI,
 }
+LOOSE = frozenset({"kcache_cli", "kcache_cli.__main__", "kcache_cli.triton_hook"})
 
 
 # Modules of layouts/ every layout module may import; any other module there is one layout's own (its
@@ -147,7 +117,17 @@ def import_edges(sources: dict[Path, str], top: Path) -> list[Edge]:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 where = f"{path.relative_to(top.parent)}:{node.lineno}"
                 edges += [Edge(module, t, where) for t in _targets(node, module, is_package, modules)]
+            elif _lazy_target(node) in modules:  # lazy_module("kcache_cli.x"): an import run at first use
+                edges.append(Edge(module, _lazy_target(node), f"{path.relative_to(top.parent)}:{node.lineno}"))
     return edges
+
+
+def _lazy_target(node: ast.AST) -> str | None:
+    """The module a `lazy_module("...")` call names (kcache_cli/util/lazy.py), else None."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "lazy_module"
+            and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        return node.args[0].value
+    return None
 
 
 def cycles(edges: list[Edge]) -> list[Cycle]:
@@ -255,6 +235,16 @@ def test_every_module_has_a_floor():
     assert not missing, "modules with no floor (add them to FLOORS in tests/test_imports.py): " + ", ".join(missing)
 
 
+def test_every_module_sits_in_its_floors_folder():
+    """The tree shows the floors: every module is in a folder FLOORS names, none loose at the top."""
+    names = sorted(_module_name(p, PACKAGE)[0] for p in PACKAGE.rglob("*.py"))
+    loose = [n for n in names if n.count(".") == 1 and n not in LOOSE and n.split(".")[1] not in
+             {k.split(".")[1] for k in FLOORS if "." in k}]
+    assert not loose, "modules loose at the top of kcache_cli/ (put each in its floor's folder): " + ", ".join(loose)
+    inside = [k for k in FLOORS if k.count(".") > 1 and k != "kcache_cli.layouts.shapes"]
+    assert not inside, f"a floor is a folder, not a module inside one: {inside}"
+
+
 def test_no_import_cycle():
     found = cycles(_package_edges())
     assert not found, "import cycles:\n" + "\n".join(map(str, found))
@@ -283,8 +273,8 @@ def test_the_layout_rule_sees_what_it_forbids():
 
 
 def test_the_import_rules_see_what_they_forbid(tmp_path):
-    """The checker on a small made-up package: relative, function-level and TYPE_CHECKING imports are
-    edges; a cycle is found and printed; an upward edge is reported, a same-floor one is not."""
+    """The checker on a small made-up package: relative, function-level, TYPE_CHECKING and lazy_module
+    imports are edges; a cycle is found and printed; an upward edge is reported, a same-floor one is not."""
     top = tmp_path / "pkg"
     sources = {
         top / "__init__.py": "",
@@ -292,14 +282,16 @@ def test_the_import_rules_see_what_they_forbid(tmp_path):
         top / "sub" / "__init__.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import high\n",
         top / "sub" / "high.py": "from ..low import f\nimport pkg.sub.other as o\n",
         top / "sub" / "other.py": "import os\nfrom pkg import low\n",
+        top / "lazy.py": 'low = lazy_module("pkg.low")\n',
     }
     edges = import_edges(sources, top)
     assert {(e.importer, e.imported) for e in edges} == {
         ("pkg.low", "pkg.sub.high"), ("pkg.sub", "pkg.sub.high"), ("pkg.sub.high", "pkg.low"),
-        ("pkg.sub.high", "pkg.sub.other"), ("pkg.sub.other", "pkg.low"),
+        ("pkg.sub.high", "pkg.sub.other"), ("pkg.sub.other", "pkg.low"), ("pkg.lazy", "pkg.low"),
     }
     assert ("pkg.low", "pkg.sub.high", "pkg/low.py:2") in edges
     members = ["pkg.low", "pkg.sub.high", "pkg.sub.other"]
+    edges = [e for e in edges if e.importer != "pkg.lazy"]
     assert cycles(edges) == [Cycle(["pkg.low", "pkg.sub.high", "pkg.low"], members)]
     assert str(cycles(edges)[0]) == "pkg.low -> pkg.sub.high -> pkg.low   (the circle also takes in pkg.sub.other)"
     floors = {"pkg": 0, "pkg.sub": 1}

@@ -1,4 +1,4 @@
-"""The scan index (kcache_cli/index.py) never answers stale: whatever changes behind its back, `ls`/`stats`
+"""The scan index (kcache_cli/catalog/index.py) never answers stale: whatever changes behind its back, `ls`/`stats`
 with the index say exactly what a real scan says, and the index does answer when nothing changed."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import time
 
 import pytest
 
-from kcache_cli import index, state
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.catalog import index
+from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.fs import state
+from kcache_cli.fs.entrydir import EntryDir
+from kcache_cli.fs.locking import entry_lock
 from kcache_cli.layouts import hidet
-from kcache_cli.locking import entry_lock
-from kcache_cli.scan import scan_cache
 
 SOFTMAX = "ops/cuda_space_0/softmax/ad252b064b266eea"
 ADD = "ops/cuda_space_0/add/8d1f7691cdf75e90"
@@ -314,7 +315,7 @@ def test_filtered_scan_keeps_the_other_records(cache, judged):
 
 
 def hidet_filter(op):
-    from kcache_cli.model import ScanFilter
+    from kcache_cli.model.records import ScanFilter
 
     return ScanFilter(ops=(op,))
 
@@ -356,7 +357,7 @@ def test_concurrent_writer_never_leaves_a_stale_record(cache, judged):
 
 def test_parallel_scan_with_index_matches(fixture_copy, judged, monkeypatch):
     """Big caches are read by forked workers: records and hits travel back from them."""
-    from kcache_cli import scan_context as scan_mod
+    from kcache_cli.catalog import scan_context as scan_mod
 
     root = fixture_copy("hidet")
     settle()
@@ -396,7 +397,7 @@ def test_an_index_made_for_root_is_not_used_by_another_user(judged):
         os.chown(theirs, 65534, 65534)
         os.chmod(idx, 0o777)
         src = os.path.dirname(os.path.dirname(os.path.abspath(index.__file__)))
-        code = (f"import json,sys; sys.path.insert(0, {src!r}); from kcache_cli.scan import scan_cache; "
+        code = (f"import json,sys; sys.path.insert(0, {src!r}); from kcache_cli.catalog.scan import scan_cache; "
                 f"print(json.dumps({{e.relpath: e.status for e in scan_cache({str(cache)!r}, use_index=True)"
                 ".entries}))")
         proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable,
@@ -410,8 +411,8 @@ def test_an_index_made_for_root_is_not_used_by_another_user(judged):
 
 
 def test_prefix_resolution_judges_only_the_entries_its_names_match(cache, judged, kcache):
-    """inspect/log <prefix> find the entry by directory names (kcache_cli/names.py), then read only it."""
-    from kcache_cli.scan import resolve_entry
+    """inspect/log <prefix> find the entry by directory names (kcache_cli/catalog/names.py), then read only it."""
+    from kcache_cli.catalog.scan import resolve_entry
 
     assert resolve_entry(cache, "ad25").relpath == SOFTMAX
     assert judged == [str(cache / SOFTMAX)]
@@ -425,8 +426,8 @@ def test_prefix_resolution_judges_only_the_entries_its_names_match(cache, judged
     assert resolve_entry(cache, str(cache / SOFTMAX)).relpath == SOFTMAX
     assert judged == [str(cache / SOFTMAX)] * 2
     judged.clear()
-    from kcache_cli.errors import UsageError
-    from kcache_cli.model import ScanFilter
+    from kcache_cli.model.records import ScanFilter
+    from kcache_cli.util.errors import UsageError
 
     with pytest.raises(UsageError, match="no entry matches"):
         resolve_entry(cache, "ad25", flt=ScanFilter(spaces=("cuda_space_1",)))
@@ -587,8 +588,8 @@ def test_unreadable_is_never_stored(cache, judged, monkeypatch):
 def test_workers_started_by_a_forkserver_get_the_index_pickled(fixture_copy, monkeypatch):
     """When forking is not safe (a thread runs), parallel.map_parts pickles the work: the index's
     wrapper is a class, not a closure, and the answers are the same."""
-    from kcache_cli import parallel
-    from kcache_cli import scan_context as scan_mod
+    from kcache_cli.catalog import scan_context as scan_mod
+    from kcache_cli.util import parallel
 
     root = fixture_copy("hidet")
     settle()

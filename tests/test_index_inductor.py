@@ -1,4 +1,4 @@
-"""The scan index (kcache_cli/index.py) answers unchanged Inductor fx graphs, code shards and aotautograd
+"""The scan index (kcache_cli/catalog/index.py) answers unchanged Inductor fx graphs, code shards and aotautograd
 entries, and never stale: a changed entry is judged again, and so is an aotautograd entry whose named fx
 graphs changed (their stats are part of its key: a graph that goes missing turns it partial at once)."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from loaders import recorded
 
-from kcache_cli import index
-from kcache_cli import scan_context as scan_mod
+from kcache_cli.catalog import index
+from kcache_cli.catalog import scan_context as scan_mod
+from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import inductor
-from kcache_cli.scan import scan_cache
 
 RACY = 0.05
 

@@ -1,4 +1,4 @@
-"""The scan index (kcache_cli/index.py) answers unchanged tilelang kernels and binaries, and never stale: a
+"""The scan index (kcache_cli/catalog/index.py) answers unchanged tilelang kernels and binaries, and never stale: a
 changed file, added file or symlinked file sends the entry back to the real scan, whose answer it equals."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from kcache_cli import index
-from kcache_cli import scan_context as scan_mod
+from kcache_cli.catalog import index
+from kcache_cli.catalog import scan_context as scan_mod
+from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import tilelang
-from kcache_cli.scan import scan_cache
 
 RACY = 0.05
 KERNELS = "0.1.15/linux-x86_64/kernels"

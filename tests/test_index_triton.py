@@ -1,4 +1,4 @@
-"""The scan index (kcache_cli/index.py) answers unchanged Triton kernels too, and never stale: whatever
+"""The scan index (kcache_cli/catalog/index.py) answers unchanged Triton kernels too, and never stale: whatever
 changes behind its back, `ls` with the index says exactly what a real scan says, and a kernel whose
 judgement looked outside its own directory (group paths into another root, a symlinked file, a temp dir)
 is judged every time."""
@@ -10,13 +10,13 @@ import os
 import time
 
 import pytest
-
-from kcache_cli import index
-from kcache_cli import scan_context as scan_mod
-from kcache_cli.layouts import triton
-from kcache_cli.model import ScanFilter
-from kcache_cli.scan import scan_cache
 from test_triton import ADD_90, KERNELS, MATMUL, SOFTMAX, age, settle
+
+from kcache_cli.catalog import index
+from kcache_cli.catalog import scan_context as scan_mod
+from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.layouts import triton
+from kcache_cli.model.records import ScanFilter
 
 RACY = 0.05
 
@@ -188,8 +188,8 @@ def test_parallel_workers_serve_and_record(cache, judged, monkeypatch):
 def test_kcache_own_reads_are_no_use_in_the_listing(cache, monkeypatch):
     """Atimes that kcache's own reads left (readmarks) count as the atimes before them, in Triton's listing
     as in read_dir and the index: all three answer the same last use."""
-    from kcache_cli import readmarks
-    from kcache_cli.entrydir import EntryDir
+    from kcache_cli.fs import readmarks
+    from kcache_cli.fs.entrydir import EntryDir
 
     entry = cache / SOFTMAX
     stats = [os.stat(f) for f in entry.iterdir() if f.is_file()]

@@ -1,4 +1,4 @@
-"""The scan index (kcache_cli/index.py) answers unchanged vLLM units, keyed by every name in the unit's tree,
+"""The scan index (kcache_cli/catalog/index.py) answers unchanged vLLM units, keyed by every name in the unit's tree,
 and never stale: a change anywhere in the tree (an index, an artifact, a graph deep in an unpacked one, a
 name added) sends the unit back to the real scan, whose answer it equals."""
 
@@ -13,10 +13,10 @@ import pytest
 from conftest import run_kcache
 from loaders import recorded
 
-from kcache_cli import index
-from kcache_cli import scan_context as scan_mod
+from kcache_cli.catalog import index
+from kcache_cli.catalog import scan_context as scan_mod
+from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import vllm
-from kcache_cli.scan import scan_cache
 
 RACY = 0.05
 BINARY, UNPACKED = "0123456789", "abcdef0123"

@@ -465,8 +465,9 @@ def test_autotune_tables(tmp_path):
 def test_a_judgement_reads_only_through_the_entry_it_is_handed(cache, deep):
     """Every entry held open from one anchor is judged the same once the whole cache has moved to another
     name: the aotautograd entries' fx graphs are found from the anchor, nothing by a path of its own."""
-    from kcache_cli import fsread, layouts
-    from kcache_cli.entrydir import EntryDir
+    from kcache_cli import layouts
+    from kcache_cli.fs import read as fsread
+    from kcache_cli.fs.entrydir import EntryDir
 
     layout = layouts.get("inductor")
     anchor = fsread.Anchor(cache)

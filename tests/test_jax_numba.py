@@ -132,7 +132,7 @@ def test_a_pycache_with_python_files_is_listed_but_never_removed(tmp_path):
 
 
 def test_an_index_of_another_numba_is_stale_where_numba_is_installed(numba_root):
-    from kcache_cli.entrydir import EntryDir
+    from kcache_cli.fs.entrydir import EntryDir
     from kcache_cli.layouts import get
     from kcache_cli.layouts.base import Judging
 

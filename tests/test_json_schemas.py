@@ -1,11 +1,16 @@
 """One JSON (issue 25): every data command's --json output, run on the real fixtures, validates against
 its schema in kcache_cli/schemas/<command>.json (JSON Schema 2020-12, checked with `jsonschema`),
 carries "schema": "kcache/<command>/1", uses machine keys, says null for nothing (never "-"), and
-names counts entry_count / file_count (entries and files are lists wherever they appear)."""
+names counts entry_count / file_count (entries and files are lists wherever they appear).
+
+The schemas share their definitions (issue 31): defs.json holds them under $defs, and a command's schema
+names one as "defs.json#/$defs/<name>", resolved against its $id (https://kcache.invalid/schemas/<command>.json),
+so a validator is given every schema of the folder by its $id (a `referencing` Registry here)."""
 
 from __future__ import annotations
 
 import json
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
@@ -13,6 +18,8 @@ import pytest
 from conftest import CXX, FIXTURES, SHARED_FIXTURES, copy_tree
 
 jsonschema = pytest.importorskip("jsonschema")
+referencing = pytest.importorskip("referencing")  # jsonschema >= 4.18 brings it
+DRAFT202012 = pytest.importorskip("referencing.jsonschema").DRAFT202012
 
 NAMES = ("hidet", "tilus", "tilelang", "triton/cache")
 ROOTS = [(w, n) for w in ("repo", "shared") for n in NAMES]
@@ -20,13 +27,35 @@ ROOTS = [(w, n) for w in ("repo", "shared") for n in NAMES]
 NAME_MAPS = {"by_layout", "by_space", "by_op", "by_status", "by_kind", "by_age"}
 
 
+SCHEMAS = resources.files("kcache_cli").joinpath("schemas")
+MACHINE_KEY = "^[a-z][a-z0-9_]*$"
+
+
 def schema_of(command: str) -> dict:
-    return json.loads(resources.files("kcache_cli").joinpath("schemas", f"{command}.json").read_text())
+    return json.loads(SCHEMAS.joinpath(f"{command}.json").read_text())
+
+
+@cache
+def all_schemas() -> dict[str, dict]:
+    """Every schema shipped, by its file's stem: the commands' and defs.json."""
+    return {p.name[:-5]: json.loads(p.read_text()) for p in SCHEMAS.iterdir() if p.name.endswith(".json")}
+
+
+@cache
+def registry():
+    """Each schema under its $id, as a user's validator is given them (docs/output.md)."""
+    return referencing.Registry().with_resources(
+        (s["$id"], DRAFT202012.create_resource(s)) for s in all_schemas().values())
+
+
+def validator_of(command: str):
+    return jsonschema.Draft202012Validator(schema_of(command), registry=registry(),
+                                           format_checker=jsonschema.FormatChecker())
 
 
 def check(doc: dict, command: str) -> None:
     assert doc["schema"] == f"kcache/{command}/1", doc.get("schema")
-    validator = jsonschema.Draft202012Validator(schema_of(command), format_checker=jsonschema.FormatChecker())
+    validator = validator_of(command)
     errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
     assert not errors, [f"{list(e.absolute_path)}: {e.message[:200]}" for e in errors[:5]]
     _walk(doc, command, [])
@@ -171,7 +200,79 @@ def test_every_schema_is_a_valid_schema_and_shipped():
     for n in names:
         schema = schema_of(n[:-5])
         jsonschema.Draft202012Validator.check_schema(schema)
-        assert f"{n[:-5]}.json" in schema["$id"]
+        assert schema["$id"] == f"https://kcache.invalid/schemas/{n}"
+
+
+def _walk_schema(value, where: str):
+    """(where, node) for every schema object in value, its $defs included."""
+    if isinstance(value, dict):
+        yield where, value
+        for k, v in value.items():
+            yield from _walk_schema(v, f"{where}/{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _walk_schema(v, f"{where}/{i}")
+
+
+def test_every_ref_resolves_and_every_definition_is_used():
+    """Each $ref is "#/$defs/<name>" (its own file) or "defs.json#/$defs/<name>" (relative, so that it
+    resolves by $id and beside the file alike), and resolves to a schema; each definition is used."""
+    used: set[str] = set()
+    for name, schema in all_schemas().items():
+        resolver = registry().resolver(base_uri=schema["$id"])
+        for where, node in _walk_schema(schema, name):
+            assert where == name or "$id" not in node, f"{where}: one $id per file, at its top"
+            if "$ref" not in node:
+                continue
+            ref = node["$ref"]
+            file, _, pointer = ref.partition("#")
+            assert file in ("", "defs.json") and pointer.startswith("/$defs/"), f"{where}: {ref}"
+            assert file or pointer.split("/")[2] in schema.get("$defs", {}), f"{where}: {ref}"
+            target = resolver.lookup(ref).contents
+            assert isinstance(target, dict) and target, f"{where}: {ref}"
+            used.add(f"{file or name + '.json'}#{pointer}")
+    defined = {f"{name}.json#/$defs/{d}" for name, schema in all_schemas().items() for d in schema.get("$defs", {})}
+    assert defined - used == set(), "definitions no schema uses"
+    assert all_schemas()["defs"]["$defs"], "defs.json defines nothing"
+
+
+def test_no_definition_is_written_twice():
+    """A record or a map (a schema with properties or additionalProperties) is written once in the whole
+    set: a second use is a $ref. Leaf types (`{"type": ["string", "null"]}`, a count with its minimum, a
+    date-time) may repeat: a $ref to one is no shorter (3 lines, against 4 to 7) and hides the type from
+    the reader. The key rule (snake_case) is written once, in defs.json."""
+    seen: dict[str, str] = {}
+    twice = []
+    for name, schema in sorted(all_schemas().items()):
+        for where, node in _walk_schema(schema, name):
+            if "properties" in node or "additionalProperties" in node:
+                text = json.dumps(node, sort_keys=True)
+                if text in seen:
+                    twice.append(f"{where} repeats {seen[text]}")
+                seen.setdefault(text, where)
+    assert twice == []
+    rules = [where for name, schema in all_schemas().items() for where, node in _walk_schema(schema, name)
+             if node.get("pattern") == MACHINE_KEY]
+    assert rules == ["defs/$defs/machine_key"]
+
+
+def test_shared_definitions_bind_the_commands_that_use_them(kcache, fixture_copy):
+    """A $ref is not a comment: breaking what defs.json defines (an entry's status, a group's count, a
+    machine key) fails ls, stats and prune documents that were valid."""
+    root = str(fixture_copy("hidet"))
+    ls = run_json(kcache, "ls", "--cache-dir", root, "ls")
+    stats = run_json(kcache, "stats", "--cache-dir", root, "stats")
+    prune = run_json(kcache, "prune", "--cache-dir", root, "prune", "--max-size", "1B", "--dry-run", "--yes")
+    assert ls["entries"] and stats["by_layout"] and prune["removed"]
+    broken = [(json.loads(json.dumps(ls)), "ls", lambda d: d["entries"][0].update(status="fine")),
+              (json.loads(json.dumps(ls)), "ls", lambda d: d["entries"][0].update({"Bad Key": 1})),
+              (json.loads(json.dumps(stats)), "stats", lambda d: d["by_layout"]["hidet"].update(entry_count=-1)),
+              (json.loads(json.dumps(stats)), "stats", lambda d: d["biggest"][0].pop("apparent_size")),
+              (json.loads(json.dumps(prune)), "prune", lambda d: d["removed"][0].pop("hash"))]
+    for doc, command, breaking in broken:
+        assert not list(validator_of(command).iter_errors(doc))
+        breaking(doc)
+        assert list(validator_of(command).iter_errors(doc)), (command, doc)
 
 
 def test_the_default_scope_and_config_match_their_schemas(kcache, tmp_path):

@@ -10,10 +10,11 @@ import threading
 
 import pytest
 
-from kcache_cli import fsread, layouts
-from kcache_cli.entrydir import EntryDir
+from kcache_cli import layouts
+from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging
-from kcache_cli.scan import scan_cache
 
 REAL = ("hidet", "tilus", "tilelang", "triton")
 

@@ -66,7 +66,7 @@ def mounted(where: Path, options: str):
 
 # ---- the mount table --------------------------------------------------------------------------------
 def test_mountinfo_is_read_with_escapes_and_longest_prefix(tmp_path):
-    from kcache_cli import mounts
+    from kcache_cli.fs import mounts
 
     info = tmp_path / "mountinfo"
     info.write_text(
@@ -85,7 +85,7 @@ def test_mountinfo_is_read_with_escapes_and_longest_prefix(tmp_path):
 
 
 def test_atime_rule_decides_per_mount_below_the_root(tmp_path, monkeypatch):
-    from kcache_cli import mounts
+    from kcache_cli.fs import mounts
 
     root = tmp_path / "cache"
     (root / "fast").mkdir(parents=True)

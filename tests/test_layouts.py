@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from kcache_cli import fsread, layouts
-from kcache_cli.entrydir import EntryDir
+from kcache_cli import layouts
+from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import CONCERNS, Layout
 from kcache_cli.layouts.shapes import SHAPES
-from kcache_cli.scan import scan_cache
 
 REAL = ("hidet", "tilus", "tilelang")
 
@@ -149,6 +150,10 @@ def concern_problems(layout: object) -> list[str]:
                     out.append(f"{concern.__name__}.{name} is not a property")
             elif callable(member):
                 want, got = inspect.signature(member), inspect.signature(getattr(type(layout), name))
+                if isinstance(inspect.getattr_static(type(layout), name), staticmethod):  # the module's function
+                    want = want.replace(parameters=list(want.parameters.values())[1:])  # itself: no self
+                    if _widens(want, got):
+                        continue
                 if str(want) != str(got):
                     out.append(f"{concern.__name__}.{name}{want} but {type(layout).__name__}.{name}{got}")
             else:
@@ -156,6 +161,36 @@ def concern_problems(layout: object) -> list[str]:
                 if not isinstance(getattr(layout, name), kind):
                     out.append(f"{concern.__name__}.{name}: {member}, not {type(getattr(layout, name)).__name__}")
     return out
+
+
+def _widens(want: inspect.Signature, got: inspect.Signature) -> bool:
+    """Whether a hook that is a module's function (`scan = staticmethod(scan)`) takes every call the
+    protocol's signature allows, meaning the same: the protocol's parameters first, by the same names,
+    kinds and annotations (or the annotation `| None` with a default), the same result; anything more it
+    takes, optional."""
+    wanted, given = list(want.parameters.values()), list(got.parameters.values())
+    if str(want.return_annotation) != str(got.return_annotation) or len(given) < len(wanted):
+        return False
+    for w, g in zip(wanted, given):
+        if (w.name, w.kind) != (g.name, g.kind):
+            return False
+        if w.default is not inspect.Parameter.empty and w.default != g.default:
+            return False
+        same = str(g.annotation) == str(w.annotation)
+        if not (same or (str(g.annotation) == f"{w.annotation} | None" and g.default is None)):
+            return False
+    return all(g.default is not inspect.Parameter.empty for g in given[len(wanted):])
+
+
+def test_a_widened_hook_still_takes_the_protocol_s_calls():
+    def hook(d: int, kind: str, jc: str) -> str: ...
+    def wider(d: int, kind: str = "op", jc: str | None = None, *, names: dict | None = None) -> str: ...
+    def renamed(entry: int, kind: str, jc: str) -> str: ...
+    def narrower(d: int, kind: str, jc: str, more: int) -> str: ...
+    def other_result(d: int, kind: str, jc: str) -> int: ...
+    want = inspect.signature(hook)
+    assert _widens(want, want) and _widens(want, inspect.signature(wider))
+    assert not any(_widens(want, inspect.signature(f)) for f in (renamed, narrower, other_result))
 
 
 def non_hook_members(cls: type) -> list[str]:
@@ -173,6 +208,9 @@ def uncalled_hook_functions(source: str) -> list[str]:
                and any(isinstance(b, ast.Name) and b.id == "Layout" for b in n.bases)]
     called = {c.func.id for cls in classes for c in ast.walk(cls)
               if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+    called |= {c.args[0].id for cls in classes for c in ast.walk(cls)  # `scan = staticmethod(scan)`
+               if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == "staticmethod"
+               and c.args and isinstance(c.args[0], ast.Name)}
     return sorted(funcs - called)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kcache_cli.locate import resolve_cache_dir
+from kcache_cli.catalog.locate import resolve_cache_dir
 
 
 def test_cli_value_wins_over_env(tmp_path, monkeypatch):

@@ -54,8 +54,8 @@ def test_a_fifo_as_an_index_file_hangs_nothing(fixture_copy, kind, args):
 
 def test_a_fifo_index_is_replaced_by_a_real_one(fixture_copy, monkeypatch):
     """A cache big enough to keep an index writes it over the FIFO (rename replaces it): rebuilt."""
-    from kcache_cli import index
-    from kcache_cli.scan import scan_cache
+    from kcache_cli.catalog import index
+    from kcache_cli.catalog.scan import scan_cache
 
     root = fixture_copy("hidet")
     planted = fifo(root / ".kcache" / "index" / index.index_name("scan"))
@@ -89,7 +89,7 @@ def test_fifo_lock_files_hang_neither_clear_nor_prune(fixture_copy, args):
 
 
 def test_fifo_where_a_build_lock_belongs_is_a_clear_error(tmp_path):
-    from kcache_cli import state
+    from kcache_cli.fs import state
 
     task = tmp_path / "t"
     task.mkdir()
@@ -157,7 +157,7 @@ def test_the_old_timeout_name_still_works_hidden(kcache):
 
 
 def test_holders_reads_proc_locks(tmp_path):
-    from kcache_cli.locking import holder_text, holders, open_lock
+    from kcache_cli.fs.locking import holder_text, holders, open_lock
 
     lock = tmp_path / "x.lock"
     lock.touch()
@@ -175,7 +175,7 @@ def test_holders_reads_proc_locks(tmp_path):
 
 
 def test_open_lock_refuses_what_is_not_a_regular_file(tmp_path):
-    from kcache_cli.locking import NotALockFile, open_lock, probe_locked
+    from kcache_cli.fs.locking import NotALockFile, open_lock, probe_locked
 
     f = fifo(tmp_path / "f.lock")
     with pytest.raises(NotALockFile):
@@ -224,7 +224,7 @@ def test_a_group_cache_gets_group_writable_locks(fixture_copy):
 def test_a_lock_that_cannot_be_created_is_an_error_not_a_loop(tmp_path, monkeypatch):
     """Where the lock directory is not writable (another user's cache: EACCES injected, as root writes
     anywhere), taking a build lock fails at once instead of retrying for ever."""
-    from kcache_cli import locking
+    from kcache_cli.fs import locking
 
     real_open = os.open
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from kcache_cli import fsread
 from kcache_cli.cli import common
+from kcache_cli.fs import read as fsread
 from kcache_cli.layouts import hidet
 
 SOFTMAX = "ops/cuda_space_0/softmax/ad252b064b266eea"

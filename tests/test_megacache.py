@@ -1,4 +1,4 @@
-"""torch Mega-Cache blobs without torch: the framing (kcache_cli/megacache.py) against a blob torch 2.13 saved
+"""torch Mega-Cache blobs without torch: the framing (kcache_cli/formats/megacache.py) against a blob torch 2.13 saved
 (tests/fixtures/real/torch-mega/), damaged and hostile blobs, and inspect / verify / import / export of
 blobs (kcache_cli/archive/mega.py). The real torch loading what kcache writes is tests/loaders/test_mega_torch.py."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kcache_cli import megacache
+from kcache_cli.formats import megacache
 from kcache_cli.layouts.inductor import MEGA_TYPES, variant_name
 
 FIXTURE = Path(__file__).parent / "fixtures" / "real" / "torch-mega" / "sin_cos_cpu.bin"
@@ -231,7 +231,7 @@ def test_export_carries_every_graph_autograd_and_autotune_record(tmp_path, kcach
 
 def test_with_a_trust_list_an_unsigned_blob_is_refused_and_a_signed_one_taken(tmp_path, kcache, monkeypatch):
     pytest.importorskip("cryptography")
-    from kcache_cli.signing import make_key
+    from kcache_cli.util.signing import make_key
 
     monkeypatch.setenv("KCACHE_SIGNING_KEY", str(tmp_path / "key"))
     _, public = make_key(tmp_path / "key")

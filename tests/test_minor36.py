@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_delete import gen
 
-from kcache_cli import state
-from kcache_cli.scan import scan_cache
+from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.fs import state
 
 
 def _interrupt_before(monkeypatch, owner, name: str) -> list[str]:
@@ -32,7 +32,7 @@ def _interrupt_before(monkeypatch, owner, name: str) -> list[str]:
 
 @pytest.mark.parametrize("command", [("prune", "--max-size", "0"), ("clear", "--all")])
 def test_ctrl_c_while_the_trash_is_emptied_says_what_was_removed(kcache, tmp_path, monkeypatch, command):
-    from kcache_cli import delete
+    from kcache_cli.ops import delete
 
     root = gen(tmp_path, 60)
     ran = _interrupt_before(monkeypatch, delete._Deleter, "finish")

@@ -6,8 +6,20 @@ from __future__ import annotations
 import os
 
 import pytest
-from loaders.matrix import (Case, EntryView, Verdict, agree, dangling_link, empty, garbage, link_to_good, missing,
-                            mode000, one_mtime, truncated)
+from loaders.matrix import (
+    Case,
+    EntryView,
+    Verdict,
+    agree,
+    dangling_link,
+    empty,
+    garbage,
+    link_to_good,
+    missing,
+    mode000,
+    one_mtime,
+    truncated,
+)
 
 
 def view(status: str, pruned: bool | None = None, **kw) -> EntryView:

@@ -1,4 +1,4 @@
-"""kcache_cli.parallel: workers are forked only when no other thread runs; else a forkserver starts them.
+"""kcache_cli.util.parallel: workers are forked only when no other thread runs; else a forkserver starts them.
 
 Whether a process runs other threads is the point here, and a test runner's worker may run some of its own
 (or keep one another test left): the tests that need a process with only its main thread run their body
@@ -14,9 +14,8 @@ import sys
 import tempfile
 import threading
 
-
-from kcache_cli import parallel
-from kcache_cli.scan import scan_cache
+from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.util import parallel
 
 
 def _part(shared: int, part: list[int]) -> tuple[int, list[int]]:
@@ -80,7 +79,7 @@ def test_parallel_scan_with_a_thread_running_matches_serial(fixture_copy):
 
 
 def body_parallel_scan_with_a_thread_running_matches_serial(root: str):
-    import kcache_cli.scan_context as scan_mod
+    import kcache_cli.catalog.scan_context as scan_mod
 
     serial = scan_cache(root)
     scan_mod.PARALLEL_MIN_JOBS = 2

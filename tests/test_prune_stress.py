@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kcache_cli.scan import scan_cache
+from kcache_cli.catalog.scan import scan_cache
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))

@@ -13,7 +13,7 @@ import pytest
 from conftest import CXX, FIXTURES, copy_tree
 
 from kcache_cli.archive.manifest import EntryRecord
-from kcache_cli.model import EntryKey
+from kcache_cli.model.records import EntryKey
 from kcache_cli.remote import formats as f
 
 LAYOUTS = ("hidet", "tilus", "tilelang")
@@ -400,12 +400,13 @@ def test_errors_are_one_line(kcache, tmp_path, args):
     one_line_error(kcache(*args, "--cache-dir", tmp_path / "c") if args[0] != "remote" else kcache(*args))
 
 
-def test_version_and_help_do_not_import_redis():
-    code = ("import sys\nfrom kcache_cli.cli.app import main\nfor argv in (['--version'], ['push', '--help']):\n"
-            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
-            "print('redis' in sys.modules, 'kcache_cli.remote.store' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip().splitlines()[-1] == "False False"
+@pytest.mark.parametrize("argv, store", [(["--version"], False), (["push", "--help"], True)])
+def test_version_and_help_do_not_import_redis(argv, store):
+    """The redis client loads when a redis:// store is opened; `--version` loads no remote code at all."""
+    code = ("import sys\nfrom kcache_cli.cli.app import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n"
+            "    pass\nprint('redis' in sys.modules, 'kcache_cli.remote.store' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == f"False {store}"
 
 
 # ---- Triton's own format -------------------------------------------------------------------------------
@@ -528,7 +529,9 @@ def test_a_layouts_local_files_are_held_to_imports_rules(tmp_path):
 def test_remote_subcommands_have_help_with_an_example_and_take_global_options(kcache, tmp_path, sub):
     from typer.main import get_command
 
-    from kcache_cli.cli.app import app
+    from kcache_cli.cli.app import full_app
+
+    app = full_app()
 
     cmd = get_command(app).commands["remote"].commands[sub]
     assert cmd.callback.__doc__.strip().splitlines()[-1].strip().startswith(f"Example: kcache remote {sub}")
@@ -567,7 +570,7 @@ def test_a_shared_directory_takes_keys_longer_than_a_file_name(tmp_path):
 
 def test_a_pull_is_bounded_like_an_import(tmp_path):
     from kcache_cli.archive import ImportLimits, check_total
-    from kcache_cli.errors import KcacheError
+    from kcache_cli.util.errors import KcacheError
 
     check_total(tmp_path, 10, ImportLimits(max_total=10))
     with pytest.raises(KcacheError, match="over the limit of 10"):

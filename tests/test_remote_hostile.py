@@ -233,7 +233,7 @@ def test_a_value_named_many_times_is_fetched_once(tmp_path, redis_server):
 
 @needs_redis
 def test_triton_keys_are_fetched_only_when_selected(tmp_path, redis_server, monkeypatch):
-    from kcache_cli.model import ScanFilter
+    from kcache_cli.model.records import ScanFilter
     from kcache_cli.remote.pull import pull
     from kcache_cli.remote.store import open_store
 

@@ -14,7 +14,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from oci_registry import skopeo, skopeo_inspect
 
 pytestmark = pytest.mark.oci
@@ -252,8 +251,8 @@ def test_a_layer_with_files_its_manifest_does_not_list_is_rejected(kcache, trito
 
 
 def test_build_remote_says_an_oci_remote_is_not_for_builds():
-    from kcache_cli.errors import UsageError
     from kcache_cli.remote.store import open_store
+    from kcache_cli.util.errors import UsageError
 
     with pytest.raises(UsageError, match="build --remote needs a redis:// or file://"):
         open_store("oci://registry.example/team/k:v1")
@@ -262,8 +261,8 @@ def test_build_remote_says_an_oci_remote_is_not_for_builds():
 def test_credentials_come_from_the_auth_file_and_never_from_the_url(tmp_path, monkeypatch):
     import base64
 
-    from kcache_cli.errors import UsageError
     from kcache_cli.remote.oci import find_credentials, parse_ref
+    from kcache_cli.util.errors import UsageError
 
     docker = Path(os.environ["HOME"]) / ".docker"
     docker.mkdir()

@@ -1,4 +1,4 @@
-"""Signed entries (DESIGN.md §9, kcache_cli/signing.py): node A pushes signed, node B trusting A's key
+"""Signed entries (DESIGN.md §9, kcache_cli/util/signing.py): node A pushes signed, node B trusting A's key
 pulls; unsigned, foreign-signed and altered records written straight into Redis are refused."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_node_b_trusting_a_pulls_what_a_signed_and_refuses_the_rest(kcache, tmp_
     rec = json.loads(client.get(f.record_key("hidet", unsigned)))
     del rec["signature"]
     client.set(f.record_key("hidet", unsigned), json.dumps(rec))
-    from kcache_cli.signing import Signer, load_key
+    from kcache_cli.util.signing import Signer, load_key
 
     mallory_key = load_key(Path(mallory["XDG_CONFIG_HOME"]) / "kcache" / "signing.key")
     rec = json.loads(client.get(f.record_key("hidet", foreign)))

@@ -9,16 +9,16 @@ import json
 import pytest
 
 from kcache_cli import archive
-from kcache_cli.binary import read_binary
+from kcache_cli.catalog.scan import resolve_entry
 from kcache_cli.cli.common import GlobalOptions, Output
-from kcache_cli.delete import plan_clear
+from kcache_cli.formats.binary import read_binary
 from kcache_cli.layouts import get
-from kcache_cli.model import EntryKey, ScanFilter
+from kcache_cli.model.records import EntryKey, ScanFilter
+from kcache_cli.ops.delete import plan_clear
 from kcache_cli.remote.manage import RemoteEntry, RemotePruneResult, RemoteRemoval
 from kcache_cli.remote.moved import MovedEntry, named
 from kcache_cli.remote.pull import PullResult
 from kcache_cli.remote.push import PushResult
-from kcache_cli.scan import resolve_entry
 
 MOVED_KEYS = ["layout", "kind", "relpath", "file_count", "size", "action", "done", "reason", "arch"]
 

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 import test_shared_attacks as sa
-from conftest import FIXTURES, copy_tree, run_kcache
+from conftest import FIXTURES, copy_tree, patch_everywhere, run_kcache
 from test_all_caches import inductor_graph
 
-from kcache_cli import delete, fsread
+from kcache_cli.fs import read as fsread
 from kcache_cli.layouts import homes
+from kcache_cli.ops import delete
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make another user's directories")
 
@@ -223,7 +224,7 @@ def test_an_entry_replaced_after_the_scan_is_skipped(scene, monkeypatch):
 
 
 def test_scanned_identity_is_in_every_entry(scene):
-    from kcache_cli.scan import scan_cache
+    from kcache_cli.catalog.scan import scan_cache
 
     for root in (scene["hidet"], scene["victim"], FIXTURES / "triton" / "cache", FIXTURES / "tilus"):
         for e in scan_cache(root).entries:
@@ -242,8 +243,8 @@ def test_held_roots_are_released_after_each_command(scene):
 def scans(monkeypatch) -> dict[str, int]:
     """scan_cache wrapped: how many times each root was scanned (a lookup of entries named by their paths,
     which judges only those, is not a scan)."""
-    from kcache_cli import scan
-    from kcache_cli.model import ScanFilter
+    from kcache_cli.catalog import scan
+    from kcache_cli.model.records import ScanFilter
 
     counted: dict[str, int] = {}
     real = scan.scan_cache
@@ -254,7 +255,7 @@ def scans(monkeypatch) -> dict[str, int]:
             counted[key] = counted.get(key, 0) + 1
         return real(root, flt, *args, **kwargs)
 
-    monkeypatch.setattr(scan, "scan_cache", scan_cache)
+    patch_everywhere(monkeypatch, scan, "scan_cache", scan_cache)
     return counted
 
 
@@ -322,7 +323,7 @@ print(flips)
 
 
 def _swap_races(area: Path, n: int, seed: int) -> int:
-    from kcache_cli import fsdelete
+    from kcache_cli.fs import delete as fsdelete
 
     seeds = sa.schedules(n, seed)
     parent = area / "shared"
@@ -385,7 +386,7 @@ def test_an_explicit_root_is_detected_once(scene, monkeypatch, command):
         seen.append(str(root))
         return real(root)
 
-    monkeypatch.setattr(layouts, "detect", detect)
+    patch_everywhere(monkeypatch, layouts, "detect", detect)
     run = run_kcache("--cache-dir", str(scene["hidet"]), *command)
     assert run.exit_code == 0, run.stderr
     assert seen == [str(scene["hidet"])], seen

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kcache_cli import fsdelete, state
+from kcache_cli.fs import delete as fsdelete
+from kcache_cli.fs import state
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 120
@@ -409,7 +410,7 @@ def test_roots_kcache_creates_are_tagged_and_the_tag_is_evidence(fixture_copy, t
     # a tagged root is a cache even before it holds a space: ops/ alone counts with the tag
     bare = tmp_path / "bare"
     (bare / "ops").mkdir(parents=True)
-    from kcache_cli.scan import detect_layouts
+    from kcache_cli.catalog.scan import detect_layouts
 
     assert detect_layouts(bare) == ()
     state.write_cachedir_tag(bare)
@@ -528,7 +529,7 @@ def test_ten_thousand_deep_tree_cleared_then_pruned(fixture_copy, tmp_path, dept
 def test_deep_removal_keeps_few_descriptors_open(tmp_path, depth):
     """With RLIMIT_NOFILE at 64, a 10,000-deep tree still goes: descriptors are reopened, not kept."""
     deep_tree(tmp_path, "deep", depth)
-    code = ("import os, resource, sys\nfrom kcache_cli import fsdelete\n"
+    code = ("import os, resource, sys\nfrom kcache_cli.fs import delete as fsdelete\n"
             "resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\n"
             "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
             "r = fsdelete.remove_tree(fd, 'deep')\nprint(r.gone, r.problems)\n")

@@ -429,7 +429,7 @@ def test_deep_json_in_an_archive_manifest(tmp_path):
 def _raw_archive(path: Path, manifest: bytes | None, manifest_chunks=None, size: int | None = None) -> Path:
     """A .tar.gz whose first member is manifest.json, written as a stream (the manifest need not fit
     in memory): `manifest`, or `size` bytes from `manifest_chunks`."""
-    from kcache_cli import tarstream as ts
+    from kcache_cli.fs import tarstream as ts
 
     size = len(manifest) if manifest is not None else size
     with gzip.open(path, "wb", compresslevel=1) as out:
@@ -499,7 +499,7 @@ def test_name_too_long_for_the_root_same_verdict(tmp_path):
 # ---- the helpers themselves -------------------------------------------------------------------------
 
 def test_fsread_refuses_what_is_not_a_regular_file(tmp_path):
-    from kcache_cli import fsread
+    from kcache_cli.fs import read as fsread
 
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "link").symlink_to("/etc/hostname")
@@ -521,7 +521,7 @@ def test_fsread_refuses_what_is_not_a_regular_file(tmp_path):
 
 
 def test_json_depth_counts_only_structure():
-    from kcache_cli.fsread import JsonTooDeep, json_depth, parse_json
+    from kcache_cli.fs.read import JsonTooDeep, json_depth, parse_json
 
     assert json_depth(b'{"a": "[[[[[[", "b": ["\\\\", {"c": "\\"]]]"}]}', 0) == 1
     assert json_depth(b'{"a": "[[[[[[", "b": ["\\\\", {"c": "\\"]]]"}]}', 10) <= 10
@@ -536,7 +536,7 @@ def test_json_depth_counts_only_structure():
 
 
 def test_printable():
-    from kcache_cli.textsafe import printable, printable_line
+    from kcache_cli.util.textsafe import printable, printable_line
 
     assert printable("plain\ttext\n") == "plain\ttext\n"
     assert printable("a\x1b[2Jb\x07\x7f\x9b\u202e\u2066\u200e\u061c\udcff") == \
@@ -550,8 +550,8 @@ def test_a_directory_swapped_for_a_link_mid_run_is_not_read_through(fixture_copy
     becomes a link to a look-alike tree whose task.txt would not hash to the entry's name. The reads
     resolve from the root and refuse the link: the entry is never judged by the look-alike's files, so
     it cannot be called corrupt (and pruned) on their word."""
-    from kcache_cli.scan import scan_cache
-    from kcache_cli.verify import judge_entry
+    from kcache_cli.catalog.scan import scan_cache
+    from kcache_cli.ops.verify import judge_entry
 
     root = fixture_copy("hidet")
     entry = next(e for e in scan_cache(root).entries if e.relpath == ADD)

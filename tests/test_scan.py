@@ -10,12 +10,13 @@ import textwrap
 
 import pytest
 
-from kcache_cli import fsread, state
+from kcache_cli.catalog.scan import resolve_entry, scan_cache
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import state
+from kcache_cli.fs.locking import entry_lock
 from kcache_cli.layouts import LAYOUTS
-from kcache_cli.locking import entry_lock
-from kcache_cli.model import JSON_KEYS, ScanFilter
-from kcache_cli.scan import resolve_entry, scan_cache
-from kcache_cli.errors import UsageError
+from kcache_cli.model.records import JSON_KEYS, ScanFilter
+from kcache_cli.util.errors import UsageError
 
 HIDET = {
     ("cpu_space_0", "fused", "af3046266c6abdd1"),
@@ -429,7 +430,7 @@ def test_describe_tilus_program_hash_and_users(fixture_copy):
 
 def test_parallel_scan_matches_serial(fixture_copy, monkeypatch):
     """Big caches are read by forked workers; the result must be the same, in the same order."""
-    import kcache_cli.scan_context as scan_mod
+    import kcache_cli.catalog.scan_context as scan_mod
 
     root = fixture_copy("hidet")
     for i in range(40):
@@ -509,7 +510,7 @@ def _thread_job(ctx, job):
 
 @pytest.mark.parametrize("delay, threaded", [(0.0, False), (0.001, True)])
 def test_a_worker_starts_threads_only_when_reads_wait(tmp_path, delay, threaded, monkeypatch):
-    from kcache_cli import scan_context as scan
+    from kcache_cli.catalog import scan_context as scan
 
     monkeypatch.setattr(scan, "clock", _CLOCK)
     jobs = [(i, delay) for i in range(scan.PROBE * 6)]
@@ -520,7 +521,7 @@ def test_a_worker_starts_threads_only_when_reads_wait(tmp_path, delay, threaded,
 
 
 def test_a_failure_in_a_worker_thread_is_raised(tmp_path, monkeypatch):
-    from kcache_cli import scan_context as scan
+    from kcache_cli.catalog import scan_context as scan
 
     monkeypatch.setattr(scan, "clock", _CLOCK)
     jobs = [(i, 0.001) for i in range(scan.PROBE * 4)] + [("boom", 0.0)] + [(i, 0.0) for i in range(100)]
@@ -531,7 +532,7 @@ def test_a_failure_in_a_worker_thread_is_raised(tmp_path, monkeypatch):
 def test_seed_layout_task_txt_is_never_read_for_a_status(tmp_path, monkeypatch, kcache):
     """The seed layout: hidet never reads task.txt on load, so neither ls nor inspect judges by it
     (issue 22); inspect shows the task as a fact."""
-    from kcache_cli.taskfile import task_hash
+    from kcache_cli.formats.taskfile import task_hash
 
     task = b"Task(\n  name: add\n  parameters: \n)\n"
     d = tmp_path / "c" / "ops" / "cuda_space_0" / "add" / task_hash(task)

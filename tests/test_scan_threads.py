@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kcache_cli import scan_context
+from kcache_cli.catalog import scan_context
 
 
 def test_blocked_time_counts_a_wait():

@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 from conftest import CXX, FIXTURES
 
-from kcache_cli import fsdelete, state
+from kcache_cli.fs import delete as fsdelete
+from kcache_cli.fs import state
 
 pytestmark = [pytest.mark.second_user]
 
@@ -448,7 +449,7 @@ def test_group_shared_state_dir_made_by_a_member_is_used(area, archive):
 
 def test_private_directory_rule(area):
     """A staging or build temp directory is trusted only when it is this user's and closed to others."""
-    from kcache_cli import fswrite
+    from kcache_cli.fs import write as fswrite
 
     st = os.stat(area)
     assert fswrite.owner_problem(st, "x", private=True) is not None  # 0755: open to others
@@ -508,7 +509,7 @@ def test_every_member_of_a_shared_cache_builds_imports_and_hits(area, archive):
 def test_a_members_compiler_memo_is_not_trusted(area):
     """.kcache/ holds what kcache learnt about the compilers (nvcc's default arch): a member's version of
     that file is ignored, root's own is read."""
-    from kcache_cli import build
+    from kcache_cli.ops import build
 
     root = shared_dir(area / "cache")
     (root / ".kcache").mkdir()

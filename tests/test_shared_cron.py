@@ -20,7 +20,6 @@ import pytest
 from conftest import FIXTURES
 from test_shared_attacks import GROUP, PY, TIMEOUT, member_kcache, share
 
-
 NON_MEMBER = 65533
 
 
@@ -83,7 +82,7 @@ def test_a_trust_file_whose_keys_were_all_revoked_refuses_every_record(kcache, t
 
 WORKERS = r"""
 import os, sys, time
-from kcache_cli import parallel
+from kcache_cli.util import parallel
 out = sys.argv[1]
 def first(i, advance, abort):
     open(os.path.join(out, f"w{i}-{os.getpid()}"), "w").close()

@@ -7,8 +7,11 @@ import os
 
 import pytest
 
-from kcache_cli import fsread, fswrite, locking, parallel
 from kcache_cli.cli import common
+from kcache_cli.fs import locking
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import write as fswrite
+from kcache_cli.util import parallel
 
 
 def test_fstat_regular_closes_and_refuses_a_fifo(tmp_path):

@@ -8,9 +8,10 @@ import os
 
 import pytest
 
-from kcache_cli import checks, fsread
-from kcache_cli.entrydir import EntryDir
-from kcache_cli.taskfile import sha256_hex
+from kcache_cli.formats.taskfile import sha256_hex
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs.entrydir import EntryDir
+from kcache_cli.model import checks
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from conftest import FIXTURES, SHARED_FIXTURES, copy_tree
 
 from kcache_cli.cli.table import HASH_MIN, Column, hash_floor, render
-from kcache_cli.units import format_size
+from kcache_cli.util.units import format_size
 
 ROOTS = [(where, name) for where in ("repo", "shared") for name in ("hidet", "tilus", "tilelang", "triton/cache")]
 

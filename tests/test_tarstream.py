@@ -1,4 +1,4 @@
-"""kcache_cli.tarstream against Python's tarfile, both ways: what kcache writes, tarfile reads the same;
+"""kcache_cli.fs.tarstream against Python's tarfile, both ways: what kcache writes, tarfile reads the same;
 what tarfile writes (ustar, pax), kcache reads the same; what kcache never writes, it refuses."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from kcache_cli import tarstream as ts
+from kcache_cli.fs import tarstream as ts
 
 # name, kind, data or link target: short, long (ustar prefix), longer (pax path), non-ASCII, long link
 MEMBERS = [

@@ -1,4 +1,4 @@
-"""kcache's closed vocabularies (kcache_cli/terms.py): every status, action and removal word the code
+"""kcache's closed vocabularies (kcache_cli/model/terms.py): every status, action and removal word the code
 uses is a member of its Literal type, so a misspelt word cannot hide where mypy does not look (a
 comparison against a literal, a dict written by hand); and every record names its entry through one
 EntryKey."""
@@ -12,12 +12,12 @@ from typing import get_args
 
 import pytest
 
-from kcache_cli import terms
+from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.cli import common, complete
-from kcache_cli.model import EntryKey, Keyed, ScanFilter
+from kcache_cli.model import terms
+from kcache_cli.model.records import EntryKey, Keyed, ScanFilter
 from kcache_cli.remote.manage import remote_entry
 from kcache_cli.remote.moved import MovedEntry, named
-from kcache_cli.scan import scan_cache
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kcache_cli"
 
@@ -75,7 +75,7 @@ def test_every_status_action_and_removal_word_in_kcache_cli_is_a_member():
             found.append((attr, word, f"{path.relative_to(PACKAGE)}:{line}"))
             if word not in VOCABULARY[attr]:
                 bad.append(f"{path.relative_to(PACKAGE)}:{line}: {attr} {word!r}")
-    assert not bad, "words outside their vocabulary (kcache_cli/terms.py):\n" + "\n".join(bad)
+    assert not bad, "words outside their vocabulary (kcache_cli/model/terms.py):\n" + "\n".join(bad)
     # the walk finds the uses it is there for (else a refactoring blinded it and it passes on nothing)
     assert {attr for attr, _, _ in found} == set(VOCABULARY) and len(found) >= 10, found
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import run_kcache
 
-from kcache_cli import fsdelete
+from kcache_cli.fs import delete as fsdelete
 
 REAL = Path(__file__).parent / "fixtures" / "real" / "torch_ext"
 EXT = "kc_add_one"
@@ -134,7 +134,7 @@ def test_a_flock_left_by_a_killed_holder_is_never_stale(tmp_path):
     so a lock file left behind blocks no one and kcache reports none of them."""
     from filelock import FileLock
 
-    from kcache_cli.locking import probe_locked
+    from kcache_cli.fs.locking import probe_locked
 
     lock = tmp_path / "locks" / "key.lock"
     lock.parent.mkdir()

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kcache_cli import names
+from kcache_cli.catalog import names
+from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import triton
-from kcache_cli.model import ScanFilter
-from kcache_cli.scan import scan_cache
+from kcache_cli.model.records import ScanFilter
 
 HOUR = 3600.0
 # key -> (kernel, arch, bytes, files): what triton 3.9.0 wrote (see the fixture's README)
@@ -216,7 +216,7 @@ def test_unparseable_metadata_is_corrupt_and_group_partial(kcache, cache):
 
 def test_a_group_file_kcache_may_not_read_is_unreadable_not_corrupt(cache, monkeypatch):
     """As the suite runs as root, a failed read is simulated for one group file."""
-    from kcache_cli.terms import UNREADABLE
+    from kcache_cli.model.terms import UNREADABLE
 
     denied = str(cache / ADD_90 / "__grp__add_kernel.json")
     real = triton._Listing.read
@@ -455,8 +455,8 @@ def test_verify_fix_never_writes_through_a_key_dir_swapped_for_a_link(moved, tmp
     """Between verify's scan and its --fix, a key directory is swapped for a link to a copy of it
     elsewhere: the rewrite refuses, and nothing outside the cache is written (not even a temp dir)."""
     cache = moved
-    from kcache_cli import fsread
-    from kcache_cli.verify import verify_cache
+    from kcache_cli.fs import read as fsread
+    from kcache_cli.ops.verify import verify_cache
 
     outside = tmp_path / "outside"
     shutil.copytree(cache / ADD_90, outside)

@@ -1,11 +1,11 @@
-"""One size grammar and one age grammar for every option that takes one (kcache_cli.units)."""
+"""One size grammar and one age grammar for every option that takes one (kcache_cli.util.units)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kcache_cli.errors import UsageError
-from kcache_cli.units import format_age, parse_age, parse_seconds, parse_size
+from kcache_cli.util.errors import UsageError
+from kcache_cli.util.units import format_age, parse_age, parse_seconds, parse_size
 
 
 @pytest.mark.parametrize("text,want", [

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kcache_cli.model import ScanFilter
-from kcache_cli.verify import verify_cache
+from kcache_cli.model.records import ScanFilter
+from kcache_cli.ops.verify import verify_cache
 
 
 @pytest.mark.parametrize("layout", ["hidet", "tilus", "tilelang"])
@@ -101,8 +101,8 @@ def test_selectors(kcache, fixture_copy):
 
 
 def test_building_entries_are_skipped(fixture_copy):
-    from kcache_cli import state
-    from kcache_cli.locking import entry_lock
+    from kcache_cli.fs import state
+    from kcache_cli.fs.locking import entry_lock
 
     root = fixture_copy("hidet")
     op_dir = root / "ops/cuda_space_0/add"
@@ -183,9 +183,9 @@ def test_verify_after_import_of_damaged_archive_source(kcache, fixture_copy, tmp
 
 def test_results_serialize_at_the_core(fixture_copy):
     """`verify --json` and `stats --json` come from the results' own to_json (the stable keys)."""
-    from kcache_cli.model import JSON_KEYS
-    from kcache_cli.scan import scan_cache
-    from kcache_cli.verify import verify_cache
+    from kcache_cli.catalog.scan import scan_cache
+    from kcache_cli.model.records import JSON_KEYS
+    from kcache_cli.ops.verify import verify_cache
 
     root = fixture_copy("hidet")
     lib = next(root.glob("ops/cuda_space_0/*/*/lib.so"))

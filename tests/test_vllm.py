@@ -316,8 +316,9 @@ def test_inductor_adaptor_units_need_their_fx_graphs(tmp_path):
 def test_a_judgement_reads_only_through_the_unit_it_is_handed(cache, deep):
     """Every unit held open from one anchor is judged the same once the whole cache has moved to another
     name (its indexes, artifacts and the unpacked artifacts' Inductor entries read beneath the unit)."""
-    from kcache_cli import fsread, layouts
-    from kcache_cli.entrydir import EntryDir
+    from kcache_cli import layouts
+    from kcache_cli.fs import read as fsread
+    from kcache_cli.fs.entrydir import EntryDir
 
     aot = cache / "torch_aot_compile" / ("c" * 64) / "rank_0_0"
     aot.mkdir(parents=True)

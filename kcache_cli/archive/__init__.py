@@ -69,5 +69,5 @@ from kcache_cli.archive.manifest import (  # noqa: F401
     records_from_json,
     rejection_reason,
 )
-from kcache_cli.gpu import arch_runs_on, archs_from_command, cuda_archs, local_compute_caps  # noqa: F401
-from kcache_cli.progress import Progress  # noqa: F401
+from kcache_cli.formats.gpu import arch_runs_on, archs_from_command, cuda_archs, local_compute_caps  # noqa: F401
+from kcache_cli.util.progress import Progress  # noqa: F401

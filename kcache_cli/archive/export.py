@@ -4,17 +4,24 @@ independently compressed parts (by forked workers on big caches), the manifest f
 from __future__ import annotations
 
 import errno
+import fcntl
+import hashlib
+import io
 import json
 import os
+import platform
+import signal
 import stat
 import sys
+import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
 
-from kcache_cli import __version__, fsread, fswrite, parallel, state
+from kcache_cli import __version__
 from kcache_cli.archive.manifest import (
     BIG_FILE,
     CONTROL_CHARS,
@@ -31,20 +38,20 @@ from kcache_cli.archive.manifest import (
     layout_of,
     link_problem,
 )
-from kcache_cli.errors import KcacheError, UsageError
-from kcache_cli.model import (
-    BUILDING,
-    COMPLETE,
-    MOVED,
-    Entry,
-    EntryKey,
-    Keyed,
-    ScanFilter,
-    Status,
-    Warn,
-    iso,
-)
-from kcache_cli.progress import NO_PROGRESS, Progress
+from kcache_cli.catalog.scan import narrowed_by_names, scan_cache
+from kcache_cli.catalog.scan_context import ScanContext
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import state
+from kcache_cli.fs import tarstream as ts
+from kcache_cli.fs import write as fswrite
+from kcache_cli.fs.locking import leftover_live, try_flock
+from kcache_cli.fs.read import TreeTooDeep, open_regular
+from kcache_cli.model.records import BUILDING, COMPLETE, MOVED, Entry, EntryKey, Keyed, ScanFilter, Status, Warn, iso
+from kcache_cli.ops.verify import judge_entry
+from kcache_cli.util import parallel
+from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.progress import NO_PROGRESS, Progress
+from kcache_cli.util.signing import signer
 
 if TYPE_CHECKING:
     from kcache_cli.layouts.base import Facts
@@ -137,12 +144,8 @@ def plan_export(root: Path, flt: ScanFilter, warn: Warn | None = None, sources_o
     """The entries `flt` selects for export. Without a --status filter only complete entries go;
     entries in flight never do. Entries that selected ones use come along (Layout.uses: the programs
     tilus scripts link to)."""
-    from dataclasses import replace
-
-    from kcache_cli.scan import scan_cache
-
     root = Path(root)
-    if not root.is_dir():
+    if not fsread.is_dir(root):
         raise KcacheError(f"no cache at {root}")
     warn = warn or (lambda m: None)
     jobs = list(scan_cache(root, replace(flt, statuses=()), warn).entries)  # statuses: judged deeply later
@@ -157,8 +160,6 @@ def plan_export(root: Path, flt: ScanFilter, warn: Warn | None = None, sources_o
 def _brought_along(root: Path, chosen: list[Entry], left: list, warn: Warn) -> list[Entry]:
     """The entries chosen ones use (Layout.uses) that are not chosen themselves: looked up by their paths
     (only those are judged), not found by a second scan of their layout."""
-    from kcache_cli.scan import narrowed_by_names, scan_cache
-
     have = {e.relpath for e in chosen}
     need: dict[str, set[str]] = {}  # layout -> relpaths
     for e in chosen:
@@ -187,8 +188,6 @@ def _read_tree(dfd: int, prefix: str, out: list, budget: list[int]) -> None:
     'link' (extra: its target) or 'other'. Types come from the directory listing; each file is
     opened once (relative to its directory's fd, never following a link), fstat'ed and read whole.
     Iterative, at most MAX_NAME_DEPTH deep (deeper: fsread.TreeTooDeep, an OSError)."""
-    from kcache_cli.fsread import TreeTooDeep
-
     stack: list[tuple[int, str, list]] = [(dfd, prefix, _listing(dfd))]
     try:
         while stack:
@@ -256,8 +255,6 @@ _by_name = attrgetter("name")
 
 
 def _read_file(dfd: int, name: str, size: int) -> bytes:
-    from kcache_cli.fsread import open_regular
-
     fd, _ = open_regular(name, dir_fd=dfd)  # read again: it must still be a regular file, not followed
     try:
         return _read_up_to(fd, size)
@@ -281,9 +278,6 @@ class _PartWriter:
 
     def __init__(self, plan: ExportPlan, writer, targets: set[str], advance: Callable[[int], None],
                  caller_reads: bool = False) -> None:
-        import hashlib
-
-        from kcache_cli.scan_context import ScanContext
 
         self.plan = plan
         self.writer = writer
@@ -311,10 +305,6 @@ class _PartWriter:
 
     def _chosen(self, e: Entry) -> Entry | None:
         """`e` judged deeply (the one judgement, as verify's), or None when it stays out."""
-        from dataclasses import replace
-
-        from kcache_cli.verify import judge_entry
-
         if e.relpath in self.plan.along:  # used by a chosen entry: it goes unless it is being built
             if e.status == BUILDING:
                 self.left.append((e, f"being built ({e.reason})"))
@@ -335,7 +325,7 @@ class _PartWriter:
 
     def _entry(self, e: Entry) -> None:
         try:
-            dfd = os.open(e.path, fsread.DIR_FLAGS)
+            dfd = fsread.open_path(e.path, fsread.DIR_FLAGS)
         except OSError as exc:
             raise _Skip(e, f"unreadable: {exc.strerror}") from None
         try:
@@ -352,8 +342,6 @@ class _PartWriter:
     def _emit(self, e: Entry, dfd: int, items: list, mtime: float) -> None:
         """Check the listing, then read and append the entry. Its members are collected first, so
         that an entry that changes under us is skipped whole (entries above BIG_FILE stream)."""
-        from kcache_cli import tarstream as ts
-
         rel = e.relpath
         fact_files = frozenset(layout_of(e.layout).fact_files)  # read for the compiler, arch, platform
         self._check_listing(e, items)
@@ -473,8 +461,6 @@ class _PartWriter:
         self.size += size
 
     def _stream(self, dfd: int, name: str, member: str, size: int, mode: int, mtime: float) -> FileInfo:
-        from kcache_cli import tarstream as ts
-        from kcache_cli.fsread import open_regular
 
         fd, _ = open_regular(name, dir_fd=dfd)  # read again: it must still be a regular file, not followed
         write = self.writer.write
@@ -518,7 +504,6 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
                    advance: Callable[[int], None], abort: Callable[[], bool]) -> _WorkerOutput:
     """Write `parts` (lists of jobs) into the temp file open as `body_fd` (never reopened by its path),
     one compressed part after the other."""
-    from kcache_cli import tarstream as ts
     with os.fdopen(os.dup(body_fd), "wb") as out:
         writer = ts.FrameWriter(out, compression)
         pw = _PartWriter(plan, writer, targets, advance, caller_reads=True)  # it reads every byte it judged
@@ -539,7 +524,6 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
             writer.close()
     # The records travel back as JSON text: encoding them here is done in parallel, and a string
     # pickles much faster than the records.
-    from kcache_cli.signing import signer
 
     sign = signer()  # the node's key signs every record, when it has one (kcache remote keygen)
     docs = [r.to_json() for r in pw.records]
@@ -554,8 +538,6 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
 
     The tar stream is `manifest.json`, then the entries in parts (independent gzip members or zstd
     frames, listed in the manifest with their sizes) written by forked workers on big caches."""
-    from kcache_cli import tarstream as ts
-
     compression = compression_for(archive)
     archive = os.path.abspath(archive)
     out_dir = os.path.dirname(archive)
@@ -570,7 +552,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
     _collect_stale_temps(out_dir)
     temps: list[str] = []
     held: list[int] = []  # flocks on our temp files, held to the end: prune and later exports leave them be
-    restore = _signals_raise()
+    signals = _Signals()
     try:
         _make_temps(archive, workers + 1, temps, held)
         final_tmp, bodies = temps[0], temps[1:]
@@ -588,11 +570,12 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         if not m.done:  # an empty archive is refused: nothing is written (the temp files go below)
             _refuse_empty(plan, m.left, compression)
         _write_final(held[0], bodies, compression, _manifest(plan, m), m.records)
+        signals.check()  # one a finalizer swallowed: the archive is not published
         _rename_beside(final_tmp, archive)
     finally:
         _unlink_all(temps)
         _close_all(held)
-        restore()
+        signals.restore()
     return ExportResult(archive, compression, tuple(m.done), tuple(m.left), m.files, m.size,
                         os.path.getsize(archive), plan.sources_only)
 
@@ -663,8 +646,6 @@ def plural_entries(n: int) -> str:
 
 def _write_final(final_fd: int, bodies: list[str], compression: str, manifest: dict, records: list[str]) -> None:
     """The archive: the manifest (its entry records already JSON text, joined), then every part."""
-    from kcache_cli import tarstream as ts
-
     head_json = json.dumps(manifest, separators=(",", ":"))
     data = (head_json[:-1] + ',"entries":[' + ",".join(records) + "]}").encode()
     with os.fdopen(os.dup(final_fd), "wb") as final:
@@ -709,12 +690,8 @@ def _append_file(out, path: str) -> None:
 def _make_temps(archive: str, n: int, temps: list[str], held: list[int]) -> None:
     """`n` temp files beside `archive`, each flocked (the fds kept in `held`) so that a prune or a later
     export sees a live export (locking.leftover_live)."""
-    import fcntl
-    import signal
-    import tempfile
-
     out_dir = os.path.dirname(archive)
-    # SIGTERM/SIGHUP unwind the export (_signals_raise); one landing between mkstemp's open and the
+    # SIGTERM/SIGHUP unwind the export (_Signals); one landing between mkstemp's open and the
     # append would leave a temp file nobody removes: they wait until each file is recorded.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
     try:
@@ -737,29 +714,39 @@ def _close_all(fds: list[int]) -> None:
             pass
 
 
-def _signals_raise() -> Callable[[], None]:
-    """While an export runs, SIGTERM and SIGHUP unwind it like Ctrl-C (its temp files are removed);
-    returns what puts the old handlers back. Only the main thread can install handlers."""
-    import signal
-    import threading
+class _Signals:
+    """While an export runs, SIGTERM and SIGHUP unwind it like Ctrl-C (its temp files are removed).
+    Python runs a handler between any two bytecodes, inside a finalizer or an at-fork hook too, and
+    those swallow what it raises: so the signal is also noted, `check()` raises it again before the
+    archive is published, and the interpreter's "Exception ignored" report of it is kept off stderr."""
 
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
+    def __init__(self) -> None:
+        self.got: list[int] = []
+        self.old: dict = {}
+        self.old_hook = sys.unraisablehook
+        if threading.current_thread() is threading.main_thread():  # only it can install handlers
+            self.old = {sig: signal.signal(sig, self._interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+            sys.unraisablehook = self._unraisable
 
-    def interrupt(signum, _frame):
+    def _interrupt(self, signum, _frame):
+        self.got.append(signum)
         raise KeyboardInterrupt(f"signal {signum}")
 
-    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    def restore() -> None:
-        for sig, h in old.items():
-            signal.signal(sig, h)
+    def _unraisable(self, info) -> None:
+        if not (self.got and isinstance(info.exc_value, KeyboardInterrupt)):
+            self.old_hook(info)
 
-    return restore
+    def check(self) -> None:
+        if self.got:
+            raise KeyboardInterrupt(f"signal {self.got[0]}")
+
+    def restore(self) -> None:
+        for sig, h in self.old.items():
+            signal.signal(sig, h)
+        sys.unraisablehook = self.old_hook
 
 
 def _try_flock(fd: int) -> bool:
-    from kcache_cli.locking import try_flock
-
     try:
         return try_flock(fd)
     except OSError:
@@ -769,8 +756,6 @@ def _try_flock(fd: int) -> bool:
 def _collect_stale_temps(out_dir: str) -> None:
     """Temp files of killed exports in `out_dir` (`.<archive>.*.kcache-tmp`, regular, not flocked by a
     running export): removed relative to the directory's descriptor."""
-    from kcache_cli.locking import leftover_live
-
     try:
         fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
@@ -815,8 +800,6 @@ def _unlink_all(paths: list[str]) -> None:
 
 
 def _platform() -> str:
-    import platform
-
     return f"{sys.platform}-{platform.machine()}"
 
 
@@ -842,10 +825,6 @@ def entry_records(plan: ExportPlan) -> Iterator[EntryFiles]:
     """Each planned entry as export writes it (its manifest record, its files' bytes, which are
     executable), judged and read exactly as by `export_archive`. Entries export would leave out
     (incomplete, changed while read...) are in `plan.left` afterwards."""
-    import io
-
-    from kcache_cli import tarstream as ts
-
     capture = _Capture()
     pw = _PartWriter(plan, capture, {j.relpath for j in plan.jobs}, NO_PROGRESS.advance)
     for job in plan.jobs:

@@ -4,14 +4,16 @@ then each entry published with one rename under its lock (the `Importer`)."""
 from __future__ import annotations
 
 import errno
+import fcntl
+import hashlib
 import os
 import re
 import stat
 from dataclasses import dataclass
+from dataclasses import replace as _with
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
-from kcache_cli import fsread, fswrite, parallel, state
 from kcache_cli.archive.export import PARALLEL_MIN_ENTRIES
 from kcache_cli.archive.manifest import (
     MANIFEST_NAME,
@@ -33,18 +35,21 @@ from kcache_cli.archive.manifest import (
     reject,
     rejection_reason,
 )
-from kcache_cli.errors import KcacheError, UsageError
-from kcache_cli.model import (
-    BUILDING,
-    COMPLETE,
-    Entry,
-    EntryKey,
-    Keyed,
-    ScanFilter,
-    Warn,
-)
-from kcache_cli.progress import NO_PROGRESS, Progress
-from kcache_cli.terms import ImportAction
+from kcache_cli.catalog.locate import known_caches
+from kcache_cli.catalog.scan import detect_layouts, scan_cache
+from kcache_cli.fs import delete as fsdelete
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import state
+from kcache_cli.fs import tarstream as ts
+from kcache_cli.fs import write as fswrite
+from kcache_cli.fs.locking import EntryFlock, leftover_live
+from kcache_cli.model.records import BUILDING, COMPLETE, Entry, EntryKey, Keyed, ScanFilter, Warn
+from kcache_cli.model.terms import ImportAction
+from kcache_cli.ops.verify import judge_entry
+from kcache_cli.util import parallel
+from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.progress import NO_PROGRESS, Progress
+from kcache_cli.util.signing import verifier
 
 
 @dataclass(frozen=True)
@@ -131,8 +136,6 @@ def _check_records(records: list, offset: int, limits: ImportLimits) -> list[Pla
 
 def _plan(root: Path, planned: list[PlannedEntry], archive_relpaths: set[str]) -> None:
     """Decide each entry's action from the destination, and check every link against it."""
-    from kcache_cli.scan import scan_cache
-
     existing = {p.relpath for p in planned if os.path.lexists(os.path.join(root, p.relpath))}
     found: dict[str, Entry] = {}
     if existing:
@@ -159,9 +162,7 @@ def _plan(root: Path, planned: list[PlannedEntry], archive_relpaths: set[str]) -
         if p.relpath in existing:
             there = found.get(p.relpath)
             if there is not None and there.status != BUILDING:  # the one judgement, as verify's
-                from dataclasses import replace as _with
 
-                from kcache_cli.verify import judge_entry
 
                 verdict = judge_entry(root, there, deep=True)
                 there = _with(there, status=verdict.status, reason=verdict.reason)
@@ -228,7 +229,6 @@ class _Staging:
         if why:  # what was made is not what was opened: someone swapped it
             raise KcacheError(f"{why}: import stopped")
         # Held until cleanup: a prune sees a live import and leaves its staging alone (locking.leftover_live).
-        import fcntl
 
         fcntl.flock(self.fd, fcntl.LOCK_EX)
 
@@ -295,8 +295,6 @@ class _Staging:
         self.fd = self.state_fd = self.root_fd = -1
 
     def cleanup(self) -> None:
-        from kcache_cli import fsdelete
-
         fsdelete.remove_tree(self.state_fd, self.name, label=f"{state.STATE_DIR}/{self.name}")
         root_fd = os.dup(self.root_fd)
         self.close()
@@ -367,10 +365,6 @@ def _extract(reader, planned: list[PlannedEntry], staging: _Staging | None, limi
     """Read members until the end of `reader`: each one must be listed for `planned` (once), of the
     listed type, size and sha256. Files of entries to publish go into `staging`; the others are
     only hashed. Returns (files, bytes) read."""
-    import hashlib
-
-    from kcache_cli import tarstream as ts
-
     listed = _expectations(planned)
     expect = dict(listed)  # what has not come yet: each member takes itself out
     files = size = 0
@@ -415,8 +409,6 @@ def _extract_other(m, x: tuple, listed: dict[str, tuple], expect: dict[str, tupl
                    staging: _Staging | None) -> bool:
     """A member other than a listed regular file: checked against its listing `x` and, with
     `staging`, made there. True for a hard link (a copy of a file already read)."""
-    from kcache_cli import tarstream as ts
-
     name, kind = m.name, m.type
     _, want, _, wdigest = x
     if kind not in (ts.REGULAR, ts.DIRECTORY, ts.SYMLINK, ts.HARDLINK):
@@ -526,17 +518,11 @@ def _regions(manifest: dict, n_entries: int, file_size: int) -> list[_Region] | 
 
 
 def _region_reader(fd: int, kind: str, start: int, length: int, counted, threaded: bool):
-    from kcache_cli import tarstream as ts
-
     return ts.TarReader(ts.region_source(fd, kind, start, length, counted, threaded))
 
 
 def _check_head(fd: int, kind: str, end: int, digest: str) -> None:
     """The bytes before the first part hold the manifest and nothing else."""
-    import hashlib
-
-    from kcache_cli import tarstream as ts
-
     reader = _region_reader(fd, kind, 0, end, NO_PROGRESS.advance, False)
     try:
         m = reader.next()
@@ -597,14 +583,11 @@ def _dest_parent(root_fd: int, root: Path, relpath: str) -> tuple[int, str]:
 
 
 def _dest_status(root: Path, p: PlannedEntry) -> str | None:
-    from kcache_cli.scan import scan_cache
-
     shape = layout_of(p.layout).kind_shape(p.kind)
     key = (shape.match(p.relpath) if shape else None) or {}
     space, op = key.get("space"), key.get("op")  # so that the scan reads only this entry's directories
     flt = ScanFilter(layouts=(p.layout,), kinds=(p.kind,), hash_prefixes=(p.relpath.split("/")[-1],),
                      spaces=(space,) if space else (), ops=(op,) if op else ())
-    from kcache_cli.verify import judge_entry
 
     for e in scan_cache(root, flt).entries:
         if e.relpath == p.relpath:
@@ -615,9 +598,6 @@ def _dest_status(root: Path, p: PlannedEntry) -> str | None:
 def _publish(root: Path, p: PlannedEntry, staging: _Staging, lock_timeout: float, warn: Warn,
              made: set[str]) -> tuple[bool, str | None]:
     """Move one staged entry into place with one rename, under its lock. (published, reason)."""
-    from kcache_cli import fsdelete
-    from kcache_cli.locking import EntryFlock
-
     dest = os.path.join(root, p.relpath)
     lock = EntryFlock(root, p.relpath)
     if not lock.acquire(0):
@@ -650,8 +630,6 @@ def _publish(root: Path, p: PlannedEntry, staging: _Staging, lock_timeout: float
 def _move_in(staging: _Staging, relpath: str) -> bool:
     """Rename the staged entry to its place (no-replace), both ends held as directory fds; where they
     are on different filesystems, copy it beside its place first. False when something is there."""
-    from kcache_cli import fsdelete
-
     src_fd, name = fswrite.open_parent(staging.fd, relpath)
     try:
         dst_fd, _ = _dest_parent(staging.root_fd, staging.root, relpath)
@@ -714,10 +692,8 @@ def _refuse_other_layout(root: Path, records: list[dict]) -> None:
 
 
 def _refuse_unsigned(records: list[dict], relpaths: list[str]) -> None:
-    """With a trust list set (kcache_cli/signing.py), an archive is taken only when a listed key
+    """With a trust list set (kcache_cli/util/signing.py), an archive is taken only when a listed key
     signed every record in it, as pull takes only such records."""
-    from kcache_cli.signing import verifier
-
     check = verifier()
     for rec, rel in zip(records, relpaths) if check is not None else ():
         why = check.problem(rec)  # type: ignore[union-attr]
@@ -730,13 +706,10 @@ def other_layout_problem(root: Path, brought_layouts: Iterable[str], holds: str 
     """The rule import and pull share: entries of one layout never go into a root of another, where
     that compiler would never look (tilus programs/ inside a hidet cache); an empty or new root takes
     the entries' layout. Why `brought_layouts` cannot come into `root`, or None."""
-    from kcache_cli.scan import detect_layouts
-
     have = detect_layouts(root) if root.is_dir() else ()
     brought = sorted(set(brought_layouts) - set(have))
     if not have or not brought:
         return None
-    from kcache_cli.locate import known_caches
 
     where = dict(known_caches())
     homes = "; ".join(f"{name}'s cache is {where[name]}" for name in brought if name in where)
@@ -792,8 +765,6 @@ def archive_layouts(archive: str, limits: ImportLimits = ImportLimits()) -> tupl
 
 def archive_records(archive: str, limits: ImportLimits = ImportLimits()) -> list[dict]:
     """The entry records of `archive`'s manifest (its first member only; nothing else is read)."""
-    from kcache_cli import tarstream as ts
-
     try:
         with open(archive, "rb") as raw:
             reader = ts.TarReader(ts.open_source(raw, NO_PROGRESS.advance)[0])
@@ -830,8 +801,6 @@ class Importer:
         self.region_groups: list = []
 
     def run(self) -> None:
-        from kcache_cli import tarstream as ts
-
         file_size = os.fstat(self.raw.fileno()).st_size
         if self.progress:
             self.progress.start(file_size)
@@ -854,10 +823,6 @@ class Importer:
 
     def _read_manifest(self, file_size: int) -> tuple[int, Callable]:
         """Read and check the manifest; make the staging directory; (workers, phase one)."""
-        import hashlib
-
-        from kcache_cli import tarstream as ts
-
         reader, limits = self.reader, self.limits
         assert reader is not None
         head = reader.next()
@@ -964,9 +929,6 @@ _STAGING_NAME = re.compile(r"^import-(\d+)-[0-9a-f]+$")
 def _remove_stale_staging(root: Path) -> None:
     """Staging directories of imports that were killed: no import holds their flock, and (made by an
     older kcache without one) no live process of that pid here for a day. Removed fd-relative."""
-    from kcache_cli import fsdelete
-    from kcache_cli.locking import leftover_live
-
     try:
         fd = fsdelete.open_under(root, state.STATE_DIR)
     except OSError:

@@ -9,13 +9,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping, NamedTuple
 
-from kcache_cli import state
-from kcache_cli.errors import KcacheError, UsageError
-from kcache_cli.model import (
-    LAYOUT_NAMES,
-    EntryKey,
-)
-from kcache_cli.terms import ImportAction
+from kcache_cli.fs import state
+from kcache_cli.fs.read import JsonTooDeep, parse_json
+from kcache_cli.layouts import NAMES, get
+from kcache_cli.model.records import LAYOUT_NAMES, EntryKey
+from kcache_cli.model.terms import ImportAction
+from kcache_cli.util.errors import KcacheError, UsageError
 
 FORMAT = "kcache-archive"
 FORMAT_VERSION = 1
@@ -118,14 +117,10 @@ def entry_path_problem(layout: str, kind: str, relpath: str) -> str | None:
 
 
 def layout_names() -> tuple[str, ...]:
-    from kcache_cli.layouts import NAMES
-
     return NAMES
 
 
 def layout_of(name: str):
-    from kcache_cli.layouts import get
-
     return get(name)
 
 
@@ -324,8 +319,6 @@ def parse_manifest(data: bytes, limits: ImportLimits, archive_size: int | None =
     and the limits on sizes and member counts (checked in bulk). Each record's own rules are
     `records_from_json`' (the workers'). Its size and nesting are bounded before it is parsed
     (fsread.parse_json)."""
-    from kcache_cli.fsread import JsonTooDeep, parse_json
-
     check_proportion(len(data), archive_size, limits, data)
     try:
         manifest = parse_json(data, "manifest.json")

@@ -2,7 +2,7 @@
 where torch's own `load_cache_artifacts()` would write each artifact, and export a root's artifacts as a
 blob torch loads, with a signed sidecar manifest.
 
-The blob's framing is kcache_cli/megacache.py's; where each artifact type lands is its layout's
+The blob's framing is kcache_cli/formats/megacache.py's; where each artifact type lands is its layout's
 (`Layout.mega_place`, `Layout.mega_artifacts`). Nothing in a blob is ever unpickled: kcache checks the
 framing, the CRC, each key against the shape torch gives it and each variant's name against the sha256 of
 its bytes, then writes bytes. An import takes every check an archive import takes: no path out of the
@@ -19,9 +19,15 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kcache_cli import fsread, fswrite, layouts, megacache
-from kcache_cli.errors import KcacheError
+from kcache_cli import __version__, layouts
+from kcache_cli.archive import ImportStaging, plan_records, publish_staged, remove_stale_staging
+from kcache_cli.archive.importer import check_total, other_layout_problem
+from kcache_cli.formats import megacache
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import write as fswrite
 from kcache_cli.layouts.base import Layout, MegaPlace
+from kcache_cli.util.errors import KcacheError
+from kcache_cli.util.signing import signer, verifier
 
 SIDECAR_SUFFIX = ".kcache.json"
 SIDECAR_FORMAT = "kcache/torch-mega/1"
@@ -113,8 +119,6 @@ class MegaImportResult:
 
 def _check_signed(path: str, data: bytes) -> None:
     """With a trust list set, the blob must come with a sidecar a trusted key signed, naming its sha256."""
-    from kcache_cli.signing import verifier
-
     check = verifier()
     if check is None:
         return
@@ -140,7 +144,6 @@ def plan_import(root: Path, path: str) -> tuple[bytes, megacache.Blob, list[tupl
     places = mega_layouts()
     planned = [(a, places[a.type], places[a.type].mega_place(a.type, a.key, a.content) or "no place")
                for a in blob.loaded()]
-    from kcache_cli.archive.importer import other_layout_problem
 
     why = other_layout_problem(root, {lay.name for _, lay, _ in planned}, "the blob holds")
     if why:
@@ -150,8 +153,6 @@ def plan_import(root: Path, path: str) -> tuple[bytes, megacache.Blob, list[tupl
 
 def import_blob(root: Path, path: str, *, dry_run: bool = False, lock_timeout: float = 60.0) -> MegaImportResult:
     """Write each artifact torch's load would write, where it would write it (see the module's doc)."""
-    from kcache_cli.archive.importer import check_total
-
     root = Path(os.path.realpath(root))
     _, _, planned = plan_import(root, path)
     out = MegaImportResult(str(root), os.path.abspath(path), dry_run)
@@ -178,8 +179,6 @@ def import_blob(root: Path, path: str, *, dry_run: bool = False, lock_timeout: f
 def _publish_entries(root: Path, items: list[tuple[megacache.Artifact, MegaPlace]],
                      lock_timeout: float) -> list[MegaImported]:
     """New fx graph / AOTAutograd entries: staged whole, checked by import's rules, published by one rename."""
-    from kcache_cli.archive import ImportStaging, plan_records, publish_staged, remove_stale_staging
-
     if not items:
         return []
     by_dir: dict[str, list[tuple[megacache.Artifact, MegaPlace]]] = {}
@@ -261,8 +260,6 @@ def export_blob(root: Path, out: str, facts: dict | None = None) -> MegaExportRe
     """A blob of every whole fx graph variant, AOTAutograd entry and autotune record under `root`, in the
     order torch saves them, and beside it `<out>.kcache.json`: torch version and device where `facts`
     gives them, each artifact's type, key, size and sha256, the blob's sha256, kcache's signature."""
-    from kcache_cli.signing import signer
-
     root = Path(os.path.realpath(root))
     items: list[tuple[str, str, bytes]] = []
     for lay in {id(v): v for v in mega_layouts().values()}.values():
@@ -275,7 +272,6 @@ def export_blob(root: Path, out: str, facts: dict | None = None) -> MegaExportRe
                       "sha256": hashlib.sha256(data).hexdigest(),
                       "artifacts": [{"type": t, "key": k, "size": len(c), "sha256": hashlib.sha256(c).hexdigest()}
                                     for t, k, c in items]}
-    from kcache_cli import __version__
 
     manifest["kcache_version"] = __version__
     sign = signer()

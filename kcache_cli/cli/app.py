@@ -2,17 +2,26 @@
 become `Error: ...` and an exit status."""
 
 import gc
+import inspect
+import json
+import os
 import re
+import shlex
 import sys
+import traceback
+from importlib import import_module
 from typing import Annotated, Optional
 
 import typer
 from typer.core import TyperGroup, TyperOption
 
 from kcache_cli import __version__
-from kcache_cli.cli import typer_compat
-from kcache_cli.cli.common import GlobalOptions, plain_output, settings
-from kcache_cli.terms import LAYOUT_NAMES
+from kcache_cli.cli import options, typer_compat
+from kcache_cli.cli.options import GlobalOptions, plain_output, settings
+from kcache_cli.model.terms import LAYOUT_NAMES
+from kcache_cli.remote.redact import redact_text
+from kcache_cli.util.errors import KcacheError
+from kcache_cli.util.textsafe import printable_line
 
 
 def _set_global(name: str):
@@ -52,8 +61,6 @@ def add_global_options(cmd) -> None:
 
 def _reflow(text: str) -> str:
     """Paragraphs as one line each: Rich keeps a docstring's line breaks, and Click rewraps anyway."""
-    import inspect
-
     return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
 
 
@@ -140,22 +147,33 @@ def main_options(
     ctx.obj = GlobalOptions(cache_dir=cache_dir, json=json_out, quiet=quiet, debug=debug)
 
 
-def _register() -> None:
-    from kcache_cli.cli import cmd_read
-
-    for module in (cmd_read,):
-        module.register(app)
-    for name in ("cmd_build", "cmd_delete", "cmd_archive", "cmd_remote", "cmd_diff", "cmd_config", "cmd_explain"):
-        try:
-            module = __import__(f"kcache_cli.cli.{name}", fromlist=["register"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"kcache_cli.cli.{name}":
-                raise
-            continue
-        module.register(app)
+# Each command, and the module of cli/ that declares it, in the order help lists them. A run loads only
+# the module of the command it names (the engines come with it); help, completion and a name kcache does
+# not know load them all.
+COMMANDS: dict[str, str] = {
+    "dir": "cmd_read", "ls": "cmd_read", "inspect": "cmd_read", "log": "cmd_read", "stats": "cmd_read",
+    "build": "cmd_build", "prune": "cmd_delete", "clear": "cmd_delete", "export": "cmd_archive",
+    "import": "cmd_archive", "verify": "cmd_archive", "push": "cmd_remote", "pull": "cmd_remote",
+    "diff": "cmd_diff", "explain": "cmd_explain", "remote": "cmd_remote", "config": "cmd_config",
+}
+_LOADED: set[str] = set()
 
 
-_register()
+def load(modules) -> typer.Typer:
+    """`app` with the commands of `modules` (names in cli/) registered, each module once, in help's order."""
+    for name in dict.fromkeys(modules):
+        if name not in _LOADED:
+            import_module(f"kcache_cli.cli.{name}").register(app)
+            _LOADED.add(name)
+    order = list(COMMANDS)
+    app.registered_commands.sort(key=lambda ci: order.index(ci.name) if ci.name in order else len(order))
+    app.registered_groups.sort(key=lambda gi: order.index(gi.name) if gi.name in order else len(order))
+    return app
+
+
+def full_app() -> typer.Typer:
+    """`app` with every command registered (help, completion, the generated docs)."""
+    return load(COMMANDS.values())
 
 
 def _subcommand(args: list[str]) -> str | None:
@@ -176,21 +194,39 @@ def _subcommand(args: list[str]) -> str | None:
 
 def app_for(args: list[str]) -> typer.Typer:
     """The app to run `args` with. Typer inspects the signature of every registered command at each
-    start (about 10 ms for kcache's eleven); a line that names one command gets an app holding just
-    that one, which parses and behaves the same. Help, completion and unknown names get the full app."""
-    import os
-
-    name = _subcommand(args)
+    start, and a command's module loads the engines it uses: a line that names one command gets an app
+    holding just that one, which parses and behaves the same. Help, completion and unknown names get
+    the full app; `--version` an app with no command (its eager callback prints and exits)."""
     if any(k.startswith("_KCACHE_COMPLETE") for k in os.environ):
-        return app
+        return _completing_app()
+    name = _subcommand(args)
     if name is None:
         if _version_only(args):  # --version acts before any command runs: one command is enough
-            return typer_compat.app_holding(app, app.registered_commands[:1])
-        return app
-    chosen = [ci for ci in app.registered_commands if (ci.name or getattr(ci.callback, "__name__", None)) == name]
-    if len(chosen) != 1:
+            return typer_compat.app_holding(app, [], [])
+        return full_app()
+    if name not in COMMANDS:
+        return full_app()
+    load([COMMANDS[name]])
+    chosen = [ci for ci in app.registered_commands if ci.name == name]
+    if len(chosen) != 1:  # a group (remote, config): the app as loaded
         return app
     return typer_compat.app_holding(app, chosen)
+
+
+def _completing_app() -> typer.Typer:
+    """The app a TAB completes with: the module of the command the line names (bash's COMP_WORDS, or
+    the line zsh, fish and PowerShell pass in _TYPER_COMPLETE_ARGS), the whole app while the command's
+    own name is being typed."""
+    line = os.environ.get("COMP_WORDS") or os.environ.get("_TYPER_COMPLETE_ARGS") or ""
+    try:
+        words = shlex.split(line)[1:]
+    except ValueError:  # an open quote: Typer copes, the whole app it is
+        return full_app()
+    typing_word = not line.endswith(" ") and words
+    name = _subcommand(words[:-1] if typing_word else words)
+    if name not in COMMANDS:
+        return full_app()
+    return load([COMMANDS[name]])
 
 
 def _version_only(args: list[str]) -> bool:
@@ -206,8 +242,6 @@ def _version_only(args: list[str]) -> bool:
 def _pipe_closed() -> None:
     """Exit 0 when stdout's reader has gone: nothing more can be said, and nothing is wrong. stdout is
     pointed at /dev/null first, so that the interpreter's last flush does not fail again."""
-    import os
-
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -220,21 +254,15 @@ def _fail(message: str, code: int, as_json: bool, trace: bool = False) -> None:
     """The one way a failure ends the run: `Error: ...` on stderr, and under --json also
     {"error": ..., "exit": N} on stdout (a script reading stdout sees why) unless the command's result
     is there already (it says what failed), then exit `code`."""
-    from kcache_cli.cli import common
-    from kcache_cli.remote.redact import redact_text  # a remote's password never reaches the output
-    from kcache_cli.textsafe import printable_line  # names in messages stay inert
-
     message = redact_text(message)
     if trace:  # --debug: the traceback first (the exit status stays the same)
-        import traceback
 
         sys.stderr.write(redact_text(traceback.format_exc()))
     sys.stderr.write(f"Error: {printable_line(message)}\n")
-    if as_json and not common.json_written:  # stdout holds one JSON document: the result, or this
-        import json
+    if as_json and not options.json_written:  # stdout holds one JSON document: the result, or this
 
         try:
-            sys.stdout.write(json.dumps({"schema": common.schema_id("error"), "error": message, "exit": code}) + "\n")
+            sys.stdout.write(json.dumps({"schema": options.schema_id("error"), "error": message, "exit": code}) + "\n")
             sys.stdout.flush()
         except BrokenPipeError:
             _pipe_closed()
@@ -243,21 +271,18 @@ def _fail(message: str, code: int, as_json: bool, trace: bool = False) -> None:
 
 def _release_roots() -> None:
     """The roots the command vetted and held (fsread.hold_root), closed: main runs many times in tests."""
-    fsread = sys.modules.get("kcache_cli.fsread")
+    fsread = sys.modules.get("kcache_cli.fs.read")
     if fsread is not None:
         fsread.release_roots()
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turn errors into one line and an exit status."""
-    from kcache_cli.errors import KcacheError
-
     args = sys.argv[1:] if argv is None else argv
     ours = args[:args.index("--")] if "--" in args else args  # not a compiler flag after `--`
     debug, as_json = "--debug" in ours, "--json" in ours
-    from kcache_cli.cli import common
 
-    common.json_written = False  # (main runs more than once in one process in tests)
+    options.json_written = False  # (main runs more than once in one process in tests)
     # A scan keeps a few objects per entry alive to the end: with the default thresholds, the cyclic
     # collector walks all of them again every few thousand entries (a sixth of a 100,000-entry scan).
     # What kcache makes is almost free of cycles; collecting them 140 times less often costs no memory

@@ -3,13 +3,33 @@
 import functools
 import sys
 import time
-from typing import Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
 from kcache_cli.cli import common as c
-from kcache_cli.errors import UsageError
+from kcache_cli.cli import options as o
+from kcache_cli.cli.cmd_mega import export_blob, import_blob, is_blob, show_blob
 from kcache_cli.cli.progress import Bar as _Bar
+from kcache_cli.cli.progress import Phase
+from kcache_cli.cli.table import Column
+from kcache_cli.util.errors import UsageError
+from kcache_cli.util.lazy import lazy_module
+from kcache_cli.util.units import parse_size
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli import archive as _archive
+    from kcache_cli.archive import export, importer
+    from kcache_cli.catalog import locate
+    from kcache_cli.formats import gpu
+    from kcache_cli.ops import verify
+else:
+    _archive = lazy_module("kcache_cli.archive")
+    export = lazy_module("kcache_cli.archive.export")
+    gpu = lazy_module("kcache_cli.formats.gpu")
+    importer = lazy_module("kcache_cli.archive.importer")
+    locate = lazy_module("kcache_cli.catalog.locate")
+    verify = lazy_module("kcache_cli.ops.verify")
 
 
 def register(app: typer.Typer) -> None:
@@ -19,8 +39,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _size(text: Optional[str], option: str, default: int) -> int:
-    from kcache_cli.units import parse_size
-
     return default if text is None else parse_size(text, option)
 
 
@@ -46,8 +64,8 @@ def export_command(
         "--python", metavar="PY", help="With --format torch-mega: the Python whose torch version the manifest "
         "records (default: python3 on PATH).")] = None,
     cache: c.CacheOpt = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Write the selected entries into one verified archive.
 
@@ -60,41 +78,32 @@ def export_command(
 
     Example: kcache export --space cuda_space_0 --op matmul kernels.tar.zst
     """
-    from kcache_cli.archive import compression_for, export_archive
-    from kcache_cli.archive.export import EmptyExport
-    from kcache_cli.errors import UsageError
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     if fmt not in (None, "tar", "torch-mega"):
         raise UsageError(f"--format {fmt!r}: tar or torch-mega")
     if fmt == "torch-mega":
-        from kcache_cli.cli.cmd_mega import export_blob
-
         if sel.has_selectors():
             raise UsageError("--format torch-mega exports the whole Inductor cache: no selector applies")
         export_blob(opts, archive, python)
         return
-    compression_for(archive)  # a bad name is a usage error before any work
+    _archive.compression_for(archive)  # a bad name is a usage error before any work
     root, plan, selected = _export_plan(opts, sel, cache, sources_only)
     if not selected:  # an empty archive is refused
         raise UsageError(f"no entries in {root} match the selection: nothing to export, no archive written")
     out = c.Output(opts)
     try:
         with _Bar(opts, "exporting") as bar:
-            result = export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
-    except EmptyExport as exc:  # what was left out, and why; then the refusal (exit 1)
+            result = _archive.export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
+    except export.EmptyExport as exc:  # what was left out, and why; then the refusal (exit 1)
         empty = exc.result
         out.result(empty.to_json(str(root)), lambda: _export_human(out, empty))
         raise
     out.result(result.to_json(str(root)), lambda: _export_human(out, result))
 
 
-def _export_plan(opts: c.GlobalOptions, sel: c.Selection, cache: Optional[str], sources_only: bool) -> tuple:
+def _export_plan(opts: o.GlobalOptions, sel: c.Selection, cache: Optional[str], sources_only: bool) -> tuple:
     """(root, export plan, entries selected) of the one cache the selection names entries in; entries
     named that are nowhere are a usage error, and so is a selection spanning several caches."""
-    from kcache_cli.archive import plan_export
-    from kcache_cli.errors import UsageError
-
     locs = c.cache_locations(opts, False, cache, sel.hashes)
     plans, missing = [], set(c.ref_list(sel.hashes))
     for loc in locs:
@@ -102,7 +111,7 @@ def _export_plan(opts: c.GlobalOptions, sel: c.Selection, cache: Optional[str], 
         if sel.hashes and not refs:
             continue  # the entries named are in other caches
         flt = sel.filter(loc.path, refs)
-        plan = plan_export(loc.path, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
+        plan = _archive.plan_export(loc.path, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
         selected = [*plan.jobs, *(e for e, _ in plan.left)]
         missing -= c.matched_refs(loc.path, refs, selected)
         plans.append((loc, plan, selected, flt))
@@ -150,8 +159,8 @@ def import_command(
     lock_timeout: Annotated[Optional[str], typer.Option(
         "--lock-timeout", metavar="SECONDS", help="How long to wait for an entry's lock before skipping "
         "it (30, 2.5, 90s, 5m). Default: 60.")] = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Verify an archive made by `kcache export`, then publish it.
 
@@ -172,42 +181,36 @@ def import_command(
 
     Example: kcache import kernels.tar.zst --dry-run
     """
-    from kcache_cli.archive import ImportLimits, import_archive
-    from kcache_cli.gpu import arch_fit
-
-    opts = c.use(ctx, cache_dir, as_json)
-    from kcache_cli.cli.cmd_mega import import_blob, is_blob
+    opts = o.use(ctx, cache_dir, as_json)
 
     if is_blob(archive):  # a torch Mega-Cache blob: each artifact where torch's load would write it
         import_blob(opts, archive, dry_run, c.lock_timeout(lock_timeout, 60.0))
         return
-    defaults = ImportLimits()
-    limits = ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
+    defaults = _archive.ImportLimits()
+    limits = _archive.ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
                           max_total=_size(max_total_size, "--max-total-size", defaults.max_total))
     wait = c.lock_timeout(lock_timeout, 60.0)
     root = _import_root(opts, archive)
     with _Bar(opts, "verifying" if dry_run else "importing", unit="bytes") as bar:
-        result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=wait,
+        result = _archive.import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=wait,
                                 warn=lambda m: c.warn(opts, m), progress=bar)
-    fit = arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
+    fit = gpu.arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
     out = c.Output(opts)
     c.warn_arch_misfits(out, result.entries, fit, "imported")
     out.result(result.to_json(fit.gpus, fit.fits), lambda: _import_human(out, result, dry_run))
 
 
-def _import_root(opts: c.GlobalOptions, archive: str):
+def _import_root(opts: o.GlobalOptions, archive: str):
     """--cache-dir or KCACHE_DIR; else the default root of the one layout the archive's entries are of
     (a Triton archive goes where Triton looks), else the build layout's (hidet's rule)."""
     if c.explicit_root(opts):
         return c.cache_root(opts)
-    from kcache_cli.archive.importer import archive_layouts
-    from kcache_cli.locate import UntrustedRoot, named_cache
 
-    layouts = archive_layouts(archive)
+    layouts = importer.archive_layouts(archive)
     if len(layouts) == 1:
         try:
-            return named_cache(layouts[0]).path
-        except UntrustedRoot:  # another user's directory there: never the place to import into
+            return locate.named_cache(layouts[0]).path
+        except locate.UntrustedRoot:  # another user's directory there: never the place to import into
             raise
         except UsageError:  # a layout without a default place (or one refused as a root)
             pass
@@ -221,7 +224,6 @@ def _import_human(out: c.Output, result, dry_run: bool) -> None:
     if shown:
         rows = [[e.action, e.layout, e.kind, e.space or "-", e.op or "-", e.hash, str(e.files),
                  c.human_size(e.size), e.arch or "-", e.reason or ""] for e in shown]
-        from kcache_cli.cli.table import Column
 
         c.print_table([Column("action"), Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
                        Column("op", drop=7), Column("hash", spill=True), Column("files", right=True, drop=3),
@@ -248,8 +250,8 @@ def verify_command(
                    ] = False,
     all_caches: c.AllCachesOpt = False,
     cache: c.CacheOpt = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Check every byte of every entry; exit 1 on any problem.
 
@@ -266,16 +268,12 @@ def verify_command(
 
     Example: kcache verify --layout tilelang --json
     """
-    from kcache_cli.verify import verify_cache
-
-    opts = c.use(ctx, cache_dir, as_json)
-    from kcache_cli.cli.cmd_mega import is_blob, show_blob
+    opts = o.use(ctx, cache_dir, as_json)
 
     named = c.ref_list(sel.hashes)
     if len(named) == 1 and is_blob(named[0]):  # a torch Mega-Cache blob: checksum and framing
         show_blob(opts, named[0], verify=True)
         return
-    from kcache_cli.cli.progress import Phase
 
     locs = c.cache_locations(opts, all_caches, cache, sel.hashes)
     chosen = []
@@ -289,7 +287,7 @@ def verify_command(
     for root, flt, refs in chosen:
         started = time.monotonic()
         with _Bar(opts, "scanning", unit="judged") as bar:  # the scan's count, then the entries verified
-            result = verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=Phase(bar, "verifying"),
+            result = verify.verify_cache(root, flt, warn=lambda m: c.warn(opts, m), progress=Phase(bar, "verifying"),
                                   fix=fix, scanning=bar)
         results.append((root, result, time.monotonic() - started))
         missing -= c.matched_refs(root, refs, [*(ch.entry for ch in result.checked), *result.skipped])
@@ -299,7 +297,7 @@ def verify_command(
     _verify_report(opts, results, fix)
 
 
-def _verify_report(opts: c.GlobalOptions, results: list, fix: bool) -> None:
+def _verify_report(opts: o.GlobalOptions, results: list, fix: bool) -> None:
     """Each cache's result (--json: one object, or a list over every cache found); exit 1 on any problem."""
     out = c.Output(opts, collect=opts.many)
     for n, (root, result, took) in enumerate(results):
@@ -322,7 +320,6 @@ def _verify_human(out: c.Output, result, root, fix: bool, took: float) -> None:
                 e = ch.entry
                 rows.append([e.layout, e.kind, e.space or "-", e.op or "-", e.hash, ch.status, p]
                             if i == 0 else ["", "", "", "", "", "", p])
-        from kcache_cli.cli.table import Column
 
         c.print_table([Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
                        Column("op", drop=7), Column("hash", spill=True), Column("status", styles=c.STATUS_STYLE),

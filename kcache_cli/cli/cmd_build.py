@@ -4,14 +4,29 @@ No `from __future__ import annotations` here: Typer would have to evaluate every
 string with get_type_hints on each start of kcache, about 3 ms for this command's options."""
 
 import os
+import re
 import sys
 import threading
-from typing import Any, Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated, Any, List, Optional
 
 import typer
 from typer.core import TyperCommand
 
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.cli.progress import Bar
+from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.ops import build as b
+    from kcache_cli.ops import repair as r
+    from kcache_cli.remote import build, store
+else:
+    build = lazy_module("kcache_cli.remote.build")
+    store = lazy_module("kcache_cli.remote.store")
+    b = lazy_module("kcache_cli.ops.build")
+    r = lazy_module("kcache_cli.ops.repair")
 
 EXTRA_KEY = "kcache.extra_flags"
 
@@ -76,9 +91,7 @@ RemoteTimeoutOpt = Annotated[float, typer.Option(
 
 
 def _remote_seconds(value: float) -> float:
-    from kcache_cli.remote.store import check_timeout
-
-    return check_timeout(value, "--remote-timeout")
+    return store.check_timeout(value, "--remote-timeout")
 
 
 def build_command(
@@ -99,8 +112,8 @@ def build_command(
     remote: RemoteOpt = None,
     no_remote: NoRemoteOpt = False,
     remote_timeout: RemoteTimeoutOpt = 10.0,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Compile hidet kernels into the cache ahead of time.
 
@@ -118,10 +131,7 @@ def build_command(
 
     Example: kcache build task.txt --arch sm_90 -- -lineinfo
     """
-    from kcache_cli import build as b
-    from kcache_cli.errors import UsageError
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     wait = c.lock_timeout(lock_timeout, BUILD_WAIT, old=timeout)
     extra = tuple(ctx.meta.get(EXTRA_KEY) or ())
     if arch:
@@ -142,10 +152,8 @@ def build_command(
     _build_many(opts, root, paths, options, source, jobs, listener, builder)
 
 
-def _build_many(opts: c.GlobalOptions, root, paths, options, source, jobs: int, listener, builder) -> None:
+def _build_many(opts: o.GlobalOptions, root, paths, options, source, jobs: int, listener, builder) -> None:
     """Several tasks (or one under --json): built -j at a time, one row each and a summary."""
-    from kcache_cli import build as b
-
     tasks_to_build = [b.load_task(paths[0], options, source)] if source is not None else paths
     try:
         results = b.build_tasks(root, tasks_to_build, options, jobs=jobs or os.cpu_count() or 1, listener=listener,
@@ -158,9 +166,6 @@ def _build_many(opts: c.GlobalOptions, root, paths, options, source, jobs: int, 
 def _build_options(space: str, target: str | None, arch: str | None, nvcc: str | None, cxx: str | None,
                    include: List[str] | None, extra: tuple[str, ...], force: bool, wait: float | None):
     """The build's options from its command line: space and target checked, the extra flags too."""
-    from kcache_cli import build as b
-    from kcache_cli.errors import UsageError
-
     level, target = _space_level(space, target)
     if target is not None and target not in b.TARGETS:
         raise UsageError(f"unknown target '{target}' (choose from {', '.join(b.TARGETS)})")
@@ -170,16 +175,11 @@ def _build_options(space: str, target: str | None, arch: str | None, nvcc: str |
 
 
 def _repair_options(nvcc, cxx, arch, force, wait):
-    from kcache_cli.repair import RepairOptions
-
-    return RepairOptions(nvcc=nvcc, cxx=cxx, arch=arch, force=force, timeout=wait)
+    return r.RepairOptions(nvcc=nvcc, cxx=cxx, arch=arch, force=force, timeout=wait)
 
 
-def _repair(opts: c.GlobalOptions, prefixes: List[str], options, other_inputs: bool) -> None:
+def _repair(opts: o.GlobalOptions, prefixes: List[str], options, other_inputs: bool) -> None:
     """`build --repair HASH_PREFIX...`: one row per entry (repaired, fine, failed) and a summary, or the JSON."""
-    from kcache_cli import repair as r
-    from kcache_cli.errors import UsageError
-
     if other_inputs:
         raise UsageError("--repair takes the compile command from each entry's compile.sh: no --source, -I or "
                          "flags after --")
@@ -204,19 +204,17 @@ def _repair(opts: c.GlobalOptions, prefixes: List[str], options, other_inputs: b
         raise typer.Exit(1)
 
 
-def _show_results(opts: c.GlobalOptions, results) -> None:
+def _show_results(opts: o.GlobalOptions, results) -> None:
     """Failures and notes on stderr; a row per task and a summary (or the JSON) on stdout; the exit code."""
-    from kcache_cli import build as b
-
-    for r in results:
-        if r.status == b.FAILED:
-            _show_failure(r)
-        _notes(opts, r)
+    for res in results:
+        if res.status == b.FAILED:
+            _show_failure(res)
+        _notes(opts, res)
     out = c.Output(opts)
 
     def human() -> None:
         # the entry inside the cache (ops/<space>/<op>/<hash>), or the task file that failed
-        rows = [[r.status, (r.relpath if r.status != b.FAILED else r.task) or ""] for r in results]
+        rows = [[res.status, (res.relpath if res.status != b.FAILED else res.task) or ""] for res in results]
         c.print_table(["status", "entry or task"], rows,
                       styles={0: {"built": "green", "hit": "cyan", "failed": "bold red"}})
         out.text(f"{b.count(results, b.BUILT)} built, {c.plural(b.count(results, b.HIT), 'hit')}, "
@@ -228,11 +226,8 @@ def _show_results(opts: c.GlobalOptions, results) -> None:
         raise typer.Exit(code)
 
 
-def _build_one(opts: c.GlobalOptions, root, path: str, options, source: Optional[str], listener, builder) -> None:
+def _build_one(opts: o.GlobalOptions, root, path: str, options, source: Optional[str], listener, builder) -> None:
     """One task: errors are one line (main() prints them); stdout is the entry's path."""
-    from kcache_cli import build as b
-    from kcache_cli.errors import KcacheError
-
     try:
         result = builder(root, path, options, source=source, listener=listener)
     finally:
@@ -250,10 +245,6 @@ def _build_one(opts: c.GlobalOptions, root, path: str, options, source: Optional
 
 def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]:
     """`--space 2` or `--space cuda_space_2` (which also says the target) -> (2, target)."""
-    import re
-
-    from kcache_cli.errors import UsageError
-
     m = re.fullmatch(r"(?:([a-z0-9]+)_space_)?(\d+)", space.strip())
     if not m or int(m.group(2)) > 2:
         raise UsageError(f"bad space '{space}' for build (0, 1 or 2, or a name such as cuda_space_2)")
@@ -263,20 +254,18 @@ def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]
     return int(m.group(2)), named or target
 
 
-def _remote_builder(opts: c.GlobalOptions, url: str, timeout: float):
+def _remote_builder(opts: o.GlobalOptions, url: str, timeout: float):
     """build_task that consults the remote first and pushes what it compiles (kcache_cli.remote.build)."""
-    from kcache_cli.remote.build import RemoteBudget, build_with_remote
-
-    budget = RemoteBudget(timeout)  # one for the whole command
+    budget = build.RemoteBudget(timeout)  # one for the whole command
 
     def builder(root, task, options, *, source=None, listener=None):
-        return build_with_remote(root, task, options, url, source=source, listener=listener,
+        return build.build_with_remote(root, task, options, url, source=source, listener=listener,
                                  warn=lambda m: c.warn(opts, m), budget=budget)
 
     return builder
 
 
-def _notes(opts: c.GlobalOptions, result) -> None:
+def _notes(opts: o.GlobalOptions, result) -> None:
     for note in result.notes:
         c.warn(opts, note)
 
@@ -285,7 +274,7 @@ class _Listener:
     """Build events on stderr: a bar on a terminal (kcache_cli.cli.progress, started on the first
     compile, so that a hit never imports Rich), plain lines otherwise. Called from the building threads."""
 
-    def __init__(self, opts: c.GlobalOptions, total: int, show: bool) -> None:
+    def __init__(self, opts: o.GlobalOptions, total: int, show: bool) -> None:
         self.opts, self.total, self.show = opts, total, show
         self.lock = threading.Lock()
         self.bar: Any = None
@@ -295,7 +284,6 @@ class _Listener:
     def _start(self) -> None:
         if self.bar is not None or not self.show:
             return
-        from kcache_cli.cli.progress import Bar
 
         self.bar = Bar(self.opts, "building", animate=True).__enter__()
         self.bar.start(self.total)

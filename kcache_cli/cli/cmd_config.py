@@ -1,10 +1,22 @@
-"""`kcache config`: the budget `kcache prune` keeps (kcache_cli/config.py owns the file)."""
+"""`kcache config`: the budget `kcache prune` keeps (kcache_cli/ops/config.py owns the file)."""
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.util.errors import UsageError
+from kcache_cli.util.lazy import lazy_module
+from kcache_cli.util.units import format_age
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.catalog import scan
+    from kcache_cli.ops import budget, config
+else:
+    budget = lazy_module("kcache_cli.ops.budget")
+    scan = lazy_module("kcache_cli.catalog.scan")
+    config = lazy_module("kcache_cli.ops.config")
 
 config_app = typer.Typer(name="config", invoke_without_command=True)
 
@@ -23,7 +35,7 @@ def register(app: typer.Typer) -> None:
 
 
 @config_app.callback()
-def config_show(ctx: typer.Context, as_json: c.JsonOpt = False) -> None:
+def config_show(ctx: typer.Context, as_json: o.JsonOpt = False) -> None:
     """The budget `kcache prune` keeps: max-size and max-age.
 
     What prune keeps when given no criteria: max-size and max-age for every cache
@@ -38,9 +50,8 @@ def config_show(ctx: typer.Context, as_json: c.JsonOpt = False) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from kcache_cli import config
 
-    opts = c.use(ctx, None, as_json)
+    opts = o.use(ctx, None, as_json)
     cfg = config.load()
     root = _cache_root(opts)
     if root is None:
@@ -50,10 +61,8 @@ def config_show(ctx: typer.Context, as_json: c.JsonOpt = False) -> None:
     c.Output(opts).result(doc, lambda: _show_cache(root, doc))
 
 
-def _cache_root(opts: c.GlobalOptions, cache: str | None = None):
+def _cache_root(opts: o.GlobalOptions, cache: str | None = None):
     """The cache whose own budget is meant: --cache-dir given (None without it)."""
-    from kcache_cli.errors import UsageError
-
     if opts.cache_dir is None:
         return None
     if cache is not None:
@@ -64,11 +73,7 @@ def _cache_root(opts: c.GlobalOptions, cache: str | None = None):
 
 def _with_cache(cfg, root) -> dict:
     """The config's JSON with the cache's own budget and the one in effect there (and whence)."""
-    from kcache_cli import config
-    from kcache_cli.budget import effective
-    from kcache_cli.scan import detect_layouts
-
-    b = effective([(root, detect_layouts(root))], cfg, lambda m: None)[str(root)]
+    b = budget.effective([(root, scan.detect_layouts(root))], cfg, lambda m: None)[str(root)]
     return {**cfg.to_json(), "cache": config.load_cache(root).to_json(),
             "effective": {"max_size": b.max_size, "max_age": b.max_age,
                           "max_size_from": b.size_from if b.max_size is not None else "",
@@ -77,8 +82,6 @@ def _with_cache(cfg, root) -> dict:
 
 def _show_cache(root, doc: dict) -> None:
     """What a bare prune of the cache keeps it to, each value with the file (and part) it comes from."""
-    from kcache_cli.units import format_age
-
     eff = doc["effective"]
     lines = [f"# what a bare `kcache prune` of {c.printable_line(str(root))} keeps it to"]
     for key, value, where in (("max-size", eff["max_size"], eff["max_size_from"]),
@@ -88,7 +91,7 @@ def _show_cache(root, doc: dict) -> None:
     c.print_lines(lines)
 
 
-def _show(opts: c.GlobalOptions, cfg) -> None:
+def _show(opts: o.GlobalOptions, cfg) -> None:
     text = cfg.to_toml()
     if not text:
         c.info(opts, f"no budget set ({c.printable_line(str(cfg.path))} "
@@ -103,15 +106,13 @@ def config_set(
     value: Annotated[str, typer.Argument(metavar="VALUE", help="A size with a unit (20G, 500M, 2GiB) for "
                                          "max-size; an age (30d, 12h, 2w) for max-age.", show_default=False)],
     cache: CacheOpt = None,
-    as_json: c.JsonOpt = False,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Set max-size or max-age, for all caches or (--cache NAME) one.
 
     Example: kcache config set --cache triton max-age 30d
     """
-    from kcache_cli import config
-
-    opts = c.use(ctx, None, as_json)
+    opts = o.use(ctx, None, as_json)
     root = _cache_root(opts, cache)
     if root is not None:
         kept = config.set_cache_value(root, key, value)
@@ -132,15 +133,13 @@ def config_unset(
     ctx: typer.Context,
     key: KeyArg,
     cache: CacheOpt = None,
-    as_json: c.JsonOpt = False,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Remove max-size or max-age, for all caches or (--cache NAME) one.
 
     Example: kcache config unset max-size
     """
-    from kcache_cli import config
-
-    opts = c.use(ctx, None, as_json)
+    opts = o.use(ctx, None, as_json)
     root = _cache_root(opts, cache)
     if root is not None:
         kept, was_set = config.unset_cache_value(root, key)
@@ -154,14 +153,12 @@ def config_unset(
     c.Output(opts).result(cfg)
 
 
-def config_path(ctx: typer.Context, as_json: c.JsonOpt = False) -> None:
+def config_path(ctx: typer.Context, as_json: o.JsonOpt = False) -> None:
     """Print where the config file is (whether or not it exists yet).
 
     Example: $EDITOR "$(kcache config path)"
     """
-    from kcache_cli import config
-
-    opts = c.use(ctx, None, as_json)
+    opts = o.use(ctx, None, as_json)
     path = config.config_path()
     c.Output(opts).result({"path": str(path), "exists": path.exists()},
                           lambda: c.print_lines([c.tty_safe(str(path))]))

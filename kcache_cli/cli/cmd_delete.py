@@ -1,15 +1,30 @@
 """The commands that free space: prune (what is safe and useful to remove) and clear (what you select).
 
-Both are thin: scan -> plan (kcache_cli.delete) -> show -> confirm (clear) -> execute -> report."""
+Both are thin: scan -> plan (kcache_cli.ops.delete) -> show -> confirm (clear) -> execute -> report."""
 
 import contextlib
+import shutil
 import sys
-from typing import Annotated, Iterator, Optional
+from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 
 import typer
 
 from kcache_cli.cli import common as c
-from kcache_cli.errors import KcacheError
+from kcache_cli.cli import options as o
+from kcache_cli.cli.progress import Bar, Phase, scanning
+from kcache_cli.cli.table import Column, render
+from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.lazy import lazy_module
+from kcache_cli.util.units import format_age, parse_age, parse_size
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.catalog import scan
+    from kcache_cli.ops import budget, config, delete
+else:
+    budget = lazy_module("kcache_cli.ops.budget")
+    delete = lazy_module("kcache_cli.ops.delete")
+    scan = lazy_module("kcache_cli.catalog.scan")
+    config = lazy_module("kcache_cli.ops.config")
 
 
 def register(app: typer.Typer) -> None:
@@ -60,8 +75,8 @@ def prune_command(
     all_caches: c.AllCachesOpt = False,
     cache: c.CacheOpt = None,
     lock_timeout: LockTimeoutOpt = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Free space safely, while the cache is in use.
 
@@ -74,10 +89,7 @@ def prune_command(
 
     Example: kcache prune --max-size 10GB --older-than 30d --dry-run
     """
-    from kcache_cli.errors import UsageError
-    from kcache_cli.units import parse_age, parse_size
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     if deep and not broken:
         raise UsageError("--deep goes with --broken (it says how broken entries are judged)")
     limit = parse_size(max_size, "--max-size") if max_size is not None else None
@@ -100,20 +112,18 @@ class _Scans:
     """Each root's one scan in this command: a budget over several caches weighs them with it, and each
     root's plan is made from the same scan (`done`, taken by the plan), never a second one."""
 
-    def __init__(self, opts: c.GlobalOptions) -> None:
+    def __init__(self, opts: o.GlobalOptions) -> None:
         self.opts = opts
         self.done: dict[str, object] = {}
 
     def __call__(self, root):
-        from kcache_cli.scan import scan_cache
-
         key = str(root)
         if key not in self.done:
-            self.done[key] = scan_cache(root, warn=lambda m: c.warn(self.opts, m))
+            self.done[key] = scan.scan_cache(root, warn=lambda m: c.warn(self.opts, m))
         return self.done[key]
 
 
-def _prune_limits(opts: c.GlobalOptions, locs: list, limit, age, damaged: bool, scans: _Scans) -> tuple[dict, dict]:
+def _prune_limits(opts: o.GlobalOptions, locs: list, limit, age, damaged: bool, scans: _Scans) -> tuple[dict, dict]:
     """Each root's max-size and max-age: the ones given; with no criteria at all, the budget `kcache
     config` holds; over several caches one --max-size for all of them, least recently used first."""
     limits = {str(loc.path): limit for loc in locs}
@@ -121,21 +131,18 @@ def _prune_limits(opts: c.GlobalOptions, locs: list, limit, age, damaged: bool, 
     if limit is None and age is None and not damaged:
         return _configured_budget(opts, locs, scans)
     if opts.many and limit is not None and len(locs) > 1:
-        from kcache_cli.budget import shared_limits
-        from kcache_cli.cli.progress import Bar
 
         with Bar(opts, "weighing every cache"):
-            limits.update(shared_limits([loc.path for loc in locs], limit, lambda m: c.warn(opts, m), scan=scans))
+            limits.update(budget.shared_limits([loc.path for loc in locs], limit, lambda m: c.warn(opts, m),
+                                               scan=scans))
     return limits, ages
 
-def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tuple[bool, bool, bool],
+def _prune_one(opts: o.GlobalOptions, out: "_Out", loc, limit, age, damaged: tuple[bool, bool, bool],
                dry_run: bool, yes: bool = False, scanned=None) -> None:
-    from kcache_cli.cli.progress import Phase
-    from kcache_cli.delete import plan_prune
 
     broken, stale, deep = damaged
     with _nothing_removed_yet(), _busy(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
-        plan = plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, stale=stale, deep=deep,
+        plan = delete.plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, stale=stale, deep=deep,
                           warn=lambda m: c.warn(opts, m), progress=bar, judging=Phase(bar, "reading every byte"),
                           scanned=scanned)
     extra = {"max_size": limit, "older_than": age}
@@ -155,18 +162,13 @@ def _prune_one(opts: c.GlobalOptions, out: "_Out", loc, limit, age, damaged: tup
     _report_result(opts, out, plan, result, extra)
 
 
-def _configured_budget(opts: c.GlobalOptions, locs, scans: _Scans) -> tuple[dict, dict]:
+def _configured_budget(opts: o.GlobalOptions, locs, scans: _Scans) -> tuple[dict, dict]:
     """Each root's (max size, max age): the budget kept in the cache, else (caches this user owns) the
     user's `kcache config` ({root: None} for none); said on stderr with where each value comes from."""
-    from kcache_cli import config
-    from kcache_cli.budget import effective
-    from kcache_cli.scan import detect_layouts
-    from kcache_cli.units import format_age
-
     cfg = config.load()
-    roots = [(loc.path, detect_layouts(loc.path) if loc.path.is_dir() else ()) for loc in locs]
+    roots = [(loc.path, scan.detect_layouts(loc.path) if loc.path.is_dir() else ()) for loc in locs]
     with _busy(opts, "weighing every cache"):
-        budgets = effective(roots, cfg, lambda m: c.warn(opts, m), scan=scans)
+        budgets = budget.effective(roots, cfg, lambda m: c.warn(opts, m), scan=scans)
     for root, b in budgets.items():
         parts = ([f"max-size {c.human_size(b.max_size)} ({b.size_from})"] if b.max_size is not None else []) + \
                 ([f"max-age {format_age(b.max_age)} ({b.age_from})"] if b.max_age is not None else [])
@@ -175,12 +177,10 @@ def _configured_budget(opts: c.GlobalOptions, locs, scans: _Scans) -> tuple[dict
     return {r: b.max_size for r, b in budgets.items()}, {r: b.max_age for r, b in budgets.items()}
 
 
-def _confirm_big_prune(opts: c.GlobalOptions, plan) -> None:
+def _confirm_big_prune(opts: o.GlobalOptions, plan) -> None:
     """A prune that would remove more than half of the cache's bytes (`--max-size 10` read as bytes, a
     wrong --older-than) asks on a terminal and needs --yes elsewhere (issue 25): a usage error, exit 2,
     nothing removed."""
-    from kcache_cli.errors import KcacheError, UsageError
-
     # only working entries count: garbage (--broken, --stale, temp dirs) is removed without asking
     going = sum(r.size for r in plan.removals if r.what == "entry" and not r.recheck)
     if not plan.scanned_size or going * 2 <= plan.scanned_size:
@@ -216,8 +216,8 @@ def clear_command(
     all_caches: c.AllCachesOpt = False,
     cache: c.CacheOpt = None,
     lock_timeout: LockTimeoutOpt = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Remove the entries you select, after showing them and asking.
 
@@ -229,9 +229,7 @@ def clear_command(
 
     Example: kcache clear --space cuda_space_2 --dry-run
     """
-    from kcache_cli.errors import UsageError
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     opts.lock_timeout = c.lock_timeout(lock_timeout, GC_WAIT)
     selected = bool(op or space or target or layout or status or kind)
     if not everything and not (hashes or selected):
@@ -252,7 +250,7 @@ def clear_command(
 
 
 
-def _clear_plans(opts: c.GlobalOptions, locs: list, hashes, filter_of, everything: bool, selected: bool) -> list:
+def _clear_plans(opts: o.GlobalOptions, locs: list, hashes, filter_of, everything: bool, selected: bool) -> list:
     """(location, plan) for each cache the selection reaches; an entry named that is in none of them is an
     error before anything is removed (a typo, not "no entries")."""
     missing = set(c.ref_list(hashes))
@@ -272,16 +270,12 @@ def _clear_plans(opts: c.GlobalOptions, locs: list, hashes, filter_of, everythin
                          selectors=selected)
     return plans
 
-def _plan_clear(opts: c.GlobalOptions, loc, flt, everything: bool):
-    from kcache_cli.delete import plan_clear
-
+def _plan_clear(opts: o.GlobalOptions, loc, flt, everything: bool):
     with _nothing_removed_yet(), _busy(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
-        return plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m), progress=bar)
+        return delete.plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m), progress=bar)
 
 
-def _clear_one(opts: c.GlobalOptions, out: "_Out", loc, plan, yes: bool, dry_run: bool) -> None:
-    from kcache_cli.errors import KcacheError, UsageError
-
+def _clear_one(opts: o.GlobalOptions, out: "_Out", loc, plan, yes: bool, dry_run: bool) -> None:
     if not plan.exists:
         return _missing(opts, out, loc, dry_run, {})
     if dry_run:
@@ -309,7 +303,7 @@ def _clear_one(opts: c.GlobalOptions, out: "_Out", loc, plan, yes: bool, dry_run
 class _Out(c.Output):
     """c.Output, with a heading naming each root for --all-caches (JSON: one object per root, in a list)."""
 
-    def __init__(self, opts: c.GlobalOptions, all_caches: bool) -> None:
+    def __init__(self, opts: o.GlobalOptions, all_caches: bool) -> None:
         super().__init__(opts, collect=all_caches)
         self.sections = 0
         self.summary = False  # tables grouped by space and op (--summary)
@@ -349,25 +343,22 @@ def _stdin_is_terminal() -> bool:
         return False
 
 
-def _progress_wanted(opts: c.GlobalOptions) -> bool:
+def _progress_wanted(opts: o.GlobalOptions) -> bool:
     return not opts.quiet and sys.stderr.isatty()
 
 
-def _busy(opts: c.GlobalOptions, text: str):
+def _busy(opts: o.GlobalOptions, text: str):
     """What is going on while planning: the scan's counting bar, once it takes half a second."""
-    from kcache_cli.cli.progress import scanning
-
     return scanning(opts, text)
 
 
-def _execute(opts: c.GlobalOptions, plan):
+def _execute(opts: o.GlobalOptions, plan):
     def waiting() -> None:
         c.info(opts, f"waiting for another prune or clear of {plan.root} to finish...")
 
     wait = GC_WAIT if opts.lock_timeout is None else opts.lock_timeout
     if not _progress_wanted(opts) or len(plan.removals) < 2:
         return plan.execute(on_wait=waiting, lock_timeout=wait, interruptible=True)
-    from kcache_cli.cli.progress import Bar
 
     with Bar(opts, "removing") as bar:
         bar.start(len(plan.removals))
@@ -375,10 +366,8 @@ def _execute(opts: c.GlobalOptions, plan):
                             interruptible=True)
 
 
-def _missing(opts: c.GlobalOptions, out: _Out, loc, dry_run: bool, extra: dict) -> None:
-    from kcache_cli.delete import DeletePlan
-
-    out.result(DeletePlan(str(loc.path), exists=False).to_json(extra, dry_run=dry_run),
+def _missing(opts: o.GlobalOptions, out: _Out, loc, dry_run: bool, extra: dict) -> None:
+    out.result(delete.DeletePlan(str(loc.path), exists=False).to_json(extra, dry_run=dry_run),
                lambda: out.info(f"no cache at {loc.path} ({loc.reason}): nothing to remove"))
 
 
@@ -392,8 +381,6 @@ def _rows(removals) -> list[list[str]]:
 
 def _table(removals, to_stderr: bool = False, limit: int | None = None) -> None:
     """The removals as a table fitted to the terminal (hash and size always; the reason wraps)."""
-    from kcache_cli.cli.table import Column, render
-
     shown = list(removals)[:limit] if limit else list(removals)
     rows = [[c.printable_line(cell) for cell in row] for row in _rows(shown)]  # names stay inert
     if not rows:
@@ -402,8 +389,6 @@ def _table(removals, to_stderr: bool = False, limit: int | None = None) -> None:
             Column("hash", spill=True), Column("size", right=True, drop=4), Column("last used", drop=3),
             Column("why", wrap=True)]
     if to_stderr:
-        import shutil
-
         width = shutil.get_terminal_size().columns if sys.stderr.isatty() else c.output_width()
         lines = render(cols, rows, width, colour=False)
         if limit and len(removals) > limit:
@@ -431,8 +416,6 @@ def _summary(removals) -> list[dict]:
 
 
 def _summary_table(removals) -> None:
-    from kcache_cli.cli.table import Column
-
     groups = _summary(removals)
     rows = [[g["space"] or "-", g["op"] or "-", g["what"], str(g["entry_count"]), c.human_size(g["size"])]
             for g in groups[:SUMMARY_ROWS]]
@@ -473,7 +456,7 @@ def _with_summary(out: _Out, doc: dict, removals) -> dict:
     return {**doc, "summary": _summary(removals)} if out.summary else doc
 
 
-def _report_plan(opts: c.GlobalOptions, out: _Out, plan, extra: dict) -> None:
+def _report_plan(opts: o.GlobalOptions, out: _Out, plan, extra: dict) -> None:
     out.result(lambda: _with_summary(out, plan.to_json(extra), plan.removals), lambda: _plan_human(out, plan, extra))
 
 
@@ -488,13 +471,11 @@ def _plan_human(out: _Out, plan, extra: dict) -> None:
              f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).")
 
 
-def _report_result(opts: c.GlobalOptions, out: _Out, plan, result, extra: dict) -> None:
-    from kcache_cli.delete import DeleteResult
-    from kcache_cli.errors import KcacheError
+def _report_result(opts: o.GlobalOptions, out: _Out, plan, result, extra: dict) -> None:
 
     fresh = result.warnings[len(plan.warnings):] if result else ()  # the plan's were shown already
     if result is None:  # nothing was selected: nothing ran
-        result = DeleteResult(plan.root, (), plan.skipped, (), 0, (), plan.warnings)
+        result = delete.DeleteResult(plan.root, (), plan.skipped, (), 0, (), plan.warnings)
     done = (f"interrupted: removed {result.entries:,} of {plan.entries:,} "
             f"{'entry' if plan.entries == 1 else 'entries'}, {c.human_size(result.freed)}; nothing half-removed")
     try:

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.cli.table import fold
+from kcache_cli.model.records import ScanFilter
+from kcache_cli.util.errors import UsageError
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.ops import diff
+else:
+    diff = lazy_module("kcache_cli.ops.diff")
 
 
 def register(app: typer.Typer) -> None:
@@ -25,8 +35,8 @@ def diff_command(
     a: EntryA,
     b: EntryB,
     cache: c.CacheOpt = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Why are there two of these? What differs between two entries.
 
@@ -40,11 +50,7 @@ def diff_command(
 
     Example: kcache diff 22DX5RUZ ILJQFT5R
     """
-    from kcache_cli.diff import diff_entries
-    from kcache_cli.errors import UsageError
-    from kcache_cli.model import ScanFilter
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     loc_a, ea = c.resolve_in_scope(opts, a, cache, lambda root: ScanFilter(), selectors=False)
     loc_b, eb = c.resolve_in_scope(opts, b, cache, lambda root: ScanFilter(), selectors=False)
     if (ea.layout, ea.kind) != (eb.layout, eb.kind):
@@ -52,7 +58,7 @@ def diff_command(
                          "diff compares two entries of one layout and kind")
     if ea.path == eb.path:
         raise UsageError(f"{a} and {b} are the same entry ({ea.relpath})")
-    result = diff_entries(loc_a.path, ea, loc_b.path, eb)
+    result = diff.diff_entries(loc_a.path, ea, loc_b.path, eb)
     c.Output(opts).result(result.to_json(), lambda: _text(result))
 
 
@@ -173,6 +179,4 @@ def _text_diff(d, width: int | None) -> list[str]:
 
 
 def _fit(line: str, width: int | None) -> list[str]:
-    from kcache_cli.cli.table import fold
-
     return fold(line, width, 4)

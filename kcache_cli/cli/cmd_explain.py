@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.cli.cmd_mega import is_blob
+from kcache_cli.cli.table import Column
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli import archive
+    from kcache_cli.ops import explain
+else:
+    archive = lazy_module("kcache_cli.archive")
+    explain = lazy_module("kcache_cli.ops.explain")
 
 
 def register(app: typer.Typer) -> None:
@@ -26,8 +37,8 @@ def explain_command(
         "--gpu", metavar="ARCH", help="The GPU arch that will run it (sm_90a, sm_80). Default: nvidia-smi's "
         "first GPU.")] = None,
     cache: c.CacheOpt = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Will the consumer here use each entry? hit, miss or unknown.
 
@@ -42,34 +53,28 @@ def explain_command(
 
     Example: kcache explain --python ~/venvs/serve/bin/python --gpu sm_90a
     """
-    from kcache_cli.cli.cmd_mega import is_blob
-    from kcache_cli.archive import COMPRESSION_BY_SUFFIX
-    from kcache_cli.explain import ExplainResult, explain_archive, explain_blob, explain_root, probe
-
-    opts = c.use(ctx, cache_dir, as_json)
-    here = probe(python, gpu=gpu)
-    result = ExplainResult(here)
+    opts = o.use(ctx, cache_dir, as_json)
+    here = explain.probe(python, gpu=gpu)
+    result = explain.ExplainResult(here)
     blobs = [t for t in targets or [] if is_blob(t)]
     archives = [t for t in targets or [] if t not in blobs and os.path.isfile(t)
-                and t.endswith(tuple(s for s, _ in COMPRESSION_BY_SUFFIX))]
+                and t.endswith(tuple(s for s, _ in archive.COMPRESSION_BY_SUFFIX))]
     refs = [t for t in targets or [] if t not in blobs and t not in archives]
     for b in blobs:
-        result.items += explain_blob(b, here)
+        result.items += explain.explain_blob(b, here)
     for a in archives:
-        result.items += explain_archive(a, here)
+        result.items += explain.explain_archive(a, here)
     if refs or not (blobs or archives):
         for loc in c.cache_locations(opts, False, cache, refs or None):
             mine = c.refs_in(loc.path, refs) if refs else None
             if refs and not mine:
                 continue
-            result.items += explain_root(loc.path, here, mine)
+            result.items += explain.explain_root(loc.path, here, mine)
     out = c.Output(opts)
     out.result(result, lambda: _human(out, result))
 
 
 def _human(out: c.Output, result) -> None:
-    from kcache_cli.cli.table import Column
-
     h = result.here
     versions = ", ".join(f"{k} {v}" for k, v in sorted(h.versions.items()) if v) or "none of the compilers"
     out.info(f"here: {h.executable or 'no python'} ({versions}); GPU {h.gpu or 'none'} ({h.gpu_source})"

@@ -6,17 +6,30 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.cli.table import Column
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.archive import mega
+    from kcache_cli.catalog import locate
+    from kcache_cli.formats import megacache
+    from kcache_cli.ops import explain
+else:
+    explain = lazy_module("kcache_cli.ops.explain")
+    locate = lazy_module("kcache_cli.catalog.locate")
+    mega = lazy_module("kcache_cli.archive.mega")
+    megacache = lazy_module("kcache_cli.formats.megacache")
 
 
 def is_blob(arg: str | None) -> bool:
     """Whether `arg` names a file that starts like a Mega-Cache blob (a CRC, then version 1), or one
     ending in .bin / .mega whatever it holds (so that a damaged blob is still inspected as one)."""
-    from kcache_cli import megacache
-
     if not arg or not os.path.isfile(arg):
         return False
     if arg.endswith((".bin", ".mega", ".megacache")):
@@ -28,11 +41,9 @@ def is_blob(arg: str | None) -> bool:
         return False
 
 
-def show_blob(opts: c.GlobalOptions, path: str, verify: bool) -> None:
+def show_blob(opts: o.GlobalOptions, path: str, verify: bool) -> None:
     """inspect / verify of a blob; exit 1 when it has a problem."""
-    from kcache_cli.archive.mega import describe
-
-    doc = describe(path)
+    doc = mega.describe(path)
     out = c.Output(opts)
     out.result(doc, lambda: _blob_human(out, doc, verify))
     if not doc["ok"]:
@@ -49,8 +60,6 @@ def _blob_human(out: c.Output, doc: dict, verify: bool) -> None:
     groups = ", ".join(f"{g['type']} x{g['count']}" for g in doc["groups"]) or "none"
     out.text(f"groups   {groups}")
     if not verify and doc["artifacts"]:
-        from kcache_cli.cli.table import Column
-
         rows = [[a["type"], a["key"], c.human_size(a["size"]), a["sha256"][:12], "yes" if a["loaded"] else "no"]
                 for a in doc["artifacts"]]
         c.print_table([Column("type"), Column("key", spill=True), Column("size", right=True),
@@ -61,30 +70,24 @@ def _blob_human(out: c.Output, doc: dict, verify: bool) -> None:
         out.text(f"ok: {c.plural(len(doc['artifacts']), 'artifact')}, checksum and framing whole")
 
 
-def import_blob(opts: c.GlobalOptions, path: str, dry_run: bool, wait: float) -> None:
-    from kcache_cli.archive.mega import import_blob as run_import
-
-    result = run_import(_blob_root(opts), path, dry_run=dry_run, lock_timeout=wait)
+def import_blob(opts: o.GlobalOptions, path: str, dry_run: bool, wait: float) -> None:
+    result = mega.import_blob(_blob_root(opts), path, dry_run=dry_run, lock_timeout=wait)
     out = c.Output(opts)
     out.result(result, lambda: _import_human(out, result))
     if result.count("refuse"):
         raise typer.Exit(1)
 
 
-def _blob_root(opts: c.GlobalOptions) -> Path:
+def _blob_root(opts: o.GlobalOptions) -> Path:
     """--cache-dir or KCACHE_DIR, else where torch keeps its cache (TORCHINDUCTOR_CACHE_DIR...)."""
     if c.explicit_root(opts):
         return c.cache_root(opts)
-    from kcache_cli.archive.mega import mega_layouts
-    from kcache_cli.locate import named_cache
 
-    names = sorted({lay.name for lay in mega_layouts().values()})
-    return named_cache(names[0]).path
+    names = sorted({lay.name for lay in mega.mega_layouts().values()})
+    return locate.named_cache(names[0]).path
 
 
 def _import_human(out: c.Output, result) -> None:
-    from kcache_cli.cli.table import Column
-
     rows = [[a.action, a.type, a.key, c.human_size(a.size), a.reason or ""] for a in result.artifacts]
     if rows:
         c.print_table([Column("action"), Column("type"), Column("key", spill=True), Column("size", right=True),
@@ -94,15 +97,13 @@ def _import_human(out: c.Output, result) -> None:
              f"{result.count('skip')} present, refused {result.count('refuse')}; into {result.root}")
 
 
-def export_blob(opts: c.GlobalOptions, out_path: str, python: str | None) -> None:
-    from kcache_cli.archive.mega import export_blob as run_export
-    from kcache_cli.explain import probe
+def export_blob(opts: o.GlobalOptions, out_path: str, python: str | None) -> None:
 
     root = c.cache_root(opts, existing=True) if c.explicit_root(opts) else _blob_root(opts)
-    here = probe(python, ("torch",))
+    here = explain.probe(python, ("torch",))
     facts = {"torch_version": here.versions.get("torch"), "python": here.python,
              "device": here.gpu or "cpu", "exported_by": "kcache export --format torch-mega"}
-    result = run_export(root, out_path, facts)
+    result = mega.export_blob(root, out_path, facts)
     out = c.Output(opts)
     out.result(result, lambda: out.text(
         f"exported {c.plural(len(result.manifest['artifacts']), 'artifact')} ({c.human_size(result.size)}) to "

@@ -6,16 +6,22 @@ not a Redis index of entries."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.remote import oci, oci_ops
+else:
+    oci = lazy_module("kcache_cli.remote.oci")
+    oci_ops = lazy_module("kcache_cli.remote.oci_ops")
 
 
 @contextlib.contextmanager
 def opened(url: str, timeout: float, deadline: Optional[float], user: Optional[str]) -> Iterator[Any]:
-    from kcache_cli.remote.oci import Registry, parse_ref
-
-    reg = Registry(parse_ref(url), connect_timeout=timeout, user=user)
+    reg = oci.Registry(oci.parse_ref(url), connect_timeout=timeout, user=user)
     reg.set_deadline(deadline)
     try:
         yield reg
@@ -23,17 +29,15 @@ def opened(url: str, timeout: float, deadline: Optional[float], user: Optional[s
         reg.close()
 
 
-def _output(opts: c.GlobalOptions, command: str) -> c.Output:
+def _output(opts: o.GlobalOptions, command: str) -> c.Output:
     opts.command = command
     return c.Output(opts)
 
 
-def push(opts: c.GlobalOptions, root, flt, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str],
+def push(opts: o.GlobalOptions, root, flt, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str],
          dry_run: bool) -> None:
-    from kcache_cli.remote.oci_ops import push_image
-
     with opened(url, *timeouts, user) as reg:
-        result = push_image(root, reg, flt, dry_run=dry_run, warn=lambda m: c.warn(opts, m))
+        result = oci_ops.push_image(root, reg, flt, dry_run=dry_run, warn=lambda m: c.warn(opts, m))
     out = _output(opts, "push-oci")
 
     def human() -> None:
@@ -53,18 +57,14 @@ def push(opts: c.GlobalOptions, root, flt, url: str, timeouts: tuple[float, Opti
 
 def pull_image_of(url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]):
     """The image the pull names (manifest and config read), before the local root is chosen."""
-    from kcache_cli.remote.oci_ops import DEFAULT_TAG, read_image
-
     with opened(url, *timeouts, user) as reg:
-        return read_image(reg, reg.ref.tag or DEFAULT_TAG)
+        return oci_ops.read_image(reg, reg.ref.tag or oci_ops.DEFAULT_TAG)
 
 
-def pull(opts: c.GlobalOptions, root, flt, image, url: str, timeouts: tuple[float, Optional[float]],
+def pull(opts: o.GlobalOptions, root, flt, image, url: str, timeouts: tuple[float, Optional[float]],
          user: Optional[str], node: Optional[list[str]], dry_run: bool, lock_timeout: float) -> None:
-    from kcache_cli.remote.oci_ops import pull_image
-
     with opened(url, *timeouts, user) as reg:
-        result = pull_image(root, reg, image, node, flt, dry_run=dry_run, lock_timeout=lock_timeout,
+        result = oci_ops.pull_image(root, reg, image, node, flt, dry_run=dry_run, lock_timeout=lock_timeout,
                             warn=lambda m: c.warn(opts, m))
     out = _output(opts, "pull-oci")
     imported = result.imported
@@ -85,12 +85,10 @@ def pull(opts: c.GlobalOptions, root, flt, image, url: str, timeouts: tuple[floa
     out.result(result, human)
 
 
-def ls(opts: c.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
-    from kcache_cli.remote.oci_ops import list_images
-
+def ls(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
     out = _output(opts, "remote-ls-oci")
     with opened(url, *timeouts, user) as reg:
-        images = list_images(reg, out.warn)
+        images = oci_ops.list_images(reg, out.warn)
 
     def human() -> None:
         rows = [[i.ref.tag or "-", i.layout or "-", str(i.entry_count if i.entry_count is not None else "-"),
@@ -104,12 +102,10 @@ def ls(opts: c.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]],
                 "size": sum({i.digest: i.size for i in images}.values())}, human)
 
 
-def stats(opts: c.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
-    from kcache_cli.remote.oci_ops import image_stats, list_images
-
+def stats(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
     out = _output(opts, "remote-stats-oci")
     with opened(url, *timeouts, user) as reg:
-        result = image_stats(reg.url, list_images(reg, out.warn))
+        result = oci_ops.image_stats(reg.url, oci_ops.list_images(reg, out.warn))
 
     def human() -> None:
         rows = [[what, name, str(g["tags"]), str(g["entry_count"]), c.human_size(g["size"])]
@@ -122,15 +118,13 @@ def stats(opts: c.GlobalOptions, url: str, timeouts: tuple[float, Optional[float
     out.result(result, human)
 
 
-def prune(opts: c.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str],
+def prune(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str],
           limits: tuple[Optional[int], Optional[float], Optional[int]], dry_run: bool) -> None:
-    from kcache_cli.remote.oci_ops import list_images, plan_prune, prune_images
-
     out = _output(opts, "remote-prune-oci")
     keep, age, max_size = limits
     with opened(url, *timeouts, user) as reg:
-        images = list_images(reg, out.warn)
-        done = prune_images(reg, images, plan_prune(images, keep, age, max_size), dry_run)
+        images = oci_ops.list_images(reg, out.warn)
+        done = oci_ops.prune_images(reg, images, oci_ops.plan_prune(images, keep, age, max_size), dry_run)
     removed = [r for r in done if r.skipped is None]
     freed = sum({r.image.digest: r.image.size for r in removed}.values())
 

@@ -1,14 +1,38 @@
 """The read-only commands: dir, ls, inspect, log, stats."""
 
+import codecs
 import functools
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.cli.cmd_mega import is_blob, show_blob
+from kcache_cli.cli.progress import scanning
+from kcache_cli.cli.table import Column, fold, paint
+from kcache_cli.fs.read import iter_chunks
+from kcache_cli.layouts import get
+from kcache_cli.model.records import ScanFilter, sort_entries
+from kcache_cli.model.terms import COMPLETE
+from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.lazy import lazy_module
+from kcache_cli.util.textsafe import one_line
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.catalog import locate, scan
+    from kcache_cli.formats import binary
+    from kcache_cli.ops import budget, config, usage
+else:
+    binary = lazy_module("kcache_cli.formats.binary")
+    locate = lazy_module("kcache_cli.catalog.locate")
+    scan = lazy_module("kcache_cli.catalog.scan")
+    usage = lazy_module("kcache_cli.ops.usage")
+    budget = lazy_module("kcache_cli.ops.budget")
+    config = lazy_module("kcache_cli.ops.config")
 
 
 def register(app: typer.Typer) -> None:
@@ -24,16 +48,14 @@ NoIndexOpt = Annotated[bool, typer.Option(
                        "(.kcache/index/; the answer is the same).")]
 
 
-def _scan(opts: c.GlobalOptions, flt, loc=None, use_index: bool = False, hint: bool = True):
-    from kcache_cli.cli.progress import scanning
-    from kcache_cli.scan import scan_cache
+def _scan(opts: o.GlobalOptions, flt, loc=None, use_index: bool = False, hint: bool = True):
 
     loc = loc or c.cache_location(opts, existing=True)
     if hint:
         c.hint_unknown(opts, loc.path, flt)
     # ls and stats also show what killed imports and exports left (layout "kcache"; prune removes it)
     with scanning(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
-        result = scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True, use_index=use_index,
+        result = scan.scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True, use_index=use_index,
                             progress=bar)
     return loc, result
 
@@ -42,16 +64,14 @@ def dir_command(
     ctx: typer.Context,
     all_caches: Annotated[bool, typer.Option("--all", help="Every known kernel cache on this machine, "
                                                            "with its layout, entry count and size.")] = False,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Print the cache root and why it was chosen.
 
     Example: kcache dir --all
     """
-    from kcache_cli.scan import detect_layouts, scan_cache
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     out = c.Output(opts)
     if not all_caches:
         loc = c.cache_location(opts)
@@ -61,25 +81,19 @@ def dir_command(
             out.info(f"({loc.reason}{'' if loc.path.is_dir() else '; does not exist yet'})")
 
         out.result(lambda: {"path": str(loc.path), "reason": loc.reason, "exists": loc.path.is_dir(),
-                            "layouts": list(detect_layouts(loc.path) if loc.path.is_dir() else ())}, where)
+                            "layouts": list(scan.detect_layouts(loc.path) if loc.path.is_dir() else ())}, where)
         return
-    from kcache_cli.locate import found_root, known_caches
-
-    from kcache_cli.cli.progress import scanning
-
-    from kcache_cli.layouts import get
 
     rows: list[dict] = []
     shown: dict[str, str] = {}  # the path people know: the CUDA JIT cache itself, not the root holding it
-    for owner, path in known_caches():
-        if os.path.lexists(path) and not found_root(path, f"the {owner} cache", lambda m: c.warn(opts, m)):
+    for owner, path in locate.known_caches():
+        if os.path.lexists(path) and not locate.found_root(path, f"the {owner} cache", lambda m: c.warn(opts, m)):
             continue  # another user's directory, or a link: never listed (DESIGN §1.1)
         shown[owner] = str(get(owner).shown_path(path))
         with scanning(opts, f"scanning {c.printable_line(str(path))}") as bar:
-            res = scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
+            res = scan.scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
         rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
                      "entry_count": len(res.entries), "size": res.size, "nested": nested_caches(owner, path)})
-    from kcache_cli.cli.table import Column
 
     # cache, entries and size always; the path last, wrapped or on its own line when the row is too wide
     out.result({"caches": rows}, lambda: c.print_table(
@@ -96,8 +110,6 @@ def dir_command(
 def nested_caches(owner: str, path) -> list[dict]:
     """The caches of other layouts that `owner`'s cache at `path` holds inside its entries (counted in
     its row, never listed as rows of their own)."""
-    from kcache_cli.layouts import get
-
     if not path.is_dir():
         return []
     return [{"layout": layout, "path": str(p)} for layout, p in get(owner).nested(path)]
@@ -119,8 +131,8 @@ def ls_command(
     cache: c.CacheOpt = None,
     all_caches: c.AllCachesOpt = False,
     no_index: NoIndexOpt = False,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """List entries, with their status, size and last use.
 
@@ -136,10 +148,7 @@ def ls_command(
 
     Example: kcache ls --op 'mat*' --space 2 --sort size --limit 10
     """
-    from kcache_cli.errors import UsageError
-    from kcache_cli.textsafe import one_line
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     sort = sort.lower()  # --sort SIZE as --sort size
     if sort not in ("op", "size", "age"):
         raise UsageError(f"unknown sort key '{sort}' (choose from op, size, age)")
@@ -166,7 +175,7 @@ def ls_command(
                         "total": sum(len(result.entries) for _, _, result in listed)}, human)
 
 
-def _ls_listed(opts: c.GlobalOptions, sel: c.Selection, all_caches: bool, cache: Optional[str],
+def _ls_listed(opts: o.GlobalOptions, sel: c.Selection, all_caches: bool, cache: Optional[str],
                use_index: bool) -> list:
     """(location, filter, scan result) for each cache listed; an entry named by hash or path that is in
     none of them is an error."""
@@ -191,8 +200,6 @@ def _ls_listed(opts: c.GlobalOptions, sel: c.Selection, all_caches: bool, cache:
 
 def _ls_rows(listed: list, sort: str, limit: Optional[int]) -> list:
     """(location, entry) of every cache's entries, in one order across them, at most `limit`."""
-    from kcache_cli.model import sort_entries
-
     where = {id(e): loc for loc, _, result in listed for e in result.entries}
     entries = sort_entries([e for _, _, result in listed for e in result.entries], sort)
     return [(where[id(e)], e) for e in (entries[:limit] if limit is not None else entries)]
@@ -243,8 +250,6 @@ def _label(loc) -> str:
 
 
 def _ls_table(out: c.Output, rows: list) -> None:
-    from kcache_cli.cli.table import Column
-
     entries = [e for _, e in rows]
     caches = len({str(loc.path) for loc, _ in rows}) > 1
     one_layout = len({e.layout for e in entries}) == 1
@@ -270,12 +275,10 @@ def _ls_table(out: c.Output, rows: list) -> None:
     c.print_table(cols, table)
 
 
-def _details(opts: c.GlobalOptions, ref: str, space=None, op=None, layout=None, kind=None, statuses: bool = True,
+def _details(opts: o.GlobalOptions, ref: str, space=None, op=None, layout=None, kind=None, statuses: bool = True,
              cache: Optional[str] = None):
     """(root, entry, its layout) of the one entry `ref` names in the command's scope (every cache found,
     the one the current directory or an absolute `ref` lies in, --cache NAME, or --cache-dir)."""
-    from kcache_cli.layouts import get
-
     loc, entry = c.resolve_in_scope(opts, ref, cache, lambda root: c.make_filter(op, space, None, layout, None,
                                                                                  kind, None, root=root), statuses)
     return loc.path, entry, get(entry.layout)
@@ -303,8 +306,8 @@ def inspect_command(
     layout: PickLayoutOpt = None,
     kind: PickKindOpt = None,
     cache: c.CacheOpt = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Everything about one entry, with the checks that read every byte.
 
@@ -320,19 +323,15 @@ def inspect_command(
 
     Example: kcache inspect ad252b06 --space cuda_space_0
     """
-    from kcache_cli.terms import COMPLETE
-
-    opts = c.use(ctx, cache_dir, as_json)
-    from kcache_cli.cli.cmd_mega import is_blob, show_blob
+    opts = o.use(ctx, cache_dir, as_json)
 
     if is_blob(hash_prefix):  # a torch Mega-Cache blob: its framing, never its pickles
         show_blob(opts, hash_prefix, verify=False)
         return
     root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, cache=cache)
     d = layout_mod.describe(root, entry)
-    from kcache_cli.binary import read_binary
 
-    bins = [read_binary(p) for p in d.binaries]
+    bins = [binary.read_binary(p) for p in d.binaries]
     c.Output(opts).result(d.to_json(bins), lambda: _inspect_text(entry, d, bins))
     if d.status != COMPLETE:
         raise typer.Exit(1)
@@ -348,10 +347,8 @@ def _problems(d) -> list[str]:
 
 
 def _inspect_text(entry, d, bins) -> None:
-    from kcache_cli.cli.table import fold, paint
-
     width = c.output_width()
-    colour = not c.plain_output()
+    colour = not o.plain_output()
     lines: list[str] = []
 
     def line(key: str, value: str, style: str = "") -> None:
@@ -425,7 +422,7 @@ def log_command(
     layout: PickLayoutOpt = None,
     kind: PickKindOpt = None,
     cache: c.CacheOpt = None,
-    cache_dir: c.CacheDirOpt = None,
+    cache_dir: o.CacheDirOpt = None,
 ) -> None:
     """Show an entry's compile log.
 
@@ -435,9 +432,7 @@ def log_command(
 
     Example: kcache log ad252b06 --raw | grep ptxas
     """
-    from kcache_cli.errors import KcacheError
-
-    opts = c.use(ctx, cache_dir)
+    opts = o.use(ctx, cache_dir)
     root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, statuses=False,  # none shown
                                        cache=cache)
     logs = layout_mod.log_files(entry)
@@ -471,9 +466,6 @@ def log_command(
 
 def _open_log(lf):
     """The log's chunks (fsread: a regular file, streamed: a log is never loaded whole)."""
-    from kcache_cli.errors import KcacheError
-    from kcache_cli.fsread import iter_chunks
-
     try:
         chunks = iter_chunks(lf.path)
         first = next(chunks, b"")
@@ -498,8 +490,6 @@ LOG_LINE_MAX = 64 << 10  # a longer line is shown in pieces of this many charact
 
 def _log_lines(lf):
     """A log's lines, decoded as they stream (undecodable bytes kept as \\xNN by textsafe)."""
-    import codecs
-
     decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
     pending = ""
     for chunk in _open_log(lf):
@@ -531,8 +521,8 @@ def stats_command(
     cache: c.CacheOpt = None,
     all_caches: c.AllCachesOpt = False,
     no_index: NoIndexOpt = False,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Where the space goes: by layout, op, status and age.
 
@@ -549,9 +539,7 @@ def stats_command(
 
     Example: kcache stats --json | jq .by_status
     """
-    from kcache_cli.model import ScanFilter
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     reports = []
     for loc in c.cache_locations(opts, all_caches, cache):
         _, result = _scan(opts, ScanFilter(), loc, not no_index)
@@ -566,12 +554,9 @@ def stats_command(
     out.done(empty="no kernel cache found (see kcache dir --all)")
 
 
-def _budget_usage(opts: c.GlobalOptions, reports: list[dict]) -> list:
+def _budget_usage(opts: o.GlobalOptions, reports: list[dict]) -> list:
     """Each cache's bytes against the max-size `kcache config` holds (and all of them against [all]); each
     report gets its own as "budget" ({"used", "limit"} or null). A bad config is a warning here."""
-    from kcache_cli import budget, config
-    from kcache_cli.errors import UsageError
-
     try:
         cfg = config.load()
     except UsageError as exc:
@@ -599,7 +584,7 @@ def _budget_line(u, width: int) -> str:
     return f"{u.name:<{width}}  {c.human_size(u.used)} of {c.human_size(u.limit)}  {bar} {share * 100:.0f}%"
 
 
-def _stats(opts: c.GlobalOptions, loc, result, top: int, many: bool = False) -> dict:
+def _stats(opts: o.GlobalOptions, loc, result, top: int, many: bool = False) -> dict:
     report = result.to_json(top)
     report["root"] = str(loc.path)
     report.update(_space_pictures(opts, loc, result))
@@ -608,11 +593,9 @@ def _stats(opts: c.GlobalOptions, loc, result, top: int, many: bool = False) -> 
     return {**report, "reason": loc.reason}
 
 
-def _space_pictures(opts: c.GlobalOptions, loc, result) -> dict:
+def _space_pictures(opts: o.GlobalOptions, loc, result) -> dict:
     """stats' by_age and reclaimable (what prune --broken would free, planned from this same scan)."""
-    from kcache_cli.usage import by_age, reclaimable
-
-    return {"by_age": by_age(result.entries), "reclaimable": reclaimable(loc.path, result).to_json()}
+    return {"by_age": usage.by_age(result.entries), "reclaimable": usage.reclaimable(loc.path, result).to_json()}
 
 
 BAR_MIN, BAR_MAX = 10, 30  # characters of a share bar
@@ -631,14 +614,12 @@ def _bar(size: int, total: int, width: int) -> str:
     """`size`'s share of `total` as a bar and a percentage: blocks on a terminal, # and . in plain text."""
     share = size / total if total else 0.0
     filled = round(share * width)
-    full, empty = ("#", ".") if c.plain_output() else ("\u2588", "\u2591")
+    full, empty = ("#", ".") if o.plain_output() else ("\u2588", "\u2591")
     return f"{full * filled}{empty * (width - filled)} {share * 100:3.0f}%"
 
 
 def _share_table(title: str, groups: dict, total: int, ordered: bool = False) -> None:
     """One breakdown (by layout, op or age) as rows with a bar of each one's share of the bytes."""
-    from kcache_cli.cli.table import Column
-
     items = list(groups.items()) if ordered else sorted(groups.items(), key=lambda kv: (-kv[1]["size"], kv[0]))
     nums = [[str(v["entry_count"]), c.human_size(v["size"])] for _, v in items]
     width = _bar_width([k for k, _ in items] + [title], max([len(n[0]) + len(n[1]) for n in nums] + [11]) + 4)
@@ -656,8 +637,6 @@ def _reclaimable_line(report: dict) -> str:
 
 
 def _stats_text(out: c.Output, report: dict, first: bool = True) -> None:
-    from kcache_cli.cli.table import Column
-
     if not first:
         out.text("")
     if not report["exists"]:

@@ -3,13 +3,40 @@
 The redis client is imported by the core only when a redis:// remote is opened, never at start-up."""
 
 import contextlib
+import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Iterator, NamedTuple, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Iterator, NamedTuple, Optional
 
 import typer
 
+from kcache_cli.cli import cmd_oci
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
+from kcache_cli.cli.progress import Bar
+from kcache_cli.cli.table import Column, render
+from kcache_cli.util.errors import UsageError
+from kcache_cli.util.lazy import lazy_module
+from kcache_cli.util.signing import make_key
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.catalog import locate
+    from kcache_cli.formats import gpu as _gpu
+    from kcache_cli.ops import delete
+    from kcache_cli.remote import manage, oci, oci_ops
+    from kcache_cli.remote import pull as _pull
+    from kcache_cli.remote import push as _push
+    from kcache_cli.remote import store as _store
+else:
+    _gpu = lazy_module("kcache_cli.formats.gpu")
+    locate = lazy_module("kcache_cli.catalog.locate")
+    _pull = lazy_module("kcache_cli.remote.pull")
+    _push = lazy_module("kcache_cli.remote.push")
+    _store = lazy_module("kcache_cli.remote.store")
+    delete = lazy_module("kcache_cli.ops.delete")
+    manage = lazy_module("kcache_cli.remote.manage")
+    oci = lazy_module("kcache_cli.remote.oci")
+    oci_ops = lazy_module("kcache_cli.remote.oci_ops")
 
 RemoteOpt = Annotated[Optional[str], typer.Option(
     "--remote", metavar="URL", envvar="KCACHE_REMOTE", show_envvar=False,
@@ -24,9 +51,7 @@ UserOpt = Annotated[Optional[str], typer.Option(
 def _seconds(option: str, minimum: float = 0.1):
     """A Typer callback checking a timeout option (nan, inf, negative: usage errors, exit 2)."""
     def check(value: Optional[float]) -> Optional[float]:
-        from kcache_cli.remote.store import check_timeout
-
-        return None if value is None else check_timeout(value, option, minimum)
+        return None if value is None else _store.check_timeout(value, option, minimum)
     return check
 
 
@@ -69,12 +94,9 @@ def register(app: typer.Typer) -> None:
 @contextlib.contextmanager
 def _opened(remote: Optional[str], timeout: float, deadline: Optional[float] = None) -> Iterator[Any]:
     """The remote store, closed when the command is done with it."""
-    from kcache_cli.errors import UsageError
-    from kcache_cli.remote.store import open_store
-
     if not remote:
         raise UsageError("no remote: pass --remote URL or set KCACHE_REMOTE (redis://host:6379/0, file:///shared/dir)")
-    store = open_store(remote, connect_timeout=timeout, deadline=deadline)
+    store = _store.open_store(remote, connect_timeout=timeout, deadline=deadline)
     try:
         yield store
     finally:
@@ -82,7 +104,7 @@ def _opened(remote: Optional[str], timeout: float, deadline: Optional[float] = N
 
 
 class _Moving(NamedTuple):
-    opts: c.GlobalOptions
+    opts: o.GlobalOptions
     root: Path
     flt: Any  # ScanFilter
     store: Any  # remote.store.Store
@@ -94,25 +116,21 @@ def _moving(ctx: typer.Context, sel: c.Selection, remote: Optional[str], timeout
             cache_dir: Optional[str], as_json: bool, doing: str) -> Iterator[_Moving]:
     """What push and pull start with: the options, the cache root, the selection, the open remote and a
     progress bar counting entries."""
-    from kcache_cli.cli.progress import Bar
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     flt = sel.filter()
     root = _local_root(opts, flt.layouts)
     with _opened(remote, *timeout) as store, Bar(opts, doing, unit="entries") as bar:
         yield _Moving(opts, root, flt, store, bar)
 
 
-def _local_root(opts: c.GlobalOptions, layouts: tuple[str, ...]):
+def _local_root(opts: o.GlobalOptions, layouts: tuple[str, ...]):
     """The one local root push and pull work on: --cache-dir or KCACHE_DIR; else, for one --layout, where
     that layout's compiler keeps its cache (pull --layout triton fills Triton's); else hidet's rule."""
     if not c.explicit_root(opts) and len(set(layouts)) == 1:
-        from kcache_cli.errors import UsageError
-        from kcache_cli.locate import UntrustedRoot, named_cache
 
         try:
-            return named_cache(layouts[0]).path
-        except UntrustedRoot:  # another user's directory there: never the place to pull into
+            return locate.named_cache(layouts[0]).path
+        except locate.UntrustedRoot:  # another user's directory there: never the place to pull into
             raise
         except UsageError:  # a layout without a default place
             pass
@@ -128,8 +146,8 @@ def push_command(
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
     remote_user: UserOpt = None,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Upload the selected complete entries the remote lacks.
 
@@ -143,13 +161,8 @@ def push_command(
 
     Example: kcache push --remote redis://cache-host:6379/0 --space cuda_space_0
     """
-    from kcache_cli.remote.oci import is_oci
-    from kcache_cli.remote.push import push
-
-    if is_oci(remote):
-        from kcache_cli.cli import cmd_oci
-
-        opts = c.use(ctx, cache_dir, as_json)
+    if oci.is_oci(remote):
+        opts = o.use(ctx, cache_dir, as_json)
         flt = sel.filter()
         cmd_oci.push(opts, _local_root(opts, flt.layouts), flt, remote or "", (connect_timeout, remote_timeout),
                      remote_user, dry_run)
@@ -157,7 +170,7 @@ def push_command(
 
     with _moving(ctx, sel, remote, (connect_timeout, remote_timeout), cache_dir, as_json, "pushing") as run:
         opts = run.opts
-        result = push(run.root, run.store, run.flt, dry_run=dry_run, warn=lambda m: c.warn(opts, m),
+        result = _push.push(run.root, run.store, run.flt, dry_run=dry_run, warn=lambda m: c.warn(opts, m),
                       start=run.bar.start, advance=run.bar.advance)
     out = c.Output(opts)
 
@@ -174,8 +187,6 @@ def push_command(
 def _table(entries) -> None:
     """push's and pull's table: the entry by op and hash (a unique prefix on a narrow terminal), the note
     wrapped or on its own line."""
-    from kcache_cli.cli.table import Column
-
     rows = [[e.action, e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, f"{e.files:,}",
              c.human_size(e.size), e.reason or ""] for e in entries]
     if rows:
@@ -201,8 +212,8 @@ def pull_command(
         "Default: the local GPUs, from nvidia-smi.")] = None,
     no_gpu_check: Annotated[bool, typer.Option(
         "--no-gpu-check", help="oci:// only: pull without checking the image's targets against the GPUs.")] = False,
-    cache_dir: c.CacheDirOpt = None,
-    as_json: c.JsonOpt = False,
+    cache_dir: o.CacheDirOpt = None,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Fetch the selected remote entries missing here.
 
@@ -217,17 +228,14 @@ def pull_command(
 
     Example: kcache pull --remote redis://cache-host:6379/0 --op matmul
     """
-    from kcache_cli.remote.oci import is_oci
-    from kcache_cli.remote.pull import pull
-
-    if is_oci(remote):
+    if oci.is_oci(remote):
         _pull_oci(ctx, sel, remote or "", (connect_timeout, remote_timeout), remote_user, (gpu, no_gpu_check),
                   (dry_run, lock_timeout), cache_dir, as_json)
         return
 
     with _moving(ctx, sel, remote, (connect_timeout, remote_timeout), cache_dir, as_json, "pulling") as run:
         opts = run.opts
-        result = pull(run.root, run.store, run.flt, dry_run=dry_run, lock_timeout=lock_timeout,
+        result = _pull.pull(run.root, run.store, run.flt, dry_run=dry_run, lock_timeout=lock_timeout,
                       warn=lambda m: c.warn(opts, m), start=run.bar.start, advance=run.bar.advance)
     out = c.Output(opts)
     refused = result.count("refuse")
@@ -251,23 +259,18 @@ def _pull_oci(ctx: typer.Context, sel: c.Selection, remote: str, timeouts, user:
               gpu: tuple[Optional[str], bool], run: tuple[bool, float], cache_dir: Optional[str],
               as_json: bool) -> None:
     """pull from an oci:// image: the node's archs and the image first, then the root its layout names."""
-    from kcache_cli.cli import cmd_oci
-    from kcache_cli.remote.oci_ops import node_archs, preflight
-
-    opts = c.use(ctx, cache_dir, as_json)
+    opts = o.use(ctx, cache_dir, as_json)
     flt = sel.filter()
-    node = node_archs(*gpu)
+    node = oci_ops.node_archs(*gpu)
     image = cmd_oci.pull_image_of(remote, timeouts, user)
-    preflight(image, node)  # before the root is even chosen: nothing written
+    oci_ops.preflight(image, node)  # before the root is even chosen: nothing written
     root = _local_root(opts, (image.layout,))
     cmd_oci.pull(opts, root, flt, image, remote, timeouts, user, node, *run)
 
 
 def _check_archs(out: c.Output, entries) -> None:
     """As import does: warn about pulled kernels this machine's GPU cannot run."""
-    from kcache_cli.gpu import arch_fit
-
-    c.warn_arch_misfits(out, entries, arch_fit({e.relpath: e.arch for e in entries}), "pulled")
+    c.warn_arch_misfits(out, entries, _gpu.arch_fit({e.relpath: e.arch for e in entries}), "pulled")
 
 
 @c.selectors(status=None)
@@ -278,7 +281,7 @@ def remote_ls(
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
     remote_user: UserOpt = None,
-    as_json: c.JsonOpt = False,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """List what the remote holds, from its index (no download).
 
@@ -290,19 +293,14 @@ def remote_ls(
 
     Example: kcache remote ls --remote redis://cache-host:6379/0 --op 'mat*' --json
     """
-    from kcache_cli.remote.manage import scan_index
-    from kcache_cli.remote.oci import is_oci
-
-    opts = c.use(ctx, None, as_json)
-    if is_oci(remote):
-        from kcache_cli.cli import cmd_oci
-
+    opts = o.use(ctx, None, as_json)
+    if oci.is_oci(remote):
         return cmd_oci.ls(opts, remote or "", (connect_timeout, remote_timeout), remote_user)
     flt = sel.filter()
     out = c.Output(opts)
     count = size = 0
     with _opened(remote, connect_timeout, remote_timeout) as store:
-        for n, batch in enumerate(scan_index(store, flt)):
+        for n, batch in enumerate(manage.scan_index(store, flt)):
             count += len(batch)
             size += sum(e.size for e in batch)
             (_json_batch if opts.json else _table_batch)(batch, n == 0)
@@ -317,17 +315,13 @@ def remote_ls(
 def _json_batch(batch, first: bool) -> None:
     """One batch of `remote ls --json`: the object and its `entries` list opened by the first, closed by
     the command."""
-    import json
-
-    head = f'{{"schema": "{c.schema_id("remote-ls")}", "entries": [\n'
+    head = f'{{"schema": "{o.schema_id("remote-ls")}", "entries": [\n'
     sys.stdout.write((head if first else ",\n") + ",\n".join(json.dumps(e.to_json()) for e in batch))
     sys.stdout.flush()
 
 
 def _table_batch(batch, first: bool) -> None:
     """One batch of `remote ls`: the header before the first only."""
-    from kcache_cli.cli.table import Column, render
-
     rows = [[e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, f"{e.files:,}",
              c.human_size(e.size), e.arch or "-", c.human_age(e.pushed or 0),
              c.human_age(e.last_pulled) if e.last_pulled else "never"] for e in batch]
@@ -335,7 +329,7 @@ def _table_batch(batch, first: bool) -> None:
     cols = [Column("layout", drop=7), Column("kind", drop=2), Column("space", drop=8), Column("op"),
             Column("hash", spill=True), Column("files", right=True, drop=3), Column("size", right=True),
             Column("arch", drop=5), Column("pushed", drop=4), Column("pulled", drop=6)]
-    lines = render(cols, rows, c.output_width(), colour=not c.plain_output(), clean=c.printable_line)
+    lines = render(cols, rows, c.output_width(), colour=not o.plain_output(), clean=c.printable_line)
     c.print_lines(lines if first else lines[len(lines) - len(rows):])
     sys.stdout.flush()
 
@@ -346,7 +340,7 @@ def remote_stats_command(
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
     remote_user: UserOpt = None,
-    as_json: c.JsonOpt = False,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Totals of the remote per layout, space and op, from its index.
 
@@ -354,16 +348,11 @@ def remote_stats_command(
 
     Example: kcache remote stats --remote file:///mnt/shared/kcache
     """
-    from kcache_cli.remote.manage import list_remote, remote_stats
-    from kcache_cli.remote.oci import is_oci
-
-    opts = c.use(ctx, None, as_json)
-    if is_oci(remote):
-        from kcache_cli.cli import cmd_oci
-
+    opts = o.use(ctx, None, as_json)
+    if oci.is_oci(remote):
         return cmd_oci.stats(opts, remote or "", (connect_timeout, remote_timeout), remote_user)
     with _opened(remote, connect_timeout, remote_timeout) as store:
-        stats = {"remote": store.url, **remote_stats(list_remote(store))}
+        stats = {"remote": store.url, **manage.remote_stats(manage.list_remote(store))}
     out = c.Output(opts)
 
     def human() -> None:
@@ -393,7 +382,7 @@ def remote_prune(
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
     remote_user: UserOpt = None,
-    as_json: c.JsonOpt = False,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Remove remote entries by size and age, least recently pulled first.
 
@@ -407,26 +396,19 @@ def remote_prune(
 
     Example: kcache remote prune --max-size 200G --older-than 30d --dry-run
     """
-    from kcache_cli.delete import parse_age, parse_size
-    from kcache_cli.remote.manage import RemotePruneResult, list_remote, plan_remote_prune, prune_remote
-    from kcache_cli.cli.table import Column
-    from kcache_cli.remote.oci import is_oci
-
-    opts = c.use(ctx, None, as_json)
-    limit = parse_size(max_size) if max_size is not None else None
-    age = parse_age(older_than) if older_than is not None else None
-    if is_oci(remote):
-        from kcache_cli.cli import cmd_oci
-
+    opts = o.use(ctx, None, as_json)
+    limit = delete.parse_size(max_size) if max_size is not None else None
+    age = delete.parse_age(older_than) if older_than is not None else None
+    if oci.is_oci(remote):
         return cmd_oci.prune(opts, remote or "", (connect_timeout, remote_timeout), remote_user, (keep, age, limit),
                              dry_run)
     if keep is not None:
         raise c.UsageError("--keep counts tags: it applies to an oci:// remote only")
     out = c.Output(opts)
     with _opened(remote, connect_timeout, remote_timeout) as store:
-        plan = plan_remote_prune(list_remote(store), limit, age)
-        freed = sum(r.entry.size for r in plan) if dry_run else prune_remote(store, plan, out.warn)
-    result = RemotePruneResult(store.url, dry_run, tuple(plan), freed)
+        plan = manage.plan_remote_prune(manage.list_remote(store), limit, age)
+        freed = sum(r.entry.size for r in plan) if dry_run else manage.prune_remote(store, plan, out.warn)
+    result = manage.RemotePruneResult(store.url, dry_run, tuple(plan), freed)
 
     def human() -> None:
         rows = [[r.entry.layout, r.entry.op or "-", r.entry.hash, c.human_size(r.entry.size),
@@ -442,7 +424,7 @@ def remote_prune(
 
 def remote_keygen(
     ctx: typer.Context,
-    as_json: c.JsonOpt = False,
+    as_json: o.JsonOpt = False,
 ) -> None:
     """Make this node's Ed25519 signing key; print its public key.
 
@@ -453,9 +435,7 @@ def remote_keygen(
 
     Example: kcache remote keygen >> ~/fleet-keys.txt
     """
-    from kcache_cli.signing import make_key
-
-    opts = c.use(ctx, None, as_json)
+    opts = o.use(ctx, None, as_json)
     path, public = make_key()
     out = c.Output(opts)
     out.result({"key": str(path), "public_key": public}, lambda: out.text(public))

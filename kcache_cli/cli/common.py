@@ -4,109 +4,72 @@ Rich and humanize are imported inside the helpers that need them, to keep start-
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
+import json
 import os
 import re
+import shutil
 import sys
+import time
+import typing
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, List, Optional
 
 import typer
 
-from kcache_cli.cli import complete  # light: the TAB path imports nothing heavy
-from kcache_cli.errors import UsageError
-from kcache_cli.terms import BROKEN, BROKEN_WORD, KINDS, LAYOUT_NAMES, STATUSES, is_status
-from kcache_cli.textsafe import printable, printable_line
+from kcache_cli.cli import (
+    complete,  # light: the TAB path imports nothing heavy
+    options,
+)
+from kcache_cli.cli.options import GlobalOptions, no_color, plain_output, schema_id
+from kcache_cli.cli.table import Column, fold, render
+from kcache_cli.fs import read as fsread
+from kcache_cli.layouts import detect
+from kcache_cli.model.records import ScanFilter, space_matches
+from kcache_cli.model.terms import BROKEN, BROKEN_WORD, KINDS, LAYOUT_NAMES, STATUSES, is_status
+from kcache_cli.util.errors import UsageError
+from kcache_cli.util.lazy import lazy_module
+from kcache_cli.util.textsafe import printable, printable_line
+from kcache_cli.util.units import format_ago, format_size, parse_age, parse_seconds, parse_size
 
-
-class GlobalOptions:
-    """The global options, merged with a command's own --cache-dir/--json (a plain class: no
-    dataclass machinery on the start-up path)."""
-
-    def __init__(self, cache_dir: Optional[str] = None, json: bool = False, quiet: bool = False,
-                 debug: bool = False) -> None:
-        self.cache_dir, self.json, self.quiet, self.debug = cache_dir, json, quiet, debug
-        self.lock_timeout: float | None = None  # a command's checked --lock-timeout, where it has one
-        self.many = False  # the scope is every cache found (cache_locations), not one root
-        self.command = ""  # the command's name in JSON schemas ("ls", "remote-ls"), set by use()
-
-
-def settings(ctx: typer.Context) -> GlobalOptions:
-    root_ctx = ctx.find_root()
-    if not isinstance(root_ctx.obj, GlobalOptions):
-        root_ctx.obj = GlobalOptions()
-    return root_ctx.obj
-
-
-# Options accepted both before and after the subcommand (`kcache --json ls` == `kcache ls --json`).
-CacheDirOpt = Annotated[Optional[str], typer.Option(
-    "--cache-dir", metavar="PATH", envvar=None,
-    help="Cache root (default: KCACHE_DIR, then every cache found; see kcache --help).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
-
-
-def use(ctx: typer.Context, cache_dir: Optional[str] = None, as_json: bool = False) -> GlobalOptions:
-    """Merge a command's own --cache-dir/--json into the global options."""
-    opts = settings(ctx)
-    opts.command = command_name(ctx)
-    if cache_dir is not None:  # "" too: refused by resolve_cache_dir, never the default cache
-        opts.cache_dir = cache_dir
-    if as_json:
-        opts.json = True
-    return opts
-
-
-SCHEMA_VERSION = 1  # of every command's --json document (kcache_cli/schemas/<command>.json)
-
-
-def command_name(ctx: typer.Context) -> str:
-    """The command as its JSON schema names it: `ls`, `remote-ls` (the words after `kcache`, joined by -)."""
-    words: list[str] = []
-    at: Any = ctx
-    while at.parent is not None:
-        words.insert(0, at.info_name or "")
-        at = at.parent
-    return "-".join(w for w in words if w)
-
-
-def schema_id(command: str) -> str:
-    """The `schema` every --json document starts with: kcache/<command>/<version>."""
-    return f"kcache/{command}/{SCHEMA_VERSION}"
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.catalog import locate, names, scan
+    from kcache_cli.catalog import names as _names
+else:
+    _names = lazy_module("kcache_cli.catalog.names")
+    locate = lazy_module("kcache_cli.catalog.locate")
+    scan = lazy_module("kcache_cli.catalog.scan")
+    names = lazy_module("kcache_cli.catalog.names")
 
 
 def cache_location(opts: GlobalOptions, existing: bool = False):
     """The cache root. With `existing`, an explicit --cache-dir that is missing or not a directory is a usage
     error (exit 2): a typo must not read as an empty cache; so is one that holds no cache but has one a
     level or two down (D/triton/cache). The default root missing stays "nothing there"."""
-    from kcache_cli.locate import resolve_cache_dir
-
-    loc = resolve_cache_dir(opts.cache_dir)
+    loc = locate.resolve_cache_dir(opts.cache_dir)
     if explicit_root(opts):
-        from kcache_cli.locate import hold_explicit
-
-        hold_explicit(loc, lambda m: warn(opts, m))
+        locate.hold_explicit(loc, lambda m: warn(opts, m))
     else:  # hidet's rule (build's root): vetted like every root kcache finds by itself
-        from kcache_cli.locate import vetted
 
-        loc = vetted(loc)
-    if existing and opts.cache_dir and not loc.path.is_dir():
+        loc = locate.vetted(loc)
+    if existing and opts.cache_dir and not fsread.is_dir(loc.path):
         what = "is not a directory" if loc.path.exists() else "does not exist"
         raise UsageError(f"--cache-dir {loc.path} {what}")
-    if existing and explicit_root(opts) and loc.path.is_dir():
+    if existing and explicit_root(opts) and fsread.is_dir(loc.path):
         _one_level_down(loc)
     return loc
 
 
 def _one_level_down(loc) -> None:
     """A --cache-dir/KCACHE_DIR that holds no cache but has one below it: say where (exit 2), not "no entries"."""
-    from kcache_cli import fsread
-    from kcache_cli.layouts import detect
-    from kcache_cli.locate import caches_below
-
     found = detect(loc.path)
     if found:
         fsread.hand_on(loc.path, "layouts", found)  # the scan that follows detects them once, not again
         return
-    below = caches_below(loc.path)
+    below = locate.caches_below(loc.path)
     if below:
         names, path = below[0]
         more = f" (and {plural(len(below) - 1, 'other cache')})" if len(below) > 1 else ""
@@ -129,19 +92,17 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
     cache; else the cache the current directory lies in; else every cache `dir --all` finds that exists
     (--all-caches says so explicitly), plus the caches that absolute entry paths in `refs` lie in.
     Sets `opts.many` when the scope is the set of every cache (JSON lists, one per cache)."""
-    from kcache_cli.locate import cache_holding, existing_caches, named_cache
-
     opts.many = False
     if cache is not None:
         if opts.cache_dir is not None or all_caches:
             raise UsageError(f"--cache and {'--cache-dir' if opts.cache_dir is not None else '--all-caches'} "
                              "do not go together")
-        return [named_cache(cache)]
+        return [locate.named_cache(cache)]
     if all_caches and opts.cache_dir:
         raise UsageError("--all-caches and --cache-dir do not go together")
     if not all_caches and explicit_root(opts):
         return [cache_location(opts, existing=True)]
-    known = existing_caches(lambda m: warn(opts, m))
+    known = locate.existing_caches(lambda m: warn(opts, m))
     here = None if all_caches else _cwd_cache(known, lambda m: warn(opts, m))
     if here is None and not all_caches:
         _caches_under_cwd(known)
@@ -149,7 +110,7 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
     opts.many = here is None
     for ref in ref_list(refs):
         if os.path.isabs(ref) and os.path.lexists(ref):
-            holder = cache_holding(ref, known, lambda m: warn(opts, m))
+            holder = locate.cache_holding(ref, known, lambda m: warn(opts, m))
             if holder is not None and all(os.path.realpath(holder.path) != os.path.realpath(o.path) for o in out):
                 out.append(holder)
     return out
@@ -161,13 +122,12 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
     skip the root (no reference left is not "everything")."""
     if not refs:
         return []
-    from kcache_cli.scan import split_refs
 
     out = []
     for ref in refs:
         if os.path.isabs(ref):
             try:
-                split_refs(root, [ref])
+                scan.split_refs(root, [ref])
             except UsageError:
                 continue
         out.append(ref)
@@ -178,18 +138,15 @@ def _caches_under_cwd(known: list) -> None:
     """A current directory that holds caches one level down which are not this machine's own (a copy, a
     CI workspace): say so, as --cache-dir does (exit 2), instead of working on every cache of the machine
     (`clear --all` there must not mean HOME's caches)."""
-    from kcache_cli.locate import caches_below
-
     try:
         cwd = Path(os.getcwd())
     except OSError:
         return
-    from kcache_cli.scan import scan_cache
 
     mine = {os.path.realpath(loc.path) for loc in known}
     # entries, not merely a CACHEDIR.TAG (.mypy_cache has one): positive evidence, judged by names only
-    below = [(names, p) for names, p in caches_below(cwd, levels=1)
-             if os.path.realpath(p) not in mine and scan_cache(p, statuses=False).entries]
+    below = [(names, p) for names, p in locate.caches_below(cwd, levels=1)
+             if os.path.realpath(p) not in mine and scan.scan_cache(p, statuses=False).entries]
     if below:
         names, path = below[0]
         more = f" (and {plural(len(below) - 1, 'other cache')})" if len(below) > 1 else ""
@@ -199,10 +156,8 @@ def _caches_under_cwd(known: list) -> None:
 
 def _cwd_cache(known: list, said: Callable[[str], None]):
     """The cache the current directory lies in, or None (also when it was removed under us)."""
-    from kcache_cli.locate import cache_holding
-
     try:
-        return cache_holding(os.getcwd(), known, said)
+        return locate.cache_holding(os.getcwd(), known, said)
     except OSError:
         return None
 
@@ -212,8 +167,6 @@ def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: 
     """(location, entry) of the one entry `ref` names in the command's scope (cache_locations): found in
     exactly one cache; in several, a usage error naming them (--cache picks one); in none, no_match.
     `pick(root)` is the checked filter of the --space/--op... that tell entries apart."""
-    from kcache_cli.scan import NoSuchEntry, resolve_entry
-
     locs = cache_locations(opts, False, cache, [ref])
     found, misses = [], []
     for loc in locs:
@@ -223,9 +176,9 @@ def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: 
         if not opts.many:
             hint_unknown(opts, loc.path, flt)
         try:
-            found.append((loc, resolve_entry(loc.path, ref, warn=lambda m: warn(opts, m), flt=flt,
+            found.append((loc, scan.resolve_entry(loc.path, ref, warn=lambda m: warn(opts, m), flt=flt,
                                              statuses=statuses, selectors=selectors)))
-        except NoSuchEntry as exc:
+        except scan.NoSuchEntry as exc:
             misses.append(exc)
     if len(found) == 1:
         return found[0]
@@ -246,14 +199,12 @@ def ref_list(refs: Optional[List[str]]) -> list[str]:
 
 def unmatched_refs(root: Path, refs: Optional[List[str]], entries) -> list[str]:
     """The references in `refs` that name none of `entries` (what a command selected in `root`)."""
-    from kcache_cli.scan import split_refs
-
     hashes = [e.hash for e in entries]
     relpaths = {e.relpath for e in entries}
     out = []
     for ref in ref_list(refs):
         try:
-            prefixes, paths = split_refs(root, [ref])
+            prefixes, paths = scan.split_refs(root, [ref])
         except UsageError:  # an absolute path outside this root names nothing in it
             out.append(ref)
             continue
@@ -281,10 +232,6 @@ def no_match(refs: list[str], roots: list[Path], selectors: bool = False) -> Usa
 
 def _nearest(ref: str, roots: list[Path]) -> list[str]:
     """Hash prefixes and op names present in `roots` closest to `ref` (names only: no file is read)."""
-    import difflib
-
-    from kcache_cli import names
-
     key = ref.rstrip("/").rsplit("/", 1)[-1]
     hashes: dict[str, str] = {}
     ops: set[str] = set()
@@ -326,8 +273,6 @@ OldTimeoutOpt = Annotated[Optional[str], typer.Option("--timeout", metavar="SECO
 def lock_timeout(value: Optional[str], default: float, old: Optional[str] = None) -> float:
     """The checked --lock-timeout (or its old name --timeout) in seconds: finite and not negative, else a
     usage error (exit 2)."""
-    from kcache_cli.units import parse_seconds
-
     if value is not None and old is not None:
         raise UsageError("--lock-timeout and --timeout are the same option: give one")
     if value is None and old is None:
@@ -393,8 +338,6 @@ class Selection:
     def filter(self, root: Path | None = None, hashes: Optional[List[str]] = None):
         """The checked ScanFilter (entries given by path need `root`); `hashes` replaces the ENTRY
         arguments (--all-caches passes the ones that can name an entry of `root`)."""
-        from dataclasses import replace
-
         flt = make_filter(self.op, self.space, self.target, self.layout, self.status, self.kind,
                           self.hashes if hashes is None else hashes, root=root)
         return replace(flt, **size_age_filter(self.min_size, self.max_size, self.older_than, self.newer_than))
@@ -403,10 +346,6 @@ class Selection:
 def size_age_filter(min_size: Optional[str], max_size: Optional[str], older_than: Optional[str],
                     newer_than: Optional[str]) -> dict[str, Any]:
     """The ScanFilter fields of --min-size/--max-size/--older-than/--newer-than (units.py's grammar), checked."""
-    import time
-
-    from kcache_cli.units import parse_age, parse_size
-
     out: dict[str, Any] = {}
     for key, value, option in (("min_size", min_size, "--min-size"), ("max_size", max_size, "--max-size")):
         if value is not None:
@@ -435,9 +374,6 @@ def selectors(status: Any = StatusOpt, size_age: bool = False) -> Callable[[Call
                 "newer_than": NewerThanOpt if size_age else None}
 
     def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
-        import functools
-        import inspect
-        import typing
 
         hints = typing.get_type_hints(func, include_extras=True)
         params = []
@@ -488,9 +424,6 @@ def _statuses(values: Optional[List[str]]) -> tuple:
 def make_filter(op=None, space=None, target=None, layout=None, status=None, kind=None, hashes=None,
                 root: Path | None = None):
     """The selection as typed, checked. Entries given by path need `root`."""
-    from kcache_cli.model import ScanFilter
-    from kcache_cli.scan import split_refs
-
     spaces = _checked(space, None, "space")
     for s in spaces:
         if not _SPACE.match(s) or any(part in (".", "..") for part in s.split("/")):
@@ -499,7 +432,7 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
     for o in ops:
         if "/" in o or o in (".", ".."):
             raise UsageError(f"bad op name '{o}'")
-    prefixes, paths = split_refs(root if root is not None else Path("."), _checked(hashes, None, "entry"))
+    prefixes, paths = scan.split_refs(root if root is not None else Path("."), _checked(hashes, None, "entry"))
     flt = ScanFilter(
         ops=ops,
         spaces=spaces,
@@ -512,18 +445,16 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
     )
     if root is None:
         return flt
-    from kcache_cli.names import expand_filter
 
-    return expand_filter(root, flt)  # `--space 2`, `--op 'mat*'`: the names present, for every command
+    return _names.expand_filter(root, flt)  # `--space 2`, `--op 'mat*'`: the names present, for every command
 
 
 def hint_unknown(opts: GlobalOptions, root: Path, flt) -> None:
     """On stderr, each --op/--space/--target value that names nothing in `root`, with what there is."""
-    if not (flt.ops or flt.spaces or flt.targets) or not root.is_dir():
+    if not (flt.ops or flt.spaces or flt.targets) or not fsread.is_dir(root):
         return
-    from kcache_cli.names import unknown_values
 
-    for line in unknown_values(root, flt):
+    for line in _names.unknown_values(root, flt):
         warn(opts, line)
 
 
@@ -531,15 +462,12 @@ def hint_unknown_many(opts: GlobalOptions, selected: list, found: list | None = 
     """hint_unknown over several caches ((root, filter) each): a value is hinted at only when it names
     nothing in any of them (`--space cuda_space_2` is hidet's; Triton's cache not having it is no news),
     once, and never for a value an entry `found` has (a space read from an entry's metadata, not its path)."""
-    from kcache_cli.model import space_matches
-    from kcache_cli.names import unknown_across
-
     seen = {"ops": {e.op for e in found or ()}, "spaces": {e.space for e in found or ()},
             "targets": {e.target for e in found or ()}}
 
     if len(selected) == 1:
         return hint_unknown(opts, *selected[0])
-    roots = [(root, flt) for root, flt in selected if root.is_dir()]
+    roots = [(root, flt) for root, flt in selected if fsread.is_dir(root)]
     for field, what in (("ops", "op"), ("spaces", "space"), ("targets", "target")):
         values = {v for _, flt in roots for v in getattr(flt, field)}
         for v in sorted(values):
@@ -547,33 +475,17 @@ def hint_unknown_many(opts: GlobalOptions, selected: list, found: list | None = 
                 continue  # a value one cache's expansion turned into its names: that cache has it
             if v in seen[field] or (field == "spaces" and any(s and space_matches(s, v) for s in seen[field])):
                 continue
-            line = unknown_across(roots, what, v)
+            line = _names.unknown_across(roots, what, v)
             if line is not None:  # once for every cache, not once per cache
                 warn(opts, line)
 
 
 # ---- output --------------------------------------------------------------------------------------
-def no_color() -> bool:
-    """NO_COLOR (https://no-color.org, any non-empty value) or a dumb terminal: no ANSI escapes at all."""
-    return bool(os.environ.get("NO_COLOR")) or os.environ.get("TERM") == "dumb"
-
-
-def plain_output() -> bool:
-    """Plain text on stdout (no colour, no box drawing): when it is not a terminal, or colour is off."""
-    return no_color() or not sys.stdout.isatty()
-
-
-json_written = False  # a command's JSON result is on stdout: an error after it is said on stderr only
-
-
 def _emit_json(data, command: str = "") -> None:
     """JSON on stdout, never through Rich; indented for people, compact for pipes (Output.result's writer).
     An object starts with its `schema` (kcache/<command>/1); a bare list is put in one as `entries`."""
-    import json
-
-    global json_written
     indent = 2 if sys.stdout.isatty() else None
-    json_written = True
+    options.json_written = True
     if command:
         body = data if isinstance(data, dict) else {"entries": data}
         data = {"schema": schema_id(command), **body}
@@ -677,9 +589,7 @@ def home_short(path: str) -> str:
 
 
 def human_size(n: int) -> str:
-    """The one size format (kcache_cli.units): powers of 1000, as `--max-size` reads them."""
-    from kcache_cli.units import format_size
-
+    """The one size format (kcache_cli.util.units): powers of 1000, as `--max-size` reads them."""
     return format_size(n)
 
 
@@ -691,8 +601,6 @@ def plural(n: int, singular: str, many: str | None = None) -> str:
 
 
 def human_age(ts: float) -> str:
-    from kcache_cli.units import format_ago
-
     return format_ago(ts)
 
 
@@ -707,8 +615,6 @@ def output_width() -> int | None:
     if re.fullmatch(r"[0-9]{1,5}", value, re.ASCII) and int(value) > 0:  # not "٣", nor 5,000 digits
         return int(value)
     if sys.stdout.isatty():
-        import shutil
-
         return shutil.get_terminal_size().columns
     return None
 
@@ -730,7 +636,6 @@ def fold_err(text: str, indent: int) -> list[str]:
     width = stderr_width()
     if width is None or len(text) <= width:
         return [text]
-    from kcache_cli.cli.table import fold
 
     return fold(text, width, indent)
 
@@ -741,8 +646,6 @@ def print_lines(lines: list[str]) -> None:
 
 def print_text(text: str, indent: int = 0) -> None:
     """A line for stdout, folded to the terminal's width."""
-    from kcache_cli.cli.table import fold
-
     print_lines(fold(text, output_width(), indent))
 
 
@@ -750,8 +653,6 @@ def print_table(columns, rows: list[list[str]], styles: dict[int, dict[str, str]
                 right: tuple[int, ...] = ()) -> None:
     """A table fitted to the terminal (kcache_cli.cli.table): coloured on a terminal, plain aligned columns
     (grep- and awk-friendly) in a pipe or under NO_COLOR. `columns` are names or table.Column."""
-    from kcache_cli.cli.table import Column, render
-
     cols = [col if isinstance(col, Column) else Column(col, right=i in right, styles=(styles or {}).get(i, {}))
             for i, col in enumerate(columns)]
     print_lines(render(cols, rows, output_width(), colour=not plain_output(), clean=printable_line))

@@ -2,7 +2,7 @@
 arguments complete to, read from the cache the command line points at (`--cache-dir` before or after the
 subcommand, else KCACHE_DIR, else `--cache NAME`'s, else every layout's default place that exists).
 
-The callbacks run on every TAB in a fresh process, so they read directory names only (kcache_cli.names)
+The callbacks run on every TAB in a fresh process, so they read directory names only (kcache_cli.catalog.names)
 and import nothing heavy. The shells' scripts are Typer's own (`kcache --show-completion SHELL`); the
 copies shipped in completions/ are regenerated with `python -m kcache_cli.cli.complete`.
 """
@@ -10,13 +10,24 @@ copies shipped in completions/ are regenerated with `python -m kcache_cli.cli.co
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import typer
 
 from kcache_cli.cli import typer_compat
+from kcache_cli.layouts.shapes import SHAPES
+from kcache_cli.util.lazy import lazy_module
+from kcache_cli.util.textsafe import has_unsafe, printable_line
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.catalog import names
+    from kcache_cli.layouts import homes
+else:
+    names = lazy_module("kcache_cli.catalog.names")
+    homes = lazy_module("kcache_cli.layouts.homes")
 
 SHELLS = ("bash", "zsh", "fish")
 COMPLETIONS_DIR = Path(__file__).resolve().parents[2] / "completions"
@@ -30,14 +41,10 @@ STATUSES = (("complete", "usable"), ("partial", "interrupted or unfinished"), ("
 
 
 def _layouts() -> list[tuple[str, str]]:
-    from kcache_cli.layouts.shapes import SHAPES
-
     return [(s.name, s.summary) for s in SHAPES]
 
 
 def _kinds() -> list[tuple[str, str]]:
-    from kcache_cli.layouts.shapes import SHAPES
-
     owners: dict[str, list[str]] = {}  # a kind several layouts have (kernel, binary) is offered once
     for s in SHAPES:
         for k in s.kinds:
@@ -70,7 +77,7 @@ def completion_root(ctx: typer.Context) -> Path | None:
     before = _given(ctx.find_root(), "cache_dir")  # type: ignore[arg-type]  # the global option before the command
     explicit = own or after or (before[0] if before else None)
     try:
-        from kcache_cli.locate import resolve_cache_dir
+        from kcache_cli.catalog.locate import resolve_cache_dir
 
         return resolve_cache_dir(explicit).path
     except Exception:  # noqa: BLE001 - a TAB must never print a traceback into the command line
@@ -80,8 +87,6 @@ def completion_root(ctx: typer.Context) -> Path | None:
 def completion_roots(ctx: typer.Context) -> list[Path]:
     """The roots the command being completed would read: --cache-dir or KCACHE_DIR; `--cache NAME`'s;
     else every layout's default place that exists (the default scope; light: no layout is imported)."""
-    from kcache_cli.layouts import homes
-
     own = (ctx.params or {}).get("cache_dir") or getattr(ctx.find_root().obj, "cache_dir", None) \
         or _given(ctx.find_root(), "cache_dir") or os.environ.get("KCACHE_DIR")  # type: ignore[arg-type]
     if own:
@@ -103,8 +108,6 @@ def _split_list(incomplete: str) -> tuple[str, str]:
 
 
 def _matching(choices: Iterable[tuple[str, str]], incomplete: str, taken: Iterable[str] = ()) -> list[tuple[str, str]]:
-    from kcache_cli.textsafe import has_unsafe, printable_line
-
     head, tail = _split_list(incomplete)
     skip = set(taken) | {p for p in head.split(",") if p}
     # A name holding a terminal control or a newline is never offered: inserted into the command line
@@ -116,8 +119,6 @@ def _matching(choices: Iterable[tuple[str, str]], incomplete: str, taken: Iterab
 # ---- dynamic: read from the cache -----------------------------------------------------------------
 def complete_op(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     """Op names present in the cache (within the --space/--layout already given)."""
-    from kcache_cli import names
-
     places: dict[str, tuple[str, ...]] = {}
     for root in completion_roots(ctx):
         for op, where in names.op_places(root, spaces=_param_values(ctx, "space"),
@@ -129,8 +130,6 @@ def complete_op(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
 
 def complete_space(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     """Spaces present in the cache (holding the --op already given, if any)."""
-    from kcache_cli import names
-
     found: dict[str, str] = {}
     for root in completion_roots(ctx):
         for space, layout in names.space_layouts(root, ops=_param_values(ctx, "op"),
@@ -142,8 +141,6 @@ def complete_space(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]
 def complete_hash(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     """Hash prefixes of the entries present (within the --op/--space/--layout already given), with the
     op (or kind) and space as description."""
-    from kcache_cli import names
-
     if "/" in incomplete:
         return []
     taken = set(_param_values(ctx, "hashes"))
@@ -157,7 +154,6 @@ def complete_hash(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
         text = f"{what} ({e.space})" if e.space else what
         seen = described.get(e.hash)  # the same task hash in two spaces is one value
         described[e.hash] = text if seen is None else ", ".join(sorted({*seen.split(", "), text}))
-    from kcache_cli.textsafe import has_unsafe, printable_line
 
     return sorted((h, printable_line(text)) for h, text in described.items() if not has_unsafe(h))
 
@@ -169,8 +165,6 @@ def complete_layout(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]
 
 def complete_cache(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     """`--cache NAME`: the layouts whose compiler keeps a cache in a known place, with that place."""
-    from kcache_cli.layouts import homes
-
     found = [(name, str(home.path)) for name, _ in _layouts() if (home := homes.default_root(name)) is not None]
     return _matching(found, incomplete)
 
@@ -195,8 +189,6 @@ typer_compat.plain_completion_help()  # a long description stays on its candidat
 def completion_script(shell: str) -> str:
     """The completion script for `shell`, from the app itself: what `kcache --show-completion` prints in
     that shell and `kcache --install-completion` writes."""
-    import subprocess
-
     env = dict(os.environ)
     env[typer_compat.SHOW_COMPLETION_FOR_NAMED_SHELL] = "1"  # the shell named, not detected
     env.pop("_KCACHE_COMPLETE", None)

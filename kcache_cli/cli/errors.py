@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from kcache_cli.cli.typer_compat import click_exceptions
+
 
 def describe_exception(exc: BaseException) -> tuple[str, int]:
-    from kcache_cli.cli.typer_compat import click_exceptions
-
     click_exc = click_exceptions()
 
     if isinstance(exc, click_exc.UsageError):
@@ -24,15 +24,11 @@ def describe_exception(exc: BaseException) -> tuple[str, int]:
 
 def is_usage_error(exc: BaseException) -> bool:
     """A mistake on the command line (bad option, missing argument...): one line even under --debug."""
-    from kcache_cli.cli.typer_compat import click_exceptions
-
     return isinstance(exc, click_exceptions().UsageError)
 
 
 def no_args_help(exc: BaseException) -> str | None:
     """For a bare `kcache`: the help text still to print ('' when Rich has printed it), else None."""
-    from kcache_cli.cli.typer_compat import click_exceptions
-
     if not isinstance(exc, click_exceptions().NoArgsIsHelpError):
         return None
     text = exc.format_message()

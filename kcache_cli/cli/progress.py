@@ -1,4 +1,4 @@
-"""The one Rich adapter of kcache_cli.progress.Progress: a bar on stderr, only on a terminal and never
+"""The one Rich adapter of kcache_cli.util.progress.Progress: a bar on stderr, only on a terminal and never
 with -q. It draws when it is advanced (Rich's auto-refresh thread is off): the core forks worker
 processes while a bar is shown, and forking a process that runs threads can deadlock the child."""
 
@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from kcache_cli.cli import common as c
+from kcache_cli.cli import options as o
 
 REDRAW = 0.1  # seconds between redraws at most
 
@@ -21,7 +22,7 @@ class Bar:
     in threads). With `delay`, nothing shows until the work has taken that many seconds (a scan
     that answers at once draws no bar)."""
 
-    def __init__(self, opts: c.GlobalOptions, description: str, unit: str = "items", animate: bool = False,
+    def __init__(self, opts: o.GlobalOptions, description: str, unit: str = "items", animate: bool = False,
                  delay: float = 0.0) -> None:
         self.enabled = sys.stderr.isatty() and not opts.quiet
         self.description = description
@@ -42,8 +43,15 @@ class Bar:
         return self
 
     def _columns(self) -> list:
-        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, SpinnerColumn, TextColumn,
-                                   TimeRemainingColumn, TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            SpinnerColumn,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         cols: list = [SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn()]
         if self.unit == "judged":
@@ -115,7 +123,7 @@ class Bar:
 SCAN_DELAY = 0.5  # seconds a scan runs before its counting bar shows
 
 
-def scanning(opts: c.GlobalOptions, description: str) -> Bar:
+def scanning(opts: o.GlobalOptions, description: str) -> Bar:
     """The counting bar of a scan ("judged N of M entries found"), shown once it has run SCAN_DELAY."""
     return Bar(opts, description, unit="judged", delay=SCAN_DELAY)
 

@@ -7,6 +7,7 @@ modules are imported only when a patch needs them."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from typing import Any
@@ -36,8 +37,6 @@ def version_problem(version: str) -> str | None:
 def warn_if_untested() -> None:
     """One warning line on stderr when the installed Typer is outside the tested range (not while a
     shell is completing a command line, nor under -q/--quiet)."""
-    import os
-
     if any(k.startswith("_KCACHE_COMPLETE") for k in os.environ) or {"-q", "--quiet"} & set(sys.argv[1:]):
         return
     problem = version_problem(str(getattr(typer, "__version__", "")))
@@ -95,13 +94,15 @@ def ascii_numbers(param: Any) -> None:
 
 # ---- the app: one command's copy, the zsh script ------------------------------------------------------
 
-def app_holding(app: typer.Typer, commands: list) -> typer.Typer:
-    """A copy of `app` with only `commands` registered (its callback, options and settings the same):
-    Typer inspects every registered command's signature at each start."""
+def app_holding(app: typer.Typer, commands: list, groups: list | None = None) -> typer.Typer:
+    """A copy of `app` with only `commands` (and `groups`, if given) registered, its callback, options and
+    settings the same: Typer inspects every registered command's signature at each start."""
     one = typer.Typer()
     for key, value in vars(app).items():
         setattr(one, key, value)
     one.registered_commands = commands
+    if groups is not None:
+        one.registered_groups = groups
     return one
 
 

@@ -9,8 +9,8 @@ import errno
 import os
 from stat import S_ISDIR
 
-from kcache_cli import fsread
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs.entrydir import EntryDir
 
 
 def command_from_script(text: str) -> str:

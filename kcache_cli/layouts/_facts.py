@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Iterable, Mapping, NamedTuple, Protocol
 
+from kcache_cli.formats.gpu import archs_from_command
+from kcache_cli.fs.read import parse_json
+
 if TYPE_CHECKING:
-    from kcache_cli.model import Entry
+    from kcache_cli.model.records import Entry
 
 RECORD = "kcache.json"  # what kcache's own build recorded
 BINARY_SUFFIXES = (".so", ".cubin", ".fatbin", ".o", ".a", ".hsaco", ".dylib", ".dll")
@@ -37,8 +40,6 @@ def is_binary_name(name: str) -> bool:
 def _recorded(small: Mapping[str, bytes]) -> list[str | None]:
     record = small.get(RECORD)
     if record:
-        from kcache_cli.fsread import parse_json
-
         try:
             data = parse_json(record, RECORD)  # nesting-limited: the entry may hold anything
             return [str(data[k]) if data.get(k) else None for k in ("compiler", "arch", "platform")]
@@ -49,7 +50,7 @@ def _recorded(small: Mapping[str, bytes]) -> list[str | None]:
 
 def _binary_archs(paths: list[str]) -> str | None:
     try:
-        from kcache_cli.binary import read_binary
+        from kcache_cli.formats.binary import read_binary
     except ImportError:  # the ELF reader is optional here
         return None
     found: list[str] = []
@@ -63,8 +64,6 @@ def _binary_archs(paths: list[str]) -> str | None:
 def entry_facts(layout: FactSource, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:
     """What the entry recorded (kcache.json), else its compile command, else its options' arch, else
     (no command at all) the archs inside its binaries."""
-    from kcache_cli.gpu import archs_from_command
-
     compiler, arch, platform = _recorded(small)
     command = layout.compile_command(small)
     if command:

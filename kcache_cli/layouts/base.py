@@ -17,7 +17,7 @@ and "find usages" leads from the hook to the code. Nothing is looked up by name.
 
 Paths: `root` is the cache root; an entry's `path` is absolute and its `relpath` is '/'-separated
 relative to the root. The scan hands out `Entry` records (kcache_cli.model); statuses are the words
-of kcache_cli.terms.
+of kcache_cli.model.terms.
 """
 
 from __future__ import annotations
@@ -28,15 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol
 
+from kcache_cli.fs.locking import probe_locked
+from kcache_cli.layouts import _facts, homes
 from kcache_cli.layouts._facts import Facts
 from kcache_cli.layouts.shapes import KindShape, LayoutShape, top_dirs
 
 if TYPE_CHECKING:
-    from kcache_cli.entrydir import EntryDir
-    from kcache_cli.fsread import Anchor
+    from kcache_cli.fs.entrydir import EntryDir
+    from kcache_cli.fs.read import Anchor
     from kcache_cli.layouts.image_format import ImageFormat
     from kcache_cli.layouts.remote_format import RemoteFormat
-    from kcache_cli.model import Details, Entry, EntryKey, Judgement, LogFile, ScanFilter, TreeUsage, Warn
+    from kcache_cli.model.records import Details, Entry, EntryKey, Judgement, LogFile, ScanFilter, TreeUsage, Warn
 
 # What a leftover is (`Leftover.what`): a kcache build's temp dir, or a compiler's staging write.
 TEMP, STAGING = "temp", "staging"
@@ -132,7 +134,7 @@ class InnerLeftover(NamedTuple):
 
 
 class ScanContext(Protocol):
-    """What a layout's scan is handed (kcache_cli.scan_context.ScanContext, or the index's subclass): the root,
+    """What a layout's scan is handed (kcache_cli.catalog.scan_context.ScanContext, or the index's subclass): the root,
     where warnings go, and the readers whose results the scan engine may record, index or spread over
     worker processes. A layout never imports the scan engine."""
 
@@ -420,8 +422,6 @@ class Layout:
 
     def busy(self, entry_path: str) -> str | None:
         """Why the entry's own writer is using it right now (one of `writer_locks` is held), or None."""
-        from kcache_cli.locking import probe_locked
-
         for name in self.writer_locks:
             if probe_locked(os.path.join(entry_path, name)):
                 return f"{self.name} holds the entry's {name}"
@@ -499,8 +499,6 @@ class Layout:
         """Where this layout's compiler keeps its cache on this machine when nothing says otherwise
         (`kcache dir --all`), with the rule that chose it; None when there is no such place. The rules
         live in the light module layouts/homes.py (kcache's own default root is one of them)."""
-        from kcache_cli.layouts import homes
-
         home = homes.default_root(self.name)
         return (home.path, home.reason) if home is not None else None
 
@@ -515,8 +513,6 @@ class Layout:
         """(compiler, arch, platform) for an export manifest: from what kcache recorded (kcache.json),
         else the compile command (`compile_command`), else `options_arch`, else the archs inside the
         entry's binaries. `small` holds the bytes of the entry's `fact_files` that exist."""
-        from kcache_cli.layouts import _facts
-
         return _facts.entry_facts(self, entry, small, names)
 
     def compile_command(self, small: Mapping[str, bytes]) -> str | None:
@@ -560,7 +556,7 @@ class Layout:
     def mega_place(self, kind: str, key: str, content: bytes) -> MegaPlace | str | None:
         """Where torch's Mega-Cache load (`populate_cache`) writes the artifact of type `kind`, or why it
         cannot be placed safely (a key that would leave the root), or None: this layout holds no such
-        artifact (kcache_cli/megacache.py reads the blob; its contents are never unpickled)."""
+        artifact (kcache_cli/formats/megacache.py reads the blob; its contents are never unpickled)."""
         return None
 
     def mega_artifacts(self, root: Path) -> list[MegaFile]:

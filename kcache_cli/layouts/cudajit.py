@@ -16,12 +16,12 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli import fsread
-from kcache_cli.checks import list_files, read_every_byte
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import CUDAJIT, cudajit_evidence, cudajit_names
-from kcache_cli.model import (
+from kcache_cli.model.checks import list_files, read_every_byte
+from kcache_cli.model.records import (
     COMPLETE,
     UNREADABLE,
     UNREADABLE_REASON,
@@ -63,7 +63,7 @@ def is_jit_dir(path: str) -> bool:
 
 
 def detect(root: Path) -> bool:
-    return any(os.path.isdir(os.path.join(root, n)) and is_jit_dir(os.path.join(root, n)) for n in cudajit_names())
+    return any(fsread.is_dir(os.path.join(root, n)) and is_jit_dir(os.path.join(root, n)) for n in cudajit_names())
 
 
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
@@ -161,24 +161,12 @@ class CudaJitLayout(Layout):
     fact_files = ()
     binary_kinds = frozenset({KIND})
 
-    def detect(self, root: Path) -> bool:
-        return detect(root)
-
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def no_log(self, entry: Entry) -> str:
-        return no_log(entry)
+    detect = staticmethod(detect)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    no_log = staticmethod(no_log)
 
     def shown_path(self, root: Path) -> Path:
         """The JIT cache directory itself (CUDA_CACHE_PATH, else ComputeCache), not the root holding it."""

@@ -6,13 +6,16 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
-from kcache_cli import fsread, state
-from kcache_cli.checks import (changed_since, check_manifest, elf_truncated, list_files, listing_or_unreadable,
-                              read_text, size_mismatch)
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.formats.gpu import arch_runs_on, archs_from_command, cuda_archs
+from kcache_cli.formats.taskfile import TaskFormatError, parse_task, read_task_file
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import state
+from kcache_cli.fs.entrydir import EntryDir
+from kcache_cli.fs.locking import entry_build_locked, probe_locked
 from kcache_cli.layouts._common import command_from_script
 from kcache_cli.layouts.base import (
     HIT,
@@ -28,9 +31,31 @@ from kcache_cli.layouts.base import (
     Verdict,
 )
 from kcache_cli.layouts.shapes import HIDET
-from kcache_cli.locking import entry_build_locked, probe_locked
-from kcache_cli.model import (BUILDING, COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, UNREADABLE_REASON,
-                              Details, Entry, Judgement, LogFile, ScanFilter, TensorInfo, measure_tree)
+from kcache_cli.model.checks import (
+    changed_since,
+    check_manifest,
+    elf_truncated,
+    list_files,
+    listing_or_unreadable,
+    read_text,
+    size_mismatch,
+)
+from kcache_cli.model.records import (
+    BUILDING,
+    COMPLETE,
+    CORRUPT,
+    FAILED,
+    PARTIAL,
+    UNREADABLE,
+    UNREADABLE_REASON,
+    Details,
+    Entry,
+    Judgement,
+    LogFile,
+    ScanFilter,
+    TensorInfo,
+    measure_tree,
+)
 
 NAME = HIDET.name
 SPACE_RE = HIDET.kinds[0].segments[1]  # <target>_space_<level>: groups 1 (target) and 2 (level)
@@ -84,7 +109,7 @@ def detect(root: Path) -> bool:
     """Evidence, not top-level names alone: a CACHEDIR.TAG, or ops/<cuda|cpu|hip>_space_<N>/<op>/ (read
     from directory names only: `ls --op X` reads no other op's directory), or a graphs/ or ir_modules/
     directory holding a hash-named directory with hidet's files."""
-    tops = [d for d in ("ops", "graphs", "ir_modules") if (root / d).is_dir() and not (root / d).is_symlink()]
+    tops = [d for d in ("ops", "graphs", "ir_modules") if _real_dir(root / d)]
     if not tops:
         return False
     if state.has_cachedir_tag(root):
@@ -92,10 +117,17 @@ def detect(root: Path) -> bool:
     return any(_has_evidence(root, top) for top in tops)
 
 
+def _real_dir(path: Path) -> bool:
+    """A directory, not a link to one (from the held root)."""
+    try:
+        return stat.S_ISDIR(fsread.stat_path(path, follow=False).st_mode)
+    except OSError:
+        return False
+
+
 def _has_evidence(root: Path, top: str, budget: int = 256) -> bool:
     try:
-        with os.scandir(root / top) as it:
-            dirs = [de for _, de in zip(range(budget), it) if de.is_dir(follow_symlinks=False)]
+        dirs = [de for de in fsread.scandir_list(root / top, limit=budget) if de.is_dir(follow_symlinks=False)]
     except OSError:
         return False
     for de in dirs:
@@ -103,11 +135,10 @@ def _has_evidence(root: Path, top: str, budget: int = 256) -> bool:
         try:
             if top == "ops":
                 if m and m.group(1) in TARGETS:
-                    with os.scandir(de.path) as it:
-                        if any(OP_NAME.match(o.name) and o.is_dir(follow_symlinks=False)
-                               for _, o in zip(range(budget), it)):
-                            return True
-            elif OTHER_NAME.match(de.name) and set(os.listdir(de.path)) & OTHER_FILES:
+                    if any(OP_NAME.match(o.name) and o.is_dir(follow_symlinks=False)
+                           for o in fsread.scandir_list(de.path, limit=budget)):
+                        return True
+            elif OTHER_NAME.match(de.name) and set(fsread.listdir(de.path)) & OTHER_FILES:
                 return True
         except OSError:
             continue
@@ -168,8 +199,6 @@ def _dist_info_version() -> str | None:
     metadata anywhere is "". None where only importlib.metadata can tell (a zip or egg file on
     sys.path, a `hidet.egg-info` without a version). Importing importlib.metadata and its search cost
     a fifth of an `inspect`."""
-    import sys
-
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")
@@ -611,7 +640,7 @@ def other_target(d: EntryDir, kind: str) -> str | None:
 
 def _space_dirs(ctx, ops: Path, flt: ScanFilter) -> Iterator[tuple[str, str, str]]:
     if flt.spaces:
-        candidates = [(s, str(ops / s)) for s in flt.spaces if (ops / s).is_dir()]
+        candidates = [(s, str(ops / s)) for s in flt.spaces if fsread.is_dir(ops / s)]
     else:
         candidates = [(d.name, d.path) for d in ctx.listdir(ops) if d.is_dir(follow_symlinks=False)]
     for name, path in candidates:
@@ -646,7 +675,7 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     blocked: list[Entry] = []
     for space, target, space_path in _space_dirs(ctx, ops, flt):
         if flt.ops:
-            op_dirs = [(o, os.path.join(space_path, o)) for o in flt.ops if os.path.isdir(os.path.join(space_path, o))]
+            op_dirs = [(o, os.path.join(space_path, o)) for o in flt.ops if fsread.is_dir(os.path.join(space_path, o))]
         else:
             op_dirs = [(d.name, d.path) for d in _listing(ctx, space_path, (target, space, None), blocked)
                        if d.is_dir(follow_symlinks=False)]
@@ -782,10 +811,10 @@ def describe(root: Path, entry: Entry) -> Details:
         output = output or read_text(os.path.join(main, name))
     if output is None and log:
         output = "\n".join(log.splitlines()[1:])
-    if os.path.isdir(os.path.join(p, "candidates")):
+    if fsread.is_dir(os.path.join(p, "candidates")):
         facts.append(("candidates/", "hidet's tuning candidates, kept by hidet under debug_cache_tuning (prune "
                                      "keeps them too)"))
-    binaries = tuple(os.path.join(d, BINARY) for d in _module_dirs(entry) if os.path.lexists(os.path.join(d, BINARY)))
+    binaries = tuple(os.path.join(d, BINARY) for d in _module_dirs(entry) if fsread.exists(os.path.join(d, BINARY)))
     status, reason = verdict.status, verdict.reason
     if problems and status == COMPLETE:
         status, reason = CORRUPT, problems[0]
@@ -814,8 +843,6 @@ def _describe_task(entry: Entry, problems: list[str], facts: list[tuple[str, str
                    ) -> tuple[str | None, tuple[TensorInfo, ...], tuple[TensorInfo, ...]]:
     """The op's name and tensors from task.txt: facts only (hidet hashes the task in memory and never reads
     task.txt when it looks an entry up, so an edited task.txt changes nothing)."""
-    from kcache_cli.taskfile import TaskFormatError, parse_task, read_task_file
-
     try:
         data = read_task_file(os.path.join(entry.path, "task.txt"), base=entry.path)
     except FileNotFoundError:
@@ -863,7 +890,7 @@ def stray_links(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     plain = not (flt.ops or flt.spaces or flt.targets)
     for top, kind in (("ops", "op"), *OTHER_KINDS):
         path = ctx.root / top
-        if path.is_symlink():
+        if fsread.is_link(path):
             if plain:
                 yield link(str(path), kind, None, None, None, "")
         elif kind != "op" and plain:
@@ -871,7 +898,7 @@ def stray_links(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
                 if de.is_symlink():
                     yield link(de.path, kind, None, None, None, de.name)
     ops = ctx.root / "ops"
-    if ops.is_symlink():
+    if fsread.is_link(ops):
         return
     for sd in ctx.listdir(ops):
         m = SPACE_RE.match(sd.name)
@@ -909,8 +936,6 @@ PACKAGE = "hidet"
 def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     """hit: hidet installed in the version recorded, the entry complete, its binary's CUDA arch run by the
     GPU here (or a CPU entry); miss or unknown with the factor otherwise."""
-    from kcache_cli.gpu import arch_runs_on, archs_from_command, cuda_archs
-
     if here.problem:
         return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
     have = here.versions.get(PACKAGE)
@@ -950,32 +975,19 @@ class HidetLayout(Layout):
     fact_files = (MANIFEST, "compile.sh", "nvcc_log.txt")
     packages = (PACKAGE,)
 
-    def detect(self, root: Path) -> bool:
-        return detect(root)
-
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return stray_links(ctx, flt)
+    detect = staticmethod(detect)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
+    stray_links = staticmethod(stray_links)
 
     def judging(self, deep: bool = False, *, statuses: bool = True, caller_reads: bool = False) -> Judging:
         """hidet's judgement goes by the installed hidet's version (looked up here, once: never by the
         judgement itself)."""
         return Judging(deep, version=installed_version() if statuses else "", caller_reads=caller_reads)
 
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def log_files(self, entry: Entry) -> list[LogFile]:
-        return log_files(entry)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    log_files = staticmethod(log_files)
 
     def leftover(self, entry: Entry) -> Leftover | None:
         name = os.path.basename(entry.path)
@@ -1005,8 +1017,7 @@ class HidetLayout(Layout):
             return (small["nvcc_log.txt"].decode("utf-8", "replace").splitlines() or [""])[0]
         return None
 
-    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
-        return explain(root, entry, here)
+    explain = staticmethod(explain)
 
 
 LAYOUT = HidetLayout()

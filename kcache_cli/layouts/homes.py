@@ -7,8 +7,12 @@ its root through here at start-up. A new layout adds its rule to RULES.
 
 from __future__ import annotations
 
+import getpass
+import importlib.util
 import os
 import re
+import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -61,8 +65,6 @@ def hidet_package_dir() -> Path | None:
 
 
 def _package_dir(package: str) -> Path | None:
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
@@ -127,8 +129,6 @@ def inductor(package_dir: Path | None = None) -> Home:
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if env:
         return Home(Path(os.path.abspath(env)), "TORCHINDUCTOR_CACHE_DIR environment variable")
-    import getpass
-    import tempfile
 
     try:
         user = getpass.getuser()
@@ -181,8 +181,6 @@ def torchext(package_dir: Path | None = None) -> Home:
     """torch's rule (torch/utils/cpp_extension.py, _get_build_directory): TORCH_EXTENSIONS_DIR, else
     <user cache dir>/torch_extensions/py<XY><abiflags>_<cpu|cuNNN|rocmNNN>, the accelerator that of the
     torch installed for this Python (cpu when none is) and the Python the one kcache runs on."""
-    import sys
-
     env = os.environ.get("TORCH_EXTENSIONS_DIR")
     if env:
         return Home(Path(env).expanduser(), "TORCH_EXTENSIONS_DIR environment variable")

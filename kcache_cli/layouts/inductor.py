@@ -24,13 +24,14 @@ import base64
 import hashlib
 import os
 import re
+import stat
 from dataclasses import replace as replace_entry
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, NamedTuple
 
-from kcache_cli import fsread, layouts
-from kcache_cli.checks import elf_truncated, list_files
-from kcache_cli.entrydir import EntryDir
+from kcache_cli import layouts
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import (
     MISS,
     STALE_AFTER,
@@ -45,9 +46,10 @@ from kcache_cli.layouts.base import (
     Verdict,
 )
 from kcache_cli.layouts.shapes import INDUCTOR, triton_kernel_name, triton_target_arch
-from kcache_cli.layouts.shapes import inductor_graph_relpath as graph_relpath
 from kcache_cli.layouts.shapes import TRITON as TRITON_SHAPE
-from kcache_cli.model import (
+from kcache_cli.layouts.shapes import inductor_graph_relpath as graph_relpath
+from kcache_cli.model.checks import elf_truncated, list_files
+from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
     CORRUPT,
@@ -123,8 +125,6 @@ def listing(where: EntryDir | str) -> Listing:
     """The files, links and other names directly in the directory, listed through its fd (a path is
     opened first, its last component not followed); each file's and link's lstat kept in `listing` of
     the EntryDir, so that its reads skip their own stat."""
-    import stat
-
     if isinstance(where, str):
         with EntryDir.open(where) as d:
             return listing(d)
@@ -250,8 +250,6 @@ def missing_graphs(d: EntryDir, variants: list[str], jc: Judging, memo: dict[str
     """The aotautograd entry as the fx graphs it names make it: partial when one is missing or broken
     (torch misses both and compiles again), unreadable or building when one is, else complete. The
     graphs are read through `fxgraph/` of its cache root, opened from the anchor (no link followed)."""
-    import stat
-
     keys = graph_keys(d, variants)
     if not keys:
         return Judgement(COMPLETE)
@@ -364,7 +362,7 @@ def _as_triton(entry: Entry) -> Entry:
 
 # ---- torch's Mega-Cache: where each artifact's populate_cache writes, and what export carries ------
 # (torch 2.13: InductorCacheArtifact, AOTAutogradCacheArtifact, AutotuneCacheArtifact, PGOCacheArtifact,
-# PrecompileCacheArtifact; the blob's framing is kcache_cli/megacache.py's)
+# PrecompileCacheArtifact; the blob's framing is kcache_cli/formats/megacache.py's)
 
 MEGA_GRAPH, MEGA_AUTOGRAD, MEGA_AUTOTUNE, MEGA_PGO, MEGA_PRECOMPILE = (
     "inductor", "aot_autograd", "autotune", "pgo", "precompile")
@@ -702,24 +700,12 @@ class InductorLayout(Layout):
     packages = (PACKAGE,)
     env_switches = ENV_SWITCHES
 
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def no_log(self, entry: Entry) -> str:
-        return no_log(entry)
-
-    def relocation_problem(self, entry: Entry) -> str | None:
-        return relocation_problem(entry)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    no_log = staticmethod(no_log)
+    relocation_problem = staticmethod(relocation_problem)
 
     def uses(self, root: Path, entry: Entry) -> list[str]:
         if entry.kind != AUTOGRAD:
@@ -754,17 +740,10 @@ class InductorLayout(Layout):
             return _triton().facts(_as_triton(entry), small, names)
         return Facts("torch inductor", None, None)
 
-    def mega_place(self, kind: str, key: str, content: bytes) -> MegaPlace | str | None:
-        return mega_place(kind, key, content)
-
-    def mega_artifacts(self, root: Path) -> list[MegaFile]:
-        return mega_artifacts(root)
-
-    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
-        return explain(root, entry, here)
-
-    def explain_mega(self, recorded: Mapping[str, object], here: Here) -> Verdict:
-        return explain_mega(recorded, here)
+    mega_place = staticmethod(mega_place)
+    mega_artifacts = staticmethod(mega_artifacts)
+    explain = staticmethod(explain)
+    explain_mega = staticmethod(explain_mega)
 
 
 LAYOUT = InductorLayout()

@@ -32,12 +32,12 @@ import zlib
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli import fsread
-from kcache_cli.checks import list_files
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import JAX
-from kcache_cli.model import (
+from kcache_cli.model.checks import list_files
+from kcache_cli.model.records import (
     COMPLETE,
     CORRUPT,
     PARTIAL,
@@ -82,7 +82,7 @@ def is_cache_dir(path: str) -> bool:
     if here is not None and os.path.abspath(path) == str(here):
         return True
     try:
-        names = os.listdir(path)
+        names = fsread.listdir(path)
     except OSError:
         return False
     caches, _ = keys(names)
@@ -181,21 +181,11 @@ class JaxLayout(Layout):
     binary_kinds = frozenset({KIND})
     writer_locks = (LOCKFILE,)  # filelock's flock, held by jax around each read and write
 
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def no_log(self, entry: Entry) -> str:
-        return no_log(entry)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    no_log = staticmethod(no_log)
 
 
 LAYOUT = JaxLayout()

@@ -24,12 +24,12 @@ import pickletools
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli import fsread
-from kcache_cli.checks import list_files
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import NUMBA
-from kcache_cli.model import (
+from kcache_cli.model.checks import list_files
+from kcache_cli.model.records import (
     COMPLETE,
     CORRUPT,
     PARTIAL,
@@ -175,25 +175,16 @@ class NumbaLayout(Layout):
     fact_files = ()
     binary_kinds = frozenset({KIND})
 
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
 
     def judging(self, deep: bool = False, *, statuses: bool = True, caller_reads: bool = False) -> Judging:
         """Goes by the installed numba's version (looked up once, here), when one is installed."""
         return Judging(deep, version=installed_version() if statuses else "", caller_reads=caller_reads)
 
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def no_log(self, entry: Entry) -> str:
-        return no_log(entry)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    no_log = staticmethod(no_log)
 
 
 LAYOUT = NumbaLayout()

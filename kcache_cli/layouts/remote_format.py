@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from kcache_cli.model import EntryKey
+    from kcache_cli.model.records import EntryKey
 
 NAMESPACE = "kcache:v1"
 CHUNK = 64 << 20  # bytes per value (Redis takes up to 512 MB in one)

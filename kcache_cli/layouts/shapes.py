@@ -1,7 +1,7 @@
 """Where each layout keeps its entries, as plain data: the path shape of every kind.
 
-This module is light on purpose (only `re`, not even `dataclasses`): shell completion (kcache_cli/names.py)
-and option parsing (kcache_cli/terms.py) read these shapes without importing the layouts' code. The
+This module is light on purpose (only `re`, not even `dataclasses`): shell completion (kcache_cli/catalog/names.py)
+and option parsing (kcache_cli/model/terms.py) read these shapes without importing the layouts' code. The
 layout modules (hidet.py, tilus.py, tilelang.py) take their shapes from here, and the archive checks an
 entry path against them, so a shape is written exactly once.
 
@@ -20,6 +20,8 @@ import os
 import re
 from contextlib import contextmanager
 from typing import Callable, Iterator
+
+from kcache_cli.fs import read as fsread
 
 VISIBLE = r"[^/.][^/]*"  # a name that is not hidden (temp, staging and state directories are)
 _FIELD = re.compile(r"\{(\w+)\}")
@@ -247,7 +249,7 @@ def _triton_confirm(root: str, tops: list[str]) -> bool:
     denied = 0
     for name in tops[:_TRITON_LOOKS]:
         try:
-            if triton_evidence(os.listdir(os.path.join(root, name))):
+            if triton_evidence(fsread.listdir(os.path.join(root, name))):
                 return True
         except PermissionError:
             denied += 1
@@ -277,7 +279,7 @@ def _inductor_confirm(root: str, tops: list[str]) -> bool:
         return True
     for name in tops[:_TRITON_LOOKS]:
         try:
-            if any(INDUCTOR_CODE.match(n) for n in os.listdir(os.path.join(root, name))):
+            if any(INDUCTOR_CODE.match(n) for n in fsread.listdir(os.path.join(root, name))):
                 return True
         except OSError:
             pass
@@ -314,7 +316,7 @@ def _cudajit_confirm(root: str, tops: list[str]) -> bool:
 
 def cudajit_evidence(path: str) -> bool:
     try:
-        names = os.listdir(path)
+        names = fsread.listdir(path)
     except OSError:
         return False
     return "index" in names and any(re.fullmatch(r"[0-9a-f]", n) for n in names)
@@ -341,7 +343,7 @@ def _torchext_confirm(root: str, tops: list[str]) -> bool:
     """One of the first few directories lists torch's build.ninja or load_inline's sources (names only)."""
     for name in tops[:_TRITON_LOOKS]:
         try:
-            if any(n in TORCHEXT_EVIDENCE for n in os.listdir(os.path.join(root, name))):
+            if any(n in TORCHEXT_EVIDENCE for n in fsread.listdir(os.path.join(root, name))):
                 return True
         except OSError:
             pass
@@ -363,7 +365,7 @@ def _jax_confirm(root: str, tops: list[str]) -> bool:
         if env and os.path.join(os.path.abspath(root), name) == os.path.abspath(os.path.expanduser(env)):
             return True
         try:
-            if any(JAX_FILE.match(n) for n in os.listdir(os.path.join(root, name))[:_TRITON_LOOKS]):
+            if any(JAX_FILE.match(n) for n in fsread.listdir(os.path.join(root, name))[:_TRITON_LOOKS]):
                 return True
         except OSError:
             pass
@@ -379,7 +381,7 @@ JAX = LayoutShape("jax", (
 def _numba_confirm(root: str, tops: list[str]) -> bool:
     for name in tops[:_TRITON_LOOKS]:
         try:
-            if any(n.endswith((".nbi", ".nbc")) for n in os.listdir(os.path.join(root, name))):
+            if any(n.endswith((".nbi", ".nbc")) for n in fsread.listdir(os.path.join(root, name))):
                 return True
         except OSError:
             pass
@@ -418,7 +420,7 @@ def top_dirs(root: str | os.PathLike) -> list[str]:
     key = os.fspath(root)
     if _listed is not None and key in _listed:
         return _listed[key]
-    fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = fsread.open_path(key, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # from its held root
     try:
         with os.scandir(fd) as it:
             tops = [d.name for d in it if d.is_dir()]

@@ -6,18 +6,36 @@ from __future__ import annotations
 
 import os
 import re
+import stat as _s
+from dataclasses import replace
 from pathlib import Path
 from stat import S_ISLNK
 from typing import Iterator
 
-from kcache_cli import fsread
-from kcache_cli.checks import changed_since, list_files
-from kcache_cli.entrydir import EntryDir
-from kcache_cli.layouts.base import STAGING as STAGING_WHAT
+from kcache_cli.formats.binary import MAX_FILE_BYTES
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import state
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, Leftover, ScanContext, Verdict
+from kcache_cli.layouts.base import STAGING as STAGING_WHAT
 from kcache_cli.layouts.shapes import TILELANG
-from kcache_cli.model import (COMPLETE, CORRUPT, PARTIAL, UNREADABLE, UNREADABLE_REASON, Details, Entry, Judgement,
-                              LogFile, ScanFilter, Status, Warn, measure_tree)
+from kcache_cli.model.checks import changed_since, list_files
+from kcache_cli.model.records import (
+    COMPLETE,
+    CORRUPT,
+    PARTIAL,
+    UNREADABLE,
+    UNREADABLE_REASON,
+    Details,
+    Entry,
+    Judgement,
+    LogFile,
+    ScanFilter,
+    Status,
+    Warn,
+    listdir,
+    measure_tree,
+)
 
 NAME = TILELANG.name
 TARGET = TILELANG.kinds[0].target
@@ -40,15 +58,14 @@ BINARY_FILES = frozenset({"metadata.json", *CUBIN_BINARIES})
 def real_version_dir(path: str) -> bool:
     """A `<version>/` tilelang made: it holds cuda-binaries/ or a <platform>/kernels/ (not a link)."""
     try:
-        with os.scandir(path) as it:
-            for de in it:
-                if not de.is_dir(follow_symlinks=False) or de.name == STAGING:
-                    continue
-                if de.name == BINARIES_DIR:
-                    return True
-                k = os.path.join(de.path, "kernels")
-                if os.path.isdir(k) and not os.path.islink(k):
-                    return True
+        for de in fsread.scandir_list(path):
+            if not de.is_dir(follow_symlinks=False) or de.name == STAGING:
+                continue
+            if de.name == BINARIES_DIR:
+                return True
+            k = os.path.join(de.path, "kernels")
+            if fsread.is_dir(k) and not fsread.is_link(k):
+                return True
     except OSError:
         pass
     return False
@@ -87,10 +104,9 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
 def detect(root: Path) -> bool:
     """Evidence, not names alone: a `<version>/` holding cuda-binaries/ or <platform>/kernels/, or
     version directories in a root with a CACHEDIR.TAG."""
-    from kcache_cli import state
-
     try:
-        versions = [d for d in os.scandir(root) if VERSION_RE.match(d.name) and d.is_dir(follow_symlinks=False)]
+        versions = fsread.scandir_list(root, lambda d: VERSION_RE.match(d.name) is not None
+                                       and d.is_dir(follow_symlinks=False))
     except OSError:
         return False
     if versions and state.has_cachedir_tag(root):
@@ -127,8 +143,6 @@ def _listed_plain(d: EntryDir, name: str) -> bool:
 
 def _denied(st: os.stat_result | None) -> bool:
     """A regular file nobody may read (mode bits): unreadable whoever runs kcache (root reads it anyway)."""
-    import stat as _s
-
     return st is not None and _s.S_ISREG(st.st_mode) and not st.st_mode & 0o444
 
 
@@ -296,7 +310,7 @@ def _staging(ctx, path: str, kind: str, space: str) -> Iterator[Entry]:
 
 def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     """Kernels and binaries are judged through `ctx.map_entries` (worker processes for big caches), each
-    job plain data that the index (kcache_cli/index.py) may answer from its record of an unchanged entry:
+    job plain data that the index (kcache_cli/catalog/index.py) may answer from its record of an unchanged entry:
     a verdict goes by the entry's own files alone (their sizes, mtimes and bytes; no lock, no clock)."""
     if flt.ops or not flt.wants_target(TARGET):
         return  # tilelang kernels carry no op name
@@ -407,14 +421,12 @@ _FINGERPRINT = 64  # bytes of a binary's start used to find candidate positions
 
 
 def _binary_file(path: str) -> str | None:
-    return next((os.path.join(path, b) for b in CUBIN_BINARIES if os.path.lexists(os.path.join(path, b))), None)
+    return next((os.path.join(path, b) for b in CUBIN_BINARIES if fsread.exists(os.path.join(path, b))), None)
 
 
 def _read_binary_bytes(path: str) -> bytes | None:
     """A compiled file's bytes for the byte search (fsread: regular files only, under the ELF
     reader's size bound), or None."""
-    from kcache_cli.binary import MAX_FILE_BYTES
-
     try:
         return fsread.read_bytes(path, MAX_FILE_BYTES)
     except OSError:
@@ -440,13 +452,13 @@ def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
             continue
         magics = {k[:4] for k in index}
         try:
-            platforms = [d for d in os.scandir(vdir) if d.is_dir(follow_symlinks=False)
+            platforms = [d for d in fsread.scandir_list(vdir) if d.is_dir(follow_symlinks=False)
                          and d.name not in (BINARIES_DIR, STAGING)]
         except OSError:
             continue
         for plat in platforms:
             try:
-                kernels = [d.path for d in os.scandir(os.path.join(plat.path, "kernels"))
+                kernels = [d.path for d in fsread.scandir_list(os.path.join(plat.path, "kernels"))
                            if d.is_dir(follow_symlinks=False)]
             except OSError:
                 continue
@@ -536,27 +548,13 @@ class TilelangLayout(Layout):
     binary_kinds = frozenset({"binary"})
     packages = (PACKAGE,)
 
-    def detect(self, root: Path) -> bool:
-        return detect(root)
-
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return stray_links(ctx, flt)
-
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def log_files(self, entry: Entry) -> list[LogFile]:
-        return log_files(entry)
+    detect = staticmethod(detect)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
+    stray_links = staticmethod(stray_links)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    log_files = staticmethod(log_files)
 
     def users(self, root: Path, providers: list[str]) -> dict[str, list[str]]:
         return binary_users(root, providers)
@@ -574,9 +572,7 @@ class TilelangLayout(Layout):
         if os.path.basename(entry.path) != BINARIES_DIR or not os.path.isdir(entry.path):
             return [entry]
         # .staging/cuda-binaries/ holds one directory per write: each is judged on its own
-        from dataclasses import replace
 
-        from kcache_cli.model import listdir
 
         out = []
         for de in listdir(entry.path, warn):
@@ -592,8 +588,7 @@ class TilelangLayout(Layout):
             return entry.space.split("/", 1)[1]
         return None
 
-    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
-        return explain(root, entry, here)
+    explain = staticmethod(explain)
 
 
 LAYOUT = TilelangLayout()

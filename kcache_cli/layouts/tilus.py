@@ -14,14 +14,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from kcache_cli import fsread
-from kcache_cli.checks import changed_since, elf_truncated, list_files, listing_or_unreadable, read_text
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import state
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts._common import command_from_script
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import TILUS
-from kcache_cli.model import (COMPLETE, CORRUPT, FAILED, PARTIAL, UNREADABLE, Details, Entry, Judgement, LogFile,
-                              ScanFilter, TensorInfo, measure_tree)
+from kcache_cli.model.checks import changed_since, elf_truncated, list_files, listing_or_unreadable, read_text
+from kcache_cli.model.records import (
+    COMPLETE,
+    CORRUPT,
+    FAILED,
+    PARTIAL,
+    UNREADABLE,
+    Details,
+    Entry,
+    Judgement,
+    LogFile,
+    ScanFilter,
+    TensorInfo,
+    measure_tree,
+)
 
 NAME = TILUS.name
 TARGET = TILUS.kinds[0].target  # tilus compiles for NVIDIA GPUs only
@@ -62,33 +75,37 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
 def detect(root: Path) -> bool:
     """Evidence, not names alone: a CACHEDIR.TAG, or programs/<12 hex>/ or scripts/<name>/<key>-<8 hex>/
     holding tilus's files."""
-    from kcache_cli import state
-
-    tops = [d for d in ("programs", "scripts") if (root / d).is_dir() and not (root / d).is_symlink()]
+    tops = [d for d in ("programs", "scripts") if _real_dir(root / d)]
     if not tops:
         return False
     if state.has_cachedir_tag(root):
         return True
     try:
-        with os.scandir(root / "programs") as it:
-            for i, de in enumerate(it):
-                if i < 256 and PROGRAM_NAME.match(de.name) and de.is_dir(follow_symlinks=False) \
-                        and set(os.listdir(de.path)) & PROGRAM_FILES:
-                    return True
+        for de in fsread.scandir_list(root / "programs", limit=256):
+            if PROGRAM_NAME.match(de.name) and de.is_dir(follow_symlinks=False) \
+                    and set(fsread.listdir(de.path)) & PROGRAM_FILES:
+                return True
     except OSError:
         pass
     try:
-        with os.scandir(root / "scripts") as it:
-            for i, sd in enumerate(it):
-                if i >= 64 or not sd.is_dir(follow_symlinks=False):
-                    continue
-                for de in os.scandir(sd.path):
-                    if SCRIPT_NAME.match(de.name) and de.is_dir(follow_symlinks=False) \
-                            and set(os.listdir(de.path)) & SCRIPT_FILES:
-                        return True
+        for sd in fsread.scandir_list(root / "scripts", limit=64):
+            if not sd.is_dir(follow_symlinks=False):
+                continue
+            for de in fsread.scandir_list(sd.path):
+                if SCRIPT_NAME.match(de.name) and de.is_dir(follow_symlinks=False) \
+                        and set(fsread.listdir(de.path)) & SCRIPT_FILES:
+                    return True
     except OSError:
         pass
     return False
+
+
+def _real_dir(path: Path) -> bool:
+    """A directory, not a link to one (from the held root)."""
+    try:
+        return stat.S_ISDIR(fsread.stat_path(path, follow=False).st_mode)
+    except OSError:
+        return False
 
 
 def read_link(d: EntryDir, name: str) -> str | None:
@@ -128,7 +145,7 @@ def _lands(anchor: fsread.Anchor | None, target: str) -> bool:
     anchored root resolved from the root held open, elsewhere by its path."""
     try:
         if anchor is None or not anchor.holds(target):
-            return os.path.isdir(target)
+            return fsread.is_dir(target)
         return stat.S_ISDIR(os.stat(anchor.rel(target), dir_fd=anchor.fd).st_mode)
     except OSError:
         return False
@@ -212,11 +229,29 @@ def failures_at(script_path: str) -> list[BuildFailure]:
 def failures_by_program(root: str | os.PathLike) -> dict[str, BuildFailure]:
     """program hash -> the latest failed build recorded for it, over every script of the cache."""
     out: dict[str, BuildFailure] = {}
-    for jdir in Path(root).glob("scripts/*/*/failed/building"):
-        for f in failures_at(str(jdir.parent.parent)):
-            if f.program:
-                out[f.program] = f
+    for jdir in _dirs_below(os.path.join(root, "scripts"), 2):
+        failed = os.path.join(jdir, "failed")
+        if fsread.is_dir(failed) and fsread.exists(os.path.join(failed, "building"), follow=True):
+            for f in failures_at(jdir):
+                if f.program:
+                    out[f.program] = f
     return out
+
+
+def _dirs_below(path: str, levels: int) -> list[str]:
+    """Path.glob("*/" * levels) of `path`: its directories (links to directories too) `levels` down,
+    from the held root."""
+    found = [path]
+    for _ in range(levels):
+        found = [d.path for p in found for d in _listed(p) if d.is_dir()]
+    return found
+
+
+def _listed(path: str) -> list[os.DirEntry]:
+    try:
+        return fsread.scandir_list(path)
+    except OSError:
+        return []
 
 
 def judge(d: EntryDir, kind: str, jc: Judging, *, failures: dict[str, BuildFailure] | None = None) -> Judgement:
@@ -421,7 +456,7 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         return  # tilus entries have no space
     scripts = ctx.root / "scripts"
     if flt.ops:
-        script_dirs = [(o, str(scripts / o)) for o in flt.ops if (scripts / o).is_dir()]
+        script_dirs = [(o, str(scripts / o)) for o in flt.ops if fsread.is_dir(scripts / o)]
     else:
         script_dirs = [(d.name, d.path) for d in ctx.listdir(scripts) if d.is_dir(follow_symlinks=False)]
     linked: dict[str, str] = {}  # program dir -> op of a script that links to it
@@ -548,14 +583,14 @@ def link_map(root: Path) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     scripts = os.path.join(root, "scripts")
     try:
-        names = sorted(os.scandir(scripts), key=lambda d: d.name)
+        names = sorted(fsread.scandir_list(scripts), key=lambda d: d.name)
     except OSError:
         return out
     for sdir in names:
         if not sdir.is_dir(follow_symlinks=False):
             continue
         try:
-            jdirs = sorted(os.scandir(sdir.path), key=lambda d: d.name)
+            jdirs = sorted(fsread.scandir_list(sdir.path), key=lambda d: d.name)
         except OSError:
             continue
         for jdir in jdirs:
@@ -617,27 +652,13 @@ class TilusLayout(Layout):
     provider_kinds = frozenset({"program"})
     fact_files = ("kcache.json", "module/compile.sh", "options.txt")
 
-    def detect(self, root: Path) -> bool:
-        return detect(root)
-
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def stray_links(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return stray_links(ctx, flt)
-
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def log_files(self, entry: Entry) -> list[LogFile]:
-        return log_files(entry)
+    detect = staticmethod(detect)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
+    stray_links = staticmethod(stray_links)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    log_files = staticmethod(log_files)
 
     def uses(self, root: Path, entry: Entry) -> list[str]:
         if entry.kind != "script":

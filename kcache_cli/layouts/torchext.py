@@ -26,15 +26,17 @@ from __future__ import annotations
 import os
 import re
 import stat
+import time
 from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
-from kcache_cli import fsread, locking
-from kcache_cli.checks import elf_truncated, list_files, read_every_byte
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import locking
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext, StaleLock
 from kcache_cli.layouts.shapes import TORCHEXT, TORCHEXT_EVIDENCE
-from kcache_cli.model import (
+from kcache_cli.model.checks import elf_truncated, list_files, read_every_byte
+from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
     CORRUPT,
@@ -172,12 +174,12 @@ def in_use(entry: Entry, now: float) -> str | None:
     return lock_holder(st, now) if stat.S_ISREG(st.st_mode) else None
 
 
-def stale_locks(d: EntryDir, now: float) -> list[StaleLock]:
+def stale_locks(d: EntryDir, jc: Judging) -> list[StaleLock]:
     try:
         st = d.lstat(LOCK)
     except OSError:
         return []
-    return [StaleLock(LOCK, st)] if stat.S_ISREG(st.st_mode) and lock_holder(st, now) is None else []
+    return [StaleLock(LOCK, st)] if stat.S_ISREG(st.st_mode) and lock_holder(st, jc.now) is None else []
 
 
 def no_log(entry: Entry) -> str:
@@ -188,28 +190,16 @@ class TorchExtLayout(Layout):
     shape = TORCHEXT
     fact_files = (NINJA,)
 
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def no_log(self, entry: Entry) -> str:
-        return no_log(entry)
-
-    def compile_command(self, small: Mapping[str, bytes]) -> str | None:
-        return compile_command(small)
+    scan = staticmethod(scan)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    no_log = staticmethod(no_log)
+    compile_command = staticmethod(compile_command)
 
     def in_use(self, entry: Entry) -> str | None:
-        import time
-
         return in_use(entry, time.time())
 
-    def stale_locks(self, d: EntryDir, jc: Judging) -> list[StaleLock]:
-        return stale_locks(d, jc.now)
+    stale_locks = staticmethod(stale_locks)
 
 
 LAYOUT = TorchExtLayout()

@@ -16,15 +16,17 @@ import errno
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from stat import S_ISLNK
 from typing import TYPE_CHECKING
 
-from kcache_cli import fsread, readmarks
-from kcache_cli.checks import elf_truncated, list_files
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import readmarks
+from kcache_cli.fs import write as fswrite
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import (
     HIT,
     MISS,
@@ -43,10 +45,15 @@ from kcache_cli.layouts.shapes import (
     TRITON_GROUP,
     TRITON_TMP,
     triton_evidence,
-    triton_target_arch as arch_of,
     triton_kernel_name,
 )
-from kcache_cli.model import (
+from kcache_cli.layouts.shapes import (
+    triton_target_arch as arch_of,
+)
+from kcache_cli.layouts.triton_image import TritonImage
+from kcache_cli.layouts.triton_remote import TritonFormat
+from kcache_cli.model.checks import elf_truncated, list_files
+from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
     CORRUPT,
@@ -140,7 +147,7 @@ class _Listing:
         self.ident = (0, 0)  # the entry directory's own (device, inode)
         self.readable = True
         # With `record`: (the directory's stat, [(name, lstat)] of its files), taken before anything is
-        # read, for the index's key (kcache_cli/index.py); None when it holds a subdirectory.
+        # read, for the index's key (kcache_cli/catalog/index.py); None when it holds a subdirectory.
         self.seen: tuple | None = None
         self.outside = False  # the judgement looked at a path outside the entry (the index stores none)
         stats: list | None = [] if record else None
@@ -428,7 +435,7 @@ def single_file_kind(sizes: dict[str, int]) -> str | None:
 def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     """Every key directory's entry. Names decide what is read (hash prefixes, paths); the rest of `flt`
     but the ops is applied by the caller to what comes back. A job is plain data (the path and the ops
-    wanted), so that the index (kcache_cli/index.py) can answer an unchanged entry from its record."""
+    wanted), so that the index (kcache_cli/catalog/index.py) can answer an unchanged entry from its record."""
     prefixes = flt.name_prefixes()
     ops = tuple(flt.ops)
     jobs = [(de.path, ops) for de in ctx.listdir(ctx.root)
@@ -491,8 +498,8 @@ def inner_leftovers(entry: Entry) -> list[InnerLeftover]:
         return []
     now, out = time.time(), []
     try:
-        with os.scandir(entry.path) as it:
-            temps = [de for de in it if de.name.startswith(TMP_PREFIX) and de.is_dir(follow_symlinks=False)]
+        temps = fsread.scandir_list(entry.path, lambda de: de.name.startswith(TMP_PREFIX)
+                                    and de.is_dir(follow_symlinks=False))
     except OSError:
         return []
     for de in sorted(temps, key=lambda d: d.name):
@@ -601,10 +608,6 @@ def relocate(src: str, dest: str, root: str | os.PathLike | None = None) -> int:
     cache `root`, opened from it without following a link), so a directory swapped for a link between
     the scan and this rewrite makes it write nothing rather than write elsewhere. Returns how many
     group files changed."""
-    import stat
-
-    from kcache_cli import fswrite
-
     changed = 0
     with EntryDir.open(src, fsread.anchor(root) if root is not None else None) as d:
         dfd = d.fd
@@ -737,44 +740,24 @@ class TritonLayout(Layout):
     packages = (PACKAGE,)
     env_switches = ("TRITON_*",)
 
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def log_files(self, entry: Entry) -> list[LogFile]:
-        return log_files(entry)
-
-    def no_log(self, entry: Entry) -> str:
-        return no_log(entry)
-
-    def relocation_problem(self, entry: Entry) -> str | None:
-        return relocation_problem(entry)
-
-    def inner_leftovers(self, entry: Entry) -> list[InnerLeftover]:
-        return inner_leftovers(entry)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    log_files = staticmethod(log_files)
+    no_log = staticmethod(no_log)
+    relocation_problem = staticmethod(relocation_problem)
+    inner_leftovers = staticmethod(inner_leftovers)
 
     def relocate(self, staged: str, final: str, root: Path) -> None:
         relocate(staged, final, root)
 
     def remote_format(self) -> RemoteFormat | None:
         """Triton's own Redis keys (`triton:{key}:{filename}`), shared with Triton's remote cache."""
-        from kcache_cli.layouts.triton_remote import TritonFormat
-
         return TritonFormat()
 
     def image_format(self) -> ImageFormat:
         """MCV's compat image of a Triton cache (triton_image.py)."""
-        from kcache_cli.layouts.triton_image import TritonImage
-
         return TritonImage()
 
     def facts(self, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:
@@ -786,11 +769,8 @@ class TritonLayout(Layout):
         return Facts(f"triton {version}" if isinstance(version, str) else "triton", arch_of(meta)[1], None)
 
 
-    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
-        return explain(root, entry, here)
-
-    def explain_record(self, record: Mapping[str, object], here: Here) -> Verdict:
-        return explain_record(record, here)
+    explain = staticmethod(explain)
+    explain_record = staticmethod(explain_record)
 
 
 LAYOUT = TritonLayout()

@@ -9,13 +9,15 @@ import hashlib
 import json
 import os
 import re
+import string
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from kcache_cli.fsread import parse_json
-from kcache_cli.layouts.shapes import TRITON, TRITON_GROUP as GROUP_PREFIX
+from kcache_cli.fs.read import parse_json
 from kcache_cli.layouts.remote_format import MAX_FILE, R, RemoteFormat, RemoteRecord
-
+from kcache_cli.layouts.shapes import TRITON
+from kcache_cli.layouts.shapes import TRITON_GROUP as GROUP_PREFIX
+from kcache_cli.util.errors import UsageError
 
 DEFAULT_TRITON_KEY_FORMAT = "triton:{key}:{filename}"
 
@@ -65,8 +67,6 @@ class TritonFormat(RemoteFormat):
         return {g: text for g in _groups(record)}
 
     def _key_pattern(self) -> re.Pattern:
-        import string
-
         rx = ""
         for literal, field, _spec, _conv in string.Formatter().parse(self.key_format):
             rx += re.escape(literal)
@@ -118,10 +118,6 @@ def _children(raw: object) -> list[str] | None:
 def check_key_format(fmt: str) -> str:
     """TRITON_REDIS_KEY_FORMAT as Triton uses it: the fields {key} and {filename}, each once, nothing
     else (no position, conversion or width); else a usage error."""
-    import string
-
-    from kcache_cli.errors import UsageError
-
     try:
         fields = [(field, spec, conv) for _, field, spec, conv in string.Formatter().parse(fmt) if field is not None]
     except ValueError as exc:

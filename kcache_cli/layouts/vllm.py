@@ -25,20 +25,24 @@ from __future__ import annotations
 
 import ast
 import os
+import pprint
 import re
 import stat
 import zlib
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, NamedTuple
 
-from kcache_cli import fsread, layouts
-from kcache_cli.checks import list_files
-from kcache_cli.entrydir import EntryDir
+from kcache_cli import layouts
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import write as fswrite
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts._common import tree_stats
-from kcache_cli.layouts.image_format import ImageFormat
 from kcache_cli.layouts.base import MISS, STALE_AFTER, UNKNOWN, Facts, Here, Judging, Layout, ScanContext, Verdict
+from kcache_cli.layouts.image_format import ImageFormat
 from kcache_cli.layouts.shapes import INDUCTOR, TRITON, TRITON_TMP, VLLM, inductor_graph_relpath
-from kcache_cli.model import (
+from kcache_cli.layouts.vllm_image import VllmImage
+from kcache_cli.model.checks import list_files
+from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
     PARTIAL,
@@ -315,8 +319,7 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
 def detect(root: Path) -> bool:
     """<h10>/ directories with a rank_<r>_<d>/ inside, or torch_aot_compile/."""
     try:
-        with os.scandir(root) as it:
-            tops = [d.path for d in it if d.is_dir(follow_symlinks=False)]
+        tops = [d.path for d in fsread.scandir_list(root) if d.is_dir(follow_symlinks=False)]
     except OSError:
         return False
     for t in tops[:64]:
@@ -472,10 +475,6 @@ def relocate(staged: str, final: str) -> int:
     under `final` (where the unit is or will be published), in vLLM's own format (pprint, indent 4).
     Each index is replaced atomically through a directory fd opened beneath `staged` without following
     a link. Returns how many indexes changed."""
-    import pprint
-
-    from kcache_cli import fswrite
-
     changed = 0
     for part in parts(staged):
         if part.problem:
@@ -504,32 +503,16 @@ class VllmLayout(Layout):
     packages = (PACKAGE,)
     env_switches = ("VLLM_*",)
 
-    def detect(self, root: Path) -> bool:
-        return detect(root)
-
-    def shape_problem(self, relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None
-                      ) -> str | None:
-        return shape_problem(relpath, kind, names, root)
-
-    def scan(self, ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
-        return scan(ctx, flt)
-
-    def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement:
-        return judge(d, kind, jc)
-
-    def describe(self, root: Path, entry: Entry) -> Details:
-        return describe(root, entry)
-
-    def no_log(self, entry: Entry) -> str:
-        return no_log(entry)
-
-    def relocation_problem(self, entry: Entry) -> str | None:
-        return relocation_problem(entry)
+    detect = staticmethod(detect)
+    shape_problem = staticmethod(shape_problem)
+    scan = staticmethod(scan)
+    judge = staticmethod(judge)
+    describe = staticmethod(describe)
+    no_log = staticmethod(no_log)
+    relocation_problem = staticmethod(relocation_problem)
 
     def image_format(self) -> ImageFormat:
         """MCV's compat image of vLLM's cache (vllm_image.py)."""
-        from kcache_cli.layouts.vllm_image import VllmImage
-
         return VllmImage()
 
     def relocate(self, staged: str, final: str, root: Path) -> None:
@@ -544,8 +527,7 @@ class VllmLayout(Layout):
         compiler = factors.get("compiler_hash")
         return Facts(f"vllm (compiler hash {compiler})" if compiler else "vllm", None, None)
 
-    def explain(self, root: Path, entry: Entry, here: Here) -> Verdict:
-        return explain(root, entry, here)
+    explain = staticmethod(explain)
 
 
 LAYOUT = VllmLayout()

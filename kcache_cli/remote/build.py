@@ -10,9 +10,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from kcache_cli.errors import KcacheError
-from kcache_cli.model import ScanFilter, Warn
-from kcache_cli.remote.store import CONNECT_TIMEOUT
+from kcache_cli.layouts import builder
+from kcache_cli.model.records import ScanFilter, Warn
+from kcache_cli.model.terms import COMPLETE
+from kcache_cli.ops import build as b
+from kcache_cli.remote.pull import pull
+from kcache_cli.remote.push import push
+from kcache_cli.remote.store import CONNECT_TIMEOUT, open_store
+from kcache_cli.util.errors import KcacheError
 
 REMOTE_TIMEOUT = 10.0  # seconds the remote part of a build may take in all, by default
 
@@ -53,9 +58,6 @@ def build_with_remote(root: Path, task, options, url: str, *, source=None, liste
                       budget: RemoteBudget | None = None):
     """Build one task like build.build_task, consulting the remote at `url` within `budget`. Returns
     the BuildResult (a pulled entry is a hit, with a note saying so)."""
-    from kcache_cli import build as b
-    from kcache_cli.terms import COMPLETE
-
     warn = warn or (lambda m: None)
     root = Path(root).absolute()
     spec = task if isinstance(task, b.TaskSpec) else b.load_task(task, options, source)
@@ -82,8 +84,6 @@ def build_with_remote(root: Path, task, options, url: str, *, source=None, liste
 
 
 def _open(url: str, budget: RemoteBudget, warn: Warn):
-    from kcache_cli.remote.store import open_store
-
     if budget.left() <= 0:
         warn(f"remote not used: the remote part of this build took its --remote-timeout ({budget.seconds:g}s)")
         return None
@@ -97,10 +97,6 @@ def _open(url: str, budget: RemoteBudget, warn: Warn):
 
 def _try_pull(root: Path, store, spec, options, warn: Warn) -> tuple[bool, bool]:
     """(pulled, the remote answered)."""
-    from kcache_cli import build as b
-    from kcache_cli.layouts import builder
-    from kcache_cli.remote.pull import pull
-
     try:
         want = b.resolve_arch(root, spec.target, options, fresh=False).value
         result = pull(root, store, ids=[(builder().name, spec.relpath)], accept=_arch_refusal(want, spec.target),
@@ -118,9 +114,6 @@ def _try_pull(root: Path, store, spec, options, warn: Warn) -> tuple[bool, bool]
 
 
 def _try_push(root: Path, store, spec, warn: Warn) -> None:
-    from kcache_cli.remote.push import push
-
-    from kcache_cli.layouts import builder
 
     name = os.path.basename(spec.relpath)
     layout = builder()  # where kcache build publishes

@@ -16,6 +16,7 @@ verified the same way whatever the format.
 
 from __future__ import annotations
 
+from kcache_cli import layouts
 from kcache_cli.layouts.remote_format import CHUNK, NAMESPACE, RemoteFormat
 from kcache_cli.layouts.remote_format import MAX_FILE as MAX_FILE  # the remote's limits, used beside its keys
 from kcache_cli.layouts.remote_format import ClaimTooBig as ClaimTooBig
@@ -42,13 +43,9 @@ KCACHE_FORMAT = RemoteFormat()
 
 def format_for(layout: str) -> RemoteFormat:
     """The layout's own remote format (Layout.remote_format), else kcache's."""
-    from kcache_cli import layouts
-
     own = layouts.get(layout).remote_format() if layout in layouts.NAMES else None
     return own if own is not None else KCACHE_FORMAT
 
 
 def foreign_formats() -> list[RemoteFormat]:
-    from kcache_cli import layouts
-
     return [f for f in (format_for(name) for name in layouts.NAMES) if f is not KCACHE_FORMAT]

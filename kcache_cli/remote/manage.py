@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from kcache_cli.fsread import parse_json
-from kcache_cli.model import EntryKey, Keyed, ScanFilter, Warn
+from kcache_cli.archive.manifest import unchecked_record
+from kcache_cli.fs.read import parse_json
+from kcache_cli.model.records import EntryKey, Keyed, ScanFilter, Warn, iso
+from kcache_cli.model.terms import COMPLETE, Status
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.store import Store
-from kcache_cli.terms import COMPLETE, Status
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,6 @@ class RemoteEntry(Keyed):
         return self.last_pulled or self.pushed or 0.0
 
     def to_json(self) -> dict:
-        from kcache_cli.model import iso
-
         return {**self.key.to_json(), "kind": self.kind or None, "file_count": self.files, "size": self.size,
                 "arch": self.arch, "pushed": iso(self.pushed), "last_pulled": iso(self.last_pulled)}
 
@@ -185,8 +184,6 @@ def owned_keys(store: Store, e: RemoteEntry) -> tuple[list[str], list[str], str 
     none are known. Only a record that is this entry's own (its layout and relpath those of its key)
     names keys, and only keys under this entry: a junk record naming another entry's relpath, or
     claiming a file bigger than any cache holds, names none."""
-    from kcache_cli.archive.manifest import unchecked_record
-
     raw = store.get([f.record_key(e.layout, e.relpath)])[0]
     if not isinstance(raw, bytes):
         return [], [], None if raw is None else f"its record is {raw} bytes, not read"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kcache_cli.model import EntryKey, Keyed
-from kcache_cli.terms import MoveAction
+from kcache_cli.model.records import EntryKey, Keyed
+from kcache_cli.model.terms import MoveAction
 
 
 def named(layout: str, kind: str, relpath: str) -> EntryKey:

@@ -15,17 +15,23 @@ loopback host; a `WWW-Authenticate: Bearer` challenge is answered with a token f
 from __future__ import annotations
 
 import base64
+import fnmatch
 import hashlib
+import http.client
 import json
 import os
 import re
+import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from http.client import HTTPException
 from typing import IO, Any, NamedTuple
+from urllib.parse import urlencode, urlsplit
 
-from kcache_cli.errors import UsageError
+from kcache_cli.fs.read import parse_json, read_bytes
+from kcache_cli.remote.redact import redact_text
 from kcache_cli.remote.store import CONNECT_TIMEOUT, IO_TIMEOUT, Deadline, RemoteError
+from kcache_cli.util.errors import UsageError
 
 MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
                   "application/vnd.docker.distribution.manifest.v2+json")
@@ -98,8 +104,6 @@ def _auth_files() -> list[str]:
 def find_credentials(host: str, user: str | None = None) -> tuple[str, str] | None:
     """(user, password) for `host`: --remote-user/KCACHE_REMOTE_USER with KCACHE_REMOTE_PASSWORD,
     else the first auth file that names the host. Never printed."""
-    from kcache_cli.fsread import parse_json, read_bytes
-
     user = user or os.environ.get("KCACHE_REMOTE_USER")
     if user:
         return user, os.environ.get("KCACHE_REMOTE_PASSWORD", "")
@@ -159,8 +163,6 @@ class Registry:
     def _expire(self) -> None:
         """The deadline is over: shut the connection down, so that a read waiting on it (a server
         trickling its headers a byte at a time) ends now."""
-        import socket
-
         self._expired = True
         sock = getattr(self._conn, "sock", None)
         try:
@@ -179,8 +181,6 @@ class Registry:
         return self.io_timeout if left is None else max(min(self.io_timeout, left), 0.01)
 
     def _connect(self, method: str, where: _Where, headers: dict[str, str], body) -> _Open:
-        import http.client
-
         timeout = self._timeout()
         cls = http.client.HTTPSConnection if where.scheme == "https" else http.client.HTTPConnection
         conn = cls(where.host, timeout=min(timeout, self.connect_timeout))
@@ -196,8 +196,6 @@ class Registry:
             raise
 
     def _fail(self, what: str, exc: BaseException) -> RemoteError:
-        import socket
-
         if self._expired or isinstance(exc, (socket.timeout, TimeoutError)) and (self.deadline.left() or 1) <= 0:
             return self.deadline.error()
         text = " ".join(str(exc).split())[:200] or type(exc).__name__
@@ -205,8 +203,6 @@ class Registry:
 
     def _same_host(self, location: str) -> str:
         """The request target of a redirect or upload location: a path on this registry, never another host."""
-        from urllib.parse import urlsplit
-
         parts = urlsplit(location)
         if parts.scheme or parts.netloc:
             if parts.scheme != self.ref.scheme or parts.netloc.lower() != self.ref.host:
@@ -219,9 +215,6 @@ class Registry:
     def _follow(self, location: str, here: _Where, method: str) -> _Where:
         """Where a redirect sends a request: this registry; or, for a GET (a blob a registry serves from
         its storage's own host), an HTTPS host KCACHE_REMOTE_REDIRECTS allows (glob patterns, commas)."""
-        import fnmatch
-        from urllib.parse import urlsplit
-
         parts = urlsplit(location)
         if not (parts.scheme or parts.netloc):
             return here._replace(target=self._same_host(location))
@@ -275,8 +268,6 @@ class Registry:
         raise RemoteError(f"remote {self.url}: more than {MAX_REDIRECTS} redirects")
 
     def _status_error(self, status: int, resp, what: str) -> RemoteError:
-        from kcache_cli.remote.redact import redact_text
-
         try:
             raw = resp.read(MAX_ERROR)
             errors = json.loads(raw).get("errors") or []
@@ -345,9 +336,6 @@ class Registry:
 
     def _token(self, fields: dict[str, str]) -> str | None:
         """A bearer token from the challenge's realm (HTTPS, or this registry's own host)."""
-        import http.client
-        from urllib.parse import urlencode, urlsplit
-
         realm = urlsplit(fields.get("realm", ""))
         if realm.scheme not in ("https", "http") or (realm.scheme == "http" and realm.netloc.lower() != self.ref.host):
             return None

@@ -35,10 +35,10 @@ from datetime import datetime, timezone
 from typing import IO
 
 from kcache_cli import __version__, layouts
-from kcache_cli import tarstream as ts
 from kcache_cli.archive.manifest import ImportLimits, reject
-from kcache_cli.fsread import parse_json
-from kcache_cli.gpu import arch_runs_on, cuda_archs
+from kcache_cli.formats.gpu import arch_runs_on, cuda_archs
+from kcache_cli.fs import tarstream as ts
+from kcache_cli.fs.read import parse_json
 from kcache_cli.layouts.image_format import CPU, MAX_META, ImageFormat
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"

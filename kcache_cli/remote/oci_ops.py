@@ -24,14 +24,14 @@ from kcache_cli import layouts
 from kcache_cli.archive import ImportLimits, export_archive, import_archive, plan_export
 from kcache_cli.archive.export import EmptyExport
 from kcache_cli.archive.importer import ImportResult
-from kcache_cli.errors import KcacheError, UsageError
-from kcache_cli.gpu import local_compute_caps
-from kcache_cli.model import ScanFilter, Warn, iso
+from kcache_cli.formats.gpu import local_compute_caps
+from kcache_cli.model.records import ScanFilter, Warn, iso
 from kcache_cli.remote import oci_image as img
 from kcache_cli.remote.oci import DIGEST, MAX_CONFIG, OciRef, Registry
 from kcache_cli.remote.pull import summary_matches
 from kcache_cli.remote.store import RemoteError
-from kcache_cli.signing import signer
+from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.signing import signer
 
 DEFAULT_TAG = "latest"
 OTHER_ARCH = "built for"  # how the reason of an entry left out for its arch starts

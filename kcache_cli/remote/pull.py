@@ -14,16 +14,31 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from kcache_cli.errors import KcacheError
-from kcache_cli.fsread import parse_json
-from kcache_cli.model import ScanFilter, Warn
+from kcache_cli.archive import (
+    ImportLimits,
+    ImportStaging,
+    check_total,
+    is_lock_name,
+    is_provider,
+    other_layout_problem,
+    path_problem,
+    plan_records,
+    publish_staged,
+    remove_stale_staging,
+)
+from kcache_cli.fs.read import parse_json
+from kcache_cli.model.records import ScanFilter, Warn
+from kcache_cli.model.terms import LAYOUT_NAMES, PullAction
 from kcache_cli.remote import formats as f
+from kcache_cli.remote.manage import remote_entry, scan_index
 from kcache_cli.remote.moved import MovedEntry, MoveResult, named
 from kcache_cli.remote.store import MAX_RECORD, Store, Value
-from kcache_cli.terms import LAYOUT_NAMES, PullAction
+from kcache_cli.util.errors import KcacheError
+from kcache_cli.util.signing import verifier
 
 if TYPE_CHECKING:
     from kcache_cli.archive.manifest import EntryRecord
@@ -53,8 +68,6 @@ class PullResult(MoveResult):
 def summary_matches(flt: ScanFilter, s: dict) -> bool:
     """Whether a remote entry (its index summary or record) is one `flt` selects: the very test `ls`
     applies (ScanFilter.matches: globs, a bare level, hash prefixes, paths)."""
-    from kcache_cli.remote.manage import remote_entry
-
     return flt.matches(remote_entry(str(s.get("layout")), str(s.get("relpath") or ""), s, times=False))
 
 
@@ -84,8 +97,6 @@ def read_records(store: Store, ids: Iterable[tuple[str, str]]) -> tuple[list[dic
 
 def select(store: Store, flt: ScanFilter) -> list[tuple[str, str]]:
     """(layout, relpath) of the remote entries `flt` selects, from the index only."""
-    from kcache_cli.remote.manage import scan_index
-
     return sorted(((e.layout, e.relpath) for batch in scan_index(store, flt, pulled=False) for e in batch),
                   key=lambda x: x[1])
 
@@ -131,8 +142,6 @@ def verify_files(rec: EntryRecord, keys: dict[str, list[str]], values: dict[str,
 def _extra_problem(rec: EntryRecord, extra: dict[str, bytes]) -> str | None:
     """Files a layout makes for this machine (Triton's group file) are named by the record too: the
     same rules as its files, at the top of the entry, and no clash with them."""
-    from kcache_cli.archive import is_lock_name, path_problem
-
     for name in extra:
         bad = path_problem(name, "file name")
         if bad or "/" in name or name in rec.files or name in rec.links or is_lock_name(name):
@@ -174,8 +183,6 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
          advance: Callable[[int], None] | None = None) -> PullResult:
     """Pull the remote entries `flt` selects (or exactly `ids`, (layout, relpath) pairs, read by key
     without the index). `accept(record)` may turn an entry down with a reason (build: another arch)."""
-    from kcache_cli.archive import ImportLimits, check_total, is_provider, other_layout_problem, plan_records
-
     warn = warn or (lambda m: None)
     flt = flt or ScanFilter()
     root = Path(os.path.realpath(root))
@@ -214,10 +221,8 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
 
 
 def _trusted(records: list[dict], out: list[MovedEntry]) -> list[dict]:
-    """With a trust list set (kcache_cli/signing.py), the records a listed key signed; the others are
+    """With a trust list set (kcache_cli/util/signing.py), the records a listed key signed; the others are
     refused, one line each."""
-    from kcache_cli.signing import verifier
-
     check = verifier()
     if check is None:
         return records
@@ -266,10 +271,6 @@ def _fetch(store: Store, batch: list, foreign: dict) -> tuple[dict, dict]:
 def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock_timeout: float, warn: Warn,
                        advance: Callable[[int], None] | None) -> list[MovedEntry]:
     """Verify, stage and publish batch after batch; the next batch's data is on its way meanwhile."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from kcache_cli.archive import ImportStaging, publish_staged, remove_stale_staging
-
     out: list[MovedEntry] = []
     staging = ImportStaging(root)
     made: set[str] = set()

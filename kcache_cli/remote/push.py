@@ -15,12 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from kcache_cli.fsread import parse_json
-from kcache_cli.model import ScanFilter, Warn, iso
+from kcache_cli import __version__
+from kcache_cli.archive import entry_records, plan_export
+from kcache_cli.archive.manifest import unchecked_record
+from kcache_cli.fs.read import parse_json
+from kcache_cli.model.records import ScanFilter, Warn, iso
+from kcache_cli.model.terms import PushAction
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.moved import MovedEntry, MoveResult
 from kcache_cli.remote.store import PENDING_TTL, Publish, Store, hash_fields
-from kcache_cli.terms import PushAction
+from kcache_cli.util.signing import signer as node_signer
 
 if TYPE_CHECKING:
     from kcache_cli.archive.manifest import EntryRecord
@@ -80,8 +84,6 @@ class _Outgoing:
 
 
 def _prepare(record: EntryRecord, data: dict[str, bytes], executable: tuple[str, ...], signer=None) -> _Outgoing:
-    from kcache_cli import __version__
-
     fmt = f.format_for(record.key.layout)
     rec, files = fmt.outgoing(record, data)
     pushed = iso(time.time()) or ""
@@ -95,7 +97,7 @@ def _prepare(record: EntryRecord, data: dict[str, bytes], executable: tuple[str,
     ttl = PENDING_TTL if fmt.content_addressed else None
     size = rec.size
     layout = rec.key.layout
-    doc = rec.to_json() if signer is None else signer.sign(rec.to_json())  # kcache_cli/signing.py
+    doc = rec.to_json() if signer is None else signer.sign(rec.to_json())  # kcache_cli/util/signing.py
     publish = Publish(f.record_key(layout, rec.relpath), json.dumps(doc, separators=(",", ":")).encode(),
                       f.INDEX, f.entry_id(layout, rec.relpath), _summary(rec, size, pushed),
                       persist=tuple(items) if ttl else (), last=fmt.last(rec))
@@ -109,7 +111,6 @@ def publish_entries(store: Store, batch: list[_Outgoing]) -> list[bool]:
         group = [o for o in batch if (o.ttl, o.content_addressed) == (ttl, only_new)]
         store.put({k: v for o in group for k, v in o.items.items()}, ttl=ttl, only_new=only_new)
     won = store.publish_many([o.publish for o in batch])
-    from kcache_cli.archive.manifest import unchecked_record
 
     lost = [o for o, w in zip(batch, won) if not w and o.content_addressed]
     if lost:
@@ -156,10 +157,7 @@ def push(root: Path, store: Store, flt: ScanFilter | None = None, *, dry_run: bo
          warn: Warn | None = None, start: Callable[[int], None] | None = None,
          advance: Callable[[int], None] | None = None) -> PushResult:
     """Push the complete entries `flt` selects that the remote does not hold (its index says)."""
-    from kcache_cli.archive import entry_records, plan_export
-
     warn = warn or (lambda m: None)
-    from kcache_cli.signing import signer as node_signer
 
     sign = node_signer()  # the node's key signs every record, when it has one
     plan = plan_export(root, flt or ScanFilter(), warn=warn)

@@ -9,12 +9,22 @@ the last-pulled times, and key listing by pattern (for entries a foreign tool su
 
 from __future__ import annotations
 
+import errno
+import fnmatch
+import hashlib
+import math
 import os
+import socket
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kcache_cli.errors import KcacheError, UsageError
+from kcache_cli.fs import write as fswrite
+from kcache_cli.fs.read import TooLarge, read_bytes
+from kcache_cli.remote.redact import redact_text, redact_url
+from kcache_cli.util.errors import KcacheError, UsageError
 
 CONNECT_TIMEOUT = 2.0  # seconds: a remote that does not answer this fast is down, for a build
 IO_TIMEOUT = 30.0  # seconds for one read from the remote (big values travel in one)
@@ -29,8 +39,6 @@ class RemoteError(KcacheError):
 
 def check_timeout(value: float, option: str, minimum: float = 0.1) -> float:
     """A timeout option's value, or a usage error (nan, inf, negative, under `minimum`)."""
-    import math
-
     if not math.isfinite(value) or not minimum <= value <= MAX_TIMEOUT:
         raise UsageError(f"{option} takes seconds from {minimum:g} to {MAX_TIMEOUT:g}, not {value!r}")
     return value
@@ -92,8 +100,6 @@ def hash_fields(store: Store, name: str) -> set[str]:
 
 def redact(url: str) -> str:
     """`url` without its password (it goes into messages and JSON)."""
-    from kcache_cli.remote.redact import redact_url
-
     return redact_url(url)
 
 
@@ -128,8 +134,6 @@ class Deadline:
         self._timer: Any = None
 
     def set(self, seconds: float | None, expire=None) -> None:
-        import threading
-        import time
 
         self.cancel()
         self.seconds = seconds
@@ -140,8 +144,6 @@ class Deadline:
             self._timer.start()
 
     def left(self) -> float | None:
-        import time
-
         return None if self.at is None else self.at - time.monotonic()
 
     def check(self) -> None:
@@ -254,8 +256,6 @@ class RedisStore:
 
     def _expire(self) -> None:
         """The deadline is over: shut every connection down, so that a read waiting on one ends now."""
-        import socket
-
         self._expired = True
         pool = self._r.connection_pool
         conns = [*getattr(pool, "_available_connections", ()), *getattr(pool, "_in_use_connections", ())]
@@ -270,8 +270,6 @@ class RedisStore:
     def _call(self, fn, *args, **kwargs):
         """fn(*args) with every failure of the remote (an error, a reply redis-py cannot take, the
         deadline) as one RemoteError."""
-        from kcache_cli.remote.redact import redact_text
-
         self.deadline.check()
         try:
             return fn(*args, **kwargs)
@@ -406,7 +404,6 @@ _PENDING = ".pending-"  # data not yet published; removed by prune when older th
 def _file_name(key: str) -> str:
     name = key.replace("%", "%25").replace("/", "%2F")
     if len(name.encode()) > 200:  # a file name holds 255 bytes (with .pending- before it)
-        import hashlib
 
         name = name.encode()[:120].decode("utf-8", "ignore") + "~" + hashlib.sha256(name.encode()).hexdigest()
     return name
@@ -427,8 +424,6 @@ class FileStore:
     command's deadline between files."""
 
     def __init__(self, path: str) -> None:
-        from kcache_cli import fswrite
-
         self.path = os.path.realpath(path)
         self.url = "file://" + self.path
         try:
@@ -441,16 +436,12 @@ class FileStore:
         self.deadline.set(seconds)  # checked between files: a local file system answers each read
 
     def _fail(self, what: str, name: str, exc: OSError) -> RemoteError:
-        import errno
-
         why = ("a symlink or not a directory (kcache never follows one in a remote)"
                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV) else exc.strerror or str(exc))
         return RemoteError(f"remote {self.url}: cannot {what} {name}: {why}")
 
     def _bounded(self, name: str, limit: int, dir_fd: int | None = None) -> Value:
         """The file's bytes, or its size when over `limit` (not read), or None when there is none."""
-        from kcache_cli.fsread import TooLarge, read_bytes
-
         self.deadline.check()
         fd = self.fd if dir_fd is None else dir_fd
         try:  # a shared directory may hold anything: never a FIFO or a link, never unbounded
@@ -470,8 +461,6 @@ class FileStore:
         return [self._bounded(_file_name(k), n) for k, n in zip(keys, limits)]
 
     def _write(self, dir_fd: int, final: str, data: bytes, replace: bool = True) -> bool:
-        from kcache_cli import fswrite
-
         tmp = fswrite.temp_name(".tmp-")
         try:
             fswrite.write_file(dir_fd, tmp, data)
@@ -512,8 +501,6 @@ class FileStore:
         return [self.publish(p) for p in ps]
 
     def publish(self, p: Publish) -> bool:
-        from kcache_cli import fswrite
-
         # The data first: a reader who sees the record must find it. Data keys hold their bytes'
         # sha256, so a pusher that then loses the race made permanent only bytes the winner has too,
         # or keys it removes itself (push does).
@@ -533,8 +520,6 @@ class FileStore:
         return True
 
     def delete(self, keys: Sequence[str]) -> None:
-        from kcache_cli import fswrite
-
         for k in keys:
             for name in (_file_name(k), _PENDING + _file_name(k)):
                 try:
@@ -544,8 +529,6 @@ class FileStore:
 
     def _hdir(self, name: str, create: bool = False) -> int | None:
         """A descriptor of the hash `name`'s directory, beneath the store, no link followed (None: none yet)."""
-        from kcache_cli import fswrite
-
         d = _file_name(name) + ".d"
         try:
             return fswrite.open_dir(self.fd, d, create=create)
@@ -594,8 +577,6 @@ class FileStore:
             os.close(d)
 
     def hash_delete(self, name: str, fields: Sequence[str]) -> None:
-        from kcache_cli import fswrite
-
         d = self._hdir(name)
         if d is None:
             return
@@ -609,8 +590,6 @@ class FileStore:
             os.close(d)
 
     def keys(self, pattern: str) -> Iterator[str]:
-        import fnmatch
-
         for n in os.listdir(self.fd):
             if not n.startswith(".") and not n.endswith(".d"):
                 key = _key_of(n)
@@ -620,10 +599,6 @@ class FileStore:
     def remove_stale_pending(self, older_than: float = PENDING_TTL) -> int:
         """Remove the data files of pushes that never published (their pusher died), as Redis
         expires them; returns how many. Only kcache's own pending and temp names are touched."""
-        import time
-
-        from kcache_cli import fswrite
-
         removed = 0
         now = time.time()
         for n in os.listdir(self.fd):

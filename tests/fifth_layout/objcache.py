@@ -11,12 +11,12 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from kcache_cli import fsread
-from kcache_cli.checks import list_files, read_every_byte
-from kcache_cli.entrydir import EntryDir
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import BY_NAME
-from kcache_cli.model import COMPLETE, CORRUPT, PARTIAL, Details, Entry, Judgement, LogFile, ScanFilter
+from kcache_cli.model.checks import list_files, read_every_byte
+from kcache_cli.model.records import COMPLETE, CORRUPT, PARTIAL, Details, Entry, Judgement, LogFile, ScanFilter
 
 SHAPE = BY_NAME["objcache"]  # registered in shapes.SHAPES (run_kcache.py does it at run time)
 

@@ -6,7 +6,8 @@ import sys
 from kcache_cli import layouts
 from kcache_cli.layouts import shapes
 
-assert "kcache_cli.terms" not in sys.modules and "kcache_cli.names" not in sys.modules  # nothing derived yet
+# nothing derived yet
+assert "kcache_cli.model.terms" not in sys.modules and "kcache_cli.catalog.names" not in sys.modules
 OBJCACHE = shapes.LayoutShape("objcache", (
     shapes.KindShape("object", "objects/{hash}", target="cpu", patterns=(("hash", r"[0-9a-f]{16}"),)),
 ), "objects/<hash>/")

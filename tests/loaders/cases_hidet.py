@@ -14,8 +14,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loaders.matrix import (Case, add_file, chain, dangling_link, empty, garbage, link_to_good, missing, mode000,
-                            one_mtime, replace_text, truncated)
+from loaders.matrix import (
+    Case,
+    add_file,
+    chain,
+    dangling_link,
+    empty,
+    garbage,
+    link_to_good,
+    missing,
+    mode000,
+    one_mtime,
+    replace_text,
+    truncated,
+)
 
 HERE = Path(__file__).resolve().parent
 FIXTURE = HERE.parent / "fixtures" / "real" / "hidet"

@@ -21,6 +21,7 @@ import os
 
 from probe_common import crash_text, events, log, main, with_cudart
 
+
 def _spy(module, name: str, before=None, after=None) -> None:
     real = getattr(module, name)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from loaders.venvs import python_for
 
-from kcache_cli import megacache
+from kcache_cli.formats import megacache
 from kcache_cli.layouts.inductor import MEGA_TYPES
 
 pytestmark = pytest.mark.slow

@@ -19,12 +19,26 @@ import time
 from pathlib import Path
 
 import pytest
-from loaders.matrix import (Case, CaseResult, add_file, chain, copy_root, dangling_link, empty, garbage,
-                            kcache_view, link_to_good, loses_used_entry, missing, mode000, one_mtime, run_probes,
-                            truncated)
-from loaders.venvs import python_for
-
 from loaders import matrix, recorded
+from loaders.matrix import (
+    Case,
+    CaseResult,
+    add_file,
+    chain,
+    copy_root,
+    dangling_link,
+    empty,
+    garbage,
+    kcache_view,
+    link_to_good,
+    loses_used_entry,
+    missing,
+    mode000,
+    one_mtime,
+    run_probes,
+    truncated,
+)
+from loaders.venvs import python_for
 
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "probe_triton.py"

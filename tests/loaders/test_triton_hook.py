@@ -94,7 +94,7 @@ def test_importing_the_hook_needs_no_triton():
 
 
 def test_record_hit_stamps_once_an_hour_and_never_raises(tmp_path):
-    from kcache_cli import state
+    from kcache_cli.fs import state
     from kcache_cli.triton_hook import record_hit
 
     root = tmp_path / "cache"

@@ -1,0 +1,411 @@
+"""An exact index of scanned entries, so that a second `ls`/`stats` on an unchanged cache skips the judging.
+
+The index lives in `<root>/.kcache/index/scan.<euid>`. It is a layer around the per-entry scan
+(`ScanContext.map_entries`, through which hidet's op entries, Triton's kernels, Inductor's entries,
+vLLM's units and tilelang's kernels and binaries are judged): each record is one entry exactly as the
+scan judged it (every `Entry` field, so new fields and statuses pass through) plus a key over the files
+its verdict went by, and a record is served only when a fresh `lstat` of the entry directory and of each
+of those files gives the same key. Anything else sends the entry back to the real scan.
+
+What the key covers is what the layout's judgement recorded in `ctx.recording[path]` before it read a
+byte: (the directory's stat, [(name, lstat)]), names relative to the entry. `read_dir` records the
+entry's files (hidet, tilelang); Triton's listing the same, and nothing when the judgement looked
+outside the key directory (group paths into another root); Inductor's an aotautograd entry's files and
+those of the fx graphs it names (`../../fxgraph/<xx>/<key>/...`); vLLM's every name in the unit's tree,
+directories included (layouts/_common.py tree_stats). None: the entry is not stored.
+
+The key (a BLAKE2b digest): the directory's inode, mtime and ctime (a file added, removed or renamed
+changes them), and each file's inode, size, mtime and ctime. A file rewritten in place changes neither
+the directory nor, with `touch -d`, its mtime or size: only its own ctime tells, and ctime cannot be set
+from user space. So proving an entry unchanged takes one `lstat` per file, as many as `du` makes; what
+the index saves is the directory listings, the reads (lib.so's ELF header, kcache.json) and the judging.
+No cheaper signal exists in stat: nothing on a directory changes when a file in it is rewritten.
+
+Never stale, by construction:
+- the key is taken before the entry is judged (read_dir records the stats it makes anyway), so a change
+  while the scan runs leaves a key that no longer matches;
+- an entry changed less than RACY_SECONDS before the scan started (by the file system's own clock: the
+  ctime of the temp file this scan will write the index into, less the time the scan had run by then)
+  is not stored: a later change within the same timestamp tick could otherwise keep its ctime;
+- a record holds what the layout's per-entry function returned (the Entry) and is served only to the
+  same function with the same job: the job carries what the judgement takes from outside the entry (the
+  installed hidet's version), so another installed hidet judges the entries again;
+- only statuses that are a function of the entry's own files and its job are stored (STORABLE):
+  `building` and `partial` depend on locks, which no stat shows, and `unreadable` on permissions; an
+  entry whose scan warned, whose recorded stats leave out a subdirectory's files, or that holds a
+  symlink (the judgement may read through it) is not stored either. A judgement that comes to depend
+  on anything else must record it, put it in the job, add it to `_context()`, or leave STORABLE;
+- the whole index is used only if it was written for the same root, user, groups, Python, kcache code
+  (the judging modules' files) and Entry fields; it must be owned by the user and not writable by others;
+  a truncated or garbled file fails its length and CRC check; loading never runs code (a pickle
+  unpickler that refuses every global). Any failure means "no index": a full scan.
+- writes go to a temp file in the index directory (opened relative to the root, no symlink followed)
+  and are renamed over the index: readers see the old index or the new one. Concurrent writers each
+  rename a consistent snapshot. Nothing is written outside `.kcache/index/`; a read-only cache simply
+  has no index. No write error ever fails the command.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import struct
+import sys
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import fields
+from importlib import import_module
+from stat import S_ISLNK, S_ISREG
+from typing import Any
+
+import kcache_cli
+from kcache_cli.catalog.scan_context import ScanContext
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import readmarks
+from kcache_cli.fs import write as fswrite
+from kcache_cli.fs.state import index_name, open_index_dir
+from kcache_cli.layouts import NAMES
+from kcache_cli.model.records import COMPLETE, CORRUPT, FAILED, STALE, Entry
+
+MAGIC = b"KCACHE-SCAN-INDEX\n"
+FORMAT = 1
+_HEADER = struct.Struct("<QI")  # payload length, CRC-32 of the payload
+RACY_SECONDS = 2.0
+# Below this many entries a scan takes milliseconds: no index is written (nothing appears in small caches).
+MIN_ENTRIES = 1000
+STORABLE = frozenset({COMPLETE, FAILED, CORRUPT, STALE})
+FIELDS = tuple(f.name for f in fields(Entry))
+_RELPATH = FIELDS.index("relpath")
+_MODIFIED = FIELDS.index("modified")
+_PATH = FIELDS.index("path")
+_NFIELDS = len(FIELDS)
+_MAX_BYTES = 1 << 31
+_STALE_TEMP = 3600.0  # temp files of killed writers are removed after an hour
+# The modules whose code decides what a record holds; a change to any of them drops the index.
+_JUDGES = ("kcache_cli.catalog.scan", "kcache_cli.catalog.scan_context", "kcache_cli.catalog.index",
+           "kcache_cli.model.records", "kcache_cli.model.checks", "kcache_cli.model.terms", "kcache_cli.layouts.shapes",
+           "kcache_cli.fs.state", "kcache_cli.fs.locking", "kcache_cli.fs.read", "kcache_cli.formats.taskfile",
+           "kcache_cli.layouts.base")
+_PLAIN = (str, int, float, bool, bytes, type(None))
+
+# (file names, digest, (function name, job), Entry field values, the rest of the function's answer or None)
+Record = tuple
+
+
+def _digest(ints: list[int]) -> bytes:
+    try:
+        data = struct.pack(f"<{len(ints)}q", *ints)
+    except struct.error:  # an inode or time beyond 64 signed bits
+        data = repr(ints).encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _fresh(path: str, names: tuple[str, ...], digest: bytes) -> float | None:
+    """The newest atime of its files when the entry at `path` still has exactly the files and stats its
+    record was keyed with (atime is not in the key: a read changes nothing the record holds), else None."""
+    lstat = os.lstat
+    accessed = 0.0
+    try:
+        st = lstat(path)
+        ints = [st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+        prefix = path + os.sep
+        for name in names:
+            st = lstat(prefix + name)
+            ints += (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if st.st_atime > accessed and S_ISREG(st.st_mode):  # a directory's atime is any listing's
+                accessed = max(accessed, readmarks.atime(st))  # not kcache's own reads
+    except (OSError, ValueError, TypeError):
+        return None
+    return accessed if _digest(ints) == digest else None
+
+
+_INTERNED: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _plain(value: Any) -> bool:
+    """Plain data, or tuples of it (a Triton job: its path and the ops wanted)."""
+    return type(value) in _PLAIN or (type(value) is tuple and all(_plain(v) for v in value))
+
+
+def _record(out: Any, asked: tuple, seen, warned: list, racy_ns: int) -> Record | None:
+    """The record of a freshly judged entry (`out`: an Entry, or a tuple whose first item is one), or
+    None when it must not be stored."""
+    if isinstance(out, Entry):
+        entry, rest = out, None
+    elif type(out) is tuple and out:
+        entry, rest = out[0], tuple(out[1:])
+    else:
+        return None
+    path = asked[1][0]
+    if (warned or seen is None or not isinstance(entry, Entry) or entry.status not in STORABLE
+            or entry.path != path or not _plain(asked[1]) or (rest is not None and not _plain(rest))):
+        return None
+    dir_stat, stats = seen
+    ints = [dir_stat.st_ino, dir_stat.st_mtime_ns, dir_stat.st_ctime_ns]
+    newest = dir_stat.st_ctime_ns
+    for _, st in stats:
+        if S_ISLNK(st.st_mode):  # the judgement may read through it: its target is not in the key
+            return None
+        ints += (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        newest = max(newest, st.st_ctime_ns)
+    if newest >= racy_ns:
+        return None
+    names = tuple(n for n, _ in stats)
+    names = _INTERNED.setdefault(names, names)  # entries share their file names: pickled once
+    return names, _digest(ints), asked, tuple(getattr(entry, f) for f in FIELDS), rest
+
+
+def _func_name(func: Callable) -> str:
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
+
+
+def _servable(rec: Any, asked: tuple) -> float | None:
+    """When `rec` is a well-formed record of the same function and job whose files are unchanged: the
+    newest atime of those files; else None."""
+    if (type(rec) is tuple and len(rec) == 5 and rec[2] == asked and type(rec[3]) is tuple
+            and len(rec[3]) == _NFIELDS and (rec[4] is None or type(rec[4]) is tuple)):
+        return _fresh(asked[1][0], rec[0], rec[1])  # _fresh fails on odd names
+    return None
+
+
+class _Wrapped:
+    """`func(ctx, job)` behind the index: its files' newest atime (a float) when the stored record of
+    job's entry serves, else
+    (the answer or None, Record or None) from the real scan (the answer only when there is no record to
+    build it from: records travel from worker processes more cheaply than Entries). A class, not a
+    closure: parallel.map_parts may have to pickle it."""
+
+    def __init__(self, func: Callable, stored: dict, racy_ns: int) -> None:
+        self.func, self.name, self.stored, self.racy_ns = func, _func_name(func), stored, racy_ns
+
+    def __call__(self, ctx: ScanContext, job: tuple) -> tuple | float:
+        asked = (self.name, tuple(job))
+        accessed = _servable(self.stored.get(job[0]), asked)
+        if accessed is not None:
+            return accessed
+        return self.judge(ctx, job, asked)
+
+    def judge(self, ctx: ScanContext, job: tuple, asked: tuple) -> tuple:
+        path = job[0]
+        warned: list[str] = []
+        warn = ctx.warn
+
+        def collect(msg: str) -> None:
+            warned.append(msg)
+            warn(msg)
+
+        seen: dict = {}
+        ctx.warn, ctx.recording = collect, seen
+        try:
+            out = self.func(ctx, job)
+        finally:
+            ctx.warn, ctx.recording = warn, None
+        new = _record(out, asked, seen.get(path), warned, self.racy_ns)
+        return (None, new) if new is not None else (out, None)
+
+
+class _NoGlobals(pickle.Unpickler):
+    """Loads only plain data (tuples, dicts, str, bytes, numbers): any class or function is refused."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"global {module}.{name} refused")
+
+
+def _context(root: str) -> tuple:
+
+    code: list[tuple] = []
+    for name in _JUDGES + tuple(f"kcache_cli.layouts.{n}" for n in NAMES):
+        mod = sys.modules.get(name) or import_module(name)
+        try:
+            st = os.stat(mod.__file__ or "")
+            code.append((mod.__name__, st.st_size, st.st_mtime_ns, st.st_ino))
+        except (AttributeError, TypeError, OSError):
+            code.append((getattr(mod, "__name__", None), None))
+    st = fsread.stat_path(root)
+    return (FORMAT, kcache_cli.__version__, sys.implementation.cache_tag, os.geteuid(), tuple(sorted(os.getgroups())),
+            root, st.st_dev, st.st_ino, FIELDS, tuple(code))
+
+
+# An index file is opened without blocking (a FIFO planted there must not hang every command), never
+# through a link, never as a controlling terminal; it must then be a regular file (fstat).
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def load(root: str, context: tuple, kind: str = "scan") -> dict:
+    """path -> Record from the index of `root` (or what `kind`'s file holds), or {} when there is none
+    or it cannot be trusted."""
+    dfd = open_index_dir(root, create=False)
+    if dfd is None:
+        return {}
+    try:
+        fd = os.open(index_name(kind), _FILE_FLAGS, dir_fd=dfd)
+    except OSError:
+        return {}
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        if (not S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022
+                or st.st_size > _MAX_BYTES):
+            return {}
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 24)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    start = len(MAGIC) + _HEADER.size
+    if not data.startswith(MAGIC) or len(data) < start:
+        return {}
+    length, crc = _HEADER.unpack_from(data, len(MAGIC))
+    payload = memoryview(data)[start:]
+    if len(payload) != length or zlib.crc32(payload) != crc:
+        return {}
+    try:
+        obj = _NoGlobals(io.BytesIO(payload)).load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
+            MemoryError, RecursionError, OverflowError, ImportError):  # passed its CRC, yet not ours: no index
+        return {}
+    if type(obj) is not dict or obj.get("context") != context or type(obj.get("records")) is not dict:
+        return {}
+    return obj["records"]
+
+
+class IndexedContext(ScanContext):
+    """A ScanContext whose map_entries answers from the index where it provably can (see the module doc)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        root = str(self.root)
+        self._stored: dict = {}
+        self._new: dict = {}
+        self._visited: set[str] = set()
+        self._changed = False
+        self._writer: tuple[int, str, int] | None = None  # index dir fd, temp name, racy limit (ns)
+        self._started = time.monotonic_ns()  # before the layouts read anything (see _start_write)
+        try:
+            self._context = _context(root)
+        except OSError:
+            return
+        self._stored = load(root, self._context)
+
+    def map_entries(self, func, jobs: list) -> Iterator[Entry]:
+        stored = self._stored
+        if self._writer is None and hasattr(self, "_context") and (len(jobs) >= MIN_ENTRIES or stored):
+            self._writer = _start_write(str(self.root), self._started)  # before any entry is stat'ed
+        racy_ns = self._writer[2] if self._writer else -1  # no writer: nothing will be stored anyway
+        results: Iterator[Any] = super().map_entries(_Wrapped(func, stored, racy_ns), jobs)
+        for job, out in zip(jobs, results):
+            path = job[0]
+            self._visited.add(path)
+            accessed = None
+            if type(out) is float:  # served: its files' newest atime
+                rec, accessed = stored[path], out
+            else:
+                answer, rec = out
+                if rec is None:
+                    if path in stored:
+                        self._changed = True  # its record no longer holds
+                    yield answer
+                    continue
+                self._changed = True
+            self._new[path] = rec
+            yield self._answer_of(rec, accessed)
+
+    def _answer_of(self, rec: Record, accessed: float | None = None) -> Any:
+        """What the layout's function answered when the record was made (last-used stamps and, for a
+        record served, `accessed`, its files' atime now, move on)."""
+        values = rec[3]
+        entry = object.__new__(Entry)  # the fields as stored (a frozen dataclass's __init__ costs 4x)
+        attrs = entry.__dict__
+        attrs.update(zip(FIELDS, values))
+        if accessed is not None:
+            attrs["last_used"] = self.last_used_of(values[_RELPATH], values[_MODIFIED], accessed, values[_PATH])
+        return entry if rec[4] is None else (entry, *rec[4])
+
+    def save(self, complete: bool) -> None:
+        """Write the index if this scan learnt anything; `complete` (an unfiltered scan) also drops the
+        records of entries that are gone. Never raises."""
+        if self._writer is None:
+            return
+        dfd, tmp, _ = self._writer
+        self._writer = None
+        if not (self._changed or complete and any(p not in self._visited for p in self._stored)):
+            _finish_write(dfd, tmp, None)  # nothing learnt, nothing gone
+            return
+        records = self._new if complete else {**self._stored, **self._new}
+        _finish_write(dfd, tmp, {"context": self._context, "records": records})
+
+
+def _start_write(root: str, started: int) -> tuple[int, str, int] | None:
+    """Create the temp file the index will be written to; its ctime is the file system's "now", less
+    the time since the scan `started` (time.monotonic_ns), from which entries are judged too recent to
+    store. None when the cache is not writable."""
+    dfd = open_index_dir(root, create=True)
+    if dfd is None:
+        return None
+    tmp = f".tmp-{os.getpid()}-{fswrite.token(4)}"
+    try:
+        fd = fswrite.create_excl(dfd, tmp, 0o644)
+        try:
+            fswrite.share_like_dir(fd, dfd)
+            now = os.fstat(fd).st_ctime_ns
+        finally:
+            os.close(fd)
+    except OSError:
+        os.close(dfd)
+        return None
+    return dfd, tmp, now - (time.monotonic_ns() - started) - int(RACY_SECONDS * 1e9)
+
+
+def _finish_write(dfd: int, tmp: str, obj: dict | None, kind: str = "scan") -> None:
+    """Write `obj` (None: nothing) through the temp file `tmp` made by _start_write, then close the
+    index directory's `dfd`; the temp file never stays. Never raises."""
+    try:
+        if obj is not None:
+            _write(dfd, tmp, obj, kind)
+            tmp = ""
+    except (OSError, pickle.PicklingError, ValueError, RecursionError):
+        pass
+    finally:
+        if tmp:
+            try:
+                fswrite.unlink_at(dfd, tmp)
+            except OSError:
+                pass
+        os.close(dfd)
+
+
+def _write(dfd: int, tmp: str, obj: dict, kind: str = "scan") -> None:
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    data = MAGIC + _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+    fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        fswrite.write_all(fd, data)
+    finally:
+        os.close(fd)
+    fswrite.rename_at(dfd, tmp, dfd, index_name(kind))
+    _remove_stale_temps(dfd)
+
+
+def _remove_stale_temps(dfd: int) -> None:
+    """Temp files of writers killed an hour ago or more (a live writer renames or removes its own)."""
+    limit = time.time() - _STALE_TEMP
+    try:
+        names = [n for n in os.listdir(dfd) if n.startswith(".tmp-")]
+    except OSError:
+        return
+    for name in names:
+        try:
+            if os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime < limit:
+                fswrite.unlink_at(dfd, name)
+        except OSError:
+            pass

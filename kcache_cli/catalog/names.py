@@ -1,0 +1,249 @@
+"""What a cache holds, by directory names alone: op names, spaces and entry hashes (for shell completion).
+
+Only directory listings are read (scandir's d_type; no stat of files, no file contents; a lookup by
+hash prefix lstats the few directory names that match it instead), and nothing heavier than `os` and
+`re` is imported, so completing on a 100,000-entry cache stays fast. The shapes
+are the layouts' own declarations (kcache_cli/layouts/shapes.py); tests/test_completion.py checks that
+this agrees with the layouts' scans on the real fixture caches.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import replace
+from fnmatch import fnmatchcase
+from stat import S_ISDIR
+from typing import Iterable, Iterator, NamedTuple
+
+from kcache_cli.fs import read as fsread
+from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape
+from kcache_cli.model.records import is_glob, space_matches
+
+
+class EntryName(NamedTuple):
+    """An entry as its directory names tell it: no size, no status."""
+
+    layout: str
+    kind: str
+    space: str | None
+    op: str | None
+    hash: str
+
+
+def visible_dirs(path: str | int, prefix: str = "") -> list[str]:
+    """Names of the visible subdirectories of `path` (or of the directory fd) starting with `prefix`
+    (symlinks not followed; the type comes from the directory listing, or with a prefix from an lstat
+    of the few names that match: a bare name listing is a quarter cheaper than scandir's); [] if
+    unreadable."""
+    try:
+        if prefix and not prefix.startswith("."):
+            found = [n for n in (os.listdir(path) if isinstance(path, int) else fsread.listdir(path))
+                     if n.startswith(prefix)]
+            return [n for n in found if _is_dir(path, n)]
+        listed = os.scandir(path) if isinstance(path, int) else fsread.scandir_list(path)
+        return [d.name for d in listed if d.name.startswith(prefix) and not d.name.startswith(".")
+                and d.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _is_dir(path: str | int, name: str) -> bool:
+    try:
+        if isinstance(path, int):
+            return S_ISDIR(os.lstat(name, dir_fd=path).st_mode)
+        return S_ISDIR(fsread.stat_path(os.path.join(path, name), follow=False).st_mode)
+    except OSError:
+        return False
+
+
+def _present(names: list[str], wanted: tuple[str, ...]) -> list[str]:
+    """`names`, or only the wanted ones among them (never a wanted name that is not there, so a typed
+    `--op ../x` cannot make a listing leave the cache)."""
+    return [n for n in names if n in wanted] if wanted else names
+
+
+def _walk(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces: tuple[str, ...] = (),
+          prefix: str = "") -> Iterator[dict[str, str]]:
+    """The fields of every directory `depth` segments down `k`'s template that matches it, within the
+    wanted ops and spaces (the last segment of an entry's path: names starting with `prefix`). A kind
+    that tells its entries by their files (`from_files`) has each entry directory listed."""
+    level: list[tuple[str, dict[str, str]]] = [(root, {})]
+    for i in range(depth):
+        fields = k.fields_in(i)
+        last = i == k.depth - 1
+        found: list[tuple[str, dict[str, str]]] = []
+        for path, known in level:
+            if not fields:  # fixed text: no listing needed (a missing directory lists as empty below)
+                found.append((os.path.join(path, k.parts[i]), known))
+                continue
+            names = visible_dirs(path, prefix if last else "")
+            if "op" in fields:
+                names = _present(names, ops)
+            for n in (names if last else sorted(names)):
+                got = k.match_segment(i, n)
+                if got is None:
+                    continue
+                f = {**known, **got}
+                if i == k.space_depth and spaces and k.space_of(f) not in spaces:
+                    continue
+                found.append((os.path.join(path, n), f))
+        level = found
+    for path, f in level:
+        if k.from_files is not None and depth == k.depth:
+            ours, op = k.from_files(fsread.names(path))
+            if not ours or (ops and op not in ops):
+                continue
+            f = {**f, "op": op} if op else f
+        yield f
+
+
+def layouts_of(root: str | os.PathLike) -> tuple[str, ...]:
+    """The layouts a root holds, from the names at its top level (one directory listing)."""
+    top = visible_dirs(os.fspath(root))
+    return tuple(s.name for s in SHAPES if s.held_by(os.fspath(root), top))
+
+
+def _select(root, layouts: Iterable[str]) -> tuple[str, list[LayoutShape]]:
+    root = os.fspath(root)
+    present = layouts_of(root)
+    wanted = set(layouts)
+    return root, [s for s in SHAPES if s.name in present and (not wanted or s.name in wanted)]
+
+
+def space_layouts(root: str | os.PathLike, ops: Iterable[str] = (), layouts: Iterable[str] = ()) -> dict[str, str]:
+    """Each space present (hidet `cuda_space_0`, tilelang `0.1.15/linux-x86_64`) -> its layout, sorted;
+    with `ops`, only the spaces holding one of those ops."""
+    root, shapes = _select(root, layouts)
+    ops = tuple(ops)
+    out: dict[str, str] = {}
+    for s in shapes:
+        for k in s.kinds:
+            if k.space is None or (ops and not k.has_op):  # entries without an op match no --op
+                continue
+            depth = k.depth if ops and k.op_depth < 0 else max(k.space_depth, k.op_depth) + 1 if ops \
+                else k.space_depth + 1
+            for f in _walk(root, k, depth, ops=ops):
+                out.setdefault(k.space_of(f) or "", s.name)
+    return dict(sorted(out.items()))
+
+
+def op_places(root: str | os.PathLike, spaces: Iterable[str] = (),
+              layouts: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
+    """Each op name present (hidet op directories, tilus script names) -> where it is (its spaces, or
+    its layout's name when its entries have no space), sorted; with `spaces`, only the ops in those spaces."""
+    root, shapes = _select(root, layouts)
+    spaces = tuple(spaces)
+    out: dict[str, list[str]] = {}
+    for s in shapes:
+        for k in s.kinds:
+            if not k.has_op or (spaces and k.space is None):
+                continue
+            depth = k.depth if k.op_depth < 0 else max(k.op_depth, k.space_depth) + 1
+            for f in _walk(root, k, depth, spaces=spaces):
+                if not f.get("op"):
+                    continue
+                where = out.setdefault(f["op"], [])
+                place = k.space_of(f) or s.name
+                if place not in where:
+                    where.append(place)
+    return {op: tuple(where) for op, where in sorted(out.items())}
+
+
+def entries(root: str | os.PathLike, prefix: str = "", ops: Iterable[str] = (), spaces: Iterable[str] = (),
+            layouts: Iterable[str] = ()) -> Iterator[EntryName]:
+    """Every entry whose hash starts with `prefix`, as names only, in directory order per parent."""
+    root, shapes = _select(root, layouts)
+    ops, spaces = tuple(ops), tuple(spaces)
+    for s in shapes:
+        for k in s.kinds:
+            if (ops and not k.has_op) or (spaces and k.space is None):
+                continue  # a program's op name is inside program.txt: not read here
+            for f in _walk(root, k, k.depth, ops, spaces, prefix):
+                yield EntryName(s.name, k.kind, k.space_of(f), f.get("op"), f["hash"])
+
+
+def targets_present(root: str | os.PathLike) -> tuple[str, ...]:
+    """The targets of the entries present: a kind's fixed target, or the {target} its paths carry."""
+    root, shapes = _select(root, ())
+    found: set[str] = set()
+    for s in shapes:
+        for k in s.kinds:
+            if k.target is not None:
+                found.add(k.target)
+                continue
+            depth = next((i + 1 for i in range(k.depth) if "target" in k.fields_in(i)), 0)
+            if depth:
+                found.update(f["target"] for f in _walk(root, k, depth))
+    return tuple(sorted(found))
+
+
+def expand_filter(root: str | os.PathLike, flt):
+    """`flt` with its op globs (`mat*`) and spaces given as a level (`2`) or a glob replaced by the names
+    present, so that layouts read only those directories. A pattern matching nothing stays as it is
+    (it then matches nothing)."""
+    ops, spaces = flt.ops, flt.spaces
+    if any(is_glob(o) for o in ops):
+        present = op_places(root, layouts=flt.layouts)
+        ops = _expanded(ops, is_glob, lambda o: [n for n in present if fnmatchcase(n, o)])
+    if any(s.isdigit() or is_glob(s) for s in spaces):
+        present_spaces = space_layouts(root, layouts=flt.layouts)
+        spaces = _expanded(spaces, lambda s: s.isdigit() or is_glob(s),
+                           lambda s: [n for n in present_spaces if space_matches(n, s)])
+    if ops == flt.ops and spaces == flt.spaces:
+        return flt
+    return replace(flt, ops=ops, spaces=spaces)
+
+
+def _expanded(values: tuple[str, ...], is_pattern, names_for) -> tuple[str, ...]:
+    out: list[str] = []
+    for v in values:
+        found = names_for(v) if is_pattern(v) else [v]
+        out.extend(n for n in (found or [v]) if n not in out)
+    return tuple(out)
+
+
+def unknown_values(root: str | os.PathLike, flt) -> list[str]:
+    """One line for each --op, --space or --target value that names nothing present in `root`, with the
+    closest names ("did you mean matmul?") and the names there are."""
+    out = []
+    for what, values, present_names, match in _checks(root, flt):
+        if not values:
+            continue
+        present = present_names()
+        for v in values:
+            if not any(match(v, n) for n in present):
+                out.append(_did_you_mean(what, v, present, os.fspath(root)))
+    return out
+
+
+def _checks(root: str | os.PathLike, flt) -> tuple:
+    """(what, the filter's values, the names present, does value v match name n) for op, space, target."""
+    return (("op", flt.ops, lambda: list(op_places(root, layouts=flt.layouts)),
+             lambda v, n: n == v or (is_glob(v) and fnmatchcase(n, v))),
+            ("space", flt.spaces, lambda: list(space_layouts(root, layouts=flt.layouts)),
+             lambda v, n: space_matches(n, v)),
+            ("target", flt.targets, lambda: list(targets_present(root)), lambda v, n: n == v))
+
+
+def unknown_across(selected: list, what: str, value: str) -> str | None:
+    """One line when the --op/--space/--target `value` names nothing in any of the caches `selected`
+    ((root, filter) each), with the closest names over all of them; None when one has it."""
+    present_all: list[str] = []
+    for root, flt in selected:
+        for kind, _, present_names, match in _checks(root, flt):
+            if kind != what:
+                continue
+            present = present_names()
+            if any(match(value, n) for n in present):
+                return None
+            present_all.extend(n for n in present if n not in present_all)
+    return _did_you_mean(what, value, sorted(present_all), f"{len(selected)} caches")
+
+
+def _did_you_mean(what: str, value: str, present: list[str], root: str) -> str:
+    close = difflib.get_close_matches(value, present, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    shown = ", ".join(present[:12]) + (f" and {len(present) - 12} more" if len(present) > 12 else "")
+    there = f" ({what}s present: {shown})" if present else f" (no {what}s present)"
+    return f"no {what} '{value}' in {root}{hint}{there}"

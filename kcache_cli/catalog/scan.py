@@ -1,0 +1,260 @@
+"""Scan a cache root into entries, across every layout found in it."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from kcache_cli import layouts
+from kcache_cli.catalog import names
+from kcache_cli.catalog.index import IndexedContext
+from kcache_cli.catalog.names import expand_filter
+from kcache_cli.catalog.scan_context import ScanContext
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import readmarks, state
+from kcache_cli.fs.locking import leftover_live
+from kcache_cli.layouts import get as get_layout
+from kcache_cli.model.records import Entry, ScanFilter, ScanResult, TreeUsage, Warn, is_glob, measure_tree
+from kcache_cli.model.terms import BUILDING, PARTIAL
+from kcache_cli.util.errors import UsageError
+from kcache_cli.util.progress import NO_PROGRESS, Progress
+
+
+def detect_layouts(root: Path) -> tuple[str, ...]:
+    """The layouts `root` holds: as the command's check of its root found them (fsread.hand_on), else
+    detected now."""
+    handed = fsread.take(root, "layouts")
+    return handed if handed is not None else layouts.detect(root)
+
+
+def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = None,
+               leftovers: bool = False, use_index: bool = False, statuses: bool = True,
+               progress: Progress = NO_PROGRESS) -> ScanResult:
+    """Every entry under `root` that `flt` keeps. Damaged entries come back with a status;
+    unreadable directories come back as warnings. A missing root is an empty result. With
+    `leftovers`, kcache's own leftovers of killed imports and exports too (layout `kcache`).
+    `progress` is started with the entries found so far (again as more are found) and advanced by
+    each one judged.
+
+    With `use_index`, entries whose files are provably unchanged since the last scan come from
+    `<root>/.kcache/index/` (kcache_cli/catalog/index.py) instead of being judged again; the answer is the same."""
+    root = Path(root)
+    warnings: list[str] = []
+
+    def collect(msg: str) -> None:
+        warnings.append(msg)
+        if warn is not None:
+            warn(msg)
+
+    if not fsread.is_dir(root):
+        return ScanResult(str(root), False, (), (), ())
+    if fsread.root_moved(root):
+        return _moved(root, collect, warnings)
+    fsread.anchor(root)
+
+    complete = flt == ScanFilter()
+    flt = expand_filter(root, flt)
+    layouts = detect_layouts(root)
+    for odd in state.odd_index_files(str(root)):  # read by the hidet layout with or without use_index: never opened
+        collect(f"{odd} is not a regular file: ignored (kcache writes a new index over it)")
+    readmarks.load(root)
+    if use_index:
+        ctx: ScanContext = IndexedContext(root, collect, state.load_last_used(root))
+    else:
+        ctx = ScanContext(root, collect, state.load_last_used(root), statuses=statuses)
+    ctx.progress = progress
+    entries: list[Entry] = []
+    for name in layouts:
+        if flt.layouts and name not in flt.layouts:
+            continue
+        entries.extend(e for e in _counted(ctx, get_layout(name).scan(ctx, flt)) if flt.matches(e))
+    if use_index:
+        ctx.save(complete=complete)  # type: ignore[attr-defined]
+    readmarks.save(root)
+    if leftovers and not flt.layouts:
+        entries.extend(e for e in leftover_entries(root, collect) if flt.matches(e))
+    if fsread.root_moved(root):  # what was listed by path may be another directory's
+        return _moved(root, collect, warnings)
+    return ScanResult(str(root), True, layouts, tuple(exact_names_win(entries, flt)), tuple(warnings))
+
+
+def exact_names_win(entries: list[Entry], flt: ScanFilter) -> list[Entry]:
+    """A reference that is an entry's whole hash names that entry alone, not also the entries whose hash
+    it begins (as git's exact names win over prefixes): `clear as` removes the Inductor code shard `as`,
+    never the autograd entry `asckqa4y...` beside it. A reference no hash equals stays a prefix."""
+    if not flt.hash_prefixes:
+        return entries
+    whole = {e.hash for e in entries} & set(flt.hash_prefixes)
+    if not whole:
+        return entries
+
+    def named(e: Entry) -> bool:
+        if e.relpath in flt.paths or e.hash in whole:
+            return True
+        return any(e.hash.startswith(p) for p in flt.hash_prefixes if p not in whole)
+
+    return [e for e in entries if named(e)]
+
+
+def _moved(root: Path, warn: Warn, warnings: list[str]) -> ScanResult:
+    """The scan of a held root whose path names another directory now (swapped for a link since kcache
+    vetted it): nothing, and a warning."""
+    warn(f"skipping {root}: it was replaced (by a link?) since kcache checked it; nothing there was used")
+    return ScanResult(str(root), True, (), (), tuple(warnings))
+
+
+def _counted(ctx: ScanContext, found: Iterable[Entry]) -> Iterator[Entry]:
+    """A layout's entries, each counted found and judged unless the layout's map_entries counted them."""
+    ctx.mapped = False
+    for e in found:
+        if not ctx.mapped:
+            ctx.note_found(1)
+            ctx.progress.advance(1)
+        yield e
+
+
+class NoSuchEntry(UsageError):
+    """No entry of the root matches the reference (resolve_entry): over several caches, look in the next."""
+
+
+_HASH_CHARS = re.compile(r"^[0-9a-zA-Z_\-]+$")
+
+
+def split_refs(root: Path, refs) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Entry references as typed -> (hash prefixes, paths relative to the root). A reference is a hash
+    prefix, the entry's path relative to the root (`ops/cuda_space_0/add/8d1f7691cdf75e90`), or its
+    absolute path (as `build` and `ls --json` print it; a path under the current directory works too)."""
+    prefixes: list[str] = []
+    paths: list[str] = []
+    for ref in refs:
+        ref = ref.strip()
+        if not ref:
+            raise UsageError("empty entry reference (give a hash prefix or the entry's path)")
+        if "/" not in ref and ref not in (".", ".."):
+            if not _HASH_CHARS.match(ref):
+                raise UsageError(f"bad hash prefix '{ref}'")
+            prefixes.append(ref)
+            continue
+        rel = _relative_to_root(Path(root), ref)
+        if rel not in paths:
+            paths.append(rel)
+    return tuple(prefixes), tuple(paths)
+
+
+def _inside(root: str, path: str) -> str | None:
+    if path == root:
+        return ""
+    base = os.path.join(root, "")
+    return path[len(base):] if path.startswith(base) else None
+
+
+def _relative_to_root(root: Path, ref: str) -> str:
+    if os.path.isabs(ref) or os.path.exists(ref) and not os.path.exists(os.path.join(root, ref)):
+        absolute = os.path.abspath(ref)
+        rel = _inside(os.path.abspath(root), absolute)
+        if rel is None:  # through symlinks (/tmp vs /private/tmp, a linked home directory)
+            rel = _inside(os.path.realpath(root), os.path.realpath(absolute))
+        if not rel:
+            raise UsageError(f"{ref} is not an entry of the cache {root} (pass --cache-dir for another cache)")
+    else:
+        rel = ref
+    parts = [p for p in rel.replace(os.sep, "/").split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise UsageError(f"bad entry path '{ref}' (give a path inside the cache, without '..')")
+    return "/".join(parts)
+
+
+def _differing(found: list[Entry]) -> str:
+    """The selector that tells `found` apart, as the user would type it."""
+    for attr, option in (("space", "--space"), ("layout", "--layout"), ("kind", "--kind"), ("op", "--op")):
+        values = sorted({getattr(e, attr) for e in found if getattr(e, attr)})
+        if len(values) > 1:
+            return f"pick one with {' or '.join(f'{option} {v}' for v in values[:4])}, or give its path"
+    return "give more digits or the entry's path"
+
+
+def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
+    """kcache's own leftovers in the root: staging dirs of imports (`.kcache/import-*`) and temp files of
+    exports written into the root's top directory (`.<archive>.*.kcache-tmp`). Partial when their
+    writer is gone (prune removes them), building while it runs."""
+    out: list[Entry] = []
+    try:
+        root_fd = fsread.open_root(root)
+    except OSError:
+        return out
+    try:
+        places = [("", root_fd)]
+        try:
+            places.append((state.STATE_DIR, os.open(state.STATE_DIR, fsread.DIR_FLAGS, dir_fd=root_fd)))
+        except OSError:
+            pass
+        for where, fd in places:
+            for name in sorted(os.listdir(fd)):
+                pattern = state.EXPORT_TEMP if not where else state.IMPORT_STAGING
+                live = leftover_live(fd, name) if pattern.match(name) else None
+                if live is None:
+                    continue
+                rel = f"{where}/{name}" if where else name
+                path = os.path.join(str(root), rel)
+                kind = "import" if where else "export"
+                if where:
+                    usage = measure_tree(path, warn)
+                else:  # a file: its own size
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    usage = TreeUsage(st.st_blocks * 512, 1, st.st_mtime, 0.0, st.st_size, st.st_dev, st.st_ino)
+                reason = (f"{'staging of an import' if where else 'temp file of an export'} "
+                          + ("in progress" if live else "that was interrupted (prune removes it)"))
+                out.append(Entry("kcache", kind, None, None, None, name, path, rel, usage.size, usage.files,
+                                 BUILDING if live else PARTIAL, reason, usage.mtime, usage.mtime, usage.apparent,
+                                 dev=usage.dev, ino=usage.ino))
+    finally:
+        for _, fd in places:
+            os.close(fd)
+    return out
+
+
+def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilter = ScanFilter(),
+                  statuses: bool = True, selectors: bool = True) -> Entry:
+    """The one entry that `ref` (a hash prefix, a path relative to the root, or an absolute path) names
+    among those `flt` selects (--space, --op... to tell apart the same hash in two spaces). Without
+    `statuses` (for a caller that shows none) its status may miss what the whole cache decides."""
+    prefixes, paths = split_refs(root, [ref.rstrip("/") or ref])
+    flt = replace(flt, hash_prefixes=prefixes, paths=paths)
+    result = scan_cache(root, narrowed_by_names(root, flt), warn, statuses=statuses)
+    found = list(result.entries)  # a ref that is a whole hash names that entry alone (exact_names_win)
+    real = [e for e in found if not os.path.basename(e.relpath).startswith(".")]
+    if len(real) == 1 and len(found) > 1:  # an entry and the temp dir of its rebuild: the entry
+        found = real
+    if not found:
+        where = "" if result.exists else f" ({root} does not exist)"
+        raise NoSuchEntry(f"no entry matches '{ref}' in {root}{where}")
+    if len(found) > 1:
+        names = ", ".join(f"{e.relpath} ({e.layout} {e.kind})" for e in found[:8])
+        more = f" and {len(found) - 8} more" if len(found) > 8 else ""
+        how = _differing(found) if selectors else "give the entry's path"  # no --space, --op... to offer
+        raise UsageError(f"'{ref}' is ambiguous: {len(found)} entries match: {names}{more}; {how}")
+    return found[0]
+
+
+def narrowed_by_names(root: Path, flt: ScanFilter) -> ScanFilter:
+    """`flt` (naming entries by hash prefix or path) limited to the layouts, spaces and ops where
+    directory names alone (kcache_cli/catalog/names.py) show entries it could name: only those are listed and
+    judged, not every layout's entries nor hidet's graphs. Spaces and ops narrow nothing else (the hidet
+    version in use is still the whole cache's). Where names show none (a temp directory's name) `flt` is
+    kept as it is."""
+    if not fsread.is_dir(root):
+        return flt
+    hits = [h for p in flt.name_prefixes() for h in names.entries(root, p, layouts=flt.layouts)]
+    if not hits:
+        return flt
+    layouts = tuple(sorted({h.layout for h in hits}))
+    spaces = flt.spaces
+    if not spaces and all(h.space for h in hits):
+        spaces = tuple(sorted({h.space for h in hits if h.space}))
+    ops = flt.ops
+    if not ops and all(h.op and not is_glob(h.op) for h in hits):  # an op named [x] is no pattern here
+        ops = tuple(sorted({h.op for h in hits if h.op}))
+    return replace(flt, layouts=layouts, spaces=spaces, ops=ops)

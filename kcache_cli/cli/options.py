@@ -1,0 +1,78 @@
+"""The global options and what start-up needs of the command line: the options object, the JSON schema
+names, and whether output is plain. Light: `kcache --version` loads this and no command module."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated, Any, Optional
+
+import typer
+
+
+class GlobalOptions:
+    """The global options, merged with a command's own --cache-dir/--json (a plain class: no
+    dataclass machinery on the start-up path)."""
+
+    def __init__(self, cache_dir: Optional[str] = None, json: bool = False, quiet: bool = False,
+                 debug: bool = False) -> None:
+        self.cache_dir, self.json, self.quiet, self.debug = cache_dir, json, quiet, debug
+        self.lock_timeout: float | None = None  # a command's checked --lock-timeout, where it has one
+        self.many = False  # the scope is every cache found (cache_locations), not one root
+        self.command = ""  # the command's name in JSON schemas ("ls", "remote-ls"), set by use()
+
+
+def settings(ctx: typer.Context) -> GlobalOptions:
+    root_ctx = ctx.find_root()
+    if not isinstance(root_ctx.obj, GlobalOptions):
+        root_ctx.obj = GlobalOptions()
+    return root_ctx.obj
+
+
+# Options accepted both before and after the subcommand (`kcache --json ls` == `kcache ls --json`).
+CacheDirOpt = Annotated[Optional[str], typer.Option(
+    "--cache-dir", metavar="PATH", envvar=None,
+    help="Cache root (default: KCACHE_DIR, then every cache found; see kcache --help).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+
+def use(ctx: typer.Context, cache_dir: Optional[str] = None, as_json: bool = False) -> GlobalOptions:
+    """Merge a command's own --cache-dir/--json into the global options."""
+    opts = settings(ctx)
+    opts.command = command_name(ctx)
+    if cache_dir is not None:  # "" too: refused by resolve_cache_dir, never the default cache
+        opts.cache_dir = cache_dir
+    if as_json:
+        opts.json = True
+    return opts
+
+
+SCHEMA_VERSION = 1  # of every command's --json document (kcache_cli/schemas/<command>.json)
+
+
+def command_name(ctx: typer.Context) -> str:
+    """The command as its JSON schema names it: `ls`, `remote-ls` (the words after `kcache`, joined by -)."""
+    words: list[str] = []
+    at: Any = ctx
+    while at.parent is not None:
+        words.insert(0, at.info_name or "")
+        at = at.parent
+    return "-".join(w for w in words if w)
+
+
+def schema_id(command: str) -> str:
+    """The `schema` every --json document starts with: kcache/<command>/<version>."""
+    return f"kcache/{command}/{SCHEMA_VERSION}"
+
+
+def no_color() -> bool:
+    """NO_COLOR (https://no-color.org, any non-empty value) or a dumb terminal: no ANSI escapes at all."""
+    return bool(os.environ.get("NO_COLOR")) or os.environ.get("TERM") == "dumb"
+
+
+def plain_output() -> bool:
+    """Plain text on stdout (no colour, no box drawing): when it is not a terminal, or colour is off."""
+    return no_color() or not sys.stdout.isatty()
+
+
+json_written = False  # a command's JSON result is on stdout: an error after it is said on stderr only

@@ -1,0 +1,299 @@
+"""An entry's directory held open: the handle a judgement reads through (`EntryDir`), opened from the
+cache root the caller holds (`fsread.Anchor`).
+
+A judgement is handed one `EntryDir` and reads every file of the entry through it, by name: one fd of
+the directory, opened once from the anchored root without following any link on the way (a directory
+of the cache swapped for a link mid-run makes the open fail, and `swapped` says so), the lstat of
+each file a scan listed (`listing`: a read then skips its own stat), and files in subdirectories
+opened beneath it, no link followed. Nothing is looked up in module or per-thread state: what the
+judgement reads is what it was handed.
+
+Light on purpose (os, stat, errno, fsread): the scan opens one per entry."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from typing import Any
+
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import readmarks
+from kcache_cli.fs.read import DIR_FLAGS, RESOLVE_BENEATH, RESOLVE_NO_SYMLINKS, Anchor, TooLarge
+
+_EUID = os.geteuid()
+
+
+class EntryDir:
+    """One directory of an entry, held open for the reads that judge it. Names given to its methods
+    are relative to it ('/'-separated; no component is followed when it is a link). Where the
+    directory cannot be opened, `fd` is None and every read raises why (`error`)."""
+
+    __slots__ = ("path", "fd", "listing", "anchor", "error", "_refused")
+
+    def __init__(self, path: str, fd: int | None, anchor: Anchor | None = None,
+                 error: OSError | None = None) -> None:
+        self.path = path
+        self.fd = fd
+        self.anchor = anchor
+        self.error = error
+        self.listing: dict[str, os.stat_result] = {}  # name -> lstat, as a scan of it saw each file
+        self._refused = anchor.refused if anchor is not None else 0
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, anchor: Anchor | None = None, *, follow: bool = False) -> EntryDir:
+        """The directory `path`, opened from `anchor` (no link between the root and it is followed)
+        when it lies below it, else without following its last component. `follow`: opened as a compiler
+        that follows links opens it (a tilus script's program, reached through the script's link)."""
+        path = fsread.absolute(os.fspath(path))
+        before = anchor.refused if anchor is not None else 0
+        try:
+            if follow:  # from the root held open when it lies below it: the root's path is not resolved again
+                if anchor is not None and anchor.holds(path):
+                    fd = os.open(anchor.rel(path), DIR_FLAGS & ~os.O_NOFOLLOW, dir_fd=anchor.fd)
+                else:
+                    fd = fsread.open_path(path, DIR_FLAGS & ~os.O_NOFOLLOW)
+            elif anchor is not None and anchor.holds(path):
+                fd = anchor.open_dir(path)
+            else:
+                fd = fsread.open_path(path, DIR_FLAGS)
+            d = cls(path, fd, anchor)
+        except OSError as exc:
+            d = cls(path, None, anchor, exc)
+        d._refused = before  # a refusal opening it is a swap seen during its judgement
+        return d
+
+    def __enter__(self) -> EntryDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            if self.listing:
+                readmarks.note(self.fd, self.listing)  # another user's atimes our reads moved
+            os.close(self.fd)
+        self.fd = None
+
+    @property
+    def swapped(self) -> bool:
+        """Whether a read through the anchor was refused since this was opened because a directory on
+        the way had become a link: the judgement saw the cache being swapped, and concludes nothing."""
+        return self.anchor is not None and self.anchor.refused != self._refused
+
+    def join(self, name: str) -> str:
+        """The path of `name` in this directory (for messages and for callers that need a path)."""
+        return f"{self.path}/{name}" if name else self.path
+
+    def _dir(self) -> int:
+        if self.fd is None:
+            raise (self.error or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), self.path)
+                   ).with_traceback(None)  # the open's own error, its `kind` with it (NotRegularFile)
+        return self.fd
+
+    def _parent(self, name: str) -> tuple[int, str, bool]:
+        """(the fd of the directory holding `name`, its last component, whether the fd is the caller's to
+        close): a name with directories in it is opened beneath this one, no link followed."""
+        fd = self._dir()
+        head, _, last = name.rpartition("/")
+        if not head:
+            return fd, last, False
+        if last in ("", ".", "..") or ".." in head.split("/"):
+            raise fsread.refuse(self.join(name), "outside its entry")
+        try:
+            sub = fsread.openat2(fd, head, DIR_FLAGS, RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
+                raise fsread.refuse(self.join(name), f"{head}/ holds a symlink or a non-directory") from None
+            raise
+        return (sub if sub is not None else fsread.dir_beneath_fd(fd, self.path, head)), last, True
+
+    # ---- directories -------------------------------------------------------------------------------
+
+    def sub(self, name: str) -> EntryDir:
+        """The subdirectory `name`, held open beneath this one (no link followed); fd None when it
+        cannot be opened (reads through it raise why)."""
+        try:
+            fd = self._dir()
+            new = fsread.openat2(fd, name, DIR_FLAGS, RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH)
+            if new is None:
+                new = fsread.dir_beneath_fd(fd, self.path, name)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
+                exc = fsread.refuse(self.join(name), "a symlink or not a directory")
+            return EntryDir(self.join(name), None, self.anchor, exc)
+        return EntryDir(self.join(name), new, self.anchor)
+
+    def files(self) -> tuple[dict[str, int], dict[str, float]]:
+        """The sizes and mtimes of the files (not subdirectories) directly in it, listed through its fd;
+        each lstat kept in `listing`. OSError when it cannot be listed."""
+        sizes: dict[str, int] = {}
+        mtimes: dict[str, float] = {}
+        with os.scandir(self._dir()) as it:
+            for de in it:
+                try:
+                    if de.is_dir(follow_symlinks=False):
+                        continue
+                    st = de.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                self.listing[de.name] = st
+                sizes[de.name] = st.st_size
+                mtimes[de.name] = st.st_mtime
+        return sizes, mtimes
+
+    def subdirs(self) -> list[str]:
+        """The names of its subdirectories, sorted (a link is not one); [] when it cannot be listed."""
+        try:
+            with os.scandir(self._dir()) as it:
+                return sorted(de.name for de in it if de.is_dir(follow_symlinks=False))
+        except OSError:
+            return []
+
+    def own_lstat(self) -> os.stat_result:
+        """The directory's own lstat: of the fd held, else asked of its parent beneath the anchor (no link
+        on the way followed; a mode-000 directory a user cannot open still has a mode). OSError when it
+        is not there."""
+        if self.fd is not None:
+            return os.fstat(self.fd)
+        if self.anchor is None or not self.anchor.holds(self.path):
+            return os.lstat(self.path)
+        fd, name = self.anchor.dir_of(self.path)
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.close(fd)
+
+    def names(self) -> list[str]:
+        """Every name directly in it; [] when it cannot be listed."""
+        try:
+            return os.listdir(self._dir())
+        except OSError:
+            return []
+
+    def walk_files(self) -> Iterator[tuple[str, os.stat_result, str | None]]:
+        """fsread.walk_files of this directory, from its fd."""
+        return fsread.walk_fd(self._dir(), self.path)
+
+    # ---- one file ----------------------------------------------------------------------------------
+
+    def lstat(self, name: str) -> os.stat_result:
+        """The file's lstat: as a scan listed it, else asked now (a link is not followed)."""
+        st = self.listing.get(name)
+        if st is not None:
+            return st
+        fd, last, own = self._parent(name)
+        try:
+            return os.stat(last, dir_fd=fd, follow_symlinks=False)
+        finally:
+            if own:
+                os.close(fd)
+
+    def stat(self, name: str) -> os.stat_result:
+        """The file's stat as a compiler that follows links meets it: every link in `name` (the file, or a
+        directory of it inside the entry) followed, from this directory (never a swapped parent)."""
+        return os.stat(name, dir_fd=self._dir())
+
+    def access(self, name: str, mode: int = os.R_OK) -> bool:
+        """os.access of `name` from this directory, links followed as by stat()."""
+        return os.access(name, mode, dir_fd=self._dir())
+
+    def readlink(self, name: str) -> str:
+        fd, last, own = self._parent(name)
+        try:
+            return os.readlink(last, dir_fd=fd)
+        finally:
+            if own:
+                os.close(fd)
+
+    def open_file(self, name: str, *, follow: bool = False, shown: str = "") -> tuple[int, os.stat_result]:
+        """(fd, fstat) of the regular file `name` (fsread.open_regular's rules). `follow`: every link in
+        `name` is followed as the compiler follows it, from this directory (never a swapped parent); the
+        file reached must still be regular. `shown`: its path for messages, when the caller has it."""
+        shown = shown or self.join(name)
+        if follow:
+            return fsread.open_file(name, self._dir(), True, shown)
+        fd, last, own = self._parent(name)
+        try:
+            pre = None if own else self.listing.get(last)
+            return fsread.open_file(last, fd, follow, shown, pre)
+        finally:
+            if own:
+                os.close(fd)
+
+    def read_bytes(self, name: str, limit: int, *, strict: bool = True, follow: bool = False) -> bytes:
+        """fsread.read_bytes of the file `name`."""
+        shown = self.join(name)
+        fd, st = self.open_file(name, follow=follow, shown=shown)
+        return fsread.read_open(fd, st, limit, strict, shown)
+
+    def read_head(self, name: str, n: int = 64) -> bytes:
+        """Up to `n` first bytes; b"" when the file cannot be read."""
+        try:
+            return self.read_bytes(name, n, strict=False)
+        except OSError:
+            return b""
+
+    def read_text(self, name: str, limit: int = fsread.MAX_TEXT) -> str | None:
+        """The file's text (cut at `limit` bytes, decoded with replacement), or None when it cannot be read."""
+        try:
+            return self.read_bytes(name, limit, strict=False).decode("utf-8", "replace")
+        except OSError:
+            return None
+
+    def iter_chunks(self, name: str, chunk: int = fsread.CHUNK, *, follow: bool = False) -> Iterator[bytes]:
+        """The file's bytes in chunks of at most `chunk` (`follow` as for open_file)."""
+        fd, _ = self.open_file(name, follow=follow)
+        return fsread.chunks_of(fd, chunk)
+
+    def sha256(self, name: str, *, follow: bool = False) -> str:
+        """The sha256 of the file's bytes, streamed (`follow` as for open_file)."""
+        h = hashlib.sha256()
+        for data in self.iter_chunks(name, follow=follow):
+            h.update(data)
+        return h.hexdigest()
+
+    def load_json(self, name: str, limit: int = fsread.MAX_JSON) -> Any:
+        """fsread.load_json of the file `name`."""
+        return fsread.parse_json(self.read_bytes(name, limit), name.rpartition("/")[2])
+
+    def json_object(self, name: str, limit: int = fsread.MAX_JSON) -> dict | None:
+        """fsread.json_object of the file `name`: the object, or None for anything else."""
+        try:
+            data = self.load_json(name, limit)
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def json_problem(self, name: str, limit: int = fsread.MAX_JSON) -> tuple[Any, str | None]:
+        """fsread.json_problem of the file `name`: (value, None) or (None, a reason naming it)."""
+        try:
+            return self.load_json(name, limit), None
+        except ValueError as exc:
+            return None, fsread.json_reason(name.rpartition("/")[2], exc)
+        except OSError as exc:
+            return None, fsread.json_reason(name.rpartition("/")[2], exc)
+
+    def unreadable(self, name: str) -> str | None:
+        """Why the file cannot be read by the people using the cache, or None (checks.unreadable's rule:
+        a regular file nobody may read counts as unreadable whoever runs kcache; a missing one is None)."""
+        try:
+            st = self.listing.get(name) or self.stat(name)
+        except OSError:
+            return None
+        shown = name.rpartition("/")[2]
+        if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o444:
+            return f"{shown} is unreadable (mode {stat.S_IMODE(st.st_mode):03o}: permission denied)"
+        if stat.S_ISREG(st.st_mode) and st.st_uid == _EUID and st.st_mode & 0o400:
+            return None  # the owner reads by its mode bits alone (an ACL never narrows the owner's)
+        try:
+            readable = self.access(name)
+        except OSError:
+            return None
+        return None if readable else f"{shown} is unreadable (permission denied)"
+
+
+__all__ = ["Anchor", "EntryDir", "TooLarge"]

@@ -1,0 +1,119 @@
+"""kcache's own reads are never a use (issue 32): the atimes they move are put back, in the record.
+
+Last use is the newest atime of an entry's files (a compiler's hit reads them and writes nothing). kcache
+reads files to judge them with O_NOATIME (kcache_cli.fs.read.open_quietly), which the kernel grants to a
+file's owner and to root only: a member of a group-shared cache reading another member's entries moves
+their atime, and a nightly `prune --older-than` would then never remove anything.
+
+Such a member cannot put the atime back either (setting an explicit time needs ownership). So kcache
+remembers what it did: when an entry directory it judged is closed (EntryDir.close), each file it listed
+that is another user's and whose atime moved while it was open is noted as (inode, atime after,
+atime before). The notes go to `.kcache/reads` (JSON, merged under `.kcache/locks/.reads.lock`, shared
+with the cache's group), and a scan reads a file's atime through `atime()`: an atime that is still
+exactly the one kcache's read left is taken as the one before it. A compiler's later read moves the
+atime past the note, and the note no longer applies. (On a relatime mount a compiler's read within a
+day of kcache's may not move it: that use is seen up to a day late, never invented.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+from kcache_cli.fs import locking, state
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import write as fswrite
+from kcache_cli.util.errors import LockTimeout
+
+FILE = "reads"  # in .kcache/
+LOCK = ".reads.lock"  # in .kcache/locks/
+MAX_NOTES = 200_000  # oldest dropped beyond this (a note is about 40 bytes)
+
+# inode -> (atime_ns kcache's read left, atime_ns before it): loaded by a scan, inherited by its workers
+MARKS: dict[int, tuple[int, int]] = {}
+_NOTED: dict[int, tuple[int, int]] = {}  # this process's new notes, saved by save()
+
+
+def atime(st: os.stat_result) -> float:
+    """The file's last use: its atime, or the atime before kcache's own read when it is still the one that
+    read left."""
+    mark = MARKS.get(st.st_ino)
+    if mark is not None and mark[0] == st.st_atime_ns:
+        return mark[1] / 1e9
+    return st.st_atime
+
+
+def note(dir_fd: int, listing: dict[str, os.stat_result]) -> None:
+    """After judging the entry held as `dir_fd` (its files as listed before, `listing`): note each file of
+    another user whose atime kcache's reads moved (root and owners read with O_NOATIME: nothing moves)."""
+    me = os.geteuid()
+    if me == 0:
+        return
+    for name, before in listing.items():
+        if before.st_uid == me or not stat.S_ISREG(before.st_mode):
+            continue
+        try:
+            now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if now.st_ino == before.st_ino and now.st_atime_ns != before.st_atime_ns:
+            mark = MARKS.get(before.st_ino)
+            was = mark[1] if mark is not None and mark[0] == before.st_atime_ns else before.st_atime_ns
+            _NOTED[now.st_ino] = (now.st_atime_ns, was)
+
+
+def load(root: str | os.PathLike) -> None:
+    """MARKS from the cache's notes (none when missing, malformed or not trusted)."""
+    MARKS.clear()
+    _NOTED.clear()
+    raw = state.read_shared_file(root, FILE, 64 << 20)
+    if raw is None:
+        return
+    try:
+        doc = fsread.parse_json(raw, FILE, 3)
+        MARKS.update({int(k): (int(v[0]), int(v[1])) for k, v in doc.items()})
+    except (ValueError, TypeError, IndexError, AttributeError):
+        MARKS.clear()
+
+
+def save(root: str | os.PathLike) -> None:
+    """Merge this process's notes into `.kcache/reads` (under its lock). Never fails the caller."""
+    if not _NOTED:
+        return
+
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
+        return
+    try:
+        lfd = state.open_state(rfd, root, "locks", create=True)
+        try:
+            lock = locking.open_lock(LOCK, lfd, create=True)
+        finally:
+            os.close(lfd)
+        try:
+            locking.wait_flock(lock, 10.0, "the reads lock")
+            sfd = state.open_state(rfd, root)
+            try:
+                _merge(root, sfd)
+            finally:
+                os.close(sfd)
+        finally:
+            os.close(lock)
+    except (OSError, LockTimeout):
+        pass  # a cache this user cannot write (or a writer holds the lock): its reads stay unnoted
+    finally:
+        os.close(rfd)
+
+
+def _merge(root: str | os.PathLike, sfd: int) -> None:
+    raw = state.read_shared_file(root, FILE, 64 << 20)
+    try:
+        notes = {int(k): tuple(v) for k, v in fsread.parse_json(raw, FILE, 3).items()} if raw else {}
+    except (ValueError, TypeError, AttributeError):
+        notes = {}
+    notes.update(_NOTED)
+    _NOTED.clear()
+    kept = list(notes.items())[-MAX_NOTES:]
+    data = json.dumps({str(k): list(v) for k, v in kept}, separators=(",", ":")).encode()
+    fswrite.replace_file_shared(sfd, FILE, data)

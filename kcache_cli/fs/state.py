@@ -1,0 +1,361 @@
+"""kcache's own bookkeeping inside a cache root: `.kcache/` (locks, trash, last-used stamps)
+and the temp directories of builds in flight."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+import time
+from pathlib import Path
+
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import write as fswrite
+
+STATE_DIR = ".kcache"
+INDEX_DIR = "index"  # .kcache/index/: the scan index
+# A build compiles into <op dir>/.kcache-tmp-<hash>-<random>/ and renames it to <hash>/.
+TEMP_PREFIX = ".kcache-tmp-"
+STAMP_REFRESH = 3600.0  # a last-used stamp is rewritten at most once an hour
+
+
+def state_dir(root: Path) -> Path:
+    return Path(root) / STATE_DIR
+
+
+def locks_dir(root: Path) -> Path:
+    return state_dir(root) / "locks"
+
+
+def trash_dir(root: Path) -> Path:
+    return state_dir(root) / "trash"
+
+
+def used_dir(root: Path) -> Path:
+    return state_dir(root) / "used"
+
+
+def stamp_name(relpath: str) -> str:
+    return relpath.replace("%", "%25").replace("/", "%2F")
+
+
+def relpath_of_stamp(name: str) -> str:
+    return name.replace("%2F", "/").replace("%25", "%")
+
+
+def lock_path(root: Path, relpath: str) -> Path:
+    """The lock of one entry: outside the entry, so publishing and deleting never touch it."""
+    return locks_dir(root) / (stamp_name(relpath) + ".lock")
+
+
+def temp_hash(name: str) -> str | None:
+    """The hash a kcache temp directory is building, from its name, or None."""
+    if not name.startswith(TEMP_PREFIX):
+        return None
+    return name[len(TEMP_PREFIX):].split("-", 1)[0] or None
+
+
+def load_last_used(root: Path) -> dict[str, float]:
+    """relpath -> last-used time, from the stamps kcache leaves when it resolves or builds an entry
+    (read through .kcache/used opened beneath the root, no link followed; an untrusted one is skipped)."""
+    out: dict[str, float] = {}
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
+        return out
+    try:
+        ufd = open_state(rfd, root, "used")
+    except OSError:
+        return out
+    finally:
+        os.close(rfd)
+    try:
+        names = os.listdir(ufd)
+        for name in names:
+            try:
+                out[relpath_of_stamp(name)] = os.stat(name, dir_fd=ufd, follow_symlinks=False).st_mtime
+            except OSError:
+                pass
+    except OSError:
+        pass
+    finally:
+        os.close(ufd)
+    return out
+
+
+def mark_used(root: Path, relpath: str, now: float | None = None) -> None:
+    """Refresh an entry's last-used stamp, at most once an hour; never fails the caller. Written through
+    descriptors held from the root (fswrite): a .kcache/, used/ or stamp swapped for a link, or a stamp
+    that is another user's or a hard link, never makes kcache create or re-time a file elsewhere."""
+    now = time.time() if now is None else now
+    name = stamp_name(relpath)
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
+        return
+    ufd = None
+    try:
+        ufd = open_state(rfd, root, "used", create=True)
+        try:
+            if now - os.stat(name, dir_fd=ufd, follow_symlinks=False).st_mtime < STAMP_REFRESH:
+                return
+        except OSError:
+            pass
+        ns = int(now * 1e9)
+        shared = shared_group(rfd)
+        fswrite.touch_at(ufd, name, (ns, ns), mode=0o664 if shared is not None else 0o644, group=shared)
+    except OSError:
+        pass  # a read-only or untrusted state dir: last use falls back to mtime
+    finally:
+        os.close(rfd)
+        if ufd is not None:
+            os.close(ufd)
+
+
+# ---- who may own kcache's state (shared caches) -------------------------------------------------
+SAFE_ENV = "KCACHE_SAFE_DIRECTORY"  # roots whose state dir kcache trusts whoever owns it (':'-separated, or '*')
+
+
+class UntrustedState(OSError):
+    """.kcache/ (or a directory in it) is not a directory kcache may trust: the message says how to opt in."""
+
+
+def trusted_root(root: str | os.PathLike) -> bool:
+    """Whether KCACHE_SAFE_DIRECTORY lists `root`: kcache uses it (and its state) whoever owns it."""
+    wanted = os.environ.get(SAFE_ENV, "")
+    if not wanted:
+        return False
+    real = os.path.realpath(root)
+    return any(w == "*" or (w and os.path.realpath(w) == real) for w in wanted.split(":"))
+
+
+def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: bool = False) -> int:
+    """A descriptor of <root>/.kcache (or .kcache/<sub>) opened beneath the root's `root_fd`, no link
+    followed, each level checked for its owner (fswrite.owner_problem: yours, root's, or group-shared
+    with the root's group) unless the root is listed in KCACHE_SAFE_DIRECTORY. UntrustedState when
+    it may not be used, with a one-line reason; other OSErrors as the open raised them."""
+    rst = os.fstat(root_fd)
+    group = rst.st_gid
+    trusted = trusted_root(root)
+    where = os.path.join(root, STATE_DIR)
+    fd = _open_level(root_fd, STATE_DIR, where, create)
+    try:
+        for level in [""] + [p for p in sub.split("/") if p]:
+            if level:
+                nxt = _open_level(fd, level, f"{where}/{level}", create)
+                os.close(fd)
+                fd, where = nxt, f"{where}/{level}"
+            why = None if trusted else fswrite.owner_problem(os.fstat(fd), where, group=group)
+            if not why and create and fswrite.group_shared(rst):
+                fswrite.share_with_group(fd, group)  # one this user made (now or earlier) the group can use
+            if why:
+                raise UntrustedState(errno.EPERM, f"{why}: kcache leaves it alone (to trust it, set "
+                                                  f"{SAFE_ENV}={os.path.realpath(root)})", where)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def shared_group(root_fd: int) -> int | None:
+    """The group of a group-shared root (setgid, group-writable), or None for any other root."""
+    st = os.fstat(root_fd)
+    return st.st_gid if fswrite.group_shared(st) else None
+
+
+def _open_level(dir_fd: int, name: str, where: str, create: bool) -> int:
+    """One directory of the state, its errors naming its whole path `where`."""
+    try:
+        return fswrite.open_dir(dir_fd, name, create=create)
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror, where) from None
+
+
+def index_name(kind: str = "scan") -> str:
+    """This user's file of the scan index (`kind` "scan" or "texts") in .kcache/index/: each user keeps
+    their own (kcache_cli/catalog/index.py)."""
+    return f"{kind}.{os.geteuid()}"
+
+
+def open_index_dir(root: str, create: bool) -> int | None:
+    """A descriptor of <root>/.kcache/index, opened beneath the root without following a link, each
+    level owned as open_state requires (else None: no index is read or written there)."""
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
+        return None
+    try:
+        return open_state(rfd, root, INDEX_DIR, create=create)
+    except OSError:
+        return None
+    finally:
+        os.close(rfd)
+
+
+def odd_index_files(root: str) -> list[str]:
+    """The index files of `root` (this user's) that are there but not regular files: a FIFO, device,
+    socket, directory or link planted where kcache keeps its state. They are never opened for reading
+    (the index skips them) and a writer renames a fresh index over them; the scan warns once."""
+    dfd = open_index_dir(root, create=False)
+    if dfd is None:
+        return []
+    odd = []
+    try:
+        for kind in ("scan", "texts"):
+            try:
+                st = os.stat(index_name(kind), dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                odd.append(os.path.join(root, STATE_DIR, INDEX_DIR, index_name(kind)))
+    finally:
+        os.close(dfd)
+    return odd
+
+
+def read_shared_file(root: str | os.PathLike, name: str, limit: int) -> bytes | None:
+    """read_own_file, also trusting a file of the group of a group-shared cache (what its members write
+    for each other), never one that anyone may write."""
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
+        return None
+    try:
+        group = shared_group(rfd)
+        sfd = open_state(rfd, root)
+        try:
+            fd, st = fsread.open_regular(name, dir_fd=sfd)
+        finally:
+            os.close(sfd)
+    except OSError:
+        return None
+    finally:
+        os.close(rfd)
+    try:
+        trusted = st.st_uid in (os.geteuid(), 0) or (group is not None and st.st_gid == group)
+        if not trusted or st.st_mode & 0o002 or st.st_size > limit:
+            return None
+        return os.read(fd, limit + 1)[:limit]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_own_file(root: Path, name: str, limit: int) -> bytes | None:
+    """The bytes of .kcache/`name`, a file kcache keeps for itself, or None when it is missing, too big,
+    not a regular file, in an untrusted state dir, or not this user's (nor root's): another member's
+    file is not trusted, and this user's next write replaces it."""
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
+        return None
+    try:
+        sfd = open_state(rfd, root)
+        try:
+            fd, st = fsread.open_regular(name, dir_fd=sfd)
+        finally:
+            os.close(sfd)
+    except OSError:
+        return None
+    finally:
+        os.close(rfd)
+    try:
+        if st.st_uid not in (os.geteuid(), 0) or st.st_size > limit:
+            return None
+        return os.read(fd, limit + 1)[:limit]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+# ---- cache directory tag (https://bford.info/cachedir/) ---------------------------------------
+CACHEDIR_TAG = "CACHEDIR.TAG"
+CACHEDIR_SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"
+_TAG_TEXT = (CACHEDIR_SIGNATURE + b"\n# This file is a cache directory tag created by kcache.\n"
+             b"# For information about cache directory tags, see https://bford.info/cachedir/\n")
+
+
+def has_cachedir_tag(root: Path) -> bool:
+    """A regular CACHEDIR.TAG starting with the standard signature: evidence that `root` is a cache."""
+    return fsread.read_head(os.path.join(root, CACHEDIR_TAG), len(CACHEDIR_SIGNATURE)) == CACHEDIR_SIGNATURE
+
+
+def write_cachedir_tag(root: Path) -> None:
+    """Tag a root kcache created (backup tools skip it; kcache takes it as evidence). Never fails."""
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
+        return
+    try:
+        fswrite.write_file(rfd, CACHEDIR_TAG, _TAG_TEXT)
+    except OSError:
+        pass
+    finally:
+        os.close(rfd)
+
+
+def make_root(root: Path) -> bool:
+    """Create `root` (and its missing parents) when it does not exist, tagged; True if it was created."""
+    if os.path.lexists(root):
+        return False
+    try:
+        fswrite.make_dirs(root)
+    except FileExistsError:
+        return False
+    write_cachedir_tag(root)
+    return True
+
+
+def linked_state_dir(root: Path, subdirs: tuple[str, ...] = ("locks", "used")) -> str | None:
+    """.kcache or one of its `subdirs` that exists as something other than a real directory (a
+    symlink above all), or None. kcache never writes through such a link."""
+    for rel in (STATE_DIR, *(f"{STATE_DIR}/{s}" for s in subdirs)):
+        try:
+            st = os.lstat(os.path.join(root, rel))
+        except FileNotFoundError:
+            if rel == STATE_DIR:
+                return None
+            continue
+        except OSError:
+            return rel
+        if not stat.S_ISDIR(st.st_mode):
+            return rel
+    return None
+
+
+# ---- leftovers of killed imports and exports -----------------------------------------------------
+IMPORT_STAGING = re.compile(r"^import-(\d+)-[0-9a-f]+$")  # <root>/.kcache/import-<pid>-<random>/
+EXPORT_TEMP = re.compile(r"^\..+\.kcache-tmp$")  # .<archive name>.<random>.kcache-tmp beside the archive
+STALE_STAGING = 24 * 3600.0  # an unlocked staging dir whose pid is alive is left this long
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, ValueError, OverflowError):
+        return True  # another user's process (EPERM): alive
+    return True
+
+
+EXPORT_GRACE = 60.0  # an unlocked export temp file this fresh may be one whose writer has not locked it yet
+
+
+def leftover_live_held(name: str, st: os.stat_result, now: float | None = None) -> str | None:
+    """With the leftover's flock held by the caller (so no kcache writer holds it): why it may still be
+    in use, or None. An import staging dir of an older kcache (no flock) is live while its pid runs,
+    for a day; an export temp file for a minute after its last write."""
+    now = time.time() if now is None else now
+    staging = IMPORT_STAGING.match(name)
+    if staging is not None:
+        pid, age = int(staging.group(1)), now - st.st_mtime
+        if pid_alive(pid) and age < STALE_STAGING:
+            return f"its import (pid {pid}) may still be running"
+        return None
+    if now - st.st_mtime < EXPORT_GRACE:
+        return "written to less than a minute ago"
+    return None

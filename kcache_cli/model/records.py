@@ -1,0 +1,466 @@
+"""The data kcache's core hands out: frozen dataclasses of raw values (bytes, epoch seconds).
+
+One entry record: an entry is named everywhere by its `EntryKey` (layout, kind, target, space, op,
+hash, relpath: the fields of `ls --json` that say which entry it is), and each feature's record holds
+that key plus its own payload instead of re-declaring the fields: the scan's `Entry` (path, size,
+files, status, times; its `key` is a property, as layouts build it flat), the archive manifest's
+`EntryRecord` (files, links, dirs, locks, facts), export's `ExportedEntry`, import's `ImportedEntry`,
+push and pull's `MovedEntry` (action, done, reason), the remote index's `RemoteEntry` (pushed, last
+pulled). `Keyed` reads the key's fields through (`e.op`), so a filter, a table or a sort takes any of
+them. Records that wrap a scanned entry (verify's `EntryCheck`, `Details`, delete's `Removal` and
+`Skip`) hold the `Entry` itself. Statuses, actions and removal kinds are the `Literal` types of
+kcache_cli/model/terms.py."""
+
+from __future__ import annotations
+
+import heapq
+import os
+import re
+import stat
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any, NamedTuple, Protocol
+
+from kcache_cli.fs.read import MAX_TREE_DEPTH, open_path, sorted_entries, stat_path
+from kcache_cli.model.terms import (  # noqa: F401
+    BUILDING,
+    COMPLETE,
+    CORRUPT,
+    FAILED,
+    KINDS,
+    LAYOUT_NAMES,
+    MOVED,
+    PARTIAL,
+    STALE,
+    STATUSES,
+    UNREADABLE,
+    Status,
+)
+
+UNREADABLE_REASON = "unreadable directory (permission denied?)"
+
+# Keys of `ls --json`, in order (kcache_cli/schemas/ls.json); the attribute `files` is `file_count` there.
+JSON_KEYS = ("layout", "kind", "target", "space", "op", "hash", "path", "size", "apparent_size", "file_count",
+             "status", "reason", "modified", "last_used")
+
+Warn = Callable[[str], None]
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    second = int(ts)
+    text = _ISO_SEEN.get(second)
+    if text is None:  # entries written together share their second: format each second once
+        text = _ISO_SEEN[second] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(second))
+    return text
+
+
+_ISO_SEEN: dict[int, str] = {}
+
+
+class EntryKey(NamedTuple):
+    """What names an entry wherever it appears (a scan, an archive's manifest, a remote): the fields of
+    `ls --json` that say which entry it is, as opposed to its size, status or times. (A NamedTuple: an
+    import makes one per entry.)"""
+
+    layout: str
+    kind: str  # "" for a remote entry whose index does not say (its JSON writes null)
+    target: str | None
+    space: str | None
+    op: str | None
+    hash: str
+    relpath: str  # relative to the cache root, '/'-separated
+
+    def to_json(self) -> dict:
+        return self._asdict()
+
+
+class Keyed:
+    """A record that holds an entry's `key` and reads its fields through (`e.op`, `e.relpath`), for the
+    filter (Selectable), tables and sorts."""
+
+    __slots__ = ()
+    key: EntryKey
+
+    @property
+    def layout(self) -> str:
+        return self.key.layout
+
+    @property
+    def kind(self) -> str:
+        return self.key.kind
+
+    @property
+    def target(self) -> str | None:
+        return self.key.target
+
+    @property
+    def space(self) -> str | None:
+        return self.key.space
+
+    @property
+    def op(self) -> str | None:
+        return self.key.op
+
+    @property
+    def hash(self) -> str:
+        return self.key.hash
+
+    @property
+    def relpath(self) -> str:
+        return self.key.relpath
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cache entry: an operator, graph, program, script, kernel or binary directory."""
+
+    layout: str
+    kind: str
+    target: str | None
+    space: str | None
+    op: str | None
+    hash: str
+    path: str  # absolute
+    relpath: str  # relative to the cache root, '/'-separated
+    size: int  # bytes on disk (st_blocks * 512, as du counts them, the entry's directories included)
+    files: int
+    status: Status
+    reason: str | None
+    modified: float
+    last_used: float
+    apparent_size: int  # the files' own bytes (st_size; du --apparent-size -b)
+    # The entry's identity as the scan saw it (its directory's, or a link's, own device and inode; 0:
+    # unknown): a removal whose target is another inode by then is skipped (delete._Executor).
+    dev: int = field(default=0, compare=False, repr=False)
+    ino: int = field(default=0, compare=False, repr=False)
+
+    @property
+    def key(self) -> EntryKey:
+        return EntryKey(self.layout, self.kind, self.target, self.space, self.op, self.hash, self.relpath)
+
+    def to_json(self) -> dict:
+        d = {k: self.__dict__["files" if k == "file_count" else k] for k in JSON_KEYS}
+        d["modified"] = iso(self.modified)
+        d["last_used"] = iso(self.last_used)
+        return d
+
+
+_GLOB = frozenset("*?[")
+
+
+def is_glob(pattern: str) -> bool:
+    return not _GLOB.isdisjoint(pattern)
+
+
+def _name_matches(value: str | None, wanted: tuple[str, ...]) -> bool:
+    if value is None:
+        return False
+    return any(value == w or (is_glob(w) and fnmatchcase(value, w)) for w in wanted)
+
+
+def space_matches(space: str | None, wanted: str) -> bool:
+    """`cuda_space_2` is asked for as `cuda_space_2`, `2` (any target's level 2) or a glob (`cuda_*`)."""
+    if space is None:
+        return False
+    if wanted.isdigit():
+        return space.endswith(f"_space_{wanted}") and space[:-len(f"_space_{wanted}")].isalnum()
+    return space == wanted or (is_glob(wanted) and fnmatchcase(space, wanted))
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A layout's verdict on one entry's files: the same function gives it to ls (cheap) and to
+    verify, inspect, prune --broken and import (deep), so they cannot disagree on the same files."""
+
+    status: Status
+    reason: str | None = None
+    problems: tuple[str, ...] = ()  # every problem found; the first is `reason`
+
+    @staticmethod
+    def of(status: Status, reason: str | None = None) -> Judgement:
+        return Judgement(status, reason, (reason,) if reason else ())
+
+
+class Selectable(Protocol):
+    """What a filter reads of an entry, local (Entry) or on a remote (remote.manage.RemoteEntry): one
+    selection path for every command."""
+
+    @property
+    def layout(self) -> str: ...
+    @property
+    def kind(self) -> str | None: ...
+    @property
+    def target(self) -> str | None: ...
+    @property
+    def space(self) -> str | None: ...
+    @property
+    def op(self) -> str | None: ...
+    @property
+    def hash(self) -> str: ...
+    @property
+    def relpath(self) -> str: ...
+    @property
+    def status(self) -> Status: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def last_used(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class ScanFilter:
+    """What to keep. Empty tuples mean "all". Layouts use ops/spaces/targets to skip directories, so the
+    CLI hands them concrete names (names.expand_filter turns globs and `--space 2` into the names
+    present); matches() understands globs and the bare level too."""
+
+    ops: tuple[str, ...] = ()  # names or globs (`mat*`)
+    spaces: tuple[str, ...] = ()  # names, a bare level (`2`) or globs
+    targets: tuple[str, ...] = ()
+    layouts: tuple[str, ...] = ()
+    statuses: tuple[Status, ...] = ()
+    kinds: tuple[str, ...] = ()
+    hash_prefixes: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()  # entries by their path relative to the root; OR-ed with hash_prefixes
+    min_size: int | None = None  # bytes, inclusive (`--min-size 1M`)
+    max_size: int | None = None  # bytes, inclusive
+    older_than: float | None = None  # seconds since last use (`--older-than 30d`)
+    newer_than: float | None = None  # seconds since last use (`--newer-than 1d`)
+    now: float = 0.0  # when the ages are measured from (set with older_than/newer_than)
+
+    def wants_op(self, op: str | None) -> bool:
+        return not self.ops or _name_matches(op, self.ops)
+
+    def wants_space(self, space: str | None) -> bool:
+        return not self.spaces or any(space_matches(space, s) for s in self.spaces)
+
+    def wants_target(self, target: str | None) -> bool:
+        return not self.targets or target in self.targets
+
+    def name_prefixes(self) -> tuple[str, ...]:
+        """What an entry's directory name must start with (hash prefixes and the last part of each path),
+        for layouts that skip directories by name; () means any."""
+        if not (self.hash_prefixes or self.paths):
+            return ()
+        return self.hash_prefixes + tuple(p.rsplit("/", 1)[-1] for p in self.paths)
+
+    def wants_ref(self, e: Selectable) -> bool:
+        if not (self.hash_prefixes or self.paths):
+            return True
+        return any(e.hash.startswith(p) for p in self.hash_prefixes) or e.relpath in self.paths
+
+    def matches(self, e: Selectable) -> bool:
+        return (
+            self.wants_op(e.op)
+            and self.wants_space(e.space)
+            and self.wants_target(e.target)
+            and (not self.layouts or e.layout in self.layouts)
+            and (not self.statuses or e.status in self.statuses)
+            and (not self.kinds or e.kind in self.kinds)
+            and self.wants_ref(e)
+            and self.wants_size_age(e)
+        )
+
+    def wants_size_age(self, e: Selectable) -> bool:
+        """--min-size/--max-size on the entry's bytes, --older-than/--newer-than on its last use."""
+        if self.min_size is not None and e.size < self.min_size:
+            return False
+        if self.max_size is not None and e.size > self.max_size:
+            return False
+        age = self.now - e.last_used
+        if self.older_than is not None and age < self.older_than:
+            return False
+        return self.newer_than is None or age <= self.newer_than
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    root: str
+    exists: bool
+    layouts: tuple[str, ...]
+    entries: tuple[Entry, ...]
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    def to_json(self, top: int = 10) -> dict:
+        """`stats --json`: totals, breakdowns by layout, space, op, status and kind (entries and bytes
+        each), the `top` biggest entries (as `ls --json` rows) and the scan's warnings."""
+        groups: dict[str, dict[str, dict[str, int]]] = {k: {} for k in
+                                                         ("by_layout", "by_space", "by_op", "by_status", "by_kind")}
+        none: dict[str, dict[str, dict[str, int]]] = {"by_space": {}, "by_op": {}}
+        for e in self.entries:
+            for key, value in (("by_layout", e.layout), ("by_space", e.space or None), ("by_op", e.op or None),
+                               ("by_status", e.status), ("by_kind", e.kind)):
+                # an entry without a space (op) is counted under no_space (no_op): a JSON key is never null
+                g = (groups[key] if value is not None else none[key]).setdefault(value or "", {"entry_count": 0,
+                                                                                             "size": 0})
+                g["entry_count"] += 1
+                g["size"] += e.size
+        biggest = heapq.nlargest(top, self.entries, key=lambda e: (e.size, e.relpath))
+        layouts = list(self.layouts)
+        return {"root": self.root, "exists": self.exists,
+                "layout": layouts[0] if len(layouts) == 1 else ("mixed" if layouts else None),
+                "layouts": layouts, "entry_count": len(self.entries), "size": self.size,
+                "apparent_size": sum(e.apparent_size for e in self.entries),
+                **{k: dict(sorted(v.items())) for k, v in groups.items()},
+                "no_space": none["by_space"].get(""), "no_op": none["by_op"].get(""),
+                "biggest": [e.to_json() for e in biggest], "warnings": list(self.warnings)}
+
+
+@dataclass(frozen=True)
+class TreeUsage:
+    size: int  # bytes on disk of the tree, its directories included (st_blocks * 512: du -sB1)
+    files: int
+    mtime: float  # newest mtime of the directory and anything in it
+    atime: float = 0.0  # newest atime of its regular files (a listing sets a directory's, a readlink a link's)
+    apparent: int = 0  # the st_size of its regular files and links (du -sb without directories)
+    dev: int = 0  # the identity of the directory itself (0: unknown), an entry's identity in the scan
+    ino: int = 0
+
+
+def disk_bytes(st: os.stat_result) -> int:
+    """What a file or directory takes on disk: its allocated blocks (st_blocks is in 512-byte units)."""
+    return st.st_blocks * 512
+
+
+_LIST_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
+    """Size, file count and newest mtime of a directory tree; never follows symlinks.
+
+    An unreadable directory is a warning and counts as empty, not an exception. Iterative, and at
+    most MAX_TREE_DEPTH directories deep (a deeper tree is a warning; what lies below is not counted)."""
+    size = files = apparent = 0
+    accessed = 0.0
+    try:
+        top = stat_path(path, follow=False)
+    except OSError as exc:
+        warn(f"cannot stat {path}: {exc.strerror}")
+        return TreeUsage(0, 0, 0.0)
+    newest, size = top.st_mtime, disk_bytes(top)
+    try:  # below a held root, from its fd; every directory below from this one's (as the path would)
+        top_fd = open_path(path, _LIST_FLAGS)
+    except OSError as exc:
+        warn(f"cannot read {path}: {exc.strerror}")
+        return TreeUsage(size, 0, newest, 0.0, 0, top.st_dev, top.st_ino)
+    stack = [("", 0)]
+    too_deep = False
+    try:
+        while stack:
+            sub, depth = stack.pop()
+            try:
+                fd = os.open(sub, _LIST_FLAGS, dir_fd=top_fd) if sub else top_fd
+            except OSError as exc:
+                warn(f"cannot read {path}/{sub}: {exc.strerror}")
+                continue
+            try:
+                with os.scandir(fd) as it:
+                    for de in it:
+                        try:
+                            st = de.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        size += disk_bytes(st)
+                        if de.is_dir(follow_symlinks=False):
+                            if depth < MAX_TREE_DEPTH:
+                                stack.append((f"{sub}/{de.name}" if sub else de.name, depth + 1))
+                            elif not too_deep:
+                                too_deep = True
+                                warn(f"{path}: directories nested more than {MAX_TREE_DEPTH} deep (not counted below)")
+                        else:
+                            apparent += st.st_size
+                            files += 1
+                            if stat.S_ISREG(st.st_mode):  # a link's atime is kcache's own readlink
+                                accessed = max(accessed, st.st_atime)
+                        newest = max(newest, st.st_mtime)
+            except OSError as exc:
+                warn(f"cannot read {path}/{sub}: {exc.strerror}" if sub else f"cannot read {path}: {exc.strerror}")
+            finally:
+                if fd != top_fd:
+                    os.close(fd)
+    finally:
+        os.close(top_fd)
+    return TreeUsage(size, files, newest, accessed, apparent, top.st_dev, top.st_ino)
+
+
+def listdir(path: str | os.PathLike[str], warn: Warn, keep: Callable[[os.DirEntry], bool] | None = None
+            ) -> list[os.DirEntry]:
+    """Directory entries (those `keep` keeps), sorted by name; an unreadable directory is a warning and []."""
+    try:
+        return sorted_entries(path, keep)
+    except OSError as exc:
+        warn(f"cannot read {path}: {exc.strerror}")
+        return []
+
+
+def sort_entries(entries: Iterable[Entry], key: str) -> list[Entry]:
+    if key == "size":
+        return sorted(entries, key=lambda e: (-e.size, e.relpath))
+    if key == "age":  # least recently used first (the larger first of those used together): prune's order
+        return sorted(entries, key=lambda e: (e.last_used, -e.size, e.relpath))
+    return sorted(entries, key=lambda e: (e.layout, e.op or "", e.space or "", e.relpath))
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    name: str  # relative to the entry directory
+    size: int
+    link: str | None = None  # symlink target (or the text of a flattened link)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str | None
+    dtype: str
+    shape: tuple
+
+
+@dataclass(frozen=True)
+class Details:
+    """Everything about one entry, after the deep checks that read every byte (inspect, verify)."""
+
+    entry: Entry
+    status: Status  # the scan's status, or corrupt when a deep check failed
+    reason: str | None
+    problems: tuple[str, ...]  # every deep-check failure, first one is also `reason`
+    files: tuple[FileInfo, ...]
+    task_op: str | None = None
+    inputs: tuple[TensorInfo, ...] = ()
+    outputs: tuple[TensorInfo, ...] = ()
+    compile_command: str | None = None
+    compiler_output: str | None = None
+    binaries: tuple[str, ...] = ()  # absolute paths of the compiled binaries, for the ELF reader
+    facts: tuple[tuple[str, str], ...] = ()  # layout-specific lines: versions, links, arch recorded...
+
+    def to_json(self, binaries: Iterable[Any] = ()) -> dict:
+        """`inspect --json`: the entry's `to_json()` with what the deep checks found; `binaries` are what
+        kcache_cli.formats.binary.read_binary made of `self.binaries` (each with its own `to_json()`)."""
+        bins = list(binaries)
+
+        def tensor(t: TensorInfo) -> dict:
+            return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
+
+        data = self.entry.to_json()
+        # machine keys for the layout's facts ("hidet version" -> hidet_version); the labels are inspect's text
+        facts = {re.sub(r"[^0-9a-z]+", "_", k.lower()).strip("_"): v for k, v in self.facts}
+        data.update(status=self.status, reason=self.reason, problems=list(self.problems),
+                    op=self.entry.op or self.task_op, inputs=[tensor(t) for t in self.inputs],
+                    outputs=[tensor(t) for t in self.outputs],
+                    files=[{"name": f.name, "size": f.size, "link": f.link} for f in self.files],
+                    compile_command=self.compile_command, compiler_output=self.compiler_output,
+                    archs=sorted({a for b in bins for a in b.archs}), binaries=[b.to_json() for b in bins],
+                    facts=facts)
+        return data
+
+
+@dataclass(frozen=True)
+class LogFile:
+    label: str  # "compile.sh", "nvcc_output.txt"...
+    path: str

@@ -1,0 +1,429 @@
+"""kcache's own settings: the budget `kcache prune` keeps when given no criteria (issue 25, as ccache's
+`max_size`). A small TOML file, `$KCACHE_CONFIG`, else `$XDG_CONFIG_HOME/kcache/config.toml`, else
+`~/.config/kcache/config.toml`:
+
+    [all]                  # every cache together
+    max-size = "50G"
+
+    [cache.<layout>]       # one cache, by its layout's name (`kcache dir --all` shows them)
+    max-size = "20G"
+    max-age = "30d"
+
+Values are strings in the one size and age grammar (kcache_cli.util.units). kcache rewrites the whole file on
+`config set`/`unset` (comments are not kept): atomically, a temp file renamed over it in the same
+directory, under a lock on that directory, never through a symlinked file."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kcache_cli.fs import locking, state
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import write as fswrite
+from kcache_cli.fs.state import state_dir
+from kcache_cli.model.terms import LAYOUT_NAMES
+from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.units import parse_age, parse_size
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[import-not-found, no-redef, unused-ignore]
+
+ENV = "KCACHE_CONFIG"
+KEYS = ("max-size", "max-age")
+ALL = "all"
+MAX_BYTES = 64 << 10  # a config file larger than this is not one kcache wrote
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one section asks for: bytes and seconds, None when not set."""
+
+    max_size: int | None = None
+    max_age: float | None = None
+
+    def __bool__(self) -> bool:
+        return self.max_size is not None or self.max_age is not None
+
+    def to_json(self) -> dict:
+        return {"max_size": self.max_size, "max_age": self.max_age}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The file's contents: `sections` maps "all" or a cache's name to its key -> value text, as written."""
+
+    path: Path
+    exists: bool
+    sections: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def budget(self, section: str) -> Budget:
+        """The parsed values of one section (every value was checked when the file was read)."""
+        values = self.sections.get(section, {})
+        size, age = values.get("max-size"), values.get("max-age")
+        return Budget(None if size is None else parse_size(size), None if age is None else parse_age(age))
+
+    def budget_for(self, layouts: tuple[str, ...]) -> Budget:
+        """The budget of a cache whose root holds `layouts`: its `[cache.<layout>]` section (the tighter
+        value of each key when the root holds several layouts that have one)."""
+        sizes = [b.max_size for b in map(self.budget, layouts) if b.max_size is not None]
+        ages = [b.max_age for b in map(self.budget, layouts) if b.max_age is not None]
+        return Budget(min(sizes) if sizes else None, min(ages) if ages else None)
+
+    @property
+    def caches(self) -> list[str]:
+        return sorted(s for s in self.sections if s != ALL)
+
+    def to_json(self) -> dict:
+        return {"path": str(self.path), "exists": self.exists, "all": self.budget(ALL).to_json(),
+                "caches": [{"cache": name, **self.budget(name).to_json()} for name in self.caches]}
+
+    def to_toml(self) -> str:
+        """The file as kcache writes it: [all] first, then each cache's table, keys in KEYS' order."""
+        blocks = []
+        for section in ([ALL] if ALL in self.sections else []) + self.caches:
+            values = self.sections[section]
+            if not values:
+                continue
+            head = f"[{section}]" if section == ALL else f"[cache.{section}]"
+            blocks.append("\n".join([head] + [f"{k} = {_quoted(values[k])}" for k in KEYS if k in values]))
+        return "".join(b + "\n\n" for b in blocks).rstrip("\n") + ("\n" if blocks else "")
+
+
+def config_path() -> Path:
+    """Where the file is: KCACHE_CONFIG, else the XDG config directory (an absolute XDG_CONFIG_HOME, as
+    the XDG spec asks), else ~/.config."""
+    env = os.environ.get(ENV)
+    if env:
+        return Path(env).expanduser().absolute()
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".config"
+    return base / "kcache" / "config.toml"
+
+
+def _quoted(text: str) -> str:
+    """A TOML basic string (values are sizes and ages, checked: the escapes are for safety only)."""
+    out = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(ch if ch.isprintable() else f"\\u{ord(ch):04x}" for ch in out) + '"'
+
+
+def _names() -> tuple[str, ...]:
+    return LAYOUT_NAMES
+
+
+def check_section(name: str | None) -> str:
+    """`--cache NAME` as a section: "all" for none; a layout's name; else a usage error naming them."""
+    if name is None or name == ALL:
+        return ALL
+    if name not in _names():
+        raise UsageError(f"unknown cache '{name}' (expected {', '.join(_names())} or all)")
+    return name
+
+
+def check_value(key: str, value: str, where: str = "") -> str:
+    """`value` for `key`, stripped, after the units grammar has read it (a usage error otherwise)."""
+    if key not in KEYS:
+        raise UsageError(f"{where}unknown key '{key}' (expected {' or '.join(KEYS)})")
+    value = value.strip()
+    if key == "max-size":
+        parse_size(value, f"{where}{key}")
+    else:
+        parse_age(value, f"{where}{key}")
+    return value
+
+
+def load(path: Path | None = None) -> Config:
+    """The config at `path` (config_path() by default); a missing file is an empty config. A file that is
+    not regular, too big, not TOML or holds what kcache does not know is a usage error naming the file."""
+    path = config_path() if path is None else path
+    raw = _read(path)
+    if raw is None:
+        return Config(path, False)
+    return Config(path, True, _sections(parse_toml(raw, path), path))
+
+
+def parse_toml(raw: bytes, path: Path) -> dict:
+    """The TOML document in `raw`; anything malformed (bad UTF-8, bad TOML, nested past the parser's
+    recursion limit) is a usage error naming the file and, where known, the line."""
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise UsageError(f"{path}:{line}: not valid TOML: not UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML: {exc}") from None
+    except (RecursionError, MemoryError):
+        raise UsageError(f"{path}:{_deep_line(raw)}: not valid TOML: a value nested too deeply") from None
+
+
+def _deep_line(raw: bytes, limit: int = 64) -> int:
+    """The line where brackets first nest past `limit` deep (strings not told apart: a hint only)."""
+    depth = 0
+    for i, byte in enumerate(raw):
+        depth += (byte in b"[{") - (byte in b"]}")
+        if depth > limit:
+            return raw[:i].count(b"\n") + 1
+    return 1
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        fd, st = fsread.open_regular(str(path), follow=True)  # the user's own link (dotfiles) is fine to read
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {getattr(exc, 'kind', None) or exc.strerror or exc}") from None
+    try:
+        if st.st_size > MAX_BYTES:
+            raise UsageError(f"{path}: {st.st_size} bytes is too big for a kcache config")
+        return os.read(fd, MAX_BYTES + 1)[:MAX_BYTES]
+    finally:
+        os.close(fd)
+
+
+def _sections(doc: dict, path: Path) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for top, value in doc.items():
+        if top not in (ALL, "cache") or not isinstance(value, dict):
+            raise UsageError(f"{path}: unknown setting '{top}' (expected [all] or [cache.NAME] tables)")
+        tables = {ALL: value} if top == ALL else value
+        for name, table in tables.items():
+            where = "[all]" if top == ALL else f"[cache.{name}]"
+            if top != ALL:
+                if not isinstance(table, dict):
+                    raise UsageError(f"{path}: cache.{name} is not a table")
+                try:
+                    check_section(name)
+                except UsageError as exc:
+                    raise UsageError(f"{path}: {exc}") from None
+            out[name if top != ALL else ALL] = _values(table, f"{path}: {where} ")
+    return out
+
+
+def _values(table: dict, where: str) -> dict[str, str]:
+    values = {}
+    for key, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise UsageError(f"{where}{key} must be a string like \"20G\" or \"30d\"")
+        values[key] = check_value(key, str(value), where)
+    return values
+
+
+# ---- writing -------------------------------------------------------------------------------------
+def set_value(section: str, key: str, value: str, path: Path | None = None) -> Config:
+    """Set `key` in `section` ("all" or a cache's name) to `value` (checked), and write the file."""
+    section, value = check_section(section), check_value(key, value)
+
+    def change(cfg: Config) -> dict[str, dict[str, str]]:
+        sections = {s: dict(v) for s, v in cfg.sections.items()}
+        sections.setdefault(section, {})[key] = value
+        return sections
+
+    return _update(config_path() if path is None else path, change)[0]
+
+
+def unset_value(section: str, key: str, path: Path | None = None) -> tuple[Config, bool]:
+    """Remove `key` from `section`; (the config, whether it was set). A file that had nothing to remove
+    is left as it was."""
+    section = check_section(section)
+    if key not in KEYS:
+        raise UsageError(f"unknown key '{key}' (expected {' or '.join(KEYS)})")
+
+    def change(cfg: Config) -> dict[str, dict[str, str]] | None:
+        if key not in cfg.sections.get(section, {}):
+            return None
+        sections = {s: dict(v) for s, v in cfg.sections.items()}
+        del sections[section][key]
+        return {s: v for s, v in sections.items() if v}
+
+    return _update(config_path() if path is None else path, change)
+
+
+def _update(path: Path, change) -> tuple[Config, bool]:
+    """Read, change and write the file under an flock of its directory (two `config set`s at once both
+    land); `change` returns the new sections, or None for no write."""
+    dfd = _open_config_dir(path)
+    try:
+        fcntl.flock(dfd, fcntl.LOCK_EX)
+        cfg = load(path)
+        sections = change(cfg)
+        if sections is None:
+            return cfg, False
+        new = Config(path, True, sections)
+        _write(dfd, path, new.to_toml().encode())
+        return new, True
+    finally:
+        os.close(dfd)
+
+
+def _open_config_dir(path: Path) -> int:
+    parent = path.parent
+    try:
+        if not parent.is_dir():
+            fswrite.make_dirs(parent)
+        return fswrite.open_root(parent)
+    except FileExistsError:
+        return fswrite.open_root(parent)
+    except OSError as exc:
+        raise KcacheError(f"cannot create {parent}: {exc.strerror or exc}") from None
+
+
+def _write(dfd: int, path: Path, data: bytes) -> None:
+    """Replace the file in the held directory: never through a symlink planted (or kept) at its name."""
+    try:
+        st = os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise KcacheError(f"refusing to write {path}: it is {what} (edit the file it stands for, or remove it)")
+    mode = stat.S_IMODE(st.st_mode) if st is not None else 0o644
+    try:
+        fswrite.replace_file(dfd, path.name, data, mode=mode, prefix=f".{path.name}.tmp-")
+    except OSError as exc:
+        raise KcacheError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+# ---- the budget kept in a cache (as ccache's ccache.conf) --------------------------------------------
+CACHE_FILE = "config.toml"  # <root>/.kcache/config.toml: max-size and max-age, top-level keys
+CONFIG_LOCK = ".config.lock"  # in .kcache/locks/: writers of the file take it (0660, writers only)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The budget kept in one cache: it binds every user's bare `kcache prune` of that cache and wins
+    over each user's own settings. `values` maps a key to its text as written."""
+
+    root: Path
+    exists: bool
+    values: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return state_dir(self.root) / CACHE_FILE
+
+    def budget(self) -> Budget:
+        return Config(self.path, self.exists, {ALL: self.values}).budget(ALL)
+
+    def to_toml(self) -> str:
+        lines = [f"{k} = {_quoted(self.values[k])}" for k in KEYS if k in self.values]
+        return "".join(line + "\n" for line in lines)
+
+    def to_json(self) -> dict:
+        return {"path": str(self.path), "exists": self.exists, **self.budget().to_json()}
+
+
+def load_cache(root: Path) -> CacheConfig:
+    """The budget kept in the cache at `root` (empty when it has none). A file that is malformed, or that
+    belongs to someone the cache does not trust (not you, not root, nor the group of a group-shared
+    cache), is a usage error naming it."""
+    empty = CacheConfig(Path(root), False)
+    raw = _read_cache_file(empty.path, Path(root))
+    if raw is None:
+        return empty
+    doc = parse_toml(raw, empty.path)
+    values: dict[str, str] = {}
+    for key, value in doc.items():
+        if key not in KEYS:
+            raise UsageError(f"{empty.path}: unknown key '{key}' (expected {' or '.join(KEYS)})")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise UsageError(f"{empty.path}: {key} must be a string like \"20G\" or \"30d\"")
+        values[key] = check_value(key, str(value), f"{empty.path}: ")
+    return CacheConfig(Path(root), True, values)
+
+
+def _read_cache_file(path: Path, root: Path) -> bytes | None:
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
+        return None
+    try:
+        sfd = state.open_state(rfd, root)
+        group = state.shared_group(rfd)
+    except OSError:  # no .kcache/ (or one kcache does not trust: it warns where it uses it)
+        return None
+    finally:
+        os.close(rfd)
+    try:
+        fd, st = fsread.open_regular(CACHE_FILE, dir_fd=sfd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {getattr(exc, 'kind', None) or exc.strerror or exc}") from None
+    finally:
+        os.close(sfd)
+    try:
+        trusted = st.st_uid in (os.geteuid(), 0) or (group is not None and st.st_gid == group)
+        if not trusted or st.st_mode & 0o002:
+            raise UsageError(f"{path}: owned by uid {st.st_uid} and not the cache group's (or writable by "
+                             "anyone): not trusted as this cache's budget; its owner or root can fix or remove it")
+        if st.st_size > MAX_BYTES:
+            raise UsageError(f"{path}: {st.st_size} bytes is too big for a kcache config")
+        return os.read(fd, MAX_BYTES + 1)[:MAX_BYTES]
+    finally:
+        os.close(fd)
+
+
+def set_cache_value(root: Path, key: str, value: str) -> CacheConfig:
+    """Keep `key` = `value` (checked) in the cache's own budget file."""
+    value = check_value(key, value)
+    return _update_cache(root, lambda values: {**values, key: value})[0]
+
+
+def unset_cache_value(root: Path, key: str) -> tuple[CacheConfig, bool]:
+    """Remove `key` from the cache's budget file; (the budget, whether it was set)."""
+    if key not in KEYS:
+        raise UsageError(f"unknown key '{key}' (expected {' or '.join(KEYS)})")
+    return _update_cache(root, lambda values: {k: v for k, v in values.items() if k != key} if key in values
+                         else None)
+
+
+def _update_cache(root: Path, change) -> tuple[CacheConfig, bool]:
+    """Read, change and write <root>/.kcache/config.toml under the cache's config lock (in .kcache/locks/,
+    opened only by writers), through the held state directory (never a link), shared with the group of
+    a group-shared cache."""
+    where = state.state_dir(root) / CACHE_FILE
+    sfd, lock = _open_for_update(root, where)
+    try:
+        locking.wait_flock(lock, 60.0, f"the config lock of {root}")
+        cfg = load_cache(root)
+        values = change(cfg.values)
+        if values is None:
+            return cfg, False
+        new = CacheConfig(Path(root), True, values)
+        try:
+            fswrite.replace_file_shared(sfd, CACHE_FILE, new.to_toml().encode())
+        except OSError as exc:
+            raise KcacheError(f"cannot write {where}: {exc.strerror or exc}") from None
+        return new, True
+    finally:
+        os.close(lock)
+        os.close(sfd)
+
+
+def _open_for_update(root: Path, where: Path) -> tuple[int, int]:
+    """(.kcache/ descriptor, config lock descriptor), made if missing; a one-line error otherwise."""
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError as exc:
+        raise KcacheError(f"cannot open the cache {root}: {exc.strerror or exc}") from None
+    sfd = lfd = -1
+    try:
+        sfd = state.open_state(rfd, root, create=True)
+        lfd = state.open_state(rfd, root, "locks", create=True)
+        return sfd, locking.open_lock(CONFIG_LOCK, lfd, create=True)
+    except OSError as exc:
+        if sfd >= 0:
+            os.close(sfd)
+        raise KcacheError(f"cannot write {where}: {exc.strerror or exc} (a cache's budget is set by those who "
+                          "may write the cache)") from None
+    finally:
+        os.close(rfd)
+        if lfd >= 0:
+            os.close(lfd)

@@ -1,0 +1,1221 @@
+"""Deleting safely: selection -> a frozen `DeletePlan` (what goes, why, the bytes it
+frees: that *is* the dry run) -> `DeletePlan.execute()`.
+
+Executing a plan, for each removal: hold kcache's entry lock (`.kcache/locks/`, non-blocking: a build
+in progress means skip) and the lock files the entry's own writer holds (Layout.writer_locks: hidet's
+`.lock`), reach the parent directory from the
+root without following a symlink, rename the entry into `.kcache/trash/` (same filesystem: a reader
+sees the whole entry or nothing), then empty the trash. Symlinks are renamed and unlinked as links,
+never followed. A later run empties trash that an interrupted run left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import queue
+import signal
+import stat
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Final, Iterable, Iterator, Mapping
+
+from kcache_cli import layouts
+from kcache_cli.catalog.scan import leftover_entries, narrowed_by_names, scan_cache
+from kcache_cli.catalog.scan_context import ScanContext
+from kcache_cli.fs import delete as fsdelete
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import state
+from kcache_cli.fs import write as fswrite
+from kcache_cli.fs.locking import NotALockFile, open_lock, try_flock, wait_flock
+from kcache_cli.layouts import get
+from kcache_cli.layouts.base import Layout
+from kcache_cli.layouts.shapes import LayoutShape
+from kcache_cli.model.records import (
+    BUILDING,
+    COMPLETE,
+    PARTIAL,
+    STALE,
+    UNREADABLE,
+    Entry,
+    ScanFilter,
+    ScanResult,
+    Warn,
+    iso,
+    measure_tree,
+)
+from kcache_cli.model.terms import BROKEN, RemovalWhat  # BROKEN: what --broken removes (partial, failed, corrupt)
+from kcache_cli.ops.verify import judge_entry
+from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.progress import NO_PROGRESS, Progress
+
+STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer
+# What --broken removes (terms.BROKEN): never UNREADABLE (a permission problem is not damage), never STALE
+# (another environment's compiler may still use it: --stale removes those).
+# What a removal takes away.
+ENTRY: Final = "entry"
+CANDIDATES: Final = "candidates"
+TEMP: Final = "temp"
+STAGING: Final = "staging"
+LINK: Final = "link"
+LEFTOVER: Final = "leftover"  # a killed import's staging dir or export's temp file (kcache_cli.fs.state)
+GC_LOCK = ".gc.lock"  # in .kcache/locks/: one prune or clear acts on a root at a time
+
+
+
+from kcache_cli.util.units import format_age, parse_age, parse_size  # noqa: E402,F401 - the one grammar (units.py)
+
+
+# ---- the plan ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Removal:
+    """One thing a plan removes: a whole entry, an entry's leftover candidates/, a stale temp or
+    staging directory, or a symlink."""
+
+    entry: Entry  # the entry as scanned (for candidates/: the entry that keeps living)
+    path: str  # absolute path of what goes
+    relpath: str
+    size: int
+    what: RemovalWhat  # ENTRY, CANDIDATES, TEMP, STAGING, LINK or LEFTOVER
+    why: str
+    lock: str | None = None  # relpath whose kcache entry lock is held while renaming
+    requires: tuple[str, ...] = ()  # relpaths that must be gone first (a program's scripts, a binary's kernels)
+    recheck: bool = False  # chosen for being broken: skipped if it is complete by the time it is removed
+
+    def to_json(self) -> dict:
+        d = self.entry.to_json()
+        d.update(removed_path=self.path, size=self.size, what=self.what, why=self.why)
+        return d
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Something the selection chose that stays, and why (a build holds its lock, a kept script links to it...)."""
+
+    entry: Entry
+    why: str
+
+    def to_json(self) -> dict:
+        d = self.entry.to_json()
+        d["why"] = self.why
+        return d
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    root: str
+    removed: tuple[Removal, ...]
+    skipped: tuple[Skip, ...]
+    errors: tuple[tuple[str, str], ...]  # (path, message)
+    freed: int
+    removed_dirs: tuple[str, ...] = ()  # parent directories left empty and removed
+    warnings: tuple[str, ...] = ()
+    interrupted: bool = False  # stopped by SIGINT between two removals (each one whole, or not begun)
+
+    @property
+    def entries(self) -> int:
+        return sum(1 for r in self.removed if r.what != CANDIDATES)
+
+    def to_json(self, size_before: int, extra: Mapping[str, object] | None = None) -> dict:
+        """`prune --json` / `clear --json` after removing: `size_before` is the plan's scanned size;
+        `extra` the prune limits (max_size, older_than)."""
+        return {"root": self.root, "exists": True, "dry_run": False, "removed": [r.to_json() for r in self.removed],
+                "skipped": [s.to_json() for s in self.skipped], "errors": [m for _, m in self.errors],
+                "entry_count": self.entries, "freed": self.freed, "size_before": size_before,
+                "size_after": size_before - self.freed, **(extra or {}), "removed_dirs": list(self.removed_dirs),
+                "warnings": list(self.warnings), "interrupted": self.interrupted}
+
+
+@dataclass(frozen=True)
+class DeletePlan:
+    """What a prune or clear will remove. Building it changes nothing: it is the dry run."""
+
+    root: str
+    exists: bool
+    removals: tuple[Removal, ...] = ()
+    skipped: tuple[Skip, ...] = ()
+    scanned_size: int = 0  # bytes in the entries scanned (the whole cache for prune)
+    warnings: tuple[str, ...] = ()
+    tidy_state: bool = False  # also drop last-used stamps and idle lock files of entries that are gone
+    deep: bool = True  # broken entries are judged again at removal by reading every byte (False: as ls does)
+    root_ident: tuple[int, int] | None = None  # (device, inode) of the root planned from: the executor's too
+
+    @property
+    def expected_freed_size(self) -> int:
+        return sum(r.size for r in self.removals)
+
+    @property
+    def size_after(self) -> int:
+        return self.scanned_size - self.expected_freed_size
+
+    @property
+    def entries(self) -> int:
+        return sum(1 for r in self.removals if r.what != CANDIDATES)
+
+    def to_json(self, extra: Mapping[str, object] | None = None, dry_run: bool = True) -> dict:
+        """`prune --json` / `clear --json` of a dry run (or of a cache that does not exist, `dry_run` as
+        asked); `extra` the prune limits (max_size, older_than)."""
+        return {"root": self.root, "exists": self.exists, "dry_run": dry_run,
+                "removed": [r.to_json() for r in self.removals], "skipped": [s.to_json() for s in self.skipped],
+                "errors": [], "entry_count": self.entries, "freed": self.expected_freed_size,
+                "size_before": self.scanned_size, "size_after": self.size_after, **(extra or {}),
+                "warnings": list(self.warnings)}
+
+    def execute(self, progress: Callable[[Removal], None] | None = None,
+                on_wait: Callable[[], None] | None = None, lock_timeout: float | None = None,
+                interruptible: bool = False) -> DeleteResult:
+        """Remove what the plan holds; waits at most `lock_timeout` seconds (None: for ever) for another
+        prune or clear of the root (LockTimeout, exit 3, naming the holder). With `interruptible`, a
+        SIGINT once removing has begun stops it after the removal under way (a second one raises
+        KeyboardInterrupt): the result says `interrupted`, what went is whole gone, the rest untouched,
+        and what is left in the trash the next prune or clear empties."""
+        if not self.exists:
+            return DeleteResult(self.root, (), self.skipped, (), 0, (), self.warnings)
+        return _Executor(self, progress, on_wait, lock_timeout, interruptible).run()
+
+
+# ---- selection -----------------------------------------------------------------------------------
+def _layout_names() -> tuple[str, ...]:
+    return tuple(layouts.NAMES)
+
+
+def _layout(e: Entry):
+    """The layout of `e` (kcache's own leftovers, "kcache" import/export temp files, have none)."""
+    found = _LAYOUTS.get(e.layout)
+    if found is None:
+        if e.layout not in layouts.NAMES:
+            return _NO_LAYOUT
+        found = _LAYOUTS[e.layout] = layouts.get(e.layout)
+    return found
+
+
+_LAYOUTS: dict = {}  # layout name -> its layout: the registry asked once per name, not once per entry
+
+
+def _provides(e: Entry) -> bool:
+    """An entry others use (a tilus program, a tilelang binary): removed after its users, kept while a
+    user stays (Layout.provider_kinds)."""
+    return e.kind in _layout(e).provider_kinds
+
+
+def _judged(root: Path, e: Entry) -> Entry:
+    """`e` with the one deep judgement (verify's), which reads every byte: what ls's cheap checks call
+    broken stays broken; what they call complete may not be."""
+    if e.status in BROKEN:
+        return e
+
+
+    j = judge_entry(root, e, deep=True)
+    return e if j.status == e.status else replace(e, status=j.status, reason=j.reason)
+
+
+def _unlisted(e: Entry) -> bool:
+    """A directory the scan could not list, standing for the entries in it: never removed."""
+    return e.status == UNREADABLE and not e.hash
+
+
+def _is_leftover(e: Entry) -> bool:
+    """What an interrupted writer left (a kcache build's temp dir, a staging write), rather than an entry."""
+    return _layout(e).leftover(e) is not None
+
+
+class _Planner:
+    """Collects removals and skips; applies the rules that tie entries together."""
+
+    def __init__(self, root: Path, warn: Warn, now: float, everything: dict[str, Entry] | None = None):
+        self.root = Path(root)
+        self.warn = warn
+        self.now = now
+        self.removals: dict[str, Removal] = {}  # path -> removal, in selection order
+        self.skipped: dict[str, Skip] = {}
+        self.known: dict[str, Entry] = dict(everything or {})  # path -> entry, for entries outside the selection
+        self._users: dict[str, list[str]] = {}  # provider path -> paths of the entries that use it
+        self._dirs_ok: dict[str, str | None] = {}
+
+    # -- relationships between entries (the layouts' dependency edges)
+    def learn_users(self, providers: list[Entry]) -> None:
+        """Learn which entries use each of `providers` (one pass per layout for all of them)."""
+        todo: dict[str, list[str]] = {}
+        for e in providers:
+            if e.path not in self._users and _provides(e):
+                todo.setdefault(e.layout, []).append(e.path)
+        for layout, paths in todo.items():
+            self._users.update(get(layout).users(self.root, paths))
+
+    def dependants(self, e: Entry) -> list[str]:
+        """Paths of the entries that use `e` (the scripts of a tilus program, the kernels of a tilelang binary)."""
+        if not _provides(e):
+            return []
+        self.learn_users([e])
+        return self._users.get(e.path, [])
+
+    def take_users(self, e: Entry) -> list[Removal]:
+        """A broken provider that goes takes the entries using it along when they cannot work without it
+        (Layout.users_break: tilus scripts link to their programs)."""
+        added: list[Removal] = []
+        if e.status == COMPLETE or not _layout(e).users_break(e.kind):
+            return added
+        verb = _layout(e).use_words(e.kind)[0]
+        for s in self.dependants(e):
+            if s not in self.removals:
+                added += self.select(self.entry_at(s, e.layout), f"{verb} the removed {e.kind} {e.hash}")
+        return added
+
+    def kept_users(self, e: Entry, kept: list[str]) -> str:
+        """Why a provider stays: "linked from the kept script scripts/x/y and 2 more"."""
+        rel = self.rel(kept[0])
+        where = get(e.layout).shape.locate(rel)
+        more = f" and {len(kept) - 1} more" if len(kept) > 1 else ""
+        return f"{_layout(e).use_words(e.kind)[1]} the kept {where[0] if where else 'entry'} {rel}{more}"
+
+    def entry_at(self, path: str, layout: str) -> Entry:
+        e = self.known.get(path)
+        if e is None:
+            for x in scan_cache(self.root, ScanFilter(layouts=(layout,))).entries:
+                self.known.setdefault(x.path, x)
+            e = self.known.get(path)
+        if e is None:  # vanished since: a stand-in that still names it
+
+            where = get(layout).shape.locate(self.rel(path))
+            e = Entry(layout, where[0] if where else "entry", None, None, None, os.path.basename(path), path,
+                      self.rel(path), 0, 0, PARTIAL, "vanished", 0.0, 0.0, 0)
+        return e
+
+    def rel(self, path: str) -> str:
+        return os.path.relpath(path, self.root).replace(os.sep, "/")
+
+    def link_in_path(self, relpath: str) -> str | None:
+        """The first directory above `relpath` that is a symlink (or not a directory), or None."""
+        return self._bad_dir(relpath.rpartition("/")[0])
+
+    def _bad_dir(self, rel: str) -> str | None:
+        """`rel` or the first of its ancestors that is not a real directory (memoized per directory)."""
+        if not rel:
+            return None
+        if rel not in self._dirs_ok:
+            bad = self._bad_dir(rel.rpartition("/")[0])
+            if bad is None:
+                try:
+                    bad = None if stat.S_ISDIR(fsread.stat_path(self.root / rel, follow=False).st_mode) else rel
+                except OSError:
+                    bad = rel
+            self._dirs_ok[rel] = bad
+        return self._dirs_ok[rel]
+
+    def shape_problem(self, e: Entry, relpath: str | None = None) -> str | None:
+        """Why `e` is left alone: it does not have the exact shape of an entry of its layout (positive
+        evidence, checked by the layout itself); None when it does. With `relpath` (a temp or staging
+        leftover) the path alone is judged."""
+        names: frozenset[str] | None = None
+        if relpath is None:
+            try:
+                names = frozenset(fsread.listdir(e.path))
+            except OSError:
+                names = None  # unreadable: judged by its path alone
+        bad = _layout(e).shape_problem(relpath or e.relpath, e.kind, names, self.root)
+        if bad is None:
+            return None
+        return f"left alone: not shaped like a {e.layout} {e.kind} entry ({bad})"
+
+    # -- choosing
+    def skip(self, e: Entry, why: str) -> None:
+        self.skipped.setdefault(e.path, Skip(e, why))
+
+    def select(self, e: Entry, why: str, recheck: bool = False, link: bool = False) -> list[Removal]:
+        """Plan to remove `e` (or skip it, with the reason). Returns what was added."""
+        if e.path in self.removals:
+            return []
+        via = self.link_in_path(e.relpath)
+        if via is not None:
+            if not any(r.what == LINK and (via == r.relpath or via.startswith(r.relpath + "/"))
+                       for r in self.removals.values()):
+                self.skip(e, f"reached through the symlink {via}: never followed out of the cache")
+            return []
+        if e.status == BUILDING:  # the layout's own reason: a lock, or a writer's fresh files (Triton)
+            self.skip(e, f"in progress: {e.reason}" if e.reason else "a build holds its lock (in progress)")
+            return []
+        if _is_leftover(e):
+            return self._select_leftover(e)
+        bad = None if link else self.shape_problem(e)
+        if bad is not None:
+            self.skip(e, bad)
+            return []
+        if link:
+            r = Removal(e, e.path, e.relpath, e.size, LINK, why)
+        else:
+            r = Removal(e, e.path, e.relpath, e.size, ENTRY, why, lock=e.relpath, recheck=recheck)
+        self.removals[e.path] = r
+        self.skipped.pop(e.path, None)
+        return [r]
+
+    def _select_leftover(self, e: Entry) -> list[Removal]:
+        layout = _layout(e)
+        added = []
+        for x in layout.leftover_parts(e, self.warn):  # one per write (tilelang's .staging/cuda-binaries/)
+            left = layout.leftover(x) or layout.leftover(e)
+            assert left is not None, "a part of a leftover is a leftover"
+            bad = self.shape_problem(x, relpath=x.relpath)
+            if bad is not None:
+                self.skip(x, bad)
+                continue
+            if self.now - x.modified < STALE_AFTER:
+                self.skip(x, "in flight: written to less than an hour ago")
+                continue
+            r = Removal(x, x.path, x.relpath, x.size, left.what, left.why, lock=left.lock)
+            self.removals[x.path] = r
+            added.append(r)
+        return added
+
+    def drop(self, path: str) -> None:
+        self.removals.pop(path, None)
+
+    # -- the rules that tie entries together
+    def settle(self) -> None:
+        """A broken provider that goes takes the users that cannot work without it along (tilus scripts);
+        a complete provider still used by an entry that stays, stays (tilus programs, tilelang binaries)."""
+        for r in list(self.removals.values()):
+            if r.what == ENTRY:
+                self.take_users(r.entry)
+        self.learn_users([r.entry for r in self.removals.values() if r.what == ENTRY])
+        for r in list(self.removals.values()):
+            if r.what != ENTRY or not _provides(r.entry):
+                continue
+            deps = self.dependants(r.entry)
+            kept = [d for d in deps if d not in self.removals]
+            if kept and r.entry.status == COMPLETE:
+                self.drop(r.path)
+                self.skip(r.entry, self.kept_users(r.entry, kept))
+            elif deps:
+                self.removals[r.path] = replace(r, requires=tuple(self.rel(d) for d in deps if d in self.removals))
+
+    def effective_last_used(self, e: Entry, by_path: dict[str, Entry]) -> float:
+        """An entry used through another one (a tilus program through its scripts, a tilelang binary
+        through its kernels) was last used when they were."""
+        t = e.last_used
+        for d in self.dependants(e):
+            o = by_path.get(d)
+            if o is not None:
+                t = max(t, o.last_used)
+        return t
+
+    def plan(self, exists: bool, scanned: int, warnings: Iterable[str], tidy: bool = False) -> DeletePlan:
+        order = sorted(self.removals.values(), key=lambda r: _provides(r.entry))  # users first
+        return DeletePlan(str(self.root), exists, tuple(order), tuple(self.skipped.values()), scanned,
+                          tuple(warnings), tidy, root_ident=_root_ident(self.root))
+
+
+
+def _root_ident(root: Path) -> tuple[int, int] | None:
+    """(device, inode) of the root as held (fsread.hold_root), else as its path names it now."""
+    try:
+        fd = fswrite.open_root(root)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return st.st_dev, st.st_ino
+
+
+def _strays(root: Path, flt: ScanFilter, warn: Warn, layouts: Iterable[str]) -> list[Entry]:
+
+    ctx = ScanContext(Path(root), warn, {})
+    out: list[Entry] = []
+    for name in layouts:
+        if not flt.layouts or name in flt.layouts:
+            out.extend(e for e in get(name).stray_links(ctx, flt) if flt.matches(e))
+    return out
+
+
+def _collector(warn: Warn | None) -> tuple[list[str], Warn]:
+    msgs: list[str] = []
+
+    def collect(m: str) -> None:
+        msgs.append(m)
+        if warn is not None:
+            warn(m)
+
+    return msgs, collect
+
+
+def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn | None = None,
+               now: float | None = None, progress: Progress = NO_PROGRESS) -> DeletePlan:
+    """Remove the entries `flt` selects (everything with `everything`), within the rules: skip builds in
+    progress, keep tilus programs and tilelang binaries that kept entries use."""
+    if not everything and flt == ScanFilter():
+        raise UsageError("clear needs a selection: --space, --op, --target, --layout, hash prefixes, or --all")
+    root = Path(root)
+    msgs, collect = _collector(warn)
+    # Entries named by hash or path: only the layouts and spaces whose directory names show them are
+    # judged (the same entries match); symlinks where entries belong are looked for everywhere.
+    result = scan_cache(root, narrowed_by_names(root, flt) if flt.name_prefixes() else flt, collect,
+                        progress=progress)
+    if not result.exists:
+        return DeletePlan(str(root), False, warnings=tuple(msgs))
+    p = _Planner(root, collect, time.time() if now is None else now)
+    for s in _strays(root, flt, collect, result.layouts):
+        p.select(s, "selected (a symlink: removed as a link)", link=True)
+    for e in result.entries:
+        if _unlisted(e):
+            p.skip(e, e.reason or "unreadable")
+            continue
+        p.select(e, "selected")
+    p.settle()
+    return p.plan(True, result.size, msgs)
+
+
+def plan_prune(root: Path, max_size: int | None = None, older_than: float | None = None, broken: bool = False,
+               warn: Warn | None = None, now: float | None = None, stale: bool = False, deep: bool = True,
+               progress: Progress = NO_PROGRESS, judging: Progress = NO_PROGRESS,
+               scanned: ScanResult | None = None) -> DeletePlan:
+    """What is safe and useful to remove: always stale temp/staging directories and the leftovers the
+    layouts name inside entries; with `broken`, partial, failed and corrupt entries (`deep`: judged by
+    reading every byte, as verify does, `judging` counting the entries read; else as ls judges them,
+    from names, sizes and headers); with `stale`,
+    entries of a compiler version the loader never looks up again;
+    with `older_than` (seconds), entries unused for that long; with `max_size` (bytes), least recently
+    used entries until the cache fits. `scanned`: the whole root's scan already made (stats' own), not
+    made again."""
+    root = Path(root)
+    now = time.time() if now is None else now
+    msgs, collect = _collector(warn)
+    if scanned is None:
+        result = scan_cache(root, ScanFilter(), collect, progress=progress)
+    else:  # kcache's own leftovers are looked for below (_select_kcache_leftovers), not taken from it
+        names = _layout_names()
+        result = replace(scanned, entries=tuple(e for e in scanned.entries if e.layout in names))
+        msgs.extend(scanned.warnings)  # said when it was made
+    if not result.exists:
+        return DeletePlan(str(root), False, warnings=tuple(msgs))
+    entries = tuple(e for e in result.entries if not _unlisted(e))
+    by_path = {e.path: e for e in entries}
+    p = _Planner(root, collect, now, by_path)
+    leftovers = [e for e in entries if _is_leftover(e)]
+    regular = [e for e in entries if not _is_leftover(e)] if leftovers else list(entries)
+    for e in leftovers:  # 1. always: what interrupted writers left behind
+        if e.status == BUILDING:
+            p.skip(e, "a build holds its lock (in progress)")
+        else:
+            p.select(e, "stale")
+    _select_kcache_leftovers(p, root, collect)
+    if broken:  # 2. broken entries (and symlinks where entries belong)
+        _select_broken(p, root, regular, collect, result.layouts, judging if deep else None)
+    if stale:
+        for e in regular:
+            if e.status == STALE and e.path not in p.removals:
+                p.select(e, f"stale: {e.reason or e.status}", recheck=True)
+    last: dict[str, float] = {}
+    if older_than is not None or max_size is not None:  # (stats' RECLAIMABLE asks neither: no cost)
+        p.learn_users(regular)  # 3. unused for too long (a provider is used when its users are)
+        last = {e.path: p.effective_last_used(e, by_path) for e in regular}
+    if older_than is not None:
+        for e in regular:
+            if now - last[e.path] > older_than and e.path not in p.removals:
+                p.select(e, f"unused for {format_age(now - last[e.path])}")
+    p.settle()
+    inner = _select_inner_leftovers(p, regular, collect)  # 4. leftovers inside entries that stay
+    if max_size is not None:  # 5. least recently used first, until the cache fits
+        _select_until_fits(p, regular, last, inner, result.size, max_size)
+    return replace(p.plan(True, result.size, msgs, tidy=True), deep=deep)
+
+
+def _select_broken(p: _Planner, root: Path, regular: list[Entry], warn: Warn, layouts: Iterable[str],
+                   deep: Progress | None) -> None:
+    """Symlinks where entries belong, and entries broken by the scan's cheap judgement (what ls shows)
+    or, with `deep` (which counts the entries read), by the one that reads every byte."""
+    for s in _strays(root, ScanFilter(), warn, layouts):
+        p.select(s, "a symlink where an entry belongs: removed as a link", link=True)
+    if deep is not None:
+        deep.start(len(regular))
+    for e in regular:
+        if deep is not None:
+            e = _judged(root, e)
+            deep.advance(1)
+        if e.status in BROKEN:
+            p.select(e, f"broken: {e.reason or e.status}", recheck=True)
+
+
+def _select_inner_leftovers(p: _Planner, regular: list[Entry], warn: Warn) -> dict[str, list[Removal]]:
+    """Directories the layouts name as removable inside entries that stay; entry path -> their removals."""
+    out: dict[str, list[Removal]] = {}
+    for e in regular:
+        if e.path in p.removals:
+            continue
+        for left in _layout(e).inner_leftovers(e):
+            path = os.path.join(e.path, left.name)
+            if not os.path.isdir(path) or os.path.islink(path) or p.link_in_path(f"{e.relpath}/{left.name}"):
+                continue
+            if p.shape_problem(e) is not None:
+                continue
+            if e.status == BUILDING:
+                p.skip(e, left.busy)
+                continue
+            u = measure_tree(path, warn)
+            r = Removal(e, path, f"{e.relpath}/{left.name}", u.size, left.what, left.why, lock=e.relpath)
+            p.removals[path] = r
+            out.setdefault(e.path, []).append(r)
+    return out
+
+
+def _select_until_fits(p: _Planner, regular: list[Entry], last: dict[str, float], inner: dict[str, list[Removal]],
+                       size: int, max_size: int) -> None:
+    """Least recently used entries (users before the providers they use) until `size` fits `max_size`."""
+    remaining = size - sum(r.size for r in p.removals.values())
+    # Of entries last used at the same time (a copied or untarred cache shares one mtime) the larger go
+    # first: one 7 MB entry rather than twenty small ones; the loop stops as soon as the cache fits.
+    for e in sorted(regular, key=lambda e: (last[e.path], _provides(e), -e.size, e.relpath)):
+        if remaining <= max_size:
+            break
+        if e.path in p.removals:
+            continue
+        if _provides(e) and e.status == COMPLETE:
+            kept = [d for d in p.dependants(e) if d not in p.removals]
+            if kept:
+                p.skip(e, f"used by {p.rel(kept[0])}, which stays")
+                continue
+        via = "" if last[e.path] == e.last_used else f" (its users last used it {iso(last[e.path])})"
+        added = p.select(e, f"least recently used{via}")
+        if added:
+            added += p.take_users(e)
+        for r in added:
+            remaining -= r.size
+            for left in inner.pop(r.path, ()):  # the entry's size already counts them
+                p.drop(left.path)
+                remaining += left.size
+        if added and _provides(e):
+            deps = [d for d in p.dependants(e) if d in p.removals]
+            if deps:
+                p.removals[e.path] = replace(p.removals[e.path], requires=tuple(p.rel(d) for d in deps))
+
+
+def _select_kcache_leftovers(p: _Planner, root: Path, warn: Warn) -> None:
+    """What killed imports and exports left in the root, once their writer is gone."""
+    for e in leftover_entries(root, warn):
+        if e.status == BUILDING:
+            p.skip(e, f"a running {e.kind} holds it")
+        else:
+            why = "staging of an interrupted import" if e.kind == "import" else "temp file of an interrupted export"
+            p.removals[e.path] = Removal(e, e.path, e.relpath, e.size, LEFTOVER, why)
+
+
+
+
+# ---- acting --------------------------------------------------------------------------------------
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk: delete in place instead of through the trash
+_LINKED = (errno.ELOOP, errno.ENOTDIR)
+
+
+REPLACED = "replaced since the scan (another directory or link there now): left alone"
+
+
+def _scanned(r: Removal) -> tuple[int, int] | None:
+    """The identity the scan saw of what `r` removes (None: not known, or `r` removes a part of its entry)."""
+    if not r.entry.ino or r.path != r.entry.path:
+        return None
+    return r.entry.dev, r.entry.ino
+
+
+def _flock(fd: int) -> bool:
+    return try_flock(fd)
+
+
+class _Executor:
+    def __init__(self, plan: DeletePlan, progress, on_wait, lock_timeout: float | None = None,
+                 interruptible: bool = False):
+        self.plan = plan
+        self.interruptible = interruptible
+        self.stopped = False  # a SIGINT asked to stop
+        self.lock_timeout = lock_timeout
+        self.root = Path(plan.root)
+        self.progress = progress
+        self.on_wait = on_wait
+        self.removed: list[Removal] = []
+        self.skipped: list[Skip] = list(plan.skipped)
+        self.errors: list[tuple[str, str]] = []
+        self.warnings: list[str] = list(plan.warnings)
+        self.gone: set[str] = set()  # relpaths removed by this run
+        self.dir_fds: dict[str, int] = {}
+        self.pinned: dict[str, int] = {}  # root and .kcache/*: open for the whole run
+        self.used_fd: int | None = None
+        self.locks_fd: int | None = None
+        self.mounts: list[str] = []  # mount points inside the root: never crossed
+        self._ident: tuple[int, int] | None = None
+
+    # -- directories reached without following symlinks
+    def _dir_fd(self, relpath: str) -> int:
+        """An fd for the directory `relpath` under the root, opened component by component with
+        O_NOFOLLOW: a symlink anywhere on the way raises instead of being followed. Valid until the
+        next call (the cache of open directories is bounded)."""
+        fd = self.pinned.get(relpath, self.dir_fds.get(relpath))
+        if fd is not None:
+            return fd
+        head, _, name = relpath.rpartition("/")
+        fd = os.open(name, _DIR_FLAGS, dir_fd=self._dir_fd(head))
+        if len(self.dir_fds) >= 256:
+            self._close_dirs()
+        self.dir_fds[relpath] = fd
+        return fd
+
+    def _close_dirs(self) -> None:
+        for fd in self.dir_fds.values():
+            os.close(fd)
+        self.dir_fds.clear()
+
+    def _pin(self, relpath: str, create: bool) -> int:
+        """.kcache/ and its subdirectories: created if asked, never through a symlink, open for the run."""
+        head, _, name = relpath.rpartition("/")
+        parent = self.pinned[head]
+        if create:
+            fswrite.mkdir_at(parent, name, 0o777, exist_ok=True)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        self.pinned[relpath] = fd
+        if create and fswrite.group_shared(os.fstat(self.pinned[""])):
+            # in a group-shared cache every member takes locks and uses the trash, whatever the umask
+            # of whoever made them (root's cron with 022 included); elsewhere the umask decides
+            fswrite.share_with_group(fd, os.fstat(self.pinned[""]).st_gid)
+        return fd
+
+    def _refuse(self, relpath: str, exc: OSError) -> KcacheError:
+        if exc.errno in _LINKED:
+            return KcacheError(f"{self.root / relpath} is a symlink or not a directory: kcache never writes "
+                               "through a link; nothing was removed")
+        return KcacheError(f"cannot write to {self.root / relpath}: {exc.strerror or exc}; nothing was removed"
+                           + _permission_fix(self.root / relpath, exc))
+
+    def _lock_gc(self) -> int:
+        """Pin .kcache/ and .kcache/locks/ and take the gc lock (saying so while it waits). On a full disk
+        where they cannot be created, the lock is taken on the deepest directory that exists."""
+        sd = state.STATE_DIR
+        gc = None
+        try:
+            self._pin(sd, create=True)
+            self.locks_fd = self._pin(f"{sd}/locks", create=True)
+            gc = open_lock(GC_LOCK, self.locks_fd, create=True)
+        except NotALockFile:
+            raise KcacheError(f"{self.root / sd / 'locks' / GC_LOCK} is not a regular file (planted there?): "
+                              "remove it to prune or clear this cache; nothing was removed") from None
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE:
+                raise self._refuse(f"{sd}/locks" if sd in self.pinned else sd, exc) from None
+            self.warnings.append(f"no space left in {self.root}: removing in place, without the trash")
+            gc = os.dup(self.pinned.get(f"{sd}/locks", self.pinned.get(sd, self.pinned[""])))
+        if not _flock(gc):
+            if self.on_wait:
+                self.on_wait()
+
+            try:
+                wait_flock(gc, self.lock_timeout, f"the gc lock of {self.root} (another prune or clear)")
+            except BaseException:
+                os.close(gc)
+                raise
+        return gc
+
+    def _check_pins(self) -> None:
+        """After waiting for the gc lock: .kcache/ and its locks/ must still be the directories pinned
+        (one swapped for a link meanwhile is refused, never followed)."""
+        for rel, fd in list(self.pinned.items()):
+            if not rel:
+                continue
+            parent = self.pinned[rel.rpartition("/")[0]]
+            try:
+                now = os.open(rel.rpartition("/")[2], _DIR_FLAGS, dir_fd=parent)
+            except OSError as exc:
+                raise self._refuse(rel, exc) from None
+            try:
+                a, b = os.fstat(now), os.fstat(fd)
+            finally:
+                os.close(now)
+            if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+                raise KcacheError(f"{self.root / rel} was replaced while waiting for the gc lock; nothing was removed")
+
+    def _same_root(self) -> None:
+        """The root opened to act must be the directory the plan was made from (its path swapped for a
+        link or another directory since: nothing is removed)."""
+        st = os.fstat(self.pinned[""])
+        if self.plan.root_ident is not None and (st.st_dev, st.st_ino) != self.plan.root_ident:
+            raise KcacheError(f"{self.root} is not the directory that was scanned any more (replaced, or "
+                              "a link?); nothing was removed")
+
+    def _trash(self) -> int | None:
+        """Pin .kcache/trash/, empty what earlier runs left, and make this run's batch in it; None when the
+        disk is full (removals then happen in place)."""
+        sd = state.STATE_DIR
+        if f"{sd}/locks" not in self.pinned:
+            return None
+        try:
+            trash_fd = self._pin(f"{sd}/trash", create=True)
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                self.warnings.append(f"no space left in {self.root}: removing in place, without the trash")
+                return None
+            raise self._refuse(f"{sd}/trash", exc) from None
+        self._empty_trash()  # what an interrupted run left behind
+        batch = f"{os.getpid()}-{time.time_ns()}"
+        try:
+            fswrite.mkdir_at(trash_fd, batch, 0o700)
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                self.warnings.append(f"no space left in {self.root}: removing in place, without the trash")
+                return None
+            raise self._refuse(f"{sd}/trash/{batch}", exc) from None
+        fd = os.open(batch, _DIR_FLAGS, dir_fd=trash_fd)
+        fswrite.share_like_dir(fd, trash_fd)  # a batch an interrupted run leaves, the next member empties
+        return fd
+
+    def run(self) -> DeleteResult:
+        sd = state.STATE_DIR
+        if not self.plan.removals and not os.path.isdir(self.root / sd):
+            return DeleteResult(self.plan.root, (), tuple(self.skipped), (), 0, (), tuple(self.warnings))
+
+        self.mounts = fsdelete.mount_points_under(os.path.realpath(self.root))
+        try:
+            self.pinned[""] = fswrite.open_root(self.root)
+            self._same_root()
+            gc = self._lock_gc()
+        except OSError as exc:
+            self._close_all()
+            raise KcacheError(f"cannot open {self.root}: {exc.strerror or exc}; nothing was removed") from None
+        except KcacheError:
+            self._close_all()
+            raise
+        removed_dirs: list[str] = []
+        try:
+            self._check_pins()
+            try:
+                self.used_fd = self._pin(f"{sd}/used", create=False) if sd in self.pinned else None
+            except OSError:
+                self.used_fd = None
+            # a SIGINT from here on sets `stopped` (checked between removals, while the trash threads
+            # finish and between trash batches): it never escapes half-way with the result lost
+            with self._sigint_stops():
+                batch_fd = self._trash()
+                self._remove_all(batch_fd)
+                if batch_fd is not None and not self.stopped:
+                    self._empty_trash()
+                removed_dirs = self._remove_empty_parents()
+                if self.plan.tidy_state and self.locks_fd is not None and not self.stopped:
+                    self._tidy_state(self.locks_fd)
+        finally:
+            os.close(gc)
+            self._close_all()
+        freed = sum(r.size for r in self.removed)
+        return DeleteResult(self.plan.root, tuple(self.removed), tuple(self.skipped), tuple(self.errors), freed,
+                            tuple(removed_dirs), tuple(self.warnings), self.stopped)
+
+    def _remove_all(self, batch_fd: int | None) -> None:
+        """Every removal of the plan in turn (renamed into the batch, emptied by the deleter's threads),
+        until a SIGINT asks to stop: then what is queued stays in the trash, whole gone from the cache."""
+        deleter = _Deleter(batch_fd, f"{state.STATE_DIR}/trash", self.errors) if batch_fd is not None else None
+        try:
+            for i, r in enumerate(self.plan.removals):
+                if self.stopped:
+                    break
+                moved = self._remove(r, i, batch_fd)
+                if moved is not None and deleter is not None:
+                    deleter.put(moved, r.path)
+                if self.progress:
+                    self.progress(r)
+        finally:
+            if deleter is not None:
+                deleter.finish(abandon=self.stopped, stop=lambda: self.stopped)
+            if batch_fd is not None:
+                os.close(batch_fd)
+
+    @contextlib.contextmanager
+    def _sigint_stops(self) -> Iterator[None]:
+        """With `interruptible` (in the main thread): the first SIGINT sets `stopped` (checked between
+        removals), a second raises KeyboardInterrupt as usual."""
+        if not self.interruptible or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def stop(signum, _frame) -> None:
+            self.stopped = True
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        old = signal.signal(signal.SIGINT, stop)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+    def _close_all(self) -> None:
+        self._close_dirs()
+        for fd in self.pinned.values():
+            os.close(fd)
+        self.pinned.clear()
+
+    def _skip(self, r: Removal, why: str) -> None:
+        self.skipped.append(Skip(r.entry, why))
+
+    def _mount_inside(self, r: Removal) -> str | None:
+        if not self.mounts:
+            return None
+        real = os.path.join(os.path.realpath(self.root), r.relpath)
+        return next((m for m in self.mounts if m == real or m.startswith(real + "/")), None)
+
+    def _remove(self, r: Removal, i: int, batch_fd: int | None) -> str | None:
+        """Rename one thing into the trash (or remove it in place), holding its locks; the name in the
+        trash, or None."""
+        missing = [q for q in r.requires if q not in self.gone and os.path.lexists(self.root / q)]
+        if missing:
+            return self._skip(r, f"still used by {missing[0]}, which was not removed")
+        mount = self._mount_inside(r)
+        if mount is not None:
+            return self._skip(r, f"holds the mount point {mount}: never crossed")
+        head, _, name = r.relpath.rpartition("/")
+        try:
+            parent = self._dir_fd(head)
+        except FileNotFoundError:
+            return self._skip(r, "already gone")
+        except OSError as exc:
+            if exc.errno in _LINKED:
+                return self._skip(r, "reached through a symlink: never followed out of the cache")
+            return self._fail(r, exc)
+        if r.what == LEFTOVER:
+            return self._remove_leftover(r, parent, name)
+        held: list[int] = []
+        self._ident = None  # what is renamed must be what was locked and checked
+        try:
+            why = self._hold_locks(r, parent, name, held)
+            if why is None and r.what == ENTRY:
+                why = _layout(r.entry).in_use(r.entry)
+            if why is not None:
+                return self._skip(r, why)
+            return self._move(r, i, parent, name, batch_fd)
+        except OSError as exc:
+            return self._fail(r, exc)
+        finally:
+            for fd in held:
+                os.close(fd)
+
+    def _hold_locks(self, r: Removal, parent: int, name: str, held: list[int]) -> str | None:
+        """Take the removal's locks (kept in `held`); the reason to keep it instead, or None."""
+        if r.lock is not None and self.locks_fd is not None:
+            # A kcache build creates its lock file before it compiles and touches an existing entry only
+            # after compiling: with no lock file now, no build can replace this entry while we rename
+            # it, so no lock file is created for it (removing 100,000 entries leaves no 100,000 locks).
+            try:
+                fd = open_lock(state.lock_path(self.root, r.lock).name, self.locks_fd)
+            except (FileNotFoundError, NotALockFile):  # a FIFO planted there is no lock (and never read)
+                fd = None
+            if fd is not None:
+                held.append(fd)
+                if not _flock(fd):
+                    return "a kcache build holds its lock (in progress)"
+        if r.what in (ENTRY, CANDIDATES):
+            try:  # the entry's own directory (for candidates/: the parent already open)
+                efd = os.open(name, _DIR_FLAGS, dir_fd=parent) if r.what == ENTRY else os.dup(parent)
+            except FileNotFoundError:
+                return "already gone"
+            except OSError as exc:
+                if exc.errno not in _LINKED:  # a link since the scan: renamed as one
+                    raise
+                efd = None
+            if efd is not None:
+                held.append(efd)
+                est = os.fstat(efd)
+                self._ident = (est.st_dev, est.st_ino)
+                if _scanned(r) not in (None, self._ident):
+                    return REPLACED
+                if r.what == ENTRY and est.st_mtime > r.entry.modified:
+                    return "changed since the scan (in use, or rebuilt)"
+                for own in _layout(r.entry).writer_locks:
+                    try:
+                        fd = open_lock(own, efd)
+                    except OSError:  # missing, or a FIFO or device: not a lock the writer holds
+                        continue
+                    held.append(fd)
+                    if not _flock(fd):
+                        return f"{r.entry.layout} holds the entry's {own} (in use)"
+                now_status = _status_now(r.entry, self.root, self.plan.deep) if r.recheck else None
+                if now_status is not None and now_status not in (*BROKEN, STALE):
+                    why = "finished" if now_status == COMPLETE else "changed"
+                    return f"{now_status} by now ({why} after the scan)"
+        elif r.what in (TEMP, STAGING):
+            if time.time() - measure_tree(r.path, lambda m: None).mtime < STALE_AFTER:
+                return "in flight: written to less than an hour ago"
+        return None
+
+    def _move(self, r: Removal, i: int, parent: int, name: str, batch_fd: int | None) -> str | None:
+        """Rename into the batch; in place when there is no trash, the trash is on another filesystem
+        (the entry sits on a mount inside the cache) or the disk is too full to rename."""
+        moved = f"{i}-{name}"
+        try:
+            before = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if r.what == LINK and not stat.S_ISLNK(before.st_mode):
+                return self._skip(r, "no longer a symlink (replaced since the scan)")
+            if r.what == ENTRY and self._ident not in (None, (before.st_dev, before.st_ino)):
+                return self._skip(r, "replaced since it was locked")
+            if _scanned(r) not in (None, (before.st_dev, before.st_ino)):
+                return self._skip(r, REPLACED)
+            if batch_fd is None:
+                raise OSError(errno.ENOSPC, "no trash")
+            fswrite.rename_at(parent, name, batch_fd, moved)
+            after = os.stat(moved, dir_fd=batch_fd, follow_symlinks=False)
+            if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):  # swapped in between: put back
+                fswrite.rename_noreplace_at(batch_fd, moved, parent, name)
+                return self._skip(r, "replaced while being removed")
+        except FileNotFoundError:
+            return self._skip(r, "already gone")
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, *_NO_SPACE):
+                return self._fail(r, exc)
+            from kcache_cli.fs import delete as fsdelete
+
+            done = fsdelete.remove_tree(parent, name, label=r.relpath)
+            if not done.gone:
+                return self._fail_text(r, "; ".join(done.problems[:3]))
+            moved = ""
+        self.removed.append(r)
+        self.gone.add(r.relpath)
+        if r.what == ENTRY:
+            self._drop_stamp(r.relpath)
+        return moved or None
+
+    def _remove_leftover(self, r: Removal, parent: int, name: str) -> None:
+        """An import's staging dir or an export's temp file: removed while this run holds the flock its
+        writer would hold, and only if its writer is gone."""
+        is_dir = r.entry.kind == "import"
+        flags = (os.O_RDONLY | os.O_DIRECTORY if is_dir else os.O_RDONLY | os.O_NONBLOCK) | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(name, flags, dir_fd=parent)
+        except FileNotFoundError:
+            return self._skip(r, "already gone")
+        except OSError as exc:
+            return self._fail(r, exc)
+        try:
+            st = os.fstat(fd)
+            if _scanned(r) not in (None, (st.st_dev, st.st_ino)):
+                return self._skip(r, REPLACED)
+            if not _flock(fd):
+                return self._skip(r, f"a running {r.entry.kind} holds it")
+            live = state.leftover_live_held(name, st)
+            if live:
+                return self._skip(r, live)
+            if is_dir:
+                done = fsdelete.remove_tree(parent, name, label=r.relpath)
+                if not done.gone:
+                    return self._fail_text(r, "; ".join(done.problems[:3]))
+            else:
+                fswrite.unlink_at(parent, name, missing_ok=False)
+        except OSError as exc:
+            return self._fail(r, exc)
+        finally:
+            os.close(fd)
+        self.removed.append(r)
+        self.gone.add(r.relpath)
+        return None
+
+    def _fail(self, r: Removal, exc: OSError) -> None:
+        self._fail_text(r, exc.strerror or str(exc))
+
+    def _fail_text(self, r: Removal, why: str) -> None:
+        self.errors.append((r.path, f"cannot remove {r.path}: {why}"))
+
+    def _drop_stamp(self, relpath: str) -> None:
+        if self.used_fd is not None:
+            try:
+                fswrite.unlink_at(self.used_fd, state.stamp_name(relpath))
+            except OSError:
+                pass
+
+    def _empty_trash(self) -> None:
+        """Everything in the trash but a build's own (`build-*`, there for the instant a rebuilt entry
+        replaces the old one) unless an hour old: holding the gc lock, no other prune or clear is running.
+        Through the pinned trash descriptor only: a `trash` swapped for a link is never followed."""
+        trash = f"{state.STATE_DIR}/trash"
+        fd = self.pinned[trash]
+        now = time.time()
+        try:
+            names = sorted(os.listdir(fd))
+        except OSError as exc:
+            self.errors.append((str(self.root / trash), f"cannot read {self.root / trash}: {exc.strerror}"))
+            return
+        for name in names:
+            if self.stopped:  # Ctrl-C: the rest of the trash waits for the next prune
+                break
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if name.startswith("build-") and now - st.st_ctime < STALE_AFTER:
+                continue
+            done = fsdelete.remove_tree(fd, name, label=f"{trash}/{name}")
+            if not done.gone:
+                path = str(self.root / trash / name)
+                self.errors.append((path, f"could not empty {path} (the next prune retries): "
+                                          + "; ".join(done.problems[:3])))
+
+    def _remove_empty_parents(self) -> list[str]:
+        """hidet op and space directories, tilus script op directories, left empty by this run. A
+        top-level directory (ops/, scripts/) stays: it is what tells the layout."""
+        candidates: set[str] = set()
+        for r in self.removed:
+            if r.what not in (ENTRY, TEMP, LINK):
+                continue
+            rel = r.relpath
+            for _ in range(_layout(r.entry).empty_parent_levels(r.entry.kind)):
+                rel = rel.rpartition("/")[0]
+                if "/" not in rel:
+                    break
+                candidates.add(rel)
+        done: list[str] = []
+        lock_names: list[str] | None = None
+        for rel in sorted(candidates, key=lambda x: (-x.count("/"), x)):  # deepest first
+            head, _, name = rel.rpartition("/")
+            try:
+                if os.listdir(self._dir_fd(rel)):
+                    continue
+            except OSError:
+                continue
+            # A kcache build takes its entry's lock before it makes the op directory and its temp dir in
+            # it: holding every lock below this directory keeps a build from finding it gone in between.
+            if lock_names is None:
+                lock_names = sorted(os.listdir(self.locks_fd)) if self.locks_fd is not None else []
+            prefix = state.stamp_name(rel + "/")
+            held: list[int] = []
+            try:
+                if not all(self._hold(n, held) for n in lock_names if n.startswith(prefix)):
+                    continue
+                fd = self.dir_fds.pop(rel, None)
+                if fd is not None:
+                    os.close(fd)
+                os.rmdir(name, dir_fd=self._dir_fd(head))
+            except OSError:
+                continue  # not empty after all (or not ours to remove)
+            finally:
+                for fd in held:
+                    os.close(fd)
+            done.append(str(self.root / rel))
+        return done
+
+    def _hold(self, lock_name: str, held: list[int]) -> bool:
+        try:
+            fd = open_lock(lock_name, self.locks_fd)
+        except (FileNotFoundError, NotALockFile):
+            return True
+        held.append(fd)
+        return _flock(fd)
+
+    def _tidy_state(self, locks_fd: int) -> None:
+        """Last-used stamps of entries that are gone; lock files of entries that are gone and that no
+        one took for an hour (unlinked while we hold them)."""
+        for rel in state.load_last_used(self.root):
+            if not os.path.lexists(self.root / rel):
+                self._drop_stamp(rel)
+        now = time.time()
+        for name in sorted(os.listdir(locks_fd)):
+            if not name.endswith(".lock") or name.startswith("."):
+                continue
+            rel = state.relpath_of_stamp(name[:-5])
+            try:
+                st = os.stat(name, dir_fd=locks_fd, follow_symlinks=False)
+                if now - st.st_mtime < STALE_AFTER or os.path.lexists(self.root / rel):
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue  # a FIFO or device among the locks: not kcache's, never opened
+                fd = open_lock(name, locks_fd)
+            except OSError:
+                continue
+            try:
+                if _flock(fd) and not os.path.lexists(self.root / rel):
+                    fswrite.unlink_at(locks_fd, name)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+
+def _permission_fix(path: Path, exc: OSError) -> str:
+    """For a permission error: how to make the directory the group's (what a newer kcache run by its
+    owner does by itself in a group-shared cache)."""
+    if exc.errno not in (errno.EACCES, errno.EPERM):
+        return ""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return ""
+    return (f"; fix: its owner (uid {st.st_uid}) or root runs `chmod g+ws {path}` or any kcache prune or "
+            "clear of this cache (which makes .kcache/ the group's)")
+
+
+class _Deleter:
+    """Empties the trash batch in worker threads while the main thread renames entries into it. Deleting
+    is waiting on the disk (unlinks, rmdirs), and disks serve several at once: 4 threads delete about
+    twice as fast as one (and than `rm -rf`) on the disks measured; see bench/bench_prune.py. Each
+    works relative to the batch's descriptor (kcache_cli.fs.delete), never by path."""
+
+    THREADS = 4
+
+    def __init__(self, batch_fd: int, where: str, errors: list[tuple[str, str]]):
+
+        self.batch_fd = batch_fd
+        self.where = where
+        self.errors = errors
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._run, name=f"kcache-trash-{i}", daemon=True)
+                        for i in range(self.THREADS)]
+        for t in self.threads:
+            t.start()
+
+    def put(self, name: str, origin: str) -> None:
+        self.queue.put((name, origin))
+
+    def finish(self, abandon: bool = False, stop: Callable[[], bool] = lambda: False) -> None:
+        """Wait for the threads; with `abandon` (or once `stop()` says so, a Ctrl-C while waiting), for the
+        trees they are deleting only (what is still queued stays in the trash for the next run)."""
+        if abandon:
+            self._drain()
+        for _ in self.threads:
+            self.queue.put(None)
+        for t in self.threads:
+            while t.is_alive():
+                t.join(0.1)
+                if not abandon and stop():
+                    abandon = True
+                    self._drain()  # the end markers too: put back, one per thread
+                    for _ in self.threads:
+                        self.queue.put(None)
+
+    def _drain(self) -> None:
+        try:
+            while True:
+                self.queue.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            name, origin = item
+            done = fsdelete.remove_tree(self.batch_fd, name, label=f"{self.where}/{name}")
+            if not done.gone:
+                self.errors.append((origin, f"could not delete all of {origin} (moved to the trash; the next "
+                                            f"prune retries): " + "; ".join(done.problems[:3])))
+
+
+def _status_now(e: Entry, root: Path | None = None, deep: bool = True) -> str:
+    """The entry's status read again now, by the same judgement (deep or cheap) that selected it."""
+    if root is None:
+        root = Path(e.path[: len(e.path) - len(e.relpath)] or "/")
+    return judge_entry(root, e, deep=deep).status
+
+
+def _no_layout():
+
+    class _Own(Layout):
+        """kcache's own leftovers: no shape, no dependencies, nothing held."""
+
+        shape = LayoutShape("kcache", (), "kcache's own leftovers")
+
+    return _Own()
+
+
+_NO_LAYOUT = _no_layout()

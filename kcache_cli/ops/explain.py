@@ -1,0 +1,156 @@
+"""`kcache explain`: will the consumer here use an entry, an archive's entries or a blob's artifacts, and
+if not, which recorded factor differs. "Here" is the Python that will run the model (`--python`, default
+the `python3` on PATH), asked for its installed versions through importlib.metadata in a child process
+(torch, Triton... are never imported, by it or by kcache), the GPU arch (`--gpu`, else nvidia-smi) and the
+environment switches the layouts name. Each layout judges its own entries (`Layout.explain`); what a
+layout cannot know is `unknown`, never `hit`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from kcache_cli import layouts
+from kcache_cli.archive.importer import archive_records
+from kcache_cli.archive.mega import SIDECAR_SUFFIX, mega_layouts, read_blob
+from kcache_cli.catalog.scan import resolve_entry, scan_cache
+from kcache_cli.formats.gpu import ARCH_RE, local_gpu_arch
+from kcache_cli.fs import read as fsread
+from kcache_cli.layouts.base import HIT, MISS, UNKNOWN, Here, Verdict
+from kcache_cli.util.errors import UsageError
+
+_VERSIONS = """import json, sys
+from importlib import metadata
+out = {}
+for name in sys.argv[1:]:
+    try:
+        out[name] = metadata.version(name)
+    except Exception:
+        out[name] = None
+print(json.dumps({"python": sys.version.split()[0], "executable": sys.executable, "versions": out}))
+"""
+
+
+def all_packages() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(p for lay in layouts.all_layouts().values() for p in lay.packages))
+
+
+def _switches(names: Iterable[str]) -> dict[str, str]:
+    out = {}
+    for n in names:
+        if n.endswith("*"):
+            out.update({k: v for k, v in os.environ.items() if k.startswith(n[:-1])})
+        elif n in os.environ:
+            out[n] = os.environ[n]
+    return dict(sorted(out.items()))
+
+
+def probe(python: str | None, packages: Iterable[str] | None = None, gpu: str | None = None,
+          ask_gpu: bool = True, timeout: float = 60.0) -> Here:
+    """`Here` for the interpreter `python` (default: python3 on PATH)."""
+    if gpu is not None and not ARCH_RE.match(gpu):
+        raise UsageError(f"--gpu {gpu!r} is not a CUDA arch (sm_90a, sm_80...)")
+    pkgs = tuple(packages) if packages is not None else all_packages()
+    exe = python or shutil.which("python3")
+    env = _switches(s for lay in layouts.all_layouts().values() for s in lay.env_switches)
+    found_gpu, source = (gpu, "--gpu") if gpu else (local_gpu_arch() if ask_gpu else None, "nvidia-smi")
+    source = source if found_gpu else "none"
+    if exe is None:
+        return Here(None, None, {}, found_gpu, source, env, "no python3 on PATH (--python names one)")
+    try:
+        done = subprocess.run([exe, "-c", _VERSIONS, *pkgs], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, check=False)
+        doc = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return Here(None, exe, {}, found_gpu, source, env, f"{exe} could not be asked: {exc}")
+    if not isinstance(doc, dict) or not isinstance(doc.get("versions"), dict):
+        why = (done.stderr.strip().splitlines() or ["no answer"])[-1][:200]
+        return Here(None, exe, {}, found_gpu, source, env, f"{exe} could not be asked: {why}")
+    versions = {k: v if isinstance(v, str) else None for k, v in doc["versions"].items()}
+    return Here(str(doc.get("python")), str(doc.get("executable") or exe), versions, found_gpu, source, env)
+
+
+@dataclass
+class Explained:
+    what: str  # the entry's relpath, or the artifact's key
+    layout: str
+    kind: str
+    path: str
+    verdict: Verdict
+
+    def to_json(self) -> dict:
+        v = self.verdict
+        return {"what": self.what, "layout": self.layout, "kind": self.kind, "path": self.path,
+                "verdict": v.verdict, "factor": v.factor, "recorded": v.recorded, "here": v.here, "why": v.why}
+
+
+@dataclass
+class ExplainResult:
+    here: Here
+    items: list[Explained] = field(default_factory=list)
+
+    def count(self, verdict: str) -> int:
+        return sum(i.verdict.verdict == verdict for i in self.items)
+
+    def to_json(self) -> dict:
+        h = self.here
+        return {"schema": "kcache/explain/1",
+                "here": {"python": h.python, "executable": h.executable, "versions": dict(h.versions), "gpu": h.gpu,
+                         "gpu_source": h.gpu_source, "env": dict(h.env), "problem": h.problem},
+                "items": [i.to_json() for i in self.items],
+                "hit": self.count(HIT), "miss": self.count(MISS), "unknown": self.count(UNKNOWN)}
+
+
+def explain_root(root: Path, here: Here, refs: list[str] | None = None) -> list[Explained]:
+    """Every entry of the cache at `root` (or those `refs` name), each judged by its layout."""
+    entries = [resolve_entry(root, r) for r in refs] if refs else list(scan_cache(root).entries)
+    out = []
+    for e in entries:
+        lay = layouts.get(e.layout)
+        rel = os.path.relpath(e.path, root)
+        out.append(Explained(rel, e.layout, e.kind, e.path, lay.explain(root, e, here)))
+    return out
+
+
+def explain_blob(path: str, here: Here) -> list[Explained]:
+    """Each artifact torch's load would write from the blob, judged by its layout from the sidecar
+    (`<blob>.kcache.json`, kcache export's) when there is one; a damaged blob is a miss for all."""
+    _, blob = read_blob(path)
+    try:
+        side = fsread.parse_json(fsread.read_bytes(path + SIDECAR_SUFFIX, fsread.MAX_JSON, follow=True))
+    except (OSError, ValueError):
+        side = None
+    recorded = side if isinstance(side, dict) else {}
+    places = mega_layouts()
+    out = []
+    for a in blob.artifacts:
+        lay = places.get(a.type)
+        if blob.state != "ok" or lay is None:
+            why = blob.problems[0] if blob.problems else f"no layout takes {a.type} artifacts"
+            v = Verdict(MISS, f"torch loads nothing of this blob: {why}", "blob", blob.state, "ok")
+        elif a.group in blob.shadowed():
+            v = Verdict(MISS, "a later group of its type replaces it when torch loads the blob", "group", str(a.group),
+                        "the last of its type")
+        else:
+            v = lay.explain_mega(recorded, here)
+        out.append(Explained(a.key, lay.name if lay else "-", a.type, os.path.abspath(path), v))
+    return out
+
+
+def explain_archive(path: str, here: Here) -> list[Explained]:
+    """Each entry of a kcache archive, judged by its layout from its manifest record (the compiler and
+    arch export recorded); nothing but the manifest is read."""
+    out = []
+    for rec in archive_records(path):
+        name = str(rec.get("layout"))
+        if name not in layouts.NAMES:
+            v = Verdict(UNKNOWN, f"this kcache does not know the {name} layout")
+        else:
+            v = layouts.get(name).explain_record(rec, here)
+        out.append(Explained(str(rec.get("relpath")), name, str(rec.get("kind")), os.path.abspath(path), v))
+    return out

@@ -1,0 +1,321 @@
+"""Work spread over worker processes: the one way kcache runs in parallel (scan, export, import).
+
+Workers are forked when this process runs no other thread: forking is fast and the workers inherit the
+work in memory, so only part numbers and results travel. Forking a process that runs threads (a
+progress bar's refresh thread, a pool's manager) can deadlock the child (Python 3.12 warns of it): then
+the work goes to a forkserver, which starts clean workers, and everything a part needs travels pickled.
+Pools are always created before this module starts any thread of its own."""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+from kcache_cli.util.errors import KcacheError
+from kcache_cli.util.progress import NO_PROGRESS
+
+MAX_WORKERS = 8
+
+
+def cpus() -> int:
+    """The CPUs this process may run on (at most MAX_WORKERS)."""
+    try:
+        return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+    except (AttributeError, OSError):
+        return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+
+
+def split(items: list, n: int) -> list[list]:
+    """`items` in `n` contiguous chunks of nearly equal length (one per worker)."""
+    k, r = divmod(len(items), n)
+    out, i = [], 0
+    for c in range(n):
+        j = i + k + (1 if c < r else 0)
+        out.append(items[i:j])
+        i = j
+    return out
+
+
+def fork_safe() -> bool:
+    """Whether forking now is safe: this process runs no thread but the main one."""
+    return threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+
+
+_INHERITED: tuple[Callable[[Any, Any], Any], Any, Sequence[Any], Any] | None = None
+_COUNTER: Any = None  # in a forked worker of map_parts: its slot of the shared progress counters
+_SLOT = 0
+
+
+def advance(n: int) -> None:
+    """In a worker of map_parts: `n` more units of work done (the parent moves its progress by them).
+    Anywhere else: nothing. Plain shared memory, no lock: each worker writes its own slot only."""
+    if _COUNTER is not None:
+        _COUNTER[_SLOT] += n
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+_HELD = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP wait while workers fork. A handler that raises (export's) would
+    otherwise run inside the interpreter's at-fork hooks, which swallow what it raises: the interrupt
+    would be lost. A worker lets them through again first thing (`die_with_parent`)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def die_with_parent(parent: int | None) -> None:
+    """In a worker: be killed (SIGKILL) when the process that started it dies, so that a `kill -9` of
+    kcache leaves no worker extracting under init and holding its lock. The kernel's death signal
+    covers a death from now on; the parent check covers one before the prctl took effect."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # held by the parent while it forked
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the parent check below is all there is
+        pass
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
+def _inherited_part(i: int) -> Any:
+    global _COUNTER, _SLOT
+    assert _INHERITED is not None, "set by map_parts before the workers fork"
+    func, shared, parts, counters = _INHERITED
+    _COUNTER, _SLOT = counters, i
+    try:
+        return func(shared, parts[i])
+    finally:
+        _COUNTER = None
+
+
+def _pickled_part(args: tuple[Callable[[Any, Any], Any], Any, Any]) -> Any:
+    func, shared, part = args
+    return func(shared, part)
+
+
+def map_parts(func: Callable[[Any, Any], Any], shared: Any, parts: Sequence[Any], progress: Any = None
+              ) -> list[Any]:
+    """`[func(shared, part) for part in parts]`, one worker process per part, results in order. `func`
+    must be a module-level function (it may have to be pickled, as `shared` and `parts` may). Raises
+    what a worker raised; OSError, RuntimeError or ImportError when no worker can be started (callers
+    then do the work themselves). `progress.advance` gets what forked workers count with `advance()`,
+    moved from this thread every PROGRESS_POLL seconds (a forkserver's workers count nothing)."""
+    global _INHERITED
+    if fork_safe():
+        ctx = multiprocessing.get_context("fork")
+        counters = ctx.RawArray("q", len(parts)) if progress is not None else None
+        _INHERITED = (func, shared, parts, counters)
+        try:
+            with ProcessPoolExecutor(len(parts), mp_context=ctx, initializer=die_with_parent,
+                                     initargs=(os.getpid(),)) as pool:
+                with signals_held():  # the pool forks its workers at the first submit
+                    futures = [pool.submit(_inherited_part, i) for i in range(len(parts))]
+                if counters is not None:
+                    _follow(futures, counters, progress)
+                return [f.result() for f in futures]
+        finally:
+            _INHERITED = None
+    # a forkserver's workers are its children: they die with it, and it with this process
+    with ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("forkserver"),
+                             initializer=die_with_parent, initargs=(None,)) as pool:
+        return list(pool.map(_pickled_part, [(func, shared, p) for p in parts]))
+
+
+PROGRESS_POLL = 0.1  # seconds between looks at the workers' counters
+
+
+def _follow(futures: list, counters: Any, progress: Any) -> None:
+    """Move `progress` by what the workers counted until every one of them is done."""
+    seen = 0
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=PROGRESS_POLL, return_when=FIRST_EXCEPTION)
+        now = sum(counters)
+        if now > seen:
+            progress.advance(now - seen)
+            seen = now
+        if any(f.exception() is not None for f in done):
+            return  # raised by the caller's result()
+
+
+# ---- two phases in the same workers (export and import) --------------------------------------------
+
+class Aborted(KcacheError):
+    """A worker stopped because another one failed."""
+
+
+_PHASED: tuple | None = None
+
+
+def run_phased(n: int, first: Callable[..., Any], progress: Any = None,
+               between: Callable[[list], None] | None = None, second: Callable[[int], Any] | None = None
+               ) -> tuple[list, list]:
+    """Run `first(i, advance, abort)` for i in range(n) in forked workers, then `between(results)` here,
+    then `second(i)` in the same workers, which keep what phase one left them (so the functions may be
+    closures: the workers inherit them). Workers count progress in shared memory and this process
+    moves `progress` (start/advance); the first failure stops the others (they see abort()) and is
+    raised here; nothing runs phase two unless every worker finished phase one.
+
+    With n == 1, or when forking is not safe (another thread runs), it all runs in this process."""
+    if n == 1 or not fork_safe():
+        r1 = [first(i, (progress or NO_PROGRESS).advance, _never) for i in range(n)]
+        if between is not None:
+            between(r1)
+        return r1, ([second(i) for i in range(n)] if second is not None else [])
+    workers = _Workers(n, first, second, progress)
+    try:
+        try:
+            r1 = workers.collect()
+            if between is not None:
+                between(r1)
+        except BaseException:
+            workers.tell("stop", abort=True)
+            raise
+        if second is None:
+            workers.tell("stop")
+            return r1, []
+        workers.tell("go")
+        return r1, workers.collect()
+    finally:
+        workers.close()
+
+
+class _Workers:
+    """n forked processes, a pipe to each, shared progress counters and a shared stop flag."""
+
+    def __init__(self, n: int, first: Callable, second: Callable | None, progress: Any) -> None:
+        global _PHASED
+        ctx = multiprocessing.get_context("fork")
+        self.n, self.progress, self.seen = n, progress, 0
+        self.counters = ctx.RawArray("q", n)
+        self.stop = ctx.RawValue("b", 0)
+        _PHASED = (first, second, self.counters, self.stop)
+        self.procs: list = []
+        self.conns: list = []
+        try:
+            for i in range(n):
+                parent_end, child_end = ctx.Pipe()
+                # The child closes every parent end it inherits, its own included: were one kept, a
+                # worker whose parent died (SIGTERM, SIGKILL) would block forever sending its result.
+                proc = ctx.Process(target=_worker_main, args=(i, child_end, [parent_end, *self.conns], os.getpid()),
+                                   daemon=True)
+                with signals_held():
+                    proc.start()
+                child_end.close()
+                self.procs.append(proc)
+                self.conns.append(parent_end)
+        except BaseException:
+            self.close()
+            raise
+
+    def collect(self) -> list:
+        """Every worker's result of the current phase; the first failure is raised (others stop)."""
+        from multiprocessing.connection import wait
+
+        results: list = [None] * self.n
+        waiting = dict(zip(self.conns, range(self.n)))
+        error: Any = None
+        conn: Any
+        while waiting:
+            for conn in wait(list(waiting), timeout=0.1):
+                i = waiting.pop(conn)
+                try:
+                    status, value = conn.recv()
+                except EOFError:
+                    status, value = "err", KcacheError(f"worker {i} died")
+                if status == "err":
+                    self.stop.value = 1
+                    if error is None or (isinstance(error, Aborted) and not isinstance(value, Aborted)):
+                        error = value
+                results[i] = value
+            now = sum(self.counters)
+            if self.progress and now > self.seen:
+                self.progress.advance(now - self.seen)
+            self.seen = now
+        if error is not None:
+            raise error
+        return results
+
+    def tell(self, message: str, abort: bool = False) -> None:
+        if abort:
+            self.stop.value = 1
+        for conn in self.conns:
+            try:
+                conn.send(message)
+            except (OSError, ValueError):
+                pass  # the worker is gone already
+
+    def close(self) -> None:
+        global _PHASED
+        _PHASED = None
+        for proc in self.procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+        for conn in self.conns:
+            conn.close()
+
+
+def _worker_main(i: int, conn, parent_ends: list, parent: int) -> None:
+    assert _PHASED is not None, "set by _Workers before forking"
+
+    die_with_parent(parent)
+    for end in parent_ends:
+        end.close()
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # the parent's handlers (export's) are not the worker's:
+        signal.signal(sig, signal.SIG_DFL)  # a worker told to stop just stops, without a traceback
+    first, second, counters, stop = _PHASED
+
+    def advance(k: int) -> None:
+        counters[i] += k
+
+    def abort() -> bool:
+        return bool(stop.value)
+
+    def report(func, *args) -> bool:
+        try:
+            message = ("ok", func(*args))
+        except BaseException as exc:  # noqa: BLE001 - every failure travels back to the parent
+            message = ("err", _portable(exc))
+        try:
+            conn.send(message)
+        except OSError:  # the parent is gone (killed): nobody to tell, nothing to print
+            return False
+        return message[0] == "ok"
+
+    if report(first, i, advance, abort) and second is not None:
+        try:
+            command = conn.recv()
+        except EOFError:
+            return
+        if command == "go":
+            report(second, i)
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """`exc`, or a KcacheError saying what it was when it cannot travel between processes."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001
+        return KcacheError(f"{type(exc).__name__}: {exc}")
+
+
+def _never() -> bool:
+    return False

@@ -1,0 +1,42 @@
+"""kcache_cli/util/lazy.py: a command module names the engines it uses at its top, and they run at
+their first use (help and a TAB declare commands without loading them)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from kcache_cli.util.lazy import lazy_module
+
+
+def _package(tmp_path):
+    pkg = tmp_path / "lzpkg"
+    (pkg / "heavy").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "heavy" / "__init__.py").write_text("import sys\nsys.ran = getattr(sys, 'ran', []) + ['heavy']\n")
+    (pkg / "heavy" / "mod.py").write_text("import sys\nsys.ran = getattr(sys, 'ran', []) + ['mod']\nVALUE = 42\n")
+    return tmp_path
+
+
+def test_nothing_runs_until_an_attribute_is_read(tmp_path):
+    code = ("import sys\nfrom kcache_cli.util.lazy import lazy_module\n"
+            "m = lazy_module('lzpkg.heavy.mod')\nprint(getattr(sys, 'ran', []))\n"
+            "print(m.VALUE, sys.ran)\nprint(lazy_module('lzpkg.heavy.mod') is m, sys.modules['lzpkg.heavy'].mod is m)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=_package(tmp_path), capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == ["[]", "42 ['mod']", "True True"]  # the package's own __init__ ran at neither step
+
+
+def test_an_imported_module_is_returned_as_it_is():
+    import json
+
+    assert lazy_module("json") is json
+
+
+def test_a_missing_module_is_an_import_error():
+    try:
+        lazy_module("kcache_cli.no_such_module_here")
+    except ModuleNotFoundError as exc:
+        assert exc.name == "kcache_cli.no_such_module_here"
+    else:
+        raise AssertionError("no error")
