@@ -6,7 +6,6 @@ import inspect
 import json
 import os
 import re
-import shlex
 import sys
 import traceback
 from importlib import import_module
@@ -21,7 +20,10 @@ from kcache_cli.cli.options import GlobalOptions, plain_output, settings
 from kcache_cli.model.terms import LAYOUT_NAMES
 from kcache_cli.remote.redact import redact_text
 from kcache_cli.util.errors import KcacheError
+from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.textsafe import printable_line
+
+shlex = lazy_module("shlex")  # a TAB's line only: not a cost of every start
 
 
 def _set_global(name: str):

@@ -36,13 +36,12 @@ from kcache_cli.util.textsafe import printable, printable_line
 from kcache_cli.util.units import format_ago, format_size, parse_age, parse_seconds, parse_size
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
-    from kcache_cli.catalog import locate, names, scan
-    from kcache_cli.catalog import names as _names
+    from kcache_cli.catalog import locate, scan
+    from kcache_cli.catalog import names as _names  # (`names` is a selector list below)
 else:
     _names = lazy_module("kcache_cli.catalog.names")
     locate = lazy_module("kcache_cli.catalog.locate")
     scan = lazy_module("kcache_cli.catalog.scan")
-    names = lazy_module("kcache_cli.catalog.names")
 
 
 def cache_location(opts: GlobalOptions, existing: bool = False):
@@ -238,9 +237,9 @@ def _nearest(ref: str, roots: list[Path]) -> list[str]:
     for root in roots:
         if not root.is_dir():
             continue
-        for n in names.entries(root):
+        for n in _names.entries(root):
             hashes.setdefault(n.hash[:max(len(key), 8)], n.hash)
-        ops.update(names.op_places(root))
+        ops.update(_names.op_places(root))
     # never the reference itself: an entry it names that the other selectors (or the scope) left out
     close = [h for h in difflib.get_close_matches(key, list(hashes), n=4, cutoff=0.5)
              if not hashes[h].startswith(key)][:3]

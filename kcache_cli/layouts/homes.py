@@ -12,9 +12,15 @@ import importlib.util
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
+
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:  # the real import, for mypy; at run time it loads at its first use
+    import tempfile
+else:
+    tempfile = lazy_module("tempfile")
 
 
 class Home(NamedTuple):

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import ast
 import os
-import pprint
 import re
 import stat
 import zlib
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, NamedTuple
 
 from kcache_cli import layouts
 from kcache_cli.fs import read as fsread
@@ -54,6 +53,12 @@ from kcache_cli.model.records import (
     ScanFilter,
     Status,
 )
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:  # the real import, for mypy; only `verify --fix` and import write an index
+    import pprint
+else:
+    pprint = lazy_module("pprint")
 
 NAME = VLLM.name
 COMPILE, AOT = "compile", "aot"

@@ -8,18 +8,25 @@ Pools are always created before this module starts any thread of its own."""
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing
 import os
 import pickle
 import signal
 import threading
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from kcache_cli.util.errors import KcacheError
+from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.progress import NO_PROGRESS
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use (30 ms that
+    import concurrent.futures as cf  # `inspect` and a small `ls` never need)
+    import ctypes
+    import multiprocessing
+else:
+    cf = lazy_module("concurrent.futures")
+    ctypes = lazy_module("ctypes")
+    multiprocessing = lazy_module("multiprocessing")
 
 MAX_WORKERS = 8
 
@@ -121,7 +128,7 @@ def map_parts(func: Callable[[Any, Any], Any], shared: Any, parts: Sequence[Any]
         counters = ctx.RawArray("q", len(parts)) if progress is not None else None
         _INHERITED = (func, shared, parts, counters)
         try:
-            with ProcessPoolExecutor(len(parts), mp_context=ctx, initializer=die_with_parent,
+            with cf.ProcessPoolExecutor(len(parts), mp_context=ctx, initializer=die_with_parent,
                                      initargs=(os.getpid(),)) as pool:
                 with signals_held():  # the pool forks its workers at the first submit
                     futures = [pool.submit(_inherited_part, i) for i in range(len(parts))]
@@ -131,7 +138,7 @@ def map_parts(func: Callable[[Any, Any], Any], shared: Any, parts: Sequence[Any]
         finally:
             _INHERITED = None
     # a forkserver's workers are its children: they die with it, and it with this process
-    with ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("forkserver"),
+    with cf.ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("forkserver"),
                              initializer=die_with_parent, initargs=(None,)) as pool:
         return list(pool.map(_pickled_part, [(func, shared, p) for p in parts]))
 
@@ -144,7 +151,7 @@ def _follow(futures: list, counters: Any, progress: Any) -> None:
     seen = 0
     pending = set(futures)
     while pending:
-        done, pending = wait(pending, timeout=PROGRESS_POLL, return_when=FIRST_EXCEPTION)
+        done, pending = cf.wait(pending, timeout=PROGRESS_POLL, return_when=cf.FIRST_EXCEPTION)
         now = sum(counters)
         if now > seen:
             progress.advance(now - seen)

@@ -7,9 +7,13 @@ import re
 import time
 from typing import TYPE_CHECKING
 
-import humanize
-
 from kcache_cli.util.errors import UsageError
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:  # the real import, for mypy; at run time it loads at its first use
+    import humanize
+else:
+    humanize = lazy_module("humanize")
 
 if TYPE_CHECKING:
     from fractions import Fraction
