@@ -203,7 +203,7 @@ def app_for(args: list[str]) -> typer.Typer:
         return _completing_app()
     name = _subcommand(args)
     if name is None:
-        if _version_only(args):  # --version acts before any command runs: one command is enough
+        if _version_only(args):  # --version acts before any command runs: none is needed
             return typer_compat.app_holding(app, [], [])
         return full_app()
     if name not in COMMANDS:

@@ -1,6 +1,6 @@
-"""What every command shares: global options, the cache root, filters, and output helpers.
-
-Rich and humanize are imported inside the helpers that need them, to keep start-up fast."""
+"""What every command shares: the cache root, filters, and output helpers (the global options are in
+options.py). Rich is imported inside the helpers that draw, the engines at their first use: help and
+a TAB load this module without either."""
 
 from __future__ import annotations
 

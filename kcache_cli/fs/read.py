@@ -6,7 +6,8 @@ ends), never read. Every read has a bound. JSON is parsed only under a size and 
 and directory walks are iterative with a depth limit, so no file can make kcache hang, take
 unbounded memory, or hit Python's recursion limit.
 
-Light on purpose (os, stat, errno): `kcache build`'s hit path and `ls` import it."""
+Light on purpose (os, stat, errno): start-up imports it (the layouts' shapes detect through it), and so
+do `kcache build`'s hit path and `ls`."""
 
 from __future__ import annotations
 
