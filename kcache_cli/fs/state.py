@@ -217,12 +217,25 @@ def odd_index_files(root: str) -> list[str]:
 def read_shared_file(root: str | os.PathLike, name: str, limit: int) -> bytes | None:
     """read_own_file, also trusting a file of the group of a group-shared cache (what its members write
     for each other), never one that anyone may write."""
+    return _read_state_file(root, name, limit, shared=True)
+
+
+def read_own_file(root: Path, name: str, limit: int) -> bytes | None:
+    """The bytes of .kcache/`name`, a file kcache keeps for itself, or None when it is missing, too big,
+    not a regular file, in an untrusted state dir, or not this user's (nor root's): another member's
+    file is not trusted, and this user's next write replaces it."""
+    return _read_state_file(root, name, limit, shared=False)
+
+
+def _read_state_file(root: str | os.PathLike, name: str, limit: int, shared: bool) -> bytes | None:
+    """.kcache/`name` read through the root's and the state dir's fds, if it is this user's or root's (or,
+    `shared`, of the cache's group and not world-writable) and at most `limit` bytes; else None."""
     try:
         rfd = fswrite.open_root(root)
     except OSError:
         return None
     try:
-        group = shared_group(rfd)
+        group = shared_group(rfd) if shared else None
         sfd = open_state(rfd, root)
         try:
             fd, st = fsread.open_regular(name, dir_fd=sfd)
@@ -234,35 +247,7 @@ def read_shared_file(root: str | os.PathLike, name: str, limit: int) -> bytes | 
         os.close(rfd)
     try:
         trusted = st.st_uid in (os.geteuid(), 0) or (group is not None and st.st_gid == group)
-        if not trusted or st.st_mode & 0o002 or st.st_size > limit:
-            return None
-        return os.read(fd, limit + 1)[:limit]
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def read_own_file(root: Path, name: str, limit: int) -> bytes | None:
-    """The bytes of .kcache/`name`, a file kcache keeps for itself, or None when it is missing, too big,
-    not a regular file, in an untrusted state dir, or not this user's (nor root's): another member's
-    file is not trusted, and this user's next write replaces it."""
-    try:
-        rfd = fswrite.open_root(root)
-    except OSError:
-        return None
-    try:
-        sfd = open_state(rfd, root)
-        try:
-            fd, st = fsread.open_regular(name, dir_fd=sfd)
-        finally:
-            os.close(sfd)
-    except OSError:
-        return None
-    finally:
-        os.close(rfd)
-    try:
-        if st.st_uid not in (os.geteuid(), 0) or st.st_size > limit:
+        if not trusted or (shared and st.st_mode & 0o002) or st.st_size > limit:
             return None
         return os.read(fd, limit + 1)[:limit]
     except OSError:
