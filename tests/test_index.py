@@ -18,6 +18,7 @@ from kcache_cli.fs import state
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.fs.locking import entry_lock
 from kcache_cli.layouts import hidet
+from kcache_cli.model.records import ScanFilter
 
 SOFTMAX = "ops/cuda_space_0/softmax/ad252b064b266eea"
 ADD = "ops/cuda_space_0/add/8d1f7691cdf75e90"
@@ -47,12 +48,12 @@ def cache(fixture_copy):
     return root
 
 
-def both(root, judged):
+def both(root, judged, flt: ScanFilter = ScanFilter()):
     """(the index's answer, the real scan's answer): Entry tuples compared field by field. `judged` keeps
-    only what the scan with the index judged."""
-    got = scan_cache(root, use_index=True).entries
+    only what the scan with the index judged. Every layout's index tests use it."""
+    got = scan_cache(root, flt, use_index=True).entries
     n = len(judged)
-    real = scan_cache(root).entries
+    real = scan_cache(root, flt).entries
     del judged[n:]
     return got, real
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from loaders import recorded
+from test_index import both
 
 from kcache_cli.catalog import index
 from kcache_cli.catalog import scan_context as scan_mod
@@ -47,13 +48,6 @@ def cache(recorded_tree, tmp_path) -> Path:
     time.sleep(RACY * 2)
     return root
 
-
-def both(root, judged):
-    got = scan_cache(root, use_index=True).entries
-    n = len(judged)
-    real = scan_cache(root).entries
-    del judged[n:]
-    return got, real
 
 
 def primed(root, judged) -> None:

@@ -9,6 +9,7 @@ import shutil
 import time
 
 import pytest
+from test_index import both
 
 from kcache_cli.catalog import index
 from kcache_cli.catalog import scan_context as scan_mod
@@ -46,13 +47,6 @@ def cache(fixture_copy):
     time.sleep(RACY * 2)
     return root
 
-
-def both(root, judged):
-    got = scan_cache(root, use_index=True).entries
-    n = len(judged)
-    real = scan_cache(root).entries
-    del judged[n:]
-    return got, real
 
 
 def primed(root, judged) -> None:

@@ -10,6 +10,7 @@ import os
 import time
 
 import pytest
+from test_index import both
 from test_triton import ADD_90, KERNELS, MATMUL, SOFTMAX, age, settle
 
 from kcache_cli.catalog import index
@@ -45,14 +46,6 @@ def cache(fixture_copy):
     time.sleep(RACY * 2)  # older than the racy window: the first scan stores every kernel
     return root
 
-
-def both(root, judged, flt: ScanFilter = ScanFilter()):
-    """(the index's answer, the real scan's answer); `judged` keeps only what the indexed scan judged."""
-    got = scan_cache(root, flt, use_index=True).entries
-    n = len(judged)
-    real = scan_cache(root, flt).entries
-    del judged[n:]
-    return got, real
 
 
 def primed(root, judged) -> None:
