@@ -88,7 +88,12 @@ def signals_held() -> Iterator[None]:
 def die_with_parent(parent: int | None) -> None:
     """In a worker: be killed (SIGKILL) when the process that started it dies, so that a `kill -9` of
     kcache leaves no worker extracting under init and holding its lock. The kernel's death signal
-    covers a death from now on; the parent check covers one before the prctl took effect."""
+    covers a death from now on; the parent check covers one before the prctl took effect. The parent's
+    handlers (export's, which raise) are not the worker's: they go before the held signals are let
+    through, so a worker told to stop just stops, without a traceback."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # held by the parent while it forked
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -285,8 +290,6 @@ def _worker_main(i: int, conn, parent_ends: list, parent: int) -> None:
     die_with_parent(parent)
     for end in parent_ends:
         end.close()
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # the parent's handlers (export's) are not the worker's:
-        signal.signal(sig, signal.SIG_DFL)  # a worker told to stop just stops, without a traceback
     first, second, counters, stop = _PHASED
 
     def advance(k: int) -> None:
