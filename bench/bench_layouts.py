@@ -106,11 +106,15 @@ def bench(layout: str, root: Path, runs: int, env: dict, base: Path | None, ref:
     count = len(json.loads(subprocess.run(cold, env=env, capture_output=True, check=True).stdout)["entries"])
     print(f"-- {layout}: {count} entries in {root}; load {load()}", flush=True)
     compare(f"{layout} cold: ls --json --no-index vs du", cold, du, runs, 1.5, env)
-    if layout == "triton":  # the system calls and parsing no cold listing can skip, in Python, one process
-        compare("triton floor: floor_triton.py vs du", [sys.executable, str(BENCH / "floor_triton.py"), str(root)],
-                du, runs, 1.5, env)
+    floor = [sys.executable, str(BENCH / "floor_triton.py"), str(root), "--procs", str(os.cpu_count() or 1)]
+    if layout == "triton":  # the system calls and parsing no cold listing can skip, in Python, over the cores
+        compare("triton floor cold: floor_triton.py vs du", floor, du, runs, 1.5, env)
     subprocess.run(ls, env=env, stdout=subprocess.DEVNULL, check=True)  # the index, for the warm runs
     compare(f"{layout} warm: ls --json (index) vs du", ls, du, runs, 1.0, env)
+    if layout == "triton":  # what proving every file unchanged costs in Python (names from a pickle)
+        names = root.parent / f".{root.name}-names.pickle"  # beside the cache: never in it
+        compare("triton floor warm: floor_triton.py --warm vs du", [*floor, "--warm", str(names)], du, runs,
+                1.0, env)
     print(f"{layout}: the index's answer equals --no-index: {same_answer(ls, env)}", flush=True)
     if base is None:
         return

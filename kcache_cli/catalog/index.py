@@ -107,19 +107,19 @@ def _fresh(path: str, names: tuple[str, ...], digest: bytes) -> float | None:
     """The newest atime of its files when the entry at `path` still has exactly the files and stats its
     record was keyed with (atime is not in the key: a read changes nothing the record holds), else None."""
     lstat = os.lstat
-    accessed = 0.0
+    prefix = path + os.sep
     try:
-        st = lstat(path)
-        ints = [st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
-        prefix = path + os.sep
-        for name in names:
-            st = lstat(prefix + name)
-            ints += (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            if st.st_atime > accessed and S_ISREG(st.st_mode):  # a directory's atime is any listing's
-                accessed = max(accessed, readmarks.atime(st))  # not kcache's own reads
+        top = lstat(path)
+        sts = [lstat(prefix + name) for name in names]
     except (OSError, ValueError, TypeError):
         return None
-    return accessed if _digest(ints) == digest else None
+    ints = [top.st_ino, top.st_mtime_ns, top.st_ctime_ns]
+    for st in sts:
+        ints += (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if _digest(ints) != digest:
+        return None
+    # a directory's atime is any listing's; a file's is its last use, unless it is kcache's own read
+    return max((readmarks.atime(st) for st in sts if S_ISREG(st.st_mode)), default=0.0)
 
 
 _INTERNED: dict[tuple[str, ...], tuple[str, ...]] = {}

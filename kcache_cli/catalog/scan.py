@@ -67,10 +67,12 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
         ctx = ScanContext(root, collect, state.load_last_used(root), statuses=statuses)
     ctx.progress = progress
     entries: list[Entry] = []
+    everything = flt.takes_all()
     for name in layouts:
         if flt.layouts and name not in flt.layouts:
             continue
-        entries.extend(e for e in _counted(ctx, get_layout(name).scan(ctx, flt)) if flt.matches(e))
+        found = _counted(ctx, get_layout(name).scan(ctx, flt))
+        entries.extend(found if everything else (e for e in found if flt.matches(e)))
     if use_index:
         ctx.save(complete=complete)  # type: ignore[attr-defined]
     readmarks.save(root)

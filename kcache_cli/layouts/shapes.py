@@ -398,9 +398,9 @@ BY_NAME = {s.name: s for s in SHAPES}
 BUILD_SHAPE = next(s for s in SHAPES if s.build_kind)  # where `kcache build` publishes
 
 
-# While `layouts.detect` asks every layout: each root's top-level directory names, listed once (a Triton
-# root has 10^5 of them, and five layouts go by the default detect). None at any other time: never stale.
-_listed: dict[str, list[str]] | None = None
+# While `layouts.detect` asks every layout: each root's top-level directories, listed once (a Triton root
+# has 10^5 of them, and seven layouts detect by them). None at any other time: never stale.
+_listed: dict[str, list[tuple[str, bool]]] | None = None
 
 
 @contextmanager
@@ -414,18 +414,18 @@ def listing_roots_once() -> Iterator[None]:
         _listed = outer
 
 
-def top_dirs(root: str | os.PathLike) -> list[str]:
-    """The names of `root`'s top-level directories (a link to one counts, as is_dir() says). OSError when
-    it cannot be listed."""
+def top_dirs(root: str | os.PathLike, links: bool = True) -> list[str]:
+    """The names of `root`'s top-level directories, in listing order: with `links`, a link to one counts
+    (as is_dir() says); without, only real directories. OSError when it cannot be listed."""
     key = os.fspath(root)
-    if _listed is not None and key in _listed:
-        return _listed[key]
-    fd = fsread.open_path(key, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # from its held root
-    try:
-        with os.scandir(fd) as it:
-            tops = [d.name for d in it if d.is_dir()]
-    finally:
-        os.close(fd)
-    if _listed is not None:
-        _listed[key] = tops
-    return tops
+    tops = _listed.get(key) if _listed is not None else None
+    if tops is None:
+        fd = fsread.open_path(key, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # from its held root
+        try:
+            with os.scandir(fd) as it:
+                tops = [(d.name, d.is_symlink()) for d in it if d.is_dir()]
+        finally:
+            os.close(fd)
+        if _listed is not None:
+            _listed[key] = tops
+    return [name for name, link in tops if links or not link]

@@ -18,7 +18,7 @@ from kcache_cli.fs import state
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, Leftover, ScanContext, Verdict
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
-from kcache_cli.layouts.shapes import TILELANG
+from kcache_cli.layouts.shapes import TILELANG, top_dirs
 from kcache_cli.model.checks import changed_since, list_files
 from kcache_cli.model.records import (
     COMPLETE,
@@ -105,13 +105,12 @@ def detect(root: Path) -> bool:
     """Evidence, not names alone: a `<version>/` holding cuda-binaries/ or <platform>/kernels/, or
     version directories in a root with a CACHEDIR.TAG."""
     try:
-        versions = fsread.scandir_list(root, lambda d: VERSION_RE.match(d.name) is not None
-                                       and d.is_dir(follow_symlinks=False))
+        versions = [n for n in top_dirs(root, links=False) if VERSION_RE.match(n) is not None]
     except OSError:
         return False
     if versions and state.has_cachedir_tag(root):
         return True
-    return any(real_version_dir(d.path) for d in versions[:64])
+    return any(real_version_dir(os.path.join(root, n)) for n in versions[:64])
 
 
 def _load_json(path: str) -> dict | None:

@@ -38,7 +38,7 @@ from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts._common import tree_stats
 from kcache_cli.layouts.base import MISS, STALE_AFTER, UNKNOWN, Facts, Here, Judging, Layout, ScanContext, Verdict
 from kcache_cli.layouts.image_format import ImageFormat
-from kcache_cli.layouts.shapes import INDUCTOR, TRITON, TRITON_TMP, VLLM, inductor_graph_relpath
+from kcache_cli.layouts.shapes import INDUCTOR, TRITON, TRITON_TMP, VLLM, inductor_graph_relpath, top_dirs
 from kcache_cli.layouts.vllm_image import VllmImage
 from kcache_cli.model.checks import list_files
 from kcache_cli.model.records import (
@@ -324,13 +324,13 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
 def detect(root: Path) -> bool:
     """<h10>/ directories with a rank_<r>_<d>/ inside, or torch_aot_compile/."""
     try:
-        tops = [d.path for d in fsread.scandir_list(root) if d.is_dir(follow_symlinks=False)]
+        tops = top_dirs(root, links=False)
     except OSError:
         return False
-    for t in tops[:64]:
-        name = os.path.basename(t)
-        if name == "torch_aot_compile" or (VLLM.kinds[0].match_segment(0, name) is not None
-                                           and any(RANK_RE.match(os.path.basename(d)) for d in fsread.subdir_paths(t))):
+    for name in tops[:64]:
+        if name == "torch_aot_compile" or (
+                VLLM.kinds[0].match_segment(0, name) is not None
+                and any(RANK_RE.match(os.path.basename(d)) for d in fsread.subdir_paths(os.path.join(root, name)))):
             return True
     return False
 

@@ -252,6 +252,10 @@ class ScanFilter:
             return True
         return any(e.hash.startswith(p) for p in self.hash_prefixes) or e.relpath in self.paths
 
+    def takes_all(self) -> bool:
+        """Whether every entry matches (no selector set): a scan of a big cache then skips matches()."""
+        return self == _ALL
+
     def matches(self, e: Selectable) -> bool:
         return (
             self.wants_op(e.op)
@@ -274,6 +278,9 @@ class ScanFilter:
         if self.older_than is not None and age < self.older_than:
             return False
         return self.newer_than is None or age <= self.newer_than
+
+
+_ALL = ScanFilter()
 
 
 @dataclass(frozen=True)
