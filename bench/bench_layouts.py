@@ -8,6 +8,8 @@ The caches (made once under DIR and reused):
             group paths leading into it (bench_triton_scan.make_cache);
   tilelang  N copies of the real tilelang kernel and N/4 of its binary (bench_triton_scan.make_tilelang);
   inductor  N fx graphs, N/2 AOTAutograd entries naming two each, N code shards (bench_inductor.make);
+  tilus     N programs, each the real program (tests/fixtures/real/tilus) under its own 12-hex name, its
+            files hard links of one copy, and the real script beside them;
   vllm      N units, alternately copies of the recorded binary and unpacked units
             (tests/loaders/recorded/vllm.tar.gz), their artifacts hard links of one copy, their indexes
             rewritten by `kcache verify --fix` to lead into each unit.
@@ -15,7 +17,7 @@ For Triton, bench/floor_triton.py (what a cold judgement cannot skip, in Python,
 against du too. The warm runs of the other ref use their own copy of the tree (`cp -a`): the two trees'
 indexes differ, and each would throw the other's away.
 
-Usage: python bench/bench_layouts.py [--layouts triton,inductor,vllm,tilelang] [--entries N] [--runs R]
+Usage: python bench/bench_layouts.py [--layouts triton,inductor,vllm,tilelang,tilus] [--entries N] [--runs R]
        [--dir DIR] [--baseline-ref REF] [--no-baseline]
 The machine is measured as it is: a shared one moves both commands of a pair alike, not their ratio.
 """
@@ -39,7 +41,7 @@ from bench_triton_scan import make_tilelang
 from common import BENCH, baseline_tree, compare, kcache_cmd, load
 
 REPO = BENCH.parent
-DEFAULT_ENTRIES = {"triton": 20_000, "tilelang": 20_000, "inductor": 5_000, "vllm": 5_000}
+DEFAULT_ENTRIES = {"triton": 20_000, "tilelang": 20_000, "inductor": 5_000, "vllm": 5_000, "tilus": 20_000}
 VLLM_UNITS = {"0123456789": "binary", "abcdef0123": "unpacked"}
 
 
@@ -69,11 +71,28 @@ def make_vllm(root: Path, n: int, env: dict) -> Path:
     return cache
 
 
+def make_tilus(root: Path, n: int) -> Path:
+    """N copies of the real tilus program under distinct 12-hex names (hard links of its files)."""
+    done = root / f".made-{n}"
+    if done.exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)  # bench scratch only
+    real = REPO / "tests/fixtures/real/tilus"
+    shutil.copytree(real, root, symlinks=True)
+    program = next((root / "programs").iterdir())
+    for i in range(n):
+        shutil.copytree(program, root / "programs" / f"{i:012x}", symlinks=True, copy_function=os.link)
+    done.write_text("")
+    return root
+
+
 def make(layout: str, where: Path, n: int, env: dict) -> Path:
     if layout == "triton":
         return make_triton(where / f"triton-{n}", n, False)
     if layout == "tilelang":
         return make_tilelang(where / f"tilelang-{n}", n)
+    if layout == "tilus":
+        return make_tilus(where / f"tilus-{n}", n)
     if layout == "inductor":
         root = where / f"inductor-{n}" / "cache"
         if not root.is_dir():
@@ -128,7 +147,7 @@ def bench(layout: str, root: Path, runs: int, env: dict, base: Path | None, ref:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layouts", default="triton,inductor,vllm,tilelang")
+    ap.add_argument("--layouts", default="triton,inductor,vllm,tilelang,tilus")
     ap.add_argument("--entries", type=int, help="entries per cache (default: 20,000; Inductor and vLLM 5,000)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "kcache-bench-layouts"))

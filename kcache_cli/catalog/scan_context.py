@@ -114,6 +114,15 @@ class ScanContext:
     def listdir(self, path: str | Path, keep: Callable[[os.DirEntry], bool] | None = None) -> list[os.DirEntry]:
         return listdir(path, self.warn, keep)
 
+    def subdirs(self, path: str | Path) -> list[str]:
+        """The names of the real subdirectories of `path` (links are not), sorted; an unreadable directory
+        is a warning and []."""
+        try:
+            return fsread.subdir_names(path)
+        except OSError as exc:
+            self.warn(f"cannot read {path}: {exc.strerror}")
+            return []
+
     def map_entries(self, func, jobs: list) -> Iterator[Entry]:
         """`func(self, job)` for every job, in order. Big caches are read by one worker process per
         core (kcache_cli.util.parallel): the per-file stat calls are what a scan costs, and they scale with

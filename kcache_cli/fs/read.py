@@ -578,6 +578,25 @@ def sorted_entries(path: str | os.PathLike[str], keep: Callable[[os.DirEntry], b
         return []
 
 
+def subdir_names(path: str | os.PathLike) -> list[str]:
+    """The names of the subdirectories of `path` (a link is not one), sorted, from its held root when it
+    has one; [] when it is missing, OSError when it cannot be read. Names only: a root of 10^5 key
+    directories lists in a fraction of what scandir_list's entries cost."""
+    place = held_place(path)
+    try:
+        fd = (os.open(os.fspath(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if place is None else
+              os.open(place[1], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=place[0]))
+    except FileNotFoundError:
+        return []
+    try:
+        with os.scandir(fd) as it:
+            names = [d.name for d in it if d.is_dir(follow_symlinks=False)]
+    finally:
+        os.close(fd)
+    names.sort()
+    return names
+
+
 def subdir_paths(path: str) -> list[str]:
     """The paths of the subdirectories of `path`, sorted (a link is not one); [] when it cannot be listed."""
     try:

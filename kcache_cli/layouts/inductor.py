@@ -509,11 +509,11 @@ def candidates(root: str, ctx, flt: ScanFilter) -> Iterator[Found]:
         if de.name == "fxgraph":
             for shard in ctx.listdir(de.path):
                 if shapes[GRAPH].match_segment(1, shard.name) and shard.is_dir(follow_symlinks=False):
-                    yield from (Found(GRAPH, k.path, k.name, None) for k in ctx.listdir(shard.path)
-                                if shapes[GRAPH].match_segment(2, k.name) and k.is_dir(follow_symlinks=False))
+                    yield from (Found(GRAPH, os.path.join(shard.path, k), k, None) for k in ctx.subdirs(shard.path)
+                                if shapes[GRAPH].match_segment(2, k))
         elif de.name == "aotautograd":
-            yield from (Found(AUTOGRAD, k.path, k.name, None) for k in ctx.listdir(de.path)
-                        if shapes[AUTOGRAD].match_segment(1, k.name) and k.is_dir(follow_symlinks=False))
+            yield from (Found(AUTOGRAD, os.path.join(de.path, k), k, None) for k in ctx.subdirs(de.path)
+                        if shapes[AUTOGRAD].match_segment(1, k))
         elif de.name == "triton":
             for dev in ctx.listdir(de.path):
                 if shapes[TRITON].match_segment(1, dev.name) and dev.is_dir(follow_symlinks=False):

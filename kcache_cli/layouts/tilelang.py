@@ -332,8 +332,8 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
             if sub.name != BINARIES_DIR:
                 kind, where = "kernel", os.path.join(sub.path, "kernels")
                 yield from _staging(ctx, os.path.join(sub.path, STAGING), "kernel", space)
-            jobs = [(de.path, kind, space) for de in ctx.listdir(where)
-                    if (not prefixes or de.name.startswith(prefixes)) and de.is_dir(follow_symlinks=False)]
+            jobs = [(os.path.join(where, name), kind, space) for name in ctx.subdirs(where)
+                    if not prefixes or name.startswith(prefixes)]
             yield from ctx.map_entries(_judged_entry, jobs)
 
 

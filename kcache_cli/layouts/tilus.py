@@ -17,7 +17,7 @@ from typing import Iterator, Mapping
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
 from kcache_cli.fs.entrydir import EntryDir
-from kcache_cli.layouts._common import command_from_script
+from kcache_cli.layouts._common import command_from_script, tree_stats
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import TILUS
 from kcache_cli.model.checks import changed_since, elf_truncated, list_files, listing_or_unreadable, read_text
@@ -484,12 +484,28 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
                     if d.is_dir(follow_symlinks=False)]
     yield from blocked
     failures = failures_by_program(ctx.root)
-    for h, path, linked_op in programs:
-        with ctx.open_entry(path) as d:
-            j = judge(d, "program", Judging(), failures=failures)
-            name = linked_op or _program_name(d)
-        yield ctx.entry(path=path, usage=measure_tree(path, ctx.warn), layout=NAME, kind="program",
-                        target=TARGET, space=None, op=name, hash=h, status=j.status, reason=j.reason)
+    jobs = [(path, _plain_failure(failures.get(h)), linked_op) for h, path, linked_op in programs]
+    yield from ctx.map_entries(_program_entry, jobs)
+
+
+def _plain_failure(f: BuildFailure | None) -> tuple | None:
+    """The failure as plain data, for a job the index compares (a changed record judges the program again)."""
+    return None if f is None else (f.script, f.record, f.program, f.error, f.mtime)
+
+
+def _program_entry(ctx, job: tuple[str, tuple | None, str | None]) -> Entry:
+    """The entry of the program directory `path` (a job: plain data, so that the index can answer an
+    unchanged program from its record, keyed by the lstat of every name in its tree; its verdict goes by
+    its own files and the failed build the scripts recorded for it, which the job carries)."""
+    path, failure, linked_op = job
+    with ctx.open_entry(path) as d:
+        recording = getattr(ctx, "recording", None)
+        if recording is not None:  # the key: the whole tree's stats, taken before the judgement reads
+            recording[path] = tree_stats(d)
+        j = _judge_program(d, False, BuildFailure(*failure) if failure else None)
+        name = linked_op or _program_name(d)
+    return ctx.entry(path=path, usage=measure_tree(path, ctx.warn), layout=NAME, kind="program", target=TARGET,
+                     space=None, op=name, hash=os.path.basename(path), status=j.status, reason=j.reason)
 
 
 def referrers(root: Path, program_path: str) -> list[str]:

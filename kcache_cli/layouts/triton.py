@@ -438,8 +438,9 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     wanted), so that the index (kcache_cli/catalog/index.py) can answer an unchanged entry from its record."""
     prefixes = flt.name_prefixes()
     ops = tuple(flt.ops)
-    jobs = [(de.path, ops) for de in ctx.listdir(ctx.root)
-            if is_key(de.name) and (not prefixes or de.name.startswith(prefixes)) and de.is_dir(follow_symlinks=False)]
+    base = os.path.join(ctx.root, "")
+    jobs = [(base + name, ops) for name in ctx.subdirs(ctx.root)
+            if is_key(name) and (not prefixes or name.startswith(prefixes))]
     for entry in ctx.map_entries(_key_entries, jobs):
         if entry is not None:
             yield entry

@@ -342,10 +342,10 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     if flt.targets or flt.spaces or flt.ops:
         return  # vLLM's units have no target, space or op names
     prefixes = flt.name_prefixes()
-    found = [(de.path, COMPILE) for de in ctx.listdir(ctx.root)
-             if de.is_dir(follow_symlinks=False) and VLLM.kinds[0].match_segment(0, de.name) is not None]
-    found += [(de.path, AOT) for de in ctx.listdir(os.path.join(ctx.root, "torch_aot_compile"))
-              if de.is_dir(follow_symlinks=False) and VLLM.kinds[1].match_segment(1, de.name) is not None]
+    aot = os.path.join(ctx.root, "torch_aot_compile")
+    found = [(os.path.join(ctx.root, n), COMPILE) for n in ctx.subdirs(ctx.root)
+             if VLLM.kinds[0].match_segment(0, n) is not None]
+    found += [(os.path.join(aot, n), AOT) for n in ctx.subdirs(aot) if VLLM.kinds[1].match_segment(1, n) is not None]
     jobs = [job for job in found if not prefixes or os.path.basename(job[0]).startswith(prefixes)]
     yield from ctx.map_entries(_unit_entry, jobs)
 
