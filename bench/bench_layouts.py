@@ -101,9 +101,12 @@ def make(layout: str, where: Path, n: int, env: dict) -> Path:
     return make_vllm(where / f"vllm-{n}", n, env)
 
 
-def twin(root: Path) -> Path:
-    """A copy of `root` for the other ref's warm runs (made once)."""
+def twin(layout: str, root: Path, n: int) -> Path:
+    """A copy of `root` for the other ref's warm runs (made once). Triton's is made afresh: a copy's group
+    files would lead into `root`, and an entry judged by files outside it is never indexed."""
     copy = root.with_name(root.name + "-twin")
+    if layout == "triton":
+        return make_triton(copy, n, False)
     if not copy.is_dir():
         subprocess.run(["cp", "-a", str(root), str(copy)], check=True)
     return copy
@@ -139,7 +142,7 @@ def bench(layout: str, root: Path, runs: int, env: dict, base: Path | None, ref:
         return
     theirs = ["env", f"PYTHONPATH={base}"]
     compare(f"{layout} cold: this tree vs {ref}", cold, [*theirs, *cold], runs, 1.0, env)
-    other = twin(root)
+    other = twin(layout, root, count)
     their_ls = [*theirs, *kcache_cmd("--cache-dir", str(other), "ls", "--json")]
     subprocess.run(their_ls, env=env, stdout=subprocess.DEVNULL, check=True)
     compare(f"{layout} warm: this tree vs {ref}", ls, their_ls, runs, 1.0, env)
