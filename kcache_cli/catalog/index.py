@@ -2,17 +2,17 @@
 
 The index lives in `<root>/.kcache/index/scan.<euid>`. It is a layer around the per-entry scan
 (`ScanContext.map_entries`, through which hidet's op entries, Triton's kernels, Inductor's entries,
-vLLM's units and tilelang's kernels and binaries are judged): each record is one entry exactly as the
-scan judged it (every `Entry` field, so new fields and statuses pass through) plus a key over the files
-its verdict went by, and a record is served only when a fresh `lstat` of the entry directory and of each
-of those files gives the same key. Anything else sends the entry back to the real scan.
+vLLM's units, tilelang's kernels and binaries and tilus's programs are judged): each record is one entry
+exactly as the scan judged it (every `Entry` field, so new fields and statuses pass through) plus a key
+over the files its verdict went by, and a record is served only when a fresh `lstat` of the entry
+directory and of each of those files gives the same key. Anything else sends the entry back to the real scan.
 
 What the key covers is what the layout's judgement recorded in `ctx.recording[path]` before it read a
 byte: (the directory's stat, [(name, lstat)]), names relative to the entry. `read_dir` records the
 entry's files (hidet, tilelang); Triton's listing the same, and nothing when the judgement looked
 outside the key directory (group paths into another root); Inductor's an aotautograd entry's files and
-those of the fx graphs it names (`../../fxgraph/<xx>/<key>/...`); vLLM's every name in the unit's tree,
-directories included (layouts/_common.py tree_stats). None: the entry is not stored.
+those of the fx graphs it names (`../../fxgraph/<xx>/<key>/...`); vLLM's and tilus's every name in the
+unit's or program's tree, directories included (layouts/_common.py tree_stats). None: not stored.
 
 The key (a BLAKE2b digest): the directory's inode, mtime and ctime (a file added, removed or renamed
 changes them), and each file's inode, size, mtime and ctime. A file rewritten in place changes neither
