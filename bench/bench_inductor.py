@@ -1,8 +1,10 @@
 """Inductor and vLLM scan speed against `du -sb` of the same tree (DESIGN section 8: a full scan within 1.3x
 of du). The generated Inductor cache has N fx graphs (one pickled variant each, framed and named as torch
 does), N/2 aotautograd entries naming two graphs each, and N code shards of a .py and a .cpp/.so pair
-(the .so a real ELF made once by g++); `ls --json` reads two bytes of each variant, the ELF header of each
-.so and every aotautograd variant whole (to find the graph keys it names).
+(the .so a real ELF made once by g++), and N/2 Triton kernels under triton/0/ (the held-out real kernel
+under distinct keys, its group paths leading into each); `ls --json` reads two bytes of each variant, the
+ELF header of each .so, every aotautograd variant whole (to find the graph keys it names) and each
+kernel's group and metadata.
 
 Usage: python bench/bench_inductor.py [--entries N] [--dir DIR] [--runs R]
 """
@@ -12,14 +14,17 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_triton_scan import KERNEL
 from common import compare, kcache_cmd
 
 
@@ -52,6 +57,17 @@ def make(root: Path, n: int) -> None:
         d = root / "aotautograd" / ("a" + b32(f"aot {i}".encode()))
         d.mkdir(parents=True)
         (d / b32(data)).write_bytes(data)
+    make_triton_kernels(root / "triton" / "0", n // 2)
+
+
+def make_triton_kernels(where: Path, n: int) -> None:
+    """N copies of the real Triton kernel under distinct keys, their group files leading into each."""
+    group_name = next(p.name for p in KERNEL.iterdir() if p.name.startswith("__grp__"))
+    group = json.loads((KERNEL / group_name).read_text())
+    for i in range(n):
+        d = where / base64.b32encode(hashlib.sha256(f"triton {i}".encode()).digest()).decode().rstrip("=")
+        shutil.copytree(KERNEL, d)
+        (d / group_name).write_text(json.dumps({"child_paths": {c: str(d / c) for c in group["child_paths"]}}))
 
 
 def main() -> None:

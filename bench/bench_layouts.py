@@ -7,7 +7,8 @@ The caches (made once under DIR and reused):
   triton    N key directories, each a copy of one real kernel (tests/fixtures/real/triton) under its own key,
             group paths leading into it (bench_triton_scan.make_cache);
   tilelang  N copies of the real tilelang kernel and N/4 of its binary (bench_triton_scan.make_tilelang);
-  inductor  N fx graphs, N/2 AOTAutograd entries naming two each, N code shards (bench_inductor.make);
+  inductor  N fx graphs, N/2 AOTAutograd entries naming two each, N code shards, N/2 Triton kernels under
+            triton/0/ (bench_inductor.make);
   tilus     N programs, each the real program (tests/fixtures/real/tilus) under its own 12-hex name, its
             files hard links of one copy, and the real script beside them;
   vllm      N units, alternately copies of the recorded binary and unpacked units
@@ -102,11 +103,15 @@ def make(layout: str, where: Path, n: int, env: dict) -> Path:
 
 
 def twin(layout: str, root: Path, n: int) -> Path:
-    """A copy of `root` for the other ref's warm runs (made once). Triton's is made afresh: a copy's group
-    files would lead into `root`, and an entry judged by files outside it is never indexed."""
+    """A copy of `root` for the other ref's warm runs (made once). Triton's and Inductor's are made afresh:
+    a copy's group files would lead into `root`, and an entry judged by files outside it is never indexed."""
     copy = root.with_name(root.name + "-twin")
     if layout == "triton":
         return make_triton(copy, n, False)
+    if layout == "inductor":  # its nested Triton kernels' group files too
+        if not copy.is_dir():
+            make_inductor(copy, n)
+        return copy
     if not copy.is_dir():
         subprocess.run(["cp", "-a", str(root), str(copy)], check=True)
     return copy
@@ -121,7 +126,7 @@ def same_answer(cmd: list[str], env: dict) -> bool:
     return out() == out("--no-index")
 
 
-def bench(layout: str, root: Path, runs: int, env: dict, base: Path | None, ref: str) -> None:
+def bench(layout: str, root: Path, n: int, runs: int, env: dict, base: Path | None, ref: str) -> None:
     du = ["du", "-sb", str(root)]
     ls = kcache_cmd("--cache-dir", str(root), "ls", "--json")
     cold = [*ls, "--no-index"]
@@ -142,7 +147,7 @@ def bench(layout: str, root: Path, runs: int, env: dict, base: Path | None, ref:
         return
     theirs = ["env", f"PYTHONPATH={base}"]
     compare(f"{layout} cold: this tree vs {ref}", cold, [*theirs, *cold], runs, 1.0, env)
-    other = twin(layout, root, count)
+    other = twin(layout, root, n)
     their_ls = [*theirs, *kcache_cmd("--cache-dir", str(other), "ls", "--json")]
     subprocess.run(their_ls, env=env, stdout=subprocess.DEVNULL, check=True)
     compare(f"{layout} warm: this tree vs {ref}", ls, their_ls, runs, 1.0, env)
@@ -170,7 +175,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = None if args.no_baseline else baseline_tree(args.baseline_ref, Path(tmp) / "base")
         for name, root in roots.items():
-            bench(name, root, args.runs, env, base, args.baseline_ref)
+            bench(name, root, args.entries or DEFAULT_ENTRIES[name], args.runs, env, base, args.baseline_ref)
     print(f"load after: {load()}")
 
 

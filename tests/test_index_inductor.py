@@ -1,6 +1,7 @@
-"""The scan index (kcache_cli/catalog/index.py) answers unchanged Inductor fx graphs, code shards and aotautograd
-entries, and never stale: a changed entry is judged again, and so is an aotautograd entry whose named fx
-graphs changed (their stats are part of its key: a graph that goes missing turns it partial at once)."""
+"""The scan index (kcache_cli/catalog/index.py) answers unchanged Inductor fx graphs, code shards, aotautograd
+entries and nested Triton kernels, and never stale: a changed entry is judged again, and so is an
+aotautograd entry whose named fx graphs changed (their stats are part of its key: a graph that goes missing
+turns it partial at once). A nested Triton kernel is keyed by the Triton layout's own listing."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES, run_kcache
 from loaders import recorded
 from test_index import both
 
@@ -17,6 +19,7 @@ from kcache_cli.catalog import index
 from kcache_cli.catalog import scan_context as scan_mod
 from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import inductor
+from kcache_cli.model.records import ScanFilter
 
 RACY = 0.05
 
@@ -54,7 +57,7 @@ def primed(root, judged) -> None:
     scan_cache(root, use_index=True)
     judged.clear()
     got, real = both(root, judged)
-    assert got == real and set(judged) <= {"triton"}, "graphs, code shards and autograd entries: from the index"
+    assert got == real and judged == [], "graphs, code shards, autograd entries, Triton kernels: from the index"
     judged.clear()
 
 
@@ -113,3 +116,47 @@ def test_parallel_workers_serve_and_record(cache, judged, monkeypatch):
     so.write_bytes(b"not an elf" * 10)
     got, real = both(cache, judged)
     assert got == real and by_path(got)[so.parent.name].status == "corrupt"
+
+
+@pytest.fixture
+def nested(cache) -> Path:
+    """Two real Triton kernels under the cache's triton/0/, their group files leading where they now are."""
+    where = cache / "triton" / "0"
+    where.mkdir(parents=True)
+    for key in sorted((FIXTURES / "triton" / "cache").iterdir())[:2]:
+        shutil.copytree(key, where / key.name)
+    assert run_kcache("--cache-dir", str(cache), "verify", "--fix").exit_code == 0
+    old = time.time() - 7200
+    for p in (where, *where.rglob("*")):
+        os.utime(p, (old, old), follow_symlinks=False)
+    time.sleep(RACY * 2)
+    return where
+
+
+def test_nested_triton_kernels_are_answered_from_the_index(cache, nested, judged):
+    primed(cache, judged)
+    got = [e for e in scan_cache(cache, use_index=True).entries if e.kind == "triton"]
+    assert len(got) == 2 and {(e.status, e.space, e.target) for e in got} == {("complete", "triton/0", "cuda")}
+    assert judged == [] and all(e.op for e in got)
+
+
+def test_a_nested_cubin_rewritten_in_place_is_judged_again(cache, nested, judged):
+    primed(cache, judged)
+    cubin = sorted(nested.glob("*/*.cubin"))[0]
+    st = os.stat(cubin)
+    cubin.write_bytes(b"\0" * st.st_size)  # same size, times put back: only its ctime tells
+    os.utime(cubin, ns=(st.st_atime_ns, st.st_mtime_ns))
+    time.sleep(RACY * 2)
+    got, real = both(cache, judged)
+    assert got == real and judged == ["triton"]
+
+
+def test_an_op_filter_over_nested_kernels_matches_the_real_scan(cache, nested, judged):
+    """The op is read in the worker (after the key is taken); a kernel not wanted is dropped there."""
+    primed(cache, judged)
+    ops = sorted({e.op for e in scan_cache(cache).entries if e.kind == "triton"})
+    flt = ScanFilter(ops=(ops[0],))
+    scan_cache(cache, flt, use_index=True)
+    got, real = both(cache, judged, flt)
+    assert got == real and {e.op for e in got} == {ops[0]}
+    assert len(got) == sum(1 for e in scan_cache(cache).entries if e.op == ops[0])

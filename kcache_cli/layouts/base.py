@@ -207,6 +207,8 @@ class EntryReader(Protocol):
 
     def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement: ...
 
+    def judge_keyed(self, d: EntryDir, kind: str, jc: Judging) -> tuple[Judgement, tuple | None]: ...
+
     def describe(self, root: Path, entry: Entry) -> Details: ...
 
     def log_files(self, entry: Entry) -> list[LogFile]: ...
@@ -402,6 +404,13 @@ class Layout:
         and the archive all call this, so they cannot disagree on the same files. Everything else it
         goes by is in `jc`."""
         raise NotImplementedError
+
+    def judge_keyed(self, d: EntryDir, kind: str, jc: Judging) -> tuple[Judgement, tuple | None]:
+        """judge(), and what the scan index may key its record with (catalog/index.py): (the directory's
+        stat, [(name, lstat)] of every file the verdict went by), taken before anything was read; None
+        when the layout cannot tell (the entry is then judged on every scan). For a layout that judges
+        another's entries (Inductor its nested Triton kernels)."""
+        return self.judge(d, kind, jc), None
 
     def build_reuses(self, path: str, judgement: Judgement) -> bool:
         """Whether `kcache build` takes the entry at `path`, judged `judgement`, as a cache hit: by default

@@ -536,27 +536,31 @@ def _code_evidence(path: str) -> bool:
 
 def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     """Every entry, judged through `ctx.map_entries` (a worker per core for big caches; the index answers
-    an unchanged fx graph or code shard from its record). Each job is plain data: (path, kind, hash, op,
-    target, space)."""
+    an unchanged fx graph, code shard or nested Triton kernel from its record). Each job is plain data:
+    (path, kind, hash, space, the ops and targets wanted): only a nested Triton kernel has an op and a
+    target, read from its files in the worker, which drops one that is not wanted."""
     root = str(ctx.root)
     prefixes = flt.name_prefixes()
+    wanted = ScanFilter(ops=flt.ops, targets=flt.targets)
     jobs = []
     for f in sorted(candidates(root, ctx, flt), key=lambda f: f.kind != GRAPH):  # graphs first, for the memo
         if prefixes and not f.hash.startswith(prefixes):
             continue
         if flt.kinds and f.kind not in flt.kinds:
             continue
-        op, target, space = _names(f)
-        if not (flt.wants_op(op) and flt.wants_target(target) and flt.wants_space(space)):
+        if not flt.wants_space(f.space if f.kind == TRITON else None):
             continue
-        jobs.append((f.path, f.kind, f.hash, op, target, space))
-    yield from ctx.map_entries(_entry, jobs)
+        if f.kind != TRITON and not (wanted.wants_op(None) and wanted.wants_target(None)):
+            continue
+        jobs.append((f.path, f.kind, f.hash, f.space, wanted.ops, wanted.targets))
+    yield from (e for e in ctx.map_entries(_entry, jobs) if e is not None)
 
 
-def _entry(ctx, job: tuple) -> Entry:
-    """The entry of one job. The fx graphs judged so far (by path) are kept with the context: the
-    aotautograd entries ask for their graphs' judgements again."""
-    path, kind, key, op, target, space = job
+def _entry(ctx, job: tuple) -> Entry | None:
+    """The entry of one job (None: a nested Triton kernel whose op or target is not wanted). The fx graphs
+    judged so far (by path) are kept with the context: the aotautograd entries ask for their graphs'
+    judgements again."""
+    path, kind, key, space, ops, targets = job
     memo = getattr(ctx, "inductor_graphs", None)
     if memo is None:
         memo = {}
@@ -565,12 +569,29 @@ def _entry(ctx, job: tuple) -> Entry:
     with ctx.open_entry(path) as d:
         lst = listing(d) if kind in (GRAPH, AUTOGRAD, CODE) else None
         seen = _seen(d, kind, lst) if recording is not None else None
-        j = _judge(d, kind, Judging(), lst, memo if seen is None else {})  # judged after the key was taken
+        if kind == TRITON:
+            j, seen = _triton_keyed(d, recording is not None)
+        else:
+            j = _judge(d, kind, Judging(), lst, memo if seen is None else {})  # judged after the key was taken
+    op = target = None
+    if kind == TRITON:  # its names, read after its key was taken
+        op, target = _triton_names(path)
+        wanted = ScanFilter(ops=ops, targets=targets)
+        if not (wanted.wants_op(op) and wanted.wants_target(target)):
+            return None
     if recording is not None:
         recording[path] = seen
     usage = lst.usage(path, ctx.warn) if lst is not None else measure_tree(path, ctx.warn)
     return ctx.entry(path=path, usage=usage, layout=NAME, kind=kind, target=target, space=space, op=op,
                      hash=key, status=j.status, reason=j.reason)
+
+
+def _triton_keyed(d: EntryDir, keyed: bool) -> tuple[Judgement, tuple | None]:
+    """A nested Triton kernel's judgement, as _judge gives it, and (when `keyed`) the index's key of it,
+    from the Triton layout's rules."""
+    triton = _triton()
+    jc = triton.judging(False)
+    return triton.judge_keyed(d, TRITON_KERNEL, jc) if keyed else (triton.judge(d, TRITON_KERNEL, jc), None)
 
 
 def _seen(d: EntryDir, kind: str, lst: Listing | None) -> tuple | None:
@@ -609,18 +630,16 @@ def _graphs_seen(d: EntryDir, variants: list[str]) -> list[tuple[str, os.stat_re
     return out
 
 
-def _names(f: Found) -> tuple[str | None, str | None, str | None]:
-    """(op, target, space) of an entry: only nested Triton kernels tell theirs (metadata, file names)."""
-    if f.kind != TRITON:
-        return None, None, None
+def _triton_names(path: str) -> tuple[str | None, str | None]:
+    """(op, target) of a nested Triton kernel: its kernel's name and the target its metadata records."""
     try:
-        names = os.listdir(f.path)
+        names = fsread.listdir(path)
     except OSError:
-        return None, None, f.space
+        return None, None
     op = triton_kernel_name(names)
-    meta = fsread.json_object(os.path.join(f.path, f"{op}.json")) if op else None
+    meta = fsread.json_object(os.path.join(path, f"{op}.json")) if op else None
     target, _arch = triton_target_arch(meta)
-    return op, target, f.space
+    return op, target
 
 
 def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
