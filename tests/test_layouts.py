@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import subprocess
 import sys
 from pathlib import Path
 
@@ -76,6 +77,25 @@ def _detection_roots(tmp_path: Path, fixture_copy) -> list[Path]:
     (tmp_path / "linked").mkdir()
     (tmp_path / "linked" / "ops").symlink_to(roots[0] / "ops")
     return [*roots, *(tmp_path / n for n in ("jit", "vllm", "aot", "ind", "lookalike", "linked", "nothing"))]
+
+
+def test_a_shape_says_whether_its_layout_detects_by_itself():
+    """layouts.detect answers a layout without a detect of its own from its shape, without importing it."""
+    for shape in SHAPES:
+        own = type(layouts.get(shape.name)).detect is not Layout.detect
+        assert own == shape.own_detect, shape.name
+
+
+def test_detecting_a_hidet_root_loads_no_other_layout_s_code(fixture_copy):
+    root = fixture_copy("hidet")
+    code = ("import sys; from kcache_cli import layouts; print(layouts.detect(sys.argv[1])); "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('kcache_cli.layouts.'))))")
+    out = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, check=True).stdout
+    found, loaded = out.splitlines()
+    assert found == "('hidet',)"
+    assert "kcache_cli.layouts.hidet" in loaded.split()
+    assert not {f"kcache_cli.layouts.{n}" for n in ("triton", "inductor", "tilus", "torchext", "jax", "numba")} & set(
+        loaded.split())
 
 
 def test_detection_on_real_and_look_alike_roots(tmp_path, fixture_copy):

@@ -29,7 +29,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kcache_cli.layouts.shapes import BUILD_SHAPE, SHAPES, listing_roots_once
+from kcache_cli.layouts.shapes import BUILD_SHAPE, SHAPES, listing_roots_once, top_dirs
 
 if TYPE_CHECKING:
     from kcache_cli.layouts.base import Layout
@@ -54,9 +54,17 @@ def all_layouts() -> dict[str, Layout]:
 
 
 def detect(root: str | Path) -> tuple[str, ...]:
-    """The names of the layouts `root` holds (the root's top-level names listed once for all of them)."""
+    """The names of the layouts `root` holds (the root's top-level names listed once for all of them). A
+    layout's module is imported only when the names leave a question its own detect answers: a command
+    on a hidet cache loads neither Triton's code nor Inductor's."""
     with listing_roots_once():
-        return tuple(n for n in NAMES if get(n).detect(Path(root)))
+        try:
+            names = top_dirs(root)
+        except OSError:  # a root that can be searched but not listed: each layout looks for its own names
+            return tuple(n for n in NAMES if get(n).detect(Path(root)))
+        key = str(root)
+        return tuple(s.name for s in SHAPES
+                     if s.held_by(key, names) and (not s.own_detect or get(s.name).detect(Path(root))))
 
 
 def builder() -> Layout:

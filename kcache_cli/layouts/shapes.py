@@ -136,10 +136,10 @@ def _any_of(patterns: tuple[re.Pattern[str], ...]) -> re.Pattern[str]:
 class LayoutShape:
     """A layout's name and the shapes of its kinds."""
 
-    __slots__ = ("name", "kinds", "summary", "build_kind", "confirm")
+    __slots__ = ("name", "kinds", "summary", "build_kind", "confirm", "own_detect")
 
     def __init__(self, name: str, kinds: tuple[KindShape, ...], summary: str, build_kind: str | None = None,
-                 confirm: Callable[[str, list[str]], bool] | None = None) -> None:
+                 confirm: Callable[[str, list[str]], bool] | None = None, own_detect: bool = False) -> None:
         self.name = name
         self.kinds = kinds
         self.summary = summary  # one line for help texts: where its entries are
@@ -148,6 +148,11 @@ class LayoutShape:
         # names that start one of this layout's paths; True when the layout is really there (it may
         # list a few of those directories, nothing more).
         self.confirm = confirm
+        # Whether the layout's module has a detect of its own (evidence read from files), asked only where
+        # `held_by` says it may be there; else detection is `held_by`, answered here without importing the
+        # module (tests/test_layouts.py holds both true).
+        self.own_detect = own_detect
+
 
     def __repr__(self) -> str:
         return f"LayoutShape({self.name!r})"
@@ -157,11 +162,15 @@ class LayoutShape:
 
     def tops(self, names) -> list[str]:
         """The names among `names` (a root's top-level directories) that start one of this layout's paths."""
+        firsts = {k.parts[0] for k in self.kinds}
+        if not any("{" in f for f in firsts):  # fixed names (ops/, programs/...): no regex per name
+            return [n for n in names if n in firsts]
         match = _any_of(tuple(k.segments[0] for k in self.kinds)).match  # one regex: a Triton root has 10^5 names
         return [n for n in names if match(n)]
 
     def held_by(self, root: str, names: list[str]) -> bool:
-        """Whether the root whose top-level directory names are `names` holds this layout."""
+        """Whether the root whose top-level directory names are `names` holds this layout; for a layout with
+        a detect of its own (`own_detect`), whether it may (its detect then looks at the files)."""
         tops = self.tops(names)
         return bool(tops) and (self.confirm is None or self.confirm(root, tops))
 
@@ -179,12 +188,12 @@ HIDET = LayoutShape("hidet", (
               patterns=(("target", r"[a-z0-9]+"), ("level", r"\d+"))),
     KindShape("graph", "graphs/{hash}"),
     KindShape("ir_module", "ir_modules/{hash}"),
-), "ops/<space>/<op>/<hash>, graphs/, ir_modules/", build_kind="op")
+), "ops/<space>/<op>/<hash>, graphs/, ir_modules/", build_kind="op", own_detect=True)
 
 TILUS = LayoutShape("tilus", (
     KindShape("program", "programs/{hash}", target="cuda"),
     KindShape("script", "scripts/{op}/{hash}", target="cuda"),
-), "programs/, scripts/")
+), "programs/, scripts/", own_detect=True)
 
 _TILELANG_VERSION = (("version", r"\d+\.\d+(?:\.\d+)?[.+\-\w]*"), ("platform", r"(?!cuda-binaries$)[^/.][^/]*"))
 TILELANG = LayoutShape("tilelang", (
@@ -193,7 +202,7 @@ TILELANG = LayoutShape("tilelang", (
     # {bins} is fixed text, as a field so that listings find it (a space exists when its directory does)
     KindShape("binary", "{version}/{bins}/{hash}", space="{version}/{bins}", target="cuda",
               patterns=(*_TILELANG_VERSION, ("bins", "cuda-binaries"))),
-), "<version>/<platform>/kernels/, cuda-binaries/")
+), "<version>/<platform>/kernels/, cuda-binaries/", own_detect=True)
 
 # Triton: <root>/<key>/, the key the base32 of a sha256 (Triton >= 3.2) or its hex (before). The target
 # and arch (the entries' space) are in the kernel's metadata file, not in the path; the kernel's name is
@@ -324,14 +333,14 @@ def cudajit_evidence(path: str) -> bool:
 
 CUDAJIT = LayoutShape("cudajit", (
     KindShape("jit", "{hash}", target="cuda", patterns=(("hash", r"[^/.][^/]*"),)),
-), "<CUDA_CACHE_PATH>/ as one entry", confirm=_cudajit_confirm)
+), "<CUDA_CACHE_PATH>/ as one entry", confirm=_cudajit_confirm, own_detect=True)
 
 # vLLM's torch_compile_cache: one entry per <h10>/ (a hash of the config, code and compiler), and
 # torch_aot_compile/<sha256>/.
 VLLM = LayoutShape("vllm", (
     KindShape("compile", "{hash}", patterns=(("hash", r"[0-9a-f]{10}"),)),
     KindShape("aot", "torch_aot_compile/{hash}", patterns=(("hash", r"[0-9a-f]{64}"),)),
-), "<h10>/rank_<r>_<d>/<prefix>/, torch_aot_compile/<sha256>/")
+), "<h10>/rank_<r>_<d>/<prefix>/, torch_aot_compile/<sha256>/", own_detect=True)
 
 # torch's JIT-built C++/CUDA extensions (torch.utils.cpp_extension): one build directory per extension
 # name, a Python identifier, holding torch's build.ninja, or the sources load_inline writes first
