@@ -29,7 +29,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kcache_cli.layouts.shapes import BUILD_SHAPE, SHAPES, listing_roots_once, top_dirs
+from kcache_cli.layouts.shapes import BUILD_SHAPE, BY_NAME, SHAPES, listing_roots_once, top_dirs
 
 if TYPE_CHECKING:
     from kcache_cli.layouts.base import Layout
@@ -63,7 +63,8 @@ def detect(root: str | Path) -> tuple[str, ...]:
         except OSError:  # a root that can be searched but not listed: each layout looks for its own names
             return tuple(n for n in NAMES if get(n).detect(Path(root)))
         key = str(root)
-        return tuple(s.name for s in SHAPES
+        shapes = (BY_NAME[n] for n in NAMES)  # the registry as it is now (a layout added at run time too)
+        return tuple(s.name for s in shapes
                      if s.held_by(key, names) and (not s.own_detect or get(s.name).detect(Path(root))))
 
 
