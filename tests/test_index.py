@@ -28,14 +28,28 @@ RACY = 0.05  # the tests' racy window: short, so that they need not wait two sec
 @pytest.fixture
 def judged(monkeypatch):
     """How many hidet op entries the scan really judged (the rest came from the index)."""
+    return counting_judge(monkeypatch, hidet, "_op_entry", lambda job: job[0])
+
+
+def aged(tree, seconds: float = 7200) -> None:
+    """Every name in `tree` (links themselves) last changed `seconds` ago: no compiler is writing it."""
+    old = time.time() - seconds
+    for p in (tree, *tree.rglob("*")):
+        os.utime(p, (old, old), follow_symlinks=False)
+
+
+def counting_judge(monkeypatch, module, name: str, label=lambda job: os.path.basename(job[0])) -> list[str]:
+    """Wrap the layout's per-entry function `module.name` so that each job it really judges is counted, as
+    `label(job)` (the rest came from the index), with the tests' short racy window and no minimum size.
+    Every layout's index tests use it."""
     calls: list[str] = []
-    real = hidet._op_entry
+    real = getattr(module, name)
 
     def counting(ctx, job):
-        calls.append(job[0])
+        calls.append(label(job))
         return real(ctx, job)
 
-    monkeypatch.setattr(hidet, "_op_entry", counting)
+    monkeypatch.setattr(module, name, counting)
     monkeypatch.setattr(index, "RACY_SECONDS", RACY)
     monkeypatch.setattr(index, "MIN_ENTRIES", 0)
     return calls

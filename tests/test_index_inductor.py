@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, run_kcache
 from loaders import recorded
-from test_index import both
+from test_index import both, counting_judge
 
-from kcache_cli.catalog import index
 from kcache_cli.catalog import scan_context as scan_mod
 from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import inductor
@@ -26,17 +25,7 @@ RACY = 0.05
 
 @pytest.fixture
 def judged(monkeypatch):
-    calls: list[str] = []
-    real = inductor._entry
-
-    def counting(ctx, job):
-        calls.append(job[1])
-        return real(ctx, job)
-
-    monkeypatch.setattr(inductor, "_entry", counting)
-    monkeypatch.setattr(index, "RACY_SECONDS", RACY)
-    monkeypatch.setattr(index, "MIN_ENTRIES", 0)
-    return calls
+    return counting_judge(monkeypatch, inductor, "_entry", lambda job: job[1])
 
 
 @pytest.fixture(scope="module")

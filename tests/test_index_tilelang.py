@@ -9,9 +9,8 @@ import shutil
 import time
 
 import pytest
-from test_index import both
+from test_index import both, counting_judge
 
-from kcache_cli.catalog import index
 from kcache_cli.catalog import scan_context as scan_mod
 from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import tilelang
@@ -23,17 +22,7 @@ BINARIES = "0.1.15/cuda-binaries"
 
 @pytest.fixture
 def judged(monkeypatch):
-    calls: list[str] = []
-    real = tilelang._judged_entry
-
-    def counting(ctx, job):
-        calls.append(os.path.basename(job[0]))
-        return real(ctx, job)
-
-    monkeypatch.setattr(tilelang, "_judged_entry", counting)
-    monkeypatch.setattr(index, "RACY_SECONDS", RACY)
-    monkeypatch.setattr(index, "MIN_ENTRIES", 0)
-    return calls
+    return counting_judge(monkeypatch, tilelang, "_judged_entry")
 
 
 @pytest.fixture

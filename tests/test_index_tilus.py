@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_index import both
+from test_index import aged, both, counting_judge
 
-from kcache_cli.catalog import index
 from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import tilus
 
@@ -27,23 +26,7 @@ FAILED = "programs/0badc0de0bad"
 
 @pytest.fixture
 def judged(monkeypatch):
-    calls: list[str] = []
-    real = tilus._program_entry
-
-    def counting(ctx, job):
-        calls.append(os.path.basename(job[0]))
-        return real(ctx, job)
-
-    monkeypatch.setattr(tilus, "_program_entry", counting)
-    monkeypatch.setattr(index, "RACY_SECONDS", RACY)
-    monkeypatch.setattr(index, "MIN_ENTRIES", 0)
-    return calls
-
-
-def aged(root: Path) -> None:
-    old = time.time() - 7200
-    for p in (root, *root.rglob("*")):
-        os.utime(p, (old, old), follow_symlinks=False)
+    return counting_judge(monkeypatch, tilus, "_program_entry")
 
 
 def record_failure(root: Path, n: int, error: str) -> None:

@@ -10,10 +10,9 @@ import os
 import time
 
 import pytest
-from test_index import both
+from test_index import both, counting_judge
 from test_triton import ADD_90, KERNELS, MATMUL, SOFTMAX, age, settle
 
-from kcache_cli.catalog import index
 from kcache_cli.catalog import scan_context as scan_mod
 from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import triton
@@ -25,17 +24,7 @@ RACY = 0.05
 @pytest.fixture
 def judged(monkeypatch):
     """The key directories the scan really judged (the rest came from the index)."""
-    calls: list[str] = []
-    real = triton._key_entries
-
-    def counting(ctx, job):
-        calls.append(os.path.basename(job[0]))
-        return real(ctx, job)
-
-    monkeypatch.setattr(triton, "_key_entries", counting)
-    monkeypatch.setattr(index, "RACY_SECONDS", RACY)
-    monkeypatch.setattr(index, "MIN_ENTRIES", 0)
-    return calls
+    return counting_judge(monkeypatch, triton, "_key_entries")
 
 
 @pytest.fixture

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import run_kcache
 from loaders import recorded
-from test_index import both
+from test_index import aged, both, counting_judge
 
-from kcache_cli.catalog import index
 from kcache_cli.catalog import scan_context as scan_mod
 from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import vllm
@@ -25,23 +24,7 @@ BINARY, UNPACKED = "0123456789", "abcdef0123"
 
 @pytest.fixture
 def judged(monkeypatch):
-    calls: list[str] = []
-    real = vllm._unit_entry
-
-    def counting(ctx, job):
-        calls.append(os.path.basename(job[0]))
-        return real(ctx, job)
-
-    monkeypatch.setattr(vllm, "_unit_entry", counting)
-    monkeypatch.setattr(index, "RACY_SECONDS", RACY)
-    monkeypatch.setattr(index, "MIN_ENTRIES", 0)
-    return calls
-
-
-def age(tree: Path) -> None:
-    old = time.time() - 7200
-    for p in (tree, *tree.rglob("*")):
-        os.utime(p, (old, old), follow_symlinks=False)
+    return counting_judge(monkeypatch, vllm, "_unit_entry")
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +39,7 @@ def cache(recorded_tree, tmp_path) -> Path:
     fixed = run_kcache("--cache-dir", str(root), "verify", "--fix", "--json")
     assert fixed.exit_code == 0, fixed.stdout + fixed.stderr
     for unit in (BINARY, UNPACKED):
-        age(root / unit)  # no vLLM is writing them: complete, as the index stores
+        aged(root / unit)  # no vLLM is writing them: complete, as the index stores
     time.sleep(RACY * 2)
     return root
 
