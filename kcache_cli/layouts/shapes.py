@@ -320,7 +320,7 @@ def cudajit_names() -> tuple[str, ...]:
 
 
 def _cudajit_confirm(root: str, tops: list[str]) -> bool:
-    return any(t in cudajit_names() for t in tops)  # names only: completion reads no file
+    return not set(cudajit_names()).isdisjoint(tops)  # names only: completion reads no file
 
 
 def cudajit_evidence(path: str) -> bool:
