@@ -153,7 +153,6 @@ class LayoutShape:
         # module (tests/test_layouts.py holds both true).
         self.own_detect = own_detect
 
-
     def __repr__(self) -> str:
         return f"LayoutShape({self.name!r})"
 
