@@ -72,6 +72,16 @@ def both(root, judged, flt: ScanFilter = ScanFilter()):
     return got, real
 
 
+def served(root, judged, flt: ScanFilter = ScanFilter()) -> tuple:
+    """Index `root`, then scan it again: the index's answer equals the real scan's and nothing was judged
+    again (every entry came from the index). That answer. The other layouts' index tests prime with it."""
+    scan_cache(root, flt, use_index=True)
+    judged.clear()
+    got, real = both(root, judged, flt)
+    assert got == real and judged == [], "an unchanged cache is answered from the index alone"
+    return got
+
+
 def primed(root, judged) -> None:
     """Index `root`, and check that the next scan is answered from the index alone."""
     scan_cache(root, use_index=True)

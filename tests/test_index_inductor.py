@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, run_kcache
 from loaders import recorded
-from test_index import both, counting_judge
+from test_index import both, counting_judge, served
 
 from kcache_cli.catalog import scan_context as scan_mod
 from kcache_cli.catalog.scan import scan_cache
@@ -41,13 +41,8 @@ def cache(recorded_tree, tmp_path) -> Path:
     return root
 
 
-
 def primed(root, judged) -> None:
-    scan_cache(root, use_index=True)
-    judged.clear()
-    got, real = both(root, judged)
-    assert got == real and judged == [], "graphs, code shards, autograd entries, Triton kernels: from the index"
-    judged.clear()
+    served(root, judged)  # graphs, code shards, autograd entries, Triton kernels: from the index
 
 
 def by_path(entries) -> dict:

@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_index import aged, both, counting_judge
+from test_index import aged, both, counting_judge, served
 
-from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import tilus
 
 REAL = Path(__file__).parent / "fixtures/real/tilus"
@@ -52,10 +51,7 @@ def cache(tmp_path) -> Path:
 
 
 def primed(root: Path, judged: list[str]) -> None:
-    scan_cache(root, use_index=True)
-    judged.clear()
-    got, real = both(root, judged)
-    assert got == real and judged == []
+    got = served(root, judged)
     assert {e.hash: e.status for e in got if e.kind == "program"} == {"f006237ca7a5": "complete",
                                                                       "0badc0de0bad": "failed"}
 
