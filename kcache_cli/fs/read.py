@@ -600,7 +600,7 @@ def subdir_names(path: str | os.PathLike) -> list[str]:
 def subdir_paths(path: str) -> list[str]:
     """The paths of the subdirectories of `path`, sorted (a link is not one); [] when it cannot be listed."""
     try:
-        return sorted(d.path for d in scandir_list(path) if d.is_dir(follow_symlinks=False))
+        return [os.path.join(path, n) for n in subdir_names(path)]
     except OSError:
         return []
 
