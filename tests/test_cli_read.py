@@ -136,6 +136,26 @@ def test_inspect_cuda_softmax_reports_sm90a(kcache, fixture_copy):
     assert "hidet_launch_0" in data["binaries"][0]["symbols"]
 
 
+# What a command's run executed: a lazy module not yet run is in sys.modules, but not as a plain module.
+_RAN = ("import sys, types\nfrom kcache_cli.cli.app import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print(' '.join(m for m, mod in sys.modules.items() if m.startswith('kcache_cli.')\n"
+        "               and type(mod) is types.ModuleType), file=sys.stderr)")
+
+
+@pytest.mark.parametrize("command", ["inspect", "log"])
+def test_a_lookup_by_prefix_runs_no_scan_engine_code(fixture_copy, command):
+    """`inspect` and `log` judge one entry: the index, the worker pool and the Mega-Cache command stay
+    unloaded (each costs start-up time that `kcache --version` does not pay)."""
+    root = fixture_copy("hidet")
+    done = subprocess.run([sys.executable, "-c", _RAN, "--cache-dir", str(root), command, "ad25"],
+                          capture_output=True, text=True, timeout=60)
+    assert "softmax" in done.stdout or "nvcc" in done.stdout, done.stderr
+    ran = set(done.stderr.split())
+    assert "kcache_cli.layouts.hidet" in ran and "kcache_cli.catalog.scan" in ran
+    assert not ran & {"kcache_cli.catalog.index", "kcache_cli.util.parallel", "kcache_cli.cli.cmd_mega"}
+
+
 def test_inspect_cpu_entry_has_no_cuda_arch(kcache, fixture_copy):
     root = fixture_copy("hidet")
     data = kcache("--cache-dir", root, "inspect", "064b", "--json").json()

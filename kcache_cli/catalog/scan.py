@@ -6,11 +6,10 @@ import os
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from kcache_cli import layouts
 from kcache_cli.catalog import names
-from kcache_cli.catalog.index import IndexedContext
 from kcache_cli.catalog.names import expand_filter
 from kcache_cli.catalog.scan_context import ScanContext
 from kcache_cli.fs import read as fsread
@@ -20,7 +19,13 @@ from kcache_cli.layouts import get as get_layout
 from kcache_cli.model.records import Entry, ScanFilter, ScanResult, TreeUsage, Warn, is_glob, measure_tree
 from kcache_cli.model.terms import BUILDING, PARTIAL
 from kcache_cli.util.errors import UsageError
+from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.progress import NO_PROGRESS, Progress
+
+if TYPE_CHECKING:  # the real import, for mypy; at run time it loads with the first scan that uses the index
+    from kcache_cli.catalog import index
+else:  # (a lookup by hash prefix, `inspect` and `log`, never does)
+    index = lazy_module("kcache_cli.catalog.index")
 
 
 def detect_layouts(root: Path) -> tuple[str, ...]:
@@ -62,7 +67,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
         collect(f"{odd} is not a regular file: ignored (kcache writes a new index over it)")
     readmarks.load(root)
     if use_index:
-        ctx: ScanContext = IndexedContext(root, collect, state.load_last_used(root))
+        ctx: ScanContext = index.IndexedContext(root, collect, state.load_last_used(root))
     else:
         ctx = ScanContext(root, collect, state.load_last_used(root), statuses=statuses)
     ctx.progress = progress

@@ -13,16 +13,22 @@ from dataclasses import dataclass, field, fields
 from operator import itemgetter
 from pathlib import Path
 from stat import S_ISREG
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs.entrydir import EntryDir
-from kcache_cli.fs.mounts import AtimeRule
 from kcache_cli.model.records import Entry, TreeUsage, Warn, listdir, measure_tree
 from kcache_cli.model.terms import CORRUPT
-from kcache_cli.util import parallel
+from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.progress import NO_PROGRESS, Progress
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use (a lookup of
+    from kcache_cli.fs import mounts  # one entry starts no worker and may ask no mount)
+    from kcache_cli.util import parallel
+else:
+    mounts = lazy_module("kcache_cli.fs.mounts")
+    parallel = lazy_module("kcache_cli.util.parallel")
 
 
 @dataclass
@@ -63,7 +69,7 @@ class ScanContext:
     def reads_recorded(self, path: str) -> bool:
         """Whether the mount holding `path` records reads in atime (not `noatime`)."""
         if self._reads is None:
-            self._reads = AtimeRule(self.root)
+            self._reads = mounts.AtimeRule(self.root)
         return self._reads(path)
 
     def note_found(self, n: int) -> None:
@@ -129,8 +135,8 @@ class ScanContext:
         cores. `func` must be a module-level function."""
         self.mapped = True
         self.note_found(len(jobs))
-        workers = parallel.cpus()
-        if len(jobs) < PARALLEL_MIN_JOBS or workers < 2:
+        workers = parallel.cpus() if len(jobs) >= PARALLEL_MIN_JOBS else 1
+        if workers < 2:
             yield from self._map_here(func, jobs)
             return
         try:

@@ -11,7 +11,6 @@ import typer
 
 from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
-from kcache_cli.cli.cmd_mega import is_blob, show_blob
 from kcache_cli.cli.progress import scanning
 from kcache_cli.cli.table import Column, fold, paint
 from kcache_cli.fs.read import iter_chunks
@@ -24,10 +23,12 @@ from kcache_cli.util.textsafe import one_line
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
     from kcache_cli.catalog import locate, scan
+    from kcache_cli.cli import cmd_mega
     from kcache_cli.formats import binary
     from kcache_cli.ops import budget, config, usage
 else:
     binary = lazy_module("kcache_cli.formats.binary")
+    cmd_mega = lazy_module("kcache_cli.cli.cmd_mega")
     locate = lazy_module("kcache_cli.catalog.locate")
     scan = lazy_module("kcache_cli.catalog.scan")
     usage = lazy_module("kcache_cli.ops.usage")
@@ -325,8 +326,9 @@ def inspect_command(
     """
     opts = o.use(ctx, cache_dir, as_json)
 
-    if is_blob(hash_prefix):  # a torch Mega-Cache blob: its framing, never its pickles
-        show_blob(opts, hash_prefix, verify=False)
+    # a torch Mega-Cache blob: its framing, never its pickles (a hash is no file: cmd_mega stays unloaded)
+    if os.path.isfile(hash_prefix) and cmd_mega.is_blob(hash_prefix):
+        cmd_mega.show_blob(opts, hash_prefix, verify=False)
         return
     root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, cache=cache)
     d = layout_mod.describe(root, entry)
