@@ -1,3 +1,3 @@
-from kcache_cli.cli.app import main
+from kcache_cli.cli.app import run
 
-main()
+run()

@@ -37,6 +37,19 @@ def test_python_m_entry_point(fixture_copy):
     assert "064b4a6c035246e8" in out and "matmul" in out and "softmax" not in out
 
 
+@pytest.mark.parametrize("args, code", [(["--version"], 0), (["ls", "--op"], 2)])
+def test_the_console_script_exits_with_its_objects_frozen(args, code):
+    """run() (the console script, `python -m kcache_cli`) is main() with every object left out of the
+    collections Python makes while it exits; exit handlers still run, and the exit status is main's."""
+    probe = ("import atexit, gc, sys\n"
+             "atexit.register(lambda: print('frozen', gc.get_freeze_count(), file=sys.stderr))\n"
+             "sys.argv[0] = 'kcache'\nfrom kcache_cli.cli.app import run\nrun()")
+    done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == code, done.stderr
+    frozen = re.search(r"^frozen (\d+)$", done.stderr, re.M)
+    assert frozen and int(frozen.group(1)) > 1000
+
+
 def test_ls_hidet_lists_the_five_entries(kcache, fixture_copy):
     root = fixture_copy("hidet")
     rows = kcache("--cache-dir", root, "ls", "--json").json()["entries"]

@@ -278,6 +278,18 @@ def _release_roots() -> None:
         fsread.release_roots()
 
 
+def run() -> None:
+    """The console script and `python -m kcache_cli`: main(), then every object still alive moved out of the
+    cyclic collector's reach (gc.freeze). Python collects again while it exits, walking each object a
+    command left alive (a scan's entries, the index's records) only to free memory that goes with the
+    process anyway: 13 ms of `kcache --version`, 20-40 ms after a scan. Exit handlers still run, files
+    are still flushed and closed. Tests call main() itself, many times in one process."""
+    try:
+        main()
+    finally:
+        gc.freeze()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turn errors into one line and an exit status."""
     args = sys.argv[1:] if argv is None else argv
