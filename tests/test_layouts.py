@@ -98,6 +98,18 @@ def test_detecting_a_hidet_root_loads_no_other_layout_s_code(fixture_copy):
         loaded.split())
 
 
+ODD_NAMES = ["", ".", "..", ".hidden", "a", "a\n", "\n", "x.y", "-", " ", "é", "A" * 52, "0" * 64, "ab", "fxgraph",
+             "cuda_space_0", "0.1.15", "ext_1", "torch_aot_compile", "__pycache__", "a" * 300]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.name)
+def test_the_top_level_names_a_layout_takes_are_its_templates_names(shape):
+    """tops() skips the regex where it can (fixed names, any visible name): the answer is still the
+    templates' own first segments matched name by name."""
+    firsts = [k.segments[0] for k in shape.kinds]
+    assert shape.tops(ODD_NAMES) == [n for n in ODD_NAMES if any(r.match(n) for r in firsts)]
+
+
 def test_detection_on_real_and_look_alike_roots(tmp_path, fixture_copy):
     """Each root is detected as the layout it looks like, and a look-alike as none (the registry's answer is
     every layout's own detect)."""

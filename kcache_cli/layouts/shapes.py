@@ -68,6 +68,13 @@ class KindShape:
         return f"KindShape({self.kind!r}, {self.template!r})"
 
     @property
+    def any_visible_first(self) -> bool:
+        """Whether the first segment is one field taking any visible name (VISIBLE): a root's
+        CUDA JIT, JAX or Numba cache is any directory in it."""
+        field = _FIELD.fullmatch(self.parts[0])
+        return field is not None and self._patterns.get(field.group(1), VISIBLE) == VISIBLE
+
+    @property
     def segments(self) -> tuple[re.Pattern[str], ...]:
         """One anchored regex per directory level, compiled the first time a name is matched (start-up
         compiles none: most commands match the shapes of one or two layouts)."""
@@ -164,6 +171,8 @@ class LayoutShape:
         firsts = {k.parts[0] for k in self.kinds}
         if not any("{" in f for f in firsts):  # fixed names (ops/, programs/...): no regex per name
             return [n for n in names if n in firsts]
+        if all(k.any_visible_first for k in self.kinds):  # any visible name (a listing's names hold no "/")
+            return [n for n in names if n and not n.startswith(".")]
         match = _any_of(tuple(k.segments[0] for k in self.kinds)).match  # one regex: a Triton root has 10^5 names
         return [n for n in names if match(n)]
 
