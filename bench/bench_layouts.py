@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_inductor import make as make_inductor
 from bench_triton_scan import make_cache as make_triton
 from bench_triton_scan import make_tilelang
-from common import BENCH, baseline_tree, compare, kcache_cmd, load
+from common import BENCH, baseline_tree, compare, kcache_cmd, load, module_cmd
 
 REPO = BENCH.parent
 DEFAULT_ENTRIES = {"triton": 20_000, "tilelang": 20_000, "inductor": 5_000, "vllm": 5_000, "tilus": 20_000}
@@ -146,11 +146,14 @@ def bench(layout: str, root: Path, n: int, runs: int, env: dict, base: Path | No
     if base is None:
         return
     theirs = ["env", f"PYTHONPATH={base}"]
-    compare(f"{layout} cold: this tree vs {ref}", cold, [*theirs, *cold], runs, 1.0, env)
+    our_ls = module_cmd("--cache-dir", str(root), "ls", "--json")  # -m: each tree's own entry point
+    our_cold = [*our_ls, "--no-index"]
+    compare(f"{layout} cold: this tree vs {ref}", our_cold, [*theirs, *our_cold], runs, 1.0, env)
     other = twin(layout, root, n)
-    their_ls = [*theirs, *kcache_cmd("--cache-dir", str(other), "ls", "--json")]
+    their_ls = [*theirs, *module_cmd("--cache-dir", str(other), "ls", "--json")]
     subprocess.run(their_ls, env=env, stdout=subprocess.DEVNULL, check=True)
-    compare(f"{layout} warm: this tree vs {ref}", ls, their_ls, runs, 1.0, env)
+    subprocess.run(our_ls, env=env, stdout=subprocess.DEVNULL, check=True)
+    compare(f"{layout} warm: this tree vs {ref}", our_ls, their_ls, runs, 1.0, env)
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCH, baseline_tree, compare, ensure_cache, kcache_cmd, load
+from common import BENCH, baseline_tree, compare, ensure_cache, kcache_cmd, load, module_cmd
 
 SHAPES = {"seed": {"seed_layout": True}, "equal": {"equal_mtimes": True}}
 
@@ -87,7 +87,7 @@ def against_baseline(name: str, root: Path, runs: int, env: dict, prefix: list[s
     entry = names[len(names) // 2][:8]
     for args in (["stats", "--json", "--no-index"], ["ls", "--json", "--no-index"], ["inspect", entry],
                  ["log", entry], ["clear", "--dry-run", entry]):
-        ours = kcache_cmd("--cache-dir", str(root), *args)
+        ours = module_cmd("--cache-dir", str(root), *args)  # -m: each tree's own entry point
         compare(f"{name} {' '.join(args)}: this tree vs {ref}", ours, [*prefix, *ours], runs, 1.05, env)
 
 

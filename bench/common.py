@@ -13,6 +13,12 @@ BENCH = Path(__file__).resolve().parent
 KCACHE = [sys.executable, "-m", "kcache_cli"]
 
 
+def module_cmd(*args: str) -> list[str]:
+    """`python -m kcache_cli`: the entry point of whichever tree PYTHONPATH names, for comparisons with
+    another git ref (the console script calls this tree's entry function, which an older tree may lack)."""
+    return KCACHE + list(args)
+
+
 def kcache_cmd(*args: str) -> list[str]:
     """The installed console script when it sits next to this Python (as a user runs it), else -m."""
     script = Path(sys.executable).with_name("kcache")
