@@ -3,6 +3,7 @@ fd of its directory, opened from the anchored root) are refused or read exactly 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 
@@ -94,3 +95,34 @@ def test_a_file_that_grew_after_its_fstat_is_still_read_to_the_end(tmp_path):
 def test_sha256_found_once_is_sha256():
     for data in (b"", b"abc", os.urandom(1000)):
         assert sha256_hex(data) == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("flags", [fsread.DIR_FLAGS, fsread.FILE_FLAGS])
+def test_one_name_opened_without_openat2_refuses_what_openat2_refuses(tmp_path, flags):
+    """openat2 under RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH of one plain name is a plain openat with
+    O_NOFOLLOW: every name opens, or is refused as a link, alike (the kernel's own openat2 is the judge)."""
+    call = fsread._load_openat2()
+    if not call:
+        pytest.skip("this kernel has no openat2 to compare with")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "f").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    for name, target in (("to_d", "d"), ("to_f", "f"), ("to_abs", "/etc"), ("dangling", "nowhere"), ("up", "..")):
+        os.symlink(target, tmp_path / name)
+    rules = fsread.RESOLVE_NO_SYMLINKS | fsread.RESOLVE_BENEATH
+    dfd = os.open(tmp_path, fsread.DIR_FLAGS)
+
+    def outcome(opener, name):
+        try:
+            os.close(opener(dfd, name, flags | os.O_NONBLOCK, rules))
+            return "opened"
+        except OSError as exc:
+            return "refused" if exc.errno in (errno.ELOOP, errno.ENOTDIR) else errno.errorcode[exc.errno]
+
+    try:
+        for name in ("d", "f", "fifo", "to_d", "to_f", "to_abs", "dangling", "up", "missing"):
+            assert outcome(fsread.openat2, name) == outcome(call, name), name
+        assert outcome(fsread.openat2, "to_d") == "refused" and outcome(fsread.openat2, "d") == "opened"
+        assert outcome(fsread.openat2, "..") == outcome(call, "..") == "EXDEV"  # not one plain name: openat2's
+    finally:
+        os.close(dfd)
