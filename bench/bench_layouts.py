@@ -15,7 +15,8 @@ The caches (made once under DIR and reused):
             (tests/loaders/recorded/vllm.tar.gz), their artifacts hard links of one copy, their indexes
             rewritten by `kcache verify --fix` to lead into each unit.
 For Triton, bench/floor_triton.py (what a cold judgement cannot skip, in Python, one process) is timed
-against du too. The warm runs of the other ref use their own copy of the tree (`cp -a`): the two trees'
+against du too; for every layout, bench/floor_index.py (an unchanged listing's floor in Python: the
+index's records unpickled, the lstats over the cores, the JSON) against du and against kcache. The warm runs of the other ref use their own copy of the tree (`cp -a`): the two trees'
 indexes differ, and each would throw the other's away.
 
 Usage: python bench/bench_layouts.py [--layouts triton,inductor,vllm,tilelang,tilus] [--entries N] [--runs R]
@@ -142,6 +143,10 @@ def bench(layout: str, root: Path, n: int, runs: int, env: dict, base: Path | No
         names = root.parent / f".{root.name}-names.pickle"  # beside the cache: never in it
         compare("triton floor warm: floor_triton.py --warm vs du", [*floor, "--warm", str(names)], du, runs,
                 1.0, env)
+    # any exact index's floor, end to end: Python, the index's records unpickled, the lstats, the JSON
+    index_floor = [sys.executable, str(BENCH / "floor_index.py"), str(root), "--procs", str(os.cpu_count() or 1)]
+    compare(f"{layout} floor warm: floor_index.py vs du", index_floor, du, runs, 1.0, env)
+    compare(f"{layout} warm: ls --json (index) vs floor_index.py", ls, index_floor, runs, 1.0, env)
     print(f"{layout}: the index's answer equals --no-index: {same_answer(ls, env)}", flush=True)
     if base is None:
         return

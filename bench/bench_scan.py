@@ -11,7 +11,9 @@ For each shape, against `du -sb` of the same tree (target <= 1.3x cold, <= 0.2x 
   index  `stats --json`, `ls --json` on the unchanged cache (answered from .kcache/index/; the bench checks
          that the answers equal the --no-index ones).
   floor  `find -printf` of what the index's key holds (every file's inode, size, mtime and ctime): what
-         any exact index must learn about an unchanged cache, in C, against du;
+         any exact index must learn about an unchanged cache, in C, against du; and floor_index.py, the
+         same in Python end to end (start, the index's records unpickled, the lstats over the cores, the
+         JSON), against du and against `ls --json` from the index;
   cold   with --cold (root only): the page cache, dentries and inodes are dropped before every run of
          either command, so both read the disk (as after a reboot, or once reclaim has evicted the cache).
 Then for each shape `inspect <prefix>`, `log <prefix>` and `clear --dry-run <prefix>` against
@@ -73,6 +75,9 @@ def bench_shape(name: str, root: Path, runs: int, env: dict, cold: bool = False)
         print(f"{name}: {' '.join(args)} from the index equals --no-index: {same_answer(root, args, env)}")
     key = ["find", str(root), "-printf", "%i %s %T@ %C@\\n"]
     compare(f"{name} floor: find -printf of the index key", key, du, runs, 0.2, env)
+    index_floor = [sys.executable, str(BENCH / "floor_index.py"), str(root), "--procs", str(os.cpu_count() or 1)]
+    compare(f"{name} floor: floor_index.py (Python, records, lstats, JSON)", index_floor, du, runs, 0.2, env)
+    compare(f"{name} index: ls --json vs floor_index.py", kc("ls", "--json"), index_floor, runs, 1.0, env)
     if cold:
         compare(f"{name} cold disk: stats --json --no-index", kc("stats", "--json", "--no-index"), du, runs, 1.3,
                 env, before=drop_caches, before_baseline=drop_caches)

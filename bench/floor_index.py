@@ -1,0 +1,73 @@
+"""The floor of answering an unchanged cache from kcache's index, in Python, for any layout: what an exact
+index cannot skip, end to end, and nothing else (no rule, no Entry, no kcache module loaded).
+
+  1. start Python and read the index kcache wrote for ROOT (`.kcache/index/scan.<euid>`), unpickling its
+     records as kcache loads them;
+  2. lstat each recorded entry directory and each file its record names (what proves it unchanged),
+     split over `--procs` forked processes as kcache's scan is;
+  3. write one JSON document holding each record's stored fields (the answer `ls --json` prints).
+
+Run `kcache ls --json` on ROOT first: it writes the index. bench_layouts.py times this against `du -sb`
+and against kcache's own unchanged listing of the same tree.
+
+Usage: python bench/floor_index.py ROOT [--procs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import struct
+import sys
+
+# kcache_cli/catalog/index.py's framing (copied: the floor loads no kcache code): magic, then
+# (payload length, CRC-32) as "<QI", then the pickled {"context": ..., "records": {path: record}}.
+MAGIC = b"KCACHE-SCAN-INDEX\n"
+HEADER = struct.Struct("<QI")
+
+
+def records(root: str) -> dict:
+    with open(os.path.join(root, ".kcache", "index", f"scan.{os.geteuid()}"), "rb") as f:
+        data = f.read()
+    if not data.startswith(MAGIC):
+        raise SystemExit(f"{root} has no kcache index: run `kcache ls --json` on it first")
+    return pickle.loads(memoryview(data)[len(MAGIC) + HEADER.size:])["records"]
+
+
+def prove(recs: dict, paths: list[str]) -> None:
+    """What proves each entry unchanged: an lstat of its directory and of each file its record names."""
+    lstat = os.lstat
+    for path in paths:
+        lstat(path)
+        prefix = path + os.sep
+        for name in recs[path][0]:
+            lstat(prefix + name)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("root")
+    ap.add_argument("--procs", type=int, default=1)
+    args = ap.parse_args(argv)
+    recs = records(args.root)
+    paths = list(recs)
+    parts = [paths[i::args.procs] for i in range(args.procs)]
+    pids = []
+    for part in parts[1:]:
+        pid = os.fork()
+        if pid == 0:
+            prove(recs, part)
+            os._exit(0)
+        pids.append(pid)
+    prove(recs, parts[0])
+    for pid in pids:
+        os.waitpid(pid, 0)
+    fields = [f"f{i}" for i in range(max((len(r[3]) for r in recs.values()), default=0))]
+    sys.stdout.write(json.dumps({"entries": [dict(zip(fields, r[3])) for r in recs.values()]}) + "\n")
+    return len(paths)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
