@@ -105,6 +105,19 @@ def test_renames(root):
     assert (r / "a" / "in-a").exists() and not any((r / "b").iterdir())  # neither moved
 
 
+def test_a_name_with_a_nul_renames_nothing(root):
+    """As a C string "a\\0x" is "a": renameat2 through ctypes would move a. It is refused instead."""
+    r, fd = root
+    (r / "a").mkdir()
+    for src, dst in (("a\0x", "b"), ("a", "b\0x")):
+        with pytest.raises((OSError, ValueError)):
+            fswrite.rename_noreplace_at(fd, src, fd, dst)
+        with pytest.raises(OSError) as got:
+            fswrite.renameat2(fd, src, fd, dst, 0)
+        assert got.value.errno == errno.EINVAL
+    assert (r / "a").is_dir() and not (r / "b").exists()
+
+
 def test_copy_tree_at_copies_files_and_links(root):
     r, fd = root
     (r / "src/sub").mkdir(parents=True)

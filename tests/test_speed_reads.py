@@ -126,3 +126,19 @@ def test_one_name_opened_without_openat2_refuses_what_openat2_refuses(tmp_path, 
         assert outcome(fsread.openat2, "..") == outcome(call, "..") == "EXDEV"  # not one plain name: openat2's
     finally:
         os.close(dfd)
+
+
+@pytest.mark.parametrize("rules", [fsread.RESOLVE_NO_SYMLINKS | fsread.RESOLVE_BENEATH,
+                                   fsread.RESOLVE_NO_XDEV | fsread.RESOLVE_NO_SYMLINKS])
+def test_a_name_with_a_nul_opens_nothing(tmp_path, rules):
+    """As a C string "d\\0x" is "d": openat2 through ctypes would open d. It is refused instead, one
+    plain name or not."""
+    (tmp_path / "d").mkdir()
+    dfd = os.open(tmp_path, fsread.DIR_FLAGS)
+    try:
+        for name in ("d\0x", "d/\0", "\0"):
+            with pytest.raises(OSError) as got:
+                fsread.openat2(dfd, name, fsread.DIR_FLAGS, rules)
+            assert got.value.errno == errno.EINVAL
+    finally:
+        os.close(dfd)

@@ -343,6 +343,8 @@ def _load_renameat2() -> Any:
 
 def renameat2(src_fd: int, src: str, dst_fd: int, dst: str, flags: int) -> bool:
     """renameat2 with `flags`; False where the kernel or the filesystem has none (the caller falls back)."""
+    if "\0" in src or "\0" in dst:  # a C string ends there: the call would rename another file
+        raise OSError(errno.EINVAL, "a NUL byte in a file name", dst)
     loaded = _load_renameat2()
     if not loaded:
         return False
