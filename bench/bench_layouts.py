@@ -16,8 +16,10 @@ The caches (made once under DIR and reused):
             rewritten by `kcache verify --fix` to lead into each unit.
 For Triton, bench/floor_triton.py (what a cold judgement cannot skip, in Python, one process) is timed
 against du too; for every layout, bench/floor_index.py (an unchanged listing's floor in Python: the
-index's records unpickled, the lstats over the cores, the JSON) against du and against kcache. The warm runs of the other ref use their own copy of the tree (`cp -a`): the two trees'
-indexes differ, and each would throw the other's away.
+index's records unpickled, the lstats over the cores, the JSON) against du and against kcache. The warm
+runs of the other ref use their own copy of the tree (generated alike; Triton's and Inductor's group
+paths lead into it): the two trees' indexes differ, and each would throw the other's away. They run
+twice, the second time with the copies swapped, since two copies differ on disk by a few percent.
 
 Usage: python bench/bench_layouts.py [--layouts triton,inductor,vllm,tilelang,tilus] [--entries N] [--runs R]
        [--dir DIR] [--baseline-ref REF] [--no-baseline]
@@ -159,6 +161,12 @@ def bench(layout: str, root: Path, n: int, runs: int, env: dict, base: Path | No
     subprocess.run(their_ls, env=env, stdout=subprocess.DEVNULL, check=True)
     subprocess.run(our_ls, env=env, stdout=subprocess.DEVNULL, check=True)
     compare(f"{layout} warm: this tree vs {ref}", our_ls, their_ls, runs, 1.0, env)
+    # Again with the two copies swapped: copies of one tree differ on disk by a few percent (where their
+    # inodes and directory blocks landed), which the first pairing counts against one side.
+    swapped_ours = module_cmd("--cache-dir", str(other), "ls", "--json")
+    swapped_theirs = [*theirs, *module_cmd("--cache-dir", str(root), "ls", "--json")]
+    compare(f"{layout} warm, copies swapped: this tree vs {ref}", swapped_ours, swapped_theirs, runs, 1.0, env)
+    subprocess.run(ls, env=env, stdout=subprocess.DEVNULL, check=True)  # the tree's index is this code's again
 
 
 def main() -> None:
