@@ -39,15 +39,16 @@ from kcache_cli.archive.manifest import (
     link_problem,
 )
 from kcache_cli.catalog.scan import narrowed_by_names, scan_cache
-from kcache_cli.catalog.scan_context import ScanContext
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
 from kcache_cli.fs import tarstream as ts
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.locking import leftover_live, try_flock
+from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.fs.read import TreeTooDeep, open_regular
-from kcache_cli.model.records import BUILDING, COMPLETE, MOVED, Entry, EntryKey, Keyed, ScanFilter, Status, Warn, iso
-from kcache_cli.ops.verify import judge_entry
+from kcache_cli.model.records import (BUILDING, COMPLETE, MOVED, Entry, EntryKey, Judgement, Keyed, ScanFilter, Status,
+                                      Warn, iso)
+from kcache_cli.ops.verify import judge_open, not_judged
 from kcache_cli.util import parallel
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.progress import NO_PROGRESS, Progress
@@ -182,11 +183,13 @@ class _Skip(Exception):
     """This entry cannot be exported as it is (a warning, not an error)."""
 
 
-def _read_tree(dfd: int, prefix: str, out: list, budget: list[int]) -> None:
+def _read_tree(dfd: int, prefix: str, out: list, budget: list[int],
+               held: dict[str, tuple[int, int, int, bytes]] | None = None) -> None:
     """Everything under an open directory, sorted, depth first, as (name, kind, size, mode, mtime,
     extra): kind 'file' (extra: its bytes, or None past BIG_FILE or the memory budget), 'dir',
     'link' (extra: its target) or 'other'. Types come from the directory listing; each file is
     opened once (relative to its directory's fd, never following a link), fstat'ed and read whole.
+    `held`: each file read whole, by name, as (inode, size, mtime_ns, bytes) (EntryDir.held).
     Iterative, at most MAX_NAME_DEPTH deep (deeper: fsread.TreeTooDeep, an OSError)."""
     stack: list[tuple[int, str, list]] = [(dfd, prefix, _listing(dfd))]
     try:
@@ -200,7 +203,7 @@ def _read_tree(dfd: int, prefix: str, out: list, budget: list[int]) -> None:
             de = items.pop()
             name = pre + de.name
             if de.is_file(follow_symlinks=False):
-                out.append(_read_member(fd, de.name, name, budget))
+                out.append(_read_member(fd, de.name, name, budget, held))
             elif de.is_dir(follow_symlinks=False):
                 if len(stack) >= MAX_NAME_DEPTH:  # import refuses deeper names: do not ship them
                     raise TreeTooDeep(errno.ELOOP, f"directories nested more than {MAX_NAME_DEPTH} deep")
@@ -228,9 +231,10 @@ def _listing(dfd: int) -> list:
         return sorted(it, key=_by_name, reverse=True)
 
 
-def _read_member(dfd: int, base: str, name: str, budget: list[int]) -> tuple:
+def _read_member(dfd: int, base: str, name: str, budget: list[int],
+                 held: dict[str, tuple[int, int, int, bytes]] | None = None) -> tuple:
     """One regular file of _read_tree: (name, "file", size, mode, mtime, bytes or None), or
-    "other" when it is no longer a regular file."""
+    "other" when it is no longer a regular file; kept in `held` when read whole."""
     fd = fsread.open_quietly(base, _FILE_FLAGS, dfd)  # an export is no use of the entry: atime stays
     try:
         st = os.fstat(fd)
@@ -242,6 +246,8 @@ def _read_member(dfd: int, base: str, name: str, budget: list[int]) -> tuple:
         if size <= BIG_FILE and size <= budget[0]:
             data = _read_up_to(fd, size)
             budget[0] -= len(data)
+            if held is not None and len(data) == size:
+                held[name] = (st.st_ino, size, st.st_mtime_ns, data)
             size = len(data)
         return (name, "file", size, mode, st.st_mtime, data)
     finally:
@@ -273,6 +279,30 @@ def _read_up_to(fd: int, size: int) -> bytes:
     return data
 
 
+class _Read(NamedTuple):
+    """An entry's tree as _read_tree read it, or the error that stopped the read."""
+
+    items: list
+    mtime: float
+    held: dict[str, tuple[int, int, int, bytes]]
+    error: OSError | None
+
+
+def _read_entry(d: EntryDir) -> _Read:
+    """Everything in the entry directory held open as `d` (_read_tree), with the bytes of each file read
+    whole kept by name for its judgement (EntryDir.held)."""
+    items: list = []
+    held: dict[str, tuple[int, int, int, bytes]] = {}
+    if d.fd is None:
+        return _Read(items, 0.0, held, d.error or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT)))
+    try:
+        mtime = os.fstat(d.fd).st_mtime
+        _read_tree(d.fd, "", items, [ENTRY_BUDGET], held)
+    except OSError as exc:
+        return _Read([], 0.0, {}, exc)
+    return _Read(items, mtime, held, None)
+
+
 class _PartWriter:
     """Turns entries into tar members and manifest records (one worker, one or more parts)."""
 
@@ -286,7 +316,6 @@ class _PartWriter:
         self.caller_reads = caller_reads  # judged deep without reading the bytes this writer reads anyway
         self.sha256 = hashlib.sha256
         self.warnings: list[str] = []
-        self.ctx = ScanContext(plan.root, self.warnings.append, plan.last_used)
         self.records: list[EntryRecord] = []
         self.done: list[ExportedEntry] = []
         self.left: list[tuple[Entry, str]] = []
@@ -294,23 +323,42 @@ class _PartWriter:
 
     def job(self, e: Entry) -> None:
         try:
-            chosen = self._chosen(e)
-            if chosen is not None:
-                self._entry(chosen)
+            with EntryDir.open(e.path, fsread.anchor(self.plan.root)) as d:
+                self._entry(e, d)
         except _Skip as exc:
             entry, why = exc.args
             self.left.append((entry, why))
             self.warnings.append(f"skipping {entry.relpath}: {why}")
         self.advance(1)
 
-    def _chosen(self, e: Entry) -> Entry | None:
-        """`e` judged deeply (the one judgement, as verify's), or None when it stays out."""
+    def _entry(self, e: Entry, d: EntryDir) -> None:
+        """Read the entry held open as `d`, judge it deeply from the bytes read (the one judgement, as
+        verify's: what is judged is what ships), then append it when it goes."""
         if e.relpath in self.plan.along:  # used by a chosen entry: it goes unless it is being built
             if e.status == BUILDING:
                 self.left.append((e, f"being built ({e.reason})"))
-                return None
-            return e
-        verdict = judge_entry(self.plan.root, e, deep=True, caller_reads=self.caller_reads)
+            else:
+                self._ship(e, d, _read_entry(d))
+            return
+        kept = not_judged(e)  # no layout judges it: its scan status decides, and nothing need be read
+        if kept is not None:
+            chosen = self._chosen(e, kept)
+            if chosen is not None:
+                self._ship(chosen, d, _read_entry(d))
+            return
+        read = _read_entry(d)
+        d.held = read.held
+        chosen = self._chosen(e, judge_open(e, d, True, caller_reads=self.caller_reads))
+        if chosen is not None:
+            self._ship(chosen, d, read)
+
+    def _ship(self, e: Entry, d: EntryDir, read: _Read) -> None:
+        if read.error is not None or d.fd is None:
+            raise _Skip(e, f"unreadable: {read.error.strerror if read.error else 'not open'}")
+        self._emit(e, d.fd, read.items, read.mtime)
+
+    def _chosen(self, e: Entry, verdict: Judgement) -> Entry | None:
+        """`e` with its deep `verdict`, or None when it stays out."""
         e = replace(e, status=verdict.status, reason=verdict.reason)
         if e.status == MOVED and e.status not in self.plan.flt.statuses:
             # whole, its recorded paths lead into another root: import rewrites them (Layout.relocate)
@@ -322,22 +370,6 @@ class _PartWriter:
             self.left.append((e, why))
             return None
         return e
-
-    def _entry(self, e: Entry) -> None:
-        try:
-            dfd = fsread.open_path(e.path, fsread.DIR_FLAGS)
-        except OSError as exc:
-            raise _Skip(e, f"unreadable: {exc.strerror}") from None
-        try:
-            items: list = []
-            try:
-                mtime = os.fstat(dfd).st_mtime
-                _read_tree(dfd, "", items, [ENTRY_BUDGET])
-            except OSError as exc:
-                raise _Skip(e, f"unreadable: {exc.strerror}") from None
-            self._emit(e, dfd, items, mtime)
-        finally:
-            os.close(dfd)
 
     def _emit(self, e: Entry, dfd: int, items: list, mtime: float) -> None:
         """Check the listing, then read and append the entry. Its members are collected first, so

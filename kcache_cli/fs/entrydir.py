@@ -6,7 +6,8 @@ the directory, opened once from the anchored root without following any link on 
 of the cache swapped for a link mid-run makes the open fail, and `swapped` says so), the lstat of
 each file a scan listed (`listing`: a read then skips its own stat), and files in subdirectories
 opened beneath it, no link followed. Nothing is looked up in module or per-thread state: what the
-judgement reads is what it was handed.
+judgement reads is what it was handed. A caller that read the files already (export) hands their bytes
+too (`held`): a read of a file that is still the one they came from (inode, size, mtime) takes them.
 
 Light on purpose (os, stat, errno, fsread): the scan opens one per entry."""
 
@@ -31,7 +32,7 @@ class EntryDir:
     are relative to it ('/'-separated; no component is followed when it is a link). Where the
     directory cannot be opened, `fd` is None and every read raises why (`error`)."""
 
-    __slots__ = ("path", "fd", "listing", "anchor", "error", "_refused")
+    __slots__ = ("path", "fd", "listing", "anchor", "error", "held", "_refused")
 
     def __init__(self, path: str, fd: int | None, anchor: Anchor | None = None,
                  error: OSError | None = None) -> None:
@@ -40,6 +41,9 @@ class EntryDir:
         self.anchor = anchor
         self.error = error
         self.listing: dict[str, os.stat_result] = {}  # name -> lstat, as a scan of it saw each file
+        # name -> (inode, size, mtime_ns, bytes) of files a caller read through `fd` already (export): a
+        # read of one that is still that file takes these bytes, so what is judged is what was read
+        self.held: dict[str, tuple[int, int, int, bytes]] | None = None
         self._refused = anchor.refused if anchor is not None else 0
 
     @classmethod
@@ -125,7 +129,11 @@ class EntryDir:
             if exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
                 exc = fsread.refuse(self.join(name), "a symlink or not a directory")
             return EntryDir(self.join(name), None, self.anchor, exc)
-        return EntryDir(self.join(name), new, self.anchor)
+        d = EntryDir(self.join(name), new, self.anchor)
+        if self.held:
+            cut = len(name) + 1
+            d.held = {k[cut:]: v for k, v in self.held.items() if k.startswith(name + "/")}
+        return d
 
     def files(self) -> tuple[dict[str, int], dict[str, float]]:
         """The sizes and mtimes of the files (not subdirectories) directly in it, listed through its fd;
@@ -224,9 +232,28 @@ class EntryDir:
             if own:
                 os.close(fd)
 
+    def _held_bytes(self, name: str) -> bytes | None:
+        """The bytes held for `name` when it is still the file they were read from (same inode, size and
+        mtime, as its lstat now or the scan's shows it), else None (read it again)."""
+        got = self.held.get(name) if self.held else None
+        if got is None:
+            return None
+        try:
+            st = self.lstat(name)
+        except OSError:
+            return None
+        if (st.st_ino, st.st_size, st.st_mtime_ns) != got[:3] or not stat.S_ISREG(st.st_mode):
+            return None
+        return got[3]
+
     def read_bytes(self, name: str, limit: int, *, strict: bool = True, follow: bool = False) -> bytes:
-        """fsread.read_bytes of the file `name`."""
+        """fsread.read_bytes of the file `name` (held bytes when it has them: `held`)."""
         shown = self.join(name)
+        data = None if follow else self._held_bytes(name)
+        if data is not None:
+            if strict and len(data) > limit:
+                raise TooLarge(errno.EFBIG, f"over {limit} bytes ({len(data)}), not read", shown)
+            return data[:limit]
         fd, st = self.open_file(name, follow=follow, shown=shown)
         return fsread.read_open(fd, st, limit, strict, shown)
 
@@ -245,7 +272,11 @@ class EntryDir:
             return None
 
     def iter_chunks(self, name: str, chunk: int = fsread.CHUNK, *, follow: bool = False) -> Iterator[bytes]:
-        """The file's bytes in chunks of at most `chunk` (`follow` as for open_file)."""
+        """The file's bytes in chunks of at most `chunk` (`follow` as for open_file; held bytes as for
+        read_bytes)."""
+        data = None if follow else self._held_bytes(name)
+        if data is not None:
+            return (data[i:i + chunk] for i in range(0, len(data), chunk))
         fd, _ = self.open_file(name, follow=follow)
         return fsread.chunks_of(fd, chunk)
 

@@ -76,22 +76,38 @@ def judge_entry(root: Path, entry: Entry, deep: bool = True, *, caller_reads: bo
     Temp and staging directories, links where entries belong, unlistable directories and entries being
     built keep the scan's status: they are not entries a layout judges. The entry's directory is opened
     from the root held open (fsread.anchor) and handed to the layout with its judging context."""
-    layout = get(entry.layout)
+    kept = not_judged(entry)
+    if kept is not None:
+        return kept
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        return judge_open(entry, d, deep, caller_reads=caller_reads)
+
+
+def not_judged(entry: Entry) -> Judgement | None:
+    """The scan's own status of an entry no layout judges (judge_entry's first rule), or None."""
     name = os.path.basename(entry.path)
-    if (entry.status == BUILDING or not entry.hash or name.startswith(".") or layout.leftover(entry) is not None
+    if (entry.status == BUILDING or not entry.hash or name.startswith(".")
+            or get(entry.layout).leftover(entry) is not None
             or fsread.is_link(entry.path) or not fsread.is_dir(entry.path)):
         return Judgement.of(entry.status, entry.reason)
-    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
-        try:
-            verdict = layout.judge(d, entry.kind, layout.judging(deep, caller_reads=caller_reads))
-            if verdict.status != COMPLETE and d.swapped:
-                # A directory above the entry was a link while it was read: nothing is known of the entry,
-                # and unreadable is a status prune never deletes.
-                return Judgement.of(UNREADABLE, "a directory on the way to it was replaced by a link while it was read")
-            return verdict
-        except OSError as exc:
-            status: Status = UNREADABLE if isinstance(exc, PermissionError) or d.swapped else CORRUPT
-            return Judgement.of(status, f"cannot read the entry: {exc.strerror}")
+    return None
+
+
+def judge_open(entry: Entry, d: EntryDir, deep: bool = True, *, caller_reads: bool = False) -> Judgement:
+    """judge_entry of an entry whose directory the caller opened as `d` (from the root's anchor), after
+    not_judged said it is one to judge. Bytes the caller read through `d` already (`d.held`) are judged
+    as they were read."""
+    layout = get(entry.layout)
+    try:
+        verdict = layout.judge(d, entry.kind, layout.judging(deep, caller_reads=caller_reads))
+        if verdict.status != COMPLETE and d.swapped:
+            # A directory above the entry was a link while it was read: nothing is known of the entry,
+            # and unreadable is a status prune never deletes.
+            return Judgement.of(UNREADABLE, "a directory on the way to it was replaced by a link while it was read")
+        return verdict
+    except OSError as exc:
+        status: Status = UNREADABLE if isinstance(exc, PermissionError) or d.swapped else CORRUPT
+        return Judgement.of(status, f"cannot read the entry: {exc.strerror}")
 
 
 def check_entry(root: Path, entry: Entry) -> EntryCheck:

@@ -1,0 +1,95 @@
+"""Export reads each file of an entry once and judges the bytes it read (EntryDir.held): the bytes a
+judgement takes from the caller are those of the very file it lists (same inode, size and mtime), and
+a file replaced since is read again."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kcache_cli import archive
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs.entrydir import EntryDir
+from kcache_cli.model.records import ScanFilter
+from kcache_cli.ops.verify import not_judged
+
+
+def _held_dir(tmp_path: Path, data: bytes = b"0123456789") -> tuple[EntryDir, Path]:
+    d = tmp_path / "entry"
+    (d / "sub").mkdir(parents=True)
+    for p in (d / "f", d / "sub" / "g"):
+        p.write_bytes(data)
+    ed = EntryDir.open(d)
+    ed.held = {}
+    for name in ("f", "sub/g"):
+        st = os.lstat(d / name)
+        ed.held[name] = (st.st_ino, st.st_size, st.st_mtime_ns, data)
+    return ed, d
+
+
+def _rewrite_keeping_identity(path: Path, data: bytes) -> None:
+    """New bytes of the same length in the same inode, its mtime put back: only the bytes differ."""
+    st = os.lstat(path)
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_held_bytes_are_read_for_the_same_file(tmp_path):
+    ed, d = _held_dir(tmp_path)
+    with ed:
+        _rewrite_keeping_identity(d / "f", b"ABCDEFGHIJ")
+        _rewrite_keeping_identity(d / "sub" / "g", b"ABCDEFGHIJ")
+        assert ed.read_bytes("f", 100) == b"0123456789"  # what the caller read, not the disk's
+        assert ed.read_bytes("f", 4, strict=False) == b"0123"
+        assert b"".join(ed.iter_chunks("f", 3)) == b"0123456789"
+        assert list(ed.iter_chunks("f", 3))[0] == b"012"
+        assert ed.sub("sub").read_bytes("g", 100) == b"0123456789"
+        with pytest.raises(fsread.TooLarge):
+            ed.read_bytes("f", 4)  # strict: over the limit, as a read from disk says
+
+
+def test_a_replaced_file_is_read_again(tmp_path):
+    ed, d = _held_dir(tmp_path)
+    with ed:
+        (d / "new").write_bytes(b"ABCDEFGHIJ")
+        os.replace(d / "new", d / "f")  # another inode: the held bytes are not its
+        (d / "sub" / "g").write_bytes(b"longer than before")  # same inode, another size
+        assert ed.read_bytes("f", 100) == b"ABCDEFGHIJ"
+        assert ed.read_bytes("sub/g", 100) == b"longer than before"
+        os.unlink(d / "f")
+        os.symlink("sub/g", d / "f")  # a link now: never read through the held bytes
+        with pytest.raises(OSError):
+            ed.read_bytes("f", 100)
+
+
+def test_followed_reads_never_take_held_bytes(tmp_path):
+    ed, d = _held_dir(tmp_path)
+    with ed:
+        _rewrite_keeping_identity(d / "f", b"ABCDEFGHIJ")
+        assert ed.read_bytes("f", 100, follow=True) == b"ABCDEFGHIJ"
+
+
+def test_export_opens_each_file_once(fixture_copy, tmp_path, monkeypatch):
+    """Before, a hidet entry's lib.so was opened three times (the judgement's header and whole read,
+    then the archive's read); now once, and the archive still holds the same entries."""
+    src = fixture_copy("hidet")
+    plan = archive.plan_export(src, ScanFilter())
+    assert plan.jobs
+    opened: dict[str, int] = {}
+    real_open = os.open
+
+    def counting(path, flags, mode=0o777, *, dir_fd=None):
+        name = os.path.basename(os.fsdecode(path))
+        opened[name] = opened.get(name, 0) + 1
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", counting)
+    result = archive.export_archive(plan, str(tmp_path / "a.tar"))
+    monkeypatch.undo()
+    assert result.entries
+    judged = [e for e in plan.jobs if not_judged(e) is None]  # read before their judgement, shipped or not
+    libs = sum(1 for e in judged if os.path.isfile(os.path.join(e.path, "lib.so")))
+    assert libs and opened["lib.so"] == libs
