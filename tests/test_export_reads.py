@@ -5,13 +5,17 @@ a file replaced since is read again."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
+from test_index import RACY, counting_judge
 
 from kcache_cli import archive
+from kcache_cli.catalog.scan import scan_cache as real_scan
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
+from kcache_cli.layouts import hidet
 from kcache_cli.model.records import ScanFilter
 from kcache_cli.ops.verify import not_judged
 
@@ -93,3 +97,21 @@ def test_export_opens_each_file_once(fixture_copy, tmp_path, monkeypatch):
     judged = [e for e in plan.jobs if not_judged(e) is None]  # read before their judgement, shipped or not
     libs = sum(1 for e in judged if os.path.isfile(os.path.join(e.path, "lib.so")))
     assert libs and opened["lib.so"] == libs
+
+
+def test_export_lists_unchanged_entries_from_the_index(fixture_copy, tmp_path, monkeypatch):
+    """The plan's listing goes through the index as `ls` does: an unchanged cache is listed without a
+    judgement, and the archive is the same as one planned by a real scan (every entry is still judged
+    deeply when it is written)."""
+    src = fixture_copy("hidet")
+    time.sleep(RACY * 2)  # older than the index's racy window
+    judged = counting_judge(monkeypatch, hidet, "_op_entry", lambda job: job[0])
+    first = archive.plan_export(src, ScanFilter())
+    assert len(judged) == len(first.jobs) == 5
+    judged.clear()
+    again = archive.plan_export(src, ScanFilter())
+    assert judged == [] and again.jobs == first.jobs
+    a = archive.export_archive(again, str(tmp_path / "a.tar"))
+    monkeypatch.setattr(archive.export, "scan_cache", lambda *a, use_index=False, **k: real_scan(*a, **k))
+    b = archive.export_archive(archive.plan_export(src, ScanFilter()), str(tmp_path / "b.tar"))
+    assert a.entries == b.entries and a.entries

@@ -149,7 +149,9 @@ def plan_export(root: Path, flt: ScanFilter, warn: Warn | None = None, sources_o
     if not fsread.is_dir(root):
         raise KcacheError(f"no cache at {root}")
     warn = warn or (lambda m: None)
-    jobs = list(scan_cache(root, replace(flt, statuses=()), warn).entries)  # statuses: judged deeply later
+    # Statuses are judged deeply later; entries unchanged since the last scan are listed from the index
+    # (and the index is kept up to date), as `ls` lists them.
+    jobs = list(scan_cache(root, replace(flt, statuses=()), warn, use_index=True).entries)
     left: list[tuple[Entry, str]] = []
     along = _brought_along(root, jobs, left, warn)
     jobs += along
