@@ -65,8 +65,7 @@ import kcache_cli
 from kcache_cli.catalog.scan_context import ScanContext
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
-from kcache_cli.fs import write as fswrite
-from kcache_cli.fs.state import index_name, open_index_dir
+from kcache_cli.fs.state import finish_index_write, index_name, read_index_file, start_index_write  # noqa: F401
 from kcache_cli.layouts import NAMES
 from kcache_cli.model.records import COMPLETE, CORRUPT, FAILED, STALE, Entry
 
@@ -83,7 +82,6 @@ _MODIFIED = FIELDS.index("modified")
 _PATH = FIELDS.index("path")
 _NFIELDS = len(FIELDS)
 _MAX_BYTES = 1 << 31
-_STALE_TEMP = 3600.0  # temp files of killed writers are removed after an hour
 # The modules whose code decides what a record holds; a change to any of them drops the index.
 _JUDGES = ("kcache_cli.catalog.scan", "kcache_cli.catalog.scan_context", "kcache_cli.catalog.index",
            "kcache_cli.model.records", "kcache_cli.model.checks", "kcache_cli.model.terms", "kcache_cli.layouts.shapes",
@@ -229,39 +227,12 @@ def _context(root: str) -> tuple:
             root, st.st_dev, st.st_ino, FIELDS, tuple(code))
 
 
-# An index file is opened without blocking (a FIFO planted there must not hang every command), never
-# through a link, never as a controlling terminal; it must then be a regular file (fstat).
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-
-
 def load(root: str, context: tuple, kind: str = "scan") -> dict:
     """path -> Record from the index of `root` (or what `kind`'s file holds), or {} when there is none
     or it cannot be trusted."""
-    dfd = open_index_dir(root, create=False)
-    if dfd is None:
+    data = read_index_file(root, kind, _MAX_BYTES)
+    if data is None:
         return {}
-    try:
-        fd = os.open(index_name(kind), _FILE_FLAGS, dir_fd=dfd)
-    except OSError:
-        return {}
-    finally:
-        os.close(dfd)
-    try:
-        st = os.fstat(fd)
-        if (not S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022
-                or st.st_size > _MAX_BYTES):
-            return {}
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 24)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    except OSError:
-        return {}
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
     start = len(MAGIC) + _HEADER.size
     if not data.startswith(MAGIC) or len(data) < start:
         return {}
@@ -346,66 +317,24 @@ class IndexedContext(ScanContext):
 
 
 def _start_write(root: str, started: int) -> tuple[int, str, int] | None:
-    """Create the temp file the index will be written to; its ctime is the file system's "now", less
-    the time since the scan `started` (time.monotonic_ns), from which entries are judged too recent to
-    store. None when the cache is not writable."""
-    dfd = open_index_dir(root, create=True)
-    if dfd is None:
+    """Create the temp file the index will be written to (state.start_index_write): its ctime is the file
+    system's "now", less the time since the scan `started` (time.monotonic_ns), from which entries are
+    judged too recent to store. None when the cache is not writable."""
+    made = start_index_write(root)
+    if made is None:
         return None
-    tmp = f".tmp-{os.getpid()}-{fswrite.token(4)}"
-    try:
-        fd = fswrite.create_excl(dfd, tmp, 0o644)
-        try:
-            fswrite.share_like_dir(fd, dfd)
-            now = os.fstat(fd).st_ctime_ns
-        finally:
-            os.close(fd)
-    except OSError:
-        os.close(dfd)
-        return None
+    dfd, tmp, now = made
     return dfd, tmp, now - (time.monotonic_ns() - started) - int(RACY_SECONDS * 1e9)
 
 
 def _finish_write(dfd: int, tmp: str, obj: dict | None, kind: str = "scan") -> None:
     """Write `obj` (None: nothing) through the temp file `tmp` made by _start_write, then close the
     index directory's `dfd`; the temp file never stays. Never raises."""
-    try:
-        if obj is not None:
-            _write(dfd, tmp, obj, kind)
-            tmp = ""
-    except (OSError, pickle.PicklingError, ValueError, RecursionError):
-        pass
-    finally:
-        if tmp:
-            try:
-                fswrite.unlink_at(dfd, tmp)
-            except OSError:
-                pass
-        os.close(dfd)
-
-
-def _write(dfd: int, tmp: str, obj: dict, kind: str = "scan") -> None:
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    data = MAGIC + _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
-    fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-    try:
-        fswrite.write_all(fd, data)
-    finally:
-        os.close(fd)
-    fswrite.rename_at(dfd, tmp, dfd, index_name(kind))
-    _remove_stale_temps(dfd)
-
-
-def _remove_stale_temps(dfd: int) -> None:
-    """Temp files of writers killed an hour ago or more (a live writer renames or removes its own)."""
-    limit = time.time() - _STALE_TEMP
-    try:
-        names = [n for n in os.listdir(dfd) if n.startswith(".tmp-")]
-    except OSError:
-        return
-    for name in names:
+    data = None
+    if obj is not None:
         try:
-            if os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime < limit:
-                fswrite.unlink_at(dfd, name)
-        except OSError:
-            pass
+            payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+            data = MAGIC + _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+        except (pickle.PicklingError, ValueError, RecursionError, TypeError):
+            data = None
+    finish_index_write(dfd, tmp, data, kind)

@@ -16,6 +16,7 @@ from fnmatch import fnmatchcase
 from stat import S_ISDIR
 from typing import Iterable, Iterator, NamedTuple
 
+from kcache_cli.catalog.dirnames import DirNames
 from kcache_cli.fs import read as fsread
 from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape
 from kcache_cli.model.records import is_glob, space_matches
@@ -31,15 +32,20 @@ class EntryName(NamedTuple):
     hash: str
 
 
-def visible_dirs(path: str | int, prefix: str = "") -> list[str]:
+def visible_dirs(path: str | int, prefix: str = "", kept: DirNames | None = None) -> list[str]:
     """Names of the visible subdirectories of `path` (or of the directory fd) starting with `prefix`
     (symlinks not followed; the type comes from the directory listing, or with a prefix from an lstat
-    of the few names that match: a bare name listing is a quarter cheaper than scandir's); [] if
+    of the few names that match: a bare name listing is a quarter cheaper than scandir's, and `kept`
+    answers for a directory unchanged since it was last listed: catalog/dirnames.py); [] if
     unreadable."""
     try:
         if prefix and not prefix.startswith("."):
-            found = [n for n in (os.listdir(path) if isinstance(path, int) else fsread.listdir(path))
-                     if n.startswith(prefix)]
+            if isinstance(path, int):
+                found = [n for n in os.listdir(path) if n.startswith(prefix)]
+            elif kept is not None:
+                found = kept.starting(path, prefix)
+            else:
+                found = [n for n in fsread.listdir(path) if n.startswith(prefix)]
             return [n for n in found if _is_dir(path, n)]
         listed = os.scandir(path) if isinstance(path, int) else fsread.scandir_list(path)
         return [d.name for d in listed if d.name.startswith(prefix) and not d.name.startswith(".")
@@ -64,7 +70,7 @@ def _present(names: list[str], wanted: tuple[str, ...]) -> list[str]:
 
 
 def _walk(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces: tuple[str, ...] = (),
-          prefix: str = "") -> Iterator[dict[str, str]]:
+          prefix: str = "", kept: DirNames | None = None) -> Iterator[dict[str, str]]:
     """The fields of every directory `depth` segments down `k`'s template that matches it, within the
     wanted ops and spaces (the last segment of an entry's path: names starting with `prefix`). A kind
     that tells its entries by their files (`from_files`) has each entry directory listed."""
@@ -77,7 +83,7 @@ def _walk(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces
             if not fields:  # fixed text: no listing needed (a missing directory lists as empty below)
                 found.append((os.path.join(path, k.parts[i]), known))
                 continue
-            names = visible_dirs(path, prefix if last else "")
+            names = visible_dirs(path, prefix, kept) if last else visible_dirs(path)
             if "op" in fields:
                 names = _present(names, ops)
             for n in (names if last else sorted(names)):
@@ -152,15 +158,19 @@ def op_places(root: str | os.PathLike, spaces: Iterable[str] = (),
 
 def entries(root: str | os.PathLike, prefix: str = "", ops: Iterable[str] = (), spaces: Iterable[str] = (),
             layouts: Iterable[str] = ()) -> Iterator[EntryName]:
-    """Every entry whose hash starts with `prefix`, as names only, in directory order per parent."""
+    """Every entry whose hash starts with `prefix`, as names only, in directory order per parent. With a
+    prefix, the listings of the directories entries lie in are kept for the next lookup (DirNames)."""
     root, shapes = _select(root, layouts)
     ops, spaces = tuple(ops), tuple(spaces)
+    kept = DirNames(root) if prefix and not prefix.startswith(".") else None
     for s in shapes:
         for k in s.kinds:
             if (ops and not k.has_op) or (spaces and k.space is None):
                 continue  # a program's op name is inside program.txt: not read here
-            for f in _walk(root, k, k.depth, ops, spaces, prefix):
+            for f in _walk(root, k, k.depth, ops, spaces, prefix, kept):
                 yield EntryName(s.name, k.kind, k.space_of(f), f.get("op"), f["hash"])
+    if kept is not None:
+        kept.save()
 
 
 def targets_present(root: str | os.PathLike) -> tuple[str, ...]:

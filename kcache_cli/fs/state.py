@@ -172,6 +172,9 @@ def _open_level(dir_fd: int, name: str, where: str, create: bool) -> int:
         raise type(exc)(exc.errno, exc.strerror, where) from None
 
 
+INDEX_KINDS = ("scan", "texts", "names")  # the index's files (catalog/index.py, catalog/dirnames.py)
+
+
 def index_name(kind: str = "scan") -> str:
     """This user's file of the scan index (`kind` "scan" or "texts") in .kcache/index/: each user keeps
     their own (kcache_cli/catalog/index.py)."""
@@ -202,7 +205,7 @@ def odd_index_files(root: str) -> list[str]:
         return []
     odd = []
     try:
-        for kind in ("scan", "texts"):
+        for kind in INDEX_KINDS:
             try:
                 st = os.stat(index_name(kind), dir_fd=dfd, follow_symlinks=False)
             except OSError:
@@ -212,6 +215,103 @@ def odd_index_files(root: str) -> list[str]:
     finally:
         os.close(dfd)
     return odd
+
+
+# An index file is opened without blocking (a FIFO planted there must not hang every command), never
+# through a link, never as a controlling terminal; it must then be a regular file (fstat).
+_INDEX_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_STALE_TEMP = 3600.0  # temp files of killed index writers are removed after an hour
+
+
+def read_index_file(root: str, kind: str, limit: int) -> bytes | None:
+    """This user's index file `kind` of `root` (index_name), read whole; None when it is missing, not a
+    regular file, not this user's, writable by others or over `limit` bytes."""
+    dfd = open_index_dir(root, create=False)
+    if dfd is None:
+        return None
+    try:
+        fd = os.open(index_name(kind), _INDEX_READ_FLAGS, dir_fd=dfd)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022
+                or st.st_size > limit):
+            return None
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 24)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def start_index_write(root: str) -> tuple[int, str, int] | None:
+    """A new temp file in <root>/.kcache/index/ for an index file to be written through: (the index
+    directory's fd, the temp file's name, its ctime in ns: the file system's own "now"). None when the
+    cache is not writable."""
+    dfd = open_index_dir(root, create=True)
+    if dfd is None:
+        return None
+    tmp = f".tmp-{os.getpid()}-{fswrite.token(4)}"
+    try:
+        fd = fswrite.create_excl(dfd, tmp, 0o644)
+        try:
+            fswrite.share_like_dir(fd, dfd)
+            now = os.fstat(fd).st_ctime_ns
+        finally:
+            os.close(fd)
+    except OSError:
+        os.close(dfd)
+        return None
+    return dfd, tmp, now
+
+
+def finish_index_write(dfd: int, tmp: str, data: bytes | None, kind: str) -> None:
+    """Write `data` (None: nothing) through the temp file `tmp` of start_index_write and rename it over
+    this user's `kind` file (readers see the old file or the new one), then close `dfd`. The temp file
+    never stays; never raises."""
+    try:
+        if data is not None:
+            fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            try:
+                fswrite.write_all(fd, data)
+            finally:
+                os.close(fd)
+            fswrite.rename_at(dfd, tmp, dfd, index_name(kind))
+            tmp = ""
+            _remove_stale_temps(dfd)
+    except OSError:
+        pass
+    finally:
+        if tmp:
+            try:
+                fswrite.unlink_at(dfd, tmp)
+            except OSError:
+                pass
+        os.close(dfd)
+
+
+def _remove_stale_temps(dfd: int) -> None:
+    """Temp files of index writers killed an hour ago or more (a live writer renames or removes its own)."""
+    limit = time.time() - _STALE_TEMP
+    try:
+        names = [n for n in os.listdir(dfd) if n.startswith(".tmp-")]
+    except OSError:
+        return
+    for name in names:
+        try:
+            if os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime < limit:
+                fswrite.unlink_at(dfd, name)
+        except OSError:
+            pass
 
 
 def read_shared_file(root: str | os.PathLike, name: str, limit: int) -> bytes | None:

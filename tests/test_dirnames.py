@@ -1,0 +1,158 @@
+"""Kept directory listings for lookups by hash prefix (kcache_cli/catalog/dirnames.py): served only while
+the directory is provably unchanged, never stale, never trusted from another user or a garbled file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from kcache_cli.catalog import dirnames, names
+from kcache_cli.catalog.dirnames import DirNames
+from kcache_cli.fs import state
+
+RACY = 0.05
+
+
+@pytest.fixture(autouse=True)
+def short_racy_window(monkeypatch):
+    monkeypatch.setattr(dirnames, "RACY_SECONDS", RACY)
+    monkeypatch.setattr(dirnames, "MIN_BYTES", 0)
+
+
+def settle() -> None:
+    time.sleep(RACY * 3)
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    r = tmp_path / "cache"
+    op = r / "ops" / "cuda_space_0" / "add"
+    op.mkdir(parents=True)
+    for h in ("abc0000000000001", "abd0000000000002", "b000000000000003"):
+        (op / h).mkdir()
+    settle()
+    return r
+
+
+def names_file(root: Path) -> Path:
+    return root / ".kcache" / "index" / state.index_name(dirnames.KIND)
+
+
+def lookup(root: Path, prefix: str) -> list[str]:
+    kept = DirNames(root)
+    got = sorted(kept.starting(str(root / "ops/cuda_space_0/add"), prefix))
+    kept.save()
+    return got
+
+
+def no_listing(monkeypatch) -> None:
+    def refuse(*a, **k):
+        raise AssertionError("listed again")
+
+    monkeypatch.setattr(os, "listdir", refuse)
+
+
+def test_second_lookup_is_answered_without_a_listing(root, monkeypatch):
+    assert lookup(root, "ab") == ["abc0000000000001", "abd0000000000002"]
+    assert names_file(root).is_file()
+    no_listing(monkeypatch)
+    assert lookup(root, "ab") == ["abc0000000000001", "abd0000000000002"]
+    assert lookup(root, "b") == ["b000000000000003"]
+    assert lookup(root, "z") == []
+
+
+@pytest.mark.parametrize("change", ["add", "remove", "rename", "replace"])
+def test_a_changed_directory_is_listed_again(root, change):
+    op = root / "ops/cuda_space_0/add"
+    assert lookup(root, "ab") == ["abc0000000000001", "abd0000000000002"]
+    st = os.stat(op)
+    if change == "add":
+        (op / "abe0000000000004").mkdir()
+    elif change == "remove":
+        (op / "abd0000000000002").rmdir()
+    elif change == "rename":
+        os.rename(op / "abc0000000000001", op / "x000000000000001")
+    else:  # another directory with other names and the same times takes its place
+        shutil.copytree(op, root / "other")
+        (root / "other" / "abe0000000000004").mkdir()
+        shutil.rmtree(op)
+        os.rename(root / "other", op)
+    os.utime(op, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime put back: ctime and the inode still tell
+    expected = sorted(n for n in os.listdir(op) if n.startswith("ab"))
+    assert lookup(root, "ab") == expected
+
+
+def test_a_directory_changed_just_before_its_listing_is_not_kept(root, monkeypatch):
+    monkeypatch.setattr(dirnames, "RACY_SECONDS", 3600.0)  # every directory is "just changed"
+    assert lookup(root, "ab") == ["abc0000000000001", "abd0000000000002"]
+    assert not names_file(root).exists()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "group-writable", "fifo", "other fields"])
+def test_an_untrusted_or_damaged_file_means_a_listing(root, damage):
+    lookup(root, "ab")
+    path = names_file(root)
+    data = path.read_bytes()
+    if damage == "garbage":
+        path.write_bytes(os.urandom(len(data)))
+    elif damage == "truncated":
+        path.write_bytes(data[:-7])
+    elif damage == "group-writable":
+        os.chmod(path, 0o664)
+    elif damage == "fifo":
+        path.unlink()
+        os.mkfifo(path)
+    else:  # a valid header over a payload whose fields do not come in sixes
+        payload = b"ops/cuda_space_0/add\x001\x002"
+        path.write_bytes(dirnames.MAGIC + dirnames._HEADER.pack(len(payload), __import__("zlib").crc32(payload))
+                         + payload)
+    (root / "ops/cuda_space_0/add/abf0000000000005").mkdir()
+    assert lookup(root, "ab") == ["abc0000000000001", "abd0000000000002", "abf0000000000005"]
+
+
+def test_kept_names_are_still_checked(root, monkeypatch):
+    """A name a kept listing gives that is no directory now is not an entry (visible_dirs' lstat)."""
+    assert sorted(e.hash for e in names.entries(root, "ab")) == ["abc0000000000001", "abd0000000000002"]
+    monkeypatch.setattr(dirnames.DirNames, "starting", lambda self, path, prefix: ["abc0000000000001", "nothere"])
+    assert sorted(e.hash for e in names.entries(root, "ab")) == ["abc0000000000001"]
+
+
+def test_cli_lookup_sees_an_entry_added_after_the_last_one(kcache, fixture_copy, monkeypatch):
+    """`inspect <prefix>` twice with an entry added between, in another op directory the first lookup
+    listed: the second finds both (never stale)."""
+    src = fixture_copy("hidet")
+    entries = sorted(p for p in (src / "ops").glob("*/*/*") if p.is_dir())
+    entry = entries[0]
+    other = next(p.parent for p in entries if p.parent != entry.parent)
+    settle()
+    r = kcache("--cache-dir", src, "inspect", entry.name[:6])
+    assert r.exit_code == 0, r.stderr
+    assert names_file(src).is_file()
+    twin = other / (entry.name[:6] + "f" * (len(entry.name) - 6))
+    shutil.copytree(entry, twin)
+    r = kcache("--cache-dir", src, "inspect", entry.name[:6])
+    assert r.exit_code == 2 and "ambiguous" in r.stderr, r.stderr
+
+
+def test_a_root_that_holds_the_entries_is_kept_too(tmp_path, monkeypatch):
+    """A Triton cache's keys lie in its root: the root's listing is kept like any other."""
+    root = tmp_path / "triton"
+    for key in ("K" * 52, "A" * 52):
+        (root / key).mkdir(parents=True)
+    for _ in range(2):  # the first save makes .kcache/ in the root: the root changed, and is kept the next time
+        settle()
+        kept = DirNames(root)
+        assert kept.starting(str(root), "KK") == ["K" * 52]
+        kept.save()
+    no_listing(monkeypatch)
+    assert DirNames(root).starting(str(root), "A") == ["A" * 52]
+
+
+def test_small_lookups_keep_nothing(root, monkeypatch):
+    monkeypatch.setattr(dirnames, "MIN_BYTES", 16 << 10)
+    assert lookup(root, "ab") == ["abc0000000000001", "abd0000000000002"]
+    assert not (root / ".kcache").exists()
