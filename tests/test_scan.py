@@ -551,3 +551,11 @@ def test_seed_layout_task_txt_is_never_read_for_a_status(tmp_path, monkeypatch, 
     assert not any(p.endswith("task.txt") for p in read)
     r = kcache("--cache-dir", tmp_path / "c", "inspect", d.name[:8], "--json")
     assert r.json()["status"] == "complete" and "task_txt_note" in r.json()["facts"]
+
+
+def test_leftover_names_are_filtered_by_the_patterns_fixed_start():
+    """leftover_entries looks only at names starting with what its patterns begin with."""
+    from kcache_cli.fs import state
+
+    assert state.EXPORT_TEMP.pattern.startswith(r"^\.") and state.IMPORT_STAGING.pattern.startswith("^import-")
+    assert state.EXPORT_TEMP.match(".a.tar.gz.1a2b.kcache-tmp") and state.IMPORT_STAGING.match("import-12-ab")
