@@ -207,7 +207,7 @@ class EntryReader(Protocol):
 
     def judge(self, d: EntryDir, kind: str, jc: Judging) -> Judgement: ...
 
-    def judge_keyed(self, d: EntryDir, kind: str, jc: Judging) -> tuple[Judgement, tuple | None]: ...
+    def nested_entry(self, ctx: ScanContext, d: EntryDir, path: str) -> Entry | None: ...
 
     def describe(self, root: Path, entry: Entry) -> Details: ...
 
@@ -405,12 +405,12 @@ class Layout:
         goes by is in `jc`."""
         raise NotImplementedError
 
-    def judge_keyed(self, d: EntryDir, kind: str, jc: Judging) -> tuple[Judgement, tuple | None]:
-        """judge(), and what the scan index may key its record with (catalog/index.py): (the directory's
-        stat, [(name, lstat)] of every file the verdict went by), taken before anything was read; None
-        when the layout cannot tell (the entry is then judged on every scan). For a layout that judges
-        another's entries (Inductor its nested Triton kernels)."""
-        return self.judge(d, kind, jc), None
+    def nested_entry(self, ctx: ScanContext, d: EntryDir, path: str) -> Entry | None:
+        """The entry at `path`, held open as `d`, as this layout's own scan makes it: its judgement, and
+        the names, sizes and index key (recorded in `ctx.recording`, catalog/index.py) that one listing
+        of it gives. For a layout whose caches another holds nested (Inductor's triton/<device>/), which
+        then names the entry as its own. None: the layout makes none this way."""
+        return None
 
     def build_reuses(self, path: str, judgement: Judgement) -> bool:
         """Whether `kcache build` takes the entry at `path`, judged `judgement`, as a cache hit: by default

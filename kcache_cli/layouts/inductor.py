@@ -45,7 +45,7 @@ from kcache_cli.layouts.base import (
     ScanContext,
     Verdict,
 )
-from kcache_cli.layouts.shapes import INDUCTOR, triton_kernel_name, triton_target_arch
+from kcache_cli.layouts.shapes import INDUCTOR
 from kcache_cli.layouts.shapes import TRITON as TRITON_SHAPE
 from kcache_cli.layouts.shapes import inductor_graph_relpath as graph_relpath
 from kcache_cli.model.checks import elf_truncated, list_files
@@ -567,31 +567,28 @@ def _entry(ctx, job: tuple) -> Entry | None:
         ctx.inductor_graphs = memo
     recording = getattr(ctx, "recording", None)
     with ctx.open_entry(path) as d:
+        if kind == TRITON:
+            return _nested_triton(ctx, d, job)
         lst = listing(d) if kind in (GRAPH, AUTOGRAD, CODE) else None
         seen = _seen(d, kind, lst) if recording is not None else None
-        if kind == TRITON:
-            j, seen = _triton_keyed(d, recording is not None)
-        else:
-            j = _judge(d, kind, Judging(), lst, memo if seen is None else {})  # judged after the key was taken
-    op = target = None
-    if kind == TRITON:  # its names, read after its key was taken
-        op, target = _triton_names(path)
-        wanted = ScanFilter(ops=ops, targets=targets)
-        if not (wanted.wants_op(op) and wanted.wants_target(target)):
-            return None
+        j = _judge(d, kind, Judging(), lst, memo if seen is None else {})  # judged after the key was taken
     if recording is not None:
         recording[path] = seen
     usage = lst.usage(path, ctx.warn) if lst is not None else measure_tree(path, ctx.warn)
-    return ctx.entry(path=path, usage=usage, layout=NAME, kind=kind, target=target, space=space, op=op,
+    return ctx.entry(path=path, usage=usage, layout=NAME, kind=kind, target=None, space=space, op=None,
                      hash=key, status=j.status, reason=j.reason)
 
 
-def _triton_keyed(d: EntryDir, keyed: bool) -> tuple[Judgement, tuple | None]:
-    """A nested Triton kernel's judgement, as _judge gives it, and (when `keyed`) the index's key of it,
-    from the Triton layout's rules."""
-    triton = _triton()
-    jc = triton.judging(False)
-    return triton.judge_keyed(d, TRITON_KERNEL, jc) if keyed else (triton.judge(d, TRITON_KERNEL, jc), None)
+def _nested_triton(ctx, d: EntryDir, job: tuple) -> Entry | None:
+    """A nested Triton kernel's entry, made by the Triton layout's own scan from one listing of it (its
+    judgement, op, target, sizes and index key), named as Inductor's; None when its op or target is not
+    wanted."""
+    path, kind, key, space, ops, targets = job
+    e = _triton().nested_entry(ctx, d, path)
+    wanted = ScanFilter(ops=ops, targets=targets)
+    if e is None or not (wanted.wants_op(e.op) and wanted.wants_target(e.target)):
+        return None
+    return replace_entry(e, layout=NAME, kind=kind, space=space, hash=key)
 
 
 def _seen(d: EntryDir, kind: str, lst: Listing | None) -> tuple | None:
@@ -628,18 +625,6 @@ def _graphs_seen(d: EntryDir, variants: list[str]) -> list[tuple[str, os.stat_re
                 except OSError:
                     return None
     return out
-
-
-def _triton_names(path: str) -> tuple[str | None, str | None]:
-    """(op, target) of a nested Triton kernel: its kernel's name and the target its metadata records."""
-    try:
-        names = fsread.listdir(path)
-    except OSError:
-        return None, None
-    op = triton_kernel_name(names)
-    meta = fsread.json_object(os.path.join(path, f"{op}.json")) if op else None
-    target, _arch = triton_target_arch(meta)
-    return op, target
 
 
 def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:

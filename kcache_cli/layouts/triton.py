@@ -415,12 +415,10 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
     return Judgement.of(*judge_files(_Listing(d, lambda m: None), jc))
 
 
-def judge_keyed(d: EntryDir, kind: str, jc: Judging) -> tuple[Judgement, tuple | None]:
-    """judge(), and the index's key of the verdict: the listing's stats, taken before any read (None
-    when the judgement looked outside the key directory or through a link)."""
-    lst = _Listing(d, lambda m: None, record=True)
-    judgement = Judgement.of(*judge_files(lst, jc))
-    return judgement, None if lst.outside or lst.links else lst.seen
+def nested_entry(ctx: ScanContext, d: EntryDir, path: str) -> Entry | None:
+    """Layout.nested_entry: the key directory's entry as the scan makes it (one listing: its judgement,
+    op, target, sizes and index key)."""
+    return _key_entry(ctx, d, path, None)
 
 
 def single_file_kind(sizes: dict[str, int]) -> str | None:
@@ -752,7 +750,7 @@ class TritonLayout(Layout):
     shape_problem = staticmethod(shape_problem)
     scan = staticmethod(scan)
     judge = staticmethod(judge)
-    judge_keyed = staticmethod(judge_keyed)
+    nested_entry = staticmethod(nested_entry)
     describe = staticmethod(describe)
     log_files = staticmethod(log_files)
     no_log = staticmethod(no_log)
