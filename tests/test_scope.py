@@ -234,3 +234,9 @@ def test_a_removed_current_directory_is_no_scope(both, tmp_path, monkeypatch):
     run = run_kcache("ls", "--json")
     assert run.exit_code == 0, run.stderr
     assert {r["cache"] for r in run.json()["entries"]} == {"hidet", "triton"}
+
+
+def test_the_cache_one_level_down_is_named_with_its_article():
+    from kcache_cli.cli.common import _a
+
+    assert (_a("hidet"), _a("inductor"), _a("triton")) == ("a hidet", "an inductor", "a triton")

@@ -72,8 +72,13 @@ def _one_level_down(loc) -> None:
     if below:
         names, path = below[0]
         more = f" (and {plural(len(below) - 1, 'other cache')})" if len(below) > 1 else ""
-        raise UsageError(f"no cache at {loc.path} ({loc.reason}); {path} holds a {names} cache{more}: "
+        raise UsageError(f"no cache at {loc.path} ({loc.reason}); {path} holds {_a(names)} cache{more}: "
                          f"--cache-dir {path}")
+
+
+def _a(word: str) -> str:
+    """`word` after its indefinite article: "a hidet", "an inductor"."""
+    return f"{'an' if word and word[0].lower() in 'aeiou' else 'a'} {word}"
 
 
 def cache_root(opts: GlobalOptions, existing: bool = False) -> Path:
@@ -149,7 +154,7 @@ def _caches_under_cwd(known: list) -> None:
     if below:
         names, path = below[0]
         more = f" (and {plural(len(below) - 1, 'other cache')})" if len(below) > 1 else ""
-        raise UsageError(f"no cache at {cwd} (the current directory); {path} holds a {names} cache{more}: "
+        raise UsageError(f"no cache at {cwd} (the current directory); {path} holds {_a(names)} cache{more}: "
                          f"--cache-dir {path}, or --all-caches for this machine's caches")
 
 
