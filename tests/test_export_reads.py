@@ -61,7 +61,9 @@ def test_a_replaced_file_is_read_again(tmp_path):
         (d / "new").write_bytes(b"ABCDEFGHIJ")
         os.replace(d / "new", d / "f")  # another inode: the held bytes are not its
         (d / "sub" / "g").write_bytes(b"longer than before")  # same inode, another size
+        assert not ed.held_changed
         assert ed.read_bytes("f", 100) == b"ABCDEFGHIJ"
+        assert ed.held_changed  # the caller's bytes are not the file's now
         assert ed.read_bytes("sub/g", 100) == b"longer than before"
         os.unlink(d / "f")
         os.symlink("sub/g", d / "f")  # a link now: never read through the held bytes
@@ -115,3 +117,27 @@ def test_export_lists_unchanged_entries_from_the_index(fixture_copy, tmp_path, m
     monkeypatch.setattr(archive.export, "scan_cache", lambda *a, use_index=False, **k: real_scan(*a, **k))
     b = archive.export_archive(archive.plan_export(src, ScanFilter()), str(tmp_path / "b.tar"))
     assert a.entries == b.entries and a.entries
+
+
+def test_an_entry_rewritten_between_its_read_and_its_judgement_is_left_out(fixture_copy, tmp_path, monkeypatch):
+    """The status an archive records is that of the bytes it holds: an entry whose lib.so is replaced after
+    the export read it (a compiler writing it again) is skipped, not shipped with another file's verdict."""
+    src = fixture_copy("hidet")
+    plan = archive.plan_export(src, ScanFilter())
+    victim = next(e for e in plan.jobs if not_judged(e) is None and os.path.isfile(os.path.join(e.path, "lib.so")))
+    real = archive.export.judge_open
+
+    def rewrite_first(entry, d, *a, **k):
+        if entry.path == victim.path:
+            lib = os.path.join(entry.path, "lib.so")
+            data = open(lib, "rb").read()
+            with open(lib + ".new", "wb") as f:
+                f.write(data)
+            os.replace(lib + ".new", lib)  # the same bytes in a new inode: not the file the export read
+        return real(entry, d, *a, **k)
+
+    monkeypatch.setattr(archive.export, "judge_open", rewrite_first)
+    result = archive.export_archive(plan, str(tmp_path / "a.tar"))
+    left = {e.relpath: why for e, why in result.left_out}
+    assert "changed while it was being read" in left[victim.relpath]
+    assert victim.relpath not in {x.key.relpath for x in result.entries} and result.entries

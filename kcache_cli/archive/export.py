@@ -351,6 +351,8 @@ class _PartWriter:
         read = _read_entry(d)
         d.held = read.held
         chosen = self._chosen(e, judge_open(e, d, True, caller_reads=self.caller_reads))
+        if chosen is not None and d.held_changed:  # judged from other bytes than those read for the archive
+            raise _Skip(chosen, "it changed while it was being read (written to again?)")
         if chosen is not None:
             self._ship(chosen, d, read)
 

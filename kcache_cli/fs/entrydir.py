@@ -32,7 +32,7 @@ class EntryDir:
     are relative to it ('/'-separated; no component is followed when it is a link). Where the
     directory cannot be opened, `fd` is None and every read raises why (`error`)."""
 
-    __slots__ = ("path", "fd", "listing", "anchor", "error", "held", "_refused")
+    __slots__ = ("path", "fd", "listing", "anchor", "error", "held", "held_changed", "_refused")
 
     def __init__(self, path: str, fd: int | None, anchor: Anchor | None = None,
                  error: OSError | None = None) -> None:
@@ -44,6 +44,7 @@ class EntryDir:
         # name -> (inode, size, mtime_ns, bytes) of files a caller read through `fd` already (export): a
         # read of one that is still that file takes these bytes, so what is judged is what was read
         self.held: dict[str, tuple[int, int, int, bytes]] | None = None
+        self.held_changed = False  # a read found a held file changed since (the caller's bytes are not its)
         self._refused = anchor.refused if anchor is not None else 0
 
     @classmethod
@@ -234,15 +235,17 @@ class EntryDir:
 
     def _held_bytes(self, name: str) -> bytes | None:
         """The bytes held for `name` when it is still the file they were read from (same inode, size and
-        mtime, as its lstat now or the scan's shows it), else None (read it again)."""
+        mtime, as its lstat now or the scan's shows it), else None (read it again; `held_changed` says so)."""
         got = self.held.get(name) if self.held else None
         if got is None:
             return None
         try:
             st = self.lstat(name)
         except OSError:
+            self.held_changed = True
             return None
         if (st.st_ino, st.st_size, st.st_mtime_ns) != got[:3] or not stat.S_ISREG(st.st_mode):
+            self.held_changed = True
             return None
         return got[3]
 
