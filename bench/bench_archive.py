@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from common import baseline_tree  # noqa: E402
+from common import baseline_tree, module_cmd  # noqa: E402
 from gen_cache import generate  # noqa: E402
 
 TARGET = 1.2
@@ -68,7 +68,7 @@ def main() -> int:
     if shutil.which("tar") is None:
         print("tar not found", file=sys.stderr)
         return 1
-    kcache = [sys.executable, "-m", "kcache_cli", "-q"]
+    kcache = module_cmd("-q")
     load0 = _load()
     with tempfile.TemporaryDirectory(prefix="kcache-bench-archive-", dir=args.dir) as tmp:
         tmp = Path(tmp)

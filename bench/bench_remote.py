@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from common import kcache_cmd
+from common import kcache_cmd, module_cmd
 from gen_cache import generate
 
 TARGET = 1.5
@@ -99,7 +99,7 @@ def tree_cmd(tree: Path | None, *args: str) -> tuple[list[str], dict]:
     """kcache of this tree, or of a baseline checkout (its sources first on the path)."""
     if tree is None:
         return kcache_cmd(*args), dict(os.environ)
-    return [sys.executable, "-m", "kcache_cli", *args], {**os.environ, "PYTHONPATH": str(tree)}
+    return module_cmd(*args), {**os.environ, "PYTHONPATH": str(tree)}
 
 
 def peak(tree: Path | None, *args: str) -> tuple[float, float, int]:

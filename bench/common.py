@@ -10,12 +10,17 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-KCACHE = [sys.executable, "-m", "kcache_cli"]
+# `python -m kcache_cli` without the current directory first on sys.path (what -P does from Python 3.11):
+# run from a tree's own directory, -m imports that tree's kcache_cli whatever PYTHONPATH names, and a
+# comparison with another git ref then times this tree against itself.
+KCACHE = [sys.executable, "-c", "import runpy, sys; del sys.path[0]; "
+          "runpy.run_module('kcache_cli', run_name='__main__', alter_sys=True)"]
 
 
 def module_cmd(*args: str) -> list[str]:
-    """`python -m kcache_cli`: the entry point of whichever tree PYTHONPATH names, for comparisons with
-    another git ref (the console script calls this tree's entry function, which an older tree may lack)."""
+    """`python -m kcache_cli` (KCACHE): the entry point of whichever tree PYTHONPATH names (else the installed
+    one), for comparisons with another git ref (the console script calls this tree's entry function, which
+    an older tree may lack)."""
     return KCACHE + list(args)
 
 
