@@ -156,3 +156,14 @@ def test_small_lookups_keep_nothing(root, monkeypatch):
     monkeypatch.setattr(dirnames, "MIN_BYTES", 16 << 10)
     assert lookup(root, "ab") == ["abc0000000000001", "abd0000000000002"]
     assert not (root / ".kcache").exists()
+
+
+def test_an_unchanged_cache_never_rewrites_the_file(root):
+    """Lookups whose walk meets directories that are not there (a hidet cache without graphs/) and
+    directories all kept: the file stays as it is (no write per lookup)."""
+    assert sorted(e.hash for e in names.entries(root, "ab")) == ["abc0000000000001", "abd0000000000002"]
+    before = os.stat(names_file(root))
+    for _ in range(2):
+        assert sorted(e.hash for e in names.entries(root, "ab")) == ["abc0000000000001", "abd0000000000002"]
+    after = os.stat(names_file(root))
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)

@@ -96,7 +96,7 @@ class DirNames:
         try:
             fd = fsread.open_path(path, _DIR_FLAGS)
         except FileNotFoundError:
-            self._gone.add(rel)
+            self._gone.add(rel)  # its kept listing, if any, is dropped (save)
             raise
         try:
             st = os.fstat(fd)
@@ -119,7 +119,9 @@ class DirNames:
         """Keep the listings read anew whose directory had not changed for RACY_SECONDS before they were
         read (merged with the kept ones; those of directories found gone are dropped), when the lookups
         went through MIN_BYTES of names or more. Never raises."""
-        if not self._new and not self._gone or self._listed < MIN_BYTES:
+        kept = self._kept or {}
+        gone = {rel for rel in self._gone if rel in kept}  # a directory that never was one is no change
+        if not self._new and not gone or self._listed < MIN_BYTES:
             return
         made = state.start_index_write(self.root)
         if made is None:
@@ -127,10 +129,10 @@ class DirNames:
         dfd, tmp, now = made
         limit = now - (time.monotonic_ns() - self._started) - int(RACY_SECONDS * 1e9)
         new = {rel: v for rel, v in self._new.items() if max(v[0][2], v[0][3]) < limit}
-        if not new and not self._gone:
+        if not new and not gone:
             state.finish_index_write(dfd, tmp, None, KIND)
             return
-        records = {rel: v for rel, v in (self._kept or {}).items() if rel not in self._gone}
+        records = {rel: v for rel, v in kept.items() if rel not in gone}
         records.update(new)
         data = _dump(records)
         state.finish_index_write(dfd, tmp, data if len(data) <= MAX_BYTES else None, KIND)
