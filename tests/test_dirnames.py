@@ -167,3 +167,57 @@ def test_an_unchanged_cache_never_rewrites_the_file(root):
         assert sorted(e.hash for e in names.entries(root, "ab")) == ["abc0000000000001", "abd0000000000002"]
     after = os.stat(names_file(root))
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_subdirs_by_prefix_are_the_listings_own(tmp_path, monkeypatch):
+    """ScanContext.subdirs with prefixes gives what a listing filtered by them gives: real directories
+    only (no file, no link), sorted; the second time from the kept listing."""
+    from kcache_cli.catalog.scan_context import ScanContext
+    from kcache_cli.fs import read as fsread
+
+    root = tmp_path / "triton"
+    root.mkdir()
+    for name in ("AB1", "AB2", "AC3", "B44"):
+        (root / name).mkdir()
+    (root / "ABfile").write_text("x")
+    os.symlink("AB1", root / "ABlink")
+    settle()
+    ctx = ScanContext(root, lambda m: None, {})
+    want = [n for n in fsread.subdir_names(root) if n.startswith(("AB", "B"))]
+    assert want == ["AB1", "AB2", "B44"]
+    for _ in range(2):  # the first keeps the root's listing (its .kcache/ is made), the second keeps it anew
+        assert ctx.subdirs(root, ("AB", "B")) == want
+        settle()
+    no_listing(monkeypatch)
+    assert ctx.subdirs(root, ("AB", "B")) == want
+    assert ctx.subdirs(root / "missing", ("AB",)) == []
+
+
+def test_triton_lookup_sees_a_key_added_after_the_last_one(kcache, fixture_copy):
+    """`inspect <prefix>` on a Triton cache twice, a key directory with the same prefix added between: the
+    second finds both (the root's kept listing is never stale)."""
+    src = fixture_copy("triton") / "cache"
+    key = next(p for p in sorted(src.iterdir()) if p.is_dir() and not p.name.startswith("."))
+    settle()
+    for _ in range(2):
+        r = kcache("--cache-dir", src, "inspect", key.name[:10])
+        assert r.exit_code in (0, 1), r.stderr
+        settle()
+    assert names_file(src).is_file()
+    shutil.copytree(key, src / (key.name[:10] + "Z" * (len(key.name) - 10)))
+    r = kcache("--cache-dir", src, "inspect", key.name[:10])
+    assert r.exit_code == 2 and "ambiguous" in r.stderr, r.stderr
+
+
+def test_a_lookup_takes_the_layouts_its_root_check_found(kcache, fixture_copy, monkeypatch):
+    """The layouts the command's check of --cache-dir detected narrow the reference: not found again from
+    the root's names."""
+    src = fixture_copy("hidet")
+    entry = next(p for p in (src / "ops").glob("*/*/*") if p.is_dir())
+
+    def refuse(root):
+        raise AssertionError("layouts found again")
+
+    monkeypatch.setattr(names, "layouts_of", refuse)
+    r = kcache("--cache-dir", src, "inspect", entry.name[:8])
+    assert r.exit_code in (0, 1) and entry.name in r.stdout, r.stderr

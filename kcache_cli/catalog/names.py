@@ -110,9 +110,10 @@ def layouts_of(root: str | os.PathLike) -> tuple[str, ...]:
     return tuple(s.name for s in SHAPES if s.held_by(os.fspath(root), top))
 
 
-def _select(root, layouts: Iterable[str]) -> tuple[str, list[LayoutShape]]:
+def _select(root, layouts: Iterable[str], present: Iterable[str] | None = None) -> tuple[str, list[LayoutShape]]:
+    """The shapes of the layouts `root` holds (`present`, when the caller knows them), within `layouts`."""
     root = os.fspath(root)
-    present = layouts_of(root)
+    present = layouts_of(root) if present is None else tuple(present)
     wanted = set(layouts)
     return root, [s for s in SHAPES if s.name in present and (not wanted or s.name in wanted)]
 
@@ -157,10 +158,11 @@ def op_places(root: str | os.PathLike, spaces: Iterable[str] = (),
 
 
 def entries(root: str | os.PathLike, prefix: str = "", ops: Iterable[str] = (), spaces: Iterable[str] = (),
-            layouts: Iterable[str] = ()) -> Iterator[EntryName]:
+            layouts: Iterable[str] = (), present: Iterable[str] | None = None) -> Iterator[EntryName]:
     """Every entry whose hash starts with `prefix`, as names only, in directory order per parent. With a
-    prefix, the listings of the directories entries lie in are kept for the next lookup (DirNames)."""
-    root, shapes = _select(root, layouts)
+    prefix, the listings of the directories entries lie in are kept for the next lookup (DirNames).
+    `present`: the layouts the root holds, when the caller detected them (else found from its names)."""
+    root, shapes = _select(root, layouts, present)
     ops, spaces = tuple(ops), tuple(spaces)
     kept = DirNames(root) if prefix and not prefix.startswith(".") else None
     for s in shapes:

@@ -255,7 +255,10 @@ def narrowed_by_names(root: Path, flt: ScanFilter) -> ScanFilter:
     kept as it is."""
     if not fsread.is_dir(root):
         return flt
-    hits = [h for p in flt.name_prefixes() for h in names.entries(root, p, layouts=flt.layouts)]
+    present = fsread.take(root, "layouts")  # as the command's check of its root detected them
+    if present is not None:
+        fsread.hand_on(root, "layouts", present)  # and again for the scan that follows
+    hits = [h for p in flt.name_prefixes() for h in names.entries(root, p, layouts=flt.layouts, present=present)]
     if not hits:
         return flt
     layouts = tuple(sorted({h.layout for h in hits}))

@@ -12,9 +12,10 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 from operator import itemgetter
 from pathlib import Path
-from stat import S_ISREG
+from stat import S_ISDIR, S_ISREG
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from kcache_cli.catalog.dirnames import DirNames
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs.entrydir import EntryDir
@@ -120,11 +121,16 @@ class ScanContext:
     def listdir(self, path: str | Path, keep: Callable[[os.DirEntry], bool] | None = None) -> list[os.DirEntry]:
         return listdir(path, self.warn, keep)
 
-    def subdirs(self, path: str | Path) -> list[str]:
+    def subdirs(self, path: str | Path, prefixes: tuple[str, ...] = ()) -> list[str]:
         """The names of the real subdirectories of `path` (links are not), sorted; an unreadable directory
-        is a warning and []."""
+        is a warning and []. With `prefixes`, only those that start with one: found in the listing a
+        lookup kept while the directory is unchanged (catalog/dirnames.py), each then lstat'ed."""
         try:
+            if prefixes and not any(p.startswith(".") for p in prefixes):
+                return _subdirs_starting(str(self.root), str(path), prefixes)
             return fsread.subdir_names(path)
+        except FileNotFoundError:
+            return []
         except OSError as exc:
             self.warn(f"cannot read {path}: {exc.strerror}")
             return []
@@ -335,3 +341,18 @@ def _unpacked(results: list, marks: bytes) -> list:
         entry.__dict__.update(zip(_FIELDS, results[i]))
         results[i] = entry
     return results
+
+
+def _subdirs_starting(root: str, path: str, prefixes: tuple[str, ...]) -> list[str]:
+    """ScanContext.subdirs of `path` with `prefixes`."""
+    kept = DirNames(root)
+    found = {n for p in prefixes for n in kept.starting(path, p)}
+    kept.save()
+    real = []
+    for name in found:
+        try:
+            if S_ISDIR(fsread.stat_path(os.path.join(path, name), follow=False).st_mode):
+                real.append(name)
+        except OSError:
+            continue
+    return sorted(real)

@@ -155,7 +155,7 @@ class ScanContext(Protocol):
 
     def listdir(self, path: str | Path, keep: Callable[[os.DirEntry], bool] | None = None) -> list[os.DirEntry]: ...
 
-    def subdirs(self, path: str | Path) -> list[str]: ...  # names of real subdirectories, sorted
+    def subdirs(self, path: str | Path, prefixes: tuple[str, ...] = ()) -> list[str]: ...  # real subdirectories, sorted
 
     def map_entries(self, func: Any, jobs: list) -> Iterator[Any]: ...  # func(ctx, job) of each job, in order
 
