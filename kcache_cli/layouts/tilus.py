@@ -461,10 +461,11 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         script_dirs = [(d.name, d.path) for d in ctx.listdir(scripts) if d.is_dir(follow_symlinks=False)]
     linked: dict[str, str] = {}  # program dir -> op of a script that links to it
     blocked: list[Entry] = []
+    named = flt.name_prefixes()  # entries named by hash prefix or path: only names that start so are judged
     for op, sdir in script_dirs:
         for de in listing_or_unreadable(ctx, sdir, blocked, layout=NAME, kind="script", target=TARGET, space=None,
                                         op=op):
-            if not de.is_dir(follow_symlinks=False):
+            if not de.is_dir(follow_symlinks=False) or named and not flt.ops and not de.name.startswith(named):
                 continue
             with ctx.open_entry(de.path) as d:
                 j = judge(d, "script", Judging())
@@ -482,6 +483,8 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         programs = [(d.name, d.path, None) for d in listing_or_unreadable(
             ctx, str(ctx.root / "programs"), blocked, layout=NAME, kind="program", target=TARGET, space=None, op=None)
                     if d.is_dir(follow_symlinks=False)]
+    if named:
+        programs = [p for p in programs if p[0].startswith(named)]
     yield from blocked
     failures = failures_by_program(ctx.root)
     jobs = [(path, _plain_failure(failures.get(h)), linked_op) for h, path, linked_op in programs]
