@@ -14,6 +14,7 @@ The caches (made once under DIR and reused):
   vllm      N units, alternately copies of the recorded binary and unpacked units
             (tests/loaders/recorded/vllm.tar.gz), their artifacts hard links of one copy, their indexes
             rewritten by `kcache verify --fix` to lead into each unit.
+Each layout also times `inspect <prefix>` of one entry against `kcache --version`.
 For Triton, bench/floor_triton.py (what a cold judgement cannot skip, in Python, one process) is timed
 against du too; for every layout, bench/floor_index.py (an unchanged listing's floor in Python: the
 index's records unpickled, the lstats over the cores, the JSON) against du and against kcache. The warm
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -150,6 +152,7 @@ def bench(layout: str, root: Path, n: int, runs: int, env: dict, base: Path | No
     compare(f"{layout} floor warm: floor_index.py vs du", index_floor, du, runs, 1.0, env)
     compare(f"{layout} warm: ls --json (index) vs floor_index.py", ls, index_floor, runs, 1.0, env)
     print(f"{layout}: the index's answer equals --no-index: {same_answer(ls, env)}", flush=True)
+    lookup(layout, root, env, runs)
     if base is None:
         return
     theirs = ["env", f"PYTHONPATH={base}"]
@@ -167,6 +170,23 @@ def bench(layout: str, root: Path, n: int, runs: int, env: dict, base: Path | No
     swapped_theirs = [*theirs, *module_cmd("--cache-dir", str(root), "ls", "--json")]
     compare(f"{layout} warm, copies swapped: this tree vs {ref}", swapped_ours, swapped_theirs, runs, 1.0, env)
     subprocess.run(ls, env=env, stdout=subprocess.DEVNULL, check=True)  # the tree's index is this code's again
+
+
+def lookup(layout: str, root: Path, env: dict, runs: int) -> None:
+    """`inspect <prefix>` of one complete entry (the first `ls` lists whose hash no other entry has, by the
+    hash's first 12 characters, or the whole hash where those name several) against `kcache --version`: a
+    lookup in a big cache of this layout."""
+    rows = json.loads(subprocess.run(kcache_cmd("--cache-dir", str(root), "ls", "--json"), env=env,
+                                     capture_output=True, check=True).stdout)["entries"]
+    named = Counter(r["hash"] for r in rows)
+    complete = [r["hash"] for r in rows if r["status"] == "complete" and r["hash"] and named[r["hash"]] == 1]
+    if not complete:
+        print(f"{layout}: no complete entry its hash alone names", flush=True)
+        return
+    whole = complete[0]
+    ref = whole[:12] if sum(r["hash"].startswith(whole[:12]) for r in rows) == 1 else whole
+    inspect = kcache_cmd("--cache-dir", str(root), "inspect", ref)
+    compare(f"{layout} inspect <prefix> vs --version", inspect, kcache_cmd("--version"), runs, 1.5, env)
 
 
 def main() -> None:
