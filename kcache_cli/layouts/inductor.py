@@ -501,8 +501,14 @@ class Found(NamedTuple):
 
 
 def candidates(root: str, ctx, flt: ScanFilter) -> Iterator[Found]:
-    """Every directory that is an entry of this layout, by its path shape (no contents read)."""
+    """Every directory that is an entry of this layout, by its path shape (no contents read but a code
+    shard's names), whose name starts with one of the reference's (`flt.name_prefixes()`), if it has any."""
     shapes = {k.kind: k for k in INDUCTOR.kinds}
+    prefixes = flt.name_prefixes()
+
+    def named(name: str) -> bool:
+        return not prefixes or name.startswith(prefixes)
+
     for de in ctx.listdir(root):
         if not de.is_dir(follow_symlinks=False):
             continue
@@ -510,18 +516,20 @@ def candidates(root: str, ctx, flt: ScanFilter) -> Iterator[Found]:
             for shard in ctx.listdir(de.path):
                 if shapes[GRAPH].match_segment(1, shard.name) and shard.is_dir(follow_symlinks=False):
                     yield from (Found(GRAPH, os.path.join(shard.path, k), k, None) for k in ctx.subdirs(shard.path)
-                                if shapes[GRAPH].match_segment(2, k))
+                                if named(k) and shapes[GRAPH].match_segment(2, k))
         elif de.name == "aotautograd":
             yield from (Found(AUTOGRAD, os.path.join(de.path, k), k, None) for k in ctx.subdirs(de.path)
-                        if shapes[AUTOGRAD].match_segment(1, k))
+                        if named(k) and shapes[AUTOGRAD].match_segment(1, k))
         elif de.name == "triton":
             for dev in ctx.listdir(de.path):
                 if shapes[TRITON].match_segment(1, dev.name) and dev.is_dir(follow_symlinks=False):
                     yield from (Found(TRITON, k.path, k.name, f"triton/{dev.name}") for k in ctx.listdir(dev.path)
-                                if shapes[TRITON].match_segment(2, k.name) and k.is_dir(follow_symlinks=False))
+                                if named(k.name) and shapes[TRITON].match_segment(2, k.name)
+                                and k.is_dir(follow_symlinks=False))
         elif shapes[AUTOTUNE].match_segment(0, de.name):
-            yield Found(AUTOTUNE, de.path, de.name, None)
-        elif shapes[CODE].match_segment(0, de.name) and _code_evidence(de.path):
+            if named(de.name):
+                yield Found(AUTOTUNE, de.path, de.name, None)
+        elif shapes[CODE].match_segment(0, de.name) and named(de.name) and _code_evidence(de.path):
             yield Found(CODE, de.path, de.name, None)
 
 
