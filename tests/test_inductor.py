@@ -532,3 +532,25 @@ def test_a_reference_that_is_a_whole_hash_names_that_entry_alone(cache):
     assert [(r["kind"], r["hash"]) for r in plan.json()["removed"]] == [("autograd", autograd)]
     listed = run_kcache("--cache-dir", str(cache), "ls", name, "--json").json()["entries"]
     assert [e["hash"] for e in listed] == [name]
+
+
+def test_a_lookup_by_prefix_lists_no_code_shard_it_does_not_name(cache, monkeypatch):
+    """`ls <fx graph prefix>` lists the shards whose names start with the prefix only (each code shard it
+    would list is opened to see that it is torch's): the answer is the full listing's, filtered."""
+    from kcache_cli.catalog import scan_context
+    from kcache_cli.layouts import inductor
+
+    monkeypatch.setattr(scan_context, "PARALLEL_MIN_JOBS", 10**9)  # listed here, where it is counted
+    full = rows(cache)
+    graph = os.path.basename(one(cache, "fxgraph/*/*"))
+    listed: list[str] = []
+    real = inductor._code_evidence
+
+    def counting(path):
+        listed.append(os.path.basename(path))
+        return real(path)
+
+    monkeypatch.setattr(inductor, "_code_evidence", counting)
+    named = rows(cache, graph[:12])
+    assert named == {k: v for k, v in full.items() if os.path.basename(k).startswith(graph[:12])} and named
+    assert all(n.startswith(graph[:12]) for n in listed)
