@@ -479,6 +479,9 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     programs: list[tuple[str, str, str | None]]
     if flt.ops:  # only the programs the selected scripts use: no need to read every program
         programs = [(os.path.basename(p), p, op) for p, op in sorted(linked.items())]
+    elif named:  # the names that start so, from the listing a lookup kept while programs/ is unchanged
+        where = str(ctx.root / "programs")
+        programs = [(n, os.path.join(where, n), None) for n in ctx.subdirs(where, named)]
     else:
         programs = [(d.name, d.path, None) for d in listing_or_unreadable(
             ctx, str(ctx.root / "programs"), blocked, layout=NAME, kind="program", target=TARGET, space=None, op=None)
