@@ -191,6 +191,8 @@ def test_subdirs_by_prefix_are_the_listings_own(tmp_path, monkeypatch):
     no_listing(monkeypatch)
     assert ctx.subdirs(root, ("AB", "B")) == want
     assert ctx.subdirs(root / "missing", ("AB",)) == []
+    dotted = ctx.subdirs(root, ("AB", "."))  # a dot prefix: listed, never kept, still only what it names
+    assert dotted == sorted(n for n in fsread.subdir_names(root) if n.startswith(("AB", "."))) and "B44" not in dotted
 
 
 def test_triton_lookup_sees_a_key_added_after_the_last_one(kcache, fixture_copy):

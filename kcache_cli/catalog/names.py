@@ -58,7 +58,7 @@ def _is_dir(path: str | int, name: str) -> bool:
     try:
         if isinstance(path, int):
             return S_ISDIR(os.lstat(name, dir_fd=path).st_mode)
-        return S_ISDIR(fsread.stat_path(os.path.join(path, name), follow=False).st_mode)
+        return fsread.is_real_dir(os.path.join(path, name))
     except OSError:
         return False
 

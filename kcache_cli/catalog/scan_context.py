@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 from operator import itemgetter
 from pathlib import Path
-from stat import S_ISDIR, S_ISREG
+from stat import S_ISREG
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from kcache_cli.catalog.dirnames import DirNames
@@ -126,9 +126,11 @@ class ScanContext:
         is a warning and []. With `prefixes`, only those that start with one: found in the listing a
         lookup kept while the directory is unchanged (catalog/dirnames.py), each then lstat'ed."""
         try:
-            if prefixes and not any(p.startswith(".") for p in prefixes):
-                return _subdirs_starting(str(self.root), str(path), prefixes)
-            return fsread.subdir_names(path)
+            if not prefixes:
+                return fsread.subdir_names(path)
+            if any(p.startswith(".") for p in prefixes):  # dot names are never kept (catalog/names.py)
+                return [n for n in fsread.subdir_names(path) if n.startswith(prefixes)]
+            return _subdirs_starting(str(self.root), str(path), prefixes)
         except FileNotFoundError:
             return []
         except OSError as exc:
@@ -348,11 +350,4 @@ def _subdirs_starting(root: str, path: str, prefixes: tuple[str, ...]) -> list[s
     kept = DirNames(root)
     found = {n for p in prefixes for n in kept.starting(path, p)}
     kept.save()
-    real = []
-    for name in found:
-        try:
-            if S_ISDIR(fsread.stat_path(os.path.join(path, name), follow=False).st_mode):
-                real.append(name)
-        except OSError:
-            continue
-    return sorted(real)
+    return sorted(n for n in found if fsread.is_real_dir(os.path.join(path, n)))

@@ -317,6 +317,14 @@ def is_dir(path: str | os.PathLike) -> bool:
         return False
 
 
+def is_real_dir(path: str | os.PathLike) -> bool:
+    """A directory, not a link to one (os.lstat), from its held root when it has one."""
+    try:
+        return stat.S_ISDIR(stat_path(path, follow=False).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def is_link(path: str | os.PathLike) -> bool:
     """os.path.islink of `path`, from its held root when it has one."""
     try:

@@ -109,20 +109,12 @@ def detect(root: Path) -> bool:
     """Evidence, not top-level names alone: a CACHEDIR.TAG, or ops/<cuda|cpu|hip>_space_<N>/<op>/ (read
     from directory names only: `ls --op X` reads no other op's directory), or a graphs/ or ir_modules/
     directory holding a hash-named directory with hidet's files."""
-    tops = [d for d in ("ops", "graphs", "ir_modules") if _real_dir(root / d)]
+    tops = [d for d in ("ops", "graphs", "ir_modules") if fsread.is_real_dir(root / d)]
     if not tops:
         return False
     if state.has_cachedir_tag(root):
         return True
     return any(_has_evidence(root, top) for top in tops)
-
-
-def _real_dir(path: Path) -> bool:
-    """A directory, not a link to one (from the held root)."""
-    try:
-        return stat.S_ISDIR(fsread.stat_path(path, follow=False).st_mode)
-    except OSError:
-        return False
 
 
 def _has_evidence(root: Path, top: str, budget: int = 256) -> bool:

@@ -548,12 +548,9 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     (path, kind, hash, space, the ops and targets wanted): only a nested Triton kernel has an op and a
     target, read from its files in the worker, which drops one that is not wanted."""
     root = str(ctx.root)
-    prefixes = flt.name_prefixes()
     wanted = ScanFilter(ops=flt.ops, targets=flt.targets)
     jobs = []
     for f in sorted(candidates(root, ctx, flt), key=lambda f: f.kind != GRAPH):  # graphs first, for the memo
-        if prefixes and not f.hash.startswith(prefixes):
-            continue
         if flt.kinds and f.kind not in flt.kinds:
             continue
         if not flt.wants_space(f.space if f.kind == TRITON else None):

@@ -75,7 +75,7 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
 def detect(root: Path) -> bool:
     """Evidence, not names alone: a CACHEDIR.TAG, or programs/<12 hex>/ or scripts/<name>/<key>-<8 hex>/
     holding tilus's files."""
-    tops = [d for d in ("programs", "scripts") if _real_dir(root / d)]
+    tops = [d for d in ("programs", "scripts") if fsread.is_real_dir(root / d)]
     if not tops:
         return False
     if state.has_cachedir_tag(root):
@@ -98,14 +98,6 @@ def detect(root: Path) -> bool:
     except OSError:
         pass
     return False
-
-
-def _real_dir(path: Path) -> bool:
-    """A directory, not a link to one (from the held root)."""
-    try:
-        return stat.S_ISDIR(fsread.stat_path(path, follow=False).st_mode)
-    except OSError:
-        return False
 
 
 def read_link(d: EntryDir, name: str) -> str | None:
@@ -477,8 +469,9 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
             yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind="script",
                             target=TARGET, space=None, op=op, hash=de.name, status=status, reason=reason)
     programs: list[tuple[str, str, str | None]]
-    if flt.ops:  # only the programs the selected scripts use: no need to read every program
-        programs = [(os.path.basename(p), p, op) for p, op in sorted(linked.items())]
+    if flt.ops:  # only the programs the selected scripts use (and name): no need to read every program
+        programs = [(os.path.basename(p), p, op) for p, op in sorted(linked.items())
+                    if not named or os.path.basename(p).startswith(named)]
     elif named:  # the names that start so, from the listing a lookup kept while programs/ is unchanged
         where = str(ctx.root / "programs")
         programs = [(n, os.path.join(where, n), None) for n in ctx.subdirs(where, named)]
@@ -486,8 +479,6 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         programs = [(d.name, d.path, None) for d in listing_or_unreadable(
             ctx, str(ctx.root / "programs"), blocked, layout=NAME, kind="program", target=TARGET, space=None, op=None)
                     if d.is_dir(follow_symlinks=False)]
-    if named:
-        programs = [p for p in programs if p[0].startswith(named)]
     yield from blocked
     failures = failures_by_program(ctx.root)
     jobs = [(path, _plain_failure(failures.get(h)), linked_op) for h, path, linked_op in programs]

@@ -445,8 +445,7 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     prefixes = flt.name_prefixes()
     ops = tuple(flt.ops)
     base = os.path.join(ctx.root, "")
-    jobs = [(base + name, ops) for name in ctx.subdirs(ctx.root, prefixes)
-            if (not prefixes or name.startswith(prefixes)) and is_key(name)]
+    jobs = [(base + name, ops) for name in ctx.subdirs(ctx.root, prefixes) if is_key(name)]
     for entry in ctx.map_entries(_key_entries, jobs):
         if entry is not None:
             yield entry
