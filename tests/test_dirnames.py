@@ -223,3 +223,25 @@ def test_a_lookup_takes_the_layouts_its_root_check_found(kcache, fixture_copy, m
     monkeypatch.setattr(names, "layouts_of", refuse)
     r = kcache("--cache-dir", src, "inspect", entry.name[:8])
     assert r.exit_code in (0, 1) and entry.name in r.stdout, r.stderr
+
+
+def test_a_lookup_reads_the_kept_listings_once(kcache, fixture_copy, monkeypatch):
+    """On a Triton root both the narrowing and the scan look the key up by prefix: the names file is read
+    once for the command, not once for each."""
+    src = fixture_copy("triton") / "cache"
+    key = next(p for p in sorted(src.iterdir()) if p.is_dir() and not p.name.startswith("."))
+    for _ in range(2):  # the listings are kept (the first save makes .kcache/: the root changed)
+        settle()
+        assert kcache("--cache-dir", src, "inspect", key.name[:10]).exit_code in (0, 1)
+    assert names_file(src).is_file()
+    monkeypatch.setattr(dirnames, "_OF", {})  # a new command
+    reads: list[str] = []
+    real = state.read_index_file
+
+    def counting(root, kind, limit):
+        reads.append(kind)
+        return real(root, kind, limit)
+
+    monkeypatch.setattr(state, "read_index_file", counting)
+    assert kcache("--cache-dir", src, "inspect", key.name[:10]).exit_code in (0, 1)
+    assert reads.count(dirnames.KIND) == 1

@@ -69,14 +69,14 @@ def _dump(records: dict[str, tuple[Key, bytes]]) -> bytes:
 
 
 class DirNames:
-    """The kept listings of one cache root, for one command: `starting` answers from them where the
-    directory is unchanged and lists it otherwise; `save` keeps what was listed anew."""
+    """The kept listings of one cache root: `starting` answers from them where the directory is unchanged
+    and lists it otherwise; `save` keeps what was listed anew. One per root and process (`of`): the file is
+    read once however many steps of a command look names up."""
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = os.fspath(root).rstrip("/") or "/"
-        self._started = time.monotonic_ns()  # before any directory is listed (see save)
         self._kept: dict[str, tuple[Key, bytes]] | None = None  # loaded with the first lookup
-        self._new: dict[str, tuple[Key, bytes]] = {}
+        self._new: dict[str, tuple[Key, bytes, int]] = {}  # ... and when it was listed (time.monotonic_ns)
         self._gone: set[str] = set()
         self._listed = 0  # bytes of names the lookups went through, kept or listed
 
@@ -93,6 +93,7 @@ class DirNames:
         rel = self._rel(path)
         if rel is None:
             return [n for n in fsread.listdir(path) if n.startswith(prefix)]
+        listed = time.monotonic_ns()  # before the directory is looked at (see save)
         try:
             fd = fsread.open_path(path, _DIR_FLAGS)
         except FileNotFoundError:
@@ -111,7 +112,7 @@ class DirNames:
         finally:
             os.close(fd)
         joined = b"/".join(map(os.fsencode, names))
-        self._new[rel] = (key, joined)
+        self._new[rel] = (key, joined, listed)
         self._listed += len(joined)
         return [n for n in names if n.startswith(prefix)]
 
@@ -127,8 +128,12 @@ class DirNames:
         if made is None:
             return
         dfd, tmp, now = made
-        limit = now - (time.monotonic_ns() - self._started) - int(RACY_SECONDS * 1e9)
-        new = {rel: v for rel, v in self._new.items() if max(v[0][2], v[0][3]) < limit}
+        since = time.monotonic_ns()  # `now` (the file system's) less the time since each listing
+        racy = int(RACY_SECONDS * 1e9)
+        new = {rel: (key, names) for rel, (key, names, listed) in self._new.items()
+               if max(key[2], key[3]) < now - (since - listed) - racy}
+        self._new.clear()
+        self._gone.clear()
         if not new and not gone:
             state.finish_index_write(dfd, tmp, None, KIND)
             return
@@ -136,8 +141,19 @@ class DirNames:
         records.update(new)
         data = _dump(records)
         state.finish_index_write(dfd, tmp, data if len(data) <= MAX_BYTES else None, KIND)
-        self._new.clear()
-        self._gone.clear()
+        self._kept = records  # what the file holds now, for this process's next lookups
+
+
+_OF: dict[str, DirNames] = {}
+
+
+def of(root: str | os.PathLike) -> DirNames:
+    """The DirNames of `root` for this process (made at the first lookup in it)."""
+    key = os.fspath(root).rstrip("/") or "/"
+    kept = _OF.get(key)
+    if kept is None:
+        kept = _OF[key] = DirNames(key)
+    return kept
 
 
 def _starting(joined: bytes, prefix: str) -> list[str]:

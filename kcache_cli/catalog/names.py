@@ -16,6 +16,7 @@ from fnmatch import fnmatchcase
 from stat import S_ISDIR
 from typing import Iterable, Iterator, NamedTuple
 
+from kcache_cli.catalog import dirnames
 from kcache_cli.catalog.dirnames import DirNames
 from kcache_cli.fs import read as fsread
 from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape
@@ -164,7 +165,7 @@ def entries(root: str | os.PathLike, prefix: str = "", ops: Iterable[str] = (), 
     `present`: the layouts the root holds, when the caller detected them (else found from its names)."""
     root, shapes = _select(root, layouts, present)
     ops, spaces = tuple(ops), tuple(spaces)
-    kept = DirNames(root) if prefix and not prefix.startswith(".") else None
+    kept = dirnames.of(root) if prefix and not prefix.startswith(".") else None
     for s in shapes:
         for k in s.kinds:
             if (ops and not k.has_op) or (spaces and k.space is None):

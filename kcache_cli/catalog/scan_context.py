@@ -15,7 +15,7 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from kcache_cli.catalog.dirnames import DirNames
+from kcache_cli.catalog import dirnames
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs.entrydir import EntryDir
@@ -347,7 +347,7 @@ def _unpacked(results: list, marks: bytes) -> list:
 
 def _subdirs_starting(root: str, path: str, prefixes: tuple[str, ...]) -> list[str]:
     """ScanContext.subdirs of `path` with `prefixes`."""
-    kept = DirNames(root)
+    kept = dirnames.of(root)
     found = {n for p in prefixes for n in kept.starting(path, p)}
     kept.save()
     return sorted(n for n in found if fsread.is_real_dir(os.path.join(path, n)))
