@@ -101,7 +101,7 @@ def restore_times(path, st) -> None:
 
 def test_unchanged_cache_is_answered_from_the_index(cache, judged):
     first = scan_cache(cache, use_index=True)
-    assert len(judged) == 5 and (cache / ".kcache" / "index" / index.index_name()).is_file()
+    assert len(judged) == 5 and (cache / ".kcache" / "index" / state.index_name()).is_file()
     judged.clear()
     again = scan_cache(cache, use_index=True)
     assert judged == []
@@ -205,7 +205,7 @@ def test_entry_directory_replaced_and_entries_added_or_removed(cache, judged):
 
 def test_truncated_garbage_or_deleted_index_means_a_scan(cache, judged):
     primed(cache, judged)
-    path = cache / ".kcache" / "index" / index.index_name()
+    path = cache / ".kcache" / "index" / state.index_name()
     good = path.read_bytes()
     for bad in (good[: len(good) // 2], b"garbage", b"", good[:-1] + bytes([good[-1] ^ 1]),
                 index.MAGIC + b"\0" * 12 + b"x"):
@@ -225,7 +225,7 @@ def test_index_with_a_global_in_its_pickle_is_refused(cache, judged):
     import zlib
 
     primed(cache, judged)
-    path = cache / ".kcache" / "index" / index.index_name()
+    path = cache / ".kcache" / "index" / state.index_name()
     payload = pickle.dumps({"context": None, "records": {}, "x": os.system})
     path.write_bytes(index.MAGIC + index._HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
     assert index.load(str(cache), ("anything",)) == {}
@@ -233,7 +233,7 @@ def test_index_with_a_global_in_its_pickle_is_refused(cache, judged):
 
 def test_index_writable_by_others_or_owned_by_another_user_is_ignored(cache, judged):
     primed(cache, judged)
-    path = cache / ".kcache" / "index" / index.index_name()
+    path = cache / ".kcache" / "index" / state.index_name()
     os.chmod(path, 0o666)
     judged.clear()
     scan_cache(cache, use_index=True)
@@ -418,7 +418,7 @@ def test_an_index_made_for_root_is_not_used_by_another_user(judged):
         assert {e.relpath: e.status for e in scan_cache(cache, use_index=True).entries}[SOFTMAX] == "complete"
         idx = cache / ".kcache" / "index"
         theirs = idx / "scan.65534"
-        shutil.copy(idx / index.index_name(), theirs)
+        shutil.copy(idx / state.index_name(), theirs)
         os.chown(theirs, 65534, 65534)
         os.chmod(idx, 0o777)
         src = os.path.dirname(os.path.dirname(os.path.abspath(index.__file__)))
@@ -474,7 +474,7 @@ def test_a_killed_writer_leaves_nothing_that_matters(cache, judged):
     got, real = both(cache, judged)
     assert got == real and judged == [str(cache / ADD)]
     assert not old.exists() and fresh.exists()
-    assert sorted(p.name for p in idx.iterdir()) == sorted([fresh.name, index.index_name()])
+    assert sorted(p.name for p in idx.iterdir()) == sorted([fresh.name, state.index_name()])
 
 
 def test_a_symlinked_manifest_is_judged_every_time(cache, judged, tmp_path):
@@ -623,5 +623,5 @@ def test_workers_started_by_a_forkserver_get_the_index_pickled(fixture_copy, mon
     monkeypatch.setattr(scan_mod, "PARALLEL_MIN_JOBS", 1)
     monkeypatch.setattr(parallel, "fork_safe", lambda: False)
     first = scan_cache(root, use_index=True)
-    assert (root / ".kcache" / "index" / index.index_name()).is_file()
+    assert (root / ".kcache" / "index" / state.index_name()).is_file()
     assert scan_cache(root, use_index=True).entries == first.entries == scan_cache(root).entries

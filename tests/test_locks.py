@@ -56,9 +56,10 @@ def test_a_fifo_index_is_replaced_by_a_real_one(fixture_copy, monkeypatch):
     """A cache big enough to keep an index writes it over the FIFO (rename replaces it): rebuilt."""
     from kcache_cli.catalog import index
     from kcache_cli.catalog.scan import scan_cache
+    from kcache_cli.fs import state
 
     root = fixture_copy("hidet")
-    planted = fifo(root / ".kcache" / "index" / index.index_name("scan"))
+    planted = fifo(root / ".kcache" / "index" / state.index_name("scan"))
     monkeypatch.setattr(index, "MIN_ENTRIES", 1)
     monkeypatch.setattr(index, "RACY_SECONDS", -3600.0)
     warned: list[str] = []

@@ -65,7 +65,7 @@ import kcache_cli
 from kcache_cli.catalog.scan_context import ScanContext
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
-from kcache_cli.fs.state import finish_index_write, index_name, read_index_file, start_index_write  # noqa: F401
+from kcache_cli.fs.state import finish_index_write, read_index_file, start_index_write
 from kcache_cli.layouts import NAMES
 from kcache_cli.model.records import COMPLETE, CORRUPT, FAILED, STALE, Entry
 
