@@ -6,6 +6,7 @@ import os
 import shutil
 import stat
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +108,20 @@ def _isolated_env(tmp_path, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)  # tables fit COLUMNS when set: tests that want a width say so
     monkeypatch.chdir(tmp_path)
 
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_left():
+    """A test leaves no thread of its own running: in a process that runs another thread, every later
+    scan and export in it reads without forked workers (parallel.fork_safe), and the tests of the
+    parallel path would fail far from the leak. A thread gets a few seconds to end."""
+    before = set(threading.enumerate())
+    yield
+    left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    for thread in left:
+        thread.join(timeout=5)
+    still = [t.name for t in left if t.is_alive()]
+    assert not still, f"the test left threads running: {', '.join(still)}"
 
 def make_writable(path: Path) -> None:
     for dirpath, dirnames, filenames in os.walk(path):

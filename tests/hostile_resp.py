@@ -52,7 +52,10 @@ class HostileServer:
         self.port = self.sock.getsockname()[1]
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.stopped = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.served: list[threading.Thread] = []
+        self.conns: list[socket.socket] = []
+        self.acceptor = threading.Thread(target=self._accept, daemon=True)
+        self.acceptor.start()
 
     def _accept(self) -> None:
         while not self.stopped.is_set():
@@ -60,7 +63,10 @@ class HostileServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            serving = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self.served.append(serving)
+            self.conns.append(conn)
+            serving.start()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn, conn.makefile("rb") as f:
@@ -85,5 +91,15 @@ class HostileServer:
             time.sleep(self.trickle)
 
     def stop(self) -> None:
+        """Stop listening and serving, and wait for the threads: a thread left running in a test
+        process makes every later scan there run without forked workers (parallel.fork_safe).
+        close() alone does not wake a thread blocked in accept() on Linux; shutdown() does."""
         self.stopped.set()
+        for sock in (self.sock, *self.conns):  # a serving thread may be blocked reading its client
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self.sock.close()
+        for thread in (self.acceptor, *self.served):
+            thread.join(timeout=10)
