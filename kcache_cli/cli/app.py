@@ -3,7 +3,6 @@ become `Error: ...` and an exit status."""
 
 import gc
 import inspect
-import json
 import os
 import re
 import sys
@@ -21,6 +20,7 @@ from kcache_cli.model.terms import LAYOUT_NAMES
 from kcache_cli.remote.redact import redact_text
 from kcache_cli.util.errors import KcacheError
 from kcache_cli.util.lazy import lazy_module
+from kcache_cli.util import jsonout
 from kcache_cli.util.textsafe import printable_line
 
 shlex = lazy_module("shlex")  # a TAB's line only: not a cost of every start
@@ -264,8 +264,10 @@ def _fail(message: str, code: int, as_json: bool, trace: bool = False) -> None:
     if as_json and not options.json_written:  # stdout holds one JSON document: the result, or this
 
         try:
-            sys.stdout.write(json.dumps({"schema": options.schema_id("error"), "error": message, "exit": code}) + "\n")
+            doc = {"schema": options.schema_id("error"), "error": message, "exit": code}
             sys.stdout.flush()
+            sys.stdout.buffer.write(jsonout.encode(doc) + b"\n")
+            sys.stdout.buffer.flush()
         except BrokenPipeError:
             _pipe_closed()
     sys.exit(code)
