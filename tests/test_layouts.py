@@ -109,6 +109,20 @@ def test_the_top_level_names_a_layout_takes_are_its_templates_names(shape):
     firsts = [k.segments[0] for k in shape.kinds]
     assert shape.tops(ODD_NAMES) == [n for n in ODD_NAMES if any(r.match(n) for r in firsts)]
 
+    assert shape.tops(ODD_NAMES, 2) == shape.tops(ODD_NAMES)[:2]
+
+
+def test_a_layout_named_after_many_other_directories_is_still_detected(tmp_path):
+    """held_by looks into the first few directories a layout could own, but names that prove a layout
+    (Inductor's fxgraph/, the CUDA JIT cache's ComputeCache/) count wherever they are in the listing."""
+    for name, layout in (("fxgraph", "inductor"), ("ComputeCache", "cudajit")):
+        root = tmp_path / layout
+        for i in range(200):  # more than held_by looks into: visible names any layout's regex may take
+            (root / f"zz{i:03d}").mkdir(parents=True)
+        (root / name).mkdir()
+        names = fsread.listdir(root)
+        shape = next(s for s in SHAPES if s.name == layout)
+        assert shape.held_by(str(root), names), layout
 
 def test_detection_on_real_and_look_alike_roots(tmp_path, fixture_copy):
     """Each root is detected as the layout it looks like, and a look-alike as none (the registry's answer is

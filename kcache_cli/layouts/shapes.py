@@ -16,10 +16,11 @@ template over the fields. Fixed text matches itself.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from kcache_cli.fs import read as fsread
 
@@ -146,14 +147,14 @@ class LayoutShape:
     __slots__ = ("name", "kinds", "summary", "build_kind", "confirm", "own_detect")
 
     def __init__(self, name: str, kinds: tuple[KindShape, ...], summary: str, build_kind: str | None = None,
-                 confirm: Callable[[str, list[str]], bool] | None = None, own_detect: bool = False) -> None:
+                 confirm: Callable[[str, list[str], list[str]], bool] | None = None, own_detect: bool = False) -> None:
         self.name = name
         self.kinds = kinds
         self.summary = summary  # one line for help texts: where its entries are
         self.build_kind = build_kind  # the kind `kcache build` writes into this layout (one layout has one)
-        # When top-level names alone could mislead: called with the root and its top-level directory
-        # names that start one of this layout's paths; True when the layout is really there (it may
-        # list a few of those directories, nothing more).
+        # When top-level names alone could mislead: called with the root, the first _LOOKS of its top-level
+        # directory names that start one of this layout's paths, and all its top-level directory names;
+        # True when the layout is really there (it may list a few of those directories, nothing more).
         self.confirm = confirm
         # Whether the layout's module has a detect of its own (evidence read from files), asked only where
         # `held_by` says it may be there; else detection is `held_by`, answered here without importing the
@@ -166,21 +167,25 @@ class LayoutShape:
     def kind(self, kind: str) -> KindShape | None:
         return next((k for k in self.kinds if k.kind == kind), None)
 
-    def tops(self, names) -> list[str]:
-        """The names among `names` (a root's top-level directories) that start one of this layout's paths."""
+    def tops(self, names, limit: int | None = None) -> list[str]:
+        """The names among `names` (a root's top-level directories) that start one of this layout's paths,
+        in their order; with `limit`, the first `limit` of them (a Triton root has 10^5 names)."""
         firsts = {k.parts[0] for k in self.kinds}
         if not any("{" in f for f in firsts):  # fixed names (ops/, programs/...): no regex per name
-            return [n for n in names if n in firsts]
-        if all(k.any_visible_first for k in self.kinds):  # any visible name (a listing's names hold no "/")
-            return [n for n in names if n and not n.startswith(".")]
-        match = _any_of(tuple(k.segments[0] for k in self.kinds)).match  # one regex: a Triton root has 10^5 names
-        return [n for n in names if match(n)]
+            found: Iterable[str] = (n for n in names if n in firsts)
+        elif all(k.any_visible_first for k in self.kinds):  # any visible name (a listing's names hold no "/")
+            found = (n for n in names if n and not n.startswith("."))
+        else:
+            match = _any_of(tuple(k.segments[0] for k in self.kinds)).match  # one regex for every kind
+            found = (n for n in names if match(n))
+        return list(found if limit is None else itertools.islice(found, limit))
 
     def held_by(self, root: str, names: list[str]) -> bool:
         """Whether the root whose top-level directory names are `names` holds this layout; for a layout with
-        a detect of its own (`own_detect`), whether it may (its detect then looks at the files)."""
-        tops = self.tops(names)
-        return bool(tops) and (self.confirm is None or self.confirm(root, tops))
+        a detect of its own (`own_detect`), whether it may (its detect then looks at the files). A confirm
+        gets the first _LOOKS of the layout's names (all it looks into) and the whole listing."""
+        tops = self.tops(names, _LOOKS)
+        return bool(tops) and (self.confirm is None or self.confirm(root, tops, names))
 
     def locate(self, relpath: str) -> tuple[str, dict[str, str | None]] | None:
         """(kind, key fields) of the entry that lives at `relpath`, or None."""
@@ -219,7 +224,7 @@ _TRITON_KEY = (("hash", r"[A-Z2-7]{52}|[0-9a-f]{64}|[A-Za-z0-9_-]{43}"),)
 TRITON_GROUP, TRITON_TMP = "__grp__", "tmp.pid_"
 # Files only Triton's compiler writes: positive evidence that a key directory is Triton's.
 TRITON_STAGES = (".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".cubin", ".hsaco", ".source")
-_TRITON_LOOKS = 64  # key directories looked into, at most, to recognise a root
+_LOOKS = 64  # directories looked into, at most, to recognise a root
 
 
 def triton_module(names: list[str]) -> bool:
@@ -260,11 +265,11 @@ def triton_target_arch(meta: dict | None) -> tuple[str | None, str | None]:
     return backend, arch if isinstance(arch, str) and arch else None
 
 
-def _triton_confirm(root: str, tops: list[str]) -> bool:
+def _triton_confirm(root: str, tops: list[str], names: list[str]) -> bool:
     """Key-named directories alone are no evidence: one of the first few must hold Triton's files, or
     (a root whose key directories all deny reading) none could be read, which `ls` then says."""
     denied = 0
-    for name in tops[:_TRITON_LOOKS]:
+    for name in tops:
         try:
             if triton_evidence(fsread.listdir(os.path.join(root, name))):
                 return True
@@ -272,7 +277,7 @@ def _triton_confirm(root: str, tops: list[str]) -> bool:
             denied += 1
         except OSError:
             pass
-    return bool(tops) and denied == len(tops[:_TRITON_LOOKS])
+    return bool(tops) and denied == len(tops)
 
 
 TRITON = LayoutShape("triton", (
@@ -290,11 +295,11 @@ INDUCTOR_CODE = re.compile(r"^c[a-z2-7]{51}\.")  # a code cache file: c<key>.py,
 _INDUCTOR_EVIDENCE = ("fxgraph", "aotautograd")
 
 
-def _inductor_confirm(root: str, tops: list[str]) -> bool:
+def _inductor_confirm(root: str, tops: list[str], names: list[str]) -> bool:
     """fxgraph/ or aotautograd/, or a shard directory holding code cache files (c<key>.py...)."""
-    if any(t in _INDUCTOR_EVIDENCE for t in tops):
+    if not set(_INDUCTOR_EVIDENCE).isdisjoint(names):
         return True
-    for name in tops[:_TRITON_LOOKS]:
+    for name in tops:
         try:
             if any(INDUCTOR_CODE.match(n) for n in fsread.listdir(os.path.join(root, name))):
                 return True
@@ -327,8 +332,9 @@ def cudajit_names() -> tuple[str, ...]:
     return ("ComputeCache", os.path.basename(env)) if env else ("ComputeCache",)
 
 
-def _cudajit_confirm(root: str, tops: list[str]) -> bool:
-    return not set(cudajit_names()).isdisjoint(tops)  # names only: completion reads no file
+def _cudajit_confirm(root: str, tops: list[str], names: list[str]) -> bool:
+    wanted = {n for n in cudajit_names() if n and not n.startswith(".")}  # the layout's names are visible ones
+    return not wanted.isdisjoint(names)  # names only: completion reads no file
 
 
 def cudajit_evidence(path: str) -> bool:
@@ -356,9 +362,9 @@ VLLM = LayoutShape("vllm", (
 TORCHEXT_EVIDENCE = ("build.ninja", "main.cpp", "cuda.cu")
 
 
-def _torchext_confirm(root: str, tops: list[str]) -> bool:
+def _torchext_confirm(root: str, tops: list[str], names: list[str]) -> bool:
     """One of the first few directories lists torch's build.ninja or load_inline's sources (names only)."""
-    for name in tops[:_TRITON_LOOKS]:
+    for name in tops:
         try:
             if any(n in TORCHEXT_EVIDENCE for n in fsread.listdir(os.path.join(root, name))):
                 return True
@@ -376,13 +382,13 @@ TORCHEXT = LayoutShape("torchext", (
 JAX_FILE = re.compile(r"^[\w.]+-[0-9a-f]{64}-(?:cache|atime)$")
 
 
-def _jax_confirm(root: str, tops: list[str]) -> bool:
+def _jax_confirm(root: str, tops: list[str], names: list[str]) -> bool:
     env = os.environ.get("JAX_COMPILATION_CACHE_DIR", "").rstrip("/")
-    for name in tops[:_TRITON_LOOKS]:
+    for name in tops:
         if env and os.path.join(os.path.abspath(root), name) == os.path.abspath(os.path.expanduser(env)):
             return True
         try:
-            if any(JAX_FILE.match(n) for n in fsread.listdir(os.path.join(root, name))[:_TRITON_LOOKS]):
+            if any(JAX_FILE.match(n) for n in fsread.listdir(os.path.join(root, name))[:_LOOKS]):
                 return True
         except OSError:
             pass
@@ -395,8 +401,8 @@ JAX = LayoutShape("jax", (
 
 # Numba's cache of @jit(cache=True) functions: one directory per source directory (NUMBA_CACHE_DIR's
 # <dir name>_<sha1>/, or __pycache__/ beside the sources) holding .nbi indexes and .nbc overloads.
-def _numba_confirm(root: str, tops: list[str]) -> bool:
-    for name in tops[:_TRITON_LOOKS]:
+def _numba_confirm(root: str, tops: list[str], names: list[str]) -> bool:
+    for name in tops:
         try:
             if any(n.endswith((".nbi", ".nbc")) for n in fsread.listdir(os.path.join(root, name))):
                 return True
