@@ -4,6 +4,7 @@ with the index say exactly what a real scan says, and the index does answer when
 from __future__ import annotations
 
 import multiprocessing
+import json
 import os
 import shutil
 import subprocess
@@ -625,3 +626,18 @@ def test_workers_started_by_a_forkserver_get_the_index_pickled(fixture_copy, mon
     first = scan_cache(root, use_index=True)
     assert (root / ".kcache" / "index" / state.index_name()).is_file()
     assert scan_cache(root, use_index=True).entries == first.entries == scan_cache(root).entries
+
+
+def test_the_index_keys_on_every_judging_module_imported_or_not(tmp_path):
+    """The index's context names each judging module's file (size, mtime, inode), also of the layouts the
+    scan never imported: a change to any of them drops the index, and building the context imports none."""
+    src = os.path.dirname(os.path.dirname(os.path.abspath(index.__file__)))  # kcache_cli/
+    code = (f"import json, sys; sys.path.insert(0, {os.path.dirname(src)!r}); from kcache_cli.catalog import index; "
+            f"c = index._context({str(tmp_path)!r}); "
+            "print(json.dumps([[e[0], 'kcache_cli.layouts.numba' in sys.modules, *e[1:]] for e in c[-1]]))")
+    proc = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    got = {name: rest for name, *rest in json.loads(proc.stdout)}
+    loaded, size, mtime, ino = got["kcache_cli.layouts.numba"]
+    st = os.stat(os.path.join(src, "layouts", "numba.py"))
+    assert not loaded and (size, mtime, ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    assert all(len(rest) == 4 and rest[1] is not None for rest in got.values())
