@@ -1,4 +1,4 @@
-"""Kept directory listings for lookups by hash prefix (kcache_cli/catalog/dirnames.py): served only while
+"""Kept directory listings for lookups by hash prefix (kcache_cli/fs/dirnames.py): served only while
 the directory is provably unchanged, never stale, never trusted from another user or a garbled file."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kcache_cli.catalog import dirnames, names
-from kcache_cli.catalog.dirnames import DirNames
-from kcache_cli.fs import state
+from kcache_cli.catalog import names
+from kcache_cli.fs import dirnames, state
+from kcache_cli.fs.dirnames import DirNames
 
 RACY = 0.05
 
@@ -53,6 +53,7 @@ def no_listing(monkeypatch) -> None:
     def refuse(*a, **k):
         raise AssertionError("listed again")
 
+    monkeypatch.setattr(dirnames, "_read", refuse)
     monkeypatch.setattr(os, "listdir", refuse)
 
 
@@ -106,7 +107,7 @@ def test_an_untrusted_or_damaged_file_means_a_listing(root, damage):
     elif damage == "fifo":
         path.unlink()
         os.mkfifo(path)
-    else:  # a valid header over a payload whose fields do not come in sixes
+    else:  # a valid header over a payload whose fields do not come in sevens
         payload = b"ops/cuda_space_0/add\x001\x002"
         path.write_bytes(dirnames.MAGIC + dirnames._HEADER.pack(len(payload), __import__("zlib").crc32(payload))
                          + payload)
@@ -245,3 +246,80 @@ def test_a_lookup_reads_the_kept_listings_once(kcache, fixture_copy, monkeypatch
     monkeypatch.setattr(state, "read_index_file", counting)
     assert kcache("--cache-dir", src, "inspect", key.name[:10]).exit_code in (0, 1)
     assert reads.count(dirnames.KIND) == 1
+
+
+def test_types_come_with_the_names_and_links_are_asked_each_time(tmp_path, monkeypatch):
+    """subdirs: real directories only; dirs_and_links: directories and the links that lead to one now (a
+    link retargeted from a directory to a file changes nothing in the directory that holds it)."""
+    root = tmp_path / "c"
+    root.mkdir()
+    for name in ("d1", "d2"):
+        (root / name).mkdir()
+    (root / "f").write_text("x")
+    os.symlink("d1", root / "ln")
+    os.symlink("nowhere", root / "dangling")
+    for _ in range(2):  # the first save makes .kcache/ in it: the root changed, and is kept the next time
+        settle()
+        kept = DirNames(root)
+        assert kept.subdirs(str(root)) == [".kcache", "d1", "d2"][_ == 0:]
+        assert sorted(kept.dirs_and_links(str(root)))[-3:] == [("d1", False), ("d2", False), ("ln", True)]
+        kept.save()
+    no_listing(monkeypatch)
+    assert DirNames(root).subdirs(str(root)) == [".kcache", "d1", "d2"]
+    os.unlink(root / "ln")  # the same name, now a link to a file: the directory changed...
+    os.symlink("f", root / "ln")
+    monkeypatch.undo()
+    monkeypatch.setattr(dirnames, "RACY_SECONDS", RACY)
+    monkeypatch.setattr(dirnames, "MIN_BYTES", 0)
+    assert sorted(DirNames(root).dirs_and_links(str(root)))[-2:] == [("d1", False), ("d2", False)]
+    target = root / "d2"  # ...while a link's own target may change without the directory changing
+    os.symlink("d2", root / "via")
+    settle()
+    kept = DirNames(root)
+    assert ("via", True) in kept.dirs_and_links(str(root))
+    kept.save()
+    target.rmdir()
+    target.write_text("now a file")
+    assert ("via", True) not in DirNames(root).dirs_and_links(str(root))
+
+
+def test_a_listing_serves_the_same_command_again_unless_just_changed(root, monkeypatch):
+    """Detection and then the scan ask for the same directory: one listing, when it had not changed for
+    RACY_SECONDS; a directory changed within that time is listed each time it is asked about (a command
+    that removes entries and lists again sees the removal)."""
+    op = str(root / "ops/cuda_space_0/add")
+    calls = []
+    real = dirnames._read
+    monkeypatch.setattr(dirnames, "_read", lambda fd: calls.append(fd) or real(fd))
+    kept = DirNames(root)
+    assert kept.subdirs(op) == ["abc0000000000001", "abd0000000000002", "b000000000000003"]
+    assert kept.starting(op, "ab") and len(calls) == 1
+    (root / "ops/cuda_space_0/add/abd0000000000002").rmdir()  # now changed less than RACY_SECONDS ago
+    assert kept.subdirs(op) == ["abc0000000000001", "b000000000000003"]
+    assert kept.subdirs(op) == ["abc0000000000001", "b000000000000003"] and len(calls) == 3
+
+
+def test_detection_keeps_nothing_and_a_scan_keeps_the_root_for_the_next_command(tmp_path, fixture_copy,
+                                                                                 monkeypatch):
+    """layouts.detect of a directory writes nothing in it (it may be no cache); a scan of a Triton root
+    keeps the root's listing, and the next command's detection and scan list the root no more."""
+    from kcache_cli import layouts
+    from kcache_cli.catalog.scan import scan_cache
+
+    plain = tmp_path / "plain"
+    (plain / ("K" * 52)).mkdir(parents=True)
+    settle()
+    layouts.detect(plain)
+    assert not (plain / ".kcache").exists()
+    src = fixture_copy("triton") / "cache"
+    for _ in range(2):  # the first keeps the listing, and makes .kcache/ (the root changed): again
+        settle()
+        monkeypatch.setattr(dirnames, "_OF", {})
+        first = scan_cache(src).entries
+    monkeypatch.setattr(dirnames, "_OF", {})  # the next command
+    listed = []
+    real = dirnames._read
+    monkeypatch.setattr(dirnames, "_read", lambda fd: listed.append(os.fstat(fd).st_ino) or real(fd))
+    assert layouts.detect(src) == ("triton",)
+    assert [e.relpath for e in scan_cache(src).entries] == [e.relpath for e in first]
+    assert os.stat(src).st_ino not in listed

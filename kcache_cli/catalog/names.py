@@ -16,8 +16,8 @@ from fnmatch import fnmatchcase
 from stat import S_ISDIR
 from typing import Iterable, Iterator, NamedTuple
 
-from kcache_cli.catalog import dirnames
-from kcache_cli.catalog.dirnames import DirNames
+from kcache_cli.fs import dirnames
+from kcache_cli.fs.dirnames import DirNames
 from kcache_cli.fs import read as fsread
 from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape
 from kcache_cli.model.records import is_glob, space_matches
@@ -37,7 +37,7 @@ def visible_dirs(path: str | int, prefix: str = "", kept: DirNames | None = None
     """Names of the visible subdirectories of `path` (or of the directory fd) starting with `prefix`
     (symlinks not followed; the type comes from the directory listing, or with a prefix from an lstat
     of the few names that match: a bare name listing is a quarter cheaper than scandir's, and `kept`
-    answers for a directory unchanged since it was last listed: catalog/dirnames.py); [] if
+    answers for a directory unchanged since it was last listed: fs/dirnames.py); [] if
     unreadable."""
     try:
         if prefix and not prefix.startswith("."):

@@ -13,7 +13,7 @@ from kcache_cli.catalog import names
 from kcache_cli.catalog.names import expand_filter
 from kcache_cli.catalog.scan_context import ScanContext
 from kcache_cli.fs import read as fsread
-from kcache_cli.fs import readmarks, state
+from kcache_cli.fs import dirnames, readmarks, state
 from kcache_cli.fs.locking import leftover_live
 from kcache_cli.layouts import get as get_layout
 from kcache_cli.model.records import Entry, ScanFilter, ScanResult, TreeUsage, Warn, is_glob, measure_tree
@@ -81,6 +81,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     if use_index:
         ctx.save(complete=complete)  # type: ignore[attr-defined]
     readmarks.save(root)
+    dirnames.save(root)  # the listings of its directories this scan made, for the next command
     if leftovers and not flt.layouts:
         entries.extend(e for e in leftover_entries(root, collect) if flt.matches(e))
     if fsread.root_moved(root):  # what was listed by path may be another directory's

@@ -15,7 +15,7 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from kcache_cli.catalog import dirnames
+from kcache_cli.fs import dirnames
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs.entrydir import EntryDir
@@ -123,11 +123,11 @@ class ScanContext:
 
     def subdirs(self, path: str | Path, prefixes: tuple[str, ...] = ()) -> list[str]:
         """The names of the real subdirectories of `path` (links are not), sorted; an unreadable directory
-        is a warning and []. With `prefixes`, only those that start with one: found in the listing a
-        lookup kept while the directory is unchanged (catalog/dirnames.py), each then lstat'ed."""
+        is a warning and []. From the listing kept while the directory is unchanged (fs/dirnames.py);
+        with `prefixes`, only the names that start with one, each then lstat'ed."""
         try:
-            if not prefixes:
-                return fsread.subdir_names(path)
+            if not prefixes:  # kept or listed here, and kept at the scan's end (catalog/scan.py)
+                return dirnames.of(self.root).subdirs(str(path))
             if any(p.startswith(".") for p in prefixes):  # dot names are never kept (catalog/names.py)
                 return [n for n in fsread.subdir_names(path) if n.startswith(prefixes)]
             return _subdirs_starting(str(self.root), str(path), prefixes)

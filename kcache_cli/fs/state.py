@@ -172,7 +172,7 @@ def _open_level(dir_fd: int, name: str, where: str, create: bool) -> int:
         raise type(exc)(exc.errno, exc.strerror, where) from None
 
 
-INDEX_KINDS = ("scan", "texts", "names")  # the index's files (catalog/index.py, catalog/dirnames.py)
+INDEX_KINDS = ("scan", "texts", "names")  # the index's files (catalog/index.py, fs/dirnames.py)
 
 
 def index_name(kind: str = "scan") -> str:

@@ -22,6 +22,7 @@ import re
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
+from kcache_cli.fs import dirnames
 from kcache_cli.fs import read as fsread
 
 VISIBLE = r"[^/.][^/]*"  # a name that is not hidden (temp, staging and state directories are)
@@ -439,16 +440,12 @@ def listing_roots_once() -> Iterator[None]:
 
 def top_dirs(root: str | os.PathLike, links: bool = True) -> list[str]:
     """The names of `root`'s top-level directories, in listing order: with `links`, a link to one counts
-    (as is_dir() says); without, only real directories. OSError when it cannot be listed."""
+    (as is_dir() says); without, only real directories. OSError when it cannot be listed. A listing made
+    here is kept only by a scan of `root` (fs/dirnames.py): detection writes nothing."""
     key = os.fspath(root)
     tops = _listed.get(key) if _listed is not None else None
-    if tops is None:
-        fd = fsread.open_path(key, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # from its held root
-        try:
-            with os.scandir(fd) as it:
-                tops = [(d.name, d.is_symlink()) for d in it if d.is_dir()]
-        finally:
-            os.close(fd)
+    if tops is None:  # from its held root; the listing a scan kept while the root is unchanged
+        tops = dirnames.of(key).dirs_and_links(key)
         if _listed is not None:
             _listed[key] = tops
     return [name for name, link in tops if links or not link]

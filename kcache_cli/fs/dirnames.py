@@ -1,0 +1,271 @@
+"""The names in a cache's big directories, kept between commands: for lookups by hash prefix, for the
+layouts' detection at a root and for the scans that list a root's entry directories.
+
+`inspect 7ebb`, `log 7ebb`, `clear 7ebb` and the completion of a hash list every directory entries lie in
+(64 op directories of a 100,000-entry hidet cache, a Triton root of 10^5 keys) to find the few names that
+start with the prefix, and every command on a Triton root lists its 10^5 names to detect the layout, and a
+scan once more to find the keys: listing 10^5 names costs more than the rest of a lookup. A listing changes
+only with its directory: creating, removing or renaming a name in a directory sets its mtime and ctime
+(POSIX), and ctime cannot be set from user space. So a listing kept with the directory's device, inode,
+mtime and ctime is the listing for as long as an `fstat` of the directory, opened as a listing opens it,
+gives those four again. A listing is kept only when its directory had not changed for RACY_SECONDS before
+it was read (by the file system's clock, as the scan index counts it): a change within the same timestamp
+tick could otherwise keep both times. Every name found this way is still checked by the caller (an lstat)
+as a name found by a listing is.
+
+Each name is kept with its type as the listing saw it (a directory, a symbolic link, anything else): a
+name changes type only by being removed and made again, which changes the directory. What a link points
+to is not the directory's: `dirs_and_links` asks the link each time.
+
+Within one command a listing made anew serves the next question about the same directory when an fstat
+still gives the same four and it had not changed for RACY_SECONDS before (by this process's clock): a
+command that removes entries and lists again sees the removal.
+
+The file is `<root>/.kcache/index/names.<euid>`, this user's alone (state.read_index_file: a regular file
+of this user that nobody else may write; written through a temp file renamed over it), written only by
+`save` (a scan's or a lookup's, never detection's: a directory that is not a cache gets nothing). Its
+payload is NUL-separated fields, seven per directory: its path relative to the root, device, inode,
+mtime_ns, ctime_ns, its names joined by "/" (no file name holds a NUL or a "/") and their types, one byte
+each; a length and CRC-32 header guards it. A missing, foreign, truncated or garbled file means listing as
+before. Light on purpose (os, struct, zlib): a lookup imports it."""
+
+from __future__ import annotations
+
+import os
+import stat
+import struct
+import time
+import zlib
+
+from kcache_cli.fs import read as fsread
+from kcache_cli.fs import state
+
+KIND = "names"
+MAGIC = b"KCACHE-DIR-NAMES-2\n"
+_HEADER = struct.Struct("<QI")  # payload length, CRC-32 of the payload
+_FIELDS = 7
+RACY_SECONDS = 2.0
+MIN_BYTES = 16 << 10  # a lookup that lists less (about 1,000 hashes) keeps nothing: it costs nothing to redo
+MAX_BYTES = 256 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC  # as fsread.listdir opens a directory
+DIR, LINK, OTHER = ord("d"), ord("l"), ord("-")  # a name's type byte
+
+Key = tuple[int, int, int, int]  # device, inode, mtime_ns, ctime_ns
+Listing = tuple[Key, bytes, bytes]  # the directory's key, its names joined by "/", their types
+
+
+def _parse(data: bytes | None) -> dict[str, Listing]:
+    """relpath -> listing from a names file's bytes; {} for anything malformed."""
+    start = len(MAGIC) + _HEADER.size
+    if not data or not data.startswith(MAGIC) or len(data) < start:
+        return {}
+    length, crc = _HEADER.unpack_from(data, len(MAGIC))
+    payload = data[start:]
+    if len(payload) != length or zlib.crc32(payload) != crc or not payload:
+        return {}
+    parts = payload.split(b"\0")
+    if len(parts) % _FIELDS:
+        return {}
+    out: dict[str, Listing] = {}
+    try:
+        for i in range(0, len(parts), _FIELDS):
+            rel, dev, ino, mtime, ctime, names, types = parts[i:i + _FIELDS]
+            if len(types) != (names.count(b"/") + 1 if names else 0):
+                return {}
+            out[os.fsdecode(rel)] = ((int(dev), int(ino), int(mtime), int(ctime)), names, types)
+    except ValueError:
+        return {}
+    return out
+
+
+def _dump(records: dict[str, Listing]) -> bytes:
+    payload = b"\0".join(b"\0".join((os.fsencode(rel), b"%d" % k[0], b"%d" % k[1], b"%d" % k[2], b"%d" % k[3],
+                                     names, types)) for rel, (k, names, types) in records.items())
+    return MAGIC + _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def _read(fd: int) -> tuple[bytes, bytes]:
+    """The names in the open directory `fd`, joined by "/", and their types (d_type: no stat)."""
+    names: list[str] = []
+    types = bytearray()
+    with os.scandir(fd) as it:
+        for de in it:
+            names.append(de.name)
+            types.append(LINK if de.is_symlink() else DIR if de.is_dir(follow_symlinks=False) else OTHER)
+    return os.fsencode("/".join(names)), bytes(types)
+
+
+def _split(joined: bytes) -> list[str]:
+    return os.fsdecode(joined).split("/") if joined else []
+
+
+class DirNames:
+    """The kept listings of one cache root: questions about a directory below it are answered from them
+    where it is unchanged, and from a listing otherwise; `save` keeps what was listed anew. One per root
+    and process (`of`): the file is read once however many steps of a command look names up."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = os.fspath(root).rstrip("/") or "/"
+        self._kept: dict[str, Listing] | None = None  # loaded with the first question
+        # listed anew: (listing, when by time.monotonic_ns (see save), whether this process may reuse it)
+        self._new: dict[str, tuple[Listing, int, bool]] = {}
+        self._gone: set[str] = set()
+        self._listed = 0  # bytes of names the questions went through, kept or listed
+
+    def _rel(self, path: str) -> str | None:
+        """`path` relative to the root ("." for the root: a Triton cache's keys lie in it), None outside."""
+        if path.rstrip("/") == self.root:
+            return "."
+        base = self.root if self.root.endswith("/") else self.root + "/"
+        return path[len(base):] if path.startswith(base) and len(path) > len(base) else None
+
+    def _listing(self, path: str, fd: int) -> tuple[bytes, bytes]:
+        """(names joined by "/", types) of the directory `path`, open as `fd`: kept, or listed now."""
+        listed, now = time.monotonic_ns(), time.time_ns()  # before the directory is looked at (see save)
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        rel = self._rel(path)
+        if rel is not None:
+            got = self._known(rel)
+            if got is not None and got[0] == key:
+                self._listed += len(got[1])
+                return got[1], got[2]
+        joined, types = _read(fd)
+        if rel is not None:
+            reuse = max(key[2], key[3]) < now - int(RACY_SECONDS * 1e9)
+            self._new[rel] = ((key, joined, types), listed, reuse)
+            self._listed += len(joined)
+        return joined, types
+
+    def _known(self, rel: str) -> Listing | None:
+        """The listing of `rel` this process made and may reuse, else the one the file keeps."""
+        new = self._new.get(rel)
+        if new is not None and new[2]:
+            return new[0]
+        if self._kept is None:
+            self._kept = _parse(state.read_index_file(self.root, KIND, MAX_BYTES))
+        return self._kept.get(rel)
+
+    def _open(self, path: str) -> int:
+        try:
+            return fsread.open_path(path, _DIR_FLAGS)
+        except FileNotFoundError:
+            rel = self._rel(path)
+            if rel is not None:
+                self._gone.add(rel)  # its kept listing, if any, is dropped (save)
+            raise
+
+    def starting(self, path: str, prefix: str) -> list[str]:
+        """The names in the directory `path` (below the root) that start with `prefix`, as os.listdir
+        would give them (in no set order). OSError when it cannot be listed."""
+        fd = self._open(path)
+        try:
+            joined, _ = self._listing(path, fd)
+        finally:
+            os.close(fd)
+        return _starting(joined, prefix)
+
+    def subdirs(self, path: str) -> list[str]:
+        """The names of the real subdirectories of `path` (a link is not one), sorted; [] when it is
+        missing, OSError when it cannot be read (fsread.subdir_names)."""
+        try:
+            fd = self._open(path)
+        except FileNotFoundError:
+            return []
+        try:
+            joined, types = self._listing(path, fd)
+        finally:
+            os.close(fd)
+        return sorted(n for n, t in zip(_split(joined), types) if t == DIR)
+
+    def dirs_and_links(self, path: str) -> list[tuple[str, bool]]:
+        """(name, is a link) of each directory in `path` and each link in it to one (asked now), in
+        listing order. OSError when it cannot be listed."""
+        fd = self._open(path)
+        try:
+            joined, types = self._listing(path, fd)
+            out = []
+            for name, t in zip(_split(joined), types):
+                if t == DIR:
+                    out.append((name, False))
+                elif t == LINK and _is_dir_at(fd, name):
+                    out.append((name, True))
+            return out
+        finally:
+            os.close(fd)
+
+    def save(self) -> None:
+        """Keep the listings read anew whose directory had not changed for RACY_SECONDS before they were
+        read (merged with the kept ones; those of directories found gone are dropped), when the questions
+        went through MIN_BYTES of names or more. Never raises."""
+        kept = self._kept if self._kept is not None else _parse(state.read_index_file(self.root, KIND, MAX_BYTES))
+        gone = {rel for rel in self._gone if rel in kept}  # a directory that never was one is no change
+        if not self._new and not gone or self._listed < MIN_BYTES:
+            return
+        made = state.start_index_write(self.root)
+        if made is None:
+            return
+        dfd, tmp, now = made
+        since = time.monotonic_ns()  # `now` (the file system's) less the time since each listing
+        racy = int(RACY_SECONDS * 1e9)
+        new = {rel: listing for rel, (listing, listed, _) in self._new.items()
+               if max(listing[0][2], listing[0][3]) < now - (since - listed) - racy}
+        self._new.clear()
+        self._gone.clear()
+        if not new and not gone:
+            state.finish_index_write(dfd, tmp, None, KIND)
+            return
+        records = {rel: v for rel, v in kept.items() if rel not in gone}
+        records.update(new)
+        data = _dump(records)
+        state.finish_index_write(dfd, tmp, data if len(data) <= MAX_BYTES else None, KIND)
+        self._kept = records  # what the file holds now, for this process's next questions
+
+
+def _is_dir_at(fd: int, name: str) -> bool:
+    """Whether `name` in the directory `fd` is a directory once links are followed (DirEntry.is_dir())."""
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=fd).st_mode)
+    except OSError:
+        return False
+
+
+_OF: dict[str, DirNames] = {}
+
+
+def save(root: str | os.PathLike) -> None:
+    """DirNames.save of `root`'s, when this process asked about it (a scan's end). Never raises."""
+    kept = _OF.get(os.fspath(root).rstrip("/") or "/")
+    if kept is not None:
+        kept.save()
+
+
+def of(root: str | os.PathLike) -> DirNames:
+    """The DirNames of `root` for this process (made at the first question about it)."""
+    key = os.fspath(root).rstrip("/") or "/"
+    kept = _OF.get(key)
+    if kept is None:
+        kept = _OF[key] = DirNames(key)
+    return kept
+
+
+def _starting(joined: bytes, prefix: str) -> list[str]:
+    """The names in `joined` (names joined by "/") that start with `prefix` (bytes.find: a scan at memory
+    speed, where a pattern that looks behind each position is ten times slower)."""
+    if not joined:
+        return []
+    if not prefix:
+        return [os.fsdecode(n) for n in joined.split(b"/")]
+    if "/" in prefix or "\0" in prefix:  # no name holds one
+        return []
+    p = os.fsencode(prefix)
+    found = []
+    i = 0 if joined.startswith(p) else joined.find(b"/" + p)
+    while i != -1:
+        start = i + 1 if joined[i:i + 1] == b"/" else i
+        end = joined.find(b"/", start)
+        if end == -1:
+            end = len(joined)
+        found.append(os.fsdecode(joined[start:end]))
+        i = joined.find(b"/" + p, end)
+    return found
