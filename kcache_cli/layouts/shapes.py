@@ -142,6 +142,27 @@ def _any_of(patterns: tuple[re.Pattern[str], ...]) -> re.Pattern[str]:
     return got
 
 
+def _widths(regex: re.Pattern[str]) -> tuple[int, int | float]:
+    """The shortest and longest string `regex` matches (a name of another length is not asked: a Triton
+    root's 10^5 keys are none of Inductor's or vLLM's names); (0, inf) where the parser cannot say."""
+    got = _WIDTHS.get(regex)
+    if got is None:
+        try:
+            from re import _parser  # type: ignore[attr-defined]  # the regex compiler's own parser (3.11+)
+        except ImportError:  # Python 3.10
+            import sre_parse as _parser
+        try:
+            low, high = _parser.parse(regex.pattern).getwidth()
+            got = (low, high if high < _parser.MAXREPEAT else float("inf"))
+        except Exception:  # noqa: BLE001 - a private API: without it every name is matched
+            got = (0, float("inf"))
+        _WIDTHS[regex] = got
+    return got
+
+
+_WIDTHS: dict[re.Pattern[str], tuple[int, int | float]] = {}
+
+
 class LayoutShape:
     """A layout's name and the shapes of its kinds."""
 
@@ -177,8 +198,9 @@ class LayoutShape:
         elif all(k.any_visible_first for k in self.kinds):  # any visible name (a listing's names hold no "/")
             found = (n for n in names if n and not n.startswith("."))
         else:
-            match = _any_of(tuple(k.segments[0] for k in self.kinds)).match  # one regex for every kind
-            found = (n for n in names if match(n))
+            regex = _any_of(tuple(k.segments[0] for k in self.kinds))  # one regex for every kind
+            match, (shortest, longest) = regex.match, _widths(regex)
+            found = (n for n in names if shortest <= len(n) <= longest and match(n))
         return list(found if limit is None else itertools.islice(found, limit))
 
     def held_by(self, root: str, names: list[str]) -> bool:
