@@ -294,7 +294,7 @@ def _triton_confirm(root: str, tops: list[str], names: list[str]) -> bool:
     denied = 0
     for name in tops:
         try:
-            if triton_evidence(fsread.listdir(os.path.join(root, name))):
+            if triton_evidence(_names_in(root, name)):
                 return True
         except PermissionError:
             denied += 1
@@ -324,7 +324,7 @@ def _inductor_confirm(root: str, tops: list[str], names: list[str]) -> bool:
         return True
     for name in tops:
         try:
-            if any(INDUCTOR_CODE.match(n) for n in fsread.listdir(os.path.join(root, name))):
+            if any(INDUCTOR_CODE.match(n) for n in _names_in(root, name)):
                 return True
         except OSError:
             pass
@@ -389,7 +389,7 @@ def _torchext_confirm(root: str, tops: list[str], names: list[str]) -> bool:
     """One of the first few directories lists torch's build.ninja or load_inline's sources (names only)."""
     for name in tops:
         try:
-            if any(n in TORCHEXT_EVIDENCE for n in fsread.listdir(os.path.join(root, name))):
+            if any(n in TORCHEXT_EVIDENCE for n in _names_in(root, name)):
                 return True
         except OSError:
             pass
@@ -411,7 +411,7 @@ def _jax_confirm(root: str, tops: list[str], names: list[str]) -> bool:
         if env and os.path.join(os.path.abspath(root), name) == os.path.abspath(os.path.expanduser(env)):
             return True
         try:
-            if any(JAX_FILE.match(n) for n in fsread.listdir(os.path.join(root, name))[:_LOOKS]):
+            if any(JAX_FILE.match(n) for n in _names_in(root, name)[:_LOOKS]):
                 return True
         except OSError:
             pass
@@ -427,7 +427,7 @@ JAX = LayoutShape("jax", (
 def _numba_confirm(root: str, tops: list[str], names: list[str]) -> bool:
     for name in tops:
         try:
-            if any(n.endswith((".nbi", ".nbc")) for n in fsread.listdir(os.path.join(root, name))):
+            if any(n.endswith((".nbi", ".nbc")) for n in _names_in(root, name)):
                 return True
         except OSError:
             pass
@@ -447,17 +447,32 @@ BUILD_SHAPE = next(s for s in SHAPES if s.build_kind)  # where `kcache build` pu
 # While `layouts.detect` asks every layout: each root's top-level directories, listed once (a Triton root
 # has 10^5 of them, and seven layouts detect by them). None at any other time: never stale.
 _listed: dict[str, list[tuple[str, bool]]] | None = None
+_looked: dict[str, list[str]] | None = None  # ... and the names in the directories confirms look into
 
 
 @contextmanager
 def listing_roots_once() -> Iterator[None]:
-    """Within the block, `top_dirs` lists each root once (layouts.detect asks every layout in turn)."""
-    global _listed
-    outer, _listed = _listed, ({} if _listed is None else _listed)
+    """Within the block, `top_dirs` lists each root once (layouts.detect asks every layout in turn), and
+    each directory a confirm looks into is listed once (on a Triton root, torchext's, JAX's and Numba's
+    confirms all look into the same 64 key directories)."""
+    global _listed, _looked
+    outer = _listed, _looked
+    _listed, _looked = ({} if _listed is None else _listed), ({} if _looked is None else _looked)
     try:
         yield
     finally:
-        _listed = outer
+        _listed, _looked = outer
+
+
+def _names_in(root: str, name: str) -> list[str]:
+    """fsread.listdir of `name` in `root` (OSError as it raises), listed once within listing_roots_once."""
+    path = os.path.join(root, name)
+    got = _looked.get(path) if _looked is not None else None
+    if got is None:
+        got = fsread.listdir(path)
+        if _looked is not None:
+            _looked[path] = got
+    return got
 
 
 def top_dirs(root: str | os.PathLike, links: bool = True) -> list[str]:
