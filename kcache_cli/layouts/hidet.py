@@ -39,6 +39,7 @@ from kcache_cli.model.checks import (
     listing_or_unreadable,
     read_text,
     size_mismatch,
+    subdirs_or_unreadable,
 )
 from kcache_cli.model.records import (
     BUILDING,
@@ -672,6 +673,11 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
             op_dirs = [(d.name, d.path) for d in _listing(ctx, space_path, (target, space, None), blocked)
                        if d.is_dir(follow_symlinks=False)]
         for op, op_path in op_dirs:
+            if named is None:  # every entry directory (not lock files and strays), from the kept listing
+                names = subdirs_or_unreadable(ctx, op_path, blocked, layout=NAME, kind="op", target=target,
+                                              space=space, op=op)
+                listed.extend((f"{op_path}/{n}", n, target, space, op) for n in names)
+                continue
             for de in _listing(ctx, op_path, (target, space, op), blocked, named):
                 if de.is_dir(follow_symlinks=False):  # not lock files and strays
                     listed.append((de.path, de.name, target, space, op))

@@ -9,6 +9,7 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kcache_cli.fs import dirnames
 from kcache_cli.fs import read as fsread
 from kcache_cli.model.records import UNREADABLE, FileInfo, TreeUsage
 
@@ -178,12 +179,27 @@ def listing_or_unreadable(ctx, path: str, out: list, keep=None, **fields) -> lis
     try:
         return fsread.sorted_entries(path, keep)
     except OSError as exc:
-        ctx.warn(f"cannot read {path}: {exc.strerror}")
-        try:
-            mtime = os.lstat(path).st_mtime
-        except OSError:
-            mtime = 0.0
-        out.append(ctx.entry(path=path, usage=TreeUsage(0, 0, mtime), hash="", status=UNREADABLE,
-                             reason=f"cannot read the directory {ctx.rel(path)}: {exc.strerror}; its entries "
-                                    "are not counted one by one", **fields))
+        _unreadable_listing(ctx, path, exc, out, fields)
         return []
+
+
+def subdirs_or_unreadable(ctx, path: str, out: list, **fields) -> list[str]:
+    """listing_or_unreadable's real subdirectories, by name (sorted), from the listing the cache keeps
+    while the directory is unchanged (fs/dirnames.py): no object per name."""
+    try:
+        return dirnames.of(ctx.root).subdirs(path)
+    except OSError as exc:
+        _unreadable_listing(ctx, path, exc, out, fields)
+        return []
+
+
+def _unreadable_listing(ctx, path: str, exc: OSError, out: list, fields: dict) -> None:
+    """One `unreadable` entry in `out` for the directory `path` that could not be listed (`exc`)."""
+    ctx.warn(f"cannot read {path}: {exc.strerror}")
+    try:
+        mtime = os.lstat(path).st_mtime
+    except OSError:
+        mtime = 0.0
+    out.append(ctx.entry(path=path, usage=TreeUsage(0, 0, mtime), hash="", status=UNREADABLE,
+                         reason=f"cannot read the directory {ctx.rel(path)}: {exc.strerror}; its entries "
+                                "are not counted one by one", **fields))
