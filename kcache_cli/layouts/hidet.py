@@ -988,8 +988,10 @@ class HidetLayout(Layout):
     log_files = staticmethod(log_files)
 
     def leftover(self, entry: Entry) -> Leftover | None:
+        if _TEMP_MARK not in entry.relpath:  # asked of every entry a plan or stats looks at: the cheap test first
+            return None
         name = os.path.basename(entry.path)
-        if _TEMP_MARK not in entry.relpath or not name.startswith(state.TEMP_PREFIX):
+        if not name.startswith(state.TEMP_PREFIX):
             return None
         return Leftover(TEMP, "temp directory of an interrupted kcache build",
                         f"{os.path.dirname(entry.relpath)}/{state.temp_hash(name)}")

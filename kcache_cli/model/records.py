@@ -18,10 +18,11 @@ import os
 import re
 import stat
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple, Protocol
 
 from kcache_cli.fs.read import MAX_TREE_DEPTH, open_path, sorted_entries, stat_path
@@ -302,26 +303,37 @@ class ScanResult:
     def to_json(self, top: int = 10) -> dict:
         """`stats --json`: totals, breakdowns by layout, space, op, status and kind (entries and bytes
         each), the `top` biggest entries (as `ls --json` rows) and the scan's warnings."""
-        groups: dict[str, dict[str, dict[str, int]]] = {k: {} for k in
-                                                         ("by_layout", "by_space", "by_op", "by_status", "by_kind")}
-        none: dict[str, dict[str, dict[str, int]]] = {"by_space": {}, "by_op": {}}
-        for e in self.entries:
-            for key, value in (("by_layout", e.layout), ("by_space", e.space or None), ("by_op", e.op or None),
-                               ("by_status", e.status), ("by_kind", e.kind)):
-                # an entry without a space (op) is counted under no_space (no_op): a JSON key is never null
-                g = (groups[key] if value is not None else none[key]).setdefault(value or "", {"entry_count": 0,
-                                                                                             "size": 0})
-                g["entry_count"] += 1
-                g["size"] += e.size
-        biggest = heapq.nlargest(top, self.entries, key=lambda e: (e.size, e.relpath))
+        columns = list(zip(*map(_BREAKDOWN_FIELDS, self.entries))) or [()] * 6
+        layouts_, spaces, ops, statuses, kinds, sizes = columns
+        groups = {"by_layout": _breakdown(layouts_, sizes), "by_space": _breakdown(spaces, sizes, True),
+                  "by_op": _breakdown(ops, sizes, True), "by_status": _breakdown(statuses, sizes),
+                  "by_kind": _breakdown(kinds, sizes)}
+        # an entry without a space (op) is counted under no_space (no_op): a JSON key is never null
+        no_space, no_op = groups["by_space"].pop(None, None), groups["by_op"].pop(None, None)
+        biggest = heapq.nlargest(top, self.entries, key=attrgetter("size", "relpath"))
         layouts = list(self.layouts)
         return {"root": self.root, "exists": self.exists,
                 "layout": layouts[0] if len(layouts) == 1 else ("mixed" if layouts else None),
-                "layouts": layouts, "entry_count": len(self.entries), "size": self.size,
+                "layouts": layouts, "entry_count": len(self.entries), "size": sum(sizes),
                 "apparent_size": sum(e.apparent_size for e in self.entries),
                 **{k: dict(sorted(v.items())) for k, v in groups.items()},
-                "no_space": none["by_space"].get(""), "no_op": none["by_op"].get(""),
+                "no_space": no_space, "no_op": no_op,
                 "biggest": [e.to_json() for e in biggest], "warnings": list(self.warnings)}
+
+
+_BREAKDOWN_FIELDS = attrgetter("layout", "space", "op", "status", "kind", "size")
+
+
+def _breakdown(values: tuple, sizes: tuple, empty_is_none: bool = False) -> dict:
+    """{value: {"entry_count", "size"}} of the entries whose field took each value; with `empty_is_none`,
+    an empty value counts as None (no space, no op)."""
+    if empty_is_none and "" in values:
+        values = tuple(v or None for v in values)
+    counts = Counter(values)
+    totals = dict.fromkeys(counts, 0)
+    for value, size in zip(values, sizes):
+        totals[value] += size
+    return {v: {"entry_count": n, "size": totals[v]} for v, n in counts.items()}
 
 
 @dataclass(frozen=True)
