@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Callable
 
 
@@ -88,7 +87,7 @@ class HostileServer:
             if self.stopped.is_set():
                 return
             conn.sendall(reply[i:i + 1])
-            time.sleep(self.trickle)
+            self.stopped.wait(self.trickle)  # a sleep that stop() ends
 
     def stop(self) -> None:
         """Stop listening and serving, and wait for the threads: a thread left running in a test
