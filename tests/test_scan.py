@@ -262,6 +262,29 @@ def test_unreadable_directory_is_warning_not_exception(fixture_copy, monkeypatch
     assert len(res.entries) == 5
 
 
+
+def test_an_op_directory_that_cannot_be_listed_is_one_unreadable_entry(fixture_copy, monkeypatch):
+    """The op directory's entries are not counted one by one: one `unreadable` entry stands for them,
+    whether its listing would come from disk or from the listing a scan kept (fs/dirnames.py)."""
+    root = fixture_copy("hidet")
+    op_dir = str(root / os.path.dirname(SOFTMAX))
+    whole = {e.relpath for e in scan_cache(root).entries}
+    real = fsread.open_path
+
+    def deny(path, *args, **kwargs):
+        if os.fspath(path).rstrip("/") == op_dir:
+            raise PermissionError(13, "Permission denied", op_dir)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(fsread, "open_path", deny)
+    warnings: list[str] = []
+    res = scan_cache(root, warn=warnings.append)
+    got = by_rel(res)
+    stand_in = got[os.path.dirname(SOFTMAX)]
+    assert stand_in.status == "unreadable" and stand_in.hash == "" and "not counted one by one" in stand_in.reason
+    assert SOFTMAX not in got and set(got) == whole - {SOFTMAX} | {os.path.dirname(SOFTMAX)}
+    assert any(op_dir in w and "Permission denied" in w for w in warnings)
+
 def _nobody_can_run() -> bool:
     return os.geteuid() == 0 and shutil.which("setpriv") is not None
 

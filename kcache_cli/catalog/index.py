@@ -57,8 +57,8 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import fields
-from operator import itemgetter
 from importlib.util import find_spec
+from operator import itemgetter
 from stat import S_ISLNK, S_ISREG
 from typing import Any
 

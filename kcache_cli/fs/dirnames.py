@@ -196,9 +196,11 @@ class DirNames:
         """Keep the listings read anew whose directory had not changed for RACY_SECONDS before they were
         read (merged with the kept ones; those of directories found gone are dropped), when the questions
         went through MIN_BYTES of names or more. Never raises."""
+        if not self._new and not self._gone or self._listed < MIN_BYTES:
+            return
         kept = self._kept if self._kept is not None else _parse(state.read_index_file(self.root, KIND, MAX_BYTES))
         gone = {rel for rel in self._gone if rel in kept}  # a directory that never was one is no change
-        if not self._new and not gone or self._listed < MIN_BYTES:
+        if not self._new and not gone:
             return
         made = state.start_index_write(self.root)
         if made is None:
