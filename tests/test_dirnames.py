@@ -263,9 +263,11 @@ def test_types_come_with_the_names_and_links_are_asked_each_time(tmp_path, monke
         kept = DirNames(root)
         assert kept.subdirs(str(root)) == [".kcache", "d1", "d2"][_ == 0:]
         assert sorted(kept.dirs_and_links(str(root)))[-3:] == [("d1", False), ("d2", False), ("ln", True)]
+        assert kept.links(str(root)) == ["dangling", "ln"] and kept.links(str(root / "d1")) == []
         kept.save()
     no_listing(monkeypatch)
     assert DirNames(root).subdirs(str(root)) == [".kcache", "d1", "d2"]
+    assert DirNames(root).links(str(root)) == ["dangling", "ln"]
     os.unlink(root / "ln")  # the same name, now a link to a file: the directory changed...
     os.symlink("f", root / "ln")
     monkeypatch.undo()

@@ -178,6 +178,21 @@ class DirNames:
             os.close(fd)
         return sorted(n for n, t in zip(_split(joined), types) if t == DIR)
 
+    def links(self, path: str) -> list[str]:
+        """The names of the symbolic links in `path`, sorted; [] when it is missing, OSError when it
+        cannot be read. A directory without one answers from its types alone (no name decoded)."""
+        try:
+            fd = self._open(path)
+        except FileNotFoundError:
+            return []
+        try:
+            joined, types = self._listing(path, fd)
+        finally:
+            os.close(fd)
+        if types.find(LINK) == -1:
+            return []
+        return sorted(n for n, t in zip(_split(joined), types) if t == LINK)
+
     def dirs_and_links(self, path: str) -> list[tuple[str, bool]]:
         """(name, is a link) of each directory in `path` and each link in it to one (asked now), in
         listing order. OSError when it cannot be listed."""
