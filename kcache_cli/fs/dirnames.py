@@ -168,30 +168,27 @@ class DirNames:
     def subdirs(self, path: str) -> list[str]:
         """The names of the real subdirectories of `path` (a link is not one), sorted; [] when it is
         missing, OSError when it cannot be read (fsread.subdir_names)."""
-        try:
-            fd = self._open(path)
-        except FileNotFoundError:
-            return []
-        try:
-            joined, types = self._listing(path, fd)
-        finally:
-            os.close(fd)
+        joined, types = self._typed(path)
         return sorted(n for n, t in zip(_split(joined), types) if t == DIR)
 
     def links(self, path: str) -> list[str]:
         """The names of the symbolic links in `path`, sorted; [] when it is missing, OSError when it
         cannot be read. A directory without one answers from its types alone (no name decoded)."""
-        try:
-            fd = self._open(path)
-        except FileNotFoundError:
-            return []
-        try:
-            joined, types = self._listing(path, fd)
-        finally:
-            os.close(fd)
+        joined, types = self._typed(path)
         if types.find(LINK) == -1:
             return []
         return sorted(n for n, t in zip(_split(joined), types) if t == LINK)
+
+    def _typed(self, path: str) -> tuple[bytes, bytes]:
+        """_listing of `path`, opened here; nothing when it is missing."""
+        try:
+            fd = self._open(path)
+        except FileNotFoundError:
+            return b"", b""
+        try:
+            return self._listing(path, fd)
+        finally:
+            os.close(fd)
 
     def dirs_and_links(self, path: str) -> list[tuple[str, bool]]:
         """(name, is a link) of each directory in `path` and each link in it to one (asked now), in
