@@ -137,6 +137,16 @@ class ScanContext:
             self.warn(f"cannot read {path}: {exc.strerror}")
             return []
 
+    def links(self, path: str | Path) -> list[str]:
+        """The names of the symbolic links in `path`, sorted, from the listing kept while it is unchanged
+        (a directory without one decodes no name: fs/dirnames.py); an unreadable directory is a warning
+        and []."""
+        try:
+            return dirnames.of(self.root).links(str(path))
+        except OSError as exc:
+            self.warn(f"cannot read {path}: {exc.strerror}")
+            return []
+
     def map_entries(self, func, jobs: list) -> Iterator[Entry]:
         """`func(self, job)` for every job, in order. Big caches are read by one worker process per
         core (kcache_cli.util.parallel): the per-file stat calls are what a scan costs, and they scale with

@@ -157,6 +157,8 @@ class ScanContext(Protocol):
 
     def subdirs(self, path: str | Path, prefixes: tuple[str, ...] = ()) -> list[str]: ...  # real subdirectories, sorted
 
+    def links(self, path: str | Path) -> list[str]: ...  # the symbolic links in a directory, sorted
+
     def map_entries(self, func: Any, jobs: list) -> Iterator[Any]: ...  # func(ctx, job) of each job, in order
 
     @property

@@ -12,7 +12,6 @@ from typing import Iterator, Mapping, NamedTuple
 
 from kcache_cli.formats.gpu import arch_runs_on, archs_from_command, cuda_archs
 from kcache_cli.formats.taskfile import TaskFormatError, parse_task, read_task_file
-from kcache_cli.fs import dirnames
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
 from kcache_cli.fs.entrydir import EntryDir
@@ -916,18 +915,8 @@ def stray_links(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
             if od.is_symlink():
                 yield link(od.path, "op", target, sd.name, od.name, "")
             elif od.is_dir(follow_symlinks=False):
-                for name in _links_in(ctx, od.path):
+                for name in ctx.links(od.path):
                     yield link(os.path.join(od.path, name), "op", target, sd.name, od.name, name)
-
-
-def _links_in(ctx: ScanContext, path: str) -> list[str]:
-    """The links among an op directory's names, from the listing kept while it is unchanged (an op
-    directory of thousands of entries usually holds none); an unreadable directory is a warning and []."""
-    try:
-        return dirnames.of(ctx.root).links(path)
-    except OSError as exc:
-        ctx.warn(f"cannot read {path}: {exc.strerror}")
-        return []
 
 
 # ---- the layout ----------------------------------------------------------------------------------
