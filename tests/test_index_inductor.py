@@ -144,3 +144,30 @@ def test_an_op_filter_over_nested_kernels_matches_the_real_scan(cache, nested, j
     got, real = both(cache, judged, flt)
     assert got == real and {e.op for e in got} == {ops[0]}
     assert len(got) == sum(1 for e in scan_cache(cache).entries if e.op == ops[0])
+
+
+def test_an_autograd_variant_is_read_once_for_its_key_and_verdict(cache, monkeypatch):
+    """The index's key (the graphs a variant names) and the verdict (are they there?) go by one read of
+    the variant's bytes, not two; a directory opened again reads them again."""
+    reads: list[str] = []
+    real = inductor._named_keys
+
+    def counted(d, name):
+        reads.append(name)
+        return real(d, name)
+
+    monkeypatch.setattr(inductor, "_named_keys", counted)
+    first = scan_cache(cache, use_index=True)
+    variants = [v.name for v in cache.glob("aotautograd/*/*")]
+    assert variants and sorted(reads) == sorted(variants)
+    assert first.entries == scan_cache(cache).entries  # the same verdicts as a scan that keys nothing
+    aot = next(cache.glob("aotautograd/*"))
+    with inductor.EntryDir.open(str(aot)) as d:
+        names = os.listdir(aot)
+        assert inductor.graph_keys(d, names) == inductor.graph_keys(d, names)
+        reads.clear()
+        inductor.graph_keys(d, names)
+        assert reads == []
+    reads.clear()
+    inductor.graph_keys(str(aot), os.listdir(aot))
+    assert sorted(reads) == sorted(os.listdir(aot))

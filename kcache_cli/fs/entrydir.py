@@ -32,7 +32,7 @@ class EntryDir:
     are relative to it ('/'-separated; no component is followed when it is a link). Where the
     directory cannot be opened, `fd` is None and every read raises why (`error`)."""
 
-    __slots__ = ("path", "fd", "listing", "anchor", "error", "held", "held_changed", "_refused")
+    __slots__ = ("path", "fd", "listing", "anchor", "error", "held", "held_changed", "derived", "_refused")
 
     def __init__(self, path: str, fd: int | None, anchor: Anchor | None = None,
                  error: OSError | None = None) -> None:
@@ -45,6 +45,9 @@ class EntryDir:
         # read of one that is still that file takes these bytes, so what is judged is what was read
         self.held: dict[str, tuple[int, int, int, bytes]] | None = None
         self.held_changed = False  # a read found a held file changed since (the caller's bytes are not its)
+        # (what, name) -> what a judgement made of the file's bytes while the directory is held: the index's
+        # key and the verdict then go by one read of it (inductor.graph_keys)
+        self.derived: dict[tuple[str, str], Any] = {}
         self._refused = anchor.refused if anchor is not None else 0
 
     @classmethod

@@ -229,21 +229,32 @@ def _no_good_variant(lst: Listing, bad: list[str], now: float, mtime: float) -> 
 
 
 def graph_keys(where: EntryDir | str, variants: list[str]) -> list[str]:
-    """The fx graph keys the aotautograd variants name, read from their bytes (never unpickled)."""
+    """The fx graph keys the aotautograd variants name, read from their bytes (never unpickled); each
+    variant read once while `where` is held (the index's key and the verdict both ask)."""
     if isinstance(where, str):
         with EntryDir.open(where) as d:
             return graph_keys(d, variants)
     keys: set[str] = set()
     for n in variants:
-        tail = b""
-        try:  # streamed, with an overlap of one key's length so that no key is cut between two chunks
-            for chunk in where.iter_chunks(n):
-                data = tail + chunk
-                keys.update(k.decode() for k in FX_KEY_RE.findall(data))
-                tail = data[-51:]
-        except OSError:
-            continue
+        named = where.derived.get(("fx graph keys", n))
+        if named is None:
+            named = where.derived[("fx graph keys", n)] = _named_keys(where, n)
+        keys.update(named)
     return sorted(keys)
+
+
+def _named_keys(d: EntryDir, name: str) -> frozenset[str]:
+    """The fx graph keys in the bytes of the variant `name` (those read before a read failed)."""
+    keys: set[str] = set()
+    tail = b""
+    try:  # streamed, with an overlap of one key's length so that no key is cut between two chunks
+        for chunk in d.iter_chunks(name):
+            data = tail + chunk
+            keys.update(k.decode() for k in FX_KEY_RE.findall(data))
+            tail = data[-51:]
+    except OSError:
+        pass
+    return frozenset(keys)
 
 
 def missing_graphs(d: EntryDir, variants: list[str], jc: Judging, memo: dict[str, Judgement]) -> Judgement:
