@@ -173,20 +173,22 @@ def _servable(rec: Any, asked: tuple) -> float | None:
 
 
 class _Wrapped:
-    """`func(ctx, job)` behind the index: its files' newest atime (a float) when the stored record of
-    job's entry serves, else
-    (the answer or None, Record or None) from the real scan (the answer only when there is no record to
-    build it from: records travel from worker processes more cheaply than Entries). A class, not a
-    closure: parallel.map_parts may have to pickle it."""
+    """`func(ctx, job)` behind the index: the entry's last use (a float: kcache's stamp, its newest mtime
+    or, where reads are recorded, its files' newest atime now) when the stored record of job's entry
+    serves, else (the answer or None, Record or None) from the real scan (the answer only when there is
+    no record to build it from: records travel from worker processes more cheaply than Entries). A
+    class, not a closure: parallel.map_parts may have to pickle it."""
 
     def __init__(self, func: Callable, stored: dict, racy_ns: int) -> None:
         self.func, self.name, self.stored, self.racy_ns = func, _func_name(func), stored, racy_ns
 
     def __call__(self, ctx: ScanContext, job: tuple) -> tuple | float:
         asked = (self.name, tuple(job))
-        accessed = _servable(self.stored.get(job[0]), asked)
-        if accessed is not None:
-            return accessed
+        rec: Any = self.stored.get(job[0])
+        accessed = _servable(rec, asked)
+        if accessed is not None:  # in the worker, not the parent: the parent builds the answers alone
+            values = rec[3]
+            return ctx.last_used_of(values[_RELPATH], values[_MODIFIED], accessed, values[_PATH])
         return self.judge(ctx, job, asked)
 
     def judge(self, ctx: ScanContext, job: tuple, asked: tuple) -> tuple:
@@ -280,38 +282,27 @@ class IndexedContext(ScanContext):
         self._stored = load(root, self._context)
 
     def map_entries(self, func, jobs: list) -> Iterator[Entry]:
-        stored = self._stored
+        stored, new = self._stored, self._new
         if self._writer is None and hasattr(self, "_context") and (len(jobs) >= MIN_ENTRIES or stored):
             self._writer = _start_write(str(self.root), self._started)  # before any entry is stat'ed
         racy_ns = self._writer[2] if self._writer else -1  # no writer: nothing will be stored anyway
         results: Iterator[Any] = super().map_entries(_Wrapped(func, stored, racy_ns), jobs)
+        self._visited.update([job[0] for job in jobs])
         for job, out in zip(jobs, results):
             path = job[0]
-            self._visited.add(path)
-            accessed = None
-            if type(out) is float:  # served: its files' newest atime
-                rec, accessed = stored[path], out
-            else:
-                answer, rec = out
-                if rec is None:
-                    if path in stored:
-                        self._changed = True  # its record no longer holds
-                    yield answer
-                    continue
-                self._changed = True
-            self._new[path] = rec
-            yield self._answer_of(rec, accessed)
-
-    def _answer_of(self, rec: Record, accessed: float | None = None) -> Any:
-        """What the layout's function answered when the record was made (last-used stamps and, for a
-        record served, `accessed`, its files' atime now, move on)."""
-        values = rec[3]
-        entry = object.__new__(Entry)  # the fields as stored (a frozen dataclass's __init__ costs 4x)
-        attrs = entry.__dict__
-        attrs.update(zip(FIELDS, values))
-        if accessed is not None:
-            attrs["last_used"] = self.last_used_of(values[_RELPATH], values[_MODIFIED], accessed, values[_PATH])
-        return entry if rec[4] is None else (entry, *rec[4])
+            if type(out) is float:  # served: the entry's last use now
+                rec = new[path] = stored[path]
+                yield _answer_of(rec, out)
+                continue
+            answer, rec = out
+            if rec is None:
+                if path in stored:
+                    self._changed = True  # its record no longer holds
+                yield answer
+                continue
+            self._changed = True
+            new[path] = rec
+            yield _answer_of(rec)
 
     def save(self, complete: bool) -> None:
         """Write the index if this scan learnt anything; `complete` (an unfiltered scan) also drops the
@@ -325,6 +316,17 @@ class IndexedContext(ScanContext):
             return
         records = self._new if complete else {**self._stored, **self._new}
         _finish_write(dfd, tmp, {"context": self._context, "records": records})
+
+
+def _answer_of(rec: Record, last_used: float | None = None) -> Any:
+    """What the layout's function answered when the record was made; for a record served, with the
+    entry's `last_used` now."""
+    entry = object.__new__(Entry)  # the fields as stored (a frozen dataclass's __init__ costs 4x)
+    attrs = entry.__dict__
+    attrs.update(zip(FIELDS, rec[3]))
+    if last_used is not None:
+        attrs["last_used"] = last_used
+    return entry if rec[4] is None else (entry, *rec[4])
 
 
 def _start_write(root: str, started: int) -> tuple[int, str, int] | None:

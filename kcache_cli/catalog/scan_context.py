@@ -166,9 +166,10 @@ class ScanContext:
         for _, warnings in results:
             for w in warnings:
                 self.warn(w)
-        parts = [_unpacked(*part) for part, _ in results]
-        for i in range(len(jobs)):
-            yield parts[i % workers][i // workers]
+        ordered: list = [None] * len(jobs)
+        for i, (part, _) in enumerate(results):  # worker i had jobs[i::workers]
+            ordered[i::workers] = _unpacked(*part)
+        yield from ordered
 
     def _map_here(self, func, jobs: list) -> Iterator[Entry]:
         for job in jobs:
