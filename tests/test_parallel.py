@@ -111,3 +111,48 @@ def body_a_progress_bar_runs_no_thread_so_workers_fork():
     assert out[0][0] == os.getpid()  # forked directly, no forkserver needed
     with Bar(GlobalOptions(quiet=True), "exporting") as quiet:
         assert not quiet.enabled
+
+
+def _dies(shared: int, part: list[int]) -> list[int]:
+    import signal
+
+    if part == [shared]:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer ends a worker
+    return part
+
+
+def body_a_killed_worker_is_a_runtime_error():
+    """Its callers (the scan) catch RuntimeError and do the work themselves."""
+    try:
+        parallel.map_parts(_dies, 2, [[1], [2], [3]])
+    except RuntimeError as exc:
+        assert "died" in str(exc)
+    else:
+        raise AssertionError("a worker killed went unnoticed")
+    assert parallel.map_parts(_dies, 9, [[1], [2]]) == [[1], [2]]
+    assert threading.active_count() == 1  # no thread left behind by the workers
+
+
+def test_a_killed_worker_is_a_runtime_error():
+    alone(test_a_killed_worker_is_a_runtime_error)
+
+
+def body_workers_count_progress():
+    counted = []
+
+    class Progress:
+        def advance(self, n):
+            counted.append(n)
+
+    assert parallel.map_parts(_counting, None, [[1, 2, 3], [4, 5]], progress=Progress()) == [3, 2]
+    assert sum(counted) == 5
+
+
+def _counting(shared, part):
+    for _ in part:
+        parallel.advance(1)
+    return len(part)
+
+
+def test_workers_count_progress():
+    alone(test_workers_count_progress)

@@ -4,7 +4,7 @@ Workers are forked when this process runs no other thread: forking is fast and t
 work in memory, so only part numbers and results travel. Forking a process that runs threads (a
 progress bar's refresh thread, a pool's manager) can deadlock the child (Python 3.12 warns of it): then
 the work goes to a forkserver, which starts clean workers, and everything a part needs travels pickled.
-Pools are always created before this module starts any thread of its own."""
+Forked workers (_Workers) need no thread here: this one waits on their pipes and moves the progress."""
 
 from __future__ import annotations
 
@@ -55,16 +55,14 @@ def fork_safe() -> bool:
     return threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
 
 
-_INHERITED: tuple[Callable[[Any, Any], Any], Any, Sequence[Any], Any] | None = None
-_COUNTER: Any = None  # in a forked worker of map_parts: its slot of the shared progress counters
-_SLOT = 0
+_ADVANCE: Callable[[int], None] | None = None  # in a forked worker of map_parts: its progress counter's
 
 
 def advance(n: int) -> None:
     """In a worker of map_parts: `n` more units of work done (the parent moves its progress by them).
     Anywhere else: nothing. Plain shared memory, no lock: each worker writes its own slot only."""
-    if _COUNTER is not None:
-        _COUNTER[_SLOT] += n
+    if _ADVANCE is not None:
+        _ADVANCE(n)
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -104,44 +102,35 @@ def die_with_parent(parent: int | None) -> None:
         os._exit(1)
 
 
-def _inherited_part(i: int) -> Any:
-    global _COUNTER, _SLOT
-    assert _INHERITED is not None, "set by map_parts before the workers fork"
-    func, shared, parts, counters = _INHERITED
-    _COUNTER, _SLOT = counters, i
-    try:
-        return func(shared, parts[i])
-    finally:
-        _COUNTER = None
-
-
 def _pickled_part(args: tuple[Callable[[Any, Any], Any], Any, Any]) -> Any:
     func, shared, part = args
     return func(shared, part)
+
+
+class WorkerDied(KcacheError, RuntimeError):
+    """A worker process ended without a result (killed): map_parts' callers do the work themselves."""
 
 
 def map_parts(func: Callable[[Any, Any], Any], shared: Any, parts: Sequence[Any], progress: Any = None
               ) -> list[Any]:
     """`[func(shared, part) for part in parts]`, one worker process per part, results in order. `func`
     must be a module-level function (it may have to be pickled, as `shared` and `parts` may). Raises
-    what a worker raised; OSError, RuntimeError or ImportError when no worker can be started (callers
-    then do the work themselves). `progress.advance` gets what forked workers count with `advance()`,
-    moved from this thread every PROGRESS_POLL seconds (a forkserver's workers count nothing)."""
-    global _INHERITED
+    what a worker raised; OSError, RuntimeError or ImportError when no worker can be started or one
+    died (callers then do the work themselves). `progress.advance` gets what forked workers count with
+    `advance()`, moved from this thread every PROGRESS_POLL seconds (a forkserver's workers count
+    nothing). Forked workers are _Workers' (as run_phased's: no pool, no thread, no queue; the pool's
+    module alone took 12 ms to import)."""
     if fork_safe():
-        ctx = multiprocessing.get_context("fork")
-        counters = ctx.RawArray("q", len(parts)) if progress is not None else None
-        _INHERITED = (func, shared, parts, counters)
+        def first(i: int, counted: Callable[[int], None], abort: Callable[[], bool]) -> Any:
+            global _ADVANCE
+            _ADVANCE = counted
+            return func(shared, parts[i])
+
+        workers = _Workers(len(parts), first, None, progress)
         try:
-            with cf.ProcessPoolExecutor(len(parts), mp_context=ctx, initializer=die_with_parent,
-                                     initargs=(os.getpid(),)) as pool:
-                with signals_held():  # the pool forks its workers at the first submit
-                    futures = [pool.submit(_inherited_part, i) for i in range(len(parts))]
-                if counters is not None:
-                    _follow(futures, counters, progress)
-                return [f.result() for f in futures]
+            return workers.collect()
         finally:
-            _INHERITED = None
+            workers.close()
     # a forkserver's workers are its children: they die with it, and it with this process
     with cf.ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("forkserver"),
                              initializer=die_with_parent, initargs=(None,)) as pool:
@@ -149,20 +138,6 @@ def map_parts(func: Callable[[Any, Any], Any], shared: Any, parts: Sequence[Any]
 
 
 PROGRESS_POLL = 0.1  # seconds between looks at the workers' counters
-
-
-def _follow(futures: list, counters: Any, progress: Any) -> None:
-    """Move `progress` by what the workers counted until every one of them is done."""
-    seen = 0
-    pending = set(futures)
-    while pending:
-        done, pending = cf.wait(pending, timeout=PROGRESS_POLL, return_when=cf.FIRST_EXCEPTION)
-        now = sum(counters)
-        if now > seen:
-            progress.advance(now - seen)
-            seen = now
-        if any(f.exception() is not None for f in done):
-            return  # raised by the caller's result()
 
 
 # ---- two phases in the same workers (export and import) --------------------------------------------
@@ -244,12 +219,12 @@ class _Workers:
         error: Any = None
         conn: Any
         while waiting:
-            for conn in wait(list(waiting), timeout=0.1):
+            for conn in wait(list(waiting), timeout=PROGRESS_POLL):
                 i = waiting.pop(conn)
                 try:
                     status, value = conn.recv()
                 except EOFError:
-                    status, value = "err", KcacheError(f"worker {i} died")
+                    status, value = "err", WorkerDied(f"worker {i} died")
                 if status == "err":
                     self.stop.value = 1
                     if error is None or (isinstance(error, Aborted) and not isinstance(value, Aborted)):
