@@ -15,9 +15,10 @@ The caches (made once under DIR and reused):
             (tests/loaders/recorded/vllm.tar.gz), their artifacts hard links of one copy, their indexes
             rewritten by `kcache verify --fix` to lead into each unit.
 Each layout also times `inspect <prefix>` of one entry against `kcache --version`.
-For Triton, bench/floor_triton.py (what a cold judgement cannot skip, in Python, one process) is timed
-against du too; for every layout, bench/floor_index.py (an unchanged listing's floor in Python: the
-index's records unpickled, the lstats over the cores, the JSON) against du and against kcache. The warm
+For Triton and Inductor, bench/floor_triton.py and bench/floor_inductor.py (what a cold judgement cannot
+skip, in Python, over the cores) are timed against du and against kcache's cold listing; for every
+layout, bench/floor_index.py (an unchanged listing's floor in Python: the index's records unpickled, the
+lstats over the cores, the JSON) against du and against kcache. The warm
 runs of the other ref use their own copy of the tree (generated alike; Triton's and Inductor's group
 paths lead into it): the two trees' indexes differ, and each would throw the other's away. They run
 twice, the second time with the copies swapped, since two copies differ on disk by a few percent.
@@ -139,8 +140,12 @@ def bench(layout: str, root: Path, n: int, runs: int, env: dict, base: Path | No
     print(f"-- {layout}: {count} entries in {root}; load {load()}", flush=True)
     compare(f"{layout} cold: ls --json --no-index vs du", cold, du, runs, 1.5, env)
     floor = [sys.executable, str(BENCH / "floor_triton.py"), str(root), "--procs", str(os.cpu_count() or 1)]
-    if layout == "triton":  # the system calls and parsing no cold listing can skip, in Python, over the cores
-        compare("triton floor cold: floor_triton.py vs du", floor, du, runs, 1.5, env)
+    cold_floor = {"triton": floor, "inductor": [sys.executable, str(BENCH / "floor_inductor.py"), str(root),
+                                                "--procs", str(os.cpu_count() or 1)]}.get(layout)
+    if cold_floor:  # the system calls and reads no cold listing can skip, in Python, over the cores
+        script = os.path.basename(cold_floor[1])
+        compare(f"{layout} floor cold: {script} vs du", cold_floor, du, runs, 1.5, env)
+        compare(f"{layout} cold: ls --json --no-index vs {script}", cold, cold_floor, runs, 1.0, env)
     subprocess.run(ls, env=env, stdout=subprocess.DEVNULL, check=True)  # the index, for the warm runs
     compare(f"{layout} warm: ls --json (index) vs du", ls, du, runs, 1.0, env)
     if layout == "triton":  # what proving every file unchanged costs in Python (names from a pickle)

@@ -33,8 +33,7 @@ def _cold(root: str, keys: list[str]) -> list[str]:
         for name in names:
             if name.endswith(".json"):  # the group file and the metadata
                 f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
-                os.fstat(f)
-                data = os.read(f, 1 << 20)
+                data = os.read(f, os.fstat(f).st_size + 1)  # not 1 MiB: os.read allocates all it asks for
                 os.close(f)
                 json.loads(data)
         os.close(fd)
