@@ -142,3 +142,39 @@ def test_a_name_with_a_nul_opens_nothing(tmp_path, rules):
             assert got.value.errno == errno.EINVAL
     finally:
         os.close(dfd)
+
+
+def test_a_read_takes_the_whole_file_whatever_its_size(tmp_path):
+    """The one-read path for a small file, a file that grew or shrank since its fstat, and one longer than
+    a chunk all read exactly its bytes now (fsread._read_fd)."""
+    for size in (0, 1, 300, fsread.CHUNK - 1, fsread.CHUNK, fsread.CHUNK + 1, 3 * fsread.CHUNK + 7):
+        data = os.urandom(size)
+        (tmp_path / "f").write_bytes(data)
+        assert fsread.read_bytes(str(tmp_path / "f"), 1 << 30) == data
+        fd = os.open(tmp_path / "f", os.O_RDONLY)
+        try:
+            assert fsread._read_fd(fd, 1 << 30, max(size - 5, 0)) == data  # grew since a stat saw it smaller
+        finally:
+            os.close(fd)
+        fd = os.open(tmp_path / "f", os.O_RDONLY)
+        try:
+            assert fsread._read_fd(fd, 1 << 30, size + 50) == data  # shrank since
+            os.lseek(fd, 0, os.SEEK_SET)
+            assert fsread._read_fd(fd, 10, size) == data[:10]  # a limit below the size
+        finally:
+            os.close(fd)
+    r, w = os.pipe()  # a short read before the end (a pipe delivers what is written so far)
+    os.write(w, b"abc")
+    pid = os.fork()
+    if pid == 0:
+        import time
+
+        time.sleep(0.2)
+        os.write(w, b"defgh")
+        os._exit(0)
+    os.close(w)
+    try:
+        assert fsread._read_fd(r, 100, 8) == b"abcdefgh"
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)

@@ -106,3 +106,24 @@ def test_a_wild_columns_is_ignored(kcache, fixture_copy):
     for value in ("9" * 5000, "\u0663\u0660", "-1", "nan"):
         r = kcache("--cache-dir", root, "ls", env={"COLUMNS": value})
         assert r.exit_code == 0 and "8d1f7691cdf75e90" in r.stdout, (value, r.stderr)
+
+
+def test_entries_made_without_init_equal_those_made_with_it():
+    """records.entry_of / entry_with build an Entry as __init__ and dataclasses.replace do; anything but
+    exactly the fields goes to __init__, which refuses it."""
+    import dataclasses
+
+    from kcache_cli.model.records import ENTRY_FIELDS, Entry, entry_of, entry_with
+
+    attrs = {name: i for i, name in enumerate(ENTRY_FIELDS)}
+    made = entry_of(dict(attrs))
+    assert made == Entry(**attrs) and made.dev == attrs["dev"] and made.ino == attrs["ino"]
+    assert entry_with(made, layout="x", hash="h") == dataclasses.replace(made, layout="x", hash="h")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.layout = "y"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        entry_of({**attrs, "extra": 1})
+    with pytest.raises(TypeError):
+        entry_of({k: v for k, v in attrs.items() if k != "layout"})
+    with pytest.raises(TypeError):
+        entry_with(made, nonsense=1)

@@ -19,7 +19,7 @@ from kcache_cli.fs import dirnames
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs.entrydir import EntryDir
-from kcache_cli.model.records import Entry, TreeUsage, Warn, listdir, measure_tree
+from kcache_cli.model.records import Entry, TreeUsage, Warn, entry_of, listdir, measure_tree
 from kcache_cli.model.terms import CORRUPT
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.progress import NO_PROGRESS, Progress
@@ -86,18 +86,10 @@ class ScanContext:
 
     def entry(self, *, path: str, usage: TreeUsage, **fields) -> Entry:
         rel = self.rel(path)
-        return Entry(
-            path=path,
-            relpath=rel,
-            size=usage.size,
-            apparent_size=usage.apparent,
-            files=usage.files,
-            modified=usage.mtime,
-            last_used=self.last_used_of(rel, usage.mtime, usage.atime, path),
-            dev=usage.dev,
-            ino=usage.ino,
-            **fields,
-        )
+        fields.update(path=path, relpath=rel, size=usage.size, apparent_size=usage.apparent, files=usage.files,
+                      modified=usage.mtime, last_used=self.last_used_of(rel, usage.mtime, usage.atime, path),
+                      dev=usage.dev, ino=usage.ino)
+        return entry_of(fields)
 
     def last_used_of(self, relpath: str, modified: float, accessed: float = 0.0, path: str = "") -> float:
         """The newest of kcache's last-used stamp, the entry's newest mtime and, where the mount records

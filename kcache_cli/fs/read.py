@@ -620,13 +620,14 @@ def subdir_paths(path: str) -> list[str]:
 
 
 _NOATIME = getattr(os, "O_NOATIME", 0)
+_EUID = os.geteuid()  # kcache never changes it: asked once, not per file opened
 
 
 def open_quietly(path: str, flags: int, dir_fd: int | None = None, owner: int | None = None) -> int:
     """os.open, with O_NOATIME where the kernel allows it (the file's owner, or root): kcache's own reads
     leave a file's access time alone, so that atime keeps saying when a compiler last read it (the last
     use kcache reports). Another user's file (`owner`, when known) is read without it (EPERM)."""
-    euid = os.geteuid()
+    euid = _EUID
     if _NOATIME and (owner is None or owner == euid or euid == 0):
         try:
             return os.open(path, flags | _NOATIME, dir_fd=dir_fd)
@@ -686,10 +687,14 @@ def _read_fd(fd: int, limit: int, size: int = CHUNK) -> bytes:
     """Up to `limit` bytes, in reads of at most CHUNK; the first asks for `size` + 1 (the file's size at
     its fstat), as os.read allocates all it asks for: a 1 MiB buffer per 300-byte task.txt cost more
     than the read."""
-    parts = []
-    left = limit
     want = min(size + 1, CHUNK)
-    got = 0
+    if want <= limit:  # the usual small file: one read that comes back short is all of it
+        first = os.read(fd, want)
+        if len(first) < want and len(first) >= size:
+            return first
+        parts, left, got, want = [first], limit - len(first), len(first), CHUNK
+    else:
+        parts, left, got = [], limit, 0
     while left > 0:
         ask = min(want, left)
         chunk = os.read(fd, ask)

@@ -62,6 +62,7 @@ from kcache_cli.model.records import (
     ScanFilter,
     Status,
     TreeUsage,
+    entry_with,
     measure_tree,
 )
 
@@ -368,7 +369,7 @@ def _triton() -> Layout:
 
 def _as_triton(entry: Entry) -> Entry:
     """A nested Triton kernel's entry as the Triton layout's own kind."""
-    return replace_entry(entry, kind=TRITON_KERNEL)
+    return entry_with(entry, kind=TRITON_KERNEL)
 
 
 # ---- torch's Mega-Cache: where each artifact's populate_cache writes, and what export carries ------
@@ -601,10 +602,13 @@ def _nested_triton(ctx, d: EntryDir, job: tuple) -> Entry | None:
     wanted."""
     path, kind, key, space, ops, targets = job
     e = _triton().nested_entry(ctx, d, path)
-    wanted = ScanFilter(ops=ops, targets=targets)
-    if e is None or not (wanted.wants_op(e.op) and wanted.wants_target(e.target)):
+    if e is None:
         return None
-    return replace_entry(e, layout=NAME, kind=kind, space=space, hash=key)
+    if ops or targets:
+        wanted = ScanFilter(ops=ops, targets=targets)
+        if not (wanted.wants_op(e.op) and wanted.wants_target(e.target)):
+            return None
+    return entry_with(e, layout=NAME, kind=kind, space=space, hash=key)
 
 
 def _seen(d: EntryDir, kind: str, lst: Listing | None) -> tuple | None:

@@ -20,7 +20,7 @@ import stat
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from fnmatch import fnmatchcase
 from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple, Protocol
@@ -152,6 +152,26 @@ class Entry:
         d["modified"] = iso(self.modified)
         d["last_used"] = iso(self.last_used)
         return d
+
+
+ENTRY_FIELDS = tuple(f.name for f in fields(Entry))
+_ENTRY_KEYS = frozenset(ENTRY_FIELDS)
+
+
+def entry_of(attrs: dict[str, Any]) -> Entry:
+    """Entry(**attrs), without the frozen dataclass's __init__ (which sets one field at a time through
+    object.__setattr__: twice the cost, and a scan makes one per entry) when `attrs` holds exactly the
+    fields; anything else goes to __init__, which says what is wrong."""
+    if attrs.keys() != _ENTRY_KEYS:
+        return Entry(**attrs)
+    entry = object.__new__(Entry)
+    entry.__dict__.update(attrs)
+    return entry
+
+
+def entry_with(entry: Entry, **changes: Any) -> Entry:
+    """dataclasses.replace(entry, **changes) at entry_of's cost (a fifth of replace's)."""
+    return entry_of({**entry.__dict__, **changes})
 
 
 _GLOB = frozenset("*?[")
