@@ -544,13 +544,14 @@ def test_a_lookup_by_prefix_lists_no_code_shard_it_does_not_name(cache, monkeypa
     full = rows(cache)
     graph = os.path.basename(one(cache, "fxgraph/*/*"))
     listed: list[str] = []
-    real = inductor._code_evidence
+    real = inductor._entry
 
-    def counting(path):
-        listed.append(os.path.basename(path))
-        return real(path)
+    def counting(ctx, job):
+        if job[1] == "code":
+            listed.append(os.path.basename(job[0]))
+        return real(ctx, job)
 
-    monkeypatch.setattr(inductor, "_code_evidence", counting)
+    monkeypatch.setattr(inductor, "_entry", counting)
     named = rows(cache, graph[:12])
     assert named == {k: v for k, v in full.items() if os.path.basename(k).startswith(graph[:12])} and named
     assert all(n.startswith(graph[:12]) for n in listed)

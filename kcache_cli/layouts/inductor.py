@@ -513,9 +513,10 @@ class Found(NamedTuple):
 
 
 def candidates(root: str, ctx, flt: ScanFilter) -> Iterator[Found]:
-    """Every directory that is an entry of this layout, by its path shape (no contents read but a code
-    shard's names), whose name starts with one of the reference's (`flt.name_prefixes()`), if it has any."""
-    shapes = {k.kind: k for k in INDUCTOR.kinds}
+    """Every directory that may be an entry of this layout, by its path shape alone (a code shard holding
+    none of torch's files is dropped where it is judged: _entry), whose name starts with one of the
+    reference's (`flt.name_prefixes()`), if it has any."""
+    fits = {k.kind: [seg.fullmatch for seg in k.segments] for k in INDUCTOR.kinds}  # one C call per name
     prefixes = flt.name_prefixes()
 
     def named(name: str) -> bool:
@@ -526,32 +527,29 @@ def candidates(root: str, ctx, flt: ScanFilter) -> Iterator[Found]:
             continue
         if de.name == "fxgraph":
             for shard in ctx.listdir(de.path):
-                if shapes[GRAPH].match_segment(1, shard.name) and shard.is_dir(follow_symlinks=False):
-                    yield from (Found(GRAPH, os.path.join(shard.path, k), k, None) for k in ctx.subdirs(shard.path)
-                                if named(k) and shapes[GRAPH].match_segment(2, k))
+                if fits[GRAPH][1](shard.name) and shard.is_dir(follow_symlinks=False):
+                    yield from (Found(GRAPH, f"{shard.path}/{k}", k, None) for k in ctx.subdirs(shard.path)
+                                if named(k) and fits[GRAPH][2](k))
         elif de.name == "aotautograd":
-            yield from (Found(AUTOGRAD, os.path.join(de.path, k), k, None) for k in ctx.subdirs(de.path)
-                        if named(k) and shapes[AUTOGRAD].match_segment(1, k))
+            yield from (Found(AUTOGRAD, f"{de.path}/{k}", k, None) for k in ctx.subdirs(de.path)
+                        if named(k) and fits[AUTOGRAD][1](k))
         elif de.name == "triton":
             for dev in ctx.listdir(de.path):
-                if shapes[TRITON].match_segment(1, dev.name) and dev.is_dir(follow_symlinks=False):
+                if fits[TRITON][1](dev.name) and dev.is_dir(follow_symlinks=False):
                     yield from (Found(TRITON, k.path, k.name, f"triton/{dev.name}") for k in ctx.listdir(dev.path)
-                                if named(k.name) and shapes[TRITON].match_segment(2, k.name)
-                                and k.is_dir(follow_symlinks=False))
-        elif shapes[AUTOTUNE].match_segment(0, de.name):
+                                if named(k.name) and fits[TRITON][2](k.name) and k.is_dir(follow_symlinks=False))
+        elif fits[AUTOTUNE][0](de.name):
             if named(de.name):
                 yield Found(AUTOTUNE, de.path, de.name, None)
-        elif shapes[CODE].match_segment(0, de.name) and named(de.name) and _code_evidence(de.path):
+        elif fits[CODE][0](de.name) and named(de.name):
             yield Found(CODE, de.path, de.name, None)
 
 
-def _code_evidence(path: str) -> bool:
-    """A shard directory is torch's when it holds a code cache file or a writer's temp file, or nothing."""
-    try:
-        names = os.listdir(path)
-    except OSError:
-        return True  # listed as unreadable: never removed
-    return not names or any(CODE_RE.match(n) or TMP_RE.match(n) for n in names)
+def _torch_shard(lst: Listing) -> bool:
+    """A code shard directory is torch's when it holds a code cache file or a writer's temp file, or
+    nothing (one that cannot be read is listed as unreadable: never removed)."""
+    names = [*lst.files, *lst.links, *lst.others]
+    return not lst.readable or not names or any(CODE_RE.match(n) or TMP_RE.match(n) for n in names)
 
 
 def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
@@ -574,9 +572,9 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
 
 
 def _entry(ctx, job: tuple) -> Entry | None:
-    """The entry of one job (None: a nested Triton kernel whose op or target is not wanted). The fx graphs
-    judged so far (by path) are kept with the context: the aotautograd entries ask for their graphs'
-    judgements again."""
+    """The entry of one job (None: a nested Triton kernel whose op or target is not wanted, a two-letter
+    directory that is not a code shard). The fx graphs judged so far (by path) are kept with the context:
+    the aotautograd entries ask for their graphs' judgements again."""
     path, kind, key, space, ops, targets = job
     memo = getattr(ctx, "inductor_graphs", None)
     if memo is None:
@@ -587,6 +585,8 @@ def _entry(ctx, job: tuple) -> Entry | None:
         if kind == TRITON:
             return _nested_triton(ctx, d, job)
         lst = listing(d) if kind in (GRAPH, AUTOGRAD, CODE) else None
+        if kind == CODE and lst is not None and not _torch_shard(lst):
+            return None  # a two-letter directory of someone else's
         seen = _seen(d, kind, lst) if recording is not None else None
         j = _judge(d, kind, Judging(), lst, memo if seen is None else {})  # judged after the key was taken
     if recording is not None:
