@@ -582,3 +582,28 @@ def test_leftover_names_are_filtered_by_the_patterns_fixed_start():
 
     assert state.EXPORT_TEMP.pattern.startswith(r"^\.") and state.IMPORT_STAGING.pattern.startswith("^import-")
     assert state.EXPORT_TEMP.match(".a.tar.gz.1a2b.kcache-tmp") and state.IMPORT_STAGING.match("import-12-ab")
+
+
+def test_an_export_temp_file_made_after_the_roots_listing_was_kept_is_found(tmp_path):
+    """The root's dot names come from the listing the scan kept (fs/dirnames.py): a temp file an export
+    left there since, in a root whose listing had been kept unchanged, is still seen (and one removed is
+    no longer)."""
+    import time
+
+    from kcache_cli.catalog.scan import leftover_entries
+    from kcache_cli.fs import dirnames
+
+    root = tmp_path / "c"
+    root.mkdir()
+    for i in range(300):
+        (root / f"{i:064x}").mkdir()
+    old = time.time() - 60
+    os.utime(root, (old, old))
+    kept = dirnames.of(root)
+    assert kept.starting(str(root), ".") == []
+    kept.save()
+    temp = root / ".x.tar.zst.1a2b.kcache-tmp"
+    temp.write_bytes(b"partial")
+    assert [e.hash for e in leftover_entries(root, print)] == [temp.name]
+    temp.unlink()
+    assert leftover_entries(root, print) == []

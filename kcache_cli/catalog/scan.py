@@ -201,8 +201,10 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
             pass
         for where, fd in places:
             pattern, first = (state.IMPORT_STAGING, "import-") if where else (state.EXPORT_TEMP, ".")
-            # the pattern's fixed start first: a Triton root lists 10^5 keys, none of them a leftover
-            for name in sorted(n for n in os.listdir(fd) if n.startswith(first)):
+            # the pattern's fixed start first: a Triton root lists 10^5 keys, none of them a leftover; its
+            # dot names come from the listing the scan just kept (fs/dirnames.py), not a listing of them all
+            listed = dirnames.of(root).starting(str(root), first) if not where else os.listdir(fd)
+            for name in sorted(n for n in listed if n.startswith(first)):
                 live = leftover_live(fd, name) if pattern.match(name) else None
                 if live is None:
                     continue
