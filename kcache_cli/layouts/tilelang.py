@@ -314,6 +314,7 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     if flt.ops or not flt.wants_target(TARGET):
         return  # tilelang kernels carry no op name
     prefixes = flt.name_prefixes()
+    jobs: list[tuple[str, str, str]] = []  # every space's, judged together: one set of workers, not one per space
     for vdir in ctx.listdir(ctx.root):
         if not VERSION_RE.match(vdir.name) or not vdir.is_dir(follow_symlinks=False):
             continue
@@ -332,9 +333,9 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
             if sub.name != BINARIES_DIR:
                 kind, where = "kernel", os.path.join(sub.path, "kernels")
                 yield from _staging(ctx, os.path.join(sub.path, STAGING), "kernel", space)
-            jobs = [(os.path.join(where, name), kind, space) for name in ctx.subdirs(where)
-                    if not prefixes or name.startswith(prefixes)]
-            yield from ctx.map_entries(_judged_entry, jobs)
+            jobs += [(f"{where}/{name}", kind, space) for name in ctx.subdirs(where)
+                     if not prefixes or name.startswith(prefixes)]
+    yield from ctx.map_entries(_judged_entry, jobs)
 
 
 def _judged_entry(ctx, job: tuple[str, str, str]) -> Entry:
