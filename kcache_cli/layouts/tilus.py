@@ -20,7 +20,14 @@ from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts._common import command_from_script, tree_stats
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import TILUS
-from kcache_cli.model.checks import changed_since, elf_truncated, list_files, listing_or_unreadable, read_text
+from kcache_cli.model.checks import (
+    changed_since,
+    elf_truncated,
+    list_files,
+    listing_or_unreadable,
+    read_text,
+    subdirs_or_unreadable,
+)
 from kcache_cli.model.records import (
     COMPLETE,
     CORRUPT,
@@ -475,13 +482,14 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     elif named:  # the names that start so, from the listing a lookup kept while programs/ is unchanged
         where = str(ctx.root / "programs")
         programs = [(n, os.path.join(where, n), None) for n in ctx.subdirs(where, named)]
-    else:
-        programs = [(d.name, d.path, None) for d in listing_or_unreadable(
-            ctx, str(ctx.root / "programs"), blocked, layout=NAME, kind="program", target=TARGET, space=None, op=None)
-                    if d.is_dir(follow_symlinks=False)]
+    else:  # from the listing kept while programs/ is unchanged (fs/dirnames.py): no object per name
+        where = str(ctx.root / "programs")
+        programs = [(n, f"{where}/{n}", None) for n in subdirs_or_unreadable(
+            ctx, where, blocked, layout=NAME, kind="program", target=TARGET, space=None, op=None)]
     yield from blocked
     failures = failures_by_program(ctx.root)
-    jobs = [(path, _plain_failure(failures.get(h)), linked_op) for h, path, linked_op in programs]
+    jobs = ([(path, _plain_failure(failures.get(h)), linked_op) for h, path, linked_op in programs] if failures
+            else [(path, None, linked_op) for _, path, linked_op in programs])
     yield from ctx.map_entries(_program_entry, jobs)
 
 
