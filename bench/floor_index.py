@@ -15,12 +15,15 @@ Usage: python bench/floor_index.py ROOT [--procs N]
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pickle
 import struct
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from forked import root_and_procs, split_over  # noqa: E402
 
 # kcache_cli/catalog/index.py's framing (copied: the floor loads no kcache code): magic, then
 # (payload length, CRC-32) as "<QI", then the pickled {"context": ..., "records": {path: record}}.
@@ -47,23 +50,10 @@ def prove(recs: dict, paths: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("root")
-    ap.add_argument("--procs", type=int, default=1)
-    args = ap.parse_args(argv)
-    recs = records(args.root)
+    root, procs = root_and_procs(argv)
+    recs = records(root)
     paths = list(recs)
-    parts = [paths[i::args.procs] for i in range(args.procs)]
-    pids = []
-    for part in parts[1:]:
-        pid = os.fork()
-        if pid == 0:
-            prove(recs, part)
-            os._exit(0)
-        pids.append(pid)
-    prove(recs, parts[0])
-    for pid in pids:
-        os.waitpid(pid, 0)
+    split_over(paths, procs, lambda part: prove(recs, part))
     fields = [f"f{i}" for i in range(max((len(r[3]) for r in recs.values()), default=0))]
     sys.stdout.write(json.dumps({"entries": [dict(zip(fields, r[3])) for r in recs.values()]}) + "\n")
     return len(paths)

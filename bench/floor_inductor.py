@@ -17,11 +17,14 @@ Usage: python bench/floor_inductor.py ROOT [--procs N]
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from forked import root_and_procs, split_over  # noqa: E402
 
 VARIANT = re.compile(r"[a-z2-7]{51}\Z")
 FX_KEY = re.compile(rb"f[a-z2-7]{51}")
@@ -87,24 +90,9 @@ def _part(root: str, jobs: list[tuple[str, str]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("root")
-    ap.add_argument("--procs", type=int, default=1)
-    args = ap.parse_args(argv)
-    jobs = _jobs(args.root)
-    parts = [jobs[i::args.procs] for i in range(args.procs)]
-    pids = []
-    for part in parts[1:]:
-        pid = os.fork()
-        if pid == 0:
-            sys.stdout.write(_part(args.root, part))
-            sys.stdout.flush()
-            os._exit(0)
-        pids.append(pid)
-    sys.stdout.write(_part(args.root, parts[0]))
-    sys.stdout.flush()
-    for pid in pids:
-        os.waitpid(pid, 0)
+    root, procs = root_and_procs(argv)
+    jobs = _jobs(root)
+    split_over(jobs, procs, lambda part: _part(root, part))
     return len(jobs)
 
 

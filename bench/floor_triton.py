@@ -20,6 +20,10 @@ import json
 import os
 import pickle
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from forked import split_over  # noqa: E402
 
 
 def _cold(root: str, keys: list[str]) -> list[str]:
@@ -72,20 +76,10 @@ def main(argv: list[str]) -> int:
         names = {k: os.listdir(f"{root}/{k}") for k in keys}
         with open(args.warm, "wb") as f:
             pickle.dump(names, f)
-    parts = [keys[i::args.procs] for i in range(args.procs)]
-    pids = []
-    for part in parts[1:]:
-        pid = os.fork()
-        if pid == 0:
-            lines = _warm(root, part, names) if args.warm else _cold(root, part)
-            os.write(1, ("\n".join(lines) + "\n").encode())
-            os._exit(0)
-        pids.append(pid)
-    lines = _warm(root, parts[0], names) if args.warm else _cold(root, parts[0])
-    sys.stdout.write("\n".join(lines) + "\n")
-    sys.stdout.flush()
-    for pid in pids:
-        os.waitpid(pid, 0)
+    def work(part: list[str]) -> str:
+        return "\n".join(_warm(root, part, names) if args.warm else _cold(root, part)) + "\n"
+
+    split_over(keys, args.procs, work)
     return len(keys)
 
 
