@@ -555,3 +555,35 @@ def test_a_lookup_by_prefix_lists_no_code_shard_it_does_not_name(cache, monkeypa
     named = rows(cache, graph[:12])
     assert named == {k: v for k, v in full.items() if os.path.basename(k).startswith(graph[:12])} and named
     assert all(n.startswith(graph[:12]) for n in listed)
+
+
+def test_a_lookup_by_prefix_lists_only_the_shard_its_graphs_lie_in(cache, monkeypatch):
+    """A graph key is `f` and 51 more, in fxgraph/<its 2nd and 3rd characters>/: `ls <prefix>` lists that
+    shard alone (none for a prefix no graph key can start with, and no aotautograd/ unless it starts with
+    `a`), and answers as the full listing filtered."""
+    from kcache_cli.catalog import scan_context
+
+    monkeypatch.setattr(scan_context, "PARALLEL_MIN_JOBS", 10**9)
+    full = rows(cache)
+    listed: list[str] = []
+    real = scan_context.ScanContext.subdirs
+
+    def counting(self, path, prefixes=()):
+        listed.append(os.path.relpath(str(path), cache))
+        return real(self, path, prefixes)
+
+    monkeypatch.setattr(scan_context.ScanContext, "subdirs", counting)
+    for ref in (os.path.basename(one(cache, "fxgraph/*/*"))[:9], os.path.basename(one(cache, "aotautograd/*"))[:9],
+                "zz", "f"):
+        listed.clear()
+        run = run_kcache("--cache-dir", str(cache), "ls", "--json", ref)
+        named = {os.path.relpath(r["path"], cache): r for r in run.json()["entries"]} if run.exit_code == 0 else {}
+        assert named == {k: v for k, v in full.items() if os.path.basename(k).startswith(ref)}
+        shards = {p for p in listed if p.startswith("fxgraph/")}
+        if ref.startswith("f") and len(ref) >= 3:
+            assert shards == {f"fxgraph/{ref[1:3]}"} and named
+        elif ref == "f":
+            assert len(shards) == len(list(cache.glob("fxgraph/*")))
+        else:
+            assert not shards
+        assert ("aotautograd" in listed) == (ref.startswith("a") or ref == "")

@@ -527,10 +527,11 @@ def candidates(root: str, ctx, flt: ScanFilter) -> Iterator[Found]:
             continue
         if de.name == "fxgraph":
             for shard in ctx.listdir(de.path):
-                if fits[GRAPH][1](shard.name) and shard.is_dir(follow_symlinks=False):
+                if (fits[GRAPH][1](shard.name) and _may_hold(shard.name, prefixes)
+                        and shard.is_dir(follow_symlinks=False)):
                     yield from (Found(GRAPH, f"{shard.path}/{k}", k, None) for k in ctx.subdirs(shard.path)
                                 if named(k) and fits[GRAPH][2](k))
-        elif de.name == "aotautograd":
+        elif de.name == "aotautograd" and (not prefixes or any(p[:1] in ("", "a") for p in prefixes)):
             yield from (Found(AUTOGRAD, f"{de.path}/{k}", k, None) for k in ctx.subdirs(de.path)
                         if named(k) and fits[AUTOGRAD][1](k))
         elif de.name == "triton":
@@ -543,6 +544,13 @@ def candidates(root: str, ctx, flt: ScanFilter) -> Iterator[Found]:
                 yield Found(AUTOTUNE, de.path, de.name, None)
         elif fits[CODE][0](de.name) and named(de.name):
             yield Found(CODE, de.path, de.name, None)
+
+
+def _may_hold(shard: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether fxgraph/<shard>/ may hold a graph whose key starts with one of `prefixes` (any, when there
+    are none): a key is `f` and 51 more, and its shard is its second and third characters (graph_relpath),
+    so a lookup by prefix lists one shard, not a thousand."""
+    return not prefixes or any(p[:1] in ("", "f") and shard.startswith(p[1:3]) for p in prefixes)
 
 
 def _torch_shard(lst: Listing) -> bool:
