@@ -201,10 +201,7 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
             pass
         for where, fd in places:
             pattern, first = (state.IMPORT_STAGING, "import-") if where else (state.EXPORT_TEMP, ".")
-            # the pattern's fixed start first: a Triton root lists 10^5 keys, none of them a leftover; its
-            # dot names come from the listing the scan just kept (fs/dirnames.py), not a listing of them all
-            listed = dirnames.of(root).starting(str(root), first) if not where else os.listdir(fd)
-            for name in sorted(n for n in listed if n.startswith(first)):
+            for name in sorted(_names_starting(root, where, fd, first)):
                 live = leftover_live(fd, name) if pattern.match(name) else None
                 if live is None:
                     continue
@@ -225,6 +222,18 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
         for _, fd in places:
             os.close(fd)
     return out
+
+
+def _names_starting(root: Path, where: str, fd: int, first: str) -> list[str]:
+    """The names in the directory `fd` (`where` below the root) that start with `first`: the pattern's fixed
+    start (a Triton root lists 10^5 keys, none of them a leftover). The root's come from the listing the
+    scan just kept (fs/dirnames.py, checked by an fstat), not from listing them all again."""
+    if not where:
+        try:
+            return dirnames.of(root).starting(str(root), first)
+        except OSError:
+            pass  # listed through the fd the caller holds instead
+    return [n for n in os.listdir(fd) if n.startswith(first)]
 
 
 def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilter = ScanFilter(),
