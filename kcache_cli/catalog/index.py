@@ -57,9 +57,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import fields
 from importlib.util import find_spec
-from operator import itemgetter
 from stat import S_ISLNK, S_ISREG
 from typing import Any
 
@@ -69,7 +67,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs.state import finish_index_write, read_index_file, start_index_write
 from kcache_cli.layouts import NAMES
-from kcache_cli.model.records import COMPLETE, CORRUPT, FAILED, STALE, Entry
+from kcache_cli.model.records import COMPLETE, CORRUPT, ENTRY_FIELDS, ENTRY_VALUES, FAILED, STALE, Entry, entry_from
 
 MAGIC = b"KCACHE-SCAN-INDEX\n"
 FORMAT = 1
@@ -78,12 +76,11 @@ RACY_SECONDS = 2.0
 # Below this many entries a scan takes milliseconds: no index is written (nothing appears in small caches).
 MIN_ENTRIES = 1000
 STORABLE = frozenset({COMPLETE, FAILED, CORRUPT, STALE})
-FIELDS = tuple(f.name for f in fields(Entry))
+FIELDS = ENTRY_FIELDS
 _RELPATH = FIELDS.index("relpath")
 _MODIFIED = FIELDS.index("modified")
 _PATH = FIELDS.index("path")
 _NFIELDS = len(FIELDS)
-_VALUES = itemgetter(*FIELDS)  # an Entry's field values, in FIELDS order, from its __dict__ (one C call)
 _MAX_BYTES = 1 << 31
 # The modules whose code decides what a record holds; a change to any of them drops the index.
 _JUDGES = ("kcache_cli.catalog.scan", "kcache_cli.catalog.scan_context", "kcache_cli.catalog.index",
@@ -157,7 +154,7 @@ def _record(out: Any, asked: tuple, seen, warned: list, racy_ns: int) -> Record 
         return None
     names = tuple([n for n, _ in stats])
     names = _INTERNED.setdefault(names, names)  # entries share their file names: pickled once
-    return names, _digest(ints), asked, _VALUES(entry.__dict__), rest
+    return names, _digest(ints), asked, ENTRY_VALUES(entry.__dict__), rest
 
 
 def _func_name(func: Callable) -> str:
@@ -340,11 +337,9 @@ class IndexedContext(ScanContext):
 def _answer_of(rec: Record, last_used: float | None = None) -> Any:
     """What the layout's function answered when the record was made; for a record served, with the
     entry's `last_used` now."""
-    entry = object.__new__(Entry)  # the fields as stored (a frozen dataclass's __init__ costs 4x)
-    attrs = entry.__dict__
-    attrs.update(zip(FIELDS, rec[3]))
+    entry = entry_from(rec[3])  # the fields as stored (a frozen dataclass's __init__ costs 4x)
     if last_used is not None:
-        attrs["last_used"] = last_used
+        entry.__dict__["last_used"] = last_used
     return entry if rec[4] is None else (entry, *rec[4])
 
 

@@ -9,8 +9,7 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, fields
-from operator import itemgetter
+from dataclasses import dataclass, field
 from pathlib import Path
 from stat import S_ISREG
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -19,7 +18,16 @@ from kcache_cli.fs import dirnames
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs.entrydir import EntryDir
-from kcache_cli.model.records import Entry, TreeUsage, Warn, entry_of, listdir, measure_tree
+from kcache_cli.model.records import (
+    ENTRY_VALUES,
+    Entry,
+    TreeUsage,
+    Warn,
+    entry_from,
+    entry_of,
+    listdir,
+    measure_tree,
+)
 from kcache_cli.model.terms import CORRUPT
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.progress import NO_PROGRESS, Progress
@@ -323,28 +331,21 @@ def _packed_part(shared: tuple, jobs: list) -> tuple[tuple[list, bytes], list[st
     return _packed(out), warned
 
 
-_FIELDS = tuple(f.name for f in fields(Entry))
-_VALUES = itemgetter(*_FIELDS)
-
-
 def _packed(results: list) -> tuple[list, bytes]:
     """A worker's results for the trip back: each Entry as the tuple of its field values (pickled in a
     third of the time: no class, no per-field names), marked in the bytes that come with them."""
     marks = bytearray(len(results))
     for i, x in enumerate(results):
         if type(x) is Entry:
-            results[i], marks[i] = _VALUES(x.__dict__), 1
+            results[i], marks[i] = ENTRY_VALUES(x.__dict__), 1
     return results, bytes(marks)
 
 
 def _unpacked(results: list, marks: bytes) -> list:
-    """The worker's results as it made them: Entries again (built as the index builds its answers:
-    a frozen dataclass's __init__ costs 4x)."""
-    new = object.__new__
+    """The worker's results as it made them: Entries again (records.entry_from: a frozen dataclass's
+    __init__ costs 4x)."""
     for i in (i for i, m in enumerate(marks) if m):
-        entry = new(Entry)
-        entry.__dict__.update(zip(_FIELDS, results[i]))
-        results[i] = entry
+        results[i] = entry_from(results[i])
     return results
 
 
