@@ -476,20 +476,18 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
             yield ctx.entry(path=de.path, usage=measure_tree(de.path, ctx.warn), layout=NAME, kind="script",
                             target=TARGET, space=None, op=op, hash=de.name, status=status, reason=reason)
     programs: list[tuple[str, str, str | None]]
+    where = str(ctx.root / "programs")
     if flt.ops:  # only the programs the selected scripts use (and name): no need to read every program
         programs = [(os.path.basename(p), p, op) for p, op in sorted(linked.items())
                     if not named or os.path.basename(p).startswith(named)]
     elif named:  # the names that start so, from the listing a lookup kept while programs/ is unchanged
-        where = str(ctx.root / "programs")
         programs = [(n, os.path.join(where, n), None) for n in ctx.subdirs(where, named)]
     else:  # from the listing kept while programs/ is unchanged (fs/dirnames.py): no object per name
-        where = str(ctx.root / "programs")
         programs = [(n, f"{where}/{n}", None) for n in subdirs_or_unreadable(
             ctx, where, blocked, layout=NAME, kind="program", target=TARGET, space=None, op=None)]
     yield from blocked
     failures = failures_by_program(ctx.root)
-    jobs = ([(path, _plain_failure(failures.get(h)), linked_op) for h, path, linked_op in programs] if failures
-            else [(path, None, linked_op) for _, path, linked_op in programs])
+    jobs = [(path, _plain_failure(failures.get(h)), linked_op) for h, path, linked_op in programs]
     yield from ctx.map_entries(_program_entry, jobs)
 
 
