@@ -607,3 +607,27 @@ def test_an_export_temp_file_made_after_the_roots_listing_was_kept_is_found(tmp_
     assert [e.hash for e in leftover_entries(root, print)] == [temp.name]
     temp.unlink()
     assert leftover_entries(root, print) == []
+
+
+def test_subdirs_by_a_dot_prefix_come_from_the_kept_listing_and_stay_exact(tmp_path):
+    """ScanContext.subdirs with a prefix starting with a dot answers as with any other prefix: from the
+    listing kept while the directory is unchanged (hidden names are kept too), real directories only."""
+    import time
+
+    from kcache_cli.catalog.scan_context import ScanContext
+    from kcache_cli.fs import dirnames
+
+    root = tmp_path / "c"
+    (root / ".hidden").mkdir(parents=True)
+    (root / ".hfile").write_text("x")
+    (root / ".hlink").symlink_to(root / ".hidden")
+    for i in range(300):
+        (root / f"{i:064x}").mkdir()
+    old = time.time() - 60
+    os.utime(root, (old, old))
+    ctx = ScanContext(root, print, {})
+    assert ctx.subdirs(root, (".h",)) == [".hidden"]
+    dirnames.of(root).save()
+    (root / ".hnew").mkdir()  # the directory changed since: listed again
+    assert ctx.subdirs(root, (".h",)) == [".hidden", ".hnew"]
+    assert ctx.subdirs(root, (".x",)) == []

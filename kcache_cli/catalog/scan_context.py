@@ -128,8 +128,6 @@ class ScanContext:
         try:
             if not prefixes:  # kept or listed here, and kept at the scan's end (catalog/scan.py)
                 return dirnames.of(self.root).subdirs(str(path))
-            if any(p.startswith(".") for p in prefixes):  # dot names are never kept (catalog/names.py)
-                return [n for n in fsread.subdir_names(path) if n.startswith(prefixes)]
             return _subdirs_starting(str(self.root), str(path), prefixes)
         except FileNotFoundError:
             return []
