@@ -204,6 +204,8 @@ def ref_list(refs: Optional[List[str]]) -> list[str]:
 
 def unmatched_refs(root: Path, refs: Optional[List[str]], entries) -> list[str]:
     """The references in `refs` that name none of `entries` (what a command selected in `root`)."""
+    if not refs:
+        return []
     hashes = [e.hash for e in entries]
     relpaths = {e.relpath for e in entries}
     out = []
