@@ -5,6 +5,7 @@ a file replaced since is read again."""
 from __future__ import annotations
 
 import os
+import tarfile
 import time
 from pathlib import Path
 
@@ -119,25 +120,50 @@ def test_export_lists_unchanged_entries_from_the_index(fixture_copy, tmp_path, m
     assert a.entries == b.entries and a.entries
 
 
-def test_an_entry_rewritten_between_its_read_and_its_judgement_is_left_out(fixture_copy, tmp_path, monkeypatch):
-    """The status an archive records is that of the bytes it holds: an entry whose lib.so is replaced after
-    the export read it (a compiler writing it again) is skipped, not shipped with another file's verdict."""
-    src = fixture_copy("hidet")
-    plan = archive.plan_export(src, ScanFilter())
-    victim = next(e for e in plan.jobs if not_judged(e) is None and os.path.isfile(os.path.join(e.path, "lib.so")))
+def _rewrite_after_read(monkeypatch, victim_path: str, name: str, data: bytes | None = None) -> None:
+    """Between the export's read of the entry at `victim_path` and its judgement, `name` in it is replaced
+    by a new inode (its own bytes again, or `data`)."""
     real = archive.export.judge_open
 
     def rewrite_first(entry, d, *a, **k):
-        if entry.path == victim.path:
-            lib = os.path.join(entry.path, "lib.so")
-            data = open(lib, "rb").read()
-            with open(lib + ".new", "wb") as f:
-                f.write(data)
-            os.replace(lib + ".new", lib)  # the same bytes in a new inode: not the file the export read
+        if entry.path == victim_path:
+            path = os.path.join(entry.path, name)
+            new = open(path, "rb").read() if data is None else data
+            with open(path + ".new", "wb") as f:
+                f.write(new)
+            os.replace(path + ".new", path)  # a new inode: not the file the export read
         return real(entry, d, *a, **k)
 
     monkeypatch.setattr(archive.export, "judge_open", rewrite_first)
+
+
+def test_an_entry_is_judged_from_the_listing_and_bytes_it_ships(fixture_copy, tmp_path, monkeypatch):
+    """The status an archive records is that of the bytes it holds: the judgement goes by the listing
+    and the bytes the export read (it lists nothing again), so a lib.so replaced by a truncated one after
+    the read neither reaches the archive nor changes the verdict of the lib.so that does."""
+    src = fixture_copy("hidet")
+    plan = archive.plan_export(src, ScanFilter())
+    victim = next(e for e in plan.jobs if not_judged(e) is None and os.path.isfile(os.path.join(e.path, "lib.so")))
+    shipped = open(os.path.join(victim.path, "lib.so"), "rb").read()
+    _rewrite_after_read(monkeypatch, victim.path, "lib.so", shipped[:100])
+    result = archive.export_archive(plan, str(tmp_path / "a.tar"))
+    done = {x.key.relpath: x for x in result.entries}
+    assert victim.relpath in done and done[victim.relpath].status == "complete" and not result.left_out
+    with tarfile.open(tmp_path / "a.tar") as tar:
+        assert tar.extractfile(f"{victim.relpath}/lib.so").read() == shipped
+    assert os.path.getsize(os.path.join(victim.path, "lib.so")) == 100  # the cache holds the truncated one now
+
+
+def test_a_nested_file_rewritten_between_its_read_and_its_judgement_is_left_out(fixture_copy, tmp_path,
+                                                                                 monkeypatch):
+    """A file below the entry's own directory is looked up again by the judgement: one replaced since the
+    read (a tilus program's module/lib.so, written again) means the verdict is of other bytes than those
+    read for the archive, and the entry is skipped."""
+    src = fixture_copy("tilus")
+    plan = archive.plan_export(src, ScanFilter())
+    victim = next(e for e in plan.jobs if os.path.isfile(os.path.join(e.path, "module", "lib.so")))
+    _rewrite_after_read(monkeypatch, victim.path, "module/lib.so")
     result = archive.export_archive(plan, str(tmp_path / "a.tar"))
     left = {e.relpath: why for e, why in result.left_out}
     assert "changed while it was being read" in left[victim.relpath]
-    assert victim.relpath not in {x.key.relpath for x in result.entries} and result.entries
+    assert victim.relpath not in {x.key.relpath for x in result.entries}

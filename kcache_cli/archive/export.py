@@ -47,7 +47,7 @@ from kcache_cli.fs.locking import leftover_live, try_flock
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.fs.read import TreeTooDeep, open_regular
 from kcache_cli.model.records import (BUILDING, COMPLETE, MOVED, Entry, EntryKey, Judgement, Keyed, ScanFilter, Status,
-                                      Warn, iso)
+                                      Warn, entry_with, iso)
 from kcache_cli.ops.verify import judge_open, not_judged
 from kcache_cli.util import parallel
 from kcache_cli.util.errors import KcacheError, UsageError
@@ -186,14 +186,17 @@ class _Skip(Exception):
 
 
 def _read_tree(dfd: int, prefix: str, out: list, budget: list[int],
-               held: dict[str, tuple[int, int, int, bytes]] | None = None) -> None:
+               held: dict[str, tuple[int, int, int, bytes]] | None = None,
+               top: dict[str, os.stat_result] | None = None) -> None:
     """Everything under an open directory, sorted, depth first, as (name, kind, size, mode, mtime,
     extra): kind 'file' (extra: its bytes, or None past BIG_FILE or the memory budget), 'dir',
     'link' (extra: its target) or 'other'. Types come from the directory listing; each file is
     opened once (relative to its directory's fd, never following a link), fstat'ed and read whole.
-    `held`: each file read whole, by name, as (inode, size, mtime_ns, bytes) (EntryDir.held).
+    `held`: each file read whole, by name, as (inode, size, mtime_ns, bytes) (EntryDir.held). `top`:
+    the lstat of each name directly in `dfd` but its directories (a file's: the fstat of what was read).
     Iterative, at most MAX_NAME_DEPTH deep (deeper: fsread.TreeTooDeep, an OSError)."""
     stack: list[tuple[int, str, list]] = [(dfd, prefix, _listing(dfd))]
+    seen = top if top is not None else {}
     try:
         while stack:
             fd, pre, items = stack[-1]
@@ -205,7 +208,10 @@ def _read_tree(dfd: int, prefix: str, out: list, budget: list[int],
             de = items.pop()
             name = pre + de.name
             if de.is_file(follow_symlinks=False):
-                out.append(_read_member(fd, de.name, name, budget, held))
+                member, st = _read_member(fd, de.name, name, budget, held)
+                out.append(member)
+                if fd == dfd:
+                    seen[de.name] = st
             elif de.is_dir(follow_symlinks=False):
                 if len(stack) >= MAX_NAME_DEPTH:  # import refuses deeper names: do not ship them
                     raise TreeTooDeep(errno.ELOOP, f"directories nested more than {MAX_NAME_DEPTH} deep")
@@ -219,8 +225,15 @@ def _read_tree(dfd: int, prefix: str, out: list, budget: list[int],
             elif de.is_symlink():
                 st = de.stat(follow_symlinks=False)
                 out.append((name, "link", st.st_size, st.st_mode, st.st_mtime, os.readlink(de.name, dir_fd=fd)))
+                if fd == dfd:
+                    seen[de.name] = st
             else:
                 out.append((name, "other", 0, 0, 0.0, None))
+                if fd == dfd:
+                    try:
+                        seen[de.name] = de.stat(follow_symlinks=False)
+                    except FileNotFoundError:  # gone since the listing: not in the directory now
+                        pass
     finally:
         for fd, _, _ in stack:
             if fd != dfd:
@@ -234,15 +247,15 @@ def _listing(dfd: int) -> list:
 
 
 def _read_member(dfd: int, base: str, name: str, budget: list[int],
-                 held: dict[str, tuple[int, int, int, bytes]] | None = None) -> tuple:
+                 held: dict[str, tuple[int, int, int, bytes]] | None = None) -> tuple[tuple, os.stat_result]:
     """One regular file of _read_tree: (name, "file", size, mode, mtime, bytes or None), or
-    "other" when it is no longer a regular file; kept in `held` when read whole."""
+    "other" when it is no longer a regular file; kept in `held` when read whole. With its fstat."""
     fd = fsread.open_quietly(base, _FILE_FLAGS, dfd)  # an export is no use of the entry: atime stays
     try:
         st = os.fstat(fd)
         mode = st.st_mode
         if not stat.S_ISREG(mode):  # replaced since the listing
-            return (name, "other", 0, mode, st.st_mtime, None)
+            return (name, "other", 0, mode, st.st_mtime, None), st
         size = st.st_size
         data = None
         if size <= BIG_FILE and size <= budget[0]:
@@ -251,7 +264,7 @@ def _read_member(dfd: int, base: str, name: str, budget: list[int],
             if held is not None and len(data) == size:
                 held[name] = (st.st_ino, size, st.st_mtime_ns, data)
             size = len(data)
-        return (name, "file", size, mode, st.st_mtime, data)
+        return (name, "file", size, mode, st.st_mtime, data), st
     finally:
         os.close(fd)
 
@@ -288,21 +301,23 @@ class _Read(NamedTuple):
     mtime: float
     held: dict[str, tuple[int, int, int, bytes]]
     error: OSError | None
+    top: dict[str, os.stat_result]  # the lstat of each name in the entry's directory but its subdirectories
 
 
 def _read_entry(d: EntryDir) -> _Read:
     """Everything in the entry directory held open as `d` (_read_tree), with the bytes of each file read
-    whole kept by name for its judgement (EntryDir.held)."""
+    whole kept by name for its judgement (EntryDir.held), and its listing (EntryDir.listed)."""
     items: list = []
     held: dict[str, tuple[int, int, int, bytes]] = {}
+    top: dict[str, os.stat_result] = {}
     if d.fd is None:
-        return _Read(items, 0.0, held, d.error or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT)))
+        return _Read(items, 0.0, held, d.error or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT)), top)
     try:
         mtime = os.fstat(d.fd).st_mtime
-        _read_tree(d.fd, "", items, [ENTRY_BUDGET], held)
+        _read_tree(d.fd, "", items, [ENTRY_BUDGET], held, top)
     except OSError as exc:
-        return _Read([], 0.0, {}, exc)
-    return _Read(items, mtime, held, None)
+        return _Read([], 0.0, {}, exc, {})
+    return _Read(items, mtime, held, None, top)
 
 
 class _PartWriter:
@@ -322,10 +337,13 @@ class _PartWriter:
         self.done: list[ExportedEntry] = []
         self.left: list[tuple[Entry, str]] = []
         self.files = self.size = 0
+        self._anchor: fsread.Anchor | None = None
 
     def job(self, e: Entry) -> None:
+        if self._anchor is None or self._anchor.fd < 0:  # the root held open, as ScanContext.anchor holds it
+            self._anchor = fsread.anchor(self.plan.root)
         try:
-            with EntryDir.open(e.path, fsread.anchor(self.plan.root)) as d:
+            with EntryDir.open(e.path, self._anchor) as d:
                 self._entry(e, d)
         except _Skip as exc:
             entry, why = exc.args
@@ -342,7 +360,7 @@ class _PartWriter:
             else:
                 self._ship(e, d, _read_entry(d))
             return
-        kept = not_judged(e)  # no layout judges it: its scan status decides, and nothing need be read
+        kept = not_judged(e, d)  # no layout judges it: its scan status decides, and nothing need be read
         if kept is not None:
             chosen = self._chosen(e, kept)
             if chosen is not None:
@@ -350,6 +368,8 @@ class _PartWriter:
             return
         read = _read_entry(d)
         d.held = read.held
+        if read.error is None:
+            d.listed(read.top)  # judged from the listing read for the archive: not listed again
         chosen = self._chosen(e, judge_open(e, d, True, caller_reads=self.caller_reads))
         if chosen is not None and d.held_changed:  # judged from other bytes than those read for the archive
             raise _Skip(chosen, "it changed while it was being read (written to again?)")
@@ -363,10 +383,12 @@ class _PartWriter:
 
     def _chosen(self, e: Entry, verdict: Judgement) -> Entry | None:
         """`e` with its deep `verdict`, or None when it stays out."""
-        e = replace(e, status=verdict.status, reason=verdict.reason)
-        if e.status == MOVED and e.status not in self.plan.flt.statuses:
+        status, reason = verdict.status, verdict.reason
+        if status == MOVED and status not in self.plan.flt.statuses:
             # whole, its recorded paths lead into another root: import rewrites them (Layout.relocate)
-            e = replace(e, status=COMPLETE, reason=None)
+            status, reason = COMPLETE, None
+        if status != e.status or reason != e.reason:
+            e = entry_with(e, status=status, reason=reason)
         if not self.plan.flt.matches(e):
             return None
         why = _leave_out(e, self.plan.flt, self.plan.sources_only)

@@ -7,7 +7,8 @@ of the cache swapped for a link mid-run makes the open fail, and `swapped` says 
 each file a scan listed (`listing`: a read then skips its own stat), and files in subdirectories
 opened beneath it, no link followed. Nothing is looked up in module or per-thread state: what the
 judgement reads is what it was handed. A caller that read the files already (export) hands their bytes
-too (`held`): a read of a file that is still the one they came from (inode, size, mtime) takes them.
+too (`held`): a read of a file that is still the one they came from (inode, size, mtime) takes them; and
+the listing it read them by (`listed`), which the judgement then goes by instead of listing again.
 
 Light on purpose (os, stat, errno, fsread): the scan opens one per entry."""
 
@@ -32,7 +33,8 @@ class EntryDir:
     are relative to it ('/'-separated; no component is followed when it is a link). Where the
     directory cannot be opened, `fd` is None and every read raises why (`error`)."""
 
-    __slots__ = ("path", "fd", "listing", "anchor", "error", "held", "held_changed", "derived", "_refused")
+    __slots__ = ("path", "fd", "listing", "anchor", "error", "held", "held_changed", "derived", "_refused",
+                 "_listed")
 
     def __init__(self, path: str, fd: int | None, anchor: Anchor | None = None,
                  error: OSError | None = None) -> None:
@@ -49,6 +51,7 @@ class EntryDir:
         # key and the verdict then go by one read of it (inductor.graph_keys)
         self.derived: dict[tuple[str, str], Any] = {}
         self._refused = anchor.refused if anchor is not None else 0
+        self._listed = False  # `listing` is the whole directory but its subdirectories (listed())
 
     @classmethod
     def open(cls, path: str | os.PathLike, anchor: Anchor | None = None, *, follow: bool = False) -> EntryDir:
@@ -139,9 +142,20 @@ class EntryDir:
             d.held = {k[cut:]: v for k, v in self.held.items() if k.startswith(name + "/")}
         return d
 
+    def listed(self, stats: dict[str, os.stat_result]) -> None:
+        """What the caller listed through its fd (export, which reads every file once): the lstat of each
+        name directly in it but its subdirectories (a file's, the fstat of what it read). `files` and
+        `lstat` answer from it, so that the judgement goes by the listing the bytes came with."""
+        self.listing = stats
+        self._listed = True
+
     def files(self) -> tuple[dict[str, int], dict[str, float]]:
-        """The sizes and mtimes of the files (not subdirectories) directly in it, listed through its fd;
-        each lstat kept in `listing`. OSError when it cannot be listed."""
+        """The sizes and mtimes of the files (not subdirectories) directly in it, listed through its fd
+        (or as the caller listed it: `listed`); each lstat kept in `listing`. OSError when it cannot be
+        listed."""
+        if self._listed:
+            return ({n: st.st_size for n, st in self.listing.items()},
+                    {n: st.st_mtime for n, st in self.listing.items()})
         sizes: dict[str, int] = {}
         mtimes: dict[str, float] = {}
         with os.scandir(self._dir()) as it:

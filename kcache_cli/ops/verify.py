@@ -83,12 +83,16 @@ def judge_entry(root: Path, entry: Entry, deep: bool = True, *, caller_reads: bo
         return judge_open(entry, d, deep, caller_reads=caller_reads)
 
 
-def not_judged(entry: Entry) -> Judgement | None:
-    """The scan's own status of an entry no layout judges (judge_entry's first rule), or None."""
+def not_judged(entry: Entry, opened: EntryDir | None = None) -> Judgement | None:
+    """The scan's own status of an entry no layout judges (judge_entry's first rule), or None. `opened`:
+    the entry's directory as the caller holds it (open, it is a directory and no link: not asked again)."""
     name = os.path.basename(entry.path)
     if (entry.status == BUILDING or not entry.hash or name.startswith(".")
-            or get(entry.layout).leftover(entry) is not None
-            or fsread.is_link(entry.path) or not fsread.is_dir(entry.path)):
+            or get(entry.layout).leftover(entry) is not None):
+        return Judgement.of(entry.status, entry.reason)
+    if opened is not None and opened.fd is not None:
+        return None
+    if fsread.is_link(entry.path) or not fsread.is_dir(entry.path):
         return Judgement.of(entry.status, entry.reason)
     return None
 
