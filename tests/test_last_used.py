@@ -189,3 +189,39 @@ def test_a_triton_only_machine_keeps_its_budget_and_the_kernels_read_last(kcache
     assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == sorted(hot)
     after = kcache("stats", "--json").json()["caches"][0]
     assert after["size"] <= limit and after["budget"] == {"used": after["size"], "limit": limit}
+
+
+def test_a_read_without_noatime_is_noted_when_its_file_is_closed(fixture_copy, monkeypatch):
+    """Another user's file is opened without O_NOATIME (the kernel refuses it): fsread.close_read notes what
+    the read moved, the note is saved in the cache whose device it is on, and the next scan takes the atime
+    before the read as the file's last use. Twice in one process: the note keeps the first atime."""
+    from kcache_cli.fs import read as fsread
+    from kcache_cli.fs import readmarks
+
+    root = fixture_copy("hidet")
+    lib = root / ADD / "lib.so"
+    os.utime(lib, (T, T + 10))  # an atime older than the mtime: the next read moves it
+    monkeypatch.setattr(fsread, "_EUID", 4242)  # kcache as a member of the group, not the file's owner
+    monkeypatch.setattr(fsread, "MOVED", {})
+    monkeypatch.setattr(fsread, "READING", None)
+    fd = fsread.open_quietly(str(lib), os.O_RDONLY, owner=0)  # no cache is being read: nothing noted
+    fsread.close_read(fd)
+    assert fsread.MOVED == {}
+    os.utime(lib, (T, T + 10))
+    readmarks.reading(root)
+    for _ in range(2):
+        fd = fsread.open_quietly(str(lib), os.O_RDONLY, owner=0)
+        assert os.read(fd, 16)
+        fsread.close_read(fd)
+    st = lib.stat()
+    key = (os.path.join(str(root), ""), st.st_ino)
+    assert st.st_atime_ns > T * 10**9 and fsread.MOVED == {key: (st.st_atime_ns, T * 10**9)}
+    readmarks.save(root / "ops")  # another cache's notes: none of this one's go there
+    assert fsread.MOVED and not (root / "ops" / ".kcache").exists()
+    readmarks.save_all()
+    assert fsread.MOVED == {}
+    readmarks.load(root)
+    assert readmarks.atime(lib.stat()) == T
+    fd = fsread.open_quietly(str(lib), os.O_RDONLY, owner=4242)  # its owner's read: O_NOATIME, nothing kept
+    fsread.close_read(fd)
+    assert fsread.MOVED == {}

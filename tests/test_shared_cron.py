@@ -353,10 +353,10 @@ def last_uses(run: subprocess.CompletedProcess) -> dict[str, str]:
 
 
 @pytest.mark.second_user
-def test_a_members_ls_and_stats_leave_another_members_entries_last_use_alone(area):
-    """strictatime: every read moves atime. Member B (not the owner: O_NOATIME is refused) lists and
-    weighs member A's entries; each entry's last use stays where it was, for B, A and root alike; a
-    compiler's read afterwards is still a use."""
+def test_a_members_reads_leave_another_members_entries_last_use_alone(area):
+    """strictatime: every read moves atime. Member B (not the owner: O_NOATIME is refused) lists, weighs,
+    verifies, inspects, reads the log of and exports member A's entries; each entry's last use stays where
+    it was, for B, A and root alike; a compiler's read afterwards is still a use."""
     import shutil
 
     mnt = area / "mnt"
@@ -378,7 +378,11 @@ def test_a_members_ls_and_stats_leave_another_members_entries_last_use_alone(are
                 os.utime(os.path.join(dirpath, n), (T, T), follow_symlinks=False)
         before = last_uses(root_kcache("--cache-dir", root, "ls", "--json"))
         lib = next(root.glob("ops/*/*/*/lib.so"))
-        for args in (("ls", "--limit", "1"), ("ls",), ("stats",), ("ls", "--json"), ("stats", "--json")):
+        out = area / "out"  # where B may write its archive
+        out.mkdir(mode=0o777)
+        out.chmod(0o777)
+        for args in (("ls", "--limit", "1"), ("ls",), ("stats",), ("ls", "--json"), ("stats", "--json"),
+                     ("verify",), ("inspect", "8d1f7691"), ("log", "8d1f7691"), ("export", out / "a.tar")):
             run = other_member_kcache("--cache-dir", root, *args)
             assert run.returncode == 0, (args, run.stderr)
         moved = [p for p in root.rglob("*") if p.is_file() and p.stat().st_atime_ns != T * 10**9 and ".kcache" not in

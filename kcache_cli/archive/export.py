@@ -40,6 +40,7 @@ from kcache_cli.archive.manifest import (
 )
 from kcache_cli.catalog.scan import narrowed_by_names, scan_cache
 from kcache_cli.fs import read as fsread
+from kcache_cli.fs import readmarks
 from kcache_cli.fs import state
 from kcache_cli.fs import tarstream as ts
 from kcache_cli.fs import write as fswrite
@@ -266,7 +267,7 @@ def _read_member(dfd: int, base: str, name: str, budget: list[int],
             size = len(data)
         return (name, "file", size, mode, st.st_mtime, data), st
     finally:
-        os.close(fd)
+        fsread.close_read(fd)
 
 
 ENTRY_BUDGET = 256 << 20  # bytes of one entry held in memory; the rest is read again when written
@@ -280,7 +281,7 @@ def _read_file(dfd: int, name: str, size: int) -> bytes:
     try:
         return _read_up_to(fd, size)
     finally:
-        os.close(fd)
+        fsread.close_read(fd)
 
 
 def _read_up_to(fd: int, size: int) -> bytes:
@@ -534,7 +535,7 @@ class _PartWriter:
                 write(chunk)
                 left -= len(chunk)
         finally:
-            os.close(fd)
+            fsread.close_read(fd)
         write(ts.padding(size))
         return size, h.hexdigest()
 
@@ -580,6 +581,7 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
                 start = end
         finally:
             writer.close()
+            readmarks.save(plan.root)  # what this worker's reads of other users' files moved: no use
     # The records travel back as JSON text: encoding them here is done in parallel, and a string
     # pickles much faster than the records.
 

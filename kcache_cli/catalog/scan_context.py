@@ -280,6 +280,7 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
 
     root, last_used, func = shared
     fsread.anchor(root)  # a forkserver's worker starts without the parent's anchors
+    readmarks.reading(root)  # ... and without knowing whose files its reads are
     out: list[Any] = [None] * len(jobs)
     warned: list[str] = []
     failed: list[BaseException] = []

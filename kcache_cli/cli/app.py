@@ -274,7 +274,11 @@ def _fail(message: str, code: int, as_json: bool, trace: bool = False) -> None:
 
 
 def _release_roots() -> None:
-    """The roots the command vetted and held (fsread.hold_root), closed: main runs many times in tests."""
+    """The roots the command vetted and held (fsread.hold_root), closed: main runs many times in tests.
+    First, what the command's reads of other users' files moved is noted in them (fs/readmarks.py)."""
+    readmarks = sys.modules.get("kcache_cli.fs.readmarks")
+    if readmarks is not None:
+        readmarks.save_all()
     fsread = sys.modules.get("kcache_cli.fs.read")
     if fsread is not None:
         fsread.release_roots()

@@ -623,17 +623,56 @@ _NOATIME = getattr(os, "O_NOATIME", 0)
 _EUID = os.geteuid()  # kcache never changes it: asked once, not per file opened
 
 
+# Files open_quietly opened without O_NOATIME (another user's: the kernel grants it to owners and root only):
+# fd -> its fstat before any read. close_read puts what the reads moved in MOVED, ("<root>/" of the cache
+# being read, READING, inode) -> (atime after kcache's reads, atime before them) in ns, which
+# fs/readmarks.py notes in that cache: kcache's own reads are never a use, whichever command made them.
+_WATCHED: dict[int, os.stat_result] = {}
+MOVED: dict[tuple[str, int], tuple[int, int]] = {}
+READING: str | None = None  # set by readmarks.reading: no cache, nothing noted (a build's own sources)
+
+
 def open_quietly(path: str, flags: int, dir_fd: int | None = None, owner: int | None = None) -> int:
     """os.open, with O_NOATIME where the kernel allows it (the file's owner, or root): kcache's own reads
     leave a file's access time alone, so that atime keeps saying when a compiler last read it (the last
-    use kcache reports). Another user's file (`owner`, when known) is read without it (EPERM)."""
+    use kcache reports). Another user's file (`owner`, when known) is read without it (EPERM), and its
+    atime before the read is kept for close_read: close the fd with it."""
     euid = _EUID
     if _NOATIME and (owner is None or owner == euid or euid == 0):
         try:
-            return os.open(path, flags | _NOATIME, dir_fd=dir_fd)
+            fd = os.open(path, flags | _NOATIME, dir_fd=dir_fd)
         except PermissionError:  # root without CAP_FOWNER over this file (a user namespace)
             pass
-    return os.open(path, flags, dir_fd=dir_fd)
+        else:
+            _WATCHED.pop(fd, None)  # a number an earlier file had, closed by os.close
+            return fd
+    fd = os.open(path, flags, dir_fd=dir_fd)
+    try:
+        _WATCHED[fd] = os.fstat(fd)
+    except OSError:
+        _WATCHED.pop(fd, None)
+    return fd
+
+
+def close_read(fd: int) -> None:
+    """os.close of a file open_quietly opened (open_regular, EntryDir.open_file): where kcache's reads of
+    it moved its atime, the atimes after and before them go to MOVED."""
+    before = _WATCHED.pop(fd, None)
+    if before is not None and READING is not None:
+        try:
+            now = os.fstat(fd)
+        except OSError:
+            now = before
+        if (now.st_dev, now.st_ino) == (before.st_dev, before.st_ino) and now.st_atime_ns != before.st_atime_ns:
+            moved(READING, now.st_ino, now.st_atime_ns, before.st_atime_ns)
+    os.close(fd)
+
+
+def moved(root: str, ino: int, after: int, before: int) -> None:
+    """MOVED: kcache's read of the file `ino` in the cache `root` moved its atime from `before` to `after`
+    (read before in this process: the atime before that first read stays)."""
+    prev = MOVED.get((root, ino))
+    MOVED[(root, ino)] = (after, prev[1] if prev is not None and prev[0] == before else before)
 
 
 def absolute(path: str) -> str:
@@ -724,7 +763,7 @@ def read_open(fd: int, st: os.stat_result, limit: int, strict: bool, shown: str)
             raise TooLarge(errno.EFBIG, f"over {limit} bytes ({st.st_size}), not read", shown)
         data = _read_fd(fd, limit + 1 if strict else limit, st.st_size)
     finally:
-        os.close(fd)
+        close_read(fd)
     if strict and len(data) > limit:  # grew since the fstat
         raise TooLarge(errno.EFBIG, f"over {limit} bytes, not read", shown)
     return data
@@ -762,7 +801,7 @@ def chunks_of(fd: int, chunk: int = CHUNK) -> Iterator[bytes]:
                 return
             yield data
     finally:
-        os.close(fd)
+        close_read(fd)
 
 
 def sha256_file(path: str, *, base: str | None = None) -> str:

@@ -31,7 +31,6 @@ MAX_NOTES = 200_000  # oldest dropped beyond this (a note is about 40 bytes)
 
 # inode -> (atime_ns kcache's read left, atime_ns before it): loaded by a scan, inherited by its workers
 MARKS: dict[int, tuple[int, int]] = {}
-_NOTED: dict[int, tuple[int, int]] = {}  # this process's new notes, saved by save()
 
 
 def atime(st: os.stat_result) -> float:
@@ -45,7 +44,9 @@ def atime(st: os.stat_result) -> float:
 
 def note(dir_fd: int, listing: dict[str, os.stat_result]) -> None:
     """After judging the entry held as `dir_fd` (its files as listed before, `listing`): note each file of
-    another user whose atime kcache's reads moved (root and owners read with O_NOATIME: nothing moves)."""
+    another user whose atime kcache's reads moved (root and owners read with O_NOATIME: nothing moves).
+    Reads through fsread.open_quietly note themselves when closed (fsread.close_read); this catches the
+    rest (a file opened as a compiler opens it)."""
     me = os.geteuid()
     if me == 0:
         return
@@ -56,16 +57,33 @@ def note(dir_fd: int, listing: dict[str, os.stat_result]) -> None:
             now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
             continue
-        if now.st_ino == before.st_ino and now.st_atime_ns != before.st_atime_ns:
-            mark = MARKS.get(before.st_ino)
-            was = mark[1] if mark is not None and mark[0] == before.st_atime_ns else before.st_atime_ns
-            _NOTED[now.st_ino] = (now.st_atime_ns, was)
+        if now.st_ino == before.st_ino and now.st_atime_ns != before.st_atime_ns and fsread.READING:
+            fsread.moved(fsread.READING, now.st_ino, now.st_atime_ns, before.st_atime_ns)
+
+
+def reading(root: str | os.PathLike) -> None:
+    """From now on this process reads the entries of the cache `root`: what its reads move is noted there."""
+    fsread.READING = os.path.join(os.path.abspath(root), "")
+
+
+def _take_moved(root: str) -> dict[int, tuple[int, int]]:
+    """The atimes this process's reads in the cache `root` ("<root>/") moved (fsread.MOVED), as notes:
+    inode -> (atime after, atime before)."""
+    return {key[1]: fsread.MOVED.pop(key) for key in [k for k in fsread.MOVED if k[0] == root]}
+
+
+def _before(notes: dict[int, tuple[int, int]], ino: int, before: int) -> int:
+    """The atime before kcache's reads of the file `ino` when its atime was `before` as they began: where
+    `before` is what an earlier read of kcache's left (its note), the atime that read found."""
+    note = notes.get(ino)
+    return note[1] if note is not None and note[0] == before else before
 
 
 def load(root: str | os.PathLike) -> None:
-    """MARKS from the cache's notes (none when missing, malformed or not trusted)."""
+    """MARKS from the cache's notes (none when missing, malformed or not trusted); this process reads the
+    cache's entries from now on (reading)."""
     MARKS.clear()
-    _NOTED.clear()
+    reading(root)
     raw = state.read_shared_file(root, FILE, 64 << 20)
     if raw is None:
         return
@@ -77,8 +95,10 @@ def load(root: str | os.PathLike) -> None:
 
 
 def save(root: str | os.PathLike) -> None:
-    """Merge this process's notes into `.kcache/reads` (under its lock). Never fails the caller."""
-    if not _NOTED:
+    """Merge this process's notes of its reads in the cache `root` into `.kcache/reads` (under its lock).
+    Never fails the caller."""
+    new = _take_moved(os.path.join(os.path.abspath(root), ""))
+    if not new:
         return
 
     try:
@@ -95,7 +115,7 @@ def save(root: str | os.PathLike) -> None:
             locking.wait_flock(lock, 10.0, "the reads lock")
             sfd = state.open_state(rfd, root)
             try:
-                _merge(root, sfd)
+                _merge(root, sfd, new)
             finally:
                 os.close(sfd)
         finally:
@@ -106,14 +126,22 @@ def save(root: str | os.PathLike) -> None:
         os.close(rfd)
 
 
-def _merge(root: str | os.PathLike, sfd: int) -> None:
+def save_all() -> None:
+    """At a command's end: what its reads moved, noted in each cache they were of (commands that read
+    entries after their scan: verify, inspect, log, prune --broken...)."""
+    for root in sorted({k[0] for k in fsread.MOVED}):
+        save(root)
+
+
+def _merge(root: str | os.PathLike, sfd: int, new: dict[int, tuple[int, int]]) -> None:
     raw = state.read_shared_file(root, FILE, 64 << 20)
     try:
-        notes = {int(k): tuple(v) for k, v in fsread.parse_json(raw, FILE, 3).items()} if raw else {}
-    except (ValueError, TypeError, AttributeError):
+        notes = {int(k): (int(v[0]), int(v[1])) for k, v in fsread.parse_json(raw, FILE, 3).items()} if raw else {}
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError):  # not ours: started again
         notes = {}
-    notes.update(_NOTED)
-    _NOTED.clear()
+    for ino, (after, before) in new.items():  # a file another process of kcache read before (and noted)
+        notes[ino] = (after, _before(notes, ino, _before(MARKS, ino, before)))
+    MARKS.update({ino: notes[ino] for ino in new})  # this process's next reads of them chain on
     kept = list(notes.items())[-MAX_NOTES:]
     data = json.dumps({str(k): list(v) for k, v in kept}, separators=(",", ":")).encode()
     fswrite.replace_file_shared(sfd, FILE, data)

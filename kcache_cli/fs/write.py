@@ -237,7 +237,7 @@ def copy_file_at(src_fd: int, src: str, dst_fd: int, dst: str, mode: int = 0o644
     try:
         write_file(dst_fd, dst, iter(lambda: os.read(fd, fsread.CHUNK), b""), mode)
     finally:
-        os.close(fd)
+        fsread.close_read(fd)
 
 
 def copy_tree_at(src_fd: int, src: str, dst_fd: int, dst: str) -> None:

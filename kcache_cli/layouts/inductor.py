@@ -190,7 +190,7 @@ def _ends(d: EntryDir, name: str) -> tuple[bytes, bytes]:
     try:
         return os.pread(fd, 2, 0), os.pread(fd, 1, max(st.st_size - 1, 0))
     finally:
-        os.close(fd)
+        fsread.close_read(fd)
 
 
 def judge_guarded(d: EntryDir, jc: Judging, lst: Listing | None = None,

@@ -166,7 +166,7 @@ def binary_problem(d: EntryDir, name: str, deep: bool) -> str | None:
         if deep and _crc(fd, size).to_bytes(4, "big") != os.pread(fd, 4, 0):
             return f"{shown}'s checksum does not match its bytes (torch refuses to load it)"
     finally:
-        os.close(fd)
+        fsread.close_read(fd)
     return None
 
 

@@ -342,7 +342,7 @@ def _copy_source(entry_fd: int, tmp_fd: int, relpath: str, source: str) -> None:
     try:
         fswrite.write_file(tmp_fd, source, iter(lambda: os.read(fd, 1 << 20), b""), 0o600)
     finally:
-        os.close(fd)
+        fsread.close_read(fd)
 
 
 def _fsync(dir_fd: int) -> None:
@@ -350,4 +350,4 @@ def _fsync(dir_fd: int) -> None:
     try:
         os.fsync(fd)
     finally:
-        os.close(fd)
+        fsread.close_read(fd)
