@@ -6,11 +6,14 @@ file's owner and to root only: a member of a group-shared cache reading another 
 their atime, and a nightly `prune --older-than` would then never remove anything.
 
 Such a member cannot put the atime back either (setting an explicit time needs ownership). So kcache
-remembers what it did: when an entry directory it judged is closed (EntryDir.close), each file it listed
-that is another user's and whose atime moved while it was open is noted as (inode, atime after,
-atime before). The notes go to `.kcache/reads` (JSON, merged under `.kcache/locks/.reads.lock`, shared
-with the cache's group), and a scan reads a file's atime through `atime()`: an atime that is still
-exactly the one kcache's read left is taken as the one before it. A compiler's later read moves the
+remembers what it did, whichever command read: a file opened without O_NOATIME is fstat'ed before it is
+read and again when it is closed (fsread.close_read), and an entry directory a judgement held is
+checked when closed (EntryDir.close, for files opened as a compiler opens them); an atime that moved
+is noted as (inode, atime after, atime before), under the cache being read (`reading`). The notes go to
+`.kcache/reads` (JSON, merged under `.kcache/locks/.reads.lock`, shared with the cache's group) at the
+end of a scan, of each worker, and of the command; a file kcache read before keeps the atime before
+that first read. A scan reads a file's atime through `atime()`: an atime that is still exactly the one
+kcache's read left is taken as the one before it. A compiler's later read moves the
 atime past the note, and the note no longer applies. (On a relatime mount a compiler's read within a
 day of kcache's may not move it: that use is seen up to a day late, never invented.)"""
 
