@@ -355,8 +355,8 @@ def last_uses(run: subprocess.CompletedProcess) -> dict[str, str]:
 @pytest.mark.second_user
 def test_a_members_reads_leave_another_members_entries_last_use_alone(area):
     """strictatime: every read moves atime. Member B (not the owner: O_NOATIME is refused) lists, weighs,
-    verifies, inspects, reads the log of and exports member A's entries; each entry's last use stays where
-    it was, for B, A and root alike; a compiler's read afterwards is still a use."""
+    verifies, inspects, reads the log of, compares, exports and pushes member A's entries; each entry's
+    last use stays where it was, for B, A and root alike; a compiler's read afterwards is still a use."""
     import shutil
 
     mnt = area / "mnt"
@@ -378,11 +378,13 @@ def test_a_members_reads_leave_another_members_entries_last_use_alone(area):
                 os.utime(os.path.join(dirpath, n), (T, T), follow_symlinks=False)
         before = last_uses(root_kcache("--cache-dir", root, "ls", "--json"))
         lib = next(root.glob("ops/*/*/*/lib.so"))
-        out = area / "out"  # where B may write its archive
-        out.mkdir(mode=0o777)
-        out.chmod(0o777)
+        out = area / "out"  # where B may write its archive and a file remote
+        (out / "remote").mkdir(parents=True)
+        for d in (out, out / "remote"):
+            d.chmod(0o777)
         for args in (("ls", "--limit", "1"), ("ls",), ("stats",), ("ls", "--json"), ("stats", "--json"),
-                     ("verify",), ("inspect", "8d1f7691"), ("log", "8d1f7691"), ("export", out / "a.tar")):
+                     ("verify",), ("inspect", "8d1f7691"), ("log", "8d1f7691"), ("diff", "8d1f7691", "ad252b06"),
+                     ("export", out / "a.tar"), ("push", "--remote", f"file://{out / 'remote'}")):
             run = other_member_kcache("--cache-dir", root, *args)
             assert run.returncode == 0, (args, run.stderr)
         moved = [p for p in root.rglob("*") if p.is_file() and p.stat().st_atime_ns != T * 10**9 and ".kcache" not in
