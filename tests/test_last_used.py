@@ -225,3 +225,18 @@ def test_a_read_without_noatime_is_noted_when_its_file_is_closed(fixture_copy, m
     fd = fsread.open_quietly(str(lib), os.O_RDONLY, owner=4242)  # its owner's read: O_NOATIME, nothing kept
     fsread.close_read(fd)
     assert fsread.MOVED == {}
+
+
+def test_reads_in_a_row_keep_the_atime_before_the_first(monkeypatch):
+    """A file read twice in one command, and the listing of its directory taken between the two reads (its
+    atime then the first read's) reported when the directory is closed: the note keeps the atime before
+    the first read. An atime kcache did not leave (a compiler's read in between) is a use, and starts anew."""
+    from kcache_cli.fs import read as fsread
+
+    monkeypatch.setattr(fsread, "MOVED", {})
+    fsread.moved("/c/", 7, 20, 10)  # the first read: 10 -> 20
+    fsread.moved("/c/", 7, 30, 20)  # the second: 20 -> 30
+    fsread.moved("/c/", 7, 30, 20)  # the listing taken between them, at the directory's close
+    assert fsread.MOVED == {("/c/", 7): (30, 10)}
+    fsread.moved("/c/", 7, 40, 35)  # a compiler read it at 35 since
+    assert fsread.MOVED == {("/c/", 7): (40, 35)}

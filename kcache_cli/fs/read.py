@@ -18,6 +18,7 @@ import json
 import os
 import re
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -669,10 +670,16 @@ def close_read(fd: int) -> None:
 
 
 def moved(root: str, ino: int, after: int, before: int) -> None:
-    """MOVED: kcache's read of the file `ino` in the cache `root` moved its atime from `before` to `after`
-    (read before in this process: the atime before that first read stays)."""
-    prev = MOVED.get((root, ino))
-    MOVED[(root, ino)] = (after, prev[1] if prev is not None and prev[0] == before else before)
+    """MOVED: kcache's read of the file `ino` in the cache `root` moved its atime from `before` to `after`.
+    Read before in this process (its atime then `before`, or already `after`: a listing taken between two
+    reads reports an atime in between), the atime before that first read stays. A scan's threads may read
+    one file at once (an fx graph two AOTAutograd entries name)."""
+    with _MOVED_LOCK:
+        prev = MOVED.get((root, ino))
+        MOVED[(root, ino)] = (after, prev[1] if prev is not None and prev[0] in (before, after) else before)
+
+
+_MOVED_LOCK = threading.Lock()
 
 
 def absolute(path: str) -> str:
