@@ -15,8 +15,8 @@ The caches (made once under DIR and reused):
             (tests/loaders/recorded/vllm.tar.gz), their artifacts hard links of one copy, their indexes
             rewritten by `kcache verify --fix` to lead into each unit.
 Each layout also times `inspect <prefix>` of one entry against `kcache --version`.
-For Triton and Inductor, bench/floor_triton.py and bench/floor_inductor.py (what a cold judgement cannot
-skip, in Python, over the cores) are timed against du and against kcache's cold listing; for every
+For Triton, Inductor and vLLM, bench/floor_triton.py, floor_inductor.py and floor_vllm.py (what a cold
+judgement cannot skip, in Python, over the cores) are timed against du and against kcache's cold listing; for every
 layout, bench/floor_index.py (an unchanged listing's floor in Python: the index's records unpickled, the
 lstats over the cores, the JSON) against du and against kcache. The warm
 runs of the other ref use their own copy of the tree (generated alike; Triton's and Inductor's group
@@ -139,9 +139,10 @@ def bench(layout: str, root: Path, n: int, runs: int, env: dict, base: Path | No
     count = len(json.loads(subprocess.run(cold, env=env, capture_output=True, check=True).stdout)["entries"])
     print(f"-- {layout}: {count} entries in {root}; load {load()}", flush=True)
     compare(f"{layout} cold: ls --json --no-index vs du", cold, du, runs, 1.5, env)
-    floor = [sys.executable, str(BENCH / "floor_triton.py"), str(root), "--procs", str(os.cpu_count() or 1)]
-    cold_floor = {"triton": floor, "inductor": [sys.executable, str(BENCH / "floor_inductor.py"), str(root),
-                                                "--procs", str(os.cpu_count() or 1)]}.get(layout)
+    procs = ["--procs", str(os.cpu_count() or 1)]
+    floor = [sys.executable, str(BENCH / "floor_triton.py"), str(root), *procs]
+    cold_floor = {"triton": floor, "inductor": [sys.executable, str(BENCH / "floor_inductor.py"), str(root), *procs],
+                  "vllm": [sys.executable, str(BENCH / "floor_vllm.py"), str(root), *procs]}.get(layout)
     if cold_floor:  # the system calls and reads no cold listing can skip, in Python, over the cores
         script = os.path.basename(cold_floor[1])
         compare(f"{layout} floor cold: {script} vs du", cold_floor, du, runs, 1.5, env)
