@@ -193,8 +193,9 @@ def test_a_triton_only_machine_keeps_its_budget_and_the_kernels_read_last(kcache
 
 def test_a_read_without_noatime_is_noted_when_its_file_is_closed(fixture_copy, monkeypatch):
     """Another user's file is opened without O_NOATIME (the kernel refuses it): fsread.close_read notes what
-    the read moved, the note is saved in the cache whose device it is on, and the next scan takes the atime
-    before the read as the file's last use. Twice in one process: the note keeps the first atime."""
+    the read moved (only while a cache is being read: readmarks.reading), the note is saved in that cache and
+    no other, and the next scan takes the atime before the read as the file's last use. Twice in one
+    process: the note keeps the first atime."""
     from kcache_cli.fs import read as fsread
     from kcache_cli.fs import readmarks
 
