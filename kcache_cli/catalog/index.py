@@ -58,7 +58,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from importlib.util import find_spec
-from stat import S_ISLNK, S_ISREG
+from stat import S_ISLNK
 from typing import Any
 
 import kcache_cli
@@ -120,10 +120,7 @@ def _fresh(where: str, names: tuple[str, ...], digest: bytes, dir_fd: int | None
         ints += (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if _digest(ints) != digest:
         return None
-    # a directory's atime is any listing's; a file's is its last use, unless it is kcache's own read
-    if not readmarks.MARKS:  # no read of kcache's noted: the atimes as they are
-        return max([st.st_atime for st in sts if S_ISREG(st.st_mode)], default=0.0)
-    return max((readmarks.atime(st) for st in sts if S_ISREG(st.st_mode)), default=0.0)
+    return readmarks.newest_atime(sts)
 
 
 _INTERNED: dict[tuple[str, ...], tuple[str, ...]] = {}
@@ -176,8 +173,8 @@ def _servable(rec: Any, asked: tuple, anchor: fsread.Anchor | None = None) -> fl
     if (type(rec) is tuple and len(rec) == 5 and rec[2] == asked and type(rec[3]) is tuple
             and len(rec[3]) == _NFIELDS and (rec[4] is None or type(rec[4]) is tuple)):
         path = asked[1][0]
-        if anchor is not None and anchor.fd >= 0 and path.startswith(anchor.key) and len(path) > len(anchor.key):
-            return _fresh(path[len(anchor.key):], rec[0], rec[1], anchor.fd)  # _fresh fails on odd names
+        if anchor is not None and anchor.fd >= 0 and anchor.holds(path):
+            return _fresh(anchor.rel(path), rec[0], rec[1], anchor.fd)  # _fresh fails on odd names
         return _fresh(path, rec[0], rec[1])
     return None
 

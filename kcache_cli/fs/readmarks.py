@@ -45,6 +45,14 @@ def atime(st: os.stat_result) -> float:
     return st.st_atime
 
 
+def newest_atime(sts: list[os.stat_result]) -> float:
+    """The newest last use (atime()) of the regular files among `sts`, 0.0 when there is none: a
+    directory's atime is any listing's."""
+    if not MARKS:  # no read of kcache's noted: the atimes as they are
+        return max([st.st_atime for st in sts if stat.S_ISREG(st.st_mode)], default=0.0)
+    return max((atime(st) for st in sts if stat.S_ISREG(st.st_mode)), default=0.0)
+
+
 def note(dir_fd: int, listing: dict[str, os.stat_result]) -> None:
     """After judging the entry held as `dir_fd` (its files as listed before, `listing`): note each file of
     another user whose atime kcache's reads moved (root and owners read with O_NOATIME: nothing moves).
