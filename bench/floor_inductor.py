@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forked import root_and_procs, split_over  # noqa: E402
+from forked import read_at, root_and_procs, split_over  # noqa: E402
 
 VARIANT = re.compile(r"[a-z2-7]{51}\Z")
 FX_KEY = re.compile(rb"f[a-z2-7]{51}")
@@ -47,15 +47,6 @@ def _jobs(root: str) -> list[tuple[str, str]]:
     return graphs + rest
 
 
-def _read(fd: int, name: str, n: int, at: int = 0) -> bytes:
-    f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
-    try:
-        size = os.fstat(f).st_size
-        return os.pread(f, n if n >= 0 else size, at if at >= 0 else max(size + at, 0))
-    finally:
-        os.close(f)
-
-
 def _entry(rfd: int, kind: str, rel: str) -> dict:
     fd = os.open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=rfd)
     try:
@@ -65,17 +56,17 @@ def _entry(rfd: int, kind: str, rel: str) -> dict:
         named = 0
         for name in sizes:
             if kind in ("graph", "autograd") and VARIANT.match(name):
-                _read(fd, name, 2)
-                _read(fd, name, 1, -1)
+                read_at(fd, name, 2)
+                read_at(fd, name, 1, -1)
                 if kind == "autograd":
-                    for key in set(FX_KEY.findall(_read(fd, name, -1))):
+                    for key in set(FX_KEY.findall(read_at(fd, name, -1))):
                         k = key.decode()
                         os.lstat(f"fxgraph/{k[1:3]}/{k}", dir_fd=rfd)
                         named += 1
             elif kind == "code" and name.endswith(".so"):
-                _read(fd, name, 64)
+                read_at(fd, name, 64)
             elif kind == "triton" and name.endswith(".json"):
-                json.loads(_read(fd, name, -1))
+                json.loads(read_at(fd, name, -1))
     finally:
         os.close(fd)
     return {"kind": kind, "path": rel, "size": sum(sizes.values()), "files": len(sizes), "graphs": named}

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forked import root_and_procs, split_over  # noqa: E402
+from forked import read_at, root_and_procs, split_over  # noqa: E402
 
 UNIT = re.compile(r"[0-9a-f]{10}\Z")
 RANK = re.compile(r"rank_\d+_\d+\Z")
@@ -36,16 +36,6 @@ FX_KEY = re.compile(rb"f[a-z2-7]{51}")
 INDEX = "vllm_compile_cache.py"
 NESTED = ("inductor_cache", "triton_cache")
 DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-
-
-def _read(fd: int, name: str, n: int = -1, at: int = 0) -> bytes:
-    """`n` bytes of `name` (all: -1) from offset `at` (from its end: negative)."""
-    f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
-    try:
-        size = os.fstat(f).st_size
-        return os.pread(f, size if n < 0 else n, at if at >= 0 else max(size + at, 0))
-    finally:
-        os.close(f)
 
 
 def _measure(fd: int) -> tuple[int, float]:
@@ -100,7 +90,7 @@ def _unpacked(fd: int, name: str) -> int:
             entry = os.open(f"aotautograd/{key}", DIR, dir_fd=root)
             try:
                 for variant in os.listdir(entry):
-                    for k in set(FX_KEY.findall(_read(entry, variant))):
+                    for k in set(FX_KEY.findall(read_at(entry, variant))):
                         graph = k.decode()
                         os.lstat(f"fxgraph/{graph[1:3]}/{graph}", dir_fd=root)
                         named += 1
@@ -111,8 +101,8 @@ def _unpacked(fd: int, name: str) -> int:
                 gfd = os.open(f"fxgraph/{shard}/{graph}", DIR, dir_fd=root)
                 try:
                     for variant in os.listdir(gfd):
-                        _read(gfd, variant, 2)
-                        _read(gfd, variant, 1, -1)
+                        read_at(gfd, variant, 2)
+                        read_at(gfd, variant, 1, -1)
                 finally:
                     os.close(gfd)
     finally:
@@ -145,7 +135,7 @@ def _unit(rfd: int, name: str) -> dict:
             try:
                 for index in _indexes(rk):
                     prefix = os.path.dirname(index)
-                    for key, handle in ast.literal_eval(_read(rk, index).decode()).items():
+                    for key, handle in ast.literal_eval(read_at(rk, index).decode()).items():
                         handles += 1
                         if key[2] != "inductor_standalone":
                             continue

@@ -1,5 +1,6 @@
-"""The floors' one way to split work over processes as kcache's scan does (bench/floor_*.py): fork, each
-process its share, what it returns written to stdout, the first share done in this process. No kcache code."""
+"""What the floors (bench/floor_*.py) share: one way to split work over processes as kcache's scan does
+(fork, each process its share, what it returns written to stdout, the first share done in this process),
+their arguments, and one way to read part of a file. No kcache code."""
 
 from __future__ import annotations
 
@@ -37,3 +38,14 @@ def root_and_procs(argv: list[str]) -> tuple[str, int]:
     ap.add_argument("--procs", type=int, default=1)
     args = ap.parse_args(argv)
     return args.root, args.procs
+
+
+def read_at(fd: int, name: str, n: int = -1, at: int = 0) -> bytes:
+    """`n` bytes (all: -1) of the file `name` in the directory `fd`, from offset `at` (from its end:
+    negative): open, fstat, pread, close, no link followed."""
+    f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+    try:
+        size = os.fstat(f).st_size
+        return os.pread(f, size if n < 0 else n, at if at >= 0 else max(size + at, 0))
+    finally:
+        os.close(f)
