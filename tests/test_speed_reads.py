@@ -128,6 +128,52 @@ def test_one_name_opened_without_openat2_refuses_what_openat2_refuses(tmp_path, 
         os.close(dfd)
 
 
+def test_the_first_paths_walked_refuse_what_openat2_refuses(tmp_path, monkeypatch):
+    """A process's first WALKS_BEFORE_OPENAT2 paths of several components are walked by the caller, one
+    O_NOFOLLOW openat per component, without loading ctypes: each caller (the anchor, an entry's
+    directory, the writer) opens or refuses every path as it does through openat2 once loaded."""
+    if not fsread._load_openat2():
+        pytest.skip("this kernel has no openat2 to compare with")
+    from kcache_cli.fs import write as fswrite
+
+    root = tmp_path / "root"
+    (root / "a" / "b" / "c").mkdir(parents=True)
+    (root / "a" / "f").write_text("x")
+    os.symlink("b", root / "a" / "to_b")
+    os.symlink(str(tmp_path), root / "a" / "out")
+    paths = ("a/b", "a/b/c", "a/to_b/c", "a/out/root", "a/f/x", "a/missing/c", "a/to_b")
+
+    def outcomes() -> list[str]:
+        got = []
+        with fsread.Anchor(root) as anchor:
+            d = EntryDir(str(root / "a"), os.open(root / "a", fsread.DIR_FLAGS), anchor)
+            for rel in paths:
+                for opener in (lambda r: anchor.open_dir(anchor.key + r),
+                               lambda r: fswrite.open_dir(anchor.fd, r),
+                               lambda r: d.sub(r[2:]).fd if r.startswith("a/") else None):
+                    try:
+                        fd = opener(rel)
+                        got.append("opened" if fd is not None else "refused")
+                        if fd is not None:
+                            os.close(fd)
+                    except OSError as exc:  # a link or a file on the way: refused, however it is said
+                        refused = exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV, None)
+                        got.append("refused" if refused else errno.errorcode[exc.errno])
+            d.close()
+        return got
+
+    loaded = outcomes()
+    monkeypatch.setattr(fsread, "_openat2", None)
+    monkeypatch.setattr(fsread, "_walks", 0)
+    walked = outcomes()
+    assert fsread._openat2 is None  # every path was walked: ctypes was never loaded
+    assert walked == loaded
+    assert loaded.count("opened") == 6  # a/b and a/b/c by all three callers; every other path refused
+    with fsread.Anchor(root) as anchor:  # ".." is refused by a walk, even where openat2 would stay beneath
+        with pytest.raises(OSError):
+            anchor.open_dir(anchor.key + "a/b/../b")
+
+
 @pytest.mark.parametrize("rules", [fsread.RESOLVE_NO_SYMLINKS | fsread.RESOLVE_BENEATH,
                                    fsread.RESOLVE_NO_XDEV | fsread.RESOLVE_NO_SYMLINKS])
 def test_a_name_with_a_nul_opens_nothing(tmp_path, rules):

@@ -66,6 +66,11 @@ RESOLVE_NO_XDEV, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x01, 0x04, 0x08
 _ONE_NAME_RESOLVE = RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH  # what O_NOFOLLOW gives one plain name (openat2)
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "ppc64le": 437, "s390x": 437, "riscv64": 437}
 _openat2: Any = None  # the ctypes call once known to work; False when the kernel (or a seccomp filter) has none
+# Below these two rules, the first few paths of a process are walked by the caller (an openat with O_NOFOLLOW
+# per component, never ".."), which refuses what openat2 refuses: loading ctypes for the call costs 2 ms, more
+# than a lookup's few walks (`inspect 7ebb` opens three paths), less than a scan's thousands.
+WALKS_BEFORE_OPENAT2 = 32
+_walks = 0
 
 
 def _load_openat2() -> Any:
@@ -110,15 +115,21 @@ def _load_openat2() -> Any:
 
 
 def openat2(dir_fd: int, name: str, flags: int, resolve: int) -> int | None:
-    """`name` opened inside `dir_fd` under the RESOLVE_* rules, or None where openat2 does not exist
-    (the caller then walks the components itself). One plain name under no rule but these two is one
-    openat with O_NOFOLLOW, which refuses what they refuse (a link: ELOOP, or ENOTDIR with O_DIRECTORY)
-    without the ctypes call (1.4 µs less): a scan opens every entry directory from its parent so. A name
-    holding a NUL is refused (EINVAL) whichever way: as a C string it would name another file."""
+    """`name` opened inside `dir_fd` under the RESOLVE_* rules, or None where openat2 does not exist or
+    is not loaded yet (WALKS_BEFORE_OPENAT2; the caller then walks the components itself). One plain
+    name under no rule but these two is one openat with O_NOFOLLOW, which refuses what they refuse (a
+    link: ELOOP, or ENOTDIR with O_DIRECTORY) without the ctypes call (1.4 µs less): a scan opens every
+    entry directory from its parent so. A name holding a NUL is refused (EINVAL) whichever way: as a C
+    string it would name another file."""
     if "\0" in name:  # a C string ends there: the call would open the name before it, another file
         raise OSError(errno.EINVAL, "a NUL byte in a file name", name)
-    if not resolve & ~_ONE_NAME_RESOLVE and "/" not in name and name not in ("", ".", ".."):
-        return os.open(name, flags | os.O_NOFOLLOW, dir_fd=dir_fd)
+    if not resolve & ~_ONE_NAME_RESOLVE:
+        if "/" not in name and name not in ("", ".", ".."):
+            return os.open(name, flags | os.O_NOFOLLOW, dir_fd=dir_fd)
+        global _walks
+        if _openat2 is None and _walks < WALKS_BEFORE_OPENAT2:  # a few walks cost less than ctypes' import
+            _walks += 1
+            return None
     call = _load_openat2()
     if not call:
         return None
