@@ -247,6 +247,30 @@ def test_index_writable_by_others_or_owned_by_another_user_is_ignored(cache, jud
         assert len(judged) == 5
 
 
+@pytest.mark.parametrize("size", [0, 1, 65535, 65536, 3 << 20])
+def test_index_file_read_whole_even_when_it_grew_after_its_fstat(tmp_path, monkeypatch, size):
+    """An index file is read in one read of the size fstat saw; bytes past that size (the file grew)
+    are read on, and a file past the limit is none."""
+    data = os.urandom(size)
+    root = str(tmp_path)
+    dfd = state.open_index_dir(root, create=True)
+    os.close(dfd)
+    (tmp_path / ".kcache" / "index" / state.index_name("names")).write_bytes(data)
+    assert state.read_index_file(root, "names", size) == data
+    if size:
+        assert state.read_index_file(root, "names", size - 1) is None
+    real_fstat = os.fstat
+
+    def shrunk(fd):  # the size at the fstat, before a writer appended the rest
+        st = real_fstat(fd)
+        return os.stat_result((*st[:6], st.st_size // 3, *st[7:]))
+
+    monkeypatch.setattr(os, "fstat", shrunk)
+    assert state.read_index_file(root, "names", size) == data
+    if size:
+        assert state.read_index_file(root, "names", size - 1) is None
+
+
 def test_small_caches_get_no_index(cache, monkeypatch):
     assert index.MIN_ENTRIES > 5
     assert scan_cache(cache, use_index=True).entries == scan_cache(cache).entries
