@@ -306,3 +306,20 @@ def test_the_rules_catch_a_typo_and_a_wrong_signature():
               "    def scan(self, ctx, flt):\n        return scan(ctx, flt)\n"
               "    def describe(self, root, entry):\n        return describe(root, entry)\n")
     assert uncalled_hook_functions(source) == ["relocation_problem"]
+
+
+def test_a_short_listing_finds_the_same_tops_kind_by_kind(monkeypatch):
+    """tops() of a short listing matches each kind's first segment in turn; a long one matches the
+    kinds' joined regex within its widths. Both find the same names, for every layout."""
+    from kcache_cli.layouts import shapes
+
+    names = ["ops", "graphs", "programs", "scripts", "0.1.6", "0.1.6.post1+cu121", "fxgraph", "aotautograd",
+             "ab", "a1", "ABC", "0123456789", "0123456789a", "torch_aot_compile", "cuda-binaries", ".hidden",
+             "224QLPILB7NXXOMZ3H6EZLDE7L6FMZ2VVUUACREL6ZJP5PMGSYIA", "f" * 64, "x" * 43, "my_ext", "1bad",
+             "with space", "ümlaut", "a.b", ""]
+    assert len(names) <= shapes._FEW
+    short = {shape.name: shape.tops(names) for shape in shapes.SHAPES}
+    monkeypatch.setattr(shapes, "_FEW", -1)  # every listing long: the joined regex
+    assert short == {shape.name: shape.tops(names) for shape in shapes.SHAPES}
+    assert short["triton"] == ["224QLPILB7NXXOMZ3H6EZLDE7L6FMZ2VVUUACREL6ZJP5PMGSYIA", "f" * 64, "x" * 43]
+    assert short["tilelang"] == ["0.1.6", "0.1.6.post1+cu121"]

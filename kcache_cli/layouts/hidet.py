@@ -59,7 +59,7 @@ from kcache_cli.model.records import (
 )
 
 NAME = HIDET.name
-SPACE_RE = HIDET.kinds[0].segments[1]  # <target>_space_<level>: groups 1 (target) and 2 (level)
+SPACE_RE = HIDET.kinds[0].segment(1)  # <target>_space_<level>: groups 1 (target) and 2 (level)
 BINARY = "lib.so"
 MANIFEST = "kcache.json"  # kcache's own record: per-file size and sha256, arch, compiler, command
 # Files only real hidet writes; their presence means hidet's completion rules apply.

@@ -55,7 +55,7 @@ class KindShape:
         # `patterns`: (field, regex) for the fields that are not just any visible name
         self.parts = tuple(template.split("/"))
         self._patterns = dict(patterns)
-        self._segments: tuple[re.Pattern[str], ...] | None = None  # compiled when first matched
+        self._segments: list[re.Pattern[str] | None] = [None] * len(self.parts)  # each compiled when first asked
         space_fields = set(_FIELD.findall(space or ""))
         # The segment that completes the space (-1: no space) and the segment holding the op (-1: no op).
         self.space_depth = max((i for i, p in enumerate(self.parts) if space_fields & set(_FIELD.findall(p))),
@@ -78,11 +78,16 @@ class KindShape:
 
     @property
     def segments(self) -> tuple[re.Pattern[str], ...]:
-        """One anchored regex per directory level, compiled the first time a name is matched (start-up
-        compiles none: most commands match the shapes of one or two layouts)."""
-        if self._segments is None:
-            self._segments = tuple(_segment_regex(s, self._patterns) for s in self.parts)
-        return self._segments
+        """One anchored regex per directory level (`segment`)."""
+        return tuple(self.segment(i) for i in range(len(self.parts)))
+
+    def segment(self, i: int) -> re.Pattern[str]:
+        """The anchored regex of directory level `i`, compiled the first time it is asked for (start-up
+        compiles none, and detection only the first level's: most commands match one or two layouts)."""
+        got = self._segments[i]
+        if got is None:
+            got = self._segments[i] = _segment_regex(self.parts[i], self._patterns)
+        return got
 
     @property
     def depth(self) -> int:
@@ -98,7 +103,7 @@ class KindShape:
         return self.op_depth >= 0 or self.from_files is not None
 
     def match_segment(self, i: int, name: str) -> dict[str, str] | None:
-        m = self.segments[i].fullmatch(name)
+        m = self.segment(i).fullmatch(name)
         return m.groupdict() if m else None
 
     def match(self, relpath: str) -> dict[str, str | None] | None:
@@ -161,6 +166,7 @@ def _widths(regex: re.Pattern[str]) -> tuple[int, int | float]:
 
 
 _WIDTHS: dict[re.Pattern[str], tuple[int, int | float]] = {}
+_FEW = 256  # a listing this short is matched kind by kind (a hidet root holds two or three names)
 
 
 class LayoutShape:
@@ -197,8 +203,11 @@ class LayoutShape:
             found: Iterable[str] = (n for n in names if n in firsts)
         elif all(k.any_visible_first for k in self.kinds):  # any visible name (a listing's names hold no "/")
             found = (n for n in names if n and not n.startswith("."))
+        elif len(names) <= _FEW:  # kind by kind: the joined regex and its widths cost more than they save
+            matches = [k.segment(0).match for k in self.kinds]
+            found = (n for n in names if any(match(n) for match in matches))
         else:
-            regex = _any_of(tuple(k.segments[0] for k in self.kinds))  # one regex for every kind
+            regex = _any_of(tuple(k.segment(0) for k in self.kinds))  # one regex for every kind
             match, (shortest, longest) = regex.match, _widths(regex)
             found = (n for n in names if shortest <= len(n) <= longest and match(n))
         return list(found if limit is None else itertools.islice(found, limit))

@@ -39,7 +39,7 @@ from kcache_cli.model.records import (
 
 NAME = TILELANG.name
 TARGET = TILELANG.kinds[0].target
-VERSION_RE = TILELANG.kinds[0].segments[0]  # anchored
+VERSION_RE = TILELANG.kinds[0].segment(0)  # anchored
 KERNEL_BINARIES = ("executable.so", "kernel_lib.so", "kernel.cubin")
 CUBIN_BINARIES = ("kernel.cubin", "kernel.fatbin")
 STAGING = ".staging"

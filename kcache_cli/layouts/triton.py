@@ -76,7 +76,7 @@ if TYPE_CHECKING:
     from kcache_cli.layouts.remote_format import RemoteFormat
 
 NAME = TRITON.name
-KEY_RE = TRITON.kinds[0].segments[0]  # anchored: base32(sha256) since Triton 3.2, hex before
+KEY_RE = TRITON.kinds[0].segment(0)  # anchored: base32(sha256) since Triton 3.2, hex before
 GROUP_PREFIX, TMP_PREFIX = TRITON_GROUP, TRITON_TMP
 BINARY_TARGETS = {".cubin": "cuda", ".hsaco": "hip"}
 BINARY_EXT = {"cuda": ".cubin", "hip": ".hsaco"}  # the backend's binary_ext: the file CompiledKernel needs

@@ -13,19 +13,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import queue
 import signal
 import stat
 import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Final, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Final, Iterable, Iterator, Mapping
 
 from kcache_cli import layouts
 from kcache_cli.catalog.scan import leftover_entries, narrowed_by_names, scan_cache
 from kcache_cli.catalog.scan_context import ScanContext
-from kcache_cli.fs import delete as fsdelete
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
 from kcache_cli.fs import write as fswrite
@@ -47,9 +45,19 @@ from kcache_cli.model.records import (
     measure_tree,
 )
 from kcache_cli.model.terms import BROKEN, RemovalWhat  # BROKEN: what --broken removes (partial, failed, corrupt)
-from kcache_cli.ops.verify import judge_entry
 from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.progress import NO_PROGRESS, Progress
+
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads when a removal (or --broken) needs it
+    import queue
+
+    from kcache_cli.fs import delete as fsdelete
+    from kcache_cli.ops import verify
+else:  # a dry run shows the plan without them (3 ms of `clear --dry-run 7ebb`)
+    queue = lazy_module("queue")
+    fsdelete = lazy_module("kcache_cli.fs.delete")
+    verify = lazy_module("kcache_cli.ops.verify")
 
 STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer
 # What --broken removes (terms.BROKEN): never UNREADABLE (a permission problem is not damage), never STALE
@@ -105,6 +113,8 @@ class Skip:
 
 @dataclass(frozen=True)
 class DeleteResult:
+    """What a removal did: entries removed and skipped, errors, bytes freed."""
+
     root: str
     removed: tuple[Removal, ...]
     skipped: tuple[Skip, ...]
@@ -207,7 +217,7 @@ def _judged(root: Path, e: Entry) -> Entry:
         return e
 
 
-    j = judge_entry(root, e, deep=True)
+    j = verify.judge_entry(root, e, deep=True)
     return e if j.status == e.status else replace(e, status=j.status, reason=j.reason)
 
 
@@ -965,8 +975,6 @@ class _Executor:
         except OSError as exc:
             if exc.errno not in (errno.EXDEV, *_NO_SPACE):
                 return self._fail(r, exc)
-            from kcache_cli.fs import delete as fsdelete
-
             done = fsdelete.remove_tree(parent, name, label=r.relpath)
             if not done.gone:
                 return self._fail_text(r, "; ".join(done.problems[:3]))
@@ -1205,7 +1213,7 @@ def _status_now(e: Entry, root: Path | None = None, deep: bool = True) -> str:
     """The entry's status read again now, by the same judgement (deep or cheap) that selected it."""
     if root is None:
         root = Path(e.path[: len(e.path) - len(e.relpath)] or "/")
-    return judge_entry(root, e, deep=deep).status
+    return verify.judge_entry(root, e, deep=deep).status
 
 
 def _no_layout():
