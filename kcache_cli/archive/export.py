@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ExportedEntry(Keyed):
+    """One entry written into the archive: its key, verdict, files, size and build facts."""
+
     key: EntryKey
     status: Status
     files: int
@@ -78,6 +80,8 @@ class ExportedEntry(Keyed):
 
 @dataclass(frozen=True)
 class ExportResult:
+    """What `kcache export` wrote: the archive, its entries, and those left out with why."""
+
     archive: str
     compression: str
     entries: tuple[ExportedEntry, ...]

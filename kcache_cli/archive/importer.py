@@ -54,6 +54,8 @@ from kcache_cli.util.signing import verifier
 
 @dataclass(frozen=True)
 class ImportedEntry(Keyed):
+    """One archive entry and what import did with it (import, replace, skip...)."""
+
     key: EntryKey
     action: ImportAction
     done: bool  # published (False for skips and in a dry run)
@@ -75,6 +77,8 @@ class ImportedEntry(Keyed):
 
 @dataclass(frozen=True)
 class ImportResult:
+    """What `kcache import` verified and published from one archive."""
+
     archive: str
     root: str
     dry_run: bool
@@ -483,6 +487,8 @@ def _hardlink(m, x: tuple, listed: dict[str, tuple], expect: dict[str, tuple], s
 
 @dataclass(frozen=True)
 class _Region:
+    """A part of the archive one worker reads: its byte range and the entries in it."""
+
     start: int
     length: int
     lo: int  # entries[lo:hi] live in this part

@@ -266,6 +266,8 @@ class Manifest(NamedTuple):
 
 @dataclass(slots=True)  # no __dict__: one object fewer per entry for the collector to track in a big import
 class PlannedEntry:
+    """One manifest entry and what import will do with it (the plan before any write)."""
+
     index: int
     record: EntryRecord
     action: ImportAction = "import"

@@ -88,6 +88,8 @@ def _hex(v: int | None) -> str | None:
 
 @dataclass
 class MegaImported:
+    """One artifact of a Mega-Cache blob and what import did with it."""
+
     type: str
     key: str
     relpath: str | None
@@ -102,6 +104,8 @@ class MegaImported:
 
 @dataclass
 class MegaImportResult:
+    """What importing a torch Mega-Cache blob did, artifact by artifact."""
+
     root: str
     blob: str
     dry_run: bool
@@ -246,6 +250,8 @@ def _add_file(root: Path, a: megacache.Artifact, p: MegaPlace) -> MegaImported:
 
 @dataclass
 class MegaExportResult:
+    """The Mega-Cache blob written, its sidecar manifest and size."""
+
     out: str
     sidecar: str
     size: int

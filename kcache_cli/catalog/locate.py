@@ -20,6 +20,8 @@ from kcache_cli.util.errors import UsageError
 
 @dataclass(frozen=True)
 class CacheLocation:
+    """A cache root and why it was chosen (the flag, variable or rule that named it)."""
+
     path: Path
     reason: str
     cache: str = ""  # the layout whose cache this is (`--cache NAME`, the `cache` column), when known

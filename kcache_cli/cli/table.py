@@ -38,6 +38,8 @@ class Column:
 
 @dataclass(frozen=True)
 class Layout:
+    """How a table's rows fit the width: the columns kept, their widths, the text set below."""
+
     kept: tuple[int, ...]  # indices of the columns shown in the row, in order
     widths: dict[int, int]  # each kept column's width (the wrapped column's is its wrap width)
     below: int | None  # index of the free-text column printed on its own line, if any

@@ -20,6 +20,8 @@ class TaskFormatError(KcacheError):
 
 @dataclass(frozen=True)
 class TensorSpec:
+    """One tensor of a task.txt: its name, dtype and shape."""
+
     name: str
     dtype: str
     shape: tuple[str, ...]  # strings: symbolic dims such as `n` stay as they are
@@ -27,6 +29,8 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class TaskInfo:
+    """A hidet task.txt read: the task's name, its inputs and outputs, its attributes."""
+
     name: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]

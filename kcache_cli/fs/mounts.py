@@ -20,6 +20,8 @@ _MAX_BYTES = 4 << 20
 
 @dataclass(frozen=True)
 class Mount:
+    """One line of /proc/self/mountinfo: where, which file system, with which options."""
+
     point: str  # where it is mounted (octal escapes undone)
     options: frozenset[str]  # per-mount options: rw, noatime, relatime, nodiratime...
     fstype: str

@@ -320,6 +320,8 @@ _ALL = ScanFilter()
 
 @dataclass(frozen=True)
 class ScanResult:
+    """What a scan of one root found: the layouts there, their entries, its warnings."""
+
     root: str
     exists: bool
     layouts: tuple[str, ...]
@@ -368,6 +370,8 @@ def _breakdown(values: tuple, sizes: tuple, empty_is_none: bool = False) -> dict
 
 @dataclass(frozen=True)
 class TreeUsage:
+    """A directory tree measured as du measures it: size on disk, files, newest times."""
+
     size: int  # bytes on disk of the tree, its directories included (st_blocks * 512: du -sB1)
     files: int
     mtime: float  # newest mtime of the directory and anything in it
@@ -463,6 +467,8 @@ def sort_entries(entries: Iterable[Entry], key: str) -> list[Entry]:
 
 @dataclass(frozen=True)
 class FileInfo:
+    """One file of an entry: its name below the entry, size, and link target if a link."""
+
     name: str  # relative to the entry directory
     size: int
     link: str | None = None  # symlink target (or the text of a flattened link)
@@ -470,6 +476,8 @@ class FileInfo:
 
 @dataclass(frozen=True)
 class TensorInfo:
+    """One tensor of an entry's task: its name, dtype and shape."""
+
     name: str | None
     dtype: str
     shape: tuple
@@ -515,5 +523,7 @@ class Details:
 
 @dataclass(frozen=True)
 class LogFile:
+    """An entry's compile log: what it is called and where it lies."""
+
     label: str  # "compile.sh", "nvcc_output.txt"...
     path: str

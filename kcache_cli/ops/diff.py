@@ -27,6 +27,8 @@ SKIP_FACTS = ("group file", "paths", "variants")  # where the entry lies, not ho
 
 @dataclass(frozen=True)
 class Difference:
+    """One property that differs between two entries, with the changed lines of a text."""
+
     name: str
     a: str | None  # None: A has no such property
     b: str | None
@@ -38,6 +40,8 @@ class Difference:
 
 @dataclass(frozen=True)
 class EntryDiff:
+    """Two entries compared: what differs and how many properties are the same."""
+
     a: Entry
     b: Entry
     differences: tuple[Difference, ...]

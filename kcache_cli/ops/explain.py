@@ -77,6 +77,8 @@ def probe(python: str | None, packages: Iterable[str] | None = None, gpu: str | 
 
 @dataclass
 class Explained:
+    """One entry or artifact and whether the consumer here would use it."""
+
     what: str  # the entry's relpath, or the artifact's key
     layout: str
     kind: str
@@ -91,6 +93,8 @@ class Explained:
 
 @dataclass
 class ExplainResult:
+    """The verdicts of `kcache explain`, with what this machine is (Here)."""
+
     here: Here
     items: list[Explained] = field(default_factory=list)
 

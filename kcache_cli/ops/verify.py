@@ -34,6 +34,8 @@ from kcache_cli.util.progress import NO_PROGRESS, Progress
 
 @dataclass(frozen=True)
 class EntryCheck:
+    """One entry after the deep checks: its status, its problems, a relocation to fix."""
+
     entry: Entry
     status: Status  # after the deep checks (a complete entry that fails one is corrupt)
     problems: tuple[str, ...]
@@ -49,6 +51,8 @@ class EntryCheck:
 
 @dataclass(frozen=True)
 class VerifyResult:
+    """What `kcache verify` checked, skipped and fixed in one root."""
+
     root: str
     exists: bool
     checked: tuple[EntryCheck, ...]

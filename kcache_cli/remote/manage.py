@@ -134,6 +134,8 @@ def remote_stats(entries: list[RemoteEntry]) -> dict:
 
 @dataclass(frozen=True)
 class RemoteRemoval:
+    """A remote entry a remote prune removes, and why."""
+
     entry: RemoteEntry
     why: str
 

@@ -16,6 +16,8 @@ def named(layout: str, kind: str, relpath: str) -> EntryKey:
 
 @dataclass(frozen=True)
 class MovedEntry(Keyed):
+    """One entry push or pull handled, and what it did (push, pull, skip, refuse...)."""
+
     key: EntryKey
     files: int
     size: int
@@ -35,6 +37,8 @@ class MovedEntry(Keyed):
 
 @dataclass(frozen=True)
 class MoveResult:
+    """What push or pull did between one root and one remote."""
+
     remote: str
     root: str
     dry_run: bool

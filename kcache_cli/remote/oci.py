@@ -126,6 +126,8 @@ def find_credentials(host: str, user: str | None = None) -> tuple[str, str] | No
 
 @dataclass
 class Answer:
+    """A registry's HTTP answer: status, headers and body."""
+
     status: int
     headers: Mapping[str, str]
     body: bytes

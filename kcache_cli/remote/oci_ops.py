@@ -45,6 +45,8 @@ def _tag(ref: OciRef) -> str:
 
 @dataclass(frozen=True)
 class ImagePushResult:
+    """What pushing a cache image did: the image, its digest, the entries in its layer."""
+
     remote: str  # the image, oci://host/repo:tag
     root: str
     dry_run: bool
@@ -223,6 +225,8 @@ def preflight(image: Image, node: list[str] | None) -> None:
 
 @dataclass(frozen=True)
 class ImagePullResult:
+    """What pulling a cache image did: its digest and the import of its layer."""
+
     remote: str
     digest: str
     node: tuple[str, ...] | None
@@ -316,6 +320,8 @@ def image_stats(url: str, images: list[Image]) -> dict[str, object]:
 
 @dataclass(frozen=True)
 class TagRemoval:
+    """An image tag a remote prune removes, and why (and whether it was done)."""
+
     image: Image
     why: str
     done: bool = False
