@@ -169,6 +169,8 @@ class DirNames:
         """The names of the real subdirectories of `path` (a link is not one), sorted; [] when it is
         missing, OSError when it cannot be read (fsread.subdir_names)."""
         joined, types = self._typed(path)
+        if types.count(DIR) == len(types):  # directories only (a Triton root): no name looked at
+            return sorted(_split(joined))
         return sorted(n for n, t in zip(_split(joined), types) if t == DIR)
 
     def links(self, path: str) -> list[str]:
@@ -190,17 +192,18 @@ class DirNames:
         finally:
             os.close(fd)
 
-    def dirs_and_links(self, path: str) -> list[tuple[str, bool]]:
-        """(name, is a link) of each directory in `path` and each link in it to one (asked now), in
-        listing order. OSError when it cannot be listed."""
+    def dirs_and_links(self, path: str) -> tuple[list[str], frozenset[str]]:
+        """The names of the directories in `path` and of the links in it to one (asked now), in listing
+        order, and the set of those that are links. OSError when it cannot be listed."""
         fd = self._open(path)
         try:
             joined, types = self._listing(path, fd)
             names = _split(joined)
-            if types.count(DIR) == len(types):  # directories only (a Triton root of 10^5 keys)
-                return [(name, False) for name in names]
-            return [(name, t == LINK) for name, t in zip(names, types)
-                    if t == DIR or t == LINK and _is_dir_at(fd, name)]
+            if types.count(DIR) == len(types):  # directories only (a Triton root of 10^5 keys): no name looked at
+                return names, frozenset()
+            found = [(name, t == LINK) for name, t in zip(names, types)
+                     if t == DIR or t == LINK and _is_dir_at(fd, name)]
+            return [name for name, _ in found], frozenset(name for name, link in found if link)
         finally:
             os.close(fd)
 

@@ -455,7 +455,7 @@ BUILD_SHAPE = next(s for s in SHAPES if s.build_kind)  # where `kcache build` pu
 
 # While `layouts.detect` asks every layout: each root's top-level directories, listed once (a Triton root
 # has 10^5 of them, and seven layouts detect by them). None at any other time: never stale.
-_listed: dict[str, list[tuple[str, bool]]] | None = None
+_listed: dict[str, tuple[list[str], frozenset[str]]] | None = None
 _looked: dict[str, list[str]] | None = None  # ... and the names in the directories confirms look into
 
 
@@ -489,9 +489,10 @@ def top_dirs(root: str | os.PathLike, links: bool = True) -> list[str]:
     (as is_dir() says); without, only real directories. OSError when it cannot be listed. A listing made
     here is kept only by a scan of `root` (fs/dirnames.py): detection writes nothing."""
     key = os.fspath(root)
-    tops = _listed.get(key) if _listed is not None else None
-    if tops is None:  # from its held root; the listing a scan kept while the root is unchanged
-        tops = dirnames.of(key).dirs_and_links(key)
+    got = _listed.get(key) if _listed is not None else None
+    if got is None:  # from its held root; the listing a scan kept while the root is unchanged
+        got = dirnames.of(key).dirs_and_links(key)
         if _listed is not None:
-            _listed[key] = tops
-    return [name for name, link in tops if links or not link]
+            _listed[key] = got
+    names, linked = got
+    return list(names) if links or not linked else [name for name in names if name not in linked]
