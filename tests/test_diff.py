@@ -4,6 +4,7 @@ tasks, and what diff refuses."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,22 @@ def test_hidet_operators_show_their_task_lines(kcache, fixture_copy):
 def test_diff_has_help(kcache):
     r = kcache("diff", "--help")
     assert r.exit_code == 0 and "Why are there two of these" in r.stdout
+
+
+def test_names_with_terminal_escapes_are_inert_in_diff_text(kcache, fixture_copy):
+    """An op directory named with escape sequences (a window title, a clear screen) and a task line that
+    holds one reach stdout escaped, in a pipe as on a terminal: diff's text is for people (--json is the
+    data)."""
+    root = fixture_copy("hidet")
+    space = root / "ops" / "cuda_space_0"
+    source = next(p for p in sorted(space.glob("*/*")) if (p / "task.txt").is_file())
+    for op, key in (("x\x1b]0;pwn\x07", "a" * 16), ("y\x1b[2Jz", "b" * 16)):
+        (space / op).mkdir()
+        shutil.copytree(source, space / op / key)
+    task = space / "y\x1b[2Jz" / ("b" * 16) / "task.txt"
+    task.write_bytes(task.read_bytes() + b"\n  note: \x1b[31mred\x1b[0m\n")
+    r = kcache("--cache-dir", root, "diff", "a" * 16, "b" * 16)
+    assert r.exit_code == 0, r.stderr
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout
+    assert "\\x1b]0;pwn" in r.stdout and "\\x1b[2J" in r.stdout  # shown, escaped
+    assert "pwn" in json.dumps(kcache("--cache-dir", root, "diff", "a" * 16, "b" * 16, "--json").json())

@@ -73,8 +73,8 @@ def _text(result) -> None:
     then each differing text record as a few changed lines, then the count."""
     width = c.output_width()
     for side, e in (("A", result.a), ("B", result.b)):
-        c.print_lines(_fit(f"{side}: {e.layout} {e.kind} {e.op or '-'} {c.tty_safe(_hashes(e.relpath))} "
-                           f"({e.status})", width))
+        name = c.printable_line(f"{e.op or '-'} {_hashes(e.relpath)}")  # names are data: inert on any output
+        c.print_lines(_fit(f"{side}: {e.layout} {e.kind} {name} ({e.status})", width))
     if not result.differences:
         c.print_lines([f"no differences in {result.same} properties"])
         return
@@ -99,7 +99,7 @@ def _value(d, side: str) -> str:
         return "(none)"
     if d.name == "size" and v.isdigit():
         return c.human_size(int(v))
-    return c.tty_safe(v.replace("\n", " "))
+    return c.printable_line(v.replace("\n", " "))
 
 
 def _facts(facts, width: int | None) -> list[str]:
@@ -168,9 +168,9 @@ def _text_diff(d, width: int | None) -> list[str]:
     partner = dict(zip(minus, plus)) | dict(zip(plus, minus))
     room = None if width is None else width - 2
     for ln in d.lines[:MAX_TEXT_LINES]:
-        text = c.tty_safe(ln)
+        text = c.printable_line(ln)
         if room is not None and len(text) > room:
-            other = c.tty_safe(partner.get(ln, ln))
+            other = c.printable_line(partner.get(ln, ln))
             text = text[0] + _pair(text[1:], other[1:], room - 1)[0]
         lines.append("  " + text)
     if len(d.lines) > MAX_TEXT_LINES:
