@@ -45,6 +45,32 @@ def test_a_folder_of_caches_is_said_so_and_home_is_never_used(kcache, machine, w
     assert (workspace / "hidet" / "ops").is_dir()
 
 
+@pytest.mark.parametrize("args", [("inspect",), ("ls",), ("log",), ("clear", "--dry-run")])
+def test_an_entry_named_by_its_absolute_path_is_found_from_a_folder_of_caches(kcache, machine, workspace, args):
+    """An absolute path says which cache it lies in: the folder of copies around it changes nothing."""
+    path = workspace / "hidet" / "ops" / "cuda_space_0" / "add" / HIDET_HASH
+    r = kcache(*args, str(path), env=machine)
+    assert r.exit_code == 0, r.stderr
+    assert HIDET_HASH in r.stdout or "compile" in r.stdout
+
+
+def test_another_users_cache_below_the_cwd_is_no_copy_of_ours(kcache, machine, workspace):
+    """A cache another user made in a shared directory (/tmp) does not stop this user's commands there:
+    they go on as anywhere else (here, HOME's cache)."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the copies to another user")
+    for name in ("hidet", "tilus", "tilelang"):
+        for dirpath, dirnames, filenames in os.walk(workspace / name):
+            for n in [*dirnames, *filenames]:
+                os.lchown(os.path.join(dirpath, n), 65534, 65534)
+        os.lchown(workspace / name, 65534, 65534)
+    r = kcache("ls", "--json", env=machine)
+    assert r.exit_code == 0, r.stderr
+    assert {e["root"] for e in r.json()["entries"]} == {str(Path(machine["HOME"]) / ".cache/hidet")}
+
+
 def test_all_caches_still_means_this_machines_caches(kcache, machine, workspace):
     r = kcache("ls", "--all-caches", "--json", env=machine)
     assert r.exit_code == 0, r.stderr

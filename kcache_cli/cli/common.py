@@ -109,8 +109,9 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
         return [cache_location(opts, existing=True)]
     known = locate.existing_caches(lambda m: warn(opts, m))
     here = None if all_caches else _cwd_cache(known, lambda m: warn(opts, m))
-    if here is None and not all_caches:
-        _caches_under_cwd(known)
+    named = ref_list(refs)
+    if here is None and not all_caches and not (named and all(os.path.isabs(r) for r in named)):
+        _caches_under_cwd(known)  # (entries named by absolute paths say where they are, wherever this runs)
     out = [here] if here is not None else known
     opts.many = here is None
     for ref in ref_list(refs):
@@ -142,7 +143,8 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
 def _caches_under_cwd(known: list) -> None:
     """A current directory that holds caches one level down which are not this machine's own (a copy, a
     CI workspace): say so, as --cache-dir does (exit 2), instead of working on every cache of the machine
-    (`clear --all` there must not mean HOME's caches)."""
+    (`clear --all` there must not mean HOME's caches). Only this user's copies count: a cache another
+    user put in a shared directory (/tmp) is not one, and must not stop this user's commands there."""
     try:
         cwd = Path(os.getcwd())
     except OSError:
@@ -151,12 +153,20 @@ def _caches_under_cwd(known: list) -> None:
     mine = {os.path.realpath(loc.path) for loc in known}
     # entries, not merely a CACHEDIR.TAG (.mypy_cache has one): positive evidence, judged by names only
     below = [(names, p) for names, p in locate.caches_below(cwd, levels=1)
-             if os.path.realpath(p) not in mine and scan.scan_cache(p, statuses=False).entries]
+             if os.path.realpath(p) not in mine and _owned_here(p) and scan.scan_cache(p, statuses=False).entries]
     if below:
         names, path = below[0]
         more = f" (and {plural(len(below) - 1, 'other cache')})" if len(below) > 1 else ""
         raise UsageError(f"no cache at {cwd} (the current directory); {path} holds {_a(names)} cache{more}: "
                          f"--cache-dir {path}, or --all-caches for this machine's caches")
+
+
+def _owned_here(path) -> bool:
+    """Whether the directory `path` (not followed if a link) is this user's."""
+    try:
+        return os.lstat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 def _cwd_cache(known: list, said: Callable[[str], None]):
