@@ -96,8 +96,12 @@ def test_what_kcache_cannot_know_is_unknown_never_hit(triton39, tmp_path, kcache
     assert doc["here"]["problem"] and doc["unknown"] == 6
 
 
-def test_a_bad_gpu_is_a_usage_error(triton39, kcache):
+def test_a_bad_gpu_or_python_is_a_usage_error(triton39, kcache, tmp_path):
     assert kcache("--cache-dir", triton39, "explain", "--gpu", "volta").exit_code == 2
+    (tmp_path / "not-executable").write_text("x")
+    for python in (tmp_path / "missing", tmp_path / "not-executable"):
+        r = kcache("--cache-dir", triton39, "explain", "--python", python)
+        assert r.exit_code == 2 and "no such executable" in r.stderr and len(r.stderr.splitlines()) == 1
 
 
 def test_inductor_entries_are_a_miss_without_torch_and_unknown_with_it(tmp_path, kcache):

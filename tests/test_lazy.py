@@ -40,3 +40,34 @@ def test_a_missing_module_is_an_import_error():
         assert exc.name == "kcache_cli.no_such_module_here"
     else:
         raise AssertionError("no error")
+
+
+def test_any_module_of_kcache_may_be_the_first_one_loaded():
+    """Command modules name their engines lazily: whichever module is read first loads, its package found
+    but not run, and never meets itself half loaded when a sibling it imports runs the package (archive's
+    __init__ imported its modules: `verify`, then `explain`, in one process failed)."""
+    code = r'''
+import os, pkgutil, sys
+import kcache_cli
+from kcache_cli.util.lazy import lazy_module
+packages = [m.name for m in pkgutil.iter_modules(kcache_cli.__path__, "kcache_cli.")
+            if m.ispkg and m.name != "kcache_cli.cli"]
+failed = []
+for pkg in packages:
+    path = [os.path.join(kcache_cli.__path__[0], pkg.rsplit(".", 1)[1])]
+    mods = [f"{pkg}.{m.name}" for m in pkgutil.iter_modules(path)]
+    for first in mods:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                lazy_module(first).__name__  # its package found, not run; its code runs now
+                os._exit(0)
+            except BaseException as exc:
+                print(first, type(exc).__name__, exc, flush=True)
+                os._exit(1)
+        if os.waitpid(pid, 0)[1]:
+            failed.append(first)
+print("FAILED", failed, len(packages))
+'''
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1].startswith("FAILED []"), out

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kcache_cli import __version__, layouts
-from kcache_cli.archive import ImportStaging, plan_records, publish_staged, remove_stale_staging
+from kcache_cli.archive.importer import ImportStaging, plan_records, publish_staged, remove_stale_staging
 from kcache_cli.archive.importer import check_total, other_layout_problem
 from kcache_cli.formats import megacache
 from kcache_cli.fs import read as fsread

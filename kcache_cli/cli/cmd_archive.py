@@ -18,16 +18,15 @@ from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.units import parse_size
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
-    from kcache_cli import archive as _archive
-    from kcache_cli.archive import export, importer
+    from kcache_cli.archive import export, importer, manifest
     from kcache_cli.catalog import locate
     from kcache_cli.formats import gpu
     from kcache_cli.ops import verify
 else:
-    _archive = lazy_module("kcache_cli.archive")
     export = lazy_module("kcache_cli.archive.export")
     gpu = lazy_module("kcache_cli.formats.gpu")
     importer = lazy_module("kcache_cli.archive.importer")
+    manifest = lazy_module("kcache_cli.archive.manifest")
     locate = lazy_module("kcache_cli.catalog.locate")
     verify = lazy_module("kcache_cli.ops.verify")
 
@@ -86,14 +85,14 @@ def export_command(
             raise UsageError("--format torch-mega exports the whole Inductor cache: no selector applies")
         export_blob(opts, archive, python)
         return
-    _archive.compression_for(archive)  # a bad name is a usage error before any work
+    manifest.compression_for(archive)  # a bad name is a usage error before any work
     root, plan, selected = _export_plan(opts, sel, cache, sources_only)
     if not selected:  # an empty archive is refused
         raise UsageError(f"no entries in {root} match the selection: nothing to export, no archive written")
     out = c.Output(opts)
     try:
         with _Bar(opts, "exporting") as bar:
-            result = _archive.export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
+            result = export.export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
     except export.EmptyExport as exc:  # what was left out, and why; then the refusal (exit 1)
         empty = exc.result
         out.result(empty.to_json(str(root)), lambda: _export_human(out, empty))
@@ -111,7 +110,7 @@ def _export_plan(opts: o.GlobalOptions, sel: c.Selection, cache: Optional[str], 
         if sel.hashes and not refs:
             continue  # the entries named are in other caches
         flt = sel.filter(loc.path, refs)
-        plan = _archive.plan_export(loc.path, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
+        plan = export.plan_export(loc.path, flt, warn=lambda m: c.warn(opts, m), sources_only=sources_only)
         selected = [*plan.jobs, *(e for e, _ in plan.left)]
         missing -= c.matched_refs(loc.path, refs, selected)
         plans.append((loc, plan, selected, flt))
@@ -186,13 +185,13 @@ def import_command(
     if is_blob(archive):  # a torch Mega-Cache blob: each artifact where torch's load would write it
         import_blob(opts, archive, dry_run, c.lock_timeout(lock_timeout, 60.0))
         return
-    defaults = _archive.ImportLimits()
-    limits = _archive.ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
+    defaults = manifest.ImportLimits()
+    limits = manifest.ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
                           max_total=_size(max_total_size, "--max-total-size", defaults.max_total))
     wait = c.lock_timeout(lock_timeout, 60.0)
     root = _import_root(opts, archive)
     with _Bar(opts, "verifying" if dry_run else "importing", unit="bytes") as bar:
-        result = _archive.import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=wait,
+        result = importer.import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=wait,
                                 warn=lambda m: c.warn(opts, m), progress=bar)
     fit = gpu.arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
     out = c.Output(opts)

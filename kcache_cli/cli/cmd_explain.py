@@ -14,10 +14,10 @@ from kcache_cli.cli.table import Column
 from kcache_cli.util.lazy import lazy_module
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
-    from kcache_cli import archive
+    from kcache_cli.archive import manifest
     from kcache_cli.ops import explain
 else:
-    archive = lazy_module("kcache_cli.archive")
+    manifest = lazy_module("kcache_cli.archive.manifest")
     explain = lazy_module("kcache_cli.ops.explain")
 
 
@@ -58,7 +58,7 @@ def explain_command(
     result = explain.ExplainResult(here)
     blobs = [t for t in targets or [] if is_blob(t)]
     archives = [t for t in targets or [] if t not in blobs and os.path.isfile(t)
-                and t.endswith(tuple(s for s, _ in archive.COMPRESSION_BY_SUFFIX))]
+                and t.endswith(tuple(s for s, _ in manifest.COMPRESSION_BY_SUFFIX))]
     refs = [t for t in targets or [] if t not in blobs and t not in archives]
     for b in blobs:
         result.items += explain.explain_blob(b, here)

@@ -55,6 +55,8 @@ def probe(python: str | None, packages: Iterable[str] | None = None, gpu: str | 
     """`Here` for the interpreter `python` (default: python3 on PATH)."""
     if gpu is not None and not ARCH_RE.match(gpu):
         raise UsageError(f"--gpu {gpu!r} is not a CUDA arch (sm_90a, sm_80...)")
+    if python is not None and shutil.which(python) is None:  # a typo must not read as "unknown" everywhere
+        raise UsageError(f"--python {python}: no such executable")
     pkgs = tuple(packages) if packages is not None else all_packages()
     exe = python or shutil.which("python3")
     env = _switches(s for lay in layouts.all_layouts().values() for s in lay.env_switches)
@@ -65,12 +67,15 @@ def probe(python: str | None, packages: Iterable[str] | None = None, gpu: str | 
     try:
         done = subprocess.run([exe, "-c", _VERSIONS, *pkgs], capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Here(None, exe, {}, found_gpu, source, env, f"{exe}: {exc}")
+    try:
         doc = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
-        return Here(None, exe, {}, found_gpu, source, env, f"{exe} could not be asked: {exc}")
+    except (ValueError, IndexError):  # not a Python, or one that printed something else
+        doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("versions"), dict):
         why = (done.stderr.strip().splitlines() or ["no answer"])[-1][:200]
-        return Here(None, exe, {}, found_gpu, source, env, f"{exe} could not be asked: {why}")
+        return Here(None, exe, {}, found_gpu, source, env, f"{exe}: {why}")
     versions = {k: v if isinstance(v, str) else None for k, v in doc["versions"].items()}
     return Here(str(doc.get("python")), str(doc.get("executable") or exe), versions, found_gpu, source, env)
 

@@ -21,9 +21,9 @@ from datetime import datetime
 from pathlib import Path
 
 from kcache_cli import layouts
-from kcache_cli.archive import ImportLimits, export_archive, import_archive, plan_export
-from kcache_cli.archive.export import EmptyExport
-from kcache_cli.archive.importer import ImportResult
+from kcache_cli.archive.export import EmptyExport, export_archive, plan_export
+from kcache_cli.archive.importer import ImportResult, import_archive
+from kcache_cli.archive.manifest import ImportLimits
 from kcache_cli.formats.gpu import local_compute_caps
 from kcache_cli.model.records import ScanFilter, Warn, iso
 from kcache_cli.remote import oci_image as img

@@ -18,18 +18,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from kcache_cli.archive import (
-    ImportLimits,
+from kcache_cli.archive.importer import (
     ImportStaging,
     check_total,
-    is_lock_name,
     is_provider,
     other_layout_problem,
-    path_problem,
     plan_records,
     publish_staged,
     remove_stale_staging,
 )
+from kcache_cli.archive.manifest import ImportLimits, is_lock_name, path_problem
 from kcache_cli.fs.read import parse_json
 from kcache_cli.model.records import ScanFilter, Warn
 from kcache_cli.model.terms import LAYOUT_NAMES, PullAction

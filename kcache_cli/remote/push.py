@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from kcache_cli import __version__
-from kcache_cli.archive import entry_records, plan_export
+from kcache_cli.archive.export import entry_records, plan_export
 from kcache_cli.archive.manifest import unchecked_record
 from kcache_cli.fs.read import parse_json
 from kcache_cli.model.records import ScanFilter, Warn, iso

@@ -15,7 +15,9 @@ from types import ModuleType
 
 def lazy_module(name: str) -> ModuleType:
     """The module `name`: the one already imported, else one whose code runs at its first attribute.
-    Its packages are found without being run either (`kcache_cli.archive`'s __init__ is not light)."""
+    Its packages are found without being run either; so a package must not import its own modules in its
+    __init__ (one of them loaded first would meet itself half loaded there: kcache_cli/archive/__init__.py
+    hands its names on at first use instead)."""
     module = sys.modules.get(name)
     if module is not None:
         return module
