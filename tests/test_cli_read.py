@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -331,3 +332,12 @@ def test_one_command_app_behaves_like_the_full_one(kcache, fixture_copy):
     r = kcache("ls", "--bogus")
     assert r.exit_code == 2 and r.stderr.startswith("Error: No such option: --bogus")
     assert "Example:" in kcache("inspect", "--help").stdout
+
+
+def test_log_refuses_the_global_json_in_one_line(kcache, fixture_copy):
+    """log has no --json of its own: the global one is a usage error (a JSON error document), not text
+    on stdout where a script expects JSON."""
+    root = fixture_copy("hidet")
+    r = kcache("--json", "--cache-dir", root, "log", "8d1f7691")
+    assert r.exit_code == 2 and json.loads(r.stdout)["schema"] == "kcache/error/1"
+    assert kcache("--cache-dir", root, "log", "8d1f7691").exit_code == 0

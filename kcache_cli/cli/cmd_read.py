@@ -144,8 +144,8 @@ def ls_command(
     Without --cache-dir or KCACHE_DIR, every kernel cache found (kcache dir --all) in one table with a
     `cache` column, or the cache the current directory lies in; --cache NAME picks one.
     Entries are named by hash prefix, path in the cache or absolute path. On a narrow terminal the
-    columns that matter least go first (layout of a one-layout cache, kind, files); hashes and statuses
-    always show in full.
+    columns that matter least go first (layout of a one-layout cache, kind, files); statuses always
+    show in full, hashes at least as far as tells them apart (8 characters or more; --json has them whole).
 
     Example: kcache ls --op 'mat*' --space 2 --sort size --limit 10
     """
@@ -314,8 +314,8 @@ def inspect_command(
 
     Path, task, files, compile command, binary arch and symbols, status.
 
-    Runs the deep checks that read every byte: task.txt's sha256 against the directory name,
-    files against a manifest (kcache.json, tilelang's manifest.json). Without --cache-dir the entry is
+    Runs the deep checks that read every byte, as the compiler's loader would: every file it reads on a
+    hit whole, files against a manifest (kcache.json, tilelang's manifest.json). Without --cache-dir the entry is
     looked for in every cache found (an absolute path finds its own root). Exit status: 0 when the entry
     is complete, 1 when it is not (its status and reason say why), 2 when no single entry matches.
 
@@ -435,6 +435,8 @@ def log_command(
     Example: kcache log ad252b06 --raw | grep ptxas
     """
     opts = o.use(ctx, cache_dir)
+    if opts.json:  # the global --json (log has none of its own): a log is text, not a document
+        raise UsageError("log has no --json: its output is the log's text (--raw for its bytes)")
     root, entry, layout_mod = _details(opts, hash_prefix, space, op, layout, kind, statuses=False,  # none shown
                                        cache=cache)
     logs = layout_mod.log_files(entry)
