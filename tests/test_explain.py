@@ -171,3 +171,12 @@ def test_hidet_judges_its_version_and_the_binary_s_arch(tmp_path, kcache):
     assert other["hit"] == 0 and other["unknown"] == 5
     none = explain(kcache, root, "--python", fake_python(tmp_path, {"hidet": None}), "--gpu", "sm_90a")
     assert none["miss"] == 5
+
+
+def test_a_blob_without_its_sidecar_says_not_recorded_never_none(tmp_path, kcache):
+    """A blob kcache did not export records no torch version: the table says so in words."""
+    blob = tmp_path / "sin_cos_cpu.bin"
+    shutil.copy(FIXTURES / "torch-mega" / "sin_cos_cpu.bin", blob)
+    r = kcache("explain", str(blob), "--python", fake_python(tmp_path, {"torch": None}), env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.stderr
+    assert "None" not in r.stdout and "torch version: not recorded -> not installed" in r.stdout

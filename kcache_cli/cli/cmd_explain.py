@@ -82,9 +82,15 @@ def _human(out: c.Output, result) -> None:
     rows = []
     for i in result.items:
         v = i.verdict
-        detail = f"{v.factor}: {v.recorded} -> {v.here}" if v.verdict == "miss" and v.factor else v.why
+        detail = (f"{v.factor}: {_said(v.recorded)} -> {_said(v.here)}" if v.verdict == "miss" and v.factor
+                  else v.why)
         rows.append([v.verdict, i.layout, i.kind, i.what, detail])
     if rows:
         c.print_table([Column("verdict"), Column("layout", drop=2), Column("kind", drop=1),
                        Column("entry", spill=True), Column("why", wrap=True)], rows)
     out.info(f"{result.count('hit')} hit, {result.count('miss')} miss, {result.count('unknown')} unknown")
+
+
+def _said(value: object) -> str:
+    """A recorded or found value as the table says it: nothing known is "not recorded", never None."""
+    return "not recorded" if value is None else str(value)
