@@ -128,3 +128,15 @@ def test_the_cuda_jit_row_is_the_cache_directory(kcache, machine, tmp_path):
     # --json keeps the root that --cache-dir takes (the directory holding it), as before
     assert next(c for c in kcache("dir", "--all", "--json", env=env).json()["caches"]
                 if c["cache"] == "cudajit")["path"] == str(tmp_path)
+
+
+def test_dir_says_which_cache_the_commands_use_here(kcache, machine, workspace, monkeypatch):
+    """`kcache dir` prints the one root (build's); inside another cache it also says that the commands
+    that read work on that one."""
+    monkeypatch.chdir(workspace / "tilus")
+    r = kcache("dir", env=machine)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.strip() == str(Path(machine["HOME"]) / ".cache" / "hidet")
+    assert f"work on {workspace / 'tilus'} here" in r.stderr
+    monkeypatch.chdir(Path(machine["HOME"]) / ".cache" / "hidet")
+    assert "work on" not in kcache("dir", env=machine).stderr

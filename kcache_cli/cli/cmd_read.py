@@ -80,6 +80,10 @@ def dir_command(
         def where() -> None:
             out.text(c.tty_safe(str(loc.path)))
             out.info(f"({loc.reason}{'' if loc.path.is_dir() else '; does not exist yet'})")
+            here = None if c.explicit_root(opts) else c.cwd_cache(opts)
+            if here is not None and os.path.realpath(here.path) != os.path.realpath(loc.path):
+                out.info(f"(ls, stats, prune... work on {c.printable_line(str(here.path))} here: the current "
+                         "directory lies in it)")
 
         out.result(lambda: {"path": str(loc.path), "reason": loc.reason, "exists": loc.path.is_dir(),
                             "layouts": list(scan.detect_layouts(loc.path) if loc.path.is_dir() else ())}, where)

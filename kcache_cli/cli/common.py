@@ -161,6 +161,11 @@ def _caches_under_cwd(known: list) -> None:
                          f"--cache-dir {path}, or --all-caches for this machine's caches")
 
 
+def cwd_cache(opts: GlobalOptions):
+    """The cache the current directory lies in, among this machine's, or None."""
+    return _cwd_cache(locate.existing_caches(lambda m: warn(opts, m)), lambda m: warn(opts, m))
+
+
 def _owned_here(path) -> bool:
     """Whether the directory `path` (not followed if a link) is this user's."""
     try:
