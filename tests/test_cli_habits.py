@@ -215,3 +215,13 @@ def test_errors_are_one_line_in_a_real_process(tmp_path):
                               timeout=60)
         assert proc.returncode == 2 and proc.stdout == "", (args, proc)
         assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("Error: "), (args, proc.stderr)
+
+
+@pytest.mark.parametrize("args", [("ls", ""), ("ls", "--op", ""), ("ls", "--space", " , "), ("ls", "--layout", ""),
+                                  ("export", "OUT", ""), ("verify", "")])
+def test_an_empty_selector_is_a_usage_error_not_everything(kcache, tmp_path, args):
+    """`kcache export out.tar "$HASH"` with HASH unset must not mean every entry."""
+    args = tuple(str(tmp_path / "out.tar") if a == "OUT" else a for a in args)
+    r = kcache("--cache-dir", str(HIDET), *args)
+    assert r.exit_code == 2 and "is empty" in r.stderr and len(r.stderr.splitlines()) == 1, (r.stdout, r.stderr)
+    assert not (tmp_path / "out.tar").exists()

@@ -351,6 +351,10 @@ class Selection:
         self.hashes, self.op, self.space, self.target = hashes, op, space, target
         self.layout, self.status, self.kind = layout, status, kind
         self.min_size, self.max_size, self.older_than, self.newer_than = min_size, max_size, older_than, newer_than
+        for what, given in (("ENTRY", hashes), ("--op", op), ("--space", space), ("--target", target),
+                            ("--layout", layout), ("--status", status), ("--kind", kind)):
+            if given and not ref_list(given):  # "" (an unset shell variable) would select every entry
+                raise UsageError(f"{what} is empty (an unset shell variable?): name what to select")
 
     def has_selectors(self) -> bool:
         """Whether anything but ENTRY arguments narrows the selection."""
