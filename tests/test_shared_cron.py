@@ -337,14 +337,14 @@ def as_other_member() -> None:
     os.umask(0o002)
 
 
-def other_member_kcache(*args: object) -> subprocess.CompletedProcess:
+def other_member_kcache(*args: object, preexec=as_other_member) -> subprocess.CompletedProcess:
     import site
 
     here = Path(__file__).resolve().parents[1]
     paths = [str(here), *(p for p in site.getsitepackages() if "site-packages" in p)]
     env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": ":".join(paths), "NO_COLOR": "1"}
     return subprocess.run([PY, "-m", "kcache_cli", *map(str, args)], capture_output=True, text=True, timeout=TIMEOUT,
-                          env=env, preexec_fn=as_other_member, cwd="/")
+                          env=env, preexec_fn=preexec, cwd="/")
 
 
 def last_uses(run: subprocess.CompletedProcess) -> dict[str, str]:
@@ -401,6 +401,28 @@ def test_a_members_reads_leave_another_members_entries_last_use_alone(area):
             {p: t for p, t in before.items() if p != str(lib.parent)}
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.second_user
+def test_a_readers_unnoted_reads_are_said_once_and_not_under_quiet(area):
+    """A user outside the group may read a 2775 cache (its mode lets others read) but neither read
+    without moving atimes nor write the note: kcache says, once, how many files its reads moved."""
+    root = group_cache(area)
+    for dirpath, dirs, files in os.walk(root, topdown=False):
+        for n in files + dirs:
+            os.utime(os.path.join(dirpath, n), (T, T), follow_symlinks=False)
+    run = other_member_kcache("--cache-dir", root, "ls", preexec=as_outsider)
+    assert run.returncode == 0, run.stderr
+    moved = [p for p in root.rglob("*") if p.is_file() and p.stat().st_atime_ns != T * 10**9]
+    if not moved:
+        pytest.skip("LOUD SKIP: reads move no atime on this mount (noatime): nothing to say")
+    said = [ln for ln in run.stderr.splitlines() if "moved the last use of" in ln]
+    assert len(said) == 1 and f"moved the last use of {len(moved)} files" in said[0], run.stderr
+    assert not (root / ".kcache" / "reads").exists()  # no note: it cannot write the cache
+    for p in moved:
+        os.utime(p, (T, T), follow_symlinks=False)
+    quiet = other_member_kcache("--cache-dir", root, "ls", "-q", preexec=as_outsider)
+    assert quiet.returncode == 0 and quiet.stderr == ""
 
 
 # ---- the recipes of docs/ ------------------------------------------------------------------------------

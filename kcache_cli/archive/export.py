@@ -561,6 +561,7 @@ class _WorkerOutput:
     sizes: list[int]  # of its parts, compressed
     counts: list[int]  # entries in each part
     warnings: list[str]
+    unnoted: dict[str, int]  # files its reads moved and could not note (readmarks.UNNOTED)
 
 
 def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compression: str, targets: set[str],
@@ -592,7 +593,8 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
     sign = signer()  # the node's key signs every record, when it has one (kcache remote keygen)
     docs = [r.to_json() for r in pw.records]
     text = json.dumps(docs if sign is None else [sign.sign(d) for d in docs], separators=(",", ":"))[1:-1]
-    return _WorkerOutput(text, pw.done, pw.left, pw.files, pw.size, sizes, counts, pw.warnings)
+    return _WorkerOutput(text, pw.done, pw.left, pw.files, pw.size, sizes, counts, pw.warnings,
+                         readmarks.take_unnoted())
 
 
 def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
@@ -681,6 +683,7 @@ def _merge(results: list[_WorkerOutput], left: Iterable[tuple[Entry, str]], warn
         m.size += r.size
         for w in r.warnings:
             warn(w)
+        readmarks.count_unnoted(r.unnoted)
     return m
 
 

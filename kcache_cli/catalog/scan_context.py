@@ -161,11 +161,12 @@ class ScanContext:
         except (OSError, RuntimeError, ImportError):  # no fork, no semaphores: read them here instead
             yield from self._map_here(func, jobs)
             return
-        for _, warnings in results:
+        for _, warnings, unnoted in results:
             for w in warnings:
                 self.warn(w)
+            readmarks.count_unnoted(unnoted)
         ordered: list = [None] * len(jobs)
-        for i, (part, _) in enumerate(results):  # worker i had jobs[i::workers]
+        for i, (part, _, _) in enumerate(results):  # worker i had jobs[i::workers]
             ordered[i::workers] = _unpacked(*part)
         yield from ordered
 
@@ -324,10 +325,11 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
     return out, warned
 
 
-def _packed_part(shared: tuple, jobs: list) -> tuple[tuple[list, bytes], list[str]]:
-    """_scan_part, its Entries packed for the trip back to the parent (_packed)."""
+def _packed_part(shared: tuple, jobs: list) -> tuple[tuple[list, bytes], list[str], dict[str, int]]:
+    """_scan_part, its Entries packed for the trip back to the parent (_packed), with the count of what its
+    reads moved and could not note (readmarks.UNNOTED)."""
     out, warned = _scan_part(shared, jobs)
-    return _packed(out), warned
+    return _packed(out), warned, readmarks.take_unnoted()
 
 
 def _packed(results: list) -> tuple[list, bytes]:

@@ -279,9 +279,25 @@ def _release_roots() -> None:
     readmarks = sys.modules.get("kcache_cli.fs.readmarks")
     if readmarks is not None:
         readmarks.save_all()
+        _say_unnoted(readmarks.UNNOTED)
     fsread = sys.modules.get("kcache_cli.fs.read")
     if fsread is not None:
         fsread.release_roots()
+
+
+def _say_unnoted(unnoted: dict[str, int]) -> None:
+    """A reader who could keep no note of what its reads moved (readmarks.UNNOTED) is told so, once per
+    cache: a prune by age or least recent use now takes those files as just used."""
+    quiet = options.current is not None and options.current.quiet
+    for root, count in sorted(unnoted.items()):
+        if not quiet:
+            from kcache_cli.cli.common import warn
+
+            warn(options.current or options.GlobalOptions(),
+                 f"reading {root.rstrip('/')} moved the last use of {count:,} file{'s' if count != 1 else ''}, "
+                 "and you cannot write it to note that: a prune by age or least recent use now takes them "
+                 "as just used (read it as its owner or as a member of its group)")
+    unnoted.clear()
 
 
 def run() -> None:

@@ -23,10 +23,15 @@ class GlobalOptions:
 
 
 def settings(ctx: typer.Context) -> GlobalOptions:
+    global current
     root_ctx = ctx.find_root()
     if not isinstance(root_ctx.obj, GlobalOptions):
         root_ctx.obj = GlobalOptions()
+    current = root_ctx.obj
     return root_ctx.obj
+
+
+current: GlobalOptions | None = None  # the running command's (what is said after it ends: app._release_roots)
 
 
 # Options accepted both before and after the subcommand (`kcache --json ls` == `kcache ls --json`).

@@ -15,7 +15,10 @@ end of a scan, of each worker, and of the command; a file kcache read before kee
 that first read. A scan reads a file's atime through `atime()`: an atime that is still exactly the one
 kcache's read left is taken as the one before it. A compiler's later read moves the
 atime past the note, and the note no longer applies. (On a relatime mount a compiler's read within a
-day of kcache's may not move it: that use is seen up to a day late, never invented.)"""
+day of kcache's may not move it: that use is seen up to a day late, never invented.)
+
+A user who may read the cache but not write it (neither its owner nor a member of its group) can keep
+no note: what such a reader's reads moved is counted in UNNOTED, and the command says so at its end."""
 
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ MAX_NOTES = 200_000  # oldest dropped beyond this (a note is about 40 bytes)
 
 # inode -> (atime_ns kcache's read left, atime_ns before it): loaded by a scan, inherited by its workers
 MARKS: dict[int, tuple[int, int]] = {}
+# root -> files whose atime this process's reads moved where no note could be kept (a cache it cannot write)
+UNNOTED: dict[str, int] = {}
 
 
 def atime(st: os.stat_result) -> float:
@@ -108,13 +113,15 @@ def load(root: str | os.PathLike) -> None:
 def save(root: str | os.PathLike) -> None:
     """Merge this process's notes of its reads in the cache `root` into `.kcache/reads` (under its lock).
     Never fails the caller."""
-    new = _take_moved(os.path.join(os.path.abspath(root), ""))
+    key = os.path.join(os.path.abspath(root), "")
+    new = _take_moved(key)
     if not new:
         return
 
     try:
         rfd = fswrite.open_root(root)
     except OSError:
+        UNNOTED[key] = UNNOTED.get(key, 0) + len(new)
         return
     try:
         lfd = state.open_state(rfd, root, "locks", create=True)
@@ -131,10 +138,23 @@ def save(root: str | os.PathLike) -> None:
                 os.close(sfd)
         finally:
             os.close(lock)
-    except (OSError, LockTimeout):
-        pass  # a cache this user cannot write (or a writer holds the lock): its reads stay unnoted
+    except (OSError, LockTimeout):  # a cache this user cannot write (or a writer holds the lock)
+        UNNOTED[key] = UNNOTED.get(key, 0) + len(new)
     finally:
         os.close(rfd)
+
+
+def take_unnoted() -> dict[str, int]:
+    """UNNOTED, emptied: what a worker process hands back to the command (count_unnoted there)."""
+    got = dict(UNNOTED)
+    UNNOTED.clear()
+    return got
+
+
+def count_unnoted(counts: dict[str, int]) -> None:
+    """A worker's take_unnoted, added to this process's."""
+    for root, n in counts.items():
+        UNNOTED[root] = UNNOTED.get(root, 0) + n
 
 
 def save_all() -> None:
