@@ -105,3 +105,22 @@ def test_dir_all_lists_known_caches(kcache, fixture_copy, monkeypatch):
                          "torchext", "numba"}
     assert rows["tilelang"]["layouts"] == ["tilelang"] and rows["tilelang"]["entry_count"] == 2
     assert rows["hidet"]["exists"] is False and rows["hidet"]["entry_count"] == 0
+
+
+def test_a_killed_imports_staging_is_no_cache_to_point_at(kcache, tmp_path):
+    """An import killed before it published anything leaves only its staging directory (entries inside
+    .kcache/): the root is an empty cache with a leftover prune removes, never "a cache one level down"
+    that --cache-dir should name."""
+    import shutil
+
+    from conftest import FIXTURES
+
+    dst = tmp_path / "dst"
+    staging = dst / ".kcache" / "import-4242-0123abcd"
+    shutil.copytree(FIXTURES / "hidet" / "ops", staging / "ops")
+    r = kcache("--cache-dir", dst, "ls", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert [e["kind"] for e in r.json()["entries"]] == ["import"]
+    r = kcache("--cache-dir", dst, "prune", "--yes")
+    assert r.exit_code == 0, r.stderr
+    assert not staging.exists()

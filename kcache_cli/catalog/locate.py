@@ -280,7 +280,8 @@ def _leads_to_entry(shape, parts: list[str]) -> bool:
 def caches_below(path: Path, limit: int = 64, levels: int = 2) -> list[tuple[str, Path]]:
     """(layouts, directory) of the caches one or two (`levels`) levels below `path`, which holds none
     itself (`--cache-dir D` where D/triton/cache or D/hidet is the cache): the hint for a root given one
-    level too high. At most `limit` directories per level are looked at."""
+    level too high. At most `limit` directories per level are looked at; hidden ones never (a killed
+    import's staging directory in .kcache/ holds entries, and is no cache to point anyone at)."""
     found: list[tuple[str, Path]] = []
     level = [path]
     for _ in range(levels):
@@ -288,7 +289,8 @@ def caches_below(path: Path, limit: int = 64, levels: int = 2) -> list[tuple[str
         for d in level:
             try:
                 with os.scandir(d) as it:
-                    kids = sorted(Path(e.path) for e in it if e.is_dir(follow_symlinks=False))[:limit]
+                    kids = sorted(Path(e.path) for e in it
+                                  if not e.name.startswith(".") and e.is_dir(follow_symlinks=False))[:limit]
             except OSError:
                 continue
             for kid in kids:
