@@ -341,3 +341,9 @@ def test_log_refuses_the_global_json_in_one_line(kcache, fixture_copy):
     r = kcache("--json", "--cache-dir", root, "log", "8d1f7691")
     assert r.exit_code == 2 and json.loads(r.stdout)["schema"] == "kcache/error/1"
     assert kcache("--cache-dir", root, "log", "8d1f7691").exit_code == 0
+
+
+def test_ls_limit_0_says_how_many_it_left_out(kcache, fixture_copy):
+    root = fixture_copy("hidet")
+    r = kcache("--cache-dir", root, "ls", "--limit", "0")
+    assert r.exit_code == 0 and r.stdout == "" and "0 of 5 entries shown" in r.stderr

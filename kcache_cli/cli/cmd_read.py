@@ -230,7 +230,9 @@ def _ls_human(out: c.Output, listed: list, rows: list) -> None:
         if there:
             selected = any(flt != type(flt)() for _, flt in there)
             where = there[0][0].path if len(there) == 1 else f"{len(there)} caches"
-            out.info(f"no entries in {where}" + (" match" if selected else ""))
+            count = sum(len(result.entries) for _, _, result in listed if result.exists)
+            out.info(f"0 of {c.plural(count, 'entry')} shown (--limit 0) in {where}" if count else
+                     f"no entries in {where}" + (" match" if selected else ""))
         return
     _ls_table(out, rows)
     roots = [loc for loc, _, _ in listed if str(loc.path) in _shown_roots(rows)]  # in the scope's order
