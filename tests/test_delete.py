@@ -630,11 +630,16 @@ def test_entries_reached_through_a_link_are_never_followed(tmp_path, fixture_cop
     # even a plan that names them (built by hand) never reaches through the link
     from dataclasses import replace
 
-    res = scan_cache(root, ScanFilter(spaces=("cuda_space_7",)))
-    assert len(res.entries) == 3
+    assert scan_cache(root, ScanFilter(spaces=("cuda_space_7",))).entries == ()  # never listed through it
+    from kcache_cli.model.records import entry_with
+
+    there = scan_cache(outside, ScanFilter(spaces=("cuda_space_0",))).entries
+    assert len(there) == 3
+    through = [entry_with(e, relpath=e.relpath.replace("cuda_space_0", "cuda_space_7"),
+                          path=str(root / e.relpath.replace("cuda_space_0", "cuda_space_7"))) for e in there]
     forged = replace(plan, removals=tuple(
         __import__("kcache_cli.ops.delete", fromlist=["Removal"]).Removal(e, e.path, e.relpath, e.size, "entry", "x",
-                                                                      lock=e.relpath) for e in res.entries))
+                                                                      lock=e.relpath) for e in through))
     result = forged.execute()
     assert result.removed == () and len(result.skipped) == 3
     assert all("symlink" in s.why for s in result.skipped)

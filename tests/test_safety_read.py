@@ -571,3 +571,26 @@ def test_a_directory_swapped_for_a_link_mid_run_is_not_read_through(fixture_copy
     space.unlink()
     (tmp_path / "aside").rename(space)
     assert judge_entry(root, entry).status == "complete"
+
+
+def test_a_space_or_op_named_by_selector_is_never_listed_through_a_link(fixture_copy, tmp_path):
+    """ops/cuda_space_0 (and an op directory) swapped for links to a directory outside the cache: a
+    selection naming them (--space, --op) lists nothing through them; no name from outside is shown."""
+    root = fixture_copy("hidet")
+    outside = tmp_path / "outside"
+    (outside / "add" / "secret_name_outside").mkdir(parents=True)
+    (root / "ops" / "cuda_space_0").rename(tmp_path / "moved")
+    os.symlink(outside, root / "ops" / "cuda_space_0")
+    os.symlink(outside, root / "ops" / "cpu_space_0" / "linked_op")
+    for args in (["clear", "--space", "cuda_space_0", "--dry-run"], ["ls", "--space", "cuda_space_0"],
+                 ["ls", "--op", "add"], ["ls", "--op", "linked_op", "--space", "cpu_space_0"],
+                 ["clear", "--op", "linked_op", "--dry-run"], ["verify", "--op", "add"]):
+        run = kc("--cache-dir", root, *args)
+        assert b"Traceback" not in run.stderr, (args, run.stderr)
+        assert b"secret_name_outside" not in run.stdout + run.stderr, (args, run.stdout, run.stderr)
+    assert (outside / "add" / "secret_name_outside").is_dir()
+    tilus = fixture_copy("tilus")
+    os.symlink(outside, tilus / "scripts" / "linked_op")
+    for args in (["ls", "--op", "linked_op"], ["clear", "--op", "linked_op", "--dry-run"]):
+        run = kc("--cache-dir", tilus, *args)
+        assert b"Traceback" not in run.stderr and b"secret_name_outside" not in run.stdout + run.stderr, args

@@ -633,7 +633,7 @@ def other_target(d: EntryDir, kind: str) -> str | None:
 
 def _space_dirs(ctx, ops: Path, flt: ScanFilter) -> Iterator[tuple[str, str, str]]:
     if flt.spaces:
-        candidates = [(s, str(ops / s)) for s in flt.spaces if fsread.is_dir(ops / s)]
+        candidates = [(s, str(ops / s)) for s in flt.spaces if fsread.is_real_dir(ops / s)]  # never a link
     else:
         candidates = [(d.name, d.path) for d in ctx.listdir(ops) if d.is_dir(follow_symlinks=False)]
     for name, path in candidates:
@@ -668,7 +668,8 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     blocked: list[Entry] = []
     for space, target, space_path in _space_dirs(ctx, ops, flt):
         if flt.ops:
-            op_dirs = [(o, os.path.join(space_path, o)) for o in flt.ops if fsread.is_dir(os.path.join(space_path, o))]
+            op_dirs = [(o, os.path.join(space_path, o)) for o in flt.ops
+                       if fsread.is_real_dir(os.path.join(space_path, o))]  # as listed below: never a link
         else:
             op_dirs = [(d.name, d.path) for d in _listing(ctx, space_path, (target, space, None), blocked)
                        if d.is_dir(follow_symlinks=False)]

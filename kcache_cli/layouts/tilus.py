@@ -455,7 +455,7 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         return  # tilus entries have no space
     scripts = ctx.root / "scripts"
     if flt.ops:
-        script_dirs = [(o, str(scripts / o)) for o in flt.ops if fsread.is_dir(scripts / o)]
+        script_dirs = [(o, str(scripts / o)) for o in flt.ops if fsread.is_real_dir(scripts / o)]  # never a link
     else:
         script_dirs = [(d.name, d.path) for d in ctx.listdir(scripts) if d.is_dir(follow_symlinks=False)]
     linked: dict[str, str] = {}  # program dir -> op of a script that links to it
