@@ -156,3 +156,16 @@ def test_counts_have_thousands_separators():
     from kcache_cli.cli.common import plural
 
     assert plural(20022, "entry") == "20,022 entries" and plural(1, "entry") == "1 entry"
+
+
+@pytest.mark.parametrize("width", [40, 60])
+def test_inspect_and_diff_fit_a_narrow_terminal(kcache, fixture_copy, width):
+    """A key wider than inspect's column (a kernel's file name, a tilus link) goes on its own line; diff's
+    values narrow to fit, and its long property names and notes fold."""
+    hidet, triton, tilus = fixture_copy("hidet"), fixture_copy("triton/cache"), fixture_copy("tilus")
+    env = {"COLUMNS": str(width)}
+    for root, args in ((triton, ("inspect", "22DX")), (tilus, ("inspect", "1-84")), (hidet, ("inspect", "8d1f")),
+                       (hidet, ("diff", "064b", "3185")), (triton, ("diff", SM80[:8], SM90[:8]))):
+        r = kcache("--cache-dir", root, *args, env=env)
+        assert r.exit_code in (0, 1), r.stderr
+        fits(r.stdout, width)

@@ -107,13 +107,13 @@ def _facts(facts, width: int | None) -> list[str]:
     on a line of its own, its values under it."""
     names = max(len("property"), *(len(d.name) for d in facts))
     name_w = names if width is None else min(names, max(16, width * 2 // 5))
-    val_w = None if width is None else max(12, (width - name_w - 4) // 2)
+    val_w = None if width is None else max(8, (width - name_w - 4) // 2)
     rows = [(d.name, *_pair(_value(d, "a"), _value(d, "b"), val_w)) for d in facts]
     a_w = max(len("A"), *(len(a) for _, a, _ in rows))
     lines = [f"{'property':<{name_w}}  {'A':<{a_w}}  B"]
     for name, a, b in rows:
         if len(name) > name_w:
-            lines.append(c.printable_line(name))
+            lines.extend(fold(c.printable_line(name), width))
             name = ""
         lines.append(f"{c.printable_line(name):<{name_w}}  {a:<{a_w}}  {b}".rstrip())
     return lines
@@ -174,7 +174,7 @@ def _text_diff(d, width: int | None) -> list[str]:
             text = text[0] + _pair(text[1:], other[1:], room - 1)[0]
         lines.append("  " + text)
     if len(d.lines) > MAX_TEXT_LINES:
-        lines.append(f"  ({len(d.lines) - MAX_TEXT_LINES:,} more: kcache diff --json has every line)")
+        lines.extend(fold(f"  ({len(d.lines) - MAX_TEXT_LINES:,} more: kcache diff --json has every line)", width, 4))
     return lines
 
 

@@ -361,6 +361,9 @@ def _inspect_text(entry, d, bins) -> None:
 
     def line(key: str, value: str, style: str = "") -> None:
         key, value = c.printable_line(key), c.printable_line(value)  # names, paths and logs stay inert
+        if width is not None and len(key) > 16:  # wider than its column (a file name): alone, the value below
+            lines.append(f"\x1b[1m{key}\x1b[0m" if colour else key)
+            key = ""
         head = f"\x1b[1m{key:<16}\x1b[0m" if colour and key else f"{key:<16}"
         if width is not None and len(value) > width - 17 and " " not in value and len(value) <= width - 2:
             # one word too long beside its key (a 64-digit hash, a path): whole, on its own line
