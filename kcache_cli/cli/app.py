@@ -288,16 +288,16 @@ def _release_roots() -> None:
 def _say_unnoted(unnoted: dict[str, int]) -> None:
     """A reader who could keep no note of what its reads moved (readmarks.UNNOTED) is told so, once per
     cache: a prune by age or least recent use now takes those files as just used."""
-    quiet = options.current is not None and options.current.quiet
-    for root, count in sorted(unnoted.items()):
-        if not quiet:
-            from kcache_cli.cli.common import warn
-
-            warn(options.current or options.GlobalOptions(),
-                 f"reading {root.rstrip('/')} moved the last use of {count:,} file{'s' if count != 1 else ''}, "
-                 "and you cannot write it to note that: a prune by age or least recent use now takes them "
-                 "as just used (read it as its owner or as a member of its group)")
+    said, opts = dict(unnoted), options.current or options.GlobalOptions()
     unnoted.clear()
+    if not said or opts.quiet:
+        return
+    from kcache_cli.cli.common import warn
+
+    for root, count in sorted(said.items()):
+        warn(opts, f"reading {root.rstrip('/')} moved the last use of {count:,} file{'s' if count != 1 else ''}, "
+                   "and you cannot write it to note that: a prune by age or least recent use now takes them "
+                   "as just used (read it as its owner or as a member of its group)")
 
 
 def run() -> None:

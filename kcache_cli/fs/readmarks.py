@@ -138,8 +138,10 @@ def save(root: str | os.PathLike) -> None:
                 os.close(sfd)
         finally:
             os.close(lock)
-    except (OSError, LockTimeout):  # a cache this user cannot write (or a writer holds the lock)
+    except OSError:  # a cache this user cannot write
         UNNOTED[key] = UNNOTED.get(key, 0) + len(new)
+    except LockTimeout:
+        pass  # a writer held the lock for 10 s: these reads stay unnoted
     finally:
         os.close(rfd)
 
