@@ -153,3 +153,24 @@ def test_ls_selects_on_age(kcache, fixture_copy):
     newer = kcache("--cache-dir", root, "ls", "--newer-than", "1d", "-q").stdout.split()
     assert len(newer) == 4 and str(old) not in newer
     assert kcache("--cache-dir", root, "ls", "--older-than", "30").exit_code == 2
+
+
+def test_wide_and_combining_characters_are_measured_in_terminal_cells():
+    """An op named in CJK (two columns a character) or with combining marks (none) keeps the columns
+    after it aligned and the row within the width."""
+    from kcache_cli.cli.table import cells
+
+    cols = [Column("op"), Column("hash", spill=True), Column("status"), Column("reason", wrap=True)]
+    rows = [["行列積演算子", "8d1f7691cdf75e90aa", "complete", ""],
+            ["cafe\u0301", "ad252b064b266eea00", "corrupt", "lib.so is empty"],
+            ["matmul", "064b4a6c035246e800", "complete", ""]]
+    assert cells("行列積") == 6 and cells("cafe\u0301") == 4 and cells("ascii") == 5
+    for width in (None, 80, 40):
+        lines = render(cols, rows, width)
+        status_at = set()
+        for line in lines[1:]:
+            assert width is None or cells(line) <= width, line
+            col = next((i for i in range(len(line)) if line[i:].startswith(("complete", "corrupt"))), None)
+            if col is not None:  # (a reason on its own line below its row has none)
+                status_at.add(cells(line[:col]))
+        assert len(status_at) == 1, lines

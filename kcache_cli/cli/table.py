@@ -8,6 +8,7 @@ One renderer for terminals and pipes, so what a test sees at COLUMNS=80 is what 
 from __future__ import annotations
 
 import textwrap
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,8 +47,30 @@ class Layout:
     spill: int | None = None  # index of the hash column whose values are cut to its width
 
 
-def _natural(columns: list[Column], rows: list[list[str]]) -> list[int]:
-    return [max([len(col.name)] + [len(r[i]) for r in rows]) for i, col in enumerate(columns)]
+def cells(text: str) -> int:
+    """The terminal columns `text` takes: an East Asian wide or fullwidth character two, a combining mark
+    none, anything else one (kcache prints no other control: textsafe escapes them)."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+               for ch in text)
+
+
+def _cut(text: str, width: int, measure: Callable[[str], int]) -> str:
+    """The longest start of `text` that takes at most `width` columns."""
+    if measure is len or measure(text) <= width:
+        return text[:width]
+    out, used = [], 0
+    for ch in text:
+        used += cells(ch)
+        if used > width:
+            break
+        out.append(ch)
+    return "".join(out)
+
+
+def _natural(columns: list[Column], rows: list[list[str]], measure: Callable[[str], int] = len) -> list[int]:
+    return [max([len(col.name)] + [measure(r[i]) for r in rows]) for i, col in enumerate(columns)]
 
 
 def _span(widths: list[int], kept: list[int]) -> int:
@@ -77,9 +100,11 @@ def hash_floor(values: list[str]) -> int:
     return min(need, max((len(v) for v in hashes), default=0))
 
 
-def plan(columns: list[Column], rows: list[list[str]], width: int | None) -> Layout:
-    """Which columns show, how wide, and where the free text goes, for a terminal `width` wide (None: no limit)."""
-    widths = _natural(columns, rows)
+def plan(columns: list[Column], rows: list[list[str]], width: int | None,
+         measure: Callable[[str], int] = len) -> Layout:
+    """Which columns show, how wide, and where the free text goes, for a terminal `width` wide (None: no limit);
+    `measure`: the columns a value takes (`cells` where some are wide)."""
+    widths = _natural(columns, rows, measure)
     every = list(range(len(columns)))
     text = next((i for i in every if columns[i].wrap), None)
     if width is None or _span(widths, every) <= width:
@@ -142,22 +167,26 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None, colo
     to print (the terminal-escaping of names and reasons), before widths are measured."""
     if clean is not None:
         rows = [[clean(cell) for cell in row] for row in rows]
-    layout = plan(columns, rows, width)
+    # A CJK name takes two columns a character, a combining mark none: such rows are measured in cells
+    measure = len if all(map(str.isascii, map("".join, rows))) else cells
+    layout = plan(columns, rows, width, measure)
     kept, sized = layout.kept, layout.widths
     if not kept:
         return []
     last = kept[-1]
     # One format string for the row (a 100,000-row ls formats in one pass); a styled cell comes padded
-    # and painted, the last column unpadded (no trailing blanks).
+    # and painted, the last column unpadded (no trailing blanks); cells measured otherwise are padded here.
     styled = [i for i in kept if colour and columns[i].styles]
-    fmt = "  ".join("{}" if i in styled or i == last else f"{{:{'>' if columns[i].right else '<'}{sized[i]}}}"
+    padded = styled if measure is len else kept
+    fmt = "  ".join("{}" if i in padded or i == last else f"{{:{'>' if columns[i].right else '<'}{sized[i]}}}"
                     for i in kept)
     special = [i for i in kept if columns[i].wrap or i == layout.spill]
     lead = " " * (_span([sized.get(i, 0) for i in range(len(columns))], list(kept)) - sized[last])
     room = (width or 80) - len(INDENT)
 
     def pad(i: int, value: str) -> str:
-        return value.rjust(sized[i]) if columns[i].right else (value if i == last else value.ljust(sized[i]))
+        gap = " " * (sized[i] - measure(value))
+        return gap + value if columns[i].right else (value if i == last else value + gap)
 
     lines = ["  ".join(paint(pad(i, columns[i].name), "bold", colour) for i in kept).rstrip()]
     if colour:
@@ -167,12 +196,13 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None, colo
         extra: list[str] = []
         for i in special:
             if i == layout.spill:
-                values[i] = row[i][:sized[i]]
-            elif columns[i].wrap and len(row[i]) > sized[i]:
+                values[i] = _cut(row[i], sized[i], measure)
+            elif columns[i].wrap and measure(row[i]) > sized[i]:
                 parts = _chunks(row[i], sized[i])
                 values[i], extra = parts[0], parts[1:]
-        for i in styled:
-            values[i] = paint(pad(i, values.get(i, row[i])), columns[i].styles.get(row[i]), True)
+        for i in padded:
+            value = pad(i, values.get(i, row[i]))
+            values[i] = paint(value, columns[i].styles.get(row[i]), True) if i in styled else value
         lines.append(fmt.format(*[values[i] if i in values else row[i] for i in kept]).rstrip())
         lines.extend(lead + part for part in extra)
         if layout.below is not None and row[layout.below]:
