@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -260,3 +261,34 @@ def test_stats_with_a_bad_config_warns_and_shows_the_rest(kcache, fixture_copy, 
     config_home.write_text("[all\n")
     run = kcache("--cache-dir", root, "stats")
     assert run.exit_code == 0 and "no budget shown" in run.stderr and "5 entries" in run.stdout
+
+
+def test_a_prune_over_several_caches_asks_for_all_before_removing_from_any(kcache, tmp_path):
+    """Over every cache found, a prune that must ask for one cache (all of tilus's entries are old) asks
+    before it removes anything from any of them: without a terminal it refuses, exit 2, and the hidet
+    cache, planned first and asking for nothing, is untouched too."""
+    from conftest import FIXTURES, copy_tree
+
+    home = tmp_path / "home"
+    hidet, tilus = home / ".cache" / "hidet", home / ".cache" / "tilus"
+    copy_tree(FIXTURES / "hidet", hidet)
+    copy_tree(FIXTURES / "tilus", tilus)
+    same_times(hidet, time.time())
+    same_times(tilus, T)  # all of it unused for years
+    old_op = hidet / "ops" / "cuda_space_0" / "add"
+    same_times(old_op, T)  # one hidet entry of five: under half of that cache
+    elsewhere = tmp_path / "elsewhere"  # (the CUDA JIT cache's root is its parent: not the current directory)
+    env = {"HOME": str(home), "TORCHINDUCTOR_CACHE_DIR": str(elsewhere / "inductor"), "KCACHE_DIR": None,
+           "CUDA_CACHE_PATH": str(elsewhere / "nv"), "VLLM_CACHE_ROOT": str(elsewhere / "vllm"),
+           "TRITON_CACHE_DIR": None, "TILELANG_CACHE_DIR": None, "XDG_CACHE_HOME": None, "TRITON_HOME": None}
+    def tree(root: Path) -> list[str]:
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if ".kcache" not in p.parts)
+
+    before = tree(hidet), tree(tilus)
+    r = kcache("prune", "--older-than", "30d", env=env)
+    assert r.exit_code == 2 and "more than half" in r.stderr, (r.stdout, r.stderr)
+    assert (tree(hidet), tree(tilus)) == before
+    r = kcache("prune", "--older-than", "30d", "--yes", env=env)
+    assert r.exit_code == 0, r.stderr
+    assert entries(hidet) == {e for e in entries(hidet) if "/add/" not in e} and len(entries(hidet)) == 4
+    assert not list((tilus / "programs").iterdir())

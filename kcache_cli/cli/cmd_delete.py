@@ -100,10 +100,18 @@ def prune_command(
     scans = _Scans(opts)
     limits, ages = _prune_limits(opts, locs, limit, age, broken or stale, scans)
     out.summary, out.listing = summary, listing
-    for loc in locs:
+    # Every root's plan first, and every confirmation it needs: a refusal removes nothing from any cache
+    plans = [(loc, _plan_one(opts, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale, deep),
+                             scans.done.pop(str(loc.path), None))) for loc in locs]
+    if not dry_run and not yes:
+        with _nothing_removed_yet():
+            for _, plan in plans:
+                if plan.exists:
+                    _confirm_big_prune(opts, plan)
+    for loc, plan in plans:
         out.section(loc)
-        _prune_one(opts, out, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale, deep), dry_run, yes,
-                   scans.done.pop(str(loc.path), None))
+        _act_one(opts, out, loc, plan, {"max_size": limits[str(loc.path)], "older_than": ages[str(loc.path)]},
+                 dry_run)
     out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
 
 
@@ -137,27 +145,27 @@ def _prune_limits(opts: o.GlobalOptions, locs: list, limit, age, damaged: bool, 
                                                scan=scans))
     return limits, ages
 
-def _prune_one(opts: o.GlobalOptions, out: "_Out", loc, limit, age, damaged: tuple[bool, bool, bool],
-               dry_run: bool, yes: bool = False, scanned=None) -> None:
-
+def _plan_one(opts: o.GlobalOptions, loc, limit, age, damaged: tuple[bool, bool, bool], scanned=None):
+    """The prune plan of one root (made from its scan in this command, when the budget weighed it)."""
     broken, stale, deep = damaged
     with _nothing_removed_yet(), _busy(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
         plan = delete.plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, stale=stale, deep=deep,
                           warn=lambda m: c.warn(opts, m), progress=bar, judging=Phase(bar, "reading every byte"),
                           scanned=scanned)
-    extra = {"max_size": limit, "older_than": age}
-    if not plan.exists:
-        return _missing(opts, out, loc, dry_run, extra)
-    if limit is None and age is None and not broken and not stale and not plan.removals:
+    if plan.exists and limit is None and age is None and not broken and not stale and not plan.removals:
         c.info(opts, f"checked {plan.root} ({c.human_size(plan.scanned_size)}) for what prune always removes: "
                      "stale temp and staging directories; none found. "
                      "--max-size, --older-than, --broken and --stale remove entries, and so does a budget "
                      "(kcache config set max-size 20G).")
+    return plan
+
+
+def _act_one(opts: o.GlobalOptions, out: "_Out", loc, plan, extra: dict, dry_run: bool) -> None:
+    """One root's planned prune, reported (--dry-run) or carried out and reported."""
+    if not plan.exists:
+        return _missing(opts, out, loc, dry_run, extra)
     if dry_run:
         return _report_plan(opts, out, plan, extra)
-    if not yes:
-        with _nothing_removed_yet():
-            _confirm_big_prune(opts, plan)
     result = _execute(opts, plan)
     _report_result(opts, out, plan, result, extra)
 
