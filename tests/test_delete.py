@@ -845,3 +845,19 @@ def test_a_second_prune_waits_for_the_first(fixture_copy, tmp_path):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
     assert not (root / HIDET["add"]).exists() and "Removed 1 entry" in out
+
+
+def test_a_prune_that_had_to_keep_entries_in_use_says_it_is_still_over(kcache, fixture_copy):
+    """An entry held by its writer (hidet's .lock) is kept; the prune then ends over its limit, and says so."""
+    import fcntl
+
+    root = fixture_copy("hidet")
+    held = sorted(root.glob("ops/*/*/*"))[0]
+    fd = os.open(held / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        r = kcache("--cache-dir", root, "prune", "--max-size", "100K", "--yes")
+    finally:
+        os.close(fd)
+    assert r.exit_code == 0, r.stderr
+    assert held.is_dir() and "still" in r.stderr and "over its limit: 1 entry planned to go was kept" in r.stderr

@@ -511,6 +511,12 @@ def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
                  f"{_sizes(plan, extra, result.freed)}.")
     else:
         out.text(f"Nothing removed from {c.printable_line(plan.root)}.")
+    over = plan.scanned_size - result.freed - (extra["max_size"] if extra.get("max_size") is not None else 1 << 62)
+    if over > 0 and result.skipped:  # what was kept (in use, changed) is not made up for by others
+        n, one = len(result.skipped), len(result.skipped) == 1
+        out.warn(f"{c.printable_line(plan.root)} is still {c.human_size(over)} over its limit: "
+                 f"{c.plural(n, 'entry')} planned to go {'was' if one else 'were'} kept "
+                 f"(prune again once {'it is' if one else 'they are'} free)")
 
 
 def _count(removals) -> str:
