@@ -498,3 +498,21 @@ def test_a_scan_that_goes_round_in_circles_ends(kcache):
     finally:
         server.stop()
     assert "round in circles" in one_line_error(run)
+
+
+@pytest.mark.parametrize("url", ["redis://", "redis:///0", "redis://127.0.0.1:1/abc", "redis://127.0.0.1:1/0/extra",
+                                 "redis://127.0.0.1:1/0?db=3", "redis://127.0.0.1:1/0?foo=hunter2",
+                                 "redis://[::1/0"])
+def test_a_redis_url_redis_py_would_read_otherwise_is_a_usage_error(kcache, url):
+    """No host (redis-py takes localhost:6379), a database that is no number (it takes 0), a query that
+    overrides the path or means nothing: refused before any connection, exit 2, one line."""
+    run = kcache("remote", "ls", "--remote", url, "--connect-timeout", "0.2")
+    assert run.exit_code == 2 and len(run.stderr.splitlines()) == 1, run
+    assert "hunter2" not in run.stderr and "connecting" not in run.stderr
+
+
+def test_a_file_remote_on_localhost_is_this_machines_path(kcache, tmp_path):
+    (tmp_path / "remote").mkdir()
+    run = kcache("remote", "stats", "--remote", f"file://localhost{tmp_path / 'remote'}", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert run.json()["entry_count"] == 0

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlsplit
 
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.read import TooLarge, read_bytes
@@ -115,6 +116,8 @@ def open_store(url: str, connect_timeout: float = CONNECT_TIMEOUT, io_timeout: f
                          "ls|stats|prune; build --remote needs a redis:// or file:// remote")
     elif url.startswith("file://"):
         path = url[len("file://"):]
+        if path.startswith("localhost/"):  # file://localhost/path (RFC 8089): this machine's /path
+            path = path[len("localhost"):]
         if not path.startswith("/"):
             raise UsageError(f"remote {redact(url)!r}: a file:// remote needs an absolute path (file:///shared/kcache)")
         store = FileStore(path)
@@ -221,6 +224,35 @@ def _check_user_part(url: str, shown: str) -> None:
                          "(%2F, %3F, %23) in a password")
 
 
+def _check_redis_url(url: str, shown: str) -> None:
+    """What redis-py would read otherwise than it is written is refused: no host (it would take
+    localhost:6379), a database that is not a number (it would take 0), a query it would take for
+    something else (`?db=3` over the path's database) or not at all."""
+    if url.startswith("unix://"):
+        return
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        raise UsageError(f"remote {shown!r} is not a URL (redis://host:port/db)") from None
+    if not host:
+        raise UsageError(f"remote {shown!r} names no host (redis://host:port/db)")
+    db = parts.path[1:]
+    if db and not (db.isascii() and db.isdigit()):
+        raise UsageError(f"remote {shown!r}: the database after the port is a number (redis://host:port/0)")
+    asked = sorted({key for key, _ in parse_qsl(parts.query, keep_blank_values=True)} - _REDIS_QUERY)
+    if asked:
+        raise UsageError(f"remote {shown!r}: '{asked[0]}' in the URL is none kcache passes on (the database is "
+                         "the path's, the timeouts are kcache's own options)")
+
+
+# What a redis:// URL's query may say (redis-py reads it); the database and timeouts are kcache's to set.
+_REDIS_QUERY = frozenset({"password", "username", "client_name", "protocol", "health_check_interval",
+                          "socket_keepalive", "socket_read_size", "max_connections", "legacy_responses",
+                          "ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname",
+                          "ssl_min_version", "ssl_include_verify_flags", "ssl_exclude_verify_flags"})
+
+
 def _value(v: object) -> Value:
     return v if isinstance(v, (bytes, int)) and not isinstance(v, bool) else None
 
@@ -242,6 +274,7 @@ class RedisStore:
         self.deadline = Deadline(self.url)
         self._expired = False
         _check_user_part(url, self.url)
+        _check_redis_url(url, self.url)
         try:  # no retries: a retry would start the wait over, past the deadline
             self._r = redis.Redis.from_url(url, socket_connect_timeout=connect_timeout, socket_timeout=io_timeout,
                                            retry=Retry(NoBackoff(), 0))
