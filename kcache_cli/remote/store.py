@@ -279,8 +279,8 @@ class RedisStore:
             self._r = redis.Redis.from_url(url, socket_connect_timeout=connect_timeout, socket_timeout=io_timeout,
                                            retry=Retry(NoBackoff(), 0))
         except (ValueError, TypeError):  # redis-py's words may quote any part of the URL: not printed
-            raise UsageError(f"remote {self.url!r} is not a URL redis-py reads (redis://[user:password@]host:port/db"
-                             ")") from None
+            raise UsageError(f"remote {self.url!r} is not a URL redis-py reads (redis://host:port/db, a password "
+                             "as :PASSWORD@ before the host)") from None
         self._scripts: dict[str, Any] = {}
 
     def set_deadline(self, seconds: float | None) -> None:
