@@ -177,6 +177,17 @@ def test_root_mends_the_state_an_older_kcache_left_closed_to_the_group(area):
     assert run.returncode == 0, run.stderr
 
 
+@pytest.mark.second_user
+def test_a_non_member_is_told_it_is_not_in_the_group_not_to_chmod(area):
+    """.kcache/ already the group's (root's prune made it so): a user outside the group is told that,
+    not to have the owner run a chmod that is already done."""
+    root = group_cache(area)
+    assert root_kcache("--cache-dir", root, "prune", "--broken").returncode == 0
+    run = other_member_kcache("--cache-dir", root, "clear", "--op", "relu", "--yes", preexec=as_outsider)
+    assert run.returncode == 1, run.stderr
+    assert "you are not a member" in run.stderr and "chmod" not in run.stderr, run.stderr
+
+
 LOCKER = r"""
 import fcntl, os, sys, time
 try:

@@ -1146,10 +1146,27 @@ def _permission_fix(path: Path, exc: OSError) -> str:
         return ""
     try:
         st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:  # it could not be made: the directory it goes in is the one to ask about
+        path = path.parent
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return ""
     except OSError:
         return ""
+    if st.st_mode & 0o020 and st.st_gid not in (os.getegid(), *os.getgroups()):  # the group's already: not ours
+        return f"; {path} is the group {_group_name(st.st_gid)}'s, and you are not a member"
     return (f"; fix: its owner (uid {st.st_uid}) or root runs `chmod g+ws {path}` or any kcache prune or "
             "clear of this cache (which makes .kcache/ the group's)")
+
+
+def _group_name(gid: int) -> str:
+    try:
+        import grp
+
+        return grp.getgrgid(gid).gr_name
+    except (KeyError, ImportError):
+        return str(gid)
 
 
 class _Deleter:
