@@ -100,19 +100,26 @@ def prune_command(
     scans = _Scans(opts)
     limits, ages = _prune_limits(opts, locs, limit, age, broken or stale, scans)
     out.summary, out.listing = summary, listing
-    # Every root's plan first, and every confirmation it needs: a refusal removes nothing from any cache
     plans = [(loc, _plan_one(opts, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale, deep),
                              scans.done.pop(str(loc.path), None))) for loc in locs]
+    _prune_planned(opts, out, plans, (limits, ages), dry_run, yes)
+    out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
+
+
+def _prune_planned(opts: o.GlobalOptions, out: "_Out", plans: list, budgets: tuple[dict, dict], dry_run: bool,
+                   yes: bool) -> None:
+    """Every root's plan asks for the confirmation it needs first (a refusal removes nothing from any
+    cache), then each is reported or carried out."""
     if not dry_run and not yes:
         with _nothing_removed_yet():
             for _, plan in plans:
                 if plan.exists:
                     _confirm_big_prune(opts, plan)
+    limits, ages = budgets
     for loc, plan in plans:
         out.section(loc)
         _act_one(opts, out, loc, plan, {"max_size": limits[str(loc.path)], "older_than": ages[str(loc.path)]},
                  dry_run)
-    out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
 
 
 
