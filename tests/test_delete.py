@@ -19,6 +19,7 @@ import pytest
 from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.fs import state
 from kcache_cli.model.records import ScanFilter
+from kcache_cli.ops import delete
 from kcache_cli.ops.delete import parse_age, parse_size, plan_clear, plan_prune
 from kcache_cli.util.errors import UsageError
 
@@ -861,3 +862,21 @@ def test_a_prune_that_had_to_keep_entries_in_use_says_it_is_still_over(kcache, f
         os.close(fd)
     assert r.exit_code == 0, r.stderr
     assert held.is_dir() and "still" in r.stderr and "over its limit: 1 entry planned to go was kept" in r.stderr
+
+
+def test_entries_another_prune_removed_meanwhile_are_no_warning(fixture_copy, capsys):
+    """Two prunes at once: what the other one removed first is "already gone", said once as news, not as
+    a warning per entry that was "kept" (cron mails every warning)."""
+    from kcache_cli.cli import cmd_delete
+    from kcache_cli.cli.options import GlobalOptions
+
+    root = fixture_copy("hidet")
+    plan = plan_clear(root, ScanFilter(ops=("add", "relu")))
+    assert len(plan.removals) == 2
+    shutil.rmtree(plan.removals[0].entry.path)  # the other prune was first
+    result = plan.execute()
+    assert [s.why for s in result.skipped] == [delete.ALREADY_GONE] and len(result.removed) == 1
+    capsys.readouterr()
+    cmd_delete._result_human(cmd_delete._Out(GlobalOptions(), False), plan, result, {"max_size": None}, [])
+    err = capsys.readouterr().err
+    assert "warning" not in err and "1 entry planned to go was already gone" in err, err

@@ -508,7 +508,13 @@ def _report_result(opts: o.GlobalOptions, out: _Out, plan, result, extra: dict) 
 
 
 def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
-    _kept(out, result.skipped, "kept")
+    gone = [s for s in result.skipped if s.why == delete.ALREADY_GONE]  # another prune's work: no warning
+    kept = [s for s in result.skipped if s.why != delete.ALREADY_GONE]
+    _kept(out, kept, "kept")
+    if gone:
+        one = len(gone) == 1
+        out.info(f"{c.plural(len(gone), 'entry')} planned to go {'was' if one else 'were'} already gone "
+                 f"(another prune or clear removed {'it' if one else 'them'} meanwhile)")
     for w in fresh_warnings:
         out.warn(w)
     if result.removed:
@@ -518,9 +524,10 @@ def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
                  f"{_sizes(plan, extra, result.freed)}.")
     else:
         out.text(f"Nothing removed from {c.printable_line(plan.root)}.")
-    over = plan.scanned_size - result.freed - (extra["max_size"] if extra.get("max_size") is not None else 1 << 62)
-    if over > 0 and result.skipped:  # what was kept (in use, changed) is not made up for by others
-        n, one = len(result.skipped), len(result.skipped) == 1
+    limit = extra["max_size"] if extra.get("max_size") is not None else 1 << 62
+    over = plan.scanned_size - result.freed - sum(s.entry.size for s in gone) - limit
+    if over > 0 and kept:  # what was kept (in use, changed) is not made up for by others
+        n, one = len(kept), len(kept) == 1
         out.warn(f"{c.printable_line(plan.root)} is still {c.human_size(over)} over its limit: "
                  f"{c.plural(n, 'entry')} planned to go {'was' if one else 'were'} kept "
                  f"(prune again once {'it is' if one else 'they are'} free)")

@@ -59,6 +59,7 @@ else:  # a dry run shows the plan without them (3 ms of `clear --dry-run 7ebb`)
     fsdelete = lazy_module("kcache_cli.fs.delete")
     verify = lazy_module("kcache_cli.ops.verify")
 
+ALREADY_GONE = "already gone"  # a Skip's why when another prune or clear removed the entry meanwhile
 STALE_AFTER = 3600.0  # temp and staging directories untouched for an hour belong to no live writer
 # What --broken removes (terms.BROKEN): never UNREADABLE (a permission problem is not damage), never STALE
 # (another environment's compiler may still use it: --stale removes those).
@@ -881,7 +882,7 @@ class _Executor:
         try:
             parent = self._dir_fd(head)
         except FileNotFoundError:
-            return self._skip(r, "already gone")
+            return self._skip(r, ALREADY_GONE)
         except OSError as exc:
             if exc.errno in _LINKED:
                 return self._skip(r, "reached through a symlink: never followed out of the cache")
@@ -921,7 +922,7 @@ class _Executor:
             try:  # the entry's own directory (for candidates/: the parent already open)
                 efd = os.open(name, _DIR_FLAGS, dir_fd=parent) if r.what == ENTRY else os.dup(parent)
             except FileNotFoundError:
-                return "already gone"
+                return ALREADY_GONE
             except OSError as exc:
                 if exc.errno not in _LINKED:  # a link since the scan: renamed as one
                     raise
@@ -971,7 +972,7 @@ class _Executor:
                 fswrite.rename_noreplace_at(batch_fd, moved, parent, name)
                 return self._skip(r, "replaced while being removed")
         except FileNotFoundError:
-            return self._skip(r, "already gone")
+            return self._skip(r, ALREADY_GONE)
         except OSError as exc:
             if exc.errno not in (errno.EXDEV, *_NO_SPACE):
                 return self._fail(r, exc)
@@ -993,7 +994,7 @@ class _Executor:
         try:
             fd = os.open(name, flags, dir_fd=parent)
         except FileNotFoundError:
-            return self._skip(r, "already gone")
+            return self._skip(r, ALREADY_GONE)
         except OSError as exc:
             return self._fail(r, exc)
         try:
