@@ -68,7 +68,7 @@ _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "ppc64le": 437, "s390x": 437, "ri
 _openat2: Any = None  # the ctypes call once known to work; False when the kernel (or a seccomp filter) has none
 # Below these two rules, the first few paths of a process are walked by the caller (an openat with O_NOFOLLOW
 # per component, never ".."), which refuses what openat2 refuses: loading ctypes for the call costs 2 ms, more
-# than a lookup's few walks (`inspect 7ebb` opens three paths), less than a scan's thousands.
+# than a lookup's few walks (`inspect 7ebb` walks six paths), less than a scan's thousands.
 WALKS_BEFORE_OPENAT2 = 32
 _walks = 0
 
