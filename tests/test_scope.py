@@ -149,6 +149,28 @@ def test_a_directory_holding_a_cache_one_level_down_says_so(tmp_path, below, mon
     assert run.exit_code == 0 and "no entries" in run.stderr
 
 
+@pytest.mark.parametrize("inside", ["jax/cache", "hidet/ops"])
+def test_a_directory_inside_a_cache_names_its_root(tmp_path, inside, monkeypatch):
+    """JAX_COMPILATION_CACHE_DIR itself (the JAX layout's one entry) or a level of hidet's tree as the root:
+    exit 2 naming the root, not "no entries" (a `verify` there passed a damaged JAX cache)."""
+    layout = inside.split("/")[0]
+    root = copy_tree(FIXTURES / layout, tmp_path / layout)
+    if layout == "jax":
+        next((root / "cache").glob("*-cache")).write_bytes(b"abcd")  # cut short: corrupt
+    d = tmp_path / inside
+    for args in (("--cache-dir", str(d), "verify"), ("--cache-dir", str(d), "ls")):
+        run = run_kcache(*args)
+        assert run.exit_code == 2, (args, run.stdout, run.stderr)
+        assert f"inside a {layout} cache" in run.stderr and f"--cache-dir {root}" in run.stderr
+    monkeypatch.setenv("KCACHE_DIR", str(d))
+    assert run_kcache("verify").exit_code == 2
+    monkeypatch.delenv("KCACHE_DIR")
+    assert run_kcache("--cache-dir", str(root), "verify").exit_code == (1 if layout == "jax" else 0)
+    (d / "new").mkdir()  # no level of any cache: an empty root of its own
+    run = run_kcache("--cache-dir", str(d / "new"), "ls")
+    assert (run.exit_code, "no entries" in run.stderr) == ((2, False) if layout == "jax" else (0, True))
+
+
 def test_clear_space_2_removes_only_hidets_space_2(both):
     ops = both["hidet"] / "ops"
     shutil.copytree(ops / "cuda_space_0", ops / "cuda_space_2", symlinks=True)

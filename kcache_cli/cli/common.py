@@ -64,7 +64,9 @@ def cache_location(opts: GlobalOptions, existing: bool = False):
 
 
 def _one_level_down(loc) -> None:
-    """A --cache-dir/KCACHE_DIR that holds no cache but has one below it: say where (exit 2), not "no entries"."""
+    """A --cache-dir/KCACHE_DIR that holds no cache but has one below it, or lies inside one (an entry, a
+    level of its tree: JAX's cache directory is its layout's one entry): say where (exit 2), not "no
+    entries" (a `verify` there would pass a damaged cache)."""
     found = detect(loc.path)
     if found:
         fsread.hand_on(loc.path, "layouts", found)  # the scan that follows detects them once, not again
@@ -75,6 +77,10 @@ def _one_level_down(loc) -> None:
         more = f" (and {plural(len(below) - 1, 'other cache')})" if len(below) > 1 else ""
         raise UsageError(f"no cache at {loc.path} ({loc.reason}); {path} holds {_a(names)} cache{more}: "
                          f"--cache-dir {path}")
+    around = locate.cache_holding(loc.path, [])  # an entry or a level of a cache (JAX's directory itself)
+    if around is not None:
+        raise UsageError(f"no cache at {loc.path} ({loc.reason}): it lies inside {_a(around.cache)} cache, "
+                         f"whose root is {around.path}: --cache-dir {around.path}")
 
 
 def _a(word: str) -> str:
