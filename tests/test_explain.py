@@ -180,3 +180,31 @@ def test_a_blob_without_its_sidecar_says_not_recorded_never_none(tmp_path, kcach
     r = kcache("explain", str(blob), "--python", fake_python(tmp_path, {"torch": None}), env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.stderr
     assert "None" not in r.stdout and "torch version: not recorded -> not installed" in r.stdout
+
+
+def test_a_sidecar_left_beside_another_blob_records_nothing_for_it(tmp_path, kcache):
+    """`<blob>.kcache.json` names the blob it describes by sha256: beside another blob (copied over the one
+    kcache exported) its torch version is not that blob's, so nothing is judged by it."""
+    src = tmp_path / "ind"
+    kcache("--cache-dir", src, "import", FIXTURES / "torch-mega" / "sin_cos_cpu.bin")
+    blob = tmp_path / "out.bin"
+    made = fake_python(tmp_path, {"torch": "2.12.0"}, "made")
+    assert kcache("--cache-dir", src, "export", blob, "--format", "torch-mega", "--python", made).exit_code == 0
+    less = shutil.copytree(src, tmp_path / "less")  # another valid blob: the cache less its autograd entry
+    assert kcache("--cache-dir", less, "clear", "--kind", "autograd", "--yes").exit_code == 0
+    assert kcache("--cache-dir", less, "export", tmp_path / "less.bin", "--format", "torch-mega").exit_code == 0
+    shutil.copy(tmp_path / "less.bin", blob)
+    doc = explain(kcache, src, str(blob), "--python", fake_python(tmp_path, {"torch": "2.13.0"}))
+    assert doc["items"] and doc["hit"] == 0
+    judged = [i for i in doc["items"] if i["factor"] not in ("blob", "group")]
+    assert judged and all(i["verdict"] == "unknown" and "describes another blob" in i["why"] for i in judged)
+    assert "2.12.0" not in json.dumps(doc)
+
+
+@pytest.mark.parametrize("url", ["oci+http://127.0.0.1:9/team/triton:v1", "redis://127.0.0.1:9/0", "file:///srv/kc"])
+def test_a_remote_is_no_entry_to_look_for(triton39, kcache, tmp_path, url):
+    """An image or other remote named to explain: say what explain takes (exit 2), never "no entry matches
+    URL in <some other cache>" (and nothing is fetched)."""
+    r = kcache("--cache-dir", triton39, "explain", url, "--python", fake_python(tmp_path, {}), "--gpu", "sm_90a")
+    assert r.exit_code == 2 and "not a remote" in r.stderr and "kcache pull" in r.stderr, r.stderr
+    assert "no entry matches" not in r.stderr

@@ -54,6 +54,10 @@ def explain_command(
     Example: kcache explain --python ~/venvs/serve/bin/python --gpu sm_90a
     """
     opts = o.use(ctx, cache_dir, as_json)
+    remote = next((t for t in targets or [] if "://" in t and not os.path.exists(t)), None)
+    if remote is not None:
+        raise c.UsageError(f"explain judges entries, archives and blobs, not a remote ({c.printable_line(remote)}): "
+                           "pull it into a cache (kcache pull --remote URL --cache-dir DIR) and explain that")
     here = explain.probe(python, gpu=gpu)
     result = explain.ExplainResult(here)
     blobs = [t for t in targets or [] if is_blob(t)]

@@ -7,6 +7,7 @@ layout cannot know is `unknown`, never `hit`."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -129,12 +130,13 @@ def explain_root(root: Path, here: Here, refs: list[str] | None = None) -> list[
 def explain_blob(path: str, here: Here) -> list[Explained]:
     """Each artifact torch's load would write from the blob, judged by its layout from the sidecar
     (`<blob>.kcache.json`, kcache export's) when there is one; a damaged blob is a miss for all."""
-    _, blob = read_blob(path)
+    data, blob = read_blob(path)
     try:
         side = fsread.parse_json(fsread.read_bytes(path + SIDECAR_SUFFIX, fsread.MAX_JSON, follow=True))
     except (OSError, ValueError):
         side = None
     recorded = side if isinstance(side, dict) else {}
+    other = bool(recorded) and recorded.get("sha256") != hashlib.sha256(data).hexdigest()
     places = mega_layouts()
     out = []
     for a in blob.artifacts:
@@ -145,6 +147,9 @@ def explain_blob(path: str, here: Here) -> list[Explained]:
         elif a.group in blob.shadowed():
             v = Verdict(MISS, "a later group of its type replaces it when torch loads the blob", "group", str(a.group),
                         "the last of its type")
+        elif other:  # a sidecar left beside another blob: what it records is not this blob's
+            v = Verdict(UNKNOWN, f"{os.path.basename(path)}{SIDECAR_SUFFIX} describes another blob (its sha256 "
+                        "differs): nothing recorded to judge this one by")
         else:
             v = lay.explain_mega(recorded, here)
         out.append(Explained(a.key, lay.name if lay else "-", a.type, os.path.abspath(path), v))
