@@ -114,6 +114,24 @@ def test_an_unknown_type_and_a_shadowed_group_are_what_torch_trips_on(tmp_path, 
     assert any("group 0 (autotune) is shadowed" in p for p in doc["problems"])
 
 
+@pytest.mark.parametrize("columns", [40, 80])
+def test_a_blob_s_types_print_escaped_and_its_problems_fit_the_width(tmp_path, kcache, columns):
+    """A group type is the blob's text: `inspect` and `verify` print it escaped on every line (the groups
+    line printed it raw: a window title set), and fold their problem lines to the terminal's width."""
+    body = (1).to_bytes(8, "big")
+    for kind, key in (("autotune", "ab/one.best_config"), ("bogus\x1b]0;pwned\x07", "k"),
+                      ("autotune", "ab/two.best_config")):
+        body += megacache._text(kind) + (1).to_bytes(8, "big") + megacache._text(key) + (2).to_bytes(8, "big") + b"{}"
+    path = _blob(tmp_path, _whole(body))
+    for command in ("inspect", "verify"):
+        r = kcache(command, path, env={"COLUMNS": str(columns)})
+        assert r.exit_code == 1, r.stderr
+        assert "\x1b" not in r.stdout and "\x07" not in r.stdout and "bogus\\x1b]0;pwned" in r.stdout
+        assert "shadowed" in r.stdout
+        wide = [line for line in r.stdout.splitlines() if len(line) > columns and not line.startswith("blob ")]
+        assert not wide, wide
+
+
 def test_base64_that_is_not_text_is_a_framing_problem():
     bad = b"//4="  # base64 of 0xff 0xfe: no UTF-8
     body = (1).to_bytes(8, "big") + (len(bad)).to_bytes(8, "big") + bad
@@ -198,6 +216,8 @@ def test_a_new_guard_variant_joins_an_existing_graph(tmp_path, kcache):
     one = megacache.build([("inductor", GRAPH_KEY, b"\x80\x04K\x01.")])
     two = megacache.build([("inductor", GRAPH_KEY, b"\x80\x04K\x02.")])
     assert kcache("--cache-dir", root, "import", _blob(tmp_path, one, "1.bin")).exit_code == 0
+    dry = kcache("--cache-dir", root, "--json", "import", _blob(tmp_path, two, "2.bin"), "--dry-run")
+    assert json.loads(dry.stdout)["artifacts"][0]["action"] == "add"  # the dry run says what the run does
     r = kcache("--cache-dir", root, "--json", "import", _blob(tmp_path, two, "2.bin"))
     assert json.loads(r.stdout)["artifacts"][0]["action"] == "add"
     assert len(list((root / "fxgraph" / GRAPH_KEY[1:3] / GRAPH_KEY).iterdir())) == 2
@@ -258,3 +278,16 @@ def test_a_blob_never_goes_into_another_layout_s_cache(tmp_path, kcache):
     r = kcache("--cache-dir", root, "import", str(FIXTURE))
     assert r.exit_code == 1 and "inductor entries" in r.stderr and "triton cache" in r.stderr
     assert sorted(p.name for p in root.iterdir()) == before
+
+
+def test_a_blob_of_autotune_files_alone_imports_into_a_new_root_as_its_dry_run_says(tmp_path, kcache):
+    """No entry's staging makes the root for a blob of autotune files alone: import failed with "No such
+    file or directory". An autotune file is imported (`import`, as the dry run says; `add` is a file
+    joining an entry there already, as a guard variant joins its graph)."""
+    data = megacache.build([("autotune", "ab/x.best_config", b'{"a": 1}')])
+    path = _blob(tmp_path, data)
+    root = tmp_path / "inductor"
+    dry = json.loads(kcache("--cache-dir", root, "--json", "import", path, "--dry-run").stdout)
+    done = json.loads(kcache("--cache-dir", root, "--json", "import", path).stdout)
+    assert [a["action"] for a in dry["artifacts"]] == [a["action"] for a in done["artifacts"]] == ["import"]
+    assert done["imported"] == 1

@@ -31,7 +31,8 @@ from kcache_cli.util.signing import signer, verifier
 
 SIDECAR_SUFFIX = ".kcache.json"
 SIDECAR_FORMAT = "kcache/torch-mega/1"
-# What an artifact's import did
+# What import did with each artifact: written (a new entry, a file of no entry), written into an entry there
+# already (a guard variant joining its graph), present, refused.
 IMPORTED, ADDED, PRESENT, REFUSED = "import", "add", "skip", "refuse"
 
 
@@ -167,17 +168,27 @@ def import_blob(root: Path, path: str, *, dry_run: bool = False, lock_timeout: f
         else:
             todo.append((a, place))
     if dry_run or not todo:
-        out.artifacts += [MegaImported(a.type, a.key, f"{p.dir}/{p.name}", len(a.content),
-                                       PRESENT if os.path.lexists(root / p.dir / p.name) else IMPORTED)
+        out.artifacts += [MegaImported(a.type, a.key, f"{p.dir}/{p.name}", len(a.content), _would(root, p))
                           for a, p in todo]
         return out
     check_total(root, sum(len(a.content) for a, _ in todo))
+    try:  # a blob of autotune files alone: no entry's staging makes the root
+        fswrite.make_dirs(root)
+    except FileExistsError:
+        pass
     new_entries = {p.dir for _, p in todo if p.entry_kind and not os.path.lexists(root / p.dir)}
     out.artifacts += _publish_entries(root, [(a, p) for a, p in todo if p.dir in new_entries], lock_timeout)
     for a, p in todo:
         if p.dir not in new_entries:
             out.artifacts.append(_add_file(root, a, p))
     return out
+
+
+def _would(root: Path, p: MegaPlace) -> str:
+    """What importing into `p` would do (a dry run's word, the real run's)."""
+    if os.path.lexists(root / p.dir / p.name):
+        return PRESENT
+    return ADDED if p.entry_kind and os.path.lexists(root / p.dir) else IMPORTED
 
 
 def _publish_entries(root: Path, items: list[tuple[megacache.Artifact, MegaPlace]],
@@ -240,7 +251,7 @@ def _add_file(root: Path, a: megacache.Artifact, p: MegaPlace) -> MegaImported:
             return MegaImported(a.type, a.key, rel, len(a.content), PRESENT, "present (written meanwhile)")
         finally:
             fswrite.unlink_at(dfd, tmp)
-        return MegaImported(a.type, a.key, rel, len(a.content), ADDED)
+        return MegaImported(a.type, a.key, rel, len(a.content), ADDED if p.entry_kind else IMPORTED)
     finally:
         os.close(dfd)
         os.close(root_fd)

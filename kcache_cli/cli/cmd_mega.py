@@ -45,29 +45,29 @@ def show_blob(opts: o.GlobalOptions, path: str, verify: bool) -> None:
     """inspect / verify of a blob; exit 1 when it has a problem."""
     doc = mega.describe(path)
     out = c.Output(opts)
-    out.result(doc, lambda: _blob_human(out, doc, verify))
+    out.result(doc, lambda: _blob_human(doc, verify))
     if not doc["ok"]:
         raise typer.Exit(1)
 
 
-def _blob_human(out: c.Output, doc: dict, verify: bool) -> None:
+def _blob_human(doc: dict, verify: bool) -> None:
     crc = doc["crc32"]
-    out.text(f"blob     {c.printable_line(doc['path'])}")
-    out.text(f"size     {doc['size']} bytes, sha256 {doc['sha256'][:16]}")
-    out.text(f"crc32    stored {crc['stored'] or '-'}, computed {crc['computed'] or '-'} "
-             f"({'ok' if crc['ok'] else 'MISMATCH'})")
-    out.text(f"version  {doc['version'] if doc['version'] is not None else '-'}   state {doc['state']}")
-    groups = ", ".join(f"{g['type']} x{g['count']}" for g in doc["groups"]) or "none"
-    out.text(f"groups   {groups}")
+    c.print_text(f"blob     {c.printable_line(doc['path'])}")
+    c.print_text(f"size     {doc['size']} bytes, sha256 {doc['sha256'][:16]}", 9)
+    c.print_text(f"crc32    stored {crc['stored'] or '-'}, computed {crc['computed'] or '-'} "
+                 f"({'ok' if crc['ok'] else 'MISMATCH'})", 9)
+    c.print_text(f"version  {doc['version'] if doc['version'] is not None else '-'}   state {doc['state']}", 9)
+    groups = ", ".join(f"{c.printable_line(g['type'])} x{g['count']}" for g in doc["groups"]) or "none"
+    c.print_text(f"groups   {groups}", 9)
     if not verify and doc["artifacts"]:
         rows = [[a["type"], a["key"], c.human_size(a["size"]), a["sha256"][:12], "yes" if a["loaded"] else "no"]
                 for a in doc["artifacts"]]
         c.print_table([Column("type"), Column("key", spill=True), Column("size", right=True),
                        Column("sha256", drop=2), Column("loads", drop=1)], rows)
     for p in doc["problems"]:
-        out.text(f"problem  {p}")
+        c.print_text(f"problem  {c.printable_line(p)}", 9)
     if verify and doc["ok"]:
-        out.text(f"ok: {c.plural(len(doc['artifacts']), 'artifact')}, checksum and framing whole")
+        c.print_text(f"ok: {c.plural(len(doc['artifacts']), 'artifact')}, checksum and framing whole")
 
 
 def import_blob(opts: o.GlobalOptions, path: str, dry_run: bool, wait: float) -> None:
