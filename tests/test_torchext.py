@@ -129,6 +129,17 @@ def test_a_lock_that_is_a_link_is_not_followed(root, tmp_path):
     assert outside.read_text() == "keep\n" and os.path.islink(root / EXT / "lock")
 
 
+def test_a_lock_that_is_a_directory_is_what_torch_waits_on(root):
+    """torch's O_CREAT|O_EXCL fails on a directory named `lock` as on its file, and every load then waits for
+    ever: the entry was listed complete (the file listing leaves subdirectories out). Nothing is read."""
+    (root / EXT / "lock").mkdir()
+    row = rows(root)[EXT]
+    assert row["status"] == "corrupt" and "is a directory, not torch's lock file" in row["reason"]
+    assert "a a " not in row["reason"]
+    run = run_kcache("--cache-dir", root, "verify", "--json")
+    assert run.exit_code == 1
+
+
 def test_a_flock_left_by_a_killed_holder_is_never_stale(tmp_path):
     """Inductor's locks/*.lock and kcache's own are flocks (filelock): the kernel drops one with its holder,
     so a lock file left behind blocks no one and kcache reports none of them."""

@@ -91,9 +91,17 @@ def lock_holder(st: os.stat_result, now: float) -> str | None:
 def _lock_verdict(d: EntryDir, now: float) -> Judgement:
     st = d.lstat(LOCK)
     if not stat.S_ISREG(st.st_mode):
-        return Judgement.of(CORRUPT, f"its {LOCK} is a {fsread.kind_of(st.st_mode)}, not torch's lock file")
+        return Judgement.of(CORRUPT, f"its {LOCK} is {fsread.kind_of(st.st_mode)}, not torch's lock file: torch "
+                                     "cannot take its lock (a directory: every load waits for ever)")
     held = lock_holder(st, now)
     return Judgement.of(BUILDING, held) if held else Judgement.of(PARTIAL, STALE_LOCK)
+
+
+def _is_dir(d: EntryDir, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(d.lstat(name).st_mode)
+    except OSError:
+        return False
 
 
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
@@ -102,7 +110,7 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
         names, _ = d.files()
     except OSError:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
-    if LOCK in names:
+    if LOCK in names or _is_dir(d, LOCK):  # files() leaves subdirectories out; torch's O_EXCL does not
         return _lock_verdict(d, jc.now)
     if NINJA not in names:
         return Judgement.of(PARTIAL, "no build.ninja: the build stopped before torch wrote it (torch builds it again)")
