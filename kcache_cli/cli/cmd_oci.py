@@ -6,10 +6,13 @@ not a Redis index of entries."""
 from __future__ import annotations
 
 import contextlib
+import sys
+import textwrap
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
+from kcache_cli.cli.table import Column
 from kcache_cli.util.lazy import lazy_module
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
@@ -34,6 +37,28 @@ def _output(opts: o.GlobalOptions, command: str) -> c.Output:
     return c.Output(opts)
 
 
+def _say(out: c.Output, message: str) -> None:
+    """out.info, folded between words only: an image reference stays whole, for copy-paste (alone on its
+    line, and wider than the terminal, when it must be)."""
+    width = c.stderr_width()
+    if out.opts.quiet:
+        return
+    if width is None or len(message) <= width:
+        return out.info(message)
+    lines = textwrap.wrap(c.printable_line(message), width, subsequent_indent="  ", break_long_words=False,
+                          break_on_hyphens=False)
+    sys.stderr.write("".join(f"{line}\n" for line in lines))
+
+
+def _entry_table(rows: list[list[str]]) -> None:
+    """push's and pull's table of an image's entries (as import's): the entry by op and hash (a unique prefix
+    on a narrow terminal), the least useful columns dropped first, the note wrapped or on its own line."""
+    if rows:
+        c.print_table([Column("action"), Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8),
+                       Column("op", drop=7), Column("hash", spill=True), Column("files", right=True, drop=3),
+                       Column("size", right=True, drop=6), Column("arch", drop=5), Column("note", wrap=True)], rows)
+
+
 def push(opts: o.GlobalOptions, root, flt, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str],
          dry_run: bool) -> None:
     with opened(url, *timeouts, user) as reg:
@@ -41,16 +66,16 @@ def push(opts: o.GlobalOptions, root, flt, url: str, timeouts: tuple[float, Opti
     out = _output(opts, "push-oci")
 
     def human() -> None:
-        rows = [[e.layout, e.relpath, str(e.files), c.human_size(e.size), e.arch or "-"] for e in result.entries]
-        if rows:
-            c.print_table(["layout", "entry", "files", "size", "arch"], rows, right=(2, 3))
-        for e, why in result.left:
-            out.warn(f"left out {e.relpath}: {why}")
+        moved = sorted([("push", e, e.arch, "") for e in result.entries]
+                       + [("left out", e, None, why) for e, why in result.left], key=lambda m: m[1].relpath)
+        _entry_table([[action, e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, f"{e.files:,}",
+                       c.human_size(e.size), arch or "-", why] for action, e, arch, why in moved])
         if dry_run:
-            out.info(f"would push {c.plural(result.planned, 'entry')} ({c.human_size(result.size)}) as {result.remote}")
+            _say(out, f"would push {c.plural(result.planned, 'entry')} ({c.human_size(result.size)}) as "
+                      f"{result.remote}")
             return
-        out.info(f"pushed {c.plural(len(result.entries), 'entry')} ({c.human_size(result.size)}, layer "
-                 f"{c.human_size(result.layer_size)}) as {result.remote}@{result.digest}")
+        _say(out, f"pushed {c.plural(len(result.entries), 'entry')} ({c.human_size(result.size)}, layer "
+                  f"{c.human_size(result.layer_size)}) as {result.remote}@{result.digest}")
 
     out.result(result, human)
 
@@ -70,17 +95,17 @@ def pull(opts: o.GlobalOptions, root, flt, image, url: str, timeouts: tuple[floa
     imported = result.imported
 
     def human() -> None:
-        rows = [[e.action, e.relpath, str(e.files), c.human_size(e.size), e.arch or "-", e.reason or ""]
-                for e in imported.entries]
-        rows += [["skip", rel, "-", "-", arch or "-", why] for rel, arch, why in result.skipped]
-        if rows:
-            c.print_table(["action", "entry", "files", "size", "arch", "note"], rows, right=(2, 3))
+        rows = [[e.action, e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, f"{e.files:,}",
+                 c.human_size(e.size), e.arch or "-", e.reason or ""] for e in imported.entries]
+        rows += [["skip", s.layout or "-", s.kind or "-", s.space or "-", s.op or "-", s.hash or s.relpath, "-",
+                  "-", s.arch or "-", s.why] for s in result.skipped]
+        _entry_table(rows)
         verb = "would pull" if dry_run else "pulled"
         n = imported.count("import") + imported.count("replace")
         other = len(result.skipped) - result.other_arch
-        out.info(f"{verb} {c.plural(n, 'entry')} ({c.human_size(imported.size)}) from {result.remote}; skipped "
-                 f"{imported.count('skip')} present here, {result.other_arch} built for other archs"
-                 + (f", {other} not selected" if other else ""))
+        _say(out, f"{verb} {c.plural(n, 'entry')} ({c.human_size(imported.size)}) from {result.remote}; skipped "
+                  f"{imported.count('skip')} present here, {result.other_arch} built for other archs"
+                  + (f", {other} not selected" if other else ""))
 
     out.result(result, human)
 

@@ -62,6 +62,13 @@ DeadlineOpt = Annotated[Optional[float], typer.Option(
     "--remote-timeout", metavar="SECONDS", callback=_seconds("--remote-timeout"),
     help="Give up when the remote part of the command takes longer than this in all (default: no limit; "
     "each read still gives up after 30 s of silence).")]
+PushRootOpt = Annotated[Optional[str], typer.Option(
+    "--cache-dir", metavar="PATH", envvar=None,
+    help="The local cache (default: KCACHE_DIR; else, with one --layout, that layout's own cache; else hidet's).")]
+PullRootOpt = Annotated[Optional[str], typer.Option(
+    "--cache-dir", metavar="PATH", envvar=None,
+    help="The local cache (default: KCACHE_DIR; else, with one --layout or from an oci:// image, that layout's "
+    "own cache: Triton's for triton; else hidet's).")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Say what would move; change nothing.")]
 
 remote_app = typer.Typer(name="remote", no_args_is_help=True)
@@ -146,15 +153,14 @@ def push_command(
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
     remote_user: UserOpt = None,
-    cache_dir: o.CacheDirOpt = None,
+    cache_dir: PushRootOpt = None,
     as_json: o.JsonOpt = False,
 ) -> None:
     """Upload the selected complete entries the remote lacks.
 
     Selectors are those of `ls`. Partial, failed, corrupt and in-flight entries never go. Each entry
     becomes visible at once, when its data is all there; a second pusher of the same entry leaves
-    the first one's copy in place. The local cache: --cache-dir or KCACHE_DIR, else with one --layout
-    that layout's own cache, else hidet's.
+    the first one's copy in place.
 
     To an oci:// remote the selection (one layout) becomes one image under the tag, in Red Hat MCV's
     compat layout that KServe and GKM mount (labels: entry count, size, target archs).
@@ -212,7 +218,7 @@ def pull_command(
         "Default: the local GPUs, from nvidia-smi.")] = None,
     no_gpu_check: Annotated[bool, typer.Option(
         "--no-gpu-check", help="oci:// only: pull without checking the image's targets against the GPUs.")] = False,
-    cache_dir: o.CacheDirOpt = None,
+    cache_dir: PullRootOpt = None,
     as_json: o.JsonOpt = False,
 ) -> None:
     """Fetch the selected remote entries missing here.
@@ -220,11 +226,11 @@ def pull_command(
     Every check `import` makes applies: every file's size and sha256 must match the pushed record;
     names, links and paths follow import's rules; each entry appears with one rename. A bad entry is
     refused (exit 1) and the others still arrive. Complete local entries are kept; incomplete ones are
-    replaced. The local cache: --cache-dir or KCACHE_DIR, else with one --layout that layout's own cache
-    (--layout triton: Triton's), else hidet's.
+    replaced.
 
     From an oci:// image, its targets are checked against this node's GPUs before any write (none
-    runs here: refused); entries of other archs are skipped and counted; the rest is imported.
+    runs here: refused; no GPU here: only CPU code needs neither --gpu nor --no-gpu-check); entries of
+    other archs are skipped and counted; the rest is imported.
 
     Example: kcache pull --remote redis://cache-host:6379/0 --op matmul
     """
@@ -263,7 +269,7 @@ def _pull_oci(ctx: typer.Context, sel: c.Selection, remote: str, timeouts, user:
     flt = sel.filter()
     node = oci_ops.node_archs(*gpu)
     image = cmd_oci.pull_image_of(remote, timeouts, user)
-    oci_ops.preflight(image, node)  # before the root is even chosen: nothing written
+    oci_ops.preflight(image, node, flt)  # before the root is even chosen: nothing written
     root = _local_root(opts, (image.layout,))
     cmd_oci.pull(opts, root, flt, image, remote, timeouts, user, node, *run)
 

@@ -15,17 +15,20 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple, cast
 
 from kcache_cli import layouts
-from kcache_cli.archive.export import EmptyExport, export_archive, plan_export
+from kcache_cli.archive.export import EmptyExport, ExportedEntry, entry_records, export_archive, plan_export
 from kcache_cli.archive.importer import ImportResult, import_archive
 from kcache_cli.archive.manifest import ImportLimits
 from kcache_cli.formats.gpu import local_compute_caps
+from kcache_cli.layouts.image_format import CPU
 from kcache_cli.model.records import ScanFilter, Warn, iso
+from kcache_cli.model.terms import Status
 from kcache_cli.remote import oci_image as img
 from kcache_cli.remote.oci import DIGEST, MAX_CONFIG, OciRef, Registry
 from kcache_cli.remote.pull import summary_matches
@@ -57,11 +60,11 @@ class ImagePushResult:
     size: int  # bytes of the entries' files
     layer_size: int  # bytes of the compressed layer
     labels: dict[str, str]
-    planned: int  # entries selected (a dry run pushes none)
+    planned: int  # entries that go (would go, in a dry run, as `pushed` counts then: file:// push's way)
 
     def to_json(self) -> dict[str, object]:
         return {"remote": self.remote, "root": self.root, "dry_run": self.dry_run, "digest": self.digest,
-                "layout": self.layout, "planned": self.planned, "pushed": len(self.entries),
+                "layout": self.layout, "planned": self.planned, "pushed": len(self.entries),  # a dry run's: would
                 "left_out": len(self.left), "size": self.size,
                 "layer_size": self.layer_size, "labels": [{"name": k, "value": v} for k, v in self.labels.items()],
                 "entries": [{"layout": e.layout, "kind": e.kind, "relpath": e.relpath, "file_count": e.files,
@@ -84,10 +87,10 @@ def push_image(root: Path, reg: Registry, flt: ScanFilter | None = None, *, dry_
     plan = plan_export(root, flt or ScanFilter(), warn=warn)
     layout = _one_layout(plan)
     ref = reg.ref.with_tag(_tag(reg.ref))
-    if dry_run:
-        size = sum(j.size for j in plan.jobs)
-        return ImagePushResult(ref.url, str(root), True, None, layout, (), tuple(plan.left), size, 0, {},
-                               len(plan.jobs))
+    if dry_run:  # the entries as the export into the layer would read and judge them, their files' bytes
+        entries = tuple(_would_export(plan))
+        return ImagePushResult(ref.url, str(root), True, None, layout, entries, tuple(plan.left),
+                               sum(e.size for e in entries), 0, {}, len(entries))
     reg.ping()
     with tempfile.TemporaryDirectory(prefix="kcache-oci-") as tmp:
         try:
@@ -106,6 +109,14 @@ def push_image(root: Path, reg: Registry, flt: ScanFilter | None = None, *, dry_
     digest = reg.put_manifest(_tag(ref), manifest, img.OCI_MANIFEST)
     return ImagePushResult(ref.url, str(root), False, digest, layout, exported.entries, exported.left_out,
                            exported.size, facts.size, labels, len(exported.entries))
+
+
+def _would_export(plan) -> Iterator[ExportedEntry]:
+    """The entries export_archive would write for `plan` (read and judged as it does, none written); those
+    it would leave out are in `plan.left` afterwards."""
+    for record, _, _ in entry_records(plan):
+        yield ExportedEntry(record.key, cast(Status, record.status), len(record.files), record.size, record.compiler,
+                            record.arch, record.platform, record.omitted or ())
 
 
 def _annotations(fmt: img.ImageFormat) -> dict[str, str]:
@@ -196,31 +207,59 @@ def _epoch(text: object) -> float | None:
 
 # ---- pull ---------------------------------------------------------------------------------------
 
+NO_GPU = "no GPU found here (nvidia-smi): name this node's with --gpu ARCH (sm_90a), or pull without the check " \
+    "with --no-gpu-check"
+
+
 def node_archs(gpu: str | None, no_check: bool) -> list[str] | None:
-    """The arch words of this node: --gpu (sm_80, gfx90a; several with commas), else nvidia-smi's GPUs;
-    None with --no-gpu-check. No GPU found and no --no-gpu-check: a usage error that says so."""
+    """The arch words of this node: --gpu (sm_80, gfx90a; several with commas), else nvidia-smi's GPUs
+    ([] when it finds none: the preflight then asks whether the image needs one); None with --no-gpu-check."""
     if gpu:
         return [a.strip() for a in gpu.split(",") if a.strip()]
     if no_check:
         return None
-    caps = local_compute_caps()
-    if not caps:
-        raise UsageError("no GPU found here (nvidia-smi): name this node's with --gpu ARCH (sm_90a), or pull "
-                         "without the check with --no-gpu-check")
-    return sorted({f"sm_{a}{b}" for a, b in caps})
+    return sorted({f"sm_{a}{b}" for a, b in local_compute_caps() or ()})
 
 
-def preflight(image: Image, node: list[str] | None) -> None:
-    """Refuse an image none of whose targets runs on the node, before anything is written."""
+def needs_gpu(targets: list[str]) -> bool:
+    """Whether code for these targets needs a GPU: any but a CPU target, or none named (unknown)."""
+    return not targets or any(t != CPU for t in targets)
+
+
+def preflight(image: Image, node: list[str] | None, flt: ScanFilter | None = None) -> None:
+    """Refuse an image none of whose targets runs on the node, before anything is written. On a node
+    without a GPU (`node` []) an image that needs one is refused (a usage error: --gpu or --no-gpu-check),
+    unless selectors may pick only its CPU entries (each is checked as the layer is read)."""
     if image.layout is None:
         raise KcacheError(f"{image.ref.url} is not an image kcache pushed (no {img.LABEL_LAYOUT} label); "
                           "kcache pulls only images whose files its manifest lists with their sha256")
     targets = image.targets
-    if node is None or not targets:
+    if node == [] and needs_gpu(targets) and (flt is None or flt.takes_all()):
+        raise UsageError(NO_GPU)
+    if not node or not targets:
         return
     if not any(img.runs_on(t, node) for t in targets):
         raise KcacheError(f"{image.ref.url} is built for {', '.join(targets)}; this node runs {', '.join(node)}: "
                           "nothing in it would load here (nothing written)")
+
+
+class SkippedEntry(NamedTuple):
+    """An entry of the image a pull left out, with why (its record's words, for the table)."""
+
+    relpath: str
+    arch: str | None
+    why: str
+    layout: str | None = None
+    kind: str | None = None
+    space: str | None = None
+    op: str | None = None
+    hash: str | None = None
+
+    @classmethod
+    def of(cls, rec: dict, why: str) -> SkippedEntry:
+        words = [v if isinstance(v := rec.get(k), str) else None
+                 for k in ("arch", "layout", "kind", "space", "op", "hash")]
+        return cls(rec["relpath"], words[0], why, *words[1:])
 
 
 @dataclass(frozen=True)
@@ -231,24 +270,30 @@ class ImagePullResult:
     digest: str
     node: tuple[str, ...] | None
     imported: ImportResult
-    skipped: tuple[tuple[str, str | None, str], ...] = field(default=())  # (relpath, arch, why)
+    skipped: tuple[SkippedEntry, ...] = field(default=())
 
     @property
     def other_arch(self) -> int:
         """Entries left out because this node cannot run their arch."""
-        return sum(1 for _, _, why in self.skipped if why.startswith(OTHER_ARCH))
+        return sum(1 for s in self.skipped if s.why.startswith(OTHER_ARCH))
 
     def to_json(self) -> dict[str, object]:
         out = self.imported.to_json()
         out.pop("archive", None)
-        return {"remote": self.remote, "digest": self.digest, "gpu": list(self.node) if self.node else None, **out,
+        return {**out, "remote": self.remote, "digest": self.digest, "gpu": list(self.node) if self.node else None,
                 "skipped_other_arch": self.other_arch,
-                "left_out": [{"relpath": r, "arch": a, "reason": w} for r, a, w in self.skipped]}
+                "left_out": [{"relpath": s.relpath, "arch": s.arch, "reason": s.why} for s in self.skipped]}
 
 
 def _keeper(node: list[str] | None, flt: ScanFilter) -> Callable[[dict], str | None]:
     def keep(rec: dict) -> str | None:
         arch = rec.get("arch") if isinstance(rec.get("arch"), str) else None
+        if node == []:  # no GPU here: only CPU entries may come, the selected ones
+            if not summary_matches(flt, rec):
+                return "not selected"
+            if rec.get("target") != CPU:
+                raise UsageError(f"{rec.get('relpath')} is built for {arch or 'a GPU'}; {NO_GPU}")
+            return None
         if node is not None and arch and not any(img.runs_on(a.strip(), node) for a in arch.split(",")):
             return f"{OTHER_ARCH} {arch}; this node runs {', '.join(node)}"
         if not summary_matches(flt, rec):
@@ -260,7 +305,7 @@ def _keeper(node: list[str] | None, flt: ScanFilter) -> Callable[[dict], str | N
 def pull_image(root: Path, reg: Registry, image: Image, node: list[str] | None, flt: ScanFilter | None = None, *,
                dry_run: bool = False, lock_timeout: float = 60.0, warn: Warn | None = None) -> ImagePullResult:
     """Import the image's entries that run on `node` (and `flt` selects) into `root` (module doc)."""
-    preflight(image, node)
+    preflight(image, node, flt)
     limits = ImportLimits()
     assert image.layout is not None
     with tempfile.TemporaryDirectory(prefix="kcache-oci-") as tmp:
@@ -276,8 +321,7 @@ def pull_image(root: Path, reg: Registry, image: Image, node: list[str] | None, 
                 skipped = img.layer_to_archive(layer, out, img.image_format(image.layout),
                                                _keeper(node, flt or ScanFilter()), limits)
         result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout, warn=warn)
-    left = tuple((r["relpath"], r.get("arch") if isinstance(r.get("arch"), str) else None,
-                  skipped.reasons[r["relpath"]]) for r in skipped.records)
+    left = tuple(SkippedEntry.of(r, skipped.reasons[r["relpath"]]) for r in skipped.records)
     return ImagePullResult(image.ref.url, image.digest, tuple(node) if node else None, result, left)
 
 

@@ -1,0 +1,149 @@
+"""What an outside QA pass found in the oci:// remote, against a real registry (Debian's docker-registry):
+a CPU-only image pulls on a node without a GPU; `push --dry-run` lists the entries the real push sends,
+with the size it reports; `pull --json` names the GPU --gpu gave; push's and pull's tables fit the
+terminal and the image reference stays whole on its line; `push --help` says once where the cache is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from oci_registry import skopeo_inspect
+
+pytestmark = pytest.mark.oci
+
+SM80 = {"22DX5RUZ7YPKNU74O7GAUCGIGIPAEV2FCKTGJU2B2LNOL5MZNINQ", "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA",
+        "LOZKL4OW66ML5G7PWO4EI23LW6FIRVU24FT4ZLGIYGLVKG65YUFQ"}
+
+
+@pytest.fixture
+def triton(fixture_copy) -> Path:
+    return fixture_copy("triton") / "cache"
+
+
+@pytest.fixture
+def no_gpu(tmp_path, monkeypatch) -> None:
+    """A node without nvidia-smi on its PATH: no GPU found."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+
+
+def push(kcache, root: Path, url: str, *args: str, env: dict | None = None):
+    run = kcache("push", "--remote", url, "--cache-dir", root, *args, env=env)
+    assert run.exit_code == 0, run.stderr
+    return run
+
+
+def test_a_cpu_only_image_pulls_on_a_node_without_a_gpu(kcache, fixture_copy, oci_registry, tmp_path, no_gpu):
+    url = oci_registry.url("team/numba:v1")
+    push(kcache, fixture_copy("numba"), url)
+    dest = tmp_path / "dest"
+    run = kcache("pull", "--remote", url, "--cache-dir", dest, "--json")
+    assert run.exit_code == 0, run.stderr  # was: exit 2, "no GPU found here"
+    doc = run.json()
+    assert doc["imported"] == 1 and doc["gpu"] is None and doc["skipped_other_arch"] == 0
+    assert "no GPU" not in run.stderr
+
+
+def test_without_a_gpu_only_the_selected_cpu_entries_of_a_mixed_image_pull(kcache, fixture_copy, oci_registry,
+                                                                           tmp_path, no_gpu):
+    url = oci_registry.url("team/hidet-mixed:v1")
+    push(kcache, fixture_copy("hidet"), url)  # cpu and sm_90a targets
+    dest = tmp_path / "dest"
+    run = kcache("pull", "--remote", url, "--cache-dir", dest)  # GPU targets, no GPU: as before
+    assert run.exit_code == 2 and "no GPU found" in run.stderr and "--no-gpu-check" in run.stderr
+    assert not dest.exists()
+    run = kcache("pull", "--remote", url, "--cache-dir", dest, "--op", "softmax")  # a CUDA op selected
+    assert run.exit_code == 2 and "no GPU found" in run.stderr and not dest.exists()
+    run = kcache("pull", "--remote", url, "--cache-dir", dest, "--target", "cpu", "--json")
+    assert run.exit_code == 0, run.stderr
+    doc = run.json()
+    assert doc["imported"] == 3 and doc["skipped_other_arch"] == 0 and doc["gpu"] is None
+    assert sorted(p.parent.name for p in (dest / "ops").glob("cpu_space_0/*/*")) == ["fused", "matmul", "relu"]
+    assert not (dest / "ops" / "cuda_space_0").exists()
+
+
+def test_an_oci_dry_run_lists_what_the_real_push_sends(kcache, triton, oci_registry, tmp_path):
+    url = oci_registry.url("team/dry:v1")
+    dry = push(kcache, triton, url, "-n", "--json").json()
+    listed = kcache("remote", "ls", "--remote", oci_registry.url("team/dry"), "--json")
+    assert listed.exit_code == 0 and listed.json()["images"] == []  # nothing pushed
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    to_dir = push(kcache, triton, f"file://{shared}", "-n", "--json").json()
+    real = push(kcache, triton, url, "--json").json()
+
+    def rows(doc):
+        return sorted((e["relpath"], e["file_count"], e["size"]) for e in doc["entries"])
+
+    assert len(rows(real)) == 6 and rows(dry) == rows(real) == rows(to_dir)
+    assert dry["size"] == real["size"] == to_dir["size"] == sum(e["size"] for e in real["entries"])
+    assert dry["planned"] == dry["pushed"] == to_dir["pushed"] == 6 and dry["dry_run"] is True  # what would go
+    human = push(kcache, triton, url, "-n")
+    assert all(h in human.stdout for h, _, _ in rows(real))  # a table of the entries, as file:// prints
+    assert human.stdout.split("\n")[0].split()[:2] == ["action", "layout"]
+
+
+def test_pull_json_names_the_gpu_the_text_names(kcache, triton, oci_registry, tmp_path):
+    url = oci_registry.url("team/gpu:v1")
+    push(kcache, triton, url)
+    run = kcache("pull", "--remote", url, "--cache-dir", tmp_path / "d", "--gpu", "sm_90a", "--json")
+    assert run.exit_code == 0, run.stderr
+    doc = run.json()
+    assert doc["gpu"] == ["sm_90a"]
+    assert {r["reason"] for r in doc["left_out"]} == {"built for sm_80; this node runs sm_90a"}
+
+
+def stderr_lines_fit(stderr: str, width: int, ref: str) -> None:
+    """Every stderr line fits, but for the image reference alone on its line; the reference is never cut."""
+    lines = stderr.splitlines()
+    assert any(ref in line for line in lines), stderr
+    wide = [ln for ln in lines if len(ln) > width and ln.strip() != ref]
+    assert not wide, stderr
+
+
+@pytest.mark.parametrize("width", (80, 40))
+def test_push_and_pull_fit_the_terminal_and_keep_the_reference_whole(kcache, triton, oci_registry, tmp_path, width):
+    url = oci_registry.url(f"team/triton-{width}:v1")
+    env = {"COLUMNS": str(width)}
+    run = push(kcache, triton, url, env=env)
+    digest = skopeo_inspect(oci_registry.host, f"team/triton-{width}:v1")["Digest"]
+    assert all(len(line) <= width for line in run.stdout.splitlines()), run.stdout
+    assert all(h[:8] in run.stdout for h in SM80)
+    stderr_lines_fit(run.stderr, width, f"{url}@{digest}")
+    dry = push(kcache, triton, url, "-n", env=env)
+    assert all(len(line) <= width for line in dry.stdout.splitlines()), dry.stdout
+    stderr_lines_fit(dry.stderr, width, url)
+
+    pulled = kcache("pull", "--remote", url, "--cache-dir", tmp_path / "p", "--gpu", "sm_86", env=env)
+    assert pulled.exit_code == 0, pulled.stderr
+    assert all(len(line) <= width for line in pulled.stdout.splitlines()), pulled.stdout
+    assert sum(line.startswith("import") for line in pulled.stdout.splitlines()) == 3
+    assert sum(line.startswith("skip") for line in pulled.stdout.splitlines()) == 3
+    assert all(h[:8] in pulled.stdout for h in SM80)
+    stderr_lines_fit(pulled.stderr, width, url + ";")
+
+
+def test_push_help_says_once_where_the_local_cache_is(kcache):
+    run = kcache("push", "--help", env={"COLUMNS": "200"})
+    assert run.exit_code == 0
+    assert "every cache found" not in run.stdout  # push works on one root, never on every cache
+    text = " ".join(run.stdout.split())
+    assert text.count("own cache") == 1  # said in one place: the --cache-dir option
+    assert "--cache-dir PATH The local cache (default: KCACHE_DIR; else, with one --layout, that layout's own " \
+        "cache; else hidet's)" in text
+
+
+def test_what_push_help_says_of_the_local_cache_is_what_push_does(kcache, fixture_copy, tmp_path):
+    home = tmp_path / "home"
+    fixture_copy("hidet", str(home / ".cache" / "hidet"))
+    triton = fixture_copy("triton", "t") / "cache"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    env = {"HOME": str(home), "KCACHE_DIR": None, "XDG_CACHE_HOME": None, "HIDET_CACHE_DIR": None,
+           "TRITON_CACHE_DIR": str(triton)}
+    plain = kcache("push", "-n", "--remote", f"file://{shared}", "--json", env=env)
+    assert plain.exit_code == 0, plain.stderr
+    assert plain.json()["root"] == str(home / ".cache" / "hidet")  # not every cache found: hidet's
+    one = kcache("push", "-n", "--layout", "triton", "--remote", f"file://{shared}", "--json", env=env)
+    assert one.exit_code == 0, one.stderr
+    assert one.json()["root"] == str(triton)  # one --layout: that layout's own cache
