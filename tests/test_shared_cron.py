@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
-from test_shared_attacks import GROUP, PY, TIMEOUT, member_kcache, share
+from test_shared_attacks import GROUP, PY, TIMEOUT, as_user_kcache, member_kcache, share
 
 NON_MEMBER = 65533
 
@@ -349,13 +349,7 @@ def as_other_member() -> None:
 
 
 def other_member_kcache(*args: object, preexec=as_other_member) -> subprocess.CompletedProcess:
-    import site
-
-    here = Path(__file__).resolve().parents[1]
-    paths = [str(here), *(p for p in site.getsitepackages() if "site-packages" in p)]
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": ":".join(paths), "NO_COLOR": "1"}
-    return subprocess.run([PY, "-m", "kcache_cli", *map(str, args)], capture_output=True, text=True, timeout=TIMEOUT,
-                          env=env, preexec_fn=preexec, cwd="/")
+    return as_user_kcache(preexec, *args)
 
 
 def last_uses(run: subprocess.CompletedProcess) -> dict[str, str]:
@@ -375,7 +369,7 @@ def test_a_members_reads_leave_another_members_entries_last_use_alone(area):
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "strictatime,size=64m,mode=755", "tmpfs", str(mnt)],
                           capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip(f"LOUD SKIP: cannot mount a strictatime tmpfs ({done.stderr.strip()}): nothing proved "
+        pytest.skip(f"SKIPPED LOUDLY: cannot mount a strictatime tmpfs ({done.stderr.strip()}): nothing proved "
                     "that a member's reads are not a use")
     try:
         root = mnt / "cache"
@@ -426,7 +420,7 @@ def test_a_readers_unnoted_reads_are_said_once_and_not_under_quiet(area):
     assert run.returncode == 0, run.stderr
     moved = [p for p in root.rglob("*") if p.is_file() and p.stat().st_atime_ns != T * 10**9]
     if not moved:
-        pytest.skip("LOUD SKIP: reads move no atime on this mount (noatime): nothing to say")
+        pytest.skip("SKIPPED LOUDLY: reads move no atime on this mount (noatime): nothing to say")
     said = [ln for ln in run.stderr.splitlines() if "moved the last use of" in ln]
     assert len(said) == 1 and f"moved the last use of {len(moved)} files" in said[0], run.stderr
     assert not (root / ".kcache" / "reads").exists()  # no note: it cannot write the cache
