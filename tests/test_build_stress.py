@@ -116,3 +116,47 @@ def test_sigkill_at_random_moments_never_leaves_a_partial_entry(tmp_path, kcache
     assert sorted(e["path"] for e in partial) == sorted(str(p) for p in leftovers)
     assert all(e["reason"] == "temp directory left by an interrupted kcache build" for e in partial)
     print(f"{kills} kills, {published} published before the kill, {len(leftovers)} temp dirs left")
+
+
+def dawdling_compiler(where: Path, real: str) -> tuple[Path, Path]:
+    """A compiler wrapper (fault injection) that, for a compile, notes the pid of the `sleep` it starts, in a
+    file of its own, and waits on it before running the real compiler: (the wrapper, the notes' directory)."""
+    notes = where / "started"
+    notes.mkdir()
+    script = where / "dawdling-cxx"
+    script.write_text(f'#!/bin/sh\ncase " $* " in *" -shared "*)\n  sleep 30 &\n  echo $! > "{notes}/$$"\n  wait $!;;\n'
+                      f'esac\nexec "{real}" "$@"\n')  # compiles only: not the --version probe
+    script.chmod(0o755)
+    return script, notes
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie nobody reaped yet is gone for our purpose
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(CXX is None, reason="g++ not found")
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_sigterm_mid_compile_ends_the_compilers_and_leaves_nothing(tmp_path, jobs):
+    """CI timeouts, docker stop and Kubernetes send SIGTERM: kcache stopped at once and left the compiler
+    (and what it starts) running, writing lib.so into a temp directory nobody would publish or remove.
+    Now SIGTERM unwinds as Ctrl-C does: the compilers' groups end, the temps go, exit 130."""
+    cxx, notes = dawdling_compiler(tmp_path, CXX)
+    tasks = [write_task(tmp_path / "tasks", f"slow{i}", kind="cc") for i in range(jobs)]
+    root = tmp_path / "cache"
+    proc = kcache_proc("--cache-dir", root, "build", *[t / "task.txt" for t in tasks], "--cxx", cxx, "-j", jobs)
+    deadline = time.monotonic() + 60
+    while len(list(notes.iterdir())) < jobs and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sleeps = [int(p.read_text() or 0) for p in notes.iterdir()]
+    assert len(sleeps) == jobs and all(sleeps), "the compilers never started"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130 and "interrupted" in err, (proc.returncode, err)
+    time.sleep(0.2)
+    assert not any(alive(pid) for pid in sleeps), "a compiler kcache started outlived it"
+    assert temp_dirs(root) == [] and not list(root.glob("ops/*/*/*")), sorted(root.rglob("*"))

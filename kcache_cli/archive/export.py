@@ -14,7 +14,6 @@ import signal
 import stat
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
@@ -52,6 +51,7 @@ from kcache_cli.model.records import (BUILDING, COMPLETE, MOVED, Entry, EntryKey
 from kcache_cli.ops.verify import judge_open, not_judged
 from kcache_cli.util import parallel
 from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.interrupts import TermAsInterrupt
 from kcache_cli.util.progress import NO_PROGRESS, Progress
 from kcache_cli.util.signing import signer
 
@@ -618,7 +618,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
     _collect_stale_temps(out_dir)
     temps: list[str] = []
     held: list[int] = []  # flocks on our temp files, held to the end: prune and later exports leave them be
-    signals = _Signals()
+    signals = TermAsInterrupt()
     try:
         _make_temps(archive, workers + 1, temps, held)
         final_tmp, bodies = temps[0], temps[1:]
@@ -758,7 +758,7 @@ def _make_temps(archive: str, n: int, temps: list[str], held: list[int]) -> None
     """`n` temp files beside `archive`, each flocked (the fds kept in `held`) so that a prune or a later
     export sees a live export (locking.leftover_live)."""
     out_dir = os.path.dirname(archive)
-    # SIGTERM/SIGHUP unwind the export (_Signals); one landing between mkstemp's open and the
+    # SIGTERM/SIGHUP unwind the export (TermAsInterrupt); one landing between mkstemp's open and the
     # append would leave a temp file nobody removes: they wait until each file is recorded.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
     try:
@@ -779,38 +779,6 @@ def _close_all(fds: list[int]) -> None:
             os.close(fd)
         except OSError:
             pass
-
-
-class _Signals:
-    """While an export runs, SIGTERM and SIGHUP unwind it like Ctrl-C (its temp files are removed).
-    Python runs a handler between any two bytecodes, inside a finalizer or an at-fork hook too, and
-    those swallow what it raises: so the signal is also noted, `check()` raises it again before the
-    archive is published, and the interpreter's "Exception ignored" report of it is kept off stderr."""
-
-    def __init__(self) -> None:
-        self.got: list[int] = []
-        self.old: dict = {}
-        self.old_hook = sys.unraisablehook
-        if threading.current_thread() is threading.main_thread():  # only it can install handlers
-            self.old = {sig: signal.signal(sig, self._interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-            sys.unraisablehook = self._unraisable
-
-    def _interrupt(self, signum, _frame):
-        self.got.append(signum)
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    def _unraisable(self, info) -> None:
-        if not (self.got and isinstance(info.exc_value, KeyboardInterrupt)):
-            self.old_hook(info)
-
-    def check(self) -> None:
-        if self.got:
-            raise KeyboardInterrupt(f"signal {self.got[0]}")
-
-    def restore(self) -> None:
-        for sig, h in self.old.items():
-            signal.signal(sig, h)
-        sys.unraisablehook = self.old_hook
 
 
 def _try_flock(fd: int) -> bool:

@@ -19,6 +19,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import threading
@@ -44,6 +45,7 @@ from kcache_cli.layouts.shapes import BUILD_SHAPE
 from kcache_cli.model.records import Judgement
 from kcache_cli.model.terms import CORRUPT
 from kcache_cli.util.errors import KcacheError, LockTimeout, UsageError
+from kcache_cli.util.interrupts import TermAsInterrupt
 
 if TYPE_CHECKING:
     from kcache_cli.model.terms import BuildOutcome, Status
@@ -544,8 +546,10 @@ def build_task(root: str | os.PathLike, task: str | os.PathLike | TaskSpec, opti
     Returns a BuildResult (built, hit, or failed for a compile error). Raises a KcacheError for a
     task that cannot be built as given, a missing compiler, an entry built for another arch
     (ArchMismatch) and a lock that did not come free within options.timeout (LockTimeout)."""
-    spec = task if isinstance(task, TaskSpec) else load_task(task, options, source)
-    result = _build_task(Path(root).absolute(), spec, options, listener or BuildListener())
+    with TermAsInterrupt() as signals:  # SIGTERM (CI timeouts, docker stop) unwinds as Ctrl-C does
+        spec = task if isinstance(task, TaskSpec) else load_task(task, options, source)
+        result = _build_task(Path(root).absolute(), spec, options, listener or BuildListener())
+        signals.check()  # one a finalizer swallowed
     notes = task_notes(spec)
     return result._replace(notes=notes + result.notes) if notes else result
 
@@ -822,16 +826,15 @@ def _compile_in(root: Path, root_fd: int, spec: TaskSpec, final: Path, tmp: _Tem
         prep.start()
         start = time.perf_counter()
         try:
-            proc = subprocess.run(argv, cwd=tmp.cwd(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL)
+            status, out = run_compiler(argv, tmp.cwd())
         except OSError as exc:
             raise CompilerNotFound(f"cannot run {argv[0]}: {exc.strerror}") from None
         finally:
             prep.join()
         elapsed = time.perf_counter() - start
-        output = proc.stdout.decode("utf-8", "replace")
-        if proc.returncode != 0 or _lib_size(tmp) == 0:
-            why = f"exit status {proc.returncode}" if proc.returncode != 0 else f"it wrote no {BINARY}"
+        output = out.decode("utf-8", "replace")
+        if status != 0 or _lib_size(tmp) == 0:
+            why = f"exit status {status}" if status != 0 else f"it wrote no {BINARY}"
             return BuildResult(status=FAILED, elapsed=elapsed, output=output, exit_code=1,
                                error=f"compile failed ({why}): {spec.op} {spec.hash} from {spec.source_path}; "
                                      "nothing was published", **result)
@@ -857,6 +860,48 @@ def _compile_in(root: Path, root_fd: int, spec: TaskSpec, final: Path, tmp: _Tem
             discard_temp(root, f"{os.path.dirname(spec.relpath)}/{tmp.name}")
             _remove_empty(root_fd, made)
     return BuildResult(status=BUILT, elapsed=elapsed, output=output, **result)
+
+
+# ---- the compilers this process runs: they stop with it ----------------------------------------------
+
+_RUNNING: set[subprocess.Popen] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def run_compiler(argv: list[str], cwd: str) -> tuple[int, bytes]:
+    """(exit status, output) of the compiler, run in a process group of its own (with nvcc's cicc and ptxas,
+    a wrapper's g++): an interrupt of kcache ends the whole group (stop_compilers), so nothing goes on
+    writing into a temp directory kcache has let go of. OSError when it cannot be started."""
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
+    try:
+        out, _ = proc.communicate()
+    except BaseException:  # Ctrl-C, or SIGTERM as one (TermAsInterrupt), in this thread
+        _end_group(proc)
+        proc.wait()
+        raise
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
+    return proc.returncode, out
+
+
+def stop_compilers() -> None:
+    """End every compiler this process runs, with its group (an interrupt the main thread caught while
+    builds ran in others: a Ctrl-C no longer reaches the compilers' own groups)."""
+    with _RUNNING_LOCK:
+        for proc in list(_RUNNING):
+            _end_group(proc)
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    if proc.returncode is None:  # not reaped: its group is still its own (as Popen.send_signal checks)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:  # gone meanwhile
+            pass
 
 
 def _files_record(tmp: _Temp, names: Iterable[str]) -> tuple[dict, int]:
@@ -998,13 +1043,22 @@ def build_tasks(root: str | os.PathLike, tasks: Sequence[str | os.PathLike | Tas
         listener.done(result)
         return result
 
-    jobs = max(1, jobs)
+    with TermAsInterrupt() as signals:  # SIGTERM (CI timeouts, docker stop) unwinds as Ctrl-C does
+        results = _run_all(one, tasks, max(1, jobs))
+        signals.check()  # one a finalizer swallowed
+    return results
+
+
+def _run_all(one: Callable[[Any], BuildResult], tasks: Sequence, jobs: int) -> list[BuildResult]:
+    """`one(task)` for each task, `jobs` at a time. An interrupt starts nothing new and ends the compilers
+    running, whose builds then clean up after themselves."""
     if jobs == 1 or len(tasks) <= 1:
         return [one(t) for t in tasks]
     pool = ThreadPoolExecutor(max_workers=min(jobs, len(tasks)))
     try:
         return list(pool.map(one, tasks))
-    except BaseException:  # Ctrl-C: start nothing new; the builds running clean up after themselves
+    except BaseException:
+        stop_compilers()
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     finally:

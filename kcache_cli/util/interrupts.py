@@ -1,0 +1,47 @@
+"""SIGTERM and SIGHUP as Ctrl-C, for the commands whose unwinding cleans up after them."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+
+class TermAsInterrupt:
+    """While a command that writes runs (export, build), SIGTERM and SIGHUP unwind it like Ctrl-C (its temp
+    files are removed, the compilers it started stopped): CI timeouts, `docker stop` and Kubernetes send
+    SIGTERM, not SIGINT. Python runs a handler between any two bytecodes, inside a finalizer or an at-fork
+    hook too, and those swallow what it raises: so the signal is also noted, `check()` raises it again
+    before anything is published, and the interpreter's "Exception ignored" report of it is kept off
+    stderr. Made and restored in the main thread (only it can install handlers; elsewhere it does nothing)."""
+
+    def __init__(self) -> None:
+        self.got: list[int] = []
+        self.old: dict = {}
+        self.old_hook = sys.unraisablehook
+        if threading.current_thread() is threading.main_thread():  # only it can install handlers
+            self.old = {sig: signal.signal(sig, self._interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+            sys.unraisablehook = self._unraisable
+
+    def _interrupt(self, signum, _frame):
+        self.got.append(signum)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def _unraisable(self, info) -> None:
+        if not (self.got and isinstance(info.exc_value, KeyboardInterrupt)):
+            self.old_hook(info)
+
+    def check(self) -> None:
+        if self.got:
+            raise KeyboardInterrupt(f"signal {self.got[0]}")
+
+    def restore(self) -> None:
+        for sig, h in self.old.items():
+            signal.signal(sig, h)
+        sys.unraisablehook = self.old_hook
+
+    def __enter__(self) -> TermAsInterrupt:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
