@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import CXX, NVCC
+from conftest import CXX, FIXTURES, NVCC
 
 from kcache_cli.fs import state
 from kcache_cli.fs.locking import entry_lock
@@ -246,6 +246,41 @@ def test_force_replaces_the_entry_atomically(tmp_path, kcache):
     assert (entry / "lib.so").stat().st_ino != ino
     assert kcache("--cache-dir", root, "ls", "--json").json()["entries"][0]["status"] == "complete"
     assert temp_dirs(root) == [] and not any(state.trash_dir(root).iterdir())
+
+
+@needs_cxx
+def test_a_lib_so_that_differs_from_its_record_is_rebuilt_not_a_hit(tmp_path, kcache):
+    """A byte of lib.so changed in place (same size): verify and inspect say corrupt, and build called it a
+    hit (exit 0): a CI job would ship the damaged library. A hit goes by every byte, as verify does."""
+    task = write_task(tmp_path / "tasks", "plus", 11, kind="cc")
+    root = tmp_path / "cache"
+    entry = Path(kcache("--cache-dir", root, "build", task, "--cxx", CXX).stdout.strip())
+    lib = entry / "lib.so"
+    data = bytearray(lib.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    lib.write_bytes(bytes(data))
+    assert kcache("--cache-dir", root, "verify").exit_code == 1
+    r = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--json")
+    res = r.json()["results"][0]
+    assert r.exit_code == 0 and res["status"] == "built" and res["replaced"].startswith("corrupt entry"), res
+    assert kcache("--cache-dir", root, "verify").exit_code == 0
+
+
+def test_an_entry_hidet_made_from_another_source_is_a_hit_with_a_warning(tmp_path, kcache):
+    """hidet's own entries keep no kcache.json: build compared no source and said nothing, while a kcache-made
+    entry of another source warns. The entry's own source.cc is what it was built from."""
+    root = tmp_path / "hidet"
+    shutil.copytree(FIXTURES / "hidet", root, symlinks=True)
+    entry = root / "ops" / "cpu_space_0" / "matmul" / "064b4a6c035246e8"
+    task = tmp_path / "task"
+    task.mkdir()
+    shutil.copy(entry / "task.txt", task / "task.txt")
+    shutil.copy(entry / "source.cc", task / "source.cc")
+    same = kcache("--cache-dir", root, "build", task, "--cxx", "/bin/false")
+    assert same.exit_code == 0 and same.stdout == f"{entry}\n" and "another source" not in same.stderr
+    (task / "source.cc").write_text("extern \"C\" int f() { return 1; }\n")
+    other = kcache("--cache-dir", root, "build", task, "--cxx", "/bin/false")
+    assert other.exit_code == 0 and "built from another source.cc" in other.stderr, other.stderr
 
 
 @needs_cxx

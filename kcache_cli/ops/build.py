@@ -473,10 +473,11 @@ def _entry_shape():
     return shape
 
 
-def entry_status(path: str) -> tuple[Status | None, str | None, dict | None]:
+def entry_status(path: str, deep: bool = False) -> tuple[Status | None, str | None, dict | None]:
     """(status, reason, kcache.json) of the entry at `path`; status None when there is none.
 
-    The build layout's own judgement (the one `kcache ls` shows)."""
+    The build layout's own judgement: the one `kcache ls` shows, or with `deep` the one `verify` and
+    `inspect` show (every byte against kcache.json: what a hit goes by)."""
     if os.path.islink(path):
         return CORRUPT, "a symlink, not an entry directory", None
     if not os.path.lexists(path):
@@ -486,7 +487,7 @@ def entry_status(path: str) -> tuple[Status | None, str | None, dict | None]:
 
     layout = builder()
     with EntryDir.open(path) as d:
-        verdict = layout.judge(d, layout.shape.build_kind or "", layout.judging())
+        verdict = layout.judge(d, layout.shape.build_kind or "", layout.judging(deep))
     return verdict.status, verdict.reason, _read_manifest(path)
 
 
@@ -499,18 +500,32 @@ def _entry_archs(path: str, manifest: dict | None) -> tuple[tuple[str, ...], str
     return tuple(info.archs) + tuple(info.ptx_archs), BINARY
 
 
-def _source_differs(spec: TaskSpec, manifest: dict | None) -> bool:
+def _source_differs(spec: TaskSpec, manifest: dict | None, final: Path) -> bool:
+    """Whether the entry was built from another source than the task's: by kcache.json's sha256, or for an
+    entry hidet made (no kcache.json), by the source file it keeps."""
     rec = ((manifest or {}).get("files") or {}).get(SOURCE_NAME[spec.target])
-    if not isinstance(rec, dict) or not rec.get("sha256"):
+    if isinstance(rec, dict) and rec.get("sha256"):
+        theirs = rec["sha256"]
+    elif manifest is None:
+        try:
+            fd = os.open(final, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            theirs = _sha256_at(fd, SOURCE_NAME[spec.target])[2]
+        except OSError:  # none kept: nothing to compare
+            return False
+        finally:
+            os.close(fd)
+    else:
         return False
-
     h = hashlib.sha256()
     try:
         for chunk in _source_chunks(spec.source_path):
             h.update(chunk)
     except BuildError:  # unreadable: the build says so
         return False
-    return h.hexdigest() != rec["sha256"]
+    return h.hexdigest() != theirs
 
 
 SOURCE_CHUNK = 1 << 20  # a source is read this much at a time: a 3 GB source costs 1 MiB of memory
@@ -601,7 +616,7 @@ def _build_task(root: Path, spec: TaskSpec, options: BuildOptions, listener: Lis
 
 def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], waited: bool) -> BuildResult | None:
 
-    status, reason, manifest = entry_status(str(final))
+    status, reason, manifest = entry_status(str(final), deep=True)  # a lib.so that differs is no hit
     if status is None or not builder().build_reuses(str(final), Judgement(status, reason)):
         return None
     want = arch()
@@ -617,7 +632,7 @@ def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], wait
             raise ArchMismatch(f"{spec.relpath} was built for {', '.join(have)}, not {want.value}"
                                f"{why.get(want.source, '')}: pass --arch {have[0]} to use it, or --force to "
                                f"rebuild it for {want.value}")
-    if _source_differs(spec, manifest):
+    if _source_differs(spec, manifest, final):
         notes.append(f"{spec.relpath} was built from another {SOURCE_NAME[spec.target]} than {spec.source_path} "
                      "(the task is the same); --force rebuilds it")
     state.mark_used(root, spec.relpath)
@@ -648,7 +663,7 @@ def _wait_for_compiler(spec: TaskSpec, final: Path, timeout: float | None, liste
     """Wait while the build layout's own compiler works on this entry (it holds one of the entry's
     writer locks, e.g. hidet's <entry>/.lock); then say what a build would replace: None, or the reason
     the existing entry is not usable as it is."""
-    status, reason, _ = entry_status(str(final))
+    status, reason, _ = entry_status(str(final), deep=True)
     if status is None:
         return None
     layout = builder()
@@ -661,7 +676,7 @@ def _wait_for_compiler(spec: TaskSpec, final: Path, timeout: float | None, liste
                 raise LockTimeout(f"{busy} ({final}) after {timeout:g}s")
             time.sleep(0.1)
             busy = layout.busy(str(final))
-        status, reason, _ = entry_status(str(final))
+        status, reason, _ = entry_status(str(final), deep=True)
         if status is None:
             return None
     return f"{status} entry" + (f" ({reason})" if reason else "")
