@@ -507,8 +507,10 @@ def test_lock_timeout_exits_3(tmp_path, kcache):
         assert r.stderr.rstrip().splitlines()[-1].startswith("Error: another build of")
         with pytest.raises(LockTimeout):
             b.build_task(root, spec, b.BuildOptions(cxx=CXX, timeout=0))
-        r = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--timeout", "0", "--json")
-        assert r.exit_code == 3 and r.json()["results"][0]["exit_code"] == 3
+        r = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--timeout", "0.2", "--json")
+        res = r.json()["results"][0]
+        assert r.exit_code == 3 and res["exit_code"] == 3
+        assert res["waited"] is True and res["path"] == str(root / spec.relpath)  # as the text says it waited
     assert not (root / spec.relpath).exists() and temp_dirs(root) == []
     assert kcache("--cache-dir", root, "build", task, "--cxx", CXX).exit_code == 0
 

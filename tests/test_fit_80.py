@@ -169,3 +169,27 @@ def test_inspect_and_diff_fit_a_narrow_terminal(kcache, fixture_copy, width):
         r = kcache("--cache-dir", root, *args, env=env)
         assert r.exit_code in (0, 1), r.stderr
         fits(r.stdout, width)
+
+
+@pytest.mark.parametrize("width", [40, 80])
+def test_build_s_rows_and_failure_line_fit(kcache, tmp_path, width):
+    """build's table ran 49 columns at 40 (entry paths), its `failed:` line 119 at 80 (never folded); the
+    compiler's own lines below it are kept as they are."""
+    from conftest import CXX
+
+    if CXX is None:
+        pytest.skip("g++ not found")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "task.txt").write_text("Task(\n  name: broken_on_purpose_with_a_long_name\n)")
+    (bad / "source.cc").write_text("#error x\n")
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "task.txt").write_text("Task(\n  name: fine\n)")
+    (good / "source.cc").write_text('extern "C" int f() { return 1; }\n')
+    r = kcache("--cache-dir", tmp_path / "cache", "build", bad, good, "--cxx", CXX, env={"COLUMNS": str(width)})
+    assert r.exit_code == 1, r.stderr
+    fits(r.stdout, width)
+    header = r.stderr.split("\n$ ", 1)[0]  # the failure's words, before the command and the compiler's lines
+    assert "failed:" in header and "compile failed" in header.replace("\n  ", " ")
+    fits(header, width)

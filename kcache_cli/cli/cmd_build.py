@@ -14,6 +14,7 @@ from typer.core import TyperCommand
 
 from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
+from kcache_cli.cli.table import Column
 from kcache_cli.cli.progress import Bar
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.lazy import lazy_module
@@ -215,8 +216,8 @@ def _show_results(opts: o.GlobalOptions, results) -> None:
     def human() -> None:
         # the entry inside the cache (ops/<space>/<op>/<hash>), or the task file that failed
         rows = [[res.status, (res.relpath if res.status != b.FAILED else res.task) or ""] for res in results]
-        c.print_table(["status", "entry or task"], rows,
-                      styles={0: {"built": "green", "hit": "cyan", "failed": "bold red"}})
+        c.print_table([Column("status", styles={"built": "green", "hit": "cyan", "failed": "bold red"}),
+                       Column("entry or task", wrap=True)], rows)
         out.text(f"{b.count(results, b.BUILT)} built, {c.plural(b.count(results, b.HIT), 'hit')}, "
                  f"{b.count(results, b.FAILED)} failed")
 
@@ -335,9 +336,11 @@ def _show_failure(result, header: bool = True) -> None:
     from rich.markup import escape
 
     con = c.stderr_console()
-    if header:
-        con.print(f"[bold red]failed:[/] {escape(c.printable_line(result.task))}: "
-                  f"{escape(c.printable_line(result.error or ''))}", soft_wrap=True)
+    if header:  # folded to the width, as warnings are (the compiler's own lines below are not)
+        lines = c.fold_err(f"failed: {c.printable_line(result.task)}: {c.printable_line(result.error or '')}", 2)
+        con.print(f"[bold red]failed:[/]{escape(lines[0][len('failed:'):])}", soft_wrap=True)
+        for line in lines[1:]:
+            con.print(escape(line), soft_wrap=True)
     if not result.output and not result.command:
         return
     if result.command:

@@ -1027,11 +1027,16 @@ def _manifest(spec: TaskSpec, arch: Arch, compiler: Sequence[str], version: str 
 
 # ---- many tasks ----------------------------------------------------------------------------------
 
-def failure(task: str, exc: KcacheError, spec: TaskSpec | None = None) -> BuildResult:
+def failure(task: str, exc: KcacheError, spec: TaskSpec | None = None, root: str | os.PathLike | None = None
+            ) -> BuildResult:
+    """The result of a task that could not be built; a lock timeout says it waited."""
     extra: dict[str, Any] = {}
     if spec is not None:
         extra = dict(op=spec.op, hash=spec.hash, target=spec.target, space=spec.space, relpath=spec.relpath)
-    return BuildResult(task, FAILED, error=str(exc), exit_code=exc.exit_code, **extra)
+        if root is not None:
+            extra["path"] = str(Path(root).absolute() / spec.relpath)
+    return BuildResult(task, FAILED, error=str(exc), exit_code=exc.exit_code, waited=isinstance(exc, LockTimeout),
+                       **extra)
 
 
 def build_tasks(root: str | os.PathLike, tasks: Sequence[str | os.PathLike | TaskSpec],
@@ -1052,9 +1057,10 @@ def build_tasks(root: str | os.PathLike, tasks: Sequence[str | os.PathLike | Tas
             spec = spec or load_task(task, options)
             result = build_one(root, spec, options, listener=listener)
         except KcacheError as exc:
-            result = failure(name, exc, spec)
+            result = failure(name, exc, spec, root)
         except OSError as exc:
-            result = failure(name, KcacheError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")), spec)
+            result = failure(name, KcacheError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")), spec,
+                             root)
         listener.done(result)
         return result
 
