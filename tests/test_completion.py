@@ -480,3 +480,19 @@ def test_a_description_past_80_columns_stays_on_its_candidates_line(tmp_path, mo
     lines = [ln for ln in run.stdout.splitlines() if ln.strip()]
     assert len(lines) == 1 and "hidet" in lines[0], lines
     assert str(home / ".cache" / "hidet") in lines[0], lines
+
+
+@pytest.mark.parametrize("args, shell", [(("--show-completion", "zsh"), "zsh"), (("--show-completion=fish",), "fish"),
+                                         (("--show-completion", "bash"), "bash")])
+def test_show_completion_prints_the_shell_named(args, shell):
+    """`kcache --show-completion zsh` printed bash's script (the shell detected, the word ignored), exit 0:
+    a zsh user pasting it got a bash function. The shell named is the one printed, the shipped script."""
+    run = subprocess.run([sys.executable, "-m", "kcache_cli", *args], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.rstrip("\n") == (SCRIPTS / f"kcache.{shell}").read_text().rstrip("\n")
+
+
+def test_show_completion_of_a_shell_typer_has_no_script_for_is_a_usage_error():
+    run = subprocess.run([sys.executable, "-m", "kcache_cli", "--show-completion", "tcsh"], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and "'tcsh' is not one of" in run.stderr and not run.stdout

@@ -327,7 +327,8 @@ def main(argv: list[str] | None = None) -> None:
     # Help text without box drawing or colour when stdout is not a terminal or NO_COLOR is set.
     app.rich_markup_mode = None if plain_output() else _RICH_MARKUP
     try:
-        rc = app_for(args)(args=args, prog_name="kcache", standalone_mode=False)
+        with typer_compat.shell_named(args):
+            rc = app_for(args)(args=args, prog_name="kcache", standalone_mode=False)
     except KcacheError as exc:
         from kcache_cli.remote.redact import redact_text  # no password of a URL reaches the output
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import typer
 
@@ -19,6 +20,32 @@ TESTED_FROM, TESTED_BELOW = (0, 27), (0, 29)
 TESTED_RANGE = f">={TESTED_FROM[0]}.{TESTED_FROM[1]},<{TESTED_BELOW[0]}.{TESTED_BELOW[1]}"
 # Typer's own switch that makes --show-completion take the shell's name instead of detecting it
 SHOW_COMPLETION_FOR_NAMED_SHELL = "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION"
+_COMPLETION_OPTIONS = ("--show-completion", "--install-completion")
+
+
+@contextmanager
+def shell_named(args: list[str]) -> Iterator[None]:
+    """While `args` run: Typer takes the shell `args` name after a completion option (names_a_shell)."""
+    named = names_a_shell(args) and SHOW_COMPLETION_FOR_NAMED_SHELL not in os.environ
+    if named:
+        os.environ[SHOW_COMPLETION_FOR_NAMED_SHELL] = "1"
+    try:
+        yield
+    finally:
+        if named:  # main runs many times in one process (tests)
+            os.environ.pop(SHOW_COMPLETION_FOR_NAMED_SHELL, None)
+
+
+def names_a_shell(args: list[str]) -> bool:
+    """Whether `args` name the shell of --show-completion or --install-completion (`--show-completion zsh`,
+    `--install-completion=fish`): then Typer must take the name (which it checks) rather than detect the
+    shell and ignore the word after it, printing bash's script to a zsh user."""
+    for i, a in enumerate(args):
+        if a.startswith(tuple(o + "=" for o in _COMPLETION_OPTIONS)):
+            return True
+        if a in _COMPLETION_OPTIONS:
+            return i + 1 < len(args) and not args[i + 1].startswith("-")
+    return False
 
 
 # ---- the version check -------------------------------------------------------------------------------
