@@ -281,6 +281,12 @@ def test_an_entry_hidet_made_from_another_source_is_a_hit_with_a_warning(tmp_pat
     (task / "source.cc").write_text("extern \"C\" int f() { return 1; }\n")
     other = kcache("--cache-dir", root, "build", task, "--cxx", "/bin/false")
     assert other.exit_code == 0 and "built from another source.cc" in other.stderr, other.stderr
+    if CXX is not None:  # --force over it says what hidet 0.6 will do with kcache's build (it said nothing)
+        forced = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--force")
+        said = forced.stderr.replace("\n  ", " ")
+        assert forced.exit_code == 0 and "an entry hidet made itself" in said, said
+        again = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--force")
+        assert again.exit_code == 0 and "hidet made itself" not in again.stderr  # kcache's own build now
 
 
 @needs_cxx

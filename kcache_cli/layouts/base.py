@@ -219,6 +219,8 @@ class EntryReader(Protocol):
 
     def build_reuses(self, path: str, judgement: Judgement) -> bool: ...
 
+    def build_replacing(self, path: str) -> str | None: ...
+
     def nested(self, root: Path) -> list[tuple[str, Path]]: ...
 
 
@@ -418,6 +420,11 @@ class Layout:
         """Whether `kcache build` takes the entry at `path`, judged `judgement`, as a cache hit: by default
         when it is complete (hidet's layout also takes its own builds, which hidet 0.6 compiles again)."""
         return judgement.status == "complete"
+
+    def build_replacing(self, path: str) -> str | None:
+        """What to tell people when `kcache build --force` replaces the entry at `path` (one the layout's own
+        compiler made, that kcache's build may serve less well), or None."""
+        return None
 
     def describe(self, root: Path, entry: Entry) -> Details:
         """Everything about one entry after the deep checks that read every byte (inspect, verify):

@@ -1006,7 +1006,15 @@ class HidetLayout(Layout):
         if judgement.reason != KCACHE_BUILT.format(installed_version()):
             return False
         with EntryDir.open(path) as d:
-            return not kcache_built_problem(d, False)
+            return not kcache_built_problem(d, True)  # every byte, as build's hit goes by
+
+    def build_replacing(self, path: str) -> str | None:
+        with EntryDir.open(path) as d:
+            names = set(d.names())
+        if MANIFEST in names or "version.txt" not in names:
+            return None
+        return ("it was an entry hidet made itself; kcache's build of it has no version.txt, meta.json or "
+                "func_types.pickle, so a hidet 0.6 or later compiles it again in place")
 
     def empty_parent_levels(self, kind: str) -> int:
         return 2 if kind == "op" else 0  # the op and space directories; ops/ itself tells the layout

@@ -608,8 +608,12 @@ def _build_task(root: Path, spec: TaskSpec, options: BuildOptions, listener: Lis
             if found is not None:
                 return found
         replaced = _wait_for_compiler(spec, final, options.timeout, listener)
+        note = builder().build_replacing(str(final)) if replaced else None  # --force over the compiler's own
         listener.compiling(spec)
-        return _compile_and_publish(root, spec, final, arch(fresh=True), compiler, options, replaced, waited)
+        built = _compile_and_publish(root, spec, final, arch(fresh=True), compiler, options, replaced, waited)
+        if note is None or built.status != BUILT:
+            return built
+        return built._replace(notes=(*built.notes, f"{spec.relpath}: replaced; {note}"))
     finally:
         lock.release()
 
