@@ -201,10 +201,17 @@ def test_a_sidecar_left_beside_another_blob_records_nothing_for_it(tmp_path, kca
     assert "2.12.0" not in json.dumps(doc)
 
 
-@pytest.mark.parametrize("url", ["oci+http://127.0.0.1:9/team/triton:v1", "redis://127.0.0.1:9/0", "file:///srv/kc"])
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:9/0", "file:///srv/kc"])
 def test_a_remote_is_no_entry_to_look_for(triton39, kcache, tmp_path, url):
-    """An image or other remote named to explain: say what explain takes (exit 2), never "no entry matches
-    URL in <some other cache>" (and nothing is fetched)."""
+    """A Redis or file remote named to explain: say what explain takes (exit 2), never "no entry matches URL
+    in <some other cache>" (and nothing is fetched). oci:// images are explained (test_remote_oci_qa)."""
     r = kcache("--cache-dir", triton39, "explain", url, "--python", fake_python(tmp_path, {}), "--gpu", "sm_90a")
-    assert r.exit_code == 2 and "not a remote" in r.stderr and "kcache pull" in r.stderr, r.stderr
+    assert r.exit_code == 2 and "remote" in r.stderr and "kcache pull" in r.stderr, r.stderr
     assert "no entry matches" not in r.stderr
+
+
+def test_an_image_no_registry_answers_for_is_one_line(kcache, tmp_path):
+    r = kcache("explain", "oci+http://127.0.0.1:9/team/triton:v1", "--python", fake_python(tmp_path, {}), "--gpu",
+               "sm_90a")
+    assert r.exit_code == 1 and r.stderr.startswith("Error: remote oci+http://127.0.0.1:9/team/triton:v1")
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1

@@ -147,3 +147,29 @@ def test_what_push_help_says_of_the_local_cache_is_what_push_does(kcache, fixtur
     one = kcache("push", "-n", "--layout", "triton", "--remote", f"file://{shared}", "--json", env=env)
     assert one.exit_code == 0, one.stderr
     assert one.json()["root"] == str(triton)  # one --layout: that layout's own cache
+
+
+def test_an_image_is_explained_as_the_archive_of_the_same_cache(kcache, triton, oci_registry, tmp_path):
+    """DESIGN §9: explain compares what an entry, archive, image or blob records. An image was looked for as
+    an entry ("no entry matches ... in <another cache>"); it is judged by its manifest records, as the
+    archive exported from the same cache is, nothing written."""
+    import json
+
+    from test_explain import fake_python
+
+    url = oci_registry.url("team/explain:v1")
+    push(kcache, triton, url)
+    archive = tmp_path / "same.tar.gz"
+    assert kcache("--cache-dir", triton, "export", archive).exit_code == 0
+    py = fake_python(tmp_path, {"triton": "3.9.0"})
+    here = tmp_path / "here"
+
+    def verdicts(target: str) -> dict:
+        run = kcache("--cache-dir", here, "--json", "explain", target, "--python", py, "--gpu", "sm_90a")
+        assert run.exit_code == 0, run.stderr
+        return {i["what"]: (i["verdict"], i["factor"], i["recorded"]) for i in json.loads(run.stdout)["items"]}
+
+    from_image = verdicts(url)
+    assert len(from_image) == 6 and from_image == verdicts(str(archive))
+    assert {k for k, v in from_image.items() if v[0] == "hit"} == set(from_image) - SM80
+    assert not here.exists()

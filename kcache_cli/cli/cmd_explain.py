@@ -15,10 +15,14 @@ from kcache_cli.util.lazy import lazy_module
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
     from kcache_cli.archive import manifest
+    from kcache_cli.cli import cmd_oci
     from kcache_cli.ops import explain
+    from kcache_cli.remote import oci_ops
 else:
     manifest = lazy_module("kcache_cli.archive.manifest")
     explain = lazy_module("kcache_cli.ops.explain")
+    cmd_oci = lazy_module("kcache_cli.cli.cmd_oci")
+    oci_ops = lazy_module("kcache_cli.remote.oci_ops")
 
 
 def register(app: typer.Typer) -> None:
@@ -28,8 +32,8 @@ def register(app: typer.Typer) -> None:
 def explain_command(
     ctx: typer.Context,
     targets: Annotated[Optional[List[str]], typer.Argument(
-        metavar="[ENTRY|ARCHIVE|BLOB]...", help="Entries (hash prefix or path), archives kcache exported, or "
-        "Mega-Cache blobs. Default: every entry of the cache.")] = None,
+        metavar="[ENTRY|ARCHIVE|IMAGE|BLOB]...", help="Entries (hash prefix or path), archives kcache exported, "
+        "oci:// images kcache pushed, or Mega-Cache blobs. Default: every entry of the cache.")] = None,
     python: Annotated[Optional[str], typer.Option(
         "--python", metavar="PY", help="The Python that will run the model: its installed compiler versions "
         "are read through importlib.metadata (nothing is imported). Default: python3 on PATH.")] = None,
@@ -48,18 +52,20 @@ def explain_command(
     nvidia-smi) and the compilers' environment switches set in this shell. Triton: its version (recorded,
     or by the key's shape), target backend, arch and warp size, the entry's status. Inductor: torch's
     presence and the entry's status (its keys hash what only its pickles record: never a guessed hit).
-    A blob: the torch version its kcache sidecar records. An archive: each entry's manifest record (the
-    compiler and arch export found). Exit 0 whatever the verdicts.
+    A blob: the torch version its kcache sidecar records. An archive or an oci:// image: each entry's
+    manifest record (the compiler and arch export found). Exit 0 whatever the verdicts.
 
     Example: kcache explain --python ~/venvs/serve/bin/python --gpu sm_90a
     """
     opts = o.use(ctx, cache_dir, as_json)
-    remote = next((t for t in targets or [] if "://" in t and not os.path.exists(t)), None)
-    if remote is not None:
-        raise c.UsageError(f"explain judges entries, archives and blobs, not a remote ({c.printable_line(remote)}): "
-                           "pull it into a cache (kcache pull --remote URL --cache-dir DIR) and explain that")
+    images = _images(targets or [])
     here = explain.probe(python, gpu=gpu)
     result = explain.ExplainResult(here)
+    for url in images:  # the image's manifest records, read from its layer (nothing written)
+        with cmd_oci.opened(url, 2.0, None, None) as reg:
+            image = oci_ops.read_image(reg, reg.ref.tag or oci_ops.DEFAULT_TAG)
+            result.items += explain.explain_records(oci_ops.image_records(reg, image), here, image.ref.url)
+    targets = [t for t in targets or [] if t not in images]
     blobs = [t for t in targets or [] if is_blob(t)]
     archives = [t for t in targets or [] if t not in blobs and os.path.isfile(t)
                 and t.endswith(tuple(s for s, _ in manifest.COMPRESSION_BY_SUFFIX))]
@@ -68,7 +74,7 @@ def explain_command(
         result.items += explain.explain_blob(b, here)
     for a in archives:
         result.items += explain.explain_archive(a, here)
-    if refs or not (blobs or archives):
+    if refs or not (blobs or archives or images):
         for loc in c.cache_locations(opts, False, cache, refs or None):
             mine = c.refs_in(loc.path, refs) if refs else None
             if refs and not mine:
@@ -76,6 +82,17 @@ def explain_command(
             result.items += explain.explain_root(loc.path, here, mine)
     out = c.Output(opts)
     out.result(result, lambda: _human(out, result))
+
+
+def _images(targets: list[str]) -> list[str]:
+    """The oci:// images among `targets`; another remote's URL is a usage error (pull it first)."""
+    images = [t for t in targets if t.startswith(("oci://", "oci+http://"))]
+    remote = next((t for t in targets if "://" in t and t not in images and not os.path.exists(t)), None)
+    if remote is not None:
+        raise c.UsageError(f"explain judges entries, archives, images and blobs, not a {remote.partition(':')[0]} "
+                           f"remote ({c.printable_line(remote)}): pull it into a cache (kcache pull --remote URL "
+                           "--cache-dir DIR) and explain that")
+    return images
 
 
 def _human(out: c.Output, result) -> None:

@@ -159,12 +159,18 @@ def explain_blob(path: str, here: Here) -> list[Explained]:
 def explain_archive(path: str, here: Here) -> list[Explained]:
     """Each entry of a kcache archive, judged by its layout from its manifest record (the compiler and
     arch export recorded); nothing but the manifest is read."""
+    return explain_records(archive_records(path), here, os.path.abspath(path))
+
+
+def explain_records(records: Iterable[dict], here: Here, where: str) -> list[Explained]:
+    """Each entry record (an archive's or an image's manifest: what its export recorded), judged by its
+    layout; `where` names the archive or image they come from."""
     out = []
-    for rec in archive_records(path):
+    for rec in records:
         name = str(rec.get("layout"))
         if name not in layouts.NAMES:
             v = Verdict(UNKNOWN, f"this kcache does not know the {name} layout")
         else:
             v = layouts.get(name).explain_record(rec, here)
-        out.append(Explained(str(rec.get("relpath")), name, str(rec.get("kind")), os.path.abspath(path), v))
+        out.append(Explained(str(rec.get("relpath")), name, str(rec.get("kind")), where, v))
     return out

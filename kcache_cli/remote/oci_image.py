@@ -239,15 +239,10 @@ def layer_to_archive(layer: IO[bytes], out: IO[bytes], fmt: ImageFormat, keep: C
     lists or more members than import takes (a gzip bomb never fills the disk)."""
     reader = ts.TarReader(gzip.GzipFile(fileobj=layer, mode="rb"))
     try:
-        head = reader.next()
-        if head is None or head.name != KCACHE_MANIFEST or head.type != ts.REGULAR:
-            raise reject(f"its first member is not {KCACHE_MANIFEST} (an image kcache did not push: MCV's "
-                         "own images carry no per-file sha256 for kcache to check)")
-        if head.size > limits.max_manifest:
-            raise reject(f"{KCACHE_MANIFEST} is {head.size} bytes, over the limit of {limits.max_manifest}")
+        raw, mtime = _first_manifest(reader, limits)
         skipped = Skipped()
-        data = _kept_manifest(b"".join(reader.data(head)), keep, skipped)
-        out.write(ts.file_header("manifest.json", len(data), 0o644, head.mtime) + data + ts.padding(len(data)))
+        data = _kept_manifest(raw, keep, skipped)
+        out.write(ts.file_header("manifest.json", len(data), 0o644, mtime) + data + ts.padding(len(data)))
         while (m := reader.next()) is not None:
             skipped.members += 1
             if skipped.members > limits.max_members:
@@ -259,6 +254,30 @@ def layer_to_archive(layer: IO[bytes], out: IO[bytes], fmt: ImageFormat, keep: C
     finally:
         reader.close()
     return skipped
+
+
+def layer_records(layer: IO[bytes], limits: ImportLimits) -> list[dict]:
+    """The entry records of the kcache manifest that starts the layer (nothing after it is read)."""
+    reader = ts.TarReader(gzip.GzipFile(fileobj=layer, mode="rb"))
+    try:
+        skipped = Skipped()
+        _kept_manifest(_first_manifest(reader, limits)[0], lambda rec: "listed", skipped)
+    except (ts.TarFormatError, OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise reject(f"its layer is not a gzip tar kcache reads ({exc})") from None
+    finally:
+        reader.close()
+    return skipped.records
+
+
+def _first_manifest(reader: ts.TarReader, limits: ImportLimits) -> tuple[bytes, float]:
+    """(bytes, mtime) of kcache's manifest, which must be the layer's first member."""
+    head = reader.next()
+    if head is None or head.name != KCACHE_MANIFEST or head.type != ts.REGULAR:
+        raise reject(f"its first member is not {KCACHE_MANIFEST} (an image kcache did not push: MCV's "
+                     "own images carry no per-file sha256 for kcache to check)")
+    if head.size > limits.max_manifest:
+        raise reject(f"{KCACHE_MANIFEST} is {head.size} bytes, over the limit of {limits.max_manifest}")
+    return b"".join(reader.data(head)), head.mtime
 
 
 def _kept_manifest(raw: bytes, keep: Callable[[dict], str | None], skipped: Skipped) -> bytes:

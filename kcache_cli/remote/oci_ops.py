@@ -16,10 +16,11 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import NamedTuple, cast
+from typing import IO, NamedTuple, cast
 
 from kcache_cli import layouts
 from kcache_cli.archive.export import EmptyExport, ExportedEntry, entry_records, export_archive, plan_export
@@ -310,19 +311,37 @@ def pull_image(root: Path, reg: Registry, image: Image, node: list[str] | None, 
     assert image.layout is not None
     with tempfile.TemporaryDirectory(prefix="kcache-oci-") as tmp:
         archive = os.path.join(tmp, "image.tar")
-        if image.layer[1] > limits.max_total:
-            raise RemoteError(f"remote {image.ref.url}: its layer is {image.layer[1]} bytes, over the limit of "
-                              f"{limits.max_total} (not fetched)")
-        _check_room(tmp, image.layer[1])
-        with tempfile.TemporaryFile(prefix="kcache-layer-", dir=tmp) as layer:
-            reg.get_blob(image.layer[0], image.layer[1], limits.max_total, sink=layer)
-            layer.seek(0)
+        with _fetched_layer(reg, image, tmp, limits) as layer:
             with open(archive, "wb") as out:  # not under a root: our own 0700 temp dir
                 skipped = img.layer_to_archive(layer, out, img.image_format(image.layout),
                                                _keeper(node, flt or ScanFilter()), limits)
         result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout, warn=warn)
     left = tuple(SkippedEntry.of(r, skipped.reasons[r["relpath"]]) for r in skipped.records)
     return ImagePullResult(image.ref.url, image.digest, tuple(node) if node else None, result, left)
+
+
+@contextmanager
+def _fetched_layer(reg: Registry, image: Image, tmp: str, limits: ImportLimits) -> Iterator[IO[bytes]]:
+    """The image's layer, downloaded whole (within import's limits; its digest checked) into a temp file in
+    `tmp`, read from its start."""
+    if image.layer[1] > limits.max_total:
+        raise RemoteError(f"remote {image.ref.url}: its layer is {image.layer[1]} bytes, over the limit of "
+                          f"{limits.max_total} (not fetched)")
+    _check_room(tmp, image.layer[1])
+    with tempfile.TemporaryFile(prefix="kcache-layer-", dir=tmp) as layer:
+        reg.get_blob(image.layer[0], image.layer[1], limits.max_total, sink=layer)
+        layer.seek(0)
+        yield layer
+
+
+def image_records(reg: Registry, image: Image) -> list[dict]:
+    """The entry records of a kcache image (its manifest, the layer's first member), nothing written: what
+    `kcache explain` judges an image by."""
+    if image.layout is None:
+        preflight(image, None)  # says it is not an image kcache pushed
+    limits = ImportLimits()
+    with tempfile.TemporaryDirectory(prefix="kcache-oci-") as tmp, _fetched_layer(reg, image, tmp, limits) as layer:
+        return img.layer_records(layer, limits)
 
 
 def _check_room(tmp: str, size: int) -> None:
