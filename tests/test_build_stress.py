@@ -144,7 +144,7 @@ def alive(pid: int) -> bool:
 def test_sigterm_mid_compile_ends_the_compilers_and_leaves_nothing(tmp_path, jobs):
     """CI timeouts, docker stop and Kubernetes send SIGTERM: kcache stopped at once and left the compiler
     (and what it starts) running, writing lib.so into a temp directory nobody would publish or remove.
-    Now SIGTERM unwinds as Ctrl-C does: the compilers' groups end, the temps go, exit 130."""
+    Now SIGTERM unwinds as Ctrl-C does: the compilers' groups end, the temps go, exit 143 (128 + 15)."""
     cxx, notes = dawdling_compiler(tmp_path, CXX)
     tasks = [write_task(tmp_path / "tasks", f"slow{i}", kind="cc") for i in range(jobs)]
     root = tmp_path / "cache"
@@ -156,7 +156,7 @@ def test_sigterm_mid_compile_ends_the_compilers_and_leaves_nothing(tmp_path, job
     assert len(sleeps) == jobs and all(sleeps), "the compilers never started"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=20)
-    assert proc.returncode == 130 and "interrupted" in err, (proc.returncode, err)
+    assert proc.returncode == 143 and "interrupted" in err, (proc.returncode, err)  # 128 + SIGTERM
     time.sleep(0.2)
     assert not any(alive(pid) for pid in sleeps), "a compiler kcache started outlived it"
     assert temp_dirs(root) == [] and not list(root.glob("ops/*/*/*")), sorted(root.rglob("*"))

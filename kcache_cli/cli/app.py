@@ -15,6 +15,8 @@ from typer.core import TyperGroup, TyperOption
 
 from kcache_cli import __version__
 from kcache_cli.cli import options, typer_compat
+from kcache_cli.util import interrupts
+from kcache_cli.util.interrupts import TermAsInterrupt
 from kcache_cli.cli.options import GlobalOptions, plain_output, settings
 from kcache_cli.model.terms import LAYOUT_NAMES
 from kcache_cli.remote.redact import redact_text
@@ -326,8 +328,9 @@ def main(argv: list[str] | None = None) -> None:
     gc.set_threshold(100_000, 50, 100)
     # Help text without box drawing or colour when stdout is not a terminal or NO_COLOR is set.
     app.rich_markup_mode = None if plain_output() else _RICH_MARKUP
-    try:
-        with typer_compat.shell_named(args):
+    interrupts.forget()
+    try:  # SIGTERM and SIGHUP unwind every command as Ctrl-C does (temps removed, locks let go)
+        with typer_compat.shell_named(args), TermAsInterrupt():
             rc = app_for(args)(args=args, prog_name="kcache", standalone_mode=False)
     except KcacheError as exc:
         from kcache_cli.remote.redact import redact_text  # no password of a URL reaches the output
@@ -342,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         _fail("aborted", 1, as_json)
     except (KeyboardInterrupt, Interrupted):
-        _fail("interrupted", 130, as_json, debug)
+        _fail("interrupted", interrupts.exit_status(), as_json, debug)
     except (BrokenPipeError, PipeClosed):
         _pipe_closed()
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, no traceback

@@ -13,6 +13,7 @@ from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
 from kcache_cli.cli.progress import Bar, Phase, scanning
 from kcache_cli.cli.table import Column, render
+from kcache_cli.util import interrupts
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.units import format_age, parse_age, parse_size
@@ -337,9 +338,12 @@ class _Out(c.Output):
 
 # ---- helpers -------------------------------------------------------------------------------------
 class Interrupted(KcacheError):
-    """Ctrl-C: what was done is said, exit 130 (as a shell reports a SIGINT)."""
+    """Ctrl-C (or SIGTERM, SIGHUP taken as it): what was done is said, exit 128 + the signal (130 for Ctrl-C,
+    as a shell reports a SIGINT)."""
 
-    exit_code = 130
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = interrupts.exit_status()
 
 
 @contextlib.contextmanager

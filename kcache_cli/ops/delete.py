@@ -45,6 +45,7 @@ from kcache_cli.model.records import (
     measure_tree,
 )
 from kcache_cli.model.terms import BROKEN, RemovalWhat  # BROKEN: what --broken removes (partial, failed, corrupt)
+from kcache_cli.util import interrupts
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.progress import NO_PROGRESS, Progress
@@ -123,7 +124,7 @@ class DeleteResult:
     freed: int
     removed_dirs: tuple[str, ...] = ()  # parent directories left empty and removed
     warnings: tuple[str, ...] = ()
-    interrupted: bool = False  # stopped by SIGINT between two removals (each one whole, or not begun)
+    interrupted: bool = False  # stopped by SIGINT (SIGTERM, SIGHUP) between two removals (each one whole, or not begun)
 
     @property
     def entries(self) -> int:
@@ -838,21 +839,25 @@ class _Executor:
 
     @contextlib.contextmanager
     def _sigint_stops(self) -> Iterator[None]:
-        """With `interruptible` (in the main thread): the first SIGINT sets `stopped` (checked between
-        removals), a second raises KeyboardInterrupt as usual."""
+        """With `interruptible` (in the main thread): the first SIGINT, SIGTERM or SIGHUP (cron's timeout,
+        systemd, docker stop) sets `stopped` (checked between removals), a second raises KeyboardInterrupt."""
         if not self.interruptible or threading.current_thread() is not threading.main_thread():
             yield
             return
+        stopping = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
         def stop(signum, _frame) -> None:
             self.stopped = True
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            interrupts.took(signum)  # the command's exit status: 128 + it
+            for sig in stopping:
+                signal.signal(sig, signal.default_int_handler)
 
-        old = signal.signal(signal.SIGINT, stop)
+        old = {sig: signal.signal(sig, stop) for sig in stopping}
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, old)
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
 
     def _close_all(self) -> None:
         self._close_dirs()

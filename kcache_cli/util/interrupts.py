@@ -6,6 +6,8 @@ import signal
 import sys
 import threading
 
+_LAST = [0]  # the signal TermAsInterrupt last took in this command (0: none)
+
 
 class TermAsInterrupt:
     """While a command that writes runs (export, build), SIGTERM and SIGHUP unwind it like Ctrl-C (its temp
@@ -25,6 +27,7 @@ class TermAsInterrupt:
 
     def _interrupt(self, signum, _frame):
         self.got.append(signum)
+        took(signum)
         raise KeyboardInterrupt(f"signal {signum}")
 
     def _unraisable(self, info) -> None:
@@ -45,3 +48,19 @@ class TermAsInterrupt:
 
     def __exit__(self, *exc: object) -> None:
         self.restore()
+
+
+def exit_status() -> int:
+    """The exit status of a command an interrupt ended: 128 + the signal, as a shell reports a process it
+    ended (143 for a SIGTERM TermAsInterrupt took, 129 for a SIGHUP, 130 for Ctrl-C)."""
+    return 128 + (_LAST[0] or int(signal.SIGINT))
+
+
+def took(signum: int) -> None:
+    """A handler took `signum` to stop the command (exit_status says so)."""
+    _LAST[0] = signum
+
+
+def forget() -> None:
+    """A new command starts (main runs many in one process in tests): no signal taken yet."""
+    _LAST[0] = 0
