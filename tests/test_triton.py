@@ -698,3 +698,14 @@ def test_the_dry_run_lists_what_the_real_prune_removes(kcache, cache, tmp_path):
     assert dry == removed(twin, "--yes")
     assert dry == sorted([("temp", f"{SOFTMAX}/tmp.pid_4242_0123abcd"), ("entry", add80.name), ("entry", MATMUL)])
     assert ls(kcache, twin)[SOFTMAX]["status"] == "complete"
+
+
+def test_a_copied_kernel_missing_a_file_names_that_file(tmp_path, kcache):
+    """A copied (moved) cache whose kernel also lost its cubin here: the reason named the first child the
+    group lists (add_kernel.source, which is here), not the file really gone."""
+    root = tmp_path / "copy"
+    shutil.copytree(FIXTURE, root)
+    (root / ADD_90 / "add_kernel.cubin").unlink()
+    entry = {e["hash"]: e for e in kcache("--cache-dir", root, "ls", "--json").json()["entries"]}[ADD_90]
+    assert entry["status"] == "partial" and entry["reason"].startswith("add_kernel.cubin is missing"), entry
+    assert "moved or copied" in entry["reason"]

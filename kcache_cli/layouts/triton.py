@@ -305,12 +305,15 @@ def _group_rule(lst: _Listing, g: str) -> tuple[Status, str | None, dict[str, st
         children = {n: p for n, p in children.items() if n not in missing}
         missing = []
     here = [n for n in missing if plain_name(n) and _exists(lst, n, lst.d.join(n))]
-    if missing and len(here) == len(missing) and not _leads_here(lst.d, missing[0], children[missing[0]]):
-        elsewhere = os.path.dirname(os.path.dirname(children[missing[0]]))
+    moved = bool(missing) and not _leads_here(lst.d, missing[0], children[missing[0]])
+    elsewhere = os.path.dirname(os.path.dirname(children[missing[0]])) if moved else ""
+    if moved and len(here) == len(missing):
         return MOVED, (f"{g} points into {elsewhere} (moved or copied): Triton misses it until "
                        "`kcache verify --fix` rewrites the paths"), None
-    if missing:
-        return PARTIAL, f"{missing[0]} is missing ({g} lists it): Triton compiles the kernel again", None
+    if missing:  # named: a file missing here too (in a moved entry, what --fix cannot mend)
+        lost = next((n for n in missing if n not in here), missing[0])
+        also = f", and points into {elsewhere}: moved or copied" if moved else ""
+        return PARTIAL, f"{lost} is missing ({g} lists it{also}): Triton compiles the kernel again", None
     if meta not in children:
         return PARTIAL, f"{g} does not list {meta}: Triton misses the kernel and compiles it again", None
     return COMPLETE, None, children
