@@ -250,7 +250,7 @@ def test_stats_shows_usage_against_the_budget(kcache, fixture_copy, monkeypatch)
     lines = run.stdout.splitlines()
     from kcache_cli.util.units import format_size
 
-    assert lines[-2] == f"hidet  {format_size(used)} of {format_size(limit)}  " + "\u2588" * 17 + "\u2591" * 3 + " 83%"
+    assert lines[-2] == f"hidet  {format_size(used)} of {format_size(limit)}  " + "#" * 17 + "." * 3 + " 83%"  # a pipe
     assert lines[-1].startswith(f"all    {format_size(used)} of ") and lines[-1].endswith(" 17%"), lines[-1]
     assert kcache("--cache-dir", root, "stats", "--json").json()["budget"] == {"used": used, "limit": limit}
 

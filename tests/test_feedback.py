@@ -148,7 +148,7 @@ def test_prune_summary_groups_the_plan_by_space_and_op(kcache, tmp_path, monkeyp
     assert {(g["space"], g["op"]): [g["entry_count"], g["size"]] for g in summary["summary"]} == groups
     assert [g["size"] for g in summary["summary"]] == sorted((g["size"] for g in summary["summary"]), reverse=True)
     text = kcache("--cache-dir", root, "prune", "--max-size", "0", "--dry-run", "--summary")
-    lines = text.stdout.splitlines()
+    lines = text.stdout.replace("\n  ", " ").splitlines()  # the total line, folded at 80 columns, as one
     assert lines[0].split() == ["space", "op", "what", "entries", "size"]
     # a row per space and op, the biggest first, at most SUMMARY_ROWS of them and one row for the rest (a few
     # lines whatever the cache holds: cron mails it), then the total line
@@ -162,8 +162,9 @@ def test_prune_summary_groups_the_plan_by_space_and_op(kcache, tmp_path, monkeyp
     assert sum(int(line.split()[3]) for line in lines[1:-1]) == len(full["removed"])
     done = kcache("--cache-dir", root, "prune", "--max-size", "0", "--yes", "--summary")
     assert done.exit_code == 0, done.stderr
-    assert done.stdout.splitlines()[1:] == lines[1:-1] + [done.stdout.splitlines()[-1]]  # the same groups
-    assert done.stdout.splitlines()[-1].startswith(f"Removed {len(full['removed'])} entries")
+    done_lines = done.stdout.replace("\n  ", " ").splitlines()
+    assert done_lines[1:] == lines[1:-1] + [done_lines[-1]]  # the same groups
+    assert done_lines[-1].startswith(f"Removed {len(full['removed'])} entries")
 
 
 # ---- the scan's counting bar -------------------------------------------------------------------------

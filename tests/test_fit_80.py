@@ -193,3 +193,26 @@ def test_build_s_rows_and_failure_line_fit(kcache, tmp_path, width):
     header = r.stderr.split("\n$ ", 1)[0]  # the failure's words, before the command and the compiler's lines
     assert "failed:" in header and "compile failed" in header.replace("\n  ", " ")
     fits(header, width)
+
+
+@pytest.mark.parametrize("width", [40, 80])
+@pytest.mark.parametrize("command", [("prune", "--dry-run", "--max-size", "1B"), ("clear", "--all", "--dry-run"),
+                                     ("prune", "--max-size", "1B", "--yes")])
+def test_prune_and_clear_summaries_fold_keeping_paths_whole(kcache, fixture_copy, width, command):
+    """The summary line ran 115-163 columns at COLUMNS=80 and 40: it folds between words now; a path wider
+    than the line stays whole on a line of its own (for copy and paste)."""
+    root = fixture_copy("hidet")
+    r = kcache("--cache-dir", root, *command, env={"COLUMNS": str(width)})
+    assert r.exit_code == 0, r.stderr
+    wide = [ln for ln in r.stdout.splitlines() if len(ln) > width and len(ln.split()) > 1]
+    assert not wide, wide
+    assert str(root) in [w.rstrip(";.,") for ln in r.stdout.splitlines() for w in ln.split()]
+
+
+def test_the_budget_bar_in_a_pipe_is_plain(kcache, fixture_copy):
+    """stats' budget line drew block characters into a pipe; the share bars draw # and . there."""
+    root = fixture_copy("hidet")
+    assert kcache("config", "set", "--cache", "hidet", "max-size", "20G").exit_code == 0  # a personal budget
+    out = kcache("--cache-dir", root, "stats").stdout
+    line = next(ln for ln in out.splitlines() if " of 20.0 GB" in ln)
+    assert "\u2591" not in out and "\u2588" not in out and "...." in line, line

@@ -101,8 +101,9 @@ def test_read_commands_match_their_schemas(kcache, real):
     assert ls["entry_count"] == ls["total"] == len(ls["entries"]) > 0
     limited = run_json(kcache, "ls", *c, "ls", "--limit", "1")
     assert limited["entry_count"] == 1 and limited["total"] == ls["total"]
+    assert limited["size"] == limited["entries"][0]["size"]  # the shown entries' (the text footer's)
     stats = run_json(kcache, "stats", *c, "stats")
-    assert stats["entry_count"] == ls["total"]
+    assert stats["entry_count"] == ls["total"] and stats["size"] == ls["size"] == sum(e["size"] for e in ls["entries"])
     assert sum(g["entry_count"] for g in stats["by_space"].values()) + (stats["no_space"] or {"entry_count": 0})[
         "entry_count"] == stats["entry_count"]
     run_json(kcache, "dir", *c, "dir")

@@ -482,12 +482,13 @@ def _report_plan(opts: o.GlobalOptions, out: _Out, plan, extra: dict) -> None:
 def _plan_human(out: _Out, plan, extra: dict) -> None:
     _kept(out, plan.skipped, "would keep")
     if not plan.removals:
-        out.text(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} scanned).")
+        c.print_text(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} "
+                     "scanned).", 2, whole_words=True)
         return
     _removals_table(out, plan.removals)
-    out.text(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
-             f"({c.plural(plan.expected_freed_size, 'byte')}) from {c.printable_line(plan.root)}"
-             f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).")
+    c.print_text(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
+                 f"({c.plural(plan.expected_freed_size, 'byte')}) from {c.printable_line(plan.root)}"
+                 f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).", 2, whole_words=True)
 
 
 def _report_result(opts: o.GlobalOptions, out: _Out, plan, result, extra: dict) -> None:
@@ -523,11 +524,11 @@ def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
         out.warn(w)
     if result.removed:
         _removals_table(out, result.removed)
-        out.text(f"Removed {_count(result.removed)}, freed {c.human_size(result.freed)} "
-                 f"({c.plural(result.freed, 'byte')}) from {c.printable_line(plan.root)}"
-                 f"{_sizes(plan, extra, result.freed)}.")
+        c.print_text(f"Removed {_count(result.removed)}, freed {c.human_size(result.freed)} "
+                     f"({c.plural(result.freed, 'byte')}) from {c.printable_line(plan.root)}"
+                     f"{_sizes(plan, extra, result.freed)}.", 2, whole_words=True)
     else:
-        out.text(f"Nothing removed from {c.printable_line(plan.root)}.")
+        c.print_text(f"Nothing removed from {c.printable_line(plan.root)}.", 2, whole_words=True)
     limit = extra["max_size"] if extra.get("max_size") is not None else 1 << 62
     over = plan.scanned_size - result.freed - sum(s.entry.size for s in gone) - limit
     if over > 0 and kept:  # what was kept (in use, changed) is not made up for by others

@@ -177,7 +177,8 @@ def ls_command(
     out.result(lambda: {"entries": [dict(e.to_json(), cache=loc.cache or None, root=str(loc.path)) if opts.many
                                     else e.to_json() for loc, e in rows],
                         "entry_count": len(rows),
-                        "total": sum(len(result.entries) for _, _, result in listed)}, human)
+                        "total": sum(len(result.entries) for _, _, result in listed),
+                        "size": sum(e.size for _, e in rows)}, human)
 
 
 def _ls_listed(opts: o.GlobalOptions, sel: c.Selection, all_caches: bool, cache: Optional[str],
@@ -593,7 +594,8 @@ def _budget_line(u, width: int) -> str:
     cells = 20
     full = min(cells, round(share * cells))
     utf = (getattr(sys.stdout, "encoding", "") or "").lower().replace("-", "") == "utf8"
-    bar = ("\u2588" * full + "\u2591" * (cells - full)) if utf else ("#" * full + "." * (cells - full))
+    blocks = utf and not o.plain_output()  # in a pipe, a file or under NO_COLOR: # and ., as the share bars
+    bar = ("\u2588" * full + "\u2591" * (cells - full)) if blocks else ("#" * full + "." * (cells - full))
     return f"{u.name:<{width}}  {c.human_size(u.used)} of {c.human_size(u.limit)}  {bar} {share * 100:.0f}%"
 
 

@@ -678,9 +678,9 @@ def print_lines(lines: list[str]) -> None:
     sys.stdout.write("".join(line + "\n" for line in lines))
 
 
-def print_text(text: str, indent: int = 0) -> None:
-    """A line for stdout, folded to the terminal's width."""
-    print_lines(fold(text, output_width(), indent))
+def print_text(text: str, indent: int = 0, whole_words: bool = False) -> None:
+    """A line for stdout, folded to the terminal's width (with `whole_words`, a path is never cut)."""
+    print_lines(fold(text, output_width(), indent, whole_words))
 
 
 def print_table(columns, rows: list[list[str]], styles: dict[int, dict[str, str]] | None = None,

@@ -210,9 +210,10 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None, colo
     return lines
 
 
-def fold(text: str, width: int | None, indent: int = 0) -> list[str]:
-    """`text` as lines no wider than `width` (None: one line), later lines indented by `indent`."""
+def fold(text: str, width: int | None, indent: int = 0, whole_words: bool = False) -> list[str]:
+    """`text` as lines no wider than `width` (None: one line), later lines indented by `indent`; with
+    `whole_words`, a word wider than that (a path, for copy and paste) stays whole on a line of its own."""
     if width is None or len(text) <= width:
         return [text]
     return textwrap.wrap(text, max(width, indent + 8), subsequent_indent=" " * indent, break_on_hyphens=False,
-                         drop_whitespace=True) or [text]
+                         drop_whitespace=True, break_long_words=not whole_words) or [text]
