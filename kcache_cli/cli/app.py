@@ -15,14 +15,13 @@ from typer.core import TyperGroup, TyperOption
 
 from kcache_cli import __version__
 from kcache_cli.cli import options, typer_compat
-from kcache_cli.util import interrupts
-from kcache_cli.util.interrupts import TermAsInterrupt
 from kcache_cli.cli.options import GlobalOptions, plain_output, settings
 from kcache_cli.model.terms import LAYOUT_NAMES
 from kcache_cli.remote.redact import redact_text
+from kcache_cli.util import interrupts, jsonout
 from kcache_cli.util.errors import KcacheError
+from kcache_cli.util.interrupts import TermAsInterrupt
 from kcache_cli.util.lazy import lazy_module
-from kcache_cli.util import jsonout
 from kcache_cli.util.textsafe import printable_line
 
 shlex = lazy_module("shlex")  # a TAB's line only: not a cost of every start

@@ -1,4 +1,4 @@
-"""SIGTERM and SIGHUP as Ctrl-C, for the commands whose unwinding cleans up after them."""
+"""SIGTERM and SIGHUP as Ctrl-C: every command's unwinding cleans up after it (main takes them for each)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ _LAST = [0]  # the signal TermAsInterrupt last took in this command (0: none)
 
 
 class TermAsInterrupt:
-    """While a command that writes runs (export, build), SIGTERM and SIGHUP unwind it like Ctrl-C (its temp
-    files are removed, the compilers it started stopped): CI timeouts, `docker stop` and Kubernetes send
-    SIGTERM, not SIGINT. Python runs a handler between any two bytecodes, inside a finalizer or an at-fork
-    hook too, and those swallow what it raises: so the signal is also noted, `check()` raises it again
-    before anything is published, and the interpreter's "Exception ignored" report of it is kept off
-    stderr. Made and restored in the main thread (only it can install handlers; elsewhere it does nothing)."""
+    """While a command runs (main, and again export and build around their writes), SIGTERM and SIGHUP unwind
+    it like Ctrl-C (temp files removed, the compilers it started stopped, locks let go): CI timeouts, `docker
+    stop`, systemd and Kubernetes send SIGTERM, not SIGINT. Python runs a handler between any two bytecodes,
+    inside a finalizer or an at-fork hook too, and those swallow what it raises: so the signal is also noted,
+    `check()` raises it again before anything is published, and the interpreter's "Exception ignored" report
+    of it is kept off stderr. Made and restored in the main thread (only it can install handlers; elsewhere
+    it does nothing)."""
 
     def __init__(self) -> None:
         self.got: list[int] = []
