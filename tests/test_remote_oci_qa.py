@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 from oci_registry import skopeo_inspect
+from test_remote_oci import SM80
 
 pytestmark = pytest.mark.oci
-
-SM80 = {"22DX5RUZ7YPKNU74O7GAUCGIGIPAEV2FCKTGJU2B2LNOL5MZNINQ", "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA",
-        "LOZKL4OW66ML5G7PWO4EI23LW6FIRVU24FT4ZLGIYGLVKG65YUFQ"}
 
 
 @pytest.fixture
