@@ -119,13 +119,14 @@ def test_sigkill_at_random_moments_never_leaves_a_partial_entry(tmp_path, kcache
 
 
 def dawdling_compiler(where: Path, real: str) -> tuple[Path, Path]:
-    """A compiler wrapper (fault injection) that, for a compile, notes the pid of the `sleep` it starts, in a
-    file of its own, and waits on it before running the real compiler: (the wrapper, the notes' directory)."""
+    """A compiler wrapper (fault injection) that, on every call (a compile, its --version probe), notes the
+    pid of the `sleep` it starts in a file of its own (`compile-*` or `probe-*`), and waits on it before
+    running the real compiler: (the wrapper, the notes' directory)."""
     notes = where / "started"
     notes.mkdir()
     script = where / "dawdling-cxx"
-    script.write_text(f'#!/bin/sh\ncase " $* " in *" -shared "*)\n  sleep 30 &\n  echo $! > "{notes}/$$"\n  wait $!;;\n'
-                      f'esac\nexec "{real}" "$@"\n')  # compiles only: not the --version probe
+    script.write_text(f'#!/bin/sh\ncase " $* " in *" -shared "*) kind=compile;; *) kind=probe;; esac\n'
+                      f'sleep 30 &\necho $! > "{notes}/$kind-$$"\nwait $!\nexec "{real}" "$@"\n')
     script.chmod(0o755)
     return script, notes
 
@@ -150,13 +151,16 @@ def test_sigterm_mid_compile_ends_the_compilers_and_leaves_nothing(tmp_path, job
     root = tmp_path / "cache"
     proc = kcache_proc("--cache-dir", root, "build", *[t / "task.txt" for t in tasks], "--cxx", cxx, "-j", jobs)
     deadline = time.monotonic() + 60
-    while len(list(notes.iterdir())) < jobs and time.monotonic() < deadline:
+    while len(list(notes.glob("compile-*"))) < jobs and time.monotonic() < deadline:
         time.sleep(0.05)
+    time.sleep(0.2)  # the --version probes start beside the compiles
     sleeps = [int(p.read_text() or 0) for p in notes.iterdir()]
-    assert len(sleeps) == jobs and all(sleeps), "the compilers never started"
+    assert len(list(notes.glob("compile-*"))) == jobs and all(sleeps), "the compilers never started"
+    sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=20)
+    _, err = proc.communicate(timeout=25)
     assert proc.returncode == 143 and "interrupted" in err, (proc.returncode, err)  # 128 + SIGTERM
+    assert time.monotonic() - sent < 10, "kcache waited on a compiler (or its probe) it should have ended"
     time.sleep(0.2)
-    assert not any(alive(pid) for pid in sleeps), "a compiler kcache started outlived it"
+    assert not any(alive(pid) for pid in sleeps), "a compiler or probe kcache started outlived it"
     assert temp_dirs(root) == [] and not list(root.glob("ops/*/*/*")), sorted(root.rglob("*"))

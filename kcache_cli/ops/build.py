@@ -351,8 +351,7 @@ class CompilerVersion:
             if self.key in _memo:
                 return
         try:
-            self.proc = subprocess.Popen([*compiler, "--version"], stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.proc = _spawn([*compiler, "--version"])  # ended with kcache, as the compile is
         except OSError:
             pass
 
@@ -363,10 +362,8 @@ class CompilerVersion:
         if self.proc is None:
             return None
         try:
-            out, _ = self.proc.communicate(timeout=60)
+            out = _reap(self.proc, 60)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
             return None
         lines = [line.strip() for line in out.decode("utf-8", "replace").splitlines() if line.strip()]
         version = (next((line for line in lines if "release" in line), lines[0])
@@ -376,9 +373,12 @@ class CompilerVersion:
         return version
 
     def cancel(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
+        if self.proc is not None and self.proc.returncode is None:
+            _end_group(self.proc)
+            try:
+                _reap(self.proc, 5)
+            except subprocess.TimeoutExpired:  # a child that left the group holds the pipe: not waited on
+                pass
 
 
 
@@ -396,9 +396,8 @@ def nvcc_default_arch(root: Path, nvcc: Sequence[str], fresh: bool = True) -> st
         return got
 
     try:
-        proc = subprocess.run([*nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=60)
-        text = proc.stdout.decode("utf-8", "replace")
+        _, out = run_compiler([*nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull], timeout=60)
+        text = out.decode("utf-8", "replace")
     except (OSError, subprocess.SubprocessError) as exc:
         raise KcacheError(f"cannot ask {nvcc[0]} for its default arch ({exc}); pass --arch") from None
     m = re.search(r"\bptxas\b[^\n]*?-arch[= ](sm_\w+)", text)  # the SASS arch it assembles for
@@ -887,24 +886,38 @@ _RUNNING: set[subprocess.Popen] = set()
 _RUNNING_LOCK = threading.Lock()
 
 
-def run_compiler(argv: list[str], cwd: str) -> tuple[int, bytes]:
-    """(exit status, output) of the compiler, run in a process group of its own (with nvcc's cicc and ptxas,
-    a wrapper's g++): an interrupt of kcache ends the whole group (stop_compilers), so nothing goes on
-    writing into a temp directory kcache has let go of. OSError when it cannot be started."""
+def run_compiler(argv: list[str], cwd: str | None = None, timeout: float | None = None) -> tuple[int, bytes]:
+    """(exit status, output) of the compiler (or a probe of it), run in a process group of its own (with
+    nvcc's cicc and ptxas, a wrapper's g++ or sleep): an interrupt of kcache ends the whole group
+    (stop_compilers), so nothing goes on writing into a temp directory kcache has let go of, nor keeps
+    kcache waiting on its output. OSError when it cannot be started; TimeoutExpired after `timeout`."""
+    proc = _spawn(argv, cwd)
+    out = _reap(proc, timeout)
+    return proc.returncode, out
+
+
+def _spawn(argv: list[str], cwd: str | None = None) -> subprocess.Popen:
+    """`argv` started in a new session (its own process group), known to stop_compilers until reaped."""
     proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     with _RUNNING_LOCK:
         _RUNNING.add(proc)
+    return proc
+
+
+def _reap(proc: subprocess.Popen, timeout: float | None = None) -> bytes:
+    """The output of `proc` once it ends; on an interrupt in this thread (Ctrl-C, or SIGTERM as one) or a
+    timeout, its whole group is ended first, and the exception goes on."""
     try:
-        out, _ = proc.communicate()
-    except BaseException:  # Ctrl-C, or SIGTERM as one (TermAsInterrupt), in this thread
+        out, _ = proc.communicate(timeout=timeout)
+    except BaseException:
         _end_group(proc)
-        proc.wait()
+        proc.wait()  # not its pipes: a child that left the group may hold them
         raise
     finally:
         with _RUNNING_LOCK:
             _RUNNING.discard(proc)
-    return proc.returncode, out
+    return out
 
 
 def stop_compilers() -> None:
