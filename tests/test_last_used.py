@@ -51,10 +51,10 @@ def last_used(kcache, root: Path) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def mounted(where: Path, options: str):
+def mounted(where: Path, options: str, size: str = "64m"):
     """A real tmpfs at `where` with `options` (root only), unmounted after."""
     where.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"{options},size=64m", "tmpfs", str(where)],
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"{options},size={size}", "tmpfs", str(where)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs with {options}: {done.stderr.strip()}")
@@ -241,3 +241,16 @@ def test_reads_in_a_row_keep_the_atime_before_the_first(monkeypatch):
     assert fsread.MOVED == {("/c/", 7): (30, 10)}
     fsread.moved("/c/", 7, 40, 35)  # a compiler read it at 35 since
     assert fsread.MOVED == {("/c/", 7): (40, 35)}
+
+
+def test_an_export_onto_a_full_disk_says_nothing_was_published(kcache, fixture_copy, tmp_path):
+    """`Error: No space left on device`, and nothing more: the file system filled mid-export. It now says
+    what kcache's writes through temp files mean (nothing half-written is there) and what to do."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    root = fixture_copy("hidet")
+    with mounted(tmp_path / "small", "rw", "64k") as small:
+        r = kcache("--cache-dir", root, "export", small / "all.tar")
+        assert r.exit_code == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "No space left on device" in r.stderr and "not published" in r.stderr, r.stderr
+        assert list(small.iterdir()) == []  # the temp archive went too

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 from kcache_cli.cli.typer_compat import click_exceptions
 
 
@@ -18,6 +20,9 @@ def describe_exception(exc: BaseException) -> tuple[str, int]:
         return f"permission denied: {exc.filename or exc}", 1
     if isinstance(exc, OSError):
         target = f": {exc.filename}" if exc.filename else ""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # kcache writes through temp files it publishes whole
+            target += ("; what was being written is not published (each entry is whole or not there); free "
+                       "space and run the command again")
         return f"{exc.strerror or exc}{target}", 1
     return f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)", 1
 
