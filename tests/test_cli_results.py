@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -249,3 +250,32 @@ def test_all_caches_names_a_missing_entry_whatever_the_other_caches(kcache, tmp_
         assert r.exit_code == 2 and f"no entry matches '{ghost}'" in r.stderr, r.stderr
     assert (hidet / "ops/cuda_space_0/add/8d1f7691cdf75e90").is_dir()
     assert kcache("ls", "--all-caches", "8d1f", "--json").json()["entries"][0]["hash"] == "8d1f7691cdf75e90"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_at_the_confirmation_prompt_is_an_interrupt(fixture_copy, sig):
+    """Ctrl-C, SIGTERM or SIGHUP at clear's [y/N] prompt said `Error: aborted`, exit 1 (the prompt's
+    Abort): it is an interrupt as anywhere else, exit 128 + the signal, and nothing is removed."""
+    import pty
+
+    root = fixture_copy("hidet")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: kcache on a real terminal
+        os.execv(sys.executable, [sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "clear", "--op",
+                                  "relu"])
+    seen = b""
+    while b"[y/N]" not in seen:
+        seen += os.read(fd, 4096)
+    os.kill(pid, sig)
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 128 + sig, seen.decode(errors="replace")
+    assert b"interrupted" in seen and (root / RELU).exists()

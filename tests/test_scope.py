@@ -262,3 +262,34 @@ def test_the_cache_one_level_down_is_named_with_its_article():
     from kcache_cli.cli.common import _a
 
     assert (_a("hidet"), _a("inductor"), _a("triton")) == ("a hidet", "an inductor", "a triton")
+
+
+def test_writers_never_plant_entries_inside_another_cache(tmp_path, kcache):
+    """build and import took a --cache-dir inside a cache as a new root and wrote hidet/ops/ops/... and
+    jax/cache/ops/... (the real root then listed partial entries, which a prune --broken would remove).
+    A root still to be made is checked from what exists above it."""
+    hidet = copy_tree(FIXTURES / "hidet", tmp_path / "hidet")
+    jax = copy_tree(FIXTURES / "jax", tmp_path / "jax")
+    archive = tmp_path / "a.tar"
+    assert kcache("--cache-dir", hidet, "export", archive).exit_code == 0
+    task = tmp_path / "task"
+    task.mkdir()
+    (task / "task.txt").write_text("Task(\n  name: planted\n)")
+    (task / "source.cc").write_text('extern "C" int f() { return 1; }\n')
+    for root, args in ((hidet / "ops", ("build", task, "--cxx", "/bin/false")), (jax / "cache", ("import", archive)),
+                       (hidet / "ops" / "cpu_space_9", ("import", archive))):
+        before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+        run = kcache("--cache-dir", root, *args)
+        assert run.exit_code == 2 and "lies inside" in run.stderr, (root, run.stderr)
+        assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert kcache("--cache-dir", hidet, "verify").exit_code == 0
+
+
+def test_tilelangs_binaries_are_no_triton_cache(tmp_path, kcache):
+    """cuda-binaries/<64 hex>/kernel.cubin looked like Triton 3.1's keys and a compile stage: the directory
+    was listed (and pruned) as a Triton cache of broken kernels, and its parent sent there."""
+    root = copy_tree(FIXTURES / "tilelang", tmp_path / "tl")
+    for inside in (root / "0.1.15", root / "0.1.15" / "cuda-binaries"):
+        run = kcache("--cache-dir", inside, "prune", "--broken", "--dry-run")
+        assert run.exit_code == 2 and f"inside a tilelang cache, whose root is {root}" in run.stderr, run.stderr
+    assert {e["layout"] for e in kcache("--cache-dir", root, "ls", "--json").json()["entries"]} == {"tilelang"}

@@ -127,6 +127,7 @@ def test_a_lock_that_is_a_link_is_not_followed(root, tmp_path):
     run = run_kcache("--cache-dir", root, "verify", "--fix", "--json")
     assert run.exit_code == 1 and "not torch's lock file" in run.json()["problems"][0]["reason"]
     assert outside.read_text() == "keep\n" and os.path.islink(root / EXT / "lock")
+    assert "a directory" not in run.json()["problems"][0]["reason"]  # a link's reason says a link's
 
 
 def test_a_lock_that_is_a_directory_is_what_torch_waits_on(root):

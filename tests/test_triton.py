@@ -709,3 +709,6 @@ def test_a_copied_kernel_missing_a_file_names_that_file(tmp_path, kcache):
     entry = {e["hash"]: e for e in kcache("--cache-dir", root, "ls", "--json").json()["entries"]}[ADD_90]
     assert entry["status"] == "partial" and entry["reason"].startswith("add_kernel.cubin is missing"), entry
     assert "moved or copied" in entry["reason"]
+    (root / ADD_90 / "add_kernel.ptx").unlink()  # two gone: both counted
+    entry = {e["hash"]: e for e in kcache("--cache-dir", root, "ls", "--json").json()["entries"]}[ADD_90]
+    assert " and 1 more are missing" in entry["reason"], entry  # the group's order names the first

@@ -256,6 +256,8 @@ def cache_holding(path: str | os.PathLike, known: list[CacheLocation] | None = N
     for above in (here, *here.parents):
         if refused_root(above) is not None:
             return None
+        if not above.is_dir():  # a root still to be made, and the levels above it to be made with it
+            continue
         parts = [p for p in os.path.relpath(real, above).split(os.sep) if p not in ("", ".")]
         for name in detect(above):
             if _leads_to_entry(get(name).shape, parts):

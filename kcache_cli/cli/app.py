@@ -313,6 +313,13 @@ def run() -> None:
         gc.freeze()
 
 
+def _aborted(exc: BaseException) -> tuple[str, int]:
+    """What a prompt's Abort was: Ctrl-C (or SIGTERM as one) at it is an interrupt, the end of input not."""
+    if isinstance(exc.__context__, KeyboardInterrupt):
+        return "interrupted", interrupts.exit_status()
+    return "aborted", 1
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turn errors into one line and an exit status."""
     args = sys.argv[1:] if argv is None else argv
@@ -341,8 +348,8 @@ def main(argv: list[str] | None = None) -> None:
 
             sys.stderr.write(redact_text(traceback.format_exc()))
         _fail(str(exc), exc.exit_code, as_json)
-    except typer.Abort:
-        _fail("aborted", 1, as_json)
+    except typer.Abort as exc:
+        _fail(*_aborted(exc), as_json)
     except (KeyboardInterrupt, Interrupted):
         _fail("interrupted", interrupts.exit_status(), as_json, debug)
     except (BrokenPipeError, PipeClosed):

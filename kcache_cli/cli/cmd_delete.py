@@ -479,16 +479,22 @@ def _report_plan(opts: o.GlobalOptions, out: _Out, plan, extra: dict) -> None:
     out.result(lambda: _with_summary(out, plan.to_json(extra), plan.removals), lambda: _plan_human(out, plan, extra))
 
 
+def _last_line(text: str, root: str) -> None:
+    """prune's or clear's last line, folded to the width: the root's path, and each number with its unit,
+    kept whole on a line (for copy and paste)."""
+    c.print_text(text, 2, whole_words=True, keep=(c.printable_line(root),))
+
+
 def _plan_human(out: _Out, plan, extra: dict) -> None:
     _kept(out, plan.skipped, "would keep")
     if not plan.removals:
-        c.print_text(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} "
-                     "scanned).", 2, whole_words=True)
+        _last_line(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} "
+                     "scanned).", plan.root)
         return
     _removals_table(out, plan.removals)
-    c.print_text(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
+    _last_line(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
                  f"({c.plural(plan.expected_freed_size, 'byte')}) from {c.printable_line(plan.root)}"
-                 f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).", 2, whole_words=True)
+                 f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).", plan.root)
 
 
 def _report_result(opts: o.GlobalOptions, out: _Out, plan, result, extra: dict) -> None:
@@ -524,11 +530,11 @@ def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
         out.warn(w)
     if result.removed:
         _removals_table(out, result.removed)
-        c.print_text(f"Removed {_count(result.removed)}, freed {c.human_size(result.freed)} "
+        _last_line(f"Removed {_count(result.removed)}, freed {c.human_size(result.freed)} "
                      f"({c.plural(result.freed, 'byte')}) from {c.printable_line(plan.root)}"
-                     f"{_sizes(plan, extra, result.freed)}.", 2, whole_words=True)
+                     f"{_sizes(plan, extra, result.freed)}.", plan.root)
     else:
-        c.print_text(f"Nothing removed from {c.printable_line(plan.root)}.", 2, whole_words=True)
+        _last_line(f"Nothing removed from {c.printable_line(plan.root)}.", plan.root)
     limit = extra["max_size"] if extra.get("max_size") is not None else 1 << 62
     over = plan.scanned_size - result.freed - sum(s.entry.size for s in gone) - limit
     if over > 0 and kept:  # what was kept (in use, changed) is not made up for by others

@@ -48,7 +48,9 @@ else:
 def cache_location(opts: GlobalOptions, existing: bool = False):
     """The cache root. With `existing`, an explicit --cache-dir that is missing or not a directory is a usage
     error (exit 2): a typo must not read as an empty cache; so is one that holds no cache but has one a
-    level or two down (D/triton/cache). The default root missing stays "nothing there"."""
+    level or two down (D/triton/cache). An explicit root that holds no cache but lies inside one is a usage
+    error for every command: read there, a damaged cache would pass; written there, entries would land in
+    another cache's tree. The default root missing stays "nothing there"."""
     loc = locate.resolve_cache_dir(opts.cache_dir)
     if explicit_root(opts):
         locate.hold_explicit(loc, lambda m: warn(opts, m))
@@ -58,29 +60,29 @@ def cache_location(opts: GlobalOptions, existing: bool = False):
     if existing and opts.cache_dir and not fsread.is_dir(loc.path):
         what = "is not a directory" if loc.path.exists() else "does not exist"
         raise UsageError(f"--cache-dir {loc.path} {what}")
-    if existing and explicit_root(opts) and fsread.is_dir(loc.path):
-        _one_level_down(loc)
+    if explicit_root(opts):
+        _holds_a_cache(loc, below=existing)
     return loc
 
 
-def _one_level_down(loc) -> None:
-    """A --cache-dir/KCACHE_DIR that holds no cache but has one below it, or lies inside one (an entry, a
-    level of its tree: JAX's cache directory is its layout's one entry): say where (exit 2), not "no
-    entries" (a `verify` there would pass a damaged cache)."""
-    found = detect(loc.path)
+def _holds_a_cache(loc, below: bool) -> None:
+    """Unless the explicit root holds a cache (or nothing yet, where no cache is around it), say where the
+    cache is (exit 2): the one it lies inside (an entry, a level of its tree: JAX's cache directory is its
+    layout's one entry), or with `below` one a level or two down."""
+    found = detect(loc.path) if fsread.is_dir(loc.path) else ()
     if found:
         fsread.hand_on(loc.path, "layouts", found)  # the scan that follows detects them once, not again
         return
-    below = locate.caches_below(loc.path)
-    if below:
-        names, path = below[0]
-        more = f" (and {plural(len(below) - 1, 'other cache')})" if len(below) > 1 else ""
-        raise UsageError(f"no cache at {loc.path} ({loc.reason}); {path} holds {_a(names)} cache{more}: "
-                         f"--cache-dir {path}")
-    around = locate.cache_holding(loc.path, [])  # an entry or a level of a cache (JAX's directory itself)
+    around = locate.cache_holding(loc.path, [])
     if around is not None:
         raise UsageError(f"no cache at {loc.path} ({loc.reason}): it lies inside {_a(around.cache)} cache, "
                          f"whose root is {around.path}: --cache-dir {around.path}")
+    below_it = locate.caches_below(loc.path) if below else []
+    if below_it:
+        names, path = below_it[0]
+        more = f" (and {plural(len(below_it) - 1, 'other cache')})" if len(below_it) > 1 else ""
+        raise UsageError(f"no cache at {loc.path} ({loc.reason}); {path} holds {_a(names)} cache{more}: "
+                         f"--cache-dir {path}")
 
 
 def _a(word: str) -> str:
@@ -678,9 +680,10 @@ def print_lines(lines: list[str]) -> None:
     sys.stdout.write("".join(line + "\n" for line in lines))
 
 
-def print_text(text: str, indent: int = 0, whole_words: bool = False) -> None:
-    """A line for stdout, folded to the terminal's width (with `whole_words`, a path is never cut)."""
-    print_lines(fold(text, output_width(), indent, whole_words))
+def print_text(text: str, indent: int = 0, whole_words: bool = False, keep: tuple[str, ...] = ()) -> None:
+    """A line for stdout, folded to the terminal's width (with `whole_words`, no word is cut, a number stays
+    with its unit and each of `keep`, a path, on one line: table.fold)."""
+    print_lines(fold(text, output_width(), indent, whole_words, keep))
 
 
 def print_table(columns, rows: list[list[str]], styles: dict[int, dict[str, str]] | None = None,

@@ -184,6 +184,7 @@ def complete_kind(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
 # ---- the shells' scripts --------------------------------------------------------------------------
 typer_compat.fix_zsh_script()  # the zsh script completes on the first TAB
 typer_compat.plain_completion_help()  # a long description stays on its candidate's line
+typer_compat.plain_installed_shell()  # "zsh completion installed", not "Shells.zsh ..."
 
 
 def completion_script(shell: str) -> str:

@@ -169,3 +169,20 @@ def fix_zsh_script() -> None:
     fixed = script.replace(_ZSH_REGISTER, _ZSH_AUTOLOAD_AWARE)
     _completion_shared._completion_scripts["zsh"] = fixed
     _completion_classes.ZshComplete.source_template = fixed
+
+
+def plain_installed_shell() -> None:
+    """Typer's `--install-completion zsh` says "Shells.zsh completion installed" (the named shell is its
+    enum, formatted by name under Python 3.11): say the shell's name, as the detected one is said."""
+    from typer import completion
+
+    install = completion.install
+    if getattr(install, "_kcache_plain", False):
+        return
+
+    def named(*args: Any, **kwargs: Any) -> Any:
+        shell, path = install(*args, **kwargs)
+        return getattr(shell, "value", shell), path
+
+    named._kcache_plain = True  # type: ignore[attr-defined]
+    completion.install = named

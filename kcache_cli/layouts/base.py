@@ -595,7 +595,7 @@ class Layout:
 
     def explain_record(self, record: Mapping[str, object], here: Here) -> Verdict:
         """`explain` for an entry of an archive, from its manifest record (compiler, arch, status, relpath)."""
-        return Verdict(UNKNOWN, f"kcache does not judge {self.name} entries from an archive's manifest")
+        return Verdict(UNKNOWN, f"kcache does not judge {self.name} entries from what an archive or image records")
 
 
 if TYPE_CHECKING:  # mypy's proof that the defaults, and so every subclass, satisfy each concern

@@ -256,6 +256,7 @@ _TRITON_KEY = (("hash", r"[A-Z2-7]{52}|[0-9a-f]{64}|[A-Za-z0-9_-]{43}"),)
 TRITON_GROUP, TRITON_TMP = "__grp__", "tmp.pid_"
 # Files only Triton's compiler writes: positive evidence that a key directory is Triton's.
 TRITON_STAGES = (".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".cubin", ".hsaco", ".source")
+_TRITON_ONLY = (".ttir", ".ttgir", ".llir", ".amdgcn", ".source")  # the stages no other compiler names so
 _LOOKS = 64  # directories looked into, at most, to recognise a root
 
 
@@ -279,8 +280,10 @@ def triton_kernel_name(names: list[str]) -> str | None:
 
 
 def triton_evidence(names: list[str]) -> bool:
-    """Whether a key directory's listing is Triton's: a group file, a temp dir or a compile stage."""
-    return any(n.startswith((TRITON_GROUP, TRITON_TMP)) or n.endswith(TRITON_STAGES) for n in names)
+    """Whether a key directory's listing is Triton's: a group file, a temp dir or a stage only Triton's
+    compiler writes (not a .cubin, .ptx or .hsaco: tilelang's cuda-binaries hold a kernel.cubin under a hex
+    key too)."""
+    return any(n.startswith((TRITON_GROUP, TRITON_TMP)) or n.endswith(_TRITON_ONLY) for n in names)
 
 
 def triton_target_arch(meta: dict | None) -> tuple[str | None, str | None]:

@@ -91,8 +91,9 @@ def lock_holder(st: os.stat_result, now: float) -> str | None:
 def _lock_verdict(d: EntryDir, now: float) -> Judgement:
     st = d.lstat(LOCK)
     if not stat.S_ISREG(st.st_mode):
-        return Judgement.of(CORRUPT, f"its {LOCK} is {fsread.kind_of(st.st_mode)}, not torch's lock file: torch "
-                                     "cannot take its lock (a directory: every load waits for ever)")
+        kind = fsread.kind_of(st.st_mode)
+        waits = ": every load waits for ever" if stat.S_ISDIR(st.st_mode) else ""
+        return Judgement.of(CORRUPT, f"its {LOCK} is {kind}, not torch's lock file: torch cannot take its lock{waits}")
     held = lock_holder(st, now)
     return Judgement.of(BUILDING, held) if held else Judgement.of(PARTIAL, STALE_LOCK)
 

@@ -310,10 +310,12 @@ def _group_rule(lst: _Listing, g: str) -> tuple[Status, str | None, dict[str, st
     if moved and len(here) == len(missing):
         return MOVED, (f"{g} points into {elsewhere} (moved or copied): Triton misses it until "
                        "`kcache verify --fix` rewrites the paths"), None
-    if missing:  # named: a file missing here too (in a moved entry, what --fix cannot mend)
-        lost = next((n for n in missing if n not in here), missing[0])
+    if missing:  # named: the files missing here too (in a moved entry, what --fix cannot mend)
+        lost = [n for n in missing if n not in here] or missing
+        what = f"{lost[0]} and {len(lost) - 1} more are" if len(lost) > 1 else f"{lost[0]} is"
         also = f", and points into {elsewhere}: moved or copied" if moved else ""
-        return PARTIAL, f"{lost} is missing ({g} lists it{also}): Triton compiles the kernel again", None
+        return PARTIAL, f"{what} missing ({g} lists {'them' if len(lost) > 1 else 'it'}{also}): Triton compiles " \
+                        "the kernel again", None
     if meta not in children:
         return PARTIAL, f"{g} does not list {meta}: Triton misses the kernel and compiles it again", None
     return COMPLETE, None, children
