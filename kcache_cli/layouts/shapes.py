@@ -254,9 +254,10 @@ TILELANG = LayoutShape("tilelang", (
 # in its file names. What follows is the light part of layouts/triton.py (names only, no reads).
 _TRITON_KEY = (("hash", r"[A-Z2-7]{52}|[0-9a-f]{64}|[A-Za-z0-9_-]{43}"),)
 TRITON_GROUP, TRITON_TMP = "__grp__", "tmp.pid_"
-# Files only Triton's compiler writes: positive evidence that a key directory is Triton's.
+# The compile stages Triton writes beside a kernel (its name is read from them); those only Triton's compiler
+# writes are positive evidence that a key directory is Triton's (a .cubin, .ptx or .hsaco is not).
 TRITON_STAGES = (".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".cubin", ".hsaco", ".source")
-_TRITON_ONLY = (".ttir", ".ttgir", ".llir", ".amdgcn", ".source")  # the stages no other compiler names so
+_TRITON_ONLY = (".ttir", ".ttgir", ".llir", ".amdgcn", ".source")
 _LOOKS = 64  # directories looked into, at most, to recognise a root
 
 
