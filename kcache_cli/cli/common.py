@@ -74,7 +74,7 @@ def _holds_a_cache(loc, below: bool) -> None:
         fsread.hand_on(loc.path, "layouts", found)  # the scan that follows detects them once, not again
         return
     around = locate.cache_holding(loc.path, [])
-    if around is not None:
+    if around is not None and os.path.realpath(around.path) != os.path.realpath(loc.path):  # (made meanwhile)
         raise UsageError(f"no cache at {loc.path} ({loc.reason}): it lies inside {_a(around.cache)} cache, "
                          f"whose root is {around.path}: --cache-dir {around.path}")
     below_it = locate.caches_below(loc.path) if below else []
