@@ -212,31 +212,52 @@ def test_a_prune_of_more_than_half_needs_yes(kcache, fixture_copy):
     assert done.exit_code == 0 and len(done.json()["removed"]) == 4
 
 
-def test_a_prune_of_more_than_half_asks_on_a_terminal(fixture_copy):
+def at_a_prompt(args: list, until: bytes, then, again: bool = False) -> tuple[int, bytes]:
+    """kcache on a real terminal (a pty): once it prints `until`, `then(pid, fd)` (an answer, a signal),
+    with `again` every half second while it runs (a signal landing between the prompt and the terminal's
+    read is taken only when the read returns: CPython's race); (its exit status, all it printed). A
+    child that does not end within 30 s is killed: never a hang."""
     import pty
+    import select
 
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: kcache on a real terminal, as a shell starts a foreground command
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # (xdist's workers ignore SIGINT)
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        os.execv(sys.executable, [sys.executable, "-m", "kcache_cli", *map(str, args)])
+    seen = b""
+    while until not in seen:
+        seen += os.read(fd, 4096)
+    then(pid, fd)
+    waited = 0.0
+    while True:
+        if not select.select([fd], [], [], 0.5 if again else 30)[0]:
+            waited += 0.5 if again else 30
+            if waited < 30:
+                then(pid, fd)
+                continue
+            os.kill(pid, signal.SIGKILL)
+            break
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), seen
+
+
+def test_a_prune_of_more_than_half_asks_on_a_terminal(fixture_copy):
     root = fixture_copy("hidet")
     for answer, gone in ((b"n\n", False), (b"y\n", True)):
-        pid, fd = pty.fork()
-        if pid == 0:  # the child: kcache on a real terminal
-            os.execv(sys.executable, [sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "prune",
-                                      "--older-than", "0s"])
-        seen = b""
-        while b"Remove" not in seen:
-            seen += os.read(fd, 4096)
-        os.write(fd, answer)
-        while True:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            seen += chunk
-        _, status = os.waitpid(pid, 0)
-        os.close(fd)
+        code, seen = at_a_prompt(["--cache-dir", root, "prune", "--older-than", "0s"], b"Remove",
+                                 lambda pid, fd, answer=answer: os.write(fd, answer))
         assert b"of the cache" in seen
-        assert (os.waitstatus_to_exitcode(status) == 0) == gone, seen.decode(errors="replace")
+        assert (code == 0) == gone, seen.decode(errors="replace")
         assert (not (root / RELU).exists()) == gone
 
 
@@ -252,35 +273,12 @@ def test_all_caches_names_a_missing_entry_whatever_the_other_caches(kcache, tmp_
     assert kcache("ls", "--all-caches", "8d1f", "--json").json()["entries"][0]["hash"] == "8d1f7691cdf75e90"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_at_the_confirmation_prompt_is_an_interrupt(fixture_copy, sig):
-    """Ctrl-C or SIGTERM at clear's [y/N] prompt said `Error: aborted`, exit 1 (the prompt's Abort): it is
-    an interrupt as anywhere else, exit 128 + the signal, and nothing is removed. (SIGHUP is not tried: in
-    one CI run a SIGHUP at the terminal's read went unanswered, which this machine never showed again.)"""
-    import pty
-    import select
-
+    """Ctrl-C, SIGTERM or SIGHUP at clear's [y/N] prompt said `Error: aborted`, exit 1 (the prompt's Abort):
+    it is an interrupt as anywhere else, exit 128 + the signal, and nothing is removed."""
     root = fixture_copy("hidet")
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: kcache on a real terminal
-        os.execv(sys.executable, [sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "clear", "--op",
-                                  "relu"])
-    seen = b""
-    while b"[y/N]" not in seen:
-        seen += os.read(fd, 4096)
-    os.kill(pid, sig)
-    while True:
-        if not select.select([fd], [], [], 30)[0]:  # never hang the suite: a child that does not end fails
-            os.kill(pid, signal.SIGKILL)
-            break
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    _, status = os.waitpid(pid, 0)
-    os.close(fd)
-    assert os.waitstatus_to_exitcode(status) == 128 + sig, seen.decode(errors="replace")
+    code, seen = at_a_prompt(["--cache-dir", root, "clear", "--op", "relu"], b"[y/N]",
+                             lambda pid, fd: os.kill(pid, sig), again=True)
+    assert code == 128 + sig, seen.decode(errors="replace")
     assert b"interrupted" in seen and (root / RELU).exists()
