@@ -121,7 +121,7 @@ def save(root: str | os.PathLike) -> None:
     try:
         rfd = fswrite.open_root(root)
     except OSError:
-        UNNOTED[key] = UNNOTED.get(key, 0) + len(new)
+        count_unnoted({key: len(new)})
         return
     try:
         lfd = state.open_state(rfd, root, "locks", create=True)
@@ -139,7 +139,7 @@ def save(root: str | os.PathLike) -> None:
         finally:
             os.close(lock)
     except OSError:  # a cache this user cannot write
-        UNNOTED[key] = UNNOTED.get(key, 0) + len(new)
+        count_unnoted({key: len(new)})
     except LockTimeout:
         pass  # a writer held the lock for 10 s: these reads stay unnoted
     finally:
@@ -154,7 +154,7 @@ def take_unnoted() -> dict[str, int]:
 
 
 def count_unnoted(counts: dict[str, int]) -> None:
-    """A worker's take_unnoted, added to this process's."""
+    """Counts of unnoted reads (a worker's take_unnoted, or this process's own), added to this process's."""
     for root, n in counts.items():
         UNNOTED[root] = UNNOTED.get(root, 0) + n
 
