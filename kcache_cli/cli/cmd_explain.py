@@ -17,11 +17,12 @@ if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its f
     from kcache_cli.archive import manifest
     from kcache_cli.cli import cmd_oci
     from kcache_cli.ops import explain
-    from kcache_cli.remote import oci_ops
+    from kcache_cli.remote import oci, oci_ops
 else:
     manifest = lazy_module("kcache_cli.archive.manifest")
     explain = lazy_module("kcache_cli.ops.explain")
     cmd_oci = lazy_module("kcache_cli.cli.cmd_oci")
+    oci = lazy_module("kcache_cli.remote.oci")
     oci_ops = lazy_module("kcache_cli.remote.oci_ops")
 
 
@@ -86,7 +87,7 @@ def explain_command(
 
 def _images(targets: list[str]) -> list[str]:
     """The oci:// images among `targets`; another remote's URL is a usage error (pull it first)."""
-    images = [t for t in targets if t.startswith(("oci://", "oci+http://"))]
+    images = [t for t in targets if oci.is_oci(t)]
     remote = next((t for t in targets if "://" in t and t not in images and not os.path.exists(t)), None)
     if remote is not None:
         raise c.UsageError(f"explain judges entries, archives, images and blobs, not a {remote.partition(':')[0]} "

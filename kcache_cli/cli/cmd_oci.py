@@ -6,8 +6,6 @@ not a Redis index of entries."""
 from __future__ import annotations
 
 import contextlib
-import sys
-import textwrap
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from kcache_cli.cli import common as c
@@ -37,19 +35,6 @@ def _output(opts: o.GlobalOptions, command: str) -> c.Output:
     return c.Output(opts)
 
 
-def _say(out: c.Output, message: str) -> None:
-    """out.info, folded between words only: an image reference stays whole, for copy-paste (alone on its
-    line, and wider than the terminal, when it must be)."""
-    width = c.stderr_width()
-    if out.opts.quiet:
-        return
-    if width is None or len(message) <= width:
-        return out.info(message)
-    lines = textwrap.wrap(c.printable_line(message), width, subsequent_indent="  ", break_long_words=False,
-                          break_on_hyphens=False)
-    sys.stderr.write("".join(f"{line}\n" for line in lines))
-
-
 def _entry_table(rows: list[list[str]]) -> None:
     """push's and pull's table of an image's entries (as import's): the entry by op and hash (a unique prefix
     on a narrow terminal), the least useful columns dropped first, the note wrapped or on its own line."""
@@ -71,11 +56,11 @@ def push(opts: o.GlobalOptions, root, flt, url: str, timeouts: tuple[float, Opti
         _entry_table([[action, e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, f"{e.files:,}",
                        c.human_size(e.size), arch or "-", why] for action, e, arch, why in moved])
         if dry_run:
-            _say(out, f"would push {c.plural(result.planned, 'entry')} ({c.human_size(result.size)}) as "
-                      f"{result.remote}")
+            out.info(f"would push {c.plural(result.planned, 'entry')} ({c.human_size(result.size)}) as "
+                     f"{result.remote}", whole_words=True)
             return
-        _say(out, f"pushed {c.plural(len(result.entries), 'entry')} ({c.human_size(result.size)}, layer "
-                  f"{c.human_size(result.layer_size)}) as {result.remote}@{result.digest}")
+        out.info(f"pushed {c.plural(len(result.entries), 'entry')} ({c.human_size(result.size)}, layer "
+                 f"{c.human_size(result.layer_size)}) as {result.remote}@{result.digest}", whole_words=True)
 
     out.result(result, human)
 
@@ -103,9 +88,9 @@ def pull(opts: o.GlobalOptions, root, flt, image, url: str, timeouts: tuple[floa
         verb = "would pull" if dry_run else "pulled"
         n = imported.count("import") + imported.count("replace")
         other = len(result.skipped) - result.other_arch
-        _say(out, f"{verb} {c.plural(n, 'entry')} ({c.human_size(imported.size)}) from {result.remote}; skipped "
-                  f"{imported.count('skip')} present here, {result.other_arch} built for other archs"
-                  + (f", {other} not selected" if other else ""))
+        out.info(f"{verb} {c.plural(n, 'entry')} ({c.human_size(imported.size)}) from {result.remote}; skipped "
+                 f"{imported.count('skip')} present here, {result.other_arch} built for other archs"
+                 + (f", {other} not selected" if other else ""), whole_words=True)
 
     out.result(result, human)
 

@@ -584,11 +584,12 @@ class Output:
         """A line of the human rendering, on stdout (never under --json: call it from `human`)."""
         sys.stdout.write(line + "\n")
 
-    def info(self, message: str) -> None:
-        """A line for people on stderr (stdout stays data), escaped like a warning, folded to the width."""
+    def info(self, message: str, whole_words: bool = False) -> None:
+        """A line for people on stderr (stdout stays data), escaped like a warning, folded to the width (with
+        `whole_words`, between words only: an image reference or a path stays whole, for copy and paste)."""
         if not self.opts.quiet:
             sys.stderr.write("".join(f"{line}\n" for part in printable(message).split("\n")
-                                     for line in fold_err(part, 2)))
+                                     for line in fold_err(part, 2, whole_words)))
 
     def warn(self, message: str) -> None:
         """A warning on stderr; names and paths in it cannot act on the terminal (textsafe). On a terminal
@@ -667,13 +668,13 @@ def stderr_width() -> int | None:
         return None
 
 
-def fold_err(text: str, indent: int) -> list[str]:
-    """`text` as stderr lines no wider than stderr_width() (one line when there is none)."""
+def fold_err(text: str, indent: int, whole_words: bool = False) -> list[str]:
+    """`text` as stderr lines no wider than stderr_width() (one line when there is none; table.fold)."""
     width = stderr_width()
     if width is None or len(text) <= width:
         return [text]
 
-    return fold(text, width, indent)
+    return fold(text, width, indent, whole_words)
 
 
 def print_lines(lines: list[str]) -> None:
