@@ -489,12 +489,12 @@ def _plan_human(out: _Out, plan, extra: dict) -> None:
     _kept(out, plan.skipped, "would keep")
     if not plan.removals:
         _last_line(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} "
-                     "scanned).", plan.root)
+                   "scanned).", plan.root)
         return
     _removals_table(out, plan.removals)
     _last_line(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
-                 f"({c.plural(plan.expected_freed_size, 'byte')}) from {c.printable_line(plan.root)}"
-                 f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).", plan.root)
+               f"({c.plural(plan.expected_freed_size, 'byte')}) from {c.printable_line(plan.root)}"
+               f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).", plan.root)
 
 
 def _report_result(opts: o.GlobalOptions, out: _Out, plan, result, extra: dict) -> None:
@@ -531,8 +531,8 @@ def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
     if result.removed:
         _removals_table(out, result.removed)
         _last_line(f"Removed {_count(result.removed)}, freed {c.human_size(result.freed)} "
-                     f"({c.plural(result.freed, 'byte')}) from {c.printable_line(plan.root)}"
-                     f"{_sizes(plan, extra, result.freed)}.", plan.root)
+                   f"({c.plural(result.freed, 'byte')}) from {c.printable_line(plan.root)}"
+                   f"{_sizes(plan, extra, result.freed)}.", plan.root)
     else:
         _last_line(f"Nothing removed from {c.printable_line(plan.root)}.", plan.root)
     limit = extra["max_size"] if extra.get("max_size") is not None else 1 << 62
