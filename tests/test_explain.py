@@ -201,7 +201,7 @@ def test_a_sidecar_left_beside_another_blob_records_nothing_for_it(tmp_path, kca
     assert "2.12.0" not in json.dumps(doc)
 
 
-@pytest.mark.parametrize("url", ["redis://127.0.0.1:9/0", "file:///srv/kc"])
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:9/0", "file:///srv/kc", "Redis://127.0.0.1:9/0"])
 def test_a_remote_is_no_entry_to_look_for(triton39, kcache, tmp_path, url):
     """A Redis or file remote named to explain: say what explain takes (exit 2), never "no entry matches URL
     in <some other cache>" (and nothing is fetched). oci:// images are explained (test_remote_oci_qa)."""
@@ -210,8 +210,10 @@ def test_a_remote_is_no_entry_to_look_for(triton39, kcache, tmp_path, url):
     assert "no entry matches" not in r.stderr
 
 
-def test_an_image_no_registry_answers_for_is_one_line(kcache, tmp_path):
-    r = kcache("explain", "oci+http://127.0.0.1:9/team/triton:v1", "--python", fake_python(tmp_path, {}), "--gpu",
+@pytest.mark.parametrize("scheme", ["oci+http", "OCI+HTTP"])
+def test_an_image_no_registry_answers_for_is_one_line(kcache, tmp_path, scheme):
+    """An image (its scheme in any case: RFC 3986) whose registry does not answer: one line, exit 1."""
+    r = kcache("explain", f"{scheme}://127.0.0.1:9/team/triton:v1", "--python", fake_python(tmp_path, {}), "--gpu",
                "sm_90a")
     assert r.exit_code == 1 and r.stderr.startswith("Error: remote oci+http://127.0.0.1:9/team/triton:v1")
     assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1

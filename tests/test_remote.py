@@ -71,6 +71,18 @@ def test_push_then_pull_into_an_empty_root_is_byte_identical_redis(kcache, tmp_p
     round_trip(kcache, tmp_path, redis_server().url)
 
 
+@needs_redis
+def test_a_scheme_in_capitals_is_the_same_remote(kcache, tmp_path, redis_server):
+    """RFC 3986: a URL's scheme is case-insensitive (redis-py reads REDIS:// as redis://): kcache too."""
+    src = fixtures(tmp_path)["hidet"]
+    url = redis_server().url
+    pushed = kcache("push", "--cache-dir", src, "--remote", "REDIS" + url[len("redis"):], "--json")
+    assert pushed.exit_code == 0 and pushed.json()["pushed"] > 0, pushed.stderr
+    (tmp_path / "shared").mkdir()
+    filed = kcache("push", "--cache-dir", src, "--remote", f"File://{tmp_path / 'shared'}", "--json")
+    assert filed.exit_code == 0 and filed.json()["pushed"] == pushed.json()["pushed"], filed.stderr
+
+
 def test_push_then_pull_into_an_empty_root_is_byte_identical_file(kcache, tmp_path):
     (tmp_path / "shared").mkdir()
     round_trip(kcache, tmp_path, f"file://{tmp_path / 'shared'}")

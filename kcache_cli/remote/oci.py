@@ -29,7 +29,7 @@ from typing import IO, Any, NamedTuple
 from urllib.parse import urlencode, urlsplit
 
 from kcache_cli.fs.read import parse_json, read_bytes
-from kcache_cli.remote.redact import redact_text
+from kcache_cli.remote.redact import lower_scheme, redact_text
 from kcache_cli.remote.store import CONNECT_TIMEOUT, IO_TIMEOUT, Deadline, RemoteError
 from kcache_cli.util.errors import UsageError
 
@@ -65,11 +65,13 @@ class OciRef(NamedTuple):
 
 
 def is_oci(url: str | None) -> bool:
-    return bool(url) and url.startswith(("oci://", "oci+http://"))  # type: ignore[union-attr]
+    return bool(url) and lower_scheme(url).startswith(("oci://", "oci+http://"))  # type: ignore[arg-type]
 
 
 def parse_ref(url: str) -> OciRef:
-    """`oci://HOST[:PORT]/REPO[:TAG]` (or oci+http://); a usage error naming what is wrong."""
+    """`oci://HOST[:PORT]/REPO[:TAG]` (or oci+http://, the scheme in any case); a usage error naming
+    what is wrong."""
+    url = lower_scheme(url)
     scheme = "http" if url.startswith("oci+http://") else "https"
     rest = url.partition("://")[2]
     if "@" in rest.partition("/")[0]:

@@ -20,6 +20,13 @@ _HARMLESS = frozenset({"db", "socket_timeout", "socket_connect_timeout", "socket
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*")
 
 
+def lower_scheme(url: str) -> str:
+    """`url` with its scheme in lower case, as RFC 3986 reads it (`OCI+HTTP://h/r` is `oci+http://h/r`);
+    anything else in it is kept as written."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme.lower()}://{rest}" if sep and scheme.isascii() else url
+
+
 def redact_url(url: str) -> str:
     """`url` with its password hidden, in any form a URL can carry one."""
     scheme, sep, rest = url.partition("://")

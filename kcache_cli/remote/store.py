@@ -24,7 +24,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.read import TooLarge, read_bytes
-from kcache_cli.remote.redact import redact_text, redact_url
+from kcache_cli.remote.redact import lower_scheme, redact_text, redact_url
 from kcache_cli.util.errors import KcacheError, UsageError
 
 CONNECT_TIMEOUT = 2.0  # seconds: a remote that does not answer this fast is down, for a build
@@ -109,6 +109,7 @@ def open_store(url: str, connect_timeout: float = CONNECT_TIMEOUT, io_timeout: f
     """The store at `url`: redis://[user:password@]host:port/db, rediss://... (TLS), or file:///path.
     `deadline`: seconds the whole remote part of the command may take (None: no limit)."""
     store: Store
+    url = lower_scheme(url)  # REDIS://h is redis://h, as redis-py reads it
     if url.startswith(("redis://", "rediss://", "unix://")):
         store = RedisStore(url, connect_timeout, io_timeout)
     elif url.startswith(("oci://", "oci+http://")):
