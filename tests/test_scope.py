@@ -193,6 +193,18 @@ def test_clear_space_2_removes_only_hidets_space_2(both):
     assert _entries(both["hidet"]) == before_hidet - space2
 
 
+def test_verify_of_one_layout_shows_the_caches_that_hold_it(both):
+    """`verify --layout hidet` over every cache: the caches holding no hidet entry are no news in text
+    (as clear's); --json keeps one result per cache."""
+    run = run_kcache("verify", "--layout", "hidet")
+    assert run.exit_code == 0, run.stderr
+    assert f"==> {both['hidet']} <==" in run.stdout and str(both["triton"]) not in run.stdout + run.stderr
+    assert run.stderr.count("checked ") == 1 and "checked 0 entries" not in run.stderr
+    doc = run_kcache("verify", "--layout", "hidet", "--json").json()["caches"]
+    assert sorted(r["root"] for r in doc) == sorted(str(p) for p in both.values())
+    assert sorted(r["checked"] for r in doc)[0] == 0
+
+
 def test_verify_export_and_diff_over_every_cache(both, tmp_path):
     run = run_kcache("verify", "--json")
     assert run.exit_code == 0, run.stderr
