@@ -88,6 +88,26 @@ def test_push_then_pull_into_an_empty_root_is_byte_identical_file(kcache, tmp_pa
     round_trip(kcache, tmp_path, f"file://{tmp_path / 'shared'}")
 
 
+def test_a_pull_that_fills_the_disk_says_how_many_entries_it_published(kcache, tmp_path):
+    """Free space for the bytes but not for the blocks (66 small files): the disk fills mid-pull. One
+    line saying how many entries are here (each whole), and they are exactly those published."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    from test_last_used import mounted
+
+    (tmp_path / "shared").mkdir()
+    url = f"file://{tmp_path / 'shared'}"
+    assert kcache("push", "--cache-dir", fixtures(tmp_path)["hidet"], "--remote", url).exit_code == 0
+    with mounted(tmp_path / "small", "rw", "300k") as small:
+        r = kcache("pull", "--cache-dir", small / "hidet", "--remote", url)
+        line = one_line_error(r)
+        assert "No space left on device" in line and "pulled " in line and " of 5 entries" in line, line
+        n = int(line.split("pulled ")[1].split()[0])
+        assert 0 < n < 5
+        listed = kcache("--cache-dir", small / "hidet", "ls", "--json").json()["entries"]
+        assert len(listed) == n and {e["status"] for e in listed} == {"complete"}
+
+
 def test_push_skips_what_the_remote_has_and_dry_run_writes_nothing(kcache, tmp_path):
     root = fixtures(tmp_path)["hidet"]
     shared = tmp_path / "shared"

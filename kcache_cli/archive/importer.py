@@ -976,7 +976,7 @@ def _check_space(root: Path, need: int) -> None:
         return
     free = st.f_bavail * st.f_frsize
     if need > free:
-        raise KcacheError(f"not enough space in {root}: the archive needs {need} bytes, {free} are free")
+        raise KcacheError(f"not enough space in {root}: the entries need {need} bytes, {free} are free")
 
 
 # ---- entry by entry: the same rules for importers other than the archive reader (kcache pull) ----

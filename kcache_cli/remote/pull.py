@@ -10,6 +10,7 @@ was only staged and is removed."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import time
@@ -274,6 +275,7 @@ def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock
     made: set[str] = set()
     batches = list(_batches(todo))
     pool = ThreadPoolExecutor(max_workers=1)
+    pulled: dict[str, bytes] = {}
     try:
         coming = pool.submit(_fetch, store, batches[0], foreign) if batches else None
         for i, batch in enumerate(batches):
@@ -297,6 +299,14 @@ def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock
                 if advance:
                     advance(1)
             store.hash_set(f.PULLED, pulled)  # stores are thread-safe: Redis takes a second connection
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        store.hash_set(f.PULLED, pulled)  # those of the batch published before the disk filled
+        published = sum(m.done for m in out)
+        raise KcacheError(f"{exc.strerror} in {root}: pulled {published} of {len(todo)} entries before it filled (each "
+                          "whole), the others are not here; free space and pull again (what is here is skipped)"
+                          ) from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         staging.cleanup()
