@@ -848,6 +848,34 @@ def test_a_second_prune_waits_for_the_first(fixture_copy, tmp_path):
     assert not (root / HIDET["add"]).exists() and "Removed 1 entry" in out
 
 
+def test_a_prune_that_waited_plans_again_under_the_lock(fixture_copy, tmp_path):
+    """A budget prune planned, then waited for another prune or clear, which meanwhile brought the cache
+    under the budget: it plans again holding the lock and removes nothing (it removed what it had planned,
+    and said the cache went from the old size to the limit)."""
+    root = fixture_copy("hidet")
+    plan = plan_prune(root, max_size=1)
+    sizes = {r.relpath: r.size for r in plan.removals}
+    budget = plan.scanned_size - min(sizes.values()) // 2  # one entry has to go
+    first = plan_prune(root, max_size=budget).removals[0].relpath
+    locks = state.locks_dir(root)
+    locks.mkdir(parents=True)
+    (locks / ".gc.lock").touch()
+    with hold_flock(locks / ".gc.lock"):
+        p = subprocess.Popen([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "prune", "--max-size",
+                              f"{budget}B", "--yes", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=str(tmp_path))
+        assert "waiting for another prune or clear" in p.stderr.readline()
+        other = next(r for r in sorted(sizes) if r != first)
+        shutil.rmtree(root / other)  # the other run's work, done under its lock
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    doc = json.loads(out)
+    assert doc["removed"] == [] and (root / first).is_dir(), doc
+    assert doc["size_before"] == plan.scanned_size - sizes[other] and doc["size_after"] <= budget
+    assert any("planned again under its lock, 1 of the 1 removals planned are no longer needed" in w
+               for w in doc["warnings"]), doc["warnings"]
+
+
 def test_a_prune_that_had_to_keep_entries_in_use_says_it_is_still_over(kcache, fixture_copy):
     """An entry held by its writer (hidet's .lock) is kept; the prune then ends over its limit, and says so."""
     import fcntl

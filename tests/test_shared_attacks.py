@@ -545,3 +545,79 @@ def test_build_in_a_cache_whose_state_dir_is_another_users(area):
     ok = kcache("build", task, "--cache-dir", root, "--cxx", CXX, env={"KCACHE_SAFE_DIRECTORY": str(root)})
     assert ok.returncode == 0, ok.stderr
     assert len(entry_dirs(root)) == 1
+
+
+# ---- what a co-user plants in .kcache/ (red team, stop 47) -----------------------------------------------
+@pytest.mark.parametrize("shared", [True, False], ids=["group-shared", "private"])
+def test_a_hard_linked_lock_never_changes_the_file_it_links(area, shared):
+    """A member (or whoever may write .kcache/locks/) replaces the gc lock with a hard link to a root-owned
+    file elsewhere: root's prune locks it as it is, and never chmods or chowns that file."""
+    src = FIXTURES / "hidet"
+    root = shared_dir(area / "cache", src) if shared else Path(shutil.copytree(src, area / "cache"))
+    (root / ".kcache" / "locks").mkdir(parents=True)
+    if shared:
+        share(root / ".kcache")
+    outside = area / "pub"
+    outside.mkdir()
+    victim = outside / "ww"
+    victim.write_text("root's\n")
+    os.chmod(victim, 0o666)
+    before = os.stat(victim)
+    lock = root / ".kcache" / "locks" / ".gc.lock"
+    os.link(victim, lock)
+    run = kcache("--cache-dir", root, "prune", "--max-size", "200K", "--yes")
+    assert run.returncode == 0, run.stderr
+    after = os.stat(victim)
+    assert (after.st_mode, after.st_uid, after.st_gid) == (before.st_mode, before.st_uid, before.st_gid)
+    assert victim.read_text() == "root's\n"
+
+
+def test_prune_refuses_a_state_dir_another_user_made_in_a_world_writable_cache(area):
+    """A 1777 cache (no group sharing): a co-user makes .kcache/locks and .kcache/trash first. Root's
+    prune neither takes that user's lock nor stages removals in their trash: one line naming the owner and
+    the opt-in, nothing removed; with KCACHE_SAFE_DIRECTORY it goes ahead."""
+    root = Path(shutil.copytree(FIXTURES / "hidet", area / "cache"))
+    os.chmod(root, 0o1777)
+    attacker("import os, sys\nos.makedirs(sys.argv[1] + '/locks'); os.mkdir(sys.argv[1] + '/trash')\n"
+             "os.symlink('/anything', sys.argv[1] + '/trash/x')", root / ".kcache")
+    entries = entry_dirs(root)
+    run = kcache("--cache-dir", root, "prune", "--max-size", "200K", "--yes")
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    line = run.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: ") and "uid 65534" in line and "KCACHE_SAFE_DIRECTORY=" in line, line
+    assert "nothing was removed" in line and entry_dirs(root) == entries
+    assert os.path.islink(root / ".kcache/trash/x")
+    ok = kcache("--cache-dir", root, "prune", "--max-size", "200K", "--yes",
+                env={"KCACHE_SAFE_DIRECTORY": str(root)})
+    assert ok.returncode == 0 and len(entry_dirs(root)) < len(entries), ok.stderr
+
+
+def test_roots_prune_makes_the_stamps_and_index_dirs_the_groups(area):
+    """An older kcache (or root's build under umask 022) made .kcache/used/ and index/ 2755: a member's
+    build hit could not stamp, silently, and prune then took the entry for unused. Root's prune of the
+    group-shared cache makes them the group's, as it does locks/ and trash/."""
+    root = shared_dir(area / "cache", FIXTURES / "hidet")
+    for sub in ("used", "index"):
+        (root / ".kcache" / sub).mkdir(parents=True)
+        os.chmod(root / ".kcache" / sub, 0o2755)
+    assert kcache("--cache-dir", root, "prune", "--max-size", "1G", "--yes").returncode == 0
+    for sub in ("used", "index"):
+        st = os.stat(root / ".kcache" / sub)
+        assert st.st_gid == GROUP and stat.S_IMODE(st.st_mode) & 0o2070 == 0o2070, (sub, oct(st.st_mode))
+
+
+@needs_cxx
+def test_a_member_whose_hit_cannot_be_stamped_is_told(area):
+    """used/ closed to the group (root-owned 2755): the member's build hit says that its use was not noted
+    and how to fix it, instead of nothing."""
+    task = _task(area)
+    root = shared_dir(area / "cache")
+    assert kcache("build", task, "--cache-dir", root, "--cxx", CXX).returncode == 0
+    used = root / ".kcache" / "used"
+    for p in used.iterdir():
+        p.unlink()
+    os.chmod(used, 0o2755)
+    hit = member_kcache("build", task, "--cache-dir", root, "--cxx", CXX)
+    assert hit.returncode == 0, hit.stderr
+    assert "cannot note this use" in hit.stderr and f"chmod g+ws {used}" in hit.stderr, hit.stderr
+    assert list(used.iterdir()) == []

@@ -502,6 +502,7 @@ def _report_result(opts: o.GlobalOptions, out: _Out, plan, result, extra: dict) 
     fresh = result.warnings[len(plan.warnings):] if result else ()  # the plan's were shown already
     if result is None:  # nothing was selected: nothing ran
         result = delete.DeleteResult(plan.root, (), plan.skipped, (), 0, (), plan.warnings)
+    plan = result.planned or plan  # made again after waiting for another prune: its sizes are today's
     done = (f"interrupted: removed {result.entries:,} of {plan.entries:,} "
             f"{'entry' if plan.entries == 1 else 'entries'}, {c.human_size(result.freed)}; nothing half-removed")
     try:

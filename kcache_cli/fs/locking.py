@@ -71,9 +71,10 @@ def _may_write(name: str | os.PathLike, dir_fd: int | None) -> bool:
 
 def _lock_mode(fd: int, dir_fd: int | None) -> None:
     """0660 with the directory's group in a group-shared cache, else 0600 (an older kcache made them
-    0644: mended by their owner's next use)."""
+    0644: mended by their owner's next use). A lock with another name too (a hard link someone who may
+    write the locks directory planted to a file elsewhere) is locked as it is, never changed."""
     st = os.fstat(fd)
-    if st.st_uid != os.geteuid():
+    if st.st_uid != os.geteuid() or st.st_nlink != 1:
         return
     if dir_fd is not None and fswrite.share_like_dir(fd, dir_fd):
         if stat.S_IMODE(os.fstat(fd).st_mode) & 0o007:

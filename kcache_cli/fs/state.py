@@ -84,33 +84,40 @@ def load_last_used(root: Path) -> dict[str, float]:
     return out
 
 
-def mark_used(root: Path, relpath: str, now: float | None = None) -> None:
+def mark_used(root: Path, relpath: str, now: float | None = None) -> str | None:
     """Refresh an entry's last-used stamp, at most once an hour; never fails the caller. Written through
     descriptors held from the root (fswrite): a .kcache/, used/ or stamp swapped for a link, or a stamp
-    that is another user's or a hard link, never makes kcache create or re-time a file elsewhere."""
+    that is another user's or a hard link, never makes kcache create or re-time a file elsewhere.
+    Returns why the use could not be noted when permissions stopped it (a group-shared cache whose
+    used/ another member made closed to the group), else None."""
     now = time.time() if now is None else now
     name = stamp_name(relpath)
     try:
         rfd = fswrite.open_root(root)
     except OSError:
-        return
+        return None
     ufd = None
     try:
         ufd = open_state(rfd, root, "used", create=True)
         try:
             if now - os.stat(name, dir_fd=ufd, follow_symlinks=False).st_mtime < STAMP_REFRESH:
-                return
+                return None
         except OSError:
             pass
         ns = int(now * 1e9)
         shared = shared_group(rfd)
         fswrite.touch_at(ufd, name, (ns, ns), mode=0o664 if shared is not None else 0o644, group=shared)
-    except OSError:
-        pass  # a read-only or untrusted state dir: last use falls back to mtime
+    except OSError as exc:  # a read-only or untrusted state dir: last use falls back to mtime
+        if exc.errno in (errno.EACCES, errno.EPERM) and not isinstance(exc, UntrustedState):
+            where = os.path.join(root, STATE_DIR, "used")
+            return (f"cannot note this use in {where} ({exc.strerror}): a prune by age or size may take "
+                    f"{relpath} for unused; fix: the directory's owner or root runs `chmod g+ws {where}` or "
+                    "any kcache prune or clear of this cache")
     finally:
         os.close(rfd)
         if ufd is not None:
             os.close(ufd)
+    return None
 
 
 # ---- who may own kcache's state (shared caches) -------------------------------------------------

@@ -638,7 +638,9 @@ def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], wait
     if _source_differs(spec, manifest, final):
         notes.append(f"{spec.relpath} was built from another {SOURCE_NAME[spec.target]} than {spec.source_path} "
                      "(the task is the same); --force rebuilds it")
-    state.mark_used(root, spec.relpath)
+    unnoted = state.mark_used(root, spec.relpath)
+    if unnoted:
+        notes.append(unnoted)
     return BuildResult(spec.task_path, HIT, spec.op, spec.hash, spec.target, spec.space, spec.relpath, str(final),
                        arch=", ".join(have) if have else want.value, arch_source=where if have else want.source,
                        waited=waited, notes=tuple(notes))
@@ -818,8 +820,8 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
     finally:
         os.close(root_fd)
     if result.status == BUILT:
-        state.mark_used(root, spec.relpath)
-        return result._replace(replaced=replaced)
+        unnoted = state.mark_used(root, spec.relpath)
+        return result._replace(replaced=replaced, notes=result.notes + ((unnoted,) if unnoted else ()))
     return result
 
 

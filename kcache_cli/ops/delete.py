@@ -17,7 +17,8 @@ import signal
 import stat
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Final, Iterable, Iterator, Mapping
 
@@ -125,6 +126,7 @@ class DeleteResult:
     removed_dirs: tuple[str, ...] = ()  # parent directories left empty and removed
     warnings: tuple[str, ...] = ()
     interrupted: bool = False  # stopped by SIGINT (SIGTERM, SIGHUP) between two removals (each one whole, or not begun)
+    planned: DeletePlan | None = None  # the plan carried out, when it was made again after waiting (below)
 
     @property
     def entries(self) -> int:
@@ -153,6 +155,9 @@ class DeletePlan:
     tidy_state: bool = False  # also drop last-used stamps and idle lock files of entries that are gone
     deep: bool = True  # broken entries are judged again at removal by reading every byte (False: as ls does)
     root_ident: tuple[int, int] | None = None  # (device, inode) of the root planned from: the executor's too
+    # The same plan made again (a prune's): after waiting for another prune or clear, the executor makes
+    # it again under the gc lock, and only what both plans remove goes (executor._planned_again).
+    replan: Callable[[], DeletePlan] | None = field(default=None, compare=False, repr=False)
 
     @property
     def expected_freed_size(self) -> int:
@@ -531,7 +536,8 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     inner = _select_inner_leftovers(p, regular, collect)  # 4. leftovers inside entries that stay
     if max_size is not None:  # 5. least recently used first, until the cache fits
         _select_until_fits(p, regular, last, inner, result.size, max_size)
-    return replace(p.plan(True, result.size, msgs, tidy=True), deep=deep)
+    again = partial(plan_prune, root, max_size=max_size, older_than=older_than, broken=broken, stale=stale, deep=deep)
+    return replace(p.plan(True, result.size, msgs, tidy=True), deep=deep, replan=again)
 
 
 def _select_broken(p: _Planner, root: Path, regular: list[Entry], warn: Warn, layouts: Iterable[str],
@@ -656,6 +662,8 @@ class _Executor:
         self.locks_fd: int | None = None
         self.mounts: list[str] = []  # mount points inside the root: never crossed
         self._ident: tuple[int, int] | None = None
+        self.waited = False  # for the gc lock: another prune or clear held it
+        self.replanned: DeletePlan | None = None  # the plan made again after waiting (_planned_again)
 
     # -- directories reached without following symlinks
     def _dir_fd(self, relpath: str) -> int:
@@ -684,8 +692,15 @@ class _Executor:
         if create:
             fswrite.mkdir_at(parent, name, 0o777, exist_ok=True)
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        rst = os.fstat(self.pinned[""])
+        why = None if state.trusted_root(self.root) else \
+            fswrite.owner_problem(os.fstat(fd), str(self.root / relpath), group=rst.st_gid)
+        if why:  # another user's .kcache/, locks/ or trash/: its lock and trash are not kcache's to use
+            os.close(fd)
+            raise KcacheError(f"{why}: kcache leaves it alone (to trust it, set {state.SAFE_ENV}="
+                              f"{os.path.realpath(self.root)}); nothing was removed")
         self.pinned[relpath] = fd
-        if create and fswrite.group_shared(os.fstat(self.pinned[""])):
+        if create and fswrite.group_shared(rst):
             # in a group-shared cache every member takes locks and uses the trash, whatever the umask
             # of whoever made them (root's cron with 022 included); elsewhere the umask decides
             fswrite.share_with_group(fd, os.fstat(self.pinned[""]).st_gid)
@@ -716,6 +731,7 @@ class _Executor:
             self.warnings.append(f"no space left in {self.root}: removing in place, without the trash")
             gc = os.dup(self.pinned.get(f"{sd}/locks", self.pinned.get(sd, self.pinned[""])))
         if not _flock(gc):
+            self.waited = True
             if self.on_wait:
                 self.on_wait()
 
@@ -797,6 +813,9 @@ class _Executor:
         removed_dirs: list[str] = []
         try:
             self._check_pins()
+            if self.waited and self.plan.replan is not None:
+                self._planned_again(self.plan.replan)
+            self._share_state()
             try:
                 self.used_fd = self._pin(f"{sd}/used", create=False) if sd in self.pinned else None
             except OSError:
@@ -816,7 +835,39 @@ class _Executor:
             self._close_all()
         freed = sum(r.size for r in self.removed)
         return DeleteResult(self.plan.root, tuple(self.removed), tuple(self.skipped), tuple(self.errors), freed,
-                            tuple(removed_dirs), tuple(self.warnings), self.stopped)
+                            tuple(removed_dirs), tuple(self.warnings), self.stopped, self.replanned)
+
+    def _share_state(self) -> None:
+        """In a group-shared cache, the rest of .kcache/ this user made (last-used stamps, the index) made
+        the group's too, as _pin does for locks/ and trash/: a member's build hit must be able to stamp."""
+        sd, root_st = state.STATE_DIR, os.fstat(self.pinned[""])
+        if sd not in self.pinned or not fswrite.group_shared(root_st):
+            return
+        for sub in ("used", state.INDEX_DIR):
+            try:
+                fd = os.open(sub, _DIR_FLAGS, dir_fd=self.pinned[sd])
+            except OSError:
+                continue
+            try:
+                fswrite.share_with_group(fd, root_st.st_gid)  # only what this user owns
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+    def _planned_again(self, replan: Callable[[], DeletePlan]) -> None:
+        """After waiting for another prune or clear, which may have removed entries or brought the cache
+        under its budget: the plan made again under the gc lock; of it only what was planned (and
+        confirmed) before goes. The new plan's sizes are the ones reported."""
+        fresh = replan()
+        before = {r.path for r in self.plan.removals}
+        kept = tuple(r for r in fresh.removals if r.path in before)
+        if len(kept) < len(before):
+            self.warnings.append(f"another prune or clear ran while this one waited: planned again under its "
+                                 f"lock, {len(before) - len(kept):,} of the {len(before):,} removals planned are no "
+                                 "longer needed")
+        self.skipped = list(fresh.skipped)
+        self.plan = self.replanned = replace(fresh, removals=kept, warnings=self.plan.warnings, replan=None)
 
     def _remove_all(self, batch_fd: int | None) -> None:
         """Every removal of the plan in turn (renamed into the batch, emptied by the deleter's threads),
