@@ -848,6 +848,29 @@ def test_a_second_prune_waits_for_the_first(fixture_copy, tmp_path):
     assert not (root / HIDET["add"]).exists() and "Removed 1 entry" in out
 
 
+def test_hard_linked_files_count_once_as_du_counts_them(kcache, tmp_path):
+    """Ten entries whose lib.so are one 2 MB file under ten names: the cache's size is what du counts (each
+    inode once), not ten times it, and a budget above it removes nothing (it removed 9 entries, "freeing"
+    18 MB of which 0.3 MB were real)."""
+    root = gen(tmp_path, 10)
+    big = tmp_path / "big.so"
+    big.write_bytes(ELF_HEAD + os.urandom(2 << 20))
+    for lib in root.glob("ops/*/*/*/lib.so"):
+        lib.unlink()
+        os.link(big, lib)
+    big.unlink()
+    entry_dirs = [str(p) for p in root.glob("ops/*/*/*")]
+    du = int(subprocess.run(["du", "-sc", "--block-size=1", *entry_dirs], capture_output=True, text=True,
+                            check=True).stdout.split()[-2])
+    listed = kcache("--cache-dir", root, "ls", "--json", "--no-index").json()["entries"]
+    total = sum(e["size"] for e in listed)
+    assert abs(total - du) < 100, (total, du)
+    stats = kcache("--cache-dir", root, "stats", "--json", "--no-index").json()
+    assert abs(stats["size"] - du) < 100 + 64 * 1024, (stats["size"], du)  # (plus the op and space directories)
+    run = kcache("--cache-dir", root, "prune", "--max-size", f"{total + 4096}B", "--yes", "--json")
+    assert run.exit_code == 0 and run.json()["removed"] == [], run.stdout
+
+
 def test_a_prune_that_waited_plans_again_under_the_lock(fixture_copy, tmp_path):
     """A budget prune planned, then waited for another prune or clear, which meanwhile brought the cache
     under the budget: it plans again holding the lock and removes nothing (it removed what it had planned,

@@ -16,7 +16,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs import dirnames, readmarks, state
 from kcache_cli.fs.locking import leftover_live
 from kcache_cli.layouts import get as get_layout
-from kcache_cli.model.records import Entry, ScanFilter, ScanResult, TreeUsage, Warn, is_glob, measure_tree
+from kcache_cli.model.records import Entry, ScanFilter, ScanResult, TreeUsage, Warn, file_bytes, is_glob, measure_tree
 from kcache_cli.model.terms import BUILDING, PARTIAL
 from kcache_cli.util.errors import UsageError
 from kcache_cli.util.lazy import lazy_module
@@ -212,7 +212,7 @@ def leftover_entries(root: Path, warn: Warn) -> list[Entry]:
                     usage = measure_tree(path, warn)
                 else:  # a file: its own size
                     st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    usage = TreeUsage(st.st_blocks * 512, 1, st.st_mtime, 0.0, st.st_size, st.st_dev, st.st_ino)
+                    usage = TreeUsage(file_bytes(st), 1, st.st_mtime, 0.0, st.st_size, st.st_dev, st.st_ino)
                 reason = (f"{'staging of an import' if where else 'temp file of an export'} "
                           + ("in progress" if live else "that was interrupted (prune removes it)"))
                 out.append(Entry("kcache", kind, None, None, None, name, path, rel, usage.size, usage.files,

@@ -25,6 +25,7 @@ from kcache_cli.model.records import (
     Warn,
     entry_from,
     entry_of,
+    file_bytes,
     listdir,
     measure_tree,
 )
@@ -114,7 +115,7 @@ class ScanContext:
             text = fsread.readlink(path)
         except OSError:
             text = "?"
-        usage = TreeUsage(st.st_blocks * 512, 1, st.st_mtime, 0.0, st.st_size, st.st_dev, st.st_ino)
+        usage = TreeUsage(file_bytes(st), 1, st.st_mtime, 0.0, st.st_size, st.st_dev, st.st_ino)
         return self.entry(path=path, usage=usage, status=CORRUPT,
                           reason=f"symlink to {text} {where} (never followed)", **fields)
 
@@ -226,7 +227,7 @@ class ScanContext:
                 listing[de.name] = st
                 names[de.name] = st.st_size
                 mtime = mtimes[de.name] = st.st_mtime
-                size += st.st_blocks * 512
+                size += st.st_blocks * 512 // (st.st_nlink or 1)  # file_bytes, inline: a hard link counts its share
                 apparent += st.st_size
                 files += 1
                 if mtime > newest:

@@ -63,6 +63,7 @@ from kcache_cli.model.records import (
     Status,
     TreeUsage,
     entry_with,
+    file_bytes,
     measure_tree,
 )
 
@@ -116,7 +117,7 @@ class Listing(NamedTuple):
         if self.others or not self.readable:
             return measure_tree(path, warn)
         sts = [*self.files.values(), *self.links.values()]
-        return TreeUsage(self.dir_disk + sum(st.st_blocks for st in sts) * 512, len(sts),
+        return TreeUsage(self.dir_disk + sum(map(file_bytes, sts)), len(sts),
                          max([self.mtime, *(st.st_mtime for st in sts)]),
                          max([0.0, *(st.st_atime for st in self.files.values())]), sum(st.st_size for st in sts),
                          *self.ident)

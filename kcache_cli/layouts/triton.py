@@ -198,7 +198,8 @@ class _Listing:
                     accessed = max(accessed, readmarks.atime(st))  # not kcache's own reads (as read_dir)
             sizes[name], mtime = st.st_size, st.st_mtime
             mtimes[name] = mtime
-            size, files, apparent = size + st.st_blocks * 512, files + 1, apparent + st.st_size
+            size, files = size + st.st_blocks * 512 // (st.st_nlink or 1), files + 1  # file_bytes, inline
+            apparent += st.st_size
             if mtime > newest:
                 newest = mtime
         self.size, self.files, self.apparent, self.newest, self.accessed = size, files, apparent, newest, accessed

@@ -382,8 +382,18 @@ class TreeUsage:
 
 
 def disk_bytes(st: os.stat_result) -> int:
-    """What a file or directory takes on disk: its allocated blocks (st_blocks is in 512-byte units)."""
+    """What a file or directory takes on disk: its allocated blocks (st_blocks is in 512-byte units). A
+    file with several names (hard links) counts its share under each (`file_bytes`)."""
+    if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+        return st.st_blocks * 512 // st.st_nlink
     return st.st_blocks * 512
+
+
+def file_bytes(st: os.stat_result) -> int:
+    """disk_bytes of what is not a directory: a file hard-linked N times counts 1/N of its blocks under each
+    name, so that a tree holding all its names sums to what du counts (each inode once), and a budget
+    prune never counts the same blocks once per entry (removing one name frees nothing)."""
+    return st.st_blocks * 512 // (st.st_nlink or 1)
 
 
 _LIST_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
