@@ -516,6 +516,29 @@ def test_every_member_of_a_shared_cache_builds_imports_and_hits(area, archive):
     assert listing.returncode == 0 and len(json.loads(listing.stdout)["entries"]) == len(entries) + 1, listing.stderr
 
 
+@needs_cxx
+def test_roots_build_under_umask_022_leaves_directories_members_can_build_in(area):
+    """root's cron builds into a fresh group-shared root under umask 022: the op and space directories it
+    makes are the group's (setgid, group-writable), so a member then builds another op of that space and
+    another task of that op."""
+    from test_build import write_task
+
+    root = shared_dir(area / "cache")
+    first = write_task(area / "tasks", name="vadd", n=64, kind="cc")
+    built = subprocess.run([sys.executable, "-m", "kcache_cli", "build", str(first), "--cache-dir", str(root),
+                            "--cxx", CXX, "--json"], capture_output=True, text=True, timeout=TIMEOUT,
+                           preexec_fn=lambda: os.umask(0o022))
+    assert built.returncode == 0, built.stderr
+    rel = json.loads(built.stdout)["results"][0]["relpath"]
+    for d in (Path(rel).parent, Path(rel).parent.parent, Path(rel).parent.parent.parent):
+        st = os.stat(root / d)
+        assert st.st_gid == GROUP and stat.S_IMODE(st.st_mode) & 0o2070 == 0o2070, (d, oct(st.st_mode))
+    for name, n in (("vadd", 128), ("vmul", 64)):  # the same op, then another op in the same space
+        task = write_task(area / "tasks", name=name, n=n, kind="cc")
+        run = member_kcache("build", task, "--cache-dir", root, "--cxx", CXX)
+        assert run.returncode == 0, (name, run.stderr)
+
+
 def test_a_members_compiler_memo_is_not_trusted(area):
     """.kcache/ holds what kcache learnt about the compilers (nvcc's default arch): a member's version of
     that file is ignored, root's own is read."""

@@ -45,7 +45,9 @@ def _parts(rel: str) -> list[str]:
 
 def open_dir(dir_fd: int, rel: str, *, create: bool = False, mode: int = 0o777) -> int:
     """A new descriptor of the directory `rel` beneath `dir_fd`: no component may be a symlink (ELOOP)
-    or lead out (EXDEV). With `create`, missing components are made (mkdirat, `mode` less the umask)."""
+    or lead out (EXDEV). With `create`, missing components are made (mkdirat, `mode` less the umask); one
+    made in a group-shared directory (setgid, group-writable) is made group-shared too, whatever the
+    umask: root's cron under 022 must not make an op directory the group's members cannot build in."""
     parts = _parts(rel)
     if not parts:
         return os.dup(dir_fd)
@@ -61,8 +63,14 @@ def open_dir(dir_fd: int, rel: str, *, create: bool = False, mode: int = 0o777) 
             except FileNotFoundError:
                 if not create:
                     raise
-                mkdir_at(fd, part, mode, exist_ok=True)
+                made = mkdir_at(fd, part, mode, exist_ok=True)
                 sub = os.open(part, DIR_FLAGS, dir_fd=fd)
+                parent = os.fstat(fd)
+                if made and mode & 0o070 and group_shared(parent):
+                    try:
+                        share_with_group(sub, parent.st_gid)
+                    except OSError:  # as the umask made it: the members' writes then say why
+                        pass
             os.close(fd)
             fd = sub
     except OSError as exc:
