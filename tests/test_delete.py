@@ -848,6 +848,23 @@ def test_a_second_prune_waits_for_the_first(fixture_copy, tmp_path):
     assert not (root / HIDET["add"]).exists() and "Removed 1 entry" in out
 
 
+@pytest.mark.parametrize("where", ["ops/cuda_space_0/nl\nop/0123456789abcdef", "ops/cuda_space_0/add/zzz"])
+def test_an_entry_kcache_never_removes_is_never_listed_complete(kcache, fixture_copy, where):
+    """A copy of a whole entry under a name hidet never makes (an op name with a newline, a hash that is
+    not 16 hex digits): ls and verify called it complete, while prune and clear left it alone as not
+    hidet-shaped. One verdict everywhere: corrupt, saying kcache never removes it."""
+    root = fixture_copy("hidet")
+    src = next(root.glob("ops/cuda_space_0/add/*"))
+    shutil.copytree(src, root / where)
+    [row] = [e for e in kcache("--cache-dir", root, "ls", "--json").json()["entries"] if e["path"] == str(root / where)]
+    assert row["status"] == "corrupt" and "never removes it" in row["reason"], row
+    verify = kcache("--cache-dir", root, "verify")
+    assert verify.exit_code == 1 and "never removes it" in verify.stdout + verify.stderr
+    plan = kcache("--cache-dir", root, "prune", "--broken", "--dry-run", "--json").json()
+    assert str(root / where) not in {r["path"] for r in plan["removed"]}
+    assert (root / where).is_dir()
+
+
 def test_hard_linked_files_count_once_as_du_counts_them(kcache, tmp_path):
     """Ten entries whose lib.so are one 2 MB file under ten names: the cache's size is what du counts (each
     inode once), not ten times it, and a budget above it removes nothing (it removed 9 entries, "freeing"

@@ -729,6 +729,8 @@ def _judged_op_entry(ctx, job: OpJob, d: EntryDir) -> Entry:
         key = name[len(state.TEMP_PREFIX):]
     elif name.startswith("."):
         status, reason, key = PARTIAL, "hidden directory (not a hidet entry)", name
+    elif (misshapen := _misshapen(ctx.rel(path), op, name)) is not None:
+        status, reason, key = misshapen.status, misshapen.reason, name
     else:
         j = judge(d, "op", Judging(False, version=version), names=names, mtimes=mtimes)
         status, reason = j.status, j.reason
@@ -737,6 +739,15 @@ def _judged_op_entry(ctx, job: OpJob, d: EntryDir) -> Entry:
             status, reason = BUILDING, "hidet holds the entry's lock (compiling)"
     return ctx.entry(path=path, usage=usage, layout=NAME, kind="op", target=target, space=space, op=op,
                      hash=key, status=status, reason=reason)
+
+
+def _misshapen(relpath: str, op: str | None, name: str) -> Judgement | None:
+    """An op entry under a name hidet never makes (planted, or another tool's): corrupt, as prune and clear
+    leave it alone (shape_problem), so that ls and verify say what they do with it."""
+    if OP_NAME.match(op or "") and ENTRY_NAME.match(name):
+        return None
+    return Judgement.of(CORRUPT, f"not shaped like a hidet entry ({shape_problem(relpath, 'op', None)}): hidet "
+                                 "never looks it up, and kcache never removes it (remove it by hand)")
 
 
 # ---- deep checks ---------------------------------------------------------------------------------
@@ -761,6 +772,9 @@ def _tensors(items, given: tuple[TensorInfo, ...] = ()) -> tuple[TensorInfo, ...
 def _deep_judgement(root: Path, entry: Entry) -> Judgement:
     if entry.status in (BUILDING,) or not entry.hash or os.path.basename(entry.path).startswith("."):
         return Judgement.of(entry.status, entry.reason)  # temp dirs, hidden dirs, unlistable dirs
+    misshapen = _misshapen(entry.relpath, entry.op, os.path.basename(entry.path)) if entry.kind == "op" else None
+    if misshapen is not None and not state.temp_hash(os.path.basename(entry.path)):
+        return misshapen
     with EntryDir.open(entry.path, fsread.anchor(root)) as d:
         return judge(d, entry.kind, LAYOUT.judging(True))
 
