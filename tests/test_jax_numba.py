@@ -120,9 +120,17 @@ def test_numba_damage(numba_root, damage, status, words):
     assert found is not None and found["status"] == status and words in found["reason"]
 
 
-def test_a_pycache_with_python_files_is_listed_but_never_removed(tmp_path):
+def in_tree(tmp_path: Path) -> Path:
+    """A project whose `__pycache__/` holds the real cache beside the source it was compiled from (numba's
+    in-tree locator: the index's stamp is the sha256 of `kc_numba.py`)."""
     project = tmp_path / "project"
     shutil.copytree(REAL / "numba" / NUMBA_DIR, project / "__pycache__")
+    shutil.copy(REAL / "make" / "kc_numba.py", project / "kc_numba.py")
+    return project
+
+
+def test_a_pycache_with_python_files_is_listed_but_never_removed(tmp_path):
+    project = in_tree(tmp_path)
     (project / "__pycache__" / "kc_numba.cpython-311.pyc").write_bytes(b"\x00" * 16)
     [row] = entries(project)
     assert (row["layout"], row["hash"], row["status"]) == ("numba", "__pycache__", "complete")
@@ -142,3 +150,53 @@ def test_an_index_of_another_numba_is_stale_where_numba_is_installed(numba_root)
         other = layout.judge(d, "functions", Judging(version="0.69.0"))
         assert other.status == "stale" and "numba 0.68.1" in (other.reason or "")
         assert layout.judge(d, "functions", Judging(version="")).status == "complete"  # no numba here: not judged
+
+
+def test_a_pycache_is_judged_by_its_source_as_numba_stamps_it(tmp_path):
+    project = in_tree(tmp_path)
+    src = project / "kc_numba.py"
+    os.utime(src, (1e9, 1e9))  # touched: numba 0.68 compares the bytes, not the mtime
+    assert problem(project) is None
+    src.write_bytes(src.read_bytes() + b"# edited\n")
+    found = problem(project)
+    assert found is not None and found["status"] == "stale"
+    assert found["reason"].startswith("kc_numba.py beside __pycache__/ changed since " + INDEX)
+    [row] = entries(project)
+    assert row["status"] == "stale"  # ls too, not only verify
+    src.rename(project / "renamed.py")
+    found = problem(project)
+    assert found is not None and found["status"] == "stale" and "kc_numba.py beside __pycache__/ is gone" in (
+        found["reason"])
+
+
+def test_a_numba_cache_dir_entry_is_not_judged_by_a_source_it_cannot_find(numba_root):
+    (numba_root / "kc_numba.py").write_text("something else\n")  # no locator puts a source there
+    assert problem(numba_root) is None
+
+
+def old_index(mtime: float, size: int) -> bytes:
+    """An index as numba releases before the content hash wrote it: the stamp is (st_mtime, st_size)."""
+    import pickle
+
+    from kcache_cli.layouts.numba import installed_version
+
+    key = (("int64", "int64"), ("x86_64-unknown-linux-gnu", "skylake", "+avx"), ("00", "11"))
+    overloads = {key: "m.f-3.py311.1.nbc"}
+    return pickle.dumps(installed_version() or "0.58.1", protocol=-1) + pickle.dumps(((mtime, size), overloads),
+                                                                                      protocol=-1)
+
+
+def test_an_old_numbas_mtime_and_size_stamp_is_compared_with_the_sources_stat(tmp_path):
+    project = tmp_path / "project"
+    (project / "__pycache__").mkdir(parents=True)
+    src = project / "m.py"
+    src.write_text("def f(a, b):\n    return a + b\n")
+    os.utime(src, (1.7e9 + 0.25, 1.7e9 + 0.25))
+    st = src.stat()
+    (project / "__pycache__" / "m.f-3.py311.1.nbc").write_bytes(b"\x80\x05K\x01.")
+    index = project / "__pycache__" / "m.f-3.py311.nbi"
+    index.write_bytes(old_index(st.st_mtime, st.st_size))
+    assert problem(project) is None
+    os.utime(src, (1.7e9 + 1, 1.7e9 + 1))  # touched: that numba compares the mtime
+    found = problem(project)
+    assert found is not None and found["status"] == "stale" and "another mtime or size" in found["reason"]

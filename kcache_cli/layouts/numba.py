@@ -12,17 +12,23 @@ What numba does with an entry (IndexDataCacheFile.load): an index that names a d
 is a miss, and numba compiles that overload again and writes a new one (partial); an index or data file
 that does not unpickle raises out of the call (corrupt: deep, read with pickletools, never unpickled);
 an index written by another numba version is ignored and rewritten (stale, when numba is installed
-beside kcache, whose version is then the one compared; else not judged). kcache never unpickles: a pickle runs
-code. Moving it: the index holds the source file's mtime and size, so a copy is a hit only beside the
-same source file (same path for NUMBA_CACHE_DIR's sha1) with the same numba: import carries it, numba
-misses elsewhere. A `__pycache__/` that also holds Python's .pyc files is never removed by kcache.
+beside kcache, whose version is then the one compared; else not judged); an index whose source file's
+stamp differs is ignored and rewritten too (stale): judged for a `__pycache__/`, whose source is
+`<the directory holding it>/<module>.py` (gone: no numba call uses that index), not for a `<dir>_<sha1>/`,
+which does not say where its source directory is. kcache never unpickles: a pickle runs code. Moving
+it: the index holds the source file's mtime and size, so a copy is a hit only beside the same source
+file (same path for NUMBA_CACHE_DIR's sha1) with the same numba: import carries it, numba misses
+elsewhere. A `__pycache__/` that also holds Python's .pyc files is never removed by kcache.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import pickletools
+import re
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
@@ -65,25 +71,106 @@ def numba_files(names) -> bool:
     return any(n.endswith((INDEX, DATA)) for n in names)
 
 
-def index_refs(data: bytes) -> tuple[str, list[str]]:
-    """(numba's version, the data file names) an index records, read with pickletools (nothing runs):
-    ValueError when it is not two whole pickles."""
-    strings: tuple[list[str], list[str]] = ([], [])
+class Index(NamedTuple):
+    """What an index records, read with pickletools (nothing runs): numba's version, the source file's
+    stamp (numba 0.68's sha256 of its bytes, 32 bytes; older releases' (st_mtime, st_size); None: another
+    shape) and the data files it names."""
+
+    version: str
+    stamp: bytes | tuple[float, int] | None
+    refs: list[str]
+
+
+_NO_DATA = frozenset({"PROTO", "FRAME", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT", "MARK"})
+_BYTES = frozenset({"SHORT_BINBYTES", "BINBYTES", "BINBYTES8"})
+
+
+def _pickles(data: bytes) -> list[list[tuple[str, object]]]:
+    """The (op name, argument) of each of the two whole pickles at the start of `data`: ValueError when
+    they are not there."""
+    out: list[list[tuple[str, object]]] = [[], []]
     start = 0
-    for part in strings:
+    for ops in out:
         stop = None
         for op, arg, at in pickletools.genops(data[start:]):
-            if isinstance(arg, str):
-                part.append(arg)
+            ops.append((op.name, arg))
             if op.name == "STOP":
                 stop = at
                 break
         if stop is None:
             raise ValueError("cut short")
         start += stop + 1
-    if not strings[0]:
+    return out
+
+
+def _stamp(ops: list[tuple[str, object]]) -> bytes | tuple[float, int] | None:
+    """The source stamp that opens the second pickle ((stamp, overloads))."""
+    first = [(name, arg) for name, arg in ops if name not in _NO_DATA][:3]
+    if first and first[0][0] in _BYTES and isinstance(first[0][1], bytes) and len(first[0][1]) == 32:
+        return first[0][1]
+    if len(first) == 3 and first[0][0] == "BINFLOAT" and first[2][0] in ("TUPLE2", "TUPLE"):
+        mtime, size = first[0][1], first[1][1]
+        if isinstance(mtime, float) and isinstance(size, int) and not isinstance(size, bool):
+            return mtime, size
+    return None
+
+
+def read_index(data: bytes) -> Index:
+    """What the index `data` records; ValueError when it is not two whole pickles."""
+    version, rest = _pickles(data)
+    names = [arg for _, arg in version if isinstance(arg, str)]
+    if not names:
         raise ValueError("no numba version")
-    return strings[0][0], [s for s in strings[1] if s.endswith(DATA)]
+    refs = [arg for _, arg in rest if isinstance(arg, str) and arg.endswith(DATA)]
+    return Index(names[0], _stamp(rest), refs)
+
+
+def source_of(entry_path: str, idx: str) -> str | None:
+    """The source file numba's in-tree locator stamped index `idx` of the `__pycache__/` at `entry_path`
+    with: `<the directory holding __pycache__>/<modname>.py`, the index being named
+    `<modname>.<qualname>-<line>.py<XY><abiflags>.nbi`. None for another entry (NUMBA_CACHE_DIR's or the
+    user-wide `<dir name>_<sha1 of its path>/`: the path cannot be found from the entry). A modname with
+    dots in it is told from the qualname by the file that exists; none: the first."""
+    m = re.fullmatch(r"(.+)-\d+\.py\d+[a-z]*\.nbi", idx)
+    if os.path.basename(entry_path) != "__pycache__" or m is None or "." not in m.group(1):
+        return None
+    parts = m.group(1).split(".")
+    where = os.path.dirname(entry_path)
+    found = [os.path.join(where, ".".join(parts[:i]) + ".py") for i in range(1, len(parts))]
+    return next((f for f in found if os.path.exists(f)), found[0])
+
+
+def source_problem(src: str, idx: str, stamp: bytes | tuple[float, int], hashes: dict[str, bytes | None]
+                   ) -> str | None:
+    """Why numba's stamp of `src` now differs from the `stamp` index `idx` records (numba then misses
+    every overload it names), or None: the same, or `src` unreadable (not judged). `hashes` keeps each
+    file's sha256 for one judgement."""
+    shown = f"{os.path.basename(src)} beside __pycache__/"
+    try:
+        fd, st = fsread.open_regular(src, follow=True)  # numba opens it following links
+    except FileNotFoundError:
+        return f"its source {shown} is gone: no numba call uses {idx}"
+    except OSError:
+        return None
+    if isinstance(stamp, tuple):
+        fsread.close_read(fd)
+        if (st.st_mtime, st.st_size) == stamp:
+            return None
+        return f"{shown} has another mtime or size than {idx} records: numba compiles every overload again"
+    if src not in hashes:
+        h = hashlib.sha256()
+        try:
+            for chunk in fsread.chunks_of(fd):
+                h.update(chunk)
+            hashes[src] = h.digest()
+        except OSError:
+            hashes[src] = None
+    else:
+        fsread.close_read(fd)
+    if hashes[src] in (None, stamp):
+        return None
+    return (f"{shown} changed since {idx} was written (numba compares its sha256): numba compiles every "
+            "overload again")
 
 
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
@@ -91,20 +178,25 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
         names, _ = d.files()
     except OSError:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
+    hashes: dict[str, bytes | None] = {}
     for idx in sorted(n for n in names if n.endswith(INDEX)):
         try:
-            version, refs = index_refs(d.read_bytes(idx, MAX_INDEX))
+            index = read_index(d.read_bytes(idx, MAX_INDEX))
         except (ValueError, OSError, IndexError) as exc:
             return Judgement.of(CORRUPT, f"{idx} is not a whole index ({exc}): numba's call raises on it")
-        if jc.version and version != jc.version:
-            return Judgement.of(STALE, f"{idx} was written by numba {version}: numba {jc.version} ignores it and "
-                                       "compiles again")
-        gone = [r for r in refs if r not in names]
+        if jc.version and index.version != jc.version:
+            return Judgement.of(STALE, f"{idx} was written by numba {index.version}: numba {jc.version} ignores "
+                                       "it and compiles again")
+        src = source_of(d.path, idx)
+        why = source_problem(src, idx, index.stamp, hashes) if src and index.stamp is not None else None
+        if why:
+            return Judgement.of(STALE, why)
+        gone = [r for r in index.refs if r not in names]
         if gone:
             return Judgement.of(PARTIAL, f"{idx} names {gone[0]}, which is gone: numba compiles that overload "
                                          "again")
         if jc.deep:
-            bad = next((r for r in refs if not _whole_pickle(d, r)), None)
+            bad = next((r for r in index.refs if not _whole_pickle(d, r)), None)
             if bad:
                 return Judgement.of(CORRUPT, f"{bad} is not a whole pickle: numba's call raises on it")
     return Judgement(COMPLETE)
@@ -156,7 +248,7 @@ def describe(root: Path, entry: Entry) -> Details:
         j = judge(d, entry.kind, Judging(deep=True, version=installed_version()))
         try:
             names = d.names()
-            versions = sorted({index_refs(d.read_bytes(n, MAX_INDEX))[0] for n in names if n.endswith(INDEX)})
+            versions = sorted({read_index(d.read_bytes(n, MAX_INDEX)).version for n in names if n.endswith(INDEX)})
         except (OSError, ValueError, IndexError):
             names, versions = [], []
     facts = [("indexes", str(sum(n.endswith(INDEX) for n in names))),

@@ -4,7 +4,9 @@ kcache's status of each copy must say what the package did. JAX: complete keeps 
 (/jax/compilation_cache/cache_hits, a new key's -cache written); partial (a -cache without its -atime in
 a capped cache) writes nothing new; corrupt (a cut -cache) misses that key. Numba: complete hits every
 overload (the dispatcher's cache_hits); partial (a named .nbc gone) misses it and compiles it again;
-corrupt (a cut .nbc or .nbi) makes numba's call raise."""
+corrupt (a cut .nbc or .nbi) makes numba's call raise. Numba's in-tree `__pycache__/` beside the source:
+the index's stamp is the sha256 of the source's bytes, so a source touched (mtime only) still hits every
+overload, one edited or renamed away misses them all (stale)."""
 
 from __future__ import annotations
 
@@ -138,3 +140,30 @@ def test_numba_agrees(numba_made, tmp_path, case):
     assert status(root) == kcache_says
     got = run(python, str(HERE / "probe_numba.py"), str(src), env={"NUMBA_CACHE_DIR": str(root)})
     assert ("error" in got) if expected == "error" else got == expected, got
+
+
+IN_TREE_CASES = {  # what happens to the source -> (kcache's status, what numba counts)
+    "pristine": ("complete", {"hits": 2, "misses": 0}),
+    "touched": ("complete", {"hits": 2, "misses": 0}),
+    "edited": ("stale", {"hits": 0, "misses": 2}),
+    "renamed": ("stale", {"hits": 0, "misses": 2}),  # numba writes a new index under the new name
+}
+
+
+@pytest.mark.parametrize("case", list(IN_TREE_CASES))
+def test_numba_in_tree_agrees(numba_made, tmp_path, case):
+    python, made, _ = numba_made
+    project = tmp_path / "project"
+    shutil.copytree(made, project, ignore=shutil.ignore_patterns("__pycache__"))
+    in_tree = {"NUMBA_CACHE_DIR": "", "PYTHONDONTWRITEBYTECODE": "1"}
+    assert run(python, str(HERE / "probe_numba.py"), str(project), env=in_tree) == {"hits": 0, "misses": 2}
+    src, module = project / "kc_numba.py", "kc_numba"
+    if case == "touched":
+        os.utime(src, (1e9, 1e9))
+    elif case == "edited":
+        src.write_bytes(src.read_bytes() + b"# edited\n")
+    elif case == "renamed":
+        src, module = src.rename(project / "kc_moved.py"), "kc_moved"
+    kcache_says, expected = IN_TREE_CASES[case]
+    assert status(project) == kcache_says
+    assert run(python, str(HERE / "probe_numba.py"), str(project), module, env=in_tree) == expected
