@@ -99,6 +99,7 @@ def test_the_real_numba_cache_is_one_complete_entry(numba_root, monkeypatch):
         "numba", "functions", NUMBA_DIR, "complete", 3)
     facts = run_kcache("--cache-dir", numba_root, "inspect", NUMBA_DIR[:8], "--json").json()["facts"]
     assert (facts["indexes"], facts["overloads"], facts["numba_version"]) == ("1", "2", "0.68.1")
+    assert facts["reused"].startswith("only beside a source file of the same bytes (the index holds their sha256")
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(numba_root))
     row = next(r for r in run_kcache("dir", "--all", "--json").json()["caches"] if r["cache"] == "numba")
     assert row["path"] == str(numba_root) and row["entry_count"] == 1

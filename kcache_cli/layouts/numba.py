@@ -16,9 +16,11 @@ beside kcache, whose version is then the one compared; else not judged); an inde
 stamp differs is ignored and rewritten too (stale): judged for a `__pycache__/`, whose source is
 `<the directory holding it>/<module>.py` (gone: no numba call uses that index), not for a `<dir>_<sha1>/`,
 which does not say where its source directory is. kcache never unpickles: a pickle runs code. Moving
-it: the index holds the source file's mtime and size, so a copy is a hit only beside the same source
-file (same path for NUMBA_CACHE_DIR's sha1) with the same numba: import carries it, numba misses
-elsewhere. A `__pycache__/` that also holds Python's .pyc files is never removed by kcache.
+it: the index holds the sha256 of the source file's bytes (numba 0.67 and older: its mtime and size)
+and each overload's key the CPU it was compiled for, so a copy is a hit only beside a source file of the
+same bytes (at the same path for NUMBA_CACHE_DIR's sha1), with the same numba and Python, on the same
+CPU: import carries it, numba misses elsewhere. A `__pycache__/` that also holds Python's .pyc files is
+never removed by kcache.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def numba_files(names) -> bool:
 
 class Index(NamedTuple):
     """What an index records, read with pickletools (nothing runs): numba's version, the source file's
-    stamp (numba 0.68's sha256 of its bytes, 32 bytes; older releases' (st_mtime, st_size); None: another
+    stamp (numba 0.68's sha256 of its bytes, 32 bytes; 0.67 and older: (st_mtime, st_size); None: another
     shape) and the data files it names."""
 
     version: str
@@ -254,7 +256,8 @@ def describe(root: Path, entry: Entry) -> Details:
     facts = [("indexes", str(sum(n.endswith(INDEX) for n in names))),
              ("overloads", str(sum(n.endswith(DATA) for n in names))),
              ("numba version", ", ".join(versions) or "unknown"),
-             ("reused", "only beside the same source file (its mtime and size are in the index) by the same numba")]
+             ("reused", "only beside a source file of the same bytes (the index holds their sha256; numba 0.67 "
+                        "and older: its mtime and size), by the same numba and Python, on the same CPU")]
     return Details(entry, j.status, j.reason, j.problems, list_files(entry.path), facts=tuple(facts))
 
 
