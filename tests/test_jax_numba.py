@@ -4,6 +4,7 @@ made here (tests/fixtures/real/jax/cache, tests/fixtures/real/numba), judged by 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -201,3 +202,55 @@ def test_an_old_numbas_mtime_and_size_stamp_is_compared_with_the_sources_stat(tm
     os.utime(src, (1.7e9 + 1, 1.7e9 + 1))  # touched: that numba compares the mtime
     found = problem(project)
     assert found is not None and found["status"] == "stale" and "another mtime or size" in found["reason"]
+
+
+# ---- kcache explain ------------------------------------------------------------------------------------
+def here_python(tmp_path: Path, numba: str | None, python: str = "3.11.7") -> str:
+    """An executable that answers explain's question as a Python `python` with numba `numba` would."""
+    exe = tmp_path / f"python-{numba}-{python}"
+    doc = {"python": python, "executable": str(exe), "versions": {"numba": numba}}
+    exe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(doc)}\nEOF\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def explained(root: Path, python: str, env: dict | None = None) -> tuple[dict, dict]:
+    """(what `explain --json` says of the one numba entry under `root`, its "here")."""
+    run = run_kcache("--cache-dir", root, "--json", "explain", "--python", python, env=env)
+    assert run.exit_code == 0, run.stderr
+    [item] = run.json()["items"]
+    return item, run.json()["here"]
+
+
+def test_explain_names_what_numba_compares_and_never_guesses_a_hit(numba_root, tmp_path):
+    item, here = explained(numba_root, here_python(tmp_path, "0.68.1"))
+    assert here["versions"]["numba"] == "0.68.1"
+    assert item["verdict"] == "unknown" and "x86_64-unknown-linux-gnu rocketlake" in item["why"]
+    assert "which kcache does not ask here" in item["why"]
+    for python, factor, recorded, said in [
+        (here_python(tmp_path, None), "numba version", "0.68.1", "not installed"),
+        (here_python(tmp_path, "0.67.0"), "numba version", "0.68.1", "0.67.0"),
+        (here_python(tmp_path, "0.68.1", "3.12.1"), "python version", "3.11", "3.12"),
+    ]:
+        item, _ = explained(numba_root, python)
+        assert (item["verdict"], item["factor"], item["recorded"], item["here"]) == ("miss", factor, recorded, said)
+
+
+def test_explain_compares_the_cpu_numba_is_told_to_compile_for(numba_root, tmp_path):
+    py = here_python(tmp_path, "0.68.1")
+    item, here = explained(numba_root, py, env={"NUMBA_CPU_NAME": "generic"})
+    assert here["env"] == {"NUMBA_CPU_NAME": "generic"}
+    assert (item["verdict"], item["factor"], item["recorded"], item["here"]) == (
+        "miss", "CPU name", "rocketlake", "generic")
+    item, _ = explained(numba_root, py, env={"NUMBA_CPU_NAME": "rocketlake", "NUMBA_CPU_FEATURES": "+avx"})
+    assert (item["verdict"], item["factor"], item["here"]) == ("miss", "CPU features", "+avx")
+    item, _ = explained(numba_root, py, env={"NUMBA_DISABLE_JIT": "1"})
+    assert (item["verdict"], item["factor"]) == ("miss", "NUMBA_DISABLE_JIT")
+
+
+def test_explain_misses_a_pycache_whose_source_changed(tmp_path):
+    project = in_tree(tmp_path)
+    (project / "kc_numba.py").write_text("# another source\n")
+    item, _ = explained(project, here_python(tmp_path, "0.68.1"))
+    assert (item["verdict"], item["factor"], item["recorded"]) == ("miss", "status", "stale")
+    assert "kc_numba.py beside __pycache__/ changed" in item["why"]

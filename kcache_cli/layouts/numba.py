@@ -34,7 +34,7 @@ from typing import Iterator, NamedTuple
 
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
-from kcache_cli.layouts.base import Judging, Layout, ScanContext
+from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, Verdict
 from kcache_cli.layouts.shapes import NUMBA
 from kcache_cli.model.checks import list_files
 from kcache_cli.model.records import (
@@ -73,14 +73,23 @@ def numba_files(names) -> bool:
     return any(n.endswith((INDEX, DATA)) for n in names)
 
 
+class Target(NamedTuple):
+    """What numba's codegen compiled an overload for (`CPUCodegen.magic_tuple`, part of its key)."""
+
+    triple: str  # LLVM's process triple: x86_64-unknown-linux-gnu
+    cpu: str  # the host CPU's name (LLVM's), or NUMBA_CPU_NAME
+    features: str  # "+64bit,+adx,..." (LLVM's), or NUMBA_CPU_FEATURES
+
+
 class Index(NamedTuple):
     """What an index records, read with pickletools (nothing runs): numba's version, the source file's
     stamp (numba 0.68's sha256 of its bytes, 32 bytes; 0.67 and older: (st_mtime, st_size); None: another
-    shape) and the data files it names."""
+    shape), the data files it names and the target of each overload's key that could be read."""
 
     version: str
     stamp: bytes | tuple[float, int] | None
     refs: list[str]
+    targets: list[Target]
 
 
 _NO_DATA = frozenset({"PROTO", "FRAME", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT", "MARK"})
@@ -117,6 +126,36 @@ def _stamp(ops: list[tuple[str, object]]) -> bytes | tuple[float, int] | None:
     return None
 
 
+_TRIPLE = re.compile(r"[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+){2,3}")
+
+
+def _targets(ops: list[tuple[str, object]]) -> list[Target]:
+    """The target of each overload key (sig, magic tuple, hashes) in the second pickle: its stack followed
+    as far as tuples (a tuple of three strings opening with a triple is a magic tuple) and the memo go."""
+    memo: dict[object, object] = {}
+    stack: list[object] = []  # what each op pushed: a string, a Target, else None
+    found: list[Target] = []
+    for name, arg in ops:
+        if name in ("PROTO", "FRAME", "STOP"):
+            continue
+        if name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
+            memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1] if stack else None
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            stack.append(memo.get(arg))
+        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+            n = int(name[-1])
+            items, stack[-n:] = stack[-n:], []
+            value = None
+            if len(items) == 3 and all(isinstance(v, str) for v in items) and _TRIPLE.fullmatch(str(items[0])):
+                value = Target(*(str(v) for v in items))
+            elif len(items) == 3 and isinstance(items[1], Target):
+                found.append(items[1])
+            stack.append(value)
+        else:
+            stack.append(arg if isinstance(arg, str) else None)
+    return found
+
+
 def read_index(data: bytes) -> Index:
     """What the index `data` records; ValueError when it is not two whole pickles."""
     version, rest = _pickles(data)
@@ -124,7 +163,7 @@ def read_index(data: bytes) -> Index:
     if not names:
         raise ValueError("no numba version")
     refs = [arg for _, arg in rest if isinstance(arg, str) and arg.endswith(DATA)]
-    return Index(names[0], _stamp(rest), refs)
+    return Index(names[0], _stamp(rest), refs, _targets(rest))
 
 
 def source_of(entry_path: str, idx: str) -> str | None:
@@ -265,10 +304,103 @@ def no_log(entry: Entry) -> str:
     return "numba keeps no compile log in its cache (NUMBA_DEBUG_CACHE=1 prints what it loads and saves)"
 
 
+# ---- will numba here use it (kcache explain) ------------------------------------------------------------
+
+PACKAGE = "numba"
+# numba's config: the CPU its overload keys name (else LLVM's host CPU and features), and no JIT at all
+ENV_SWITCHES = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_DISABLE_JIT")
+
+
+def _indexes(root: Path, entry: Entry) -> dict[str, Index]:
+    """The entry's indexes that read whole (the judgement says what is wrong with the others)."""
+    out = {}
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        try:
+            names = d.names()
+        except OSError:
+            names = []
+        for name in sorted(n for n in names if n.endswith(INDEX)):
+            try:
+                out[name] = read_index(d.read_bytes(name, MAX_INDEX))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def _python(name: str) -> str | None:
+    """The Python an index was written for, from its name (`.py311.nbi`: 3.11), or None."""
+    m = re.search(r"\.py(\d)(\d+)[a-z]*\.nbi$", name)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def _number(value: str) -> int:
+    """A switch's value as numba's config reads an int one (one it cannot parse is its default, 0)."""
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+def explain(root: Path, entry: Entry, here: Here) -> Verdict:
+    """numba uses an index only when its own version wrote it for its own Python (the index's name), with
+    the source stamp it records (judged for a `__pycache__/`), and an overload only for the CPU its key
+    holds, which kcache does not ask here (but NUMBA_CPU_NAME/NUMBA_CPU_FEATURES set here): never a hit."""
+    if here.problem:
+        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    indexes = _indexes(root, entry)
+    versions = ", ".join(sorted({i.version for i in indexes.values()})) or None
+    have = here.versions.get(PACKAGE)
+    if have is None:
+        return Verdict(MISS, "numba is not installed here", "numba version", versions, "not installed")
+    off = here.env.get("NUMBA_DISABLE_JIT", "0")
+    if _number(off):
+        return Verdict(MISS, "NUMBA_DISABLE_JIT is set here: numba compiles and loads nothing", "NUMBA_DISABLE_JIT",
+                       None, off)
+    if indexes and all(i.version != have for i in indexes.values()):
+        return Verdict(MISS, f"numba {have} ignores an index another numba wrote and compiles again",
+                       "numba version", versions, have)
+    py = ".".join((here.python or "").split(".")[:2])
+    pythons = sorted({p for p in map(_python, indexes) if p})
+    if pythons and py not in pythons:
+        return Verdict(MISS, f"numba on Python {py} reads only indexes named .py{py.replace('.', '')}.nbi",
+                       "python version", ", ".join(pythons), py)
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        j = judge(d, entry.kind, Judging(deep=True, version=have))
+    if j.status != COMPLETE:
+        return Verdict(MISS, f"numba {have} does not use a {j.status} entry: {j.reason}", "status", j.status,
+                       COMPLETE)
+    return _cpu_verdict(list(indexes.values()), here, f"numba {have} and Python {py} as recorded, the entry complete")
+
+
+def _short(features: str) -> str:
+    return "none" if not features else features if len(features) <= 60 else features[:57] + "..."
+
+
+def _cpu_verdict(indexes: list[Index], here: Here, said: str) -> Verdict:
+    """Each overload's key holds the CPU it was compiled for (target triple, CPU name, features): a miss
+    when NUMBA_CPU_NAME or NUMBA_CPU_FEATURES set here names another for every overload, else unknown."""
+    targets = [t for i in indexes for t in i.targets]
+    every = bool(targets) and len(targets) == sum(len(i.refs) for i in indexes)
+    name = here.env.get("NUMBA_CPU_NAME")  # numba's config: the features then default to none for "generic"
+    features = here.env.get("NUMBA_CPU_FEATURES", "" if name is not None and name.lower() == "generic" else None)
+    if every and not any(name in (None, t.cpu) and features in (None, t.features) for t in targets):
+        if name is not None and all(t.cpu != name for t in targets):
+            return Verdict(MISS, f"NUMBA_CPU_NAME is set here: numba compiles for {name!r} and looks up no other "
+                           "CPU", "CPU name", ", ".join(sorted({t.cpu for t in targets})), name)
+        return Verdict(MISS, "numba here compiles with other CPU features (NUMBA_CPU_FEATURES, or none for the "
+                       "generic CPU) than any overload's key holds", "CPU features",
+                       ", ".join(sorted({_short(t.features) for t in targets})), _short(features or ""))
+    cpus = ", ".join(sorted({f"{t.triple} {t.cpu}" for t in targets})) or "not read"
+    return Verdict(UNKNOWN, f"{said}; each overload's key also holds the CPU it was compiled for ({cpus}, and its "
+                   "features), which kcache does not ask here")
+
+
 class NumbaLayout(Layout):
     shape = NUMBA
     fact_files = ()
     binary_kinds = frozenset({KIND})
+    packages = (PACKAGE,)
+    env_switches = ENV_SWITCHES
 
     shape_problem = staticmethod(shape_problem)
     scan = staticmethod(scan)
@@ -280,6 +412,7 @@ class NumbaLayout(Layout):
     judge = staticmethod(judge)
     describe = staticmethod(describe)
     no_log = staticmethod(no_log)
+    explain = staticmethod(explain)
 
 
 LAYOUT = NumbaLayout()

@@ -2,7 +2,8 @@
 (then numba caches in `__pycache__/` beside the source): import argv[1]'s kc_numba
 (tests/fixtures/real/make/kc_numba.py, copied there; argv[2]: the module's name when it was renamed),
 call `kc_add` for (int64, int64) and (float64, float64), and print one JSON line: {"hits": n,
-"misses": n} from the dispatcher's stats (numba's own cache counters), or {"error": "..."} when numba's call raised."""
+"misses": n} from the dispatcher's stats (numba's own cache counters; "jit": false added when
+NUMBA_DISABLE_JIT left a plain function), or {"error": "..."} when numba's call raised."""
 
 import importlib
 import json
@@ -18,7 +19,10 @@ def main() -> None:
     except Exception as exc:  # what numba raised is the verdict
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"[:300]}))
         return
-    stats = kc_numba.kc_add.stats
+    stats = getattr(kc_numba.kc_add, "stats", None)
+    if stats is None:  # NUMBA_DISABLE_JIT: the plain Python function, no cache read or written
+        print(json.dumps({"hits": 0, "misses": 0, "jit": False}))
+        return
     print(json.dumps({"hits": sum(stats.cache_hits.values()), "misses": sum(stats.cache_misses.values())}))
 
 
