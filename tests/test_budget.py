@@ -255,6 +255,41 @@ def test_stats_shows_usage_against_the_budget(kcache, fixture_copy, monkeypatch)
     assert kcache("--cache-dir", root, "stats", "--json").json()["budget"] == {"used": used, "limit": limit}
 
 
+def test_stats_shows_the_budget_kept_in_the_cache_as_json_does(kcache, fixture_copy, tmp_path):
+    """The budget kept in the cache binds every bare prune of it: stats draws its line, alone or with a
+    personal budget set (which it wins over), and the line says what --json's `budget` says."""
+    from kcache_cli.util.units import format_size
+
+    root = fixture_copy("hidet")
+    assert kcache("--cache-dir", root, "config", "set", "max-size", "30M").exit_code == 0
+    used = kcache("--cache-dir", root, "stats", "--json").json()["size"]
+    hidet = f"hidet  {format_size(used)} of 30.0 MB  "
+    run = kcache("--cache-dir", root, "stats")
+    assert run.exit_code == 0 and run.stdout.splitlines()[-1].startswith(hidet), run.stdout
+    assert kcache("--cache-dir", root, "stats", "--json").json()["budget"] == {"used": used, "limit": 30 * 10**6}
+    personal = {"KCACHE_CONFIG": str(tmp_path / "p.toml")}
+    assert kcache("config", "set", "max-size", "100M", env=personal).exit_code == 0
+    assert kcache("config", "set", "--cache", "hidet", "max-size", "50M", env=personal).exit_code == 0
+    lines = kcache("--cache-dir", root, "stats", env=personal).stdout.splitlines()
+    assert lines[-2].startswith(hidet) and lines[-1].startswith(f"all    {format_size(used)} of 100.0 MB"), lines
+    assert kcache("--cache-dir", root, "stats", "--json", env=personal).json()["budget"]["limit"] == 30 * 10**6
+
+
+def test_stats_shows_no_personal_budget_on_a_cache_it_does_not_bind(kcache, fixture_copy):
+    """Personal settings bind only the user's own caches (a bare prune of another's ignores them): stats
+    shows none of them there, in either form."""
+    root = fixture_copy("hidet")
+    assert kcache("config", "set", "--cache", "hidet", "max-size", "50M").exit_code == 0
+    assert kcache("config", "set", "max-size", "100M").exit_code == 0
+    assert kcache("--cache-dir", root, "stats", "--json").json()["budget"]["limit"] == 50 * 10**6
+    for dirpath, dirs, files in os.walk(root):  # another user's cache
+        for n in [dirpath, *(os.path.join(dirpath, f) for f in dirs + files)]:
+            os.lchown(n, 4242, 4242)
+    run = kcache("--cache-dir", root, "stats")
+    assert run.exit_code == 0 and " of " not in run.stdout, run.stdout
+    assert kcache("--cache-dir", root, "stats", "--json").json()["budget"] is None
+
+
 def test_stats_with_a_bad_config_warns_and_shows_the_rest(kcache, fixture_copy, config_home):
     root = fixture_copy("hidet")
     config_home.parent.mkdir(parents=True)

@@ -569,23 +569,20 @@ def stats_command(
 
 
 def _budget_usage(opts: o.GlobalOptions, reports: list[dict]) -> list:
-    """Each cache's bytes against the max-size `kcache config` holds (and all of them against [all]); each
-    report gets its own as "budget" ({"used", "limit"} or null). A bad config is a warning here."""
+    """Each cache's bytes against the max-size that binds a bare prune of it (the one kept in the cache
+    wins; your own settings bind only your caches), and your caches against [all]; each report gets its
+    own as "budget" ({"used", "limit"} or null). A config that cannot be read is a warning here."""
     try:
         cfg = config.load()
-    except UsageError as exc:
-        c.warn(opts, f"no budget shown: {exc}")
-        return []
+    except KcacheError as exc:
+        c.warn(opts, f"no budget shown from your own settings: {exc}")
+        cfg = config.Config(config.config_path(), False)
+    found = budget.usage([(Path(r["root"]), tuple(r["layouts"]), r["size"]) for r in reports if r["exists"]], cfg,
+                         lambda m: c.warn(opts, m))
+    by_root = {u.root: u for u in found if u.root}
     for r in reports:
-        limit = cfg.budget_for(tuple(r["layouts"])).max_size if r["exists"] else None
-        try:  # the budget kept in the cache wins (issue 32)
-            kept = config.load_cache(Path(r["root"])).budget().max_size if r["exists"] else None
-        except UsageError as exc:
-            c.warn(opts, f"budget of {r['root']} not shown: {exc}")
-            kept = None
-        limit = kept if kept is not None else limit
-        r["budget"] = None if limit is None else {"used": r["size"], "limit": limit}
-    return budget.usage([(tuple(r["layouts"]), r["size"]) for r in reports if r["exists"]], cfg)
+        r["budget"] = by_root[r["root"]].to_json() if r["root"] in by_root else None
+    return found
 
 
 def _budget_line(u, width: int) -> str:

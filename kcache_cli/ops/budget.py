@@ -15,6 +15,7 @@ from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import get
 from kcache_cli.model.records import ScanResult, Warn
 from kcache_cli.ops.config import ALL, load_cache
+from kcache_cli.util.errors import KcacheError
 from kcache_cli.util.units import format_size
 
 
@@ -100,7 +101,7 @@ def effective(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn,
     every user and winning over personal settings), then, only for caches this user owns, the user's own
     config (`configured`, `scan` as there). A malformed budget in a cache is a usage error naming its file."""
     kept = {str(root): load_cache(root).budget() for root, _ in roots if root.is_dir()}
-    owned = [(root, layouts) for root, layouts in roots if not root.is_dir() or root.stat().st_uid == os.geteuid()]
+    owned = [(root, layouts) for root, layouts in roots if yours(root)]
     personal = configured(owned, cfg, warn, scan=scan) if owned else {}
     out = {}
     for root, _ in roots:
@@ -113,31 +114,49 @@ def effective(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn,
     return out
 
 
+def yours(root: Path) -> bool:
+    """Whether this user owns the cache at `root` (or it is not made yet): personal settings bind only those."""
+    return not root.is_dir() or root.stat().st_uid == os.geteuid()
+
+
 def _least(a, b):
     return b if a is None else a if b is None else min(a, b)
 
 
 @dataclass(frozen=True)
 class Usage:
-    """One line of `stats`: a cache's bytes against its configured max-size (`name` "all": every cache)."""
+    """One line of `stats`: a cache's bytes against the max-size that binds it (`name` "all": the caches of
+    this user's own against [all])."""
 
     name: str
     used: int
     limit: int
+    root: str = ""  # the cache's root ("" for the line of [all])
 
     def to_json(self) -> dict:
-        return {"cache": self.name, "used": self.used, "limit": self.limit}
+        return {"used": self.used, "limit": self.limit}
 
 
-def usage(caches: list[tuple[tuple[str, ...], int]], cfg) -> list[Usage]:
-    """(used, limit) per cache with a configured max-size, from each cache's (layouts, bytes used); and
-    the total against `[all]`'s max-size when that is set."""
-    out = []
-    for layouts, used in caches:
-        limit = cfg.budget_for(layouts).max_size
+def usage(caches: list[tuple[Path, tuple[str, ...], int]], cfg, warn: Warn) -> list[Usage]:
+    """What `stats` shows against the budget a bare `prune` enforces (`effective`), from each cache's (root,
+    layouts, bytes used): its bytes against the max-size kept in the cache, else, in a cache this user
+    owns, the user's `[cache.<layout>]`; then the bytes of the caches this user owns against `[all]`'s
+    max-size when set. A cache whose own budget cannot be read is a warning, and shows none."""
+    out, mine = [], []
+    for root, layouts, used in caches:
+        own = yours(root)
+        if own:
+            mine.append(used)
+        try:
+            limit = load_cache(root).budget().max_size
+        except KcacheError as exc:
+            warn(f"budget of {root} not shown: {exc}")
+            continue
+        if limit is None and own:
+            limit = cfg.budget_for(layouts).max_size
         if limit is not None:
-            out.append(Usage("+".join(layouts), used, limit))
+            out.append(Usage("+".join(layouts), used, limit, str(root)))
     every = cfg.budget(ALL).max_size
-    if every is not None:
-        out.append(Usage(ALL, sum(used for _, used in caches), every))
+    if every is not None and mine:
+        out.append(Usage(ALL, sum(mine), every))
     return out
