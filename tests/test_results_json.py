@@ -108,9 +108,13 @@ def test_inspect_details(fixture_copy):
     json.dumps(data)
 
 
-@pytest.mark.parametrize("as_json,quiet", [(True, False), (False, False), (False, True)])
-def test_output_renders_one_form(capsys, as_json, quiet):
-    out = Output(GlobalOptions(json=as_json, quiet=quiet))
+@pytest.mark.parametrize("as_json,quiet,silent", [(True, False, False), (False, False, False), (False, True, False),
+                                                  (False, True, True)])
+def test_output_renders_one_form(capsys, as_json, quiet, silent):
+    opts = GlobalOptions(json=as_json, quiet=quiet)
+    opts.silent = silent  # ls -q: paths only
+    out = Output(opts)
+    out.info("a note")
     out.warn("careful")
     out.result(PushResult("file:///r", "/c", False, ()), lambda: out.text("human form"))
     out.error("one item failed")
@@ -119,7 +123,8 @@ def test_output_renders_one_form(capsys, as_json, quiet):
         assert json.loads(got.out)["pushed"] == 0 and "human form" not in got.out
     else:
         assert got.out == "human form\n"
-    assert ("warning: careful" in got.err) is not quiet  # -q: nothing on stderr but errors
+    assert ("a note" in got.err) is not quiet  # -q: no notes
+    assert ("warning: careful" in got.err) is not silent  # -q keeps warnings; only ls -q drops them
     assert "error: one item failed" in got.err
 
 

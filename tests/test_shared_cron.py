@@ -452,14 +452,50 @@ def test_the_cron_line_of_the_docs(area):
         lib.unlink()  # 40 broken entries
     total = json.loads(root_kcache("--cache-dir", root, "stats", "--json").stdout)["size"]
     assert root_kcache("--cache-dir", root, "config", "set", "max-size", f"{total // 3}B").returncode == 0
-    run = subprocess.run(["sh", "-c", command.replace("/srv/kcache/hidet", str(root)).replace("kcache ", KCACHE + " ")],
+    sh_line = command.replace("/srv/kcache/hidet", str(root)).replace("kcache ", KCACHE + " ")
+    run = subprocess.run(["sh", "-c", sh_line],
                          capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL,
                          preexec_fn=lambda: os.umask(0o022))
     assert run.returncode == 0, run.stderr
     assert len(run.stdout.splitlines() + run.stderr.splitlines()) <= 50  # two prunes, each a summary
     after = json.loads(root_kcache("--cache-dir", root, "stats", "--json").stdout)
     assert after["size"] <= total // 3 and after["by_status"].keys() == {"complete"}
+    assert "Removed" in run.stdout  # the night it removed something mails what went
+    again = subprocess.run(["sh", "-c", sh_line], capture_output=True, text=True, timeout=TIMEOUT,
+                           stdin=subprocess.DEVNULL, preexec_fn=lambda: os.umask(0o022))
+    assert again.returncode == 0 and (again.stdout, again.stderr) == ("", ""), again  # nothing to do: no mail
     assert member_kcache("--cache-dir", root, "prune", "--broken").returncode == 0  # still the group's
+
+
+def test_quiet_prune_and_clear_with_nothing_to_do_print_nothing(kcache, fixture_copy, tmp_path):
+    """-q: a prune or clear that removes nothing prints nothing at all, on stdout or stderr (a cron job mails
+    nothing), over one cache or every cache found; what it removes, its warnings and its errors still show."""
+    from conftest import copy_tree
+
+    root = fixture_copy("hidet")
+    assert kcache("--cache-dir", root, "config", "set", "max-size", "10G").exit_code == 0  # a note, without -q
+    for args in (("prune", "--broken"), ("prune", "--yes"), ("prune", "--dry-run"), ("prune", "--max-size", "10G"),
+                 ("clear", "--status", "partial", "--yes"), ("clear", "--status", "partial", "--dry-run")):
+        loud = kcache("--cache-dir", root, *args)
+        assert loud.exit_code == 0 and loud.stdout + loud.stderr, args  # without -q it says what it did
+        run = kcache("-q", "--cache-dir", root, *args)
+        assert run.exit_code == 0 and (run.stdout, run.stderr) == ("", ""), (args, run.stdout, run.stderr)
+    home = tmp_path / "home"  # every cache found: no headings either
+    copy_tree(FIXTURES / "hidet", home / ".cache" / "hidet")
+    copy_tree(FIXTURES / "tilus", home / ".cache" / "tilus")
+    away = tmp_path / "elsewhere"  # (the CUDA JIT cache's root is its parent)
+    env = {"HOME": str(home), "KCACHE_DIR": None, "XDG_CACHE_HOME": None, "TRITON_CACHE_DIR": None,
+           "TRITON_HOME": None, "TILELANG_CACHE_DIR": None, "TORCHINDUCTOR_CACHE_DIR": str(away / "inductor"),
+           "CUDA_CACHE_PATH": str(away / "nv"), "VLLM_CACHE_ROOT": str(away / "vllm")}
+    assert "==> " in kcache("prune", "--all-caches", "--broken", env=env).stdout
+    run = kcache("-q", "prune", "--all-caches", "--broken", env=env)
+    assert run.exit_code == 0 and (run.stdout, run.stderr) == ("", ""), (run.stdout, run.stderr)
+    run = kcache("-q", "--cache-dir", root, "clear", "--op", "nosuch", "--yes")  # a warning stays
+    assert run.exit_code == 0 and run.stdout == "" and "warning: no op 'nosuch'" in run.stderr, run.stderr
+    run = kcache("-q", "--cache-dir", root, "clear", "--op", "relu", "--yes")  # what went is data
+    assert run.exit_code == 0 and "Removed 1 entry" in run.stdout and run.stderr == "", run.stderr
+    run = kcache("-q", "--cache-dir", tmp_path / "nosuch", "prune")  # an error stays
+    assert run.exit_code == 2 and run.stderr.startswith("Error: "), run.stderr
 
 
 def test_the_ci_recipe_exits_0_on_a_cache_miss(tmp_path):

@@ -38,7 +38,8 @@ def _set_global(name: str):
 # (option names, GlobalOptions field, is a flag, metavar, help)
 _GLOBAL_OPTIONS = ((("--cache-dir",), "cache_dir", False, "PATH", "Cache root (a global option)."),
                    (("--json",), "json", True, None, "Machine-readable JSON on stdout (a global option)."),
-                   (("-q", "--quiet"), "quiet", True, None, "No warnings or progress on stderr (a global option)."),
+                   (("-q", "--quiet"), "quiet", True, None,
+                    "No notes or progress on stderr, only warnings and errors (a global option)."),
                    (("--debug",), "debug", True, None, "Show tracebacks for errors (a global option)."))
 
 
@@ -142,7 +143,9 @@ def main_options(
         "found by the compilers' own rules (kcache dir --all), or the one the current directory lies in; "
         "build writes into hidet's.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")] = False,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No warnings or progress on stderr.")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No notes or progress on stderr, only warnings and "
+                                        "errors; prune and clear print nothing when they remove nothing (cron "
+                                        "mails nothing).")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
@@ -291,7 +294,7 @@ def _say_unnoted(unnoted: dict[str, int]) -> None:
     cache: a prune by age or least recent use now takes those files as just used."""
     said, opts = dict(unnoted), options.current or options.GlobalOptions()
     unnoted.clear()
-    if not said or opts.quiet:
+    if not said or opts.silent:
         return
     from kcache_cli.cli.common import warn
 

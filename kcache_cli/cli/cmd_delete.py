@@ -118,7 +118,8 @@ def _prune_planned(opts: o.GlobalOptions, out: "_Out", plans: list, budgets: tup
                     _confirm_big_prune(opts, plan)
     limits, ages = budgets
     for loc, plan in plans:
-        out.section(loc)
+        if not _idle(out, plan):
+            out.section(loc)
         _act_one(opts, out, loc, plan, {"max_size": limits[str(loc.path)], "older_than": ages[str(loc.path)]},
                  dry_run)
 
@@ -260,7 +261,8 @@ def clear_command(
     for loc, plan in plans:
         if opts.many and anywhere and not out.json and not (plan.removals or plan.skipped):
             continue  # every cache: the ones the selection names nothing in are no news
-        out.section(loc)
+        if not _idle(out, plan):
+            out.section(loc)
         _clear_one(opts, out, loc, plan, yes, dry_run)
     out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
 
@@ -337,6 +339,12 @@ class _Out(c.Output):
 
 
 # ---- helpers -------------------------------------------------------------------------------------
+def _idle(out: _Out, plan) -> bool:
+    """-q and nothing to say of this cache (nothing to remove, nothing kept): no heading and no "Nothing
+    removed" line, so that a cron job that had nothing to do mails nothing; warnings and errors still show."""
+    return out.opts.quiet and not out.json and not (plan.exists and (plan.removals or plan.skipped))
+
+
 class Interrupted(KcacheError):
     """Ctrl-C (or SIGTERM, SIGHUP taken as it): what was done is said, exit 128 + the signal (130 for Ctrl-C,
     as a shell reports a SIGINT)."""
@@ -488,6 +496,8 @@ def _last_line(text: str, root: str) -> None:
 def _plan_human(out: _Out, plan, extra: dict) -> None:
     _kept(out, plan.skipped, "would keep")
     if not plan.removals:
+        if out.opts.quiet:
+            return
         _last_line(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} "
                    "scanned).", plan.root)
         return
@@ -534,7 +544,7 @@ def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
         _last_line(f"Removed {_count(result.removed)}, freed {c.human_size(result.freed)} "
                    f"({c.plural(result.freed, 'byte')}) from {c.printable_line(plan.root)}"
                    f"{_sizes(plan, extra, result.freed)}.", plan.root)
-    else:
+    elif not out.opts.quiet:
         _last_line(f"Nothing removed from {c.printable_line(plan.root)}.", plan.root)
     limit = extra["max_size"] if extra.get("max_size") is not None else 1 << 62
     over = plan.scanned_size - result.freed - sum(s.entry.size for s in gone) - limit

@@ -159,8 +159,8 @@ def ls_command(
         raise UsageError(f"unknown sort key '{sort}' (choose from op, size, age)")
     if null and opts.json:
         raise UsageError("--null and --json do not go together")
-    if paths_only or null:  # quiet on stderr in any case; with --json the JSON still wins over -q's paths
-        opts.quiet = True
+    if paths_only or null:  # nothing on stderr but errors; with --json the JSON still wins over -q's paths
+        opts.quiet = opts.silent = True
         paths_only = not opts.json
     listed = _ls_listed(opts, sel, all_caches, cache, not no_index)
     rows = _ls_rows(listed, sort, limit)

@@ -545,8 +545,9 @@ class Output:
     """The one way a command emits (huggingface_hub's cli/_output.py): `result(data, human)` writes the
     command's result as JSON on stdout under --json (`data`, its `to_json()`, or what the function `data`
     returns), else calls `human()`,
-    which renders it for people (tables and text on stdout); `info` and `warn` go to stderr and say
-    nothing under -q; `error` always does. Commands never branch on the format themselves.
+    which renders it for people (tables and text on stdout); `info` and `warn` go to stderr, `info`
+    saying nothing under -q, `warn` nothing only when silent (ls -q); `error` always does. Commands
+    never branch on the format themselves.
     With `collect` (--all-caches: one result per cache), results are gathered and `done()` writes them
     as one JSON list."""
 
@@ -592,9 +593,10 @@ class Output:
                                      for line in fold_err(part, 2, whole_words)))
 
     def warn(self, message: str) -> None:
-        """A warning on stderr; names and paths in it cannot act on the terminal (textsafe). On a terminal
-        (or under COLUMNS) it is folded to the width, later lines indented."""
-        if not self.opts.quiet:
+        """A warning on stderr, under -q too (a cron job's mail shows it); names and paths in it cannot act
+        on the terminal (textsafe). On a terminal (or under COLUMNS) it is folded to the width, later lines
+        indented."""
+        if not self.opts.silent:
             sys.stderr.write("".join(f"{line}\n" for line in fold_err(f"warning: {printable_line(message)}", 2)))
 
     def error(self, message: str) -> None:

@@ -17,6 +17,8 @@ class GlobalOptions:
     def __init__(self, cache_dir: Optional[str] = None, json: bool = False, quiet: bool = False,
                  debug: bool = False) -> None:
         self.cache_dir, self.json, self.quiet, self.debug = cache_dir, json, quiet, debug
+        # -q drops notes and progress; `silent` (ls -q/--null: paths only) drops warnings too, never errors
+        self.silent = False
         self.lock_timeout: float | None = None  # a command's checked --lock-timeout, where it has one
         self.many = False  # the scope is every cache found (cache_locations), not one root
         self.command = ""  # the command's name in JSON schemas ("ls", "remote-ls"), set by use()
