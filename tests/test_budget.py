@@ -109,10 +109,10 @@ def test_a_fifo_or_huge_file_is_refused_without_hanging(kcache, config_home):
     config_home.parent.mkdir(parents=True)
     os.mkfifo(config_home)
     run = kcache("config")
-    assert run.exit_code == 2 and "FIFO" in run.stderr
+    assert run.exit_code == 1 and "FIFO" in run.stderr  # there, but no file kcache reads: exit 1
     os.unlink(config_home)
     config_home.write_text("#" * (100 << 10))
-    assert kcache("config").exit_code == 2
+    assert kcache("config").exit_code == 2  # what it holds is wrong: a usage error
 
 
 def test_a_symlinked_file_is_read_but_never_written_through(kcache, config_home, tmp_path):
@@ -296,6 +296,33 @@ def test_stats_with_a_bad_config_warns_and_shows_the_rest(kcache, fixture_copy, 
     config_home.write_text("[all\n")
     run = kcache("--cache-dir", root, "stats")
     assert run.exit_code == 0 and "no budget shown" in run.stderr and "5 entries" in run.stdout
+
+
+def test_a_config_that_cannot_be_read_is_exit_1_and_a_malformed_one_exit_2(kcache, fixture_copy, tmp_path):
+    """A config file that exists but cannot be read (here a directory where it belongs) is an error, exit 1;
+    one that says something wrong is a usage error, exit 2: each one line naming the file, for the user's
+    own settings and for the budget kept in a cache. stats only warns."""
+    root = fixture_copy("hidet")
+    unreadable, malformed = tmp_path / "dir.toml", tmp_path / "bad.toml"
+    unreadable.mkdir()
+    malformed.write_text("[all\n")
+    for cfg, code in ((unreadable, 1), (malformed, 2)):
+        env = {"KCACHE_CONFIG": str(cfg)}
+        for args in (("config",), ("config", "set", "max-size", "1G"), ("--cache-dir", root, "prune", "--dry-run")):
+            run = kcache(*args, env=env)
+            assert run.exit_code == code and len(run.stderr.splitlines()) == 1 and str(cfg) in run.stderr, \
+                (args, run.exit_code, run.stderr)
+        run = kcache("--cache-dir", root, "stats", env=env)
+        assert run.exit_code == 0 and "no budget shown" in run.stderr
+    kept = root / ".kcache" / "config.toml"
+    kept.parent.mkdir(exist_ok=True)
+    kept.mkdir()
+    run = kcache("--cache-dir", root, "prune", "--dry-run")
+    assert run.exit_code == 1 and f"cannot read {kept}" in run.stderr, run.stderr
+    kept.rmdir()
+    kept.write_text("max-size = 20\n")  # a size without its unit
+    run = kcache("--cache-dir", root, "prune", "--dry-run")
+    assert run.exit_code == 2 and str(kept) in run.stderr, run.stderr
 
 
 def test_a_prune_over_several_caches_asks_for_all_before_removing_from_any(kcache, tmp_path):

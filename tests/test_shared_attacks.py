@@ -463,15 +463,16 @@ def test_private_directory_rule(area):
 
 # ---- a group-shared cache keeps working for every member -------------------------------------------------
 
-def as_user_kcache(preexec: Callable[[], None], *args: object) -> subprocess.CompletedProcess:
-    """kcache run by another user (`preexec` becomes them), from this checkout. A checkout that user cannot
-    read (a clone under a 0700 /root, as root in a container) skips the test, loudly: no other user runs
-    kcache there."""
+def as_user_kcache(preexec: Callable[[], None], *args: object, env: dict | None = None) -> subprocess.CompletedProcess:
+    """kcache run by another user (`preexec` becomes them), from this checkout (`env`: more variables). A
+    checkout that user cannot read (a clone under a 0700 /root, as root in a container) skips the test,
+    loudly: no other user runs kcache there."""
     import site
 
     here = Path(__file__).resolve().parents[1]
     paths = [str(here), *(p for p in site.getsitepackages() if "site-packages" in p)]
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": ":".join(paths), "NO_COLOR": "1"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": ":".join(paths), "NO_COLOR": "1",
+           **(env or {})}
     run = subprocess.run([PY, "-m", "kcache_cli", *map(str, args)], capture_output=True, text=True, timeout=TIMEOUT,
                          env=env, preexec_fn=preexec, cwd="/")
     if run.returncode != 0 and "No module named kcache_cli" in run.stderr:

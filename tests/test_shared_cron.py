@@ -308,6 +308,32 @@ def test_a_budget_root_keeps_in_the_cache_binds_a_members_bare_prune(area):
     assert left <= limit and len(entries(root)) < 300
 
 
+@pytest.mark.second_user
+def test_a_config_a_member_cannot_read_is_exit_1_naming_it(area):
+    """root's budget file made 0600 in the shared cache, or a KCACHE_CONFIG the member cannot read: a file
+    that exists but cannot be read is exit 1 (docs/output.md), one line naming it; stats only warns."""
+    from test_shared_attacks import as_attacker
+
+    root = group_cache(area)
+    assert root_kcache("--cache-dir", root, "config", "set", "max-size", "1G").returncode == 0
+    kept = root / ".kcache" / "config.toml"
+    os.chmod(kept, 0o600)
+    for args in (("prune", "--dry-run"), ("prune", "--yes"), ("config",)):
+        run = member_kcache("--cache-dir", root, *args)
+        assert run.returncode == 1 and f"cannot read {kept}" in run.stderr, (args, run.returncode, run.stderr)
+        assert len(run.stderr.splitlines()) == 1, run.stderr
+    run = member_kcache("--cache-dir", root, "stats")
+    assert run.returncode == 0 and f"budget of {root} not shown" in run.stderr, run.stderr
+    os.chmod(kept, 0o664)
+    personal = area / "personal.toml"
+    personal.write_text('[all]\nmax-size = "1G"\n')
+    os.chmod(personal, 0o600)  # root's: the member cannot read it
+    for args in (("config",), ("config", "set", "max-size", "2G")):
+        run = as_user_kcache(as_attacker, *args, env={"KCACHE_CONFIG": str(personal)})
+        assert run.returncode == 1 and f"cannot read {personal}" in run.stderr, (args, run.returncode, run.stderr)
+    assert personal.read_text() == '[all]\nmax-size = "1G"\n'
+
+
 def test_the_budget_in_the_cache_wins_and_personal_budgets_bind_only_own_caches(kcache, tmp_path):
     import shutil
 

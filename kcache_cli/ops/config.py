@@ -139,8 +139,9 @@ def check_value(key: str, value: str, where: str = "") -> str:
 
 
 def load(path: Path | None = None) -> Config:
-    """The config at `path` (config_path() by default); a missing file is an empty config. A file that is
-    not regular, too big, not TOML or holds what kcache does not know is a usage error naming the file."""
+    """The config at `path` (config_path() by default); a missing file is an empty config. One that is too
+    big, not TOML or holds what kcache does not know is a usage error naming the file (exit 2, like a bad
+    option); one that exists but cannot be read (permissions, not a regular file) is an error (exit 1)."""
     path = config_path() if path is None else path
     raw = _read(path)
     if raw is None:
@@ -178,13 +179,26 @@ def _read(path: Path) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise UsageError(f"cannot read {path}: {getattr(exc, 'kind', None) or exc.strerror or exc}") from None
+        raise _cannot_read(path, exc) from None
     try:
-        if st.st_size > MAX_BYTES:
-            raise UsageError(f"{path}: {st.st_size} bytes is too big for a kcache config")
-        return os.read(fd, MAX_BYTES + 1)[:MAX_BYTES]
+        return _contents(fd, st, path)
     finally:
         os.close(fd)
+
+
+def _cannot_read(path: Path, exc: OSError) -> KcacheError:
+    """A config file that exists but cannot be read: what is wrong is the file's place or mode, not what it
+    says, so an error (exit 1) rather than a usage error."""
+    return KcacheError(f"cannot read {path}: {getattr(exc, 'kind', None) or exc.strerror or exc}")
+
+
+def _contents(fd: int, st: os.stat_result, path: Path) -> bytes:
+    if st.st_size > MAX_BYTES:
+        raise UsageError(f"{path}: {st.st_size} bytes is too big for a kcache config")
+    try:
+        return os.read(fd, MAX_BYTES + 1)[:MAX_BYTES]
+    except OSError as exc:  # EIO, or a file that cannot be read although it could be opened
+        raise _cannot_read(path, exc) from None
 
 
 def _sections(doc: dict, path: Path) -> dict[str, dict[str, str]]:
@@ -320,9 +334,9 @@ class CacheConfig:
 
 
 def load_cache(root: Path) -> CacheConfig:
-    """The budget kept in the cache at `root` (empty when it has none). A file that is malformed, or that
-    belongs to someone the cache does not trust (not you, not root, nor the group of a group-shared
-    cache), is a usage error naming it."""
+    """The budget kept in the cache at `root` (empty when it has none). A file that is malformed is a usage
+    error naming it (exit 2); one that cannot be read, or that belongs to someone the cache does not trust
+    (not you, not root, nor the group of a group-shared cache), is an error (exit 1)."""
     empty = CacheConfig(Path(root), False)
     raw = _read_cache_file(empty.path, Path(root))
     if raw is None:
@@ -355,17 +369,15 @@ def _read_cache_file(path: Path, root: Path) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise UsageError(f"cannot read {path}: {getattr(exc, 'kind', None) or exc.strerror or exc}") from None
+        raise _cannot_read(path, exc) from None
     finally:
         os.close(sfd)
     try:
         trusted = st.st_uid in (os.geteuid(), 0) or (group is not None and st.st_gid == group)
         if not trusted or st.st_mode & 0o002:
-            raise UsageError(f"{path}: owned by uid {st.st_uid} and not the cache group's (or writable by "
-                             "anyone): not trusted as this cache's budget; its owner or root can fix or remove it")
-        if st.st_size > MAX_BYTES:
-            raise UsageError(f"{path}: {st.st_size} bytes is too big for a kcache config")
-        return os.read(fd, MAX_BYTES + 1)[:MAX_BYTES]
+            raise KcacheError(f"{path}: owned by uid {st.st_uid} and not the cache group's (or writable by "
+                              "anyone): not trusted as this cache's budget; its owner or root can fix or remove it")
+        return _contents(fd, st, path)
     finally:
         os.close(fd)
 
