@@ -325,6 +325,30 @@ def test_a_config_that_cannot_be_read_is_exit_1_and_a_malformed_one_exit_2(kcach
     assert run.exit_code == 2 and str(kept) in run.stderr, run.stderr
 
 
+@pytest.mark.parametrize("where", ["personal", "cache"])
+def test_config_set_and_unset_leave_a_malformed_file_alone_and_say_how_to_recover(kcache, fixture_copy, config_home,
+                                                                                   where):
+    """`config set`/`unset` rewrite the whole file: one they cannot parse is never overwritten (an admin's
+    file may hold what kcache does not know); the error names it and the way out, which works."""
+    import shlex
+
+    root = fixture_copy("hidet")
+    path = root / ".kcache" / "config.toml" if where == "cache" else config_home
+    scope = ("--cache-dir", root) if where == "cache" else ()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = '# the admin\'s notes\nmax-size = "30M"\n[all\n'
+    path.write_text(text)
+    for args in (("set", "max-size", "20G"), ("unset", "max-size")):
+        run = kcache(*scope, "config", *args)
+        assert run.exit_code == 2 and len(run.stderr.splitlines()) == 1, run.stderr
+        assert str(path) in run.stderr and "not valid TOML" in run.stderr, run.stderr
+        assert f"mv {shlex.quote(str(path))} {shlex.quote(str(path) + '.bad')}" in run.stderr, run.stderr
+        assert path.read_text() == text  # untouched
+    os.rename(path, f"{path}.bad")  # what the error says to do
+    assert kcache(*scope, "config", "set", "max-size", "20G").exit_code == 0
+    assert 'max-size = "20G"' in path.read_text() and (path.parent / f"{path.name}.bad").read_text() == text
+
+
 def test_a_prune_over_several_caches_asks_for_all_before_removing_from_any(kcache, tmp_path):
     """Over every cache found, a prune that must ask for one cache (all of tilus's entries are old) asks
     before it removes anything from any of them: without a terminal it refuses, exit 2, and the hidet

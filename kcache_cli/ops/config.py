@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 import stat
 import sys
 from dataclasses import dataclass, field
@@ -265,7 +266,7 @@ def _update(path: Path, change) -> tuple[Config, bool]:
     dfd = _open_config_dir(path)
     try:
         fcntl.flock(dfd, fcntl.LOCK_EX)
-        cfg = load(path)
+        cfg = _before_rewrite(path, lambda: load(path))
         sections = change(cfg)
         if sections is None:
             return cfg, False
@@ -274,6 +275,18 @@ def _update(path: Path, change) -> tuple[Config, bool]:
         return new, True
     finally:
         os.close(dfd)
+
+
+def _before_rewrite(path: Path, read):
+    """What `read` reads of the file at `path` that `config set`/`unset` rewrites whole: a file it cannot
+    read or parse is never overwritten (it may be an admin's, with more in it than kcache knows); the error
+    (its exit code kept) says how to get going again."""
+    try:
+        return read()
+    except KcacheError as exc:
+        aside = f"mv {shlex.quote(str(path))} {shlex.quote(str(path) + '.bad')}"
+        raise type(exc)(f"{exc}; kcache rewrites the whole file and leaves one it cannot read alone: fix it, or "
+                        f"move it aside ({aside}) and run this again") from None
 
 
 def _open_config_dir(path: Path) -> int:
@@ -404,7 +417,7 @@ def _update_cache(root: Path, change) -> tuple[CacheConfig, bool]:
     sfd, lock = _open_for_update(root, where)
     try:
         locking.wait_flock(lock, 60.0, f"the config lock of {root}")
-        cfg = load_cache(root)
+        cfg = _before_rewrite(where, lambda: load_cache(root))
         values = change(cfg.values)
         if values is None:
             return cfg, False
