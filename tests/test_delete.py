@@ -699,7 +699,9 @@ def test_unreadable_parts_are_warnings(kcache, fixture_copy):
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
 def test_unreadable_parts_are_warnings_for_a_user():
-    """As root, run prune as `nobody` on a cache `nobody` owns, with one space directory mode 000."""
+    """As root, run prune as `nobody` on a cache `nobody` owns, with one space directory mode 000: what it can
+    read goes, what it cannot is a warning and listed as `unreadable`, and the prune to a size exits 1 (it
+    cannot tell that the cache fits)."""
     import json
     import subprocess
     import sys
@@ -720,8 +722,10 @@ def test_unreadable_parts_are_warnings_for_a_user():
                               env={**os.environ, "HOME": str(base)})
         if proc.returncode != 0 and not proc.stderr.startswith(("Error:", "warning:")):
             pytest.skip(f"nobody cannot run kcache from here: {proc.stderr.strip()[-200:]}")
-        assert proc.returncode == 0, proc.stderr
+        assert proc.returncode == 1, proc.stderr
         assert "cannot read" in proc.stderr and "Traceback" not in proc.stderr
+        assert "Error: 1 directory of" in proc.stderr and "may still be over its max-size" in proc.stderr
+        assert json.loads(proc.stdout)["unreadable"] == ["ops/cpu_space_0"]
         removed = {x["hash"] for x in json.loads(proc.stdout)["removed"]}
         assert removed == {"8d1f7691cdf75e90", "ad252b064b266eea"}  # the readable cuda space only
         (root / "ops/cpu_space_0").chmod(0o755)

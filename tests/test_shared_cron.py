@@ -334,6 +334,34 @@ def test_a_config_a_member_cannot_read_is_exit_1_naming_it(area):
     assert personal.read_text() == '[all]\nmax-size = "1G"\n'
 
 
+@pytest.mark.second_user
+def test_a_members_prune_that_cannot_measure_part_of_the_cache_does_not_claim_it_fits(area):
+    """A member's prune of a cache where a directory is root's 0700 (its size unknown, counted as 0): the
+    last line and --json's `unreadable` name what was not counted, and a prune to a size exits 1 (it
+    cannot tell that the cache fits); one without a size only says so."""
+    root = group_cache(area)
+    hidden = root / "ops" / "cpu_space_0" / "matmul"
+    assert root_kcache("--cache-dir", root, "config", "set", "max-size", "10G").returncode == 0  # fits, it seems
+    os.chmod(hidden, 0o2700)
+    rel = "ops/cpu_space_0/matmul"
+    for args in (("prune", "--yes"), ("prune", "--dry-run"), ("prune", "--max-size", "10G")):
+        run = member_kcache("--cache-dir", root, *args)
+        assert run.returncode == 1, (args, run.returncode, run.stderr)
+        last = run.stdout.splitlines()[-1]
+        assert f"1 directory it could not read ({rel})" in last and "not known" in last, (args, last)
+        error = [ln for ln in run.stderr.splitlines() if ln.startswith("Error: ")]
+        assert len(error) == 1 and "may still be over its max-size of 10.0 GB" in error[0], run.stderr
+    run = member_kcache("--cache-dir", root, "prune", "--dry-run", "--json")
+    doc = json.loads(run.stdout)
+    assert run.returncode == 1 and doc["unreadable"] == [rel] and doc["max_size"] == 10**10, run.stdout
+    run = member_kcache("--cache-dir", root, "prune", "--broken")  # no size to reach: a note, exit 0
+    assert run.returncode == 0 and f"1 directory it could not read ({rel})" in run.stdout, (run.stdout, run.stderr)
+    assert "not known" not in run.stdout
+    os.chmod(hidden, 0o2775)
+    run = member_kcache("--cache-dir", root, "prune", "--dry-run", "--json")  # all of it read: fits, exit 0
+    assert run.returncode == 0 and json.loads(run.stdout)["unreadable"] == [], run.stderr
+
+
 def test_the_budget_in_the_cache_wins_and_personal_budgets_bind_only_own_caches(kcache, tmp_path):
     import shutil
 

@@ -105,6 +105,22 @@ def prune_command(
                              scans.done.pop(str(loc.path), None))) for loc in locs]
     _prune_planned(opts, out, plans, (limits, ages), dry_run, yes)
     out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
+    _unmeasured_fails(plans, limits)
+
+
+def _unmeasured_fails(plans: list, limits: dict) -> None:
+    """A prune to a size (--max-size, a budget) that could not measure part of a cache cannot tell whether
+    that cache fits: a failed check, exit 1, once every cache has been pruned and reported."""
+    short = [(plan, limits[str(loc.path)]) for loc, plan in plans
+             if plan.unreadable and limits[str(loc.path)] is not None]
+    if not short:
+        return
+    plan, limit = short[0]
+    more = f" (and {c.plural(len(short) - 1, 'other cache')})" if len(short) > 1 else ""
+    n = len(plan.unreadable)
+    raise KcacheError(f"{c.plural(n, 'directory')} of {plan.root}{more} could not be read: "
+                      f"{'its size is' if n == 1 else 'their sizes are'} not counted, so the cache may still be "
+                      f"over its max-size of {c.human_size(limit)}")
 
 
 def _prune_planned(opts: o.GlobalOptions, out: "_Out", plans: list, budgets: tuple[dict, dict], dry_run: bool,
@@ -499,19 +515,19 @@ def _plan_human(out: _Out, plan, extra: dict) -> None:
         if out.opts.quiet:
             return
         _last_line(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} "
-                   "scanned).", plan.root)
+                   f"scanned){_unread(plan, extra)}.", plan.root)
         return
     _removals_table(out, plan.removals)
     _last_line(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
                f"({c.plural(plan.expected_freed_size, 'byte')}) from {c.printable_line(plan.root)}"
-               f"{_sizes(plan, extra)}. Nothing was changed (--dry-run).", plan.root)
+               f"{_sizes(plan, extra)}{_unread(plan, extra)}. Nothing was changed (--dry-run).", plan.root)
 
 
 def _report_result(opts: o.GlobalOptions, out: _Out, plan, result, extra: dict) -> None:
 
     fresh = result.warnings[len(plan.warnings):] if result else ()  # the plan's were shown already
     if result is None:  # nothing was selected: nothing ran
-        result = delete.DeleteResult(plan.root, (), plan.skipped, (), 0, (), plan.warnings)
+        result = delete.DeleteResult(plan.root, (), plan.skipped, (), 0, (), plan.warnings, unreadable=plan.unreadable)
     plan = result.planned or plan  # made again after waiting for another prune: its sizes are today's
     done = (f"interrupted: removed {result.entries:,} of {plan.entries:,} "
             f"{'entry' if plan.entries == 1 else 'entries'}, {c.human_size(result.freed)}; nothing half-removed")
@@ -543,9 +559,9 @@ def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
         _removals_table(out, result.removed)
         _last_line(f"Removed {_count(result.removed)}, freed {c.human_size(result.freed)} "
                    f"({c.plural(result.freed, 'byte')}) from {c.printable_line(plan.root)}"
-                   f"{_sizes(plan, extra, result.freed)}.", plan.root)
+                   f"{_sizes(plan, extra, result.freed)}{_unread(plan, extra)}.", plan.root)
     elif not out.opts.quiet:
-        _last_line(f"Nothing removed from {c.printable_line(plan.root)}.", plan.root)
+        _last_line(f"Nothing removed from {c.printable_line(plan.root)}{_unread(plan, extra)}.", plan.root)
     limit = extra["max_size"] if extra.get("max_size") is not None else 1 << 62
     over = plan.scanned_size - result.freed - sum(s.entry.size for s in gone) - limit
     if over > 0 and kept:  # what was kept (in use, changed) is not made up for by others
@@ -564,6 +580,17 @@ def _count(removals) -> str:
              "staging": ("stale staging directory", "stale staging directories"), "link": ("symlink", "symlinks"),
              "leftover": ("leftover of an interrupted import or export", "leftovers of interrupted imports or exports")}
     return ", ".join(f"{n} {names[k][0] if n == 1 else names[k][1]}" for k, n in kinds.items())
+
+
+def _unread(plan, extra: dict) -> str:
+    """The last line's word on the directories the scan could not read: left out of every size above, so
+    with a limit whether the cache fits it is not known."""
+    n = len(plan.unreadable)
+    if not n:
+        return ""
+    names = ", ".join(c.printable_line(p) for p in plan.unreadable[:3]) + (f" and {n - 3} more" if n > 3 else "")
+    fits = ": whether it fits its limit is not known" if extra.get("max_size") is not None else ""
+    return f"; not counted: {c.plural(n, 'directory')} it could not read ({names}){fits}"
 
 
 def _sizes(plan, extra: dict, freed: int | None = None) -> str:

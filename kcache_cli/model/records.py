@@ -43,6 +43,12 @@ from kcache_cli.model.terms import (  # noqa: F401
 
 UNREADABLE_REASON = "unreadable directory (permission denied?)"
 
+
+def unmeasured(e: "Entry") -> bool:
+    """A directory the scan could not list, an entry's own or one standing for the entries in it: its size
+    (0 in the scan) is not known."""
+    return e.status == UNREADABLE and (not e.hash or e.reason == UNREADABLE_REASON)
+
 # Keys of `ls --json`, in order (kcache_cli/schemas/ls.json); the attribute `files` is `file_count` there.
 JSON_KEYS = ("layout", "kind", "target", "space", "op", "hash", "path", "size", "apparent_size", "file_count",
              "status", "reason", "modified", "last_used")

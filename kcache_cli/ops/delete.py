@@ -44,6 +44,7 @@ from kcache_cli.model.records import (
     Warn,
     iso,
     measure_tree,
+    unmeasured,
 )
 from kcache_cli.model.terms import BROKEN, RemovalWhat  # BROKEN: what --broken removes (partial, failed, corrupt)
 from kcache_cli.util import interrupts
@@ -127,6 +128,7 @@ class DeleteResult:
     warnings: tuple[str, ...] = ()
     interrupted: bool = False  # stopped by SIGINT (SIGTERM, SIGHUP) between two removals (each one whole, or not begun)
     planned: DeletePlan | None = None  # the plan carried out, when it was made again after waiting (below)
+    unreadable: tuple[str, ...] = ()  # the plan's: directories whose size is not known (DeletePlan.unreadable)
 
     @property
     def entries(self) -> int:
@@ -139,7 +141,7 @@ class DeleteResult:
                 "skipped": [s.to_json() for s in self.skipped], "errors": [m for _, m in self.errors],
                 "entry_count": self.entries, "freed": self.freed, "size_before": size_before,
                 "size_after": size_before - self.freed, **(extra or {}), "removed_dirs": list(self.removed_dirs),
-                "warnings": list(self.warnings), "interrupted": self.interrupted}
+                "warnings": list(self.warnings), "interrupted": self.interrupted, "unreadable": list(self.unreadable)}
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,9 @@ class DeletePlan:
     # The same plan made again (a prune's): after waiting for another prune or clear, the executor makes
     # it again under the gc lock, and only what both plans remove goes (executor._planned_again).
     replan: Callable[[], DeletePlan] | None = field(default=None, compare=False, repr=False)
+    # relpaths of the directories the scan could not list (records.unmeasured): never removed, and not in
+    # scanned_size, so a prune to a size cannot tell whether the cache fits
+    unreadable: tuple[str, ...] = ()
 
     @property
     def expected_freed_size(self) -> int:
@@ -178,7 +183,7 @@ class DeletePlan:
                 "removed": [r.to_json() for r in self.removals], "skipped": [s.to_json() for s in self.skipped],
                 "errors": [], "entry_count": self.entries, "freed": self.expected_freed_size,
                 "size_before": self.scanned_size, "size_after": self.size_after, **(extra or {}),
-                "warnings": list(self.warnings)}
+                "warnings": list(self.warnings), "unreadable": list(self.unreadable)}
 
     def execute(self, progress: Callable[[Removal], None] | None = None,
                 on_wait: Callable[[], None] | None = None, lock_timeout: float | None = None,
@@ -189,7 +194,7 @@ class DeletePlan:
         KeyboardInterrupt): the result says `interrupted`, what went is whole gone, the rest untouched,
         and what is left in the trash the next prune or clear empties."""
         if not self.exists:
-            return DeleteResult(self.root, (), self.skipped, (), 0, (), self.warnings)
+            return DeleteResult(self.root, (), self.skipped, (), 0, (), self.warnings, unreadable=self.unreadable)
         return _Executor(self, progress, on_wait, lock_timeout, interruptible).run()
 
 
@@ -417,10 +422,12 @@ class _Planner:
                 t = max(t, o.last_used)
         return t
 
-    def plan(self, exists: bool, scanned: int, warnings: Iterable[str], tidy: bool = False) -> DeletePlan:
+    def plan(self, result: ScanResult, warnings: Iterable[str], tidy: bool = False) -> DeletePlan:
+        """The plan of what was selected in `result`, the scan it was selected from."""
         order = sorted(self.removals.values(), key=lambda r: _provides(r.entry))  # users first
-        return DeletePlan(str(self.root), exists, tuple(order), tuple(self.skipped.values()), scanned,
-                          tuple(warnings), tidy, root_ident=_root_ident(self.root))
+        return DeletePlan(str(self.root), True, tuple(order), tuple(self.skipped.values()), result.size,
+                          tuple(warnings), tidy, root_ident=_root_ident(self.root),
+                          unreadable=tuple(e.relpath for e in result.entries if unmeasured(e)))
 
 
 
@@ -481,7 +488,7 @@ def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn
             continue
         p.select(e, "selected")
     p.settle()
-    return p.plan(True, result.size, msgs)
+    return p.plan(result, msgs)
 
 
 def plan_prune(root: Path, max_size: int | None = None, older_than: float | None = None, broken: bool = False,
@@ -537,7 +544,7 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     if max_size is not None:  # 5. least recently used first, until the cache fits
         _select_until_fits(p, regular, last, inner, result.size, max_size)
     again = partial(plan_prune, root, max_size=max_size, older_than=older_than, broken=broken, stale=stale, deep=deep)
-    return replace(p.plan(True, result.size, msgs, tidy=True), deep=deep, replan=again)
+    return replace(p.plan(result, msgs, tidy=True), deep=deep, replan=again)
 
 
 def _select_broken(p: _Planner, root: Path, regular: list[Entry], warn: Warn, layouts: Iterable[str],
@@ -797,7 +804,8 @@ class _Executor:
     def run(self) -> DeleteResult:
         sd = state.STATE_DIR
         if not self.plan.removals and not os.path.isdir(self.root / sd):
-            return DeleteResult(self.plan.root, (), tuple(self.skipped), (), 0, (), tuple(self.warnings))
+            return DeleteResult(self.plan.root, (), tuple(self.skipped), (), 0, (), tuple(self.warnings),
+                                unreadable=self.plan.unreadable)
 
         self.mounts = fsdelete.mount_points_under(os.path.realpath(self.root))
         try:
@@ -835,7 +843,8 @@ class _Executor:
             self._close_all()
         freed = sum(r.size for r in self.removed)
         return DeleteResult(self.plan.root, tuple(self.removed), tuple(self.skipped), tuple(self.errors), freed,
-                            tuple(removed_dirs), tuple(self.warnings), self.stopped, self.replanned)
+                            tuple(removed_dirs), tuple(self.warnings), self.stopped, self.replanned,
+                            self.plan.unreadable)
 
     def _share_state(self) -> None:
         """In a group-shared cache, the rest of .kcache/ this user made (last-used stamps, the index) made
