@@ -562,6 +562,59 @@ def test_symlinked_root_is_not_moved_and_a_symlinked_child_is_read_as_triton_rea
     assert ls(kcache, cache)[SOFTMAX]["status"] == "partial"
 
 
+def test_a_symlinked_group_file_is_read_as_triton_reads_it_and_never_rewritten(kcache, cache, tmp_path):
+    """Triton opens `__grp__<name>.json` through a symlink (get_group: os.path.exists, open): the judgement
+    reads it so too, and the reason says it is a link and where it leads; `verify --fix` never writes
+    through one, so a link to a moved group is a miss Triton compiles over (replacing the link), not
+    `moved`."""
+    grp = cache / ADD_90 / "__grp__add_kernel.json"
+    kept = tmp_path / "kept.json"
+    kept.write_bytes(grp.read_bytes())
+    grp.unlink()
+    grp.symlink_to(kept)  # a link to a good group: Triton hits (the oracle's "a link to a good copy")
+    assert ls(kcache, cache)[ADD_90]["status"] == "complete"
+    fact = kcache("--cache-dir", cache, "inspect", ADD_90, "--json").json()["facts"]["group_file"]
+    assert f"a symlink to {kept}" in fact and "all in this entry" in fact
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    grp.unlink()
+    grp.symlink_to(passwd)  # Triton reads it, json.load fails: a miss
+    got = ls(kcache, cache)[ADD_90]
+    assert got["status"] == "partial", got
+    assert got["reason"].startswith(f"__grp__add_kernel.json (a symlink to {passwd}, which Triton follows) does "
+                                    "not parse: Triton misses the kernel"), got
+    moved = tmp_path / "moved.json"
+    moved.write_text(json.dumps({"child_paths": {n: f"{ORIGIN}/{ADD_90}/{n}" for n in os.listdir(cache / ADD_90)
+                                                 if not n.startswith("__grp__")}}))
+    before = moved.read_bytes()
+    grp.unlink()
+    grp.symlink_to(moved)  # a moved group behind a link: --fix cannot mend it, Triton compiles over it
+    r = kcache("--cache-dir", cache, "verify", "--fix", "--json")
+    assert r.exit_code == 1 and r.json()["fixed"] == [], r.stdout
+    [problem] = r.json()["problems"]
+    assert problem["status"] == "partial" and ORIGIN in problem["reason"], problem
+    assert "never rewrites a file through a symlink" in problem["reason"] and len(problem["problems"]) == 1
+    assert grp.is_symlink() and moved.read_bytes() == before  # nothing written, here or there
+    r = kcache("--cache-dir", cache, "verify", "--fix")
+    assert "rewrote the paths of 0" in r.stdout + r.stderr
+    fact = kcache("--cache-dir", cache, "inspect", ADD_90, "--json").json()["facts"]["group_file"]
+    assert "7 of 7 child paths point elsewhere" in fact and "never rewrites a file through a link" in fact
+    assert "verify --fix` rewrites them" not in fact
+    grp.unlink()
+    grp.symlink_to(tmp_path)  # a directory: Triton's open fails, a miss
+    assert "leads to a directory" in ls(kcache, cache)[ADD_90]["reason"]
+    os.mkfifo(tmp_path / "fifo")
+    grp.unlink()
+    grp.symlink_to(tmp_path / "fifo")  # never opened by kcache; Triton's open blocks on every lookup
+    got = ls(kcache, cache)[ADD_90]
+    assert got["status"] == "corrupt" and "leads to a FIFO" in got["reason"], got
+    grp.unlink()
+    grp.symlink_to(tmp_path / "gone.json")
+    got = ls(kcache, cache)[ADD_90]
+    assert got["status"] == "partial" and f"a symlink to {tmp_path / 'gone.json'}, which leads to no file" \
+        in got["reason"], got
+
+
 def test_arch_from_metadata():
     assert triton.arch_of({"target": {"backend": "cuda", "arch": 80}}) == ("cuda", "sm_80")
     assert triton.arch_of({"target": {"backend": "cuda", "arch": 90}}) == ("cuda", "sm_90a")

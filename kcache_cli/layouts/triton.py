@@ -279,25 +279,60 @@ def old_triton(key_dir: str) -> bool:
     return BASE32_KEY.match(os.path.basename(key_dir)) is None
 
 
+def _link_target(lst: _Listing, g: str) -> str | None:
+    """Where the group file `g` leads when it is a symlink (Triton opens it through the link, and so
+    does the judgement; `verify --fix` never writes through one), else None."""
+    if g not in lst.links:
+        return None
+    try:
+        return lst.d.readlink(g)
+    except (OSError, ValueError):
+        return "?"
+
+
+def _unopened(g: str, exc: fsread.NotRegularFile) -> tuple[Status, str | None, None]:
+    """A group file that leads (through a link) to no regular file: Triton's open of a directory fails
+    (a miss); a FIFO blocks it, a device feeds it what it yields (kcache opens neither)."""
+    if exc.kind == "a directory":
+        return PARTIAL, f"{g} leads to a directory: Triton cannot read it, misses the kernel and compiles it " \
+                        "again", None
+    return CORRUPT, f"{g} leads to {exc.kind}: kcache never opens one, and Triton's open of it blocks or fails " \
+                    "on every lookup", None
+
+
 def _group_rule(lst: _Listing, g: str) -> tuple[Status, str | None, dict[str, str] | None]:
-    """get_group's outcome for the group file `g`: (status, reason, child paths to go on with)."""
-    meta, old = g[len(GROUP_PREFIX):], old_triton(lst.path)
-    if g in lst.links and not _exists(lst, g, lst.d.join(g)):
-        return PARTIAL, f"{g} is a dangling link: Triton misses the kernel and compiles it again", None
+    """get_group's outcome for the group file `g`: (status, reason, child paths to go on with). A group
+    file that is a symlink is read through it (Triton opens it so); the reason says where it leads."""
+    old = old_triton(lst.path)
+    target = _link_target(lst, g)
+    if target is not None and not _exists(lst, g, lst.d.join(g)):
+        return PARTIAL, (f"{g} is a symlink to {target}, which leads to no file: Triton misses the kernel and "
+                         "compiles it again"), None
+    name = g if target is None else f"{g} (a symlink to {target}, which Triton follows)"
     group = lst.json(g)
+    if isinstance(group, fsread.NotRegularFile):
+        return _unopened(name, group)
     if _unreadable(group):
-        return UNREADABLE, f"{g} cannot be read (permission denied)", None
+        return UNREADABLE, f"{name} cannot be read (permission denied)", None
     if isinstance(group, Exception) and old:
-        return CORRUPT, f"{g} does not parse: Triton <= 3.2 fails on every lookup", None
+        return CORRUPT, f"{name} does not parse: Triton <= 3.2 fails on every lookup", None
     if isinstance(group, Exception):
-        return PARTIAL, f"{g} does not parse: Triton misses the kernel and compiles it again", None
+        return PARTIAL, f"{name} does not parse: Triton misses the kernel and compiles it again", None
     if not isinstance(group, dict):
-        return CORRUPT, f"{g} is not a JSON object: Triton fails reading it on every lookup", None
+        return CORRUPT, f"{name} is not a JSON object: Triton fails reading it on every lookup", None
     if group.get("child_paths") is None:
-        return PARTIAL, f"{g} has no child_paths: Triton misses the kernel and compiles it again", None
+        return PARTIAL, f"{name} has no child_paths: Triton misses the kernel and compiles it again", None
     children = group_children(group)
     if children is None:
-        return CORRUPT, f"{g}'s child_paths is not a map of file names to paths: Triton fails on every lookup", None
+        return CORRUPT, f"the child_paths of {name} is not a map of file names to paths: Triton fails on every " \
+                        "lookup", None
+    return _children_rule(lst, g, name, children)
+
+
+def _children_rule(lst: _Listing, g: str, name: str, children: dict[str, str]
+                   ) -> tuple[Status, str | None, dict[str, str] | None]:
+    """get_group's outcome for the child paths of the group file `g` (`name`: how a reason names it)."""
+    meta, old = g[len(GROUP_PREFIX):], old_triton(lst.path)
     join = lst.d.join
     if any(p != join(n) for n, p in children.items()):
         lst.outside = True  # the verdict may depend on files elsewhere: never served from the index
@@ -308,6 +343,10 @@ def _group_rule(lst: _Listing, g: str) -> tuple[Status, str | None, dict[str, st
     here = [n for n in missing if plain_name(n) and _exists(lst, n, lst.d.join(n))]
     moved = bool(missing) and not _leads_here(lst.d, missing[0], children[missing[0]])
     elsewhere = os.path.dirname(os.path.dirname(children[missing[0]])) if moved else ""
+    if moved and len(here) == len(missing) and g in lst.links:
+        return PARTIAL, (f"{name} points into {elsewhere} (moved or copied), and `kcache verify --fix` never "
+                         "rewrites a file through a symlink: Triton misses the kernel and compiles it again, "
+                         "replacing the link"), None
     if moved and len(here) == len(missing):
         return MOVED, (f"{g} points into {elsewhere} (moved or copied): Triton misses it until "
                        "`kcache verify --fix` rewrites the paths"), None
@@ -315,10 +354,10 @@ def _group_rule(lst: _Listing, g: str) -> tuple[Status, str | None, dict[str, st
         lost = [n for n in missing if n not in here] or missing
         what = f"{lost[0]} and {len(lost) - 1} more are" if len(lost) > 1 else f"{lost[0]} is"
         also = f", and points into {elsewhere}: moved or copied" if moved else ""
-        return PARTIAL, f"{what} missing ({g} lists {'them' if len(lost) > 1 else 'it'}{also}): Triton compiles " \
-                        "the kernel again", None
+        return PARTIAL, f"{what} missing ({name} lists {'them' if len(lost) > 1 else 'it'}{also}): Triton " \
+                        "compiles the kernel again", None
     if meta not in children:
-        return PARTIAL, f"{g} does not list {meta}: Triton misses the kernel and compiles it again", None
+        return PARTIAL, f"{name} does not list {meta}: Triton misses the kernel and compiles it again", None
     return COMPLETE, None, children
 
 
@@ -562,17 +601,24 @@ def _described(entry: Entry, files, lst: _Listing) -> Details:
 
 
 def _group_facts(lst: _Listing) -> list[tuple[str, str]]:
+    """One fact a group file: where its child paths lead (and where it leads, when it is a symlink)."""
     out = []
     for g in sorted(n for n in lst.sizes if is_group(n)):
+        target = _link_target(lst, g)
+        link = "" if target is None else (f" (a symlink to {target}: Triton reads the group through it, and "
+                                          "`kcache verify --fix` never rewrites a file through a link)")
         children = group_children(lst.json(g))
         if children is None:
+            if link:
+                out.append(("group file", g + link))
             continue
         moved = moved_paths(lst.d, children)
+        fix = "" if link else "; `kcache verify --fix` rewrites them"
         if moved:
-            out.append(("group file", (f"{g}: {len(moved)} of {len(children)} child paths point elsewhere "
-                                       f"({moved[0]}); `kcache verify --fix` rewrites them")))
+            out.append(("group file", (f"{g}{link}: {len(moved)} of {len(children)} child paths point elsewhere "
+                                       f"({moved[0]}){fix}")))
         else:
-            out.append(("group file", f"{g}: {len(children)} child paths, all in this entry"))
+            out.append(("group file", f"{g}{link}: {len(children)} child paths, all in this entry"))
     return out
 
 
@@ -586,7 +632,7 @@ def relocation_problem(entry: Entry) -> str | None:
 
 
 def _relocation_problem(lst: _Listing) -> str | None:
-    for g in sorted(n for n in lst.sizes if is_group(n)):
+    for g in sorted(n for n in lst.sizes if is_group(n) and n not in lst.links):  # --fix never writes through one
         status, reason, _ = _group_rule(lst, g)
         if status == MOVED:
             return reason

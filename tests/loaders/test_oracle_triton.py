@@ -96,6 +96,19 @@ def edit_group(key: str, name: str, edit) -> callable:
     return go
 
 
+def group_link(key: str, name: str, edit) -> callable:
+    """The group file becomes a symlink to a copy kept beside the root, edited (Triton opens it through
+    the link; kcache never rewrites through one)."""
+    def go(root: Path) -> None:
+        g = root / key / f"__grp__{name}.json"
+        kept = root.parent / "kept" / g.name
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(edit(g.read_text(), root / key))
+        g.unlink()
+        g.symlink_to(os.path.relpath(kept, g.parent))
+    return go
+
+
 def temp_dir(key: str, when: float | None = OLD, files: tuple[str, ...] = ("add_kernel.cubin",)) -> callable:
     """A `tmp.pid_*` directory as Triton >= 3.2 leaves it when killed between a write and its rename."""
     def go(root: Path) -> None:
@@ -177,6 +190,10 @@ def cases_for(venv: str, key: str, name: str, files: list[str], full: bool) -> l
             **g, "child_paths": {**g["child_paths"], f"{name}.extra": str(d / f"{name}.extra")}})),
         c("group child_paths is a list", edit_group(key, name, lambda g, d: {"child_paths": list(g["child_paths"])})),
         c("group without child_paths", edit_group(key, name, lambda g, d: {"paths": g["child_paths"]})),
+        c("group a link to a copy written under a gone root", group_link(key, name, lambda text, d: json.dumps(
+            {"child_paths": {n: str(d.parent.parent / "gone" / d.name / n) for n in json.loads(text)["child_paths"]}}
+        ))),
+        c("group a link to a file that is not JSON", group_link(key, name, lambda text, d: "root:x:0:0::/:/bin/sh\n")),
         c("fresh tmp.pid_* inside a complete kernel", temp_dir(key, when=None)),
         c("group-less kernel with an old tmp.pid_*", chain(missing(f"{key}/{grp}"), temp_dir(key))),
         c("key directory mode 000", mode000(key), as_owner=True),
