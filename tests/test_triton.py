@@ -256,7 +256,8 @@ def test_inspect(kcache, moved):
     assert facts["kernel"] == "matmul_kernel" and facts["target"] == "cuda sm_90a"
     assert (facts["num_warps"], facts["num_stages"], facts["num_ctas"]) == ("4", "3", "1")
     assert facts["shared_memory"] == "8192 bytes" and facts["triton_version"] == "3.9.0"
-    assert "point elsewhere" in facts["group_file"] and ORIGIN in facts["group_file"]
+    assert facts["group_file"] == (f"__grp__matmul_kernel.json: 7 child paths: 7 into a copy of it under {ORIGIN}; "
+                                   "`kcache verify --fix` rewrites them")
     [b] = d["binaries"]
     assert b["format"] == "cubin" and b["archs"] == ["sm_90a"] and b["symbols"] == ["matmul_kernel"]
     assert {f["name"]: f["size"] for f in d["files"]}["matmul_kernel.cubin"] == 38264
@@ -598,7 +599,8 @@ def test_a_symlinked_group_file_is_read_as_triton_reads_it_and_never_rewritten(k
     r = kcache("--cache-dir", cache, "verify", "--fix")
     assert "rewrote the paths of 0" in r.stdout + r.stderr
     fact = kcache("--cache-dir", cache, "inspect", ADD_90, "--json").json()["facts"]["group_file"]
-    assert "7 of 7 child paths point elsewhere" in fact and "never rewrites a file through a link" in fact
+    assert f"7 child paths: 7 into a copy of it under {ORIGIN}" in fact
+    assert "never rewrites a file through a link" in fact
     assert "verify --fix` rewrites them" not in fact
     grp.unlink()
     grp.symlink_to(tmp_path)  # a directory: Triton's open fails, a miss
@@ -613,6 +615,82 @@ def test_a_symlinked_group_file_is_read_as_triton_reads_it_and_never_rewritten(k
     got = ls(kcache, cache)[ADD_90]
     assert got["status"] == "partial" and f"a symlink to {tmp_path / 'gone.json'}, which leads to no file" \
         in got["reason"], got
+
+
+def redirect(entry_dir: Path, paths: dict[str, str]) -> None:
+    """Point some child paths of the entry's group file elsewhere."""
+    grp = next(entry_dir.glob("__grp__*.json"))
+    group = json.loads(grp.read_text())
+    group["child_paths"].update(paths)
+    grp.write_text(json.dumps(group))
+
+
+def test_child_paths_led_astray_are_no_moved_cache_and_inspect_counts_them(kcache, moved, tmp_path):
+    """Moved means every child path names this key's same-named file under one other root. A group that
+    sends some children elsewhere (another directory, /etc/passwd) is no moved cache: Triton misses it while
+    a path leads nowhere (partial, the paths named; `--fix` leaves it), and inspect counts each place."""
+    other = tmp_path / "victim"
+    other.mkdir()
+    for n in ("secret", "other"):
+        (other / n).write_text(f"{n}\n")
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    redirect(moved / ADD_90, {"add_kernel.ttir": str(passwd), "add_kernel.llir": str(other / "secret"),
+                              "add_kernel.source": str(other / "other")})
+    before = (moved / ADD_90 / "__grp__add_kernel.json").read_bytes()
+    row = ls(kcache, moved)[ADD_90]
+    assert row["status"] == "partial", row
+    assert row["reason"] == (
+        "__grp__add_kernel.json does not point into one moved copy of this entry: 4 of its 7 child paths lead to "
+        f"no file (add_kernel.ttgir -> {ORIGIN}/{ADD_90}/add_kernel.ttgir and 3 more) and 3 to files outside this "
+        f"entry (add_kernel.source -> {other / 'other'} and 2 more): Triton misses the kernel and compiles it again")
+    d = kcache("--cache-dir", moved, "inspect", ADD_90, "--json").json()
+    assert (d["status"], d["reason"]) == ("partial", row["reason"])
+    assert d["facts"]["group_file"] == (f"__grp__add_kernel.json: 7 child paths: 4 into a copy of it under {ORIGIN}, "
+                                        f"3 elsewhere (add_kernel.source -> {other / 'other'} and 2 more)")
+    r = kcache("--cache-dir", moved, "verify", "--fix", "--json")
+    assert ADD_90 not in {e["hash"] for e in r.json()["fixed"]}
+    assert [p["status"] for p in r.json()["problems"] if p["hash"] == ADD_90] == ["partial"]
+    assert (moved / ADD_90 / "__grp__add_kernel.json").read_bytes() == before
+    # two roots, every file here: no one cache moved either
+    redirect(moved / ADD_90, {n: f"{ORIGIN}/{ADD_90}/{n}" for n in ("add_kernel.ttir", "add_kernel.llir")}
+             | {"add_kernel.source": f"/srv/cache/{ADD_90}/add_kernel.source"})
+    row = ls(kcache, moved)[ADD_90]
+    assert row["status"] == "partial" and "7 of its 7 child paths lead to no file" in row["reason"], row
+    fact = kcache("--cache-dir", moved, "inspect", ADD_90, "--json").json()["facts"]["group_file"]
+    assert fact == ("__grp__add_kernel.json: 7 child paths: 1 into a copy of it under /srv/cache, 6 into a copy of it "
+                    f"under {ORIGIN}")  # in the group's order
+
+
+def test_child_paths_that_lead_to_other_files_are_what_triton_loads(kcache, cache, tmp_path):
+    """Every child path exists: Triton loads what they name (CompiledKernel: the binary is the child whose
+    PATH ends in .cubin, every other one is read as text). kcache judges those files, and verify names the
+    paths and rewrites them to this entry's own files."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "notes").write_text("not IR at all\n")
+    shutil.copy(cache / ADD_90 / "add_kernel.llir", elsewhere / "add_kernel.llir")
+    redirect(cache / ADD_90, {"add_kernel.ttir": str(elsewhere / "notes"),
+                              "add_kernel.llir": str(elsewhere / "add_kernel.llir")})
+    assert ls(kcache, cache)[ADD_90]["status"] == "complete"  # Triton hits, reading those files
+    fact = kcache("--cache-dir", cache, "inspect", ADD_90, "--json").json()["facts"]["group_file"]
+    assert fact == (f"__grp__add_kernel.json: 7 child paths: 5 in this entry, 2 elsewhere (add_kernel.ttir -> "
+                    f"{elsewhere / 'notes'} and 1 more); `kcache verify --fix` rewrites them")
+    r = kcache("--cache-dir", cache, "verify", "--json")
+    [p] = r.json()["problems"]
+    assert p["status"] == "complete" and p["problems"] == [
+        "__grp__add_kernel.json points 2 of its 7 child paths outside this entry, not into a copy of it "
+        f"(add_kernel.ttir -> {elsewhere / 'notes'} and 1 more): Triton reads those files, not this entry's, until "
+        "`kcache verify --fix` rewrites the paths"]
+    (elsewhere / "notes").write_bytes(b"\xff\xfe not utf-8")  # read_text fails: on every lookup
+    assert ls(kcache, cache)[ADD_90]["status"] == "corrupt"  # ls reads a path led astray, whatever its mtime
+    (elsewhere / "notes").write_text("text again\n")
+    assert kcache("--cache-dir", cache, "verify", "--fix").exit_code == 0
+    assert triton_hits(cache / ADD_90) and ls(kcache, cache)[ADD_90]["status"] == "complete"
+    shutil.copy(cache / ADD_90 / "add_kernel.cubin", elsewhere / "kernel.bin")
+    redirect(cache / ADD_90, {"add_kernel.cubin": str(elsewhere / "kernel.bin")})  # no path ends in .cubin
+    row = ls(kcache, cache)[ADD_90]
+    assert row["status"] == "corrupt" and "whose name does not end in .cubin" in row["reason"], row
 
 
 def test_arch_from_metadata():

@@ -19,7 +19,7 @@ import re
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from stat import S_ISLNK
 from typing import TYPE_CHECKING
 
@@ -120,10 +120,39 @@ def _leads_here(d: EntryDir, name: str, path: str) -> bool:
         return False
 
 
-def moved_paths(d: EntryDir, children: dict[str, str]) -> list[str]:
-    """The child paths that do not lead to the file in this entry (held as `d`: the cache was copied or
-    moved). A path through a symlinked root still leads here, and Triton hits it: not moved."""
-    return [p for n, p in sorted(children.items()) if not _leads_here(d, n, p)]
+class Where:
+    """Where a group's child paths lead: `here` (to this entry's own file, held as `d`; a path through a
+    symlinked root too: Triton hits it), into `root` (each the same-named file of this key under one other
+    root: the cache was moved or copied), or `astray` (anywhere else: other names, other keys, several
+    roots). Names in the group's order."""
+
+    def __init__(self, d: EntryDir, children: dict[str, str]) -> None:
+        key = os.path.basename(d.path)
+        self.children = children
+        self.here = [n for n, p in children.items() if _leads_here(d, n, p)]
+        self.elsewhere = [n for n in children if n not in self.here]
+        self.copies: dict[str, list[str]] = {}  # root -> the names whose path leads into a copy there
+        self.other: list[str] = []  # the names whose path leads to no copy of this entry
+        for n in self.elsewhere:
+            root = _copy_root(n, children[n], key)
+            (self.other if root is None else self.copies.setdefault(root, [])).append(n)
+        # the one root every path that leads elsewhere leads into, else None (none does, or not so)
+        self.root = next(iter(self.copies)) if len(self.copies) == 1 and not self.other else None
+        self.astray = [] if self.root is not None else self.elsewhere
+
+    def shown(self, names: list[str]) -> str:
+        """The first of `names` with its path, and how many more."""
+        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+        return f"{names[0]} -> {self.children[names[0]]}{more}"
+
+
+def _copy_root(name: str, path: str, key: str) -> str | None:
+    """The root `path` lies under when it names the file `name` of the key directory `key` there, as
+    Triton writes the path in a cache at another root; else None."""
+    if not plain_name(name) or not path.startswith("/") or path != os.path.normpath(path):
+        return None
+    head, base = os.path.split(path)
+    return os.path.dirname(head) if base == name and os.path.basename(head) == key else None
 
 
 def _by_name(de: os.DirEntry) -> str:
@@ -340,30 +369,44 @@ def _children_rule(lst: _Listing, g: str, name: str, children: dict[str, str]
     if old and meta not in missing:  # Triton <= 3.2 goes on with the children it finds
         children = {n: p for n, p in children.items() if n not in missing}
         missing = []
-    here = [n for n in missing if plain_name(n) and _exists(lst, n, lst.d.join(n))]
-    moved = bool(missing) and not _leads_here(lst.d, missing[0], children[missing[0]])
-    elsewhere = os.path.dirname(os.path.dirname(children[missing[0]])) if moved else ""
-    if moved and len(here) == len(missing) and g in lst.links:
-        return PARTIAL, (f"{name} points into {elsewhere} (moved or copied), and `kcache verify --fix` never "
-                         "rewrites a file through a symlink: Triton misses the kernel and compiles it again, "
-                         "replacing the link"), None
-    if moved and len(here) == len(missing):
-        return MOVED, (f"{g} points into {elsewhere} (moved or copied): Triton misses it until "
-                       "`kcache verify --fix` rewrites the paths"), None
-    if missing:  # named: the files missing here too (in a moved entry, what --fix cannot mend)
-        lost = [n for n in missing if n not in here] or missing
-        what = f"{lost[0]} and {len(lost) - 1} more are" if len(lost) > 1 else f"{lost[0]} is"
-        also = f", and points into {elsewhere}: moved or copied" if moved else ""
-        return PARTIAL, f"{what} missing ({name} lists {'them' if len(lost) > 1 else 'it'}{also}): Triton " \
-                        "compiles the kernel again", None
+    if missing:
+        return _missing_rule(lst, g, name, children, missing)
     if meta not in children:
         return PARTIAL, f"{name} does not list {meta}: Triton misses the kernel and compiles it again", None
     return COMPLETE, None, children
 
 
+def _missing_rule(lst: _Listing, g: str, name: str, children: dict[str, str], missing: list[str]
+                  ) -> tuple[Status, str | None, None]:
+    """A group listing a path that does not exist: Triton misses the kernel and compiles it again. Moved
+    when every path that leads elsewhere names this key's same-named file under one other root and the
+    files are here (`verify --fix` rewrites the paths; never through a link)."""
+    where = Where(lst.d, children)
+    lost = [n for n in missing if not (plain_name(n) and _exists(lst, n, lst.d.join(n)))]
+    again = "Triton misses the kernel and compiles it again"
+    if where.root is not None and not lost and g in lst.links:
+        return PARTIAL, (f"{name} points into {where.root} (moved or copied), and `kcache verify --fix` never "
+                         f"rewrites a file through a symlink: {again}, replacing the link"), None
+    if where.root is not None and not lost:
+        return MOVED, (f"{g} points into {where.root} (moved or copied): Triton misses it until "
+                       "`kcache verify --fix` rewrites the paths"), None
+    if where.astray:
+        found = [n for n in where.astray if n not in missing]
+        also = f" and {len(found)} to files outside this entry ({where.shown(found)})" if found else ""
+        lead = "leads" if len(missing) == 1 else "lead"
+        return PARTIAL, (f"{name} does not point into one moved copy of this entry: {len(missing)} of its "
+                         f"{len(children)} child paths {lead} to no file ({where.shown(missing)}){also}: {again}"), None
+    lost = lost or missing  # named: the files missing here too (in a moved entry, what --fix cannot mend)
+    what = f"{lost[0]} and {len(lost) - 1} more are" if len(lost) > 1 else f"{lost[0]} is"
+    also = f", and points into {where.root}: moved or copied" if where.root else ""
+    return PARTIAL, f"{what} missing ({name} lists {'them' if len(lost) > 1 else 'it'}{also}): Triton compiles " \
+                    "the kernel again", None
+
+
 def _loaded(lst: _Listing, g: str, children: dict[str, str], changed) -> tuple[Status, str | None]:
     """CompiledKernel's reads of a hit: the first .json child as metadata (a JSON object with a target),
-    the binary (cubin/hsaco) a whole ELF, every other child text. `changed(name)`: whether to read it."""
+    the binary (the child whose path ends in .cubin/.hsaco) a whole ELF, every child whose path ends
+    otherwise text. `changed(name)`: whether to read it."""
     meta_name = next(n for n in children if n.endswith(".json"))
     meta = lst.json(meta_name, children[meta_name])
     if _unreadable(meta):
@@ -372,24 +415,40 @@ def _loaded(lst: _Listing, g: str, children: dict[str, str], changed) -> tuple[S
     target = meta.get("target") if isinstance(meta, dict) else None
     if backend is None or not isinstance(target, dict) or "warp_size" not in target:
         return CORRUPT, f"{meta_name} is not Triton's metadata: Triton fails loading the kernel on every lookup"
-    binary = f"{g[len(GROUP_PREFIX):-len('.json')]}{BINARY_EXT.get(backend, '.cubin')}"
-    if binary not in children:
-        return CORRUPT, f"{binary} is missing or not listed in {g}: Triton fails loading the kernel on every lookup"
+    ext = BINARY_EXT.get(backend, ".cubin")
+    binary, why = _binary_child(g, children, ext)
+    if binary is None:
+        return CORRUPT, why
     for name, path in sorted(children.items()):
         if name in lst.denied and path == lst.d.join(name):
             return UNREADABLE, f"{name} cannot be read (no read permission)"
         if name.endswith(".json") or not changed(name):
             continue
+        as_bytes = PurePosixPath(path).suffix == ext  # CompiledKernel: read_bytes, else read_text
         try:
-            data = lst.read(path, MAX_IR) if name != binary else lst.read(path, 64 << 20)
+            data = lst.read(path, 64 << 20 if as_bytes else MAX_IR)
         except PermissionError:
             return UNREADABLE, f"{name} cannot be read (permission denied)"
         except OSError as exc:
             return CORRUPT, f"{name} cannot be read ({exc.strerror or exc}): Triton fails loading the kernel"
-        bad = _bad_binary(name, data) if name == binary else _bad_text(name, data)
+        bad = _bad_binary(name, data) if name == binary else None if as_bytes else _bad_text(name, data)
         if bad:
             return CORRUPT, bad
     return COMPLETE, None
+
+
+def _binary_child(g: str, children: dict[str, str], ext: str) -> tuple[str | None, str]:
+    """The child CompiledKernel loads as the kernel: it keys each non-JSON child by its PATH's suffix
+    (the last path ending in the backend's binary_ext wins), and fails when none ends so. (name, ""), or
+    (None, why Triton fails)."""
+    found = [n for n, p in children.items() if not n.endswith(".json") and PurePosixPath(p).suffix == ext]
+    if found:
+        return found[-1], ""
+    binary = f"{g[len(GROUP_PREFIX):-len('.json')]}{ext}"
+    if binary in children:
+        return None, (f"{g} lists {binary} at {children[binary]}, whose name does not end in {ext}: Triton reads "
+                      "it as text, finds no binary, and fails loading the kernel on every lookup")
+    return None, f"{binary} is missing or not listed in {g}: Triton fails loading the kernel on every lookup"
 
 
 def _bad_binary(name: str, data: bytes) -> str | None:
@@ -427,20 +486,23 @@ def judge_files(lst: _Listing, jc: Judging) -> tuple[Status, str | None]:
         status, reason, children = _group_rule(lst, g)
         if children is None:
             return status, reason
-        status, reason = _loaded(lst, g, children, _changed_after(lst, g, deep))
+        status, reason = _loaded(lst, g, children, _changed_after(lst, g, children, deep))
         if status != COMPLETE:
             return status, reason
     return COMPLETE, None
 
 
-def _changed_after(lst: _Listing, g: str, deep: bool) -> Callable[[str], bool]:
+def _changed_after(lst: _Listing, g: str, children: dict[str, str], deep: bool) -> Callable[[str], bool]:
     """Whether to read a child: every one when `deep`, else (checks.changed_since for one name) those
-    not listed, links, and files modified at or after the group file `g` was written."""
+    not listed, links, files modified at or after the group file `g` was written, and those the group
+    sends astray (outside this entry, to no copy of it: their mtimes are not this entry's)."""
     mtimes, links = lst.mtimes, lst.links
     limit = mtimes.get(g)
     if deep or limit is None:
         return lambda n: True
-    return lambda n: n in links or (n != g and mtimes.get(n, limit) >= limit)
+    join = lst.d.join
+    astray = set(Where(lst.d, children).astray) if any(p != join(n) for n, p in children.items()) else set()
+    return lambda n: n in links or n in astray or (n != g and mtimes.get(n, limit) >= limit)
 
 
 def _groupless(lst: _Listing, now: float) -> tuple[Status, str | None]:
@@ -601,7 +663,8 @@ def _described(entry: Entry, files, lst: _Listing) -> Details:
 
 
 def _group_facts(lst: _Listing) -> list[tuple[str, str]]:
-    """One fact a group file: where its child paths lead (and where it leads, when it is a symlink)."""
+    """One fact a group file: where its child paths lead, counted exactly (and where it leads, when it is
+    a symlink), and whether `verify --fix` rewrites them."""
     out = []
     for g in sorted(n for n in lst.sizes if is_group(n)):
         target = _link_target(lst, g)
@@ -612,13 +675,15 @@ def _group_facts(lst: _Listing) -> list[tuple[str, str]]:
             if link:
                 out.append(("group file", g + link))
             continue
-        moved = moved_paths(lst.d, children)
-        fix = "" if link else "; `kcache verify --fix` rewrites them"
-        if moved:
-            out.append(("group file", (f"{g}{link}: {len(moved)} of {len(children)} child paths point elsewhere "
-                                       f"({moved[0]}){fix}")))
-        else:
+        where = Where(lst.d, children)
+        if not where.elsewhere:
             out.append(("group file", f"{g}{link}: {len(children)} child paths, all in this entry"))
+            continue
+        parts = [f"{len(where.here)} in this entry"] if where.here else []
+        parts += [f"{len(names)} into a copy of it under {root}" for root, names in where.copies.items()]
+        parts += [f"{len(where.other)} elsewhere ({where.shown(where.other)})"] if where.other else []
+        fix = "; `kcache verify --fix` rewrites them" if _fixable(lst, g) else ""
+        out.append(("group file", f"{g}{link}: {len(children)} child paths: {', '.join(parts)}{fix}"))
     return out
 
 
@@ -631,16 +696,34 @@ def relocation_problem(entry: Entry) -> str | None:
         return _relocation_problem(_Listing(d, lambda m: None))
 
 
+def _fixable(lst: _Listing, g: str) -> str | None:
+    """Why `verify --fix` rewrites the child paths of the group file `g`, or None: Triton misses the kernel
+    only because they point into a moved copy (`moved`), or it hits while they lead elsewhere and this
+    entry holds every file they name (rewritten, they lead to those). Never a group reached through a link."""
+    if g in lst.links:
+        return None
+    status, reason, _ = _group_rule(lst, g)
+    if status == MOVED:
+        return reason
+    children = group_children(lst.json(g))
+    if status != COMPLETE or children is None:
+        return None
+    where = Where(lst.d, children)
+    if not where.elsewhere or not all(plain_name(n) and _exists(lst, n, lst.d.join(n)) for n in where.elsewhere):
+        return None
+    if where.root is not None:
+        return (f"{g} points into {where.root} (the cache was copied): Triton reads that copy's files, and misses "
+                "once it is gone, until `kcache verify --fix` rewrites the paths")
+    return (f"{g} points {len(where.astray)} of its {len(children)} child paths outside this entry, not into a copy "
+            f"of it ({where.shown(where.astray)}): Triton reads those files, not this entry's, until "
+            "`kcache verify --fix` rewrites the paths")
+
+
 def _relocation_problem(lst: _Listing) -> str | None:
-    for g in sorted(n for n in lst.sizes if is_group(n) and n not in lst.links):  # --fix never writes through one
-        status, reason, _ = _group_rule(lst, g)
-        if status == MOVED:
-            return reason
-        children = group_children(lst.json(g))
-        moved = moved_paths(lst.d, children) if children is not None else []
-        if moved:
-            return (f"{g} points into {os.path.dirname(moved[0])} (the cache was copied): Triton reads that "
-                    "copy's files, and misses once it is gone, until `kcache verify --fix` rewrites the paths")
+    for g in sorted(n for n in lst.sizes if is_group(n)):
+        why = _fixable(lst, g)
+        if why:
+            return why
     return None
 
 

@@ -109,6 +109,26 @@ def group_link(key: str, name: str, edit) -> callable:
     return go
 
 
+def astray(key: str, name: str, gone: bool = False, cubin: bool = False) -> callable:
+    """Child paths sent outside the entry, to no copy of it: the ttir to a text file, the llir to a copy
+    under another name (and, with `cubin`, the cubin to a copy whose name does not end in .cubin); with
+    `gone`, every other child into a root that does not exist (a moved cache tampered with)."""
+    def go(root: Path) -> None:
+        d, other = root / key, root.parent / "elsewhere"
+        other.mkdir(exist_ok=True)
+        (other / "notes").write_text("not IR\n")
+        shutil.copy(d / f"{name}.llir", other / "llir-copy")
+        paths = {f"{name}.ttir": str(other / "notes"), f"{name}.llir": str(other / "llir-copy")}
+        if cubin:
+            shutil.copy(d / f"{name}.cubin", other / "kernel.bin")
+            paths[f"{name}.cubin"] = str(other / "kernel.bin")
+        g = d / f"__grp__{name}.json"
+        group = json.loads(g.read_text())
+        kept = {n: str(root.parent / "gone" / key / n) if gone else p for n, p in group["child_paths"].items()}
+        g.write_text(json.dumps({**group, "child_paths": {**kept, **paths}}))
+    return go
+
+
 def temp_dir(key: str, when: float | None = OLD, files: tuple[str, ...] = ("add_kernel.cubin",)) -> callable:
     """A `tmp.pid_*` directory as Triton >= 3.2 leaves it when killed between a write and its rename."""
     def go(root: Path) -> None:
@@ -194,6 +214,9 @@ def cases_for(venv: str, key: str, name: str, files: list[str], full: bool) -> l
             {"child_paths": {n: str(d.parent.parent / "gone" / d.name / n) for n in json.loads(text)["child_paths"]}}
         ))),
         c("group a link to a file that is not JSON", group_link(key, name, lambda text, d: "root:x:0:0::/:/bin/sh\n")),
+        c("group sends two children to other files", astray(key, name)),
+        c("group sends two children to other files, the rest into a gone root", astray(key, name, gone=True)),
+        c("group sends the cubin to a copy not named .cubin", astray(key, name, cubin=True)),
         c("fresh tmp.pid_* inside a complete kernel", temp_dir(key, when=None)),
         c("group-less kernel with an old tmp.pid_*", chain(missing(f"{key}/{grp}"), temp_dir(key))),
         c("key directory mode 000", mode000(key), as_owner=True),
