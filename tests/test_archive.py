@@ -370,6 +370,30 @@ def test_import_refuses_an_archive_of_another_layout(kcache, fixture_copy, tmp_p
     assert kcache("--cache-dir", mixed, "import", tmp_path / "tilus.tar.zst").exit_code == 0
 
 
+def test_an_unknown_layout_is_refused_as_such_before_any_message_names_it(kcache, fixture_copy, tmp_path):
+    """A manifest whose layout is no layout ("../../etc") was taken for another layout's archive: "the
+    archive holds ../../etc entries but ... is a hidet cache, where ../../etc never looks; import it into
+    the ../../etc cache with --cache-dir (see; ...)". It is refused as unknown, whatever the root; and a
+    layout with no default cache (jax) no longer reads "(see; `kcache dir --all` lists them)"."""
+    from archive_helpers import build_archive, entry, hidet_entry
+
+    root = fixture_copy("hidet")
+    rec, members = hidet_entry()
+    rec["layout"] = "../../etc"
+    arc = build_archive(tmp_path / "a.tar", [(rec, members)])
+    for where in (root, tmp_path / "new"):
+        r = kcache("--cache-dir", where, "import", arc)
+        assert (r.exit_code, r.stdout) == (1, "")
+        assert r.stderr == "Error: archive rejected: manifest entry 0: unknown layout '../../etc'\n"
+    assert not (tmp_path / "new").exists()
+    why = kcache("explain", arc, "--json").json()["items"][0]["why"]
+    assert why == "unknown layout '../../etc': this kcache does not know it"  # as pull says of a remote's
+    jax = build_archive(tmp_path / "jax.tar", [entry("jax_cache/abc", {"f": b"x"}, layout="jax", kind="executable")])
+    r = kcache("--cache-dir", root, "import", jax)
+    assert r.exit_code == 1 and "(see;" not in r.stderr and r.stderr.endswith(
+        "import it into the jax cache with --cache-dir (`kcache dir --all` lists them)\n"), r.stderr
+
+
 def test_export_skips_entry_with_outward_link(kcache, fixture_copy, tmp_path):
     src = fixture_copy("hidet")
     entry = src / "ops/cpu_space_0/fused/af3046266c6abdd1"

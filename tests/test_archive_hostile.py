@@ -279,6 +279,18 @@ def manifest_key_lies(tmp):
     return build_archive(tmp / "a.tar", [(rec, members)]), [], "disagree"
 
 
+def unknown_layout_dotdot(tmp):
+    rec, members = hidet_entry()
+    rec["layout"] = "../../etc"  # refused as unknown before any message uses it as a layout's name
+    return build_archive(tmp / "a.tar", [(rec, members)]), [], "manifest entry 0: unknown layout '../../etc'"
+
+
+def unknown_layout_controls(tmp):
+    rec, members = hidet_entry()
+    rec["layout"] = "x\x1b]52;c;cHduZWQ=\x07y"  # an OSC 52 clipboard write: shown escaped
+    return build_archive(tmp / "a.tar", [(rec, members)]), [], "unknown layout 'x\\x1b]52;c;cHduZWQ=\\x07y'"
+
+
 CASES = [absolute_member, absolute_entry_path, dotdot_member, dotdot_in_manifest, symlink_outside,
          symlink_absolute, file_through_symlink, member_under_unlisted_path, hardlink_outside, hardlink_other_entry,
          fifo, char_device, member_over_limit, total_over_limit, tar_bomb, header_size_lies, huge_pax_header,
@@ -286,7 +298,7 @@ CASES = [absolute_member, absolute_entry_path, dotdot_member, dotdot_in_manifest
          size_lie, hash_lie, hash_lie_in_late_entry, lock_member, lock_member_unlisted, into_kcache_dir,
          kcache_dir_entry, hidden_entry, nested_entries, missing_listed_file, type_mismatch,
          tilus_link_to_absent_program, truncated, truncated_zstd, not_an_archive, corrupt_gzip, newer_format,
-         manifest_key_lies]
+         manifest_key_lies, unknown_layout_dotdot, unknown_layout_controls]
 
 
 @pytest.fixture
@@ -322,7 +334,8 @@ def test_hostile_archive_is_rejected(kcache, victim, tmp_path, case):
     assert _outside(tmp_path, root) == around
 
 
-@pytest.mark.parametrize("case", [symlink_outside, hash_lie, tar_bomb, lock_member], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("case", [symlink_outside, hash_lie, tar_bomb, lock_member, unknown_layout_dotdot],
+                         ids=lambda c: c.__name__)
 def test_rejected_into_missing_root_creates_nothing(kcache, tmp_path, case):
     (tmp_path / "sentinel").mkdir()
     archive, args, _ = case(tmp_path)

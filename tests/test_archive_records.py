@@ -100,7 +100,8 @@ def test_fields_this_kcache_does_not_read_are_kept_in_order_after_the_others():
 
 @pytest.mark.parametrize("change,message", [
     (lambda r: 5, "manifest entry 7 is not an object"),
-    (lambda r: {**r, "layout": "ccache"}, "manifest entry 7 has no valid layout, kind or path"),
+    (lambda r: {**r, "layout": "ccache"}, "manifest entry 7: unknown layout 'ccache'"),
+    (lambda r: {**r, "kind": 5}, "manifest entry 7 has no valid kind or path"),
     (lambda r: {**r, "hash": "0" * 16}, "its hash, space or op disagree with its path"),
     (lambda r: {**r, "op": "other"}, "its hash, space or op disagree with its path"),
     (lambda r: {**r, "locks": ["x.txt"]}, "is listed as a lock file but is not named like one"),

@@ -587,7 +587,7 @@ def test_entries_of_a_layout_this_kcache_does_not_know_are_skipped_not_refused(k
     run = kcache("pull", "--cache-dir", tmp_path / "dest", "--remote", f"file://{shared}", "--json")
     assert run.exit_code == 0, run.stderr
     assert [(e["action"], e["reason"]) for e in run.json()["entries"]] == [
-        ("skip", "this kcache does not know the newtool layout")]
+        ("skip", "unknown layout 'newtool': this kcache does not know it")]  # as import and explain name it
 
 
 def test_a_shared_directory_takes_keys_longer_than_a_file_name(tmp_path):

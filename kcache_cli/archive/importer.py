@@ -44,7 +44,7 @@ from kcache_cli.fs import tarstream as ts
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.locking import EntryFlock, leftover_live
 from kcache_cli.model.records import BUILDING, COMPLETE, Entry, EntryKey, Keyed, ScanFilter, Warn
-from kcache_cli.model.terms import ImportAction
+from kcache_cli.model.terms import ImportAction, unknown_layout
 from kcache_cli.ops.verify import judge_entry
 from kcache_cli.util import parallel
 from kcache_cli.util.errors import KcacheError, UsageError
@@ -691,7 +691,12 @@ def _provides(rec: dict) -> bool:
 
 
 def _refuse_other_layout(root: Path, records: list[dict]) -> None:
-    """An archive of one layout never goes into a root of another (other_layout_problem)."""
+    """An archive of one layout never goes into a root of another (other_layout_problem); a layout this
+    kcache does not know is refused as such first, before any message names it."""
+    for i, rec in enumerate(records):
+        unknown = unknown_layout(rec.get("layout"))
+        if unknown:
+            raise reject(f"manifest entry {i}: {unknown}")
     why = other_layout_problem(root, {str(rec.get("layout")) for rec in records}, "the archive holds")
     if why:
         raise KcacheError(why)
@@ -718,10 +723,10 @@ def other_layout_problem(root: Path, brought_layouts: Iterable[str], holds: str 
         return None
 
     where = dict(known_caches())
-    homes = "; ".join(f"{name}'s cache is {where[name]}" for name in brought if name in where)
+    homes = "".join(f"{name}'s cache is {where[name]}; " for name in brought if name in where)
     return (f"{holds} {' and '.join(brought)} entries but {root} is a {'/'.join(have)} cache, "
             f"where {' and '.join(brought)} never looks; {doing} into the {' and '.join(brought)} "
-            f"cache with --cache-dir ({homes or 'see'}; `kcache dir --all` lists them)")
+            f"cache with --cache-dir ({homes}`kcache dir --all` lists them)")
 
 
 def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: ImportLimits = ImportLimits(),

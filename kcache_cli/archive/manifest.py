@@ -12,7 +12,8 @@ from typing import Callable, Mapping, NamedTuple
 from kcache_cli.fs import state
 from kcache_cli.fs.read import JsonTooDeep, parse_json
 from kcache_cli.layouts import NAMES, get
-from kcache_cli.model.records import LAYOUT_NAMES, EntryKey
+from kcache_cli.model.records import EntryKey
+from kcache_cli.model.terms import unknown_layout
 from kcache_cli.model.terms import ImportAction
 from kcache_cli.util.errors import KcacheError, UsageError
 
@@ -399,8 +400,11 @@ def _record_from_json(rec: object, i: int, limits: ImportLimits) -> tuple[EntryR
     if not isinstance(rec, dict):
         raise reject(f"manifest entry {i} is not an object")
     layout, kind, relpath = rec.get("layout"), rec.get("kind"), rec.get("relpath")
-    if layout not in LAYOUT_NAMES or not isinstance(kind, str) or not isinstance(relpath, str):
-        raise reject(f"manifest entry {i} has no valid layout, kind or path")
+    unknown = unknown_layout(layout)
+    if unknown:
+        raise reject(f"manifest entry {i}: {unknown}")
+    if not isinstance(layout, str) or not isinstance(kind, str) or not isinstance(relpath, str):
+        raise reject(f"manifest entry {i} has no valid kind or path")
     bad = entry_path_problem(layout, kind, relpath)
     if bad:
         raise reject(f"manifest entry {i}: {bad}")

@@ -9,6 +9,7 @@ constant is `Final`, so mypy reads it as its word."""
 from typing import Final, Literal, TypeGuard, get_args
 
 from kcache_cli.layouts.shapes import SHAPES
+from kcache_cli.util.textsafe import printable_line
 
 Status = Literal["complete", "partial", "failed", "corrupt", "building", "stale", "unreadable", "moved"]
 COMPLETE: Final = "complete"
@@ -49,4 +50,18 @@ BuildOutcome = Literal["built", "hit", "failed"]
 RepairOutcome = Literal["repaired", "fine", "failed"]
 
 LAYOUT_NAMES = tuple(s.name for s in SHAPES)
+
+
+def unknown_layout(name: object) -> str | None:
+    """Why `name` (a layout as a manifest, a remote record or an image gave it) is none this kcache
+    knows, with the name quoted and shown printable ("unknown layout '../../etc'"); None for a known one.
+    Said before anything else uses the name."""
+    if name in LAYOUT_NAMES:
+        return None
+    if name is None:
+        return "no layout given"
+    if not isinstance(name, str):
+        return f"unknown layout {printable_line(repr(name))[:80]} (not a name)"
+    shown = printable_line(name)
+    return f"unknown layout '{shown[:80]}{'...' if len(shown) > 80 else ''}'"
 KINDS = tuple(dict.fromkeys(k.kind for s in SHAPES for k in s.kinds))  # tilelang and triton share two

@@ -23,6 +23,7 @@ from kcache_cli.catalog.scan import resolve_entry, scan_cache
 from kcache_cli.formats.gpu import ARCH_RE, local_gpu_arch
 from kcache_cli.fs import read as fsread
 from kcache_cli.layouts.base import HIT, MISS, UNKNOWN, Here, Verdict
+from kcache_cli.model.terms import unknown_layout
 from kcache_cli.util.errors import UsageError
 
 _VERSIONS = """import json, sys
@@ -168,8 +169,9 @@ def explain_records(records: Iterable[dict], here: Here, where: str) -> list[Exp
     out = []
     for rec in records:
         name = str(rec.get("layout"))
-        if name not in layouts.NAMES:
-            v = Verdict(UNKNOWN, f"this kcache does not know the {name} layout")
+        unknown = unknown_layout(rec.get("layout"))
+        if unknown:
+            v = Verdict(UNKNOWN, f"{unknown}: this kcache does not know it")
         else:
             v = layouts.get(name).explain_record(rec, here)
         out.append(Explained(str(rec.get("relpath")), name, str(rec.get("kind")), where, v))

@@ -31,7 +31,7 @@ from kcache_cli.archive.importer import (
 from kcache_cli.archive.manifest import ImportLimits, is_lock_name, path_problem
 from kcache_cli.fs.read import parse_json
 from kcache_cli.model.records import ScanFilter, Warn
-from kcache_cli.model.terms import LAYOUT_NAMES, PullAction
+from kcache_cli.model.terms import LAYOUT_NAMES, PullAction, unknown_layout
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.manage import remote_entry, scan_index
 from kcache_cli.remote.moved import MovedEntry, MoveResult, named
@@ -190,7 +190,8 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
     out = [MovedEntry(named("?", "?", rel), 0, 0, REFUSE, False, why) for rel, why in unreadable]
     records = _trusted(records, out)
     unknown = [r for r in records if r.get("layout") not in LAYOUT_NAMES]
-    out += [_unchecked(r, SKIP, False, f"this kcache does not know the {r.get('layout')} layout") for r in unknown]
+    out += [_unchecked(r, SKIP, False, f"{unknown_layout(r.get('layout'))}: this kcache does not know it")
+            for r in unknown]
     records = [r for r in records if r.get("layout") in LAYOUT_NAMES]
     mixed = other_layout_problem(root, {str(r["layout"]) for r in records}, "the selected remote entries include",
                                  "select with --layout or pull them")
