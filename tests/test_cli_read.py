@@ -224,6 +224,31 @@ def test_log_shows_compile_sh_command_and_ptxas(kcache, fixture_copy):
     assert raw.rstrip().endswith("elapsed time: 1.849 seconds")
 
 
+def test_log_prints_no_header_for_a_file_it_then_refuses(kcache, fixture_copy, tmp_path):
+    """A compile.sh that is a symlink is never read: it gets no `==> compile.sh <==` header, the logs
+    that can be read are shown, and the refusal is one error line after them (exit 1)."""
+    root = fixture_copy("hidet")
+    entry = root / "ops/cuda_space_0/softmax/ad252b064b266eea"
+    (tmp_path / "c.sh").write_bytes((entry / "compile.sh").read_bytes())
+    (entry / "compile.sh").unlink()
+    (entry / "compile.sh").symlink_to(tmp_path / "c.sh")
+    r = kcache("--cache-dir", root, "log", "ad25")
+    assert r.exit_code == 1
+    assert "compile.sh" not in r.stdout and r.stdout.startswith("==> nvcc_output.txt <==\nptxas info")
+    assert r.stderr == "Error: cannot read compile.sh: a symlink, not a regular file (kcache never reads it)\n"
+    raw = kcache("--cache-dir", root, "log", "ad25", "--raw")
+    assert raw.exit_code == 1 and raw.stdout.startswith("ptxas info") and "nvcc" not in raw.stdout.split("\n")[0]
+    assert raw.stderr == r.stderr
+    out = entry / "nvcc_output.txt"
+    (tmp_path / "out.txt").write_bytes(out.read_bytes())
+    out.unlink()
+    out.symlink_to(tmp_path / "out.txt")
+    r = kcache("--cache-dir", root, "log", "ad25")
+    assert (r.exit_code, r.stdout) == (1, "")
+    assert r.stderr == "Error: cannot read compile.sh: a symlink, not a regular file (kcache never reads it) (and 1 " \
+                       "more log)\n"
+
+
 def test_log_cpu_entry_and_tilus(kcache, fixture_copy):
     hidet = fixture_copy("hidet")
     assert "==> gcc_output.txt <==" in kcache("--cache-dir", hidet, "log", "064b").stdout

@@ -198,6 +198,17 @@ def test_a_real_terminal_of_each_width(kcache, tmp_path, width):
     check_fits(in_a_terminal(["--cache-dir", str(root), "inspect", RELU], width), width, [RELU[-16:]], ["corrupt"])
 
 
+def test_log_in_a_terminal_prints_no_header_for_a_file_it_refuses(tmp_path):
+    root = copy_tree(FIXTURES / "hidet", tmp_path / "c")
+    script = root / "ops/cuda_space_0/softmax/ad252b064b266eea/compile.sh"
+    script.unlink()
+    script.symlink_to("/etc/hostname")
+    for args in ([], ["--raw"]):
+        out = in_a_terminal(["--cache-dir", str(root), "log", "ad25", *args], 100)
+        assert "compile.sh" not in out and "ptxas info" in out, out
+    assert "==> nvcc_output.txt <==" in in_a_terminal(["--cache-dir", str(root), "log", "ad25"], 100)
+
+
 def test_layout_planner_puts_a_long_reason_on_its_own_line():
     from kcache_cli.cli.table import Column, render
 

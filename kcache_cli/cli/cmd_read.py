@@ -2,8 +2,10 @@
 
 import codecs
 import functools
+import itertools
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, List, Optional
 
@@ -452,46 +454,67 @@ def log_command(
     logs = layout_mod.log_files(entry)
     if not logs:
         raise KcacheError(layout_mod.no_log(entry))
+    refused: list[str] = []
+    opened = _opened_logs(logs, refused)
     if raw and not sys.stdout.isatty():  # byte-exact into a pipe or file: it is data there
-        for lf in logs:
-            _copy_log(lf)
-        sys.stdout.flush()
-        return
-    if not raw and not sys.stdout.isatty():  # headers, no highlighting: no Rich to import
-        for lf in logs:
+        for _, chunks in opened:
+            _copy_log(chunks)
+    elif not raw and not sys.stdout.isatty():  # headers, no highlighting: no Rich to import
+        for lf, chunks in opened:
             sys.stdout.write(f"==> {c.printable_line(lf.label)} <==\n")
-            for ln in _log_lines(lf):
+            for ln in _log_lines(chunks):
                 sys.stdout.write(c.printable(ln) + "\n")
-        sys.stdout.flush()
-        return
+    else:
+        _show_logs(opened, raw)
+    sys.stdout.flush()
+    if refused:  # after the logs that could be read: one line, exit 1
+        more = f" (and {len(refused) - 1} more log{'s' if len(refused) > 2 else ''})" if len(refused) > 1 else ""
+        raise KcacheError(refused[0] + more)
+
+
+def _show_logs(opened, raw: bool) -> None:
+    """The logs on a terminal: headers and highlighting (Rich), or with --raw the text, its controls
+    shown as escapes."""
     con = None if raw else c.stdout_console()
     from rich.markup import escape
 
-    for lf in logs:
+    for lf, chunks in opened:
         if con is not None:
             con.print(f"[bold blue]==> {escape(c.printable_line(lf.label))} <==[/]")
-        for ln in _log_lines(lf):
-            if con is None:  # --raw on a terminal: the text, its controls shown as escapes
+        for ln in _log_lines(chunks):
+            if con is None:
                 sys.stdout.write(c.printable(ln) + "\n")
             else:
                 con.print(_log_line(c.printable(ln), escape))
-    sys.stdout.flush()
 
 
-def _open_log(lf):
-    """The log's chunks (fsread: a regular file, streamed: a log is never loaded whole)."""
+def _opened_logs(logs, refused: list[str]):
+    """Each log that can be read, opened before anything of it is shown (its header is never printed
+    for a file kcache then refuses: a symlink, a FIFO...): (log, its chunks). Why the others cannot
+    be read goes to `refused`."""
+    for lf in logs:
+        try:
+            chunks = _open_log(lf)
+        except KcacheError as exc:
+            refused.append(str(exc))
+            continue
+        yield lf, chunks
+
+
+def _open_log(lf) -> Iterator[bytes]:
+    """The log's chunks (fsread: a regular file, streamed: a log is never loaded whole), opened now:
+    KcacheError when it cannot be read."""
     try:
         chunks = iter_chunks(lf.path)
         first = next(chunks, b"")
     except OSError as exc:
         raise KcacheError(f"cannot read {lf.label}: {exc.strerror}") from None
-    yield first
-    yield from chunks
+    return itertools.chain((first,), chunks)
 
 
-def _copy_log(lf) -> None:
+def _copy_log(chunks: Iterator[bytes]) -> None:
     last = b"\n"
-    for chunk in _open_log(lf):
+    for chunk in chunks:
         if chunk:
             sys.stdout.buffer.write(chunk)
             last = chunk[-1:]
@@ -502,11 +525,11 @@ def _copy_log(lf) -> None:
 LOG_LINE_MAX = 64 << 10  # a longer line is shown in pieces of this many characters
 
 
-def _log_lines(lf):
+def _log_lines(chunks: Iterator[bytes]):
     """A log's lines, decoded as they stream (undecodable bytes kept as \\xNN by textsafe)."""
     decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
     pending = ""
-    for chunk in _open_log(lf):
+    for chunk in chunks:
         pending += decoder.decode(chunk)
         *lines, pending = pending.split("\n")
         for ln in lines:
