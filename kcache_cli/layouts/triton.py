@@ -510,8 +510,7 @@ def _changed_after(lst: _Listing, g: str, children: dict[str, str], deep: bool) 
     limit = mtimes.get(g)
     if deep or limit is None:
         return lambda n: True
-    join = lst.d.join
-    astray = set(Where(lst.d, children).astray) if any(p != join(n) for n, p in children.items()) else set()
+    astray = set(Where(lst.d, children).astray) if lst.outside else set()  # (_children_rule: a path elsewhere)
     return lambda n: n in links or n in astray or (n != g and mtimes.get(n, limit) >= limit)
 
 
