@@ -76,6 +76,30 @@ def test_damage_is_judged_as_torch_would_load_it(root, damage, status, words):
     assert problem["status"] == status and words in problem["reason"]
 
 
+def test_a_module_cut_short_is_corrupt_to_the_cheap_checks_too(root):
+    """Cut to half with its mtime kept: ninja takes it as up to date and torch's import dies of it (the
+    oracle saw a Bus error). ls and prune --broken without --deep read its ELF header (64 bytes)."""
+    module = root / EXT / f"{EXT}.so"
+    st = module.stat()
+    module.write_bytes(module.read_bytes()[:st.st_size // 2])
+    os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns))
+    row = rows(root)[EXT]
+    assert row["status"] == "corrupt" and "ELF header needs" in row["reason"], row
+    dry = run_kcache("--cache-dir", root, "prune", "--broken", "--dry-run", "--json")
+    assert [r["hash"] for r in dry.json()["removed"]] == [EXT], dry.stdout
+
+
+def test_a_module_nobody_may_read_is_unreadable_not_broken(root):
+    module = root / EXT / f"{EXT}.so"
+    module.chmod(0)
+    try:
+        assert rows(root)[EXT]["status"] == "unreadable"
+        dry = run_kcache("--cache-dir", root, "prune", "--broken", "--dry-run", "--json")
+        assert dry.json()["removed"] == [], dry.stdout
+    finally:
+        module.chmod(0o644)
+
+
 def test_a_left_lock_is_reported_and_removed_by_verify_fix(root):
     old_lock(root / EXT / "lock")
     assert rows(root)[EXT]["status"] == "partial"

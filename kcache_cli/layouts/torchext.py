@@ -14,8 +14,8 @@ hangs (pytorch#189245). So:
   entry is broken (partial) and `verify --fix` removes the lock, after which torch builds or loads again.
 - no build.ninja, or an output it names (an object, the module) missing: half-built, and torch's ninja
   step builds the missing parts again on the next load (partial).
-- the module empty or cut short (its ELF header says so): ninja sees it up to date and torch's import
-  fails (corrupt).
+- the module empty or cut short (its ELF header says so: one 64-byte read, in `ls` too): ninja sees it
+  up to date and torch's import fails (corrupt).
 A fresh process always runs ninja, so an entry copied elsewhere is rebuilt there (build.ninja names the
 sources by absolute path), never loaded wrongly: export and import carry it, and it is a hit only at
 the same path with the same torch and Python.
@@ -123,10 +123,26 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
     if missing:
         return Judgement.of(PARTIAL, f"half-built: {', '.join(missing[:3])} missing (torch's ninja step builds "
                                      "it again on the next load)")
-    size = names.get(plan.module, 0)
-    bad = f"{plan.module} is empty" if not size else None
+    return _module_verdict(d, plan.module, names.get(plan.module, 0), jc)
+
+
+def _module_verdict(d: EntryDir, module: str, size: int, jc: Judging) -> Judgement:
+    """The module torch dlopens (links followed, as torch does): whole unless empty or shorter than its ELF
+    header says (one read of 64 bytes, in ls too: ninja takes a module cut short as up to date and torch's
+    import dies of it), or (deep) a byte of the entry cannot be read. A module nobody may read is
+    unreadable, never broken."""
+    unreadable = d.unreadable(module) if size else None
+    if unreadable:
+        return Judgement.of(UNREADABLE, unreadable)
+    try:
+        bad = elf_truncated(module, d.read_bytes(module, 64, strict=False, follow=True), size) if size else \
+            f"{module} is empty"
+    except PermissionError as exc:
+        return Judgement.of(UNREADABLE, f"{module} is unreadable ({exc.strerror})")
+    except OSError as exc:
+        bad = f"cannot read {module}: {exc.strerror or exc}"
     if bad is None and jc.deep:
-        bad = elf_truncated(plan.module, d.read_head(plan.module), size) or read_every_byte(d, jc.caller_reads)
+        bad = read_every_byte(d, jc.caller_reads)
     return Judgement.of(CORRUPT, f"{bad}: torch's import of it fails") if bad else Judgement(COMPLETE)
 
 

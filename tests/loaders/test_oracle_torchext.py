@@ -85,7 +85,10 @@ def test_a_missing_object_is_partial_and_rebuilt(built):
 def test_a_cut_module_is_corrupt_and_a_missing_one_partial(built):
     python, root = built
     module = root / EXT / f"{EXT}.so"
-    module.write_bytes(module.read_bytes()[:8192])
+    st = module.stat()
+    module.write_bytes(module.read_bytes()[:st.st_size // 2])
+    os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns))  # cut in half, its mtime kept
+    assert status(root) == "corrupt"  # ls reads the ELF header too
     assert verify_code(root) == 1
     assert run_kcache("--cache-dir", root, "verify", "--json").json()["problems"][0]["status"] == "corrupt"
     got = load(python, root)
