@@ -102,7 +102,7 @@ def test_a_module_nobody_may_read_is_unreadable_not_broken(root):
 
 def test_a_left_lock_is_reported_and_removed_by_verify_fix(root):
     old_lock(root / EXT / "lock")
-    assert rows(root)[EXT]["status"] == "partial"
+    assert rows(root)[EXT]["status"] == "corrupt"  # every load waits for ever: it never compiles again
     run = run_kcache("--cache-dir", root, "verify", "--json")
     assert run.exit_code == 1 and "waits for ever" in run.json()["problems"][0]["reason"]
     fixed = run_kcache("--cache-dir", root, "verify", "--fix", "--json")
@@ -134,7 +134,7 @@ def test_a_lock_a_live_process_holds_is_never_removed(root):
         assert pruned.exit_code == 0 and lock.exists() and (root / EXT / f"{EXT}.so").exists()
     finally:
         holder.communicate("")
-    assert rows(root)[EXT]["status"] == "partial"  # the holder ended without removing it: now it is stale
+    assert rows(root)[EXT]["status"] == "corrupt"  # the holder ended without removing it: now it is stale
 
 
 def test_prune_broken_takes_an_entry_with_a_stale_lock_as_garbage(root):

@@ -11,7 +11,8 @@ writes build.ninja, runs ninja there, and imports `<name>.so`. A process that fi
 waits until the file disappears, polling for ever: a build killed mid-way leaves it and every later load
 hangs (pytorch#189245). So:
 - `lock` held open by a live process (read from /proc/<pid>/fd): building; left by no live process: the
-  entry is broken (partial) and `verify --fix` removes the lock, after which torch builds or loads again.
+  entry is broken (corrupt: every load hangs and nothing clears it) and `verify --fix` removes the lock,
+  after which torch builds or loads again.
 - no build.ninja, or an output it names (an object, the module) missing: half-built, and torch's ninja
   step builds the missing parts again on the next load (partial).
 - the module empty or cut short (its ELF header says so: one 64-byte read, in `ls` too): ninja sees it
@@ -95,7 +96,7 @@ def _lock_verdict(d: EntryDir, now: float) -> Judgement:
         waits = ": every load waits for ever" if stat.S_ISDIR(st.st_mode) else ""
         return Judgement.of(CORRUPT, f"its {LOCK} is {kind}, not torch's lock file: torch cannot take its lock{waits}")
     held = lock_holder(st, now)
-    return Judgement.of(BUILDING, held) if held else Judgement.of(PARTIAL, STALE_LOCK)
+    return Judgement.of(BUILDING, held) if held else Judgement.of(CORRUPT, STALE_LOCK)
 
 
 def _is_dir(d: EntryDir, name: str) -> bool:

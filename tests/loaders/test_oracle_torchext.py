@@ -1,8 +1,8 @@
 """The loader oracle for torch extensions (torch 2.13.0+cpu, g++): torch's own `load_inline`
 (tests/loaders/probe_torchext.py) on one build directory damaged case after case, and kcache's status
 of it must say what torch does: complete is reused (no rebuild), partial is built again (a missing
-object or module) or, with a `lock` left by a killed build, waits for ever until `verify --fix` removes
-the lock, after which torch finishes; corrupt (the module cut short) fails torch's import.
+object or module), corrupt fails torch's import (the module cut short) or, with a `lock` left by a
+killed build, waits for ever until `verify --fix` removes the lock, after which torch finishes.
 
 One build directory in place, not copies: build.ninja names its sources by absolute path, so a copy
 would be rebuilt whatever kcache said. Each rebuild takes g++ tens of seconds: the cases are ordered
@@ -66,7 +66,7 @@ def test_complete_is_reused_and_a_left_lock_hangs_until_verify_fix(built):
     lock.touch()
     then = time.time() - 60
     os.utime(lock, (then, then))
-    assert status(root) == "partial" and verify_code(root) == 1
+    assert status(root) == "corrupt" and verify_code(root) == 1
     assert load(python, root, timeout=HANG) == {"hang": True}  # torch's FileBaton.wait, for ever
     fixed = run_kcache("--cache-dir", root, "verify", "--fix", "--json")
     assert fixed.exit_code == 0 and not lock.exists(), fixed.stdout
