@@ -77,6 +77,19 @@ def test_jax_damage(jax_root, damage, status, words):
         assert facts["orphan_atime_files"].startswith("1:")
 
 
+def test_verify_fix_on_a_damaged_jax_cache_says_it_changed_nothing(jax_root):
+    """--fix mends moved paths and left locks; a JAX cache has neither: its summary says --fix changed
+    nothing, never that it rewrote the paths of 0 (Triton's words), and the file stays as it was."""
+    target = jax_root / "jaxcache" / f"{AFFINE}-cache"
+    target.write_bytes(target.read_bytes()[:1000])
+    run = run_kcache("--cache-dir", jax_root, "verify", "--fix")
+    assert run.exit_code == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.endswith("0 ok, 1 with problems, --fix changed nothing"), run.stderr
+    assert "rewrote" not in run.stderr and "lock" not in run.stderr
+    assert target.stat().st_size == 1000
+
+
 def test_clear_all_leaves_no_cache_nor_atime_file(jax_root):
     (jax_root / "keep.txt").write_text("not jax's\n")
     run = run_kcache("--cache-dir", jax_root, "clear", "--all", "--yes", "--json")

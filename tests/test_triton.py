@@ -360,6 +360,13 @@ def test_verify_reports_moved_groups_and_fix_rewrites_them(kcache, moved):
     assert {e["status"] for e in ls(kcache, cache).values()} == {"complete"}
 
 
+def test_verify_fix_says_how_many_entries_it_rewrote(kcache, moved):
+    r = kcache("--cache-dir", moved, "verify", "--fix")
+    assert r.exit_code == 0 and "6 ok, 0 with problems, rewrote the paths of 6 entries" in r.stderr, r.stderr
+    r = kcache("--cache-dir", moved, "verify", "--fix")
+    assert r.exit_code == 0 and r.stderr.rstrip().endswith("--fix changed nothing"), r.stderr
+
+
 def test_verify_fix_leaves_broken_entries_broken(kcache, moved):
     cache = moved
     (cache / ADD_90 / "add_kernel.llir").unlink()

@@ -331,8 +331,17 @@ def _verify_human(out: c.Output, result, root, fix: bool, took: float) -> None:
         out.info(f"no cache at {root}: nothing to verify")
         return
     building = f", skipped {len(result.skipped)} being built" if result.skipped else ""
-    fixed = f", rewrote the paths of {len(result.fixed) - result.unlocked}" if fix else ""
-    if fix and result.unlocked:
-        fixed += f", removed the left lock of {c.plural(result.unlocked, 'entry')}"
     out.info(f"checked {c.plural(len(result.checked), 'entry')} in {took:.1f}s: "
-             f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}{fixed}")
+             f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}"
+             f"{_fix_words(result) if fix else ''}")
+
+
+def _fix_words(result) -> str:
+    """What `verify --fix` did, each kind of mending named only where it happened: paths rewritten (the
+    layouts that relocate: Triton's group files), left locks removed (torch extensions); else that it
+    changed nothing (a JAX cache's damaged file, a moved torch extension: nothing --fix mends)."""
+    rewrote = len(result.fixed) - result.unlocked
+    done = [f"rewrote the paths of {c.plural(rewrote, 'entry')}"] if rewrote else []
+    if result.unlocked:
+        done.append(f"removed the left lock of {c.plural(result.unlocked, 'entry')}")
+    return ", " + ", ".join(done) if done else ", --fix changed nothing"
