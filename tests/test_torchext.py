@@ -27,11 +27,21 @@ sys.stdin.read()
 """
 
 
+BUILT_IN = "/tmp/wt37fx/torch_ext"  # where the fixture's build.ninja says torch built it
+
+
+def built_here(where: Path) -> Path:
+    """The real build directory copied to `where`, with build.ninja as torch writes it for a build there
+    (the source load_inline wrote in it named by its path there): complete, not a copy from elsewhere."""
+    shutil.copytree(REAL, where)
+    ninja = where / EXT / "build.ninja"
+    ninja.write_text(ninja.read_text().replace(f"{BUILT_IN}/{EXT}/", f"{where}/{EXT}/"))
+    return where
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    where = tmp_path / "torch_extensions" / "py311_cpu"
-    shutil.copytree(REAL, where)
-    return where
+    return built_here(tmp_path / "torch_extensions" / "py311_cpu")
 
 
 def rows(root: Path) -> dict[str, dict]:
@@ -98,6 +108,80 @@ def test_a_module_nobody_may_read_is_unreadable_not_broken(root):
         assert dry.json()["removed"] == [], dry.stdout
     finally:
         module.chmod(0o644)
+
+
+def test_a_copy_elsewhere_is_moved_and_names_where_it_was_built(root, tmp_path):
+    """`cp -a` of a build directory to another root: torch writes build.ninja with the new path, ninja
+    finds the compile command changed and builds it all again (the oracle times it): moved, not complete."""
+    elsewhere = tmp_path / "moved" / "py311_cpu"
+    shutil.copytree(root, elsewhere, symlinks=True)
+    row = rows(elsewhere)[EXT]
+    assert row["status"] == "moved", row
+    assert f"records its build directory as {root / EXT} " in row["reason"]
+    assert "torch builds it again here" in row["reason"] and "cannot relocate" in row["reason"]
+    assert rows(root)[EXT]["status"] == "complete"  # the original stays a hit
+    run = run_kcache("--cache-dir", elsewhere, "verify", "--json")
+    assert run.exit_code == 1 and run.json()["problems"][0]["status"] == "moved"
+    before = (elsewhere / EXT / "build.ninja").read_bytes()
+    fixed = run_kcache("--cache-dir", elsewhere, "verify", "--fix")
+    assert fixed.exit_code == 1 and "--fix changed nothing" in fixed.stderr and "rewrote" not in fixed.stderr
+    assert (elsewhere / EXT / "build.ninja").read_bytes() == before  # no relocation ninja would not honour
+    pruned = run_kcache("--cache-dir", elsewhere, "prune", "--broken", "--yes", "--json")
+    assert pruned.exit_code == 0 and (elsewhere / EXT / f"{EXT}.so").exists()  # not damage: kept
+
+
+def test_the_shipped_fixture_is_a_copy_from_elsewhere(tmp_path):
+    where = tmp_path / "tx"
+    shutil.copytree(REAL, where)
+    row = rows(where)[EXT]
+    assert row["status"] == "moved" and f"{BUILT_IN}/{EXT} " in row["reason"]
+
+
+def test_a_path_through_a_link_is_the_same_build_directory(root, tmp_path):
+    alias = tmp_path / "alias"
+    alias.symlink_to(root.parent)
+    assert rows(alias / root.name)[EXT]["status"] == "complete"
+
+
+def test_sources_outside_the_build_directory_say_nothing_of_where_it_lies(root, tmp_path):
+    """torch.utils.cpp_extension.load of a project's files: build.ninja names them where they are, which
+    stays true wherever the build directory goes (the commands ninja compares do not change)."""
+    ninja = root / EXT / "build.ninja"
+    ninja.write_text(ninja.read_text().replace(f"{root}/{EXT}/main.cpp", f"{tmp_path}/project/main.cpp"))
+    (root / EXT / "main.cpp").unlink()  # load() writes no source into the build directory
+    assert rows(root)[EXT]["status"] == "complete"
+
+
+def test_a_recorded_path_with_an_escaped_space_is_read_as_ninja_reads_it(tmp_path):
+    root = built_here(tmp_path / "with space")
+    ninja = root / EXT / "build.ninja"
+    ninja.write_text(ninja.read_text().replace(str(root), str(root).replace(" ", "$ ")))
+    assert rows(root)[EXT]["status"] == "complete"
+    elsewhere = tmp_path / "other"
+    shutil.copytree(root, elsewhere)
+    assert f"as {root / EXT} (moved" in rows(elsewhere)[EXT]["reason"]
+
+
+def test_export_and_import_say_what_torch_does_with_an_extension_elsewhere(root, tmp_path):
+    """A complete extension exported and imported under another path is published and said to be built
+    elsewhere (torch builds it again there: moved); imported back at its own path it is complete. A moved
+    one is left out of an export unless --status moved asks for it."""
+    archive = tmp_path / "tx.tar"
+    assert run_kcache("--cache-dir", root, "export", archive).exit_code == 0
+    other = tmp_path / "other" / "py311_cpu"
+    run = run_kcache("--cache-dir", other, "import", archive, "--json")
+    assert run.exit_code == 0, run.stderr
+    [entry] = run.json()["entries"]
+    assert entry["done"] and f"built in {root / EXT}: torch builds it again here" in entry["reason"], entry
+    assert rows(other)[EXT]["status"] == "moved"
+    left = run_kcache("--cache-dir", other, "export", tmp_path / "again.tar", "--json")
+    assert left.exit_code == 1 and "select it with --status moved" in left.stderr, left.stderr
+    shipped = run_kcache("--cache-dir", other, "export", tmp_path / "again.tar", "--status", "moved", "--json")
+    assert shipped.exit_code == 0 and len(shipped.json()["exported"]) == 1, shipped.stderr
+    shutil.rmtree(root / EXT)
+    back = run_kcache("--cache-dir", root, "import", tmp_path / "again.tar", "--json")
+    assert back.exit_code == 0 and back.json()["entries"][0]["reason"] is None, back.stdout
+    assert rows(root)[EXT]["status"] == "complete"  # at the path it was built at: a hit again
 
 
 def test_a_left_lock_is_reported_and_removed_by_verify_fix(root):

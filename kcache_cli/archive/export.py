@@ -389,8 +389,9 @@ class _PartWriter:
     def _chosen(self, e: Entry, verdict: Judgement) -> Entry | None:
         """`e` with its deep `verdict`, or None when it stays out."""
         status, reason = verdict.status, verdict.reason
-        if status == MOVED and status not in self.plan.flt.statuses:
-            # whole, its recorded paths lead into another root: import rewrites them (Layout.relocate)
+        if status == MOVED and status not in self.plan.flt.statuses and layout_of(e.layout).relocates:
+            # whole, its recorded paths lead into another root: import rewrites them (Layout.relocate); a
+            # layout that cannot be relocated (torch extensions) ships a moved entry only when asked for
             status, reason = COMPLETE, None
         if status != e.status or reason != e.reason:
             e = entry_with(e, status=status, reason=reason)

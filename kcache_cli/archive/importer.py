@@ -623,10 +623,12 @@ def _publish(root: Path, p: PlannedEntry, staging: _Staging, lock_timeout: float
             trashed = f"{p.relpath.replace('/', '%2F')}-{fswrite.token(4)}"
             _to_trash(staging, p.relpath, trashed)
         # paths the entry records about itself (Triton's), rewritten through the held staging fd
-        layout_of(p.layout).relocate(staging.fd_path(p.relpath), dest, root)
+        layout = layout_of(p.layout)
+        layout.relocate(staging.fd_path(p.relpath), dest, root)
         if not _move_in(staging, p.relpath):
             return False, "already present (appeared during the import)"
-        return True, p.reason
+        elsewhere = None if layout.relocates else layout.landed_elsewhere(dest)
+        return True, "; ".join(r for r in (p.reason, elsewhere) if r) or None
     finally:
         lock.release()
         if trashed:

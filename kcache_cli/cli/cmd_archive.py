@@ -243,8 +243,9 @@ def verify_command(
     sel: c.Selection,
     fix: Annotated[bool, typer.Option("--fix", help="Rewrite the absolute paths entries record about themselves "
                                                     "to where they lie now (a cache moved or copied by hand), "
-                                                    "for layouts that record any (Triton's group files); and "
-                                                    "remove lock files a killed build left, that no live "
+                                                    "for layouts kcache can relocate (Triton's group files; "
+                                                    "not a moved torch extension, which torch builds again); "
+                                                    "and remove lock files a killed build left, that no live "
                                                     "process holds (torch extensions' lock).")
                    ] = False,
     all_caches: c.AllCachesOpt = False,

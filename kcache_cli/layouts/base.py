@@ -271,6 +271,7 @@ class Transport(Protocol):
     mega_types: frozenset[str]
     packages: tuple[str, ...]
     env_switches: tuple[str, ...]
+    relocates: bool
 
     def facts(self, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts: ...
 
@@ -283,6 +284,8 @@ class Transport(Protocol):
     def relocate(self, staged: str, final: str, root: Path) -> None: ...
 
     def relocation_problem(self, entry: Entry) -> str | None: ...
+
+    def landed_elsewhere(self, path: str) -> str | None: ...
 
     def remote_format(self) -> RemoteFormat | None: ...
 
@@ -324,6 +327,10 @@ class Layout:
     # and the environment variables that change its keys (a name ending in "*" is a prefix).
     packages: tuple[str, ...] = ()
     env_switches: tuple[str, ...] = ()
+    # Whether `relocate` makes an entry that records where it was made whole at another path (Triton's
+    # group files, vLLM's handles): export then ships a `moved` entry as complete, import rewriting it.
+    # A layout whose moved entries kcache cannot mend (torch extensions) keeps False.
+    relocates: bool = False
 
     # ---- name, kinds, paths -------------------------------------------------------------------
 
@@ -571,6 +578,13 @@ class Layout:
     def relocation_problem(self, entry: Entry) -> str | None:
         """Why the paths the entry records about itself point elsewhere than where it lies (a cache moved
         or copied by hand), or None. `verify` reports it as a problem. Default: entries record none."""
+        return None
+
+    def landed_elsewhere(self, path: str) -> str | None:
+        """Called by import (and pull) after publishing an entry at `path`, for a layout that does not
+        relocate: why the compiler will not use it as it is there because it was made at another path and
+        kcache cannot rewrite what records that (a torch extension: torch builds it again), or None.
+        Default: None."""
         return None
 
     def mega_place(self, kind: str, key: str, content: bytes) -> MegaPlace | str | None:

@@ -726,6 +726,7 @@ class InductorLayout(Layout):
     every file through a temp file and a rename)."""
 
     shape = INDUCTOR
+    relocates = True  # its nested Triton kernels: Triton's group files
     provider_kinds = frozenset({GRAPH})
     fact_files = ()
     binary_kinds = frozenset({TRITON})

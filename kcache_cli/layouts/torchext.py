@@ -15,11 +15,16 @@ hangs (pytorch#189245). So:
   after which torch builds or loads again.
 - no build.ninja, or an output it names (an object, the module) missing: half-built, and torch's ninja
   step builds the missing parts again on the next load (partial).
+- build.ninja names the sources load_inline wrote into the build directory by absolute path. Where that
+  is another directory than this one (the entry was copied or moved, or imported under another path),
+  torch writes build.ninja again with this path, ninja finds every compile command changed (.ninja_log
+  keeps a hash of each command) and builds the extension again from scratch (moved; measured with torch
+  2.13: 22 s against 1 s in place). kcache cannot relocate one: a build.ninja rewritten to this path is
+  still "command line changed" to ninja, so export leaves a moved extension out unless asked for
+  (`--status moved`), import says when one lands elsewhere than it was built, and `verify --fix` leaves
+  it as it is. An extension is a hit only at the path it was built at, with the same torch and Python.
 - the module empty or cut short (its ELF header says so: one 64-byte read, in `ls` too): ninja sees it
   up to date and torch's import fails (corrupt).
-A fresh process always runs ninja, so an entry copied elsewhere is rebuilt there (build.ninja names the
-sources by absolute path), never loaded wrongly: export and import carry it, and it is a hit only at
-the same path with the same torch and Python.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
     CORRUPT,
+    MOVED,
     PARTIAL,
     UNREADABLE,
     UNREADABLE_REASON,
@@ -57,7 +63,10 @@ NINJA = "build.ninja"
 LOCK_GRACE = 5.0  # seconds: a lock this young is left alone whoever holds it
 STALE_LOCK = ("torch's build lock was left by a build no process runs: every load of this extension waits "
               "for ever (kcache verify --fix removes the lock)")
-_BUILD = re.compile(r"^build\s+([^:\s]+)\s*:\s*(\S+)", re.M)
+# A build edge: its outputs, rule and inputs; ninja escapes a space, colon or dollar in a path with "$".
+_WORD = r"(?:[^\s:$|]|\$.)+"
+_BUILD = re.compile(rf"^build[ \t]+({_WORD}(?:[ \t]+{_WORD})*)[ \t]*:[ \t]*(\w+)((?:[ \t]+{_WORD})*)", re.M)
+_ESCAPED = re.compile(r"\$(.)")
 _DEFAULT = re.compile(r"^default\s+(\S+)", re.M)
 _VAR = re.compile(r"^(cxx|cflags)\s*=\s*(.*)$", re.M)
 
@@ -65,13 +74,50 @@ _VAR = re.compile(r"^(cxx|cflags)\s*=\s*(.*)$", re.M)
 class NinjaPlan(NamedTuple):
     outputs: tuple[str, ...]  # what build.ninja builds, objects and module, relative to the entry
     module: str | None  # its default target: the module torch imports
+    sources: tuple[str, ...] = ()  # what its compile steps compile: absolute paths (torch's abspath)
+
+
+def _words(text: str) -> list[str]:
+    return [_ESCAPED.sub(r"\1", w) for w in re.findall(_WORD, text)]
 
 
 def ninja_plan(text: str) -> NinjaPlan:
-    """The outputs and default target of torch's build.ninja (written by _write_ninja_file)."""
-    outs = tuple(m.group(1) for m in _BUILD.finditer(text))
+    """The outputs, default target and sources of torch's build.ninja (written by _write_ninja_file)."""
+    outs: list[str] = []
+    sources: list[str] = []
+    for m in _BUILD.finditer(text):
+        outs += _words(m.group(1))
+        if m.group(2).endswith("compile"):  # compile, cuda_compile, sycl_compile; link takes the objects
+            sources += _words(m.group(3))
     default = _DEFAULT.search(text)
-    return NinjaPlan(outs, default.group(1) if default else None)
+    return NinjaPlan(tuple(outs), default.group(1) if default else None, tuple(sources))
+
+
+def _leads_here(d: EntryDir, name: str, path: str) -> bool:
+    """Whether the recorded `path` is, or leads to, the file `name` of the entry held as `d` (a path
+    through a link to this directory is the same build directory)."""
+    if path == d.join(name):
+        return True
+    try:
+        return os.path.samestat(os.stat(path), d.stat(name))
+    except (OSError, ValueError):
+        return False
+
+
+def built_elsewhere(d: EntryDir, plan: NinjaPlan, names: Mapping[str, int]) -> str | None:
+    """The build directory build.ninja records, where it is not this one: the directory of a source that
+    lies in the entry (load_inline's main.cpp, cuda.cu), named by another path. Sources outside the
+    entry (`load` of a project's files) keep their path wherever the entry lies: they say nothing."""
+    for src in plan.sources:
+        name = os.path.basename(src)
+        if os.path.isabs(src) and name in names and not _leads_here(d, name, src):
+            return os.path.dirname(src)
+    return None
+
+
+def moved_reason(recorded: str) -> str:
+    return (f"build.ninja records its build directory as {recorded} (moved or copied): torch builds it "
+            "again here on the next load (ninja's log holds the old commands; kcache cannot relocate it)")
 
 
 def lock_holder(st: os.stat_result, now: float) -> str | None:
@@ -107,7 +153,8 @@ def _is_dir(d: EntryDir, name: str) -> bool:
 
 
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
-    """By torch's loader: a lock first (it decides whether torch waits), then build.ninja's outputs."""
+    """By torch's loader: a lock first (it decides whether torch waits), then build.ninja's outputs, then
+    where build.ninja says it was built (elsewhere: torch builds it all again), then the module."""
     try:
         names, _ = d.files()
     except OSError:
@@ -124,6 +171,9 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
     if missing:
         return Judgement.of(PARTIAL, f"half-built: {', '.join(missing[:3])} missing (torch's ninja step builds "
                                      "it again on the next load)")
+    recorded = built_elsewhere(d, plan, names)
+    if recorded is not None:  # torch builds it all again here: what the module holds does not matter
+        return Judgement.of(MOVED, moved_reason(recorded))
     return _module_verdict(d, plan.module, names.get(plan.module, 0), jc)
 
 
@@ -179,8 +229,8 @@ def describe(root: Path, entry: Entry) -> Details:
     plan = ninja_plan(text or "")
     binaries = (os.path.join(entry.path, plan.module),) if plan.module and j.status == COMPLETE else ()
     facts = [("loader", "torch.utils.cpp_extension (load / load_inline)"),
-             ("reused", "only at this path with the same torch and Python: build.ninja names its sources "
-                        "by absolute path, and torch runs ninja on every load of a new process")]
+             ("reused", "only at the path it was built at, with the same torch and Python: build.ninja names "
+                        "its sources by absolute path, and torch runs ninja on every load of a new process")]
     command = compile_command({NINJA: (text or "").encode()})
     return Details(entry, j.status, j.reason, j.problems, list_files(entry.path), binaries=binaries,
                    compile_command=command, facts=tuple(facts))
@@ -208,6 +258,18 @@ def stale_locks(d: EntryDir, jc: Judging) -> list[StaleLock]:
     return [StaleLock(LOCK, st)] if stat.S_ISREG(st.st_mode) and lock_holder(st, jc.now) is None else []
 
 
+def landed_elsewhere(path: str) -> str | None:
+    """What import says of an extension it published at `path` that was built at another path (moved)."""
+    try:
+        with EntryDir.open(path) as d:
+            names, _ = d.files()
+            recorded = built_elsewhere(d, ninja_plan(d.read_text(NINJA) or ""), names) if NINJA in names else None
+    except OSError:
+        return None
+    return (f"built in {recorded}: torch builds it again here on the next load (kcache cannot relocate a torch "
+            "extension; `kcache ls` shows it moved)") if recorded else None
+
+
 def no_log(entry: Entry) -> str:
     return "torch keeps no compile log in an extension's build directory (load(verbose=True) prints it)"
 
@@ -226,6 +288,7 @@ class TorchExtLayout(Layout):
         return in_use(entry, time.time())
 
     stale_locks = staticmethod(stale_locks)
+    landed_elsewhere = staticmethod(landed_elsewhere)
 
 
 LAYOUT = TorchExtLayout()

@@ -883,6 +883,7 @@ class TritonLayout(Layout):
     os.replace), absolute paths in the group files (rewritten on import)."""
 
     shape = TRITON
+    relocates = True  # import and verify --fix rewrite the group files
     fact_files = ()  # the facts are in the kernel's metadata, read by `facts`
     # Triton cannot rebuild a kernel from the IR in its cache, and one whose group lists a missing cubin
     # makes it fail: `export --sources-only` leaves Triton entries out whole.

@@ -504,6 +504,7 @@ class VllmLayout(Layout):
     """vLLM: whole <h10>/ units (their indexes name artifacts by absolute path, rewritten on import)."""
 
     shape = VLLM
+    relocates = True  # the handles' absolute paths
     fact_files = ()
     packages = (PACKAGE,)
     env_switches = ("VLLM_*",)

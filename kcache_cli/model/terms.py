@@ -22,7 +22,9 @@ STALE: Final = "stale"
 # unreadable: permissions keep kcache (and the compiler) from reading it; never judged broken.
 UNREADABLE: Final = "unreadable"
 # moved: whole, but the paths it records lead into another root (a relocatable layout copied by hand):
-# the compiler misses it until `verify --fix` rewrites them; never removed by prune --broken.
+# the compiler misses it until `verify --fix` rewrites them; a torch extension recorded at another build
+# directory is rebuilt by torch where it lies, and kcache cannot rewrite it (Layout.relocates is False).
+# Never removed by prune --broken.
 MOVED: Final = "moved"
 STATUSES: tuple[Status, ...] = get_args(Status)
 # `--status broken`: the statuses `prune --broken` removes, one word for the three (never unreadable, stale

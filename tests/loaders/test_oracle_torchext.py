@@ -4,14 +4,16 @@ of it must say what torch does: complete is reused (no rebuild), partial is buil
 object or module), corrupt fails torch's import (the module cut short) or, with a `lock` left by a
 killed build, waits for ever until `verify --fix` removes the lock, after which torch finishes.
 
-One build directory in place, not copies: build.ninja names its sources by absolute path, so a copy
-would be rebuilt whatever kcache said. Each rebuild takes g++ tens of seconds: the cases are ordered
-so that the directory is built three times in all."""
+One build directory in place for the damage: build.ninja names its sources by absolute path, so a copy
+is rebuilt whatever else it holds. That is the last case: a copy (`cp -a`) and an import under another
+path are moved, and torch builds each again there, while the original stays a hit. Each build takes g++
+tens of seconds: the cases are ordered so that torch builds five times in all."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -98,3 +100,25 @@ def test_a_cut_module_is_corrupt_and_a_missing_one_partial(built):
     assert status(root) == "partial"
     assert load(python, root) == {"value": 42, "rebuilt": True}
     assert status(root) == "complete" and verify_code(root) == 0
+
+
+def test_a_copy_or_an_import_elsewhere_is_moved_and_torch_builds_it_again(built, tmp_path):
+    python, root = built
+    assert status(root) == "complete"
+    copy = tmp_path / "copied" / "py311_cpu"
+    shutil.copytree(root, copy, symlinks=True)  # cp -a
+    assert status(copy) == "moved" and verify_code(copy) == 1
+    fixed = run_kcache("--cache-dir", copy, "verify", "--fix")
+    assert fixed.exit_code == 1 and "--fix changed nothing" in fixed.stderr, fixed.stderr
+    assert load(python, copy) == {"value": 42, "rebuilt": True}  # ninja: "command line changed"
+    assert status(copy) == "complete"  # torch built it here: its build.ninja names this place now
+    assert load(python, root) == {"value": 42, "rebuilt": False}  # the original is still a hit
+
+    archive = tmp_path / "tx.tar"
+    assert run_kcache("--cache-dir", root, "export", archive).exit_code == 0
+    other = tmp_path / "imported" / "py311_cpu"
+    run = run_kcache("--cache-dir", other, "import", archive, "--json")
+    assert run.exit_code == 0 and "torch builds it again here" in run.json()["entries"][0]["reason"], run.stdout
+    assert status(other) == "moved"
+    assert load(python, other) == {"value": 42, "rebuilt": True}
+    assert status(other) == "complete"
