@@ -3,6 +3,7 @@ running the shipped scripts against this environment's kcache."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -17,6 +18,7 @@ from conftest import FIXTURES, REPO, copy_tree
 from kcache_cli.catalog import names
 from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.cli import complete
+from kcache_cli.model.terms import LAYOUT_NAMES
 
 SCRIPTS = REPO / "completions"
 HIDET = FIXTURES / "hidet"
@@ -247,6 +249,113 @@ def test_static_values(kcache):
                                                     "compile", "aot", "extension", "compile_cache", "functions"]
 
 
+_HOMES_ENV = ("KCACHE_DIR", "TILELANG_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_HOME", "TORCHINDUCTOR_CACHE_DIR",
+              "CUDA_CACHE_PATH", "VLLM_CACHE_ROOT", "XDG_CACHE_HOME", "TORCH_EXTENSIONS_DIR",
+              "JAX_COMPILATION_CACHE_DIR", "NUMBA_CACHE_DIR")
+
+
+def _homes_env(home: Path, **extra: str) -> dict:
+    """HOME at `home`, and none of the variables that move a compiler's cache set (but `extra`)."""
+    return {**{k: None for k in _HOMES_ENV}, "HOME": str(home), **extra}
+
+
+def test_every_closed_option_completes_its_values(kcache):
+    """`ls --sort <TAB>` completed nothing: every option that takes a fixed set of values completes it."""
+    assert _complete(kcache, "kcache ls --sort ") == [("op", "by layout, op and space (the default)"),
+                                                      ("size", "biggest first"), ("age", "least recently used first")]
+    assert _values(kcache, "kcache ls --sort s") == ["size"]
+    assert _values(kcache, "kcache export --format ") == ["tar", "torch-mega"]
+    assert _values(kcache, "kcache export --status b") == ["building", "broken"]
+    assert _values(kcache, "kcache build --target ") == ["cuda", "cpu"]
+    assert _values(kcache, "kcache build --target cpu --space ") == ["0", "1", "2", "cpu_space_0", "cpu_space_1",
+                                                                    "cpu_space_2"]
+    assert _values(kcache, "kcache config set ") == ["max-size", "max-age"]
+    assert _values(kcache, "kcache config unset max-age --cache ") == [*LAYOUT_NAMES, "all"]
+
+
+def test_completed_values_are_the_accepted_ones(kcache, tmp_path):
+    """Each value completed is one the option takes, and a value it refuses is not completed."""
+    root = copy_tree(HIDET, tmp_path / "c")
+    for option in ("--sort", "--status", "--layout", "--kind"):
+        values = _values(kcache, f"kcache ls --cache-dir {root} {option} ")
+        assert values, option
+        for value in values:
+            run = kcache("--cache-dir", str(root), "ls", option, value)
+            assert run.exit_code == 0, (option, value, run.stderr)
+        refused = kcache("--cache-dir", str(root), "ls", option, "nonesuch")
+        assert refused.exit_code == 2 and "choose from" in refused.stderr, option
+    env = {"KCACHE_CONFIG": str(tmp_path / "config.toml")}
+    for section in _values(kcache, "kcache config set --cache "):
+        for key in _values(kcache, "kcache config set "):
+            run = kcache("config", "set", key, "1G" if key == "max-size" else "1d", "--cache", section, env=env)
+            assert run.exit_code == 0, (section, key, run.stderr)
+
+
+@pytest.mark.parametrize("jax", [False, True])
+def test_cache_completes_the_names_cache_takes(kcache, tmp_path, jax):
+    """`--cache <TAB>` offered jax when `--cache jax` was refused, or the other way round: both, and the names
+    `kcache dir --all` shows, come from one list (jax only where JAX_COMPILATION_CACHE_DIR names its cache)."""
+    extra = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax" / "cache")} if jax else {}
+    env = _homes_env(tmp_path / "home", **extra)
+    offered = _values(kcache, "kcache ls --cache ", env)
+    assert ("jax" in offered) is jax
+    listed = json.loads(kcache("dir", "--all", "--json", env=env).stdout)
+    assert offered == [c["cache"] for c in listed["caches"]]
+    for name in offered:
+        run = kcache("ls", "--cache", name, "--json", env=env)
+        assert run.exit_code == 0, (name, run.stderr)
+    refused = kcache("ls", "--cache", "jax", env=env)
+    assert (refused.exit_code == 2) is not jax, refused.stderr
+
+
+def test_a_closed_option_offers_no_file_names(kcache, tmp_path):
+    """Nothing matching `--op` (an empty cache), `--sort x`...: the shells fell back to the current directory's
+    file names. Now they are told to offer nothing: bash by exit status 3, zsh by `return 1`, fish by is-args
+    holding. A path (--cache-dir) or an ENTRY (which may be a path) still falls back to file names."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+
+    def ask(shell: str, line: str):
+        words = line.split(" ")
+        env = {"KCACHE_DIR": str(empty), "_KCACHE_COMPLETE": f"complete_{shell}", "_TYPER_COMPLETE_ARGS": line,
+               "COMP_WORDS": line, "COMP_CWORD": str(len(words) - 1), "_TYPER_COMPLETE_FISH_ACTION": "is-args"}
+        return kcache(env=env)
+
+    for line in ("kcache ls --op ", "kcache ls --sort x", "kcache ls --space ", "kcache ls --cache x",
+                 "kcache config set x", "kcache export --format x"):
+        assert ask("bash", line).exit_code == 3, line
+        zsh = ask("zsh", line)
+        assert (zsh.exit_code, zsh.stdout.strip()) == (0, "return 1"), line
+        assert ask("fish", line).exit_code == 0, line  # is-args holds: no file names
+    for line in ("kcache ls --cache-dir ", "kcache inspect /tm"):
+        bash = ask("bash", line)
+        assert (bash.exit_code, bash.stdout.strip()) == (0, ""), line
+        assert ask("zsh", line).stdout.strip() == "_files", line
+        assert ask("fish", line).exit_code == 1, line  # is-args fails: fish completes file names
+
+
+def test_every_option_with_a_value_completes_or_is_free_text():
+    """An option added with a closed set of values and no completion would fall back to file names: each
+    option or argument taking a value completes, or its metavar says it is free text (a path, a size...)."""
+    free = {"PATH", "DIR", "TASK...", "ARCHIVE", "SIZE", "AGE", "SECONDS", "N", "URL", "USER", "ARCH", "PY",
+            "VALUE", "[ENTRY|ARCHIVE|IMAGE|BLOB]..."}
+
+    def walk(cmd, path):
+        for p in cmd.params:
+            if getattr(p, "is_flag", False) or getattr(p, "hidden", False) or p.name == "cache_dir":
+                continue
+            if p._custom_shell_complete is None:
+                assert p.metavar in free, f"kcache {path} {p.opts}: no completion for {p.metavar}"
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, f"{path} {name}".strip())
+
+    from typer.main import get_command
+
+    from kcache_cli.cli.app import full_app
+
+    walk(get_command(full_app()), "")
+
+
 def test_commands_and_options_complete(kcache):
     values = _values(kcache, "kcache ")
     assert {"dir", "ls", "inspect", "log", "stats"} <= set(values)
@@ -302,6 +411,56 @@ def test_fish_runs_the_shipped_script(shim, mixed):
     assert [ln.split("\t")[0] for ln in spaces.splitlines()] == ["0.1.15/cuda-binaries", "0.1.15/linux-x86_64"]
 
 
+def _workdir(tmp_path: Path) -> Path:
+    """A current directory holding a file a shell would offer if it fell back to file names."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "zz_marker_file").write_text("")
+    return work
+
+
+def test_bash_completes_closed_values_and_never_file_names(shim, tmp_path):
+    """bash: `ls --sort ""` completed nothing, `ls --cache ""` left jax out where `--cache jax` works, and an
+    option value nothing matched fell back to file names (`complete -o default`). compopt is stubbed to say
+    what the script asks of it (outside a TAB bash refuses it)."""
+    bash = _need("bash")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [
+        (["kcache", "ls", "--sort", ""], "op size age"),
+        (["kcache", "ls", "--cache", "j"], "jax"),
+        (["kcache", "export", "--format", ""], "tar torch-mega"),
+        (["kcache", "--cache-dir", str(empty), "ls", "--op", ""], " compopt +o default"),
+        (["kcache", "ls", "--sort", "x"], " compopt +o default"),
+        (["kcache", "ls", "--cache-dir", ""], ""),  # a path: bash's own file names, as before
+    ]
+    lines = [f"source {shlex.quote(str(SCRIPTS / 'kcache.bash'))}", 'compopt() { local IFS=" "; said+=" compopt $*"; }']
+    for words, _ in cases:
+        lines += [f"COMP_WORDS=({' '.join(shlex.quote(w) for w in words)}); COMP_CWORD={len(words) - 1}",
+                  'said=""; COMPREPLY=(); _kcache_completion kcache; echo "reply:${COMPREPLY[*]}$said"']
+    env = _shell_env(shim, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax" / "cache"))
+    proc = subprocess.run([bash, "--norc", "--noprofile", "-c", "\n".join(lines)], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=_workdir(tmp_path))
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert [ln[len("reply:"):] for ln in proc.stdout.splitlines()] == [expected for _, expected in cases]
+
+
+def test_fish_completes_closed_values_and_never_file_names(shim, tmp_path):
+    """fish: --op, --sort... fell back to the current directory's file names when nothing matched."""
+    fish = _need("fish")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    lines = [f"kcache --cache-dir {empty} ls --op ", "kcache ls --sort ", "kcache ls --sort x",
+             "kcache config set --cache ", "kcache ls --cache-dir "]
+    cmd = f"source {shlex.quote(str(SCRIPTS / 'kcache.fish'))}; " + "; echo ---; ".join(
+        f"complete -C {shlex.quote(line)}" for line in lines)
+    proc = subprocess.run([fish, "--no-config", "-c", cmd], env=_shell_env(shim, KCACHE_DIR=str(empty)),
+                          capture_output=True, text=True, timeout=120, cwd=_workdir(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    got = [[ln.split("\t")[0] for ln in part.splitlines()] for part in proc.stdout.split("---\n")]
+    assert got == [[], ["age", "op", "size"], [], sorted([*LAYOUT_NAMES, "all"]), ["zz_marker_file"]]
+
+
 def _zsh_run(zsh: str, shim: Path, body: str, root: Path) -> list[str]:
     # _arguments is stubbed to print what the script hands it: the completion system proper needs a terminal.
     prog = ("_arguments() { print -r -- \"ARGS:$*\" }\n"
@@ -323,6 +482,20 @@ def test_zsh_sourced_script_completes(shim, mixed, tmp_path):
     assert out[0] == "registered:_kcache_completion"
     assert out[1] == "ARGS:*: :((\"matmul\":\"cpu_space_0\"))"
     assert out[2] == "ARGS:*: :((\"8d1f7691cdf75e90\":\"add (cuda_space_0)\"))"
+
+
+def test_zsh_completes_closed_values_and_never_file_names(shim, tmp_path):
+    """zsh: an option value nothing matched got `_files` (the current directory's names)."""
+    zsh = _need("zsh")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    body = (f"autoload -Uz compinit; compinit -u -d {tmp_path}/zcd\n"
+            f"source {shlex.quote(str(SCRIPTS / 'kcache.zsh'))}\n"
+            "words=(kcache ls --sort s); CURRENT=4; _kcache_completion; print -r -- rc=$?\n"
+            "words=(kcache ls --op ''); CURRENT=4; _kcache_completion; print -r -- rc=$?\n"
+            "words=(kcache ls --cache-dir ''); CURRENT=4; _kcache_completion; print -r -- rc=$?\n")
+    out = _zsh_run(zsh, shim, body, empty)
+    assert out == ["ARGS:*: :((\"size\":\"biggest first\"))", "rc=0", "rc=1", "FILES", "rc=0"]
 
 
 def test_zsh_autoloaded_script_completes_on_the_first_call(shim, mixed, tmp_path):
@@ -390,6 +563,47 @@ def test_a_real_tab_in_interactive_zsh_with_fpath(shim, mixed, tmp_path):
     env = _shell_env(shim, KCACHE_DIR=str(mixed), ZDOTDIR=str(tmp_path), HOME=str(tmp_path))
     screen = _tmux_tab([zsh, "-i"], env, "kcache inspect 8d", "8d1f7691cdf75e90", tmp_path)
     assert "kcache inspect 8d1f7691cdf75e90" in screen, screen
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_a_real_tab_offers_no_file_names_for_a_closed_option(shim, tmp_path, shell):
+    """Two TABs after `--op ` in an empty cache, in an interactive shell in tmux: nothing is offered (the
+    current directory's zz_marker_file was)."""
+    path = _need(shell)
+    tmux = _need("tmux")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    if shell == "bash":
+        (tmp_path / "bashrc").write_text(f"PS1='$ '\nsource {shlex.quote(str(SCRIPTS / 'kcache.bash'))}\n")
+        cmd = [path, "--noprofile", "--rcfile", str(tmp_path / "bashrc"), "-i"]
+    else:
+        fdir = tmp_path / "zfunc"
+        fdir.mkdir()
+        shutil.copy(SCRIPTS / "kcache.zsh", fdir / "_kcache")
+        (tmp_path / ".zshrc").write_text(f"PS1='%% '\nfpath=({fdir} $fpath)\nautoload -Uz compinit\n"
+                                         f"compinit -u -d {tmp_path}/zcd\n")
+        cmd = [path, "-i"]
+    env = _shell_env(shim, KCACHE_DIR=str(empty), HOME=str(tmp_path), ZDOTDIR=str(tmp_path))
+    base = [tmux, "-S", str(tmp_path / "tmux.sock")]
+    subprocess.run(base + ["new-session", "-d", "-x", "200", "-y", "40", "-c", str(_workdir(tmp_path)), *cmd],
+                   env=env, check=True, timeout=30)
+    try:
+        screen = ""
+        steps = ((["-l", "kcache ls --sort a"], "--sort a"), (["Tab"], "--sort age"),
+                 (["-l", "--", "--op "], "age --op"), (["Tab", "Tab"], None), (["-l", "ENDMARK"], "ENDMARK"))
+        for keys, expect in steps:
+            subprocess.run(base + ["send-keys", *keys], check=True, timeout=30)
+            deadline = time.monotonic() + 30
+            while expect is not None:  # waiting for the screen, not a timed assertion
+                screen = subprocess.run(base + ["capture-pane", "-p"], capture_output=True, text=True,
+                                        timeout=30).stdout
+                if expect in screen or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert expect is None or expect in screen, screen
+    finally:
+        subprocess.run(base + ["kill-server"], capture_output=True, timeout=30)
+    assert "zz_marker_file" not in screen and "--op ENDMARK" in screen, screen
 
 
 # ---- every command, including the ones added later ----------------------------------------------------

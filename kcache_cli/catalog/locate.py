@@ -219,10 +219,10 @@ def hold_explicit(loc: CacheLocation, warn: Callable[[str], None] | None) -> Non
 
 def named_cache(name: str) -> CacheLocation:
     """The cache of the layout `name` (`--cache triton`) where its compiler's own rule puts it."""
-    home = homes.default_root(name) if name in LAYOUT_NAMES else None
+    known = homes.named_caches(LAYOUT_NAMES)
+    home = known.get(name)
     if home is None:
-        choices = ", ".join(n for n in LAYOUT_NAMES if homes.default_root(n) is not None)
-        raise UsageError(f"unknown cache '{name}' (choose from {choices})")
+        raise UsageError(f"unknown cache '{name}' (choose from {', '.join(known)})")
     return vetted(_checked(CacheLocation(home.path.absolute(), home.reason, name)))
 
 

@@ -13,6 +13,7 @@ from kcache_cli.cli.cmd_mega import export_blob, import_blob, is_blob, show_blob
 from kcache_cli.cli.progress import Bar as _Bar
 from kcache_cli.cli.progress import Phase
 from kcache_cli.cli.table import Column
+from kcache_cli.model.terms import EXPORT_FORMATS
 from kcache_cli.util.errors import UsageError
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.units import parse_size
@@ -48,7 +49,7 @@ ArchiveArg = Annotated[str, typer.Argument(metavar="ARCHIVE", help="The archive:
 
 @c.selectors(status=Annotated[Optional[List[str]], typer.Option(
     "--status", metavar="STATUS", help="Only entries with this status (repeatable). Default: complete entries "
-    "only; entries being built are never exported.")])
+    "only; entries being built are never exported.", autocompletion=c.complete.complete_status)])
 def export_command(
     ctx: typer.Context,
     archive: ArchiveArg,
@@ -58,7 +59,7 @@ def export_command(
     fmt: Annotated[Optional[str], typer.Option(
         "--format", metavar="FORMAT", help="tar (default: kcache's archive) or torch-mega: a blob torch's "
         "load_cache_artifacts() loads, of the Inductor cache's fx graphs, AOTAutograd entries and autotune "
-        "records, with a signed manifest ARCHIVE.kcache.json.")] = None,
+        "records, with a signed manifest ARCHIVE.kcache.json.", autocompletion=c.complete.complete_format)] = None,
     python: Annotated[Optional[str], typer.Option(
         "--python", metavar="PY", help="With --format torch-mega: the Python whose torch version the manifest "
         "records (default: python3 on PATH).")] = None,
@@ -78,8 +79,8 @@ def export_command(
     Example: kcache export --space cuda_space_0 --op matmul kernels.tar.zst
     """
     opts = o.use(ctx, cache_dir, as_json)
-    if fmt not in (None, "tar", "torch-mega"):
-        raise UsageError(f"--format {fmt!r}: tar or torch-mega")
+    if fmt is not None and fmt not in EXPORT_FORMATS:
+        raise UsageError(f"--format {fmt!r}: {' or '.join(EXPORT_FORMATS)}")
     if fmt == "torch-mega":
         if sel.has_selectors():
             raise UsageError("--format torch-mega exports the whole Inductor cache: no selector applies")

@@ -55,10 +55,10 @@ SourceOpt = Annotated[Optional[str], typer.Option(
     "source.cc next to the task file.")]
 TargetOpt = Annotated[Optional[str], typer.Option(
     "--target", metavar="TARGET", help="cuda or cpu. Default: from the source's suffix "
-    "(.cu: cuda, .cc/.cpp: cpu).")]
+    "(.cu: cuda, .cc/.cpp: cpu).", autocompletion=c.complete.complete_build_target)]
 SpaceOpt = Annotated[str, typer.Option(
     "--space", metavar="SPACE", help="hidet's search-space level, 0, 1 or 2, or the space's name "
-    "(cuda_space_2): the entry goes to ops/<target>_space_<N>/.", autocompletion=c.complete.complete_space)]
+    "(cuda_space_2): the entry goes to ops/<target>_space_<N>/.", autocompletion=c.complete.complete_build_space)]
 ArchOpt = Annotated[Optional[str], typer.Option(
     "--arch", metavar="ARCH", help="CUDA arch, e.g. sm_90. Default: the local GPU's (nvidia-smi), else "
     "nvcc's own default (sm_75 for nvcc 13). Always recorded in the entry's kcache.json.")]
@@ -247,7 +247,7 @@ def _build_one(opts: o.GlobalOptions, root, path: str, options, source: Optional
 def _space_level(space: str, target: Optional[str]) -> tuple[int, Optional[str]]:
     """`--space 2` or `--space cuda_space_2` (which also says the target) -> (2, target)."""
     m = re.fullmatch(r"(?:([a-z0-9]+)_space_)?(\d+)", space.strip())
-    if not m or int(m.group(2)) > 2:
+    if not m or int(m.group(2)) not in b.SPACE_LEVELS:
         raise UsageError(f"bad space '{space}' for build (0, 1 or 2, or a name such as cuda_space_2)")
     named = m.group(1)
     if named and target is not None and named != target:

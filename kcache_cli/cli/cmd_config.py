@@ -22,8 +22,9 @@ config_app = typer.Typer(name="config", invoke_without_command=True)
 
 CacheOpt = Annotated[Optional[str], typer.Option(
     "--cache", metavar="NAME", help="The cache the setting is for: a layout's name (as `kcache dir --all` "
-    "shows it). Default: all caches together ([all]).")]
-KeyArg = Annotated[str, typer.Argument(metavar="KEY", help="max-size or max-age.", show_default=False)]
+    "shows it). Default: all caches together ([all]).", autocompletion=c.complete.complete_config_cache)]
+KeyArg = Annotated[str, typer.Argument(metavar="KEY", help="max-size or max-age.", show_default=False,
+                                       autocompletion=c.complete.complete_config_key)]
 
 
 def register(app: typer.Typer) -> None:

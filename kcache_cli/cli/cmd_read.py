@@ -18,7 +18,7 @@ from kcache_cli.cli.table import Column, fold, paint
 from kcache_cli.fs.read import iter_chunks
 from kcache_cli.layouts import get
 from kcache_cli.model.records import ScanFilter, sort_entries
-from kcache_cli.model.terms import COMPLETE
+from kcache_cli.model.terms import COMPLETE, SORT_KEYS
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.textsafe import one_line
@@ -127,8 +127,8 @@ def ls_command(
     ctx: typer.Context,
     sel: c.Selection,
     sort: Annotated[str, typer.Option(
-        "--sort", metavar="KEY", help="Order: op (default), size (biggest first), age (least recently used first).")
-    ] = "op",
+        "--sort", metavar="KEY", help="Order: op (default), size (biggest first), age (least recently used first).",
+        autocompletion=c.complete.complete_sort)] = "op",
     limit: Annotated[Optional[int], typer.Option("--limit", metavar="N", min=0, help="Show at most N entries.")] = None,
     paths_only: Annotated[bool, typer.Option("-q", "--quiet", help="Print the entries' paths only, one per line "
                                              "(like docker ps -q), control characters shown as ? (as ls -q does); "
@@ -157,8 +157,8 @@ def ls_command(
     """
     opts = o.use(ctx, cache_dir, as_json)
     sort = sort.lower()  # --sort SIZE as --sort size
-    if sort not in ("op", "size", "age"):
-        raise UsageError(f"unknown sort key '{sort}' (choose from op, size, age)")
+    if sort not in SORT_KEYS:
+        raise UsageError(f"unknown sort key '{sort}' (choose from {', '.join(SORT_KEYS)})")
     if null and opts.json:
         raise UsageError("--null and --json do not go together")
     if paths_only or null:  # nothing on stderr but errors; with --json the JSON still wins over -q's paths

@@ -1,6 +1,11 @@
 """Shell completion: the values `--op`, `--space`, `--layout`, `--status`, `--target`, `--kind` and HASH
 arguments complete to, read from the cache the command line points at (`--cache-dir` before or after the
-subcommand, else KCACHE_DIR, else `--cache NAME`'s, else every layout's default place that exists).
+subcommand, else KCACHE_DIR, else `--cache NAME`'s, else every layout's default place that exists); and the
+fixed values of `--cache`, `--sort`, `--format`, build's `--target`/`--space`, config's KEY and `--cache`,
+each from where the command checks them.
+
+Every option with a closed set of values (all of the above but HASH, which may be any path) says so
+(typer_compat.closed_set_asked): when none of its values matches, the shell offers nothing, never file names.
 
 The callbacks run on every TAB in a fresh process, so they read directory names only (kcache_cli.catalog.names)
 and import nothing heavy. The shells' scripts are Typer's own (`kcache --show-completion SHELL`); the
@@ -9,25 +14,30 @@ copies shipped in completions/ are regenerated with `python -m kcache_cli.cli.co
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import typer
 
 from kcache_cli.cli import typer_compat
 from kcache_cli.layouts.shapes import SHAPES
+from kcache_cli.model.terms import EXPORT_FORMATS, LAYOUT_NAMES, SORT_KEYS
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.textsafe import has_unsafe, printable_line
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
     from kcache_cli.catalog import names
     from kcache_cli.layouts import homes
+    from kcache_cli.ops import build, config
 else:
     names = lazy_module("kcache_cli.catalog.names")
     homes = lazy_module("kcache_cli.layouts.homes")
+    build = lazy_module("kcache_cli.ops.build")
+    config = lazy_module("kcache_cli.ops.config")
 
 SHELLS = ("bash", "zsh", "fish")
 COMPLETIONS_DIR = Path(__file__).resolve().parents[2] / "completions"
@@ -38,6 +48,10 @@ STATUSES = (("complete", "usable"), ("partial", "interrupted or unfinished"), ("
             ("stale", "built by another compiler version"), ("unreadable", "permission denied"),
             ("moved", "paths point into another root: verify --fix"),
             ("broken", "partial, failed or corrupt: what prune --broken removes"))
+SORT_HELP = {"op": "by layout, op and space (the default)", "size": "biggest first",
+             "age": "least recently used first"}
+FORMAT_HELP = {"tar": "kcache's archive (the default)", "torch-mega": "a blob torch's load_cache_artifacts() loads"}
+KEY_HELP = {"max-size": "a size: 20G, 500M, 2GiB", "max-age": "an age: 30d, 12h, 2w"}
 
 
 def _layouts() -> list[tuple[str, str]]:
@@ -116,7 +130,21 @@ def _matching(choices: Iterable[tuple[str, str]], incomplete: str, taken: Iterab
             if value.startswith(tail) and value not in skip and not has_unsafe(value)]
 
 
+def _closed(callback: Callable[[typer.Context, str], list[tuple[str, str]]]) \
+        -> Callable[[typer.Context, str], list[tuple[str, str]]]:
+    """A callback of an option whose values are a closed set: none matching, the shell offers nothing (not
+    the file names it falls back to)."""
+
+    @functools.wraps(callback)
+    def closed(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+        typer_compat.closed_set_asked()
+        return callback(ctx, incomplete)
+
+    return closed
+
+
 # ---- dynamic: read from the cache -----------------------------------------------------------------
+@_closed
 def complete_op(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     """Op names present in the cache (within the --space/--layout already given)."""
     places: dict[str, tuple[str, ...]] = {}
@@ -128,6 +156,7 @@ def complete_op(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
                      _param_values(ctx, "op"))
 
 
+@_closed
 def complete_space(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     """Spaces present in the cache (holding the --op already given, if any)."""
     found: dict[str, str] = {}
@@ -159,32 +188,80 @@ def complete_hash(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
 
 
 # ---- static choices -------------------------------------------------------------------------------
+@_closed
 def complete_layout(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     return _matching(_layouts(), incomplete, _param_values(ctx, "layout"))
 
 
+@_closed
 def complete_cache(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
-    """`--cache NAME`: the layouts whose compiler keeps a cache in a known place, with that place."""
-    found = [(name, str(home.path)) for name, _ in _layouts() if (home := homes.default_root(name)) is not None]
-    return _matching(found, incomplete)
+    """`--cache NAME`: the caches it takes (homes.named_caches, as `kcache dir --all` names them), with
+    their place."""
+    return _matching(((name, str(home.path)) for name, home in homes.named_caches(LAYOUT_NAMES).items()),
+                     incomplete)
 
 
+@_closed
 def complete_status(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     return _matching(STATUSES, incomplete, _param_values(ctx, "status"))
 
 
+@_closed
 def complete_target(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     return _matching(TARGETS, incomplete, _param_values(ctx, "target"))
 
 
+@_closed
 def complete_kind(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     return _matching(_kinds(), incomplete, _param_values(ctx, "kind"))
+
+
+@_closed
+def complete_sort(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    """`ls --sort`: the keys ls takes (terms.SORT_KEYS)."""
+    return _matching(((k, SORT_HELP.get(k, "")) for k in SORT_KEYS), incomplete)
+
+
+@_closed
+def complete_format(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    """`export --format`: terms.EXPORT_FORMATS."""
+    return _matching(((f, FORMAT_HELP.get(f, "")) for f in EXPORT_FORMATS), incomplete)
+
+
+@_closed
+def complete_build_target(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    """`build --target`: the targets build compiles for (build.TARGETS)."""
+    help = dict(TARGETS)
+    return _matching(((t, help.get(t, "")) for t in build.TARGETS), incomplete)
+
+
+@_closed
+def complete_build_space(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    """`build --space`: a level (0, 1, 2), or a space's name of the --target given (of every target else)."""
+    targets = [t for t in build.TARGETS if t in (_given(ctx, "target") or build.TARGETS)]
+    levels = [(str(n), f"search-space level {n}") for n in build.SPACE_LEVELS]
+    spaces = [(f"{t}_space_{n}", f"{t}, level {n}") for t in targets for n in build.SPACE_LEVELS]
+    return _matching(levels + spaces, incomplete)
+
+
+@_closed
+def complete_config_key(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    """config set/unset KEY: config.KEYS."""
+    return _matching(((k, KEY_HELP.get(k, "")) for k in config.KEYS), incomplete)
+
+
+@_closed
+def complete_config_cache(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    """config's `--cache NAME`: the sections config takes (a layout's name, or all)."""
+    return _matching(((n, "every cache together" if n == config.ALL else f"the {n} cache")
+                      for n in config.section_names()), incomplete)
 
 
 # ---- the shells' scripts --------------------------------------------------------------------------
 typer_compat.fix_zsh_script()  # the zsh script completes on the first TAB
 typer_compat.plain_completion_help()  # a long description stays on its candidate's line
 typer_compat.plain_installed_shell()  # "zsh completion installed", not "Shells.zsh ..."
+typer_compat.closed_sets_offer_no_files()  # no file names for a --sort, --status, --op... that nothing matches
 
 
 def completion_script(shell: str) -> str:

@@ -186,3 +186,68 @@ def plain_installed_shell() -> None:
 
     named._kcache_plain = True  # type: ignore[attr-defined]
     completion.install = named
+
+
+# ---- completion: a closed set of values never falls back to file names --------------------------------
+
+NO_FILES_STATUS = 3  # bash: the exit status that says "no candidates, and no file names either"
+_closed_set_asked = False  # set while one completion runs, by a callback whose values are a closed set
+_BASH_RETURN = """                   %(autocomplete_var)s=complete_bash $1 ) )
+    return 0"""
+_BASH_NO_FILES = """                   %(autocomplete_var)s=complete_bash $1 ) )
+    if [[ $? == """ + str(NO_FILES_STATUS) + """ ]]; then
+        # a value of a closed set (a status, a sort key, an op of the cache) and none matches: no file names
+        compopt +o default 2>/dev/null
+    fi
+    return 0"""
+
+
+def closed_set_asked() -> None:
+    """Called by a completion callback whose values are a closed set (statuses, sort keys, the ops of
+    the cache): when none matches, the shell offers nothing rather than the file names it falls back to."""
+    global _closed_set_asked
+    _closed_set_asked = True
+
+
+def closed_sets_offer_no_files() -> None:
+    """Typer's scripts make every shell complete file names when kcache offers nothing (bash's `-o default`,
+    zsh's `_files`, fish's is-args failing), so `--sort <TAB>` with no match, or `--op <TAB>` in an empty
+    cache, listed the current directory. When the value being completed is one of a closed set
+    (closed_set_asked), none matching offers nothing: bash is told by an exit status its script reads (an
+    older script ignores it and behaves as before), zsh by `return 1`, fish by is-args holding. Leaves a
+    Typer whose classes or bash script differ alone."""
+    from typer import _completion_classes, _completion_shared
+
+    script = _completion_shared.COMPLETION_SCRIPT_BASH
+    if getattr(_completion_classes.BashComplete.complete, "_kcache_closed", False) or \
+            script.count(_BASH_RETURN) != 1:
+        return
+    _completion_shared._completion_scripts["bash"] = script.replace(_BASH_RETURN, _BASH_NO_FILES)
+    _completion_classes.BashComplete.source_template = _completion_shared._completion_scripts["bash"]
+    for cls, nothing in ((_completion_classes.BashComplete, None), (_completion_classes.ZshComplete, "return 1"),
+                         (_completion_classes.FishComplete, "")):
+        cls.complete = _closed_aware(cls.complete, nothing)  # type: ignore[method-assign]
+
+
+def _closed_aware(complete: Any, nothing: str | None) -> Any:
+    """`complete` (a shell class's), answering `nothing` (None: exit NO_FILES_STATUS) when a closed set
+    was asked and none of it matched."""
+
+    def closed_aware(self: Any) -> str:
+        global _closed_set_asked
+        _closed_set_asked = False
+        fish_asks = os.environ.get("_TYPER_COMPLETE_FISH_ACTION") == "is-args"
+        try:
+            out = complete(self)
+        except SystemExit as exc:  # fish's is-args: 1 lets fish complete file names
+            if fish_asks and exc.code == 1 and _closed_set_asked:
+                raise SystemExit(0) from None
+            raise
+        if _closed_set_asked and out in ("", "_files"):
+            if nothing is None:
+                raise SystemExit(NO_FILES_STATUS)
+            return nothing
+        return out
+
+    closed_aware._kcache_closed = True  # type: ignore[attr-defined]
+    return closed_aware

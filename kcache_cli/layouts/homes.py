@@ -13,7 +13,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
 
 from kcache_cli.util.lazy import lazy_module
 
@@ -233,3 +233,10 @@ def default_root(layout: str, package_dir: Path | None = None) -> Home | None:
     """Where `layout`'s compiler keeps its cache by default, or None when kcache knows no rule for it."""
     rule = RULES.get(layout)
     return rule(package_dir) if rule is not None else None
+
+
+def named_caches(layouts: Iterable[str]) -> dict[str, Home]:
+    """The caches `--cache NAME` takes, by name, with their place: each of `layouts` whose compiler keeps
+    a cache in a place known now (jax only when JAX_COMPILATION_CACHE_DIR names one). What `--cache`
+    accepts and what completes for it."""
+    return {name: home for name in layouts if (home := default_root(name)) is not None}

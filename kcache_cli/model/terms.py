@@ -51,6 +51,13 @@ RemovalWhat = Literal["entry", "candidates", "temp", "staging", "link", "leftove
 BuildOutcome = Literal["built", "hit", "failed"]
 RepairOutcome = Literal["repaired", "fine", "failed"]
 
+# `ls --sort`: by op, size (biggest first) or age (least recently used first).
+SortKey = Literal["op", "size", "age"]
+SORT_KEYS: tuple[SortKey, ...] = get_args(SortKey)
+# `export --format`: kcache's archive, or the blob torch's load_cache_artifacts() loads.
+ExportFormat = Literal["tar", "torch-mega"]
+EXPORT_FORMATS: tuple[ExportFormat, ...] = get_args(ExportFormat)
+
 LAYOUT_NAMES = tuple(s.name for s in SHAPES)
 
 

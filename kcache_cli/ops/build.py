@@ -54,6 +54,7 @@ BUILT: Final = "built"
 HIT: Final = "hit"
 FAILED: Final = "failed"
 TARGETS = ("cuda", "cpu")
+SPACE_LEVELS = (0, 1, 2)  # hidet's search-space levels: ops/<target>_space_<level>/
 TARGET_OF_SUFFIX = {".cu": "cuda", ".cc": "cpu", ".cpp": "cpu", ".cxx": "cpu"}
 SOURCE_NAME = {"cuda": "source.cu", "cpu": "source.cc"}
 SOURCE_CANDIDATES = ("source.cu", "source.cc", "source.cpp")

@@ -118,6 +118,11 @@ def _names() -> tuple[str, ...]:
     return LAYOUT_NAMES
 
 
+def section_names() -> tuple[str, ...]:
+    """What `config --cache` takes (check_section): a layout's name, or all."""
+    return (*_names(), ALL)
+
+
 def check_section(name: str | None) -> str:
     """`--cache NAME` as a section: "all" for none; a layout's name; else a usage error naming them."""
     if name is None or name == ALL:
