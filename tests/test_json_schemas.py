@@ -24,7 +24,7 @@ DRAFT202012 = pytest.importorskip("referencing.jsonschema").DRAFT202012
 NAMES = ("hidet", "tilus", "tilelang", "triton/cache")
 ROOTS = [(w, n) for w in ("repo", "shared") for n in NAMES]
 # keys whose values are maps keyed by names (ops, spaces...), not by machine keys
-NAME_MAPS = {"by_layout", "by_space", "by_op", "by_status", "by_kind", "by_age"}
+NAME_MAPS = {"by_layout", "by_space", "by_op", "by_status", "by_kind", "by_age", "versions", "env"}
 
 
 SCHEMAS = resources.files("kcache_cli").joinpath("schemas")
@@ -196,7 +196,7 @@ def test_every_schema_is_a_valid_schema_and_shipped():
     names = sorted(p.name for p in resources.files("kcache_cli").joinpath("schemas").iterdir()
                    if p.name.endswith(".json"))
     for must in ("ls", "stats", "inspect", "verify", "prune", "clear", "export", "import", "diff", "dir",
-                 "push", "pull", "remote-ls", "remote-stats", "remote-prune", "error"):
+                 "push", "pull", "remote-ls", "remote-stats", "remote-prune", "error", "explain"):
         assert f"{must}.json" in names
     for n in names:
         schema = schema_of(n[:-5])
@@ -321,3 +321,70 @@ def test_build_matches_its_schema(kcache, tmp_path):
     again = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--json")
     check(again.json(), "build")
     assert again.json()["hits"] == 1 and again.json()["results"][0]["path"] == first.json()["results"][0]["path"]
+
+
+# ---- explain: entries of every layout, archives, blobs, images ---------------------------------------
+def _explained(kcache, *args: str, env: dict | None = None) -> dict:
+    """`explain --json ARGS`, checked against explain.json; its counts are its items' verdicts."""
+    r = kcache("explain", *args, "--json", env=env)
+    assert r.exit_code == 0, (args, r.stderr[-500:])
+    doc = r.json()
+    check(doc, "explain")
+    assert [doc[v] for v in ("hit", "miss", "unknown")] == [
+        sum(i["verdict"] == v for i in doc["items"]) for v in ("hit", "miss", "unknown")]
+    return doc
+
+
+def test_explain_of_each_real_cache_matches_its_schema(kcache, real, tmp_path):
+    """explain.json was missing while explain said "kcache/explain/1"."""
+    from test_explain import fake_python
+
+    name, root = real
+    py = fake_python(tmp_path, {"hidet": "0.6.1", "tilelang": "0.1.15", "triton": "3.9.0", "torch": None})
+    doc = _explained(kcache, "--cache-dir", str(root), "--python", py, "--gpu", "sm_90a",
+                     env={"TRITON_DEBUG": "0"})
+    assert doc["items"] and doc["here"]["gpu_source"] == "--gpu" and doc["here"]["env"] == {"TRITON_DEBUG": "0"}
+    assert doc["here"]["versions"]["torch"] is None and doc["here"]["problem"] is None
+    if name in ("hidet", "tilelang"):
+        assert {i["verdict"] for i in doc["items"]} <= {"hit", "unknown"}, doc["items"]
+
+
+def test_explain_of_archives_blobs_and_other_caches_matches_its_schema(kcache, tmp_path):
+    from test_explain import fake_python
+
+    from kcache_cli.formats import megacache
+
+    for name in ("jax", "numba", "torch_ext"):
+        assert _explained(kcache, "--cache-dir", str(copy_tree(FIXTURES / name, tmp_path / name)))["items"], name
+    hidet = copy_tree(FIXTURES / "hidet", tmp_path / "hidet")
+    archive = tmp_path / "hidet.tar.gz"
+    assert kcache("--cache-dir", hidet, "export", archive).exit_code == 0
+    py = fake_python(tmp_path, {"hidet": "0.6.1", "torch": "2.12.0"})
+    doc = _explained(kcache, str(archive), "--python", py, "--gpu", "sm_90a")
+    assert doc["items"] and {i["path"] for i in doc["items"]} == {str(archive)}
+    blob = tmp_path / "sin_cos_cpu.bin"
+    copy_tree(FIXTURES / "torch-mega", tmp_path / "mega")
+    (tmp_path / "mega" / "sin_cos_cpu.bin").rename(blob)
+    assert all(i["recorded"] is None for i in _explained(kcache, str(blob), "--python", py)["items"])
+    inductor = tmp_path / "inductor"
+    assert kcache("--cache-dir", inductor, "import", blob).exit_code == 0
+    exported = tmp_path / "out.bin"
+    assert kcache("--cache-dir", inductor, "export", exported, "--format", "torch-mega", "--python", py).exit_code == 0
+    assert {i["recorded"] for i in _explained(kcache, str(exported), "--python", py)["items"]} == {None}
+    odd = tmp_path / "odd.bin"  # a type no layout takes: its layout is null, not "-"
+    odd.write_bytes(megacache.build([("future_type", "k1", b"x"), ("inductor", "k2", b"y")]))
+    items = {i["what"]: i for i in _explained(kcache, str(odd), "--python", py)["items"]}
+    assert items["k1"]["layout"] is None and items["k2"]["layout"] == "inductor"
+    broken = tmp_path / "broken-python"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    here = _explained(kcache, str(odd), "--python", str(broken))["here"]
+    assert here["python"] is None and here["versions"] == {} and here["problem"]
+
+
+def test_explain_of_an_image_matches_its_schema(kcache, oci_registry, tmp_path):
+    root = copy_tree(FIXTURES / "numba", tmp_path / "numba")
+    url = oci_registry.url("team/explain-schema:v1")
+    assert kcache("push", "--remote", url, "--cache-dir", root).exit_code == 0
+    doc = _explained(kcache, "--cache-dir", str(tmp_path / "here"), url)
+    assert doc["items"] and {i["path"] for i in doc["items"]} == {url}

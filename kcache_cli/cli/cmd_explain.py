@@ -108,7 +108,7 @@ def _human(out: c.Output, result) -> None:
         v = i.verdict
         detail = (f"{v.factor}: {_said(v.recorded)} -> {_said(v.here)}" if v.verdict == "miss" and v.factor
                   else v.why)
-        rows.append([v.verdict, i.layout, i.kind, i.what, detail])
+        rows.append([v.verdict, i.layout or "-", i.kind, i.what, detail])
     if rows:
         c.print_table([Column("verdict"), Column("layout", drop=2), Column("kind", drop=1),
                        Column("entry", spill=True), Column("why", wrap=True)], rows)

@@ -87,9 +87,9 @@ class Explained:
     """One entry or artifact and whether the consumer here would use it."""
 
     what: str  # the entry's relpath, or the artifact's key
-    layout: str
+    layout: str | None  # None: a blob's artifact of a type no layout takes
     kind: str
-    path: str
+    path: str  # the entry's path, or the archive, blob or oci:// image it comes from
     verdict: Verdict
 
     def to_json(self) -> dict:
@@ -153,7 +153,7 @@ def explain_blob(path: str, here: Here) -> list[Explained]:
                         "differs): nothing recorded to judge this one by")
         else:
             v = lay.explain_mega(recorded, here)
-        out.append(Explained(a.key, lay.name if lay else "-", a.type, os.path.abspath(path), v))
+        out.append(Explained(a.key, lay.name if lay else None, a.type, os.path.abspath(path), v))
     return out
 
 
