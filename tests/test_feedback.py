@@ -5,6 +5,7 @@ during a prune saying what was done. Through the real CLI, at 80 columns where w
 
 from __future__ import annotations
 
+import base64
 import io
 import os
 import signal
@@ -227,6 +228,45 @@ def test_the_scan_bar_counts_after_half_a_second_and_never_before(monkeypatch):
         clock[0] += 10
         quiet.advance(1)
         assert quiet._progress is None
+
+
+def test_the_scan_bar_says_1_entry_and_entries_for_the_rest(monkeypatch):
+    """A terminal showed "judged 0 of 1 entries found": the count found takes its noun's number."""
+    from kcache_cli.cli import progress
+    from kcache_cli.cli.common import GlobalOptions
+
+    tty = fake_terminal(monkeypatch)
+    clock = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    with progress.scanning(GlobalOptions(), "scanning /c") as bar:
+        clock[0] += progress.SCAN_DELAY
+        bar.advance(0)
+        assert "judged 0 of ? entries found" in tty.getvalue()
+        bar.start(1)
+        assert "judged 0 of 1 entry found" in tty.getvalue()
+        bar.start(2)
+        clock[0] += 1
+        bar.advance(1)
+        assert "judged 1 of 2 entries found" in tty.getvalue()
+    assert "1 entries" not in tty.getvalue()
+
+
+def test_the_same_counts_elsewhere_take_their_nouns_number(tmp_path):
+    """The pattern repeated: a damaged blob ("holds 1 artifacts"), an --op hint over the one cache left of
+    several ("in 1 caches"); `remote stats` of an image and a pull that fills the disk are tested with their
+    commands (test_remote_oci_qa.py, test_remote.py)."""
+    from kcache_cli.catalog import names
+    from kcache_cli.formats import megacache
+    from kcache_cli.model.records import ScanFilter
+
+    data = megacache.build([("inductor", "k", b"x" * 40)])
+    header = 4 + 8 + 8 + len(base64.b64encode(b"inductor")) + 8  # CRC, version, the group's type and count
+    problems = megacache.parse(data[:header + 10]).problems  # 1 artifact said, 10 bytes left to frame it
+    assert "group 0 (inductor) says it holds 1 artifact, more than the 10 bytes left can frame" in problems[-1]
+    root = tmp_path / "c"
+    (root / "ops" / "cuda_space_0" / "add" / "8d1f7691cdf75e90").mkdir(parents=True)
+    line = names.unknown_across([(root, ScanFilter(ops=("nonesuch",)))], "op", "nonesuch")
+    assert line is not None and f"in {root}" in line and "1 caches" not in line
 
 
 def test_prune_deep_counts_entries_read(fixture_copy, monkeypatch):

@@ -100,7 +100,7 @@ def test_a_blob_cut_short_is_partial_and_says_where(tmp_path, kcache):
 def test_a_count_no_blob_could_hold_is_refused_without_reading_on():
     body = (1).to_bytes(8, "big") + megacache._text("inductor") + (2**63).to_bytes(8, "big")
     blob = megacache.parse(_whole(body), MEGA_TYPES)
-    assert blob.state == megacache.PARTIAL and "holds 9223372036854775808 artifacts" in blob.problems[-1]
+    assert blob.state == megacache.PARTIAL and "holds 9,223,372,036,854,775,808 artifacts" in blob.problems[-1]
 
 
 def test_an_unknown_type_and_a_shadowed_group_are_what_torch_trips_on(tmp_path, kcache):

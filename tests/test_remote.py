@@ -108,6 +108,22 @@ def test_a_pull_that_fills_the_disk_says_how_many_entries_it_published(kcache, t
         assert len(listed) == n and {e["status"] for e in listed} == {"complete"}
 
 
+def test_a_pull_of_one_entry_that_fills_the_disk_says_1_entry(kcache, tmp_path):
+    """"pulled 0 of 1 entries": the count takes its noun's number."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    from test_last_used import mounted
+
+    (tmp_path / "shared").mkdir()
+    url = f"file://{tmp_path / 'shared'}"
+    assert kcache("push", "--cache-dir", fixtures(tmp_path)["hidet"], "--remote", url, "8d1f").exit_code == 0
+    with mounted(tmp_path / "small", "rw", "48k") as small:  # room for its bytes, not for its 12 files' blocks
+        line = one_line_error(kcache("pull", "--cache-dir", small / "hidet", "--remote", url))
+        if "not enough space" in line:
+            pytest.skip(f"this tmpfs refuses the pull before it starts: {line}")
+        assert "No space left on device" in line and "pulled 0 of 1 entry before it filled" in line, line
+
+
 def test_push_skips_what_the_remote_has_and_dry_run_writes_nothing(kcache, tmp_path):
     root = fixtures(tmp_path)["hidet"]
     shared = tmp_path / "shared"

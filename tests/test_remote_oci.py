@@ -175,6 +175,14 @@ def test_remote_stats_totals_the_repository(kcache, triton, oci_registry):
     assert doc["by_target"]["sm_80"]["tags"] == 2 and doc["by_target"]["sm_90a"]["tags"] == 1
 
 
+def test_remote_stats_of_one_entry_says_1_entry(kcache, triton, oci_registry):
+    """"1 tag (1 image), 1 entries": each count takes its noun's number."""
+    push(kcache, triton, oci_registry.url("team/one:v1"), "22DX5RUZ")
+    run = kcache("remote", "stats", "--remote", oci_registry.url("team/one"))
+    assert run.exit_code == 0, run.stderr
+    assert "1 tag (1 image), 1 entry, " in run.stdout + run.stderr and "1 entries" not in run.stdout + run.stderr
+
+
 def test_signed_images_pull_only_on_nodes_that_trust_the_key(kcache, triton, oci_registry, tmp_path, monkeypatch):
     pytest.importorskip("cryptography")
     from test_remote_trust import keygen, node

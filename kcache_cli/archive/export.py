@@ -54,6 +54,7 @@ from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.interrupts import TermAsInterrupt
 from kcache_cli.util.progress import NO_PROGRESS, Progress
 from kcache_cli.util.signing import signer
+from kcache_cli.util.units import plural
 
 if TYPE_CHECKING:
     from kcache_cli.layouts.base import Facts
@@ -693,7 +694,7 @@ def _refuse_empty(plan: ExportPlan, left: list[tuple[Entry, str]], compression: 
     if not left:
         raise UsageError(f"no entries in {plan.root} match the selection: nothing to export, no archive "
                          "written")
-    raise EmptyExport(f"nothing to export: {plural_entries(len(left))} selected, none fit to ship "
+    raise EmptyExport(f"nothing to export: {plural(len(left), 'entry')} selected, none fit to ship "
                       f"(first: {left[0][0].relpath}: {left[0][1]}); no archive written",
                       ExportResult("", compression, (), tuple(left), 0, 0, 0, plan.sources_only))
 
@@ -706,10 +707,6 @@ def _manifest(plan: ExportPlan, m: _Merged) -> dict:
         "totals": {"entries": len(m.done), "files": m.files, "size": m.size},
         "parts": [{"size": s, "entries": c} for s, c in zip(m.sizes, m.counts)],
     }
-
-
-def plural_entries(n: int) -> str:
-    return f"{n} {'entry' if n == 1 else 'entries'}"
 
 
 def _write_final(final_fd: int, bodies: list[str], compression: str, manifest: dict, records: list[str]) -> None:

@@ -21,6 +21,7 @@ from kcache_cli.fs.dirnames import DirNames
 from kcache_cli.fs import read as fsread
 from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape
 from kcache_cli.model.records import is_glob, space_matches
+from kcache_cli.util.units import plural
 
 
 class EntryName(NamedTuple):
@@ -251,7 +252,8 @@ def unknown_across(selected: list, what: str, value: str) -> str | None:
             if any(match(value, n) for n in present):
                 return None
             present_all.extend(n for n in present if n not in present_all)
-    return _did_you_mean(what, value, sorted(present_all), f"{len(selected)} caches")
+    where = os.fspath(selected[0][0]) if len(selected) == 1 else plural(len(selected), "cache")
+    return _did_you_mean(what, value, sorted(present_all), where)
 
 
 def _did_you_mean(what: str, value: str, present: list[str], root: str) -> str:

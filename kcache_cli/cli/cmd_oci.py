@@ -123,7 +123,7 @@ def stats(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float
         if rows:
             c.print_table(["by", "name", "tags", "entries", "size"], rows, right=(2, 3, 4))
         out.text(f"{c.plural(result['tags'], 'tag')} ({c.plural(result['images'], 'image')}), "  # type: ignore[arg-type]
-                 f"{result['entry_count']} entries, {c.human_size(result['size'])} in {result['remote']}")  # type: ignore[arg-type]
+                 f"{c.plural(result['entry_count'], 'entry')}, {c.human_size(result['size'])} in {result['remote']}")  # type: ignore[arg-type]
 
     out.result(result, human)
 

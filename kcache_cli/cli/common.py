@@ -33,6 +33,7 @@ from kcache_cli.util.errors import UsageError
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.textsafe import printable, printable_line
 from kcache_cli.util.units import format_ago, format_size, parse_age, parse_seconds, parse_size
+from kcache_cli.util.units import plural as units_plural
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
     from kcache_cli.catalog import locate, scan
@@ -633,10 +634,8 @@ def human_size(n: int) -> str:
 
 
 def plural(n: int, singular: str, many: str | None = None) -> str:
-    """`1 entry`, `2 entries`, `0 files`: the one way the CLI counts things."""
-    if many is None:
-        many = singular[:-1] + "ies" if singular.endswith("y") and singular[-2:-1] not in "aeiou" else singular + "s"
-    return f"{n:,} {singular if n == 1 else many}"
+    """`1 entry`, `2 entries`, `0 files`: the one way kcache counts things (kcache_cli.util.units)."""
+    return units_plural(n, singular, many)
 
 
 def human_age(ts: float) -> str:

@@ -55,7 +55,7 @@ class Bar:
 
         cols: list = [SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn()]
         if self.unit == "judged":
-            return cols + [TextColumn("judged {task.completed:,.0f} of {task.fields[found]} entries found")]
+            return cols + [TextColumn("judged {task.completed:,.0f} of {task.fields[found]} found")]
         cols += [DownloadColumn(), TransferSpeedColumn()] if self.unit == "bytes" else [MofNCompleteColumn()]
         return cols + [TimeRemainingColumn()]
 
@@ -70,7 +70,8 @@ class Bar:
         self._progress.refresh()
 
     def _found_text(self) -> str:
-        return "?" if self._total is None else f"{self._total:,}"
+        """The entries found so far: "1 entry", "2,000 entries", "? entries" before any is counted."""
+        return "? entries" if self._total is None else c.plural(self._total, "entry")
 
     def _shown(self) -> bool:
         """Whether the bar is up, putting it up once the delay has passed."""

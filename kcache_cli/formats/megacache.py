@@ -24,6 +24,8 @@ import binascii
 import zlib
 from typing import Iterable, NamedTuple
 
+from kcache_cli.util.units import plural
+
 VERSION = 1
 CRC_SIZE = 4
 U64 = 8
@@ -149,8 +151,8 @@ def _groups(r: _Reader, known: frozenset[str] | None) -> tuple[list[Artifact], l
             kind = r.text(f"group {g}'s type")
             count = r.u64(f"group {g}'s count")
             if count > (len(r.data) - r.i) // (2 * U64):
-                raise _Short(f"group {g} ({kind}) says it holds {count} artifacts, more than the "
-                             f"{len(r.data) - r.i} bytes left can frame")
+                raise _Short(f"group {g} ({kind}) says it holds {plural(count, 'artifact')}, more than the "
+                             f"{plural(len(r.data) - r.i, 'byte')} left can frame")
             groups.append((kind, count))
             if known is not None and kind not in known:
                 problems.append(f"group {g} has type {kind!r}, which torch 2.13 does not know (its load fails)")

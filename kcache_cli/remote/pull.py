@@ -38,6 +38,7 @@ from kcache_cli.remote.moved import MovedEntry, MoveResult, named
 from kcache_cli.remote.store import MAX_RECORD, Store, Value
 from kcache_cli.util.errors import KcacheError
 from kcache_cli.util.signing import verifier
+from kcache_cli.util.units import plural
 
 if TYPE_CHECKING:
     from kcache_cli.archive.manifest import EntryRecord
@@ -305,9 +306,9 @@ def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock
             raise
         store.hash_set(f.PULLED, pulled)  # those of the batch published before the disk filled
         published = sum(m.done for m in out)
-        raise KcacheError(f"{exc.strerror} in {root}: pulled {published} of {len(todo)} entries before it filled (each "
-                          "whole), the others are not here; free space and pull again (what is here is skipped)"
-                          ) from None
+        raise KcacheError(f"{exc.strerror} in {root}: pulled {published} of {plural(len(todo), 'entry')} before it "
+                          "filled (each whole), the others are not here; free space and pull again (what is here is "
+                          "skipped)") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         staging.cleanup()

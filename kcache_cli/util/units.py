@@ -102,6 +102,14 @@ def parse_seconds(text: str, option: str | None = None) -> float:
                          "90s, 5m or 1h)") from None
 
 
+def plural(n: int, singular: str, many: str | None = None) -> str:
+    """A count as English says it: `1 entry`, `2 entries`, `0 files`, `20,022 entries` (the one way kcache
+    counts things, in the CLI and in the core's messages)."""
+    if many is None:
+        many = singular[:-1] + "ies" if singular.endswith("y") and singular[-2:-1] not in "aeiou" else singular + "s"
+    return f"{n:,} {singular if n == 1 else many}"
+
+
 def format_size(n: int) -> str:
     """Bytes for people in powers of 1000, as parse_size reads them back: "0 B", "1 B", "41.3 MB"."""
     if n < 1000:
