@@ -5,7 +5,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -217,3 +221,67 @@ def test_the_budget_bar_in_a_pipe_is_plain(kcache, fixture_copy):
     out = kcache("--cache-dir", root, "stats").stdout
     line = next(ln for ln in out.splitlines() if " of 20.0 GB" in ln)
     assert "\u2591" not in out and "\u2588" not in out and "...." in line, line
+
+
+# ---- help: wrapped to the terminal, down to 40 columns --------------------------------------------------
+def _help_commands() -> list[list[str]]:
+    from typer.main import get_command
+
+    from kcache_cli.cli.app import full_app
+
+    out: list[list[str]] = [[]]
+    for name, cmd in get_command(full_app()).commands.items():
+        out.append([name])
+        out += [[name, sub] for sub in getattr(cmd, "commands", {})]
+    return out
+
+
+_HELP_DRIVER = """import contextlib, io, json, sys
+from kcache_cli.cli.app import main
+out = {}
+for words in json.loads(sys.argv[1]):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        try:
+            main([*words, "--help"])
+        except SystemExit:
+            pass
+    out[" ".join(words)] = buf.getvalue()
+print(json.dumps(out))
+"""
+
+
+def _plain_help(width: int, commands: list[list[str]]) -> dict[str, str]:
+    """Each command's --help as kcache prints it into a pipe with COLUMNS=width (a process of its own: the
+    in-process runner forces Click's width to 80)."""
+    env = {**os.environ, "COLUMNS": str(width), "NO_COLOR": "1"}
+    run = subprocess.run([sys.executable, "-c", _HELP_DRIVER, json.dumps(commands)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_plain_help_fits_down_to_40_columns_and_says_the_same():
+    """`COLUMNS=40 kcache ls --help` printed lines up to 50 columns (Click's help never wraps under 50, and
+    puts at least 10 columns of text beside a 30-column option). Every command's plain help (a pipe) now
+    fits 40, 50 and 60 columns, and says word for word what it says at 80; at 80 and wider it is Click's
+    78-column layout, the same at 120."""
+    commands = _help_commands()
+    at = {w: _plain_help(w, commands) for w in (40, 50, 60, 80, 120)}
+    for name, wide in at[80].items():
+        assert wide.startswith("Usage: kcache"), name
+        assert 60 < max(map(len, wide.splitlines())) <= 78, name  # the wide layout still uses the room
+        assert at[120][name] == wide, name
+        for width in (40, 50, 60):
+            lines = at[width][name].splitlines()
+            assert max(map(len, lines)) <= width, (name, width, [ln for ln in lines if len(ln) > width])
+            assert "".join(at[width][name].split()) == "".join(wide.split()), (name, width)
+
+
+def test_help_in_a_40_column_terminal_fits(tmp_path):
+    """In a terminal (Rich's help) too."""
+    from test_cli_terminal import in_a_terminal
+
+    for words in (["ls"], ["remote", "ls"], ["explain"], ["push"]):
+        text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", in_a_terminal([*words, "--help"], 40)).replace("\r", "")
+        assert text.strip() and max(map(len, text.splitlines())) <= 40, words

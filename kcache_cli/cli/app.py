@@ -127,6 +127,7 @@ app = typer.Typer(
 
 _RICH_MARKUP = app.rich_markup_mode
 typer_compat.warn_if_untested()
+typer_compat.help_fits_narrow_terminals()  # plain help wraps to the terminal down to 40 columns
 
 
 def _version(ctx: typer.Context, value: bool) -> None:

@@ -251,3 +251,39 @@ def _closed_aware(complete: Any, nothing: str | None) -> Any:
 
     closed_aware._kcache_closed = True  # type: ignore[attr-defined]
     return closed_aware
+
+
+# ---- help: wrapped to the terminal, down to 40 columns ------------------------------------------------
+
+HELP_MIN_WIDTH = 38  # a 40-column terminal less the 2 columns Click leaves free
+_OPTION_TEXT_MIN = 24  # the help text beside an option is kept at least this wide
+
+
+def help_fits_narrow_terminals() -> None:
+    """Plain help (a pipe, NO_COLOR; Rich's fits by itself) is Click's HelpFormatter's, which wraps to the
+    terminal less 2 but never under 50 columns, and keeps the option column up to 30 wide with at least
+    10 beside it: at COLUMNS=40 its lines ran to 50 (44 beside a long option). Wrap to the terminal down to
+    40 columns (HELP_MIN_WIDTH), and under 60 narrow the option column so that its text keeps 24 columns
+    (a longer option then stands on a line of its own, as Click does for one over the limit). A width
+    given (docgen's) and the layout at 60 columns or more are Click's own."""
+    from typer._click import core, formatting
+
+    if getattr(core.Context.formatter_class, "_kcache_fits", False):
+        return
+
+    class FittingHelpFormatter(formatting.HelpFormatter):
+        _kcache_fits = True
+
+        def __init__(self, indent_increment: int = 2, width: int | None = None,
+                     max_width: int | None = None) -> None:
+            if width is None and formatting.FORCED_WIDTH is None:
+                import shutil
+
+                width = max(min(shutil.get_terminal_size().columns, max_width or 80) - 2, HELP_MIN_WIDTH)
+            super().__init__(indent_increment, width, max_width)
+
+        def write_dl(self, rows: Any, col_max: int = 30, col_spacing: int = 2) -> None:
+            room = self.width - self.current_indent - col_spacing - _OPTION_TEXT_MIN
+            super().write_dl(rows, max(8, min(col_max, room)), col_spacing)
+
+    core.Context.formatter_class = FittingHelpFormatter
