@@ -47,13 +47,15 @@ def test_ls_at_80_columns_keeps_op_and_size_whole(kcache, real_root):
     lines = r.stdout.splitlines()
     assert all(len(ln) <= 80 for ln in lines), lines
     header = lines[0].split()
-    assert {"op", "hash", "size", "status"} <= set(header), lines[0]
+    assert {"hash", "size", "status"} <= set(header), lines[0]
+    # op and space show, unless no entry has one (a column of `-` only goes first when the row is too wide)
+    assert "op" in header or not any(e["op"] for e in entries), lines[0]
     for e in entries:
         rows = row_of(lines[1:], e)
         assert rows, f"no row shows {e['hash']}:\n{r.stdout}"
-        row = next((ln for ln in rows if (e["space"] or "-") in ln.split()), None)
+        row = next((ln for ln in rows if "space" not in header or (e["space"] or "-") in ln.split()), None)
         assert row is not None, f"{e['hash']} in {e['space']}: space shown as {rows}"
-        assert (e["op"] or "-") in row.split(), f"op of {e['hash']} cut: {row!r}"
+        assert "op" not in header or (e["op"] or "-") in row.split(), f"op of {e['hash']} cut: {row!r}"
         assert format_size(e["size"]) in row, f"size of {e['hash']} cut: {row!r}"
         assert e["status"] in row.split()
 
@@ -113,6 +115,70 @@ def test_render_cuts_the_hash_never_op_or_size():
     assert all(len(ln) <= 80 for ln in lines)
     assert "matmul_kernel_with_a_long_name" in lines[1] and "1.2 MB" in lines[1] and "last used" in lines[0]
     assert "A" * 8 in lines[1] and "A" * 52 not in lines[1]
+
+
+# ---- nothing lost without a sign: blank columns first, cut names marked ---------------------------------
+def test_a_blank_column_goes_before_a_value_is_cut(kcache, tmp_path):
+    """`COLUMNS=40 kcache ls` of a torch extensions cache showed `kc_add_on` (the name cut, no mark) beside
+    `space` and `op` columns holding only `-`: those go first now, and the name shows whole."""
+    root = copy_tree(FIXTURES / "torch_ext", tmp_path / "ext")
+    for width in (40, 50):
+        r = kcache("--cache-dir", root, "ls", env={"COLUMNS": str(width)})
+        assert r.exit_code == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert all(len(ln) <= width for ln in lines), lines
+        header = lines[0].split()
+        assert "space" not in header and "op" not in header and "status" in header, lines
+        assert lines[1].split()[header.index("hash")] == "kc_add_one", lines
+
+
+def _long_named_extension(src: Path, dst: Path, name: str) -> None:
+    """A copy of the kc_add_one extension built under another name: its directory, module and build.ninja."""
+    copy_tree(src, dst)
+    ninja = dst / "build.ninja"
+    ninja.write_text(ninja.read_text().replace("kc_add_one", name))
+    (dst / "kc_add_one.so").rename(dst / f"{name}.so")
+
+
+def test_a_name_cut_short_ends_in_an_ellipsis(kcache, tmp_path):
+    """A value too long for its column is marked where it is cut (`…`), and what stands before the mark
+    still names one entry; a hash is cut to a prefix without a mark, as ls documents."""
+    root = copy_tree(FIXTURES / "torch_ext", tmp_path / "ext")
+    long = "kc_add_one_with_a_rather_long_name"
+    _long_named_extension(root / "kc_add_one", root / long, long)
+    listed = {e["hash"]: e["status"] for e in entries_of(kcache, root)}
+    assert listed == {"kc_add_one": "complete", long: "complete"}
+    r = kcache("--cache-dir", root, "ls", env={"COLUMNS": "30"})
+    lines = r.stdout.splitlines()
+    assert all(len(ln) <= 30 for ln in lines), lines
+    shown = [ln.split()[0] for ln in lines[1:]]
+    assert shown[0] == "kc_add_one" and shown[1].endswith("\u2026") and len(shown[1]) < len(long), lines
+    prefix = shown[1][:-1]
+    assert long.startswith(prefix) and not "kc_add_one".startswith(prefix), shown
+    assert kcache("--cache-dir", root, "ls", "--json", prefix).json()["entries"][0]["hash"] == long
+
+
+def test_render_marks_a_cut_name_but_not_a_cut_hash():
+    cols = [Column("hash", spill=True), Column("status")]
+    hashes = [["8d1f7691cdf75e90", "complete"], ["ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA", "complete"],
+              ["fos42gzgpwdtw65e5yozpzjsibj5qjnauu3rcq2uypagpsvl63l6", "complete"]]
+    lines = render(cols, hashes, 20)
+    assert [ln.split()[0] for ln in lines[1:]] == [h[:10] for h, _ in hashes]  # the room left: 10 characters
+    names = [["kc_add_one_with_a_rather_long_name", "complete"], ["kc_add_two_with_a_rather_long_name", "partial"]]
+    lines = render(cols, names, 20)
+    assert [ln.split()[0] for ln in lines[1:]] == ["kc_add_on\u2026", "kc_add_tw\u2026"]  # 8 tell them apart
+    assert all(len(ln) <= 20 for ln in lines)
+
+
+def test_render_drops_blank_columns_first_whatever_their_priority():
+    cols = [Column("kind", drop=1), Column("space", drop=8), Column("op", drop=9), Column("hash", spill=True),
+            Column("status"), Column("reason", wrap=True)]
+    rows = [["extension", "-", "-", "0123456789abcdef", "complete", ""],
+            ["extension", "", "-", "fedcba9876543210", "complete", "-"]]
+    lines = render(cols, rows, 44)
+    assert lines[0].split() == ["kind", "hash", "status"], lines
+    assert "0123456789abcdef" in lines[1] and all(len(ln) <= 44 for ln in lines)
+    assert render(cols, rows, 80)[0].split() == ["kind", "space", "op", "hash", "status", "reason"]  # it fits
 
 
 # ---- ls --limit and the size/age selectors -------------------------------------------------------

@@ -149,9 +149,10 @@ def ls_command(
 
     Without --cache-dir or KCACHE_DIR, every kernel cache found (kcache dir --all) in one table with a
     `cache` column, or the cache the current directory lies in; --cache NAME picks one.
-    Entries are named by hash prefix, path in the cache or absolute path. On a narrow terminal the
-    columns that matter least go first (layout of a one-layout cache, kind, files); statuses always
-    show in full, hashes at least as far as tells them apart (8 characters or more; --json has them whole).
+    Entries are named by hash prefix, path in the cache or absolute path. On a narrow terminal a
+    column of `-` only goes first, then those that matter least (layout of a one-layout cache, kind,
+    files); statuses always show in full, hashes at least as far as tells them apart (8 characters or
+    more; --json has them whole), and a name cut short ends in `…`.
 
     Example: kcache ls --op 'mat*' --space 2 --sort size --limit 10
     """

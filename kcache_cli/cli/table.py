@@ -2,6 +2,10 @@
 least 8 characters and unique among the rows: every command takes a hash prefix), the least useful
 columns dropped first, a long free-text column (reason, why, problem) wrapped or moved to its own line.
 
+Nothing is lost without a sign: a column with nothing in it (every value empty or `-`) goes before any
+other column and before any value is cut; and a value cut short ends in `…`, but for a hash, whose prefix
+is what a table shows by design (as git abbreviates a commit: reads_as_hash).
+
 One renderer for terminals and pipes, so what a test sees at COLUMNS=80 is what a user sees in an
 80-column terminal. Colour is plain ANSI (no Rich import: a 100,000-row `ls` prints in one write)."""
 
@@ -11,7 +15,7 @@ import re
 import textwrap
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # Below this width a wrapped free-text column reads as a column of fragments: give it its own line.
 WRAP_MIN = 28
@@ -20,6 +24,10 @@ WRAP_MIN = 28
 MINOR = 3
 INDENT = "    "  # before a free-text value on its own line
 HASH_MIN = 8  # the fewest characters of a hash a table shows (git's abbreviations start at 7)
+ELLIPSIS = "\u2026"  # ends a value cut short (one terminal column)
+BLANK = ("", "-")  # a cell with nothing in it
+# hex; base32 with a digit (a word has none); Triton's 43-character base64url key; a count and a hex hash (tilus)
+_HASH = re.compile(r"[0-9a-fA-F]+|(?=.*[2-7])(?:[A-Z2-7]+|[a-z2-7]+)|[A-Za-z0-9_-]{43}|[0-9]+-[0-9a-f]+")
 
 _ANSI = {"green": "32", "yellow": "33", "red": "31", "bold red": "1;31", "cyan": "36", "bold": "1",
          "magenta": "35", "dim": "2"}
@@ -57,9 +65,20 @@ def cells(text: str) -> int:
                for ch in text)
 
 
-def _cut(text: str, width: int, measure: Callable[[str], int]) -> str:
-    """The longest start of `text` that takes at most `width` columns."""
-    if measure is len or measure(text) <= width:
+def reads_as_hash(value: str) -> bool:
+    """Whether `value` is a hash (hex, base32, a base64url key), whose prefix a table shows cut without a
+    mark; anything else a hash column holds (an extension's name, jax's `cache`) is marked where it is cut."""
+    return _HASH.fullmatch(value) is not None
+
+
+def _cut(text: str, width: int, measure: Callable[[str], int], mark: bool = False) -> str:
+    """The longest start of `text` that takes at most `width` columns; with `mark`, one that ends in `…`
+    where `text` is longer."""
+    if measure(text) <= width:
+        return text
+    if mark:
+        return _cut(text, width - 1, measure) + ELLIPSIS
+    if measure is len:
         return text[:width]
     out, used = [], 0
     for ch in text:
@@ -101,15 +120,32 @@ def hash_floor(values: list[str]) -> int:
     return min(need, max((len(v) for v in hashes), default=0))
 
 
+def _spill_floor(values: list[str]) -> int:
+    """hash_floor, one more where a value that is no hash would be cut there: its `…` takes a column and
+    the characters before it still tell the rows apart."""
+    floor = hash_floor(values)
+    return floor + 1 if any(len(v) > floor and not reads_as_hash(v) for v in values) else floor
+
+
+def _blank_first(columns: list[Column], rows: list[list[str]]) -> list[Column]:
+    """`columns`, each one with nothing in it (every value empty or `-`; a free-text one too) made the first
+    to go, before a column with something to say and before any value is cut."""
+    if not rows:
+        return columns
+    return [replace(col, drop=-1, wrap=False) if not col.spill and all(r[i].strip() in BLANK for r in rows)
+            else col for i, col in enumerate(columns)]
+
+
 def plan(columns: list[Column], rows: list[list[str]], width: int | None,
          measure: Callable[[str], int] = len) -> Layout:
     """Which columns show, how wide, and where the free text goes, for a terminal `width` wide (None: no limit);
     `measure`: the columns a value takes (`cells` where some are wide)."""
     widths = _natural(columns, rows, measure)
     every = list(range(len(columns)))
-    text = next((i for i in every if columns[i].wrap), None)
     if width is None or _span(widths, every) <= width:
         return Layout(tuple(every), dict(enumerate(widths)), None)
+    columns = _blank_first(columns, rows)
+    text = next((i for i in every if columns[i].wrap), None)
     others = [i for i in every if i != text]
     cut = next((i for i in every if columns[i].spill), None)
     full = widths[cut] if cut is not None else 0
@@ -121,7 +157,7 @@ def plan(columns: list[Column], rows: list[list[str]], width: int | None,
         if text is None and _span(widths, short) <= width:
             return _grown(widths, short, cut, full, width, None)
         long = widths[cut]
-        widths[cut] = max(hash_floor([r[cut] for r in rows]), len(columns[cut].name))
+        widths[cut] = max(_spill_floor([r[cut] for r in rows]), len(columns[cut].name))
     if text is not None:
         room = min(WRAP_MIN, widths[text])
         inline = _fit(columns, widths, others, width - 2 - room, MINOR)
@@ -197,7 +233,7 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None, colo
         extra: list[str] = []
         for i in special:
             if i == layout.spill:
-                values[i] = _cut(row[i], sized[i], measure)
+                values[i] = _cut(row[i], sized[i], measure, mark=not reads_as_hash(row[i]))
             elif columns[i].wrap and measure(row[i]) > sized[i]:
                 parts = _chunks(row[i], sized[i])
                 values[i], extra = parts[0], parts[1:]
