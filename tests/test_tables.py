@@ -143,7 +143,9 @@ def _long_named_extension(src: Path, dst: Path, name: str) -> None:
 def test_a_name_cut_short_ends_in_an_ellipsis(kcache, tmp_path):
     """A value too long for its column is marked where it is cut (`…`), and what stands before the mark
     still names one entry; a hash is cut to a prefix without a mark, as ls documents."""
-    root = copy_tree(FIXTURES / "torch_ext", tmp_path / "ext")
+    from test_torchext import built_here
+
+    root = built_here(tmp_path / "ext")  # as torch builds it there: complete, not a copy (moved)
     long = "kc_add_one_with_a_rather_long_name"
     _long_named_extension(root / "kc_add_one", root / long, long)
     listed = {e["hash"]: e["status"] for e in entries_of(kcache, root)}
