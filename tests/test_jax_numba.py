@@ -184,6 +184,21 @@ def test_a_pycache_is_judged_by_its_source_as_numba_stamps_it(tmp_path):
         found["reason"])
 
 
+def test_a_source_that_is_a_link_to_a_big_file_is_not_read(tmp_path, monkeypatch):
+    """The source beside __pycache__/ replaced by a link to a file far larger than any Python source (a
+    co-user's project, read by root's cron ls): not hashed, not judged by it."""
+    from kcache_cli.layouts import numba
+
+    project = in_tree(tmp_path)
+    src = project / "kc_numba.py"
+    src.write_bytes(src.read_bytes() + b"# edited\n")
+    assert problem(project)["status"] == "stale"
+    monkeypatch.setattr(numba, "MAX_SOURCE", src.stat().st_size - 1)
+    read = []
+    monkeypatch.setattr(numba.fsread, "chunks_of", lambda fd, *a: read.append(fd) or iter(()))
+    assert problem(project) is None and read == []
+
+
 def test_a_numba_cache_dir_entry_is_not_judged_by_a_source_it_cannot_find(numba_root):
     (numba_root / "kc_numba.py").write_text("something else\n")  # no locator puts a source there
     assert problem(numba_root) is None

@@ -54,6 +54,9 @@ NAME = NUMBA.name
 KIND = "functions"
 INDEX, DATA = ".nbi", ".nbc"
 MAX_INDEX = 16 << 20
+# A source beside __pycache__/ larger than this is not hashed (not judged): a link someone planted to a big
+# file must not make root's cron `ls` read gigabytes. Python sources are kilobytes.
+MAX_SOURCE = 16 << 20
 _INSTALLED: list[str] = []
 
 
@@ -192,6 +195,9 @@ def source_problem(src: str, idx: str, stamp: bytes | tuple[float, int], hashes:
     except FileNotFoundError:
         return f"its source {shown} is gone: no numba call uses {idx}"
     except OSError:
+        return None
+    if st.st_size > MAX_SOURCE and not isinstance(stamp, tuple):  # no Python source: a link to a big file
+        fsread.close_read(fd)
         return None
     if isinstance(stamp, tuple):
         fsread.close_read(fd)
