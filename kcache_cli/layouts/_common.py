@@ -19,6 +19,18 @@ def command_from_script(text: str) -> str:
 
 
 
+def leads_here(d: EntryDir, name: str, path: str) -> bool:
+    """Whether the absolute `path` an entry records about itself (Triton's child paths, the sources
+    torch's build.ninja names) is, or leads to, its file `name`, reached through `d`: a path through a
+    link to this directory names the same file, as the compiler resolving it finds."""
+    if path == d.join(name):
+        return True
+    try:
+        return os.path.samestat(os.stat(path), d.stat(name))
+    except (OSError, ValueError):
+        return False
+
+
 def tree_stats(d: EntryDir) -> tuple[os.stat_result, list[tuple[str, os.stat_result]]] | None:
     """For the index's key of an entry that is a whole tree (a vLLM unit): the directory's own fstat and
     the lstat of every name beneath it ('/'-separated, directories included: a name added or removed

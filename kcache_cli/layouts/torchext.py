@@ -39,6 +39,7 @@ from typing import Iterator, Mapping, NamedTuple
 from kcache_cli.fs import locking
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
+from kcache_cli.layouts._common import leads_here
 from kcache_cli.layouts.base import Judging, Layout, ScanContext, StaleLock
 from kcache_cli.layouts.shapes import TORCHEXT, TORCHEXT_EVIDENCE
 from kcache_cli.model.checks import elf_truncated, list_files, read_every_byte
@@ -93,16 +94,6 @@ def ninja_plan(text: str) -> NinjaPlan:
     return NinjaPlan(tuple(outs), default.group(1) if default else None, tuple(sources))
 
 
-def _leads_here(d: EntryDir, name: str, path: str) -> bool:
-    """Whether the recorded `path` is, or leads to, the file `name` of the entry held as `d` (a path
-    through a link to this directory is the same build directory)."""
-    if path == d.join(name):
-        return True
-    try:
-        return os.path.samestat(os.stat(path), d.stat(name))
-    except (OSError, ValueError):
-        return False
-
 
 def built_elsewhere(d: EntryDir, plan: NinjaPlan, names: Mapping[str, int]) -> str | None:
     """The build directory build.ninja records, where it is not this one: the directory of a source that
@@ -110,7 +101,7 @@ def built_elsewhere(d: EntryDir, plan: NinjaPlan, names: Mapping[str, int]) -> s
     entry (`load` of a project's files) keep their path wherever the entry lies: they say nothing."""
     for src in plan.sources:
         name = os.path.basename(src)
-        if os.path.isabs(src) and name in names and not _leads_here(d, name, src):
+        if os.path.isabs(src) and name in names and not leads_here(d, name, src):
             return os.path.dirname(src)
     return None
 

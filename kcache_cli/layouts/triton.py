@@ -27,6 +27,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.entrydir import EntryDir
+from kcache_cli.layouts._common import leads_here
 from kcache_cli.layouts.base import (
     HIT,
     MISS,
@@ -109,16 +110,6 @@ def plain_name(name: str) -> bool:
     return bool(name) and "/" not in name and name not in (".", "..") and "\0" not in name
 
 
-def _leads_here(d: EntryDir, name: str, path: str) -> bool:
-    """Whether the child `path` is, or leads to, the file `name` of the entry held as `d` (the child path
-    is Triton's, resolved as Triton resolves it; the entry's file is reached through `d`)."""
-    if path == d.join(name):
-        return True
-    try:
-        return os.path.samestat(os.stat(path), d.stat(name))
-    except (OSError, ValueError):
-        return False
-
 
 class Where:
     """Where a group's child paths lead: `here` (to this entry's own file, held as `d`; a path through a
@@ -129,7 +120,7 @@ class Where:
     def __init__(self, d: EntryDir, children: dict[str, str]) -> None:
         key = os.path.basename(d.path)
         self.children = children
-        self.here = [n for n, p in children.items() if _leads_here(d, n, p)]
+        self.here = [n for n, p in children.items() if leads_here(d, n, p)]
         self.elsewhere = [n for n in children if n not in self.here]
         self.copies: dict[str, list[str]] = {}  # root -> the names whose path leads into a copy there
         self.other: list[str] = []  # the names whose path leads to no copy of this entry
