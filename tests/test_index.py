@@ -665,3 +665,34 @@ def test_the_index_keys_on_every_judging_module_imported_or_not(tmp_path):
     st = os.stat(os.path.join(src, "layouts", "numba.py"))
     assert not loaded and (size, mtime, ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
     assert all(len(rest) == 4 and rest[1] is not None for rest in got.values())
+
+
+# Modules the layouts import that decide nothing a record holds: pushing, pulling and images, the last use
+# (never stored: recomputed when a record serves), relocation's writes, lazy imports, the layouts' registry.
+NOT_JUDGING = {"kcache_cli.layouts", "kcache_cli.util.lazy", "kcache_cli.fs.readmarks", "kcache_cli.fs.write",
+               "kcache_cli.fs.dirnames", "kcache_cli.layouts.image_format", "kcache_cli.layouts.remote_format",
+               "kcache_cli.layouts.triton_image", "kcache_cli.layouts.triton_remote", "kcache_cli.layouts.vllm_image"}
+
+
+def test_every_module_a_layout_judges_with_drops_the_index_when_it_changes():
+    """A helper a layout's judgement calls (layouts/_common.py's leads_here, EntryDir, the ELF reader)
+    changed: the index must drop its records, as for the layout's own module. Every kcache module a layout
+    imports is in the index's context, or named above as one that decides nothing a record holds."""
+    import ast
+    from importlib import import_module
+    from importlib.util import find_spec
+
+    from kcache_cli.layouts import NAMES
+
+    judging = set(index._JUDGES) | {f"kcache_cli.layouts.{n}" for n in NAMES}
+    here = os.path.dirname(os.path.abspath(index.__file__))
+    missing = set()
+    for n in NAMES:
+        tree = ast.parse(open(os.path.join(here, "..", "layouts", f"{n}.py")).read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kcache_cli"):
+                package = hasattr(import_module(node.module), "__path__")
+                names = {f"{node.module}.{a.name}" if package and find_spec(f"{node.module}.{a.name}") else node.module
+                         for a in node.names}  # a module of a package (`from kcache_cli.fs import read`), or the module
+                missing |= {m for m in names if m not in judging and m not in NOT_JUDGING}
+    assert not missing, sorted(missing)
