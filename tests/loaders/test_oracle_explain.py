@@ -25,7 +25,7 @@ import pickle
 import pickletools
 
 import pytest
-from loaders.test_oracle_jax_numba import MAKE, run
+from loaders.test_oracle_jax_numba import IN_TREE, MAKE, in_tree_project, run
 from loaders.test_oracle_triton import make_cache, settle
 from loaders.venvs import python_for
 
@@ -162,12 +162,9 @@ def test_numba_explain_agrees_with_numba(numba_made, tmp_path, kcache, case):
 
 def test_numba_explain_misses_a_pycache_whose_source_was_edited(numba_made, tmp_path, kcache):
     python, src, _ = numba_made
-    project = tmp_path / "project"
-    shutil.copytree(src, project, ignore=shutil.ignore_patterns("__pycache__"))
-    in_tree = {"NUMBA_CACHE_DIR": "", "PYTHONDONTWRITEBYTECODE": "1"}
-    assert run(python, str(HERE / "probe_numba.py"), str(project), env=in_tree) == {"hits": 0, "misses": 2}
+    project = in_tree_project(python, src, tmp_path / "project")
     assert numba_explain(kcache, project, python, {})["verdict"] == "unknown"
     (project / "kc_numba.py").write_text((project / "kc_numba.py").read_text() + "# edited\n")
     item = numba_explain(kcache, project, python, {})
     assert (item["verdict"], item["factor"], item["recorded"]) == ("miss", "status", "stale")
-    assert run(python, str(HERE / "probe_numba.py"), str(project), env=in_tree) == {"hits": 0, "misses": 2}
+    assert run(python, str(HERE / "probe_numba.py"), str(project), env=IN_TREE) == {"hits": 0, "misses": 2}

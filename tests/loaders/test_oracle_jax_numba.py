@@ -150,13 +150,20 @@ IN_TREE_CASES = {  # what happens to the source -> (kcache's status, what numba 
 }
 
 
+IN_TREE = {"NUMBA_CACHE_DIR": "", "PYTHONDONTWRITEBYTECODE": "1"}  # numba's cache in __pycache__/ beside the source
+
+
+def in_tree_project(python: str, sources: Path, where: Path) -> Path:
+    """A copy of `sources` at `where` whose __pycache__/ numba itself filled (it missed both overloads)."""
+    shutil.copytree(sources, where, ignore=shutil.ignore_patterns("__pycache__"))
+    assert run(python, str(HERE / "probe_numba.py"), str(where), env=IN_TREE) == {"hits": 0, "misses": 2}
+    return where
+
+
 @pytest.mark.parametrize("case", list(IN_TREE_CASES))
 def test_numba_in_tree_agrees(numba_made, tmp_path, case):
     python, made, _ = numba_made
-    project = tmp_path / "project"
-    shutil.copytree(made, project, ignore=shutil.ignore_patterns("__pycache__"))
-    in_tree = {"NUMBA_CACHE_DIR": "", "PYTHONDONTWRITEBYTECODE": "1"}
-    assert run(python, str(HERE / "probe_numba.py"), str(project), env=in_tree) == {"hits": 0, "misses": 2}
+    project = in_tree_project(python, made, tmp_path / "project")
     src, module = project / "kc_numba.py", "kc_numba"
     if case == "touched":
         os.utime(src, (1e9, 1e9))
@@ -166,4 +173,4 @@ def test_numba_in_tree_agrees(numba_made, tmp_path, case):
         src, module = src.rename(project / "kc_moved.py"), "kc_moved"
     kcache_says, expected = IN_TREE_CASES[case]
     assert status(project) == kcache_says
-    assert run(python, str(HERE / "probe_numba.py"), str(project), module, env=in_tree) == expected
+    assert run(python, str(HERE / "probe_numba.py"), str(project), module, env=IN_TREE) == expected
