@@ -184,19 +184,51 @@ def test_a_pycache_is_judged_by_its_source_as_numba_stamps_it(tmp_path):
         found["reason"])
 
 
-def test_a_source_that_is_a_link_to_a_big_file_is_not_read(tmp_path, monkeypatch):
-    """The source beside __pycache__/ replaced by a link to a file far larger than any Python source (a
-    co-user's project, read by root's cron ls): not hashed, not judged by it."""
+def test_a_source_that_is_a_link_or_too_big_is_not_read(tmp_path, monkeypatch):
+    """The source beside __pycache__/ as a co-user may plant it for root's cron ls: a link (to
+    /proc/self/pagemap, read without end, or to /proc/kmsg, whose reads take the kernel's messages) is never
+    opened, and a file is read no further than MAX_SOURCE bytes: neither is judged."""
     from kcache_cli.layouts import numba
 
     project = in_tree(tmp_path)
     src = project / "kc_numba.py"
-    src.write_bytes(src.read_bytes() + b"# edited\n")
+    body = src.read_bytes()
+    src.write_bytes(body + b"# edited\n")
     assert problem(project)["status"] == "stale"
-    monkeypatch.setattr(numba, "MAX_SOURCE", src.stat().st_size - 1)
-    read = []
-    monkeypatch.setattr(numba.fsread, "chunks_of", lambda fd, *a: read.append(fd) or iter(()))
-    assert problem(project) is None and read == []
+    monkeypatch.setattr(numba, "MAX_SOURCE", len(body))
+    assert problem(project) is None  # 10 bytes over: not read to the end, not judged
+    src.unlink()
+    src.symlink_to("/proc/self/pagemap")
+    assert problem(project) is None
+
+
+def test_a_script_without_py_is_its_source_too(tmp_path):
+    """numba's modname is the file's name less its extension: a script `kc_numba` (no .py) stamps the
+    same index name, and is found and judged as kc_numba.py would be (not "gone")."""
+    project = in_tree(tmp_path)
+    (project / "kc_numba.py").rename(project / "kc_numba")
+    assert problem(project) is None
+    (project / "kc_numba").write_text("# another script\n")
+    found = problem(project)
+    assert found["status"] == "stale" and found["reason"].startswith("kc_numba beside __pycache__/ changed")
+
+
+def test_every_index_is_judged_and_stale_needs_them_all(tmp_path):
+    """Two modules' indexes in one __pycache__/: the edited module's stale index hides neither a corrupt
+    index of the other (numba raises on it), nor is the whole directory stale while the other still hits."""
+    project = in_tree(tmp_path)
+    cache = project / "__pycache__"
+    (project / "other.py").write_text("# other module\n")
+    for p in list(cache.iterdir()):
+        shutil.copy(p, cache / p.name.replace("kc_numba.", "other.", 1))
+    stamp = __import__("hashlib").sha256((project / "kc_numba.py").read_bytes()).digest()
+    other = cache / INDEX.replace("kc_numba.", "other.", 1)
+    other.write_bytes(other.read_bytes().replace(stamp, __import__("hashlib").sha256(b"# other module\n").digest()))
+    assert problem(project) is None
+    (project / "kc_numba.py").write_text("# edited\n")
+    assert problem(project) is None and entries(project)[0]["status"] == "complete"  # other.* still hits
+    other.write_bytes(other.read_bytes()[:40])
+    assert problem(project)["status"] == "corrupt"
 
 
 def test_a_numba_cache_dir_entry_is_not_judged_by_a_source_it_cannot_find(numba_root):

@@ -99,6 +99,22 @@ def test_a_module_cut_short_is_corrupt_to_the_cheap_checks_too(root):
     assert [r["hash"] for r in dry.json()["removed"]] == [EXT], dry.stdout
 
 
+def test_a_module_that_is_a_link_is_never_read_through(root, tmp_path):
+    """The module as a symlink (torch follows it): kcache, maybe root over another user's build directory,
+    opens nothing a link names (a link to /proc/kmsg took the kernel's messages from its log); a link to a
+    whole copy was judged by the link's own size: corrupt, and prune --broken would have removed it."""
+    module = root / EXT / f"{EXT}.so"
+    copy = tmp_path / "elsewhere.so"
+    shutil.copy(module, copy)
+    module.unlink()
+    module.symlink_to(copy)
+    assert rows(root)[EXT]["status"] == "complete"
+    module.unlink()
+    module.symlink_to("/proc/self/pagemap")
+    assert rows(root)[EXT]["status"] == "complete"
+    assert run_kcache("--cache-dir", root, "verify").exit_code == 0
+
+
 def test_a_module_nobody_may_read_is_unreadable_not_broken(root):
     module = root / EXT / f"{EXT}.so"
     module.chmod(0)

@@ -29,6 +29,7 @@ import hashlib
 import os
 import pickletools
 import re
+import stat
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
@@ -159,93 +160,116 @@ def _targets(ops: list[tuple[str, object]]) -> list[Target]:
     return found
 
 
-def read_index(data: bytes) -> Index:
-    """What the index `data` records; ValueError when it is not two whole pickles."""
+def read_index(data: bytes, targets: bool = True) -> Index:
+    """What the index `data` records (without `targets`, no overload's target: a judgement needs none);
+    ValueError when it is not two whole pickles."""
     version, rest = _pickles(data)
     names = [arg for _, arg in version if isinstance(arg, str)]
     if not names:
         raise ValueError("no numba version")
     refs = [arg for _, arg in rest if isinstance(arg, str) and arg.endswith(DATA)]
-    return Index(names[0], _stamp(rest), refs, _targets(rest))
+    return Index(names[0], _stamp(rest), refs, _targets(rest) if targets else [])
 
 
 def source_of(entry_path: str, idx: str) -> str | None:
     """The source file numba's in-tree locator stamped index `idx` of the `__pycache__/` at `entry_path`
-    with: `<the directory holding __pycache__>/<modname>.py`, the index being named
+    with: `<the directory holding __pycache__>/<modname>.py` (or a script without the suffix: numba's
+    modname is the file's name less its extension), the index being named
     `<modname>.<qualname>-<line>.py<XY><abiflags>.nbi`. None for another entry (NUMBA_CACHE_DIR's or the
     user-wide `<dir name>_<sha1 of its path>/`: the path cannot be found from the entry). A modname with
-    dots in it is told from the qualname by the file that exists; none: the first."""
+    dots in it is told from the qualname by the file that is there; none there: the first `.py`."""
     m = re.fullmatch(r"(.+)-\d+\.py\d+[a-z]*\.nbi", idx)
     if os.path.basename(entry_path) != "__pycache__" or m is None or "." not in m.group(1):
         return None
     parts = m.group(1).split(".")
     where = os.path.dirname(entry_path)
-    found = [os.path.join(where, ".".join(parts[:i]) + ".py") for i in range(1, len(parts))]
-    return next((f for f in found if os.path.exists(f)), found[0])
+    found = [os.path.join(where, ".".join(parts[:i]) + ext) for i in range(1, len(parts)) for ext in (".py", "")]
+    return next((f for f in found if os.path.lexists(f)), found[0])
+
+
+def _source_digest(src: str) -> bytes | None:
+    """The sha256 of the source file `src`, as numba stamps it; None when it is not judged: a symlink
+    (numba follows it; kcache, maybe root over another user's project, opens nothing a link names: a
+    /proc file reads without end, /proc/kmsg gives up the kernel's messages), not a regular file, not
+    readable, or above MAX_SOURCE bytes read (counted as read: a file may grow while it is read)."""
+    try:
+        fd, _ = fsread.open_regular(src)  # the last component never followed, a FIFO never blocks
+    except OSError:
+        return None
+    h, left = hashlib.sha256(), MAX_SOURCE
+    try:
+        for chunk in fsread.chunks_of(fd):
+            left -= len(chunk)
+            if left < 0:
+                return None
+            h.update(chunk)
+    except OSError:
+        return None
+    return h.digest()
 
 
 def source_problem(src: str, idx: str, stamp: bytes | tuple[float, int], hashes: dict[str, bytes | None]
                    ) -> str | None:
     """Why numba's stamp of `src` now differs from the `stamp` index `idx` records (numba then misses
-    every overload it names), or None: the same, or `src` unreadable (not judged). `hashes` keeps each
+    every overload it names), or None: the same, or not judged (_source_digest). `hashes` keeps each
     file's sha256 for one judgement."""
     shown = f"{os.path.basename(src)} beside __pycache__/"
     try:
-        fd, st = fsread.open_regular(src, follow=True)  # numba opens it following links
+        st = os.lstat(src)
     except FileNotFoundError:
         return f"its source {shown} is gone: no numba call uses {idx}"
     except OSError:
         return None
-    if st.st_size > MAX_SOURCE and not isinstance(stamp, tuple):  # no Python source: a link to a big file
-        fsread.close_read(fd)
-        return None
     if isinstance(stamp, tuple):
-        fsread.close_read(fd)
-        if (st.st_mtime, st.st_size) == stamp:
+        if stat.S_ISLNK(st.st_mode) or (st.st_mtime, st.st_size) == stamp:
             return None
         return f"{shown} has another mtime or size than {idx} records: numba compiles every overload again"
     if src not in hashes:
-        h = hashlib.sha256()
-        try:
-            for chunk in fsread.chunks_of(fd):
-                h.update(chunk)
-            hashes[src] = h.digest()
-        except OSError:
-            hashes[src] = None
-    else:
-        fsread.close_read(fd)
+        hashes[src] = _source_digest(src)
     if hashes[src] in (None, stamp):
         return None
     return (f"{shown} changed since {idx} was written (numba compares its sha256): numba compiles every "
             "overload again")
 
 
+_SEVERITY = {CORRUPT: 3, PARTIAL: 2, STALE: 1}
+
+
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
+    """Every index judged (one module's edited source must not hide another's corrupt index): the entry
+    is corrupt or partial when one index is; stale only when every index is (numba compiles again only
+    the functions of the stale ones: the others still hit, and `prune --stale` must not take them)."""
     try:
         names, _ = d.files()
     except OSError:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
     hashes: dict[str, bytes | None] = {}
-    for idx in sorted(n for n in names if n.endswith(INDEX)):
-        try:
-            index = read_index(d.read_bytes(idx, MAX_INDEX))
-        except (ValueError, OSError, IndexError) as exc:
-            return Judgement.of(CORRUPT, f"{idx} is not a whole index ({exc}): numba's call raises on it")
-        if jc.version and index.version != jc.version:
-            return Judgement.of(STALE, f"{idx} was written by numba {index.version}: numba {jc.version} ignores "
-                                       "it and compiles again")
-        src = source_of(d.path, idx)
-        why = source_problem(src, idx, index.stamp, hashes) if src and index.stamp is not None else None
-        if why:
-            return Judgement.of(STALE, why)
-        gone = [r for r in index.refs if r not in names]
-        if gone:
-            return Judgement.of(PARTIAL, f"{idx} names {gone[0]}, which is gone: numba compiles that overload "
-                                         "again")
-        if jc.deep:
-            bad = next((r for r in index.refs if not _whole_pickle(d, r)), None)
-            if bad:
-                return Judgement.of(CORRUPT, f"{bad} is not a whole pickle: numba's call raises on it")
+    verdicts = [_index_verdict(d, idx, names, jc, hashes) for idx in sorted(n for n in names if n.endswith(INDEX))]
+    worst = max(verdicts, key=lambda v: _SEVERITY.get(v.status, 0), default=Judgement(COMPLETE))
+    if worst.status == STALE and any(v.status != STALE for v in verdicts):
+        return Judgement(COMPLETE)
+    return worst
+
+
+def _index_verdict(d: EntryDir, idx: str, names, jc: Judging, hashes: dict[str, bytes | None]) -> Judgement:
+    """What numba does with the index `idx` and the data files it names."""
+    try:
+        index = read_index(d.read_bytes(idx, MAX_INDEX), targets=False)
+    except (ValueError, OSError, IndexError) as exc:
+        return Judgement.of(CORRUPT, f"{idx} is not a whole index ({exc}): numba's call raises on it")
+    if jc.version and index.version != jc.version:  # ignored whole: its data files are never read
+        return Judgement.of(STALE, f"{idx} was written by numba {index.version}: numba {jc.version} ignores "
+                                   "it and compiles again")
+    src = source_of(d.path, idx)
+    why = source_problem(src, idx, index.stamp, hashes) if src and index.stamp is not None else None
+    if why:
+        return Judgement.of(STALE, why)
+    gone = [r for r in index.refs if r not in names]
+    if gone:
+        return Judgement.of(PARTIAL, f"{idx} names {gone[0]}, which is gone: numba compiles that overload again")
+    bad = next((r for r in index.refs if not _whole_pickle(d, r)), None) if jc.deep else None
+    if bad:
+        return Judgement.of(CORRUPT, f"{bad} is not a whole pickle: numba's call raises on it")
     return Judgement(COMPLETE)
 
 

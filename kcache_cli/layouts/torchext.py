@@ -169,16 +169,21 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
 
 
 def _module_verdict(d: EntryDir, module: str, size: int, jc: Judging) -> Judgement:
-    """The module torch dlopens (links followed, as torch does): whole unless empty or shorter than its ELF
-    header says (one read of 64 bytes, in ls too: ninja takes a module cut short as up to date and torch's
-    import dies of it), or (deep) a byte of the entry cannot be read. A module nobody may read is
-    unreadable, never broken."""
+    """The module torch dlopens: whole unless empty or shorter than its ELF header says (one read of 64
+    bytes, in ls too: ninja takes a module cut short as up to date and torch's import dies of it), or
+    (deep) a byte of the entry cannot be read. A module nobody may read is unreadable, never broken. A
+    module that is a symlink is not read through (torch follows it; kcache, maybe root over another
+    user's directory, opens nothing a link names: /proc/kmsg gives up the kernel's messages)."""
     unreadable = d.unreadable(module) if size else None
     if unreadable:
         return Judgement.of(UNREADABLE, unreadable)
     try:
-        bad = elf_truncated(module, d.read_bytes(module, 64, strict=False, follow=True), size) if size else \
-            f"{module} is empty"
+        if not size:
+            bad = f"{module} is empty"
+        elif stat.S_ISLNK(d.lstat(module).st_mode):
+            bad = None
+        else:
+            bad = elf_truncated(module, d.read_bytes(module, 64, strict=False), size)
     except PermissionError as exc:
         return Judgement.of(UNREADABLE, f"{module} is unreadable ({exc.strerror})")
     except OSError as exc:
