@@ -645,3 +645,32 @@ def test_a_member_whose_hit_cannot_be_stamped_is_told(area):
     assert hit.returncode == 0, hit.stderr
     assert "cannot note this use" in hit.stderr and f"chmod g+ws {used}" in hit.stderr, hit.stderr
     assert list(used.iterdir()) == []
+
+
+def test_a_setgid_state_dir_of_the_roots_group_is_no_pass_where_the_root_is_not_shared(area):
+    """A 1777 cache whose group is the attacker's (root:GROUP, not group-shared): .kcache/, locks/ and
+    trash/ the attacker made 2777 in that group were trusted as a group-shared cache's are. Refused, and
+    the line says how to move them aside."""
+    root = Path(shutil.copytree(FIXTURES / "hidet", area / "cache"))
+    os.chown(root, 0, GROUP)
+    os.chmod(root, 0o1777)
+    attacker("import os, sys\nfor d in ('', '/locks', '/trash'):\n    os.mkdir(sys.argv[1] + d)\n"
+             "    os.chmod(sys.argv[1] + d, 0o2777)", root / ".kcache")
+    entries = entry_dirs(root)
+    run = kcache("--cache-dir", root, "prune", "--max-size", "200K", "--yes")
+    assert run.returncode == 1 and entry_dirs(root) == entries, run.stderr
+    line = run.stderr.strip().splitlines()[-1]
+    assert "uid 65534" in line and f"mv {root}/.kcache" in line and ".untrusted" in line, line
+
+
+def test_root_prunes_a_users_own_cache_with_that_users_state(area):
+    """A user's personal cache (theirs, 0755) whose .kcache/ they made: root's cron prune uses it (the
+    cache's owner's state is the cache's), where a third user's is refused."""
+    root = Path(shutil.copytree(FIXTURES / "hidet", area / "cache"))
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in [dirpath, *(os.path.join(dirpath, f) for f in filenames)]:
+            os.lchown(n, ATTACKER, GROUP)
+    attacker("import os, sys\nos.makedirs(sys.argv[1] + '/locks'); os.mkdir(sys.argv[1] + '/trash')", root / ".kcache")
+    entries = entry_dirs(root)
+    run = kcache("--cache-dir", root, "prune", "--max-size", "200K", "--yes")
+    assert run.returncode == 0 and len(entry_dirs(root)) < len(entries), run.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shlex
 import stat
 import time
 from pathlib import Path
@@ -153,16 +154,24 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
                 nxt = _open_level(fd, level, f"{where}/{level}", create)
                 os.close(fd)
                 fd, where = nxt, f"{where}/{level}"
-            why = None if trusted else fswrite.owner_problem(os.fstat(fd), where, group=group)
+            why = None if trusted else fswrite.owner_problem(
+                os.fstat(fd), where, group=group if fswrite.group_shared(rst) else None, owner=rst.st_uid)
             if not why and create and fswrite.group_shared(rst):
                 fswrite.share_with_group(fd, group)  # one this user made (now or earlier) the group can use
             if why:
-                raise UntrustedState(errno.EPERM, f"{why}: kcache leaves it alone (to trust it, set "
-                                                  f"{SAFE_ENV}={os.path.realpath(root)})", where)
+                raise UntrustedState(errno.EPERM, untrusted_words(why, where, root), where)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def untrusted_words(why: str, where: str, root: str | os.PathLike) -> str:
+    """The one line for kcache state it will not use: why, and the two ways out (a member's directory of
+    their own group in a group-shared cache blocks every prune until one is taken)."""
+    return (f"{why}: kcache leaves it alone (move it aside, e.g. `mv {shlex.quote(where)} "
+            f"{shlex.quote(where + '.untrusted')}`, and kcache makes its own; or, to trust it, set "
+            f"{SAFE_ENV}={os.path.realpath(root)})")
 
 
 def shared_group(root_fd: int) -> int | None:

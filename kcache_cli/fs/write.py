@@ -403,12 +403,15 @@ def rename_held(src_fd: int, src: str, dst_fd: int, dst: str, held: os.stat_resu
 
 # ---- ownership (shared caches) -------------------------------------------------------------------
 
-def owner_problem(st: os.stat_result, what: str, *, private: bool = False, group: int | None = None) -> str | None:
+def owner_problem(st: os.stat_result, what: str, *, private: bool = False, group: int | None = None,
+                  owner: int | None = None) -> str | None:
     """Why a directory kcache is about to use for its own state cannot be trusted, or None.
 
-    Trusted: owned by this user or by root; or, in a group-shared cache, group-owned by the cache's
-    group `group` with the setgid bit (what `chmod 2775` and a umask of 002 make). With `private` it
-    must be this user's and closed to everyone else (a staging directory: mode 0700)."""
+    Trusted: owned by this user, by root, or by the cache root's `owner` (root pruning a user's own
+    cache uses that user's trash and locks); or, in a group-shared cache (`group`: its group, None for any
+    other cache), group-owned by that group with the setgid bit (what `chmod 2775` and a umask of 002
+    make), and not writable by others. With `private` it must be this user's and closed to everyone else
+    (a staging directory: mode 0700)."""
     me = os.geteuid()
     if not stat.S_ISDIR(st.st_mode):
         return f"{what} is {fsread.kind_of(st.st_mode)}, not a directory"
@@ -418,9 +421,9 @@ def owner_problem(st: os.stat_result, what: str, *, private: bool = False, group
         if st.st_mode & 0o077:
             return f"{what} is open to other users (mode {stat.S_IMODE(st.st_mode):o}, kcache made it 0700)"
         return None
-    if st.st_uid in (me, 0):
+    if st.st_uid in (me, 0) or (owner is not None and st.st_uid == owner):
         return None
-    if group is not None and st.st_gid == group and st.st_mode & stat.S_ISGID:
+    if group is not None and st.st_gid == group and st.st_mode & stat.S_ISGID and not st.st_mode & 0o002:
         return None
     return f"{what} is owned by uid {st.st_uid}, not by you (uid {me}){'' if me == 0 else ' or root'}, " \
         "and is not group-shared"

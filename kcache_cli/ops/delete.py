@@ -700,12 +700,13 @@ class _Executor:
             fswrite.mkdir_at(parent, name, 0o777, exist_ok=True)
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
         rst = os.fstat(self.pinned[""])
-        why = None if state.trusted_root(self.root) else \
-            fswrite.owner_problem(os.fstat(fd), str(self.root / relpath), group=rst.st_gid)
+        why = None if state.trusted_root(self.root) else fswrite.owner_problem(
+            os.fstat(fd), str(self.root / relpath), group=rst.st_gid if fswrite.group_shared(rst) else None,
+            owner=rst.st_uid)
         if why:  # another user's .kcache/, locks/ or trash/: its lock and trash are not kcache's to use
             os.close(fd)
-            raise KcacheError(f"{why}: kcache leaves it alone (to trust it, set {state.SAFE_ENV}="
-                              f"{os.path.realpath(self.root)}); nothing was removed")
+            raise KcacheError(f"{state.untrusted_words(why, str(self.root / relpath), self.root)}; nothing was "
+                              "removed")
         self.pinned[relpath] = fd
         if create and fswrite.group_shared(rst):
             # in a group-shared cache every member takes locks and uses the trash, whatever the umask
