@@ -667,7 +667,7 @@ def test_root_prunes_a_users_own_cache_with_that_users_state(area):
     """A user's personal cache (theirs, 0755) whose .kcache/ they made: root's cron prune uses it (the
     cache's owner's state is the cache's), where a third user's is refused."""
     root = Path(shutil.copytree(FIXTURES / "hidet", area / "cache"))
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         for n in [dirpath, *(os.path.join(dirpath, f) for f in filenames)]:
             os.lchown(n, ATTACKER, GROUP)
     attacker("import os, sys\nos.makedirs(sys.argv[1] + '/locks'); os.mkdir(sys.argv[1] + '/trash')", root / ".kcache")
