@@ -916,8 +916,45 @@ def test_a_prune_that_waited_plans_again_under_the_lock(fixture_copy, tmp_path):
     doc = json.loads(out)
     assert doc["removed"] == [] and (root / first).is_dir(), doc
     assert doc["size_before"] == plan.scanned_size - sizes[other] and doc["size_after"] <= budget
-    assert any("planned again under its lock, 1 of the 1 removals planned are no longer needed" in w
+    assert any("planned again under the gc lock, 1 of the 1 removals planned are no longer needed" in w
                for w in doc["warnings"]), doc["warnings"]
+
+
+def test_an_entry_removed_while_the_scan_runs_is_gone_not_unreadable(fixture_copy, monkeypatch):
+    """Another prune removed an entry between the listing and its judgement: it is no entry (no warning,
+    not counted as a directory the prune could not read, so a budget prune does not fail for it)."""
+    from kcache_cli.catalog.scan_context import ScanContext
+
+    root = fixture_copy("hidet")
+    victim = str(sorted(root.glob("ops/*/*/*"))[0])
+    opened = ScanContext.open_entry
+
+    def removed_first(self, path):
+        if path == victim:
+            shutil.rmtree(path)
+        return opened(self, path)
+
+    monkeypatch.setattr(ScanContext, "open_entry", removed_first)
+    warned: list[str] = []
+    plan = plan_prune(root, max_size=1 << 40, warn=warned.append)
+    assert plan.unreadable == () and warned == [], (plan.unreadable, warned)
+    assert victim not in {r.path for r in plan.removals}
+
+
+def test_a_prune_plans_again_when_another_ran_since_it_planned(fixture_copy):
+    """The other prune ran and finished while this one was still scanning or asking (no wait for the lock):
+    what it removed is seen under the lock all the same, and what the budget no longer needs stays."""
+    root = fixture_copy("hidet")
+    sizes = {r.relpath: r.size for r in plan_prune(root, max_size=1).removals}
+    budget = plan_prune(root, max_size=1).scanned_size - min(sizes.values()) // 2  # one entry has to go
+    plan = plan_prune(root, max_size=budget)
+    [first] = [r.relpath for r in plan.removals]
+    other = next(r for r in sorted(sizes) if r != first)
+    done = plan_clear(root, ScanFilter(paths=(other,))).execute()
+    assert [r.relpath for r in done.removed] == [other]
+    result = plan.execute()
+    assert result.removed == () and (root / first).is_dir() and result.planned is not None
+    assert any("planned again under the gc lock" in w for w in result.warnings)
 
 
 def test_a_prune_that_had_to_keep_entries_in_use_says_it_is_still_over(kcache, fixture_copy):

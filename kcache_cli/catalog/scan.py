@@ -16,7 +16,17 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs import dirnames, readmarks, state
 from kcache_cli.fs.locking import leftover_live
 from kcache_cli.layouts import get as get_layout
-from kcache_cli.model.records import Entry, ScanFilter, ScanResult, TreeUsage, Warn, file_bytes, is_glob, measure_tree
+from kcache_cli.model.records import (
+    UNREADABLE,
+    Entry,
+    ScanFilter,
+    ScanResult,
+    TreeUsage,
+    Warn,
+    file_bytes,
+    is_glob,
+    measure_tree,
+)
 from kcache_cli.model.terms import BUILDING, PARTIAL
 from kcache_cli.util.errors import UsageError
 from kcache_cli.util.lazy import lazy_module
@@ -86,6 +96,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
         entries.extend(e for e in leftover_entries(root, collect) if flt.matches(e))
     if fsread.root_moved(root):  # what was listed by path may be another directory's
         return _moved(root, collect, warnings)
+    entries = [e for e in entries if e.status != UNREADABLE or os.path.lexists(e.path)]  # gone: no entry
     return ScanResult(str(root), True, layouts, tuple(exact_names_win(entries, flt)), tuple(warnings))
 
 

@@ -189,7 +189,8 @@ class ScanContext:
             with EntryDir.open(where) as d:
                 return self.read_dir(d)
         if where.fd is None:
-            self.warn(f"cannot read {where.path}: {(where.error or OSError(2, 'No such file or directory')).strerror}")
+            if where.error is not None and not isinstance(where.error, FileNotFoundError):  # gone: no news
+                self.warn(f"cannot read {where.path}: {where.error.strerror}")
             try:
                 newest = fsread.stat_path(where.path, follow=False).st_mtime
             except OSError:

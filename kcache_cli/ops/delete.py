@@ -74,6 +74,9 @@ STAGING: Final = "staging"
 LINK: Final = "link"
 LEFTOVER: Final = "leftover"  # a killed import's staging dir or export's temp file (kcache_cli.fs.state)
 GC_LOCK = ".gc.lock"  # in .kcache/locks/: one prune or clear acts on a root at a time
+# Beside it: rewritten (under the gc lock) by every prune or clear that removed something. A prune plans
+# again under the lock when it changed since it planned: another one ran in between, waited for or not.
+GC_GENERATION = ".gc.generation"
 
 
 
@@ -160,6 +163,7 @@ class DeletePlan:
     # The same plan made again (a prune's): after waiting for another prune or clear, the executor makes
     # it again under the gc lock, and only what both plans remove goes (executor._planned_again).
     replan: Callable[[], DeletePlan] | None = field(default=None, compare=False, repr=False)
+    generation: bytes = b""  # GC_GENERATION as it was when planning began
     # relpaths of the directories the scan could not list (records.unmeasured): never removed, and not in
     # scanned_size, so a prune to a size cannot tell whether the cache fits
     unreadable: tuple[str, ...] = ()
@@ -504,6 +508,7 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     used entries until the cache fits. `scanned`: the whole root's scan already made (stats' own), not
     made again."""
     root = Path(root)
+    generation = gc_generation(root)  # before the scan: a prune or clear from here on makes it plan again
     now = time.time() if now is None else now
     msgs, collect = _collector(warn)
     if scanned is None:
@@ -544,7 +549,21 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     if max_size is not None:  # 5. least recently used first, until the cache fits
         _select_until_fits(p, regular, last, inner, result.size, max_size)
     again = partial(plan_prune, root, max_size=max_size, older_than=older_than, broken=broken, stale=stale, deep=deep)
-    return replace(p.plan(result, msgs, tidy=True), deep=deep, replan=again)
+    return replace(p.plan(result, msgs, tidy=True), deep=deep, replan=again, generation=generation)
+
+
+def gc_generation(root: Path, locks_fd: int | None = None) -> bytes:
+    """GC_GENERATION's bytes (b"": none yet, or unreadable), read without following a link."""
+    try:
+        if locks_fd is not None:
+            fd = os.open(GC_GENERATION, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=locks_fd)
+            try:
+                return os.read(fd, 64) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+            finally:
+                os.close(fd)
+        return fsread.read_bytes(str(state.locks_dir(root) / GC_GENERATION), 64, strict=False)
+    except OSError:
+        return b""
 
 
 def _select_broken(p: _Planner, root: Path, regular: list[Entry], warn: Warn, layouts: Iterable[str],
@@ -822,7 +841,8 @@ class _Executor:
         removed_dirs: list[str] = []
         try:
             self._check_pins()
-            if self.waited and self.plan.replan is not None:
+            moved_on = self.locks_fd is not None and gc_generation(self.root, self.locks_fd) != self.plan.generation
+            if (self.waited or moved_on) and self.plan.replan is not None:
                 self._planned_again(self.plan.replan)
             self._share_state()
             try:
@@ -839,6 +859,8 @@ class _Executor:
                 removed_dirs = self._remove_empty_parents()
                 if self.plan.tidy_state and self.locks_fd is not None and not self.stopped:
                     self._tidy_state(self.locks_fd)
+                if self.removed and self.locks_fd is not None:
+                    self._next_generation(self.locks_fd)
         finally:
             os.close(gc)
             self._close_all()
@@ -846,6 +868,13 @@ class _Executor:
         return DeleteResult(self.plan.root, tuple(self.removed), tuple(self.skipped), tuple(self.errors), freed,
                             tuple(removed_dirs), tuple(self.warnings), self.stopped, self.replanned,
                             self.plan.unreadable)
+
+    def _next_generation(self, locks_fd: int) -> None:
+        """GC_GENERATION rewritten: a prune that planned before this one removed anything plans again."""
+        try:
+            fswrite.replace_file_shared(locks_fd, GC_GENERATION, f"{time.time_ns()}-{os.getpid()}\n".encode())
+        except OSError:
+            pass
 
     def _share_state(self) -> None:
         """In a group-shared cache, the rest of .kcache/ this user made (last-used stamps, the index) made
@@ -873,9 +902,9 @@ class _Executor:
         before = {r.path for r in self.plan.removals}
         kept = tuple(r for r in fresh.removals if r.path in before)
         if len(kept) < len(before):
-            self.warnings.append(f"another prune or clear ran while this one waited: planned again under its "
-                                 f"lock, {len(before) - len(kept):,} of the {len(before):,} removals planned are no "
-                                 "longer needed")
+            self.warnings.append(f"another prune or clear ran since this one planned: planned again under the "
+                                 f"gc lock, {len(before) - len(kept):,} of the {len(before):,} removals planned are "
+                                 "no longer needed")
         self.skipped = list(fresh.skipped)
         self.plan = self.replanned = replace(fresh, removals=kept, warnings=self.plan.warnings, replan=None)
 
