@@ -538,6 +538,23 @@ def test_roots_build_under_umask_022_leaves_directories_members_can_build_in(are
         task = write_task(area / "tasks", name=name, n=n, kind="cc")
         run = member_kcache("build", task, "--cache-dir", root, "--cxx", CXX)
         assert run.returncode == 0, (name, run.stderr)
+    st = os.stat(root / rel)  # root's entry itself: a member may remove or replace it
+    assert st.st_gid == GROUP and stat.S_IMODE(st.st_mode) & 0o2070 == 0o2070, oct(st.st_mode)
+    forced = member_kcache("build", first, "--cache-dir", root, "--cxx", CXX, "--force")
+    assert forced.returncode == 0, forced.stderr
+    cleared = member_kcache("--cache-dir", root, "clear", "--op", "vadd", "--yes")
+    assert cleared.returncode == 0 and not (root / rel).exists(), cleared.stderr
+
+
+def test_roots_import_under_umask_022_leaves_entries_members_can_remove(area, archive):
+    """root's cron imports into a group-shared root under umask 022: a member's clear removes them."""
+    arc, entries = archive
+    root = shared_dir(area / "cache")
+    run = subprocess.run([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "import", str(arc)],
+                         capture_output=True, text=True, timeout=TIMEOUT, preexec_fn=lambda: os.umask(0o022))
+    assert run.returncode == 0 and entry_dirs(root) == entries, run.stderr
+    cleared = member_kcache("--cache-dir", root, "clear", "--all", "--yes")
+    assert cleared.returncode == 0 and entry_dirs(root) == [], cleared.stderr
 
 
 def test_a_members_compiler_memo_is_not_trusted(area):

@@ -640,6 +640,7 @@ def _move_in(staging: _Staging, relpath: str) -> bool:
     are on different filesystems, copy it beside its place first. False when something is there."""
     src_fd, name = fswrite.open_parent(staging.fd, relpath)
     try:
+        _share_staged(staging, src_fd, name)
         dst_fd, _ = _dest_parent(staging.root_fd, staging.root, relpath)
         try:
             try:
@@ -665,6 +666,22 @@ def _move_in(staging: _Staging, relpath: str) -> bool:
 
 
 rename_noreplace_at = fswrite.rename_noreplace_at  # a name tests can replace to inject EXDEV
+
+
+def _share_staged(staging: _Staging, src_fd: int, name: str) -> None:
+    """In a group-shared root, the staged entry's directories made the group's before it is published
+    (fswrite.share_tree): a member must be able to prune what root's cron imported under umask 022."""
+    group = state.shared_group(staging.root_fd)
+    if group is None:
+        return
+    try:
+        fd = os.open(name, fsread.DIR_FLAGS, dir_fd=src_fd)
+    except OSError:
+        return  # a file, or gone: the move says what is wrong
+    try:
+        fswrite.share_tree(fd, group)
+    finally:
+        os.close(fd)
 
 
 def _to_trash(staging: _Staging, relpath: str, name: str) -> None:

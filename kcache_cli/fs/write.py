@@ -46,8 +46,10 @@ def _parts(rel: str) -> list[str]:
 def open_dir(dir_fd: int, rel: str, *, create: bool = False, mode: int = 0o777) -> int:
     """A new descriptor of the directory `rel` beneath `dir_fd`: no component may be a symlink (ELOOP)
     or lead out (EXDEV). With `create`, missing components are made (mkdirat, `mode` less the umask); one
-    made in a group-shared directory (setgid, group-writable) is made group-shared too, whatever the
-    umask: root's cron under 022 must not make an op directory the group's members cannot build in."""
+    made in a group-shared directory of a group-shared `dir_fd` (the cache root: setgid, group-writable,
+    the same group) is made group-shared too, whatever the umask: root's cron under 022 must not make an
+    op directory the group's members cannot build in. (A setgid directory a co-user made inside a cache
+    that is not group-shared shares nothing.)"""
     parts = _parts(rel)
     if not parts:
         return os.dup(dir_fd)
@@ -56,6 +58,8 @@ def open_dir(dir_fd: int, rel: str, *, create: bool = False, mode: int = 0o777) 
         if fd is not None:
             return fd
     fd = os.dup(dir_fd)
+    top = os.fstat(dir_fd) if create else None
+    shared = top is not None and group_shared(top)
     try:
         for part in parts:
             try:
@@ -66,7 +70,7 @@ def open_dir(dir_fd: int, rel: str, *, create: bool = False, mode: int = 0o777) 
                 made = mkdir_at(fd, part, mode, exist_ok=True)
                 sub = os.open(part, DIR_FLAGS, dir_fd=fd)
                 parent = os.fstat(fd)
-                if made and mode & 0o070 and group_shared(parent):
+                if made and shared and mode & 0o070 and group_shared(parent) and parent.st_gid == top.st_gid:  # type: ignore[union-attr]
                     try:
                         share_with_group(sub, parent.st_gid)
                     except OSError:  # as the umask made it: the members' writes then say why
@@ -446,6 +450,29 @@ def share_with_group(fd: int, gid: int) -> None:
     want = stat.S_IMODE(st.st_mode) & ~0o002 | (0o2070 if stat.S_ISDIR(st.st_mode) else 0o060)
     if want != stat.S_IMODE(os.fstat(fd).st_mode):  # a chown may drop the setgid bit: read again
         os.fchmod(fd, want)
+
+
+def share_tree(fd: int, gid: int) -> None:
+    """Every directory of the tree held open as `fd` that this user made, the group `gid`'s
+    (share_with_group): an entry root's cron builds or imports under umask 022 into a group-shared cache
+    must be one a member can remove (renaming or emptying a directory takes write on it). No link
+    followed; what cannot be opened or changed is left as it is."""
+    stack = [os.dup(fd)]
+    while stack:
+        cur = stack.pop()
+        try:
+            share_with_group(cur, gid)
+            with os.scandir(cur) as it:
+                subs = [de.name for de in it if de.is_dir(follow_symlinks=False)]
+            for name in subs:
+                try:
+                    stack.append(os.open(name, DIR_FLAGS, dir_fd=cur))
+                except OSError:
+                    pass
+        except OSError:
+            pass
+        finally:
+            os.close(cur)
 
 
 def share_like_dir(fd: int, dir_fd: int) -> bool:

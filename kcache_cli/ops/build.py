@@ -992,6 +992,9 @@ def _publish(root: Path, root_fd: int, tmp: _Temp, spec: TaskSpec) -> None:
     through held directory fds; the temp directory is opened to the cache's users first (umask)."""
     name = spec.relpath.rpartition("/")[2]
     os.fchmod(tmp.fd, 0o777 & ~fswrite.umask() | (os.fstat(tmp.op_fd).st_mode & stat.S_ISGID))
+    group = state.shared_group(root_fd)
+    if group is not None:  # a member must be able to remove or replace it, whatever this umask
+        fswrite.share_tree(tmp.fd, group)
     old = None
     trash = -1
     try:
