@@ -691,3 +691,24 @@ def test_root_prunes_a_users_own_cache_with_that_users_state(area):
     entries = entry_dirs(root)
     run = kcache("--cache-dir", root, "prune", "--max-size", "200K", "--yes")
     assert run.returncode == 0 and len(entry_dirs(root)) < len(entries), run.stderr
+
+
+def test_a_members_budget_prune_is_not_failed_by_anothers_build_in_flight(area):
+    """Root's build in flight holds a 0700 temp directory (private by design): a member's budget prune
+    keeps it as a build in progress, not as a directory it could not read (exit 1, "may be over")."""
+    from kcache_cli.fs import locking
+
+    root = shared_dir(area / "cache", FIXTURES / "hidet")
+    op = next(root.glob("ops/cpu_space_0/*"))
+    final = f"{op.relative_to(root)}/0123456789abcdef"
+    temp = op / f"{state.TEMP_PREFIX}0123456789abcdef-1a2b3c4d"
+    temp.mkdir(mode=0o700)
+    (temp / "source.cc").write_text("int main() {}\n")
+    lock = locking.entry_lock(root, final)
+    lock.acquire()
+    try:
+        run = member_kcache("--cache-dir", root, "prune", "--max-size", "1G", "--yes")
+    finally:
+        lock.release()
+    assert run.returncode == 0 and "could not read" not in run.stderr, run.stderr
+    assert "cannot read" not in run.stderr and temp.is_dir(), run.stderr  # a build in flight is no news

@@ -177,19 +177,21 @@ class ScanContext:
             self.progress.advance(1)
             yield out
 
-    def read_dir(self, where: str | EntryDir) -> tuple[dict[str, int] | None, TreeUsage, dict[str, float]]:
+    def read_dir(self, where: str | EntryDir, quiet: bool = False
+                 ) -> tuple[dict[str, int] | None, TreeUsage, dict[str, float]]:
         """Top-level file sizes by name, the usage of the whole entry (subdirectories included), and
         the top-level files' mtimes.
 
         Sizes are None when the directory cannot be read (a warning says why). Works relative to an
         open directory descriptor (fstatat, like du) rather than re-walking the full path per file.
         Given the entry's EntryDir, it lists through its fd and keeps each lstat in its `listing` (the
-        judgement's reads then skip their own stat)."""
+        judgement's reads then skip their own stat). `quiet`: no warning when it cannot be read (another
+        user's build in flight: private by design)."""
         if not isinstance(where, EntryDir):
             with EntryDir.open(where) as d:
-                return self.read_dir(d)
+                return self.read_dir(d, quiet)
         if where.fd is None:
-            if where.error is not None and not isinstance(where.error, FileNotFoundError):  # gone: no news
+            if where.error is not None and not isinstance(where.error, FileNotFoundError) and not quiet:  # gone
                 self.warn(f"cannot read {where.path}: {where.error.strerror}")
             try:
                 newest = fsread.stat_path(where.path, follow=False).st_mtime
@@ -199,7 +201,8 @@ class ScanContext:
         try:
             return self._list_entry(where)
         except OSError as exc:
-            self.warn(f"cannot read {where.path}: {exc.strerror}")
+            if not quiet:
+                self.warn(f"cannot read {where.path}: {exc.strerror}")
             return None, TreeUsage(0, 0, 0.0), {}
 
     def _list_entry(self, d: EntryDir) -> tuple[dict[str, int], TreeUsage, dict[str, float]]:

@@ -716,11 +716,11 @@ def _op_entry(ctx, job: OpJob) -> Entry:
 def _judged_op_entry(ctx, job: OpJob, d: EntryDir) -> Entry:
     path, name, target, space, op, version = job
     reason: str | None
-    names, usage, mtimes = ctx.read_dir(d)
     building = state.temp_hash(name)
-    if names is None:
+    names, usage, mtimes = ctx.read_dir(d, quiet=building is not None)
+    if names is None and building is None:
         status, reason, key = UNREADABLE, UNREADABLE_REASON, name
-    elif building is not None:
+    elif building is not None:  # (another member's is 0700 by design: judged by its lock, not its files)
         final = f"{ctx.rel(os.path.dirname(path))}/{building}"
         if entry_build_locked(ctx.root, final):
             status, reason = BUILDING, "kcache build in progress"
