@@ -712,3 +712,17 @@ def test_a_members_budget_prune_is_not_failed_by_anothers_build_in_flight(area):
         lock.release()
     assert run.returncode == 0 and "could not read" not in run.stderr, run.stderr
     assert "cannot read" not in run.stderr and temp.is_dir(), run.stderr  # a build in flight is no news
+
+
+@needs_cxx
+def test_a_hit_in_a_cache_that_is_not_shared_says_nothing_of_stamps(area):
+    """A root-owned 0755 cache (not group-shared) another user hits: its use cannot be noted, as for any
+    read-only cache, and that is no news (the chmod the group-cache warning names would not apply)."""
+    task = _task(area)
+    root = area / "cache"
+    root.mkdir(mode=0o755)
+    assert kcache("build", task, "--cache-dir", root, "--cxx", CXX).returncode == 0
+    for stamp in (root / ".kcache" / "used").iterdir():
+        os.utime(stamp, (1, 1))  # an hour old and more: the hit would re-stamp it
+    hit = member_kcache("build", task, "--cache-dir", root, "--cxx", CXX)
+    assert hit.returncode == 0 and "cannot note this use" not in hit.stderr, hit.stderr

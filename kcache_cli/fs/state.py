@@ -109,11 +109,13 @@ def mark_used(root: Path, relpath: str, now: float | None = None) -> str | None:
         shared = shared_group(rfd)
         fswrite.touch_at(ufd, name, (ns, ns), mode=0o664 if shared is not None else 0o644, group=shared)
     except OSError as exc:  # a read-only or untrusted state dir: last use falls back to mtime
-        if exc.errno in (errno.EACCES, errno.EPERM) and not isinstance(exc, UntrustedState):
-            where = os.path.join(root, STATE_DIR, "used")
+        if exc.errno in (errno.EACCES, errno.EPERM) and not isinstance(exc, UntrustedState) \
+                and shared_group(rfd) is not None:  # a group cache a member made closed: say so
+            where = exc.filename if isinstance(exc.filename, str) and os.path.isabs(exc.filename) else \
+                os.path.join(root, STATE_DIR, "used")  # (the stamp's temp file: a name in used/)
             return (f"cannot note this use in {where} ({exc.strerror}): a prune by age or size may take "
-                    f"{relpath} for unused; fix: the directory's owner or root runs `chmod g+ws {where}` or "
-                    "any kcache prune or clear of this cache")
+                    f"{relpath} for unused; fix: the directory's owner or root runs `chmod g+ws {where}`, or "
+                    "root's next kcache prune or clear of this cache makes it the group's")
     finally:
         os.close(rfd)
         if ufd is not None:
