@@ -5,6 +5,8 @@ how many of how many; `ls --min-size/--max-size/--older-than/--newer-than` selec
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -242,3 +244,20 @@ def test_wide_and_combining_characters_are_measured_in_terminal_cells():
             if col is not None:  # (a reason on its own line below its row has none)
                 status_at.add(cells(line[:col]))
         assert len(status_at) == 1, lines
+
+
+def test_a_name_with_a_digit_is_no_hash_and_a_cut_prints_in_any_encoding(kcache, tmp_path):
+    """`conv2d`, `matmul4bit`: words with a base32 digit are names (marked where cut), not hashes; a
+    stdout that cannot encode `…` (PYTHONIOENCODING=latin-1) still gets its table, cut with `~`."""
+    from kcache_cli.cli.table import reads_as_hash
+    from test_torchext import built_here
+
+    assert not any(map(reads_as_hash, ["conv2d", "matmul4bit", "fused7x", "add"]))
+    assert all(map(reads_as_hash, ["8d1f7691cdf75e90", "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA",
+                                   "fos42gzgpwdtw65e5yozpzjsibj5qjnauu3rcq2uypagpsvl63l6"]))
+    root = built_here(tmp_path / "ext")
+    long = "kc_add_one_with_a_rather_long_name"
+    _long_named_extension(root / "kc_add_one", root / long, long)
+    r = subprocess.run([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "ls"], capture_output=True,
+                       env={**os.environ, "COLUMNS": "30", "PYTHONIOENCODING": "latin-1"})
+    assert r.returncode == 0 and b"~" in r.stdout and b"\xe2\x80\xa6" not in r.stdout, r.stderr

@@ -12,6 +12,7 @@ One renderer for terminals and pipes, so what a test sees at COLUMNS=80 is what 
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 import unicodedata
 from collections.abc import Callable
@@ -27,7 +28,8 @@ HASH_MIN = 8  # the fewest characters of a hash a table shows (git's abbreviatio
 ELLIPSIS = "\u2026"  # ends a value cut short (one terminal column)
 BLANK = ("", "-")  # a cell with nothing in it
 # hex; base32 with a digit (a word has none); Triton's 43-character base64url key; a count and a hex hash (tilus)
-_HASH = re.compile(r"[0-9a-fA-F]+|(?=.*[2-7])(?:[A-Z2-7]+|[a-z2-7]+)|[A-Za-z0-9_-]{43}|[0-9]+-[0-9a-f]+")
+# (at a hash's length: `conv2d` or `matmul4bit`, an extension's name, is marked where it is cut)
+_HASH = re.compile(r"[0-9a-fA-F]{8,}|(?=.*[2-7])(?:[A-Z2-7]{26,}|[a-z2-7]{26,})|[A-Za-z0-9_-]{43}|[0-9]+-[0-9a-f]{8,}")
 
 _ANSI = {"green": "32", "yellow": "33", "red": "31", "bold red": "1;31", "cyan": "36", "bold": "1",
          "magenta": "35", "dim": "2"}
@@ -71,13 +73,19 @@ def reads_as_hash(value: str) -> bool:
     return _HASH.fullmatch(value) is not None
 
 
-def _cut(text: str, width: int, measure: Callable[[str], int], mark: bool = False) -> str:
-    """The longest start of `text` that takes at most `width` columns; with `mark`, one that ends in `…`
-    where `text` is longer."""
+def _ellipsis() -> str:
+    """`…`, or `~` where stdout cannot encode it (PYTHONIOENCODING=latin-1: the table must still print)."""
+    try:
+        ELLIPSIS.encode(getattr(sys.stdout, "encoding", None) or "utf-8")
+        return ELLIPSIS
+    except (UnicodeEncodeError, LookupError):
+        return "~"
+
+
+def _cut(text: str, width: int, measure: Callable[[str], int]) -> str:
+    """The longest start of `text` that takes at most `width` columns."""
     if measure(text) <= width:
         return text
-    if mark:
-        return _cut(text, width - 1, measure) + ELLIPSIS
     if measure is len:
         return text[:width]
     out, used = [], 0
@@ -233,7 +241,9 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None, colo
         extra: list[str] = []
         for i in special:
             if i == layout.spill:
-                values[i] = _cut(row[i], sized[i], measure, mark=not reads_as_hash(row[i]))
+                values[i] = _cut(row[i], sized[i], measure)
+                if values[i] != row[i] and not reads_as_hash(row[i]):  # (asked only of a value cut)
+                    values[i] = _cut(row[i], sized[i] - 1, measure) + _ellipsis()
             elif columns[i].wrap and measure(row[i]) > sized[i]:
                 parts = _chunks(row[i], sized[i])
                 values[i], extra = parts[0], parts[1:]
