@@ -3,6 +3,7 @@ layout): <root>/ops/<target>_space_<level>/<op>/<hash>/, plus graphs/ and ir_mod
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -729,7 +730,8 @@ def _judged_op_entry(ctx, job: OpJob, d: EntryDir) -> Entry:
         key = name[len(state.TEMP_PREFIX):]
     elif name.startswith("."):
         status, reason, key = PARTIAL, "hidden directory (not a hidet entry)", name
-    elif (misshapen := _misshapen(ctx.rel(path), op, name)) is not None:
+    elif not _hidet_named(op, name):
+        misshapen = _misshapen(ctx.rel(path), op, name)
         status, reason, key = misshapen.status, misshapen.reason, name
     else:
         j = judge(d, "op", Judging(False, version=version), names=names, mtimes=mtimes)
@@ -741,11 +743,22 @@ def _judged_op_entry(ctx, job: OpJob, d: EntryDir) -> Entry:
                      hash=key, status=status, reason=reason)
 
 
-def _misshapen(relpath: str, op: str | None, name: str) -> Judgement | None:
-    """An op entry under a name hidet never makes (planted, or another tool's): corrupt, as prune and clear
-    leave it alone (shape_problem), so that ls and verify say what they do with it."""
-    if OP_NAME.match(op or "") and ENTRY_NAME.match(name):
-        return None
+_HEX = "0123456789abcdef"
+
+
+@functools.lru_cache(maxsize=4096)
+def _op_named(op: str) -> bool:
+    return OP_NAME.match(op) is not None
+
+
+def _hidet_named(op: str | None, name: str) -> bool:
+    """ENTRY_NAME and OP_NAME, asked of every entry of a scan cheaply (an op's answer kept)."""
+    return len(name) == 16 and not name.strip(_HEX) and _op_named(op or "")
+
+
+def _misshapen(relpath: str, op: str | None, name: str) -> Judgement:
+    """An op entry under a name hidet never makes (planted, or another tool's; not _hidet_named): corrupt,
+    as prune and clear leave it alone (shape_problem), so that ls and verify say what they do with it."""
     return Judgement.of(CORRUPT, f"not shaped like a hidet entry ({shape_problem(relpath, 'op', None)}): hidet "
                                  "never looks it up, and kcache never removes it (remove it by hand)")
 
@@ -772,9 +785,9 @@ def _tensors(items, given: tuple[TensorInfo, ...] = ()) -> tuple[TensorInfo, ...
 def _deep_judgement(root: Path, entry: Entry) -> Judgement:
     if entry.status in (BUILDING,) or not entry.hash or os.path.basename(entry.path).startswith("."):
         return Judgement.of(entry.status, entry.reason)  # temp dirs, hidden dirs, unlistable dirs
-    misshapen = _misshapen(entry.relpath, entry.op, os.path.basename(entry.path)) if entry.kind == "op" else None
-    if misshapen is not None and not state.temp_hash(os.path.basename(entry.path)):
-        return misshapen
+    name = os.path.basename(entry.path)
+    if entry.kind == "op" and not _hidet_named(entry.op, name) and not state.temp_hash(name):
+        return _misshapen(entry.relpath, entry.op, name)
     with EntryDir.open(entry.path, fsread.anchor(root)) as d:
         return judge(d, entry.kind, LAYOUT.judging(True))
 

@@ -415,7 +415,7 @@ def _loaded(lst: _Listing, g: str, children: dict[str, str], changed) -> tuple[S
             return UNREADABLE, f"{name} cannot be read (no read permission)"
         if name.endswith(".json") or not changed(name):
             continue
-        as_bytes = _suffix_is(path, ext)  # CompiledKernel: read_bytes, else read_text
+        as_bytes = path.endswith(ext) and _suffix_is(path, ext)  # CompiledKernel: read_bytes, else read_text
         try:
             data = lst.read(path, 64 << 20 if as_bytes else MAX_IR)
         except PermissionError:
@@ -430,7 +430,7 @@ def _loaded(lst: _Listing, g: str, children: dict[str, str], changed) -> tuple[S
 
 def _suffix_is(path: str, ext: str) -> bool:
     """Whether `path`'s suffix is `ext`, as pathlib's (which Triton asks) reads it: cheaply, per child
-    of every kernel (a PurePosixPath costs ~2 us)."""
+    of every kernel (a PurePosixPath costs ~2 us; callers ask path.endswith(ext) first, in C)."""
     name = path.rpartition("/")[2]
     if name in ("", "."):  # a trailing "/" or "/.": as pathlib reads it
         name = PurePosixPath(path).name
@@ -442,7 +442,7 @@ def _binary_child(g: str, children: dict[str, str], ext: str) -> tuple[str | Non
     """The child CompiledKernel loads as the kernel: it keys each non-JSON child by its PATH's suffix
     (the last path ending in the backend's binary_ext wins), and fails when none ends so. (name, ""), or
     (None, why Triton fails)."""
-    found = [n for n, p in children.items() if not n.endswith(".json") and _suffix_is(p, ext)]
+    found = [n for n, p in children.items() if p.endswith(ext) and not n.endswith(".json") and _suffix_is(p, ext)]
     if found:
         return found[-1], ""
     binary = f"{g[len(GROUP_PREFIX):-len('.json')]}{ext}"
