@@ -115,6 +115,14 @@ def test_a_module_that_is_a_link_is_never_read_through(root, tmp_path):
     assert run_kcache("--cache-dir", root, "verify").exit_code == 0
 
 
+def test_a_long_build_ninja_is_read_whole(root):
+    """A build.ninja over the 1 MiB kcache read of text files (a long comment first): it was cut there,
+    lost its `default` line, and a working extension was corrupt (prune --broken would remove it)."""
+    ninja = root / EXT / "build.ninja"
+    ninja.write_text("# " + "x" * (1100 << 10) + "\n" + ninja.read_text())
+    assert rows(root)[EXT]["status"] == "complete"
+
+
 def test_a_module_nobody_may_read_is_unreadable_not_broken(root):
     module = root / EXT / f"{EXT}.so"
     module.chmod(0)

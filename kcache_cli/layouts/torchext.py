@@ -61,6 +61,7 @@ NAME = TORCHEXT.name
 KIND = "extension"
 LOCK = "lock"  # torch.utils.file_baton.FileBaton's file, in the build directory
 NINJA = "build.ninja"
+NINJA_MAX = 16 << 20  # torch's are kilobytes; a bigger one is read no further (and not judged by)
 LOCK_GRACE = 5.0  # seconds: a lock this young is left alone whoever holds it
 STALE_LOCK = ("torch's build lock was left by a build no process runs: every load of this extension waits "
               "for ever (kcache verify --fix removes the lock)")
@@ -154,7 +155,9 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
         return _lock_verdict(d, jc.now)
     if NINJA not in names:
         return Judgement.of(PARTIAL, "no build.ninja: the build stopped before torch wrote it (torch builds it again)")
-    text = d.read_text(NINJA)
+    if names.get(NINJA, 0) > NINJA_MAX:  # no build.ninja torch writes: not judged by it (never cut short)
+        return Judgement(COMPLETE)
+    text = d.read_text(NINJA, NINJA_MAX)
     plan = ninja_plan(text or "")
     if plan.module is None:
         return Judgement.of(CORRUPT, "build.ninja names no default target: ninja cannot build the module")
@@ -221,7 +224,7 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
 def describe(root: Path, entry: Entry) -> Details:
     with EntryDir.open(entry.path, fsread.anchor(root)) as d:
         j = judge(d, entry.kind, Judging(deep=True))
-        text = d.read_text(NINJA) if j.status != UNREADABLE else None
+        text = d.read_text(NINJA, NINJA_MAX) if j.status != UNREADABLE else None
     plan = ninja_plan(text or "")
     binaries = (os.path.join(entry.path, plan.module),) if plan.module and j.status == COMPLETE else ()
     facts = [("loader", "torch.utils.cpp_extension (load / load_inline)"),
@@ -259,7 +262,8 @@ def landed_elsewhere(path: str) -> str | None:
     try:
         with EntryDir.open(path) as d:
             names, _ = d.files()
-            recorded = built_elsewhere(d, ninja_plan(d.read_text(NINJA) or ""), names) if NINJA in names else None
+            text = d.read_text(NINJA, NINJA_MAX) if NINJA in names else None
+            recorded = built_elsewhere(d, ninja_plan(text), names) if text is not None else None
     except OSError:
         return None
     return (f"built in {recorded}: torch builds it again here on the next load (kcache cannot relocate a torch "

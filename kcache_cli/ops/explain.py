@@ -168,11 +168,11 @@ def explain_records(records: Iterable[dict], here: Here, where: str) -> list[Exp
     layout; `where` names the archive or image they come from."""
     out = []
     for rec in records:
-        name = str(rec.get("layout"))
         unknown = unknown_layout(rec.get("layout"))
-        if unknown:
+        name = None if unknown else str(rec.get("layout"))  # (the schema's null: no layout kcache knows)
+        if name is None:
             v = Verdict(UNKNOWN, f"{unknown}: this kcache does not know it")
         else:
             v = layouts.get(name).explain_record(rec, here)
-        out.append(Explained(str(rec.get("relpath")), name, str(rec.get("kind")), where, v))
+        out.append(Explained(str(rec.get("relpath")), name, str(rec.get("kind") or "-"), where, v))
     return out

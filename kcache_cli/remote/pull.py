@@ -304,7 +304,10 @@ def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        store.hash_set(f.PULLED, pulled)  # those of the batch published before the disk filled
+        try:  # those of the batch published before the disk filled (a file:// store may share that disk)
+            store.hash_set(f.PULLED, pulled)
+        except (OSError, KcacheError):
+            pass
         published = sum(m.done for m in out)
         raise KcacheError(f"{exc.strerror} in {root}: pulled {published} of {plural(len(todo), 'entry')} before it "
                           "filled (each whole), the others are not here; free space and pull again (what is here is "
