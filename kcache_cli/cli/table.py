@@ -153,6 +153,9 @@ def plan(columns: list[Column], rows: list[list[str]], width: int | None,
     if width is None or _span(widths, every) <= width:
         return Layout(tuple(every), dict(enumerate(widths)), None)
     columns = _blank_first(columns, rows)
+    every = [i for i in every if columns[i].drop != -1] or every  # a column with nothing in it: first to go
+    if _span(widths, every) <= width:  # and then nothing is cut
+        return Layout(tuple(every), {i: widths[i] for i in every}, None)
     text = next((i for i in every if columns[i].wrap), None)
     others = [i for i in every if i != text]
     cut = next((i for i in every if columns[i].spill), None)
