@@ -360,6 +360,22 @@ def test_verify_reports_moved_groups_and_fix_rewrites_them(kcache, moved):
     assert {e["status"] for e in ls(kcache, cache).values()} == {"complete"}
 
 
+def test_relative_child_paths_are_a_moved_cache_fix_makes_absolute(kcache, moved):
+    """Under a relative TRITON_CACHE_DIR Triton writes child paths relative to where it ran
+    (`triton-cache/<key>/<name>`): found only from there. The day's "one other root" rule took them for
+    paths led astray (partial: export refused them); they are a moved copy, which verify --fix makes
+    absolute (the slow round trip runs the real Triton on it)."""
+    import json
+
+    for grp in moved.glob("*/__grp__*.json"):
+        doc = json.loads(grp.read_text())
+        doc["child_paths"] = {n: f"triton-cache/{grp.parent.name}/{n}" for n in doc["child_paths"]}
+        grp.write_text(json.dumps(doc))
+    assert {e["status"] for e in ls(kcache, moved).values()} == {"moved"}
+    assert kcache("--cache-dir", moved, "verify", "--fix").exit_code == 0
+    assert {e["status"] for e in ls(kcache, moved).values()} == {"complete"}
+
+
 def test_verify_fix_says_how_many_entries_it_rewrote(kcache, moved):
     r = kcache("--cache-dir", moved, "verify", "--fix")
     assert r.exit_code == 0 and "6 ok, 0 with problems, rewrote the paths of 6 entries" in r.stderr, r.stderr

@@ -139,11 +139,13 @@ class Where:
 
 def _copy_root(name: str, path: str, key: str) -> str | None:
     """The root `path` lies under when it names the file `name` of the key directory `key` there, as
-    Triton writes the path in a cache at another root; else None."""
-    if not plain_name(name) or not path.startswith("/") or path != os.path.normpath(path):
+    Triton writes the path in a cache at another root (relative, as it writes them under a relative
+    TRITON_CACHE_DIR: found only from where it ran; `verify --fix` and import make them absolute); else
+    None."""
+    if not plain_name(name) or path != os.path.normpath(path):
         return None
     head, base = os.path.split(path)
-    return os.path.dirname(head) if base == name and os.path.basename(head) == key else None
+    return (os.path.dirname(head) or ".") if base == name and os.path.basename(head) == key else None
 
 
 def _by_name(de: os.DirEntry) -> str:
