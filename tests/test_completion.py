@@ -306,6 +306,8 @@ def test_cache_completes_the_names_cache_takes(kcache, tmp_path, jax):
         assert run.exit_code == 0, (name, run.stderr)
     refused = kcache("ls", "--cache", "jax", env=env)
     assert (refused.exit_code == 2) is not jax, refused.stderr
+    if not jax:  # a cache kcache knows that has no place here, not an "unknown cache"
+        assert "JAX_COMPILATION_CACHE_DIR" in refused.stderr and "unknown" not in refused.stderr, refused.stderr
 
 
 def test_a_closed_option_offers_no_file_names(kcache, tmp_path):

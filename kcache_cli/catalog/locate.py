@@ -221,6 +221,9 @@ def named_cache(name: str) -> CacheLocation:
     """The cache of the layout `name` (`--cache triton`) where its compiler's own rule puts it."""
     known = homes.named_caches(LAYOUT_NAMES)
     home = known.get(name)
+    if home is None and name in LAYOUT_NAMES:  # jax without JAX_COMPILATION_CACHE_DIR: known, no place
+        raise UsageError(f"the {name} cache has no place here: {homes.NO_DEFAULT.get(name, 'none is set')} "
+                         "(or pass --cache-dir)")
     if home is None:
         raise UsageError(f"unknown cache '{name}' (choose from {', '.join(known)})")
     return vetted(_checked(CacheLocation(home.path.absolute(), home.reason, name)))

@@ -235,6 +235,10 @@ def default_root(layout: str, package_dir: Path | None = None) -> Home | None:
     return rule(package_dir) if rule is not None else None
 
 
+# Why a layout has no place now (default_root None): what would give it one.
+NO_DEFAULT = {"jax": "JAX keeps its cache only where JAX_COMPILATION_CACHE_DIR names one: set it"}
+
+
 def named_caches(layouts: Iterable[str]) -> dict[str, Home]:
     """The caches `--cache NAME` takes, by name, with their place: each of `layouts` whose compiler keeps
     a cache in a place known now (jax only when JAX_COMPILATION_CACHE_DIR names one). What `--cache`
