@@ -279,9 +279,12 @@ def test_plain_help_fits_down_to_40_columns_and_says_the_same():
 
 
 def test_help_in_a_40_column_terminal_fits(tmp_path):
-    """In a terminal (Rich's help) too."""
+    """In a terminal (Rich's help) too, and nothing is cut to fit: Rich ended option names and words with
+    `…` (`--cache-d…`, `Repeata…`); they fold onto the next line now."""
     from test_cli_terminal import in_a_terminal
 
-    for words in (["ls"], ["remote", "ls"], ["explain"], ["push"]):
+    for words in ([], ["ls"], ["remote", "ls"], ["explain"], ["push"], ["prune"]):
         text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", in_a_terminal([*words, "--help"], 40)).replace("\r", "")
         assert text.strip() and max(map(len, text.splitlines())) <= 40, words
+        cut = [ln for ln in text.splitlines() if re.search(r"\w\u2026", ln)]  # a word ending in the mark
+        assert not cut, (words, cut)

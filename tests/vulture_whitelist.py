@@ -17,6 +17,10 @@ _used = (
     _.__annotations__,
     # read by Typer's zsh completion class (typer_compat patches its script)
     _.source_template,
+    # read by Rich when it renders a help table's cells, and Typer's rich_utils name it sets the help in
+    # (typer_compat._fold_rich_help: a narrow terminal's help folds words rather than cut them)
+    _.overflow,
+    _.Columns,
     # called by pickle.Unpickler for every global of a pickle (index._NoGlobals refuses them all)
     _.find_class,
     # PEP 562: the module attribute `kcache_cli.layouts.LAYOUTS`, computed on first use

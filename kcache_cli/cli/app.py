@@ -128,6 +128,7 @@ app = typer.Typer(
 _RICH_MARKUP = app.rich_markup_mode
 typer_compat.warn_if_untested()
 typer_compat.help_fits_narrow_terminals()  # plain help wraps to the terminal down to 40 columns
+typer_compat.rich_help_folds_words()  # and the coloured help folds a word there, never cuts it
 
 
 def _version(ctx: typer.Context, value: bool) -> None:

@@ -287,3 +287,53 @@ def help_fits_narrow_terminals() -> None:
             super().write_dl(rows, max(8, min(col_max, room)), col_spacing)
 
     core.Context.formatter_class = FittingHelpFormatter
+
+
+NARROW_HELP = 60  # below this many columns, Rich's help folds words rather than cut them
+
+
+def rich_help_folds_words() -> None:
+    """Rich's coloured help in a narrow terminal (40 columns) cut option names and words to fit its
+    columns (`--cache-d…`, `Repeata…`: its tables and the Columns an option's help is set in end a cell
+    with `…`). Below NARROW_HELP columns its tables fold a word onto the next line and an option's help
+    parts stand one under the other, so nothing is lost; wider, Rich's layout is its own. Rich is imported
+    only when help is printed: the change is made then (in format_help), never at start-up."""
+    from typer import core
+
+    for cls in (core.TyperCommand, core.TyperGroup):
+        if not getattr(cls.format_help, "_kcache_folds", False):
+            cls.format_help = _folding(cls.format_help)  # type: ignore[method-assign]
+
+
+def _folding(format_help: Any) -> Any:
+    def format_help_folding(self: Any, ctx: Any, formatter: Any) -> Any:
+        import shutil
+
+        if shutil.get_terminal_size().columns < NARROW_HELP:
+            _fold_rich_help()
+        return format_help(self, ctx, formatter)
+
+    format_help_folding._kcache_folds = True  # type: ignore[attr-defined]
+    return format_help_folding
+
+
+def _fold_rich_help() -> None:
+    from rich.console import Group
+    from typer import rich_utils
+
+    if getattr(rich_utils.Table, "_kcache_folds", False):
+        return
+    base: Any = rich_utils.Table
+
+    class FoldingTable(base):
+        _kcache_folds = True
+
+        def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+            super().add_row(*renderables, **kwargs)
+            for column in self.columns:
+                column.overflow = "fold"
+
+    module: Any = rich_utils  # (its names are classes to mypy; here they are replaced)
+    module.Table = FoldingTable
+    module.Columns = lambda items: Group(*items)  # (a Columns cell cuts with `…` whatever its table)
+
