@@ -146,7 +146,7 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
     with the root's group) unless the root is listed in KCACHE_SAFE_DIRECTORY. UntrustedState when
     it may not be used, with a one-line reason; other OSErrors as the open raised them."""
     rst = os.fstat(root_fd)
-    group = rst.st_gid
+    shared = fswrite.group_shared(rst)
     trusted = trusted_root(root)
     where = os.path.join(root, STATE_DIR)
     fd = _open_level(root_fd, STATE_DIR, where, create)
@@ -156,21 +156,27 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
                 nxt = _open_level(fd, level, f"{where}/{level}", create)
                 os.close(fd)
                 fd, where = nxt, f"{where}/{level}"
-            why = None if trusted else fswrite.owner_problem(
-                os.fstat(fd), where, group=group if fswrite.group_shared(rst) else None, owner=rst.st_uid)
-            if not why and create and fswrite.group_shared(rst):
-                fswrite.share_with_group(fd, group)  # one this user made (now or earlier) the group can use
+            why = None if trusted else state_problem(os.fstat(fd), rst, where, root)
             if why:
-                raise UntrustedState(errno.EPERM, untrusted_words(why, where, root), where)
+                raise UntrustedState(errno.EPERM, why, where)
+            if create and shared:
+                fswrite.share_with_group(fd, rst.st_gid)  # one this user made (now or earlier) the group can use
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def untrusted_words(why: str, where: str, root: str | os.PathLike) -> str:
-    """The one line for kcache state it will not use: why, and the two ways out (a member's directory of
-    their own group in a group-shared cache blocks every prune until one is taken)."""
+def state_problem(st: os.stat_result, rst: os.stat_result, where: str, root: str | os.PathLike) -> str | None:
+    """Why the directory of kcache's state at `where` (its fstat `st`) may not be used in the cache whose
+    root's fstat is `rst`, as the one line to say, or None (fswrite.owner_problem: yours, root's, the root
+    owner's, or, in a group-shared root only, its group's). The line says the two ways out (a member's
+    directory of their own group in a group-shared cache blocks every prune until one is taken). The
+    caller asks trusted_root first."""
+    why = fswrite.owner_problem(st, where, group=rst.st_gid if fswrite.group_shared(rst) else None,
+                                owner=rst.st_uid)
+    if why is None:
+        return None
     return (f"{why}: kcache leaves it alone (move it aside, e.g. `mv {shlex.quote(where)} "
             f"{shlex.quote(where + '.untrusted')}`, and kcache makes its own; or, to trust it, set "
             f"{SAFE_ENV}={os.path.realpath(root)})")

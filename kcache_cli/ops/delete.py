@@ -553,15 +553,11 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
 
 
 def gc_generation(root: Path, locks_fd: int | None = None) -> bytes:
-    """GC_GENERATION's bytes (b"": none yet, or unreadable), read without following a link."""
+    """GC_GENERATION's bytes (b"": none yet, or unreadable), from the locks directory held as `locks_fd`
+    or by path, read without following a link (fsread: a regular file only)."""
+    name = GC_GENERATION if locks_fd is not None else str(state.locks_dir(root) / GC_GENERATION)
     try:
-        if locks_fd is not None:
-            fd = os.open(GC_GENERATION, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=locks_fd)
-            try:
-                return os.read(fd, 64) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-            finally:
-                os.close(fd)
-        return fsread.read_bytes(str(state.locks_dir(root) / GC_GENERATION), 64, strict=False)
+        return fsread.read_bytes(name, 64, dir_fd=locks_fd, strict=False)
     except OSError:
         return b""
 
@@ -719,18 +715,16 @@ class _Executor:
             fswrite.mkdir_at(parent, name, 0o777, exist_ok=True)
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
         rst = os.fstat(self.pinned[""])
-        why = None if state.trusted_root(self.root) else fswrite.owner_problem(
-            os.fstat(fd), str(self.root / relpath), group=rst.st_gid if fswrite.group_shared(rst) else None,
-            owner=rst.st_uid)
+        why = None if state.trusted_root(self.root) else \
+            state.state_problem(os.fstat(fd), rst, str(self.root / relpath), self.root)
         if why:  # another user's .kcache/, locks/ or trash/: its lock and trash are not kcache's to use
             os.close(fd)
-            raise KcacheError(f"{state.untrusted_words(why, str(self.root / relpath), self.root)}; nothing was "
-                              "removed")
+            raise KcacheError(f"{why}; nothing was removed")
         self.pinned[relpath] = fd
         if create and fswrite.group_shared(rst):
             # in a group-shared cache every member takes locks and uses the trash, whatever the umask
             # of whoever made them (root's cron with 022 included); elsewhere the umask decides
-            fswrite.share_with_group(fd, os.fstat(self.pinned[""]).st_gid)
+            fswrite.share_with_group(fd, rst.st_gid)
         return fd
 
     def _refuse(self, relpath: str, exc: OSError) -> KcacheError:
