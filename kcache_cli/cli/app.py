@@ -299,9 +299,10 @@ def _say_unnoted(unnoted: dict[str, int]) -> None:
     if not said or opts.silent:
         return
     from kcache_cli.cli.common import warn
+    from kcache_cli.util.units import plural
 
     for root, count in sorted(said.items()):
-        warn(opts, f"reading {root.rstrip('/')} moved the last use of {count:,} file{'s' if count != 1 else ''}, "
+        warn(opts, f"reading {root.rstrip('/')} moved the last use of {plural(count, 'file')}, "
                    "and you cannot write it to note that: a prune by age or least recent use now takes them "
                    "as just used (read it as its owner or as a member of its group)")
 

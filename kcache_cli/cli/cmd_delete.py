@@ -529,8 +529,8 @@ def _report_result(opts: o.GlobalOptions, out: _Out, plan, result, extra: dict) 
     if result is None:  # nothing was selected: nothing ran
         result = delete.DeleteResult(plan.root, (), plan.skipped, (), 0, (), plan.warnings, unreadable=plan.unreadable)
     plan = result.planned or plan  # made again after waiting for another prune: its sizes are today's
-    done = (f"interrupted: removed {result.entries:,} of {plan.entries:,} "
-            f"{'entry' if plan.entries == 1 else 'entries'}, {c.human_size(result.freed)}; nothing half-removed")
+    done = (f"interrupted: removed {result.entries:,} of {c.plural(plan.entries, 'entry')}, "
+            f"{c.human_size(result.freed)}; nothing half-removed")
     try:
         out.result(lambda: _with_summary(out, result.to_json(plan.scanned_size, extra), result.removed),
                    lambda: _result_human(out, plan, result, extra, fresh))

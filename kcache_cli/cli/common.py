@@ -32,8 +32,7 @@ from kcache_cli.model.terms import BROKEN, BROKEN_WORD, KINDS, LAYOUT_NAMES, STA
 from kcache_cli.util.errors import UsageError
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.textsafe import printable, printable_line
-from kcache_cli.util.units import format_ago, format_size, parse_age, parse_seconds, parse_size
-from kcache_cli.util.units import plural as units_plural
+from kcache_cli.util.units import format_ago, format_size, parse_age, parse_seconds, parse_size, plural
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
     from kcache_cli.catalog import locate, scan
@@ -631,11 +630,6 @@ def home_short(path: str) -> str:
 def human_size(n: int) -> str:
     """The one size format (kcache_cli.util.units): powers of 1000, as `--max-size` reads them."""
     return format_size(n)
-
-
-def plural(n: int, singular: str, many: str | None = None) -> str:
-    """`1 entry`, `2 entries`, `0 files`: the one way kcache counts things (kcache_cli.util.units)."""
-    return units_plural(n, singular, many)
 
 
 def human_age(ts: float) -> str:
