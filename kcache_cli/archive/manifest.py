@@ -13,8 +13,7 @@ from kcache_cli.fs import state
 from kcache_cli.fs.read import JsonTooDeep, parse_json
 from kcache_cli.layouts import NAMES, get
 from kcache_cli.model.records import EntryKey
-from kcache_cli.model.terms import unknown_layout
-from kcache_cli.model.terms import ImportAction
+from kcache_cli.model.terms import ImportAction, unknown_layout
 from kcache_cli.util.errors import KcacheError, UsageError
 
 FORMAT = "kcache-archive"

@@ -231,8 +231,8 @@ def complete_format(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]
 @_closed
 def complete_build_target(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     """`build --target`: the targets build compiles for (build.TARGETS)."""
-    help = dict(TARGETS)
-    return _matching(((t, help.get(t, "")) for t in build.TARGETS), incomplete)
+    said = dict(TARGETS)
+    return _matching(((t, said.get(t, "")) for t in build.TARGETS), incomplete)
 
 
 @_closed

@@ -16,7 +16,7 @@ import sys
 import textwrap
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 # Below this width a wrapped free-text column reads as a column of fragments: give it its own line.
 WRAP_MIN = 28
@@ -135,13 +135,14 @@ def _spill_floor(values: list[str]) -> int:
     return floor + 1 if any(len(v) > floor and not reads_as_hash(v) for v in values) else floor
 
 
-def _blank_first(columns: list[Column], rows: list[list[str]]) -> list[Column]:
-    """`columns`, each one with nothing in it (every value empty or `-`; a free-text one too) made the first
-    to go, before a column with something to say and before any value is cut."""
+def _with_something(columns: list[Column], rows: list[list[str]], every: list[int]) -> list[int]:
+    """`every` less the columns with nothing in them (every value empty or `-`; a free-text one too): the
+    first to go, before a column with something to say and before any value is cut. All of them, when
+    nothing else is left."""
     if not rows:
-        return columns
-    return [replace(col, drop=-1, wrap=False) if not col.spill and all(r[i].strip() in BLANK for r in rows)
-            else col for i, col in enumerate(columns)]
+        return every
+    kept = [i for i in every if columns[i].spill or not all(r[i].strip() in BLANK for r in rows)]
+    return kept or every
 
 
 def plan(columns: list[Column], rows: list[list[str]], width: int | None,
@@ -152,8 +153,7 @@ def plan(columns: list[Column], rows: list[list[str]], width: int | None,
     every = list(range(len(columns)))
     if width is None or _span(widths, every) <= width:
         return Layout(tuple(every), dict(enumerate(widths)), None)
-    columns = _blank_first(columns, rows)
-    every = [i for i in every if columns[i].drop != -1] or every  # a column with nothing in it: first to go
+    every = _with_something(columns, rows, every)  # a column with nothing in it: the first to go
     if _span(widths, every) <= width:  # and then nothing is cut
         return Layout(tuple(every), {i: widths[i] for i in every}, None)
     text = next((i for i in every if columns[i].wrap), None)

@@ -59,7 +59,7 @@ def open_dir(dir_fd: int, rel: str, *, create: bool = False, mode: int = 0o777) 
             return fd
     fd = os.dup(dir_fd)
     top = os.fstat(dir_fd) if create else None
-    shared = top is not None and group_shared(top)
+    shared_gid = top.st_gid if top is not None and group_shared(top) else None
     try:
         for part in parts:
             try:
@@ -69,10 +69,10 @@ def open_dir(dir_fd: int, rel: str, *, create: bool = False, mode: int = 0o777) 
                     raise
                 made = mkdir_at(fd, part, mode, exist_ok=True)
                 sub = os.open(part, DIR_FLAGS, dir_fd=fd)
-                parent = os.fstat(fd)
-                if made and shared and mode & 0o070 and group_shared(parent) and parent.st_gid == top.st_gid:  # type: ignore[union-attr]
+                if made and shared_gid is not None and mode & 0o070 and group_shared(parent := os.fstat(fd)) \
+                        and parent.st_gid == shared_gid:
                     try:
-                        share_with_group(sub, parent.st_gid)
+                        share_with_group(sub, shared_gid)
                     except OSError:  # as the umask made it: the members' writes then say why
                         pass
             os.close(fd)

@@ -783,9 +783,9 @@ def _tensors(items, given: tuple[TensorInfo, ...] = ()) -> tuple[TensorInfo, ...
 
 
 def _deep_judgement(root: Path, entry: Entry) -> Judgement:
-    if entry.status in (BUILDING,) or not entry.hash or os.path.basename(entry.path).startswith("."):
-        return Judgement.of(entry.status, entry.reason)  # temp dirs, hidden dirs, unlistable dirs
     name = os.path.basename(entry.path)
+    if entry.status in (BUILDING,) or not entry.hash or name.startswith("."):
+        return Judgement.of(entry.status, entry.reason)  # temp dirs, hidden dirs, unlistable dirs
     if entry.kind == "op" and not _hidet_named(entry.op, name) and not state.temp_hash(name):
         return _misshapen(entry.relpath, entry.op, name)
     with EntryDir.open(entry.path, fsread.anchor(root)) as d:

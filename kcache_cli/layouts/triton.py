@@ -348,13 +348,14 @@ def _group_rule(lst: _Listing, g: str) -> tuple[Status, str | None, dict[str, st
     if children is None:
         return CORRUPT, f"the child_paths of {name} is not a map of file names to paths: Triton fails on every " \
                         "lookup", None
-    return _children_rule(lst, g, name, children)
+    return _children_rule(lst, g, name, children, old)
 
 
-def _children_rule(lst: _Listing, g: str, name: str, children: dict[str, str]
+def _children_rule(lst: _Listing, g: str, name: str, children: dict[str, str], old: bool
                    ) -> tuple[Status, str | None, dict[str, str] | None]:
-    """get_group's outcome for the child paths of the group file `g` (`name`: how a reason names it)."""
-    meta, old = g[len(GROUP_PREFIX):], old_triton(lst.path)
+    """get_group's outcome for the child paths of the group file `g` (`name`: how a reason names it; `old`:
+    the key is an old Triton's, <= 3.2)."""
+    meta = g[len(GROUP_PREFIX):]
     join = lst.d.join
     if any(p != join(n) for n, p in children.items()):
         lst.outside = True  # the verdict may depend on files elsewhere: never served from the index
