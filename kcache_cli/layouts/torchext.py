@@ -96,6 +96,14 @@ def ninja_plan(text: str) -> NinjaPlan:
 
 
 
+def _plan_of(d: EntryDir, names: Mapping[str, int]) -> NinjaPlan | None:
+    """ninja_plan of the entry's build.ninja; None when there is none, or one over NINJA_MAX (not torch's:
+    read no further, and nothing is judged by it)."""
+    if NINJA not in names or names[NINJA] > NINJA_MAX:
+        return None
+    return ninja_plan(d.read_text(NINJA, NINJA_MAX) or "")
+
+
 def built_elsewhere(d: EntryDir, plan: NinjaPlan, names: Mapping[str, int]) -> str | None:
     """The build directory build.ninja records, where it is not this one: the directory of a source that
     lies in the entry (load_inline's main.cpp, cuda.cu), named by another path. Sources outside the
@@ -155,10 +163,9 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
         return _lock_verdict(d, jc.now)
     if NINJA not in names:
         return Judgement.of(PARTIAL, "no build.ninja: the build stopped before torch wrote it (torch builds it again)")
-    if names.get(NINJA, 0) > NINJA_MAX:  # no build.ninja torch writes: not judged by it (never cut short)
+    plan = _plan_of(d, names)
+    if plan is None:  # no build.ninja torch writes: not judged by it (never cut short)
         return Judgement(COMPLETE)
-    text = d.read_text(NINJA, NINJA_MAX)
-    plan = ninja_plan(text or "")
     if plan.module is None:
         return Judgement.of(CORRUPT, "build.ninja names no default target: ninja cannot build the module")
     missing = [o for o in plan.outputs if o not in names]
@@ -262,8 +269,8 @@ def landed_elsewhere(path: str) -> str | None:
     try:
         with EntryDir.open(path) as d:
             names, _ = d.files()
-            text = d.read_text(NINJA, NINJA_MAX) if NINJA in names else None
-            recorded = built_elsewhere(d, ninja_plan(text), names) if text is not None else None
+            plan = _plan_of(d, names)
+            recorded = built_elsewhere(d, plan, names) if plan is not None else None
     except OSError:
         return None
     return (f"built in {recorded}: torch builds it again here on the next load (kcache cannot relocate a torch "
