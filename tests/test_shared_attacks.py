@@ -161,13 +161,13 @@ def shared_dir(path: Path, src: Path | None = None) -> Path:
     return share(path)
 
 
-def kcache(*args: object, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Root's kcache, in a process of its own (umask 002, as group sharing needs)."""
+def kcache(*args: object, env: dict | None = None, umask: int = 0o002) -> subprocess.CompletedProcess:
+    """Root's kcache, in a process of its own (umask 002, as group sharing needs; 022: root's cron)."""
     full = dict(os.environ)
     full.pop("KCACHE_SAFE_DIRECTORY", None)
     full.update(env or {})
     return subprocess.run([sys.executable, "-m", "kcache_cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=TIMEOUT, env=full, preexec_fn=lambda: os.umask(0o002))
+                          timeout=TIMEOUT, env=full, preexec_fn=lambda: os.umask(umask))
 
 
 def entry_dirs(root: Path) -> list[str]:
@@ -526,9 +526,7 @@ def test_roots_build_under_umask_022_leaves_directories_members_can_build_in(are
 
     root = shared_dir(area / "cache")
     first = write_task(area / "tasks", name="vadd", n=64, kind="cc")
-    built = subprocess.run([sys.executable, "-m", "kcache_cli", "build", str(first), "--cache-dir", str(root),
-                            "--cxx", CXX, "--json"], capture_output=True, text=True, timeout=TIMEOUT,
-                           preexec_fn=lambda: os.umask(0o022))
+    built = kcache("build", first, "--cache-dir", root, "--cxx", CXX, "--json", umask=0o022)
     assert built.returncode == 0, built.stderr
     rel = json.loads(built.stdout)["results"][0]["relpath"]
     for d in (Path(rel).parent, Path(rel).parent.parent, Path(rel).parent.parent.parent):
@@ -550,8 +548,7 @@ def test_roots_import_under_umask_022_leaves_entries_members_can_remove(area, ar
     """root's cron imports into a group-shared root under umask 022: a member's clear removes them."""
     arc, entries = archive
     root = shared_dir(area / "cache")
-    run = subprocess.run([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), "import", str(arc)],
-                         capture_output=True, text=True, timeout=TIMEOUT, preexec_fn=lambda: os.umask(0o022))
+    run = kcache("--cache-dir", root, "import", arc, umask=0o022)
     assert run.returncode == 0 and entry_dirs(root) == entries, run.stderr
     cleared = member_kcache("--cache-dir", root, "clear", "--all", "--yes")
     assert cleared.returncode == 0 and entry_dirs(root) == [], cleared.stderr
