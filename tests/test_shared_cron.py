@@ -137,6 +137,24 @@ def test_a_deeply_nested_config_value_is_exit_2_naming_file_and_line(kcache, tmp
     assert run.exit_code == 2 and str(cfg) in run.stderr and "line 2" in run.stderr, run.stderr
 
 
+
+@pytest.mark.parametrize("where", ["KCACHE_CONFIG", "cache"])
+def test_a_number_past_pythons_digit_limit_is_exit_2_naming_file_and_line(kcache, tmp_path, where):
+    """tomllib's int() refuses 5,000 digits with a plain ValueError: a config error, not an unexpected one."""
+    root = tmp_path / "c"
+    (root / ".kcache").mkdir(parents=True)
+    if where == "KCACHE_CONFIG":
+        cfg = tmp_path / "config.toml"
+        text, env = "[all]\n\nmax-size = ", {"KCACHE_CONFIG": str(cfg)}
+    else:
+        cfg, text, env = root / ".kcache" / "config.toml", "\n\nmax-size = ", {}
+    cfg.write_text(text + "9" * 5000 + "\n")
+    for args in (("--cache-dir", root, "config"), ("--cache-dir", root, "prune", "--dry-run")):
+        run = kcache(*args, env=env)
+        assert run.exit_code == 2 and len(run.stderr.splitlines()) == 1, run.stderr
+        assert f"{cfg}:3: not valid TOML: a number with too many digits" in run.stderr, run.stderr
+
+
 # ---- state the group can use --------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shlex
 import stat
 import sys
@@ -167,6 +168,14 @@ def parse_toml(raw: bytes, path: Path) -> dict:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
     except (RecursionError, MemoryError):
         raise UsageError(f"{path}:{_deep_line(raw)}: not valid TOML: a value nested too deeply") from None
+    except ValueError:  # an integer past Python's limit on digits (4,300): int() refuses it in the parser
+        long = _LONG_NUMBER.search(raw)
+        at = f":{raw.count(NEWLINE, 0, long.start()) + 1}" if long else ""
+        raise UsageError(f"{path}{at}: not valid TOML: a number with too many digits") from None
+
+
+_LONG_NUMBER = re.compile(rb"[0-9][0-9_]{1000,}")
+NEWLINE = b"\n"
 
 
 def _deep_line(raw: bytes, limit: int = 64) -> int:
