@@ -370,6 +370,38 @@ def test_import_refuses_an_archive_of_another_layout(kcache, fixture_copy, tmp_p
     assert kcache("--cache-dir", mixed, "import", tmp_path / "tilus.tar.zst").exit_code == 0
 
 
+def test_a_folder_that_holds_no_cache_takes_no_archive(kcache, fixture_copy, tmp_path):
+    """A root that is not empty and holds no cache (a project's folder, a KCACHE_DIR set to /dev) takes
+    nothing: one line naming what is there, nothing written. An empty root, or one holding only kcache's
+    own .kcache/, takes the archive's layout as a new one does."""
+    arc = tmp_path / "h.tar"
+    assert kcache("--cache-dir", fixture_copy("hidet"), "export", arc).exit_code == 0
+    folder = tmp_path / "project"
+    (folder / "src").mkdir(parents=True)
+    (folder / "README").write_text("hi\n")
+    r = kcache("--cache-dir", folder, "import", arc)
+    assert (r.exit_code, r.stdout) == (1, "") and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "holds no kernel cache, yet is not empty ('README' and 1 more)" in r.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["README", "src"]
+    for empty in (tmp_path / "empty", tmp_path / "state-only" / ".kcache"):
+        empty.mkdir(parents=True)
+        where = empty if empty.name == "empty" else empty.parent
+        assert kcache("--cache-dir", where, "import", arc).exit_code == 0
+        assert {e["status"] for e in kcache("--cache-dir", where, "ls", "--json").json()["entries"]} == {"complete"}
+
+
+def test_a_fifo_named_as_the_archive_is_refused_at_once(tmp_path):
+    """open() of a FIFO nobody writes blocks for ever: import refuses it (and a device) before opening it."""
+    fifo = tmp_path / "a.tar"
+    os.mkfifo(fifo)
+    for arc in (fifo, "/dev/zero"):
+        for where in (("--cache-dir", str(tmp_path / "new")), ()):  # a process of its own: a hang fails
+            r = subprocess.run([sys.executable, "-m", "kcache_cli", *where, "import", str(arc)], timeout=60,
+                               capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+            assert r.returncode == 2 and "not a regular file" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert not (tmp_path / "new").exists()
+
+
 def test_an_unknown_layout_is_refused_as_such_before_any_message_names_it(kcache, fixture_copy, tmp_path):
     """A manifest whose layout is no layout ("../../etc") was taken for another layout's archive: "the
     archive holds ../../etc entries but ... is a hidet cache, where ../../etc never looks; import it into

@@ -12,7 +12,7 @@ import stat
 from dataclasses import dataclass
 from dataclasses import replace as _with
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from typing import Any, BinaryIO, Callable, Iterable, Mapping, NamedTuple
 
 from kcache_cli.archive.export import PARALLEL_MIN_ENTRIES
 from kcache_cli.archive.manifest import (
@@ -735,10 +735,14 @@ def other_layout_problem(root: Path, brought_layouts: Iterable[str], holds: str 
                          doing: str = "import it") -> str | None:
     """The rule import and pull share: entries of one layout never go into a root of another, where
     that compiler would never look (tilus programs/ inside a hidet cache); an empty or new root takes
-    the entries' layout. Why `brought_layouts` cannot come into `root`, or None."""
+    the entries' layout, and a directory that holds something else but no cache takes nothing (a
+    KCACHE_DIR set to /dev or a project's folder must not fill with ops/ and .kcache/). Why
+    `brought_layouts` cannot come into `root`, or None."""
     have = detect_layouts(root) if root.is_dir() else ()
+    if not have:
+        return _not_a_cache(root, doing)
     brought = sorted(set(brought_layouts) - set(have))
-    if not have or not brought:
+    if not brought:
         return None
 
     where = dict(known_caches())
@@ -746,6 +750,23 @@ def other_layout_problem(root: Path, brought_layouts: Iterable[str], holds: str 
     return (f"{holds} {' and '.join(brought)} entries but {root} is a {'/'.join(have)} cache, "
             f"where {' and '.join(brought)} never looks; {doing} into the {' and '.join(brought)} "
             f"cache with --cache-dir ({homes}`kcache dir --all` lists them)")
+
+
+_OURS = frozenset({state.STATE_DIR, state.CACHEDIR_TAG})
+
+
+def _not_a_cache(root: Path, doing: str) -> str | None:
+    """Why nothing may come into `root`, which holds no cache: something not kcache's own is in it
+    (None for an empty or new root, or one that cannot be listed: the import then says why)."""
+    try:
+        names = sorted(set(os.listdir(root)) - _OURS)
+    except OSError:
+        return None
+    if not names:
+        return None
+    more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+    return (f"{root} holds no kernel cache, yet is not empty ({names[0]!r}{more}): {doing} into an empty or "
+            "new directory, or into the cache of its layout with --cache-dir (`kcache dir --all` lists them)")
 
 
 def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: ImportLimits = ImportLimits(),
@@ -760,12 +781,7 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
     archive = os.path.abspath(archive)
     if os.path.lexists(root) and not root.is_dir():
         raise KcacheError(f"{root} is not a directory")
-    try:
-        raw = open(archive, "rb")
-    except (FileNotFoundError, NotADirectoryError) as exc:  # a typo on the command line: a usage error
-        raise UsageError(f"cannot read {archive}: {exc.strerror}") from None
-    except OSError as exc:
-        raise KcacheError(f"cannot read {archive}: {exc.strerror}") from None
+    raw = open_archive(archive)
     importer = Importer(root, raw, dry_run, limits, lock_timeout, warn or (lambda m: None), progress)
     with raw:
         try:
@@ -783,6 +799,18 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
                         tuple(results), importer.files, importer.size)
 
 
+def open_archive(archive: str) -> BinaryIO:
+    """The archive file the user named (through a link), open for reading: a FIFO, a device or a directory
+    is refused at once (a FIFO nobody writes would block the open), as a path that is not there."""
+    try:
+        fd, _ = fsread.open_regular(archive, follow=True)
+    except (FileNotFoundError, NotADirectoryError, fsread.NotRegularFile) as exc:  # the command line's mistake
+        raise UsageError(f"cannot read {archive}: {exc.strerror}") from None
+    except OSError as exc:
+        raise KcacheError(f"cannot read {archive}: {exc.strerror}") from None
+    return os.fdopen(fd, "rb")
+
+
 def archive_layouts(archive: str, limits: ImportLimits = ImportLimits()) -> tuple[str, ...]:
     """The layouts of the entries `archive`'s manifest lists (sorted), read from its first member only:
     where `import` without --cache-dir puts them. () when it cannot be read (import then says why)."""
@@ -796,7 +824,7 @@ def archive_layouts(archive: str, limits: ImportLimits = ImportLimits()) -> tupl
 def archive_records(archive: str, limits: ImportLimits = ImportLimits()) -> list[dict]:
     """The entry records of `archive`'s manifest (its first member only; nothing else is read)."""
     try:
-        with open(archive, "rb") as raw:
+        with open_archive(archive) as raw:
             reader = ts.TarReader(ts.open_source(raw, NO_PROGRESS.advance)[0])
             try:
                 head = reader.next()
