@@ -327,6 +327,33 @@ def test_a_budget_root_keeps_in_the_cache_binds_a_members_bare_prune(area):
 
 
 @pytest.mark.second_user
+def test_root_acts_on_no_budget_a_member_kept_in_the_cache(area):
+    """A member keeps max-size 1B in root's 2775 cache: the members' own prunes follow it, but root's cron
+    prune refuses it (one line naming the member, nothing removed: a member who may not remove the others'
+    entries must not have root do it); root's `config set` takes it over, and then root's prune acts. A
+    budget file anyone may write is refused, naming that as the reason."""
+    root = group_cache(area)
+    before = entries(root)
+    kept = root / ".kcache" / "config.toml"
+    assert member_kcache("--cache-dir", root, "config", "set", "max-size", "1B").returncode == 0
+    assert os.stat(kept).st_uid != 0
+    dry = member_kcache("--cache-dir", root, "prune", "--dry-run", "--json")
+    assert dry.returncode == 0 and len(json.loads(dry.stdout)["removed"]) == len(before), dry.stderr
+    for args in (("prune", "--yes"), ("-q", "prune", "--yes"), ("prune", "--dry-run")):
+        run = root_kcache("--cache-dir", root, *args)
+        assert run.returncode == 1 and len(run.stderr.splitlines()) == 1, (args, run.stderr)
+        assert f"{kept}: written by " in run.stderr and "a member of the cache's group" in run.stderr
+    assert entries(root) == before
+    assert root_kcache("--cache-dir", root, "config", "set", "max-size", "1B").returncode == 0
+    assert os.stat(kept).st_uid == 0
+    dry = root_kcache("--cache-dir", root, "prune", "--dry-run", "--json")
+    assert dry.returncode == 0 and len(json.loads(dry.stdout)["removed"]) == len(before), dry.stderr
+    os.chmod(kept, 0o666)
+    run = root_kcache("--cache-dir", root, "prune", "--dry-run")
+    assert run.returncode == 1 and f"{kept}: writable by anyone: not trusted" in run.stderr, run.stderr
+
+
+@pytest.mark.second_user
 def test_a_config_a_member_cannot_read_is_exit_1_naming_it(area):
     """root's budget file made 0600 in the shared cache, or a KCACHE_CONFIG the member cannot read: a file
     that exists but cannot be read is exit 1 (docs/output.md), one line naming it; stats only warns."""

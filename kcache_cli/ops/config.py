@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import pwd
 import re
 import shlex
 import stat
@@ -29,6 +30,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.state import state_dir
 from kcache_cli.model.terms import LAYOUT_NAMES
+from kcache_cli.util import textsafe
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.units import parse_age, parse_size
 
@@ -360,12 +362,12 @@ class CacheConfig:
         return {"path": str(self.path), "exists": self.exists, **self.budget().to_json()}
 
 
-def load_cache(root: Path) -> CacheConfig:
+def load_cache(root: Path, rewriting: bool = False) -> CacheConfig:
     """The budget kept in the cache at `root` (empty when it has none). A file that is malformed is a usage
     error naming it (exit 2); one that cannot be read, or that belongs to someone the cache does not trust
     (not you, not root, nor the group of a group-shared cache), is an error (exit 1)."""
     empty = CacheConfig(Path(root), False)
-    raw = _read_cache_file(empty.path, Path(root))
+    raw = _read_cache_file(empty.path, Path(root), rewriting)
     if raw is None:
         return empty
     doc = parse_toml(raw, empty.path)
@@ -379,7 +381,7 @@ def load_cache(root: Path) -> CacheConfig:
     return CacheConfig(Path(root), True, values)
 
 
-def _read_cache_file(path: Path, root: Path) -> bytes | None:
+def _read_cache_file(path: Path, root: Path, rewriting: bool) -> bytes | None:
     try:
         rfd = fswrite.open_root(root)
     except OSError:
@@ -387,6 +389,7 @@ def _read_cache_file(path: Path, root: Path) -> bytes | None:
     try:
         sfd = state.open_state(rfd, root)
         group = state.shared_group(rfd)
+        owner = os.fstat(rfd).st_uid
     except OSError:  # no .kcache/ (or one kcache does not trust: it warns where it uses it)
         return None
     finally:
@@ -400,13 +403,40 @@ def _read_cache_file(path: Path, root: Path) -> bytes | None:
     finally:
         os.close(sfd)
     try:
-        trusted = st.st_uid in (os.geteuid(), 0) or (group is not None and st.st_gid == group)
-        if not trusted or st.st_mode & 0o002:
-            raise KcacheError(f"{path}: owned by uid {st.st_uid} and not the cache group's (or writable by "
-                              "anyone): not trusted as this cache's budget; its owner or root can fix or remove it")
+        why = _untrusted(st, group, owner, rewriting)
+        if why:
+            raise KcacheError(f"{path}: {why}: not trusted as this cache's budget; root or the cache's owner can "
+                              f"set it again (`kcache --cache-dir {root} config set ...` writes it as theirs) "
+                              "or remove it")
         return _contents(fd, st, path)
     finally:
         os.close(fd)
+
+
+def _untrusted(st: os.stat_result, group: int | None, owner: int, rewriting: bool) -> str | None:
+    """Why the budget file (`st`) of a cache owned by `owner` must not steer this user's prune, or None.
+    A member of a group-shared cache may keep a budget for every member's prune, but root's acts only on
+    one that root or the cache's owner wrote: a member's max-size of 0 would otherwise have root's cron
+    remove the other members' entries, which that member may not remove. (`rewriting`: root's `config
+    set` reads it to write it again, as root's.)"""
+    if st.st_mode & 0o002:
+        return "writable by anyone"
+    if st.st_uid in (os.geteuid(), 0, owner):
+        return None
+    writer = _user(st.st_uid)
+    if group is None or st.st_gid != group:
+        return f"written by {writer}, who is not you, root or the cache's owner, in a cache no group shares"
+    if os.geteuid() == 0 and not rewriting:
+        return f"written by {writer}, a member of the cache's group (root acts on a budget only root or the " \
+               "cache's owner wrote)"
+    return None
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{textsafe.printable_line(pwd.getpwuid(uid).pw_name)} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def set_cache_value(root: Path, key: str, value: str) -> CacheConfig:
@@ -431,7 +461,7 @@ def _update_cache(root: Path, change) -> tuple[CacheConfig, bool]:
     sfd, lock = _open_for_update(root, where)
     try:
         locking.wait_flock(lock, 60.0, f"the config lock of {root}")
-        cfg = _before_rewrite(where, lambda: load_cache(root))
+        cfg = _before_rewrite(where, lambda: load_cache(root, rewriting=True))
         values = change(cfg.values)
         if values is None:
             return cfg, False
