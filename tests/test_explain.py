@@ -173,6 +173,20 @@ def test_hidet_judges_its_version_and_the_binary_s_arch(tmp_path, kcache):
     assert none["miss"] == 5
 
 
+def test_hidet_not_installed_names_the_version_the_entry_records(tmp_path, kcache):
+    """No hidet here: the miss still says which hidet wrote the entry (its version.txt), as tilelang's,
+    Triton's and numba's do, never "not recorded"."""
+    root = tmp_path / "hidet"
+    shutil.copytree(FIXTURES / "hidet", root, symlinks=True)
+    py = fake_python(tmp_path, {"hidet": None})
+    doc = explain(kcache, root, "--python", py, "--gpu", "sm_90a")
+    assert len(doc["items"]) == 5 and all((i["verdict"], i["factor"], i["recorded"], i["here"]) ==
+                                          ("miss", "hidet version", "0.6.1", "not installed") for i in doc["items"])
+    r = kcache("--cache-dir", root, "explain", "--python", py, "--gpu", "sm_90a", env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and r.stdout.count("hidet version: 0.6.1 -> not installed") == 5, r.stdout
+    assert "not recorded" not in r.stdout
+
+
 def test_a_blob_without_its_sidecar_says_not_recorded_never_none(tmp_path, kcache):
     """A blob kcache did not export records no torch version: the table says so in words."""
     blob = tmp_path / "sin_cos_cpu.bin"

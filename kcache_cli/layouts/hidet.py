@@ -959,17 +959,9 @@ _TEMP_MARK = "/" + state.TEMP_PREFIX
 PACKAGE = "hidet"
 
 
-def explain(root: Path, entry: Entry, here: Here) -> Verdict:
-    """hit: hidet installed in the version recorded, the entry complete, its binary's CUDA arch run by the
-    GPU here (or a CPU entry); miss or unknown with the factor otherwise."""
-    if here.problem:
-        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
-    have = here.versions.get(PACKAGE)
-    if have is None:
-        return Verdict(MISS, "hidet is not installed here", "hidet version", None, "not installed")
-    if entry.status != COMPLETE:
-        return Verdict(MISS, f"hidet does not use a {entry.status} entry: {entry.reason}", "status", entry.status,
-                       COMPLETE)
+def _recorded(entry: Entry) -> tuple[str | None, str | None]:
+    """(the hidet version in the entry's version.txt, the CUDA arch its compile.sh builds for), each None
+    where the entry records none."""
     small: dict[str, bytes] = {}
     for n in ("version.txt", "compile.sh"):
         try:  # no link followed, bounded (fsread)
@@ -978,7 +970,21 @@ def explain(root: Path, entry: Entry, here: Here) -> Verdict:
             pass
     built = small.get("version.txt", b"").decode("utf-8", "replace").strip() or None
     script = small.get("compile.sh")
-    arch = archs_from_command(command_from_script(script.decode("utf-8", "replace"))) if script else None
+    return built, archs_from_command(command_from_script(script.decode("utf-8", "replace"))) if script else None
+
+
+def explain(root: Path, entry: Entry, here: Here) -> Verdict:
+    """hit: hidet installed in the version recorded, the entry complete, its binary's CUDA arch run by the
+    GPU here (or a CPU entry); miss or unknown with the factor otherwise."""
+    if here.problem:
+        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    built, arch = _recorded(entry)  # read first: a miss for want of hidet still names the version recorded
+    have = here.versions.get(PACKAGE)
+    if have is None:
+        return Verdict(MISS, "hidet is not installed here", "hidet version", built, "not installed")
+    if entry.status != COMPLETE:
+        return Verdict(MISS, f"hidet does not use a {entry.status} entry: {entry.reason}", "status", entry.status,
+                       COMPLETE)
     if entry.target == "cuda":
         if arch is None:
             return Verdict(UNKNOWN, "the entry records no CUDA arch (no compile.sh)")
