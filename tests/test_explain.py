@@ -5,10 +5,12 @@ and a blob's. The real Triton agreeing with each verdict is tests/loaders/test_o
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+from conftest import copy_tree
 
 from kcache_cli.formats import megacache
 
@@ -32,6 +34,19 @@ def triton39(tmp_path, kcache) -> Path:
     shutil.copytree(FIXTURES / "triton" / "cache", root)
     assert kcache("--cache-dir", root, "verify", "--fix").exit_code == 0  # paths made to point here
     return root
+
+
+@pytest.fixture
+def home_caches() -> dict[str, Path]:
+    """hidet, tilus, tilelang and Triton caches where their compilers keep them under HOME (the test's own):
+    the default scope, every cache `kcache dir --all` finds."""
+    home = Path(os.environ["HOME"])
+    roots = {"hidet": home / ".cache" / "hidet", "tilus": home / ".cache" / "tilus",
+             "tilelang": home / ".tilelang" / "cache", "triton": home / ".triton" / "cache"}
+    for name in ("hidet", "tilus", "tilelang"):
+        copy_tree(FIXTURES / name, roots[name])
+    copy_tree(FIXTURES / "triton" / "cache", roots["triton"])
+    return roots
 
 
 def explain(kcache, root, *args, env=None) -> dict:
@@ -231,3 +246,21 @@ def test_an_image_no_registry_answers_for_is_one_line(kcache, tmp_path, scheme):
                "sm_90a")
     assert r.exit_code == 1 and r.stderr.startswith("Error: remote oci+http://127.0.0.1:9/team/triton:v1")
     assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_a_prefix_is_found_in_whichever_cache_holds_it(home_caches, tmp_path, kcache):
+    """Without --cache-dir the scope is every cache found: a hash prefix names the entry of whichever cache
+    holds it (as inspect and verify find it), never "no entry matches" in the first cache looked at."""
+    py = fake_python(tmp_path, {})
+    r = kcache("--json", "explain", "8d1f7691", "f006237c", "ILJQFT5R", "--python", py, "--gpu", "sm_90a")
+    assert r.exit_code == 0, r.stderr
+    items = json.loads(r.stdout)["items"]
+    assert [(i["layout"], i["what"]) for i in items] == [
+        ("hidet", "ops/cuda_space_0/add/8d1f7691cdf75e90"), ("tilus", "programs/f006237ca7a5"),
+        ("triton", "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA")]
+    assert items[0]["path"] == str(home_caches["hidet"] / items[0]["what"])
+    missing = kcache("explain", "8d1f769x", "--python", py, "--gpu", "sm_90a")
+    assert missing.exit_code == 2 and "no entry matches '8d1f769x' in 4 caches" in missing.stderr, missing.stderr
+    assert "did you mean 8d1f7691" in missing.stderr
+    ambiguous = kcache("explain", "a", "--python", py, "--gpu", "sm_90a")  # hidet's af30... and ad25...
+    assert ambiguous.exit_code == 2 and "ambiguous" in ambiguous.stderr and "--space" not in ambiguous.stderr

@@ -11,6 +11,7 @@ from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
 from kcache_cli.cli.cmd_mega import is_blob
 from kcache_cli.cli.table import Column
+from kcache_cli.model.records import ScanFilter
 from kcache_cli.util.lazy import lazy_module
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
@@ -78,13 +79,22 @@ def explain_command(
     for a in archives:
         result.items += explain.explain_archive(a, here)
     if refs or not (blobs or archives or images):
-        for loc in c.cache_locations(opts, False, cache, refs or None):
-            mine = c.refs_in(loc.path, refs) if refs else None
-            if refs and not mine:
-                continue
-            result.items += explain.explain_root(loc.path, here, mine)
+        result.items += _in_caches(opts, cache, refs, here)
     out = c.Output(opts)
     out.result(result, lambda: _human(out, result))
+
+
+def _in_caches(opts: o.GlobalOptions, cache: Optional[str], refs: list[str], here) -> list:
+    """The verdicts on every entry of the scope's caches, or on the entries `refs` name: each found in
+    whichever cache holds it, as inspect finds one (in none or in several: a usage error naming them)."""
+    locs = c.cache_locations(opts, False, cache, refs or None)
+    if not refs:
+        return [item for loc in locs for item in explain.explain_root(loc.path, here)]
+    out = []
+    for ref in refs:  # explain has no --space/--op: an ambiguous prefix asks for the entry's path
+        loc, entry = c.resolve_in_scope(opts, ref, cache, lambda root: ScanFilter(), selectors=False, locs=locs)
+        out += explain.explain_root(loc.path, here, [entry])
+    return out
 
 
 def _images(targets: list[str]) -> list[str]:

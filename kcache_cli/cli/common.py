@@ -191,11 +191,12 @@ def _cwd_cache(known: list, said: Callable[[str], None]):
 
 
 def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: Callable[[Path], Any],
-                     statuses: bool = True, selectors: bool = True) -> tuple:
+                     statuses: bool = True, selectors: bool = True, locs: Optional[list] = None) -> tuple:
     """(location, entry) of the one entry `ref` names in the command's scope (cache_locations): found in
     exactly one cache; in several, a usage error naming them (--cache picks one); in none, no_match.
-    `pick(root)` is the checked filter of the --space/--op... that tell entries apart."""
-    locs = cache_locations(opts, False, cache, [ref])
+    `pick(root)` is the checked filter of the --space/--op... that tell entries apart. `locs`: the scope
+    as the command found it for all its references (a command naming several finds the caches once)."""
+    locs = locs if locs is not None else cache_locations(opts, False, cache, [ref])
     found, misses = [], []
     for loc in locs:
         if len(locs) > 1 and not refs_in(loc.path, [ref]):

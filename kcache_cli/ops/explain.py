@@ -19,10 +19,11 @@ from typing import Iterable
 from kcache_cli import layouts
 from kcache_cli.archive.importer import archive_records
 from kcache_cli.archive.mega import SIDECAR_SUFFIX, mega_layouts, read_blob
-from kcache_cli.catalog.scan import resolve_entry, scan_cache
+from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.formats.gpu import ARCH_RE, local_gpu_arch
 from kcache_cli.fs import read as fsread
 from kcache_cli.layouts.base import HIT, MISS, UNKNOWN, Here, Verdict
+from kcache_cli.model.records import Entry
 from kcache_cli.model.terms import unknown_layout
 from kcache_cli.util.errors import UsageError
 
@@ -117,11 +118,10 @@ class ExplainResult:
                 "hit": self.count(HIT), "miss": self.count(MISS), "unknown": self.count(UNKNOWN)}
 
 
-def explain_root(root: Path, here: Here, refs: list[str] | None = None) -> list[Explained]:
-    """Every entry of the cache at `root` (or those `refs` name), each judged by its layout."""
-    entries = [resolve_entry(root, r) for r in refs] if refs else list(scan_cache(root).entries)
+def explain_root(root: Path, here: Here, entries: Iterable[Entry] | None = None) -> list[Explained]:
+    """Every entry of the cache at `root` (or `entries`, found in it), each judged by its layout."""
     out = []
-    for e in entries:
+    for e in entries if entries is not None else scan_cache(root).entries:
         lay = layouts.get(e.layout)
         rel = os.path.relpath(e.path, root)
         out.append(Explained(rel, e.layout, e.kind, e.path, lay.explain(root, e, here)))
