@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -264,3 +265,21 @@ def test_a_prefix_is_found_in_whichever_cache_holds_it(home_caches, tmp_path, kc
     assert "did you mean 8d1f7691" in missing.stderr
     ambiguous = kcache("explain", "a", "--python", py, "--gpu", "sm_90a")  # hidet's af30... and ad25...
     assert ambiguous.exit_code == 2 and "ambiguous" in ambiguous.stderr and "--space" not in ambiguous.stderr
+
+
+def test_every_cache_s_table_at_80_columns_tells_the_rows_apart(home_caches, tmp_path, kcache):
+    """At 80 columns the table keeps what tells one entry from another, as ls does: each row's op and a
+    prefix of its hash (kind, space and layout go first), never `ops/cpu_space_0…` three times over."""
+    py = fake_python(tmp_path, {})
+    entries = kcache("ls", "--json").json()["entries"]
+    r = kcache("explain", "--python", py, "--gpu", "sm_90a", env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(map(len, lines)) <= 80 and "\u2026" not in r.stdout, r.stdout
+    rows = [ln for ln in lines if ln.split()[0] in ("hit", "miss", "unknown")]
+    assert len(rows) == len(entries) == 15
+    for e in entries:  # one row per entry, naming its op (if any) and its hash, at least 8 characters of it
+        mine = [ln for ln in rows if re.search(rf"(^|\s){re.escape(e['hash'][:8])}", ln)]
+        assert len(mine) == 1 and (e["op"] is None or f" {e['op']} " in mine[0]), (e["relpath"], r.stdout)
+    idents = [" ".join(ln.split()[:4]) for ln in rows]  # verdict, layout, op, hash: no two alike
+    assert len(set(idents)) == len(idents), r.stdout

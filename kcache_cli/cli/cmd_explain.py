@@ -114,14 +114,16 @@ def _human(out: c.Output, result) -> None:
     out.info(f"here: {h.executable or 'no python'} ({versions}); GPU {h.gpu or 'none'} ({h.gpu_source})"
              + (f"; {h.problem}" if h.problem else ""))
     rows = []
+    one_layout = len({i.layout for i in result.items}) == 1  # then its name tells no row from another
     for i in result.items:
         v = i.verdict
         detail = (f"{v.factor}: {_said(v.recorded)} -> {_said(v.here)}" if v.verdict == "miss" and v.factor
                   else v.why)
-        rows.append([v.verdict, i.layout or "-", i.kind, i.what, detail])
-    if rows:
-        c.print_table([Column("verdict"), Column("layout", drop=2), Column("kind", drop=1),
-                       Column("entry", spill=True), Column("why", wrap=True)], rows)
+        rows.append([v.verdict, i.layout or "-", i.kind, i.space or "-", i.op or "-", i.hash or i.what, detail])
+    if rows:  # as ls narrows: kind, space and layout go first, the op late, the hash never (its prefix)
+        c.print_table([Column("verdict"), Column("layout", drop=0 if one_layout else 3), Column("kind", drop=1),
+                       Column("space", drop=2), Column("op", drop=9), Column("hash", spill=True),
+                       Column("why", wrap=True)], rows)
     out.info(f"{result.count('hit')} hit, {result.count('miss')} miss, {result.count('unknown')} unknown")
 
 

@@ -92,6 +92,10 @@ class Explained:
     kind: str
     path: str  # the entry's path, or the archive, blob or oci:// image it comes from
     verdict: Verdict
+    # what tells it from the others in a table cut to the width (ls's columns); a blob artifact's key is its hash
+    space: str | None = None
+    op: str | None = None
+    hash: str | None = None
 
     def to_json(self) -> dict:
         v = self.verdict
@@ -124,7 +128,7 @@ def explain_root(root: Path, here: Here, entries: Iterable[Entry] | None = None)
     for e in entries if entries is not None else scan_cache(root).entries:
         lay = layouts.get(e.layout)
         rel = os.path.relpath(e.path, root)
-        out.append(Explained(rel, e.layout, e.kind, e.path, lay.explain(root, e, here)))
+        out.append(Explained(rel, e.layout, e.kind, e.path, lay.explain(root, e, here), e.space, e.op, e.hash))
     return out
 
 
@@ -153,7 +157,7 @@ def explain_blob(path: str, here: Here) -> list[Explained]:
                         "differs): nothing recorded to judge this one by")
         else:
             v = lay.explain_mega(recorded, here)
-        out.append(Explained(a.key, lay.name if lay else None, a.type, os.path.abspath(path), v))
+        out.append(Explained(a.key, lay.name if lay else None, a.type, os.path.abspath(path), v, hash=a.key))
     return out
 
 
@@ -174,5 +178,7 @@ def explain_records(records: Iterable[dict], here: Here, where: str) -> list[Exp
             v = Verdict(UNKNOWN, f"{unknown}: this kcache does not know it")
         else:
             v = layouts.get(name).explain_record(rec, here)
-        out.append(Explained(str(rec.get("relpath")), name, str(rec.get("kind") or "-"), where, v))
+        space, op, key = (value if isinstance(value := rec.get(f), str) and value else None
+                          for f in ("space", "op", "hash"))
+        out.append(Explained(str(rec.get("relpath")), name, str(rec.get("kind") or "-"), where, v, space, op, key))
     return out
