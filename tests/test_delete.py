@@ -412,6 +412,9 @@ def test_prune_always_removes_stale_temp_dirs_and_keeps_candidates(kcache, fixtu
     # freed is disk usage (issue 32): the temp dir's own block and its file's
     assert data["freed"] >= len("// half a build") and data["freed"] % 512 == 0 and data["entry_count"] == 1
     assert fresh.is_dir() and (cand / "0" / "lib.so").is_file()
+    assert data["skipped"] == []  # a write in flight is no candidate: never "kept" (cron mails nothing)
+    quiet = kcache("--cache-dir", root, "-q", "prune", "--yes")
+    assert (quiet.exit_code, quiet.stdout, quiet.stderr) == (0, "", "") and fresh.is_dir()
     after_relu = scan_cache(root, ScanFilter(ops=("relu",))).entries[0]
     assert after_relu.status == "complete" and after_relu.size == before_relu.size
     assert entries(root) - {str(fresh.relative_to(root))} == set(HIDET.values())
@@ -427,7 +430,11 @@ def test_prune_skips_a_temp_dir_whose_build_holds_the_lock(kcache, fixture_copy)
         r = kcache("--cache-dir", root, "prune", "--yes", "--json")
         assert r.exit_code == 0
         assert removed_paths(r) == set() and tmp.is_dir()
-        assert "lock" in r.json()["skipped"][0]["why"]
+        assert r.json()["skipped"] == []  # a build in flight is no candidate: not said to be kept
+        quiet = kcache("--cache-dir", root, "-q", "prune", "--yes")
+        assert (quiet.exit_code, quiet.stdout, quiet.stderr) == (0, "", "")  # cron mails nothing
+        r = kcache("--cache-dir", root, "clear", str(tmp), "--yes", "--json")  # asked for by name: said
+        assert tmp.is_dir() and "in progress" in r.json()["skipped"][0]["why"], r.stdout
     r = kcache("--cache-dir", root, "prune", "--yes", "--json")
     assert removed_paths(r) == {str(tmp.relative_to(root))}
 

@@ -349,8 +349,11 @@ class _Planner:
     def skip(self, e: Entry, why: str) -> None:
         self.skipped.setdefault(e.path, Skip(e, why))
 
-    def select(self, e: Entry, why: str, recheck: bool = False, link: bool = False) -> list[Removal]:
-        """Plan to remove `e` (or skip it, with the reason). Returns what was added."""
+    def select(self, e: Entry, why: str, recheck: bool = False, link: bool = False, sweep: bool = False
+               ) -> list[Removal]:
+        """Plan to remove `e` (or skip it, with the reason). Returns what was added. `sweep`: a leftover
+        looked at because every prune clears them, not one asked for, whose fresh parts (a write in
+        flight) are not candidates at all: kept without a word (cron mails nothing for a running build)."""
         if e.path in self.removals:
             return []
         via = self.link_in_path(e.relpath)
@@ -363,7 +366,7 @@ class _Planner:
             self.skip(e, f"in progress: {e.reason}" if e.reason else "a build holds its lock (in progress)")
             return []
         if _is_leftover(e):
-            return self._select_leftover(e)
+            return self._select_leftover(e, sweep)
         bad = None if link else self.shape_problem(e)
         if bad is not None:
             self.skip(e, bad)
@@ -376,7 +379,7 @@ class _Planner:
         self.skipped.pop(e.path, None)
         return [r]
 
-    def _select_leftover(self, e: Entry) -> list[Removal]:
+    def _select_leftover(self, e: Entry, sweep: bool) -> list[Removal]:
         layout = _layout(e)
         added = []
         for x in layout.leftover_parts(e, self.warn):  # one per write (tilelang's .staging/cuda-binaries/)
@@ -387,7 +390,8 @@ class _Planner:
                 self.skip(x, bad)
                 continue
             if self.now - x.modified < STALE_AFTER:
-                self.skip(x, "in flight: written to less than an hour ago")
+                if not sweep:
+                    self.skip(x, "in flight: written to less than an hour ago")
                 continue
             r = Removal(x, x.path, x.relpath, x.size, left.what, left.why, lock=left.lock)
             self.removals[x.path] = r
@@ -524,11 +528,9 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     p = _Planner(root, collect, now, by_path)
     leftovers = [e for e in entries if _is_leftover(e)]
     regular = [e for e in entries if not _is_leftover(e)] if leftovers else list(entries)
-    for e in leftovers:  # 1. always: what interrupted writers left behind
-        if e.status == BUILDING:
-            p.skip(e, "a build holds its lock (in progress)")
-        else:
-            p.select(e, "stale")
+    for e in leftovers:  # 1. always: what interrupted writers left behind (not a write in flight: no news)
+        if e.status != BUILDING:
+            p.select(e, "stale", sweep=True)
     _select_kcache_leftovers(p, root, collect)
     if broken:  # 2. broken entries (and symlinks where entries belong)
         _select_broken(p, root, regular, collect, result.layouts, judging if deep else None)
