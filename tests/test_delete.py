@@ -675,7 +675,7 @@ def test_read_only_parts_are_reported_not_raised(kcache, fixture_copy):
         r = kcache("--cache-dir", root, "clear", "--all", "--yes", "--json")
         assert r.exit_code == 1
         assert "Traceback" not in r.stderr and "cannot remove" in r.stderr
-        assert r.stderr.strip().splitlines()[-1].startswith("Error: 1 item(s) could not be removed")
+        assert r.stderr.strip().splitlines()[-1].startswith("Error: 1 item could not be removed")
         assert removed_paths(r) == set(HIDET.values()) - {HIDET["matmul"]}
         assert r.json()["errors"] and HIDET["matmul"] in r.json()["errors"][0]
     assert entries(root) == {HIDET["matmul"]}

@@ -354,6 +354,24 @@ def test_root_acts_on_no_budget_a_member_kept_in_the_cache(area):
 
 
 @pytest.mark.second_user
+def test_a_members_prune_left_over_its_limit_by_entries_it_may_not_remove_says_so(area):
+    """Root's entries in 2755 op directories of the shared cache: a member's prune to a size fails on
+    them. The line that says the cache is still over its limit counts what could not be removed (it said
+    "1 entry planned to go was kept", a temp dir, as if the rest were in use), and each error says
+    who may remove the entry."""
+    root = group_cache(area)
+    for op in ("cpu_space_0/matmul", "cpu_space_0/relu", "cuda_space_0/add"):
+        os.chmod(root / "ops" / op, 0o2755)
+    run = member_kcache("--cache-dir", root, "prune", "--max-size", "1B", "--yes")
+    assert run.returncode == 1, run.stderr
+    errors = [ln for ln in run.stderr.splitlines() if ln.startswith("error: cannot remove")]
+    assert len(errors) == 3 and all(ln.endswith("(its owner or root may remove it)") for ln in errors), run.stderr
+    over = [ln for ln in run.stderr.splitlines() if "over its limit" in ln]
+    assert len(over) == 1 and "3 items could not be removed (the errors below say why)" in over[0], run.stderr
+    assert "planned to go" not in over[0]
+
+
+@pytest.mark.second_user
 def test_a_config_a_member_cannot_read_is_exit_1_naming_it(area):
     """root's budget file made 0600 in the shared cache, or a KCACHE_CONFIG the member cannot read: a file
     that exists but cannot be read is exit 1 (docs/output.md), one line naming it; stats only warns."""

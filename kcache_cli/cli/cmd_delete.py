@@ -542,7 +542,7 @@ def _report_result(opts: o.GlobalOptions, out: _Out, plan, result, extra: dict) 
     if result.interrupted:
         raise Interrupted(done)
     if result.errors:
-        raise KcacheError(f"{len(result.errors)} item(s) could not be removed (see above)")
+        raise KcacheError(f"{c.plural(len(result.errors), 'item')} could not be removed (see above)")
 
 
 def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
@@ -564,11 +564,21 @@ def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
         _last_line(f"Nothing removed from {c.printable_line(plan.root)}{_unread(plan, extra)}.", plan.root)
     limit = extra["max_size"] if extra.get("max_size") is not None else 1 << 62
     over = plan.scanned_size - result.freed - sum(s.entry.size for s in gone) - limit
-    if over > 0 and kept:  # what was kept (in use, changed) is not made up for by others
-        n, one = len(kept), len(kept) == 1
+    if over > 0 and (kept or result.errors):  # what was kept or failed is not made up for by others
         out.warn(f"{c.printable_line(plan.root)} is still {c.human_size(over)} over its limit: "
-                 f"{c.plural(n, 'entry')} planned to go {'was' if one else 'were'} kept "
-                 f"(prune again once {'it is' if one else 'they are'} free)")
+                 f"{_not_gone(kept, result.errors)}")
+
+
+def _not_gone(kept: list, errors) -> str:
+    """Why a prune left the cache over its limit: what it kept, what it could not remove."""
+    said = []
+    if errors:
+        said.append(f"{c.plural(len(errors), 'item')} could not be removed (the errors below say why)")
+    if kept:
+        one = len(kept) == 1
+        said.append(f"{c.plural(len(kept), 'entry')} planned to go {'was' if one else 'were'} kept "
+                    f"(prune again once {'it is' if one else 'they are'} free)")
+    return "; ".join(said)
 
 
 def _count(removals) -> str:

@@ -1112,7 +1112,8 @@ class _Executor:
         return None
 
     def _fail(self, r: Removal, exc: OSError) -> None:
-        self._fail_text(r, exc.strerror or str(exc))
+        denied = exc.errno in (errno.EACCES, errno.EPERM)  # a member's entry in a shared cache, say
+        self._fail_text(r, (exc.strerror or str(exc)) + (" (its owner or root may remove it)" if denied else ""))
 
     def _fail_text(self, r: Removal, why: str) -> None:
         self.errors.append((r.path, f"cannot remove {r.path}: {why}"))
