@@ -175,6 +175,26 @@ def test_render_marks_a_cut_name_but_not_a_cut_hash():
     assert all(len(ln) <= 20 for ln in lines)
 
 
+def test_a_name_stays_whole_before_free_text_gets_a_column():
+    """`COLUMNS=80 kcache ls` of a torch extensions cache cut the name to `kc_add_o…` to give the reason its
+    28-column minimum: a name cut short names nothing whole, so the free text goes on its own line (or
+    pushes out a minor column) first. A hash is still cut to its unique prefix to keep the text inline."""
+    cols = [Column("layout", drop=1), Column("kind", drop=2), Column("space", drop=8), Column("op", drop=9),
+            Column("hash", spill=True), Column("size", right=True, drop=10), Column("files", right=True, drop=3),
+            Column("status"), Column("last used", drop=4), Column("reason", wrap=True)]
+    reason = ("build.ninja records its build directory as /tmp/wt37fx/torch_ext/kc_add_one (moved or copied): "
+              "torch builds it again here on the next load")
+    row = ["torchext", "extension", "-", "-", "kc_add_one", "532.5 kB", "6", "moved", "10 minutes ago", reason]
+    for width in (70, 80, 90):
+        lines = render(cols, [row], width)
+        assert all(len(ln) <= width for ln in lines), lines
+        assert lines[1].split()[lines[0].split().index("hash")] == "kc_add_one", lines
+        assert "\u2026" not in "".join(lines), lines
+    hashed = [*row[:4], "ad252b064b266eea", *row[5:]]  # a hash may be cut: its prefix is what tables show
+    lines = render(cols, [hashed], 80)
+    assert lines[0].split()[-1] == "reason" and "ad252b06" in lines[1] and "ad252b064b266eea" not in lines[1]
+
+
 def test_render_drops_blank_columns_first_whatever_their_priority():
     cols = [Column("kind", drop=1), Column("space", drop=8), Column("op", drop=9), Column("hash", spill=True),
             Column("status"), Column("reason", wrap=True)]

@@ -135,6 +135,12 @@ def _spill_floor(values: list[str]) -> int:
     return floor + 1 if any(len(v) > floor and not reads_as_hash(v) for v in values) else floor
 
 
+def _name_width(values: list[str], measure: Callable[[str], int]) -> int:
+    """The width that shows whole every value that is no hash (an extension's name: cut, it names nothing
+    whole; a hash's prefix is what the table shows by design); 0 when every value is a hash."""
+    return max((measure(v) for v in values if not reads_as_hash(v)), default=0)
+
+
 def _with_something(columns: list[Column], rows: list[list[str]], every: list[int]) -> list[int]:
     """`every` less the columns with nothing in them (every value empty or `-`; a free-text one too): the
     first to go, before a column with something to say and before any value is cut. All of them, when
@@ -167,8 +173,10 @@ def plan(columns: list[Column], rows: list[list[str]], width: int | None,
         short = _fit(columns, widths, others, width, MINOR)
         if text is None and _span(widths, short) <= width:
             return _grown(widths, short, cut, full, width, None)
-        long = widths[cut]
-        widths[cut] = max(_spill_floor([r[cut] for r in rows]), len(columns[cut].name))
+        long, values = widths[cut], [r[cut] for r in rows]
+        floor = max(_spill_floor(values), len(columns[cut].name))
+        # a name (no hash) whole, up to 16 characters, before free text gets a column: else the text goes below
+        widths[cut] = max(floor, min(long, _name_width(values, measure)))
     if text is not None:
         room = min(WRAP_MIN, widths[text])
         inline = _fit(columns, widths, others, width - 2 - room, MINOR)
@@ -180,7 +188,7 @@ def plan(columns: list[Column], rows: list[list[str]], width: int | None,
             sized[text] = width - 2 - _span(widths, inline)
             return Layout(tuple(inline + [text]), sized, None, cut)
     if cut is not None:  # the free text on its own line: the 16-character hash if the minor columns make room
-        widths[cut], floor = long, widths[cut]
+        widths[cut] = long
         if _span(widths, short) <= width:
             return _grown(widths, short, cut, full, width, text)
         widths[cut] = floor
