@@ -682,14 +682,15 @@ def _stats_text(out: c.Output, report: dict, first: bool = True) -> None:
                  f"{c.plural(report['entry_count'], 'entry')}, {c.human_size(report['size'])}"), indent=2)
     for key, title in (("by_layout", "layout"), ("by_space", "space"), ("by_op", "op"), ("by_age", "last used"),
                        ("by_status", "status")):
+        if not report[key] or not report["entry_count"]:
+            continue  # no entry has a space (an op) here: a table of "-" alone, or of nothing, says nothing
         none = report.get(f"no_{title}")  # entries without a space (op): a row "-"
-        rows = sorted([*report[key].items(), *([("-", none)] if none else [])], key=lambda kv: (-kv[1]["size"], kv[0]))
-        if not rows or not report["entry_count"]:
-            continue
+        groups = {**report[key], **({"-": none} if none else {})}
         sys.stdout.write("\n")
         if key in ("by_layout", "by_op", "by_age"):
-            _share_table(title, report[key], report["size"], ordered=key == "by_age")
+            _share_table(title, groups, report["size"], ordered=key == "by_age")
             continue
+        rows = sorted(groups.items(), key=lambda kv: (-kv[1]["size"], kv[0]))
         c.print_table([Column(title, styles=c.STATUS_STYLE if key == "by_status" else {}),
                        Column("entries", right=True), Column("size", right=True)],
                       [[k, str(v["entry_count"]), c.human_size(v["size"])] for k, v in rows])
