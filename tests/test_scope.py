@@ -205,6 +205,24 @@ def test_verify_of_one_layout_shows_the_caches_that_hold_it(both):
     assert sorted(r["checked"] for r in doc)[0] == 0
 
 
+def test_verify_of_named_entries_shows_only_the_caches_that_hold_them(both):
+    """`verify ad252b06` over every cache printed a `==> ROOT <==` heading and a `checked 0 entries` line for
+    each cache the prefix names nothing in: like a selection, they are no news in text; --json keeps one
+    result per cache, as for a selection."""
+    softmax = "ad252b064b266eea"
+    run = run_kcache("verify", softmax[:8])
+    assert run.exit_code == 0, run.stderr
+    assert run.stdout.count("==> ") == 1 and f"==> {both['hidet']} <==" in run.stdout, run.stdout
+    assert run.stderr.count("checked ") == 1 and "checked 1 entry" in run.stderr, run.stderr
+    kernel = sorted(r["hash"] for r in run_kcache("ls", "--cache", "triton", "--json").json()["entries"])[0]
+    two = run_kcache("verify", softmax[:8], kernel[:10])
+    assert two.exit_code == 0, two.stderr
+    assert two.stdout.count("==> ") == 2 and two.stderr.count("checked 1 entry") == 2, two.stderr
+    doc = run_kcache("verify", softmax[:8], "--json").json()["caches"]
+    assert sorted(r["root"] for r in doc) == sorted(str(p) for p in both.values())
+    assert sorted(r["checked"] for r in doc) == [0, 1]
+
+
 def test_verify_export_and_diff_over_every_cache(both, tmp_path):
     run = run_kcache("verify", "--json")
     assert run.exit_code == 0, run.stderr

@@ -295,13 +295,13 @@ def verify_command(
     if missing:
         raise c.no_match([r for r in c.ref_list(sel.hashes) if r in missing], [loc.path for loc in locs],
                          selectors=sel.has_selectors())
-    _verify_report(opts, results, fix, sel.has_selectors())
+    _verify_report(opts, results, fix, sel.has_selectors() or bool(named))
 
 
 def _verify_report(opts: o.GlobalOptions, results: list, fix: bool, selected: bool) -> None:
     """Each cache's result (--json: one object, or a list over every cache found); exit 1 on any problem.
-    In text, every cache found and a selection (`--layout hidet`): the caches it names nothing in are no
-    news, as clear's."""
+    In text, every cache found and a selection (`--layout hidet`, entries named): the caches it names
+    nothing in are no news, as clear's."""
     out = c.Output(opts, collect=opts.many)
     if opts.many and selected and not out.json and any(r.checked or r.skipped for _, r, _ in results):
         results = [(root, r, took) for root, r, took in results if r.checked or r.skipped or r.fix_errors]
