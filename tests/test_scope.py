@@ -6,6 +6,8 @@ holding a cache one level down says so."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -237,6 +239,55 @@ def test_verify_export_and_diff_over_every_cache(both, tmp_path):
     kernels = sorted(r["hash"] for r in adds)
     diff = run_kcache("diff", kernels[0][:10], kernels[1][:10], "--json")
     assert diff.exit_code == 0, diff.stderr
+
+
+def _help_examples(group, words=("kcache",)):
+    """(command, its help's example line) for every command and subcommand."""
+    for name, cmd in sorted(group.commands.items()):
+        if getattr(cmd, "commands", None):
+            yield from _help_examples(cmd, (*words, name))
+            continue
+        lines = (cmd.callback.__doc__ or "").strip().splitlines()
+        yield " ".join((*words, name)), lines[-1].strip().removeprefix("Example: ")
+
+
+def _jq(doc, program: str) -> list:
+    """What jq prints for `program`, for the filters help examples use: pipes of paths (`.a`, `.a[]`,
+    `.a[].b`) and objects of keys (`{cache, by_status}`); a key jq finds nothing under reads null."""
+    values = [doc]
+    for stage in (s.strip() for s in program.split("|")):
+        if (keys := re.fullmatch(r"\{\s*(\w+(?:\s*,\s*\w+)*)\s*\}", stage)) is not None:
+            names = [k.strip() for k in keys[1].split(",")]
+            values = [{k: v.get(k) for k in names} for v in values]
+        elif re.fullmatch(r"(?:\.\w+(?:\[\])?)+", stage):
+            for key, each in re.findall(r"\.(\w+)(\[\])?", stage):
+                values = [v.get(key) if isinstance(v, dict) else None for v in values]
+                if each:
+                    assert all(isinstance(v, list) for v in values), f"jq: cannot iterate over {values!r}"
+                    values = [x for v in values for x in v]
+        else:
+            pytest.fail(f"teach _jq the filter {stage!r}, or give the example a simpler one")
+    return values
+
+
+def test_every_help_example_piped_to_jq_finds_its_keys_over_every_cache(both):
+    """`kcache stats --json | jq .by_status`, the help's example, printed null in the default scope: the
+    reports are under `caches` there. Every example that pipes --json to jq, as typed, in that scope."""
+    from typer.main import get_command
+
+    from kcache_cli.cli.app import full_app
+
+    piped = [(cmd, ex) for cmd, ex in _help_examples(get_command(full_app())) if "--json | jq" in ex]
+    assert [cmd for cmd, _ in piped] == ["kcache stats"]  # (a new one is checked here too)
+    for _, example in piped:
+        words = shlex.split(example)
+        bar = words.index("|")
+        assert words[bar + 1] == "jq" and len(words) == bar + 3, example
+        run = run_kcache(*words[1:bar])
+        assert run.exit_code == 0, run.stderr
+        values = _jq(run.json(), words[bar + 2])
+        assert values and all(v is not None for v in values), (example, values)
+        assert all(x is not None for v in values if isinstance(v, dict) for x in v.values()), (example, values)
 
 
 def test_import_goes_to_the_archives_layouts_own_cache(both, tmp_path):

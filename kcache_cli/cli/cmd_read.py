@@ -572,10 +572,11 @@ def stats_command(
     JSON: by_layout, by_space, by_op, by_status, by_kind and by_age map each value to {entry_count, size};
     reclaimable is {bytes, entry_count, command}.
 
-    Without --cache-dir or KCACHE_DIR: one report for each cache found (--json: a list), or for the
-    cache the current directory lies in; --cache NAME picks one.
+    Without --cache-dir or KCACHE_DIR: one report for each cache found (--json: their list, caches, each
+    naming its cache), or for the cache the current directory lies in; --cache NAME picks one. One
+    report alone (--cache-dir, --cache, inside a cache) is the --json document itself.
 
-    Example: kcache stats --json | jq .by_status
+    Example: kcache stats --json | jq '.caches[] | {cache, by_status}'
     """
     opts = o.use(ctx, cache_dir, as_json)
     reports = []
