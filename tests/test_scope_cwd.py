@@ -130,13 +130,25 @@ def test_the_cuda_jit_row_is_the_cache_directory(kcache, machine, tmp_path):
                 if c["cache"] == "cudajit")["path"] == str(tmp_path)
 
 
-def test_dir_says_which_cache_the_commands_use_here(kcache, machine, workspace, monkeypatch):
-    """`kcache dir` prints the one root (build's); inside another cache it also says that the commands
-    that read work on that one."""
-    monkeypatch.chdir(workspace / "tilus")
+def test_dir_prints_the_cache_the_commands_use_here(kcache, machine, workspace, monkeypatch):
+    """Inside a cache, `kcache dir` printed build's root (hidet's) and said on stderr that ls, stats,
+    prune... work on another: `cd "$(kcache dir)"` left the cache the commands read. It prints that cache
+    now, and says where build writes; in build's own root, and outside every cache, hidet's root as before."""
+    home_hidet = Path(machine["HOME"]) / ".cache" / "hidet"
+    for inside in (workspace / "tilus" / "programs", workspace / "hidet"):
+        monkeypatch.chdir(inside)
+        r = kcache("dir", env=machine)
+        assert r.exit_code == 0, r.stderr
+        root = workspace / inside.relative_to(workspace).parts[0]
+        assert r.stdout.strip() == str(root), r.stdout
+        assert "the current directory lies in" in r.stderr and f"build writes into {home_hidet}" in r.stderr
+        doc = kcache("dir", "--json", env=machine).json()
+        assert doc["path"] == str(root) and f"build writes into {home_hidet}" in doc["reason"]
+        assert doc["layouts"] == [root.name] and doc["exists"] is True
+        ls = kcache("ls", "--json", env=machine).json()["entries"]  # what ls reads here: that cache
+        assert ls and all(e["path"].startswith(r.stdout.strip() + "/") for e in ls), ls
+        explicit = kcache("--cache-dir", str(home_hidet), "dir", env=machine)
+        assert explicit.stdout.strip() == str(home_hidet) and "current directory" not in explicit.stderr
+    monkeypatch.chdir(home_hidet / "ops")
     r = kcache("dir", env=machine)
-    assert r.exit_code == 0, r.stderr
-    assert r.stdout.strip() == str(Path(machine["HOME"]) / ".cache" / "hidet")
-    assert f"work on {workspace / 'tilus'} here" in r.stderr
-    monkeypatch.chdir(Path(machine["HOME"]) / ".cache" / "hidet")
-    assert "work on" not in kcache("dir", env=machine).stderr
+    assert r.stdout.strip() == str(home_hidet) and "build writes" not in r.stderr, r.stderr

@@ -6,6 +6,7 @@ import itertools
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, List, Optional
 
@@ -70,22 +71,23 @@ def dir_command(
     cache_dir: o.CacheDirOpt = None,
     as_json: o.JsonOpt = False,
 ) -> None:
-    """Print the cache root and why it was chosen.
+    """Print the cache root the commands use here, and why it was chosen.
+
+    That is --cache-dir or KCACHE_DIR; else, inside a cache (the current directory anywhere in it), that
+    cache, as ls, stats, prune... use it (build still writes into hidet's root, and dir says so on
+    stderr); else hidet's root, where build writes (the other commands then work on every cache found:
+    kcache dir --all).
 
     Example: kcache dir --all
     """
     opts = o.use(ctx, cache_dir, as_json)
     out = c.Output(opts)
     if not all_caches:
-        loc = c.cache_location(opts)
+        loc = _root_here(opts)
 
         def where() -> None:
             out.text(c.tty_safe(str(loc.path)))
-            out.info(f"({loc.reason}{'' if loc.path.is_dir() else '; does not exist yet'})")
-            here = None if c.explicit_root(opts) else c.cwd_cache(opts)
-            if here is not None and os.path.realpath(here.path) != os.path.realpath(loc.path):
-                out.info(f"(ls, stats, prune... work on {c.printable_line(str(here.path))} here: the current "
-                         "directory lies in it)")
+            out.info(f"({c.printable_line(loc.reason)}{'' if loc.path.is_dir() else '; does not exist yet'})")
 
         out.result(lambda: {"path": str(loc.path), "reason": loc.reason, "exists": loc.path.is_dir(),
                             "layouts": list(scan.detect_layouts(loc.path) if loc.path.is_dir() else ())}, where)
@@ -112,6 +114,19 @@ def dir_command(
             # nested caches: counted in the row above (its entries hold them), shown so they are found
             *([f"  in {r['cache']}", n["layout"], "-", "-", c.tty_safe(c.home_short(n["path"]))]
               for n in r["nested"])]]))
+
+
+def _root_here(opts: o.GlobalOptions):
+    """The root `kcache dir` names: the one ls, stats, prune... use here. Inside a cache that is not
+    build's root, that cache, its reason saying where build writes instead (`cd "$(kcache dir)"` must
+    land in the cache the commands read)."""
+    build = c.cache_location(opts)
+    here = None if c.explicit_root(opts) else c.cwd_cache(opts)
+    if here is None or os.path.realpath(here.path) == os.path.realpath(build.path):
+        return build
+    what = f"this {here.cache} cache" if here.cache else "this cache"
+    return replace(here, reason=f"the current directory lies in {what}: ls, stats, prune... work on it here; "
+                                f"build writes into {build.path} ({build.reason})")
 
 
 def nested_caches(owner: str, path) -> list[dict]:
