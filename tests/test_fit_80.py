@@ -278,6 +278,23 @@ def test_plain_help_fits_down_to_40_columns_and_says_the_same():
             assert "".join(at[width][name].split()) == "".join(wide.split()), (name, width)
 
 
+def test_a_usage_that_fits_40_columns_stays_on_its_line():
+    """`COLUMNS=40 kcache prune --help` printed `Usage: kcache prune ` (a trailing blank) and `[OPTIONS]`
+    on the next line: Click wants 20 columns for the arguments beside the command, else moves them all
+    down. A usage that fits is its one line at 80 now; a longer one wraps beside the command, or below it
+    when a word is too long for that, and no word is cut (explain's `[ENTRY|ARCHIVE|IM` `AGE|BLOB]...`)."""
+    commands = [words for words in _help_commands() if words]
+    wide, narrow = _plain_help(80, commands), _plain_help(40, commands)
+    for name, text in narrow.items():
+        usage = wide[name].splitlines()[0]
+        block = text.split("\n\n")[0].splitlines()
+        assert all(ln == ln.rstrip() for ln in block), (name, block)
+        assert [w for ln in block for w in ln.split()] == usage.split(), (name, block)
+        if len(usage) <= 38:  # the 40 columns less Click's 2
+            assert block == [usage], (name, block)
+    assert narrow["prune"].splitlines()[0] == "Usage: kcache prune [OPTIONS]"
+
+
 def test_help_in_a_40_column_terminal_fits(tmp_path):
     """In a terminal (Rich's help) too, and nothing is cut to fit: Rich ended option names and words with
     `…` (`--cache-d…`, `Repeata…`); they fold onto the next line now."""

@@ -21,6 +21,8 @@ _used = (
     # (typer_compat._fold_rich_help: a narrow terminal's help folds words rather than cut them)
     _.overflow,
     _.Columns,
+    # called by Click when it prints a command's usage line (typer_compat's help formatter)
+    _.write_usage,
     # called by pickle.Unpickler for every global of a pickle (index._NoGlobals refuses them all)
     _.find_class,
     # PEP 562: the module attribute `kcache_cli.layouts.LAYOUTS`, computed on first use

@@ -286,6 +286,22 @@ def help_fits_narrow_terminals() -> None:
             room = self.width - self.current_indent - col_spacing - _OPTION_TEXT_MIN
             super().write_dl(rows, max(8, min(col_max, room)), col_spacing)
 
+        def write_usage(self, prog: str, args: str = "", prefix: str | None = None) -> None:
+            # Click wants 20 columns for the arguments beside `Usage: kcache prune `, else moves them all
+            # to lines of their own (after a trailing blank): at 40 columns `[OPTIONS]` went there though
+            # the line fits whole. They stay beside it when each word fits there; below, a word too long
+            # for Click's indent is indented less rather than cut (`[ENTRY|ARCHIVE|IM` `AGE|BLOB]...`).
+            lead = f"{prefix or 'Usage: ':>{self.current_indent}}{prog} "
+            width, longest = self.width - self.current_indent, max(map(formatting.term_len, args.split()), default=0)
+            if longest and longest <= width - formatting.term_len(lead):
+                indent = " " * formatting.term_len(lead)
+                self.write(formatting.wrap_text(args, width, initial_indent=lead, subsequent_indent=indent) + "\n")
+                return
+            self.write(lead.rstrip() + "\n")
+            if longest:
+                indent = " " * max(2, min(max(self.current_indent, len(prefix or "Usage: ")) + 4, width - longest))
+                self.write(formatting.wrap_text(args, width, initial_indent=indent, subsequent_indent=indent) + "\n")
+
     core.Context.formatter_class = FittingHelpFormatter
 
 
