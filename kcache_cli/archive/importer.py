@@ -43,6 +43,7 @@ from kcache_cli.fs import state
 from kcache_cli.fs import tarstream as ts
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.locking import EntryFlock, leftover_live
+from kcache_cli.layouts.shapes import BY_NAME
 from kcache_cli.model.records import BUILDING, COMPLETE, Entry, EntryKey, Keyed, ScanFilter, Warn
 from kcache_cli.model.terms import ImportAction, unknown_layout
 from kcache_cli.ops.verify import judge_entry
@@ -740,7 +741,7 @@ def other_layout_problem(root: Path, brought_layouts: Iterable[str], holds: str 
     `brought_layouts` cannot come into `root`, or None."""
     have = detect_layouts(root) if root.is_dir() else ()
     if not have:
-        return _not_a_cache(root, doing)
+        return _not_a_cache(root, set(brought_layouts), doing)
     brought = sorted(set(brought_layouts) - set(have))
     if not brought:
         return None
@@ -755,17 +756,21 @@ def other_layout_problem(root: Path, brought_layouts: Iterable[str], holds: str 
 _OURS = frozenset({state.STATE_DIR, state.CACHEDIR_TAG})
 
 
-def _not_a_cache(root: Path, doing: str) -> str | None:
-    """Why nothing may come into `root`, which holds no cache: something not kcache's own is in it
-    (None for an empty or new root, or one that cannot be listed: the import then says why)."""
+def _not_a_cache(root: Path, brought: set[str], doing: str) -> str | None:
+    """Why nothing may come into `root`, which holds no cache: it holds names none of the `brought`
+    layouts' paths start with (a dot-name aside, and kcache's own). None for an empty or new root, one that
+    cannot be listed (the import then says why), or one holding such a layout's emptied folders (ops/)."""
     try:
         names = sorted(set(os.listdir(root)) - _OURS)
     except OSError:
         return None
-    if not names:
+    shapes = [BY_NAME[name] for name in brought if name in BY_NAME]
+    claimed = {n for shape in shapes for n in shape.tops(names)}
+    foreign = [n for n in names if n not in claimed and not n.startswith(".")]
+    if not foreign:
         return None
-    more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-    return (f"{root} holds no kernel cache, yet is not empty ({names[0]!r}{more}): {doing} into an empty or "
+    more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+    return (f"{root} holds no kernel cache, yet is not empty ({foreign[0]!r}{more}): {doing} into an empty or "
             "new directory, or into the cache of its layout with --cache-dir (`kcache dir --all` lists them)")
 
 
