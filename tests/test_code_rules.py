@@ -189,3 +189,20 @@ def test_the_private_name_rule_sees_what_it_forbids():
             "state.stamp_name('x')\nself._own = 1\n")
     assert private_imports(here, fine) == []
     assert private_imports(PACKAGE / "layouts" / "base.py", "from kcache_cli.layouts import _facts\n") == []
+
+
+def unicode_digit_tests(source: str) -> list[int]:
+    """Lines calling str.isdigit, isdecimal or isnumeric: true of "²" and other scripts' digits, which int()
+    refuses or no file of ours holds; units.is_digits (ASCII digits only) is the one test."""
+    return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)
+            and node.attr in ("isdigit", "isdecimal", "isnumeric")]
+
+
+def test_digits_are_tested_as_ascii_in_one_place():
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in _sources(skip_layouts=False)
+             for line in unicode_digit_tests(path.read_text()) if path != PACKAGE / "util" / "units.py"]
+    assert not found, "str.isdigit outside units.is_digits (use is_digits: ASCII only):\n" + "\n".join(found)
+    assert unicode_digit_tests("x = '2'.isdigit()\n") == [1]
+    from kcache_cli.util.units import is_digits
+
+    assert is_digits("42") and not is_digits("\u00b2") and not is_digits("\u0663") and not is_digits("")

@@ -90,7 +90,7 @@ _JUDGES = ("kcache_cli.catalog.scan", "kcache_cli.catalog.scan_context", "kcache
            "kcache_cli.model.records", "kcache_cli.model.checks", "kcache_cli.model.terms", "kcache_cli.layouts.shapes",
            "kcache_cli.fs.state", "kcache_cli.fs.locking", "kcache_cli.fs.read", "kcache_cli.formats.taskfile",
            "kcache_cli.layouts.base", "kcache_cli.layouts._common", "kcache_cli.fs.entrydir",
-           "kcache_cli.formats.binary", "kcache_cli.formats.gpu")
+           "kcache_cli.formats.binary", "kcache_cli.formats.gpu", "kcache_cli.util.units")
 _PLAIN = (str, int, float, bool, bytes, type(None))
 
 # (file names, digest, (function name, job), Entry field values, the rest of the function's answer or None)

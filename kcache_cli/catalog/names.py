@@ -21,7 +21,7 @@ from kcache_cli.fs.dirnames import DirNames
 from kcache_cli.fs import read as fsread
 from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape
 from kcache_cli.model.records import is_glob, space_matches
-from kcache_cli.util.units import plural
+from kcache_cli.util.units import is_digits, plural
 
 
 class EntryName(NamedTuple):
@@ -200,9 +200,9 @@ def expand_filter(root: str | os.PathLike, flt):
     if any(is_glob(o) for o in ops):
         present = op_places(root, layouts=flt.layouts)
         ops = _expanded(ops, is_glob, lambda o: [n for n in present if fnmatchcase(n, o)])
-    if any(s.isdigit() or is_glob(s) for s in spaces):
+    if any(is_digits(s) or is_glob(s) for s in spaces):
         present_spaces = space_layouts(root, layouts=flt.layouts)
-        spaces = _expanded(spaces, lambda s: s.isdigit() or is_glob(s),
+        spaces = _expanded(spaces, lambda s: is_digits(s) or is_glob(s),
                            lambda s: [n for n in present_spaces if space_matches(n, s)])
     if ops == flt.ops and spaces == flt.spaces:
         return flt

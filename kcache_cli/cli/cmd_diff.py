@@ -13,6 +13,7 @@ from kcache_cli.cli.table import fold
 from kcache_cli.model.records import ScanFilter
 from kcache_cli.util.errors import UsageError
 from kcache_cli.util.lazy import lazy_module
+from kcache_cli.util.units import is_digits
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
     from kcache_cli.ops import diff
@@ -97,7 +98,7 @@ def _value(d, side: str) -> str:
     v = getattr(d, side)
     if v is None:
         return "(none)"
-    if d.name == "size" and v.isdigit():
+    if d.name == "size" and is_digits(v):
         return c.human_size(int(v))
     return c.printable_line(v.replace("\n", " "))
 

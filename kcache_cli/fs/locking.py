@@ -23,6 +23,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
 from kcache_cli.fs import write as fswrite
 from kcache_cli.util.errors import LockTimeout
+from kcache_cli.util.units import is_digits
 
 # Every lock file is opened this way: a FIFO, device or socket planted where a lock belongs never blocks
 # the open (O_NONBLOCK), never becomes the controlling terminal (O_NOCTTY), a link is never followed
@@ -164,7 +165,7 @@ def holders(fd: int) -> list[tuple[int, str]]:
     for line in lines:
         parts = line.split()
         # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF"; waiters have "->" after the number
-        if len(parts) < 6 or parts[1] != "FLOCK" or parts[5] != want or not parts[4].isdigit():
+        if len(parts) < 6 or parts[1] != "FLOCK" or parts[5] != want or not is_digits(parts[4]):
             continue
         pid = int(parts[4])
         if pid and pid != os.getpid():
@@ -321,7 +322,7 @@ def file_openers(st: os.stat_result) -> Openers:
     and the process changed its credentials, or it vanished mid-read: it may hold the file)."""
     me, pids, blind = os.getpid(), [], 0
     try:
-        procs = [n for n in os.listdir("/proc") if n.isdigit()]
+        procs = [n for n in os.listdir("/proc") if is_digits(n)]
     except OSError:
         return Openers([], 1)
     for name in procs:

@@ -31,6 +31,7 @@ from kcache_cli.model.records import (
     ScanFilter,
     measure_tree,
 )
+from kcache_cli.util.units import is_digits
 
 NAME = CUDAJIT.name
 KIND = "jit"
@@ -49,7 +50,7 @@ def configured_dir() -> Path:
 def max_size() -> tuple[int, str]:
     """(the cap in bytes, where it comes from)."""
     raw = os.environ.get("CUDA_CACHE_MAXSIZE", "")
-    if raw.strip().isdigit():
+    if is_digits(raw.strip()):
         return min(int(raw), HARD_MAXSIZE), "CUDA_CACHE_MAXSIZE"
     return DEFAULT_MAXSIZE, "NVIDIA's default (CUDA_CACHE_MAXSIZE unset)"
 
@@ -106,7 +107,7 @@ def driver_users(uid: int) -> list[int]:
     """Pids of the processes of `uid` that have the CUDA driver (libcuda.so*) mapped."""
     out = []
     for name in os.listdir("/proc"):
-        if not name.isdigit():
+        if not is_digits(name):
             continue
         try:
             if os.stat(f"/proc/{name}").st_uid != uid:

@@ -58,6 +58,7 @@ from kcache_cli.model.records import (
     TensorInfo,
     measure_tree,
 )
+from kcache_cli.util.units import is_digits
 
 NAME = HIDET.name
 SPACE_RE = HIDET.kinds[0].segment(1)  # <target>_space_<level>: groups 1 (target) and 2 (level)
@@ -293,7 +294,7 @@ def _dispatch_problem(data: bytes) -> str | None:
     except UnicodeDecodeError:
         return "is not text"
     for i, line in enumerate(lines):
-        if i and not all(t.lstrip("-").isdigit() for t in line.split()):
+        if i and not all(is_digits(t.lstrip("-")) for t in line.split()):
             return f"line {i + 1} is not a row of integers"
     return None
 

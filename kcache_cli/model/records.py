@@ -40,6 +40,7 @@ from kcache_cli.model.terms import (  # noqa: F401
     UNREADABLE,
     Status,
 )
+from kcache_cli.util.units import is_digits
 
 UNREADABLE_REASON = "unreadable directory (permission denied?)"
 
@@ -207,7 +208,7 @@ def space_matches(space: str | None, wanted: str) -> bool:
     """`cuda_space_2` is asked for as `cuda_space_2`, `2` (any target's level 2) or a glob (`cuda_*`)."""
     if space is None:
         return False
-    if wanted.isdigit():
+    if is_digits(wanted):
         return space.endswith(f"_space_{wanted}") and space[:-len(f"_space_{wanted}")].isalnum()
     return space == wanted or (is_glob(wanted) and fnmatchcase(space, wanted))
 

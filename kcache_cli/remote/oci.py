@@ -32,6 +32,7 @@ from kcache_cli.fs.read import parse_json, read_bytes
 from kcache_cli.remote.redact import lower_scheme, redact_text
 from kcache_cli.remote.store import CONNECT_TIMEOUT, IO_TIMEOUT, Deadline, RemoteError
 from kcache_cli.util.errors import UsageError
+from kcache_cli.util.units import is_digits
 
 MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
                   "application/vnd.docker.distribution.manifest.v2+json")
@@ -296,7 +297,7 @@ class Registry:
         body that runs past it (whatever it announced) is cut off and refused."""
         length = headers.get("content-length")
         if length is not None:
-            if not length.strip().isdigit():
+            if not is_digits(length.strip()):
                 raise RemoteError(f"remote {self.url}: {what}: a Content-Length that is not a number")
             if int(length) > limit:
                 raise RemoteError(f"remote {self.url}: {what}: it announces {int(length)} bytes, over the "

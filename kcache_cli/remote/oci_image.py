@@ -29,6 +29,7 @@ import gzip
 import hashlib
 import json
 import platform
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -40,6 +41,7 @@ from kcache_cli.formats.gpu import arch_runs_on, cuda_archs
 from kcache_cli.fs import tarstream as ts
 from kcache_cli.fs.read import parse_json
 from kcache_cli.layouts.image_format import CPU, MAX_META, ImageFormat
+from kcache_cli.util.units import is_digits
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -67,7 +69,7 @@ def target_arch(backend: str, arch: object) -> str:
     text = str(arch)
     if backend == CPU:
         return CPU
-    if backend == "cuda" and text.isdigit():
+    if backend == "cuda" and is_digits(text):
         n = int(text)
         return f"sm_{n}{'a' if n >= 90 else ''}"
     return text
@@ -83,18 +85,35 @@ def runs_on(arch: str, node: Iterable[str]) -> bool:
     return bool(ok) if ok is not None else arch in node
 
 
-def summary_targets(labels: dict[str, str], fmt: ImageFormat) -> list[str]:
-    """The arch words of the image's summary label (MCV's JSON), [] when it names none."""
+def _summary(labels: dict[str, str], fmt: ImageFormat) -> list[tuple[str, str]]:
+    """(backend, arch) of each target of the image's summary label (MCV's JSON) that names an arch."""
     try:
         doc = json.loads(labels.get(fmt.label_prefix + "summary") or "{}")
         targets = doc.get("targets") if isinstance(doc, dict) else None
     except ValueError:
         return []
-    out = []
-    for t in targets if isinstance(targets, list) else []:
-        if isinstance(t, dict) and isinstance(t.get("arch"), (str, int)) and not isinstance(t.get("arch"), bool):
-            out.append(target_arch(str(t.get("backend") or ""), t["arch"]))
-    return sorted(set(out))
+    return [(str(t.get("backend") or ""), str(t["arch"])) for t in (targets if isinstance(targets, list) else [])
+            if isinstance(t, dict) and isinstance(t.get("arch"), (str, int)) and not isinstance(t.get("arch"), bool)]
+
+
+def summary_targets(labels: dict[str, str], fmt: ImageFormat) -> list[str]:
+    """The arch words of the image's summary label, [] when it names none."""
+    return sorted({target_arch(backend, arch) for backend, arch in _summary(labels, fmt)})
+
+
+_ARCH_WORD = re.compile(r"[A-Za-z0-9_.+-]{1,64}", re.ASCII)  # sm_90a, 90, gfx90a, cpu
+
+
+def label_problem(labels: dict[str, str], fmt: ImageFormat) -> str | None:
+    """What is wrong with the labels kcache reads numbers and arch words from, or None: an entry count
+    that is not ASCII digits, a summary target whose arch is not an arch word."""
+    count = labels.get(fmt.label_prefix + "entry-count")
+    if count is not None and not is_digits(count):
+        return f"its label {fmt.label_prefix}entry-count is {count[:40]!r}, not a count"
+    bad = [arch for _, arch in _summary(labels, fmt) if not _ARCH_WORD.fullmatch(arch)]
+    if bad:
+        return f"its label {fmt.label_prefix}summary names the arch {bad[0][:40]!r}, not an arch word"
+    return None
 
 
 # ---- writing the layer --------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from kcache_cli.remote.pull import summary_matches
 from kcache_cli.remote.store import RemoteError
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.signing import signer
+from kcache_cli.util.units import is_digits
 
 DEFAULT_TAG = "latest"
 OTHER_ARCH = "built for"  # how the reason of an entry left out for its arch starts
@@ -145,7 +146,7 @@ class Image:
     layout: str | None  # kcache's label; None: an image kcache did not push
 
     def _format(self) -> img.ImageFormat | None:
-        return layouts.get(self.layout).image_format() if self.layout in layouts.NAMES else None
+        return _known_format(self.layout)
 
     @property
     def targets(self) -> list[str]:
@@ -156,12 +157,17 @@ class Image:
     def entry_count(self) -> int | None:
         fmt = self._format()
         text = self.labels.get(fmt.label_prefix + "entry-count", "") if fmt else ""
-        return int(text) if text.isdigit() else None
+        return int(text) if is_digits(text) else None
 
     def to_json(self) -> dict[str, object]:
         """An image of `remote ls --json`."""
         return {"tag": self.ref.tag, "digest": self.digest, "layout": self.layout, "entry_count": self.entry_count,
                 "size": self.size, "targets": self.targets, "created": iso(self.created) if self.created else None}
+
+
+def _known_format(layout: str | None) -> img.ImageFormat | None:
+    """The image shape of a layout this kcache knows (None for another, or no layout label)."""
+    return layouts.get(layout).image_format() if layout in layouts.NAMES else None
 
 
 def _descriptor(d: object, what: str, url: str) -> tuple[str, int, str]:
@@ -194,6 +200,10 @@ def read_image(reg: Registry, tag: str) -> Image:
         raise RemoteError(f"remote {ref.url}: its config is not an image config") from None
     labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
     layout = labels.get(img.LABEL_LAYOUT)
+    fmt = _known_format(layout)
+    bad = img.label_problem(labels, fmt) if fmt else None
+    if bad:
+        raise RemoteError(f"remote {ref.url}: {bad}")
     return Image(ref, digest, layer[:2], layer[1] + config[1], labels, _epoch(conf.get("created")), layout)
 
 

@@ -26,6 +26,7 @@ from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.read import TooLarge, read_bytes
 from kcache_cli.remote.redact import lower_scheme, redact_text, redact_url
 from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.units import is_digits
 
 CONNECT_TIMEOUT = 2.0  # seconds: a remote that does not answer this fast is down, for a build
 IO_TIMEOUT = 30.0  # seconds for one read from the remote (big values travel in one)
@@ -239,7 +240,7 @@ def _check_redis_url(url: str, shown: str) -> None:
     if not host:
         raise UsageError(f"remote {shown!r} names no host (redis://host:port/db)")
     db = parts.path[1:]
-    if db and not (db.isascii() and db.isdigit()):
+    if db and not is_digits(db):
         raise UsageError(f"remote {shown!r}: the database after the port is a number (redis://host:port/0)")
     asked = sorted({key for key, _ in parse_qsl(parts.query, keep_blank_values=True)} - _REDIS_QUERY)
     if asked:

@@ -36,6 +36,12 @@ _AGE_PART = re.compile(_NUMBER + r"[ \t]*([a-zA-Z]+)", re.ASCII)
 _AGE = re.compile(r"[ \t]*(?:" + _NUMBER + r"[ \t]*[a-zA-Z]+[ \t]*)+", re.ASCII)
 
 
+def is_digits(text: str) -> bool:
+    """Whether `text` is one or more ASCII digits, the only digits kcache reads as a number (str.isdigit is
+    true of "²" too, which int() refuses, and of other scripts' digits, which no file of ours holds)."""
+    return text.isascii() and text.isdigit()
+
+
 def _where(option: str | None) -> str:
     return f" for {option}" if option else ""
 
@@ -44,7 +50,7 @@ def _number(digits: str, text: str, what: str, option: str | None) -> Fraction:
     """The exact value of an ASCII decimal (no float on the way: 5,000 digits are refused, not inf)."""
     from fractions import Fraction  # here, not at the top: every command imports this module, few parse
 
-    if sum(ch.isdigit() for ch in digits) > _MAX_DIGITS:
+    if sum(is_digits(ch) for ch in digits) > _MAX_DIGITS:
         raise UsageError(f"bad {what} '{_short(text)}'{_where(option)}: too many digits")
     return Fraction(digits if not digits.endswith(".") else digits[:-1])
 
