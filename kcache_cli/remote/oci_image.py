@@ -240,27 +240,35 @@ def manifest_json(config: tuple[str, int], layer: tuple[str, int], annotations: 
 
 @dataclass
 class Skipped:
-    """Entries left out of a pull before any write, with why (another arch, not selected)."""
+    """Entries left out of a pull before any write, with why (another arch, not selected), and the files the
+    manifest lists: the only members the layer may carry, each once, of the size listed."""
 
     relpaths: set[str] = field(default_factory=set)
     reasons: dict[str, str] = field(default_factory=dict)
     records: list[dict] = field(default_factory=list)
-    declared: int = 0  # bytes of files the manifest lists, kept or not: the most the layer may carry
-    written: int = 0
+    files: dict[str, int] = field(default_factory=dict)  # relpath/name -> size, removed as each arrives
+    declared: int = 0  # bytes of files the manifest lists, kept or not
+    expands: int = 0  # the most the kept entries make the archive hold: their bytes and tar headers
     members: int = 0
 
 
+MEMBER_ROOM = 4 * ts.BLOCK  # a member's tar header, a long name's pax header and the padding, at most
+
+
 def layer_to_archive(layer: IO[bytes], out: IO[bytes], fmt: ImageFormat, keep: Callable[[dict], str | None],
-                     limits: ImportLimits) -> Skipped:
+                     limits: ImportLimits, room: Callable[[int], None] = lambda n: None) -> Skipped:
     """Write the kcache archive the layer holds into `out` (plain tar, manifest.json first), leaving out
-    the entries `keep` turns down (with its reason) and MCV's manifest. Any other member outside
-    `io.<layout>.cache/` is refused, and so is a layer whose files hold more bytes than its manifest
-    lists or more members than import takes (a gzip bomb never fills the disk)."""
+    the entries `keep` turns down (with its reason) and MCV's manifest. The manifest's sizes are held to
+    import's limits and `room(bytes)` is asked for what the kept entries expand to, before a byte is
+    written; then every file must be one the manifest lists, once, of the size it lists, and any other
+    member outside `io.<layout>.cache/` is refused, as are more members than import takes (a gzip bomb
+    never fills the disk)."""
     reader = ts.TarReader(gzip.GzipFile(fileobj=layer, mode="rb"))
     try:
         raw, mtime = _first_manifest(reader, limits)
         skipped = Skipped()
-        data = _kept_manifest(raw, keep, skipped)
+        data = _kept_manifest(raw, keep, skipped, limits)
+        room(len(data) + skipped.expands + 2 * MEMBER_ROOM)
         out.write(ts.file_header("manifest.json", len(data), 0o644, mtime) + data + ts.padding(len(data)))
         while (m := reader.next()) is not None:
             skipped.members += 1
@@ -280,7 +288,7 @@ def layer_records(layer: IO[bytes], limits: ImportLimits) -> list[dict]:
     reader = ts.TarReader(gzip.GzipFile(fileobj=layer, mode="rb"))
     try:
         skipped = Skipped()
-        _kept_manifest(_first_manifest(reader, limits)[0], lambda rec: "listed", skipped)
+        _kept_manifest(_first_manifest(reader, limits)[0], lambda rec: "listed", skipped, limits)
     except (ts.TarFormatError, OSError, EOFError, gzip.BadGzipFile) as exc:
         raise reject(f"its layer is not a gzip tar kcache reads ({exc})") from None
     finally:
@@ -299,7 +307,7 @@ def _first_manifest(reader: ts.TarReader, limits: ImportLimits) -> tuple[bytes, 
     return b"".join(reader.data(head)), head.mtime
 
 
-def _kept_manifest(raw: bytes, keep: Callable[[dict], str | None], skipped: Skipped) -> bytes:
+def _kept_manifest(raw: bytes, keep: Callable[[dict], str | None], skipped: Skipped, limits: ImportLimits) -> bytes:
     try:
         doc = parse_json(raw, KCACHE_MANIFEST)
     except (ValueError, UnicodeDecodeError):
@@ -309,10 +317,7 @@ def _kept_manifest(raw: bytes, keep: Callable[[dict], str | None], skipped: Skip
     doc.pop("parts", None)
     kept = []
     for rec in doc["entries"]:
-        files = rec.get("files") if isinstance(rec, dict) else None
-        for info in files.values() if isinstance(files, dict) else ():
-            if isinstance(info, list) and info and type(info[0]) is int and info[0] > 0:
-                skipped.declared += info[0]
+        size = _declare(rec, skipped, limits)
         why = keep(rec) if isinstance(rec, dict) and isinstance(rec.get("relpath"), str) else None
         if why:
             skipped.relpaths.add(rec["relpath"])
@@ -320,8 +325,32 @@ def _kept_manifest(raw: bytes, keep: Callable[[dict], str | None], skipped: Skip
             skipped.records.append(rec)
         else:
             kept.append(rec)
+            skipped.expands += size
     doc["entries"] = kept
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _declare(rec: object, skipped: Skipped, limits: ImportLimits) -> int:
+    """Note the files one record lists, held to import's limits (per file, and all records together);
+    returns the most the entry adds to the archive. A malformed record is import's to name: its files are
+    not listed, so none of them may come."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("relpath"), str):
+        return 0
+    relpath, files = rec["relpath"], rec.get("files")
+    size = count = 0
+    for name, info in files.items() if isinstance(files, dict) else ():
+        n = info[0] if isinstance(info, list) and info else None
+        if type(n) is not int or n < 0:
+            continue
+        if n > limits.max_member:
+            raise reject(f"{relpath}/{name} is {n} bytes, over the limit of {limits.max_member} per file")
+        skipped.files[f"{relpath}/{name}"] = n
+        size, count = size + n, count + 1
+    skipped.declared += size
+    if skipped.declared > limits.max_total:
+        raise reject(f"it would expand to at least {skipped.declared} bytes, over the limit of {limits.max_total}")
+    count += 1 + sum(len(v) for k in ("links", "dirs") if isinstance(v := rec.get(k), (list, dict)))
+    return size + MEMBER_ROOM * count
 
 
 def _skipped(name: str, skipped: Skipped) -> bool:
@@ -339,9 +368,11 @@ def _copy_back(reader, m, out: IO[bytes], fmt: ImageFormat, skipped: Skipped) ->
         raise reject(f"member {name!r} is outside {prefix}")
     rel = name[len(prefix):]
     if m.type == ts.REGULAR:
-        skipped.written += m.size
-        if skipped.written > skipped.declared:
-            raise reject(f"its files hold more than the {skipped.declared} bytes its manifest lists (at {name!r})")
+        listed = skipped.files.pop(rel, None)
+        if listed is None:
+            raise reject(f"member {name!r} is not a file its manifest lists (or comes twice)")
+        if m.size != listed:
+            raise reject(f"member {name!r} is {m.size} bytes, its manifest lists {listed}")
     if _skipped(rel, skipped):
         for _ in reader.data(m):
             pass

@@ -324,7 +324,8 @@ def pull_image(root: Path, reg: Registry, image: Image, node: list[str] | None, 
         with _fetched_layer(reg, image, tmp, limits) as layer:
             with open(archive, "wb") as out:  # not under a root: our own 0700 temp dir
                 skipped = img.layer_to_archive(layer, out, img.image_format(image.layout),
-                                               _keeper(node, flt or ScanFilter()), limits)
+                                               _keeper(node, flt or ScanFilter()), limits,
+                                               lambda n: _check_room(tmp, n, "its entries expand to"))
         result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout, warn=warn)
     left = tuple(SkippedEntry.of(r, skipped.reasons[r["relpath"]]) for r in skipped.records)
     return ImagePullResult(image.ref.url, image.digest, tuple(node) if node else None, result, left)
@@ -337,7 +338,7 @@ def _fetched_layer(reg: Registry, image: Image, tmp: str, limits: ImportLimits) 
     if image.layer[1] > limits.max_total:
         raise RemoteError(f"remote {image.ref.url}: its layer is {image.layer[1]} bytes, over the limit of "
                           f"{limits.max_total} (not fetched)")
-    _check_room(tmp, image.layer[1])
+    _check_room(tmp, image.layer[1], "the image's layer is")
     with tempfile.TemporaryFile(prefix="kcache-layer-", dir=tmp) as layer:
         reg.get_blob(image.layer[0], image.layer[1], limits.max_total, sink=layer)
         layer.seek(0)
@@ -354,11 +355,12 @@ def image_records(reg: Registry, image: Image) -> list[dict]:
         return img.layer_records(layer, limits)
 
 
-def _check_room(tmp: str, size: int) -> None:
-    """The layer is downloaded whole before it is read: refused when the temp file system cannot hold it."""
+def _check_room(tmp: str, size: int, what: str) -> None:
+    """The layer is downloaded whole, then expanded into an archive, before import reads it: each refused
+    when the temp file system cannot hold it (`what`: "the image's layer is")."""
     st = os.statvfs(tmp)
     if st.f_bavail * st.f_frsize < size:
-        raise KcacheError(f"the image's layer is {size} bytes, more than {tmp} has free (set TMPDIR elsewhere)")
+        raise KcacheError(f"{what} {size} bytes, more than {tmp} has free (set TMPDIR elsewhere; nothing written)")
 
 
 # ---- remote ls | stats | prune -----------------------------------------------------------------
