@@ -28,6 +28,13 @@ def pieces(size: int) -> int:
     return max(1, -(-size // CHUNK))
 
 
+def names_problem(record: Mapping[str, object], field: str) -> str | None:
+    value = record.get(field, [])
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return None
+    return f"its record's {field!r} is not a list of file names"
+
+
 R = TypeVar("R", bound="RemoteRecord")
 
 
@@ -61,6 +68,11 @@ class RemoteFormat:
         base = f"{NAMESPACE}:{record.key.layout}:{record.relpath}:data"
         return {name: [f"{base}:{sha}:{i}" for i in range(pieces(size))]
                 for name, (size, sha) in record.files.items()}
+
+    def record_problem(self, record: Mapping[str, object]) -> str | None:
+        """What is wrong with the fields of a remote record (as JSON) that pull uses and import does not
+        check, or None: kcache's "executable" must be a list of names (a layout adds its own fields)."""
+        return names_problem(record, "executable")
 
     def outgoing(self, record: R, data: dict[str, bytes]) -> tuple[R, dict[str, bytes]]:
         """The record and files as they go to the remote (a layout drops what is machine-local)."""

@@ -10,11 +10,11 @@ import json
 import os
 import re
 import string
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from kcache_cli.fs.read import parse_json
-from kcache_cli.layouts.remote_format import MAX_FILE, R, RemoteFormat, RemoteRecord
+from kcache_cli.layouts.remote_format import MAX_FILE, R, RemoteFormat, RemoteRecord, names_problem
 from kcache_cli.layouts.shapes import TRITON
 from kcache_cli.layouts.shapes import TRITON_GROUP as GROUP_PREFIX
 from kcache_cli.util.errors import UsageError
@@ -42,10 +42,14 @@ class TritonFormat(RemoteFormat):
                                            or DEFAULT_TRITON_KEY_FORMAT)
 
     def key(self, record: RemoteRecord, filename: str) -> str:
-        return self.key_format.format(key=record.relpath.rsplit("/", 1)[-1], filename=filename)
+        return self.key_format.format(key=record.relpath, filename=filename)  # a key dir: the whole relpath
 
     def data_keys(self, record: RemoteRecord) -> dict[str, list[str]]:
         return {name: [self.key(record, name)] for name in record.files}
+
+    def record_problem(self, record: Mapping[str, object]) -> str | None:
+        """kcache's fields, and "groups": the group files' names, which pull writes."""
+        return super().record_problem(record) or names_problem(record, "groups")
 
     def outgoing(self, record: R, data: dict[str, bytes]) -> tuple[R, dict[str, bytes]]:
         groups = sorted(n for n in record.files if n.startswith(GROUP_PREFIX) and "/" not in n)

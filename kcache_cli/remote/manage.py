@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from kcache_cli import layouts
 from kcache_cli.archive.manifest import unchecked_record
 from kcache_cli.fs.read import parse_json
 from kcache_cli.model.records import EntryKey, Keyed, ScanFilter, Warn, iso
@@ -181,11 +182,20 @@ def plan_remote_prune(entries: list[RemoteEntry], max_size: int | None = None, o
     return out
 
 
+def _path_problem(layout: str, relpath: str, kind: str) -> str | None:
+    """Why keys derived from `relpath` may be another entry's: it is not exactly where `layout` keeps a
+    `kind` entry (a Triton key's data keys name only the key: `junk/<key>` would name `<key>`'s)."""
+    if layout not in layouts.NAMES:
+        return "its layout is not one this kcache knows"
+    bad = layouts.get(layout).shape_problem(relpath, kind, None)
+    return f"its path is not an entry's ({bad})" if bad else None
+
+
 def owned_keys(store: Store, e: RemoteEntry) -> tuple[list[str], list[str], str | None]:
     """The keys entry `e` owns: (its data, the keys its format set last), from its record; or why
     none are known. Only a record that is this entry's own (its layout and relpath those of its key)
-    names keys, and only keys under this entry: a junk record naming another entry's relpath, or
-    claiming a file bigger than any cache holds, names none."""
+    names keys, and only keys under this entry: a junk record naming another entry's relpath, at a path
+    that is not exactly its layout's entry shape, or claiming a file bigger than any cache holds, names none."""
     raw = store.get([f.record_key(e.layout, e.relpath)])[0]
     if not isinstance(raw, bytes):
         return [], [], None if raw is None else f"its record is {raw} bytes, not read"
@@ -194,6 +204,9 @@ def owned_keys(store: Store, e: RemoteEntry) -> tuple[list[str], list[str], str 
         rec = unchecked_record(loaded)
         if (rec.key.layout, rec.relpath) != (e.layout, e.relpath):
             return [], [], "its record names another entry"
+        bad = _path_problem(rec.key.layout, rec.relpath, rec.key.kind)
+        if bad:
+            return [], [], bad
         fmt = f.format_for(e.layout)
         data = [k for ks in fmt.data_keys(rec).values() for k in ks]
         last = [k for k, _ in fmt.last(rec)]

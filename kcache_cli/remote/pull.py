@@ -190,6 +190,7 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
     foreign = _foreign(store, flt, records) if ids is None else {}
     out = [MovedEntry(named("?", "?", rel), 0, 0, REFUSE, False, why) for rel, why in unreadable]
     records = _trusted(records, out)
+    records = _well_typed(records, out)
     unknown = [r for r in records if r.get("layout") not in LAYOUT_NAMES]
     out += [_unchecked(r, SKIP, False, f"{unknown_layout(r.get('layout'))}: this kcache does not know it")
             for r in unknown]
@@ -219,6 +220,16 @@ def pull(root: Path, store: Store, flt: ScanFilter | None = None, *, ids: Iterab
         return PullResult(store.url, str(root), dry_run, tuple(sorted(out, key=lambda e: e.relpath)))
     out += _fetch_and_publish(root, store, todo, foreign, lock_timeout, warn, advance)
     return PullResult(store.url, str(root), dry_run, tuple(sorted(out, key=lambda e: e.relpath)))
+
+
+def _well_typed(records: list[dict], out: list[MovedEntry]) -> list[dict]:
+    """The records whose fields pull uses besides import's (its format's: "executable", Triton's "groups")
+    have the types pull reads; the others are refused, one line each."""
+    kept = []
+    for rec in records:
+        why = f.format_for(str(rec.get("layout"))).record_problem(rec)
+        (out.append(_unchecked(rec, REFUSE, False, why)) if why else kept.append(rec))
+    return kept
 
 
 def _trusted(records: list[dict], out: list[MovedEntry]) -> list[dict]:
