@@ -228,7 +228,10 @@ def _well_typed(records: list[dict], out: list[MovedEntry]) -> list[dict]:
     kept = []
     for rec in records:
         why = f.format_for(str(rec.get("layout"))).record_problem(rec)
-        (out.append(_unchecked(rec, REFUSE, False, why)) if why else kept.append(rec))
+        if why:
+            out.append(_unchecked(rec, REFUSE, False, why))
+        else:
+            kept.append(rec)
     return kept
 
 
