@@ -420,6 +420,29 @@ def test_prune_always_removes_stale_temp_dirs_and_keeps_candidates(kcache, fixtu
     assert entries(root) - {str(fresh.relative_to(root))} == set(HIDET.values())
 
 
+def test_an_unreadable_entry_is_never_removed_by_prune_or_clear(kcache, fixture_copy):
+    """docs/listing.md: `unreadable` (a permission problem, not damage) is never removed, by any prune
+    or clear; a budget prune goes on to the next entry. (A lib.so of mode 000 is unreadable to the
+    loader run as its owner, whoever runs kcache.)"""
+    root = fixture_copy("hidet")
+    lib = root / HIDET["relu"] / "lib.so"
+    os.chmod(lib, 0)
+    try:
+        assert kcache("--cache-dir", root, "ls", "--json", "--op", "relu").json()["entries"][0]["status"] == \
+            "unreadable"
+        for args in (("clear", "--op", "relu", "--yes"), ("clear", "--all", "--yes"),
+                     ("prune", "--max-size", "1B", "--yes")):
+            r = kcache("--cache-dir", root, *args, "--json")
+            assert r.exit_code == 0, (args, r.stderr)
+            skipped = [s for s in r.json()["skipped"] if s["op"] == "relu"]
+            assert [s["why"] for s in skipped] == [
+                "lib.so is unreadable (mode 000: permission denied): never removed (fix its permissions first)"]
+            assert lib.exists()
+        assert entries(root) == {HIDET["relu"]}  # every other entry went
+    finally:
+        os.chmod(lib, 0o644)
+
+
 def test_prune_skips_a_temp_dir_whose_build_holds_the_lock(kcache, fixture_copy):
     root = fixture_copy("hidet")
     tmp = root / "ops/cuda_space_0/add/.kcache-tmp-1111222233334444-abcd"

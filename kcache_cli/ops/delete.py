@@ -362,6 +362,9 @@ class _Planner:
                        for r in self.removals.values()):
                 self.skip(e, f"reached through the symlink {via}: never followed out of the cache")
             return []
+        if e.status == UNREADABLE and not link:  # a permission problem is not damage (docs/listing.md)
+            self.skip(e, f"{e.reason or 'unreadable'}: never removed (fix its permissions first)")
+            return []
         if e.status == BUILDING:  # the layout's own reason: a lock, or a writer's fresh files (Triton)
             self.skip(e, f"in progress: {e.reason}" if e.reason else "a build holds its lock (in progress)")
             return []
