@@ -372,6 +372,25 @@ def test_a_members_prune_left_over_its_limit_by_entries_it_may_not_remove_says_s
 
 
 @pytest.mark.second_user
+def test_a_cache_its_owner_made_unreadable_is_not_an_empty_one(area):
+    """The owner (not root) chmods their cache 000: ls, verify and a budget prune said "no entries",
+    "checked 0 entries", "Nothing removed", exit 0, without a word. Each now says the root cannot be read;
+    verify and a prune to a size exit 1 (what it holds is not known), as for a directory inside it."""
+    root = group_cache(area)
+    for dirpath, dirs, files in os.walk(root):
+        for n in [dirpath, *(os.path.join(dirpath, f) for f in dirs + files)]:
+            os.lchown(n, 65534, GROUP)
+    os.chmod(root, 0)
+    said = f"cannot read {root}: Permission denied: the entries it may hold are not known"
+    for args, code in ((("ls",), 0), (("verify",), 1), (("prune", "--max-size", "1G", "--yes"), 1),
+                       (("stats",), 0)):
+        run = member_kcache("--cache-dir", root, *args)
+        assert run.returncode == code and said in run.stderr, (args, run.returncode, run.stderr)
+        assert "Traceback" not in run.stderr
+    os.chmod(root, 0o2775)
+
+
+@pytest.mark.second_user
 def test_a_config_a_member_cannot_read_is_exit_1_naming_it(area):
     """root's budget file made 0600 in the shared cache, or a KCACHE_CONFIG the member cannot read: a file
     that exists but cannot be read is exit 1 (docs/output.md), one line naming it; stats only warns."""

@@ -73,6 +73,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     complete = flt == ScanFilter()
     flt = expand_filter(root, flt)
     layouts = detect_layouts(root)
+    unlisted = not layouts and _unlisted(root, collect)
     for odd in state.odd_index_files(str(root)):  # read by the hidet layout with or without use_index: never opened
         collect(f"{odd} is not a regular file: ignored (kcache writes a new index over it)")
     readmarks.load(root)
@@ -97,7 +98,18 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     if fsread.root_moved(root):  # what was listed by path may be another directory's
         return _moved(root, collect, warnings)
     entries = [e for e in entries if e.status != UNREADABLE or os.path.lexists(e.path)]  # gone: no entry
-    return ScanResult(str(root), True, layouts, tuple(exact_names_win(entries, flt)), tuple(warnings))
+    return ScanResult(str(root), True, layouts, tuple(exact_names_win(entries, flt)), tuple(warnings), unlisted)
+
+
+def _unlisted(root: Path, warn: Warn) -> bool:
+    """Whether the root itself cannot be listed (its owner's chmod 000): said once, as the entries it may
+    hold are not known, where an empty cache would have none."""
+    try:
+        with os.scandir(root):
+            return False
+    except OSError as exc:
+        warn(f"cannot read {root}: {exc.strerror}: the entries it may hold are not known")
+        return True
 
 
 def exact_names_win(entries: list[Entry], flt: ScanFilter) -> list[Entry]:

@@ -312,7 +312,7 @@ def _verify_report(opts: o.GlobalOptions, results: list, fix: bool, selected: bo
             out.text(("\n" if n else "") + f"==> {c.printable_line(str(root))} <==")
         out.result(result, functools.partial(_verify_human, out, result, root, fix, took))
     out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
-    if any(result.failed for _, result, _ in results):
+    if any(result.failed or result.unlisted for _, result, _ in results):
         raise typer.Exit(1)
 
 

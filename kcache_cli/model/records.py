@@ -334,6 +334,7 @@ class ScanResult:
     layouts: tuple[str, ...]
     entries: tuple[Entry, ...]
     warnings: tuple[str, ...] = field(default=())
+    unlisted: bool = False  # the root itself could not be listed: its entries are not known (not absent)
 
     @property
     def size(self) -> int:

@@ -438,7 +438,8 @@ class _Planner:
         order = sorted(self.removals.values(), key=lambda r: _provides(r.entry))  # users first
         return DeletePlan(str(self.root), True, tuple(order), tuple(self.skipped.values()), result.size,
                           tuple(warnings), tidy, root_ident=_root_ident(self.root),
-                          unreadable=tuple(e.relpath for e in result.entries if unmeasured(e)))
+                          unreadable=(".",) * result.unlisted + tuple(e.relpath for e in result.entries
+                                                                      if unmeasured(e)))
 
 
 

@@ -61,6 +61,7 @@ class VerifyResult:
     fixed: tuple[EntryCheck, ...] = ()  # entries whose recorded paths --fix rewrote (problem gone)
     fix_errors: tuple[tuple[Entry, str], ...] = ()
     unlocked: int = 0  # of `fixed`, the entries whose left locks --fix removed (the rest: paths rewritten)
+    unlisted: bool = False  # the root could not be listed: nothing in it was checked (a failure)
 
     @property
     def failed(self) -> tuple[EntryCheck, ...]:
@@ -197,4 +198,4 @@ def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None =
         if progress:
             progress.advance(1)
     return VerifyResult(result.root, result.exists, tuple(checked), skipped, result.warnings, tuple(fixed),
-                        tuple(errors), unlocked)
+                        tuple(errors), unlocked, result.unlisted)
