@@ -191,6 +191,36 @@ def test_cuda_compile_error_publishes_nothing(tmp_path, kcache):
     assert kcache("--cache-dir", root, "ls", "--json").json()["entries"] == []
 
 
+# ---- what a compiler leaves is checked before it is published ----------------------------------
+
+_FAKE_BODIES = {
+    # exit 0 with garbage for lib.so: was published `complete` (only verify and inspect said corrupt)
+    "garbage": ('head -c 1000 /dev/urandom > lib.so', "its lib.so is not an ELF file"),
+    "object": (f'{CXX} -c -x c++ /dev/null -o lib.so', "its lib.so is not a shared object"),
+    "task": (f'{CXX} -shared -fPIC -o lib.so source.cc && echo tampered > task.txt', "it changed task.txt"),
+    "link": (f'{CXX} -shared -fPIC -o lib.so source.cc && ln -s / evil', "it left 'evil', not a regular file"),
+    "killed": ('kill -9 $$', "killed by signal 9"),
+}
+
+
+@needs_cxx
+@pytest.mark.parametrize("how", sorted(_FAKE_BODIES))
+def test_what_a_compiler_leaves_is_checked_before_it_is_published(tmp_path, kcache, how):
+    """A compiler (a fault-injecting fake around g++) that exits 0 but wrote garbage or an object file for
+    lib.so, changed task.txt or left a link: the build fails (exit 1) naming why, nothing is published;
+    one killed by a signal is said to be, not "exit status -9"."""
+    body, why = _FAKE_BODIES[how]
+    fake = tmp_path / "fake-cxx"
+    fake.write_text(f'#!/bin/sh\ncase "$*" in *--version*) echo fake 1.0; exit 0;; esac\n{body}\n')
+    fake.chmod(0o755)
+    task = write_task(tmp_path / "tasks", "plus", 7, kind="cc")
+    root = tmp_path / "cache"
+    r = kcache("--cache-dir", root, "build", task / "task.txt", "--cxx", fake)
+    assert r.exit_code == 1 and f"compile failed ({why})" in r.stderr and "nothing was published" in r.stderr, \
+        r.stderr
+    assert kcache("--cache-dir", root, "ls", "--json").json()["entries"] == []
+
+
 # ---- CPU ---------------------------------------------------------------------------------------
 
 @needs_cxx

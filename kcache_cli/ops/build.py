@@ -854,8 +854,8 @@ def _compile_in(root: Path, root_fd: int, spec: TaskSpec, final: Path, tmp: _Tem
             prep.join()
         elapsed = time.perf_counter() - start
         output = out.decode("utf-8", "replace")
-        if status != 0 or _lib_size(tmp) == 0:
-            why = f"exit status {status}" if status != 0 else f"it wrote no {BINARY}"
+        why = _exit_words(status) if status != 0 else _output_problem(tmp, spec.task_bytes)
+        if why:
             return BuildResult(status=FAILED, elapsed=elapsed, output=output, exit_code=1,
                                error=f"compile failed ({why}): {spec.op} {spec.hash} from {spec.source_path}; "
                                      "nothing was published", **result)
@@ -950,12 +950,35 @@ def _files_record(tmp: _Temp, names: Iterable[str]) -> tuple[dict, int]:
     return files, newest
 
 
-def _lib_size(tmp: _Temp) -> int:
+def _exit_words(status: int) -> str:
+    return f"killed by signal {-status}" if status < 0 else f"exit status {status}"
+
+
+ET_DYN = 3  # an ELF shared object, as hidet's loader (ctypes.CDLL) takes one
+
+
+def _output_problem(tmp: _Temp, task: bytes) -> str | None:
+    """Why what the compiler left in the temp directory must not be published, or None: lib.so must be an
+    ELF shared object (a compiler that wrote garbage and exited 0 published a `complete` entry), task.txt
+    the bytes kcache wrote, and nothing there but regular files (a link, FIFO or directory would be
+    published into the cache)."""
     try:
-        st = os.stat(BINARY, dir_fd=tmp.fd, follow_symlinks=False)
+        head = fsread.read_bytes(BINARY, 18, dir_fd=tmp.fd, strict=False)
     except OSError:
-        return 0
-    return st.st_size if stat.S_ISREG(st.st_mode) else 0
+        return f"it wrote no {BINARY}"
+    if len(head) < 18 or head[:4] != b"\x7fELF":
+        return f"it wrote no {BINARY}" if not head else f"its {BINARY} is not an ELF file"
+    if int.from_bytes(head[16:18], "little" if head[5] == 1 else "big") != ET_DYN:
+        return f"its {BINARY} is not a shared object"
+    try:
+        same = fsread.read_bytes(TASK, len(task) + 1, dir_fd=tmp.fd, strict=False) == task
+    except OSError:
+        same = False
+    if not same:
+        return f"it changed {TASK}"
+    with os.scandir(tmp.fd) as it:
+        odd = sorted(de.name for de in it if not de.is_file(follow_symlinks=False))
+    return f"it left {odd[0]!r}, not a regular file" if odd else None
 
 
 def _remove_empty(root_fd: int, made: list[str]) -> None:
