@@ -391,6 +391,23 @@ def test_a_cache_its_owner_made_unreadable_is_not_an_empty_one(area):
 
 
 @pytest.mark.second_user
+def test_a_kcache_dir_that_may_not_be_searched_is_not_called_a_link(area):
+    """Its owner's chmod 000 of .kcache/: build said ".kcache/locks is a symlink or not a directory";
+    it says the lock cannot be taken for want of permission."""
+    from test_build import write_task
+
+    task = write_task(area / "tasks", "plus", 7, kind="cc")
+    root = area / "c"
+    (root / ".kcache").mkdir(parents=True)
+    for p in (area / "tasks", *(area / "tasks").rglob("*"), root, root / ".kcache"):
+        os.lchown(p, 65534, GROUP)
+    os.chmod(root / ".kcache", 0)
+    run = member_kcache("--cache-dir", root, "build", task / "task.txt")
+    assert run.returncode == 1 and "Permission denied" in run.stderr and "symlink" not in run.stderr, run.stderr
+    os.chmod(root / ".kcache", 0o755)
+
+
+@pytest.mark.second_user
 def test_a_config_a_member_cannot_read_is_exit_1_naming_it(area):
     """root's budget file made 0600 in the shared cache, or a KCACHE_CONFIG the member cannot read: a file
     that exists but cannot be read is exit 1 (docs/output.md), one line naming it; stats only warns."""

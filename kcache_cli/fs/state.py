@@ -431,6 +431,8 @@ def linked_state_dir(root: Path, subdirs: tuple[str, ...] = ("locks", "used")) -
             if rel == STATE_DIR:
                 return None
             continue
+        except PermissionError:  # a .kcache/ that may not be searched: no link; its open says why
+            return None
         except OSError:
             return rel
         if not stat.S_ISDIR(st.st_mode):
