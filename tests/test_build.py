@@ -243,6 +243,32 @@ def test_cpu_entry_is_a_working_library(tmp_path, kcache):
 
 
 @needs_cxx
+def test_force_replaces_the_entry_in_one_step(tmp_path, kcache, monkeypatch):
+    """--force exchanges the new entry with the old one (renameat2 RENAME_EXCHANGE): when the old one is
+    moved into the trash, the new one already stands at the entry's path; there was no moment with none
+    (a kill between the two renames left no entry). The old one is gone from the trash afterwards."""
+    from kcache_cli.ops import build as build_mod
+
+    task = write_task(tmp_path / "tasks", "plus", 9, kind="cc")
+    root = tmp_path / "cache"
+    entry = Path(kcache("--cache-dir", root, "build", task, "--cxx", CXX).stdout.strip())
+    before = os.stat(entry).st_ino
+    seen = []
+    real = build_mod._trash_old
+
+    def trash_old(*args):
+        seen.append(os.stat(entry).st_ino)
+        return real(*args)
+
+    monkeypatch.setattr(build_mod, "_trash_old", trash_old)
+    r = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--force")
+    assert r.exit_code == 0, r.stderr
+    after = os.stat(entry).st_ino
+    assert seen == [after] and after != before  # the new entry stood there before the old one left
+    assert list((root / ".kcache" / "trash").iterdir()) == [] and temp_dirs(root) == []
+
+
+@needs_cxx
 def test_hit_prints_the_path_and_changes_nothing(tmp_path, kcache):
     task = write_task(tmp_path / "tasks", "plus", 8, kind="cc")
     root = tmp_path / "cache"

@@ -26,6 +26,7 @@ DIR_FLAGS = fsread.DIR_FLAGS
 _BENEATH = fsread.RESOLVE_BENEATH | fsread.RESOLVE_NO_SYMLINKS
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
 RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
 
 
 # ---- directories ---------------------------------------------------------------------------------
@@ -403,6 +404,20 @@ def rename_held(src_fd: int, src: str, dst_fd: int, dst: str, held: os.stat_resu
         except OSError:
             pass
         raise OSError(errno.ESTALE, "replaced by something else meanwhile (another user?)", src)
+
+
+def exchange_held(dir_fd: int, src: str, dst: str, held: os.stat_result) -> bool:
+    """Swap the names `src` (still the object `held`) and `dst` in `dir_fd` in one step (renameat2
+    RENAME_EXCHANGE): readers see the one or the other at `dst`, never none. False where the kernel or
+    the file system cannot (nothing changed: the caller renames in two steps); OSError(ESTALE), the swap
+    undone, when `src` was not `held` (a co-user's stranger)."""
+    if not renameat2(dir_fd, src, dir_fd, dst, RENAME_EXCHANGE):
+        return False
+    st = os.stat(dst, dir_fd=dir_fd, follow_symlinks=False)
+    if (st.st_dev, st.st_ino) != (held.st_dev, held.st_ino):
+        renameat2(dir_fd, src, dir_fd, dst, RENAME_EXCHANGE)
+        raise OSError(errno.ESTALE, "replaced by something else meanwhile (another user?)", src)
+    return True
 
 
 # ---- ownership (shared caches) -------------------------------------------------------------------

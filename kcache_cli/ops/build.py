@@ -1011,13 +1011,17 @@ def _stamp_after(tmp: _Temp, newest_ns: int) -> None:
 
 def _publish(root: Path, root_fd: int, tmp: _Temp, spec: TaskSpec) -> None:
     """One rename makes the entry visible. An entry already there (--force, or a broken one) is
-    first renamed into .kcache/trash/, so readers see the old entry, none, or the new one. Both
-    through held directory fds; the temp directory is opened to the cache's users first (umask)."""
+    exchanged with it in one step, then renamed into .kcache/trash/: readers see the old entry or the
+    new one (where the file system cannot exchange, the old goes first: the old, none, or the new).
+    Through held directory fds; the temp directory is opened to the cache's users first (umask)."""
     name = spec.relpath.rpartition("/")[2]
     os.fchmod(tmp.fd, 0o777 & ~fswrite.umask() | (os.fstat(tmp.op_fd).st_mode & stat.S_ISGID))
     group = state.shared_group(root_fd)
     if group is not None:  # a member must be able to remove or replace it, whatever this umask
         fswrite.share_tree(tmp.fd, group)
+    if fswrite.lexists_at(tmp.op_fd, name) and fswrite.exchange_held(tmp.op_fd, tmp.name, name, os.fstat(tmp.fd)):
+        _trash_old(root, root_fd, tmp.op_fd, tmp.name, spec)  # the old entry, now under the temp name
+        return
     old = None
     trash = -1
     try:
@@ -1039,6 +1043,18 @@ def _publish(root: Path, root_fd: int, tmp: _Temp, spec: TaskSpec) -> None:
             os.close(trash)
     if old is not None:
         discard_temp(root, f"{state.STATE_DIR}/trash/{old}")
+
+
+def _trash_old(root: Path, root_fd: int, op_fd: int, name: str, spec: TaskSpec) -> None:
+    """The replaced entry, at `name` in the op directory, out of the way: into the trash, emptied there
+    (killed before, it is a stale temp directory, which prune removes)."""
+    trash = state.open_state(root_fd, root, "trash", create=True)
+    old = f"build-{spec.hash}-{os.urandom(4).hex()}"
+    try:
+        fswrite.rename_at(op_fd, name, trash, old)
+    finally:
+        os.close(trash)
+    discard_temp(root, f"{state.STATE_DIR}/trash/{old}")
 
 
 def _manifest(spec: TaskSpec, arch: Arch, compiler: Sequence[str], version: str | None, argv: list[str],
