@@ -203,6 +203,34 @@ def test_hidet_not_installed_names_the_version_the_entry_records(tmp_path, kcach
     assert "not recorded" not in r.stdout
 
 
+# torch 2.13's switches, and which kinds torch then does not read (tests/loaders/test_mega_torch.py runs torch)
+SWITCHES = [({"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}, {"graph", "autograd"}),
+            ({"TORCH_COMPILE_FORCE_DISABLE_CACHES": "yes"}, {"graph", "autograd"}),  # any text but "0" is true
+            ({"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "0", "TORCH_COMPILE_FORCE_DISABLE_CACHES": "1"}, set()),
+            ({"TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}, {"graph", "autograd"}),  # AOTAutograd bypasses its cache too
+            ({"TORCHINDUCTOR_FX_GRAPH_CACHE": ""}, {"graph", "autograd"}),  # "" is false to torch
+            ({"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1"}, {"graph"}),
+            ({"TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}, {"autograd"}),  # the fx graphs still hit
+            ({"TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}, set())]
+
+
+@pytest.mark.parametrize("env,off", SWITCHES)
+def test_a_switch_that_turns_torch_s_cache_off_is_one_rule_for_blob_and_cache(tmp_path, kcache, env, off):
+    """A blob's artifacts and the cache's entries they become are judged by the same switches: a miss naming
+    the variable where torch does not read that kind, unknown where it still may."""
+    blob, root = FIXTURES / "torch-mega" / "sin_cos_cpu.bin", tmp_path / "ind"
+    assert kcache("--cache-dir", root, "import", blob).exit_code == 0
+    py = fake_python(tmp_path, {"torch": "2.13.0"})
+    kind = {"inductor": "graph", "aot_autograd": "autograd"}
+    in_blob = explain(kcache, root, str(blob), "--python", py, env=env)["items"]
+    in_cache = explain(kcache, root, "--python", py, env=env)["items"]
+    seen = sorted((kind[i["kind"]], i["verdict"], i["factor"]) for i in in_blob)
+    assert seen == sorted((i["kind"], i["verdict"], i["factor"]) for i in in_cache)
+    assert {k for k, _, _ in seen} == {"graph", "autograd"}
+    for k, verdict, factor in seen:
+        assert (verdict, factor in env) == (("miss", True) if k in off else ("unknown", False)), (k, verdict, factor)
+
+
 def test_a_blob_without_its_sidecar_says_not_recorded_never_none(tmp_path, kcache):
     """A blob kcache did not export records no torch version: the table says so in words."""
     blob = tmp_path / "sin_cos_cpu.bin"

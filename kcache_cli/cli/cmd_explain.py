@@ -53,11 +53,12 @@ def explain_command(
     "Here" is --python's environment (its torch, Triton... versions), the GPU arch (--gpu, else
     nvidia-smi) and the compilers' environment switches set in this shell. Triton: its version (recorded,
     or by the key's shape), target backend, arch and warp size, the entry's status. Inductor: torch's
-    presence and the entry's status (its keys hash what only its pickles record: never a guessed hit).
-    Numba: its version and the Python each index was written for, the entry's status, NUMBA_CPU_NAME
-    and NUMBA_CPU_FEATURES against the CPU in its keys (never a hit: kcache does not ask the CPU here).
-    A blob: the torch version its kcache sidecar records. An archive or an oci:// image: each entry's
-    manifest record (the compiler and arch export found). Exit 0 whatever the verdicts.
+    presence, the entry's status and the variables that turn torch's caches off (its keys hash what only
+    its pickles record: never a guessed hit). Numba: its version and the Python each index was written
+    for, the entry's status, NUMBA_CPU_NAME and NUMBA_CPU_FEATURES against the CPU in its keys (never a
+    hit: kcache does not ask the CPU here). A blob: the torch version its kcache sidecar records, and
+    Inductor's variables. An archive or an oci:// image: each entry's manifest record (the compiler and
+    arch export found). Exit 0 whatever the verdicts.
 
     Example: kcache explain --python ~/venvs/serve/bin/python --gpu sm_90a
     """

@@ -297,7 +297,7 @@ class Transport(Protocol):
 
     def explain(self, root: Path, entry: Entry, here: Here) -> Verdict: ...
 
-    def explain_mega(self, recorded: Mapping[str, object], here: Here) -> Verdict: ...
+    def explain_mega(self, kind: str, recorded: Mapping[str, object], here: Here) -> Verdict: ...
 
     def explain_record(self, record: Mapping[str, object], here: Here) -> Verdict: ...
 
@@ -602,9 +602,9 @@ class Layout:
         records (compiler versions, key shape, target, options) against `here`. Never HIT by default."""
         return Verdict(UNKNOWN, f"kcache does not know what {self.name}'s consumer compares before it uses an entry")
 
-    def explain_mega(self, recorded: Mapping[str, object], here: Here) -> Verdict:
-        """`explain` for a Mega-Cache blob's artifacts of this layout's types, from what the blob's sidecar
-        manifest `recorded` (torch version, device)."""
+    def explain_mega(self, kind: str, recorded: Mapping[str, object], here: Here) -> Verdict:
+        """`explain` for a Mega-Cache blob's artifact of type `kind` (one of `mega_types`), from what the
+        blob's sidecar manifest `recorded` (torch version, device)."""
         return Verdict(UNKNOWN, "kcache does not know what decides a hit for this artifact")
 
     def explain_record(self, record: Mapping[str, object], here: Here) -> Verdict:

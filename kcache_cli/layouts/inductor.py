@@ -446,14 +446,55 @@ def mega_artifacts(root: Path) -> list[MegaFile]:
 
 PACKAGE = "torch"
 ENV_SWITCHES = ("TORCHINDUCTOR_*", "TORCH_COMPILE_*", "TORCHDYNAMO_*")
+# What each Mega-Cache artifact type is among the cache's entries (pgo and precompile are Dynamo's own)
+_MEGA_KIND = {MEGA_GRAPH: GRAPH, MEGA_AUTOGRAD: AUTOGRAD, MEGA_AUTOTUNE: AUTOTUNE}
+# torch 2.13's variables that turn a cache off, as its Config reads an env_name_force: the first one set
+# wins, "1" is True, "0" False, any other text itself (so "" is False and "no" True); the kinds each leaves
+# unused, proven on CPU (tests/loaders/test_mega_torch.py): force_disable_caches compiles into a fresh
+# cache dir (Triton's too); fx_graph_cache off also makes AOTAutograd bypass its cache (check_cacheable),
+# unless the remote fx graph cache is on; enable_autograd_cache off leaves the fx graphs in use.
+_FORCE_DISABLE = ("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "TORCH_COMPILE_FORCE_DISABLE_CACHES")
+_FX_GRAPH_CACHE, _FX_REMOTE, _AUTOGRAD_CACHE = (
+    "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE")
+
+
+def _torch_flag(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, bool] | None:
+    """(the variable, its truth) of the first of `names` set in `env`, as torch reads it; None: none set."""
+    name = next((n for n in names if n in env), None)
+    if name is None:
+        return None
+    value = env[name]
+    return name, value == "1" or (value != "0" and bool(value))
+
+
+def switched_off(kind: str, env: Mapping[str, str]) -> Verdict | None:
+    """The miss when torch, with the environment switches `env`, does not read a `kind` entry (an entry's
+    kind, or a blob artifact's type) from its cache; None when no switch stops it. One rule for the
+    cache's entries, an archive's records and a blob's artifacts."""
+    kind = _MEGA_KIND.get(kind, kind)
+    force = _torch_flag(env, _FORCE_DISABLE)
+    fx, autograd = _torch_flag(env, (_FX_GRAPH_CACHE,)), _torch_flag(env, (_AUTOGRAD_CACHE,))
+    remote_fx = _torch_flag(env, (_FX_REMOTE,))
+    if force and force[1]:
+        name, what = force[0], "torch reads no cache (it compiles into a fresh one)"
+    elif fx and not fx[1] and (kind == GRAPH or (kind == AUTOGRAD and not (remote_fx and remote_fx[1]))):
+        name, what = fx[0], ("torch reads no fx graph from its cache" if kind == GRAPH else
+                             "AOTAutograd bypasses its cache when the fx graph cache is off")
+    elif autograd and not autograd[1] and kind == AUTOGRAD:
+        name, what = autograd[0], "torch reads no AOTAutograd entry from its cache"
+    else:
+        return None
+    return Verdict(MISS, f"{name}={env[name]} here: {what}", name, None, env[name])
 
 
 def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     """An fx graph, AOTAutograd entry or code shard is keyed by torch_key() (torch's version and sources),
     the graph, its inputs and Inductor's config, none of which the entry records outside its pickles (kcache
-    never unpickles): kcache can tell a miss (no torch here, an incomplete entry), never a hit."""
+    never unpickles): kcache can tell a miss (no torch here, an incomplete entry, a cache switched off),
+    never a hit."""
     if entry.kind == TRITON:
-        return _triton().explain(root, _as_triton(entry), here)
+        off = switched_off(TRITON, here.env) if here.versions.get(PACKAGE) else None
+        return off or _triton().explain(root, _as_triton(entry), here)
     if here.problem:
         return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
     if here.versions.get(PACKAGE) is None:
@@ -461,15 +502,14 @@ def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     if entry.status != COMPLETE:
         return Verdict(MISS, f"torch does not use a {entry.status} entry: {entry.reason}", "status", entry.status,
                        COMPLETE)
-    if here.env.get("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "0") not in ("", "0"):
-        return Verdict(MISS, "TORCHINDUCTOR_FORCE_DISABLE_CACHES is set here: torch reads no cache",
-                       "TORCHINDUCTOR_FORCE_DISABLE_CACHES", None, here.env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"])
-    return Verdict(UNKNOWN, f"the {entry.kind} entry's key hashes the torch version, the graph and Inductor's "
-                   f"config, which it records only inside pickles (torch {here.versions[PACKAGE]} here)")
+    return switched_off(entry.kind, here.env) or Verdict(
+        UNKNOWN, f"the {entry.kind} entry's key hashes the torch version, the graph and Inductor's config, which "
+        f"it records only inside pickles (torch {here.versions[PACKAGE]} here)")
 
 
-def explain_mega(recorded: Mapping[str, object], here: Here) -> Verdict:
-    """A Mega-Cache blob's artifacts, by the torch version its sidecar records (kcache export writes it)."""
+def explain_mega(kind: str, recorded: Mapping[str, object], here: Here) -> Verdict:
+    """A Mega-Cache blob's artifact of type `kind`, by the torch version its sidecar records (kcache export
+    writes it) and the switches that turn torch's caches off here."""
     value = recorded.get("torch_version")
     torch_version = value if isinstance(value, str) else None
     have = here.versions.get(PACKAGE)
@@ -477,6 +517,9 @@ def explain_mega(recorded: Mapping[str, object], here: Here) -> Verdict:
         return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
     if have is None:
         return Verdict(MISS, "torch is not installed here", "torch version", torch_version, "not installed")
+    off = switched_off(kind, here.env)
+    if off:
+        return off
     if torch_version is None:
         return Verdict(UNKNOWN, "the blob records no torch version (no kcache sidecar beside it)")
     if torch_version != have:
@@ -484,6 +527,13 @@ def explain_mega(recorded: Mapping[str, object], here: Here) -> Verdict:
                        torch_version, have)
     return Verdict(UNKNOWN, f"torch {have} as recorded; the keys also hash the graph, its inputs and config, "
                    "which the blob records only inside pickles")
+
+
+def explain_record(record: Mapping[str, object], here: Here) -> Verdict:
+    """An archive's or image's entry: a cache switched off here is a miss (the rule the cache's entries and
+    a blob's artifacts follow); else unknown, as for the default."""
+    off = switched_off(str(record.get("kind")), here.env) if here.versions.get(PACKAGE) and not here.problem else None
+    return off or Verdict(UNKNOWN, "kcache does not judge inductor entries from what an archive or image records")
 
 
 # ---- the judgement, the scan ------------------------------------------------------------------------
@@ -778,6 +828,7 @@ class InductorLayout(Layout):
     mega_artifacts = staticmethod(mega_artifacts)
     explain = staticmethod(explain)
     explain_mega = staticmethod(explain_mega)
+    explain_record = staticmethod(explain_record)
 
 
 LAYOUT = InductorLayout()

@@ -156,7 +156,7 @@ def explain_blob(path: str, here: Here) -> list[Explained]:
             v = Verdict(UNKNOWN, f"{os.path.basename(path)}{SIDECAR_SUFFIX} describes another blob (its sha256 "
                         "differs): nothing recorded to judge this one by")
         else:
-            v = lay.explain_mega(recorded, here)
+            v = lay.explain_mega(a.type, recorded, here)
         out.append(Explained(a.key, lay.name if lay else None, a.type, os.path.abspath(path), v, hash=a.key))
     return out
 

@@ -4,6 +4,8 @@
   directory, turns the same compiles into fx graph hits only.
 - A blob torch saved, imported by kcache into an empty root, is complete fx graph and AOTAutograd entries,
   and torch then hits on every graph without loading the blob itself.
+- With a variable that turns a cache off, `kcache explain BLOB` says miss for exactly the artifact types
+  torch, loading the blob, then takes no hit from.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent
 
 
-def _torch(tmp_path: Path, *args: str) -> list[dict]:
+def _torch(tmp_path: Path, *args: str, env: dict | None = None) -> list[dict]:
     done = subprocess.run([str(python_for("torch")), str(HERE / "mega_probe.py"), *args], capture_output=True,
-                          text=True, timeout=1200, env=dict(os.environ, HOME=str(tmp_path)))
+                          text=True, timeout=1200, env=dict(os.environ, HOME=str(tmp_path), **(env or {})))
     assert done.returncode == 0, done.stderr[-2000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
@@ -68,3 +70,21 @@ def test_a_blob_torch_saved_imports_as_complete_entries_torch_hits(saved, tmp_pa
     assert all(e["status"] == "complete" for e in entries), entries
     counts = _torch(tmp_path, "run", str(root), "-")[-1]  # a plain run: no blob loaded, only the cache
     assert counts["miss"] == 0 and counts["hit"] >= 3, counts
+
+
+OFF = [("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1"), ("TORCHINDUCTOR_FX_GRAPH_CACHE", "0"),
+       ("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")]
+
+
+@pytest.mark.parametrize("var,value", OFF)
+def test_explain_misses_exactly_what_torch_does_not_read_with_a_cache_off(saved, tmp_path, kcache, var, value):
+    _, blob = saved
+    env = {var: value}
+    counts = _torch(tmp_path, "load", str(tmp_path / "empty"), str(blob), env=env)[-1]
+    r = kcache("--json", "explain", blob, "--python", str(python_for("torch")), env=env)
+    assert r.exit_code == 0, r.stderr
+    verdicts = {(i["kind"], i["verdict"], i["factor"]) for i in json.loads(r.stdout)["items"]
+                if i["kind"] in ("inductor", "aot_autograd")}
+    torch_read = {"inductor": counts["hit"] > 0, "aot_autograd": counts["aot_hit"] > 0}
+    assert verdicts == {(k, "unknown" if read else "miss", None if read else var) for k, read in torch_read.items()}, \
+        (counts, verdicts)
