@@ -171,3 +171,14 @@ def test_an_image_is_explained_as_the_archive_of_the_same_cache(kcache, triton, 
     assert len(from_image) == 6 and from_image == verdicts(str(archive))
     assert {k for k, v in from_image.items() if v[0] == "hit"} == set(from_image) - SM80
     assert not here.exists()
+
+
+def test_explain_of_an_image_kcache_did_not_push_speaks_of_explaining(kcache, oci_registry, tmp_path):
+    from test_remote_oci import _raw_image
+
+    _raw_image(oci_registry, {"io.triton.cache/K/x.json": b"{}", "io.triton.manifest/manifest.json": b"{}"},
+               {"cache.triton.image/entry-count": "1"})
+    run = kcache("explain", oci_registry.url("team/foreign:v1"), "--gpu", "sm_80")
+    line = run.stderr.strip()
+    assert run.exit_code == 1 and "not an image kcache pushed" in line and len(line.splitlines()) == 1, run.stderr
+    assert "pull" not in line and "explain" in line, line

@@ -242,8 +242,8 @@ def preflight(image: Image, node: list[str] | None, flt: ScanFilter | None = Non
     without a GPU (`node` []) an image that needs one is refused (a usage error: --gpu or --no-gpu-check),
     unless selectors may pick only its CPU entries (each is checked as the layer is read)."""
     if image.layout is None:
-        raise KcacheError(f"{image.ref.url} is not an image kcache pushed (no {img.LABEL_LAYOUT} label); "
-                          "kcache pulls only images whose files its manifest lists with their sha256")
+        raise KcacheError(_not_ours(image, "kcache pulls only images whose files its manifest lists with their "
+                                           "sha256"))
     targets = image.targets
     if node == [] and needs_gpu(targets) and (flt is None or flt.takes_all()):
         raise UsageError(NO_GPU)
@@ -252,6 +252,11 @@ def preflight(image: Image, node: list[str] | None, flt: ScanFilter | None = Non
     if not any(img.runs_on(t, node) for t in targets):
         raise KcacheError(f"{image.ref.url} is built for {', '.join(targets)}; this node runs {', '.join(node)}: "
                           "nothing in it would load here (nothing written)")
+
+
+def _not_ours(image: Image, why: str) -> str:
+    """That `image` is not one kcache pushed, and `why` that matters to the command asking."""
+    return f"{image.ref.url} is not an image kcache pushed (no {img.LABEL_LAYOUT} label); {why}"
 
 
 class SkippedEntry(NamedTuple):
@@ -349,7 +354,8 @@ def image_records(reg: Registry, image: Image) -> list[dict]:
     """The entry records of a kcache image (its manifest, the layer's first member), nothing written: what
     `kcache explain` judges an image by."""
     if image.layout is None:
-        preflight(image, None)  # says it is not an image kcache pushed
+        raise KcacheError(_not_ours(image, "explain judges an image by the compiler and arch kcache's manifest "
+                                           "records for each entry"))
     limits = ImportLimits()
     with tempfile.TemporaryDirectory(prefix="kcache-oci-") as tmp, _fetched_layer(reg, image, tmp, limits) as layer:
         return img.layer_records(layer, limits)
