@@ -173,6 +173,36 @@ def test_an_image_is_explained_as_the_archive_of_the_same_cache(kcache, triton, 
     assert not here.exists()
 
 
+def test_explain_says_miss_where_pull_refuses_the_image_for_trust(kcache, triton, oci_registry, tmp_path):
+    """With a trust list set, pull refuses an unsigned image (exit 1): nothing of it will arrive, so explain
+    says miss for every entry, with pull's reason, not hit."""
+    import json
+
+    pytest.importorskip("cryptography")
+    from test_explain import fake_python
+    from test_remote_trust import keygen, node
+
+    url = oci_registry.url("team/unsigned:v1")
+    push(kcache, triton, url, env=node(tmp_path, "pusher"))  # no signing key: unsigned
+    b = node(tmp_path, "b")
+    env = {**b, "KCACHE_TRUSTED_KEYS": keygen(kcache, node(tmp_path, "a"))}
+    assert kcache("pull", "--remote", url, "--cache-dir", tmp_path / "b", "--gpu", "sm_90a", env=env).exit_code == 1
+    py = fake_python(tmp_path, {"triton": "3.9.0"})
+    run = kcache("--json", "explain", url, "--python", py, "--gpu", "sm_90a", env=env)
+    assert run.exit_code == 0, run.stderr
+    items = json.loads(run.stdout)["items"]
+    assert items and all(i["verdict"] == "miss" and "not signed" in i["why"] and "pull" in i["why"] for i in items)
+    trusting_none = kcache("--json", "explain", url, "--python", py, "--gpu", "sm_90a", env=b)
+    assert json.loads(trusting_none.stdout)["hit"] > 0  # no trust list: as before
+    archive = tmp_path / "unsigned.tar.gz"  # import refuses it as pull does: the same verdicts, import's words
+    assert kcache("--cache-dir", triton, "export", archive, env=node(tmp_path, "exporter")).exit_code == 0
+    assert kcache("--cache-dir", tmp_path / "c", "import", archive, env=env).exit_code == 1
+    run = kcache("--json", "explain", archive, "--python", py, "--gpu", "sm_90a", env=env)
+    items = json.loads(run.stdout)["items"]
+    assert items and all(i["verdict"] == "miss" and i["why"].startswith("import refuses it: not signed")
+                         for i in items)
+
+
 def test_explain_of_an_image_kcache_did_not_push_speaks_of_explaining(kcache, oci_registry, tmp_path):
     from test_remote_oci import _raw_image
 

@@ -25,7 +25,8 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.layouts.base import HIT, MISS, UNKNOWN, Here, Verdict
 from kcache_cli.model.records import Entry
 from kcache_cli.model.terms import unknown_layout
-from kcache_cli.util.errors import UsageError
+from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.signing import verifier
 
 _VERSIONS = """import json, sys
 from importlib import metadata
@@ -167,14 +168,19 @@ def explain_archive(path: str, here: Here) -> list[Explained]:
     return explain_records(archive_records(path), here, os.path.abspath(path))
 
 
-def explain_records(records: Iterable[dict], here: Here, where: str) -> list[Explained]:
+def explain_records(records: list[dict], here: Here, where: str, taker: str = "import",
+                    whole: str = "archive") -> list[Explained]:
     """Each entry record (an archive's or an image's manifest: what its export recorded), judged by its
-    layout; `where` names the archive or image they come from."""
+    layout; `where` names the archive or image they come from, which `taker` (import, pull) takes whole or
+    refuses: with a trust list set, one record no listed key signed makes every entry a miss."""
+    refused = _refused(records, taker, whole)
     out = []
-    for rec in records:
+    for rec, no in zip(records, refused):
         unknown = unknown_layout(rec.get("layout"))
         name = None if unknown else str(rec.get("layout"))  # (the schema's null: no layout kcache knows)
-        if name is None:
+        if no:
+            v = Verdict(MISS, no)
+        elif name is None:
             v = Verdict(UNKNOWN, f"{unknown}: this kcache does not know it")
         else:
             v = layouts.get(name).explain_record(rec, here)
@@ -182,3 +188,19 @@ def explain_records(records: Iterable[dict], here: Here, where: str) -> list[Exp
                           for f in ("space", "op", "hash"))
         out.append(Explained(str(rec.get("relpath")), name, str(rec.get("kind") or "-"), where, v, space, op, key))
     return out
+
+
+def _refused(records: list[dict], taker: str, whole: str) -> list[str | None]:
+    """Why `taker` would refuse each record for the trust list (kcache_cli/util/signing.py), or None for
+    each when it takes them: it takes the `whole` (archive, image) only when a listed key signed every one."""
+    try:
+        check = verifier()
+    except KcacheError as exc:  # a trust list that lists no key: nothing is taken
+        return [f"{taker} refuses it: {exc}"] * len(records)
+    own = [check.problem(rec) for rec in records] if check is not None else []
+    first = next(((rec, why) for rec, why in zip(records, own) if why), None)
+    if first is None:
+        return [None] * len(records)
+    return [f"{taker} refuses it: {why}" if why else
+            f"{taker} refuses the whole {whole}: its entry {first[0].get('relpath')} is refused ({first[1]})"
+            for why in own]
