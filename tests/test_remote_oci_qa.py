@@ -173,6 +173,36 @@ def test_an_image_is_explained_as_the_archive_of_the_same_cache(kcache, triton, 
     assert not here.exists()
 
 
+def test_an_image_s_verdict_says_it_is_for_the_entries_kcache_pull_writes(kcache, triton, oci_registry, tmp_path):
+    """The layer holds Triton's group files as they were on the pushing machine (absolute child paths);
+    only kcache pull rewrites them, so a mount of the image as it is misses every kernel. Explain's hit on an
+    image is a hit after kcache pull, and says so, in --json and in the table."""
+    import io
+    import json
+    import os
+    import tarfile
+
+    from test_explain import fake_python
+
+    from kcache_cli.remote.oci import Registry, parse_ref
+
+    url = oci_registry.url("team/mounted:v1")
+    push(kcache, triton, url)
+    reg = Registry(parse_ref(url))
+    layer = json.loads(reg.get_manifest("v1")[0])["layers"][0]
+    tar = tarfile.open(fileobj=io.BytesIO(reg.get_blob(layer["digest"], layer["size"], 1 << 30)), mode="r:gz")
+    groups = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar if "/__grp__" in m.name}  # type: ignore
+    assert groups and all(data == (triton / rel).read_bytes() for rel, data in groups.items())  # byte for byte
+    assert all(os.path.isabs(p) for data in groups.values() for p in json.loads(data)["child_paths"].values())
+    py = fake_python(tmp_path, {"triton": "3.9.0"})
+    run = kcache("--json", "explain", url, "--python", py, "--gpu", "sm_90a")
+    assert run.exit_code == 0, run.stderr
+    hits = [i for i in json.loads(run.stdout)["items"] if i["verdict"] == "hit"]
+    assert hits and all("kcache pull" in i["why"] and "mount" in i["why"] for i in hits)
+    table = kcache("explain", url, "--python", py, "--gpu", "sm_90a", env={"COLUMNS": "400"})
+    assert table.exit_code == 0 and table.stdout.count("kcache pull") >= len(hits), table.stdout
+
+
 def test_explain_says_miss_where_pull_refuses_the_image_for_trust(kcache, triton, oci_registry, tmp_path):
     """With a trust list set, pull refuses an unsigned image (exit 1): nothing of it will arrive, so explain
     says miss for every entry, with pull's reason, not hit."""

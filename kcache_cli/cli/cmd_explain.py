@@ -58,8 +58,9 @@ def explain_command(
     for, the entry's status, NUMBA_CPU_NAME and NUMBA_CPU_FEATURES against the CPU in its keys (never a
     hit: kcache does not ask the CPU here). A blob: the torch version its kcache sidecar records, and
     Inductor's variables. An archive or an oci:// image: each entry's manifest record (the compiler and
-    arch export found); with a trust list set, what import or pull would refuse is a miss. Exit 0
-    whatever the verdicts.
+    arch export found); with a trust list set, what import or pull would refuse is a miss. An image's
+    verdicts are for its entries as kcache pull writes them: pull rewrites the paths Triton and vLLM
+    entries record, which a mount of the image as it is (KServe, GKM) keeps. Exit 0 whatever the verdicts.
 
     Example: kcache explain --python ~/venvs/serve/bin/python --gpu sm_90a
     """
@@ -70,8 +71,7 @@ def explain_command(
     for url in images:  # the image's manifest records, read from its layer (nothing written)
         with cmd_oci.opened(url, 2.0, None, None) as reg:
             image = oci_ops.read_image(reg, reg.ref.tag or oci_ops.DEFAULT_TAG)
-            result.items += explain.explain_records(oci_ops.image_records(reg, image), here, image.ref.url,
-                                                     "pull", "image")
+            result.items += explain.explain_image(oci_ops.image_records(reg, image), here, image.ref.url)
     targets = [t for t in targets or [] if t not in images]
     blobs = [t for t in targets or [] if is_blob(t)]
     archives = [t for t in targets or [] if t not in blobs and os.path.isfile(t)

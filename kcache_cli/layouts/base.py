@@ -285,6 +285,8 @@ class Transport(Protocol):
 
     def relocation_problem(self, entry: Entry) -> str | None: ...
 
+    def records_paths(self, kind: str) -> bool: ...
+
     def landed_elsewhere(self, path: str) -> str | None: ...
 
     def remote_format(self) -> RemoteFormat | None: ...
@@ -579,6 +581,11 @@ class Layout:
         """Why the paths the entry records about itself point elsewhere than where it lies (a cache moved
         or copied by hand), or None. `verify` reports it as a problem. Default: entries record none."""
         return None
+
+    def records_paths(self, kind: str) -> bool:
+        """Whether a `kind` entry records absolute paths of where it lies, which `relocate` rewrites when it
+        is imported or pulled (and which a copy made otherwise keeps). Default: `relocates`."""
+        return self.relocates
 
     def landed_elsewhere(self, path: str) -> str | None:
         """Called by import (and pull) after publishing an entry at `path`, for a layout that does not

@@ -815,6 +815,9 @@ class InductorLayout(Layout):
     def nested(self, root: Path) -> list[tuple[str, Path]]:
         return [("triton", Path(d)) for d in fsread.subdir_paths(os.path.join(root, "triton"))]
 
+    def records_paths(self, kind: str) -> bool:
+        return kind == TRITON  # its nested Triton kernels' group files; torch's own files record none
+
     def relocate(self, staged: str, final: str, root: Path) -> None:
         if os.path.basename(os.path.dirname(os.path.dirname(final))) == "triton":
             _triton().relocate(staged, final, root)

@@ -168,6 +168,19 @@ def explain_archive(path: str, here: Here) -> list[Explained]:
     return explain_records(archive_records(path), here, os.path.abspath(path))
 
 
+def explain_image(records: list[dict], here: Here, url: str) -> list[Explained]:
+    """Each entry of an oci:// image kcache pushed, from its manifest `records`, as `kcache pull` writes it:
+    pull rewrites the paths an entry records (Triton's group files, vLLM's handles), which the layer holds as
+    they were where it was pushed from, so a mount of the image as it is (KServe, GKM) misses what pull hits."""
+    out = explain_records(records, here, url, "pull", "image")
+    for i in out:
+        lay = layouts.get(i.layout) if i.layout else None
+        if lay is not None and i.verdict.verdict != MISS and lay.records_paths(i.kind):
+            i.verdict = i.verdict._replace(why=f"{i.verdict.why}; once kcache pull has rewritten the paths it "
+                                           f"records: mounted from the image as it is, {i.layout} misses it")
+    return out
+
+
 def explain_records(records: list[dict], here: Here, where: str, taker: str = "import",
                     whole: str = "archive") -> list[Explained]:
     """Each entry record (an archive's or an image's manifest: what its export recorded), judged by its
