@@ -516,3 +516,63 @@ def test_a_file_remote_on_localhost_is_this_machines_path(kcache, tmp_path):
     run = kcache("remote", "stats", "--remote", f"file://localhost{tmp_path / 'remote'}", "--json")
     assert run.exit_code == 0, run.stderr
     assert run.json()["entry_count"] == 0
+
+
+@needs_redis
+def test_a_record_key_of_another_type_is_refused_not_taken_for_pruned(kcache, tmp_path, redis_server):
+    """A SET where an entry's record belongs made `_GET` answer false, read as "pruned meanwhile": the pull
+    said pulled 0, refused 0, exit 0. It is refused in one line, as a truncated record is (exit 1); a data key
+    of another type is too, and prune removes such an entry with a warning that says what its record is."""
+    server = redis_server()
+    client = server.client()
+    root = copy_tree(FIXTURES / "hidet", tmp_path / "src")
+    _push(kcache, root, server.url)
+    victim = "ops/cpu_space_0/relu/31857fe085635b31"
+    client.delete(f.record_key("hidet", victim))
+    client.sadd(f.record_key("hidet", victim), "x")
+    pulled = kcache("pull", "--cache-dir", tmp_path / "dest", "--remote", server.url, "--json")
+    assert pulled.exit_code == 1
+    refused = [e for e in pulled.json()["entries"] if e["action"] == "refuse"]
+    assert [e["relpath"] for e in refused] == [victim] and "a Redis set, not a value" in refused[0]["reason"]
+    assert pulled.json()["pulled"] == 4
+    other = next(e["relpath"] for e in pulled.json()["entries"] if e["action"] == "pull")
+    key = next(k for k in client.scan_iter("kcache:v1:hidet:*") if b"manifest" not in k and other.encode() in k)
+    client.delete(key)
+    client.hset(key, "a", "b")
+    again = kcache("pull", "--cache-dir", tmp_path / "dest2", "--remote", server.url, "--json")
+    notes = {e["relpath"]: e["reason"] for e in again.json()["entries"] if e["action"] == "refuse"}
+    assert again.exit_code == 1 and "a Redis hash on the remote, not a value" in notes[other], notes
+    pruned = kcache("remote", "prune", "--remote", server.url, "--older-than", "0s")
+    assert pruned.exit_code == 0, pruned.stderr
+    assert any(victim in line and "a Redis set" in line for line in pruned.stderr.splitlines()), pruned.stderr
+
+
+def test_junk_in_a_shared_directory_s_hashes_is_skipped_with_a_warning(kcache, tmp_path):
+    """One stray link in kcache:v1:index.d/ made `remote ls` fail whole (ELOOP); Redis skips an index field it
+    cannot take and goes on. Both now say each skipped field in one line and list the rest; a record that is a
+    link is refused on pull like any bad record, never followed."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    root = copy_tree(FIXTURES / "hidet", tmp_path / "src")
+    _push(kcache, root, f"file://{shared}")
+    index, pulled_d = shared / (f.INDEX + ".d"), shared / (f.PULLED + ".d")
+    os.symlink("loop", index / "loop")
+    os.mkfifo(index / "hidet:fifo")
+    pulled_d.mkdir(exist_ok=True)
+    listed = sorted(p.name for p in index.iterdir() if p.name not in ("loop", "hidet:fifo"))
+    os.symlink("/etc/passwd", pulled_d / listed[0])
+    run = kcache("remote", "ls", "--remote", f"file://{shared}", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert len(run.json()["entries"]) == 5
+    warnings = [line for line in run.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 3 and all("skipped" in w for w in warnings), run.stderr
+    assert any("'loop': a symlink" in w for w in warnings) and any("a FIFO" in w for w in warnings)
+    victim = "ops/cpu_space_0/relu/31857fe085635b31"
+    record = shared / f.record_key("hidet", victim).replace("%", "%25").replace("/", "%2F")
+    record.unlink()
+    os.symlink("/etc/passwd", record)
+    pulled = kcache("pull", "--cache-dir", tmp_path / "dest", "--remote", f"file://{shared}", "--json")
+    assert pulled.exit_code == 1
+    refused = [e for e in pulled.json()["entries"] if e["action"] == "refuse"]
+    assert [e["relpath"] for e in refused] == [victim] and "a symlink, not a value" in refused[0]["reason"]
+    assert pulled.json()["pulled"] == 4

@@ -99,11 +99,12 @@ def register(app: typer.Typer) -> None:
 
 
 @contextlib.contextmanager
-def _opened(remote: Optional[str], timeout: float, deadline: Optional[float] = None) -> Iterator[Any]:
-    """The remote store, closed when the command is done with it."""
+def _opened(opts: o.GlobalOptions, remote: Optional[str], timeout: float, deadline: Optional[float] = None
+            ) -> Iterator[Any]:
+    """The remote store, closed when the command is done with it; what it skips is warned about."""
     if not remote:
         raise UsageError("no remote: pass --remote URL or set KCACHE_REMOTE (redis://host:6379/0, file:///shared/dir)")
-    store = _store.open_store(remote, connect_timeout=timeout, deadline=deadline)
+    store = _store.open_store(remote, connect_timeout=timeout, deadline=deadline, warn=lambda m: c.warn(opts, m))
     try:
         yield store
     finally:
@@ -126,7 +127,7 @@ def _moving(ctx: typer.Context, sel: c.Selection, remote: Optional[str], timeout
     opts = o.use(ctx, cache_dir, as_json)
     flt = sel.filter()
     root = _local_root(opts, flt.layouts)
-    with _opened(remote, *timeout) as store, Bar(opts, doing, unit="entries") as bar:
+    with _opened(opts, remote, *timeout) as store, Bar(opts, doing, unit="entries") as bar:
         yield _Moving(opts, root, flt, store, bar)
 
 
@@ -305,7 +306,7 @@ def remote_ls(
     flt = sel.filter()
     out = c.Output(opts)
     count = size = 0
-    with _opened(remote, connect_timeout, remote_timeout) as store:
+    with _opened(opts, remote, connect_timeout, remote_timeout) as store:
         for n, batch in enumerate(manage.scan_index(store, flt)):
             count += len(batch)
             size += sum(e.size for e in batch)
@@ -357,7 +358,7 @@ def remote_stats_command(
     opts = o.use(ctx, None, as_json)
     if oci.is_oci(remote):
         return cmd_oci.stats(opts, remote or "", (connect_timeout, remote_timeout), remote_user)
-    with _opened(remote, connect_timeout, remote_timeout) as store:
+    with _opened(opts, remote, connect_timeout, remote_timeout) as store:
         stats = {"remote": store.url, **manage.remote_stats(manage.list_remote(store))}
     out = c.Output(opts)
 
@@ -411,7 +412,7 @@ def remote_prune(
     if keep is not None:
         raise c.UsageError("--keep counts tags: it applies to an oci:// remote only")
     out = c.Output(opts)
-    with _opened(remote, connect_timeout, remote_timeout) as store:
+    with _opened(opts, remote, connect_timeout, remote_timeout) as store:
         plan = manage.plan_remote_prune(manage.list_remote(store), limit, age)
         freed = sum(r.entry.size for r in plan) if dry_run else manage.prune_remote(store, plan, out.warn)
     result = manage.RemotePruneResult(store.url, dry_run, tuple(plan), freed)

@@ -89,7 +89,7 @@ def _open(url: str, budget: RemoteBudget, warn: Warn):
         return None
     timeout = min(CONNECT_TIMEOUT, budget.seconds)
     try:
-        return open_store(url, connect_timeout=timeout, io_timeout=budget.seconds)
+        return open_store(url, connect_timeout=timeout, io_timeout=budget.seconds, warn=warn)
     except KcacheError as exc:
         warn(f"remote not used: {exc}")
         return None

@@ -17,7 +17,7 @@ from kcache_cli.fs.read import parse_json
 from kcache_cli.model.records import EntryKey, Keyed, ScanFilter, Warn, iso
 from kcache_cli.model.terms import COMPLETE, Status
 from kcache_cli.remote import formats as f
-from kcache_cli.remote.store import Store
+from kcache_cli.remote.store import NotAValue, Store
 
 
 @dataclass(frozen=True)
@@ -197,6 +197,8 @@ def owned_keys(store: Store, e: RemoteEntry) -> tuple[list[str], list[str], str 
     names keys, and only keys under this entry: a junk record naming another entry's relpath, at a path
     that is not exactly its layout's entry shape, or claiming a file bigger than any cache holds, names none."""
     raw = store.get([f.record_key(e.layout, e.relpath)])[0]
+    if isinstance(raw, NotAValue):
+        return [], [], f"its record is {raw.what}, not a value"
     if not isinstance(raw, bytes):
         return [], [], None if raw is None else f"its record is {raw} bytes, not read"
     try:

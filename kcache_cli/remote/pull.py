@@ -35,7 +35,7 @@ from kcache_cli.model.terms import LAYOUT_NAMES, PullAction, unknown_layout
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.manage import remote_entry, scan_index
 from kcache_cli.remote.moved import MovedEntry, MoveResult, named
-from kcache_cli.remote.store import MAX_RECORD, Store, Value
+from kcache_cli.remote.store import MAX_RECORD, NotAValue, Store, Value
 from kcache_cli.util.errors import KcacheError
 from kcache_cli.util.signing import verifier
 from kcache_cli.util.units import plural
@@ -73,13 +73,16 @@ def summary_matches(flt: ScanFilter, s: dict) -> bool:
 
 def read_records(store: Store, ids: Iterable[tuple[str, str]]) -> tuple[list[dict], list[tuple[str, str]]]:
     """The records of (layout, relpath) entries: (records, [(relpath, why unreadable)]). Entries
-    whose record is gone (pruned meanwhile) are left out; each record is read once, and only when
-    it is within MAX_RECORD bytes."""
+    whose record is gone (pruned meanwhile) are left out; a key of another type (a Redis set) is
+    unreadable; each record is read once, and only when it is within MAX_RECORD bytes."""
     ids = list(dict.fromkeys(ids))
     raw = store.get([f.record_key(layout, rel) for layout, rel in ids], MAX_RECORD)
     records, bad = [], []
     for (layout, rel), value in zip(ids, raw):
         if value is None:
+            continue
+        if isinstance(value, NotAValue):
+            bad.append((rel, f"its record on the remote is {value.what}, not a value"))
             continue
         if isinstance(value, int):
             bad.append((rel, f"its record on the remote is {value} bytes, over the limit of {MAX_RECORD}"))
@@ -127,6 +130,9 @@ def verify_files(rec: EntryRecord, keys: dict[str, list[str]], values: dict[str,
         got = [values.get(k) for k in keys[name]]
         if any(v is None for v in got):
             return {}, f"{name} is missing on the remote (pruned or expired?)"
+        junk = [v for v in got if isinstance(v, NotAValue)]
+        if junk:
+            return {}, f"{name} is {junk[0].what} on the remote, not a value"
         over = [v for v in got if isinstance(v, int)]
         if over:  # a piece holds more than the record says: never fetched
             return {}, f"{name} has a piece of {over[0]} bytes on the remote, its record says {size} in all"

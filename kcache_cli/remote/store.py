@@ -15,15 +15,17 @@ import hashlib
 import math
 import os
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from kcache_cli.fs import write as fswrite
-from kcache_cli.fs.read import TooLarge, read_bytes
+from kcache_cli.fs.read import NotRegularFile, TooLarge, kind_of, read_bytes
+from kcache_cli.model.records import Warn
 from kcache_cli.remote.redact import lower_scheme, redact_text, redact_url
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.units import is_digits
@@ -62,9 +64,16 @@ class Publish:
     last: tuple[tuple[str, bytes], ...] = ()
 
 
+class NotAValue(NamedTuple):
+    """A key that holds something other than a value (a Redis set or hash; in a shared directory a link, a
+    FIFO, a folder): never read, and never taken for a key that is gone (a record there is refused)."""
+
+    what: str  # "a Redis set", "a symlink"
+
+
 # A value as a bounded read gives it: its bytes, its size when that is over the limit (not fetched),
-# or None when there is no such key.
-Value = bytes | int | None
+# NotAValue for a key of another type, or None when there is no such key.
+Value = bytes | int | NotAValue | None
 
 
 class Store(Protocol):
@@ -94,6 +103,8 @@ class Store(Protocol):
 
     def close(self) -> None: ...
 
+    warn: Warn  # a damaged field the store skips in a hash (an index of many entries, one junk) is said here
+
 
 def hash_fields(store: Store, name: str) -> set[str]:
     """The field names of a hash (their values are not kept)."""
@@ -106,9 +117,10 @@ def redact(url: str) -> str:
 
 
 def open_store(url: str, connect_timeout: float = CONNECT_TIMEOUT, io_timeout: float = IO_TIMEOUT,
-               deadline: float | None = None) -> Store:
+               deadline: float | None = None, warn: Warn | None = None) -> Store:
     """The store at `url`: redis://[user:password@]host:port/db, rediss://... (TLS), or file:///path.
-    `deadline`: seconds the whole remote part of the command may take (None: no limit)."""
+    `deadline`: seconds the whole remote part of the command may take (None: no limit); `warn`: where the
+    hash fields it skips are said, one line each."""
     store: Store
     url = lower_scheme(url)  # REDIS://h is redis://h, as redis-py reads it
     if url.startswith(("redis://", "rediss://", "unix://")):
@@ -126,7 +138,13 @@ def open_store(url: str, connect_timeout: float = CONNECT_TIMEOUT, io_timeout: f
     else:
         raise UsageError(f"remote {redact(url)!r}: use redis://host:port/db, rediss://... or file:///path")
     store.set_deadline(deadline)
+    store.warn = warn or (lambda m: None)
     return store
+
+
+def skipped_field(store: Store, name: str, field: str, why: str) -> None:
+    """Say that a field of the hash `name` was skipped, the rest going on (both stores' one line)."""
+    store.warn(f"remote {store.url}: skipped {name} field {field[:200]!r}: {why}")
 
 
 class Deadline:
@@ -178,11 +196,14 @@ for i = 3 + n, #KEYS do redis.call('SET', KEYS[i], ARGV[i + 2 - n]) end
 return 1
 """
 # Bounded reads: the server measures each value and sends it only when it is within its limit (else
-# its size, an integer); a key that is not a string counts as missing. KEYS: keys; ARGV: limits.
+# its size, an integer); a key that is not there is false, one of another type its type, in a list.
+# KEYS: keys; ARGV: limits.
 _GET = """
 local out = {}
 for i, k in ipairs(KEYS) do
-  if redis.call('TYPE', k).ok ~= 'string' then out[i] = false
+  local t = redis.call('TYPE', k).ok
+  if t == 'none' then out[i] = false
+  elseif t ~= 'string' then out[i] = {t}
   else
     local n = redis.call('STRLEN', k)
     if n > tonumber(ARGV[i]) then out[i] = n else out[i] = redis.call('GET', k) end
@@ -191,17 +212,20 @@ end
 return out
 """
 # One HSCAN step, each value sent only within the limit (else its size), each name only within it too
-# (else left out). KEYS: hash; ARGV: cursor, count, limit.
+# (else its first 64 bytes and its length, to be said). KEYS: hash; ARGV: cursor, count, limit.
 _HSCAN = """
 local r = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
-local lim, kv, out = tonumber(ARGV[3]), r[2], {}
+local lim, kv, out, long = tonumber(ARGV[3]), r[2], {}, {}
 for i = 1, #kv, 2 do
   if #kv[i] <= 4096 then
     out[#out + 1] = kv[i]
     if #kv[i + 1] > lim then out[#out + 1] = #kv[i + 1] else out[#out + 1] = kv[i + 1] end
+  else
+    long[#long + 1] = string.sub(kv[i], 1, 64)
+    long[#long + 1] = #kv[i]
   end
 end
-return {r[1], out}
+return {r[1], out, long}
 """
 # Bounded HMGET. KEYS: hash; ARGV: limit, fields...
 _HMGET = """
@@ -256,6 +280,8 @@ _REDIS_QUERY = frozenset({"password", "username", "client_name", "protocol", "he
 
 
 def _value(v: object) -> Value:
+    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], bytes):  # _GET's type of a key not a string
+        return NotAValue("a Redis " + v[0].decode("ascii", "replace")[:20])
     return v if isinstance(v, (bytes, int)) and not isinstance(v, bool) else None
 
 
@@ -272,6 +298,7 @@ class RedisStore:
         except ImportError:
             raise KcacheError("the redis client is not installed (pip install redis)") from None
         self.url = redact(url)
+        self.warn: Warn = lambda m: None
         self._errors = redis.exceptions.RedisError
         self.deadline = Deadline(self.url)
         self._expired = False
@@ -380,10 +407,12 @@ class RedisStore:
         seen: set[object] = set()
         while True:
             reply = self._call(script, keys=[name], args=[cursor, SCAN_BATCH, limit])
-            if not (isinstance(reply, list) and len(reply) == 2 and isinstance(reply[1], list)):
+            if not (isinstance(reply, list) and len(reply) in (2, 3) and all(isinstance(x, list) for x in reply[1:])):
                 raise RemoteError(f"remote {self.url}: its answer to a scan is not one")
-            cursor, kv = reply
+            cursor, kv, long = (*reply, [])[:3]  # (the names left out: none from a server that says none)
             self._no_circle(cursor, seen)
+            for head, n in zip(long[::2], long[1::2]):
+                skipped_field(self, name, f"{bytes(head).decode('utf-8', 'replace')}...", f"a name of {n} bytes")
             yield [(k.decode("utf-8", "replace"), _value(v)) for k, v in zip(kv[::2], kv[1::2])
                    if isinstance(k, bytes)]
             if cursor in (0, b"0", "0"):
@@ -454,13 +483,15 @@ class FileStore:
 
     Every read, write, rename and unlink goes through a descriptor of the store's directory held from
     the start (fswrite): the hash directories (`kcache:v1:index.d`, `pulled.d`) are opened beneath it
-    without following a link, so a member who plants a link there makes the command fail with one
-    line, never read, write or unlink where it points. Reads are bounded and checked against the
-    command's deadline between files."""
+    without following a link, so a member who plants a link in their place makes the command fail with
+    one line, never read, write or unlink where it points. A link, FIFO or folder where a value belongs is
+    NotAValue, never read: a hash field is skipped with a warning, a record refused. Reads are bounded and
+    checked against the command's deadline between files."""
 
     def __init__(self, path: str) -> None:
         self.path = os.path.realpath(path)
         self.url = "file://" + self.path
+        self.warn: Warn = lambda m: None
         try:
             self.fd = fswrite.open_root(self.path)
         except OSError:
@@ -483,6 +514,8 @@ class FileStore:
             return read_bytes(name, limit, dir_fd=fd)
         except FileNotFoundError:
             return None
+        except NotRegularFile as exc:
+            return NotAValue(exc.kind)
         except TooLarge:
             try:
                 return max(os.stat(name, dir_fd=fd, follow_symlinks=False).st_size, limit + 1)
@@ -490,6 +523,16 @@ class FileStore:
                 return limit + 1
         except OSError as exc:
             raise self._fail("read", name, exc) from None
+
+    def _present(self, name: str, dir_fd: int) -> Value:
+        """0 for a regular file (not read), NotAValue for anything else, None when there is none."""
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._fail("check", name, exc) from None
+        return 0 if stat.S_ISREG(mode) else NotAValue(kind_of(mode))
 
     def get(self, keys: Sequence[str], limit: int | Sequence[int] = MAX_RECORD) -> list[Value]:
         limits = [limit] * len(keys) if isinstance(limit, int) else list(limit)
@@ -582,8 +625,10 @@ class FileStore:
             for n in os.listdir(d):
                 if n.startswith("."):
                     continue
-                v = self._bounded(n, limit, d) if limit else 0
-                if v is not None:
+                v = self._bounded(n, limit, d) if limit else self._present(n, d)
+                if isinstance(v, NotAValue):
+                    skipped_field(self, name, _key_of(n), f"{v.what}, not a value")
+                elif v is not None:
                     batch.append((_key_of(n), v))
                 if len(batch) >= SCAN_BATCH:
                     yield batch
@@ -598,9 +643,13 @@ class FileStore:
         if d is None:
             return [None] * len(fields)
         try:
-            return [self._bounded(_file_name(f), limit, d) for f in fields]
+            got = [self._bounded(_file_name(f), limit, d) for f in fields]
         finally:
             os.close(d)
+        for f, v in zip(fields, got):
+            if isinstance(v, NotAValue):
+                skipped_field(self, name, f, f"{v.what}, not a value")
+        return [None if isinstance(v, NotAValue) else v for v in got]
 
     def hash_set(self, name: str, mapping: Mapping[str, bytes]) -> None:
         d = self._hdir(name, create=True)
