@@ -69,7 +69,7 @@ def explain_command(
     here = explain.probe(python, gpu=gpu)
     result = explain.ExplainResult(here)
     for url in images:  # the image's manifest records, read from its layer (nothing written)
-        with cmd_oci.opened(url, 2.0, None, None) as reg:
+        with cmd_oci.opened(oci.parse_ref(url), 2.0, None, None) as reg:
             image = oci_ops.read_image(reg, reg.ref.tag or oci_ops.DEFAULT_TAG)
             result.items += explain.explain_image(oci_ops.image_records(reg, image), here, image.ref.url)
     targets = [t for t in targets or [] if t not in images]

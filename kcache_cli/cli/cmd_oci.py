@@ -21,8 +21,10 @@ else:
 
 
 @contextlib.contextmanager
-def opened(url: str, timeout: float, deadline: Optional[float], user: Optional[str]) -> Iterator[Any]:
-    reg = oci.Registry(oci.parse_ref(url), connect_timeout=timeout, user=user)
+def opened(ref: Any, timeout: float, deadline: Optional[float], user: Optional[str]) -> Iterator[Any]:
+    """A registry client for `ref` (an OciRef: oci.parse_ref, or oci.parse_repository for a command that acts
+    on every tag), under the command's deadline."""
+    reg = oci.Registry(ref, connect_timeout=timeout, user=user)
     reg.set_deadline(deadline)
     try:
         yield reg
@@ -46,7 +48,7 @@ def _entry_table(rows: list[list[str]]) -> None:
 
 def push(opts: o.GlobalOptions, root, flt, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str],
          dry_run: bool) -> None:
-    with opened(url, *timeouts, user) as reg:
+    with opened(oci.parse_ref(url), *timeouts, user) as reg:
         result = oci_ops.push_image(root, reg, flt, dry_run=dry_run, warn=lambda m: c.warn(opts, m))
     out = _output(opts, "push-oci")
 
@@ -67,13 +69,13 @@ def push(opts: o.GlobalOptions, root, flt, url: str, timeouts: tuple[float, Opti
 
 def pull_image_of(url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]):
     """The image the pull names (manifest and config read), before the local root is chosen."""
-    with opened(url, *timeouts, user) as reg:
+    with opened(oci.parse_ref(url), *timeouts, user) as reg:
         return oci_ops.read_image(reg, reg.ref.tag or oci_ops.DEFAULT_TAG)
 
 
 def pull(opts: o.GlobalOptions, root, flt, image, url: str, timeouts: tuple[float, Optional[float]],
          user: Optional[str], node: Optional[list[str]], dry_run: bool, lock_timeout: float) -> None:
-    with opened(url, *timeouts, user) as reg:
+    with opened(oci.parse_ref(url), *timeouts, user) as reg:
         result = oci_ops.pull_image(root, reg, image, node, flt, dry_run=dry_run, lock_timeout=lock_timeout,
                             warn=lambda m: c.warn(opts, m))
     out = _output(opts, "pull-oci")
@@ -97,7 +99,7 @@ def pull(opts: o.GlobalOptions, root, flt, image, url: str, timeouts: tuple[floa
 
 def ls(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
     out = _output(opts, "remote-ls-oci")
-    with opened(url, *timeouts, user) as reg:
+    with opened(oci.parse_repository(url, "remote ls"), *timeouts, user) as reg:
         images = oci_ops.list_images(reg, out.warn)
 
     def human() -> None:
@@ -114,7 +116,7 @@ def ls(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]],
 
 def stats(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
     out = _output(opts, "remote-stats-oci")
-    with opened(url, *timeouts, user) as reg:
+    with opened(oci.parse_repository(url, "remote stats"), *timeouts, user) as reg:
         result = oci_ops.image_stats(reg.url, oci_ops.list_images(reg, out.warn))
 
     def human() -> None:
@@ -132,7 +134,7 @@ def prune(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float
           limits: tuple[Optional[int], Optional[float], Optional[int]], dry_run: bool) -> None:
     out = _output(opts, "remote-prune-oci")
     keep, age, max_size = limits
-    with opened(url, *timeouts, user) as reg:
+    with opened(oci.parse_repository(url, "remote prune"), *timeouts, user) as reg:
         images = oci_ops.list_images(reg, out.warn)
         done = oci_ops.prune_images(reg, images, oci_ops.plan_prune(images, keep, age, max_size), dry_run)
     removed = [r for r in done if r.skipped is None]

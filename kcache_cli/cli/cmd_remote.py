@@ -295,8 +295,8 @@ def remote_ls(
     Entries are printed as the index is read, a batch at a time (sorted within a batch), so a remote
     of millions of entries lists in bounded memory; --json is one list, streamed the same way.
 
-    An oci:// remote (its tag, if any, ignored) lists the repository's tags: entries, size, target
-    archs and age of each image.
+    An oci:// repository, named without a tag (a tag is a usage error), lists its tags: entries,
+    size, target archs and age of each image.
 
     Example: kcache remote ls --remote redis://cache-host:6379/0 --op 'mat*' --json
     """
@@ -351,7 +351,7 @@ def remote_stats_command(
 ) -> None:
     """Totals of the remote per layout, space and op, from its index.
 
-    Of an oci:// repository: per target arch and layout, over its tags.
+    Of an oci:// repository, named without a tag: per target arch and layout, over its tags.
 
     Example: kcache remote stats --remote file:///mnt/shared/kcache
     """
@@ -397,9 +397,10 @@ def remote_prune(
     naming another entry, or claiming a file no cache holds, loses only itself, with a warning).
     Without --max-size or --older-than nothing is removed.
 
-    Of an oci:// repository it removes tags (their manifests, by digest, through the registry's API): past
-    the --keep N newest, older than --older-than, then the oldest until the images hold at most --max-size.
-    A tag it did not select is never removed, even one naming the same image (that image is then kept).
+    Of an oci:// repository, named without a tag (it acts on every tag: a tag in the URL is a usage
+    error), it removes tags (their manifests, by digest, through the registry's API): past the --keep N
+    newest, older than --older-than, then the oldest until the images hold at most --max-size. A tag it
+    did not select is never removed, even one naming the same image (that image is then kept).
 
     Example: kcache remote prune --max-size 200G --older-than 30d --dry-run
     """

@@ -91,6 +91,17 @@ def parse_ref(url: str) -> OciRef:
     return OciRef(scheme, host.lower(), repo, tag)
 
 
+def parse_repository(url: str, command: str) -> OciRef:
+    """The repository a whole-repository command (`remote ls`, `stats`, `prune`) acts on. A URL naming a
+    tag is a usage error: such a command acts on every tag, so a tag in its URL would claim a narrower
+    scope than it has (a prune of `:v2` deleting every tag)."""
+    ref = parse_ref(url)
+    if ref.tag is not None:
+        raise UsageError(f"remote {ref.url}: {command} acts on every tag of a repository: name the repository "
+                         f"without a tag (--remote {ref._replace(tag=None).url})")
+    return ref
+
+
 def _loopback(host: str) -> bool:
     name = host.rpartition(":")[0] if host.count(":") == 1 or host.startswith("[") else host
     return name.strip("[]") in ("localhost", "127.0.0.1", "::1") or name.startswith("127.")
