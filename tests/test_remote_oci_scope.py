@@ -42,3 +42,65 @@ def test_a_tag_in_the_url_of_remote_ls_stats_or_prune_is_a_usage_error(kcache, t
     assert sorted(tags) == ["v1", "v2", "v2same"]  # nothing was removed
     dry = kcache("remote", "prune", "--keep", "0", "--dry-run", "--remote", repo, "--json")
     assert dry.exit_code == 0 and sorted(r["tag"] for r in dry.json()["removed"]) == ["v1", "v2", "v2same"]
+
+
+# ---- an image pinned by digest ------------------------------------------------------------------------
+
+DIGEST_URL = "oci+http://127.0.0.1:5000/kernels/tri@sha256:" + "65fb" * 16
+
+
+def test_the_at_of_a_digest_is_no_password_and_a_password_before_it_still_is():
+    from kcache_cli.remote.redact import redact_text, redact_url
+
+    assert redact_url(DIGEST_URL) == DIGEST_URL  # host and repository stay readable
+    assert redact_text(f"Error: remote '{DIGEST_URL}': refused") == f"Error: remote '{DIGEST_URL}': refused"
+    hidden = redact_url("oci://al:hun/ter2@reg.example:5000/kernels/tri@sha256:" + "0" * 64)
+    assert hidden == "oci://***@reg.example:5000/kernels/tri@sha256:" + "0" * 64
+    assert redact_url("file:///mnt/a@b/cache") == "file:///mnt/a@b/cache"  # no authority: nothing of it hidden
+
+
+def test_an_image_pinned_by_digest_pulls_and_explains(kcache, triton, oci_registry, tmp_path):
+    repo = oci_registry.url("team/pinned")
+    digest = push(kcache, triton, f"{repo}:v1")["digest"]
+    push(kcache, triton, f"{repo}:v1", "--space", "sm_90a")  # the tag moves on; the digest still names v1's image
+    dest = tmp_path / "dest"
+    run = kcache("pull", "--remote", f"{repo}@{digest}", "--cache-dir", dest, "--gpu", "sm_80", "--json")
+    assert run.exit_code == 0, run.stderr
+    doc = run.json()
+    assert doc["digest"] == digest and doc["remote"] == f"{repo}@{digest}"
+    assert doc["imported"] == 3 and doc["skipped_other_arch"] == 3  # v1's sm_80 kernels: the moved tag has none
+    explained = kcache("explain", f"{repo}@{digest}", "--gpu", "sm_80", "--json")
+    assert explained.exit_code == 0, explained.stderr
+    assert len(explained.json()["items"]) == 6
+    assert all(e["path"] == f"{repo}@{digest}" for e in explained.json()["items"])
+
+
+def test_a_digest_where_a_tag_belongs_or_a_bad_digest_is_a_clear_usage_error(kcache, triton, oci_registry):
+    repo = oci_registry.url("team/pinned-bad")
+    digest = push(kcache, triton, f"{repo}:v1")["digest"]
+    run = kcache("push", "--remote", f"{repo}@{digest}", "--cache-dir", triton)
+    assert run.exit_code == 2 and "name a tag, not a digest" in run.stderr and "***" not in run.stderr
+    run = kcache("remote", "ls", "--remote", f"{repo}@{digest}")
+    assert run.exit_code == 2 and "without a tag or digest" in run.stderr and f"--remote {repo})" in run.stderr
+    run = kcache("pull", "--remote", f"{repo}@sha256:abc", "--gpu", "sm_80")
+    assert run.exit_code == 2 and "'sha256:abc' is not a digest" in run.stderr
+    assert f"{repo}@sha256:abc" in run.stderr and "***" not in run.stderr
+
+
+def test_a_manifest_that_does_not_hash_to_the_pinned_digest_is_refused(kcache, tmp_path):
+    import hashlib
+
+    from test_remote_oci_hostile import Hostile, send
+
+    h = Hostile()
+    try:
+        h.answer(lambda r: send(r, 200, b'{"schemaVersion": 2, "layers": []}',
+                                {"Content-Type": "application/vnd.oci.image.manifest.v1+json"}))
+        pinned = "sha256:" + hashlib.sha256(b"another manifest").hexdigest()
+        dest = tmp_path / "dest"
+        run = kcache("pull", "--remote", f"oci+http://{h.host}/team/k@{pinned}", "--cache-dir", dest, "--gpu",
+                     "sm_80")
+    finally:
+        h.close()
+    assert run.exit_code == 1 and "has another digest" in run.stderr and not dest.exists()
+    assert any(path == f"/v2/team/k/manifests/{pinned}" for _, path, _ in h.seen)

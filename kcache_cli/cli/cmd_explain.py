@@ -70,7 +70,7 @@ def explain_command(
     result = explain.ExplainResult(here)
     for url in images:  # the image's manifest records, read from its layer (nothing written)
         with cmd_oci.opened(oci.parse_ref(url), 2.0, None, None) as reg:
-            image = oci_ops.read_image(reg, reg.ref.tag or oci_ops.DEFAULT_TAG)
+            image = oci_ops.read_image(reg, reg.ref.reference)
             result.items += explain.explain_image(oci_ops.image_records(reg, image), here, image.ref.url)
     targets = [t for t in targets or [] if t not in images]
     blobs = [t for t in targets or [] if is_blob(t)]

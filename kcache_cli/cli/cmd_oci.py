@@ -70,7 +70,7 @@ def push(opts: o.GlobalOptions, root, flt, url: str, timeouts: tuple[float, Opti
 def pull_image_of(url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]):
     """The image the pull names (manifest and config read), before the local root is chosen."""
     with opened(oci.parse_ref(url), *timeouts, user) as reg:
-        return oci_ops.read_image(reg, reg.ref.tag or oci_ops.DEFAULT_TAG)
+        return oci_ops.read_image(reg, reg.ref.reference)
 
 
 def pull(opts: o.GlobalOptions, root, flt, image, url: str, timeouts: tuple[float, Optional[float]],

@@ -41,7 +41,8 @@ else:
 RemoteOpt = Annotated[Optional[str], typer.Option(
     "--remote", metavar="URL", envvar="KCACHE_REMOTE", show_envvar=False,
     help="The shared cache: redis://[user:password@]host:port/db, rediss://... (TLS), file:///shared/dir, or an "
-    "OCI registry image oci://host[:port]/repo:tag (oci+http:// for plain HTTP). Default: KCACHE_REMOTE.")]
+    "OCI registry image oci://host[:port]/repo:tag (pull: or repo@sha256:DIGEST, pinned; oci+http:// for plain "
+    "HTTP). Default: KCACHE_REMOTE.")]
 UserOpt = Annotated[Optional[str], typer.Option(
     "--remote-user", metavar="USER", envvar="KCACHE_REMOTE_USER", show_envvar=False,
     help="oci:// only: the registry user; the password comes from KCACHE_REMOTE_PASSWORD (default: the "

@@ -48,21 +48,35 @@ _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
+DEFAULT_TAG = "latest"  # the tag a URL that names none means, as docker's
+
+
 class OciRef(NamedTuple):
-    """Where an image lives: `scheme` https or http, `host` with its port, `repo`, `tag` (None: none given)."""
+    """Where an image lives: `scheme` https or http, `host` with its port, `repo`, `tag` (None: none given),
+    `digest` (`sha256:<hex>`: the image pinned, whatever tag it has; None: none given)."""
 
     scheme: str
     host: str
     repo: str
     tag: str | None
+    digest: str | None = None
 
     @property
     def url(self) -> str:
         return f"oci{'+http' if self.scheme == 'http' else ''}://{self.host}/{self.repo}" + (
-            f":{self.tag}" if self.tag else "")
+            f":{self.tag}" if self.tag else "") + (f"@{self.digest}" if self.digest else "")
+
+    @property
+    def reference(self) -> str:
+        """What the registry's manifest API is asked for: the digest when pinned, else the tag (or latest)."""
+        return self.digest or self.tag or DEFAULT_TAG
 
     def with_tag(self, tag: str) -> OciRef:
-        return self._replace(tag=tag)
+        return self._replace(tag=tag, digest=None)
+
+    def with_reference(self, reference: str) -> OciRef:
+        """This repository's image named by `reference`, a tag or a digest."""
+        return self._replace(tag=None, digest=reference) if DIGEST.match(reference) else self.with_tag(reference)
 
 
 def is_oci(url: str | None) -> bool:
@@ -70,8 +84,8 @@ def is_oci(url: str | None) -> bool:
 
 
 def parse_ref(url: str) -> OciRef:
-    """`oci://HOST[:PORT]/REPO[:TAG]` (or oci+http://, the scheme in any case); a usage error naming
-    what is wrong."""
+    """`oci://HOST[:PORT]/REPO[:TAG][@sha256:HEX]` (or oci+http://, the scheme in any case); a usage error
+    naming what is wrong."""
     url = lower_scheme(url)
     scheme = "http" if url.startswith("oci+http://") else "https"
     rest = url.partition("://")[2]
@@ -79,6 +93,7 @@ def parse_ref(url: str) -> OciRef:
         raise UsageError("an oci:// remote takes no credentials in its URL: use --remote-user and "
                          "KCACHE_REMOTE_PASSWORD, or docker/podman login")
     host, _, path = rest.partition("/")
+    path, at, digest = path.partition("@")
     repo, tag = path, None
     if ":" in path.rpartition("/")[2]:
         repo, _, tag = path.rpartition(":")
@@ -88,17 +103,20 @@ def parse_ref(url: str) -> OciRef:
         raise UsageError(f"remote {url!r}: {repo!r} is not a repository name (lower case, e.g. team/kernels)")
     if tag is not None and not _TAG.match(tag):
         raise UsageError(f"remote {url!r}: {tag!r} is not a tag (letters, digits, '_', '.', '-'; at most 128)")
-    return OciRef(scheme, host.lower(), repo, tag)
+    if at and not DIGEST.match(digest):
+        raise UsageError(f"remote {url!r}: {digest[:80]!r} is not a digest kcache pins by (sha256: and 64 "
+                         "lower-case hex digits)")
+    return OciRef(scheme, host.lower(), repo, tag, digest if at else None)
 
 
 def parse_repository(url: str, command: str) -> OciRef:
     """The repository a whole-repository command (`remote ls`, `stats`, `prune`) acts on. A URL naming a
-    tag is a usage error: such a command acts on every tag, so a tag in its URL would claim a narrower
+    tag (or a digest) is a usage error: such a command acts on every tag, so a tag in its URL would claim a narrower
     scope than it has (a prune of `:v2` deleting every tag)."""
     ref = parse_ref(url)
-    if ref.tag is not None:
+    if ref.tag is not None or ref.digest is not None:
         raise UsageError(f"remote {ref.url}: {command} acts on every tag of a repository: name the repository "
-                         f"without a tag (--remote {ref._replace(tag=None).url})")
+                         f"without a tag or digest (--remote {ref._replace(tag=None, digest=None).url})")
     return ref
 
 

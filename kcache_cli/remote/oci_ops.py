@@ -31,14 +31,13 @@ from kcache_cli.layouts.image_format import CPU
 from kcache_cli.model.records import ScanFilter, Warn, iso
 from kcache_cli.model.terms import Status
 from kcache_cli.remote import oci_image as img
-from kcache_cli.remote.oci import DIGEST, MAX_CONFIG, OciRef, Registry
+from kcache_cli.remote.oci import DEFAULT_TAG, DIGEST, MAX_CONFIG, OciRef, Registry
 from kcache_cli.remote.pull import summary_matches
 from kcache_cli.remote.store import RemoteError
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.signing import signer
 from kcache_cli.util.units import is_digits
 
-DEFAULT_TAG = "latest"
 OTHER_ARCH = "built for"  # how the reason of an entry left out for its arch starts
 
 
@@ -85,6 +84,9 @@ def _one_layout(plan) -> str:
 def push_image(root: Path, reg: Registry, flt: ScanFilter | None = None, *, dry_run: bool = False,
                warn: Warn | None = None) -> ImagePushResult:
     """Push the complete entries `flt` selects as one image under the remote's tag (module doc)."""
+    if reg.ref.digest:
+        raise UsageError(f"remote {reg.ref.url}: push puts an image under a tag, and its digest comes from its "
+                         f"bytes: name a tag, not a digest (--remote {reg.ref._replace(digest=None).url})")
     warn = warn or (lambda m: None)
     plan = plan_export(root, flt or ScanFilter(), warn=warn)
     layout = _one_layout(plan)
@@ -177,10 +179,11 @@ def _descriptor(d: object, what: str, url: str) -> tuple[str, int, str]:
     return d["digest"], d["size"], str(d.get("mediaType") or "")
 
 
-def read_image(reg: Registry, tag: str) -> Image:
-    """The image under `tag`: its manifest (one compat layer), its config's labels and creation time."""
-    raw, _, digest = reg.get_manifest(tag)
-    ref = reg.ref.with_tag(tag)
+def read_image(reg: Registry, reference: str) -> Image:
+    """The image a tag or digest names: its manifest (one compat layer; asked by digest, it must have that
+    digest), its config's labels and creation time."""
+    raw, _, digest = reg.get_manifest(reference)
+    ref = reg.ref.with_reference(reference)
     try:
         doc = json.loads(raw)
     except ValueError:

@@ -2,10 +2,13 @@
 `url`, error lines, --debug tracebacks, JSON).
 
 A URL carries a password in its user part (`redis://:pw@h`, `redis://user:pw@h`, with `@`, `/`, `?`
-or `#` inside it, encoded or not) or in its query (`?password=pw`, which redis-py honours). Whatever
-lies between `://` and the last `@` of the URL is hidden whole (an unencoded `@` or `/` makes the user
-part ambiguous, so no part of it is kept), and so is the value of every query parameter but a few
-known harmless ones."""
+or `#` inside it, encoded or not) or in its query (`?password=pw`, which redis-py honours). The user
+part ends at the `@` before the host: the last `@` that a host follows (`@host[:port]`, then `/`, `?`,
+`#` or the end). Whatever lies between `://` and that `@` is hidden whole (an unencoded `@` or `/`
+makes the user part ambiguous, so no part of it is kept), and so is the value of every query parameter
+but a few known harmless ones. An `@` in a path that no host follows (an image pinned by digest,
+`oci://h/team/k@sha256:…`) ends no user part, and a URL whose authority is empty (`file:///…`) has
+none."""
 
 from __future__ import annotations
 
@@ -18,6 +21,9 @@ _HARMLESS = frozenset({"db", "socket_timeout", "socket_connect_timeout", "socket
                        "decode_responses", "encoding"})
 # A URL inside some text: a scheme, `://`, then everything up to white space or a quote.
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*")
+# The `@` that ends a user part: a host follows it (a name, or an IPv6 literal, and a port of at most 5 digits),
+# then the path, query, fragment or the end. `@sha256:<64 hex>` is no host and port.
+_USER_END = re.compile(r"@(?:\[[^\]/?#@]*\]|[^/?#@:\[\]]*)(?::\d{0,5})?(?=[/?#]|$)")
 
 
 def lower_scheme(url: str) -> str:
@@ -32,9 +38,9 @@ def redact_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return _redact_query(url)
-    at = rest.rfind("@")
-    if at >= 0:
-        rest = HIDDEN + rest[at:]
+    ends = [] if rest.startswith("/") else [m.start() for m in _USER_END.finditer(rest)]
+    if ends:
+        rest = HIDDEN + rest[ends[-1]:]
     return f"{scheme}://{_redact_query(rest)}"
 
 
