@@ -112,7 +112,7 @@ def test_push_and_pull_fit_the_terminal_and_keep_the_reference_whole(kcache, tri
     assert all(len(line) <= width for line in dry.stdout.splitlines()), dry.stdout
     stderr_lines_fit(dry.stderr, width, url)
 
-    pulled = kcache("pull", "--remote", url, "--cache-dir", tmp_path / "p", "--gpu", "sm_86", env=env)
+    pulled = kcache("pull", "--remote", url, "--cache-dir", tmp_path / "p", "--gpu", "sm_80", env=env)
     assert pulled.exit_code == 0, pulled.stderr
     assert all(len(line) <= width for line in pulled.stdout.splitlines()), pulled.stdout
     assert sum(line.startswith("import") for line in pulled.stdout.splitlines()) == 3

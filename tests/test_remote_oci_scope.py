@@ -104,3 +104,39 @@ def test_a_manifest_that_does_not_hash_to_the_pinned_digest_is_refused(kcache, t
         h.close()
     assert run.exit_code == 1 and "has another digest" in run.stderr and not dest.exists()
     assert any(path == f"/v2/team/k/manifests/{pinned}" for _, path, _ in h.seen)
+
+
+# ---- the arch rule a pull goes by is its layout's, as explain's --------------------------------------
+
+def test_triton_kernels_built_for_sm_80_are_not_pulled_onto_sm_86(kcache, triton, oci_registry, tmp_path):
+    url = oci_registry.url("team/ampere:v1")
+    push(kcache, triton, url, "--space", "sm_80")
+    dest = tmp_path / "dest"
+    run = kcache("pull", "--remote", url, "--cache-dir", dest, "--gpu", "sm_86")
+    assert run.exit_code == 1 and "built for sm_80; this node runs sm_86" in run.stderr and not dest.exists()
+    mixed = oci_registry.url("team/ampere:mixed")
+    push(kcache, triton, mixed)
+    run = kcache("pull", "--remote", mixed, "--cache-dir", dest, "--gpu", "sm_86,sm_90", "--json")
+    assert run.exit_code == 0, run.stderr
+    doc = run.json()  # Triton looks an sm_80 kernel up on 8.0 only; sm_90a's on 9.0
+    assert doc["imported"] == 3 and doc["skipped_other_arch"] == 3
+    assert all(e["arch"] == "sm_90a" for e in doc["entries"])
+
+
+def test_the_arch_rule_is_the_layouts_and_tritons_explain_goes_by_it():
+    from kcache_cli import layouts
+    from kcache_cli.layouts.base import Here
+
+    triton, hidet, inductor = (layouts.get(n) for n in ("triton", "hidet", "inductor"))
+    assert hidet.runs_on("sm_80", ["sm_86"]) and not hidet.runs_on("sm_86", ["sm_80"])  # the driver's rule
+    assert hidet.runs_on("compute_80", ["sm_90"]) and not hidet.runs_on("sm_90a", ["sm_100"])
+    assert not triton.runs_on("sm_80", ["sm_86"]) and triton.runs_on("sm_80", ["sm_86", "sm_80"])
+    assert triton.runs_on("sm_90a", ["sm_90"]) and not triton.runs_on("sm_90a", ["sm_100"])
+    assert not inductor.runs_on("sm_80", ["sm_86"])  # its GPU code is Triton kernels
+    assert all(lay.runs_on("cpu", []) for lay in (triton, hidet, inductor))
+    for arch in ("sm_80", "sm_86", "sm_90a"):
+        for gpu in ("sm_80", "sm_86", "sm_90"):
+            here = Here("3.11", None, {"triton": "3.9.0"}, gpu, "--gpu", {})
+            verdict = triton.explain_record({"relpath": "K" * 52, "compiler": "triton 3.9.0", "arch": arch,
+                                             "status": "complete"}, here)
+            assert (verdict.factor != "target arch") == triton.runs_on(arch, [gpu]), (arch, gpu, verdict)

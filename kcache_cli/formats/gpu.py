@@ -10,6 +10,7 @@ from typing import Iterable, NamedTuple
 
 # sm_90, sm_90a, sm_100f, compute_90: the one arch grammar of kcache.
 ARCH_RE = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
+CPU = "cpu"  # the arch word of code that runs on the host: any node runs it
 
 
 class CudaArch(NamedTuple):
@@ -60,6 +61,23 @@ def arch_runs_on(arch: str, caps: Iterable[tuple[int, int]]) -> bool | None:
             if ok:
                 return True
     return False
+
+
+def runs_on_node(arch: str, node: Iterable[str], exact: bool = False) -> bool:
+    """Whether code built for `arch` (an arch word: sm_80, sm_90a, compute_90, gfx90a; `cpu` runs anywhere)
+    is used on a node whose GPUs are the arch words `node`: CUDA code by the driver's rule for a binary
+    (arch_runs_on), or with `exact` only on a GPU of the compute capability it names (a consumer that
+    keys its cache by the capability, as Triton does); another word only on a GPU of the same word."""
+    if arch == CPU:
+        return True
+    node = list(node)
+    caps = [a.cc for n in node for a in cuda_archs(n)]
+    built = cuda_archs(arch)
+    if not (caps and built):
+        return arch in node
+    if exact:
+        return any(a.cc == cap for a in built for cap in caps)
+    return bool(arch_runs_on(arch, caps))
 
 
 def local_compute_caps(timeout: float = 10.0) -> tuple[tuple[int, int], ...] | None:

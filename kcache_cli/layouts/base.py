@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol
 
+from kcache_cli.formats.gpu import runs_on_node
 from kcache_cli.fs.locking import probe_locked
 from kcache_cli.layouts import _facts, homes
 from kcache_cli.layouts._facts import Facts
@@ -302,6 +303,8 @@ class Transport(Protocol):
     def explain_mega(self, kind: str, recorded: Mapping[str, object], here: Here) -> Verdict: ...
 
     def explain_record(self, record: Mapping[str, object], here: Here) -> Verdict: ...
+
+    def runs_on(self, arch: str, gpus: Iterable[str]) -> bool: ...
 
 
 CONCERNS: tuple[type, ...] = (Shaped, EntryReader, Dependencies, Removal, Transport)
@@ -617,6 +620,14 @@ class Layout:
     def explain_record(self, record: Mapping[str, object], here: Here) -> Verdict:
         """`explain` for an entry of an archive, from its manifest record (compiler, arch, status, relpath)."""
         return Verdict(UNKNOWN, f"kcache does not judge {self.name} entries from what an archive or image records")
+
+    def runs_on(self, arch: str, gpus: Iterable[str]) -> bool:
+        """Whether this layout's consumer, on a node whose GPUs are the arch words `gpus` (sm_86, gfx90a),
+        uses code built for `arch` (`cpu` anywhere): the rule a pull keeps or refuses entries by. Default:
+        a binary the CUDA driver loads (SASS on the same major and a newer minor, `sm_90a` only on 9.0, PTX
+        on anything newer). A consumer that keys its cache by the exact GPU (Triton) says so here, and its
+        `explain` goes by the same rule."""
+        return runs_on_node(arch, gpus)
 
 
 if TYPE_CHECKING:  # mypy's proof that the defaults, and so every subclass, satisfy each concern

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-CPU = "cpu"  # a target every node runs: the GPU preflight passes it
+from kcache_cli.formats.gpu import CPU  # a target every node runs: the GPU preflight passes it
+
 MAX_META = 1 << 20  # bytes of a file read while the layer is written (a Triton kernel's metadata)
 
 

@@ -791,6 +791,10 @@ class InductorLayout(Layout):
     no_log = staticmethod(no_log)
     relocation_problem = staticmethod(relocation_problem)
 
+    def runs_on(self, arch: str, gpus: Iterable[str]) -> bool:
+        """Inductor's GPU code is its nested Triton kernels, which Triton looks up by the exact GPU: its rule."""
+        return _triton().runs_on(arch, gpus)
+
     def uses(self, root: Path, entry: Entry) -> list[str]:
         if entry.kind != AUTOGRAD:
             return []

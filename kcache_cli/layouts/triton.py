@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from stat import S_ISLNK
 from typing import TYPE_CHECKING
 
+from kcache_cli.formats.gpu import runs_on_node
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs import write as fswrite
@@ -803,6 +804,13 @@ def version_era(version: str) -> str | None:
     return "<=3.1" if v <= (3, 1) else "3.2" if v == (3, 2) else ">=3.3"
 
 
+def runs_on(arch: str, gpus: Iterable[str]) -> bool:
+    """Triton keys a kernel by its target, the GPU's exact compute capability (and the "a" variant from 9.0
+    on), so it looks a kernel up only on a GPU of that capability: an sm_80 kernel is never found on 8.6,
+    where a binary the driver loads would run. The rule explain and pull both go by."""
+    return runs_on_node(arch, gpus, exact=True)
+
+
 def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     """Will Triton in `here` use `entry` for the kernel it was compiled for (same source, same launch)?"""
     meta = None
@@ -849,7 +857,7 @@ def _verdict(key: str, recorded: str | None, target: dict | None, status: str | 
     cc = int(here.gpu.split("_")[1].rstrip("af"))
     if backend != "cuda":
         return Verdict(MISS, "Triton here targets the CUDA GPU", "target backend", backend, "cuda")
-    if target.get("arch") != cc:
+    if not runs_on(str(arch), [here.gpu]):
         return Verdict(MISS, "Triton keys a kernel by the GPU's compute capability", "target arch", arch,
                        f"sm_{cc}{'a' if cc >= 90 else ''}")
     if target.get("warp_size") != 32:
@@ -917,6 +925,7 @@ class TritonLayout(Layout):
 
     explain = staticmethod(explain)
     explain_record = staticmethod(explain_record)
+    runs_on = staticmethod(runs_on)
 
 
 LAYOUT = TritonLayout()

@@ -30,14 +30,13 @@ import hashlib
 import json
 import platform
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO
 
 from kcache_cli import __version__, layouts
 from kcache_cli.archive.manifest import ImportLimits, reject
-from kcache_cli.formats.gpu import arch_runs_on, cuda_archs
 from kcache_cli.fs import tarstream as ts
 from kcache_cli.fs.read import parse_json
 from kcache_cli.layouts.image_format import CPU, MAX_META, ImageFormat
@@ -61,7 +60,7 @@ def image_format(layout: str) -> ImageFormat:
     return layouts.get(layout).image_format()
 
 
-# ---- the targets: what the summary says, and which of them a node runs -----------------------
+# ---- the targets: what the summary says (which of them a node runs is its layout's rule: Layout.runs_on) ----
 
 def target_arch(backend: str, arch: object) -> str:
     """One arch word for a summary target: Triton's CUDA capability 90 is `sm_90a` (Triton builds the
@@ -73,16 +72,6 @@ def target_arch(backend: str, arch: object) -> str:
         n = int(text)
         return f"sm_{n}{'a' if n >= 90 else ''}"
     return text
-
-
-def runs_on(arch: str, node: Iterable[str]) -> bool:
-    """Whether code for `arch` runs on a node whose GPUs are `node` (arch words: sm_80, gfx90a)."""
-    if arch == CPU:
-        return True
-    node = list(node)
-    caps = [a.cc for n in node for a in cuda_archs(n) if a.kind == "sm"]
-    ok = arch_runs_on(arch, caps) if caps else None
-    return bool(ok) if ok is not None else arch in node
 
 
 def _summary(labels: dict[str, str], fmt: ImageFormat) -> list[tuple[str, str]]:

@@ -252,7 +252,7 @@ def preflight(image: Image, node: list[str] | None, flt: ScanFilter | None = Non
         raise UsageError(NO_GPU)
     if not node or not targets:
         return
-    if not any(img.runs_on(t, node) for t in targets):
+    if not any(layouts.get(image.layout).runs_on(t, node) for t in targets):
         raise KcacheError(f"{image.ref.url} is built for {', '.join(targets)}; this node runs {', '.join(node)}: "
                           "nothing in it would load here (nothing written)")
 
@@ -304,7 +304,9 @@ class ImagePullResult:
                 "left_out": [{"relpath": s.relpath, "arch": s.arch, "reason": s.why} for s in self.skipped]}
 
 
-def _keeper(node: list[str] | None, flt: ScanFilter) -> Callable[[dict], str | None]:
+def _keeper(node: list[str] | None, flt: ScanFilter, layout: str) -> Callable[[dict], str | None]:
+    runs_on = layouts.get(layout).runs_on
+
     def keep(rec: dict) -> str | None:
         arch = rec.get("arch") if isinstance(rec.get("arch"), str) else None
         if node == []:  # no GPU here: only CPU entries may come, the selected ones
@@ -313,7 +315,7 @@ def _keeper(node: list[str] | None, flt: ScanFilter) -> Callable[[dict], str | N
             if rec.get("target") != CPU:
                 raise UsageError(f"{rec.get('relpath')} is built for {arch or 'a GPU'}; {NO_GPU}")
             return None
-        if node is not None and arch and not any(img.runs_on(a.strip(), node) for a in arch.split(",")):
+        if node is not None and arch and not any(runs_on(a.strip(), node) for a in arch.split(",")):
             return f"{OTHER_ARCH} {arch}; this node runs {', '.join(node)}"
         if not summary_matches(flt, rec):
             return "not selected"
@@ -332,7 +334,7 @@ def pull_image(root: Path, reg: Registry, image: Image, node: list[str] | None, 
         with _fetched_layer(reg, image, tmp, limits) as layer:
             with open(archive, "wb") as out:  # not under a root: our own 0700 temp dir
                 skipped = img.layer_to_archive(layer, out, img.image_format(image.layout),
-                                               _keeper(node, flt or ScanFilter()), limits,
+                                               _keeper(node, flt or ScanFilter(), image.layout), limits,
                                                lambda n: _check_room(tmp, n, "its entries expand to"))
         result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout, warn=warn)
     left = tuple(SkippedEntry.of(r, skipped.reasons[r["relpath"]]) for r in skipped.records)
