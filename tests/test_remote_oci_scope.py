@@ -140,3 +140,62 @@ def test_the_arch_rule_is_the_layouts_and_tritons_explain_goes_by_it():
             verdict = triton.explain_record({"relpath": "K" * 52, "compiler": "triton 3.9.0", "arch": arch,
                                              "status": "complete"}, here)
             assert (verdict.factor != "target arch") == triton.runs_on(arch, [gpu]), (arch, gpu, verdict)
+
+
+# ---- CPU code is the cpu target; an image of no GPU code pulls without a GPU -------------------------
+
+@pytest.fixture
+def no_gpu(tmp_path, monkeypatch) -> None:
+    """A node without nvidia-smi on its PATH: no GPU found."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+
+
+@pytest.fixture
+def inductor_cpu(tmp_path) -> Path:
+    """The CPU Inductor cache torch.compile made (tests/loaders/recorded/inductor.tar.gz): C++ code shards
+    (.cpp, .so), Python wrappers, fx graphs and autograd entries."""
+    from loaders import recorded
+
+    return recorded.extract_tree("inductor", tmp_path / "inductor")
+
+
+def _cpp_shards(root: Path) -> set[str]:
+    return {d.name for d in root.iterdir() if len(d.name) == 2 and d.name != "fx" and any(d.iterdir())
+            and all(f.suffix in (".cpp", ".so") for f in d.iterdir())}
+
+
+def test_inductors_cpp_code_is_a_cpu_target_in_ls_the_summary_and_a_pull(kcache, inductor_cpu, oci_registry,
+                                                                         tmp_path, no_gpu):
+    import json
+
+    from oci_registry import skopeo_inspect
+
+    cpp = _cpp_shards(inductor_cpu)
+    assert len(cpp) >= 10
+    listed = kcache("ls", "--cache-dir", inductor_cpu, "--target", "cpu", "--json").json()["entries"]
+    assert {e["hash"] for e in listed} == cpp and {(e["kind"], e["target"]) for e in listed} == {("code", "cpu")}
+    everything = kcache("ls", "--cache-dir", inductor_cpu, "--json").json()["entries"]
+    assert {e["target"] for e in everything if e["hash"] not in cpp} == {None}  # graphs, wrappers: cannot tell
+    url = oci_registry.url("team/inductor-cpu:v1")
+    push(kcache, inductor_cpu, url)
+    summary = json.loads(skopeo_inspect(oci_registry.host, "team/inductor-cpu:v1")["Labels"][
+        "cache.inductor.image/summary"])
+    assert summary == {"targets": [{"backend": "cpu", "arch": "cpu", "warp_size": 1}]}  # was: {"targets": []}
+    run = kcache("pull", "--remote", url, "--cache-dir", tmp_path / "all", "--json")
+    assert run.exit_code == 0, run.stderr  # was: exit 2, "no GPU found here"
+    assert run.json()["imported"] == len(everything) and run.json()["gpu"] is None
+    run = kcache("pull", "--remote", url, "--cache-dir", tmp_path / "cpu", "--target", "cpu", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert {e["relpath"] for e in run.json()["entries"]} == cpp  # was: nothing selected
+
+
+def test_a_vllm_image_whose_entries_name_no_gpu_arch_pulls_without_a_gpu(kcache, oci_registry, tmp_path, no_gpu):
+    from loaders import recorded
+
+    root = recorded.extract_tree("vllm", tmp_path / "vllm" / "root")
+    assert kcache("--cache-dir", root, "verify", "--fix").exit_code == 0
+    url = oci_registry.url("team/vllm-cpu:v1")
+    assert all(e["arch"] is None for e in push(kcache, root, url)["entries"])
+    run = kcache("pull", "--remote", url, "--cache-dir", tmp_path / "dest" / "torch_compile_cache", "--json")
+    assert run.exit_code == 0, run.stderr  # was: exit 2, "no GPU found here"
+    assert run.json()["imported"] == 2

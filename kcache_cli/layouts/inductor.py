@@ -75,6 +75,8 @@ VARIANT_RE = re.compile(r"^[a-z2-7]{51}$")
 FX_KEY_RE = re.compile(rb"f[a-z2-7]{51}")
 CODE_RE = re.compile(r"^(c[a-z2-7]{51})\.(.+)$")
 PICKLE_PROTOCOLS = range(2, 6)
+CPU = "cpu"  # the target of a code shard of C++ only (its .so is a host library)
+CPU_SUFFIXES = frozenset({"cpp", "h", "o", "so"})
 
 
 # ---- writers' temp files -----------------------------------------------------------------------------
@@ -624,7 +626,8 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
             continue
         if not flt.wants_space(f.space if f.kind == TRITON else None):
             continue
-        if f.kind != TRITON and not (wanted.wants_op(None) and wanted.wants_target(None)):
+        if f.kind != TRITON and not (wanted.wants_op(None) and (wanted.wants_target(None) or (
+                f.kind == CODE and wanted.wants_target(CPU)))):
             continue
         jobs.append((f.path, f.kind, f.hash, f.space, wanted.ops, wanted.targets))
     yield from (e for e in ctx.map_entries(_entry, jobs) if e is not None)
@@ -650,9 +653,20 @@ def _entry(ctx, job: tuple) -> Entry | None:
         j = _judge(d, kind, Judging(), lst, memo if seen is None else {})  # judged after the key was taken
     if recording is not None:
         recording[path] = seen
+    target = code_target(lst) if kind == CODE and lst is not None else None
+    if targets and target not in targets:
+        return None  # a code shard of Python (or of C++) where the other was asked for
     usage = lst.usage(path, ctx.warn) if lst is not None else measure_tree(path, ctx.warn)
-    return ctx.entry(path=path, usage=usage, layout=NAME, kind=kind, target=None, space=space, op=None,
+    return ctx.entry(path=path, usage=usage, layout=NAME, kind=kind, target=target, space=space, op=None,
                      hash=key, status=j.status, reason=j.reason)
+
+
+def code_target(lst: Listing) -> str | None:
+    """A code shard whose files are all C++ (sources, headers, objects and the host libraries built from
+    them: `.cpp`, `.h`, `.o`, `.so`) is CPU code, "cpu"; one holding Python (a graph's wrapper, or a Triton
+    kernel's source, for either device) or a GPU binary cannot tell from its names: None."""
+    suffixes = {m.group(2).rpartition(".")[2] for n in lst.files if (m := CODE_RE.match(n))}
+    return CPU if suffixes and suffixes <= CPU_SUFFIXES else None
 
 
 def _nested_triton(ctx, d: EntryDir, job: tuple) -> Entry | None:

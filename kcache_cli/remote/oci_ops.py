@@ -236,8 +236,14 @@ def node_archs(gpu: str | None, no_check: bool) -> list[str] | None:
 
 
 def needs_gpu(targets: list[str]) -> bool:
-    """Whether code for these targets needs a GPU: any but a CPU target, or none named (unknown)."""
-    return not targets or any(t != CPU for t in targets)
+    """Whether code for these targets needs a GPU: any but a CPU target. An image whose summary names none
+    (its entries record no arch: an Inductor graph, a vLLM compile) has nothing to check a GPU against."""
+    return any(t != CPU for t in targets)
+
+
+def _needs_gpu(rec: dict) -> bool:
+    """Whether one entry record is GPU code: a target other than the CPU, or a GPU arch."""
+    return rec.get("target") not in (None, CPU) or rec.get("arch") not in (None, "", CPU)
 
 
 def preflight(image: Image, node: list[str] | None, flt: ScanFilter | None = None) -> None:
@@ -309,10 +315,10 @@ def _keeper(node: list[str] | None, flt: ScanFilter, layout: str) -> Callable[[d
 
     def keep(rec: dict) -> str | None:
         arch = rec.get("arch") if isinstance(rec.get("arch"), str) else None
-        if node == []:  # no GPU here: only CPU entries may come, the selected ones
+        if node == []:  # no GPU here: only the selected entries that are no GPU code may come
             if not summary_matches(flt, rec):
                 return "not selected"
-            if rec.get("target") != CPU:
+            if _needs_gpu(rec):
                 raise UsageError(f"{rec.get('relpath')} is built for {arch or 'a GPU'}; {NO_GPU}")
             return None
         if node is not None and arch and not any(runs_on(a.strip(), node) for a in arch.split(",")):
