@@ -199,3 +199,14 @@ def test_a_vllm_image_whose_entries_name_no_gpu_arch_pulls_without_a_gpu(kcache,
     run = kcache("pull", "--remote", url, "--cache-dir", tmp_path / "dest" / "torch_compile_cache", "--json")
     assert run.exit_code == 0, run.stderr  # was: exit 2, "no GPU found here"
     assert run.json()["imported"] == 2
+
+
+# ---- what push and pull say ---------------------------------------------------------------------------
+
+def test_a_push_whose_selection_matches_nothing_says_so(kcache, triton, oci_registry):
+    url = oci_registry.url("team/none:v1")
+    for dry in ([], ["--dry-run"]):
+        run = kcache("--cache-dir", triton, "push", "--remote", url, "--op", "nosuch", *dry)
+        assert run.exit_code == 2 and "one layout" not in run.stderr, run.stderr
+        assert f"no entries in {triton} match the selection: nothing to push" in run.stderr
+    assert kcache("remote", "ls", "--remote", oci_registry.url("team/none"), "--json").json()["images"] == []

@@ -74,9 +74,13 @@ class ImagePushResult:
 
 
 def _one_layout(plan) -> str:
-    layouts = sorted({j.layout for j in plan.jobs})
+    """The one layout of the selection (its entries that go, else those left out: export then says why
+    none fits); none selected is what every command says of an empty selection."""
+    layouts = sorted({j.layout for j in plan.jobs} or {e.layout for e, _ in plan.left})
+    if not layouts:
+        raise UsageError(f"no entries in {plan.root} match the selection: nothing to push, no image written")
     if len(layouts) != 1:
-        raise UsageError(f"an image holds one layout, the selection has {', '.join(layouts) or 'none'}: "
+        raise UsageError(f"an image holds one layout, the selection has {', '.join(layouts)}: "
                          "select one with --layout")
     return layouts[0]
 
