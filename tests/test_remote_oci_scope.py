@@ -210,3 +210,17 @@ def test_a_push_whose_selection_matches_nothing_says_so(kcache, triton, oci_regi
         assert run.exit_code == 2 and "one layout" not in run.stderr, run.stderr
         assert f"no entries in {triton} match the selection: nothing to push" in run.stderr
     assert kcache("remote", "ls", "--remote", oci_registry.url("team/none"), "--json").json()["images"] == []
+
+
+def test_the_pull_summary_counts_the_bytes_of_what_was_pulled(kcache, triton, oci_registry, tmp_path):
+    url = oci_registry.url("team/sizes:v1")
+    push(kcache, triton, url)
+    dest = tmp_path / "dest"
+    dry = kcache("pull", "--remote", url, "--cache-dir", dest, "--gpu", "sm_80", "--dry-run", "--json").json()
+    first = kcache("pull", "--remote", url, "--cache-dir", dest, "--gpu", "sm_80", "--json").json()
+    assert first["size"] == sum(e["size"] for e in first["entries"]) > 0 and dry["size"] == first["size"]
+    again = kcache("pull", "--remote", url, "--cache-dir", dest, "--gpu", "sm_80")
+    assert again.exit_code == 0, again.stderr
+    assert "pulled 0 entries (0 B) from" in again.stderr and "skipped 3 present here" in again.stderr
+    doc = kcache("pull", "--remote", url, "--cache-dir", dest, "--gpu", "sm_80", "--json").json()
+    assert doc["imported"] == 0 and doc["skipped"] == 3 and doc["size"] == 0  # was: the skipped entries' bytes

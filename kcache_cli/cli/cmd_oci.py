@@ -90,7 +90,7 @@ def pull(opts: o.GlobalOptions, root, flt, image, url: str, timeouts: tuple[floa
         verb = "would pull" if dry_run else "pulled"
         n = imported.count("import") + imported.count("replace")
         other = len(result.skipped) - result.other_arch
-        out.info(f"{verb} {c.plural(n, 'entry')} ({c.human_size(imported.size)}) from {result.remote}; skipped "
+        out.info(f"{verb} {c.plural(n, 'entry')} ({c.human_size(result.size)}) from {result.remote}; skipped "
                  f"{imported.count('skip')} present here, {result.other_arch} built for other archs"
                  + (f", {other} not selected" if other else ""), whole_words=True)
 

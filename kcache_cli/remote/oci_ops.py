@@ -306,11 +306,18 @@ class ImagePullResult:
         """Entries left out because this node cannot run their arch."""
         return sum(1 for s in self.skipped if s.why.startswith(OTHER_ARCH))
 
+    @property
+    def size(self) -> int:
+        """Bytes of the entries that arrived (in a dry run: that would), as a pull from Redis counts them: not
+        those present here already, which import read and verified too."""
+        return sum(e.size for e in self.imported.entries if e.action in ("import", "replace")
+                   and (e.done or self.imported.dry_run))
+
     def to_json(self) -> dict[str, object]:
         out = self.imported.to_json()
         out.pop("archive", None)
-        return {**out, "remote": self.remote, "digest": self.digest, "gpu": list(self.node) if self.node else None,
-                "skipped_other_arch": self.other_arch,
+        return {**out, "size": self.size, "remote": self.remote, "digest": self.digest,
+                "gpu": list(self.node) if self.node else None, "skipped_other_arch": self.other_arch,
                 "left_out": [{"relpath": s.relpath, "arch": s.arch, "reason": s.why} for s in self.skipped]}
 
 
