@@ -115,7 +115,7 @@ def test_push_and_pull_fit_the_terminal_and_keep_the_reference_whole(kcache, tri
     pulled = kcache("pull", "--remote", url, "--cache-dir", tmp_path / "p", "--gpu", "sm_80", env=env)
     assert pulled.exit_code == 0, pulled.stderr
     assert all(len(line) <= width for line in pulled.stdout.splitlines()), pulled.stdout
-    assert sum(line.startswith("import") for line in pulled.stdout.splitlines()) == 3
+    assert sum(line.startswith("pull ") for line in pulled.stdout.splitlines()) == 3
     assert sum(line.startswith("skip") for line in pulled.stdout.splitlines()) == 3
     assert all(h[:8] in pulled.stdout for h in SM80)
     stderr_lines_fit(pulled.stderr, width, url + ";")

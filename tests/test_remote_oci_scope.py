@@ -224,3 +224,16 @@ def test_the_pull_summary_counts_the_bytes_of_what_was_pulled(kcache, triton, oc
     assert "pulled 0 entries (0 B) from" in again.stderr and "skipped 3 present here" in again.stderr
     doc = kcache("pull", "--remote", url, "--cache-dir", dest, "--gpu", "sm_80", "--json").json()
     assert doc["imported"] == 0 and doc["skipped"] == 3 and doc["size"] == 0  # was: the skipped entries' bytes
+
+
+def test_an_oci_pull_names_its_actions_as_every_pull_does(kcache, triton, oci_registry, tmp_path):
+    url = oci_registry.url("team/actions:v1")
+    push(kcache, triton, url)
+    dest = tmp_path / "dest"
+    first = kcache("pull", "--remote", url, "--cache-dir", dest, "--gpu", "sm_80", "--json").json()
+    assert {e["action"] for e in first["entries"]} == {"pull"}  # was: "import"
+    again = kcache("pull", "--remote", url, "--cache-dir", dest, "--gpu", "sm_80", "--json").json()
+    assert {e["action"] for e in again["entries"]} == {"skip"}
+    table = kcache("pull", "--remote", url, "--cache-dir", tmp_path / "other", "--gpu", "sm_80")
+    actions = [line.split()[0] for line in table.stdout.splitlines()[1:]]
+    assert sorted(set(actions)) == ["pull", "skip"] and actions.count("pull") == 3  # sm_90a ones: skip

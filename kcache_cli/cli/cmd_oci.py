@@ -82,8 +82,8 @@ def pull(opts: o.GlobalOptions, root, flt, image, url: str, timeouts: tuple[floa
     imported = result.imported
 
     def human() -> None:
-        rows = [[e.action, e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, f"{e.files:,}",
-                 c.human_size(e.size), e.arch or "-", e.reason or ""] for e in imported.entries]
+        rows = [[oci_ops.pull_action(e.action), e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash,
+                 f"{e.files:,}", c.human_size(e.size), e.arch or "-", e.reason or ""] for e in imported.entries]
         rows += [["skip", s.layout or "-", s.kind or "-", s.space or "-", s.op or "-", s.hash or s.relpath, "-",
                   "-", s.arch or "-", s.why] for s in result.skipped]
         _entry_table(rows)

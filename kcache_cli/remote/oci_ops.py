@@ -291,6 +291,12 @@ class SkippedEntry(NamedTuple):
         return cls(rec["relpath"], words[0], why, *words[1:])
 
 
+def pull_action(action: str) -> str:
+    """A pull's word for what import did with an entry: `pull` / `replace` / `skip`, as every pull says
+    (docs/remote.md), not import's `import`."""
+    return "pull" if action == "import" else action
+
+
 @dataclass(frozen=True)
 class ImagePullResult:
     """What pulling a cache image did: its digest and the import of its layer."""
@@ -316,6 +322,7 @@ class ImagePullResult:
     def to_json(self) -> dict[str, object]:
         out = self.imported.to_json()
         out.pop("archive", None)
+        out["entries"] = [{**e, "action": pull_action(e["action"])} for e in out["entries"]]
         return {**out, "size": self.size, "remote": self.remote, "digest": self.digest,
                 "gpu": list(self.node) if self.node else None, "skipped_other_arch": self.other_arch,
                 "left_out": [{"relpath": s.relpath, "arch": s.arch, "reason": s.why} for s in self.skipped]}
