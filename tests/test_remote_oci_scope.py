@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from oci_registry import skopeo
+from test_remote_oci import SM80
 
 pytestmark = pytest.mark.oci
 
@@ -237,3 +238,35 @@ def test_an_oci_pull_names_its_actions_as_every_pull_does(kcache, triton, oci_re
     table = kcache("pull", "--remote", url, "--cache-dir", tmp_path / "other", "--gpu", "sm_80")
     actions = [line.split()[0] for line in table.stdout.splitlines()[1:]]
     assert sorted(set(actions)) == ["pull", "skip"] and actions.count("pull") == 3  # sm_90a ones: skip
+
+
+# ---- remote stats per target counts that target's entries --------------------------------------------
+
+def test_remote_stats_per_target_counts_that_targets_entries(kcache, triton, oci_registry):
+    from test_remote_oci import files_of
+
+    repo = oci_registry.url("team/per-target")
+    push(kcache, triton, f"{repo}:both")
+    push(kcache, triton, f"{repo}:ampere", "--space", "sm_80")
+    doc = kcache("remote", "stats", "--remote", repo, "--json").json()
+    sizes = {arch: sum(len(b) for n, b in files_of(triton).items() if n.split("/")[0] in keys)
+             for arch, keys in (("sm_80", SM80), ("sm_90a", {n.split("/")[0] for n in files_of(triton)} - SM80))}
+    assert doc["by_target"]["sm_80"] == {"tags": 2, "entry_count": 6, "size": 2 * sizes["sm_80"]}
+    assert doc["by_target"]["sm_90a"] == {"tags": 1, "entry_count": 3, "size": sizes["sm_90a"]}  # was: 6, the image's
+    assert sum(g["entry_count"] for g in doc["by_target"].values()) == doc["entry_count"] == 9
+
+
+def test_remote_stats_says_when_the_labels_cannot_tell_targets_apart(kcache, oci_registry):
+    from test_remote_oci import _raw_image
+
+    _raw_image(oci_registry, {"io.triton.cache/K/a.json": b"{}"},  # as an older kcache labelled a two-target image
+               {"io.kcache.image/layout": "triton", "cache.triton.image/entry-count": "2",
+                "cache.triton.image/summary": '{"targets":[{"backend":"cuda","arch":"80","warp_size":32},'
+                                              '{"backend":"cuda","arch":"90","warp_size":32}]}'})
+    run = kcache("remote", "stats", "--remote", oci_registry.url("team/foreign"), "--json")
+    assert run.exit_code == 0, run.stderr
+    doc = run.json()
+    assert doc["entry_count"] == 2
+    assert doc["by_target"] == {t: {"tags": 1, "entry_count": None, "size": None} for t in ("sm_80", "sm_90a")}
+    human = kcache("remote", "stats", "--remote", oci_registry.url("team/foreign"))
+    assert "do not count them apart" in human.stderr

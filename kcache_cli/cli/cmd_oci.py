@@ -120,10 +120,15 @@ def stats(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float
         result = oci_ops.image_stats(reg.url, oci_ops.list_images(reg, out.warn))
 
     def human() -> None:
-        rows = [[what, name, str(g["tags"]), str(g["entry_count"]), c.human_size(g["size"])]
+        rows = [[what, name, str(g["tags"]), "?" if g["entry_count"] is None else str(g["entry_count"]),
+                 "?" if g["size"] is None else c.human_size(g["size"])]
                 for what in ("target", "layout") for name, g in result[f"by_{what}"].items()]  # type: ignore[attr-defined]
         if rows:
             c.print_table(["by", "name", "tags", "entries", "size"], rows, right=(2, 3, 4))
+        if any(row[3] == "?" for row in rows):
+            out.info("?: a tag an older kcache pushed holds several targets and its labels do not count them apart")
+        if result["by_target"]:
+            out.info("a target's size is its entries' files; a layout's, its images in the registry")
         out.text(f"{c.plural(result['tags'], 'tag')} ({c.plural(result['images'], 'image')}), "  # type: ignore[arg-type]
                  f"{c.plural(result['entry_count'], 'entry')}, {c.human_size(result['size'])} in {result['remote']}")  # type: ignore[arg-type]
 

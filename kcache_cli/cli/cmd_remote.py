@@ -352,7 +352,8 @@ def remote_stats_command(
 ) -> None:
     """Totals of the remote per layout, space and op, from its index.
 
-    Of an oci:// repository, named without a tag: per target arch and layout, over its tags.
+    Of an oci:// repository, named without a tag: per target arch (that target's entries and their
+    files' bytes) and per layout (its images), over its tags.
 
     Example: kcache remote stats --remote file:///mnt/shared/kcache
     """

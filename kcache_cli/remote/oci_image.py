@@ -51,6 +51,7 @@ KCACHE_MANIFEST = "io.kcache.manifest/manifest.json"
 LABEL_LAYOUT = "io.kcache.image/layout"
 LABEL_VERSION = "io.kcache.image/kcache-version"
 ANNOTATION_SIGNER = "io.kcache.image/signed-by"
+LABEL_TARGETS = "io.kcache.image/targets"  # per target arch: the entries of it and their files' bytes
 
 
 def image_format(layout: str) -> ImageFormat:
@@ -205,7 +206,44 @@ def labels(fmt: ImageFormat, facts: LayerFacts, title: str) -> dict[str, str]:
             f"{p}entry-count": str(fmt.entry_count(facts.records, facts.metadata)),
             f"{p}cache-size-bytes": str(facts.cache_bytes),
             f"{p}summary": json.dumps({"targets": targets}, separators=(",", ":")),
-            LABEL_LAYOUT: fmt.name, LABEL_VERSION: __version__, **fmt.labels(facts.records)}
+            LABEL_LAYOUT: fmt.name, LABEL_VERSION: __version__,
+            LABEL_TARGETS: json.dumps(target_tally(facts.records), sort_keys=True, separators=(",", ":")),
+            **fmt.labels(facts.records)}
+
+
+def target_tally(records: list[dict]) -> dict[str, dict[str, int]]:
+    """Per arch word of kcache's records (`cpu` for CPU code; the words the summary names): its entries and
+    their files' bytes. An entry that records no arch is in none."""
+    out: dict[str, dict[str, int]] = {}
+    for r in records:
+        word = CPU if r.get("target") == CPU else r.get("arch")
+        if not isinstance(word, str) or not word:
+            continue
+        files = r.get("files")
+        sizes = [v[0] for v in files.values() if isinstance(v, list) and v] if isinstance(files, dict) else []
+        size = sum(n for n in sizes if type(n) is int)
+        group = out.setdefault(word, {"entry_count": 0, "size": 0})
+        group["entry_count"] += 1
+        group["size"] += size
+    return out
+
+
+def read_tally(labels: dict[str, str]) -> dict[str, tuple[int, int]] | None:
+    """The label target_tally wrote, as (entries, bytes) per arch word; None when there is none (an image an
+    older kcache pushed) or it is not one."""
+    try:
+        doc = json.loads(labels.get(LABEL_TARGETS) or "null")
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    out = {}
+    for word, g in doc.items():
+        n, size = (g.get("entry_count"), g.get("size")) if isinstance(g, dict) else (None, None)
+        if type(n) is not int or type(size) is not int or n < 0 or size < 0:
+            return None
+        out[word] = (n, size)
+    return out
 
 
 def config_json(lbls: dict[str, str], diff_id: str) -> bytes:

@@ -165,6 +165,18 @@ class Image:
         text = self.labels.get(fmt.label_prefix + "entry-count", "") if fmt else ""
         return int(text) if is_digits(text) else None
 
+    def target_counts(self, target: str) -> tuple[int, int] | None:
+        """(entries, their files' bytes) of one of its targets: from kcache's per-target label, or, for an
+        image of one target, its entry count and cache size; None when the labels cannot tell."""
+        tally = img.read_tally(self.labels)
+        if tally is not None:
+            return tally.get(target)
+        fmt = self._format()
+        size = self.labels.get(fmt.label_prefix + "cache-size-bytes", "") if fmt else ""
+        if self.targets == [target] and self.entry_count is not None and is_digits(size):
+            return self.entry_count, int(size)
+        return None
+
     def to_json(self) -> dict[str, object]:
         """An image of `remote ls --json`."""
         return {"tag": self.ref.tag, "digest": self.digest, "layout": self.layout, "entry_count": self.entry_count,
@@ -413,17 +425,24 @@ def list_images(reg: Registry, warn: Warn | None = None) -> list[Image]:
 
 
 def image_stats(url: str, images: list[Image]) -> dict[str, object]:
-    """`remote stats` of a repository: tags, bytes, entries, and the same per target arch and layout."""
-    by_target: dict[str, dict[str, int]] = {}
+    """`remote stats` of a repository: tags, bytes, entries; per layout the same; per target arch its tags,
+    its entries and their files' bytes (None where a tag's labels cannot tell: never a whole image's)."""
+    by_target: dict[str, dict[str, int | None]] = {}
     by_layout: dict[str, dict[str, int]] = {}
     digests: dict[str, int] = {}
     for i in images:
         digests[i.digest] = i.size
-        for name, group in [*((t, by_target) for t in i.targets), (i.layout or "-", by_layout)]:
-            g = group.setdefault(name, {"tags": 0, "entry_count": 0, "size": 0})
-            g["tags"] += 1
-            g["entry_count"] += i.entry_count or 0
-            g["size"] += i.size
+        g = by_layout.setdefault(i.layout or "-", {"tags": 0, "entry_count": 0, "size": 0})
+        g["tags"] += 1
+        g["entry_count"] += i.entry_count or 0
+        g["size"] += i.size
+        for t in i.targets:
+            row = by_target.setdefault(t, {"tags": 0, "entry_count": 0, "size": 0})
+            row["tags"] = (row["tags"] or 0) + 1
+            counts = i.target_counts(t)
+            n, size = row["entry_count"], row["size"]
+            row["entry_count"], row["size"] = (n + counts[0], size + counts[1]) if counts and n is not None \
+                and size is not None else (None, None)
     return {"remote": url, "tags": len(images), "images": len(digests), "size": sum(digests.values()),
             "entry_count": sum(i.entry_count or 0 for i in images), "by_target": by_target, "by_layout": by_layout}
 
