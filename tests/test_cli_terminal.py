@@ -332,6 +332,19 @@ def test_a_value_matching_nothing_says_what_exists(kcache, tmp_path, args, hint)
     assert kcache("--cache-dir", root, "ls", "-q", *args).stderr == ""  # ls -q, paths only: nothing on stderr
 
 
+def test_a_target_the_entries_keep_in_their_files_is_no_unknown_one(kcache, tmp_path):
+    """Triton keeps an entry's target in its metadata, not in a directory name: `ls --target cuda` listed
+    the kernels and warned "no target 'cuda' ... (no targets present)" above them. A value an entry
+    selected has is never hinted at; one that selects nothing still is."""
+    root = copy_tree(FIXTURES / "triton" / "cache", tmp_path / "t")
+    for args in (("ls",), ("ls", "--json"), ("clear", "--dry-run"), ("verify",), ("export", tmp_path / "x.tar")):
+        r = kcache("--cache-dir", root, *args, "--target", "cuda")
+        assert "no target" not in r.stderr, (args, r.stderr)
+    assert "matmul_kernel" in kcache("--cache-dir", root, "ls", "--target", "cuda").stdout  # selected, listed
+    r = kcache("--cache-dir", root, "ls", "--target", "rocm")
+    assert "no target 'rocm'" in r.stderr and r.stdout == ""
+
+
 @pytest.mark.parametrize("cmd", [["ls"], ["stats"], ["prune"], ["clear", "--all", "--yes"], ["verify"],
                                  ["inspect", "ad25"], ["log", "ad25"], ["export", "a.tar"]])
 def test_an_explicit_cache_dir_must_exist(kcache, tmp_path, cmd):

@@ -217,11 +217,14 @@ def _expanded(values: tuple[str, ...], is_pattern, names_for) -> tuple[str, ...]
     return tuple(out)
 
 
-def unknown_values(root: str | os.PathLike, flt) -> list[str]:
+def unknown_values(root: str | os.PathLike, flt, found: dict[str, set] | None = None) -> list[str]:
     """One line for each --op, --space or --target value that names nothing present in `root`, with the
-    closest names ("did you mean matmul?") and the names there are."""
+    closest names ("did you mean matmul?") and the names there are; never for a value `found` (what, as
+    "op", -> the values the entries selected have) holds: a layout that keeps it in its files, not in its
+    directory names (Triton's target, Numba's), has it."""
     out = []
     for what, values, present_names, match in _checks(root, flt):
+        values = tuple(v for v in values if v not in (found or {}).get(what, ()))
         if not values:
             continue
         present = present_names()

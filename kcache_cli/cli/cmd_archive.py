@@ -115,7 +115,7 @@ def _export_plan(opts: o.GlobalOptions, sel: c.Selection, cache: Optional[str], 
         selected = [*plan.jobs, *(e for e, _ in plan.left)]
         missing -= c.matched_refs(loc.path, refs, selected)
         plans.append((loc, plan, selected, flt))
-    c.hint_unknown_many(opts, [(p[0].path, p[3]) for p in plans])
+    c.hint_unknown_many(opts, [(p[0].path, p[3]) for p in plans], [e for p in plans for e in p[2]])
     if missing:
         raise c.no_match([r for r in c.ref_list(sel.hashes) if r in missing], [loc.path for loc in locs],
                          selectors=sel.has_selectors())
@@ -282,7 +282,6 @@ def verify_command(
         refs = c.refs_in(loc.path, sel.hashes) if opts.many or len(locs) > 1 else sel.hashes
         if not sel.hashes or refs:  # else the entries named are in other caches
             chosen.append((loc.path, sel.filter(loc.path, refs), refs))
-    c.hint_unknown_many(opts, [(root, flt) for root, flt, _ in chosen])
     missing = set(c.ref_list(sel.hashes))
     results = []
     for root, flt, refs in chosen:
@@ -292,6 +291,8 @@ def verify_command(
                                   fix=fix, scanning=bar)
         results.append((root, result, time.monotonic() - started))
         missing -= c.matched_refs(root, refs, [*(ch.entry for ch in result.checked), *result.skipped])
+    c.hint_unknown_many(opts, [(root, flt) for root, flt, _ in chosen],
+                        [e for _, r, _ in results for e in (*(ch.entry for ch in r.checked), *r.skipped)])
     if missing:
         raise c.no_match([r for r in c.ref_list(sel.hashes) if r in missing], [loc.path for loc in locs],
                          selectors=sel.has_selectors())

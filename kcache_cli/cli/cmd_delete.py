@@ -294,11 +294,13 @@ def _clear_plans(opts: o.GlobalOptions, locs: list, hashes, filter_of, everythin
         if hashes and not refs:
             continue  # the entries named are in other caches: nothing of this one is selected
         chosen.append((loc, refs, filter_of(loc.path, refs)))
-    c.hint_unknown_many(opts, [(loc.path, flt) for loc, _, flt in chosen])
+    found: list = []
     for loc, refs, flt in chosen:
         plans.append((loc, _plan_clear(opts, loc, flt, everything)))
         picked = [*(r.entry for r in plans[-1][1].removals), *(s.entry for s in plans[-1][1].skipped)]
         missing -= c.matched_refs(loc.path, refs, picked)
+        found += picked
+    c.hint_unknown_many(opts, [(loc.path, flt) for loc, _, flt in chosen], found)
     if missing:
         raise c.no_match([r for r in c.ref_list(hashes) if r in missing], [loc.path for loc in locs],
                          selectors=selected)

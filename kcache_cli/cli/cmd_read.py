@@ -55,12 +55,12 @@ NoIndexOpt = Annotated[bool, typer.Option(
 def _scan(opts: o.GlobalOptions, flt, loc=None, use_index: bool = False, hint: bool = True):
 
     loc = loc or c.cache_location(opts, existing=True)
-    if hint:
-        c.hint_unknown(opts, loc.path, flt)
     # ls and stats also show what killed imports and exports left (layout "kcache"; prune removes it)
     with scanning(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
         result = scan.scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True, use_index=use_index,
                             progress=bar)
+    if hint:  # after the scan: a value its entries have (read from their files) is no unknown one
+        c.hint_unknown(opts, loc.path, flt, list(result.entries))
     return loc, result
 
 

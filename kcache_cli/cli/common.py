@@ -484,12 +484,14 @@ def make_filter(op=None, space=None, target=None, layout=None, status=None, kind
     return _names.expand_filter(root, flt)  # `--space 2`, `--op 'mat*'`: the names present, for every command
 
 
-def hint_unknown(opts: GlobalOptions, root: Path, flt) -> None:
-    """On stderr, each --op/--space/--target value that names nothing in `root`, with what there is."""
+def hint_unknown(opts: GlobalOptions, root: Path, flt, found: list | None = None) -> None:
+    """On stderr, each --op/--space/--target value that names nothing in `root`, with what there is (none
+    for a value an entry `found` has: a target read from an entry's files, not its path)."""
     if not (flt.ops or flt.spaces or flt.targets) or not fsread.is_dir(root):
         return
-
-    for line in _names.unknown_values(root, flt):
+    have = {"op": {e.op for e in found or ()}, "space": {e.space for e in found or ()},
+            "target": {e.target for e in found or ()}}
+    for line in _names.unknown_values(root, flt, have):
         warn(opts, line)
 
 
@@ -501,7 +503,8 @@ def hint_unknown_many(opts: GlobalOptions, selected: list, found: list | None = 
             "targets": {e.target for e in found or ()}}
 
     if len(selected) == 1:
-        return hint_unknown(opts, *selected[0])
+        root, flt = selected[0]
+        return hint_unknown(opts, root, flt, found)
     roots = [(root, flt) for root, flt in selected if fsread.is_dir(root)]
     for field, what in (("ops", "op"), ("spaces", "space"), ("targets", "target")):
         values = {v for _, flt in roots for v in getattr(flt, field)}
