@@ -173,6 +173,8 @@ def test_dir_all_and_stats_all_caches_wrap_their_lists(kcache, tmp_path):
     assert r.exit_code == 0, r.stderr
     check(r.json(), "dir")
     assert any(c["cache"] == "hidet" and c["entry_count"] == 5 for c in r.json()["caches"])
+    triton = kcache("dir", "--all", "--json", env={**env, "TRITON_CACHE_DIR": str(tmp_path / "tc")}).json()
+    assert any(c["cache"] == "triton" and "TRITON_CACHE_DIR" in c["reason"] for c in triton["caches"]), triton
     r = kcache("stats", "--all-caches", "--json", env=env)
     assert r.exit_code == 0, r.stderr
     check(r.json(), "stats")

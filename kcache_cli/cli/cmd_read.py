@@ -101,8 +101,10 @@ def dir_command(
         shown[owner] = str(get(owner).shown_path(path))
         with scanning(opts, f"scanning {c.printable_line(str(path))}") as bar:
             res = scan.scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
-        rows.append({"cache": owner, "path": str(path), "exists": res.exists, "layouts": list(res.layouts),
-                     "entry_count": len(res.entries), "size": res.size, "nested": nested_caches(owner, path)})
+        rule = get(owner).default_root()
+        rows.append({"cache": owner, "path": str(path), "reason": rule[1] if rule else "", "exists": res.exists,
+                     "layouts": list(res.layouts), "entry_count": len(res.entries), "size": res.size,
+                     "nested": nested_caches(owner, path)})
 
     # cache, entries and size always; the path last, wrapped or on its own line when the row is too wide
     out.result({"caches": rows}, lambda: c.print_table(
