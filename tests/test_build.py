@@ -269,6 +269,30 @@ def test_force_replaces_the_entry_in_one_step(tmp_path, kcache, monkeypatch):
 
 
 @needs_cxx
+def test_a_replaced_entry_that_cannot_go_to_the_trash_leaves_the_build_published(tmp_path, kcache, monkeypatch):
+    """After the exchange the new entry is published: the old one failing to move into the trash (an
+    entry another user wrote 0755: moving a directory to another parent takes write on it) must not
+    turn the build into "nothing was published" and remove the old entry as if it were the temp dir.
+    It stays under the temp name, a leftover prune removes once old."""
+    from kcache_cli.fs import write as fswrite
+
+    task = write_task(tmp_path / "tasks", "plus", 10, kind="cc")
+    root = tmp_path / "cache"
+    entry = Path(kcache("--cache-dir", root, "build", task, "--cxx", CXX).stdout.strip())
+    old = os.stat(entry).st_ino
+
+    def denied(*args):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(fswrite, "rename_at", denied)
+    r = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--force")
+    assert r.exit_code == 0 and r.stdout.strip() == str(entry), r.stderr
+    assert os.stat(entry).st_ino != old and (entry / "lib.so").is_file()
+    [left] = temp_dirs(root)  # the old entry, whole, under the temp name
+    assert os.stat(left).st_ino == old and (Path(left) / "lib.so").is_file()
+
+
+@needs_cxx
 def test_hit_prints_the_path_and_changes_nothing(tmp_path, kcache):
     task = write_task(tmp_path / "tasks", "plus", 8, kind="cc")
     root = tmp_path / "cache"

@@ -1046,15 +1046,25 @@ def _publish(root: Path, root_fd: int, tmp: _Temp, spec: TaskSpec) -> None:
 
 
 def _trash_old(root: Path, root_fd: int, op_fd: int, name: str, spec: TaskSpec) -> None:
-    """The replaced entry, at `name` in the op directory, out of the way: into the trash, emptied there
-    (killed before, it is a stale temp directory, which prune removes)."""
-    trash = state.open_state(root_fd, root, "trash", create=True)
+    """The replaced entry, at `name` in the op directory, out of the way: into the trash, emptied there.
+    The new entry is published already: nothing here may fail the build. Where it cannot move (an entry
+    another user wrote 0755: moving a directory to another parent takes write on it), or killed before,
+    it stays under the temp name, a leftover prune removes once an hour old."""
+    try:
+        trash = state.open_state(root_fd, root, "trash", create=True)
+    except OSError:
+        return
     old = f"build-{spec.hash}-{os.urandom(4).hex()}"
     try:
         fswrite.rename_at(op_fd, name, trash, old)
+    except OSError:
+        return
     finally:
         os.close(trash)
-    discard_temp(root, f"{state.STATE_DIR}/trash/{old}")
+    try:
+        discard_temp(root, f"{state.STATE_DIR}/trash/{old}")
+    except OSError:  # the next prune empties the trash
+        pass
 
 
 def _manifest(spec: TaskSpec, arch: Arch, compiler: Sequence[str], version: str | None, argv: list[str],
