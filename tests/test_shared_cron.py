@@ -344,8 +344,11 @@ def test_root_acts_on_no_budget_a_member_kept_in_the_cache(area):
         assert run.returncode == 1 and len(run.stderr.splitlines()) == 1, (args, run.stderr)
         assert f"{kept}: written by " in run.stderr and "a member of the cache's group" in run.stderr
     assert entries(root) == before
+    assert root_kcache("--cache-dir", root, "config", "set", "max-age", "90d").returncode == 0
+    assert os.stat(kept).st_uid == 0 and "max-size" not in kept.read_text()  # the member's value not taken over
+    dry = root_kcache("--cache-dir", root, "prune", "--dry-run", "--json")
+    assert dry.returncode == 0 and json.loads(dry.stdout)["removed"] == [], dry.stderr
     assert root_kcache("--cache-dir", root, "config", "set", "max-size", "1B").returncode == 0
-    assert os.stat(kept).st_uid == 0
     dry = root_kcache("--cache-dir", root, "prune", "--dry-run", "--json")
     assert dry.returncode == 0 and len(json.loads(dry.stdout)["removed"]) == len(before), dry.stderr
     os.chmod(kept, 0o666)

@@ -403,22 +403,23 @@ def _read_cache_file(path: Path, root: Path, rewriting: bool) -> bytes | None:
     finally:
         os.close(sfd)
     try:
-        why = _untrusted(st, group, owner, rewriting)
+        if rewriting and _members_budget(st, group, owner):
+            return None  # root sets a budget anew: a member's values are never taken over unseen
+        why = _untrusted(st, group, owner)
         if why:
             raise KcacheError(f"{path}: {why}: not trusted as this cache's budget; root or the cache's owner can "
-                              f"set it again (`kcache --cache-dir {root} config set ...` writes it as theirs) "
-                              "or remove it")
+                              f"set one anew (`kcache --cache-dir {root} config set KEY VALUE` keeps only what "
+                              "they set) or remove it")
         return _contents(fd, st, path)
     finally:
         os.close(fd)
 
 
-def _untrusted(st: os.stat_result, group: int | None, owner: int, rewriting: bool) -> str | None:
+def _untrusted(st: os.stat_result, group: int | None, owner: int) -> str | None:
     """Why the budget file (`st`) of a cache owned by `owner` must not steer this user's prune, or None.
     A member of a group-shared cache may keep a budget for every member's prune, but root's acts only on
     one that root or the cache's owner wrote: a member's max-size of 0 would otherwise have root's cron
-    remove the other members' entries, which that member may not remove. (`rewriting`: root's `config
-    set` reads it to write it again, as root's.)"""
+    remove the other members' entries, which that member may not remove."""
     if st.st_mode & 0o002:
         return "writable by anyone"
     if st.st_uid in (os.geteuid(), 0, owner):
@@ -426,10 +427,16 @@ def _untrusted(st: os.stat_result, group: int | None, owner: int, rewriting: boo
     writer = _user(st.st_uid)
     if group is None or st.st_gid != group:
         return f"written by {writer}, who is not you, root or the cache's owner, in a cache no group shares"
-    if os.geteuid() == 0 and not rewriting:
+    if _members_budget(st, group, owner):
         return f"written by {writer}, a member of the cache's group (root acts on a budget only root or the " \
                "cache's owner wrote)"
     return None
+
+
+def _members_budget(st: os.stat_result, group: int | None, owner: int) -> bool:
+    """Whether root reads a budget file a member of the cache's group wrote (not root, not the owner)."""
+    return (os.geteuid() == 0 and group is not None and st.st_gid == group and st.st_uid not in (0, owner)
+            and not st.st_mode & 0o002)
 
 
 def _user(uid: int) -> str:
