@@ -186,13 +186,29 @@ def test_keys_that_would_leave_the_root_are_refused(tmp_path, kcache, kind, key)
 
 def test_a_link_on_the_way_is_never_written_through(tmp_path, kcache):
     root, away = tmp_path / "root", tmp_path / "away"
-    (root / "fxgraph").mkdir(parents=True)  # an Inductor cache (a folder that is none takes nothing)
+    root.mkdir()
     away.mkdir()
     (root / "ab").symlink_to(away)
     r = kcache("--cache-dir", root, "--json", "import",
                _blob(tmp_path, megacache.build([("autotune", "ab/k.best_config", b"{}")])))
     assert r.exit_code == 1 and json.loads(r.stdout)["artifacts"][0]["action"] == "refuse"
     assert list(away.iterdir()) == []
+
+
+def test_a_blob_goes_into_an_inductor_root_that_holds_only_torch_s_locks(tmp_path, kcache):
+    """/tmp/torchinductor_$USER after torch took a lock and cached nothing holds locks/ alone: it is an
+    Inductor root (its shape keeps locks/), not a folder that holds no cache."""
+    root = tmp_path / "torchinductor_me"
+    (root / "locks").mkdir(parents=True)
+    r = kcache("--cache-dir", root, "--json", "import",
+               _blob(tmp_path, megacache.build([("autotune", "ab/k.best_config", b"{}")])))
+    assert r.exit_code == 0 and (root / "ab" / "k.best_config").is_file(), r.stderr
+    other = tmp_path / "project"
+    (other / "locks").mkdir(parents=True)
+    (other / "README").write_text("mine\n")  # anything else is no Inductor's: refused
+    r = kcache("--cache-dir", other, "import", _blob(tmp_path, megacache.build([("autotune", "cd/k.best_config",
+                                                                                 b"{}")])))
+    assert r.exit_code == 1 and "holds no kernel cache, yet is not empty ('README')" in r.stderr, r.stderr
 
 
 # ---- import and export ----------------------------------------------------------------------

@@ -765,7 +765,7 @@ def _not_a_cache(root: Path, brought: set[str], doing: str) -> str | None:
     except OSError:
         return None
     shapes = [BY_NAME[name] for name in brought if name in BY_NAME]
-    claimed = {n for shape in shapes for n in shape.tops(names)}
+    claimed = {n for shape in shapes for n in (*shape.tops(names), *shape.keeps)}
     foreign = [n for n in names if n not in claimed and not n.startswith(".")]
     if not foreign:
         return None

@@ -172,11 +172,15 @@ _FEW = 256  # a listing this short is matched kind by kind (a hidet root holds t
 class LayoutShape:
     """A layout's name and the shapes of its kinds."""
 
-    __slots__ = ("name", "kinds", "summary", "build_kind", "confirm", "own_detect")
+    __slots__ = ("name", "kinds", "summary", "build_kind", "confirm", "own_detect", "keeps")
 
     def __init__(self, name: str, kinds: tuple[KindShape, ...], summary: str, build_kind: str | None = None,
-                 confirm: Callable[[str, list[str], list[str]], bool] | None = None, own_detect: bool = False) -> None:
+                 confirm: Callable[[str, list[str], list[str]], bool] | None = None, own_detect: bool = False,
+                 keeps: tuple[str, ...] = ()) -> None:
         self.name = name
+        # Names the compiler keeps at the root besides its entries (Inductor's locks/): a root holding only
+        # those and entries' folders is this layout's, if an empty one (import takes an archive into it).
+        self.keeps = keeps
         self.kinds = kinds
         self.summary = summary  # one line for help texts: where its entries are
         self.build_kind = build_kind  # the kind `kcache build` writes into this layout (one layout has one)
@@ -352,7 +356,7 @@ INDUCTOR = LayoutShape("inductor", (
     # space "triton/<device>": a bare number would read as a hidet level (--space 2)
     KindShape("triton", "{tri}/{device}/{hash}", space="{tri}/{device}",
               patterns=(("tri", "triton"), ("device", r"\d+"), *_TRITON_KEY)),
-), "fxgraph/, aotautograd/, <2>/ code, cache/, triton/<device>/", confirm=_inductor_confirm)
+), "fxgraph/, aotautograd/, <2>/ code, cache/, triton/<device>/", confirm=_inductor_confirm, keeps=("locks",))
 
 def inductor_graph_relpath(key: str) -> str:
     """Where the fx graph `key` lies under an Inductor root (vLLM's nested Inductor caches too)."""
