@@ -84,6 +84,10 @@ def test_a_declared_size_over_the_limits_is_refused_before_a_byte_is_written():
     many = {f"f{i}": [3 << 30, "0" * 64] for i in range(22)}  # each within the file limit, 66 GiB in all
     out = _expand(_layer(_manifest(many), []))
     assert out.n == 0 and f"over the limit of {64 << 30}" in out.error  # type: ignore[attr-defined]
+    # the same entry for another arch is skipped, never written: the total limit is for what is kept
+    kept = img.layer_to_archive(io.BytesIO(_layer(_manifest(many), [])), _Counting(), img.image_format("triton"),
+                                lambda rec: "built for sm_90a", ImportLimits())
+    assert kept.reasons == {"K" * 52: "built for sm_90a"}
 
 
 def test_a_member_the_manifest_does_not_list_or_lists_smaller_is_never_expanded():

@@ -274,7 +274,6 @@ class Skipped:
     reasons: dict[str, str] = field(default_factory=dict)
     records: list[dict] = field(default_factory=list)
     files: dict[str, int] = field(default_factory=dict)  # relpath/name -> size, removed as each arrives
-    declared: int = 0  # bytes of files the manifest lists, kept or not
     expands: int = 0  # the most the kept entries make the archive hold: their bytes and tar headers
     members: int = 0
 
@@ -352,15 +351,18 @@ def _kept_manifest(raw: bytes, keep: Callable[[dict], str | None], skipped: Skip
             skipped.records.append(rec)
         else:
             kept.append(rec)
-            skipped.expands += size
+            skipped.expands += size  # only what is kept is written: another arch's entries may be any size
+            if skipped.expands > limits.max_total:
+                raise reject(f"its entries for here would expand to at least {skipped.expands} bytes, over the "
+                             f"limit of {limits.max_total}")
     doc["entries"] = kept
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def _declare(rec: object, skipped: Skipped, limits: ImportLimits) -> int:
-    """Note the files one record lists, held to import's limits (per file, and all records together);
-    returns the most the entry adds to the archive. A malformed record is import's to name: its files are
-    not listed, so none of them may come."""
+    """Note the files one record lists, held to import's limit per file (the caller holds those it keeps
+    to the limit in all); returns the most the entry adds to the archive. A malformed record is import's
+    to name: its files are not listed, so none of them may come."""
     if not isinstance(rec, dict) or not isinstance(rec.get("relpath"), str):
         return 0
     relpath, files = rec["relpath"], rec.get("files")
@@ -373,9 +375,6 @@ def _declare(rec: object, skipped: Skipped, limits: ImportLimits) -> int:
             raise reject(f"{relpath}/{name} is {n} bytes, over the limit of {limits.max_member} per file")
         skipped.files[f"{relpath}/{name}"] = n
         size, count = size + n, count + 1
-    skipped.declared += size
-    if skipped.declared > limits.max_total:
-        raise reject(f"it would expand to at least {skipped.declared} bytes, over the limit of {limits.max_total}")
     count += 1 + sum(len(v) for k in ("links", "dirs") if isinstance(v := rec.get(k), (list, dict)))
     return size + MEMBER_ROOM * count
 
