@@ -172,12 +172,12 @@ def parse_toml(raw: bytes, path: Path) -> dict:
         raise UsageError(f"{path}:{_deep_line(raw)}: not valid TOML: a value nested too deeply") from None
     except ValueError:  # an integer past Python's limit on digits (4,300): int() refuses it in the parser
         long = _LONG_NUMBER.search(raw)
-        at = f":{raw.count(NEWLINE, 0, long.start()) + 1}" if long else ""
+        at = f":{raw.count(_NEWLINE, 0, long.start()) + 1}" if long else ""
         raise UsageError(f"{path}{at}: not valid TOML: a number with too many digits") from None
 
 
-_LONG_NUMBER = re.compile(rb"[0-9][0-9_]{1000,}")
-NEWLINE = b"\n"
+_LONG_NUMBER = re.compile(rb"[0-9][0-9_]{4299,}")  # past int()'s limit of 4,300 digits
+_NEWLINE = b"\n"
 
 
 def _deep_line(raw: bytes, limit: int = 64) -> int:

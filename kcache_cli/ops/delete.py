@@ -438,9 +438,15 @@ class _Planner:
         order = sorted(self.removals.values(), key=lambda r: _provides(r.entry))  # users first
         return DeletePlan(str(self.root), True, tuple(order), tuple(self.skipped.values()), result.size,
                           tuple(warnings), tidy, root_ident=_root_ident(self.root),
-                          unreadable=(".",) * result.unlisted + tuple(e.relpath for e in result.entries
-                                                                      if unmeasured(e)))
+                          unreadable=_unmeasured(result))
 
+
+
+def _unmeasured(result: ScanResult) -> tuple[str, ...]:
+    """The directories whose size the scan could not know: the root itself ("."), when it could not be
+    listed, and those inside it."""
+    inside = tuple(e.relpath for e in result.entries if unmeasured(e))
+    return (".", *inside) if result.unlisted else inside
 
 
 def _root_ident(root: Path) -> tuple[int, int] | None:
