@@ -28,13 +28,20 @@ def push(kcache, root: Path, url: str, *args: str):
 
 # ---- a repository-level command names a repository, never a tag --------------------------------------
 
-def test_a_tag_in_the_url_of_remote_ls_stats_or_prune_is_a_usage_error(kcache, triton, oci_registry):
+def test_a_tag_in_the_url_of_remote_prune_is_a_usage_error_and_ls_stats_note_it(kcache, triton, oci_registry):
+    """prune of `…:v2` planned every tag: refused (exit 2). ls and stats only read: a KCACHE_REMOTE set to
+    an image, as push and pull take it, still lists its repository, with a note that the tag selects
+    nothing."""
     repo = oci_registry.url("team/scope")
     push(kcache, triton, f"{repo}:v1")
     push(kcache, triton, f"{repo}:v2", "--space", "sm_80")
     skopeo("copy", "--src-tls-verify=false", "--dest-tls-verify=false", f"docker://{oci_registry.host}/team/scope:v2",
            f"docker://{oci_registry.host}/team/scope:v2same")
-    for args in (["prune", "--keep", "0", "--dry-run"], ["prune", "--keep", "0"], ["ls"], ["stats"]):
+    for args in (["ls"], ["stats"]):
+        run = kcache("remote", *args, "--remote", f"{repo}:v2", "--json")
+        assert run.exit_code == 0 and "selects nothing" in run.stderr, (args, run.stderr)
+    assert len(kcache("remote", "ls", "--json", env={"KCACHE_REMOTE": f"{repo}:v1"}).json()["images"]) == 3
+    for args in (["prune", "--keep", "0", "--dry-run"], ["prune", "--keep", "0"]):
         run = kcache("remote", *args, "--remote", f"{repo}:v2", "--json")
         assert run.exit_code == 2, (args, run.stdout)
         assert run.json()["exit"] == 2 and "name the repository without a tag" in run.json()["error"]
@@ -81,7 +88,7 @@ def test_a_digest_where_a_tag_belongs_or_a_bad_digest_is_a_clear_usage_error(kca
     digest = push(kcache, triton, f"{repo}:v1")["digest"]
     run = kcache("push", "--remote", f"{repo}@{digest}", "--cache-dir", triton)
     assert run.exit_code == 2 and "name a tag, not a digest" in run.stderr and "***" not in run.stderr
-    run = kcache("remote", "ls", "--remote", f"{repo}@{digest}")
+    run = kcache("remote", "prune", "--keep", "0", "--remote", f"{repo}@{digest}")
     assert run.exit_code == 2 and "without a tag or digest" in run.stderr and f"--remote {repo})" in run.stderr
     run = kcache("pull", "--remote", f"{repo}@sha256:abc", "--gpu", "sm_80")
     assert run.exit_code == 2 and "'sha256:abc' is not a digest" in run.stderr

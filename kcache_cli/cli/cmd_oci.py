@@ -99,7 +99,7 @@ def pull(opts: o.GlobalOptions, root, flt, image, url: str, timeouts: tuple[floa
 
 def ls(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
     out = _output(opts, "remote-ls-oci")
-    with opened(oci.parse_repository(url, "remote ls"), *timeouts, user) as reg:
+    with opened(oci.parse_repository(url, "remote ls", out.warn), *timeouts, user) as reg:
         images = oci_ops.list_images(reg, out.warn)
 
     def human() -> None:
@@ -116,7 +116,7 @@ def ls(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]],
 
 def stats(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
     out = _output(opts, "remote-stats-oci")
-    with opened(oci.parse_repository(url, "remote stats"), *timeouts, user) as reg:
+    with opened(oci.parse_repository(url, "remote stats", out.warn), *timeouts, user) as reg:
         result = oci_ops.image_stats(reg.url, oci_ops.list_images(reg, out.warn))
 
     def human() -> None:

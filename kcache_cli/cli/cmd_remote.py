@@ -296,7 +296,7 @@ def remote_ls(
     Entries are printed as the index is read, a batch at a time (sorted within a batch), so a remote
     of millions of entries lists in bounded memory; --json is one list, streamed the same way.
 
-    An oci:// repository, named without a tag (a tag is a usage error), lists its tags: entries,
+    An oci:// repository lists its tags (a tag in the URL selects nothing: noted), with the entries,
     size, target archs and age of each image.
 
     Example: kcache remote ls --remote redis://cache-host:6379/0 --op 'mat*' --json
@@ -352,7 +352,7 @@ def remote_stats_command(
 ) -> None:
     """Totals of the remote per layout, space and op, from its index.
 
-    Of an oci:// repository, named without a tag: per target arch (that target's entries and their
+    Of an oci:// repository (a tag in the URL selects nothing: noted): per target arch (that target's entries and their
     files' bytes) and per layout (its images), over its tags.
 
     Example: kcache remote stats --remote file:///mnt/shared/kcache

@@ -22,7 +22,7 @@ import json
 import os
 import re
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http.client import HTTPException
 from typing import IO, Any, NamedTuple
@@ -109,15 +109,20 @@ def parse_ref(url: str) -> OciRef:
     return OciRef(scheme, host.lower(), repo, tag, digest if at else None)
 
 
-def parse_repository(url: str, command: str) -> OciRef:
+def parse_repository(url: str, command: str, note: Callable[[str], None] | None = None) -> OciRef:
     """The repository a whole-repository command (`remote ls`, `stats`, `prune`) acts on. A URL naming a
-    tag (or a digest) is a usage error: such a command acts on every tag, so a tag in its URL would claim a narrower
-    scope than it has (a prune of `:v2` deleting every tag)."""
+    tag (or a digest) would claim a narrower scope than such a command has (a prune of `:v2` deleting every
+    tag): a usage error; for one that only reads (`note` given: ls, stats), the tag is dropped with a note
+    (a KCACHE_REMOTE set to an image, as push and pull take it, still lists its repository)."""
     ref = parse_ref(url)
-    if ref.tag is not None or ref.digest is not None:
+    if ref.tag is None and ref.digest is None:
+        return ref
+    repo = ref._replace(tag=None, digest=None)
+    if note is None:
         raise UsageError(f"remote {ref.url}: {command} acts on every tag of a repository: name the repository "
-                         f"without a tag or digest (--remote {ref._replace(tag=None, digest=None).url})")
-    return ref
+                         f"without a tag or digest (--remote {repo.url})")
+    note(f"{command} reads every tag of {repo.url}: the tag or digest of {ref.url} selects nothing")
+    return repo
 
 
 def _loopback(host: str) -> bool:
