@@ -195,7 +195,7 @@ def test_cuda_compile_error_publishes_nothing(tmp_path, kcache):
 
 _FAKE_BODIES = {
     # exit 0 with garbage for lib.so: was published `complete` (only verify and inspect said corrupt)
-    "garbage": ('head -c 1000 /dev/urandom > lib.so', "its lib.so is not an ELF file"),
+    "garbage": ('head -c 1000 /dev/urandom > lib.so', "lib.so is not an ELF file"),
     "object": (f'{CXX} -c -x c++ /dev/null -o lib.so', "its lib.so is not a shared object"),
     "task": (f'{CXX} -shared -fPIC -o lib.so source.cc && echo tampered > task.txt', "it changed task.txt"),
     "link": (f'{CXX} -shared -fPIC -o lib.so source.cc && ln -s / evil', "it left 'evil', not a regular file"),

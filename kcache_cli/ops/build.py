@@ -42,6 +42,7 @@ from kcache_cli.fs.locking import EntryFlock
 from kcache_cli.fs.read import json_object, open_regular, parse_json
 from kcache_cli.layouts import builder
 from kcache_cli.layouts.shapes import BUILD_SHAPE
+from kcache_cli.model import checks
 from kcache_cli.model.records import Judgement
 from kcache_cli.model.terms import CORRUPT
 from kcache_cli.util.errors import KcacheError, LockTimeout, UsageError
@@ -963,11 +964,15 @@ def _output_problem(tmp: _Temp, task: bytes) -> str | None:
     the bytes kcache wrote, and nothing there but regular files (a link, FIFO or directory would be
     published into the cache)."""
     try:
-        head = fsread.read_bytes(BINARY, 18, dir_fd=tmp.fd, strict=False)
+        size = os.stat(BINARY, dir_fd=tmp.fd, follow_symlinks=False).st_size
+        head = fsread.read_bytes(BINARY, 64, dir_fd=tmp.fd, strict=False)
     except OSError:
         return f"it wrote no {BINARY}"
-    if len(head) < 18 or head[:4] != b"\x7fELF":
-        return f"it wrote no {BINARY}" if not head else f"its {BINARY} is not an ELF file"
+    if not head:
+        return f"it wrote no {BINARY}"
+    bad = checks.elf_truncated(BINARY, head, size)  # the cheap judgement's own check of a binary
+    if bad:
+        return bad
     if int.from_bytes(head[16:18], "little" if head[5] == 1 else "big") != ET_DYN:
         return f"its {BINARY} is not a shared object"
     try:
