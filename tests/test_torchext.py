@@ -330,3 +330,23 @@ def test_the_default_root_follows_torchs_rule(tmp_path, monkeypatch, version_py,
         f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}_{folder}")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))
     assert homes.torchext(tmp_path / "torch").path == tmp_path / "mine"
+
+
+def test_every_python_and_accelerator_folder_is_a_torchext_cache(tmp_path, monkeypatch):
+    """torch builds in py<XY>_<accelerator>/ of the torch that loads: a CUDA torch on another Python
+    (py312_cu128) keeps its extensions where kcache's own rule (its Python, cpu without torch beside it)
+    never looks. Each such folder is a root: dir --all names it, and ls's default scope reads it."""
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))
+    base = tmp_path / ".cache" / "torch_extensions"
+    cuda = built_here(base / "py312_cu128")
+    (base / "not_torchs").mkdir()
+    rows = [r for r in run_kcache("dir", "--all", "--json").json()["caches"] if r["cache"] == "torchext"]
+    assert [(r["path"], r["entry_count"]) for r in rows] == [(str(cuda), 1)]
+    listed = run_kcache("ls", "--layout", "torchext", "--json").json()["entries"]
+    assert [(e["hash"], e["status"]) for e in listed] == [(EXT, "complete")]
+    own = built_here(base / f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}_cpu")
+    rows = [r for r in run_kcache("dir", "--all", "--json").json()["caches"] if r["cache"] == "torchext"]
+    assert [r["path"] for r in rows] == [str(own), str(cuda)]
+    assert all(str(p) in run_kcache("dir", "--all").stdout for p in (own.name, cuda.name))

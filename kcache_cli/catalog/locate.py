@@ -69,15 +69,13 @@ def default_cache_dir(package_dir: Path | None = None) -> CacheLocation:
 
 def known_caches() -> list[tuple[str, Path]]:
     """Every kernel cache kcache knows where to look for on this machine (`dir --all`): each layout's
-    own default place, each directory once. A root that is another's (two variables naming one place)
-    is listed with the first layout; a root that lies inside another known cache's entries (a
-    TRITON_CACHE_DIR inside Inductor's triton/<device>/ or a vLLM unit) is shown only with that cache,
-    whose entries hold it."""
+    own default places (torch's extensions: one per Python and accelerator), each directory once. A root
+    that is another's (two variables naming one place) is listed with the first layout; a root that lies
+    inside another known cache's entries (a TRITON_CACHE_DIR inside Inductor's triton/<device>/ or a
+    vLLM unit) is shown only with that cache, whose entries hold it."""
     found = []
     for name, layout in all_layouts().items():
-        where = layout.default_root()
-        if where is not None:
-            found.append((name, where[0]))
+        found += [(name, where) for where, _ in layout.default_roots()]
     reals = [os.path.realpath(p) for _, p in found]
     out = []
     for i, (name, path) in enumerate(found):

@@ -98,7 +98,7 @@ def dir_command(
     for owner, path in locate.known_caches():
         if os.path.lexists(path) and not locate.found_root(path, f"the {owner} cache", lambda m: c.warn(opts, m)):
             continue  # another user's directory, or a link: never listed (DESIGN §1.1)
-        shown[owner] = str(get(owner).shown_path(path))
+        shown[str(path)] = str(get(owner).shown_path(path))
         with scanning(opts, f"scanning {c.printable_line(str(path))}") as bar:
             res = scan.scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
         rule = get(owner).default_root()
@@ -112,7 +112,7 @@ def dir_command(
          Column("path", wrap=True)],
         [line for r in rows for line in [
             [r["cache"], ",".join(r["layouts"]) or ("-" if r["exists"] else "missing"),
-             f"{r['entry_count']:,}", c.human_size(r["size"]), c.tty_safe(c.home_short(shown[r["cache"]]))],
+             f"{r['entry_count']:,}", c.human_size(r["size"]), c.tty_safe(c.home_short(shown[r["path"]]))],
             # nested caches: counted in the row above (its entries hold them), shown so they are found
             *([f"  in {r['cache']}", n["layout"], "-", "-", c.tty_safe(c.home_short(n["path"]))]
               for n in r["nested"])]]))

@@ -109,9 +109,9 @@ def completion_roots(ctx: typer.Context) -> list[Path]:
     named = _given(ctx, "cache")
     out: list[Path] = []
     for name, _ in _layouts():
-        home = homes.default_root(name) if not named or name == named[0] else None
-        if home is not None and home.path.is_dir() and home.path not in out:
-            out.append(home.path)
+        for home in homes.default_roots(name) if not named or name == named[0] else ():
+            if home.path.is_dir() and home.path not in out:
+                out.append(home.path)
     return out
 
 

@@ -194,6 +194,8 @@ class Shaped(Protocol):
 
     def default_root(self) -> tuple[Path, str] | None: ...
 
+    def default_roots(self) -> list[tuple[Path, str]]: ...
+
     def shown_path(self, root: Path) -> Path: ...
 
 
@@ -533,6 +535,12 @@ class Layout:
         live in the light module layouts/homes.py (kcache's own default root is one of them)."""
         home = homes.default_root(self.name)
         return (home.path, home.reason) if home is not None else None
+
+    def default_roots(self) -> list[tuple[Path, str]]:
+        """Every place this layout's compiler keeps a cache on this machine (`dir --all`, kcache's default
+        scope): default_root, or several where the compiler keeps one per Python or build (torch's
+        extensions folders), each a root."""
+        return [(home.path, home.reason) for home in homes.default_roots(self.name)]
 
     def shown_path(self, root: Path) -> Path:
         """The directory people know as this layout's cache at `root` (`dir --all`'s path): the root,

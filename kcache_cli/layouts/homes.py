@@ -199,6 +199,29 @@ def torchext(package_dir: Path | None = None) -> Home:
     return Home(Path(os.path.realpath(base / "torch_extensions")) / f"{py}_{accel or 'cpu'}", why)
 
 
+# torch's build folder under <user cache>/torch_extensions: py<XY><abiflags>_<cpu|cuNNN|rocmNNN>
+_TORCHEXT_FOLDER = re.compile(r"py\d+[a-z]*_[a-z]+\d*")
+
+
+def torchext_roots(package_dir: Path | None = None) -> list[Home]:
+    """Every torch extensions root on this machine: TORCH_EXTENSIONS_DIR alone when it is set (torch
+    builds right in it), else each py<XY>_<accelerator> folder under <user cache>/torch_extensions (one
+    per Python and torch build that ever loaded an extension: a CUDA torch's py312_cu128 beside a CPU
+    one's py311_cpu), the folder torch here would use (torchext's rule) first; that one, while missing,
+    only when there is no other (`dir --all` says where torch here would build)."""
+    own = torchext(package_dir)
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return [own]
+    try:
+        with os.scandir(own.path.parent) as it:
+            names = sorted(e.name for e in it if _TORCHEXT_FOLDER.fullmatch(e.name) and e.is_dir(follow_symlinks=False))
+    except OSError:
+        names = []
+    others = [Home(own.path.parent / n, f"a torch extensions folder ({n}: another Python's or torch build's)")
+              for n in names if n != own.path.name]
+    return [own] + others if own.path.name in names or not others else others
+
+
 def jax(package_dir: Path | None = None) -> Home | None:
     """jax keeps no persistent compilation cache unless one is configured (jax_compilation_cache_dir,
     or JAX_COMPILATION_CACHE_DIR): only the variable is seen from outside the process. kcache's root is
@@ -233,6 +256,20 @@ def default_root(layout: str, package_dir: Path | None = None) -> Home | None:
     """Where `layout`'s compiler keeps its cache by default, or None when kcache knows no rule for it."""
     rule = RULES.get(layout)
     return rule(package_dir) if rule is not None else None
+
+
+# Layouts whose compiler keeps several caches on one machine (one per Python and torch build), each a root.
+ROOTS: dict[str, Callable[..., list[Home]]] = {"torchext": torchext_roots}
+
+
+def default_roots(layout: str, package_dir: Path | None = None) -> list[Home]:
+    """Every place `layout`'s compiler keeps a cache by default (`dir --all`, the default scope): its
+    default_root, or each of several (torch's one folder per Python and accelerator)."""
+    many = ROOTS.get(layout)
+    if many is not None:
+        return many(package_dir)
+    home = default_root(layout, package_dir)
+    return [home] if home is not None else []
 
 
 # Why a layout has no place now (default_root None): what would give it one.
