@@ -226,6 +226,19 @@ def test_verify_fix_says_it_removed_the_lock(root):
     assert run.exit_code == 0 and "removed the left lock of 1 entry" in run.stderr, run.stderr
 
 
+def test_a_left_lock_says_loads_already_waiting_fail(root):
+    """torch's FileBaton.wait returns when the lock vanishes and torch imports the module unbuilt: a load
+    waiting on a killed build's lock dies of ImportError once --fix removes it (the real torch does). The
+    reason and --fix say so: only new loads build."""
+    (root / EXT / f"{EXT}.so").unlink()
+    old_lock(root / EXT / "lock")
+    reason = rows(root)[EXT]["reason"]
+    assert "already waiting" in reason and "restarted" in reason and "finishes" not in reason, reason
+    run = run_kcache("--cache-dir", root, "verify", "--fix")
+    assert run.exit_code == 1 and "removed the left lock of 1 entry (a torch load already waiting" in run.stderr
+    assert "restart it (new loads build)" in run.stderr, run.stderr
+
+
 def test_a_lock_a_live_process_holds_is_never_removed(root):
     lock = root / EXT / "lock"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdin=subprocess.PIPE,

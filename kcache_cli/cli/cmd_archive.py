@@ -346,5 +346,6 @@ def _fix_words(result) -> str:
     rewrote = len(result.fixed) - result.unlocked
     done = [f"rewrote the paths of {c.plural(rewrote, 'entry')}"] if rewrote else []
     if result.unlocked:
-        done.append(f"removed the left lock of {c.plural(result.unlocked, 'entry')}")
+        notes = "".join(f" ({note})" for note in result.unlock_notes)
+        done.append(f"removed the left lock of {c.plural(result.unlocked, 'entry')}{notes}")
     return ", " + ", ".join(done) if done else ", --fix changed nothing"

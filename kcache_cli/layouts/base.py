@@ -123,6 +123,7 @@ class StaleLock(NamedTuple):
 
     name: str  # relative to the entry: "lock"
     seen: os.stat_result  # its lstat when judged stale: removed only while it is still that file
+    after: str = ""  # what its removal means for the compiler's processes already waiting on it, for --fix to say
 
 
 class InnerLeftover(NamedTuple):

@@ -11,8 +11,10 @@ writes build.ninja, runs ninja there, and imports `<name>.so`. A process that fi
 waits until the file disappears, polling for ever: a build killed mid-way leaves it and every later load
 hangs (pytorch#189245). So:
 - `lock` held open by a live process (read from /proc/<pid>/fd): building; left by no live process: the
-  entry is broken (corrupt: every load hangs and nothing clears it) and `verify --fix` removes the lock,
-  after which torch builds or loads again.
+  entry is broken (corrupt: every load hangs and nothing clears it) and `verify --fix` removes the lock.
+  A new load then builds (ninja) and imports; a load already waiting does not build: FileBaton.wait
+  returns when the file vanishes and torch imports `<name>.so` as it is, so where the killed build never
+  made it that load dies of ImportError ("cannot open shared object file") and must be restarted.
 - no build.ninja, or an output it names (an object, the module) missing: half-built, and torch's ninja
   step builds the missing parts again on the next load (partial).
 - build.ninja names the sources load_inline wrote into the build directory by absolute path. Where that
@@ -64,7 +66,11 @@ NINJA = "build.ninja"
 NINJA_MAX = 16 << 20  # torch's are kilobytes; a bigger one is read no further (and not judged by)
 LOCK_GRACE = 5.0  # seconds: a lock this young is left alone whoever holds it
 STALE_LOCK = ("torch's build lock was left by a build no process runs: every load of this extension waits "
-              "for ever (kcache verify --fix removes the lock)")
+              "for ever (kcache verify --fix removes the lock: new loads then build it; a load already waiting "
+              "imports it unbuilt, fails, and must be restarted)")
+# What removing a stale lock does to the loads already waiting on it (torch's FileBaton.wait, then the import)
+UNLOCKED = ("a torch load already waiting on a removed lock imports the module without building it and fails "
+            "where the killed build never made it: restart it (new loads build)")
 # A build edge: its outputs, rule and inputs; ninja escapes a space, colon or dollar in a path with "$".
 _WORD = r"(?:[^\s:$|]|\$.)+"
 _BUILD = re.compile(rf"^build[ \t]+({_WORD}(?:[ \t]+{_WORD})*)[ \t]*:[ \t]*(\w+)((?:[ \t]+{_WORD})*)", re.M)
@@ -261,7 +267,7 @@ def stale_locks(d: EntryDir, jc: Judging) -> list[StaleLock]:
         st = d.lstat(LOCK)
     except OSError:
         return []
-    return [StaleLock(LOCK, st)] if stat.S_ISREG(st.st_mode) and lock_holder(st, jc.now) is None else []
+    return [StaleLock(LOCK, st, UNLOCKED)] if stat.S_ISREG(st.st_mode) and lock_holder(st, jc.now) is None else []
 
 
 def landed_elsewhere(path: str) -> str | None:

@@ -62,6 +62,7 @@ class VerifyResult:
     fix_errors: tuple[tuple[Entry, str], ...] = ()
     unlocked: int = 0  # of `fixed`, the entries whose left locks --fix removed (the rest: paths rewritten)
     unlisted: bool = False  # the root could not be listed: nothing in it was checked (a failure)
+    unlock_notes: tuple[str, ...] = ()  # what those removals mean for the waiting processes (StaleLock.after)
 
     @property
     def failed(self) -> tuple[EntryCheck, ...]:
@@ -152,11 +153,12 @@ def fix_relocation(root: Path, check: EntryCheck) -> tuple[EntryCheck, str | Non
     return replace(check, status=status, problems=problems, relocation=None), None
 
 
-def fix_stale_locks(root: Path, check: EntryCheck) -> tuple[EntryCheck, str | None] | None:
+def fix_stale_locks(root: Path, check: EntryCheck,
+                    notes: list[str] | None = None) -> tuple[EntryCheck, str | None] | None:
     """Remove the lock files the entry's compiler left and no live process holds (the layout's
     `stale_locks`, asked again now from the entry's directory held open; each removed only while it is
-    still the file judged stale): the entry checked again, or the error that stopped it. None when it
-    has no stale lock."""
+    still the file judged stale; what each removal means for the waiting processes added to `notes`):
+    the entry checked again, or the error that stopped it. None when it has no stale lock."""
     layout = get(check.entry.layout)
     with EntryDir.open(check.entry.path, fsread.anchor(root)) as d:
         if d.fd is None:
@@ -167,6 +169,8 @@ def fix_stale_locks(root: Path, check: EntryCheck) -> tuple[EntryCheck, str | No
                 fsdelete.remove_held_file(d.fd, lock.name, lock.seen)
             except OSError as exc:
                 return check, f"cannot remove {lock.name}: {exc.strerror or exc}"
+            if notes is not None and lock.after and lock.after not in notes:
+                notes.append(lock.after)
     return (check_entry(root, check.entry), None) if stale else None
 
 
@@ -183,10 +187,10 @@ def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None =
         progress.start(len(todo))
     checked = []
     fixed, errors = [], []
-    unlocked = 0
+    unlocked, notes = 0, list[str]()
     for e in sorted(todo, key=lambda e: e.relpath):
         check = check_entry(root, e)
-        unlocked_now = fix_stale_locks(root, check) if fix and check.problems else None
+        unlocked_now = fix_stale_locks(root, check, notes) if fix and check.problems else None
         if unlocked_now is not None:
             check, error = unlocked_now
             (errors.append((e, error)) if error else fixed.append(check))
@@ -198,4 +202,4 @@ def verify_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None =
         if progress:
             progress.advance(1)
     return VerifyResult(result.root, result.exists, tuple(checked), skipped, result.warnings, tuple(fixed),
-                        tuple(errors), unlocked, result.unlisted)
+                        tuple(errors), unlocked, result.unlisted, tuple(notes))
