@@ -363,3 +363,44 @@ def test_every_python_and_accelerator_folder_is_a_torchext_cache(tmp_path, monke
     rows = [r for r in run_kcache("dir", "--all", "--json").json()["caches"] if r["cache"] == "torchext"]
     assert [r["path"] for r in rows] == [str(own), str(cuda)]
     assert all(str(p) in run_kcache("dir", "--all").stdout for p in (own.name, cuda.name))
+
+
+def here_python(tmp_path: Path, torch: str | None, python: str = "3.11.7") -> str:
+    """An executable that answers explain's question as a Python with `torch` (a version, or None) would."""
+    import json
+
+    exe = tmp_path / f"python-{python}-{torch}"
+    doc = {"python": python, "executable": str(exe), "versions": {"torch": torch}}
+    exe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(doc)}\nEOF\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def verdict(root: Path, python: str) -> dict:
+    r = run_kcache("--cache-dir", root, "--json", "explain", "--python", python)
+    assert r.exit_code == 0, r.stderr
+    (item,) = r.json()["items"]
+    return item
+
+
+def test_explain_judges_an_extension_by_what_torch_loads(root, tmp_path):
+    """A dead lock (every load hangs), a moved build (torch builds it all again), torch absent, or a folder
+    another Python's or accelerator's torch uses: a miss, saying why. A whole one at its own path: unknown,
+    as ninja on the load compares the load's own flags and sources, which kcache cannot know."""
+    cpu = here_python(tmp_path, "2.13.0+cpu")
+    whole = verdict(root, cpu)
+    assert whole["verdict"] == "unknown" and "flags" in whole["why"] and "does not know" not in whole["why"]
+    assert verdict(root, here_python(tmp_path, None))["verdict"] == "miss"
+    other_py = verdict(root, here_python(tmp_path, "2.13.0+cpu", "3.12.1"))
+    assert (other_py["verdict"], other_py["recorded"], other_py["here"]) == ("miss", "3.11", "3.12")
+    cuda = verdict(root, here_python(tmp_path, "2.13.0+cu128"))
+    assert (cuda["verdict"], cuda["recorded"], cuda["here"]) == ("miss", "cpu", "cu128")
+    old_lock(root / EXT / "lock")
+    locked = verdict(root, cpu)
+    assert locked["verdict"] == "miss" and "waits for ever" in locked["why"], locked
+    (root / EXT / "lock").unlink()
+    moved = built_here(tmp_path / "elsewhere" / "py311_cpu")
+    shutil.rmtree(moved / EXT)
+    shutil.copytree(root / EXT, moved / EXT)
+    got = verdict(moved, cpu)
+    assert got["verdict"] == "miss" and "moved" in got["why"], got

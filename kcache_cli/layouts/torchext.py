@@ -42,7 +42,7 @@ from kcache_cli.fs import locking
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts._common import leads_here
-from kcache_cli.layouts.base import Judging, Layout, ScanContext, StaleLock
+from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, StaleLock, Verdict
 from kcache_cli.layouts.shapes import TORCHEXT, TORCHEXT_EVIDENCE
 from kcache_cli.model.checks import elf_truncated, list_files, read_every_byte
 from kcache_cli.model.records import (
@@ -287,9 +287,68 @@ def no_log(entry: Entry) -> str:
     return "torch keeps no compile log in an extension's build directory (load(verbose=True) prints it)"
 
 
+# ---- will torch here load it (kcache explain) ---------------------------------------------------------------
+
+PACKAGE = "torch"
+_FOLDER = re.compile(r"py(\d)(\d+)[a-z]*_([a-z]+\d*)")  # torch's py<XY><abiflags>_<accelerator> folder
+
+
+def _accelerator(version: str) -> str | None:
+    """cpu, cuNNN or rocmNNN from a torch wheel's local version (2.13.0+cu128), or None when it has none."""
+    local = version.partition("+")[2]
+    m = re.fullmatch(r"(cpu|cu\d+|rocm[\d.]+)", local)
+    return m.group(1).replace(".", "") if m else None
+
+
+def _folder_miss(root: Path, have: str, here: Here) -> Verdict | None:
+    """A miss when the root is a torch folder (py311_cpu) another Python or torch build than here's would
+    use: torch here builds in its own py<XY>_<accelerator>/ and never looks in this one."""
+    m = _FOLDER.fullmatch(root.name)
+    if m is None:  # TORCH_EXTENSIONS_DIR, or a root named otherwise: torch here uses it whatever it runs on
+        return None
+    built, py = f"{m.group(1)}.{m.group(2)}", ".".join((here.python or "").split(".")[:2])
+    if py and py != built:
+        return Verdict(MISS, f"torch on Python {py} builds in py{py.replace('.', '')}_<accelerator>/, never in "
+                       f"{root.name}/", "python version", built, py)
+    accel = _accelerator(have)
+    if accel is not None and accel != m.group(3):
+        return Verdict(MISS, f"torch {have} builds in *_{accel}/, never in {root.name}/", "torch accelerator",
+                       m.group(3), accel)
+    return None
+
+
+def explain(root: Path, entry: Entry, here: Here) -> Verdict:
+    """torch loads an extension only with torch installed, from its own py<XY>_<accelerator>/ folder, and
+    whole at the path it was built at (not moved, no dead lock: judged as ls does); then ninja, run on
+    every load of a new process, reuses the module only when each compile command (the flags the load
+    passes, torch's and Python's include paths) and each source match what .ninja_log recorded, which
+    kcache cannot know before the load: never a hit."""
+    if here.problem:
+        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    have = here.versions.get(PACKAGE)
+    if have is None:
+        return Verdict(MISS, "torch is not installed here: nothing loads the extension", "torch version", None,
+                       "not installed")
+    folder = _folder_miss(root, have, here)
+    if folder is not None:
+        return folder
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        j = judge(d, entry.kind, Judging(deep=True))
+    if j.status == BUILDING:
+        return Verdict(UNKNOWN, f"{j.reason}: a load here waits for that build, then imports what it made")
+    if j.status != COMPLETE:
+        return Verdict(MISS, f"torch {have} does not load a {j.status} extension as it is: {j.reason}", "status",
+                       j.status, COMPLETE)
+    return Verdict(UNKNOWN, f"complete at the path it was built at, torch {have} here; torch runs ninja on every "
+                   "load of a new process, which reuses the module only when each compile command (the flags the "
+                   "load passes, torch's include paths) and each source match what .ninja_log recorded: kcache "
+                   "cannot tell which flags and sources the load will pass")
+
+
 class TorchExtLayout(Layout):
     shape = TORCHEXT
     fact_files = (NINJA,)
+    packages = (PACKAGE,)
 
     scan = staticmethod(scan)
     judge = staticmethod(judge)
@@ -302,6 +361,7 @@ class TorchExtLayout(Layout):
 
     stale_locks = staticmethod(stale_locks)
     landed_elsewhere = staticmethod(landed_elsewhere)
+    explain = staticmethod(explain)
 
 
 LAYOUT = TorchExtLayout()
