@@ -314,3 +314,33 @@ def test_explain_misses_a_pycache_whose_source_changed(tmp_path):
     item, _ = explained(project, here_python(tmp_path, "0.68.1"))
     assert (item["verdict"], item["factor"], item["recorded"]) == ("miss", "status", "stale")
     assert "kc_numba.py beside __pycache__/ changed" in item["why"]
+
+
+def test_numbas_temp_files_of_a_killed_write_are_its_leftovers(numba_root):
+    """numba writes `<file>.tmp.<uuid hex[:16]>` and renames it (caching.py _open_for_write): a killed write
+    leaves it. The entry is still numba's (prune --broken and clear take it), prune removes an old temp file
+    from an entry that stays, and a directory holding only one is a leftover prune removes."""
+    entry = numba_root / NUMBA_DIR
+    temp = entry / "kc_numba.kc_add-3.py311.2.nbc.tmp.0123456789abcdef"
+    temp.write_bytes(b"\x80\x04")
+    (entry / "kc_numba.kc_add-3.py311.1.nbc").unlink()
+    only = numba_root / "other_0123456789abcdef0123456789abcdef01234567"
+    only.mkdir()
+    (only / f"{INDEX}.tmp.fedcba9876543210").write_bytes(b"\x80")
+    old = 1_000_000_000
+    for p in (temp, only / f"{INDEX}.tmp.fedcba9876543210", only):
+        os.utime(p, (old, old))
+    listed = {r["hash"]: r for r in entries(numba_root)}
+    assert listed[NUMBA_DIR]["status"] == "partial" and only.name in listed
+    run = run_kcache("--cache-dir", numba_root, "prune", "--yes", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert not temp.exists() and not only.exists() and (entry / INDEX).exists()
+    temp.write_bytes(b"\x80\x04")
+    run = run_kcache("--cache-dir", numba_root, "prune", "--broken", "--yes", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert not entry.exists()
+    mine = numba_root / "mine_0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(REAL / "numba" / NUMBA_DIR, mine)
+    (mine / f"{INDEX}.tmp.notes").write_text("a user's file\n")
+    assert run_kcache("--cache-dir", numba_root, "clear", "--all", "--yes").exit_code in (0, 1)
+    assert (mine / INDEX).exists()

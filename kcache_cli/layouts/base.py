@@ -127,7 +127,8 @@ class StaleLock(NamedTuple):
 
 
 class InnerLeftover(NamedTuple):
-    """A directory inside an entry that prune may remove while the entry stays (hidet's candidates/)."""
+    """A directory (hidet's candidates/) or file (numba's temp file) inside an entry that prune may remove
+    while the entry stays."""
 
     name: str  # relative to the entry: "candidates"
     why: str  # "auto-tuning leftovers (candidates/)"

@@ -20,7 +20,9 @@ it: the index holds the sha256 of the source file's bytes (numba 0.67 and older:
 and each overload's key the CPU it was compiled for, so a copy is a hit only beside a source file of the
 same bytes (at the same path for NUMBA_CACHE_DIR's sha1), with the same numba and Python, on the same
 CPU: import carries it, numba misses elsewhere. A `__pycache__/` that also holds Python's .pyc files is
-never removed by kcache.
+never removed by kcache. numba writes each file as `<name>.tmp.<16 hex>` and renames it: a killed write
+leaves that temp file, the layout's leftover (prune removes it once an hour old; a directory holding only
+such files is a leftover itself).
 """
 
 from __future__ import annotations
@@ -30,12 +32,25 @@ import os
 import pickletools
 import re
 import stat
+import time
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
-from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, Verdict
+from kcache_cli.layouts.base import (
+    MISS,
+    STALE_AFTER,
+    TEMP,
+    UNKNOWN,
+    Here,
+    InnerLeftover,
+    Judging,
+    Layout,
+    Leftover,
+    ScanContext,
+    Verdict,
+)
 from kcache_cli.layouts.shapes import NUMBA
 from kcache_cli.model.checks import list_files
 from kcache_cli.model.records import (
@@ -73,8 +88,17 @@ def installed_version() -> str:
     return _INSTALLED[0]
 
 
+# numba's _open_for_write: `<index or data file>.tmp.<uuid4 hex[:16]>`, renamed over the file once written;
+# a killed write leaves it (no numba call reads it): the layout's leftover, removed by prune once old.
+TEMP_FILE = re.compile(r"^.+\.nb[ic]\.tmp\.[0-9a-f]{16}$")
+
+
 def numba_files(names) -> bool:
     return any(n.endswith((INDEX, DATA)) for n in names)
+
+
+def temp_files(names) -> list[str]:
+    return sorted(n for n in names if TEMP_FILE.match(n))
 
 
 class Target(NamedTuple):
@@ -232,6 +256,33 @@ def source_problem(src: str, idx: str, stamp: bytes | tuple[float, int], hashes:
             "overload again")
 
 
+ONLY_TEMP = "only temp files of an interrupted numba write (.tmp.<hex>): no numba call reads them"
+
+
+def leftover(entry: Entry) -> Leftover | None:
+    """A directory holding nothing but numba's temp files (its first write was killed)."""
+    if entry.layout != NAME or entry.reason != ONLY_TEMP:
+        return None
+    return Leftover(TEMP, "temp files of an interrupted numba write", None)
+
+
+def inner_leftovers(entry: Entry) -> list[InnerLeftover]:
+    """The temp files of killed writes in an entry that stays, untouched for an hour."""
+    if entry.layout != NAME or entry.reason == ONLY_TEMP:
+        return []
+    now, out = time.time(), []
+    try:
+        temps = fsread.scandir_list(entry.path, lambda de: bool(TEMP_FILE.match(de.name))
+                                    and de.is_file(follow_symlinks=False))
+    except OSError:
+        return []
+    for de in sorted(temps, key=lambda d: d.name):
+        if now - de.stat(follow_symlinks=False).st_mtime >= STALE_AFTER:
+            out.append(InnerLeftover(de.name, f"numba temp file {de.name} left by a killed write",
+                                     f"{de.name} kept: written to less than an hour ago", TEMP))
+    return out
+
+
 _SEVERITY = {CORRUPT: 3, PARTIAL: 2, STALE: 1}
 
 
@@ -295,9 +346,9 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
             continue
         with ctx.open_entry(de.path) as d:
             names, usage, _ = ctx.read_dir(d)
-            if not names or not numba_files(names):
+            if not names or not (numba_files(names) or temp_files(names)):
                 continue
-            j = judge(d, KIND, jc)
+            j = judge(d, KIND, jc) if numba_files(names) else Judgement.of(PARTIAL, ONLY_TEMP)
         yield ctx.entry(path=de.path, usage=usage, layout=NAME, kind=KIND, target="cpu", space=None, op=None,
                         hash=de.name, status=j.status, reason=j.reason)
 
@@ -306,9 +357,9 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
     if kind != KIND or "/" in relpath or NUMBA.kinds[0].match(relpath) is None:
         return f"{relpath!r} is not where numba's cache of a source directory lies"
     if names is not None:
-        if not numba_files(names):
+        if not (numba_files(names) or temp_files(names)):
             return "it holds no numba cache file (.nbi, .nbc)"
-        other = sorted(n for n in names if not n.endswith((INDEX, DATA)))
+        other = sorted(n for n in names if not (n.endswith((INDEX, DATA)) or TEMP_FILE.match(n)))
         if other:
             return f"it holds other files too ({other[0]}): kcache removes only numba's own directories"
     return None
@@ -434,6 +485,8 @@ class NumbaLayout(Layout):
 
     shape_problem = staticmethod(shape_problem)
     scan = staticmethod(scan)
+    leftover = staticmethod(leftover)
+    inner_leftovers = staticmethod(inner_leftovers)
 
     def judging(self, deep: bool = False, *, statuses: bool = True, caller_reads: bool = False) -> Judging:
         """Goes by the installed numba's version (looked up once, here), when one is installed."""

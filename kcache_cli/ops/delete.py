@@ -42,6 +42,7 @@ from kcache_cli.model.records import (
     ScanFilter,
     ScanResult,
     Warn,
+    disk_bytes,
     iso,
     measure_tree,
     unmeasured,
@@ -598,18 +599,23 @@ def _select_inner_leftovers(p: _Planner, regular: list[Entry], warn: Warn) -> di
             continue
         for left in _layout(e).inner_leftovers(e):
             path = os.path.join(e.path, left.name)
-            if not os.path.isdir(path) or os.path.islink(path) or p.link_in_path(f"{e.relpath}/{left.name}"):
+            if os.path.islink(path) or not os.path.exists(path) or p.link_in_path(f"{e.relpath}/{left.name}"):
                 continue
             if p.shape_problem(e) is not None:
                 continue
             if e.status == BUILDING:
                 p.skip(e, left.busy)
                 continue
-            u = measure_tree(path, warn)
-            r = Removal(e, path, f"{e.relpath}/{left.name}", u.size, left.what, left.why, lock=e.relpath)
+            size = measure_tree(path, warn).size if os.path.isdir(path) else disk_bytes(os.lstat(path))
+            r = Removal(e, path, f"{e.relpath}/{left.name}", size, left.what, left.why, lock=e.relpath)
             p.removals[path] = r
             out.setdefault(e.path, []).append(r)
     return out
+
+
+def _newest(path: str) -> float:
+    """The newest mtime in a leftover: a directory's tree, or a file (numba's temp file) itself."""
+    return measure_tree(path, lambda m: None).mtime if os.path.isdir(path) else os.lstat(path).st_mtime
 
 
 def _select_until_fits(p: _Planner, regular: list[Entry], last: dict[str, float], inner: dict[str, list[Removal]],
@@ -1049,7 +1055,7 @@ class _Executor:
                     why = "finished" if now_status == COMPLETE else "changed"
                     return f"{now_status} by now ({why} after the scan)"
         elif r.what in (TEMP, STAGING):
-            if time.time() - measure_tree(r.path, lambda m: None).mtime < STALE_AFTER:
+            if time.time() - _newest(r.path) < STALE_AFTER:
                 return "in flight: written to less than an hour ago"
         return None
 
