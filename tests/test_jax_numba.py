@@ -344,3 +344,19 @@ def test_numbas_temp_files_of_a_killed_write_are_its_leftovers(numba_root):
     (mine / f"{INDEX}.tmp.notes").write_text("a user's file\n")
     assert run_kcache("--cache-dir", numba_root, "clear", "--all", "--yes").exit_code in (0, 1)
     assert (mine / INDEX).exists()
+
+
+def test_a_jax_cache_whose_lockfile_jax_holds_is_building(jax_root):
+    """jax holds .lockfile around a write, which puts the -cache before its -atime: ls says building (as
+    prune keeps it in use), not partial."""
+    from test_delete import hold_flock
+
+    cache = jax_root / "jaxcache"
+    (cache / ".lockfile").write_bytes(b"")
+    (cache / f"{AFFINE}-atime").unlink()
+    with hold_flock(cache / ".lockfile"):
+        [row] = entries(jax_root)
+        assert row["status"] == "building" and ".lockfile" in row["reason"]
+        run = run_kcache("--cache-dir", jax_root, "prune", "--broken", "--yes")
+        assert run.exit_code == 0 and (cache / f"{AFFINE}-cache").exists()
+    assert entries(jax_root)[0]["status"] == "partial"

@@ -34,10 +34,12 @@ from typing import Iterator
 
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
+from kcache_cli.fs.locking import probe_locked
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import JAX
 from kcache_cli.model.checks import list_files
 from kcache_cli.model.records import (
+    BUILDING,
     COMPLETE,
     CORRUPT,
     PARTIAL,
@@ -94,6 +96,8 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
         names, _ = d.files()
     except OSError:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
+    if LOCKFILE in names and probe_locked(os.path.join(d.path, LOCKFILE)):  # a write's -cache before its -atime
+        return Judgement.of(BUILDING, f"jax holds the cache's {LOCKFILE} (writing)")
     caches, atimes = keys(names)
     if atimes or LOCKFILE in names:  # a size cap is in use: eviction reads every sidecar
         bare = sorted(caches - atimes)
