@@ -16,6 +16,7 @@ REAL = Path(__file__).parent / "fixtures" / "real"
 AFFINE = "jit_kc_affine-f0809f3dade0e0f7f7489683ea2a6b878f782cf0bb97c33203f4eaf72bf6c8b5"
 NUMBA_DIR = "nsrc_35252f178833f8ad666a4a80374c652e0b1062c6"
 INDEX = "kc_numba.kc_add-3.py311.nbi"
+BUILT_IN = "built in /tmp/wt37fx/jax_cache"
 
 
 @pytest.fixture
@@ -44,13 +45,24 @@ def problem(root: Path) -> dict | None:
 
 
 # ---- JAX ---------------------------------------------------------------------------------------------
-def test_the_real_jax_cache_is_one_complete_entry(jax_root, monkeypatch):
+def test_the_real_jax_cache_is_one_entry_moved_from_where_it_was_built(jax_root, monkeypatch):
+    """Its executables were compiled for /tmp/wt37fx/jax_cache: jax hashes that path (compiler.py's
+    xla_gpu_per_fusion_autotune_cache_dir, kept in the compile options cache_key.py hashes) into every
+    key, so a copy anywhere else misses every key (measured with the real jax: a cp -a copy compiles all
+    again under new keys): moved, and import says so."""
     [row] = entries(jax_root)
     assert (row["layout"], row["kind"], row["hash"], row["status"], row["file_count"]) == (
-        "jax", "compile_cache", "jaxcache", "complete", 5)
+        "jax", "compile_cache", "jaxcache", "moved", 5)
+    assert BUILT_IN in row["reason"] and "misses every one" in row["reason"]
     facts = run_kcache("--cache-dir", jax_root, "inspect", "jaxcache", "--json").json()["facts"]
     assert facts["executables"] == "2" and facts["size_cap"].startswith("in use")
-    assert problem(jax_root) is None
+    assert problem(jax_root)["status"] == "moved"
+    archive = jax_root.parent / "jax.tar"
+    assert run_kcache("--cache-dir", jax_root, "export", archive, "--status", "moved").exit_code == 0
+    other = jax_root.parent / "other"
+    run = run_kcache("--cache-dir", other, "import", archive, "--json")
+    assert run.exit_code == 0, run.stderr
+    assert any(BUILT_IN in (r.get("reason") or "") for r in run.json()["entries"]), run.stdout
     assert "jax" not in {r["cache"] for r in run_kcache("dir", "--all", "--json").json()["caches"]}
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(jax_root / "jaxcache"))
     row = next(r for r in run_kcache("dir", "--all", "--json").json()["caches"] if r["cache"] == "jax")
@@ -61,7 +73,7 @@ def test_the_real_jax_cache_is_one_complete_entry(jax_root, monkeypatch):
     ("rm:-atime", "partial", "has no -atime sidecar"),
     ("empty:-cache", "corrupt", "holds no executable"),
     ("cut:-cache", "corrupt", "cut short"),
-    ("rm:-cache", None, None),  # an orphan -atime: jax ignores it
+    ("rm:-cache", "moved", BUILT_IN),  # an orphan -atime: jax ignores it (the rest was built elsewhere)
 ])
 def test_jax_damage(jax_root, damage, status, words):
     how, suffix = damage.split(":")
@@ -72,7 +84,7 @@ def test_jax_damage(jax_root, damage, status, words):
         target.write_bytes(b"" if how == "empty" else target.read_bytes()[:1000])
     found = problem(jax_root)
     assert (found and (found["status"], words in found["reason"])) == ((status, True) if status else None)
-    if status is None:
+    if status == "moved":
         facts = run_kcache("--cache-dir", jax_root, "inspect", "jaxcache", "--json").json()["facts"]
         assert facts["orphan_atime_files"].startswith("1:")
 

@@ -20,8 +20,10 @@ Moving it: the key covers jax, jaxlib, the backend, the devices and the compile 
 options name files inside the cache directory (XLA's xla_gpu_kernel_cache_file and per-fusion autotune
 cache dir, set by jax/_src/compiler.py even on CPU): a copy hits only at the same absolute path, with the
 same jax and devices; anywhere else every key misses (measured: 0 hits in a copy, all hits in place).
-Export and import carry it whole for that case. JAX documents the cache as trusted code (an executable
-is run as it is read), so an archive of it must come from someone trusted.
+The executables hold those options, so kcache reads where one was built (the smallest, zlib; zstd when
+zstandard is installed): elsewhere it is moved, and import says so. Export and import carry it whole.
+JAX documents the cache as trusted code (an executable is run as it is read), so an archive
+of it must come from someone trusted.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
     CORRUPT,
+    MOVED,
     PARTIAL,
     UNREADABLE,
     UNREADABLE_REASON,
@@ -113,7 +116,61 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
             bad = _undecodable(d, k + CACHE)
             if bad:
                 return Judgement.of(CORRUPT, f"{bad}: jax compiles it again every time and never replaces it")
+    recorded = built_in(d, min(caches, key=lambda k: names[k + CACHE]) + CACHE) if caches else None
+    if recorded is not None and recorded != os.path.abspath(d.path):
+        return Judgement.of(MOVED, moved_reason(recorded))
     return Judgement(COMPLETE)
+
+
+AUTOTUNE = b"/xla_gpu_per_fusion_autotune_cache_dir"
+
+
+def moved_reason(recorded: str) -> str:
+    return (f"built in {recorded}: jax hashes that path (XLA's autotune cache dir in the compile options) into "
+            "every key, so it misses every one here")
+
+
+def built_in(d: EntryDir, name: str) -> str | None:
+    """The cache directory the executable `name` was compiled for (jax/_src/compiler.py puts
+    <cache dir>/xla_gpu_per_fusion_autotune_cache_dir into the compile options the executable holds and
+    cache_key.py hashes), or None when it is not read (zstd without zstandard, not found)."""
+    try:
+        data = d.read_bytes(name, MAX_EXECUTABLE)
+    except OSError:
+        return None
+    raw = _inflated(data) or _inflated(data[4:])
+    at = raw.find(AUTOTUNE) if raw else -1
+    if raw is None or at < 0:
+        return None
+    end = at + len(AUTOTUNE)
+    for start in range(at, max(0, at - 4096), -1):  # the string's protobuf length: a 1 or 2 byte varint
+        n = end - start
+        if raw[start:start + 1] == b"/" and (raw[start - 1] == n or (
+                n >= 128 and start >= 2 and raw[start - 2] == (n & 0x7F) | 0x80 and raw[start - 1] == n >> 7)):
+            return raw[start:at].decode("utf-8", "replace")
+    return None
+
+
+def _inflated(data: bytes) -> bytes | None:
+    try:
+        if data[:4] == b"\x28\xb5\x2f\xfd":
+            import zstandard
+
+            return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+        out = zlib.decompressobj()
+        return out.decompress(data, MAX_EXECUTABLE)
+    except Exception:  # zstd's own error, unknown until imported; zlib's; a missing zstandard
+        return None
+
+
+def landed_elsewhere(path: str) -> str | None:
+    """What import says of a cache it published at `path` whose executables were compiled for another."""
+    try:
+        with EntryDir.open(path) as d:
+            j = judge(d, KIND, Judging())
+    except OSError:
+        return None
+    return f"{j.reason} (kcache cannot rewrite a key; `kcache ls` shows it moved)" if j.status == MOVED else None
 
 
 def _undecodable(d: EntryDir, name: str) -> str | None:
@@ -190,6 +247,7 @@ class JaxLayout(Layout):
     judge = staticmethod(judge)
     describe = staticmethod(describe)
     no_log = staticmethod(no_log)
+    landed_elsewhere = staticmethod(landed_elsewhere)
 
 
 LAYOUT = JaxLayout()
