@@ -186,6 +186,18 @@ def kcache():
     return run_kcache
 
 
+def fake_python(tmp_path: Path, package: str, version: str | None, python: str = "3.11.7") -> str:
+    """An executable that answers explain's question (--python) as a Python `python` with `package` at
+    `version` (None: not installed) would."""
+    import json
+
+    exe = tmp_path / f"python-{python}-{package}-{version}"
+    doc = {"python": python, "executable": str(exe), "versions": {package: version}}
+    exe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(doc)}\nEOF\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
 @pytest.fixture
 def stress_seed(request):
     """The seed of a stress test's random choices: KCACHE_STRESS_SEED=N replays a run; printed either way

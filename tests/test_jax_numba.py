@@ -4,7 +4,6 @@ made here (tests/fixtures/real/jax/cache, tests/fixtures/real/numba), judged by 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -278,12 +277,10 @@ def test_an_old_numbas_mtime_and_size_stamp_is_compared_with_the_sources_stat(tm
 
 # ---- kcache explain ------------------------------------------------------------------------------------
 def here_python(tmp_path: Path, numba: str | None, python: str = "3.11.7") -> str:
-    """An executable that answers explain's question as a Python `python` with numba `numba` would."""
-    exe = tmp_path / f"python-{numba}-{python}"
-    doc = {"python": python, "executable": str(exe), "versions": {"numba": numba}}
-    exe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(doc)}\nEOF\n")
-    exe.chmod(0o755)
-    return str(exe)
+    """explain's --python as a Python `python` with numba `numba`."""
+    from conftest import fake_python
+
+    return fake_python(tmp_path, "numba", numba, python)
 
 
 def explained(root: Path, python: str, env: dict | None = None) -> tuple[dict, dict]:

@@ -366,14 +366,10 @@ def test_every_python_and_accelerator_folder_is_a_torchext_cache(tmp_path, monke
 
 
 def here_python(tmp_path: Path, torch: str | None, python: str = "3.11.7") -> str:
-    """An executable that answers explain's question as a Python with `torch` (a version, or None) would."""
-    import json
+    """explain's --python as a Python with `torch` (a version, or None)."""
+    from conftest import fake_python
 
-    exe = tmp_path / f"python-{python}-{torch}"
-    doc = {"python": python, "executable": str(exe), "versions": {"torch": torch}}
-    exe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(doc)}\nEOF\n")
-    exe.chmod(0o755)
-    return str(exe)
+    return fake_python(tmp_path, "torch", torch, python)
 
 
 def verdict(root: Path, python: str) -> dict:
