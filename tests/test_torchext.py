@@ -363,6 +363,7 @@ def test_every_python_and_accelerator_folder_is_a_torchext_cache(tmp_path, monke
     rows = [r for r in run_kcache("dir", "--all", "--json").json()["caches"] if r["cache"] == "torchext"]
     assert [r["path"] for r in rows] == [str(own), str(cuda)]
     assert all(str(p) in run_kcache("dir", "--all").stdout for p in (own.name, cuda.name))
+    assert "another Python's or torch build's" in rows[1]["reason"] and rows[0]["reason"] != rows[1]["reason"]
 
 
 def here_python(tmp_path: Path, torch: str | None, python: str = "3.11.7") -> str:

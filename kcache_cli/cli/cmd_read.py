@@ -101,8 +101,8 @@ def dir_command(
         shown[str(path)] = str(get(owner).shown_path(path))
         with scanning(opts, f"scanning {c.printable_line(str(path))}") as bar:
             res = scan.scan_cache(path, warn=lambda m: c.warn(opts, m), progress=bar)
-        rule = get(owner).default_root()
-        rows.append({"cache": owner, "path": str(path), "reason": rule[1] if rule else "", "exists": res.exists,
+        rules = {str(where): why for where, why in get(owner).default_roots()}  # torchext: one per folder
+        rows.append({"cache": owner, "path": str(path), "reason": rules.get(str(path), ""), "exists": res.exists,
                      "layouts": list(res.layouts), "entry_count": len(res.entries), "size": res.size,
                      "nested": nested_caches(owner, path)})
 
