@@ -369,3 +369,22 @@ def test_a_jax_cache_whose_lockfile_jax_holds_is_building(jax_root):
         run = run_kcache("--cache-dir", jax_root, "prune", "--broken", "--yes")
         assert run.exit_code == 0 and (cache / f"{AFFINE}-cache").exists()
     assert entries(jax_root)[0]["status"] == "partial"
+
+
+def test_where_a_jax_executable_was_built_is_looked_for_in_its_first_mebibyte_only():
+    """`ls` inflates one executable to read the cache directory it was compiled for: a zlib or zstd bomb
+    (300 MiB of zeros in a few hundred kB) is inflated no further than that first MiB."""
+    import zlib
+
+    from kcache_cli.layouts import jax
+
+    bombs = [zlib.compress(b"\0" * (300 << 20))]
+    try:
+        import zstandard
+
+        bombs.append(zstandard.ZstdCompressor().compress(b"\0" * (300 << 20)))
+    except ImportError:  # zstd executables are then not read at all
+        pass
+    for bomb in bombs:
+        out = jax._inflated(bomb)
+        assert out is not None and len(out) == 1 << 20
