@@ -101,6 +101,12 @@ class Verdict(NamedTuple):
     here: str | None = None
 
 
+def unasked(here: Here) -> Verdict | None:
+    """UNKNOWN, saying why, when the Python here could not be asked (a --python that does not run): the
+    first answer of every explain that goes by the packages installed there; else None."""
+    return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}") if here.problem else None
+
+
 @dataclass(frozen=True)
 class Judging:
     """What a judgement is told besides the files of its entry (the `EntryDir` it reads through): how

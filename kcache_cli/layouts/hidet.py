@@ -30,6 +30,7 @@ from kcache_cli.layouts.base import (
     Leftover,
     ScanContext,
     Verdict,
+    unasked,
 )
 from kcache_cli.layouts.shapes import HIDET
 from kcache_cli.model.checks import (
@@ -977,8 +978,8 @@ def _recorded(entry: Entry) -> tuple[str | None, str | None]:
 def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     """hit: hidet installed in the version recorded, the entry complete, its binary's CUDA arch run by the
     GPU here (or a CPU entry); miss or unknown with the factor otherwise."""
-    if here.problem:
-        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    if (not_asked := unasked(here)) is not None:
+        return not_asked
     built, arch = _recorded(entry)  # read first: a miss for want of hidet still names the version recorded
     have = here.versions.get(PACKAGE)
     if have is None:

@@ -44,6 +44,7 @@ from kcache_cli.layouts.base import (
     MegaPlace,
     ScanContext,
     Verdict,
+    unasked,
 )
 from kcache_cli.layouts.shapes import INDUCTOR
 from kcache_cli.layouts.shapes import TRITON as TRITON_SHAPE
@@ -497,8 +498,8 @@ def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     if entry.kind == TRITON:
         off = switched_off(TRITON, here.env) if here.versions.get(PACKAGE) else None
         return off or _triton().explain(root, _as_triton(entry), here)
-    if here.problem:
-        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    if (not_asked := unasked(here)) is not None:
+        return not_asked
     if here.versions.get(PACKAGE) is None:
         return Verdict(MISS, "torch is not installed here", "torch version", None, "not installed")
     if entry.status != COMPLETE:
@@ -515,8 +516,8 @@ def explain_mega(kind: str, recorded: Mapping[str, object], here: Here) -> Verdi
     value = recorded.get("torch_version")
     torch_version = value if isinstance(value, str) else None
     have = here.versions.get(PACKAGE)
-    if here.problem:
-        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    if (not_asked := unasked(here)) is not None:
+        return not_asked
     if have is None:
         return Verdict(MISS, "torch is not installed here", "torch version", torch_version, "not installed")
     off = switched_off(kind, here.env)

@@ -50,6 +50,7 @@ from kcache_cli.layouts.base import (
     Leftover,
     ScanContext,
     Verdict,
+    unasked,
 )
 from kcache_cli.layouts.shapes import NUMBA
 from kcache_cli.model.checks import list_files
@@ -426,8 +427,8 @@ def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     """numba uses an index only when its own version wrote it for its own Python (the index's name), with
     the source stamp it records (judged for a `__pycache__/`), and an overload only for the CPU its key
     holds, which kcache does not ask here (but NUMBA_CPU_NAME/NUMBA_CPU_FEATURES set here): never a hit."""
-    if here.problem:
-        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    if (not_asked := unasked(here)) is not None:
+        return not_asked
     indexes = _indexes(root, entry)
     versions = ", ".join(sorted({i.version for i in indexes.values()})) or None
     have = here.versions.get(PACKAGE)

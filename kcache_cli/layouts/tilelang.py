@@ -16,7 +16,7 @@ from kcache_cli.formats.binary import MAX_FILE_BYTES
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
 from kcache_cli.fs.entrydir import EntryDir
-from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, Leftover, ScanContext, Verdict
+from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, Leftover, ScanContext, Verdict, unasked
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
 from kcache_cli.layouts.shapes import TILELANG, top_dirs
 from kcache_cli.model.checks import changed_since, list_files
@@ -525,8 +525,8 @@ PACKAGE = "tilelang"
 def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     """tilelang looks only under `<its own version>/`: another version is a miss; past that its key hashes
     the program, target and pass configs, which kcache does not compare (unknown)."""
-    if here.problem:
-        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    if (not_asked := unasked(here)) is not None:
+        return not_asked
     have = here.versions.get(PACKAGE)
     version = (entry.space or "").split("/", 1)[0] or None
     if have is None:

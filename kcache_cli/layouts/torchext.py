@@ -42,7 +42,7 @@ from kcache_cli.fs import locking
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts._common import leads_here
-from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, StaleLock, Verdict
+from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, StaleLock, Verdict, unasked
 from kcache_cli.layouts.shapes import TORCHEXT, TORCHEXT_EVIDENCE
 from kcache_cli.model.checks import elf_truncated, list_files, read_every_byte
 from kcache_cli.model.records import (
@@ -323,8 +323,8 @@ def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     every load of a new process, reuses the module only when each compile command (the flags the load
     passes, torch's and Python's include paths) and each source match what .ninja_log recorded, which
     kcache cannot know before the load: never a hit."""
-    if here.problem:
-        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    if (not_asked := unasked(here)) is not None:
+        return not_asked
     have = here.versions.get(PACKAGE)
     if have is None:
         return Verdict(MISS, "torch is not installed here: nothing loads the extension", "torch version", None,

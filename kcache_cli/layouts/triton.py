@@ -41,6 +41,7 @@ from kcache_cli.layouts.base import (
     Layout,
     ScanContext,
     Verdict,
+    unasked,
 )
 from kcache_cli.layouts.shapes import (
     TRITON,
@@ -839,8 +840,8 @@ def explain_record(record: Mapping[str, object], here: Here) -> Verdict:
 
 def _verdict(key: str, recorded: str | None, target: dict | None, status: str | None, reason: str | None,
              here: Here) -> Verdict:
-    if here.problem:
-        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    if (not_asked := unasked(here)) is not None:
+        return not_asked
     have = here.versions.get(PACKAGE)
     era = key_era(key)
     said = recorded or (f"{era} (by its key's shape)" if era else None)

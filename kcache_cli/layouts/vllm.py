@@ -36,7 +36,18 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts._common import tree_stats
-from kcache_cli.layouts.base import MISS, STALE_AFTER, UNKNOWN, Facts, Here, Judging, Layout, ScanContext, Verdict
+from kcache_cli.layouts.base import (
+    MISS,
+    STALE_AFTER,
+    UNKNOWN,
+    Facts,
+    Here,
+    Judging,
+    Layout,
+    ScanContext,
+    Verdict,
+    unasked,
+)
 from kcache_cli.layouts.image_format import ImageFormat
 from kcache_cli.layouts.shapes import INDUCTOR, TRITON, TRITON_TMP, VLLM, inductor_graph_relpath, top_dirs
 from kcache_cli.layouts.vllm_image import VllmImage
@@ -440,8 +451,8 @@ def _same_env(recorded: object, here: str) -> bool:
 def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     """A miss when vLLM is absent here, the unit is incomplete, or a switch it records is set otherwise
     here; else unknown: the config, code and compiler hashes are vLLM's own to compute."""
-    if here.problem:
-        return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}")
+    if (not_asked := unasked(here)) is not None:
+        return not_asked
     if here.versions.get(PACKAGE) is None:
         return Verdict(MISS, "vLLM is not installed here", "vllm version", None, "not installed")
     if entry.status != COMPLETE:
