@@ -428,23 +428,27 @@ def image_stats(url: str, images: list[Image]) -> dict[str, object]:
     """`remote stats` of a repository: tags, bytes, entries; per layout the same; per target arch its tags,
     its entries and their files' bytes (None where a tag's labels cannot tell: never a whole image's)."""
     by_target: dict[str, dict[str, int | None]] = {}
-    by_layout: dict[str, dict[str, int]] = {}
+    by_layout: dict[str, dict[str, int | None]] = {}
     digests: dict[str, int] = {}
     for i in images:
         digests[i.digest] = i.size
-        g = by_layout.setdefault(i.layout or "-", {"tags": 0, "entry_count": 0, "size": 0})
-        g["tags"] += 1
-        g["entry_count"] += i.entry_count or 0
-        g["size"] += i.size
+        _count_in(by_layout.setdefault(i.layout or "-", {"tags": 0, "entry_count": 0, "size": 0}),
+                  (i.entry_count or 0, i.size))
         for t in i.targets:
-            row = by_target.setdefault(t, {"tags": 0, "entry_count": 0, "size": 0})
-            row["tags"] = (row["tags"] or 0) + 1
-            counts = i.target_counts(t)
-            n, size = row["entry_count"], row["size"]
-            row["entry_count"], row["size"] = (n + counts[0], size + counts[1]) if counts and n is not None \
-                and size is not None else (None, None)
+            _count_in(by_target.setdefault(t, {"tags": 0, "entry_count": 0, "size": 0}), i.target_counts(t))
     return {"remote": url, "tags": len(images), "images": len(digests), "size": sum(digests.values()),
             "entry_count": sum(i.entry_count or 0 for i in images), "by_target": by_target, "by_layout": by_layout}
+
+
+def _count_in(row: dict[str, int | None], counts: tuple[int, int] | None) -> None:
+    """One more tag in a `remote stats` row, with its (entries, bytes): unknown (None) from the first tag
+    whose labels cannot tell, never a guess."""
+    row["tags"] = (row["tags"] or 0) + 1
+    n, size = row["entry_count"], row["size"]
+    if counts is None or n is None or size is None:
+        row["entry_count"] = row["size"] = None
+    else:
+        row["entry_count"], row["size"] = n + counts[0], size + counts[1]
 
 
 @dataclass(frozen=True)
