@@ -535,6 +535,38 @@ def test_json_depth_counts_only_structure():
         parse_json(b'{"a":' * 40 + b'[' * 40 + b'1' + b']' * 40 + b'}' * 40)
 
 
+JSON_EDGES = [
+    b'{"a": 1, "a": 2}', b"18446744073709551615", b"18446744073709551616", b"-9223372036854775808",
+    b"-9223372036854775809", b"123456789012345678901234567890", b'{"n": 1234567890123456789012}',
+    b'{"s": "1234567890123456789012"}', b"NaN", b"[Infinity, -Infinity]", b"1e400", b"-0.0", b"-0",
+    b"2.2250738585072011e-308", b"0.1e1", b'"\\ud800"', b'"\xed\xa0\x80"', b"\xef\xbb\xbf{}",
+    '{"a": 1}'.encode("utf-16"), b'"\\uD834\\uDD1E"', b'"a\x01b"', b'"\xff"', b"01", b"[1,]", b"{1: 2}",
+    b"", b" \t\r\n[] ", b"\x0c[]", b"[]\x00", b'"\\x"', b'{"a": {"b": [true, false, null, 1.5]}}',
+]
+
+
+@pytest.mark.parametrize("text", JSON_EDGES)
+def test_parse_json_gives_what_json_loads_gives(text):
+    """parse_json's fast parse (orjson) may never answer otherwise than json.loads: the same value (floats
+    and integers alike, NaN as NaN) or a ValueError where json.loads raises one."""
+    import math
+
+    from kcache_cli.fs.read import parse_json
+
+    for data in (text, text.decode("utf-8", "surrogatepass")) if b"\xff" not in text and b"\x00" not in text[:2] \
+            else (text,):
+        try:
+            want = json.loads(data)
+        except ValueError:
+            with pytest.raises(ValueError):
+                parse_json(data)
+            continue
+        got = parse_json(data)
+        assert repr(got) == repr(want) and type(got) is type(want)
+        if isinstance(want, float) and math.isnan(want):
+            assert math.isnan(got)
+
+
 def test_printable():
     from kcache_cli.util.textsafe import printable, printable_line
 

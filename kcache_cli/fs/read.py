@@ -22,6 +22,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+try:  # a dependency, and loaded with the commands anyway (util/jsonout.py); json alone where it is not
+    import orjson as _orjson
+except ImportError:  # pragma: no cover
+    _orjson = None  # type: ignore[assignment]
+
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 CHUNK = 1 << 20
@@ -866,12 +871,36 @@ def json_depth(data: bytes, limit: int = MAX_JSON_DEPTH) -> int:
     return depth
 
 
+# orjson parses a scan's small JSON files 3x as fast as json (2 us of a Triton kernel's 1.2 kB metadata
+# against 7), and gives the same values, but for integers past 64 bits (floats there): a text with a run
+# of 19 digits anywhere (in a string too: rare) is left to json, found in C (digits to "0", the rest to
+# " ", then a substring search: 1 us, where a regex took 10). Whatever orjson refuses goes to json too,
+# which accepts more (NaN, a BOM, UTF-16, lone surrogates) and says what is wrong in its own words.
+_DIGITS = bytes(48 if 48 <= c <= 57 else 32 for c in range(256))
+_LONG_RUN = b"0" * 19
+
+
+def _orjson_value(raw: bytes) -> Any:
+    """What json.loads(raw) gives, when orjson can tell it; else _NOT_PARSED."""
+    if _orjson is None or _LONG_RUN in raw.translate(_DIGITS):
+        return _NOT_PARSED
+    try:
+        return _orjson.loads(raw)
+    except _orjson.JSONDecodeError:
+        return _NOT_PARSED
+
+
+_NOT_PARSED = object()
+
+
 def parse_json(data: bytes | str, what: str = "JSON", max_depth: int = MAX_JSON_DEPTH) -> Any:
     """json.loads under a nesting limit: too deep is a ValueError that says so, never a RecursionError."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     if json_depth(raw, max_depth) > max_depth:
         raise JsonTooDeep(f"{what} is nested more than {max_depth} levels deep")
-
+    value = _orjson_value(raw)
+    if value is not _NOT_PARSED:
+        return value
     try:
         return json.loads(data)
     except RecursionError:  # a second net: never a traceback

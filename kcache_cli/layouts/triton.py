@@ -166,6 +166,7 @@ class _Listing:
         self.denied: set[str] = set()  # regular files nobody may read (mode bits): unreadable even to root
         self.d, self.path = d, d.path  # every file of the entry is read through `d`
         self._json: dict[str, object] = {}
+        self._groups: list[str] | None = None
         self.size = self.files = self.apparent = 0
         self.accessed = self.newest = 0.0  # the files' newest atime (a hit reads them)
         self.ident = (0, 0)  # the entry directory's own (device, inode)
@@ -231,6 +232,13 @@ class _Listing:
     @property
     def usage(self) -> TreeUsage:
         return TreeUsage(self.size, self.files, self.newest, self.accessed, self.apparent, *self.ident)
+
+    @property
+    def groups(self) -> list[str]:
+        """The group files listed, sorted (as the listing is), made once."""
+        if self._groups is None:
+            self._groups = [n for n in self.sizes if n.startswith(GROUP_PREFIX) and n.endswith(".json")]
+        return self._groups
 
     def own(self, path: str) -> str | None:
         """The name below this entry of the child path `path` when it names one of its files, else None."""
@@ -358,10 +366,17 @@ def _children_rule(lst: _Listing, g: str, name: str, children: dict[str, str], o
     """get_group's outcome for the child paths of the group file `g` (`name`: how a reason names it; `old`:
     the key is an old Triton's, <= 3.2)."""
     meta = g[len(GROUP_PREFIX):]
-    join = lst.d.join
-    if any(p != join(n) for n, p in children.items()):
-        lst.outside = True  # the verdict may depend on files elsewhere: never served from the index
-    missing = [n for n, p in children.items() if not _exists(lst, n, p)]
+    join, sizes, links = lst.d.join, lst.sizes, lst.links
+    missing = []
+    for n, p in children.items():  # _exists, inline for the usual path into this entry (a name listed)
+        if p != join(n):
+            lst.outside = True  # the verdict may depend on files elsewhere: never served from the index
+        elif n not in links:
+            if n not in sizes:
+                missing.append(n)
+            continue
+        if not _exists(lst, n, p):
+            missing.append(n)
     if old and meta not in missing:  # Triton <= 3.2 goes on with the children it finds
         children = {n: p for n, p in children.items() if n not in missing}
         missing = []
@@ -485,7 +500,7 @@ def judge_files(lst: _Listing, jc: Judging) -> tuple[Status, str | None]:
     deep = jc.deep
     if not lst.readable:
         return UNREADABLE, UNREADABLE_REASON
-    groups = sorted(n for n in lst.sizes if is_group(n))
+    groups = lst.groups
     if not groups:
         return _groupless(lst, jc.now)
     for g in groups:
@@ -577,7 +592,7 @@ def _key_entry(ctx, d: EntryDir, path: str, flt: ScanFilter | None) -> Entry | N
     recording = getattr(ctx, "recording", None)
     lst = _Listing(d, ctx.warn, record=recording is not None)
     names = list(lst.sizes) if lst.readable else d.names()  # root lists a mode-000 dir: its name still
-    single = single_file_kind(lst.sizes) if not any(is_group(n) for n in names) else None
+    single = single_file_kind(lst.sizes) if not lst.groups else None
     op = triton_kernel_name(names)
     if flt is not None and not flt.wants_op(op):
         return None
@@ -671,7 +686,7 @@ def _group_facts(lst: _Listing) -> list[tuple[str, str]]:
     """One fact a group file: where its child paths lead, counted exactly (and where it leads, when it is
     a symlink), and whether `verify --fix` rewrites them."""
     out = []
-    for g in sorted(n for n in lst.sizes if is_group(n)):
+    for g in lst.groups:
         target = _link_target(lst, g)
         link = "" if target is None else (f" (a symlink to {target}: Triton reads the group through it, and "
                                           "`kcache verify --fix` never rewrites a file through a link)")
@@ -725,7 +740,7 @@ def _fixable(lst: _Listing, g: str) -> str | None:
 
 
 def _relocation_problem(lst: _Listing) -> str | None:
-    for g in sorted(n for n in lst.sizes if is_group(n)):
+    for g in lst.groups:
         why = _fixable(lst, g)
         if why:
             return why
