@@ -233,6 +233,67 @@ def test_explain_says_miss_where_pull_refuses_the_image_for_trust(kcache, triton
                          for i in items)
 
 
+def _unsigned_for_sm80(reg) -> None:
+    """The image at tag v1 again under the tag `mixed`, its manifest's sm_80 records stripped of their signature."""
+    import gzip
+    import io
+    import json
+    import tarfile
+
+    from test_remote_oci_redteam import _put_with_layer
+
+    from kcache_cli.remote import oci_image as img
+    from kcache_cli.remote.oci_ops import read_image
+
+    image = read_image(reg, "v1")
+    src = tarfile.open(fileobj=io.BytesIO(reg.get_blob(image.layer[0], image.layer[1], 1 << 30)), mode="r:gz")
+    raw = io.BytesIO()
+    with gzip.GzipFile(fileobj=raw, mode="wb") as gz, tarfile.open(fileobj=gz, mode="w") as out:
+        for m in src:
+            data = src.extractfile(m).read() if m.isfile() else None  # type: ignore[union-attr]
+            if m.name == img.KCACHE_MANIFEST:
+                doc = json.loads(data)  # type: ignore[arg-type]
+                for rec in doc["entries"]:
+                    if rec["relpath"] in SM80:
+                        rec.pop("signature")
+                data = json.dumps(doc).encode()
+                m.size = len(data)
+            out.addfile(m, io.BytesIO(data) if data is not None else None)
+    _put_with_layer(reg, image, raw.getvalue(), "mixed")
+
+
+def test_explain_of_an_image_leaves_out_for_trust_what_pull_leaves_out_for_arch(kcache, triton, oci_registry,
+                                                                               tmp_path):
+    """Pull keeps the entries this GPU runs, then checks their signatures: an unsigned sm_80 entry does not
+    stop an sm_90a pull. Explain said the whole image was refused for it; it now judges as pull takes."""
+    import json
+
+    pytest.importorskip("cryptography")
+    from test_explain import fake_python
+    from test_remote_trust import keygen, node
+
+    from kcache_cli.remote.oci import Registry, parse_ref
+
+    a = node(tmp_path, "a")
+    env = {**node(tmp_path, "b"), "KCACHE_TRUSTED_KEYS": keygen(kcache, a)}
+    push(kcache, triton, oci_registry.url("team/partly:v1"), env=a)  # signed by a
+    _unsigned_for_sm80(Registry(parse_ref(oci_registry.url("team/partly:v1"))))
+    url = oci_registry.url("team/partly:mixed")
+    py = fake_python(tmp_path, {"triton": "3.9.0"})
+    for gpu, pulls in (("sm_90a", True), ("sm_80", False)):
+        pull = kcache("pull", "--remote", url, "--cache-dir", tmp_path / gpu, "--gpu", gpu, env=env)
+        assert pull.exit_code == (0 if pulls else 1), pull.stderr
+        run = kcache("--json", "explain", url, "--python", py, "--gpu", gpu, env=env)
+        assert run.exit_code == 0, run.stderr
+        items = {i["what"]: i for i in json.loads(run.stdout)["items"]}
+        assert len(items) == 6
+        if pulls:  # what pull writes is a hit; the sm_80 entries a miss for their arch, not for trust
+            assert {k for k, i in items.items() if i["verdict"] == "hit"} == set(items) - SM80
+            assert all(items[k]["verdict"] == "miss" and "signed" not in items[k]["why"] for k in SM80)
+        else:  # pull refuses the image for the sm_80 entries it keeps: every entry is a miss
+            assert all(i["verdict"] == "miss" and "pull refuses" in i["why"] for i in items.values())
+
+
 def test_explain_of_an_image_kcache_did_not_push_speaks_of_explaining(kcache, oci_registry, tmp_path):
     from test_remote_oci import _raw_image
 

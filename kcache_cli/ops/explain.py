@@ -25,6 +25,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.layouts.base import HIT, MISS, UNKNOWN, Here, Verdict
 from kcache_cli.model.records import Entry
 from kcache_cli.model.terms import unknown_layout
+from kcache_cli.remote.oci_ops import other_arch
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.signing import verifier
 
@@ -172,7 +173,10 @@ def explain_image(records: list[dict], here: Here, url: str) -> list[Explained]:
     """Each entry of an oci:// image kcache pushed, from its manifest `records`, as `kcache pull` writes it:
     pull rewrites the paths an entry records (Triton's group files, vLLM's handles), which the layer holds as
     they were where it was pushed from, so a mount of the image as it is (KServe, GKM) misses what pull hits."""
-    out = explain_records(records, here, url, "pull", "image")
+    # pull checks the signatures of the entries it keeps for the GPU here, not of those it leaves out for theirs
+    kept = [here.gpu is None or unknown_layout(rec.get("layout")) is not None
+            or other_arch(rec, [here.gpu], str(rec.get("layout"))) is None for rec in records]
+    out = explain_records(records, here, url, "pull", "image", kept)
     for i in out:
         lay = layouts.get(i.layout) if i.layout else None
         if lay is not None and i.verdict.verdict != MISS and lay.records_paths(i.kind):
@@ -182,11 +186,12 @@ def explain_image(records: list[dict], here: Here, url: str) -> list[Explained]:
 
 
 def explain_records(records: list[dict], here: Here, where: str, taker: str = "import",
-                    whole: str = "archive") -> list[Explained]:
+                    whole: str = "archive", kept: list[bool] | None = None) -> list[Explained]:
     """Each entry record (an archive's or an image's manifest: what its export recorded), judged by its
     layout; `where` names the archive or image they come from, which `taker` (import, pull) takes whole or
-    refuses: with a trust list set, one record no listed key signed makes every entry a miss."""
-    refused = _refused(records, taker, whole)
+    refuses: with a trust list set, one record no listed key signed makes every entry a miss (of those
+    records `kept`, when the taker leaves some out unread: pull, those of other archs)."""
+    refused = _refused(records, taker, whole, kept or [True] * len(records))
     out = []
     for rec, no in zip(records, refused):
         unknown = unknown_layout(rec.get("layout"))
@@ -203,14 +208,15 @@ def explain_records(records: list[dict], here: Here, where: str, taker: str = "i
     return out
 
 
-def _refused(records: list[dict], taker: str, whole: str) -> list[str | None]:
+def _refused(records: list[dict], taker: str, whole: str, kept: list[bool]) -> list[str | None]:
     """Why `taker` would refuse each record for the trust list (kcache_cli/util/signing.py), or None for
-    each when it takes them: it takes the `whole` (archive, image) only when a listed key signed every one."""
+    each when it takes them: it takes the `whole` (archive, image) only when a listed key signed every one
+    it keeps."""
     try:
         check = verifier()
     except KcacheError as exc:  # a trust list that lists no key: nothing is taken
         return [f"{taker} refuses it: {exc}"] * len(records)
-    own = [check.problem(rec) for rec in records] if check is not None else []
+    own = [check.problem(rec) if keep else None for rec, keep in zip(records, kept)] if check is not None else []
     first = next(((rec, why) for rec, why in zip(records, own) if why), None)
     if first is None:
         return [None] * len(records)

@@ -340,9 +340,17 @@ class ImagePullResult:
                 "left_out": [{"relpath": s.relpath, "arch": s.arch, "reason": s.why} for s in self.skipped]}
 
 
-def _keeper(node: list[str] | None, flt: ScanFilter, layout: str) -> Callable[[dict], str | None]:
+def other_arch(rec: dict, node: list[str], layout: str) -> str | None:
+    """Why pull leaves an entry record out on a node of these GPU archs (none of its archs runs there by its
+    layout's rule, Layout.runs_on), or None when it keeps it: pull checks signatures only of what it keeps."""
+    arch = rec.get("arch") if isinstance(rec.get("arch"), str) else None
     runs_on = layouts.get(layout).runs_on
+    if arch and not any(runs_on(a.strip(), node) for a in arch.split(",")):
+        return f"{OTHER_ARCH} {arch}; this node runs {', '.join(node)}"
+    return None
 
+
+def _keeper(node: list[str] | None, flt: ScanFilter, layout: str) -> Callable[[dict], str | None]:
     def keep(rec: dict) -> str | None:
         arch = rec.get("arch") if isinstance(rec.get("arch"), str) else None
         if node == []:  # no GPU here: only the selected entries that are no GPU code may come
@@ -351,8 +359,8 @@ def _keeper(node: list[str] | None, flt: ScanFilter, layout: str) -> Callable[[d
             if _needs_gpu(rec):
                 raise UsageError(f"{rec.get('relpath')} is built for {arch or 'a GPU'}; {NO_GPU}")
             return None
-        if node is not None and arch and not any(runs_on(a.strip(), node) for a in arch.split(",")):
-            return f"{OTHER_ARCH} {arch}; this node runs {', '.join(node)}"
+        if node is not None and (why := other_arch(rec, node, layout)):
+            return why
         if not summary_matches(flt, rec):
             return "not selected"
         return None
