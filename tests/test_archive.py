@@ -278,6 +278,22 @@ def test_arch_warnings(kcache, fixture_copy, tmp_path):
     assert r.stderr.count("cannot check") == 1
 
 
+def test_the_import_arch_warning_goes_by_the_layouts_rule(kcache, fixture_copy, tmp_path):
+    """Triton looks a kernel up only on a GPU of its exact capability (its Layout.runs_on): its sm_80 kernels
+    imported on an 8.6 GPU are never used, though the driver would load them. Import judged by the driver's
+    rule: it warned of the sm_90a kernels only and said arch_ok for the sm_80 ones."""
+    arc = tmp_path / "t.tar.gz"
+    assert kcache("--cache-dir", fixture_copy("triton") / "cache", "export", arc).exit_code == 0
+    r = kcache("--cache-dir", tmp_path / "a", "import", arc, "--json", env=_fake_nvidia_smi(tmp_path, "8.6"))
+    assert r.exit_code == 0, r.stderr
+    entries = r.json()["entries"]
+    assert sorted(e["arch"] for e in entries) == ["sm_80"] * 3 + ["sm_90a"] * 3
+    assert all(e["arch_ok"] is False for e in entries)
+    assert r.stderr.count("is built for sm_80, which does not run on this machine's GPU") == 3
+    r = kcache("--cache-dir", tmp_path / "b", "import", arc, "--json", env=_fake_nvidia_smi(tmp_path, "8.0"))
+    assert {e["arch"]: e["arch_ok"] for e in r.json()["entries"]} == {"sm_80": True, "sm_90a": False}
+
+
 def test_arch_rules():
     assert archive.arch_runs_on("sm_90a", [(9, 0)]) is True
     assert archive.arch_runs_on("sm_90a", [(10, 0)]) is False

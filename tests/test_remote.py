@@ -88,6 +88,22 @@ def test_push_then_pull_into_an_empty_root_is_byte_identical_file(kcache, tmp_pa
     round_trip(kcache, tmp_path, f"file://{tmp_path / 'shared'}")
 
 
+def test_a_pull_warns_of_the_kernels_the_layout_does_not_use_here(kcache, tmp_path):
+    """As import: a pulled Triton sm_80 kernel is never looked up on an 8.6 GPU (Triton's exact rule,
+    Layout.runs_on), though the driver would load it; pull warned only of the sm_90a ones."""
+    from test_archive import _fake_nvidia_smi
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    src = copy_tree(FIXTURES / "triton" / "cache", tmp_path / "src")
+    assert kcache("push", "--cache-dir", src, "--remote", f"file://{shared}").exit_code == 0
+    run = kcache("pull", "--cache-dir", tmp_path / "dst", "--remote", f"file://{shared}",
+                 env=_fake_nvidia_smi(tmp_path, "8.6"))
+    assert run.exit_code == 0, run.stderr
+    assert run.stderr.count("is built for sm_80, which does not run on this machine's GPU") == 3, run.stderr
+    assert run.stderr.count("is built for sm_90a, which does not run on this machine's GPU") == 3, run.stderr
+
+
 def test_a_pull_that_fills_the_disk_says_how_many_entries_it_published(kcache, tmp_path):
     """Free space for the bytes but not for the blocks (66 small files): the disk fills mid-pull. One
     line saying how many entries are here (each whole), and they are exactly those published."""

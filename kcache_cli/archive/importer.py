@@ -98,7 +98,7 @@ class ImportResult:
     def to_json(self, gpus: tuple[tuple[int, int], ...] | None = None,
                 arch_ok: Mapping[str, bool | None] | None = None) -> dict:
         """`import --json`: with this machine's GPUs' compute capabilities (None: none found, or not asked)
-        and, per entry relpath, whether its arch runs on them (gpu.arch_fit)."""
+        and, per entry relpath, whether its layout's consumer uses its arch on them (gpu.arch_fit)."""
         return {"archive": self.archive, "root": self.root, "dry_run": self.dry_run,
                 "archive_kcache_version": self.kcache_version, "imported": self.count("import"),
                 "replaced": self.count("replace"), "skipped": self.count("skip"), "file_count": self.files,

@@ -13,6 +13,7 @@ from kcache_cli.cli.cmd_mega import export_blob, import_blob, is_blob, show_blob
 from kcache_cli.cli.progress import Bar as _Bar
 from kcache_cli.cli.progress import Phase
 from kcache_cli.cli.table import Column
+from kcache_cli.layouts import get as layout_of
 from kcache_cli.model.terms import EXPORT_FORMATS
 from kcache_cli.util.errors import UsageError
 from kcache_cli.util.lazy import lazy_module
@@ -194,7 +195,8 @@ def import_command(
     with _Bar(opts, "verifying" if dry_run else "importing", unit="bytes") as bar:
         result = importer.import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=wait,
                                 warn=lambda m: c.warn(opts, m), progress=bar)
-    fit = gpu.arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries})
+    fit = gpu.arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries},
+                       {e.relpath: layout_of(e.layout).runs_on for e in result.entries})
     out = c.Output(opts)
     c.warn_arch_misfits(out, result.entries, fit, "imported")
     out.result(result.to_json(fit.gpus, fit.fits), lambda: _import_human(out, result, dry_run))

@@ -15,6 +15,7 @@ from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
 from kcache_cli.cli.progress import Bar
 from kcache_cli.cli.table import Column, render
+from kcache_cli.layouts import get as layout_of
 from kcache_cli.util.errors import UsageError
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.signing import make_key
@@ -277,8 +278,9 @@ def _pull_oci(ctx: typer.Context, sel: c.Selection, remote: str, timeouts, user:
 
 
 def _check_archs(out: c.Output, entries) -> None:
-    """As import does: warn about pulled kernels this machine's GPU cannot run."""
-    c.warn_arch_misfits(out, entries, _gpu.arch_fit({e.relpath: e.arch for e in entries}), "pulled")
+    """As import does: warn about pulled kernels their consumer does not use on this machine's GPU."""
+    fit = _gpu.arch_fit({e.relpath: e.arch for e in entries}, {e.relpath: layout_of(e.layout).runs_on for e in entries})
+    c.warn_arch_misfits(out, entries, fit, "pulled")
 
 
 @c.selectors(status=None)

@@ -709,8 +709,9 @@ def line_kind(line: str) -> str | None:
 
 
 def warn_arch_misfits(out: Output, entries, fit, what: str) -> None:
-    """Warn about `what` (imported, pulled) kernels among `entries` this machine's GPU cannot run, as
-    `fit` (gpu.arch_fit, keyed by relpath) found, or that there is no GPU to ask."""
+    """Warn about `what` (imported, pulled) kernels among `entries` their consumer does not use on this
+    machine's GPU, as `fit` (gpu.arch_fit by their layouts' rules, keyed by relpath) found, or that there is
+    no GPU to ask."""
     caps = fit.gpus
     if fit.checked and caps is None:
         out.warn(f"no NVIDIA GPU found (nvidia-smi): cannot check that the {what} kernels' archs suit this machine")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 # sm_90, sm_90a, sm_100f, compute_90: the one arch grammar of kcache.
 ARCH_RE = re.compile(r"^(sm|compute)_(\d+)([af]?)$")
@@ -117,10 +117,12 @@ class ArchFit(NamedTuple):
         return [k for k in self.checked if self.fits.get(k) is False]
 
 
-def arch_fit(archs: dict[str, str | None]) -> ArchFit:
-    """For each key (an entry's relpath) and the arch its entry was built for, whether it runs here.
+def arch_fit(archs: dict[str, str | None], rules: Mapping[str, Callable[[str, list[str]], bool]]) -> ArchFit:
+    """For each key (an entry's relpath) and the arch its entry was built for, whether its consumer uses it
+    here, by the key's rule in `rules` (its layout's Layout.runs_on, given the GPUs as arch words).
     nvidia-smi is asked only when some arch names a CUDA arch."""
     checked = tuple(k for k, a in archs.items() if a and cuda_archs(a))
     caps = local_compute_caps() if checked else None
-    fits = {k: (arch_runs_on(archs[k] or "", caps) if caps and k in checked else None) for k in archs}
+    node = [f"sm_{a}{b}" for a, b in caps or ()]
+    fits = {k: (rules[k](archs[k] or "", node) if caps and k in checked else None) for k in archs}
     return ArchFit(caps, fits, checked)
