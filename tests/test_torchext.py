@@ -239,6 +239,22 @@ def test_a_left_lock_says_loads_already_waiting_fail(root):
     assert "restart it (new loads build)" in run.stderr, run.stderr
 
 
+def test_verify_fix_json_says_what_removing_a_lock_means_for_waiting_loads(root):
+    """The text of verify --fix says that a torch load already waiting on the lock it removed fails and must
+    be restarted; --json said nothing of it. It carries the same note, and none when no lock was removed."""
+    from kcache_cli.layouts.torchext import UNLOCKED
+
+    (root / EXT / f"{EXT}.so").unlink()
+    old_lock(root / EXT / "lock")
+    run = run_kcache("--cache-dir", root, "verify", "--fix", "--json")
+    assert run.exit_code == 1 and run.json()["lock_removal_notes"] == [UNLOCKED], run.stdout
+    from test_json_schemas import check
+
+    check(run.json(), "verify")
+    again = run_kcache("--cache-dir", root, "verify", "--fix", "--json")
+    assert again.json()["lock_removal_notes"] == [], again.stdout
+
+
 def test_a_lock_a_live_process_holds_is_never_removed(root):
     lock = root / EXT / "lock"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdin=subprocess.PIPE,

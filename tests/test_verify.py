@@ -191,7 +191,8 @@ def test_results_serialize_at_the_core(fixture_copy):
     lib = next(root.glob("ops/cuda_space_0/*/*/lib.so"))
     lib.write_bytes(lib.read_bytes()[:100])
     v = verify_cache(root).to_json()
-    assert set(v) == {"root", "exists", "checked", "ok", "failed", "skipped_building", "fixed", "problems"}
+    assert set(v) == {"root", "exists", "checked", "ok", "failed", "skipped_building", "fixed", "problems",
+                      "lock_removal_notes"}
     assert v["failed"] == len(v["problems"]) >= 1 and v["ok"] + v["failed"] == v["checked"]
     row = v["problems"][0]
     assert set(JSON_KEYS) <= set(row) and row["status"] == "corrupt" and row["reason"] == row["problems"][0]

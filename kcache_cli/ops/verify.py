@@ -69,11 +69,13 @@ class VerifyResult:
         return tuple(c for c in self.checked if c.problems)
 
     def to_json(self) -> dict:
-        """`verify --json`: counts, and the entries with problems."""
+        """`verify --json`: counts, the entries with problems, and what --fix's removals of left locks mean
+        for the processes waiting on them (the note its text adds)."""
         failed = self.failed
         return {"root": self.root, "exists": self.exists, "checked": len(self.checked),
                 "ok": len(self.checked) - len(failed), "failed": len(failed), "skipped_building": len(self.skipped),
-                "fixed": [ch.entry.to_json() for ch in self.fixed], "problems": [ch.to_json() for ch in failed]}
+                "fixed": [ch.entry.to_json() for ch in self.fixed], "problems": [ch.to_json() for ch in failed],
+                "lock_removal_notes": list(self.unlock_notes)}
 
 
 def judge_entry(root: Path, entry: Entry, deep: bool = True, *, caller_reads: bool = False) -> Judgement:
