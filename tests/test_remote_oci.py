@@ -183,6 +183,25 @@ def test_remote_stats_of_one_entry_says_1_entry(kcache, triton, oci_registry):
     assert "1 tag (1 image), 1 entry, " in run.stdout + run.stderr and "1 entries" not in run.stdout + run.stderr
 
 
+def test_remote_stats_counts_an_image_under_two_tags_once(kcache, triton, oci_registry):
+    """One image tagged x and y holds its entries and bytes once: each row (and the totals) counted them per
+    tag. Two images (x and z) that hold some of the same entries are two images: both count."""
+    push(kcache, triton, oci_registry.url("team/twice:x"))
+    skopeo("copy", "--src-tls-verify=false", "--dest-tls-verify=false", f"docker://{oci_registry.host}/team/twice:x",
+           f"docker://{oci_registry.host}/team/twice:y")  # the same manifest: one digest, two tags
+    push(kcache, triton, oci_registry.url("team/twice:z"), "--space", "sm_80")
+    repo = oci_registry.url("team/twice")
+    size = {i["tag"]: i["size"] for i in kcache("remote", "ls", "--remote", repo, "--json").json()["images"]}
+    run = kcache("remote", "stats", "--remote", repo, "--json")
+    assert run.exit_code == 0, run.stderr
+    doc = run.json()
+    assert size["x"] == size["y"] and doc["tags"] == 3 and doc["images"] == 2
+    assert doc["size"] == size["x"] + size["z"] and doc["entry_count"] == 6 + 3
+    assert doc["by_layout"]["triton"] == {"tags": 3, "entry_count": 6 + 3, "size": size["x"] + size["z"]}
+    assert doc["by_target"]["sm_80"]["tags"] == 3 and doc["by_target"]["sm_80"]["entry_count"] == 3 + 3
+    assert doc["by_target"]["sm_90a"]["tags"] == 2 and doc["by_target"]["sm_90a"]["entry_count"] == 3
+
+
 def test_signed_images_pull_only_on_nodes_that_trust_the_key(kcache, triton, oci_registry, tmp_path, monkeypatch):
     pytest.importorskip("cryptography")
     from test_remote_trust import keygen, node

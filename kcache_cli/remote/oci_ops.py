@@ -437,21 +437,26 @@ def image_stats(url: str, images: list[Image]) -> dict[str, object]:
     its entries and their files' bytes (None where a tag's labels cannot tell: never a whole image's)."""
     by_target: dict[str, dict[str, int | None]] = {}
     by_layout: dict[str, dict[str, int | None]] = {}
-    digests: dict[str, int] = {}
+    digests: dict[str, Image] = {}
     for i in images:
-        digests[i.digest] = i.size
+        again = i.digest in digests  # one image under several tags: its labels, so its rows, are the same
+        digests[i.digest] = i
         _count_in(by_layout.setdefault(i.layout or "-", {"tags": 0, "entry_count": 0, "size": 0}),
-                  (i.entry_count or 0, i.size))
+                  (i.entry_count or 0, i.size), again)
         for t in i.targets:
-            _count_in(by_target.setdefault(t, {"tags": 0, "entry_count": 0, "size": 0}), i.target_counts(t))
-    return {"remote": url, "tags": len(images), "images": len(digests), "size": sum(digests.values()),
-            "entry_count": sum(i.entry_count or 0 for i in images), "by_target": by_target, "by_layout": by_layout}
+            _count_in(by_target.setdefault(t, {"tags": 0, "entry_count": 0, "size": 0}), i.target_counts(t), again)
+    once = digests.values()
+    return {"remote": url, "tags": len(images), "images": len(digests), "size": sum(i.size for i in once),
+            "entry_count": sum(i.entry_count or 0 for i in once), "by_target": by_target, "by_layout": by_layout}
 
 
-def _count_in(row: dict[str, int | None], counts: tuple[int, int] | None) -> None:
-    """One more tag in a `remote stats` row, with its (entries, bytes): unknown (None) from the first tag
-    whose labels cannot tell, never a guess."""
+def _count_in(row: dict[str, int | None], counts: tuple[int, int] | None, again: bool) -> None:
+    """One more tag in a `remote stats` row, with its (entries, bytes) unless its image was counted `again`
+    under another tag (its blobs are stored once): unknown (None) from the first tag whose labels cannot
+    tell, never a guess."""
     row["tags"] = (row["tags"] or 0) + 1
+    if again:
+        return
     n, size = row["entry_count"], row["size"]
     if counts is None or n is None or size is None:
         row["entry_count"] = row["size"] = None
