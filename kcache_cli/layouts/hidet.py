@@ -667,7 +667,7 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     # Listing the entry directories is cheap; reading them is the work, done in parallel.
     listed: list[tuple[str, str, str, str, str]] = []  # OpJob without the version
     prefixes = flt.name_prefixes()
-    named = (lambda de: de.name.startswith(prefixes) or de.name.startswith(state.TEMP_PREFIX)) if prefixes else None
+    named = (*prefixes, state.TEMP_PREFIX) if prefixes else ()  # an entry's names: its hash, its rebuild's
     blocked: list[Entry] = []
     for space, target, space_path in _space_dirs(ctx, ops, flt):
         if flt.ops:
@@ -676,15 +676,10 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
         else:
             op_dirs = [(d.name, d.path) for d in _listing(ctx, space_path, (target, space, None), blocked)
                        if d.is_dir(follow_symlinks=False)]
-        for op, op_path in op_dirs:
-            if named is None:  # every entry directory (not lock files and strays), from the kept listing
-                names = subdirs_or_unreadable(ctx, op_path, blocked, layout=NAME, kind="op", target=target,
-                                              space=space, op=op)
-                listed.extend((f"{op_path}/{n}", n, target, space, op) for n in names)
-                continue
-            for de in _listing(ctx, op_path, (target, space, op), blocked, named):
-                if de.is_dir(follow_symlinks=False):  # not lock files and strays
-                    listed.append((de.path, de.name, target, space, op))
+        for op, op_path in op_dirs:  # every entry directory (not lock files and strays), from the kept listing
+            names = subdirs_or_unreadable(ctx, op_path, blocked, named, layout=NAME, kind="op", target=target,
+                                          space=space, op=op)
+            listed.extend((f"{op_path}/{n}", n, target, space, op) for n in names)
     # Each entry is judged against the installed hidet alone (its version is in the job: the index keeps
     # answers per version); never against other entries' version.txt files.
     version = installed_version() if ctx.statuses else ""

@@ -183,11 +183,17 @@ def listing_or_unreadable(ctx, path: str, out: list, keep=None, **fields) -> lis
         return []
 
 
-def subdirs_or_unreadable(ctx, path: str, out: list, **fields) -> list[str]:
+def subdirs_or_unreadable(ctx, path: str, out: list, prefixes: tuple[str, ...] = (), **fields) -> list[str]:
     """listing_or_unreadable's real subdirectories, by name (sorted), from the listing the cache keeps
-    while the directory is unchanged (fs/dirnames.py): no object per name."""
+    while the directory is unchanged (fs/dirnames.py): no object per name. With `prefixes`, only the names
+    that start with one, each then lstat'ed (an entry named by its hash prefix: one op directory holds
+    thousands)."""
     try:
-        return dirnames.of(ctx.root).subdirs(path)
+        kept = dirnames.of(ctx.root)
+        if not prefixes:
+            return kept.subdirs(path)
+        found = {n for p in prefixes for n in kept.starting(path, p)}
+        return sorted(n for n in found if fsread.is_real_dir(f"{path}/{n}"))
     except OSError as exc:
         _unreadable_listing(ctx, path, exc, out, fields)
         return []
