@@ -117,6 +117,38 @@ def test_a_directory_with_other_files_is_not_a_jax_cache(jax_root):
     assert (jax_root / "jaxcache" / f"{AFFINE}-cache").exists()
 
 
+def tree(where: Path) -> dict[str, tuple]:
+    """Every path under `where` with its inode, mtime and, for a file, its bytes."""
+    return {str(p.relative_to(where)): (p.lstat().st_ino, p.lstat().st_mtime_ns,
+                                        p.read_bytes() if p.is_file() else None) for p in sorted(where.rglob("*"))}
+
+
+def test_a_jax_cache_right_in_home_has_no_root_and_nothing_there_is_touched(monkeypatch):
+    """JAX_COMPILATION_CACHE_DIR=$HOME/jaxcc: kcache lists the cache as the one entry of the directory
+    holding it, and $HOME is never a root. `--cache-dir $HOME/jaxcc` says so (exit 2) instead of "no
+    entries" (a script read an empty cache, prune freed nothing and said nothing), and no command
+    touches a file in $HOME: not the cache's, not one beside it named like jax's, no .kcache/ made."""
+    home = Path(os.environ["HOME"])
+    cache = home / "jaxcc"
+    shutil.copytree(REAL / "jax" / "cache", cache)
+    (home / ".bashrc").write_text("export PATH\n")
+    (home / f"{AFFINE}-cache").write_bytes((cache / f"{AFFINE}-cache").read_bytes())  # jax's name, not jax's
+    (home / "notes").mkdir()
+    (home / "notes" / "todo.txt").write_text("mine\n")
+    before = tree(home)
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(cache))
+    for args in (("ls",), ("verify", "--fix"), ("prune", "--broken", "--stale"), ("prune", "--max-size", "1B"),
+                 ("clear", "--all", "--yes")):
+        run = run_kcache("--cache-dir", cache, *args)
+        assert run.exit_code == 2, (args, run.stdout, run.stderr)
+        assert "it is a jax cache itself" in run.stderr and "(it is the home directory)" in run.stderr, run.stderr
+    run = run_kcache("clear", "--cache", "jax", "--all", "--yes")
+    assert run.exit_code == 2 and "it is the home directory" in run.stderr, run.stderr
+    run = run_kcache("clear", "--all-caches", "--all", "--yes")  # the default scope: skipped, with a warning
+    assert "skipping the jax cache" in run.stderr and "it is the home directory" in run.stderr, run.stderr
+    assert tree(home) == before
+
+
 # ---- Numba -------------------------------------------------------------------------------------------
 def test_the_real_numba_cache_is_one_complete_entry(numba_root, monkeypatch):
     [row] = entries(numba_root)

@@ -13,7 +13,7 @@ from typing import Callable
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
 from kcache_cli.layouts import all_layouts, detect, get, homes
-from kcache_cli.layouts.shapes import BUILD_SHAPE
+from kcache_cli.layouts.shapes import BUILD_SHAPE, SHAPES
 from kcache_cli.model.terms import LAYOUT_NAMES
 from kcache_cli.util.errors import UsageError
 
@@ -57,6 +57,20 @@ def refused_root(path: str | os.PathLike) -> str | None:
     if real == os.path.realpath(Path.home()):
         return "it is the home directory"
     return None
+
+
+def lone_entry(path: str | os.PathLike) -> tuple[str, str, str] | None:
+    """(layout, the directory holding it, why that is no root) when the directory `path` is itself a cache
+    that kcache lists as the one entry of the directory holding it (JAX's, the CUDA driver's JIT cache: told
+    by `path`'s own files, as detecting that directory would) and that directory may never be a root
+    (refused_root: $HOME, /): no root holds it. Only `path` is read, never the directory around it."""
+    where = os.path.abspath(path)
+    parent, name = os.path.split(where)
+    why = refused_root(parent) if name else None
+    if why is None or not os.path.isdir(where):
+        return None
+    owner = next((s.name for s in SHAPES if s.locate(name) is not None and s.held_by(parent, [name])), None)
+    return (owner, parent, why) if owner is not None else None
 
 
 def default_cache_dir(package_dir: Path | None = None) -> CacheLocation:

@@ -68,7 +68,8 @@ def cache_location(opts: GlobalOptions, existing: bool = False):
 def _holds_a_cache(loc, below: bool) -> None:
     """Unless the explicit root holds a cache (or nothing yet, where no cache is around it), say where the
     cache is (exit 2): the one it lies inside (an entry, a level of its tree: JAX's cache directory is its
-    layout's one entry), or with `below` one a level or two down."""
+    layout's one entry) or, where that directory may never be a root ($HOME), that none holds it; or with
+    `below` one a level or two down."""
     found = detect(loc.path) if fsread.is_dir(loc.path) else ()
     if found:
         fsread.hand_on(loc.path, "layouts", found)  # the scan that follows detects them once, not again
@@ -77,6 +78,12 @@ def _holds_a_cache(loc, below: bool) -> None:
     if around is not None and os.path.realpath(around.path) != os.path.realpath(loc.path):  # (made meanwhile)
         raise UsageError(f"no cache at {loc.path} ({loc.reason}): it lies inside {_a(around.cache)} cache, "
                          f"whose root is {around.path}: --cache-dir {around.path}")
+    lone = locate.lone_entry(loc.path)
+    if lone is not None:  # its root would be $HOME: never one, so no root kcache uses holds this cache
+        owner, parent, why = lone
+        raise UsageError(f"no cache at {loc.path} ({loc.reason}): it is {_a(owner)} cache itself, which kcache "
+                         f"lists as the one entry of the directory holding it, and {parent} is never a cache "
+                         f"root ({why}): keep the cache a level down, in a directory of its own, and pass that")
     below_it = locate.caches_below(loc.path) if below else []
     if below_it:
         names, path = below_it[0]
