@@ -274,6 +274,30 @@ def test_every_index_is_judged_and_stale_needs_them_all(tmp_path):
     assert problem(project)["status"] == "corrupt"
 
 
+def test_an_index_a_moved_function_left_is_named_in_inspect(tmp_path):
+    """A line added above the function: numba (measured with 0.68.1) writes kc_add-4's index beside
+    kc_add-3's and never reads that one again. The directory stays complete (kc_add-4 hits) and prune
+    --stale keeps it whole; inspect names the stale index, which ls's status cannot."""
+    import hashlib
+
+    project = in_tree(tmp_path)
+    cache, src = project / "__pycache__", project / "kc_numba.py"
+    facts = run_kcache("--cache-dir", project, "inspect", "__pycache__", "--json").json()["facts"]
+    assert "stale_indexes" not in facts
+    old = hashlib.sha256(src.read_bytes()).digest()
+    src.write_bytes(b"import math\n" + src.read_bytes())
+    for p in list(cache.iterdir()):
+        shutil.copy(p, cache / p.name.replace("-3.py", "-4.py", 1))
+    moved = cache / INDEX.replace("-3.py", "-4.py")
+    moved.write_bytes(moved.read_bytes().replace(old, hashlib.sha256(src.read_bytes()).digest()))
+    assert problem(project) is None and entries(project)[0]["status"] == "complete"
+    facts = run_kcache("--cache-dir", project, "inspect", "__pycache__", "--json").json()["facts"]
+    assert facts["indexes"] == "2"
+    assert facts["stale_indexes"].startswith(f"1: kc_numba.py beside __pycache__/ changed since {INDEX} was"), facts
+    assert run_kcache("--cache-dir", project, "prune", "--stale").exit_code == 0
+    assert (cache / INDEX).exists() and moved.exists()
+
+
 def test_a_numba_cache_dir_entry_is_not_judged_by_a_source_it_cannot_find(numba_root):
     (numba_root / "kc_numba.py").write_text("something else\n")  # no locator puts a source there
     assert problem(numba_root) is None

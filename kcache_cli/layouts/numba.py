@@ -291,14 +291,26 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
     """Every index judged (one module's edited source must not hide another's corrupt index): the entry
     is corrupt or partial when one index is; stale only when every index is (numba compiles again only
     the functions of the stale ones: the others still hit, and `prune --stale` must not take them)."""
+    return _whole(_index_verdicts(d, jc))
+
+
+def _index_verdicts(d: EntryDir, jc: Judging) -> dict[str, Judgement] | None:
+    """Each index of the entry -> what numba does with it and the data files it names; None when the
+    directory cannot be listed."""
     try:
         names, _ = d.files()
     except OSError:
-        return Judgement.of(UNREADABLE, UNREADABLE_REASON)
+        return None
     hashes: dict[str, bytes | None] = {}
-    verdicts = [_index_verdict(d, idx, names, jc, hashes) for idx in sorted(n for n in names if n.endswith(INDEX))]
-    worst = max(verdicts, key=lambda v: _SEVERITY.get(v.status, 0), default=Judgement(COMPLETE))
-    if worst.status == STALE and any(v.status != STALE for v in verdicts):
+    return {idx: _index_verdict(d, idx, names, jc, hashes) for idx in sorted(n for n in names if n.endswith(INDEX))}
+
+
+def _whole(verdicts: dict[str, Judgement] | None) -> Judgement:
+    """The entry's status from its indexes' (None: unreadable)."""
+    if verdicts is None:
+        return Judgement.of(UNREADABLE, UNREADABLE_REASON)
+    worst = max(verdicts.values(), key=lambda v: _SEVERITY.get(v.status, 0), default=Judgement(COMPLETE))
+    if worst.status == STALE and any(v.status != STALE for v in verdicts.values()):
         return Judgement(COMPLETE)
     return worst
 
@@ -368,18 +380,32 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
 
 def describe(root: Path, entry: Entry) -> Details:
     with EntryDir.open(entry.path, fsread.anchor(root)) as d:
-        j = judge(d, entry.kind, Judging(deep=True, version=installed_version()))
+        verdicts = _index_verdicts(d, Judging(deep=True, version=installed_version()))
+        j = _whole(verdicts)
         try:
             names = d.names()
             versions = sorted({read_index(d.read_bytes(n, MAX_INDEX)).version for n in names if n.endswith(INDEX)})
         except (OSError, ValueError, IndexError):
             names, versions = [], []
-    facts = [("indexes", str(sum(n.endswith(INDEX) for n in names))),
+    facts = [("indexes", str(sum(n.endswith(INDEX) for n in names))), *_stale_indexes(verdicts or {}, j),
              ("overloads", str(sum(n.endswith(DATA) for n in names))),
              ("numba version", ", ".join(versions) or "unknown"),
              ("reused", "only beside a source file of the same bytes (the index holds their sha256; numba 0.67 "
                         "and older: its mtime and size), by the same numba and Python, on the same CPU")]
     return Details(entry, j.status, j.reason, j.problems, list_files(entry.path), facts=tuple(facts))
+
+
+def _stale_indexes(verdicts: dict[str, Judgement], whole: Judgement) -> list[tuple[str, str]]:
+    """The fact naming the stale indexes of a complete entry (a source edited since, a function moved to
+    another line: numba writes a new index beside the old one and never reads the old again), which its
+    status does not show: the entry stays complete while one index hits."""
+    dead = [idx for idx, v in verdicts.items() if v.status == STALE]
+    if whole.status != COMPLETE or not dead:
+        return []
+    first = verdicts[dead[0]].reason or ""
+    more = f" (and {len(dead) - 1} more)" if len(dead) > 1 else ""
+    return [("stale indexes", f"{len(dead)}: {first}{more}; they and their .nbc files stay while the "
+                              "directory's other indexes are used")]
 
 
 def no_log(entry: Entry) -> str:
