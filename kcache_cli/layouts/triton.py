@@ -593,7 +593,8 @@ def _key_entry(ctx, d: EntryDir, path: str, flt: ScanFilter | None) -> Entry | N
     lst = _Listing(d, ctx.warn, record=recording is not None)
     names = list(lst.sizes) if lst.readable else d.names()  # root lists a mode-000 dir: its name still
     single = single_file_kind(lst.sizes) if not lst.groups else None
-    op = triton_kernel_name(names)
+    groups = lst.groups  # the first one names the kernel, as triton_kernel_name reads the listing
+    op = groups[0][len(GROUP_PREFIX):-len(".json")] if groups else triton_kernel_name(names)
     if flt is not None and not flt.wants_op(op):
         return None
     meta = lst.meta(f"{op}.json") if op and single is None else None
