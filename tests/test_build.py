@@ -314,6 +314,30 @@ def test_hit_prints_the_path_and_changes_nothing(tmp_path, kcache):
 
 
 @needs_cxx
+def test_other_flags_are_a_hit_with_a_warning_naming_both(tmp_path, kcache):
+    """Flags after -- (or -I directories) other than those kcache.json records gave a silent hit: the old
+    binary, built without them, with no word. As with another source: a hit, and a warning naming both."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    task = write_task(tmp_path / "tasks", "plus", 12, kind="cc")
+    root = tmp_path / "cache"
+    built = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "-I", inc, "--", "-DSCALE=3")
+    assert built.exit_code == 0, built.stderr
+    before = snapshot(root / "ops")
+    same = kcache("--cache-dir", root, "build", task, "--cxx", "/bin/false", "-I", inc, "--", "-DSCALE=3")
+    assert same.exit_code == 0 and same.stdout == built.stdout and "flags" not in same.stderr, same.stderr
+    other = kcache("--cache-dir", root, "build", task, "--cxx", "/bin/false", "--", "-DSCALE=4", "-g")
+    said = other.stderr.replace("\n  ", " ")
+    assert other.exit_code == 0 and other.stdout == built.stdout, said
+    assert f"the entry's: -I{inc} -DSCALE=3; asked for: -DSCALE=4 -g" in said and "--force rebuilds it" in said
+    r = kcache("--cache-dir", root, "--json", "build", task, "--cxx", "/bin/false")
+    (res,) = r.json()["results"]
+    assert r.exit_code == 0 and res["status"] == "hit"
+    assert any("asked for: none" in n for n in res["notes"]), res["notes"]
+    assert snapshot(root / "ops") == before
+
+
+@needs_cxx
 def test_force_replaces_the_entry_atomically(tmp_path, kcache):
     task = write_task(tmp_path / "tasks", "plus", 9, kind="cc")
     root = tmp_path / "cache"

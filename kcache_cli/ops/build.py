@@ -445,12 +445,12 @@ def resolve_arch(root: Path, target: str, options: BuildOptions, fresh: bool = T
 
 def compile_command(target: str, compiler: Sequence[str], arch: Arch, options: BuildOptions) -> list[str]:
     """The exact compile command; it runs inside the entry's directory, on relative names."""
-    includes = [f"-I{os.path.abspath(d)}" for d in options.include_dirs]
     if target == "cuda":
         base = ["-shared", "-Xcompiler", "-fPIC", "-O3", f"-arch={arch.value}"]
     else:
         base = ["-shared", "-fPIC", "-O3"]
-    return [*compiler, *base, *includes, *options.extra_flags, "-o", BINARY, SOURCE_NAME[target]]
+    return [*compiler, *base, *_flag_words(options.include_dirs, options.extra_flags), "-o", BINARY,
+            SOURCE_NAME[target]]
 
 
 def check_extra_flags(flags: Sequence[str]) -> None:
@@ -529,6 +529,26 @@ def _source_differs(spec: TaskSpec, manifest: dict | None, final: Path) -> bool:
     return h.hexdigest() != theirs
 
 
+def _flag_words(include_dirs: Iterable[str], extra_flags: Iterable[str]) -> list[str]:
+    """The flags a build adds to the compiler's own, as its command line has them: -I<dir> then the rest."""
+    return [*(f"-I{os.path.abspath(d)}" for d in include_dirs), *extra_flags]
+
+
+def _flags_differ(spec: TaskSpec, options: BuildOptions, manifest: dict | None) -> str | None:
+    """The note for an entry whose kcache.json records other flags (-I directories, the flags after --) than
+    this build's, or None: the same, or not recorded (an entry hidet made, an older kcache's)."""
+    dirs, extra = (manifest or {}).get("include_dirs"), (manifest or {}).get("extra_flags")
+    if not (isinstance(dirs, list) and isinstance(extra, list)
+            and all(isinstance(f, str) for f in (*dirs, *extra))):
+        return None
+    theirs, ours = _flag_words(dirs, extra), _flag_words(options.include_dirs, options.extra_flags)
+    if theirs == ours:
+        return None
+    return (f"{spec.relpath} was built with other flags than this build's (the entry's: "
+            f"{shlex.join(theirs) or 'none'}; asked for: {shlex.join(ours) or 'none'}; the task is the same); "
+            "--force rebuilds it")
+
+
 SOURCE_CHUNK = 1 << 20  # a source is read this much at a time: a 3 GB source costs 1 MiB of memory
 
 
@@ -593,7 +613,7 @@ def _build_task(root: Path, spec: TaskSpec, options: BuildOptions, listener: Lis
 
     final = root / spec.relpath
     if not options.force:
-        found = _hit(root, spec, final, arch, waited=False)
+        found = _hit(root, spec, final, arch, options, waited=False)
         if found is not None:
             return found
     compiler = find_compiler(spec.target, options)
@@ -605,7 +625,7 @@ def _build_task(root: Path, spec: TaskSpec, options: BuildOptions, listener: Lis
     lock, waited = _acquire(root, spec, options.timeout, listener)
     try:
         if not options.force:  # another build may have published while we waited for the lock
-            found = _hit(root, spec, final, arch, waited)
+            found = _hit(root, spec, final, arch, options, waited)
             if found is not None:
                 return found
         replaced = _wait_for_compiler(spec, final, options.timeout, listener)
@@ -619,7 +639,8 @@ def _build_task(root: Path, spec: TaskSpec, options: BuildOptions, listener: Lis
         lock.release()
 
 
-def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], waited: bool) -> BuildResult | None:
+def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], options: BuildOptions, waited: bool
+         ) -> BuildResult | None:
 
     status, reason, manifest = entry_status(str(final), deep=True)  # a lib.so that differs is no hit
     if status is None or not builder().build_reuses(str(final), Judgement(status, reason)):
@@ -640,6 +661,9 @@ def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], wait
     if _source_differs(spec, manifest, final):
         notes.append(f"{spec.relpath} was built from another {SOURCE_NAME[spec.target]} than {spec.source_path} "
                      "(the task is the same); --force rebuilds it")
+    flags = _flags_differ(spec, options, manifest)
+    if flags:
+        notes.append(flags)
     unnoted = state.mark_used(root, spec.relpath)
     if unnoted:
         notes.append(unnoted)
