@@ -338,6 +338,52 @@ def test_other_flags_are_a_hit_with_a_warning_naming_both(tmp_path, kcache):
 
 
 @needs_cxx
+def test_an_installed_hidet_06_that_compiles_builds_again_is_said_once(tmp_path, kcache, monkeypatch):
+    """hidet 0.6+ compiles what build makes again in place (no version.txt, meta.json, func_types.pickle):
+    ls and verify said partial, and build reported a hit or a build with no word. It warns once per run,
+    naming the version and what hidet needs, and --json says so per task; the exit code stays 0."""
+    from kcache_cli.layouts import hidet
+
+    plus, minus = write_task(tmp_path / "tasks", "plus", 13, kind="cc"), write_task(tmp_path / "tasks", "minus", 13,
+                                                                                    kind="cc")
+    root = tmp_path / "cache"
+    monkeypatch.setattr(hidet, "installed_version", lambda: "")
+    first = kcache("--cache-dir", root, "--json", "build", plus, "--cxx", CXX)
+    assert first.exit_code == 0 and first.json()["results"][0]["recompiled_by"] is None
+    assert "is installed" not in first.stderr
+    monkeypatch.setattr(hidet, "installed_version", lambda: "0.5.2")  # loads them as built: nothing to say
+    assert "is installed" not in kcache("--cache-dir", root, "build", plus, "--cxx", "/bin/false").stderr
+    monkeypatch.setattr(hidet, "installed_version", lambda: "0.6.1")
+    hit = kcache("--cache-dir", root, "build", plus, "--cxx", "/bin/false")
+    said = hit.stderr.replace("\n  ", " ")
+    assert hit.exit_code == 0 and hit.stdout.strip().endswith(task_hash_of(plus)), said
+    assert "hidet 0.6.1 is installed" in said and "version.txt, meta.json and func_types.pickle" in said
+    both = kcache("--cache-dir", root, "--json", "build", plus, minus, "--cxx", CXX)
+    assert both.exit_code == 0 and both.stderr.count("hidet 0.6.1 is installed") == 1, both.stderr
+    assert [(r["status"], r["recompiled_by"]) for r in both.json()["results"]] == [("hit", "hidet 0.6.1"),
+                                                                                   ("built", "hidet 0.6.1")]
+    assert "2 entries" in both.stderr.replace("\n  ", " ")
+
+
+def test_a_hit_on_an_entry_hidet_made_says_nothing_of_compiling_again(tmp_path, kcache, monkeypatch):
+    """An entry hidet 0.6.1 made itself is loaded as it is: no warning, recompiled_by null."""
+    from kcache_cli.layouts import hidet
+
+    monkeypatch.setattr(hidet, "installed_version", lambda: "0.6.1")
+    root = tmp_path / "hidet"
+    shutil.copytree(FIXTURES / "hidet", root, symlinks=True)
+    entry = root / "ops" / "cpu_space_0" / "matmul" / "064b4a6c035246e8"
+    task = tmp_path / "task"
+    task.mkdir()
+    shutil.copy(entry / "task.txt", task / "task.txt")
+    shutil.copy(entry / "source.cc", task / "source.cc")
+    r = kcache("--cache-dir", root, "--json", "build", task, "--cxx", "/bin/false")
+    (res,) = r.json()["results"]
+    assert r.exit_code == 0 and res["status"] == "hit" and res["recompiled_by"] is None, r.stderr
+    assert "is installed" not in r.stderr
+
+
+@needs_cxx
 def test_force_replaces_the_entry_atomically(tmp_path, kcache):
     task = write_task(tmp_path / "tasks", "plus", 9, kind="cc")
     root = tmp_path / "cache"

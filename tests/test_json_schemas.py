@@ -323,6 +323,13 @@ def test_build_matches_its_schema(kcache, tmp_path):
     again = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--json")
     check(again.json(), "build")
     assert again.json()["hits"] == 1 and again.json()["results"][0]["path"] == first.json()["results"][0]["path"]
+    from kcache_cli.layouts import hidet
+
+    with pytest.MonkeyPatch.context() as mp:  # a hidet 0.6+ installed: it compiles the entry again
+        mp.setattr(hidet, "installed_version", lambda: "0.6.1")
+        recompiled = kcache("--cache-dir", root, "build", task, "--cxx", CXX, "--json")
+    check(recompiled.json(), "build")
+    assert recompiled.json()["results"][0]["recompiled_by"] == "hidet 0.6.1"
 
 
 # ---- explain: entries of every layout, archives, blobs, images ---------------------------------------

@@ -129,6 +129,8 @@ def build_command(
     flags after `--` (they run inside the entry's directory: give paths in them absolute).
     An entry built for another arch is an error (--force rebuilds it). Several tasks: -j N,
     a progress bar on stderr, one row each and a summary on stdout; exit 1 if any failed.
+    hidet 0.6 and later compile the entries build makes again in place (they lack version.txt,
+    meta.json and func_types.pickle): where one is installed, build says so.
 
     Example: kcache build task.txt --arch sm_90 -- -lineinfo
     """
@@ -211,6 +213,7 @@ def _show_results(opts: o.GlobalOptions, results) -> None:
         if res.status == b.FAILED:
             _show_failure(res)
         _notes(opts, res)
+    _compiled_again(opts, results)
     out = c.Output(opts)
 
     def human() -> None:
@@ -234,6 +237,7 @@ def _build_one(opts: o.GlobalOptions, root, path: str, options, source: Optional
     finally:
         listener.stop()
     _notes(opts, result)
+    _compiled_again(opts, [result])
     if result.status == b.FAILED:
         _show_failure(result, header=False)  # main() prints the error line itself
         raise KcacheError(result.error)
@@ -269,6 +273,13 @@ def _remote_builder(opts: o.GlobalOptions, url: str, timeout: float):
 def _notes(opts: o.GlobalOptions, result) -> None:
     for note in result.notes:
         c.warn(opts, note)
+
+
+def _compiled_again(opts: o.GlobalOptions, results) -> None:
+    """Once per run: the installed compiler compiles what this build made or found again in place."""
+    said = b.compiled_again_warning(results)
+    if said:
+        c.warn(opts, said)
 
 
 class _Listener:

@@ -54,6 +54,14 @@ class Leftover(NamedTuple):
     lock: str | None  # relpath whose kcache entry lock its writer held, or None
 
 
+class CompiledAgain(NamedTuple):
+    """What the installed compiler does with the entries `kcache build` writes, where it compiles them again in
+    place rather than loading them (Layout.build_compiled_again)."""
+
+    by: str  # the installed compiler, with its version: "hidet 0.6.1"
+    needs: str  # what it needs that kcache build does not write: "version.txt, meta.json and func_types.pickle"
+
+
 class MegaPlace(NamedTuple):
     """Where torch's `populate_cache` writes one Mega-Cache artifact under a cache root: the file
     `<dir>/<name>`, which is an entry of `entry_kind` at `dir` (or, None, a file inside some entry)."""
@@ -231,6 +239,8 @@ class EntryReader(Protocol):
     def build_reuses(self, path: str, judgement: Judgement) -> bool: ...
 
     def build_replacing(self, path: str) -> str | None: ...
+
+    def build_compiled_again(self) -> CompiledAgain | None: ...
 
     def nested(self, root: Path) -> list[tuple[str, Path]]: ...
 
@@ -446,6 +456,12 @@ class Layout:
     def build_replacing(self, path: str) -> str | None:
         """What to tell people when `kcache build --force` replaces the entry at `path` (one the layout's own
         compiler made, that kcache's build may serve less well), or None."""
+        return None
+
+    def build_compiled_again(self) -> CompiledAgain | None:
+        """Whether the compiler installed here compiles the entries `kcache build` writes again in place
+        rather than loading them (hidet 0.6 and later: they lack its metadata files), and what it needs; None
+        where it loads them as built (or none is installed)."""
         return None
 
     def describe(self, root: Path, entry: Entry) -> Details:

@@ -23,6 +23,7 @@ from kcache_cli.layouts.base import (
     MISS,
     TEMP,
     UNKNOWN,
+    CompiledAgain,
     Here,
     InnerLeftover,
     Judging,
@@ -505,10 +506,11 @@ def _loader_recompiles_kcache_builds(running: str) -> bool:
     return bool(running) and tuple(int(x) for x in re.findall(r"\d+", running)[:2]) >= (0, 6)
 
 
-KCACHE_BUILT = ("made by kcache build: hidet {} compiles it again in place (it needs version.txt, meta.json and "
-                "func_types.pickle); kcache build reuses it")
-KCACHE_BUILT_NOTE = ("made by kcache build: a hidet 0.6 or later would compile it again in place (it needs "
-                     "version.txt, meta.json and func_types.pickle)")
+KCACHE_LACKS = "version.txt, meta.json and func_types.pickle"  # what hidet 0.6 needs that kcache build never writes
+KCACHE_BUILT = (f"made by kcache build: hidet {{}} compiles it again in place (it needs {KCACHE_LACKS}); kcache "
+                "build reuses it")
+KCACHE_BUILT_NOTE = (f"made by kcache build: a hidet 0.6 or later would compile it again in place (it needs "
+                     f"{KCACHE_LACKS})")
 
 
 def _judge_kcache_built(d: EntryDir, names: dict[str, int], mtimes: dict[str, float] | None, deep: bool,
@@ -1045,6 +1047,12 @@ class HidetLayout(Layout):
             return None
         return ("it was an entry hidet made itself; kcache's build of it has no version.txt, meta.json or "
                 "func_types.pickle, so a hidet 0.6 or later compiles it again in place")
+
+    def build_compiled_again(self) -> CompiledAgain | None:
+        running = installed_version()
+        if not _loader_recompiles_kcache_builds(running):
+            return None
+        return CompiledAgain(f"hidet {running}", KCACHE_LACKS)
 
     def empty_parent_levels(self, kind: str) -> int:
         return 2 if kind == "op" else 0  # the op and space directories; ops/ itself tells the layout

@@ -44,7 +44,7 @@ from kcache_cli.layouts import builder
 from kcache_cli.layouts.shapes import BUILD_SHAPE
 from kcache_cli.model import checks
 from kcache_cli.model.records import Judgement
-from kcache_cli.model.terms import CORRUPT
+from kcache_cli.model.terms import COMPLETE, CORRUPT
 from kcache_cli.util.errors import KcacheError, LockTimeout, UsageError
 from kcache_cli.util.interrupts import TermAsInterrupt
 
@@ -128,6 +128,9 @@ class BuildResult(NamedTuple):
     replaced: str | None = None  # why an existing entry at the path was replaced
     waited: bool = False  # another build held the lock
     notes: tuple[str, ...] = ()  # things worth telling people (source differs, arch unknown...)
+    # built or hit: the installed compiler that compiles the entry again in place rather than loading it
+    # ("hidet 0.6.1": hidet 0.6 and later with an entry kcache build made), else None
+    recompiled_by: str | None = None
 
     def to_json(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self._asdict().items()}
@@ -669,7 +672,7 @@ def _hit(root: Path, spec: TaskSpec, final: Path, arch: Callable[[], Arch], opti
         notes.append(unnoted)
     return BuildResult(spec.task_path, HIT, spec.op, spec.hash, spec.target, spec.space, spec.relpath, str(final),
                        arch=", ".join(have) if have else want.value, arch_source=where if have else want.source,
-                       waited=waited, notes=tuple(notes))
+                       waited=waited, notes=tuple(notes), recompiled_by=None if status == COMPLETE else _recompiler())
 
 
 def _acquire(root: Path, spec: TaskSpec, timeout: float | None, listener: Listener):
@@ -847,8 +850,30 @@ def _compile_and_publish(root: Path, spec: TaskSpec, final: Path, arch: Arch, co
         os.close(root_fd)
     if result.status == BUILT:
         unnoted = state.mark_used(root, spec.relpath)
-        return result._replace(replaced=replaced, notes=result.notes + ((unnoted,) if unnoted else ()))
+        return result._replace(replaced=replaced, notes=result.notes + ((unnoted,) if unnoted else ()),
+                               recompiled_by=_recompiler())
     return result
+
+
+def _recompiler() -> str | None:
+    """The installed compiler that compiles what kcache build writes again in place (the build layout's
+    word), or None."""
+    again = builder().build_compiled_again()
+    return again.by if again is not None else None
+
+
+def compiled_again_warning(results: Sequence[BuildResult]) -> str | None:
+    """The one warning for a run whose entries (built or hit) the installed compiler compiles again in place
+    rather than loading them: it names that compiler and what it needs; None when there are none."""
+    again = [r for r in results if r.recompiled_by]
+    if not again:
+        return None
+    what = builder().build_compiled_again()
+    needs = f" (it needs {what.needs}, which kcache build does not write)" if what is not None else ""
+    n = len(again)
+    return (f"{again[0].recompiled_by} is installed and compiles the entries kcache build makes again in place "
+            f"on first use{needs}: {n} {'entry' if n == 1 else 'entries'} of this build will not be loaded as "
+            "built (see docs/build.md)")
 
 
 def _compile_in(root: Path, root_fd: int, spec: TaskSpec, final: Path, tmp: _Temp, arch: Arch,
