@@ -22,6 +22,7 @@ from conftest import CXX, FIXTURES, NVCC
 
 from kcache_cli.fs import state
 from kcache_cli.fs.locking import entry_lock
+from kcache_cli.model.records import ScanFilter
 from kcache_cli.ops import build as b
 from kcache_cli.util.errors import LockTimeout
 
@@ -574,6 +575,45 @@ def test_symlinked_op_directory_leading_out_is_refused(tmp_path, kcache):
     r = kcache("--cache-dir", root, "build", task, "--cxx", CXX)
     assert r.exit_code == 1 and "leads outside the cache" in r.stderr
     assert list(outside.iterdir()) == []
+
+
+@needs_cxx
+def test_a_build_makes_its_temp_dir_under_its_lock_so_prune_and_clear_keep_it(tmp_path, monkeypatch):
+    """prune and clear remove a kcache temp dir as soon as its build lock is free (its build is gone): safe
+    only if a build makes its temp dir after taking the lock and holds it until it publishes. A prune and a
+    clear --all run while the compiler runs: the temp dir stays, and the build publishes."""
+    from kcache_cli.fs.locking import entry_build_locked
+    from kcache_cli.ops import delete
+
+    task = write_task(tmp_path / "tasks", "plus", 14, kind="cc")
+    root = tmp_path / "cache"
+    relpath = f"ops/cpu_space_0/plus/{task_hash_of(task)}"
+    locked_at_mkdir = []
+    real_make_temp, real_run = b.make_temp, b.run_compiler
+
+    def make_temp(*args):
+        locked_at_mkdir.append(entry_build_locked(root, relpath))  # another open file: the build's flock shows
+        return real_make_temp(*args)
+
+    def run_compiler(argv, cwd=None, timeout=None):
+        if "--version" not in argv:
+            assert [p.name for p in temp_dirs(root)] and kcache_status(root) == ["building"]
+            for plan in (delete.plan_prune(root, broken=True), delete.plan_clear(root, ScanFilter(), everything=True)):
+                plan.execute()
+            assert len(temp_dirs(root)) == 1, "a build in flight lost its temp dir"
+        return real_run(argv, cwd, timeout)
+
+    monkeypatch.setattr(b, "make_temp", make_temp)
+    monkeypatch.setattr(b, "run_compiler", run_compiler)
+    res = b.build_task(root, task / "task.txt", b.BuildOptions(cxx=CXX))
+    assert res.status == b.BUILT and locked_at_mkdir == [True] and temp_dirs(root) == []
+    assert (root / relpath / "lib.so").is_file()
+
+
+def kcache_status(root: Path) -> list[str]:
+    from kcache_cli.catalog.scan import scan_cache
+
+    return [e.status for e in scan_cache(root).entries]
 
 
 # ---- many tasks ------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 
 from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.fs import state
+from kcache_cli.fs.locking import EntryFlock
 from kcache_cli.model.records import ScanFilter
 from kcache_cli.ops import delete
 from kcache_cli.ops.delete import parse_age, parse_size, plan_clear, plan_prune
@@ -393,7 +394,7 @@ def test_prune_always_removes_stale_temp_dirs_and_keeps_candidates(kcache, fixtu
     root = fixture_copy("hidet")
     op_dir = root / "ops/cuda_space_0/add"
     stale = op_dir / ".kcache-tmp-8d1f7691cdf75e90-0001"
-    fresh = op_dir / ".kcache-tmp-8d1f7691cdf75e90-0002"
+    fresh = op_dir / ".kcache-tmp-1111222233334444-0002"  # a build in flight: its lock is held
     for d in (stale, fresh):
         d.mkdir()
         (d / "source.cu").write_text("// half a build")
@@ -404,20 +405,91 @@ def test_prune_always_removes_stale_temp_dirs_and_keeps_candidates(kcache, fixtu
     (cand / "1").mkdir()
     (cand / "1" / "lib.so").write_bytes(b"\0" * 3000)
     before_relu = scan_cache(root, ScanFilter(ops=("relu",))).entries[0]
-    r = kcache("--cache-dir", root, "prune", "--yes", "--json")
-    assert r.exit_code == 0, r.stderr
-    assert removed_paths(r) == {str(stale.relative_to(root))}
-    data = r.json()
-    assert {x["what"] for x in data["removed"]} == {"temp"}
-    # freed is disk usage (issue 32): the temp dir's own block and its file's
-    assert data["freed"] >= len("// half a build") and data["freed"] % 512 == 0 and data["entry_count"] == 1
-    assert fresh.is_dir() and (cand / "0" / "lib.so").is_file()
-    assert data["skipped"] == []  # a write in flight is no candidate: never "kept" (cron mails nothing)
-    quiet = kcache("--cache-dir", root, "-q", "prune", "--yes")
-    assert (quiet.exit_code, quiet.stdout, quiet.stderr) == (0, "", "") and fresh.is_dir()
+    with EntryFlock(root, "ops/cuda_space_0/add/1111222233334444"):
+        r = kcache("--cache-dir", root, "prune", "--yes", "--json")
+        assert r.exit_code == 0, r.stderr
+        assert removed_paths(r) == {str(stale.relative_to(root))}
+        data = r.json()
+        assert {x["what"] for x in data["removed"]} == {"temp"}
+        # freed is disk usage (issue 32): the temp dir's own block and its file's
+        assert data["freed"] >= len("// half a build") and data["freed"] % 512 == 0 and data["entry_count"] == 1
+        assert fresh.is_dir() and (cand / "0" / "lib.so").is_file()
+        assert data["skipped"] == []  # a write in flight is no candidate: never "kept" (cron mails nothing)
+        quiet = kcache("--cache-dir", root, "-q", "prune", "--yes")
+        assert (quiet.exit_code, quiet.stdout, quiet.stderr) == (0, "", "") and fresh.is_dir()
     after_relu = scan_cache(root, ScanFilter(ops=("relu",))).entries[0]
     assert after_relu.status == "complete" and after_relu.size == before_relu.size
     assert entries(root) - {str(fresh.relative_to(root))} == set(HIDET.values())
+
+
+def _fresh_temp(root: Path, h: str = "1111222233334444", tag: str = "dead") -> tuple[Path, str]:
+    """A kcache build temp dir just written to, in the add op directory; (it, its entry's relpath)."""
+    tmp = root / f"ops/cuda_space_0/add/{state.TEMP_PREFIX}{h}-{tag}"
+    tmp.mkdir()
+    (tmp / "source.cu").write_text("// half a build")
+    return tmp, f"ops/cuda_space_0/add/{h}"
+
+
+@pytest.mark.parametrize("lock_file", [True, False])
+@pytest.mark.parametrize("command", [["prune"], ["prune", "--broken"], ["clear", "--status", "partial", "--yes"]])
+def test_a_killed_builds_temp_dir_goes_as_soon_as_its_lock_is_free(kcache, fixture_copy, command, lock_file):
+    """A build killed a minute ago left its temp dir: ls and verify call it broken, and prune and clear kept
+    it for an hour ("in flight"). A build makes its temp dir only once it holds the entry's lock and holds
+    the lock until it publishes: a free lock (or none) means its build is gone, so it goes now."""
+    root = fixture_copy("hidet")
+    tmp, rel = _fresh_temp(root)
+    if lock_file:  # the lock a killed build held: there, and free
+        with EntryFlock(root, rel):
+            pass
+    assert [e["status"] for e in kcache("--cache-dir", root, "ls", "--status", "broken", "--json").json()["entries"]
+            ] == ["partial"]
+    assert kcache("--cache-dir", root, "verify").exit_code == 1
+    r = kcache("--cache-dir", root, *command, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert removed_paths(r) == {str(tmp.relative_to(root))} and not tmp.exists(), r.stderr
+    assert kcache("--cache-dir", root, "verify").exit_code == 0
+
+
+@pytest.mark.parametrize("command", [["prune"], ["prune", "--broken"], ["clear", "--status", "building", "--yes"]])
+def test_a_temp_dir_whose_build_holds_its_lock_is_kept_however_fresh(kcache, fixture_copy, command):
+    root = fixture_copy("hidet")
+    tmp, rel = _fresh_temp(root)
+    with EntryFlock(root, rel):
+        assert kcache("--cache-dir", root, "ls", "--json").json()["entries"][0]["status"] == "building"
+        r = kcache("--cache-dir", root, *command, "--json")
+        assert r.exit_code == 0 and removed_paths(r) == set() and tmp.is_dir(), r.stderr
+
+
+def test_a_build_that_takes_the_lock_after_the_plan_keeps_its_temp_dirs(fixture_copy):
+    """The race: prune planned a dead build's temp dir (its lock free), then a new build of the same entry
+    took the lock and made its own temp dir. The executor holds the lock while it removes: both stay,
+    the planned one kept with a word, the new one never a candidate."""
+    root = fixture_copy("hidet")
+    dead, rel = _fresh_temp(root)
+    plan = plan_prune(root)
+    assert [r.relpath for r in plan.removals] == [str(dead.relative_to(root))]
+    with EntryFlock(root, rel):
+        new, _ = _fresh_temp(root, tag="live")
+        result = plan.execute()
+    assert dead.is_dir() and new.is_dir() and not result.removed
+    assert [s.why for s in result.skipped] == ["a kcache build holds its lock (in progress)"]
+
+
+def test_prune_broken_says_what_it_keeps_that_ls_calls_broken(kcache, fixture_copy):
+    """A write in flight (tilelang's fresh staging dir) shows as partial in `ls --status broken`, the list of
+    what prune --broken removes: prune --broken kept it without a word. It says so; a bare prune (cron) does
+    not."""
+    root = fixture_copy("tilelang")
+    st = root / "0.1.15/.staging/cuda-binaries/k2.200.bb"
+    st.mkdir(parents=True)
+    (st / "kernel.cubin").write_bytes(b"z")
+    assert kcache("--cache-dir", root, "ls", "--status", "broken", "--json").json()["entry_count"] == 1
+    r = kcache("--cache-dir", root, "prune", "--broken")
+    assert r.exit_code == 0 and st.is_dir()
+    assert [line for line in r.stderr.splitlines() if line.startswith("warning: kept")] == [
+        f"warning: kept {st.relative_to(root)}: in flight: written to less than an hour ago"], r.stderr
+    bare = kcache("--cache-dir", root, "-q", "prune")
+    assert (bare.exit_code, bare.stderr) == (0, "") and st.is_dir()
 
 
 def test_an_unreadable_entry_is_never_removed_by_prune_or_clear(kcache, fixture_copy):

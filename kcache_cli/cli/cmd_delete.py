@@ -82,9 +82,10 @@ def prune_command(
     """Free space safely, while the cache is in use.
 
     Removes the least recently used entries beyond --max-size, entries unused for --older-than,
-    broken entries with --broken, stale ones with --stale; always stale temp/staging directories
-    (untouched for an hour). hidet's candidates/ (kept under debug_cache_tuning) stay. Builds in progress
-    are skipped; nothing outside the cache is touched. Without --cache-dir or KCACHE_DIR: every cache
+    broken entries with --broken, stale ones with --stale; always what interrupted writers left (a
+    kcache build's temp directory once its lock is free, other temp/staging directories untouched for
+    an hour; --broken names those it keeps). hidet's candidates/ (kept under debug_cache_tuning) stay.
+    Builds in progress are skipped; nothing outside the cache is touched. Without --cache-dir or KCACHE_DIR: every cache
     found, or the one the current directory lies in; --cache NAME picks one. With none of these criteria,
     the budget `kcache config` holds (max-size and max-age per cache, and for all caches together).
 

@@ -47,11 +47,12 @@ STALE_AFTER = 3600.0  # leftovers untouched for an hour belong to no live writer
 
 
 class Leftover(NamedTuple):
-    """What an interrupted writer left: removable by prune once `STALE_AFTER` untouched."""
+    """What an interrupted writer left: removable by prune once `STALE_AFTER` untouched, or where its writer
+    held a kcache entry lock (`lock`: a kcache build's temp dir), as soon as that lock is free."""
 
     what: str  # TEMP or STAGING
     why: str  # shown by prune: "temp directory of an interrupted kcache build"
-    lock: str | None  # relpath whose kcache entry lock its writer held, or None
+    lock: str | None  # relpath whose kcache entry lock its writer held (from before it made it), or None
 
 
 class CompiledAgain(NamedTuple):

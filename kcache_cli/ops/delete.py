@@ -393,7 +393,9 @@ class _Planner:
             if bad is not None:
                 self.skip(x, bad)
                 continue
-            if self.now - x.modified < STALE_AFTER:
+            # kcache's own build temp dir follows its build's lock (free at the scan: its build is gone);
+            # others are in flight for an hour after their last write
+            if left.lock is None and self.now - x.modified < STALE_AFTER:
                 if not sweep:
                     self.skip(x, "in flight: written to less than an hour ago")
                 continue
@@ -539,9 +541,9 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     p = _Planner(root, collect, now, by_path)
     leftovers = [e for e in entries if _is_leftover(e)]
     regular = [e for e in entries if not _is_leftover(e)] if leftovers else list(entries)
-    for e in leftovers:  # 1. always: what interrupted writers left behind (not a write in flight: no news)
-        if e.status != BUILDING:
-            p.select(e, "stale", sweep=True)
+    for e in leftovers:  # 1. always: what interrupted writers left behind (not a write in flight: no news,
+        if e.status != BUILDING:  # but --broken says why it keeps one that ls calls broken)
+            p.select(e, "stale", sweep=not (broken and e.status in BROKEN))
     _select_kcache_leftovers(p, root, collect)
     if broken:  # 2. broken entries (and symlinks where entries belong)
         _select_broken(p, root, regular, collect, result.layouts, judging if deep else None)
@@ -1013,10 +1015,13 @@ class _Executor:
 
     def _hold_locks(self, r: Removal, parent: int, name: str, held: list[int]) -> str | None:
         """Take the removal's locks (kept in `held`); the reason to keep it instead, or None."""
+        followed = r.lock is not None and self.locks_fd is not None  # its writer's lock: free, or never made
         if r.lock is not None and self.locks_fd is not None:
             # A kcache build creates its lock file before it compiles and touches an existing entry only
             # after compiling: with no lock file now, no build can replace this entry while we rename
             # it, so no lock file is created for it (removing 100,000 entries leaves no 100,000 locks).
+            # Likewise it makes its temp dir only once it holds the lock: a temp dir whose lock is free
+            # (held here now) or missing is no build's.
             try:
                 fd = open_lock(state.lock_path(self.root, r.lock).name, self.locks_fd)
             except (FileNotFoundError, NotALockFile):  # a FIFO planted there is no lock (and never read)
@@ -1054,7 +1059,7 @@ class _Executor:
                 if now_status is not None and now_status not in (*BROKEN, STALE):
                     why = "finished" if now_status == COMPLETE else "changed"
                     return f"{now_status} by now ({why} after the scan)"
-        elif r.what in (TEMP, STAGING):
+        elif r.what in (TEMP, STAGING) and not followed:
             if time.time() - _newest(r.path) < STALE_AFTER:
                 return "in flight: written to less than an hour ago"
         return None
