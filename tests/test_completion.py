@@ -18,6 +18,7 @@ from conftest import FIXTURES, REPO, copy_tree
 from kcache_cli.catalog import names
 from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.cli import complete
+from kcache_cli.fs import read as fsread
 from kcache_cli.model.terms import LAYOUT_NAMES
 
 SCRIPTS = REPO / "completions"
@@ -207,6 +208,72 @@ def test_space_completes_the_spaces_present(kcache, mixed):
         ("cuda_space_0", "hidet")]
     assert _values(kcache, f"kcache --cache-dir {mixed} ls --space cu") == ["cuda_space_0"]
     assert _values(kcache, f"kcache --cache-dir {mixed} ls --op add --space ") == ["cuda_space_0"]
+
+
+def test_triton_archs_complete_as_spaces(kcache, fixture_copy):
+    """A Triton kernel's space is its arch (`ls --space sm_90a`), kept in its metadata, not in its path:
+    TAB offers the archs of the kernels present, narrowed by the --op given, as for hidet's spaces."""
+    cache = fixture_copy("triton") / "cache"
+    assert _complete(kcache, f"kcache --cache-dir {cache} ls --space ") == [("sm_80", "triton"), ("sm_90a", "triton")]
+    assert _values(kcache, f"kcache --cache-dir {cache} ls --op matmul_kernel --space ") == ["sm_90a"]
+    assert _values(kcache, f"kcache --cache-dir {cache} clear --space sm_9") == ["sm_90a"]
+    assert _values(kcache, f"kcache --cache-dir {cache} inspect --space ") == ["sm_80", "sm_90a"]
+
+
+def test_a_tab_reads_a_bounded_number_of_kernels(kcache, fixture_copy, monkeypatch):
+    """Never a scan of every kernel on TAB: at most names.READS kernels' metadata is read (every kernel
+    of a cache up to that size; the first READS listed of a bigger one)."""
+    cache = fixture_copy("triton") / "cache"
+    read: list[str] = []
+    real = fsread.json_object
+
+    def spy(path, *a, **k):
+        read.append(os.path.basename(os.fspath(path)))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(fsread, "json_object", spy)
+    monkeypatch.setattr(names, "READS", 2)
+    offered = _values(kcache, f"kcache --cache-dir {cache} ls --space ")
+    assert len(read) == 2 and all(n.endswith("_kernel.json") for n in read), read
+    assert offered and set(offered) <= {"sm_80", "sm_90a"}
+
+
+def test_another_user_s_metadata_is_not_read(fixture_copy, monkeypatch):
+    """Reading without O_NOATIME (another user's file) would move its access time, which says when Triton
+    last used the kernel: completion leaves such a file alone."""
+    from kcache_cli.layouts import shapes
+
+    cache = fixture_copy("triton") / "cache"
+    key = cache / "22DX5RUZ7YPKNU74O7GAUCGIGIPAEV2FCKTGJU2B2LNOL5MZNINQ"
+    listed = os.listdir(key)
+    assert shapes.triton_arch_in_files(str(cache), str(key), listed) == "sm_80"
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(key).st_uid + 1)
+    assert shapes.triton_arch_in_files(str(cache), str(key), listed) is None
+
+
+def _inductor_with_triton(tmp_path: Path) -> Path:
+    from loaders import recorded
+
+    root = recorded.extract_tree("inductor", tmp_path / "inductor")
+    copy_tree(FIXTURES / "triton" / "cache", root / "triton" / "0")
+    return root
+
+
+def _vllm(tmp_path: Path) -> Path:
+    from loaders import recorded
+
+    return recorded.extract_tree("vllm", tmp_path / "vllm" / "root")
+
+
+@pytest.mark.parametrize("layout", ["hidet", "tilus", "tilelang", "triton", "inductor", "vllm"])
+def test_spaces_offered_are_the_spaces_ls_lists(kcache, fixture_copy, tmp_path, layout):
+    """Every layout's spaces complete to what its scan lists: hidet's <target>_space_<level>, tilelang's
+    <version>/<platform>, Triton's arch, Inductor's triton/<device>; tilus and vLLM have none."""
+    root = {"triton": lambda: fixture_copy("triton") / "cache", "inductor": lambda: _inductor_with_triton(tmp_path),
+            "vllm": lambda: _vllm(tmp_path)}.get(layout, lambda: fixture_copy(layout))()
+    scanned = {e.space for e in scan_cache(root).entries if e.space}
+    assert scanned or layout in ("tilus", "vllm")
+    assert _values(kcache, f"kcache --cache-dir {root} ls --space ") == sorted(scanned)
 
 
 def test_completion_narrows_by_what_is_already_given(kcache, mixed):

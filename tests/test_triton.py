@@ -140,6 +140,22 @@ def test_detection_needs_triton_files(tmp_path):
     assert not triton.LAYOUT.detect(other.parent)
 
 
+def test_an_arch_glob_selects_every_kernel_and_warns_of_none(kcache, moved, monkeypatch):
+    """Triton's archs lie in the kernels' metadata: `--space 'sm_8*'` selects by what the scan reads (never by
+    the few kernels a hint reads: names.READS), says nothing of a space present, and a space absent is one
+    warning naming the archs there are."""
+    from kcache_cli.catalog import names
+
+    monkeypatch.setattr(names, "READS", 1)  # a cache bigger than the hints' sample
+    r = kcache("--cache-dir", moved, "ls", "--json", "--space", "sm_8*")
+    assert r.exit_code == 0 and r.stderr == "", r.stderr
+    assert {e["hash"] for e in r.json()["entries"]} == {k for k, v in KERNELS.items() if v[1] == "sm_80"}
+    monkeypatch.setattr(names, "READS", 1000)
+    r = kcache("--cache-dir", moved, "ls", "--space", "sm_70")
+    assert r.stderr.count("warning: no space 'sm_70'") == 1 and "(spaces present: sm_80, sm_90a)" in r.stderr, \
+        r.stderr
+
+
 def test_filters_and_stats(kcache, moved):
     cache = moved
     assert set(ls(kcache, cache, "--op", "add_kernel")) == {k for k, v in KERNELS.items() if v[0] == "add_kernel"}

@@ -2,7 +2,8 @@
 
 Only directory listings are read (scandir's d_type; no stat of files, no file contents; a lookup by
 hash prefix lstats the few directory names that match it instead), and nothing heavier than `os` and
-`re` is imported, so completing on a 100,000-entry cache stays fast. The shapes
+`re` is imported, so completing on a 100,000-entry cache stays fast. The one exception is a space kept
+in entries' files (a Triton kernel's arch, in its metadata): it is read from at most READS entries. The shapes
 are the layouts' own declarations (kcache_cli/layouts/shapes.py); tests/test_completion.py checks that
 this agrees with the layouts' scans on the real fixture caches.
 """
@@ -22,6 +23,11 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape
 from kcache_cli.model.records import is_glob, space_matches
 from kcache_cli.util.units import is_digits, plural
+
+
+# Entry directories whose op or space lie in their files (Triton's) that a question which does not scan (a
+# TAB, a hint) reads at most: some 40 ms of small reads, every kernel of most Triton caches.
+READS = 1000
 
 
 class EntryName(NamedTuple):
@@ -71,11 +77,10 @@ def _present(names: list[str], wanted: tuple[str, ...]) -> list[str]:
     return [n for n in names if n in wanted] if wanted else names
 
 
-def _walk(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces: tuple[str, ...] = (),
-          prefix: str = "", kept: DirNames | None = None) -> Iterator[dict[str, str]]:
-    """The fields of every directory `depth` segments down `k`'s template that matches it, within the
-    wanted ops and spaces (the last segment of an entry's path: names starting with `prefix`). A kind
-    that tells its entries by their files (`from_files`) has each entry directory listed."""
+def _dirs(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces: tuple[str, ...] = (),
+          prefix: str = "", kept: DirNames | None = None) -> list[tuple[str, dict[str, str]]]:
+    """(path, fields) of every directory `depth` segments down `k`'s template that matches it, within the
+    wanted ops and spaces (the last segment of an entry's path: names starting with `prefix`)."""
     level: list[tuple[str, dict[str, str]]] = [(root, {})]
     for i in range(depth):
         fields = k.fields_in(i)
@@ -97,13 +102,56 @@ def _walk(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces
                     continue
                 found.append((os.path.join(path, n), f))
         level = found
-    for path, f in level:
+    return level
+
+
+def _walk(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces: tuple[str, ...] = (),
+          prefix: str = "", kept: DirNames | None = None) -> Iterator[dict[str, str]]:
+    """The fields of the directories _dirs finds. A kind that tells its entries by their files
+    (`from_files`) has each entry directory listed."""
+    for path, f in _dirs(root, k, depth, ops, spaces, prefix, kept):
         if k.from_files is not None and depth == k.depth:
             ours, op = k.from_files(fsread.names(path))
             if not ours or (ops and op not in ops):
                 continue
             f = {**f, "op": op} if op else f
         yield f
+
+
+def _in_files(root: str, s: LayoutShape, ops: tuple[str, ...] = (), spaces: bool = True) -> set[tuple]:
+    """(space, op) of the entries of `s`'s kinds that keep them in their files (Triton's kernel name in its
+    file names, its arch in its metadata), read from the first READS entry directories listed: every entry
+    of a cache up to that size, a sample of a bigger one (Triton's keys are hashes: the listing's order is no
+    order of theirs). No listing holds them, and the scan index costs as much as its size to load (a TAB
+    on 10^5 kernels would take several start-ups). Without `spaces`, no file is read, only listings."""
+    kinds = [k for k in s.kinds if k.from_files is not None]
+    found: set[tuple] = set()
+    for path in _first_entries(root, kinds, READS):
+        listed = fsread.names(path)
+        for k in kinds:
+            ours, op = k.from_files(listed)  # type: ignore[misc]  # kinds with from_files only
+            if ours:
+                read = spaces and k.space_in_files is not None
+                found.add((k.space_in_files(root, path, listed) if read else None, op))  # type: ignore[misc]
+                break
+    return {(space, op) for space, op in found if not ops or op in ops}
+
+
+def _first_entries(root: str, kinds: list[KindShape], limit: int) -> list[str]:
+    """The paths of the first `limit` directories that may be an entry of one of `kinds`, in listing order
+    (the last level's listing stops there: a Triton root's 10^5 names are not all read)."""
+    out: dict[str, None] = {}
+    for k in kinds:
+        last = k.segment(k.depth - 1).fullmatch
+        for parent, _ in _dirs(root, k, k.depth - 1):
+            if len(out) >= limit:
+                break
+            try:
+                listed = fsread.scandir_list(parent, limit=limit - len(out))
+            except OSError:
+                continue
+            out.update((d.path, None) for d in listed if last(d.name) and d.is_dir(follow_symlinks=False))
+    return list(out)
 
 
 def layouts_of(root: str | os.PathLike) -> tuple[str, ...]:
@@ -120,9 +168,12 @@ def _select(root, layouts: Iterable[str], present: Iterable[str] | None = None) 
     return root, [s for s in SHAPES if s.name in present and (not wanted or s.name in wanted)]
 
 
-def space_layouts(root: str | os.PathLike, ops: Iterable[str] = (), layouts: Iterable[str] = ()) -> dict[str, str]:
+def space_layouts(root: str | os.PathLike, ops: Iterable[str] = (), layouts: Iterable[str] = (),
+                  read: bool = False) -> dict[str, str]:
     """Each space present (hidet `cuda_space_0`, tilelang `0.1.15/linux-x86_64`) -> its layout, sorted;
-    with `ops`, only the spaces holding one of those ops."""
+    with `ops`, only the spaces holding one of those ops. With `read`, also the spaces kept in entries'
+    files, not in their paths (a Triton arch `sm_90a`), read from at most READS entries (_in_files): of a
+    bigger cache a sample, to offer (completion, hints), never to select with (expand_filter)."""
     root, shapes = _select(root, layouts)
     ops = tuple(ops)
     out: dict[str, str] = {}
@@ -134,6 +185,10 @@ def space_layouts(root: str | os.PathLike, ops: Iterable[str] = (), layouts: Ite
                 else k.space_depth + 1
             for f in _walk(root, k, depth, ops=ops):
                 out.setdefault(k.space_of(f) or "", s.name)
+        if read and any(k.space_in_files is not None for k in s.kinds):
+            for space, _ in _in_files(root, s, ops):
+                if space:
+                    out.setdefault(space, s.name)
     return dict(sorted(out.items()))
 
 
@@ -221,10 +276,11 @@ def unknown_values(root: str | os.PathLike, flt, found: dict[str, set] | None = 
     """One line for each --op, --space or --target value that names nothing present in `root`, with the
     closest names ("did you mean matmul?") and the names there are; never for a value `found` (what, as
     "op", -> the values the entries selected have) holds: a layout that keeps it in its files, not in its
-    directory names (Triton's target, Numba's), has it."""
+    directory names (Triton's target, Numba's), has it, or matches (`--space 'sm_8*'`)."""
     out = []
     for what, values, present_names, match in _checks(root, flt):
-        values = tuple(v for v in values if v not in (found or {}).get(what, ()))
+        had = [n for n in (found or {}).get(what, ()) if n is not None]
+        values = tuple(v for v in values if not any(match(v, n) for n in had))
         if not values:
             continue
         present = present_names()
@@ -238,7 +294,7 @@ def _checks(root: str | os.PathLike, flt) -> tuple:
     """(what, the filter's values, the names present, does value v match name n) for op, space, target."""
     return (("op", flt.ops, lambda: list(op_places(root, layouts=flt.layouts)),
              lambda v, n: n == v or (is_glob(v) and fnmatchcase(n, v))),
-            ("space", flt.spaces, lambda: list(space_layouts(root, layouts=flt.layouts)),
+            ("space", flt.spaces, lambda: list(space_layouts(root, layouts=flt.layouts, read=True)),
              lambda v, n: space_matches(n, v)),
             ("target", flt.targets, lambda: list(targets_present(root)), lambda v, n: n == v))
 

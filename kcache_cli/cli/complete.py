@@ -162,7 +162,7 @@ def complete_space(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]
     found: dict[str, str] = {}
     for root in completion_roots(ctx):
         for space, layout in names.space_layouts(root, ops=_param_values(ctx, "op"),
-                                                 layouts=_param_values(ctx, "layout")).items():
+                                                 layouts=_param_values(ctx, "layout"), read=True).items():
             found.setdefault(space, layout)
     return _matching(sorted(found.items()), incomplete, _param_values(ctx, "space"))
 

@@ -43,11 +43,12 @@ class KindShape:
     """The path of one kind of entry, relative to the cache root."""
 
     __slots__ = ("kind", "template", "space", "target", "_patterns", "_segments", "parts", "space_depth", "op_depth",
-                 "from_files")
+                 "from_files", "space_in_files")
 
     def __init__(self, kind: str, template: str, space: str | None = None, target: str | None = None,
                  patterns: tuple[tuple[str, str], ...] = (),
-                 from_files: Callable[[list[str]], tuple[bool, str | None]] | None = None) -> None:
+                 from_files: Callable[[list[str]], tuple[bool, str | None]] | None = None,
+                 space_in_files: Callable[[str, str, list[str]], str | None] | None = None) -> None:
         self.kind = kind  # "op", "program", "kernel"...
         self.template = template  # "ops/{target}_space_{level}/{op}/{hash}"
         self.space = space  # "{target}_space_{level}"; None: entries of this kind have no space
@@ -65,6 +66,10 @@ class KindShape:
         # directory, (whether it is an entry of this kind, its op name or None). Completion lists the
         # entry directory to call it; keep it light (names only, no reads).
         self.from_files = from_files
+        # For a kind whose space is in an entry's files, not its path (Triton's arch, in its metadata): called
+        # with the root, the entry's path and the names in it, the space read from one small file, or None.
+        # For questions that do not scan (completion, hints), on a bounded number of entries (catalog/names.py).
+        self.space_in_files = space_in_files
 
     def __repr__(self) -> str:
         return f"KindShape({self.kind!r}, {self.template!r})"
@@ -305,6 +310,26 @@ def triton_target_arch(meta: dict | None) -> tuple[str | None, str | None]:
     return backend, arch if isinstance(arch, str) and arch else None
 
 
+_TRITON_META_MAX = 1 << 20  # as layouts/triton.py reads a metadata file: a few kB
+
+
+def triton_arch_in_files(root: str, path: str, names: list[str]) -> str | None:
+    """A Triton kernel's arch (its space, as the scan tells it) from its metadata `<name>.json`, `names` the
+    kernel directory's listing. A file this user cannot read without moving its access time (another
+    user's, in a shared cache) is not read: kcache's reads are never a use (fs/readmarks.py)."""
+    op = triton_kernel_name(names)
+    if not op or f"{op}.json" not in names or triton_module(names):
+        return None
+    meta = os.path.join(path, f"{op}.json")
+    try:
+        owner = os.lstat(meta).st_uid
+    except OSError:
+        return None
+    if owner != os.geteuid() and os.geteuid() != 0:  # O_NOATIME is the owner's and root's alone
+        return None
+    return triton_target_arch(fsread.json_object(meta, _TRITON_META_MAX, base=root))[1]
+
+
 def _triton_confirm(root: str, tops: list[str], names: list[str]) -> bool:
     """Key-named directories alone are no evidence: one of the first few must hold Triton's files, or
     (a root whose key directories all deny reading) none could be read, which `ls` then says."""
@@ -322,7 +347,8 @@ def _triton_confirm(root: str, tops: list[str], names: list[str]) -> bool:
 
 TRITON = LayoutShape("triton", (
     KindShape("kernel", "{hash}", patterns=_TRITON_KEY,
-              from_files=lambda names: (not triton_module(names), triton_kernel_name(names))),
+              from_files=lambda names: (not triton_module(names), triton_kernel_name(names)),
+              space_in_files=triton_arch_in_files),
     KindShape("binary", "{hash}", patterns=_TRITON_KEY,  # the driver's compiled launcher module
               from_files=lambda names: (triton_module(names), triton_kernel_name(names))),
 ), "<base32 key>/ per kernel", confirm=_triton_confirm)
