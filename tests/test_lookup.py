@@ -150,3 +150,63 @@ def test_a_tilus_lookup_judges_only_the_programs_it_names(kcache, fixture_copy, 
     r = kcache("--cache-dir", root, "ls", "--json", "--no-index", "aaa")
     assert sorted(os.path.basename(e["path"]) for e in r.json()["entries"]) == ["aaaaaaaaaaa1", "aaaaaaaaaaa2"]
     assert sorted(judged) == ["aaaaaaaaaaa1", "aaaaaaaaaaa2"]
+
+
+# ---- a reference that names nothing: what it may have meant --------------------------------------
+@pytest.mark.parametrize("args", [("ls", "8d2"), ("inspect", "8d2"), ("log", "8d2"), ("clear", "8d2", "--yes"),
+                                  ("export", "{tmp}/x.tar", "8d2"), ("verify", "8d2"),
+                                  ("ls", "ops/cuda_space_0/add/8d2")])
+def test_a_near_miss_names_the_nearest_hash_prefix(kcache, cache, tmp_path, args):
+    """The entry whose hash shares the longest prefix with the reference, as docs/output.md says; exit 2,
+    one line, nothing written."""
+    r = kcache("--cache-dir", cache, *(a.format(tmp=tmp_path) for a in args))
+    assert r.exit_code == 2, r.stderr
+    assert r.stderr == f"Error: no entry matches '{args[-1] if args[-1] != '--yes' else args[-2]}' in {cache}; " \
+                       "did you mean 8d1f7691?\n", r.stderr
+    assert not (tmp_path / "x.tar").exists()
+
+
+def test_an_op_s_name_as_the_reference(kcache, cache):
+    """A command that selects with --op offers it; inspect and log, whose --op only picks among the entries
+    named, offer the ls that lists the op's entries."""
+    for cmd in ("ls", "verify", "clear"):
+        r = kcache("--cache-dir", cache, cmd, "matmul")
+        assert r.exit_code == 2 and r.stderr.rstrip().endswith("did you mean --op matmul?"), r.stderr
+    for cmd in ("inspect", "log"):
+        r = kcache("--cache-dir", cache, cmd, "matmul")
+        assert r.exit_code == 2 and r.stderr.rstrip().endswith(
+            "did you mean the op matmul? (kcache ls --op matmul lists its entries)"), r.stderr
+    r = kcache("--cache-dir", cache, "ls", "add")  # the op, and the hash sharing "ad"
+    assert r.stderr.rstrip().endswith("did you mean ad252b06 or --op add?"), r.stderr
+    r = kcache("--cache-dir", cache, "inspect", "zz")
+    assert r.exit_code == 2 and "did you mean" not in r.stderr
+
+
+def test_hints_show_a_cache_s_names_escaped(kcache, cache):
+    (cache / "ops/cuda_space_0/add/8d1\x1b[31mX").mkdir()
+    r = kcache("--cache-dir", cache, "inspect", "8d2")
+    assert r.exit_code == 2 and "\x1b" not in r.stderr and "8d1\\x1b[31m" in r.stderr, r.stderr
+
+
+def test_a_miss_in_a_triton_cache_lists_few_kernels(kcache, fixture_copy, monkeypatch):
+    """A hint costs lookups by prefix, not a listing of every kernel directory (where Triton's kernel names
+    lie): a key off by its last character gets the key, an op's name gets --op."""
+    from kcache_cli.catalog import names
+
+    root = fixture_copy("triton") / "cache"
+    key = "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA"
+    listed: list[str] = []
+    real = fsread.names
+
+    def spy(path):
+        listed.append(os.path.basename(path))
+        return real(path)
+
+    monkeypatch.setattr(fsread, "names", spy)
+    monkeypatch.setattr(names, "READS", 1)
+    r = kcache("--cache-dir", root, "inspect", key[:-1] + "B")
+    assert r.exit_code == 2 and r.stderr.rstrip().endswith(f"did you mean {key}?"), r.stderr
+    assert len(set(listed) - {key}) <= 1, listed  # the key the prefixes lead to, and READS for op names
+    monkeypatch.setattr(names, "READS", 1000)
+    r = kcache("--cache-dir", root, "ls", "add_kernel")
+    assert r.exit_code == 2 and r.stderr.rstrip().endswith("did you mean --op add_kernel?"), r.stderr

@@ -11,6 +11,7 @@ this agrees with the layouts' scans on the real fixture caches.
 from __future__ import annotations
 
 import difflib
+import itertools
 import os
 from dataclasses import replace
 from fnmatch import fnmatchcase
@@ -230,6 +231,84 @@ def entries(root: str | os.PathLike, prefix: str = "", ops: Iterable[str] = (), 
                 yield EntryName(s.name, k.kind, k.space_of(f), f.get("op"), f["hash"])
     if kept is not None:
         kept.save()
+
+
+class Nearest(NamedTuple):
+    """What a reference that names no entry may have meant (names only: no entry is judged)."""
+
+    hashes: tuple[str, ...]  # entries' hashes sharing the longest prefix with it, as long as tells them apart
+    ops: tuple[str, ...]  # op names it is, or is close to
+
+
+HINT_HASHES = 3
+_HINT_LOOKS = 64  # entries looked at, at most, for one prefix length (a 1-character prefix names thousands)
+
+
+def nearest(ref: str, roots: Iterable[str | os.PathLike]) -> Nearest:
+    """The hashes of up to HINT_HASHES entries of `roots` whose hash shares the longest prefix with `ref`
+    (its last path part; none starting with all of it: those it names, left out by other selectors), and
+    the op names close to it. A lookup by prefix per step, from the kept listings (fs/dirnames.py); op
+    names from directory names, and from at most READS entries where they lie in files (Triton's)."""
+    key = ref.rstrip("/").rsplit("/", 1)[-1]
+    best, hashes, ops = 0, set[str](), set[str]()
+    for where in roots:
+        root = os.fspath(where)
+        if not fsread.is_dir(root):
+            continue
+        present = layouts_of(root)
+        shared, found = _longest_shared(root, key, present)
+        if shared > best:
+            best, hashes = shared, set(found)
+        elif shared == best and shared:
+            hashes.update(found)
+        ops.update(_op_names(root, present))
+    close = [key] if key in ops else difflib.get_close_matches(key, sorted(ops), n=2, cutoff=0.6)
+    return Nearest(_told_apart(sorted(hashes)[:HINT_HASHES], best), tuple(close))
+
+
+def _longest_shared(root: str, key: str, present: tuple[str, ...]) -> tuple[int, list[str]]:
+    """(n, hashes): the longest prefix of `key` that entries' hashes not starting with `key` share, a binary
+    search over its length (each step a lookup by prefix: a miss costs a few lookups, not a listing of
+    every entry), and the first _HINT_LOOKS of those hashes; (0, []) when none shares its first character."""
+
+    def sharing(n: int) -> list[str]:
+        found = (e.hash for e in entries(root, key[:n], present=present) if not e.hash.startswith(key))
+        return list(dict.fromkeys(itertools.islice(found, _HINT_LOOKS)))
+
+    best: tuple[int, list[str]] = (0, [])
+    low, high = 1, len(key) - 1
+    while low <= high:
+        mid = (low + high) // 2
+        got = sharing(mid)
+        if got:
+            best, low = (mid, got), mid + 1
+        else:
+            high = mid - 1
+    dirnames.save(root)  # the listings read for the lookups, for the next command
+    return best
+
+
+def _told_apart(hashes: list[str], shared: int) -> tuple[str, ...]:
+    """`hashes` cut to 8 characters, or one past the prefix they share, or more until no two are alike."""
+    width = max(shared + 1, 8)
+    longest = max(map(len, hashes), default=0)
+    while width < longest and len({h[:width] for h in hashes}) < len(hashes):
+        width += 1
+    return tuple(h[:width] for h in hashes)
+
+
+def _op_names(root: str, present: tuple[str, ...]) -> set[str]:
+    """The op names present, as cheaply as a lookup: from directory names (hidet's op directories, tilus's
+    script names), and where they lie in entries' files (Triton's kernel names) from at most READS entries."""
+    root, shapes = _select(root, (), present)
+    out: set[str] = set()
+    for s in shapes:
+        for k in s.kinds:
+            if k.op_depth >= 0:
+                out.update(f["op"] for f in _walk(root, k, k.op_depth + 1) if f.get("op"))
+        if any(k.from_files is not None for k in s.kinds):
+            out.update(op for _, op in _in_files(root, s, spaces=False) if op)
+    return out
 
 
 def targets_present(root: str | os.PathLike) -> tuple[str, ...]:

@@ -4,7 +4,6 @@ a TAB load this module without either."""
 
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 import os
@@ -205,10 +204,12 @@ def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: 
     as the command found it for all its references (a command naming several finds the caches once)."""
     locs = locs if locs is not None else cache_locations(opts, False, cache, [ref])
     found, misses = [], []
+    narrowed = False  # whether --space, --op... left out entries the reference may name
     for loc in locs:
         if len(locs) > 1 and not refs_in(loc.path, [ref]):
             continue  # an absolute path into another cache
         flt = pick(loc.path)
+        narrowed = narrowed or bool(flt.ops or flt.spaces or flt.layouts or flt.kinds)
         if not opts.many:
             hint_unknown(opts, loc.path, flt)
         try:
@@ -223,9 +224,9 @@ def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: 
         picks = " or ".join(f"--cache {loc.cache}" for loc, _ in found if loc.cache)
         raise UsageError(f"'{ref}' names entries in {len(found)} caches: {where}; pick one with "
                          f"{picks or 'the entry path'}")
-    if len(misses) == 1 and len(locs) == 1:
-        raise misses[0]
-    raise no_match([ref], [loc.path for loc in locs])
+    if len(misses) == 1 and len(locs) == 1 and not fsread.is_dir(locs[0].path):
+        raise misses[0]  # "(... does not exist)"
+    raise no_match([ref], [loc.path for loc in locs], selectors=narrowed, one=True)
 
 
 def ref_list(refs: Optional[List[str]]) -> list[str]:
@@ -257,33 +258,27 @@ def matched_refs(root: Path, refs: Optional[List[str]], entries) -> set[str]:
     return set(ref_list(refs)) - set(unmatched_refs(root, refs, entries))
 
 
-def no_match(refs: list[str], roots: list[Path], selectors: bool = False) -> UsageError:
+def no_match(refs: list[str], roots: list[Path], selectors: bool = False, one: bool = False) -> UsageError:
     """The usage error (exit 2) for entry references that matched nothing, with the nearest hash
-    prefixes and op names present ("did you mean 8d1f7691 or --op add?")."""
+    prefixes and op names present ("did you mean 8d1f7691 or --op add?"). A command that names `one` entry
+    (inspect, log) has no --op to list an op's entries with: it offers `kcache ls --op add` instead."""
     shown = ", ".join(f"'{r}'" for r in refs[:5]) + (f" and {len(refs) - 5} more" if len(refs) > 5 else "")
     where = str(roots[0]) if len(roots) == 1 else f"{len(roots)} caches" if roots else "any cache"
     also = " with the other selectors given" if selectors else ""
-    hints = _nearest(refs[0], roots) if refs else []
-    hint = f"; did you mean {' or '.join(hints)}?" if hints else ""
+    hint = _hint(_names.nearest(refs[0], roots), one) if refs else ""
     return UsageError(f"no entry matches {shown} in {where}{also}{hint}")
 
 
-def _nearest(ref: str, roots: list[Path]) -> list[str]:
-    """Hash prefixes and op names present in `roots` closest to `ref` (names only: no file is read)."""
-    key = ref.rstrip("/").rsplit("/", 1)[-1]
-    hashes: dict[str, str] = {}
-    ops: set[str] = set()
-    for root in roots:
-        if not root.is_dir():
-            continue
-        for n in _names.entries(root):
-            hashes.setdefault(n.hash[:max(len(key), 8)], n.hash)
-        ops.update(_names.op_places(root))
-    # never the reference itself: an entry it names that the other selectors (or the scope) left out
-    close = [h for h in difflib.get_close_matches(key, list(hashes), n=4, cutoff=0.5)
-             if not hashes[h].startswith(key)][:3]
-    close_ops = difflib.get_close_matches(key, sorted(ops), n=2, cutoff=0.6)
-    return [printable_line(h) for h in close] + [f"--op {printable_line(o)}" for o in close_ops]
+def _hint(near, one: bool) -> str:
+    """"; did you mean ..." for what names.nearest found (names shown escaped: they come from the cache)."""
+    hashes = [printable_line(h) for h in near.hashes]
+    ops = [printable_line(o) for o in near.ops]
+    if not one:
+        said = hashes + [f"--op {o}" for o in ops]
+        return f"; did you mean {' or '.join(said)}?" if said else ""
+    said = hashes + [f"the op {o}" for o in ops]
+    hint = f"; did you mean {' or '.join(said)}?" if said else ""
+    return hint + (f" (kcache ls --op {ops[0]} lists its entries)" if ops else "")
 
 
 AllCachesOpt = Annotated[bool, typer.Option(
