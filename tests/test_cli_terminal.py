@@ -156,15 +156,16 @@ def _winsize(fd: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, cols, 0, 0))
 
 
-def in_a_terminal(args: list[str], cols: int) -> str:
-    """The real kcache on a pseudo-terminal `cols` wide (no COLUMNS: the terminal's own size counts)."""
+def in_a_terminal(args: list[str], cols: int, stderr_too: bool = False) -> str:
+    """The real kcache on a pseudo-terminal `cols` wide (no COLUMNS: the terminal's own size counts); with
+    `stderr_too`, stderr on it as well."""
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "KCACHE_DIR", "COLUMNS", "LINES")}
     env["TERM"] = "xterm-256color"
     master, slave = os.openpty()
     _winsize(slave, cols)
     try:
         proc = subprocess.Popen([sys.executable, "-m", "kcache_cli", *args], stdin=slave, stdout=slave,
-                                stderr=subprocess.DEVNULL, env=env, close_fds=True)
+                                stderr=slave if stderr_too else subprocess.DEVNULL, env=env, close_fds=True)
         os.close(slave)
         chunks = []
         while True:
@@ -196,6 +197,19 @@ def test_a_real_terminal_of_each_width(kcache, tmp_path, width):
     check_fits(out, width, hashes, statuses)
     check_fits(in_a_terminal(["--cache-dir", str(root), "stats", "--top", "100"], width), width, hashes, statuses)
     check_fits(in_a_terminal(["--cache-dir", str(root), "inspect", RELU], width), width, [RELU[-16:]], ["corrupt"])
+
+
+@pytest.mark.parametrize("cols", [0, 5])
+def test_a_terminal_that_reports_no_width_gets_80_columns(kcache, tmp_path, cols):
+    """`docker run -t`, `script` and some CI runners report a 0x0 terminal: a warning read that as 0 columns
+    and came out a word or two a line. A width under TERMINAL_MIN is taken as shutil takes 0: 80."""
+    root = copy_tree(FIXTURES / "hidet", tmp_path / "c")
+    out = ANSI.sub("", in_a_terminal(["--cache-dir", str(root), "ls", "--op", "nosuch"], cols, stderr_too=True))
+    lines = out.replace("\r", "").splitlines()
+    assert lines[0].startswith("warning: no op 'nosuch' in") and "softmax)" in "".join(lines), lines
+    assert len(lines) <= 6 and all(len(ln) <= 80 for ln in lines) and max(map(len, lines)) > 40, lines
+    table = ANSI.sub("", in_a_terminal(["--cache-dir", str(root), "ls"], cols)).replace("\r", "").splitlines()
+    assert max(len(ln) for ln in table) <= 80 and len(table[0].split()) >= 6, table
 
 
 def test_log_in_a_terminal_prints_no_header_for_a_file_it_refuses(tmp_path):

@@ -3,7 +3,6 @@
 Both are thin: scan -> plan (kcache_cli.ops.delete) -> show -> confirm (clear) -> execute -> report."""
 
 import contextlib
-import shutil
 import sys
 from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 
@@ -435,7 +434,7 @@ def _table(removals, to_stderr: bool = False, limit: int | None = None) -> None:
             Column("hash", spill=True), Column("size", right=True, drop=4), Column("last used", drop=3),
             Column("why", wrap=True)]
     if to_stderr:
-        width = shutil.get_terminal_size().columns if sys.stderr.isatty() else c.output_width()
+        width = c.stderr_width() if sys.stderr.isatty() else c.output_width()
         lines = render(cols, rows, width, colour=False)
         if limit and len(removals) > limit:
             lines.append(f"... and {len(removals) - limit} more")

@@ -8,7 +8,6 @@ import functools
 import inspect
 import os
 import re
-import shutil
 import sys
 import time
 import typing
@@ -537,14 +536,15 @@ def _emit_json(data, command: str = "") -> None:
 def stderr_console():
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False, emoji=False, color_system=None if no_color() else "auto")
+    return Console(stderr=True, highlight=False, emoji=False, width=options.terminal_width(sys.stderr),
+                   color_system=None if no_color() else "auto")
 
 
 def stdout_console():
     from rich.console import Console
 
     return Console(highlight=False, emoji=False, soft_wrap=not sys.stdout.isatty(),
-                   color_system=None if no_color() else "auto")
+                   width=options.terminal_width(sys.stdout), color_system=None if no_color() else "auto")
 
 
 class Output:
@@ -648,25 +648,23 @@ STATUS_STYLE = {"complete": "green", "partial": "yellow", "failed": "red", "corr
 
 def output_width() -> int | None:
     """The width tables and text are fitted to: COLUMNS when set (so a pipe can ask for a width), else the
-    terminal's, else None (a pipe: whole rows, one per line, for grep and awk)."""
-    value = os.environ.get("COLUMNS", "")
-    if re.fullmatch(r"[0-9]{1,5}", value, re.ASCII) and int(value) > 0:  # not "٣", nor 5,000 digits
-        return int(value)
-    if sys.stdout.isatty():
-        return shutil.get_terminal_size().columns
+    terminal's (options.terminal_width: 80 where it says 0), else None (a pipe: whole rows, one per line, for
+    grep and awk)."""
+    if options.columns_asked() is not None or sys.stdout.isatty():
+        return options.terminal_width(sys.stdout)
     return None
 
 
 def stderr_width() -> int | None:
-    """The width of stderr's lines: COLUMNS when set, else the terminal's when stderr is one, else None
-    (a log file or a pipe: one line per message, for grep)."""
-    value = os.environ.get("COLUMNS", "")
-    if re.fullmatch(r"[0-9]{1,5}", value, re.ASCII) and int(value) > 0:
-        return int(value)
+    """The width of stderr's lines: COLUMNS when set, else the terminal's when stderr is one (80 where it says
+    0), else None (a log file or a pipe: one line per message, for grep)."""
     try:
-        return os.get_terminal_size(sys.stderr.fileno()).columns if sys.stderr.isatty() else None
+        on_terminal = sys.stderr.isatty()
     except (OSError, ValueError, AttributeError):  # not a real file (tests)
-        return None
+        on_terminal = False
+    if options.columns_asked() is not None or on_terminal:
+        return options.terminal_width(sys.stderr)
+    return None
 
 
 def fold_err(text: str, indent: int, whole_words: bool = False) -> list[str]:

@@ -4,6 +4,7 @@ names, and whether output is plain. Light: `kcache --version` loads this and no 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Annotated, Any, Optional
 
@@ -80,6 +81,33 @@ def no_color() -> bool:
 def plain_output() -> bool:
     """Plain text on stdout (no colour, no box drawing): when it is not a terminal, or colour is off."""
     return no_color() or not sys.stdout.isatty()
+
+
+# A terminal that reports fewer columns has not said its width: 0 under `docker run -t`, `docker exec -t`,
+# `script` and some CI runners. What it says then is taken as shutil takes 0: COLUMNS, else 80.
+TERMINAL_MIN = 20
+FALLBACK_WIDTH = 80
+
+
+def columns_asked() -> int | None:
+    """COLUMNS when it names a width (ASCII digits, not 0: not "٣", nor 5,000 digits), else None."""
+    value = os.environ.get("COLUMNS", "")
+    if re.fullmatch(r"[0-9]{1,5}", value, re.ASCII) and int(value) > 0:
+        return int(value)
+    return None
+
+
+def terminal_width(stream: Any) -> int:
+    """The columns output on `stream` is fitted to: COLUMNS when set, else the terminal's when it reports a
+    usable width (TERMINAL_MIN or more), else FALLBACK_WIDTH (a pipe, or a terminal that says 0)."""
+    asked = columns_asked()
+    if asked is not None:
+        return asked
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError):  # not a terminal, or not a real file (tests)
+        columns = 0
+    return columns if columns >= TERMINAL_MIN else FALLBACK_WIDTH
 
 
 json_written = False  # a command's JSON result is on stdout: an error after it is said on stderr only

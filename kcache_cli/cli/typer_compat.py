@@ -15,6 +15,8 @@ from typing import Any, Iterator
 
 import typer
 
+from kcache_cli.cli.options import terminal_width
+
 # pyproject.toml: "typer>=0.27,<0.29" (tests/test_typer_compat.py keeps the two the same)
 TESTED_FROM, TESTED_BELOW = (0, 27), (0, 29)
 TESTED_RANGE = f">={TESTED_FROM[0]}.{TESTED_FROM[1]},<{TESTED_BELOW[0]}.{TESTED_BELOW[1]}"
@@ -277,9 +279,7 @@ def help_fits_narrow_terminals() -> None:
         def __init__(self, indent_increment: int = 2, width: int | None = None,
                      max_width: int | None = None) -> None:
             if width is None and formatting.FORCED_WIDTH is None:
-                import shutil
-
-                width = max(min(shutil.get_terminal_size().columns, max_width or 80) - 2, HELP_MIN_WIDTH)
+                width = max(min(terminal_width(sys.stdout), max_width or 80) - 2, HELP_MIN_WIDTH)
             super().__init__(indent_increment, width, max_width)
 
         def write_dl(self, rows: Any, col_max: int = 30, col_spacing: int = 2) -> None:
@@ -323,9 +323,7 @@ def rich_help_folds_words() -> None:
 
 def _folding(format_help: Any) -> Any:
     def format_help_folding(self: Any, ctx: Any, formatter: Any) -> Any:
-        import shutil
-
-        if shutil.get_terminal_size().columns < NARROW_HELP:
+        if terminal_width(sys.stdout) < NARROW_HELP:
             _fold_rich_help()
         return format_help(self, ctx, formatter)
 
