@@ -275,7 +275,27 @@ def test_arch_warnings(kcache, fixture_copy, tmp_path):
     assert all(e["arch_ok"] for e in r.json()["entries"])
     shutil.rmtree(tmp_path / "fakebin")
     r = kcache("--cache-dir", tmp_path / "c", "import", arc, env=_fake_nvidia_smi(tmp_path, None))
-    assert r.stderr.count("cannot check") == 1
+    assert r.stderr.count("archs were not checked") == 1 and "warning:" not in r.stderr, r.stderr
+
+
+def test_quiet_import_and_export_print_nothing_when_they_work(kcache, fixture_copy, tmp_path):
+    """-q is for cron and CI: silent on success. import printed a row per entry (skips too) and a note that
+    no GPU was found on every CPU runner; export printed "exported ...". A real warning still shows."""
+    src, arc, dest = fixture_copy("tilelang"), tmp_path / "t.tar.gz", tmp_path / "d"
+    r = kcache("-q", "--cache-dir", src, "export", arc)
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "", "") and arc.is_file()
+    no_gpu = _fake_nvidia_smi(tmp_path, None)
+    for _ in range(2):  # imported, then every entry skipped as present
+        r = kcache("-q", "--cache-dir", dest, "import", arc, env=no_gpu)
+        assert (r.exit_code, r.stdout, r.stderr) == (0, "", "")
+    assert len(kcache("--cache-dir", dest, "ls", "--json").json()["entries"]) == 2
+    r = kcache("--cache-dir", dest, "import", arc, env=no_gpu)  # not quiet: the rows and the totals
+    assert r.stdout.count("already present") == 2 and "skipped 2" in r.stderr
+    r = kcache("-q", "--json", "--cache-dir", tmp_path / "f", "import", arc, env=no_gpu)
+    assert r.json()["imported"] == 2 and r.stderr == ""
+    (tmp_path / "gpu").mkdir()
+    r = kcache("-q", "--cache-dir", tmp_path / "e", "import", arc, env=_fake_nvidia_smi(tmp_path / "gpu", "8.0"))
+    assert r.stdout == "" and r.stderr.count("warning: ") == 2 and "does not run on this machine" in r.stderr
 
 
 def test_the_import_arch_warning_goes_by_the_layouts_rule(kcache, fixture_copy, tmp_path):

@@ -227,6 +227,18 @@ def test_torch_s_blob_imports_as_complete_graph_and_autograd_entries(tmp_path, k
     assert again["imported"] == 0 and again["skipped"] == 3
 
 
+def test_quiet_blob_import_says_only_what_it_refused(tmp_path, kcache):
+    """-q: a blob imported, or every artifact present, prints nothing; a refused one keeps its row (exit 1
+    says no more)."""
+    root = tmp_path / "root"
+    for _ in range(2):
+        r = kcache("-q", "--cache-dir", root, "import", str(FIXTURE))
+        assert (r.exit_code, r.stdout, r.stderr) == (0, "", "")
+    r = kcache("-q", "--cache-dir", root, "import", _blob(tmp_path, megacache.build([("autotune", "/etc/x.best_config",
+                                                                                     b"{}")])))
+    assert r.exit_code == 1 and r.stdout.count("refuse") == 1 and "/etc/x.best_config" in r.stdout, r.stdout
+
+
 def test_a_new_guard_variant_joins_an_existing_graph(tmp_path, kcache):
     root = tmp_path / "root"
     one = megacache.build([("inductor", GRAPH_KEY, b"\x80\x04K\x01.")])

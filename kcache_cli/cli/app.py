@@ -146,8 +146,8 @@ def main_options(
         "build writes into hidet's.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No notes or progress on stderr, only warnings and "
-                                        "errors; prune and clear print nothing when they remove nothing (cron "
-                                        "mails nothing).")] = False,
+                                        "errors; import and export print nothing when they work, prune and "
+                                        "clear nothing when they remove nothing (cron mails nothing).")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,

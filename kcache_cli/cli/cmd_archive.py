@@ -133,6 +133,9 @@ def _export_plan(opts: o.GlobalOptions, sel: c.Selection, cache: Optional[str], 
 
 
 def _export_human(out: c.Output, result) -> None:
+    """What was left out (notes), then the archive written; -q: nothing (a CI step is silent when it works)."""
+    if out.opts.quiet:
+        return
     if result.left_out:
         shown = result.left_out[:5]
         for e, why in shown:
@@ -220,6 +223,10 @@ def _import_root(opts: o.GlobalOptions, archive: str):
 
 
 def _import_human(out: c.Output, result, dry_run: bool) -> None:
+    """A row per entry, then the totals; -q: nothing (a report, like tar's -v: a CI step is silent when it
+    works; warnings and errors still show)."""
+    if out.opts.quiet:
+        return
     shown = list(result.entries)
     if sys.stdout.isatty() and len(shown) > TTY_ROWS:  # a terminal gets the skips first, then a sample
         shown = sorted(shown, key=lambda e: e.action != "skip")[:TTY_ROWS]

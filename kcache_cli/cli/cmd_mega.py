@@ -88,7 +88,9 @@ def _blob_root(opts: o.GlobalOptions) -> Path:
 
 
 def _import_human(out: c.Output, result) -> None:
-    rows = [[a.action, a.type, a.key, c.human_size(a.size), a.reason or ""] for a in result.artifacts]
+    """A row per artifact, then the totals; -q: only the refused ones (the failure's reasons)."""
+    shown = [a for a in result.artifacts if not out.opts.quiet or a.action == mega.REFUSED]
+    rows = [[a.action, a.type, a.key, c.human_size(a.size), a.reason or ""] for a in shown]
     if rows:
         c.print_table([Column("action"), Column("type"), Column("key", spill=True), Column("size", right=True),
                        Column("note", wrap=True, drop=1)], rows)
@@ -105,7 +107,13 @@ def export_blob(opts: o.GlobalOptions, out_path: str, python: str | None) -> Non
              "device": here.gpu or "cpu", "exported_by": "kcache export --format torch-mega"}
     result = mega.export_blob(root, out_path, facts)
     out = c.Output(opts)
-    out.result(result, lambda: out.text(
-        f"exported {c.plural(len(result.manifest['artifacts']), 'artifact')} ({c.human_size(result.size)}) to "
-        f"{c.printable_line(result.out)}; manifest {c.printable_line(result.sidecar)}"
-        f"{'' if 'signature' in result.manifest else ' (unsigned: `kcache remote keygen` makes a key)'}"))
+    out.result(result, lambda: _export_human(out, result))
+
+
+def _export_human(out: c.Output, result) -> None:
+    """The blob and manifest written; -q: nothing (a CI step is silent when it works)."""
+    if out.opts.quiet:
+        return
+    out.text(f"exported {c.plural(len(result.manifest['artifacts']), 'artifact')} ({c.human_size(result.size)}) to "
+             f"{c.printable_line(result.out)}; manifest {c.printable_line(result.sidecar)}"
+             f"{'' if 'signature' in result.manifest else ' (unsigned: `kcache remote keygen` makes a key)'}")
