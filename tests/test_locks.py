@@ -4,6 +4,7 @@ until its --lock-timeout (exit 3, naming the holder)."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import stat
@@ -242,3 +243,37 @@ def test_a_lock_that_cannot_be_created_is_an_error_not_a_loop(tmp_path, monkeypa
     with pytest.raises(PermissionError):
         locking.EntryFlock(tmp_path / "cache", "ops/cpu_space_0/x/0123456789abcdef").acquire(timeout=5)
     assert time.monotonic() - started < 4
+
+
+HOLD_ENTRY = """
+import sys
+from pathlib import Path
+from kcache_cli.fs.locking import entry_lock
+lock = entry_lock(Path(sys.argv[1]), sys.argv[2])
+lock.acquire()
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_an_import_that_skips_a_locked_entry_is_exit_3(fixture_copy, tmp_path):
+    """A build holding an entry's lock past --lock-timeout: import brings the rest in, then exits 3, as
+    build does (it said "skip ... its lock was held" and exited 0, so a CI step went on without it)."""
+    arc, dest, add = tmp_path / "k.tar.gz", tmp_path / "dest", "ops/cuda_space_0/add/8d1f7691cdf75e90"
+    assert run("--cache-dir", fixture_copy("hidet"), "export", arc).returncode == 0
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_ENTRY, str(dest), add], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = run("-q", "--cache-dir", dest, "import", arc, "--lock-timeout", "0.5")
+        j = run("--json", "--cache-dir", dest, "import", arc, "--lock-timeout", "0.5")
+    finally:
+        holder.stdin.close()
+        holder.wait(TIMEOUT)
+    assert r.returncode == 3 and r.stdout == "", r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("Error: 1 entry not imported: its lock was held"), r.stderr
+    assert not (dest / add).exists() and len(list(dest.glob("ops/*/*/*"))) == 4  # the rest came in
+    doc = json.loads(j.stdout)
+    assert j.returncode == 3 and doc["lock_timeouts"] == 1 and doc["skipped"] == 5, j.stdout
+    again = run("--json", "--cache-dir", dest, "import", arc)  # the build gone: it comes in
+    assert again.returncode == 0 and json.loads(again.stdout)["imported"] == 1 and (dest / add).is_dir()

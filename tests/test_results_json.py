@@ -68,7 +68,7 @@ def test_export_and_import_results(fixture_copy, tmp_path):
     first = imported.entries[0].relpath
     data = imported.to_json(((9, 0),), {first: True})
     assert list(data) == ["archive", "root", "dry_run", "archive_kcache_version", "imported", "replaced", "skipped",
-                          "file_count", "size", "gpu", "entries"]
+                          "lock_timeouts", "file_count", "size", "gpu", "entries"]
     assert data["imported"] == len(imported.entries) and data["gpu"] == ["9.0"]
     assert list(data["entries"][0]) == ["layout", "kind", "target", "space", "op", "hash", "relpath", "action", "done",
                                         "reason", "file_count", "size", "arch", "arch_ok", "compiler", "platform"]

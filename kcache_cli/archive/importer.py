@@ -66,6 +66,7 @@ class ImportedEntry(Keyed):
     arch: str | None
     compiler: str | None
     platform: str | None
+    lock_timed_out: bool = False  # skipped: another process held its lock past --lock-timeout
 
     def to_json(self, arch_ok: bool | None = None) -> dict:
         """An entry of `import --json`; `arch_ok`: whether its arch runs on this machine's GPU (None: unknown)."""
@@ -95,13 +96,19 @@ class ImportResult:
     def count(self, action: ImportAction) -> int:
         return sum(1 for e in self.entries if e.action == action)
 
+    @property
+    def lock_timeouts(self) -> int:
+        """Of the skipped entries, those whose lock another process held past the timeout (exit 3)."""
+        return sum(1 for e in self.entries if e.lock_timed_out)
+
     def to_json(self, gpus: tuple[tuple[int, int], ...] | None = None,
                 arch_ok: Mapping[str, bool | None] | None = None) -> dict:
         """`import --json`: with this machine's GPUs' compute capabilities (None: none found, or not asked)
         and, per entry relpath, whether its layout's consumer uses its arch on them (gpu.arch_fit)."""
         return {"archive": self.archive, "root": self.root, "dry_run": self.dry_run,
                 "archive_kcache_version": self.kcache_version, "imported": self.count("import"),
-                "replaced": self.count("replace"), "skipped": self.count("skip"), "file_count": self.files,
+                "replaced": self.count("replace"), "skipped": self.count("skip"),
+                "lock_timeouts": self.lock_timeouts, "file_count": self.files,
                 "size": self.size, "gpu": [f"{a}.{b}" for a, b in gpus] if gpus else None,
                 "entries": [e.to_json((arch_ok or {}).get(e.relpath)) for e in self.entries]}
 
@@ -602,34 +609,39 @@ def _dest_status(root: Path, p: PlannedEntry) -> str | None:
     return None
 
 
+# What publishing one entry came to: (published, reason, whether its lock was held past the timeout). A plain
+# tuple: one per entry travels back from the workers.
+Published = tuple[bool, "str | None", bool]
+
+
 def _publish(root: Path, p: PlannedEntry, staging: _Staging, lock_timeout: float, warn: Warn,
-             made: set[str]) -> tuple[bool, str | None]:
-    """Move one staged entry into place with one rename, under its lock. (published, reason)."""
+             made: set[str]) -> Published:
+    """Move one staged entry into place with one rename, under its lock."""
     dest = os.path.join(root, p.relpath)
     lock = EntryFlock(root, p.relpath)
     if not lock.acquire(0):
         warn(f"waiting for the lock of {p.relpath} (a build in progress?)")
         if not lock.acquire(lock_timeout):
-            return False, f"its lock was held (a build in progress?) for more than {lock_timeout:g}s"
+            return False, f"its lock was held (a build in progress?) for more than {lock_timeout:g}s", True
     trashed = None
     try:
         if os.path.lexists(dest):
             if p.action != "replace":
-                return False, "already present (appeared during the import)"
+                return False, "already present (appeared during the import)", False
             busy = layout_of(p.layout).busy(dest)
             if busy:
-                return False, f"being built ({busy})"
+                return False, f"being built ({busy})", False
             if _dest_status(root, p) == COMPLETE:
-                return False, "already present (completed during the import)"
+                return False, "already present (completed during the import)", False
             trashed = f"{p.relpath.replace('/', '%2F')}-{fswrite.token(4)}"
             _to_trash(staging, p.relpath, trashed)
         # paths the entry records about itself (Triton's), rewritten through the held staging fd
         layout = layout_of(p.layout)
         layout.relocate(staging.fd_path(p.relpath), dest, root)
         if not _move_in(staging, p.relpath):
-            return False, "already present (appeared during the import)"
+            return False, "already present (appeared during the import)", False
         elsewhere = None if layout.relocates else layout.landed_elsewhere(dest)
-        return True, "; ".join(r for r in (p.reason, elsewhere) if r) or None
+        return True, "; ".join(r for r in (p.reason, elsewhere) if r) or None, False
     finally:
         lock.release()
         if trashed:
@@ -856,7 +868,7 @@ class Importer:
         self.providers: set[str] = set()  # relpaths of the entries others use: links may point at them
         self.mine: dict[int, list[PlannedEntry]] = {}  # what each worker planned, for its phase two
         self.made: set[str] = set()
-        self.outcome: dict[int, tuple[bool, str | None]] = {}  # entry index -> (published, reason)
+        self.outcome: dict[int, Published] = {}  # entry index -> (published, reason, lock timed out)
         self.decisions: dict[int, tuple[ImportAction, str | None, bool]] = {}  # entry index -> (action, reason, write)
         self.files = self.size = 0
         self.reader: Any = None
@@ -882,7 +894,7 @@ class Importer:
         self.files, self.size = sum(c.files for c in counts), sum(c.size for c in counts)
         self.decisions = {i: (action, reason, write) for c in counts for i, action, reason, write in c.decisions}
         for batch in published:
-            self.outcome.update((i, (done, why)) for i, done, why in batch)
+            self.outcome.update((i, (done, why, locked)) for i, done, why, locked in batch)
 
     def _read_manifest(self, file_size: int) -> tuple[int, Callable]:
         """Read and check the manifest; make the staging directory; (workers, phase one)."""
@@ -929,8 +941,8 @@ class Importer:
         self.mine[w] = got.planned
         return _PhaseOne(got.files, got.size, _decisions(got.planned))
 
-    def _publish(self, ps: list[PlannedEntry]) -> list[tuple[int, bool, str | None]]:
-        """(entry index, published, reason) of each; plain tuples: they travel back from the workers."""
+    def _publish(self, ps: list[PlannedEntry]) -> list[tuple[int, bool, str | None, bool]]:
+        """(entry index, *Published) of each; plain tuples: they travel back from the workers."""
         assert self.staging is not None
         return [(p.index, *_publish(self.root, p, self.staging, self.lock_timeout, self.warn, self.made)) for p in ps]
 
@@ -943,30 +955,31 @@ class Importer:
                 p = _check_records([rec], i, self.limits)[0]
                 p.action, p.reason, p.write = decided[i]
                 todo.append(p)
-        self.outcome.update((i, (done, why)) for i, done, why in self._publish(todo))
+        self.outcome.update((i, (done, why, locked)) for i, done, why, locked in self._publish(todo))
 
-    def _second(self, w: int) -> list[tuple[int, bool, str | None]]:
+    def _second(self, w: int) -> list[tuple[int, bool, str | None, bool]]:
         return self._publish([p for p in self.mine.get(w, ()) if p.write and not is_provider(p.layout, p.kind)])
 
     def results(self) -> list[ImportedEntry]:
         out = []
         for i, rec in enumerate(self.manifest.records):  # all checked by the workers
             action, reason, write = self.decisions[i]
-            done, reason = self.outcome.get(i, (False, reason))
+            done, reason, locked = self.outcome.get(i, (False, reason, False))
             if write and not self.dry_run and not done:
                 action = "skip"
-            out.append(_imported(rec, self.manifest.totals[i], action, done, reason))
+            out.append(_imported(rec, self.manifest.totals[i], action, done, reason, locked))
         return sorted(out, key=lambda r: r.relpath)
 
 
-def _imported(rec: dict, size: int, action: ImportAction, done: bool, reason: str | None) -> ImportedEntry:
+def _imported(rec: dict, size: int, action: ImportAction, done: bool, reason: str | None,
+              locked: bool) -> ImportedEntry:
     """The result line of a JSON record the workers checked, read from the JSON: an EntryRecord built
     again here, in the one process, would cost each entry as much as a tenth of its import."""
     relpath = rec["relpath"]
     key = EntryKey(rec["layout"], rec["kind"], _str(rec.get("target")), _str(rec.get("space")),
                    _str(rec.get("op")), relpath.rsplit("/", 1)[-1], relpath)
     return ImportedEntry(key, action, done, reason, len(rec["files"]), size, _str(rec.get("arch")),
-                         _str(rec.get("compiler")), _str(rec.get("platform")))
+                         _str(rec.get("compiler")), _str(rec.get("platform")), locked)
 
 
 # What a worker decided for one entry: (its index in the manifest, action, reason, write). A plain
@@ -1093,8 +1106,9 @@ def publish_staged(root: Path, planned: PlannedEntry, staging: _Staging, lock_ti
     Returns (published, reason). `root` must be a real path (no symlink on the way), as
     ImportStaging's root is."""
     _finish_staging(staging, [planned])
-    return _publish(root, planned, staging, lock_timeout, warn or (lambda m: None),
-                    made if made is not None else set())
+    done, why, _ = _publish(root, planned, staging, lock_timeout, warn or (lambda m: None),
+                            made if made is not None else set())
+    return done, why
 
 
 def check_total(root: Path, need: int, limits: ImportLimits = ImportLimits()) -> None:

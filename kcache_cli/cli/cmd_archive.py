@@ -15,7 +15,7 @@ from kcache_cli.cli.progress import Phase
 from kcache_cli.cli.table import Column
 from kcache_cli.layouts import get as layout_of
 from kcache_cli.model.terms import EXPORT_FORMATS
-from kcache_cli.util.errors import UsageError
+from kcache_cli.util.errors import LockTimeout, UsageError
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.units import parse_size
 
@@ -162,7 +162,7 @@ def import_command(
         help="Reject archives that expand to more than this (default 64GiB).")] = None,
     lock_timeout: Annotated[Optional[str], typer.Option(
         "--lock-timeout", metavar="SECONDS", help="How long to wait for an entry's lock before skipping "
-        "it (30, 2.5, 90s, 5m). Default: 60.")] = None,
+        "it (the rest is imported, then exit 3); 30, 2.5, 90s, 5m. Default: 60.")] = None,
     cache_dir: o.CacheDirOpt = None,
     as_json: o.JsonOpt = False,
 ) -> None:
@@ -203,6 +203,11 @@ def import_command(
     out = c.Output(opts)
     c.warn_arch_misfits(out, result.entries, fit, "imported")
     out.result(result.to_json(fit.gpus, fit.fits), lambda: _import_human(out, result, dry_run))
+    if result.lock_timeouts:  # the rest is in; these wait for a build that holds them (as build says: exit 3)
+        n = result.lock_timeouts
+        raise LockTimeout(f"{c.plural(n, 'entry')} not imported: {'its' if n == 1 else 'their'} lock was held for "
+                          f"more than {wait:g}s (a build in progress?); import again to bring "
+                          f"{'it' if n == 1 else 'them'} in")
 
 
 def _import_root(opts: o.GlobalOptions, archive: str):
@@ -242,8 +247,9 @@ def _import_human(out: c.Output, result, dry_run: bool) -> None:
         out.info(f"({more} not shown: see --json)")
     verb = "would import" if dry_run else "imported"
     came, replaced = result.count("import") + result.count("replace"), result.count("replace")
+    locked = f" ({result.lock_timeouts} whose lock was held)" if result.lock_timeouts else ""
     out.info(f"{verb} {c.plural(came, 'entry')} ({replaced} replacing incomplete ones), skipped "
-             f"{result.count('skip')}; {c.plural(result.files, 'file')} ({c.human_size(result.size)}) verified "
+             f"{result.count('skip')}{locked}; {c.plural(result.files, 'file')} ({c.human_size(result.size)}) verified "
              f"{'' if dry_run else 'into ' + result.root}".rstrip())
 
 
