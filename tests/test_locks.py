@@ -273,6 +273,7 @@ def test_an_import_that_skips_a_locked_entry_is_exit_3(fixture_copy, tmp_path):
     assert r.returncode == 3 and r.stdout == "", r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("Error: 1 entry not imported: its lock was held"), r.stderr
     assert not (dest / add).exists() and len(list(dest.glob("ops/*/*/*"))) == 4  # the rest came in
+    assert "waiting" not in r.stderr and "waiting for the lock of " + add in j.stderr  # a note: -q drops it
     doc = json.loads(j.stdout)
     assert j.returncode == 3 and doc["lock_timeouts"] == 1 and doc["skipped"] == 5, j.stdout
     again = run("--json", "--cache-dir", dest, "import", arc)  # the build gone: it comes in

@@ -614,13 +614,13 @@ def _dest_status(root: Path, p: PlannedEntry) -> str | None:
 Published = tuple[bool, "str | None", bool]
 
 
-def _publish(root: Path, p: PlannedEntry, staging: _Staging, lock_timeout: float, warn: Warn,
+def _publish(root: Path, p: PlannedEntry, staging: _Staging, lock_timeout: float, note: Warn,
              made: set[str]) -> Published:
-    """Move one staged entry into place with one rename, under its lock."""
+    """Move one staged entry into place with one rename, under its lock (`note`: that it waits for it)."""
     dest = os.path.join(root, p.relpath)
     lock = EntryFlock(root, p.relpath)
     if not lock.acquire(0):
-        warn(f"waiting for the lock of {p.relpath} (a build in progress?)")
+        note(f"waiting for the lock of {p.relpath} (a build in progress?)")
         if not lock.acquire(lock_timeout):
             return False, f"its lock was held (a build in progress?) for more than {lock_timeout:g}s", True
     trashed = None
@@ -787,7 +787,7 @@ def _not_a_cache(root: Path, brought: set[str], doing: str) -> str | None:
 
 
 def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: ImportLimits = ImportLimits(),
-                   lock_timeout: float = 60.0, warn: Warn | None = None, progress: Progress | None = None
+                   lock_timeout: float = 60.0, note: Warn | None = None, progress: Progress | None = None
                    ) -> ImportResult:
     """Verify `archive` completely, then publish its entries into `root` (see the module doc).
 
@@ -799,7 +799,7 @@ def import_archive(root: Path, archive: str, *, dry_run: bool = False, limits: I
     if os.path.lexists(root) and not root.is_dir():
         raise KcacheError(f"{root} is not a directory")
     raw = open_archive(archive)
-    importer = Importer(root, raw, dry_run, limits, lock_timeout, warn or (lambda m: None), progress)
+    importer = Importer(root, raw, dry_run, limits, lock_timeout, note or (lambda m: None), progress)
     with raw:
         try:
             importer.run()
@@ -859,10 +859,10 @@ class Importer:
     """One import: reads the manifest, plans and extracts every entry (phase one, in workers), publishes
     the entries others use (here, between the phases), then the rest (phase two, in the same workers)."""
 
-    def __init__(self, root: Path, raw, dry_run: bool, limits: ImportLimits, lock_timeout: float, warn: Warn,
+    def __init__(self, root: Path, raw, dry_run: bool, limits: ImportLimits, lock_timeout: float, note: Warn,
                  progress: Progress | None) -> None:
         self.root, self.raw, self.dry_run, self.limits = root, raw, dry_run, limits
-        self.lock_timeout, self.warn, self.progress = lock_timeout, warn, progress
+        self.lock_timeout, self.note, self.progress = lock_timeout, note, progress
         self.staging: _Staging | None = None
         self.manifest = Manifest({}, [], [], [])
         self.providers: set[str] = set()  # relpaths of the entries others use: links may point at them
@@ -944,7 +944,7 @@ class Importer:
     def _publish(self, ps: list[PlannedEntry]) -> list[tuple[int, bool, str | None, bool]]:
         """(entry index, *Published) of each; plain tuples: they travel back from the workers."""
         assert self.staging is not None
-        return [(p.index, *_publish(self.root, p, self.staging, self.lock_timeout, self.warn, self.made)) for p in ps]
+        return [(p.index, *_publish(self.root, p, self.staging, self.lock_timeout, self.note, self.made)) for p in ps]
 
     def _between(self, results: list[_PhaseOne]) -> None:
         """The entries others use first (a tilus script links to its programs)."""
@@ -1100,13 +1100,13 @@ def _ancestors(relpath: str) -> list[str]:
 
 
 def publish_staged(root: Path, planned: PlannedEntry, staging: _Staging, lock_timeout: float = 60.0,
-                   warn: Warn | None = None, made: set[str] | None = None) -> tuple[bool, str | None]:
+                   note: Warn | None = None, made: set[str] | None = None) -> tuple[bool, str | None]:
     """Publish one entry whose files are under `staging.path/<relpath>/` exactly as import does: its
     directories and empty lock files added, then one rename (no-replace) under the entry's lock.
     Returns (published, reason). `root` must be a real path (no symlink on the way), as
     ImportStaging's root is."""
     _finish_staging(staging, [planned])
-    done, why, _ = _publish(root, planned, staging, lock_timeout, warn or (lambda m: None),
+    done, why, _ = _publish(root, planned, staging, lock_timeout, note or (lambda m: None),
                             made if made is not None else set())
     return done, why
 

@@ -197,7 +197,7 @@ def import_command(
     root = _import_root(opts, archive)
     with _Bar(opts, "verifying" if dry_run else "importing", unit="bytes") as bar:
         result = importer.import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=wait,
-                                warn=lambda m: c.warn(opts, m), progress=bar)
+                                note=lambda m: c.info(opts, m), progress=bar)
     fit = gpu.arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries},
                        {e.relpath: layout_of(e.layout).runs_on for e in result.entries})
     out = c.Output(opts)

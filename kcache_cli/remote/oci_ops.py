@@ -380,7 +380,7 @@ def pull_image(root: Path, reg: Registry, image: Image, node: list[str] | None, 
                 skipped = img.layer_to_archive(layer, out, img.image_format(image.layout),
                                                _keeper(node, flt or ScanFilter(), image.layout), limits,
                                                lambda n: _check_room(tmp, n, "its entries expand to"))
-        result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout, warn=warn)
+        result = import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=lock_timeout, note=warn)
     left = tuple(SkippedEntry.of(r, skipped.reasons[r["relpath"]]) for r in skipped.records)
     return ImagePullResult(image.ref.url, image.digest, tuple(node) if node else None, result, left)
 
