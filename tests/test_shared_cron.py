@@ -656,7 +656,9 @@ def test_quiet_prune_and_clear_with_nothing_to_do_print_nothing(kcache, fixture_
 
 def test_the_ci_recipe_exits_0_on_a_cache_miss(tmp_path):
     """docs/ci.md's GitLab script, without the tests: a miss (no archive) imports nothing, exits 0 and
-    exports nothing; with kernels compiled meanwhile, the export is the next run's hit."""
+    exports nothing; so does a job whose cache holds only entries export leaves out (a torch extension or
+    JAX cache moved from where it was built: its old `ls -q` guard passed, then export failed the job);
+    with kernels compiled meanwhile, the export is the next run's hit."""
     import shutil
 
     text = (DOCS / "ci.md").read_text()
@@ -664,16 +666,21 @@ def test_the_ci_recipe_exits_0_on_a_cache_miss(tmp_path):
     steps = [s.strip()[2:] for s in script if s.strip().startswith("- ") and "pytest" not in s]
     env = {**os.environ, "KCACHE_DIR": str(tmp_path / "cache")}
 
-    def job(compile_some: bool) -> subprocess.CompletedProcess:
+    def job(compiled: str | None) -> subprocess.CompletedProcess:
         shell = [s.replace("kcache ", KCACHE + " ") for s in steps]
-        if compile_some:  # stands for the tests compiling kernels
-            shell.insert(2, f"cp -r {FIXTURES / 'hidet'}/. \"$KCACHE_DIR\"")
+        if compiled:  # stands for the tests compiling kernels
+            shell.insert(2, f"cp -r {FIXTURES / compiled}/. \"$KCACHE_DIR\"")
         return subprocess.run(["sh", "-ec", "\n".join(shell)], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT, stdin=subprocess.DEVNULL)
 
-    miss = job(False)
+    miss = job(None)
     assert miss.returncode == 0 and not (tmp_path / "kernels.tar.zst").exists(), miss.stderr
-    built = job(True)
+    for unshippable in ("torch_ext", "jax"):
+        moved = job(unshippable)
+        assert moved.returncode == 0 and "nothing to export" in moved.stderr, moved.stderr
+        assert not (tmp_path / "kernels.tar.zst").exists()
+        shutil.rmtree(tmp_path / "cache")
+    built = job("hidet")
     assert built.returncode == 0 and (tmp_path / "kernels.tar.zst").is_file(), built.stderr
     shutil.rmtree(tmp_path / "cache")
     hit = job(False)  # the next run: restored and imported

@@ -102,8 +102,9 @@ class ExportResult:
 
 
 class EmptyExport(KcacheError):
-    """Every selected entry was left out: no archive is written (an empty one is refused). `result`
-    says what was left out and why (its `archive` is "")."""
+    """Nothing to export (nothing selected, or every selected entry left out): no archive is written (an
+    empty one is refused). `result` says what was left out and why (its `archive` is ""). The CLI's
+    export takes it as nothing to do (exit 0, a warning); a push, as an error."""
 
     def __init__(self, message: str, result: ExportResult) -> None:
         super().__init__(message)
@@ -690,13 +691,19 @@ def _merge(results: list[_WorkerOutput], left: Iterable[tuple[Entry, str]], warn
 
 
 def _refuse_empty(plan: ExportPlan, left: list[tuple[Entry, str]], compression: str) -> None:
-    """An export with no entry to ship writes no archive: a usage error if nothing was selected."""
+    """An export with no entry to ship writes no archive, whether nothing was selected or nothing fit."""
+    raise empty_export(plan.root, left, compression, plan.sources_only)
+
+
+def empty_export(root: Path | str, left: list[tuple[Entry, str]], compression: str, sources_only: bool) -> EmptyExport:
+    """The one "nothing to export" (no archive written): what was selected and left out, and why."""
     if not left:
-        raise UsageError(f"no entries in {plan.root} match the selection: nothing to export, no archive "
-                         "written")
-    raise EmptyExport(f"nothing to export: {plural(len(left), 'entry')} selected, none fit to ship "
-                      f"(first: {left[0][0].relpath}: {left[0][1]}); no archive written",
-                      ExportResult("", compression, (), tuple(left), 0, 0, 0, plan.sources_only))
+        why = f"no entries in {root} match the selection"
+    else:
+        why = (f"{plural(len(left), 'entry')} selected, none fit to ship "
+               f"(first: {left[0][0].relpath}: {left[0][1]})")
+    return EmptyExport(f"nothing to export: {why}; no archive written",
+                       ExportResult("", compression, (), tuple(left), 0, 0, 0, sources_only))
 
 
 def _manifest(plan: ExportPlan, m: _Merged) -> dict:

@@ -87,18 +87,19 @@ def export_command(
             raise UsageError("--format torch-mega exports the whole Inductor cache: no selector applies")
         export_blob(opts, archive, python)
         return
-    manifest.compression_for(archive)  # a bad name is a usage error before any work
+    compression = manifest.compression_for(archive)  # a bad name is a usage error before any work
     root, plan, selected = _export_plan(opts, sel, cache, sources_only)
-    if not selected:  # an empty archive is refused
-        raise UsageError(f"no entries in {root} match the selection: nothing to export, no archive written")
     out = c.Output(opts)
     try:
+        if not selected:
+            raise export.empty_export(root, [], compression, sources_only)
         with _Bar(opts, "exporting") as bar:
             result = export.export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
-    except export.EmptyExport as exc:  # what was left out, and why; then the refusal (exit 1)
-        empty = exc.result
+    except export.EmptyExport as exc:  # what was left out and why, then that no archive was written: a
+        empty = exc.result  # warning (under -q too), but nothing to do is exit 0 (DESIGN 7), whatever the reason
         out.result(empty.to_json(str(root)), lambda: _export_human(out, empty))
-        raise
+        out.warn(str(exc))
+        return
     out.result(result.to_json(str(root)), lambda: _export_human(out, result))
 
 
