@@ -55,6 +55,20 @@ def test_hidet_operators_show_their_task_lines(kcache, fixture_copy):
     assert json.dumps(r.json())  # plain data
 
 
+def test_diff_into_a_pipe_fits_80_columns(kcache, fixture_copy):
+    """Into a pipe (no COLUMNS) the A column was as wide as its longest value, hidet's compile command:
+    every row ran to about 600 characters, mostly padding. It keeps 80 columns, values cut around where they
+    differ (--json has them whole), and no line ends in spaces."""
+    root = fixture_copy("hidet")
+    r = kcache("--cache-dir", root, "diff", "8d1f", "ad25")
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(map(len, lines)) <= 80 and not [ln for ln in lines if ln != ln.rstrip()], r.stdout
+    command = next(ln for ln in lines if ln.startswith("compile command"))
+    assert "add/8d1f7691cdf75e90" in command and "softmax/ad252b064b266eea" in command, command
+    assert len(next(ln for ln in lines if ln.startswith("size")).split()) == 5  # size, A's and B's (with units)
+
+
 def test_diff_has_help(kcache):
     r = kcache("diff", "--help")
     assert r.exit_code == 0 and "Why are there two of these" in r.stdout

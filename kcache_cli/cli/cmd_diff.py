@@ -71,8 +71,10 @@ _TELLING = ("arch", "target", "version", "candidates", "num_", "option", "consta
 
 def _text(result) -> None:
     """One screen: the entries, the differing facts as a table (values cut to where A and B differ),
-    then each differing text record as a few changed lines, then the count."""
-    width = c.output_width()
+    then each differing text record as a few changed lines, then the count. A summary for people (--json has
+    every value whole): into a pipe it keeps 80 columns, as a terminal that says no width gets, where the A
+    column padded to its longest value (a compile command) made every row 600 wide."""
+    width = c.output_width() or o.FALLBACK_WIDTH
     for side, e in (("A", result.a), ("B", result.b)):
         name = c.printable_line(f"{e.op or '-'} {_hashes(e.relpath)}")  # names are data: inert on any output
         c.print_lines(_fit(f"{side}: {e.layout} {e.kind} {name} ({e.status})", width))
