@@ -3,8 +3,11 @@ their first use (help and a TAB declare commands without loading them)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+
+import pytest
 
 from kcache_cli.util.lazy import lazy_module
 
@@ -71,3 +74,43 @@ print("FAILED", failed, len(packages))
 '''
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1].startswith("FAILED []"), out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_an_interrupt_while_a_lazy_module_runs_is_the_interrupt(kcache, tmp_path, monkeypatch, sig):
+    """A signal while a lazy module's code ran (import's first use of the archive engines): the import
+    machinery swallowed the KeyboardInterrupt the handler raised and the next `from X import Y` found X
+    half run: `Error: unexpected ImportError: cannot import name ...`, exit 1. It is the interrupt: exit
+    128 + the signal. The module below sends the signal to itself halfway through its code."""
+    from kcache_cli.cli import cmd_archive
+
+    (tmp_path / "kc_halfway.py").write_text(f"import os\nos.kill(os.getpid(), {int(sig)})\nNAME = 1\n")
+    (tmp_path / "kc_engine.py").write_text("from kc_halfway import NAME\n\n\ndef import_archive(*a, **k):\n"
+                                           "    return NAME\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "cache").mkdir()
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # (xdist's workers ignore SIGINT)
+    try:
+        lazy_module("kc_halfway")  # named lazily first, as the command modules name their engines
+        monkeypatch.setattr(cmd_archive, "importer", lazy_module("kc_engine"))
+        r = kcache("--cache-dir", tmp_path / "cache", "import", tmp_path / "a.tar")
+    finally:
+        signal.signal(signal.SIGINT, old)
+        for name in ("kc_halfway", "kc_engine"):
+            sys.modules.pop(name, None)
+    assert (r.exit_code, r.stderr) == (128 + sig, "Error: interrupted\n"), r.stderr
+
+
+def test_a_signal_ignored_at_start_stays_ignored():
+    """`nohup kcache ...` (SIGHUP ignored) or a script's background job (SIGINT ignored): kcache's handler,
+    which unwinds the command, is not put in place of what the caller asked for."""
+    from kcache_cli.util.interrupts import TermAsInterrupt
+
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with TermAsInterrupt():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, old)

@@ -319,6 +319,15 @@ def run() -> None:
         gc.freeze()
 
 
+def _interrupted_first(as_json: bool, debug: bool) -> None:
+    """An unexpected error after a signal told the command to stop is that interrupt (`Error: interrupted`,
+    128 + the signal): C code may swallow what the handler raised, and the import machinery does when it
+    runs a lazy module's code (util/lazy.py), leaving the module half run for the next `from X import Y`.
+    (A KcacheError says more, itself: prune's "interrupted: removed X of Y entries".)"""
+    if interrupts.taken():
+        _fail("interrupted", interrupts.exit_status(), as_json, debug)
+
+
 def _aborted(exc: BaseException) -> tuple[str, int]:
     """What a prompt's Abort was: Ctrl-C (or SIGTERM as one) at it is an interrupt, the end of input not."""
     if isinstance(exc.__context__, KeyboardInterrupt):
@@ -368,6 +377,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         from kcache_cli.remote.redact import redact_text
 
+        _interrupted_first(as_json, debug)
         if debug and not is_usage_error(exc):
             import traceback
 

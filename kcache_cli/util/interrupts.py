@@ -7,6 +7,7 @@ import sys
 import threading
 
 _LAST = [0]  # the signal TermAsInterrupt last took in this command (0: none)
+_TAKEN = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class TermAsInterrupt:
@@ -16,14 +17,18 @@ class TermAsInterrupt:
     inside a finalizer or an at-fork hook too, and those swallow what it raises: so the signal is also noted,
     `check()` raises it again before anything is published, and the interpreter's "Exception ignored" report
     of it is kept off stderr. Made and restored in the main thread (only it can install handlers; elsewhere
-    it does nothing)."""
+    it does nothing). Ctrl-C is taken the same way (it raises as Python's own handler does), so that an
+    interrupt is known to have come even where C code swallowed what the handler raised (the import
+    machinery does, for a module whose first attribute runs its code: util/lazy.py): see `taken`."""
 
     def __init__(self) -> None:
         self.got: list[int] = []
         self.old: dict = {}
         self.old_hook = sys.unraisablehook
         if threading.current_thread() is threading.main_thread():  # only it can install handlers
-            self.old = {sig: signal.signal(sig, self._interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+            # one ignored (SIG_IGN: `nohup`, a background job of a script) stays ignored
+            self.old = {sig: signal.signal(sig, self._interrupt) for sig in _TAKEN
+                        if signal.getsignal(sig) is not signal.SIG_IGN}
             sys.unraisablehook = self._unraisable
 
     def _interrupt(self, signum, _frame):
@@ -55,6 +60,12 @@ def exit_status() -> int:
     """The exit status of a command an interrupt ended: 128 + the signal, as a shell reports a process it
     ended (143 for a SIGTERM TermAsInterrupt took, 129 for a SIGHUP, 130 for Ctrl-C)."""
     return 128 + (_LAST[0] or int(signal.SIGINT))
+
+
+def taken() -> bool:
+    """Whether a handler took a signal to stop this command: an error that ends it afterwards is that
+    interrupt, whatever it says (an ImportError of a module the interrupt left half-run, say)."""
+    return _LAST[0] != 0
 
 
 def took(signum: int) -> None:
