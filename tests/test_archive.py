@@ -103,6 +103,40 @@ def test_manifest_describes_entries(kcache, fixture_copy, tmp_path):
     assert sum(p["entries"] for p in manifest["parts"]) == len(manifest["entries"]) == 5
 
 
+@pytest.mark.parametrize("suffix", FORMATS)
+def test_source_date_epoch_makes_exports_byte_identical(kcache, fixture_copy, tmp_path, monkeypatch, suffix):
+    """Two exports of an unchanged cache differed (the manifest's `created` and its tar header's mtime
+    were the clock's), so an archive could not be compared by hash. With SOURCE_DATE_EPOCH set they are
+    that time and the archives are the same bytes, whatever the clock says (here it moves a day)."""
+    import types
+
+    from kcache_cli.archive import export
+    from kcache_cli.fs import tarstream as ts
+
+    src = fixture_copy("tilus")
+    clock = iter(range(1_800_000_000, 1_800_000_000 + 10 * 86400, 86400))
+    monkeypatch.setattr(export, "time", types.SimpleNamespace(time=lambda: float(next(clock))))
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    first, second = tmp_path / f"a{suffix}", tmp_path / f"b{suffix}"
+    for arc in (first, second):
+        assert kcache("--cache-dir", src, "export", arc).exit_code == 0
+    assert first.read_bytes() == second.read_bytes()
+    with open(first, "rb") as raw:
+        reader = ts.TarReader(ts.open_source(raw)[0])
+        head = reader.next()
+        manifest = json.loads(b"".join(reader.data(head)))
+        reader.close()
+    assert head.name == "manifest.json" and head.mtime == 1700000000
+    assert manifest["created"] == "2023-11-14T22:13:20+00:00"
+
+
+def test_a_malformed_source_date_epoch_is_a_usage_error(kcache, fixture_copy, tmp_path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    r = kcache("--cache-dir", fixture_copy("hidet"), "export", tmp_path / "a.tar")
+    assert r.exit_code == 2 and "SOURCE_DATE_EPOCH='yesterday'" in r.stderr
+    assert not (tmp_path / "a.tar").exists()
+
+
 def test_gnu_tar_reads_our_archives(kcache, fixture_copy, tmp_path):
     tar = shutil.which("tar")
     if tar is None:

@@ -54,7 +54,7 @@ from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.interrupts import TermAsInterrupt
 from kcache_cli.util.progress import NO_PROGRESS, Progress
 from kcache_cli.util.signing import signer
-from kcache_cli.util.units import plural
+from kcache_cli.util.units import is_digits, plural
 
 if TYPE_CHECKING:
     from kcache_cli.layouts.base import Facts
@@ -613,6 +613,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
     if not os.path.isdir(out_dir):
         raise UsageError(f"cannot write {archive}: {out_dir} is not a directory")  # a typo: exit 2
     warn = warn or (lambda m: None)
+    made = _archive_time()
     jobs = plan.jobs
     targets = {j.relpath for j in jobs}  # what links may point at, besides their own entry
     workers, per_worker = _share_out(jobs)
@@ -638,7 +639,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
             m.sizes[-1] += tail.close()
         if not m.done:  # an empty archive is refused: nothing is written (the temp files go below)
             _refuse_empty(plan, m.left, compression)
-        _write_final(held[0], bodies, compression, _manifest(plan, m), m.records)
+        _write_final(held[0], bodies, compression, _manifest(plan, m, made), m.records, made)
         signals.check()  # one a finalizer swallowed: the archive is not published
         _rename_beside(final_tmp, archive)
     finally:
@@ -706,23 +707,38 @@ def empty_export(root: Path | str, left: list[tuple[Entry, str]], compression: s
                        ExportResult("", compression, (), tuple(left), 0, 0, 0, sources_only))
 
 
-def _manifest(plan: ExportPlan, m: _Merged) -> dict:
-    """The archive's manifest.json, without its entry records."""
+def _archive_time() -> float:
+    """When the archive is made, for what it holds that is no file's own time (the manifest's `created` and
+    its tar header): SOURCE_DATE_EPOCH when set (reproducible-builds.org), so that two exports of an
+    unchanged cache are the same bytes; else now. A malformed value is a usage error, as the convention asks."""
+    text = os.environ.get("SOURCE_DATE_EPOCH", "")
+    if not text:
+        return time.time()
+    if not is_digits(text):
+        raise UsageError(f"SOURCE_DATE_EPOCH={text!r} is not a whole number of seconds since 1970 "
+                         "(reproducible-builds.org): set it to one, or unset it")
+    return float(int(text))
+
+
+def _manifest(plan: ExportPlan, m: _Merged, made: float) -> dict:
+    """The archive's manifest.json, without its entry records; `made`: _archive_time()."""
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "kcache_version": __version__,
-        "created": iso(time.time()), "platform": _platform(), "sources_only": plan.sources_only,
+        "created": iso(made), "platform": _platform(), "sources_only": plan.sources_only,
         "totals": {"entries": len(m.done), "files": m.files, "size": m.size},
         "parts": [{"size": s, "entries": c} for s, c in zip(m.sizes, m.counts)],
     }
 
 
-def _write_final(final_fd: int, bodies: list[str], compression: str, manifest: dict, records: list[str]) -> None:
-    """The archive: the manifest (its entry records already JSON text, joined), then every part."""
+def _write_final(final_fd: int, bodies: list[str], compression: str, manifest: dict, records: list[str],
+                 made: float) -> None:
+    """The archive: the manifest (its entry records already JSON text, joined; its header dated `made`), then
+    every part."""
     head_json = json.dumps(manifest, separators=(",", ":"))
     data = (head_json[:-1] + ',"entries":[' + ",".join(records) + "]}").encode()
     with os.fdopen(os.dup(final_fd), "wb") as final:
         head = ts.FrameWriter(final, compression)
-        head.write(ts.file_header(MANIFEST_NAME, len(data), 0o644, time.time()))
+        head.write(ts.file_header(MANIFEST_NAME, len(data), 0o644, made))
         head.write(data)
         head.write(ts.padding(len(data)))
         head.close()
