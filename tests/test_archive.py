@@ -604,10 +604,16 @@ def test_publish_across_filesystems_copies_then_renames(kcache, fixture_copy, tm
 
     monkeypatch.setattr(archive.importer, "rename_noreplace_at", cross_device)
     src = fixture_copy("tilus")
+    for p in [src, *src.rglob("*")]:
+        os.utime(p, (1_700_000_000, 1_700_000_000), follow_symlinks=False)
     arc = tmp_path / "t.tar"
     assert kcache("--cache-dir", src, "export", arc).exit_code == 0
     dst = tmp_path / "dst"
     r = kcache("--cache-dir", dst, "import", arc)
     assert r.exit_code == 0, r.stderr
+    # the copy keeps the archive's times, as the rename would: the entries' last uses are the exported ones
+    # (asked before tree() reads the files, which is a use where the mount records reads)
+    used = {e["last_used"] for e in kcache("--cache-dir", dst, "ls", "--json").json()["entries"]}
+    assert used == {"2023-11-14T22:13:20+00:00"}
     assert tree(dst) == tree(src)
     assert not list(dst.rglob(".kcache-tmp-*"))

@@ -78,13 +78,17 @@ def test_a_record_reads_into_named_fields():
 
 def test_export_writes_the_records_b32df76_wrote_and_its_archive_imports(fixture_copy, tmp_path):
     import tarfile
+    from datetime import datetime
 
     src = fixture_copy("tilus")
     out = tmp_path / "tilus.tar"
     archive.export_archive(archive.plan_export(src, ScanFilter()), str(out))
     with tarfile.open(out) as tf:
         data = tf.extractfile("manifest.json").read().decode()  # type: ignore[union-attr]
-    assert data.endswith(',"entries":[' + ",".join(TILUS_RECORDS) + "]}")
+    entries = json.loads(data)["entries"]
+    assert data.endswith(',"entries":' + _dumps(entries) + "}")
+    assert all(datetime.fromisoformat(e.pop("last_used")).tzinfo for e in entries)  # the one field added since
+    assert [_dumps(e) for e in entries] == list(TILUS_RECORDS)
     result = archive.import_archive(tmp_path / "dest", str(out))
     assert [(e.relpath, e.action, e.done) for e in result.entries] == [
         ("programs/f006237ca7a5", "import", True), ("scripts/add_one/1-845a0ed6", "import", True)]
@@ -111,3 +115,14 @@ def test_from_json_refuses_a_bad_record_in_one_line(change, message):
     with pytest.raises(archive.ArchiveRejected) as exc:
         EntryRecord.from_json(change(json.loads(HIDET_SOURCES_ONLY)), 7)
     assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_last_use_reads_as_a_time_and_anything_else_as_absent():
+    """`last_used` (ISO-8601 with its offset, as export writes it) round-trips; a value that is no such time
+    (a hostile or older manifest's) reads as absent, and import then keeps the import's time."""
+    base = json.loads(TILUS_RECORDS[0])
+    record = EntryRecord.from_json({**base, "last_used": "2026-01-02T03:04:05+00:00"})
+    assert record.last_used == 1767323045.0
+    assert _dumps(record.to_json()) == TILUS_RECORDS[0][:-1] + ',"last_used":"2026-01-02T03:04:05+00:00"}'
+    for bad in (7, "yesterday", "2026-01-02T03:04:05", None, ["x"], "9" * 100):
+        assert EntryRecord.from_json({**base, "last_used": bad}).last_used is None

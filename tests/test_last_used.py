@@ -18,6 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from gen_cache import generate  # noqa: E402
 
+from kcache_cli.fs import state  # noqa: E402
+
 T = 1_700_000_000  # 2023: older than relatime's day, so the next read sets atime
 ADD = "ops/cuda_space_0/add/8d1f7691cdf75e90"
 RELU = "ops/cpu_space_0/relu/31857fe085635b31"
@@ -254,3 +256,91 @@ def test_an_export_onto_a_full_disk_says_nothing_was_published(kcache, fixture_c
         assert r.exit_code == 1 and "Traceback" not in r.stderr, r.stderr
         assert "No space left on device" in r.stderr and "not published" in r.stderr, r.stderr
         assert list(small.iterdir()) == []  # the temp archive went too
+
+
+# ---- last use across export and import (the CI round trip) ----------------------------------------------
+def rewrite_manifest(arc: Path, edit) -> None:
+    """`edit(manifest)` applied to the manifest of the plain .tar `arc`, in place (its body, whose parts are
+    counted from the end of the file, stays as it was)."""
+    import json
+
+    from kcache_cli.fs import tarstream as ts
+
+    raw = arc.read_bytes()
+    size = int(raw[124:135], 8)
+    manifest = json.loads(raw[512:512 + size])
+    edit(manifest)
+    data = json.dumps(manifest, separators=(",", ":")).encode()
+    body = raw[512 + size + (-size % 512):]
+    arc.write_bytes(ts.file_header("manifest.json", len(data), 0o644, 0) + data + ts.padding(len(data)) + body)
+
+
+def exported(kcache, src: Path, arc: Path) -> Path:
+    run = kcache("--cache-dir", src, "export", arc)
+    assert run.exit_code == 0, run.stderr
+    return arc
+
+
+def imported(kcache, arc: Path, dest: Path) -> dict:
+    run = kcache("--cache-dir", dest, "import", arc, "--json")
+    assert run.exit_code == 0, run.stderr
+    return {e["relpath"]: e["action"] for e in run.json()["entries"]}
+
+
+def test_import_restores_the_last_uses_and_mtimes_an_export_recorded(kcache, fixture_copy, tmp_path):
+    """Every imported entry was "used now" (files got the import's time, the manifest had no last use): in
+    CI's export -> actions/cache -> import loop `prune --older-than` never fired and a size budget could not
+    tell a kernel unused for 50 runs from one used today. The archive now carries each entry's last use and
+    import restores it, with the files' mtimes; a compiler's read after the import is still a use."""
+    src = fixture_copy("hidet")
+    same_times(src)
+    state.mark_used(src, ADD, now=T + 10 * 86400)  # kcache's stamp: a use ten days after the build
+    read_like_a_compiler(src / RELU)  # and a hit today
+    before = last_used(kcache, src)
+    dest = tmp_path / "dest"
+    assert set(imported(kcache, exported(kcache, src, tmp_path / "a.tar.zst"), dest).values()) == {"import"}
+    after = last_used(kcache, dest)
+    assert after.keys() == before.keys() and all(abs(after[r] - before[r]) < 1 for r in before), (before, after)
+    assert abs(after[ADD] - (T + 10 * 86400)) < 1 and after[RELU] > time.time() - 600
+    assert {p.lstat().st_mtime for p in (dest / ADD).rglob("*")} == {T}  # each file's own mtime
+    run = kcache("--cache-dir", dest, "prune", "--older-than", "30d", "--dry-run", "--json")
+    assert sorted(e["path"][len(str(dest)) + 1:] for e in run.json()["removed"]) == sorted(set(before) - {RELU})
+    read_like_a_compiler(dest / ADD)  # a hit after the import
+    assert last_used(kcache, dest)[ADD] > time.time() - 600
+
+
+def test_an_import_keeps_a_newer_use_and_never_takes_one_from_the_future(kcache, fixture_copy, tmp_path):
+    """The use an import restores never moves an entry's last use back (an incomplete entry it replaces was
+    used since), and an archive's times in the future (a remote may lie) are taken as now: a last use, a
+    file's mtime."""
+    src = fixture_copy("hidet")
+    same_times(src)
+    future = time.time() + 30 * 86400
+    os.utime(src / RELU / "lib.so", (future, future))
+    arc = exported(kcache, src, tmp_path / "a.tar")
+    dest = fixture_copy("hidet", "dest")  # used just now (copied), but ADD is partial there
+    (dest / ADD / "func_types.pickle").unlink()
+    softmax = "ops/cuda_space_0/softmax/ad252b064b266eea"
+    rewrite_manifest(arc, lambda m: next(e for e in m["entries"] if e["relpath"] == softmax).update(
+        last_used="2100-01-01T00:00:00+00:00"))
+    assert imported(kcache, arc, dest)[ADD] == "replace"
+    assert time.time() - 600 < last_used(kcache, dest)[ADD] <= time.time() + 1
+    last = tmp_path / "last"
+    imported(kcache, arc, last)
+    used = last_used(kcache, last)
+    assert all(time.time() - 600 < used[r] <= time.time() + 1 for r in (softmax, RELU)), used
+    assert (last / RELU / "lib.so").stat().st_mtime <= time.time()
+    assert abs(used[ADD] - T) < 1
+
+
+def test_an_archive_without_last_uses_imports_as_it_did(kcache, fixture_copy, tmp_path):
+    """An older kcache's archive says no last use: its files get the import's time, as before (their mtimes
+    alone would make entries used since look unused)."""
+    src = fixture_copy("hidet")
+    same_times(src)
+    arc = exported(kcache, src, tmp_path / "a.tar")
+    rewrite_manifest(arc, lambda m: [e.pop("last_used", None) for e in m["entries"]])
+    dest = tmp_path / "dest"
+    imported(kcache, arc, dest)
+    assert all(t > time.time() - 600 for t in last_used(kcache, dest).values())
+    assert not (dest / ".kcache" / "used").exists() or not list((dest / ".kcache" / "used").iterdir())

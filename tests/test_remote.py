@@ -224,6 +224,32 @@ def test_a_record_breaking_imports_rules_is_refused_alone(kcache, tmp_path):
     assert run.json()["pulled"] == 4 and not (dest / rel).exists()
 
 
+def test_a_pushed_record_says_no_last_use_and_a_pull_is_a_use(kcache, tmp_path):
+    """Export's records say when each entry was last used, and import restores it; a remote's record is
+    pushed once for every node to pull, so the pusher's last use would make what a node pulls today look
+    unused to its prune by age. Push leaves it out (the remote keeps its own: last_pulled)."""
+    import time
+    from datetime import datetime
+
+    from kcache_cli.remote.store import open_store
+
+    root = fixtures(tmp_path)["hidet"]
+    for p in [root, *root.rglob("*")]:
+        os.utime(p, (1_700_000_000, 1_700_000_000), follow_symlinks=False)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    url = f"file://{shared}"
+    assert kcache("push", "--cache-dir", root, "--remote", url).exit_code == 0
+    rel = "ops/cpu_space_0/relu/31857fe085635b31"
+    rec = json.loads(open_store(url).get([f.record_key("hidet", rel)])[0])
+    assert "pushed" in rec and "last_used" not in rec
+    dest = tmp_path / "dest"
+    assert kcache("pull", "--cache-dir", dest, "--remote", url).exit_code == 0
+    entries = kcache("ls", "--cache-dir", dest, "--json").json()["entries"]
+    assert len(entries) == 5
+    assert all(datetime.fromisoformat(e["last_used"]).timestamp() > time.time() - 600 for e in entries)
+
+
 # ---- build --remote ------------------------------------------------------------------------------------
 
 def counting_cxx(tmp_path: Path) -> tuple[Path, Path]:

@@ -92,6 +92,24 @@ def test_pull_into_an_empty_root_gives_the_same_complete_entries(kcache, triton,
     assert all(p.startswith(str(dest)) for p in json.loads(new[group])["child_paths"].values())  # relocated
 
 
+def test_an_image_keeps_the_last_uses_an_export_records(kcache, triton, oci_registry, tmp_path):
+    """An image's layer is an archive: pulled, each entry has the last use it had where it was pushed (and
+    its files their mtimes, the group files that import relocated too), not the pull's time."""
+    from datetime import datetime
+
+    for p in [triton, *triton.rglob("*")]:
+        os.utime(p, (1_700_000_000, 1_700_000_000), follow_symlinks=False)
+    push(kcache, triton, oci_registry.url("team/used:v1"))
+    dest = tmp_path / "dest"
+    run = kcache("pull", "--remote", oci_registry.url("team/used:v1"), "--cache-dir", dest, "--gpu", "sm_80,sm_90a")
+    assert run.exit_code == 0, run.stderr
+    after = kcache("ls", "--cache-dir", dest, "--json").json()["entries"]
+    assert len(after) == 6 and {datetime.fromisoformat(e["last_used"]).timestamp() for e in after} == {1_700_000_000}
+    assert {e["status"] for e in after} == {"complete"}
+    assert {p.lstat().st_mtime for p in dest.rglob("*")
+            if ".kcache" not in p.parts and p.name != "CACHEDIR.TAG"} == {1_700_000_000}
+
+
 def test_an_sm90a_only_image_is_refused_on_sm80_before_any_write(kcache, triton, oci_registry, tmp_path):
     push(kcache, triton, oci_registry.url("team/hopper:v1"), "--space", "sm_90a")
     labels = skopeo_inspect(oci_registry.host, "team/hopper:v1")["Labels"]

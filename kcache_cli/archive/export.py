@@ -520,7 +520,8 @@ class _PartWriter:
         facts = _entry_facts(e, small, (*files, *omitted))
         self.records.append(EntryRecord(e.key, files, links, tuple(dirs), tuple(locks), e.status,
                                         facts.compiler, facts.arch, facts.platform,
-                                        tuple(omitted) if self.plan.sources_only else None))
+                                        tuple(omitted) if self.plan.sources_only else None,
+                                        last_used=e.last_used))
         self.done.append(ExportedEntry(e.key, e.status, len(files), size, facts.compiler, facts.arch,
                                        facts.platform, tuple(omitted)))
         self.files += len(files)

@@ -9,6 +9,7 @@ import hashlib
 import os
 import re
 import stat
+import time
 from dataclasses import dataclass
 from dataclasses import replace as _with
 from pathlib import Path
@@ -142,8 +143,10 @@ def _present_entry(root: Path, rel: str, chains: dict) -> bool:
 
 
 def _check_records(records: list, offset: int, limits: ImportLimits) -> list[PlannedEntry]:
-    """Each JSON record (record `offset` first) checked on its own (`records_from_json`), to be planned."""
-    return [PlannedEntry(i, r) for i, r in enumerate(records_from_json(records, offset, limits), offset)]
+    """Each JSON record (record `offset` first) checked on its own (`records_from_json`), to be planned; one
+    that says when its entry was last used keeps the archive's times (PlannedEntry.dir_times)."""
+    return [PlannedEntry(i, r, dir_times=None if r.last_used is None else {})
+            for i, r in enumerate(records_from_json(records, offset, limits), offset)]
 
 
 def _plan(root: Path, planned: list[PlannedEntry], archive_relpaths: set[str]) -> None:
@@ -287,6 +290,12 @@ class _Staging:
         head, _, name = rel.rpartition("/")
         fswrite.symlink_at(target, self.dir_fd(head), name)
 
+    def set_times(self, rel: str, mtime: float, atime: float | None = None) -> None:
+        """The staged `rel` (a link itself, not what it names) gets these times (atime: its mtime)."""
+        head, _, name = rel.rpartition("/")
+        m = int(mtime * 1e9)
+        fswrite.set_times_at(self.dir_fd(head), name, (m if atime is None else int(atime * 1e9), m))
+
     def copy(self, src: str, dst: str) -> None:
         shead, _, sname = src.rpartition("/")
         sfd = fswrite.open_dir(self.fd, shead)
@@ -384,6 +393,7 @@ def _extract(reader, planned: list[PlannedEntry], staging: _Staging | None, limi
     dirs = staging.dirs if staging is not None else set()
     regular, max_member = ts.REGULAR, limits.max_member
     count = 0
+    now = time.time()
     while True:
         m = reader.next()
         if m is None:
@@ -405,28 +415,41 @@ def _extract(reader, planned: list[PlannedEntry], staging: _Staging | None, limi
                 raise reject(f"member {name!r} is over the limit of {max_member} bytes per file")
             if out and name.rpartition("/")[0] not in dirs:
                 staging.ensure_dir(name.rpartition("/")[0])  # type: ignore[union-attr]
-            if _read_member(reader, m, staging if out else None, name, sha256) != wdigest:
+            kept = _kept_time(m.mtime, now, entry) if out and entry.dir_times is not None else None
+            if _read_member(reader, m, staging if out else None, name, sha256, kept) != wdigest:
                 raise reject(f"{name}: its sha256 differs from the manifest's (damaged or tampered with)")
             files += 1
             size += wsize
             continue
-        if _extract_other(m, x, listed, expect, staging if out else None):  # a hard link: a file
+        if _extract_other(m, x, listed, expect, staging if out else None, now):  # a hard link: a file
             files += 1
             size += wsize
     _check_none_missing(expect)
     return files, size
 
 
+def _kept_time(mtime: float, now: float, entry: PlannedEntry) -> float:
+    """A member's mtime as import keeps it: one in the future (a clock ahead, or a lie) is now."""
+    t = min(max(mtime, 0), now)
+    if t > entry.newest:
+        entry.newest = t
+    return t
+
+
 def _extract_other(m, x: tuple, listed: dict[str, tuple], expect: dict[str, tuple],
-                   staging: _Staging | None) -> bool:
+                   staging: _Staging | None, now: float) -> bool:
     """A member other than a listed regular file: checked against its listing `x` and, with
-    `staging`, made there. True for a hard link (a copy of a file already read)."""
+    `staging`, made there, with its mtime where the entry keeps the archive's times. True for a hard
+    link (a copy of a file already read)."""
     name, kind = m.name, m.type
-    _, want, _, wdigest = x
+    entry, want, _, wdigest = x
     if kind not in (ts.REGULAR, ts.DIRECTORY, ts.SYMLINK, ts.HARDLINK):
         raise reject(f"member {name!r} is a {kind}")
+    kept = _kept_time(m.mtime, now, entry) if staging is not None and entry.dir_times is not None else None
     if kind == ts.HARDLINK:
         _hardlink(m, x, listed, expect, staging)
+        if staging is not None and kept is not None:
+            staging.set_times(name, kept)
         return True
     expected = {_ROOT: ts.DIRECTORY, _DIR: ts.DIRECTORY, _FILE: ts.REGULAR, _LINK: ts.SYMLINK}[want]
     if kind != expected:
@@ -436,12 +459,16 @@ def _extract_other(m, x: tuple, listed: dict[str, tuple], expect: dict[str, tupl
     if kind == ts.DIRECTORY:
         if staging is not None:
             staging.ensure_dir(name)
+            if kept is not None:  # set once its contents are in (_finish_staging)
+                entry.dir_times[name] = kept
     else:  # a symlink: its target was checked against the rules with the manifest
         if m.linkname != wdigest:
             raise reject(f"symlink {name!r} -> {m.linkname!r}, the manifest says -> {wdigest!r}")
         if staging is not None:
             staging.ensure_dir(name.rpartition("/")[0])
             staging.symlink(name, m.linkname)
+            if kept is not None:
+                staging.set_times(name, kept)
     return False
 
 
@@ -452,9 +479,10 @@ def _check_none_missing(expect: dict[str, tuple]) -> None:
             raise reject(f"{key} is listed in the manifest but missing from the archive (truncated?)")
 
 
-def _read_member(reader, m, staging: _Staging | None, name: str, sha256) -> str:
+def _read_member(reader, m, staging: _Staging | None, name: str, sha256, mtime: float | None = None) -> str:
     """A file member's sha256, its bytes written to a new staged file `name` on the way (no staging: only
-    hashed)."""
+    hashed), then given `mtime` (as its atime too, so that a compiler's first read moves the atime) when
+    not None."""
     data = reader.small_data(m)
     if staging is None:
         if data is not None:
@@ -467,12 +495,17 @@ def _read_member(reader, m, staging: _Staging | None, name: str, sha256) -> str:
     try:
         if data is not None:
             fswrite.write_all(fd, data)
-            return sha256(data).hexdigest()
-        h = sha256()
-        for chunk in reader.data(m):
-            h.update(chunk)
-            fswrite.write_all(fd, chunk)
-        return h.hexdigest()
+            digest = sha256(data).hexdigest()
+        else:
+            h = sha256()
+            for chunk in reader.data(m):
+                h.update(chunk)
+                fswrite.write_all(fd, chunk)
+            digest = h.hexdigest()
+        if mtime is not None:
+            ns = int(mtime * 1e9)
+            fswrite.set_times_fd(fd, (ns, ns))
+        return digest
     finally:
         os.close(fd)
 
@@ -596,7 +629,8 @@ def _dest_parent(root_fd: int, root: Path, relpath: str) -> tuple[int, str]:
         raise
 
 
-def _dest_status(root: Path, p: PlannedEntry) -> str | None:
+def _dest_entry(root: Path, p: PlannedEntry) -> Entry | None:
+    """The entry at `p`'s place in the cache, with the status its deep judgement gives (None: none there)."""
     shape = layout_of(p.layout).kind_shape(p.kind)
     key = (shape.match(p.relpath) if shape else None) or {}
     space, op = key.get("space"), key.get("op")  # so that the scan reads only this entry's directories
@@ -605,7 +639,7 @@ def _dest_status(root: Path, p: PlannedEntry) -> str | None:
 
     for e in scan_cache(root, flt).entries:
         if e.relpath == p.relpath:
-            return e.status if e.status == BUILDING else judge_entry(root, e, deep=True).status
+            return e if e.status == BUILDING else _with(e, status=judge_entry(root, e, deep=True).status)
     return None
 
 
@@ -631,13 +665,20 @@ def _publish(root: Path, p: PlannedEntry, staging: _Staging, lock_timeout: float
             busy = layout_of(p.layout).busy(dest)
             if busy:
                 return False, f"being built ({busy})", False
-            if _dest_status(root, p) == COMPLETE:
+            there = _dest_entry(root, p)
+            if there is not None and there.status == COMPLETE:
                 return False, "already present (completed during the import)", False
+            p.replaced_use = there.last_used if there is not None else 0.0  # its last use stays, if newer
             trashed = f"{p.relpath.replace('/', '%2F')}-{fswrite.token(4)}"
             _to_trash(staging, p.relpath, trashed)
         # paths the entry records about itself (Triton's), rewritten through the held staging fd
         layout = layout_of(p.layout)
+        times = _staged_times(staging, p.relpath) if p.dir_times is not None and layout.relocates else None
         layout.relocate(staging.fd_path(p.relpath), dest, root)
+        if times:  # the files it rewrote (and the directory it rewrote them in) keep the archive's times
+            for name, atime, mtime in reversed(times):
+                if fswrite.lexists_at(staging.fd, name):
+                    staging.set_times(name, mtime, atime)
         if not _move_in(staging, p.relpath):
             return False, "already present (appeared during the import)", False
         elsewhere = None if layout.relocates else layout.landed_elsewhere(dest)
@@ -646,6 +687,40 @@ def _publish(root: Path, p: PlannedEntry, staging: _Staging, lock_timeout: float
         lock.release()
         if trashed:
             fsdelete.remove_under(root, f"{state.STATE_DIR}/trash/{trashed}")
+
+
+def _staged_times(staging: _Staging, relpath: str) -> list[tuple[str, float, float]]:
+    """(name, atime, mtime) of the staged entry `relpath` and of everything in it, each directory before
+    what it holds (reversed: what it holds first)."""
+    out: list[tuple[str, float, float]] = []
+    todo = [relpath]
+    while todo:
+        rel = todo.pop()
+        head, _, name = rel.rpartition("/")
+        st = os.stat(name, dir_fd=staging.dir_fd(head), follow_symlinks=False)
+        out.append((rel, st.st_atime, st.st_mtime))
+        if stat.S_ISDIR(st.st_mode):
+            fd = fswrite.open_dir(staging.fd, rel)
+            try:
+                todo += [f"{rel}/{n}" for n in sorted(os.listdir(fd))]
+            finally:
+                os.close(fd)
+    return out
+
+
+def _note_uses(root: Path, published: list[PlannedEntry]) -> None:
+    """The last use each published entry's record gives (one in the future is now), or that of the incomplete
+    entry it replaced when newer, noted in kcache's stamps (state.note_uses) where its files' restored times
+    do not say it already: `ls --sort age` and a prune by age or size see the archive's uses, not the import."""
+    now = time.time()
+    uses = {}
+    for p in published:
+        if p.record.last_used is not None:
+            when = max(min(p.record.last_used, now), p.replaced_use)
+            if when > p.newest:
+                uses[p.relpath] = when
+    if uses:
+        state.note_uses(root, uses)
 
 
 def _move_in(staging: _Staging, relpath: str) -> bool:
@@ -942,9 +1017,12 @@ class Importer:
         return _PhaseOne(got.files, got.size, _decisions(got.planned))
 
     def _publish(self, ps: list[PlannedEntry]) -> list[tuple[int, bool, str | None, bool]]:
-        """(entry index, *Published) of each; plain tuples: they travel back from the workers."""
+        """(entry index, *Published) of each; plain tuples: they travel back from the workers. Then the last
+        use each record gives is noted for those published (_note_uses)."""
         assert self.staging is not None
-        return [(p.index, *_publish(self.root, p, self.staging, self.lock_timeout, self.note, self.made)) for p in ps]
+        out = [(p.index, *_publish(self.root, p, self.staging, self.lock_timeout, self.note, self.made)) for p in ps]
+        _note_uses(self.root, [p for p, (_, done, _, _) in zip(ps, out) if done])
+        return out
 
     def _between(self, results: list[_PhaseOne]) -> None:
         """The entries others use first (a tilus script links to its programs)."""
@@ -1030,6 +1108,21 @@ def _finish_staging(staging: _Staging, planned: list[PlannedEntry]) -> None:
         for name in p.record.locks:
             staging.ensure_dir(f"{p.relpath}/{name}".rpartition("/")[0])
             os.close(staging.new_file(f"{p.relpath}/{name}", 0o666))  # the umask applies: shared caches
+        if p.dir_times is not None:
+            _keep_dir_times(staging, p, p.dir_times)
+
+
+def _keep_dir_times(staging: _Staging, p: PlannedEntry, times: dict[str, float]) -> None:
+    """The archive's mtimes on the staged entry's directories, deepest first, once nothing more is made in
+    them; its lock files (made here) and any directory that came without a member take the entry's own."""
+    top = times.get(p.relpath)
+    if top is None:  # an archive without the entry's directory member: its files' times are all there is
+        return
+    for name in p.record.locks:
+        staging.set_times(f"{p.relpath}/{name}", top)
+    names = [p.relpath, *(f"{p.relpath}/{d}" for d in p.record.dirs)]
+    for name in sorted(names, key=lambda n: n.count("/"), reverse=True):
+        staging.set_times(name, times.get(name, top))
 
 
 def _str(value) -> str | None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from types import MappingProxyType
 from typing import Callable, Mapping, NamedTuple
 
 from kcache_cli.fs import state
 from kcache_cli.fs.read import JsonTooDeep, parse_json
 from kcache_cli.layouts import NAMES, get
-from kcache_cli.model.records import EntryKey
+from kcache_cli.model.records import EntryKey, iso
 from kcache_cli.model.terms import ImportAction, unknown_layout
 from kcache_cli.util.errors import KcacheError, UsageError
 
@@ -166,7 +167,7 @@ FileInfo = tuple[int, str]  # a file's (size, sha256)
 # The fields of a manifest entry record, in the order export writes them; any other field (the remote's
 # "executable", "pushed", "groups"...) is kept in `EntryRecord.extra` and written after these.
 _FIELDS = ("layout", "kind", "target", "space", "op", "hash", "relpath", "status", "compiler", "arch", "platform",
-           "files", "links", "dirs", "locks", "omitted")
+           "files", "links", "dirs", "locks", "omitted", "last_used")
 _KNOWN = frozenset(_FIELDS)
 
 
@@ -176,6 +177,18 @@ _NO_EXTRA: Mapping[str, object] = MappingProxyType({})
 def _text(value: object) -> str | None:
     """A text field of a record; anything else (a hostile manifest's number or list) reads as absent."""
     return value if isinstance(value, str) else None
+
+
+def _when(value: object) -> float | None:
+    """A time field of a record (ISO-8601 with its offset, as `iso` writes it) in epoch seconds; anything
+    else (not text, no offset, not a date) reads as absent."""
+    if type(value) is not str or len(value) > 40:
+        return None
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return t.timestamp() if t.tzinfo is not None else None
 
 
 class EntryRecord(NamedTuple):
@@ -195,6 +208,7 @@ class EntryRecord(NamedTuple):
     platform: str | None
     omitted: tuple[str, ...] | None = None  # files a --sources-only export left out (None: not one)
     extra: Mapping[str, object] = _NO_EXTRA  # fields this kcache does not interpret, as they came
+    last_used: float | None = None  # when the entry was last used where it was exported (None: not said)
 
     @property
     def relpath(self) -> str:
@@ -220,6 +234,8 @@ class EntryRecord(NamedTuple):
             "locks": self.locks}
         if self.omitted is not None:
             out["omitted"] = self.omitted
+        if self.last_used is not None:
+            out["last_used"] = iso(self.last_used)
         if self.extra:
             out.update(self.extra)
         return out
@@ -235,10 +251,12 @@ def _built(rec: dict, key: EntryKey, files: dict[str, FileInfo], links: dict, di
         omitted = None
     status, compiler, arch, platform = get("status"), get("compiler"), get("arch"), get("platform")
     # _text, inline: this runs once per entry of an import
+    used = get("last_used")
     return EntryRecord(key, files, links, tuple(dirs), tuple(locks),
                        status if type(status) is str else None, compiler if type(compiler) is str else None,
                        arch if type(arch) is str else None, platform if type(platform) is str else None,
-                       tuple(omitted) if omitted is not None else None, extra)
+                       tuple(omitted) if omitted is not None else None, extra,
+                       _when(used) if used is not None else None)
 
 
 def unchecked_record(rec: dict) -> EntryRecord:
@@ -273,6 +291,12 @@ class PlannedEntry:
     action: ImportAction = "import"
     reason: str | None = None
     write: bool = True  # extract into staging (False: verify only)
+    # The archive's times, kept when its record says when the entry was last used (older archives say not:
+    # their files get the import's time): its directories' mtimes by member name (None: not kept), the
+    # newest mtime of its members, and the last use of an incomplete entry it replaced.
+    dir_times: dict[str, float] | None = None
+    newest: float = 0.0
+    replaced_use: float = 0.0
 
     @property
     def layout(self) -> str:

@@ -123,6 +123,35 @@ def mark_used(root: Path, relpath: str, now: float | None = None) -> str | None:
     return None
 
 
+def note_uses(root: Path, uses: dict[str, float]) -> None:
+    """mark_used for many entries at once, each at the time given (an import's restored last uses): a stamp
+    only ever moves forward (a newer one stays), and at once, not once an hour. Never fails the caller:
+    where the state cannot be written, last use falls back to the entries' times."""
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
+        return
+    ufd = None
+    try:
+        ufd = open_state(rfd, root, "used", create=True)
+        shared = shared_group(rfd)
+        for relpath, when in uses.items():
+            name = stamp_name(relpath)
+            try:
+                if os.stat(name, dir_fd=ufd, follow_symlinks=False).st_mtime >= when:
+                    continue
+            except OSError:
+                pass
+            ns = int(when * 1e9)
+            fswrite.touch_at(ufd, name, (ns, ns), mode=0o664 if shared is not None else 0o644, group=shared)
+    except OSError:
+        pass
+    finally:
+        os.close(rfd)
+        if ufd is not None:
+            os.close(ufd)
+
+
 # ---- who may own kcache's state (shared caches) -------------------------------------------------
 SAFE_ENV = "KCACHE_SAFE_DIRECTORY"  # roots whose state dir kcache trusts whoever owns it (':'-separated, or '*')
 

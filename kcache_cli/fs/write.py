@@ -255,22 +255,27 @@ def copy_file_at(src_fd: int, src: str, dst_fd: int, dst: str, mode: int = 0o644
 
 def copy_tree_at(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
     """Copy the directory `src` to the new directory `dst` (links as links, files as files; anything
-    else is refused), iteratively and through descriptors only."""
+    else is refused), iteratively and through descriptors only, with the times of what it copies (as the
+    rename it stands in for would keep them: a directory's once all it holds is in)."""
     mkdir_at(dst_fd, dst)
     stack = [_pair(src_fd, src, dst_fd, dst)]
     try:
         while stack:
             sfd, dfd = stack.pop()
             try:
+                times = os.fstat(sfd)
                 for de in sorted(os.scandir(sfd), key=lambda d: d.name):
                     st = de.stat(follow_symlinks=False)
                     if stat.S_ISDIR(st.st_mode):
                         mkdir_at(dfd, de.name)
                         stack.append(_pair(sfd, de.name, dfd, de.name))
-                    elif stat.S_ISLNK(st.st_mode):
+                        continue
+                    if stat.S_ISLNK(st.st_mode):
                         symlink_at(os.readlink(de.name, dir_fd=sfd), dfd, de.name)
                     else:
                         copy_file_at(sfd, de.name, dfd, de.name, stat.S_IMODE(st.st_mode) & 0o777)
+                    set_times_at(dfd, de.name, (st.st_atime_ns, st.st_mtime_ns))
+                set_times_fd(dfd, (times.st_atime_ns, times.st_mtime_ns))
             finally:
                 os.close(sfd)
                 os.close(dfd)
@@ -295,6 +300,12 @@ def set_times_fd(fd: int, ns: tuple[int, int] | None = None) -> None:
         os.utime(fd)
     else:
         os.utime(fd, ns=ns)
+
+
+def set_times_at(dir_fd: int, name: str, ns: tuple[int, int]) -> None:
+    """Set the access and modification times of `name` in `dir_fd` itself: a link is re-timed, never
+    what it names."""
+    os.utime(name, ns=ns, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def touch_at(dir_fd: int, name: str, ns: tuple[int, int] | None = None, mode: int = 0o644,

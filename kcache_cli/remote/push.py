@@ -87,8 +87,9 @@ def _prepare(record: EntryRecord, data: dict[str, bytes], executable: tuple[str,
     fmt = f.format_for(record.key.layout)
     rec, files = fmt.outgoing(record, data)
     pushed = iso(time.time()) or ""
+    # no last use: a record is pushed once for every node to pull, and the remote keeps its own (last_pulled)
     rec = rec._replace(extra={**rec.extra, "executable": sorted(n for n in executable if n in rec.files),
-                              "pushed": pushed, "kcache_version": __version__, "format": fmt.name})
+                              "pushed": pushed, "kcache_version": __version__, "format": fmt.name}, last_used=None)
     items: dict[str, bytes] = {}
     for name, keys in fmt.data_keys(rec).items():
         items.update(zip(keys, f.split_pieces(files[name])))
