@@ -366,11 +366,9 @@ def test_an_installed_hidet_06_that_compiles_builds_again_is_said_once(tmp_path,
     assert "2 entries" in both.stderr.replace("\n  ", " ")
 
 
-def test_a_hit_on_an_entry_hidet_made_says_nothing_of_compiling_again(tmp_path, kcache, monkeypatch):
-    """An entry hidet 0.6.1 made itself is loaded as it is: no warning, recompiled_by null."""
-    from kcache_cli.layouts import hidet
-
-    monkeypatch.setattr(hidet, "installed_version", lambda: "0.6.1")
+def _task_of_a_hidet_entry(tmp_path):
+    """(a copy of the real hidet cache, its cpu matmul entry, a task directory holding that entry's task.txt
+    and source.cc): a build of it hits the entry hidet made itself."""
     root = tmp_path / "hidet"
     shutil.copytree(FIXTURES / "hidet", root, symlinks=True)
     entry = root / "ops" / "cpu_space_0" / "matmul" / "064b4a6c035246e8"
@@ -378,6 +376,15 @@ def test_a_hit_on_an_entry_hidet_made_says_nothing_of_compiling_again(tmp_path, 
     task.mkdir()
     shutil.copy(entry / "task.txt", task / "task.txt")
     shutil.copy(entry / "source.cc", task / "source.cc")
+    return root, entry, task
+
+
+def test_a_hit_on_an_entry_hidet_made_says_nothing_of_compiling_again(tmp_path, kcache, monkeypatch):
+    """An entry hidet 0.6.1 made itself is loaded as it is: no warning, recompiled_by null."""
+    from kcache_cli.layouts import hidet
+
+    monkeypatch.setattr(hidet, "installed_version", lambda: "0.6.1")
+    root, entry, task = _task_of_a_hidet_entry(tmp_path)
     r = kcache("--cache-dir", root, "--json", "build", task, "--cxx", "/bin/false")
     (res,) = r.json()["results"]
     assert r.exit_code == 0 and res["status"] == "hit" and res["recompiled_by"] is None, r.stderr
@@ -420,13 +427,7 @@ def test_a_lib_so_that_differs_from_its_record_is_rebuilt_not_a_hit(tmp_path, kc
 def test_an_entry_hidet_made_from_another_source_is_a_hit_with_a_warning(tmp_path, kcache):
     """hidet's own entries keep no kcache.json: build compared no source and said nothing, while a kcache-made
     entry of another source warns. The entry's own source.cc is what it was built from."""
-    root = tmp_path / "hidet"
-    shutil.copytree(FIXTURES / "hidet", root, symlinks=True)
-    entry = root / "ops" / "cpu_space_0" / "matmul" / "064b4a6c035246e8"
-    task = tmp_path / "task"
-    task.mkdir()
-    shutil.copy(entry / "task.txt", task / "task.txt")
-    shutil.copy(entry / "source.cc", task / "source.cc")
+    root, entry, task = _task_of_a_hidet_entry(tmp_path)
     same = kcache("--cache-dir", root, "build", task, "--cxx", "/bin/false")
     assert same.exit_code == 0 and same.stdout == f"{entry}\n" and "another source" not in same.stderr
     (task / "source.cc").write_text("extern \"C\" int f() { return 1; }\n")
