@@ -882,7 +882,7 @@ _LONG_RUN = b"0" * 19
 
 def _orjson_value(raw: bytes) -> Any:
     """What json.loads(raw) gives, when orjson can tell it; else _NOT_PARSED."""
-    if _orjson is None or _LONG_RUN in raw.translate(_DIGITS):
+    if _orjson is None or not isinstance(raw, (bytes, bytearray)) or _LONG_RUN in raw.translate(_DIGITS):
         return _NOT_PARSED
     try:
         return _orjson.loads(raw)
