@@ -278,10 +278,11 @@ def triton_module(names: list[str]) -> bool:
 def triton_kernel_name(names: list[str]) -> str | None:
     """A Triton kernel's name from its directory listing: `__grp__<name>.json`, else a compile stage,
     else the one file of a group-less key dir (`<fn>.autotune.json`, `cuda_utils.<abi>.so`)."""
-    for n in sorted(names):
+    ordered = sorted(names)
+    for n in ordered:
         if n.startswith(TRITON_GROUP) and n.endswith(".json"):
             return n[len(TRITON_GROUP):-len(".json")]
-    for n in sorted(names):
+    for n in ordered:
         if n.endswith(TRITON_STAGES):
             return n.rsplit(".", 1)[0]
     if len(names) == 1 and names[0].endswith((".so", ".autotune.json")):

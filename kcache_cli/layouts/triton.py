@@ -237,7 +237,7 @@ class _Listing:
     def groups(self) -> list[str]:
         """The group files listed, sorted (as the listing is), made once."""
         if self._groups is None:
-            self._groups = [n for n in self.sizes if n.startswith(GROUP_PREFIX) and n.endswith(".json")]
+            self._groups = [n for n in self.sizes if is_group(n)]
         return self._groups
 
     def own(self, path: str) -> str | None:
@@ -366,15 +366,11 @@ def _children_rule(lst: _Listing, g: str, name: str, children: dict[str, str], o
     """get_group's outcome for the child paths of the group file `g` (`name`: how a reason names it; `old`:
     the key is an old Triton's, <= 3.2)."""
     meta = g[len(GROUP_PREFIX):]
-    join, sizes, links = lst.d.join, lst.sizes, lst.links
+    join = lst.d.join
     missing = []
-    for n, p in children.items():  # _exists, inline for the usual path into this entry (a name listed)
+    for n, p in children.items():
         if p != join(n):
             lst.outside = True  # the verdict may depend on files elsewhere: never served from the index
-        elif n not in links:
-            if n not in sizes:
-                missing.append(n)
-            continue
         if not _exists(lst, n, p):
             missing.append(n)
     if old and meta not in missing:  # Triton <= 3.2 goes on with the children it finds
@@ -593,8 +589,7 @@ def _key_entry(ctx, d: EntryDir, path: str, flt: ScanFilter | None) -> Entry | N
     lst = _Listing(d, ctx.warn, record=recording is not None)
     names = list(lst.sizes) if lst.readable else d.names()  # root lists a mode-000 dir: its name still
     single = single_file_kind(lst.sizes) if not lst.groups else None
-    groups = lst.groups  # the first one names the kernel, as triton_kernel_name reads the listing
-    op = groups[0][len(GROUP_PREFIX):-len(".json")] if groups else triton_kernel_name(names)
+    op = triton_kernel_name(names)
     if flt is not None and not flt.wants_op(op):
         return None
     meta = lst.meta(f"{op}.json") if op and single is None else None
