@@ -358,6 +358,6 @@ def _unpacked(results: list, marks: bytes) -> list:
 def _subdirs_starting(root: str, path: str, prefixes: tuple[str, ...]) -> list[str]:
     """ScanContext.subdirs of `path` with `prefixes`."""
     kept = dirnames.of(root)
-    found = {n for p in prefixes for n in kept.starting(path, p)}
+    found = kept.subdirs_starting(path, prefixes)
     kept.save()
-    return sorted(n for n in found if fsread.is_real_dir(os.path.join(path, n)))
+    return found

@@ -165,6 +165,12 @@ class DirNames:
             os.close(fd)
         return _starting(joined, prefix)
 
+    def subdirs_starting(self, path: str, prefixes: tuple[str, ...]) -> list[str]:
+        """The names in `path` that start with one of `prefixes` and are real subdirectories (each lstat'ed:
+        a few names of thousands, where `subdirs` decodes them all), sorted. OSError as for `starting`."""
+        found = {n for p in prefixes for n in self.starting(path, p)}
+        return sorted(n for n in found if fsread.is_real_dir(os.path.join(path, n)))
+
     def subdirs(self, path: str) -> list[str]:
         """The names of the real subdirectories of `path` (a link is not one), sorted; [] when it is
         missing, OSError when it cannot be read (fsread.subdir_names)."""

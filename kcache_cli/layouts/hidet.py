@@ -659,9 +659,9 @@ class OpJob(NamedTuple):
     version: str  # the installed hidet's, which decides how hidet treats the entry ("" when no status shows)
 
 
-def _listing(ctx, path: str, where: tuple[str, str, str | None], out: list[Entry], keep=None) -> list[os.DirEntry]:
+def _listing(ctx, path: str, where: tuple[str, str, str | None], out: list[Entry]) -> list[os.DirEntry]:
     target, space, op = where
-    return listing_or_unreadable(ctx, path, out, keep, layout=NAME, kind="op", target=target, space=space, op=op)
+    return listing_or_unreadable(ctx, path, out, layout=NAME, kind="op", target=target, space=space, op=op)
 
 
 def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:

@@ -171,13 +171,13 @@ def read_every_byte(d: EntryDir, caller_reads: bool = False) -> str | None:
     return None
 
 
-def listing_or_unreadable(ctx, path: str, out: list, keep=None, **fields) -> list[os.DirEntry]:
-    """A directory's entries (those `keep` keeps), sorted. One that cannot be read becomes one
+def listing_or_unreadable(ctx, path: str, out: list, **fields) -> list[os.DirEntry]:
+    """A directory's entries, sorted. One that cannot be read becomes one
     `unreadable` entry in `out` (with `fields`: layout, kind, target, space, op): the entries in it
     cannot be counted one by one, but they are not dropped from the counts either. Nothing deletes
     such an entry."""
     try:
-        return fsread.sorted_entries(path, keep)
+        return fsread.sorted_entries(path)
     except OSError as exc:
         _unreadable_listing(ctx, path, exc, out, fields)
         return []
@@ -190,10 +190,7 @@ def subdirs_or_unreadable(ctx, path: str, out: list, prefixes: tuple[str, ...] =
     thousands)."""
     try:
         kept = dirnames.of(ctx.root)
-        if not prefixes:
-            return kept.subdirs(path)
-        found = {n for p in prefixes for n in kept.starting(path, p)}
-        return sorted(n for n in found if fsread.is_real_dir(f"{path}/{n}"))
+        return kept.subdirs_starting(path, prefixes) if prefixes else kept.subdirs(path)
     except OSError as exc:
         _unreadable_listing(ctx, path, exc, out, fields)
         return []
