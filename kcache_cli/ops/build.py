@@ -1103,7 +1103,7 @@ def _trash_old(root: Path, root_fd: int, op_fd: int, name: str, spec: TaskSpec) 
     """The replaced entry, at `name` in the op directory, out of the way: into the trash, emptied there.
     The new entry is published already: nothing here may fail the build. Where it cannot move (an entry
     another user wrote 0755: moving a directory to another parent takes write on it), or killed before,
-    it stays under the temp name, a leftover prune removes once an hour old."""
+    it stays under the temp name, a leftover the next prune removes once the build's lock is free."""
     try:
         trash = state.open_state(root_fd, root, "trash", create=True)
     except OSError:
