@@ -20,6 +20,13 @@ SHARED_FIXTURES = Path(os.environ.get("KCACHE_SHARED_FIXTURES", REPO.parent / "s
 NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.access("/usr/local/bin/nvcc", os.X_OK) else None)
 CXX = shutil.which("g++")
 
+# pytest imports readline at start (_pytest/capture.py), and GNU readline on a terminal exports LINES and
+# COLUMNS into the C environment: os.environ does not show them, but every kcache a test starts inherits
+# them and folds its stderr to 80 columns. Only a width the developer exported (os.environ) stays.
+for _var in ("COLUMNS", "LINES"):
+    if _var not in os.environ:
+        os.unsetenv(_var)
+
 from oci_registry import DOCKER_REGISTRY, SKOPEO, oci_registry  # noqa: E402, F401 - a real OCI registry
 from redis_server import REDIS_SERVER, redis_server  # noqa: E402, F401 - the remote tests' real redis-server
 

@@ -152,6 +152,13 @@ def test_a_pipe_without_columns_gets_whole_rows(kcache, tmp_path):
     assert all(len(ln.split()) >= 9 for ln in lines[1:])
 
 
+def test_a_started_kcache_sees_no_width_nobody_exported():
+    """pytest imports readline, which on a terminal exports LINES and COLUMNS behind os.environ's back;
+    conftest takes them out, or every kcache the tests start would fold its stderr to 80 columns."""
+    seen = subprocess.run(["env"], capture_output=True, text=True, stdin=subprocess.DEVNULL).stdout.splitlines()
+    assert not [v for v in seen if v.split("=")[0] in ("COLUMNS", "LINES") and v.split("=")[0] not in os.environ]
+
+
 def _winsize(fd: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, cols, 0, 0))
 
