@@ -11,6 +11,8 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -256,20 +258,28 @@ sys.stdin.read()
 """
 
 
+@contextmanager
+def entry_lock_held(root: Path, relpath: str) -> Iterator[None]:
+    """Another process (a build, say) holds the lock of the entry `relpath` of `root` meanwhile."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_ENTRY, str(root), relpath], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(TIMEOUT)
+
+
 def test_an_import_that_skips_a_locked_entry_is_exit_3(fixture_copy, tmp_path):
     """A build holding an entry's lock past --lock-timeout: import brings the rest in, then exits 3, as
     build does (it said "skip ... its lock was held" and exited 0, so a CI step went on without it)."""
     arc, dest, add = tmp_path / "k.tar.gz", tmp_path / "dest", "ops/cuda_space_0/add/8d1f7691cdf75e90"
     assert run("--cache-dir", fixture_copy("hidet"), "export", arc).returncode == 0
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_ENTRY, str(dest), add], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with entry_lock_held(dest, add):
         r = run("-q", "--cache-dir", dest, "import", arc, "--lock-timeout", "0.5")
         j = run("--json", "--cache-dir", dest, "import", arc, "--lock-timeout", "0.5")
-    finally:
-        holder.stdin.close()
-        holder.wait(TIMEOUT)
     assert r.returncode == 3 and r.stdout == "", r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("Error: 1 entry not imported: its lock was held"), r.stderr
     assert not (dest / add).exists() and len(list(dest.glob("ops/*/*/*"))) == 4  # the rest came in

@@ -140,6 +140,52 @@ def test_a_pull_of_one_entry_that_fills_the_disk_says_1_entry(kcache, tmp_path):
         assert "No space left on device" in line and "pulled 0 of 1 entry before it filled" in line, line
 
 
+@pytest.mark.parametrize("kind", ["file", pytest.param("redis", marks=needs_redis)])
+def test_a_pull_that_skips_a_locked_entry_is_exit_3(kcache, tmp_path, request, kind):
+    """A build holding an entry's lock past --lock-timeout: pull brings the rest in, then exits 3, as import
+    and build do (it said "skip ... its lock was held" and exited 0, so a CI step went on without it)."""
+    from test_json_schemas import check
+    from test_locks import entry_lock_held
+
+    (tmp_path / "shared").mkdir()
+    url = request.getfixturevalue("redis_server")().url if kind == "redis" else f"file://{tmp_path / 'shared'}"
+    src, dest = copy_tree(FIXTURES / "hidet", tmp_path / "src"), tmp_path / "dest"
+    add = "ops/cuda_space_0/add/8d1f7691cdf75e90"
+    assert kcache("push", "--cache-dir", src, "--remote", url).exit_code == 0
+    with entry_lock_held(dest, add):
+        r = kcache("-q", "pull", "--cache-dir", dest, "--remote", url, "--lock-timeout", "0.5")
+        j = kcache("--json", "pull", "--cache-dir", dest, "--remote", url, "--lock-timeout", "0.5")
+    assert r.exit_code == 3, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("Error: 1 entry not pulled: its lock was held"), r.stderr
+    assert not (dest / add).exists() and len(list(dest.glob("ops/*/*/*"))) == 4  # the rest came in
+    doc = j.json()
+    assert j.exit_code == 3 and doc["lock_timeouts"] == 1 and doc["skipped"] == 5 and doc["pulled"] == 0, j.stdout
+    check(doc, "pull")
+    again = kcache("--json", "pull", "--cache-dir", dest, "--remote", url)  # the build gone: it comes in
+    assert again.exit_code == 0 and again.json()["pulled"] == 1 and again.json()["lock_timeouts"] == 0
+    assert (dest / add).is_dir()
+
+
+def test_a_pull_that_refuses_an_entry_too_is_exit_1_and_warns_of_the_held_lock(kcache, tmp_path):
+    """Refused entries and one whose lock was held: a refusal is what pulling again will not mend (exit 1);
+    the held lock is a warning line, and `lock_timeouts` counts it."""
+    pytest.importorskip("cryptography")
+    from test_locks import entry_lock_held
+    from test_remote_trust import keygen, node
+
+    (tmp_path / "shared").mkdir()
+    url, src, dest = f"file://{tmp_path / 'shared'}", copy_tree(FIXTURES / "hidet", tmp_path / "src"), tmp_path / "dest"
+    signing = node(tmp_path, "a")
+    trusted = {**node(tmp_path, "b"), "KCACHE_TRUSTED_KEYS": keygen(kcache, signing)}
+    assert kcache("push", "--cache-dir", src, "--remote", url, "8d1f", env=signing).exit_code == 0  # add, signed
+    assert kcache("push", "--cache-dir", src, "--remote", url).exit_code == 0  # the 4 others, unsigned
+    with entry_lock_held(dest, "ops/cuda_space_0/add/8d1f7691cdf75e90"):
+        r = kcache("--json", "pull", "--cache-dir", dest, "--remote", url, "--lock-timeout", "0.5", env=trusted)
+    doc = r.json()
+    assert r.exit_code == 1 and doc["refused"] == 4 and doc["lock_timeouts"] == 1 and doc["pulled"] == 0, r.stderr
+    assert "warning: 1 entry not pulled: its lock was held" in r.stderr and "Error:" not in r.stderr, r.stderr
+
+
 def test_push_skips_what_the_remote_has_and_dry_run_writes_nothing(kcache, tmp_path):
     root = fixtures(tmp_path)["hidet"]
     shared = tmp_path / "shared"

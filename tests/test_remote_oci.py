@@ -375,6 +375,30 @@ def test_other_layouts_go_in_the_same_shape_with_kcaches_manifest(kcache, fixtur
     assert not (dest / "ops" / "cuda_space_0").exists()
 
 
+def test_a_pull_that_skips_a_locked_entry_is_exit_3(kcache, fixture_copy, oci_registry, tmp_path):
+    """A build holding an entry's lock past --lock-timeout: the image's other entries come in, then pull exits
+    3, as import does (it said "skip ... its lock was held" and exited 0, so a CI step went on without it)."""
+    pytest.importorskip("jsonschema")
+    from test_json_schemas import check
+    from test_locks import entry_lock_held
+
+    url, dest, add = oci_registry.url("team/locked:v1"), tmp_path / "dest", "ops/cuda_space_0/add/8d1f7691cdf75e90"
+    push(kcache, fixture_copy("hidet"), url)
+    pull = ("pull", "--remote", url, "--cache-dir", dest, "--gpu", "sm_90a")
+    with entry_lock_held(dest, add):
+        r = kcache("-q", *pull, "--lock-timeout", "0.5")
+        j = kcache("--json", *pull, "--lock-timeout", "0.5")
+    assert r.exit_code == 3, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("Error: 1 entry not pulled: its lock was held"), r.stderr
+    assert not (dest / add).exists() and len(list(dest.glob("ops/*/*/*"))) == 4  # the rest came in
+    doc = j.json()
+    assert j.exit_code == 3 and doc["lock_timeouts"] == 1 and doc["skipped"] == 5 and doc["imported"] == 0, j.stdout
+    check(doc, "pull-oci")
+    again = kcache("--json", *pull)  # the build gone: it comes in
+    assert again.exit_code == 0 and again.json()["imported"] == 1 and again.json()["lock_timeouts"] == 0
+    assert (dest / add).is_dir()
+
+
 def _image(tag: str, created: float, size: int, digest: str | None = None):
     from kcache_cli.remote.oci import parse_ref
     from kcache_cli.remote.oci_ops import Image

@@ -38,7 +38,8 @@ def test_push_and_pull_results():
     pull = PullResult("file:///r", "/c", True, (_moved("pull", False, 10), _moved("replace", False, 3),
                                                 _moved("refuse", False, 4)))
     data = pull.to_json()
-    assert list(data) == ["remote", "root", "dry_run", "pulled", "skipped", "refused", "size", "entries"]
+    assert list(data) == ["remote", "root", "dry_run", "pulled", "skipped", "lock_timeouts", "refused", "size",
+                          "entries"]
     assert (data["pulled"], data["refused"], data["size"], data["dry_run"]) == (2, 1, 13, True)  # what would come
     json.dumps(data)
 

@@ -33,7 +33,7 @@ _FROM = {
     ),
     "kcache_cli.archive.importer": (
         "ImportedEntry", "Importer", "ImportResult", "ImportStaging", "PlannedEntry", "check_total",
-        "import_archive", "is_provider", "other_layout_problem", "plan_records", "publish_staged",
+        "held_locks", "import_archive", "is_provider", "other_layout_problem", "plan_records", "publish_staged",
         "remove_stale_staging",
     ),
     "kcache_cli.archive.manifest": (

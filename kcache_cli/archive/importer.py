@@ -49,9 +49,10 @@ from kcache_cli.model.records import BUILDING, COMPLETE, Entry, EntryKey, Keyed,
 from kcache_cli.model.terms import ImportAction, unknown_layout
 from kcache_cli.ops.verify import judge_entry
 from kcache_cli.util import parallel
-from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.errors import KcacheError, LockTimeout, UsageError
 from kcache_cli.util.progress import NO_PROGRESS, Progress
 from kcache_cli.util.signing import verifier
+from kcache_cli.util.units import plural
 
 
 @dataclass(frozen=True)
@@ -1193,15 +1194,21 @@ def _ancestors(relpath: str) -> list[str]:
 
 
 def publish_staged(root: Path, planned: PlannedEntry, staging: _Staging, lock_timeout: float = 60.0,
-                   note: Warn | None = None, made: set[str] | None = None) -> tuple[bool, str | None]:
+                   note: Warn | None = None, made: set[str] | None = None) -> Published:
     """Publish one entry whose files are under `staging.path/<relpath>/` exactly as import does: its
     directories and empty lock files added, then one rename (no-replace) under the entry's lock.
-    Returns (published, reason). `root` must be a real path (no symlink on the way), as
-    ImportStaging's root is."""
+    Returns (published, reason, whether its lock was held past `lock_timeout`). `root` must be a real
+    path (no symlink on the way), as ImportStaging's root is."""
     _finish_staging(staging, [planned])
-    done, why, _ = _publish(root, planned, staging, lock_timeout, note or (lambda m: None),
-                            made if made is not None else set())
-    return done, why
+    return _publish(root, planned, staging, lock_timeout, note or (lambda m: None), made if made is not None else set())
+
+
+def held_locks(n: int, lock_timeout: float, command: str) -> LockTimeout:
+    """The error an import or pull (`command`) ends with, the rest published, when it skipped `n` entries
+    because another process (a build) held their lock past `lock_timeout`: exit 3, as build's."""
+    its, it = ("its", "it") if n == 1 else ("their", "them")
+    return LockTimeout(f"{plural(n, 'entry')} not {command}ed: {its} lock was held for more than {lock_timeout:g}s "
+                       f"(a build in progress?); {command} again to bring {it} in")
 
 
 def check_total(root: Path, need: int, limits: ImportLimits = ImportLimits()) -> None:

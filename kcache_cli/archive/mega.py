@@ -211,8 +211,8 @@ def _publish_entries(root: Path, items: list[tuple[megacache.Artifact, MegaPlace
             for a, place in its:
                 staging.ensure_dir(pe.relpath)
                 staging.write(f"{pe.relpath}/{place.name}", a.content, 0o644)
-            done, why = publish_staged(root, pe, staging, lock_timeout, None, made) if pe.write else \
-                (False, pe.reason)
+            done, why, _ = publish_staged(root, pe, staging, lock_timeout, None, made) if pe.write else \
+                (False, pe.reason, False)
             out += [MegaImported(a.type, a.key, f"{place.dir}/{place.name}", len(a.content),
                                  IMPORTED if done else PRESENT, why) for a, place in its]
     finally:

@@ -15,7 +15,7 @@ from kcache_cli.cli.progress import Phase
 from kcache_cli.cli.table import Column
 from kcache_cli.layouts import get as layout_of
 from kcache_cli.model.terms import EXPORT_FORMATS
-from kcache_cli.util.errors import LockTimeout, UsageError
+from kcache_cli.util.errors import UsageError
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.units import parse_size
 
@@ -205,10 +205,7 @@ def import_command(
     c.warn_arch_misfits(out, result.entries, fit, "imported")
     out.result(result.to_json(fit.gpus, fit.fits), lambda: _import_human(out, result, dry_run))
     if result.lock_timeouts:  # the rest is in; these wait for a build that holds them (as build says: exit 3)
-        n = result.lock_timeouts
-        raise LockTimeout(f"{c.plural(n, 'entry')} not imported: {'its' if n == 1 else 'their'} lock was held for "
-                          f"more than {wait:g}s (a build in progress?); import again to bring "
-                          f"{'it' if n == 1 else 'them'} in")
+        raise importer.held_locks(result.lock_timeouts, wait, "import")
 
 
 def _import_root(opts: o.GlobalOptions, archive: str):

@@ -14,8 +14,10 @@ from kcache_cli.cli.table import Column
 from kcache_cli.util.lazy import lazy_module
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.archive import importer
     from kcache_cli.remote import oci, oci_ops
 else:
+    importer = lazy_module("kcache_cli.archive.importer")
     oci = lazy_module("kcache_cli.remote.oci")
     oci_ops = lazy_module("kcache_cli.remote.oci_ops")
 
@@ -90,11 +92,14 @@ def pull(opts: o.GlobalOptions, root, flt, image, url: str, timeouts: tuple[floa
         verb = "would pull" if dry_run else "pulled"
         n = imported.count("import") + imported.count("replace")
         other = len(result.skipped) - result.other_arch
+        locked = f", {imported.lock_timeouts} whose lock was held" if imported.lock_timeouts else ""
         out.info(f"{verb} {c.plural(n, 'entry')} ({c.human_size(result.size)}) from {result.remote}; skipped "
-                 f"{imported.count('skip')} present here, {result.other_arch} built for other archs"
-                 + (f", {other} not selected" if other else ""), whole_words=True)
+                 f"{imported.count('skip') - imported.lock_timeouts} present here{locked}, {result.other_arch} built "
+                 "for other archs" + (f", {other} not selected" if other else ""), whole_words=True)
 
     out.result(result, human)
+    if imported.lock_timeouts:  # the rest is in; these wait for a build that holds them: exit 3, as import's
+        raise importer.held_locks(imported.lock_timeouts, lock_timeout, "pull")
 
 
 def ls(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:

@@ -21,6 +21,7 @@ from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.signing import make_key
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
+    from kcache_cli.archive import importer
     from kcache_cli.catalog import locate
     from kcache_cli.formats import gpu as _gpu
     from kcache_cli.ops import delete
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its f
     from kcache_cli.remote import store as _store
 else:
     _gpu = lazy_module("kcache_cli.formats.gpu")
+    importer = lazy_module("kcache_cli.archive.importer")
     locate = lazy_module("kcache_cli.catalog.locate")
     _pull = lazy_module("kcache_cli.remote.pull")
     _push = lazy_module("kcache_cli.remote.push")
@@ -212,7 +214,7 @@ def pull_command(
     dry_run: DryRunOpt = False,
     lock_timeout: Annotated[float, typer.Option(
         "--lock-timeout", metavar="SECONDS", callback=_seconds("--lock-timeout", 0.0),
-        help="How long to wait for an entry's lock before skipping it.")] = 60.0,
+        help="How long to wait for an entry's lock before skipping it (the rest is pulled, then exit 3).")] = 60.0,
     connect_timeout: TimeoutOpt = 2.0,
     remote_timeout: DeadlineOpt = None,
     remote_user: UserOpt = None,
@@ -256,10 +258,24 @@ def pull_command(
             if e.action == "refuse":
                 out.warn(f"refused {e.relpath}: {e.reason}")
         verb = "would pull" if dry_run else "pulled"
+        locked = f" ({result.lock_timeouts} whose lock was held)" if result.lock_timeouts else ""
         out.info(f"{verb} {c.plural(result.count('pull', 'replace'), 'entry')} ({c.human_size(result.size)}) from "
-                 f"{result.remote}; skipped {result.count('skip')}; refused {refused}")
+                 f"{result.remote}; skipped {result.count('skip')}{locked}; refused {refused}")
 
     out.result(result, human)
+    _pull_status(out, result, lock_timeout)
+
+
+def _pull_status(out: c.Output, result, lock_timeout: float) -> None:
+    """A pull's exit, the rest being in: 3 when entries were skipped because a build held their lock (as
+    import's: pull again), 1 when some were refused (then the held locks are a warning: a refusal is not
+    mended by pulling again)."""
+    refused = result.count("refuse")
+    if result.lock_timeouts:
+        held = importer.held_locks(result.lock_timeouts, lock_timeout, "pull")
+        if not refused:
+            raise held
+        out.warn(str(held))
     if refused:
         raise typer.Exit(1)
 

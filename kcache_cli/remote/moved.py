@@ -27,6 +27,7 @@ class MovedEntry(Keyed):
     done: bool  # published (False in a dry run, for skips and refusals)
     reason: str | None
     arch: str | None = None
+    lock_timed_out: bool = False  # pull: skipped, another process held its lock past --lock-timeout (exit 3)
 
     def to_json(self) -> dict[str, object]:
         """The entry as `push --json` and `pull --json` list it (field order is docs/remote.md's)."""

@@ -59,10 +59,15 @@ class PullResult(MoveResult):
             return sum(e.size for e in self.entries if e.action in (PULL, REPLACE))
         return sum(e.size for e in self.entries if e.done)
 
+    @property
+    def lock_timeouts(self) -> int:
+        """Of the skipped entries, those whose lock another process held past the timeout (exit 3, as import's)."""
+        return sum(1 for e in self.entries if e.lock_timed_out)
+
     def to_json(self) -> dict[str, object]:
         """`pull --json`."""
         return self._json({"pulled": self.count(PULL, REPLACE), "skipped": self.count(SKIP),
-                           "refused": self.count(REFUSE)}, self.size)
+                           "lock_timeouts": self.lock_timeouts, "refused": self.count(REFUSE)}, self.size)
 
 
 def summary_matches(flt: ScanFilter, s: dict) -> bool:
@@ -104,9 +109,9 @@ def select(store: Store, flt: ScanFilter) -> list[tuple[str, str]]:
                   key=lambda x: x[1])
 
 
-def _moved(r: EntryRecord, action: PullAction, done: bool, reason: str | None) -> MovedEntry:
-    """A checked record's line in the result."""
-    return MovedEntry(r.key, len(r.files), r.size, action, done, reason, r.arch)
+def _moved(r: EntryRecord, action: PullAction, done: bool, reason: str | None, locked: bool = False) -> MovedEntry:
+    """A checked record's line in the result; `locked`: skipped, its lock held past the timeout."""
+    return MovedEntry(r.key, len(r.files), r.size, action, done, reason, r.arch, locked)
 
 
 def _unchecked(rec: dict, action: PullAction, done: bool, reason: str | None) -> MovedEntry:
@@ -311,11 +316,11 @@ def _fetch_and_publish(root: Path, store: Store, todo: list, foreign: dict, lock
                 why = why or _extra_problem(rec, extra)
                 if why is None:
                     _stage(staging, rec, files, extra)
-                    done, why = publish_staged(root, p, staging, lock_timeout, warn, made)
+                    done, why, locked = publish_staged(root, p, staging, lock_timeout, warn, made)
                     if done:
                         pulled[f.entry_id(p.layout, p.relpath)] = str(time.time()).encode()
                     action: PullAction = (PULL if p.action == "import" else REPLACE) if done else SKIP
-                    out.append(_moved(rec, action, done, why if not done else p.reason))
+                    out.append(_moved(rec, action, done, why if not done else p.reason, locked))
                 else:
                     out.append(_moved(rec, REFUSE, False, why))
                 if advance:
