@@ -399,6 +399,40 @@ def test_a_pull_that_skips_a_locked_entry_is_exit_3(kcache, fixture_copy, oci_re
     assert (dest / add).is_dir()
 
 
+def test_source_date_epoch_makes_two_pushes_of_an_unchanged_cache_one_image(kcache, triton, oci_registry,
+                                                                            monkeypatch):
+    """Two pushes of an unchanged cache made two manifests (the config's `created`, its history's and the
+    manifest's created annotation were the clock's), so an image could not be compared by digest. With
+    SOURCE_DATE_EPOCH set they are that time, as export's are: one digest. Age goes by it: prune
+    --older-than takes an image of an old SOURCE_DATE_EPOCH (a commit's time) as old as that."""
+    url = oci_registry.url("team/repro")
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    first, second = (push(kcache, triton, f"{url}:{tag}")["digest"] for tag in ("a", "b"))
+    assert first == second
+    raw = json.loads(skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{oci_registry.host}/team/repro:a"))
+    assert raw["annotations"]["org.opencontainers.image.created"] == "2023-11-14T22:13:20Z"
+    assert skopeo_inspect(oci_registry.host, "team/repro:a")["Created"] == "2023-11-14T22:13:20Z"
+    listed = kcache("remote", "ls", "--remote", url, "--json").json()
+    assert {i["created"] for i in listed["images"]} == {"2023-11-14T22:13:20+00:00"}, listed
+    plan = kcache("remote", "prune", "--older-than", "30d", "--dry-run", "--remote", url, "--json").json()
+    assert sorted(r["tag"] for r in plan["removed"]) == ["a", "b"]
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")  # the epoch itself is a time, not "none"
+    assert push(kcache, triton, f"{url}:c")["digest"] != first
+    listed = kcache("remote", "ls", "--remote", url, "--json").json()
+    assert {i["tag"]: i["created"] for i in listed["images"]}["c"] == "1970-01-01T00:00:00+00:00", listed
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    assert push(kcache, triton, f"{url}:d")["digest"] != first  # the clock's time again
+
+
+def test_a_malformed_source_date_epoch_pushes_nothing(kcache, triton, oci_registry, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    run = kcache("push", "--remote", oci_registry.url("team/badepoch:v1"), "--cache-dir", triton)
+    assert run.exit_code == 2 and "SOURCE_DATE_EPOCH='yesterday'" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    assert kcache("remote", "ls", "--remote", oci_registry.url("team/badepoch"), "--json").json()["images"] == []
+
+
 def _image(tag: str, created: float, size: int, digest: str | None = None):
     from kcache_cli.remote.oci import parse_ref
     from kcache_cli.remote.oci_ops import Image

@@ -614,7 +614,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
     if not os.path.isdir(out_dir):
         raise UsageError(f"cannot write {archive}: {out_dir} is not a directory")  # a typo: exit 2
     warn = warn or (lambda m: None)
-    made = _archive_time()
+    made = archive_time()
     jobs = plan.jobs
     targets = {j.relpath for j in jobs}  # what links may point at, besides their own entry
     workers, per_worker = _share_out(jobs)
@@ -708,10 +708,11 @@ def empty_export(root: Path | str, left: list[tuple[Entry, str]], compression: s
                        ExportResult("", compression, (), tuple(left), 0, 0, 0, sources_only))
 
 
-def _archive_time() -> float:
-    """When the archive is made, for what it holds that is no file's own time (the manifest's `created` and
-    its tar header): SOURCE_DATE_EPOCH when set (reproducible-builds.org), so that two exports of an
-    unchanged cache are the same bytes; else now. A malformed value is a usage error, as the convention asks."""
+def archive_time() -> float:
+    """When the archive (or an image, oci push) is made, for what it holds that is no file's own time (the
+    manifest's `created` and its tar header; an image's config and manifest): SOURCE_DATE_EPOCH when set
+    (reproducible-builds.org), so that two exports or pushes of an unchanged cache are the same bytes; else
+    now. A malformed value is a usage error, as the convention asks."""
     text = os.environ.get("SOURCE_DATE_EPOCH", "")
     if not text:
         return time.time()
@@ -722,7 +723,7 @@ def _archive_time() -> float:
 
 
 def _manifest(plan: ExportPlan, m: _Merged, made: float) -> dict:
-    """The archive's manifest.json, without its entry records; `made`: _archive_time()."""
+    """The archive's manifest.json, without its entry records; `made`: archive_time()."""
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "kcache_version": __version__,
         "created": iso(made), "platform": _platform(), "sources_only": plan.sources_only,

@@ -102,6 +102,11 @@ def pull(opts: o.GlobalOptions, root, flt, image, url: str, timeouts: tuple[floa
         raise importer.held_locks(imported.lock_timeouts, lock_timeout, "pull")
 
 
+def _age(created: Optional[float]) -> str:
+    """An image's age for a table: "-" only when its config gives no time (the epoch, SOURCE_DATE_EPOCH=0, is one)."""
+    return c.human_age(created) if created is not None else "-"
+
+
 def ls(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]], user: Optional[str]) -> None:
     out = _output(opts, "remote-ls-oci")
     with opened(oci.parse_repository(url, "remote ls", out.warn), *timeouts, user) as reg:
@@ -109,8 +114,7 @@ def ls(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]],
 
     def human() -> None:
         rows = [[i.ref.tag or "-", i.layout or "-", str(i.entry_count if i.entry_count is not None else "-"),
-                 c.human_size(i.size), ",".join(i.targets) or "-", c.human_age(i.created) if i.created else "-",
-                 i.digest[7:19]] for i in images]
+                 c.human_size(i.size), ",".join(i.targets) or "-", _age(i.created), i.digest[7:19]] for i in images]
         if rows:
             c.print_table(["tag", "layout", "entries", "size", "targets", "age", "digest"], rows, right=(2, 3))
         out.info(f"{c.plural(len(images), 'tag')} in {reg.url}")
@@ -151,8 +155,8 @@ def prune(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float
     freed = sum({r.image.digest: r.image.size for r in removed}.values())
 
     def human() -> None:
-        rows = [[r.image.ref.tag or "-", c.human_size(r.image.size), c.human_age(r.image.created)
-                 if r.image.created else "-", r.why, r.skipped or ("" if r.done or dry_run else "?")] for r in done]
+        rows = [[r.image.ref.tag or "-", c.human_size(r.image.size), _age(r.image.created), r.why,
+                 r.skipped or ("" if r.done or dry_run else "?")] for r in done]
         if rows:
             c.print_table(["tag", "size", "age", "why", "kept because"], rows, right=(1,))
         out.info(f"{'would remove' if dry_run else 'removed'} {c.plural(len(removed), 'tag')} "

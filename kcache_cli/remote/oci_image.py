@@ -246,12 +246,14 @@ def read_tally(labels: dict[str, str]) -> dict[str, tuple[int, int]] | None:
     return out
 
 
-def config_json(lbls: dict[str, str], diff_id: str) -> bytes:
+def config_json(lbls: dict[str, str], diff_id: str, made: float) -> bytes:
+    """The image config; `made`: export.archive_time() (SOURCE_DATE_EPOCH when set: then two pushes of an
+    unchanged cache are one image; else the clock's, to the microsecond: two pushes in a second differ)."""
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
-    now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")  # microseconds: two pushes in a second differ
-    return json.dumps({"created": now, "architecture": arch, "os": "linux", "config": {"Labels": lbls},
+    when = datetime.fromtimestamp(made, timezone.utc).isoformat().replace("+00:00", "Z")
+    return json.dumps({"created": when, "architecture": arch, "os": "linux", "config": {"Labels": lbls},
                        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-                       "history": [{"created": now, "created_by": "kcache push"}]}, separators=(",", ":")).encode()
+                       "history": [{"created": when, "created_by": "kcache push"}]}, separators=(",", ":")).encode()
 
 
 def manifest_json(config: tuple[str, int], layer: tuple[str, int], annotations: dict[str, str]) -> bytes:

@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import IO, NamedTuple, cast
 
 from kcache_cli import layouts
-from kcache_cli.archive.export import EmptyExport, ExportedEntry, entry_records, export_archive, plan_export
+from kcache_cli.archive.export import (
+    EmptyExport,
+    ExportedEntry,
+    archive_time,
+    entry_records,
+    export_archive,
+    plan_export,
+)
 from kcache_cli.archive.importer import ImportResult, import_archive
 from kcache_cli.archive.manifest import ImportLimits
 from kcache_cli.formats.gpu import local_compute_caps
@@ -92,6 +99,7 @@ def push_image(root: Path, reg: Registry, flt: ScanFilter | None = None, *, dry_
         raise UsageError(f"remote {reg.ref.url}: push puts an image under a tag, and its digest comes from its "
                          f"bytes: name a tag, not a digest (--remote {reg.ref._replace(digest=None).url})")
     warn = warn or (lambda m: None)
+    made = archive_time()  # export's rule (SOURCE_DATE_EPOCH), checked before anything is read or sent
     plan = plan_export(root, flt or ScanFilter(), warn=warn)
     layout = _one_layout(plan)
     ref = reg.ref.with_tag(_tag(reg.ref))
@@ -109,11 +117,11 @@ def push_image(root: Path, reg: Registry, flt: ScanFilter | None = None, *, dry_
             fmt = img.image_format(layout)
             facts = img.write_layer(src, layer, fmt)
             labels = img.labels(fmt, facts, ref.repo.rpartition("/")[2])
-            config = img.config_json(labels, facts.diff_id)
+            config = img.config_json(labels, facts.diff_id, made)
             config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
             reg.put_blob(facts.digest, facts.size, layer)
         reg.put_blob(config_digest, len(config), config)
-    manifest = img.manifest_json((config_digest, len(config)), (facts.digest, facts.size), _annotations(fmt))
+    manifest = img.manifest_json((config_digest, len(config)), (facts.digest, facts.size), _annotations(fmt, made))
     digest = reg.put_manifest(_tag(ref), manifest, img.OCI_MANIFEST)
     return ImagePushResult(ref.url, str(root), False, digest, layout, exported.entries, exported.left_out,
                            exported.size, facts.size, labels, len(exported.entries))
@@ -127,10 +135,11 @@ def _would_export(plan) -> Iterator[ExportedEntry]:
                             record.arch, record.platform, record.omitted or ())
 
 
-def _annotations(fmt: img.ImageFormat) -> dict[str, str]:
-    """The manifest's annotations: MCV's variant, and the key that signed the records (when one did)."""
+def _annotations(fmt: img.ImageFormat, made: float) -> dict[str, str]:
+    """The manifest's annotations: MCV's variant, when it was made (archive_time), and the key that signed the
+    records (when one did)."""
     out = {f"{fmt.label_prefix}variant": "compat", "org.opencontainers.image.created":
-           time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+           time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(made))}
     sign = signer()
     if sign is not None:
         out[img.ANNOTATION_SIGNER] = sign.sign({})["signature"]["key"]
@@ -179,8 +188,9 @@ class Image:
 
     def to_json(self) -> dict[str, object]:
         """An image of `remote ls --json`."""
+        created = iso(self.created) if self.created is not None else None  # the epoch (SOURCE_DATE_EPOCH=0) is a time
         return {"tag": self.ref.tag, "digest": self.digest, "layout": self.layout, "entry_count": self.entry_count,
-                "size": self.size, "targets": self.targets, "created": iso(self.created) if self.created else None}
+                "size": self.size, "targets": self.targets, "created": created}
 
 
 def _known_format(layout: str | None) -> img.ImageFormat | None:
