@@ -68,6 +68,51 @@ def test_the_real_jax_cache_is_one_entry_moved_from_where_it_was_built(jax_root,
     assert row["path"] == str(jax_root) and row["entry_count"] == 1
 
 
+def compiled_for(path: Path, where: Path) -> None:
+    """Rewrite the fixture's `-cache` file `path` as jax compiles it for the cache directory `where`: the
+    autotune dir its compile options name (with the string's varint length; kcache reads no other)."""
+    import zlib
+
+    tail = b"/xla_gpu_per_fusion_autotune_cache_dir"
+
+    def string(cache_dir: bytes) -> bytes:
+        n = len(cache_dir) + len(tail)
+        return (bytes([n]) if n < 128 else bytes([n & 0x7F | 0x80, n >> 7])) + cache_dir + tail
+
+    raw = zlib.decompress(path.read_bytes())
+    old = string(b"/tmp/wt37fx/jax_cache")
+    assert old in raw
+    path.write_bytes(zlib.compress(raw.replace(old, string(str(where).encode()))))
+
+
+def test_a_jax_cache_jax_wrote_new_keys_in_after_a_copy_is_complete(jax_root):
+    """A copied cache jax has since run in holds keys for its new path beside the copied ones: jax hits
+    those, so it is complete however small the copied files are (the smallest, jit_iota's, is one), and
+    inspect counts the executables jax never uses here. Every file is read, not the smallest alone."""
+    cache = jax_root / "jaxcache"
+    compiled_for(cache / f"{AFFINE}-cache", cache)
+    assert min(cache.glob("*-cache"), key=lambda p: p.stat().st_size).name.startswith("jit_iota")
+    [row] = entries(jax_root)
+    assert (row["status"], row["reason"]) == ("complete", None)
+    assert problem(jax_root) is None
+    facts = run_kcache("--cache-dir", jax_root, "inspect", "jaxcache", "--json").json()["facts"]
+    assert facts["built_elsewhere"].startswith("1 of 2 executables, compiled for /tmp/wt37fx/jax_cache:")
+    run = run_kcache("--cache-dir", jax_root, "export", jax_root.parent / "jax.tar", "--json")
+    assert run.exit_code == 0 and [r["relpath"] for r in run.json()["exported"]] == ["jaxcache"], run.stdout
+
+
+def test_a_jax_cache_is_moved_only_when_no_executable_was_compiled_for_it(jax_root):
+    """Each executable compiled for another path than the cache's (two others here): moved, named by
+    one of them; inspect counts every one."""
+    cache = jax_root / "jaxcache"
+    compiled_for(cache / f"{AFFINE}-cache", jax_root / "elsewhere")
+    [row] = entries(jax_root)
+    assert row["status"] == "moved" and "built in /tmp/" in row["reason"]
+    facts = run_kcache("--cache-dir", jax_root, "inspect", "jaxcache", "--json").json()["facts"]
+    assert facts["built_elsewhere"].startswith("2 of 2 executables") and "and 1 other paths" in facts[
+        "built_elsewhere"]
+
+
 @pytest.mark.parametrize(("damage", "status", "words"), [
     ("rm:-atime", "partial", "has no -atime sidecar"),
     ("empty:-cache", "corrupt", "holds no executable"),

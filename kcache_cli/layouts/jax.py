@@ -20,8 +20,11 @@ Moving it: the key covers jax, jaxlib, the backend, the devices and the compile 
 options name files inside the cache directory (XLA's xla_gpu_kernel_cache_file and per-fusion autotune
 cache dir, set by jax/_src/compiler.py even on CPU): a copy hits only at the same absolute path, with the
 same jax and devices; anywhere else every key misses (measured: 0 hits in a copy, all hits in place).
-The executables hold those options, so kcache reads where one was built (the smallest, zlib; zstd when
-zstandard is installed): elsewhere it is moved, and import says so. Export and import carry it whole.
+The executables hold those options, so kcache reads where each was built (zlib; zstd when zstandard is
+installed; the first MiB of each, smallest first, until one may hit here): moved when none was built for
+this path (jax misses every key; import says so), complete when some were (jax ran in the copy and wrote
+keys for its new path beside the copied ones; inspect counts the others, which jax never uses here and
+which go only with the whole cache). Export and import carry it whole.
 JAX documents the cache as trusted code (an executable is run as it is read), so an archive
 of it must come from someone trusted.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import os
 import re
 import zlib
+from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
@@ -116,16 +120,39 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
             bad = _undecodable(d, k + CACHE)
             if bad:
                 return Judgement.of(CORRUPT, f"{bad}: jax compiles it again every time and never replaces it")
-    recorded = built_in(d, min(caches, key=lambda k: names[k + CACHE]) + CACHE) if caches else None
-    if recorded is not None and recorded != os.path.abspath(d.path):
-        return Judgement.of(MOVED, moved_reason(recorded))
+    foreign, usable = built_elsewhere(d, caches, names, every=False)
+    if foreign and not usable:
+        return Judgement.of(MOVED, moved_reason(Counter(foreign.values()).most_common(1)[0][0]))
     return Judgement(COMPLETE)
 
 
 AUTOTUNE = b"/xla_gpu_per_fusion_autotune_cache_dir"
-# How much of an executable is inflated to find it: the compile options come first (about 1 kB in), and
-# `ls` must not inflate a 4 GiB bomb to look. Not found there: no verdict of moved (none is guessed).
+# How much of an executable is inflated to find it: the compile options follow the HLO module (1 to 10 kB
+# in for small functions), and `ls` must not inflate a 4 GiB bomb to look. Not found there: no verdict of
+# moved (none is guessed). The first _LOOK bytes inflate from at most _READ of the file (a stored block,
+# incompressible, grows by a few bytes in 16 kB), so no more of it is read.
 _LOOK = 1 << 20
+_READ = _LOOK + (64 << 10)
+
+
+def built_elsewhere(d: EntryDir, caches: set[str], names: dict[str, int], every: bool = True
+                    ) -> tuple[dict[str, str], int]:
+    """({`-cache` file: the cache directory it was compiled for} of those compiled for another path than
+    this one, which jax never uses here; how many may hit here: compiled for this path, or where they were
+    compiled not read). Smallest first; without `every`, the first that may hit here ends the walk (a
+    directory jax hits is not moved, ls needs no more), so a cache in place reads one file."""
+    here = os.path.abspath(d.path)
+    foreign: dict[str, str] = {}
+    usable = 0
+    for k in sorted(caches, key=lambda k: (names[k + CACHE], k)):
+        recorded = built_in(d, k + CACHE)
+        if recorded is None or recorded == here:
+            usable += 1
+            if not every:
+                break
+        else:
+            foreign[k + CACHE] = recorded
+    return foreign, usable
 
 
 def moved_reason(recorded: str) -> str:
@@ -138,7 +165,7 @@ def built_in(d: EntryDir, name: str) -> str | None:
     <cache dir>/xla_gpu_per_fusion_autotune_cache_dir into the compile options the executable holds and
     cache_key.py hashes), or None when it is not read (zstd without zstandard, not found)."""
     try:
-        data = d.read_bytes(name, MAX_EXECUTABLE)
+        data = d.read_bytes(name, _READ, strict=False)
     except OSError:
         return None
     raw = _inflated(data) or _inflated(data[4:])
@@ -225,15 +252,28 @@ def describe(root: Path, entry: Entry) -> Details:
     with EntryDir.open(entry.path, fsread.anchor(root)) as d:
         j = judge(d, entry.kind, Judging(deep=True))
         try:
-            caches, atimes = keys(d.names())
+            names, _ = d.files()
         except OSError:
-            caches, atimes = set(), set()
+            names = {}
+        caches, atimes = keys(names)
+        foreign, _ = built_elsewhere(d, caches, names)
     facts = [("executables", str(len(caches))),
+             *_foreign_fact(foreign, len(caches)),
              ("size cap", "in use (-atime sidecars)" if atimes else "none seen (no -atime sidecars)"),
              ("orphan -atime files", f"{len(atimes - caches)}: ignored by jax, removed with the cache"),
              ("reused", "only at this path: jax hashes the cache directory's path into every key"),
              ("trust", "JAX runs the executables it reads: import a cache only from someone you trust")]
     return Details(entry, j.status, j.reason, j.problems, list_files(entry.path), facts=tuple(facts))
+
+
+def _foreign_fact(foreign: dict[str, str], total: int) -> list[tuple[str, str]]:
+    """The fact counting the executables compiled for another cache directory (none when there is none)."""
+    if not foreign:
+        return []
+    paths = Counter(foreign.values()).most_common()
+    more = f" and {len(paths) - 1} other paths" if len(paths) > 1 else ""
+    return [("built elsewhere", f"{len(foreign)} of {total} executables, compiled for {paths[0][0]}{more}: jax "
+             "never uses them here, and they go only with the whole cache")]
 
 
 def no_log(entry: Entry) -> str:

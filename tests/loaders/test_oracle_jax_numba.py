@@ -2,11 +2,12 @@
 real package on damaged copies of a cache it made (tests/loaders/probe_jax.py, probe_numba.py), and
 kcache's status of each copy must say what the package did. JAX: complete keeps hitting and writing
 (/jax/compilation_cache/cache_hits, a new key's -cache written); partial (a -cache without its -atime in
-a capped cache) writes nothing new; corrupt (a cut -cache) misses that key. Numba: complete hits every
-overload (the dispatcher's cache_hits); partial (a named .nbc gone) misses it and compiles it again;
-corrupt (a cut .nbc or .nbi) makes numba's call raise. Numba's in-tree `__pycache__/` beside the source:
-the index's stamp is the sha256 of the source's bytes, so a source touched (mtime only) still hits every
-overload, one edited or renamed away misses them all (stale)."""
+a capped cache) writes nothing new; corrupt (a cut -cache) misses that key; a copy elsewhere is moved
+(every key missed) until jax has written keys for its new path there (complete: they hit). Numba:
+complete hits every overload (the dispatcher's cache_hits); partial (a named .nbc gone) misses it and
+compiles it again; corrupt (a cut .nbc or .nbi) makes numba's call raise. Numba's in-tree `__pycache__/`
+beside the source: the index's stamp is the sha256 of the source's bytes, so a source touched (mtime only)
+still hits every overload, one edited or renamed away misses them all (stale)."""
 
 from __future__ import annotations
 
@@ -92,12 +93,17 @@ def test_jax_agrees(jax_pristine, tmp_path, case):
         assert got["written"] and got["hits"] == hits - 1, got
 
 
-def test_a_jax_cache_copied_elsewhere_misses_every_key(jax_pristine, tmp_path):
+def test_a_jax_cache_copied_elsewhere_misses_every_key_until_jax_writes_its_own(jax_pristine, tmp_path):
+    """A copy misses every key (moved); the run there writes the keys of its new path beside the copied
+    ones, and the next run hits those (complete: kcache reads every executable, not one)."""
     python, hits = jax_pristine
-    made = tmp_path / "made" / "jaxcache"
+    made, copy = tmp_path / "made" / "jaxcache", tmp_path / "copy" / "jaxcache"
     run(python, str(HERE / "probe_jax.py"), str(made), "fill")
-    shutil.copytree(made, tmp_path / "copy" / "jaxcache")
-    assert run(python, str(HERE / "probe_jax.py"), str(tmp_path / "copy" / "jaxcache"), "probe")["hits"] == 0
+    shutil.copytree(made, copy)
+    assert status(copy.parent) == "moved"
+    assert run(python, str(HERE / "probe_jax.py"), str(copy), "probe")["hits"] == 0
+    assert status(copy.parent) == "complete"
+    assert run(python, str(HERE / "probe_jax.py"), str(copy), "probe")["hits"] == hits
     assert run(python, str(HERE / "probe_jax.py"), str(made), "probe")["hits"] == hits
 
 
