@@ -113,6 +113,37 @@ def test_a_jax_cache_is_moved_only_when_no_executable_was_compiled_for_it(jax_ro
         "built_elsewhere"]
 
 
+def test_explain_of_a_jax_cache_agrees_with_ls_and_reads_jax_s_version(jax_root, tmp_path):
+    """explain reads jax's version from --python as it reads the other compilers' ("here" names it), and
+    a cache ls calls moved is a miss (jax misses every key at another path than the one compiled for);
+    one whose executables were compiled for its path stays unknown (the key hashes more than a file
+    records), and without jax it is a miss."""
+    import sys
+
+    from conftest import fake_python
+
+    info = tmp_path / "site" / "jax-0.10.2.dist-info"  # what importlib.metadata finds of an installed jax
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: jax\nVersion: 0.10.2\n")
+    jax = tmp_path / "python-with-jax"
+    jax.write_text(f'#!/bin/sh\nPYTHONPATH={info.parent} exec {sys.executable} "$@"\n')
+    jax.chmod(0o755)
+    run = run_kcache("--cache-dir", jax_root, "--json", "explain", "--python", jax)
+    [item] = run.json()["items"]
+    assert run.json()["here"]["versions"]["jax"] == "0.10.2"
+    assert (item["verdict"], item["factor"], item["recorded"], item["here"]) == (
+        "miss", "cache directory", "/tmp/wt37fx/jax_cache", str(jax_root / "jaxcache"))
+    assert "misses every one here" in item["why"]
+    human = run_kcache("--cache-dir", jax_root, "explain", "--python", jax)
+    assert "jax 0.10.2" in human.stderr + human.stdout and "miss" in human.stdout
+    compiled_for(jax_root / "jaxcache" / f"{AFFINE}-cache", jax_root / "jaxcache")
+    [item] = run_kcache("--cache-dir", jax_root, "--json", "explain", "--python", jax).json()["items"]
+    assert item["verdict"] == "unknown" and "jax 0.10.2 here" in item["why"]
+    none = fake_python(tmp_path, "jax", None)
+    [item] = run_kcache("--cache-dir", jax_root, "--json", "explain", "--python", none).json()["items"]
+    assert (item["verdict"], item["factor"], item["here"]) == ("miss", "jax version", "not installed")
+
+
 @pytest.mark.parametrize(("damage", "status", "words"), [
     ("rm:-atime", "partial", "has no -atime sidecar"),
     ("empty:-cache", "corrupt", "holds no executable"),

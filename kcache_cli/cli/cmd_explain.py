@@ -56,8 +56,9 @@ def explain_command(
     presence, the entry's status and the variables that turn torch's caches off (its keys hash what only
     its pickles record: never a guessed hit). Numba: its version and the Python each index was written
     for, the entry's status, NUMBA_CPU_NAME and NUMBA_CPU_FEATURES against the CPU in its keys (never a
-    hit: kcache does not ask the CPU here). A blob: the torch version its kcache sidecar records, and
-    Inductor's variables. An archive or an oci:// image: each entry's manifest record (the compiler and
+    hit: kcache does not ask the CPU here). JAX: its presence and the cache's status (moved: every key
+    misses; never a hit). A blob: the torch version its kcache sidecar records, and Inductor's variables.
+    An archive or an oci:// image: each entry's manifest record (the compiler and
     arch export found); with a trust list set, what import or pull would refuse is a miss. An image's
     verdicts are for its entries as kcache pull writes them: pull rewrites the paths Triton and vLLM
     entries record, which a mount of the image as it is (KServe, GKM) keeps. Exit 0 whatever the verdicts.

@@ -41,7 +41,7 @@ from typing import Iterator
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.fs.locking import probe_locked
-from kcache_cli.layouts.base import Judging, Layout, ScanContext
+from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, Verdict, unasked
 from kcache_cli.layouts.shapes import JAX
 from kcache_cli.model.checks import list_files
 from kcache_cli.model.records import (
@@ -61,6 +61,7 @@ from kcache_cli.model.records import (
 
 NAME = JAX.name
 KIND = "compile_cache"
+PACKAGE = "jax"
 CACHE, LOCKFILE = "-cache", ".lockfile"  # and "<key>-atime", the sidecar (KEY)
 # What XLA keeps beside the keys when jax points its GPU kernel and autotune caches into the directory.
 XLA_FILES = (LOCKFILE, "xla_gpu_kernel_cache_file", "xla_gpu_per_fusion_autotune_cache_dir")
@@ -120,10 +121,15 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
             bad = _undecodable(d, k + CACHE)
             if bad:
                 return Judgement.of(CORRUPT, f"{bad}: jax compiles it again every time and never replaces it")
+    recorded = moved_from(d, caches, names)
+    return Judgement.of(MOVED, moved_reason(recorded)) if recorded is not None else Judgement(COMPLETE)
+
+
+def moved_from(d: EntryDir, caches: set[str], names: dict[str, int]) -> str | None:
+    """Where the cache's executables were compiled (the path most name) when none of them was compiled
+    for this directory, so jax misses every key here (moved); None when one may hit."""
     foreign, usable = built_elsewhere(d, caches, names, every=False)
-    if foreign and not usable:
-        return Judgement.of(MOVED, moved_reason(Counter(foreign.values()).most_common(1)[0][0]))
-    return Judgement(COMPLETE)
+    return Counter(foreign.values()).most_common(1)[0][0] if foreign and not usable else None
 
 
 AUTOTUNE = b"/xla_gpu_per_fusion_autotune_cache_dir"
@@ -276,6 +282,30 @@ def _foreign_fact(foreign: dict[str, str], total: int) -> list[tuple[str, str]]:
              "never uses them here, and they go only with the whole cache")]
 
 
+def explain(root: Path, entry: Entry, here: Here) -> Verdict:
+    """jax reads the cache only where it is installed, and hits a key only at the path the executable was
+    compiled for (judged as ls does: moved is a miss); the key also hashes jax's and jaxlib's versions, the
+    backend, the devices and the compile options, which no file records in a form kcache can compare (a
+    sha256): never a hit."""
+    if (not_asked := unasked(here)) is not None:
+        return not_asked
+    have = here.versions.get(PACKAGE)
+    if have is None:
+        return Verdict(MISS, "jax is not installed here: nothing reads the cache", "jax version", None,
+                       "not installed")
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        j = judge(d, entry.kind, Judging(deep=True))
+        names = d.files()[0] if j.status == MOVED else {}
+        recorded = moved_from(d, keys(names)[0], names) if names else None
+    if j.status == MOVED:
+        return Verdict(MISS, f"jax {have}: {j.reason}", "cache directory", recorded, os.path.abspath(entry.path))
+    if j.status == UNREADABLE:
+        return Verdict(MISS, f"jax {have} cannot read it: {j.reason}", "status", UNREADABLE, COMPLETE)
+    said = f"{j.status} ({j.reason})" if j.reason else "complete (not moved)"
+    return Verdict(UNKNOWN, f"jax {have} here, the cache {said}; each key also hashes jax's and jaxlib's "
+                   "versions, the backend, the devices and the compile options, which kcache cannot compare")
+
+
 def no_log(entry: Entry) -> str:
     return "jax keeps no compile log in its compilation cache (JAX_LOG_COMPILES=1 prints one)"
 
@@ -283,6 +313,7 @@ def no_log(entry: Entry) -> str:
 class JaxLayout(Layout):
     shape = JAX
     fact_files = ()
+    packages = (PACKAGE, "jaxlib")
     binary_kinds = frozenset({KIND})
     writer_locks = (LOCKFILE,)  # filelock's flock, held by jax around each read and write
 
@@ -292,6 +323,7 @@ class JaxLayout(Layout):
     describe = staticmethod(describe)
     no_log = staticmethod(no_log)
     landed_elsewhere = staticmethod(landed_elsewhere)
+    explain = staticmethod(explain)
 
 
 LAYOUT = JaxLayout()

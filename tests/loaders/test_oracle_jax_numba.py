@@ -3,11 +3,11 @@ real package on damaged copies of a cache it made (tests/loaders/probe_jax.py, p
 kcache's status of each copy must say what the package did. JAX: complete keeps hitting and writing
 (/jax/compilation_cache/cache_hits, a new key's -cache written); partial (a -cache without its -atime in
 a capped cache) writes nothing new; corrupt (a cut -cache) misses that key; a copy elsewhere is moved
-(every key missed) until jax has written keys for its new path there (complete: they hit). Numba:
-complete hits every overload (the dispatcher's cache_hits); partial (a named .nbc gone) misses it and
-compiles it again; corrupt (a cut .nbc or .nbi) makes numba's call raise. Numba's in-tree `__pycache__/`
-beside the source: the index's stamp is the sha256 of the source's bytes, so a source touched (mtime only)
-still hits every overload, one edited or renamed away misses them all (stale)."""
+(every key missed; explain: miss) until jax has written keys for its new path there (complete: they
+hit). Numba: complete hits every overload (the dispatcher's cache_hits); partial (a named .nbc gone)
+misses it and compiles it again; corrupt (a cut .nbc or .nbi) makes numba's call raise. Numba's in-tree
+`__pycache__/` beside the source: the index's stamp is the sha256 of the source's bytes, so a source
+touched (mtime only) still hits every overload, one edited or renamed away misses them all (stale)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,14 @@ def status(root: Path) -> str:
     problems = run_.json()["problems"]
     assert run_.json()["checked"] == 1
     return problems[0]["status"] if problems else "complete"
+
+
+def explained(root: Path, python: Path) -> str:
+    """explain's verdict on the one entry under `root` for the real `python` (whose jax it must read)."""
+    run_ = run_kcache("--cache-dir", root, "--json", "explain", "--python", python)
+    assert run_.json()["here"]["versions"]["jax"], run_.stdout
+    [item] = run_.json()["items"]
+    return item["verdict"]
 
 
 def cut(path: Path, keep: int) -> None:
@@ -100,9 +108,9 @@ def test_a_jax_cache_copied_elsewhere_misses_every_key_until_jax_writes_its_own(
     made, copy = tmp_path / "made" / "jaxcache", tmp_path / "copy" / "jaxcache"
     run(python, str(HERE / "probe_jax.py"), str(made), "fill")
     shutil.copytree(made, copy)
-    assert status(copy.parent) == "moved"
+    assert status(copy.parent) == "moved" and explained(copy.parent, python) == "miss"
     assert run(python, str(HERE / "probe_jax.py"), str(copy), "probe")["hits"] == 0
-    assert status(copy.parent) == "complete"
+    assert status(copy.parent) == "complete" and explained(copy.parent, python) == "unknown"
     assert run(python, str(HERE / "probe_jax.py"), str(copy), "probe")["hits"] == hits
     assert run(python, str(HERE / "probe_jax.py"), str(made), "probe")["hits"] == hits
 
