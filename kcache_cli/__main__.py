@@ -1,3 +1,3 @@
-from kcache_cli.cli.app import run
+from kcache_cli.cli.entry import run
 
 run()
