@@ -238,6 +238,91 @@ def test_a_tab_reads_a_bounded_number_of_kernels(kcache, fixture_copy, monkeypat
     assert offered and set(offered) <= {"sm_80", "sm_90a"}
 
 
+TRITON_OPS = ["add_kernel", "matmul_kernel", "softmax_kernel"]
+
+
+def _kernel_listings(monkeypatch) -> list[str]:
+    """The kernel directories listed (fsread.names: how names.py tells a Triton kernel's name) from now on."""
+    listed: list[str] = []
+    real = fsread.names
+
+    def spy(path, *a, **k):
+        listed.append(os.path.basename(os.fspath(path)))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(fsread, "names", spy)
+    return listed
+
+
+def _indexed(kcache, cache: Path, monkeypatch) -> None:
+    """The scan index and the root's kept listing written for a cache of a few kernels, as for a big one (no
+    minimum; entries and listings just made count as settled), its kernels' group paths made its own."""
+    from kcache_cli.catalog import index
+    from kcache_cli.fs import dirnames
+
+    for module, name, value in ((index, "MIN_ENTRIES", 1), (index, "RACY_SECONDS", -60.0),
+                                (dirnames, "MIN_BYTES", 0), (dirnames, "RACY_SECONDS", -60.0)):
+        monkeypatch.setattr(module, name, value)
+    assert kcache("--cache-dir", cache, "verify", "--fix").exit_code == 0  # (complete: the index keeps it)
+    assert kcache("--cache-dir", cache, "ls").exit_code == 0
+    assert sorted(os.listdir(cache / ".kcache" / "index")) == [f"names.{os.geteuid()}", f"scan.{os.geteuid()}"]
+
+
+def test_triton_ops_complete_to_the_kernel_names(kcache, fixture_copy, monkeypatch):
+    """A Triton kernel's op is its name, in its file names: every kernel's of a small cache, with no index
+    and with one."""
+    cache = fixture_copy("triton") / "cache"
+    assert _complete(kcache, f"kcache --cache-dir {cache} ls --op ") == [(op, "triton") for op in TRITON_OPS]
+    _indexed(kcache, cache, monkeypatch)
+    assert _values(kcache, f"kcache --cache-dir {cache} ls --op ") == TRITON_OPS
+    assert _values(kcache, f"kcache --cache-dir {cache} clear --op ma") == ["matmul_kernel"]
+
+
+def test_a_triton_op_tab_lists_no_kernel_the_index_holds(kcache, fixture_copy, monkeypatch):
+    """`ls --op <TAB>` listed every kernel directory of a Triton root to name its kernel (seconds at 10^5):
+    on a root of more than names.READS kernels the names come from the scan index now, and only the kernels
+    it does not hold (new since the last scan) are listed, at most READS of them; without an index, READS."""
+    cache = fixture_copy("triton") / "cache"
+    listed = _kernel_listings(monkeypatch)
+    monkeypatch.setattr(names, "READS", 2)
+    offered = _values(kcache, f"kcache --cache-dir {cache} ls --op ")
+    assert len(listed) == 2 and offered and set(offered) <= set(TRITON_OPS), (listed, offered)
+
+    monkeypatch.setattr(names, "READS", 5)  # the root holds 6 kernels: more than a sample covers
+    _indexed(kcache, cache, monkeypatch)
+    listed.clear()
+    assert _values(kcache, f"kcache --cache-dir {cache} ls --op ") == TRITON_OPS
+    assert listed == []
+    new = cache / ("N" * 52)  # a kernel compiled since the scan
+    shutil.copytree(cache / "ILJQFT5RG2RWWIO5L4MSATVM4ZTRBTX4C4K5ZIQES4NTW2I54EFA", new)
+    (new / "__grp__add_kernel.json").rename(new / "__grp__new_kernel.json")
+    assert _values(kcache, f"kcache --cache-dir {cache} ls --op ") == ["add_kernel", "matmul_kernel", "new_kernel",
+                                                                         "softmax_kernel"]
+    assert listed == [new.name]
+    listed.clear()  # more new kernels than names.READS: a sample of them, and every name the index holds
+    shutil.copytree(new, cache / ("M" * 52))
+    monkeypatch.setattr(names, "READS", 1)
+    assert set(_values(kcache, f"kcache --cache-dir {cache} ls --op ")) >= set(TRITON_OPS)
+    assert len(listed) == 1 and listed[0] in (new.name, "M" * 52)
+
+
+def test_completion_detects_the_layout_from_the_kept_listing(kcache, fixture_copy, monkeypatch):
+    """A TAB (and a hint) told the layouts from a fresh listing of the root: 10^5 names on a Triton root that
+    a scan had kept (fs/dirnames.py)."""
+    from kcache_cli.fs import dirnames
+
+    cache = fixture_copy("triton") / "cache"
+    _indexed(kcache, cache, monkeypatch)
+    monkeypatch.setattr(names, "READS", 5)  # (the names from the index: no sample's listing of the root)
+    listings: list[str] = []
+    real_read, real_scandir = dirnames._read, fsread.scandir_list
+    monkeypatch.setattr(dirnames, "_read", lambda fd: listings.append("fd") or real_read(fd))
+    monkeypatch.setattr(fsread, "scandir_list", lambda p, *a, **k: listings.append(p) or real_scandir(p, *a, **k))
+    assert names.layouts_of(cache) == ("triton",)
+    assert _values(kcache, f"kcache --cache-dir {cache} ls --op ") == TRITON_OPS
+    assert listings == []
+
+
 def test_another_user_s_metadata_is_not_read(fixture_copy, monkeypatch):
     """Reading without O_NOATIME (another user's file) would move its access time, which says when Triton
     last used the kernel: completion leaves such a file alone."""

@@ -271,6 +271,21 @@ def load(root: str, context: tuple, kind: str = "scan") -> dict:
     return obj["records"]
 
 
+def recorded(root: str, field: str) -> dict[str, Any]:
+    """relpath -> `field` of each entry the index of `root` holds, as the scan that stored it judged the
+    entry: not proven unchanged since (nothing is stat'ed), so for offering names (completion), never for
+    selecting entries. {} when there is no index to trust."""
+    try:
+        context = _context(root)
+    except OSError:
+        return {}
+    i = FIELDS.index(field)
+    try:  # records as _record makes them; anything else (the file passed its checks, yet is not ours): none
+        return {v[_RELPATH]: v[i] for v in (rec[3] for rec in load(root, context).values()) if len(v) == _NFIELDS}
+    except (TypeError, IndexError, KeyError):
+        return {}
+
+
 def _unpickled(payload: memoryview) -> Any:
     """The index's plain data, unpickled with the cyclic collector held off; a big one is then moved out of
     its reach (gc.freeze). 10^5 records are tuples of strings and numbers, acyclic and kept until the

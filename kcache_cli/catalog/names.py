@@ -2,8 +2,10 @@
 
 Only directory listings are read (scandir's d_type; no stat of files, no file contents; a lookup by
 hash prefix lstats the few directory names that match it instead), and nothing heavier than `os` and
-`re` is imported, so completing on a 100,000-entry cache stays fast. The one exception is a space kept
-in entries' files (a Triton kernel's arch, in its metadata): it is read from at most READS entries. The shapes
+`re` is imported, so completing on a 100,000-entry cache stays fast. The exceptions are what entries keep in
+their files (a Triton kernel's arch, in its metadata; its name, in its file names): an arch is read from at most
+READS entries, and the names offered come from the scan index (catalog/index.py, loaded only then) and the
+listings of at most READS entries it does not hold. The shapes
 are the layouts' own declarations (kcache_cli/layouts/shapes.py); tests/test_completion.py checks that
 this agrees with the layouts' scans on the real fixture caches.
 """
@@ -16,14 +18,20 @@ import os
 from dataclasses import replace
 from fnmatch import fnmatchcase
 from stat import S_ISDIR
-from typing import Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
 
 from kcache_cli.fs import dirnames
 from kcache_cli.fs.dirnames import DirNames
 from kcache_cli.fs import read as fsread
-from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape
+from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape, top_dirs
 from kcache_cli.model.records import is_glob, space_matches
+from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.units import is_digits, plural
+
+if TYPE_CHECKING:  # the real import, for mypy; at run time it loads where an index is asked (a Triton TAB)
+    from kcache_cli.catalog import index
+else:
+    index = lazy_module("kcache_cli.catalog.index")
 
 
 # Entry directories whose op or space lie in their files (Triton's) that a question which does not scan (a
@@ -129,13 +137,70 @@ def _in_files(root: str, s: LayoutShape, ops: tuple[str, ...] = (), spaces: bool
     found: set[tuple] = set()
     for path in _first_entries(root, kinds, READS):
         listed = fsread.names(path)
-        for k in kinds:
-            ours, op = k.from_files(listed)  # type: ignore[misc]  # kinds with from_files only
-            if ours:
-                read = spaces and k.space_in_files is not None
-                found.add((k.space_in_files(root, path, listed) if read else None, op))  # type: ignore[misc]
-                break
+        named = _named(kinds, listed)
+        if named is not None:
+            k, op = named
+            read = spaces and k.space_in_files is not None
+            found.add((k.space_in_files(root, path, listed) if read else None, op))  # type: ignore[misc]
     return {(space, op) for space, op in found if not ops or op in ops}
+
+
+def _named(kinds: list[KindShape], listed: list[str]) -> tuple[KindShape, str | None] | None:
+    """(the kind, its op) of the entry directory whose listing is `listed`, among `kinds` (those that tell
+    their entries by their files); None when it is none of theirs."""
+    for k in kinds:
+        ours, op = k.from_files(listed)  # type: ignore[misc]  # kinds with from_files only
+        if ours:
+            return k, op
+    return None
+
+
+def _ops_in_files(root: str, s: LayoutShape) -> set[str]:
+    """The op names of `s`'s entries that keep them in their files (Triton's kernel names), to offer
+    (completion, hints): as the scan index recorded them for the entry directories present (no entry read;
+    a Triton key is a hash of its kernel's source, name included), and from the listings of the others, at
+    most READS of them: all, unless more than READS entries came since the last scan (then a sample). Where
+    READS entries are all there are (no index is kept of so few), or there is no index, _in_files' READS."""
+    kinds = [k for k in s.kinds if k.from_files is not None]
+    parents = _entry_parents(root, kinds)
+    kept = index.recorded(root, "op") if sum(len(names) for _, names, _, _ in parents) > READS else {}
+    if not kept:
+        return {op for _, op in _in_files(root, s, spaces=False) if op}
+    ops: set[str] = set()
+    others: list[str] = []
+    for base, names, links, pattern in parents:
+        for name in names:
+            op = kept.get(base + name)
+            if op is not None:
+                if type(op) is str and op:
+                    ops.add(op)
+            elif len(others) < READS and pattern(name) and not name.startswith(".") and name not in links:
+                others.append(os.path.join(root, base + name))
+    for path in others:
+        named = _named(kinds, fsread.names(path))
+        if named is not None and named[1]:
+            ops.add(named[1])
+    return ops
+
+
+def _entry_parents(root: str, kinds: list[KindShape]) -> list[tuple[str, list[str], frozenset[str], Callable]]:
+    """(relpath prefix, directory names, those that are links, the entries' name pattern) of each directory
+    entries of `kinds` lie in, from the listings kept while they are unchanged (fs/dirnames.py: a Triton root's
+    10^5 names are not listed again). Kinds whose entries lie in the same directories share their pattern
+    (Triton's two)."""
+    listings = dirnames.of(root)
+    out: dict[str, tuple[str, list[str], frozenset[str], Callable]] = {}
+    for k in kinds:
+        for parent, _ in _dirs(root, k, k.depth - 1):
+            if parent in out:
+                continue
+            try:
+                names, links = listings.dirs_and_links(parent)
+            except OSError:
+                continue
+            base = os.path.relpath(parent, root)
+            out[parent] = ("" if base == "." else base + "/", names, links, k.segment(k.depth - 1).fullmatch)
+    return list(out.values())
 
 
 def _first_entries(root: str, kinds: list[KindShape], limit: int) -> list[str]:
@@ -156,9 +221,15 @@ def _first_entries(root: str, kinds: list[KindShape], limit: int) -> list[str]:
 
 
 def layouts_of(root: str | os.PathLike) -> tuple[str, ...]:
-    """The layouts a root holds, from the names at its top level (one directory listing)."""
-    top = visible_dirs(os.fspath(root))
-    return tuple(s.name for s in SHAPES if s.held_by(os.fspath(root), top))
+    """The layouts a root holds, from the names at its top level: its visible real directories, from the
+    listing a scan kept while the root is unchanged (shapes.top_dirs: a Triton root's 10^5 keys are not
+    listed again)."""
+    root = os.fspath(root)
+    try:
+        top = [n for n in top_dirs(root, links=False) if not n.startswith(".")]
+    except OSError:
+        return ()
+    return tuple(s.name for s in SHAPES if s.held_by(root, top))
 
 
 def _select(root, layouts: Iterable[str], present: Iterable[str] | None = None) -> tuple[str, list[LayoutShape]]:
@@ -193,25 +264,33 @@ def space_layouts(root: str | os.PathLike, ops: Iterable[str] = (), layouts: Ite
     return dict(sorted(out.items()))
 
 
-def op_places(root: str | os.PathLike, spaces: Iterable[str] = (),
-              layouts: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
+def op_places(root: str | os.PathLike, spaces: Iterable[str] = (), layouts: Iterable[str] = (),
+              offer: bool = False) -> dict[str, tuple[str, ...]]:
     """Each op name present (hidet op directories, tilus script names) -> where it is (its spaces, or
-    its layout's name when its entries have no space), sorted; with `spaces`, only the ops in those spaces."""
+    its layout's name when its entries have no space), sorted; with `spaces`, only the ops in those spaces.
+    With `offer`, the names kept in entries' files (Triton's kernel names) are those the scan index recorded
+    and at most READS entries tell (_ops_in_files), not every entry's listing: to offer (completion), never
+    to select with (expand_filter)."""
     root, shapes = _select(root, layouts)
     spaces = tuple(spaces)
     out: dict[str, list[str]] = {}
+
+    def add(op: str, place: str) -> None:
+        where = out.setdefault(op, [])
+        if place not in where:
+            where.append(place)
+
     for s in shapes:
         for k in s.kinds:
-            if not k.has_op or (spaces and k.space is None):
+            if not k.has_op or (spaces and k.space is None) or (offer and k.from_files is not None):
                 continue
             depth = k.depth if k.op_depth < 0 else max(k.op_depth, k.space_depth) + 1
             for f in _walk(root, k, depth, spaces=spaces):
-                if not f.get("op"):
-                    continue
-                where = out.setdefault(f["op"], [])
-                place = k.space_of(f) or s.name
-                if place not in where:
-                    where.append(place)
+                if f.get("op"):
+                    add(f["op"], k.space_of(f) or s.name)
+        if offer and not spaces and any(k.from_files is not None for k in s.kinds):
+            for op in _ops_in_files(root, s):  # their kinds have no space in their paths (Triton's)
+                add(op, s.name)
     return {op: tuple(where) for op, where in sorted(out.items())}
 
 
@@ -248,7 +327,7 @@ def nearest(ref: str, roots: Iterable[str | os.PathLike]) -> Nearest:
     """The hashes of up to HINT_HASHES entries of `roots` whose hash shares the longest prefix with `ref`
     (its last path part; none starting with all of it: those it names, left out by other selectors), and
     the op names close to it. A lookup by prefix per step, from the kept listings (fs/dirnames.py); op
-    names from directory names, and from at most READS entries where they lie in files (Triton's)."""
+    names from directory names, and where they lie in files (Triton's) as _ops_in_files offers them."""
     key = ref.rstrip("/").rsplit("/", 1)[-1]
     best, hashes, ops = 0, set[str](), set[str]()
     for where in roots:
@@ -299,7 +378,8 @@ def _told_apart(hashes: list[str], shared: int) -> tuple[str, ...]:
 
 def _op_names(root: str, present: tuple[str, ...]) -> set[str]:
     """The op names present, as cheaply as a lookup: from directory names (hidet's op directories, tilus's
-    script names), and where they lie in entries' files (Triton's kernel names) from at most READS entries."""
+    script names), and where they lie in entries' files (Triton's kernel names) from the scan index and at
+    most READS entries (_ops_in_files)."""
     root, shapes = _select(root, (), present)
     out: set[str] = set()
     for s in shapes:
@@ -307,7 +387,7 @@ def _op_names(root: str, present: tuple[str, ...]) -> set[str]:
             if k.op_depth >= 0:
                 out.update(f["op"] for f in _walk(root, k, k.op_depth + 1) if f.get("op"))
         if any(k.from_files is not None for k in s.kinds):
-            out.update(op for _, op in _in_files(root, s, spaces=False) if op)
+            out.update(_ops_in_files(root, s))
     return out
 
 

@@ -150,7 +150,7 @@ def complete_op(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
     places: dict[str, tuple[str, ...]] = {}
     for root in completion_roots(ctx):
         for op, where in names.op_places(root, spaces=_param_values(ctx, "space"),
-                                         layouts=_param_values(ctx, "layout")).items():
+                                         layouts=_param_values(ctx, "layout"), offer=True).items():
             places[op] = tuple(dict.fromkeys((*places.get(op, ()), *where)))
     return _matching(((op, ", ".join(where)) for op, where in sorted(places.items())), incomplete,
                      _param_values(ctx, "op"))
