@@ -6,6 +6,7 @@ kcache does not follow: never removed), and `prune --broken` must plan only what
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -432,6 +433,45 @@ def test_code_shard_statuses(tmp_path):
     assert run.exit_code == 0
     assert sorted(os.listdir(root)) == [".kcache", "zz"] and (root / "zz" / "notes.txt").is_file()
     assert "zz" not in {r["hash"] for r in run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"]}
+
+
+def test_a_kernel_torch_is_compiling_makes_its_shard_building(tmp_path):
+    """torch writes a kernel's .cpp, then compiles and links it holding the flock locks/<key>.lock, the
+    .so written in place: while that lock is held the shard is building and prune --broken keeps it (it
+    crashed torch's compile: cc1plus found no .cpp); a source newer than an hour with no .so may still
+    wait for its lock, building too; an old one whose lock is free is an interrupted compile."""
+    root = tmp_path / "ind"
+    shard = root / "ab"
+    shard.mkdir(parents=True)
+    (root / "locks").mkdir()
+    key = "c" + "ab" + "a" * 49
+    (shard / f"{key}.cpp").write_text("extern \"C\" int f() { return 1; }\n")
+
+    def age(*paths: Path) -> None:
+        old = time.time() - 7200
+        for p in paths:
+            os.utime(p, (old, old))
+
+    def status() -> dict:
+        return run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"][0]
+
+    age(shard / f"{key}.cpp", shard)
+    with open(root / "locks" / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert status()["status"] == "building" and f"locks/{key}.lock" in status()["reason"]
+        (shard / f"{key}.so").write_bytes(b"")  # being linked
+        age(shard / f"{key}.so", shard)
+        assert status()["status"] == "building"
+        run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
+        assert run.exit_code == 0 and (shard / f"{key}.cpp").is_file() and (shard / f"{key}.so").is_file()
+    assert status()["status"] == "corrupt"  # its lock free: a link that died half-way
+    (shard / f"{key}.so").unlink()
+    os.utime(shard / f"{key}.cpp")
+    assert status()["status"] == "building" and "no .so yet" in status()["reason"]
+    age(shard / f"{key}.cpp", shard)
+    assert status()["status"] == "partial"
+    run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
+    assert run.exit_code == 0 and not shard.exists()
 
 
 def test_live_writers_temp_file_is_building_never_removed(tmp_path):

@@ -248,13 +248,14 @@ class EntryFlock:
         self.release()
 
 
-def probe_locked(path: str | os.PathLike) -> bool:
-    """True when another process holds a flock on `path` (filelock's and hidet's kind of lock).
+def probe_locked(path: str | os.PathLike, dir_fd: int | None = None) -> bool:
+    """True when another process holds a flock on `path` (relative to `dir_fd`, if given: filelock's and
+    hidet's kind of lock).
 
     Opens read-only and never creates the file; a missing file is not locked. (Taking and dropping the
     lock is the probe: closing the descriptor releases it.)"""
     try:
-        fd = os.open(path, os.O_RDONLY | LOCK_FLAGS)
+        fd = os.open(path, os.O_RDONLY | LOCK_FLAGS, dir_fd=dir_fd)
     except OSError:
         return False
     try:

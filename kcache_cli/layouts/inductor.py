@@ -9,13 +9,16 @@ Root: TORCHINDUCTOR_CACHE_DIR, else `<tempdir>/torchinductor_<user>` (layouts/ho
   (forward, backward) by key. Torch misses the whole entry when one of them is missing.
 - `code`: `<2 chars>/` shard directories of `c<key>.{py,cpp,so,main.cpp,main.so,best_config,...}` groups.
   A fx graph holds its source code: torch rewrites a missing `.py` and compiles a missing `.so` again
-  without a fx graph miss; a truncated `.so` fails to load.
+  without a fx graph miss; a truncated `.so` fails to load. torch writes a kernel's `.cpp` first, then
+  compiles it holding the FileLock `locks/<key>.lock` (a flock), its compiler writing the `.so` in place:
+  a shard one of whose kernels is not whole while its lock is held (or whose source is fresh) is building.
 - `autotune`: `cache/`, JSON tables of autotuning results.
 - `triton`: `triton/<device>/<key>/`, Triton kernel directories judged by the Triton layout's rules.
-Every file is written as `.<pid>.<tid>.tmp` and renamed, so a visible file is whole and a dot-tmp file
-is a writer's (in flight while its pid lives, a leftover once old). Nothing marks completion, nothing is
-written on a hit. kcache never unpickles: a variant is judged by pickle's framing (PROTO first, STOP
-last) and, deep, by the sha256 its name states. `locks/` holds torch's FileLocks and is left alone.
+Every file but a compiler's output is written as `.<pid>.<tid>.tmp` and renamed, so a visible one is
+whole and a dot-tmp file is a writer's (in flight while its pid lives, a leftover once old). Nothing
+marks completion, nothing is written on a hit. kcache never unpickles: a variant is judged by pickle's
+framing (PROTO first, STOP last) and, deep, by the sha256 its name states. `locks/` holds torch's
+FileLocks: probed, never removed.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Iterable, Iterator, Mapping, NamedTuple
 from kcache_cli import layouts
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
+from kcache_cli.fs.locking import probe_locked
 from kcache_cli.layouts.base import (
     MISS,
     STALE_AFTER,
@@ -304,29 +308,64 @@ def code_groups(names) -> dict[str, list[str]]:
     return groups
 
 
+INTERRUPTED = "its compile was interrupted"
+
+
 def judge_code(d: EntryDir, jc: Judging, lst: Listing | None = None) -> Judgement:
-    """A `<2>/` shard of the code cache: every group whole (no empty file, every .so a whole ELF)."""
+    """A `<2>/` shard of the code cache: every group (`c<key>.*`) whole (no empty file, every .so a whole
+    ELF). One torch may be compiling now (_compiling) makes it building."""
     lst = lst or listing(d)
     if not lst.readable:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
     if lst.links:
         return Judgement.of(UNREADABLE, f"{min(lst.links)} is a symlink (torch follows it; kcache never does)")
-    groups = code_groups(lst.files)
-    problems: list[str] = []
-    for key, exts in sorted(groups.items()):
-        problems.extend(_group_problems(d, key, exts, lst))
-    if any(p.startswith("unreadable:") for p in problems):
-        return Judgement.of(UNREADABLE, next(p for p in problems if p.startswith("unreadable:"))[12:])
+    kernels = {key: _group_problems(d, key, exts, lst) for key, exts in sorted(code_groups(lst.files).items())}
+    problems = tuple(p for found in kernels.values() for p in found)
+    unreadable = next((p for p in problems if p.startswith("unreadable:")), None)
+    if unreadable:
+        return Judgement.of(UNREADABLE, unreadable[12:])
+    busy = _compiling(d, [k for k, found in kernels.items() if found], lst, jc.now)
+    if busy:
+        return Judgement.of(BUILDING, busy)
+    corrupt = next((p for p in problems if INTERRUPTED not in p), None)
+    if corrupt:
+        return Judgement(CORRUPT, corrupt, problems)
     if problems:
-        status: Status = CORRUPT if any("truncated" in p or "empty" in p or "not an ELF" in p for p in problems) \
-            else PARTIAL
-        return Judgement(status, problems[0], tuple(problems))
+        return Judgement(PARTIAL, problems[0], problems)
     temps = [(n, st) for n, st in lst.files.items() if TMP_RE.match(n)]
-    if not groups and temps:
+    if not kernels and temps:
         return Judgement.of(*temp_status(temps[0][0], temps[0][1].st_mtime, jc.now))
-    if not groups:
+    if not kernels:
         return Judgement.of(PARTIAL, "no code cache files in it")
     return Judgement(COMPLETE)
+
+
+def _compiling(d: EntryDir, keys: list[str], lst: Listing, now: float) -> str | None:
+    """Why torch may be writing one of the kernels `keys` (those not whole) right now, or None. torch
+    (CppCodeCache.load_async) writes a kernel's source, then compiles and links it holding the FileLock
+    `<cache>/locks/<key>.lock` (a flock), the library written in place: a held lock is a compile in
+    progress, and a source with no library written less than an hour ago may still be waiting for its
+    lock (a compile worker's queue)."""
+    held = _held_lock(d, keys)
+    if held:
+        return f"torch holds locks/{held}.lock: it is compiling {held}"
+    for key in keys:
+        for name in sorted(n for n in lst.files if n.startswith(key + ".") and n.endswith("cpp")):
+            age = now - lst.files[name].st_mtime
+            if age < STALE_AFTER and name[:-3] + "so" not in lst.files:
+                return f"{name} written {age:.0f}s ago, no .so yet: torch may be about to compile it"
+    return None
+
+
+def _held_lock(d: EntryDir, keys: list[str]) -> str | None:
+    """The first of `keys` whose lock (`locks/<key>.lock` beside the shard) a process holds, probed
+    through the cache root's `locks/` opened from the shard's anchor (no link followed)."""
+    if not keys:
+        return None
+    with EntryDir.open(os.path.join(os.path.dirname(d.path), "locks"), d.anchor) as locks:
+        if locks.fd is None:
+            return None
+        return next((k for k in keys if probe_locked(f"{k}.lock", locks.fd)), None)
 
 
 def _group_problems(d: EntryDir, key: str, exts: list[str], lst: Listing) -> list[str]:
@@ -344,7 +383,7 @@ def _group_problems(d: EntryDir, key: str, exts: list[str], lst: Listing) -> lis
             if bad:
                 out.append(bad + ": torch fails loading it")
         elif ext.endswith("cpp") and ext[:-3] + "so" not in exts:
-            out.append(f"{name} has no {ext[:-3]}so: its compile was interrupted (torch compiles it again)")
+            out.append(f"{name} has no {ext[:-3]}so: {INTERRUPTED} (torch compiles it again)")
     return out
 
 
@@ -788,7 +827,8 @@ def relocation_problem(entry: Entry) -> str | None:
 class InductorLayout(Layout):
     """TorchInductor: guarded fx graphs and aotautograd entries (which name the fx graphs they need), code
     cache shards, autotune tables and a nested Triton cache; no writer locks inside entries (torch writes
-    every file through a temp file and a rename)."""
+    every file through a temp file and a rename, and compiles a code shard's kernel under its lock in
+    `locks/`: that shard is building)."""
 
     shape = INDUCTOR
     relocates = True  # its nested Triton kernels: Triton's group files
