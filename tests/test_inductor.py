@@ -262,6 +262,26 @@ def test_removing_every_code_shard_keeps_every_graph_hit(real_cache):
     assert probe(cache) == ALL_HITS
 
 
+@pytest.mark.slow
+def test_torch_uses_a_shards_kernels_one_by_one(real_cache):
+    """A shard with a whole kernel beside an interrupted one (complete to kcache): torch loses no hit and
+    loads the whole kernel's .so as it is; a shard whose only kernel lost its .so (partial): torch
+    compiles that kernel again, no hit lost either."""
+    cache = real_cache
+    shard, _ = _interrupted_beside(cache)
+    kept = one(shard, "c*.so")
+    before = kept.stat()
+    cut = next(p for p in sorted(cache.glob("??/c*.so")) if p.parent != shard)
+    cut.unlink()
+    for p in (cut.parent, *cut.parent.iterdir()):
+        os.utime(p, (time.time() - 7200,) * 2)  # an old interrupted compile (a fresh one may be waiting)
+    listed = rows(cache, "--kind", "code")
+    assert listed[shard.name]["status"] == "complete" and listed[cut.parent.name]["status"] == "partial"
+    assert probe(cache) == ALL_HITS
+    assert (kept.stat().st_ino, kept.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert cut.is_file()  # compiled again
+
+
 def _first_aot_naming_missing(root: Path) -> str:
     for row in rows(root, "--kind", "autograd").values():
         if row["status"] != "complete":
@@ -472,6 +492,48 @@ def test_a_kernel_torch_is_compiling_makes_its_shard_building(tmp_path):
     assert status()["status"] == "partial"
     run = run_kcache("--cache-dir", str(root), "prune", "--broken", "--yes", "--json")
     assert run.exit_code == 0 and not shard.exists()
+
+
+def test_torch_locks_each_kernel_by_the_name_kcache_probes(cache):
+    """Every C++ kernel torch compiled (`<xx>/c<key>.*cpp`) left its FileLock `locks/<key>.lock`: the lock
+    whose holder makes the shard building."""
+    keys = {p.name.split(".")[0] for p in cache.glob("??/c*.*cpp")}
+    assert keys and all((cache / "locks" / f"{k}.lock").is_file() for k in keys), keys
+
+
+def _interrupted_beside(cache: Path) -> tuple[Path, str]:
+    """A real shard holding a whole C++ kernel, and beside it another kernel's .cpp with no .so (an
+    interrupted compile, an hour old): (the shard, the interrupted key)."""
+    cpp = one(cache, "??/c*.cpp")
+    shard = cpp.parent
+    other = "c" + shard.name + "z" * 49
+    (shard / f"{other}.cpp").write_text("extern \"C\" void k() {}\n")
+    old = time.time() - 7200
+    for p in (shard, *shard.iterdir()):
+        os.utime(p, (old, old))
+    return shard, other
+
+
+def test_an_interrupted_kernel_leaves_its_shards_whole_kernels_in_use(cache):
+    """torch compiles a kernel whose .cpp has no .so again on its next use; the shard's other kernels
+    still hit: the shard stays complete (inspect names the interrupted kernel) and prune --broken keeps
+    it. Only a shard with no whole kernel is partial; a damaged .so torch would load keeps it corrupt."""
+    shard, other = _interrupted_beside(cache)
+    rel = os.path.relpath(shard, cache)
+    assert rows(cache, "--kind", "code")[rel]["status"] == "complete"
+    deep = run_kcache("--cache-dir", str(cache), "inspect", shard.name, "--kind", "code", "--json").json()
+    assert deep["status"] == "complete"
+    assert other in deep["facts"]["interrupted_kernels"], deep["facts"]
+    assert run_kcache("--cache-dir", str(cache), "verify", "--json").exit_code == 0
+    plan = run_kcache("--cache-dir", str(cache), "prune", "--broken", "--dry-run", "--json")
+    assert plan.exit_code == 0 and rel not in plan.stdout, plan.stdout
+    so = one(shard, "c*.so")
+    so.write_bytes(so.read_bytes()[:100])
+    assert rows(cache, "--kind", "code")[rel]["status"] == "corrupt"
+    for p in shard.iterdir():
+        if not p.name.startswith(other):
+            p.unlink()
+    assert rows(cache, "--kind", "code")[rel]["status"] == "partial"
 
 
 def test_live_writers_temp_file_is_building_never_removed(tmp_path):

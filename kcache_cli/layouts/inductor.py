@@ -312,8 +312,11 @@ INTERRUPTED = "its compile was interrupted"
 
 
 def judge_code(d: EntryDir, jc: Judging, lst: Listing | None = None) -> Judgement:
-    """A `<2>/` shard of the code cache: every group (`c<key>.*`) whole (no empty file, every .so a whole
-    ELF). One torch may be compiling now (_compiling) makes it building."""
+    """A `<2>/` shard of the code cache, as torch uses its kernels (`c<key>.*` groups) one by one. One
+    torch may be compiling now (_compiling) makes it building; a damaged file torch loads and fails on
+    makes it corrupt (removing the shard cures that: torch compiles its kernels again from the fx graphs);
+    a kernel whose compile was interrupted (a .cpp with no .so) is compiled again on its next use while
+    the others still hit, so the shard is partial only when none of its kernels is whole."""
     lst = lst or listing(d)
     if not lst.readable:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
@@ -330,14 +333,14 @@ def judge_code(d: EntryDir, jc: Judging, lst: Listing | None = None) -> Judgemen
     corrupt = next((p for p in problems if INTERRUPTED not in p), None)
     if corrupt:
         return Judgement(CORRUPT, corrupt, problems)
-    if problems:
+    if kernels and all(kernels.values()):
         return Judgement(PARTIAL, problems[0], problems)
     temps = [(n, st) for n, st in lst.files.items() if TMP_RE.match(n)]
     if not kernels and temps:
         return Judgement.of(*temp_status(temps[0][0], temps[0][1].st_mtime, jc.now))
     if not kernels:
         return Judgement.of(PARTIAL, "no code cache files in it")
-    return Judgement(COMPLETE)
+    return Judgement(COMPLETE)  # its interrupted kernels, if any, are named by inspect (_facts)
 
 
 def _compiling(d: EntryDir, keys: list[str], lst: Listing, now: float) -> str | None:
@@ -731,6 +734,9 @@ def _seen(d: EntryDir, kind: str, lst: Listing | None) -> tuple | None:
     in it, a graph that cannot be read; nested Triton kernels and autotune tables)."""
     if kind not in (GRAPH, CODE, AUTOGRAD) or lst is None or lst.own is None or lst.links or lst.others:
         return None
+    if kind == CODE and any(e.endswith("cpp") and e[:-3] + "so" not in exts for exts in code_groups(lst.files).values()
+                            for e in exts):
+        return None  # a kernel torch may compile (its lock, which no stat shows, makes the shard building)
     stats: list[tuple[str, os.stat_result]] = list(lst.files.items())
     if kind == AUTOGRAD:
         graphs = _graphs_seen(d, [n for n in lst.files if VARIANT_RE.match(n)])
@@ -803,8 +809,12 @@ def _facts(d: EntryDir, entry: Entry, root: Path) -> list[tuple[str, str]]:
                 there = os.path.isdir(os.path.join(root, graph_relpath(key)))
                 facts.append(("fx graph", f"{key} ({'present' if there else 'missing'})"))
     elif entry.kind == CODE:
-        for key, exts in sorted(code_groups(lst.files).items()):
-            facts.append(("code", f"{key}: {', '.join(sorted(exts))}"))
+        groups = sorted(code_groups(lst.files).items())
+        facts += [("code", f"{key}: {', '.join(sorted(exts))}") for key, exts in groups]
+        cut = [key for key, exts in groups if any(e.endswith("cpp") and e[:-3] + "so" not in exts for e in exts)]
+        if cut:
+            facts.append(("interrupted kernels", f"{', '.join(cut)} (a .cpp with no .so: torch compiles each "
+                          "again on its next use; the shard's other kernels still hit)"))
     temps = [n for n in lst.files if TMP_RE.match(n)]
     if temps:
         facts.append(("writer temp files", ", ".join(temps)))
