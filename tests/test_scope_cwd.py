@@ -45,6 +45,32 @@ def test_a_folder_of_caches_is_said_so_and_home_is_never_used(kcache, machine, w
     assert (workspace / "hidet" / "ops").is_dir()
 
 
+HINTED = [("ls",), ("stats",), ("verify",), ("clear", "--all", "--yes"), ("prune", "--broken"),
+          ("inspect", HIDET_HASH), ("explain", HIDET_HASH), ("export", "out.tar"), ("log", HIDET_HASH),
+          ("diff", HIDET_HASH, HIDET_HASH)]
+
+
+@pytest.mark.parametrize("args", HINTED, ids=[a[0] for a in HINTED])
+def test_the_hint_offers_only_options_the_command_accepts(kcache, machine, workspace, args):
+    """`inspect` has no --all-caches: its hint offers --cache NAME instead, and every command's hint names
+    only options that command takes."""
+    import re
+
+    from typer.main import get_command
+
+    from kcache_cli.cli.app import full_app
+
+    r = kcache(*args, env=machine)
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert f"(the current directory); {workspace / 'hidet'}" in r.stderr, r.stderr
+    hint = r.stderr[r.stderr.index(": --cache-dir "):]
+    offered = set(re.findall(r"--[a-z][a-z-]*", hint))
+    accepted = {opt for p in get_command(full_app()).commands[args[0]].params for opt in p.opts}
+    assert offered and offered <= accepted, (hint, offered - accepted)
+    assert ("--all-caches" in offered) == ("--all-caches" in accepted)
+    assert "--cache-dir" in offered and ("--cache" in offered) != ("--all-caches" in offered)
+
+
 @pytest.mark.parametrize("args", [("inspect",), ("ls",), ("log",), ("clear", "--dry-run")])
 def test_an_entry_named_by_its_absolute_path_is_found_from_a_folder_of_caches(kcache, machine, workspace, args):
     """An absolute path says which cache it lies in: the folder of copies around it changes nothing."""

@@ -289,7 +289,7 @@ def verify_command(
         show_blob(opts, named[0], verify=True)
         return
 
-    locs = c.cache_locations(opts, all_caches, cache, sel.hashes)
+    locs = c.cache_locations(opts, all_caches, cache, sel.hashes, all_caches_option=True)
     chosen = []
     for loc in locs:
         refs = c.refs_in(loc.path, sel.hashes) if opts.many or len(locs) > 1 else sel.hashes

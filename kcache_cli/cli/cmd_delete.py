@@ -96,7 +96,7 @@ def prune_command(
     limit = parse_size(max_size, "--max-size") if max_size is not None else None
     age = parse_age(older_than, "--older-than") if older_than is not None else None
     opts.lock_timeout = c.lock_timeout(lock_timeout, GC_WAIT)
-    locs = c.cache_locations(opts, all_caches, cache)
+    locs = c.cache_locations(opts, all_caches, cache, all_caches_option=True)
     out = _Out(opts, opts.many)
     scans = _Scans(opts)
     limits, ages = _prune_limits(opts, locs, limit, age, broken or stale, scans)
@@ -268,7 +268,7 @@ def clear_command(
     if not everything and not (hashes or selected):
         raise UsageError("clear needs a selection: --space, --op, --target, --layout, --status, --kind, "
                          "entries, or --all (see 'kcache clear --help')")
-    locs = c.cache_locations(opts, all_caches, cache, hashes)
+    locs = c.cache_locations(opts, all_caches, cache, hashes, all_caches_option=True)
     out = _Out(opts, opts.many)
     out.summary, out.listing = summary, listing
     plans = _clear_plans(opts, locs, hashes, lambda root, refs: c.make_filter(

@@ -205,7 +205,7 @@ def _ls_listed(opts: o.GlobalOptions, sel: c.Selection, all_caches: bool, cache:
                use_index: bool) -> list:
     """(location, filter, scan result) for each cache listed; an entry named by hash or path that is in
     none of them is an error."""
-    locs = c.cache_locations(opts, all_caches, cache, sel.hashes)
+    locs = c.cache_locations(opts, all_caches, cache, sel.hashes, all_caches_option=True)
     listed = []
     missing = set(c.ref_list(sel.hashes))
     for loc in locs:
@@ -597,7 +597,7 @@ def stats_command(
     """
     opts = o.use(ctx, cache_dir, as_json)
     reports = []
-    for loc in c.cache_locations(opts, all_caches, cache):
+    for loc in c.cache_locations(opts, all_caches, cache, all_caches_option=True):
         _, result = _scan(opts, ScanFilter(), loc, not no_index)
         reports.append(_stats(opts, loc, result, top, opts.many))
     out = c.Output(opts, collect=opts.many)

@@ -105,11 +105,12 @@ def explicit_root(opts: GlobalOptions) -> bool:
 
 
 def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] = None,
-                    refs: Optional[List[str]] = None) -> list:
+                    refs: Optional[List[str]] = None, all_caches_option: bool = False) -> list:
     """The roots a command works on. --cache-dir or KCACHE_DIR: that one; `--cache NAME`: that layout's
     cache; else the cache the current directory lies in; else every cache `dir --all` finds that exists
     (--all-caches says so explicitly), plus the caches that absolute entry paths in `refs` lie in.
-    Sets `opts.many` when the scope is the set of every cache (JSON lists, one per cache)."""
+    Sets `opts.many` when the scope is the set of every cache (JSON lists, one per cache).
+    `all_caches_option`: the command has --all-caches (a hint may offer it; else it offers --cache)."""
     opts.many = False
     if cache is not None:
         if opts.cache_dir is not None or all_caches:
@@ -124,7 +125,8 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
     here = None if all_caches else _cwd_cache(known, lambda m: warn(opts, m))
     named = ref_list(refs)
     if here is None and not all_caches and not (named and all(os.path.isabs(r) for r in named)):
-        _caches_under_cwd(known)  # (entries named by absolute paths say where they are, wherever this runs)
+        # (entries named by absolute paths say where they are, wherever this runs)
+        _caches_under_cwd(known, all_caches_option)
     out = [here] if here is not None else known
     opts.many = here is None
     for ref in ref_list(refs):
@@ -153,7 +155,7 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
     return out
 
 
-def _caches_under_cwd(known: list) -> None:
+def _caches_under_cwd(known: list, all_caches_option: bool) -> None:
     """A current directory that holds caches one level down which are not this machine's own (a copy, a
     CI workspace): say so, as --cache-dir does (exit 2), instead of working on every cache of the machine
     (`clear --all` there must not mean HOME's caches). Only this user's copies count: a cache another
@@ -170,8 +172,10 @@ def _caches_under_cwd(known: list) -> None:
     if below:
         names, path = below[0]
         more = f" (and {plural(len(below) - 1, 'other cache')})" if len(below) > 1 else ""
+        other = ("--all-caches for this machine's caches" if all_caches_option
+                 else "--cache NAME for one of this machine's caches")  # only an option the command has
         raise UsageError(f"no cache at {cwd} (the current directory); {path} holds {_a(names)} cache{more}: "
-                         f"--cache-dir {path}, or --all-caches for this machine's caches")
+                         f"--cache-dir {path}, or {other}")
 
 
 def cwd_cache(opts: GlobalOptions):
