@@ -186,6 +186,36 @@ def test_dir_all_and_stats_all_caches_wrap_their_lists(kcache, tmp_path):
         assert r.json()["caches"]
 
 
+# what each command that has --all-caches needs to run over every cache (a new one must say it here)
+MULTI_CACHE_ARGS = {"ls": [], "stats": [], "verify": [], "prune": ["--broken", "--dry-run"],
+                    "clear": ["--op", "add_kernel", "--dry-run"]}
+
+
+def test_every_multi_cache_document_matches_its_schema(kcache, tmp_path):
+    """verify's multi-cache document (`caches`, one report each) was not in verify.json: every command
+    that can work over several caches, in the default scope and with --all-caches, validates."""
+    from typer.main import get_command
+
+    from kcache_cli.cli.app import full_app
+
+    commands = {name for name, cmd in get_command(full_app()).commands.items()
+                if any("--all-caches" in p.opts for p in cmd.params)}
+    assert commands == set(MULTI_CACHE_ARGS)
+    home = tmp_path / "home"
+    copy_tree(FIXTURES / "hidet", home / ".cache" / "hidet")
+    copy_tree(FIXTURES / "triton" / "cache", home / ".triton" / "cache")
+    env = {"HOME": str(home), "XDG_CACHE_HOME": None, "XDG_CONFIG_HOME": None, "KCACHE_CONFIG": None,
+           "KCACHE_DIR": None, "HIDET_CACHE_DIR": None, "TRITON_CACHE_DIR": None, "TRITON_HOME": None}
+    for command in sorted(commands):
+        for scope in ([], ["--all-caches"]):
+            r = kcache(command, *scope, *MULTI_CACHE_ARGS[command], "--json", env=env)
+            assert r.exit_code in (0, 1), (command, scope, r.stderr)  # verify: the copied Triton kernels fail
+            check(r.json(), command)
+            roots = ({e["root"] for e in r.json()["entries"]} if command == "ls"
+                     else {c["root"] for c in r.json()["caches"]})
+            assert roots == {str(home / ".cache" / "hidet"), str(home / ".triton" / "cache")}, (command, roots)
+
+
 def test_errors_are_json_with_their_schema(kcache, fixture_copy):
     root = fixture_copy("hidet")
     for args in (["ls", "deadbeef"], ["inspect", "nothing"], ["ls", "--min-size", "10"]):
