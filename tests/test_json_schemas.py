@@ -236,6 +236,99 @@ def test_every_schema_is_a_valid_schema_and_shipped():
         assert schema["$id"] == f"https://kcache.invalid/schemas/{n}"
 
 
+def _command_names(cmd, words: tuple[str, ...] = ()):
+    """Each command's name as options.command_name gives it ("ls", "remote-ls", "config" for the group that
+    runs without a subcommand), walking the command tree."""
+    subs = getattr(cmd, "commands", None)
+    if subs is None or getattr(cmd, "invoke_without_command", False):
+        if words:
+            yield "-".join(words)
+    for name, sub in (subs or {}).items():
+        yield from _command_names(sub, (*words, name))
+
+
+NO_JSON = {"log"}  # its output is the log's text: --json is a usage error (checked below)
+
+
+def _emitted_schema_ids() -> set[str]:
+    """Every `schema` kcache can write: kcache/<command>/1 for each command of the tree, and, read from the
+    source, each literal `"schema": "kcache/..."` (a core record's, as the torch Mega-Cache documents) and
+    each name given to schema_id() or to an output (cmd_oci's "push-oci")."""
+    import ast
+
+    from typer.main import get_command
+
+    from kcache_cli.cli.app import full_app
+    from kcache_cli.cli.options import schema_id
+
+    ids = {schema_id(n) for n in _command_names(get_command(full_app())) if n not in NO_JSON}
+    for path in (Path(__file__).parents[1] / "kcache_cli").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict):
+                ids |= {v.value for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)
+                        and k.value == "schema" and isinstance(v, ast.Constant) and isinstance(v.value, str)}
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in (
+                    "schema_id", "_output"):
+                ids |= {schema_id(a.value) for a in node.args
+                        if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+    return ids
+
+
+def test_every_schema_id_kcache_can_emit_has_its_file(kcache):
+    """`inspect BLOB` said kcache/torch-mega-inspect/1 with no torch-mega-inspect.json (nor config set/unset/path
+    theirs): each id found has its file, whose `schema` is that id."""
+    ids = _emitted_schema_ids()
+    assert {"kcache/ls/1", "kcache/remote-ls/1", "kcache/push-oci/1", "kcache/torch-mega-inspect/1",
+            "kcache/config/1", "kcache/config-path/1", "kcache/error/1"} <= ids, sorted(ids)
+    missing = []
+    for sid in sorted(ids):
+        name = sid.split("/")[1]
+        if name not in all_schemas():
+            missing.append(sid)
+            continue
+        consts = {node["const"] for _, node in _walk_schema(all_schemas()[name], name) if "const" in node}
+        assert sid in consts, (sid, consts)
+    assert missing == []
+    for name in NO_JSON:
+        r = kcache(name, "x", "--json")
+        assert r.exit_code == 2 and r.json()["schema"] == "kcache/error/1" and "no --json" in r.json()["error"]
+
+
+def test_torch_mega_documents_match_their_schemas(kcache, tmp_path):
+    """inspect, verify, import (dry run, then for real) and export --format torch-mega of the blob torch
+    saved, and inspect of a damaged one."""
+    blob = tmp_path / "sin_cos_cpu.bin"
+    blob.write_bytes((FIXTURES / "torch-mega" / "sin_cos_cpu.bin").read_bytes())
+    inspected = run_json(kcache, "torch-mega-inspect", "inspect", str(blob))
+    assert inspected["ok"] and len(inspected["artifacts"]) == 3
+    assert run_json(kcache, "torch-mega-inspect", "verify", str(blob))["state"] == "ok"
+    root = tmp_path / "inductor"
+    dry = run_json(kcache, "torch-mega-import", "--cache-dir", str(root), "import", str(blob), "--dry-run")
+    assert dry["dry_run"] and dry["imported"] == 3 and not root.exists()
+    assert run_json(kcache, "torch-mega-import", "--cache-dir", str(root), "import", str(blob))["imported"] == 3
+    assert run_json(kcache, "torch-mega-import", "--cache-dir", str(root), "import", str(blob))["skipped"] == 3
+    out = tmp_path / "out.bin"
+    exported = run_json(kcache, "torch-mega-export", "--cache-dir", str(root), "export", str(out), "--format",
+                        "torch-mega", "--python", "/bin/false")
+    assert len(exported["artifacts"]) == 3 and exported["size"] == out.stat().st_size
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(blob.read_bytes()[:5000])
+    damaged = run_json(kcache, "torch-mega-inspect", "inspect", str(cut), code=1)
+    assert not damaged["ok"] and damaged["problems"] and damaged["crc32"]["ok"] is False
+
+
+def test_config_documents_match_their_schemas(kcache, fixture_copy):
+    """config set, unset and path wrote kcache/config-set/1 ... with no schema: they have theirs now."""
+    root = str(fixture_copy("hidet"))
+    assert run_json(kcache, "config-set", "config", "set", "max-size", "2G")["all"]["max_size"] == 2 * 10**9
+    assert run_json(kcache, "config-set", "config", "set", "--cache-dir", root, "max-age", "30d")["cache"]["exists"]
+    assert run_json(kcache, "config", "config", "--cache-dir", root)["effective"]["max_age"] == 30 * 86400
+    assert run_json(kcache, "config-unset", "config", "unset", "max-size")["all"]["max_size"] is None
+    unset = run_json(kcache, "config-unset", "config", "unset", "--cache-dir", root, "max-age")
+    assert unset["cache"]["max_age"] is None
+    assert run_json(kcache, "config-path", "config", "path")["exists"]
+
+
 def _walk_schema(value, where: str):
     """(where, node) for every schema object in value, its $defs included."""
     if isinstance(value, dict):
