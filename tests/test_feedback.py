@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, patch_everywhere
+from conftest import CXX, REPO, patch_everywhere
 from test_delete import gen
 from test_fidelity import SOFTMAX, age, truncate_old
 
@@ -184,7 +184,7 @@ def test_prune_summary_groups_the_plan_by_space_and_op(kcache, tmp_path, monkeyp
     assert [g["size"] for g in summary["summary"]] == sorted((g["size"] for g in summary["summary"]), reverse=True)
     text = kcache("--cache-dir", root, "prune", "--max-size", "0", "--dry-run", "--summary")
     lines = text.stdout.replace("\n  ", " ").splitlines()  # the total line, folded at 80 columns, as one
-    assert lines[0].split() == ["space", "op", "what", "entries", "size"]
+    assert lines[0].split() == ["target", "space", "op", "what", "entries", "size"]
     # a row per space and op, the biggest first, at most SUMMARY_ROWS of them and one row for the rest (a few
     # lines whatever the cache holds: cron mails it), then the total line
     from kcache_cli.cli.cmd_delete import SUMMARY_ROWS
@@ -194,12 +194,34 @@ def test_prune_summary_groups_the_plan_by_space_and_op(kcache, tmp_path, monkeyp
     assert lines[-2].split()[:3] == ["...", str(len(groups) - shown), "more"]
     assert lines[-1].startswith(f"Would remove {len(full['removed'])} entries")
     assert max(len(line) for line in lines[:-1]) <= 80
-    assert sum(int(line.split()[3]) for line in lines[1:-1]) == len(full["removed"])
+    assert sum(int(line.split()[-3]) for line in lines[1:-1]) == len(full["removed"])
     done = kcache("--cache-dir", root, "prune", "--max-size", "0", "--yes", "--summary")
     assert done.exit_code == 0, done.stderr
     done_lines = done.stdout.replace("\n  ", " ").splitlines()
     assert done_lines[1:] == lines[1:-1] + [done_lines[-1]]  # the same groups
     assert done_lines[-1].startswith(f"Removed {len(full['removed'])} entries")
+
+
+@pytest.mark.skipif(CXX is None, reason="g++ not found")
+def test_prune_summary_names_a_target_a_target_not_a_space(kcache, tmp_path):
+    """An Inductor C++ code shard is target cpu in no space (ls --space cpu finds nothing): the summary
+    said space=cpu; it has a target column (and key) of its own now."""
+    root = tmp_path / "inductor"
+    for shard in ("ab", "cd"):
+        key = "c" + shard + "a" * 49
+        (root / shard).mkdir(parents=True)
+        (root / shard / f"{key}.cpp").write_text('extern "C" int f() { return 1; }\n')
+        built = subprocess.run([CXX, "-shared", "-fPIC", "-x", "c++", str(root / shard / f"{key}.cpp"), "-o",
+                                str(root / shard / f"{key}.so")], capture_output=True, text=True)
+        assert built.returncode == 0, built.stderr
+    listed = kcache("--cache-dir", root, "ls", "--json").json()["entries"]
+    assert {(e["kind"], e["target"], e["space"]) for e in listed} == {("code", "cpu", None)}
+    doc = kcache("--cache-dir", root, "prune", "--max-size", "1B", "--dry-run", "--yes", "--summary", "--json").json()
+    assert doc["summary"] == [{"target": "cpu", "space": None, "op": None, "what": "code", "entry_count": 2,
+                               "size": sum(e["size"] for e in listed)}]
+    text = kcache("--cache-dir", root, "prune", "--max-size", "1B", "--dry-run", "--yes", "--summary").stdout
+    header, row = text.splitlines()[:2]
+    assert header.split()[:2] == ["target", "space"] and row.split()[:4] == ["cpu", "-", "-", "code"]
 
 
 # ---- the scan's counting bar -------------------------------------------------------------------------

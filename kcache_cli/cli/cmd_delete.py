@@ -41,11 +41,11 @@ LockTimeoutOpt = Annotated[Optional[str], c.lock_timeout_option("another prune o
 SCREENFUL = 20  # more removals than this are shown grouped unless --list (issue 32: output fit for cron)
 SUMMARY_ROWS = 15  # at most this many groups, then one line for the rest
 SummaryOpt = Annotated[bool, typer.Option(
-    "--summary", help="Show the plan (or what was removed) grouped by space and op, one line each with the count "
-                      "and size (the default past 20 entries), instead of one line per entry.")]
+    "--summary", help="Show the plan (or what was removed) grouped by target, space and op, one line each with "
+                      "the count and size (the default past 20 entries), instead of one line per entry.")]
 ListOpt = Annotated[bool, typer.Option(
     "--list", "-v", help="List every entry removed or kept, one line each, however many (past 20 the "
-                         "default is a summary: count and size per space and op, kept entries per reason).")]
+                         "default is a summary: count and size per target, space and op, kept entries per reason).")]
 
 
 def prune_command(
@@ -342,7 +342,7 @@ class _Out(c.Output):
     def __init__(self, opts: o.GlobalOptions, all_caches: bool) -> None:
         super().__init__(opts, collect=all_caches)
         self.sections = 0
-        self.summary = False  # tables grouped by space and op (--summary)
+        self.summary = False  # tables grouped by target, space and op (--summary)
         self.listing = False  # one row per entry however many (--list)
 
     def grouped(self, n: int) -> bool:
@@ -448,32 +448,36 @@ def _preview(plan) -> None:
 
 
 def _summary(removals) -> list[dict]:
-    """The removals grouped by space and op (and what goes: entries of a kind, temp directories...):
-    one row each with the count and bytes, biggest first (prune --summary; JSON `summary`)."""
+    """The removals grouped by target, space and op (and what goes: entries of a kind, temp directories...):
+    one row each with the count and bytes, biggest first (prune --summary; JSON `summary`). A target is not
+    a space: an Inductor C++ code shard is target cpu in no space, as ls lists it."""
     groups: dict[tuple, dict] = {}
     for r in removals:
         e = r.entry
-        key = (e.space or e.target, e.op, e.kind if r.what == "entry" else r.what)
-        g = groups.setdefault(key, {"space": key[0], "op": key[1], "what": key[2], "entry_count": 0, "size": 0})
+        key = (e.target, e.space, e.op, e.kind if r.what == "entry" else r.what)
+        g = groups.setdefault(key, {"target": key[0], "space": key[1], "op": key[2], "what": key[3],
+                                    "entry_count": 0, "size": 0})
         g["entry_count"] += 1
         g["size"] += r.size
-    return sorted(groups.values(), key=lambda g: (-g["size"], g["space"] or "", g["op"] or "", g["what"]))
+    return sorted(groups.values(), key=lambda g: (-g["size"], g["target"] or "", g["space"] or "", g["op"] or "",
+                                                  g["what"]))
 
 
 def _summary_table(removals) -> None:
     groups = _summary(removals)
-    rows = [[g["space"] or "-", g["op"] or "-", g["what"], str(g["entry_count"]), c.human_size(g["size"])]
-            for g in groups[:SUMMARY_ROWS]]
+    rows = [[g["target"] or "-", g["space"] or "-", g["op"] or "-", g["what"], str(g["entry_count"]),
+             c.human_size(g["size"])] for g in groups[:SUMMARY_ROWS]]
     if len(groups) > SUMMARY_ROWS:  # a few lines whatever the cache holds (cron mail)
         rest = groups[SUMMARY_ROWS:]
-        rows.append(["...", f"{len(rest)} more", "", str(sum(g["entry_count"] for g in rest)),
+        rows.append(["...", "", f"{len(rest)} more", "", str(sum(g["entry_count"] for g in rest)),
                      c.human_size(sum(g["size"] for g in rest))])
-    c.print_table([Column("space", drop=2), Column("op"), Column("what", drop=1), Column("entries", right=True),
-                   Column("size", right=True)], rows)
+    c.print_table([Column("target", drop=0), Column("space", drop=2), Column("op"), Column("what", drop=1),
+                   Column("entries", right=True), Column("size", right=True)], rows)
 
 
 def _removals_table(out: _Out, removals) -> None:
-    """One row per removal, or grouped by space and op (--summary, or more than a screenful without --list)."""
+    """One row per removal, or grouped by target, space and op (--summary, or more than a screenful without
+    --list)."""
     if out.grouped(len(removals)):
         _summary_table(removals)
     else:
