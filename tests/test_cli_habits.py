@@ -8,11 +8,12 @@ import json
 import os
 import re
 import select
+import shutil
 import subprocess
 import sys
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, copy_tree
 from typer.main import get_command
 
 from kcache_cli.cli.app import full_app
@@ -225,3 +226,59 @@ def test_an_empty_selector_is_a_usage_error_not_everything(kcache, tmp_path, arg
     r = kcache("--cache-dir", str(HIDET), *args)
     assert r.exit_code == 2 and "is empty" in r.stderr and len(r.stderr.splitlines()) == 1, (r.stdout, r.stderr)
     assert not (tmp_path / "out.tar").exists()
+
+
+def _git(repo, *args: str) -> str:
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git not found")
+def test_kcache_state_never_shows_in_git_status(kcache, tmp_path):
+    """A project whose numba __pycache__/ makes it a cache root (`--cache-dir .`): prune left `?? .kcache/locks/
+    .gc.lock` in git status. The .kcache/ kcache makes holds a .gitignore of `*`, as pytest's .pytest_cache."""
+    proj = tmp_path / "proj"
+    src = next((FIXTURES / "numba").iterdir())
+    copy_tree(src, proj / "__pycache__")
+    (proj / ".gitignore").write_text("__pycache__/\n")
+    _git(proj, "init", "-q")
+    _git(proj, "add", ".gitignore")
+    _git(proj, "commit", "-q", "-m", "project")
+    for args in (("ls",), ("verify",), ("prune", "--broken"), ("prune", "--max-size", "1B", "--yes")):
+        r = kcache("--cache-dir", proj, *args)
+        assert r.exit_code in (0, 1), (args, r.stderr)
+        assert _git(proj, "status", "--porcelain", "--untracked-files=all") == "", args
+    assert (proj / ".kcache" / "locks").is_dir()  # the prune made its state, and git shows none of it
+    assert (proj / ".kcache" / ".gitignore").read_text().splitlines()[-1] == "*"
+
+
+def test_the_state_gitignore_never_replaces_nor_follows(tmp_path):
+    """A .gitignore already in .kcache/ stays as it is; a link there is not written through."""
+    from kcache_cli.fs import state
+
+    sd = tmp_path / ".kcache"
+    sd.mkdir()
+    (tmp_path / "elsewhere").write_text("theirs\n")
+    for existing in ("mine\n", None):
+        gi = sd / ".gitignore"
+        if existing is None:
+            gi.unlink()
+            gi.symlink_to(tmp_path / "elsewhere")
+        else:
+            gi.write_text(existing)
+        fd = os.open(sd, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            state.write_gitignore(fd)
+        finally:
+            os.close(fd)
+        assert gi.read_text() == (existing or "theirs\n")
+    gi.unlink()
+    fd = os.open(sd, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        state.write_gitignore(fd)
+    finally:
+        os.close(fd)
+    assert gi.read_text().startswith("# ") and gi.read_text().endswith("\n*\n")

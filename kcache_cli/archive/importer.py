@@ -327,7 +327,7 @@ class _Staging:
                     if not _rmdir(d):
                         state.write_cachedir_tag(self.root)
                 elif d == os.path.join(self.root, state.STATE_DIR):
-                    fswrite.rmdir_at(root_fd, state.STATE_DIR)
+                    state.remove_made_state(root_fd)
                 elif not _rmdir(d):
                     break
         finally:

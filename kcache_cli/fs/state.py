@@ -178,6 +178,7 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
     shared = fswrite.group_shared(rst)
     trusted = trusted_root(root)
     where = os.path.join(root, STATE_DIR)
+    made = create and not fswrite.lexists_at(root_fd, STATE_DIR)
     fd = _open_level(root_fd, STATE_DIR, where, create)
     try:
         for level in [""] + [p for p in sub.split("/") if p]:
@@ -190,10 +191,51 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
                 raise UntrustedState(errno.EPERM, why, where)
             if create and shared:
                 fswrite.share_with_group(fd, rst.st_gid)  # one this user made (now or earlier) the group can use
+            if made and not level:
+                write_gitignore(fd)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+GITIGNORE = ".gitignore"
+_GITIGNORE_TEXT = b"# Created by kcache: its own state (locks, trash, stamps, index), never to commit.\n*\n"
+
+
+def write_gitignore(state_fd: int) -> None:
+    """.kcache/.gitignore holding `*`, written when kcache makes its .kcache/ (as pytest, ruff and mypy do for
+    their caches): a cache root inside a git work tree (`--cache-dir .`) shows nothing of kcache's in `git
+    status`. Never through a link, never over a file there (one the user wrote stays); in a group-shared
+    .kcache/ the group's, as all kcache makes there; never fails (the state works without it)."""
+    try:
+        fd = fswrite.create_excl(state_fd, GITIGNORE)
+    except OSError:
+        return
+    try:
+        fswrite.write_all(fd, _GITIGNORE_TEXT)
+        fswrite.share_like_dir(fd, state_fd)
+    except OSError:
+        fswrite.unlink_at(state_fd, GITIGNORE)
+    finally:
+        os.close(fd)
+
+
+def remove_made_state(root_fd: int) -> None:
+    """rmdir the .kcache/ a failed command made, with the .gitignore it wrote there; one holding anything
+    else stays."""
+    try:
+        fd = fswrite.open_dir(root_fd, STATE_DIR)
+    except OSError:
+        return
+    try:
+        if set(os.listdir(fd)) <= {GITIGNORE}:
+            fswrite.unlink_at(fd, GITIGNORE)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    fswrite.rmdir_at(root_fd, STATE_DIR)
 
 
 def state_problem(st: os.stat_result, rst: os.stat_result, where: str, root: str | os.PathLike) -> str | None:

@@ -731,8 +731,7 @@ class _Executor:
         """.kcache/ and its subdirectories: created if asked, never through a symlink, open for the run."""
         head, _, name = relpath.rpartition("/")
         parent = self.pinned[head]
-        if create:
-            fswrite.mkdir_at(parent, name, 0o777, exist_ok=True)
+        made = create and fswrite.mkdir_at(parent, name, 0o777, exist_ok=True)
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
         rst = os.fstat(self.pinned[""])
         why = None if state.trusted_root(self.root) else \
@@ -745,6 +744,8 @@ class _Executor:
             # in a group-shared cache every member takes locks and uses the trash, whatever the umask
             # of whoever made them (root's cron with 022 included); elsewhere the umask decides
             fswrite.share_with_group(fd, rst.st_gid)
+        if made and relpath == state.STATE_DIR:
+            state.write_gitignore(fd)
         return fd
 
     def _refuse(self, relpath: str, exc: OSError) -> KcacheError:
