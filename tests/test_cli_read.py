@@ -306,6 +306,33 @@ def test_stats_totals(kcache, fixture_copy):
     assert "5 entries" in text and "cuda_space_0" in text and "partial" in text
 
 
+def test_stats_over_every_cache_ends_with_their_total(kcache, tmp_path, monkeypatch):
+    """The default scope printed one report per cache, each 100% of itself, and no total: one TOTAL line
+    now follows them (80 columns), and --json has `total`, the caches' reports added up."""
+    from conftest import FIXTURES, copy_tree
+
+    home = tmp_path / "home"
+    copy_tree(FIXTURES / "hidet", home / ".cache" / "hidet")
+    copy_tree(FIXTURES / "triton" / "cache", home / ".triton" / "cache")
+    env = {"HOME": str(home), "XDG_CACHE_HOME": None, "XDG_CONFIG_HOME": None, "KCACHE_CONFIG": None,
+           "KCACHE_DIR": None, "TRITON_CACHE_DIR": None, "TRITON_HOME": None}
+    doc = kcache("stats", "--json", env=env).json()
+    there = [r for r in doc["caches"] if r["exists"]]
+    assert len(there) >= 2 and sum(r["entry_count"] for r in there) == 11  # hidet's 5, Triton's 6
+    assert doc["total"] == {"cache_count": len(there), "entry_count": 11, "size": sum(r["size"] for r in there),
+                            "apparent_size": sum(r["apparent_size"] for r in there)}
+    monkeypatch.setenv("COLUMNS", "80")
+    text = kcache("stats", env=env).stdout
+    last = text.rstrip("\n").splitlines()[-1]
+    from kcache_cli.util.units import format_size
+
+    assert last.split() == ["TOTAL", "11", "entries,", *format_size(doc["total"]["size"]).split(), "in",
+                            str(len(there)), "caches"]
+    assert max(len(line) for line in text.splitlines()) <= 80
+    one = kcache("--cache-dir", home / ".cache" / "hidet", "stats", "--json", env=env).json()
+    assert "total" not in one and "TOTAL" not in kcache("--cache-dir", home / ".cache" / "hidet", "stats").stdout
+
+
 def test_stats_all_layouts(kcache, fixture_copy):
     for name, count in (("tilus", 2), ("tilelang", 2)):
         data = kcache("--cache-dir", fixture_copy(name), "stats", "--json").json()

@@ -589,9 +589,10 @@ def stats_command(
     JSON: by_layout, by_space, by_op, by_status, by_kind and by_age map each value to {entry_count, size};
     reclaimable is {bytes, entry_count, command}.
 
-    Without --cache-dir or KCACHE_DIR: one report for each cache found (--json: their list, caches, each
-    naming its cache), or for the cache the current directory lies in; --cache NAME picks one. One
-    report alone (--cache-dir, --cache, inside a cache) is the --json document itself.
+    Without --cache-dir or KCACHE_DIR: one report for each cache found, then their TOTAL (--json: their
+    list, caches, each naming its cache, and total), or for the cache the current directory lies in;
+    --cache NAME picks one. One report alone (--cache-dir, --cache, inside a cache) is the --json
+    document itself.
 
     Example: kcache stats --json | jq '.caches[] | {cache, by_status}'
     """
@@ -604,10 +605,22 @@ def stats_command(
     budget = _budget_usage(opts, reports)
     for n, report in enumerate(reports):
         out.result(report, functools.partial(_stats_text, out, report, first=n == 0))
+    total = _total(reports) if opts.many else None  # every cache found: how big in all, at once
+    if total is not None and reports and not opts.json:
+        out.text("")
+        c.print_text(f"TOTAL        {c.plural(total['entry_count'], 'entry')}, {c.human_size(total['size'])} in "
+                     f"{c.plural(total['cache_count'], 'cache')}", indent=13)
     if budget and not opts.json:
         out.text("")
         c.print_lines([_budget_line(u, max(len(b.name) for b in budget)) for u in budget])
-    out.done(empty="no kernel cache found (see kcache dir --all)")
+    out.done(empty="no kernel cache found (see kcache dir --all)", over_all=None if total is None else {"total": total})
+
+
+def _total(reports: list[dict]) -> dict:
+    """The caches' reports added up: how many exist, their entries and bytes (on disk, and the files' own)."""
+    there = [r for r in reports if r["exists"]]
+    return {"cache_count": len(there), "entry_count": sum(r["entry_count"] for r in there),
+            "size": sum(r["size"] for r in there), "apparent_size": sum(r["apparent_size"] for r in there)}
 
 
 def _budget_usage(opts: o.GlobalOptions, reports: list[dict]) -> list:

@@ -583,11 +583,11 @@ class Output:
         else:
             _emit_json(doc, self.opts.command)
 
-    def done(self, empty: str | None = None) -> None:
-        """With `collect`: the gathered results, as one JSON list. `empty`: what to tell people when
-        there was no result at all (--all-caches found no cache)."""
+    def done(self, empty: str | None = None, over_all: dict | None = None) -> None:
+        """With `collect`: the gathered results, as one JSON list (with `over_all`'s keys beside it: stats'
+        total). `empty`: what to tell people when there was no result at all (--all-caches found no cache)."""
         if self.collect and self.opts.json:
-            _emit_json({"caches": self.collected}, self.opts.command)
+            _emit_json({"caches": self.collected, **(over_all or {})}, self.opts.command)
         elif empty is not None and not self.results:
             self.info(empty)
 
