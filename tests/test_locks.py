@@ -288,3 +288,20 @@ def test_an_import_that_skips_a_locked_entry_is_exit_3(fixture_copy, tmp_path):
     assert j.returncode == 3 and doc["lock_timeouts"] == 1 and doc["skipped"] == 5, j.stdout
     again = run("--json", "--cache-dir", dest, "import", arc)  # the build gone: it comes in
     assert again.returncode == 0 and json.loads(again.stdout)["imported"] == 1 and (dest / add).is_dir()
+
+
+def test_a_mega_cache_import_that_skips_a_locked_entry_is_exit_3(tmp_path):
+    """A torch Mega-Cache blob's entry whose lock a build holds: the rest is imported, then exit 3, as a
+    tar import's and a pull's (it was reported a skip of an entry "present", exit 0)."""
+    blob, dest = Path(__file__).parent / "fixtures" / "real" / "torch-mega" / "sin_cos_cpu.bin", tmp_path / "dest"
+    plan = json.loads(run("--json", "--cache-dir", dest, "import", blob, "--dry-run").stdout)
+    held = plan["artifacts"][0]["relpath"].rpartition("/")[0]
+    with entry_lock_held(dest, held):
+        r = run("--json", "--cache-dir", dest, "import", blob, "--lock-timeout", "0.5")
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("Error: 1 entry not imported: its lock was held"), r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["lock_timeouts"] == 1 and doc["imported"] == len(plan["artifacts"]) - 1
+    assert not (dest / held).exists()
+    again = json.loads(run("--json", "--cache-dir", dest, "import", blob).stdout)
+    assert again["lock_timeouts"] == 0 and (dest / held).is_dir()

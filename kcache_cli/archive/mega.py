@@ -97,6 +97,7 @@ class MegaImported:
     size: int
     action: str
     reason: str | None = None
+    lock_timed_out: bool = False  # skipped: another process held its entry's lock past the timeout (exit 3)
 
     def to_json(self) -> dict:
         return {"type": self.type, "key": self.key, "relpath": self.relpath, "size": self.size,
@@ -115,11 +116,16 @@ class MegaImportResult:
     def count(self, action: str) -> int:
         return sum(a.action == action for a in self.artifacts)
 
+    @property
+    def lock_timeouts(self) -> int:
+        """The entries skipped because another process (a build) held their lock past the timeout."""
+        return len({a.relpath.rpartition("/")[0] for a in self.artifacts if a.lock_timed_out and a.relpath})
+
     def to_json(self) -> dict:
         return {"schema": "kcache/torch-mega-import/1", "root": self.root, "blob": self.blob,
                 "dry_run": self.dry_run, "artifacts": [a.to_json() for a in self.artifacts],
                 "imported": self.count(IMPORTED) + self.count(ADDED), "skipped": self.count(PRESENT),
-                "refused": self.count(REFUSED)}
+                "lock_timeouts": self.lock_timeouts, "refused": self.count(REFUSED)}
 
 
 def _check_signed(path: str, data: bytes) -> None:
@@ -211,10 +217,10 @@ def _publish_entries(root: Path, items: list[tuple[megacache.Artifact, MegaPlace
             for a, place in its:
                 staging.ensure_dir(pe.relpath)
                 staging.write(f"{pe.relpath}/{place.name}", a.content, 0o644)
-            done, why, _ = publish_staged(root, pe, staging, lock_timeout, None, made) if pe.write else \
+            done, why, locked = publish_staged(root, pe, staging, lock_timeout, None, made) if pe.write else \
                 (False, pe.reason, False)
             out += [MegaImported(a.type, a.key, f"{place.dir}/{place.name}", len(a.content),
-                                 IMPORTED if done else PRESENT, why) for a, place in its]
+                                 IMPORTED if done else PRESENT, why, locked) for a, place in its]
     finally:
         staging.cleanup()
     remove_stale_staging(root)

@@ -16,12 +16,13 @@ from kcache_cli.cli.table import Column
 from kcache_cli.util.lazy import lazy_module
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
-    from kcache_cli.archive import mega
+    from kcache_cli.archive import importer, mega
     from kcache_cli.catalog import locate
     from kcache_cli.formats import megacache
     from kcache_cli.ops import explain
 else:
     explain = lazy_module("kcache_cli.ops.explain")
+    importer = lazy_module("kcache_cli.archive.importer")
     locate = lazy_module("kcache_cli.catalog.locate")
     mega = lazy_module("kcache_cli.archive.mega")
     megacache = lazy_module("kcache_cli.formats.megacache")
@@ -74,6 +75,10 @@ def import_blob(opts: o.GlobalOptions, path: str, dry_run: bool, wait: float) ->
     result = mega.import_blob(_blob_root(opts), path, dry_run=dry_run, lock_timeout=wait)
     out = c.Output(opts)
     out.result(result, lambda: _import_human(out, result))
+    if result.lock_timeouts and not result.count("refuse"):  # the rest is in: exit 3, as import's and pull's
+        raise importer.held_locks(result.lock_timeouts, wait, "import")
+    if result.lock_timeouts:  # a refusal is not mended by importing again: exit 1, the held locks said
+        out.warn(str(importer.held_locks(result.lock_timeouts, wait, "import")))
     if result.count("refuse"):
         raise typer.Exit(1)
 
@@ -95,8 +100,9 @@ def _import_human(out: c.Output, result) -> None:
         c.print_table([Column("action"), Column("type"), Column("key", spill=True), Column("size", right=True),
                        Column("note", wrap=True, drop=1)], rows)
     verb = "would import" if result.dry_run else "imported"
+    locked = f" ({result.lock_timeouts} whose lock was held)" if result.lock_timeouts else ""
     out.info(f"{verb} {c.plural(result.count('import') + result.count('add'), 'artifact')}, skipped "
-             f"{result.count('skip')} present, refused {result.count('refuse')}; into {result.root}")
+             f"{result.count('skip')} present{locked}, refused {result.count('refuse')}; into {result.root}")
 
 
 def export_blob(opts: o.GlobalOptions, out_path: str, python: str | None) -> None:
