@@ -536,6 +536,16 @@ def test_an_interrupted_kernel_leaves_its_shards_whole_kernels_in_use(cache):
     assert rows(cache, "--kind", "code")[rel]["status"] == "partial"
 
 
+def test_inspect_json_names_every_kernel_of_a_shard(cache):
+    """A shard's `code` fact is said once per kernel: --json keeps every one, a line each (it kept the last)."""
+    shard, other = _interrupted_beside(cache)
+    text = run_kcache("--cache-dir", str(cache), "inspect", shard.name, "--kind", "code").stdout
+    deep = run_kcache("--cache-dir", str(cache), "inspect", shard.name, "--kind", "code", "--json").json()
+    kernels = deep["facts"]["code"].split("\n")
+    assert len(kernels) == len({n.split(".")[0] for n in os.listdir(shard) if n.startswith("c")}) >= 2
+    assert any(k.startswith(other + ":") for k in kernels) and all(k.split(":")[0] in text for k in kernels)
+
+
 def test_live_writers_temp_file_is_building_never_removed(tmp_path):
     root = tmp_path / "ind"
     key = "f" + "ab" + "c" * 49

@@ -527,8 +527,12 @@ class Details:
             return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
 
         data = self.entry.to_json()
-        # machine keys for the layout's facts ("hidet version" -> hidet_version); the labels are inspect's text
-        facts = {re.sub(r"[^0-9a-z]+", "_", k.lower()).strip("_"): v for k, v in self.facts}
+        # machine keys for the layout's facts ("hidet version" -> hidet_version); the labels are inspect's text.
+        # A label said more than once (a code shard's "code", one per kernel) keeps every value, a line each.
+        facts: dict[str, str] = {}
+        for label, value in self.facts:
+            key = re.sub(r"[^0-9a-z]+", "_", label.lower()).strip("_")
+            facts[key] = f"{facts[key]}\n{value}" if key in facts else value
         data.update(status=self.status, reason=self.reason, problems=list(self.problems),
                     op=self.entry.op or self.task_op, inputs=[tensor(t) for t in self.inputs],
                     outputs=[tensor(t) for t in self.outputs],
