@@ -712,14 +712,18 @@ def archive_time() -> float:
     """When the archive (or an image, oci push) is made, for what it holds that is no file's own time (the
     manifest's `created` and its tar header; an image's config and manifest): SOURCE_DATE_EPOCH when set
     (reproducible-builds.org), so that two exports or pushes of an unchanged cache are the same bytes; else
-    now. A malformed value is a usage error, as the convention asks."""
+    now. A malformed value is a usage error, as the convention asks, and so is one past 9999-12-31 (ISO-8601's
+    four-digit years; a tar header's octal time and the platform's time_t end near there too)."""
     text = os.environ.get("SOURCE_DATE_EPOCH", "")
     if not text:
         return time.time()
-    if not is_digits(text):
-        raise UsageError(f"SOURCE_DATE_EPOCH={text!r} is not a whole number of seconds since 1970 "
-                         "(reproducible-builds.org): set it to one, or unset it")
+    if not is_digits(text) or len(text) > 12 or int(text) > _LAST_SECOND:
+        raise UsageError(f"SOURCE_DATE_EPOCH={text[:40]!r} is not a whole number of seconds since 1970 up to "
+                         f"{_LAST_SECOND} (9999-12-31, reproducible-builds.org): set it to one, or unset it")
     return float(int(text))
+
+
+_LAST_SECOND = 253402300799  # 9999-12-31T23:59:59Z
 
 
 def _manifest(plan: ExportPlan, m: _Merged, made: float) -> dict:
