@@ -742,6 +742,7 @@ def _move_in(staging: _Staging, relpath: str) -> bool:
                     raise
             tmp = fswrite.temp_name(f"{state.TEMP_PREFIX}{name}-")
             fswrite.copy_tree_at(src_fd, name, dst_fd, tmp)
+            _share_staged(staging, dst_fd, tmp)
             try:
                 rename_noreplace_at(dst_fd, tmp, dst_fd, name)
                 return True
@@ -758,17 +759,15 @@ rename_noreplace_at = fswrite.rename_noreplace_at  # a name tests can replace to
 
 
 def _share_staged(staging: _Staging, src_fd: int, name: str) -> None:
-    """In a group-shared root, the staged entry's directories made the group's before it is published
-    (fswrite.share_tree): a member must be able to prune what root's cron imported under umask 022."""
-    group = state.shared_group(staging.root_fd)
-    if group is None:
-        return
+    """The staged entry handed over before it is published (fswrite.hand_over_tree): in a group-shared
+    root its directories the group's (a member must be able to prune what root's cron imported under
+    umask 022); root's import into a user's cache all the user's."""
     try:
         fd = os.open(name, fsread.DIR_FLAGS, dir_fd=src_fd)
     except OSError:
         return  # a file, or gone: the move says what is wrong
     try:
-        fswrite.share_tree(fd, group)
+        fswrite.hand_over_tree(fd, os.fstat(staging.root_fd))
     finally:
         os.close(fd)
 

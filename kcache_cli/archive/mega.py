@@ -250,7 +250,7 @@ def _add_file(root: Path, a: megacache.Artifact, p: MegaPlace) -> MegaImported:
         if fswrite.lexists_at(dfd, p.name):
             return MegaImported(a.type, a.key, rel, len(a.content), PRESENT, "present")
         tmp = f".{os.getpid()}.{threading.get_ident()}.tmp"
-        fswrite.write_file(dfd, tmp, a.content, 0o644)
+        fswrite.write_file(dfd, tmp, a.content, 0o644, give=True)  # root's in a user's cache: the user's
         try:
             fswrite.rename_noreplace_at(dfd, tmp, dfd, p.name)
         except FileExistsError:

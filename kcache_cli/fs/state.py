@@ -172,7 +172,8 @@ def trusted_root(root: str | os.PathLike) -> bool:
 def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: bool = False) -> int:
     """A descriptor of <root>/.kcache (or .kcache/<sub>) opened beneath the root's `root_fd`, no link
     followed, each level checked for its owner (fswrite.owner_problem: yours, root's, or group-shared
-    with the root's group) unless the root is listed in KCACHE_SAFE_DIRECTORY. UntrustedState when
+    with the root's group) unless the root is listed in KCACHE_SAFE_DIRECTORY. Run as root in another
+    user's cache, a level root owns is given to that user (fswrite.give_back_state). UntrustedState when
     it may not be used, with a one-line reason; other OSErrors as the open raised them."""
     rst = os.fstat(root_fd)
     shared = fswrite.group_shared(rst)
@@ -191,6 +192,7 @@ def open_state(root_fd: int, root: str | os.PathLike, sub: str = "", *, create: 
                 raise UntrustedState(errno.EPERM, why, where)
             if create and shared:
                 fswrite.share_with_group(fd, rst.st_gid)  # one this user made (now or earlier) the group can use
+            fswrite.give_back_state(fd, rst)  # root's, in a user's cache: the user's again
             if made and not level:
                 write_gitignore(fd)
     except BaseException:

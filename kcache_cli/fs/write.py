@@ -50,7 +50,8 @@ def open_dir(dir_fd: int, rel: str, *, create: bool = False, mode: int = 0o777) 
     made in a group-shared directory of a group-shared `dir_fd` (the cache root: setgid, group-writable,
     the same group) is made group-shared too, whatever the umask: root's cron under 022 must not make an
     op directory the group's members cannot build in. (A setgid directory a co-user made inside a cache
-    that is not group-shared shares nothing.)"""
+    that is not group-shared shares nothing.) One root makes under another user's `dir_fd` is given to
+    that user (give_to)."""
     parts = _parts(rel)
     if not parts:
         return os.dup(dir_fd)
@@ -76,6 +77,8 @@ def open_dir(dir_fd: int, rel: str, *, create: bool = False, mode: int = 0o777) 
                         share_with_group(sub, shared_gid)
                     except OSError:  # as the umask made it: the members' writes then say why
                         pass
+                elif made and top is not None:
+                    give_to(sub, owner_for(top))
             os.close(fd)
             fd = sub
     except OSError as exc:
@@ -132,10 +135,14 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-def write_file(dir_fd: int, name: str, data: bytes | Iterable[bytes], mode: int = 0o644, sync: bool = False) -> None:
-    """A new file `name` in `dir_fd` holding `data` (bytes or chunks); removed again if writing fails."""
+def write_file(dir_fd: int, name: str, data: bytes | Iterable[bytes], mode: int = 0o644, sync: bool = False,
+               give: bool = False) -> None:
+    """A new file `name` in `dir_fd` holding `data` (bytes or chunks); removed again if writing fails. With
+    `give`, root's is given to the owner of a user's `dir_fd` (give_like_dir)."""
     fd = create_excl(dir_fd, name, mode)
     try:
+        if give:
+            give_like_dir(fd, dir_fd)
         for chunk in ((data,) if isinstance(data, (bytes, bytearray, memoryview)) else data):
             write_all(fd, chunk)
         if sync:
@@ -204,7 +211,8 @@ def replace_file_via_dir(dir_fd: int, name: str, data: bytes, dir_prefix: str) -
     try:
         tfd = open_dir(dir_fd, tmp_name)
         try:
-            write_file(tfd, name, data, 0o644, sync=True)
+            give_like_dir(tfd, dir_fd)  # root's in a user's cache: the new file the owner's, as the old was
+            write_file(tfd, name, data, 0o644, sync=True, give=True)
             rename_at(tfd, name, dir_fd, name)
             os.fsync(dir_fd)
         finally:
@@ -314,7 +322,8 @@ def touch_at(dir_fd: int, name: str, ns: tuple[int, int] | None = None, mode: in
     regular file of this user with one link is re-timed through its descriptor; anything else (a link,
     a FIFO, another user's stamp, a hard link to a file elsewhere) is replaced by a new file instead,
     so no file outside the directory is ever created or re-timed. With `group` (a group-shared root's
-    group), a new file is shared with it (share_with_group)."""
+    group), a new file is shared with it (share_with_group); else root's is given to the directory's owner
+    (give_like_dir)."""
     try:
         fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -336,6 +345,8 @@ def touch_at(dir_fd: int, name: str, ns: tuple[int, int] | None = None, mode: in
     try:
         if group is not None:
             share_with_group(fd, group)
+        else:
+            give_like_dir(fd, dir_fd)
         set_times_fd(fd, ns)
     finally:
         os.close(fd)
@@ -505,9 +516,98 @@ def share_like_dir(fd: int, dir_fd: int) -> bool:
     """share_with_group(fd) when the directory `dir_fd` it was made in is group-shared; whether it is."""
     st = os.fstat(dir_fd)
     if not group_shared(st):
+        give_to(fd, owner_for(st))
         return False
     share_with_group(fd, st.st_gid)
     return True
+
+
+# ---- root's work in a user's cache stays the user's ----------------------------------------------
+
+def owner_for(st: os.stat_result) -> tuple[int, int] | None:
+    """Whom root gives what it makes in the directory `st` (a cache root, or a directory of kcache's in
+    one): its owner's uid and gid, when kcache runs as root and the directory is another user's and not
+    group-shared (a group-shared cache keeps its group rule, share_with_group); else None (nothing
+    changes hands: runs as a user, root's own caches)."""
+    if os.geteuid() != 0 or st.st_uid == 0 or group_shared(st):
+        return None
+    return st.st_uid, st.st_gid
+
+
+def give_to(fd: int, owner: tuple[int, int] | None) -> None:
+    """fchown what root made, held as `fd`, to `owner` (owner_for; None: nothing): only a directory or a
+    regular file with no other name that root owns; anything else (a hard link to a file elsewhere above
+    all) is left as it is. Through the descriptor, never a path: a name the user swaps changes nothing."""
+    if owner is None:
+        return
+    st = os.fstat(fd)
+    if st.st_uid == 0 and (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode) and st.st_nlink == 1):
+        os.fchown(fd, *owner)
+
+
+def give_like_dir(fd: int, dir_fd: int) -> None:
+    """give_to the owner of the directory `dir_fd` that `fd` was made in (owner_for)."""
+    give_to(fd, owner_for(os.fstat(dir_fd)))
+
+
+def give_tree(fd: int, owner: tuple[int, int] | None) -> None:
+    """give_to every directory and regular file root owns in the tree held open as `fd`, itself included:
+    an entry staged for publishing, or kcache's state an earlier root run left root's. Each is opened
+    beneath its held parent without following a link (O_NOFOLLOW; only what lstat shows to be a root-owned
+    directory or file, so no FIFO or device is opened), and changed through its own descriptor."""
+    if owner is None:
+        return
+    stack = [os.dup(fd)]
+    while stack:
+        cur = stack.pop()
+        try:
+            give_to(cur, owner)
+            for de in list(os.scandir(cur)):
+                st = de.stat(follow_symlinks=False)
+                if st.st_uid == 0 and (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                    _give_named(cur, de.name, stat.S_ISDIR(st.st_mode), owner, stack)
+        except OSError:
+            pass
+        finally:
+            os.close(cur)
+
+
+def _give_named(dir_fd: int, name: str, is_dir: bool, owner: tuple[int, int], stack: list[int]) -> None:
+    """give_tree's step: a directory is stacked (given when popped), a file given now; a name swapped
+    meanwhile for a link fails the open (ELOOP, ENOTDIR) and is passed over."""
+    flags = DIR_FLAGS if is_dir else os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        sub = os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return
+    if is_dir:
+        stack.append(sub)
+        return
+    try:
+        give_to(sub, owner)
+    except OSError:
+        pass
+    finally:
+        os.close(sub)
+
+
+def give_back_state(fd: int, root_st: os.stat_result) -> None:
+    """A directory of kcache's state (`.kcache/` or one in it, held as `fd`) that an earlier run of root's
+    left root's in another user's cache (`root_st`: owner_for), given back with all of root's in it
+    (give_tree): the owner's own prune, clear and builds must be able to use and empty it."""
+    owner = owner_for(root_st)
+    if owner is not None and os.fstat(fd).st_uid == 0:
+        give_tree(fd, owner)
+
+
+def hand_over_tree(fd: int, root_st: os.stat_result) -> None:
+    """What root (or a member) made in the tree `fd` under the cache root `root_st`, before it is published:
+    the group's in a group-shared cache (share_tree), the root's owner's when root works in a user's cache
+    (give_tree); otherwise left as the umask made it."""
+    if group_shared(root_st):
+        share_tree(fd, root_st.st_gid)
+    else:
+        give_tree(fd, owner_for(root_st))
 
 
 def make_dirs(path: str | os.PathLike) -> list[str]:

@@ -1067,12 +1067,12 @@ def _publish(root: Path, root_fd: int, tmp: _Temp, spec: TaskSpec) -> None:
     """One rename makes the entry visible. An entry already there (--force, or a broken one) is
     exchanged with it in one step, then renamed into .kcache/trash/: readers see the old entry or the
     new one (where the file system cannot exchange, the old goes first: the old, none, or the new).
-    Through held directory fds; the temp directory is opened to the cache's users first (umask)."""
+    Through held directory fds; the temp directory is opened to the cache's users first (umask), and
+    handed over (fswrite.hand_over_tree: the group's, or the owner's when root builds in a user's cache)."""
     name = spec.relpath.rpartition("/")[2]
     os.fchmod(tmp.fd, 0o777 & ~fswrite.umask() | (os.fstat(tmp.op_fd).st_mode & stat.S_ISGID))
-    group = state.shared_group(root_fd)
-    if group is not None:  # a member must be able to remove or replace it, whatever this umask
-        fswrite.share_tree(tmp.fd, group)
+    # a member must be able to remove or replace it, whatever this umask; root's build in a user's cache the user's
+    fswrite.hand_over_tree(tmp.fd, os.fstat(root_fd))
     if fswrite.lexists_at(tmp.op_fd, name) and fswrite.exchange_held(tmp.op_fd, tmp.name, name, os.fstat(tmp.fd)):
         _trash_old(root, root_fd, tmp.op_fd, tmp.name, spec)  # the old entry, now under the temp name
         return

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shlex
 import signal
 import stat
 import threading
@@ -744,6 +745,7 @@ class _Executor:
             # in a group-shared cache every member takes locks and uses the trash, whatever the umask
             # of whoever made them (root's cron with 022 included); elsewhere the umask decides
             fswrite.share_with_group(fd, rst.st_gid)
+        fswrite.give_back_state(fd, rst)  # root's in a user's cache (made now or by an earlier run): the user's
         if made and relpath == state.STATE_DIR:
             state.write_gitignore(fd)
         return fd
@@ -753,7 +755,7 @@ class _Executor:
             return KcacheError(f"{self.root / relpath} is a symlink or not a directory: kcache never writes "
                                "through a link; nothing was removed")
         return KcacheError(f"cannot write to {self.root / relpath}: {exc.strerror or exc}; nothing was removed"
-                           + _permission_fix(self.root / relpath, exc))
+                           + _permission_fix(self.root / relpath, exc, self.root))
 
     def _lock_gc(self) -> int:
         """Pin .kcache/ and .kcache/locks/ and take the gc lock (saying so while it waits). On a full disk
@@ -893,17 +895,22 @@ class _Executor:
 
     def _share_state(self) -> None:
         """In a group-shared cache, the rest of .kcache/ this user made (last-used stamps, the index) made
-        the group's too, as _pin does for locks/ and trash/: a member's build hit must be able to stamp."""
+        the group's too, as _pin does for locks/ and trash/: a member's build hit must be able to stamp. Run
+        as root in a user's cache, what an earlier root run left root's there is the user's again."""
         sd, root_st = state.STATE_DIR, os.fstat(self.pinned[""])
-        if sd not in self.pinned or not fswrite.group_shared(root_st):
+        shared = fswrite.group_shared(root_st)
+        if sd not in self.pinned or not shared and fswrite.owner_for(root_st) is None:
             return
-        for sub in ("used", state.INDEX_DIR):
+        for sub in ("used", state.INDEX_DIR) + (() if shared else ("trash",)):
             try:
                 fd = os.open(sub, _DIR_FLAGS, dir_fd=self.pinned[sd])
             except OSError:
                 continue
             try:
-                fswrite.share_with_group(fd, root_st.st_gid)  # only what this user owns
+                if shared:
+                    fswrite.share_with_group(fd, root_st.st_gid)  # only what this user owns
+                else:  # root in a user's cache: what an earlier root run left root's goes back to the user
+                    fswrite.give_back_state(fd, root_st)
             except OSError:
                 pass
             finally:
@@ -1254,9 +1261,10 @@ class _Executor:
                 os.close(fd)
 
 
-def _permission_fix(path: Path, exc: OSError) -> str:
+def _permission_fix(path: Path, exc: OSError, root: Path) -> str:
     """For a permission error: how to make the directory the group's (what a newer kcache run by its
-    owner does by itself in a group-shared cache)."""
+    owner does by itself in a group-shared cache); in a user's own cache, a directory an older kcache run
+    by root left root's, what gives it back (fswrite.give_back_state)."""
     if exc.errno not in (errno.EACCES, errno.EPERM):
         return ""
     try:
@@ -1271,6 +1279,14 @@ def _permission_fix(path: Path, exc: OSError) -> str:
         return ""
     if st.st_mode & 0o020 and st.st_gid not in (os.getegid(), *os.getgroups()):  # the group's already: not ours
         return f"; {path} is the group {_group_name(st.st_gid)}'s, and you are not a member"
+    try:
+        rst = os.stat(root, follow_symlinks=False)
+    except OSError:
+        rst = None
+    if st.st_uid == 0 and rst is not None and rst.st_uid != 0 and not fswrite.group_shared(rst):
+        cmd = shlex.join(["kcache", "--cache-dir", str(root), "prune", "--broken"])
+        return (f"; fix: root runs any kcache command on this cache, e.g. `{cmd}`, which gives what an earlier "
+                f"run of root's left root's in .kcache/ back to the cache's owner (uid {rst.st_uid})")
     return (f"; fix: its owner (uid {st.st_uid}) or root runs `chmod g+ws {path}` or any kcache prune or "
             "clear of this cache (which makes .kcache/ the group's)")
 

@@ -321,7 +321,7 @@ def _compile(root: Path, root_fd: int, entry_fd: int, relpath: str, source: str,
             if proc.returncode != 0 or lib_problem(tmp.fd, "cpu", None) is not None:
                 return RepairResult(relpath, str(root / relpath), FAILED, reason, command, elapsed, output,
                                     f"compile failed (exit status {proc.returncode}): {BINARY} left as it was")
-            _fsync(tmp.fd)
+            _fsync(tmp.fd, root_fd)
             fswrite.rename_at(tmp.fd, BINARY, entry_fd, BINARY)  # only lib.so changes in the entry
             os.fsync(entry_fd)
             return RepairResult(relpath, str(root / relpath), REPAIRED, reason, command, elapsed, output)
@@ -345,9 +345,11 @@ def _copy_source(entry_fd: int, tmp_fd: int, relpath: str, source: str) -> None:
         fsread.close_read(fd)
 
 
-def _fsync(dir_fd: int) -> None:
+def _fsync(dir_fd: int, root_fd: int) -> None:
+    """The new lib.so made durable, and root's given to the owner of a user's cache (fswrite.give_to)."""
     fd, _ = fsread.open_regular(BINARY, dir_fd=dir_fd)
     try:
+        fswrite.give_to(fd, fswrite.owner_for(os.fstat(root_fd)))
         os.fsync(fd)
     finally:
         fsread.close_read(fd)
