@@ -140,6 +140,9 @@ def test_an_older_roots_state_is_given_back_and_nothing_else(area):
     os.chmod(root / ".kcache" / "trash" / "123-456", 0o700)
     os.symlink(victim, root / ".kcache" / "used" / "planted")
     os.link(hard, root / ".kcache" / "locks" / "linked.lock")
+    secret = root / ".kcache" / "locks" / "moved.lock"  # a private file of root's the user moved in: stays root's
+    secret.write_text("root's secret\n")
+    os.chmod(secret, 0o600)
 
     blocked = owner_kcache("--cache-dir", root, "clear", "--op", "relu", "--yes")
     assert blocked.returncode == 1 and "Permission denied" in blocked.stderr, blocked.stderr
@@ -149,12 +152,29 @@ def test_an_older_roots_state_is_given_back_and_nothing_else(area):
     assert run.returncode == 0, run.stderr
     linked, planted = root / ".kcache" / "locks" / "linked.lock", root / ".kcache" / "used" / "planted"
     left = {p.split()[0] for p in not_the_users(root)}
-    assert str(linked) in left and left <= {str(linked), str(planted)}, left  # (a stale stamp may be tidied)
+    assert str(linked) in left and str(secret) in left, left
+    assert left <= {str(linked), str(planted), str(secret)}, left  # (a stale stamp may be tidied)
     assert os.stat(victim).st_uid == 0 and os.stat(hard).st_uid == 0
     assert stat.S_IMODE(os.stat(root / ".kcache" / "locks" / "old.lock").st_mode) == 0o600
     linked.unlink()
+    secret.unlink()
     if os.path.lexists(planted):
         planted.unlink()
     relu = owner_kcache("--cache-dir", root, "clear", "--op", "relu", "--yes")
     assert relu.returncode == 0, relu.stderr
     assert_still_the_users(root)
+
+
+def test_roots_own_index_in_a_users_cache_stays_roots_and_is_used(area):
+    """Root's scan index (.kcache/index/scan.0) is root's alone to trust (read_index_file takes only the
+    reader's own): given to the user, every cron run would list the cache cold again. It stays root's; the
+    user, who owns the directory, may still remove it."""
+    from kcache_cli.fs import state
+
+    root = user_cache(area, "indexed")
+    started = state.start_index_write(str(root))
+    assert started is not None
+    state.finish_index_write(*started[:2], b"kcache index bytes", "scan")
+    kept = root / ".kcache" / "index" / state.index_name("scan")
+    assert os.stat(kept).st_uid == 0 and os.stat(kept.parent).st_uid == USER
+    assert state.read_index_file(str(root), "scan", 1 << 20) == b"kcache index bytes"

@@ -364,7 +364,7 @@ def start_index_write(root: str) -> tuple[int, str, int] | None:
     try:
         fd = fswrite.create_excl(dfd, tmp, 0o644)
         try:
-            fswrite.share_like_dir(fd, dfd)
+            fswrite.share_like_dir(fd, dfd, give=False)  # root's stays root's: read_index_file trusts only its own
             now = os.fstat(fd).st_ctime_ns
         finally:
             os.close(fd)

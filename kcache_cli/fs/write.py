@@ -512,11 +512,14 @@ def share_tree(fd: int, gid: int) -> None:
             os.close(cur)
 
 
-def share_like_dir(fd: int, dir_fd: int) -> bool:
-    """share_with_group(fd) when the directory `dir_fd` it was made in is group-shared; whether it is."""
+def share_like_dir(fd: int, dir_fd: int, give: bool = True) -> bool:
+    """share_with_group(fd) when the directory `dir_fd` it was made in is group-shared; whether it is. Else,
+    with `give`, root's is given to the owner of a user's directory (give_to); without, it stays root's (a
+    file only its maker may trust: its scan index)."""
     st = os.fstat(dir_fd)
     if not group_shared(st):
-        give_to(fd, owner_for(st))
+        if give:
+            give_to(fd, owner_for(st))
         return False
     share_with_group(fd, st.st_gid)
     return True
@@ -550,21 +553,27 @@ def give_like_dir(fd: int, dir_fd: int) -> None:
     give_to(fd, owner_for(os.fstat(dir_fd)))
 
 
-def give_tree(fd: int, owner: tuple[int, int] | None) -> None:
+def give_tree(fd: int, owner: tuple[int, int] | None, public_only: bool = False) -> None:
     """give_to every directory and regular file root owns in the tree held open as `fd`, itself included:
     an entry staged for publishing, or kcache's state an earlier root run left root's. Each is opened
     beneath its held parent without following a link (O_NOFOLLOW; only what lstat shows to be a root-owned
-    directory or file, so no FIFO or device is opened), and changed through its own descriptor."""
+    directory or file, so no FIFO or device is opened), and changed through its own descriptor. With
+    `public_only` (a tree the user could have put things in), only what gives the user nothing to read they
+    could not read before (_public): a file of root's that the user moved there (they own the directory)
+    never becomes theirs to read."""
     if owner is None:
         return
     stack = [os.dup(fd)]
     while stack:
         cur = stack.pop()
         try:
+            if public_only and not _public(os.fstat(cur)):
+                continue
             give_to(cur, owner)
             for de in list(os.scandir(cur)):
                 st = de.stat(follow_symlinks=False)
-                if st.st_uid == 0 and (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                if st.st_uid == 0 and (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) \
+                        and (_public(st) or not public_only):
                     _give_named(cur, de.name, stat.S_ISDIR(st.st_mode), owner, stack)
         except OSError:
             pass
@@ -591,13 +600,23 @@ def _give_named(dir_fd: int, name: str, is_dir: bool, owner: tuple[int, int], st
         os.close(sub)
 
 
+def _public(st: os.stat_result) -> bool:
+    """Nothing in it is root's to keep: a file empty (a lock, a stamp) or world-readable, a directory
+    world-readable and searchable."""
+    if stat.S_ISDIR(st.st_mode):
+        return st.st_mode & 0o005 == 0o005
+    return st.st_size == 0 or bool(st.st_mode & 0o004)
+
+
 def give_back_state(fd: int, root_st: os.stat_result) -> None:
     """A directory of kcache's state (`.kcache/` or one in it, held as `fd`) that an earlier run of root's
-    left root's in another user's cache (`root_st`: owner_for), given back with all of root's in it
-    (give_tree): the owner's own prune, clear and builds must be able to use and empty it."""
+    left root's in another user's cache (`root_st`: owner_for), given back with all of root's in it that
+    gives the user nothing new to read (give_tree, public_only: kcache's locks and stamps are empty, its
+    directories 0755 under umask 022; a private file of root's the user moved in stays root's): the owner's
+    own prune, clear and builds must use and empty it."""
     owner = owner_for(root_st)
     if owner is not None and os.fstat(fd).st_uid == 0:
-        give_tree(fd, owner)
+        give_tree(fd, owner, public_only=True)
 
 
 def hand_over_tree(fd: int, root_st: os.stat_result) -> None:
