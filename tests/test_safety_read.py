@@ -12,6 +12,7 @@ import json
 import os
 import resource
 import select
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -196,6 +197,63 @@ def test_fifo_in_tilus_and_tilelang_entries(fixture_copy, tmp_path):
     # reported (its listed size already fails it), never read: the command did not block
     assert any("executable.so" in p for e in json.loads(ver.stdout)["problems"] for p in e["problems"])
     assert (_cache_state(tilus), _cache_state(tilelang)) == before
+
+
+
+NON_REGULAR = ["fifo", pytest.param("device", marks=pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")),
+               "link"]
+WHAT = {"fifo": "a FIFO", "device": "a character device", "link": "a symlink"}
+
+
+def _plant(path: Path, how: str, outside: Path) -> None:
+    """The file `path` (a kernel file its consumer opens) replaced by a FIFO, a character device (/dev/zero's
+    numbers) or a link to a copy of it outside the cache."""
+    data = path.read_bytes() if path.exists() else b"x" * 64
+    path.unlink(missing_ok=True)
+    if how == "fifo":
+        os.mkfifo(path)
+    elif how == "device":
+        os.mknod(path, 0o644 | stat.S_IFCHR, os.makedev(1, 5))
+    else:
+        outside.mkdir(exist_ok=True)
+        (outside / path.name).write_bytes(data)
+        path.symlink_to(outside / path.name)
+
+
+def _never_judged(root: Path, planted: dict[str, str], how: str) -> None:
+    """Each entry (relpath -> the name planted in it) is unreadable, its reason naming the file, in ls, verify
+    and inspect alike; `prune --broken` removes nothing of the cache; no command blocked (kc's timeout)."""
+    before = _cache_state(root)
+    listed = _ls(root)
+    for rel, name in planted.items():
+        e = listed[rel]
+        assert e["status"] == "unreadable" and f"{name} is {WHAT[how]}" in e["reason"], (rel, e)
+    ver = kc("--cache-dir", root, "verify", "--json")
+    assert ver.returncode == 1, ver.stderr
+    problems = {os.path.relpath(p["path"], root): p for p in json.loads(ver.stdout)["problems"]}
+    for rel, name in planted.items():
+        assert problems[rel]["status"] == "unreadable" and any(name in p for p in problems[rel]["problems"]), rel
+        ins = kc("--cache-dir", root, "inspect", listed[rel]["hash"], "--json")
+        assert json.loads(ins.stdout)["status"] == "unreadable" and name in json.loads(ins.stdout)["reason"], rel
+    plan = kc("--cache-dir", root, "prune", "--broken", "--dry-run", "--json")
+    assert plan.returncode == 0 and not {os.path.relpath(r["path"], root) for r in json.loads(plan.stdout)["removed"]
+                                         } & set(planted), plan.stdout
+    assert kc("--cache-dir", root, "prune", "--broken").returncode == 0
+    assert _cache_state(root) == before
+
+
+@pytest.mark.parametrize("how", NON_REGULAR)
+def test_a_non_regular_file_in_an_inductor_entry_leaves_it_unjudged(tmp_path, how):
+    """A FIFO, device or link where torch opens a file of a code shard, an fx graph variant or an
+    aotautograd variant: torch would open it (a FIFO blocks it), kcache never does, so the entry is
+    unreadable (DESIGN 2.8: never complete, never removed)."""
+    from loaders import recorded
+
+    root = recorded.extract_tree("inductor", tmp_path / "recorded")
+    files = [sorted(root.glob(glob))[0] for glob in ("[0-9a-z][0-9a-z]/c*.so", "fxgraph/*/*/*", "aotautograd/*/*")]
+    for f in files:  # the shard's .so keeps its .cpp beside it
+        _plant(f, how, tmp_path / "outside")
+    _never_judged(root, {os.path.relpath(f.parent, root): f.name for f in files}, how)
 
 
 # ---- nothing raw reaches a terminal -----------------------------------------------------------------

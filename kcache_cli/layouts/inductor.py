@@ -16,9 +16,10 @@ Root: TORCHINDUCTOR_CACHE_DIR, else `<tempdir>/torchinductor_<user>` (layouts/ho
 - `triton`: `triton/<device>/<key>/`, Triton kernel directories judged by the Triton layout's rules.
 Every file but a compiler's output is written as `.<pid>.<tid>.tmp` and renamed, so a visible one is
 whole and a dot-tmp file is a writer's (in flight while its pid lives, a leftover once old). Nothing
-marks completion, nothing is written on a hit. kcache never unpickles: a variant is judged by pickle's
-framing (PROTO first, STOP last) and, deep, by the sha256 its name states. `locks/` holds torch's
-FileLocks: probed, never removed.
+marks completion, nothing is written on a hit. A symlink, FIFO, device or socket in an entry (torch
+opens it; kcache never does) makes it unreadable, never removed (checks.not_regular). kcache never
+unpickles: a variant is judged by pickle's framing (PROTO first, STOP last) and, deep, by the sha256 its
+name states. `locks/` holds torch's FileLocks: probed, never removed.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from kcache_cli.layouts.base import (
 from kcache_cli.layouts.shapes import INDUCTOR
 from kcache_cli.layouts.shapes import TRITON as TRITON_SHAPE
 from kcache_cli.layouts.shapes import inductor_graph_relpath as graph_relpath
-from kcache_cli.model.checks import elf_truncated, list_files
+from kcache_cli.model.checks import elf_truncated, list_files, not_regular
 from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
@@ -112,7 +113,7 @@ def temp_status(name: str, mtime: float, now: float) -> tuple[Status, str]:
 class Listing(NamedTuple):
     files: dict[str, os.stat_result]  # regular files by name (dot files included)
     links: dict[str, os.stat_result]
-    others: list[str]  # directories, FIFOs...: not torch's
+    others: dict[str, os.stat_result]  # directories, FIFOs, devices, sockets: not torch's
     readable: bool
     mtime: float  # the directory's own
     dir_disk: int = 0  # the directory's own blocks, in bytes
@@ -139,9 +140,9 @@ def listing(where: EntryDir | str) -> Listing:
             return listing(d)
     files: dict[str, os.stat_result] = {}
     links: dict[str, os.stat_result] = {}
-    others: list[str] = []
+    others: dict[str, os.stat_result] = {}
     if where.fd is None:
-        return Listing({}, {}, [], False, 0.0)
+        return Listing({}, {}, {}, False, 0.0)
     try:
         own = os.fstat(where.fd)
         mtime = own.st_mtime
@@ -156,12 +157,19 @@ def listing(where: EntryDir | str) -> Listing:
                 elif stat.S_ISREG(st.st_mode):
                     files[de.name] = st
                 else:
-                    others.append(de.name)
+                    others[de.name] = st
     except OSError:
-        return Listing({}, {}, [], False, 0.0)
+        return Listing({}, {}, {}, False, 0.0)
     where.listing.update(files)
     where.listing.update(links)
     return Listing(files, links, others, True, mtime, own.st_blocks * 512, (own.st_dev, own.st_ino), own)
+
+
+def odd_file(lst: Listing) -> str | None:
+    """Why the directory leaves its entry unreadable: the first name in it that is a symlink, FIFO, device
+    or socket (torch opens what it finds under its names; kcache never does: checks.not_regular)."""
+    odd = {**lst.links, **lst.others}
+    return next((why for n in sorted(odd) if (why := not_regular(n, odd[n].st_mode, "torch"))), None)
 
 
 def unreadable_file(d: EntryDir, name: str, st: os.stat_result) -> str | None:
@@ -217,8 +225,9 @@ def judge_guarded(d: EntryDir, jc: Judging, lst: Listing | None = None,
             return Judgement.of(UNREADABLE, why)
         problem = variant_problem(d, n, lst.files[n].st_size, jc.deep)
         (bad if problem else good).append(problem or n)
-    if lst.links:
-        return Judgement.of(UNREADABLE, f"{min(lst.links)} is a symlink (torch follows it; kcache never does)")
+    odd = odd_file(lst)
+    if odd:
+        return Judgement.of(UNREADABLE, odd)
     if not good:
         return _no_good_variant(lst, bad, jc.now, lst.mtime)
     if os.path.basename(os.path.dirname(d.path)) == "aotautograd":
@@ -320,8 +329,9 @@ def judge_code(d: EntryDir, jc: Judging, lst: Listing | None = None) -> Judgemen
     lst = lst or listing(d)
     if not lst.readable:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
-    if lst.links:
-        return Judgement.of(UNREADABLE, f"{min(lst.links)} is a symlink (torch follows it; kcache never does)")
+    odd = odd_file(lst)
+    if odd:
+        return Judgement.of(UNREADABLE, odd)
     kernels = {key: _group_problems(d, key, exts, lst) for key, exts in sorted(code_groups(lst.files).items())}
     problems = tuple(p for found in kernels.values() for p in found)
     unreadable = next((p for p in problems if p.startswith("unreadable:")), None)
@@ -396,6 +406,9 @@ def judge_autotune(d: EntryDir, jc: Judging) -> Judgement:
     lst = listing(d)
     if not lst.readable:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
+    odd = odd_file(lst)
+    if odd:
+        return Judgement.of(UNREADABLE, odd)
     for name, st in lst.files.items():
         if name.startswith("."):
             continue

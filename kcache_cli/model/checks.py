@@ -128,6 +128,18 @@ def changed_since(mtimes: dict[str, float] | None, marker: str, names=None) -> b
 _EUID = os.geteuid()
 
 
+def not_regular(name: str, mode: int, consumer: str) -> str | None:
+    """Why the file `name` of an entry (its lstat's `mode`) leaves the entry unjudged: a symlink, FIFO,
+    device or socket where the `consumer` opens one of its files. kcache never opens one (no link is
+    followed, no FIFO waited on, no device read), so it cannot tell what the consumer would get: the entry
+    is `unreadable`, never complete nor broken, and never removed (DESIGN 2.8). None for a regular file
+    or a directory."""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    does = "follows it" if stat.S_ISLNK(mode) else "opens it"
+    return f"{name} is {fsread.kind_of(mode)}, not a regular file ({consumer} {does}; kcache never does)"
+
+
 def unreadable(path: str) -> str | None:
     """Why a file cannot be read by the people using the cache, or None. Root reads mode 000 files
     anyway, so a file nobody may read counts as unreadable whoever runs kcache. (A judgement asks its
