@@ -12,6 +12,7 @@ import json
 import os
 import resource
 import select
+import shutil
 import stat
 import subprocess
 import sys
@@ -254,6 +255,20 @@ def test_a_non_regular_file_in_an_inductor_entry_leaves_it_unjudged(tmp_path, ho
     for f in files:  # the shard's .so keeps its .cpp beside it
         _plant(f, how, tmp_path / "outside")
     _never_judged(root, {os.path.relpath(f.parent, root): f.name for f in files}, how)
+
+
+@pytest.mark.parametrize("how", NON_REGULAR)
+def test_a_non_regular_file_in_a_jax_cache_leaves_it_unjudged(tmp_path, how):
+    """A `-cache` file (with its `-atime` sidecar) that is a FIFO, device or link: jax would open it (a FIFO
+    blocks it), kcache never does; the one entry that is the whole cache is unreadable, never corrupt (prune
+    --broken would take every executable with it) nor complete."""
+    root = tmp_path / "caches"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "real" / "jax" / "cache", root / "jaxcache")
+    key = "jit_planted-" + "a" * 64
+    atime = next((root / "jaxcache").glob("*-atime"))
+    (root / "jaxcache" / f"{key}-atime").write_bytes(atime.read_bytes())
+    _plant(root / "jaxcache" / f"{key}-cache", how, tmp_path / "outside")
+    _never_judged(root, {"jaxcache": f"{key}-cache"}, how)
 
 
 # ---- nothing raw reaches a terminal -----------------------------------------------------------------

@@ -14,6 +14,8 @@ There is no default place: jax keeps no persistent cache unless the directory is
   and fails on the missing one, so no new executable is written any more (jax#39880): partial.
 - a `-cache` that does not decompress (cut short, emptied): jax warns, compiles again and never
   replaces it (put keeps an existing key): corrupt (deep: every file decompressed).
+- a file that is a FIFO, device, socket or symlink: jax opens it (a FIFO blocks it), kcache never does:
+  unreadable, never removed for it (checks.not_regular).
 - an `-atime` whose `-cache` is gone: ignored by jax (eviction walks the `-cache` files): an orphan,
   counted in inspect's facts and removed with the cache.
 Moving it: the key covers jax, jaxlib, the backend, the devices and the compile options, and the compile
@@ -43,7 +45,7 @@ from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.fs.locking import probe_locked
 from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, Verdict, unasked
 from kcache_cli.layouts.shapes import JAX
-from kcache_cli.model.checks import list_files
+from kcache_cli.model.checks import list_files, not_regular
 from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
@@ -106,6 +108,9 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
     if LOCKFILE in names and probe_locked(os.path.join(d.path, LOCKFILE)):  # a write's -cache before its -atime
         return Judgement.of(BUILDING, f"jax holds the cache's {LOCKFILE} (writing)")
+    odd = next((why for n in sorted(names) if (why := not_regular(n, d.lstat(n).st_mode, "jax"))), None)
+    if odd:  # a FIFO, device or link among its files: not judged, and the cache is never removed for it
+        return Judgement.of(UNREADABLE, odd)
     caches, atimes = keys(names)
     if atimes or LOCKFILE in names:  # a size cap is in use: eviction reads every sidecar
         bare = sorted(caches - atimes)
