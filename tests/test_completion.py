@@ -224,14 +224,7 @@ def test_a_tab_reads_a_bounded_number_of_kernels(kcache, fixture_copy, monkeypat
     """Never a scan of every kernel on TAB: at most names.READS kernels' metadata is read (every kernel
     of a cache up to that size; the first READS listed of a bigger one)."""
     cache = fixture_copy("triton") / "cache"
-    read: list[str] = []
-    real = fsread.json_object
-
-    def spy(path, *a, **k):
-        read.append(os.path.basename(os.fspath(path)))
-        return real(path, *a, **k)
-
-    monkeypatch.setattr(fsread, "json_object", spy)
+    read = _calls(monkeypatch, "json_object")
     monkeypatch.setattr(names, "READS", 2)
     offered = _values(kcache, f"kcache --cache-dir {cache} ls --space ")
     assert len(read) == 2 and all(n.endswith("_kernel.json") for n in read), read
@@ -241,17 +234,22 @@ def test_a_tab_reads_a_bounded_number_of_kernels(kcache, fixture_copy, monkeypat
 TRITON_OPS = ["add_kernel", "matmul_kernel", "softmax_kernel"]
 
 
-def _kernel_listings(monkeypatch) -> list[str]:
-    """The kernel directories listed (fsread.names: how names.py tells a Triton kernel's name) from now on."""
-    listed: list[str] = []
-    real = fsread.names
+def _calls(monkeypatch, reader: str) -> list[str]:
+    """The last parts of the paths fsread's `reader` is asked for from now on."""
+    asked: list[str] = []
+    real = getattr(fsread, reader)
 
     def spy(path, *a, **k):
-        listed.append(os.path.basename(os.fspath(path)))
+        asked.append(os.path.basename(os.fspath(path)))
         return real(path, *a, **k)
 
-    monkeypatch.setattr(fsread, "names", spy)
-    return listed
+    monkeypatch.setattr(fsread, reader, spy)
+    return asked
+
+
+def _kernel_listings(monkeypatch) -> list[str]:
+    """The kernel directories listed (fsread.names: how names.py tells a Triton kernel's name) from now on."""
+    return _calls(monkeypatch, "names")
 
 
 def _indexed(kcache, cache: Path, monkeypatch) -> None:
