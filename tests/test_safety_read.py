@@ -271,6 +271,60 @@ def test_a_non_regular_file_in_a_jax_cache_leaves_it_unjudged(tmp_path, how):
     _never_judged(root, {"jaxcache": f"{key}-cache"}, how)
 
 
+REAL = Path(__file__).parent / "fixtures" / "real"
+
+
+@pytest.mark.parametrize("how", NON_REGULAR)
+def test_a_non_regular_file_in_a_numba_entry_leaves_it_unjudged(tmp_path, how):
+    """A `.nbc` an index names as a FIFO, device or link: numba would open it (a FIFO blocks it), kcache
+    never does; ls said complete while verify said corrupt ("not a whole pickle"), naming nothing."""
+    root = tmp_path / "numba"
+    shutil.copytree(REAL / "numba", root)
+    entry = next(root.iterdir())
+    data = sorted(entry.glob("*.nbc"))[0]
+    _plant(data, how, tmp_path / "outside")
+    _never_judged(root, {entry.name: data.name}, how)
+
+
+@pytest.mark.parametrize("how", NON_REGULAR)
+def test_a_non_regular_file_in_a_tilelang_entry_leaves_it_unjudged(tmp_path, how):
+    """A kernel's executable.so and a cuda-binaries' kernel.cubin as a FIFO, device or link: tilelang opens
+    them (a FIFO blocks it), kcache never does; a FIFO or device was judged by its listed 0 bytes (partial,
+    corrupt), a link through to its target."""
+    root = tmp_path / "tilelang"
+    shutil.copytree(REAL / "tilelang", root)
+    files = [next(root.glob("0.1.15/linux-x86_64/kernels/*/executable.so")),
+             next(root.glob("0.1.15/cuda-binaries/*/kernel.cubin"))]
+    for f in files:
+        _plant(f, how, tmp_path / "outside")
+    _never_judged(root, {os.path.relpath(f.parent, root): f.name for f in files}, how)
+
+
+@pytest.mark.parametrize("how", NON_REGULAR)
+def test_a_non_regular_module_in_a_torch_extension_leaves_it_unjudged(tmp_path, how):
+    """The module `<name>.so` torch imports as a FIFO, device or link: a FIFO or device was corrupt ("is
+    empty": prune --broken removed the build), a link complete without being read."""
+    from test_torchext import EXT, built_here
+
+    root = built_here(tmp_path / "torch_extensions" / "py311_cpu")
+    module = root / EXT / f"{EXT}.so"
+    _plant(module, how, tmp_path / "outside")
+    _never_judged(root, {EXT: module.name}, how)
+
+
+@pytest.mark.parametrize("how", NON_REGULAR)
+def test_a_non_regular_file_in_the_cuda_jit_cache_leaves_it_unjudged(tmp_path, how):
+    """A cached binary deep in the driver's JIT cache as a FIFO, device or link: the driver opens it, kcache
+    never does; ls said complete while verify and inspect said unreadable."""
+    root = tmp_path / "nv"
+    cache = root / "ComputeCache"
+    (cache / "a" / "11").mkdir(parents=True)
+    (cache / "index").write_bytes(os.urandom(256))
+    (cache / "a" / "11" / "0000000bdeadbeef").write_bytes(os.urandom(1000))
+    _plant(cache / "a" / "11" / "0000000bdeadbeef", how, tmp_path / "outside")
+    _never_judged(root, {"ComputeCache": "a/11/0000000bdeadbeef"}, how)
+
+
 # ---- nothing raw reaches a terminal -----------------------------------------------------------------
 
 NASTY = ("\x1b]0;pwned-title\x07\x1b[2J\x1b[?1049h\x1b]52;c;cHduZWQ=\x07"  # title, clear, alt screen, clipboard

@@ -11,6 +11,8 @@ root: the only place common to all projects) or a project directory whose `__pyc
 What numba does with an entry (IndexDataCacheFile.load): an index that names a data file that is gone
 is a miss, and numba compiles that overload again and writes a new one (partial); an index or data file
 that does not unpickle raises out of the call (corrupt: deep, read with pickletools, never unpickled);
+an index or data file that is a symlink, FIFO, device or socket is opened by numba (a FIFO blocks it),
+never by kcache (unreadable in ls and verify alike, never removed for it: checks.not_regular);
 an index written by another numba version is ignored and rewritten (stale, when numba is installed
 beside kcache, whose version is then the one compared; else not judged); an index whose source file's
 stamp differs is ignored and rewritten too (stale): judged for a `__pycache__/`, whose source is
@@ -53,7 +55,7 @@ from kcache_cli.layouts.base import (
     unasked,
 )
 from kcache_cli.layouts.shapes import NUMBA
-from kcache_cli.model.checks import list_files
+from kcache_cli.model.checks import first_not_regular, list_files
 from kcache_cli.model.records import (
     COMPLETE,
     CORRUPT,
@@ -284,7 +286,7 @@ def inner_leftovers(entry: Entry) -> list[InnerLeftover]:
     return out
 
 
-_SEVERITY = {CORRUPT: 3, PARTIAL: 2, STALE: 1}
+_SEVERITY = {UNREADABLE: 4, CORRUPT: 3, PARTIAL: 2, STALE: 1}  # unreadable: never removed for one file
 
 
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
@@ -316,7 +318,11 @@ def _whole(verdicts: dict[str, Judgement] | None) -> Judgement:
 
 
 def _index_verdict(d: EntryDir, idx: str, names, jc: Judging, hashes: dict[str, bytes | None]) -> Judgement:
-    """What numba does with the index `idx` and the data files it names."""
+    """What numba does with the index `idx` and the data files it names. One of them a symlink, FIFO,
+    device or socket: numba opens it, kcache never does (checks.not_regular): unreadable, in ls too."""
+    odd = first_not_regular(d, (idx,), "numba")
+    if odd:
+        return Judgement.of(UNREADABLE, odd)
     try:
         index = read_index(d.read_bytes(idx, MAX_INDEX), targets=False)
     except (ValueError, OSError, IndexError) as exc:
@@ -331,6 +337,9 @@ def _index_verdict(d: EntryDir, idx: str, names, jc: Judging, hashes: dict[str, 
     gone = [r for r in index.refs if r not in names]
     if gone:
         return Judgement.of(PARTIAL, f"{idx} names {gone[0]}, which is gone: numba compiles that overload again")
+    odd = first_not_regular(d, index.refs, "numba")
+    if odd:
+        return Judgement.of(UNREADABLE, odd)
     bad = next((r for r in index.refs if not _whole_pickle(d, r)), None) if jc.deep else None
     if bad:
         return Judgement.of(CORRUPT, f"{bad} is not a whole pickle: numba's call raises on it")

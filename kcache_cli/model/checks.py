@@ -140,6 +140,19 @@ def not_regular(name: str, mode: int, consumer: str) -> str | None:
     return f"{name} is {fsread.kind_of(mode)}, not a regular file ({consumer} {does}; kcache never does)"
 
 
+def first_not_regular(d: EntryDir, names, consumer: str) -> str | None:
+    """not_regular's reason for the first of `names` (files of the entry held as `d`, by lstat: as listed,
+    no link followed) that is a symlink, FIFO, device or socket; None when all are regular (or gone)."""
+    for name in sorted(names):
+        try:
+            why = not_regular(name, d.lstat(name).st_mode, consumer)
+        except OSError:
+            continue
+        if why:
+            return why
+    return None
+
+
 def unreadable(path: str) -> str | None:
     """Why a file cannot be read by the people using the cache, or None. Root reads mode 000 files
     anyway, so a file nobody may read counts as unreadable whoever runs kcache. (A judgement asks its
