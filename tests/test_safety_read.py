@@ -288,15 +288,20 @@ def test_a_non_regular_file_in_a_numba_entry_leaves_it_unjudged(tmp_path, how):
 
 @pytest.mark.parametrize("how", NON_REGULAR)
 def test_a_non_regular_file_in_a_tilelang_entry_leaves_it_unjudged(tmp_path, how):
-    """A kernel's executable.so and a cuda-binaries' kernel.cubin as a FIFO, device or link: tilelang opens
-    them (a FIFO blocks it), kcache never does; a FIFO or device was judged by its listed 0 bytes (partial,
-    corrupt), a link through to its target."""
+    """A kernel's executable.so and a cuda-binaries' kernel.cubin as a FIFO, device or link to a FIFO:
+    tilelang opens them (a FIFO blocks it), kcache never does; they were judged by their 0 bytes (partial,
+    corrupt). A link to a good copy stays judged through it: tilelang's loader hits it (loaders oracle)."""
     root = tmp_path / "tilelang"
     shutil.copytree(REAL / "tilelang", root)
     files = [next(root.glob("0.1.15/linux-x86_64/kernels/*/executable.so")),
              next(root.glob("0.1.15/cuda-binaries/*/kernel.cubin"))]
-    for f in files:
-        _plant(f, how, tmp_path / "outside")
+    for i, f in enumerate(files):
+        if how == "link":
+            f.unlink()
+            os.mkfifo(tmp_path / f"outside-{i}.fifo")
+            f.symlink_to(tmp_path / f"outside-{i}.fifo")
+        else:
+            _plant(f, how, tmp_path / "outside")
     _never_judged(root, {os.path.relpath(f.parent, root): f.name for f in files}, how)
 
 

@@ -1,6 +1,9 @@
 """tilelang 0.1.15: <root>/<version>/<platform>/kernels/<sha256>/ (compiled kernels, with a
 manifest.json of sizes and sha256s), <root>/<version>/cuda-binaries/<sha256>/ (cubins with a
-metadata.json), and `.staging/` directories for writes in flight."""
+metadata.json), and `.staging/` directories for writes in flight. tilelang opens its files through links
+(a link to a good copy is a hit: judged through it); a file that is, or links to, a FIFO, device or socket
+makes the entry unreadable (tilelang opens it, a FIFO blocks it; kcache never does: checks.not_regular),
+in ls and verify alike, never removed for it."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, Leftover, ScanContext, Verdict, unasked
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
 from kcache_cli.layouts.shapes import TILELANG, top_dirs
-from kcache_cli.model.checks import changed_since, list_files
+from kcache_cli.model.checks import changed_since, list_files, not_regular
 from kcache_cli.model.records import (
     COMPLETE,
     CORRUPT,
@@ -170,6 +173,18 @@ def _record(d: EntryDir, name: str) -> tuple[object, str | None]:
         return None, "bad"
 
 
+def _not_regular(d: EntryDir, names: dict[str, int]) -> str | None:
+    """Why the entry is left unjudged: its first file that is, as tilelang opens it (through a link), a FIFO,
+    device or socket (kcache never opens one: checks.not_regular). A link to a regular file is judged
+    through it, as tilelang's loader uses it (a hit); a dangling one is missing."""
+    for name in sorted(names):
+        st = _stat(d, name)
+        why = not_regular(name, st.st_mode, "tilelang") if st is not None else None
+        if why:
+            return why if _listed_plain(d, name) else why.replace(f"{name} is ", f"{name} is a symlink to ", 1)
+    return None
+
+
 def _kernel_lib(names: dict[str, int]) -> str:
     """The executable tilelang's backend loads: the one present, else the TVM FFI backend's (default)."""
     return next((b for b in KERNEL_BINARIES if b in names), KERNEL_BINARIES[0])
@@ -184,6 +199,9 @@ def kernel_status(d: EntryDir, names: dict[str, int], mtimes: dict[str, float] |
     by size only: a same-size edit is a hit."""
     if _dir_denied(d):
         return UNREADABLE, "cannot read the directory: permission denied (mode 000)"
+    odd = _not_regular(d, names)
+    if odd:
+        return UNREADABLE, odd
     lib = _kernel_lib(names)
     needed = (*SOURCES, "manifest.json", lib, "params.json", *(("kernel.py",) if lib == "kernel.cubin" else ()))
     stats = {n: _stat(d, n) for n in needed}
@@ -236,6 +254,9 @@ def binary_status(d: EntryDir, names: dict[str, int], mtimes: dict[str, float] |
     misses and `save` never replaces a published directory: corrupt."""
     if _dir_denied(d):
         return UNREADABLE, "cannot read the directory: permission denied (mode 000)"
+    odd = _not_regular(d, names)
+    if odd:
+        return UNREADABLE, odd
     binary = next((b for b in CUBIN_BINARIES if b in names), CUBIN_BINARIES[0])
     forever = "tilelang misses it on every lookup and never replaces it"
     st = _stat(d, binary)
