@@ -102,17 +102,18 @@ def test_a_module_cut_short_is_corrupt_to_the_cheap_checks_too(root):
 def test_a_module_that_is_a_link_is_never_read_through(root, tmp_path):
     """The module as a symlink (torch follows it): kcache, maybe root over another user's build directory,
     opens nothing a link names (a link to /proc/kmsg took the kernel's messages from its log); a link to a
-    whole copy was judged by the link's own size: corrupt, and prune --broken would have removed it."""
+    whole copy was judged by the link's own size: corrupt, and prune --broken would have removed it. It is
+    unreadable (checks.not_regular: never judged, never removed), in ls and verify alike."""
     module = root / EXT / f"{EXT}.so"
     copy = tmp_path / "elsewhere.so"
     shutil.copy(module, copy)
     module.unlink()
     module.symlink_to(copy)
-    assert rows(root)[EXT]["status"] == "complete"
+    assert rows(root)[EXT]["status"] == "unreadable"
     module.unlink()
     module.symlink_to("/proc/self/pagemap")
-    assert rows(root)[EXT]["status"] == "complete"
-    assert run_kcache("--cache-dir", root, "verify").exit_code == 0
+    assert rows(root)[EXT]["status"] == "unreadable" and f"{EXT}.so is a symlink" in rows(root)[EXT]["reason"]
+    assert run_kcache("--cache-dir", root, "verify").exit_code == 1
 
 
 def test_a_long_build_ninja_is_read_whole(root):

@@ -27,6 +27,8 @@ hangs (pytorch#189245). So:
   it as it is. An extension is a hit only at the path it was built at, with the same torch and Python.
 - the module empty or cut short (its ELF header says so: one 64-byte read, in `ls` too): ninja sees it
   up to date and torch's import fails (corrupt).
+- the module a symlink, FIFO, device or socket: torch follows or opens it (a FIFO blocks its import),
+  kcache never does: unreadable, in `ls` and `verify` alike, never removed for it (checks.not_regular).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts._common import leads_here
 from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, StaleLock, Verdict, unasked
 from kcache_cli.layouts.shapes import TORCHEXT, TORCHEXT_EVIDENCE
-from kcache_cli.model.checks import elf_truncated, list_files, read_every_byte
+from kcache_cli.model.checks import elf_truncated, list_files, not_regular, read_every_byte
 from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
@@ -187,17 +189,20 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
 def _module_verdict(d: EntryDir, module: str, size: int, jc: Judging) -> Judgement:
     """The module torch dlopens: whole unless empty or shorter than its ELF header says (one read of 64
     bytes, in ls too: ninja takes a module cut short as up to date and torch's import dies of it), or
-    (deep) a byte of the entry cannot be read. A module nobody may read is unreadable, never broken. A
-    module that is a symlink is not read through (torch follows it; kcache, maybe root over another
-    user's directory, opens nothing a link names: /proc/kmsg gives up the kernel's messages)."""
-    unreadable = d.unreadable(module) if size else None
+    (deep) a byte of the entry cannot be read. A module nobody may read is unreadable, never broken; so is
+    a module that is a symlink, FIFO, device or socket (torch follows or opens it; kcache, maybe root over
+    another user's directory, opens none: /proc/kmsg gives up the kernel's messages; checks.not_regular)."""
+    try:
+        odd = not_regular(module, d.lstat(module).st_mode, "torch")
+    except OSError:
+        odd = None
+    unreadable = odd or (d.unreadable(module) if size else None)
     if unreadable:
         return Judgement.of(UNREADABLE, unreadable)
+    bad: str | None
     try:
         if not size:
             bad = f"{module} is empty"
-        elif stat.S_ISLNK(d.lstat(module).st_mode):
-            bad = None
         else:
             bad = elf_truncated(module, d.read_bytes(module, 64, strict=False), size)
     except PermissionError as exc:
