@@ -7,7 +7,8 @@ directory as one opaque entry: its size, its file count, its size against the ca
 its parent directory (the layout's root), because an entry is a directory inside a root. kcache never
 removes a file of it: only the whole directory, and only while no process of the cache's owner has
 the CUDA driver (libcuda.so) mapped (/proc/<pid>/maps), since the driver keeps the index open and
-rewrites it.
+rewrites it. A file in it that is a symlink, FIFO, device or socket (the driver opens it, a FIFO blocks
+it; kcache never does: checks.not_regular) makes it unreadable, in ls and verify alike, never removed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import CUDAJIT, cudajit_evidence, cudajit_names
-from kcache_cli.model.checks import list_files, read_every_byte
+from kcache_cli.model.checks import list_files, not_regular, read_every_byte
 from kcache_cli.model.records import (
     COMPLETE,
     UNREADABLE,
@@ -68,16 +69,30 @@ def detect(root: Path) -> bool:
 
 
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
-    """Complete when its directory (held as `d`) can be read (deep: every file); kcache cannot judge more."""
+    """Complete when its directory (held as `d`) can be read (deep: every file); kcache cannot judge more.
+    A file in it that is a symlink, FIFO, device or socket (in ls too) leaves it unreadable."""
     try:
         d.files()
     except OSError:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
+    odd = _not_regular(d)
+    if odd:
+        return Judgement.of(UNREADABLE, odd)
     if jc.deep:
         bad = read_every_byte(d, jc.caller_reads)
         if bad:
             return Judgement.of(UNREADABLE, bad)
     return Judgement(COMPLETE)
+
+
+def _not_regular(d: EntryDir) -> str | None:
+    """checks.not_regular's reason for the first file anywhere in the tree (no link followed) that is not a
+    regular file: the driver opens what it finds there, kcache never does."""
+    try:
+        return next((why for rel, st, _ in d.walk_files() if (why := not_regular(rel, st.st_mode, "the driver"))),
+                    None)
+    except OSError:  # TreeTooDeep, or gone: the deep read says so
+        return None
 
 
 def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
