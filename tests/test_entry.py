@@ -49,6 +49,17 @@ def test_a_signal_while_kcache_loads_is_an_interrupt(sig, target):
     assert (r.returncode, r.stderr, r.stdout) == (128 + sig, "Error: interrupted\n", "")
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_between_the_scripts_import_and_its_call_is_an_interrupt(sig):
+    """pip's console script runs its own lines after `from kcache_cli.cli.entry import run` (a `re.sub` of
+    argv[0] in older pip) before it calls run(): a signal there was a traceback (SIGTERM: killed)."""
+    module, func = re.search(r'^kcache = "([\w.]+):(\w+)"$', PYPROJECT.read_text(), re.M).groups()
+    main = f"import os, re, sys\nfrom {module} import {func}\nos.kill(os.getpid(), {int(sig)})\n" \
+           f"sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\nsys.exit({func}())\n"
+    r = _start(sig, "no.such.module", "--version", main=main)
+    assert (r.returncode, r.stderr, r.stdout) == (128 + sig, "Error: interrupted\n", "")
+
+
 def test_python_m_kcache_cli_takes_it_too():
     r = _start(signal.SIGTERM, "typer", "--json", "--version", main="import runpy\n"
                "runpy.run_module('kcache_cli', run_name='__main__')\n")

@@ -1,7 +1,9 @@
 """The console script's entry (and `python -m kcache_cli`'s): Ctrl-C, SIGTERM or SIGHUP while kcache is still
 starting (loading Typer and its own modules, a tenth of a second) ends it as one during a command does, exit
 128 + the signal and `Error: interrupted`, not Python's KeyboardInterrupt traceback. Its handlers are in place
-before anything else loads; main's TermAsInterrupt takes over from them for the command."""
+as soon as this module is loaded (the first of kcache's code a console script runs: what the script does
+before it calls run(), such as pip's own `re.sub` of argv[0], is covered too); main's TermAsInterrupt takes
+over from them for the command."""
 
 from __future__ import annotations
 
@@ -11,11 +13,23 @@ import sys
 import _signal  # type: ignore[import-not-found]  # (typeshed has no stub for it)
 
 _GOT: list[int] = []  # the signals taken while kcache started (or after main gave them back)
+_RAISING: list[bool] = []  # run() has begun: a signal stops what is loading (before, the script's own code)
 
 
 def _stop(signum: int, _frame: object) -> None:
+    """Note the signal; inside run(), stop what runs (the import of the app). Before run() (the console
+    script's own lines after its import) it is only noted: run() ends at once with it."""
     _GOT.append(signum)
-    raise KeyboardInterrupt(f"signal {signum}")
+    if _RAISING:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _take() -> None:
+    """SIGINT, SIGTERM and SIGHUP, each one not ignored at start (`nohup`, a script's background job)."""
+    for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+        if _signal.getsignal(sig) != _signal.SIG_IGN:
+            _signal.signal(sig, _stop)
+    sys.unraisablehook = _unraisable
 
 
 def _unraisable(info) -> None:
@@ -39,13 +53,12 @@ def _interrupted(signum: int) -> None:
 
 
 def run() -> None:
-    """Take SIGINT, SIGTERM and SIGHUP (each one not ignored at start: `nohup`, a script's background job),
-    then load the app and run it. C code may swallow what _stop raised (the import machinery does), so a
-    signal taken shows after the import too, and an error that follows one is that interrupt."""
-    for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
-        if _signal.getsignal(sig) != _signal.SIG_IGN:
-            _signal.signal(sig, _stop)
-    sys.unraisablehook = _unraisable
+    """Load the app and run it, the signals taken since this module loaded (_take). C code may swallow what
+    _stop raised (the import machinery does), so a signal taken shows after the import too, and an error
+    that follows one is that interrupt."""
+    if _GOT:  # between this module's load and this call
+        _interrupted(_GOT[0])
+    _RAISING.append(True)
     try:
         from kcache_cli.cli import app
 
@@ -58,3 +71,6 @@ def run() -> None:
         if not _GOT:
             raise
         _interrupted(_GOT[0])
+
+
+_take()  # at load: the first of kcache's code the console script runs
