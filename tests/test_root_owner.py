@@ -178,3 +178,25 @@ def test_roots_own_index_in_a_users_cache_stays_roots_and_is_used(area):
     kept = root / ".kcache" / "index" / state.index_name("scan")
     assert os.stat(kept).st_uid == 0 and os.stat(kept.parent).st_uid == USER
     assert state.read_index_file(str(root), "scan", 1 << 20) == b"kcache index bytes"
+
+
+def test_the_give_back_judges_what_it_holds_open_not_a_listed_name(area):
+    """A name the user swaps between the listing and the open must not make a private file of root's
+    theirs: the give-back's "nothing new to read" is judged on the descriptor it changes."""
+    from kcache_cli.fs import write as fswrite
+
+    private, public, empty = area / "private", area / "public", area / "empty"
+    private.write_text("root's secret\n")
+    os.chmod(private, 0o600)
+    public.write_text("everyone's\n")
+    empty.write_text("")
+    os.chmod(empty, 0o600)
+    given = {}
+    for path in (private, public, empty):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            given[path.name] = fswrite.give_to(fd, (USER, USER), public_only=True)
+        finally:
+            os.close(fd)
+    assert given == {"private": False, "public": True, "empty": True}
+    assert [os.stat(p).st_uid for p in (private, public, empty)] == [0, USER, USER]

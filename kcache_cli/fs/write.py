@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kcache_cli.fs import read as fsread
@@ -489,27 +489,54 @@ def share_with_group(fd: int, gid: int) -> None:
         os.fchmod(fd, want)
 
 
-def share_tree(fd: int, gid: int) -> None:
-    """Every directory of the tree held open as `fd` that this user made, the group `gid`'s
-    (share_with_group): an entry root's cron builds or imports under umask 022 into a group-shared cache
-    must be one a member can remove (renaming or emptying a directory takes write on it). No link
-    followed; what cannot be opened or changed is left as it is."""
+def _walk_held(fd: int, act: Callable[[int], bool], files: bool = False) -> None:
+    """act(d) on each directory `d` of the tree held open as `fd` (itself first; its subdirectories only
+    when act returns True) and, with `files`, act on each regular file in them: each opened beneath its
+    held parent as its listing typed it, no link followed (O_NOFOLLOW; a file non-blocking, no FIFO waited
+    on). What cannot be opened or changed (an OSError) is left as it is, and not descended into."""
     stack = [os.dup(fd)]
     while stack:
         cur = stack.pop()
         try:
-            share_with_group(cur, gid)
+            if not act(cur):
+                continue
             with os.scandir(cur) as it:
-                subs = [de.name for de in it if de.is_dir(follow_symlinks=False)]
-            for name in subs:
+                found = [(de.name, de.is_dir(follow_symlinks=False)) for de in it
+                         if de.is_dir(follow_symlinks=False) or files and de.is_file(follow_symlinks=False)]
+            for name, is_dir in found:
                 try:
-                    stack.append(os.open(name, DIR_FLAGS, dir_fd=cur))
+                    sub = os.open(name, DIR_FLAGS if is_dir else _FILE_FLAGS, dir_fd=cur)
+                except OSError:  # gone, or swapped for a link (ELOOP, ENOTDIR): passed over
+                    continue
+                if is_dir:
+                    stack.append(sub)
+                    continue
+                try:
+                    act(sub)
                 except OSError:
                     pass
+                finally:
+                    os.close(sub)
         except OSError:
             pass
         finally:
             os.close(cur)
+
+
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def share_tree(fd: int, gid: int) -> None:
+    """Every directory of the tree held open as `fd` that this user made, the group `gid`'s
+    (share_with_group): an entry root's cron builds or imports under umask 022 into a group-shared cache
+    must be one a member can remove (renaming or emptying a directory takes write on it). No link
+    followed; what cannot be opened or changed is left as it is (_walk_held)."""
+
+    def share(d: int) -> bool:
+        share_with_group(d, gid)
+        return True
+
+    _walk_held(fd, share)
 
 
 def share_like_dir(fd: int, dir_fd: int, give: bool = True) -> bool:
@@ -537,15 +564,21 @@ def owner_for(st: os.stat_result) -> tuple[int, int] | None:
     return st.st_uid, st.st_gid
 
 
-def give_to(fd: int, owner: tuple[int, int] | None) -> None:
+def give_to(fd: int, owner: tuple[int, int] | None, public_only: bool = False) -> bool:
     """fchown what root made, held as `fd`, to `owner` (owner_for; None: nothing): only a directory or a
     regular file with no other name that root owns; anything else (a hard link to a file elsewhere above
-    all) is left as it is. Through the descriptor, never a path: a name the user swaps changes nothing."""
+    all) is left as it is. Through the descriptor, never a path: a name the user swaps changes nothing.
+    With `public_only`, only what gives the user nothing to read they could not read before (_public, of
+    the descriptor's own fstat). Whether it was given."""
     if owner is None:
-        return
+        return False
     st = os.fstat(fd)
-    if st.st_uid == 0 and (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode) and st.st_nlink == 1):
-        os.fchown(fd, *owner)
+    if st.st_uid != 0 or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode) and st.st_nlink == 1):
+        return False
+    if public_only and not _public(st):
+        return False
+    os.fchown(fd, *owner)
+    return True
 
 
 def give_like_dir(fd: int, dir_fd: int) -> None:
@@ -555,49 +588,20 @@ def give_like_dir(fd: int, dir_fd: int) -> None:
 
 def give_tree(fd: int, owner: tuple[int, int] | None, public_only: bool = False) -> None:
     """give_to every directory and regular file root owns in the tree held open as `fd`, itself included:
-    an entry staged for publishing, or kcache's state an earlier root run left root's. Each is opened
-    beneath its held parent without following a link (O_NOFOLLOW; only what lstat shows to be a root-owned
-    directory or file, so no FIFO or device is opened), and changed through its own descriptor. With
-    `public_only` (a tree the user could have put things in), only what gives the user nothing to read they
-    could not read before (_public): a file of root's that the user moved there (they own the directory)
-    never becomes theirs to read."""
+    an entry staged for publishing, or kcache's state an earlier root run left root's (_walk_held: opened
+    beneath its held parent, no link followed, changed through its own descriptor). With `public_only` (a
+    tree the user could have put things in), only what gives the user nothing to read they could not read
+    before, judged on the descriptor (a name swapped after the listing changes nothing): a file of root's
+    that the user moved there (they own the directory) never becomes theirs to read, and a directory not
+    given is not descended into."""
     if owner is None:
         return
-    stack = [os.dup(fd)]
-    while stack:
-        cur = stack.pop()
-        try:
-            if public_only and not _public(os.fstat(cur)):
-                continue
-            give_to(cur, owner)
-            for de in list(os.scandir(cur)):
-                st = de.stat(follow_symlinks=False)
-                if st.st_uid == 0 and (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) \
-                        and (_public(st) or not public_only):
-                    _give_named(cur, de.name, stat.S_ISDIR(st.st_mode), owner, stack)
-        except OSError:
-            pass
-        finally:
-            os.close(cur)
 
+    def give(f: int) -> bool:
+        give_to(f, owner, public_only)
+        return not public_only or _public(os.fstat(f))
 
-def _give_named(dir_fd: int, name: str, is_dir: bool, owner: tuple[int, int], stack: list[int]) -> None:
-    """give_tree's step: a directory is stacked (given when popped), a file given now; a name swapped
-    meanwhile for a link fails the open (ELOOP, ENOTDIR) and is passed over."""
-    flags = DIR_FLAGS if is_dir else os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    try:
-        sub = os.open(name, flags, dir_fd=dir_fd)
-    except OSError:
-        return
-    if is_dir:
-        stack.append(sub)
-        return
-    try:
-        give_to(sub, owner)
-    except OSError:
-        pass
-    finally:
-        os.close(sub)
+    _walk_held(fd, give, files=True)
 
 
 def _public(st: os.stat_result) -> bool:
