@@ -45,7 +45,7 @@ from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.fs.locking import probe_locked
 from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, Verdict, unasked
 from kcache_cli.layouts.shapes import JAX
-from kcache_cli.model.checks import list_files, not_regular
+from kcache_cli.model.checks import first_not_regular, list_files
 from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
@@ -108,7 +108,7 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
     if LOCKFILE in names and probe_locked(os.path.join(d.path, LOCKFILE)):  # a write's -cache before its -atime
         return Judgement.of(BUILDING, f"jax holds the cache's {LOCKFILE} (writing)")
-    odd = next((why for n in sorted(names) if (why := not_regular(n, d.lstat(n).st_mode, "jax"))), None)
+    odd = first_not_regular(d, names, "jax")
     if odd:  # a FIFO, device or link among its files: not judged, and the cache is never removed for it
         return Judgement.of(UNREADABLE, odd)
     caches, atimes = keys(names)

@@ -46,7 +46,7 @@ from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts._common import leads_here
 from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, StaleLock, Verdict, unasked
 from kcache_cli.layouts.shapes import TORCHEXT, TORCHEXT_EVIDENCE
-from kcache_cli.model.checks import elf_truncated, list_files, not_regular, read_every_byte
+from kcache_cli.model.checks import elf_truncated, first_not_regular, list_files, read_every_byte
 from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
@@ -192,11 +192,7 @@ def _module_verdict(d: EntryDir, module: str, size: int, jc: Judging) -> Judgeme
     (deep) a byte of the entry cannot be read. A module nobody may read is unreadable, never broken; so is
     a module that is a symlink, FIFO, device or socket (torch follows or opens it; kcache, maybe root over
     another user's directory, opens none: /proc/kmsg gives up the kernel's messages; checks.not_regular)."""
-    try:
-        odd = not_regular(module, d.lstat(module).st_mode, "torch")
-    except OSError:
-        odd = None
-    unreadable = odd or (d.unreadable(module) if size else None)
+    unreadable = first_not_regular(d, (module,), "torch") or (d.unreadable(module) if size else None)
     if unreadable:
         return Judgement.of(UNREADABLE, unreadable)
     bad: str | None

@@ -755,7 +755,8 @@ class _Executor:
             return KcacheError(f"{self.root / relpath} is a symlink or not a directory: kcache never writes "
                                "through a link; nothing was removed")
         return KcacheError(f"cannot write to {self.root / relpath}: {exc.strerror or exc}; nothing was removed"
-                           + _permission_fix(self.root / relpath, exc, self.root))
+                           + _permission_fix(self.root / relpath, exc, self.root,
+                                             os.fstat(self.pinned[""]) if "" in self.pinned else None))
 
     def _lock_gc(self) -> int:
         """Pin .kcache/ and .kcache/locks/ and take the gc lock (saying so while it waits). On a full disk
@@ -1261,10 +1262,11 @@ class _Executor:
                 os.close(fd)
 
 
-def _permission_fix(path: Path, exc: OSError, root: Path) -> str:
+def _permission_fix(path: Path, exc: OSError, root: Path, rst: os.stat_result | None) -> str:
     """For a permission error: how to make the directory the group's (what a newer kcache run by its
     owner does by itself in a group-shared cache); in a user's own cache, a directory an older kcache run
-    by root left root's, what gives it back (fswrite.give_back_state)."""
+    by root left root's, what gives it back (fswrite.give_back_state). `rst`: the fstat of the root held
+    open (None when it is not)."""
     if exc.errno not in (errno.EACCES, errno.EPERM):
         return ""
     try:
@@ -1279,10 +1281,6 @@ def _permission_fix(path: Path, exc: OSError, root: Path) -> str:
         return ""
     if st.st_mode & 0o020 and st.st_gid not in (os.getegid(), *os.getgroups()):  # the group's already: not ours
         return f"; {path} is the group {_group_name(st.st_gid)}'s, and you are not a member"
-    try:
-        rst = os.stat(root, follow_symlinks=False)
-    except OSError:
-        rst = None
     if st.st_uid == 0 and rst is not None and rst.st_uid != 0 and not fswrite.group_shared(rst):
         cmd = shlex.join(["kcache", "--cache-dir", str(root), "prune", "--broken"])
         return (f"; fix: root runs any kcache command on this cache, e.g. `{cmd}`, which gives what an earlier "
