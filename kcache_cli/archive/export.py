@@ -37,6 +37,7 @@ from kcache_cli.archive.manifest import (
     layout_of,
     link_problem,
 )
+from kcache_cli.archive import stdio
 from kcache_cli.catalog.scan import narrowed_by_names, scan_cache
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
@@ -649,6 +650,22 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         signals.restore()
     return ExportResult(archive, compression, tuple(m.done), tuple(m.left), m.files, m.size,
                         os.path.getsize(archive), plan.sources_only)
+
+
+def export_to_stream(plan: ExportPlan, fd: int = 1, *, warn: Warn | None = None,
+                     progress: Progress | None = None) -> ExportResult:
+    """export_archive (zstd) made in a private temp directory, then copied to `fd` (standard output: `export
+    -`, archive/stdio.py); the temp directory goes either way. Its result's archive is "-"."""
+    stdio.refuse_terminal(fd, "export -")
+    where = tempfile.mkdtemp(prefix="kcache-export-")
+    try:
+        result = export_archive(plan, os.path.join(where, "archive.tar.zst"), warn=warn, progress=progress)
+        size = stdio.copy_out(result.archive, fd)
+    finally:
+        import shutil
+
+        shutil.rmtree(where, ignore_errors=True)
+    return replace(result, archive=stdio.STDIO, archive_size=size)
 
 
 def _share_out(jobs: list) -> tuple[int, list[list[list]]]:

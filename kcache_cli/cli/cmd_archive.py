@@ -1,5 +1,6 @@
 """Moving entries between machines and checking them: export, import, verify."""
 
+import dataclasses
 import functools
 import sys
 import time
@@ -15,12 +16,12 @@ from kcache_cli.cli.progress import Phase
 from kcache_cli.cli.table import Column
 from kcache_cli.layouts import get as layout_of
 from kcache_cli.model.terms import EXPORT_FORMATS
-from kcache_cli.util.errors import UsageError
+from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.units import parse_size
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
-    from kcache_cli.archive import export, importer, manifest
+    from kcache_cli.archive import export, importer, manifest, stdio
     from kcache_cli.catalog import locate
     from kcache_cli.formats import gpu
     from kcache_cli.ops import verify
@@ -29,6 +30,7 @@ else:
     gpu = lazy_module("kcache_cli.formats.gpu")
     importer = lazy_module("kcache_cli.archive.importer")
     manifest = lazy_module("kcache_cli.archive.manifest")
+    stdio = lazy_module("kcache_cli.archive.stdio")
     locate = lazy_module("kcache_cli.catalog.locate")
     verify = lazy_module("kcache_cli.ops.verify")
 
@@ -45,7 +47,8 @@ def _size(text: Optional[str], option: str, default: int) -> int:
 
 TTY_ROWS = 100  # rows of the import table on a terminal; pipes get every row
 
-ArchiveArg = Annotated[str, typer.Argument(metavar="ARCHIVE", help="The archive: .tar, .tar.gz (.tgz) or .tar.zst.")]
+ArchiveArg = Annotated[str, typer.Argument(metavar="ARCHIVE", help="The archive: .tar, .tar.gz (.tgz) or .tar.zst; "
+                                           "- for a pipe (export: standard output, zstd; import: standard input).")]
 
 
 @c.selectors(status=Annotated[Optional[List[str]], typer.Option(
@@ -82,25 +85,39 @@ def export_command(
     opts = o.use(ctx, cache_dir, as_json)
     if fmt is not None and fmt not in EXPORT_FORMATS:
         raise UsageError(f"--format {fmt!r}: {' or '.join(EXPORT_FORMATS)}")
+    piped = archive == "-"
     if fmt == "torch-mega":
-        if sel.has_selectors():
-            raise UsageError("--format torch-mega exports the whole Inductor cache: no selector applies")
+        if sel.has_selectors() or piped:
+            raise UsageError("--format torch-mega exports the whole Inductor cache into a named blob: no "
+                             "selector applies, and - is no file name")
         export_blob(opts, archive, python)
         return
-    compression = manifest.compression_for(archive)  # a bad name is a usage error before any work
+    compression = _export_compression(opts, archive)  # a bad name is a usage error before any work
     root, plan, selected = _export_plan(opts, sel, cache, sources_only)
     out = c.Output(opts)
     try:
         if not selected:
             raise export.empty_export(root, [], compression, sources_only)
         with _Bar(opts, "exporting") as bar:
-            result = export.export_archive(plan, archive, warn=lambda m: c.warn(opts, m), progress=bar)
+            write = export.export_to_stream if piped else functools.partial(export.export_archive, archive=archive)
+            result = write(plan, warn=lambda m: c.warn(opts, m), progress=bar)
     except export.EmptyExport as exc:  # what was left out and why, then that no archive was written: a
         empty = exc.result  # warning (under -q too), but nothing to do is exit 0 (DESIGN 7), whatever the reason
         out.result(empty.to_json(str(root)), lambda: _export_human(out, empty))
         out.warn(str(exc))
         return
     out.result(result.to_json(str(root)), lambda: _export_human(out, result))
+
+
+def _export_compression(opts: o.GlobalOptions, archive: str) -> str:
+    """The compression the archive's name asks for; `-` (standard output) is zstd, never a terminal, and
+    leaves no room on stdout for --json."""
+    if archive != "-":
+        return manifest.compression_for(archive)
+    if opts.json:
+        raise UsageError("export - writes the archive on standard output: there is no room for --json")
+    stdio.refuse_terminal(1, "export -")
+    return "zst"
 
 
 def _export_plan(opts: o.GlobalOptions, sel: c.Selection, cache: Optional[str], sources_only: bool) -> tuple:
@@ -146,9 +163,11 @@ def _export_human(out: c.Output, result) -> None:
                      "(see --json)")
     if not result.archive:
         return
-    out.text(f"exported {c.plural(len(result.entries), 'entry')} ({c.plural(result.files, 'file')}, "
-             f"{c.human_size(result.size)}) to {c.printable_line(result.archive)} "
-             f"({c.human_size(result.archive_size)})")
+    piped = result.archive == "-"  # the archive itself is on stdout: the summary goes to stderr
+    (out.info if piped else out.text)(
+        f"exported {c.plural(len(result.entries), 'entry')} ({c.plural(result.files, 'file')}, "
+        f"{c.human_size(result.size)}) to {'standard output' if piped else c.printable_line(result.archive)} "
+        f"({c.human_size(result.archive_size)})")
 
 
 def import_command(
@@ -187,18 +206,33 @@ def import_command(
     Example: kcache import kernels.tar.zst --dry-run
     """
     opts = o.use(ctx, cache_dir, as_json)
-
-    if is_blob(archive):  # a torch Mega-Cache blob: each artifact where torch's load would write it
-        import_blob(opts, archive, dry_run, c.lock_timeout(lock_timeout, 60.0))
-        return
     defaults = manifest.ImportLimits()
     limits = manifest.ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
                           max_total=_size(max_total_size, "--max-total-size", defaults.max_total))
     wait = c.lock_timeout(lock_timeout, 60.0)
+    if archive != "-":
+        _import(opts, archive, dry_run, limits, wait)
+        return
+    # a tar holds headers and padding besides the files: twice the files' bound bounds the stream
+    with stdio.spooled_stdin(2 * limits.max_total + (1 << 20)) as path:
+        try:
+            _import(opts, path, dry_run, limits, wait, shown="-")
+        except KcacheError as exc:  # say where it came from, not where it was kept
+            exc.args = (str(exc).replace(path, stdio.SHOWN), *exc.args[1:])
+            raise
+
+
+def _import(opts: o.GlobalOptions, archive: str, dry_run: bool, limits, wait: float, shown: str = "") -> None:
+    """Import the archive file `archive` (`shown`: what the user named, when not that file)."""
+    if is_blob(archive):  # a torch Mega-Cache blob: each artifact where torch's load would write it
+        import_blob(opts, archive, dry_run, wait)
+        return
     root = _import_root(opts, archive)
     with _Bar(opts, "verifying" if dry_run else "importing", unit="bytes") as bar:
         result = importer.import_archive(root, archive, dry_run=dry_run, limits=limits, lock_timeout=wait,
                                 note=lambda m: c.info(opts, m), progress=bar)
+    if shown:
+        result = dataclasses.replace(result, archive=shown)
     fit = gpu.arch_fit({e.relpath: e.arch if e.action != "skip" else None for e in result.entries},
                        {e.relpath: layout_of(e.layout).runs_on for e in result.entries})
     out = c.Output(opts)

@@ -1,0 +1,125 @@
+"""An archive through a pipe: `kcache export - | ssh host kcache import -`.
+
+kcache's archive cannot be written or read as one pass over a stream: its first member, the manifest,
+lists every file's sha256 (known only once every entry is read), and import reads it before the entries
+and sends each worker to its own part. So `export -` makes the archive in a private temp directory
+($TMPDIR) and then copies it to standard output; `import -` keeps standard input in a private temp file
+first, then imports that file as any other (everything verified before anything is published). Either
+temp goes when the command ends. A terminal is refused at once on either side (no archive is typed or
+shown), and so is input that is not a tar, tar.gz or tar.zst stream, from its first block: `yes |
+kcache import -` fills no disk."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from kcache_cli.fs import tarstream as ts
+from kcache_cli.util.errors import KcacheError, UsageError
+
+STDIO = "-"  # the ARCHIVE that names standard input (import) or standard output (export)
+SHOWN = "standard input"
+_CHUNK = 1 << 20
+
+
+def refuse_terminal(fd: int, what: str) -> None:
+    """A usage error when `fd` (0 or 1) is a terminal: an archive is neither typed nor shown."""
+    if os.isatty(fd):
+        if fd == 0:
+            raise UsageError(f"{what}: standard input is a terminal; pipe an archive in "
+                             "(kcache export - | kcache import -) or name a file")
+        raise UsageError(f"{what}: standard output is a terminal; redirect it to a file or pipe it "
+                         "(kcache export - | ssh HOST kcache import -)")
+
+
+@contextmanager
+def spooled_stdin(max_bytes: int, fd: int = 0) -> Iterator[str]:
+    """The archive on `fd` (standard input) kept in a private temp file, whose path is yielded; the file
+    and its directory go on the way out. KcacheError when the input is empty, is not an archive (judged
+    from its first block, before the rest is read), or is longer than `max_bytes`."""
+    refuse_terminal(fd, "import -")
+    where = tempfile.mkdtemp(prefix="kcache-stdin-")  # 0700, made by us: no other user's name in it
+    try:
+        path = os.path.join(where, "archive")
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            _spool(fd, out, max_bytes, where)
+        finally:
+            os.close(out)
+        yield path
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def _spool(src: int, out: int, max_bytes: int, where: str) -> None:
+    """Copy `src` to `out` (see spooled_stdin): its first block judged before anything else is read."""
+    data = _read(src, ts.BLOCK)
+    while len(data) < ts.BLOCK:  # a pipe may hand out less than asked
+        more = _read(src, ts.BLOCK - len(data))
+        if not more:
+            break
+        data += more
+    if not data:
+        raise KcacheError(f"{SHOWN} is empty: no archive came")
+    if ts.sniff(data) is None:
+        raise KcacheError(f"{SHOWN} is not a tar, tar.gz or tar.zst archive")
+    total = 0
+    while data:
+        total += len(data)
+        if total > max_bytes:
+            raise KcacheError(f"{SHOWN} is longer than {max_bytes:,} bytes (--max-total-size): not imported")
+        try:
+            _write_all(out, data)
+        except OSError as exc:
+            raise KcacheError(f"cannot keep {SHOWN} in {where}: {exc.strerror} (set TMPDIR to a roomier "
+                              "disk)") from None
+        data = _read(src, _CHUNK)
+
+
+def _read(fd: int, n: int) -> bytes:
+    try:
+        return os.read(fd, n)
+    except OSError as exc:
+        raise KcacheError(f"cannot read {SHOWN}: {exc.strerror}") from None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def copy_out(path: str, fd: int = 1) -> int:
+    """Copy the finished archive at `path` to `fd` (standard output); the bytes copied. KcacheError when
+    the reader goes away first (what it got is no archive: import refuses it)."""
+    with open(path, "rb") as src:
+        size = os.fstat(src.fileno()).st_size
+        done = 0
+        try:
+            while done < size:
+                done += _send(src.fileno(), fd, done, size - done)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise KcacheError(f"standard output was closed after {done:,} of {size:,} bytes: the reader "
+                                  "stopped, and what it got is no archive") from None
+            raise KcacheError(f"cannot write the archive to standard output: {exc.strerror}") from None
+    return done
+
+
+def _send(src: int, out: int, offset: int, count: int) -> int:
+    """Bytes of `src` from `offset` written to `out` (sendfile, or a read and a write where it is refused)."""
+    try:
+        n = os.sendfile(out, src, offset, min(count, 1 << 30))
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+        data = os.pread(src, min(count, _CHUNK), offset)
+        _write_all(out, data)
+        n = len(data)
+    if n == 0:
+        raise OSError(errno.EIO, "the archive shrank while it was copied")
+    return n
