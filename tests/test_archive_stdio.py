@@ -158,3 +158,31 @@ def test_export_dash_refuses_what_has_no_room_on_stdout(fixture_copy, tmp_path, 
     assert b"Traceback" not in r.stderr
     if r.stdout:  # under --json the error is a JSON document there: no archive
         assert json.loads(r.stdout)["exit"] == 2
+
+
+def test_sigterm_while_stdin_is_kept_removes_the_temp(fixture_copy, tmp_path):
+    """Killed (SIGTERM) while it waits for more of the stream: one line, and the temp file is gone."""
+    import signal
+    import time
+
+    cache = fixture_copy("hidet")
+    env = _env(tmp_path)
+    header = bytearray(512)
+    header[257:262] = b"ustar"
+    read_end, write_end = os.pipe()
+    os.write(write_end, bytes(header))  # a tar's first block, then nothing yet: the import waits for more
+    proc = subprocess.Popen([*KCACHE, "--cache-dir", str(cache), "import", "-"], stdin=read_end,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    os.close(read_end)
+    try:
+        deadline = time.monotonic() + 60
+        while not _temps(env) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _temps(env), "the import never kept its input"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        os.close(write_end)
+        proc.kill()
+    assert proc.returncode != 0 and b"Traceback" not in err, err
+    assert _temps(env) == []
