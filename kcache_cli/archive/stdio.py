@@ -20,6 +20,7 @@ from contextlib import contextmanager
 
 from kcache_cli.fs import tarstream as ts
 from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.progress import NO_PROGRESS, Progress
 
 STDIO = "-"  # the ARCHIVE that names standard input (import) or standard output (export)
 SHOWN = "standard input"
@@ -37,17 +38,18 @@ def refuse_terminal(fd: int, what: str) -> None:
 
 
 @contextmanager
-def spooled_stdin(max_bytes: int, fd: int = 0) -> Iterator[str]:
+def spooled_stdin(max_bytes: int, progress: Progress = NO_PROGRESS, fd: int = 0) -> Iterator[str]:
     """The archive on `fd` (standard input) kept in a private temp file, whose path is yielded; the file
     and its directory go on the way out. KcacheError when the input is empty, is not an archive (judged
-    from its first block, before the rest is read), or is longer than `max_bytes`."""
+    from its first block, before the rest is read), or is longer than `max_bytes`. `progress` advances by
+    the bytes kept (their total is not known)."""
     refuse_terminal(fd, "import -")
     where = tempfile.mkdtemp(prefix="kcache-stdin-")  # 0700, made by us: no other user's name in it
     try:
         path = os.path.join(where, "archive")
         out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            _spool(fd, out, max_bytes, where)
+            _spool(fd, out, max_bytes, where, progress)
         finally:
             os.close(out)
         yield path
@@ -55,7 +57,7 @@ def spooled_stdin(max_bytes: int, fd: int = 0) -> Iterator[str]:
         shutil.rmtree(where, ignore_errors=True)
 
 
-def _spool(src: int, out: int, max_bytes: int, where: str) -> None:
+def _spool(src: int, out: int, max_bytes: int, where: str, progress: Progress) -> None:
     """Copy `src` to `out` (see spooled_stdin): its first block judged before anything else is read."""
     data = _read(src, ts.BLOCK)
     while len(data) < ts.BLOCK:  # a pipe may hand out less than asked
@@ -77,6 +79,7 @@ def _spool(src: int, out: int, max_bytes: int, where: str) -> None:
         except OSError as exc:
             raise KcacheError(f"cannot keep {SHOWN} in {where}: {exc.strerror} (set TMPDIR to a roomier "
                               "disk)") from None
+        progress.advance(len(data))
         data = _read(src, _CHUNK)
 
 

@@ -214,7 +214,9 @@ def import_command(
         _import(opts, archive, dry_run, limits, wait)
         return
     # a tar holds headers and padding besides the files: twice the files' bound bounds the stream
-    with stdio.spooled_stdin(2 * limits.max_total + (1 << 20)) as path:
+    with _Bar(opts, "receiving", unit="bytes", delay=0.5) as bar, \
+            stdio.spooled_stdin(2 * limits.max_total + (1 << 20), bar) as path:
+        bar.close()  # the import's own bar follows
         try:
             _import(opts, path, dry_run, limits, wait, shown="-")
         except KcacheError as exc:  # say where it came from, not where it was kept

@@ -117,8 +117,14 @@ class Bar:
             sys.stderr.flush()
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Take the bar down for good (before the `with` ends: the next phase has a bar of its own)."""
+        self.enabled = False
         if self._progress is not None:
             self._progress.stop()
+            self._progress = None
 
 
 SCAN_DELAY = 0.5  # seconds a scan runs before its counting bar shows
