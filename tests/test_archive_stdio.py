@@ -186,3 +186,22 @@ def test_sigterm_while_stdin_is_kept_removes_the_temp(fixture_copy, tmp_path):
         proc.kill()
     assert proc.returncode != 0 and b"Traceback" not in err, err
     assert _temps(env) == []
+
+
+def test_export_appended_to_a_file_is_whole(fixture_copy, tmp_path):
+    """stdout opened O_APPEND (`>> file`), where sendfile is refused: the archive is copied by reads and
+    writes, and a verified import takes it."""
+    src = fixture_copy("hidet")
+    env = _env(tmp_path)
+    target = tmp_path / "appended.tar.zst"
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        r = subprocess.run([*KCACHE, "--cache-dir", str(src), "export", "-"], stdout=fd, stderr=subprocess.PIPE,
+                           env=env, timeout=120)
+    finally:
+        os.close(fd)
+    assert r.returncode == 0, r.stderr
+    dry = subprocess.run([*KCACHE, "--cache-dir", str(tmp_path / "new"), "import", str(target), "--dry-run",
+                          "--json"], capture_output=True, env=env, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    assert len(json.loads(dry.stdout)["entries"]) == len(_listing(src, env))
