@@ -93,6 +93,8 @@ def _ls(root: Path) -> dict:
 
 @pytest.mark.parametrize("where", ["fifo", "link-inside", "link-outside"])
 def test_fifo_lib_so_blocks_nothing(fixture_copy, tmp_path, where):
+    """hidet dlopens lib.so through a link: a FIFO there, or a link to one, blocks it; kcache never opens
+    it, so the entry is unreadable (never removed), and nothing kcache does blocks on it."""
     root = fixture_copy("hidet")
     entry = root / SOFTMAX
     lib = entry / "lib.so"
@@ -110,14 +112,14 @@ def test_fifo_lib_so_blocks_nothing(fixture_copy, tmp_path, where):
 
     e = _ls(root)[SOFTMAX]
     what = "a FIFO" if where == "fifo" else "a symlink to a FIFO"  # stat through the link, never read
-    assert e["status"] == "corrupt" and f"cannot read lib.so: {what}, not a regular file" in e["reason"], e
+    assert e["status"] == "unreadable" and f"lib.so is {what}, not a regular file (hidet opens it" in e["reason"], e
     assert _ls(root)[ADD]["status"] == "complete"
     assert kc("--cache-dir", root, "stats").returncode == 0
     assert kc("--cache-dir", root, "prune", "--dry-run").returncode == 0
     assert kc("--cache-dir", root, "prune").returncode == 0
-    export = kc("--cache-dir", root, "export", tmp_path / "all.tar.gz", "--status", "complete,partial,corrupt")
+    export = kc("--cache-dir", root, "export", tmp_path / "all.tar.gz", "--status", "complete,partial,unreadable")
     assert export.returncode == 0, export.stderr
-    assert b"ad252b064b266eea" in export.stderr  # left out, and said so
+    assert b"ad252b064b266eea" in export.stderr  # selected, left out, and said so
     ins = kc("--cache-dir", root, "inspect", "ad252b06")
     assert ins.returncode == 1 and b"never read" in ins.stdout, ins.stdout
     ver = kc("--cache-dir", root, "verify", "ad252b06")
@@ -303,6 +305,60 @@ def test_a_non_regular_file_in_a_tilelang_entry_leaves_it_unjudged(tmp_path, how
         else:
             _plant(f, how, tmp_path / "outside")
     _never_judged(root, {os.path.relpath(f.parent, root): f.name for f in files}, how)
+
+
+def _plant_followed(path: Path, how: str, outside: Path) -> None:
+    """_plant, for a loader that follows links (hidet, tilus, Triton): a link leads to a FIFO outside the
+    cache (one to a good copy is judged through it, as the loader hits it: the loader oracle)."""
+    if how != "link":
+        _plant(path, how, outside)
+        return
+    outside.mkdir(exist_ok=True)
+    fifo = outside / f"{len(os.listdir(outside))}.fifo"
+    os.mkfifo(fifo)
+    path.unlink(missing_ok=True)
+    path.symlink_to(fifo)
+
+
+@pytest.mark.parametrize("how", NON_REGULAR)
+def test_a_non_regular_file_hidet_opens_leaves_the_entry_unjudged(tmp_path, how):
+    """Each file hidet opens when it loads an op, an IR module or a graph's kernel (lib.so,
+    func_types.pickle, version.txt, meta.json, dispatch_table.txt), or the lib.so of an entry `kcache build`
+    made, as a FIFO, device or link to a FIFO: hidet opens it (a FIFO blocks it), kcache never does. They
+    were corrupt ("hidet fails on it") or partial (a FIFO's 0 bytes), and prune --broken removed them."""
+    from test_fidelity import FUSED, GRAPH, IR_MODULE, MATMUL, RELU, hidet_root
+
+    root = hidet_root(tmp_path / "c")
+    seed = "ops/cuda_space_0/add/00000000000000aa"  # as `kcache build` makes one (no hidet marker): lib.so
+    (root / seed).mkdir()
+    for name in ("task.txt", "source.cu", "lib.so"):
+        shutil.copy(root / ADD / name, root / seed / name)
+    planted = {SOFTMAX: "lib.so", ADD: "func_types.pickle", FUSED: "version.txt", MATMUL: "meta.json",
+               RELU: "dispatch_table.txt", GRAPH: "kernels/0/lib.so", IR_MODULE: "func_types.pickle",
+               seed: "lib.so"}
+    for rel, name in planted.items():
+        _plant_followed(root / rel / name, how, tmp_path / "outside")
+    _never_judged(root, planted, how)
+
+
+def test_a_fifo_hidet_rewrites_leaves_the_entry_unjudged(kcache, fixture_copy, monkeypatch):
+    """Another installed hidet rewrites task.txt, version.txt and meta.json before it reuses lib.so: a
+    FIFO there blocks its open for writing, so the entry is unjudged (it was complete); the hidet that
+    wrote the entry never opens task.txt (complete). ls and verify agree."""
+    from kcache_cli.layouts import hidet
+
+    root = fixture_copy("hidet")
+    task = root / SOFTMAX / "task.txt"
+    task.unlink()
+    os.mkfifo(task)
+    for running, status in (("0.6.1", "complete"), ("0.7.0", "unreadable")):
+        monkeypatch.setattr(hidet, "installed_version", lambda running=running: running)
+        (row,) = kcache("--cache-dir", root, "ls", "--json", "ad252b06").json()["entries"]
+        assert row["status"] == status, (running, row)
+        checked = kcache("--cache-dir", root, "verify", "--json", "ad252b06").json()
+        assert [p["status"] for p in checked["problems"]] == ([status] if status != "complete" else []), checked
+    assert row["reason"] == "task.txt is a FIFO, not a regular file (hidet opens it; kcache never does)"
+    assert stat.S_ISFIFO(os.lstat(task).st_mode)
 
 
 @pytest.mark.parametrize("how", NON_REGULAR)

@@ -38,8 +38,10 @@ from kcache_cli.model.checks import (
     changed_since,
     check_manifest,
     elf_truncated,
+    first_not_regular,
     list_files,
     listing_or_unreadable,
+    not_regular,
     read_text,
     size_mismatch,
     subdirs_or_unreadable,
@@ -159,7 +161,9 @@ def _manifest_mismatch(d: EntryDir, names: dict[str, int]) -> str | None:
 # `compile_task_from_scratch` rewrites task.txt, version.txt and meta.json, and `should_skip_build`
 # (lib.so over 1 byte, func_types.pickle present) reuses the old lib.so: no compiler runs, so another
 # version is a note, not a status; without those two files it compiles over the entry. hidet never reads
-# task.txt, task.pickle, the sources or the logs on load, and follows links.
+# task.txt, task.pickle, the sources or the logs on load, and follows links. A FIFO, device or socket
+# (or a link to one) where it opens a file to read or rewrite it is never opened by kcache: the entry is
+# unreadable, never removed (checks.not_regular); a directory there fails hidet's open (corrupt).
 
 FUNC_TYPES = "func_types.pickle"
 META = "meta.json"
@@ -234,6 +238,7 @@ class _Seen(NamedTuple):
     size: int = 0
     link: bool = False
     odd: str | None = None  # not a regular file: a FIFO, a directory, a device (never opened)
+    unjudged: str | None = None  # checks.not_regular's reason: a FIFO, device or socket (or a link to one)
     unreadable: str | None = None  # why hidet cannot open it
 
 
@@ -248,7 +253,8 @@ def _see(d: EntryDir, name: str, names: dict[str, int]) -> _Seen:
     except OSError:
         return _Seen(name, link=True)
     if not stat.S_ISREG(st.st_mode):
-        return _Seen(name, True, st.st_size, link, odd=fsread.kind_of(st.st_mode))
+        return _Seen(name, True, st.st_size, link, odd=fsread.kind_of(st.st_mode),
+                     unjudged=not_regular(name, st.st_mode, "hidet", linked=link))
     if link:
         readable = st.st_mode & 0o444 and d.access(name)
         why = None if readable else f"{name} is unreadable (permission denied)"
@@ -301,9 +307,15 @@ def _dispatch_problem(data: bytes) -> str | None:
     return None
 
 
-def _odd_reason(where: str, seen: _Seen) -> str:
+def _odd(prefix: str, seen: _Seen) -> Judgement:
+    """A file hidet opens that is no regular file (through a link too). A FIFO, device or socket: hidet
+    opens it (a FIFO blocks it), kcache never does, so the entry is unjudged (checks.not_regular:
+    unreadable, never removed). A directory: hidet's open fails on it (corrupt)."""
+    if seen.unjudged:
+        return Judgement.of(UNREADABLE, prefix + seen.unjudged)
     what = f"a symlink to {seen.odd}" if seen.link else seen.odd
-    return f"cannot read {where}: {what}, not a regular file (kcache never reads it; hidet fails on it)"
+    return Judgement.of(CORRUPT, f"cannot read {prefix}{seen.name}: {what}, not a regular file (kcache never "
+                                 "reads it; hidet fails on it)")
 
 
 def _file_problem(d: EntryDir, prefix: str, seen: _Seen, check, limit: int) -> Judgement | None:
@@ -312,7 +324,7 @@ def _file_problem(d: EntryDir, prefix: str, seen: _Seen, check, limit: int) -> J
     if not seen.exists:
         return Judgement.of(CORRUPT, f"no {where}: hidet fails loading the entry on every call")
     if seen.odd:
-        return Judgement.of(CORRUPT, _odd_reason(where, seen))
+        return _odd(prefix, seen)
     if seen.unreadable:
         return Judgement.of(UNREADABLE, prefix + seen.unreadable)
     if check is None:
@@ -388,7 +400,7 @@ def _version_text(d: EntryDir, names: dict[str, int]) -> tuple[str | None, Judge
     if not seen.exists:
         return None, None
     if seen.odd:
-        return None, Judgement.of(CORRUPT, _odd_reason("version.txt", seen))
+        return None, _odd("", seen)
     if seen.unreadable:
         return None, Judgement.of(UNREADABLE, seen.unreadable + ": hidet fails reading it")
     data = _read(d, seen, 256)
@@ -446,15 +458,15 @@ def _judge_module(d: EntryDir, kind: str, deep: bool, names: dict[str, int], mti
         return _judge_kcache_built(d, names, mtimes, deep, running)
     lib, ft = _see(d, BINARY, names), _see(d, FUNC_TYPES, names)
     odd = next((f for f in (lib, ft) if f.odd), None)
-    if odd:  # a FIFO where lib.so belongs: hidet's compiler would block on it, its loader fail
-        return Judgement.of(CORRUPT, _odd_reason(odd.name, odd))
+    if odd:  # a FIFO where lib.so belongs: hidet's loader (or its compiler) would block on it
+        return _odd("", odd)
     if kind != "op":  # an ir_module: build_ir_module's should_skip_build, then the module is loaded
         if not (lib.exists and lib.size > 1 and ft.exists):
             return _recompiled(names, lib, ft)
         return _loaded(d, "", names, mtimes, deep, task=False, meta=False, lib=lib, ft=ft) or Judgement(COMPLETE)
     version = _see(d, "version.txt", names)
     if version.odd:
-        return Judgement.of(CORRUPT, _odd_reason("version.txt", version))
+        return _odd("", version)
     if version.unreadable:  # verify_disk_cache opens it first, whatever follows
         return Judgement.of(UNREADABLE, version.unreadable + ": hidet fails reading it")
     # verify_disk_cache takes an empty lib.so for a missing one (an interrupted compile)
@@ -465,14 +477,17 @@ def _judge_module(d: EntryDir, kind: str, deep: bool, names: dict[str, int], mti
     # over. version.txt is read only where that decides (an untouched entry costs no read).
     m = _see(d, META, names)
     fixed = _unwritable(d, names)
+    blocks = first_not_regular(d, (n for n in REWRITTEN if n in names), "hidet", follow=True)
     weighed = (deep or lib.size <= 1 or not m.exists or bool(m.odd or m.unreadable) or m.link or m.size == 0
-               or bool(fixed) or changed_since(mtimes, FUNC_TYPES, (META,)))
+               or bool(fixed or blocks) or changed_since(mtimes, FUNC_TYPES, (META,)))
     loads_as_is = weighed and _matches(d, version, running)
     if lib.size <= 1 and not loads_as_is:
         return _recompiled(names, lib, ft)
     if fixed and not loads_as_is:  # compile_task_from_scratch opens each of them for writing first
         return Judgement.of(UNREADABLE, f"{fixed} may not be written (permission denied): hidet fails rewriting "
                                         "it before it reuses lib.so")
+    if blocks and not loads_as_is:  # a FIFO: hidet's open of it to write it blocks
+        return Judgement.of(UNREADABLE, blocks)
     return _loaded(d, "", names, mtimes, deep, task=True, meta=loads_as_is, lib=lib, ft=ft, m=m) or Judgement(COMPLETE)
 
 
@@ -520,6 +535,8 @@ def _judge_kcache_built(d: EntryDir, names: dict[str, int], mtimes: dict[str, fl
     the entry (no func_types.pickle). Where none is, kcache's own rule: lib.so whole, kcache.json's sizes
     (and, deep, checksums) matching; inspect notes what hidet 0.6 would do."""
     lib = _see(d, BINARY, names)
+    if lib.unjudged:  # a FIFO lib.so: hidet's compiler writing over it, or kcache's rule reading it, blocks
+        return Judgement.of(UNREADABLE, lib.unjudged)
     if not lib.exists or lib.size <= 1:
         return _recompiled(names, lib, _Seen(FUNC_TYPES))
     if lib.unreadable:

@@ -179,9 +179,9 @@ def _not_regular(d: EntryDir, names: dict[str, int]) -> str | None:
     through it, as tilelang's loader uses it (a hit); a dangling one is missing."""
     for name in sorted(names):
         st = _stat(d, name)
-        why = not_regular(name, st.st_mode, "tilelang") if st is not None else None
+        why = not_regular(name, st.st_mode, "tilelang", linked=not _listed_plain(d, name)) if st is not None else None
         if why:
-            return why if _listed_plain(d, name) else why.replace(f"{name} is ", f"{name} is a symlink to ", 1)
+            return why
     return None
 
 

@@ -128,24 +128,30 @@ def changed_since(mtimes: dict[str, float] | None, marker: str, names=None) -> b
 _EUID = os.geteuid()
 
 
-def not_regular(name: str, mode: int, consumer: str) -> str | None:
+def not_regular(name: str, mode: int, consumer: str, *, linked: bool = False) -> str | None:
     """Why the file `name` of an entry (its lstat's `mode`) leaves the entry unjudged: a symlink, FIFO,
     device or socket where the `consumer` opens one of its files. kcache never opens one (no link is
     followed, no FIFO waited on, no device read), so it cannot tell what the consumer would get: the entry
     is `unreadable`, never complete nor broken, and never removed (DESIGN 2.8). None for a regular file
-    or a directory."""
+    or a directory. `linked`: `name` is a symlink the consumer follows and `mode` the stat of what it
+    leads to (a link to a regular file is judged through it; the reason says it is a link)."""
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
     does = "follows it" if stat.S_ISLNK(mode) else "opens it"
-    return f"{name} is {fsread.kind_of(mode)}, not a regular file ({consumer} {does}; kcache never does)"
+    what = f"a symlink to {fsread.kind_of(mode)}" if linked else fsread.kind_of(mode)
+    return f"{name} is {what}, not a regular file ({consumer} {does}; kcache never does)"
 
 
-def first_not_regular(d: EntryDir, names, consumer: str) -> str | None:
+def first_not_regular(d: EntryDir, names, consumer: str, *, follow: bool = False) -> str | None:
     """not_regular's reason for the first of `names` (files of the entry held as `d`, by lstat: as listed,
-    no link followed) that is a symlink, FIFO, device or socket; None when all are regular (or gone)."""
+    no link followed) that is a symlink, FIFO, device or socket; None when all are regular (or gone).
+    `follow`: the consumer follows links, so a symlink is judged by what it leads to, from `d` (a dangling
+    one is passed over: the caller's rule for a missing file says what it is)."""
     for name in sorted(names):
         try:
-            why = not_regular(name, d.lstat(name).st_mode, consumer)
+            st = d.lstat(name)
+            linked = follow and stat.S_ISLNK(st.st_mode)
+            why = not_regular(name, d.stat(name).st_mode if linked else st.st_mode, consumer, linked=linked)
         except OSError:
             continue
         if why:
