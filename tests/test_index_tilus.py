@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from test_index import aged, both, counting_judge, served
 
+from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import tilus
 
 REAL = Path(__file__).parent / "fixtures/real/tilus"
@@ -70,6 +71,21 @@ def test_a_lib_rewritten_in_place_is_judged_again(cache, judged):
     got, real = both(cache, judged)
     assert judged == ["f006237ca7a5"] and got == real
     assert next(e for e in got if e.hash == "f006237ca7a5").status == "corrupt"
+
+
+def test_a_fifo_where_tilus_loads_lib_so_is_unreadable_and_never_stored(cache, judged):
+    """A FIFO module/lib.so leaves the program unjudged (tilus's load blocks on it; kcache never opens it):
+    `unreadable` is never stored (its corrupt verdict was), so every scan judges it again."""
+    lib = cache / PROGRAM / "module/lib.so"
+    lib.unlink()
+    os.mkfifo(lib)
+    aged(cache)
+    time.sleep(RACY * 2)
+    scan_cache(cache, use_index=True)
+    judged.clear()
+    got, real = both(cache, judged)
+    assert got == real and judged == ["f006237ca7a5"], judged
+    assert next(e for e in got if e.hash == "f006237ca7a5").status == "unreadable"
 
 
 def test_a_name_added_deep_in_the_tree_is_judged_again(cache, judged):

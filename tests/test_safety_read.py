@@ -362,6 +362,22 @@ def test_a_fifo_hidet_rewrites_leaves_the_entry_unjudged(kcache, fixture_copy, m
 
 
 @pytest.mark.parametrize("how", NON_REGULAR)
+def test_a_non_regular_file_tilus_opens_leaves_the_entry_unjudged(tmp_path, how):
+    """A program's module/lib.so or program.txt, a script's dispatch_table.pickle as a FIFO, device or link to a
+    FIFO: tilus opens it (a FIFO blocks it), kcache never does. They were corrupt, and prune --broken removed
+    them; a script whose program is unjudged is unjudged too (its verdict goes by its programs)."""
+    program, script = "programs/f006237ca7a5", "scripts/add_one/1-845a0ed6"
+    for i, planted in enumerate(({program: "module/lib.so", script: "dispatch_table.pickle"},
+                                 {program: "program.txt", script: "program.txt"})):
+        root = tmp_path / f"tilus-{i}"
+        shutil.copytree(REAL / "tilus", root, symlinks=True)
+        _plant_followed(root / program / planted[program], how, tmp_path / "outside")
+        if planted[script] != planted[program]:
+            _plant_followed(root / script / planted[script], how, tmp_path / "outside")
+        _never_judged(root, planted, how)
+
+
+@pytest.mark.parametrize("how", NON_REGULAR)
 def test_a_non_regular_module_in_a_torch_extension_leaves_it_unjudged(tmp_path, how):
     """The module `<name>.so` torch imports as a FIFO, device or link: a FIFO or device was corrupt ("is
     empty": prune --broken removed the build), a link complete without being read."""

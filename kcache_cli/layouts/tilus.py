@@ -25,6 +25,7 @@ from kcache_cli.model.checks import (
     elf_truncated,
     list_files,
     listing_or_unreadable,
+    not_regular,
     read_text,
     subdirs_or_unreadable,
 )
@@ -271,7 +272,9 @@ def judge(d: EntryDir, kind: str, jc: Judging, *, failures: dict[str, BuildFailu
 # again. func_types.pickle, the sources and the logs are never read. A script: its programs are built or
 # loaded as above, then dispatch_table.pickle is unpickled; without one, tilus records the tuning key
 # and links latency/<key>/<i>, which fails (FileExistsError) where that link is already there. The
-# programs/<i> links are written once, when programs/ is missing, and never read.
+# programs/<i> links are written once, when programs/ is missing, and never read. tilus follows links; a
+# FIFO, device or socket (or a link to one) where it opens lib.so, program.txt, options.txt or
+# dispatch_table.pickle is never opened by kcache: unreadable, never removed (checks.not_regular).
 
 
 def _seen_file(d: EntryDir, name: str) -> tuple[os.stat_result | None, bool]:
@@ -284,6 +287,19 @@ def _seen_file(d: EntryDir, name: str) -> tuple[os.stat_result | None, bool]:
         return None, False
 
 
+def _not_a_file(name: str, st: os.stat_result, link: bool, fails: str) -> Judgement | None:
+    """A file tilus opens (`st`: through a link, as tilus meets it) that is no regular file. A FIFO, device
+    or socket, or a link to one: tilus opens it (a FIFO blocks it), kcache never does, so the entry is
+    unjudged (checks.not_regular: unreadable, never removed). A directory: tilus's open fails (corrupt,
+    `fails` saying how)."""
+    if stat.S_ISREG(st.st_mode):
+        return None
+    odd = not_regular(name, st.st_mode, "tilus", linked=link)
+    if odd:
+        return Judgement.of(UNREADABLE, odd)
+    return Judgement.of(CORRUPT, f"{name} is {fsread.kind_of(st.st_mode)}{fails}")
+
+
 def _judge_program(d: EntryDir, deep: bool, failure: BuildFailure | None) -> Judgement:
     lib, link = _seen_file(d, "module/lib.so")
     if lib is None:
@@ -294,8 +310,9 @@ def _judge_program(d: EntryDir, deep: bool, failure: BuildFailure | None) -> Jud
     texts = _program_texts_problem(d, lib, deep)
     if texts:
         return texts
-    if not stat.S_ISREG(lib.st_mode):
-        return Judgement.of(CORRUPT, f"module/lib.so is {fsread.kind_of(lib.st_mode)}: tilus fails loading it")
+    odd = _not_a_file("module/lib.so", lib, link, ": tilus fails loading it")
+    if odd:
+        return odd
     why = d.unreadable("module/lib.so") if not link else (
         None if lib.st_mode & 0o444 and d.access("module/lib.so")
         else "lib.so is unreadable (permission denied)")
@@ -331,16 +348,17 @@ def _program_texts_problem(d: EntryDir, lib: os.stat_result, deep: bool) -> Judg
     after lib.so (they are written before the compile)."""
     found = []
     for name in ("program.txt", "options.txt"):
-        st, _ = _seen_file(d, name)
+        st, link = _seen_file(d, name)
         if st is None:
             return None
-        found.append((name, st))
-    for name, st in found:
-        if not stat.S_ISREG(st.st_mode):
-            return Judgement.of(CORRUPT, f"{name} is {fsread.kind_of(st.st_mode)}: tilus fails reading it")
+        found.append((name, st, link))
+    for name, st, link in found:
+        odd = _not_a_file(name, st, link, ": tilus fails reading it")
+        if odd:
+            return odd
         if not st.st_mode & 0o444 or not d.access(name):
             return Judgement.of(UNREADABLE, f"{name} is unreadable (permission denied): tilus fails reading it")
-    if not (deep or any(st.st_mtime >= lib.st_mtime for _, st in found)):
+    if not (deep or any(st.st_mtime >= lib.st_mtime for _, st, _ in found)):
         return None
     bad = _program_hash_problem(d)
     return Judgement.of(CORRUPT, bad) if bad else None
@@ -385,8 +403,9 @@ def _dispatch_problem(d: EntryDir, links: list[tuple[str, str, str | None]], dee
             return Judgement.of(CORRUPT, f"no dispatch_table.pickle but {latency[0]} exists: tilus fails "
                                          "creating that link again on every call")
         return None
-    if not stat.S_ISREG(st.st_mode):
-        return Judgement.of(CORRUPT, f"dispatch_table.pickle is {fsread.kind_of(st.st_mode)}")
+    odd = _not_a_file(table, st, link, "")
+    if odd:
+        return odd
     if not st.st_mode & 0o444 or not d.access(table):
         return Judgement.of(UNREADABLE, "dispatch_table.pickle is unreadable (permission denied): tilus fails "
                                         "reading it")
