@@ -378,6 +378,23 @@ def test_a_non_regular_file_tilus_opens_leaves_the_entry_unjudged(tmp_path, how)
 
 
 @pytest.mark.parametrize("how", NON_REGULAR)
+def test_a_non_regular_file_triton_opens_leaves_the_kernel_unjudged(tmp_path, how):
+    """A kernel's cubin, its metadata or its group file as a FIFO, device or link to a FIFO: Triton opens it (a
+    FIFO blocks it), kcache never does. They were corrupt (prune --broken removed them), and a FIFO cubin older
+    than its group file was complete in ls (never read there) but corrupt in verify."""
+    from test_triton import ADD_90, MATMUL, SOFTMAX as TRITON_SOFTMAX
+
+    root = tmp_path / "triton"
+    shutil.copytree(REAL / "triton" / "cache", root)
+    assert kc("--cache-dir", root, "verify", "--fix").returncode == 0  # its group paths lead into this copy
+    planted = {TRITON_SOFTMAX: "softmax_kernel.cubin", ADD_90: "add_kernel.json", MATMUL: "__grp__matmul_kernel.json"}
+    for key, name in planted.items():
+        _plant_followed(root / key / name, how, tmp_path / "outside")
+        os.utime(root / key / name, (1_000_000_000, 1_000_000_000), follow_symlinks=False)  # older than the group
+    _never_judged(root, planted, how)
+
+
+@pytest.mark.parametrize("how", NON_REGULAR)
 def test_a_non_regular_module_in_a_torch_extension_leaves_it_unjudged(tmp_path, how):
     """The module `<name>.so` torch imports as a FIFO, device or link: a FIFO or device was corrupt ("is
     empty": prune --broken removed the build), a link complete without being read."""

@@ -574,7 +574,8 @@ def test_dir_all_and_triton_rule(kcache, cache, monkeypatch, tmp_path):
 
 
 def test_symlinked_root_is_not_moved_and_a_symlinked_child_is_read_as_triton_reads_it(kcache, moved, tmp_path):
-    """Triton opens a child through a link (os.path.exists, open): so does the judgement, never a FIFO."""
+    """Triton opens a child through a link (os.path.exists, open): so does the judgement, never a FIFO (a link
+    to one leaves the kernel unjudged: unreadable)."""
     cache = moved
     assert kcache("--cache-dir", cache, "verify", "--fix").exit_code == 0
     alias = tmp_path / "alias"
@@ -597,7 +598,10 @@ def test_symlinked_root_is_not_moved_and_a_symlinked_child_is_read_as_triton_rea
     cubin.unlink()
     os.mkfifo(tmp_path / "fifo")
     cubin.symlink_to(tmp_path / "fifo")  # never opened for reading: no hang
-    assert ls(kcache, cache)[SOFTMAX]["status"] == "corrupt"
+    got = ls(kcache, cache)[SOFTMAX]
+    assert got["status"] == "unreadable", got
+    assert got["reason"] == "softmax_kernel.cubin is a symlink to a FIFO, not a regular file (Triton opens it; " \
+                            "kcache never does)", got
     cubin.unlink()
     cubin.symlink_to(tmp_path / "gone.cubin")  # dangling: a miss, Triton compiles again
     assert ls(kcache, cache)[SOFTMAX]["status"] == "partial"
@@ -647,9 +651,9 @@ def test_a_symlinked_group_file_is_read_as_triton_reads_it_and_never_rewritten(k
     assert "leads to a directory" in ls(kcache, cache)[ADD_90]["reason"]
     os.mkfifo(tmp_path / "fifo")
     grp.unlink()
-    grp.symlink_to(tmp_path / "fifo")  # never opened by kcache; Triton's open blocks on every lookup
+    grp.symlink_to(tmp_path / "fifo")  # never opened by kcache; Triton's open blocks on every lookup: unjudged
     got = ls(kcache, cache)[ADD_90]
-    assert got["status"] == "corrupt" and "leads to a FIFO" in got["reason"], got
+    assert got["status"] == "unreadable" and "__grp__add_kernel.json is a symlink to a FIFO" in got["reason"], got
     grp.unlink()
     grp.symlink_to(tmp_path / "gone.json")
     got = ls(kcache, cache)[ADD_90]

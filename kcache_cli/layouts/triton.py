@@ -55,7 +55,7 @@ from kcache_cli.layouts.shapes import (
 )
 from kcache_cli.layouts.triton_image import TritonImage
 from kcache_cli.layouts.triton_remote import TritonFormat
-from kcache_cli.model.checks import elf_truncated, list_files
+from kcache_cli.model.checks import elf_truncated, first_not_regular, list_files, not_regular
 from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
@@ -322,14 +322,32 @@ def _link_target(lst: _Listing, g: str) -> str | None:
         return "?"
 
 
+def _not_regular(lst: _Listing, path: str) -> str | None:
+    """checks.not_regular's reason when what Triton opens at `path` (a group file or a child path), links
+    followed as Triton follows them, is a FIFO, device or socket: a FIFO blocks Triton's open, a device
+    feeds it what it yields, and kcache opens neither, so it cannot judge the kernel (unreadable, never
+    removed). This entry's own file by its listing (a link stat'ed through the EntryDir); a path
+    elsewhere by that path."""
+    own = lst.own(path)
+    if own is not None:
+        return first_not_regular(lst.d, (own,), "Triton", follow=True)
+    lst.outside = True
+    try:
+        st = os.lstat(path)
+        linked = S_ISLNK(st.st_mode)
+        return not_regular(path, os.stat(path).st_mode if linked else st.st_mode, "Triton", linked=linked)
+    except (OSError, ValueError):
+        return None
+
+
 def _unopened(g: str, exc: fsread.NotRegularFile) -> tuple[Status, str | None, None]:
-    """A group file that leads (through a link) to no regular file: Triton's open of a directory fails
-    (a miss); a FIFO blocks it, a device feeds it what it yields (kcache opens neither)."""
+    """A group file that leads (through a link) to no regular file: Triton's open of a directory fails (a
+    miss). A FIFO, device or socket is found before the read (_not_regular); one swapped in since is not
+    judged either."""
     if exc.kind == "a directory":
         return PARTIAL, f"{g} leads to a directory: Triton cannot read it, misses the kernel and compiles it " \
                         "again", None
-    return CORRUPT, f"{g} leads to {exc.kind}: kcache never opens one, and Triton's open of it blocks or fails " \
-                    "on every lookup", None
+    return UNREADABLE, f"{g} leads to {exc.kind}: Triton opens it, kcache never does", None
 
 
 def _group_rule(lst: _Listing, g: str) -> tuple[Status, str | None, dict[str, str] | None]:
@@ -340,6 +358,9 @@ def _group_rule(lst: _Listing, g: str) -> tuple[Status, str | None, dict[str, st
     if target is not None and not _exists(lst, g, lst.d.join(g)):
         return PARTIAL, (f"{g} is a symlink to {target}, which leads to no file: Triton misses the kernel and "
                          "compiles it again"), None
+    odd = _not_regular(lst, lst.d.join(g))
+    if odd:
+        return UNREADABLE, odd, None
     name = g if target is None else f"{g} (a symlink to {target}, which Triton follows)"
     group = lst.json(g)
     if isinstance(group, fsread.NotRegularFile):
@@ -415,6 +436,9 @@ def _loaded(lst: _Listing, g: str, children: dict[str, str], changed) -> tuple[S
     the binary (the child whose path ends in .cubin/.hsaco) a whole ELF, every child whose path ends
     otherwise text. `changed(name)`: whether to read it."""
     meta_name = next(n for n in children if n.endswith(".json"))
+    odd = _not_regular(lst, children[meta_name])  # Triton reads the metadata first
+    if odd:
+        return UNREADABLE, odd
     meta = lst.json(meta_name, children[meta_name])
     if _unreadable(meta):
         return UNREADABLE, f"{meta_name} cannot be read (permission denied)"
@@ -422,6 +446,9 @@ def _loaded(lst: _Listing, g: str, children: dict[str, str], changed) -> tuple[S
     target = meta.get("target") if isinstance(meta, dict) else None
     if backend is None or not isinstance(target, dict) or "warp_size" not in target:
         return CORRUPT, f"{meta_name} is not Triton's metadata: Triton fails loading the kernel on every lookup"
+    odd = next((why for p in children.values() if (why := _not_regular(lst, p))), None)
+    if odd:  # then every child, before it finds the binary among them
+        return UNREADABLE, odd
     ext = BINARY_EXT.get(backend, ".cubin")
     binary, why = _binary_child(g, children, ext)
     if binary is None:

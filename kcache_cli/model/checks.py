@@ -152,7 +152,7 @@ def first_not_regular(d: EntryDir, names, consumer: str, *, follow: bool = False
             st = d.lstat(name)
             linked = follow and stat.S_ISLNK(st.st_mode)
             why = not_regular(name, d.stat(name).st_mode if linked else st.st_mode, consumer, linked=linked)
-        except OSError:
+        except (OSError, ValueError):  # gone, or a name no file can have (a NUL in a path a record gives)
             continue
         if why:
             return why
