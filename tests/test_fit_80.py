@@ -79,6 +79,17 @@ def test_ls_over_every_cache_keeps_status_op_and_size(kcache, machine, width):
     fits(r.stderr, width)
 
 
+def test_ls_over_every_cache_on_60_columns_still_says_each_rows_cache(kcache, machine):
+    """A narrow terminal drops the space before the cache: without the cache a row of several caches
+    (a hash, a size) no longer says what it is, while its space is one `--cache NAME` away."""
+    r = kcache("ls", env={**machine, "COLUMNS": "60"})
+    assert r.exit_code == 0, r.stderr
+    lines = fits(r.stdout, 60)
+    assert lines[0].split()[0] == "cache", lines[0]
+    rows = [ln.split()[0] for ln in lines[1:] if not ln.startswith(" ")]
+    assert {"hidet", "tilus", "tilelang", "triton"} <= set(rows), r.stdout
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_diff_of_two_triton_kernels_fits_with_hashes_shortened(kcache, fixture_copy, width):
     root = fixture_copy("triton/cache")

@@ -283,11 +283,11 @@ def _ls_table(out: c.Output, rows: list) -> None:
     one_layout = len({e.layout for e in entries}) == 1
     one_kind = len({e.kind for e in entries}) == 1  # hidet's graphs among its ops keep their kind
     cols = [Column("layout", drop=1 if one_layout or caches else 6), Column("kind", drop=2 if one_kind else 6),
-            Column("space", drop=8), Column("op", drop=9), Column("hash", spill=True),
+            Column("space", drop=7), Column("op", drop=9), Column("hash", spill=True),
             Column("size", right=True, drop=10), Column("files", right=True, drop=3),
             Column("status", styles=c.STATUS_STYLE), Column("last used", drop=4)]
-    if caches:  # status, op and size are the last to go; the cache before them, after kind
-        cols.insert(0, Column("cache", drop=7))
+    if caches:  # status, op and size are the last to go; the cache before them, after kind and space
+        cols.insert(0, Column("cache", drop=8))
     show_reason = any(e.reason for e in entries)
     if show_reason:
         cols.append(Column("reason", wrap=True))
