@@ -160,6 +160,18 @@ def test_verify_help_has_example(kcache):
         assert r.exit_code == 0 and "Example: kcache" in r.stdout, cmd
 
 
+def test_verify_help_claims_only_the_checks_it_makes(kcache, fixture_copy):
+    """hidet hashes the task in memory and never reads task.txt on load, so verify does not hold task.txt
+    against the entry's name (an edited task.txt is a note in inspect): its help must not say it does."""
+    root = fixture_copy("hidet")
+    (root / "ops/cpu_space_0/relu/31857fe085635b31/task.txt").write_text("Task(\n  name: relu\n)")
+    r = kcache("--cache-dir", root, "verify", "31857fe0")
+    assert r.exit_code == 0 and "1 ok" in r.stderr, r.stdout + r.stderr
+    text = " ".join(kcache("verify", "--help").stdout.split())
+    assert "task.txt against the hash" not in text
+    assert "every file the compiler's loader reads on a hit" in text
+
+
 def test_verify_after_import_of_damaged_archive_source(kcache, fixture_copy, tmp_path):
     """Corruption that a size check cannot see: export's selection reads every byte (the judgement
     verify uses), so the entry stays out unless asked for; shipped with --status partial, verify on the

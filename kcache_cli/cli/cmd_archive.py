@@ -307,11 +307,12 @@ def verify_command(
 
     Each entry is checked against its layout's rules and recorded checksums.
 
-    Reads every byte: task.txt against the hash, files against kcache.json or tilelang's manifests,
-    tilus links, binaries, Triton's group files. Entries that are not complete are problems; entries
-    being built are skipped. --fix rewrites the paths an entry records about itself when they point at
-    another root (the layout's relocation hook, as import uses). Without --cache-dir or KCACHE_DIR: every
-    cache found (--json: a list, one result per cache), or the one the current directory lies in.
+    Reads every byte: every file the compiler's loader reads on a hit, files against kcache.json or
+    tilelang's manifests, tilus links, binaries, Triton's group files. Entries that are not complete are
+    problems; entries being built are skipped. --fix rewrites the paths an entry records about itself
+    when they point at another root (the layout's relocation hook, as import uses). Without --cache-dir
+    or KCACHE_DIR: every cache found (--json: a list, one result per cache), or the one the current
+    directory lies in.
 
     A torch Mega-Cache blob named alone is checked instead: its CRC32, version and framing (exit 1
     naming the checksum when a byte changed); nothing in it is unpickled.
