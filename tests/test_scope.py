@@ -329,6 +329,21 @@ def test_a_hash_in_two_caches_is_ambiguous_until_cache_picks_one(both, tmp_path,
     assert run_kcache("log", "ad252b06", "--cache", "hidet").exit_code == 0
 
 
+def test_a_prefix_several_entries_of_one_cache_share_counts_every_cache(both, tmp_path, monkeypatch):
+    """'a' names two hidet entries and one of a second cache: the error names both caches and all three
+    entries, not the first cache's two alone (whose --space hint would leave the other cache's entry)."""
+    other = copy_tree(FIXTURES / "hidet", tmp_path / "other")
+    shutil.rmtree(other / "ops/cpu_space_0/fused")  # af30...: the other cache keeps ad252b06 alone
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(other))
+    run = run_kcache("inspect", "a")
+    assert run.exit_code == 2, run.stderr
+    assert "'a' names entries in 2 caches" in run.stderr and "--cache hidet or --cache tilelang" in run.stderr
+    assert "2 entries match" not in run.stderr and "af3046266c6abdd1" in run.stderr
+    assert run.stderr.count("ad252b064b266eea") == 2, run.stderr
+    alone = run_kcache("inspect", "a", "--cache", "hidet")  # one cache: its own ambiguity, as before
+    assert alone.exit_code == 2 and "'a' is ambiguous: 2 entries match" in alone.stderr
+
+
 def test_a_removed_current_directory_is_no_scope(both, tmp_path, monkeypatch):
     gone = tmp_path / "gone"
     gone.mkdir()

@@ -151,6 +151,15 @@ class NoSuchEntry(UsageError):
     """No entry of the root matches the reference (resolve_entry): over several caches, look in the next."""
 
 
+class Ambiguous(UsageError):
+    """Several entries of the root match the reference (resolve_entry), `entries`: over several caches,
+    the other caches' matches belong in the same answer."""
+
+    def __init__(self, message: str, entries: list[Entry]):
+        super().__init__(message)
+        self.entries = entries
+
+
 _HASH_CHARS = re.compile(r"^[0-9a-zA-Z_\-]+$")
 
 
@@ -278,7 +287,7 @@ def resolve_entry(root: Path, ref: str, warn: Warn | None = None, flt: ScanFilte
         names = ", ".join(f"{e.relpath} ({e.layout} {e.kind})" for e in found[:8])
         more = f" and {len(found) - 8} more" if len(found) > 8 else ""
         how = _differing(found) if selectors else "give the entry's path"  # no --space, --op... to offer
-        raise UsageError(f"'{ref}' is ambiguous: {len(found)} entries match: {names}{more}; {how}")
+        raise Ambiguous(f"'{ref}' is ambiguous: {len(found)} entries match: {names}{more}; {how}", found)
     return found[0]
 
 

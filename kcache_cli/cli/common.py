@@ -206,7 +206,8 @@ def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: 
     `pick(root)` is the checked filter of the --space/--op... that tell entries apart. `locs`: the scope
     as the command found it for all its references (a command naming several finds the caches once)."""
     locs = locs if locs is not None else cache_locations(opts, False, cache, [ref])
-    found, misses = [], []
+    misses: list[UsageError] = []
+    matches: list[tuple[Any, list, Optional[UsageError]]] = []  # (location, its entries, its ambiguity)
     narrowed = False  # whether --space, --op... left out entries the reference may name
     for loc in locs:
         if len(locs) > 1 and not refs_in(loc.path, [ref]):
@@ -216,20 +217,35 @@ def resolve_in_scope(opts: GlobalOptions, ref: str, cache: Optional[str], pick: 
         if not opts.many:
             hint_unknown(opts, loc.path, flt)
         try:
-            found.append((loc, scan.resolve_entry(loc.path, ref, warn=lambda m: warn(opts, m), flt=flt,
-                                             statuses=statuses, selectors=selectors)))
+            matches.append((loc, [scan.resolve_entry(loc.path, ref, warn=lambda m: warn(opts, m), flt=flt,
+                                                     statuses=statuses, selectors=selectors)], None))
         except scan.NoSuchEntry as exc:
             misses.append(exc)
-    if len(found) == 1:
-        return found[0]
-    if found:
-        where = ", ".join(f"{loc.cache or loc.path} ({e.relpath})" for loc, e in found)
-        picks = " or ".join(f"--cache {loc.cache}" for loc, _ in found if loc.cache)
-        raise UsageError(f"'{ref}' names entries in {len(found)} caches: {where}; pick one with "
-                         f"{picks or 'the entry path'}")
+        except scan.Ambiguous as exc:  # several here, and the other caches' matches belong in the answer
+            matches.append((loc, exc.entries, exc))
+    if len(matches) == 1:
+        loc, entries, ambiguous = matches[0]
+        if ambiguous is not None:
+            raise ambiguous
+        return loc, entries[0]
+    if matches:
+        raise _in_caches(ref, [(loc, entries) for loc, entries, _ in matches])
     if len(misses) == 1 and len(locs) == 1 and not fsread.is_dir(locs[0].path):
         raise misses[0]  # "(... does not exist)"
     raise no_match([ref], [loc.path for loc in locs], selectors=narrowed, one=True)
+
+
+def _in_caches(ref: str, matches: list) -> UsageError:
+    """The usage error for a reference that names entries in several caches: (location, entries) each."""
+    def named(entries) -> str:
+        more = f" and {len(entries) - 4} more" if len(entries) > 4 else ""
+        shown = ", ".join(e.relpath for e in entries[:4]) + more
+        return shown if len(entries) == 1 else f"{len(entries)} entries: {shown}"
+
+    where = ", ".join(f"{loc.cache or loc.path} ({named(entries)})" for loc, entries in matches)
+    picks = " or ".join(f"--cache {loc.cache}" for loc, _ in matches if loc.cache)
+    return UsageError(f"'{ref}' names entries in {len(matches)} caches: {where}; pick one with "
+                      f"{picks or 'the entry path'}")
 
 
 def ref_list(refs: Optional[List[str]]) -> list[str]:
