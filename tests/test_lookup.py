@@ -182,6 +182,15 @@ def test_an_op_s_name_as_the_reference(kcache, cache):
     assert r.exit_code == 2 and "did you mean" not in r.stderr
 
 
+@pytest.mark.parametrize("cmd", ["inspect", "ls", "log"])
+def test_a_value_copied_with_the_tables_ellipsis_says_to_drop_it(kcache, cache, cmd):
+    """A table ends a name it cut short in `…` (ls, diff, prune): pasted back as typed, the error says
+    what to give instead, rather than only that the prefix is bad."""
+    r = kcache("--cache-dir", cache, cmd, "ad252b06\u2026")
+    assert r.exit_code == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "give ad252b06 without the \u2026" in r.stderr, r.stderr
+
+
 def test_hints_show_a_cache_s_names_escaped(kcache, cache):
     (cache / "ops/cuda_space_0/add/8d1\x1b[31mX").mkdir()
     r = kcache("--cache-dir", cache, "inspect", "8d2")

@@ -175,13 +175,20 @@ def split_refs(root: Path, refs) -> tuple[tuple[str, ...], tuple[str, ...]]:
             raise UsageError("empty entry reference (give a hash prefix or the entry's path)")
         if "/" not in ref and ref not in (".", ".."):
             if not _HASH_CHARS.match(ref):
-                raise UsageError(f"bad hash prefix '{ref}'")
+                raise UsageError(f"bad hash prefix '{ref}'{_cut_short(ref)}")
             prefixes.append(ref)
             continue
         rel = _relative_to_root(Path(root), ref)
         if rel not in paths:
             paths.append(rel)
     return tuple(prefixes), tuple(paths)
+
+
+def _cut_short(ref: str) -> str:
+    """The next step for a prefix pasted from a table with the `…` that ends a value the table cut short."""
+    head = ref.rstrip("\u2026")
+    return f" (a table ends what it cut short in \u2026: give {head} without the \u2026)" if (
+        head != ref and _HASH_CHARS.match(head)) else ""
 
 
 def _inside(root: str, path: str) -> str | None:
