@@ -191,6 +191,16 @@ def test_a_value_copied_with_the_tables_ellipsis_says_to_drop_it(kcache, cache, 
     assert r.stderr.count("\n") == 1 and "give ad252b06 without the \u2026" in r.stderr, r.stderr
 
 
+def test_a_path_inside_an_entry_names_that_entry_as_the_hint(kcache, cache):
+    """A file of an entry (as `find` prints it) names no entry: the hint is the entry it lies in, not a
+    hash that shares a first letter with the file's name; a file name no hash could be gets no hash."""
+    for ref in (f"{ADD}/lib.so", str(cache / ADD / "lib.so")):
+        r = kcache("--cache-dir", cache, "inspect", ref)
+        assert r.exit_code == 2 and r.stderr.rstrip().endswith("did you mean 8d1f7691?"), r.stderr
+    r = kcache("--cache-dir", cache, "inspect", "ops/cuda_space_0/add/ad.bin")  # shares "ad" with ad252b06
+    assert r.exit_code == 2 and "did you mean" not in r.stderr, r.stderr
+
+
 def test_hints_show_a_cache_s_names_escaped(kcache, cache):
     (cache / "ops/cuda_space_0/add/8d1\x1b[31mX").mkdir()
     r = kcache("--cache-dir", cache, "inspect", "8d2")

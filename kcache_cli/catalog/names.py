@@ -329,13 +329,17 @@ def nearest(ref: str, roots: Iterable[str | os.PathLike]) -> Nearest:
     the op names close to it. A lookup by prefix per step, from the kept listings (fs/dirnames.py); op
     names from directory names, and where they lie in files (Triton's) as _ops_in_files offers them."""
     key = ref.rstrip("/").rsplit("/", 1)[-1]
+    inside = _holder(ref, roots)
+    if inside:
+        return Nearest(_told_apart([inside], 0), ())
+    hashlike = all(ch.isascii() and (ch.isalnum() or ch in "_-") for ch in key)  # no hash has a '.'
     best, hashes, ops = 0, set[str](), set[str]()
     for where in roots:
         root = os.fspath(where)
         if not fsread.is_dir(root):
             continue
         present = layouts_of(root)
-        shared, found = _longest_shared(root, key, present)
+        shared, found = _longest_shared(root, key, present) if hashlike else (0, [])
         if shared > best:
             best, hashes = shared, set(found)
         elif shared == best and shared:
@@ -343,6 +347,23 @@ def nearest(ref: str, roots: Iterable[str | os.PathLike]) -> Nearest:
         ops.update(_op_names(root, present))
     close = [key] if key in ops else difflib.get_close_matches(key, sorted(ops), n=2, cutoff=0.6)
     return Nearest(_told_apart(sorted(hashes)[:HINT_HASHES], best), tuple(close))
+
+
+def _holder(ref: str, roots: Iterable[str | os.PathLike]) -> str | None:
+    """The hash of the entry the path `ref` lies inside (one of its files, as `find` prints it), or None:
+    each directory of the path, deepest first, looked up as a whole hash (a lookup by prefix each)."""
+    if "/" not in ref.strip("/"):
+        return None
+    for where in roots:
+        root = os.fspath(where)
+        rel = os.path.relpath(ref, root) if os.path.isabs(ref) else ref
+        parts = [p for p in rel.split("/") if p not in ("", ".")]
+        if not parts or parts[0] == ".." or not fsread.is_dir(root):
+            continue
+        for part in reversed(parts[:-1]):
+            if any(e.hash == part for e in entries(root, part)):
+                return part
+    return None
 
 
 def _longest_shared(root: str, key: str, present: tuple[str, ...]) -> tuple[int, list[str]]:
