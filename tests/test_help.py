@@ -93,3 +93,13 @@ def test_a_later_paragraph_reflows_too(render):
     assert "with a `cache` column" in " ".join(para), para
     short = [line for line in para[:-1] if len(line.rstrip()) < 60]  # every line but the last is filled
     assert not short, para
+
+
+@pytest.mark.parametrize("cmd", ["ls", "verify", "export", "push"])
+def test_entries_named_on_a_selecting_command_select_and_are_not_kept(kcache, cmd):
+    """Entries named on ls, verify, export or push narrow what they act on, as --op does ("Only this op");
+    "Entries to keep" read, on a tool that removes entries, as the ones spared."""
+    r = kcache(cmd, "--help", env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("[ENTRY]..."))
+    assert "Only these entries:" in line and "to keep" not in line, line

@@ -355,8 +355,9 @@ KindOpt = Annotated[Optional[List[str]], typer.Option(
     "--kind", metavar="KIND", help=f"Only this kind: {', '.join(KINDS)}. {_LIST}",
     autocompletion=complete.complete_kind)]
 ENTRY_HELP = "hash prefix, path in the cache (ops/cuda_space_0/add/8d1f7691cdf75e90) or absolute path"
-HashesArg = Annotated[Optional[List[str]], typer.Argument(metavar="[ENTRY]...", help=f"Entries to keep: {ENTRY_HELP}.",
-                                                          show_default=False, autocompletion=complete.complete_hash)]
+HashesArg = Annotated[Optional[List[str]], typer.Argument(
+    metavar="[ENTRY]...", help=f"Only these entries: {ENTRY_HELP}.", show_default=False,
+    autocompletion=complete.complete_hash)]
 
 MinSizeOpt = Annotated[Optional[str], typer.Option(
     "--min-size", metavar="SIZE", help="Only entries of at least SIZE on disk (1M, 500k, 2GiB; a unit is required).")]
