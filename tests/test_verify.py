@@ -172,6 +172,24 @@ def test_verify_help_claims_only_the_checks_it_makes(kcache, fixture_copy):
     assert "every file the compiler's loader reads on a hit" in text
 
 
+def test_verify_summary_groups_every_count_s_digits(kcache, fixture_copy, monkeypatch):
+    """'checked 1,250 entries: 1,250 ok': each count of the summary line in the one number format."""
+    import dataclasses
+
+    from kcache_cli.ops import verify
+
+    real = verify.verify_cache
+
+    def many(*a, **k):  # the five real entries' checks, 250 times over
+        result = real(*a, **k)
+        return dataclasses.replace(result, checked=result.checked * 250)
+
+    monkeypatch.setattr(verify, "verify_cache", many)
+    r = kcache("--cache-dir", fixture_copy("hidet"), "verify")
+    assert r.exit_code == 0, r.stderr
+    assert "checked 1,250 entries" in r.stderr and "1,250 ok, 0 with problems" in r.stderr, r.stderr
+
+
 def test_verify_after_import_of_damaged_archive_source(kcache, fixture_copy, tmp_path):
     """Corruption that a size check cannot see: export's selection reads every byte (the judgement
     verify uses), so the entry stays out unless asked for; shipped with --status partial, verify on the

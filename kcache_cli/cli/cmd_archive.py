@@ -383,9 +383,9 @@ def _verify_human(out: c.Output, result, root, fix: bool, took: float) -> None:
     if not result.exists:
         out.info(f"no cache at {root}: nothing to verify")
         return
-    building = f", skipped {len(result.skipped)} being built" if result.skipped else ""
+    building = f", skipped {len(result.skipped):,} being built" if result.skipped else ""
     out.info(f"checked {c.plural(len(result.checked), 'entry')} in {took:.1f}s: "
-             f"{len(result.checked) - len(failed)} ok, {len(failed)} with problems{building}"
+             f"{len(result.checked) - len(failed):,} ok, {len(failed):,} with problems{building}"
              f"{_fix_words(result) if fix else ''}")
 
 
