@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pprint
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -368,3 +369,37 @@ def test_explain_misses_on_a_recorded_switch_set_otherwise_here(cache, tmp_path)
         for v in off.values())
     on = verdicts({"vllm": "0.11.0"}, {"VLLM_USE_STANDALONE_COMPILE": "1"})
     assert all(v["verdict"] == "unknown" for v in on.values())
+
+
+def test_a_unit_whose_index_names_paths_where_nothing_is_is_moved(made, tmp_path):
+    """The original gone (a cache moved, or restored from a backup): vLLM's load of the paths its index
+    names fails at start-up, as the slow oracle below shows. kcache says moved (Triton's word for it): not
+    complete, never removed by prune --broken, and `verify --fix` makes it complete."""
+    original = copy_tree(made, tmp_path / "original")
+    assert run_kcache("--cache-dir", str(original), "verify", "--fix").exit_code == 0  # it names itself
+    root = copy_tree(original, tmp_path / "moved")
+    shutil.rmtree(original)
+    listed = run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"]
+    units = {e["hash"]: e for e in listed if e["kind"] == "compile"}
+    assert set(units) == set(UNITS)
+    for e in units.values():
+        assert e["status"] == "moved", e
+        assert str(original) in e["reason"] and "verify --fix" in e["reason"]
+    plan = run_kcache("--cache-dir", str(root), "prune", "--broken", "--dry-run", "--json").json()
+    assert not {r["hash"] for r in plan["removed"]} & set(UNITS)
+    assert run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"] == listed  # never indexed
+    assert run_kcache("--cache-dir", str(root), "verify", "--fix").exit_code == 0
+    after = run_kcache("--cache-dir", str(root), "ls", "--json").json()["entries"]
+    assert {e["hash"]: e["status"] for e in after if e["kind"] == "compile"} == dict.fromkeys(UNITS, "complete")
+
+
+@pytest.mark.slow
+def test_vllm_fails_loading_a_moved_unit(real_made, tmp_path):
+    """The oracle for the test above: the paths the index names lead nowhere, and vLLM's load fails."""
+    original = copy_tree(real_made, tmp_path / "original")
+    assert run_kcache("--cache-dir", str(original), "verify", "--fix").exit_code == 0
+    root = copy_tree(original, tmp_path / "moved")
+    shutil.rmtree(original)
+    for h10 in UNITS:
+        got = loads(root / h10, tmp_path)
+        assert got["loaded"] == 0 and got["failed"], got

@@ -55,6 +55,7 @@ from kcache_cli.model.checks import list_files
 from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
+    MOVED,
     PARTIAL,
     UNREADABLE,
     UNREADABLE_REASON,
@@ -283,7 +284,8 @@ def newest(d: EntryDir) -> float:
     return top
 
 
-def judge_unit(d: EntryDir, jc: Judging) -> Judgement:
+def judge_unit(d: EntryDir, jc: Judging, outside: list[bool] | None = None) -> Judgement:
+    """What vLLM makes of the unit held as `d` (`outside`: see leads_nowhere)."""
     try:
         if d.fd is None:
             raise d.error or FileNotFoundError(d.path)
@@ -297,7 +299,7 @@ def judge_unit(d: EntryDir, jc: Judging) -> Judgement:
         if jc.now - newest(d) < STALE_AFTER or jc.now - st.st_mtime < STALE_AFTER:
             return Judgement.of(BUILDING, what.split(":")[0] + " yet: vLLM may be compiling into it")
         return Judgement.of(PARTIAL, what)
-    problems = []
+    problems, lost = [], []
     for part in found:
         if part.problem:
             problems.append(f"{os.path.relpath(part.path, d.path)}/{part.problem}")
@@ -306,12 +308,33 @@ def judge_unit(d: EntryDir, jc: Judging) -> Judgement:
             bad = handle_problem(d, part, h, jc)
             if bad:
                 problems.append(f"{os.path.relpath(part.path, d.path)}: {bad}")
+            elif leads_nowhere(part, h, outside):
+                lost.append(f"{os.path.relpath(part.path, d.path)}/{INDEX} names {h.path}")
     if problems:  # the tree's age is asked only now: a complete unit needs no second walk
         fresh = jc.now - newest(d) < STALE_AFTER
         status: Status = BUILDING if fresh else PARTIAL  # vLLM writes the index and binaries in place
         return Judgement(status, problems[0] + ("" if status == PARTIAL else " (written less than an hour ago)"),
                          tuple(problems))
+    if lost:  # whole here, named where nothing is: vLLM's load of that path fails at start-up
+        return Judgement.of(MOVED, _moved(lost[0]))
     return Judgement(COMPLETE)
+
+
+def leads_nowhere(part: Part, h: Handle, outside: list[bool] | None = None) -> bool:
+    """Whether a standalone handle names a path other than its artifact here (the unit was moved or
+    copied) that leads to no file: vLLM loads the path the index names (CompiledArtifact.load), and fails
+    where nothing is. A path elsewhere that leads to a file is what vLLM loads (a copy whose original is
+    still there hits; `verify` reports it). `outside` gets True when the path is elsewhere: the verdict
+    then depends on a file outside the unit (the scan index stores none such)."""
+    if h.compiler != STANDALONE or h.path == os.path.join(part.path, h.key):
+        return False
+    if outside is not None:
+        outside.append(True)
+    try:
+        os.stat(h.path)  # followed, as vLLM's open follows it
+    except (OSError, ValueError):
+        return True
+    return False
 
 
 def judge_aot(d: EntryDir) -> Judgement:
@@ -349,7 +372,8 @@ def detect(root: Path) -> bool:
 def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     """Every unit, judged through `ctx.map_entries` (a worker per core for big caches). A job is plain data
     (path, kind): the index answers an unchanged unit from its record, keyed by the lstat of every name in
-    the unit's tree (a unit's verdict goes by its own files alone: its handles are read relative to it)."""
+    the unit's tree (a unit whose index names paths elsewhere is judged again each time: its verdict goes
+    by whether they lead to a file)."""
     if flt.targets or flt.spaces or flt.ops:
         return  # vLLM's units have no target, space or op names
     prefixes = flt.name_prefixes()
@@ -368,7 +392,10 @@ def _unit_entry(ctx, job: tuple[str, str]) -> Entry:
         recording = getattr(ctx, "recording", None)
         if recording is not None:  # the key: the whole tree's stats, taken before the judgement reads
             recording[path] = tree_stats(d)
-        j = judge(d, kind, Judging())
+        outside: list[bool] = []
+        j = judge_aot(d) if kind == AOT else judge_unit(d, Judging(), outside)
+        if outside and recording is not None:  # a handle names a path elsewhere: not in the key, not stored
+            recording[path] = None
     return ctx.entry(path=path, usage=usage, layout=NAME, kind=kind, target=None, space=None, op=None,
                      hash=os.path.basename(path), status=j.status, reason=j.reason)
 
@@ -475,14 +502,26 @@ def moved_handles(part: Part, dest_part: str) -> list[Handle]:
             and h.path != os.path.join(dest_part, h.key)]
 
 
+def _moved(where: str) -> str:
+    """The reason of a moved unit (`where`: the index and the path it names), as verify's relocation
+    problem gives it too."""
+    return f"{where} (the cache was moved or copied): vLLM fails loading it until `kcache verify --fix` rewrites " \
+           "the paths"
+
+
 def relocation_problem(entry: Entry) -> str | None:
-    if entry.kind != COMPILE or entry.status != COMPLETE:
+    """Why vLLM fails loading the unit where it now lies, or would once the copy its index names is gone:
+    what `verify --fix` repairs."""
+    if entry.kind != COMPILE or entry.status not in (COMPLETE, MOVED):
         return None
     for part in parts(entry.path):
         moved = moved_handles(part, part.path)
         if moved:
-            return (f"{os.path.relpath(part.path, entry.path)}/{INDEX} names {moved[0].path} (the cache was moved "
-                    "or copied): vLLM fails loading it until `kcache verify --fix` rewrites the paths")
+            where = f"{os.path.relpath(part.path, entry.path)}/{INDEX} names {moved[0].path}"
+            if leads_nowhere(part, moved[0]):
+                return _moved(where)
+            return f"{where} (the cache was moved or copied): vLLM loads that file while it is there, and fails " \
+                   "once it is gone, until `kcache verify --fix` rewrites the paths"
     return None
 
 
