@@ -208,8 +208,18 @@ def dmg_garbage_variant_beside_good(root):
     return v.parent
 
 
+def dmg_source_emptied_beside_library(root):
+    """A kernel's .cpp (and a wrapper's .main.cpp) emptied while its .so is whole: torch loads the .so and
+    never reads the source again (a hit), so the shard stays complete."""
+    kernel = next(p for p in sorted(root.glob("??/c*.cpp")) if not p.name.endswith(".main.cpp"))
+    for src in (kernel, one(root, "??/c*.main.cpp")):
+        src.write_bytes(b"")
+    return kernel.parent
+
+
 MATRIX = [dmg_missing, dmg_empty, dmg_garbage, dmg_truncated, dmg_old_tmp_beside_graph, dmg_only_old_tmp,
-          dmg_mode_000, dmg_link, dmg_aot_variant_missing, dmg_aot_graph_gone, dmg_garbage_variant_beside_good]
+          dmg_mode_000, dmg_link, dmg_aot_variant_missing, dmg_aot_graph_gone, dmg_garbage_variant_beside_good,
+          dmg_source_emptied_beside_library]
 
 
 @pytest.mark.slow
@@ -424,6 +434,21 @@ def test_nested_triton_cache_is_judged_by_triton_rules(tmp_path):
     dirs = run_kcache("dir", "--all", "--json", env={"TORCHINDUCTOR_CACHE_DIR": str(root)}).json()["caches"]
     row = next(r for r in dirs if r["cache"] == "inductor")
     assert row["nested"] == [{"layout": "triton", "path": str(nested)}]
+
+
+def test_an_emptied_source_beside_its_library_is_no_damage(cache):
+    """torch (CppCodeCache) writes a kernel's .cpp only when it is missing and compiles it only when its
+    .so is: a .cpp emptied beside a whole .so is never read again (the slow matrix sees every graph hit),
+    so ls, verify and prune --broken leave the shard; an empty .so is still torch's failure."""
+    src = one(cache, "??/c*.main.cpp")
+    src.write_bytes(b"")
+    shard = src.parent.name
+    assert rows(cache)[shard]["status"] == "complete"
+    assert run_kcache("--cache-dir", str(cache), "verify", shard).exit_code == 0
+    plan = run_kcache("--cache-dir", str(cache), "prune", "--broken", "--dry-run", "--json")
+    assert plan.exit_code == 0 and not plan.json()["removed"], plan.stdout
+    Path(str(src)[:-3] + "so").write_bytes(b"")
+    assert rows(cache)[shard]["status"] == "corrupt"
 
 
 def test_code_shard_statuses(tmp_path):
