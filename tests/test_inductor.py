@@ -263,6 +263,32 @@ def test_truncated_wrapper_libraries_crash_torch_and_are_corrupt(real_cache):
 
 
 @pytest.mark.slow
+def test_a_wrapper_cut_short_crashes_torch_and_is_corrupt(real_cache):
+    """torch writes a graph's .py wrapper only when it is missing and compiles the text it finds: cut
+    short, every load dies of its SyntaxError. verify calls it corrupt, `prune --broken --deep` removes the
+    shard, and torch then writes it again from the fx graph: every graph hits."""
+    cache = real_cache
+    wrapper = _cut_wrapper(cache)
+    assert probe(cache, crash_ok=True) == {}
+    assert _verified(cache)[wrapper.parent.name] == "corrupt"
+    run = run_kcache("--cache-dir", str(cache), "prune", "--broken", "--deep", "--yes")
+    assert run.exit_code == 0 and not wrapper.exists(), run.stdout
+    assert probe(cache) == ALL_HITS
+
+
+def _cut_wrapper(root: Path) -> Path:
+    wrapper = one(root, "??/c*.py")
+    data = wrapper.read_bytes()
+    wrapper.write_bytes(data[: len(data) // 2])
+    return wrapper
+
+
+def _verified(root: Path) -> dict[str, str]:
+    """verify's deep status of each entry it finds a problem in, by hash."""
+    return {p["hash"]: p["status"] for p in run_kcache("--cache-dir", str(root), "verify", "--json").json()["problems"]}
+
+
+@pytest.mark.slow
 def test_removing_every_code_shard_keeps_every_graph_hit(real_cache):
     cache = real_cache
     """The code cache is rebuilt from the fx graphs (they hold their source): clearing it loses no hit."""
@@ -449,6 +475,23 @@ def test_an_emptied_source_beside_its_library_is_no_damage(cache):
     assert plan.exit_code == 0 and not plan.json()["removed"], plan.stdout
     Path(str(src)[:-3] + "so").write_bytes(b"")
     assert rows(cache)[shard]["status"] == "corrupt"
+
+
+def test_a_wrapper_that_does_not_compile_is_corrupt_deep(cache):
+    """A graph's .py wrapper cut short (or overwritten) fails torch's import on every load (the slow test
+    above): the deep judgement compiles it (compile() parses, runs nothing) and calls the shard corrupt;
+    ls's cheap one, which reads no wrapper, still calls it complete, as `prune --broken` without --deep."""
+    wrapper = _cut_wrapper(cache)
+    shard = wrapper.parent.name
+    assert rows(cache)[shard]["status"] == "complete"
+    problem = run_kcache("--cache-dir", str(cache), "verify", "--json").json()["problems"]
+    assert [(p["hash"], p["status"]) for p in problem] == [(shard, "corrupt")]
+    assert problem[0]["reason"].startswith(f"{wrapper.name} does not compile (")
+    assert run_kcache("--cache-dir", str(cache), "inspect", shard, "--json").json()["status"] == "corrupt"
+    plan = run_kcache("--cache-dir", str(cache), "prune", "--broken", "--deep", "--dry-run", "--json").json()
+    assert [r["hash"] for r in plan["removed"]] == [shard]
+    wrapper.write_bytes(b"x = 1\n\0\n")  # a null byte: Python refuses it too
+    assert _verified(cache) == {shard: "corrupt"}
 
 
 def test_code_shard_statuses(tmp_path):

@@ -9,8 +9,10 @@ Root: TORCHINDUCTOR_CACHE_DIR, else `<tempdir>/torchinductor_<user>` (layouts/ho
   (forward, backward) by key. Torch misses the whole entry when one of them is missing.
 - `code`: `<2 chars>/` shard directories of `c<key>.{py,cpp,so,main.cpp,main.so,best_config,...}` groups.
   A fx graph holds its source code: torch rewrites a missing `.py` and compiles a missing `.so` again
-  without a fx graph miss; a truncated `.so` fails to load. torch writes a kernel's `.cpp` first, then
-  compiles it holding the FileLock `locks/<key>.lock` (a flock), its compiler writing the `.so` in place:
+  without a fx graph miss; a truncated `.so` fails to load, and so does a `.py` that does not compile
+  (deep: torch never writes an existing one again); a `.cpp` is read only while its `.so` is missing.
+  torch writes a kernel's `.cpp` first, then compiles it holding the FileLock `locks/<key>.lock` (a
+  flock), its compiler writing the `.so` in place:
   a shard one of whose kernels is not whole while its lock is held (or whose source is fresh) is building.
 - `autotune`: `cache/`, JSON tables of autotuning results.
 - `triton`: `triton/<device>/<key>/`, Triton kernel directories judged by the Triton layout's rules.
@@ -29,6 +31,7 @@ import hashlib
 import os
 import re
 import stat
+import warnings
 from dataclasses import replace as replace_entry
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, NamedTuple
@@ -83,6 +86,11 @@ CODE_RE = re.compile(r"^(c[a-z2-7]{51})\.(.+)$")
 PICKLE_PROTOCOLS = range(2, 6)
 CPU = "cpu"  # the target of a code shard of C++ only (its .so is a host library)
 CPU_SUFFIXES = frozenset({"cpp", "h", "o", "so"})
+MAX_WRAPPER = 64 << 20  # a generated .py wrapper kcache parses (deep); real ones are kilobytes to megabytes
+# The file name python_problem compiles under: what the parser warns about there (an invalid escape) is
+# dropped, never shown to kcache's user nor turned into an error by -W error.
+WRAPPER_FILE = "<kcache: an Inductor wrapper>"
+warnings.filterwarnings("ignore", module=re.escape(WRAPPER_FILE))
 
 
 # ---- writers' temp files -----------------------------------------------------------------------------
@@ -332,7 +340,7 @@ def judge_code(d: EntryDir, jc: Judging, lst: Listing | None = None) -> Judgemen
     odd = odd_file(lst)
     if odd:
         return Judgement.of(UNREADABLE, odd)
-    kernels = {key: _group_problems(d, key, exts, lst) for key, exts in sorted(code_groups(lst.files).items())}
+    kernels = {key: _group_problems(d, key, exts, lst, jc.deep) for key, exts in sorted(code_groups(lst.files).items())}
     problems = tuple(p for found in kernels.values() for p in found)
     unreadable = next((p for p in problems if p.startswith("unreadable:")), None)
     if unreadable:
@@ -381,7 +389,7 @@ def _held_lock(d: EntryDir, keys: list[str]) -> str | None:
         return next((k for k in keys if probe_locked(f"{k}.lock", locks.fd)), None)
 
 
-def _group_problems(d: EntryDir, key: str, exts: list[str], lst: Listing) -> list[str]:
+def _group_problems(d: EntryDir, key: str, exts: list[str], lst: Listing, deep: bool = False) -> list[str]:
     out = []
     for ext in sorted(exts):
         name = f"{key}.{ext}"
@@ -399,7 +407,31 @@ def _group_problems(d: EntryDir, key: str, exts: list[str], lst: Listing) -> lis
                 out.append(bad + ": torch fails loading it")
         elif ext.endswith("cpp") and ext[:-3] + "so" not in exts:
             out.append(f"{name} has no {ext[:-3]}so: {INTERRUPTED} (torch compiles it again)")
+        elif ext == "py" and deep:
+            bad = python_problem(d, name)
+            if bad:
+                out.append(bad)
     return out
+
+
+def python_problem(d: EntryDir, name: str) -> str | None:
+    """Why torch's import of the wrapper `name` fails (deep): torch compiles its text as it finds it
+    (`_reload_python_module`; a file already there is never written again), so one cut short or
+    overwritten fails every load. compile() only parses and never runs the code; kcache's Python parses
+    what torch's generated code holds. None when it compiles, or is over MAX_WRAPPER (not judged)."""
+    try:
+        source = d.read_bytes(name, MAX_WRAPPER)
+    except OSError:
+        return None
+    try:
+        compile(source, WRAPPER_FILE, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"{name} does not compile ({exc.msg}, line {exc.lineno}): torch's import of it fails"
+    except ValueError as exc:  # null bytes (Python 3.11; a SyntaxError from 3.12)
+        return f"{name} does not compile ({exc}): torch's import of it fails"
+    except (RecursionError, MemoryError):  # nested beyond what this Python parses: not judged
+        return None
+    return None
 
 
 # ---- autotune tables and nested Triton caches -------------------------------------------------------
