@@ -186,6 +186,22 @@ def test_clear_all_leaves_no_cache_nor_atime_file(jax_root):
     assert [n for n in os.listdir(jax_root) if not n.startswith(".")] == ["keep.txt"]  # .kcache/: kcache's state
 
 
+def test_a_function_name_with_a_dash_or_dot_is_jax_s_key_too(tmp_path):
+    """jax keeps "-" and "." of a function's name in its keys (mlir.sanitize_name: `jit_kc_step-v2-<sha256>`,
+    tests/fixtures/real/jax-names, made by jax 0.10.2): such a cache is jax's, listed and judged by its
+    keys (a -cache without its -atime in a capped cache is partial), and `clear --all` removes it."""
+    root = tmp_path / "caches"
+    shutil.copytree(REAL / "jax-names" / "cache", root / "jaxcache")
+    [step] = [p for p in (root / "jaxcache").iterdir() if p.name.startswith("jit_kc_step-v2-")
+              and p.name.endswith("-atime")]
+    [entry] = entries(root)
+    assert (entry["layout"], entry["hash"], entry["status"]) == ("jax", "jaxcache", "moved")  # built elsewhere
+    step.unlink()
+    assert problem(root)["status"] == "partial" and step.name[:-len("-atime")] in problem(root)["reason"]
+    assert run_kcache("--cache-dir", root, "clear", "--all", "--yes").exit_code == 0
+    assert not (root / "jaxcache").exists()
+
+
 def test_a_directory_with_other_files_is_not_a_jax_cache(jax_root):
     (jax_root / "jaxcache" / "notes.txt").write_text("mine\n")
     assert entries(jax_root) == []
