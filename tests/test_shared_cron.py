@@ -643,7 +643,8 @@ def test_quiet_prune_and_clear_with_nothing_to_do_print_nothing(kcache, fixture_
     env = {"HOME": str(home), "KCACHE_DIR": None, "XDG_CACHE_HOME": None, "TRITON_CACHE_DIR": None,
            "TRITON_HOME": None, "TILELANG_CACHE_DIR": None, "TORCHINDUCTOR_CACHE_DIR": str(away / "inductor"),
            "CUDA_CACHE_PATH": str(away / "nv"), "VLLM_CACHE_ROOT": str(away / "vllm")}
-    assert "==> " in kcache("prune", "--all-caches", "--broken", env=env).stdout
+    loud = kcache("prune", "--all-caches", "--broken", env=env).stdout  # one line a cache, no heading
+    assert loud.splitlines() == [f"Nothing removed from {home / '.cache' / name}." for name in ("hidet", "tilus")]
     run = kcache("-q", "prune", "--all-caches", "--broken", env=env)
     assert run.exit_code == 0 and (run.stdout, run.stderr) == ("", ""), (run.stdout, run.stderr)
     run = kcache("-q", "--cache-dir", root, "clear", "--op", "nosuch", "--yes")  # a warning stays
@@ -685,3 +686,50 @@ def test_the_ci_recipe_exits_0_on_a_cache_miss(tmp_path):
     shutil.rmtree(tmp_path / "cache")
     hit = job(False)  # the next run: restored and imported
     assert hit.returncode == 0 and len(entries(tmp_path / "cache")) == 5, hit.stderr
+
+
+def test_several_caches_idle_ones_say_one_line_and_a_shared_limit_says_its_share(kcache, tmp_path):
+    """prune over every cache: a cache with nothing to remove is its one "Nothing to remove" line (no
+    heading, no blank line between such lines: nine caches, nine lines); one with removals keeps its
+    heading and table. One --max-size over several caches gives each its share, said as a share (not a
+    limit of 0 B the user never asked for), and --json carries the whole limit beside it."""
+    from conftest import copy_tree
+
+    home = tmp_path / "home"
+    copy_tree(FIXTURES / "hidet", home / ".cache" / "hidet")
+    copy_tree(FIXTURES / "tilus", home / ".cache" / "tilus")
+    away = tmp_path / "elsewhere"
+    env = {"HOME": str(home), "KCACHE_DIR": None, "XDG_CACHE_HOME": None, "TRITON_CACHE_DIR": None,
+           "TRITON_HOME": None, "TILELANG_CACHE_DIR": None, "TORCHINDUCTOR_CACHE_DIR": str(away / "inductor"),
+           "CUDA_CACHE_PATH": str(away / "nv"), "VLLM_CACHE_ROOT": str(away / "vllm")}
+    idle = kcache("prune", "--all-caches", "--dry-run", env=env)
+    assert idle.exit_code == 0
+    assert idle.stdout.splitlines() == [
+        f"Nothing to remove in {home / '.cache' / name} ({_human(home / '.cache' / name, kcache, env)} scanned)."
+        for name in ("hidet", "tilus")]
+    tilus_size = kcache("--cache-dir", home / ".cache" / "tilus", "stats", "--json", env=env).json()["size"]
+    limit = tilus_size + 1  # room for tilus's entries alone, used last: hidet's go
+    _touch_all(home / ".cache" / "tilus")
+    shared = kcache("prune", "--all-caches", "--max-size", str(limit) + "B", "--dry-run", env=env)
+    assert shared.exit_code == 0, shared.stderr
+    assert f"==> {home / '.cache' / 'hidet'} <==" in shared.stdout
+    assert "its share of --max-size" in shared.stdout and "(limit 0 B)" not in shared.stdout
+    doc = kcache("prune", "--all-caches", "--max-size", str(limit) + "B", "--dry-run", "--json", env=env).json()
+    assert {c["max_size_shared"] for c in doc["caches"]} == {limit}
+    assert sum(c["max_size"] for c in doc["caches"]) <= limit
+
+
+def _human(root, kcache, env) -> str:
+    from kcache_cli.cli.common import human_size
+
+    return human_size(kcache("--cache-dir", root, "stats", "--json", env=env).json()["size"])
+
+
+def _touch_all(root) -> None:
+    """Every file of `root` used now: the most recently used cache."""
+    import time
+
+    now = time.time() + 60
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            os.utime(os.path.join(dirpath, f), (now, now), follow_symlinks=False)

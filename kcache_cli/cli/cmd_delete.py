@@ -103,7 +103,8 @@ def prune_command(
     out.summary, out.listing = summary, listing
     plans = [(loc, _plan_one(opts, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale, deep),
                              scans.done.pop(str(loc.path), None))) for loc in locs]
-    _prune_planned(opts, out, plans, (limits, ages), dry_run, yes)
+    shared = limit if opts.many and limit is not None and len(locs) > 1 else None  # one --max-size for all
+    _prune_planned(opts, out, plans, (limits, ages, shared), dry_run, yes)
     out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
     _unmeasured_fails(plans, limits)
 
@@ -123,8 +124,8 @@ def _unmeasured_fails(plans: list, limits: dict) -> None:
                       f"over its max-size of {c.human_size(limit)}")
 
 
-def _prune_planned(opts: o.GlobalOptions, out: "_Out", plans: list, budgets: tuple[dict, dict], dry_run: bool,
-                   yes: bool) -> None:
+def _prune_planned(opts: o.GlobalOptions, out: "_Out", plans: list, budgets: tuple[dict, dict, int | None],
+                   dry_run: bool, yes: bool) -> None:
     """Every root's plan asks for the confirmation it needs first (a refusal removes nothing from any
     cache), then each is reported or carried out."""
     if not dry_run and not yes:
@@ -132,12 +133,12 @@ def _prune_planned(opts: o.GlobalOptions, out: "_Out", plans: list, budgets: tup
             for _, plan in plans:
                 if plan.exists:
                     _confirm_big_prune(opts, plan)
-    limits, ages = budgets
+    limits, ages, shared = budgets
     for loc, plan in plans:
         if not _idle(out, plan):
-            out.section(loc)
-        _act_one(opts, out, loc, plan, {"max_size": limits[str(loc.path)], "older_than": ages[str(loc.path)]},
-                 dry_run)
+            out.section(loc, idle=plan.exists and not plan.removals and not plan.skipped)
+        _act_one(opts, out, loc, plan, {"max_size": limits[str(loc.path)], "older_than": ages[str(loc.path)],
+                                        "max_size_shared": shared}, dry_run)
 
 
 
@@ -342,6 +343,7 @@ class _Out(c.Output):
     def __init__(self, opts: o.GlobalOptions, all_caches: bool) -> None:
         super().__init__(opts, collect=all_caches)
         self.sections = 0
+        self.idle_last = False  # the last root's report was one "Nothing to remove" line
         self.summary = False  # tables grouped by target, space and op (--summary)
         self.listing = False  # one row per entry however many (--list)
 
@@ -350,9 +352,15 @@ class _Out(c.Output):
         without --list (cron mails stay short)."""
         return self.summary or (n > SCREENFUL and not self.listing)
 
-    def section(self, loc) -> None:
+    def section(self, loc, idle: bool = False) -> None:
+        """The heading of the next root's report; `idle` (nothing to remove, nothing kept): none, its one line
+        names the root, and idle roots in a row are not spaced apart (nine caches, nine lines)."""
         if self.collect and not self.json:
-            self.text(("\n" if self.sections else "") + f"==> {loc.path} <==")
+            if not idle:
+                self.text(("\n" if self.sections else "") + f"==> {loc.path} <==")
+            elif self.sections and not self.idle_last:
+                self.text("")
+        self.idle_last = idle
         self.sections += 1
 
 
@@ -613,5 +621,8 @@ def _sizes(plan, extra: dict, freed: int | None = None) -> str:
     if extra.get("max_size") is None:
         return ""
     after = plan.scanned_size - (plan.expected_freed_size if freed is None else freed)
-    return (f"; cache {c.human_size(plan.scanned_size)} -> {c.human_size(after)} "
-            f"(limit {c.human_size(extra['max_size'])})")
+    limit = f"limit {c.human_size(extra['max_size'])}"
+    whole = extra.get("max_size_shared")
+    if whole is not None:  # this cache's part of one --max-size over several, by last use
+        limit = f"its share of --max-size {c.human_size(whole)} over every cache: {c.human_size(extra['max_size'])}"
+    return f"; cache {c.human_size(plan.scanned_size)} -> {c.human_size(after)} ({limit})"
