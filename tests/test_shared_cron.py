@@ -707,6 +707,9 @@ def test_several_caches_idle_ones_say_one_line_and_a_shared_limit_says_its_share
     assert idle.stdout.splitlines() == [
         f"Nothing to remove in {home / '.cache' / name} ({_human(home / '.cache' / name, kcache, env)} scanned)."
         for name in ("hidet", "tilus")]
+    cleared = kcache("clear", "--status", "partial", "--dry-run", env=env)  # clear: the same
+    assert cleared.exit_code == 0 and "==> " not in cleared.stdout
+    assert len(cleared.stdout.splitlines()) == 2 and cleared.stdout.startswith("Nothing to remove in ")
     tilus_size = kcache("--cache-dir", home / ".cache" / "tilus", "stats", "--json", env=env).json()["size"]
     limit = tilus_size + 1  # room for tilus's entries alone, used last: hidet's go
     _touch_all(home / ".cache" / "tilus")

@@ -279,7 +279,7 @@ def clear_command(
         if opts.many and anywhere and not out.json and not (plan.removals or plan.skipped):
             continue  # every cache: the ones the selection names nothing in are no news
         if not _idle(out, plan):
-            out.section(loc)
+            out.section(loc, idle=plan.exists and not plan.removals and not plan.skipped)
         _clear_one(opts, out, loc, plan, yes, dry_run)
     out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
 
