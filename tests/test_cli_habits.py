@@ -282,3 +282,20 @@ def test_the_state_gitignore_never_replaces_nor_follows(tmp_path):
     finally:
         os.close(fd)
     assert gi.read_text().startswith("# ") and gi.read_text().endswith("\n*\n")
+
+
+@pytest.mark.parametrize("args, said", [
+    (("ls", "--status", "complet"), "did you mean complete?"),
+    (("ls", "--sort", "sise"), "did you mean size?"),
+    (("ls", "--layout", "trito"), "did you mean triton?"),
+    (("ls", "--kind", "kernal"), "did you mean kernel?"),
+    (("ls", "--cache", "hidett"), "did you mean hidet?"),
+])
+def test_a_misspelt_choice_gets_a_did_you_mean(kcache, fixture_copy, args, said):
+    """A value outside an option's choices names the closest ones first, as a misspelt op or command does,
+    then every choice; one close to none names none."""
+    where = () if "--cache" in args else ("--cache-dir", str(fixture_copy("hidet")))
+    run = kcache(*where, *args)
+    assert run.exit_code == 2 and said in run.stderr and "(choose from " in run.stderr, run.stderr
+    far = kcache(*where, args[0], args[1], "zzzzzz")
+    assert far.exit_code == 2 and "did you mean" not in far.stderr and "(choose from " in far.stderr, far.stderr

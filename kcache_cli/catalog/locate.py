@@ -15,7 +15,7 @@ from kcache_cli.fs import state
 from kcache_cli.layouts import all_layouts, detect, get, homes
 from kcache_cli.layouts.shapes import BUILD_SHAPE, SHAPES
 from kcache_cli.model.terms import LAYOUT_NAMES
-from kcache_cli.util.errors import UsageError
+from kcache_cli.util.errors import UsageError, unknown_choice
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ def named_cache(name: str) -> CacheLocation:
         raise UsageError(f"the {name} cache has no place here: {homes.NO_DEFAULT.get(name, 'none is set')} "
                          "(or pass --cache-dir)")
     if home is None:
-        raise UsageError(f"unknown cache '{name}' (choose from {', '.join(known)})")
+        raise unknown_choice("cache", name, known)
     return vetted(_checked(CacheLocation(home.path.absolute(), home.reason, name)))
 
 

@@ -20,7 +20,7 @@ from kcache_cli.fs.read import iter_chunks
 from kcache_cli.layouts import get
 from kcache_cli.model.records import ScanFilter, sort_entries
 from kcache_cli.model.terms import COMPLETE, SORT_KEYS
-from kcache_cli.util.errors import KcacheError, UsageError
+from kcache_cli.util.errors import KcacheError, UsageError, unknown_choice
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.textsafe import one_line
 
@@ -176,7 +176,7 @@ def ls_command(
     opts = o.use(ctx, cache_dir, as_json)
     sort = sort.lower()  # --sort SIZE as --sort size
     if sort not in SORT_KEYS:
-        raise UsageError(f"unknown sort key '{sort}' (choose from {', '.join(SORT_KEYS)})")
+        raise unknown_choice("sort key", sort, SORT_KEYS)
     if null and opts.json:
         raise UsageError("--null and --json do not go together")
     if paths_only or null:  # nothing on stderr but errors; with --json the JSON still wins over -q's paths

@@ -27,7 +27,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.layouts import detect
 from kcache_cli.model.records import ScanFilter, space_matches
 from kcache_cli.model.terms import BROKEN, BROKEN_WORD, KINDS, LAYOUT_NAMES, STATUSES, is_status
-from kcache_cli.util.errors import UsageError
+from kcache_cli.util.errors import UsageError, unknown_choice
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.textsafe import printable, printable_line
 from kcache_cli.util.units import format_ago, format_size, parse_age, parse_seconds, parse_size, plural
@@ -466,7 +466,7 @@ def _checked(values: Optional[List[str]], allowed: tuple[str, ...] | None, what:
             if not part:
                 continue
             if allowed is not None and part not in allowed:
-                raise UsageError(f"unknown {what} '{part}' (choose from {', '.join(allowed)})")
+                raise unknown_choice(what, part, allowed)
             out.append(part)
     return tuple(out)
 
