@@ -205,3 +205,58 @@ def test_export_appended_to_a_file_is_whole(fixture_copy, tmp_path):
                           "--json"], capture_output=True, env=env, timeout=120)
     assert dry.returncode == 0, dry.stderr
     assert len(json.loads(dry.stdout)["entries"]) == len(_listing(src, env))
+
+
+def _swap_in_theirs(tmpdir: Path, prefix: str) -> list[str]:
+    """What a user who may write in TMPDIR (theirs, or a link to theirs) can do to the directory kcache made
+    there: move it aside and put their own under its name, holding an archive of theirs."""
+    swapped = []
+    for name in os.listdir(tmpdir):
+        if name.startswith(prefix) and not name.endswith(".aside"):
+            os.rename(tmpdir / name, tmpdir / f"{name}.aside")
+            (tmpdir / name).mkdir()
+            for archive in ("archive", "archive.tar.zst"):
+                (tmpdir / name / archive).write_bytes(b"theirs")
+            swapped.append(name)
+    return swapped
+
+
+def test_a_temp_directory_swapped_in_tmpdir_is_never_read(fixture_copy, tmp_path, monkeypatch):
+    """kcache reaches its temp directory only through the descriptor it holds on it: a user who swaps
+    another under its name (root's cron with a TMPDIR in their directory) gets neither side to take their
+    archive. import - imports what came on stdin, export - sends the archive it made; what they put there
+    is left alone."""
+    import tempfile
+
+    from kcache_cli.archive import export, stdio
+    from kcache_cli.model.records import ScanFilter
+
+    tmpdir = tmp_path / "theirs"
+    tmpdir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
+    came = b"\x28\xb5\x2f\xfd" + os.urandom(4096)  # what stdin brings (a zstd stream's magic, then bytes)
+    read_end, write_end = os.pipe()
+    os.write(write_end, came)
+    os.close(write_end)
+    try:
+        with stdio.spooled_stdin(1 << 20, fd=read_end) as kept:
+            assert _swap_in_theirs(tmpdir, "kcache-stdin-")
+            assert Path(kept).read_bytes() == came
+    finally:
+        os.close(read_end)
+
+    src = fixture_copy("hidet")
+    real_export = export.export_archive
+
+    def then_swapped(*args, **kwargs):
+        made = real_export(*args, **kwargs)
+        assert _swap_in_theirs(tmpdir, "kcache-export-")
+        return made
+
+    monkeypatch.setattr(export, "export_archive", then_swapped)
+    sent = tmp_path / "sent.tar.zst"
+    with open(sent, "wb") as out:
+        export.export_to_stream(export.plan_export(src, ScanFilter()), out.fileno())
+    assert sent.read_bytes()[:4] == b"\x28\xb5\x2f\xfd" and sent.stat().st_size > 1000
+    theirs = [p for p in tmpdir.rglob("*") if p.is_file()]
+    assert theirs and all(p.read_bytes() == b"theirs" for p in theirs)  # theirs left alone

@@ -654,17 +654,13 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
 
 def export_to_stream(plan: ExportPlan, fd: int = 1, *, warn: Warn | None = None,
                      progress: Progress | None = None) -> ExportResult:
-    """export_archive (zstd) made in a private temp directory, then copied to `fd` (standard output: `export
-    -`, archive/stdio.py); the temp directory goes either way. Its result's archive is "-"."""
+    """export_archive (zstd) made in a private temp directory (stdio.private_dir), then copied to `fd`
+    (standard output: `export -`, archive/stdio.py); the temp directory goes either way. Its result's
+    archive is "-"."""
     stdio.refuse_terminal(fd, "export -")
-    where = tempfile.mkdtemp(prefix="kcache-export-")
-    try:
+    with stdio.private_dir("kcache-export-") as where:
         result = export_archive(plan, os.path.join(where, "archive.tar.zst"), warn=warn, progress=progress)
         size = stdio.copy_out(result.archive, fd)
-    finally:
-        import shutil
-
-        shutil.rmtree(where, ignore_errors=True)
     return replace(result, archive=stdio.STDIO, archive_size=size)
 
 
