@@ -494,6 +494,25 @@ def test_a_wrapper_that_does_not_compile_is_corrupt_deep(cache):
     assert _verified(cache) == {shard: "corrupt"}
 
 
+
+def test_a_big_wrapper_is_parsed_apart_within_bounds(cache, monkeypatch):
+    """Parsing dense code costs ~350 bytes of memory per byte (8 MB of `x = 1 < 1 < ...`: 2.5 GB, 8 s): a
+    wrapper over INLINE_WRAPPER is parsed in an interpreter of its own, bounded in memory and CPU time. One
+    whose parse stays within the bounds is judged there (cut short: corrupt); one past them is not judged,
+    and this process never holds its tree (here a bound of 64 MB: the parse of 600 kB of dense code needs
+    ~200 MB)."""
+    from kcache_cli.layouts import inductor
+
+    wrapper = one(cache, "??/c*.py")
+    shard = wrapper.parent.name
+    big = inductor.INLINE_WRAPPER + 1000
+    wrapper.write_bytes(b"x = '" + b"a" * big + b"'\ndef f(:\n")  # cheap to parse, cut short
+    assert _verified(cache) == {shard: "corrupt"}
+    monkeypatch.setattr(inductor, "APART_MEMORY", 64 << 20)
+    wrapper.write_bytes(b"x = 1" + b" < 1" * (600_000 // 4) + b"\ndef f(:\n")
+    assert _verified(cache) == {}  # past the bound: not judged (compiled here, it was corrupt)
+
+
 def test_code_shard_statuses(tmp_path):
     root = tmp_path / "ind"
     shard = root / "ab"

@@ -31,6 +31,8 @@ import hashlib
 import os
 import re
 import stat
+import subprocess
+import sys
 import warnings
 from dataclasses import replace as replace_entry
 from pathlib import Path
@@ -87,6 +89,11 @@ PICKLE_PROTOCOLS = range(2, 6)
 CPU = "cpu"  # the target of a code shard of C++ only (its .so is a host library)
 CPU_SUFFIXES = frozenset({"cpp", "h", "o", "so"})
 MAX_WRAPPER = 64 << 20  # a generated .py wrapper kcache parses (deep); real ones are kilobytes to megabytes
+# Parsing costs up to ~350 bytes of memory and ~1 us per byte of dense code (`x = 1 < 1 < 1 ...`: 8 MB,
+# 2.5 GB and 8 s). A wrapper up to INLINE_WRAPPER is parsed here (at most ~100 MB, 0.2 s); a bigger one in
+# an interpreter of its own, bounded in memory and CPU time (past either: not judged).
+INLINE_WRAPPER = 256 << 10
+APART_MEMORY, APART_SECONDS = 512 << 20, 2
 # The file name python_problem compiles under: what the parser warns about there (an invalid escape) is
 # dropped, never shown to kcache's user nor turned into an error by -W error.
 WRAPPER_FILE = "<kcache: an Inductor wrapper>"
@@ -418,11 +425,15 @@ def python_problem(d: EntryDir, name: str) -> str | None:
     """Why torch's import of the wrapper `name` fails (deep): torch compiles its text as it finds it
     (`_reload_python_module`; a file already there is never written again), so one cut short or
     overwritten fails every load. compile() only parses and never runs the code; kcache's Python parses
-    what torch's generated code holds. None when it compiles, or is over MAX_WRAPPER (not judged)."""
+    what torch's generated code holds. None when it compiles, or is not judged: over MAX_WRAPPER, or
+    past what its parse may cost (INLINE_WRAPPER, _compiled_apart)."""
     try:
         source = d.read_bytes(name, MAX_WRAPPER)
     except OSError:
         return None
+    if len(source) > INLINE_WRAPPER:
+        why = _compiled_apart(source)
+        return f"{name} does not compile ({why}): torch's import of it fails" if why else None
     try:
         compile(source, WRAPPER_FILE, "exec", dont_inherit=True)
     except SyntaxError as exc:
@@ -432,6 +443,37 @@ def python_problem(d: EntryDir, name: str) -> str | None:
     except (RecursionError, MemoryError):  # nested beyond what this Python parses: not judged
         return None
     return None
+
+
+# What _compiled_apart runs: exit 3 with why the text does not compile, 0 when it does; anything else
+# (out of memory or CPU time, nested too deep) is no verdict.
+_APART = """
+import resource, sys, warnings
+resource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory}))
+resource.setrlimit(resource.RLIMIT_CPU, ({seconds}, {seconds}))
+warnings.simplefilter("ignore")
+try:
+    compile(sys.stdin.buffer.read(), {file!r}, "exec", dont_inherit=True)
+except SyntaxError as exc:
+    print(f"{{exc.msg}}, line {{exc.lineno}}")
+    sys.exit(3)
+except ValueError as exc:
+    print(exc)
+    sys.exit(3)
+"""
+
+
+def _compiled_apart(source: bytes) -> str | None:
+    """Why `source` does not compile, parsed by this Python in a process of its own (isolated, no site)
+    whose memory and CPU time are bounded (APART_MEMORY, APART_SECONDS): None when it compiles or the
+    parse went past a bound."""
+    code = _APART.format(memory=APART_MEMORY, seconds=APART_SECONDS, file=WRAPPER_FILE)
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", code], input=source, capture_output=True,
+                              timeout=4 * APART_SECONDS, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (done.stdout.decode("utf-8", "replace").strip() or "a syntax error") if done.returncode == 3 else None
 
 
 # ---- autotune tables and nested Triton caches -------------------------------------------------------
