@@ -7,6 +7,7 @@ unit that loads."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pprint
@@ -403,3 +404,27 @@ def test_vllm_fails_loading_a_moved_unit(real_made, tmp_path):
     for h10 in UNITS:
         got = loads(root / h10, tmp_path)
         assert got["loaded"] == 0 and got["failed"], got
+
+
+def test_a_unit_whose_index_names_no_such_artifact_elsewhere_is_moved(made, tmp_path):
+    """An index naming, elsewhere, a FIFO (vLLM's open blocks at start-up), a device (its load reads what
+    it yields: /dev/zero, forever) or a file of the other kind than the artifact here (a directory for a
+    binary artifact, a file for an unpacked one): vLLM cannot load that path, as where nothing is. Moved,
+    never complete; `verify --fix` points the index at the artifact here."""
+    os.mkfifo(tmp_path / "fifo")
+    elsewhere = {"0123456789": [str(tmp_path / "fifo"), "/dev/null", str(tmp_path)],
+                 "abcdef0123": ["/dev/null", str(tmp_path / "fifo")]}
+    (tmp_path / "file").write_bytes(b"not vLLM's")
+    elsewhere["abcdef0123"].append(str(tmp_path / "file"))
+    for h10, paths in elsewhere.items():
+        for path in paths:
+            root = copy_tree(made, tmp_path / "copy")
+            index = _index(root / h10)
+            handles = ast.literal_eval(index.read_text())
+            index.write_text(pprint.pformat({k: (key, path) for k, (key, _) in handles.items()}))
+            _age(root / h10)
+            row = rows(root)[h10]
+            assert row["status"] == "moved" and path in row["reason"] and "verify --fix" in row["reason"], row
+            assert run_kcache("--cache-dir", str(root), "verify", "--fix").exit_code == 0
+            assert rows(root)[h10]["status"] == "complete"
+            shutil.rmtree(root)

@@ -308,33 +308,49 @@ def judge_unit(d: EntryDir, jc: Judging, outside: list[bool] | None = None) -> J
             bad = handle_problem(d, part, h, jc)
             if bad:
                 problems.append(f"{os.path.relpath(part.path, d.path)}: {bad}")
-            elif leads_nowhere(part, h, outside):
-                lost.append(f"{os.path.relpath(part.path, d.path)}/{INDEX} names {h.path}")
+            else:
+                rel = os.path.relpath(part.path, d.path)
+                there = leads_nowhere(part, h, outside, stat.S_ISDIR(_mode(d, f"{rel}/{h.key}")))
+                if there:
+                    lost.append(_named(f"{rel}/{INDEX}", h, there))
     if problems:  # the tree's age is asked only now: a complete unit needs no second walk
         fresh = jc.now - newest(d) < STALE_AFTER
         status: Status = BUILDING if fresh else PARTIAL  # vLLM writes the index and binaries in place
         return Judgement(status, problems[0] + ("" if status == PARTIAL else " (written less than an hour ago)"),
                          tuple(problems))
-    if lost:  # whole here, named where nothing is: vLLM's load of that path fails at start-up
+    if lost:  # whole here, named where no such artifact is: vLLM's load of that path fails at start-up
         return Judgement.of(MOVED, _moved(lost[0]))
     return Judgement(COMPLETE)
 
 
-def leads_nowhere(part: Part, h: Handle, outside: list[bool] | None = None) -> bool:
-    """Whether a standalone handle names a path other than its artifact here (the unit was moved or
-    copied) that leads to no file: vLLM loads the path the index names (CompiledArtifact.load), and fails
-    where nothing is. A path elsewhere that leads to a file is what vLLM loads (a copy whose original is
-    still there hits; `verify` reports it). `outside` gets True when the path is elsewhere: the verdict
-    then depends on a file outside the unit (the scan index stores none such)."""
-    if h.compiler != STANDALONE or h.path == os.path.join(part.path, h.key):
-        return False
+def leads_nowhere(part: Part, h: Handle, outside: list[bool] | None = None, unpacked: bool | None = None
+                  ) -> str | None:
+    """What lies where a standalone handle names a path other than its artifact here (the unit was moved
+    or copied), when vLLM's load of that path (CompiledArtifact.load) fails: "nothing", or what is there
+    instead of a file of the artifact's kind (`unpacked`: a directory; else one regular file; looked up
+    by path when not given): a FIFO blocks vLLM's open, a device feeds it what it yields. None when the
+    handle names the artifact here, or a path elsewhere that vLLM loads (a copy whose original is still
+    there hits; `verify` reports it). `outside` gets True when the path is elsewhere: the verdict then
+    depends on a file outside the unit (the scan index stores none such)."""
+    here = os.path.join(part.path, h.key)
+    if h.compiler != STANDALONE or h.path == here:
+        return None
     if outside is not None:
         outside.append(True)
+    if unpacked is None:
+        unpacked = os.path.isdir(here) and not os.path.islink(here)
     try:
-        os.stat(h.path)  # followed, as vLLM's open follows it
+        mode = os.stat(h.path).st_mode  # followed, as vLLM's open follows it
     except (OSError, ValueError):
-        return True
-    return False
+        return "nothing"
+    if stat.S_ISDIR(mode) if unpacked else stat.S_ISREG(mode):
+        return None
+    return "a regular file" if stat.S_ISREG(mode) else fsread.kind_of(mode)
+
+
+def _named(index: str, h: Handle, there: str) -> str:
+    """Where `index` sends vLLM for `h`, and what is there when it is not nothing (leads_nowhere)."""
+    return f"{index} names {h.path}" + ("" if there == "nothing" else f", {there}")
 
 
 def judge_aot(d: EntryDir) -> Judgement:
@@ -517,11 +533,12 @@ def relocation_problem(entry: Entry) -> str | None:
     for part in parts(entry.path):
         moved = moved_handles(part, part.path)
         if moved:
-            where = f"{os.path.relpath(part.path, entry.path)}/{INDEX} names {moved[0].path}"
-            if leads_nowhere(part, moved[0]):
-                return _moved(where)
-            return f"{where} (the cache was moved or copied): vLLM loads that file while it is there, and fails " \
-                   "once it is gone, until `kcache verify --fix` rewrites the paths"
+            index = f"{os.path.relpath(part.path, entry.path)}/{INDEX}"
+            there = leads_nowhere(part, moved[0])
+            if there:
+                return _moved(_named(index, moved[0], there))
+            return f"{index} names {moved[0].path} (the cache was moved or copied): vLLM loads that file while " \
+                   "it is there, and fails once it is gone, until `kcache verify --fix` rewrites the paths"
     return None
 
 
