@@ -736,3 +736,24 @@ def _touch_all(root) -> None:
     for dirpath, _, files in os.walk(root):
         for f in files:
             os.utime(os.path.join(dirpath, f), (now, now), follow_symlinks=False)
+
+
+def test_a_root_s_heading_over_several_caches_cannot_act_on_the_terminal(kcache, tmp_path):
+    """prune and clear over every cache head each root's table `==> ROOT <==`: a root whose name holds
+    a terminal escape or a newline (TRITON_CACHE_DIR, or a directory someone else named) is shown escaped,
+    as the lines that follow show it, never obeyed nor split into a line of its own."""
+    from conftest import copy_tree
+
+    home = tmp_path / "home"
+    copy_tree(FIXTURES / "hidet", home / ".cache" / "hidet")
+    odd = tmp_path / "tri\x1b]0;owned\x07\nx"
+    copy_tree(FIXTURES / "triton" / "cache", odd)
+    away = tmp_path / "elsewhere"
+    env = {"HOME": str(home), "KCACHE_DIR": None, "XDG_CACHE_HOME": None, "TRITON_CACHE_DIR": str(odd),
+           "TRITON_HOME": None, "TILELANG_CACHE_DIR": None, "TORCHINDUCTOR_CACHE_DIR": str(away / "inductor"),
+           "CUDA_CACHE_PATH": str(away / "nv"), "VLLM_CACHE_ROOT": str(away / "vllm")}
+    for args in (["prune", "--older-than", "0s"], ["clear", "--all"]):
+        run = kcache(*args, "--all-caches", "--dry-run", env=env)
+        assert run.exit_code == 0, run.stderr
+        assert "\x1b" not in run.stdout and "\x07" not in run.stdout
+        assert f"==> {tmp_path}/tri\\x1b]0;owned\\x07\\x0ax <==" in run.stdout.splitlines()

@@ -357,7 +357,7 @@ class _Out(c.Output):
         names the root, and idle roots in a row are not spaced apart (nine caches, nine lines)."""
         if self.collect and not self.json:
             if not idle:
-                self.text(("\n" if self.sections else "") + f"==> {loc.path} <==")
+                self.text(("\n" if self.sections else "") + f"==> {c.printable_line(str(loc.path))} <==")
             elif self.sections and not self.idle_last:
                 self.text("")
         self.idle_last = idle
