@@ -128,6 +128,22 @@ def test_an_endless_stream_stops_at_the_bound_and_leaves_nothing(fixture_copy, t
     assert _temps(env) == []
 
 
+
+def test_a_stream_of_zeros_is_refused_at_its_first_block(fixture_copy, tmp_path):
+    """`kcache import - < /dev/zero`: a zero block is tar's end-of-archive marker, so the stream sniffs as
+    a tar, but no kcache archive starts with it (its first member is manifest.json). Refused from that
+    block, not kept up to twice --max-total-size (128 GiB by default) in TMPDIR first."""
+    cache = fixture_copy("hidet")
+    env = _env(tmp_path)
+    with open("/dev/zero", "rb") as zeros:
+        r = subprocess.run([*KCACHE, "--cache-dir", str(cache), "import", "-", "--max-total-size", "1MB"],
+                           stdin=zeros, capture_output=True, env=env, timeout=60)
+    err = r.stderr.decode()
+    assert r.returncode == 1, err
+    assert "starts with an empty block" in err and len(err.strip().splitlines()) == 1, err
+    assert _temps(env) == []
+
+
 def test_export_to_a_reader_that_stops_fails_and_leaves_nothing(fixture_copy, tmp_path):
     """The reader goes away after one byte: the export says so (exit 1), and leaves no temp."""
     src = fixture_copy("hidet")

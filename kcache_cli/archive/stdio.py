@@ -8,7 +8,8 @@ first, then imports that file as any other (everything verified before anything 
 temp goes when the command ends, and is reached only through a descriptor held on the directory kcache
 made (private_dir): a TMPDIR another user may write in cannot swap the archive. A terminal is refused at
 once on either side (no archive is typed or shown), and so is input that is not a tar, tar.gz or tar.zst
-stream, from its first block: `yes | kcache import -` fills no disk."""
+stream, from its first block: neither `yes | kcache import -` nor `kcache import - < /dev/zero` fills a
+disk."""
 
 from __future__ import annotations
 
@@ -126,6 +127,9 @@ def _spool(src: int, out: int, max_bytes: int, progress: Progress) -> None:
         raise KcacheError(f"{SHOWN} is empty: no archive came")
     if ts.sniff(data) is None:
         raise KcacheError(f"{SHOWN} is not a tar, tar.gz or tar.zst archive")
+    if data == ts.ZERO_BLOCK:  # tar's end-of-archive marker first (`< /dev/zero`): no kcache archive follows
+        raise KcacheError(f"{SHOWN} starts with an empty block (tar's end of archive): not a kcache archive, "
+                          "whose first member is manifest.json")
     total = 0
     while data:
         total += len(data)
