@@ -276,3 +276,27 @@ def test_a_temp_directory_swapped_in_tmpdir_is_never_read(fixture_copy, tmp_path
     assert sent.read_bytes()[:4] == b"\x28\xb5\x2f\xfd" and sent.stat().st_size > 1000
     theirs = [p for p in tmpdir.rglob("*") if p.is_file()]
     assert theirs and all(p.read_bytes() == b"theirs" for p in theirs)  # theirs left alone
+
+
+def test_export_with_no_room_in_tmpdir_says_to_set_tmpdir(fixture_copy, tmp_path, monkeypatch):
+    """The archive is made under TMPDIR first: a full TMPDIR (a small /tmp beside a roomy cache disk) is
+    said to be that, with the next step, not "free space" on a disk the user cannot tell."""
+    import errno
+    import tempfile
+
+    from kcache_cli.archive import export
+    from kcache_cli.model.records import ScanFilter
+    from kcache_cli.util.errors import KcacheError
+
+    tmpdir = tmp_path / "small"
+    tmpdir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
+
+    def full(plan, archive, **_):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), archive)
+
+    monkeypatch.setattr(export, "export_archive", full)
+    with open(tmp_path / "out", "wb") as out, pytest.raises(KcacheError) as exc:
+        export.export_to_stream(export.plan_export(fixture_copy("hidet"), ScanFilter()), out.fileno())
+    assert f"in {tmpdir} " in str(exc.value) and "set TMPDIR" in str(exc.value)
+    assert (tmp_path / "out").stat().st_size == 0 and os.listdir(tmpdir) == []

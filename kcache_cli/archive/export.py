@@ -659,7 +659,14 @@ def export_to_stream(plan: ExportPlan, fd: int = 1, *, warn: Warn | None = None,
     archive is "-"."""
     stdio.refuse_terminal(fd, "export -")
     with stdio.private_dir("kcache-export-") as where:
-        result = export_archive(plan, os.path.join(where, "archive.tar.zst"), warn=warn, progress=progress)
+        try:
+            result = export_archive(plan, os.path.join(where, "archive.tar.zst"), warn=warn, progress=progress)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise KcacheError(f"no room for the archive in {tempfile.gettempdir()} ({exc.strerror}): export - "
+                              "makes it there before it copies it out; set TMPDIR to a disk with room for it, "
+                              "nothing was written to standard output") from None
         size = stdio.copy_out(result.archive, fd)
     return replace(result, archive=stdio.STDIO, archive_size=size)
 
