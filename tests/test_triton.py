@@ -407,6 +407,25 @@ def test_verify_fix_leaves_broken_entries_broken(kcache, moved):
     assert ORIGIN in (cache / ADD_90 / "__grp__add_kernel.json").read_text()  # not rewritten: it is corrupt
 
 
+
+@pytest.mark.parametrize("damage", ["truncated", "fifo"])
+def test_verify_fix_checks_a_moved_kernel_again_once_its_paths_lead_here(kcache, moved, damage):
+    """A moved kernel is judged no further than its group file's paths (Triton misses it there): its cubin
+    cut short, or a FIFO, shows only once they lead here. `verify --fix` rewrites them and checks the
+    kernel again: a problem (exit 1), not "ok", as the next verify and ls say too."""
+    cubin = next((moved / ADD_90).glob("*.cubin"))
+    if damage == "truncated":
+        cubin.write_bytes(cubin.read_bytes()[:100])
+    else:
+        cubin.unlink()
+        os.mkfifo(cubin)
+    r = kcache("--cache-dir", moved, "verify", "--fix", "--json")
+    assert r.exit_code == 1, r.stdout
+    assert [(p["hash"], p["status"]) for p in r.json()["problems"]] == [
+        (ADD_90, "corrupt" if damage == "truncated" else "unreadable")]
+    assert kcache("--cache-dir", moved, "verify").exit_code == 1
+
+
 def test_export_import_under_another_root_is_a_triton_hit(kcache, cache, tmp_path):
     archive = tmp_path / "triton.tar.zst"
     r = kcache("--cache-dir", cache, "export", archive, "--json")

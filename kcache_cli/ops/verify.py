@@ -9,7 +9,7 @@ being built are left alone and counted."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from kcache_cli.catalog.scan import scan_cache
@@ -21,7 +21,6 @@ from kcache_cli.model.records import (
     BUILDING,
     COMPLETE,
     CORRUPT,
-    MOVED,
     UNREADABLE,
     Entry,
     Judgement,
@@ -144,15 +143,14 @@ def check_entry(root: Path, entry: Entry) -> EntryCheck:
 
 
 def fix_relocation(root: Path, check: EntryCheck) -> tuple[EntryCheck, str | None]:
-    """Rewrite the paths an entry records to where it lies now (the layout's `relocate`): the check
-    without its relocation problem, or the error that stopped it."""
+    """Rewrite the paths an entry records to where it lies now (the layout's `relocate`): the entry checked
+    again (a moved Triton kernel was judged no further than its paths: what lies behind them, a truncated
+    binary or a FIFO, shows only now), or the error that stopped it."""
     try:
         get(check.entry.layout).relocate(check.entry.path, check.entry.path, Path(root))
     except OSError as exc:
         return check, f"cannot rewrite {exc.filename or check.entry.path}: {exc.strerror or exc}"
-    problems = tuple(p for p in check.problems if p != check.relocation)
-    status = COMPLETE if check.status == MOVED and not problems else check.status
-    return replace(check, status=status, problems=problems, relocation=None), None
+    return check_entry(root, check.entry), None
 
 
 def fix_stale_locks(root: Path, check: EntryCheck,
