@@ -202,6 +202,21 @@ def test_a_function_name_with_a_dash_or_dot_is_jax_s_key_too(tmp_path):
     assert not (root / "jaxcache").exists()
 
 
+
+def test_a_key_name_ending_in_a_newline_is_not_jax_s(tmp_path):
+    """jax finds its keys by the glob `*-cache` (lru_cache.py), which a name ending in a newline after
+    "-cache" does not match: jax never evicts nor reads it. Such a name is no key to kcache either (a
+    regex `$` matches before a final newline; the keys' patterns end at the name's end): the directory
+    then holds a name that is not jax's, so it is no jax cache kcache would call partial and remove."""
+    root = tmp_path / "caches"
+    shutil.copytree(REAL / "jax-names" / "cache", root / "jaxcache")
+    key = next(p for p in (root / "jaxcache").iterdir() if p.name.endswith("-cache"))
+    shutil.copy(key, root / "jaxcache" / ("zz" + key.name[key.name.index("-"):] + "\n"))
+    assert entries(root) == []
+    plan = run_kcache("--cache-dir", root, "prune", "--broken", "--dry-run", "--json")
+    assert plan.exit_code == 0 and plan.json()["removed"] == []
+
+
 def test_a_directory_with_other_files_is_not_a_jax_cache(jax_root):
     (jax_root / "jaxcache" / "notes.txt").write_text("mine\n")
     assert entries(jax_root) == []

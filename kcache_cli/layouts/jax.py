@@ -67,8 +67,9 @@ PACKAGE = "jax"
 CACHE, LOCKFILE = "-cache", ".lockfile"  # and "<key>-atime", the sidecar (KEY)
 # What XLA keeps beside the keys when jax points its GPU kernel and autotune caches into the directory.
 XLA_FILES = (LOCKFILE, "xla_gpu_kernel_cache_file", "xla_gpu_per_fusion_autotune_cache_dir")
-# <module name>-<sha256>: jax's module name keeps \w, "." and "-" of the function's name (mlir.sanitize_name)
-KEY = re.compile(r"^(?P<key>[\w.-]+-[0-9a-f]{64})(?P<suffix>-cache|-atime)$")
+# <module name>-<sha256>: jax's module name keeps \w, "." and "-" of the function's name (mlir.sanitize_name).
+# \Z, not $ (which also matches before a final newline): jax's glob `*-cache` never matches such a name.
+KEY = re.compile(r"^(?P<key>[\w.-]+-[0-9a-f]{64})(?P<suffix>-cache|-atime)\Z")
 MAX_EXECUTABLE = 4 << 30  # bytes a decompressed executable may take while it is checked
 
 

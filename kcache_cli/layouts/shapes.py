@@ -446,7 +446,7 @@ TORCHEXT = LayoutShape("torchext", (
 
 # JAX's persistent compilation cache (jax_compilation_cache_dir): flat <name>-<sha256>-cache files with
 # -atime sidecars, one opaque entry listed from its parent, as the CUDA JIT cache is (layouts/jax.py).
-JAX_FILE = re.compile(r"^[\w.-]+-[0-9a-f]{64}-(?:cache|atime)$")  # jax's names keep \w . - (sanitize_name)
+JAX_FILE = re.compile(r"^[\w.-]+-[0-9a-f]{64}-(?:cache|atime)\Z")  # jax's names keep \w . - (sanitize_name)
 
 
 def _jax_confirm(root: str, tops: list[str], names: list[str]) -> bool:
