@@ -71,3 +71,19 @@ def test_a_signal_ignored_at_start_stays_ignored_while_kcache_loads():
     """`trap '' INT` or nohup: the signal, sent halfway through the import, changes nothing."""
     r = _start(signal.SIGINT, "typer", "--version", ignore=True)
     assert (r.returncode, r.stdout, r.stderr) == (0, "kcache 0.1.0\n", "")
+
+
+@pytest.mark.parametrize("closed", [">&-", "2>&-", "<&-"])
+def test_a_closed_standard_stream_is_no_traceback(fixture_copy, closed):
+    """`kcache ls >&-`: Python leaves sys.stdout None, and every write was a traceback (exit 1); the
+    descriptor is opened on /dev/null first, so the command runs (what it prints is dropped, as with
+    `>/dev/null`) and no file kcache opens becomes a standard stream."""
+    import shlex
+
+    cache = fixture_copy("hidet")
+    cmd = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "kcache_cli", "--cache-dir", str(cache), "ls"))
+    r = subprocess.run(["sh", "-c", f"exec {cmd} {closed}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    if closed != ">&-":
+        assert "8d1f7691cdf75e90" in r.stdout

@@ -73,4 +73,25 @@ def run() -> None:
         _interrupted(_GOT[0])
 
 
+def _standard_fds() -> None:
+    """A standard stream the caller closed (`kcache ls >&-`, a daemon's child) is opened on /dev/null: Python
+    leaves sys.stdout None (every write a traceback), and the descriptor would be the next file kcache opens,
+    so that a print, or a compiler's output, lands in a cache file. What was to go there is dropped, as
+    with `>/dev/null`."""
+    import os
+
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one, the lower ones open
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
+
+
+_standard_fds()  # at load, before anything is opened
 _take()  # at load: the first of kcache's code the console script runs
