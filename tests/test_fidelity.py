@@ -81,6 +81,8 @@ def kcache_built_damaged(root: Path, rel: str) -> None:
     for m in MARKERS:
         (root / rel / m).unlink(missing_ok=True)
     age(root / rel / "kcache.json", 86400)
+    for name in ("lib.so", "source.cc"):  # changed since: newer than kcache.json whenever the clone was made
+        os.utime(root / rel / name)
 
 
 def set_version(root: Path, rel: str, version: str) -> None:
