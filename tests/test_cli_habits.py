@@ -299,3 +299,18 @@ def test_a_misspelt_choice_gets_a_did_you_mean(kcache, fixture_copy, args, said)
     assert run.exit_code == 2 and said in run.stderr and "(choose from " in run.stderr, run.stderr
     far = kcache(*where, args[0], args[1], "zzzzzz")
     assert far.exit_code == 2 and "did you mean" not in far.stderr and "(choose from " in far.stderr, far.stderr
+
+
+@pytest.mark.parametrize("option, value", [("--kind", "kernal"), ("--status", "complet"), ("--layout", "trito")])
+def test_a_misspelt_choice_is_an_error_where_there_is_no_cache(kcache, tmp_path, option, value):
+    """Checked before any cache is looked for: with none at all, a typo is still exit 2, not "no kernel
+    cache found" and exit 0 (the typo would pass unseen in a script run on a fresh machine)."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    away = tmp_path / "nowhere"
+    env = {"HOME": str(home), "KCACHE_DIR": None, "XDG_CACHE_HOME": None, "TRITON_CACHE_DIR": None,
+           "TRITON_HOME": None, "TILELANG_CACHE_DIR": None, "TORCHINDUCTOR_CACHE_DIR": str(away / "inductor"),
+           "CUDA_CACHE_PATH": str(away / "nv"), "VLLM_CACHE_ROOT": str(away / "vllm")}
+    assert kcache("ls", env=env).stderr.startswith("no kernel cache found")  # there is none
+    run = kcache("ls", option, value, env=env)
+    assert run.exit_code == 2 and "did you mean" in run.stderr, run.stderr

@@ -386,6 +386,8 @@ class Selection:
                             ("--layout", layout), ("--status", status), ("--kind", kind)):
             if given and not ref_list(given):  # "" (an unset shell variable) would select every entry
                 raise UsageError(f"{what} is empty (an unset shell variable?): name what to select")
+        # the fixed choices, checked before any cache is looked for: a typo is exit 2 where there is none too
+        _checked(layout, LAYOUT_NAMES, "layout"), _statuses(status), _checked(kind, KINDS, "kind")
 
     def has_selectors(self) -> bool:
         """Whether anything but ENTRY arguments narrows the selection."""
