@@ -8,14 +8,20 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
 from kcache_cli.layouts import all_layouts, detect, get, homes
 from kcache_cli.layouts.shapes import BUILD_SHAPE, SHAPES
 from kcache_cli.model.terms import LAYOUT_NAMES
-from kcache_cli.util.errors import UsageError, unknown_choice
+from kcache_cli.util.errors import UsageError
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:
+    from kcache_cli.util import suggest
+else:
+    suggest = lazy_module("kcache_cli.util.suggest")  # an error's hint only
 
 
 @dataclass(frozen=True)
@@ -237,7 +243,7 @@ def named_cache(name: str) -> CacheLocation:
         raise UsageError(f"the {name} cache has no place here: {homes.NO_DEFAULT.get(name, 'none is set')} "
                          "(or pass --cache-dir)")
     if home is None:
-        raise unknown_choice("cache", name, known)
+        raise suggest.unknown_choice("cache", name, known)
     return vetted(_checked(CacheLocation(home.path.absolute(), home.reason, name)))
 
 

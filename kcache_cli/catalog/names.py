@@ -12,7 +12,6 @@ this agrees with the layouts' scans on the real fixture caches.
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import os
 from dataclasses import replace
@@ -26,6 +25,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.layouts.shapes import SHAPES, KindShape, LayoutShape, top_dirs
 from kcache_cli.model.records import is_glob, space_matches
 from kcache_cli.util.lazy import lazy_module
+from kcache_cli.util.suggest import closest, did_you_mean
 from kcache_cli.util.units import is_digits, plural
 
 if TYPE_CHECKING:  # the real import, for mypy; at run time it loads where an index is asked (a Triton TAB)
@@ -345,7 +345,7 @@ def nearest(ref: str, roots: Iterable[str | os.PathLike]) -> Nearest:
         elif shared == best and shared:
             hashes.update(found)
         ops.update(_op_names(root, present))
-    close = [key] if key in ops else difflib.get_close_matches(key, sorted(ops), n=2, cutoff=0.6)
+    close = [key] if key in ops else closest(key, sorted(ops))
     return Nearest(_told_apart(sorted(hashes)[:HINT_HASHES], best), tuple(close))
 
 
@@ -496,8 +496,7 @@ def unknown_across(selected: list, what: str, value: str) -> str | None:
 
 
 def _did_you_mean(what: str, value: str, present: list[str], root: str) -> str:
-    close = difflib.get_close_matches(value, present, n=3, cutoff=0.6)
-    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    hint = did_you_mean(closest(value, present, n=3))
     shown = ", ".join(present[:12]) + (f" and {len(present) - 12} more" if len(present) > 12 else "")
     there = f" ({what}s present: {shown})" if present else f" (no {what}s present)"
     return f"no {what} '{value}' in {root}{hint}{there}"

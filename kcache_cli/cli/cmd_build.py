@@ -16,14 +16,16 @@ from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
 from kcache_cli.cli.table import Column
 from kcache_cli.cli.progress import Bar
-from kcache_cli.util.errors import KcacheError, UsageError, unknown_choice
+from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.lazy import lazy_module
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
     from kcache_cli.ops import build as b
     from kcache_cli.ops import repair as r
     from kcache_cli.remote import build, store
+    from kcache_cli.util import suggest
 else:
+    suggest = lazy_module("kcache_cli.util.suggest")
     build = lazy_module("kcache_cli.remote.build")
     store = lazy_module("kcache_cli.remote.store")
     b = lazy_module("kcache_cli.ops.build")
@@ -171,7 +173,7 @@ def _build_options(space: str, target: str | None, arch: str | None, nvcc: str |
     """The build's options from its command line: space and target checked, the extra flags too."""
     level, target = _space_level(space, target)
     if target is not None and target not in b.TARGETS:
-        raise unknown_choice("target", target, b.TARGETS)
+        raise suggest.unknown_choice("target", target, b.TARGETS)
     b.check_extra_flags(extra)
     return b.BuildOptions(space=level, target=target, arch=arch, nvcc=nvcc, cxx=cxx,
                           include_dirs=tuple(include or ()), extra_flags=extra, force=force, timeout=wait)

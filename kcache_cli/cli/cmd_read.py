@@ -20,7 +20,7 @@ from kcache_cli.fs.read import iter_chunks
 from kcache_cli.layouts import get
 from kcache_cli.model.records import ScanFilter, sort_entries
 from kcache_cli.model.terms import COMPLETE, SORT_KEYS
-from kcache_cli.util.errors import KcacheError, UsageError, unknown_choice
+from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.textsafe import one_line
 
@@ -29,7 +29,9 @@ if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its f
     from kcache_cli.cli import cmd_mega
     from kcache_cli.formats import binary
     from kcache_cli.ops import budget, config, usage
+    from kcache_cli.util import suggest
 else:
+    suggest = lazy_module("kcache_cli.util.suggest")
     binary = lazy_module("kcache_cli.formats.binary")
     cmd_mega = lazy_module("kcache_cli.cli.cmd_mega")
     locate = lazy_module("kcache_cli.catalog.locate")
@@ -176,7 +178,7 @@ def ls_command(
     opts = o.use(ctx, cache_dir, as_json)
     sort = sort.lower()  # --sort SIZE as --sort size
     if sort not in SORT_KEYS:
-        raise unknown_choice("sort key", sort, SORT_KEYS)
+        raise suggest.unknown_choice("sort key", sort, SORT_KEYS)
     if null and opts.json:
         raise UsageError("--null and --json do not go together")
     if paths_only or null:  # nothing on stderr but errors; with --json the JSON still wins over -q's paths

@@ -27,7 +27,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.layouts import detect
 from kcache_cli.model.records import ScanFilter, space_matches
 from kcache_cli.model.terms import BROKEN, BROKEN_WORD, KINDS, LAYOUT_NAMES, STATUSES, is_status
-from kcache_cli.util.errors import UsageError, unknown_choice
+from kcache_cli.util.errors import UsageError
 from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.textsafe import printable, printable_line
 from kcache_cli.util.units import format_ago, format_size, parse_age, parse_seconds, parse_size, plural
@@ -35,8 +35,9 @@ from kcache_cli.util.units import format_ago, format_size, parse_age, parse_seco
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
     from kcache_cli.catalog import locate, scan
     from kcache_cli.catalog import names as _names  # (`names` is a selector list below)
-    from kcache_cli.util import jsonout
+    from kcache_cli.util import jsonout, suggest
 else:
+    suggest = lazy_module("kcache_cli.util.suggest")
     jsonout = lazy_module("kcache_cli.util.jsonout")
     _names = lazy_module("kcache_cli.catalog.names")
     locate = lazy_module("kcache_cli.catalog.locate")
@@ -293,10 +294,8 @@ def _hint(near, one: bool) -> str:
     hashes = [printable_line(h) for h in near.hashes]
     ops = [printable_line(o) for o in near.ops]
     if not one:
-        said = hashes + [f"--op {o}" for o in ops]
-        return f"; did you mean {' or '.join(said)}?" if said else ""
-    said = hashes + [f"the op {o}" for o in ops]
-    hint = f"; did you mean {' or '.join(said)}?" if said else ""
+        return suggest.did_you_mean(hashes + [f"--op {o}" for o in ops])
+    hint = suggest.did_you_mean(hashes + [f"the op {o}" for o in ops])
     return hint + (f" (kcache ls --op {ops[0]} lists its entries)" if ops else "")
 
 
@@ -468,7 +467,7 @@ def _checked(values: Optional[List[str]], allowed: tuple[str, ...] | None, what:
             if not part:
                 continue
             if allowed is not None and part not in allowed:
-                raise unknown_choice(what, part, allowed)
+                raise suggest.unknown_choice(what, part, allowed)
             out.append(part)
     return tuple(out)
 

@@ -7,6 +7,7 @@ over from them for the command."""
 
 from __future__ import annotations
 
+import os  # loaded by the interpreter before any script: no cost
 import sys
 
 # the interpreter's own, loaded before any script: `signal` builds its enums first, a millisecond without handlers
@@ -44,11 +45,9 @@ def _interrupted(signum: int) -> None:
     sys.stderr.write("Error: interrupted\n")
     args = sys.argv[1:]
     if "--json" in (args[:args.index("--")] if "--" in args else args):
-        import json
-
-        # options.schema_id("error"): options itself may be what the interrupt left half loaded
-        doc = {"schema": "kcache/error/1", "error": "interrupted", "exit": code}
-        sys.stdout.write(json.dumps(doc) + "\n")
+        # the error document main writes (options.schema_id("error"): options itself may be what the
+        # interrupt left half loaded), as json.dumps writes it: nothing to load on the way out
+        sys.stdout.write(f'{{"schema": "kcache/error/1", "error": "interrupted", "exit": {code}}}\n')
     sys.exit(code)
 
 
@@ -78,8 +77,6 @@ def _standard_fds() -> None:
     leaves sys.stdout None (every write a traceback), and the descriptor would be the next file kcache opens,
     so that a print, or a compiler's output, lands in a cache file. What was to go there is dropped, as
     with `>/dev/null`."""
-    import os
-
     for fd, name in enumerate(("stdin", "stdout", "stderr")):
         try:
             os.fstat(fd)

@@ -45,11 +45,15 @@ from kcache_cli.layouts.shapes import BUILD_SHAPE
 from kcache_cli.model import checks
 from kcache_cli.model.records import Judgement
 from kcache_cli.model.terms import COMPLETE, CORRUPT
-from kcache_cli.util.errors import KcacheError, LockTimeout, UsageError, unknown_choice
+from kcache_cli.util.errors import KcacheError, LockTimeout, UsageError
+from kcache_cli.util.lazy import lazy_module
 from kcache_cli.util.interrupts import TermAsInterrupt
 
 if TYPE_CHECKING:
     from kcache_cli.model.terms import BuildOutcome, Status
+    from kcache_cli.util import suggest
+else:
+    suggest = lazy_module("kcache_cli.util.suggest")  # an error's hint only
 
 BUILT: Final = "built"
 HIT: Final = "hit"
@@ -207,7 +211,7 @@ def load_task(task_path: str | os.PathLike, options: BuildOptions = BuildOptions
     if op.startswith("."):  # '..' would climb out of the space directory; dot-names are not entries
         raise BuildError(f"{task_path}: op name '{op}' is not a usable directory name")
     if options.target is not None and options.target not in TARGETS:
-        raise unknown_choice("target", options.target, TARGETS)
+        raise suggest.unknown_choice("target", options.target, TARGETS)
     src = _find_source(task_path, options.target, source)
     target = options.target
     if target is None:

@@ -20,13 +20,3 @@ class LockTimeout(KcacheError):
 
     exit_code = 3
 
-
-def unknown_choice(what: str, value: str, allowed) -> UsageError:
-    """The usage error for a `value` of `what` outside `allowed`: the closest choices first ("did you
-    mean complete?"), then every choice."""
-    import difflib
-
-    choices = list(allowed)
-    close = difflib.get_close_matches(value, choices, n=2, cutoff=0.6)
-    hint = f"; did you mean {' or '.join(close)}?" if close else ""
-    return UsageError(f"unknown {what} '{value}'{hint} (choose from {', '.join(choices)})")
