@@ -116,6 +116,12 @@ def unasked(here: Here) -> Verdict | None:
     return Verdict(UNKNOWN, f"the Python here could not be asked: {here.problem}") if here.problem else None
 
 
+def not_installed(name: str, package: str, recorded: str | None = None, why: str = "") -> Verdict:
+    """The MISS of an entry whose compiler (`name` as people write it; its distribution `package`) is not
+    installed here: `recorded` the version the entry says it was made by, `why` what follows from it."""
+    return Verdict(MISS, f"{name} is not installed here{why}", f"{package} version", recorded, "not installed")
+
+
 @dataclass(frozen=True)
 class Judging:
     """What a judgement is told besides the files of its entry (the `EntryDir` it reads through): how

@@ -31,6 +31,7 @@ from kcache_cli.layouts.base import (
     Leftover,
     ScanContext,
     Verdict,
+    not_installed,
     unasked,
 )
 from kcache_cli.layouts.shapes import HIDET
@@ -997,7 +998,7 @@ def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     built, arch = _recorded(entry)  # read first: a miss for want of hidet still names the version recorded
     have = here.versions.get(PACKAGE)
     if have is None:
-        return Verdict(MISS, "hidet is not installed here", "hidet version", built, "not installed")
+        return not_installed("hidet", PACKAGE, built)
     if entry.status != COMPLETE:
         return Verdict(MISS, f"hidet does not use a {entry.status} entry: {entry.reason}", "status", entry.status,
                        COMPLETE)

@@ -54,6 +54,7 @@ from kcache_cli.layouts.base import (
     MegaPlace,
     ScanContext,
     Verdict,
+    not_installed,
     unasked,
 )
 from kcache_cli.layouts.shapes import INDUCTOR
@@ -632,7 +633,7 @@ def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     if (not_asked := unasked(here)) is not None:
         return not_asked
     if here.versions.get(PACKAGE) is None:
-        return Verdict(MISS, "torch is not installed here", "torch version", None, "not installed")
+        return not_installed("torch", PACKAGE)
     if entry.status != COMPLETE:
         return Verdict(MISS, f"torch does not use a {entry.status} entry: {entry.reason}", "status", entry.status,
                        COMPLETE)
@@ -650,7 +651,7 @@ def explain_mega(kind: str, recorded: Mapping[str, object], here: Here) -> Verdi
     if (not_asked := unasked(here)) is not None:
         return not_asked
     if have is None:
-        return Verdict(MISS, "torch is not installed here", "torch version", torch_version, "not installed")
+        return not_installed("torch", PACKAGE, torch_version)
     off = switched_off(kind, here.env)
     if off:
         return off

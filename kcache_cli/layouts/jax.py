@@ -43,7 +43,7 @@ from typing import Iterator
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.fs.locking import probe_locked
-from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, Verdict, unasked
+from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, Verdict, not_installed, unasked
 from kcache_cli.layouts.shapes import JAX
 from kcache_cli.model.checks import first_not_regular, list_files
 from kcache_cli.model.records import (
@@ -298,8 +298,7 @@ def explain(root: Path, entry: Entry, here: Here) -> Verdict:
         return not_asked
     have = here.versions.get(PACKAGE)
     if have is None:
-        return Verdict(MISS, "jax is not installed here: nothing reads the cache", "jax version", None,
-                       "not installed")
+        return not_installed("jax", PACKAGE, why=": nothing reads the cache")
     with EntryDir.open(entry.path, fsread.anchor(root)) as d:
         j = judge(d, entry.kind, Judging(deep=True))
         names = d.files()[0] if j.status == MOVED else {}

@@ -52,6 +52,7 @@ from kcache_cli.layouts.base import (
     Leftover,
     ScanContext,
     Verdict,
+    not_installed,
     unasked,
 )
 from kcache_cli.layouts.shapes import NUMBA
@@ -468,7 +469,7 @@ def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     versions = ", ".join(sorted({i.version for i in indexes.values()})) or None
     have = here.versions.get(PACKAGE)
     if have is None:
-        return Verdict(MISS, "numba is not installed here", "numba version", versions, "not installed")
+        return not_installed("numba", PACKAGE, versions)
     off = here.env.get("NUMBA_DISABLE_JIT", "0")
     if _number(off):
         return Verdict(MISS, "NUMBA_DISABLE_JIT is set here: numba compiles and loads nothing", "NUMBA_DISABLE_JIT",

@@ -19,7 +19,8 @@ from kcache_cli.formats.binary import MAX_FILE_BYTES
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
 from kcache_cli.fs.entrydir import EntryDir
-from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, Leftover, ScanContext, Verdict, unasked
+from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, Leftover, ScanContext, Verdict
+from kcache_cli.layouts.base import not_installed, unasked
 from kcache_cli.layouts.base import STAGING as STAGING_WHAT
 from kcache_cli.layouts.shapes import TILELANG, top_dirs
 from kcache_cli.model.checks import changed_since, list_files, not_regular
@@ -551,7 +552,7 @@ def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     have = here.versions.get(PACKAGE)
     version = (entry.space or "").split("/", 1)[0] or None
     if have is None:
-        return Verdict(MISS, "tilelang is not installed here", "tilelang version", version, "not installed")
+        return not_installed("tilelang", PACKAGE, version)
     if version != have:
         return Verdict(MISS, f"tilelang {have} looks only under {have}/", "tilelang version", version, have)
     if entry.status != COMPLETE:

@@ -44,7 +44,8 @@ from kcache_cli.fs import locking
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts._common import leads_here
-from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, StaleLock, Verdict, unasked
+from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, StaleLock, Verdict
+from kcache_cli.layouts.base import not_installed, unasked
 from kcache_cli.layouts.shapes import TORCHEXT, TORCHEXT_EVIDENCE
 from kcache_cli.model.checks import elf_truncated, first_not_regular, list_files, read_every_byte
 from kcache_cli.model.records import (
@@ -328,8 +329,7 @@ def explain(root: Path, entry: Entry, here: Here) -> Verdict:
         return not_asked
     have = here.versions.get(PACKAGE)
     if have is None:
-        return Verdict(MISS, "torch is not installed here: nothing loads the extension", "torch version", None,
-                       "not installed")
+        return not_installed("torch", PACKAGE, why=": nothing loads the extension")
     folder = _folder_miss(root, have, here)
     if folder is not None:
         return folder

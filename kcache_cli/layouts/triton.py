@@ -41,6 +41,7 @@ from kcache_cli.layouts.base import (
     Layout,
     ScanContext,
     Verdict,
+    not_installed,
     unasked,
 )
 from kcache_cli.layouts.shapes import (
@@ -892,7 +893,7 @@ def _verdict(key: str, recorded: str | None, target: dict | None, status: str | 
     era = key_era(key)
     said = recorded or (f"{era} (by its key's shape)" if era else None)
     if have is None:
-        return Verdict(MISS, "Triton is not installed here", "triton version", said, "not installed")
+        return not_installed("Triton", PACKAGE, said)
     if (recorded and recorded != have) or (era and version_era(have) != era):
         return Verdict(MISS, f"Triton {have} here keys kernels by its own version", "triton version", said, have)
     if target is None:

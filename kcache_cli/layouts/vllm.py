@@ -46,6 +46,7 @@ from kcache_cli.layouts.base import (
     Layout,
     ScanContext,
     Verdict,
+    not_installed,
     unasked,
 )
 from kcache_cli.layouts.image_format import ImageFormat
@@ -497,7 +498,7 @@ def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     if (not_asked := unasked(here)) is not None:
         return not_asked
     if here.versions.get(PACKAGE) is None:
-        return Verdict(MISS, "vLLM is not installed here", "vllm version", None, "not installed")
+        return not_installed("vLLM", PACKAGE)
     if entry.status != COMPLETE:
         return Verdict(MISS, f"vLLM does not use a {entry.status} unit: {entry.reason}", "status", entry.status,
                        COMPLETE)
