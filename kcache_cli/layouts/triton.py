@@ -334,9 +334,7 @@ def _not_regular(lst: _Listing, path: str) -> str | None:
     elsewhere by that path."""
     own = lst.own(path)
     if own is not None:
-        if not lst.special and own not in lst.links:  # listed regular (or missing): the common case, 8% of a kernel
-            return None
-        return first_not_regular(lst.d, (own,), "Triton", follow=True)
+        return _own_not_regular(lst, own)
     lst.outside = True
     try:
         st = os.lstat(path)
@@ -344,6 +342,14 @@ def _not_regular(lst: _Listing, path: str) -> str | None:
         return not_regular(path, os.stat(path).st_mode if linked else st.st_mode, "Triton", linked=linked)
     except (OSError, ValueError):
         return None
+
+
+def _own_not_regular(lst: _Listing, name: str) -> str | None:
+    """_not_regular of the entry's own file `name`: asked only where the listing holds a link or a FIFO,
+    device or socket (else it is a listed regular file, or missing: the common case, 8% of a kernel)."""
+    if not lst.special and name not in lst.links:
+        return None
+    return first_not_regular(lst.d, (name,), "Triton", follow=True)
 
 
 def _unopened(g: str, exc: fsread.NotRegularFile) -> tuple[Status, str | None, None]:
@@ -364,7 +370,7 @@ def _group_rule(lst: _Listing, g: str) -> tuple[Status, str | None, dict[str, st
     if target is not None and not _exists(lst, g, lst.d.join(g)):
         return PARTIAL, (f"{g} is a symlink to {target}, which leads to no file: Triton misses the kernel and "
                          "compiles it again"), None
-    odd = _not_regular(lst, lst.d.join(g)) if lst.special or g in lst.links else None  # else a listed file
+    odd = _own_not_regular(lst, g)
     if odd:
         return UNREADABLE, odd, None
     name = g if target is None else f"{g} (a symlink to {target}, which Triton follows)"
