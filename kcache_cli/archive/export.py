@@ -92,6 +92,7 @@ class ExportResult:
     size: int
     archive_size: int
     sources_only: bool
+    warned: frozenset[str] = frozenset()  # the relpaths of those left out already said as warnings (skipped)
 
     def to_json(self, root: str) -> dict:
         """`export --json`; `root` is the cache exported from; `archive` is null when none was written."""
@@ -344,6 +345,7 @@ class _PartWriter:
         self.records: list[EntryRecord] = []
         self.done: list[ExportedEntry] = []
         self.left: list[tuple[Entry, str]] = []
+        self.skipped: list[str] = []  # the relpaths of those in `left` that `warnings` names
         self.files = self.size = 0
         self._anchor: fsread.Anchor | None = None
 
@@ -356,6 +358,7 @@ class _PartWriter:
         except _Skip as exc:
             entry, why = exc.args
             self.left.append((entry, why))
+            self.skipped.append(entry.relpath)
             self.warnings.append(f"skipping {entry.relpath}: {why}")
         self.advance(1)
 
@@ -566,6 +569,7 @@ class _WorkerOutput:
     sizes: list[int]  # of its parts, compressed
     counts: list[int]  # entries in each part
     warnings: list[str]
+    skipped: list[str]  # the entries the warnings name (left out, not to be told twice)
     unnoted: dict[str, int]  # files its reads moved and could not note (readmarks.UNNOTED)
 
 
@@ -598,7 +602,7 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
     sign = signer()  # the node's key signs every record, when it has one (kcache remote keygen)
     docs = [r.to_json() for r in pw.records]
     text = json.dumps(docs if sign is None else [sign.sign(d) for d in docs], separators=(",", ":"))[1:-1]
-    return _WorkerOutput(text, pw.done, pw.left, pw.files, pw.size, sizes, counts, pw.warnings,
+    return _WorkerOutput(text, pw.done, pw.left, pw.files, pw.size, sizes, counts, pw.warnings, pw.skipped,
                          readmarks.take_unnoted())
 
 
@@ -640,7 +644,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
             tail.write(ts.END_OF_ARCHIVE)
             m.sizes[-1] += tail.close()
         if not m.done:  # an empty archive is refused: nothing is written (the temp files go below)
-            _refuse_empty(plan, m.left, compression)
+            raise empty_export(plan.root, m.left, compression, plan.sources_only, frozenset(m.warned))
         _write_final(held[0], bodies, compression, _manifest(plan, m, made), m.records, made)
         signals.check()  # one a finalizer swallowed: the archive is not published
         _rename_beside(final_tmp, archive)
@@ -649,7 +653,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
         _close_all(held)
         signals.restore()
     return ExportResult(archive, compression, tuple(m.done), tuple(m.left), m.files, m.size,
-                        os.path.getsize(archive), plan.sources_only)
+                        os.path.getsize(archive), plan.sources_only, frozenset(m.warned))
 
 
 def export_to_stream(plan: ExportPlan, fd: int = 1, *, warn: Warn | None = None,
@@ -692,6 +696,7 @@ class _Merged:
     counts: list[int] = field(default_factory=list)
     files: int = 0
     size: int = 0
+    warned: set[str] = field(default_factory=set)
 
 
 def _merge(results: list[_WorkerOutput], left: Iterable[tuple[Entry, str]], warn: Warn) -> _Merged:
@@ -708,24 +713,22 @@ def _merge(results: list[_WorkerOutput], left: Iterable[tuple[Entry, str]], warn
         m.size += r.size
         for w in r.warnings:
             warn(w)
+        m.warned.update(r.skipped)
         readmarks.count_unnoted(r.unnoted)
     return m
 
 
-def _refuse_empty(plan: ExportPlan, left: list[tuple[Entry, str]], compression: str) -> None:
-    """An export with no entry to ship writes no archive, whether nothing was selected or nothing fit."""
-    raise empty_export(plan.root, left, compression, plan.sources_only)
-
-
-def empty_export(root: Path | str, left: list[tuple[Entry, str]], compression: str, sources_only: bool) -> EmptyExport:
-    """The one "nothing to export" (no archive written): what was selected and left out, and why."""
+def empty_export(root: Path | str, left: list[tuple[Entry, str]], compression: str, sources_only: bool,
+                 warned: frozenset[str] = frozenset()) -> EmptyExport:
+    """The one "nothing to export" (no archive written): what was selected and left out, and why (`warned`:
+    those of `left` already said as warnings)."""
     if not left:
         why = f"no entries in {root} match the selection"
     else:
         why = (f"{plural(len(left), 'entry')} selected, none fit to ship "
                f"(first: {left[0][0].relpath}: {left[0][1]})")
     return EmptyExport(f"nothing to export: {why}; no archive written",
-                       ExportResult("", compression, (), tuple(left), 0, 0, 0, sources_only))
+                       ExportResult("", compression, (), tuple(left), 0, 0, 0, sources_only, warned))
 
 
 def archive_time() -> float:

@@ -151,16 +151,15 @@ def _export_plan(opts: o.GlobalOptions, sel: c.Selection, cache: Optional[str], 
 
 
 def _export_human(out: c.Output, result) -> None:
-    """What was left out (notes), then the archive written; -q: nothing (a CI step is silent when it works)."""
+    """What was left out (notes; those skipped were warnings already), then the archive written; -q: nothing
+    (a CI step is silent when it works)."""
     if out.opts.quiet:
         return
-    if result.left_out:
-        shown = result.left_out[:5]
-        for e, why in shown:
-            out.info(f"left out {e.relpath}: {why}")
-        if len(result.left_out) > len(shown):
-            out.info(f"left out {c.plural(len(result.left_out) - len(shown), 'more entry', 'more entries')} "
-                     "(see --json)")
+    left = [(e, why) for e, why in result.left_out if e.relpath not in result.warned]
+    for e, why in left[:5]:
+        out.info(f"left out {e.relpath}: {why}")
+    if len(left) > 5:
+        out.info(f"left out {c.plural(len(left) - 5, 'more entry', 'more entries')} (see --json)")
     if not result.archive:
         return
     piped = result.archive == "-"  # the archive itself is on stdout: the summary goes to stderr
