@@ -405,6 +405,23 @@ def test_an_index_a_moved_function_left_is_named_in_inspect(tmp_path):
     assert (cache / INDEX).exists() and moved.exists()
 
 
+def test_the_cache_of_a_hidden_source_directory_is_an_entry_that_travels(numba_root, tmp_path):
+    """numba names a NUMBA_CACHE_DIR entry after the source's directory: `.venv_<sha1>/` for a source in
+    `.venv/`. Listed, cleared and shipped as any other (an archive takes no other hidden name)."""
+    hidden = "." + NUMBA_DIR
+    shutil.copytree(numba_root / NUMBA_DIR, numba_root / hidden)
+    (numba_root / ".notes").mkdir()
+    (numba_root / ".notes" / INDEX).write_bytes((numba_root / NUMBA_DIR / INDEX).read_bytes())  # no sha1
+    assert sorted(e["hash"] for e in entries(numba_root)) == sorted([hidden, NUMBA_DIR])
+    arc = tmp_path / "n.tar.zst"
+    assert run_kcache("--cache-dir", numba_root, "export", arc).exit_code == 0
+    back = run_kcache("--cache-dir", tmp_path / "back", "import", arc)
+    assert back.exit_code == 0, back.stderr
+    assert sorted(e["hash"] for e in entries(tmp_path / "back")) == sorted([hidden, NUMBA_DIR])
+    gone = run_kcache("--cache-dir", numba_root, "clear", "--all", "--yes")
+    assert gone.exit_code == 0 and not (numba_root / hidden).exists() and (numba_root / ".notes").is_dir()
+
+
 def test_a_numba_cache_dir_entry_is_not_judged_by_a_source_it_cannot_find(numba_root):
     (numba_root / "kc_numba.py").write_text("something else\n")  # no locator puts a source there
     assert problem(numba_root) is None

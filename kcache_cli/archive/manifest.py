@@ -107,14 +107,17 @@ def path_problem(name: object, what: str = "path") -> str | None:
 
 def entry_path_problem(layout: str, kind: str, relpath: str) -> str | None:
     """Why `relpath` is not where an entry of this layout and kind lives, or None."""
+    if layout not in layout_names():
+        return path_problem(relpath, "entry path") or f"{relpath!r} is not where a {layout} {kind} entry lives"
+    lay = layout_of(layout)
     if _SIMPLE_PATH.fullmatch(relpath) is None:
         bad = path_problem(relpath, "entry path")
         if bad:
             return bad
-        if any(p.startswith(".") for p in relpath.split("/")):
+        parts = relpath.split("/")
+        if any(p.startswith(".") for p in parts) and not (lay.hidden_names and len(parts) == 1):
             return f"entry path {relpath!r} has a hidden component (temp, staging or state directory)"
-    return layout_of(layout).entry_path_problem(kind, relpath) if layout in layout_names() else \
-        f"{relpath!r} is not where a {layout} {kind} entry lives"
+    return lay.entry_path_problem(kind, relpath)
 
 
 def layout_names() -> tuple[str, ...]:

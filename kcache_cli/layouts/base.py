@@ -202,6 +202,7 @@ class Shaped(Protocol):
     """Names and paths: the registry, `--layout`/`--kind`, the archive's path checks, `dir --all`."""
 
     shape: LayoutShape
+    hidden_names: bool
 
     @property
     def name(self) -> str: ...
@@ -343,6 +344,9 @@ class Layout:
     for self-contained entries with no links between them. An override keeps the signature given here."""
 
     shape: LayoutShape  # from kcache_cli.layouts.shapes: the name and every kind's path
+    # Whether an entry's own name may start with "." (its shape then says which): an archive takes no other
+    # hidden path part (a temp, staging or state directory).
+    hidden_names: bool = False
     # Lock files inside an entry that its compiler holds while it writes or reads the entry: removing
     # the entry takes each non-blocking and skips the entry when one is held.
     writer_locks: tuple[str, ...] = ()

@@ -3,10 +3,11 @@
 Per source file and function, an index `<module>.<qualname>-<line>.py<XY>.nbi` (a pickle of numba's
 version, then a pickle of (the source file's stamp, {overload key: data file name})) and one
 `<same>.<n>.nbc` per compiled overload. Where (numba's locators, first that fits): NUMBA_CACHE_DIR/
-<source dir name>_<sha1 of its path>/; else `__pycache__/` beside the source; else the user-wide
-<user cache dir>/numba/<source dir name>_<sha1>/. So an entry is one such directory, the cache of one
-source directory's functions, and a root is NUMBA_CACHE_DIR (or ~/.cache/numba, `dir --all`'s default
-root: the only place common to all projects) or a project directory whose `__pycache__/` holds them.
+<source dir name>_<sha1 of its path>/ (hidden for a hidden directory's sources: `.venv_<sha1>/`); else
+`__pycache__/` beside the source; else the user-wide <user cache dir>/numba/<source dir name>_<sha1>/. So
+an entry is one such directory, the cache of one source directory's functions, and a root is
+NUMBA_CACHE_DIR (or ~/.cache/numba, `dir --all`'s default root: the only place common to all projects) or
+a project directory whose `__pycache__/` holds them.
 
 What numba does with an entry (IndexDataCacheFile.load): an index that names a data file that is gone
 is a miss, and numba compiles that overload again and writes a new one (partial); an index or data file
@@ -515,6 +516,7 @@ def _cpu_verdict(indexes: list[Index], here: Here, said: str) -> Verdict:
 
 class NumbaLayout(Layout):
     shape = NUMBA
+    hidden_names = True  # the cache of a hidden source directory: `.<dir name>_<sha1>/`
     fact_files = ()
     binary_kinds = frozenset({KIND})
     packages = (PACKAGE,)

@@ -479,7 +479,9 @@ def _numba_confirm(root: str, tops: list[str], names: list[str]) -> bool:
 
 
 NUMBA = LayoutShape("numba", (
-    KindShape("functions", "{hash}", patterns=(("hash", r"[^/.][^/]*"),)),
+    # a hidden source directory's (`.venv_<sha1>`, numba names it by the directory) is one too; no other
+    # hidden name is (`.kcache`)
+    KindShape("functions", "{hash}", patterns=(("hash", r"[^/.][^/]*|\.[^/]+_[0-9a-f]{40}"),)),
 ), "<source dir>_<sha1>/ or __pycache__/ with .nbi and .nbc files", confirm=_numba_confirm)
 
 # The registry: one shape per layout, in the order layouts are scanned and listed.
