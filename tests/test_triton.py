@@ -906,3 +906,19 @@ def test_a_copied_kernel_missing_a_file_names_that_file(tmp_path, kcache):
     (root / ADD_90 / "add_kernel.ptx").unlink()  # two gone: both counted
     entry = {e["hash"]: e for e in kcache("--cache-dir", root, "ls", "--json").json()["entries"]}[ADD_90]
     assert " and 1 more are missing" in entry["reason"], entry  # the group's order names the first
+
+
+def test_a_child_swapped_for_a_fifo_after_the_listing_is_unreadable_not_corrupt(cache):
+    """The one rule for what kcache never opens holds in a race too: a child the listing saw as a file and
+    that is a FIFO when read (swapped between) is unreadable (Triton's open would block), never corrupt
+    (which `prune --broken` removes)."""
+    from kcache_cli.fs.entrydir import EntryDir
+    from kcache_cli.layouts.base import Judging
+
+    key = cache / SOFTMAX
+    with EntryDir.open(str(key)) as d:
+        lst = triton._Listing(d, lambda m: None)
+        (key / "softmax_kernel.ptx").unlink()
+        os.mkfifo(key / "softmax_kernel.ptx")  # after the listing: it still says a regular file
+        status, reason = triton.judge_files(lst, Judging(deep=True))
+    assert status == "unreadable" and reason is not None and "softmax_kernel.ptx is a FIFO" in reason, reason

@@ -478,6 +478,10 @@ def _loaded(lst: _Listing, g: str, children: dict[str, str], changed) -> tuple[S
             data = lst.read(path, 64 << 20 if as_bytes else MAX_IR)
         except PermissionError:
             return UNREADABLE, f"{name} cannot be read (permission denied)"
+        except fsread.NotRegularFile as exc:
+            if exc.kind != "a directory":  # a FIFO, device... swapped in since the listing: as _unopened
+                return UNREADABLE, f"{name} is {exc.kind}: Triton opens it, kcache never does"
+            return CORRUPT, f"{name} is a directory: Triton fails loading the kernel"
         except OSError as exc:
             return CORRUPT, f"{name} cannot be read ({exc.strerror or exc}): Triton fails loading the kernel"
         bad = _bad_binary(name, data) if name == binary else None if as_bytes else _bad_text(name, data)
