@@ -37,7 +37,13 @@ def _console_script() -> str:
 def _start(sig: int, target: str, *args: str, ignore: bool = False, main: str = "") -> subprocess.CompletedProcess:
     code = _SIGNAL_AT.format(sig=int(sig), target=target, ignore=ignore) + (main or _console_script())
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # (xdist ignores it)
+                          preexec_fn=_default_signals)
+
+
+def _default_signals() -> None:
+    """The signals the test sends at their defaults in the child: xdist ignores SIGINT, nohup SIGHUP."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
