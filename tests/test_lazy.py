@@ -90,12 +90,17 @@ def test_an_interrupt_while_a_lazy_module_runs_is_the_interrupt(kcache, tmp_path
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "cache").mkdir()
     old = signal.signal(signal.SIGINT, signal.default_int_handler)  # (xdist's workers ignore SIGINT)
+    ignored = signal.getsignal(sig) == signal.SIG_IGN  # (under nohup, SIGHUP): kcache would rightly keep it so
+    if ignored:
+        signal.signal(sig, signal.SIG_DFL)
     try:
         lazy_module("kc_halfway")  # named lazily first, as the command modules name their engines
         monkeypatch.setattr(cmd_archive, "importer", lazy_module("kc_engine"))
         r = kcache("--cache-dir", tmp_path / "cache", "import", tmp_path / "a.tar")
     finally:
         signal.signal(signal.SIGINT, old)
+        if ignored:
+            signal.signal(sig, signal.SIG_IGN)
         for name in ("kc_halfway", "kc_engine"):
             sys.modules.pop(name, None)
     assert (r.exit_code, r.stderr) == (128 + sig, "Error: interrupted\n"), r.stderr
