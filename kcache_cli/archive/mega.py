@@ -287,7 +287,7 @@ def export_blob(root: Path, out: str, facts: dict | None = None) -> MegaExportRe
     items: list[tuple[str, str, bytes]] = []
     for lay in {id(v): v for v in mega_layouts().values()}.values():
         for f in lay.mega_artifacts(root):
-            items.append((f.type, f.key, fsread.read_bytes(str(root / f.relpath), megacache.MAX_BLOB)))
+            items.append((f.type, f.key, _read_below(root, f.relpath)))
     if not items:
         raise KcacheError(f"{root} holds no fx graph, AOTAutograd entry or autotune record to export")
     data = megacache.build(items)
@@ -303,6 +303,15 @@ def export_blob(root: Path, out: str, facts: dict | None = None) -> MegaExportRe
     _write_out(out, data)
     _write_out(out + SIDECAR_SUFFIX, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
     return MegaExportResult(os.path.abspath(out), os.path.abspath(out + SIDECAR_SUFFIX), len(data), manifest)
+
+
+def _read_below(root: Path, relpath: str) -> bytes:
+    """The bytes of `relpath` below `root`, no link followed on the way (a member may swap a shard directory
+    for a link between the listing and this read): KcacheError naming it when it cannot be read."""
+    try:
+        return fsread.read_bytes(str(root / relpath), megacache.MAX_BLOB, base=str(root))
+    except OSError as exc:
+        raise KcacheError(f"cannot read {root / relpath}: {exc.strerror or exc}; nothing exported") from None
 
 
 def _write_out(path: str, data: bytes) -> None:

@@ -1,0 +1,60 @@
+"""A co-user's attacks on what root runs over a group-shared cache that the older attack tests
+(test_shared_attacks.py, test_shared_cron.py) leave out: the torch Mega-Cache export, the budget kept in
+the cache. The attacker is uid 65534 in the cache's group, as there."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from test_shared_attacks import PY, SWAPPER, TIMEOUT, as_attacker, kcache, shared_dir
+
+pytestmark = [pytest.mark.second_user]
+
+BLOB = Path(__file__).parent / "fixtures" / "real" / "torch-mega" / "sin_cos_cpu.bin"
+SECRET = b"ROOT-ONLY-SECRET-7f3a"
+
+
+def _secret_twin(area: Path, root: Path) -> Path:
+    """A root-only directory holding, under each fxgraph shard's name, the same key and variant names as the
+    cache, each variant file holding SECRET (a file no member may read)."""
+    twin = area / "secret"
+    for variant in (root / "fxgraph").glob("*/*/*"):
+        f = twin / variant.relative_to(root / "fxgraph")
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(SECRET)
+    os.chmod(twin, 0o700)
+    return twin
+
+
+def test_a_torch_mega_export_never_reads_through_a_shard_swapped_for_a_link(area):
+    """Root exports a shared inductor cache as a Mega-Cache blob while a member flips its fxgraph shard
+    directories for links to a root-only directory with the same names: the variants were read by path
+    after the listing, so the blob (and its signed sidecar) carried root's file. No race puts it in now."""
+    import subprocess
+
+    root = shared_dir(area / "cache")
+    assert kcache("--cache-dir", root, "import", BLOB).returncode == 0
+    twin = _secret_twin(area, root)
+    stop = area / "stop"
+    specs = [f"cache/fxgraph/{d.name}|{d}" for d in twin.iterdir()]
+    swapper = subprocess.Popen([PY, "-c", SWAPPER, area, stop, "7", *specs], preexec_fn=as_attacker,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin"})
+    runs = []
+    try:
+        assert swapper.stdout is not None and swapper.stdout.readline().strip() == "ready"
+        for i in range(15):
+            out = area / f"out-{i}.bin"
+            runs.append((kcache("--cache-dir", root, "export", out, "--format", "torch-mega", "--python", "/bin/false"),
+                         out))
+    finally:
+        stop.touch()
+        flips = swapper.communicate(timeout=TIMEOUT)[0]
+    assert int(flips.strip() or 0) > 0, "the swapper never flipped anything: the race proved nothing"
+    for run, out in runs:
+        assert "Traceback" not in run.stderr and run.returncode in (0, 1), run.stderr
+        assert not out.exists() or SECRET not in out.read_bytes(), run.stderr
+        assert run.returncode == 1 or out.exists()
+    shutil.rmtree(twin)
