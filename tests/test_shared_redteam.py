@@ -9,7 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_shared_attacks import PY, SWAPPER, TIMEOUT, as_attacker, kcache, shared_dir
+from conftest import FIXTURES
+from test_shared_attacks import PY, SWAPPER, TIMEOUT, as_attacker, attacker, entry_dirs, kcache, shared_dir
 
 pytestmark = [pytest.mark.second_user]
 
@@ -58,3 +59,21 @@ def test_a_torch_mega_export_never_reads_through_a_shard_swapped_for_a_link(area
         assert not out.exists() or SECRET not in out.read_bytes(), run.stderr
         assert run.returncode == 1 or out.exists()
     shutil.rmtree(twin)
+
+
+def test_a_budget_whose_kcache_dir_a_member_swapped_for_a_link_is_not_read_as_none(area):
+    """Root keeps max-size in a shared cache's .kcache/config.toml; a member renames .kcache/ aside and puts
+    a link to it there. Root's cron `prune` said "Nothing to remove", exit 0: the budget silently bound
+    nothing. A budget that cannot be read fails the prune,
+    one line naming the file, as a FIFO or a link in the file's own place does; nothing is removed."""
+    root = shared_dir(area / "cache", FIXTURES / "hidet")
+    assert kcache("--cache-dir", root, "config", "set", "max-size", "100K", umask=0o022).returncode == 0
+    before = entry_dirs(root)
+    attacker("import os, sys\nr = sys.argv[1]\nos.rename(r + '/.kcache', r + '/.kcache-old')\n"
+             "os.symlink('.kcache-old', r + '/.kcache')", root)
+    for args in (("prune", "--dry-run"), ("prune", "--yes")):
+        run = kcache("--cache-dir", root, *args, umask=0o022)
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode == 1 and len(lines) == 1, (args, run.returncode, run.stderr)
+        assert lines[0].startswith(f"Error: cannot read {root}/.kcache/config.toml"), lines
+    assert entry_dirs(root) == before

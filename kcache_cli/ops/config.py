@@ -390,8 +390,10 @@ def _read_cache_file(path: Path, root: Path, rewriting: bool) -> bytes | None:
         sfd = state.open_state(rfd, root)
         group = state.shared_group(rfd)
         owner = os.fstat(rfd).st_uid
-    except OSError:  # no .kcache/ (or one kcache does not trust: it warns where it uses it)
+    except FileNotFoundError:  # no .kcache/: no budget
         return None
+    except OSError as exc:  # a link, another user's, one this user may not search: the budget is not known
+        raise _cannot_read(path, exc) from None
     finally:
         os.close(rfd)
     try:
