@@ -77,3 +77,23 @@ def test_a_budget_whose_kcache_dir_a_member_swapped_for_a_link_is_not_read_as_no
         assert run.returncode == 1 and len(lines) == 1, (args, run.returncode, run.stderr)
         assert lines[0].startswith(f"Error: cannot read {root}/.kcache/config.toml"), lines
     assert entry_dirs(root) == before
+
+
+def test_explain_never_runs_a_module_a_member_left_in_the_current_directory(area):
+    """`kcache explain` asks the Python here for its versions with `python3 -c`, which puts the current
+    directory first on sys.path: root running it from inside a shared cache ran a member's json.py as root.
+    The probe drops that entry before it imports anything: the planted modules never run."""
+    import subprocess
+    import sys
+
+    root = shared_dir(area / "cache", FIXTURES / "hidet")
+    marker = area / "ran"
+    plant = f"import os\nopen({str(marker)!r}, 'a').write(__name__ + ' ' + str(os.getuid()) + '\\n')\n"
+    attacker("import sys\nfor m in ('json', 'csv', 'email', 'zipfile'):\n"
+             "    open(sys.argv[1] + '/' + m + '.py', 'w').write(sys.argv[2])", root, plant)
+    console_script = "import sys; del sys.path[0]; from kcache_cli.cli.entry import run; run()"  # no cwd on its path
+    run = subprocess.run([sys.executable, "-c", console_script, "--cache-dir", ".", "explain",
+                          "--python", PY], cwd=root, capture_output=True, text=True, timeout=TIMEOUT)
+    assert "Traceback" not in run.stderr and run.returncode in (0, 1), run.stderr
+    assert not marker.exists(), f"ran as root: {marker.read_text()}"
+    assert "could not be asked" not in run.stdout + run.stderr, run.stdout + run.stderr

@@ -29,7 +29,12 @@ from kcache_cli.remote.oci_ops import other_arch
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.signing import verifier
 
-_VERSIONS = """import json, sys
+# Run as `python -c` in the user's current directory, which `-c` puts first on sys.path: it goes before any
+# import, or a json.py (csv.py, email/...) another user left there would run as this user (root's cron).
+_VERSIONS = """import sys
+if sys.path[:1] in ([""], ["."]):
+    del sys.path[0]
+import json
 from importlib import metadata
 out = {}
 for name in sys.argv[1:]:
