@@ -186,6 +186,20 @@ def test_a_reader_that_goes_early_is_exit_0(fixture_copy, args):
     assert b"Traceback" not in err and b"Exception ignored" not in err and b"Error" not in err, err
 
 
+@pytest.mark.parametrize("args", [("ls",), ("verify",), ("explain",), ("prune", "--dry-run")])
+def test_a_reader_of_stdout_and_stderr_that_goes_early_is_exit_0(fixture_copy, args):
+    """`kcache ls 2>&1 | head -1`: stderr's reader is gone too, so its notes meet EPIPE as well; the
+    interpreter's last flush of them must not turn the exit into 120 (buffered, as cron runs it)."""
+    root = fixture_copy("hidet")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    r, w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), *args], stdout=w,
+                            stderr=w, stdin=subprocess.DEVNULL, env=env)
+    os.close(w)
+    os.close(r)
+    assert proc.wait(timeout=TIMEOUT) == 0
+
+
 def test_head_1_of_a_long_listing_is_exit_0(fixture_copy):
     root = fixture_copy("hidet")
     for i in range(60):

@@ -249,10 +249,15 @@ def _version_only(args: list[str]) -> bool:
 
 def _pipe_closed() -> None:
     """Exit 0 when stdout's reader has gone: nothing more can be said, and nothing is wrong. stdout is
-    pointed at /dev/null first, so that the interpreter's last flush does not fail again."""
+    pointed at /dev/null first, so that the interpreter's last flush does not fail again; so is stderr
+    when its reader has gone too (`kcache ls 2>&1 | head -1`), else that flush makes the exit 120."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+        try:
+            sys.stderr.flush()
+        except BrokenPipeError:
+            os.dup2(devnull, sys.stderr.fileno())
     except (OSError, ValueError, AttributeError):  # not a real file (tests): nothing to flush later
         pass
     sys.exit(0)
