@@ -757,3 +757,16 @@ def test_the_real_triton_cache_through_redis_is_a_triton_hit_elsewhere(kcache, t
             if not fpath.name.startswith("__grp__"):
                 assert (dest / entry.name / fpath.name).read_bytes() == fpath.read_bytes()
     assert kcache("verify", "--cache-dir", dest).exit_code == 0
+
+
+@pytest.mark.parametrize("sub", ["ls", "stats", "prune"])
+def test_a_remote_named_with_an_escape_reaches_no_terminal_raw(kcache, tmp_path, sub):
+    """A file:// remote whose path holds ESC: every line naming it, the totals `remote stats` prints on
+    stdout included, shows the escape as `\\x1b`, as paths are shown everywhere else."""
+    shared = tmp_path / "shared\x1b[31mred"
+    shared.mkdir()
+    url = f"file://{shared}"
+    assert kcache("push", "--cache-dir", fixtures(tmp_path)["hidet"], "--remote", url).exit_code == 0
+    run = kcache("remote", sub, "--remote", url, *(["--max-size", "1T"] if sub == "prune" else []))
+    assert run.exit_code == 0, run.stderr
+    assert "\x1b" not in run.stdout + run.stderr and "\\x1b[31mred" in run.stdout + run.stderr

@@ -390,7 +390,7 @@ def remote_stats_command(
         if rows:
             c.print_table(["by", "name", "entries", "size"], rows, right=(2, 3))
         out.text(f"{c.plural(stats['entry_count'], 'entry')}, {c.human_size(stats['size'])}, {stats['never_pulled']} "
-                 f"never pulled, in {stats['remote']}")
+                 f"never pulled, in {c.printable_line(stats['remote'])}")
 
     out.result(stats, human)
 
