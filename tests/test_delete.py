@@ -787,6 +787,27 @@ def test_read_only_cache_is_one_error_line(kcache, fixture_copy):
     assert entries(root) == set(HIDET.values())
 
 
+def test_a_read_only_mount_with_nothing_to_remove_is_exit_0(kcache, fixture_copy, tmp_path):
+    """A cache whose .kcache/ exists (a budget was set) mounted read-only: a prune that finds nothing to
+    remove has nothing to write either, exit 0 as where no .kcache/ exists (a nightly cron prune of it
+    mails nothing); one that would remove something is still exit 1, one line."""
+    root = fixture_copy("hidet")
+    assert kcache("--cache-dir", root, "config", "set", "max-age", "300d").exit_code == 0
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-o", "bind,ro", root, ro], capture_output=True).returncode:
+        pytest.skip("needs root and a read-only bind mount")
+    try:
+        for args in (("prune",), ("prune", "--broken"), ("prune", "--stale")):
+            r = kcache("--cache-dir", ro, "-q", *args)
+            assert (r.exit_code, r.stdout, r.stderr) == (0, "", ""), (args, r.stderr)
+        r = kcache("--cache-dir", ro, "prune", "--max-size", "0B", "--yes")
+        assert r.exit_code == 1 and "Read-only file system" in r.stderr and len(r.stderr.splitlines()) == 1
+    finally:
+        subprocess.run(["umount", ro], check=True)
+    assert entries(root) == set(HIDET.values())
+
+
 def test_unreadable_parts_are_warnings(kcache, fixture_copy):
     if os.geteuid() == 0:
         pytest.skip("root reads every directory")

@@ -680,6 +680,14 @@ def _scanned(r: Removal) -> tuple[int, int] | None:
     return r.entry.dev, r.entry.ino
 
 
+def _read_only(root: Path) -> bool:
+    """Whether `root` lies on a read-only mount (nothing in it can be written, .kcache/ included)."""
+    try:
+        return bool(os.statvfs(root).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def _flock(fd: int) -> bool:
     return try_flock(fd)
 
@@ -841,7 +849,8 @@ class _Executor:
 
     def run(self) -> DeleteResult:
         sd = state.STATE_DIR
-        if not self.plan.removals and not os.path.isdir(self.root / sd):
+        if not self.plan.removals and (not os.path.isdir(self.root / sd) or _read_only(self.root)):
+            # nothing to remove, and no trash or lock of an earlier run this one could empty or tidy
             return DeleteResult(self.plan.root, (), tuple(self.skipped), (), 0, (), tuple(self.warnings),
                                 unreadable=self.plan.unreadable)
 
