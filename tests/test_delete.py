@@ -776,6 +776,18 @@ def test_read_only_parts_are_reported_not_raised(kcache, fixture_copy):
     assert entries(root) == {HIDET["matmul"]}
 
 
+def test_root_is_not_told_that_root_may_remove_it(kcache, fixture_copy):
+    """An entry root's cron cannot remove (an immutable op directory): the error says why, and does not
+    send root to its owner or root, the hint a member gets for another member's entry."""
+    if os.geteuid() != 0:
+        pytest.skip("root's message")
+    root = fixture_copy("hidet")
+    with read_only(root / "ops/cpu_space_0/matmul"):
+        r = kcache("--cache-dir", root, "prune", "--max-size", "0B", "--yes")
+    assert r.exit_code == 1 and f"cannot remove {root / HIDET['matmul']}: Operation not permitted" in r.stderr
+    assert "its owner or root may remove it" not in r.stderr, r.stderr
+
+
 def test_read_only_cache_is_one_error_line(kcache, fixture_copy):
     root = fixture_copy("hidet")
     with read_only(root):

@@ -1151,7 +1151,8 @@ class _Executor:
         return None
 
     def _fail(self, r: Removal, exc: OSError) -> None:
-        denied = exc.errno in (errno.EACCES, errno.EPERM)  # a member's entry in a shared cache, say
+        # a member's entry in a shared cache, say; root is refused by other means (an immutable flag)
+        denied = exc.errno in (errno.EACCES, errno.EPERM) and os.geteuid() != 0
         self._fail_text(r, (exc.strerror or str(exc)) + (" (its owner or root may remove it)" if denied else ""))
 
     def _fail_text(self, r: Removal, why: str) -> None:
