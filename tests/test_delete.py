@@ -1124,3 +1124,12 @@ def test_entries_another_prune_removed_meanwhile_are_no_warning(fixture_copy, ca
     cmd_delete._result_human(cmd_delete._Out(GlobalOptions(), False), plan, result, {"max_size": None}, [])
     err = capsys.readouterr().err
     assert "warning" not in err and "1 entry planned to go was already gone" in err, err
+
+
+def test_the_last_line_groups_the_digits_of_its_count(kcache, tmp_path):
+    """"Removed 1,000 entries", as verify says "checked 1,000 entries" and the docs say counts read."""
+    root = gen(tmp_path, 1000)
+    dry = kcache("--cache-dir", root, "clear", "--all", "--dry-run")
+    assert dry.stdout.splitlines()[-1].startswith("Would remove 1,000 entries and free "), dry.stdout
+    done = kcache("--cache-dir", root, "clear", "--all", "--yes")
+    assert done.exit_code == 0 and done.stdout.splitlines()[-1].startswith("Removed 1,000 entries, freed ")

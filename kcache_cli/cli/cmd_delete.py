@@ -603,7 +603,7 @@ def _count(removals) -> str:
              "temp": ("stale temp directory", "stale temp directories"),
              "staging": ("stale staging directory", "stale staging directories"), "link": ("symlink", "symlinks"),
              "leftover": ("leftover of an interrupted import or export", "leftovers of interrupted imports or exports")}
-    return ", ".join(f"{n} {names[k][0] if n == 1 else names[k][1]}" for k, n in kinds.items())
+    return ", ".join(f"{n:,} {names[k][0] if n == 1 else names[k][1]}" for k, n in kinds.items())
 
 
 def _unread(plan, extra: dict) -> str:
