@@ -628,3 +628,18 @@ def test_publish_across_filesystems_copies_then_renames(kcache, fixture_copy, tm
     assert used == {"2023-11-14T22:13:20+00:00"}
     assert tree(dst) == tree(src)
     assert not list(dst.rglob(".kcache-tmp-*"))
+
+
+def test_export_judges_a_misshapen_directory_as_ls_and_verify_do(kcache, fixture_copy, tmp_path):
+    """A directory where a hidet entry lives under a name hidet never makes (not 16 hex digits) is corrupt
+    to ls, verify and inspect ("hidet never looks it up"); export said "partial: no lib.so ... (select it
+    with --status partial)", and `export --status partial` shipped it while `ls --status partial` lists
+    nothing. Export goes by the same status."""
+    root = fixture_copy("hidet")
+    (root / "ops/cpu_space_0/matmul/deadbeefzz").mkdir()
+    assert [e["hash"] for e in kcache("--cache-dir", root, "ls", "--status", "corrupt", "--json").json()["entries"]] \
+        == ["deadbeefzz"]
+    r = kcache("--cache-dir", root, "export", tmp_path / "a.tar")
+    assert r.exit_code == 0 and "left out ops/cpu_space_0/matmul/deadbeefzz: corrupt: not shaped like" in r.stderr
+    r = kcache("--cache-dir", root, "export", tmp_path / "b.tar", "--status", "partial", "--json")
+    assert r.exit_code == 0 and r.json()["archive"] is None, r.stdout

@@ -80,8 +80,9 @@ class VerifyResult:
 def judge_entry(root: Path, entry: Entry, deep: bool = True, *, caller_reads: bool = False) -> Judgement:
     """The layout's one judgement of `entry`'s files, read again now: what verify, inspect,
     prune --broken (also at delete time), import's "already present" and export all go by.
-    Temp and staging directories, links where entries belong, unlistable directories and entries being
-    built keep the scan's status: they are not entries a layout judges. The entry's directory is opened
+    Temp and staging directories, links where entries belong, unlistable directories, entries being
+    built and directories not shaped like the tool's entries keep the scan's status: they are not
+    entries a layout judges. The entry's directory is opened
     from the root held open (fsread.anchor) and handed to the layout with its judging context."""
     kept = not_judged(entry)
     if kept is not None:
@@ -94,8 +95,9 @@ def not_judged(entry: Entry, opened: EntryDir | None = None) -> Judgement | None
     """The scan's own status of an entry no layout judges (judge_entry's first rule), or None. `opened`:
     the entry's directory as the caller holds it (open, it is a directory and no link: not asked again)."""
     name = os.path.basename(entry.path)
-    if (entry.status == BUILDING or not entry.hash or name.startswith(".")
-            or get(entry.layout).leftover(entry) is not None):
+    layout = get(entry.layout)
+    if (entry.status == BUILDING or not entry.hash or name.startswith(".") or layout.leftover(entry) is not None
+            or layout.shape_problem(entry.relpath, entry.kind, None) is not None):  # no entry of the tool's
         return Judgement.of(entry.status, entry.reason)
     if opened is not None and opened.fd is not None:
         return None
