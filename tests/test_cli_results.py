@@ -159,7 +159,8 @@ def test_a_non_utf8_op_directory_does_not_fail_the_export(fixture_copy, tmp_path
     archive = tmp_path / "all.tar"
     r = cli("--cache-dir", root, "export", archive)
     assert r.returncode == 0, r.stderr
-    assert b"not UTF-8" in r.stderr and b"r\\xffelu" in r.stderr  # said once, escaped
+    assert r.stderr.count(b"r\\xffelu") == 1, r.stderr  # said once, escaped
+    assert b"not shaped like a hidet entry" in r.stderr  # left out as ls calls it: hidet never makes such a name
     with tarfile.open(archive) as tar:
         tops = {n.split("/")[3] for n in tar.getnames() if n.count("/") >= 3 and n.startswith("ops/")}
     assert tops == {"8d1f7691cdf75e90", "af3046266c6abdd1", "064b4a6c035246e8", "31857fe085635b31",
