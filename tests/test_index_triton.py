@@ -172,7 +172,7 @@ def test_kcache_own_reads_are_no_use_in_the_listing(cache, monkeypatch):
     entry = cache / SOFTMAX
     stats = [os.stat(f) for f in entry.iterdir() if f.is_file()]
     before = min(st.st_atime_ns for st in stats) - 10**12  # a thousand seconds before any of them
-    monkeypatch.setattr(readmarks, "MARKS", {st.st_ino: (st.st_atime_ns, before) for st in stats})
+    monkeypatch.setattr(readmarks, "MARKS", {st.st_ino: readmarks.Mark(st.st_atime_ns, before, 0, -1) for st in stats})
     with EntryDir.open(str(entry)) as d:
         assert triton._Listing(d, lambda m: None).accessed == before / 1e9
     monkeypatch.setattr(readmarks, "MARKS", {})

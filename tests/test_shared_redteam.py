@@ -97,3 +97,45 @@ def test_explain_never_runs_a_module_a_member_left_in_the_current_directory(area
     assert "Traceback" not in run.stderr and run.returncode in (0, 1), run.stderr
     assert not marker.exists(), f"ran as root: {marker.read_text()}"
     assert "could not be asked" not in run.stdout + run.stderr, run.stdout + run.stderr
+
+
+_FORGE = """import json, os, sys
+root, name = sys.argv[1], sys.argv[2]
+notes = {}
+for d, _, files in os.walk(root):
+    if '/.kcache' not in d:
+        for f in files:
+            st = os.stat(os.path.join(d, f))
+            notes[str(st.st_ino)] = [st.st_atime_ns, 1_000_000_000_000_000_000]  # "last used in 2001"
+open(os.path.join(root, '.kcache', name), 'w').write(json.dumps(notes))
+"""
+
+
+def test_a_members_forged_read_notes_never_make_entries_in_use_look_unused(area):
+    """A member may write the group's `.kcache/`, where kcache keeps the notes of the atimes its own reads
+    moved (a member's reads of another member's files, which the kernel does not let it read with
+    O_NOATIME). Notes that said "read by kcache, last used in 2001" of every file of entries a compiler had
+    just read made root's `prune --older-than 1d` remove them all, entries the member may not remove
+    (another member's, umask 022). A note now counts only where its writer could write the file anyway."""
+    import json
+    import subprocess
+
+    root = shared_dir(area / "cache", FIXTURES / "hidet")
+    assert kcache("--cache-dir", root, "config", "set", "max-age", "300d").returncode == 0  # .kcache/ is there
+    for d, dirs, files in os.walk(root, topdown=False):  # another member's entries, written with umask 022
+        if ".kcache" not in d:
+            for n in files:
+                os.chown(os.path.join(d, n), 4242, -1)
+                os.chmod(os.path.join(d, n), 0o644)
+            for n in [*files, *dirs]:
+                os.utime(os.path.join(d, n), (1_600_000_000, 1_600_000_000))  # written in 2020
+    for lib in root.glob("ops/*/*/*/lib.so"):
+        subprocess.run(["cat", str(lib)], check=True, stdout=subprocess.DEVNULL)  # a compiler's hits: used now
+    before = entry_dirs(root)
+    for name in ("reads.65534", "reads.0", "reads"):  # its own, one in root's name, an older kcache's
+        attacker(_FORGE, root, name)
+    listed = json.loads(kcache("--cache-dir", root, "ls", "--json").stdout)["entries"]
+    used = [e["path"] for e in listed if e["last_used"] > "2026"]
+    assert len(used) == len(before), listed
+    run = kcache("--cache-dir", root, "prune", "--older-than", "1d", "--yes")
+    assert run.returncode == 0 and entry_dirs(root) == before, run.stderr

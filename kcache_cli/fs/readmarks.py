@@ -10,12 +10,21 @@ remembers what it did, whichever command read: a file opened without O_NOATIME i
 read and again when it is closed (fsread.close_read), and an entry directory a judgement held is
 checked when closed (EntryDir.close, for files opened as a compiler opens them); an atime that moved
 is noted as (inode, atime after, atime before), under the cache being read (`reading`). The notes go to
-`.kcache/reads` (JSON, merged under `.kcache/locks/.reads.lock`, shared with the cache's group) at the
-end of a scan, of each worker, and of the command; a file kcache read before keeps the atime before
-that first read. A scan reads a file's atime through `atime()`: an atime that is still exactly the one
-kcache's read left is taken as the one before it. A compiler's later read moves the
+`.kcache/reads.<uid>`, the reader's own (JSON, merged under `.kcache/locks/.reads.lock`, shared with the
+cache's group) at the end of a scan, of each worker, and of the command; a file kcache read before keeps
+the atime before that first read. A scan reads a file's atime through `atime()`: an atime that is still
+exactly the one kcache's read left is taken as the one before it. A compiler's later read moves the
 atime past the note, and the note no longer applies. (On a relatime mount a compiler's read within a
 day of kcache's may not move it: that use is seen up to a day late, never invented.)
+
+A note can only make a file look less recently used, and a prune removes what looks unused: a member
+could forge notes to have root's nightly prune remove entries in use that the member may not remove.
+So a note counts only where its writer could do as much to the file anyway: it is the writer's own, or
+root's, or the file's owner's, or the file may be written by anyone, or by the cache's group and the
+writer made the note as a member of it (their file in the group's `.kcache/`). Whose a note is, its
+file's owner says: each user writes their own file, and one named for another user is not read. A
+member's reads of entries the group may not write (umask 022) are then a use, to root and everyone
+else: that fails safe (prune keeps more), and reading as root or the owner moves nothing.
 
 A user who may read the cache but not write it (neither its owner nor a member of its group) can keep
 no note: what such a reader's reads moved is counted in UNNOTED, and the command says so at its end."""
@@ -25,18 +34,30 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Mapping
+from typing import NamedTuple
 
 from kcache_cli.fs import locking, state
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import write as fswrite
 from kcache_cli.util.errors import LockTimeout
 
-FILE = "reads"  # in .kcache/
+PREFIX = "reads."  # in .kcache/: reads.<uid>, each user's notes (an older kcache's one `reads` is not read)
 LOCK = ".reads.lock"  # in .kcache/locks/
 MAX_NOTES = 200_000  # oldest dropped beyond this (a note is about 40 bytes)
 
-# inode -> (atime_ns kcache's read left, atime_ns before it): loaded by a scan, inherited by its workers
-MARKS: dict[int, tuple[int, int]] = {}
+
+class Mark(NamedTuple):
+    """A note as a scan goes by it."""
+
+    after: int  # the atime (ns) kcache's read left
+    before: int  # the atime (ns) before it
+    uid: int  # who noted it
+    member: int  # the cache's group when they wrote it as a member of it, else -1
+
+
+# inode -> its note: loaded by a scan, inherited by its workers
+MARKS: dict[int, Mark] = {}
 # root -> files whose atime this process's reads moved where no note could be kept (a cache it cannot write)
 UNNOTED: dict[str, int] = {}
 
@@ -45,9 +66,16 @@ def atime(st: os.stat_result) -> float:
     """The file's last use: its atime, or the atime before kcache's own read when it is still the one that
     read left."""
     mark = MARKS.get(st.st_ino)
-    if mark is not None and mark[0] == st.st_atime_ns:
-        return mark[1] / 1e9
+    if mark is not None and mark.after == st.st_atime_ns and _may_write(mark, st):
+        return mark.before / 1e9
     return st.st_atime
+
+
+def _may_write(mark: Mark, st: os.stat_result) -> bool:
+    """Whether the writer of `mark` could write the file `st` themself (the module's rule)."""
+    mode = st.st_mode
+    return (mark.uid in (0, st.st_uid, os.geteuid()) or bool(mode & 0o002)
+            or (bool(mode & 0o020) and st.st_gid == mark.member))
 
 
 def newest_atime(sts: list[os.stat_result]) -> float:
@@ -88,7 +116,7 @@ def _take_moved(root: str) -> dict[int, tuple[int, int]]:
     return {key[1]: fsread.MOVED.pop(key) for key in [k for k in fsread.MOVED if k[0] == root]}
 
 
-def _before(notes: dict[int, tuple[int, int]], ino: int, before: int) -> int:
+def _before(notes: Mapping[int, tuple[int, ...]], ino: int, before: int) -> int:
     """The atime before kcache's reads of the file `ino` when its atime was `before` as they began: where
     `before` is what an earlier read of kcache's left (its note), the atime that read found."""
     note = notes.get(ino)
@@ -100,14 +128,22 @@ def load(root: str | os.PathLike) -> None:
     cache's entries from now on (reading)."""
     MARKS.clear()
     reading(root)
-    raw = state.read_shared_file(root, FILE, 64 << 20)
-    if raw is None:
-        return
+    for f in state.read_user_files(root, PREFIX, 64 << 20):
+        member = -1 if f.member is None else f.member
+        for ino, (after, before) in _parsed(f.data).items():
+            old = MARKS.get(ino)
+            if old is None or old.after < after:  # two users' notes: the later read's
+                MARKS[ino] = Mark(after, before, f.uid, member)
+
+
+def _parsed(raw: bytes | None) -> dict[int, tuple[int, int]]:
+    """A notes file's notes; none when it is missing or malformed (not ours: started again)."""
+    if not raw:
+        return {}
     try:
-        doc = fsread.parse_json(raw, FILE, 3)
-        MARKS.update({int(k): (int(v[0]), int(v[1])) for k, v in doc.items()})
-    except (ValueError, TypeError, IndexError, AttributeError):
-        MARKS.clear()
+        return {int(k): (int(v[0]), int(v[1])) for k, v in fsread.parse_json(raw, PREFIX, 3).items()}
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError):
+        return {}
 
 
 def save(root: str | os.PathLike) -> None:
@@ -167,14 +203,13 @@ def save_all() -> None:
 
 
 def _merge(root: str | os.PathLike, sfd: int, new: dict[int, tuple[int, int]]) -> None:
-    raw = state.read_shared_file(root, FILE, 64 << 20)
-    try:
-        notes = {int(k): (int(v[0]), int(v[1])) for k, v in fsread.parse_json(raw, FILE, 3).items()} if raw else {}
-    except (ValueError, TypeError, AttributeError, IndexError, KeyError):  # not ours: started again
-        notes = {}
+    """`new` notes into this user's notes file (its own name: read_user_files reads it as theirs)."""
+    me = os.geteuid()
+    mine = state.read_user_files(root, PREFIX, 64 << 20, only=me)
+    notes = _parsed(mine[0].data if mine else None)
     for ino, (after, before) in new.items():  # a file another process of kcache read before (and noted)
         notes[ino] = (after, _before(notes, ino, _before(MARKS, ino, before)))
-    MARKS.update({ino: notes[ino] for ino in new})  # this process's next reads of them chain on
+    MARKS.update({ino: Mark(*notes[ino], me, -1) for ino in new})  # this process's next reads chain on
     kept = list(notes.items())[-MAX_NOTES:]
     data = json.dumps({str(k): list(v) for k, v in kept}, separators=(",", ":")).encode()
-    fswrite.replace_file_shared(sfd, FILE, data)
+    fswrite.replace_file_shared(sfd, f"{PREFIX}{me}", data)

@@ -10,6 +10,7 @@ import shlex
 import stat
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import write as fswrite
@@ -414,46 +415,95 @@ def _remove_stale_temps(dfd: int) -> None:
             pass
 
 
-def read_shared_file(root: str | os.PathLike, name: str, limit: int) -> bytes | None:
-    """read_own_file, also trusting a file of the group of a group-shared cache (what its members write
-    for each other), never one that anyone may write."""
-    return _read_state_file(root, name, limit, shared=True)
-
-
 def read_own_file(root: Path, name: str, limit: int) -> bytes | None:
     """The bytes of .kcache/`name`, a file kcache keeps for itself, or None when it is missing, too big,
     not a regular file, in an untrusted state dir, or not this user's (nor root's): another member's
     file is not trusted, and this user's next write replaces it."""
-    return _read_state_file(root, name, limit, shared=False)
+    return _read_state_file(root, name, limit)
 
 
-def _read_state_file(root: str | os.PathLike, name: str, limit: int, shared: bool) -> bytes | None:
-    """.kcache/`name` read through the root's and the state dir's fds, if it is this user's or root's (or,
-    `shared`, of the cache's group and not world-writable) and at most `limit` bytes; else None."""
+def _read_state_file(root: str | os.PathLike, name: str, limit: int) -> bytes | None:
+    """.kcache/`name` read through the root's and the state dir's fds, if it is this user's or root's and at
+    most `limit` bytes; else None."""
     try:
         rfd = fswrite.open_root(root)
     except OSError:
         return None
     try:
-        group = shared_group(rfd) if shared else None
         sfd = open_state(rfd, root)
-        try:
-            fd, st = fsread.open_regular(name, dir_fd=sfd)
-        finally:
-            os.close(sfd)
     except OSError:
         return None
     finally:
         os.close(rfd)
     try:
+        got = _read_trusted(sfd, name, limit, None, False)
+    finally:
+        os.close(sfd)
+    return got[0] if got is not None else None
+
+
+def _read_trusted(sfd: int, name: str, limit: int, group: int | None,
+                  shared: bool) -> tuple[bytes, os.stat_result] | None:
+    """_read_state_file's read of `name` in the state dir open as `sfd`: (its bytes, its fstat), or None."""
+    try:
+        fd, st = fsread.open_regular(name, dir_fd=sfd)
+    except OSError:
+        return None
+    try:
         trusted = st.st_uid in (os.geteuid(), 0) or (group is not None and st.st_gid == group)
         if not trusted or (shared and st.st_mode & 0o002) or st.st_size > limit:
             return None
-        return os.read(fd, limit + 1)[:limit]
+        return os.read(fd, limit + 1)[:limit], st
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+_UID = re.compile(r"[0-9]{1,10}")  # a uid in a file's name (ASCII digits: util.units is not loaded at start-up)
+
+
+class UserFile(NamedTuple):
+    """One user's file of a kind in .kcache/ (`<prefix><uid>`), as read_user_files found it."""
+
+    uid: int  # who wrote it: its owner, whose uid its name holds
+    data: bytes
+    member: int | None  # the cache's group when the writer could only have made it as a member of it, else None
+
+
+def read_user_files(root: str | os.PathLike, prefix: str, limit: int, only: int | None = None) -> list[UserFile]:
+    """Each .kcache/`<prefix><uid>` a user keeps for themself in the cache (this user's, root's, or of the
+    group of a group-shared cache; never one anyone may write), that its owner wrote: one named for another
+    user is not read (a member may replace another's file, never write one in their name). [] when there
+    is none, or no state dir kcache may trust. In a state dir anyone may write, only this user's and
+    root's. `only`: that user's file alone."""
+    try:
+        rfd = fswrite.open_root(root)
+    except OSError:
+        return []
+    try:
+        group = shared_group(rfd)
+        sfd = open_state(rfd, root)
+    except OSError:
+        return []
+    finally:
+        os.close(rfd)
+    try:
+        open_to_all = bool(os.fstat(sfd).st_mode & 0o002)
+        names = [f"{prefix}{only}"] if only is not None else \
+            [n for n in os.listdir(sfd) if n.startswith(prefix) and _UID.fullmatch(n, len(prefix))]
+        out = []
+        for name in names:
+            uid = int(name[len(prefix):])
+            got = _read_trusted(sfd, name, limit, group, True)
+            if got is None or got[1].st_uid != uid or (open_to_all and uid not in (os.geteuid(), 0)):
+                continue
+            out.append(UserFile(uid, got[0], group if got[1].st_gid == group else None))
+        return out
+    except OSError:
+        return []
+    finally:
+        os.close(sfd)
 
 
 # ---- cache directory tag (https://bford.info/cachedir/) ---------------------------------------
