@@ -281,6 +281,26 @@ def test_a_source_that_is_not_a_regular_file_is_refused(fixture_copy, tmp_path, 
     assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # its temp dir was removed
 
 
+@pytest.mark.parametrize("name", ["source.cc", "compile.sh"])
+def test_another_users_source_is_never_compiled(fixture_copy, tmp_path, kcache, name):
+    """The compiler runs with the rights of whoever repairs: a member's source.cc with `.incbin "/etc/shadow"`
+    (or a compile.sh with -I/root), repaired by root's cron in a shared cache, put root's files into a lib.so
+    the group reads. Only your own or root's sources are compiled; nothing runs for another's."""
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    root = fixture_copy("hidet")
+    marker = tmp_path / "ran"
+    fakebin = _fakes(tmp_path, marker)
+    entry = root / RELU
+    (entry / "lib.so").unlink()
+    os.chown(entry / name, 4242, -1)
+    r = kcache("--cache-dir", root, "--json", "build", "--repair", "3185", "--cxx", f"{fakebin}/g++")
+    (done,) = r.json()["entries"]
+    assert r.exit_code == 1 and done["status"] == "failed", done
+    assert done["error"].startswith(f"refused, nothing ran: {RELU}/{name} is uid 4242's"), done
+    assert not marker.exists() and not (entry / "lib.so").exists()
+
+
 def test_repair_waits_for_the_entrys_build_lock(fixture_copy, kcache):
     from kcache_cli.fs.locking import EntryFlock
 

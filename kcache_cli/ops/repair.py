@@ -277,9 +277,11 @@ def _repair_locked(root: Path, root_fd: int, entry_fd: int, relpath: str, option
     if problem is None and not options.force:  # compile.sh is not even read
         return RepairResult(relpath, path, FINE, f"{BINARY} looks whole (--force rebuilds it)")
     try:
-        text = fsread.read_bytes(SCRIPT, MAX_SCRIPT, dir_fd=entry_fd).decode("utf-8", "replace")
+        fd, st = fsread.open_regular(SCRIPT, dir_fd=entry_fd)
+        text = fsread.read_open(fd, st, MAX_SCRIPT, True, SCRIPT).decode("utf-8", "replace")
     except OSError as exc:
         raise Refused(f"{relpath}/{SCRIPT}: cannot be read ({exc.strerror or exc})") from None
+    _check_owner(st, relpath, SCRIPT)
     allowed = [p for p in (options.nvcc, options.cxx) if p]
     argv, target = parse_script(text, relpath, source, allowed)
     argv[0] = compiler_for(argv[0], options)
@@ -340,9 +342,19 @@ def _copy_source(entry_fd: int, tmp_fd: int, relpath: str, source: str) -> None:
         kind = getattr(exc, "kind", None) if isinstance(exc, fsread.NotRegularFile) else None
         raise Refused(f"{relpath}/{source}: {kind or exc.strerror or exc}, not compiled") from None
     try:
+        _check_owner(os.fstat(fd), relpath, source)
         fswrite.write_file(tmp_fd, source, iter(lambda: os.read(fd, 1 << 20), b""), 0o600)
     finally:
         fsread.close_read(fd)
+
+
+def _check_owner(st: os.stat_result, relpath: str, name: str) -> None:
+    """Refused unless the file is this user's or root's: the compiler runs with this user's rights, and a
+    source's `#include "/etc/shadow"` or `.incbin` (or compile.sh's -I) reads what this user may read into
+    a lib.so the cache's group then reads. Root's cron repairing a member's entry would leak root's files."""
+    if st.st_uid not in (os.geteuid(), 0):
+        raise Refused(f"{relpath}/{name} is uid {st.st_uid}'s: kcache compiles only your own or root's sources "
+                      f"(the compiler would read what you may read for them); repair it as uid {st.st_uid}")
 
 
 def _fsync(dir_fd: int, root_fd: int) -> None:
