@@ -387,9 +387,9 @@ def _read_cache_file(path: Path, root: Path, rewriting: bool) -> bytes | None:
     except OSError:
         return None
     try:
-        sfd = state.open_state(rfd, root)
         group = state.shared_group(rfd)
         owner = os.fstat(rfd).st_uid
+        sfd = state.open_state(rfd, root)  # last: nothing after it may fail and leave it open
     except FileNotFoundError:  # no .kcache/: no budget
         return None
     except OSError as exc:  # a link, another user's, one this user may not search: the budget is not known
