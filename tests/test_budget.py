@@ -378,3 +378,32 @@ def test_a_prune_over_several_caches_asks_for_all_before_removing_from_any(kcach
     assert r.exit_code == 0, r.stderr
     assert entries(hidet) == {e for e in entries(hidet) if "/add/" not in e} and len(entries(hidet)) == 4
     assert not list((tilus / "programs").iterdir())
+
+
+def test_a_budget_that_cannot_be_read_stops_the_prune_of_its_cache_only(kcache, tmp_path):
+    """A bare prune over every cache found (root's cron): one cache whose kept budget cannot be read (here a
+    directory where config.toml belongs; a member can make its .kcache/ a link) is not pruned, one line
+    naming its file, exit 1; the other cache's budget is still enforced."""
+    from conftest import FIXTURES, copy_tree
+
+    home = tmp_path / "home"
+    hidet, tilus = home / ".cache" / "hidet", home / ".cache" / "tilus"
+    copy_tree(FIXTURES / "hidet", hidet)
+    copy_tree(FIXTURES / "tilus", tilus)
+    same_times(hidet, T)
+    same_times(tilus, T)
+    elsewhere = tmp_path / "elsewhere"
+    env = {"HOME": str(home), "TORCHINDUCTOR_CACHE_DIR": str(elsewhere / "inductor"), "KCACHE_DIR": None,
+           "CUDA_CACHE_PATH": str(elsewhere / "nv"), "VLLM_CACHE_ROOT": str(elsewhere / "vllm"),
+           "TRITON_CACHE_DIR": None, "TILELANG_CACHE_DIR": None, "XDG_CACHE_HOME": None, "TRITON_HOME": None}
+    for root in (hidet, tilus):
+        assert kcache("--cache-dir", root, "config", "set", "max-age", "30d").exit_code == 0
+    broken = tilus / ".kcache" / "config.toml"
+    broken.unlink()
+    broken.mkdir()
+    before = sorted(p.name for p in (tilus / "programs").iterdir())
+    r = kcache("prune", "--yes", env=env)
+    assert r.exit_code == 1 and f"cannot read {broken}" in r.stderr and "that cache was not pruned" in r.stderr, \
+        (r.stdout, r.stderr)
+    assert not entries(hidet)  # its own budget, enforced: every entry unused for years
+    assert sorted(p.name for p in (tilus / "programs").iterdir()) == before

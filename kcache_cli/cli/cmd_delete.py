@@ -102,11 +102,19 @@ def prune_command(
     limits, ages = _prune_limits(opts, locs, limit, age, broken or stale, scans)
     out.summary, out.listing = summary, listing
     plans = [(loc, _plan_one(opts, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale, deep),
-                             scans.done.pop(str(loc.path), None))) for loc in locs]
+                             scans.done.pop(str(loc.path), None))) for loc in locs if str(loc.path) in limits]
     shared = limit if opts.many and limit is not None and len(locs) > 1 else None  # one --max-size for all
     _prune_planned(opts, out, plans, (limits, ages, shared), dry_run, yes)
     out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
     _unmeasured_fails(plans, limits)
+    _unread_fails(scans.unread)
+
+
+def _unread_fails(unread: dict[str, str]) -> None:
+    """A cache whose budget could not be read was not pruned (the others were): a failed check, exit 1."""
+    if unread:
+        more = f" (and {c.plural(len(unread) - 1, 'other cache')})" if len(unread) > 1 else ""
+        raise KcacheError(f"{next(iter(unread.values()))}; that cache{more} was not pruned")
 
 
 def _unmeasured_fails(plans: list, limits: dict) -> None:
@@ -149,6 +157,7 @@ class _Scans:
     def __init__(self, opts: o.GlobalOptions) -> None:
         self.opts = opts
         self.done: dict[str, object] = {}
+        self.unread: dict[str, str] = {}  # root -> why its budget could not be read (it is not pruned)
 
     def __call__(self, root):
         key = str(root)
@@ -202,7 +211,8 @@ def _configured_budget(opts: o.GlobalOptions, locs, scans: _Scans) -> tuple[dict
     cfg = config.load()
     roots = [(loc.path, scan.detect_layouts(loc.path) if loc.path.is_dir() else ()) for loc in locs]
     with _busy(opts, "weighing every cache"):
-        budgets = budget.effective(roots, cfg, lambda m: c.warn(opts, m), scan=scans)
+        budgets = budget.effective(roots, cfg, lambda m: c.warn(opts, m), scan=scans,
+                                   unread=scans.unread if len(roots) > 1 else None)
     for root, b in budgets.items():
         parts = ([f"max-size {c.human_size(b.max_size)} ({b.size_from})"] if b.max_size is not None else []) + \
                 ([f"max-age {format_age(b.max_age)} ({b.age_from})"] if b.max_age is not None else [])

@@ -96,11 +96,23 @@ def configured(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn,
 
 
 def effective(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn,
-              scan: Callable[[Path], ScanResult] | None = None) -> dict[str, RootBudget]:
+              scan: Callable[[Path], ScanResult] | None = None,
+              unread: dict[str, str] | None = None) -> dict[str, RootBudget]:
     """What a bare `prune` keeps each root to: the budget kept in the cache (`.kcache/config.toml`, binding
     every user and winning over personal settings), then, only for caches this user owns, the user's own
-    config (`configured`, `scan` as there). A malformed budget in a cache is a usage error naming its file."""
-    kept = {str(root): load_cache(root).budget() for root, _ in roots if root.is_dir()}
+    config (`configured`, `scan` as there). A budget in a cache that cannot be read or trusted is an error
+    naming its file (KcacheError); with `unread`, that root is left out of the answer and its error put
+    there instead (one cache a member broke stops no prune of the others)."""
+    kept = {}
+    for root, _ in roots:
+        try:
+            if root.is_dir():
+                kept[str(root)] = load_cache(root).budget()
+        except KcacheError as exc:
+            if unread is None:
+                raise
+            unread[str(root)] = str(exc)
+    roots = [(root, layouts) for root, layouts in roots if str(root) not in (unread or {})]
     owned = [(root, layouts) for root, layouts in roots if yours(root)]
     personal = configured(owned, cfg, warn, scan=scan) if owned else {}
     out = {}
