@@ -770,3 +770,19 @@ def test_a_remote_named_with_an_escape_reaches_no_terminal_raw(kcache, tmp_path,
     run = kcache("remote", sub, "--remote", url, *(["--max-size", "1T"] if sub == "prune" else []))
     assert run.exit_code == 0, run.stderr
     assert "\x1b" not in run.stdout + run.stderr and "\\x1b[31mred" in run.stdout + run.stderr
+
+
+def test_push_and_pull_q_are_silent_when_they_work(kcache, tmp_path, fixture_copy):
+    """A CI step (`kcache -q push`, `-q pull`) prints nothing when it works, as `-q export` and `-q import`
+    do: push printed a row per entry and its totals whatever -q said."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    src = fixture_copy("hidet")
+    url = f"file://{shared}"
+    pushed = kcache("-q", "push", "--cache-dir", src, "--remote", url)
+    assert pushed.exit_code == 0 and pushed.stdout == "" and pushed.stderr == "", pushed.stdout + pushed.stderr
+    pulled = kcache("-q", "pull", "--cache-dir", tmp_path / "dst", "--remote", url)
+    assert pulled.exit_code == 0 and pulled.stdout == "" and pulled.stderr == "", pulled.stdout + pulled.stderr
+    assert kcache("--cache-dir", tmp_path / "dst", "ls", "--json").json()["entry_count"] == 5
+    loud = kcache("push", "--cache-dir", src, "--remote", url)
+    assert loud.exit_code == 0 and "skip" in loud.stdout  # without -q: the table, each entry the remote has

@@ -55,6 +55,8 @@ def push(opts: o.GlobalOptions, root, flt, url: str, timeouts: tuple[float, Opti
     out = _output(opts, "push-oci")
 
     def human() -> None:
+        if opts.quiet:  # as export's: a CI step is silent when it works
+            return
         moved = sorted([("push", e, e.arch, "") for e in result.entries]
                        + [("left out", e, None, why) for e, why in result.left], key=lambda m: m[1].relpath)
         _entry_table([[action, e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash, f"{e.files:,}",
@@ -84,6 +86,8 @@ def pull(opts: o.GlobalOptions, root, flt, image, url: str, timeouts: tuple[floa
     imported = result.imported
 
     def human() -> None:
+        if opts.quiet:  # as import's: a CI step is silent when it works
+            return
         rows = [[oci_ops.pull_action(e.action), e.layout, e.kind or "-", e.space or "-", e.op or "-", e.hash,
                  f"{e.files:,}", c.human_size(e.size), e.arch or "-", e.reason or ""] for e in imported.entries]
         rows += [["skip", s.layout or "-", s.kind or "-", s.space or "-", s.op or "-", s.hash or s.relpath, "-",

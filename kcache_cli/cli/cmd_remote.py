@@ -186,6 +186,8 @@ def push_command(
     out = c.Output(opts)
 
     def human() -> None:
+        if opts.quiet:  # as export's: a CI step is silent when it works
+            return
         _table(result.entries)
         verb = "would push" if dry_run else "pushed"
         out.info(f"{verb} {c.plural(result.count('push'), 'entry')} ({c.human_size(result.size)}) to "
@@ -253,10 +255,13 @@ def pull_command(
     _check_archs(out, [e for e in result.entries if e.done])
 
     def human() -> None:
-        _table(result.entries)
+        if not opts.quiet:  # as import's: a CI step is silent when it works (refusals still warn)
+            _table(result.entries)
         for e in result.entries:
             if e.action == "refuse":
                 out.warn(f"refused {e.relpath}: {e.reason}")
+        if opts.quiet:
+            return
         verb = "would pull" if dry_run else "pulled"
         locked = f" ({result.lock_timeouts} whose lock was held)" if result.lock_timeouts else ""
         out.info(f"{verb} {c.plural(result.count('pull', 'replace'), 'entry')} ({c.human_size(result.size)}) from "
