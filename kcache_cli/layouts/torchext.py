@@ -25,6 +25,11 @@ hangs (pytorch#189245). So:
   still "command line changed" to ninja, so export leaves a moved extension out unless asked for
   (`--status moved`), import says when one lands elsewhere than it was built, and `verify --fix` leaves
   it as it is. An extension is a hit only at the path it was built at, with the same torch and Python.
+- build.ninja's module named `<name>_v<N>`: a process loaded the extension again with changed sources
+  or flags, and torch (whose versioner lives in the process) built it as version N in the same directory.
+  A new process starts at version 0: it writes build.ninja for `<name>`, ninja finds the compile command
+  (-DTORCH_EXTENSION_NAME) and the target changed, and builds `<name>` again, even from the very sources
+  of version N (measured with torch 2.13): partial.
 - the module empty or cut short (its ELF header says so: one 64-byte read, in `ls` too): ninja sees it
   up to date and torch's import fails (corrupt).
 - the module a symlink, FIFO, device or socket: torch follows or opens it (a FIFO blocks its import),
@@ -184,7 +189,18 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
     recorded = built_elsewhere(d, plan, names)
     if recorded is not None:  # torch builds it all again here: what the module holds does not matter
         return Judgement.of(MOVED, moved_reason(recorded))
+    version = _built_as_version(d, plan.module)
+    if version is not None:
+        return Judgement.of(PARTIAL, f"built as {plan.module}, version {version} of a process that loaded changed "
+                                     "sources: a new process builds it again as version 0")
     return _module_verdict(d, plan.module, names.get(plan.module, 0), jc)
+
+
+def _built_as_version(d: EntryDir, module: str) -> str | None:
+    """N where build.ninja's module is `<this directory's name>_v<N>` (.so, or none for an executable):
+    torch's name for a build with changed inputs in a process that built the extension before."""
+    m = re.fullmatch(rf"{re.escape(os.path.basename(d.path))}_v(\d+)(?:\.so)?", module)
+    return m.group(1) if m else None
 
 
 def _module_verdict(d: EntryDir, module: str, size: int, jc: Judging) -> Judgement:

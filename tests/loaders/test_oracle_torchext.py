@@ -2,7 +2,9 @@
 (tests/loaders/probe_torchext.py) on one build directory damaged case after case, and kcache's status
 of it must say what torch does: complete is reused (no rebuild), partial is built again (a missing
 object or module), corrupt fails torch's import (the module cut short) or, with a `lock` left by a
-killed build, waits for ever until `verify --fix` removes the lock, after which torch finishes.
+killed build, waits for ever until `verify --fix` removes the lock, after which torch finishes. A build
+directory a process built under a version name (load_inline again with a changed source: kc_add_one_v1)
+is partial: a new process builds kc_add_one there again, whatever the source.
 
 One build directory in place for the damage: build.ninja names its sources by absolute path, so a copy
 is rebuilt whatever else it holds. That is the last case: a copy (`cp -a`) and an import under another
@@ -28,12 +30,14 @@ HANG = 60  # seconds torch gets to finish when kcache says it would not
 pytestmark = pytest.mark.slow
 
 
-def load(python: Path, root: Path, timeout: float = 600) -> dict:
-    """What torch's load_inline did: its JSON line, {"crash": exit status} when the process died (a module
-    cut short makes dlopen die of SIGBUS), or {"hang": True} past `timeout`."""
+def load(python: Path, root: Path, *sources: str, timeout: float = 600) -> dict:
+    """What torch's load_inline did (of each of `sources` in turn, in one process: the last one's): its JSON
+    line, {"crash": exit status} when the process died (a module cut short makes dlopen die of SIGBUS), or
+    {"hang": True} past `timeout`."""
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root), "MAX_JOBS": "1"}
     try:
-        done = subprocess.run([str(python), str(PROBE)], capture_output=True, text=True, env=env, timeout=timeout)
+        done = subprocess.run([str(python), str(PROBE), *sources], capture_output=True, text=True, env=env,
+                              timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"hang": True}
     if done.returncode != 0:
@@ -122,3 +126,16 @@ def test_a_copy_or_an_import_elsewhere_is_moved_and_torch_builds_it_again(built,
     assert status(other) == "moved"
     assert load(python, other) == {"value": 42, "rebuilt": True}
     assert status(other) == "complete"
+
+
+def test_a_module_built_under_a_version_name_is_partial_and_a_new_process_builds_it_again(tmp_path):
+    """torch names a second build with changed sources in one process <name>_v1 (its versioner lives in the
+    process), in the same build directory; a new process starts at version 0, so ninja's compile command
+    (-DTORCH_EXTENSION_NAME) and target change and it builds <name>.so again, even from the same source."""
+    python, root = python_for("torch"), tmp_path / "py311_cpu"
+    root.mkdir()
+    assert load(python, root, "0", "1") == {"value": 43, "rebuilt": True}  # built as kc_add_one_v1.so
+    assert status(root) == "partial" and verify_code(root) == 1
+    assert load(python, root, "1") == {"value": 43, "rebuilt": True}  # kc_add_one.so built again
+    assert status(root) == "complete"
+    assert load(python, root, "1") == {"value": 43, "rebuilt": False}
