@@ -30,6 +30,9 @@ hangs (pytorch#189245). So:
   A new process starts at version 0: it writes build.ninja for `<name>`, ninja finds the compile command
   (-DTORCH_EXTENSION_NAME) and the target changed, and builds `<name>` again, even from the very sources
   of version N (measured with torch 2.13): partial.
+- ninja's `.ninja_log` (each output's command) or, where build.ninja has `deps = gcc`, `.ninja_deps` (the
+  headers each object read) gone or empty: ninja finds no record of an output and builds everything
+  again (measured: each gone, each emptied; partial).
 - the module empty or cut short (its ELF header says so: one 64-byte read, in `ls` too): ninja sees it
   up to date and torch's import fails (corrupt).
 - the module a symlink, FIFO, device or socket: torch follows or opens it (a FIFO blocks its import),
@@ -85,12 +88,15 @@ _BUILD = re.compile(rf"^build[ \t]+({_WORD}(?:[ \t]+{_WORD})*)[ \t]*:[ \t]*(\w+)
 _ESCAPED = re.compile(r"\$(.)")
 _DEFAULT = re.compile(r"^default\s+(\S+)", re.M)
 _VAR = re.compile(r"^(cxx|cflags)\s*=\s*(.*)$", re.M)
+_DEPS = re.compile(r"^[ \t]+deps[ \t]*=[ \t]*\S", re.M)
+NINJA_LOGS = (".ninja_log", ".ninja_deps")  # ninja's build log and deps log, in the build directory
 
 
 class NinjaPlan(NamedTuple):
     outputs: tuple[str, ...]  # what build.ninja builds, objects and module, relative to the entry
     module: str | None  # its default target: the module torch imports
     sources: tuple[str, ...] = ()  # what its compile steps compile: absolute paths (torch's abspath)
+    deps: bool = False  # a rule keeps its headers in ninja's deps log (deps = gcc)
 
 
 def _words(text: str) -> list[str]:
@@ -106,7 +112,7 @@ def ninja_plan(text: str) -> NinjaPlan:
         if m.group(2).endswith("compile"):  # compile, cuda_compile, sycl_compile; link takes the objects
             sources += _words(m.group(3))
     default = _DEFAULT.search(text)
-    return NinjaPlan(tuple(outs), default.group(1) if default else None, tuple(sources))
+    return NinjaPlan(tuple(outs), default.group(1) if default else None, tuple(sources), bool(_DEPS.search(text)))
 
 
 
@@ -193,6 +199,10 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
     if version is not None:
         return Judgement.of(PARTIAL, f"built as {plan.module}, version {version} of a process that loaded changed "
                                      "sources: a new process builds it again as version 0")
+    log = _log_gone(plan, names)
+    if log is not None:
+        return Judgement.of(PARTIAL, f"{log} is gone or empty: ninja finds no record of what it built and builds "
+                                     "it all again")
     return _module_verdict(d, plan.module, names.get(plan.module, 0), jc)
 
 
@@ -201,6 +211,11 @@ def _built_as_version(d: EntryDir, module: str) -> str | None:
     torch's name for a build with changed inputs in a process that built the extension before."""
     m = re.fullmatch(rf"{re.escape(os.path.basename(d.path))}_v(\d+)(?:\.so)?", module)
     return m.group(1) if m else None
+
+
+def _log_gone(plan: NinjaPlan, names: Mapping[str, int]) -> str | None:
+    """The log of ninja's that is gone or empty: .ninja_log, or .ninja_deps where a rule has `deps`."""
+    return next((log for log in NINJA_LOGS[:2 if plan.deps else 1] if not names.get(log)), None)
 
 
 def _module_verdict(d: EntryDir, module: str, size: int, jc: Judging) -> Judgement:

@@ -4,12 +4,14 @@ of it must say what torch does: complete is reused (no rebuild), partial is buil
 object or module), corrupt fails torch's import (the module cut short) or, with a `lock` left by a
 killed build, waits for ever until `verify --fix` removes the lock, after which torch finishes. A build
 directory a process built under a version name (load_inline again with a changed source: kc_add_one_v1)
-is partial: a new process builds kc_add_one there again, whatever the source.
+is partial: a new process builds kc_add_one there again, whatever the source; so is one whose .ninja_log or
+.ninja_deps is gone or empty (ninja finds no record and builds it all again).
 
 One build directory in place for the damage: build.ninja names its sources by absolute path, so a copy
 is rebuilt whatever else it holds. That is the last case: a copy (`cp -a`) and an import under another
 path are moved, and torch builds each again there, while the original stays a hit. Each build takes g++
-tens of seconds: the cases are ordered so that torch builds five times in all."""
+tens of seconds: the cases are ordered so that torch builds five times for them (three times each for
+the version name and the ninja logs)."""
 
 from __future__ import annotations
 
@@ -139,3 +141,16 @@ def test_a_module_built_under_a_version_name_is_partial_and_a_new_process_builds
     assert load(python, root, "1") == {"value": 43, "rebuilt": True}  # kc_add_one.so built again
     assert status(root) == "complete"
     assert load(python, root, "1") == {"value": 43, "rebuilt": False}
+
+
+def test_a_ninja_log_or_deps_log_gone_or_emptied_is_partial_and_built_again(tmp_path):
+    """ninja decides what is up to date from .ninja_log (each output's command) and .ninja_deps (the headers
+    a `deps = gcc` edge read): with either gone or empty it finds no record and builds everything again."""
+    python, root = python_for("torch"), tmp_path / "py311_cpu"
+    root.mkdir()
+    assert load(python, root) == {"value": 42, "rebuilt": True}
+    for name, damage in ((".ninja_log", Path.unlink), (".ninja_deps", lambda p: p.write_bytes(b""))):
+        damage(root / EXT / name)
+        assert status(root) == "partial" and verify_code(root) == 1, name
+        assert load(python, root) == {"value": 42, "rebuilt": True}, name
+        assert status(root) == "complete", name
