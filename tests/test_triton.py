@@ -254,7 +254,8 @@ def test_single_file_entries_are_complete(kcache, cache):
     (mod / "cuda_utils.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF" + b"\0" * 100)
     tune = cache / ("T" * 52)
     tune.mkdir()
-    (tune / "matmul_kernel.autotune.json").write_text('{"key": [1]}')
+    (tune / "matmul_kernel.autotune.json").write_text(json.dumps({"key": [1], "configs_timings": [  # as 3.9 writes it
+        [{"kwargs": {"BLOCK": 64}, "num_warps": 4, "num_ctas": 1, "num_stages": 3, "maxnreg": None}, [0.5]]]}))
     age(cache)
     got = ls(kcache, cache)
     assert (got[mod.name]["kind"], got[mod.name]["op"], got[mod.name]["target"], got[mod.name]["status"]) == \

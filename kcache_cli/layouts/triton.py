@@ -8,7 +8,8 @@ cache copied to another path is a miss for every kernel until the paths are rewr
 Each file is written into `tmp.pid_<pid>_<uuid>/` inside the entry and `os.replace`d: a killed process
 leaves that directory, or an entry without its group file. Triton's driver keeps its compiled launcher
 modules (`cuda_utils.so`...) and the autotuner its results (`<fn>.autotune.json`) in key directories
-too, as single files without a group."""
+too, as single files without a group; results the autotuner cannot read (not JSON, no configs_timings)
+make it raise at every call, never written again: corrupt."""
 
 from __future__ import annotations
 
@@ -568,6 +569,9 @@ def _changed_after(lst: _Listing, g: str, children: dict[str, str], deep: bool) 
 
 
 def _groupless(lst: _Listing, now: float) -> tuple[Status, str | None]:
+    tuned = _autotune_problem(lst)
+    if tuned is not None:
+        return CORRUPT, tuned
     if single_file_kind(lst.sizes) is not None and not lst.temps:
         return COMPLETE, None  # the driver's launcher module or autotuner results: no group by design
     what = "empty: Triton created it and wrote nothing" if not lst.sizes and not lst.temps else \
@@ -576,6 +580,25 @@ def _groupless(lst: _Listing, now: float) -> tuple[Status, str | None]:
         return BUILDING, (f"{what.split(':')[0]} yet, touched {now - lst.newest:.0f}s ago: a Triton process "
                           "may still be writing it (partial once untouched for an hour)")
     return PARTIAL, what
+
+
+def _autotune_problem(lst: _Listing) -> str | None:
+    """Why the autotuner (3.3+, `check_disk_cache`) fails on the key directory's one file `<fn>.autotune.json`,
+    or None: it reads any such file there, json.load, then ["configs_timings"] as [config, timing] pairs
+    made Configs, and the lookup raises on every call, never writing the file again. Not read: not judged."""
+    names = list(lst.sizes)
+    if len(names) != 1 or not names[0].endswith(".autotune.json"):
+        return None
+    value = lst.json(names[0])
+    if isinstance(value, OSError):
+        return None
+    if isinstance(value, ValueError):
+        return f"{names[0]} is not JSON ({value}): Triton's autotuner fails on it at every call"
+    timings = value.get("configs_timings") if isinstance(value, dict) else None
+    if not timings or not isinstance(timings, list) or not all(
+            isinstance(t, list) and len(t) == 2 and isinstance(t[0], dict) and "kwargs" in t[0] for t in timings):
+        return f"{names[0]} holds no configs_timings Triton reads: its autotuner fails on it at every call"
+    return None
 
 
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
