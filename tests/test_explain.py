@@ -96,6 +96,17 @@ def test_an_incomplete_or_moved_kernel_is_a_miss_on_its_status(triton39, tmp_pat
                                                          ).values())
 
 
+def test_autotuner_results_triton_fails_on_are_a_miss_on_their_status(triton39, tmp_path, kcache):
+    """A key directory of autotuner results records no target: kcache cannot tell what a complete one is keyed
+    for (unknown), but results Triton's autotuner fails on are never used, whatever the GPU (miss)."""
+    py = fake_python(tmp_path, {"triton": "3.9.0"})
+    tune = triton39 / ("T" * 52)
+    tune.mkdir()
+    (tune / "matmul_kernel.autotune.json").write_text('{"key": [1]}')  # no configs_timings: Triton raises
+    items = by_what(explain(kcache, triton39, "--python", py, "--gpu", "sm_90a"))
+    assert items[tune.name]["verdict"] == "miss" and items[tune.name]["factor"] == "status", items[tune.name]
+
+
 def test_what_kcache_cannot_know_is_unknown_never_hit(triton39, tmp_path, kcache):
     py = fake_python(tmp_path, {"triton": "3.9.0"})
     no_gpu = explain(kcache, triton39, "--python", py, env={"PATH": str(tmp_path)})  # no nvidia-smi to ask
