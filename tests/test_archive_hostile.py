@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,30 @@ def huge_pax_header(tmp):
     rec, members = entry(H, {"lib.so": b"x"})
     members[-1].pax = {"comment": "A" * (3 << 20)}
     return build_archive(tmp / "a.tar.gz", [(rec, members)]), [], "extension header"
+
+
+def _pax_block(keys: range) -> bytes:
+    """One pax header whose records are keys of their own (no tar reader keeps to a key it knows)."""
+    records = []
+    for k in keys:
+        body = f" k{k:x}=\n".encode()
+        n = len(body) + len(str(len(body)))
+        n = len(body) + len(str(n))
+        records.append(str(n).encode() + body)
+    data = b"".join(records)
+    head = tarfile.TarInfo("././@PaxHeader")
+    head.type, head.size = tarfile.XHDTYPE, len(data)
+    return head.tobuf(tarfile.USTAR_FORMAT) + data + bytes(-len(data) % 512)
+
+
+def chained_pax_headers(tmp):
+    """Pax headers each under the limit, one after another before the manifest: their keys add up in memory
+    (a 2 MB tar.zst of them once held 1.7 GB), so the limit is on them all together."""
+    honest = build_archive(tmp / "honest.tar", [hidet_entry()])
+    path = tmp / "a.tar"
+    path.write_bytes(b"".join(_pax_block(range(i * 60_000, (i + 1) * 60_000)) for i in range(3))
+                     + honest.read_bytes())
+    return path, [], "extension header"
 
 
 def duplicate_member(tmp):
@@ -294,6 +319,7 @@ def unknown_layout_controls(tmp):
 CASES = [absolute_member, absolute_entry_path, dotdot_member, dotdot_in_manifest, symlink_outside,
          symlink_absolute, file_through_symlink, member_under_unlisted_path, hardlink_outside, hardlink_other_entry,
          fifo, char_device, member_over_limit, total_over_limit, tar_bomb, header_size_lies, huge_pax_header,
+         chained_pax_headers,
          duplicate_member, duplicate_manifest, missing_manifest, manifest_not_first, unlisted_member, unlisted_entry,
          size_lie, hash_lie, hash_lie_in_late_entry, lock_member, lock_member_unlisted, into_kcache_dir,
          kcache_dir_entry, hidden_entry, nested_entries, missing_listed_file, type_mismatch,

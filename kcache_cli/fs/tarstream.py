@@ -461,7 +461,7 @@ _SIMPLE_TYPES = (b"0", b"5")
 class TarReader:
     """Members of a tar stream, one at a time; the caller reads or skips each file's data.
 
-    `max_extension` bounds pax headers (read into memory)."""
+    `max_extension` bounds the pax headers of one member, all together (read into memory)."""
 
     def __init__(self, source, max_extension: int = 1 << 20) -> None:
         self._src = source
@@ -522,6 +522,7 @@ class TarReader:
             self._skip(self._left)
             self._left = 0
         pax: dict[str, str] = {}
+        extension = 0  # bytes of pax headers before this member, all together
         while True:
             block = self._header_block(pax)
             if block is None:
@@ -536,8 +537,10 @@ class TarReader:
                 raise TarFormatError("bad tar header checksum (not a tar archive, or a damaged one)")
             size = _number(block[124:136], "size")
             if typeflag == b"x":
-                if size > self._max_ext:
-                    raise TarFormatError(f"a tar extension header of {size} bytes (limit {self._max_ext})")
+                extension += size
+                if extension > self._max_ext:
+                    raise TarFormatError(f"tar extension headers of {extension} bytes for one member "
+                                          f"(limit {self._max_ext})")
                 pax.update(_parse_pax(self._read(size + (-size % BLOCK))[:size]))
                 continue
             return self._general(block, typeflag, size, pax)
