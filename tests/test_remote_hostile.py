@@ -156,6 +156,26 @@ def test_a_server_claiming_a_huge_value_is_never_asked_for_it(kcache, tmp_path):
     assert b"GET" not in server.commands and b"MGET" not in server.commands
 
 
+
+def test_a_server_sending_more_than_it_was_asked_for_is_cut_off(tmp_path):
+    """The record is asked for within MAX_RECORD (16 MiB); the server answers with a 160 MB string (a
+    3 GB one held 8.8 GB): kcache stops reading it a little past the limit, in one line."""
+    summary = json.dumps({"layout": "hidet", "kind": "op", "relpath": "ops/cpu_space_0/a/1", "hash": "1"}).encode()
+    huge = 160_000_000
+    server = HostileServer(_scripted({
+        "HSCAN": array([bulk(b"0"), array([bulk(b"hidet:ops/cpu_space_0/a/1"), bulk(summary)])]),
+        "HSTRLEN": array([bulk(None)]),
+        "STRLEN": b"*1\r\n$%d\r\n%s\r\n" % (huge, bytes(huge)),
+    }))
+    try:
+        run, rss = child(["pull", "--cache-dir", str(tmp_path / "dest"), "--remote", server.url])
+    finally:
+        server.stop()
+    print(f"pull answered with a {huge / 1e6:.0f} MB string: peak RSS {rss / 1e6:.0f} MB")
+    assert run.returncode == 1 and run.stderr.startswith("Error: ") and "Traceback" not in run.stderr, run.stderr
+    assert "more than" in run.stderr, run.stderr
+    assert rss < 150e6
+
 # ---- a real redis-server holding crafted records ---------------------------------------------------------
 
 def _push(kcache, root: Path, url: str) -> None:

@@ -18,7 +18,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import parse_qsl, urlsplit
@@ -237,6 +237,7 @@ end
 return out
 """
 _BATCH = 256  # keys per round trip
+_REPLY_SLACK = 1 << 20  # bytes of a reply held past the largest value asked for (names, framing, one read)
 SCAN_BATCH = 1000  # hash fields per step of a scan
 
 
@@ -279,6 +280,27 @@ _REDIS_QUERY = frozenset({"password", "username", "client_name", "protocol", "he
                           "ssl_min_version", "ssl_include_verify_flags", "ssl_exclude_verify_flags"})
 
 
+class _TooLong(Exception):
+    """A reply far larger than what was asked for (raised inside redis-py, which then drops the connection)."""
+
+
+def _bounded_parser(base: type, most: Callable[[], int]) -> type:
+    """redis-py's reply parser `base` (hiredis's) holding at most most() bytes of a reply it has not finished:
+    a server that announces a value larger than was asked for, or never ends a line, is cut off there
+    instead of kept in memory (one 3 GB string once held 8.8 GB). A parser without hiredis's reader is
+    `base` as it is."""
+
+    class Bounded(base):
+        def read_from_socket(self, *args, **kwargs):
+            got = super().read_from_socket(*args, **kwargs)
+            held = getattr(self, "_reader", None)
+            if held is not None and held.len() > most():
+                raise _TooLong(f"it sent more than {most() - _REPLY_SLACK} bytes, the most kcache asked for")
+            return got
+
+    return Bounded
+
+
 def _value(v: object) -> Value:
     if isinstance(v, list) and len(v) == 1 and isinstance(v[0], bytes):  # _GET's type of a key not a string
         return NotAValue("a Redis " + v[0].decode("ascii", "replace")[:20])
@@ -304,9 +326,11 @@ class RedisStore:
         self._expired = False
         _check_user_part(url, self.url)
         _check_redis_url(url, self.url)
+        self._asked = threading.local()  # .most: the largest value the call in this thread asked for
+        parser = _bounded_parser(redis.connection.DefaultParser, self._reply_limit)
         try:  # no retries: a retry would start the wait over, past the deadline
             self._r = redis.Redis.from_url(url, socket_connect_timeout=connect_timeout, socket_timeout=io_timeout,
-                                           retry=Retry(NoBackoff(), 0))
+                                           retry=Retry(NoBackoff(), 0), parser_class=parser)
         except (ValueError, TypeError):  # redis-py's words may quote any part of the URL: not printed
             raise UsageError(f"remote {self.url!r} is not a URL redis-py reads (redis://host:port/db, a password "
                              "as :PASSWORD@ before the host)") from None
@@ -329,10 +353,15 @@ class RedisStore:
             except OSError:
                 pass
 
-    def _call(self, fn, *args, **kwargs):
+    def _reply_limit(self) -> int:
+        """The most bytes of a reply kcache holds unfinished: the largest value the call asked for, and a chunk."""
+        return max(getattr(self._asked, "most", 0), MAX_RECORD) + _REPLY_SLACK
+
+    def _call(self, fn, *args, most: int = MAX_RECORD, **kwargs):
         """fn(*args) with every failure of the remote (an error, a reply redis-py cannot take, the
-        deadline) as one RemoteError."""
+        deadline, a reply far larger than the largest value asked for, `most`) as one RemoteError."""
         self.deadline.check()
+        self._asked.most = most
         try:
             return fn(*args, **kwargs)
         except KcacheError:
@@ -340,7 +369,7 @@ class RedisStore:
         except Exception as exc:  # noqa: BLE001 - a hostile server can make redis-py raise anything
             if self._expired:
                 raise self.deadline.error() from None
-            if isinstance(exc, self._errors):
+            if isinstance(exc, (self._errors, _TooLong)):
                 text = " ".join(str(exc).split()) or type(exc).__name__
             else:
                 text = f"its answer is not one a Redis server gives ({type(exc).__name__})"
@@ -353,7 +382,7 @@ class RedisStore:
 
     def get(self, keys: Sequence[str], limit: int | Sequence[int] = MAX_RECORD) -> list[Value]:
         limits = [limit] * len(keys) if isinstance(limit, int) else list(limit)
-        return self._call(self._get, list(keys), limits)
+        return self._call(self._get, list(keys), limits, most=max(limits, default=0))
 
     def _get(self, keys: list[str], limits: list[int]) -> list[Value]:
         script = self._script("get", _GET)
@@ -406,7 +435,7 @@ class RedisStore:
         cursor: object = 0
         seen: set[object] = set()
         while True:
-            reply = self._call(script, keys=[name], args=[cursor, SCAN_BATCH, limit])
+            reply = self._call(script, keys=[name], args=[cursor, SCAN_BATCH, limit], most=limit)
             if not (isinstance(reply, list) and len(reply) in (2, 3) and all(isinstance(x, list) for x in reply[1:])):
                 raise RemoteError(f"remote {self.url}: its answer to a scan is not one")
             cursor, kv, long = (*reply, [])[:3]  # (the names left out: none from a server that says none)
@@ -421,7 +450,7 @@ class RedisStore:
     def hash_values(self, name: str, fields: Sequence[str], limit: int = MAX_RECORD) -> list[Value]:
         if not fields:
             return []
-        got = self._call(self._script("hmget", _HMGET), keys=[name], args=[limit, *fields])
+        got = self._call(self._script("hmget", _HMGET), keys=[name], args=[limit, *fields], most=limit)
         if not isinstance(got, list) or len(got) != len(fields):
             raise RemoteError(f"remote {self.url}: its answer to a read is not one value per field")
         return [_value(v) for v in got]
