@@ -196,6 +196,27 @@ def test_one_deadline_ends_a_server_that_trickles(hostile, kcache):
     assert time.monotonic() - start < 3
 
 
+
+def test_one_deadline_ends_a_token_realm_that_trickles(hostile, kcache):
+    """The registry asks for a token from a realm on its own host, which trickles its headers: the
+    command's deadline ends that call too (it ran the whole 10 s trickle before)."""
+    def answer(h):
+        if h.path.startswith("/token"):
+            h.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            for _ in range(100):
+                h.wfile.write(b"X")
+                h.wfile.flush()
+                time.sleep(0.1)
+        else:
+            send(h, 401, headers={"WWW-Authenticate": f'Bearer realm="http://{hostile.host}/token",service="reg"'})
+
+    hostile.answer(answer)
+    start = time.monotonic()
+    run = kcache("remote", "ls", "--remote", f"oci+http://{hostile.host}/team/k", "--remote-timeout", "0.5")
+    assert run.exit_code == 1 and run.stderr.count("\n") == 1, run.stderr
+    assert "no answer within --remote-timeout (0.5s in all)" in run.stderr
+    assert time.monotonic() - start < 3
+
 def test_credentials_go_where_asked_and_never_into_a_message(hostile, monkeypatch, tmp_path):
     import os
     from pathlib import Path

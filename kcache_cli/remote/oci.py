@@ -379,23 +379,26 @@ class Registry:
         if realm.scheme not in ("https", "http") or (realm.scheme == "http" and realm.netloc.lower() != self.ref.host):
             return None
         query = urlencode({k: v for k, v in fields.items() if k in ("service", "scope")})
-        cls = http.client.HTTPSConnection if realm.scheme == "https" else http.client.HTTPConnection
         headers = {}
         if self._creds is not None and self._may_send_password():
             headers["Authorization"] = "Basic " + base64.b64encode(":".join(self._creds).encode()).decode()
-        conn = cls(realm.netloc, timeout=self._timeout())
+        where = _Where(realm.scheme, realm.netloc, (realm.path or "/") + (f"?{query}" if query else ""))
+        try:  # connected as every call is: the deadline shuts it down under a realm that trickles
+            opened = self._connect("GET", where, headers, None)
+        except (OSError, ValueError, HTTPException):
+            return None
         try:
-            conn.request("GET", (realm.path or "/") + (f"?{query}" if query else ""), headers=headers)
-            resp = conn.getresponse()
-            if resp.status != 200:
+            resp = opened.resp
+            if resp.status != 200:  # type: ignore[attr-defined]
                 return None
-            doc = json.loads(self._read(resp, {k.lower(): v for k, v in resp.getheaders()}, MAX_JSON, None, "token"))
+            got = {k.lower(): v for k, v in resp.getheaders()}  # type: ignore[attr-defined]
+            doc = json.loads(self._read(resp, got, MAX_JSON, None, "token"))
             token = doc.get("token") or doc.get("access_token") if isinstance(doc, dict) else None
             return token if isinstance(token, str) and token and "\n" not in token else None
         except (OSError, ValueError, HTTPException):
             return None
         finally:
-            conn.close()
+            opened.conn.close()  # type: ignore[attr-defined]
 
     # -- the Distribution API ----------------------------------------------------------------------
     def _v2(self, rest: str) -> str:
