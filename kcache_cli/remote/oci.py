@@ -177,8 +177,8 @@ class _Where(NamedTuple):
 
 
 class _Open(NamedTuple):
-    conn: object
-    resp: object
+    conn: http.client.HTTPConnection
+    resp: http.client.HTTPResponse
 
 
 class Registry:
@@ -286,8 +286,8 @@ class Registry:
                 raise self._fail(what or f"{method} {target}", exc) from None
             try:
                 resp = opened.resp
-                status = resp.status  # type: ignore[attr-defined]
-                got = {k.lower(): v for k, v in resp.getheaders()}  # type: ignore[attr-defined]
+                status = resp.status
+                got = {k.lower(): v for k, v in resp.getheaders()}
                 if status in (301, 302, 303, 307, 308) and "location" in got:
                     where = self._follow(got["location"], where, method)
                     if status == 303:
@@ -303,7 +303,7 @@ class Registry:
             except (OSError, ValueError, HTTPException) as exc:
                 raise self._fail(what or f"{method} {target}", exc) from None
             finally:
-                opened.conn.close()  # type: ignore[attr-defined]
+                opened.conn.close()
         raise RemoteError(f"remote {self.url}: more than {MAX_REDIRECTS} redirects")
 
     def _status_error(self, status: int, resp, what: str) -> RemoteError:
@@ -389,16 +389,16 @@ class Registry:
             return None
         try:
             resp = opened.resp
-            if resp.status != 200:  # type: ignore[attr-defined]
+            if resp.status != 200:
                 return None
-            got = {k.lower(): v for k, v in resp.getheaders()}  # type: ignore[attr-defined]
+            got = {k.lower(): v for k, v in resp.getheaders()}
             doc = json.loads(self._read(resp, got, MAX_JSON, None, "token"))
             token = doc.get("token") or doc.get("access_token") if isinstance(doc, dict) else None
             return token if isinstance(token, str) and token and "\n" not in token else None
         except (OSError, ValueError, HTTPException):
             return None
         finally:
-            opened.conn.close()  # type: ignore[attr-defined]
+            opened.conn.close()
 
     # -- the Distribution API ----------------------------------------------------------------------
     def _v2(self, rest: str) -> str:
