@@ -183,6 +183,27 @@ def test_prune_never_removes_a_tag_it_did_not_select(kcache, triton, oci_registr
     assert tags == ["x", "y"]
 
 
+def test_prune_never_deletes_an_image_a_multi_arch_tag_lists(kcache, triton, oci_registry):
+    """A tag kcache cannot read as a cache image (an index: a multi-arch tag) may list an image a prune
+    selects: deleting it would leave that tag naming nothing. The tags not read are read again for what
+    they name, and such an image stays."""
+    from kcache_cli.remote.oci import Registry, parse_ref
+
+    for tag in ("old", "new"):
+        push(kcache, triton, oci_registry.url(f"team/multi:{tag}"), "--op", "add_kernel" if tag == "old" else "*")
+    reg = Registry(parse_ref(oci_registry.url("team/multi:old")))
+    raw, media, digest = reg.get_manifest("old")
+    platform = {"architecture": "amd64", "os": "linux"}
+    index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+        {"mediaType": media, "digest": digest, "size": len(raw), "platform": platform}]})
+    reg.put_manifest("all", index.encode(), "application/vnd.oci.image.index.v1+json")
+    run = kcache("remote", "prune", "--keep", "1", "--remote", oci_registry.url("team/multi"), "--json")
+    assert run.exit_code == 0, run.stderr
+    (removal,) = run.json()["removed"]
+    assert removal["tag"] == "old" and removal["done"] is False and "another tag kept" in removal["skipped"], removal
+    assert reg.manifest_digest("old") == digest  # the index still names an image that is there
+
+
 def test_remote_stats_totals_the_repository(kcache, triton, oci_registry):
     push(kcache, triton, oci_registry.url("team/stats:one"))
     push(kcache, triton, oci_registry.url("team/stats:two"), "--space", "sm_80")

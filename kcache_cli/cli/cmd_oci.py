@@ -153,8 +153,9 @@ def prune(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float
     out = _output(opts, "remote-prune-oci")
     keep, age, max_size = limits
     with opened(oci.parse_repository(url, "remote prune"), *timeouts, user) as reg:
-        images = oci_ops.list_images(reg, out.warn)
-        done = oci_ops.prune_images(reg, images, oci_ops.plan_prune(images, keep, age, max_size), dry_run)
+        unread: list[str] = []
+        images = oci_ops.list_images(reg, out.warn, unread)
+        done = oci_ops.prune_images(reg, images, oci_ops.plan_prune(images, keep, age, max_size), dry_run, unread)
     removed = [r for r in done if r.skipped is None]
     freed = sum({r.image.digest: r.image.size for r in removed}.values())
 

@@ -36,6 +36,8 @@ from kcache_cli.util.units import is_digits
 
 MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
                   "application/vnd.docker.distribution.manifest.v2+json")
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",  # a multi-arch tag: manifests naming images
+               "application/vnd.docker.distribution.manifest.list.v2+json")
 MAX_MANIFEST = 4 << 20  # bytes of an image manifest (the registry's own limit is 4 MiB)
 MAX_CONFIG = 4 << 20  # bytes of an image config
 MAX_JSON = 16 << 20  # bytes of any other JSON answer (a tag list, a token)
@@ -407,10 +409,10 @@ class Registry:
     def ping(self) -> None:
         self.request("GET", "/v2/", limit=MAX_ERROR, what="the registry API (/v2/)")
 
-    def get_manifest(self, reference: str) -> tuple[bytes, str, str]:
+    def get_manifest(self, reference: str, accept: tuple[str, ...] = MANIFEST_TYPES) -> tuple[bytes, str, str]:
         """(bytes, media type, digest) of the manifest a tag or digest names; the digest checked when asked by one."""
         ans = self.request("GET", self._v2(f"manifests/{reference}"), limit=MAX_MANIFEST,
-                           headers={"Accept": ", ".join(MANIFEST_TYPES)}, what=f"the manifest of {reference}")
+                           headers={"Accept": ", ".join(accept)}, what=f"the manifest of {reference}")
         digest = "sha256:" + hashlib.sha256(ans.body).hexdigest()
         if reference.startswith("sha256:") and digest != reference:
             raise RemoteError(f"remote {self.url}: the manifest it sent for {reference[:19]}… has another digest")

@@ -15,7 +15,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,7 +38,7 @@ from kcache_cli.layouts.image_format import CPU
 from kcache_cli.model.records import ScanFilter, Warn, iso
 from kcache_cli.model.terms import Status
 from kcache_cli.remote import oci_image as img
-from kcache_cli.remote.oci import DEFAULT_TAG, DIGEST, MAX_CONFIG, OciRef, Registry
+from kcache_cli.remote.oci import DEFAULT_TAG, DIGEST, INDEX_TYPES, MANIFEST_TYPES, MAX_CONFIG, OciRef, Registry
 from kcache_cli.remote.pull import summary_matches
 from kcache_cli.remote.store import RemoteError
 from kcache_cli.util.errors import KcacheError, UsageError
@@ -430,8 +430,9 @@ def _check_room(tmp: str, size: int, what: str) -> None:
 
 # ---- remote ls | stats | prune -----------------------------------------------------------------
 
-def list_images(reg: Registry, warn: Warn | None = None) -> list[Image]:
-    """Every tag of the repository as an image, newest first; a tag whose image cannot be read is a warning."""
+def list_images(reg: Registry, warn: Warn | None = None, unread: list[str] | None = None) -> list[Image]:
+    """Every tag of the repository as an image, newest first; a tag whose image cannot be read is a warning
+    (and goes into `unread`)."""
     out = []
     for tag in sorted(set(reg.tags())):
         try:
@@ -439,7 +440,21 @@ def list_images(reg: Registry, warn: Warn | None = None) -> list[Image]:
         except RemoteError as exc:
             if warn:
                 warn(f"tag {tag}: {exc}")
+            if unread is not None:
+                unread.append(tag)
     return sorted(out, key=lambda i: (-(i.created or 0), i.ref.tag or ""))
+
+
+def named_by(reg: Registry, tag: str) -> set[str]:
+    """The digests of what a tag kcache could not read as a cache image names: its manifest's, and the
+    manifests' an index lists (a multi-arch tag). RemoteError when it cannot be read at all."""
+    raw, _, digest = reg.get_manifest(tag, MANIFEST_TYPES + INDEX_TYPES)
+    try:
+        listed = json.loads(raw).get("manifests")
+    except (ValueError, AttributeError):
+        listed = None
+    children = [m.get("digest") for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
+    return {digest, *(d for d in children if isinstance(d, str))}
 
 
 def image_stats(url: str, images: list[Image]) -> dict[str, object]:
@@ -516,11 +531,20 @@ def plan_prune(images: list[Image], keep: int | None, older_than: float | None, 
     return sorted(out.values(), key=lambda r: (r.image.created or 0, r.image.ref.tag or ""))
 
 
-def prune_images(reg: Registry, images: list[Image], plan: list[TagRemoval], dry_run: bool) -> list[TagRemoval]:
+def prune_images(reg: Registry, images: list[Image], plan: list[TagRemoval], dry_run: bool,
+                 unread: Sequence[str] = ()) -> list[TagRemoval]:
     """Delete the planned tags' manifests by digest; one that another, unselected tag shares, or whose
-    tag moved since it was listed, is left (deleting it would take a tag nobody selected)."""
+    tag moved since it was listed, is left (deleting it would take a tag nobody selected). The tags the
+    listing could not read (`unread`: an index, a read that failed) are read again for what they name;
+    one that still cannot be read fails the prune before anything is deleted."""
     selected = {r.image.ref.tag for r in plan}
     shared = {i.digest for i in images if i.ref.tag not in selected}
+    for tag in unread if plan else ():
+        try:
+            shared |= named_by(reg, tag)
+        except RemoteError as exc:
+            raise RemoteError(f"tag {tag} cannot be read ({exc}): nothing deleted, since it may name an image "
+                              "the prune selected") from None
     out: list[TagRemoval] = []
     deleted: set[str] = set()
     for r in plan:
