@@ -125,6 +125,8 @@ def test_a_blank_column_goes_before_a_value_is_cut(kcache, tmp_path):
     """`COLUMNS=40 kcache ls` of a torch extensions cache showed `kc_add_on` (the name cut, no mark) beside
     `space` and `op` columns holding only `-`: those go first now, and the name shows whole."""
     root = copy_tree(FIXTURES / "torch_ext", tmp_path / "ext")
+    for p in [root, *root.rglob("*")]:  # used just now, whenever the checkout was made ("now", not "3 hours ago")
+        os.utime(p, follow_symlinks=False)
     for width in (40, 50):
         r = kcache("--cache-dir", root, "ls", env={"COLUMNS": str(width)})
         assert r.exit_code == 0, r.stderr
