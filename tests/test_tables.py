@@ -102,6 +102,22 @@ def test_numbers_are_right_aligned(kcache, fixture_copy):
     assert all(ln[end - 2:end] == "kB" for ln in lines[1:])
 
 
+def test_a_right_aligned_column_stays_aligned_when_the_path_goes_below(kcache, tmp_path):
+    """`COLUMNS=50 kcache dir --all` put each path on its own line, and the size column, last in the row
+    then, was left unpadded: `376.8 kB` above `86.0 kB`, flush left. A number is right-aligned wherever
+    its column stands."""
+    home = Path(os.environ["HOME"])
+    copy_tree(FIXTURES / "hidet", home / ".cache" / "hidet")
+    copy_tree(FIXTURES / "tilelang", home / ".tilelang" / "cache")
+    lines = kcache("dir", "--all", env={"COLUMNS": "50"}).stdout.splitlines()
+    assert lines[0].split()[-1] == "size" and lines[1].startswith("hidet"), lines  # the path went below
+    end = len(lines[0])
+    rows = [ln for ln in lines[1:] if not ln.startswith(" ")]
+    assert all(len(ln) == end and ln.endswith(("B", "-")) for ln in rows), lines
+    cols = [Column("cache"), Column("size", right=True), Column("path", wrap=True)]
+    table = render(cols, [["hidet", "376.8 kB", "~/" + "p" * 60], ["tilelang", "86.0 kB", "~/q"]], 40)
+    assert [ln[-8:] for ln in table if not ln.startswith(" ")] == ["    size", "376.8 kB", " 86.0 kB"], table
+
 def test_hash_floor_is_the_shortest_unique_prefix():
     assert hash_floor(["8d1f7691cdf75e90", "af3046266c6abdd1"]) == HASH_MIN
     assert hash_floor(["abcdef0123456789", "abcdef0123999999"]) == 11

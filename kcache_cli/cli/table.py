@@ -231,10 +231,12 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None, colo
         return []
     last = kept[-1]
     # One format string for the row (a 100,000-row ls formats in one pass); a styled cell comes padded
-    # and painted, the last column unpadded (no trailing blanks); cells measured otherwise are padded here.
+    # and painted, the last column unpadded (no trailing blanks) unless it is right-aligned (a size whose
+    # path went below); cells measured otherwise are padded here.
     styled = [i for i in kept if colour and columns[i].styles]
     padded = styled if measure is len else kept
-    fmt = "  ".join("{}" if i in padded or i == last else f"{{:{'>' if columns[i].right else '<'}{sized[i]}}}"
+    bare = last if not columns[last].right else None
+    fmt = "  ".join("{}" if i in padded or i == bare else f"{{:{'>' if columns[i].right else '<'}{sized[i]}}}"
                     for i in kept)
     special = [i for i in kept if columns[i].wrap or i == layout.spill]
     lead = " " * (_span([sized.get(i, 0) for i in range(len(columns))], list(kept)) - sized[last])
