@@ -322,3 +322,14 @@ def test_every_cache_s_table_at_80_columns_tells_the_rows_apart(home_caches, tmp
         assert len(mine) == 1 and (e["op"] is None or f" {e['op']} " in mine[0]), (e["relpath"], r.stdout)
     idents = [" ".join(ln.split()[:4]) for ln in rows]  # verdict, layout, op, hash: no two alike
     assert len(set(idents)) == len(idents), r.stdout
+
+
+def test_the_here_line_says_how_a_gpu_is_given_when_none_is_found(triton39, tmp_path, kcache, monkeypatch):
+    """`kcache explain` on a machine without nvidia-smi said `GPU none (none)` on its first line: the
+    second `none` the source of no GPU. It says where it looked and how to give one."""
+    monkeypatch.setattr("kcache_cli.ops.explain.local_gpu_arch", lambda: None)
+    py = fake_python(tmp_path, {"triton": "3.9.0"})
+    here = kcache("--cache-dir", triton39, "explain", "--python", py).stderr.splitlines()[0]
+    assert "(none)" not in here and "GPU none found (nvidia-smi names none; --gpu ARCH gives one)" in here, here
+    given = kcache("--cache-dir", triton39, "explain", "--python", py, "--gpu", "sm_80").stderr.splitlines()[0]
+    assert "GPU sm_80 (--gpu)" in given, given

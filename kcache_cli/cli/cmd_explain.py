@@ -115,7 +115,8 @@ def _images(targets: list[str]) -> list[str]:
 def _human(out: c.Output, result) -> None:
     h = result.here
     versions = ", ".join(f"{k} {v}" for k, v in sorted(h.versions.items()) if v) or "none of the compilers"
-    out.info(f"here: {h.executable or 'no python'} ({versions}); GPU {h.gpu or 'none'} ({h.gpu_source})"
+    gpu = f"{h.gpu} ({h.gpu_source})" if h.gpu else "none found (nvidia-smi names none; --gpu ARCH gives one)"
+    out.info(f"here: {h.executable or 'no python'} ({versions}); GPU {gpu}"
              + (f"; {h.problem}" if h.problem else ""))
     rows = []
     one_layout = len({i.layout for i in result.items}) == 1  # then its name tells no row from another
