@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES, copy_tree
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
@@ -152,6 +153,21 @@ def test_prune_without_config_or_criteria_names_the_config_command(kcache, fixtu
     assert run.exit_code == 0 and "kcache config set max-size 20G" in run.stderr
     assert entries(root) == before
 
+
+
+def test_prune_without_criteria_over_every_cache_says_what_removes_entries_once(kcache):
+    """`kcache prune --dry-run` over seven caches at their homes said, for each of them, `checked ROOT for
+    what prune always removes: ...; none found.` and the same four lines of what else removes entries:
+    seven times. Each cache gets its one line; the hint comes once."""
+    home = Path(os.environ["HOME"])
+    for name, where in (("hidet", ".cache/hidet"), ("tilus", ".cache/tilus"), ("tilelang", ".tilelang/cache")):
+        copy_tree(FIXTURES / name, home / where)
+    run = kcache("prune", "--dry-run", env={"COLUMNS": "200"})
+    assert run.exit_code == 0, run.stderr
+    checked = [ln for ln in run.stderr.splitlines() if ln.startswith("checked ")]
+    assert len(checked) == 3 and all(ln.endswith("stale temp and staging directories; none found.") for ln in checked)
+    assert run.stderr.count("--max-size, --older-than, --broken and --stale remove entries") == 1, run.stderr
+    assert run.stderr.count("kcache config set max-size 20G") == 1, run.stderr
 
 def test_prune_enforces_the_cache_budget_keeping_the_most_recent(kcache, fixture_copy):
     root = fixture_copy("hidet")

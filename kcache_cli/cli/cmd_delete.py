@@ -103,11 +103,11 @@ def prune_command(
     out.summary, out.listing = summary, listing
     plans = [(loc, _plan_one(opts, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale, deep),
                              scans.done.pop(str(loc.path), None))) for loc in locs if str(loc.path) in limits]
+    _criteria_hint(opts, plans, limits, ages, broken or stale)
     shared = limit if opts.many and limit is not None and len(locs) > 1 else None  # one --max-size for all
     _prune_planned(opts, out, plans, (limits, ages, shared), dry_run, yes)
     out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
-    _unmeasured_fails(plans, limits)
-    _unread_fails(scans.unread)
+    _unmeasured_fails(plans, limits, scans.unread)
 
 
 def _unread_fails(unread: dict[str, str]) -> None:
@@ -117,13 +117,14 @@ def _unread_fails(unread: dict[str, str]) -> None:
         raise KcacheError(f"{next(iter(unread.values()))}; that cache{more} was not pruned")
 
 
-def _unmeasured_fails(plans: list, limits: dict) -> None:
+def _unmeasured_fails(plans: list, limits: dict, unread: dict[str, str]) -> None:
     """A prune to a size (--max-size, a budget) that could not measure part of a cache cannot tell whether
-    that cache fits: a failed check, exit 1, once every cache has been pruned and reported."""
+    that cache fits: a failed check, exit 1, once every cache has been pruned and reported; and so is one
+    whose budget could not be read (`unread`, _unread_fails)."""
     short = [(plan, limits[str(loc.path)]) for loc, plan in plans
              if plan.unreadable and limits[str(loc.path)] is not None]
     if not short:
-        return
+        return _unread_fails(unread)
     plan, limit = short[0]
     more = f" (and {c.plural(len(short) - 1, 'other cache')})" if len(short) > 1 else ""
     n = len(plan.unreadable)
@@ -189,10 +190,17 @@ def _plan_one(opts: o.GlobalOptions, loc, limit, age, damaged: tuple[bool, bool,
                           scanned=scanned)
     if plan.exists and limit is None and age is None and not broken and not stale and not plan.removals:
         c.info(opts, f"checked {plan.root} ({c.human_size(plan.scanned_size)}) for what prune always removes: "
-                     "stale temp and staging directories; none found. "
-                     "--max-size, --older-than, --broken and --stale remove entries, and so does a budget "
-                     "(kcache config set max-size 20G).")
+                     "stale temp and staging directories; none found.")
     return plan
+
+
+def _criteria_hint(opts: o.GlobalOptions, plans: list, limits: dict, ages: dict, damaged: bool) -> None:
+    """After the `checked ROOT ...; none found.` of a prune without criteria, what removes entries: once,
+    however many caches were checked."""
+    if not damaged and any(plan.exists and not plan.removals and limits[str(loc.path)] is None
+                           and ages[str(loc.path)] is None for loc, plan in plans):
+        c.info(opts, "--max-size, --older-than, --broken and --stale remove entries, and so does a budget "
+                     "(kcache config set max-size 20G).")
 
 
 def _act_one(opts: o.GlobalOptions, out: "_Out", loc, plan, extra: dict, dry_run: bool) -> None:
