@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 from kcache_cli.cli import docgen
+from kcache_cli.cli.table import HASH_MIN
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -97,3 +98,12 @@ def test_readme_demo_runs_and_lists_every_shipped_cache(tmp_path):
     for cache in re.search(r"for c in ([^;]+);", demo).group(1).split():
         assert re.search(rf"\d entr(y|ies), .* in \S*/{re.escape(cache)}\n", said), (cache, said)
     assert "crc32" in done.stdout  # the blob inspected
+
+
+def test_readme_says_how_tables_cut_a_hash_as_they_do():
+    """The README said tables show `the shortest unique` hash prefix; at 80 columns `kcache ls` shows
+    `8d1f7691cdf7` (12 characters) where `8d` is unique: the longest prefix that fits, at least HASH_MIN
+    characters and unique among the rows (table.py, docs/listing.md)."""
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    assert "shortest unique" not in text
+    assert f"the longest prefix that fits, at least {HASH_MIN} characters and unique among the rows" in text
