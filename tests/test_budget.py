@@ -5,6 +5,7 @@ Everything through the real CLI, with the config in a temp directory."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 import sys
@@ -423,3 +424,18 @@ def test_a_budget_that_cannot_be_read_stops_the_prune_of_its_cache_only(kcache, 
         (r.stdout, r.stderr)
     assert not entries(hidet)  # its own budget, enforced: every entry unused for years
     assert sorted(p.name for p in (tilus / "programs").iterdir()) == before
+
+
+def test_entry_counts_in_tables_group_their_digits_as_every_other_count(kcache, tmp_path):
+    """`kcache stats` of an 8,000-entry cache said `hidet  8000  294.9 MB` under the line `hidet, 8,000
+    entries`, and the last row of a prune's summary `...  49 more  4043  149.0 MB` above `Would remove
+    5,288 entries`: `dir --all`, the files column and every message group the digits."""
+    root = tmp_path / "big"
+    generate(str(root), 2000)
+    stats = kcache("--cache-dir", root, "stats", env={"COLUMNS": "100"}).stdout
+    rows = {ln.split()[0]: ln.split() for ln in stats.splitlines() if ln.split()}
+    assert rows["hidet"][1] == "2,000" and rows["complete"][1] == "2,000", stats
+    pruned = kcache("--cache-dir", root, "prune", "--max-size", "1M", "--dry-run", "--summary", "--yes",
+                    env={"COLUMNS": "100"}).stdout
+    more = next(ln for ln in pruned.splitlines() if ln.startswith("..."))
+    assert re.search(r"more +\d{1,3}(,\d{3})+ ", more), pruned

@@ -491,11 +491,11 @@ def _summary(removals) -> list[dict]:
 
 def _summary_table(removals) -> None:
     groups = _summary(removals)
-    rows = [[g["target"] or "-", g["space"] or "-", g["op"] or "-", g["what"], str(g["entry_count"]),
+    rows = [[g["target"] or "-", g["space"] or "-", g["op"] or "-", g["what"], f"{g['entry_count']:,}",
              c.human_size(g["size"])] for g in groups[:SUMMARY_ROWS]]
     if len(groups) > SUMMARY_ROWS:  # a few lines whatever the cache holds (cron mail)
         rest = groups[SUMMARY_ROWS:]
-        rows.append(["...", "", f"{len(rest)} more", "", str(sum(g["entry_count"] for g in rest)),
+        rows.append(["...", "", f"{len(rest)} more", "", f"{sum(g['entry_count'] for g in rest):,}",
                      c.human_size(sum(g["size"] for g in rest))])
     c.print_table([Column("target", drop=0), Column("space", drop=2), Column("op"), Column("what", drop=1),
                    Column("entries", right=True), Column("size", right=True)], rows)

@@ -690,7 +690,7 @@ def _bar(size: int, total: int, width: int) -> str:
 def _share_table(title: str, groups: dict, total: int, ordered: bool = False) -> None:
     """One breakdown (by layout, op or age) as rows with a bar of each one's share of the bytes."""
     items = list(groups.items()) if ordered else sorted(groups.items(), key=lambda kv: (-kv[1]["size"], kv[0]))
-    nums = [[str(v["entry_count"]), c.human_size(v["size"])] for _, v in items]
+    nums = [[f"{v['entry_count']:,}", c.human_size(v["size"])] for _, v in items]
     width = _bar_width([k for k, _ in items] + [title], max([len(n[0]) + len(n[1]) for n in nums] + [11]) + 4)
     c.print_table([Column(title), Column("entries", right=True), Column("size", right=True),
                    Column("share", drop=1)],
@@ -726,7 +726,7 @@ def _stats_text(out: c.Output, report: dict, first: bool = True) -> None:
         rows = sorted(groups.items(), key=lambda kv: (-kv[1]["size"], kv[0]))
         c.print_table([Column(title, styles=c.STATUS_STYLE if key == "by_status" else {}),
                        Column("entries", right=True), Column("size", right=True)],
-                      [[k, str(v["entry_count"]), c.human_size(v["size"])] for k, v in rows])
+                      [[k, f"{v['entry_count']:,}", c.human_size(v["size"])] for k, v in rows])
     if report["biggest"]:
         sys.stdout.write("\n")
         c.print_table([Column("biggest", spill=True), Column("space", drop=8), Column("op", drop=7),
