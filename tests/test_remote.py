@@ -786,3 +786,18 @@ def test_push_and_pull_q_are_silent_when_they_work(kcache, tmp_path, fixture_cop
     assert kcache("--cache-dir", tmp_path / "dst", "ls", "--json").json()["entry_count"] == 5
     loud = kcache("push", "--cache-dir", src, "--remote", url)
     assert loud.exit_code == 0 and "skip" in loud.stdout  # without -q: the table, each entry the remote has
+
+
+def test_remote_stats_groups_the_digits_of_its_counts(kcache, tmp_path):
+    """`remote stats` of 1,000 entries said "1000" in its table under "1,000 entries" in its last line."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from gen_cache import generate
+
+    generate(str(tmp_path / "src"), 1000, lib_size=256)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    url = f"file://{shared}"
+    assert kcache("-q", "push", "--cache-dir", tmp_path / "src", "--remote", url).exit_code == 0
+    run = kcache("remote", "stats", "--remote", url)
+    assert run.exit_code == 0, run.stderr
+    assert "1,000" in run.stdout.splitlines()[1] and "1000" not in run.stdout, run.stdout

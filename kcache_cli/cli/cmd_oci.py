@@ -117,7 +117,7 @@ def ls(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float]],
         images = oci_ops.list_images(reg, out.warn)
 
     def human() -> None:
-        rows = [[i.ref.tag or "-", i.layout or "-", str(i.entry_count if i.entry_count is not None else "-"),
+        rows = [[i.ref.tag or "-", i.layout or "-", f"{i.entry_count:,}" if i.entry_count is not None else "-",
                  c.human_size(i.size), ",".join(i.targets) or "-", _age(i.created), i.digest[7:19]] for i in images]
         if rows:
             c.print_table(["tag", "layout", "entries", "size", "targets", "age", "digest"], rows, right=(2, 3))
@@ -133,7 +133,7 @@ def stats(opts: o.GlobalOptions, url: str, timeouts: tuple[float, Optional[float
         result = oci_ops.image_stats(reg.url, oci_ops.list_images(reg, out.warn))
 
     def human() -> None:
-        rows = [[what, name, str(g["tags"]), "?" if g["entry_count"] is None else str(g["entry_count"]),
+        rows = [[what, name, f"{g['tags']:,}", "?" if g["entry_count"] is None else f"{g['entry_count']:,}",
                  "?" if g["size"] is None else c.human_size(g["size"])]
                 for what in ("target", "layout") for name, g in result[f"by_{what}"].items()]  # type: ignore[attr-defined]
         if rows:

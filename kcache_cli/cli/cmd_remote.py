@@ -388,13 +388,13 @@ def remote_stats_command(
     out = c.Output(opts)
 
     def human() -> None:
-        rows = [[f"{what}", name, str(g["entry_count"]), c.human_size(g["size"])]
+        rows = [[f"{what}", name, f"{g['entry_count']:,}", c.human_size(g["size"])]
                 for what in ("layout", "space", "op")
                 for name, g in [*stats[f"by_{what}"].items(), *([("-", stats[f"no_{what}"])] if what != "layout"
                                                                 and stats[f"no_{what}"] else [])]]
         if rows:
             c.print_table(["by", "name", "entries", "size"], rows, right=(2, 3))
-        out.text(f"{c.plural(stats['entry_count'], 'entry')}, {c.human_size(stats['size'])}, {stats['never_pulled']} "
+        out.text(f"{c.plural(stats['entry_count'], 'entry')}, {c.human_size(stats['size'])}, {stats['never_pulled']:,} "
                  f"never pulled, in {c.printable_line(stats['remote'])}")
 
     out.result(stats, human)
