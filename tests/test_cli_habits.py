@@ -301,6 +301,17 @@ def test_a_misspelt_choice_gets_a_did_you_mean(kcache, fixture_copy, args, said)
     assert far.exit_code == 2 and "did you mean" not in far.stderr and "(choose from " in far.stderr, far.stderr
 
 
+def test_a_misspelt_option_gets_the_same_did_you_mean(kcache):
+    """`ls --opp` said click's "(Possible options: --op)", where a misspelt choice, op or hash says "did you
+    mean ...?": one style for every typo."""
+    run = kcache("ls", "--opp", "matmul")
+    assert run.exit_code == 2 and run.stderr.startswith("Error: No such option: --opp; did you mean --op? "), \
+        run.stderr
+    assert "Possible options" not in run.stderr
+    far = kcache("ls", "--zzzzzz")
+    assert far.exit_code == 2 and "did you mean" not in far.stderr, far.stderr
+
+
 @pytest.mark.parametrize("option, value", [("--kind", "kernal"), ("--status", "complet"), ("--layout", "trito")])
 def test_a_misspelt_choice_is_an_error_where_there_is_no_cache(kcache, tmp_path, option, value):
     """Checked before any cache is looked for: with none at all, a typo is still exit 2, not "no kernel

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import errno
 
+from typing import TYPE_CHECKING
+
 from kcache_cli.cli.typer_compat import click_exceptions
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:
+    from kcache_cli.util import suggest
+else:
+    suggest = lazy_module("kcache_cli.util.suggest")  # difflib: loaded by a mistake only
 
 
 def describe_exception(exc: BaseException) -> tuple[str, int]:
@@ -13,7 +21,10 @@ def describe_exception(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, click_exc.UsageError):
         ctx = exc.ctx
         where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        return exc.format_message() + where, exc.exit_code
+        said = exc.format_message()
+        if isinstance(exc, click_exc.NoSuchOption) and exc.possibilities:  # as every did-you-mean of kcache's
+            said = exc.message + suggest.did_you_mean(exc.possibilities)  # (click's: "(Possible options: ...)")
+        return said + where, exc.exit_code
     if isinstance(exc, click_exc.ClickException):
         return exc.format_message(), exc.exit_code
     if isinstance(exc, PermissionError):
