@@ -384,6 +384,23 @@ def test_every_python_and_accelerator_folder_is_a_torchext_cache(tmp_path, monke
     assert "another Python's or torch build's" in rows[1]["reason"] and rows[0]["reason"] != rows[1]["reason"]
 
 
+def test_cache_torchext_names_the_folder_that_is_there(tmp_path, monkeypatch):
+    """`--cache torchext` took the folder torch here would use (py311_cpu) even when only another Python's
+    was there: "no cache at .../py311_cpu", exit 0, beside a `dir --all` that lists py310_cpu. It takes the
+    one folder that is there, and with several, none of them torch's here, names them: pick one."""
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ".cache"))
+    base = tmp_path / ".cache" / "torch_extensions"
+    built_here(base / "py39_cpu")
+    listed = run_kcache("ls", "--cache", "torchext", "--json")
+    assert listed.exit_code == 0 and [e["hash"] for e in listed.json()["entries"]] == [EXT], listed.stderr
+    built_here(base / "py312_cu128")
+    two = run_kcache("ls", "--cache", "torchext")
+    assert two.exit_code == 2 and "names 2 caches here" in two.stderr and "py39_cpu" in two.stderr, two.stderr
+    assert "--cache-dir" in two.stderr
+
+
 def here_python(tmp_path: Path, torch: str | None, python: str = "3.11.7") -> str:
     """explain's --python as a Python with `torch` (a version, or None)."""
     from conftest import fake_python

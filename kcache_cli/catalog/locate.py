@@ -244,6 +244,11 @@ def named_cache(name: str) -> CacheLocation:
                          "(or pass --cache-dir)")
     if home is None:
         raise suggest.unknown_choice("cache", name, known)
+    own = homes.default_root(name)
+    many = homes.default_roots(name) if name in homes.ROOTS else []
+    if len(many) > 1 and own is not None and many[0].path != own.path:  # none where the compiler here builds
+        raise UsageError(f"--cache {name} names {len(many)} caches here ({', '.join(str(h.path) for h in many)}), "
+                         f"none of them where {name} here would build ({own.path}): pick one with --cache-dir")
     return vetted(_checked(CacheLocation(home.path.absolute(), home.reason, name)))
 
 

@@ -280,4 +280,4 @@ def named_caches(layouts: Iterable[str]) -> dict[str, Home]:
     """The caches `--cache NAME` takes, by name, with their place: each of `layouts` whose compiler keeps
     a cache in a place known now (jax only when JAX_COMPILATION_CACHE_DIR names one). What `--cache`
     accepts and what completes for it."""
-    return {name: home for name in layouts if (home := default_root(name)) is not None}
+    return {name: roots[0] for name in layouts if (roots := default_roots(name))}  # torch's: one that is there
