@@ -307,6 +307,21 @@ def test_the_scan_bar_says_1_entry_and_entries_for_the_rest(monkeypatch):
     assert "1 entries" not in tty.getvalue()
 
 
+def test_a_counting_bar_groups_its_digits_and_labels_its_time(monkeypatch):
+    """`clear` and `export` drew "1486/8000 0:00:02" beside the scan's "judged 3,679 of 8,000 entries
+    found": now "1,486 of 8,000" and "eta", as pip labels the time left."""
+    from kcache_cli.cli import progress
+    from kcache_cli.cli.common import GlobalOptions
+
+    tty = fake_terminal(monkeypatch)
+    with progress.Bar(GlobalOptions(), "removing") as bar:
+        bar.start(8000)
+        bar._drawn = 0.0  # redraw now
+        bar.advance(1486)
+        shown = tty.getvalue()
+    assert "1,486 of 8,000" in shown and "eta" in shown and "1486/8000" not in shown, shown
+
+
 def test_the_same_counts_elsewhere_take_their_nouns_number(tmp_path):
     """The pattern repeated: a damaged blob ("holds 1 artifacts"), an --op hint over the one cache left of
     several ("in 1 caches"); `remote stats` of an image and a pull that fills the disk are tested with their

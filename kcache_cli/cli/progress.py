@@ -46,7 +46,6 @@ class Bar:
         from rich.progress import (
             BarColumn,
             DownloadColumn,
-            MofNCompleteColumn,
             SpinnerColumn,
             TextColumn,
             TimeRemainingColumn,
@@ -56,8 +55,9 @@ class Bar:
         cols: list = [SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn()]
         if self.unit == "judged":
             return cols + [TextColumn("judged {task.completed:,.0f} of {task.fields[found]} found")]
-        cols += [DownloadColumn(), TransferSpeedColumn()] if self.unit == "bytes" else [MofNCompleteColumn()]
-        return cols + [TimeRemainingColumn()]
+        cols += [DownloadColumn(), TransferSpeedColumn()] if self.unit == "bytes" else \
+            [TextColumn("{task.fields[count]}", markup=False)]
+        return cols + [TextColumn("eta"), TimeRemainingColumn()]  # as pip's: "eta 0:00:02"
 
     def _show(self) -> None:
         from rich.progress import Progress
@@ -66,8 +66,12 @@ class Bar:
                                   auto_refresh=self.animate)
         self._progress.start()
         self._task = self._progress.add_task(self.description, total=self._total, completed=self._done,
-                                             found=self._found_text())
+                                             found=self._found_text(), count=self._count_text())
         self._progress.refresh()
+
+    def _count_text(self) -> str:
+        """What is done of how much, digits grouped: "1,486 of 8,000" ("of ?" before the total is known)."""
+        return f"{self._done:,} of {'?' if self._total is None else f'{self._total:,}'}"
 
     def _found_text(self) -> str:
         """The entries found so far: "1 entry", "2,000 entries", "? entries" before any is counted."""
@@ -92,7 +96,8 @@ class Bar:
         """The next phase of the work, counted from zero."""
         self.description, self._total, self._done = description, total, 0
         if self._progress is not None:
-            self._progress.reset(self._task, total=total, description=description, found=self._found_text())
+            self._progress.reset(self._task, total=total, description=description, found=self._found_text(),
+                                 count=self._count_text())
         self._sync(force=True)
 
     def status(self, text: str) -> None:
@@ -105,7 +110,7 @@ class Bar:
             return
         self._drawn = now
         self._progress.update(self._task, total=self._total, completed=self._done, description=self.description,
-                              found=self._found_text())
+                              found=self._found_text(), count=self._count_text())
         self._progress.refresh()
 
     def print(self, message: str) -> None:
