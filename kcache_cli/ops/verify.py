@@ -96,7 +96,8 @@ def not_judged(entry: Entry, opened: EntryDir | None = None) -> Judgement | None
     the entry's directory as the caller holds it (open, it is a directory and no link: not asked again)."""
     name = os.path.basename(entry.path)
     layout = get(entry.layout)
-    if (entry.status == BUILDING or not entry.hash or name.startswith(".") or layout.leftover(entry) is not None
+    hidden = name.startswith(".") and not layout.hidden_names  # a temp or staging directory (numba's: its shape)
+    if (entry.status == BUILDING or not entry.hash or hidden or layout.leftover(entry) is not None
             or layout.shape_problem(entry.relpath, entry.kind, None) is not None):  # no entry of the tool's
         return Judgement.of(entry.status, entry.reason)
     if opened is not None and opened.fd is not None:
