@@ -188,17 +188,21 @@ def _plan_one(opts: o.GlobalOptions, loc, limit, age, damaged: tuple[bool, bool,
         plan = delete.plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, stale=stale, deep=deep,
                           warn=lambda m: c.warn(opts, m), progress=bar, judging=Phase(bar, "reading every byte"),
                           scanned=scanned)
-    if plan.exists and limit is None and age is None and not broken and not stale and not plan.removals:
+    if _found_nothing(plan, limit, age, broken or stale):
         c.info(opts, f"checked {plan.root} ({c.human_size(plan.scanned_size)}) for what prune always removes: "
                      "stale temp and staging directories; none found.")
     return plan
 
 
+def _found_nothing(plan, limit, age, damaged: bool) -> bool:
+    """Whether a prune with no criteria for this root (no size, age, --broken or --stale) found nothing."""
+    return plan.exists and limit is None and age is None and not damaged and not plan.removals
+
+
 def _criteria_hint(opts: o.GlobalOptions, plans: list, limits: dict, ages: dict, damaged: bool) -> None:
     """After the `checked ROOT ...; none found.` of a prune without criteria, what removes entries: once,
     however many caches were checked."""
-    if not damaged and any(plan.exists and not plan.removals and limits[str(loc.path)] is None
-                           and ages[str(loc.path)] is None for loc, plan in plans):
+    if any(_found_nothing(plan, limits[str(loc.path)], ages[str(loc.path)], damaged) for loc, plan in plans):
         c.info(opts, "--max-size, --older-than, --broken and --stale remove entries, and so does a budget "
                      "(kcache config set max-size 20G).")
 
