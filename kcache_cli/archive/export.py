@@ -341,11 +341,10 @@ class _PartWriter:
         self.advance = advance
         self.caller_reads = caller_reads  # judged deep without reading the bytes this writer reads anyway
         self.sha256 = hashlib.sha256
-        self.warnings: list[str] = []
         self.records: list[EntryRecord] = []
         self.done: list[ExportedEntry] = []
         self.left: list[tuple[Entry, str]] = []
-        self.skipped: list[str] = []  # the relpaths of those in `left` that `warnings` names
+        self.skipped: list[tuple[str, str]] = []  # (relpath, why) of those in `left` the reads skipped: warnings
         self.files = self.size = 0
         self._anchor: fsread.Anchor | None = None
 
@@ -358,8 +357,7 @@ class _PartWriter:
         except _Skip as exc:
             entry, why = exc.args
             self.left.append((entry, why))
-            self.skipped.append(entry.relpath)
-            self.warnings.append(f"skipping {entry.relpath}: {why}")
+            self.skipped.append((entry.relpath, why))
         self.advance(1)
 
     def _entry(self, e: Entry, d: EntryDir) -> None:
@@ -568,8 +566,7 @@ class _WorkerOutput:
     size: int
     sizes: list[int]  # of its parts, compressed
     counts: list[int]  # entries in each part
-    warnings: list[str]
-    skipped: list[str]  # the entries the warnings name (left out, not to be told twice)
+    skipped: list[tuple[str, str]]  # (relpath, why): left out as they were read, said as warnings
     unnoted: dict[str, int]  # files its reads moved and could not note (readmarks.UNNOTED)
 
 
@@ -602,7 +599,7 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
     sign = signer()  # the node's key signs every record, when it has one (kcache remote keygen)
     docs = [r.to_json() for r in pw.records]
     text = json.dumps(docs if sign is None else [sign.sign(d) for d in docs], separators=(",", ":"))[1:-1]
-    return _WorkerOutput(text, pw.done, pw.left, pw.files, pw.size, sizes, counts, pw.warnings, pw.skipped,
+    return _WorkerOutput(text, pw.done, pw.left, pw.files, pw.size, sizes, counts, pw.skipped,
                          readmarks.take_unnoted())
 
 
@@ -711,9 +708,9 @@ def _merge(results: list[_WorkerOutput], left: Iterable[tuple[Entry, str]], warn
         m.counts += r.counts
         m.files += r.files
         m.size += r.size
-        for w in r.warnings:
-            warn(w)
-        m.warned.update(r.skipped)
+        for rel, why in r.skipped:
+            warn(f"skipping {rel}: {why}")
+            m.warned.add(rel)
         readmarks.count_unnoted(r.unnoted)
     return m
 
