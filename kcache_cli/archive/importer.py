@@ -539,8 +539,10 @@ class _Region:
 
 
 def _regions(manifest: dict, n_entries: int, file_size: int) -> list[_Region] | None:
-    """Where each part of the body is, from the manifest's part sizes (the parts end the file).
-    None when the manifest lists no parts: the body is then read as one stream."""
+    """Where each part of the body is, from the manifest's part sizes (the parts end the file). None
+    when the manifest lists no parts, or parts that do not fit the file (an archive decompressed or
+    compressed again on its way: the parts, concatenated, were one ordinary stream, and still are): the
+    body is then read as one stream."""
     parts = manifest.get("parts")
     if parts is None:
         return None
@@ -555,8 +557,10 @@ def _regions(manifest: dict, n_entries: int, file_size: int) -> list[_Region] | 
             raise reject("manifest.json has a malformed part list")
         sizes.append(size)
         counts.append(count)
-    if sum(counts) != n_entries or sum(sizes) >= file_size:
+    if sum(counts) != n_entries:
         raise reject("the manifest's parts do not add up to the archive")
+    if sum(sizes) >= file_size:
+        return None
     out, pos, lo = [], file_size - sum(sizes), 0
     for i, (size, count) in enumerate(zip(sizes, counts)):
         out.append(_Region(pos, size, lo, lo + count, i == len(sizes) - 1))
@@ -569,18 +573,23 @@ def _region_reader(fd: int, kind: str, start: int, length: int, counted, threade
     return ts.TarReader(ts.region_source(fd, kind, start, length, counted, threaded))
 
 
-def _check_head(fd: int, kind: str, end: int, digest: str) -> None:
-    """The bytes before the first part hold the manifest and nothing else."""
-    reader = _region_reader(fd, kind, 0, end, NO_PROGRESS.advance, False)
+def _head_fits(fd: int, kind: str, end: int, digest: str) -> bool:
+    """Whether the bytes before the first part hold the manifest and nothing else (when not, the parts
+    are not where the manifest says: the archive was compressed again)."""
+    try:
+        reader = _region_reader(fd, kind, 0, end, NO_PROGRESS.advance, False)
+    except ts.TarFormatError:
+        return False
     try:
         m = reader.next()
         if m is None or m.name != MANIFEST_NAME or m.type != ts.REGULAR:
-            raise reject("the manifest's part sizes do not match the archive")
+            return False
         h = hashlib.sha256()
         for chunk in reader.data(m):
             h.update(chunk)
-        if h.hexdigest() != digest or reader.next() is not None or reader.end_marker:
-            raise reject("the manifest's part sizes do not match the archive")
+        return h.hexdigest() == digest and reader.next() is None and not reader.end_marker
+    except ts.TarFormatError:
+        return False
     finally:
         reader.close()
 
@@ -987,9 +996,11 @@ class Importer:
         _refuse_other_layout(self.root, man.records)
         _refuse_unsigned(man.records, man.relpaths)
         regions = _regions(man.header, len(man.records), file_size)
+        if regions is not None and not _head_fits(self.raw.fileno(), self.kind, regions[0].start,
+                                                  hashlib.sha256(data).hexdigest()):
+            regions = None  # compressed again on its way: one stream, read on from the manifest
         if regions is not None:
             reader.close()  # the parts are read from their own offsets
-            _check_head(self.raw.fileno(), self.kind, regions[0].start, hashlib.sha256(data).hexdigest())
         self.providers = {rel for rec, rel in zip(man.records, man.relpaths) if _provides(rec)}
         if not self.dry_run and man.records:
             absent = [t for rel, t in zip(man.relpaths, man.totals) if not os.path.lexists(self.root / rel)]

@@ -252,11 +252,17 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
+def _zstd_start(head: bytes) -> bool:
+    """Whether `head` starts a zstd stream: a frame, or a skippable frame (magic 0x184D2A50 to 0x184D2A5F,
+    RFC 8878 3.1.2), which decoders pass over and pzstd puts before each of its frames."""
+    return head.startswith(ZSTD_MAGIC) or (len(head) >= 4 and head[1:4] == b"\x2a\x4d\x18" and head[0] >> 4 == 5)
+
+
 def sniff(head: bytes) -> str | None:
     """'gz', 'zst' or 'tar' from the first bytes of a file (at least 512 for tar), else None."""
     if head.startswith(GZIP_MAGIC):
         return "gz"
-    if head.startswith(ZSTD_MAGIC):
+    if _zstd_start(head):
         return "zst"
     if len(head) >= BLOCK and (head[257:262] == b"ustar" or head == ZERO_BLOCK):
         return "tar"
