@@ -139,3 +139,22 @@ def test_a_members_forged_read_notes_never_make_entries_in_use_look_unused(area)
     assert len(used) == len(before), listed
     run = kcache("--cache-dir", root, "prune", "--older-than", "1d", "--yes")
     assert run.returncode == 0 and entry_dirs(root) == before, run.stderr
+
+
+def test_a_members_notes_file_holding_infinity_stops_no_command_of_roots(area):
+    """A member's `.kcache/reads.<uid>` is read by every other user's scan. A note whose atime is a number
+    no integer holds (JSON's Infinity, which Python's json takes) made int() raise OverflowError, which no
+    rule caught: root's ls and prune ended in "unexpected OverflowError", exit 1, for as long as the member
+    left the file there. Such a file is malformed, as any other: its notes are not taken."""
+    import json
+
+    root = shared_dir(area / "cache", FIXTURES / "hidet")
+    assert kcache("--cache-dir", root, "config", "set", "max-age", "300d").returncode == 0  # .kcache/ is there
+    attacker("import sys\nopen(sys.argv[1] + '/.kcache/reads.65534', 'w').write('{\"1\": [Infinity, 0]}')\n",
+             root)
+    before = entry_dirs(root)
+    run = kcache("--cache-dir", root, "ls", "--json")
+    assert run.returncode == 0 and "OverflowError" not in run.stderr, run.stderr
+    assert len(json.loads(run.stdout)["entries"]) == len(before)
+    run = kcache("--cache-dir", root, "prune", "--older-than", "1000d", "--yes")
+    assert run.returncode == 0 and "OverflowError" not in run.stderr and entry_dirs(root) == before, run.stderr

@@ -137,12 +137,13 @@ def load(root: str | os.PathLike) -> None:
 
 
 def _parsed(raw: bytes | None) -> dict[int, tuple[int, int]]:
-    """A notes file's notes; none when it is missing or malformed (not ours: started again)."""
+    """A notes file's notes; none when it is missing or malformed (not ours: started again; an atime of
+    Infinity, which json takes, is OverflowError to int())."""
     if not raw:
         return {}
     try:
         return {int(k): (int(v[0]), int(v[1])) for k, v in fsread.parse_json(raw, PREFIX, 3).items()}
-    except (ValueError, TypeError, AttributeError, IndexError, KeyError):
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError):
         return {}
 
 
