@@ -572,3 +572,19 @@ def test_where_a_jax_executable_was_built_is_looked_for_in_its_first_mebibyte_on
     for bomb in bombs:
         out = jax._inflated(bomb)
         assert out is not None and len(out) == 1 << 20
+
+
+def test_the_cache_of_a_hidden_source_directory_is_named_by_the_hash_ls_shows(numba_root):
+    """ls shows a hidden source directory's cache by its name, `.venv_<sha1>`: inspect, explain, ls and clear
+    take that hash (or a prefix of it) back, as they take any other entry's."""
+    hidden = "." + NUMBA_DIR
+    shutil.copytree(numba_root / NUMBA_DIR, numba_root / hidden)
+    shown = [e["hash"] for e in entries(numba_root)]
+    assert hidden in shown
+    for args in (("inspect", hidden), ("explain", hidden), ("ls", hidden[:5])):
+        run = run_kcache("--cache-dir", numba_root, *args)
+        assert run.exit_code == 0 and "bad hash prefix" not in run.stderr, (args, run.stderr)
+    assert run.stdout.count("_35252f1788") == 1 and hidden in run.stdout  # ls .venv: that entry alone
+    gone = run_kcache("--cache-dir", numba_root, "clear", hidden, "--yes")
+    assert gone.exit_code == 0, gone.stderr
+    assert not (numba_root / hidden).exists() and (numba_root / NUMBA_DIR).is_dir()

@@ -160,7 +160,7 @@ class Ambiguous(UsageError):
         self.entries = entries
 
 
-_HASH_CHARS = re.compile(r"^[0-9a-zA-Z_\-]+$")
+_HASH_CHARS = re.compile(r"^\.?[0-9a-zA-Z_\-]+$")  # a leading ".": numba's `.<dir name>_<sha1>/`
 
 
 def split_refs(root: Path, refs) -> tuple[tuple[str, ...], tuple[str, ...]]:
