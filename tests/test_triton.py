@@ -263,6 +263,25 @@ def test_single_file_entries_are_complete(kcache, cache):
     assert (got[tune.name]["op"], got[tune.name]["status"]) == ("matmul_kernel", "complete")
 
 
+@pytest.mark.parametrize("timings", [
+    [[{"kwargs": [64]}, [0.5]]],  # Config(**c): kwargs not a map, "'list' object is not a mapping"
+    [[{"kwargs": None}, [0.5]]],
+    [[{"kwargs": {"BLOCK": [64]}}, [0.5]]],  # Config's hash: "unhashable type: 'list'"
+    [[{"kwargs": {"BLOCK": 64}, "num_warps": [4]}, [0.5]]],
+    [[{"kwargs": {"BLOCK": 64}}, [0.5]], [{"kwargs": {"BLOCK": 128}}, "fast"]],  # min(): '<' not supported
+])
+def test_autotuner_results_triton_raises_on_are_corrupt(kcache, cache, timings):
+    """check_disk_cache makes each config a Config (kwargs a map), keys a dict by it (hashed: every value
+    hashable) and takes the min of the timings (comparable): Triton 3.9 raised TypeError on each of these at
+    every call (tests/loaders/probe_triton_autotune.py), and never writes the file again."""
+    tune = cache / ("T" * 52)
+    tune.mkdir()
+    (tune / "matmul_kernel.autotune.json").write_text(json.dumps({"key": [1], "configs_timings": timings}))
+    age(cache)
+    got = ls(kcache, cache)[tune.name]
+    assert got["status"] == "corrupt" and "configs_timings" in got["reason"], got
+
+
 # ---- inspect, log, completion --------------------------------------------------------------------
 
 def test_inspect(kcache, moved):

@@ -594,11 +594,26 @@ def _autotune_problem(lst: _Listing) -> str | None:
         return None
     if isinstance(value, ValueError):
         return f"{names[0]} is not JSON ({value}): Triton's autotuner fails on it at every call"
-    timings = value.get("configs_timings") if isinstance(value, dict) else None
-    if not timings or not isinstance(timings, list) or not all(
-            isinstance(t, list) and len(t) == 2 and isinstance(t[0], dict) and "kwargs" in t[0] for t in timings):
+    if not _timings_read(value.get("configs_timings") if isinstance(value, dict) else None):
         return f"{names[0]} holds no configs_timings Triton reads: its autotuner fails on it at every call"
     return None
+
+
+def _timings_read(timings: object) -> bool:
+    """Whether check_disk_cache takes `timings`: [config, timing] pairs, each config made a Config (its kwargs
+    a map) that keys a dict (hashed: every value but the kwargs map hashable, and so each of its values), the
+    best one the min of the timings (comparable). Triton 3.9 raises TypeError at every call otherwise."""
+    if not timings or not isinstance(timings, list) or not all(
+            isinstance(t, list) and len(t) == 2 and isinstance(t[0], dict) and isinstance(t[0].get("kwargs"), dict)
+            and not any(isinstance(v, (list, dict)) for v in [*t[0]["kwargs"].values(),
+                                                              *(v for k, v in t[0].items() if k != "kwargs")])
+            for t in timings):
+        return False
+    try:
+        min(t[1] for t in timings)
+    except TypeError:
+        return False
+    return True
 
 
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:

@@ -22,7 +22,16 @@ DAMAGE = {
     "cut short": lambda data: data[:100],
     "emptied": lambda data: b"",
     "without configs_timings": lambda data: json.dumps({"key": json.loads(data)["key"]}).encode(),
+    "a config's kwargs not a map": lambda data: _timings(data, lambda t: [[{**t[0][0], "kwargs": [64]}, t[0][1]]]),
+    "a kwarg a list": lambda data: _timings(data, lambda t: [[{**t[0][0], "kwargs": {"BLOCK": [64]}}, t[0][1]]]),
+    "timings that do not compare": lambda data: _timings(data, lambda t: [t[0], [t[1][0], "fast"]]),
 }
+
+
+def _timings(data: bytes, change) -> bytes:
+    doc = json.loads(data)
+    doc["configs_timings"] = change(doc["configs_timings"])
+    return json.dumps(doc).encode()
 
 
 def tuned(root: Path) -> dict:
