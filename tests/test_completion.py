@@ -381,6 +381,17 @@ def test_hashes_complete_with_the_op_as_description(kcache, mixed):
     assert "8d1f7691cdf75e90" not in _values(kcache, f"kcache --cache-dir {mixed} ls 8d1f7691cdf75e90 ")
 
 
+def test_a_hidden_numba_entry_completes_once_a_dot_is_typed(kcache, tmp_path):
+    """numba names the cache of a hidden directory's sources `.venv_<sha1>/`, and ls shows it by that hash:
+    a typed "." completes it, as a shell offers dotfiles; nothing typed offers only the visible ones."""
+    root = tmp_path / "numba"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "real" / "numba", root)
+    name = next(root.iterdir()).name
+    shutil.copytree(root / name, root / f".venv{name[name.index('_'):]}")
+    assert _values(kcache, f"kcache --cache-dir {root} inspect .v") == [f".venv{name[name.index('_'):]}"]
+    assert _values(kcache, f"kcache --cache-dir {root} inspect ") == [name]
+
+
 def test_the_same_hash_in_two_spaces_is_one_value(kcache, tmp_path):
     root = copy_tree(HIDET, tmp_path / "c")
     shutil.copytree(root / "ops" / "cuda_space_0" / "add", root / "ops" / "cuda_space_2" / "add")

@@ -50,11 +50,12 @@ class EntryName(NamedTuple):
 
 
 def visible_dirs(path: str | int, prefix: str = "", kept: DirNames | None = None) -> list[str]:
-    """Names of the visible subdirectories of `path` (or of the directory fd) starting with `prefix`
-    (symlinks not followed; the type comes from the directory listing, or with a prefix from an lstat
-    of the few names that match: a bare name listing is a quarter cheaper than scandir's, and `kept`
-    answers for a directory unchanged since it was last listed: fs/dirnames.py); [] if
-    unreadable."""
+    """Names of the visible subdirectories of `path` (or of the directory fd) starting with `prefix`, and
+    hidden ones too where `prefix` starts with "." (numba's `.<dir name>_<sha1>/`, as a shell offers
+    dotfiles once a dot is typed; the kinds' patterns still decide what is an entry) (symlinks not
+    followed; the type comes from the directory listing, or with a prefix from an lstat of the few names
+    that match: a bare name listing is a quarter cheaper than scandir's, and `kept` answers for a
+    directory unchanged since it was last listed: fs/dirnames.py); [] if unreadable."""
     try:
         if prefix and not prefix.startswith("."):
             if isinstance(path, int):
@@ -65,7 +66,8 @@ def visible_dirs(path: str | int, prefix: str = "", kept: DirNames | None = None
                 found = [n for n in fsread.listdir(path) if n.startswith(prefix)]
             return [n for n in found if _is_dir(path, n)]
         listed = os.scandir(path) if isinstance(path, int) else fsread.scandir_list(path)
-        return [d.name for d in listed if d.name.startswith(prefix) and not d.name.startswith(".")
+        hidden = prefix.startswith(".")
+        return [d.name for d in listed if d.name.startswith(prefix) and (hidden or not d.name.startswith("."))
                 and d.is_dir(follow_symlinks=False)]
     except OSError:
         return []
