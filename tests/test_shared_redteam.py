@@ -158,3 +158,17 @@ def test_a_members_notes_file_holding_infinity_stops_no_command_of_roots(area):
     assert len(json.loads(run.stdout)["entries"]) == len(before)
     run = kcache("--cache-dir", root, "prune", "--older-than", "1000d", "--yes")
     assert run.returncode == 0 and "OverflowError" not in run.stderr and entry_dirs(root) == before, run.stderr
+
+
+def test_a_users_notes_are_one_file_whose_name_writes_the_uid_as_str_does(fixture_copy):
+    """`.kcache/reads.<uid>` names its writer; `reads.00`, `reads.0000000000` were read as uid 0's too, so
+    that a user could keep ten files of 64 MiB each where one was meant (and only `reads.<uid>` is ever
+    rewritten, the rest never cleaned). Only the name str(uid) writes is a user's."""
+    from kcache_cli.fs import state
+
+    root = fixture_copy("hidet")
+    assert kcache("--cache-dir", root, "config", "set", "max-age", "300d").returncode == 0  # .kcache/ is there
+    for name in ("reads.0", "reads.00", "reads.0000000000", "reads.+0", "reads. 0"):
+        (root / ".kcache" / name).write_text("{}")
+    read = state.read_user_files(root, "reads.", 1 << 20)
+    assert [f.uid for f in read] == [0]

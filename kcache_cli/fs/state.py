@@ -460,7 +460,9 @@ def _read_trusted(sfd: int, name: str, limit: int, group: int | None,
         os.close(fd)
 
 
-_UID = re.compile(r"[0-9]{1,10}")  # a uid in a file's name (ASCII digits: util.units is not loaded at start-up)
+# A uid in a file's name, as str(uid) writes it (ASCII digits: util.units is not loaded at start-up):
+# `reads.01000` is no user's, so that each user keeps one file, not ten.
+_UID = re.compile(r"0|[1-9][0-9]{0,9}")
 
 
 class UserFile(NamedTuple):
