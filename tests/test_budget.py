@@ -439,3 +439,21 @@ def test_entry_counts_in_tables_group_their_digits_as_every_other_count(kcache, 
                     env={"COLUMNS": "100"}).stdout
     more = next(ln for ln in pruned.splitlines() if ln.startswith("..."))
     assert re.search(r"more +\d{1,3}(,\d{3})+ ", more), pruned
+
+
+def test_a_cache_left_unpruned_is_said_when_another_could_not_be_measured(capsys):
+    """Two failed checks at the end of a prune over several caches: one cache not pruned at all (its budget
+    could not be read), another pruned but not measured whole. The error is the second's, one line; the
+    first was dropped, so nobody learnt that a cache had not been pruned. It is now a warning above it."""
+    from types import SimpleNamespace
+
+    from kcache_cli.cli import cmd_delete
+    from kcache_cli.cli.options import GlobalOptions
+    from kcache_cli.util.errors import KcacheError
+
+    loc = SimpleNamespace(path=Path("/caches/a"))
+    plan = SimpleNamespace(unreadable=["ops/cpu_space_0/matmul"], root=Path("/caches/a"))
+    unread = {"/caches/b": "cannot read /caches/b/.kcache/config.toml: a directory"}
+    with pytest.raises(KcacheError, match="could not be read: its size is not counted"):
+        cmd_delete._unmeasured_fails(GlobalOptions(), [(loc, plan)], {"/caches/a": 10**9}, unread)
+    assert "/caches/b/.kcache/config.toml: a directory; that cache was not pruned" in capsys.readouterr().err

@@ -107,7 +107,7 @@ def prune_command(
     shared = limit if opts.many and limit is not None and len(locs) > 1 else None  # one --max-size for all
     _prune_planned(opts, out, plans, (limits, ages, shared), dry_run, yes)
     out.done(empty="no kernel cache found (see kcache dir --all)" if opts.many else None)
-    _unmeasured_fails(plans, limits, scans.unread)
+    _unmeasured_fails(opts, plans, limits, scans.unread)
 
 
 def _unread_fails(unread: dict[str, str]) -> None:
@@ -117,14 +117,17 @@ def _unread_fails(unread: dict[str, str]) -> None:
         raise KcacheError(f"{next(iter(unread.values()))}; that cache{more} was not pruned")
 
 
-def _unmeasured_fails(plans: list, limits: dict, unread: dict[str, str]) -> None:
+def _unmeasured_fails(opts: o.GlobalOptions, plans: list, limits: dict, unread: dict[str, str]) -> None:
     """A prune to a size (--max-size, a budget) that could not measure part of a cache cannot tell whether
     that cache fits: a failed check, exit 1, once every cache has been pruned and reported; and so is one
-    whose budget could not be read (`unread`, _unread_fails)."""
+    whose budget could not be read (`unread`, _unread_fails: a warning as well, when the error is the
+    other one)."""
     short = [(plan, limits[str(loc.path)]) for loc, plan in plans
              if plan.unreadable and limits[str(loc.path)] is not None]
     if not short:
         return _unread_fails(unread)
+    for why in unread.values():  # not pruned at all: said, not hidden behind the error below
+        c.warn(opts, f"{why}; that cache was not pruned")
     plan, limit = short[0]
     more = f" (and {c.plural(len(short) - 1, 'other cache')})" if len(short) > 1 else ""
     n = len(plan.unreadable)
