@@ -43,7 +43,6 @@ from kcache_cli.model.checks import (
     list_files,
     listing_or_unreadable,
     not_regular,
-    read_text,
     size_mismatch,
     subdirs_or_unreadable,
 )
@@ -844,14 +843,14 @@ def describe(root: Path, entry: Entry) -> Details:
                 facts.append((f"recorded {key}", str(manifest[key])))
     main = _module_dirs(entry)[0]
     command = output = None
-    log = read_text(os.path.join(main, "nvcc_log.txt"))
-    script = read_text(os.path.join(main, "compile.sh"))
+    log = fsread.read_text(os.path.join(main, "nvcc_log.txt"), 1 << 20, base=p)  # no link below the root
+    script = fsread.read_text(os.path.join(main, "compile.sh"), 1 << 20, base=p)  # followed (a swap since)
     if script is not None:
         command = command_from_script(script)
     elif log:
         command = log.splitlines()[0].strip() if log.strip() else None
     for name in ("nvcc_output.txt", "gcc_output.txt"):
-        output = output or read_text(os.path.join(main, name))
+        output = output or fsread.read_text(os.path.join(main, name), 1 << 20, base=p)
     if output is None and log:
         output = "\n".join(log.splitlines()[1:])
     if fsread.is_dir(os.path.join(p, "candidates")):
@@ -867,7 +866,7 @@ def describe(root: Path, entry: Entry) -> Details:
 
 def _version_facts(root: Path, entry: Entry) -> list[tuple[str, str]]:
     """version.txt, the installed hidet (the one the entry is judged against) and what a difference means."""
-    version = read_text(os.path.join(entry.path, "version.txt"))
+    version = fsread.read_text(os.path.join(entry.path, "version.txt"), 1 << 20, base=entry.path)
     facts = [("version.txt", version.strip())] if version is not None else []
     running = installed_version()
     facts.append(("hidet installed", running or "not found (judged as by the hidet that wrote it)"))
