@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from kcache_cli.catalog.scan import scan_cache
-from kcache_cli.layouts import hidet
+from kcache_cli.layouts import hidet, tilus
 from kcache_cli.ops.verify import verify_cache
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "real" / "hidet"
+TILUS = FIXTURE.parent / "tilus"
 MARK = "OUTSIDE-THE-CACHE"
 
 
@@ -63,3 +64,23 @@ def test_inspect_shows_nothing_read_through_an_entry_swapped_for_a_link(swapped:
     details = hidet.describe(root, entry)
     assert details.status != "complete"
     assert MARK not in repr((details.compile_command, details.compiler_output, details.facts))
+
+
+def test_tilus_describe_never_reads_through_a_program_swapped_for_a_link(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    root, outside = tmp_path / "cache", tmp_path / "outside"
+    shutil.copytree(TILUS, root, symlinks=True)
+    program = next((root / "programs").iterdir())
+    shutil.copytree(program, outside, symlinks=True)
+    (outside / "options.txt").write_text(f"{MARK} arch='sm_99'\n")
+    entry = next(e for e in scan_cache(root).entries if e.kind == "program")
+    listed = tilus.list_files
+
+    def swap_then_list(path: str, warn=None) -> tuple:  # describe's first step
+        shutil.rmtree(entry.path)
+        os.symlink(outside, entry.path)
+        return listed(path, warn)
+
+    monkeypatch.setattr(tilus, "list_files", swap_then_list)
+    details = tilus.describe(root, entry)
+    assert MARK not in repr(details.facts) and "sm_99" not in repr(details.facts)

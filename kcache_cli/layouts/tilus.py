@@ -26,7 +26,6 @@ from kcache_cli.model.checks import (
     list_files,
     listing_or_unreadable,
     not_regular,
-    read_text,
     subdirs_or_unreadable,
 )
 from kcache_cli.model.records import (
@@ -544,7 +543,7 @@ def describe(root: Path, entry: Entry) -> Details:
     binaries: tuple[str, ...] = ()
     inputs: tuple[TensorInfo, ...] = ()
     if entry.kind == "program":
-        options = read_text(os.path.join(p, "options.txt"))
+        options = fsread.read_text(os.path.join(p, "options.txt"), 1 << 20, base=p)
         if options:
             m = re.search(r"arch='(\w+)'", options)
             if m:
