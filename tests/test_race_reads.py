@@ -11,6 +11,7 @@ import pytest
 
 from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.layouts import hidet, tilus
+from kcache_cli.layouts.base import Here
 from kcache_cli.ops.verify import verify_cache
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "real" / "hidet"
@@ -84,3 +85,17 @@ def test_tilus_describe_never_reads_through_a_program_swapped_for_a_link(tmp_pat
     monkeypatch.setattr(tilus, "list_files", swap_then_list)
     details = tilus.describe(root, entry)
     assert MARK not in repr(details.facts) and "sm_99" not in repr(details.facts)
+
+
+def test_hidet_explain_never_reads_through_an_entry_swapped_for_a_link(tmp_path: Path) -> None:
+    root, outside = tmp_path / "cache", tmp_path / "outside"
+    shutil.copytree(FIXTURE, root)
+    entry = next(e for e in scan_cache(root).entries if e.layout == "hidet")  # listed as a directory
+    shutil.copytree(entry.path, outside)
+    (outside / "version.txt").write_text("9.9.9\n")
+    (outside / "compile.sh").write_text(f"{MARK}\nnvcc -arch=sm_99 source.cu\n")
+    shutil.rmtree(entry.path)
+    os.symlink(outside, entry.path)
+    here = Here("3.12", None, {"hidet": None}, None, "none", {})
+    verdict = hidet.explain(root, entry, here)  # hidet not installed: the miss names the version recorded
+    assert "9.9.9" not in repr(verdict) and "sm_99" not in repr(verdict)

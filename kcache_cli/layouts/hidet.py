@@ -975,15 +975,16 @@ _TEMP_MARK = "/" + state.TEMP_PREFIX
 PACKAGE = "hidet"
 
 
-def _recorded(entry: Entry) -> tuple[str | None, str | None]:
+def _recorded(root: Path, entry: Entry) -> tuple[str | None, str | None]:
     """(the hidet version in the entry's version.txt, the CUDA arch its compile.sh builds for), each None
-    where the entry records none."""
+    where the entry records none (or is no longer a directory below `root`: no link followed)."""
     small: dict[str, bytes] = {}
-    for n in ("version.txt", "compile.sh"):
-        try:  # no link followed, bounded (fsread)
-            small[n] = fsread.read_bytes(os.path.join(entry.path, n), 1 << 20, strict=False)
-        except OSError:
-            pass
+    with EntryDir.open(entry.path, fsread.anchor(root)) as d:
+        for n in ("version.txt", "compile.sh"):
+            try:  # bounded (fsread)
+                small[n] = d.read_bytes(n, 1 << 20, strict=False)
+            except OSError:
+                pass
     built = small.get("version.txt", b"").decode("utf-8", "replace").strip() or None
     script = small.get("compile.sh")
     return built, archs_from_command(command_from_script(script.decode("utf-8", "replace"))) if script else None
@@ -994,7 +995,7 @@ def explain(root: Path, entry: Entry, here: Here) -> Verdict:
     GPU here (or a CPU entry); miss or unknown with the factor otherwise."""
     if (not_asked := unasked(here)) is not None:
         return not_asked
-    built, arch = _recorded(entry)  # read first: a miss for want of hidet still names the version recorded
+    built, arch = _recorded(root, entry)  # read first: a miss for want of hidet still names the version recorded
     have = here.versions.get(PACKAGE)
     if have is None:
         return not_installed("hidet", PACKAGE, built)
