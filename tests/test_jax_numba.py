@@ -149,12 +149,16 @@ def test_explain_of_a_jax_cache_agrees_with_ls_and_reads_jax_s_version(jax_root,
     ("empty:-cache", "corrupt", "holds no executable"),
     ("cut:-cache", "corrupt", "cut short"),
     ("rm:-cache", "moved", BUILT_IN),  # an orphan -atime: jax ignores it (the rest was built elsewhere)
+    ("dir:-cache", "corrupt", "is a directory: jax's read of that key fails"),
+    ("dir:-atime", "corrupt", "its eviction fails on it"),
 ])
 def test_jax_damage(jax_root, damage, status, words):
     how, suffix = damage.split(":")
     target = jax_root / "jaxcache" / f"{AFFINE}{suffix}"
-    if how == "rm":
+    if how in ("rm", "dir"):
         target.unlink()
+        if how == "dir":
+            target.mkdir()
     else:
         target.write_bytes(b"" if how == "empty" else target.read_bytes()[:1000])
     found = problem(jax_root)
@@ -277,8 +281,10 @@ def test_the_real_numba_cache_is_one_complete_entry(numba_root, monkeypatch):
 def test_numba_damage(numba_root, damage, status, words):
     how, name = damage.split(":")
     target = numba_root / NUMBA_DIR / name
-    if how == "rm":
+    if how in ("rm", "dir"):
         target.unlink()
+        if how == "dir":
+            target.mkdir()
     else:
         target.write_bytes(target.read_bytes()[:200])
     found = problem(numba_root)

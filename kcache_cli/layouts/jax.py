@@ -16,6 +16,9 @@ There is no default place: jax keeps no persistent cache unless the directory is
   replaces it (put keeps an existing key): corrupt (deep: every file decompressed).
 - a file that is a FIFO, device, socket or symlink: jax opens it (a FIFO blocks it), kcache never does:
   unreadable, never removed for it (checks.not_regular).
+- a `-cache` or `-atime` that is a directory: jax's read of that key raises IsADirectoryError (a miss
+  every time, warned) and put never replaces it; an `-atime` one also fails the eviction before every
+  write (measured: jax 0.10.2): corrupt.
 - an `-atime` whose `-cache` is gone: ignored by jax (eviction walks the `-cache` files): an orphan,
   counted in inspect's facts and removed with the cache.
 Moving it: the key covers jax, jaxlib, the backend, the devices and the compile options, and the compile
@@ -113,6 +116,9 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
     odd = first_not_regular(d, names, "jax")
     if odd:  # a FIFO, device or link among its files: not judged, and the cache is never removed for it
         return Judgement.of(UNREADABLE, odd)
+    folder = _key_folder(d)
+    if folder:
+        return Judgement.of(CORRUPT, folder)
     caches, atimes = keys(names)
     if atimes or LOCKFILE in names:  # a size cap is in use: eviction reads every sidecar
         bare = sorted(caches - atimes)
@@ -130,6 +136,16 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
                 return Judgement.of(CORRUPT, f"{bad}: jax compiles it again every time and never replaces it")
     recorded = moved_from(d, caches, names)
     return Judgement.of(MOVED, moved_reason(recorded)) if recorded is not None else Judgement(COMPLETE)
+
+
+def _key_folder(d: EntryDir) -> str | None:
+    """Why a directory named as a key's file breaks the cache (jax's read_bytes and write_bytes of it raise
+    IsADirectoryError, and put keeps a key whose -cache exists), or None when there is none."""
+    name = next((n for n in d.subdirs() if KEY.match(n)), None)
+    if name is None:
+        return None
+    also = ", and its eviction fails on it, so nothing new is written" if name.endswith("-atime") else ""
+    return f"{name} is a directory: jax's read of that key fails, so it misses it every time, never replacing it{also}"
 
 
 def moved_from(d: EntryDir, caches: set[str], names: dict[str, int]) -> str | None:

@@ -59,6 +59,8 @@ JAX_CASES = {  # damage -> (kcache's status, what jax does)
     "atime_gone": ("partial", "writes nothing"),
     "cache_cut": ("corrupt", "misses it"),
     "cache_gone": ("complete", "hit and write"),  # an orphan -atime: the other keys work as before
+    "cache_dir": ("corrupt", "misses it"),  # read_bytes: IsADirectoryError, and put keeps what exists
+    "atime_dir": ("corrupt", "misses it, writes nothing"),  # get's and eviction's -atime read/write fail
 }
 
 
@@ -75,6 +77,10 @@ def jax_cache(python: Path, where: Path, case: str) -> tuple[str, dict]:
         cut(where / f"{affine}-cache", 300)
     elif case == "cache_gone":
         (where / f"{affine}-cache").unlink()
+    elif case in ("cache_dir", "atime_dir"):
+        suffix = case.replace("_dir", "")
+        (where / f"{affine}-{suffix}").unlink()
+        (where / f"{affine}-{suffix}").mkdir()
     said = status(where.parent)
     return said, run(python, str(HERE / "probe_jax.py"), str(where), "probe")
 
@@ -97,6 +103,8 @@ def test_jax_agrees(jax_pristine, tmp_path, case):
         assert got["written"] and got["hits"] == hits - (case == "cache_gone"), got
     elif expected == "writes nothing":
         assert not got["written"] and any("Error writing" in w for w in got["warnings"]), got
+    elif expected == "misses it, writes nothing":
+        assert not got["written"] and got["hits"] == hits - 1, got
     else:
         assert got["written"] and got["hits"] == hits - 1, got
 
