@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -578,6 +579,23 @@ def test_where_a_jax_executable_was_built_is_looked_for_in_its_first_mebibyte_on
     for bomb in bombs:
         out = jax._inflated(bomb)
         assert out is not None and len(out) == 1 << 20
+
+
+def test_a_slash_in_the_path_that_follows_a_length_like_byte_is_not_where_the_path_starts(jax_root):
+    """/tmp/<...>/jaxcache of 78 bytes: "p" (112) before /tmp's "/" equals the length of the rest of the
+    option's string, as a varint length would; the tag before the real length is what tells them apart."""
+    top = Path(tempfile.mkdtemp(dir="/tmp"))  # short, whatever the length of pytest's own (xdist's is longer)
+    try:
+        root = top / "r"
+        slash = str(root).index("/", 1)
+        pad = slash + str(root)[slash - 1].encode()[0] - len("/xla_gpu_per_fusion_autotune_cache_dir")
+        cache = root / ("c" * (pad - len(str(root)) - 1))
+        shutil.copytree(jax_root / "jaxcache", cache)
+        compiled_for(cache / f"{AFFINE}-cache", cache)
+        [row] = entries(root)
+    finally:
+        shutil.rmtree(top)
+    assert (row["status"], row["reason"]) == ("complete", None)
 
 
 def test_the_cache_of_a_hidden_source_directory_is_named_by_the_hash_ls_shows(numba_root):

@@ -202,12 +202,22 @@ def built_in(d: EntryDir, name: str) -> str | None:
     if raw is None or at < 0:
         return None
     end = at + len(AUTOTUNE)
-    for start in range(at, max(0, at - 4096), -1):  # the string's protobuf length: a 1 or 2 byte varint
-        n = end - start
-        if raw[start:start + 1] == b"/" and (raw[start - 1] == n or (
-                n >= 128 and start >= 2 and raw[start - 2] == (n & 0x7F) | 0x80 and raw[start - 1] == n >> 7)):
+    for start in range(at, max(0, at - 4096), -1):
+        if raw[start:start + 1] == b"/" and _string_at(raw, start, end - start):
             return raw[start:at].decode("utf-8", "replace")
     return None
+
+
+def _string_at(raw: bytes, start: int, n: int) -> bool:
+    """Whether a protobuf string of `n` bytes starts at `start`: its length before it (a 1 or 2 byte varint)
+    and before that the last byte of a field's tag (1 or 2 bytes, the first of wire type 2). A "/" inside
+    the path preceded by a byte that equals the rest's length (/tmp's "p", 112) has no tag before it."""
+    size = 1 if n < 128 else 2
+    length = bytes([n]) if n < 128 else bytes([(n & 0x7F) | 0x80, n >> 7])
+    tag = start - size - 1  # the tag's last byte
+    if tag < 0 or raw[tag + 1:start] != length or raw[tag] & 0x80:
+        return False
+    return raw[tag] & 7 == 2 or (tag >= 1 and raw[tag - 1] & 0x87 == 0x82)
 
 
 def _inflated(data: bytes) -> bytes | None:

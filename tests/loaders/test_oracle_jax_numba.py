@@ -123,6 +123,29 @@ def test_a_jax_cache_copied_elsewhere_misses_every_key_until_jax_writes_its_own(
     assert run(python, str(HERE / "probe_jax.py"), str(made), "probe")["hits"] == hits
 
 
+def colliding(base: Path) -> Path:
+    """A cache directory under `base` whose path ends a byte before its first inner "/" whose code is the
+    length of the rest of the compile option's string (`/tmp` and 116 bytes: "p" is 112), as a varint
+    length before that "/" would be: a reader that takes the last such "/" reads a shorter path."""
+    option = len("/xla_gpu_per_fusion_autotune_cache_dir")
+    slash = str(base).index("/", 1)
+    want = slash + str(base)[slash - 1].encode()[0] - option
+    pad = want - len(str(base)) - 1
+    assert pad > 0, base
+    return base / ("c" * pad)
+
+
+def test_a_jax_cache_whose_path_has_a_slash_like_a_length_byte_is_not_moved(jax_pristine, tmp_path_factory):
+    """The compile option names the cache directory as a protobuf string (tag, varint length, bytes): one
+    inner "/" of the path preceded by a byte equal to the rest's length looks like the string's start too,
+    and only the tag before the real length tells them apart. jax hits every key in place."""
+    python, hits = jax_pristine
+    where = colliding(tmp_path_factory.mktemp("j"))
+    run(python, str(HERE / "probe_jax.py"), str(where), "fill")
+    assert status(where.parent) == "complete"
+    assert run(python, str(HERE / "probe_jax.py"), str(where), "probe")["hits"] == hits
+
+
 # ---- Numba -------------------------------------------------------------------------------------------
 NUMBA_CASES = {
     "pristine": ("complete", {"hits": 2, "misses": 0}),
