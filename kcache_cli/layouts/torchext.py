@@ -15,8 +15,13 @@ hangs (pytorch#189245). So:
   A new load then builds (ninja) and imports; a load already waiting does not build: FileBaton.wait
   returns when the file vanishes and torch imports `<name>.so` as it is, so where the killed build never
   made it that load dies of ImportError ("cannot open shared object file") and must be restarted.
-- no build.ninja, or an output it names (an object, the module) missing: half-built, and torch's ninja
-  step builds the missing parts again on the next load (partial).
+- an output build.ninja names (an object, the module) missing: half-built, and torch's ninja step builds
+  the missing parts again on the next load (partial).
+- build.ninja gone, or naming no default target (emptied, cut, edited): torch writes it again on every
+  load before ninja runs, so it does not matter; what ninja's logs record does: the outputs .ninja_log
+  names (partial when one is missing, or when it names no module: the build stopped before it made one)
+  and the sources .ninja_deps names (another directory's: moved). Measured with torch 2.13: build.ninja
+  deleted, emptied or without its default line, the next load rewrote it and rebuilt nothing.
 - build.ninja names the sources load_inline wrote into the build directory by absolute path. Where that
   is another directory than this one (the entry was copied or moved, or imported under another path),
   torch writes build.ninja again with this path, ninja finds every compile command changed (.ninja_log
@@ -97,6 +102,7 @@ class NinjaPlan(NamedTuple):
     module: str | None  # its default target: the module torch imports
     sources: tuple[str, ...] = ()  # what its compile steps compile: absolute paths (torch's abspath)
     deps: bool = False  # a rule keeps its headers in ninja's deps log (deps = gcc)
+    read_from: str = NINJA  # the file the sources were read from: build.ninja, or ninja's deps log
 
 
 def _words(text: str) -> list[str]:
@@ -124,6 +130,38 @@ def _plan_of(d: EntryDir, names: Mapping[str, int]) -> NinjaPlan | None:
     return ninja_plan(d.read_text(NINJA, NINJA_MAX) or "")
 
 
+def _logged_plan(d: EntryDir, names: Mapping[str, int]) -> NinjaPlan | None:
+    """What ninja's logs record of the build, for a build directory whose build.ninja torch writes again
+    (gone, or naming no default target): the outputs .ninja_log names, the module among them
+    (`<name>.so`, or `<name>` for an executable) and the sources .ninja_deps names; None when the log
+    names no module (torch builds it)."""
+    log = d.read_text(NINJA_LOGS[0], NINJA_MAX) if names.get(NINJA_LOGS[0]) else None
+    outputs = tuple(dict.fromkeys(line.split("\t")[3] for line in (log or "").splitlines()
+                                  if not line.startswith("#") and line.count("\t") >= 4))
+    name = os.path.basename(d.path)
+    module = next((m for m in (f"{name}.so", name) if m in outputs), None)
+    if module is None:
+        return None
+    deps = d.read_bytes(NINJA_LOGS[1], NINJA_MAX, strict=False) if names.get(NINJA_LOGS[1]) else b""
+    sources = tuple(p for p in _deps_paths(deps) if os.path.isabs(p))
+    return NinjaPlan(outputs, module, sources, True, NINJA_LOGS[1])
+
+
+def _deps_paths(data: bytes) -> list[str]:
+    """The paths ninja's deps log (.ninja_deps, v4) records: after its header, records of a 4-byte size
+    (the high bit set for a deps record) and, for a path record, the path NUL-padded and a 4-byte id."""
+    if not data.startswith(b"# ninjadeps\n"):
+        return []
+    at, out = len(b"# ninjadeps\n") + 4, []
+    while at + 4 <= len(data):
+        size = int.from_bytes(data[at:at + 4], "little")
+        at += 4
+        if not size & 0x80000000:
+            out.append(data[at:at + max(0, size - 4)].rstrip(b"\0").decode("utf-8", "replace"))
+        at += size & 0x7FFFFFFF
+    return out
+
+
 def built_elsewhere(d: EntryDir, plan: NinjaPlan, names: Mapping[str, int]) -> str | None:
     """The build directory build.ninja records, where it is not this one: the directory of a source that
     lies in the entry (load_inline's main.cpp, cuda.cu), named by another path. Sources outside the
@@ -135,8 +173,8 @@ def built_elsewhere(d: EntryDir, plan: NinjaPlan, names: Mapping[str, int]) -> s
     return None
 
 
-def moved_reason(recorded: str) -> str:
-    return (f"build.ninja records its build directory as {recorded} (moved or copied): torch builds it "
+def moved_reason(recorded: str, by: str = NINJA) -> str:
+    return (f"{by} records its build directory as {recorded} (moved or copied): torch builds it "
             "again here on the next load (ninja's log holds the old commands; kcache cannot relocate it)")
 
 
@@ -181,20 +219,21 @@ def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
     if LOCK in names or _is_dir(d, LOCK):  # files() leaves subdirectories out; torch's O_EXCL does not
         return _lock_verdict(d, jc.now)
-    if NINJA not in names:
-        return Judgement.of(PARTIAL, "no build.ninja: the build stopped before torch wrote it (torch builds it again)")
     plan = _plan_of(d, names)
-    if plan is None:  # no build.ninja torch writes: not judged by it (never cut short)
+    if plan is None and NINJA in names:  # no build.ninja torch writes: not judged by it (never cut short)
         return Judgement(COMPLETE)
-    if plan.module is None:
-        return Judgement.of(CORRUPT, "build.ninja names no default target: ninja cannot build the module")
+    if plan is None or plan.module is None:  # gone or not torch's: torch writes it again before ninja runs
+        plan = _logged_plan(d, names)
+    if plan is None or plan.module is None:
+        return Judgement.of(PARTIAL, "no build.ninja of torch's and no module in ninja's log: the build stopped "
+                                     "before it made one (torch builds it again)")
     missing = [o for o in plan.outputs if o not in names]
     if missing:
         return Judgement.of(PARTIAL, f"half-built: {', '.join(missing[:3])} missing (torch's ninja step builds "
                                      "it again on the next load)")
     recorded = built_elsewhere(d, plan, names)
     if recorded is not None:  # torch builds it all again here: what the module holds does not matter
-        return Judgement.of(MOVED, moved_reason(recorded))
+        return Judgement.of(MOVED, moved_reason(recorded, plan.read_from))
     version = _built_as_version(d, plan.module)
     if version is not None:
         return Judgement.of(PARTIAL, f"built as {plan.module}, version {version} of a process that loaded changed "

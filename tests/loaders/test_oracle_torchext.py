@@ -154,3 +154,28 @@ def test_a_ninja_log_or_deps_log_gone_or_emptied_is_partial_and_built_again(tmp_
         assert status(root) == "partial" and verify_code(root) == 1, name
         assert load(python, root) == {"value": 42, "rebuilt": True}, name
         assert status(root) == "complete", name
+
+
+def test_a_build_ninja_gone_or_not_torchs_is_written_again_and_the_build_reused(tmp_path):
+    """torch writes build.ninja again on every load (_write_ninja_file, before ninja runs): one deleted,
+    emptied or edited is rewritten, and ninja, finding each output and its command in .ninja_log, builds
+    nothing. What the logs record is what counts: an object they name gone is built again, and a copy
+    elsewhere (the source path in .ninja_deps) is built again from scratch."""
+    python, root = python_for("torch"), tmp_path / "py311_cpu"
+    root.mkdir()
+    assert load(python, root) == {"value": 42, "rebuilt": True}
+    ninja = root / EXT / "build.ninja"
+    written = ninja.read_text()
+    for damage in (Path.unlink, lambda p: p.write_text(""),
+                   lambda p: p.write_text(written.replace(f"default {EXT}.so", ""))):
+        damage(ninja)
+        assert status(root) == "complete" and verify_code(root) == 0, ninja.exists() and ninja.read_text()
+        assert load(python, root) == {"value": 42, "rebuilt": False}
+        assert ninja.read_text() == written  # torch wrote it again
+    ninja.unlink()
+    copy = tmp_path / "copied" / "py311_cpu"
+    shutil.copytree(root, copy, symlinks=True)
+    (root / EXT / "main.o").unlink()
+    assert status(root) == "partial" and status(copy) == "moved"
+    assert load(python, root) == {"value": 42, "rebuilt": True}
+    assert load(python, copy) == {"value": 42, "rebuilt": True}
