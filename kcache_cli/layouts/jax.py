@@ -46,6 +46,7 @@ from typing import Iterator
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.fs.locking import probe_locked
+from kcache_cli.layouts._common import leads_here
 from kcache_cli.layouts.base import MISS, UNKNOWN, Here, Judging, Layout, ScanContext, Verdict, not_installed, unasked
 from kcache_cli.layouts.shapes import JAX
 from kcache_cli.model.checks import first_not_regular, list_files
@@ -167,15 +168,16 @@ _READ = _LOOK + (64 << 10)
 def built_elsewhere(d: EntryDir, caches: set[str], names: dict[str, int], every: bool = True
                     ) -> tuple[dict[str, str], int]:
     """({`-cache` file: the cache directory it was compiled for} of those compiled for another path than
-    this one, which jax never uses here; how many may hit here: compiled for this path, or where they were
-    compiled not read). Smallest first; without `every`, the first that may hit here ends the walk (a
-    directory jax hits is not moved, ls needs no more), so a cache in place reads one file."""
+    this one, which jax never uses here; how many may hit here: compiled for this path or one that leads
+    to it (a link: jax configured with it hits), or where they were compiled not read). Smallest first;
+    without `every`, the first that may hit here ends the walk (a directory jax hits is not moved, ls needs
+    no more), so a cache in place reads one file."""
     here = os.path.abspath(d.path)
     foreign: dict[str, str] = {}
     usable = 0
     for k in sorted(caches, key=lambda k: (names[k + CACHE], k)):
         recorded = built_in(d, k + CACHE)
-        if recorded is None or recorded == here:
+        if recorded is None or recorded == here or leads_here(d, k + CACHE, os.path.join(recorded, k + CACHE)):
             usable += 1
             if not every:
                 break

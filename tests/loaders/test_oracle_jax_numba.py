@@ -146,6 +146,19 @@ def test_a_jax_cache_whose_path_has_a_slash_like_a_length_byte_is_not_moved(jax_
     assert run(python, str(HERE / "probe_jax.py"), str(where), "probe")["hits"] == hits
 
 
+def test_a_jax_cache_filled_through_a_link_is_not_moved(jax_pristine, tmp_path):
+    """jax configured with a link to the cache directory records the link's path, and hits every key
+    through it: the recorded path leads to this directory, so kcache, which lists the directory itself (a
+    link is no entry), calls it complete, as torchext does a build.ninja naming it through a link."""
+    python, hits = jax_pristine
+    real, link = tmp_path / "root" / "jaxcache", tmp_path / "link"
+    real.mkdir(parents=True)
+    link.symlink_to(real)
+    run(python, str(HERE / "probe_jax.py"), str(link), "fill")
+    assert status(real.parent) == "complete"
+    assert run(python, str(HERE / "probe_jax.py"), str(link), "probe")["hits"] == hits
+
+
 # ---- Numba -------------------------------------------------------------------------------------------
 NUMBA_CASES = {
     "pristine": ("complete", {"hits": 2, "misses": 0}),
