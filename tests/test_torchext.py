@@ -270,13 +270,34 @@ def test_a_lock_a_live_process_holds_is_never_removed(root):
         os.utime(lock, (then, then))  # old, but held open: the holder decides, not the age
         got = rows(root)[EXT]
         assert got["status"] == "building" and str(holder.pid) in got["reason"]
-        fixed = run_kcache("--cache-dir", root, "verify", "--fix", "--json")
-        assert fixed.exit_code == 0 and fixed.json()["skipped_building"] == 1 and lock.exists()
-        pruned = run_kcache("--cache-dir", root, "prune", "--broken", "--yes", "--json")
-        assert pruned.exit_code == 0 and lock.exists() and (root / EXT / f"{EXT}.so").exists()
+        _nothing_removes(root, lock)
     finally:
         holder.communicate("")
     assert rows(root)[EXT]["status"] == "corrupt"  # the holder ended without removing it: now it is stale
+
+
+def test_a_left_lock_is_never_removed_while_a_process_works_in_the_build_directory(root):
+    """torch killed alone leaves ninja and its compilers building in the directory, without the lock's
+    descriptor: while one of them works there (its cwd) the entry is building and nothing removes it."""
+    lock = root / EXT / "lock"
+    old_lock(lock)
+    worker = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], cwd=root / EXT,
+                              stdin=subprocess.PIPE, text=True)
+    try:
+        got = rows(root)[EXT]
+        assert got["status"] == "building" and f"process {worker.pid} still builds in it" in got["reason"], got
+        _nothing_removes(root, lock)
+    finally:
+        worker.communicate("")
+    assert rows(root)[EXT]["status"] == "corrupt"
+
+
+def _nothing_removes(root: Path, lock: Path) -> None:
+    """A building entry: `verify --fix` skips it and keeps its lock, `prune --broken` keeps the lock and module."""
+    fixed = run_kcache("--cache-dir", root, "verify", "--fix", "--json")
+    assert fixed.exit_code == 0 and fixed.json()["skipped_building"] == 1 and lock.exists()
+    pruned = run_kcache("--cache-dir", root, "prune", "--broken", "--yes", "--json")
+    assert pruned.exit_code == 0 and lock.exists() and (root / EXT / f"{EXT}.so").exists()
 
 
 def test_prune_broken_takes_an_entry_with_a_stale_lock_as_garbage(root):

@@ -17,7 +17,7 @@ import pwd
 import stat
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
@@ -321,6 +321,27 @@ def file_openers(st: os.stat_result) -> Openers:
     created by open(O_CREAT|O_EXCL) is created by its owner's process, so processes of other users are
     not asked; a process of the owner whose fds cannot be read counts in `blind` (kcache is not root
     and the process changed its credentials, or it vanished mid-read: it may hold the file)."""
+    return _owner_processes(st, lambda pid: _holds(pid, os.listdir(f"/proc/{pid}/fd"), st))
+
+
+def cwd_users(st: os.stat_result) -> Openers:
+    """Which processes of the directory `st`'s owner work in it (/proc/<pid>/cwd is it): a build tool and
+    its compilers go on there when the process that started them was killed alone. One whose cwd cannot be
+    read is passed over, not counted in `blind` (a container's init denies even root its cwd): this is a
+    second look, after file_openers, which counts those it cannot read."""
+    return _owner_processes(st, lambda pid: _works_in(pid, st))
+
+
+def _works_in(pid: str, st: os.stat_result) -> bool:
+    try:
+        return os.path.samestat(os.stat(f"/proc/{pid}/cwd"), st)
+    except OSError:
+        return False
+
+
+def _owner_processes(st: os.stat_result, test: Callable[[str], bool]) -> Openers:
+    """The processes of `st`'s owner (but kcache's own) that pass `test(pid)`; those `test` or /proc could
+    not read counted in `blind`."""
     me, pids, blind = os.getpid(), [], 0
     try:
         procs = [n for n in os.listdir("/proc") if is_digits(n)]
@@ -331,13 +352,13 @@ def file_openers(st: os.stat_result) -> Openers:
         try:
             if pid == me or os.stat(f"/proc/{name}").st_uid != st.st_uid:
                 continue
-            fds = os.listdir(f"/proc/{name}/fd")
+            found = test(name)
         except FileNotFoundError:
             continue  # exited
         except OSError:
             blind += 1
             continue
-        if _holds(name, fds, st):
+        if found:
             pids.append(pid)
     return Openers(pids, blind)
 

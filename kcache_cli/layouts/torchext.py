@@ -10,8 +10,10 @@ What torch's loader does with it (torch 2.13, `_jit_compile`): it takes `lock` i
 writes build.ninja, runs ninja there, and imports `<name>.so`. A process that finds `lock` already there
 waits until the file disappears, polling for ever: a build killed mid-way leaves it and every later load
 hangs (pytorch#189245). So:
-- `lock` held open by a live process (read from /proc/<pid>/fd): building; left by no live process: the
-  entry is broken (corrupt: every load hangs and nothing clears it) and `verify --fix` removes the lock.
+- `lock` held open by a live process (read from /proc/<pid>/fd), or a process working in the directory
+  (its cwd: the ninja and compilers torch runs there, which outlive a torch killed alone, hold no lock
+  descriptor): building; left by no live process: the entry is broken (corrupt: every load hangs and
+  nothing clears it) and `verify --fix` removes the lock.
   A new load then builds (ninja) and imports; a load already waiting does not build: FileBaton.wait
   returns when the file vanishes and torch imports `<name>.so` as it is, so where the killed build never
   made it that load dies of ImportError ("cannot open shared object file") and must be restarted.
@@ -178,14 +180,19 @@ def moved_reason(recorded: str, by: str = NINJA) -> str:
             "again here on the next load (ninja's log holds the old commands; kcache cannot relocate it)")
 
 
-def lock_holder(st: os.stat_result, now: float) -> str | None:
-    """Why the lock file `st` may belong to a live build (then it stays), or None when it is stale: no
-    process of its owner has it open (FileBaton keeps its descriptor open from the exclusive create to
-    the removal, so a live builder always has), every such process could be inspected, and it is older
-    than LOCK_GRACE."""
+def lock_holder(st: os.stat_result, now: float, where: os.stat_result) -> str | None:
+    """Why the lock file `st` in the build directory `where` may belong to a live build (then it stays), or
+    None when it is stale: no process of its owner has it open (FileBaton keeps its descriptor open from
+    the exclusive create to the removal, so a live builder always has) or works in the directory (ninja
+    and its compilers, which torch runs there without the lock's descriptor and which outlive a torch
+    killed alone), every such process could be inspected, and it is older than LOCK_GRACE."""
     found = locking.file_openers(st)
     if found.pids:
         return f"torch is building it: process {found.pids[0]} holds its lock"
+    working = locking.cwd_users(where)
+    if working.pids:
+        return (f"process {working.pids[0]} still builds in it (its torch is gone: when it ends, the lock stays "
+                "and loads wait for ever)")
     if found.blind:
         return f"its lock may be held: {found.blind} process(es) of its owner could not be inspected"
     if now - st.st_mtime < LOCK_GRACE:
@@ -199,7 +206,7 @@ def _lock_verdict(d: EntryDir, now: float) -> Judgement:
         kind = fsread.kind_of(st.st_mode)
         waits = ": every load waits for ever" if stat.S_ISDIR(st.st_mode) else ""
         return Judgement.of(CORRUPT, f"its {LOCK} is {kind}, not torch's lock file: torch cannot take its lock{waits}")
-    held = lock_holder(st, now)
+    held = lock_holder(st, now, d.own_lstat())
     return Judgement.of(BUILDING, held) if held else Judgement.of(CORRUPT, STALE_LOCK)
 
 
@@ -331,7 +338,7 @@ def in_use(entry: Entry, now: float) -> str | None:
         st = os.lstat(os.path.join(entry.path, LOCK))
     except OSError:
         return None
-    return lock_holder(st, now) if stat.S_ISREG(st.st_mode) else None
+    return lock_holder(st, now, os.lstat(entry.path)) if stat.S_ISREG(st.st_mode) else None
 
 
 def stale_locks(d: EntryDir, jc: Judging) -> list[StaleLock]:
@@ -339,7 +346,8 @@ def stale_locks(d: EntryDir, jc: Judging) -> list[StaleLock]:
         st = d.lstat(LOCK)
     except OSError:
         return []
-    return [StaleLock(LOCK, st, UNLOCKED)] if stat.S_ISREG(st.st_mode) and lock_holder(st, jc.now) is None else []
+    stale = stat.S_ISREG(st.st_mode) and lock_holder(st, jc.now, d.own_lstat()) is None
+    return [StaleLock(LOCK, st, UNLOCKED)] if stale else []
 
 
 def landed_elsewhere(path: str) -> str | None:

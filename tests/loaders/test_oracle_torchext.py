@@ -29,6 +29,7 @@ from loaders.venvs import python_for
 PROBE = Path(__file__).with_name("probe_torchext.py")
 EXT = "kc_add_one"
 HANG = 60  # seconds torch gets to finish when kcache says it would not
+LOCK_AGE = 6  # seconds: past torchext.LOCK_GRACE, a lock kcache may call stale
 pytestmark = pytest.mark.slow
 
 
@@ -179,3 +180,35 @@ def test_a_build_ninja_gone_or_not_torchs_is_written_again_and_the_build_reused(
     assert status(root) == "partial" and status(copy) == "moved"
     assert load(python, root) == {"value": 42, "rebuilt": True}
     assert load(python, copy) == {"value": 42, "rebuilt": True}
+
+
+def test_a_lock_whose_torch_was_killed_while_ninja_builds_is_left_alone_until_ninja_ends(tmp_path):
+    """torch runs ninja (and ninja the compiler) in the build directory, without the lock's descriptor
+    (os.open's are not inherited): torch killed alone leaves them building there. Until they end the entry
+    is building, and neither verify --fix nor prune --broken touches it; after, the lock is stale (every
+    load waits for ever) and verify --fix removes it: the next load builds what ninja left unbuilt."""
+    python, root = python_for("torch"), tmp_path / "py311_cpu"
+    root.mkdir()
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root), "MAX_JOBS": "1"}
+    torch = subprocess.Popen([str(python), str(PROBE)], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    building = root / EXT / "build.ninja"
+    for _ in range(600):
+        if building.exists() or torch.poll() is not None:
+            break
+        time.sleep(0.1)
+    time.sleep(1)
+    torch.kill()  # SIGKILL to torch's process only: ninja and g++ go on
+    torch.wait()
+    time.sleep(LOCK_AGE)
+    assert status(root) == "building" and verify_code(root) == 0
+    assert run_kcache("--cache-dir", root, "verify", "--fix").exit_code == 0 and (root / EXT / "lock").exists()
+    assert run_kcache("--cache-dir", root, "prune", "--broken").exit_code == 0 and (root / EXT / "lock").exists()
+    for _ in range(1200):
+        if status(root) != "building":
+            break
+        time.sleep(0.5)
+    assert status(root) == "corrupt"
+    run_kcache("--cache-dir", root, "verify", "--fix")
+    assert not (root / EXT / "lock").exists() and status(root) == "partial"
+    assert load(python, root) == {"value": 42, "rebuilt": True}  # ninja died of SIGPIPE (torch held its pipe)
