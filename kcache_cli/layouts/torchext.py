@@ -76,6 +76,7 @@ from kcache_cli.model.records import (
     Judgement,
     ScanFilter,
 )
+from kcache_cli.util.units import is_digits
 
 NAME = TORCHEXT.name
 KIND = "extension"
@@ -134,16 +135,18 @@ def _plan_of(d: EntryDir, names: Mapping[str, int]) -> NinjaPlan | None:
 
 def _logged_plan(d: EntryDir, names: Mapping[str, int]) -> NinjaPlan | None:
     """What ninja's logs record of the build, for a build directory whose build.ninja torch writes again
-    (gone, or naming no default target): the outputs .ninja_log names, the module among them
-    (`<name>.so`, or `<name>` for an executable) and the sources .ninja_deps names; None when the log
-    names no module (torch builds it)."""
+    (gone, or naming no default target): the outputs .ninja_log names, the module among them built last
+    (`<name>.so`, `<name>_v<N>.so` after a process built changed sources, or without .so for an
+    executable: the one of the latest mtime the log records) and the sources .ninja_deps names; None
+    when the log names no module (torch builds it)."""
     log = d.read_text(NINJA_LOGS[0], NINJA_MAX) if names.get(NINJA_LOGS[0]) else None
-    outputs = tuple(dict.fromkeys(line.split("\t")[3] for line in (log or "").splitlines()
-                                  if not line.startswith("#") and line.count("\t") >= 4))
-    name = os.path.basename(d.path)
-    module = next((m for m in (f"{name}.so", name) if m in outputs), None)
-    if module is None:
+    rows = [line.split("\t") for line in (log or "").splitlines() if not line.startswith("#") and line.count("\t") >= 4]
+    outputs = tuple(dict.fromkeys(row[3] for row in rows))
+    shape = re.compile(rf"{re.escape(os.path.basename(d.path))}(?:_v\d+)?(?:\.so)?")
+    built = [(int(row[2]) if is_digits(row[2]) else 0, row[3]) for row in rows if shape.fullmatch(row[3])]
+    if not built:
         return None
+    module = max(built)[1]
     deps = d.read_bytes(NINJA_LOGS[1], NINJA_MAX, strict=False) if names.get(NINJA_LOGS[1]) else b""
     sources = tuple(p for p in _deps_paths(deps) if os.path.isabs(p))
     return NinjaPlan(outputs, module, sources, True, NINJA_LOGS[1])
