@@ -458,9 +458,8 @@ def _loaded(lst: _Listing, g: str, children: dict[str, str], changed) -> tuple[S
     meta = lst.json(meta_name, children[meta_name])
     if _unreadable(meta):
         return UNREADABLE, f"{meta_name} cannot be read (permission denied)"
-    backend, _ = arch_of(meta if isinstance(meta, dict) else None)
-    target = meta.get("target") if isinstance(meta, dict) else None
-    if backend is None or not isinstance(target, dict) or "warp_size" not in target:
+    backend = _metadata_backend(meta)
+    if backend is None:
         return CORRUPT, f"{meta_name} is not Triton's metadata: Triton fails loading the kernel on every lookup"
     odd = None if plain else next((why for p in children.values() if (why := _not_regular(lst, p))), None)
     if odd:  # then every child, before it finds the binary among them
@@ -489,6 +488,14 @@ def _loaded(lst: _Listing, g: str, children: dict[str, str], changed) -> tuple[S
         if bad:
             return CORRUPT, bad
     return COMPLETE, None
+
+
+def _metadata_backend(meta: object) -> str | None:
+    """The backend of Triton's metadata `meta` (a JSON object whose target is a map naming its backend and
+    warp size), else None: CompiledKernel fails loading the kernel."""
+    backend, _ = arch_of(meta if isinstance(meta, dict) else None)
+    target = meta.get("target") if isinstance(meta, dict) else None
+    return backend if backend is not None and isinstance(target, dict) and "warp_size" in target else None
 
 
 def _suffix_is(path: str, ext: str) -> bool:
@@ -603,17 +610,24 @@ def _timings_read(timings: object) -> bool:
     """Whether check_disk_cache takes `timings`: [config, timing] pairs, each config made a Config (its kwargs
     a map) that keys a dict (hashed: every value but the kwargs map hashable, and so each of its values), the
     best one the min of the timings (comparable). Triton 3.9 raises TypeError at every call otherwise."""
-    if not timings or not isinstance(timings, list) or not all(
-            isinstance(t, list) and len(t) == 2 and isinstance(t[0], dict) and isinstance(t[0].get("kwargs"), dict)
-            and not any(isinstance(v, (list, dict)) for v in [*t[0]["kwargs"].values(),
-                                                              *(v for k, v in t[0].items() if k != "kwargs")])
-            for t in timings):
+    if not timings or not isinstance(timings, list) or not all(_pair_read(t) for t in timings):
         return False
     try:
         min(t[1] for t in timings)
     except TypeError:
         return False
     return True
+
+
+def _pair_read(pair: object) -> bool:
+    """Whether one [config, timing] pair makes a Config that keys a dict: its kwargs a map, and no value of
+    the config or of its kwargs a list or a map (unhashable)."""
+    if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], dict)
+            and isinstance(pair[0].get("kwargs"), dict)):
+        return False
+    config = pair[0]
+    values = [*config["kwargs"].values(), *(v for k, v in config.items() if k != "kwargs")]
+    return not any(isinstance(v, (list, dict)) for v in values)
 
 
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
@@ -705,8 +719,10 @@ def _plain_entry(ctx, d: EntryDir, path: str, flt: ScanFilter | None) -> Entry |
     key directory: anything but regular files, a file nobody may read, no group file, another user's
     group or metadata (reading it moves its atime: the rule notes that), or _plain_judged's doubts."""
     fd = d.fd
-    listed = None if fd is None or d.held else _plain_listing(d, fd)
-    if fd is None or listed is None:
+    if fd is None or d.held:
+        return _NOT_PLAIN
+    listed = _plain_listing(d, fd)
+    if listed is None:
         return _NOT_PLAIN
     st, stats = listed
     groups = [n for n, _ in stats if is_group(n)]
@@ -762,12 +778,9 @@ def _plain_judged(path: str, fd: int, groups: list[str], listing: dict[str, os.s
             st = listing.get(n)
             if st is None or p != own + n or (n != g and st.st_mtime >= written):
                 return False
-        meta = _plain_json(fd, next(n for n in children if n.endswith(".json")), listing, parsed)
-        backend, _ = arch_of(meta if isinstance(meta, dict) else None)
-        target = meta.get("target") if isinstance(meta, dict) else None
-        if backend is None or not isinstance(target, dict) or "warp_size" not in target:
-            return False
-        if _binary_child(g, children, BINARY_EXT.get(backend, ".cubin"))[0] is None:
+        meta_name = next(n for n in children if n.endswith(".json"))  # CompiledKernel's metadata, as _loaded's
+        backend = _metadata_backend(_plain_json(fd, meta_name, listing, parsed))
+        if backend is None or _binary_child(g, children, BINARY_EXT.get(backend, ".cubin"))[0] is None:
             return False
     return True
 
