@@ -337,12 +337,12 @@ def _compile(root: Path, root_fd: int, entry_fd: int, relpath: str, source: str,
 def _copy_source(entry_fd: int, tmp_fd: int, relpath: str, source: str) -> None:
     """The entry's own source into the temp directory: a regular file, never through a link or a FIFO."""
     try:
-        fd, _ = fsread.open_regular(source, dir_fd=entry_fd)
+        fd, st = fsread.open_regular(source, dir_fd=entry_fd)
     except OSError as exc:
         kind = getattr(exc, "kind", None) if isinstance(exc, fsread.NotRegularFile) else None
         raise Refused(f"{relpath}/{source}: {kind or exc.strerror or exc}, not compiled") from None
     try:
-        _check_owner(os.fstat(fd), relpath, source)
+        _check_owner(st, relpath, source)
         fswrite.write_file(tmp_fd, source, iter(lambda: os.read(fd, 1 << 20), b""), 0o600)
     finally:
         fsread.close_read(fd)
