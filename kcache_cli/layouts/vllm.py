@@ -100,6 +100,7 @@ class Part(NamedTuple):
 
     rank: str  # rank_<r>_<d>
     path: str
+    rel: str  # its path relative to the unit: rank_<r>_<d>[/<prefix>]
     handles: tuple[Handle, ...]
     problem: str | None  # why the index cannot be used, or None
 
@@ -152,7 +153,7 @@ def parts(unit: EntryDir | str) -> list[Part]:
                 name = f"{sub}/{INDEX}" if sub else INDEX
                 if _mode(rd, name):
                     handles, problem = read_index(rd, name)
-                    out.append(Part(rank, rd.join(sub), handles, problem))
+                    out.append(Part(rank, rd.join(sub), f"{rank}/{sub}" if sub else rank, handles, problem))
     return out
 
 
@@ -226,7 +227,7 @@ def _graphs(d: EntryDir) -> list[str]:
 
 def handle_problem(d: EntryDir, part: Part, h: Handle, jc: Judging) -> str | None:
     """Why the artifact a handle names is not there whole in the unit held as `d`, or None."""
-    rel = os.path.relpath(part.path, d.path)
+    rel = part.rel
     if h.compiler == STANDALONE:
         if not plain(h.key):
             return f"{INDEX} names {h.key!r}, not a file name"
@@ -303,17 +304,16 @@ def judge_unit(d: EntryDir, jc: Judging, outside: list[bool] | None = None) -> J
     problems, lost = [], []
     for part in found:
         if part.problem:
-            problems.append(f"{os.path.relpath(part.path, d.path)}/{part.problem}")
+            problems.append(f"{part.rel}/{part.problem}")
             continue
         for h in part.handles:
             bad = handle_problem(d, part, h, jc)
             if bad:
-                problems.append(f"{os.path.relpath(part.path, d.path)}: {bad}")
+                problems.append(f"{part.rel}: {bad}")
             else:
-                rel = os.path.relpath(part.path, d.path)
-                there = leads_nowhere(part, h, outside, stat.S_ISDIR(_mode(d, f"{rel}/{h.key}")))
+                there = leads_nowhere(part, h, outside, stat.S_ISDIR(_mode(d, f"{part.rel}/{h.key}")))
                 if there:
-                    lost.append(_named(f"{rel}/{INDEX}", h, there))
+                    lost.append(_named(f"{part.rel}/{INDEX}", h, there))
     if problems:  # the tree's age is asked only now: a complete unit needs no second walk
         fresh = jc.now - newest(d) < STALE_AFTER
         status: Status = BUILDING if fresh else PARTIAL  # vLLM writes the index and binaries in place
@@ -452,9 +452,8 @@ def describe(root: Path, entry: Entry) -> Details:
     facts: list[tuple[str, str]] = []
     if entry.kind == COMPILE:
         for part in parts(entry.path):
-            rel = os.path.relpath(part.path, entry.path)
             kinds = sorted({h.compiler for h in part.handles})
-            facts.append((f"index {rel}", f"{len(part.handles)} artifact(s), {', '.join(kinds) or '-'}"
+            facts.append((f"index {part.rel}", f"{len(part.handles)} artifact(s), {', '.join(kinds) or '-'}"
                           + (f"; {part.problem}" if part.problem else "")))
         facts.extend((f"key factor {k}", str(v)) for k, v in sorted(key_factors(entry.path).items()))
         moved = relocation_problem(entry)
