@@ -344,3 +344,37 @@ def test_an_archive_without_last_uses_imports_as_it_did(kcache, fixture_copy, tm
     imported(kcache, arc, dest)
     assert all(t > time.time() - 600 for t in last_used(kcache, dest).values())
     assert not (dest / ".kcache" / "used").exists() or not list((dest / ".kcache" / "used").iterdir())
+
+
+@pytest.mark.parametrize("measure", ["tree", "inductor listing"])
+def test_a_usage_measured_after_a_read_takes_the_atime_before_it(tmp_path, monkeypatch, measure):
+    """A judgement may read an entry's files before its usage is measured (records.measure_tree after a tilus
+    program's judgement; Inductor's listing): an atime this process's own read left (fsread.MOVED, not saved
+    yet) is taken back to the one before it, as a note saved by an earlier run is (readmarks.MARKS); any
+    other atime is a use."""
+    from kcache_cli.fs import read as fsread
+    from kcache_cli.fs import readmarks
+    from kcache_cli.layouts import inductor
+    from kcache_cli.model.records import measure_tree
+
+    entry = tmp_path / "entry"
+    entry.mkdir()
+    lib = entry / "lib.so"
+    lib.write_bytes(b"\x7fELF")
+    os.utime(lib, (T + 500, T))
+    monkeypatch.setattr(fsread, "MOVED", {})
+    monkeypatch.setattr(readmarks, "MARKS", {})
+    readmarks.reading(tmp_path)
+
+    def usage() -> float:
+        if measure == "tree":
+            return measure_tree(str(entry), print).atime
+        return inductor.listing(str(entry)).usage(str(entry), print).atime
+
+    assert usage() == T + 500  # no read of kcache's: the atime is a use
+    fsread.moved(fsread.READING, lib.stat().st_ino, (T + 500) * 10**9, (T + 100) * 10**9)
+    assert usage() == T + 100  # this process's read moved it from T + 100
+    readmarks.MARKS[lib.stat().st_ino] = readmarks.Mark((T + 100) * 10**9, T * 10**9, os.geteuid(), -1)
+    assert usage() == T  # ... and an earlier run's read from T, as its note says
+    os.utime(lib, (T + 900, T))  # a compiler's read since: a use
+    assert usage() == T + 900

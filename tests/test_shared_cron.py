@@ -565,6 +565,42 @@ def test_a_members_reads_leave_another_members_entries_last_use_alone(area):
 
 
 @pytest.mark.second_user
+@pytest.mark.parametrize("name", ["tilus", "tilelang", "triton/cache"])
+def test_a_members_reads_are_no_use_where_entries_are_measured_as_trees(area, name):
+    """The same where an entry's usage is its whole tree's, measured after its judgement read it
+    (records.measure_tree: tilus's programs with their module/; vLLM, JAX and Numba are measured alike): member
+    B's judging reads move the atimes of member A's files, and each entry's last use stays where it was, for B
+    and root alike (tilus's moved before: the reads of this very scan were not yet noted)."""
+    import shutil
+
+    mnt = area / "mnt"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "strictatime,size=64m,mode=755", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"SKIPPED LOUDLY: cannot mount a strictatime tmpfs ({done.stderr.strip()}): nothing proved "
+                    "that a member's reads are not a use")
+    try:
+        root = mnt / "cache"
+        shutil.copytree(FIXTURES / name, root, symlinks=True)
+        share(root)
+        for dirpath, dirs, files in os.walk(root, topdown=False):  # member A's, all read last at T
+            for n in files + dirs:
+                os.lchown(os.path.join(dirpath, n), NON_MEMBER + 1, GROUP)
+                os.utime(os.path.join(dirpath, n), (T, T), follow_symlinks=False)
+        before = last_uses(root_kcache("--cache-dir", root, "ls", "--json", "--no-index"))
+        assert before and all(t.startswith("2023-") for t in before.values()), before
+        assert other_member_kcache("--cache-dir", root, "ls", "--json", "--no-index").returncode == 0
+        moved = [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()
+                 and p.stat().st_atime_ns != T * 10**9 and ".kcache" not in str(p)]
+        assert moved, "B's reads moved no atime: the test proves nothing"
+        assert last_uses(other_member_kcache("--cache-dir", root, "ls", "--json", "--no-index")) == before
+        assert last_uses(root_kcache("--cache-dir", root, "ls", "--json", "--no-index")) == before
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.second_user
 def test_a_readers_unnoted_reads_are_said_once_and_not_under_quiet(area):
     """A user outside the group may read a 2775 cache (its mode lets others read) but neither read
     without moving atimes nor write the note: kcache says, once, how many files its reads moved."""

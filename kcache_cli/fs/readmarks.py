@@ -63,12 +63,17 @@ UNNOTED: dict[str, int] = {}
 
 
 def atime(st: os.stat_result) -> float:
-    """The file's last use: its atime, or the atime before kcache's own read when it is still the one that
-    read left."""
+    """The file's last use: its atime, or the atime before kcache's own reads when it is still the one they
+    left: this process's (fsread.MOVED, not saved yet: a judgement may read an entry before its usage is
+    measured) and earlier ones' (MARKS)."""
+    ns = st.st_atime_ns
+    own = fsread.MOVED.get((fsread.READING, st.st_ino)) if fsread.MOVED and fsread.READING else None
+    if own is not None and own[0] == ns:
+        ns = own[1]
     mark = MARKS.get(st.st_ino)
-    if mark is not None and mark.after == st.st_atime_ns and _may_write(mark, st):
+    if mark is not None and mark.after == ns and _may_write(mark, st):
         return mark.before / 1e9
-    return st.st_atime
+    return st.st_atime if ns == st.st_atime_ns else ns / 1e9
 
 
 def _may_write(mark: Mark, st: os.stat_result) -> bool:
@@ -81,7 +86,7 @@ def _may_write(mark: Mark, st: os.stat_result) -> bool:
 def newest_atime(sts: list[os.stat_result]) -> float:
     """The newest last use (atime()) of the regular files among `sts`, 0.0 when there is none: a
     directory's atime is any listing's."""
-    if not MARKS:  # no read of kcache's noted: the atimes as they are
+    if not MARKS and not fsread.MOVED:  # no read of kcache's noted: the atimes as they are
         return max([st.st_atime for st in sts if stat.S_ISREG(st.st_mode)], default=0.0)
     return max((atime(st) for st in sts if stat.S_ISREG(st.st_mode)), default=0.0)
 

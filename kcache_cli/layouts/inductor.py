@@ -40,6 +40,7 @@ from typing import Iterable, Iterator, Mapping, NamedTuple
 
 from kcache_cli import layouts
 from kcache_cli.fs import read as fsread
+from kcache_cli.fs import readmarks
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.fs.locking import probe_locked
 from kcache_cli.layouts.base import (
@@ -143,7 +144,7 @@ class Listing(NamedTuple):
         sts = [*self.files.values(), *self.links.values()]
         return TreeUsage(self.dir_disk + sum(map(file_bytes, sts)), len(sts),
                          max([self.mtime, *(st.st_mtime for st in sts)]),
-                         max([0.0, *(st.st_atime for st in self.files.values())]), sum(st.st_size for st in sts),
+                         readmarks.newest_atime(list(self.files.values())), sum(st.st_size for st in sts),
                          *self.ident)
 
 

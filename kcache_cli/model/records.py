@@ -25,6 +25,7 @@ from fnmatch import fnmatchcase
 from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple, Protocol
 
+from kcache_cli.fs import readmarks
 from kcache_cli.fs.read import MAX_TREE_DEPTH, open_path, sorted_entries, stat_path
 from kcache_cli.model.terms import (  # noqa: F401
     BUILDING,
@@ -408,7 +409,8 @@ _LIST_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
-    """Size, file count and newest mtime of a directory tree; never follows symlinks.
+    """Size, file count, newest mtime and last use (its files' newest atime, as it was before kcache's own
+    reads: readmarks.atime) of a directory tree; never follows symlinks.
 
     An unreadable directory is a warning and counts as empty, not an exception. Iterative, and at
     most MAX_TREE_DEPTH directories deep (a deeper tree is a warning; what lies below is not counted)."""
@@ -452,8 +454,8 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                         else:
                             apparent += st.st_size
                             files += 1
-                            if stat.S_ISREG(st.st_mode):  # a link's atime is kcache's own readlink
-                                accessed = max(accessed, st.st_atime)
+                            if st.st_atime > accessed and stat.S_ISREG(st.st_mode):  # a link's: kcache's readlink
+                                accessed = max(accessed, readmarks.atime(st))  # not kcache's own reads
                         newest = max(newest, st.st_mtime)
             except OSError as exc:
                 warn(f"cannot read {path}/{sub}: {exc.strerror}" if sub else f"cannot read {path}: {exc.strerror}")
