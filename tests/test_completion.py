@@ -873,3 +873,23 @@ def test_show_completion_of_a_shell_typer_has_no_script_for_is_a_usage_error():
     run = subprocess.run([sys.executable, "-m", "kcache_cli", "--show-completion", "tcsh"], capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 2 and "'tcsh' is not one of" in run.stderr and not run.stdout
+
+
+@pytest.mark.parametrize("option", ["--install-completion", "--show-completion"])
+def test_completion_from_a_shell_without_a_script_says_to_name_one(tmp_path, option):
+    """Run from sh, `kcache --install-completion` printed Typer's "Shell sh is not supported." on stdout, exit
+    1, and --show-completion "Shell sh not supported.": no `Error:`, nothing said of what to do. Now one
+    `Error:` line on stderr naming the shell and how to name one, exit 2, nothing written; so for no shell
+    detected at all."""
+    from kcache_cli.cli import typer_compat
+    from kcache_cli.util.errors import UsageError
+
+    home = tmp_path / "empty-home"
+    home.mkdir()
+    line = f"{shlex.quote(sys.executable)} -m kcache_cli {option}; exit $?"  # sh stays the parent
+    run = subprocess.run(["sh", "-c", line], env=dict(os.environ, HOME=str(home)), capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 2 and run.stdout == "" and list(home.iterdir()) == [], run
+    assert run.stderr == f"Error: kcache has no completion for sh: name yours: kcache {option} bash (or zsh, fish)\n"
+    with pytest.raises(UsageError, match=f"^kcache could not tell which shell runs it: name yours: kcache {option} "):
+        typer_compat._with_script(None, option)

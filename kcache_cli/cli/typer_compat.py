@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import typer
 
 from kcache_cli.cli.options import terminal_width
+from kcache_cli.util.errors import UsageError
 
 # pyproject.toml: "typer>=0.27,<0.29" (tests/test_typer_compat.py keeps the two the same)
 TESTED_FROM, TESTED_BELOW = (0, 27), (0, 29)
@@ -23,6 +24,7 @@ TESTED_RANGE = f">={TESTED_FROM[0]}.{TESTED_FROM[1]},<{TESTED_BELOW[0]}.{TESTED_
 # Typer's own switch that makes --show-completion take the shell's name instead of detecting it
 SHOW_COMPLETION_FOR_NAMED_SHELL = "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION"
 _COMPLETION_OPTIONS = ("--show-completion", "--install-completion")
+TYPER_SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")  # the shells Typer has a completion script for
 
 
 @contextmanager
@@ -175,19 +177,36 @@ def fix_zsh_script() -> None:
 
 def plain_installed_shell() -> None:
     """Typer's `--install-completion zsh` says "Shells.zsh completion installed" (the named shell is its
-    enum, formatted by name under Python 3.11): say the shell's name, as the detected one is said."""
+    enum, formatted by name under Python 3.11): say the shell's name, as the detected one is said. A shell
+    Typer has no script for (sh, tcsh, or none detected) is a usage error that says to name one, where
+    Typer printed "Shell sh is not supported." (--install-completion: on stdout) and exited 1."""
     from typer import completion
 
-    install = completion.install
+    install, script = completion.install, completion.get_completion_script
     if getattr(install, "_kcache_plain", False):
         return
 
     def named(*args: Any, **kwargs: Any) -> Any:
-        shell, path = install(*args, **kwargs)
+        shell = kwargs.pop("shell", args[0] if args else None)
+        if shell is None and SHOW_COMPLETION_FOR_NAMED_SHELL not in os.environ:
+            shell = completion._get_shell_name()
+        shell, path = install(_with_script(shell, "--install-completion"), *args[1:], **kwargs)
         return getattr(shell, "value", shell), path
 
+    def script_of(*, shell: Any, **kwargs: Any) -> str:
+        return script(shell=_with_script(shell, "--show-completion"), **kwargs)
+
     named._kcache_plain = True  # type: ignore[attr-defined]
-    completion.install = named
+    completion.install, completion.get_completion_script = named, script_of
+
+
+def _with_script(shell: Any, option: str) -> Any:
+    """`shell` when Typer has a completion script for it, else the usage error that says to name one."""
+    name = getattr(shell, "value", shell)
+    if name in TYPER_SHELLS:
+        return shell
+    said = f"kcache has no completion for {name}" if name else "kcache could not tell which shell runs it"
+    raise UsageError(f"{said}: name yours: kcache {option} bash (or zsh, fish)")
 
 
 # ---- completion: a closed set of values never falls back to file names --------------------------------
