@@ -225,6 +225,22 @@ def test_prune_and_clear_summaries_fold_keeping_paths_whole(kcache, tmp_path, wi
     assert not re.search(r"\d\n\s+(B|kB|MB|bytes)\b", r.stdout), r.stdout
 
 
+@pytest.mark.parametrize("width", [40, 80])
+def test_archive_summaries_keep_a_number_with_its_unit(kcache, tmp_path, width):
+    """import's summary folded as "57 files (165.2" / "  kB) verified" at COLUMNS=80: the summaries of export,
+    import and push (stderr) keep each number with its unit on one line, as prune's and clear's do."""
+    root = copy_tree(FIXTURES / "hidet", tmp_path / "cache")
+    arc, env = tmp_path / "h.tar.zst", {"COLUMNS": str(width)}
+    (tmp_path / "remote").mkdir()
+    runs = [kcache("--cache-dir", root, "export", arc, env=env),
+            kcache("--cache-dir", tmp_path / "new", "import", arc, "--dry-run", env=env),
+            kcache("--cache-dir", tmp_path / "new", "import", arc, env=env),
+            kcache("--cache-dir", root, "push", "--remote", (tmp_path / "remote").as_uri(), env=env)]
+    for r in runs:
+        assert r.exit_code == 0, r.stderr
+        assert not re.search(r"\d\n\s+(B|kB|MB|bytes|files|entries|entry)\b", r.stderr), r.stderr
+
+
 def test_the_budget_bar_in_a_pipe_is_plain(kcache, fixture_copy):
     """stats' budget line drew block characters into a pipe; the share bars draw # and . there."""
     root = fixture_copy("hidet")

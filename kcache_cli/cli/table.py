@@ -270,20 +270,20 @@ def render(columns: list[Column], rows: list[list[str]], width: int | None, colo
     return lines
 
 
-_QUANTITY = r"(\d[\d,.]*) (B|kB|MB|GB|TB|PB|bytes?|entry|entries)\b"  # compiled at its first use (re's cache)
+_QUANTITY = r"(\d[\d,.]*) (B|kB|MB|GB|TB|PB|bytes?|entry|entries|files?)\b"  # compiled at its first use (re's cache)
 
 
 def fold(text: str, width: int | None, indent: int = 0, whole_words: bool = False, keep: tuple[str, ...] = ()
          ) -> list[str]:
-    """`text` as lines no wider than `width` (None: one line), later lines indented by `indent`. With
-    `whole_words`, a word wider than that stays whole on a line of its own, a number keeps its unit
-    ("69.6 kB") and each of `keep` (a path, spaces and all) stays on one line: for copy and paste."""
+    """`text` as lines no wider than `width` (None: one line), later lines indented by `indent`; a number
+    keeps its unit ("69.6 kB"). With `whole_words`, a word wider than that stays whole on a line of its
+    own and each of `keep` (a path, spaces and all) stays on one line: for copy and paste."""
     if width is None or len(text) <= width:
         return [text]
     if whole_words:  # NUL never reaches here from a name (printable() escapes it): a space that holds
         for span in keep:
             text = text.replace(span, span.replace(" ", "\0"))
-        text = re.sub(_QUANTITY, "\\1\0\\2", text)
+    text = re.sub(_QUANTITY, "\\1\0\\2", text)
     lines = textwrap.wrap(text, max(width, indent + 8), subsequent_indent=" " * indent, break_on_hyphens=False,
                           drop_whitespace=True, break_long_words=not whole_words) or [text]
-    return [line.replace("\0", " ") for line in lines] if whole_words else lines
+    return [line.replace("\0", " ") for line in lines]
