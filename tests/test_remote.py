@@ -222,6 +222,20 @@ def test_push_leaves_out_incomplete_and_corrupt_entries(kcache, tmp_path):
     assert not remote & set(left) and len(remote) == 4 + 1
 
 
+def test_the_push_summary_points_at_notes_only_when_it_left_entries_out(kcache, tmp_path):
+    """The summary said "left out 0 (see the note)" with no entry left out and no note to see."""
+    hidet = fixtures(tmp_path)["hidet"]
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    whole = kcache("push", "--cache-dir", hidet, "--remote", f"file://{shared}")
+    assert whole.exit_code == 0 and "left out 0" in whole.stderr and "see the note" not in whole.stderr, whole.stderr
+    (hidet / "ops/cpu_space_0/relu/31857fe085635b31/func_types.pickle").unlink()  # partial: left out
+    (shared / "again").mkdir()
+    part = kcache("push", "--cache-dir", hidet, "--remote", f"file://{shared / 'again'}")
+    assert part.exit_code == 0 and "left out 1 (see the note)" in part.stderr, part.stderr
+    assert "left out" in part.stdout  # the table's row, with its note
+
+
 # ---- a bad remote entry --------------------------------------------------------------------------------
 
 @needs_redis

@@ -190,9 +190,10 @@ def push_command(
             return
         _table(result.entries)
         verb = "would push" if dry_run else "pushed"
+        left = result.count("left out")
         out.info(f"{verb} {c.plural(result.count('push'), 'entry')} ({c.human_size(result.size)}) to "
-                 f"{result.remote}; skipped {result.count('skip')} the remote has; left out "
-                 f"{result.count('left out')} (see the note)")
+                 f"{result.remote}; skipped {result.count('skip')} the remote has; left out {left}"
+                 + (" (see the note)" if left else ""))
 
     out.result(result, human)
 
