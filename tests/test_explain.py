@@ -94,6 +94,14 @@ def test_an_incomplete_or_moved_kernel_is_a_miss_on_its_status(triton39, tmp_pat
     assert items[key]["verdict"] == "miss" and items[key]["factor"] == "status"
     assert all(v["verdict"] == "miss" for v in by_what(explain(kcache, moved, "--python", py, "--gpu", "sm_90a")
                                                          ).values())
+    # Without a GPU to compare with: what Triton does not use on any GPU is still a miss, not unknown.
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "cat").symlink_to(shutil.which("cat") or "/bin/cat")  # the stand-in python's one tool
+    no_gpu = {"PATH": str(tmp_path / "bin")}  # no nvidia-smi to ask
+    items = by_what(explain(kcache, triton39, "--python", py, env=no_gpu))
+    assert items[key]["verdict"] == "miss" and items[key]["factor"] == "status", items[key]
+    assert all(v["verdict"] == "miss" and v["factor"] == "status"
+               for v in by_what(explain(kcache, moved, "--python", py, env=no_gpu)).values())
 
 
 def test_autotuner_results_triton_fails_on_are_a_miss_on_their_status(triton39, tmp_path, kcache):

@@ -1067,7 +1067,7 @@ def _verdict(key: str, recorded: str | None, target: dict | None, status: str | 
         return not_installed("Triton", PACKAGE, said)
     if (recorded and recorded != have) or (era and version_era(have) != era):
         return Verdict(MISS, f"Triton {have} here keys kernels by its own version", "triton version", said, have)
-    if target is None and status not in (COMPLETE, None):  # autotuner results Triton fails on: known anywhere
+    if status not in (COMPLETE, None):  # Triton uses no incomplete or moved entry, on any GPU
         return Verdict(MISS, f"Triton does not use a {status} entry: {reason}", "status", status, COMPLETE)
     if target is None:
         return Verdict(UNKNOWN, f"{key[:12]} records no target (no kernel metadata): kcache cannot tell what "
