@@ -124,3 +124,28 @@ def test_a_killed_imports_staging_is_no_cache_to_point_at(kcache, tmp_path):
     r = kcache("--cache-dir", dst, "prune", "--yes")
     assert r.exit_code == 0, r.stderr
     assert not staging.exists()
+
+
+def test_a_home_given_as_the_cache_dir_names_the_caches_it_keeps(kcache, tmp_path):
+    """--cache-dir of a home (a copied one, a container's volume): its caches lie where the compilers keep
+    them, in hidden directories (.cache/hidet, .triton/cache) the one-or-two-levels-down hint never looks
+    into. It said "no entries" and exit 0; it names them, at the places this machine's caches have below
+    HOME. A staging directory in .kcache/ (the case above) is still no cache to point at."""
+    import shutil
+
+    from conftest import FIXTURES
+
+    home = tmp_path / "copied-home"
+    shutil.copytree(FIXTURES / "hidet", home / ".cache" / "hidet")
+    shutil.copytree(FIXTURES / "triton" / "cache", home / ".triton" / "cache")
+    r = kcache("--cache-dir", home, "ls")
+    assert r.exit_code == 2, r.stdout
+    assert f"{home}/.cache/hidet holds a hidet cache (and 1 other cache): --cache-dir {home}/.cache/hidet" \
+        in r.stderr, r.stderr
+    shutil.rmtree(home / ".cache")
+    r = kcache("--cache-dir", home, "ls")
+    assert r.exit_code == 2 and f"--cache-dir {home}/.triton/cache" in r.stderr, r.stderr
+    shutil.rmtree(home / ".triton")
+    (home / ".cache" / "hidet").mkdir(parents=True)  # where hidet keeps its cache, but none in it yet
+    r = kcache("--cache-dir", home, "ls")
+    assert r.exit_code == 0 and "no entries" in r.stderr, (r.stdout, r.stderr)

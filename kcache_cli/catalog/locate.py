@@ -305,6 +305,25 @@ def _leads_to_entry(shape, parts: list[str]) -> bool:
     return False
 
 
+def caches_as_in_a_home(path: Path) -> list[tuple[str, Path]]:
+    """(layouts, directory) of the caches `path` holds where compilers keep theirs in a home: each cache
+    kcache knows on this machine that lies below HOME (`dir --all`), looked for at the same place below
+    `path`. The hint for a --cache-dir that is a home (a copied one, a container's), whose caches lie in
+    hidden directories (~/.cache/hidet, ~/.triton/cache) caches_below never looks into."""
+    home = Path(os.path.abspath(os.path.expanduser("~")))
+    found: list[tuple[str, Path]] = []
+    for _, where in known_caches():
+        try:
+            rel = Path(os.path.abspath(where)).relative_to(home)
+        except ValueError:
+            continue
+        there = path / rel
+        names = detect(there) if rel.parts and fsread.is_dir(there) else ()
+        if names and all(there != p for _, p in found):
+            found.append((", ".join(names), there))
+    return found
+
+
 def caches_below(path: Path, limit: int = 64, levels: int = 2) -> list[tuple[str, Path]]:
     """(layouts, directory) of the caches one or two (`levels`) levels below `path`, which holds none
     itself (`--cache-dir D` where D/triton/cache or D/hidet is the cache): the hint for a root given one

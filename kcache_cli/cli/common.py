@@ -83,7 +83,7 @@ def _holds_a_cache(loc, below: bool) -> None:
         raise UsageError(f"no cache at {loc.path} ({loc.reason}): it is {_a(owner)} cache itself, which kcache "
                          f"lists as the one entry of the directory holding it, and {parent} is never a cache "
                          f"root ({why}): keep the cache a level down, in a directory of its own, and pass that")
-    below_it = locate.caches_below(loc.path) if below else []
+    below_it = (locate.caches_below(loc.path) or locate.caches_as_in_a_home(loc.path)) if below else []
     if below_it:
         names, path = below_it[0]
         more = f" (and {plural(len(below_it) - 1, 'other cache')})" if len(below_it) > 1 else ""
