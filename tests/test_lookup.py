@@ -166,6 +166,15 @@ def test_a_near_miss_names_the_nearest_hash_prefix(kcache, cache, tmp_path, args
     assert not (tmp_path / "x.tar").exists()
 
 
+@pytest.mark.parametrize("args", [("inspect", "zzzz"), ("ls", "zzzz"), ("clear", "zzzz", "--yes")])
+def test_a_reference_near_nothing_says_where_to_see_what_is_there(kcache, cache, args):
+    """No hash prefix or op name is near it: the one line says `kcache ls` lists the entries, where it
+    said no more than that nothing matched."""
+    r = kcache("--cache-dir", cache, *args)
+    assert r.exit_code == 2
+    assert r.stderr == f"Error: no entry matches 'zzzz' in {cache} (kcache ls lists its entries)\n", r.stderr
+
+
 def test_an_op_s_name_as_the_reference(kcache, cache):
     """A command that selects with --op offers it; inspect and log, whose --op only picks among the entries
     named, offer the ls that lists the op's entries."""

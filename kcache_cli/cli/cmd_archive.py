@@ -115,7 +115,8 @@ def _export_compression(opts: o.GlobalOptions, archive: str) -> str:
     if archive != "-":
         return manifest.compression_for(archive)
     if opts.json:
-        raise UsageError("export - writes the archive on standard output: there is no room for --json")
+        raise UsageError("export - writes the archive on standard output: there is no room for --json (name an "
+                         "archive file to have both)")
     stdio.refuse_terminal(1, "export -")
     return "zst"
 

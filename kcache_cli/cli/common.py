@@ -286,6 +286,8 @@ def no_match(refs: list[str], roots: list[Path], selectors: bool = False, one: b
     where = str(roots[0]) if len(roots) == 1 else f"{len(roots)} caches" if roots else "any cache"
     also = " with the other selectors given" if selectors else ""
     hint = _hint(_names.nearest(refs[0], roots), one) if refs else ""
+    if not hint and not selectors:  # nothing near it: where to see what is there
+        hint = " (kcache ls lists its entries)" if len(roots) == 1 else " (kcache ls lists their entries)"
     return UsageError(f"no entry matches {shown} in {where}{also}{hint}")
 
 
