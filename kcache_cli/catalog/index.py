@@ -108,7 +108,8 @@ def _digest(ints: list[int]) -> bytes:
 def _fresh(where: str, names: tuple[str, ...], digest: bytes, dir_fd: int | None = None) -> float | None:
     """The newest atime of its files when the entry at `where` (relative to `dir_fd`, the root held open,
     or absolute) still has exactly the files and stats its record was keyed with (atime is not in the key:
-    a read changes nothing the record holds), else None."""
+    a read changes nothing the record holds), else None. Names outside the entry (`../`: the fx graphs an
+    aotautograd entry names) are in its key, not its use: the real scan's last use is its own files'."""
     lstat = os.lstat
     prefix = where + "/"
     try:
@@ -121,6 +122,8 @@ def _fresh(where: str, names: tuple[str, ...], digest: bytes, dir_fd: int | None
         ints += (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if _digest(ints) != digest:
         return None
+    if names and names[-1].startswith("../"):  # graphs an aotautograd entry names: after its files (_seen)
+        sts = [st for name, st in zip(names, sts) if not name.startswith("../")]
     return readmarks.newest_atime(sts)
 
 
