@@ -109,6 +109,19 @@ def test_unchanged_cache_is_answered_from_the_index(cache, judged):
     assert again.entries == first.entries == scan_cache(cache).entries
 
 
+def test_a_group_shared_cache_is_answered_from_the_index_too(cache, judged):
+    """In a group-shared root (2775) kcache's state is the group's, but a user's index is theirs alone: it
+    is read back only when no one else may write it (a member could forge what root's scan believes), so it
+    must not be written group-writable, or no `ls` of a shared cache is ever answered from it."""
+    os.chmod(cache, 0o2775)
+    first = scan_cache(cache, use_index=True)
+    made = os.stat(cache / ".kcache" / "index" / state.index_name())
+    judged.clear()
+    again = scan_cache(cache, use_index=True)
+    assert judged == [] and again.entries == first.entries, oct(made.st_mode)
+    assert made.st_uid == os.geteuid() and not made.st_mode & 0o022
+
+
 def test_cli_ls_and_stats_json_same_with_and_without_index(cache, kcache, judged):
     for args in (["ls", "--json"], ["stats", "--json"], ["ls", "--op", "add", "--json"], ["ls", "8d1f", "--json"]):
         without = kcache("--cache-dir", cache, *args, "--no-index")

@@ -363,9 +363,10 @@ def start_index_write(root: str) -> tuple[int, str, int] | None:
         return None
     tmp = f".tmp-{os.getpid()}-{fswrite.token(4)}"
     try:
+        # Never shared with the group nor given away (share_like_dir): read_index_file trusts only the
+        # reader's own file that no one else may write, in a group-shared cache too.
         fd = fswrite.create_excl(dfd, tmp, 0o644)
         try:
-            fswrite.share_like_dir(fd, dfd, give=False)  # root's stays root's: read_index_file trusts only its own
             now = os.fstat(fd).st_ctime_ns
         finally:
             os.close(fd)

@@ -539,14 +539,12 @@ def share_tree(fd: int, gid: int) -> None:
     _walk_held(fd, share)
 
 
-def share_like_dir(fd: int, dir_fd: int, give: bool = True) -> bool:
-    """share_with_group(fd) when the directory `dir_fd` it was made in is group-shared; whether it is. Else,
-    with `give`, root's is given to the owner of a user's directory (give_to); without, it stays root's (a
-    file only its maker may trust: its scan index)."""
+def share_like_dir(fd: int, dir_fd: int) -> bool:
+    """share_with_group(fd) when the directory `dir_fd` it was made in is group-shared; whether it is. Else
+    root's is given to the owner of a user's directory (give_to)."""
     st = os.fstat(dir_fd)
     if not group_shared(st):
-        if give:
-            give_to(fd, owner_for(st))
+        give_to(fd, owner_for(st))
         return False
     share_with_group(fd, st.st_gid)
     return True
