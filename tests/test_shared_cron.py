@@ -600,6 +600,56 @@ def test_a_members_reads_are_no_use_where_entries_are_measured_as_trees(area, na
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+# B's kcache with its scan in worker processes however small the cache (PARALLEL_MIN_JOBS: 4,000 jobs)
+IN_WORKERS = ("import sys; import kcache_cli.catalog.scan_context as s; s.PARALLEL_MIN_JOBS = 1; "
+              "sys.argv[0] = 'kcache'; from kcache_cli.cli.entry import run; run()")
+
+
+@pytest.mark.second_user
+def test_a_members_reads_in_scan_workers_are_no_use_whichever_process_notes_first(area):
+    """A tilus script's judgement (in the command's process) reads the program it names, then the program's
+    (in a worker, on a big cache) reads its files again. The worker noted its reads at its end and the
+    command at the scan's: the command's note of the earlier read (atime before, after it) went over the
+    worker's of the later one, and the atime that later read left counted as a use, for B and root alike,
+    run after run."""
+    import shutil
+    import site
+
+    from kcache_cli.util import parallel
+
+    if parallel.cpus() < 2:
+        pytest.skip("SKIPPED LOUDLY: one CPU, no scan workers: nothing proved")
+    mnt = area / "mnt"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "strictatime,size=64m,mode=755", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"SKIPPED LOUDLY: cannot mount a strictatime tmpfs ({done.stderr.strip()}): nothing proved "
+                    "that a member's reads are not a use")
+    try:
+        root = mnt / "cache"
+        shutil.copytree(FIXTURES / "tilus", root, symlinks=True)
+        share(root)
+        for dirpath, dirs, files in os.walk(root, topdown=False):  # member A's, all read last at T
+            for n in files + dirs:
+                os.lchown(os.path.join(dirpath, n), NON_MEMBER + 1, GROUP)
+                os.utime(os.path.join(dirpath, n), (T, T), follow_symlinks=False)
+        before = last_uses(root_kcache("--cache-dir", root, "ls", "--json", "--no-index"))
+        assert before and all(t.startswith("2023-") for t in before.values()), before
+        here = Path(__file__).resolve().parents[1]
+        paths = ":".join([str(here), *(p for p in site.getsitepackages() if "site-packages" in p)])
+        for _ in range(3):
+            run = subprocess.run([PY, "-c", IN_WORKERS, "--cache-dir", str(root), "ls", "--json", "--no-index"],
+                                 capture_output=True, text=True, timeout=TIMEOUT, preexec_fn=as_other_member, cwd="/",
+                                 env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": paths})
+            assert run.returncode == 0, run.stderr
+        assert [p for p in root.rglob("*") if p.is_file() and p.stat().st_atime_ns != T * 10**9], "no read moved"
+        assert last_uses(other_member_kcache("--cache-dir", root, "ls", "--json", "--no-index")) == before
+        assert last_uses(root_kcache("--cache-dir", root, "ls", "--json", "--no-index")) == before
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
 @pytest.mark.second_user
 def test_a_readers_unnoted_reads_are_said_once_and_not_under_quiet(area):
     """A user outside the group may read a 2775 cache (its mode lets others read) but neither read

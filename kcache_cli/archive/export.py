@@ -567,7 +567,7 @@ class _WorkerOutput:
     sizes: list[int]  # of its parts, compressed
     counts: list[int]  # entries in each part
     skipped: list[tuple[str, str]]  # (relpath, why): left out as they were read, said as warnings
-    unnoted: dict[str, int]  # files its reads moved and could not note (readmarks.UNNOTED)
+    moved: list[tuple[str, int, int, int]]  # the atimes its reads moved (readmarks.take_moved), noted by the command
 
 
 def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compression: str, targets: set[str],
@@ -592,7 +592,6 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
                 start = end
         finally:
             writer.close()
-            readmarks.save(plan.root)  # what this worker's reads of other users' files moved: no use
     # The records travel back as JSON text: encoding them here is done in parallel, and a string
     # pickles much faster than the records.
 
@@ -600,7 +599,7 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
     docs = [r.to_json() for r in pw.records]
     text = json.dumps(docs if sign is None else [sign.sign(d) for d in docs], separators=(",", ":"))[1:-1]
     return _WorkerOutput(text, pw.done, pw.left, pw.files, pw.size, sizes, counts, pw.skipped,
-                         readmarks.take_unnoted())
+                         readmarks.take_moved())
 
 
 def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
@@ -635,6 +634,7 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
 
         results, _ = parallel.run_phased(workers, run, progress)
         m = _merge(results, plan.left, warn)
+        readmarks.save(plan.root)
         # The end-of-archive blocks close the last part; no part is empty (import checks that).
         with os.fdopen(os.dup(held[-1]), "ab") as last:
             tail = ts.FrameWriter(last, compression)
@@ -711,7 +711,7 @@ def _merge(results: list[_WorkerOutput], left: Iterable[tuple[Entry, str]], warn
         for rel, why in r.skipped:
             warn(f"skipping {rel}: {why}")
             m.warned.add(rel)
-        readmarks.count_unnoted(r.unnoted)
+    readmarks.put_moved([x for r in results for x in r.moved])  # what their reads of others' files moved: no use
     return m
 
 

@@ -162,10 +162,10 @@ class ScanContext:
         except (OSError, RuntimeError, ImportError):  # no fork, no semaphores: read them here instead
             yield from self._map_here(func, jobs)
             return
-        for _, warnings, unnoted in results:
+        for _, warnings, _ in results:
             for w in warnings:
                 self.warn(w)
-            readmarks.count_unnoted(unnoted)
+        readmarks.put_moved([m for _, _, moved in results for m in moved])
         ordered: list = [None] * len(jobs)
         for i, (part, _, _) in enumerate(results):  # worker i had jobs[i::workers]
             ordered[i::workers] = _unpacked(*part)
@@ -326,15 +326,14 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
         th.join()
     if failed:
         raise failed[0]
-    readmarks.save(root)  # this worker's notes of the atimes its reads moved
     return out, warned
 
 
-def _packed_part(shared: tuple, jobs: list) -> tuple[tuple[list, bytes], list[str], dict[str, int]]:
-    """_scan_part, its Entries packed for the trip back to the parent (_packed), with the count of what its
-    reads moved and could not note (readmarks.UNNOTED)."""
+def _packed_part(shared: tuple, jobs: list) -> tuple[tuple[list, bytes], list[str], list[tuple[str, int, int, int]]]:
+    """_scan_part, its Entries packed for the trip back to the parent (_packed), with what its reads moved
+    (readmarks.take_moved: the parent notes them with its own)."""
     out, warned = _scan_part(shared, jobs)
-    return _packed(out), warned, readmarks.take_unnoted()
+    return _packed(out), warned, readmarks.take_moved()
 
 
 def _packed(results: list) -> tuple[list, bytes]:

@@ -11,11 +11,12 @@ read and again when it is closed (fsread.close_read), and an entry directory a j
 checked when closed (EntryDir.close, for files opened as a compiler opens them); an atime that moved
 is noted as (inode, atime after, atime before), under the cache being read (`reading`). The notes go to
 `.kcache/reads.<uid>`, the reader's own (JSON, merged under `.kcache/locks/.reads.lock`, shared with the
-cache's group) at the end of a scan, of each worker, and of the command; a file kcache read before keeps
-the atime before that first read. A scan reads a file's atime through `atime()`: an atime that is still
-exactly the one kcache's read left is taken as the one before it. A compiler's later read moves the
-atime past the note, and the note no longer applies. (On a relatime mount a compiler's read within a
-day of kcache's may not move it: that use is seen up to a day late, never invented.)
+cache's group) at the end of a scan and of the command (a worker process hands its notes back: take_moved);
+a file kcache read before keeps the atime before that first read. A scan reads a file's atime through
+`atime()`: an atime that is still exactly the one kcache's read left is taken as the one before it. A
+compiler's later read moves the atime past the note, and the note no longer applies. (On a relatime mount
+a compiler's read within a day of kcache's may not move it: that use is seen up to a day late, never
+invented.)
 
 A note can only make a file look less recently used, and a prune removes what looks unused: a member
 could forge notes to have root's nightly prune remove entries in use that the member may not remove.
@@ -188,15 +189,26 @@ def save(root: str | os.PathLike) -> None:
         os.close(rfd)
 
 
-def take_unnoted() -> dict[str, int]:
-    """UNNOTED, emptied: what a worker process hands back to the command (count_unnoted there)."""
-    got = dict(UNNOTED)
-    UNNOTED.clear()
+def take_moved() -> list[tuple[str, int, int, int]]:
+    """fsread.MOVED, emptied, as (root, inode, atime after, atime before): what a worker process's reads
+    moved, handed back to the command (put_moved there) rather than saved by the worker. The command and
+    its workers read one file (a tilus program its scripts name) and save in no set order: a note of an
+    earlier read saved after one of a later read replaced it, and the later read's atime counted as a use."""
+    got = [(root, ino, after, before) for (root, ino), (after, before) in fsread.MOVED.items()]
+    fsread.MOVED.clear()
     return got
 
 
+def put_moved(moved: list[tuple[str, int, int, int]]) -> None:
+    """All the workers' take_moved, at once, into this process's MOVED with its own, in the order the reads
+    were made (by the atime each left): each chains on the read before it, whichever process made it
+    (fsread.moved)."""
+    for root, ino, after, before in sorted([*take_moved(), *moved], key=lambda m: m[2]):
+        fsread.moved(root, ino, after, before)
+
+
 def count_unnoted(counts: dict[str, int]) -> None:
-    """Counts of unnoted reads (a worker's take_unnoted, or this process's own), added to this process's."""
+    """Counts of unnoted reads (this process's own, save), added to this process's."""
     for root, n in counts.items():
         UNNOTED[root] = UNNOTED.get(root, 0) + n
 
