@@ -156,3 +156,32 @@ def _counting(shared, part):
 
 def test_workers_count_progress():
     alone(test_workers_count_progress)
+
+
+def test_a_forkservers_workers_take_kcaches_noted_reads_as_no_use(fixture_copy):
+    """Workers a forkserver starts (a thread runs) inherit nothing from the scan: like its anchors, they must
+    take the cache's notes of kcache's earlier reads themselves (readmarks.MARKS), or an atime kcache's own
+    read left is the entry's last use there, and not in a serial scan."""
+    alone(test_a_forkservers_workers_take_kcaches_noted_reads_as_no_use, str(fixture_copy("hidet")))
+
+
+def body_a_forkservers_workers_take_kcaches_noted_reads_as_no_use(root: str):
+    import json
+    from pathlib import Path
+
+    import kcache_cli.catalog.scan_context as scan_mod
+
+    old, read = 1_700_000_000 * 10**9, 1_800_000_000 * 10**9
+    notes = {}
+    for p in sorted(Path(root, "ops").rglob("*"), reverse=True):  # a directory after what it holds
+        if p.is_file() and not p.is_symlink():
+            os.utime(p, ns=(read, old))  # read last by kcache (a member's read, noted), written long ago
+            notes[str(p.stat().st_ino)] = [read, old]
+        elif p.is_dir():
+            os.utime(p, ns=(old, old))
+    Path(root, ".kcache").mkdir(mode=0o755, exist_ok=True)
+    Path(root, ".kcache", f"reads.{os.geteuid()}").write_text(json.dumps(notes))
+    serial = scan_cache(root)
+    assert serial.entries and all(e.last_used < 1_750_000_000 for e in serial.entries)
+    scan_mod.PARALLEL_MIN_JOBS = 2
+    assert _with_thread(lambda: scan_cache(root)).entries == serial.entries
