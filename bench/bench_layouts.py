@@ -108,9 +108,11 @@ def make(layout: str, where: Path, n: int, env: dict) -> Path:
     return make_vllm(where / f"vllm-{n}", n, env)
 
 
-def twin(layout: str, root: Path, n: int) -> Path:
+def twin(layout: str, root: Path, n: int, env: dict) -> Path:
     """A copy of `root` for the other ref's warm runs (made once). Triton's and Inductor's are made afresh:
-    a copy's group files would lead into `root`, and an entry judged by files outside it is never indexed."""
+    a copy's group files would lead into `root`, and an entry judged by files outside it is never indexed;
+    vLLM's units are copied, then their indexes rewritten to lead into the copy (`verify --fix`): a moved
+    unit is not indexed either, and its warm runs were cold ones."""
     copy = root.with_name(root.name + "-twin")
     if layout == "triton":
         return make_triton(copy, n, False)
@@ -118,8 +120,14 @@ def twin(layout: str, root: Path, n: int) -> Path:
         if not copy.is_dir():
             make_inductor(copy, n)
         return copy
+    fixed = copy.with_name(copy.name + ".fixed")
     if not copy.is_dir():
+        fixed.unlink(missing_ok=True)
         subprocess.run(["cp", "-a", str(root), str(copy)], check=True)
+    if layout == "vllm" and not fixed.exists():
+        subprocess.run(kcache_cmd("--cache-dir", str(copy), "verify", "--fix", "--json"), env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        fixed.write_text("")
     return copy
 
 
@@ -165,7 +173,7 @@ def bench(layout: str, root: Path, n: int, runs: int, env: dict, base: Path | No
     our_ls = module_cmd("--cache-dir", str(root), "ls", "--json")  # -m: each tree's own entry point
     our_cold = [*our_ls, "--no-index"]
     compare(f"{layout} cold: this tree vs {ref}", our_cold, [*theirs, *our_cold], runs, 1.0, env)
-    other = twin(layout, root, n)
+    other = twin(layout, root, n, env)
     their_ls = [*theirs, *module_cmd("--cache-dir", str(other), "ls", "--json")]
     subprocess.run(their_ls, env=env, stdout=subprocess.DEVNULL, check=True)
     subprocess.run(our_ls, env=env, stdout=subprocess.DEVNULL, check=True)
