@@ -314,7 +314,7 @@ def test_a_budget_root_keeps_in_the_cache_binds_a_members_bare_prune(area):
     run = root_kcache("--cache-dir", root, "config", "set", "max-size", f"{limit}B")
     assert run.returncode == 0, run.stderr
     kept = os.stat(root / ".kcache" / "config.toml")
-    assert kept.st_gid == GROUP and stat.S_IMODE(kept.st_mode) == 0o664
+    assert kept.st_gid == GROUP and stat.S_IMODE(kept.st_mode) == 0o644  # read, not written, by the group
     shown = member_kcache("--cache-dir", root, "config")
     assert shown.returncode == 0 and str(root / ".kcache" / "config.toml") in shown.stdout, shown.stderr
     run = member_kcache("--cache-dir", root, "prune", "--yes")
@@ -354,6 +354,38 @@ def test_root_acts_on_no_budget_a_member_kept_in_the_cache(area):
     os.chmod(kept, 0o666)
     run = root_kcache("--cache-dir", root, "prune", "--dry-run")
     assert run.returncode == 1 and f"{kept}: writable by anyone: not trusted" in run.stderr, run.stderr
+
+
+@pytest.mark.second_user
+def test_a_member_cannot_rewrite_roots_budget_in_place_to_steer_roots_prune(area):
+    """root's `config set` wrote the budget 0664 in the 2775 cache: a member wrote `max-size = "1B"` into
+    it in place (it stayed root's) and root's cron prune removed every entry. The budget is now readable
+    by the group but not writable; one the group may write (an older kcache's) is refused by root's prune,
+    one line, nothing removed, and root's `config set` takes none of its values over."""
+    from test_shared_attacks import as_attacker
+
+    root = group_cache(area)
+    before = entries(root)
+    kept = root / ".kcache" / "config.toml"
+    assert root_kcache("--cache-dir", root, "config", "set", "max-size", "10G").returncode == 0
+    st = os.stat(kept)
+    assert st.st_gid == GROUP and stat.S_IMODE(st.st_mode) == 0o644, oct(st.st_mode)
+    forge = "import sys; open(sys.argv[1], 'w').write('max-size = ' + chr(34) + '1B' + chr(34))"
+    forged = subprocess.run([PY, "-c", forge, str(kept)], preexec_fn=as_attacker, capture_output=True, text=True,
+                            timeout=TIMEOUT, env={"PATH": "/usr/bin:/bin"})
+    assert forged.returncode != 0 and "Permission denied" in forged.stderr and "10G" in kept.read_text()
+    os.chmod(kept, 0o664)  # as an older kcache left it
+    assert subprocess.run([PY, "-c", forge, str(kept)], preexec_fn=as_attacker, timeout=TIMEOUT).returncode == 0
+    assert os.stat(kept).st_uid == 0 and "1B" in kept.read_text()
+    for args in (("-q", "prune", "--yes"), ("prune", "--dry-run")):
+        run = root_kcache("--cache-dir", root, *args)
+        assert run.returncode == 1 and len(run.stderr.splitlines()) == 1, (args, run.stderr)
+        assert f"{kept}: writable by the cache's group" in run.stderr and run.stdout == "", (args, run.stderr)
+    assert entries(root) == before
+    assert root_kcache("--cache-dir", root, "config", "set", "max-age", "90d").returncode == 0
+    assert "1B" not in kept.read_text() and stat.S_IMODE(os.stat(kept).st_mode) == 0o644
+    dry = root_kcache("--cache-dir", root, "prune", "--dry-run", "--json")
+    assert dry.returncode == 0 and json.loads(dry.stdout)["removed"] == [], dry.stderr
 
 
 @pytest.mark.second_user

@@ -181,13 +181,16 @@ def replace_file(dir_fd: int, name: str, data: bytes, mode: int = 0o644, sync: b
             pass
 
 
-def replace_file_shared(dir_fd: int, name: str, data: bytes) -> None:
+def replace_file_shared(dir_fd: int, name: str, data: bytes, group_reads_only: bool = False) -> None:
     """replace_file for kcache's own state: the new file is shared with the group of a group-shared
-    directory (share_like_dir) before it takes the name, whatever the umask."""
+    directory (share_like_dir) before it takes the name, whatever the umask; with `group_reads_only`
+    the group may read it but not write it (a member replaces it, as its own, but cannot change it in
+    place under its writer's name)."""
     tmp = temp_name(f".{name}.tmp-")
     fd = create_excl(dir_fd, tmp, 0o644)
     try:
-        share_like_dir(fd, dir_fd)
+        if share_like_dir(fd, dir_fd) and group_reads_only:
+            os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & ~0o022)
         write_all(fd, data)
         os.fsync(fd)
     except BaseException:

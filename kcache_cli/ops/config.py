@@ -424,6 +424,9 @@ def _untrusted(st: os.stat_result, group: int | None, owner: int) -> str | None:
     remove the other members' entries, which that member may not remove."""
     if st.st_mode & 0o002:
         return "writable by anyone"
+    if _members_budget(st, group, owner) and st.st_uid in (0, owner):
+        return "writable by the cache's group, so a member may have written it (root acts on a budget only root " \
+               "or the cache's owner wrote; their `config set` makes it the group's to read only)"
     if st.st_uid in (os.geteuid(), 0, owner):
         return None
     writer = _user(st.st_uid)
@@ -436,9 +439,10 @@ def _untrusted(st: os.stat_result, group: int | None, owner: int) -> str | None:
 
 
 def _members_budget(st: os.stat_result, group: int | None, owner: int) -> bool:
-    """Whether root reads a budget file a member of the cache's group wrote (not root, not the owner)."""
-    return (os.geteuid() == 0 and group is not None and st.st_gid == group and st.st_uid not in (0, owner)
-            and not st.st_mode & 0o002)
+    """Whether root reads a budget file a member of the cache's group wrote (not root, not the owner), or
+    may have written: one the group may write in place keeps its writer's name."""
+    return (os.geteuid() == 0 and group is not None and st.st_gid == group and not st.st_mode & 0o002
+            and (st.st_uid not in (0, owner) or bool(st.st_mode & 0o020)))
 
 
 def _user(uid: int) -> str:
@@ -476,7 +480,7 @@ def _update_cache(root: Path, change) -> tuple[CacheConfig, bool]:
             return cfg, False
         new = CacheConfig(Path(root), True, values)
         try:
-            fswrite.replace_file_shared(sfd, CACHE_FILE, new.to_toml().encode())
+            fswrite.replace_file_shared(sfd, CACHE_FILE, new.to_toml().encode(), group_reads_only=True)
         except OSError as exc:
             raise KcacheError(f"cannot write {where}: {exc.strerror or exc}") from None
         return new, True
