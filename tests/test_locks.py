@@ -73,6 +73,22 @@ def test_a_fifo_index_is_replaced_by_a_real_one(fixture_copy, monkeypatch):
     assert not warned and {e.relpath for e in again.entries} == {e.relpath for e in first.entries}
 
 
+@pytest.mark.parametrize("kind", ["scan", "names"])
+def test_a_fifo_index_file_is_said_once_not_every_night(fixture_copy, kind):
+    """A FIFO (a member's, in a group-shared cache) at this user's index file of a cache too small to keep
+    an index: every quiet prune of the cron line warned "kcache writes a new index over it", and none did,
+    so the cron job mailed the same warning every night. The first says it and removes it; then silence."""
+    root = fixture_copy("hidet")
+    planted = fifo(root / ".kcache" / "index" / f"{kind}.{os.geteuid()}")
+    first = run("-q", "--cache-dir", root, "prune", "--broken")
+    assert first.returncode == 0 and first.stdout == "", first.stdout
+    assert first.stderr.count(f"{planted} is not a regular file: removed") == 1, first.stderr
+    assert not os.path.lexists(planted)
+    for args in (("prune", "--yes"), ("prune", "--broken")):
+        again = run("-q", "--cache-dir", root, *args)
+        assert again.returncode == 0 and (again.stdout, again.stderr) == ("", ""), (args, again.stderr)
+
+
 @pytest.mark.parametrize("args", [("clear", "--op", "relu", "--yes"), ("prune", "--older-than", "1s", "--yes"),
                                   ("clear", "--all", "--yes")])
 def test_fifo_lock_files_hang_neither_clear_nor_prune(fixture_copy, args):

@@ -74,8 +74,9 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     flt = expand_filter(root, flt)
     layouts = detect_layouts(root)
     unlisted = not layouts and _unlisted(root, collect)
-    for odd in state.odd_index_files(str(root)):  # read by the hidet layout with or without use_index: never opened
-        collect(f"{odd} is not a regular file: ignored (kcache writes a new index over it)")
+    for odd, removed in state.odd_index_files(str(root)):  # read by the hidet layout with or without use_index
+        collect(f"{odd} is not a regular file: removed (kcache keeps its index there)" if removed else
+                f"{odd} is not a regular file: ignored (remove it: kcache keeps its index there)")
     readmarks.load(root)
     if use_index:
         ctx: ScanContext = index.IndexedContext(root, collect, state.load_last_used(root))

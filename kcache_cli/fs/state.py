@@ -294,10 +294,12 @@ def open_index_dir(root: str, create: bool) -> int | None:
         os.close(rfd)
 
 
-def odd_index_files(root: str) -> list[str]:
+def odd_index_files(root: str) -> list[tuple[str, bool]]:
     """The index files of `root` (this user's) that are there but not regular files: a FIFO, device,
-    socket, directory or link planted where kcache keeps its state. They are never opened for reading
-    (the index skips them) and a writer renames a fresh index over them; the scan warns once."""
+    socket, directory or link planted where kcache keeps its state, each with whether it was removed
+    now. They are never opened for reading (the index skips them); what is not a directory is unlinked
+    (the name alone, this user's own index name), so that the scan warns once, not at every command of
+    a cache too small to keep an index over it (a cron job's nightly mail)."""
     dfd = open_index_dir(root, create=False)
     if dfd is None:
         return []
@@ -309,10 +311,19 @@ def odd_index_files(root: str) -> list[str]:
             except OSError:
                 continue
             if not stat.S_ISREG(st.st_mode):
-                odd.append(os.path.join(root, STATE_DIR, INDEX_DIR, index_name(kind)))
+                path = os.path.join(root, STATE_DIR, INDEX_DIR, index_name(kind))
+                odd.append((path, not stat.S_ISDIR(st.st_mode) and _unlinked(dfd, index_name(kind))))
     finally:
         os.close(dfd)
     return odd
+
+
+def _unlinked(dir_fd: int, name: str) -> bool:
+    """Whether the file or link `name` was unlinked from `dir_fd` (not when this user may not)."""
+    try:
+        return fswrite.unlink_at(dir_fd, name)
+    except OSError:
+        return False
 
 
 # An index file is opened without blocking (a FIFO planted there must not hang every command), never
