@@ -350,6 +350,24 @@ def test_index_never_written_through_a_symlink(cache, judged, tmp_path):
     assert list(elsewhere.iterdir()) == []
 
 
+
+def test_index_never_written_through_a_temp_file_swapped_for_a_hard_link(cache, judged, tmp_path, monkeypatch):
+    """A member who may write .kcache/index/ (a group-shared cache) swaps the writer's temp file, while its
+    scan runs, for a hard link to a file elsewhere: root's index is written only through the file it made."""
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"not kcache's\n")
+    real = hidet._op_entry
+
+    def swapping(ctx, job):
+        for tmp in (cache / ".kcache" / "index").glob(".tmp-*"):
+            tmp.unlink()
+            os.link(outside, tmp)
+        return real(ctx, job)
+
+    monkeypatch.setattr(hidet, "_op_entry", swapping)
+    scan_cache(cache, use_index=True)
+    assert outside.read_bytes() == b"not kcache's\n"
+
 def test_unwritable_cache_has_no_index_and_still_answers(cache, judged):
     shutil.rmtree(cache / ".kcache", ignore_errors=True)
     (cache / ".kcache").write_text("not a directory")  # mkdir fails, as on a read-only cache

@@ -174,7 +174,7 @@ def test_roots_own_index_in_a_users_cache_stays_roots_and_is_used(area):
     root = user_cache(area, "indexed")
     started = state.start_index_write(str(root))
     assert started is not None
-    state.finish_index_write(*started[:2], b"kcache index bytes", "scan")
+    state.finish_index_write(*started[:3], b"kcache index bytes", "scan")
     kept = root / ".kcache" / "index" / state.index_name("scan")
     assert os.stat(kept).st_uid == 0 and os.stat(kept.parent).st_uid == USER
     assert state.read_index_file(str(root), "scan", 1 << 20) == b"kcache index bytes"

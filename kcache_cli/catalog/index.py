@@ -317,7 +317,7 @@ class IndexedContext(ScanContext):
         self._new: dict = {}
         self._visited: set[str] = set()
         self._changed = False
-        self._writer: tuple[int, str, int] | None = None  # index dir fd, temp name, racy limit (ns)
+        self._writer: tuple[int, int, str, int] | None = None  # index dir fd, temp fd, temp name, racy limit
         self._started = time.monotonic_ns()  # before the layouts read anything (see _start_write)
         try:
             self._context = _context(root)
@@ -329,7 +329,7 @@ class IndexedContext(ScanContext):
         stored, new = self._stored, self._new
         if self._writer is None and hasattr(self, "_context") and (len(jobs) >= MIN_ENTRIES or stored):
             self._writer = _start_write(str(self.root), self._started)  # before any entry is stat'ed
-        racy_ns = self._writer[2] if self._writer else -1  # no writer: nothing will be stored anyway
+        racy_ns = self._writer[3] if self._writer else -1  # no writer: nothing will be stored anyway
         results: Iterator[Any] = super().map_entries(_Wrapped(func, stored, racy_ns), jobs)
         self._visited.update([job[0] for job in jobs])
         for job, out in zip(jobs, results):
@@ -353,13 +353,13 @@ class IndexedContext(ScanContext):
         records of entries that are gone. Never raises."""
         if self._writer is None:
             return
-        dfd, tmp, _ = self._writer
+        dfd, fd, tmp, _ = self._writer
         self._writer = None
         if not (self._changed or complete and any(p not in self._visited for p in self._stored)):
-            _finish_write(dfd, tmp, None)  # nothing learnt, nothing gone
+            _finish_write(dfd, fd, tmp, None)  # nothing learnt, nothing gone
             return
         records = self._new if complete else {**self._stored, **self._new}
-        _finish_write(dfd, tmp, {"context": self._context, "records": records})
+        _finish_write(dfd, fd, tmp, {"context": self._context, "records": records})
 
 
 def _answer_of(rec: Record, last_used: float | None = None) -> Any:
@@ -371,20 +371,20 @@ def _answer_of(rec: Record, last_used: float | None = None) -> Any:
     return entry if rec[4] is None else (entry, *rec[4])
 
 
-def _start_write(root: str, started: int) -> tuple[int, str, int] | None:
+def _start_write(root: str, started: int) -> tuple[int, int, str, int] | None:
     """Create the temp file the index will be written to (state.start_index_write): its ctime is the file
     system's "now", less the time since the scan `started` (time.monotonic_ns), from which entries are
     judged too recent to store. None when the cache is not writable."""
     made = start_index_write(root)
     if made is None:
         return None
-    dfd, tmp, now = made
-    return dfd, tmp, now - (time.monotonic_ns() - started) - int(RACY_SECONDS * 1e9)
+    dfd, fd, tmp, now = made
+    return dfd, fd, tmp, now - (time.monotonic_ns() - started) - int(RACY_SECONDS * 1e9)
 
 
-def _finish_write(dfd: int, tmp: str, obj: dict | None, kind: str = "scan") -> None:
-    """Write `obj` (None: nothing) through the temp file `tmp` made by _start_write, then close the
-    index directory's `dfd`; the temp file never stays. Never raises."""
+def _finish_write(dfd: int, fd: int, tmp: str, obj: dict | None, kind: str = "scan") -> None:
+    """Write `obj` (None: nothing) through the temp file (`fd`, named `tmp`) made by _start_write, then
+    close it and the index directory's `dfd`; the temp file never stays. Never raises."""
     data = None
     if obj is not None:
         try:
@@ -392,4 +392,4 @@ def _finish_write(dfd: int, tmp: str, obj: dict | None, kind: str = "scan") -> N
             data = MAGIC + _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
         except (pickle.PicklingError, ValueError, RecursionError, TypeError):
             data = None
-    finish_index_write(dfd, tmp, data, kind)
+    finish_index_write(dfd, fd, tmp, data, kind)

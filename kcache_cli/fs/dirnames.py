@@ -226,7 +226,7 @@ class DirNames:
         made = state.start_index_write(self.root)
         if made is None:
             return
-        dfd, tmp, now = made
+        dfd, fd, tmp, now = made
         since = time.monotonic_ns()  # `now` (the file system's) less the time since each listing
         racy = int(RACY_SECONDS * 1e9)
         new = {rel: listing for rel, (listing, listed, _) in self._new.items()
@@ -234,12 +234,12 @@ class DirNames:
         self._new.clear()
         self._gone.clear()
         if not new and not gone:
-            state.finish_index_write(dfd, tmp, None, KIND)
+            state.finish_index_write(dfd, fd, tmp, None, KIND)
             return
         records = {rel: v for rel, v in kept.items() if rel not in gone}
         records.update(new)
         data = _dump(records)
-        state.finish_index_write(dfd, tmp, data if len(data) <= MAX_BYTES else None, KIND)
+        state.finish_index_write(dfd, fd, tmp, data if len(data) <= MAX_BYTES else None, KIND)
         self._kept = records  # what the file holds now, for this process's next questions
 
 

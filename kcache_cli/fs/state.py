@@ -365,10 +365,10 @@ def read_index_file(root: str, kind: str, limit: int) -> bytes | None:
     return chunks[0] if len(chunks) <= 2 and not chunks[-1] else b"".join(chunks)
 
 
-def start_index_write(root: str) -> tuple[int, str, int] | None:
+def start_index_write(root: str) -> tuple[int, int, str, int] | None:
     """A new temp file in <root>/.kcache/index/ for an index file to be written through: (the index
-    directory's fd, the temp file's name, its ctime in ns: the file system's own "now"). None when the
-    cache is not writable."""
+    directory's fd, the temp file's fd, its name, its ctime in ns: the file system's own "now"). None when
+    the cache is not writable."""
     dfd = open_index_dir(root, create=True)
     if dfd is None:
         return None
@@ -379,31 +379,30 @@ def start_index_write(root: str) -> tuple[int, str, int] | None:
         fd = fswrite.create_excl(dfd, tmp, 0o644)
         try:
             now = os.fstat(fd).st_ctime_ns
-        finally:
+        except OSError:
             os.close(fd)
+            raise
     except OSError:
         os.close(dfd)
         return None
-    return dfd, tmp, now
+    return dfd, fd, tmp, now  # the temp file stays open: finish_index_write writes through this fd
 
 
-def finish_index_write(dfd: int, tmp: str, data: bytes | None, kind: str) -> None:
-    """Write `data` (None: nothing) through the temp file `tmp` of start_index_write and rename it over
-    this user's `kind` file (readers see the old file or the new one), then close `dfd`. The temp file
-    never stays; never raises."""
+def finish_index_write(dfd: int, fd: int, tmp: str, data: bytes | None, kind: str) -> None:
+    """Write `data` (None: nothing) through the temp file `fd` of start_index_write, never reopened by its
+    name `tmp` (whoever may write the index directory can swap that name for a link to another file), and
+    rename it over this user's `kind` file (readers see the old file or the new one), then close `fd` and
+    `dfd`. The temp file never stays; never raises."""
     try:
         if data is not None:
-            fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-            try:
-                fswrite.write_all(fd, data)
-            finally:
-                os.close(fd)
+            fswrite.write_all(fd, data)
             fswrite.rename_at(dfd, tmp, dfd, index_name(kind))
             tmp = ""
             _remove_stale_temps(dfd)
     except OSError:
         pass
     finally:
+        os.close(fd)
         if tmp:
             try:
                 fswrite.unlink_at(dfd, tmp)
