@@ -112,14 +112,17 @@ def test_unchanged_cache_is_answered_from_the_index(cache, judged):
 def test_a_group_shared_cache_is_answered_from_the_index_too(cache, judged):
     """In a group-shared root (2775) kcache's state is the group's, but a user's index is theirs alone: it
     is read back only when no one else may write it (a member could forge what root's scan believes), so it
-    must not be written group-writable, or no `ls` of a shared cache is ever answered from it."""
+    must not be written group-writable, or no `ls` of a shared cache is ever answered from it. It lies in
+    the user's own directory of .kcache/index/, which no member may write (nor rename a file into)."""
     os.chmod(cache, 0o2775)
     first = scan_cache(cache, use_index=True)
-    made = os.stat(cache / ".kcache" / "index" / state.index_name())
+    own = cache / ".kcache" / "index" / str(os.geteuid())
+    made = os.stat(own / state.index_name())
     judged.clear()
     again = scan_cache(cache, use_index=True)
     assert judged == [] and again.entries == first.entries, oct(made.st_mode)
-    assert made.st_uid == os.geteuid() and not made.st_mode & 0o022
+    for st in (made, os.stat(own)):
+        assert st.st_uid == os.geteuid() and not st.st_mode & 0o022, oct(st.st_mode)
 
 
 def test_cli_ls_and_stats_json_same_with_and_without_index(cache, kcache, judged):

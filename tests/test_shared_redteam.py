@@ -172,3 +172,59 @@ def test_a_users_notes_are_one_file_whose_name_writes_the_uid_as_str_does(fixtur
         (root / ".kcache" / name).write_text("{}")
     read = state.read_user_files(root, "reads.", 1 << 20)
     assert [f.uid for f in read] == [0]
+
+
+def _forged_index(root: Path, relpath: str) -> bytes:
+    """Root's scan index of `root` as a member can make it (the context is root's uid and groups, the root's
+    path and stat, kcache's code files' stats; each key is lstats of the entry), with `relpath` said corrupt."""
+    import pickle
+    import zlib
+
+    from kcache_cli.catalog import index
+    from kcache_cli.catalog.scan import scan_cache
+    from kcache_cli.fs import state
+
+    saved = index.MIN_ENTRIES, index.RACY_SECONDS
+    index.MIN_ENTRIES, index.RACY_SECONDS = 0, -1e9
+    try:
+        scan_cache(root, use_index=True)
+    finally:
+        index.MIN_ENTRIES, index.RACY_SECONDS = saved
+    made = next((root / ".kcache" / "index").rglob(state.index_name()))
+    data = made.read_bytes()
+    made.unlink()
+    obj = pickle.loads(data[len(index.MAGIC) + index._HEADER.size:])
+    status, reason = index.FIELDS.index("status"), index.FIELDS.index("reason")
+    for path, rec in obj["records"].items():
+        if path.endswith(relpath):
+            values = list(rec[3])
+            values[status], values[reason] = "corrupt", "forged by a member"
+            obj["records"][path] = (*rec[:3], tuple(values), rec[4])
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return index.MAGIC + index._HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def test_a_roots_file_a_member_moves_into_the_index_directory_is_never_roots_index(area):
+    """Root's import (or build) of a member's files leaves root-owned 0644 files of the member's making in
+    group-writable entry directories; a member renames one into .kcache/index/ as root's scan.0, holding an
+    index forged for root's context: root's ls must still say what a scan says, not the forged status."""
+    import json
+    import time
+
+    root = shared_dir(area / "cache", FIXTURES / "hidet")
+    old = time.time() - 7200
+    for p in (root, *root.rglob("*")):
+        os.utime(p, (old, old), follow_symlinks=False)
+    victim = "ops/cuda_space_0/softmax/ad252b064b266eea"
+    planted = root / "ops" / "imported.txt"
+    planted.write_bytes(_forged_index(root, victim))  # as root's import writes it: root's, 0644
+    os.chmod(planted, 0o644)
+    kcache("--cache-dir", root, "ls", "--json")  # root's index directory is there, as after any cron run
+    attacker("import os, sys\nfor d, _, _ in os.walk(sys.argv[2]):\n"
+             "    try: os.rename(sys.argv[1], os.path.join(d, 'scan.0'))\n    except OSError: pass",
+             planted, root / ".kcache" / "index")
+    served = kcache("--cache-dir", root, "ls", "--json")
+    real = kcache("--cache-dir", root, "ls", "--json", "--no-index")
+    status = {e["path"]: (e["status"], e["reason"]) for e in json.loads(served.stdout)["entries"]}
+    assert status[str(root / victim)] == ("complete", None), status[str(root / victim)]
+    assert json.loads(served.stdout)["entries"] == json.loads(real.stdout)["entries"]

@@ -1,6 +1,7 @@
 """An exact index of scanned entries, so that a second `ls`/`stats` on an unchanged cache skips the judging.
 
-The index lives in `<root>/.kcache/index/scan.<euid>`. It is a layer around the per-entry scan
+The index lives in `<root>/.kcache/index/scan.<euid>` (in a group-shared root, in the user's own
+`.kcache/index/<euid>/`: fs/state.py open_index_dir). It is a layer around the per-entry scan
 (`ScanContext.map_entries`, through which hidet's op entries, Triton's kernels, Inductor's entries,
 vLLM's units, tilelang's kernels and binaries and tilus's programs are judged): each record is one entry
 exactly as the scan judged it (every `Entry` field, so new fields and statuses pass through) plus a key

@@ -280,18 +280,50 @@ def index_name(kind: str = "scan") -> str:
 
 
 def open_index_dir(root: str, create: bool) -> int | None:
-    """A descriptor of <root>/.kcache/index, opened beneath the root without following a link, each
-    level owned as open_state requires (else None: no index is read or written there)."""
+    """A descriptor of the directory that holds this user's index files: <root>/.kcache/index, opened
+    beneath the root without following a link, each level owned as open_state requires; in a group-shared
+    root, this user's own directory in it (_own_index_dir). None: no index is read or written there."""
+    got = _index_dir(root, create)
+    return got[0] if got is not None else None
+
+
+def _index_dir(root: str, create: bool) -> tuple[int, str] | None:
+    """open_index_dir's descriptor, and its path relative to the root."""
     try:
         rfd = fswrite.open_root(root)
     except OSError:
         return None
     try:
-        return open_state(rfd, root, INDEX_DIR, create=create)
+        fd = open_state(rfd, root, INDEX_DIR, create=create)
+        shared = fswrite.group_shared(os.fstat(rfd))
     except OSError:
         return None
     finally:
         os.close(rfd)
+    if not shared:
+        return fd, os.path.join(STATE_DIR, INDEX_DIR)
+    try:
+        return _own_index_dir(fd, create), os.path.join(STATE_DIR, INDEX_DIR, str(os.geteuid()))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _own_index_dir(index_fd: int, create: bool) -> int:
+    """This user's directory in a group-shared .kcache/index/ (named by the euid, made 0755: never shared
+    nor given away), which no one else may write. Every member may rename into .kcache/index/ itself, a
+    file of root's too (one root's import or build made of a member's bytes): read_index_file's owner
+    check cannot tell that from root's own index. OSError when it is not this user's alone."""
+    name = str(os.geteuid())
+    if create:
+        fswrite.mkdir_at(index_fd, name, 0o755, exist_ok=True)
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=index_fd)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise PermissionError(errno.EPERM, "not this user's own directory", name)
+    return fd
 
 
 def odd_index_files(root: str) -> list[tuple[str, bool]]:
@@ -300,9 +332,10 @@ def odd_index_files(root: str) -> list[tuple[str, bool]]:
     now. They are never opened for reading (the index skips them); what is not a directory is unlinked
     (the name alone, this user's own index name), so that the scan warns once, not at every command of
     a cache too small to keep an index over it (a cron job's nightly mail)."""
-    dfd = open_index_dir(root, create=False)
-    if dfd is None:
+    got = _index_dir(root, create=False)
+    if got is None:
         return []
+    dfd, rel = got
     odd = []
     try:
         for kind in INDEX_KINDS:
@@ -311,7 +344,7 @@ def odd_index_files(root: str) -> list[tuple[str, bool]]:
             except OSError:
                 continue
             if not stat.S_ISREG(st.st_mode):
-                path = os.path.join(root, STATE_DIR, INDEX_DIR, index_name(kind))
+                path = os.path.join(root, rel, index_name(kind))
                 odd.append((path, not stat.S_ISDIR(st.st_mode) and _unlinked(dfd, index_name(kind))))
     finally:
         os.close(dfd)
