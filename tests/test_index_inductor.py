@@ -190,3 +190,23 @@ def test_an_autograd_variant_is_read_once_for_its_key_and_verdict(cache, monkeyp
     reads.clear()
     inductor.graph_keys(str(aot), os.listdir(aot))
     assert sorted(reads) == sorted(os.listdir(aot))
+
+
+def test_a_shard_whose_kernel_torch_now_compiles_is_judged_again(cache, judged):
+    """A shard judged corrupt (a truncated .so) is building while torch holds the kernel's
+    `locks/<key>.lock` (its FileLock, a flock): a lock file that already exists changes no stat."""
+    import fcntl
+
+    so = next(p for p in sorted(cache.glob("*/*.so")))
+    os.truncate(so, 40)
+    key = so.name.split(".")[0]
+    lock = cache / "locks" / f"{key}.lock"
+    lock.parent.mkdir(exist_ok=True)
+    lock.touch()
+    time.sleep(RACY * 2)
+    assert by_path(scan_cache(cache, use_index=True).entries)[so.parent.name].status == "corrupt"
+    with open(lock, "rb") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        got, real = both(cache, judged)
+        assert by_path(real)[so.parent.name].status == "building"
+        assert got == real

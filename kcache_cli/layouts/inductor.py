@@ -785,6 +785,8 @@ def _entry(ctx, job: tuple) -> Entry | None:
             return None  # a two-letter directory of someone else's
         seen = _seen(d, kind, lst) if recording is not None else None
         j = _judge(d, kind, Judging(), lst, memo if seen is None else {})  # judged after the key was taken
+    if kind == CODE and j.status == CORRUPT:
+        seen = None  # torch's lock on its broken kernel, which no stat shows, makes it building (_compiling)
     if recording is not None:
         recording[path] = seen
     target = code_target(lst) if kind == CODE and lst is not None else None
