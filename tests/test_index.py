@@ -248,6 +248,28 @@ def test_index_with_a_global_in_its_pickle_is_refused(cache, judged):
     assert index.load(str(cache), ("anything",)) == {}
 
 
+def test_a_record_naming_another_path_than_its_entrys_is_never_served(cache, judged, tmp_path):
+    """An index that passed every check of its file (root's, in a user's cache the user may rename a file
+    of root's into) holds a record whose path is a directory outside the cache: the entry is judged
+    again, never listed (nor exported) as that directory."""
+    import pickle
+    import zlib
+
+    primed(cache, judged)
+    path = cache / ".kcache" / "index" / state.index_name()
+    data = path.read_bytes()
+    obj = pickle.loads(data[len(index.MAGIC) + index._HEADER.size:])
+    elsewhere = str(tmp_path / "elsewhere")
+    for key, rec in obj["records"].items():
+        values = list(rec[3])
+        values[index.FIELDS.index("path")] = elsewhere
+        obj["records"][key] = (*rec[:3], tuple(values), rec[4])
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    path.write_bytes(index.MAGIC + index._HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
+    got, real = both(cache, judged)
+    assert got == real and elsewhere not in {e.path for e in got}
+
+
 def test_index_writable_by_others_or_owned_by_another_user_is_ignored(cache, judged):
     primed(cache, judged)
     path = cache / ".kcache" / "index" / state.index_name()

@@ -172,12 +172,13 @@ def _func_name(func: Callable) -> str:
 
 
 def _servable(rec: Any, asked: tuple, anchor: fsread.Anchor | None = None) -> float | None:
-    """When `rec` is a well-formed record of the same function and job whose files are unchanged: the
-    newest atime of those files; else None. Below the root held open (`anchor`), its files are lstat'ed
-    from it: the root's path is not walked again for each (7% of an unchanged entry's time)."""
+    """When `rec` is a well-formed record of the same function and job (its entry's path the job's, as
+    _record stores it) whose files are unchanged: the newest atime of those files; else None. Below the
+    root held open (`anchor`), its files are lstat'ed from it: the root's path is not walked again for
+    each (7% of an unchanged entry's time)."""
+    path = asked[1][0]
     if (type(rec) is tuple and len(rec) == 5 and rec[2] == asked and type(rec[3]) is tuple
-            and len(rec[3]) == _NFIELDS and (rec[4] is None or type(rec[4]) is tuple)):
-        path = asked[1][0]
+            and len(rec[3]) == _NFIELDS and rec[3][_PATH] == path and (rec[4] is None or type(rec[4]) is tuple)):
         if anchor is not None and anchor.fd >= 0 and anchor.holds(path):
             return _fresh(anchor.rel(path), rec[0], rec[1], anchor.fd)  # _fresh fails on odd names
         return _fresh(path, rec[0], rec[1])
