@@ -92,6 +92,18 @@ def test_an_autograd_entry_follows_its_graphs(cache, judged):
     assert {e.status for e in got if e.kind == "autograd"} == {"partial"}
 
 
+def test_an_autograd_entry_whose_graphs_shard_became_a_link_is_judged_again(cache, judged):
+    """A member renames fxgraph/<xx>/ and leaves a link to it in its place: every stat of the graphs is
+    the same through the link, but the scan follows no link (the graph is missing: partial)."""
+    primed(cache, judged)
+    for shard in sorted((cache / "fxgraph").iterdir()):
+        shard.rename(shard.with_name(shard.name + "-moved"))
+        shard.symlink_to(shard.name + "-moved")
+    got, real = both(cache, judged)
+    assert {e.status for e in real if e.kind == "autograd"} == {"partial"}
+    assert got == real
+
+
 def test_an_autograd_entry_served_is_used_when_its_own_files_are_not_its_graphs(cache, judged):
     """Its key holds the stats of the fx graphs it names (../../fxgraph/...), its last use only its own files'
     (Listing.usage): a read of a graph alone (torch's hit on the graph, or another entry naming it) makes

@@ -59,7 +59,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from importlib.util import find_spec
-from stat import S_ISLNK
+from stat import S_ISDIR, S_ISLNK
 from typing import Any
 
 import kcache_cli
@@ -124,8 +124,27 @@ def _fresh(where: str, names: tuple[str, ...], digest: bytes, dir_fd: int | None
     if _digest(ints) != digest:
         return None
     if names and names[-1].startswith("../"):  # graphs an aotautograd entry names: after its files (_seen)
+        if not _dirs_on_the_way(prefix, names, dir_fd):
+            return None
         sts = [st for name, st in zip(names, sts) if not name.startswith("../")]
     return readmarks.newest_atime(sts)
+
+
+def _dirs_on_the_way(prefix: str, names: tuple[str, ...], dir_fd: int | None) -> bool:
+    """Whether the directories that the key's names outside the entry (`../`) lead through, and that are
+    no name of the key themselves (an aotautograd entry's `../../fxgraph/<xx>/`), are still directories:
+    lstat follows a link on the way, so one swapped for a link to the same directory keeps every stat the
+    key holds, where the scan, which follows none, finds the graph missing."""
+    between: set[str] = set()
+    for name in names:
+        if name.startswith("../"):
+            parts = name.split("/")
+            up = next((i for i, part in enumerate(parts) if part != ".."), len(parts))
+            between.update("/".join(parts[:i]) for i in range(up + 1, len(parts)))
+    try:
+        return all(S_ISDIR(os.lstat(prefix + rel, dir_fd=dir_fd).st_mode) for rel in between.difference(names))
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 _INTERNED: dict[tuple[str, ...], tuple[str, ...]] = {}
