@@ -113,16 +113,24 @@ def test_a_group_shared_cache_is_answered_from_the_index_too(cache, judged):
     """In a group-shared root (2775) kcache's state is the group's, but a user's index is theirs alone: it
     is read back only when no one else may write it (a member could forge what root's scan believes), so it
     must not be written group-writable, or no `ls` of a shared cache is ever answered from it. It lies in
-    the user's own directory of .kcache/index/, which no member may write (nor rename a file into)."""
+    the user's own directory of .kcache/index/, which no member may write (nor rename a file into), nor
+    read (its names are of other members' private entries too); the files an older kcache left in
+    .kcache/index/ itself go when it is made."""
     os.chmod(cache, 0o2775)
+    old = cache / ".kcache" / "index"
+    old.mkdir(parents=True)
+    for kind in ("scan", "names"):  # what the code before wrote, group-writable, and never read back
+        (old / state.index_name(kind)).write_bytes(b"KCACHE")
+        os.chmod(old / state.index_name(kind), 0o664)
     first = scan_cache(cache, use_index=True)
-    own = cache / ".kcache" / "index" / str(os.geteuid())
+    own = old / str(os.geteuid())
     made = os.stat(own / state.index_name())
     judged.clear()
     again = scan_cache(cache, use_index=True)
     assert judged == [] and again.entries == first.entries, oct(made.st_mode)
     for st in (made, os.stat(own)):
         assert st.st_uid == os.geteuid() and not st.st_mode & 0o022, oct(st.st_mode)
+    assert not os.stat(own).st_mode & 0o077 and sorted(p.name for p in old.iterdir()) == [own.name]
 
 
 def test_cli_ls_and_stats_json_same_with_and_without_index(cache, kcache, judged):

@@ -311,19 +311,32 @@ def _index_dir(root: str, create: bool) -> tuple[int, str] | None:
 
 
 def _own_index_dir(index_fd: int, create: bool) -> int:
-    """This user's directory in a group-shared .kcache/index/ (named by the euid, made 0755: never shared
-    nor given away), which no one else may write. Every member may rename into .kcache/index/ itself, a
-    file of root's too (one root's import or build made of a member's bytes): read_index_file's owner
-    check cannot tell that from root's own index. OSError when it is not this user's alone."""
+    """This user's directory in a group-shared .kcache/index/ (named by the euid, made 0700: never shared
+    nor given away, and the names an index holds, of other members' private entries too, are its user's
+    to read), which no one else may write. Every member may rename into .kcache/index/ itself, a file of
+    root's too (one root's import or build made of a member's bytes): read_index_file's owner check cannot
+    tell that from root's own index. OSError when it is not this user's alone. Made, it takes the place
+    of this user's files an older kcache left in .kcache/index/ itself (never read there again)."""
     name = str(os.geteuid())
-    if create:
-        fswrite.mkdir_at(index_fd, name, 0o755, exist_ok=True)
+    if create and fswrite.mkdir_at(index_fd, name, 0o700, exist_ok=True):
+        _drop_own_files(index_fd)
     fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=index_fd)
     st = os.fstat(fd)
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:
         os.close(fd)
         raise PermissionError(errno.EPERM, "not this user's own directory", name)
     return fd
+
+
+def _drop_own_files(index_fd: int) -> None:
+    """Unlink this user's own index files (regular files of theirs) from the directory `index_fd`."""
+    for kind in INDEX_KINDS:
+        try:
+            st = os.stat(index_name(kind), dir_fd=index_fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                fswrite.unlink_at(index_fd, index_name(kind))
+        except OSError:
+            continue
 
 
 def odd_index_files(root: str) -> list[tuple[str, bool]]:
