@@ -7,6 +7,7 @@ tests/test_shared_attacks.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -545,11 +547,10 @@ def last_uses(run: subprocess.CompletedProcess) -> dict[str, str]:
     return {e["path"]: e["last_used"] for e in json.loads(run.stdout)["entries"]}
 
 
-@pytest.mark.second_user
-def test_a_members_reads_leave_another_members_entries_last_use_alone(area):
-    """strictatime: every read moves atime. Member B (not the owner: O_NOATIME is refused) lists, weighs,
-    verifies, inspects, reads the log of, compares, exports and pushes member A's entries; each entry's
-    last use stays where it was, for B, A and root alike; a compiler's read afterwards is still a use."""
+@contextlib.contextmanager
+def members_copy(area: Path, fixture: str) -> Iterator[Path]:
+    """A copy of the real `fixture` on a strictatime tmpfs (every read moves atime), shared with the group,
+    member A's (its root included), everything in it read last at T; unmounted after."""
     import shutil
 
     mnt = area / "mnt"
@@ -561,14 +562,24 @@ def test_a_members_reads_leave_another_members_entries_last_use_alone(area):
                     "that a member's reads are not a use")
     try:
         root = mnt / "cache"
-        shutil.copytree(FIXTURES / "hidet", root)
+        shutil.copytree(FIXTURES / fixture, root, symlinks=True)
         share(root)
-        for dirpath, dirs, files in os.walk(root):  # member A's entries
-            for n in [dirpath, *(os.path.join(dirpath, f) for f in dirs + files)]:
-                os.lchown(n, NON_MEMBER + 1, GROUP)
         for dirpath, dirs, files in os.walk(root, topdown=False):
             for n in files + dirs:
+                os.lchown(os.path.join(dirpath, n), NON_MEMBER + 1, GROUP)
                 os.utime(os.path.join(dirpath, n), (T, T), follow_symlinks=False)
+        os.lchown(root, NON_MEMBER + 1, GROUP)
+        yield root
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.second_user
+def test_a_members_reads_leave_another_members_entries_last_use_alone(area):
+    """strictatime: every read moves atime. Member B (not the owner: O_NOATIME is refused) lists, weighs,
+    verifies, inspects, reads the log of, compares, exports and pushes member A's entries; each entry's
+    last use stays where it was, for B, A and root alike; a compiler's read afterwards is still a use."""
+    with members_copy(area, "hidet") as root:
         before = last_uses(root_kcache("--cache-dir", root, "ls", "--json"))
         lib = next(root.glob("ops/*/*/*/lib.so"))
         out = area / "out"  # where B may write its archive and a file remote
@@ -592,8 +603,6 @@ def test_a_members_reads_leave_another_members_entries_last_use_alone(area):
         assert after[str(lib.parent)] != before[str(lib.parent)]
         assert {p: t for p, t in after.items() if p != str(lib.parent)} == \
             {p: t for p, t in before.items() if p != str(lib.parent)}
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.second_user
@@ -603,23 +612,7 @@ def test_a_members_reads_are_no_use_where_entries_are_measured_as_trees(area, na
     (records.measure_tree: tilus's programs with their module/; vLLM, JAX and Numba are measured alike): member
     B's judging reads move the atimes of member A's files, and each entry's last use stays where it was, for B
     and root alike (tilus's moved before: the reads of this very scan were not yet noted)."""
-    import shutil
-
-    mnt = area / "mnt"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "strictatime,size=64m,mode=755", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"SKIPPED LOUDLY: cannot mount a strictatime tmpfs ({done.stderr.strip()}): nothing proved "
-                    "that a member's reads are not a use")
-    try:
-        root = mnt / "cache"
-        shutil.copytree(FIXTURES / name, root, symlinks=True)
-        share(root)
-        for dirpath, dirs, files in os.walk(root, topdown=False):  # member A's, all read last at T
-            for n in files + dirs:
-                os.lchown(os.path.join(dirpath, n), NON_MEMBER + 1, GROUP)
-                os.utime(os.path.join(dirpath, n), (T, T), follow_symlinks=False)
+    with members_copy(area, name) as root:
         before = last_uses(root_kcache("--cache-dir", root, "ls", "--json", "--no-index"))
         assert before and all(t.startswith("2023-") for t in before.values()), before
         assert other_member_kcache("--cache-dir", root, "ls", "--json", "--no-index").returncode == 0
@@ -628,8 +621,6 @@ def test_a_members_reads_are_no_use_where_entries_are_measured_as_trees(area, na
         assert moved, "B's reads moved no atime: the test proves nothing"
         assert last_uses(other_member_kcache("--cache-dir", root, "ls", "--json", "--no-index")) == before
         assert last_uses(root_kcache("--cache-dir", root, "ls", "--json", "--no-index")) == before
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 # B's kcache with its scan in worker processes however small the cache (PARALLEL_MIN_JOBS: 4,000 jobs)
@@ -644,28 +635,13 @@ def test_a_members_reads_in_scan_workers_are_no_use_whichever_process_notes_firs
     command at the scan's: the command's note of the earlier read (atime before, after it) went over the
     worker's of the later one, and the atime that later read left counted as a use, for B and root alike,
     run after run."""
-    import shutil
     import site
 
     from kcache_cli.util import parallel
 
     if parallel.cpus() < 2:
         pytest.skip("SKIPPED LOUDLY: one CPU, no scan workers: nothing proved")
-    mnt = area / "mnt"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "strictatime,size=64m,mode=755", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"SKIPPED LOUDLY: cannot mount a strictatime tmpfs ({done.stderr.strip()}): nothing proved "
-                    "that a member's reads are not a use")
-    try:
-        root = mnt / "cache"
-        shutil.copytree(FIXTURES / "tilus", root, symlinks=True)
-        share(root)
-        for dirpath, dirs, files in os.walk(root, topdown=False):  # member A's, all read last at T
-            for n in files + dirs:
-                os.lchown(os.path.join(dirpath, n), NON_MEMBER + 1, GROUP)
-                os.utime(os.path.join(dirpath, n), (T, T), follow_symlinks=False)
+    with members_copy(area, "tilus") as root:
         before = last_uses(root_kcache("--cache-dir", root, "ls", "--json", "--no-index"))
         assert before and all(t.startswith("2023-") for t in before.values()), before
         here = Path(__file__).resolve().parents[1]
@@ -678,8 +654,6 @@ def test_a_members_reads_in_scan_workers_are_no_use_whichever_process_notes_firs
         assert [p for p in root.rglob("*") if p.is_file() and p.stat().st_atime_ns != T * 10**9], "no read moved"
         assert last_uses(other_member_kcache("--cache-dir", root, "ls", "--json", "--no-index")) == before
         assert last_uses(root_kcache("--cache-dir", root, "ls", "--json", "--no-index")) == before
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.second_user
