@@ -1056,7 +1056,7 @@ def explain_record(record: Mapping[str, object], here: Here) -> Verdict:
     return _verdict(key, version, target, status if isinstance(status, str) else COMPLETE, None, here)
 
 
-def _verdict(key: str, recorded: str | None, target: dict | None, status: str | None, reason: str | None,
+def _verdict(key: str, recorded: str | None, target: dict | None, status: str, reason: str | None,
              here: Here) -> Verdict:
     if (not_asked := unasked(here)) is not None:
         return not_asked
@@ -1067,7 +1067,7 @@ def _verdict(key: str, recorded: str | None, target: dict | None, status: str | 
         return not_installed("Triton", PACKAGE, said)
     if (recorded and recorded != have) or (era and version_era(have) != era):
         return Verdict(MISS, f"Triton {have} here keys kernels by its own version", "triton version", said, have)
-    if status not in (COMPLETE, None):  # Triton uses no incomplete or moved entry, on any GPU
+    if status != COMPLETE:  # Triton uses no incomplete or moved entry, on any GPU
         return Verdict(MISS, f"Triton does not use a {status} entry: {reason}", "status", status, COMPLETE)
     if target is None:
         return Verdict(UNKNOWN, f"{key[:12]} records no target (no kernel metadata): kcache cannot tell what "
@@ -1083,8 +1083,6 @@ def _verdict(key: str, recorded: str | None, target: dict | None, status: str | 
                        f"sm_{cc}{'a' if cc >= 90 else ''}")
     if target.get("warp_size") != 32:
         return Verdict(MISS, "CUDA warps are 32 threads", "target warp_size", str(target.get("warp_size")), "32")
-    if status != COMPLETE:
-        return Verdict(MISS, f"Triton does not use a {status} entry: {reason}", "status", status, COMPLETE)
     return _env_verdict(key, recorded, have, arch, here)
 
 
