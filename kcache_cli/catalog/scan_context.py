@@ -286,9 +286,7 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
 
     root, last_used, func = shared
     fsread.anchor(root)  # a forkserver's worker starts without the parent's anchors
-    if not readmarks.MARKS:  # ... without the notes of kcache's earlier reads (a forked one has the parent's)
-        readmarks.load(root)
-    readmarks.reading(root)  # ... and without knowing whose files its reads are
+    readmarks.in_worker(root)  # ... and without the notes of kcache's reads, nor whose files its reads are
     out: list[Any] = [None] * len(jobs)
     warned: list[str] = []
     failed: list[BaseException] = []

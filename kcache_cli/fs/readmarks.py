@@ -113,7 +113,18 @@ def note(dir_fd: int, listing: dict[str, os.stat_result]) -> None:
 
 def reading(root: str | os.PathLike) -> None:
     """From now on this process reads the entries of the cache `root`: what its reads move is noted there."""
-    fsread.READING = os.path.join(os.path.abspath(root), "")
+    fsread.READING = _key(root)
+
+
+def _key(root: str | os.PathLike) -> str:
+    return os.path.join(os.path.abspath(root), "")
+
+
+def in_worker(root: str | os.PathLike) -> None:
+    """A worker process reads the cache `root` with the notes its command loaded (readmarks.load, before
+    the scan): a forked one has them, a forkserver's, which inherits nothing, loads them."""
+    if fsread.READING != _key(root):
+        load(root)
 
 
 def _take_moved(root: str) -> dict[int, tuple[int, int]]:
@@ -156,7 +167,7 @@ def _parsed(raw: bytes | None) -> dict[int, tuple[int, int]]:
 def save(root: str | os.PathLike) -> None:
     """Merge this process's notes of its reads in the cache `root` into `.kcache/reads` (under its lock).
     Never fails the caller."""
-    key = os.path.join(os.path.abspath(root), "")
+    key = _key(root)
     new = _take_moved(key)
     if not new:
         return
