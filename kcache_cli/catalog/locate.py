@@ -319,7 +319,7 @@ def caches_as_in_a_home(path: Path) -> list[tuple[str, Path]]:
             continue
         there = path / rel
         names = detect(there) if rel.parts and fsread.is_dir(there) else ()
-        if names and all(there != p for _, p in found):
+        if names:  # (each known cache once: known_caches leaves out a second name of one)
             found.append((", ".join(names), there))
     return found
 

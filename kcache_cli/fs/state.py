@@ -320,7 +320,7 @@ def _own_index_dir(index_fd: int, create: bool) -> int:
     name = str(os.geteuid())
     if create and fswrite.mkdir_at(index_fd, name, 0o700, exist_ok=True):
         _drop_own_files(index_fd)
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=index_fd)
+    fd = os.open(name, fsread.DIR_FLAGS, dir_fd=index_fd)
     st = os.fstat(fd)
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:
         os.close(fd)
