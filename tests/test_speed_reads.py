@@ -224,3 +224,48 @@ def test_a_read_takes_the_whole_file_whatever_its_size(tmp_path):
     finally:
         os.close(r)
         os.waitpid(pid, 0)
+
+
+def test_a_shared_walk_answers_as_the_file_system_did(tmp_path, monkeypatch):
+    """A tree walked once (walk_tree) answers its directories' listings and lstats from the walk, as listing
+    them then would: a name it did not see is not there, a link is no directory; a name through `..` still
+    goes to the file system (refused), and a directory outside the tree (a sibling sharing its name's
+    start) shares nothing. The usage is measure_tree's, the key every name beneath it."""
+    import stat
+
+    from kcache_cli.layouts._common import walk_tree
+    from kcache_cli.model.records import measure_tree
+
+    root = tmp_path / "cache"
+    unit = root / "u"
+    (unit / "a" / "b").mkdir(parents=True)
+    (unit / "a" / "b" / "f").write_bytes(b"x" * 5000)
+    (unit / "top").write_bytes(b"t")
+    os.symlink("a", unit / "link")
+    os.mkfifo(unit / "a" / "fifo")
+    (root / "u-x").mkdir()
+    anchor = fsread.anchor(root)
+    warned: list[str] = []
+    with EntryDir.open(str(unit), anchor) as d:
+        usage, key = walk_tree(d, warned.append, True)
+        assert usage == measure_tree(str(unit), warned.append) and not warned
+        assert key is not None and [n for n, _ in key[1]] == ["a", "a/b", "a/b/f", "a/fifo", "link", "top"]
+        listed: list[object] = []
+        monkeypatch.setattr(os, "scandir", lambda *a: listed.append(a))  # nothing may list again
+        assert d.subdirs() == ["a"] and sorted(d.names()) == ["a", "link", "top"]
+        assert stat.S_ISLNK(d.lstat("link").st_mode) and d.lstat("a/b/f").st_size == 5000
+        (unit / "a" / "b" / "g").write_bytes(b"")  # after the walk: not in it
+        with d.sub("a") as a:
+            assert a.subdirs() == ["b"] and list(a.files()[0]) == ["fifo"]
+            with pytest.raises(FileNotFoundError):
+                a.lstat("b/g")
+            with a.sub("b") as b:
+                assert b.read_bytes("f", 1 << 20) == b"x" * 5000 and b.walked() is not None
+        assert listed == []
+        with pytest.raises(OSError, match="outside its entry"):
+            d.lstat("a/../top")
+        with d.sub("link") as linked:
+            assert linked.fd is None and linked.walk is None
+        with EntryDir.open(str(root / "u-x"), anchor) as sibling:
+            sibling.share_walk(d.walk)
+            assert sibling.walk is None

@@ -428,3 +428,33 @@ def test_a_unit_whose_index_names_no_such_artifact_elsewhere_is_moved(made, tmp_
             assert run_kcache("--cache-dir", str(root), "verify", "--fix").exit_code == 0
             assert rows(root)[h10]["status"] == "complete"
             shutil.rmtree(root)
+
+
+def test_each_directory_of_a_unit_is_listed_once(cache, monkeypatch):
+    """A unit is walked once: its usage, the index's key and its judgement (its indexes, an unpacked
+    artifact's Inductor entries and the fx graphs they name) all go by that one listing of each directory
+    (they listed it two or three times, the most of what a cold vLLM listing cost)."""
+    from kcache_cli.catalog.scan_context import ScanContext
+    from kcache_cli.fs import read as fsread
+    from kcache_cli.layouts import vllm
+    from kcache_cli.model.records import measure_tree
+
+    listed: list[object] = []
+    for name in ("scandir", "listdir"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda *a, _real=real, **k: listed.append(a) or _real(*a, **k))
+    fsread.anchor(cache)
+    for unit in UNITS:
+        path = str(cache / unit)
+        dirs = sum(1 for _ in os.walk(path))  # os.walk lists through scandir too: counted, then dropped
+        expected = measure_tree(path, print)
+        listed.clear()
+        warned: list[str] = []
+        ctx = ScanContext(cache, warned.append)
+        ctx.recording = {}
+        entry = vllm._unit_entry(ctx, (path, "compile"))
+        assert entry.status == "complete" and not warned, (entry, warned)
+        assert len(listed) == dirs, (unit, UNITS[unit], len(listed), dirs)
+        assert (entry.size, entry.files, entry.apparent_size) == (expected.size, expected.files, expected.apparent)
+        names = [name for name, _ in ctx.recording[path][1]]  # the key: every name beneath it, sorted per directory
+        assert len(names) == sum(len(ds) + len(fs) for _, ds, fs in os.walk(path)) and names[0] == "rank_0_0"

@@ -13,7 +13,7 @@ byte: (the directory's stat, [(name, lstat)]), names relative to the entry. `rea
 entry's files (hidet, tilelang); Triton's listing the same, and nothing when the judgement looked
 outside the key directory (group paths into another root); Inductor's an aotautograd entry's files and
 those of the fx graphs it names (`../../fxgraph/<xx>/<key>/...`); vLLM's and tilus's every name in the
-unit's or program's tree, directories included (layouts/_common.py tree_stats). None: not stored.
+unit's or program's tree, directories included (layouts/_common.py walk_tree). None: not stored.
 
 The key (a BLAKE2b digest): the directory's inode, mtime and ctime (a file added, removed or renamed
 changes them), and each file's inode, size, mtime and ctime. A file rewritten in place changes neither

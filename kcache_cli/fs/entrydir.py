@@ -9,6 +9,8 @@ opened beneath it, no link followed. Nothing is looked up in module or per-threa
 judgement reads is what it was handed. A caller that read the files already (export) hands their bytes
 too (`held`): a read of a file that is still the one they came from (inode, size, mtime) takes them; and
 the listing it read them by (`listed`), which the judgement then goes by instead of listing again.
+A scan that walked the whole tree already (a vLLM unit) hands that walk (`Walk`, `share_walk`): every
+directory beneath then answers its listings and lstats from it, and is only opened to read a file.
 
 Light on purpose (os, stat, errno, fsread): the scan opens one per entry."""
 
@@ -19,7 +21,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
@@ -28,13 +30,22 @@ from kcache_cli.fs.read import DIR_FLAGS, RESOLVE_BENEATH, RESOLVE_NO_SYMLINKS, 
 _EUID = os.geteuid()
 
 
+class Walk(NamedTuple):
+    """One walk of a directory tree, no link followed: every directory listed whole (a part that could not
+    be listed is absent) by its path relative to `top` ("" the top), each holding every name directly in
+    it with its lstat."""
+
+    top: str
+    dirs: dict[str, dict[str, os.stat_result]]
+
+
 class EntryDir:
     """One directory of an entry, held open for the reads that judge it. Names given to its methods
     are relative to it ('/'-separated; no component is followed when it is a link). Where the
     directory cannot be opened, `fd` is None and every read raises why (`error`)."""
 
     __slots__ = ("path", "fd", "listing", "anchor", "error", "held", "held_changed", "derived", "_refused",
-                 "_listed")
+                 "_listed", "walk", "at")
 
     def __init__(self, path: str, fd: int | None, anchor: Anchor | None = None,
                  error: OSError | None = None) -> None:
@@ -52,6 +63,8 @@ class EntryDir:
         self.derived: dict[tuple[str, str], Any] = {}
         self._refused = anchor.refused if anchor is not None else 0
         self._listed = False  # `listing` is the whole directory but its subdirectories (listed())
+        self.walk: Walk | None = None  # a walk of a tree holding it (share_walk), and its place in it
+        self.at = ""
 
     @classmethod
     def open(cls, path: str | os.PathLike, anchor: Anchor | None = None, *, follow: bool = False) -> EntryDir:
@@ -137,6 +150,8 @@ class EntryDir:
                 exc = fsread.refuse(self.join(name), "a symlink or not a directory")
             return EntryDir(self.join(name), None, self.anchor, exc)
         d = EntryDir(self.join(name), new, self.anchor)
+        if self.walk is not None:
+            d.share_walk(self.walk)
         if self.held:
             cut = len(name) + 1
             d.held = {k[cut:]: v for k, v in self.held.items() if k.startswith(name + "/")}
@@ -149,11 +164,31 @@ class EntryDir:
         self.listing = stats
         self._listed = True
 
+    def share_walk(self, walk: Walk | None) -> None:
+        """Answer listings and lstats from `walk` when it walked this directory (by path; held open)."""
+        if walk is None or self.fd is None:
+            return
+        if self.path == walk.top:
+            at = ""
+        elif self.path.startswith(walk.top + "/"):
+            at = self.path[len(walk.top) + 1:]
+        else:
+            return
+        if at in walk.dirs:
+            self.walk, self.at = walk, at
+
+    def walked(self) -> dict[str, os.stat_result] | None:
+        """Every name directly in it with its lstat, as the walk it shares saw them (share_walk), or None."""
+        return self.walk.dirs.get(self.at) if self.walk is not None else None
+
     def files(self) -> tuple[dict[str, int], dict[str, float]]:
         """The sizes and mtimes of the files (not subdirectories) directly in it, listed through its fd
         (or as the caller listed it: `listed`); each lstat kept in `listing`. OSError when it cannot be
         listed."""
-        if self._listed:
+        walked = self.walked()
+        if walked is not None:
+            self.listing.update((n, st) for n, st in walked.items() if not stat.S_ISDIR(st.st_mode))
+        if self._listed or walked is not None:
             return ({n: st.st_size for n, st in self.listing.items()},
                     {n: st.st_mtime for n, st in self.listing.items()})
         sizes: dict[str, int] = {}
@@ -173,6 +208,9 @@ class EntryDir:
 
     def subdirs(self) -> list[str]:
         """The names of its subdirectories, sorted (a link is not one); [] when it cannot be listed."""
+        walked = self.walked()
+        if walked is not None:
+            return sorted(n for n, st in walked.items() if stat.S_ISDIR(st.st_mode))
         try:
             with os.scandir(self._dir()) as it:
                 return sorted(de.name for de in it if de.is_dir(follow_symlinks=False))
@@ -195,6 +233,9 @@ class EntryDir:
 
     def names(self) -> list[str]:
         """Every name directly in it; [] when it cannot be listed."""
+        walked = self.walked()
+        if walked is not None:
+            return list(walked)
         try:
             return os.listdir(self._dir())
         except OSError:
@@ -207,10 +248,19 @@ class EntryDir:
     # ---- one file ----------------------------------------------------------------------------------
 
     def lstat(self, name: str) -> os.stat_result:
-        """The file's lstat: as a scan listed it, else asked now (a link is not followed)."""
+        """The file's lstat: as a scan listed it or the walk shared saw it (a name the walk did not see in a
+        directory it listed is not there), else asked now (a link is not followed)."""
         st = self.listing.get(name)
         if st is not None:
             return st
+        if self.walk is not None:
+            head, _, last = name.rpartition("/")
+            walked = self.walk.dirs.get(f"{self.at}/{head}" if self.at and head else head or self.at)
+            if walked is not None and last not in ("", ".", ".."):
+                st = walked.get(last)
+                if st is None:
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), self.join(name))
+                return st
         fd, last, own = self._parent(name)
         try:
             return os.stat(last, dir_fd=fd, follow_symlinks=False)
@@ -347,4 +397,4 @@ class EntryDir:
         return None if readable else f"{shown} is unreadable (permission denied)"
 
 
-__all__ = ["Anchor", "EntryDir", "TooLarge"]
+__all__ = ["Anchor", "EntryDir", "TooLarge", "Walk"]

@@ -1,16 +1,18 @@
 """Helpers more than one layout module uses, so that no layout imports another (tests/test_imports.py):
-reading a compile script (hidet, tilus), the stats of a whole entry's tree for the index's key (vLLM).
+reading a compile script (hidet, tilus), and one walk of an entry that is a whole tree (a vLLM unit, a tilus
+program) that measures it, makes the index's key of it and lets its judgement list nothing again.
 Replacing one file of an entry in place (Triton's group files, vLLM's indexes) is
 fswrite.replace_file_via_dir."""
 
 from __future__ import annotations
 
-import errno
 import os
-from stat import S_ISDIR
+from stat import S_ISDIR, S_ISREG
 
 from kcache_cli.fs import read as fsread
-from kcache_cli.fs.entrydir import EntryDir
+from kcache_cli.fs import readmarks
+from kcache_cli.fs.entrydir import EntryDir, Walk
+from kcache_cli.model.records import TreeUsage, Warn, disk_bytes
 
 
 def command_from_script(text: str) -> str:
@@ -31,32 +33,79 @@ def leads_here(d: EntryDir, name: str, path: str) -> bool:
         return False
 
 
-def tree_stats(d: EntryDir) -> tuple[os.stat_result, list[tuple[str, os.stat_result]]] | None:
-    """For the index's key of an entry that is a whole tree (a vLLM unit): the directory's own fstat and
-    the lstat of every name beneath it ('/'-separated, directories included: a name added or removed
-    anywhere changes its directory's), read through fds, no link followed; None when some part cannot be
-    read (such an entry is not stored)."""
-    if d.fd is None:
-        return None
-    out: list[tuple[str, os.stat_result]] = []
-    try:
-        own = os.fstat(d.fd)
-        _walk(d.fd, "", out, 0)
-    except OSError:
-        return None
-    return own, out
+def walk_tree(d: EntryDir, warn: Warn, keyed: bool) -> tuple[TreeUsage, tuple | None]:
+    """One walk of the whole tree held as `d` (directories opened beneath it, no link followed), where its
+    usage, the index's key and its judgement each walked it: its usage as measure_tree measures it; with
+    `keyed`, the index's key (its own fstat and every name beneath it, '/'-separated, directories
+    included: a name added or removed anywhere changes its directory's; None when some part could not be
+    read: not stored); and the walk shared with `d` (EntryDir.share_walk), so that its judgement lists
+    and lstats nothing again. OSError when `d` itself cannot be listed (nothing is warned then)."""
+    own = os.fstat(d._dir())
+    walker = _Walker(d.path, warn, [] if keyed else None)
+    walker.walk(d._dir(), "", 0)  # the top's failure is the caller's; a part's, a warning
+    d.share_walk(Walk(d.path, walker.dirs))
+    key = (own, walker.out) if walker.out is not None and walker.whole else None
+    return _usage(own, walker.dirs), key
 
 
-def _walk(fd: int, prefix: str, out: list[tuple[str, os.stat_result]], depth: int) -> None:
-    with os.scandir(fd) as it:
-        items = sorted((de.name, de.stat(follow_symlinks=False)) for de in it)
-    for name, st in items:
-        out.append((prefix + name, st))
-        if S_ISDIR(st.st_mode):
-            if depth >= fsread.MAX_TREE_DEPTH:
-                raise OSError(errno.ELOOP, "too deep", prefix + name)
-            sub = os.open(name, fsread.DIR_FLAGS, dir_fd=fd)
+class _Walker:
+    """walk_tree's state: the directories listed, the key's stats (sorted names, each directory before
+    what is in it), whether every part was read."""
+
+    def __init__(self, path: str, warn: Warn, out: list | None) -> None:
+        self.path, self.warn, self.out = path, warn, out
+        self.dirs: dict[str, dict[str, os.stat_result]] = {}
+        self.whole = True
+        self.too_deep = False
+
+    def walk(self, fd: int, rel: str, depth: int) -> None:
+        items = []
+        with os.scandir(fd) as it:
+            for de in it:
+                try:
+                    items.append((de.name, de.stat(follow_symlinks=False)))
+                except OSError:  # gone since the listing: not counted, as measure_tree counts it
+                    self.whole = False
+        items.sort()
+        self.dirs[rel] = dict(items)
+        for name, st in items:
+            sub = f"{rel}/{name}" if rel else name
+            if self.out is not None:
+                self.out.append((sub, st))
+            if S_ISDIR(st.st_mode):
+                self._into(fd, name, sub, depth + 1)
+
+    def _into(self, fd: int, name: str, sub: str, depth: int) -> None:
+        if depth > fsread.MAX_TREE_DEPTH:
+            self.whole = False
+            if not self.too_deep:
+                self.too_deep = True
+                self.warn(f"{self.path}: directories nested more than {fsread.MAX_TREE_DEPTH} deep "
+                          "(not counted below)")
+            return
+        try:
+            sub_fd = os.open(name, fsread.DIR_FLAGS, dir_fd=fd)
             try:
-                _walk(sub, f"{prefix}{name}/", out, depth + 1)
+                self.walk(sub_fd, sub, depth)
             finally:
-                os.close(sub)
+                os.close(sub_fd)
+        except OSError as exc:
+            self.whole = False
+            self.warn(f"cannot read {self.path}/{sub}: {exc.strerror}")
+
+
+def _usage(own: os.stat_result, dirs: dict[str, dict[str, os.stat_result]]) -> TreeUsage:
+    """measure_tree's answer for the tree whose top's fstat is `own` and whose listings are `dirs`."""
+    size, files, apparent, newest, accessed = disk_bytes(own), 0, 0, own.st_mtime, 0.0
+    for listed in dirs.values():
+        for st in listed.values():
+            size += disk_bytes(st)
+            if st.st_mtime > newest:
+                newest = st.st_mtime
+            if S_ISDIR(st.st_mode):
+                continue
+            files += 1
+            apparent += st.st_size
+            if st.st_atime > accessed and S_ISREG(st.st_mode):  # a link's: kcache's readlink
+                accessed = max(accessed, readmarks.atime(st))  # not kcache's own reads
+    return TreeUsage(size, files, newest, accessed, apparent, own.st_dev, own.st_ino)

@@ -163,23 +163,34 @@ def listing(where: EntryDir | str) -> Listing:
     try:
         own = os.fstat(where.fd)
         mtime = own.st_mtime
-        with os.scandir(where.fd) as it:
-            for de in sorted(it, key=lambda d: d.name):
-                try:
-                    st = de.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISLNK(st.st_mode):
-                    links[de.name] = st
-                elif stat.S_ISREG(st.st_mode):
-                    files[de.name] = st
-                else:
-                    others[de.name] = st
+        for name, st in sorted(_listed(where).items()):
+            if stat.S_ISLNK(st.st_mode):
+                links[name] = st
+            elif stat.S_ISREG(st.st_mode):
+                files[name] = st
+            else:
+                others[name] = st
     except OSError:
         return Listing({}, {}, {}, False, 0.0)
     where.listing.update(files)
     where.listing.update(links)
     return Listing(files, links, others, True, mtime, own.st_blocks * 512, (own.st_dev, own.st_ino), own)
+
+
+def _listed(where: EntryDir) -> dict[str, os.stat_result]:
+    """Every name directly in the open directory with its lstat: as the walk it shares saw them (a vLLM
+    unit's), else listed now (a name gone since its listing is left out)."""
+    walked = where.walked()
+    if walked is not None:
+        return walked
+    out = {}
+    with os.scandir(where.fd) as it:  # listing() checked it is open
+        for de in it:
+            try:
+                out[de.name] = de.stat(follow_symlinks=False)
+            except OSError:
+                continue
+    return out
 
 
 def odd_file(lst: Listing) -> str | None:
@@ -302,6 +313,7 @@ def missing_graphs(d: EntryDir, variants: list[str], jc: Judging, memo: dict[str
     root = os.path.dirname(os.path.dirname(d.path))
     cheap = replace_entry(jc, deep=False)
     with EntryDir.open(os.path.join(root, "fxgraph"), d.anchor) as fx:
+        fx.share_walk(d.walk)  # the walk of a vLLM unit holding both, if one was shared
         for key in keys:
             where, rel = os.path.join(root, graph_relpath(key)), graph_relpath(key).split("/", 1)[1]
             try:

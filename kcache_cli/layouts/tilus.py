@@ -17,7 +17,7 @@ from typing import Iterator, Mapping
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
 from kcache_cli.fs.entrydir import EntryDir
-from kcache_cli.layouts._common import command_from_script, tree_stats
+from kcache_cli.layouts._common import command_from_script, walk_tree
 from kcache_cli.layouts.base import Judging, Layout, ScanContext
 from kcache_cli.layouts.shapes import TILUS
 from kcache_cli.model.checks import (
@@ -521,11 +521,15 @@ def _program_entry(ctx, job: tuple[str, tuple | None, str | None]) -> Entry:
     path, failure, linked_op = job
     with ctx.open_entry(path) as d:
         recording = getattr(ctx, "recording", None)
-        if recording is not None:  # the key: the whole tree's stats, taken before the judgement reads
-            recording[path] = tree_stats(d)
+        try:  # its usage and, to be recorded, the key (the whole tree's stats, before the judgement reads)
+            usage, key = walk_tree(d, ctx.warn, recording is not None)
+        except OSError:  # not there, or cannot be listed
+            usage, key = measure_tree(path, ctx.warn), None
+        if recording is not None:
+            recording[path] = key
         j = _judge_program(d, False, BuildFailure(*failure) if failure else None)
         name = linked_op or _program_name(d)
-    return ctx.entry(path=path, usage=measure_tree(path, ctx.warn), layout=NAME, kind="program", target=TARGET,
+    return ctx.entry(path=path, usage=usage, layout=NAME, kind="program", target=TARGET,
                      space=None, op=name, hash=os.path.basename(path), status=j.status, reason=j.reason)
 
 

@@ -35,7 +35,7 @@ from kcache_cli import layouts
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import write as fswrite
 from kcache_cli.fs.entrydir import EntryDir
-from kcache_cli.layouts._common import tree_stats
+from kcache_cli.layouts._common import walk_tree
 from kcache_cli.layouts.base import (
     MISS,
     STALE_AFTER,
@@ -292,7 +292,8 @@ def judge_unit(d: EntryDir, jc: Judging, outside: list[bool] | None = None) -> J
         if d.fd is None:
             raise d.error or FileNotFoundError(d.path)
         st = os.fstat(d.fd)
-        os.listdir(d.fd)
+        if d.walked() is None:  # else listed by the walk it shares
+            os.listdir(d.fd)
     except OSError:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
     found = parts(d)
@@ -405,10 +406,14 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
 def _unit_entry(ctx, job: tuple[str, str]) -> Entry:
     path, kind = job
     with ctx.open_entry(path) as d:
-        _names, usage, _mtimes = ctx.read_dir(d)
         recording = getattr(ctx, "recording", None)
-        if recording is not None:  # the key: the whole tree's stats, taken before the judgement reads
-            recording[path] = tree_stats(d)
+        try:  # its usage and, to be recorded, the key (the whole tree's stats, before the judgement reads)
+            usage, key = walk_tree(d, ctx.warn, recording is not None)
+        except OSError:  # not there, or cannot be listed: read_dir says so (or not: gone)
+            _names, usage, _mtimes = ctx.read_dir(d)
+            key = None
+        if recording is not None:
+            recording[path] = key
         outside: list[bool] = []
         j = judge_aot(d) if kind == AOT else judge_unit(d, Judging(), outside)
         if outside and recording is not None:  # a handle names a path elsewhere: not in the key, not stored
