@@ -436,13 +436,16 @@ def test_each_directory_of_a_unit_is_listed_once(cache, monkeypatch):
     (they listed it two or three times, the most of what a cold vLLM listing cost)."""
     from kcache_cli.catalog.scan_context import ScanContext
     from kcache_cli.fs import read as fsread
-    from kcache_cli.layouts import vllm
+    from kcache_cli.layouts import inductor, vllm
     from kcache_cli.model.records import measure_tree
 
     listed: list[object] = []
     for name in ("scandir", "listdir"):
         real = getattr(os, name)
         monkeypatch.setattr(os, name, lambda *a, _real=real, **k: listed.append(a) or _real(*a, **k))
+    judged: list[str] = []  # the Inductor entries an unpacked artifact holds: each judged once
+    guarded = inductor.judge_guarded
+    monkeypatch.setattr(inductor, "judge_guarded", lambda d, *a: judged.append(d.path) or guarded(d, *a))
     fsread.anchor(cache)
     for unit in UNITS:
         path = str(cache / unit)
@@ -455,6 +458,9 @@ def test_each_directory_of_a_unit_is_listed_once(cache, monkeypatch):
         entry = vllm._unit_entry(ctx, (path, "compile"))
         assert entry.status == "complete" and not warned, (entry, warned)
         assert len(listed) == dirs, (unit, UNITS[unit], len(listed), dirs)
+        inside = [*Path(path).glob("rank_*/*/*/aotautograd/*"), *Path(path).glob("rank_*/*/*/fxgraph/*/*")]
+        assert sorted(judged) == sorted(map(str, inside)) and (inside or UNITS[unit] == "binary"), judged
+        judged.clear()
         assert (entry.size, entry.files, entry.apparent_size) == (expected.size, expected.files, expected.apparent)
         names = [name for name, _ in ctx.recording[path][1]]  # the key: every name beneath it, sorted per directory
         assert len(names) == sum(len(ds) + len(fs) for _, ds, fs in os.walk(path)) and names[0] == "rank_0_0"

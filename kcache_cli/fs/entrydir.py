@@ -181,6 +181,13 @@ class EntryDir:
         """Every name directly in it with its lstat, as the walk it shares saw them (share_walk), or None."""
         return self.walk.dirs.get(self.at) if self.walk is not None else None
 
+    def _walked_at(self, name: str) -> dict[str, os.stat_result] | None:
+        """walked() of its subdirectory `name` ("": itself), or None (no walk shared, or not a directory
+        the walk listed: a name through `..` or a link never is)."""
+        if self.walk is None:
+            return None
+        return self.walk.dirs.get(f"{self.at}/{name}" if self.at and name else name or self.at)
+
     def files(self) -> tuple[dict[str, int], dict[str, float]]:
         """The sizes and mtimes of the files (not subdirectories) directly in it, listed through its fd
         (or as the caller listed it: `listed`); each lstat kept in `listing`. OSError when it cannot be
@@ -206,11 +213,15 @@ class EntryDir:
                 mtimes[de.name] = st.st_mtime
         return sizes, mtimes
 
-    def subdirs(self) -> list[str]:
-        """The names of its subdirectories, sorted (a link is not one); [] when it cannot be listed."""
-        walked = self.walked()
+    def subdirs(self, name: str = "") -> list[str]:
+        """The names of its subdirectories (or of its subdirectory `name`'s), sorted (a link is not one);
+        [] when it cannot be listed."""
+        walked = self._walked_at(name)
         if walked is not None:
             return sorted(n for n, st in walked.items() if stat.S_ISDIR(st.st_mode))
+        if name:
+            with self.sub(name) as d:
+                return d.subdirs()
         try:
             with os.scandir(self._dir()) as it:
                 return sorted(de.name for de in it if de.is_dir(follow_symlinks=False))
@@ -255,7 +266,7 @@ class EntryDir:
             return st
         if self.walk is not None:
             head, _, last = name.rpartition("/")
-            walked = self.walk.dirs.get(f"{self.at}/{head}" if self.at and head else head or self.at)
+            walked = self._walked_at(head)
             if walked is not None and last not in ("", ".", ".."):
                 st = walked.get(last)
                 if st is None:

@@ -687,7 +687,7 @@ def explain_record(record: Mapping[str, object], here: Here) -> Verdict:
 # ---- the judgement, the scan ------------------------------------------------------------------------
 
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
-    return _judge(d, kind, jc, None, {})
+    return _judge(d, kind, jc, None, jc.graphs if jc.graphs is not None else {})
 
 
 def _judge(d: EntryDir, kind: str, jc: Judging, lst: Listing | None, memo: dict[str, Judgement]) -> Judgement:

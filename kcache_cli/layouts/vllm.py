@@ -28,6 +28,7 @@ import os
 import re
 import stat
 import zlib
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, NamedTuple
 
@@ -201,28 +202,25 @@ def unpacked_problem(d: EntryDir, jc: Judging) -> str | None:
     for top in ("aotautograd", "fxgraph"):
         if stat.S_ISLNK(_mode(d, top)):
             return f"{name}/{top} is a symlink (kcache never follows it)"
-    with d.sub("aotautograd") as aot:
-        keys = aot.subdirs()
+    keys = d.subdirs("aotautograd")
     if len(keys) != 1:
         return f"{name}/aotautograd/ holds {len(keys)} entries; torch loads exactly one"
     inductor = _inductor()
-    ijc = inductor.judging(jc.deep, caller_reads=jc.caller_reads)
-    for kind, rel in ((AUTOGRAD, f"aotautograd/{keys[0]}"), *((GRAPH, g) for g in _graphs(d))):
+    ijc = replace(inductor.judging(jc.deep, caller_reads=jc.caller_reads), graphs={})
+    entries = [(AUTOGRAD, f"aotautograd/{keys[0]}"), *((GRAPH, g) for g in _graphs(d))]
+    judged = {}
+    for kind, rel in entries[1:] + entries[:1]:  # the graphs first: the aotautograd entry asks for those it names
         with d.sub(rel) as where:
-            j = inductor.judge(where, kind, ijc)
-        if j.status != COMPLETE:
-            return f"{name}: {rel} is {j.status} ({j.reason})"
+            judged[rel] = inductor.judge(where, kind, ijc)
+    for _, rel in entries:
+        if judged[rel].status != COMPLETE:
+            return f"{name}: {rel} is {judged[rel].status} ({judged[rel].reason})"
     return None
 
 
 def _graphs(d: EntryDir) -> list[str]:
     """The fx graph directories of the Inductor cache root `d`, relative to it."""
-    out: list[str] = []
-    with d.sub("fxgraph") as fx:
-        for shard in fx.subdirs():
-            with fx.sub(shard) as sd:
-                out.extend(f"fxgraph/{shard}/{g}" for g in sd.subdirs())
-    return out
+    return [f"fxgraph/{shard}/{g}" for shard in d.subdirs("fxgraph") for g in d.subdirs(f"fxgraph/{shard}")]
 
 
 def handle_problem(d: EntryDir, part: Part, h: Handle, jc: Judging) -> str | None:
