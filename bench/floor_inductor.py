@@ -24,10 +24,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forked import read_at, root_and_procs, split_over  # noqa: E402
+from forked import fx_keys, read_at, root_and_procs, split_over  # noqa: E402
 
 VARIANT = re.compile(r"[a-z2-7]{51}\Z")
-FX_KEY = re.compile(rb"f[a-z2-7]{51}")
 SHARD = re.compile(r"[a-z0-9]{2}\Z")
 
 
@@ -59,7 +58,7 @@ def _entry(rfd: int, kind: str, rel: str) -> dict:
                 read_at(fd, name, 2)
                 read_at(fd, name, 1, -1)
                 if kind == "autograd":
-                    for key in set(FX_KEY.findall(read_at(fd, name, -1))):
+                    for key in set(fx_keys(read_at(fd, name, -1))):
                         k = key.decode()
                         os.lstat(f"fxgraph/{k[1:3]}/{k}", dir_fd=rfd)
                         named += 1

@@ -28,11 +28,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forked import read_at, root_and_procs, split_over  # noqa: E402
+from forked import fx_keys, read_at, root_and_procs, split_over  # noqa: E402
 
 UNIT = re.compile(r"[0-9a-f]{10}\Z")
 RANK = re.compile(r"rank_\d+_\d+\Z")
-FX_KEY = re.compile(rb"f[a-z2-7]{51}")
 INDEX = "vllm_compile_cache.py"
 NESTED = ("inductor_cache", "triton_cache")
 DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -90,7 +89,7 @@ def _unpacked(fd: int, name: str) -> int:
             entry = os.open(f"aotautograd/{key}", DIR, dir_fd=root)
             try:
                 for variant in os.listdir(entry):
-                    for k in set(FX_KEY.findall(read_at(entry, variant))):
+                    for k in set(fx_keys(read_at(entry, variant))):
                         graph = k.decode()
                         os.lstat(f"fxgraph/{graph[1:3]}/{graph}", dir_fd=root)
                         named += 1

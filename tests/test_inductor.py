@@ -786,3 +786,24 @@ def test_a_lookup_by_prefix_lists_only_the_shard_its_graphs_lie_in(cache, monkey
         else:
             assert not shards
         assert ("aotautograd" in listed) == (ref.startswith("a") or ref == "")
+
+
+def test_fx_keys_finds_what_the_regular_expression_finds():
+    """fx_keys searches only the runs of bytes a key may hold: the same keys as FX_KEY_RE.findall over
+    the whole variant, for keys at either end, side by side, inside longer runs, runs one byte short,
+    and random bytes drawn mostly from a key's alphabet (where runs are long and full of f)."""
+    import random
+
+    from kcache_cli.layouts.inductor import FX_KEY_RE, fx_keys
+
+    key = b"f" + b"abcdefghijklmnopqrstuvwxyz234567"[:26] * 2
+    key = key[:52]
+    cases = [b"", key, key + key, b"." + key + b".", b"ff" + key[:-1] + b"x" + key, key[:-1], b"\x8c4" + key + b"\x94",
+             b"f" * 200, b"f" * 51 + b"." + key, key + b"ab" + key]
+    rng = random.Random(35)
+    alphabet = b"abcdefghijklmnopqrstuvwxyz234567f" * 3 + b"._/\x00A9"
+    for _ in range(300):
+        cases.append(bytes(rng.choice(alphabet) for _ in range(rng.randrange(0, 600))))
+    for data in cases:
+        assert fx_keys(data) == FX_KEY_RE.findall(data), data
+    assert sum(len(fx_keys(d)) for d in cases) > 100  # the random cases do hold keys
