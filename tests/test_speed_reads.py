@@ -269,3 +269,24 @@ def test_a_shared_walk_answers_as_the_file_system_did(tmp_path, monkeypatch):
         with EntryDir.open(str(root / "u-x"), anchor) as sibling:
             sibling.share_walk(d.walk)
             assert sibling.walk is None
+
+
+def test_a_walk_stops_where_measure_tree_stops(tmp_path):
+    """A tree nested deeper than MAX_TREE_DEPTH: walk_tree counts what measure_tree counts (nothing below
+    the limit), warns as it does, once, and makes no index key of it (not stored: it was not read whole)."""
+    from kcache_cli.layouts._common import walk_tree
+    from kcache_cli.model.records import measure_tree
+
+    root = tmp_path / "cache"
+    unit = root / "u"
+    deep = unit.joinpath(*(["d"] * (fsread.MAX_TREE_DEPTH + 2)))
+    deep.mkdir(parents=True)
+    (deep / "f").write_bytes(b"below the limit")
+    (unit / "top").write_bytes(b"t")
+    walked: list[str] = []
+    measured: list[str] = []
+    with EntryDir.open(str(unit), fsread.anchor(root)) as d:
+        usage, key = walk_tree(d, walked.append, True)
+    assert usage == measure_tree(str(unit), measured.append) and usage.files == 1
+    assert walked == measured and len(walked) == 1 and "nested more than" in walked[0]
+    assert key is None
