@@ -464,3 +464,11 @@ def test_each_directory_of_a_unit_is_listed_once(cache, monkeypatch):
         assert (entry.size, entry.files, entry.apparent_size) == (expected.size, expected.files, expected.apparent)
         names = [name for name, _ in ctx.recording[path][1]]  # the key: every name beneath it, sorted per directory
         assert len(names) == sum(len(ds) + len(fs) for _, ds, fs in os.walk(path)) and names[0] == "rank_0_0"
+    broken = cache / "00000000aa"  # a unit with a problem: its age is asked too (building or partial)
+    shutil.copytree(cache / "0123456789", broken)
+    _artifact(broken).unlink()
+    dirs = sum(1 for _ in os.walk(broken))
+    listed.clear()
+    entry = vllm._unit_entry(ScanContext(cache, print), (str(broken), "compile"))
+    assert entry.status in ("building", "partial") and "missing" in entry.reason, entry
+    assert len(listed) == dirs, (len(listed), dirs)

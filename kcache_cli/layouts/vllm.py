@@ -258,10 +258,13 @@ def plain(name: str) -> bool:
 
 def newest(d: EntryDir) -> float:
     """measure_tree's newest mtime of the unit held as `d` (its directories' own included), read through
-    its fd and subdirectories opened beneath it; 0 when it cannot be read."""
+    its fd and subdirectories opened beneath it (or from the walk of it that `d` shares); 0 when it cannot
+    be read."""
     if d.fd is None:
         return 0.0
     top = os.fstat(d.fd).st_mtime
+    if d.walk is not None and not d.at:  # the walk of the unit it shares holds every time already
+        return max([top, *(st.st_mtime for listed in d.walk.dirs.values() for st in listed.values())])
     stack = [(d, 0)]
     while stack:
         where, depth = stack.pop()
