@@ -7,12 +7,11 @@ fswrite.replace_file_via_dir."""
 from __future__ import annotations
 
 import os
-from stat import S_ISDIR, S_ISREG
+from stat import S_ISDIR
 
 from kcache_cli.fs import read as fsread
-from kcache_cli.fs import readmarks
 from kcache_cli.fs.entrydir import EntryDir, Walk
-from kcache_cli.model.records import TreeUsage, Warn, disk_bytes
+from kcache_cli.model.records import TreeUsage, Warn, usage_of
 
 
 def command_from_script(text: str) -> str:
@@ -45,7 +44,7 @@ def walk_tree(d: EntryDir, warn: Warn, keyed: bool) -> tuple[TreeUsage, tuple | 
     walker.walk(d._dir(), "", 0)  # the top's failure is the caller's; a part's, a warning
     d.share_walk(Walk(d.path, walker.dirs))
     key = (own, walker.out) if walker.out is not None and walker.whole else None
-    return _usage(own, walker.dirs), key
+    return usage_of(own, [st for listed in walker.dirs.values() for st in listed.values()]), key
 
 
 class _Walker:
@@ -92,20 +91,3 @@ class _Walker:
         except OSError as exc:
             self.whole = False
             self.warn(f"cannot read {self.path}/{sub}: {exc.strerror}")
-
-
-def _usage(own: os.stat_result, dirs: dict[str, dict[str, os.stat_result]]) -> TreeUsage:
-    """measure_tree's answer for the tree whose top's fstat is `own` and whose listings are `dirs`."""
-    size, files, apparent, newest, accessed = disk_bytes(own), 0, 0, own.st_mtime, 0.0
-    for listed in dirs.values():
-        for st in listed.values():
-            size += disk_bytes(st)
-            if st.st_mtime > newest:
-                newest = st.st_mtime
-            if S_ISDIR(st.st_mode):
-                continue
-            files += 1
-            apparent += st.st_size
-            if st.st_atime > accessed and S_ISREG(st.st_mode):  # a link's: kcache's readlink
-                accessed = max(accessed, readmarks.atime(st))  # not kcache's own reads
-    return TreeUsage(size, files, newest, accessed, apparent, own.st_dev, own.st_ino)

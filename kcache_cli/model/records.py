@@ -414,19 +414,17 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
 
     An unreadable directory is a warning and counts as empty, not an exception. Iterative, and at
     most MAX_TREE_DEPTH directories deep (a deeper tree is a warning; what lies below is not counted)."""
-    size = files = apparent = 0
-    accessed = 0.0
     try:
         top = stat_path(path, follow=False)
     except OSError as exc:
         warn(f"cannot stat {path}: {exc.strerror}")
         return TreeUsage(0, 0, 0.0)
-    newest, size = top.st_mtime, disk_bytes(top)
     try:  # below a held root, from its fd; every directory below from this one's (as the path would)
         top_fd = open_path(path, _LIST_FLAGS)
     except OSError as exc:
         warn(f"cannot read {path}: {exc.strerror}")
-        return TreeUsage(size, 0, newest, 0.0, 0, top.st_dev, top.st_ino)
+        return usage_of(top, [])
+    sts: list[os.stat_result] = []  # every name's beneath it
     stack = [("", 0)]
     too_deep = False
     try:
@@ -444,19 +442,13 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                             st = de.stat(follow_symlinks=False)
                         except OSError:
                             continue
-                        size += disk_bytes(st)
+                        sts.append(st)
                         if de.is_dir(follow_symlinks=False):
                             if depth < MAX_TREE_DEPTH:
                                 stack.append((f"{sub}/{de.name}" if sub else de.name, depth + 1))
                             elif not too_deep:
                                 too_deep = True
                                 warn(f"{path}: directories nested more than {MAX_TREE_DEPTH} deep (not counted below)")
-                        else:
-                            apparent += st.st_size
-                            files += 1
-                            if st.st_atime > accessed and stat.S_ISREG(st.st_mode):  # a link's: kcache's readlink
-                                accessed = max(accessed, readmarks.atime(st))  # not kcache's own reads
-                        newest = max(newest, st.st_mtime)
             except OSError as exc:
                 warn(f"cannot read {path}/{sub}: {exc.strerror}" if sub else f"cannot read {path}: {exc.strerror}")
             finally:
@@ -464,6 +456,25 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
                     os.close(fd)
     finally:
         os.close(top_fd)
+    return usage_of(top, sts)
+
+
+def usage_of(top: os.stat_result, sts: Iterable[os.stat_result]) -> TreeUsage:
+    """The TreeUsage of the directory whose own lstat is `top`, holding the names whose lstats are `sts`
+    (at any depth, directories included), as du counts it: blocks of all, the rest of what is not a
+    directory; the last use is its regular files' (a link's atime is kcache's own readlink), as it was
+    before kcache's own reads (readmarks.atime)."""
+    size, files, apparent, newest, accessed = disk_bytes(top), 0, 0, top.st_mtime, 0.0
+    for st in sts:
+        size += disk_bytes(st)
+        if st.st_mtime > newest:
+            newest = st.st_mtime
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        files += 1
+        apparent += st.st_size
+        if st.st_atime > accessed and stat.S_ISREG(st.st_mode):
+            accessed = max(accessed, readmarks.atime(st))
     return TreeUsage(size, files, newest, accessed, apparent, top.st_dev, top.st_ino)
 
 
