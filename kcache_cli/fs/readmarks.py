@@ -175,7 +175,7 @@ def save(root: str | os.PathLike) -> None:
     try:
         rfd = fswrite.open_root(root)
     except OSError:
-        count_unnoted({key: len(new)})
+        _count_unnoted(key, len(new))
         return
     try:
         lfd = state.open_state(rfd, root, "locks", create=True)
@@ -193,7 +193,7 @@ def save(root: str | os.PathLike) -> None:
         finally:
             os.close(lock)
     except OSError:  # a cache this user cannot write
-        count_unnoted({key: len(new)})
+        _count_unnoted(key, len(new))
     except LockTimeout:
         pass  # a writer held the lock for 10 s: these reads stay unnoted
     finally:
@@ -218,10 +218,9 @@ def put_moved(moved: list[tuple[str, int, int, int]]) -> None:
         fsread.moved(root, ino, after, before)
 
 
-def count_unnoted(counts: dict[str, int]) -> None:
-    """Counts of unnoted reads (this process's own, save), added to this process's."""
-    for root, n in counts.items():
-        UNNOTED[root] = UNNOTED.get(root, 0) + n
+def _count_unnoted(key: str, n: int) -> None:
+    """`n` more reads in the cache `key` (_key) whose moves save could not note."""
+    UNNOTED[key] = UNNOTED.get(key, 0) + n
 
 
 def save_all() -> None:
