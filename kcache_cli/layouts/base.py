@@ -137,9 +137,9 @@ class Judging:
     # Deep, for a caller that reads every byte of the entry itself right after (export): each file is
     # checked to be there, regular and readable by its mode; the reading is the caller's.
     caller_reads: bool = False
-    # The fx graphs judged cheaply so far in one judgement of a tree holding several Inductor entries (a
-    # vLLM unit's unpacked artifact), by path: its aotautograd entry asks for the graphs it names. None:
-    # each judgement on its own.
+    # The fx graphs judged cheaply so far, by path, in one scan of an Inductor cache or one judgement of a
+    # tree holding several Inductor entries (a vLLM unit's unpacked artifact): an aotautograd entry asks for
+    # the graphs it names. None: each judgement on its own.
     graphs: dict | None = field(default=None, compare=False, repr=False)
 
 

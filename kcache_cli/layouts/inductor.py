@@ -240,10 +240,9 @@ def _ends(d: EntryDir, name: str) -> tuple[bytes, bytes]:
         fsread.close_read(fd)
 
 
-def judge_guarded(d: EntryDir, jc: Judging, lst: Listing | None = None,
-                  memo: dict[str, Judgement] | None = None) -> Judgement:
+def judge_guarded(d: EntryDir, jc: Judging, lst: Listing | None = None) -> Judgement:
     """An fx graph or aotautograd key directory: complete when one variant is whole (torch tries each).
-    `memo` holds the fx graphs judged in this scan (an aotautograd entry asks for its graphs')."""
+    `jc.graphs` holds the fx graphs judged so far (an aotautograd entry asks for its graphs')."""
     lst = lst or listing(d)
     if not lst.readable:
         return Judgement.of(UNREADABLE, UNREADABLE_REASON)
@@ -262,7 +261,7 @@ def judge_guarded(d: EntryDir, jc: Judging, lst: Listing | None = None,
     if not good:
         return _no_good_variant(lst, bad, jc.now, lst.mtime)
     if os.path.basename(os.path.dirname(d.path)) == "aotautograd":
-        return missing_graphs(d, good, jc, memo if memo is not None else {})
+        return missing_graphs(d, good, jc)
     return Judgement(COMPLETE)
 
 
@@ -320,7 +319,7 @@ def fx_keys(data: bytes) -> list[bytes]:
     return out
 
 
-def missing_graphs(d: EntryDir, variants: list[str], jc: Judging, memo: dict[str, Judgement]) -> Judgement:
+def missing_graphs(d: EntryDir, variants: list[str], jc: Judging) -> Judgement:
     """The aotautograd entry as the fx graphs it names make it: partial when one is missing or broken
     (torch misses both and compiles again), unreadable or building when one is, else complete. The
     graphs are read through `fxgraph/` of its cache root, opened from the anchor (no link followed)."""
@@ -328,6 +327,7 @@ def missing_graphs(d: EntryDir, variants: list[str], jc: Judging, memo: dict[str
     if not keys:
         return Judgement(COMPLETE)
     root = os.path.dirname(os.path.dirname(d.path))
+    memo = jc.graphs if jc.graphs is not None else {}
     cheap = replace_entry(jc, deep=False)
     with EntryDir.open(os.path.join(root, "fxgraph"), d.anchor) as fx:
         fx.share_walk(d.walk)  # the walk of a vLLM unit holding both, if one was shared
@@ -704,10 +704,10 @@ def explain_record(record: Mapping[str, object], here: Here) -> Verdict:
 # ---- the judgement, the scan ------------------------------------------------------------------------
 
 def judge(d: EntryDir, kind: str, jc: Judging) -> Judgement:
-    return _judge(d, kind, jc, None, jc.graphs if jc.graphs is not None else {})
+    return _judge(d, kind, jc, None)
 
 
-def _judge(d: EntryDir, kind: str, jc: Judging, lst: Listing | None, memo: dict[str, Judgement]) -> Judgement:
+def _judge(d: EntryDir, kind: str, jc: Judging, lst: Listing | None) -> Judgement:
     if kind == CODE:
         return judge_code(d, jc, lst)
     if kind == AUTOTUNE:
@@ -715,9 +715,9 @@ def _judge(d: EntryDir, kind: str, jc: Judging, lst: Listing | None, memo: dict[
     if kind == TRITON:
         triton = _triton()
         return triton.judge(d, TRITON_KERNEL, triton.judging(jc.deep, caller_reads=jc.caller_reads))
-    j = judge_guarded(d, jc, lst, memo)
-    if kind == GRAPH and not jc.deep:
-        memo[d.path] = j
+    j = judge_guarded(d, jc, lst)
+    if kind == GRAPH and not jc.deep and jc.graphs is not None:
+        jc.graphs[d.path] = j
     return j
 
 
@@ -813,7 +813,7 @@ def _entry(ctx, job: tuple) -> Entry | None:
         if kind == CODE and lst is not None and not _torch_shard(lst):
             return None  # a two-letter directory of someone else's
         seen = _seen(d, kind, lst) if recording is not None else None
-        j = _judge(d, kind, Judging(), lst, memo if seen is None else {})  # judged after the key was taken
+        j = _judge(d, kind, Judging(graphs=memo if seen is None else {}), lst)  # judged after the key was taken
     if kind == CODE and j.status == CORRUPT:
         seen = None  # torch's lock on its broken kernel, which no stat shows, makes it building (_compiling)
     if recording is not None:
