@@ -40,7 +40,6 @@ from typing import Iterable, Iterator, Mapping, NamedTuple
 
 from kcache_cli import layouts
 from kcache_cli.fs import read as fsread
-from kcache_cli.fs import readmarks
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.fs.locking import probe_locked
 from kcache_cli.layouts.base import (
@@ -76,8 +75,8 @@ from kcache_cli.model.records import (
     Status,
     TreeUsage,
     entry_with,
-    file_bytes,
     measure_tree,
+    usage_of,
 )
 
 NAME = INDUCTOR.name
@@ -136,19 +135,13 @@ class Listing(NamedTuple):
     others: dict[str, os.stat_result]  # directories, FIFOs, devices, sockets: not torch's
     readable: bool
     mtime: float  # the directory's own
-    dir_disk: int = 0  # the directory's own blocks, in bytes
-    ident: tuple[int, int] = (0, 0)  # the directory's own (device, inode)
     own: os.stat_result | None = None  # the directory's own fstat, taken before any file was
 
     def usage(self, path: str, warn) -> TreeUsage:
         """What measure_tree would say, from this listing when it holds files only (one pass, not two)."""
-        if self.others or not self.readable:
+        if self.others or self.own is None:  # (a listing that could not be read has none)
             return measure_tree(path, warn)
-        sts = [*self.files.values(), *self.links.values()]
-        return TreeUsage(self.dir_disk + sum(map(file_bytes, sts)), len(sts),
-                         max([self.mtime, *(st.st_mtime for st in sts)]),
-                         readmarks.newest_atime(list(self.files.values())), sum(st.st_size for st in sts),
-                         *self.ident)
+        return usage_of(self.own, [*self.files.values(), *self.links.values()])
 
 
 def listing(where: EntryDir | str) -> Listing:
@@ -177,7 +170,7 @@ def listing(where: EntryDir | str) -> Listing:
         return Listing({}, {}, {}, False, 0.0)
     where.listing.update(files)
     where.listing.update(links)
-    return Listing(files, links, others, True, mtime, own.st_blocks * 512, (own.st_dev, own.st_ino), own)
+    return Listing(files, links, others, True, mtime, own)
 
 
 def _listed(where: EntryDir) -> dict[str, os.stat_result]:

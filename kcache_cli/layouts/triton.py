@@ -74,6 +74,7 @@ from kcache_cli.model.records import (
     Status,
     TreeUsage,
     measure_tree,
+    usage_of,
 )
 
 if TYPE_CHECKING:
@@ -742,7 +743,8 @@ def _plain_entry(ctx, d: EntryDir, path: str, flt: ScanFilter | None) -> Entry |
     recording = getattr(ctx, "recording", None)
     if recording is not None:
         recording[path] = (st, stats)
-    return ctx.entry(path=path, usage=_plain_usage(st, stats), kind=KIND_KERNEL, hash=os.path.basename(path),
+    usage = usage_of(st, [s for _, s in stats])  # _Listing.usage of a directory of regular files only
+    return ctx.entry(path=path, usage=usage, kind=KIND_KERNEL, hash=os.path.basename(path),
                      status=COMPLETE, reason=None, layout=NAME, target=target, space=arch, op=op)
 
 
@@ -796,18 +798,6 @@ def _plain_json(fd: int, name: str, listing: dict[str, os.stat_result], parsed: 
         except ValueError:
             parsed[name] = None
     return parsed[name]
-
-
-def _plain_usage(st: os.stat_result, stats: list[tuple[str, os.stat_result]]) -> TreeUsage:
-    """_Listing.usage of a directory of regular files only (its lstat `st`, theirs `stats`)."""
-    sts = [s for _, s in stats]
-    accessed = 0.0
-    for s in sts:
-        if s.st_atime > accessed:  # as _Listing._add: not kcache's own reads
-            accessed = max(accessed, readmarks.atime(s))
-    size = st.st_blocks * 512 + sum([s.st_blocks * 512 // (s.st_nlink or 1) for s in sts])
-    newest = max([st.st_mtime] + [s.st_mtime for s in sts])
-    return TreeUsage(size, len(sts), newest, accessed, sum([s.st_size for s in sts]), st.st_dev, st.st_ino)
 
 
 def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
