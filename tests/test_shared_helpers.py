@@ -79,6 +79,16 @@ def test_split(n):
     assert len(parts) == n and sum(parts, []) == items and max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
+@pytest.mark.parametrize("n, block", [(1, 1), (2, 1), (2, 3), (3, 4), (2, 256), (8, 2)])
+def test_deal_spreads_blocks_and_undeal_restores_the_order(n, block):
+    items = list(range(23))
+    parts = parallel.deal(items, n, block)
+    assert len(parts) == n and sorted(sum(parts, [])) == items
+    assert parallel.undeal([[x * 10 for x in p] for p in parts], block) == [x * 10 for x in items]
+    if n == 2 and block == 3:  # a block at a time, in turn
+        assert parts == [[0, 1, 2, 6, 7, 8, 12, 13, 14, 18, 19, 20], [3, 4, 5, 9, 10, 11, 15, 16, 17, 21, 22]]
+
+
 @pytest.mark.parametrize("line, kind", [
     ('source.cu(3): error: identifier "x" is undefined', "error"),
     ("1 error detected in the compilation of source.cu", "error"),

@@ -50,6 +50,25 @@ def split(items: list, n: int) -> list[list]:
     return out
 
 
+def deal(items: list, n: int, block: int) -> list[list]:
+    """`items` dealt to `n` workers a `block` at a time (worker i gets blocks i, i + n, ...): each worker's
+    share spread over the whole list, as striding one at a time spreads it (a run of costly items is shared
+    out), yet a forked worker touches only the memory of its own blocks (what the parent made for items in
+    a row lies together; every page either touches is a copy to make)."""
+    step = n * block
+    return [[x for b in range(i * block, len(items), step) for x in items[b:b + block]] for i in range(n)]
+
+
+def undeal(parts: list[list], block: int) -> list:
+    """The list `deal(items, len(parts), block)` dealt, in its order again, from what each worker made of
+    its share (one result per item)."""
+    n, out = len(parts), []
+    for b in range(0, max((len(p) for p in parts), default=0), block):
+        for i in range(n):
+            out += parts[i][b:b + block]
+    return out
+
+
 def fork_safe() -> bool:
     """Whether forking now is safe: this process runs no thread but the main one."""
     return threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
