@@ -228,6 +228,19 @@ def test_entry_directory_replaced_and_entries_added_or_removed(cache, judged):
     assert sorted(judged) == sorted([str(entry), str(new)])
 
 
+def test_an_entry_removed_alone_leaves_the_index_and_a_filtered_scan_keeps_the_others(cache, judged):
+    """Nothing changed but an entry gone: the next complete scan writes the index without its record; a
+    filtered scan (only part of the entries visited) keeps the records of those it did not visit."""
+    primed(cache, judged)
+    ctx = index._context(str(cache))
+    before = set(index.load(str(cache), ctx))
+    scan_cache(cache, ScanFilter(ops=("add",)), use_index=True)
+    assert set(index.load(str(cache), ctx)) == before
+    shutil.rmtree(cache / SOFTMAX)
+    scan_cache(cache, use_index=True)
+    assert set(index.load(str(cache), ctx)) == before - {str(cache / SOFTMAX)} and judged == []
+
+
 def test_truncated_garbage_or_deleted_index_means_a_scan(cache, judged):
     primed(cache, judged)
     path = cache / ".kcache" / "index" / state.index_name()

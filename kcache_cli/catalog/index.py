@@ -349,7 +349,6 @@ class IndexedContext(ScanContext):
         root = str(self.root)
         self._stored: dict = {}
         self._new: dict = {}
-        self._visited: set[str] = set()
         self._changed = False
         self._writer: tuple[int, int, str, int] | None = None  # index dir fd, temp fd, temp name, racy limit
         self._started = time.monotonic_ns()  # before the layouts read anything (see _start_write)
@@ -365,7 +364,6 @@ class IndexedContext(ScanContext):
             self._writer = _start_write(str(self.root), self._started)  # before any entry is stat'ed
         racy_ns = self._writer[3] if self._writer else -1  # no writer: nothing will be stored anyway
         results: Iterator[Any] = super().map_entries(_Wrapped(func, stored, racy_ns), jobs)
-        self._visited.update([job[0] for job in jobs])
         for job, out in zip(jobs, results):
             path = job[0]
             if type(out) is float:  # served: the entry's last use now
@@ -389,7 +387,9 @@ class IndexedContext(ScanContext):
             return
         dfd, fd, tmp, _ = self._writer
         self._writer = None
-        if not (self._changed or complete and any(p not in self._visited for p in self._stored)):
+        # Unchanged, each stored record visited was served (else it changed): one is gone or was not
+        # visited exactly when fewer were served than stored (a set of 10^5 visited paths cost 15 ms).
+        if not (self._changed or complete and len(self._new) < len(self._stored)):
             _finish_write(dfd, fd, tmp, None)  # nothing learnt, nothing gone
             return
         records = self._new if complete else {**self._stored, **self._new}
