@@ -17,15 +17,20 @@ Light on purpose (os, stat, errno, fsread): the scan opens one per entry."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import stat
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs.read import DIR_FLAGS, RESOLVE_BENEATH, RESOLVE_NO_SYMLINKS, Anchor, TooLarge
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import hashlib
+else:  # its first use loads it: _hashlib's OpenSSL costs 2.3 ms of every start, a digest is rare
+    hashlib = lazy_module("hashlib")
 
 _EUID = os.geteuid()
 

@@ -12,7 +12,6 @@ do `kcache build`'s hit path and `ls`."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import itertools
 import json
 import os
@@ -20,12 +19,19 @@ import re
 import stat
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:  # a dependency, and loaded with the commands anyway (util/jsonout.py); json alone where it is not
     import orjson as _orjson
 except ImportError:  # pragma: no cover
     _orjson = None  # type: ignore[assignment]
+
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import hashlib
+else:  # its first use loads it: _hashlib's OpenSSL costs 2.3 ms of every start, a digest is rare
+    hashlib = lazy_module("hashlib")
 
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

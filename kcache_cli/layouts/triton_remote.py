@@ -5,19 +5,25 @@ but the layout module stays free of remote code)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import string
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kcache_cli.fs.read import parse_json
 from kcache_cli.layouts.remote_format import MAX_FILE, R, RemoteFormat, RemoteRecord, names_problem
 from kcache_cli.layouts.shapes import TRITON
 from kcache_cli.layouts.shapes import TRITON_GROUP as GROUP_PREFIX
 from kcache_cli.util.errors import UsageError
+from kcache_cli.util.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import hashlib
+else:  # its first use loads it: _hashlib's OpenSSL costs 2.3 ms of every start, a digest is rare
+    hashlib = lazy_module("hashlib")
 
 DEFAULT_TRITON_KEY_FORMAT = "triton:{key}:{filename}"
 
