@@ -47,6 +47,36 @@ def test_entrydir_reads_equal_plain_reads_and_refuse_links(entry):
     assert held.fd is None  # closed on exit
 
 
+def test_a_listed_file_read_the_short_way_is_what_the_careful_way_reads(entry, monkeypatch):
+    """EntryDir.read_bytes of a file as listed (fsread.read_listed): the same bytes, the same refusals;
+    one changed or swapped since the listing is read the careful way, as it is now."""
+    root, d = entry
+    careful: list[str] = []
+    real_open = EntryDir.open_file
+
+    def open_file(self, name, **kw):
+        careful.append(name)
+        return real_open(self, name, **kw)
+
+    monkeypatch.setattr(EntryDir, "open_file", open_file)
+    with EntryDir.open(d, fsread.anchor(root)) as held:
+        held.files()  # listed
+        assert held.read_bytes("task.txt", 1 << 20) == b"Task(name: add)" and careful == []
+        assert held.read_bytes("lib.so", 4, strict=False) == b"\x7fELF" and careful == []  # its head
+        with pytest.raises(fsread.TooLarge):
+            held.read_bytes("task.txt", 4)
+        with pytest.raises(fsread.NotRegularFile):
+            held.read_bytes("link.txt", 1 << 20)
+        careful.clear()
+        with open(f"{d}/task.txt", "ab") as f:  # grown since the listing
+            f.write(b" more")
+        assert held.read_bytes("task.txt", 1 << 20) == b"Task(name: add) more" and careful == ["task.txt"]
+        os.rename(f"{d}/lib.so", f"{d}/old.so")
+        os.mkfifo(f"{d}/lib.so")  # swapped for a FIFO: never opened for reading, never blocks
+        with pytest.raises(fsread.NotRegularFile):
+            held.read_bytes("lib.so", 4, strict=False)
+
+
 def test_entrydir_subdirectory_follows_no_link(entry, tmp_path):
     root, d = entry
     os.mkdir(f"{d}/kernels")

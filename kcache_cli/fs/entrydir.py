@@ -333,13 +333,19 @@ class EntryDir:
         return got[3]
 
     def read_bytes(self, name: str, limit: int, *, strict: bool = True, follow: bool = False) -> bytes:
-        """fsread.read_bytes of the file `name` (held bytes when it has them: `held`)."""
-        shown = self.join(name)
+        """fsread.read_bytes of the file `name` (held bytes when it has them: `held`). A file of this
+        directory as it was listed is read the short way (fsread.read_listed) when it still is that file."""
         data = None if follow else self._held_bytes(name)
         if data is not None:
             if strict and len(data) > limit:
-                raise TooLarge(errno.EFBIG, f"over {limit} bytes ({len(data)}), not read", shown)
+                raise TooLarge(errno.EFBIG, f"over {limit} bytes ({len(data)}), not read", self.join(name))
             return data[:limit]
+        listed = None if follow or "/" in name else self.listing.get(name)
+        if listed is not None and self.fd is not None:
+            data = fsread.read_listed(self.fd, name, listed, limit, head=not strict)
+            if data is not None:
+                return data
+        shown = self.join(name)
         fd, st = self.open_file(name, follow=follow, shown=shown)
         return fsread.read_open(fd, st, limit, strict, shown)
 
