@@ -12,9 +12,15 @@ import sys
 from collections.abc import Callable
 
 
+BLOCK = 256  # kcache's scan deals its jobs so (kcache_cli/catalog/scan_context.py, util/parallel.py deal)
+
+
 def split_over(items: list, procs: int, work: Callable[[list], str | None]) -> None:
-    """`work(items[i::procs])` in `procs` processes (`procs - 1` forked); each one's text goes to stdout."""
-    parts = [items[i::procs] for i in range(max(procs, 1))]
+    """`work(part)` in `procs` processes (`procs - 1` forked), the items dealt a BLOCK at a time as kcache's
+    scan deals them (one at a time, a tree whose kinds alternate gave one process all the costly ones);
+    each one's text goes to stdout."""
+    n = max(procs, 1)
+    parts = [[x for b in range(i * BLOCK, len(items), n * BLOCK) for x in items[b:b + BLOCK]] for i in range(n)]
     pids = []
     for part in parts[1:]:
         pid = os.fork()
