@@ -756,6 +756,36 @@ def test_a_lookup_by_prefix_lists_no_code_shard_it_does_not_name(cache, monkeypa
     assert all(n.startswith(graph[:12]) for n in listed)
 
 
+def test_a_name_lookup_by_graph_prefix_looks_into_its_shard_alone(cache, monkeypatch):
+    """catalog/names.py finds entries by their names for inspect, log, clear <prefix> and TAB: a prefix of
+    three or more characters looks into fxgraph/<its 2nd and 3rd characters>/ alone (KindShape.derived),
+    none for a prefix no graph key starts with, and finds what the full listing holds."""
+    from kcache_cli.catalog import names
+
+    full = {os.path.basename(k) for k in rows(cache)}
+    looked: list[str] = []
+    real = names.visible_dirs
+
+    def counting(path, prefix="", kept=None):
+        looked.append(os.path.relpath(str(path), cache))
+        return real(path, prefix, kept)
+
+    monkeypatch.setattr(names, "visible_dirs", counting)
+    graph = os.path.basename(one(cache, "fxgraph/*/*"))
+    for ref in (graph[:3], graph[:10], "fzz", "zzz", "f"):
+        looked.clear()
+        found = {e.hash for e in names.entries(cache, ref)}
+        assert found == {h for h in full if h.startswith(ref)}
+        into = {p for p in looked if p.startswith("fxgraph")}
+        if ref == "f":  # too short to tell the shard: every one
+            assert into == {"fxgraph", *(f"fxgraph/{d.name}" for d in (cache / "fxgraph").iterdir())}
+        elif ref.startswith("f"):
+            assert into == ({f"fxgraph/{ref[1:3]}"} if (cache / "fxgraph" / ref[1:3]).is_dir() else set())
+            assert found or ref == "fzz"
+        else:
+            assert not into
+
+
 def test_a_lookup_by_prefix_lists_only_the_shard_its_graphs_lie_in(cache, monkeypatch):
     """A graph key is `f` and 51 more, in fxgraph/<its 2nd and 3rd characters>/: `ls <prefix>` lists that
     shard alone (none for a prefix no graph key can start with, and no aotautograd/ unless it starts with

@@ -101,7 +101,7 @@ def _dirs(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces
             if not fields:  # fixed text: no listing needed (a missing directory lists as empty below)
                 found.append((os.path.join(path, k.parts[i]), known))
                 continue
-            names = visible_dirs(path, prefix, kept) if last else visible_dirs(path)
+            names = visible_dirs(path, prefix, kept) if last else _level_dirs(path, k, fields, prefix)
             if "op" in fields:
                 names = _present(names, ops)
             for n in (names if last else sorted(names)):
@@ -114,6 +114,17 @@ def _dirs(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces
                 found.append((os.path.join(path, n), f))
         level = found
     return level
+
+
+def _level_dirs(path: str, k: KindShape, fields: tuple[str, ...], prefix: str) -> list[str]:
+    """The subdirectories of `path` an entry whose hash starts with `prefix` may lie in: the one its hash
+    names where the level's field is a function of the hash (KindShape.derived) and `prefix` tells it, else
+    every visible one."""
+    derive = k.derived.get(fields[0]) if prefix and len(fields) == 1 else None
+    only = derive(prefix) if derive is not None else None
+    if only is None:
+        return visible_dirs(path)
+    return [only] if only and _is_dir(path, only) else []
 
 
 def _walk(root: str, k: KindShape, depth: int, ops: tuple[str, ...] = (), spaces: tuple[str, ...] = (),

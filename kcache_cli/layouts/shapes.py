@@ -43,12 +43,13 @@ class KindShape:
     """The path of one kind of entry, relative to the cache root."""
 
     __slots__ = ("kind", "template", "space", "target", "_patterns", "_segments", "parts", "space_depth", "op_depth",
-                 "from_files", "space_in_files")
+                 "from_files", "space_in_files", "derived")
 
     def __init__(self, kind: str, template: str, space: str | None = None, target: str | None = None,
                  patterns: tuple[tuple[str, str], ...] = (),
                  from_files: Callable[[list[str]], tuple[bool, str | None]] | None = None,
-                 space_in_files: Callable[[str, str, list[str]], str | None] | None = None) -> None:
+                 space_in_files: Callable[[str, str, list[str]], str | None] | None = None,
+                 derived: tuple[tuple[str, Callable[[str], str | None]], ...] = ()) -> None:
         self.kind = kind  # "op", "program", "kernel"...
         self.template = template  # "ops/{target}_space_{level}/{op}/{hash}"
         self.space = space  # "{target}_space_{level}"; None: entries of this kind have no space
@@ -70,6 +71,11 @@ class KindShape:
         # with the root, the entry's path and the names in it, the space read from one small file, or None.
         # For questions that do not scan (completion, hints), on a bounded number of entries (catalog/names.py).
         self.space_in_files = space_in_files
+        # (field, f): a field that is a function of the entry's hash (Inductor's fx graph shard, the key's
+        # second and third characters): f(a hash prefix) is the only value the field can take for hashes
+        # starting with it, or None when the prefix is too short to tell. A lookup by prefix then looks
+        # into that one directory instead of listing every one (catalog/names.py).
+        self.derived = dict(derived)
 
     def __repr__(self) -> str:
         return f"KindShape({self.kind!r}, {self.template!r})"
@@ -375,8 +381,17 @@ def _inductor_confirm(root: str, tops: list[str], names: list[str]) -> bool:
     return False
 
 
+def _graph_shard(prefix: str) -> str | None:
+    """The fx graph shard of the keys starting with `prefix` (graph keys are "f" and 51 more, their shard
+    the second and third characters): "" when no key starts so, None when it is too short to tell."""
+    if len(prefix) < 3:
+        return None
+    return prefix[1:3] if prefix[0] == "f" else ""
+
+
 INDUCTOR = LayoutShape("inductor", (
-    KindShape("graph", "fxgraph/{shard}/{hash}", patterns=(("shard", r"[a-z2-7]{2}"), ("hash", "f" + INDUCTOR_B32))),
+    KindShape("graph", "fxgraph/{shard}/{hash}", patterns=(("shard", r"[a-z2-7]{2}"), ("hash", "f" + INDUCTOR_B32)),
+              derived=(("shard", _graph_shard),)),
     KindShape("autograd", "aotautograd/{hash}", patterns=(("hash", "a" + INDUCTOR_B32),)),
     KindShape("code", "{hash}", patterns=(("hash", r"[a-z2-7]{2}"),)),
     KindShape("autotune", "{hash}", patterns=(("hash", "cache"),)),
