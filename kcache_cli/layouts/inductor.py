@@ -60,6 +60,7 @@ from kcache_cli.layouts.base import (
 from kcache_cli.layouts.shapes import INDUCTOR
 from kcache_cli.layouts.shapes import TRITON as TRITON_SHAPE
 from kcache_cli.layouts.shapes import inductor_graph_relpath as graph_relpath
+from kcache_cli.layouts.shapes import inductor_graph_shard as graph_shard
 from kcache_cli.model.checks import elf_truncated, list_files, not_regular
 from kcache_cli.model.records import (
     BUILDING,
@@ -735,10 +736,10 @@ def candidates(root: str, ctx, flt: ScanFilter) -> Iterator[Found]:
         if not de.is_dir(follow_symlinks=False):
             continue
         if de.name == "fxgraph":
-            for shard in ctx.listdir(de.path):
-                if (fits[GRAPH][1](shard.name) and _may_hold(shard.name, prefixes)
-                        and shard.is_dir(follow_symlinks=False)):
-                    yield from (Found(GRAPH, f"{shard.path}/{k}", k, None) for k in ctx.subdirs(shard.path)
+            for shard in _graph_shards(ctx, de.path, prefixes):
+                if fits[GRAPH][1](shard) and _may_hold(shard, prefixes):
+                    where = f"{de.path}/{shard}"
+                    yield from (Found(GRAPH, f"{where}/{k}", k, None) for k in ctx.subdirs(where)
                                 if named(k) and fits[GRAPH][2](k))
         elif de.name == "aotautograd" and (not prefixes or any(p[:1] in ("", "a") for p in prefixes)):
             yield from (Found(AUTOGRAD, f"{de.path}/{k}", k, None) for k in ctx.subdirs(de.path)
@@ -746,13 +747,23 @@ def candidates(root: str, ctx, flt: ScanFilter) -> Iterator[Found]:
         elif de.name == "triton":
             for dev in ctx.listdir(de.path):
                 if fits[TRITON][1](dev.name) and dev.is_dir(follow_symlinks=False):
-                    yield from (Found(TRITON, k.path, k.name, f"triton/{dev.name}") for k in ctx.listdir(dev.path)
-                                if named(k.name) and fits[TRITON][2](k.name) and k.is_dir(follow_symlinks=False))
+                    yield from (Found(TRITON, f"{dev.path}/{k}", k, f"triton/{dev.name}")
+                                for k in ctx.subdirs(dev.path, prefixes) if fits[TRITON][2](k))
         elif fits[AUTOTUNE][0](de.name):
             if named(de.name):
                 yield Found(AUTOTUNE, de.path, de.name, None)
         elif fits[CODE][0](de.name) and named(de.name):
             yield Found(CODE, de.path, de.name, None)
+
+
+def _graph_shards(ctx, fxgraph: str, prefixes: tuple[str, ...]) -> list[str]:
+    """The shard directories of `fxgraph` that may hold a graph whose key starts with one of `prefixes`:
+    the ones their keys name (shapes.py KindShape.derived), where every prefix tells its shard, else every
+    one listed (links are not)."""
+    named = [graph_shard(p) for p in prefixes]
+    if not prefixes or None in named:
+        return ctx.subdirs(fxgraph)
+    return [s for s in sorted({s for s in named if s}) if fsread.is_real_dir(f"{fxgraph}/{s}")]
 
 
 def _may_hold(shard: str, prefixes: tuple[str, ...]) -> bool:

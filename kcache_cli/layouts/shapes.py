@@ -381,7 +381,7 @@ def _inductor_confirm(root: str, tops: list[str], names: list[str]) -> bool:
     return False
 
 
-def _graph_shard(prefix: str) -> str | None:
+def inductor_graph_shard(prefix: str) -> str | None:
     """The fx graph shard of the keys starting with `prefix` (graph keys are "f" and 51 more, their shard
     the second and third characters): "" when no key starts so, None when it is too short to tell."""
     if len(prefix) < 3:
@@ -391,7 +391,7 @@ def _graph_shard(prefix: str) -> str | None:
 
 INDUCTOR = LayoutShape("inductor", (
     KindShape("graph", "fxgraph/{shard}/{hash}", patterns=(("shard", r"[a-z2-7]{2}"), ("hash", "f" + INDUCTOR_B32)),
-              derived=(("shard", _graph_shard),)),
+              derived=(("shard", inductor_graph_shard),)),
     KindShape("autograd", "aotautograd/{hash}", patterns=(("hash", "a" + INDUCTOR_B32),)),
     KindShape("code", "{hash}", patterns=(("hash", r"[a-z2-7]{2}"),)),
     KindShape("autotune", "{hash}", patterns=(("hash", "cache"),)),
