@@ -185,3 +185,63 @@ def body_a_forkservers_workers_take_kcaches_noted_reads_as_no_use(root: str):
     assert serial.entries and all(e.last_used < 1_750_000_000 for e in serial.entries)
     scan_mod.PARALLEL_MIN_JOBS = 2
     assert _with_thread(lambda: scan_cache(root)).entries == serial.entries
+
+
+def _big(shared: int, part: list[int]) -> bytes:
+    return bytes([part[0]]) * shared
+
+
+def body_a_result_bigger_than_a_pipe_travels_whole():
+    """Results of megabytes (a 100,000-entry scan's) cross the pipes whole, each worker's its own, while the
+    parent reads them all as they come (no worker waits on another's)."""
+    out = parallel.map_parts(_big, 5 << 20, [[1], [2], [3]])
+    assert [len(r) for r in out] == [5 << 20] * 3
+    assert [r[:1] + r[-1:] for r in out] == [b"\1\1", b"\2\2", b"\3\3"]
+
+
+def test_a_result_bigger_than_a_pipe_travels_whole():
+    alone(test_a_result_bigger_than_a_pipe_travels_whole)
+
+
+def _half_sent(shared: int, part: list[int]) -> list[int]:
+    import signal
+
+    if part == [shared]:  # its message's length and the start of it, then killed (as by the OOM killer)
+        os.write(shared_fd(), (1 << 20).to_bytes(8, "little") + b"\x80\x05")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return part
+
+
+def shared_fd() -> int:
+    """The write end of the pipe to the parent in this worker (parallel._worker_main's `reply`)."""
+    import inspect as stack
+
+    for frame in stack.stack():
+        if frame.function == "_worker_main":
+            return frame.frame.f_locals["reply"]
+    raise AssertionError("not in a worker")
+
+
+def body_a_worker_killed_mid_message_died():
+    try:
+        parallel.map_parts(_half_sent, 2, [[1], [2]])
+    except parallel.WorkerDied as exc:
+        assert "worker 1 died" in str(exc)
+    else:
+        raise AssertionError("half a message taken for a result")
+
+
+def test_a_worker_killed_mid_message_died():
+    alone(test_a_worker_killed_mid_message_died)
+
+
+def test_output_buffered_before_the_fork_is_written_once():
+    """What this process printed to a pipe and had not flushed when its workers forked is written once:
+    a worker's copy of the buffer must not be flushed too."""
+    code = ("import sys; sys.path[:0] = " + repr(sys.path) + "\nimport test_parallel\n"
+            "from kcache_cli.util import parallel\nprint('before', end='')\n"
+            "assert parallel.map_parts(test_parallel._part, 1, [[1], [2]])[1][1] == [2]\nprint('|after')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(__file__))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "before|after\n"

@@ -8,10 +8,15 @@ Forked workers (_Workers) need no thread here: this one waits on their pipes and
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
+import select
 import signal
+import struct
+import sys
 import threading
+import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -71,7 +76,7 @@ def undeal(parts: list[list], block: int) -> list:
 
 def fork_safe() -> bool:
     """Whether forking now is safe: this process runs no thread but the main one."""
-    return threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+    return threading.active_count() == 1 and hasattr(os, "fork")
 
 
 _ADVANCE: Callable[[int], None] | None = None  # in a forked worker of map_parts: its progress counter's
@@ -112,13 +117,26 @@ def die_with_parent(parent: int | None) -> None:
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # held by the parent while it forked
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the parent check below is all there is
-        pass
+    prctl = _prctl()
+    if prctl:  # else not Linux: the parent check below is all there is
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if parent is not None and os.getppid() != parent:
         os._exit(1)
+
+
+_PRCTL: Any = None
+
+
+def _prctl() -> Any:
+    """libc's prctl (False where there is none), looked up once: _Workers looks it up before it forks, so
+    that each worker does not spend a millisecond on ctypes and dlopen first."""
+    global _PRCTL
+    if _PRCTL is None:
+        try:
+            _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            _PRCTL = False
+    return _PRCTL
 
 
 def _pickled_part(args: tuple[Callable[[Any, Any], Any], Any, Any]) -> Any:
@@ -202,54 +220,71 @@ def run_phased(n: int, first: Callable[..., Any], progress: Any = None,
 
 
 class _Workers:
-    """n forked processes, a pipe to each, shared progress counters and a shared stop flag."""
+    """n forked processes (os.fork: multiprocessing's Process, Pipe and shared ctypes took 8 ms of each
+    scan to import), a pipe each way to each, and shared progress counters and a stop flag in an anonymous
+    shared mapping (slot i: worker i's counter; slot n: the flag)."""
 
     def __init__(self, n: int, first: Callable, second: Callable | None, progress: Any) -> None:
         global _PHASED
-        ctx = multiprocessing.get_context("fork")
         self.n, self.progress, self.seen = n, progress, 0
-        self.counters = ctx.RawArray("q", n)
-        self.stop = ctx.RawValue("b", 0)
-        _PHASED = (first, second, self.counters, self.stop)
-        self.procs: list = []
-        self.conns: list = []
+        self.shared = mmap.mmap(-1, 8 * (n + 1))  # MAP_SHARED | MAP_ANONYMOUS: the workers write in it
+        self.slots = memoryview(self.shared).cast("q")
+        _PHASED = (first, second, self.slots)
+        self.pids: list[int] = []
+        self.fds: list[tuple[int, int]] = []  # (its results, its commands): this process's ends
+        for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written twice by a worker
+            _flush(stream)
+        _prctl()
         try:
             for i in range(n):
-                parent_end, child_end = ctx.Pipe()
-                # The child closes every parent end it inherits, its own included: were one kept, a
-                # worker whose parent died (SIGTERM, SIGKILL) would block forever sending its result.
-                proc = ctx.Process(target=_worker_main, args=(i, child_end, [parent_end, *self.conns], os.getpid()),
-                                   daemon=True)
-                with signals_held():
-                    proc.start()
-                child_end.close()
-                self.procs.append(proc)
-                self.conns.append(parent_end)
+                self._start(i)
         except BaseException:
             self.close()
             raise
 
+    def _start(self, i: int) -> None:
+        results, reply = os.pipe()
+        commands, told = os.pipe()
+        parent = os.getpid()
+        try:
+            with signals_held():
+                pid = os.fork()
+                if pid == 0:  # never returns; the held signals are let through by die_with_parent
+                    # Every end of this process's it inherited is closed: were one kept, a worker whose
+                    # parent died (SIGTERM, SIGKILL) would block forever sending its result.
+                    _worker_main(i, reply, commands, [results, told, *(fd for fds in self.fds for fd in fds)],
+                                 parent)
+        except BaseException:
+            for fd in (results, reply, commands, told):
+                os.close(fd)
+            raise
+        os.close(reply)
+        os.close(commands)
+        self.pids.append(pid)
+        self.fds.append((results, told))
+
     def collect(self) -> list:
         """Every worker's result of the current phase; the first failure is raised (others stop)."""
-        from multiprocessing.connection import wait
-
         results: list = [None] * self.n
-        waiting = dict(zip(self.conns, range(self.n)))
+        frames = {fd: _Frame() for fd, _ in self.fds}
+        waiting = {fd: i for i, (fd, _) in enumerate(self.fds)}
+        poll = select.poll()
+        for fd in waiting:
+            poll.register(fd, select.POLLIN)
         error: Any = None
-        conn: Any
         while waiting:
-            for conn in wait(list(waiting), timeout=PROGRESS_POLL):
-                i = waiting.pop(conn)
-                try:
-                    status, value = conn.recv()
-                except EOFError:
-                    status, value = "err", WorkerDied(f"worker {i} died")
+            for fd, _ in poll.poll(PROGRESS_POLL * 1000):
+                if not frames[fd].read(fd):
+                    continue
+                i = waiting.pop(fd)
+                poll.unregister(fd)
+                status, value = frames[fd].message(i)
                 if status == "err":
-                    self.stop.value = 1
+                    self.slots[self.n] = 1
                     if error is None or (isinstance(error, Aborted) and not isinstance(value, Aborted)):
                         error = value
                 results[i] = value
-            now = sum(self.counters)
+            now = sum(self.slots[:self.n])
             if self.progress and now > self.seen:
                 self.progress.advance(now - self.seen)
             self.seen = now
@@ -259,57 +294,128 @@ class _Workers:
 
     def tell(self, message: str, abort: bool = False) -> None:
         if abort:
-            self.stop.value = 1
-        for conn in self.conns:
+            self.slots[self.n] = 1
+        for _, told in self.fds:
             try:
-                conn.send(message)
-            except (OSError, ValueError):
+                os.write(told, _COMMANDS[message])
+            except OSError:
                 pass  # the worker is gone already
 
     def close(self) -> None:
+        """Wait for the workers to end (5 s in all, then SIGTERM) and let go of their pipes."""
         global _PHASED
         _PHASED = None
-        for proc in self.procs:
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join()
-        for conn in self.conns:
-            conn.close()
+        deadline = time.monotonic() + 5
+        for pid, (results, told) in zip(self.pids, self.fds):
+            if not _ended(results, deadline):
+                os.kill(pid, signal.SIGTERM)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:  # reaped already (SIGCHLD ignored by whoever embeds kcache)
+                pass
+            os.close(results)
+            os.close(told)
+        self.pids, self.fds = [], []
+        self.slots.release()
+        self.shared.close()
 
 
-def _worker_main(i: int, conn, parent_ends: list, parent: int) -> None:
-    assert _PHASED is not None, "set by _Workers before forking"
+_COMMANDS = {"go": b"g", "stop": b"s"}
+_LENGTH = struct.Struct("<Q")
 
-    die_with_parent(parent)
-    for end in parent_ends:
-        end.close()
-    first, second, counters, stop = _PHASED
 
-    def advance(k: int) -> None:
-        counters[i] += k
+class _Frame:
+    """One message from a worker's pipe, read as it comes: its length (8 bytes), then its pickle."""
 
-    def abort() -> bool:
-        return bool(stop.value)
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.ended = False
 
-    def report(func, *args) -> bool:
-        try:
-            message = ("ok", func(*args))
-        except BaseException as exc:  # noqa: BLE001 - every failure travels back to the parent
-            message = ("err", _portable(exc))
-        try:
-            conn.send(message)
-        except OSError:  # the parent is gone (killed): nobody to tell, nothing to print
+    def read(self, fd: int) -> bool:
+        """Read what the pipe holds now; whether the message is whole or the pipe ended before it was."""
+        chunk = os.read(fd, 1 << 20)
+        self.buf += chunk
+        self.ended = not chunk
+        return self.ended or self._whole()
+
+    def _whole(self) -> bool:
+        return len(self.buf) >= 8 and len(self.buf) >= 8 + _LENGTH.unpack_from(self.buf)[0]
+
+    def message(self, i: int) -> tuple[str, Any]:
+        if not self._whole():
+            return "err", WorkerDied(f"worker {i} died")
+        return pickle.loads(memoryview(self.buf)[8:8 + _LENGTH.unpack_from(self.buf)[0]])
+
+
+def _ended(fd: int, deadline: float) -> bool:
+    """Whether the worker writing into `fd` ended by `deadline` (time.monotonic): no other process holds
+    its end of the pipe, so the pipe ends when it does (anything still unread in it is dropped)."""
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poll.poll(left * 1000):
             return False
-        return message[0] == "ok"
+        if not os.read(fd, 1 << 16):
+            return True
 
-    if report(first, i, advance, abort) and second is not None:
-        try:
-            command = conn.recv()
-        except EOFError:
-            return
-        if command == "go":
-            report(second, i)
+
+def _flush(stream: Any) -> None:
+    try:
+        stream.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
+def _worker_main(i: int, reply: int, commands: int, parent_ends: list[int], parent: int) -> None:
+    """A forked worker: phase one, its result sent, then phase two when told to go. Ends the process."""
+    code = 1
+    try:
+        assert _PHASED is not None, "set by _Workers before forking"
+        die_with_parent(parent)
+        for fd in parent_ends:
+            os.close(fd)
+        first, second, slots = _PHASED
+        n_slots = len(slots) - 1
+
+        def advance(k: int) -> None:
+            slots[i] += k
+
+        def abort() -> bool:
+            return bool(slots[n_slots])
+
+        if _report(reply, first, i, advance, abort) and second is not None:
+            if os.read(commands, 1) == _COMMANDS["go"]:
+                _report(reply, second, i)
+        code = 0
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            _flush(stream)
+        os._exit(code)
+
+
+def _report(reply: int, func: Callable, *args: Any) -> bool:
+    """Run `func(*args)` and send what came of it; whether it succeeded and could be sent."""
+    try:
+        status, value = "ok", func(*args)
+    except BaseException as exc:  # noqa: BLE001 - every failure travels back to the parent
+        status, value = "err", _portable(exc)
+    try:
+        data = pickle.dumps((status, value), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - a result that cannot travel is a failure that can
+        status = "err"
+        data = pickle.dumps((status, KcacheError(f"{type(exc).__name__}: {exc}")))
+    try:
+        _write_all(reply, _LENGTH.pack(len(data)) + data)
+    except OSError:  # the parent is gone (killed): nobody to tell, nothing to print
+        return False
+    return status == "ok"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _portable(exc: BaseException) -> BaseException:
