@@ -328,3 +328,44 @@ def test_detection_keeps_nothing_and_a_scan_keeps_the_root_for_the_next_command(
     assert layouts.detect(src) == ("triton",)
     assert [e.relpath for e in scan_cache(src).entries] == [e.relpath for e in first]
     assert os.stat(src).st_ino not in listed
+
+
+def test_an_unchanged_directory_is_answered_by_one_stat(root, monkeypatch):
+    """A kept listing whose directory one stat still finds unchanged is served without opening it (a
+    thousand Inductor graph shards: one call each, not three); a changed one is opened and listed."""
+    op = root / "ops/cuda_space_0/add"
+    assert lookup(root, "ab") == ["abc0000000000001", "abd0000000000002"]
+    from kcache_cli.fs import read as fsread
+
+    opened = []
+    real_open = fsread.open_path
+    monkeypatch.setattr(fsread, "open_path", lambda path, *a: opened.append(os.fspath(path)) or real_open(path, *a))
+    assert lookup(root, "ab") == ["abc0000000000001", "abd0000000000002"]
+    assert opened == []
+    (op / "abe0000000000004").mkdir()
+    assert lookup(root, "ab") == ["abc0000000000001", "abd0000000000002", "abe0000000000004"]
+    assert opened == [str(op)]
+
+
+def test_kept_listings_come_back_whole_from_a_file_of_many(tmp_path):
+    """Many directories in one file, each listing found in place: names with every byte but NUL and "/"
+    (spaces, newlines, non-UTF-8), an empty directory, a link; each served equal to a fresh listing."""
+    root = tmp_path / "cache"
+    dirs = {f"d{i}": [f"n{i}-{j}" for j in range(i)] for i in range(6)}
+    dirs["odd"] = ["a b", "new\nline", os.fsdecode(b"\xff\xfe"), "é", "x" * 200]
+    for d, names_in in dirs.items():
+        (root / d).mkdir(parents=True)
+        for n in names_in:
+            (root / d / n).mkdir()
+    os.symlink("d1", root / "odd" / "link")
+    settle()
+    first = DirNames(root)
+    fresh = {d: (first.subdirs(str(root / d)), first.links(str(root / d))) for d in dirs}
+    first.save()
+    data = dirnames._parse(names_file(root).read_bytes())
+    assert set(data) >= set(dirs)
+    kept = DirNames(root)
+    assert {d: (kept.subdirs(str(root / d)), kept.links(str(root / d))) for d in dirs} == fresh
+    assert fresh["odd"] == (sorted(dirs["odd"]), ["link"])
+    assert sorted(kept.starting(str(root / "d5"), "n5-")) == sorted(dirs["d5"])
+    assert kept.starting(str(root / "d0"), "n") == []

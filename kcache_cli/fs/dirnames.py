@@ -32,8 +32,8 @@ before. Light on purpose (os, struct, zlib): a lookup imports it."""
 from __future__ import annotations
 
 import os
-import stat
 import struct
+import sys
 import time
 import zlib
 
@@ -51,28 +51,41 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC  # as fsread.listdir op
 DIR, LINK, OTHER = ord("d"), ord("l"), ord("-")  # a name's type byte
 
 Key = tuple[int, int, int, int]  # device, inode, mtime_ns, ctime_ns
-Listing = tuple[Key, bytes, bytes]  # the directory's key, its names joined by "/", their types
+# Names joined by "/", where they lie: a listing made here is its own bytes (0 to their length); a kept
+# one lies in the names file's bytes, never copied out of them (a hidet lookup searches 1.8 MB of names:
+# copying them cost more than the search).
+Names = tuple[bytes, int, int]
+Listing = tuple[Key, Names, bytes]  # the directory's key, its names, their types
+_NO_NAMES: Names = (b"", 0, 0)
 
 
 def _parse(data: bytes | None) -> dict[str, Listing]:
-    """relpath -> listing from a names file's bytes; {} for anything malformed."""
+    """relpath -> listing from a names file's bytes; {} for anything malformed. Each field is found by its
+    NUL; the names stay where they are."""
     start = len(MAGIC) + _HEADER.size
     if not data or not data.startswith(MAGIC) or len(data) < start:
         return {}
     length, crc = _HEADER.unpack_from(data, len(MAGIC))
-    payload = data[start:]
-    if len(payload) != length or zlib.crc32(payload) != crc or not payload:
-        return {}
-    parts = payload.split(b"\0")
-    if len(parts) % _FIELDS:
+    if len(data) - start != length or zlib.crc32(memoryview(data)[start:]) != crc or not length:
         return {}
     out: dict[str, Listing] = {}
+    pos, end = start, len(data)
     try:
-        for i in range(0, len(parts), _FIELDS):
-            rel, dev, ino, mtime, ctime, names, types = parts[i:i + _FIELDS]
-            if len(types) != (names.count(b"/") + 1 if names else 0):
+        while pos < end:
+            fields = []  # (start, stop) of each field
+            for i in range(_FIELDS):
+                stop = data.find(b"\0", pos)
+                if stop == -1 and i < _FIELDS - 1:
+                    return {}
+                stop = end if stop == -1 else stop
+                fields.append((pos, stop))
+                pos = stop + 1
+            (r0, r1), dev, ino, mtime, ctime, (n0, n1), (t0, t1) = fields
+            if t1 - t0 != (data.count(b"/", n0, n1) + 1 if n1 > n0 else 0):
                 return {}
-            out[os.fsdecode(rel)] = ((int(dev), int(ino), int(mtime), int(ctime)), names, types)
+            key = (int(data[dev[0]:dev[1]]), int(data[ino[0]:ino[1]]), int(data[mtime[0]:mtime[1]]),
+                   int(data[ctime[0]:ctime[1]]))
+            out[os.fsdecode(data[r0:r1])] = (key, (data, n0, n1), data[t0:t1])
     except ValueError:
         return {}
     return out
@@ -80,23 +93,30 @@ def _parse(data: bytes | None) -> dict[str, Listing]:
 
 def _dump(records: dict[str, Listing]) -> bytes:
     payload = b"\0".join(b"\0".join((os.fsencode(rel), b"%d" % k[0], b"%d" % k[1], b"%d" % k[2], b"%d" % k[3],
-                                     names, types)) for rel, (k, names, types) in records.items())
+                                     buf[s:e], types)) for rel, (k, (buf, s, e), types) in records.items())
     return MAGIC + _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 
-def _read(fd: int) -> tuple[bytes, bytes]:
-    """The names in the open directory `fd`, joined by "/", and their types (d_type: no stat)."""
-    names: list[str] = []
-    types = bytearray()
+def _read(fd: int) -> tuple[Names, bytes]:
+    """The names in the open directory `fd` and their types (d_type: no stat), sorted by name: most
+    questions want them so, and sorting names that are in order already costs a tenth."""
+    listed: list[tuple[str, int]] = []
     with os.scandir(fd) as it:
         for de in it:
-            names.append(de.name)
-            types.append(LINK if de.is_symlink() else DIR if de.is_dir(follow_symlinks=False) else OTHER)
-    return os.fsencode("/".join(names)), bytes(types)
+            listed.append((de.name, LINK if de.is_symlink() else DIR if de.is_dir(follow_symlinks=False) else OTHER))
+    listed.sort()
+    joined = os.fsencode("/".join([name for name, _ in listed]))
+    return (joined, 0, len(joined)), bytes([t for _, t in listed])
 
 
-def _split(joined: bytes) -> list[str]:
-    return os.fsdecode(joined).split("/") if joined else []
+def _split(names: Names) -> list[str]:
+    buf, start, end = names
+    if start == end:
+        return []
+    return str(memoryview(buf)[start:end], _FS_ENCODING, _FS_ERRORS).split("/")  # os.fsdecode, uncopied
+
+
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
 class DirNames:
@@ -119,8 +139,8 @@ class DirNames:
         base = self.root if self.root.endswith("/") else self.root + "/"
         return path[len(base):] if path.startswith(base) and len(path) > len(base) else None
 
-    def _listing(self, path: str, fd: int) -> tuple[bytes, bytes]:
-        """(names joined by "/", types) of the directory `path`, open as `fd`: kept, or listed now."""
+    def _listing(self, path: str, fd: int) -> tuple[Names, bytes]:
+        """(names, types) of the directory `path`, open as `fd`: kept, or listed now."""
         listed, now = time.monotonic_ns(), time.time_ns()  # before the directory is looked at (see save)
         st = os.fstat(fd)
         key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
@@ -128,14 +148,14 @@ class DirNames:
         if rel is not None:
             got = self._known(rel)
             if got is not None and got[0] == key:
-                self._listed += len(got[1])
+                self._listed += got[1][2] - got[1][1]
                 return got[1], got[2]
-        joined, types = _read(fd)
+        names, types = _read(fd)
         if rel is not None:
             reuse = max(key[2], key[3]) < now - int(RACY_SECONDS * 1e9)
-            self._new[rel] = ((key, joined, types), listed, reuse)
-            self._listed += len(joined)
-        return joined, types
+            self._new[rel] = ((key, names, types), listed, reuse)
+            self._listed += names[2]
+        return names, types
 
     def _known(self, rel: str) -> Listing | None:
         """The listing of `rel` this process made and may reuse, else the one the file keeps."""
@@ -145,6 +165,25 @@ class DirNames:
         if self._kept is None:
             self._kept = _parse(state.read_index_file(self.root, KIND, MAX_BYTES))
         return self._kept.get(rel)
+
+    def _unchanged(self, path: str) -> tuple[Names, bytes] | None:
+        """The kept listing of `path` when one stat of it (from its held root, following links as the
+        opening does) still gives its key: one system call, where opening, fstat-ing and closing it take
+        three (an Inductor cache keeps a thousand graph shards). None: list it (`_listing`)."""
+        rel = self._rel(path)
+        if rel is None:
+            return None
+        got = self._known(rel)
+        if got is None:
+            return None
+        try:
+            st = fsread.stat_path(path)
+        except (OSError, ValueError):
+            return None  # the opening says what is wrong, as before
+        if got[0] != (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns):
+            return None
+        self._listed += got[1][2] - got[1][1]
+        return got[1], got[2]
 
     def _open(self, path: str) -> int:
         try:
@@ -158,12 +197,7 @@ class DirNames:
     def starting(self, path: str, prefix: str) -> list[str]:
         """The names in the directory `path` (below the root) that start with `prefix`, as os.listdir
         would give them (in no set order). OSError when it cannot be listed."""
-        fd = self._open(path)
-        try:
-            joined, _ = self._listing(path, fd)
-        finally:
-            os.close(fd)
-        return _starting(joined, prefix)
+        return _starting(self._names(path)[0], prefix)
 
     def subdirs_starting(self, path: str, prefixes: tuple[str, ...]) -> list[str]:
         """The names in `path` that start with one of `prefixes` and are real subdirectories (each lstat'ed:
@@ -174,25 +208,33 @@ class DirNames:
     def subdirs(self, path: str) -> list[str]:
         """The names of the real subdirectories of `path` (a link is not one), sorted; [] when it is
         missing, OSError when it cannot be read (fsread.subdir_names)."""
-        joined, types = self._typed(path)
+        names, types = self._typed(path)
         if types.count(DIR) == len(types):  # directories only (a Triton root): no name looked at
-            return sorted(_split(joined))
-        return sorted(n for n, t in zip(_split(joined), types) if t == DIR)
+            return sorted(_split(names))
+        return sorted(n for n, t in zip(_split(names), types) if t == DIR)
 
     def links(self, path: str) -> list[str]:
         """The names of the symbolic links in `path`, sorted; [] when it is missing, OSError when it
         cannot be read. A directory without one answers from its types alone (no name decoded)."""
-        joined, types = self._typed(path)
+        names, types = self._typed(path)
         if types.find(LINK) == -1:
             return []
-        return sorted(n for n, t in zip(_split(joined), types) if t == LINK)
+        return sorted(n for n, t in zip(_split(names), types) if t == LINK)
 
-    def _typed(self, path: str) -> tuple[bytes, bytes]:
-        """_listing of `path`, opened here; nothing when it is missing."""
+    def _typed(self, path: str) -> tuple[Names, bytes]:
+        """_names of `path`; nothing when it is missing."""
         try:
-            fd = self._open(path)
+            return self._names(path)
         except FileNotFoundError:
-            return b"", b""
+            return _NO_NAMES, b""
+
+    def _names(self, path: str) -> tuple[Names, bytes]:
+        """(names, types) of the directory `path`: kept while unchanged, else listed now (OSError when it
+        cannot be)."""
+        got = self._unchanged(path)
+        if got is not None:
+            return got
+        fd = self._open(path)
         try:
             return self._listing(path, fd)
         finally:
@@ -201,17 +243,14 @@ class DirNames:
     def dirs_and_links(self, path: str) -> tuple[list[str], frozenset[str]]:
         """The names of the directories in `path` and of the links in it to one (asked now), in listing
         order, and the set of those that are links. OSError when it cannot be listed."""
-        fd = self._open(path)
-        try:
-            joined, types = self._listing(path, fd)
-            names = _split(joined)
-            if types.count(DIR) == len(types):  # directories only (a Triton root of 10^5 keys): no name looked at
-                return names, frozenset()
-            found = [(name, t == LINK) for name, t in zip(names, types)
-                     if t == DIR or t == LINK and _is_dir_at(fd, name)]
-            return [name for name, _ in found], frozenset(name for name, link in found if link)
-        finally:
-            os.close(fd)
+        listed, types = self._names(path)
+        names = _split(listed)
+        if types.count(DIR) == len(types):  # directories only (a Triton root of 10^5 keys): no name looked at
+            return names, frozenset()
+        base = path.rstrip("/") + "/"
+        found = [(name, t == LINK) for name, t in zip(names, types)
+                 if t == DIR or t == LINK and fsread.is_dir(base + name)]
+        return [name for name, _ in found], frozenset(name for name, link in found if link)
 
     def save(self) -> None:
         """Keep the listings read anew whose directory had not changed for RACY_SECONDS before they were
@@ -243,14 +282,6 @@ class DirNames:
         self._kept = records  # what the file holds now, for this process's next questions
 
 
-def _is_dir_at(fd: int, name: str) -> bool:
-    """Whether `name` in the directory `fd` is a directory once links are followed (DirEntry.is_dir())."""
-    try:
-        return stat.S_ISDIR(os.stat(name, dir_fd=fd).st_mode)
-    except OSError:
-        return False
-
-
 _OF: dict[str, DirNames] = {}
 
 
@@ -270,23 +301,24 @@ def of(root: str | os.PathLike) -> DirNames:
     return kept
 
 
-def _starting(joined: bytes, prefix: str) -> list[str]:
-    """The names in `joined` (names joined by "/") that start with `prefix` (bytes.find: a scan at memory
-    speed, where a pattern that looks behind each position is ten times slower)."""
-    if not joined:
+def _starting(names: Names, prefix: str) -> list[str]:
+    """The names that start with `prefix` (bytes.find, where they lie: a scan at memory speed, where a
+    pattern that looks behind each position is ten times slower)."""
+    buf, first, last = names
+    if first == last:
         return []
     if not prefix:
-        return [os.fsdecode(n) for n in joined.split(b"/")]
+        return _split(names)
     if "/" in prefix or "\0" in prefix:  # no name holds one
         return []
     p = os.fsencode(prefix)
     found = []
-    i = 0 if joined.startswith(p) else joined.find(b"/" + p)
+    i = first if buf.startswith(p, first, last) else buf.find(b"/" + p, first, last)
     while i != -1:
-        start = i + 1 if joined[i:i + 1] == b"/" else i
-        end = joined.find(b"/", start)
+        start = i + 1 if buf[i:i + 1] == b"/" else i
+        end = buf.find(b"/", start, last)
         if end == -1:
-            end = len(joined)
-        found.append(os.fsdecode(joined[start:end]))
-        i = joined.find(b"/" + p, end)
+            end = last
+        found.append(os.fsdecode(buf[start:end]))
+        i = buf.find(b"/" + p, end, last)
     return found
