@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kcache_cli.fs.read import NotRegularFile, TooLarge, read_bytes
 
@@ -87,8 +87,7 @@ _MAX_ERRORS_KEPT = 8
 _SCAN_SECTION_PREFIXES = (".rodata", ".data", ".lrodata", ".ldata")
 
 
-@dataclass(frozen=True)
-class BinaryInfo:
+class BinaryInfo(NamedTuple):
     """What :func:`read_binary` found in one file.
 
     ``archs`` and ``ptx_archs`` are sorted by SM number, then suffix. ``symbols`` are the
