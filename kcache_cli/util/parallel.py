@@ -232,8 +232,7 @@ class _Workers:
         _PHASED = (first, second, self.slots)
         self.pids: list[int] = []
         self.fds: list[tuple[int, int]] = []  # (its results, its commands): this process's ends
-        for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written twice by a worker
-            _flush(stream)
+        _flush_std()  # nothing buffered here is written twice by a worker
         _prctl()
         try:
             for i in range(n):
@@ -360,11 +359,13 @@ def _ended(fd: int, deadline: float) -> bool:
             return True
 
 
-def _flush(stream: Any) -> None:
-    try:
-        stream.flush()
-    except (AttributeError, OSError, ValueError):
-        pass
+def _flush_std() -> None:
+    """sys.stdout and sys.stderr flushed, whatever they are now (None, closed, a closed pipe)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
 
 
 def _worker_main(i: int, reply: int, commands: int, parent_ends: list[int], parent: int) -> None:
@@ -389,8 +390,7 @@ def _worker_main(i: int, reply: int, commands: int, parent_ends: list[int], pare
                 _report(reply, second, i)
         code = 0
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            _flush(stream)
+        _flush_std()
         os._exit(code)
 
 
