@@ -301,11 +301,12 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
         try:
             while not failed:
                 started = clock()
-                for i in itertools.islice(counter, PROBE):
-                    if i >= len(jobs):
-                        return False
+                block = [i for i in itertools.islice(counter, PROBE) if i < len(jobs)]
+                for i in block:
                     out[i] = func(local, jobs[i])
-                    parallel.advance(1)
+                parallel.advance(len(block))  # a block at once: the bar moves every 0.1 s anyway
+                if len(block) < PROBE:  # none left
+                    return False
                 if limit is None or first:
                     first = False
                     continue
