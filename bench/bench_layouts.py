@@ -134,7 +134,7 @@ def twin(layout: str, root: Path, n: int, env: dict) -> Path:
 def same_answer(cmd: list[str], env: dict) -> bool:
     """The index's answer equals the real scan's."""
     def out(*extra: str) -> object:
-        got = json.loads(subprocess.run([*cmd, *extra], env=env, capture_output=True, check=True).stdout)
+        got = json.loads(subprocess.run([*cmd, *extra], env=env, stdout=subprocess.PIPE, check=True).stdout)
         return [{k: v for k, v in e.items() if k != "last_used"} for e in got["entries"]]
 
     return out() == out("--no-index")
@@ -144,7 +144,7 @@ def bench(layout: str, root: Path, n: int, runs: int, env: dict, base: Path | No
     du = ["du", "-sb", str(root)]
     ls = kcache_cmd("--cache-dir", str(root), "ls", "--json")
     cold = [*ls, "--no-index"]
-    count = len(json.loads(subprocess.run(cold, env=env, capture_output=True, check=True).stdout)["entries"])
+    count = len(json.loads(subprocess.run(cold, env=env, stdout=subprocess.PIPE, check=True).stdout)["entries"])
     print(f"-- {layout}: {count} entries in {root}; load {load()}", flush=True)
     compare(f"{layout} cold: ls --json --no-index vs du", cold, du, runs, 1.5, env)
     procs = ["--procs", str(os.cpu_count() or 1)]
