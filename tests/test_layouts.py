@@ -16,7 +16,7 @@ from kcache_cli.catalog.scan import scan_cache
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.layouts.base import CONCERNS, Layout
-from kcache_cli.layouts.shapes import SHAPES
+from kcache_cli.layouts.shapes import _FEW, SHAPES
 
 REAL = ("hidet", "tilus", "tilelang")
 
@@ -110,6 +110,12 @@ def test_the_top_level_names_a_layout_takes_are_its_templates_names(shape):
     assert shape.tops(ODD_NAMES) == [n for n in ODD_NAMES if any(r.match(n) for r in firsts)]
 
     assert shape.tops(ODD_NAMES, 2) == shape.tops(ODD_NAMES)[:2]
+    # a root of many names takes the joined regex (a length range, or none: each name matched in C)
+    fixed = [k.parts[0] for s in SHAPES for k in s.kinds if "{" not in k.parts[0]]  # ops, programs...
+    many = [f"{n}{i}" if i % 3 else n for i in range(_FEW // 4 + 1) for n in ODD_NAMES + fixed]
+    assert len(many) > _FEW
+    assert shape.tops(many) == [n for n in many if any(r.match(n) for r in firsts)]
+    assert shape.tops(many, 3) == shape.tops(many)[:3]
 
 
 def test_a_layout_named_after_many_other_directories_is_still_detected(tmp_path):
