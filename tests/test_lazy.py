@@ -30,6 +30,40 @@ def test_nothing_runs_until_an_attribute_is_read(tmp_path):
     assert out == ["[]", "42 ['mod']", "True True"]  # the package's own __init__ ran at neither step
 
 
+def test_threads_reading_a_module_first_at_once_all_wait_for_it(tmp_path, monkeypatch):
+    """The first attribute read runs the module's code once, and the other threads reading meanwhile wait
+    for it to end (Python 3.11's LazyLoader gave them the half-run module: a scan's worker threads hashing
+    their first files at once failed with "module 'hashlib' has no attribute 'sha256'")."""
+    import threading
+
+    (tmp_path / "lzslow.py").write_text("import sys, time\nsys.lzslow_runs = getattr(sys, 'lzslow_runs', 0) + 1\n"
+                                        "time.sleep(0.3)\nVALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "lzslow", raising=False)
+    mod = lazy_module("lzslow")
+    start = threading.Barrier(4)
+    got: list = []
+
+    def read() -> None:
+        start.wait()
+        try:
+            got.append(mod.VALUE)
+        except AttributeError as exc:
+            got.append(exc)
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert got == [42] * 4 and sys.lzslow_runs == 1  # type: ignore[attr-defined]
+    finally:
+        sys.modules.pop("lzslow", None)
+        if hasattr(sys, "lzslow_runs"):
+            del sys.lzslow_runs
+
+
 def test_an_imported_module_is_returned_as_it_is():
     import json
 

@@ -27,6 +27,10 @@ _used = (
     _.find_class,
     # PEP 562: the module attribute `kcache_cli.layouts.LAYOUTS`, computed on first use
     _.__getattr__,
+    # read by Python's import machinery and its type checks: a lazy module's loader, and the class that
+    # makes its first attribute read run it (util/lazy.py, as importlib.util.LazyLoader sets them)
+    _.__loader__,
+    _.__class__,
     # the shape registry a fifth layout adds itself to (tests/fifth_layout)
     _.BY_NAME,
     # dataclass and NamedTuple fields, read by asdict() / JSON output and by callers of the parsers
