@@ -328,14 +328,12 @@ class _Frame:
 
     def __init__(self) -> None:
         self.buf = bytearray()
-        self.ended = False
 
     def read(self, fd: int) -> bool:
         """Read what the pipe holds now; whether the message is whole or the pipe ended before it was."""
         chunk = os.read(fd, 1 << 20)
         self.buf += chunk
-        self.ended = not chunk
-        return self.ended or self._whole()
+        return not chunk or self._whole()
 
     def _whole(self) -> bool:
         return len(self.buf) >= 8 and len(self.buf) >= 8 + _LENGTH.unpack_from(self.buf)[0]
