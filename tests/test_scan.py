@@ -15,7 +15,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
 from kcache_cli.fs.locking import entry_lock
 from kcache_cli.layouts import LAYOUTS
-from kcache_cli.model.records import JSON_KEYS, ScanFilter
+from kcache_cli.model.records import JSON_KEYS, ScanFilter, iso
 from kcache_cli.util.errors import UsageError
 
 HIDET = {
@@ -46,7 +46,10 @@ def test_hidet_fixture_entries(fixture_copy):
         assert e.target == e.space.split("_")[0]
         assert e.path == str(root / e.relpath)
         assert e.files >= 12 and e.size > 20_000
-        assert set(e.to_json()) == set(JSON_KEYS)
+        doc = e.to_json()
+        assert list(doc) == list(JSON_KEYS)  # in the schema's order
+        assert (doc["file_count"], doc["size"], doc["path"], doc["reason"]) == (e.files, e.size, e.path, None)
+        assert doc["modified"] == iso(e.modified) and doc["last_used"] == iso(e.last_used)
 
 
 def test_entry_size_counts_every_file(fixture_copy):

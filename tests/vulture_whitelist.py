@@ -51,4 +51,6 @@ _used = (
     _.fstype,
     # Click reads a command's short_help for the commands panel (kcache_cli/cli/app.py tidy_help)
     _.short_help,
+    # the keys Entry.to_json writes, in kcache_cli/schemas/ls.json's order: the tests hold to_json to it
+    _.JSON_KEYS,
 )
