@@ -144,8 +144,22 @@ def test_cli_ls_and_stats_json_same_with_and_without_index(cache, kcache, judged
         assert judged == [], args
 
 
+def test_prune_plans_from_the_index(cache, kcache, judged):
+    """A prune (a cron job's: --max-size, a budget) plans from a scan as ls's is made: unchanged entries
+    answered from the index, the plan the one a full scan (--no-index) makes."""
+    args = ["prune", "--dry-run", "--max-size", "0", "--json"]
+    without = kcache("--cache-dir", cache, *args, "--no-index")
+    assert len(judged) == 5
+    first = kcache("--cache-dir", cache, *args)
+    judged.clear()
+    second = kcache("--cache-dir", cache, *args)
+    assert without.exit_code == first.exit_code == second.exit_code == 0
+    assert first.json() == second.json() == without.json()
+    assert judged == [] and len(second.json()["removed"]) == 5
+
+
 def test_no_index_option_in_help(kcache):
-    for cmd in ("ls", "stats"):
+    for cmd in ("ls", "stats", "prune"):
         assert "--no-index" in kcache(cmd, "--help").stdout
 
 

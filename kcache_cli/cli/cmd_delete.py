@@ -19,6 +19,7 @@ from kcache_cli.util.units import format_age, parse_age, parse_size
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
     from kcache_cli.catalog import scan
+    from kcache_cli.model.records import ScanResult
     from kcache_cli.ops import budget, config, delete
 else:
     budget = lazy_module("kcache_cli.ops.budget")
@@ -75,6 +76,7 @@ def prune_command(
     all_caches: c.AllCachesOpt = False,
     cache: c.CacheOpt = None,
     lock_timeout: LockTimeoutOpt = None,
+    no_index: o.NoIndexOpt = False,
     cache_dir: o.CacheDirOpt = None,
     as_json: o.JsonOpt = False,
 ) -> None:
@@ -97,12 +99,11 @@ def prune_command(
     age = parse_age(older_than, "--older-than") if older_than is not None else None
     opts.lock_timeout = c.lock_timeout(lock_timeout, GC_WAIT)
     locs = c.cache_locations(opts, all_caches, cache, all_caches_option=True)
-    out = _Out(opts, opts.many)
-    scans = _Scans(opts)
+    out, scans = _Out(opts, opts.many), _Scans(opts, not no_index)
     limits, ages = _prune_limits(opts, locs, limit, age, broken or stale, scans)
     out.summary, out.listing = summary, listing
-    plans = [(loc, _plan_one(opts, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale, deep),
-                             scans.done.pop(str(loc.path), None))) for loc in locs if str(loc.path) in limits]
+    plans = [(loc, _plan_one(opts, loc, limits[str(loc.path)], ages[str(loc.path)], (broken, stale, deep), scans))
+             for loc in locs if str(loc.path) in limits]
     _criteria_hint(opts, plans, limits, ages, broken or stale)
     shared = limit if opts.many and limit is not None and len(locs) > 1 else None  # one --max-size for all
     _prune_planned(opts, out, plans, (limits, ages, shared), dry_run, yes)
@@ -156,17 +157,18 @@ def _prune_planned(opts: o.GlobalOptions, out: "_Out", plans: list, budgets: tup
 
 class _Scans:
     """Each root's one scan in this command: a budget over several caches weighs them with it, and each
-    root's plan is made from the same scan (`done`, taken by the plan), never a second one."""
+    root's plan is made from the same scan (`done`, taken by the plan), never a second one. `use_index`:
+    unchanged entries answered from the index."""
 
-    def __init__(self, opts: o.GlobalOptions) -> None:
-        self.opts = opts
-        self.done: dict[str, object] = {}
+    def __init__(self, opts: o.GlobalOptions, use_index: bool = True) -> None:
+        self.opts, self.use_index = opts, use_index
+        self.done: dict[str, ScanResult] = {}
         self.unread: dict[str, str] = {}  # root -> why its budget could not be read (it is not pruned)
 
     def __call__(self, root):
         key = str(root)
         if key not in self.done:
-            self.done[key] = scan.scan_cache(root, warn=lambda m: c.warn(self.opts, m))
+            self.done[key] = scan.scan_cache(root, warn=lambda m: c.warn(self.opts, m), use_index=self.use_index)
         return self.done[key]
 
 
@@ -184,13 +186,13 @@ def _prune_limits(opts: o.GlobalOptions, locs: list, limit, age, damaged: bool, 
                                                scan=scans))
     return limits, ages
 
-def _plan_one(opts: o.GlobalOptions, loc, limit, age, damaged: tuple[bool, bool, bool], scanned=None):
+def _plan_one(opts: o.GlobalOptions, loc, limit, age, damaged: tuple[bool, bool, bool], scans: "_Scans"):
     """The prune plan of one root (made from its scan in this command, when the budget weighed it)."""
     broken, stale, deep = damaged
     with _nothing_removed_yet(), _busy(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
         plan = delete.plan_prune(loc.path, max_size=limit, older_than=age, broken=broken, stale=stale, deep=deep,
                           warn=lambda m: c.warn(opts, m), progress=bar, judging=Phase(bar, "reading every byte"),
-                          scanned=scanned)
+                          scanned=scans.done.pop(str(loc.path), None), use_index=scans.use_index)
     if _found_nothing(plan, limit, age, broken or stale):
         c.info(opts, f"checked {plan.root} ({c.human_size(plan.scanned_size)}) for what prune always removes: "
                      "stale temp and staging directories; none found.")

@@ -49,11 +49,6 @@ def register(app: typer.Typer) -> None:
     app.command("stats")(stats_command)
 
 
-NoIndexOpt = Annotated[bool, typer.Option(
-    "--no-index", help="Judge every entry again instead of answering from the index of unchanged entries "
-                       "(.kcache/index/; the answer is the same).")]
-
-
 def _scan(opts: o.GlobalOptions, flt, loc=None, use_index: bool = False, hint: bool = True):
 
     loc = loc or c.cache_location(opts, existing=True)
@@ -156,7 +151,7 @@ def ls_command(
                                        "NUL byte, for xargs -0; nothing on stderr.")] = False,
     cache: c.CacheOpt = None,
     all_caches: c.AllCachesOpt = False,
-    no_index: NoIndexOpt = False,
+    no_index: o.NoIndexOpt = False,
     cache_dir: o.CacheDirOpt = None,
     as_json: o.JsonOpt = False,
 ) -> None:
@@ -581,7 +576,7 @@ def stats_command(
                                      help="How many of the biggest entries to show.")] = 10,
     cache: c.CacheOpt = None,
     all_caches: c.AllCachesOpt = False,
-    no_index: NoIndexOpt = False,
+    no_index: o.NoIndexOpt = False,
     cache_dir: o.CacheDirOpt = None,
     as_json: o.JsonOpt = False,
 ) -> None:

@@ -43,6 +43,11 @@ CacheDirOpt = Annotated[Optional[str], typer.Option(
     help="Cache root (default: KCACHE_DIR, then every cache found; see kcache --help).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
+# The commands that scan whole caches (ls, stats, prune) answer unchanged entries from the index.
+NoIndexOpt = Annotated[bool, typer.Option(
+    "--no-index", help="Judge every entry again instead of answering from the index of unchanged entries "
+                       "(.kcache/index/; the answer is the same).")]
+
 
 def use(ctx: typer.Context, cache_dir: Optional[str] = None, as_json: bool = False) -> GlobalOptions:
     """Merge a command's own --cache-dir/--json into the global options."""

@@ -516,7 +516,7 @@ def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn
 def plan_prune(root: Path, max_size: int | None = None, older_than: float | None = None, broken: bool = False,
                warn: Warn | None = None, now: float | None = None, stale: bool = False, deep: bool = True,
                progress: Progress = NO_PROGRESS, judging: Progress = NO_PROGRESS,
-               scanned: ScanResult | None = None) -> DeletePlan:
+               scanned: ScanResult | None = None, use_index: bool = False) -> DeletePlan:
     """What is safe and useful to remove: always stale temp/staging directories and the leftovers the
     layouts name inside entries; with `broken`, partial, failed and corrupt entries (`deep`: judged by
     reading every byte, as verify does, `judging` counting the entries read; else as ls judges them,
@@ -524,13 +524,14 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     entries of a compiler version the loader never looks up again;
     with `older_than` (seconds), entries unused for that long; with `max_size` (bytes), least recently
     used entries until the cache fits. `scanned`: the whole root's scan already made (stats' own), not
-    made again."""
+    made again; else one is made, `use_index` answering unchanged entries from the index (as ls does: the
+    same entries, statuses and last uses, kcache_cli/catalog/index.py)."""
     root = Path(root)
     generation = gc_generation(root)  # before the scan: a prune or clear from here on makes it plan again
     now = time.time() if now is None else now
     msgs, collect = _collector(warn)
     if scanned is None:
-        result = scan_cache(root, ScanFilter(), collect, progress=progress)
+        result = scan_cache(root, ScanFilter(), collect, progress=progress, use_index=use_index)
     else:  # kcache's own leftovers are looked for below (_select_kcache_leftovers), not taken from it
         names = _layout_names()
         result = replace(scanned, entries=tuple(e for e in scanned.entries if e.layout in names))
@@ -564,7 +565,8 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
     inner = _select_inner_leftovers(p, regular, collect)  # 4. leftovers inside entries that stay
     if max_size is not None:  # 5. least recently used first, until the cache fits
         _select_until_fits(p, regular, last, inner, result.size, max_size)
-    again = partial(plan_prune, root, max_size=max_size, older_than=older_than, broken=broken, stale=stale, deep=deep)
+    again = partial(plan_prune, root, max_size=max_size, older_than=older_than, broken=broken, stale=stale, deep=deep,
+                    use_index=use_index)
     return replace(p.plan(result, msgs, tidy=True), deep=deep, replan=again, generation=generation)
 
 
