@@ -15,6 +15,8 @@ from test_triton import ADD_90, KERNELS, MATMUL, SOFTMAX, age, settle
 
 from kcache_cli.catalog import scan_context as scan_mod
 from kcache_cli.catalog.scan import scan_cache
+from kcache_cli.fs import read as fsread
+from kcache_cli.ops.delete import plan_prune
 from kcache_cli.layouts import triton
 from kcache_cli.model.records import ScanFilter
 
@@ -95,6 +97,43 @@ def test_a_changed_kernel_is_judged_again(cache, judged, change):
     want = {"truncate_cubin": "corrupt", "drop_group": "building", "drop_child": "partial", "temp_dir": "complete",
             "add_file": "complete", "bad_group": "partial"}[change]
     assert by_hash(got)[MATMUL].status == want
+
+
+def test_a_kernel_says_how_many_directories_it_holds(cache, judged):
+    """Entry.subdirs: 0 for the usual kernel, from the index too; a kernel holding a temp dir is judged
+    again (its directory changed) and counts it."""
+    primed(cache, judged)
+    assert {e.subdirs for e in scan_cache(cache, use_index=True).entries} == {0} and judged == []
+    (cache / MATMUL / "tmp.pid_1_abcd").mkdir()
+    got, real = both(cache, judged)
+    assert judged == [MATMUL] and by_hash(got)[MATMUL].subdirs == by_hash(real)[MATMUL].subdirs == 1
+    assert {e.subdirs for e in got if e.hash != MATMUL} == {0}
+
+
+def test_prune_looks_into_no_kernel_the_scan_found_without_a_directory(cache, judged, monkeypatch):
+    """prune's plan lists no kernel directory of an unchanged cache again for the temp dirs of killed
+    writes (a listing each: a third of a big cache's plan), and still finds one where a kernel holds it."""
+    primed(cache, judged)
+    listed: list[str] = []
+    real = fsread.scandir_list
+
+    def listing(path, *args, **kwargs):
+        listed.append(os.path.basename(str(path)))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(fsread, "scandir_list", listing)
+    plan = plan_prune(cache, use_index=True)
+    assert judged == [] and not set(listed) & set(KERNELS) and not plan.removals
+    temp = cache / MATMUL / "tmp.pid_7_dead"
+    temp.mkdir()
+    (temp / "matmul_kernel.ptx").write_text("half")
+    old = time.time() - 7200  # a killed write's, an hour and more ago
+    for p in (temp / "matmul_kernel.ptx", temp):
+        os.utime(p, (old, old))
+    time.sleep(RACY * 2)
+    plan = plan_prune(cache, use_index=True)
+    assert judged == [MATMUL] and set(listed) & set(KERNELS) == {MATMUL}
+    assert [r.relpath for r in plan.removals] == [f"{MATMUL}/tmp.pid_7_dead"]
 
 
 def test_kernels_whose_group_points_elsewhere_are_never_stored(cache, judged, tmp_path):

@@ -93,11 +93,12 @@ class ScanContext:
             return path[len(self._prefix):]
         return os.path.relpath(path, self.root).replace(os.sep, "/")
 
-    def entry(self, *, path: str, usage: TreeUsage, **fields) -> Entry:
+    def entry(self, *, path: str, usage: TreeUsage, subdirs: int = -1, **fields) -> Entry:
+        """The Entry at `path` measured as `usage`, holding `subdirs` directories (-1: not counted)."""
         rel = self.rel(path)
         fields.update(path=path, relpath=rel, size=usage.size, apparent_size=usage.apparent, files=usage.files,
                       modified=usage.mtime, last_used=self.last_used_of(rel, usage.mtime, usage.atime, path),
-                      dev=usage.dev, ino=usage.ino)
+                      dev=usage.dev, ino=usage.ino, subdirs=subdirs)
         return entry_of(fields)
 
     def last_used_of(self, relpath: str, modified: float, accessed: float = 0.0, path: str = "") -> float:

@@ -179,6 +179,7 @@ class _Listing:
         self.seen: tuple | None = None
         self.outside = False  # the judgement looked at a path outside the entry (the index stores none)
         self.special = False  # a FIFO, device or socket is listed (_not_regular looks closer)
+        self.subdirs = 0  # directories listed in it (-1: it could not be listed)
         stats: list | None = [] if record else None
         try:
             st = d.own_lstat()
@@ -194,7 +195,7 @@ class _Listing:
                 self.seen = (st, stats)
         except OSError as exc:
             warn(f"cannot read {d.path}: {exc.strerror}")
-            self.readable, items = False, []
+            self.readable, items, self.subdirs = False, [], -1
         self._add(items, warn, stats)
 
     def _add(self, items: list[os.DirEntry], warn, stats: list | None) -> None:
@@ -205,6 +206,7 @@ class _Listing:
             try:
                 if de.is_dir(follow_symlinks=False):
                     self.seen = None  # a temp dir's files are not in the key: such an entry is not indexed
+                    self.subdirs += 1
                     usage = measure_tree(d.join(de.name), warn)
                     if de.name.startswith(TMP_PREFIX):
                         self.temps.append((de.name, usage))
@@ -702,7 +704,8 @@ def _key_entry(ctx, d: EntryDir, path: str, flt: ScanFilter | None) -> Entry | N
     if recording is not None:
         recording[path] = None if lst.outside or lst.links else lst.seen
     return ctx.entry(path=path, usage=lst.usage, kind=single or KIND_KERNEL, hash=os.path.basename(path),
-                     status=status, reason=reason, layout=NAME, target=target, space=arch, op=op)
+                     status=status, reason=reason, layout=NAME, target=target, space=arch, op=op,
+                     subdirs=lst.subdirs)
 
 
 # ---- the usual kernel, judged in one pass ----------------------------------------------------------
@@ -745,7 +748,7 @@ def _plain_entry(ctx, d: EntryDir, path: str, flt: ScanFilter | None) -> Entry |
         recording[path] = (st, stats)
     usage = usage_of(st, [s for _, s in stats])  # _Listing.usage of a directory of regular files only
     return ctx.entry(path=path, usage=usage, kind=KIND_KERNEL, hash=os.path.basename(path),
-                     status=COMPLETE, reason=None, layout=NAME, target=target, space=arch, op=op)
+                     status=COMPLETE, reason=None, layout=NAME, target=target, space=arch, op=op, subdirs=0)
 
 
 def _plain_listing(d: EntryDir, fd: int) -> tuple[os.stat_result, list[tuple[str, os.stat_result]]] | None:
@@ -819,8 +822,9 @@ def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: P
 
 def inner_leftovers(entry: Entry) -> list[InnerLeftover]:
     """The `tmp.pid_*` directories of a kernel that stays, untouched for an hour (a killed write): Triton
-    never looks into them, prune removes them."""
-    if entry.layout != NAME:
+    never looks into them, prune removes them. Not looked for where the scan listed no directory in the
+    kernel's: one older than an hour was there then, and one made since is no leftover yet."""
+    if entry.layout != NAME or entry.subdirs == 0:
         return []
     now, out = time.time(), []
     try:

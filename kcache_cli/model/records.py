@@ -150,6 +150,10 @@ class Entry:
     # unknown): a removal whose target is another inode by then is skipped (delete._Executor).
     dev: int = field(default=0, compare=False, repr=False)
     ino: int = field(default=0, compare=False, repr=False)
+    # The directories directly in the entry's own directory as its scan listed them (-1: not counted):
+    # prune looks inside an entry for a layout's leftovers (Triton's killed writes, tmp.pid_*/) only where
+    # there is one, not in each of 10^5 kernel directories again.
+    subdirs: int = field(default=-1, compare=False, repr=False)
 
     @property
     def key(self) -> EntryKey:
