@@ -367,6 +367,45 @@ def test_tilelang_binary_no_kernel_embeds_can_go(kcache, fixture_copy):
     assert removed_paths(r) == {str(other.relative_to(root))}
 
 
+def test_tilelang_copies_of_one_binary_each_have_every_kernel_that_embeds_it(fixture_copy):
+    """Binaries with the same bytes under several keys, kernels embedding them: each binary is used by every
+    such kernel, listed once (the bytes are searched for once, not once per copy)."""
+    from kcache_cli.layouts.tilelang import binary_users
+
+    root = fixture_copy("tilelang")
+    binaries = [root / BINARY] + [root / "0.1.15/cuda-binaries" / (c * 64) for c in "abc"]
+    kernels = [root / KERNEL] + [(root / KERNEL).with_name(f"{c * 2}{(root / KERNEL).name[2:]}") for c in "de"]
+    for copy in binaries[1:]:
+        shutil.copytree(binaries[0], copy)
+    for copy in kernels[1:]:
+        shutil.copytree(kernels[0], copy)
+    users = binary_users(root, [str(b) for b in binaries])
+    assert users == {str(b): sorted(str(k) for k in kernels) for b in binaries}
+
+
+def test_providers_sharing_one_list_of_users_each_keep_their_own_last_use(tmp_path):
+    """Copies of one tilelang binary share one list of users (binary_users): the users' newest use counts
+    for each of them, each provider's own use still its own (the list's newest is found once)."""
+    from kcache_cli.model.records import Entry
+    from kcache_cli.ops.delete import _Planner
+
+    def entry(name: str, kind: str, used: float) -> Entry:
+        return Entry("tilelang", kind, "cuda", None, None, name, str(tmp_path / name), name, 1, 1, "complete",
+                     None, used, used, 1)
+
+    old, mid, new = 1000.0, 2000.0, 3000.0
+    kernel, gone = entry("k", "kernel", mid), str(tmp_path / "gone")
+    binaries = [entry("a", "binary", old), entry("b", "binary", new), entry("c", "binary", old),
+                entry("d", "binary", new)]
+    p = _Planner(tmp_path, lambda m: None, new)
+    used, unknown = [kernel.path], [gone]  # users a scan found, and one it did not
+    p._users.update({binaries[0].path: used, binaries[1].path: used, binaries[2].path: unknown,
+                     binaries[3].path: unknown})
+    by_path = {e.path: e for e in (kernel, *binaries)}
+    assert [p.effective_last_used(e, by_path) for e in binaries] == [mid, new, old, new]
+    assert [p.effective_last_used(e, by_path) for e in reversed(binaries)] == [new, old, new, mid]
+
+
 def test_tilelang_stale_staging_goes_fresh_stays(kcache, fixture_copy):
     root = fixture_copy("tilelang")
     staging = root / "0.1.15/.staging/cuda-binaries"

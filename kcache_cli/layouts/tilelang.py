@@ -458,21 +458,22 @@ def _read_binary_bytes(path: str) -> bytes | None:
 def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
     """binary dir -> kernel dirs (of the same tilelang version) that embed that binary byte for byte.
 
-    Reads every kernel's compiled files once; binaries that cannot be read have no known users."""
+    Reads every kernel's compiled files once; binaries that cannot be read have no known users. Binaries
+    with the same bytes share one list of users (read, never changed): each kernel is added once, not once
+    per copy (5,000 copies used by 20,000 kernels made 10^8 entries)."""
     out: dict[str, list[str]] = {b: [] for b in binaries}
     by_version: dict[str, list[str]] = {}
     for b in binaries:
         by_version.setdefault(os.path.dirname(os.path.dirname(b)), []).append(b)
     for vdir, bins in by_version.items():
-        index: dict[bytes, list[tuple[str, bytes]]] = {}
-        for b in bins:
-            f = _binary_file(b)
-            data = _read_binary_bytes(f) if f else None
-            if data is not None and len(data) >= _FINGERPRINT:
-                index.setdefault(data[:_FINGERPRINT], []).append((b, data))
+        index = _blob_index(bins)
         if not index:
             continue
-        magics = {k[:4] for k in index}
+        users: dict[bytes, list[str]] = {}  # a list per distinct blob, shared by every dir holding it
+        for same in index.values():
+            for blob, dirs in same.items():
+                users[blob] = out[dirs[0]]
+                out.update(dict.fromkeys(dirs, users[blob]))
         try:
             platforms = [d for d in fsread.scandir_list(vdir) if d.is_dir(follow_symlinks=False)
                          and d.name not in (BINARIES_DIR, STAGING)]
@@ -485,18 +486,45 @@ def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
             except OSError:
                 continue
             for k in sorted(kernels):
-                for name in KERNEL_BINARIES:
-                    data = _read_binary_bytes(os.path.join(k, name))
-                    if data is None:
-                        continue
-                    for magic in magics:
-                        pos = data.find(magic)
-                        while pos >= 0:
-                            for b, blob in index.get(data[pos:pos + _FINGERPRINT], ()):
-                                if data[pos:pos + len(blob)] == blob and k not in out[b]:
-                                    out[b].append(k)
-                            pos = data.find(magic, pos + 1)
+                for blob in _embedded(k, index):
+                    users[blob].append(k)
     return out
+
+
+# A binary's first _FINGERPRINT bytes -> its whole bytes -> the binary dirs holding exactly those bytes.
+_BlobIndex = dict[bytes, dict[bytes, list[str]]]
+
+
+def _blob_index(bins: list[str]) -> _BlobIndex:
+    """The readable binaries among `bins`, identical ones together: each distinct blob is searched for
+    once, however many dirs hold it (copies of one cubin under 5,000 keys were compared 5,000 times at
+    every place a kernel's file could hold one: a 20,000-kernel prune ran for minutes)."""
+    index: _BlobIndex = {}
+    for b in bins:
+        f = _binary_file(b)
+        data = _read_binary_bytes(f) if f else None
+        if data is not None and len(data) >= _FINGERPRINT:
+            index.setdefault(data[:_FINGERPRINT], {}).setdefault(data, []).append(b)
+    return index
+
+
+def _embedded(kernel: str, index: _BlobIndex) -> list[bytes]:
+    """The binaries' blobs that one of the kernel's compiled files holds whole, each once, in the order
+    found. A blob can start only where its first four bytes are (an ELF's magic): only there is it compared."""
+    magics = {k[:4] for k in index}
+    found: dict[bytes, None] = {}
+    for name in KERNEL_BINARIES:
+        data = _read_binary_bytes(os.path.join(kernel, name))
+        if data is None:
+            continue
+        for magic in magics:
+            pos = data.find(magic)
+            while pos >= 0:
+                for blob in index.get(data[pos:pos + _FINGERPRINT], ()):
+                    if data.startswith(blob, pos):
+                        found[blob] = None
+                pos = data.find(magic, pos + 1)
+    return list(found)
 
 
 def stray_links(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:

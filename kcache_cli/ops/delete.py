@@ -260,6 +260,7 @@ class _Planner:
         self.skipped: dict[str, Skip] = {}
         self.known: dict[str, Entry] = dict(everything or {})  # path -> entry, for entries outside the selection
         self._users: dict[str, list[str]] = {}  # provider path -> paths of the entries that use it
+        self._users_last: dict[int, float] = {}  # id of a list in _users -> its entries' newest last use
         self._dirs_ok: dict[str, str | None] = {}
 
     # -- relationships between entries (the layouts' dependency edges)
@@ -429,13 +430,16 @@ class _Planner:
 
     def effective_last_used(self, e: Entry, by_path: dict[str, Entry]) -> float:
         """An entry used through another one (a tilus program through its scripts, a tilelang binary
-        through its kernels) was last used when they were."""
-        t = e.last_used
-        for d in self.dependants(e):
-            o = by_path.get(d)
-            if o is not None:
-                t = max(t, o.last_used)
-        return t
+        through its kernels) was last used when they were. Providers may share one list of users (copies
+        of one tilelang binary): its newest use is found once (the lists live as long as the planner)."""
+        deps = self.dependants(e)
+        if not deps:
+            return e.last_used
+        newest = self._users_last.get(id(deps))
+        if newest is None:
+            newest = self._users_last[id(deps)] = max(
+                (o.last_used for o in map(by_path.get, deps) if o is not None), default=float("-inf"))
+        return max(e.last_used, newest)
 
     def plan(self, result: ScanResult, warnings: Iterable[str], tidy: bool = False) -> DeletePlan:
         """The plan of what was selected in `result`, the scan it was selected from."""
