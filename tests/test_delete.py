@@ -406,6 +406,22 @@ def test_providers_sharing_one_list_of_users_each_keep_their_own_last_use(tmp_pa
     assert [p.effective_last_used(e, by_path) for e in reversed(binaries)] == [new, old, new, mid]
 
 
+def test_a_cache_within_its_budget_weighs_no_users(fixture_copy, monkeypatch):
+    """prune --max-size of a cache that fits (the usual cron run) removes nothing by age or size: it looks
+    for no entry's users (reading every tilelang kernel's compiled files) and sorts nothing."""
+    from kcache_cli.layouts import tilelang
+    from kcache_cli.ops.delete import plan_prune
+
+    root = fixture_copy("tilelang")
+    asked: list[list[str]] = []
+    real = tilelang.binary_users
+    monkeypatch.setattr(tilelang, "binary_users", lambda r, paths: asked.append(paths) or real(r, paths))
+    size = plan_prune(root).scanned_size
+    assert not plan_prune(root, max_size=size).removals and asked == []
+    over = plan_prune(root, max_size=0)
+    assert asked == [[str(root / BINARY)]] and [r.relpath for r in over.removals] == [KERNEL, BINARY]
+
+
 def test_tilelang_stale_staging_goes_fresh_stays(kcache, fixture_copy):
     root = fixture_copy("tilelang")
     staging = root / "0.1.15/.staging/cuda-binaries"

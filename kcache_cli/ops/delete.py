@@ -558,7 +558,8 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
             if e.status == STALE and e.path not in p.removals:
                 p.select(e, f"stale: {e.reason or e.status}", recheck=True)
     last: dict[str, float] = {}
-    if older_than is not None or max_size is not None:  # (stats' RECLAIMABLE asks neither: no cost)
+    over = max_size is not None and result.size > max_size  # a cache within its budget loses nothing to it
+    if older_than is not None or over:  # (stats' RECLAIMABLE asks neither, a cron job's prune mostly: no cost)
         p.learn_users(regular)  # 3. unused for too long (a provider is used when its users are)
         last = {e.path: p.effective_last_used(e, by_path) for e in regular}
     if older_than is not None:
@@ -567,7 +568,7 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
                 p.select(e, f"unused for {format_age(now - last[e.path])}")
     p.settle()
     inner = _select_inner_leftovers(p, regular, collect)  # 4. leftovers inside entries that stay
-    if max_size is not None:  # 5. least recently used first, until the cache fits
+    if over and max_size is not None:  # 5. least recently used first, until the cache fits
         _select_until_fits(p, regular, last, inner, result.size, max_size)
     again = partial(plan_prune, root, max_size=max_size, older_than=older_than, broken=broken, stale=stale, deep=deep,
                     use_index=use_index)
