@@ -14,7 +14,8 @@ The caches (made once under DIR and reused):
   vllm      N units, alternately copies of the recorded binary and unpacked units
             (tests/loaders/recorded/vllm.tar.gz), their artifacts hard links of one copy, their indexes
             rewritten by `kcache verify --fix` to lead into each unit.
-Each layout also times `inspect <prefix>` of one entry against `kcache --version`.
+Each layout also times `inspect <prefix>` of one entry against `kcache --version`, and what an admin's cron
+runs on the unchanged cache, `prune` within its budget and `stats`, against the listing they are made from.
 For Triton, Inductor and vLLM, bench/floor_triton.py, floor_inductor.py and floor_vllm.py (what a cold
 judgement cannot skip, in Python, over the cores) are timed against du and against kcache's cold listing; for every
 layout, bench/floor_index.py (an unchanged listing's floor in Python: the index's records unpickled, the
@@ -167,6 +168,7 @@ def bench(layout: str, root: Path, n: int, runs: int, env: dict, base: Path | No
     compare(f"{layout} warm: ls --json (index) vs floor_index.py", ls, index_floor, runs, 1.0, env)
     print(f"{layout}: the index's answer equals --no-index: {same_answer(ls, env)}", flush=True)
     lookup(layout, root, env, runs)
+    upkeep(layout, root, env, runs)
     if base is None:
         return
     theirs = ["env", f"PYTHONPATH={base}"]
@@ -184,6 +186,16 @@ def bench(layout: str, root: Path, n: int, runs: int, env: dict, base: Path | No
     swapped_theirs = [*theirs, *module_cmd("--cache-dir", str(root), "ls", "--json")]
     compare(f"{layout} warm, copies swapped: this tree vs {ref}", swapped_ours, swapped_theirs, runs, 1.0, env)
     subprocess.run(ls, env=env, stdout=subprocess.DEVNULL, check=True)  # the tree's index is this code's again
+
+
+def upkeep(layout: str, root: Path, env: dict, runs: int) -> None:
+    """What an admin's cron runs on an unchanged cache, each against the listing (`ls --json`, from the
+    index) it is made from, target within 1.2x: a prune of the cache within its budget (it plans: a scan,
+    the leftovers looked for; and removes nothing), and stats."""
+    ls = kcache_cmd("--cache-dir", str(root), "ls", "--json")
+    for args in (["prune", "--dry-run", "--max-size", "1000T", "--json"], ["stats", "--json"]):
+        compare(f"{layout} warm: {args[0]} vs ls --json", kcache_cmd("--cache-dir", str(root), *args), ls, runs,
+                1.2, env)
 
 
 def lookup(layout: str, root: Path, env: dict, runs: int) -> None:
