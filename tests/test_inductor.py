@@ -115,6 +115,31 @@ def test_lists_a_real_cache_exactly(cache):
     assert verify.exit_code == 0, verify.stdout
 
 
+def test_a_code_shard_by_its_name_lists_no_graph_shard(cache, monkeypatch):
+    """`inspect 2a` (a code shard): no fx graph key starts with anything but "f", so none of fxgraph/'s
+    1,024 shard directories is listed to look (they were, one by one); a graph's prefix lists its own."""
+    from kcache_cli.catalog import names
+    from kcache_cli.layouts.shapes import inductor_graph_shard
+
+    assert [inductor_graph_shard(p) for p in ("", "f", "fa", "fabc", "2a", "a")] == [None, None, None, "ab", "", ""]
+    listed: list[str] = []
+    real = names.visible_dirs
+
+    def visible(path, *args, **kwargs):
+        listed.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(names, "visible_dirs", visible)
+    shard = next(p.name for p in sorted(cache.iterdir()) if len(p.name) == 2)
+    r = run_kcache("--cache-dir", str(cache), "inspect", shard)
+    assert r.exit_code == 0, r.stderr
+    assert not [p for p in listed if "/fxgraph/" in p]
+    graph = one(cache, "fxgraph/*/*")
+    listed.clear()
+    assert run_kcache("--cache-dir", str(cache), "inspect", graph.name[:8]).exit_code == 0
+    assert {os.path.basename(p) for p in listed if "/fxgraph/" in p} == {graph.parent.name}
+
+
 def _graph_variant(root: Path) -> Path:
     return one(root, "fxgraph/*/*/*")
 

@@ -388,10 +388,11 @@ def _inductor_confirm(root: str, tops: list[str], names: list[str]) -> bool:
 
 def inductor_graph_shard(prefix: str) -> str | None:
     """The fx graph shard of the keys starting with `prefix` (graph keys are "f" and 51 more, their shard
-    the second and third characters): "" when no key starts so, None when it is too short to tell."""
-    if len(prefix) < 3:
-        return None
-    return prefix[1:3] if prefix[0] == "f" else ""
+    the second and third characters): "" when no key starts so (a prefix not starting with "f": a code
+    shard's `2a` looks in none of the 1,024 shards), None when it is too short to tell."""
+    if prefix[:1] not in ("", "f"):
+        return ""
+    return prefix[1:3] if len(prefix) >= 3 else None
 
 
 INDUCTOR = LayoutShape("inductor", (
