@@ -179,16 +179,33 @@ def test_a_symlinked_child_is_judged_every_time(cache, judged, tmp_path):
 
 
 def test_filtered_scans_and_records(cache, judged):
-    """An op filter is part of the job: its records never answer another filter wrongly."""
+    """An op filter is part of the job: a filtered scan (`ls --op`) is answered from the unfiltered
+    listing's records, the filter applied to each kernel's op, and never replaces them (ls, stats and prune
+    would judge every kernel again after each `ls --op`); a kernel with no record gets its own."""
     primed(cache, judged)
-    flt = ScanFilter(ops=("softmax_kernel",))
-    got, real = both(cache, judged, flt)
-    assert got == real and [e.hash for e in got] == [SOFTMAX]
+    for ops, want in ((("softmax_kernel",), [SOFTMAX]), (("soft*",), [SOFTMAX]), (("nothing",), [])):
+        got, real = both(cache, judged, ScanFilter(ops=ops))
+        assert got == real and [e.hash for e in got] == want and judged == [], ops
     got, real = both(cache, judged, ScanFilter(hash_prefixes=(MATMUL[:6],)))
     assert got == real and [e.hash for e in got] == [MATMUL]
     judged.clear()
     got, real = both(cache, judged)
-    assert got == real and len(got) == len(KERNELS)
+    assert got == real and len(got) == len(KERNELS) and judged == []
+    fresh = cache / ("2" * 52)
+    fresh.mkdir()
+    for f in (cache / SOFTMAX).iterdir():
+        text = f.read_bytes().replace(str(cache / SOFTMAX).encode(), str(fresh).encode())
+        (fresh / f.name).write_bytes(text)  # the group file's paths lead into the copy
+    age(fresh)
+    time.sleep(RACY * 2)
+    flt = ScanFilter(ops=("softmax_kernel",))
+    scan_cache(cache, flt, use_index=True)
+    assert judged == [fresh.name]
+    judged.clear()
+    got, real = both(cache, judged, flt)
+    assert got == real and sorted(e.hash for e in got) == sorted([SOFTMAX, fresh.name]) and judged == []
+    got, real = both(cache, judged)
+    assert got == real and judged == [fresh.name]  # its record was the filtered scan's: judged, recorded
 
 
 def test_parallel_workers_serve_and_record(cache, judged, monkeypatch):

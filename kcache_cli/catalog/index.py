@@ -30,7 +30,11 @@ Never stale, by construction:
   is not stored: a later change within the same timestamp tick could otherwise keep its ctime;
 - a record holds what the layout's per-entry function returned (the Entry) and is served only to the
   same function with the same job: the job carries what the judgement takes from outside the entry (the
-  installed hidet's version), so another installed hidet judges the entries again;
+  installed hidet's version), so another installed hidet judges the entries again. One exception: a job
+  that carries an op filter (Triton's: `ls --op X`), which the layout's `unfiltered(job)` names, is
+  answered from the record of the same job without it, the filter applied to the op that record holds
+  (as the judgement applies it to the op of the same files); a filtered scan never replaces a record of
+  another job (IndexedContext.save);
 - only statuses that are a function of the entry's own files and its job are stored (STORABLE):
   `building` and `partial` depend on locks, which no stat shows, and `unreadable` on permissions; an
   entry whose scan warned, whose recorded stats leave out a subdirectory's files, or that holds a
@@ -57,6 +61,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from _blake2 import blake2b  # what hashlib.blake2b is, without _hashlib (OpenSSL: 2.3 ms of a start)
 from importlib.util import find_spec
 from stat import S_ISDIR, S_ISLNK, S_ISREG
@@ -68,7 +73,8 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs.state import finish_index_write, read_index_file, start_index_write
 from kcache_cli.layouts import NAMES
-from kcache_cli.model.records import COMPLETE, CORRUPT, ENTRY_FIELDS, ENTRY_VALUES, FAILED, STALE, Entry, entry_from
+from kcache_cli.model.records import (COMPLETE, CORRUPT, ENTRY_FIELDS, ENTRY_VALUES, FAILED, STALE, Entry, ScanFilter,
+                                      entry_from)
 
 MAGIC = b"KCACHE-SCAN-INDEX\n"
 FORMAT = 1
@@ -79,6 +85,7 @@ MIN_ENTRIES = 1000
 STORABLE = frozenset({COMPLETE, FAILED, CORRUPT, STALE})
 FIELDS = ENTRY_FIELDS
 _RELPATH = FIELDS.index("relpath")
+_OP = FIELDS.index("op")
 _MODIFIED = FIELDS.index("modified")
 _PATH = FIELDS.index("path")
 _NFIELDS = len(FIELDS)
@@ -224,8 +231,11 @@ class _Wrapped:
     no record to build it from: records travel from worker processes more cheaply than Entries). A
     class, not a closure: parallel.map_parts may have to pickle it."""
 
-    def __init__(self, func: Callable, stored: dict, racy_ns: int) -> None:
+    def __init__(self, func: Callable, stored: dict, racy_ns: int, complete: bool = True,
+                 unfiltered: Callable | None = None) -> None:
         self.func, self.name, self.stored, self.racy_ns = func, _func_name(func), stored, racy_ns
+        self.complete = complete  # the scan visits every entry (IndexedContext.save)
+        self.unfiltered = unfiltered  # a job without its op filter, and the ops it wants (map_entries)
 
     def __call__(self, ctx: ScanContext, job: tuple) -> tuple | float:
         asked = (self.name, tuple(job))
@@ -234,7 +244,27 @@ class _Wrapped:
         if accessed is not None:  # in the worker, not the parent: the parent builds the answers alone
             values = rec[3]
             return ctx.last_used_of(values[_RELPATH], values[_MODIFIED], accessed, values[_PATH])
+        if not self.complete and type(rec) is tuple and len(rec) == 5 and rec[2] != asked:
+            answer = self._unfiltered(ctx, job, rec)
+            if answer is not None:
+                return answer
+            return self.func(ctx, job), None  # a filtered scan keeps another job's record: none is made
         return self.judge(ctx, job, asked)
+
+    def _unfiltered(self, ctx: ScanContext, job: tuple, rec: tuple) -> tuple | float | None:
+        """For a job that carries an op filter (`self.unfiltered(job)`: the job without it, and the ops
+        wanted), the answer of the unfiltered scan's record `rec` where it serves: its entry when the op is
+        wanted (its last use), None (the entry is not one) when not. None when it does not serve."""
+        if self.unfiltered is None:
+            return None
+        whole, ops = self.unfiltered(job)
+        accessed = _servable(rec, (self.name, tuple(whole)), ctx.anchor)
+        if accessed is None:
+            return None
+        values = rec[3]
+        if not ScanFilter(ops=ops).wants_op(values[_OP]):
+            return None, None
+        return ctx.last_used_of(values[_RELPATH], values[_MODIFIED], accessed, values[_PATH])
 
     def judge(self, ctx: ScanContext, job: tuple, asked: tuple) -> tuple:
         path = job[0]
@@ -341,8 +371,12 @@ def _unpickled(payload: memoryview) -> Any:
     return obj
 
 
+@dataclass
 class IndexedContext(ScanContext):
-    """A ScanContext whose map_entries answers from the index where it provably can (see the module doc)."""
+    """A ScanContext whose map_entries answers from the index where it provably can (see the module doc).
+    `complete`: the scan visits every entry (no filter), see save."""
+
+    complete: bool = field(default=True, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -358,12 +392,13 @@ class IndexedContext(ScanContext):
             return
         self._stored = load(root, self._context)
 
-    def map_entries(self, func, jobs: list) -> Iterator[Entry]:
+    def map_entries(self, func, jobs: list, unfiltered: Callable | None = None) -> Iterator[Entry]:
         stored, new = self._stored, self._new
         if self._writer is None and hasattr(self, "_context") and (len(jobs) >= MIN_ENTRIES or stored):
             self._writer = _start_write(str(self.root), self._started)  # before any entry is stat'ed
         racy_ns = self._writer[3] if self._writer else -1  # no writer: nothing will be stored anyway
-        results: Iterator[Any] = super().map_entries(_Wrapped(func, stored, racy_ns), jobs)
+        wrapped = _Wrapped(func, stored, racy_ns, self.complete, unfiltered)
+        results: Iterator[Any] = super().map_entries(wrapped, jobs)
         for job, out in zip(jobs, results):
             path = job[0]
             if type(out) is float:  # served: the entry's last use now
@@ -380,20 +415,26 @@ class IndexedContext(ScanContext):
             new[rec[2][1][0]] = rec  # keyed by the record's own path object: pickled once, not twice (-24%)
             yield _answer_of(rec)
 
-    def save(self, complete: bool) -> None:
-        """Write the index if this scan learnt anything; `complete` (an unfiltered scan) also drops the
-        records of entries that are gone. Never raises."""
+    def save(self) -> None:
+        """Write the index if this scan learnt anything; a complete one (unfiltered) also drops the
+        records of entries that are gone. A filtered scan (`ls --op`, `clear --op`: its filter is in each
+        job) adds records, and refreshes those of its own job, but never replaces one of another job: the
+        unfiltered scan's records (ls, stats, prune) would each be judged again by the next of those, and
+        rewritten (a 20,000-kernel index swapped between the two at every alternation). Never raises."""
         if self._writer is None:
             return
         dfd, fd, tmp, _ = self._writer
         self._writer = None
-        # Unchanged, each stored record visited was served (else it changed): one is gone or was not
-        # visited exactly when fewer were served than stored (a set of 10^5 visited paths cost 15 ms).
-        if not (self._changed or complete and len(self._new) < len(self._stored)):
-            _finish_write(dfd, fd, tmp, None)  # nothing learnt, nothing gone
-            return
-        records = self._new if complete else {**self._stored, **self._new}
-        _finish_write(dfd, fd, tmp, {"context": self._context, "records": records})
+        stored = self._stored
+        if self.complete:
+            # Unchanged, each stored record visited was served (else it changed): one is gone or was not
+            # visited exactly when fewer were served than stored (a set of 10^5 visited paths cost 15 ms).
+            learnt = self._changed or len(self._new) < len(stored)
+            records = self._new
+        else:
+            mine = {p: r for p, r in self._new.items() if stored.get(p, r)[2] == r[2] and stored.get(p) is not r}
+            learnt, records = bool(mine), {**stored, **mine}
+        _finish_write(dfd, fd, tmp, {"context": self._context, "records": records} if learnt else None)
 
 
 def _answer_of(rec: Record, last_used: float | None = None) -> Any:

@@ -79,7 +79,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
                 f"{odd} is not a regular file: ignored (remove it: kcache keeps its index there)")
     readmarks.load(root)
     if use_index:
-        ctx: ScanContext = index.IndexedContext(root, collect, state.load_last_used(root))
+        ctx: ScanContext = index.IndexedContext(root, collect, state.load_last_used(root), complete=complete)
     else:
         ctx = ScanContext(root, collect, state.load_last_used(root), statuses=statuses)
     ctx.progress = progress
@@ -91,7 +91,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
         found = _counted(ctx, get_layout(name).scan(ctx, flt))
         entries.extend(found if everything else (e for e in found if flt.matches(e)))
     if use_index:
-        ctx.save(complete=complete)  # type: ignore[attr-defined]
+        ctx.save()  # type: ignore[attr-defined]
     readmarks.save(root)
     dirnames.save(root)  # the listings of its directories this scan made, for the next command
     if leftovers and not flt.layouts:

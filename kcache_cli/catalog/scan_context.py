@@ -147,10 +147,11 @@ class ScanContext:
             self.warn(f"cannot read {path}: {exc.strerror}")
             return []
 
-    def map_entries(self, func, jobs: list) -> Iterator[Entry]:
+    def map_entries(self, func, jobs: list, unfiltered: Callable | None = None) -> Iterator[Entry]:
         """`func(self, job)` for every job, in order. Big caches are read by one worker process per
         core (kcache_cli.util.parallel): the per-file stat calls are what a scan costs, and they scale with
-        cores. `func` must be a module-level function."""
+        cores. `func` must be a module-level function. `unfiltered(job)`: the job without its op filter,
+        and the ops it wants (for the index: IndexedContext)."""
         self.mapped = True
         self.note_found(len(jobs))
         workers = parallel.cpus() if len(jobs) >= PARALLEL_MIN_JOBS else 1

@@ -186,7 +186,8 @@ class ScanContext(Protocol):
 
     def links(self, path: str | Path) -> list[str]: ...  # the symbolic links in a directory, sorted
 
-    def map_entries(self, func: Any, jobs: list) -> Iterator[Any]: ...  # func(ctx, job) of each job, in order
+    # func(ctx, job) of each job, in order; unfiltered(job): the job without its op filter, and the ops wanted
+    def map_entries(self, func: Any, jobs: list, unfiltered: Any = None) -> Iterator[Any]: ...
 
     @property
     def anchor(self) -> Anchor | None: ...  # the root held open, that entry directories are opened from

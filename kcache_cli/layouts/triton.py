@@ -670,7 +670,7 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     ops = tuple(flt.ops)
     base = os.path.join(ctx.root, "")
     jobs = [(base + name, ops) for name in ctx.subdirs(ctx.root, prefixes) if is_key(name)]
-    for entry in ctx.map_entries(_key_entries, jobs):
+    for entry in ctx.map_entries(_key_entries, jobs, _unfiltered):
         if entry is not None:
             yield entry
 
@@ -680,6 +680,12 @@ def _key_entries(ctx, job: tuple[str, tuple[str, ...]]) -> Entry | None:
     path, ops = job
     with ctx.open_entry(path) as d:
         return _key_entry(ctx, d, path, ScanFilter(ops=ops) if ops else None)
+
+
+def _unfiltered(job: tuple[str, tuple[str, ...]]) -> tuple[tuple[str, tuple[str, ...]], tuple[str, ...]]:
+    """A job without its op filter, and the ops it wants: `ls --op` is answered from the index's records
+    of an unfiltered listing (catalog/index.py), the filter applied to each entry's op."""
+    return (job[0], ()), job[1]
 
 
 def _key_entry(ctx, d: EntryDir, path: str, flt: ScanFilter | None) -> Entry | None:
