@@ -144,22 +144,24 @@ def test_cli_ls_and_stats_json_same_with_and_without_index(cache, kcache, judged
         assert judged == [], args
 
 
-def test_prune_plans_from_the_index(cache, kcache, judged):
-    """A prune (a cron job's: --max-size, a budget) plans from a scan as ls's is made: unchanged entries
-    answered from the index, the plan the one a full scan (--no-index) makes."""
-    args = ["prune", "--dry-run", "--max-size", "0", "--json"]
+@pytest.mark.parametrize("args, removed", [
+    (["prune", "--max-size", "0"], 5), (["clear", "--all"], 5), (["clear", "--op", "add"], 1)])
+def test_prune_and_clear_plan_from_the_index(cache, kcache, judged, args, removed):
+    """A prune (a cron job's: --max-size, a budget) or clear plans from a scan as ls's is made: unchanged
+    entries answered from the index, the plan the one a full scan (--no-index) makes."""
+    args = [*args, "--dry-run", "--json"]
     without = kcache("--cache-dir", cache, *args, "--no-index")
-    assert len(judged) == 5
+    assert judged
     first = kcache("--cache-dir", cache, *args)
     judged.clear()
     second = kcache("--cache-dir", cache, *args)
     assert without.exit_code == first.exit_code == second.exit_code == 0
     assert first.json() == second.json() == without.json()
-    assert judged == [] and len(second.json()["removed"]) == 5
+    assert judged == [] and len(second.json()["removed"]) == removed
 
 
 def test_no_index_option_in_help(kcache):
-    for cmd in ("ls", "stats", "prune"):
+    for cmd in ("ls", "stats", "prune", "clear"):
         assert "--no-index" in kcache(cmd, "--help").stdout
 
 

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from kcache_cli.catalog import index
 from kcache_cli.cli import common
 from kcache_cli.fs import read as fsread
 from kcache_cli.layouts import hidet
@@ -83,8 +84,11 @@ def test_clear_by_prefix_judges_only_where_names_show_the_entry(kcache, cache, s
         return real(d, *a, **kw)
 
     monkeypatch.setattr(hidet, "judge", spy)
+    loaded: list[str] = []  # the scan index: a lookup loads none (a 10^5-entry one costs more than it saves)
+    monkeypatch.setattr(index, "load", lambda root, *a, **k: loaded.append(root) or {})
     os.symlink("/etc", cache / "ops/cpu_space_0/relu/8d1fffffffffffff")  # a link where an entry belongs
     r = kcache("--cache-dir", cache, "clear", "8d1f", "--dry-run", "--json").json()
+    assert loaded == []
     assert {x["path"] for x in r["removed"]} == {str(cache / ADD), str(cache / "ops/cpu_space_0/relu/8d1fffffffffffff")}
     assert [x["status"] for x in r["removed"] if x["path"] == str(cache / ADD)] == ["complete"]
     assert judged == [ADD] and _others(searches, cache, ADD) == []  # no other entry's files

@@ -277,6 +277,7 @@ def clear_command(
     all_caches: c.AllCachesOpt = False,
     cache: c.CacheOpt = None,
     lock_timeout: LockTimeoutOpt = None,
+    no_index: o.NoIndexOpt = False,
     cache_dir: o.CacheDirOpt = None,
     as_json: o.JsonOpt = False,
 ) -> None:
@@ -300,7 +301,7 @@ def clear_command(
     out = _Out(opts, opts.many)
     out.summary, out.listing = summary, listing
     plans = _clear_plans(opts, locs, hashes, lambda root, refs: c.make_filter(
-        op, space, target, layout, status, kind, refs, root=root), everything, selected)
+        op, space, target, layout, status, kind, refs, root=root), (everything, selected, not no_index))
     anywhere = any(plan.removals or plan.skipped for _, plan in plans)
     for loc, plan in plans:
         if opts.many and anywhere and not out.json and not (plan.removals or plan.skipped):
@@ -312,9 +313,11 @@ def clear_command(
 
 
 
-def _clear_plans(opts: o.GlobalOptions, locs: list, hashes, filter_of, everything: bool, selected: bool) -> list:
+def _clear_plans(opts: o.GlobalOptions, locs: list, hashes, filter_of, how: tuple[bool, bool, bool]) -> list:
     """(location, plan) for each cache the selection reaches; an entry named that is in none of them is an
-    error before anything is removed (a typo, not "no entries")."""
+    error before anything is removed (a typo, not "no entries"). `how`: (--all, anything selected but
+    entries, answered from the index)."""
+    everything, selected, use_index = how
     missing = set(c.ref_list(hashes))
     chosen, plans = [], []
     for loc in locs:
@@ -324,7 +327,7 @@ def _clear_plans(opts: o.GlobalOptions, locs: list, hashes, filter_of, everythin
         chosen.append((loc, refs, filter_of(loc.path, refs)))
     found: list = []
     for loc, refs, flt in chosen:
-        plans.append((loc, _plan_clear(opts, loc, flt, everything)))
+        plans.append((loc, _plan_clear(opts, loc, flt, everything, use_index)))
         picked = [*(r.entry for r in plans[-1][1].removals), *(s.entry for s in plans[-1][1].skipped)]
         missing -= c.matched_refs(loc.path, refs, picked)
         found += picked
@@ -334,9 +337,10 @@ def _clear_plans(opts: o.GlobalOptions, locs: list, hashes, filter_of, everythin
                          selectors=selected)
     return plans
 
-def _plan_clear(opts: o.GlobalOptions, loc, flt, everything: bool):
+def _plan_clear(opts: o.GlobalOptions, loc, flt, everything: bool, use_index: bool):
     with _nothing_removed_yet(), _busy(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
-        return delete.plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m), progress=bar)
+        return delete.plan_clear(loc.path, flt, everything=everything, warn=lambda m: c.warn(opts, m), progress=bar,
+                                 use_index=use_index)
 
 
 def _clear_one(opts: o.GlobalOptions, out: "_Out", loc, plan, yes: bool, dry_run: bool) -> None:

@@ -43,7 +43,7 @@ CacheDirOpt = Annotated[Optional[str], typer.Option(
     help="Cache root (default: KCACHE_DIR, then every cache found; see kcache --help).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
-# The commands that scan whole caches (ls, stats, prune) answer unchanged entries from the index.
+# The commands that scan caches (ls, stats, prune, clear) answer unchanged entries from the index.
 NoIndexOpt = Annotated[bool, typer.Option(
     "--no-index", help="Judge every entry again instead of answering from the index of unchanged entries "
                        "(.kcache/index/; the answer is the same).")]
