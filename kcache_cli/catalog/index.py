@@ -224,6 +224,13 @@ def _servable(rec: Any, asked: tuple, anchor: fsread.Anchor | None = None) -> fl
     return None
 
 
+def _last_use(ctx: ScanContext, rec: Record, accessed: float) -> float:
+    """A served record's answer from a worker: its entry's last use now (its files' newest atime being
+    `accessed`); the parent makes the entry from its own copy of the record."""
+    values = rec[3]
+    return ctx.last_used_of(values[_RELPATH], values[_MODIFIED], accessed, values[_PATH])
+
+
 class _Wrapped:
     """`func(ctx, job)` behind the index: the entry's last use (a float: kcache's stamp, its newest mtime
     or, where reads are recorded, its files' newest atime now) when the stored record of job's entry
@@ -242,8 +249,7 @@ class _Wrapped:
         rec: Any = self.stored.get(job[0])
         accessed = _servable(rec, asked, ctx.anchor)
         if accessed is not None:  # in the worker, not the parent: the parent builds the answers alone
-            values = rec[3]
-            return ctx.last_used_of(values[_RELPATH], values[_MODIFIED], accessed, values[_PATH])
+            return _last_use(ctx, rec, accessed)
         if not self.complete and type(rec) is tuple and len(rec) == 5 and rec[2] != asked:
             answer = self._unfiltered(ctx, job, rec)
             if answer is not None:
@@ -261,10 +267,9 @@ class _Wrapped:
         accessed = _servable(rec, (self.name, tuple(whole)), ctx.anchor)
         if accessed is None:
             return None
-        values = rec[3]
-        if not ScanFilter(ops=ops).wants_op(values[_OP]):
+        if not ScanFilter(ops=ops).wants_op(rec[3][_OP]):
             return None, None
-        return ctx.last_used_of(values[_RELPATH], values[_MODIFIED], accessed, values[_PATH])
+        return _last_use(ctx, rec, accessed)
 
     def judge(self, ctx: ScanContext, job: tuple, asked: tuple) -> tuple:
         path = job[0]

@@ -301,7 +301,7 @@ def clear_command(
     out = _Out(opts, opts.many)
     out.summary, out.listing = summary, listing
     plans = _clear_plans(opts, locs, hashes, lambda root, refs: c.make_filter(
-        op, space, target, layout, status, kind, refs, root=root), (everything, selected, not no_index))
+        op, space, target, layout, status, kind, refs, root=root), everything, selected, not no_index)
     anywhere = any(plan.removals or plan.skipped for _, plan in plans)
     for loc, plan in plans:
         if opts.many and anywhere and not out.json and not (plan.removals or plan.skipped):
@@ -313,11 +313,10 @@ def clear_command(
 
 
 
-def _clear_plans(opts: o.GlobalOptions, locs: list, hashes, filter_of, how: tuple[bool, bool, bool]) -> list:
+def _clear_plans(opts: o.GlobalOptions, locs: list, hashes, filter_of, everything: bool, selected: bool,
+                 use_index: bool) -> list:
     """(location, plan) for each cache the selection reaches; an entry named that is in none of them is an
-    error before anything is removed (a typo, not "no entries"). `how`: (--all, anything selected but
-    entries, answered from the index)."""
-    everything, selected, use_index = how
+    error before anything is removed (a typo, not "no entries")."""
     missing = set(c.ref_list(hashes))
     chosen, plans = [], []
     for loc in locs:

@@ -469,6 +469,7 @@ def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
         index = _blob_index(bins)
         if not index:
             continue
+        magics = {k[:4] for k in index}  # where a blob can start in a kernel's file (an ELF's magic)
         users: dict[bytes, list[str]] = {}  # a list per distinct blob, shared by every dir holding it
         for same in index.values():
             for blob, dirs in same.items():
@@ -486,7 +487,7 @@ def binary_users(root: Path, binaries: list[str]) -> dict[str, list[str]]:
             except OSError:
                 continue
             for k in sorted(kernels):
-                for blob in _embedded(k, index):
+                for blob in _embedded(k, index, magics):
                     users[blob].append(k)
     return out
 
@@ -508,10 +509,9 @@ def _blob_index(bins: list[str]) -> _BlobIndex:
     return index
 
 
-def _embedded(kernel: str, index: _BlobIndex) -> list[bytes]:
+def _embedded(kernel: str, index: _BlobIndex, magics: set[bytes]) -> list[bytes]:
     """The binaries' blobs that one of the kernel's compiled files holds whole, each once, in the order
-    found. A blob can start only where its first four bytes are (an ELF's magic): only there is it compared."""
-    magics = {k[:4] for k in index}
+    found. A blob can start only where its first four bytes are (`magics`): only there is it compared."""
     found: dict[bytes, None] = {}
     for name in KERNEL_BINARIES:
         data = _read_binary_bytes(os.path.join(kernel, name))

@@ -561,8 +561,9 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
             if e.status == STALE and e.path not in p.removals:
                 p.select(e, f"stale: {e.reason or e.status}", recheck=True)
     last: dict[str, float] = {}
-    over = max_size is not None and result.size > max_size  # a cache within its budget loses nothing to it
-    if older_than is not None or over:  # (stats' RECLAIMABLE asks neither, a cron job's prune mostly: no cost)
+    # a cache within its budget loses nothing to it (stats' RECLAIMABLE asks neither, a cron job's prune mostly)
+    over = max_size if max_size is not None and result.size > max_size else None
+    if older_than is not None or over is not None:
         p.learn_users(regular)  # 3. unused for too long (a provider is used when its users are)
         last = {e.path: p.effective_last_used(e, by_path) for e in regular}
     if older_than is not None:
@@ -571,8 +572,8 @@ def plan_prune(root: Path, max_size: int | None = None, older_than: float | None
                 p.select(e, f"unused for {format_age(now - last[e.path])}")
     p.settle()
     inner = _select_inner_leftovers(p, regular, collect)  # 4. leftovers inside entries that stay
-    if over and max_size is not None:  # 5. least recently used first, until the cache fits
-        _select_until_fits(p, regular, last, inner, result.size, max_size)
+    if over is not None:  # 5. least recently used first, until the cache fits
+        _select_until_fits(p, regular, last, inner, result.size, over)
     again = partial(plan_prune, root, max_size=max_size, older_than=older_than, broken=broken, stale=stale, deep=deep,
                     use_index=use_index)
     return replace(p.plan(result, msgs, tidy=True), deep=deep, replan=again, generation=generation)
