@@ -288,6 +288,29 @@ def test_types_come_with_the_names_and_links_are_asked_each_time(tmp_path, monke
     assert "via" not in names and "via" not in linked
 
 
+def test_directories_beside_files_and_no_link_are_picked_by_type(tmp_path, monkeypatch):
+    """A root of directories and a few other names, none a link (a Triton root with a stray file, a FIFO):
+    subdirs and dirs_and_links give the directories alone, listed or kept alike; links gives none."""
+    root = tmp_path / "c"
+    root.mkdir()
+    for name in ("b", "a", "z", "m"):
+        (root / name).mkdir()
+    (root / "a-file").write_text("x")
+    os.mkfifo(root / "n-fifo")
+    (root / "zz").write_text("")
+    for listed in (True, True, False):  # the first save makes .kcache/ in it; the third is the kept listing
+        settle()
+        if not listed:
+            no_listing(monkeypatch)
+        kept = DirNames(root)
+        names, linked = kept.dirs_and_links(str(root))
+        assert names == sorted(names) and linked == frozenset()
+        assert [n for n in names if not n.startswith(".")] == ["a", "b", "m", "z"]
+        assert [n for n in kept.subdirs(str(root)) if not n.startswith(".")] == ["a", "b", "m", "z"]
+        assert kept.links(str(root)) == []
+        kept.save()
+
+
 def test_a_listing_serves_the_same_command_again_unless_just_changed(root, monkeypatch):
     """Detection and then the scan ask for the same directory: one listing, when it had not changed for
     RACY_SECONDS; a directory changed within that time is listed each time it is asked about (a command

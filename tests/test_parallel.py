@@ -245,3 +245,44 @@ def test_output_buffered_before_the_fork_is_written_once():
                           cwd=os.path.dirname(__file__))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == "before|after\n"
+
+
+def _slow_part(shared: str, part: list[int]) -> list[int]:
+    """Waits until the parent's `meanwhile` has run (it makes the file `shared`): the workers run while it does."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while not os.path.exists(shared) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return [os.path.exists(shared), *part]
+
+
+def body_meanwhile_runs_here_while_the_workers_run(flag: str):
+    seen = []
+
+    def meanwhile() -> None:
+        seen.append(os.getpid())
+        open(flag, "w").close()
+
+    out = parallel.map_parts(_slow_part, flag, [[1], [2, 3]], meanwhile=meanwhile)
+    assert out == [[True, 1], [True, 2, 3]] and seen == [os.getpid()]  # once, here, before the results
+    os.unlink(flag)
+    seen.clear()
+    out = _with_thread(lambda: parallel.map_parts(_slow_part, flag, [[4], [5]], meanwhile=meanwhile))
+    assert out == [[True, 4], [True, 5]] and seen == [os.getpid()]  # a forkserver's workers too
+
+    def fails() -> None:
+        raise ValueError("meanwhile failed")
+
+    try:
+        parallel.map_parts(_part, 1, [[1], [2]], meanwhile=fails)
+    except ValueError as exc:
+        assert "meanwhile failed" in str(exc)
+    else:
+        raise AssertionError("a failed meanwhile was swallowed")
+
+
+def test_meanwhile_runs_here_while_the_workers_run(tmp_path):
+    """map_parts' `meanwhile` runs in the calling process once its workers are started and before their
+    results are waited for (each worker here waits for what it makes); what it raises is raised."""
+    alone(test_meanwhile_runs_here_while_the_workers_run, str(tmp_path / "flag"))

@@ -147,11 +147,13 @@ class ScanContext:
             self.warn(f"cannot read {path}: {exc.strerror}")
             return []
 
-    def map_entries(self, func, jobs: list, unfiltered: Callable | None = None) -> Iterator[Entry]:
+    def map_entries(self, func, jobs: list, unfiltered: Callable | None = None,
+                    meanwhile: Callable[[], None] | None = None) -> Iterator[Entry]:
         """`func(self, job)` for every job, in order. Big caches are read by one worker process per
         core (kcache_cli.util.parallel): the per-file stat calls are what a scan costs, and they scale with
         cores. `func` must be a module-level function. `unfiltered(job)`: the job without its op filter,
-        and the ops it wants (for the index: IndexedContext)."""
+        and the ops it wants (for the index: IndexedContext). `meanwhile()`: run here while workers read
+        (parallel.map_parts); never when the jobs are done here."""
         self.mapped = True
         self.note_found(len(jobs))
         workers = parallel.cpus() if len(jobs) >= PARALLEL_MIN_JOBS else 1
@@ -160,7 +162,8 @@ class ScanContext:
             return
         try:
             results = parallel.map_parts(_packed_part, (self.root, self.last_used, func),
-                                         parallel.deal(jobs, workers, _BLOCK), progress=self.progress)
+                                         parallel.deal(jobs, workers, _BLOCK), progress=self.progress,
+                                         meanwhile=meanwhile)
         except (OSError, RuntimeError, ImportError):  # no fork, no semaphores: read them here instead
             yield from self._map_here(func, jobs)
             return

@@ -36,6 +36,7 @@ import struct
 import sys
 import time
 import zlib
+from itertools import compress
 
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
@@ -49,6 +50,10 @@ MIN_BYTES = 16 << 10  # a lookup that lists less (about 1,000 hashes) keeps noth
 MAX_BYTES = 256 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC  # as fsread.listdir opens a directory
 DIR, LINK, OTHER = ord("d"), ord("l"), ord("-")  # a name's type byte
+# A listing's types made selectors for itertools.compress (1: the name is of that type): the names of one
+# type picked in C (a Triton root of 10^5 keys and one file: 3 ms in Python).
+_IS_DIR = bytes(int(c == DIR) for c in range(256))
+_IS_LINK = bytes(int(c == LINK) for c in range(256))
 
 Key = tuple[int, int, int, int]  # device, inode, mtime_ns, ctime_ns
 # Names joined by "/", where they lie: a listing made here is its own bytes (0 to their length); a kept
@@ -211,7 +216,7 @@ class DirNames:
         names, types = self._typed(path)
         if types.count(DIR) == len(types):  # directories only (a Triton root): no name looked at
             return sorted(_split(names))
-        return sorted(n for n, t in zip(_split(names), types) if t == DIR)
+        return sorted(compress(_split(names), types.translate(_IS_DIR)))
 
     def links(self, path: str) -> list[str]:
         """The names of the symbolic links in `path`, sorted; [] when it is missing, OSError when it
@@ -219,7 +224,7 @@ class DirNames:
         names, types = self._typed(path)
         if types.find(LINK) == -1:
             return []
-        return sorted(n for n, t in zip(_split(names), types) if t == LINK)
+        return sorted(compress(_split(names), types.translate(_IS_LINK)))
 
     def _typed(self, path: str) -> tuple[Names, bytes]:
         """_names of `path`; nothing when it is missing."""
@@ -247,6 +252,8 @@ class DirNames:
         names = _split(listed)
         if types.count(DIR) == len(types):  # directories only (a Triton root of 10^5 keys): no name looked at
             return names, frozenset()
+        if types.find(LINK) == -1:  # directories and files: the directories, picked in C
+            return list(compress(names, types.translate(_IS_DIR))), frozenset()
         base = path.rstrip("/") + "/"
         found = [(name, t == LINK) for name, t in zip(names, types)
                  if t == DIR or t == LINK and fsread.is_dir(base + name)]

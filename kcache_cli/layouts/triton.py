@@ -55,8 +55,6 @@ from kcache_cli.layouts.shapes import (
 from kcache_cli.layouts.shapes import (
     triton_target_arch as arch_of,
 )
-from kcache_cli.layouts.triton_image import TritonImage
-from kcache_cli.layouts.triton_remote import TritonFormat
 from kcache_cli.model.checks import elf_truncated, first_not_regular, list_files, not_regular
 from kcache_cli.model.records import (
     BUILDING,
@@ -76,10 +74,16 @@ from kcache_cli.model.records import (
     measure_tree,
     usage_of,
 )
+from kcache_cli.util.lazy import lazy_module
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use (push, pull and
+    # OCI only: 1.5 ms that every listing of a Triton cache paid)
+    from kcache_cli.layouts import triton_image, triton_remote
     from kcache_cli.layouts.image_format import ImageFormat
     from kcache_cli.layouts.remote_format import RemoteFormat
+else:
+    triton_image = lazy_module("kcache_cli.layouts.triton_image")
+    triton_remote = lazy_module("kcache_cli.layouts.triton_remote")
 
 NAME = TRITON.name
 KEY_RE = TRITON.kinds[0].segment(0)  # anchored: base32(sha256) since Triton 3.2, hex before
@@ -1127,11 +1131,11 @@ class TritonLayout(Layout):
 
     def remote_format(self) -> RemoteFormat | None:
         """Triton's own Redis keys (`triton:{key}:{filename}`), shared with Triton's remote cache."""
-        return TritonFormat()
+        return triton_remote.TritonFormat()
 
     def image_format(self) -> ImageFormat:
         """MCV's compat image of a Triton cache (triton_image.py)."""
-        return TritonImage()
+        return triton_image.TritonImage()
 
     def facts(self, entry: Entry, small: Mapping[str, bytes], names: Iterable[str]) -> Facts:
         meta = None

@@ -148,15 +148,17 @@ class WorkerDied(KcacheError, RuntimeError):
     """A worker process ended without a result (killed): map_parts' callers do the work themselves."""
 
 
-def map_parts(func: Callable[[Any, Any], Any], shared: Any, parts: Sequence[Any], progress: Any = None
-              ) -> list[Any]:
+def map_parts(func: Callable[[Any, Any], Any], shared: Any, parts: Sequence[Any], progress: Any = None,
+              meanwhile: Callable[[], None] | None = None) -> list[Any]:
     """`[func(shared, part) for part in parts]`, one worker process per part, results in order. `func`
     must be a module-level function (it may have to be pickled, as `shared` and `parts` may). Raises
     what a worker raised; OSError, RuntimeError or ImportError when no worker can be started or one
     died (callers then do the work themselves). `progress.advance` gets what forked workers count with
     `advance()`, moved from this thread every PROGRESS_POLL seconds (a forkserver's workers count
     nothing). Forked workers are _Workers' (as run_phased's: no pool, no thread, no queue; the pool's
-    module alone took 12 ms to import)."""
+    module alone took 12 ms to import). `meanwhile()` runs here once the workers are started, before
+    their results are waited for: work of the caller's own that needs none of them (this process would
+    otherwise wait idle; the workers' results wait in their pipes)."""
     if fork_safe():
         def first(i: int, counted: Callable[[int], None], abort: Callable[[], bool]) -> Any:
             global _ADVANCE
@@ -165,13 +167,18 @@ def map_parts(func: Callable[[Any, Any], Any], shared: Any, parts: Sequence[Any]
 
         workers = _Workers(len(parts), first, None, progress)
         try:
+            if meanwhile is not None:
+                meanwhile()
             return workers.collect()
         finally:
             workers.close()
     # a forkserver's workers are its children: they die with it, and it with this process
     with cf.ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("forkserver"),
                              initializer=die_with_parent, initargs=(None,)) as pool:
-        return list(pool.map(_pickled_part, [(func, shared, p) for p in parts]))
+        results = pool.map(_pickled_part, [(func, shared, p) for p in parts])
+        if meanwhile is not None:
+            meanwhile()
+        return list(results)
 
 
 PROGRESS_POLL = 0.1  # seconds between looks at the workers' counters
