@@ -732,28 +732,27 @@ def candidates(root: str, ctx, flt: ScanFilter) -> Iterator[Found]:
     def named(name: str) -> bool:
         return not prefixes or name.startswith(prefixes)
 
-    for de in ctx.listdir(root):
-        if not de.is_dir(follow_symlinks=False):
-            continue
-        if de.name == "fxgraph":
-            for shard in _graph_shards(ctx, de.path, prefixes):
+    for name in ctx.subdirs(root):  # the root's real directories, from the listing kept while it is unchanged
+        path = os.path.join(root, name)
+        if name == "fxgraph":
+            for shard in _graph_shards(ctx, path, prefixes):
                 if fits[GRAPH][1](shard) and _may_hold(shard, prefixes):
-                    where = f"{de.path}/{shard}"
+                    where = f"{path}/{shard}"
                     yield from (Found(GRAPH, f"{where}/{k}", k, None) for k in ctx.subdirs(where)
                                 if named(k) and fits[GRAPH][2](k))
-        elif de.name == "aotautograd" and (not prefixes or any(p[:1] in ("", "a") for p in prefixes)):
-            yield from (Found(AUTOGRAD, f"{de.path}/{k}", k, None) for k in ctx.subdirs(de.path)
+        elif name == "aotautograd" and (not prefixes or any(p[:1] in ("", "a") for p in prefixes)):
+            yield from (Found(AUTOGRAD, f"{path}/{k}", k, None) for k in ctx.subdirs(path)
                         if named(k) and fits[AUTOGRAD][1](k))
-        elif de.name == "triton":
-            for dev in ctx.listdir(de.path):
-                if fits[TRITON][1](dev.name) and dev.is_dir(follow_symlinks=False):
-                    yield from (Found(TRITON, f"{dev.path}/{k}", k, f"triton/{dev.name}")
-                                for k in ctx.subdirs(dev.path, prefixes) if fits[TRITON][2](k))
-        elif fits[AUTOTUNE][0](de.name):
-            if named(de.name):
-                yield Found(AUTOTUNE, de.path, de.name, None)
-        elif fits[CODE][0](de.name) and named(de.name):
-            yield Found(CODE, de.path, de.name, None)
+        elif name == "triton":
+            for dev in ctx.subdirs(path):
+                if fits[TRITON][1](dev):
+                    yield from (Found(TRITON, f"{path}/{dev}/{k}", k, f"triton/{dev}")
+                                for k in ctx.subdirs(f"{path}/{dev}", prefixes) if fits[TRITON][2](k))
+        elif fits[AUTOTUNE][0](name):
+            if named(name):
+                yield Found(AUTOTUNE, path, name, None)
+        elif fits[CODE][0](name) and named(name):
+            yield Found(CODE, path, name, None)
 
 
 def _graph_shards(ctx, fxgraph: str, prefixes: tuple[str, ...]) -> list[str]:
