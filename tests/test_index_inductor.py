@@ -177,6 +177,30 @@ def test_an_op_filter_over_nested_kernels_matches_the_real_scan(cache, nested, j
     assert len(got) == sum(1 for e in scan_cache(cache).entries if e.op == ops[0])
 
 
+@pytest.mark.parametrize("flt", [ScanFilter(ops=("*",)), ScanFilter(targets=("cpu",)), ScanFilter(targets=("cuda",))],
+                         ids=["op", "target-cpu", "target-cuda"])
+def test_an_op_or_target_filter_is_answered_from_the_unfiltered_records(cache, nested, judged, flt):
+    """`ls --op X` (nested Triton kernels) and `--target` (code shards too) of an unchanged cache judge
+    nothing: the unfiltered listing's records serve, the filter applied to each one's op and target; a
+    kernel changed since is judged with the filter, and the unfiltered records stay."""
+    primed(cache, judged)
+    if flt.ops:
+        op = sorted(e.op for e in scan_cache(cache).entries if e.kind == "triton")[0]
+        flt = ScanFilter(ops=(op,))
+        judged.clear()
+    got, real = both(cache, judged, flt)
+    assert got == real and got and judged == []
+    assert all(flt.wants_op(e.op) and flt.wants_target(e.target) for e in got)
+    cubin = sorted(nested.glob("*/*.cubin"))[0]
+    cubin.write_bytes(cubin.read_bytes())  # rewritten in place: its key moves
+    time.sleep(RACY * 2)
+    got, real = both(cache, judged, flt)
+    assert got == real and judged == ["triton"]
+    judged.clear()
+    got, real = both(cache, judged)
+    assert got == real and judged == ["triton"]  # its record was the unfiltered listing's: judged again there
+
+
 def test_an_autograd_variant_is_read_once_for_its_key_and_verdict(cache, monkeypatch):
     """The index's key (the graphs a variant names) and the verdict (are they there?) go by one read of
     the variant's bytes, not two; a directory opened again reads them again."""

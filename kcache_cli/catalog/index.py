@@ -31,10 +31,10 @@ Never stale, by construction:
 - a record holds what the layout's per-entry function returned (the Entry) and is served only to the
   same function with the same job: the job carries what the judgement takes from outside the entry (the
   installed hidet's version), so another installed hidet judges the entries again. One exception: a job
-  that carries an op filter (Triton's: `ls --op X`), which the layout's `unfiltered(job)` names, is
-  answered from the record of the same job without it, the filter applied to the op that record holds
-  (as the judgement applies it to the op of the same files); a filtered scan never replaces a record of
-  another job (IndexedContext.save);
+  that carries an op or target filter (Triton's and Inductor's: `ls --op X`, `--target cpu`), which the
+  layout's `unfiltered(job)` names, is answered from the record of the same job without it, the filter
+  applied to the op and target that record holds (as the judgement applies it to those of the same
+  files); a filtered scan never replaces a record of another job (IndexedContext.save);
 - only statuses that are a function of the entry's own files and its job are stored (STORABLE):
   `building` and `partial` depend on locks, which no stat shows, and `unreadable` on permissions; an
   entry whose scan warned, whose recorded stats leave out a subdirectory's files, or that holds a
@@ -73,8 +73,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs.state import finish_index_write, read_index_file, start_index_write
 from kcache_cli.layouts import NAMES
-from kcache_cli.model.records import (COMPLETE, CORRUPT, ENTRY_FIELDS, ENTRY_VALUES, FAILED, STALE, Entry, ScanFilter,
-                                      entry_from)
+from kcache_cli.model.records import (COMPLETE, CORRUPT, ENTRY_FIELDS, ENTRY_VALUES, FAILED, STALE, Entry, entry_from)
 
 MAGIC = b"KCACHE-SCAN-INDEX\n"
 FORMAT = 1
@@ -86,6 +85,7 @@ STORABLE = frozenset({COMPLETE, FAILED, CORRUPT, STALE})
 FIELDS = ENTRY_FIELDS
 _RELPATH = FIELDS.index("relpath")
 _OP = FIELDS.index("op")
+_TARGET = FIELDS.index("target")
 _MODIFIED = FIELDS.index("modified")
 _PATH = FIELDS.index("path")
 _NFIELDS = len(FIELDS)
@@ -242,7 +242,7 @@ class _Wrapped:
                  unfiltered: Callable | None = None) -> None:
         self.func, self.name, self.stored, self.racy_ns = func, _func_name(func), stored, racy_ns
         self.complete = complete  # the scan visits every entry (IndexedContext.save)
-        self.unfiltered = unfiltered  # a job without its op filter, and the ops it wants (map_entries)
+        self.unfiltered = unfiltered  # a job without its filter, and the filter (map_entries)
 
     def __call__(self, ctx: ScanContext, job: tuple) -> tuple | float:
         asked = (self.name, tuple(job))
@@ -258,16 +258,17 @@ class _Wrapped:
         return self.judge(ctx, job, asked)
 
     def _unfiltered(self, ctx: ScanContext, job: tuple, rec: tuple) -> tuple | float | None:
-        """For a job that carries an op filter (`self.unfiltered(job)`: the job without it, and the ops
-        wanted), the answer of the unfiltered scan's record `rec` where it serves: its entry when the op is
-        wanted (its last use), None (the entry is not one) when not. None when it does not serve."""
+        """For a job that carries an op or target filter (`self.unfiltered(job)`: the job without it, and
+        the filter, a ScanFilter of ops and targets), the answer of the unfiltered scan's record `rec` where
+        it serves: its entry when its op and target are wanted (its last use), None (the entry is not one)
+        when not. None when it does not serve."""
         if self.unfiltered is None:
             return None
-        whole, ops = self.unfiltered(job)
+        whole, wanted = self.unfiltered(job)
         accessed = _servable(rec, (self.name, tuple(whole)), ctx.anchor)
         if accessed is None:
             return None
-        if not ScanFilter(ops=ops).wants_op(rec[3][_OP]):
+        if not (wanted.wants_op(rec[3][_OP]) and wanted.wants_target(rec[3][_TARGET])):
             return None, None
         return _last_use(ctx, rec, accessed)
 

@@ -151,8 +151,8 @@ class ScanContext:
                     meanwhile: Callable[[], None] | None = None) -> Iterator[Entry]:
         """`func(self, job)` for every job, in order. Big caches are read by one worker process per
         core (kcache_cli.util.parallel): the per-file stat calls are what a scan costs, and they scale with
-        cores. `func` must be a module-level function. `unfiltered(job)`: the job without its op filter,
-        and the ops it wants (for the index: IndexedContext). `meanwhile()`: run here while workers read
+        cores. `func` must be a module-level function. `unfiltered(job)`: the job without its op and
+        target filter, and that filter (for the index: IndexedContext). `meanwhile()`: run here while workers read
         (parallel.map_parts); never when the jobs are done here."""
         self.mapped = True
         self.note_found(len(jobs))

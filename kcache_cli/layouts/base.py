@@ -186,7 +186,8 @@ class ScanContext(Protocol):
 
     def links(self, path: str | Path) -> list[str]: ...  # the symbolic links in a directory, sorted
 
-    # func(ctx, job) of each job, in order; unfiltered(job): the job without its op filter, and the ops wanted
+    # func(ctx, job) of each job, in order; unfiltered(job): the job without its op and target filter, and
+    # that filter (a ScanFilter)
     def map_entries(self, func: Any, jobs: list, unfiltered: Any = None) -> Iterator[Any]: ...
 
     @property

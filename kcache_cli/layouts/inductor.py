@@ -796,7 +796,15 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
                 f.kind == CODE and wanted.wants_target(CPU)))):
             continue
         jobs.append((f.path, f.kind, f.hash, f.space, wanted.ops, wanted.targets))
-    yield from (e for e in ctx.map_entries(_entry, jobs) if e is not None)
+    yield from (e for e in ctx.map_entries(_entry, jobs, _unfiltered) if e is not None)
+
+
+def _unfiltered(job: tuple) -> tuple[tuple, ScanFilter]:
+    """A job without its op and target filter, and the filter: `ls --op X` (nested Triton kernels) and
+    `--target cpu` (code shards too) are answered from the index's records of an unfiltered listing
+    (catalog/index.py), the filter applied to each entry's op and target as _entry applies it."""
+    path, kind, key, space, ops, targets = job
+    return (path, kind, key, space, (), ()), ScanFilter(ops=ops, targets=targets)
 
 
 def _entry(ctx, job: tuple) -> Entry | None:

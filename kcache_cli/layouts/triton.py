@@ -686,10 +686,10 @@ def _key_entries(ctx, job: tuple[str, tuple[str, ...]]) -> Entry | None:
         return _key_entry(ctx, d, path, ScanFilter(ops=ops) if ops else None)
 
 
-def _unfiltered(job: tuple[str, tuple[str, ...]]) -> tuple[tuple[str, tuple[str, ...]], tuple[str, ...]]:
-    """A job without its op filter, and the ops it wants: `ls --op` is answered from the index's records
-    of an unfiltered listing (catalog/index.py), the filter applied to each entry's op."""
-    return (job[0], ()), job[1]
+def _unfiltered(job: tuple[str, tuple[str, ...]]) -> tuple[tuple[str, tuple[str, ...]], ScanFilter]:
+    """A job without its op filter, and the filter: `ls --op` is answered from the index's records of an
+    unfiltered listing (catalog/index.py), the filter applied to each entry's op."""
+    return (job[0], ()), ScanFilter(ops=job[1])
 
 
 def _key_entry(ctx, d: EntryDir, path: str, flt: ScanFilter | None) -> Entry | None:
