@@ -156,6 +156,32 @@ def test_an_arch_glob_selects_every_kernel_and_warns_of_none(kcache, moved, monk
         r.stderr
 
 
+def test_op_hints_and_globs_read_no_kernel_the_index_names(kcache, cache, monkeypatch):
+    """A hint that an --op names nothing lists the kernel names the scan index recorded when it recorded
+    every kernel present (no kernel's files listed again), else every kernel's; an op glob is matched by
+    the scan as it reads each kernel, not expanded by reading every kernel first."""
+    from kcache_cli.catalog import index
+
+    monkeypatch.setattr(index, "MIN_ENTRIES", 0)
+    monkeypatch.setattr(index, "RACY_SECONDS", 0.05)
+    monkeypatch.setattr(names, "READS", 1)  # a cache bigger than the hints' sample
+    time.sleep(0.1)
+    assert kcache("--cache-dir", cache, "ls").exit_code == 0  # the index: every kernel's op recorded
+    walked: list[str] = []
+    real_walk = names._walk
+    monkeypatch.setattr(names, "_walk", lambda root, k, *a, **kw: walked.append(k.kind) or real_walk(root, k, *a, **kw))
+    r = kcache("--cache-dir", cache, "ls", "--op", "add_kernl")
+    assert "no op 'add_kernl'" in r.stderr and "(ops present: add_kernel, matmul_kernel, softmax_kernel)" in r.stderr
+    assert set(ls(kcache, cache, "--op", "soft*")) == set(ls(kcache, cache, "--op", "softmax_kernel", "--no-index")) \
+        == {k for k, v in KERNELS.items() if v[0] == "softmax_kernel"}
+    assert walked == []
+    fresh = cache / ("A" * 52)  # a kernel made since, too recent to be recorded: the hint reads every kernel
+    shutil.copytree(cache / SOFTMAX, fresh)
+    settle(cache)
+    r = kcache("--cache-dir", cache, "ls", "--op", "add_kernl")
+    assert "(ops present: add_kernel, matmul_kernel, softmax_kernel)" in r.stderr and walked, r.stderr
+
+
 def test_filters_and_stats(kcache, moved):
     cache = moved
     assert set(ls(kcache, cache, "--op", "add_kernel")) == {k for k, v in KERNELS.items() if v[0] == "add_kernel"}

@@ -168,17 +168,19 @@ def _named(kinds: list[KindShape], listed: list[str]) -> tuple[KindShape, str | 
     return None
 
 
-def _ops_in_files(root: str, s: LayoutShape) -> set[str]:
+def _ops_in_files(root: str, s: LayoutShape, whole: bool = False) -> set[str] | None:
     """The op names of `s`'s entries that keep them in their files (Triton's kernel names), to offer
     (completion, hints): as the scan index recorded them for the entry directories present (no entry read;
     a Triton key is a hash of its kernel's source, name included), and from the listings of the others, at
     most READS of them: all, unless more than READS entries came since the last scan (then a sample). Where
-    READS entries are all there are (no index is kept of so few), or there is no index, _in_files' READS."""
+    READS entries are all there are (no index is kept of so few), or there is no index, _in_files' READS.
+    With `whole`: None unless the index recorded the op of every entry directory present (a hint that says
+    a name is not there)."""
     kinds = [k for k in s.kinds if k.from_files is not None]
     parents = _entry_parents(root, kinds)
     kept = index.recorded(root, "op") if sum(len(names) for _, names, _, _ in parents) > READS else {}
     if not kept:
-        return {op for _, op in _in_files(root, s, spaces=False) if op}
+        return None if whole else {op for _, op in _in_files(root, s, spaces=False) if op}
     ops: set[str] = set()
     others: list[str] = []
     for base, names, links, pattern in parents:
@@ -189,6 +191,8 @@ def _ops_in_files(root: str, s: LayoutShape) -> set[str]:
                     ops.add(op)
             elif len(others) < READS and pattern(name) and not name.startswith(".") and name not in links:
                 others.append(os.path.join(root, base + name))
+    if whole and others:
+        return None
     for path in others:
         named = _named(kinds, fsread.names(path))
         if named is not None and named[1]:
@@ -278,12 +282,14 @@ def space_layouts(root: str | os.PathLike, ops: Iterable[str] = (), layouts: Ite
 
 
 def op_places(root: str | os.PathLike, spaces: Iterable[str] = (), layouts: Iterable[str] = (),
-              offer: bool = False) -> dict[str, tuple[str, ...]]:
+              offer: bool = False, whole: bool = False, in_files: bool = True) -> dict[str, tuple[str, ...]]:
     """Each op name present (hidet op directories, tilus script names) -> where it is (its spaces, or
     its layout's name when its entries have no space), sorted; with `spaces`, only the ops in those spaces.
     With `offer`, the names kept in entries' files (Triton's kernel names) are those the scan index recorded
     and at most READS entries tell (_ops_in_files), not every entry's listing: to offer (completion), never
-    to select with (expand_filter)."""
+    to select with (expand_filter). With `whole` too, the recorded names only where the index names every
+    entry's op, else every entry's listing: all the names there are, for a hint that one is not there.
+    Without `in_files`, only the names directories carry (nothing read of Triton's kernels)."""
     root, shapes = _select(root, layouts)
     spaces = tuple(spaces)
     out: dict[str, list[str]] = {}
@@ -294,16 +300,19 @@ def op_places(root: str | os.PathLike, spaces: Iterable[str] = (), layouts: Iter
             where.append(place)
 
     for s in shapes:
+        offered = None
+        if offer and not spaces and any(k.from_files is not None for k in s.kinds):
+            offered = _ops_in_files(root, s, whole)  # their kinds have no space in their paths (Triton's)
+        files_told = offered is not None or not in_files  # the ops entries keep in their files: none read
         for k in s.kinds:
-            if not k.has_op or (spaces and k.space is None) or (offer and k.from_files is not None):
+            if not k.has_op or (spaces and k.space is None) or (files_told and k.from_files is not None):
                 continue
             depth = k.depth if k.op_depth < 0 else max(k.op_depth, k.space_depth) + 1
             for f in _walk(root, k, depth, spaces=spaces):
                 if f.get("op"):
                     add(f["op"], k.space_of(f) or s.name)
-        if offer and not spaces and any(k.from_files is not None for k in s.kinds):
-            for op in _ops_in_files(root, s):  # their kinds have no space in their paths (Triton's)
-                add(op, s.name)
+        for op in sorted(offered or ()):
+            add(op, s.name)
     return {op: tuple(where) for op, where in sorted(out.items())}
 
 
@@ -421,7 +430,7 @@ def _op_names(root: str, present: tuple[str, ...]) -> set[str]:
             if k.op_depth >= 0:
                 out.update(f["op"] for f in _walk(root, k, k.op_depth + 1) if f.get("op"))
         if any(k.from_files is not None for k in s.kinds):
-            out.update(_ops_in_files(root, s))
+            out.update(_ops_in_files(root, s) or ())
     return out
 
 
@@ -443,11 +452,13 @@ def targets_present(root: str | os.PathLike) -> tuple[str, ...]:
 def expand_filter(root: str | os.PathLike, flt):
     """`flt` with its op globs (`mat*`) and spaces given as a level (`2`) or a glob replaced by the names
     present, so that layouts read only those directories. A pattern matching nothing stays as it is
-    (it then matches nothing)."""
+    (it then matches nothing), and so does an op glob where a layout keeps ops in its entries' files."""
     ops, spaces = flt.ops, flt.spaces
     if any(is_glob(o) for o in ops):
-        present = op_places(root, layouts=flt.layouts)
+        present = op_places(root, layouts=flt.layouts, in_files=False)
         ops = _expanded(ops, is_glob, lambda o: [n for n in present if fnmatchcase(n, o)])
+        if _ops_in_entries(root, flt.layouts):  # Triton's: each kernel's op is matched as its files are read
+            ops += tuple(o for o in flt.ops if is_glob(o) and o not in ops)
     if any(is_digits(s) or is_glob(s) for s in spaces):
         present_spaces = space_layouts(root, layouts=flt.layouts)
         spaces = _expanded(spaces, lambda s: is_digits(s) or is_glob(s),
@@ -455,6 +466,13 @@ def expand_filter(root: str | os.PathLike, flt):
     if ops == flt.ops and spaces == flt.spaces:
         return flt
     return replace(flt, ops=ops, spaces=spaces)
+
+
+def _ops_in_entries(root: str | os.PathLike, layouts: Iterable[str]) -> bool:
+    """Whether a layout `root` holds (within `layouts`) keeps its entries' op names in their files, not in
+    their directories' names (Triton's kernels): a glob over those stays a glob, matched by the scan as each
+    entry is read, rather than expanded by reading every entry first."""
+    return any(k.from_files is not None for s in _select(root, layouts)[1] for k in s.kinds)
 
 
 def _expanded(values: tuple[str, ...], is_pattern, names_for) -> tuple[str, ...]:
@@ -485,7 +503,7 @@ def unknown_values(root: str | os.PathLike, flt, found: dict[str, set] | None = 
 
 def _checks(root: str | os.PathLike, flt) -> tuple:
     """(what, the filter's values, the names present, does value v match name n) for op, space, target."""
-    return (("op", flt.ops, lambda: list(op_places(root, layouts=flt.layouts)),
+    return (("op", flt.ops, lambda: list(op_places(root, layouts=flt.layouts, offer=True, whole=True)),
              lambda v, n: n == v or (is_glob(v) and fnmatchcase(n, v))),
             ("space", flt.spaces, lambda: list(space_layouts(root, layouts=flt.layouts, read=True)),
              lambda v, n: space_matches(n, v)),
