@@ -134,6 +134,9 @@ def test_a_group_shared_cache_is_answered_from_the_index_too(cache, judged):
 
 
 def test_cli_ls_and_stats_json_same_with_and_without_index(cache, kcache, judged):
+    """The same answers with the index as without; unchanged entries judged once. Entries named by hash
+    prefix are judged from their own directories each time, as inspect and clear judge them: the index
+    is not loaded for them (100,000 records cost more than reading the few entries named)."""
     for args in (["ls", "--json"], ["stats", "--json"], ["ls", "--op", "add", "--json"], ["ls", "8d1f", "--json"]):
         without = kcache("--cache-dir", cache, *args, "--no-index")
         first = kcache("--cache-dir", cache, *args)
@@ -141,7 +144,7 @@ def test_cli_ls_and_stats_json_same_with_and_without_index(cache, kcache, judged
         second = kcache("--cache-dir", cache, *args)
         assert without.exit_code == first.exit_code == second.exit_code == 0
         assert first.json() == second.json() == without.json(), args
-        assert judged == [], args
+        assert judged == ([] if "8d1f" not in args else [str(cache / "ops/cuda_space_0/add/8d1f7691cdf75e90")]), args
 
 
 @pytest.mark.parametrize("args, removed", [

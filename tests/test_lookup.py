@@ -93,6 +93,8 @@ def test_clear_by_prefix_judges_only_where_names_show_the_entry(kcache, cache, s
     assert [x["status"] for x in r["removed"] if x["path"] == str(cache / ADD)] == ["complete"]
     assert judged == [ADD] and _others(searches, cache, ADD) == []  # no other entry's files
     assert os.path.isdir("/etc") and (cache / ADD).is_dir()
+    listed = kcache("--cache-dir", cache, "ls", "8d1f", "--json").json()["entries"]  # ls by prefix: no index either
+    assert loaded == [] and str(cache / ADD) in {e["path"] for e in listed}
 
 
 def test_log_into_a_pipe_is_the_text_with_headers(kcache, fixture_copy):
