@@ -298,6 +298,27 @@ def test_tilus_broken_program_takes_its_scripts_along(kcache, fixture_copy):
     assert "f006237ca7a5" in whys[SCRIPT]  # its program is compiled again: so is the script (issue 22)
 
 
+def test_broken_tilus_programs_walk_the_scripts_once(kcache, fixture_copy, monkeypatch):
+    """Which scripts use each program is learnt once for every program selected (one walk of scripts/),
+    not once for each broken one: 20,000 of them made `stats` 3.7 s where `ls` took 0.5."""
+    from kcache_cli.layouts import tilus
+
+    root = fixture_copy("tilus")
+    for i in range(5):  # more broken programs (no lib.so), linked from nothing
+        copy = root / "programs" / f"0000000000{i:02x}"
+        shutil.copytree(root / PROGRAM, copy)
+        (copy / "module" / "lib.so").unlink()
+    (root / PROGRAM / "module" / "lib.so").unlink()
+    walks: list[str] = []
+    real = tilus.link_map
+    monkeypatch.setattr(tilus, "link_map", lambda r: walks.append(str(r)) or real(r))
+    r = kcache("--cache-dir", root, "prune", "--dry-run", "--broken", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert len(r.json()["removed"]) == 7 and SCRIPT in {os.path.relpath(x["removed_path"], root) for x in
+                                                       r.json()["removed"]}
+    assert len(walks) == 1, walks
+
+
 def test_tilus_program_lives_as_long_as_its_script_is_used(kcache, fixture_copy):
     root = fixture_copy("tilus")
     now = time.time()

@@ -412,7 +412,10 @@ class _Planner:
     # -- the rules that tie entries together
     def settle(self) -> None:
         """A broken provider that goes takes the users that cannot work without it along (tilus scripts);
-        a complete provider still used by an entry that stays, stays (tilus programs, tilelang binaries)."""
+        a complete provider still used by an entry that stays, stays (tilus programs, tilelang binaries).
+        The users of every provider selected are learnt at once first: one walk of tilus's scripts/, not
+        one for each broken program (20,000 of them: a stats of 3.7 s)."""
+        self.learn_users([r.entry for r in self.removals.values() if r.what == ENTRY])
         for r in list(self.removals.values()):
             if r.what == ENTRY:
                 self.take_users(r.entry)
