@@ -73,7 +73,7 @@ from kcache_cli.fs import read as fsread
 from kcache_cli.fs import readmarks
 from kcache_cli.fs.state import finish_index_write, read_index_file, start_index_write
 from kcache_cli.layouts import NAMES
-from kcache_cli.model.records import (COMPLETE, CORRUPT, ENTRY_FIELDS, ENTRY_VALUES, FAILED, STALE, Entry, entry_from)
+from kcache_cli.model.records import COMPLETE, CORRUPT, ENTRY_FIELDS, ENTRY_VALUES, FAILED, STALE, Entry, entry_from
 
 MAGIC = b"KCACHE-SCAN-INDEX\n"
 FORMAT = 1
@@ -210,14 +210,19 @@ def _func_name(func: Callable) -> str:
     return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
 
 
+def _shaped(rec: Any) -> bool:
+    """Whether `rec` has a record's shape (_record's): five items, the entry's field values fourth. The
+    index file is plain data that passed its CRC, not proof that it is ours."""
+    return type(rec) is tuple and len(rec) == 5 and type(rec[3]) is tuple and len(rec[3]) == _NFIELDS
+
+
 def _servable(rec: Any, asked: tuple, anchor: fsread.Anchor | None = None) -> float | None:
     """When `rec` is a well-formed record of the same function and job (its entry's path the job's, as
     _record stores it) whose files are unchanged: the newest atime of those files; else None. Below the
     root held open (`anchor`), its files are lstat'ed from it: the root's path is not walked again for
     each (7% of an unchanged entry's time)."""
     path = asked[1][0]
-    if (type(rec) is tuple and len(rec) == 5 and rec[2] == asked and type(rec[3]) is tuple
-            and len(rec[3]) == _NFIELDS and rec[3][_PATH] == path and (rec[4] is None or type(rec[4]) is tuple)):
+    if _shaped(rec) and rec[2] == asked and rec[3][_PATH] == path and (rec[4] is None or type(rec[4]) is tuple):
         if anchor is not None and anchor.fd >= 0 and anchor.holds(path):
             return _fresh(anchor.rel(path), rec[0], rec[1], anchor.fd)  # _fresh fails on odd names
         return _fresh(path, rec[0], rec[1])
@@ -458,8 +463,7 @@ def _made(stored: dict, jobs: list, made: list) -> None:
     get = stored.get
     for job in jobs:
         rec: Any = get(job[0])
-        ok = type(rec) is tuple and len(rec) == 5 and type(rec[3]) is tuple and len(rec[3]) == _NFIELDS
-        made.append(entry_from(rec[3]) if ok else None)
+        made.append(entry_from(rec[3]) if _shaped(rec) else None)
 
 
 def _answer_of(rec: Record, last_used: float | None = None, made: Entry | None = None) -> Any:

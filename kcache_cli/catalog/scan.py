@@ -55,7 +55,9 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
     each one judged.
 
     With `use_index`, entries whose files are provably unchanged since the last scan come from
-    `<root>/.kcache/index/` (kcache_cli/catalog/index.py) instead of being judged again; the answer is the same."""
+    `<root>/.kcache/index/` (kcache_cli/catalog/index.py) instead of being judged again; the answer is the same.
+    Entries named by hash prefix or path are judged from the few directories their names show either way:
+    loading a 10^5-entry index costs more than reading them."""
     root = Path(root)
     warnings: list[str] = []
 
@@ -78,6 +80,7 @@ def scan_cache(root: Path, flt: ScanFilter = ScanFilter(), warn: Warn | None = N
         collect(f"{odd} is not a regular file: removed (kcache keeps its index there)" if removed else
                 f"{odd} is not a regular file: ignored (remove it: kcache keeps its index there)")
     readmarks.load(root)
+    use_index = use_index and not flt.name_prefixes()
     if use_index:
         ctx: ScanContext = index.IndexedContext(root, collect, state.load_last_used(root), complete=complete)
     else:

@@ -210,10 +210,7 @@ def _ls_listed(opts: o.GlobalOptions, sel: c.Selection, all_caches: bool, cache:
         if sel.hashes and not refs:
             continue  # the entries named are in other caches
         flt = sel.filter(loc.path, refs)
-        # entries named by hash or path: judged from the few directories their names show, as inspect and
-        # clear judge them, without loading the index (100,000 records cost more than those reads)
-        named = bool(flt.name_prefixes())
-        listed.append((loc, flt, _scan(opts, flt, loc, use_index and not named, hint=not opts.many)[1]))
+        listed.append((loc, flt, _scan(opts, flt, loc, use_index, hint=not opts.many)[1]))
         missing -= c.matched_refs(loc.path, refs, listed[-1][2].entries)
     if opts.many:
         c.hint_unknown_many(opts, [(loc.path, flt) for loc, flt, _ in listed],

@@ -71,8 +71,8 @@ from kcache_cli.model.records import (
     ScanFilter,
     Status,
     TreeUsage,
-    files_usage,
     measure_tree,
+    usage_of,
 )
 from kcache_cli.util.lazy import lazy_module
 
@@ -756,7 +756,7 @@ def _plain_entry(ctx, d: EntryDir, path: str, flt: ScanFilter | None) -> Entry |
     recording = getattr(ctx, "recording", None)
     if recording is not None:
         recording[path] = (st, stats)
-    usage = files_usage(st, [s for _, s in stats])  # _Listing.usage: _plain_listing took regular files only
+    usage = usage_of(st, [s for _, s in stats])  # _Listing.usage of a directory of regular files only
     return ctx.entry(path=path, usage=usage, kind=KIND_KERNEL, hash=os.path.basename(path),
                      status=COMPLETE, reason=None, layout=NAME, target=target, space=arch, op=op, subdirs=0)
 

@@ -484,21 +484,6 @@ def usage_of(top: os.stat_result, sts: Iterable[os.stat_result]) -> TreeUsage:
     return TreeUsage(size, files, newest, accessed, apparent, top.st_dev, top.st_ino)
 
 
-def files_usage(top: os.stat_result, sts: list[os.stat_result]) -> TreeUsage:
-    """usage_of a directory that holds regular files only (`sts`, lstat'ed): the same sums without asking
-    each file what it is (a Triton kernel's listing, 10^5 of them in a cold scan)."""
-    size, apparent, newest, accessed = top.st_blocks * 512, 0, top.st_mtime, 0.0
-    for st in sts:
-        links = st.st_nlink
-        size += st.st_blocks * 512 // links if links > 1 else st.st_blocks * 512
-        apparent += st.st_size
-        if st.st_mtime > newest:
-            newest = st.st_mtime
-        if st.st_atime > accessed:
-            accessed = max(accessed, readmarks.atime(st))
-    return TreeUsage(size, len(sts), newest, accessed, apparent, top.st_dev, top.st_ino)
-
-
 def listdir(path: str | os.PathLike[str], warn: Warn, keep: Callable[[os.DirEntry], bool] | None = None
             ) -> list[os.DirEntry]:
     """Directory entries (those `keep` keeps), sorted by name; an unreadable directory is a warning and []."""

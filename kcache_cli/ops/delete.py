@@ -498,17 +498,15 @@ def plan_clear(root: Path, flt: ScanFilter, everything: bool = False, warn: Warn
                now: float | None = None, progress: Progress = NO_PROGRESS, use_index: bool = False) -> DeletePlan:
     """Remove the entries `flt` selects (everything with `everything`), within the rules: skip builds in
     progress, keep tilus programs and tilelang binaries that kept entries use. `use_index`: unchanged
-    entries answered from the index (plan_prune), unless entries are named (by hash prefix or path: the
-    few directories their names show are judged, where loading a 10^5-entry index would cost more)."""
+    entries answered from the index (plan_prune; entries named by hash prefix or path never are: scan_cache)."""
     if not everything and flt == ScanFilter():
         raise UsageError("clear needs a selection: --space, --op, --target, --layout, hash prefixes, or --all")
     root = Path(root)
     msgs, collect = _collector(warn)
     # Entries named by hash or path: only the layouts and spaces whose directory names show them are
     # judged (the same entries match); symlinks where entries belong are looked for everywhere.
-    named = bool(flt.name_prefixes())
-    result = scan_cache(root, narrowed_by_names(root, flt) if named else flt, collect, progress=progress,
-                        use_index=use_index and not named)
+    result = scan_cache(root, narrowed_by_names(root, flt) if flt.name_prefixes() else flt, collect,
+                        progress=progress, use_index=use_index)
     if not result.exists:
         return DeletePlan(str(root), False, warnings=tuple(msgs))
     p = _Planner(root, collect, time.time() if now is None else now)
