@@ -228,6 +228,36 @@ def test_an_autograd_variant_is_read_once_for_its_key_and_verdict(cache, monkeyp
     assert sorted(reads) == sorted(os.listdir(aot))
 
 
+def test_an_autograd_entry_opens_each_graph_it_names_once(cache, judged, monkeypatch):
+    """Recording an aotautograd entry, one listing of each fx graph it names gives both its key's stats of
+    the graph and the graph's verdict (judged after those stats were taken): the graph's directory is
+    opened once for the two, not once for each. The next scan serves the entry, and a graph changed
+    since turns it partial as the real scan does."""
+    opened: list[str] = []
+    real = inductor.EntryDir.sub
+
+    def counted(self, name):
+        opened.append(self.join(name))
+        return real(self, name)
+
+    monkeypatch.setattr(inductor.EntryDir, "sub", counted)
+    first = scan_cache(cache, use_index=True)
+    named = []
+    for aot in sorted(cache.glob("aotautograd/*")):
+        with inductor.EntryDir.open(str(aot)) as d:
+            named += inductor.graph_keys(d, os.listdir(aot))
+    assert named and len([p for p in opened if "/fxgraph/" in p]) == len(named)
+    assert first.entries == scan_cache(cache).entries  # the same verdicts as a scan that keys nothing
+    judged.clear()
+    got, real_scan = both(cache, judged)
+    assert got == real_scan and "autograd" not in judged
+    variant = next(cache.glob("fxgraph/*/*/*"))
+    variant.write_bytes(b"\x80\x04 cut short")  # the graph no longer a whole pickle
+    got, real_scan = both(cache, judged)
+    assert got == real_scan and "autograd" in judged
+    assert "partial" in {e.status for e in got if e.kind == "autograd"}
+
+
 def test_a_shard_whose_kernel_torch_now_compiles_is_judged_again(cache, judged):
     """A shard judged corrupt (a truncated .so) is building while torch holds the kernel's
     `locks/<key>.lock` (its FileLock, a flock): a lock file that already exists changes no stat."""

@@ -823,8 +823,12 @@ def _entry(ctx, job: tuple) -> Entry | None:
         lst = listing(d) if kind in (GRAPH, AUTOGRAD, CODE) else None
         if kind == CODE and lst is not None and not _torch_shard(lst):
             return None  # a two-letter directory of someone else's
-        seen = _seen(d, kind, lst) if recording is not None else None
-        j = _judge(d, kind, Judging(graphs=memo if seen is None else {}), lst)  # judged after the key was taken
+        # recording: an aotautograd entry's graphs are judged from the listings its key holds (_seen)
+        jc = Judging(graphs={} if recording is not None else memo)
+        seen = _seen(d, kind, lst, jc) if recording is not None else None
+        if recording is not None and seen is None:
+            jc = Judging(graphs=memo)  # not stored: judged as a scan without the index judges it
+        j = _judge(d, kind, jc, lst)  # after the key was taken
     if kind == CODE and j.status == CORRUPT:
         seen = None  # torch's lock on its broken kernel, which no stat shows, makes it building (_compiling)
     if recording is not None:
@@ -860,7 +864,7 @@ def _nested_triton(ctx, d: EntryDir, job: tuple) -> Entry | None:
     return entry_with(e, layout=NAME, kind=kind, space=space, hash=key)
 
 
-def _seen(d: EntryDir, kind: str, lst: Listing | None) -> tuple | None:
+def _seen(d: EntryDir, kind: str, lst: Listing | None, jc: Judging) -> tuple | None:
     """What the index keys the entry's record with, taken before its judgement reads a byte: the stats
     of its files, and for an aotautograd entry those of the fx graphs it names (their directories and
     files, named relative to the entry: its verdict goes by them). None: not indexed (a link, a directory
@@ -872,30 +876,31 @@ def _seen(d: EntryDir, kind: str, lst: Listing | None) -> tuple | None:
         return None  # a kernel torch may compile (its lock, which no stat shows, makes the shard building)
     stats: list[tuple[str, os.stat_result]] = list(lst.files.items())
     if kind == AUTOGRAD:
-        graphs = _graphs_seen(d, [n for n in lst.files if VARIANT_RE.match(n)])
+        graphs = _graphs_seen(d, [n for n in lst.files if VARIANT_RE.match(n)], jc)
         if graphs is None:
             return None
         stats += graphs
     return lst.own, stats
 
 
-def _graphs_seen(d: EntryDir, variants: list[str]) -> list[tuple[str, os.stat_result]] | None:
+def _graphs_seen(d: EntryDir, variants: list[str], jc: Judging) -> list[tuple[str, os.stat_result]] | None:
     """The stats of the fx graphs an aotautograd entry's variants name, their names relative to the entry
-    (`../../fxgraph/<xx>/<key>`, then each name in it), read through fds; None when one is not there."""
+    (`../../fxgraph/<xx>/<key>`, then each name in it), read through fds; None when one is not there or
+    cannot be listed. Each graph is judged (as `jc`) into `jc.graphs`, from the listing its stats come
+    from, after they were taken, as the entry's own verdict is: that verdict then judges none again."""
     root = os.path.dirname(os.path.dirname(d.path))
     out: list[tuple[str, os.stat_result]] = []
     with EntryDir.open(os.path.join(root, "fxgraph"), d.anchor) as fx:
         for key in graph_keys(d, variants):
             rel = graph_relpath(key).split("/", 1)[1]
             with fx.sub(rel) as g:
-                if g.fd is None:
+                lst = listing(g)
+                if not lst.readable or lst.own is None:
                     return None
-                try:
-                    out.append((f"../../fxgraph/{rel}", os.fstat(g.fd)))
-                    with os.scandir(g.fd) as it:
-                        out += [(f"../../fxgraph/{rel}/{de.name}", de.stat(follow_symlinks=False)) for de in it]
-                except OSError:
-                    return None
+                out.append((f"../../fxgraph/{rel}", lst.own))
+                out += sorted((f"../../fxgraph/{rel}/{name}", st)
+                              for name, st in (*lst.files.items(), *lst.links.items(), *lst.others.items()))
+                jc.graphs[g.path] = judge_guarded(g, jc, lst)  # type: ignore[index]  # _entry's, a dict
     return out
 
 
