@@ -14,8 +14,11 @@ The caches (made once under DIR and reused):
   vllm      N units, alternately copies of the recorded binary and unpacked units
             (tests/loaders/recorded/vllm.tar.gz), their artifacts hard links of one copy, their indexes
             rewritten by `kcache verify --fix` to lead into each unit.
-Each layout also times `inspect <prefix>` of one entry against `kcache --version`, and what an admin's cron
-runs on the unchanged cache, `prune` within its budget and `stats`, against the listing they are made from.
+Each layout's first listing too (`ls --json` with no index yet, which judges every entry and writes the
+index: what a user's first `ls` of a cache costs, and one after every entry changed), against du and
+against `--no-index`. Each layout also times `inspect <prefix>` of one entry against `kcache --version`,
+and what an admin's cron runs on the unchanged cache, `prune` within its budget and `stats`, against the
+listing they are made from.
 For Triton, Inductor and vLLM, bench/floor_triton.py, floor_inductor.py and floor_vllm.py (what a cold
 judgement cannot skip, in Python, over the cores) are timed against du and against kcache's cold listing; for every
 layout, bench/floor_index.py (an unchanged listing's floor in Python: the index's records unpickled, the
@@ -156,6 +159,11 @@ def bench(layout: str, root: Path, n: int, runs: int, env: dict, base: Path | No
         script = os.path.basename(cold_floor[1])
         compare(f"{layout} floor cold: {script} vs du", cold_floor, du, runs, 1.5, env)
         compare(f"{layout} cold: ls --json --no-index vs {script}", cold, cold_floor, runs, 1.0, env)
+    # A first listing (no index yet, or every entry changed: the default `ls` judges each entry and writes
+    # the index of what it judged), the index removed by rm before each run (a millisecond of the run).
+    first = ["sh", "-c", 'rm -rf -- "$0/.kcache/index" && exec "$@"', str(root), *ls]
+    compare(f"{layout} first: ls --json (index written) vs du", first, du, runs, 1.5, env)
+    compare(f"{layout} first: ls --json (index written) vs --no-index", first, cold, runs, 1.2, env)
     subprocess.run(ls, env=env, stdout=subprocess.DEVNULL, check=True)  # the index, for the warm runs
     compare(f"{layout} warm: ls --json (index) vs du", ls, du, runs, 1.0, env)
     if layout == "triton":  # what proving every file unchanged costs in Python (names from a pickle)
