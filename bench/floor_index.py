@@ -25,9 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forked import root_and_procs, split_over  # noqa: E402
 
-# kcache_cli/catalog/index.py's framing (copied: the floor loads no kcache code): magic, then
-# (payload length, CRC-32) as "<QI", then the pickled {"context": ..., "records": {path: record}}.
-MAGIC = b"KCACHE-SCAN-INDEX\n"
+# kcache_cli/catalog/index.py's framing (copied: the floor loads no kcache code): magic, the number of
+# parts ("<I"), each part's (length, CRC-32) as "<QI", then the parts: the pickled {"context": ...,
+# "records": {path: record}}, then pickles of more records ({path: record}, one per worker that made some).
+MAGIC = b"KCACHE-SCAN-INDEX-2\n"
+PARTS = struct.Struct("<I")
 HEADER = struct.Struct("<QI")
 
 
@@ -36,7 +38,18 @@ def records(root: str) -> dict:
         data = f.read()
     if not data.startswith(MAGIC):
         raise SystemExit(f"{root} has no kcache index: run `kcache ls --json` on it first")
-    return pickle.loads(memoryview(data)[len(MAGIC) + HEADER.size:])["records"]
+    (n,) = PARTS.unpack_from(data, len(MAGIC))
+    at = len(MAGIC) + PARTS.size
+    lengths = [HEADER.unpack_from(data, at + i * HEADER.size)[0] for i in range(n)]
+    at += n * HEADER.size
+    view, parts = memoryview(data), []
+    for length in lengths:
+        parts.append(pickle.loads(view[at:at + length]))
+        at += length
+    recs = parts[0]["records"]
+    for more in parts[1:]:
+        recs.update(more)
+    return recs
 
 
 def prove(recs: dict, paths: list[str]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -61,6 +62,16 @@ def cache(fixture_copy):
     root = fixture_copy("hidet")
     time.sleep(RACY * 2)  # older than the racy window, so that the first scan stores every entry
     return root
+
+
+def index_object(data: bytes) -> dict:
+    """An index file's {"context", "records"}, the records of every part of it gathered (index.unframed)."""
+    parts = index.unframed(data)
+    assert parts is not None
+    objs = [pickle.loads(part) for part in parts]
+    for more in objs[1:]:
+        objs[0]["records"].update(more)
+    return objs[0]
 
 
 def both(root, judged, flt: ScanFilter = ScanFilter()):
@@ -265,7 +276,8 @@ def test_truncated_garbage_or_deleted_index_means_a_scan(cache, judged):
     path = cache / ".kcache" / "index" / state.index_name()
     good = path.read_bytes()
     for bad in (good[: len(good) // 2], b"garbage", b"", good[:-1] + bytes([good[-1] ^ 1]),
-                index.MAGIC + b"\0" * 12 + b"x"):
+                index.MAGIC + b"\0" * 12 + b"x", good + b"x", index.MAGIC + b"\xff" * 16,
+                index.framed([b"not a pickle"]), index.framed([good[len(index.MAGIC):]] * 2)):
         path.write_bytes(bad)
         judged.clear()
         got, real = both(cache, judged)
@@ -276,15 +288,39 @@ def test_truncated_garbage_or_deleted_index_means_a_scan(cache, judged):
     assert got == real and len(judged) == len(real)
 
 
+def test_a_loaded_index_is_frozen_before_the_collector_runs_again(cache, judged):
+    """Unpickling an index makes objects for every field of every record: were the cyclic collector let
+    back on before they are frozen (gc.freeze), the next object made would set off a collection of them all
+    (80 ms of a 100,000-entry listing, and every later collection slower)."""
+    import gc
+
+    primed(cache, judged)
+    context = index._context(str(cache))
+    young: list[int] = []
+
+    def watch(phase: str, info: dict) -> None:
+        if phase == "start":
+            young.append(len(gc.get_objects(generation=0)))
+
+    threshold = gc.get_threshold()
+    gc.collect()
+    gc.set_threshold(1)  # a collection at every object made, where the collector is on
+    gc.callbacks.append(watch)
+    try:
+        records = index.load(str(cache), context)
+    finally:
+        gc.callbacks.remove(watch)
+        gc.set_threshold(*threshold)
+    assert len(records) >= 3
+    assert max(young, default=0) < 5 * len(records), young  # never the records' own objects
+
+
 def test_index_with_a_global_in_its_pickle_is_refused(cache, judged):
     """A file that passes its CRC but asks the unpickler for a class or function is not loaded."""
-    import pickle
-    import zlib
-
     primed(cache, judged)
     path = cache / ".kcache" / "index" / state.index_name()
     payload = pickle.dumps({"context": None, "records": {}, "x": os.system})
-    path.write_bytes(index.MAGIC + index._HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
+    path.write_bytes(index.framed([payload]))
     assert index.load(str(cache), ("anything",)) == {}
 
 
@@ -292,20 +328,15 @@ def test_a_record_naming_another_path_than_its_entrys_is_never_served(cache, jud
     """An index that passed every check of its file (root's, in a user's cache the user may rename a file
     of root's into) holds a record whose path is a directory outside the cache: the entry is judged
     again, never listed (nor exported) as that directory."""
-    import pickle
-    import zlib
-
     primed(cache, judged)
     path = cache / ".kcache" / "index" / state.index_name()
-    data = path.read_bytes()
-    obj = pickle.loads(data[len(index.MAGIC) + index._HEADER.size:])
+    obj = index_object(path.read_bytes())
     elsewhere = str(tmp_path / "elsewhere")
     for key, rec in obj["records"].items():
         values = list(rec[3])
         values[index.FIELDS.index("path")] = elsewhere
         obj["records"][key] = (*rec[:3], tuple(values), rec[4])
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    path.write_bytes(index.MAGIC + index._HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
+    path.write_bytes(index.framed([pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)]))
     got, real = both(cache, judged)
     assert got == real and elsewhere not in {e.path for e in got}
 
@@ -509,6 +540,11 @@ def test_parallel_scan_with_index_matches(fixture_copy, judged, monkeypatch):
     settle()
     monkeypatch.setattr(scan_mod, "PARALLEL_MIN_JOBS", 1)
     first = scan_cache(root, use_index=True)
+    # each worker's records are written as it pickled them, a part of the file each, and loaded back
+    parts = index.unframed((root / ".kcache" / "index" / state.index_name()).read_bytes())
+    assert parts is not None and len(parts) >= 2
+    storable = {e.path for e in first.entries if e.status in index.STORABLE and e.kind == "op"}
+    assert storable and set(index.load(str(root), index._context(str(root)))) == storable
     second = scan_cache(root, use_index=True)
     assert first.entries == second.entries == scan_cache(root).entries
     os.truncate(root / SOFTMAX / "lib.so", 0)

@@ -178,7 +178,8 @@ def _forged_index(root: Path, relpath: str) -> bytes:
     """Root's scan index of `root` as a member can make it (the context is root's uid and groups, the root's
     path and stat, kcache's code files' stats; each key is lstats of the entry), with `relpath` said corrupt."""
     import pickle
-    import zlib
+
+    from test_index import index_object
 
     from kcache_cli.catalog import index
     from kcache_cli.catalog.scan import scan_cache
@@ -193,15 +194,14 @@ def _forged_index(root: Path, relpath: str) -> bytes:
     made = next((root / ".kcache" / "index").rglob(state.index_name()))
     data = made.read_bytes()
     made.unlink()
-    obj = pickle.loads(data[len(index.MAGIC) + index._HEADER.size:])
+    obj = index_object(data)
     status, reason = index.FIELDS.index("status"), index.FIELDS.index("reason")
     for path, rec in obj["records"].items():
         if path.endswith(relpath):
             values = list(rec[3])
             values[status], values[reason] = "corrupt", "forged by a member"
             obj["records"][path] = (*rec[:3], tuple(values), rec[4])
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return index.MAGIC + index._HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+    return index.framed([pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)])
 
 
 def test_a_roots_file_a_member_moves_into_the_index_directory_is_never_roots_index(area):

@@ -42,7 +42,7 @@ Never stale, by construction:
   on anything else must record it, put it in the job, add it to `_context()`, or leave STORABLE;
 - the whole index is used only if it was written for the same root, user, groups, Python, kcache code
   (the judging modules' files) and Entry fields; it must be owned by the user and not writable by others;
-  a truncated or garbled file fails its length and CRC check; loading never runs code (a pickle
+  a truncated or garbled file fails a part's length or CRC check; loading never runs code (a pickle
   unpickler that refuses every global). Any failure means "no index": a full scan.
 - writes go to a temp file in the index directory (opened relative to the root, no symlink followed)
   and are renamed over the index: readers see the old index or the new one. Concurrent writers each
@@ -60,7 +60,7 @@ import struct
 import sys
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from _blake2 import blake2b  # what hashlib.blake2b is, without _hashlib (OpenSSL: 2.3 ms of a start)
 from importlib.util import find_spec
@@ -75,9 +75,14 @@ from kcache_cli.fs.state import finish_index_write, read_index_file, start_index
 from kcache_cli.layouts import NAMES
 from kcache_cli.model.records import COMPLETE, CORRUPT, ENTRY_FIELDS, ENTRY_VALUES, FAILED, STALE, Entry, entry_from
 
-MAGIC = b"KCACHE-SCAN-INDEX\n"
-FORMAT = 1
-_HEADER = struct.Struct("<QI")  # payload length, CRC-32 of the payload
+MAGIC = b"KCACHE-SCAN-INDEX-2\n"
+FORMAT = 2
+# After MAGIC: the number of parts, each part's (length, CRC-32), then the parts: pickles, the first of
+# {"context": ..., "records": {path: Record}}, each other of more records ({path: Record}: what a worker
+# process recorded, pickled there once; IndexedContext.save).
+_PARTS = struct.Struct("<I")
+_HEADER = struct.Struct("<QI")
+_MAX_PARTS = 1024
 RACY_SECONDS = 2.0
 # Below this many entries a scan takes milliseconds: no index is written (nothing appears in small caches).
 MIN_ENTRIES = 1000
@@ -240,16 +245,31 @@ class _Wrapped:
     """`func(ctx, job)` behind the index: the entry's last use (a float: kcache's stamp, its newest mtime
     or, where reads are recorded, its files' newest atime now) when the stored record of job's entry
     serves, else (the answer or None, Record or None) from the real scan (the answer only when there is
-    no record to build it from: records travel from worker processes more cheaply than Entries). A
-    class, not a closure: parallel.map_parts may have to pickle it."""
+    no record to build it from: records travel from worker processes more cheaply than Entries inside a
+    tuple), or, in a worker of a complete scan, the Entry alone, its record kept with the worker's others
+    (begin_part). A class, not a closure: parallel.map_parts may have to pickle it."""
 
     def __init__(self, func: Callable, stored: dict, racy_ns: int, complete: bool = True,
                  unfiltered: Callable | None = None) -> None:
         self.func, self.name, self.stored, self.racy_ns = func, _func_name(func), stored, racy_ns
         self.complete = complete  # the scan visits every entry (IndexedContext.save)
         self.unfiltered = unfiltered  # a job without its filter, and the filter (map_entries)
+        self.kept: dict | None = None  # in a worker of a complete scan: the records it made (begin_part)
 
-    def __call__(self, ctx: ScanContext, job: tuple) -> tuple | float:
+    def begin_part(self) -> None:
+        """In a worker process, before its jobs: a complete scan's records are kept here, and go back to
+        the parent as one pickle (end_part) that it writes as it is, not one by one through the results
+        (the parent unpickled each, and pickled them all again to write them: 80-95 ms of one core after a
+        first listing of 20,000 Triton kernels)."""
+        if self.complete:
+            self.kept = {}
+
+    def end_part(self) -> bytes | None:
+        """In a worker process, after its jobs: the pickle of the records it kept, or None."""
+        kept, self.kept = self.kept, None
+        return pickle.dumps(kept, protocol=pickle.HIGHEST_PROTOCOL) if kept else None
+
+    def __call__(self, ctx: ScanContext, job: tuple) -> tuple | float | Entry:
         asked = (self.name, tuple(job))
         rec: Any = self.stored.get(job[0])
         accessed = _servable(rec, asked, ctx.anchor)
@@ -277,7 +297,7 @@ class _Wrapped:
             return None, None
         return _last_use(ctx, rec, accessed)
 
-    def judge(self, ctx: ScanContext, job: tuple, asked: tuple) -> tuple:
+    def judge(self, ctx: ScanContext, job: tuple, asked: tuple) -> tuple | Entry:
         path = job[0]
         warned: list[str] = []
         warn = ctx.warn
@@ -293,6 +313,9 @@ class _Wrapped:
         finally:
             ctx.warn, ctx.recording = warn, None
         new = _record(out, asked, seen.get(path), warned, self.racy_ns)
+        if new is not None and self.kept is not None and type(out) is Entry:
+            self.kept[new[2][1][0]] = new
+            return out  # its record goes back with the worker's others (end_part)
         return (None, new) if new is not None else (out, None)
 
 
@@ -330,23 +353,49 @@ def load(root: str, context: tuple, kind: str = "scan") -> dict:
     """path -> Record from the index of `root` (or what `kind`'s file holds), or {} when there is none
     or it cannot be trusted."""
     data = read_index_file(root, kind, _MAX_BYTES)
-    if data is None:
-        return {}
-    start = len(MAGIC) + _HEADER.size
-    if not data.startswith(MAGIC) or len(data) < start:
-        return {}
-    length, crc = _HEADER.unpack_from(data, len(MAGIC))
-    payload = memoryview(data)[start:]
-    if len(payload) != length or zlib.crc32(payload) != crc:
+    parts = unframed(data) if data is not None else None
+    if parts is None:
         return {}
     try:
-        obj = _unpickled(payload)
+        objs = _unpickled(parts)
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
             MemoryError, RecursionError, OverflowError, ImportError):  # passed its CRC, yet not ours: no index
         return {}
-    if type(obj) is not dict or obj.get("context") != context or type(obj.get("records")) is not dict:
+    obj = objs[0]
+    if (type(obj) is not dict or obj.get("context") != context or type(obj.get("records")) is not dict
+            or any(type(more) is not dict for more in objs[1:])):
         return {}
-    return obj["records"]
+    records = obj["records"]
+    for more in objs[1:]:
+        records.update(more)
+    return records
+
+
+def framed(parts: list[bytes]) -> bytes:
+    """An index file's bytes: MAGIC, how many parts, each part's length and CRC-32, the parts."""
+    return b"".join([MAGIC, _PARTS.pack(len(parts)), *(_HEADER.pack(len(p), zlib.crc32(p)) for p in parts),
+                     *parts])
+
+
+def unframed(data: bytes) -> list[memoryview] | None:
+    """The parts of an index file's bytes (framed), or None when they are not that: another format, a
+    truncated or garbled file (a length or CRC that does not hold)."""
+    at = len(MAGIC) + _PARTS.size
+    if not data.startswith(MAGIC) or len(data) < at:
+        return None
+    (n,) = _PARTS.unpack_from(data, len(MAGIC))
+    if not 1 <= n <= _MAX_PARTS or len(data) < at + n * _HEADER.size:
+        return None
+    heads = [_HEADER.unpack_from(data, at + i * _HEADER.size) for i in range(n)]
+    at += n * _HEADER.size
+    view, parts = memoryview(data), []
+    for length, crc in heads:
+        part = view[at:at + length]
+        if len(part) != length or zlib.crc32(part) != crc:
+            return None
+        parts.append(part)
+        at += length
+    return parts if at == len(data) else None
 
 
 def recorded(root: str, field: str) -> dict[str, Any]:
@@ -364,22 +413,25 @@ def recorded(root: str, field: str) -> dict[str, Any]:
         return {}
 
 
-def _unpickled(payload: memoryview) -> Any:
-    """The index's plain data, unpickled with the cyclic collector held off; a big one is then moved out of
-    its reach (gc.freeze). 10^5 records are tuples of strings and numbers, acyclic and kept until the
+def _unpickled(parts: list[memoryview]) -> list[Any]:
+    """The index's plain data, each part unpickled with the cyclic collector held off, and a big index moved
+    out of its reach (gc.freeze) before it is let back on: the first object made after that would set off a
+    collection of every record. 10^5 records are tuples of strings and numbers, acyclic and kept until the
     process exits: collections while they were made walked them again and again (80 ms of a 100,000-entry
-    listing), one after walked them once more (17-25 ms of a 20,000-kernel one), and a forked worker
-    copies every page a collection touches."""
+    listing), one after walked them once more (17-25 ms of a 20,000-kernel one; 80 ms of 100,000), and a
+    forked worker copies every page a collection touches. TypeError when the first part's records have no
+    length (not an index of ours: load's no index)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        obj = _NoGlobals(io.BytesIO(payload)).load()
+        objs = [_NoGlobals(io.BytesIO(part)).load() for part in parts]
+        first = objs[0].get("records") if type(objs[0]) is dict else None
+        if len(first or ()) + sum(len(more) for more in objs[1:] if type(more) is dict) >= MIN_ENTRIES:
+            gc.freeze()
     finally:
         if enabled:
             gc.enable()
-    if type(obj) is dict and len(obj.get("records") or ()) >= MIN_ENTRIES:
-        gc.freeze()
-    return obj
+    return objs
 
 
 @dataclass
@@ -394,6 +446,7 @@ class IndexedContext(ScanContext):
         root = str(self.root)
         self._stored: dict = {}
         self._new: dict = {}
+        self._kept: list[bytes] = []  # records the workers kept, pickled (kept_by_workers)
         self._changed = False
         self._writer: tuple[int, int, str, int] | None = None  # index dir fd, temp fd, temp name, racy limit
         self._started = time.monotonic_ns()  # before the layouts read anything (see _start_write)
@@ -424,6 +477,10 @@ class IndexedContext(ScanContext):
                 rec = new[path] = stored[path]
                 yield _answer_of(rec, out, made[i] if made else None)
                 continue
+            if type(out) is Entry:  # judged in a worker, which keeps its record (_Wrapped.end_part)
+                self._changed = True
+                yield out
+                continue
             answer, rec = out
             if rec is None:
                 if path in stored:
@@ -433,6 +490,10 @@ class IndexedContext(ScanContext):
             self._changed = True
             new[rec[2][1][0]] = rec  # keyed by the record's own path object: pickled once, not twice (-24%)
             yield _answer_of(rec)
+
+    def kept_by_workers(self, kept: list) -> None:
+        """The records each worker kept, pickled (_Wrapped.end_part): written as they are (save)."""
+        self._kept += kept
 
     def save(self) -> None:
         """Write the index if this scan learnt anything; a complete one (unfiltered) also drops the
@@ -448,12 +509,12 @@ class IndexedContext(ScanContext):
         if self.complete:
             # Unchanged, each stored record visited was served (else it changed): one is gone or was not
             # visited exactly when fewer were served than stored (a set of 10^5 visited paths cost 15 ms).
-            learnt = self._changed or len(self._new) < len(stored)
+            learnt = self._changed or bool(self._kept) or len(self._new) < len(stored)
             records = self._new
         else:
             mine = {p: r for p, r in self._new.items() if stored.get(p, r)[2] == r[2] and stored.get(p) is not r}
             learnt, records = bool(mine), {**stored, **mine}
-        _finish_write(dfd, fd, tmp, {"context": self._context, "records": records} if learnt else None)
+        _finish_write(dfd, fd, tmp, {"context": self._context, "records": records} if learnt else None, self._kept)
 
 
 def _made(stored: dict, jobs: list, made: list) -> None:
@@ -486,14 +547,15 @@ def _start_write(root: str, started: int) -> tuple[int, int, str, int] | None:
     return dfd, fd, tmp, now - (time.monotonic_ns() - started) - int(RACY_SECONDS * 1e9)
 
 
-def _finish_write(dfd: int, fd: int, tmp: str, obj: dict | None, kind: str = "scan") -> None:
-    """Write `obj` (None: nothing) through the temp file (`fd`, named `tmp`) made by _start_write, then
-    close it and the index directory's `dfd`; the temp file never stays. Never raises."""
+def _finish_write(dfd: int, fd: int, tmp: str, obj: dict | None, more: Sequence[bytes] = (),
+                  kind: str = "scan") -> None:
+    """Write `obj` (None: nothing), and the records pickled in `more`, through the temp file (`fd`, named
+    `tmp`) made by _start_write, then close it and the index directory's `dfd`; the temp file never stays.
+    Never raises."""
     data = None
     if obj is not None:
         try:
-            payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-            data = MAGIC + _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+            data = framed([pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), *more])
         except (pickle.PicklingError, ValueError, RecursionError, TypeError):
             data = None
     finish_index_write(dfd, fd, tmp, data, kind)

@@ -167,11 +167,16 @@ class ScanContext:
         except (OSError, RuntimeError, ImportError):  # no fork, no semaphores: read them here instead
             yield from self._map_here(func, jobs)
             return
-        for _, warnings, _ in results:
+        for _, warnings, _, _ in results:
             for w in warnings:
                 self.warn(w)
-        readmarks.put_moved([m for _, _, moved in results for m in moved])
-        yield from parallel.undeal([_unpacked(*part) for part, _, _ in results], _BLOCK)
+        readmarks.put_moved([m for _, _, moved, _ in results for m in moved])
+        self.kept_by_workers([kept for *_, kept in results if kept is not None])
+        yield from parallel.undeal([_unpacked(*part) for part, *_ in results], _BLOCK)
+
+    def kept_by_workers(self, kept: list) -> None:
+        """What the workers' `func.end_part()` handed back (_packed_part), one item per worker that kept
+        something: the index's records (IndexedContext); a plain scan keeps nothing."""
 
     def _map_here(self, func, jobs: list) -> Iterator[Entry]:
         for job in jobs:
@@ -335,11 +340,18 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
     return out, warned
 
 
-def _packed_part(shared: tuple, jobs: list) -> tuple[tuple[list, bytes], list[str], list[tuple[str, int, int, int]]]:
+def _packed_part(shared: tuple, jobs: list) -> tuple[tuple[list, bytes], list[str], list[tuple[str, int, int, int]],
+                                                  Any]:
     """_scan_part, its Entries packed for the trip back to the parent (_packed), with what its reads moved
-    (readmarks.take_moved: the parent notes them with its own)."""
+    (readmarks.take_moved: the parent notes them with its own) and what `func` kept in this worker for the
+    parent (`func.begin_part()` before the jobs, `func.end_part()` after: the index's records, pickled
+    once here), None when it keeps nothing."""
+    func = shared[2]
+    begin, end = getattr(func, "begin_part", None), getattr(func, "end_part", None)
+    if begin is not None:
+        begin()
     out, warned = _scan_part(shared, jobs)
-    return _packed(out), warned, readmarks.take_moved()
+    return _packed(out), warned, readmarks.take_moved(), end() if end is not None else None
 
 
 def _packed(results: list) -> tuple[list, bytes]:
