@@ -10,10 +10,12 @@ For each shape, against `du -sb` of the same tree (target <= 1.3x cold, <= 0.2x 
   build  `stats --json` with no index yet (the scan plus writing the index);
   index  `stats --json`, `ls --json` on the unchanged cache (answered from .kcache/index/; the bench checks
          that the answers equal the --no-index ones).
-  floor  `find -printf` of what the index's key holds (every file's inode, size, mtime and ctime): what
-         any exact index must learn about an unchanged cache, in C, against du; and floor_index.py, the
-         same in Python end to end (start, the index's records unpickled, the lstats over the cores, the
-         JSON), against du and against `ls --json` from the index;
+  floor  for the equal shape, floor_hidet.py: what its cold judgement cannot skip (the listing, the lstats,
+         version.txt, lib.so's ELF header, meta.json), in Python over the cores, against du and against
+         `ls --json --no-index`; `find -printf` of what the index's key holds (every file's inode, size,
+         mtime and ctime): what any exact index must learn about an unchanged cache, in C, against du; and
+         floor_index.py, the same in Python end to end (start, the index's records unpickled, the lstats
+         over the cores, the JSON), against du and against `ls --json` from the index;
   cold   with --cold (root only): the page cache, dentries and inodes are dropped before every run of
          either command, so both read the disk (as after a reboot, or once reclaim has evicted the cache).
 Then for each shape `inspect <prefix>`, `log <prefix>` and `clear --dry-run <prefix>` against
@@ -67,6 +69,11 @@ def bench_shape(name: str, root: Path, runs: int, env: dict, cold: bool = False)
     print(f"-- {name}: {root}", flush=True)
     compare(f"{name} cold: stats --json --no-index", kc("stats", "--json", "--no-index"), du, runs, 1.3, env)
     compare(f"{name} cold: ls --json --no-index", kc("ls", "--json", "--no-index"), du, runs, 1.3, env)
+    if name == "equal":  # the reads the cold judgement of this shape cannot skip, in Python, over the cores
+        cold_floor = [sys.executable, str(BENCH / "floor_hidet.py"), str(root), "--procs", str(os.cpu_count() or 1)]
+        compare(f"{name} floor cold: floor_hidet.py vs du", cold_floor, du, runs, 1.3, env)
+        compare(f"{name} cold: ls --json --no-index vs floor_hidet.py", kc("ls", "--json", "--no-index"), cold_floor,
+                runs, 1.0, env)
     compare(f"{name} build: stats --json, no index yet", kc("stats", "--json"), du, runs, 1.3, env, before=drop_index)
     subprocess.run(kc("stats", "--json"), env=env, stdout=subprocess.DEVNULL, check=True)
     compare(f"{name} index: stats --json", kc("stats", "--json"), du, runs, 0.2, env)

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forked import fx_keys, read_at, root_and_procs, split_over  # noqa: E402
+from forked import fx_keys, read_at, run_floor  # noqa: E402
 
 VARIANT = re.compile(r"[a-z2-7]{51}\Z")
 SHARD = re.compile(r"[a-z0-9]{2}\Z")
@@ -80,10 +80,7 @@ def _part(root: str, jobs: list[tuple[str, str]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    root, procs = root_and_procs(argv)
-    jobs = _jobs(root)
-    split_over(jobs, procs, lambda part: _part(root, part))
-    return len(jobs)
+    return run_floor(argv, _jobs, _part)
 
 
 if __name__ == "__main__":

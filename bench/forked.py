@@ -39,6 +39,15 @@ def _write(text: str | None) -> None:
         sys.stdout.flush()
 
 
+def run_floor(argv: list[str], jobs_of: Callable[[str], list], part: Callable[[str, list], str]) -> int:
+    """A floor's main: ROOT [--procs N], its jobs (`jobs_of(root)`) dealt over the processes, each share's
+    text (`part(root, share)`) to stdout. How many jobs there were."""
+    root, procs = root_and_procs(argv)
+    jobs = jobs_of(root)
+    split_over(jobs, procs, lambda share: part(root, share))
+    return len(jobs)
+
+
 def root_and_procs(argv: list[str]) -> tuple[str, int]:
     """The arguments every floor takes: ROOT [--procs N]."""
     ap = argparse.ArgumentParser()
