@@ -301,7 +301,7 @@ def op_places(root: str | os.PathLike, spaces: Iterable[str] = (), layouts: Iter
 
     for s in shapes:
         offered = None
-        if offer and not spaces and any(k.from_files is not None for k in s.kinds):
+        if offer and not spaces and _keeps_ops_in_files(s):
             offered = _ops_in_files(root, s, whole)  # their kinds have no space in their paths (Triton's)
         files_told = offered is not None or not in_files  # the ops entries keep in their files: none read
         for k in s.kinds:
@@ -429,7 +429,7 @@ def _op_names(root: str, present: tuple[str, ...]) -> set[str]:
         for k in s.kinds:
             if k.op_depth >= 0:
                 out.update(f["op"] for f in _walk(root, k, k.op_depth + 1) if f.get("op"))
-        if any(k.from_files is not None for k in s.kinds):
+        if _keeps_ops_in_files(s):
             out.update(_ops_in_files(root, s) or ())
     return out
 
@@ -472,7 +472,13 @@ def _ops_in_entries(root: str | os.PathLike, layouts: Iterable[str]) -> bool:
     """Whether a layout `root` holds (within `layouts`) keeps its entries' op names in their files, not in
     their directories' names (Triton's kernels): a glob over those stays a glob, matched by the scan as each
     entry is read, rather than expanded by reading every entry first."""
-    return any(k.from_files is not None for s in _select(root, layouts)[1] for k in s.kinds)
+    return any(_keeps_ops_in_files(s) for s in _select(root, layouts)[1])
+
+
+def _keeps_ops_in_files(s: LayoutShape) -> bool:
+    """Whether some kind of `s` keeps its entries' op names in their files (Triton's kernel names), where
+    no directory name tells them."""
+    return any(k.from_files is not None for k in s.kinds)
 
 
 def _expanded(values: tuple[str, ...], is_pattern, names_for) -> tuple[str, ...]:
