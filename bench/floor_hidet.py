@@ -5,9 +5,10 @@ per entry):
 
   every entry   open its directory from its op directory's, fstat it, list it, lstat each file (its sizes
                 and times: du's part);
-  its files     version.txt (open, fstat, read: the hidet that wrote it), lib.so's ELF header (64 bytes:
-                a whole shared object of this machine's class) and meta.json (read, parsed as JSON): what
-                `kcache ls` reads of each entry of that shape (strace shows the same three).
+  its files     lib.so's ELF header (64 bytes: a whole shared object of this machine's class) and meta.json
+                (read, parsed as JSON): what `kcache ls` reads of each entry of that shape (strace shows
+                the same two; version.txt decides only whether meta.json is read, and a whole meta.json
+                is complete either way: layouts/hidet.py _plain_op).
 
 Entries are found as kcache finds them (ops/<space>/<op>/<hash>), and split over `--procs N` forked
 processes as kcache's scan is over the cores. bench_scan.py times this against `du -sb` of the same tree
@@ -42,13 +43,12 @@ def _judge(parent: int, name: str) -> str:
         os.fstat(fd)
         with os.scandir(fd) as it:
             sizes = {de.name: de.stat(follow_symlinks=False).st_size for de in it}
-        version = read_at(fd, "version.txt").decode(errors="replace") if "version.txt" in sizes else ""
         elf = read_at(fd, "lib.so", 64) if "lib.so" in sizes else b""
         meta = json.loads(read_at(fd, "meta.json")) if "meta.json" in sizes else None
     finally:
         os.close(fd)
     whole = elf[:4] == b"\x7fELF" and isinstance(meta, dict)
-    return json.dumps({"hash": name, "size": sum(sizes.values()), "version": version, "whole": whole})
+    return json.dumps({"hash": name, "size": sum(sizes.values()), "whole": whole})
 
 
 def _part(root: str, jobs: list[tuple[str, str]]) -> str:

@@ -454,6 +454,8 @@ def judge(d: EntryDir, kind: str = "op", jc: Judging | None = None, *, names: di
 def _judge_module(d: EntryDir, kind: str, deep: bool, names: dict[str, int], mtimes: dict[str, float] | None,
                   running: str) -> Judgement:
     """judge() of an op entry or an ir_module, from its listing."""
+    if kind == "op" and not deep and _plain_op(d, names, mtimes):
+        return _COMPLETE
     if kind == "op" and not any(m in names for m in HIDET_MARKERS):
         return _judge_kcache_built(d, names, mtimes, deep, running)
     lib, ft = _see(d, BINARY, names), _see(d, FUNC_TYPES, names)
@@ -492,6 +494,50 @@ def _judge_module(d: EntryDir, kind: str, deep: bool, names: dict[str, int], mti
 
 
 REWRITTEN = ("task.txt", "version.txt", "meta.json", "candidates.txt", "candidates.json")
+
+
+# ---- the usual op entry, judged in one pass ----------------------------------------------------------
+# Nearly every op entry is one hidet finished writing: its files regular, readable and writable, lib.so
+# whole, func_types.pickle written with it. _plain_op tells such an entry complete with the reads the rule
+# makes of it and none of its general steps, and leaves every other entry to the rule (_judge_module);
+# tests/test_hidet_plain.py holds the two equal case by case.
+
+_COMPLETE = Judgement(COMPLETE)
+_PLAIN = (BINARY, FUNC_TYPES, "version.txt", META)
+
+
+def _plain_op(d: EntryDir, names: dict[str, int], mtimes: dict[str, float] | None) -> bool:
+    """Whether the cheap judgement finds the op entry `d` (its listing `names`, `mtimes`) complete, told in
+    one pass; False where it may find otherwise (then the rule judges it): lib.so, func_types.pickle,
+    version.txt and meta.json regular files, readable by the rule's test, every file hidet rewrites a
+    regular one someone may write, no dispatch table, func_types.pickle written with lib.so (no framing to
+    check), and what the rule would read of lib.so (its ELF header) and meta.json whole, read without
+    moving their atimes (fsread.read_listed)."""
+    listing, fd = d.listing, d.fd
+    if fd is None or d.held or mtimes is None or DISPATCH in names:
+        return False
+    try:
+        lib, ft, _, meta = stats = [listing[n] for n in _PLAIN]
+    except KeyError:
+        return False
+    if not all([stat.S_ISREG(st.st_mode) for st in stats]) or any([d.unreadable(n) for n in _PLAIN]):
+        return False
+    for name in REWRITTEN:  # _unwritable's and first_not_regular's cases go to the rule
+        st = listing.get(name)
+        if st is not None and not (stat.S_ISREG(st.st_mode) and st.st_mode & 0o222):
+            return False
+    if lib.st_size < 64 or ft.st_size < 3 or not meta.st_size or _suspect(mtimes, FUNC_TYPES):
+        return False
+    if changed_since(mtimes, FUNC_TYPES, (BINARY,)):
+        head = fsread.read_listed(fd, BINARY, lib, 64, head=True)
+        if head is None or elf_truncated(BINARY, head, lib.st_size):
+            return False
+    if not changed_since(mtimes, FUNC_TYPES, (META,)):
+        return True  # the rule reads neither version.txt nor meta.json
+    # The rule reads version.txt, and meta.json only where it is the running hidet's (loaded as it is, not
+    # rewritten): a whole meta.json is complete either way, so version.txt is not read.
+    data = fsread.read_listed(fd, META, meta, 1 << 20)
+    return data is not None and _meta_problem(data) is None
 
 
 def _unwritable(d: EntryDir, names: dict[str, int]) -> str | None:
