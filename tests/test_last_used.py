@@ -204,7 +204,7 @@ def test_a_read_without_noatime_is_noted_when_its_file_is_closed(fixture_copy, m
     root = fixture_copy("hidet")
     lib = root / ADD / "lib.so"
     os.utime(lib, (T, T + 10))  # an atime older than the mtime: the next read moves it
-    monkeypatch.setattr(fsread, "_EUID", 4242)  # kcache as a member of the group, not the file's owner
+    monkeypatch.setattr(fsread, "EUID", 4242)  # kcache as a member of the group, not the file's owner
     monkeypatch.setattr(fsread, "MOVED", {})
     monkeypatch.setattr(fsread, "READING", None)
     fd = fsread.open_quietly(str(lib), os.O_RDONLY, owner=0)  # no cache is being read: nothing noted

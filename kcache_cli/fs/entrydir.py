@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 else:  # its first use loads it: _hashlib's OpenSSL costs 2.3 ms of every start, a digest is rare
     hashlib = lazy_module("hashlib")
 
-_EUID = os.geteuid()
-
 
 class Walk(NamedTuple):
     """One walk of a directory tree, no link followed: every directory listed whole (a part that could not
@@ -410,7 +408,7 @@ class EntryDir:
         shown = name.rpartition("/")[2]
         if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o444:
             return f"{shown} is unreadable (mode {stat.S_IMODE(st.st_mode):03o}: permission denied)"
-        if stat.S_ISREG(st.st_mode) and st.st_uid == _EUID and st.st_mode & 0o400:
+        if stat.S_ISREG(st.st_mode) and st.st_uid == fsread.EUID and st.st_mode & 0o400:
             return None  # the owner reads by its mode bits alone (an ACL never narrows the owner's)
         try:
             readable = self.access(name)

@@ -643,7 +643,7 @@ def subdir_paths(path: str) -> list[str]:
 
 
 _NOATIME = getattr(os, "O_NOATIME", 0)
-_EUID = os.geteuid()  # kcache never changes it: asked once, not per file opened
+EUID = os.geteuid()  # kcache never changes it: asked once (here, and by entrydir, readmarks and checks)
 
 
 # Files open_quietly opened without O_NOATIME (another user's: the kernel grants it to owners and root only):
@@ -660,7 +660,7 @@ def open_quietly(path: str, flags: int, dir_fd: int | None = None, owner: int | 
     leave a file's access time alone, so that atime keeps saying when a compiler last read it (the last
     use kcache reports). Another user's file (`owner`, when known) is read without it (EPERM), and its
     atime before the read is kept for close_read: close the fd with it."""
-    euid = _EUID
+    euid = EUID
     if _NOATIME and (owner is None or owner == euid or euid == 0):
         try:
             fd = os.open(path, flags | _NOATIME, dir_fd=dir_fd)
@@ -698,7 +698,7 @@ def read_listed(dir_fd: int, name: str, listed: os.stat_result, limit: int, head
     and the caller reads it the careful way (open_file, read_open). No link is followed, no FIFO or device
     read: a scan's fast path (layouts/triton.py, EntryDir.read_bytes: a third of the Python of a read)."""
     size = listed.st_size
-    if not stat.S_ISREG(listed.st_mode) or not _NOATIME or (listed.st_uid != _EUID and _EUID != 0):
+    if not stat.S_ISREG(listed.st_mode) or not _NOATIME or (listed.st_uid != EUID and EUID != 0):
         return None
     if size > limit:
         if not head:

@@ -57,7 +57,6 @@ class Mark(NamedTuple):
     member: int  # the cache's group when they wrote it as a member of it, else -1
 
 
-_EUID = os.geteuid()  # asked once: note() asked at each entry closed, one of a hidet entry's 33 system calls
 # inode -> its note: loaded by a scan, inherited by its workers
 MARKS: dict[int, Mark] = {}
 # root -> files whose atime this process's reads moved where no note could be kept (a cache it cannot write)
@@ -98,7 +97,7 @@ def note(dir_fd: int, listing: dict[str, os.stat_result]) -> None:
     another user whose atime kcache's reads moved (root and owners read with O_NOATIME: nothing moves).
     Reads through fsread.open_quietly note themselves when closed (fsread.close_read); this catches the
     rest (a file opened as a compiler opens it)."""
-    me = _EUID
+    me = fsread.EUID
     if me == 0:
         return
     for name, before in listing.items():

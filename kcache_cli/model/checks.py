@@ -125,9 +125,6 @@ def changed_since(mtimes: dict[str, float] | None, marker: str, names=None) -> b
     return any(mtimes.get(n, limit) >= limit for n in (names if names is not None else mtimes) if n != marker)
 
 
-_EUID = os.geteuid()
-
-
 def not_regular(name: str, mode: int, consumer: str, *, linked: bool = False) -> str | None:
     """Why the file `name` of an entry (its lstat's `mode`) leaves the entry unjudged: a symlink, FIFO,
     device or socket where the `consumer` opens one of its files. kcache never opens one (no link is
@@ -169,7 +166,7 @@ def unreadable(path: str) -> str | None:
         return None  # missing: the caller's rules say what that means
     if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o444:
         return f"{os.path.basename(path)} is unreadable (mode {stat.S_IMODE(st.st_mode):03o}: permission denied)"
-    if stat.S_ISREG(st.st_mode) and st.st_uid == _EUID and st.st_mode & 0o400:
+    if stat.S_ISREG(st.st_mode) and st.st_uid == fsread.EUID and st.st_mode & 0o400:
         return None  # the owner reads by its mode bits alone (an ACL never narrows the owner's)
     if not os.access(path, os.R_OK):
         return f"{os.path.basename(path)} is unreadable (permission denied)"
