@@ -86,6 +86,21 @@ def test_exit_now_leaves_what_it_cannot_do_to_the_interpreter(monkeypatch):
     assert calls == ["handlers", ("exit", 0), "handlers", ("exit", 3)]
 
 
+def test_a_commands_entries_live_to_the_exit_and_go_with_the_next_command(kcache, fixture_copy):
+    """What a listing made (its scan, its JSON document) is kept to the exit (never freed one object at a
+    time as the command returns: app._exit_now gives the memory back at once); the next command run in the
+    same process lets go of it."""
+    from kcache_cli.cli import options
+
+    root = fixture_copy("hidet")
+    assert kcache("--cache-dir", root, "ls", "--json").json()["entry_count"] == 5
+    first = list(options.kept_to_exit)
+    assert [len(k.entries) for k in first if hasattr(k, "entries")] == [5]
+    assert [len(k["entries"]) for k in first if isinstance(k, dict)] == [5]
+    assert kcache("--cache-dir", root, "stats", "--json").exit_code == 0
+    assert options.kept_to_exit and not any(k is f for k in options.kept_to_exit for f in first)
+
+
 def test_ls_hidet_lists_the_five_entries(kcache, fixture_copy):
     root = fixture_copy("hidet")
     rows = kcache("--cache-dir", root, "ls", "--json").json()["entries"]

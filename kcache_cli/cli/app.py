@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     ours = args[:args.index("--")] if "--" in args else args  # not a compiler flag after `--`
     debug, as_json = "--debug" in ours, "--json" in ours
 
-    options.json_written = False  # (main runs more than once in one process in tests)
+    options.start_command()  # (main runs more than once in one process in tests)
     # A scan keeps a few objects per entry alive to the end: with the default thresholds, the cyclic
     # collector walks all of them again every few thousand entries (a sixth of a 100,000-entry scan).
     # What kcache makes is almost free of cycles; collecting them 140 times less often costs no memory

@@ -56,6 +56,7 @@ def _scan(opts: o.GlobalOptions, flt, loc=None, use_index: bool = False, hint: b
     with scanning(opts, f"scanning {c.printable_line(str(loc.path))}") as bar:
         result = scan.scan_cache(loc.path, flt, warn=lambda m: c.warn(opts, m), leftovers=True, use_index=use_index,
                             progress=bar)
+    o.keep_to_exit(result)
     if hint:  # after the scan: a value its entries have (read from their files) is no unknown one
         c.hint_unknown(opts, loc.path, flt, list(result.entries))
     return loc, result

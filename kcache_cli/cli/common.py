@@ -552,8 +552,10 @@ def _emit_json(data, command: str = "") -> None:
         body = data if isinstance(data, dict) else {"entries": data}
         data = {"schema": schema_id(command), **body}
     text = jsonout.encode(data, indent=sys.stdout.isatty())
+    options.keep_to_exit(data)
     sys.stdout.flush()  # anything written as text before goes first
-    sys.stdout.buffer.write(text + b"\n")
+    sys.stdout.buffer.write(text)  # (text + b"\n" would copy a listing's megabytes once more)
+    sys.stdout.buffer.write(b"\n")
     sys.stdout.buffer.flush()
 
 
