@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import tempfile
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from as_user import NOBODY, run_as
 
 from kcache_cli.catalog.scan_context import ScanContext
 from kcache_cli.layouts import hidet
@@ -187,9 +187,6 @@ def test_what_the_one_pass_reads(tmp_path: Path, order: str, monkeypatch: pytest
     assert read == ([] if order == "hidet's" else ["lib.so", "meta.json"])
 
 
-NOBODY = 65534
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to read as another user")
 @pytest.mark.parametrize("owned", ["all", "all but meta.json"])
 def test_another_users_files_are_judged_by_the_rule(owned: str) -> None:
@@ -209,25 +206,11 @@ def test_another_users_files_are_judged_by_the_rule(owned: str) -> None:
 
 
 def _as_nobody(k: Path) -> tuple:
-    """_both(k) in a child process that runs as nobody: (same answers, answered in one pass)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.close(r)
-            os.setgid(NOBODY)
-            os.setgroups([])
-            os.setuid(NOBODY)
-            _both(k, "0.6.1")  # the first read of a file not nobody's moves its atime (relatime)
-            ruled, fast, answered = _both(k, "0.6.1")
-            os.write(w, pickle.dumps((fast == ruled, answered)))
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    assert status == 0 and data
-    return pickle.loads(data)
+    """_both(k) as nobody: (same answers, answered in one pass)."""
+
+    def both() -> tuple:
+        _both(k, "0.6.1")  # the first read of a file not nobody's moves its atime (relatime)
+        ruled, fast, answered = _both(k, "0.6.1")
+        return fast == ruled, answered
+
+    return run_as(NOBODY, both)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import tempfile
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from as_user import NOBODY, run_as
 
 from kcache_cli.catalog.scan_context import ScanContext
 from kcache_cli.layouts import triton
@@ -205,9 +205,6 @@ def test_an_op_filter_answers_as_the_rule(tmp_path: Path, op: str) -> None:
     assert (fast[0] is None) == (op != "add_kernel")
 
 
-NOBODY = 65534
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to read as another user")
 @pytest.mark.parametrize("owned", ["all", "none", "all but the op's metadata"])
 def test_another_users_files_are_judged_by_the_rule(owned: str) -> None:
@@ -234,25 +231,11 @@ def test_another_users_files_are_judged_by_the_rule(owned: str) -> None:
 
 
 def _as_nobody(k: Path) -> tuple:
-    """_both(k) in a child process that runs as nobody: (same answers, answered in one pass, the space)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.close(r)
-            os.setgid(NOBODY)
-            os.setgroups([])
-            os.setuid(NOBODY)
-            _both(k)  # the first read of a file not nobody's moves its atime (relatime): not the next ones
-            ruled, fast, answered = _both(k)
-            os.write(w, pickle.dumps((fast == ruled, answered, fast[0].space)))
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    assert status == 0 and data
-    return pickle.loads(data)
+    """_both(k) as nobody: (same answers, answered in one pass, the space)."""
+
+    def both() -> tuple:
+        _both(k)  # the first read of a file not nobody's moves its atime (relatime): not the next ones
+        ruled, fast, answered = _both(k)
+        return fast == ruled, answered, fast[0].space
+
+    return run_as(NOBODY, both)
