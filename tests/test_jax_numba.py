@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from conftest import run_kcache
@@ -581,21 +582,43 @@ def test_where_a_jax_executable_was_built_is_looked_for_in_its_first_mebibyte_on
         assert out is not None and len(out) == 1 << 20
 
 
-def test_a_slash_in_the_path_that_follows_a_length_like_byte_is_not_where_the_path_starts(jax_root):
-    """/tmp/<...>/jaxcache of 78 bytes: "p" (112) before /tmp's "/" equals the length of the rest of the
-    option's string, as a varint length would; the tag before the real length is what tells them apart."""
+def _status_where(jax_root: Path, place: Callable[[Path], tuple[Path, Path]]) -> tuple:
+    """ls's status and reason of the JAX cache compiled for, and copied to, the directory `place(top)` names
+    below a new short temp directory `top` (with the cache root above it: (root, cache))."""
     top = Path(tempfile.mkdtemp(dir="/tmp"))  # short, whatever the length of pytest's own (xdist's is longer)
     try:
-        root = top / "r"
-        slash = str(root).index("/", 1)
-        pad = slash + str(root)[slash - 1].encode()[0] - len("/xla_gpu_per_fusion_autotune_cache_dir")
-        cache = root / ("c" * (pad - len(str(root)) - 1))
+        root, cache = place(top)
+        root.mkdir(exist_ok=True)
         shutil.copytree(jax_root / "jaxcache", cache)
         compiled_for(cache / f"{AFFINE}-cache", cache)
         [row] = entries(root)
     finally:
         shutil.rmtree(top)
-    assert (row["status"], row["reason"]) == ("complete", None)
+    return row["status"], row["reason"]
+
+
+def test_a_slash_after_a_tag_like_byte_and_a_length_like_byte_is_not_where_the_path_starts(jax_root):
+    """<tmp>/zb/<59 c's>: "z" has a one-byte tag's wire type (2) and "b" (98) is the length of the rest of
+    the string from the "/" after it, as a one-byte tag and a length would be: only the two-byte tag of the
+    autotune dir's field (310) starts the path. (A temp directory's random name made this once in 150.)"""
+
+    def place(top: Path) -> tuple[Path, Path]:
+        return top / "zb", top / "zb" / ("c" * (ord("b") - 1 - len("/xla_gpu_per_fusion_autotune_cache_dir")))
+
+    assert _status_where(jax_root, place) == ("complete", None)
+
+
+def test_a_slash_in_the_path_that_follows_a_length_like_byte_is_not_where_the_path_starts(jax_root):
+    """/tmp/<...>/jaxcache of 78 bytes: "p" (112) before /tmp's "/" equals the length of the rest of the
+    option's string, as a varint length would; the tag before the real length is what tells them apart."""
+
+    def place(top: Path) -> tuple[Path, Path]:
+        root = top / "r"
+        slash = str(root).index("/", 1)
+        pad = slash + str(root)[slash - 1].encode()[0] - len("/xla_gpu_per_fusion_autotune_cache_dir")
+        return root, root / ("c" * (pad - len(str(root)) - 1))
+
+    assert _status_where(jax_root, place) == ("complete", None)
 
 
 def test_the_cache_of_a_hidden_source_directory_is_named_by_the_hash_ls_shows(numba_root):

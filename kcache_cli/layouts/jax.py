@@ -212,14 +212,16 @@ def built_in(d: EntryDir, name: str) -> str | None:
 
 def _string_at(raw: bytes, start: int, n: int) -> bool:
     """Whether a protobuf string of `n` bytes starts at `start`: its length before it (a 1 or 2 byte varint)
-    and before that the last byte of a field's tag (1 or 2 bytes, the first of wire type 2). A "/" inside
-    the path preceded by a byte that equals the rest's length (/tmp's "p", 112) has no tag before it."""
+    and before that the field's tag, two bytes of wire type 2 (xla_gpu_per_fusion_autotune_cache_dir is
+    DebugOptions field 310: b2 13). A "/" inside the path preceded by a byte that equals the rest's length
+    (/tmp's "p", 112) has no such tag before it: a path's bytes never have the high bit a two-byte tag's
+    first byte has (a one-byte tag was taken too, and "b" before "d/r" of /tmp/tmp...bd/r was one)."""
     size = 1 if n < 128 else 2
     length = bytes([n]) if n < 128 else bytes([(n & 0x7F) | 0x80, n >> 7])
     tag = start - size - 1  # the tag's last byte
-    if tag < 0 or raw[tag + 1:start] != length or raw[tag] & 0x80:
+    if tag < 1 or raw[tag + 1:start] != length or raw[tag] & 0x80:
         return False
-    return raw[tag] & 7 == 2 or (tag >= 1 and raw[tag - 1] & 0x87 == 0x82)
+    return raw[tag - 1] & 0x87 == 0x82
 
 
 def _inflated(data: bytes) -> bytes | None:
