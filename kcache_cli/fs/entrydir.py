@@ -332,13 +332,14 @@ class EntryDir:
 
     def read_bytes(self, name: str, limit: int, *, strict: bool = True, follow: bool = False) -> bytes:
         """fsread.read_bytes of the file `name` (held bytes when it has them: `held`). A file of this
-        directory as it was listed is read the short way (fsread.read_listed) when it still is that file."""
+        directory as it was listed (or walked) is read the short way (fsread.read_listed, no link followed)
+        when it still is that file, `follow` or not where the listing shows a regular file."""
         data = None if follow else self._held_bytes(name)
         if data is not None:
             if strict and len(data) > limit:
                 raise TooLarge(errno.EFBIG, f"over {limit} bytes ({len(data)}), not read", self.join(name))
             return data[:limit]
-        listed = None if follow or "/" in name else self.listing.get(name)
+        listed = None if "/" in name else self.listing.get(name) or (self.walked() or {}).get(name)
         if listed is not None and self.fd is not None:
             data = fsread.read_listed(self.fd, name, listed, limit, head=not strict)
             if data is not None:

@@ -278,10 +278,11 @@ def judge(d: EntryDir, kind: str, jc: Judging, *, failures: dict[str, BuildFailu
 
 def _seen_file(d: EntryDir, name: str) -> tuple[os.stat_result | None, bool]:
     """The file as tilus meets it (a link that is the file itself followed) and whether it is a link;
-    None: no such file to tilus."""
+    None: no such file to tilus. Its lstat where it is no link: the directories on the way are none
+    either (d.lstat follows none), so following links changes nothing."""
     try:
-        link = stat.S_ISLNK(d.lstat(name).st_mode)
-        return d.stat(name), link
+        st = d.lstat(name)
+        return (d.stat(name), True) if stat.S_ISLNK(st.st_mode) else (st, False)
     except OSError:
         return None, False
 
