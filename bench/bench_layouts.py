@@ -9,8 +9,9 @@ The caches (made once under DIR and reused):
   tilelang  N copies of the real tilelang kernel and N/4 of its binary (bench_triton_scan.make_tilelang);
   inductor  N fx graphs, N/2 AOTAutograd entries naming two each, N code shards, N/2 Triton kernels under
             triton/0/ (bench_inductor.make);
-  tilus     N programs, each the real program (tests/fixtures/real/tilus) under its own 12-hex name, its
-            files hard links of one copy, and the real script beside them;
+  tilus     N programs, each the real program (tests/fixtures/real/tilus) with a comment line of its own in
+            program.txt, under the name tilus gives those texts (complete, as the loader finds them), its
+            other files hard links of one copy, and the real script beside them;
   vllm      N units, alternately copies of the recorded binary and unpacked units
             (tests/loaders/recorded/vllm.tar.gz), their artifacts hard links of one copy, their indexes
             rewritten by `kcache verify --fix` to lead into each unit.
@@ -35,6 +36,7 @@ The machine is measured as it is: a shared one moves both commands of a pair ali
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -83,16 +85,27 @@ def make_vllm(root: Path, n: int, env: dict) -> Path:
 
 
 def make_tilus(root: Path, n: int) -> Path:
-    """N copies of the real tilus program under distinct 12-hex names (hard links of its files)."""
-    done = root / f".made-{n}"
+    """N programs made from the real tilus program, each under the name tilus gives its texts (the first 12
+    hex digits of the sha256 of options.txt + program.txt, as the loader checks): its program.txt is the
+    real one with a comment line of its own, written anew with the real one's times, its other files hard
+    links of one copy."""
+    done = root / f".made-{n}-hashed"
     if done.exists():
         return root
     shutil.rmtree(root, ignore_errors=True)  # bench scratch only
     real = REPO / "tests/fixtures/real/tilus"
     shutil.copytree(real, root, symlinks=True)
     program = next((root / "programs").iterdir())
+    options, text = (program / "options.txt").read_text(), (program / "program.txt").read_text()
+    st = os.stat(program / "program.txt")
     for i in range(n):
-        shutil.copytree(program, root / "programs" / f"{i:012x}", symlinks=True, copy_function=os.link)
+        mine = f"{text}# copy {i}\n"
+        name = hashlib.sha256((options + mine).encode()).hexdigest()[:12]
+        where = root / "programs" / name
+        shutil.copytree(program, where, symlinks=True, copy_function=os.link)
+        (where / "program.txt").unlink()
+        (where / "program.txt").write_text(mine)
+        os.utime(where / "program.txt", ns=(st.st_atime_ns, st.st_mtime_ns))
     done.write_text("")
     return root
 
@@ -125,6 +138,8 @@ def twin(layout: str, root: Path, n: int, env: dict) -> Path:
             make_inductor(copy, n)
         return copy
     fixed = copy.with_name(copy.name + ".fixed")
+    if copy.is_dir() and sorted(p.name for p in copy.glob(".made-*")) != sorted(p.name for p in root.glob(".made-*")):
+        shutil.rmtree(copy)  # a copy of what `root` was before it was made again (bench scratch only)
     if not copy.is_dir():
         fixed.unlink(missing_ok=True)
         subprocess.run(["cp", "-a", str(root), str(copy)], check=True)
