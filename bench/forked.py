@@ -12,13 +12,14 @@ import sys
 from collections.abc import Callable
 
 
-BLOCK = 256  # kcache's scan deals its jobs so (kcache_cli/catalog/scan_context.py, util/parallel.py deal)
+BLOCK = 256  # kcache's scan claims its jobs so many at a time (catalog/scan_context.py, util/parallel.py Claims)
 
 
 def split_over(items: list, procs: int, work: Callable[[list], str | None]) -> None:
-    """`work(part)` in `procs` processes (`procs - 1` forked), the items dealt a BLOCK at a time as kcache's
-    scan deals them (one at a time, a tree whose kinds alternate gave one process all the costly ones);
-    each one's text goes to stdout."""
+    """`work(part)` in `procs` processes (`procs - 1` forked), the items dealt a BLOCK at a time (one at a
+    time, a tree whose kinds alternate gave one process all the costly ones); each one's text goes to
+    stdout. kcache's scan has its processes claim the blocks as each is free (util/parallel.py Claims): on a
+    quiet machine that comes to the same even shares, and a floor has no other work to balance."""
     n = max(procs, 1)
     parts = [[x for b in range(i * BLOCK, len(items), n * BLOCK) for x in items[b:b + BLOCK]] for i in range(n)]
     pids = []

@@ -286,3 +286,68 @@ def test_meanwhile_runs_here_while_the_workers_run(tmp_path):
     """map_parts' `meanwhile` runs in the calling process once its workers are started and before their
     results are waited for (each worker here waits for what it makes); what it raises is raised."""
     alone(test_meanwhile_runs_here_while_the_workers_run, str(tmp_path / "flag"))
+
+
+def _claiming(shared: float, share: parallel.ClaimShare) -> tuple[int, list[int]]:
+    """Takes blocks until none is left; share 1 is slow (`shared` seconds a block), the others 1 ms."""
+    import time
+
+    taken = []
+    for start in iter(share.take, None):
+        taken.append(start)
+        time.sleep(shared if share.i == 1 else 0.001)
+    return os.getpid(), taken
+
+
+def body_claimed_blocks_go_to_whoever_is_free():
+    """map_parts with Claims: the first share runs in this process (`here`), every block is taken once,
+    and a process that is slow (another load on its core) takes fewer blocks instead of holding the
+    others up."""
+    claims = parallel.Claims(300, 1)
+    try:
+        out = parallel.map_parts(_claiming, 0.02, [claims.share(i, 3) for i in range(3)], here=_claiming)
+    finally:
+        claims.close()
+    assert sorted(s for _, taken in out for s in taken) == list(range(300))
+    assert out[0][0] == os.getpid() and os.getpid() not in {pid for pid, _ in out[1:]}
+    assert len(out[1][1]) < min(len(out[0][1]), len(out[2][1]))
+
+
+def test_claimed_blocks_go_to_whoever_is_free():
+    alone(test_claimed_blocks_go_to_whoever_is_free)
+
+
+def _fails_here(shared: None, part: int) -> None:
+    raise OSError(5, "Input/output error")
+
+
+def body_a_failure_in_the_parents_part_stops_the_workers():
+    """The parent's own part (`here`) raising: its error is what map_parts raises, at once (the workers,
+    asleep, are not waited for) and none is left behind."""
+    import time
+
+    started = time.monotonic()
+    try:
+        parallel.map_parts(_sleeps, None, [0, 30, 30], here=_fails_here)
+    except OSError as exc:
+        assert exc.errno == 5
+    else:
+        raise AssertionError("the parent's failure went unnoticed")
+    assert time.monotonic() - started < 4  # not the 5 s a finished part waits for the workers
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        pass  # no child left
+    else:
+        raise AssertionError("a worker was left behind")
+
+
+def _sleeps(shared: None, part: int) -> int:
+    import time
+
+    time.sleep(part)
+    return part
+
+
+def test_a_failure_in_the_parents_part_stops_the_workers():
+    alone(test_a_failure_in_the_parents_part_stops_the_workers)

@@ -14,6 +14,7 @@ from kcache_cli.catalog.scan import resolve_entry, scan_cache
 from kcache_cli.fs import read as fsread
 from kcache_cli.fs import state
 from kcache_cli.fs.locking import entry_lock
+from kcache_cli.util import parallel
 from kcache_cli.layouts import LAYOUTS
 from kcache_cli.model.records import JSON_KEYS, ScanFilter, iso
 from kcache_cli.util.errors import UsageError
@@ -540,7 +541,12 @@ def test_a_worker_starts_threads_only_when_reads_wait(tmp_path, delay, threaded,
 
     monkeypatch.setattr(scan, "clock", _CLOCK)
     jobs = [(i, delay) for i in range(scan.PROBE * 6)]
-    out, warned = scan._scan_part((tmp_path, {}, _thread_job), jobs)
+    claims = parallel.Claims(len(jobs), scan.PROBE * 2)
+    try:
+        starts, out, warned = scan._scan_part((tmp_path, {}, _thread_job, jobs), claims.share(0, 1))
+    finally:
+        claims.close()
+    assert starts == [0, scan.PROBE * 2, scan.PROBE * 4]
     assert [o[0] for o in out] == list(range(len(jobs))) and warned == []  # every job once, in order
     threads = {o[1] for o in out}
     assert (len(threads) > 1) is threaded
@@ -551,8 +557,10 @@ def test_a_failure_in_a_worker_thread_is_raised(tmp_path, monkeypatch):
 
     monkeypatch.setattr(scan, "clock", _CLOCK)
     jobs = [(i, 0.001) for i in range(scan.PROBE * 4)] + [("boom", 0.0)] + [(i, 0.0) for i in range(100)]
+    claims = parallel.Claims(len(jobs), 256)
     with pytest.raises(OSError, match="Input/output"):
-        scan._scan_part((tmp_path, {}, _thread_job), jobs)
+        scan._scan_part((tmp_path, {}, _thread_job, jobs), claims.share(0, 1))
+    claims.close()
 
 
 def test_seed_layout_task_txt_is_never_read_for_a_status(tmp_path, monkeypatch, kcache):

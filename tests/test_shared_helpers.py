@@ -79,14 +79,26 @@ def test_split(n):
     assert len(parts) == n and sum(parts, []) == items and max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
-@pytest.mark.parametrize("n, block", [(1, 1), (2, 1), (2, 3), (3, 4), (2, 256), (8, 2)])
-def test_deal_spreads_blocks_and_undeal_restores_the_order(n, block):
-    items = list(range(23))
-    parts = parallel.deal(items, n, block)
-    assert len(parts) == n and sorted(sum(parts, [])) == items
-    assert parallel.undeal([[x * 10 for x in p] for p in parts], block) == [x * 10 for x in items]
-    if n == 2 and block == 3:  # a block at a time, in turn
-        assert parts == [[0, 1, 2, 6, 7, 8, 12, 13, 14, 18, 19, 20], [3, 4, 5, 9, 10, 11, 15, 16, 17, 21, 22]]
+@pytest.mark.parametrize("n, block", [(0, 4), (1, 1), (23, 1), (23, 3), (23, 256), (5000, 2)])
+def test_claims_hand_out_every_block_once(n, block):
+    """Claims: every block's start taken once, in order from one process; more than MAX_BLOCKS blocks
+    are made bigger (their starts must fit in the pipe unread); the shares a forkserver's workers get
+    (pickled) deal the same blocks between them."""
+    import pickle
+
+    claims = parallel.Claims(n, block)
+    try:
+        share = claims.share(0, 1)
+        got = list(iter(share.take, None))
+    finally:
+        claims.close()
+    assert claims.block >= block and len(got) <= parallel.Claims.MAX_BLOCKS
+    assert got == list(range(0, n, claims.block))
+    claims = parallel.Claims(n, block)
+    claims.close()
+    shares = [pickle.loads(pickle.dumps(claims.share(i, 3))) for i in range(3)]
+    dealt = [list(iter(s.take, None)) for s in shares]
+    assert sorted(sum(dealt, [])) == got and dealt[1][:1] == got[1:2]
 
 
 @pytest.mark.parametrize("line, kind", [

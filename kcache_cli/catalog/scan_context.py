@@ -4,7 +4,6 @@ and threads. A module of its own so that the index builds on it without importin
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import time
@@ -161,9 +160,13 @@ class ScanContext:
             yield from self._map_here(func, jobs)
             return
         try:
-            results = parallel.map_parts(_packed_part, (self.root, self.last_used, func),
-                                         parallel.deal(jobs, workers, _BLOCK), progress=self.progress,
-                                         meanwhile=meanwhile)
+            claims = parallel.Claims(len(jobs), _BLOCK)
+            try:
+                results = parallel.map_parts(_packed_part, (self.root, self.last_used, func, jobs),
+                                             [claims.share(i, workers) for i in range(workers)],
+                                             progress=self.progress, meanwhile=meanwhile, here=_part_here)
+            finally:
+                claims.close()
         except (OSError, RuntimeError, ImportError):  # no fork, no semaphores: read them here instead
             yield from self._map_here(func, jobs)
             return
@@ -172,7 +175,7 @@ class ScanContext:
                 self.warn(w)
         readmarks.put_moved([m for _, _, moved, _ in results for m in moved])
         self.kept_by_workers([kept for *_, kept in results if kept is not None])
-        yield from parallel.undeal([_unpacked(*part) for part, *_ in results], _BLOCK)
+        yield from _placed(len(jobs), claims.block, [(starts, _unpacked(*part)) for (starts, *part), *_ in results])
 
     def kept_by_workers(self, kept: list) -> None:
         """What the workers' `func.end_part()` handed back (_packed_part), one item per worker that kept
@@ -251,7 +254,7 @@ class ScanContext:
 
 
 PARALLEL_MIN_JOBS = 4000
-# Jobs are dealt to the workers this many at a time (parallel.deal): a 100,000-entry hidet listing from
+# Jobs are claimed by the workers this many at a time (parallel.Claims): a 100,000-entry hidet listing from
 # the index made 27,000 fewer copies of pages (-3% wall) than dealing them one at a time.
 _BLOCK = 256
 
@@ -288,19 +291,18 @@ def blocked_time() -> float:
 clock: Callable[[], float] = blocked_time
 
 
-def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
-    """One worker's share of a scan: its entries and the warnings they raised, read by one thread, or by
+def _scan_part(shared: tuple, share: parallel.ClaimShare) -> tuple[list[int], list[Any], list[str]]:
+    """One worker's share of a scan: the starts of the blocks of jobs it claimed (share.take), in the order
+    taken, their results in that order, and the warnings they raised; read by one thread, or by
     THREADS_PER_WORKER once reads are seen to wait on the disk (each thread with its own context: the
-    index records per context). Threads take the next job from a shared counter."""
-
-
-    root, last_used, func = shared
+    index records per context). Threads take the next PROBE jobs from the blocks claimed (_Taking)."""
+    root, last_used, func, jobs = shared
     fsread.anchor(root)  # a forkserver's worker starts without the parent's anchors
     readmarks.in_worker(root)  # ... and without the notes of kcache's reads, nor whose files its reads are
     out: list[Any] = [None] * len(jobs)
     warned: list[str] = []
     failed: list[BaseException] = []
-    counter = itertools.count()  # next() is atomic under the GIL: each job is taken once
+    taking = _Taking(share, len(jobs))
 
     def work(limit: float | None = None) -> bool:
         """Take jobs until none is left (False) or, with `limit`, until the last WINDOW blocks of PROBE
@@ -311,7 +313,7 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
         try:
             while not failed:
                 started = clock()
-                block = [i for i in itertools.islice(counter, PROBE) if i < len(jobs)]
+                block = taking.next(PROBE)
                 for i in block:
                     out[i] = func(local, jobs[i])
                 parallel.advance(len(block))  # a block at once: the bar moves every 0.1 s anyway
@@ -337,21 +339,67 @@ def _scan_part(shared: tuple, jobs: list) -> tuple[list[Entry], list[str]]:
         th.join()
     if failed:
         raise failed[0]
-    return out, warned
+    size = share.block
+    return taking.starts, [out[i] for s in taking.starts for i in range(s, min(s + size, len(jobs)))], warned
 
 
-def _packed_part(shared: tuple, jobs: list) -> tuple[tuple[list, bytes], list[str], list[tuple[str, int, int, int]],
-                                                  Any]:
-    """_scan_part, its Entries packed for the trip back to the parent (_packed), with what its reads moved
-    (readmarks.take_moved: the parent notes them with its own) and what `func` kept in this worker for the
-    parent (`func.begin_part()` before the jobs, `func.end_part()` after: the index's records, pickled
-    once here), None when it keeps nothing."""
+class _Taking:
+    """The jobs of one process's blocks (its ClaimShare), handed to its threads PROBE at a time."""
+
+    def __init__(self, share: parallel.ClaimShare, n: int) -> None:
+        self.share, self.n = share, n
+        self.starts: list[int] = []  # of the blocks claimed, in the order claimed
+        self.left: deque[int] = deque()
+        self.lock = threading.Lock()
+
+    def next(self, k: int) -> list[int]:
+        """The next `k` jobs claimed, fewer only when no block is left."""
+        with self.lock:
+            while len(self.left) < k:
+                start = self.share.take()
+                if start is None:
+                    break
+                self.starts.append(start)
+                self.left.extend(range(start, min(start + self.share.block, self.n)))
+            return [self.left.popleft() for _ in range(min(k, len(self.left)))]
+
+
+def _placed(n: int, block: int, parts: list[tuple[list[int], list]]) -> list:
+    """The results of `n` jobs in their order, from each process's (starts of its blocks, their results)."""
+    out: list[Any] = [None] * n
+    for starts, results in parts:
+        at = 0
+        for s in starts:
+            end = min(s + block, n)
+            out[s:end] = results[at:at + end - s]
+            at += end - s
+    return out
+
+
+_Part = tuple[tuple[list[int], list, bytes], list[str], list[tuple[str, int, int, int]], Any]
+
+
+def _packed_part(shared: tuple, share: parallel.ClaimShare) -> _Part:
+    """_scan_part, the results packed for the trip back to the parent (_packed: the starts of the blocks,
+    the results, the marks of the Entries), with what its reads moved (readmarks.take_moved: the parent
+    notes them with its own) and what `func` kept in this worker for the parent (`func.begin_part()` before
+    the jobs, `func.end_part()` after: the index's records, pickled once here), None when it keeps nothing."""
+    return _part(shared, share, True)
+
+
+def _part_here(shared: tuple, share: parallel.ClaimShare) -> _Part:
+    """_packed_part run in the parent (parallel.map_parts' `here`): its Entries as they are, none marked."""
+    return _part(shared, share, False)
+
+
+def _part(shared: tuple, share: parallel.ClaimShare, pack: bool) -> _Part:
     func = shared[2]
     begin, end = getattr(func, "begin_part", None), getattr(func, "end_part", None)
     if begin is not None:
         begin()
-    out, warned = _scan_part(shared, jobs)
-    return _packed(out), warned, readmarks.take_moved(), end() if end is not None else None
+    starts, out, warned = _scan_part(shared, share)
+    return ((starts, *(_packed(out) if pack else (out, b""))), warned, readmarks.take_moved(),
+            end() if end is not None else None)
 
 
 def _packed(results: list) -> tuple[list, bytes]:
