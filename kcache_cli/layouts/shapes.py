@@ -228,6 +228,8 @@ class LayoutShape:
             match, (shortest, longest) = regex.match, _widths(regex)
             if longest == float("inf"):  # (a version, a module name) no length to skip by: match each in C
                 found = filter(match, names)
+            elif not any(shortest <= n <= longest for n in set(map(len, names))):
+                return []  # no name of a length it may have, found in C (vLLM's 10 digits on a Triton root)
             else:
                 found = (n for n in names if shortest <= len(n) <= longest and match(n))
         return list(found if limit is None else itertools.islice(found, limit))
@@ -448,13 +450,15 @@ VLLM = LayoutShape("vllm", (
 # name, a Python identifier, holding torch's build.ninja, or the sources load_inline writes first
 # (layouts/torchext.py).
 TORCHEXT_EVIDENCE = ("build.ninja", "main.cpp", "cuda.cu")
+TORCHEXT_EVIDENCE_SET = frozenset(TORCHEXT_EVIDENCE)
 
 
 def _torchext_confirm(root: str, tops: list[str], names: list[str]) -> bool:
-    """One of the first few directories lists torch's build.ninja or load_inline's sources (names only)."""
+    """One of the first few directories lists torch's build.ninja or load_inline's sources (names only,
+    searched in C: a tilus root's programs/ holds 10^5 names)."""
     for name in tops:
         try:
-            if any(n in TORCHEXT_EVIDENCE for n in _names_in(root, name)):
+            if not TORCHEXT_EVIDENCE_SET.isdisjoint(_names_in(root, name)):
                 return True
         except OSError:
             pass
@@ -491,12 +495,15 @@ JAX = LayoutShape("jax", (
 # <dir name>_<sha1>/, or __pycache__/ beside the sources) holding .nbi indexes and .nbc overloads.
 def _numba_confirm(root: str, tops: list[str], names: list[str]) -> bool:
     for name in tops:
-        try:
-            if any(n.endswith((".nbi", ".nbc")) for n in _names_in(root, name)):
+        try:  # each name's end tested in C (a tilus root's programs/ holds 10^5 names)
+            if any(map(str.endswith, _names_in(root, name), itertools.repeat(NUMBA_FILES))):
                 return True
         except OSError:
             pass
     return False
+
+
+NUMBA_FILES = (".nbi", ".nbc")
 
 
 NUMBA = LayoutShape("numba", (
