@@ -784,18 +784,15 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     an unchanged fx graph, code shard or nested Triton kernel from its record). Each job is plain data:
     (path, kind, hash, space, the ops and targets wanted): only a nested Triton kernel has an op and a
     target, read from its files in the worker, which drops one that is not wanted."""
-    root = str(ctx.root)
     wanted = ScanFilter(ops=flt.ops, targets=flt.targets)
-    jobs = []
-    for f in sorted(candidates(root, ctx, flt), key=lambda f: f.kind != GRAPH):  # graphs first, for the memo
-        if flt.kinds and f.kind not in flt.kinds:
-            continue
-        if not flt.wants_space(f.space if f.kind == TRITON else None):
-            continue
-        if f.kind != TRITON and not (wanted.wants_op(None) and (wanted.wants_target(None) or (
-                f.kind == CODE and wanted.wants_target(CPU)))):
-            continue
-        jobs.append((f.path, f.kind, f.hash, f.space, wanted.ops, wanted.targets))
+    found = [f for f in candidates(str(ctx.root), ctx, flt) if not flt.kinds or f.kind in flt.kinds]
+    # What an entry of no op or target is wanted for (each filter asked once, not per entry: 10^4 of them)
+    plain = flt.wants_space(None) and wanted.wants_op(None) and wanted.wants_target(None)
+    code = flt.wants_space(None) and wanted.wants_op(None) and (wanted.wants_target(None) or wanted.wants_target(CPU))
+    spaces = {space: flt.wants_space(space) for space in {f.space for f in found if f.kind == TRITON}}
+    jobs = [(f.path, f.kind, f.hash, f.space, wanted.ops, wanted.targets)
+            for f in [f for f in found if f.kind == GRAPH] + [f for f in found if f.kind != GRAPH]  # graphs
+            if (spaces[f.space] if f.kind == TRITON else code if f.kind == CODE else plain)]  # first: the memo
     yield from (e for e in ctx.map_entries(_entry, jobs, _unfiltered) if e is not None)
 
 

@@ -673,7 +673,7 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     prefixes = flt.name_prefixes()
     ops = tuple(flt.ops)
     base = os.path.join(ctx.root, "")
-    jobs = [(base + name, ops) for name in ctx.subdirs(ctx.root, prefixes) if is_key(name)]
+    jobs = [(base + name, ops) for name in filter(KEY_RE.match, ctx.subdirs(ctx.root, prefixes))]  # is_key, in C
     for entry in ctx.map_entries(_key_entries, jobs, _unfiltered):
         if entry is not None:
             yield entry
