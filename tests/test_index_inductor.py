@@ -276,3 +276,47 @@ def test_a_shard_whose_kernel_torch_now_compiles_is_judged_again(cache, judged):
         got, real = both(cache, judged)
         assert by_path(real)[so.parent.name].status == "building"
         assert got == real
+
+
+def test_a_graph_judged_as_an_entry_is_not_judged_again_for_its_autograd_entry(cache, monkeypatch):
+    """Recording (a first listing), an aotautograd entry takes the verdict of each fx graph it names from
+    that graph's own judgement in the same process when the graph's listing has the same identity (its
+    directory's and files' inodes, sizes and times: what the key holds); a graph changed in between is
+    judged again, from the listing the entry's key holds."""
+    calls: list[str] = []
+    real = inductor.judge_guarded
+
+    def counted(d, jc, lst=None):
+        calls.append(d.path)
+        return real(d, jc, lst)
+
+    monkeypatch.setattr(inductor, "judge_guarded", counted)
+    first = scan_cache(cache, use_index=True)  # one process: every graph is judged before the entries
+    graphs = [str(p) for p in cache.glob("fxgraph/*/*")]
+    autograd = [str(p) for p in cache.glob("aotautograd/*")]
+    assert graphs and autograd
+    assert sorted(calls) == sorted(graphs + autograd)  # each judged once, none twice
+    assert first.entries == scan_cache(cache).entries  # the verdicts of a scan that keys nothing
+
+    shutil.rmtree(cache / ".kcache" / "index", ignore_errors=True)  # a first listing again
+    graph = next(p for p in cache.glob("fxgraph/*/*") if any(
+        p.name in v.read_bytes().decode("latin-1") for v in cache.glob("aotautograd/*/*")))
+    real_listing = inductor.listing
+    changed: list[str] = []
+
+    def changing(where):
+        got = real_listing(where)
+        path = where if isinstance(where, str) else where.path
+        if path == str(graph) and not changed:  # its own listing taken: it changes before its aotautograd's
+            changed.append(path)
+            variant = next(graph.iterdir())
+            variant.write_bytes(b"\x80\x04 cut short")
+        return got
+
+    monkeypatch.setattr(inductor, "listing", changing)
+    calls.clear()
+    again = scan_cache(cache, use_index=True)
+    assert changed and calls.count(str(graph)) == 2  # judged as an entry, then again for its aotautograd's key
+    statuses = {e.relpath: e.status for e in again.entries}
+    named_by = [e for e in again.entries if e.kind == "autograd" and e.status == "partial"]
+    assert named_by, statuses  # the aotautograd entry saw the graph as it is now, cut short

@@ -822,10 +822,12 @@ def _entry(ctx, job: tuple) -> Entry | None:
             return None  # a two-letter directory of someone else's
         # recording: an aotautograd entry's graphs are judged from the listings its key holds (_seen)
         jc = Judging(graphs={} if recording is not None else memo)
-        seen = _seen(d, kind, lst, jc) if recording is not None else None
+        seen = _seen(d, kind, lst, jc, _judged_as(ctx)) if recording is not None else None
         if recording is not None and seen is None:
             jc = Judging(graphs=memo)  # not stored: judged as a scan without the index judges it
         j = _judge(d, kind, jc, lst)  # after the key was taken
+        if kind == GRAPH and seen is not None and lst is not None:
+            _judged_as(ctx)[path] = (_identity(lst), j)
     if kind == CODE and j.status == CORRUPT:
         seen = None  # torch's lock on its broken kernel, which no stat shows, makes it building (_compiling)
     if recording is not None:
@@ -861,7 +863,27 @@ def _nested_triton(ctx, d: EntryDir, job: tuple) -> Entry | None:
     return entry_with(e, layout=NAME, kind=kind, space=space, hash=key)
 
 
-def _seen(d: EntryDir, kind: str, lst: Listing | None, jc: Judging) -> tuple | None:
+def _judged_as(ctx) -> dict[str, tuple[tuple | None, Judgement]]:
+    """The fx graphs this context judged for the index, by path: the identity of the listing each was
+    judged from (_identity) and its judgement."""
+    judged = getattr(ctx, "inductor_judged", None)
+    if judged is None:
+        judged = ctx.inductor_judged = {}
+    return judged
+
+
+def _identity(lst: Listing) -> tuple | None:
+    """What the index's key holds of a directory listed as `lst` (the directory's inode and times, each
+    file's inode, size and times), or None where it holds more than files. Two listings of one identity
+    are of the same files, unchanged: a judgement of either is the other's."""
+    own = lst.own
+    if own is None or lst.links or lst.others or not lst.readable:
+        return None
+    return (own.st_ino, own.st_mtime_ns, own.st_ctime_ns,
+            *[(n, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for n, st in lst.files.items()])
+
+
+def _seen(d: EntryDir, kind: str, lst: Listing | None, jc: Judging, judged: dict | None = None) -> tuple | None:
     """What the index keys the entry's record with, taken before its judgement reads a byte: the stats
     of its files, and for an aotautograd entry those of the fx graphs it names (their directories and
     files, named relative to the entry: its verdict goes by them). None: not indexed (a link, a directory
@@ -873,18 +895,22 @@ def _seen(d: EntryDir, kind: str, lst: Listing | None, jc: Judging) -> tuple | N
         return None  # a kernel torch may compile (its lock, which no stat shows, makes the shard building)
     stats: list[tuple[str, os.stat_result]] = list(lst.files.items())
     if kind == AUTOGRAD:
-        graphs = _graphs_seen(d, [n for n in lst.files if VARIANT_RE.match(n)], jc)
+        graphs = _graphs_seen(d, [n for n in lst.files if VARIANT_RE.match(n)], jc, judged or {})
         if graphs is None:
             return None
         stats += graphs
     return lst.own, stats
 
 
-def _graphs_seen(d: EntryDir, variants: list[str], jc: Judging) -> list[tuple[str, os.stat_result]] | None:
+def _graphs_seen(d: EntryDir, variants: list[str], jc: Judging, judged: dict
+                 ) -> list[tuple[str, os.stat_result]] | None:
     """The stats of the fx graphs an aotautograd entry's variants name, their names relative to the entry
     (`../../fxgraph/<xx>/<key>`, then each name in it), read through fds; None when one is not there or
     cannot be listed. Each graph is judged (as `jc`) into `jc.graphs`, from the listing its stats come
-    from, after they were taken, as the entry's own verdict is: that verdict then judges none again."""
+    from, after they were taken, as the entry's own verdict is: that verdict then judges none again. A
+    graph this process judged as an entry from a listing of the same identity (`judged`, _judged_as) is
+    not judged again: 2,500 aotautograd entries recorded judged 5,000 graphs twice (a fifth of a first
+    listing's time)."""
     root = os.path.dirname(os.path.dirname(d.path))
     out: list[tuple[str, os.stat_result]] = []
     with EntryDir.open(os.path.join(root, "fxgraph"), d.anchor) as fx:
@@ -897,7 +923,12 @@ def _graphs_seen(d: EntryDir, variants: list[str], jc: Judging) -> list[tuple[st
                 out.append((f"../../fxgraph/{rel}", lst.own))
                 out += sorted((f"../../fxgraph/{rel}/{name}", st)
                               for name, st in (*lst.files.items(), *lst.links.items(), *lst.others.items()))
-                jc.graphs[g.path] = judge_guarded(g, jc, lst)  # type: ignore[index]  # _entry's, a dict
+                before = judged.get(g.path)
+                if before is not None and before[0] is not None and before[0] == _identity(lst):
+                    verdict = before[1]
+                else:
+                    verdict = judge_guarded(g, jc, lst)
+                jc.graphs[g.path] = verdict  # type: ignore[index]  # _entry's, a dict
     return out
 
 
