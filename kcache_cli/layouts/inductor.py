@@ -787,8 +787,9 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
     wanted = ScanFilter(ops=flt.ops, targets=flt.targets)
     found = [f for f in candidates(str(ctx.root), ctx, flt) if not flt.kinds or f.kind in flt.kinds]
     # What an entry of no op or target is wanted for (each filter asked once, not per entry: 10^4 of them)
-    plain = flt.wants_space(None) and wanted.wants_op(None) and wanted.wants_target(None)
-    code = flt.wants_space(None) and wanted.wants_op(None) and (wanted.wants_target(None) or wanted.wants_target(CPU))
+    bare = flt.wants_space(None) and wanted.wants_op(None)
+    plain = bare and wanted.wants_target(None)
+    code = bare and (wanted.wants_target(None) or wanted.wants_target(CPU))
     spaces = {space: flt.wants_space(space) for space in {f.space for f in found if f.kind == TRITON}}
     jobs = [(f.path, f.kind, f.hash, f.space, wanted.ops, wanted.targets)
             for f in [f for f in found if f.kind == GRAPH] + [f for f in found if f.kind != GRAPH]  # graphs
@@ -822,12 +823,13 @@ def _entry(ctx, job: tuple) -> Entry | None:
             return None  # a two-letter directory of someone else's
         # recording: an aotautograd entry's graphs are judged from the listings its key holds (_seen)
         jc = Judging(graphs={} if recording is not None else memo)
-        seen = _seen(d, kind, lst, jc, _judged_as(ctx)) if recording is not None else None
+        judged = _judged_as(ctx) if recording is not None else {}
+        seen = _seen(d, kind, lst, jc, judged) if recording is not None else None
         if recording is not None and seen is None:
             jc = Judging(graphs=memo)  # not stored: judged as a scan without the index judges it
         j = _judge(d, kind, jc, lst)  # after the key was taken
         if kind == GRAPH and seen is not None and lst is not None:
-            _judged_as(ctx)[path] = (_identity(lst), j)
+            judged[path] = (_identity(lst), j)
     if kind == CODE and j.status == CORRUPT:
         seen = None  # torch's lock on its broken kernel, which no stat shows, makes it building (_compiling)
     if recording is not None:
@@ -883,7 +885,7 @@ def _identity(lst: Listing) -> tuple | None:
             *[(n, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for n, st in lst.files.items()])
 
 
-def _seen(d: EntryDir, kind: str, lst: Listing | None, jc: Judging, judged: dict | None = None) -> tuple | None:
+def _seen(d: EntryDir, kind: str, lst: Listing | None, jc: Judging, judged: dict) -> tuple | None:
     """What the index keys the entry's record with, taken before its judgement reads a byte: the stats
     of its files, and for an aotautograd entry those of the fx graphs it names (their directories and
     files, named relative to the entry: its verdict goes by them). None: not indexed (a link, a directory
@@ -895,7 +897,7 @@ def _seen(d: EntryDir, kind: str, lst: Listing | None, jc: Judging, judged: dict
         return None  # a kernel torch may compile (its lock, which no stat shows, makes the shard building)
     stats: list[tuple[str, os.stat_result]] = list(lst.files.items())
     if kind == AUTOGRAD:
-        graphs = _graphs_seen(d, [n for n in lst.files if VARIANT_RE.match(n)], jc, judged or {})
+        graphs = _graphs_seen(d, [n for n in lst.files if VARIANT_RE.match(n)], jc, judged)
         if graphs is None:
             return None
         stats += graphs

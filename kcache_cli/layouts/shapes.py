@@ -449,8 +449,7 @@ VLLM = LayoutShape("vllm", (
 # torch's JIT-built C++/CUDA extensions (torch.utils.cpp_extension): one build directory per extension
 # name, a Python identifier, holding torch's build.ninja, or the sources load_inline writes first
 # (layouts/torchext.py).
-TORCHEXT_EVIDENCE = ("build.ninja", "main.cpp", "cuda.cu")
-TORCHEXT_EVIDENCE_SET = frozenset(TORCHEXT_EVIDENCE)
+TORCHEXT_EVIDENCE = frozenset({"build.ninja", "main.cpp", "cuda.cu"})
 
 
 def _torchext_confirm(root: str, tops: list[str], names: list[str]) -> bool:
@@ -458,7 +457,7 @@ def _torchext_confirm(root: str, tops: list[str], names: list[str]) -> bool:
     searched in C: a tilus root's programs/ holds 10^5 names)."""
     for name in tops:
         try:
-            if not TORCHEXT_EVIDENCE_SET.isdisjoint(_names_in(root, name)):
+            if not TORCHEXT_EVIDENCE.isdisjoint(_names_in(root, name)):
                 return True
         except OSError:
             pass
@@ -493,6 +492,9 @@ JAX = LayoutShape("jax", (
 
 # Numba's cache of @jit(cache=True) functions: one directory per source directory (NUMBA_CACHE_DIR's
 # <dir name>_<sha1>/, or __pycache__/ beside the sources) holding .nbi indexes and .nbc overloads.
+NUMBA_FILES = (".nbi", ".nbc")
+
+
 def _numba_confirm(root: str, tops: list[str], names: list[str]) -> bool:
     for name in tops:
         try:  # each name's end tested in C (a tilus root's programs/ holds 10^5 names)
@@ -501,9 +503,6 @@ def _numba_confirm(root: str, tops: list[str], names: list[str]) -> bool:
         except OSError:
             pass
     return False
-
-
-NUMBA_FILES = (".nbi", ".nbc")
 
 
 NUMBA = LayoutShape("numba", (

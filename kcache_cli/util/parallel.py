@@ -72,7 +72,6 @@ class Claims:
 
     def __init__(self, n: int, block: int) -> None:
         self.n, self.block = n, max(block, -(-n // self.MAX_BLOCKS))
-        self.fd = -1
         r, w = os.pipe()
         try:
             _write_all(w, b"".join(_CLAIM.pack(s) for s in range(0, n, self.block)))
@@ -96,9 +95,9 @@ class ClaimShare:
     """One process's way into Claims: `take()` the start of the next block it claims, None when none is
     left (thread-safe)."""
 
-    def __init__(self, claims: Claims | None, i: int, of: int) -> None:
-        self.claims, self.i, self.of = claims, i, of
-        self.n, self.block = (claims.n, claims.block) if claims is not None else (0, 1)
+    def __init__(self, claims: Claims, i: int, of: int) -> None:
+        self.claims: Claims | None = claims  # None once pickled (__getstate__): `fixed` says which blocks
+        self.i, self.of, self.n, self.block = i, of, claims.n, claims.block
         self.fixed: list[int] | None = None
 
     def __getstate__(self) -> dict:
