@@ -50,7 +50,7 @@ from kcache_cli.fs.read import TreeTooDeep, open_regular
 from kcache_cli.model.records import (BUILDING, COMPLETE, MOVED, Entry, EntryKey, Judgement, Keyed, ScanFilter, Status,
                                       Warn, entry_with, iso)
 from kcache_cli.ops.verify import judge_open, not_judged
-from kcache_cli.util import parallel
+from kcache_cli.util import jsonout, parallel
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.interrupts import TermAsInterrupt
 from kcache_cli.util.progress import NO_PROGRESS, Progress
@@ -593,11 +593,11 @@ def _export_worker(plan: ExportPlan, parts: list[list], body_fd: int, compressio
         finally:
             writer.close()
     # The records travel back as JSON text: encoding them here is done in parallel, and a string
-    # pickles much faster than the records.
+    # pickles much faster than the records (orjson: a tenth of json.dumps's time).
 
     sign = signer()  # the node's key signs every record, when it has one (kcache remote keygen)
     docs = [r.to_json() for r in pw.records]
-    text = json.dumps(docs if sign is None else [sign.sign(d) for d in docs], separators=(",", ":"))[1:-1]
+    text = jsonout.encode(docs if sign is None else [sign.sign(d) for d in docs]).decode("ascii")[1:-1]
     return _WorkerOutput(text, pw.done, pw.left, pw.files, pw.size, sizes, counts, pw.skipped,
                          readmarks.take_moved())
 

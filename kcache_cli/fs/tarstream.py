@@ -118,32 +118,38 @@ def header(name: str, typeflag: bytes, size: int = 0, mode: int = 0o644, mtime: 
 
 
 _TAIL = _NUL * 100 + _MAGIC + _NAMES_DEVS + _NUL * 155 + _NUL * 12  # no link, no prefix
-_FIXED_SUM = 256 + sum(_IDS) + sum(_TAIL)  # the checksum field counts as 8 spaces
-_fields_cache: dict[tuple[int, int], tuple[bytes, bytes, int]] = {}
+_FIXED_SUM = 256 + sum(_TAIL)  # the checksum field counts as 8 spaces
+_fields_cache: dict[tuple[int, int, bytes], tuple[bytes, bytes, bytes, int]] = {}
 
 
-def file_header(name: str, size: int, mode: int, mtime: float) -> bytes:
-    """A regular file's header. The common case (a short ASCII name) is built in one step, with the
-    checksum summed from its parts (mode and mtime fields cached: files of an entry share them);
-    anything else goes through `header`."""
+def _plain_header(name: str, typeflag: bytes, size: int, mode: int, mtime: float) -> bytes:
+    """A member's header, without a link name. The common case (a short ASCII name) is built in one
+    step, with the checksum summed from its parts (mode and mtime fields cached: files of an entry
+    share them); anything else goes through `header`."""
     nb = name.encode("utf-8")
     if len(nb) > 100 or size > 0o77777777777 or not nb.isascii():
-        return header(name, b"0", size, mode, int(mtime))
-    key = (mode, int(mtime))
+        return header(name, typeflag, size, mode, int(mtime))
+    key = (mode, int(mtime), typeflag)
     cached = _fields_cache.get(key)
     if cached is None:
         if len(_fields_cache) > 4096:
             _fields_cache.clear()
         head = _octal(mode & 0o7777, 8) + _IDS
         t = _octal(min(max(key[1], 0), _MAX_OCTAL[12]), 12)
-        cached = _fields_cache[key] = (head, t, _FIXED_SUM - sum(_IDS) + sum(head) + sum(t) + 48)  # 48: b"0"
-    head, t, fixed = cached
+        tail = typeflag + _TAIL
+        cached = _fields_cache[key] = (head, t, tail, _FIXED_SUM + sum(head) + sum(t) + typeflag[0])
+    head, t, tail, fixed = cached
     z = b"%011o\0" % size
-    return b"%s%s%s%s%06o\0 0%s" % (nb.ljust(100, _NUL), head, z, t, fixed + sum(nb) + sum(z), _TAIL)
+    return b"%s%s%s%s%06o\0 %s" % (nb.ljust(100, _NUL), head, z, t, fixed + sum(nb) + sum(z), tail)
+
+
+def file_header(name: str, size: int, mode: int, mtime: float) -> bytes:
+    """A regular file's header."""
+    return _plain_header(name, b"0", size, mode, mtime)
 
 
 def dir_header(name: str, mtime: float = 0) -> bytes:
-    return header(name.rstrip("/") + "/", b"5", 0, 0o755, int(mtime))
+    return _plain_header(name.rstrip("/") + "/", b"5", 0, 0o755, mtime)
 
 
 def symlink_header(name: str, target: str, mtime: float = 0) -> bytes:

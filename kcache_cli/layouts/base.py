@@ -402,7 +402,7 @@ class Layout:
         """Why `relpath` is not where an entry of `kind` lives in this layout, or None. `relpath` has
         been checked to be a safe relative path already (the archive's rules)."""
         k = self.kind_shape(kind)
-        if k is None or k.match(relpath) is None:
+        if k is None or not k.fits(relpath):
             return f"{relpath!r} is not where a {self.name} {kind} entry lives"
         return None
 

@@ -937,7 +937,7 @@ def _graphs_seen(d: EntryDir, variants: list[str], jc: Judging, judged: dict
 def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
     """None when `relpath` is exactly an entry of `kind` holding files torch writes; else why not."""
     k = INDUCTOR.kind(kind)
-    if k is None or k.match(relpath) is None:
+    if k is None or not k.fits(relpath):
         return f"{relpath!r} is not where an Inductor {kind} entry lives"
     if names is None:
         return None

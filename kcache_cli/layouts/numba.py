@@ -378,7 +378,7 @@ def scan(ctx: ScanContext, flt: ScanFilter) -> Iterator[Entry]:
 
 
 def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
-    if kind != KIND or "/" in relpath or NUMBA.kinds[0].match(relpath) is None:
+    if kind != KIND or "/" in relpath or not NUMBA.kinds[0].fits(relpath):
         return f"{relpath!r} is not where numba's cache of a source directory lies"
     if names is not None:
         if not (numba_files(names) or temp_files(names)):

@@ -130,6 +130,11 @@ class KindShape:
             found.update(got)
         return self.key(found)
 
+    def fits(self, relpath: str) -> bool:
+        """Whether `relpath` is where such an entry lives (match, without making its key)."""
+        parts = relpath.split("/")
+        return len(parts) == self.depth and all(self.segment(i).fullmatch(p) for i, p in enumerate(parts))
+
     def key(self, found: dict[str, str]) -> dict[str, str | None]:
         """hash, op, space and target from the template's fields."""
         return {"hash": found.get("hash"), "op": found.get("op"), "space": self.space_of(found),

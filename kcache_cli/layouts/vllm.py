@@ -425,7 +425,7 @@ def _unit_entry(ctx, job: tuple[str, str]) -> Entry:
 
 def shape_problem(relpath: str, kind: str, names: frozenset[str] | None, root: Path | None = None) -> str | None:
     k = VLLM.kind(kind)
-    if k is None or k.match(relpath) is None:
+    if k is None or not k.fits(relpath):
         return f"{relpath!r} is not where a vLLM {kind} entry lives"
     if names is not None and names and not any(RANK_RE.match(n) for n in names):
         return "it holds no rank_<r>_<d>/ directory vLLM writes"
