@@ -33,8 +33,9 @@ def cuda_archs(arch: str) -> list[CudaArch]:
 def archs_from_command(command: str) -> str | None:
     """CUDA archs from an nvcc command line: -gencode code=..., else -arch/--gpu-architecture."""
     found: list[str] = []
-    for codes in re.findall(r"code=\[?([\w,]+)\]?", command) if "code=" in command else ():
-        found.extend(c for c in codes.split(",") if ARCH_RE.match(c))
+    if "code=" in command:
+        for codes in re.findall(r"code=\[?([\w,]+)\]?", command):
+            found.extend(c for c in codes.split(",") if ARCH_RE.match(c))
     if not found and "-arch" in command:  # "--gpu-architecture" holds it too
         for a in re.findall(r"(?:-arch|--gpu-architecture)[= ]+((?:sm|compute)_\d+[af]?)\b", command):
             found.append(a)

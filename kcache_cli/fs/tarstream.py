@@ -119,7 +119,7 @@ def header(name: str, typeflag: bytes, size: int = 0, mode: int = 0o644, mtime: 
 
 _TAIL = _NUL * 100 + _MAGIC + _NAMES_DEVS + _NUL * 155 + _NUL * 12  # no link, no prefix
 _FIXED_SUM = 256 + sum(_TAIL)  # the checksum field counts as 8 spaces
-_fields_cache: dict[tuple[int, int, bytes], tuple[bytes, bytes, bytes, int]] = {}
+_fields_cache: dict[tuple[int, int, bytes], tuple[bytes, bytes, int]] = {}
 
 
 def _plain_header(name: str, typeflag: bytes, size: int, mode: int, mtime: float) -> bytes:
@@ -136,11 +136,10 @@ def _plain_header(name: str, typeflag: bytes, size: int, mode: int, mtime: float
             _fields_cache.clear()
         head = _octal(mode & 0o7777, 8) + _IDS
         t = _octal(min(max(key[1], 0), _MAX_OCTAL[12]), 12)
-        tail = typeflag + _TAIL
-        cached = _fields_cache[key] = (head, t, tail, _FIXED_SUM + sum(head) + sum(t) + typeflag[0])
-    head, t, tail, fixed = cached
+        cached = _fields_cache[key] = (head, t, _FIXED_SUM + sum(head) + sum(t) + typeflag[0])
+    head, t, fixed = cached
     z = b"%011o\0" % size
-    return b"%s%s%s%s%06o\0 %s" % (nb.ljust(100, _NUL), head, z, t, fixed + sum(nb) + sum(z), tail)
+    return b"%s%s%s%s%06o\0 %s%s" % (nb.ljust(100, _NUL), head, z, t, fixed + sum(nb) + sum(z), typeflag, _TAIL)
 
 
 def file_header(name: str, size: int, mode: int, mtime: float) -> bytes:
