@@ -70,6 +70,7 @@ def test_config_set_show_unset_through_the_cli(kcache, config_home):
     (("set", "max-size", "10"), "10 what? say 10G"),
     (("set", "max-size", "lots"), "bad size 'lots'"),
     (("set", "max-age", "30"), "bad age '30'"),
+    (("set", "max-age", "6M"), "M is minutes or months? say 6m (minutes) or 6mo (months)"),
     (("set", "max-ram", "1G"), "unknown key 'max-ram'"),
     (("set", "--cache", "hidett", "max-size", "1G"), "unknown cache 'hidett'"),
     (("unset", "max-ram"), "unknown key 'max-ram'"),
@@ -89,8 +90,18 @@ def test_kcache_config_overrides_the_place(kcache, tmp_path, monkeypatch):
     assert where.read_text() == '[all]\nmax-age = "2w"\n'
 
 
+@pytest.mark.parametrize("value, meant", [("20G", "(20.0 GB)"), ("6mo", "(180 days)"), ("90m", "(1.5 hours)"),
+                                         ("1y", "(365 days)"), ("2w", "(14 days)")])
+def test_a_value_set_is_echoed_as_it_was_read(kcache, value, meant):
+    """`6M` once meant six minutes here, silently: every value set is said back as what it was read as."""
+    key = "max-size" if value.endswith("G") else "max-age"
+    run = kcache("config", "set", key, value)
+    assert run.exit_code == 0 and f"{key} = {value} {meant}" in run.stderr, run
+
+
 @pytest.mark.parametrize("text, message", [
     ("[all\n", "not valid TOML"),
+    ("[all]\nmax-age = \"6M\"\n", "M is minutes or months?"),
     ("[all]\nmax-size = 10\n", "10 what? say 10G"),
     ("[all]\nmax-size = true\n", "must be a string"),
     ("[all]\nmax-files = \"3\"\n", "unknown key 'max-files'"),

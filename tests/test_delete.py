@@ -149,7 +149,7 @@ def test_parse_age(text, value):
     assert parse_age(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "30", "d", "3y", "1d-2h", "soon"])
+@pytest.mark.parametrize("text", ["", "30", "d", "3M", "1d-2h", "soon"])
 def test_parse_age_rejects(text):
     with pytest.raises(UsageError):
         parse_age(text)

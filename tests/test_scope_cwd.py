@@ -4,6 +4,7 @@ the CUDA JIT cache's row in `dir --all` is the cache directory itself."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,22 @@ def test_a_folder_of_caches_is_said_so_and_home_is_never_used(kcache, machine, w
     assert HIDET_HASH not in r.stdout
     assert sorted(p.name for p in (Path(machine["HOME"]) / ".cache/hidet/ops/cuda_space_0/add").iterdir()) == before
     assert (workspace / "hidet" / "ops").is_dir()
+
+
+def test_dir_says_that_the_other_commands_refuse_a_folder_of_caches(kcache, machine, workspace):
+    """`kcache dir` names build's root there (build writes into it wherever it runs), and says, in its reason,
+    what ls, stats, prune... do here: refuse, naming the cache below. It never names a root they then refuse
+    without saying so."""
+    home_hidet = str(Path(machine["HOME"]) / ".cache" / "hidet")
+    r = kcache("dir", env=machine)
+    assert r.exit_code == 0 and r.stdout.strip() == home_hidet, r
+    said = " ".join(r.stderr.split())
+    assert "ls, stats, prune... refuse here: no cache at" in said and str(workspace / "hidet") in said, said
+    doc = kcache("--json", "dir", env=machine).json()
+    assert doc["path"] == home_hidet and f"--cache-dir {workspace / 'hidet'}" in doc["reason"]
+    os.chdir(workspace / "hidet")  # in a cache: that cache, nothing refused
+    inside = kcache("dir", env=machine)
+    assert inside.stdout.strip() == str(workspace / "hidet") and "refuse" not in inside.stderr, inside
 
 
 HINTED = [("ls",), ("stats",), ("verify",), ("clear", "--all", "--yes"), ("prune", "--broken"),

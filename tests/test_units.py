@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kcache_cli.util.errors import UsageError
-from kcache_cli.util.units import format_age, parse_age, parse_seconds, parse_size
+from kcache_cli.util.units import describe_age, format_age, parse_age, parse_seconds, parse_size
 
 
 @pytest.mark.parametrize("text,want", [
@@ -25,7 +25,10 @@ def test_bad_sizes_name_the_option(text):
 
 
 @pytest.mark.parametrize("text,want", [("30d", 30 * 86400), ("12h", 12 * 3600), ("90m", 5400), ("1w", 7 * 86400),
-                                       ("1d12h", 36 * 3600), (".5d", 43200), ("45s", 45)])
+                                       ("1d12h", 36 * 3600), (".5d", 43200), ("45s", 45), ("30D", 30 * 86400),
+                                       ("6mo", 180 * 86400), ("1y", 365 * 86400), ("2 weeks", 14 * 86400),
+                                       ("1 month", 30 * 86400), ("90 minutes", 5400), ("1yr6mo", 545 * 86400),
+                                       ("6MO", 180 * 86400), ("5 Min", 300)])
 def test_ages(text, want):
     assert parse_age(text) == want
 
@@ -35,6 +38,20 @@ def test_ages(text, want):
 def test_bad_ages(text):
     with pytest.raises(UsageError, match="bad age"):
         parse_age(text)
+
+
+@pytest.mark.parametrize("text", ["6M", "1d6M", "6 M"])
+def test_a_bare_capital_m_is_refused_minutes_or_months(text):
+    """6M is six months to systemd and Java, six minutes to Go: read as either, a cron prune of `--older-than
+    6M` could empty a cache, so it is refused, naming both readings."""
+    with pytest.raises(UsageError, match=r"M is minutes or months\? say 6m \(minutes\) or 6mo \(months\)"):
+        parse_age(text, "--older-than")
+
+
+@pytest.mark.parametrize("seconds, words", [(180 * 86400, "180 days"), (86400, "1 day"), (5400, "1.5 hours"),
+                                            (360, "6 minutes"), (60, "1 minute"), (45, "45 seconds")])
+def test_an_age_is_described_in_words(seconds, words):
+    assert describe_age(seconds) == words
 
 
 def test_age_text_reads_back():

@@ -8,7 +8,7 @@ from kcache_cli.cli import common as c
 from kcache_cli.cli import options as o
 from kcache_cli.util.errors import UsageError
 from kcache_cli.util.lazy import lazy_module
-from kcache_cli.util.units import format_age
+from kcache_cli.util.units import describe_age, format_age
 
 if TYPE_CHECKING:  # the real imports, for mypy; at run time each loads at its first use
     from kcache_cli.catalog import scan
@@ -105,7 +105,7 @@ def config_set(
     ctx: typer.Context,
     key: KeyArg,
     value: Annotated[str, typer.Argument(metavar="VALUE", help="A size with a unit (20G, 500M, 2GiB) for "
-                                         "max-size; an age (30d, 12h, 2w) for max-age.", show_default=False)],
+                                         "max-size; an age (30d, 12h, 2w, 6mo) for max-age.", show_default=False)],
     cache: CacheOpt = None,
     as_json: o.JsonOpt = False,
 ) -> None:
@@ -117,7 +117,7 @@ def config_set(
     root = _cache_root(opts, cache)
     if root is not None:
         kept = config.set_cache_value(root, key, value)
-        human = f" ({c.human_size(kept.budget().max_size or 0)})" if key == "max-size" else ""
+        human = _meaning(key, kept.budget())
         c.info(opts, f"{key} = {kept.values[key]}{human} kept in {kept.path}: binds every user's bare prune of "
                      "this cache")
         c.Output(opts).result(_with_cache(config.load(), root))
@@ -125,9 +125,16 @@ def config_set(
     cfg = config.set_value(cache or config.ALL, key, value)
     section = config.check_section(cache)
     shown = cfg.sections[section][key]
-    human = f" ({c.human_size(cfg.budget(section).max_size or 0)})" if key == "max-size" else ""
+    human = _meaning(key, cfg.budget(section))
     c.info(opts, f"{key} = {shown}{human} for {_which(section)}, in {cfg.path}")
     c.Output(opts).result(cfg)
+
+
+def _meaning(key: str, budget: config.Budget) -> str:
+    """What a value set was read as, echoed beside it: ' (50.0 GB)', ' (180 days)'."""
+    if key == "max-size":
+        return f" ({c.human_size(budget.max_size or 0)})"
+    return f" ({describe_age(budget.max_age)})" if budget.max_age is not None else ""
 
 
 def config_unset(

@@ -57,7 +57,7 @@ def prune_command(
         "recently used first across them) "
         "(10GB, 500M, 2GiB; K/M/G/T are powers of 1000, Ki/Mi/Gi/Ti of 1024).")] = None,
     older_than: Annotated[Optional[str], typer.Option(
-        "--older-than", metavar="AGE", help="Remove entries not used for AGE (30d, 12h, 90m, 2w, 1d12h).")] = None,
+        "--older-than", metavar="AGE", help="Remove entries not used for AGE (30d, 12h, 90m, 2w, 6mo, 1d12h).")] = None,
     broken: Annotated[bool, typer.Option(
         "--broken", help="Remove partial, failed and corrupt entries (and symlinks where entries belong); "
         "never unreadable or stale ones.")] = False,

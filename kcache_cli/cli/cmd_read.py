@@ -122,7 +122,11 @@ def _root_here(opts: o.GlobalOptions):
     land in the cache the commands read)."""
     build = c.cache_location(opts)
     here = None if c.explicit_root(opts) else c.cwd_cache(opts)
-    if here is None or os.path.realpath(here.path) == os.path.realpath(build.path):
+    if here is None:
+        refused = c.default_scope_refused(opts)
+        return build if refused is None else replace(
+            build, reason=f"{build.reason}; where build writes: ls, stats, prune... refuse here: {refused}")
+    if os.path.realpath(here.path) == os.path.realpath(build.path):
         return build
     what = f"this {here.cache} cache" if here.cache else "this cache"
     return replace(here, reason=f"the current directory lies in {what}: ls, stats, prune... work on it here; "

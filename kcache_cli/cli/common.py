@@ -127,7 +127,9 @@ def cache_locations(opts: GlobalOptions, all_caches: bool, cache: Optional[str] 
     named = ref_list(refs)
     if here is None and not all_caches and not (named and all(os.path.isabs(r) for r in named)):
         # (entries named by absolute paths say where they are, wherever this runs)
-        _caches_under_cwd(known, all_caches_option)
+        refused = caches_under_cwd(known, all_caches_option)
+        if refused is not None:
+            raise UsageError(refused)
     out = [here] if here is not None else known
     opts.many = here is None
     for ref in ref_list(refs):
@@ -156,15 +158,16 @@ def refs_in(root: Path, refs: Optional[List[str]]) -> list[str]:
     return out
 
 
-def _caches_under_cwd(known: list, all_caches_option: bool) -> None:
-    """A current directory that holds caches one level down which are not this machine's own (a copy, a
-    CI workspace): say so, as --cache-dir does (exit 2), instead of working on every cache of the machine
-    (`clear --all` there must not mean HOME's caches). Only this user's copies count: a cache another
-    user put in a shared directory (/tmp) is not one, and must not stop this user's commands there."""
+def caches_under_cwd(known: list, all_caches_option: bool) -> str | None:
+    """Why the default scope is refused here, or None: a current directory that holds caches one level down
+    which are not this machine's own (a copy, a CI workspace) is said so, as --cache-dir does (exit 2),
+    instead of working on every cache of the machine (`clear --all` there must not mean HOME's caches).
+    Only this user's copies count: a cache another user put in a shared directory (/tmp) is not one, and
+    must not stop this user's commands there."""
     try:
         cwd = Path(os.getcwd())
     except OSError:
-        return
+        return None
 
     mine = {os.path.realpath(loc.path) for loc in known}
     # entries, not merely a CACHEDIR.TAG (.mypy_cache has one): positive evidence, judged by names only
@@ -175,8 +178,20 @@ def _caches_under_cwd(known: list, all_caches_option: bool) -> None:
         more = f" (and {plural(len(below) - 1, 'other cache')})" if len(below) > 1 else ""
         other = ("--all-caches for this machine's caches" if all_caches_option
                  else "--cache NAME for one of this machine's caches")  # only an option the command has
-        raise UsageError(f"no cache at {cwd} (the current directory); {path} holds {_a(names)} cache{more}: "
-                         f"--cache-dir {path}, or {other}")
+        return (f"no cache at {cwd} (the current directory); {path} holds {_a(names)} cache{more}: "
+                f"--cache-dir {path}, or {other}")
+    return None
+
+
+def default_scope_refused(opts: GlobalOptions) -> str | None:
+    """Why ls, stats, prune... refuse to work on every cache from the current directory (caches_under_cwd),
+    or None: where no root is named and the current directory lies in no cache."""
+    if explicit_root(opts):
+        return None
+    known = locate.existing_caches(lambda m: warn(opts, m))
+    if _cwd_cache(known, lambda m: warn(opts, m)) is not None:
+        return None
+    return caches_under_cwd(known, True)
 
 
 def cwd_cache(opts: GlobalOptions):
@@ -365,7 +380,7 @@ MinSizeOpt = Annotated[Optional[str], typer.Option(
 MaxSizeOpt = Annotated[Optional[str], typer.Option(
     "--max-size", metavar="SIZE", help="Only entries of at most SIZE on disk (1M, 500k, 2GiB).")]
 OlderThanOpt = Annotated[Optional[str], typer.Option(
-    "--older-than", metavar="AGE", help="Only entries not used for AGE (30d, 12h, 90m, 2w, 1d12h).")]
+    "--older-than", metavar="AGE", help="Only entries not used for AGE (30d, 12h, 90m, 2w, 6mo, 1d12h).")]
 NewerThanOpt = Annotated[Optional[str], typer.Option(
     "--newer-than", metavar="AGE", help="Only entries used within AGE (1d, 12h, 90m).")]
 

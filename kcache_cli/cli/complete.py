@@ -51,7 +51,7 @@ STATUSES = (("complete", "usable"), ("partial", "interrupted or unfinished"), ("
 SORT_HELP = {"op": "by layout, op and space (the default)", "size": "biggest first",
              "age": "least recently used first"}
 FORMAT_HELP = {"tar": "kcache's archive (the default)", "torch-mega": "a blob torch's load_cache_artifacts() loads"}
-KEY_HELP = {"max-size": "a size: 20G, 500M, 2GiB", "max-age": "an age: 30d, 12h, 2w"}
+KEY_HELP = {"max-size": "a size: 20G, 500M, 2GiB", "max-age": "an age: 30d, 12h, 2w, 6mo"}
 
 
 def _layouts() -> list[tuple[str, str]]:

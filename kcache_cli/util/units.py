@@ -30,8 +30,16 @@ MAX_SECONDS = 100 * 366 * 86400.0  # a century
 _SIZE_UNITS = {"b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15,
                "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
 _SIZE = re.compile(r"[ \t]*" + _NUMBER + r"[ \t]*([a-zA-Z]*)[ \t]*", re.ASCII)
-_AGE_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400, "day": 86400,
-              "days": 86400, "w": 7 * 86400, "week": 7 * 86400, "weeks": 7 * 86400}
+_DAY = 86400
+# Matched without case, but for a bare "M": minutes to Go and to kcache's "90m", months to systemd and to
+# Java, so "6M" is refused rather than read as the 6 minutes that would prune a whole cache from cron.
+_AGE_UNITS = {**dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1),
+              **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60),
+              **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600),
+              **dict.fromkeys(("d", "day", "days"), _DAY),
+              **dict.fromkeys(("w", "wk", "week", "weeks"), 7 * _DAY),
+              **dict.fromkeys(("mo", "month", "months"), 30 * _DAY),
+              **dict.fromkeys(("y", "yr", "year", "years"), 365 * _DAY)}
 _AGE_PART = re.compile(_NUMBER + r"[ \t]*([a-zA-Z]+)", re.ASCII)
 _AGE = re.compile(r"[ \t]*(?:" + _NUMBER + r"[ \t]*[a-zA-Z]+[ \t]*)+", re.ASCII)
 
@@ -82,10 +90,16 @@ def parse_size(text: str, option: str | None = None) -> int:
 
 
 def parse_age(text: str, option: str | None = None) -> float:
-    """'30d', '12h', '90m', '1w', '1d12h', '.5d' -> seconds (a unit is required)."""
+    """'30d', '12h', '90m', '1w', '6mo', '1y', '1d12h', '.5d' -> seconds (a unit is required; a month is 30
+    days, a year 365; a bare "M" is refused: minutes or months?)."""
     parts = _AGE_PART.findall(text or "") if _AGE.fullmatch(text or "") else []
+    if any(u == "M" for _, u in parts):
+        n = next(n for n, u in parts if u == "M")
+        raise UsageError(f"bad age '{_short(text)}'{_where(option)}: M is minutes or months? say {n}m (minutes) "
+                         f"or {n}mo (months)")
     if not parts or any(u.lower() not in _AGE_UNITS for _, u in parts):
-        raise UsageError(f"bad age '{_short(text)}'{_where(option)} (expected e.g. 30d, 12h, 90m, 2w or 1d12h)")
+        raise UsageError(f"bad age '{_short(text)}'{_where(option)} (expected e.g. 30d, 12h, 90m, 2w, 6mo, 1y "
+                         "or 1d12h)")
     seconds = sum(_number(n, text, "age", option) * _AGE_UNITS[u.lower()] for n, u in parts)
     if seconds > MAX_SECONDS:
         raise UsageError(f"bad age '{_short(text)}'{_where(option)}: more than a century")
@@ -126,6 +140,17 @@ def format_size(n: int) -> str:
         if value < 999.95 or unit == "PB":
             return f"{value:.1f} {unit}"
     raise AssertionError("unreachable")
+
+
+def describe_age(seconds: float) -> str:
+    """A duration in words, in its largest whole-ish unit, for echoing what an age was read as: '180 days',
+    '6 minutes', '1.5 hours' (no months: '6mo' reads back as '180 days', which is what it means)."""
+    for unit, n in (("day", _DAY), ("hour", 3600), ("minute", 60)):
+        if seconds >= n:
+            value = f"{seconds / n:.1f}".removesuffix(".0")
+            return f"{value} {unit}{'' if value == '1' else 's'}"
+    value = f"{seconds:.1f}".removesuffix(".0")
+    return f"{value} second{'' if value == '1' else 's'}"
 
 
 def format_age(seconds: float) -> str:
