@@ -249,6 +249,35 @@ def test_skips_present_and_replaces_incomplete(kcache, fixture_copy, tmp_path):
     assert r.exit_code == 0 and "skipped 5" in r.stderr
 
 
+@pytest.mark.parametrize("blocker", ["link", "file"])
+def test_an_entry_with_something_in_the_way_fails_the_import_under_quiet_too(kcache, fixture_copy, tmp_path, blocker):
+    """A link on an entry's path (never written through) or a file where the entry goes: the rest is imported,
+    the entry is skipped "in the way", and the import exits 1 with a one-line error that -q does not hide: a CI
+    step whose import brought nothing of them must not pass, and importing again would mend nothing."""
+    src = fixture_copy("hidet")
+    arc = tmp_path / "h.tar"
+    assert kcache("--cache-dir", src, "export", arc).exit_code == 0
+    dst, victim = tmp_path / "dst", tmp_path / "victim"
+    victim.mkdir()
+    add = dst / "ops" / "cuda_space_0" / "add"
+    add.parent.mkdir(parents=True)
+    if blocker == "link":
+        add.symlink_to(victim)
+    else:
+        add.mkdir()
+        (add / "8d1f7691cdf75e90").write_text("not an entry")
+    r = kcache("-q", "--cache-dir", dst, "import", arc)
+    assert r.exit_code == 1 and r.stdout == "", r
+    assert r.stderr.startswith("Error: 1 entry not imported, something in ") and len(r.stderr.splitlines()) == 1
+    assert "ops/cuda_space_0/add/8d1f7691cdf75e90" in r.stderr
+    assert not list(victim.iterdir())
+    doc = kcache("--json", "--cache-dir", dst, "import", arc).json()
+    assert doc["imported"] == 0 and doc["skipped"] == 5  # the other 4 came in the first time
+    blocked = [e for e in doc["entries"] if e["reason"].startswith("in the way: ")]
+    assert [e["hash"] for e in blocked] == ["8d1f7691cdf75e90"] and not blocked[0]["done"]
+    assert len([p for p in dst.glob("ops/*/*/*") if p.is_dir()]) == 4  # each but the one in the way
+
+
 def test_tilus_scripts_bring_their_programs(kcache, fixture_copy, tmp_path):
     src = fixture_copy("tilus")
     arc = tmp_path / "s.tar"
@@ -279,6 +308,23 @@ def test_export_failure_leaves_nothing(kcache, fixture_copy, tmp_path):
     r = kcache("export", tmp_path / "a.tar", env={"KCACHE_DIR": str(tmp_path / "missing")})
     assert r.exit_code == 1 and "no cache" in r.stderr
     assert not list(tmp_path.glob("*.tar*")) and not list(tmp_path.glob(".*kcache-tmp*"))
+
+
+def test_an_archive_inside_the_cache_it_exports_is_refused(kcache, fixture_copy, tmp_path):
+    """Written into an entry, the archive's temp files were read into the archive itself and the entry gained
+    a foreign file that verify passed; written at the root, a stray file sat among the cache's own. Both
+    refused, whichever way the path is spelt (a link to the cache too), nothing written."""
+    src = fixture_copy("hidet")
+    entry = next(src.glob("ops/*/*/*"))
+    (tmp_path / "link").symlink_to(src)
+    before = sorted(str(p) for p in src.rglob("*"))
+    inside = (entry / "x.tar", src / "top.tar.zst", tmp_path / "link" / "ops" / "a.tar", src / ".." / src.name / "b.tgz")
+    for where in inside:
+        r = kcache("--cache-dir", src, "export", where)
+        assert r.exit_code == 2 and "it lies inside the cache it exports" in r.stderr, (where, r)
+        assert len(r.stderr.splitlines()) == 1
+    assert sorted(str(p) for p in src.rglob("*")) == before
+    assert kcache("--cache-dir", src, "export", tmp_path / "out.tar").exit_code == 0
 
 
 def test_export_interrupted_leaves_no_archive(fixture_copy, tmp_path, monkeypatch):

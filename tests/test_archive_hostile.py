@@ -276,6 +276,15 @@ def truncated_zstd(tmp):
     return path, [], "a"  # the zstd reader or the member checks: either way, one line
 
 
+def truncated_zstd_in_its_first_block(tmp):
+    """Cut inside the first zstd block, the stream decompresses to nothing at all: said truncated, not "not a
+    kcache archive"."""
+    e = entry(H, {"lib.so": os.urandom(200_000), "task.txt": b"t"})
+    path = build_archive(tmp / "a.tar.zst", [e])
+    path.write_bytes(path.read_bytes()[:12])  # the frame header, no block whole
+    return path, [], "the archive is truncated: it ends before its first member"
+
+
 def not_an_archive(tmp):
     path = tmp / "a.tar.gz"
     path.write_bytes(os.urandom(4096))
@@ -323,7 +332,8 @@ CASES = [absolute_member, absolute_entry_path, dotdot_member, dotdot_in_manifest
          duplicate_member, duplicate_manifest, missing_manifest, manifest_not_first, unlisted_member, unlisted_entry,
          size_lie, hash_lie, hash_lie_in_late_entry, lock_member, lock_member_unlisted, into_kcache_dir,
          kcache_dir_entry, hidden_entry, nested_entries, missing_listed_file, type_mismatch,
-         tilus_link_to_absent_program, truncated, truncated_zstd, not_an_archive, corrupt_gzip, newer_format,
+         tilus_link_to_absent_program, truncated, truncated_zstd,
+         truncated_zstd_in_its_first_block, not_an_archive, corrupt_gzip, newer_format,
          manifest_key_lies, unknown_layout_dotdot, unknown_layout_controls]
 
 

@@ -201,6 +201,20 @@ def test_a_reader_of_stdout_and_stderr_that_goes_early_is_exit_0(fixture_copy, a
     assert proc.wait(timeout=TIMEOUT) == 0
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("args", [("ls",), ("ls", "--json"), ("log", "8d1f"), ("stats",), ("--version",)])
+def test_a_full_standard_output_is_said_so_not_an_unpublished_write(fixture_copy, args):
+    """`kcache ls > /dev/full`: one line naming standard output, exit 1, no traceback; not the message of a
+    write of kcache's own (whose temp file is never published), which nothing here made."""
+    root = fixture_copy("hidet")
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run([sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), *args], stdout=full,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=TIMEOUT)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and err == "Error: cannot write the output: No space left on device (standard " \
+        "output)\n", err
+
+
 def test_head_1_of_a_long_listing_is_exit_0(fixture_copy):
     root = fixture_copy("hidet")
     for i in range(60):

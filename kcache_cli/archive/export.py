@@ -614,6 +614,11 @@ def export_archive(plan: ExportPlan, archive: str, *, warn: Warn | None = None,
     out_dir = os.path.dirname(archive)
     if not os.path.isdir(out_dir):
         raise UsageError(f"cannot write {archive}: {out_dir} is not a directory")  # a typo: exit 2
+    root = os.path.realpath(plan.root)
+    if os.path.commonpath([os.path.realpath(out_dir), root]) == root:
+        # its temp files would land in an entry (read into the archive itself) or among the cache's own
+        raise UsageError(f"cannot write {archive}: it lies inside the cache it exports ({plan.root}); write it "
+                         "outside the cache")
     warn = warn or (lambda m: None)
     made = archive_time()
     jobs = plan.jobs

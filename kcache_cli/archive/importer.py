@@ -103,6 +103,11 @@ class ImportResult:
         """Of the skipped entries, those whose lock another process held past the timeout (exit 3)."""
         return sum(1 for e in self.entries if e.lock_timed_out)
 
+    @property
+    def obstructed(self) -> tuple[ImportedEntry, ...]:
+        """Of the skipped entries, those something in the cache stands in the way of (IN_THE_WAY: exit 1)."""
+        return tuple(e for e in self.entries if e.action == "skip" and (e.reason or "").startswith(IN_THE_WAY))
+
     def to_json(self, gpus: tuple[tuple[int, int], ...] | None = None,
                 arch_ok: Mapping[str, bool | None] | None = None) -> dict:
         """`import --json`: with this machine's GPUs' compute capabilities (None: none found, or not asked)
@@ -113,6 +118,11 @@ class ImportResult:
                 "lock_timeouts": self.lock_timeouts, "file_count": self.files,
                 "size": self.size, "gpu": [f"{a}.{b}" for a, b in gpus] if gpus else None,
                 "entries": [e.to_json((arch_ok or {}).get(e.relpath)) for e in self.entries]}
+
+
+# The reason of an entry skipped because something in the cache stands where it goes (a link or a file on
+# its path, a directory that is not an entry at it): not imported, and not mended by importing again.
+IN_THE_WAY = "in the way: "
 
 
 def _real_dir_chain(root: Path, relpath: str, cache: dict | None = None) -> str | None:
@@ -173,7 +183,7 @@ def _plan(root: Path, planned: list[PlannedEntry], archive_relpaths: set[str]) -
             raise reject(f"{too_long} would be longer than the system's path limit ({PATH_MAX} bytes) in {root}")
         blocked = _real_dir_chain(root, p.relpath, chains)
         if blocked:
-            p.action, p.reason, p.write = "skip", blocked, False
+            p.action, p.reason, p.write = "skip", f"{IN_THE_WAY}{blocked}", False
             continue
         if p.relpath in existing:
             there = found.get(p.relpath)
@@ -183,7 +193,7 @@ def _plan(root: Path, planned: list[PlannedEntry], archive_relpaths: set[str]) -
                 verdict = judge_entry(root, there, deep=True)
                 there = _with(there, status=verdict.status, reason=verdict.reason)
             if there is None:
-                p.action, p.reason = "skip", "something that is not an entry is in the way"
+                p.action, p.reason = "skip", f"{IN_THE_WAY}something that is not an entry is there"
             elif there.status == COMPLETE:
                 p.action, p.reason = "skip", "already present (complete)"
             elif there.status == BUILDING:
@@ -985,6 +995,8 @@ class Importer:
         reader, limits = self.reader, self.limits
         assert reader is not None
         head = reader.next()
+        if head is None and not reader.end_marker:  # a zstd frame cut short decompresses to nothing at all
+            raise reject("the archive is truncated: it ends before its first member")
         if head is None or head.name != MANIFEST_NAME or head.type != ts.REGULAR:
             raise reject("its first member is not manifest.json (not a kcache archive?)")
         if head.size > limits.max_manifest:
@@ -1211,6 +1223,17 @@ def publish_staged(root: Path, planned: PlannedEntry, staging: _Staging, lock_ti
     path (no symlink on the way), as ImportStaging's root is."""
     _finish_staging(staging, [planned])
     return _publish(root, planned, staging, lock_timeout, note or (lambda m: None), made if made is not None else set())
+
+
+def in_the_way(result: ImportResult, command: str) -> KcacheError:
+    """The error an import or pull (`command`) ends with, the rest published, when something in the cache
+    stands where entries go (ImportResult.obstructed): exit 1, for a person to look at, since importing
+    again changes nothing; a CI step that imported nothing of them must not pass."""
+    blocked = result.obstructed
+    first = blocked[0]
+    return KcacheError(f"{plural(len(blocked), 'entry')} not {command}ed, something in {result.root} in the way: "
+                       f"{first.relpath}: {(first.reason or '')[len(IN_THE_WAY):]}"
+                       f"{'' if len(blocked) == 1 else ' (and others: see --json)'}")
 
 
 def held_locks(n: int, lock_timeout: float, command: str) -> LockTimeout:

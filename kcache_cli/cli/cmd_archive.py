@@ -240,6 +240,8 @@ def _import(opts: o.GlobalOptions, archive: str, dry_run: bool, limits, wait: fl
     out = c.Output(opts)
     c.warn_arch_misfits(out, result.entries, fit, "imported")
     out.result(result.to_json(fit.gpus, fit.fits), lambda: _import_human(out, result, dry_run))
+    if result.obstructed:  # importing again mends nothing: exit 1, said under -q too
+        raise importer.in_the_way(result, "import")
     if result.lock_timeouts:  # the rest is in; these wait for a build that holds them (as build says: exit 3)
         raise importer.held_locks(result.lock_timeouts, wait, "import")
 
@@ -281,7 +283,9 @@ def _import_human(out: c.Output, result, dry_run: bool) -> None:
         out.info(f"({more} not shown: see --json)")
     verb = "would import" if dry_run else "imported"
     came, replaced = result.count("import") + result.count("replace"), result.count("replace")
-    locked = f" ({result.lock_timeouts} whose lock was held)" if result.lock_timeouts else ""
+    held = [f"{result.lock_timeouts} whose lock was held"] if result.lock_timeouts else []
+    held += [f"{len(result.obstructed)} with something in the way"] if result.obstructed else []
+    locked = f" ({', '.join(held)})" if held else ""
     out.info(f"{verb} {c.plural(came, 'entry')} ({replaced} replacing incomplete ones), skipped "
              f"{result.count('skip')}{locked}; {c.plural(result.files, 'file')} ({c.human_size(result.size)}) verified "
              f"{'' if dry_run else 'into ' + result.root}".rstrip())

@@ -97,11 +97,16 @@ def pull(opts: o.GlobalOptions, root, flt, image, url: str, timeouts: tuple[floa
         n = imported.count("import") + imported.count("replace")
         other = len(result.skipped) - result.other_arch
         locked = f", {imported.lock_timeouts} whose lock was held" if imported.lock_timeouts else ""
+        blocked = len(imported.obstructed)
+        locked += f", {blocked} with something in the way" if blocked else ""
         out.info(f"{verb} {c.plural(n, 'entry')} ({c.human_size(result.size)}) from {result.remote}; skipped "
-                 f"{imported.count('skip') - imported.lock_timeouts} present here{locked}, {result.other_arch} built "
+                 f"{imported.count('skip') - imported.lock_timeouts - blocked} present here{locked}, "
+                 f"{result.other_arch} built "
                  "for other archs" + (f", {other} not selected" if other else ""), whole_words=True)
 
     out.result(result, human)
+    if imported.obstructed:  # pulling again mends nothing: exit 1, as import's
+        raise importer.in_the_way(imported, "pull")
     if imported.lock_timeouts:  # the rest is in; these wait for a build that holds them: exit 3, as import's
         raise importer.held_locks(imported.lock_timeouts, lock_timeout, "pull")
 

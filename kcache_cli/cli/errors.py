@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import errno
+import os
+import stat
+import sys
 
 from typing import TYPE_CHECKING
 
@@ -31,11 +34,26 @@ def describe_exception(exc: BaseException) -> tuple[str, int]:
         return f"permission denied: {exc.filename or exc}", 1
     if isinstance(exc, OSError):
         target = f": {exc.filename}" if exc.filename else ""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT) and not exc.filename and _stdout_full():
+            return f"cannot write the output: {exc.strerror or exc} (standard output)", 1  # `ls > /dev/full`
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # kcache writes through temp files it publishes whole
             target += ("; what was being written is not published (each entry is whole or not there); free "
                        "space and run the command again")
         return f"{exc.strerror or exc}{target}", 1
     return f"unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)", 1
+
+
+def _stdout_full() -> bool:
+    """Whether standard output is what has no space left: a file on a full file system, or /dev/full. (A
+    write of kcache's own, to a temp file, fails the same way and names no file either; a failed flush
+    keeps nothing to try again with.)"""
+    try:
+        st = os.fstat(sys.stdout.fileno())
+        if stat.S_ISCHR(st.st_mode):
+            return (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 7)  # /dev/full
+        return stat.S_ISREG(st.st_mode) and os.fstatvfs(sys.stdout.fileno()).f_bavail == 0
+    except (OSError, ValueError, AttributeError):  # closed, or not a real file (tests)
+        return False
 
 
 def is_usage_error(exc: BaseException) -> bool:
