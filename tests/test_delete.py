@@ -23,6 +23,7 @@ from kcache_cli.model.records import ScanFilter
 from kcache_cli.ops import delete
 from kcache_cli.ops.delete import parse_age, parse_size, plan_clear, plan_prune
 from kcache_cli.util.errors import UsageError
+from kcache_cli.util.units import format_size as human
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
@@ -961,6 +962,32 @@ def test_leftover_trash_is_emptied_by_the_next_prune(kcache, fixture_copy):
     assert r.exit_code == 0
     assert [p.name for p in trash.iterdir()] == ["build-0123-abcd"]
     assert os.path.exists("/etc/passwd")
+
+
+def test_leftover_trash_is_counted_where_it_will_be_freed(kcache, fixture_copy):
+    """A clear killed between moving entries to the trash and removing them left bytes that no entry holds:
+    stats counts them reclaimable, prune --dry-run says it would empty them, prune says it did (apart from
+    `freed`, the entries' bytes); a build's own fresh batch and what a link in the trash points at are not
+    counted, nor removed."""
+    root = fixture_copy("hidet")
+    trash = state.trash_dir(root)
+    left = trash / "4242-1" / "0-deadbeefdeadbeef"
+    left.mkdir(parents=True)
+    (left / "lib.so").write_bytes(os.urandom(300_000))
+    os.symlink("/etc", left / "etc")
+    (trash / "build-0123-abcd").mkdir()  # a rebuild replacing an entry right now
+    (trash / "build-0123-abcd" / "big").write_bytes(os.urandom(500_000))
+    du = subprocess.run(["du", "-sB1", str(trash / "4242-1")], capture_output=True, text=True, check=True)
+    expected = int(du.stdout.split()[0])
+    stats = kcache("--cache-dir", root, "--json", "stats").json()
+    assert stats["reclaimable"]["trash"] == expected and stats["reclaimable"]["bytes"] >= expected
+    assert "left in the trash by an interrupted run" in kcache("--cache-dir", root, "stats").stdout
+    plan = kcache("--cache-dir", root, "--json", "prune", "--dry-run").json()
+    assert plan["trash"] == expected and plan["freed"] == 0 and (left / "lib.so").exists()
+    said = " ".join(kcache("--cache-dir", root, "prune").stdout.split())
+    assert f"emptied {human(expected)} left in the trash by an interrupted prune or clear" in said, said
+    assert [p.name for p in trash.iterdir()] == ["build-0123-abcd"] and os.path.isdir("/etc")
+    assert kcache("--cache-dir", root, "--json", "prune", "--dry-run").json()["trash"] == 0
 
 
 def test_killed_prune_leaves_whole_entries_and_the_next_one_finishes(tmp_path):

@@ -104,8 +104,8 @@ def test_reclaimable_is_what_prune_broken_frees(kcache, fixture_copy):
     root = damaged_hidet(fixture_copy)
     stats = kcache("--cache-dir", root, "stats", "--json").json()
     plan = kcache("--cache-dir", root, "prune", "--broken", "--dry-run", "--json").json()
-    assert stats["reclaimable"] == {"bytes": plan["freed"], "entry_count": plan["entry_count"],
-                                    "command": "kcache prune --broken"}
+    assert stats["reclaimable"] == {"bytes": plan["freed"] + plan["trash"], "entry_count": plan["entry_count"],
+                                    "command": "kcache prune --broken", "trash": plan["trash"]}
     # the partial relu and the stale temp directory; not softmax, broken only to a deep read
     assert {os.path.basename(r["removed_path"]) for r in plan["removed"]} == {"31857fe085635b31",
                                                                               ".kcache-tmp-deadbeefdeadbeef-1234"}

@@ -559,12 +559,22 @@ def _plan_human(out: _Out, plan, extra: dict) -> None:
         if out.opts.quiet:
             return
         _last_line(f"Nothing to remove in {c.printable_line(plan.root)} ({c.human_size(plan.scanned_size)} "
-                   f"scanned){_unread(plan, extra)}.", plan.root)
+                   f"scanned){_unread(plan, extra)}{_trash(plan.trash, False)}.", plan.root)
         return
     _removals_table(out, plan.removals)
     _last_line(f"Would remove {_count(plan.removals)} and free {c.human_size(plan.expected_freed_size)} "
                f"({c.plural(plan.expected_freed_size, 'byte')}) from {c.printable_line(plan.root)}"
-               f"{_sizes(plan, extra)}{_unread(plan, extra)}. Nothing was changed (--dry-run).", plan.root)
+               f"{_sizes(plan, extra)}{_unread(plan, extra)}{_trash(plan.trash, False)}. Nothing was changed "
+               "(--dry-run).", plan.root)
+
+
+def _trash(size: int, done: bool) -> str:
+    """What a prune or clear empties before anything else: what an interrupted one left in the trash (no entry's
+    bytes any more: not in what is freed, nor in the cache's size)."""
+    if not size:
+        return ""
+    return (f"; {'emptied' if done else 'would empty'} {c.human_size(size)} left in the trash by an interrupted "
+            "prune or clear")
 
 
 def _report_result(opts: o.GlobalOptions, out: _Out, plan, result, extra: dict) -> None:
@@ -603,9 +613,11 @@ def _result_human(out: _Out, plan, result, extra: dict, fresh_warnings) -> None:
         _removals_table(out, result.removed)
         _last_line(f"Removed {_count(result.removed)}, freed {c.human_size(result.freed)} "
                    f"({c.plural(result.freed, 'byte')}) from {c.printable_line(plan.root)}"
-                   f"{_sizes(plan, extra, result.freed)}{_unread(plan, extra)}.", plan.root)
+                   f"{_sizes(plan, extra, result.freed)}{_unread(plan, extra)}{_trash(result.trash, True)}.",
+                   plan.root)
     elif not out.opts.quiet:
-        _last_line(f"Nothing removed from {c.printable_line(plan.root)}{_unread(plan, extra)}.", plan.root)
+        _last_line(f"Nothing removed from {c.printable_line(plan.root)}{_unread(plan, extra)}"
+                   f"{_trash(result.trash, True)}.", plan.root)
     limit = extra["max_size"] if extra.get("max_size") is not None else 1 << 62
     over = plan.scanned_size - result.freed - sum(s.entry.size for s in gone) - limit
     if over > 0 and (kept or result.errors):  # what was kept or failed is not made up for by others

@@ -703,10 +703,13 @@ def _share_table(title: str, groups: dict, total: int, ordered: bool = False) ->
 
 def _reclaimable_line(report: dict) -> str:
     r = report["reclaimable"]
+    trash = r.get("trash", 0)  # what an interrupted prune or clear left in the trash (ops/delete.trash_left)
+    left = f"{c.human_size(trash)} left in the trash by an interrupted run" if trash else ""
     if not r["entry_count"]:
-        return "RECLAIMABLE  nothing: no broken entries or stale temp files"
-    return (f"RECLAIMABLE  {c.human_size(r['bytes'])} in {c.plural(r['entry_count'], 'item')} (broken entries, "
-            f"stale temp files): {r['command']}")
+        return (f"RECLAIMABLE  {left}: {r['command']}" if trash else
+                "RECLAIMABLE  nothing: no broken entries or stale temp files")
+    return (f"RECLAIMABLE  {c.human_size(r['bytes'] - trash)} in {c.plural(r['entry_count'], 'item')} (broken "
+            f"entries, stale temp files){', and ' + left if trash else ''}: {r['command']}")
 
 
 def _stats_text(out: c.Output, report: dict, first: bool = True) -> None:

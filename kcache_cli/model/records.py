@@ -430,6 +430,25 @@ def measure_tree(path: str, warn: Warn, rel: str = "") -> TreeUsage:
     except OSError as exc:
         warn(f"cannot read {path}: {exc.strerror}")
         return usage_of(top, [])
+    return _measure_open(top, top_fd, path, warn)
+
+
+def measure_at(dir_fd: int, name: str, warn: Warn) -> TreeUsage:
+    """measure_tree of `name` in the directory `dir_fd`, opened from it following no link (a link is its
+    own size). `name` is what warnings call it."""
+    try:
+        top = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(top.st_mode):
+            return usage_of(top, [])
+        top_fd = os.open(name, _LIST_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)  # swapped for a link since: refused
+    except OSError as exc:
+        warn(f"cannot read {name}: {exc.strerror}")
+        return TreeUsage(0, 0, 0.0)
+    return _measure_open(top, top_fd, name, warn)
+
+
+def _measure_open(top: os.stat_result, top_fd: int, path: str, warn: Warn) -> TreeUsage:
+    """measure_tree of the directory held open as `top_fd` (closed here), whose lstat is `top`."""
     sts: list[os.stat_result] = []  # every name's beneath it
     stack = [("", 0)]
     too_deep = False

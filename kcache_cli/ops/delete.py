@@ -45,6 +45,7 @@ from kcache_cli.model.records import (
     Warn,
     disk_bytes,
     iso,
+    measure_at,
     measure_tree,
     unmeasured,
 )
@@ -134,6 +135,7 @@ class DeleteResult:
     interrupted: bool = False  # stopped by SIGINT (SIGTERM, SIGHUP) between two removals (each one whole, or not begun)
     planned: DeletePlan | None = None  # the plan carried out, when it was made again after waiting (below)
     unreadable: tuple[str, ...] = ()  # the plan's: directories whose size is not known (DeletePlan.unreadable)
+    trash: int = 0  # bytes emptied from the trash that interrupted runs left (not in freed: no entry's)
 
     @property
     def entries(self) -> int:
@@ -146,7 +148,8 @@ class DeleteResult:
                 "skipped": [s.to_json() for s in self.skipped], "errors": [m for _, m in self.errors],
                 "entry_count": self.entries, "freed": self.freed, "size_before": size_before,
                 "size_after": size_before - self.freed, **(extra or {}), "removed_dirs": list(self.removed_dirs),
-                "warnings": list(self.warnings), "interrupted": self.interrupted, "unreadable": list(self.unreadable)}
+                "warnings": list(self.warnings), "interrupted": self.interrupted, "unreadable": list(self.unreadable),
+                "trash": self.trash}
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,8 @@ class DeletePlan:
     # relpaths of the directories the scan could not list (records.unmeasured): never removed, and not in
     # scanned_size, so a prune to a size cannot tell whether the cache fits
     unreadable: tuple[str, ...] = ()
+    # bytes an interrupted prune or clear left in .kcache/trash/ (trash_left): the run empties them first
+    trash: int = 0
 
     @property
     def expected_freed_size(self) -> int:
@@ -189,7 +194,7 @@ class DeletePlan:
                 "removed": [r.to_json() for r in self.removals], "skipped": [s.to_json() for s in self.skipped],
                 "errors": [], "entry_count": self.entries, "freed": self.expected_freed_size,
                 "size_before": self.scanned_size, "size_after": self.size_after, **(extra or {}),
-                "warnings": list(self.warnings), "unreadable": list(self.unreadable)}
+                "warnings": list(self.warnings), "unreadable": list(self.unreadable), "trash": self.trash}
 
     def execute(self, progress: Callable[[Removal], None] | None = None,
                 on_wait: Callable[[], None] | None = None, lock_timeout: float | None = None,
@@ -445,11 +450,12 @@ class _Planner:
         return max(e.last_used, newest)
 
     def plan(self, result: ScanResult, warnings: Iterable[str], tidy: bool = False) -> DeletePlan:
-        """The plan of what was selected in `result`, the scan it was selected from."""
+        """The plan of what was selected in `result`, the scan it was selected from; what the trash holds of
+        interrupted runs when the plan runs at all (a prune's always, `tidy`; a clear's when it removes)."""
         order = sorted(self.removals.values(), key=lambda r: _provides(r.entry))  # users first
         return DeletePlan(str(self.root), True, tuple(order), tuple(self.skipped.values()), result.size,
                           tuple(warnings), tidy, root_ident=_root_ident(self.root),
-                          unreadable=_unmeasured(result))
+                          unreadable=_unmeasured(result), trash=trash_left(self.root) if order or tidy else 0)
 
 
 
@@ -674,6 +680,43 @@ def _select_kcache_leftovers(p: _Planner, root: Path, warn: Warn) -> None:
             p.removals[e.path] = Removal(e, e.path, e.relpath, e.size, LEFTOVER, why)
 
 
+def trash_left(root: Path, now: float | None = None) -> int:
+    """The bytes in `root`'s .kcache/trash/ that the next prune or clear empties before anything else: what
+    an interrupted one left (killed between moving entries there and removing them), not a build's own
+    (`build-*`, there for an instant) unless an hour old. Read as the executor empties it (_empty_trash):
+    from the root held open, never through a link; 0 when there is no trash."""
+    try:
+        root_fd = fswrite.open_root(root)
+    except OSError:
+        return 0
+    fds = [root_fd]
+    try:
+        fds.append(fsdelete.open_dir(root_fd, state.STATE_DIR))
+        fds.append(fsdelete.open_dir(fds[-1], "trash"))
+        now = time.time() if now is None else now
+        return sum(_trash_item(fds[-1], name, now)[0] for name in os.listdir(fds[-1]))
+    except OSError:
+        return 0
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _trash_item(trash_fd: int, name: str, now: float, measure: bool = True) -> tuple[int, bool]:
+    """(the bytes on disk of `name` in the trash, 0 unless `measure`; whether the trash is emptied of it now:
+    not a build's own (`build-*`) younger than an hour). A directory is walked from the trash's fd,
+    following no link."""
+    try:
+        st = os.stat(name, dir_fd=trash_fd, follow_symlinks=False)
+    except OSError:
+        return 0, False
+    if name.startswith("build-") and now - st.st_ctime < STALE_AFTER:
+        return 0, False
+    if not measure:
+        return 0, True
+    return measure_at(trash_fd, name, lambda m: None).size, True
+
+
 
 
 # ---- acting --------------------------------------------------------------------------------------
@@ -710,6 +753,7 @@ class _Executor:
         self.plan = plan
         self.interruptible = interruptible
         self.stopped = False  # a SIGINT asked to stop
+        self.trash_freed = 0  # bytes emptied from the trash interrupted runs left (_empty_trash)
         self.lock_timeout = lock_timeout
         self.root = Path(plan.root)
         self.progress = progress
@@ -846,7 +890,7 @@ class _Executor:
                 self.warnings.append(f"no space left in {self.root}: removing in place, without the trash")
                 return None
             raise self._refuse(f"{sd}/trash", exc) from None
-        self._empty_trash()  # what an interrupted run left behind
+        self._empty_trash(left=True)  # what an interrupted run left behind
         batch = f"{os.getpid()}-{time.time_ns()}"
         try:
             fswrite.mkdir_at(trash_fd, batch, 0o700)
@@ -906,7 +950,7 @@ class _Executor:
         freed = sum(r.size for r in self.removed)
         return DeleteResult(self.plan.root, tuple(self.removed), tuple(self.skipped), tuple(self.errors), freed,
                             tuple(removed_dirs), tuple(self.warnings), self.stopped, self.replanned,
-                            self.plan.unreadable)
+                            self.plan.unreadable, self.trash_freed)
 
     def _next_generation(self, locks_fd: int) -> None:
         """GC_GENERATION rewritten: a prune that planned before this one removed anything plans again."""
@@ -1177,10 +1221,11 @@ class _Executor:
             except OSError:
                 pass
 
-    def _empty_trash(self) -> None:
+    def _empty_trash(self, left: bool = False) -> None:
         """Everything in the trash but a build's own (`build-*`, there for the instant a rebuilt entry
         replaces the old one) unless an hour old: holding the gc lock, no other prune or clear is running.
-        Through the pinned trash descriptor only: a `trash` swapped for a link is never followed."""
+        Through the pinned trash descriptor only: a `trash` swapped for a link is never followed. `left`:
+        what is there was left by interrupted runs (not this one's batch): its bytes are counted (trash_freed)."""
         trash = f"{state.STATE_DIR}/trash"
         fd = self.pinned[trash]
         now = time.time()
@@ -1192,14 +1237,13 @@ class _Executor:
         for name in names:
             if self.stopped:  # Ctrl-C: the rest of the trash waits for the next prune
                 break
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except OSError:
-                continue
-            if name.startswith("build-") and now - st.st_ctime < STALE_AFTER:
+            size, due = _trash_item(fd, name, now, measure=left)
+            if not due:
                 continue
             done = fsdelete.remove_tree(fd, name, label=f"{trash}/{name}")
-            if not done.gone:
+            if done.gone:
+                self.trash_freed += size
+            else:
                 path = str(self.root / trash / name)
                 self.errors.append((path, f"could not empty {path} (the next prune retries): "
                                           + "; ".join(done.problems[:3])))

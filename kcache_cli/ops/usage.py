@@ -34,14 +34,16 @@ def by_age(entries: Iterable[Entry], now: float | None = None) -> dict[str, dict
 @dataclass(frozen=True)
 class Reclaimable:
     """What `command` frees: broken entries (partial, failed, corrupt as ls judges them), symlinks where
-    entries belong, stale temp and staging directories and what killed imports and exports left."""
+    entries belong, stale temp and staging directories and what killed imports and exports left, and the
+    trash an interrupted prune or clear left (`trash`, in `size` too)."""
 
     size: int
     entries: int  # entries, temp directories, links and leftovers removed (not candidates/ inside kept ones)
     command: str = RECLAIM_COMMAND
+    trash: int = 0
 
     def to_json(self) -> dict:
-        return {"bytes": self.size, "entry_count": self.entries, "command": self.command}
+        return {"bytes": self.size, "entry_count": self.entries, "command": self.command, "trash": self.trash}
 
 
 def reclaimable(root: Path, result: ScanResult, warn: Warn | None = None) -> Reclaimable:
@@ -50,4 +52,4 @@ def reclaimable(root: Path, result: ScanResult, warn: Warn | None = None) -> Rec
     if not result.exists:
         return Reclaimable(0, 0)
     plan = plan_prune(root, broken=True, deep=False, warn=warn, scanned=result)
-    return Reclaimable(plan.expected_freed_size, plan.entries)
+    return Reclaimable(plan.expected_freed_size + plan.trash, plan.entries, trash=plan.trash)
