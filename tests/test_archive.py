@@ -318,7 +318,8 @@ def test_an_archive_inside_the_cache_it_exports_is_refused(kcache, fixture_copy,
     entry = next(src.glob("ops/*/*/*"))
     (tmp_path / "link").symlink_to(src)
     before = sorted(str(p) for p in src.rglob("*"))
-    inside = (entry / "x.tar", src / "top.tar.zst", tmp_path / "link" / "ops" / "a.tar", src / ".." / src.name / "b.tgz")
+    inside = (entry / "x.tar", src / "top.tar.zst", tmp_path / "link" / "ops" / "a.tar",
+              src / ".." / src.name / "b.tgz")
     for where in inside:
         r = kcache("--cache-dir", src, "export", where)
         assert r.exit_code == 2 and "it lies inside the cache it exports" in r.stderr, (where, r)
@@ -689,3 +690,25 @@ def test_export_judges_a_misshapen_directory_as_ls_and_verify_do(kcache, fixture
     assert r.exit_code == 0 and "left out ops/cpu_space_0/matmul/deadbeefzz: corrupt: not shaped like" in r.stderr
     r = kcache("--cache-dir", root, "export", tmp_path / "b.tar", "--status", "partial", "--json")
     assert r.exit_code == 0 and r.json()["archive"] is None, r.stdout
+
+
+def test_size_and_age_selectors_work_on_export_verify_and_push(kcache, fixture_copy, tmp_path):
+    """The README's promise: --min-size, --max-size, --older-than and --newer-than select on ls, export,
+    verify and push alike (one ScanFilter), and export ships what ls lists."""
+    from typer.main import get_command
+
+    from kcache_cli.cli.app import full_app
+
+    commands = get_command(full_app()).commands
+    for name in ("ls", "export", "verify", "push"):
+        opts = {o for p in commands[name].params for o in p.opts}
+        assert {"--min-size", "--max-size", "--older-than", "--newer-than"} <= opts, name
+    src = fixture_copy("hidet")
+    listed = {e["hash"] for e in kcache("--cache-dir", src, "--json", "ls", "--min-size", "80k").json()["entries"]}
+    assert 0 < len(listed) < 5
+    doc = kcache("--cache-dir", src, "--json", "export", "--min-size", "80k", tmp_path / "big.tar").json()
+    assert {e["hash"] for e in doc["exported"]} == listed
+    checked = kcache("--cache-dir", src, "--json", "verify", "--max-size", "80k").json()
+    assert checked["checked"] == 5 - len(listed) and checked["ok"] == checked["checked"]
+    none = kcache("--cache-dir", src, "export", "--newer-than", "1d", "--older-than", "2d", tmp_path / "n.tar")
+    assert none.exit_code == 0 and "nothing to export" in none.stderr and not (tmp_path / "n.tar").exists()

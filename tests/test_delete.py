@@ -837,6 +837,8 @@ def test_missing_cache_is_success(kcache, tmp_path):
         assert r.json()["exists"] is False and r.json()["removed"] == []
     r = kcache("prune", "--yes", env=env)
     assert r.exit_code == 0 and "nothing to remove" in r.stderr
+    quiet = kcache("-q", "prune", "--max-size", "1G", env=env)  # cron: a mistyped variable is still said
+    assert quiet.exit_code == 0 and quiet.stderr.startswith(f"warning: no cache at {missing}"), quiet
     assert not missing.exists()
 
 

@@ -222,6 +222,16 @@ def test_hints_show_a_cache_s_names_escaped(kcache, cache):
     assert r.exit_code == 2 and "\x1b" not in r.stderr and "8d1\\x1b[31m" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("typed", ["iljq", "iljqft5r", "Iljq"])
+def test_a_key_typed_in_another_case_is_named(kcache, fixture_copy, typed):
+    """Triton's keys are upper-case base32 (hidet's lower-case hex): one typed in the other case matches
+    nothing (hashes are matched as written), and the hint names the key it meant."""
+    root = fixture_copy("triton") / "cache"
+    for command in ("inspect", "ls"):
+        r = kcache("--cache-dir", root, command, typed)
+        assert r.exit_code == 2 and r.stderr.rstrip().endswith("did you mean ILJQFT5R?"), r.stderr
+
+
 def test_a_miss_in_a_triton_cache_lists_few_kernels(kcache, fixture_copy, monkeypatch):
     """A hint costs lookups by prefix, not a listing of every kernel directory (where Triton's kernel names
     lie): a key off by its last character gets the key, an op's name gets --op."""

@@ -361,7 +361,9 @@ def nearest(ref: str, roots: Iterable[str | os.PathLike]) -> Nearest:
         if not fsread.is_dir(root):
             continue
         present = layouts_of(root)
-        shared, found = _longest_shared(root, key, present) if hashlike else (0, [])
+        other = _other_case(root, key, present) if hashlike else []
+        # (a key shown as long as it was typed, at least 8: _told_apart shows one past what is shared)
+        shared, found = (len(key) - 1, other) if other else _longest_shared(root, key, present) if hashlike else (0, [])
         if shared > best:
             best, hashes = shared, set(found)
         elif shared == best and shared:
@@ -386,6 +388,17 @@ def _holder(ref: str, roots: Iterable[str | os.PathLike]) -> str | None:
             if any(e.hash == part for e in entries(root, part)):
                 return part
     return None
+
+
+def _other_case(root: str, key: str, present: tuple[str, ...]) -> list[str]:
+    """The first _HINT_LOOKS hashes that start with `key` in another case: a Triton key (base32, upper case)
+    typed in lower case, a hex one in upper case. Hashes are matched as written; this only names them."""
+    for variant in dict.fromkeys((key.upper(), key.lower())):
+        if variant != key:
+            found = [e.hash for e in itertools.islice(entries(root, variant, present=present), _HINT_LOOKS)]
+            if found:
+                return list(dict.fromkeys(found))
+    return []
 
 
 def _longest_shared(root: str, key: str, present: tuple[str, ...]) -> tuple[int, list[str]]:

@@ -51,7 +51,7 @@ ArchiveArg = Annotated[str, typer.Argument(metavar="ARCHIVE", help="The archive:
                                            "- for a pipe (export: standard output, zstd; import: standard input).")]
 
 
-@c.selectors(status=Annotated[Optional[List[str]], typer.Option(
+@c.selectors(size_age=True, status=Annotated[Optional[List[str]], typer.Option(
     "--status", metavar="STATUS", help="Only entries with this status (repeatable). Default: complete entries "
     "only; entries being built are never exported.", autocompletion=c.complete.complete_status)])
 def export_command(
@@ -291,7 +291,7 @@ def _import_human(out: c.Output, result, dry_run: bool) -> None:
              f"{'' if dry_run else 'into ' + result.root}".rstrip())
 
 
-@c.selectors()
+@c.selectors(size_age=True)
 def verify_command(
     ctx: typer.Context,
     sel: c.Selection,

@@ -450,8 +450,12 @@ def _execute(opts: o.GlobalOptions, plan):
 
 
 def _missing(opts: o.GlobalOptions, out: _Out, loc, dry_run: bool, extra: dict) -> None:
+    """A cache that is not there: nothing to remove (exit 0). Named by KCACHE_DIR (--cache-dir's is an error
+    before this), a warning, which -q does not hide: a cron line's mistyped variable must not pass unseen;
+    among every cache found, a note."""
+    say = out.warn if c.explicit_root(opts) else out.info
     out.result(delete.DeletePlan(str(loc.path), exists=False).to_json(extra, dry_run=dry_run),
-               lambda: out.info(f"no cache at {loc.path} ({loc.reason}): nothing to remove"))
+               lambda: say(f"no cache at {loc.path} ({loc.reason}): nothing to remove"))
 
 
 def _rows(removals) -> list[list[str]]:

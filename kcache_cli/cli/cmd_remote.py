@@ -149,7 +149,7 @@ def _local_root(opts: o.GlobalOptions, layouts: tuple[str, ...]):
     return c.cache_root(opts)
 
 
-@c.selectors(status=None)
+@c.selectors(status=None, size_age=True)
 def push_command(
     ctx: typer.Context,
     sel: c.Selection,
