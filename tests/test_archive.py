@@ -712,3 +712,11 @@ def test_size_and_age_selectors_work_on_export_verify_and_push(kcache, fixture_c
     assert checked["checked"] == 5 - len(listed) and checked["ok"] == checked["checked"]
     none = kcache("--cache-dir", src, "export", "--newer-than", "1d", "--older-than", "2d", tmp_path / "n.tar")
     assert none.exit_code == 0 and "nothing to export" in none.stderr and not (tmp_path / "n.tar").exists()
+
+
+def test_an_empty_archive_name_is_a_usage_error(kcache, fixture_copy, tmp_path, monkeypatch):
+    """`kcache import "$ARCHIVE"` with the variable unset: said so (exit 2), not "cannot read <cwd>"."""
+    monkeypatch.chdir(tmp_path)
+    r = kcache("--cache-dir", fixture_copy("hidet"), "import", "")
+    assert r.exit_code == 2 and r.stderr == ("Error: ARCHIVE is empty (an unset shell variable?): name the archive, "
+                                             "or - for a pipe\n"), r.stderr

@@ -1238,3 +1238,31 @@ def test_the_last_line_groups_the_digits_of_its_count(kcache, tmp_path):
     assert dry.stdout.splitlines()[-1].startswith("Would remove 1,000 entries and free "), dry.stdout
     done = kcache("--cache-dir", root, "clear", "--all", "--yes")
     assert done.exit_code == 0 and done.stdout.splitlines()[-1].startswith("Removed 1,000 entries, freed ")
+
+
+_NO_DAC = ["setpriv", "--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_an_unreadable_op_directory_is_said_once_and_for_what_it_is(fixture_copy, tmp_path):
+    """Root without its DAC capabilities, as a user meets a mode-000 op directory: prune --broken says it
+    cannot read it once (its passes each met it), and export leaves it out as unreadable, not as a stray."""
+    root = fixture_copy("hidet")
+    op = root / "ops" / "cuda_space_0" / "softmax"
+    op.chmod(0)
+    try:
+        def run(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([*_NO_DAC, sys.executable, "-m", "kcache_cli", "--cache-dir", str(root), *args],
+                                  capture_output=True, text=True, timeout=120)
+
+        probe = run("ls")
+        if "cannot read" not in probe.stderr:
+            pytest.skip(f"DAC capabilities not dropped here: {probe.stderr[-200:]}")
+        prune = run("prune", "--broken", "--dry-run")
+        assert prune.returncode == 0 and prune.stderr.count(f"cannot read {op}") == 1, prune.stderr
+        export = run("export", str(tmp_path / "a.tar"))
+        assert export.returncode == 0, export.stderr
+        assert "left out ops/cuda_space_0/softmax: cannot read the directory" in export.stderr
+        assert "none of them is exported" in export.stderr and "stray" not in export.stderr
+    finally:
+        op.chmod(0o755)

@@ -48,7 +48,7 @@ from kcache_cli.fs.locking import leftover_live, try_flock
 from kcache_cli.fs.entrydir import EntryDir
 from kcache_cli.fs.read import TreeTooDeep, open_regular
 from kcache_cli.model.records import (BUILDING, COMPLETE, MOVED, Entry, EntryKey, Judgement, Keyed, ScanFilter, Status,
-                                      Warn, entry_with, iso)
+                                      Warn, entry_with, iso, unmeasured)
 from kcache_cli.ops.verify import judge_open, not_judged
 from kcache_cli.util import jsonout, parallel
 from kcache_cli.util.errors import KcacheError, UsageError
@@ -139,6 +139,8 @@ class ExportPlan:
 
 def _leave_out(e: Entry, flt: ScanFilter, sources_only: bool) -> str | None:
     """Why a selected entry stays out of an archive, or None."""
+    if unmeasured(e) and not e.hash:  # a directory of entries the scan could not list, not a stray one
+        return f"{e.reason}: none of them is exported"
     if entry_path_problem(e.layout, e.kind, e.relpath):
         return "a temp, staging or stray directory, not an entry"
     if e.status == BUILDING:

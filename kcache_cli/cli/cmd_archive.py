@@ -206,6 +206,8 @@ def import_command(
     Example: kcache import kernels.tar.zst --dry-run
     """
     opts = o.use(ctx, cache_dir, as_json)
+    if not archive.strip():  # "" would read the current directory
+        raise UsageError("ARCHIVE is empty (an unset shell variable?): name the archive, or - for a pipe")
     defaults = manifest.ImportLimits()
     limits = manifest.ImportLimits(max_member=_size(max_file_size, "--max-file-size", defaults.max_member),
                           max_total=_size(max_total_size, "--max-total-size", defaults.max_total))

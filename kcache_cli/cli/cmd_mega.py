@@ -54,7 +54,8 @@ def show_blob(opts: o.GlobalOptions, path: str, verify: bool) -> None:
 def _blob_human(doc: dict, verify: bool) -> None:
     crc = doc["crc32"]
     c.print_text(f"blob     {c.printable_line(doc['path'])}")
-    c.print_text(f"size     {doc['size']} bytes, sha256 {doc['sha256'][:16]}", 9)
+    size = doc["size"]
+    c.print_text(f"size     {c.human_size(size)} ({c.plural(size, 'byte')}), sha256 {doc['sha256'][:16]}", 9)
     c.print_text(f"crc32    stored {crc['stored'] or '-'}, computed {crc['computed'] or '-'} "
                  f"({'ok' if crc['ok'] else 'MISMATCH'})", 9)
     c.print_text(f"version  {doc['version'] if doc['version'] is not None else '-'}   state {doc['state']}", 9)

@@ -490,9 +490,15 @@ def _strays(root: Path, flt: ScanFilter, warn: Warn, layouts: Iterable[str]) -> 
 
 
 def _collector(warn: Warn | None) -> tuple[list[str], Warn]:
+    """(the plan's warnings, the function that collects them): each said once, however many of the plan's
+    passes (the scan, the deep judging, the links where entries belong) meet the same unreadable directory."""
     msgs: list[str] = []
+    seen: set[str] = set()
 
     def collect(m: str) -> None:
+        if m in seen:
+            return
+        seen.add(m)
         msgs.append(m)
         if warn is not None:
             warn(m)

@@ -18,6 +18,7 @@ from kcache_cli.model.records import EntryKey, Keyed, ScanFilter, Warn, iso
 from kcache_cli.model.terms import COMPLETE, Status
 from kcache_cli.remote import formats as f
 from kcache_cli.remote.store import NotAValue, Store
+from kcache_cli.util.units import format_size
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def plan_remote_prune(entries: list[RemoteEntry], max_size: int | None = None, o
         for e in rest:
             if total <= max_size:
                 break
-            out.append(RemoteRemoval(e, f"least recently pulled, over --max-size {max_size}"))
+            out.append(RemoteRemoval(e, f"least recently pulled, over --max-size {format_size(max_size)}"))
             total -= e.size
     return out
 

@@ -43,7 +43,7 @@ from kcache_cli.remote.pull import summary_matches
 from kcache_cli.remote.store import RemoteError
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.signing import signer
-from kcache_cli.util.units import is_digits
+from kcache_cli.util.units import format_size, is_digits
 
 OTHER_ARCH = "built for"  # how the reason of an entry left out for its arch starts
 
@@ -525,7 +525,7 @@ def plan_prune(images: list[Image], keep: int | None, older_than: float | None, 
             if total <= max_size:
                 break
             if (i.ref.tag or "") not in out:
-                out[i.ref.tag or ""] = TagRemoval(i, f"over --max-size {max_size}")
+                out[i.ref.tag or ""] = TagRemoval(i, f"over --max-size {format_size(max_size)}")
                 holders[i.digest] -= 1
                 total -= i.size if holders[i.digest] == 0 else 0
     return sorted(out.values(), key=lambda r: (r.image.created or 0, r.image.ref.tag or ""))
