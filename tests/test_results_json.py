@@ -82,14 +82,16 @@ def test_clear_plan_and_result(fixture_copy):
     plan = plan_clear(root, ScanFilter(ops=("add",)))
     dry = plan.to_json({"max_size": None})
     assert list(dry) == ["root", "exists", "dry_run", "removed", "skipped", "errors", "entry_count", "freed",
-                         "size_before", "size_after", "max_size", "warnings", "unreadable"]
+                         "size_before", "size_after", "max_size", "warnings", "unreadable", "trash"]
     assert dry["dry_run"] is True and dry["entry_count"] == plan.entries > 0
     assert dry["freed"] == sum(r["size"] for r in dry["removed"])
     result = plan.execute()
     done = result.to_json(plan.scanned_size)
     assert list(done) == ["root", "exists", "dry_run", "removed", "skipped", "errors", "entry_count", "freed",
-                          "size_before", "size_after", "removed_dirs", "warnings", "interrupted", "unreadable"]
+                          "size_before", "size_after", "removed_dirs", "warnings", "interrupted", "unreadable",
+                          "trash"]
     assert done["interrupted"] is False and done["unreadable"] == dry["unreadable"] == []
+    assert done["trash"] == dry["trash"] == 0
     assert done["dry_run"] is False and done["size_after"] == plan.scanned_size - done["freed"]
     assert done["entry_count"] == dry["entry_count"]
 
