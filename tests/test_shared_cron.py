@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -315,17 +316,60 @@ def test_a_budget_root_keeps_in_the_cache_binds_a_members_bare_prune(area):
     limit = total * 4 // 10
     run = root_kcache("--cache-dir", root, "config", "set", "max-size", f"{limit}B")
     assert run.returncode == 0, run.stderr
-    kept = os.stat(root / ".kcache" / "config.toml")
+    kept = os.stat(root / ".kcache" / "budget" / "config.toml")
     assert kept.st_gid == GROUP and stat.S_IMODE(kept.st_mode) == 0o644  # read, not written, by the group
     shown = member_kcache("--cache-dir", root, "config")
-    assert shown.returncode == 0 and str(root / ".kcache" / "config.toml") in shown.stdout, shown.stderr
+    assert shown.returncode == 0 and str(root / ".kcache" / "budget" / "config.toml") in shown.stdout, shown.stderr
     run = member_kcache("--cache-dir", root, "prune", "--yes")
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines() + run.stderr.splitlines()
     assert len(lines) <= 25, "\n".join(lines)
-    assert any(f"budget of {root}" in line and ".kcache/config.toml" in line for line in lines), lines
+    assert any(f"budget of {root}" in line and ".kcache/budget/config.toml" in line for line in lines), lines
     left = json.loads(member_kcache("--cache-dir", root, "stats", "--json").stdout)["size"]
     assert left <= limit and len(entries(root)) < 300
+
+
+@pytest.mark.second_user
+def test_a_file_of_roots_a_member_renamed_into_kcache_never_steers_roots_prune(area):
+    """Root's import publishes an entry's files as root's, bytes the archive's maker chose; a member renamed
+    one holding `max-size = "1B"` into .kcache/config.toml, and root's cron prune, trusting a budget file of
+    root's, removed every entry. Root's budget lives in .kcache/budget/, which only its owner may write:
+    a member cannot put a file there, and root's prune acts on no file of root's found in .kcache/ itself
+    (one line, exit 1, nothing removed) nor, once root keeps a budget, looks at it."""
+    from test_shared_attacks import as_attacker, attacker
+
+    root = group_cache(area)
+    before = entries(root)
+    planted = root / before[0] / "notes.toml"  # as root's import of a member's archive leaves it
+    planted.write_text('max-size = "1B"\n')
+    os.chown(planted, 0, GROUP)
+    os.chmod(planted, 0o644)
+    (root / ".kcache").mkdir(mode=0o2775)
+    os.chown(root / ".kcache", 0, GROUP)
+    os.chmod(root / ".kcache", 0o2775)
+    assert attacker("import os, sys; os.rename(sys.argv[1], sys.argv[2])", planted,
+                    root / ".kcache" / "config.toml").returncode == 0
+    for args in (("-q", "prune", "--yes"), ("prune", "--dry-run")):
+        run = root_kcache("--cache-dir", root, *args)
+        assert run.returncode == 1 and len(run.stderr.splitlines()) == 1, (args, run.stderr)
+        assert "kept in .kcache/, which others may write" in run.stderr and run.stdout == "", run.stderr
+    assert entries(root) == before
+    assert root_kcache("--cache-dir", root, "config", "set", "max-age", "90d").returncode == 0
+    budget = root / ".kcache" / "budget"
+    st = os.stat(budget)
+    assert st.st_uid == 0 and not st.st_mode & 0o022 and not (root / ".kcache" / "config.toml").exists()
+    again = root / before[1] / "notes.toml"
+    again.write_text('max-size = "1B"\n')
+    os.chown(again, 0, GROUP)
+    moved = subprocess.run([PY, "-c", "import os, sys; os.rename(sys.argv[1], sys.argv[2])", str(again),
+                            str(budget / "config.toml")], preexec_fn=as_attacker, capture_output=True, text=True,
+                           timeout=TIMEOUT, env={"PATH": "/usr/bin:/bin"})
+    assert moved.returncode != 0 and "Permission denied" in moved.stderr
+    assert attacker("import os, sys; os.rename(sys.argv[1], sys.argv[2])", again,
+                    root / ".kcache" / "config.toml").returncode == 0  # beside root's: never read by root
+    dry = root_kcache("--cache-dir", root, "prune", "--dry-run", "--json")
+    assert dry.returncode == 0 and json.loads(dry.stdout)["removed"] == [], dry.stderr
+    assert 'max-age = "90d"' in (budget / "config.toml").read_text()
 
 
 @pytest.mark.second_user
@@ -347,12 +391,14 @@ def test_root_acts_on_no_budget_a_member_kept_in_the_cache(area):
         assert f"{kept}: written by " in run.stderr and "a member of the cache's group" in run.stderr
     assert entries(root) == before
     assert root_kcache("--cache-dir", root, "config", "set", "max-age", "90d").returncode == 0
-    assert os.stat(kept).st_uid == 0 and "max-size" not in kept.read_text()  # the member's value not taken over
+    roots = root / ".kcache" / "budget" / "config.toml"  # root's own place, which the member's file gave way to
+    assert not kept.exists() and os.stat(roots).st_uid == 0 and "max-size" not in roots.read_text()
     dry = root_kcache("--cache-dir", root, "prune", "--dry-run", "--json")
     assert dry.returncode == 0 and json.loads(dry.stdout)["removed"] == [], dry.stderr
     assert root_kcache("--cache-dir", root, "config", "set", "max-size", "1B").returncode == 0
     dry = root_kcache("--cache-dir", root, "prune", "--dry-run", "--json")
     assert dry.returncode == 0 and len(json.loads(dry.stdout)["removed"]) == len(before), dry.stderr
+    kept = roots
     os.chmod(kept, 0o666)
     run = root_kcache("--cache-dir", root, "prune", "--dry-run")
     assert run.returncode == 1 and f"{kept}: writable by anyone: not trusted" in run.stderr, run.stderr
@@ -368,15 +414,20 @@ def test_a_member_cannot_rewrite_roots_budget_in_place_to_steer_roots_prune(area
 
     root = group_cache(area)
     before = entries(root)
-    kept = root / ".kcache" / "config.toml"
+    roots = root / ".kcache" / "budget" / "config.toml"
     assert root_kcache("--cache-dir", root, "config", "set", "max-size", "10G").returncode == 0
-    st = os.stat(kept)
+    st = os.stat(roots)
     assert st.st_gid == GROUP and stat.S_IMODE(st.st_mode) == 0o644, oct(st.st_mode)
     forge = "import sys; open(sys.argv[1], 'w').write('max-size = ' + chr(34) + '1B' + chr(34))"
-    forged = subprocess.run([PY, "-c", forge, str(kept)], preexec_fn=as_attacker, capture_output=True, text=True,
+    forged = subprocess.run([PY, "-c", forge, str(roots)], preexec_fn=as_attacker, capture_output=True, text=True,
                             timeout=TIMEOUT, env={"PATH": "/usr/bin:/bin"})
-    assert forged.returncode != 0 and "Permission denied" in forged.stderr and "10G" in kept.read_text()
-    os.chmod(kept, 0o664)  # as an older kcache left it
+    assert forged.returncode != 0 and "Permission denied" in forged.stderr and "10G" in roots.read_text()
+    # as an older kcache left it: root's, in .kcache/ itself, writable by the group
+    shutil.rmtree(roots.parent)
+    kept = root / ".kcache" / "config.toml"
+    kept.write_text('max-size = "10G"\n')
+    os.chown(kept, 0, GROUP)
+    os.chmod(kept, 0o664)
     assert subprocess.run([PY, "-c", forge, str(kept)], preexec_fn=as_attacker, timeout=TIMEOUT).returncode == 0
     assert os.stat(kept).st_uid == 0 and "1B" in kept.read_text()
     for args in (("-q", "prune", "--yes"), ("prune", "--dry-run")):
@@ -385,7 +436,7 @@ def test_a_member_cannot_rewrite_roots_budget_in_place_to_steer_roots_prune(area
         assert f"{kept}: writable by the cache's group" in run.stderr and run.stdout == "", (args, run.stderr)
     assert entries(root) == before
     assert root_kcache("--cache-dir", root, "config", "set", "max-age", "90d").returncode == 0
-    assert "1B" not in kept.read_text() and stat.S_IMODE(os.stat(kept).st_mode) == 0o644
+    assert not kept.exists() and "1B" not in roots.read_text() and stat.S_IMODE(os.stat(roots).st_mode) == 0o644
     dry = root_kcache("--cache-dir", root, "prune", "--dry-run", "--json")
     assert dry.returncode == 0 and json.loads(dry.stdout)["removed"] == [], dry.stderr
 
@@ -452,7 +503,7 @@ def test_a_config_a_member_cannot_read_is_exit_1_naming_it(area):
 
     root = group_cache(area)
     assert root_kcache("--cache-dir", root, "config", "set", "max-size", "1G").returncode == 0
-    kept = root / ".kcache" / "config.toml"
+    kept = root / ".kcache" / "budget" / "config.toml"
     os.chmod(kept, 0o600)
     for args in (("prune", "--dry-run"), ("prune", "--yes"), ("config",)):
         run = member_kcache("--cache-dir", root, *args)
@@ -508,7 +559,7 @@ def test_the_budget_in_the_cache_wins_and_personal_budgets_bind_only_own_caches(
     assert kcache("--cache-dir", mine, "config", "set", "max-size", "10G").exit_code == 0
     shown = kcache("--cache-dir", mine, "config", "--json").json()
     assert shown["effective"]["max_size"] == 10**10
-    assert shown["effective"]["max_size_from"] == str(mine / ".kcache" / "config.toml")
+    assert shown["effective"]["max_size_from"] == str(mine / ".kcache" / "budget" / "config.toml")
     run = kcache("--cache-dir", mine, "prune", "--yes")
     assert run.exit_code == 0 and len(entries(mine)) == 5, run.stderr  # the cache's 10G wins over 1k
     assert kcache("--cache-dir", mine, "config", "unset", "max-size").exit_code == 0

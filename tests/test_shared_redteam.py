@@ -62,7 +62,7 @@ def test_a_torch_mega_export_never_reads_through_a_shard_swapped_for_a_link(area
 
 
 def test_a_budget_whose_kcache_dir_a_member_swapped_for_a_link_is_not_read_as_none(area):
-    """Root keeps max-size in a shared cache's .kcache/config.toml; a member renames .kcache/ aside and puts
+    """Root keeps max-size in a shared cache's .kcache/budget/config.toml; a member renames .kcache/ aside and puts
     a link to it there. Root's cron `prune` said "Nothing to remove", exit 0: the budget silently bound
     nothing. A budget that cannot be read fails the prune,
     one line naming the file, as a FIFO or a link in the file's own place does; nothing is removed."""
@@ -75,7 +75,7 @@ def test_a_budget_whose_kcache_dir_a_member_swapped_for_a_link_is_not_read_as_no
         run = kcache("--cache-dir", root, *args, umask=0o022)
         lines = run.stderr.strip().splitlines()
         assert run.returncode == 1 and len(lines) == 1, (args, run.returncode, run.stderr)
-        assert lines[0].startswith(f"Error: cannot read {root}/.kcache/config.toml"), lines
+        assert lines[0].startswith(f"Error: cannot read {root}/.kcache/budget"), lines
     assert entry_dirs(root) == before
 
 

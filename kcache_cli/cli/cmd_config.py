@@ -43,7 +43,7 @@ def config_show(ctx: typer.Context, as_json: o.JsonOpt = False) -> None:
     together ([all]) or for one ([cache.NAME]), in a TOML file (`kcache config path`; KCACHE_CONFIG
     overrides where it is). With no subcommand, shows it.
 
-    With --cache-dir ROOT the budget is kept in that cache (ROOT/.kcache/config.toml, as ccache keeps
+    With --cache-dir ROOT the budget is kept in that cache (ROOT/.kcache/budget/config.toml, as ccache keeps
     ccache.conf): it binds every user's bare `kcache prune` of the cache and wins over personal
     settings, which apply only to caches you own; shown with where each value comes from.
 

@@ -98,16 +98,17 @@ def configured(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn,
 def effective(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn,
               scan: Callable[[Path], ScanResult] | None = None,
               unread: dict[str, str] | None = None) -> dict[str, RootBudget]:
-    """What a bare `prune` keeps each root to: the budget kept in the cache (`.kcache/config.toml`, binding
+    """What a bare `prune` keeps each root to: the budget kept in the cache (`.kcache/budget/config.toml`, binding
     every user and winning over personal settings), then, only for caches this user owns, the user's own
     config (`configured`, `scan` as there). A budget in a cache that cannot be read or trusted is an error
     naming its file (KcacheError); with `unread`, that root is left out of the answer and its error put
     there instead (one cache a member broke stops no prune of the others)."""
-    kept = {}
+    kept, files = {}, {}
     for root, _ in roots:
         try:
             if root.is_dir():
-                kept[str(root)] = load_cache(root).budget()
+                cached = load_cache(root)
+                kept[str(root)], files[str(root)] = cached.budget(), str(cached.path)
         except KcacheError as exc:
             if unread is None:
                 raise
@@ -119,7 +120,7 @@ def effective(roots: list[tuple[Path, tuple[str, ...]]], cfg, warn: Warn,
     for root, _ in roots:
         r, inside = str(root), kept.get(str(root))
         mine = personal.get(r, RootBudget(None, None))
-        here = str(root / ".kcache" / "config.toml")
+        here = files.get(r, "")
         size = (inside.max_size, here) if inside and inside.max_size is not None else (mine.max_size, mine.size_from)
         age = (inside.max_age, here) if inside and inside.max_age is not None else (mine.max_age, mine.age_from)
         out[r] = RootBudget(size[0], age[0], size[1], age[1])

@@ -334,7 +334,13 @@ def _write(dfd: int, path: Path, data: bytes) -> None:
 
 
 # ---- the budget kept in a cache (as ccache's ccache.conf) --------------------------------------------
-CACHE_FILE = "config.toml"  # <root>/.kcache/config.toml: max-size and max-age, top-level keys
+CACHE_FILE = "config.toml"  # max-size and max-age, top-level keys
+# Root's and the cache owner's budget: <root>/.kcache/budget/config.toml, in a directory only its owner may
+# write. A group-shared cache's .kcache/ is the members' to write (their imports stage there), so a member
+# could rename into .kcache/config.toml any file root or the owner owns, bytes of the member's choosing
+# among them (a file of an entry root's import published): root acts on a budget only from where no
+# member can put one. .kcache/config.toml itself is a member's budget (and a private cache's, before).
+BUDGET_DIR = "budget"
 CONFIG_LOCK = ".config.lock"  # in .kcache/locks/: writers of the file take it (0660, writers only)
 
 
@@ -346,10 +352,11 @@ class CacheConfig:
     root: Path
     exists: bool
     values: dict[str, str] = field(default_factory=dict)
+    members: bool = False  # kept in .kcache/config.toml (a member's, or a private cache's), not in budget/
 
     @property
     def path(self) -> Path:
-        return state_dir(self.root) / CACHE_FILE
+        return state_dir(self.root) / CACHE_FILE if self.members else state_dir(self.root) / BUDGET_DIR / CACHE_FILE
 
     def budget(self) -> Budget:
         return Config(self.path, self.exists, {ALL: self.values}).budget(ALL)
@@ -366,8 +373,9 @@ def load_cache(root: Path, rewriting: bool = False) -> CacheConfig:
     """The budget kept in the cache at `root` (empty when it has none). A file that is malformed is a usage
     error naming it (exit 2); one that cannot be read, or that belongs to someone the cache does not trust
     (not you, not root, nor the group of a group-shared cache), is an error (exit 1)."""
-    empty = CacheConfig(Path(root), False)
-    raw = _read_cache_file(empty.path, Path(root), rewriting)
+    root = Path(root)
+    raw, members = _read_cache_file(root, rewriting)
+    empty = CacheConfig(root, False, members=members)
     if raw is None:
         return empty
     doc = parse_toml(raw, empty.path)
@@ -378,36 +386,72 @@ def load_cache(root: Path, rewriting: bool = False) -> CacheConfig:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise UsageError(f"{empty.path}: {key} must be a string like \"20G\" or \"30d\"")
         values[key] = check_value(key, str(value), f"{empty.path}: ")
-    return CacheConfig(Path(root), True, values)
+    return CacheConfig(root, True, values, members)
 
 
-def _read_cache_file(path: Path, root: Path, rewriting: bool) -> bytes | None:
+def _read_cache_file(root: Path, rewriting: bool) -> tuple[bytes | None, bool]:
+    """(the budget file's bytes, None for none; whether they are .kcache/config.toml's, not budget/'s)."""
+    where = state_dir(root) / BUDGET_DIR
     try:
         rfd = fswrite.open_root(root)
     except OSError:
-        return None
+        return None, False
     try:
         group = state.shared_group(rfd)
         owner = os.fstat(rfd).st_uid
         sfd = state.open_state(rfd, root)  # last: nothing after it may fail and leave it open
     except FileNotFoundError:  # no .kcache/: no budget
-        return None
+        return None, False
     except OSError as exc:  # a link, another user's, one this user may not search: the budget is not known
-        raise _cannot_read(path, exc) from None
+        raise _cannot_read(where, exc) from None
     finally:
         os.close(rfd)
     try:
-        fd, st = fsread.open_regular(CACHE_FILE, dir_fd=sfd)
+        bfd = fswrite.open_dir(sfd, BUDGET_DIR)
+    except FileNotFoundError:  # none of root's or the owner's: a member's, or a private cache's, if any
+        try:
+            others = bool(os.fstat(sfd).st_mode & 0o022)  # .kcache/ others may write: anyone's file may be put there
+            return _read_in(sfd, state_dir(root) / CACHE_FILE, root, group, owner, rewriting, others), True
+        finally:
+            os.close(sfd)
+    except OSError as exc:
+        os.close(sfd)
+        raise _cannot_read(where, exc) from None
+    os.close(sfd)
+    try:
+        why = _budget_dir_problem(os.fstat(bfd), owner)
+        if why:
+            raise KcacheError(f"{where}: {why}: not trusted as this cache's budget; root or the cache's owner can "
+                              "remove it and set one anew")
+        return _read_in(bfd, where / CACHE_FILE, root, group, owner, rewriting, False), False
+    finally:
+        os.close(bfd)
+
+
+def _budget_dir_problem(st: os.stat_result, owner: int) -> str | None:
+    """Why .kcache/budget/ (`st`) may hold a file root or the owner did not put there, or None: it must be
+    theirs and writable by nobody else (a member renames a file into a directory the member may write)."""
+    if st.st_uid not in (0, owner):
+        return f"owned by {_user(st.st_uid)}, not root or the cache's owner"
+    if st.st_mode & 0o022:
+        return "writable by others than its owner"
+    return None
+
+
+def _read_in(dfd: int, path: Path, root: Path, group: int | None, owner: int, rewriting: bool,
+             placed: bool) -> bytes | None:
+    """The budget file `path` (its name CACHE_FILE in the directory `dfd`), as the cache trusts it; `placed`:
+    in a directory others may write, where a file of root's or the owner's may have been put by anyone."""
+    try:
+        fd, st = fsread.open_regular(CACHE_FILE, dir_fd=dfd)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise _cannot_read(path, exc) from None
-    finally:
-        os.close(sfd)
     try:
-        if rewriting and _members_budget(st, group, owner):
+        if rewriting and (_members_budget(st, group, owner) or placed and os.geteuid() == 0):
             return None  # root sets a budget anew: a member's values are never taken over unseen
-        why = _untrusted(st, group, owner)
+        why = _untrusted(st, group, owner, placed)
         if why:
             raise KcacheError(f"{path}: {why}: not trusted as this cache's budget; root or the cache's owner can "
                               f"set one anew (`kcache --cache-dir {root} config set KEY VALUE` keeps only what "
@@ -417,16 +461,21 @@ def _read_cache_file(path: Path, root: Path, rewriting: bool) -> bytes | None:
         os.close(fd)
 
 
-def _untrusted(st: os.stat_result, group: int | None, owner: int) -> str | None:
+def _untrusted(st: os.stat_result, group: int | None, owner: int, placed: bool = False) -> str | None:
     """Why the budget file (`st`) of a cache owned by `owner` must not steer this user's prune, or None.
     A member of a group-shared cache may keep a budget for every member's prune, but root's acts only on
     one that root or the cache's owner wrote: a member's max-size of 0 would otherwise have root's cron
-    remove the other members' entries, which that member may not remove."""
+    remove the other members' entries, which that member may not remove. `placed`: the file lies in a
+    directory others may write (.kcache/ of a group-shared cache), where anyone may have put it, whoever
+    owns it (BUDGET_DIR)."""
     if st.st_mode & 0o002:
         return "writable by anyone"
     if _members_budget(st, group, owner) and st.st_uid in (0, owner):
         return "writable by the cache's group, so a member may have written it (root acts on a budget only root " \
                "or the cache's owner wrote; their `config set` makes it the group's to read only)"
+    if placed and os.geteuid() == 0 and st.st_uid in (0, owner):
+        return ("kept in .kcache/, which others may write: anyone may have put a file of root's or the owner's there "
+                "(root acts on their budget only in .kcache/budget/, where their `config set` keeps it)")
     if st.st_uid in (os.geteuid(), 0, owner):
         return None
     writer = _user(st.st_uid)
@@ -467,9 +516,9 @@ def unset_cache_value(root: Path, key: str) -> tuple[CacheConfig, bool]:
 
 
 def _update_cache(root: Path, change) -> tuple[CacheConfig, bool]:
-    """Read, change and write <root>/.kcache/config.toml under the cache's config lock (in .kcache/locks/,
-    opened only by writers), through the held state directory (never a link), shared with the group of
-    a group-shared cache."""
+    """Read, change and write the cache's budget under its config lock (in .kcache/locks/, opened only by
+    writers), through the held state directory (never a link): root's or the owner's in .kcache/budget/
+    (_write_budget), a member's in .kcache/config.toml, shared with the group of a group-shared cache."""
     where = state.state_dir(root) / CACHE_FILE
     sfd, lock = _open_for_update(root, where)
     try:
@@ -478,15 +527,46 @@ def _update_cache(root: Path, change) -> tuple[CacheConfig, bool]:
         values = change(cfg.values)
         if values is None:
             return cfg, False
-        new = CacheConfig(Path(root), True, values)
+        theirs = os.geteuid() in (0, _owner(root))  # root's or the owner's: in budget/, theirs alone
+        new = CacheConfig(Path(root), True, values, members=not theirs)
         try:
-            fswrite.replace_file_shared(sfd, CACHE_FILE, new.to_toml().encode(), group_reads_only=True)
+            if theirs:
+                _write_budget(sfd, new)
+            else:
+                fswrite.replace_file_shared(sfd, CACHE_FILE, new.to_toml().encode(), group_reads_only=True)
         except OSError as exc:
-            raise KcacheError(f"cannot write {where}: {exc.strerror or exc}") from None
+            raise KcacheError(f"cannot write {new.path}: {exc.strerror or exc}") from None
         return new, True
     finally:
         os.close(lock)
         os.close(sfd)
+
+
+def _owner(root: Path) -> int:
+    """The cache's owner: its root's, as held (fsread.hold_root)."""
+    return fsread.stat_path(root).st_uid
+
+
+def _write_budget(sfd: int, new: CacheConfig) -> None:
+    """Root's or the owner's budget into .kcache/budget/ (made theirs, 0755: every user's prune reads it, no
+    one else may put a file in it); the members' .kcache/config.toml it supersedes is removed."""
+    if fswrite.mkdir_at(sfd, BUDGET_DIR, 0o755, exist_ok=True):
+        made = fswrite.open_dir(sfd, BUDGET_DIR)
+        try:
+            # whatever the umask: every user's prune reads it, only its owner writes it (a setgid bit inherited
+            # from a group-shared .kcache/ is kept: the file is the group's, to read)
+            os.fchmod(made, 0o755 | (os.fstat(made).st_mode & stat.S_ISGID))
+        finally:
+            os.close(made)
+    bfd = fswrite.open_dir(sfd, BUDGET_DIR)
+    try:
+        why = _budget_dir_problem(os.fstat(bfd), _owner(new.root))
+        if why:
+            raise KcacheError(f"{new.path.parent}: {why}: remove it and set the budget again")
+        fswrite.replace_file_shared(bfd, CACHE_FILE, new.to_toml().encode(), group_reads_only=True)
+    finally:
+        os.close(bfd)
+    fswrite.unlink_at(sfd, CACHE_FILE)
 
 
 def _open_for_update(root: Path, where: Path) -> tuple[int, int]:
