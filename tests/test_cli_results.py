@@ -322,3 +322,11 @@ def test_a_signal_at_the_confirmation_prompt_is_an_interrupt(fixture_copy, sig):
                              lambda pid, fd: os.kill(pid, sig), again=True)
     assert code == 128 + sig, seen.decode(errors="replace")
     assert b"interrupted" in seen and (root / RELU).exists()
+
+
+def test_a_debug_traceback_shows_escapes_as_the_error_line_does(kcache, fixture_copy):
+    """--debug printed the traceback as it was: a message quoting a name (or a registry's words) with an ESC
+    sequence reached the terminal raw, where the Error line below it showed it escaped."""
+    r = kcache("--debug", "--cache-dir", fixture_copy("hidet"), "inspect", "zz\x1b]0;pwned\x07")
+    assert r.exit_code == 2 and "Traceback" in r.stderr, r.stderr
+    assert "\x1b" not in r.stderr and "\x07" not in r.stderr and "zz\\x1b]0;pwned\\x07" in r.stderr

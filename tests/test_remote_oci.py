@@ -339,9 +339,31 @@ def test_credentials_come_from_the_auth_file_and_never_from_the_url(tmp_path, mo
     assert find_credentials("other.example") is None
     monkeypatch.setenv("KCACHE_REMOTE_PASSWORD", "pw")
     assert find_credentials("reg.example:5000", "bob") == ("bob", "pw")
-    with pytest.raises(UsageError, match="no credentials in its URL"):
+    with pytest.raises(UsageError, match="no credentials, query or fragment in its URL"):
         parse_ref("oci://alice:s3cret@reg.example/team/k:v1")
+    for url in ("oci+http://reg.example:5000/team/k:v1?password=S3cretPW", "oci://reg.example/team/k?token=S3cretPW",
+                "oci://reg.example/team/k@sha256:abc?password=S3cretPW", "oci://reg.example/team/k:v1#S3cretPW"):
+        with pytest.raises(UsageError) as caught:  # refused before the tag or repository is quoted back
+            parse_ref(url)
+        assert "S3cretPW" not in str(caught.value), caught.value
     assert parse_ref("oci+http://127.0.0.1:5000/team/k:v1").url == "oci+http://127.0.0.1:5000/team/k:v1"
+
+
+@pytest.mark.parametrize("echo", ["{pw}", "{pw_upper}", "{pw_quoted}", "{pw_twice}", "{pw_plus}"])
+def test_a_registry_echoing_the_password_in_any_encoding_never_gets_it_printed(echo):
+    """A hostile registry quoting the password back URL-encoded (once or twice) or in another case: the
+    error line shows none of it (the exact form alone was hidden)."""
+    from urllib.parse import quote, quote_plus
+
+    from kcache_cli.remote.oci import Registry, parse_ref
+
+    pw = "Pw%2F:s3cr3t! xyz"
+    reg = Registry(parse_ref("oci+http://127.0.0.1:5000/team/k:v1"))
+    reg._creds = ("alice", pw)
+    said = echo.format(pw=pw, pw_upper=pw.upper(), pw_quoted=quote(pw, safe=""), pw_twice=quote(quote(pw, safe=""),
+                       safe=""), pw_plus=quote_plus(pw))
+    shown = reg._scrub(f"HTTP 403: bad {said} for alice")
+    assert shown == "HTTP 403: bad *** for alice", shown
 
 
 def _layer_names(registry, repo_tag: str, tmp_path: Path) -> dict[str, bytes]:

@@ -148,3 +148,25 @@ def test_import_under_a_trust_list_takes_only_archives_a_listed_key_signed(kcach
         assert not (tmp_path / "no" / "ops").exists()
     # without a trust list, every archive imports, signed or not
     assert kcache("import", "--cache-dir", tmp_path / "open", plain, env=b).exit_code == 0
+
+
+def test_a_signing_key_named_but_missing_signs_nothing_unseen(kcache, tmp_path):
+    """KCACHE_SIGNING_KEY naming a file that is not there (a typo in a fleet's environment) pushed and exported
+    unsigned records, exit 0: what a trust list then refuses everywhere. It is a usage error, nothing
+    written; an empty variable is unset (the default key, none here: unsigned, as before)."""
+    src = copy_tree(FIXTURES / "hidet", tmp_path / "src")
+    env = {**node(tmp_path, "a"), "KCACHE_SIGNING_KEY": str(tmp_path / "typo.key")}
+    r = kcache("--cache-dir", src, "export", tmp_path / "a.tar", env=env)
+    assert r.exit_code == 2 and r.stderr.startswith(f"Error: KCACHE_SIGNING_KEY names {tmp_path / 'typo.key'}"), r
+    assert not (tmp_path / "a.tar").exists()
+    assert kcache("--cache-dir", src, "export", tmp_path / "b.tar", env=node(tmp_path, "b")).exit_code == 0
+
+
+def test_a_trust_variable_that_lists_no_key_is_named_as_the_reason(kcache, tmp_path):
+    """KCACHE_TRUSTED_KEYS="# none" trusts nothing (fails closed); the refusal names the variable, not a
+    trust file that does not exist."""
+    src = copy_tree(FIXTURES / "hidet", tmp_path / "src")
+    assert kcache("--cache-dir", src, "export", tmp_path / "a.tar", env=node(tmp_path, "a")).exit_code == 0
+    env = {**node(tmp_path, "b"), "KCACHE_TRUSTED_KEYS": "# none"}
+    r = kcache("--cache-dir", tmp_path / "dst", "import", tmp_path / "a.tar", env=env)
+    assert r.exit_code != 0 and "KCACHE_TRUSTED_KEYS lists no key" in r.stderr, r.stderr

@@ -23,7 +23,7 @@ from kcache_cli.util import interrupts, jsonout
 from kcache_cli.util.errors import KcacheError
 from kcache_cli.util.interrupts import TermAsInterrupt
 from kcache_cli.util.lazy import lazy_module
-from kcache_cli.util.textsafe import printable_line
+from kcache_cli.util.textsafe import printable, printable_line
 
 shlex = lazy_module("shlex")  # a TAB's line only: not a cost of every start
 
@@ -270,8 +270,7 @@ def _fail(message: str, code: int, as_json: bool, trace: bool = False) -> None:
     is there already (it says what failed), then exit `code`."""
     message = redact_text(message)
     if trace:  # --debug: the traceback first (the exit status stays the same)
-
-        sys.stderr.write(redact_text(traceback.format_exc()))
+        _write_traceback()
     sys.stderr.write(f"Error: {printable_line(message)}\n")
     if as_json and not options.json_written:  # stdout holds one JSON document: the result, or this
 
@@ -283,6 +282,13 @@ def _fail(message: str, code: int, as_json: bool, trace: bool = False) -> None:
         except BrokenPipeError:
             _pipe_closed()
     sys.exit(code)
+
+
+def _write_traceback() -> None:
+    """--debug's traceback of the exception being handled: no password (a remote's URL), and what a remote
+    or a cache put in its messages shown escaped, as the Error line shows it (a registry's ESC bytes)."""
+
+    sys.stderr.write(printable(redact_text(traceback.format_exc())))
 
 
 def _release_roots() -> None:
@@ -390,14 +396,8 @@ def main(argv: list[str] | None = None) -> None:
         with typer_compat.shell_named(args), TermAsInterrupt():
             rc = app_for(args)(args=args, prog_name="kcache", standalone_mode=False)
     except KcacheError as exc:
-        from kcache_cli.remote.redact import redact_text  # no password of a URL reaches the output
-
-        if debug:  # the traceback, and the same exit status as without --debug
-            import traceback
-
-            from kcache_cli.remote.redact import redact_text
-
-            sys.stderr.write(redact_text(traceback.format_exc()))
+        if debug:  # the traceback (no password, escaped), and the same exit status as without --debug
+            _write_traceback()
         _fail(str(exc), exc.exit_code, as_json)
     except typer.Abort as exc:
         _fail(*_aborted(exc), as_json)
@@ -411,13 +411,10 @@ def main(argv: list[str] | None = None) -> None:
             is_usage_error,
             no_args_help,
         )
-        from kcache_cli.remote.redact import redact_text
 
         _interrupted_first(as_json, debug)
         if debug and not is_usage_error(exc):
-            import traceback
-
-            sys.stderr.write(redact_text(traceback.format_exc()))
+            _write_traceback()
         help_text = no_args_help(exc)
         if help_text is not None:  # bare `kcache` (or `kcache remote`): the help, on stdout, as --help
             sys.stdout.write(help_text)

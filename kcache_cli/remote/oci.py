@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http.client import HTTPException
 from typing import IO, Any, NamedTuple
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, quote_plus, urlencode, urlsplit
 
 from kcache_cli.fs.read import parse_json, read_bytes
 from kcache_cli.remote.redact import lower_scheme, redact_text
@@ -91,9 +91,10 @@ def parse_ref(url: str) -> OciRef:
     url = lower_scheme(url)
     scheme = "http" if url.startswith("oci+http://") else "https"
     rest = url.partition("://")[2]
-    if "@" in rest.partition("/")[0]:
-        raise UsageError("an oci:// remote takes no credentials in its URL: use --remote-user and "
-                         "KCACHE_REMOTE_PASSWORD, or docker/podman login")
+    if "@" in rest.partition("/")[0] or "?" in rest or "#" in rest:  # refused before any part is quoted back
+        raise UsageError("an oci:// remote takes no credentials, query or fragment in its URL (oci://HOST[:PORT]/"
+                         "REPO[:TAG][@sha256:HEX]): use --remote-user and KCACHE_REMOTE_PASSWORD, or docker/podman "
+                         "login")
     host, _, path = rest.partition("/")
     path, at, digest = path.partition("@")
     repo, tag = path, None
@@ -321,11 +322,16 @@ class Registry:
         return RemoteError(f"remote {self.url}: {what}: HTTP {status}: {text}")
 
     def _scrub(self, text: str) -> str:
-        """`text` (a registry's words) without our password or the header that carries it, should it echo them."""
-        if self._creds is not None:
-            for secret in (self._creds[1], base64.b64encode(":".join(self._creds).encode()).decode()):
-                if secret:
-                    text = text.replace(secret, "***")
+        """`text` (a registry's words) without our password or the header that carries it, should it echo them:
+        as sent, URL-encoded (once or twice, a space as + too) and in any case."""
+        if self._creds is None:
+            return text
+        password = self._creds[1]
+        forms = {password, base64.b64encode(":".join(self._creds).encode()).decode()}
+        for _ in range(2):
+            forms |= {quote(f, safe="") for f in forms} | {quote_plus(f) for f in forms}
+        for secret in sorted((f for f in forms if f), key=len, reverse=True):  # the longest first: none left half
+            text = re.sub(re.escape(secret), "***", text, flags=re.IGNORECASE)
         return text
 
     def _read(self, resp, headers: Mapping[str, str], limit: int, sink: IO[bytes] | None, what: str) -> bytes:

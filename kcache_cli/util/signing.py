@@ -144,8 +144,13 @@ class Signer:
 
 
 def signer() -> Signer | None:
-    """The node's signer, or None when it has no key (push then sends records unsigned)."""
+    """The node's signer, or None when it has no key (push then sends records unsigned). A key named by
+    KCACHE_SIGNING_KEY that is not there is an error: a mistyped path must not turn signing off unseen."""
+    named = os.environ.get("KCACHE_SIGNING_KEY")
     if not key_path().exists() and not key_path().is_symlink():
+        if named:
+            raise UsageError(f"KCACHE_SIGNING_KEY names {named}, which does not exist: nothing was done (kcache "
+                             "remote keygen makes a key; unset the variable to sign nothing)")
         return None
     return Signer(load_key())
 
@@ -181,6 +186,9 @@ def trusted_keys() -> dict[bytes, str] | None:
 
 
 def no_key_problem() -> str:
+    if os.environ.get("KCACHE_TRUSTED_KEYS", "").strip():
+        return ("KCACHE_TRUSTED_KEYS lists no key (all commented out or empty): every record is refused; list a "
+                "key (kcache remote keygen prints one) or unset the variable")
     return (f"the trust list ({config_dir() / TRUST_FILE}) lists no key (all revoked or removed): every record "
             "is refused; add a key (kcache remote keygen prints one) or remove the file to trust all")
 
