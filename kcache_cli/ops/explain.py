@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -26,6 +25,7 @@ from kcache_cli.layouts.base import HIT, MISS, UNKNOWN, Here, Verdict
 from kcache_cli.model.records import Entry
 from kcache_cli.model.terms import unknown_layout
 from kcache_cli.remote.oci_ops import other_arch
+from kcache_cli.util import capped
 from kcache_cli.util.errors import KcacheError, UsageError
 from kcache_cli.util.signing import verifier
 
@@ -74,20 +74,28 @@ def probe(python: str | None, packages: Iterable[str] | None = None, gpu: str | 
     source = source if found_gpu else "none"
     if exe is None:
         return Here(None, None, {}, found_gpu, source, env, "no python3 on PATH (--python names one)")
+    try:  # bounded: an interpreter that never answers, or prints without end, costs a wait and a buffer
+        done = capped.ask([exe, "-c", _VERSIONS, *pkgs], timeout)
+    except OSError as exc:
+        return Here(None, exe, {}, found_gpu, source, env, f"{exe}: {exc.strerror or exc}")
     try:
-        done = subprocess.run([exe, "-c", _VERSIONS, *pkgs], capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, check=False)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return Here(None, exe, {}, found_gpu, source, env, f"{exe}: {exc}")
-    try:
-        doc = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
-    except (ValueError, IndexError):  # not a Python, or one that printed something else
+        doc = json.loads(done.out.decode("utf-8").strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (ValueError, IndexError):  # not a Python, or one that printed something else (not UTF-8 too)
         doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("versions"), dict):
-        why = (done.stderr.strip().splitlines() or ["no answer"])[-1][:200]
-        return Here(None, exe, {}, found_gpu, source, env, f"{exe}: {why}")
+        return Here(None, exe, {}, found_gpu, source, env, f"{exe}: {_no_answer(done, timeout)}")
     versions = {k: v if isinstance(v, str) else None for k, v in doc["versions"].items()}
     return Here(str(doc.get("python")), str(doc.get("executable") or exe), versions, found_gpu, source, env)
+
+
+def _no_answer(done: capped.Answer, timeout: float) -> str:
+    """Why the interpreter gave no versions, in a few words (its own last line of stderr, escaped by callers)."""
+    if done.timed_out:
+        return f"no answer within {timeout:g}s"
+    if done.too_much:
+        return f"printed more than {capped.LIMIT >> 20} MiB, not an answer"
+    said = done.err.decode("utf-8", "replace").strip().splitlines()
+    return (said or ["no answer"])[-1][:200]
 
 
 @dataclass
