@@ -228,3 +228,59 @@ def test_a_roots_file_a_member_moves_into_the_index_directory_is_never_roots_ind
     status = {e["path"]: (e["status"], e["reason"]) for e in json.loads(served.stdout)["entries"]}
     assert status[str(root / victim)] == ("complete", None), status[str(root / victim)]
     assert json.loads(served.stdout)["entries"] == json.loads(real.stdout)["entries"]
+
+
+def _status(root: Path, key: str) -> tuple[str, str]:
+    import json
+
+    run = kcache("--cache-dir", root, "--json", "ls", "--no-index", umask=0o022)
+    assert run.returncode == 0, run.stderr
+    got = next(e for e in json.loads(run.stdout)["entries"] if e["hash"] == key)
+    return got["status"], got["reason"] or ""
+
+
+@pytest.mark.parametrize("contents", ["good", "garbage"])
+def test_root_reads_nothing_through_a_members_link_the_member_may_not_read(area, contents):
+    """A member makes an entry's meta.json a link to a root-only file: root's ls read it (an open with no
+    O_NOFOLLOW) and its status told whether the file was JSON. Root follows a link only to what the link's
+    maker may read: the entry is unreadable whatever the file holds, and nothing of it is shown."""
+    root = shared_dir(area / "cache", FIXTURES / "hidet")
+    entry = root / "ops" / "cuda_space_0" / "add" / "8d1f7691cdf75e90"
+    secret = area / "secret"
+    secret.mkdir(mode=0o700)
+    target = secret / "meta.json"
+    target.write_bytes((entry / "meta.json").read_bytes() if contents == "good" else SECRET)
+    os.chmod(target, 0o600)
+    (entry / "meta.json").unlink()
+    (entry / "meta.json").symlink_to(target)
+    os.lchown(entry / "meta.json", 65534, -1)
+    status, reason = _status(root, "8d1f7691cdf75e90")
+    assert status == "unreadable" and "meta.json is unreadable (permission denied)" in reason, (status, reason)
+    run = kcache("--cache-dir", root, "verify", "8d1f", umask=0o022)
+    assert SECRET.decode() not in run.stdout + run.stderr and "not valid JSON" not in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("contents", ["good", "garbage"])
+def test_root_reads_no_file_a_members_triton_group_names_that_the_member_may_not_read(area, contents):
+    """A member's Triton group file names, as a child path, a root-only file outside the cache: root's ls
+    read it (Triton, run by the member, cannot). What it holds changes nothing root says."""
+    import json
+
+    root = shared_dir(area / "cache", FIXTURES / "triton" / "cache")
+    assert kcache("--cache-dir", root, "verify", "--fix", umask=0o022).returncode == 0  # paths into this copy
+    key = next(p for p in sorted(root.iterdir()) if p.is_dir() and not p.name.startswith("."))
+    assert _status(root, key.name)[0] == "complete"
+    group = next(key.glob("__grp__*.json"))
+    doc = json.loads(group.read_text())
+    meta = next(n for n in doc["child_paths"] if n.endswith(".json") and not n.startswith("__grp__"))
+    secret = area / "secret"
+    secret.mkdir(mode=0o700)
+    target = secret / meta
+    target.write_bytes((key / meta).read_bytes() if contents == "good" else SECRET)
+    os.chmod(target, 0o600)
+    doc["child_paths"][meta] = str(target)
+    group.write_text(json.dumps(doc))
+    os.chown(group, 65534, -1)
+    status, reason = _status(root, key.name)
+    assert status != "complete" and SECRET.decode() not in reason, (status, reason)
+    assert "not valid JSON" not in reason and "permission denied" in reason.lower(), reason

@@ -567,7 +567,8 @@ def open_regular(path: str, *, dir_fd: int | None = None, base: str | None = Non
 def open_file(path: str, dir_fd: int | None, follow: bool, shown: str,
                pre: os.stat_result | None = None) -> tuple[int, os.stat_result]:
     """open_regular's open of `path` (relative to `dir_fd`); `shown` names it in refusals. `pre`: its
-    lstat as a scan just listed it (held_listing), which spares the stat below."""
+    lstat as a scan just listed it (held_listing), which spares the stat below. Root follows a link only
+    to what the link's owner may read (linked_for)."""
     try:
         # A device is not even opened (opening one can act: a tape rewinds, a watchdog arms); the
         # fstat below catches what is swapped in between.
@@ -575,6 +576,10 @@ def open_file(path: str, dir_fd: int | None, follow: bool, shown: str,
             pre = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow)
         if not stat.S_ISREG(pre.st_mode):
             raise refuse(shown, kind_of(pre.st_mode))
+        if follow and EUID == 0:
+            own = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+            if stat.S_ISLNK(own.st_mode):
+                linked_for(own, pre, shown)
         fd = open_quietly(path, FILE_FLAGS & ~os.O_NOFOLLOW if follow else FILE_FLAGS, dir_fd, pre.st_uid)
     except NotRegularFile:
         raise
@@ -583,6 +588,45 @@ def open_file(path: str, dir_fd: int | None, follow: bool, shown: str,
             raise refuse(shown, "a symlink") from None
         raise
     return fd, fstat_regular(fd, lambda st: refuse(shown, kind_of(st.st_mode)))
+
+
+def linked_for(link: os.stat_result, target: os.stat_result, shown: str) -> None:
+    """PermissionError when `link` (an lstat) is a symlink, or a file that names another (Triton's group file),
+    whose owner may not read `target` by its mode: run as root, kcache reads nothing through what a user
+    made that the user could not read themself (a member's link in a shared cache to a root-only file),
+    nor says anything of its bytes; the compiler, run by that user, fails reading it too."""
+    if may_read(link.st_uid, target):
+        return
+    raise PermissionError(errno.EACCES, f"Permission denied to its maker (uid {link.st_uid}), so not read by root",
+                          shown)
+
+
+def may_read(uid: int, st: os.stat_result) -> bool:
+    """Whether the user `uid` may read the file `st` by its mode bits (owner, group, others), as the kernel
+    decides for that user; root may read anything."""
+    if uid == 0:
+        return True
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IRUSR)
+    if st.st_gid in _groups_of(uid):
+        return bool(st.st_mode & stat.S_IRGRP)
+    return bool(st.st_mode & stat.S_IROTH)
+
+
+_GROUPS: dict[int, frozenset[int]] = {}
+
+
+def _groups_of(uid: int) -> frozenset[int]:
+    """The groups of the user `uid` (its primary group and those that list it); none for a uid with no name."""
+    if uid not in _GROUPS:
+        import pwd
+
+        try:
+            pw = pwd.getpwuid(uid)
+            _GROUPS[uid] = frozenset(os.getgrouplist(pw.pw_name, pw.pw_gid))
+        except (KeyError, OSError):
+            _GROUPS[uid] = frozenset()
+    return _GROUPS[uid]
 
 
 def fstat_regular(fd: int, refusal: Callable[[os.stat_result], OSError]) -> os.stat_result:

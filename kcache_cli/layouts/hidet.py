@@ -246,7 +246,7 @@ def _see(d: EntryDir, name: str, names: dict[str, int]) -> _Seen:
     if name not in names:
         return _Seen(name)
     try:
-        st = d.lstat(name)
+        st = own = d.lstat(name)
         link = stat.S_ISLNK(st.st_mode)
         if link:
             st = d.stat(name)  # a dangling link is no file to hidet: os.path.exists says False
@@ -255,8 +255,8 @@ def _see(d: EntryDir, name: str, names: dict[str, int]) -> _Seen:
     if not stat.S_ISREG(st.st_mode):
         return _Seen(name, True, st.st_size, link, odd=fsread.kind_of(st.st_mode),
                      unjudged=not_regular(name, st.st_mode, "hidet", linked=link))
-    if link:
-        readable = st.st_mode & 0o444 and d.access(name)
+    if link:  # root, as the link's maker may (fsread.linked_for: what it leads to is never read for them)
+        readable = st.st_mode & 0o444 and d.access(name) and (fsread.EUID != 0 or fsread.may_read(own.st_uid, st))
         why = None if readable else f"{name} is unreadable (permission denied)"
     else:
         why = d.unreadable(name)
