@@ -442,6 +442,33 @@ def test_a_member_cannot_rewrite_roots_budget_in_place_to_steer_roots_prune(area
 
 
 @pytest.mark.second_user
+def test_an_entry_roots_cron_imports_has_lock_files_a_members_hidet_can_take(area, tmp_path):
+    """Root's import under umask 022 into a 2775 cache published hidet's `.lock` as root's 0644: hidet run by a
+    member opens it for writing to use the entry, and failed. The writers' lock files of an entry (each
+    layout's writer_locks) are the group's to write, as its directories are; its other files stay as the
+    archive has them."""
+    from test_shared_attacks import as_attacker
+
+    src = group_cache(area, "src")
+    arc = tmp_path / "h.tar"
+    assert root_kcache("--cache-dir", src, "export", arc).returncode == 0
+    root = area / "dst"
+    root.mkdir()
+    share(root)
+    assert root_kcache("--cache-dir", root, "import", arc).returncode == 0
+    locks = sorted(root.glob("ops/*/*/*/.lock"))
+    assert locks, "the fixture's entries hold hidet's .lock"
+    for lock in locks:
+        st = os.stat(lock)
+        assert st.st_uid == 0 and st.st_gid == GROUP and st.st_mode & 0o060 == 0o060, (lock, oct(st.st_mode))
+        took = subprocess.run([PY, "-c", "import sys; open(sys.argv[1], 'a').close()", str(lock)],
+                              preexec_fn=as_attacker, capture_output=True, text=True, timeout=TIMEOUT,
+                              env={"PATH": "/usr/bin:/bin"})
+        assert took.returncode == 0, took.stderr
+    assert not os.stat(next(root.glob("ops/*/*/*/meta.json"))).st_mode & 0o020  # content as archived
+
+
+@pytest.mark.second_user
 def test_a_members_prune_left_over_its_limit_by_entries_it_may_not_remove_says_so(area):
     """Root's entries in 2755 op directories of the shared cache: a member's prune to a size fails on
     them. The line that says the cache is still over its limit counts what could not be removed (it said

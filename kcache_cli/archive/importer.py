@@ -15,6 +15,7 @@ from dataclasses import replace as _with
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Mapping, NamedTuple
 
+from kcache_cli import layouts
 from kcache_cli.archive.export import PARALLEL_MIN_ENTRIES
 from kcache_cli.archive.manifest import (
     MANIFEST_NAME,
@@ -786,9 +787,14 @@ def _share_staged(staging: _Staging, src_fd: int, name: str) -> None:
     except OSError:
         return  # a file, or gone: the move says what is wrong
     try:
-        fswrite.hand_over_tree(fd, os.fstat(staging.root_fd))
+        fswrite.hand_over_tree(fd, os.fstat(staging.root_fd), _writer_locks())
     finally:
         os.close(fd)
+
+
+def _writer_locks() -> frozenset[str]:
+    """The lock files any layout's own writer opens for writing in an entry (Layout.writer_locks)."""
+    return frozenset(name for lay in layouts.all_layouts().values() for name in lay.writer_locks)
 
 
 def _to_trash(staging: _Staging, relpath: str, name: str) -> None:

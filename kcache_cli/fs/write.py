@@ -624,14 +624,28 @@ def give_back_state(fd: int, root_st: os.stat_result) -> None:
         give_tree(fd, owner, public_only=True)
 
 
-def hand_over_tree(fd: int, root_st: os.stat_result) -> None:
+def hand_over_tree(fd: int, root_st: os.stat_result, locks: Iterable[str] = ()) -> None:
     """What root (or a member) made in the tree `fd` under the cache root `root_st`, before it is published:
     the group's in a group-shared cache (share_tree), the root's owner's when root works in a user's cache
-    (give_tree); otherwise left as the umask made it."""
-    if group_shared(root_st):
-        share_tree(fd, root_st.st_gid)
-    else:
+    (give_tree); otherwise left as the umask made it. `locks`: the names of the lock files the entry's own
+    writer opens for writing (Layout.writer_locks), in the entry's directory: in a group-shared cache the
+    group's to write too (hidet run by a member takes `.lock` of an entry root's cron imported)."""
+    if not group_shared(root_st):
         give_tree(fd, owner_for(root_st))
+        return
+    share_tree(fd, root_st.st_gid)
+    for name in locks:
+        try:
+            lock = os.open(name, _FILE_FLAGS, dir_fd=fd)
+        except OSError:  # not there, or not a file (a link): left as it is
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(lock).st_mode):
+                share_with_group(lock, root_st.st_gid)
+        except OSError:
+            pass
+        finally:
+            os.close(lock)
 
 
 def make_dirs(path: str | os.PathLike) -> list[str]:
