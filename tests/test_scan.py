@@ -17,6 +17,7 @@ from kcache_cli.fs.locking import entry_lock
 from kcache_cli.util import parallel
 from kcache_cli.layouts import LAYOUTS
 from kcache_cli.model.records import JSON_KEYS, ScanFilter, iso
+from kcache_cli.ops.delete import plan_prune
 from kcache_cli.util.errors import UsageError
 
 HIDET = {
@@ -334,7 +335,7 @@ def test_mode_000_directory_as_unprivileged_user(tmp_path):
 
 def test_kcache_temp_dir_is_partial_or_building(fixture_copy):
     root = fixture_copy("hidet")
-    tmp = root / "ops/cuda_space_0/add" / f"{state.TEMP_PREFIX}0123456789abcdef-x1y2"
+    tmp = root / "ops/cuda_space_0/add" / f"{state.TEMP_PREFIX}0123456789abcdef-a1b2"
     tmp.mkdir()
     (tmp / "source.cu").write_text("// half written")
     e = by_rel(scan_cache(root))[os.path.relpath(tmp, root)]
@@ -342,6 +343,13 @@ def test_kcache_temp_dir_is_partial_or_building(fixture_copy):
     assert e.op == "add" and e.space == "cuda_space_0"
     with entry_lock(root, "ops/cuda_space_0/add/0123456789abcdef"):
         assert by_rel(scan_cache(root))[os.path.relpath(tmp, root)].status == "building"
+    # a name kcache never gives one (build's random part is hex) is no temp of its: ls says what prune does
+    odd = root / "ops/cuda_space_0/add" / f"{state.TEMP_PREFIX}0123456789abcdef-x"
+    odd.mkdir()
+    e = by_rel(scan_cache(root))[os.path.relpath(odd, root)]
+    assert e.status == "partial" and e.reason == "hidden directory (not a hidet entry)", e.reason
+    kept = {s.entry.relpath: s.why for s in plan_prune(root, broken=True).skipped}
+    assert "not shaped like a hidet op entry" in kept[os.path.relpath(odd, root)]
 
 
 def test_hidet_lock_held_marks_partial_entry_building(fixture_copy):

@@ -76,7 +76,8 @@ OTHER_KINDS = tuple((k.template.split("/")[0], k.kind) for k in HIDET.kinds[1:])
 # ---- evidence: what makes a directory hidet's ----------------------------------------------------
 ENTRY_NAME = re.compile(r"^[0-9a-f]{16}$")  # sha256(task.txt)[:16]
 OTHER_NAME = re.compile(r"^[0-9a-f]{8,64}$")  # graphs/<hash>/, ir_modules/<hash>/
-TEMP_NAME = re.compile(r"^" + re.escape(state.TEMP_PREFIX) + r"[0-9a-f]{16}-[0-9a-f]+$")  # a kcache build's
+# a kcache build's temp directory (.kcache-tmp-<hash>-<random>), or an import's copy (-<pid>-<random>)
+TEMP_NAME = re.compile(r"^" + re.escape(state.TEMP_PREFIX) + r"[0-9a-f]{16}-[0-9a-f]+(-[0-9a-f]+)?$")
 OP_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
 TARGETS = ("cuda", "cpu", "hip")
 # Files real hidet 0.6.1 or kcache write in an op entry (and hidet in graphs/ and ir_modules/).
@@ -779,7 +780,7 @@ def _op_entry(ctx, job: OpJob) -> Entry:
 def _judged_op_entry(ctx, job: OpJob, d: EntryDir) -> Entry:
     path, name, target, space, op, version = job
     reason: str | None
-    building = state.temp_hash(name)
+    building = state.temp_hash(name) if TEMP_NAME.match(name) else None  # as prune's shape check names it
     names, usage, mtimes = ctx.read_dir(d, quiet=building is not None)
     if names is None and building is None:
         status, reason, key = UNREADABLE, UNREADABLE_REASON, name
