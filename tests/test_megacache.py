@@ -184,6 +184,28 @@ def test_keys_that_would_leave_the_root_are_refused(tmp_path, kcache, kind, key)
     assert written == ["x.bin"]
 
 
+def test_a_pgo_key_whose_file_name_is_too_long_in_bytes_is_refused_before_any_write(tmp_path, kcache):
+    """200 two-byte characters: 200 characters but 400 bytes, which no file system takes as a name. It was
+    planned as fine, and the import wrote the other artifacts, then failed on it with "File name too long"
+    naming no artifact."""
+    root = tmp_path / "root"
+    blob = _blob(tmp_path, megacache.build([("pgo", "a", b"ok"), ("pgo", "\u00e9" * 200, b"x")]))
+    r = kcache("--cache-dir", root, "--json", "import", blob)
+    assert r.exit_code == 1, r.stderr
+    acts = {a["key"][:1]: a for a in json.loads(r.stdout)["artifacts"]}
+    assert acts["\u00e9"]["action"] == "refuse" and "over 255 bytes" in acts["\u00e9"]["reason"]
+    assert acts["a"]["action"] == "import" and (root / "dynamo" / "code_state_a.pkl").read_bytes() == b"ok"
+
+
+def test_the_same_graph_twice_in_a_blob_is_one_file(tmp_path, kcache):
+    """A blob holding one fx graph artifact twice (same key, same bytes): imported once, where it ended in a
+    bare "File exists" and nothing imported."""
+    root = tmp_path / "root"
+    r = kcache("--cache-dir", root, "import", _blob(tmp_path, megacache.build([("inductor", GRAPH_KEY, b"one")] * 2)))
+    assert r.exit_code == 0, r.stderr
+    assert (root / "fxgraph" / GRAPH_KEY[1:3] / GRAPH_KEY / variant_name(b"one")).read_bytes() == b"one"
+
+
 def test_a_link_on_the_way_is_never_written_through(tmp_path, kcache):
     root, away = tmp_path / "root", tmp_path / "away"
     root.mkdir()

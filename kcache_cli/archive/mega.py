@@ -202,6 +202,8 @@ def _publish_entries(root: Path, items: list[tuple[megacache.Artifact, MegaPlace
     """New fx graph / AOTAutograd entries: staged whole, checked by import's rules, published by one rename."""
     if not items:
         return []
+    # the same artifact twice in a blob (its variant is named by its content: the same file) is one file
+    items = list({(p.dir, p.name): (a, p) for a, p in items}.values())
     by_dir: dict[str, list[tuple[megacache.Artifact, MegaPlace]]] = {}
     for a, p in items:
         by_dir.setdefault(p.dir, []).append((a, p))

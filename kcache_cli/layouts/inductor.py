@@ -568,8 +568,8 @@ def mega_place(kind: str, key: str, content: bytes) -> MegaPlace | str | None:
         return MegaPlace(None, m.group(1), m.group(2))
     if kind == MEGA_PGO:
         name = PGO_UNSAFE_RE.sub("_", f"code_state_{key}.pkl")
-        if len(name) > 255 or "\0" in name:
-            return f"PGO key {key[:80]!r} makes no file name"
+        if len(os.fsencode(name)) > 255 or "\0" in name:  # the file system's limit is in bytes (UTF-8's)
+            return f"PGO key {key[:80]!r} makes no file name (over 255 bytes)"
         return MegaPlace(None, "dynamo", name)
     if kind == MEGA_PRECOMPILE:
         if not PRECOMPILE_KEY_RE.match(key) or key in (".", ".."):
