@@ -548,14 +548,19 @@ def _owner(root: Path) -> int:
 
 
 def _write_budget(sfd: int, new: CacheConfig) -> None:
-    """Root's or the owner's budget into .kcache/budget/ (made theirs, 0755: every user's prune reads it, no
-    one else may put a file in it); the members' .kcache/config.toml it supersedes is removed."""
+    """Root's or the owner's budget into .kcache/budget/ (the owner's, 0755: every user's prune reads it, no
+    one else may put a file in it; root's in a user's cache is the user's, who may then set it too); the
+    members' .kcache/config.toml it supersedes is removed."""
     if fswrite.mkdir_at(sfd, BUDGET_DIR, 0o755, exist_ok=True):
         made = fswrite.open_dir(sfd, BUDGET_DIR)
         try:
             # whatever the umask: every user's prune reads it, only its owner writes it (a setgid bit inherited
             # from a group-shared .kcache/ is kept: the file is the group's, to read)
-            os.fchmod(made, 0o755 | (os.fstat(made).st_mode & stat.S_ISGID))
+            mode = 0o755 | (os.fstat(made).st_mode & stat.S_ISGID)
+            owner = _owner(new.root)
+            if os.geteuid() == 0 and owner != 0:
+                os.fchown(made, owner, -1)  # (which may drop the setgid bit: the mode is set after it)
+            os.fchmod(made, mode)
         finally:
             os.close(made)
     bfd = fswrite.open_dir(sfd, BUDGET_DIR)

@@ -33,8 +33,14 @@ def ask(argv: list[str], timeout: float, limit: int = LIMIT) -> Answer:
                             start_new_session=True)
     assert proc.stdout is not None and proc.stderr is not None
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    deadline = time.monotonic() + timeout
     try:
-        timed_out, too_much = _read(proc, bufs, time.monotonic() + timeout, limit)
+        timed_out, too_much = _read(proc, bufs, deadline, limit)
+        if not (timed_out or too_much):  # its output closed: it is ending (on a loaded machine, a moment later)
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:  # it closed its output and went on past the time: no answer
+                timed_out = True
     finally:
         ended = proc.poll() is not None
         try:
