@@ -15,7 +15,6 @@ from dataclasses import replace as _with
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Mapping, NamedTuple
 
-from kcache_cli import layouts
 from kcache_cli.archive.export import PARALLEL_MIN_ENTRIES
 from kcache_cli.archive.manifest import (
     MANIFEST_NAME,
@@ -700,7 +699,7 @@ def _publish(root: Path, p: PlannedEntry, staging: _Staging, lock_timeout: float
             for name, atime, mtime in reversed(times):
                 if fswrite.lexists_at(staging.fd, name):
                     staging.set_times(name, mtime, atime)
-        if not _move_in(staging, p.relpath):
+        if not _move_in(staging, p.relpath, layout.writer_locks):
             return False, "already present (appeared during the import)", False
         elsewhere = None if layout.relocates else layout.landed_elsewhere(dest)
         return True, "; ".join(r for r in (p.reason, elsewhere) if r) or None, False
@@ -744,12 +743,12 @@ def _note_uses(root: Path, published: list[PlannedEntry]) -> None:
         state.note_uses(root, uses)
 
 
-def _move_in(staging: _Staging, relpath: str) -> bool:
+def _move_in(staging: _Staging, relpath: str, locks: tuple[str, ...] = ()) -> bool:
     """Rename the staged entry to its place (no-replace), both ends held as directory fds; where they
     are on different filesystems, copy it beside its place first. False when something is there."""
     src_fd, name = fswrite.open_parent(staging.fd, relpath)
     try:
-        _share_staged(staging, src_fd, name)
+        _share_staged(staging, src_fd, name, locks)
         dst_fd, _ = _dest_parent(staging.root_fd, staging.root, relpath)
         try:
             try:
@@ -762,7 +761,7 @@ def _move_in(staging: _Staging, relpath: str) -> bool:
                     raise
             tmp = fswrite.temp_name(f"{state.TEMP_PREFIX}{name}-")
             fswrite.copy_tree_at(src_fd, name, dst_fd, tmp)
-            _share_staged(staging, dst_fd, tmp)
+            _share_staged(staging, dst_fd, tmp, locks)
             try:
                 rename_noreplace_at(dst_fd, tmp, dst_fd, name)
                 return True
@@ -778,23 +777,19 @@ def _move_in(staging: _Staging, relpath: str) -> bool:
 rename_noreplace_at = fswrite.rename_noreplace_at  # a name tests can replace to inject EXDEV
 
 
-def _share_staged(staging: _Staging, src_fd: int, name: str) -> None:
+def _share_staged(staging: _Staging, src_fd: int, name: str, locks: tuple[str, ...] = ()) -> None:
     """The staged entry handed over before it is published (fswrite.hand_over_tree): in a group-shared
     root its directories the group's (a member must be able to prune what root's cron imported under
-    umask 022); root's import into a user's cache all the user's."""
+    umask 022), and its writer's lock files `locks` (its layout's writer_locks); root's import into a
+    user's cache all the user's."""
     try:
         fd = os.open(name, fsread.DIR_FLAGS, dir_fd=src_fd)
     except OSError:
         return  # a file, or gone: the move says what is wrong
     try:
-        fswrite.hand_over_tree(fd, os.fstat(staging.root_fd), _writer_locks())
+        fswrite.hand_over_tree(fd, os.fstat(staging.root_fd), locks)
     finally:
         os.close(fd)
-
-
-def _writer_locks() -> frozenset[str]:
-    """The lock files any layout's own writer opens for writing in an entry (Layout.writer_locks)."""
-    return frozenset(name for lay in layouts.all_layouts().values() for name in lay.writer_locks)
 
 
 def _to_trash(staging: _Staging, relpath: str, name: str) -> None:

@@ -697,8 +697,8 @@ def trash_left(root: Path, now: float | None = None) -> int:
         return 0
     fds = [root_fd]
     try:
-        fds.append(fsdelete.open_dir(root_fd, state.STATE_DIR))
-        fds.append(fsdelete.open_dir(fds[-1], "trash"))
+        fds.append(fswrite.open_dir(root_fd, state.STATE_DIR))  # one name each, no link followed
+        fds.append(fswrite.open_dir(fds[-1], "trash"))
         now = time.time() if now is None else now
         return sum(_trash_item(fds[-1], name, now)[0] for name in os.listdir(fds[-1]))
     except OSError:
