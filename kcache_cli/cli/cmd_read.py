@@ -121,9 +121,8 @@ def _root_here(opts: o.GlobalOptions):
     build's root, that cache, its reason saying where build writes instead (`cd "$(kcache dir)"` must
     land in the cache the commands read)."""
     build = c.cache_location(opts)
-    here = None if c.explicit_root(opts) else c.cwd_cache(opts)
+    here, refused = c.cwd_scope(opts)
     if here is None:
-        refused = c.default_scope_refused(opts)
         return build if refused is None else replace(
             build, reason=f"{build.reason}; where build writes: ls, stats, prune... refuse here: {refused}")
     if os.path.realpath(here.path) == os.path.realpath(build.path):

@@ -183,20 +183,15 @@ def caches_under_cwd(known: list, all_caches_option: bool) -> str | None:
     return None
 
 
-def default_scope_refused(opts: GlobalOptions) -> str | None:
-    """Why ls, stats, prune... refuse to work on every cache from the current directory (caches_under_cwd),
-    or None: where no root is named and the current directory lies in no cache."""
+def cwd_scope(opts: GlobalOptions) -> tuple[Any, str | None]:
+    """(the cache the current directory lies in, among this machine's, or None; where it lies in none, why
+    ls, stats, prune... refuse to work on every cache from here (caches_under_cwd), or None). Both None
+    where --cache-dir or KCACHE_DIR names the root. This machine's caches are looked for once."""
     if explicit_root(opts):
-        return None
+        return None, None
     known = locate.existing_caches(lambda m: warn(opts, m))
-    if _cwd_cache(known, lambda m: warn(opts, m)) is not None:
-        return None
-    return caches_under_cwd(known, True)
-
-
-def cwd_cache(opts: GlobalOptions):
-    """The cache the current directory lies in, among this machine's, or None."""
-    return _cwd_cache(locate.existing_caches(lambda m: warn(opts, m)), lambda m: warn(opts, m))
+    here = _cwd_cache(known, lambda m: warn(opts, m))
+    return here, caches_under_cwd(known, True) if here is None else None
 
 
 def _owned_here(path) -> bool:

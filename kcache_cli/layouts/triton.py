@@ -268,8 +268,8 @@ class _Listing:
             if not target.st_mode & 0o444:
                 raise PermissionError(errno.EACCES, "Permission denied", path)
             if fsread.EUID == 0:  # the group file that leads there is its maker's word: read what they may
-                for group in self.groups:
-                    fsread.linked_for(self.d.lstat(group), target, path)
+                for group in self.groups:  # (each lstat as the listing took it)
+                    fsread.linked_for(self.d.listing[group], target, path)
             return fsread.read_bytes(path, limit, follow=True)
         if name in self.denied:
             raise PermissionError(errno.EACCES, "Permission denied", path)

@@ -527,11 +527,12 @@ def _update_cache(root: Path, change) -> tuple[CacheConfig, bool]:
         values = change(cfg.values)
         if values is None:
             return cfg, False
-        theirs = os.geteuid() in (0, _owner(root))  # root's or the owner's: in budget/, theirs alone
+        owner = _owner(root)
+        theirs = os.geteuid() in (0, owner)  # root's or the owner's: in budget/, theirs alone
         new = CacheConfig(Path(root), True, values, members=not theirs)
         try:
             if theirs:
-                _write_budget(sfd, new)
+                _write_budget(sfd, new, owner)
             else:
                 fswrite.replace_file_shared(sfd, CACHE_FILE, new.to_toml().encode(), group_reads_only=True)
         except OSError as exc:
@@ -547,7 +548,7 @@ def _owner(root: Path) -> int:
     return fsread.stat_path(root).st_uid
 
 
-def _write_budget(sfd: int, new: CacheConfig) -> None:
+def _write_budget(sfd: int, new: CacheConfig, owner: int) -> None:
     """Root's or the owner's budget into .kcache/budget/ (the owner's, 0755: every user's prune reads it, no
     one else may put a file in it; root's in a user's cache is the user's, who may then set it too); the
     members' .kcache/config.toml it supersedes is removed."""
@@ -557,7 +558,6 @@ def _write_budget(sfd: int, new: CacheConfig) -> None:
             # whatever the umask: every user's prune reads it, only its owner writes it (a setgid bit inherited
             # from a group-shared .kcache/ is kept: the file is the group's, to read)
             mode = 0o755 | (os.fstat(made).st_mode & stat.S_ISGID)
-            owner = _owner(new.root)
             if os.geteuid() == 0 and owner != 0:
                 os.fchown(made, owner, -1)  # (which may drop the setgid bit: the mode is set after it)
             os.fchmod(made, mode)
@@ -565,7 +565,7 @@ def _write_budget(sfd: int, new: CacheConfig) -> None:
             os.close(made)
     bfd = fswrite.open_dir(sfd, BUDGET_DIR)
     try:
-        why = _budget_dir_problem(os.fstat(bfd), _owner(new.root))
+        why = _budget_dir_problem(os.fstat(bfd), owner)
         if why:
             raise KcacheError(f"{new.path.parent}: {why}: remove it and set the budget again")
         fswrite.replace_file_shared(bfd, CACHE_FILE, new.to_toml().encode(), group_reads_only=True)
